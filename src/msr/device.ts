@@ -1,0 +1,73 @@
+/**
+ * MSR device access: one fd per CPU, opened once and reused, read with pread at offset = MSR number,
+ * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see helper/privileges).
+ */
+import fs from 'node:fs';
+import { msrPath } from './host-paths.js';
+
+export class MsrReadError extends Error {
+  constructor(
+    message: string,
+    readonly cpu: number,
+    readonly msr: number,
+    readonly code?: string,
+  ) {
+    super(message);
+  }
+}
+
+export class MsrDevice {
+  private readonly fds = new Map<number, number>();
+  private readonly buf = Buffer.alloc(8);
+
+  constructor(private readonly template: string) {}
+
+  path(cpu: number): string {
+    return msrPath(this.template, cpu);
+  }
+
+  /** Opens (or returns the cached fd of) the device of `cpu`. Throws the fs error, e.g. ENOENT/EACCES. */
+  open(cpu: number): number {
+    let fd = this.fds.get(cpu);
+    if (fd === undefined) {
+      fd = fs.openSync(this.path(cpu), fs.constants.O_RDONLY);
+      this.fds.set(cpu, fd);
+    }
+    return fd;
+  }
+
+  isOpen(cpu: number): boolean {
+    return this.fds.has(cpu);
+  }
+
+  /** pread(fd, 8, offset = msr). Throws MsrReadError when the device or register cannot be read. */
+  read(cpu: number, msr: number): bigint {
+    let fd: number;
+    try {
+      fd = this.open(cpu);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      throw new MsrReadError(`cannot open ${this.path(cpu)}: ${err.code ?? err.message}`, cpu, msr, err.code);
+    }
+    let n: number;
+    try {
+      n = fs.readSync(fd, this.buf, 0, 8, msr);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      throw new MsrReadError(`cannot read MSR 0x${msr.toString(16)} on CPU ${cpu}: ${err.code ?? err.message}`, cpu, msr, err.code);
+    }
+    if (n !== 8) throw new MsrReadError(`short read of MSR 0x${msr.toString(16)} on CPU ${cpu} (${n} bytes)`, cpu, msr);
+    return this.buf.readBigUInt64LE(0);
+  }
+
+  close(): void {
+    for (const fd of this.fds.values()) {
+      try {
+        fs.closeSync(fd);
+      } catch {
+        /* already closed */
+      }
+    }
+    this.fds.clear();
+  }
+}

@@ -1,0 +1,157 @@
+/**
+ * The few libc calls Node does not expose, through koffi. Every pointer argument is a Buffer, so no
+ * native memory is ever owned by JS. Functions return -1 and set errno like libc; callers turn that
+ * into an Error with errnoError().
+ */
+import koffi from 'koffi';
+import os from 'node:os';
+
+const libc = koffi.load('libc.so.6');
+
+const fn = {
+  getsockopt: libc.func('int getsockopt(int fd, int level, int optname, void *optval, void *optlen)'),
+  socket: libc.func('int socket(int domain, int type, int protocol)'),
+  sendto: libc.func('long sendto(int fd, const void *buf, size_t len, int flags, const void *addr, uint32_t addrlen)'),
+  close: libc.func('int close(int fd)'),
+  capget: libc.func('int capget(void *hdr, void *data)'),
+  capset: libc.func('int capset(void *hdr, void *data)'),
+  prctl: libc.func('int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4, unsigned long arg5)'),
+  setresuid: libc.func('int setresuid(uint32_t ruid, uint32_t euid, uint32_t suid)'),
+  setresgid: libc.func('int setresgid(uint32_t rgid, uint32_t egid, uint32_t sgid)'),
+  setgroups: libc.func('int setgroups(size_t size, void *list)'),
+  sysconf: libc.func('long sysconf(int name)'),
+  getuid: libc.func('uint32_t getuid()'),
+  gettid: libc.func('int gettid()'),
+};
+
+export const SOL_SOCKET = 1;
+export const SO_PEERCRED = 17;
+export const AF_UNIX = 1;
+export const SOCK_DGRAM = 2;
+export const SOCK_CLOEXEC = 0o2000000;
+export const MSG_NOSIGNAL = 0x4000;
+export const SC_CLK_TCK = 2;
+export const PR_SET_KEEPCAPS = 8;
+export const PR_CAPBSET_DROP = 24;
+export const PR_SET_NO_NEW_PRIVS = 38;
+const LINUX_CAPABILITY_VERSION_3 = 0x20080522;
+
+/** Error carrying errno, with the libc call named, e.g. "capset: EPERM (Operation not permitted)". */
+export function errnoError(call: string, errno = koffi.errno()): NodeJS.ErrnoException {
+  const name = Object.entries(os.constants.errno).find(([, v]) => v === errno)?.[0] ?? `errno ${errno}`;
+  const err: NodeJS.ErrnoException = new Error(`${call}: ${name}`);
+  err.errno = errno;
+  err.code = name;
+  err.syscall = call;
+  return err;
+}
+
+export interface PeerCredentials {
+  pid: number;
+  uid: number;
+  gid: number;
+}
+
+/** SO_PEERCRED of a connected AF_UNIX socket: the peer's pid/uid/gid at connect() time. */
+export function getPeerCredentials(fd: number): PeerCredentials {
+  const cred = Buffer.alloc(12);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(12, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, len) !== 0) throw errnoError('getsockopt(SO_PEERCRED)');
+  return { pid: cred.readInt32LE(0), uid: cred.readUInt32LE(4), gid: cred.readUInt32LE(8) };
+}
+
+/** sockaddr_un for a path, or an abstract name when it starts with '@' (leading NUL, no terminator). */
+export function sockaddrUn(name: string): { addr: Buffer; len: number } {
+  const abstract = name.startsWith('@');
+  const bytes = Buffer.from(abstract ? name.slice(1) : name, 'utf8');
+  const max = abstract ? 107 : 107; // sun_path is 108 bytes; a path keeps one for its NUL
+  if (bytes.length > max) throw new Error(`unix socket address too long (${bytes.length} bytes, at most ${max}): ${name}`);
+  const addr = Buffer.alloc(110);
+  addr.writeUInt16LE(AF_UNIX, 0);
+  bytes.copy(addr, abstract ? 3 : 2);
+  return { addr, len: abstract ? 3 + bytes.length : 2 + bytes.length + 1 };
+}
+
+/** One AF_UNIX datagram to `name` (a path or '@abstract'), from a fresh socket closed right after. */
+export function sendUnixDatagram(name: string, payload: Buffer): void {
+  const { addr, len } = sockaddrUn(name);
+  const fd = fn.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) as number;
+  if (fd < 0) throw errnoError('socket(AF_UNIX, SOCK_DGRAM)');
+  try {
+    const n = Number(fn.sendto(fd, payload, payload.length, MSG_NOSIGNAL, addr, len));
+    if (n < 0) throw errnoError(`sendto(${name})`);
+  } finally {
+    fn.close(fd);
+  }
+}
+
+/** Capability sets of the calling thread as 64-bit masks. */
+export interface CapabilitySets {
+  effective: bigint;
+  permitted: bigint;
+  inheritable: bigint;
+}
+
+function capHeader(): Buffer {
+  const hdr = Buffer.alloc(8);
+  hdr.writeUInt32LE(LINUX_CAPABILITY_VERSION_3, 0);
+  hdr.writeInt32LE(0, 4);
+  return hdr;
+}
+
+export function capget(): CapabilitySets {
+  const data = Buffer.alloc(24);
+  if (fn.capget(capHeader(), data) !== 0) throw errnoError('capget');
+  const join = (lo: number, hi: number) => (BigInt(data.readUInt32LE(hi)) << 32n) | BigInt(data.readUInt32LE(lo));
+  return { effective: join(0, 12), permitted: join(4, 16), inheritable: join(8, 20) };
+}
+
+/** capset for the calling thread only: Linux capabilities are per thread. */
+export function capset(sets: CapabilitySets): void {
+  const data = Buffer.alloc(24);
+  const lo = (v: bigint) => Number(v & 0xffffffffn);
+  const hi = (v: bigint) => Number((v >> 32n) & 0xffffffffn);
+  data.writeUInt32LE(lo(sets.effective), 0);
+  data.writeUInt32LE(lo(sets.permitted), 4);
+  data.writeUInt32LE(lo(sets.inheritable), 8);
+  data.writeUInt32LE(hi(sets.effective), 12);
+  data.writeUInt32LE(hi(sets.permitted), 16);
+  data.writeUInt32LE(hi(sets.inheritable), 20);
+  if (fn.capset(capHeader(), data) !== 0) throw errnoError('capset');
+}
+
+export function prctl(option: number, arg2 = 0, arg3 = 0, arg4 = 0, arg5 = 0): number {
+  const r = fn.prctl(option, arg2, arg3, arg4, arg5) as number;
+  if (r < 0) throw errnoError(`prctl(${option})`);
+  return r;
+}
+
+/** glibc broadcasts set*id to every thread of the process, so these change the whole process. */
+export function setresuid(uid: number): void {
+  if (fn.setresuid(uid, uid, uid) !== 0) throw errnoError(`setresuid(${uid})`);
+}
+
+export function setresgid(gid: number): void {
+  if (fn.setresgid(gid, gid, gid) !== 0) throw errnoError(`setresgid(${gid})`);
+}
+
+export function setgroups(gids: readonly number[]): void {
+  const list = Buffer.alloc(Math.max(4, gids.length * 4));
+  gids.forEach((g, i) => list.writeUInt32LE(g, i * 4));
+  if (fn.setgroups(gids.length, list) !== 0) throw errnoError('setgroups');
+}
+
+export function sysconf(name: number): number {
+  const v = Number(fn.sysconf(name));
+  if (v < 0) throw errnoError(`sysconf(${name})`);
+  return v;
+}
+
+export function clockTicksPerSecond(): number {
+  return sysconf(SC_CLK_TCK);
+}
+
+export function gettid(): number {
+  return fn.gettid() as number;
+}

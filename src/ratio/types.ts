@@ -1,0 +1,98 @@
+/**
+ * Data shared by the ratio engine, the sampler, traces and the daemon. Pure data, no I/O.
+ * Field meanings follow ../shared/spec/ratio.md and trace-format.md.
+ */
+import type { Vendor } from '../msr/registers.js';
+
+export interface HostCpu {
+  cpu: number;
+  package: number;
+}
+
+export interface HostPackage {
+  package: number;
+  /** Raw MSR_RAPL_POWER_UNIT (0x606) of this package. */
+  powerUnit: bigint;
+  /** Raw MSR_PKG_POWER_LIMIT (0x610), when known. */
+  powerLimit?: bigint;
+  /** Raw MSR_PKG_POWER_INFO (0x614), when known. */
+  powerInfo?: bigint;
+}
+
+/** What the engine needs to know about the host: the trace header's `host` plus CLK_TCK. */
+export interface HostInfo {
+  vendor: Vendor;
+  clkTck: number;
+  /** Online logical CPUs and their package. */
+  cpus: HostCpu[];
+  packages: HostPackage[];
+}
+
+export interface VcpuSpec {
+  tid: number;
+  /** Virtual package (socket) of this vCPU in the guest, 0..255. */
+  vpkg: number;
+}
+
+export interface VmSpec {
+  pid: number;
+  /** Field 22 of /proc/<pid>/stat at registration; a different value later means the pid was reused. */
+  starttime: number;
+  name?: string;
+  vcpus: VcpuSpec[];
+}
+
+/** One sample S(i): what the sampler read, in the form a trace stores it. */
+export interface Sample {
+  /** CLOCK_MONOTONIC, nanoseconds. */
+  tNs: bigint;
+  /** Raw MSR_PKG_ENERGY_STATUS per package id. */
+  energy: Map<number, bigint>;
+  /** For each registered pid that exists: tid -> verbatim stat line (no trailing newline). */
+  tasks: Map<number, Map<number, string>>;
+}
+
+export interface PackageInterval {
+  package: number;
+  energyJ: number;
+  attributedJ: number;
+}
+
+export interface VmInterval {
+  /** Engine-assigned id of the registration (the v2 vm_id). */
+  vmId: number;
+  pid: number;
+  /** energyJ per vpkg, index = vpkg, length = nvpkg. */
+  vpkgEnergyJ: number[];
+}
+
+export interface IntervalResult {
+  tNs: bigint;
+  dtS: number;
+  packages: PackageInterval[];
+  vms: VmInterval[];
+  /** Stat lines the engine could not parse in this sample (treated as absent threads). */
+  problems: string[];
+}
+
+/** Published per-virtual-package values (ratio.md "Outputs"). */
+export interface VpkgOutput {
+  vpkg: number;
+  /** Accumulated joules (float64). */
+  energyJ: number;
+  /** floor(A * 1e6). */
+  energyUj: bigint;
+  /** floor(A / u_guest) mod 2^32. */
+  counter: number;
+}
+
+export interface VmOutput {
+  vmId: number;
+  pid: number;
+  name?: string;
+  /** Process ended (absent or pid reused) or unregistered: values are frozen. */
+  ended: boolean;
+  /** Monotonic time of the sample the values come from (0n before the first interval). */
+  tNs: bigint;
+  vpkgs: VpkgOutput[];
+}

@@ -1,0 +1,66 @@
+/**
+ * A host whose RAPL registers are files: this machine has no /dev/cpu/N/msr, so each CPU gets a
+ * sparse file read through the real code path (pread at offset = MSR number). sysfs is faked too,
+ * so tests choose the topology; /proc stays the real one.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+export interface FakeHostOptions {
+  /** package id of each CPU, index = CPU number; default two CPUs in package 0. */
+  packages?: number[];
+  /** CPUs listed as online in sysfs; default all. */
+  online?: number[];
+}
+
+export class FakeHost {
+  readonly dir: string;
+  readonly sysRoot: string;
+  readonly msrPathTemplate: string;
+  readonly cpuPackages: number[];
+
+  constructor(opts: FakeHostOptions = {}) {
+    this.cpuPackages = opts.packages ?? [0, 0];
+    this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-fakehost-'));
+    this.sysRoot = path.join(this.dir, 'sys');
+    this.msrPathTemplate = path.join(this.dir, 'dev/cpu/%u/msr');
+    const online = opts.online ?? this.cpuPackages.map((_, i) => i);
+    const cpuDir = path.join(this.sysRoot, 'devices/system/cpu');
+    fs.mkdirSync(cpuDir, { recursive: true });
+    fs.writeFileSync(path.join(cpuDir, 'online'), `${online.join(',')}\n`);
+    this.cpuPackages.forEach((pkg, cpu) => {
+      fs.mkdirSync(path.join(cpuDir, `cpu${cpu}/topology`), { recursive: true });
+      fs.writeFileSync(path.join(cpuDir, `cpu${cpu}/topology/physical_package_id`), `${pkg}\n`);
+      fs.mkdirSync(path.dirname(this.msrPath(cpu)), { recursive: true });
+      fs.writeFileSync(this.msrPath(cpu), '');
+    });
+  }
+
+  msrPath(cpu: number): string {
+    return this.msrPathTemplate.replace('%u', String(cpu));
+  }
+
+  /** Writes an MSR value as the kernel would return it: 8 little-endian bytes at offset = MSR. */
+  writeMsr(cpu: number, msr: number, value: bigint): void {
+    const buf = Buffer.alloc(8);
+    buf.writeBigUInt64LE(BigInt.asUintN(64, value));
+    const fd = fs.openSync(this.msrPath(cpu), 'r+');
+    try {
+      fs.writeSync(fd, buf, 0, 8, msr);
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  /** Same MSR value on every CPU of a package (package-scope registers). */
+  writePackageMsr(pkg: number, msr: number, value: bigint): void {
+    this.cpuPackages.forEach((p, cpu) => {
+      if (p === pkg) this.writeMsr(cpu, msr, value);
+    });
+  }
+
+  cleanup(): void {
+    fs.rmSync(this.dir, { recursive: true, force: true });
+  }
+}
