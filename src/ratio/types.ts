@@ -71,6 +71,8 @@ export interface IntervalResult {
   dtS: number;
   packages: PackageInterval[];
   vms: VmInterval[];
+  /** vmIds that ended with this sample (process gone or pid reused): frozen from now on. */
+  ended: number[];
   /** Stat lines the engine could not parse in this sample (treated as absent threads). */
   problems: string[];
 }
