@@ -1,0 +1,266 @@
+/**
+ * A small QMP client: connect to QEMU's monitor socket, negotiate capabilities, run commands by id.
+ * The socket is hostile input like any other: lines are bounded, non-JSON or unexpected replies end
+ * the session with a clear error, and every wait has a timeout.
+ */
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { getPeerCredentials } from '../native/libc.js';
+
+/** Longest line accepted from the monitor; query-cpus-fast of 4096 vCPUs stays far below it. */
+export const QMP_MAX_LINE = 4 * 1024 * 1024;
+const DEFAULT_TIMEOUT_MS = 5000;
+
+export class QmpError extends Error {
+  constructor(
+    message: string,
+    /** QMP error class (e.g. "CommandNotFound"), or a local one: "Protocol", "Timeout", "Closed", "Connect". */
+    readonly errorClass: string,
+  ) {
+    super(message);
+  }
+}
+
+export interface QmpConnectOptions {
+  /** Timeout for connect + greeting + negotiation, and the default per command; default 5000 ms. */
+  timeoutMs?: number;
+  maxLine?: number;
+}
+
+interface Pending {
+  resolve: (v: unknown) => void;
+  reject: (e: Error) => void;
+  timer: NodeJS.Timeout;
+}
+
+export interface QmpCpu {
+  cpuIndex: number;
+  threadId: number;
+  socketId: number | undefined;
+}
+
+export class QmpClient {
+  /** The QEMU version from the greeting, e.g. "7.2.22". */
+  version = '';
+  private buf = '';
+  private nextId = 1;
+  private readonly pending = new Map<string, Pending>();
+  private greeting: ((g: unknown) => void) | null = null;
+  private failure: Error | null = null;
+
+  private constructor(
+    private readonly sock: net.Socket,
+    readonly path: string,
+    private readonly timeoutMs: number,
+    private readonly maxLine: number,
+  ) {
+    sock.setEncoding('utf8');
+    sock.on('data', (d: string) => this.onData(d));
+    sock.on('error', (e) => this.fail(new QmpError(`QMP socket ${path}: ${e.message}`, 'Closed')));
+    sock.on('close', () => this.fail(new QmpError(`QMP socket ${path} closed by QEMU`, 'Closed')));
+  }
+
+  /** Connects, waits for the greeting and negotiates (qmp_capabilities). Errors name the likely fix. */
+  static async connect(socketPath: string, o: QmpConnectOptions = {}): Promise<QmpClient> {
+    const timeoutMs = o.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    let st: fs.Stats;
+    try {
+      st = fs.statSync(socketPath);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === 'EACCES') throw new QmpError(`QMP socket ${socketPath}: permission denied; run as root or as the user QEMU runs as`, 'Connect');
+      throw new QmpError(`QMP socket ${socketPath} does not exist: start QEMU with -qmp unix:${socketPath},server=on,wait=off (or give the right path)`, 'Connect');
+    }
+    if (!st.isSocket()) throw new QmpError(`${socketPath} is not a Unix socket: give the path of QEMU's -qmp unix:PATH,server=on,wait=off`, 'Connect');
+    const sock = await new Promise<net.Socket>((resolve, reject) => {
+      const s = net.connect(socketPath);
+      const timer = setTimeout(() => {
+        s.destroy();
+        reject(new QmpError(`QMP socket ${socketPath}: connect timed out`, 'Timeout'));
+      }, timeoutMs);
+      s.once('connect', () => {
+        clearTimeout(timer);
+        s.removeAllListeners('error');
+        resolve(s);
+      });
+      s.once('error', (e: NodeJS.ErrnoException) => {
+        clearTimeout(timer);
+        const why =
+          e.code === 'ECONNREFUSED'
+            ? 'nothing is listening (QEMU not running, or a stale socket file)'
+            : e.code === 'EACCES'
+              ? 'permission denied; run as root or as the user QEMU runs as'
+              : e.message;
+        reject(new QmpError(`QMP socket ${socketPath}: ${why}`, 'Connect'));
+      });
+    });
+    const c = new QmpClient(sock, socketPath, timeoutMs, o.maxLine ?? QMP_MAX_LINE);
+    try {
+      const greeting = await c.waitGreeting();
+      const qmp = (greeting as { QMP?: { version?: { qemu?: { major?: unknown; minor?: unknown; micro?: unknown } } } }).QMP;
+      const v = qmp?.version?.qemu;
+      if (v && typeof v.major === 'number') c.version = `${v.major}.${String(v.minor)}.${String(v.micro)}`;
+      await c.execute('qmp_capabilities');
+    } catch (e) {
+      c.close();
+      throw e;
+    }
+    return c;
+  }
+
+  /** Pid, uid and gid of the process that created the listening socket (SO_PEERCRED). */
+  peerCredentials(): { pid: number; uid: number; gid: number } {
+    const fd = (this.sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    if (typeof fd !== 'number' || fd < 0) throw new QmpError(`QMP socket ${this.path}: no file descriptor for SO_PEERCRED`, 'Closed');
+    return getPeerCredentials(fd);
+  }
+
+  /** Runs a command; resolves with its "return" value, rejects with QmpError on an error reply or timeout. */
+  execute(command: string, args?: Record<string, unknown>, timeoutMs = this.timeoutMs): Promise<unknown> {
+    if (this.failure) return Promise.reject(this.failure);
+    const id = `vmsr-${this.nextId++}`;
+    const msg: Record<string, unknown> = { execute: command, id };
+    if (args !== undefined) msg.arguments = args;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new QmpError(`QMP ${command}: no reply within ${timeoutMs} ms from ${this.path}`, 'Timeout'));
+      }, timeoutMs);
+      this.pending.set(id, { resolve, reject, timer });
+      this.sock.write(`${JSON.stringify(msg)}\n`);
+    });
+  }
+
+  /** query-cpus-fast: each vCPU's host thread and its virtual socket (package). */
+  async queryCpus(): Promise<QmpCpu[]> {
+    const r = await this.execute('query-cpus-fast');
+    if (!Array.isArray(r)) throw new QmpError('query-cpus-fast: reply is not a list', 'Protocol');
+    return r.map((c: unknown, i) => {
+      const o = c as { 'cpu-index'?: unknown; 'thread-id'?: unknown; props?: { 'socket-id'?: unknown } };
+      const tid = o?.['thread-id'];
+      if (typeof tid !== 'number' || !Number.isSafeInteger(tid) || tid <= 0) {
+        throw new QmpError(`query-cpus-fast: entry ${i} has no valid thread-id: ${JSON.stringify(c)?.slice(0, 200)}`, 'Protocol');
+      }
+      const idx = o['cpu-index'];
+      const sock = o.props?.['socket-id'];
+      return {
+        cpuIndex: typeof idx === 'number' ? idx : i,
+        threadId: tid,
+        socketId: typeof sock === 'number' && Number.isSafeInteger(sock) && sock >= 0 ? sock : undefined,
+      };
+    });
+  }
+
+  /** query-name: the -name of the VM, or undefined when it has none. */
+  async queryName(): Promise<string | undefined> {
+    const r = (await this.execute('query-name')) as { name?: unknown } | null;
+    return typeof r?.name === 'string' ? r.name : undefined;
+  }
+
+  close(): void {
+    this.fail(new QmpError(`QMP connection to ${this.path} closed`, 'Closed'));
+    this.sock.destroy();
+  }
+
+  private waitGreeting(): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      if (this.failure) return reject(this.failure);
+      const timer = setTimeout(() => {
+        this.greeting = null;
+        reject(new QmpError(`${this.path} sent no QMP greeting within ${this.timeoutMs} ms: is it QEMU's -qmp socket (not a -monitor or another program's)?`, 'Timeout'));
+      }, this.timeoutMs);
+      this.greeting = (g) => {
+        clearTimeout(timer);
+        if (g instanceof Error) reject(g);
+        else resolve(g);
+      };
+    });
+  }
+
+  private onData(d: string): void {
+    this.buf += d;
+    let nl: number;
+    while ((nl = this.buf.indexOf('\n')) >= 0) {
+      const line = this.buf.slice(0, nl).trim();
+      this.buf = this.buf.slice(nl + 1);
+      if (line !== '') this.onLine(line);
+      if (this.failure) return;
+    }
+    if (this.buf.length > this.maxLine) {
+      this.fail(new QmpError(`${this.path}: reply line longer than ${this.maxLine} bytes; not a QMP server?`, 'Protocol'));
+      this.sock.destroy();
+    }
+  }
+
+  private onLine(line: string): void {
+    let msg: unknown;
+    try {
+      msg = JSON.parse(line);
+    } catch {
+      this.protocolError(`not JSON: ${JSON.stringify(line.slice(0, 80))}`);
+      return;
+    }
+    if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) {
+      this.protocolError(`not a JSON object: ${JSON.stringify(line.slice(0, 80))}`);
+      return;
+    }
+    const o = msg as Record<string, unknown>;
+    if (this.greeting) {
+      const g = this.greeting;
+      this.greeting = null;
+      if (typeof o.QMP !== 'object' || o.QMP === null) {
+        g(new QmpError(`${this.path} is not a QMP socket: first message is not a QMP greeting: ${JSON.stringify(line.slice(0, 80))}`, 'Protocol'));
+        this.failure = new QmpError(`${this.path}: bad greeting`, 'Protocol');
+        this.sock.destroy();
+      } else g(o);
+      return;
+    }
+    if ('event' in o) return; // asynchronous events are not ours to handle
+    const id = typeof o.id === 'string' ? o.id : undefined;
+    const p = id === undefined ? undefined : this.pending.get(id);
+    if (!p || id === undefined) {
+      // A reply to nothing we asked (e.g. a late one after a timeout): ignore it, the command already failed.
+      return;
+    }
+    this.pending.delete(id);
+    clearTimeout(p.timer);
+    if ('return' in o) p.resolve(o.return);
+    else if (typeof o.error === 'object' && o.error !== null) {
+      const e = o.error as { class?: unknown; desc?: unknown };
+      p.reject(new QmpError(`QMP error ${String(e.class ?? 'GenericError')}: ${String(e.desc ?? '(no description)').slice(0, 500)}`, String(e.class ?? 'GenericError')));
+    } else p.reject(new QmpError(`QMP reply with neither return nor error: ${JSON.stringify(line.slice(0, 80))}`, 'Protocol'));
+  }
+
+  private protocolError(what: string): void {
+    this.fail(new QmpError(`${this.path}: ${what}; is it QEMU's -qmp socket?`, 'Protocol'));
+    this.sock.destroy();
+  }
+
+  private fail(e: Error): void {
+    if (this.failure) return;
+    this.failure = e;
+    if (this.greeting) {
+      const g = this.greeting;
+      this.greeting = null;
+      g(e);
+    }
+    for (const [id, p] of this.pending) {
+      clearTimeout(p.timer);
+      p.reject(e);
+      this.pending.delete(id);
+    }
+  }
+}
+
+/** Tgid (process id) of a thread, from /proc/<tid>/status; null when it does not exist. */
+export function threadGroupOf(procRoot: string, tid: number): number | null {
+  let text: string;
+  try {
+    text = fs.readFileSync(path.join(procRoot, String(tid), 'status'), 'utf8');
+  } catch {
+    return null;
+  }
+  const m = /^Tgid:\s*(\d+)$/m.exec(text);
+  return m ? Number(m[1]) : null;
+}

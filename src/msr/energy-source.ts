@@ -1,0 +1,159 @@
+/**
+ * Where package energy counters come from: the real MSR_PKG_ENERGY_STATUS registers, or, on hosts
+ * without RAPL (VMs, CI), a clearly labelled synthetic counter driven by /proc/stat load.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import type { HostCpu } from '../ratio/types.js';
+import type { MsrDevice } from './device.js';
+import { MSR_AMD_PKG_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS, energyStatusUnitBits, formatMsrHex, type Vendor } from './registers.js';
+import { firstCpuPerPackage } from './topology.js';
+
+export interface EnergySource {
+  /** Package ids, ascending. */
+  readonly packages: number[];
+  /** Raw MSR_PKG_ENERGY_STATUS per package (only bits 31:0 count). Throws when a package cannot be read. */
+  read(): Map<number, bigint>;
+  close(): void;
+}
+
+export function packageEnergyMsr(vendor: Vendor): number {
+  return vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS;
+}
+
+/** The package energy register of each package, read through its lowest-numbered online CPU. */
+export class MsrEnergySource implements EnergySource {
+  readonly packages: number[];
+  private readonly cpuOf: Map<number, number>;
+  private readonly msr: number;
+
+  constructor(
+    private readonly device: MsrDevice,
+    cpus: HostCpu[],
+    vendor: Vendor,
+  ) {
+    this.cpuOf = firstCpuPerPackage(cpus);
+    this.packages = [...this.cpuOf.keys()].sort((a, b) => a - b);
+    this.msr = packageEnergyMsr(vendor);
+  }
+
+  read(): Map<number, bigint> {
+    const out = new Map<number, bigint>();
+    for (const pkg of this.packages) out.set(pkg, this.device.read(this.cpuOf.get(pkg)!, this.msr));
+    return out;
+  }
+
+  /** The device belongs to the caller (it is shared with the legacy server); nothing to close here. */
+  close(): void {}
+}
+
+export interface CpuTimes {
+  busy: number;
+  total: number;
+}
+
+/** Per-CPU busy/total ticks from /proc/stat ("cpuN user nice system idle iowait irq softirq steal ..."). */
+export function parseProcStat(text: string): Map<number, CpuTimes> {
+  const out = new Map<number, CpuTimes>();
+  for (const line of text.split('\n')) {
+    const m = /^cpu(\d+)\s+(.*)$/.exec(line);
+    if (!m) continue;
+    const v = m[2]!.trim().split(/\s+/).map(Number);
+    if (v.length < 4 || v.some((x) => !Number.isFinite(x) || x < 0)) continue;
+    // guest and guest_nice (fields 9, 10) are already inside user and nice.
+    const total = v.slice(0, 8).reduce((a, b) => a + b, 0);
+    const idle = (v[3] ?? 0) + (v[4] ?? 0);
+    out.set(Number(m[1]), { busy: total - idle, total });
+  }
+  return out;
+}
+
+export interface SyntheticEnergyOptions {
+  procRoot: string;
+  cpus: HostCpu[];
+  /** Watts per package when idle; default 20. */
+  idleW?: number;
+  /** Extra watts per package at 100 % busy; default 40. */
+  busyW?: number;
+  /** MSR_RAPL_POWER_UNIT whose ESU (bits 12:8) sets the counter unit; default 0xa0e03 (ESU 14, 61 uJ). */
+  powerUnit?: bigint;
+  /** Counter value at start (32 bits); default 0xffc00000, so a wrap comes within minutes, as on real hosts. */
+  start?: number;
+  /** Monotonic clock in ns; default process.hrtime.bigint. */
+  clock?: () => bigint;
+}
+
+export const SYNTHETIC_DEFAULTS = { idleW: 20, busyW: 40, powerUnit: 0xa0e03n, start: 0xffc00000 } as const;
+
+/**
+ * NOT a measurement: per package `idleW + busyW x busy share of its CPUs` (from /proc/stat), integrated
+ * over the measured time into a 32-bit counter in units of the configured power unit, so it wraps like
+ * a real one. For hosts without RAPL; traces made with it say so (see describe()).
+ */
+export class SyntheticEnergySource implements EnergySource {
+  readonly packages: number[];
+  readonly powerUnit: bigint;
+  private readonly idleW: number;
+  private readonly busyW: number;
+  private readonly unitJ: number;
+  private readonly cpusOf = new Map<number, number[]>();
+  private readonly statPath: string;
+  private readonly clock: () => bigint;
+  /** Counter per package in units, kept as a float so fractions of a unit are not lost between reads. */
+  private readonly perPackage: Map<number, number>;
+  private lastT: bigint;
+  private lastTimes: Map<number, CpuTimes>;
+
+  constructor(o: SyntheticEnergyOptions) {
+    this.idleW = o.idleW ?? SYNTHETIC_DEFAULTS.idleW;
+    this.busyW = o.busyW ?? SYNTHETIC_DEFAULTS.busyW;
+    if (!(this.idleW >= 0) || !(this.busyW >= 0)) throw new Error('synthetic energy: watts must be >= 0');
+    this.powerUnit = o.powerUnit ?? SYNTHETIC_DEFAULTS.powerUnit;
+    this.unitJ = 2 ** -energyStatusUnitBits(this.powerUnit);
+    for (const c of o.cpus) {
+      const list = this.cpusOf.get(c.package) ?? [];
+      list.push(c.cpu);
+      this.cpusOf.set(c.package, list);
+    }
+    this.packages = [...this.cpusOf.keys()].sort((a, b) => a - b);
+    this.statPath = path.join(o.procRoot, 'stat');
+    this.clock = o.clock ?? (() => process.hrtime.bigint());
+    const start = (o.start ?? SYNTHETIC_DEFAULTS.start) >>> 0;
+    this.perPackage = new Map(this.packages.map((p) => [p, start]));
+    this.lastT = this.clock();
+    this.lastTimes = parseProcStat(fs.readFileSync(this.statPath, 'utf8'));
+  }
+
+  /** One line for trace notes and logs. */
+  describe(): string {
+    return `energy counters SYNTHESISED (no RAPL read): per package ${this.idleW} W idle + ${this.busyW} W x busy share of its CPUs from /proc/stat, power unit ${formatMsrHex(this.powerUnit)}`;
+  }
+
+  read(): Map<number, bigint> {
+    const t = this.clock();
+    const times = parseProcStat(fs.readFileSync(this.statPath, 'utf8'));
+    const dt = Number(t - this.lastT) / 1e9;
+    const out = new Map<number, bigint>();
+    for (const pkg of this.packages) {
+      let busy = 0;
+      let total = 0;
+      for (const cpu of this.cpusOf.get(pkg)!) {
+        const a = this.lastTimes.get(cpu);
+        const b = times.get(cpu);
+        if (!a || !b) continue;
+        busy += Math.max(0, b.busy - a.busy);
+        total += Math.max(0, b.total - a.total);
+      }
+      const share = total > 0 ? Math.min(1, busy / total) : 0;
+      const joules = dt > 0 ? (this.idleW + this.busyW * share) * dt : 0;
+      const units = (this.perPackage.get(pkg)! + joules / this.unitJ) % 2 ** 32;
+      this.perPackage.set(pkg, units);
+      out.set(pkg, BigInt(Math.floor(units)));
+    }
+    this.lastT = t;
+    this.lastTimes = times;
+    return out;
+  }
+
+  close(): void {}
+}

@@ -1,0 +1,181 @@
+/**
+ * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: each thread's
+ * stat file stays open and is re-read with pread at offset 0 (procfs regenerates it on every read),
+ * and /proc/<pid>/task is listed only when the thread set may have changed. A vanished thread or
+ * process is never an error: it is simply absent.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+
+// Field 20 (num_threads) counted from field 3, the first after the LAST ')'.
+const F_NUM_THREADS = 20 - 3;
+
+/** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
+const BUF_SIZE = 4096;
+
+interface PidState {
+  /** tid -> fd of /proc/<pid>/task/<tid>/stat. The main thread's fd doubles as the liveness probe. */
+  fds: Map<number, number>;
+  numThreads: number;
+  readsSinceList: number;
+}
+
+export interface ProcTaskReaderOptions {
+  /** List /proc/<pid>/task at least every this many reads, even when nothing hints at a change. */
+  relistEvery?: number;
+}
+
+export class ProcTaskReader {
+  private readonly pids = new Map<number, PidState>();
+  private readonly buf = Buffer.alloc(BUF_SIZE);
+  private readonly relistEvery: number;
+  /** Directory listings done so far (for tests and benchmarks). */
+  listings = 0;
+
+  constructor(
+    private readonly procRoot: string,
+    opts: ProcTaskReaderOptions = {},
+  ) {
+    this.relistEvery = Math.max(1, opts.relistEvery ?? 30);
+  }
+
+  /** Number of stat fds held open (all pids). */
+  get openFds(): number {
+    let n = 0;
+    for (const s of this.pids.values()) n += s.fds.size;
+    return n;
+  }
+
+  /**
+   * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
+   * Threads whose read fails mid-way (exited) are left out.
+   */
+  read(pid: number): Map<number, string> | null {
+    if (!Number.isSafeInteger(pid) || pid <= 0) return null;
+    let st = this.pids.get(pid);
+    if (st === undefined) {
+      st = { fds: new Map(), numThreads: -1, readsSinceList: 0 };
+      this.pids.set(pid, st);
+      if (!this.list(pid, st)) return this.gone(pid);
+    }
+    // The main thread's line says whether the process lives and how many threads it has now.
+    let main = this.readFd(st, pid);
+    if (main === null) {
+      // The leader's fd is bound to the process it was opened for: failing means that process is gone
+      // (a reused pid is another process, and is not ours).
+      return this.gone(pid);
+    }
+    const n = numThreads(main);
+    st.readsSinceList++;
+    let relist = n !== st.numThreads || st.readsSinceList >= this.relistEvery || st.fds.size !== n;
+    for (let attempt = 0; attempt < 2; attempt++) {
+      if (relist) {
+        if (!this.list(pid, st)) return this.gone(pid);
+        if (attempt > 0 || !st.fds.has(pid)) {
+          main = this.readFd(st, pid);
+          if (main === null) return this.gone(pid);
+        }
+      }
+      const out = new Map<number, string>();
+      out.set(pid, main);
+      let failed = false;
+      for (const tid of st.fds.keys()) {
+        if (tid === pid) continue;
+        const line = this.readFd(st, tid);
+        if (line === null) failed = true;
+        else out.set(tid, line);
+      }
+      // A thread that ended may have been replaced by a new one with the count unchanged: list once more.
+      if (!failed || attempt > 0) return out;
+      relist = true;
+    }
+    return null; // not reached
+  }
+
+  /** Closes the fds of `pid`; the next read starts afresh. */
+  forget(pid: number): void {
+    const st = this.pids.get(pid);
+    if (st === undefined) return;
+    for (const fd of st.fds.values()) closeQuietly(fd);
+    this.pids.delete(pid);
+  }
+
+  close(): void {
+    for (const pid of [...this.pids.keys()]) this.forget(pid);
+  }
+
+  private gone(pid: number): null {
+    this.forget(pid);
+    return null;
+  }
+
+  /** pread of one thread's stat; on failure its fd is closed and dropped. */
+  private readFd(st: PidState, tid: number): string | null {
+    const fd = st.fds.get(tid);
+    if (fd === undefined) return null;
+    let n: number;
+    try {
+      n = fs.readSync(fd, this.buf, 0, BUF_SIZE, 0);
+    } catch {
+      n = 0; // ESRCH / ENOENT: the thread is gone
+    }
+    if (n <= 0) {
+      closeQuietly(fd);
+      st.fds.delete(tid);
+      return null;
+    }
+    let end = n;
+    if (this.buf[end - 1] === 0x0a) end--;
+    return this.buf.toString('latin1', 0, end);
+  }
+
+  /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. */
+  private list(pid: number, st: PidState): boolean {
+    this.listings++;
+    st.readsSinceList = 0;
+    const dir = path.join(this.procRoot, String(pid), 'task');
+    let names: string[];
+    try {
+      names = fs.readdirSync(dir);
+    } catch {
+      return false;
+    }
+    const present = new Set<number>();
+    for (const name of names) {
+      if (!/^\d+$/.test(name)) continue;
+      const tid = Number(name);
+      present.add(tid);
+      if (st.fds.has(tid)) continue;
+      try {
+        st.fds.set(tid, fs.openSync(path.join(dir, name, 'stat'), fs.constants.O_RDONLY));
+      } catch {
+        present.delete(tid); // exited between the listing and the open
+      }
+    }
+    for (const [tid, fd] of st.fds) {
+      if (!present.has(tid)) {
+        closeQuietly(fd);
+        st.fds.delete(tid);
+      }
+    }
+    st.numThreads = st.fds.size;
+    return st.fds.has(pid) || present.size > 0;
+  }
+}
+
+/** Field 20 of a stat line, or -1 when it cannot be read (forces a listing). */
+export function numThreads(line: string): number {
+  const close = line.lastIndexOf(')');
+  if (close < 0) return -1;
+  const fields = line.slice(close + 2).split(' ', F_NUM_THREADS + 1);
+  const v = Number(fields[F_NUM_THREADS]);
+  return Number.isSafeInteger(v) ? v : -1;
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    fs.closeSync(fd);
+  } catch {
+    /* already closed */
+  }
+}

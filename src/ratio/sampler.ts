@@ -1,0 +1,33 @@
+/** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
+import type { EnergySource } from '../msr/energy-source.js';
+import type { ProcTaskReader } from './proc-tasks.js';
+import type { Sample } from './types.js';
+
+export function monotonicNs(): bigint {
+  return process.hrtime.bigint();
+}
+
+export class Sampler {
+  constructor(
+    private readonly energy: EnergySource,
+    private readonly tasks: ProcTaskReader,
+    private readonly clock: () => bigint = monotonicNs,
+  ) {}
+
+  /**
+   * The timestamp is taken once, right before the energy read: the counters are the time-critical part
+   * (they move continuously), while tick counts only change at tick boundaries. A pid whose process is
+   * gone is absent from `tasks`. Throws only when the energy source fails.
+   */
+  sample(pids: Iterable<number>): Sample {
+    const tNs = this.clock();
+    const energy = this.energy.read();
+    const tasks = new Map<number, Map<number, string>>();
+    for (const pid of pids) {
+      if (tasks.has(pid)) continue;
+      const lines = this.tasks.read(pid);
+      if (lines !== null) tasks.set(pid, lines);
+    }
+    return { tNs, energy, tasks };
+  }
+}

@@ -1,0 +1,138 @@
+/**
+ * Writes a `vmsr-trace` v1 file (spec/trace-format.md): JSON Lines, gzip when the name ends in .gz.
+ * Every record is flushed through gzip as it is written, so a recorder killed hard still leaves a
+ * readable prefix; close() finishes the stream and resolves once every byte is on disk.
+ */
+import fs from 'node:fs';
+import zlib from 'node:zlib';
+import { formatMsrHex } from '../msr/registers.js';
+import type { HostInfo, Sample, VmSpec } from './types.js';
+
+export interface TraceHeader {
+  host: HostInfo;
+  note: string;
+}
+
+export function headerRecord(h: TraceHeader): Record<string, unknown> {
+  return {
+    type: 'header',
+    format: 'vmsr-trace',
+    version: 1,
+    clk_tck: h.host.clkTck,
+    host: {
+      vendor: h.host.vendor,
+      cpus: h.host.cpus.map((c) => ({ cpu: c.cpu, package: c.package })),
+      packages: h.host.packages.map((p) => {
+        const o: Record<string, unknown> = { package: p.package, power_unit: formatMsrHex(p.powerUnit) };
+        if (p.powerLimit !== undefined) o.power_limit = formatMsrHex(p.powerLimit);
+        if (p.powerInfo !== undefined) o.power_info = formatMsrHex(p.powerInfo);
+        return o;
+      }),
+    },
+    note: h.note,
+  };
+}
+
+// t_ns is written as an exact decimal literal (a bigint can exceed 2^53 on hosts up for months).
+function withTime(type: string, tNs: bigint, rest: string): string {
+  return `{"type":"${type}","t_ns":${tNs.toString()}${rest}}\n`;
+}
+
+export function registerLine(tNs: bigint, vm: VmSpec): string {
+  const v: Record<string, unknown> = { pid: vm.pid, starttime: vm.starttime };
+  if (vm.name !== undefined) v.name = vm.name;
+  v.vcpus = vm.vcpus.map((c) => ({ tid: c.tid, vpkg: c.vpkg }));
+  return withTime('register', tNs, `,"vm":${JSON.stringify(v)}`);
+}
+
+export function sampleLine(s: Sample): string {
+  const energy: Record<string, string> = {};
+  for (const [pkg, raw] of s.energy) energy[String(pkg)] = formatMsrHex(raw);
+  const tasks: Record<string, Record<string, string>> = {};
+  for (const [pid, lines] of s.tasks) {
+    const t: Record<string, string> = {};
+    for (const [tid, line] of lines) t[String(tid)] = line;
+    tasks[String(pid)] = t;
+  }
+  return withTime('sample', s.tNs, `,"energy":${JSON.stringify(energy)},"tasks":${JSON.stringify(tasks)}`);
+}
+
+export function unregisterLine(tNs: bigint, pid: number): string {
+  return withTime('unregister', tNs, `,"pid":${pid}`);
+}
+
+export class TraceWriter {
+  private lastSampleT: bigint | null = null;
+  private closed: Promise<void> | null = null;
+  private error: Error | null = null;
+  /** Records written so far (header included). */
+  records = 0;
+  samples = 0;
+
+  private constructor(
+    readonly path: string,
+    private readonly file: fs.WriteStream,
+    private readonly gzip: zlib.Gzip | null,
+  ) {
+    const onError = (e: Error) => {
+      this.error ??= new Error(`trace ${path}: ${e.message}`);
+    };
+    file.on('error', onError);
+    gzip?.on('error', onError);
+  }
+
+  /** Creates (truncates) the file and writes the header. Throws at once if the file cannot be created. */
+  static open(path: string, header: TraceHeader): TraceWriter {
+    // Opening synchronously surfaces ENOENT/EACCES here, with the path, not later from a stream.
+    const fd = fs.openSync(path, 'w', 0o644);
+    const file = fs.createWriteStream(path, { fd });
+    const gzip = path.endsWith('.gz') ? zlib.createGzip() : null;
+    if (gzip) gzip.pipe(file);
+    const w = new TraceWriter(path, file, gzip);
+    w.write(`${JSON.stringify(headerRecord(header))}\n`);
+    return w;
+  }
+
+  /** Bytes on disk so far (compressed size for .gz). */
+  get bytesWritten(): number {
+    return this.file.bytesWritten;
+  }
+
+  register(tNs: bigint, vm: VmSpec): void {
+    this.write(registerLine(tNs, vm));
+  }
+
+  sample(s: Sample): void {
+    if (this.lastSampleT !== null && s.tNs <= this.lastSampleT) {
+      throw new Error(`trace ${this.path}: sample times must increase (${s.tNs} after ${this.lastSampleT})`);
+    }
+    this.lastSampleT = s.tNs;
+    this.samples++;
+    this.write(sampleLine(s));
+  }
+
+  unregister(tNs: bigint, pid: number): void {
+    this.write(unregisterLine(tNs, pid));
+  }
+
+  /** Ends the stream; resolves when everything is flushed and the file closed. Idempotent. */
+  close(): Promise<void> {
+    this.closed ??= new Promise<void>((resolve, reject) => {
+      this.file.once('close', () => (this.error ? reject(this.error) : resolve()));
+      this.file.once('error', (e) => reject(new Error(`trace ${this.path}: ${e.message}`)));
+      if (this.gzip) this.gzip.end();
+      else this.file.end();
+    });
+    return this.closed;
+  }
+
+  private write(line: string): void {
+    if (this.closed) throw new Error(`trace ${this.path} is closed`);
+    if (this.error) throw this.error;
+    this.records++;
+    if (this.gzip) {
+      this.gzip.write(line);
+      this.gzip.flush(zlib.constants.Z_SYNC_FLUSH);
+    } else this.file.write(line);
+  }
+}
