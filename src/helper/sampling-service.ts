@@ -1,0 +1,219 @@
+/**
+ * The sampling loop behind v2: one sample every `intervalMs` while at least one registered VM is
+ * live, fed to the ratio engine (and the trace, when recording). Ticks are scheduled from ideal
+ * times on the monotonic clock (origin + k x interval): a late tick is measured by the sample's own
+ * timestamp, the next one is not pushed back (no drift), and missed ticks are skipped (no pile-up).
+ */
+import type { Logger } from 'pino';
+import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
+
+/** The engine surface the loop uses (RatioEngine implements it). */
+export interface Engine {
+  register(vm: VmSpec): number;
+  unregister(vmId: number): void;
+  forget(vmId: number): void;
+  addSample(s: Sample): IntervalResult | null;
+  output(vmId: number): VmOutput | undefined;
+  nvpkg(vmId: number): number;
+  activePids(): number[];
+  readonly guestPowerUnit: bigint;
+}
+
+export interface SampleSource {
+  sample(pids: Iterable<number>): Sample;
+}
+
+export interface TraceSink {
+  register(tNs: bigint, vm: VmSpec): void;
+  sample(s: Sample): void;
+  unregister(tNs: bigint, pid: number): void;
+}
+
+export interface SamplingServiceOptions {
+  engine: Engine;
+  sampler: SampleSource;
+  intervalMs: number;
+  trace?: TraceSink;
+  /** Per-pid state to drop once a pid is no longer sampled (ProcTaskReader.forget). */
+  forgetPid?: (pid: number) => void;
+  log: Logger;
+  /** CLOCK_MONOTONIC in ns; the sampler must use the same clock. */
+  clock?: () => bigint;
+}
+
+export interface SampleEvent {
+  tNs: bigint;
+  result: IntervalResult | null;
+  /** vmIds whose process ended with this sample: frozen from now on. */
+  ended: number[];
+}
+
+export interface SamplingStats {
+  samples: number;
+  failures: number;
+  /** How late the last tick fired after its ideal time, ns. */
+  lastLatenessNs: bigint;
+  /** Ticks skipped because the loop was more than one interval late. */
+  skippedTicks: number;
+}
+
+export class SamplingService {
+  private readonly engine: Engine;
+  private readonly clock: () => bigint;
+  private readonly intervalNs: bigint;
+  /** Registered VMs whose process has not ended: the loop runs while this is not empty. */
+  private readonly live = new Map<number, number>();
+  private timer: NodeJS.Timeout | null = null;
+  private origin = 0n;
+  private k = 0n;
+  private closed = false;
+  private failure: Error | null = null;
+  private readonly sampleListeners: ((e: SampleEvent) => void)[] = [];
+  private readonly failureListeners: ((err: Error) => void)[] = [];
+  readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0 };
+
+  constructor(private readonly o: SamplingServiceOptions) {
+    if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs)) throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
+    this.engine = o.engine;
+    this.clock = o.clock ?? (() => process.hrtime.bigint());
+    this.intervalNs = BigInt(Math.round(o.intervalMs * 1e6));
+  }
+
+  get running(): boolean {
+    return this.timer !== null;
+  }
+
+  /** The energy source's last error while it is failing, null when the last sample worked. */
+  get failed(): Error | null {
+    return this.failure;
+  }
+
+  get guestPowerUnit(): bigint {
+    return this.engine.guestPowerUnit;
+  }
+
+  onSample(cb: (e: SampleEvent) => void): void {
+    this.sampleListeners.push(cb);
+  }
+
+  /** Called once when sampling starts failing (not on every failing tick). */
+  onFailure(cb: (err: Error) => void): void {
+    this.failureListeners.push(cb);
+  }
+
+  /** Registers a VM; the next sample is its baseline. Starts the loop with a sample now if it was idle. */
+  register(spec: VmSpec): number {
+    if (this.closed) throw new Error('the sampling service is closed');
+    const vmId = this.engine.register(spec);
+    this.live.set(vmId, spec.pid);
+    this.o.trace?.register(this.clock(), spec);
+    if (this.timer === null) this.start();
+    return vmId;
+  }
+
+  /**
+   * Withdraws a VM and drops its state. `traceIt` false when the pid's trace record would name a
+   * later registration of the same (reused) pid.
+   */
+  unregister(vmId: number, traceIt = true): void {
+    const out = this.engine.output(vmId);
+    if (out === undefined) return;
+    this.engine.unregister(vmId);
+    this.engine.forget(vmId);
+    this.live.delete(vmId);
+    if (traceIt && !this.closed) this.o.trace?.unregister(this.clock(), out.pid);
+    if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
+  }
+
+  output(vmId: number): VmOutput | undefined {
+    return this.engine.output(vmId);
+  }
+
+  nvpkg(vmId: number): number {
+    return this.engine.nvpkg(vmId);
+  }
+
+  isLive(vmId: number): boolean {
+    return this.live.has(vmId);
+  }
+
+  close(): void {
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  private start(): void {
+    this.origin = this.clock();
+    this.k = 0n;
+    // A baseline right away, so a new VM's first UPDATE comes one interval after it registered.
+    this.timer = setTimeout(() => this.tick(), 0);
+  }
+
+  private schedule(): void {
+    const now = this.clock();
+    let next = this.k + 1n;
+    const due = (now - this.origin) / this.intervalNs + 1n;
+    if (due > next) {
+      this.stats.skippedTicks += Number(due - next);
+      next = due;
+    }
+    this.k = next;
+    const delayMs = Number(this.origin + next * this.intervalNs - now) / 1e6;
+    this.timer = setTimeout(() => this.tick(), Math.max(0, delayMs));
+  }
+
+  private tick(): void {
+    this.timer = null;
+    if (this.closed) return;
+    if (this.live.size === 0) return; // idle until the next registration
+    this.stats.lastLatenessNs = this.clock() - (this.origin + this.k * this.intervalNs);
+    let s: Sample;
+    let result: IntervalResult | null;
+    try {
+      s = this.o.sampler.sample(this.engine.activePids());
+      result = this.engine.addSample(s);
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+      this.schedule();
+      return;
+    }
+    this.o.trace?.sample(s);
+    this.stats.samples++;
+    if (this.failure) {
+      this.o.log.info({ err: this.failure.message }, 'energy source recovered');
+      this.failure = null;
+    }
+    const ended: number[] = [];
+    for (const [vmId, pid] of this.live) {
+      if (this.engine.output(vmId)?.ended ?? true) {
+        ended.push(vmId);
+        this.live.delete(vmId);
+        if (!this.engine.activePids().includes(pid)) this.o.forgetPid?.(pid);
+      }
+    }
+    const ev: SampleEvent = { tNs: s.tNs, result, ended };
+    for (const cb of this.sampleListeners) {
+      try {
+        cb(ev);
+      } catch (e) {
+        this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
+      }
+    }
+    if (this.live.size > 0) this.schedule();
+  }
+
+  private fail(err: Error): void {
+    this.stats.failures++;
+    if (this.failure) return;
+    this.failure = err;
+    this.o.log.error({ err: err.message }, 'sampling failed; v2 clients get ERROR 5 until it recovers');
+    for (const cb of this.failureListeners) {
+      try {
+        cb(err);
+      } catch (e) {
+        this.o.log.error({ err: (e as Error).message }, 'failure listener failed');
+      }
+    }
+  }
+}

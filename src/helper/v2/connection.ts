@@ -1,0 +1,121 @@
+/**
+ * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame is answered
+ * with ERROR 1 and the connection is closed (spec); a well-framed bad request gets its ERROR and the
+ * connection goes on. Everything sent goes through send(), which disconnects a client that lets
+ * more than `maxBacklogBytes` pile up unread, so a client cannot grow the helper's memory.
+ */
+import type net from 'node:net';
+import type { Logger } from 'pino';
+import type { PeerCredentials } from '../../native/libc.js';
+import { CLIENT_TYPES, E, FrameDecoder, encodeError, isFrameError } from './codec.js';
+import { isPayloadError, parseClientFrame, type ClientRequest } from './messages.js';
+
+export interface ConnectionHost {
+  readonly maxBacklogBytes: number;
+  /** The reply to a valid request (one frame). */
+  request(conn: V2Connection, req: ClientRequest): Buffer;
+  /** The connection is gone: drop its VMs. Called once. */
+  closed(conn: V2Connection): void;
+}
+
+/** How long a connection being closed may take to flush its last ERROR before it is destroyed. */
+const CLOSE_GRACE_MS = 1000;
+
+export class V2Connection {
+  private readonly decoder = new FrameDecoder(CLIENT_TYPES);
+  /** VMs this client subscribed to and that have not ended. */
+  readonly subscriptions = new Set<number>();
+  /** An ERROR 5 was sent for the current energy-source failure. */
+  failureNotified = false;
+  private closing = false;
+  private gone = false;
+  readonly log: Logger;
+
+  constructor(
+    readonly id: number,
+    readonly socket: net.Socket,
+    readonly peer: PeerCredentials,
+    private readonly host: ConnectionHost,
+    log: Logger,
+  ) {
+    this.log = log.child({ conn: id, peerPid: peer.pid, peerUid: peer.uid });
+    socket.on('data', (d: Buffer) => this.onData(d));
+    socket.on('error', (e) => this.log.debug({ err: e.message }, 'v2 socket error'));
+    socket.on('close', () => this.onClose());
+    if (socket.destroyed) queueMicrotask(() => this.onClose());
+  }
+
+  /** Bytes that came with (after) the magic. */
+  start(rest: Buffer): void {
+    if (rest.length > 0) this.onData(rest);
+    this.socket.resume();
+  }
+
+  get open(): boolean {
+    return !this.closing && !this.gone;
+  }
+
+  /** Queues a frame; false when the client is gone or was just disconnected for its backlog. */
+  send(frame: Buffer): boolean {
+    if (!this.open) return false;
+    if (this.socket.writableLength + frame.length > this.host.maxBacklogBytes) {
+      this.log.warn({ backlog: this.socket.writableLength, limit: this.host.maxBacklogBytes }, 'v2 client does not read its socket; disconnecting it');
+      this.destroy();
+      return false;
+    }
+    this.socket.write(frame);
+    return true;
+  }
+
+  /** Sends a last ERROR, then closes. */
+  fail(code: number, requestType: number, message: string): void {
+    if (!this.open) return;
+    this.log.info({ code, requestType, message }, 'v2 protocol error; closing');
+    this.send(encodeError(code, requestType, message));
+    this.closing = true;
+    this.socket.end();
+    setTimeout(() => this.socket.destroy(), CLOSE_GRACE_MS).unref();
+  }
+
+  destroy(): void {
+    this.closing = true;
+    this.socket.destroy();
+  }
+
+  private onData(data: Buffer): void {
+    if (!this.open) return;
+    for (const f of this.decoder.push(data)) {
+      if (!this.open) return;
+      if (isFrameError(f)) {
+        this.fail(E.MALFORMED, f.type, f.error);
+        return;
+      }
+      const req = parseClientFrame(f);
+      if (isPayloadError(req)) {
+        if (req.fatal) {
+          this.fail(req.code, f.type, req.message);
+          return;
+        }
+        this.send(encodeError(req.code, f.type, req.message));
+        continue;
+      }
+      let reply: Buffer;
+      try {
+        reply = this.host.request(this, req);
+      } catch (e) {
+        // A bug here must not take the helper or other clients down; this client is told and dropped.
+        this.log.error({ err: (e as Error).stack }, 'v2 request failed');
+        this.fail(E.MALFORMED, f.type, `internal error: ${(e as Error).message}`);
+        return;
+      }
+      this.send(reply);
+    }
+  }
+
+  private onClose(): void {
+    if (this.gone) return;
+    this.gone = true;
+    this.closing = true;
+    this.host.closed(this);
+  }
+}

@@ -1,0 +1,122 @@
+/**
+ * Payload validation per frame type, both directions. Pure. Two kinds of refusal, because the spec
+ * closes the connection only for a broken frame:
+ * - `fatal`: the payload has the wrong size for its type (ERROR 1, then close);
+ * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
+ */
+import { E, T, type Frame, typeName } from './codec.js';
+
+export const MAX_NVCPU = 4096;
+export const MAX_VPKG = 255;
+
+export interface PayloadError {
+  code: number;
+  message: string;
+  /** The framing itself is broken: answer, then close. */
+  fatal: boolean;
+}
+
+export type ClientRequest =
+  | { type: typeof T.REGISTER; pid: number; vcpus: { tid: number; vpkg: number }[] }
+  | { type: typeof T.READ; vmId: number; vpkg: number }
+  | { type: typeof T.SUBSCRIBE; vmId: number }
+  | { type: typeof T.UNREGISTER; vmId: number };
+
+export function isPayloadError(v: unknown): v is PayloadError {
+  return typeof v === 'object' && v !== null && 'fatal' in v;
+}
+
+function wrongSize(type: number, got: number, want: string): PayloadError {
+  return { code: E.MALFORMED, fatal: true, message: `${typeName(type)} payload is ${got} bytes, expected ${want}` };
+}
+
+function bad(message: string): PayloadError {
+  return { code: E.MALFORMED, fatal: false, message };
+}
+
+/** A client's request from a decoded frame (whose type the decoder already checked). */
+export function parseClientFrame(f: Frame): ClientRequest | PayloadError {
+  const p = f.payload;
+  switch (f.type) {
+    case T.REGISTER: {
+      if (p.length < 8) return wrongSize(f.type, p.length, 'at least 8');
+      const pid = p.readUInt32LE(0);
+      const nvcpu = p.readUInt32LE(4);
+      // A lying count is a size error: length must be exactly 8 + 8 * nvcpu.
+      if (p.length !== 8 + 8 * nvcpu) return wrongSize(f.type, p.length, `8 + 8 x nvcpu (${nvcpu}) = ${8 + 8 * nvcpu}`);
+      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      if (nvcpu < 1 || nvcpu > MAX_NVCPU) return bad(`nvcpu must be 1..${MAX_NVCPU}, got ${nvcpu}`);
+      if (pid > 0x7fffffff) return bad(`pid ${pid} is out of range`);
+      const vcpus: { tid: number; vpkg: number }[] = [];
+      const seen = new Set<number>();
+      for (let i = 0; i < nvcpu; i++) {
+        const tid = p.readUInt32LE(8 + 8 * i);
+        const vpkg = p.readUInt32LE(12 + 8 * i);
+        if (tid === 0 || tid > 0x7fffffff) return bad(`vcpu ${i}: tid ${tid} is out of range`);
+        if (vpkg > MAX_VPKG) return bad(`vcpu ${i}: vpkg ${vpkg} is over ${MAX_VPKG}`);
+        if (seen.has(tid)) return bad(`vcpu ${i}: tid ${tid} is listed twice`);
+        seen.add(tid);
+        vcpus.push({ tid, vpkg });
+      }
+      return { type: T.REGISTER, pid, vcpus };
+    }
+    case T.READ:
+      if (p.length !== 8) return wrongSize(f.type, p.length, '8');
+      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      return { type: T.READ, vmId: p.readUInt32LE(0), vpkg: p.readUInt32LE(4) };
+    case T.SUBSCRIBE:
+    case T.UNREGISTER:
+      if (p.length !== 4) return wrongSize(f.type, p.length, '4');
+      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      return { type: f.type, vmId: p.readUInt32LE(0) };
+    default:
+      return { code: E.MALFORMED, fatal: true, message: `unknown frame type ${typeName(f.type)}` };
+  }
+}
+
+// ---- helper -> client, for the client library ----
+
+export type HelperMessage =
+  | { type: typeof T.REGISTERED; vmId: number; nvpkg: number; powerUnit: bigint }
+  | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
+  | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: { counter: bigint; energyUj: bigint }[]; ended: boolean }
+  | { type: typeof T.OK; vmId: number }
+  | { type: typeof T.ERROR; code: number; requestType: number; message: string };
+
+/** A helper's reply; an Error describes a reply the client cannot trust (the client then closes). */
+export function parseHelperFrame(f: Frame): HelperMessage | Error {
+  const p = f.payload;
+  const size = (want: number) => new Error(`${typeName(f.type)} payload is ${p.length} bytes, expected ${want}`);
+  switch (f.type) {
+    case T.REGISTERED:
+      if (p.length !== 16) return size(16);
+      return { type: T.REGISTERED, vmId: p.readUInt32LE(0), nvpkg: p.readUInt32LE(4), powerUnit: p.readBigUInt64LE(8) };
+    case T.VALUE:
+      if (p.length !== 32) return size(32);
+      return {
+        type: T.VALUE,
+        vmId: p.readUInt32LE(0),
+        vpkg: p.readUInt32LE(4),
+        counter: p.readBigUInt64LE(8),
+        energyUj: p.readBigUInt64LE(16),
+        tNs: p.readBigUInt64LE(24),
+        ended: (f.flags & 1) !== 0,
+      };
+    case T.UPDATE: {
+      if (p.length < 16) return size(16);
+      const n = p.readUInt32LE(4);
+      if (p.length !== 16 + 16 * n) return size(16 + 16 * n);
+      const vpkgs: { counter: bigint; energyUj: bigint }[] = [];
+      for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
+      return { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & 1) !== 0 };
+    }
+    case T.OK:
+      if (p.length !== 4) return size(4);
+      return { type: T.OK, vmId: p.readUInt32LE(0) };
+    case T.ERROR:
+      if (p.length < 8) return new Error(`ERROR payload is ${p.length} bytes, expected at least 8`);
+      return { type: T.ERROR, code: p.readUInt32LE(0), requestType: p.readUInt32LE(4), message: p.subarray(8).toString('utf8') };
+    default:
+      return new Error(`unknown frame type ${typeName(f.type)}`);
+  }
+}

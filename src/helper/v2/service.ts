@@ -1,0 +1,240 @@
+/**
+ * The v2 service: the entry point the daemon wires in. It owns the VM registry, the sampling loop and
+ * the connections; the daemon's server hands it every connection that starts with the v2 magic.
+ * Decisions where the spec is silent are in docs/protocol-v2.md.
+ */
+import type net from 'node:net';
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import type { Logger } from 'pino';
+import type { PeerCredentials } from '../../native/libc.js';
+import { RatioEngine } from '../../ratio/attribution.js';
+import type { HostInfo } from '../../ratio/types.js';
+import { SamplingService, type Engine, type SampleSource, type SamplingStats, type TraceSink } from '../sampling-service.js';
+import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from '../vm-registry.js';
+import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from './codec.js';
+import { V2Connection, type ConnectionHost } from './connection.js';
+import { MAX_NVCPU, type ClientRequest } from './messages.js';
+
+export type { V2Limits };
+export { DEFAULT_V2_LIMITS };
+
+/** Called by the daemon's server for a connection whose first 4 bytes were "VMS2"; rest = bytes after. */
+export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer) => void;
+
+export interface V2ServiceOptions {
+  host: HostInfo;
+  sampler: SampleSource;
+  engine?: Engine;
+  procRoot: string;
+  intervalMs: number;
+  limits: V2Limits;
+  trace?: TraceSink;
+  /** ProcTaskReader.forget: drops the open stat fds of a pid no longer sampled. */
+  forgetPid?: (pid: number) => void;
+  log: Logger;
+  clock?: () => bigint;
+}
+
+export interface V2Service {
+  handler: V2Handler;
+  /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */
+  close(): Promise<void>;
+  readonly stats: SamplingStats;
+  readonly connections: number;
+  readonly vms: number;
+}
+
+export function createV2Service(o: V2ServiceOptions): V2Service {
+  const engine = o.engine ?? new RatioEngine(o.host);
+  const sampling = new SamplingService({
+    engine,
+    sampler: o.sampler,
+    intervalMs: o.intervalMs,
+    trace: o.trace,
+    forgetPid: o.forgetPid,
+    log: o.log,
+    clock: o.clock,
+  });
+  const registry = new VmRegistry(o.limits, procView(o.procRoot));
+  const conns = new Set<V2Connection>();
+  let nextConnId = 1;
+  let closed = false;
+
+  const dropVm = (vmId: number) => {
+    const pid = registry.pidOf(vmId);
+    // An ended VM whose pid was registered again: its trace "unregister" would hit the new one.
+    const traceIt = registry.isLive(vmId) || pid === undefined || registry.liveVmOf(pid) === undefined;
+    sampling.unregister(vmId, traceIt);
+    registry.remove(vmId);
+  };
+
+  const updateFrame = (vmId: number): { frame: Buffer; ended: boolean } | null => {
+    const out = sampling.output(vmId);
+    if (!out) return null;
+    const values = out.vpkgs.map((v) => ({ counter: BigInt(v.counter), energyUj: v.energyUj }));
+    return { frame: encodeUpdate(vmId, out.tNs, values, out.ended), ended: out.ended };
+  };
+
+  const request = (conn: V2Connection, req: ClientRequest): Buffer => {
+    switch (req.type) {
+      case T.REGISTER: {
+        const a = registry.admit(conn.id, conn.peer, req);
+        if (!a.ok) return encodeError(a.code, T.REGISTER, a.message);
+        const vmId = sampling.register(a.spec);
+        registry.add(conn.id, vmId, a.spec.pid);
+        conn.log.info({ vmId, pid: a.spec.pid, vcpus: a.spec.vcpus.length }, 'v2 VM registered');
+        return encodeRegistered(vmId, sampling.nvpkg(vmId), sampling.guestPowerUnit);
+      }
+      case T.READ: {
+        if (!registry.owns(conn.id, req.vmId)) return encodeError(E.NO_SUCH, T.READ, `no VM ${req.vmId} on this connection`);
+        const out = sampling.output(req.vmId);
+        const v = out?.vpkgs[req.vpkg];
+        if (!out || !v) return encodeError(E.NO_SUCH, T.READ, `VM ${req.vmId} has no virtual package ${req.vpkg} (it has ${out?.vpkgs.length ?? 0})`);
+        if (sampling.failed && !out.ended) return encodeError(E.ENERGY_SOURCE, T.READ, `energy source failed: ${sampling.failed.message}`);
+        return encodeValue(req.vmId, req.vpkg, { counter: BigInt(v.counter), energyUj: v.energyUj }, out.tNs, out.ended);
+      }
+      case T.SUBSCRIBE: {
+        if (!registry.owns(conn.id, req.vmId)) return encodeError(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId} on this connection`);
+        const u = updateFrame(req.vmId);
+        if (!u) return encodeError(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId}`);
+        // The immediate UPDATE is the acknowledgment; an ended VM gets only this one.
+        if (!u.ended) conn.subscriptions.add(req.vmId);
+        return u.frame;
+      }
+      case T.UNREGISTER: {
+        if (!registry.owns(conn.id, req.vmId)) return encodeError(E.NO_SUCH, T.UNREGISTER, `no VM ${req.vmId} on this connection`);
+        conn.subscriptions.delete(req.vmId);
+        dropVm(req.vmId);
+        conn.log.info({ vmId: req.vmId }, 'v2 VM unregistered');
+        return encodeOk(req.vmId);
+      }
+    }
+  };
+
+  const host: ConnectionHost = {
+    maxBacklogBytes: o.limits.maxBacklogBytes,
+    request,
+    closed(conn) {
+      conns.delete(conn);
+      const vms = registry.vmsOf(conn.id);
+      for (const vmId of vms) dropVm(vmId);
+      conn.log.debug({ vms: vms.length }, 'v2 connection closed');
+    },
+  };
+
+  sampling.onSample((ev) => {
+    for (const vmId of ev.ended) registry.markEnded(vmId);
+    for (const conn of conns) {
+      conn.failureNotified = false;
+      for (const vmId of conn.subscriptions) {
+        const u = updateFrame(vmId);
+        if (!u) continue;
+        if (u.ended) conn.subscriptions.delete(vmId);
+        if (!conn.send(u.frame)) break;
+      }
+    }
+  });
+
+  sampling.onFailure((err) => {
+    for (const conn of conns) {
+      if (conn.subscriptions.size === 0 || conn.failureNotified) continue;
+      conn.failureNotified = true;
+      conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
+    }
+  });
+
+  const handler: V2Handler = (socket, peer, rest) => {
+    if (closed) {
+      socket.destroy();
+      return;
+    }
+    const conn = new V2Connection(nextConnId++, socket, peer, host, o.log);
+    conns.add(conn);
+    conn.start(rest);
+  };
+
+  return {
+    handler,
+    async close() {
+      closed = true;
+      sampling.close();
+      const waits = [...conns].map(
+        (c) =>
+          new Promise<void>((resolve) => {
+            if (c.socket.destroyed) return resolve();
+            c.socket.once('close', () => resolve());
+            c.destroy();
+          }),
+      );
+      await Promise.all(waits);
+    },
+    get stats() {
+      return sampling.stats;
+    },
+    get connections() {
+      return conns.size;
+    },
+    get vms() {
+      return registry.size;
+    },
+  };
+}
+
+// ---- command-line options ----
+
+function positiveInt(name: string, max = Number.MAX_SAFE_INTEGER) {
+  return (text: string): number => {
+    if (!/^\d+$/.test(text)) throw new InvalidArgumentError(`${name} must be a whole number, got ${JSON.stringify(text)}`);
+    const n = Number(text);
+    if (n < 1 || n > max) throw new InvalidArgumentError(`${name} must be 1..${max}, got ${text}`);
+    return n;
+  };
+}
+
+function seconds(text: string): number {
+  const n = Number(text);
+  if (!/^\d+(\.\d+)?$/.test(text.trim()) || !(n >= 0.01) || n > 3600) {
+    throw new InvalidArgumentError(`must be a number of seconds from 0.01 to 3600, got ${JSON.stringify(text)}`);
+  }
+  return n;
+}
+
+/** v2 options on the daemon command. */
+export function addV2Options(cmd: Command): void {
+  cmd
+    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(seconds).default(1))
+    .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
+    .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveInt('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
+    .addOption(
+      new Option('--max-vms-per-connection <n>', 'v2 VMs one connection may register')
+        .argParser(positiveInt('--max-vms-per-connection'))
+        .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
+    )
+    .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveInt('--max-vcpus', MAX_NVCPU)).default(DEFAULT_V2_LIMITS.maxVcpus))
+    .addOption(
+      new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
+        .argParser(positiveInt('--max-backlog', 1 << 30))
+        .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
+    );
+}
+
+export interface V2CliOptions {
+  interval?: number;
+  record?: string;
+  maxVms?: number;
+  maxVmsPerConnection?: number;
+  maxVcpus?: number;
+  maxBacklog?: number;
+}
+
+export function v2OptionsFrom(opts: V2CliOptions): { intervalMs: number; limits: V2Limits; recordPath?: string } {
+  const limits: V2Limits = {
+    maxVms: opts.maxVms ?? DEFAULT_V2_LIMITS.maxVms,
+    maxVmsPerConnection: opts.maxVmsPerConnection ?? DEFAULT_V2_LIMITS.maxVmsPerConnection,
+    maxVcpus: opts.maxVcpus ?? DEFAULT_V2_LIMITS.maxVcpus,
+    maxBacklogBytes: opts.maxBacklog ?? DEFAULT_V2_LIMITS.maxBacklogBytes,
+  };
+  const out: { intervalMs: number; limits: V2Limits; recordPath?: string } = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits };
+  if (opts.record !== undefined) out.recordPath = opts.record;
+  return out;
+}

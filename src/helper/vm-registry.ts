@@ -1,0 +1,175 @@
+/**
+ * Who may register what, and how much: the v2 permission rule (spec/protocol.md) and the service's
+ * limits. No sockets; /proc is read through a ProcView so the rule itself is plain logic.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { E } from './v2/codec.js';
+import { MAX_NVCPU } from './v2/messages.js';
+import { isStatParseError, parseStatLine } from '../ratio/stat.js';
+import type { VmSpec } from '../ratio/types.js';
+
+export interface V2Limits {
+  /** VMs registered by one connection at once. */
+  maxVmsPerConnection: number;
+  /** vCPUs in one REGISTER (at most 4096, the protocol's own bound). */
+  maxVcpus: number;
+  /** VMs registered on the whole service at once. */
+  maxVms: number;
+  /** Bytes queued to one client that it has not read; past it the client is disconnected. */
+  maxBacklogBytes: number;
+}
+
+export const DEFAULT_V2_LIMITS: V2Limits = {
+  maxVmsPerConnection: 64,
+  maxVcpus: MAX_NVCPU,
+  maxVms: 1024,
+  maxBacklogBytes: 256 * 1024,
+};
+
+/** What the rule needs from /proc. */
+export interface ProcView {
+  /** uid owning /proc/<pid>, or null when the process does not exist. */
+  ownerUid(pid: number): number | null;
+  isThreadOf(pid: number, tid: number): boolean;
+  /** Field 22 of /proc/<pid>/stat, or null when the process does not exist or the line is unreadable. */
+  starttime(pid: number): number | null;
+}
+
+export function procView(procRoot: string): ProcView {
+  return {
+    ownerUid(pid) {
+      try {
+        return fs.statSync(path.join(procRoot, String(pid))).uid;
+      } catch {
+        return null;
+      }
+    },
+    isThreadOf(pid, tid) {
+      try {
+        fs.statSync(path.join(procRoot, String(pid), 'task', String(tid)));
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    starttime(pid) {
+      let line: string;
+      try {
+        line = fs.readFileSync(path.join(procRoot, String(pid), 'stat'), 'utf8');
+      } catch {
+        return null;
+      }
+      const st = parseStatLine(line.trimEnd());
+      return isStatParseError(st) ? null : st.starttime;
+    },
+  };
+}
+
+export interface Peer {
+  pid: number;
+  uid: number;
+}
+
+export interface RegisterInput {
+  /** 0 = the peer itself. */
+  pid: number;
+  vcpus: { tid: number; vpkg: number }[];
+}
+
+export type Admission = { ok: true; spec: VmSpec } | { ok: false; code: number; message: string };
+
+interface Entry {
+  owner: number;
+  pid: number;
+  live: boolean;
+}
+
+export class VmRegistry {
+  private readonly vms = new Map<number, Entry>();
+  private readonly byOwner = new Map<number, Set<number>>();
+  /** pid -> vmId of its live registration: one live registration per process. */
+  private readonly livePids = new Map<number, number>();
+
+  constructor(
+    readonly limits: V2Limits,
+    private readonly proc: ProcView,
+  ) {}
+
+  get size(): number {
+    return this.vms.size;
+  }
+
+  /** Checks a REGISTER from connection `owner`; on success returns the VmSpec to register. Adds nothing. */
+  admit(owner: number, peer: Peer, req: RegisterInput): Admission {
+    const no = (code: number, message: string): Admission => ({ ok: false, code, message });
+    if (req.vcpus.length > this.limits.maxVcpus) return no(E.LIMIT, `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);
+    const mine = this.byOwner.get(owner)?.size ?? 0;
+    if (mine >= this.limits.maxVmsPerConnection) return no(E.LIMIT, `this connection already has ${mine} VMs registered (limit ${this.limits.maxVmsPerConnection})`);
+    if (this.vms.size >= this.limits.maxVms) return no(E.LIMIT, `the helper already has ${this.vms.size} VMs registered (limit ${this.limits.maxVms})`);
+
+    const pid = req.pid === 0 ? peer.pid : req.pid;
+    if (pid <= 0) return no(E.NOT_PERMITTED, 'the peer pid is unknown');
+    // starttime before and after the checks: a pid that exits and is reused in between is caught.
+    const start = this.proc.starttime(pid);
+    const owner_uid = this.proc.ownerUid(pid);
+    if (start === null || owner_uid === null) return no(E.PROCESS_GONE, `process ${pid} does not exist`);
+    if (!(pid === peer.pid || peer.uid === 0 || peer.uid === owner_uid)) {
+      return no(E.NOT_PERMITTED, `process ${pid} belongs to uid ${owner_uid}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`);
+    }
+    for (const v of req.vcpus) {
+      if (!this.proc.isThreadOf(pid, v.tid)) return no(E.NOT_PERMITTED, `tid ${v.tid} is not a thread of process ${pid}`);
+    }
+    if (this.proc.starttime(pid) !== start) return no(E.PROCESS_GONE, `process ${pid} exited during registration`);
+    const other = this.livePids.get(pid);
+    if (other !== undefined) return no(E.LIMIT, `process ${pid} is already registered (vm_id ${other}); unregister it first`);
+    return { ok: true, spec: { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) } };
+  }
+
+  add(owner: number, vmId: number, pid: number): void {
+    this.vms.set(vmId, { owner, pid, live: true });
+    let set = this.byOwner.get(owner);
+    if (!set) this.byOwner.set(owner, (set = new Set()));
+    set.add(vmId);
+    this.livePids.set(pid, vmId);
+  }
+
+  owns(owner: number, vmId: number): boolean {
+    return this.vms.get(vmId)?.owner === owner;
+  }
+
+  pidOf(vmId: number): number | undefined {
+    return this.vms.get(vmId)?.pid;
+  }
+
+  /** vmId of the live registration of `pid`, if any. */
+  liveVmOf(pid: number): number | undefined {
+    return this.livePids.get(pid);
+  }
+
+  isLive(vmId: number): boolean {
+    return this.vms.get(vmId)?.live === true;
+  }
+
+  /** The VM's process ended: its pid may be registered again (a reused pid is a new process). */
+  markEnded(vmId: number): void {
+    const e = this.vms.get(vmId);
+    if (!e || !e.live) return;
+    e.live = false;
+    if (this.livePids.get(e.pid) === vmId) this.livePids.delete(e.pid);
+  }
+
+  remove(vmId: number): void {
+    const e = this.vms.get(vmId);
+    if (!e) return;
+    this.markEnded(vmId);
+    this.vms.delete(vmId);
+    const set = this.byOwner.get(e.owner);
+    set?.delete(vmId);
+    if (set && set.size === 0) this.byOwner.delete(e.owner);
+  }
+
+  vmsOf(owner: number): number[] {
+    return [...(this.byOwner.get(owner) ?? [])];
+  }
+}
