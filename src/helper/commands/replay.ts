@@ -1,12 +1,86 @@
+/**
+ * `vmsr-helper replay [TRACE] [--json]`: runs a recorded trace through the ratio engine. Without
+ * TRACE it replays the trace bundled with the package (traces/qemu-spin-vs-idle.jsonl.gz).
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
+import { replayFile } from '../../ratio/replay.js';
+import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../ratio/replay-report.js';
 
-// Placeholder until the replay command lands; it says so instead of pretending.
+export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
+
+/** The package root: the nearest directory above this module with our package.json (src/ or dist/src/). */
+export function packageRoot(from: string = path.dirname(fileURLToPath(import.meta.url))): string | undefined {
+  for (let dir = from; ; dir = path.dirname(dir)) {
+    try {
+      const pkg = JSON.parse(fs.readFileSync(path.join(dir, 'package.json'), 'utf8')) as { name?: unknown };
+      if (pkg.name === 'vmsr-helper') return dir;
+    } catch {
+      // not here; keep walking up
+    }
+    if (path.dirname(dir) === dir) return undefined;
+  }
+}
+
+export function bundledTracePath(): string {
+  const root = packageRoot();
+  if (root === undefined) throw new Error('cannot find the vmsr-helper package root to locate its bundled trace; give a TRACE path');
+  const p = path.join(root, BUNDLED_TRACE);
+  if (!fs.existsSync(p)) throw new Error(`the bundled trace ${p} is missing (not recorded yet, or not shipped); give a TRACE path`);
+  return p;
+}
+
+/** Writes to stdout honouring backpressure, so a large replay piped to `head` does not buffer everything. */
+function writer(): { write(line: string): void; flush(): Promise<void> } {
+  let buf: string[] = [];
+  let size = 0;
+  let chain: Promise<void> = Promise.resolve();
+  const drainTo = (text: string): Promise<void> =>
+    new Promise((resolve) => {
+      if (process.stdout.write(text)) resolve();
+      else process.stdout.once('drain', resolve);
+    });
+  return {
+    write(line) {
+      buf.push(line);
+      size += line.length;
+      if (size > 1 << 16) {
+        const text = buf.join('');
+        buf = [];
+        size = 0;
+        chain = chain.then(() => drainTo(text));
+      }
+    },
+    async flush() {
+      const text = buf.join('');
+      buf = [];
+      size = 0;
+      await chain;
+      if (text) await drainTo(text);
+    },
+  };
+}
+
+export async function runReplay(trace: string | undefined, opts: { json?: boolean }): Promise<void> {
+  const file = trace ?? bundledTracePath();
+  const out = writer();
+  const summary = await replayFile(file, opts.json ? (r) => out.write(intervalJsonLine(r) + '\n') : undefined);
+  if (opts.json) out.write(totalJsonLine(summary.vms.map((v) => v.output)) + '\n');
+  else out.write(formatTable(summary));
+  await out.flush();
+  const problems = formatProblems(summary);
+  if (problems) process.stderr.write(problems);
+}
+
 export function addReplayCommand(program: Command): void {
   program
     .command('replay')
-    .description('(not built yet)')
-    .allowUnknownOption()
-    .action(() => {
-      throw new Error('the replay command is not built yet');
+    .description('replay a vmsr-trace through the ratio engine and print per-VM, per-virtual-package energy')
+    .argument('[trace]', `trace file (.jsonl or .jsonl.gz); default: the bundled ${BUNDLED_TRACE}`)
+    .option('--json', 'print JSON lines (one interval record per sample, then the total) instead of a table')
+    .action(async (trace: string | undefined, opts: { json?: boolean }) => {
+      await runReplay(trace, opts);
     });
 }

@@ -1,0 +1,333 @@
+/**
+ * The ratio engine: splits package energy across the threads of registered VMs, exactly as
+ * ../shared/spec/ratio.md ("ticks" mode) says, in float64. Pure: no clock, no files; the caller
+ * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
+ * and records the decisions where the spec is silent.
+ */
+import { joulesPerCounterUnit } from '../msr/registers.js';
+import { isStatParseError, parseStatLine } from './stat.js';
+import type { HostInfo, IntervalResult, PackageInterval, Sample, VmInterval, VmOutput, VmSpec, VpkgOutput } from './types.js';
+
+const TWO_32 = 2 ** 32;
+const MASK_32 = 0xffffffffn;
+
+/** What the previous sample said about one thread; (tid, starttime) is its identity. */
+interface ThreadMark {
+  starttime: number;
+  ticks: number;
+}
+
+type Phase = 'pending' | 'active' | 'ended';
+
+interface VmState {
+  id: number;
+  spec: VmSpec;
+  /** Registered vCPU tid -> vpkg. */
+  vcpuVpkg: Map<number, number>;
+  nvpkg: number;
+  phase: Phase;
+  /** Threads seen in the previous sample (active VMs only). */
+  prev: Map<number, ThreadMark>;
+  /** A(v,g), joules. */
+  acc: number[];
+  /** Sample time of the published values; 0n before the first interval. */
+  tNs: bigint;
+}
+
+/** A thread of an active VM in the current sample, after parsing. */
+interface ThreadNow {
+  tid: number;
+  dticks: number;
+  /** Host package of `processor`; undefined when the CPU is not in the host map. */
+  pkg: number | undefined;
+  /** vpkg when this tid is a registered vCPU. */
+  vpkg: number | undefined;
+}
+
+export class RatioEngine {
+  /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
+  readonly guestPowerUnit: bigint;
+  private readonly uGuest: number;
+  private readonly clkTck: number;
+  private readonly cpuPackage = new Map<number, number>();
+  /** n_p: online CPUs per package. */
+  private readonly cpusPerPackage = new Map<number, number>();
+  /** u_p: joules per counter unit, per package. */
+  private readonly unit = new Map<number, number>();
+  private readonly packageIds: number[];
+  private readonly vms = new Map<number, VmState>();
+  private nextId = 1;
+  private prevT: bigint | undefined;
+  /** Low 32 bits of R_p in the previous sample; a package missing there has no entry. */
+  private prevEnergy = new Map<number, number>();
+  /** Problems found in the last addSample, also when it returned null (the first sample). */
+  lastProblems: string[] = [];
+
+  constructor(host: HostInfo) {
+    if (!Number.isFinite(host.clkTck) || host.clkTck <= 0) throw new Error(`CLK_TCK must be a positive number, got ${host.clkTck}`);
+    if (host.packages.length === 0) throw new Error('the host has no packages');
+    this.clkTck = host.clkTck;
+    for (const p of host.packages) {
+      if (this.unit.has(p.package)) throw new Error(`package ${p.package} is listed twice`);
+      this.unit.set(p.package, joulesPerCounterUnit(p.powerUnit));
+      this.cpusPerPackage.set(p.package, 0);
+    }
+    for (const c of host.cpus) {
+      if (this.cpuPackage.has(c.cpu)) throw new Error(`cpu ${c.cpu} is listed twice`);
+      const n = this.cpusPerPackage.get(c.package);
+      if (n === undefined) throw new Error(`cpu ${c.cpu} is in package ${c.package}, which is not among the host's packages`);
+      this.cpuPackage.set(c.cpu, c.package);
+      this.cpusPerPackage.set(c.package, n + 1);
+    }
+    this.packageIds = [...this.unit.keys()].sort((a, b) => a - b);
+    const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === this.packageIds[0]);
+    this.guestPowerUnit = guest!.powerUnit;
+    this.uGuest = joulesPerCounterUnit(this.guestPowerUnit);
+  }
+
+  register(vm: VmSpec): number {
+    const vcpuVpkg = new Map<number, number>();
+    let nvpkg = 0;
+    for (const v of vm.vcpus) {
+      if (!Number.isInteger(v.vpkg) || v.vpkg < 0 || v.vpkg > 255) throw new Error(`vCPU ${v.tid}: vpkg must be 0..255, got ${v.vpkg}`);
+      if (vcpuVpkg.has(v.tid)) throw new Error(`vCPU tid ${v.tid} is listed twice`);
+      vcpuVpkg.set(v.tid, v.vpkg);
+      nvpkg = Math.max(nvpkg, v.vpkg + 1);
+    }
+    const id = this.nextId++;
+    this.vms.set(id, {
+      id,
+      spec: { ...vm, vcpus: vm.vcpus.map((v) => ({ ...v })) },
+      vcpuVpkg,
+      nvpkg,
+      phase: 'pending',
+      prev: new Map(),
+      acc: new Array<number>(nvpkg).fill(0),
+      tNs: 0n,
+    });
+    return id;
+  }
+
+  unregister(vmId: number): void {
+    const vm = this.vms.get(vmId);
+    if (vm) this.end(vm);
+  }
+
+  forget(vmId: number): void {
+    this.vms.delete(vmId);
+  }
+
+  nvpkg(vmId: number): number {
+    return this.vms.get(vmId)?.nvpkg ?? 0;
+  }
+
+  activePids(): number[] {
+    const pids = new Set<number>();
+    for (const vm of this.vms.values()) if (vm.phase !== 'ended') pids.add(vm.spec.pid);
+    return [...pids];
+  }
+
+  output(vmId: number): VmOutput | undefined {
+    const vm = this.vms.get(vmId);
+    return vm && this.publish(vm);
+  }
+
+  outputs(): VmOutput[] {
+    return [...this.vms.values()].map((vm) => this.publish(vm));
+  }
+
+  /** Number of the last sample's time, for callers that want to check ordering themselves. */
+  lastSampleNs(): bigint | undefined {
+    return this.prevT;
+  }
+
+  addSample(s: Sample): IntervalResult | null {
+    // Validate before touching any state, so a rejected sample leaves the engine as it was.
+    if (this.prevT !== undefined && s.tNs <= this.prevT) {
+      throw new Error(`sample time ${s.tNs} ns is not after the previous sample (${this.prevT} ns)`);
+    }
+    const problems: string[] = [];
+    const energyNow = new Map<number, number>();
+    for (const [pkg, raw] of s.energy) {
+      if (!this.unit.has(pkg)) {
+        problems.push(`energy given for package ${pkg}, which the host does not have: ignored`);
+        continue;
+      }
+      energyNow.set(pkg, Number(BigInt.asUintN(64, raw) & MASK_32));
+    }
+    for (const pkg of this.packageIds) if (!energyNow.has(pkg)) problems.push(`no energy value for package ${pkg} in this sample`);
+
+    const prevT = this.prevT;
+    const prevEnergy = this.prevEnergy;
+    this.prevT = s.tNs;
+    this.prevEnergy = energyNow;
+
+    let result: IntervalResult | null = null;
+    const ended: number[] = [];
+    if (prevT !== undefined) result = this.interval(s, prevT, prevEnergy, energyNow, problems, ended);
+    // VMs registered since the previous sample take this one as their baseline.
+    for (const vm of this.vms.values()) {
+      if (vm.phase !== 'pending') continue;
+      const threads = this.aliveThreads(vm, s, problems);
+      if (threads === null) {
+        this.end(vm);
+        ended.push(vm.id);
+        continue;
+      }
+      vm.phase = 'active';
+      vm.prev = new Map();
+      for (const [tid, st] of threads) vm.prev.set(tid, { starttime: st.starttime, ticks: st.ticks });
+    }
+    if (result) {
+      result.ended = ended;
+      result.problems = problems;
+    }
+    this.lastProblems = problems;
+    return result;
+  }
+
+  private interval(
+    s: Sample,
+    prevT: bigint,
+    prevEnergy: Map<number, number>,
+    energyNow: Map<number, number>,
+    problems: string[],
+    ended: number[],
+  ): IntervalResult {
+    const dt = Number(s.tNs - prevT) / 1e9;
+    // dE_p only where both samples have the counter; a gap makes the next value a new baseline.
+    const dE = new Map<number, number>();
+    for (const pkg of this.packageIds) {
+      const a = prevEnergy.get(pkg);
+      const b = energyNow.get(pkg);
+      if (a === undefined || b === undefined) continue;
+      const units = b >= a ? b - a : b - a + TWO_32;
+      dE.set(pkg, units * this.unit.get(pkg)!);
+    }
+
+    // Pass 1: who is still alive, each thread's dticks and package, D_p.
+    const live: { vm: VmState; threads: ThreadNow[] }[] = [];
+    const ticksOnPkg = new Map<number, number>();
+    for (const vm of this.vms.values()) {
+      if (vm.phase !== 'active') continue;
+      const now = this.aliveThreads(vm, s, problems);
+      if (now === null) {
+        this.end(vm);
+        ended.push(vm.id);
+        continue;
+      }
+      const threads: ThreadNow[] = [];
+      const marks = new Map<number, ThreadMark>();
+      for (const [tid, st] of now) {
+        const before = vm.prev.get(tid);
+        let dticks = before !== undefined && before.starttime === st.starttime ? st.ticks - before.ticks : st.ticks;
+        if (dticks < 0) dticks = 0;
+        const pkg = this.cpuPackage.get(st.processor);
+        if (pkg === undefined) {
+          problems.push(`pid ${vm.spec.pid} tid ${tid}: ran on cpu ${st.processor}, which the host map does not have: no energy for it this interval`);
+        } else {
+          ticksOnPkg.set(pkg, (ticksOnPkg.get(pkg) ?? 0) + dticks);
+        }
+        threads.push({ tid, dticks, pkg, vpkg: vm.vcpuVpkg.get(tid) });
+        marks.set(tid, { starttime: st.starttime, ticks: st.ticks });
+      }
+      vm.prev = marks;
+      live.push({ vm, threads });
+    }
+
+    // e_k = dE_p * dticks / cap_p, scaled by cap_p / D_p when D_p > cap_p: both are dE_p * dticks / max(cap_p, D_p).
+    const divisor = new Map<number, number>();
+    for (const pkg of this.packageIds) {
+      const cap = this.clkTck * dt * this.cpusPerPackage.get(pkg)!;
+      const d = ticksOnPkg.get(pkg) ?? 0;
+      divisor.set(pkg, d > cap ? d : cap);
+    }
+    const share = (t: ThreadNow): number => {
+      if (t.pkg === undefined || t.dticks === 0) return 0;
+      const e = dE.get(t.pkg);
+      if (e === undefined) return 0;
+      return (e * t.dticks) / divisor.get(t.pkg)!;
+    };
+
+    const attributed = new Map<number, number>();
+    const vmsOut: VmInterval[] = [];
+    for (const { vm, threads } of live) {
+      let w = 0;
+      let nv = 0;
+      const es: number[] = new Array<number>(threads.length);
+      for (let i = 0; i < threads.length; i++) {
+        const t = threads[i]!;
+        const e = share(t);
+        es[i] = e;
+        if (t.vpkg === undefined) w += e;
+        else nv++;
+      }
+      const vpkgEnergy = new Array<number>(vm.nvpkg).fill(0);
+      if (nv > 0) {
+        const extra = w / nv;
+        for (let i = 0; i < threads.length; i++) {
+          const t = threads[i]!;
+          const e = es[i]!;
+          if (t.pkg !== undefined && e > 0) attributed.set(t.pkg, (attributed.get(t.pkg) ?? 0) + e);
+          if (t.vpkg !== undefined) vpkgEnergy[t.vpkg] = vpkgEnergy[t.vpkg]! + e + extra;
+        }
+      }
+      // With no vCPU present, W is dropped and nothing is attributed on any package.
+      for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + vpkgEnergy[g]!;
+      vm.tNs = s.tNs;
+      vmsOut.push({ vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: vpkgEnergy });
+    }
+
+    const packages: PackageInterval[] = [];
+    for (const pkg of this.packageIds) {
+      const e = dE.get(pkg);
+      if (e === undefined) continue;
+      packages.push({ package: pkg, energyJ: e, attributedJ: attributed.get(pkg) ?? 0 });
+    }
+    return { tNs: s.tNs, dtS: dt, packages, vms: vmsOut, ended, problems };
+  }
+
+  /**
+   * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
+   * thread's starttime is not the registered one). Bad lines are reported and left out.
+   */
+  private aliveThreads(vm: VmState, s: Sample, problems: string[]): Map<number, { starttime: number; ticks: number; processor: number }> | null {
+    const pid = vm.spec.pid;
+    const lines = s.tasks.get(pid);
+    if (lines === undefined) return null;
+    const out = new Map<number, { starttime: number; ticks: number; processor: number }>();
+    for (const [tid, line] of lines) {
+      const st = parseStatLine(line);
+      if (isStatParseError(st)) {
+        problems.push(`pid ${pid} tid ${tid}: stat line not understood (${st.error}): treated as absent`);
+        continue;
+      }
+      if (st.tid !== tid) {
+        problems.push(`pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent`);
+        continue;
+      }
+      out.set(tid, { starttime: st.starttime, ticks: st.utime + st.stime, processor: st.processor });
+    }
+    // A missing or unreadable main-thread line cannot prove the pid was reused: the VM stays.
+    const main = out.get(pid);
+    if (main !== undefined && main.starttime !== vm.spec.starttime) return null;
+    return out;
+  }
+
+  private end(vm: VmState): void {
+    vm.phase = 'ended';
+    vm.prev = new Map();
+  }
+
+  private publish(vm: VmState): VmOutput {
+    const vpkgs: VpkgOutput[] = vm.acc.map((a, g) => ({
+      vpkg: g,
+      energyJ: a,
+      energyUj: BigInt(Math.floor(a * 1e6)),
+      counter: Math.floor(a / this.uGuest) % TWO_32,
+    }));
+    const out: VmOutput = { vmId: vm.id, pid: vm.spec.pid, ended: vm.phase === 'ended', tNs: vm.tNs, vpkgs };
+    if (vm.spec.name !== undefined) out.name = vm.spec.name;
+    return out;
+  }
+}

@@ -1,0 +1,84 @@
+/**
+ * Replay output: the JSON lines of trace-format.md "Replay output" and a human table. Formatting
+ * only; the numbers come from replay.ts.
+ */
+import type { ReplaySummary } from './replay.js';
+import type { IntervalResult, VmOutput } from './types.js';
+
+export function intervalRecord(r: IntervalResult): Record<string, unknown> {
+  return {
+    type: 'interval',
+    t_ns: r.tNs,
+    dt_s: r.dtS,
+    packages: r.packages.map((p) => ({ package: p.package, energy_j: p.energyJ, attributed_j: p.attributedJ })),
+    vms: r.vms.map((v) => ({ pid: v.pid, vpkgs: v.vpkgEnergyJ.map((e, g) => ({ vpkg: g, energy_j: e })) })),
+  };
+}
+
+export function formatCounter(counter: number): string {
+  return `0x${counter.toString(16)}`;
+}
+
+export function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
+  return {
+    type: 'total',
+    vms: outputs.map((o) => ({
+      pid: o.pid,
+      name: o.name ?? null,
+      ended: o.ended,
+      vpkgs: o.vpkgs.map((v) => ({ vpkg: v.vpkg, energy_uj: v.energyUj.toString(), counter: formatCounter(v.counter) })),
+    })),
+  };
+}
+
+/** t_ns can pass 2^53 on a long-running host: written as a bare integer token, never rounded. */
+export function intervalJsonLine(r: IntervalResult): string {
+  const { type, t_ns, ...rest } = intervalRecord(r);
+  return `{"type":${JSON.stringify(type)},"t_ns":${String(t_ns)},${JSON.stringify(rest).slice(1)}`;
+}
+
+export function totalJsonLine(outputs: VmOutput[]): string {
+  return JSON.stringify(totalRecord(outputs));
+}
+
+function pad(cells: string[][], rightAlign: boolean[]): string {
+  const widths = cells[0]!.map((_, c) => Math.max(...cells.map((row) => row[c]!.length)));
+  return cells
+    .map((row) => row.map((cell, c) => (rightAlign[c] ? cell.padStart(widths[c]!) : cell.padEnd(widths[c]!))).join('  ').trimEnd())
+    .join('\n');
+}
+
+/** Control characters in VM names (from an untrusted trace) must not drive the terminal. */
+function printable(text: string): string {
+  return text.replace(/[\u0000-\u001f\u007f-\u009f]/g, '?');
+}
+
+/** Per VM and virtual package: joules, average watts over the VM's attributed time, ended or not. */
+export function formatTable(s: ReplaySummary): string {
+  const lines: string[] = [];
+  const note = s.header.note ? `  (${printable(s.header.note)})` : '';
+  lines.push(`${s.samples} samples, ${s.intervals} intervals${note}`);
+  if (s.vms.length === 0) {
+    lines.push('no VM was registered in this trace');
+    return lines.join('\n') + '\n';
+  }
+  const rows: string[][] = [['VM', 'PID', 'STATE', 'VPKG', 'JOULES', 'AVG W', 'OVER S']];
+  for (const { output, attributedS } of s.vms) {
+    const name = printable(output.name ?? `(vm ${output.vmId})`);
+    const state = output.ended ? 'ended' : 'running';
+    if (output.vpkgs.length === 0) rows.push([name, String(output.pid), state, '-', '-', '-', attributedS.toFixed(1)]);
+    for (const v of output.vpkgs) {
+      const watts = attributedS > 0 ? (v.energyJ / attributedS).toFixed(2) : '-';
+      rows.push([name, String(output.pid), state, String(v.vpkg), v.energyJ.toFixed(3), watts, attributedS.toFixed(1)]);
+    }
+  }
+  lines.push(pad(rows, [false, true, false, true, true, true, true]));
+  return lines.join('\n') + '\n';
+}
+
+/** The stderr note about stat lines and records the engine could not use. */
+export function formatProblems(s: ReplaySummary): string {
+  if (s.problems.count === 0) return '';
+  const head = `${s.problems.count} problem(s) in the trace were skipped (not fatal)${s.problems.count > s.problems.first.length ? `; the first ${s.problems.first.length}` : ''}:`;
+  return [head, ...s.problems.first.map((p) => `  ${printable(p.length > 300 ? `${p.slice(0, 297)}...` : p)}`)].join('\n') + '\n';
+}

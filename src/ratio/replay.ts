@@ -1,0 +1,127 @@
+/**
+ * Replay: trace records in, interval results and final totals out, through the RatioEngine.
+ * Pure apart from readTrace in replayFile; the report module turns results into text.
+ */
+import { RatioEngine } from './attribution.js';
+import { readTrace, TraceError, type ReadOptions, type TraceHeader, type TraceRecord } from './trace-reader.js';
+import type { IntervalResult, VmOutput } from './types.js';
+
+/** Problems are counted; only the first few are kept, so a bad trace cannot grow memory. */
+export const KEPT_PROBLEMS = 10;
+
+export interface ReplayProblems {
+  count: number;
+  first: string[];
+}
+
+/** What the report needs per VM beyond the engine's outputs: the time it was attributed over. */
+export interface ReplayVmSummary {
+  output: VmOutput;
+  /** Sum of dt over the intervals in which the VM was attributed, seconds. */
+  attributedS: number;
+}
+
+export interface ReplaySummary {
+  header: TraceHeader;
+  intervals: number;
+  samples: number;
+  vms: ReplayVmSummary[];
+  problems: ReplayProblems;
+}
+
+export class Replay {
+  readonly engine: RatioEngine;
+  readonly problems: ReplayProblems = { count: 0, first: [] };
+  private intervals = 0;
+  private samples = 0;
+  /** pid -> vmIds registered with it and not yet unregistered, oldest first. */
+  private readonly byPid = new Map<number, number[]>();
+  private readonly attributedS = new Map<number, number>();
+
+  constructor(readonly header: TraceHeader) {
+    this.engine = new RatioEngine(header.host);
+  }
+
+  /** Applies one record after the header; returns the interval a sample closes, if any. */
+  apply(rec: Exclude<TraceRecord, { type: 'header' }>): IntervalResult | null {
+    try {
+      return this.applyUnchecked(rec);
+    } catch (e) {
+      // The reader validates first; this only turns an engine refusal into an error naming the line.
+      if (e instanceof TraceError) throw e;
+      throw new TraceError((e as Error).message, rec.line);
+    }
+  }
+
+  private applyUnchecked(rec: Exclude<TraceRecord, { type: 'header' }>): IntervalResult | null {
+    switch (rec.type) {
+      case 'register': {
+        const id = this.engine.register(rec.vm);
+        const ids = this.byPid.get(rec.vm.pid) ?? [];
+        ids.push(id);
+        this.byPid.set(rec.vm.pid, ids);
+        this.attributedS.set(id, 0);
+        return null;
+      }
+      case 'unregister': {
+        const ids = this.byPid.get(rec.pid);
+        const id = ids?.shift();
+        if (id === undefined) {
+          this.problem(`line ${rec.line}: unregister of pid ${rec.pid}, which is not registered: ignored`);
+          return null;
+        }
+        if (ids!.length === 0) this.byPid.delete(rec.pid);
+        this.engine.unregister(id);
+        return null;
+      }
+      case 'sample': {
+        this.samples++;
+        const r = this.engine.addSample(rec.sample);
+        const problems = r ? r.problems : this.engine.lastProblems;
+        for (const p of problems) this.problem(`line ${rec.line}: ${p}`);
+        if (!r) return null;
+        this.intervals++;
+        for (const vm of r.vms) this.attributedS.set(vm.vmId, (this.attributedS.get(vm.vmId) ?? 0) + r.dtS);
+        return r;
+      }
+    }
+  }
+
+  summary(): ReplaySummary {
+    return {
+      header: this.header,
+      intervals: this.intervals,
+      samples: this.samples,
+      vms: this.engine.outputs().map((output) => ({ output, attributedS: this.attributedS.get(output.vmId) ?? 0 })),
+      problems: { count: this.problems.count, first: [...this.problems.first] },
+    };
+  }
+
+  private problem(text: string): void {
+    this.problems.count++;
+    if (this.problems.first.length < KEPT_PROBLEMS) this.problems.first.push(text);
+  }
+}
+
+/** Replays records (header first); calls onInterval for each interval, in order. */
+export async function replayRecords(
+  records: AsyncIterable<TraceRecord> | Iterable<TraceRecord>,
+  onInterval: (r: IntervalResult) => void = () => {},
+): Promise<ReplaySummary> {
+  let replay: Replay | undefined;
+  for await (const rec of records) {
+    if (rec.type === 'header') {
+      replay = new Replay(rec.header);
+      continue;
+    }
+    if (!replay) throw new TraceError('a record before the header', rec.line);
+    const r = replay.apply(rec);
+    if (r) onInterval(r);
+  }
+  if (!replay) throw new TraceError('no header: the trace is empty');
+  return replay.summary();
+}
+
+export function replayFile(path: string, onInterval?: (r: IntervalResult) => void, opts?: ReadOptions): Promise<ReplaySummary> {
+  return replayRecords(readTrace(path, opts), onInterval);
+}

@@ -1,0 +1,346 @@
+/**
+ * Reads vmsr-trace v1 (../shared/spec/trace-format.md), plain or gzip, streaming line by line.
+ * Everything in a trace is untrusted: every problem becomes a TraceError naming the line, lines are
+ * capped in length (DEFAULT_MAX_LINE_BYTES) so a hostile file cannot make the reader allocate
+ * without bound, and nothing here throws anything else.
+ */
+import fs from 'node:fs';
+import type { Readable } from 'node:stream';
+import zlib from 'node:zlib';
+import { parseMsrHex, type Vendor } from '../msr/registers.js';
+import type { HostCpu, HostInfo, HostPackage, Sample, VcpuSpec, VmSpec } from './types.js';
+
+/** 32 MiB: a sample line holds every stat line of every VM (~350 bytes a thread); far above any real host. */
+export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
+
+const MAX_ID = 2 ** 31 - 1;
+
+export class TraceError extends Error {
+  /** 1-based line number, when the problem belongs to a line. */
+  readonly line: number | undefined;
+  constructor(message: string, line?: number) {
+    super(line === undefined ? message : `line ${line}: ${message}`);
+    this.name = 'TraceError';
+    this.line = line;
+  }
+}
+
+export interface TraceHeader {
+  host: HostInfo;
+  note?: string;
+}
+
+export type TraceRecord =
+  | { type: 'header'; line: number; header: TraceHeader }
+  | { type: 'register'; line: number; tNs: bigint; vm: VmSpec }
+  | { type: 'sample'; line: number; sample: Sample }
+  | { type: 'unregister'; line: number; tNs: bigint; pid: number };
+
+type Json = Record<string, unknown>;
+
+function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function describe(v: unknown): string {
+  const text = JSON.stringify(v) ?? String(v);
+  return text.length > 60 ? `${text.slice(0, 57)}...` : text;
+}
+
+/**
+ * Validates records one line at a time and keeps the ordering state (header first and once, t_ns
+ * non-decreasing, samples strictly increasing). Pure: feed it lines, it gives records or throws.
+ */
+export class TraceParser {
+  private headerSeen = false;
+  private lastT: bigint | undefined;
+  private lastSampleT: bigint | undefined;
+  private lineNo = 0;
+
+  /** Parses one line (without its newline). Blank lines are skipped (null). */
+  line(text: string, lineNo: number): TraceRecord | null {
+    this.lineNo = lineNo;
+    if (text.trim() === '') return null;
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch (e) {
+      throw new TraceError(`not valid JSON (${(e as Error).message})`, lineNo);
+    }
+    if (!isObject(value)) throw new TraceError(`a record must be a JSON object, got ${describe(value)}`, lineNo);
+    const type = value.type;
+    if (!this.headerSeen) {
+      if (type !== 'header') throw new TraceError(`the first record must be the header, got type ${describe(type)}`, lineNo);
+      this.headerSeen = true;
+      return { type: 'header', line: lineNo, header: this.header(value) };
+    }
+    switch (type) {
+      case 'header':
+        throw new TraceError('a second header (a trace has exactly one, on its first line)', lineNo);
+      case 'register': {
+        const tNs = this.time(value, text, false);
+        return { type: 'register', line: lineNo, tNs, vm: this.vm(value.vm) };
+      }
+      case 'sample': {
+        const tNs = this.time(value, text, true);
+        return { type: 'sample', line: lineNo, sample: { tNs, energy: this.energy(value.energy), tasks: this.tasks(value.tasks) } };
+      }
+      case 'unregister': {
+        const tNs = this.time(value, text, false);
+        return { type: 'unregister', line: lineNo, tNs, pid: this.id(value.pid, 'pid') };
+      }
+      default:
+        throw new TraceError(`unknown record type ${describe(type)}`, lineNo);
+    }
+  }
+
+  /** Call at end of input; throws when the trace had no header at all. */
+  end(): void {
+    if (!this.headerSeen) throw new TraceError('no header: the trace is empty');
+  }
+
+  private fail(message: string): never {
+    throw new TraceError(message, this.lineNo);
+  }
+
+  private header(v: Json): TraceHeader {
+    if (v.format !== 'vmsr-trace') this.fail(`header: format must be "vmsr-trace", got ${describe(v.format)}`);
+    if (v.version !== 1) this.fail(`header: unsupported version ${describe(v.version)} (this reader knows version 1)`);
+    const clkTck = v.clk_tck;
+    if (typeof clkTck !== 'number' || !Number.isInteger(clkTck) || clkTck < 1 || clkTck > 1_000_000) {
+      this.fail(`header: clk_tck must be a positive integer, got ${describe(clkTck)}`);
+    }
+    const host = v.host;
+    if (!isObject(host)) this.fail('header: host must be an object');
+    if (host.vendor !== 'intel' && host.vendor !== 'amd') this.fail(`header: host.vendor must be "intel" or "amd", got ${describe(host.vendor)}`);
+    const vendor: Vendor = host.vendor;
+    if (!Array.isArray(host.packages) || host.packages.length === 0) this.fail('header: host.packages must be a non-empty array');
+    const packages: HostPackage[] = [];
+    const pkgIds = new Set<number>();
+    host.packages.forEach((p: unknown, i: number) => {
+      if (!isObject(p)) this.fail(`header: host.packages[${i}] must be an object`);
+      const id = this.uint(p.package, `host.packages[${i}].package`);
+      if (pkgIds.has(id)) this.fail(`header: package ${id} is listed twice`);
+      pkgIds.add(id);
+      const pkg: HostPackage = { package: id, powerUnit: this.hex(p.power_unit, `host.packages[${i}].power_unit`) };
+      if (p.power_limit !== undefined) pkg.powerLimit = this.hex(p.power_limit, `host.packages[${i}].power_limit`);
+      if (p.power_info !== undefined) pkg.powerInfo = this.hex(p.power_info, `host.packages[${i}].power_info`);
+      packages.push(pkg);
+    });
+    if (!Array.isArray(host.cpus)) this.fail('header: host.cpus must be an array');
+    const cpus: HostCpu[] = [];
+    const cpuIds = new Set<number>();
+    host.cpus.forEach((c: unknown, i: number) => {
+      if (!isObject(c)) this.fail(`header: host.cpus[${i}] must be an object`);
+      const cpu = this.uint(c.cpu, `host.cpus[${i}].cpu`);
+      const pkg = this.uint(c.package, `host.cpus[${i}].package`);
+      if (cpuIds.has(cpu)) this.fail(`header: cpu ${cpu} is listed twice`);
+      if (!pkgIds.has(pkg)) this.fail(`header: cpu ${cpu} is in package ${pkg}, which host.packages does not list`);
+      cpuIds.add(cpu);
+      cpus.push({ cpu, package: pkg });
+    });
+    const header: TraceHeader = { host: { vendor, clkTck, cpus, packages } };
+    if (typeof v.note === 'string') header.note = v.note;
+    return header;
+  }
+
+  /** t_ns: a JSON integer (or decimal string); checks the time order of the trace. */
+  private time(v: Json, raw: string, isSample: boolean): bigint {
+    const t = this.nanoseconds(v.t_ns, raw);
+    if (this.lastT !== undefined && t < this.lastT) this.fail(`t_ns ${t} goes back in time (the previous record has ${this.lastT})`);
+    if (isSample && this.lastSampleT !== undefined && t <= this.lastSampleT) {
+      this.fail(`sample t_ns ${t} is not after the previous sample's (${this.lastSampleT}); samples must be strictly increasing`);
+    }
+    this.lastT = t;
+    if (isSample) this.lastSampleT = t;
+    return t;
+  }
+
+  private nanoseconds(t: unknown, raw: string): bigint {
+    if (typeof t === 'string' && /^\d{1,20}$/.test(t)) return BigInt(t);
+    if (typeof t === 'number' && Number.isInteger(t) && t >= 0) {
+      if (Number.isSafeInteger(t)) return BigInt(t);
+      // Past 2^53 ns (104 days of uptime) JSON.parse rounds; take the digits from the text itself.
+      const all = [...raw.matchAll(/"t_ns"\s*:\s*(\d{1,20})\s*[,}]/g)];
+      if (all.length === 1) return BigInt(all[0]![1]!);
+    }
+    return this.fail(`t_ns must be a non-negative integer (nanoseconds), got ${describe(t)}`);
+  }
+
+  private vm(v: unknown): VmSpec {
+    if (!isObject(v)) this.fail('register: vm must be an object');
+    const pid = this.id(v.pid, 'vm.pid');
+    const starttime = this.uint(v.starttime, 'vm.starttime');
+    if (v.name !== undefined && typeof v.name !== 'string') this.fail(`register: vm.name must be a string, got ${describe(v.name)}`);
+    if (!Array.isArray(v.vcpus)) this.fail('register: vm.vcpus must be an array');
+    const vcpus: VcpuSpec[] = [];
+    const tids = new Set<number>();
+    v.vcpus.forEach((c: unknown, i: number) => {
+      if (!isObject(c)) this.fail(`register: vm.vcpus[${i}] must be an object`);
+      const tid = this.id(c.tid, `vm.vcpus[${i}].tid`);
+      const vpkg = this.uint(c.vpkg, `vm.vcpus[${i}].vpkg`);
+      if (vpkg > 255) this.fail(`register: vm.vcpus[${i}].vpkg must be 0..255, got ${vpkg}`);
+      if (tids.has(tid)) this.fail(`register: vCPU tid ${tid} is listed twice`);
+      tids.add(tid);
+      vcpus.push({ tid, vpkg });
+    });
+    const spec: VmSpec = { pid, starttime, vcpus };
+    if (typeof v.name === 'string') spec.name = v.name;
+    return spec;
+  }
+
+  private energy(v: unknown): Map<number, bigint> {
+    if (!isObject(v)) this.fail('sample: energy must be an object {package id: "0x..."}');
+    const out = new Map<number, bigint>();
+    for (const [k, raw] of Object.entries(v)) out.set(this.key(k, 'energy'), this.hex(raw, `energy["${k}"]`));
+    return out;
+  }
+
+  private tasks(v: unknown): Map<number, Map<number, string>> {
+    if (!isObject(v)) this.fail('sample: tasks must be an object {pid: {tid: stat line}}');
+    const out = new Map<number, Map<number, string>>();
+    for (const [pidKey, threads] of Object.entries(v)) {
+      const pid = this.key(pidKey, 'tasks');
+      if (!isObject(threads)) this.fail(`sample: tasks["${pidKey}"] must be an object {tid: stat line}`);
+      const m = new Map<number, string>();
+      for (const [tidKey, line] of Object.entries(threads)) {
+        const tid = this.key(tidKey, `tasks["${pidKey}"]`);
+        if (typeof line !== 'string') this.fail(`sample: tasks["${pidKey}"]["${tidKey}"] must be a stat line string, got ${describe(line)}`);
+        m.set(tid, line);
+      }
+      out.set(pid, m);
+    }
+    return out;
+  }
+
+  private key(k: string, where: string): number {
+    if (!/^\d{1,10}$/.test(k) || Number(k) > MAX_ID) this.fail(`${where}: key ${describe(k)} is not a decimal id`);
+    return Number(k);
+  }
+
+  private uint(v: unknown, what: string): number {
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) this.fail(`${what} must be a non-negative integer, got ${describe(v)}`);
+    return v;
+  }
+
+  private id(v: unknown, what: string): number {
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_ID) this.fail(`${what} must be a positive integer id, got ${describe(v)}`);
+    return v;
+  }
+
+  private hex(v: unknown, what: string): bigint {
+    try {
+      return parseMsrHex(v, what);
+    } catch (e) {
+      return this.fail((e as Error).message);
+    }
+  }
+}
+
+export interface ReadOptions {
+  maxLineBytes?: number;
+}
+
+/**
+ * Splits a byte stream into lines (numbered from 1), UTF-8 checked. A line longer than the cap, a
+ * final line without newline that is not complete JSON and a broken gzip stream are TraceErrors.
+ */
+export async function* splitLines(stream: AsyncIterable<Buffer | string>, opts: ReadOptions = {}): AsyncGenerator<{ lineNo: number; text: string; lastUnterminated: boolean }> {
+  const max = opts.maxLineBytes ?? DEFAULT_MAX_LINE_BYTES;
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  const decode = (buf: Buffer, lineNo: number): string => {
+    try {
+      return decoder.decode(buf);
+    } catch {
+      throw new TraceError('not valid UTF-8', lineNo);
+    }
+  };
+  let parts: Buffer[] = [];
+  let pending = 0;
+  let lineNo = 1;
+  try {
+    for await (const chunk of stream) {
+      const buf = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+      let start = 0;
+      for (;;) {
+        const nl = buf.indexOf(10, start);
+        if (nl === -1) break;
+        if (pending + (nl - start) > max) throw new TraceError(`line longer than ${max} bytes (the reader's cap)`, lineNo);
+        parts.push(buf.subarray(start, nl));
+        const line = parts.length === 1 ? parts[0]! : Buffer.concat(parts);
+        yield { lineNo, text: decode(line, lineNo), lastUnterminated: false };
+        parts = [];
+        pending = 0;
+        lineNo++;
+        start = nl + 1;
+      }
+      if (start < buf.length) {
+        pending += buf.length - start;
+        if (pending > max) throw new TraceError(`line longer than ${max} bytes (the reader's cap)`, lineNo);
+        parts.push(buf.subarray(start));
+      }
+    }
+  } catch (e) {
+    if (e instanceof TraceError) throw e;
+    const err = e as NodeJS.ErrnoException;
+    if (err.code?.startsWith('Z_') || /unexpected end of file|incorrect header check|invalid/i.test(err.message)) {
+      throw new TraceError(`gzip data is truncated or corrupt (${err.message})`, lineNo);
+    }
+    throw new TraceError(`read failed: ${err.message}`, lineNo);
+  }
+  if (pending > 0) yield { lineNo, text: decode(Buffer.concat(parts), lineNo), lastUnterminated: true };
+}
+
+/** Parses a whole byte stream (already decompressed) into records. */
+export async function* readTraceStream(stream: AsyncIterable<Buffer | string>, opts: ReadOptions = {}): AsyncGenerator<TraceRecord> {
+  const parser = new TraceParser();
+  for await (const { lineNo, text, lastUnterminated } of splitLines(stream, opts)) {
+    let rec: TraceRecord | null;
+    try {
+      rec = parser.line(text, lineNo);
+    } catch (e) {
+      if (lastUnterminated && e instanceof TraceError && /not valid JSON/.test(e.message)) {
+        throw new TraceError('truncated: the last line ends without a newline in the middle of a record', lineNo);
+      }
+      throw e;
+    }
+    if (rec) yield rec;
+  }
+  parser.end();
+}
+
+const GZIP_MAGIC = [0x1f, 0x8b];
+
+/** Opens a trace file (gzip detected by its magic bytes, not its name) and yields its records. */
+export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGenerator<TraceRecord> {
+  let head: Buffer;
+  try {
+    const fh = await fs.promises.open(path, 'r');
+    try {
+      const st = await fh.stat();
+      if (st.isDirectory()) throw new TraceError(`cannot read trace ${path}: it is a directory`);
+      head = Buffer.alloc(2);
+      const { bytesRead } = await fh.read(head, 0, 2, 0);
+      head = head.subarray(0, bytesRead);
+    } finally {
+      await fh.close();
+    }
+  } catch (e) {
+    if (e instanceof TraceError) throw e;
+    throw new TraceError(`cannot read trace ${path}: ${(e as Error).message}`);
+  }
+  const file = fs.createReadStream(path, { highWaterMark: 1 << 16 });
+  const gz = head.length === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
+  let source: Readable = file;
+  if (gz) {
+    const gunzip = zlib.createGunzip();
+    file.on('error', (err) => gunzip.destroy(err));
+    source = file.pipe(gunzip);
+  }
+  try {
+    yield* readTraceStream(source, opts);
+  } finally {
+    source.destroy();
+    file.destroy();
+  }
+}
