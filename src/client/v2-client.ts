@@ -1,0 +1,228 @@
+/**
+ * v2 client library: what `vmsr-helper watch`, the tests and a VMM embedding the protocol use.
+ * Replies come back in request order; UPDATEs (and ERROR 5 notices for subscriptions) may arrive
+ * at any time in between and go to the subscription's callbacks.
+ */
+import net from 'node:net';
+import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, isFrameError, typeName } from '../helper/v2/codec.js';
+import { parseHelperFrame, type HelperMessage } from '../helper/v2/messages.js';
+
+/** An ERROR frame from the helper. */
+export class V2Error extends Error {
+  constructor(
+    readonly code: number,
+    readonly requestType: number,
+    readonly helperMessage: string,
+  ) {
+    super(`${typeName(requestType)}: ${errorCodeName(code)} (error ${code}): ${helperMessage}`);
+    this.name = 'V2Error';
+  }
+}
+
+/** The helper could not be reached, or the connection broke. */
+export class V2ConnectionError extends Error {
+  constructor(
+    message: string,
+    readonly code?: string,
+  ) {
+    super(message);
+    this.name = 'V2ConnectionError';
+  }
+}
+
+export interface Registered {
+  vmId: number;
+  nvpkg: number;
+  /** The MSR_RAPL_POWER_UNIT a guest should see. */
+  powerUnit: bigint;
+}
+
+export interface Value {
+  vmId: number;
+  vpkg: number;
+  counter: bigint;
+  energyUj: bigint;
+  tNs: bigint;
+  ended: boolean;
+}
+
+export interface Update {
+  vmId: number;
+  tNs: bigint;
+  /** Index = vpkg. */
+  vpkgs: { counter: bigint; energyUj: bigint }[];
+  ended: boolean;
+}
+
+interface Pending {
+  type: number;
+  vmId?: number;
+  resolve: (m: HelperMessage) => void;
+  reject: (e: Error) => void;
+}
+
+interface Subscription {
+  onUpdate: (u: Update) => void;
+  onError?: (e: V2Error) => void;
+}
+
+const REPLY_OF: Record<number, number> = { [T.REGISTERED]: T.REGISTER, [T.VALUE]: T.READ, [T.UPDATE]: T.SUBSCRIBE, [T.OK]: T.UNREGISTER };
+
+export class V2Client {
+  private readonly decoder = new FrameDecoder(HELPER_TYPES);
+  private readonly pending: Pending[] = [];
+  private readonly subs = new Map<number, Subscription>();
+  private failure: Error | null = null;
+  /** Resolves when the connection is closed, with the reason when it broke. */
+  readonly closed: Promise<Error | null>;
+  private resolveClosed!: (e: Error | null) => void;
+
+  private constructor(private readonly socket: net.Socket) {
+    this.closed = new Promise((r) => (this.resolveClosed = r));
+    socket.on('data', (d: Buffer) => this.onData(d));
+    socket.on('error', (e: NodeJS.ErrnoException) => this.shutdown(new V2ConnectionError(`helper connection: ${e.message}`, e.code)));
+    socket.on('close', () => this.shutdown(null));
+  }
+
+  /** Connects to the helper's socket and selects v2. */
+  static connect(socketPath: string, opts: { timeoutMs?: number } = {}): Promise<V2Client> {
+    return new Promise((resolve, reject) => {
+      const socket = net.createConnection({ path: socketPath });
+      const timer = setTimeout(() => {
+        socket.destroy();
+        reject(new V2ConnectionError(`timed out connecting to ${socketPath}`, 'ETIMEDOUT'));
+      }, opts.timeoutMs ?? 5000);
+      socket.once('error', (e: NodeJS.ErrnoException) => {
+        clearTimeout(timer);
+        const hint =
+          e.code === 'ENOENT' || e.code === 'ECONNREFUSED'
+            ? `no helper is listening at ${socketPath} (${e.code}); start it with: vmsr-helper -k ${socketPath}`
+            : e.code === 'EACCES'
+              ? `no permission to connect to ${socketPath} (EACCES)`
+              : `cannot connect to ${socketPath}: ${e.message}`;
+        reject(new V2ConnectionError(hint, e.code));
+      });
+      socket.once('connect', () => {
+        clearTimeout(timer);
+        socket.removeAllListeners('error');
+        socket.write(V2_MAGIC);
+        resolve(new V2Client(socket));
+      });
+    });
+  }
+
+  async register(o: { pid?: number; vcpus: { tid: number; vpkg: number }[] }): Promise<Registered> {
+    const m = await this.call(T.REGISTER, encodeRegister({ pid: o.pid ?? 0, vcpus: o.vcpus }));
+    if (m.type !== T.REGISTERED) throw this.unexpected(m);
+    return { vmId: m.vmId, nvpkg: m.nvpkg, powerUnit: m.powerUnit };
+  }
+
+  async read(vmId: number, vpkg: number): Promise<Value> {
+    const m = await this.call(T.READ, encodeRead(vmId, vpkg), vmId);
+    if (m.type !== T.VALUE) throw this.unexpected(m);
+    const { type: _t, ...v } = m;
+    return v;
+  }
+
+  /**
+   * Subscribes; resolves with the helper's immediate UPDATE (the current values). `onUpdate` gets that
+   * one and one after every sample until the VM ends (`ended` true, last one), is unregistered, or the
+   * connection closes. `onError` gets ERROR 5 notices while the helper's energy source fails.
+   */
+  async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void): Promise<Update> {
+    this.subs.set(vmId, { onUpdate, onError });
+    try {
+      const m = await this.call(T.SUBSCRIBE, encodeSubscribe(vmId), vmId);
+      if (m.type !== T.UPDATE) throw this.unexpected(m);
+      return toUpdate(m);
+    } catch (e) {
+      this.subs.delete(vmId);
+      throw e;
+    }
+  }
+
+  async unregister(vmId: number): Promise<void> {
+    const m = await this.call(T.UNREGISTER, encodeUnregister(vmId), vmId);
+    if (m.type !== T.OK) throw this.unexpected(m);
+    this.subs.delete(vmId);
+  }
+
+  /** Closes the connection; the helper unregisters this connection's VMs. */
+  async close(): Promise<void> {
+    if (!this.socket.destroyed) this.socket.end();
+    const t = setTimeout(() => this.socket.destroy(), 1000);
+    await this.closed;
+    clearTimeout(t);
+  }
+
+  /** Sends raw bytes (tests of hostile input). */
+  writeRaw(bytes: Buffer): void {
+    this.socket.write(bytes);
+  }
+
+  private call(type: number, frame: Buffer, vmId?: number): Promise<HelperMessage> {
+    if (this.failure) return Promise.reject(this.failure);
+    if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
+    return new Promise((resolve, reject) => {
+      this.pending.push({ type, vmId, resolve, reject });
+      this.socket.write(frame);
+    });
+  }
+
+  private unexpected(m: HelperMessage): Error {
+    return new V2ConnectionError(`unexpected ${typeName(m.type)} from the helper`);
+  }
+
+  private onData(data: Buffer): void {
+    for (const f of this.decoder.push(data)) {
+      if (isFrameError(f)) return this.broken(`helper sent a bad frame: ${f.error}`);
+      const m = parseHelperFrame(f);
+      if (m instanceof Error) return this.broken(`helper sent a bad frame: ${m.message}`);
+      this.dispatch(m);
+    }
+  }
+
+  private dispatch(m: HelperMessage): void {
+    const head = this.pending[0];
+    if (m.type === T.UPDATE) {
+      this.subs.get(m.vmId)?.onUpdate(toUpdate(m));
+      if (m.ended) this.subs.delete(m.vmId);
+      if (head?.type === T.SUBSCRIBE && head.vmId === m.vmId) this.pending.shift()!.resolve(m);
+      return;
+    }
+    if (m.type === T.ERROR) {
+      const err = new V2Error(m.code, m.requestType, m.message);
+      // ERROR 5 about subscriptions is a notice, never a reply (SUBSCRIBE is answered with UPDATE).
+      if (m.code === E.ENERGY_SOURCE && m.requestType === T.SUBSCRIBE) {
+        for (const s of this.subs.values()) s.onError?.(err);
+        return;
+      }
+      if (head && head.type === m.requestType) {
+        this.pending.shift()!.reject(err);
+        return;
+      }
+      // An error not answering our request (e.g. the helper closing on a frame it refused).
+      this.failure = err;
+      for (const p of this.pending.splice(0)) p.reject(err);
+      return;
+    }
+    if (!head || REPLY_OF[m.type] !== head.type) return this.broken(`unexpected ${typeName(m.type)} from the helper`);
+    this.pending.shift()!.resolve(m);
+  }
+
+  private broken(message: string): void {
+    this.shutdown(new V2ConnectionError(message));
+    this.socket.destroy();
+  }
+
+  private shutdown(err: Error | null): void {
+    if (err && !this.failure) this.failure = err;
+    const reason = this.failure ?? new V2ConnectionError('the helper closed the connection');
+    for (const p of this.pending.splice(0)) p.reject(reason);
+    if (this.socket.destroyed || err) this.resolveClosed(err ?? this.failure);
+  }
+}
+
+function toUpdate(m: Extract<HelperMessage, { type: typeof T.UPDATE }>): Update {
+  return { vmId: m.vmId, tNs: m.tNs, vpkgs: m.vpkgs, ended: m.ended };
+}
