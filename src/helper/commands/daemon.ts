@@ -1,8 +1,177 @@
+/**
+ * The root command: qemu-vmsr-helper's options (-k -f -d -u -g -v -q -T) plus ours. Parsing is pure
+ * (parseDaemonOptions) so every bad argument gets a clear error naming the fix.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
 import type { Command } from 'commander';
+import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-paths.js';
+import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
+import { levelFromFlags } from '../logger.js';
+import { primaryGroupOf, resolveGroup, resolveUser } from '../privileges.js';
+import { registeredDaemonPlugins, runDaemon, type DaemonConfig } from '../daemon.js';
+import { isDaemonChild, reportFailure, spawnDetached } from '../daemonize.js';
+import type { VendorChoice } from '../startup-checks.js';
 
-// Placeholder until the daemon lands.
+export const DEFAULT_SOCKET = '/var/run/qemu-vmsr-helper.sock';
+export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
+
+export interface RawDaemonOptions {
+  socket?: string;
+  pidfile?: string;
+  daemon?: boolean;
+  user?: string;
+  group?: string;
+  verbose?: boolean;
+  quiet?: boolean;
+  trace?: string[];
+  msrPath?: string;
+  procRoot?: string;
+  sysRoot?: string;
+  vendor?: string;
+  amdPowerLimit?: string;
+  amdTdp?: string;
+}
+
+export interface IdLookups {
+  user(spec: string): number;
+  group(spec: string): number;
+  primaryGroup(uid: number): number | undefined;
+}
+
+const systemIds: IdLookups = { user: (s) => resolveUser(s), group: (s) => resolveGroup(s), primaryGroup: (u) => primaryGroupOf(u) };
+
+/**
+ * -T as QEMU spells it: [[enable=]PATTERN][,events=FILE][,file=FILE]. Patterns name log areas
+ * (legacy, server, privileges, systemd, v2, ...) logged at debug level; events=FILE reads patterns,
+ * one a line. file= is refused: logs always go to stderr (journald under systemd).
+ */
+export function parseTraceOption(value: string, readFile: (f: string) => string): string[] {
+  const out: string[] = [];
+  for (const part of value.split(',')) {
+    if (part === '') continue;
+    const eq = part.indexOf('=');
+    const key = eq < 0 ? 'enable' : part.slice(0, eq);
+    const val = eq < 0 ? part : part.slice(eq + 1);
+    if (key === 'enable') {
+      if (val === '') throw new Error("-T/--trace: empty pattern; use e.g. -T legacy or -T 'enable=*'");
+      out.push(val);
+    } else if (key === 'events') {
+      let text: string;
+      try {
+        text = readFile(val);
+      } catch (e) {
+        throw new Error(`-T/--trace: cannot read events file ${val}: ${(e as Error).message}`);
+      }
+      for (const line of text.split('\n')) {
+        const t = line.trim();
+        if (t !== '' && !t.startsWith('#')) out.push(t);
+      }
+    } else if (key === 'file') {
+      throw new Error('-T/--trace: file= is not supported; trace output goes to the log on stderr (drop file=)');
+    } else {
+      throw new Error(`-T/--trace: unknown key '${key}'; use [[enable=]PATTERN][,events=FILE]`);
+    }
+  }
+  return out;
+}
+
+function parseWatts(v: string | undefined, flag: string, dflt: number): number {
+  if (v === undefined) return dflt;
+  if (!/^\d+(\.\d+)?$/.test(v) || Number(v) <= 0 || Number(v) > 4000) {
+    throw new Error(`${flag}: expected watts between 0 and 4000, like 120 or 95.5 (got '${v}')`);
+  }
+  return Number(v);
+}
+
+function absoluteDir(v: string | undefined, flag: string, dflt: string): string {
+  if (v === undefined) return dflt;
+  if (v === '') throw new Error(`${flag}: empty path`);
+  return path.resolve(v);
+}
+
+export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = systemIds, readFile: (f: string) => string = defaultRead): DaemonConfig {
+  if (raw.socket !== undefined && !raw.socket.startsWith('/')) {
+    throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
+  }
+  if (raw.pidfile === '') throw new Error('-f/--pidfile: empty path; e.g. -f /run/qemu-vmsr-helper.pid');
+  const vendor = raw.vendor ?? 'auto';
+  if (!['auto', 'intel', 'amd'].includes(vendor)) throw new Error(`--vendor: expected auto, intel or amd (got '${vendor}')`);
+  let msrTemplate = raw.msrPath ?? DEFAULT_HOST_PATHS.msrPathTemplate;
+  try {
+    msrTemplate = validateMsrPathTemplate(msrTemplate);
+  } catch (e) {
+    throw new Error(`--msr-path: ${(e as Error).message}; e.g. --msr-path /dev/cpu/%u/msr`);
+  }
+  if (!msrTemplate.startsWith('/')) throw new Error(`--msr-path: must be absolute (got '${msrTemplate}')`);
+  const uid = raw.user === undefined ? undefined : ids.user(raw.user);
+  let gid = raw.group === undefined ? undefined : ids.group(raw.group);
+  if (gid === undefined && uid !== undefined) gid = ids.primaryGroup(uid);
+  const traceAreas = (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile));
+  return {
+    socketPath: raw.socket ?? DEFAULT_SOCKET,
+    socketPathGiven: raw.socket !== undefined,
+    pidfile: path.resolve(raw.pidfile ?? DEFAULT_PIDFILE),
+    pidfileGiven: raw.pidfile !== undefined,
+    daemonize: raw.daemon === true,
+    ...(uid !== undefined ? { uid } : {}),
+    ...(gid !== undefined ? { gid } : {}),
+    logLevel: levelFromFlags(raw),
+    traceAreas,
+    hostPaths: {
+      msrPathTemplate: msrTemplate,
+      procRoot: absoluteDir(raw.procRoot, '--proc-root', DEFAULT_HOST_PATHS.procRoot),
+      sysRoot: absoluteDir(raw.sysRoot, '--sys-root', DEFAULT_HOST_PATHS.sysRoot),
+    },
+    vendor: vendor as VendorChoice,
+    amd: {
+      powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
+      tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),
+    },
+  };
+}
+
+function defaultRead(f: string): string {
+  return fs.readFileSync(f, 'utf8');
+}
+
+/** -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. */
+export async function startDaemonFromCli(config: DaemonConfig): Promise<void> {
+  if (config.daemonize && !isDaemonChild()) {
+    await spawnDetached(process.argv);
+    return;
+  }
+  if (isDaemonChild()) process.chdir('/');
+  try {
+    await runDaemon(config, { plugins: [...registeredDaemonPlugins()] });
+  } catch (e) {
+    if (isDaemonChild()) await reportFailure((e as Error).message);
+    throw e;
+  }
+}
+
+const collect = (v: string, prev: string[] = []) => [...prev, v];
+
 export function configureDaemonCommand(program: Command): void {
-  program.description('Virtual RAPL MSR helper for QEMU (drop-in qemu-vmsr-helper)').action(() => {
-    throw new Error('the daemon is not built yet');
-  });
+  program.showHelpAfterError("(run 'vmsr-helper --help' for the options)");
+  program
+    .description('Virtual RAPL MSR helper for QEMU (drop-in qemu-vmsr-helper): serves rapl-helper-socket clients')
+    .option('-k, --socket <path>', `path to the unix socket (default '${DEFAULT_SOCKET}')`)
+    .option('-f, --pidfile <path>', `PID file, written with -d or when given (default '${DEFAULT_PIDFILE}')`)
+    .option('-d, --daemon', 'run in the background')
+    .option('-u, --user <user>', 'user (name or uid) to drop privileges to')
+    .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)")
+    .option('-v, --verbose', 'debug logging')
+    .option('-q, --quiet', 'log only warnings and errors')
+    .option('-T, --trace <spec>', '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)', collect)
+    .option('--msr-path <template>', `MSR device path, %u = cpu (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
+    .option('--proc-root <dir>', "procfs root (default '/proc')")
+    .option('--sys-root <dir>', "sysfs root (default '/sys')")
+    .option('--vendor <vendor>', 'auto|intel|amd (default auto, from /proc/cpuinfo)')
+    .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
+    .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
+    .action(async (raw: RawDaemonOptions) => {
+      const config = parseDaemonOptions(raw);
+      await startDaemonFromCli(config);
+    });
 }

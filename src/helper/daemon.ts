@@ -1,0 +1,208 @@
+/**
+ * The daemon's life: checks, MSR fds, listening socket, pidfile, privilege drop, READY; then, on
+ * SIGTERM/SIGINT/SIGHUP: stop accepting, close clients, run shutdown hooks, remove what we created.
+ * Other services (v2, trace writers) plug in through DaemonPlugin / RunDaemonOptions.
+ */
+import fs from 'node:fs';
+import { MsrDevice } from '../msr/device.js';
+import type { HostPaths } from '../msr/host-paths.js';
+import type { AmdSynthConfig } from '../msr/legacy-registers.js';
+import type { Vendor } from '../msr/registers.js';
+import type { HostCpu } from '../ratio/types.js';
+import { createLogger, type Logger, type LogLevel } from './logger.js';
+import { LegacyService, OnlineCpus } from './legacy-service.js';
+import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
+import { activationFd, Notifier, takeActivation } from './systemd.js';
+import { acquirePidfile, type Pidfile } from './pidfile.js';
+import { capHex, describeThreads, dropPrivileges, parseProcStatus } from './privileges.js';
+import { checkPermission, checkTopology, checkVendor, openMsrDevices, type VendorChoice } from './startup-checks.js';
+import { isDaemonChild, reportReady } from './daemonize.js';
+
+export type { V2Handler };
+
+export interface DaemonConfig {
+  socketPath: string;
+  /** -k was given (an error together with socket activation). */
+  socketPathGiven: boolean;
+  pidfile: string;
+  /** -f was given: the pidfile is written even without -d. */
+  pidfileGiven: boolean;
+  daemonize: boolean;
+  uid?: number;
+  gid?: number;
+  logLevel: LogLevel;
+  /** -T patterns: areas (glob, '*' wildcard) logged at debug level. */
+  traceAreas: string[];
+  hostPaths: HostPaths;
+  vendor: VendorChoice;
+  amd: AmdSynthConfig;
+}
+
+export type ShutdownHook = () => void | Promise<void>;
+
+/** What a plugin gets at start-up: after the checks and MSR opens, before listening and dropping. */
+export interface DaemonContext {
+  config: DaemonConfig;
+  vendor: Vendor;
+  cpus: HostCpu[];
+  /** The shared MSR fds (opened as root); read them only on the main thread. */
+  device: MsrDevice;
+  logger: Logger;
+  /** A logger for a named area, at debug level when -T matches it. */
+  area(name: string): Logger;
+  onShutdown(hook: ShutdownHook): void;
+}
+
+export interface DaemonPlugin {
+  name: string;
+  setup(ctx: DaemonContext): void | { v2Handler?: V2Handler } | Promise<void | { v2Handler?: V2Handler }>;
+}
+
+export interface RunDaemonOptions {
+  v2Handler?: V2Handler;
+  onShutdown?: ShutdownHook[];
+  plugins?: DaemonPlugin[];
+  /** Default true: SIGTERM/SIGINT/SIGHUP stop the daemon and exit the process with 0. */
+  handleSignals?: boolean;
+  logger?: Logger;
+}
+
+export interface RunningDaemon {
+  server: HelperServer;
+  /** Stops everything (idempotent); resolves once clean. */
+  stop(reason?: string): Promise<void>;
+}
+
+const plugins: DaemonPlugin[] = [];
+
+/** Lets a service module join the daemon the CLI starts (call at import time). */
+export function registerDaemonPlugin(p: DaemonPlugin): void {
+  if (!plugins.some((q) => q.name === p.name)) plugins.push(p);
+}
+
+export function registeredDaemonPlugins(): readonly DaemonPlugin[] {
+  return plugins;
+}
+
+/** '*' matches any run of characters; everything else is literal. */
+export function areaMatches(patterns: readonly string[], area: string): boolean {
+  return patterns.some((p) => new RegExp(`^${p.split('*').map(escapeRe).join('.*')}$`).test(area));
+}
+
+function escapeRe(s: string): string {
+  return s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
+}
+
+export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {}): Promise<RunningDaemon> {
+  const logger = opts.logger ?? createLogger(config.logLevel);
+  const area = (name: string): Logger =>
+    areaMatches(config.traceAreas, name) && logger.levelVal > 20 ? logger.child({ area: name }, { level: 'debug' }) : logger.child({ area: name });
+  const hooks: ShutdownHook[] = [...(opts.onShutdown ?? [])];
+  const notifier = new Notifier(process.env, (e) => area('systemd').warn({ err: e.message }, 'sd_notify failed'));
+  const device = new MsrDevice(config.hostPaths.msrPathTemplate);
+  let server: HelperServer | undefined;
+  let pidfile: Pidfile | undefined;
+
+  const cleanup = async () => {
+    if (server) await server.close().catch(() => {});
+    for (const h of hooks) {
+      try {
+        await withTimeout(Promise.resolve(h()), 5000);
+      } catch (e) {
+        logger.error({ err: (e as Error).message }, 'shutdown hook failed');
+      }
+    }
+    pidfile?.release();
+    device.close();
+  };
+
+  try {
+    const activation = takeActivation();
+    const target: ListenTarget = activation ? { fd: activationFd(activation, config.socketPathGiven) } : { path: config.socketPath };
+    const vendor = checkVendor(config.vendor, config.hostPaths.procRoot);
+    const cpus = checkTopology(config.hostPaths.sysRoot);
+    checkPermission(config.hostPaths.msrPathTemplate);
+    openMsrDevices(device, cpus);
+    logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
+
+    let v2Handler = opts.v2Handler;
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h) };
+    for (const p of opts.plugins ?? []) {
+      const r = await p.setup(ctx);
+      if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
+    }
+
+    const legacy = new LegacyService({
+      device,
+      vendor,
+      procRoot: config.hostPaths.procRoot,
+      cpus: new OnlineCpus(config.hostPaths.sysRoot, cpus.map((c) => c.cpu)),
+      amd: config.amd,
+      logger: area('legacy'),
+    });
+    server = new HelperServer({ target, legacy, logger: area('server'), ...(v2Handler ? { v2Handler } : {}) });
+    await server.listen();
+    if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
+
+    const privLog = area('privileges');
+    const report = dropPrivileges({
+      ...(config.uid !== undefined ? { uid: config.uid } : {}),
+      ...(config.gid !== undefined ? { gid: config.gid } : {}),
+    });
+    const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
+    privLog.info(
+      { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped },
+      'privileges dropped (main thread, from /proc/self/status)',
+    );
+    const others = describeThreads().filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
+    if (others.length) privLog.info({ threads: others }, 'threads started before the drop keep other capabilities (capabilities are per thread; they never read MSRs)');
+
+    const where = 'path' in target ? target.path : `systemd socket (fd ${target.fd})`;
+    logger.info({ socket: where, pid: process.pid }, `Listening on ${where}`);
+    notifier.ready(`listening on ${where}`);
+    const wd = notifier.startWatchdog();
+    if (wd !== null) area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
+
+    let stopping: Promise<void> | undefined;
+    const running: RunningDaemon = {
+      server,
+      stop(reason = 'stop requested') {
+        stopping ??= (async () => {
+          logger.info({ reason }, 'shutting down');
+          notifier.stopping();
+          await cleanup();
+          logger.info('stopped');
+        })();
+        return stopping;
+      },
+    };
+    if (opts.handleSignals !== false) {
+      for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
+        process.on(sig, () => {
+          void running.stop(sig).then(() => process.exit(0));
+        });
+      }
+    }
+    if (isDaemonChild()) reportReady();
+    return running;
+  } catch (e) {
+    await cleanup();
+    throw e;
+  }
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms);
+    p.then(
+      (v) => {
+        clearTimeout(t);
+        resolve(v);
+      },
+      (e) => {
+        clearTimeout(t);
+        reject(e);
+      },
+    );
+  });
+}

@@ -1,0 +1,64 @@
+/**
+ * QEMU's rapl-helper-socket wire format, pure: bytes in, 12-byte requests out, however the stream
+ * was cut. Requests and replies are little-endian (x86 host order, which QEMU writes raw).
+ */
+export const LEGACY_REQUEST_SIZE = 12;
+export const LEGACY_REPLY_SIZE = 8;
+
+/** "VMS2": the first 4 bytes of a v2 connection (u32 0x32534D56 little-endian). */
+export const V2_MAGIC: Buffer = Buffer.from([0x56, 0x4d, 0x53, 0x32]);
+
+export interface LegacyRequest {
+  msr: number;
+  cpu: number;
+  tid: number;
+}
+
+/** Reassembles requests from arbitrary chunks: a request split across reads, or many in one. */
+export class LegacyFramer {
+  private pending: Buffer = Buffer.alloc(0);
+
+  /** Every complete request in `chunk` (plus what was left over), in order. */
+  push(chunk: Buffer): LegacyRequest[] {
+    const data = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
+    const count = Math.floor(data.length / LEGACY_REQUEST_SIZE);
+    const out: LegacyRequest[] = new Array(count);
+    for (let i = 0; i < count; i++) {
+      const o = i * LEGACY_REQUEST_SIZE;
+      out[i] = { msr: data.readUInt32LE(o), cpu: data.readUInt32LE(o + 4), tid: data.readUInt32LE(o + 8) };
+    }
+    // Copy the tail so a small remainder never pins a large chunk in memory.
+    this.pending = Buffer.from(data.subarray(count * LEGACY_REQUEST_SIZE));
+    return out;
+  }
+
+  /** Bytes of an incomplete request waiting for the rest. */
+  get buffered(): number {
+    return this.pending.length;
+  }
+}
+
+export function encodeLegacyRequest(req: LegacyRequest): Buffer {
+  const b = Buffer.alloc(LEGACY_REQUEST_SIZE);
+  b.writeUInt32LE(req.msr >>> 0, 0);
+  b.writeUInt32LE(req.cpu >>> 0, 4);
+  b.writeUInt32LE(req.tid >>> 0, 8);
+  return b;
+}
+
+export function encodeLegacyReply(value: bigint): Buffer {
+  const b = Buffer.alloc(LEGACY_REPLY_SIZE);
+  b.writeBigUInt64LE(BigInt.asUintN(64, value));
+  return b;
+}
+
+export type Preamble = 'need-more' | 'v2' | 'legacy';
+
+/** The first 4 bytes of a connection decide its protocol; fewer than 4 cannot decide yet. */
+export function classifyPreamble(head: Buffer): Preamble {
+  if (head.length < V2_MAGIC.length) {
+    // A prefix that already differs from the magic is legacy without waiting for more.
+    return V2_MAGIC.subarray(0, head.length).equals(head) ? 'need-more' : 'legacy';
+  }
+  return head.subarray(0, V2_MAGIC.length).equals(V2_MAGIC) ? 'v2' : 'legacy';
+}

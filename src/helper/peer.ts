@@ -1,0 +1,31 @@
+/** Who is on the other end of a connection, and whether a thread id belongs to them. */
+import fs from 'node:fs';
+import path from 'node:path';
+import type net from 'node:net';
+import { getPeerCredentials, type PeerCredentials } from '../native/libc.js';
+
+export type { PeerCredentials };
+
+/** The fd under a net.Socket (libuv handle); undefined once closed or for non-fd handles. */
+export function socketFd(socket: net.Socket): number | undefined {
+  const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
+  return typeof fd === 'number' && fd >= 0 ? fd : undefined;
+}
+
+/** SO_PEERCRED of an accepted connection; throws when it cannot be had (the caller closes). */
+export function peerOf(socket: net.Socket): PeerCredentials {
+  const fd = socketFd(socket);
+  if (fd === undefined) throw new Error('connection has no file descriptor');
+  const cred = getPeerCredentials(fd);
+  if (cred.pid <= 0) throw new Error(`peer has no pid (SO_PEERCRED pid ${cred.pid})`);
+  return cred;
+}
+
+/**
+ * True when /proc/<pid>/task/<tid> exists: the tid is a live thread of the peer. tid 0 and values
+ * beyond pid_t never are, so they are refused without touching /proc.
+ */
+export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolean {
+  if (!Number.isInteger(tid) || tid <= 0 || tid > 0x3fffffff || pid <= 0) return false;
+  return fs.existsSync(path.join(procRoot, String(pid), 'task', String(tid)));
+}

@@ -1,0 +1,73 @@
+/**
+ * What must hold before the helper can serve, each failure naming its fix: an Intel or AMD CPU,
+ * MSR devices present, and the right to read them.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { capget } from '../native/libc.js';
+import { DEFAULT_HOST_PATHS } from '../msr/host-paths.js';
+import { readHostCpus } from '../msr/topology.js';
+import type { MsrDevice } from '../msr/device.js';
+import type { HostCpu } from '../ratio/types.js';
+import { parseVendor } from '../msr/vendor.js';
+import type { Vendor } from '../msr/registers.js';
+import { RAWIO_MASK } from './privileges.js';
+
+export type VendorChoice = 'auto' | Vendor;
+
+export function checkVendor(choice: VendorChoice, procRoot: string): Vendor {
+  if (choice !== 'auto') return choice;
+  const file = path.join(procRoot, 'cpuinfo');
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new Error(`cannot read ${file} to tell the CPU vendor (${(e as Error).message}); pass --vendor intel|amd or a correct --proc-root`);
+  }
+  const v = parseVendor(text);
+  if (typeof v !== 'string') {
+    throw new Error(`CPU vendor ${v.unsupported} is not supported: RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)`);
+  }
+  return v;
+}
+
+export function checkTopology(sysRoot: string): HostCpu[] {
+  let cpus: HostCpu[];
+  try {
+    cpus = readHostCpus(sysRoot);
+  } catch (e) {
+    throw new Error(`cannot read the CPU topology under ${sysRoot} (${(e as Error).message}); is sysfs mounted, or is --sys-root right?`);
+  }
+  if (cpus.length === 0) throw new Error(`no online CPU listed in ${path.join(sysRoot, 'devices/system/cpu/online')}`);
+  return cpus;
+}
+
+/**
+ * The kernel's msr driver wants CAP_SYS_RAWIO at open; without it the opens below fail with EPERM,
+ * which is reported the same way. Only checked for the real devices (tests point --msr-path at files).
+ */
+export function checkPermission(template: string): void {
+  if (template !== DEFAULT_HOST_PATHS.msrPathTemplate) return;
+  if (process.getuid?.() === 0) return;
+  if ((capget().effective & RAWIO_MASK) !== 0n) return;
+  throw new Error('reading MSRs needs root or CAP_SYS_RAWIO; run as root (the helper drops to CAP_SYS_RAWIO itself, and to -u/-g if given)');
+}
+
+/** Opens every online CPU's MSR device now, before privileges are dropped; they are reused after. */
+export function openMsrDevices(device: MsrDevice, cpus: readonly HostCpu[]): void {
+  for (const { cpu } of cpus) {
+    try {
+      device.open(cpu);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      const p = device.path(cpu);
+      if (err.code === 'ENOENT' || err.code === 'ENXIO' || err.code === 'ENODEV') {
+        throw new Error(`MSR device ${p} does not exist; load the msr driver with 'modprobe msr' (or point --msr-path at the devices)`);
+      }
+      if (err.code === 'EACCES' || err.code === 'EPERM') {
+        throw new Error(`cannot open ${p}: permission denied; run as root or with CAP_SYS_RAWIO`);
+      }
+      throw new Error(`cannot open ${p}: ${err.message}`);
+    }
+  }
+}

@@ -1,0 +1,79 @@
+/**
+ * Which host register answers a legacy (Intel-numbered) request. QEMU gives the guest Intel's RAPL
+ * layout, so on Intel the request is read as is. AMD (family 17h+) has the unit and package energy
+ * registers with the same layout at other numbers, and no power-limit / power-info registers at all:
+ * those two are synthesised from configuration, because QEMU refuses RAPL when either reads 0.
+ */
+import {
+  MSR_AMD_PKG_ENERGY_STATUS,
+  MSR_AMD_RAPL_POWER_UNIT,
+  MSR_PKG_ENERGY_STATUS,
+  MSR_PKG_POWER_INFO,
+  MSR_PKG_POWER_LIMIT,
+  MSR_RAPL_POWER_UNIT,
+  type Vendor,
+} from './registers.js';
+
+export interface AmdSynthConfig {
+  /** Package power limit PL1 reported in MSR_PKG_POWER_LIMIT, watts. */
+  powerLimitWatts: number;
+  /** Thermal design power reported in MSR_PKG_POWER_INFO, watts. */
+  tdpWatts: number;
+}
+
+/** Documented defaults: a typical server part; any positive value keeps QEMU's start-up check happy. */
+export const DEFAULT_AMD_SYNTH: AmdSynthConfig = { powerLimitWatts: 120, tdpWatts: 120 };
+
+export type LegacyPlan =
+  /** pread this register on the requested cpu. */
+  | { kind: 'read'; msr: number }
+  /** read the power unit register `unitMsr`, then encode `field` from configuration in that unit. */
+  | { kind: 'synth'; field: 'power-limit' | 'power-info'; unitMsr: number };
+
+/** The plan for an allowed legacy MSR, or null for any other number. */
+export function legacyPlan(vendor: Vendor, msr: number): LegacyPlan | null {
+  if (vendor === 'intel') {
+    switch (msr) {
+      case MSR_RAPL_POWER_UNIT:
+      case MSR_PKG_POWER_LIMIT:
+      case MSR_PKG_ENERGY_STATUS:
+      case MSR_PKG_POWER_INFO:
+        return { kind: 'read', msr };
+      default:
+        return null;
+    }
+  }
+  switch (msr) {
+    case MSR_RAPL_POWER_UNIT:
+      return { kind: 'read', msr: MSR_AMD_RAPL_POWER_UNIT };
+    case MSR_PKG_ENERGY_STATUS:
+      return { kind: 'read', msr: MSR_AMD_PKG_ENERGY_STATUS };
+    case MSR_PKG_POWER_LIMIT:
+      return { kind: 'synth', field: 'power-limit', unitMsr: MSR_AMD_RAPL_POWER_UNIT };
+    case MSR_PKG_POWER_INFO:
+      return { kind: 'synth', field: 'power-info', unitMsr: MSR_AMD_RAPL_POWER_UNIT };
+    default:
+      return null;
+  }
+}
+
+/** Watts in the power unit of `powerUnitRaw` (bits 3:0: 1/2^PU W), clamped to the 15-bit field, at least 1. */
+export function wattsToPowerField(powerUnitRaw: bigint, watts: number): bigint {
+  const pu = Number(powerUnitRaw & 0xfn);
+  const units = Math.round(watts * 2 ** pu);
+  return BigInt(Math.min(0x7fff, Math.max(1, units)));
+}
+
+/** MSR_PKG_POWER_LIMIT with PL1 = watts and its enable bit (15) set; everything else 0. */
+export function synthPowerLimit(powerUnitRaw: bigint, watts: number): bigint {
+  return wattsToPowerField(powerUnitRaw, watts) | (1n << 15n);
+}
+
+/** MSR_PKG_POWER_INFO with thermal spec power (bits 14:0) = TDP; min/max/window 0 (unknown). */
+export function synthPowerInfo(powerUnitRaw: bigint, tdpWatts: number): bigint {
+  return wattsToPowerField(powerUnitRaw, tdpWatts);
+}
+
+export function synthValue(field: 'power-limit' | 'power-info', powerUnitRaw: bigint, cfg: AmdSynthConfig): bigint {
+  return field === 'power-limit' ? synthPowerLimit(powerUnitRaw, cfg.powerLimitWatts) : synthPowerInfo(powerUnitRaw, cfg.tdpWatts);
+}
