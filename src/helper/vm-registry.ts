@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { E } from './v2/codec.js';
 import { MAX_NVCPU } from './v2/messages.js';
-import { isStatParseError, parseStatLine } from '../ratio/stat.js';
+import { readStarttime } from '../ratio/vm-spec.js';
 import type { VmSpec } from '../ratio/types.js';
 
 export interface V2Limits {
@@ -54,14 +54,7 @@ export function procView(procRoot: string): ProcView {
       }
     },
     starttime(pid) {
-      let line: string;
-      try {
-        line = fs.readFileSync(path.join(procRoot, String(pid), 'stat'), 'utf8');
-      } catch {
-        return null;
-      }
-      const st = parseStatLine(line.trimEnd());
-      return isStatParseError(st) ? null : st.starttime;
+      return readStarttime(procRoot, pid);
     },
   };
 }

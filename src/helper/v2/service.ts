@@ -40,6 +40,8 @@ export interface V2Service {
   /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */
   close(): Promise<void>;
   readonly stats: SamplingStats;
+  /** The sampling loop has a tick pending (false while no registered VM is live). */
+  readonly running: boolean;
   readonly connections: number;
   readonly vms: number;
 }
@@ -170,6 +172,9 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     },
     get stats() {
       return sampling.stats;
+    },
+    get running() {
+      return sampling.running;
     },
     get connections() {
       return conns.size;
