@@ -1,0 +1,176 @@
+/**
+ * Runs the real helper binary (dist/, built on demand) as a child process against a FakeHost, and
+ * talks QEMU's protocol to it over real Unix sockets.
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+export const BIN = path.join(ROOT, 'dist/src/bin/vmsr-helper.js');
+
+let built = false;
+/** Builds dist/ when any source is newer than the binary (tsc emits even if other files have errors). */
+export function ensureBuilt(): void {
+  if (built) return;
+  const newest = (dir: string): number => {
+    let t = 0;
+    for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+      const p = path.join(dir, e.name);
+      t = Math.max(t, e.isDirectory() ? newest(p) : fs.statSync(p).mtimeMs);
+    }
+    return t;
+  };
+  const binTime = fs.existsSync(BIN) ? fs.statSync(BIN).mtimeMs : 0;
+  if (newest(path.join(ROOT, 'src')) > binTime) {
+    try {
+      execFileSync(path.join(ROOT, 'node_modules/.bin/tsc'), ['-p', ROOT], { stdio: 'ignore' });
+    } catch {
+      /* type errors elsewhere still emit JS */
+    }
+  }
+  if (!fs.existsSync(BIN)) throw new Error(`build failed: ${BIN} missing`);
+  built = true;
+}
+
+export function tempDir(prefix = 'vmsr-daemon-'): string {
+  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+export interface DaemonChild {
+  proc: ChildProcess;
+  stderr(): string;
+  /** Resolves with the exit code (or signal name) when the child ends. */
+  exited: Promise<number | string>;
+  stop(signal?: NodeJS.Signals): Promise<number | string>;
+}
+
+export function spawnHelper(args: string[], opts: { env?: NodeJS.ProcessEnv; command?: string[] } = {}): DaemonChild {
+  ensureBuilt();
+  const cmd = opts.command ?? [process.execPath, BIN];
+  const proc = spawn(cmd[0]!, [...cmd.slice(1), ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: opts.env ?? process.env });
+  let err = '';
+  proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  proc.stdout!.on('data', (d: Buffer) => (err += d.toString()));
+  const exited = new Promise<number | string>((resolve) => proc.on('exit', (code, sig) => resolve(code ?? sig ?? -1)));
+  return {
+    proc,
+    stderr: () => err,
+    exited,
+    async stop(signal: NodeJS.Signals = 'SIGTERM') {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
+      const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
+      const r = await exited;
+      clearTimeout(t);
+      return r;
+    },
+  };
+}
+
+/** Waits until `cond` holds (polling), or throws with `what` and the child's log. */
+export async function waitFor(cond: () => boolean, what: string, child?: DaemonChild, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (child && child.proc.exitCode !== null) throw new Error(`${what}: helper exited ${child.proc.exitCode}\n${child.stderr()}`);
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${child?.stderr() ?? ''}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+export async function startHelper(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): Promise<DaemonChild> {
+  const child = spawnHelper(args, opts);
+  await waitFor(() => child.stderr().includes('"msg":"Listening on'), 'the helper to listen', child);
+  return child;
+}
+
+/** A QEMU-like client: one connection, request() sends 12 bytes and resolves with the 8-byte reply. */
+export class LegacyClient {
+  private buf = Buffer.alloc(0);
+  private waiters: { n: number; resolve: (b: Buffer) => void; reject: (e: Error) => void }[] = [];
+  closed = false;
+  readonly ready: Promise<void>;
+
+  constructor(readonly socket: net.Socket) {
+    this.ready = new Promise((resolve, reject) => {
+      socket.once('connect', () => resolve());
+      socket.once('error', reject);
+    });
+    socket.on('data', (d: Buffer) => {
+      this.buf = Buffer.concat([this.buf, d]);
+      this.flush();
+    });
+    socket.on('error', () => {});
+    socket.on('close', () => {
+      this.closed = true;
+      for (const w of this.waiters.splice(0)) w.reject(new Error('connection closed by the helper'));
+    });
+  }
+
+  static async connect(socketPath: string): Promise<LegacyClient> {
+    const c = new LegacyClient(net.connect({ path: socketPath }));
+    await c.ready;
+    return c;
+  }
+
+  private flush(): void {
+    while (this.waiters.length && this.buf.length >= this.waiters[0]!.n) {
+      const w = this.waiters.shift()!;
+      w.resolve(this.buf.subarray(0, w.n));
+      this.buf = this.buf.subarray(w.n);
+    }
+  }
+
+  /** Resolves with the next `n` reply bytes. */
+  readBytes(n: number): Promise<Buffer> {
+    return new Promise((resolve, reject) => {
+      if (this.closed && this.buf.length < n) return reject(new Error('connection closed by the helper'));
+      this.waiters.push({ n, resolve, reject });
+      this.flush();
+    });
+  }
+
+  send(bytes: Buffer): void {
+    this.socket.write(bytes);
+  }
+
+  async request(msr: number, cpu: number, tid: number): Promise<bigint> {
+    const b = Buffer.alloc(12);
+    b.writeUInt32LE(msr, 0);
+    b.writeUInt32LE(cpu, 4);
+    b.writeUInt32LE(tid, 8);
+    this.send(b);
+    return (await this.readBytes(8)).readBigUInt64LE(0);
+  }
+
+  /** Resolves once the helper has closed the connection (fails after `ms`). */
+  whenClosed(ms = 5000): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (this.closed) return resolve();
+      const t = setTimeout(() => reject(new Error('helper did not close the connection')), ms);
+      this.socket.once('close', () => {
+        clearTimeout(t);
+        resolve();
+      });
+    });
+  }
+
+  close(): void {
+    this.socket.destroy();
+  }
+}
+
+export function req(msr: number, cpu: number, tid: number): Buffer {
+  const b = Buffer.alloc(12);
+  b.writeUInt32LE(msr >>> 0, 0);
+  b.writeUInt32LE(cpu >>> 0, 4);
+  b.writeUInt32LE(tid >>> 0, 8);
+  return b;
+}
+
+/** Common arguments pointing the helper at a FakeHost. */
+export function hostArgs(h: { msrPathTemplate: string; sysRoot: string }, vendor: 'intel' | 'amd' = 'intel'): string[] {
+  return ['--msr-path', h.msrPathTemplate, '--sys-root', h.sysRoot, '--vendor', vendor];
+}
