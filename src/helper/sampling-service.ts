@@ -68,6 +68,7 @@ export class SamplingService {
   private k = 0n;
   private closed = false;
   private failure: Error | null = null;
+  private traceBroken = false;
   private readonly sampleListeners: ((e: SampleEvent) => void)[] = [];
   private readonly failureListeners: ((err: Error) => void)[] = [];
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0 };
@@ -106,22 +107,19 @@ export class SamplingService {
     if (this.closed) throw new Error('the sampling service is closed');
     const vmId = this.engine.register(spec);
     this.live.set(vmId, spec.pid);
-    this.o.trace?.register(this.clock(), spec);
+    this.traced(() => this.o.trace?.register(this.clock(), spec));
     if (this.timer === null) this.start();
     return vmId;
   }
 
-  /**
-   * Withdraws a VM and drops its state. `traceIt` false when the pid's trace record would name a
-   * later registration of the same (reused) pid.
-   */
-  unregister(vmId: number, traceIt = true): void {
+  /** Withdraws a VM and drops its state. */
+  unregister(vmId: number): void {
     const out = this.engine.output(vmId);
     if (out === undefined) return;
     this.engine.unregister(vmId);
     this.engine.forget(vmId);
     this.live.delete(vmId);
-    if (traceIt && !this.closed) this.o.trace?.unregister(this.clock(), out.pid);
+    if (!this.closed) this.traced(() => this.o.trace?.unregister(this.clock(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
   }
 
@@ -178,7 +176,7 @@ export class SamplingService {
       this.schedule();
       return;
     }
-    this.o.trace?.sample(s);
+    this.traced(() => this.o.trace?.sample(s));
     this.stats.samples++;
     if (this.failure) {
       this.o.log.info({ err: this.failure.message }, 'energy source recovered');
@@ -201,6 +199,17 @@ export class SamplingService {
       }
     }
     if (this.live.size > 0) this.schedule();
+  }
+
+  /** A trace that cannot be written stops recording; the service itself goes on. */
+  private traced(write: () => void): void {
+    if (this.traceBroken) return;
+    try {
+      write();
+    } catch (e) {
+      this.traceBroken = true;
+      this.o.log.error({ err: (e as Error).message }, 'trace recording failed; recording stopped, the service goes on');
+    }
   }
 
   private fail(err: Error): void {

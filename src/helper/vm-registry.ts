@@ -81,7 +81,10 @@ interface Entry {
 export class VmRegistry {
   private readonly vms = new Map<number, Entry>();
   private readonly byOwner = new Map<number, Set<number>>();
-  /** pid -> vmId of its live registration: one live registration per process. */
+  /**
+   * pid -> vmId of its registration, live or ended: one registration per pid at a time, so a trace's
+   * "unregister <pid>" always names exactly one VM (docs/protocol-v2.md).
+   */
   private readonly livePids = new Map<number, number>();
 
   constructor(
@@ -115,7 +118,10 @@ export class VmRegistry {
     }
     if (this.proc.starttime(pid) !== start) return no(E.PROCESS_GONE, `process ${pid} exited during registration`);
     const other = this.livePids.get(pid);
-    if (other !== undefined) return no(E.LIMIT, `process ${pid} is already registered (vm_id ${other}); unregister it first`);
+    if (other !== undefined) {
+      const why = this.vms.get(other)?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
+      return no(E.LIMIT, `process ${pid} ${why} (vm_id ${other}); unregister it first`);
+    }
     return { ok: true, spec: { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) } };
   }
 
@@ -135,27 +141,20 @@ export class VmRegistry {
     return this.vms.get(vmId)?.pid;
   }
 
-  /** vmId of the live registration of `pid`, if any. */
-  liveVmOf(pid: number): number | undefined {
-    return this.livePids.get(pid);
-  }
-
   isLive(vmId: number): boolean {
     return this.vms.get(vmId)?.live === true;
   }
 
-  /** The VM's process ended: its pid may be registered again (a reused pid is a new process). */
+  /** The VM's process ended; its pid stays taken until the VM is unregistered. */
   markEnded(vmId: number): void {
     const e = this.vms.get(vmId);
-    if (!e || !e.live) return;
-    e.live = false;
-    if (this.livePids.get(e.pid) === vmId) this.livePids.delete(e.pid);
+    if (e) e.live = false;
   }
 
   remove(vmId: number): void {
     const e = this.vms.get(vmId);
     if (!e) return;
-    this.markEnded(vmId);
+    if (this.livePids.get(e.pid) === vmId) this.livePids.delete(e.pid);
     this.vms.delete(vmId);
     const set = this.byOwner.get(e.owner);
     set?.delete(vmId);

@@ -14,6 +14,12 @@ import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from '../vm-re
 import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from './codec.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { MAX_NVCPU, type ClientRequest } from './messages.js';
+import type { DaemonPlugin } from '../daemon.js';
+import { readHostInfo } from '../../msr/host-info.js';
+import { MsrEnergySource } from '../../msr/energy-source.js';
+import { ProcTaskReader } from '../../ratio/proc-tasks.js';
+import { Sampler } from '../../ratio/sampler.js';
+import { TraceWriter } from '../../ratio/trace-writer.js';
 
 export type { V2Limits };
 export { DEFAULT_V2_LIMITS };
@@ -63,10 +69,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   let closed = false;
 
   const dropVm = (vmId: number) => {
-    const pid = registry.pidOf(vmId);
-    // An ended VM whose pid was registered again: its trace "unregister" would hit the new one.
-    const traceIt = registry.isLive(vmId) || pid === undefined || registry.liveVmOf(pid) === undefined;
-    sampling.unregister(vmId, traceIt);
+    sampling.unregister(vmId);
     registry.remove(vmId);
   };
 
@@ -242,4 +245,39 @@ export function v2OptionsFrom(opts: V2CliOptions): { intervalMs: number; limits:
   const out: { intervalMs: number; limits: V2Limits; recordPath?: string } = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits };
   if (opts.record !== undefined) out.recordPath = opts.record;
   return out;
+}
+
+/**
+ * The v2 service as a daemon plugin: host facts and package energy from the daemon's MSR fds (opened
+ * before the privilege drop, as is the trace file), /proc from the configured root.
+ */
+export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; recordPath?: string }): DaemonPlugin {
+  return {
+    name: 'v2',
+    setup(ctx) {
+      const log = ctx.area('v2');
+      const paths = ctx.config.hostPaths;
+      const host = readHostInfo({ paths, device: ctx.device, vendor: ctx.vendor });
+      const tasks = new ProcTaskReader(paths.procRoot);
+      const sampler = new Sampler(new MsrEnergySource(ctx.device, host.cpus, ctx.vendor), tasks);
+      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }) : undefined;
+      const service = createV2Service({
+        host,
+        sampler,
+        procRoot: paths.procRoot,
+        intervalMs: o.intervalMs,
+        limits: o.limits,
+        trace,
+        forgetPid: (pid) => tasks.forget(pid),
+        log,
+      });
+      ctx.onShutdown(async () => {
+        await service.close();
+        tasks.close();
+        await trace?.close();
+      });
+      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null }, 'v2 service ready');
+      return { v2Handler: service.handler };
+    },
+  };
 }
