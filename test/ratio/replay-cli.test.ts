@@ -1,0 +1,114 @@
+/** The real `vmsr-helper replay` command as a child process (the built dist/, as `npm test` builds it). */
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it, type TestContext } from 'vitest';
+import { generateTraceLines } from '../../bench/replay.js';
+import { replayFile } from '../../src/ratio/replay.js';
+import { intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
+import { statLine } from './helpers.js';
+
+const ROOT = path.resolve(import.meta.dirname, '../..');
+const BIN = path.join(ROOT, 'dist/src/bin/vmsr-helper.js');
+const FIXTURE = path.join(ROOT, 'test/fixtures/traces/three-vms.jsonl');
+const BUNDLED = path.join(ROOT, 'traces/qemu-spin-vs-idle.jsonl.gz');
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-replay-cli-'));
+afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+function needBuild(ctx: TestContext): void {
+  if (!fs.existsSync(BIN)) ctx.skip('dist/ is not built: run `npm run build` (npm test does it first)');
+}
+
+function cli(...args: string[]) {
+  return spawnSync(process.execPath, [BIN, ...args], { cwd: tmp, encoding: 'utf8', timeout: 30_000 });
+}
+
+const HEADER =
+  '{"type":"header","format":"vmsr-trace","version":1,"clk_tck":100,"host":{"vendor":"intel","cpus":[{"cpu":0,"package":0}],"packages":[{"package":0,"power_unit":"0xa0e03"}]}}';
+
+describe('vmsr-helper replay (child process)', () => {
+  it('--json prints the same lines as the in-process replay, which match the expected file', async (ctx) => {
+    needBuild(ctx);
+    const r = cli('replay', FIXTURE, '--json');
+    expect(r.stderr).toBe('');
+    expect(r.status).toBe(0);
+    const lines: string[] = [];
+    const summary = await replayFile(FIXTURE, (x) => lines.push(intervalJsonLine(x)));
+    lines.push(totalJsonLine(summary.vms.map((v) => v.output)));
+    expect(r.stdout).toBe(lines.join('\n') + '\n');
+    const total = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as { vms: { name: string; vpkgs: { energy_uj: string }[] }[] };
+    expect(total.vms[0]).toMatchObject({ name: 'vm-a', vpkgs: [{ energy_uj: '669107527' }, { energy_uj: '646510435' }] });
+  });
+
+  it('prints a table per VM and virtual package with joules, average watts and ended', (ctx) => {
+    needBuild(ctx);
+    const r = cli('replay', FIXTURE);
+    expect(r.status).toBe(0);
+    const rows = r.stdout.split('\n');
+    expect(rows[0]).toMatch(/^40 samples, 39 intervals/);
+    expect(rows[1]).toMatch(/^VM\s+PID\s+STATE\s+VPKG\s+JOULES\s+AVG W\s+OVER S$/);
+    expect(rows.find((l) => l.startsWith('vm-a') && /\s0\s+669\.108\s/.test(l))).toBeDefined();
+    expect(rows.find((l) => l.startsWith('vm-b'))).toMatch(/ended\s+0\s+376\.999\s+13\.43/);
+  });
+
+  it('a broken trace: exit 1, one line naming the file line, no stack trace', (ctx) => {
+    needBuild(ctx);
+    const bad = path.join(tmp, 'bad.jsonl');
+    fs.writeFileSync(bad, `${HEADER}\n{"type":"sample","t_ns":5,"energy":{"0":"0x1"},"tasks":{}}\n{"type":"bogus"}\n`);
+    const r = cli('replay', bad, '--json');
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe('vmsr-helper: line 3: unknown record type "bogus"\n');
+    const missing = cli('replay', path.join(tmp, 'none.jsonl'));
+    expect(missing.status).toBe(1);
+    expect(missing.stderr).toMatch(/^vmsr-helper: cannot read trace .*none\.jsonl: ENOENT/);
+    expect(missing.stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('stat lines the engine cannot parse are counted on stderr, the replay goes on', (ctx) => {
+    needBuild(ctx);
+    const t = path.join(tmp, 'problems.jsonl');
+    const ok = (ticks: number) => JSON.stringify(statLine({ tid: 11, comm: 'q) 1 (x y', utime: ticks, starttime: 3, processor: 0 }));
+    const lines = [
+      HEADER,
+      '{"type":"register","t_ns":1,"vm":{"pid":10,"starttime":3,"name":"v","vcpus":[{"tid":11,"vpkg":0}]}}',
+      `{"type":"sample","t_ns":1000000000,"energy":{"0":"0x0"},"tasks":{"10":{"11":${ok(0)},"12":"12 (bro"}}}`,
+      `{"type":"sample","t_ns":2000000000,"energy":{"0":"0x40000"},"tasks":{"10":{"11":${ok(50)},"12":"garbage"}}}`,
+    ];
+    fs.writeFileSync(t, lines.join('\n') + '\n');
+    const r = cli('replay', t, '--json');
+    expect(r.status).toBe(0);
+    expect(r.stderr).toMatch(/^2 problem\(s\) in the trace were skipped \(not fatal\):\n {2}line 3: pid 10 tid 12: stat line not understood/);
+    // 0x40000 units = 16 J; 50 of 100 ticks (1 CPU, 1 s) -> 8 J for the vCPU named "q) 1 (x y".
+    const interval = JSON.parse(r.stdout.split('\n')[0]!) as { vms: { vpkgs: { energy_j: number }[] }[] };
+    expect(interval.vms[0]!.vpkgs[0]!.energy_j).toBe(8);
+  });
+
+  it('without TRACE it replays the bundled trace, or says it is missing', (ctx) => {
+    needBuild(ctx);
+    const r = cli('replay');
+    if (fs.existsSync(BUNDLED)) {
+      expect(r.stderr).not.toMatch(/vmsr-helper:/);
+      expect(r.status).toBe(0);
+      expect(r.stdout).toMatch(/samples, \d+ intervals/);
+    } else {
+      expect(r.status).toBe(1);
+      expect(r.stderr).toMatch(/the bundled trace .*traces\/qemu-spin-vs-idle\.jsonl\.gz is missing/);
+    }
+  });
+
+  it('--json into a pipe closed early ends quietly (EPIPE), no stack trace', async (ctx) => {
+    needBuild(ctx);
+    const big = path.join(tmp, 'big.jsonl');
+    fs.writeFileSync(big, [...generateTraceLines({ vms: 5, threadsPerVm: 4, samples: 3000 })].join('\n') + '\n');
+    const child = spawn(process.execPath, [BIN, 'replay', big, '--json'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    await new Promise<void>((resolve) => child.stdout.once('data', () => resolve()));
+    child.stdout.destroy();
+    const code = await new Promise<number | null>((resolve) => child.on('close', (c) => resolve(c)));
+    expect(stderr).toBe('');
+    expect(code).toBe(0);
+  });
+});
