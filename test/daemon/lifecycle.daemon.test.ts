@@ -1,0 +1,248 @@
+/**
+ * The daemon's life on real processes: signals clean up, pidfile refusal and stale replacement,
+ * stale vs live socket, -d, privilege drop seen in /proc/<pid>/status, start-up errors, unit files.
+ */
+import { execFileSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, test } from 'vitest';
+import { FakeHost } from '../support/fake-host.js';
+import { missing } from '../support/env.js';
+import { parseProcStatus } from '../../src/helper/privileges.js';
+import { BIN, ensureBuilt, hostArgs, LegacyClient, ROOT, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
+
+const cleanups: (() => void | Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+function setup(): { host: FakeHost; dir: string; sock: string; pid: string } {
+  const host = new FakeHost();
+  host.writePackageMsr(0, 0x606, 0xa1003n);
+  const dir = tempDir();
+  fs.chmodSync(dir, 0o755);
+  cleanups.push(() => {
+    host.cleanup();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  return { host, dir, sock: path.join(dir, 'h.sock'), pid: path.join(dir, 'h.pid') };
+}
+
+function track(child: DaemonChild): DaemonChild {
+  cleanups.push(() => child.stop('SIGKILL'));
+  return child;
+}
+
+describe('signals', () => {
+  for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
+    test(`${sig}: clients closed, socket and pidfile removed, exit 0`, async () => {
+      const { host, sock, pid } = setup();
+      const child = track(await startHelper(['-k', sock, '-f', pid, ...hostArgs(host)]));
+      expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(child.proc.pid));
+      const c = await LegacyClient.connect(sock);
+      expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+      expect(await child.stop(sig)).toBe(0);
+      await c.whenClosed();
+      expect(fs.existsSync(sock)).toBe(false);
+      expect(fs.existsSync(pid)).toBe(false);
+      // and a restart on the same paths just works
+      const again = track(await startHelper(['-k', sock, '-f', pid, ...hostArgs(host)]));
+      expect(await again.stop()).toBe(0);
+    });
+  }
+});
+
+describe('pidfile and socket file', () => {
+  test('a second instance with the same pidfile is refused; the first keeps serving', async () => {
+    const { host, dir, sock, pid } = setup();
+    const first = track(await startHelper(['-k', sock, '-f', pid, ...hostArgs(host)]));
+    const other = path.join(dir, 'other.sock');
+    const second = track(spawnHelper(['-k', other, '-f', pid, ...hostArgs(host)]));
+    expect(await second.exited).toBe(1);
+    expect(second.stderr()).toContain(`another instance is running (pid ${first.proc.pid}, pidfile ${pid}); stop it or choose another pidfile with -f`);
+    expect(fs.existsSync(other)).toBe(false); // what the refused one bound, it removed
+    expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(first.proc.pid));
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+  });
+
+  test("a stale pidfile (dead process) and a stale socket (nobody listening) are replaced", async () => {
+    const { host, sock, pid } = setup();
+    const dead = spawn('true');
+    await new Promise((r) => dead.on('exit', r));
+    fs.writeFileSync(pid, `${dead.pid}\n`);
+    // a socket file left by a killed listener
+    const holder = spawn(process.execPath, ['-e', `require('net').createServer().listen(${JSON.stringify(sock)}, () => console.log('up'))`]);
+    await new Promise((r) => holder.stdout.once('data', r));
+    holder.kill('SIGKILL');
+    await new Promise((r) => holder.on('exit', r));
+    expect(fs.statSync(sock).isSocket()).toBe(true);
+    const child = track(await startHelper(['-k', sock, '-f', pid, ...hostArgs(host)]));
+    expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(child.proc.pid));
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+  });
+
+  test('a live socket is an error, and is left to its owner', async () => {
+    const { host, sock } = setup();
+    track(await startHelper(['-k', sock, ...hostArgs(host)]));
+    const second = track(spawnHelper(['-k', sock, ...hostArgs(host)]));
+    expect(await second.exited).toBe(1);
+    expect(second.stderr()).toContain(`another process is already listening on ${sock}; stop it or choose another path with -k`);
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+  });
+
+  test('a file that is not a socket is never removed', async () => {
+    const { host, sock } = setup();
+    fs.writeFileSync(sock, 'precious');
+    const child = track(spawnHelper(['-k', sock, ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain('exists and is not a socket');
+    expect(fs.readFileSync(sock, 'utf8')).toBe('precious');
+  });
+});
+
+describe('-d', () => {
+  test('the foreground process exits 0 once the detached child serves; SIGTERM cleans up', async () => {
+    const { host, sock, pid } = setup();
+    ensureBuilt();
+    const out = execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', pid, ...hostArgs(host)], { encoding: 'utf8', timeout: 20_000 });
+    expect(out).toBe('');
+    const daemonPid = Number(fs.readFileSync(pid, 'utf8').trim());
+    cleanups.push(() => {
+      try {
+        process.kill(daemonPid, 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+    });
+    expect(fs.readFileSync(`/proc/${daemonPid}/cmdline`, 'utf8')).toContain('vmsr-helper.js');
+    // a new session, detached from us
+    const stat = fs.readFileSync(`/proc/${daemonPid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    expect(Number(fields[3])).toBe(daemonPid); // session id (field 6) = its own pid
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+    process.kill(daemonPid, 'SIGTERM');
+    await waitFor(() => !fs.existsSync(`/proc/${daemonPid}`) || fs.readFileSync(`/proc/${daemonPid}/stat`, 'utf8').includes(') Z'), 'the daemon to exit');
+    await waitFor(() => !fs.existsSync(sock) && !fs.existsSync(pid), 'socket and pidfile removal');
+  });
+
+  test("the foreground process exits 1 with the child's start-up error", async () => {
+    const { dir, sock } = setup();
+    ensureBuilt();
+    let err = '';
+    let code = 0;
+    try {
+      execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', path.join(dir, 'p'), '--vendor', 'intel', '--msr-path', path.join(dir, 'nope/%u/msr')], {
+        encoding: 'utf8',
+        stdio: 'pipe',
+        timeout: 20_000,
+      });
+    } catch (e) {
+      const x = e as { status: number; stderr: string };
+      code = x.status;
+      err = x.stderr;
+    }
+    expect(code).toBe(1);
+    expect(err).toMatch(/does not exist; load the msr driver with 'modprobe msr'/);
+  });
+});
+
+describe('privileges', () => {
+  test('-u nobody: uid/gid 65534, CapEff = CapPrm = CapBnd = CAP_SYS_RAWIO, NoNewPrivs; still serving', async (ctx) => {
+    const why = missing({ root: true });
+    if (why) return ctx.skip(why);
+    const { host, sock } = setup();
+    const child = track(await startHelper(['-k', sock, '-u', 'nobody', ...hostArgs(host)]));
+    const st = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/status`, 'utf8'));
+    expect(st.uid).toEqual([65534, 65534, 65534, 65534]);
+    expect(st.gid).toEqual([65534, 65534, 65534, 65534]);
+    expect(st.groups).toEqual([65534]);
+    expect(st.capEff).toBe(1n << 17n);
+    expect(st.capPrm).toBe(1n << 17n);
+    expect(st.capBnd).toBe(1n << 17n);
+    expect(st.capInh).toBe(0n);
+    expect(st.noNewPrivs).toBe(1);
+    // the uid change reached every thread (glibc broadcasts setresuid)
+    for (const tid of fs.readdirSync(`/proc/${child.proc.pid}/task`)) {
+      const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
+      expect(t.uid).toEqual([65534, 65534, 65534, 65534]);
+    }
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n); // fds opened before the drop
+    c.close();
+  });
+
+  test('without -u: still root, but only CAP_SYS_RAWIO left', async (ctx) => {
+    const why = missing({ root: true });
+    if (why) return ctx.skip(why);
+    const { host, sock } = setup();
+    const child = track(await startHelper(['-k', sock, ...hostArgs(host)]));
+    const st = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/status`, 'utf8'));
+    expect(st.uid[1]).toBe(0);
+    expect(st.capEff).toBe(1n << 17n);
+    expect(st.capBnd).toBe(1n << 17n);
+    expect(child.stderr()).toContain('privileges dropped');
+  });
+});
+
+describe('start-up errors name the fix', () => {
+  const cases: [string, (d: { host: FakeHost; dir: string; sock: string }) => string[], RegExp][] = [
+    ['unsupported vendor', ({ host, dir, sock }) => {
+      fs.writeFileSync(path.join(dir, 'cpuinfo'), 'processor\t: 0\nvendor_id\t: CyrixInstead\n');
+      return ['-k', sock, '--proc-root', dir, '--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot];
+    }, /CPU vendor CyrixInstead is not supported/],
+    ['missing MSR devices', ({ dir, sock, host }) => ['-k', sock, '--vendor', 'intel', '--sys-root', host.sysRoot, '--msr-path', path.join(dir, 'x/%u/msr')], /modprobe msr/],
+    ['relative socket', ({ host }) => ['-k', 'rel.sock', ...hostArgs(host)], /socket path must be absolute/],
+    ['bad vendor', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '--vendor', 'via'], /--vendor: expected auto, intel or amd/],
+    ['unknown user', ({ host, sock }) => ['-k', sock, '-u', 'no-such-user-xyz', ...hostArgs(host)], /invalid user 'no-such-user-xyz': give an existing user name or a numeric uid/],
+    ['bad template', ({ host, sock }) => ['-k', sock, '--sys-root', host.sysRoot, '--msr-path', '/dev/cpu/msr'], /exactly one %u/],
+    ['bad -T', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '-T', 'file=/tmp/x'], /file= is not supported/],
+    ['unknown option', () => ['--no-such-option'], /unknown option '--no-such-option'/],
+    ['missing argument', () => ['-k'], /argument missing/],
+  ];
+  for (const [name, args, re] of cases) {
+    test(name, async () => {
+      const d = setup();
+      const child = track(spawnHelper(args(d)));
+      expect(await child.exited).toBe(1);
+      expect(child.stderr()).toMatch(re);
+      expect(fs.existsSync(d.sock)).toBe(false);
+    });
+  }
+
+  test('-V and -h still work', () => {
+    ensureBuilt();
+    expect(execFileSync(process.execPath, [BIN, '-V'], { encoding: 'utf8' })).toMatch(/^vmsr-helper \d+\.\d+\.\d+/);
+    const help = execFileSync(process.execPath, [BIN, '-h'], { encoding: 'utf8' });
+    for (const opt of ['--socket', '--pidfile', '--daemon', '--user', '--group', '--verbose', '--quiet', '--trace', '--msr-path', '--vendor', '--amd-tdp']) expect(help).toContain(opt);
+  });
+});
+
+describe('contrib/systemd units', () => {
+  test('systemd-analyze verify accepts both (ExecStart pointed at the built binary)', async (ctx) => {
+    const why = missing({ command: 'systemd-analyze' });
+    if (why) return ctx.skip(why);
+    ensureBuilt();
+    const dir = tempDir('vmsr-units-');
+    cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+    for (const f of ['qemu-vmsr-helper.socket', 'qemu-vmsr-helper.service']) {
+      let text = fs.readFileSync(path.join(ROOT, 'contrib/systemd', f), 'utf8');
+      text = text.replace(/^ExecStart=.*$/m, `ExecStart=${process.execPath} ${BIN}`);
+      fs.writeFileSync(path.join(dir, f), text);
+    }
+    const svc = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.service'), 'utf8');
+    for (const k of ['Type=notify', 'CapabilityBoundingSet=CAP_SYS_RAWIO', 'DeviceAllow=char-msr', 'ProtectSystem=strict', 'NoNewPrivileges=yes', 'RestrictAddressFamilies=AF_UNIX', 'WatchdogSec=']) expect(svc).toContain(k);
+    const sockText = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.socket'), 'utf8');
+    expect(sockText).toContain('ListenStream=/run/qemu-vmsr-helper.sock');
+    expect(sockText).toContain('SocketMode=0600');
+    const r = execFileSync('sh', ['-c', `systemd-analyze verify ${dir}/qemu-vmsr-helper.socket ${dir}/qemu-vmsr-helper.service 2>&1; echo "rc=$?"`], { encoding: 'utf8' });
+    expect(r.trim()).toBe('rc=0');
+  });
+});
