@@ -1,0 +1,183 @@
+/** The pure parts: legacy framing, protocol choice, AMD mapping, options, activation env, pidfile text. */
+import fc from 'fast-check';
+import { describe, expect, test } from 'vitest';
+import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/helper/legacy-protocol.js';
+import { legacyPlan, synthPowerInfo, synthPowerLimit, wattsToPowerField } from '../../src/msr/legacy-registers.js';
+import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/helper/commands/daemon.js';
+import { activationFd, parseActivationEnv, parseWatchdogEnv, takeActivation } from '../../src/helper/systemd.js';
+import { parsePidfile } from '../../src/helper/pidfile.js';
+import { parseProcStatus, resolveId } from '../../src/helper/privileges.js';
+import { areaMatches } from '../../src/helper/daemon.js';
+import { OnlineCpus } from '../../src/helper/legacy-service.js';
+
+const u32 = fc.integer({ min: 0, max: 0xffffffff });
+const request = fc.record({ msr: u32, cpu: u32, tid: u32 });
+
+describe('LegacyFramer', () => {
+  test('any split of any request sequence yields exactly those requests, in order', () => {
+    fc.assert(
+      fc.property(fc.array(request, { maxLength: 30 }), fc.array(fc.integer({ min: 1, max: 40 }), { maxLength: 60 }), (reqs, cuts) => {
+        const bytes = Buffer.concat(reqs.map(encodeLegacyRequest));
+        const framer = new LegacyFramer();
+        const got: LegacyRequest[] = [];
+        let o = 0;
+        for (const c of cuts) {
+          if (o >= bytes.length) break;
+          got.push(...framer.push(bytes.subarray(o, o + c)));
+          o += c;
+        }
+        if (o < bytes.length) got.push(...framer.push(bytes.subarray(o)));
+        expect(got).toEqual(reqs);
+        expect(framer.buffered).toBe(0);
+      }),
+    );
+  });
+
+  test('a trailing partial request stays buffered until completed', () => {
+    const f = new LegacyFramer();
+    const b = encodeLegacyRequest({ msr: 0x611, cpu: 3, tid: 42 });
+    expect(f.push(b.subarray(0, 11))).toEqual([]);
+    expect(f.buffered).toBe(11);
+    expect(f.push(b.subarray(11))).toEqual([{ msr: 0x611, cpu: 3, tid: 42 }]);
+  });
+
+  test('little-endian on the wire, as QEMU writes it', () => {
+    expect(encodeLegacyRequest({ msr: 0x606, cpu: 1, tid: 0x01020304 })).toEqual(Buffer.from([6, 6, 0, 0, 1, 0, 0, 0, 4, 3, 2, 1]));
+  });
+});
+
+describe('classifyPreamble', () => {
+  test('VMS2 selects v2; a prefix of it waits; anything else is legacy at once', () => {
+    expect(classifyPreamble(V2_MAGIC)).toBe('v2');
+    expect(classifyPreamble(Buffer.concat([V2_MAGIC, Buffer.from([1, 0])]))).toBe('v2');
+    expect(classifyPreamble(Buffer.from('VM'))).toBe('need-more');
+    expect(classifyPreamble(Buffer.alloc(0))).toBe('need-more');
+    expect(classifyPreamble(Buffer.from([0x06]))).toBe('legacy');
+    expect(classifyPreamble(encodeLegacyRequest({ msr: 0x606, cpu: 0, tid: 1 }))).toBe('legacy');
+    expect(classifyPreamble(Buffer.from('VMS3'))).toBe('legacy');
+  });
+});
+
+describe('legacy register mapping', () => {
+  test('Intel reads the requested MSR; others are refused', () => {
+    for (const m of [0x606, 0x610, 0x611, 0x614]) expect(legacyPlan('intel', m)).toEqual({ kind: 'read', msr: m });
+    for (const m of [0, 0x10, 0x612, 0x619, 0x639, 0xc0010299]) expect(legacyPlan('intel', m)).toBeNull();
+  });
+  test('AMD maps 0x606/0x611 and synthesises 0x610/0x614; AMD numbers themselves are refused', () => {
+    expect(legacyPlan('amd', 0x606)).toEqual({ kind: 'read', msr: 0xc0010299 });
+    expect(legacyPlan('amd', 0x611)).toEqual({ kind: 'read', msr: 0xc001029b });
+    expect(legacyPlan('amd', 0x610)).toMatchObject({ kind: 'synth', field: 'power-limit' });
+    expect(legacyPlan('amd', 0x614)).toMatchObject({ kind: 'synth', field: 'power-info' });
+    expect(legacyPlan('amd', 0xc001029b)).toBeNull();
+  });
+  test('synthesised values use the power unit and are never 0', () => {
+    expect(synthPowerInfo(0xa1003n, 120)).toBe(960n); // 1/8 W units
+    expect(synthPowerLimit(0xa1003n, 120)).toBe(960n | 0x8000n);
+    expect(wattsToPowerField(0n, 0.1)).toBe(1n); // at least one unit
+    expect(wattsToPowerField(0xfn, 4000)).toBe(0x7fffn); // clamped to the field
+  });
+});
+
+describe('daemon options', () => {
+  const ids: IdLookups = {
+    user: (s) => resolveId(s, 'root:x:0:0::/:/bin/sh\nqemu:x:107:110::/:/bin/false\n', 'user'),
+    group: (s) => resolveId(s, 'root:x:0:\nkvm:x:110:\n', 'group'),
+    primaryGroup: (u) => (u === 107 ? 110 : undefined),
+  };
+  test('defaults are qemu-vmsr-helper’s', () => {
+    const c = parseDaemonOptions({}, ids);
+    expect(c).toMatchObject({
+      socketPath: '/var/run/qemu-vmsr-helper.sock',
+      socketPathGiven: false,
+      pidfile: '/var/run/qemu-vmsr-helper.pid',
+      pidfileGiven: false,
+      daemonize: false,
+      logLevel: 'info',
+      vendor: 'auto',
+      hostPaths: { msrPathTemplate: '/dev/cpu/%u/msr', procRoot: '/proc', sysRoot: '/sys' },
+      amd: { powerLimitWatts: 120, tdpWatts: 120 },
+    });
+    expect(c.uid).toBeUndefined();
+  });
+  test('users and groups by name or number; -u alone takes the primary group', () => {
+    expect(parseDaemonOptions({ user: 'qemu' }, ids)).toMatchObject({ uid: 107, gid: 110 });
+    expect(parseDaemonOptions({ user: '4242', group: 'kvm' }, ids)).toMatchObject({ uid: 4242, gid: 110 });
+    expect(parseDaemonOptions({ group: '5' }, ids)).toMatchObject({ gid: 5 });
+    expect(() => parseDaemonOptions({ user: 'nobody-here' }, ids)).toThrow(/invalid user 'nobody-here'/);
+    expect(() => parseDaemonOptions({ group: '-1' }, ids)).toThrow(/invalid group '-1'/);
+  });
+  test('bad values say how to fix them', () => {
+    expect(() => parseDaemonOptions({ socket: 'x.sock' }, ids)).toThrow(/must be absolute .* -k \/run/);
+    expect(() => parseDaemonOptions({ vendor: 'arm' }, ids)).toThrow(/auto, intel or amd/);
+    expect(() => parseDaemonOptions({ msrPath: '/dev/cpu/%u/%u' }, ids)).toThrow(/exactly one %u/);
+    expect(() => parseDaemonOptions({ amdTdp: '0' }, ids)).toThrow(/--amd-tdp: expected watts/);
+    expect(() => parseDaemonOptions({ amdPowerLimit: 'lots' }, ids)).toThrow(/--amd-power-limit/);
+    expect(() => parseDaemonOptions({ pidfile: '' }, ids)).toThrow(/-f\/--pidfile/);
+  });
+  test('-v/-q, -T patterns and events files', () => {
+    expect(parseDaemonOptions({ verbose: true }, ids).logLevel).toBe('debug');
+    expect(parseDaemonOptions({ quiet: true }, ids).logLevel).toBe('warn');
+    expect(parseTraceOption('legacy', () => '')).toEqual(['legacy']);
+    expect(parseTraceOption('enable=sys*,events=/f', () => '# c\nprivileges\n\nv2\n')).toEqual(['sys*', 'privileges', 'v2']);
+    expect(() => parseTraceOption('events=/nope', () => { throw new Error('ENOENT'); })).toThrow(/cannot read events file/);
+    expect(() => parseTraceOption('color=1', () => '')).toThrow(/unknown key 'color'/);
+    expect(parseDaemonOptions({ trace: ['legacy', 'v*'] }, ids).traceAreas).toEqual(['legacy', 'v*']);
+    expect(areaMatches(['v*'], 'v2')).toBe(true);
+    expect(areaMatches(['leg'], 'legacy')).toBe(false);
+    expect(areaMatches(['*'], 'anything')).toBe(true);
+  });
+});
+
+describe('socket activation environment', () => {
+  test('ours only when LISTEN_PID is our pid', () => {
+    expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '1' }, 42)).toEqual({ fds: 1, names: [] });
+    expect(parseActivationEnv({ LISTEN_PID: '43', LISTEN_FDS: '1' }, 42)).toBeNull();
+    expect(parseActivationEnv({ LISTEN_FDS: '1' }, 42)).toBeNull();
+    expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '0' }, 42)).toBeNull();
+    expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '2', LISTEN_FDNAMES: 'a:b' }, 42)).toEqual({ fds: 2, names: ['a', 'b'] });
+    expect(() => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: 'x' }, 42)).toThrow(/LISTEN_FDS is not a number/);
+  });
+  test('the variables are removed, even when malformed or not ours', () => {
+    for (const env of [{ LISTEN_PID: '1', LISTEN_FDS: '1', LISTEN_FDNAMES: 'x' }, { LISTEN_PID: '7', LISTEN_FDS: 'bad' }]) {
+      const e: NodeJS.ProcessEnv = { ...env, KEEP: 'me' };
+      try {
+        takeActivation(e, 7);
+      } catch {
+        /* malformed */
+      }
+      expect(e).toEqual({ KEEP: 'me' });
+    }
+  });
+  test('one fd, and no -k with it', () => {
+    expect(activationFd({ fds: 1, names: [] }, false)).toBe(3);
+    expect(() => activationFd({ fds: 1, names: [] }, true)).toThrow(/-k\) cannot be set/);
+    expect(() => activationFd({ fds: 2, names: [] }, false)).toThrow(/LISTEN_FDS > 1/);
+  });
+  test('watchdog: WATCHDOG_USEC, honouring WATCHDOG_PID', () => {
+    expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000' }, 5)).toBe(30_000_000);
+    expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000', WATCHDOG_PID: '5' }, 5)).toBe(30_000_000);
+    expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000', WATCHDOG_PID: '6' }, 5)).toBeNull();
+    expect(parseWatchdogEnv({ WATCHDOG_USEC: '0' }, 5)).toBeNull();
+    expect(parseWatchdogEnv({}, 5)).toBeNull();
+  });
+});
+
+describe('small parsers', () => {
+  test('pidfile text', () => {
+    expect(parsePidfile('123\n')).toBe(123);
+    for (const bad of ['', 'abc', '-1', '0', '99999999999', '1 2']) expect(parsePidfile(bad)).toBeNull();
+  });
+  test('/proc/<pid>/status credentials', () => {
+    const s = parseProcStatus('Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t1\t1\t1\t1\nGroups:\t\nCapPrm:\t0000000000020000\nCapEff:\t0000000000020000\nNoNewPrivs:\t1\n');
+    expect(s).toMatchObject({ uid: [0, 0, 0, 0], gid: [1, 1, 1, 1], groups: [], capEff: 0x20000n, noNewPrivs: 1 });
+  });
+  test('online cpus re-read sysfs for an unknown cpu at most once per interval', () => {
+    let t = 0;
+    const c = new OnlineCpus('/nonexistent-sysroot', [0, 1], 1000, () => t);
+    expect(c.has(1)).toBe(true);
+    expect(c.has(2)).toBe(false); // within the interval: no re-read
+    t = 5000;
+    expect(c.has(2)).toBe(false); // re-read failed: keeps the last set
+    expect(c.has(0)).toBe(true);
+  });
+});
