@@ -72,7 +72,13 @@ export async function runReplay(trace: string | undefined, opts: { json?: boolea
     process.exit(1);
   });
   const out = writer();
-  const summary = await replayFile(file, opts.json ? (r) => out.write(intervalJsonLine(r) + '\n') : undefined);
+  let summary;
+  try {
+    summary = await replayFile(file, opts.json ? (r) => out.write(intervalJsonLine(r) + '\n') : undefined);
+  } finally {
+    // The intervals before a trace error are still shown; the error follows on stderr.
+    await out.flush();
+  }
   if (opts.json) out.write(totalJsonLine(summary.vms.map((v) => v.output)) + '\n');
   else out.write(formatTable(summary));
   await out.flush();
