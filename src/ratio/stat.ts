@@ -30,11 +30,10 @@ const F_PROCESSOR = 39 - AFTER_COMM;
 
 const UINT = /^\d{1,20}$/;
 
-function uintField(fields: string[], i: number, name: string): number | StatParseError {
-  const text = fields[i];
-  if (text === undefined || !UINT.test(text)) return { error: `${name} (field ${i + AFTER_COMM}) is not an unsigned integer: ${JSON.stringify(text)}` };
+function uintField(text: string | undefined, field: number, name: string): number | StatParseError {
+  if (text === undefined || !UINT.test(text)) return { error: `${name} (field ${field}) is not an unsigned integer: ${JSON.stringify(text)}` };
   const v = Number(text);
-  if (!Number.isSafeInteger(v)) return { error: `${name} (field ${i + AFTER_COMM}) is too large: ${text}` };
+  if (!Number.isSafeInteger(v)) return { error: `${name} (field ${field}) is too large: ${text}` };
   return v;
 }
 
@@ -51,7 +50,18 @@ export function parseStatLine(line: string): TaskStat | StatParseError {
   const tidText = line.slice(0, open);
   if (!UINT.test(tidText)) return { error: `pid field is not a number: ${JSON.stringify(tidText.slice(0, 20))}` };
   if (line[close + 1] !== ' ') return { error: 'nothing after the command name' };
-  const fields = line.slice(close + 2).split(' ');
+  // Walk the fields up to 39 only: the sampler parses thousands of lines a second and the tail is unused.
+  const fields: string[] = [];
+  let pos = close + 2;
+  while (fields.length <= F_PROCESSOR) {
+    const next = line.indexOf(' ', pos);
+    if (next < 0) {
+      fields.push(line.slice(pos));
+      break;
+    }
+    fields.push(line.slice(pos, next));
+    pos = next + 1;
+  }
   if (fields.length <= F_PROCESSOR) return { error: `only ${fields.length + AFTER_COMM - 1} fields, need at least 39` };
   const values: number[] = [];
   for (const [i, name] of [
@@ -60,7 +70,7 @@ export function parseStatLine(line: string): TaskStat | StatParseError {
     [F_STARTTIME, 'starttime'],
     [F_PROCESSOR, 'processor'],
   ] as const) {
-    const v = uintField(fields, i, name);
+    const v = uintField(fields[i], i + AFTER_COMM, name);
     if (isStatParseError(v)) return v;
     values.push(v);
   }
