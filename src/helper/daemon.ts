@@ -116,6 +116,25 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     device.close();
   };
 
+  // Signals are caught from the start: one arriving during start-up stops the daemon right after it.
+  let current: RunningDaemon | undefined;
+  let pendingSignal: NodeJS.Signals | undefined;
+  const onSignal = (sig: NodeJS.Signals) => {
+    if (!current) {
+      pendingSignal = sig;
+      return;
+    }
+    void current.stop(sig).then(() => process.exit(0));
+  };
+  const handlers: [NodeJS.Signals, () => void][] = [];
+  if (opts.handleSignals !== false) {
+    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
+      const h = () => onSignal(sig);
+      handlers.push([sig, h]);
+      process.on(sig, h);
+    }
+  }
+
   try {
     const activation = takeActivation();
     const target: ListenTarget = activation ? { fd: activationFd(activation, config.socketPathGiven) } : { path: config.socketPath };
@@ -176,16 +195,12 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
         return stopping;
       },
     };
-    if (opts.handleSignals !== false) {
-      for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
-        process.on(sig, () => {
-          void running.stop(sig).then(() => process.exit(0));
-        });
-      }
-    }
+    current = running;
     if (isDaemonChild()) reportReady();
+    if (pendingSignal) onSignal(pendingSignal);
     return running;
   } catch (e) {
+    for (const [sig, h] of handlers) process.off(sig, h);
     await cleanup();
     throw e;
   }

@@ -54,8 +54,8 @@ export class HelperServer {
         this.server.off('error', onError);
         resolve();
       };
-      if ('path' in t) this.server.listen({ path: t.path, backlog: 511 }, done);
-      else this.server.listen({ fd: t.fd, backlog: 511 }, done);
+      if ('path' in t) this.server.listen({ path: t.path, backlog: 4096 }, done);
+      else this.server.listen({ fd: t.fd, backlog: 4096 }, done);
     });
     if ('path' in t) this.bound = { path: t.path, ino: fs.statSync(t.path).ino };
   }

@@ -178,8 +178,12 @@ describe('legacy protocol (Intel host, real daemon)', () => {
     const quiet = await LegacyClient.connect(sock); // connects and never sends
     await bystanderFine();
     const v2ish = await LegacyClient.connect(sock);
-    // without a v2 handler the magic is the first bytes of a legacy request: msr 0x32534d56, refused
+    // the magic hands the connection to the v2 service: an unknown frame type (0) is answered with
+    // ERROR (type 0xFF, code 1 malformed) and a close, not with a legacy reply
     v2ish.send(Buffer.from('VMS2\0\0\0\0\0\0\0\0'));
+    const head = await v2ish.readBytes(12);
+    expect(head.readUInt16LE(0)).toBe(0xff);
+    expect(head.readUInt32LE(8)).toBe(1);
     await v2ish.whenClosed();
     quiet.close();
     await bystanderFine();

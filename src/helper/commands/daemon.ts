@@ -9,8 +9,9 @@ import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-path
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { levelFromFlags } from '../logger.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../privileges.js';
-import { registeredDaemonPlugins, runDaemon, type DaemonConfig } from '../daemon.js';
+import { registeredDaemonPlugins, runDaemon, type DaemonConfig, type DaemonPlugin } from '../daemon.js';
 import { isDaemonChild, reportFailure, spawnDetached } from '../daemonize.js';
+import { addV2Options, v2DaemonPlugin, v2OptionsFrom, type V2CliOptions } from '../v2/service.js';
 import type { VendorChoice } from '../startup-checks.js';
 
 export const DEFAULT_SOCKET = '/var/run/qemu-vmsr-helper.sock';
@@ -136,14 +137,14 @@ function defaultRead(f: string): string {
 }
 
 /** -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. */
-export async function startDaemonFromCli(config: DaemonConfig): Promise<void> {
+export async function startDaemonFromCli(config: DaemonConfig, extra: readonly DaemonPlugin[] = []): Promise<void> {
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    await runDaemon(config, { plugins: [...registeredDaemonPlugins()] });
+    await runDaemon(config, { plugins: [...extra, ...registeredDaemonPlugins()] });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
@@ -170,8 +171,10 @@ export function configureDaemonCommand(program: Command): void {
     .option('--vendor <vendor>', 'auto|intel|amd (default auto, from /proc/cpuinfo)')
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
-    .action(async (raw: RawDaemonOptions) => {
+    .action(async (raw: RawDaemonOptions & V2CliOptions) => {
       const config = parseDaemonOptions(raw);
-      await startDaemonFromCli(config);
+      // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
+      await startDaemonFromCli(config, [v2DaemonPlugin(v2OptionsFrom(raw))]);
     });
+  addV2Options(program);
 }

@@ -109,10 +109,21 @@ export class LegacyClient {
     });
   }
 
+  /**
+   * QEMU connects with a blocking connect(), which waits while the listen backlog is full; Node's is
+   * non-blocking and fails with EAGAIN instead, so that case is retried.
+   */
   static async connect(socketPath: string): Promise<LegacyClient> {
-    const c = new LegacyClient(net.connect({ path: socketPath }));
-    await c.ready;
-    return c;
+    for (let attempt = 0; ; attempt++) {
+      const c = new LegacyClient(net.connect({ path: socketPath }));
+      try {
+        await c.ready;
+        return c;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EAGAIN' || attempt > 50) throw e;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+    }
   }
 
   private flush(): void {
