@@ -5,7 +5,6 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, type Update } from '../../src/client/v2-client.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
@@ -16,7 +15,6 @@ import { missing } from '../support/env.js';
 import { qemuMissing, startQemu } from '../support/qemu.js';
 import { LegacyClient, hostArgs, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 
-const DRIVER = path.join(path.dirname(fileURLToPath(import.meta.url)), 'v2-daemon.mjs');
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
@@ -42,10 +40,7 @@ describe('v2 end to end with QEMU', () => {
     cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
     const sock = path.join(dir, 'helper.sock');
     const tracePath = path.join(dir, 'live.jsonl');
-    const helper = spawnHelper(['-k', sock, ...hostArgs(fake)], {
-      command: [process.execPath, DRIVER],
-      env: { ...process.env, VMSR_V2: JSON.stringify({ interval: 0.2, record: tracePath }) },
-    });
+    const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--record', tracePath]);
     cleanups.push(() => helper.stop('SIGKILL'));
     await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
 
