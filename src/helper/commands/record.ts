@@ -1,12 +1,252 @@
-import type { Command } from 'commander';
+/**
+ * `vmsr-helper record`: registers VMs (from QMP, or --pid/--vcpus) and writes a vmsr-trace of what the
+ * helper sees: header, register records, the baseline sample right after, then a sample every interval
+ * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
+ */
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { MsrDevice } from '../../msr/device.js';
+import { MsrEnergySource, SyntheticEnergySource, type EnergySource } from '../../msr/energy-source.js';
+import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../../msr/host-paths.js';
+import { msrErrorWithHint, readHostInfo } from '../../msr/host-info.js';
+import type { Vendor } from '../../msr/registers.js';
+import { ProcTaskReader } from '../../ratio/proc-tasks.js';
+import { Sampler, monotonicNs } from '../../ratio/sampler.js';
+import { TraceWriter } from '../../ratio/trace-writer.js';
+import type { HostInfo, VmSpec } from '../../ratio/types.js';
+import { parseVcpuList, vmSpecFromArgs, vmSpecFromQmp } from '../../ratio/vm-spec.js';
+import { VERSION } from '../version.js';
 
-// Placeholder until the record command lands; it says so instead of pretending.
+export interface RecordOptions {
+  qmp: string[];
+  pid: number[];
+  vcpus: string[];
+  output: string;
+  interval: number;
+  duration?: number;
+  energySource: 'msr' | 'synthetic';
+  paths: HostPaths;
+  vendor?: Vendor;
+  note?: string;
+  /** Progress line every this many samples when stderr is not a TTY; default 10. */
+  progressEvery?: number;
+}
+
+function positiveSeconds(name: string, max: number) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!/^\d+(\.\d+)?$/.test(v.trim()) || !(n > 0) || n > max) throw new InvalidArgumentError(`${name} must be a number of seconds in (0, ${max}]`);
+    return n;
+  };
+}
+
+function collect<T>(parse: (v: string) => T) {
+  return (v: string, prev: T[] = []): T[] => [...prev, parse(v)];
+}
+
+function parsePid(v: string): number {
+  const n = Number(v);
+  if (!/^\d{1,10}$/.test(v) || n <= 0 || n > 0x7fffffff) throw new InvalidArgumentError(`not a process id: ${JSON.stringify(v)}`);
+  return n;
+}
+
+function checkVcpus(v: string): string {
+  try {
+    parseVcpuList(v);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
+  return v;
+}
+
 export function addRecordCommand(program: Command): void {
   program
     .command('record')
-    .description('(not built yet)')
-    .allowUnknownOption()
-    .action(() => {
-      throw new Error('the record command is not built yet');
+    .description('record a trace of package energy and VM thread stats, for replay')
+    .option('--qmp <path>', "QMP socket of a QEMU VM to register (repeatable)", collect(String), [])
+    .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(parsePid), [])
+    .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(checkVcpus), [])
+    .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip)')
+    .option('--interval <seconds>', 'time between samples', positiveSeconds('--interval', 3600), 1)
+    .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', positiveSeconds('--duration', 366 * 86400))
+    .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'))
+    .option('--msr-path <template>', 'MSR device path, %u = CPU number', DEFAULT_HOST_PATHS.msrPathTemplate)
+    .option('--proc-root <dir>', 'procfs mount', DEFAULT_HOST_PATHS.procRoot)
+    .option('--sys-root <dir>', 'sysfs mount', DEFAULT_HOST_PATHS.sysRoot)
+    .addOption(new Option('--vendor <vendor>', 'CPU vendor (default: from /proc/cpuinfo)').choices(['intel', 'amd']))
+    .option('--note <text>', 'free text for the trace header (where and how it was captured)')
+    .action(async (o: Record<string, unknown>) => {
+      let template: string;
+      try {
+        template = validateMsrPathTemplate(o.msrPath as string);
+      } catch (e) {
+        throw new Error(`--msr-path: ${(e as Error).message}`);
+      }
+      await runRecord({
+        qmp: o.qmp as string[],
+        pid: o.pid as number[],
+        vcpus: o.vcpus as string[],
+        output: o.output as string,
+        interval: o.interval as number,
+        duration: o.duration as number | undefined,
+        energySource: o.energySource as 'msr' | 'synthetic',
+        paths: { msrPathTemplate: template, procRoot: o.procRoot as string, sysRoot: o.sysRoot as string },
+        vendor: o.vendor as Vendor | undefined,
+        note: o.note as string | undefined,
+      });
     });
+}
+
+async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
+  if (o.pid.length !== o.vcpus.length) throw new Error(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
+  if (o.qmp.length === 0 && o.pid.length === 0) throw new Error('nothing to record: give --qmp PATH or --pid PID --vcpus TID:VPKG,...');
+  const vms: VmSpec[] = [];
+  for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
+  o.pid.forEach((pid, i) => {
+    try {
+      vms.push(vmSpecFromArgs(o.paths.procRoot, pid, parseVcpuList(o.vcpus[i]!)));
+    } catch (e) {
+      throw new Error(`--pid ${pid}: ${(e as Error).message}`);
+    }
+  });
+  const seen = new Set<number>();
+  for (const vm of vms) {
+    if (seen.has(vm.pid)) throw new Error(`process ${vm.pid} is given twice (same VM through two options?)`);
+    seen.add(vm.pid);
+  }
+  return vms;
+}
+
+function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): string {
+  const src = energy instanceof SyntheticEnergySource ? energy.describe() : 'energy counters read from RAPL MSRs';
+  const who = vms.map((v) => `${v.name ?? `pid ${v.pid}`} (${v.vcpus.length} vCPUs)`).join(', ');
+  return `${o.note ? `${o.note}; ` : ''}recorded by vmsr-helper ${VERSION} record; ${src}; VMs: ${who}`;
+}
+
+/** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
+export async function runRecord(o: RecordOptions): Promise<void> {
+  const vms = await collectVms(o);
+  const device = new MsrDevice(o.paths.msrPathTemplate);
+  const tasks = new ProcTaskReader(o.paths.procRoot);
+  let energy: EnergySource | null = null;
+  let writer: TraceWriter | null = null;
+  const stopHandlers: Array<() => void> = [];
+  try {
+    const hostOpts: Parameters<typeof readHostInfo>[0] = { paths: o.paths, device, energySource: o.energySource };
+    if (o.vendor) hostOpts.vendor = o.vendor;
+    const host: HostInfo = readHostInfo(hostOpts);
+    energy =
+      o.energySource === 'synthetic'
+        ? new SyntheticEnergySource({ procRoot: o.paths.procRoot, cpus: host.cpus, powerUnit: host.packages[0]!.powerUnit })
+        : new MsrEnergySource(device, host.cpus, host.vendor);
+    if (o.energySource === 'msr') {
+      try {
+        energy.read(); // fail before creating the trace when the energy register is unreadable
+      } catch (e) {
+        throw msrErrorWithHint(e);
+      }
+    }
+    const sampler = new Sampler(energy, tasks);
+    writer = TraceWriter.open(o.output, { host, note: defaultNote(o, energy, vms) });
+    const w = writer;
+
+    const tReg = monotonicNs();
+    for (const vm of vms) w.register(tReg, vm);
+    const alive = new Set(vms.map((v) => v.pid));
+    const gone = new Set<number>();
+    const takeSample = (): void => {
+      let s;
+      try {
+        s = sampler.sample(alive);
+      } catch (e) {
+        throw o.energySource === 'msr' ? msrErrorWithHint(e) : e;
+      }
+      for (const pid of alive) {
+        // Once gone, never read again: the pid could be reused by an unrelated process.
+        if (!s.tasks.has(pid)) {
+          alive.delete(pid);
+          gone.add(pid);
+          tasks.forget(pid);
+        }
+      }
+      w.sample(s);
+    };
+
+    const progress = makeProgress(o.progressEvery ?? 10);
+    const report = () => progress(w.samples, alive.size, vms.length, w.bytesWritten);
+
+    takeSample(); // the baseline
+    report();
+    const intervalNs = BigInt(Math.round(o.interval * 1e9));
+    const start = monotonicNs();
+    const endAt = o.duration === undefined ? null : start + BigInt(Math.round(o.duration * 1e9));
+
+    await new Promise<void>((resolve, reject) => {
+      let timer: NodeJS.Timeout | null = null;
+      let k = 0n;
+      const finish = (e?: unknown) => {
+        if (timer) clearTimeout(timer);
+        timer = null;
+        for (const h of stopHandlers.splice(0)) h();
+        if (e) reject(e);
+        else resolve();
+      };
+      const onSignal = () => finish();
+      process.once('SIGINT', onSignal);
+      process.once('SIGTERM', onSignal);
+      stopHandlers.push(() => {
+        process.off('SIGINT', onSignal);
+        process.off('SIGTERM', onSignal);
+      });
+      const schedule = () => {
+        k++;
+        // Absolute deadlines: a slow sample does not shift all later ones.
+        let next = start + k * intervalNs;
+        const now = monotonicNs();
+        while (next <= now) {
+          k++;
+          next = start + k * intervalNs;
+        }
+        if (endAt !== null && next > endAt) {
+          timer = setTimeout(() => finish(), Number(endAt > now ? endAt - now : 0n) / 1e6);
+          return;
+        }
+        timer = setTimeout(() => {
+          try {
+            takeSample();
+            report();
+          } catch (e) {
+            finish(e);
+            return;
+          }
+          schedule();
+        }, Number(next - now) / 1e6);
+      };
+      schedule();
+    });
+    progress.done(w.samples, alive.size, vms.length, w.bytesWritten);
+  } finally {
+    for (const h of stopHandlers.splice(0)) h();
+    if (writer) await writer.close();
+    energy?.close();
+    tasks.close();
+    device.close();
+  }
+}
+
+interface Progress {
+  (samples: number, alive: number, total: number, bytes: number): void;
+  done(samples: number, alive: number, total: number, bytes: number): void;
+}
+
+function makeProgress(every: number): Progress {
+  const tty = process.stderr.isTTY === true;
+  const text = (s: number, a: number, t: number, b: number) => `record: ${s} samples, ${a}/${t} VMs alive, ${b} bytes written`;
+  const f = ((s: number, a: number, t: number, b: number) => {
+    if (tty) process.stderr.write(`\r${text(s, a, t, b)}\x1b[K`);
+    else if (s === 1 || s % every === 0) process.stderr.write(`${text(s, a, t, b)}\n`);
+  }) as Progress;
+  f.done = (s, a, t, b) => {
+    process.stderr.write(`${tty ? '\r' : ''}${text(s, a, t, b)}; done${tty ? '\x1b[K' : ''}\n`);
+  };
+  return f;
 }
