@@ -1,0 +1,143 @@
+import { afterEach, describe, expect, test } from 'vitest';
+import { MsrDevice } from '../../src/msr/device.js';
+import { MsrEnergySource, SyntheticEnergySource, parseProcStat } from '../../src/msr/energy-source.js';
+import { readHostInfo } from '../../src/msr/host-info.js';
+import { readHostCpus } from '../../src/msr/topology.js';
+import { ProcTaskReader } from '../../src/ratio/proc-tasks.js';
+import { Sampler } from '../../src/ratio/sampler.js';
+import { FakeHost } from '../support/fake-host.js';
+
+const hosts: FakeHost[] = [];
+function fake(packages: number[], online?: number[]): FakeHost {
+  const h = new FakeHost(online ? { packages, online } : { packages });
+  hosts.push(h);
+  return h;
+}
+afterEach(() => {
+  for (const h of hosts.splice(0)) h.cleanup();
+});
+const paths = (h: FakeHost) => ({ msrPathTemplate: h.msrPathTemplate, procRoot: '/proc', sysRoot: h.sysRoot });
+
+describe('MsrEnergySource', () => {
+  test('Intel: 0x611 through the first online CPU of each package, raw 64-bit', () => {
+    const h = fake([0, 0, 1, 1], [1, 2, 3]); // CPU 0 offline: package 0 is read through CPU 1
+    h.writeMsr(1, 0x611, 0xdead_0000_1234_5678n);
+    h.writeMsr(2, 0x611, 0x42n);
+    h.writeMsr(3, 0x611, 0x99n); // not the first CPU of package 1: never read
+    const dev = new MsrDevice(h.msrPathTemplate);
+    const src = new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'intel');
+    expect(src.packages).toEqual([0, 1]);
+    expect(src.read()).toEqual(new Map([[0, 0xdead_0000_1234_5678n], [1, 0x42n]]));
+    h.writeMsr(2, 0x611, 0x43n);
+    expect(src.read().get(1)).toBe(0x43n);
+    expect(dev.isOpen(0)).toBe(false);
+    expect(dev.isOpen(3)).toBe(false);
+    dev.close();
+  });
+
+  test('AMD: 0xC001029B, not the Intel register', () => {
+    const h = fake([0, 0]);
+    h.writeMsr(0, 0x611, 0x1111n);
+    h.writeMsr(0, 0xc001029b, 0x2222n);
+    const dev = new MsrDevice(h.msrPathTemplate);
+    expect(new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'amd').read()).toEqual(new Map([[0, 0x2222n]]));
+    dev.close();
+  });
+
+  test('a missing device throws (the caller names the fix)', () => {
+    const dev = new MsrDevice('/nonexistent/%u/msr');
+    expect(() => new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel').read()).toThrow(/cannot open/);
+  });
+});
+
+describe('readHostInfo', () => {
+  test('Intel: power unit per package, limit and info when readable', () => {
+    const h = fake([0, 1]);
+    h.writePackageMsr(0, 0x606, 0xa0e03n);
+    h.writePackageMsr(1, 0x606, 0xa1003n);
+    // In a FakeHost file 0x610's high half shares bytes with 0x614's low half, so the values agree there.
+    h.writePackageMsr(0, 0x610, 0x1e0_00fe8078n);
+    h.writePackageMsr(0, 0x614, 0x1e0n);
+    const dev = new MsrDevice(h.msrPathTemplate);
+    const info = readHostInfo({ paths: paths(h), device: dev, vendor: 'intel' });
+    expect(info.clkTck).toBeGreaterThan(0);
+    expect(info.cpus).toEqual([{ cpu: 0, package: 0 }, { cpu: 1, package: 1 }]);
+    expect(info.packages[0]).toMatchObject({ package: 0, powerUnit: 0xa0e03n, powerLimit: 0x1e0_00fe8078n, powerInfo: 0x1e0n });
+    expect(info.packages[1]!.powerUnit).toBe(0xa1003n);
+    dev.close();
+  });
+
+  test('AMD: power unit from 0xC0010299, no Intel-only registers', () => {
+    const h = fake([0]);
+    h.writeMsr(0, 0xc0010299, 0xa1003n);
+    h.writeMsr(0, 0x606, 0xffffn);
+    const dev = new MsrDevice(h.msrPathTemplate);
+    const info = readHostInfo({ paths: paths(h), device: dev, vendor: 'amd' });
+    expect(info.packages).toEqual([{ package: 0, powerUnit: 0xa1003n }]);
+    dev.close();
+  });
+
+  test('synthetic: the configured unit, no MSR touched; missing MSR names the fix', () => {
+    const dev = new MsrDevice('/nonexistent/%u/msr');
+    const h = fake([0, 0]);
+    const p = { ...paths(h), msrPathTemplate: '/nonexistent/%u/msr' };
+    expect(readHostInfo({ paths: p, device: dev, vendor: 'intel', energySource: 'synthetic' }).packages).toEqual([{ package: 0, powerUnit: 0xa0e03n }]);
+    expect(() => readHostInfo({ paths: p, device: dev, vendor: 'intel' })).toThrow(/modprobe msr.*--energy-source synthetic/);
+  });
+});
+
+describe('SyntheticEnergySource', () => {
+  test('parses /proc/stat per CPU', () => {
+    const m = parseProcStat('cpu  1 2 3 4\ncpu0 10 0 5 100 3 1 1 0 0 0\ncpu1 bad\nintr 5\n');
+    expect(m.get(0)).toEqual({ busy: 17, total: 120 });
+    expect(m.has(1)).toBe(false);
+  });
+
+  test('integrates idle power over measured time and wraps at 32 bits', () => {
+    let t = 0n;
+    const src = new SyntheticEnergySource({ procRoot: '/proc', cpus: [{ cpu: 0, package: 0 }], idleW: 10, busyW: 0, start: 0xffffff00, clock: () => t });
+    t = 1_000_000_000n; // 1 s at 10 W = 10 J = 163840 units of 2^-14 J
+    const v = src.read().get(0)!;
+    expect(v).toBe(BigInt((0xffffff00 + 163840) % 2 ** 32));
+    expect(v).toBeLessThan(0xffffff00n); // wrapped
+    t = 2_000_000_000n;
+    expect(src.read().get(0)).toBe(v + 163840n);
+    expect(src.describe()).toMatch(/SYNTHESISED/);
+  });
+
+  test('grows faster under load than idle', async () => {
+    const cpus = readHostCpus('/sys');
+    const src = new SyntheticEnergySource({ procRoot: '/proc', cpus, idleW: 0, busyW: 100, start: 0 });
+    await new Promise((r) => setTimeout(r, 300)); // mostly idle
+    const idle = Number(src.read().get(cpus[0]!.package)!);
+    const end = Date.now() + 300;
+    while (Date.now() < end); // busy: at least one CPU of the package spins
+    const busy = Number(src.read().get(cpus[0]!.package)!) - idle;
+    expect(busy).toBeGreaterThan(idle);
+  });
+});
+
+describe('Sampler', () => {
+  test('FakeHost MSRs + real /proc: energy, tasks of live pids only, one timestamp', () => {
+    const h = fake([0, 0]);
+    h.writeMsr(0, 0x611, 0x1234n);
+    const dev = new MsrDevice(h.msrPathTemplate);
+    const tasks = new ProcTaskReader('/proc');
+    let t = 5n;
+    const s = new Sampler(new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'intel'), tasks, () => t++).sample([process.pid, 0x7ffffffe, process.pid]);
+    expect(s.tNs).toBe(5n);
+    expect(t).toBe(6n);
+    expect(s.energy).toEqual(new Map([[0, 0x1234n]]));
+    expect([...s.tasks.keys()]).toEqual([process.pid]);
+    expect(s.tasks.get(process.pid)!.get(process.pid)).toMatch(new RegExp(`^${process.pid} \\(`));
+    tasks.close();
+    dev.close();
+  });
+
+  test('an energy read failure throws instead of producing a half sample', () => {
+    const dev = new MsrDevice('/nonexistent/%u/msr');
+    const tasks = new ProcTaskReader('/proc');
+    expect(() => new Sampler(new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel'), tasks).sample([process.pid])).toThrow();
+    expect(tasks.openFds).toBe(0);
+  });
+});

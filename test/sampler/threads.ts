@@ -1,0 +1,93 @@
+/** A real python3 process whose threads the test starts and stops through stdin. */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+
+const SCRIPT = `
+import sys, threading
+evs = []
+def worker(ev):
+    ev.wait()
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    if not cmd: continue
+    if cmd[0] == "start":
+        for _ in range(int(cmd[1])):
+            ev = threading.Event(); t = threading.Thread(target=worker, args=(ev,)); t.start(); evs.append((ev, t))
+    elif cmd[0] == "stop":
+        for _ in range(int(cmd[1])):
+            ev, t = evs.pop(); ev.set(); t.join()
+    elif cmd[0] == "spin":
+        def s():
+            x = 0
+            while True: x += 1
+        threading.Thread(target=s, daemon=True).start()
+    print("ok", flush=True)
+`;
+
+export class ThreadedProcess {
+  readonly child: ChildProcess;
+  private lines: string[] = [];
+  private waiters: Array<() => void> = [];
+
+  constructor() {
+    this.child = spawn('python3', ['-u', '-c', SCRIPT], { stdio: ['pipe', 'pipe', 'inherit'] });
+    let buf = '';
+    this.child.stdout!.setEncoding('utf8');
+    this.child.stdout!.on('data', (d: string) => {
+      buf += d;
+      let i: number;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        this.lines.push(buf.slice(0, i));
+        buf = buf.slice(i + 1);
+        for (const w of this.waiters.splice(0)) w();
+      }
+    });
+  }
+
+  get pid(): number {
+    return this.child.pid!;
+  }
+
+  private async nextLine(): Promise<string> {
+    while (this.lines.length === 0) await new Promise<void>((r) => this.waiters.push(r));
+    return this.lines.shift()!;
+  }
+
+  async ready(): Promise<void> {
+    await this.nextLine();
+  }
+
+  async cmd(c: string): Promise<void> {
+    this.child.stdin!.write(`${c}\n`);
+    await this.nextLine();
+  }
+
+  tids(): number[] {
+    return fs.readdirSync(`/proc/${this.pid}/task`).map(Number).sort((a, b) => a - b);
+  }
+
+  async kill(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    const done = new Promise((r) => this.child.once('exit', r));
+    this.child.kill('SIGKILL');
+    await done;
+  }
+}
+
+export function openFdCount(): number {
+  return fs.readdirSync('/proc/self/fd').length;
+}
+
+/** Our open fds that point into /proc/<pid>/ (what a ProcTaskReader holds for that pid). */
+export function procFdsOf(pid: number): number {
+  let n = 0;
+  for (const fd of fs.readdirSync('/proc/self/fd')) {
+    try {
+      if (fs.readlinkSync(`/proc/self/fd/${fd}`).startsWith(`/proc/${pid}/`)) n++;
+    } catch {
+      /* closed meanwhile */
+    }
+  }
+  return n;
+}
