@@ -147,6 +147,40 @@ export async function startQemu(o: QemuOptions): Promise<QemuGuest> {
   return { pid: child.pid, qmpPath, name, accel, child, exited, stop };
 }
 
+function vcpuTicks(pid: number, tids: number[], procRoot: string): number[] {
+  return tids.map((tid) => {
+    try {
+      const l = fs.readFileSync(path.join(procRoot, String(pid), 'task', String(tid), 'stat'), 'latin1');
+      const f = l.slice(l.lastIndexOf(')') + 2).split(' ');
+      return Number(f[11]) + Number(f[12]);
+    } catch {
+      return 0;
+    }
+  });
+}
+
+/**
+ * Waits until the guest has booted and its vCPUs load as its mode says (busy ones gain ticks, idle ones
+ * do not, over `windowMs`). Booting costs seconds of CPU on the boot vCPU in every mode, so tests
+ * that compare loads wait for this first. Resolves false on timeout.
+ */
+export async function waitSettled(g: QemuGuest, mode: GuestMode, o: { timeoutMs?: number; windowMs?: number; procRoot?: string } = {}): Promise<boolean> {
+  const procRoot = o.procRoot ?? '/proc';
+  const windowMs = o.windowMs ?? 400;
+  const deadline = Date.now() + (o.timeoutMs ?? 30_000);
+  const tids = vcpuThreads(g.pid, procRoot);
+  const busy = tids.map((_, i) => mode === 'a' || (mode === 'b' && i === 0) || (mode === 'p' && i > 0));
+  // a busy vCPU gets at least a third of a CPU even with 2 spinning VMs on 2 host CPUs; an idle one ~0
+  const minBusy = Math.max(1, Math.floor((windowMs / 1000) * 100 * 0.3));
+  while (Date.now() < deadline) {
+    const a = vcpuTicks(g.pid, tids, procRoot);
+    await new Promise((r) => setTimeout(r, windowMs));
+    const b = vcpuTicks(g.pid, tids, procRoot);
+    if (busy.every((isBusy, i) => (isBusy ? b[i]! - a[i]! >= minBusy : b[i]! - a[i]! <= 1))) return true;
+  }
+  return false;
+}
+
 /** Thread ids of a process and their names (comm), from /proc. */
 export function threadNames(pid: number, procRoot = '/proc'): Map<number, string> {
   const out = new Map<number, string>();

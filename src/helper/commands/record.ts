@@ -69,18 +69,23 @@ export function addRecordCommand(program: Command): void {
     .option('--interval <seconds>', 'time between samples', positiveSeconds('--interval', 3600), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', positiveSeconds('--duration', 366 * 86400))
     .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'))
-    .option('--msr-path <template>', 'MSR device path, %u = CPU number', DEFAULT_HOST_PATHS.msrPathTemplate)
-    .option('--proc-root <dir>', 'procfs mount', DEFAULT_HOST_PATHS.procRoot)
-    .option('--sys-root <dir>', 'sysfs mount', DEFAULT_HOST_PATHS.sysRoot)
-    .addOption(new Option('--vendor <vendor>', 'CPU vendor (default: from /proc/cpuinfo)').choices(['intel', 'amd']))
+    // The root (daemon) command has the same four options, and commander gives them to whichever of the
+    // two defines them; so no defaults here, and the values are looked up through optsWithGlobals().
+    .option('--msr-path <template>', `MSR device path, %u = CPU number (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
+    .option('--proc-root <dir>', `procfs mount (default '${DEFAULT_HOST_PATHS.procRoot}')`)
+    .option('--sys-root <dir>', `sysfs mount (default '${DEFAULT_HOST_PATHS.sysRoot}')`)
+    .option('--vendor <vendor>', 'CPU vendor: auto|intel|amd (default auto, from /proc/cpuinfo)')
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
-    .action(async (o: Record<string, unknown>) => {
+    .action(async (_local: Record<string, unknown>, cmd: Command) => {
+      const o = cmd.optsWithGlobals<Record<string, unknown>>();
       let template: string;
       try {
-        template = validateMsrPathTemplate(o.msrPath as string);
+        template = validateMsrPathTemplate((o.msrPath as string | undefined) ?? DEFAULT_HOST_PATHS.msrPathTemplate);
       } catch (e) {
         throw new Error(`--msr-path: ${(e as Error).message}`);
       }
+      const vendorText = (o.vendor as string | undefined) ?? 'auto';
+      if (!['auto', 'intel', 'amd'].includes(vendorText)) throw new Error(`--vendor must be auto, intel or amd, got ${JSON.stringify(vendorText)}`);
       await runRecord({
         qmp: o.qmp as string[],
         pid: o.pid as number[],
@@ -89,8 +94,12 @@ export function addRecordCommand(program: Command): void {
         interval: o.interval as number,
         duration: o.duration as number | undefined,
         energySource: o.energySource as 'msr' | 'synthetic',
-        paths: { msrPathTemplate: template, procRoot: o.procRoot as string, sysRoot: o.sysRoot as string },
-        vendor: o.vendor as Vendor | undefined,
+        paths: {
+          msrPathTemplate: template,
+          procRoot: (o.procRoot as string | undefined) ?? DEFAULT_HOST_PATHS.procRoot,
+          sysRoot: (o.sysRoot as string | undefined) ?? DEFAULT_HOST_PATHS.sysRoot,
+        },
+        vendor: vendorText === 'auto' ? undefined : (vendorText as Vendor),
         note: o.note as string | undefined,
       });
     });
