@@ -332,7 +332,9 @@ const s = net.createConnection(sock, () => {
   s.write(Buffer.concat([Buffer.from('VMS2'), reg(Number(foreignPid), Number(foreignPid)), reg(0, process.pid)]));
 });
 let got = Buffer.alloc(0);
-s.on('data', (d) => { got = Buffer.concat([got, d]); if (got.length >= 2 * 8 + 16) { process.stdout.write(got.toString('hex')); s.destroy(); } });
+// Stop after two whole frames, however the bytes are chunked.
+function frames(b) { let n = 0, off = 0; while (b.length - off >= 8 && b.length - off >= 8 + b.readUInt32LE(off + 4)) { off += 8 + b.readUInt32LE(off + 4); n++; } return n; }
+s.on('data', (d) => { got = Buffer.concat([got, d]); if (frames(got) >= 2) { process.stdout.write(got.toString('hex')); s.destroy(); } });
 s.on('error', (e) => { process.stderr.write(String(e)); process.exit(2); });
 `,
     );
