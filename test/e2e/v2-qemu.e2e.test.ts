@@ -12,7 +12,7 @@ import { replayFile } from '../../src/ratio/replay.js';
 import { vmSpecFromQmp } from '../../src/ratio/vm-spec.js';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
-import { qemuMissing, startQemu } from '../support/qemu.js';
+import { qemuMissing, startQemu, waitSettled } from '../support/qemu.js';
 import { LegacyClient, hostArgs, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
@@ -44,11 +44,14 @@ describe('v2 end to end with QEMU', () => {
     cleanups.push(() => helper.stop('SIGKILL'));
     await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
 
-    // TCG: on this kind of host (nested KVM) guest time under KVM shows up in no thread's ticks.
-    const busy = await startQemu({ mode: 'a', smp: 2, sockets: 2, name: 'e2e-busy', tcg: true });
+    // KVM where usable, else TCG. Under nested KVM a spinning vCPU's time shows up as stime, and the
+    // second vCPU only starts spinning seconds into boot: wait until both guests run as their mode says.
+    const busy = await startQemu({ mode: 'a', smp: 2, sockets: 2, name: 'e2e-busy' });
     cleanups.push(() => busy.stop());
-    const idle = await startQemu({ mode: 'i', smp: 2, sockets: 2, name: 'e2e-idle', tcg: true });
+    const idle = await startQemu({ mode: 'i', smp: 2, sockets: 2, name: 'e2e-idle' });
     cleanups.push(() => idle.stop());
+    const settled = await Promise.all([waitSettled(busy, 'a'), waitSettled(idle, 'i')]);
+    expect(settled, `guests settled (${busy.accel})`).toEqual([true, true]);
     const specBusy = await vmSpecFromQmp(busy.qmpPath, '/proc');
     const specIdle = await vmSpecFromQmp(idle.qmpPath, '/proc');
     expect(specBusy.vcpus).toHaveLength(2);
