@@ -8,6 +8,7 @@ import { E } from './v2/codec.js';
 import { MAX_NVCPU } from './v2/messages.js';
 import { readStarttime } from '../ratio/vm-spec.js';
 import type { VmSpec } from '../ratio/types.js';
+import { tidBelongsTo } from './peer.js';
 
 export interface V2Limits {
   /** VMs registered by one connection at once. */
@@ -46,12 +47,7 @@ export function procView(procRoot: string): ProcView {
       }
     },
     isThreadOf(pid, tid) {
-      try {
-        fs.statSync(path.join(procRoot, String(pid), 'task', String(tid)));
-        return true;
-      } catch {
-        return false;
-      }
+      return tidBelongsTo(procRoot, pid, tid);
     },
     starttime(pid) {
       return readStarttime(procRoot, pid);
