@@ -4,8 +4,9 @@
  * buffers more than one frame, so a hostile peer cannot make it grow past MAX_PAYLOAD + header.
  */
 
-/** "VMS2" as sent on the wire; as a little-endian u32 it is 0x32534D56. */
-export const V2_MAGIC = Buffer.from('VMS2', 'latin1');
+// "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
+export { V2_MAGIC } from '../legacy-protocol.js';
+
 export const HEADER_SIZE = 8;
 export const MAX_PAYLOAD = 65536;
 

@@ -3,10 +3,8 @@
  * the connections; the daemon's server hands it every connection that starts with the v2 magic.
  * Decisions where the spec is silent are in docs/protocol-v2.md.
  */
-import type net from 'node:net';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import type { Logger } from 'pino';
-import type { PeerCredentials } from '../../native/libc.js';
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SampleSource, type SamplingStats, type TraceSink } from '../sampling-service.js';
@@ -15,17 +13,15 @@ import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValu
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { MAX_NVCPU, type ClientRequest } from './messages.js';
 import type { DaemonPlugin } from '../daemon.js';
+import type { V2Handler } from '../server.js';
 import { readHostInfo } from '../../msr/host-info.js';
 import { MsrEnergySource } from '../../msr/energy-source.js';
 import { ProcTaskReader } from '../../ratio/proc-tasks.js';
 import { Sampler } from '../../ratio/sampler.js';
 import { TraceWriter } from '../../ratio/trace-writer.js';
 
-export type { V2Limits };
+export type { V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
-
-/** Called by the daemon's server for a connection whose first 4 bytes were "VMS2"; rest = bytes after. */
-export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer) => void;
 
 export interface V2ServiceOptions {
   host: HostInfo;
