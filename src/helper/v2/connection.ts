@@ -25,8 +25,6 @@ export class V2Connection {
   private readonly decoder = new FrameDecoder(CLIENT_TYPES);
   /** VMs this client subscribed to and that have not ended. */
   readonly subscriptions = new Set<number>();
-  /** An ERROR 5 was sent for the current energy-source failure. */
-  failureNotified = false;
   private closing = false;
   private gone = false;
   readonly log: Logger;

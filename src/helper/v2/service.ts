@@ -126,7 +126,6 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   sampling.onSample((ev) => {
     for (const vmId of ev.ended) registry.markEnded(vmId);
     for (const conn of conns) {
-      conn.failureNotified = false;
       for (const vmId of conn.subscriptions) {
         const u = updateFrame(vmId);
         if (!u) continue;
@@ -136,11 +135,10 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     }
   });
 
+  // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
   sampling.onFailure((err) => {
     for (const conn of conns) {
-      if (conn.subscriptions.size === 0 || conn.failureNotified) continue;
-      conn.failureNotified = true;
-      conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
+      if (conn.subscriptions.size > 0) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
     }
   });
 
