@@ -131,10 +131,6 @@ export class SamplingService {
     return this.engine.nvpkg(vmId);
   }
 
-  isLive(vmId: number): boolean {
-    return this.live.has(vmId);
-  }
-
   close(): void {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);

@@ -133,14 +133,6 @@ export class VmRegistry {
     return this.vms.get(vmId)?.owner === owner;
   }
 
-  pidOf(vmId: number): number | undefined {
-    return this.vms.get(vmId)?.pid;
-  }
-
-  isLive(vmId: number): boolean {
-    return this.vms.get(vmId)?.live === true;
-  }
-
   /** The VM's process ended; its pid stays taken until the VM is unregistered. */
   markEnded(vmId: number): void {
     const e = this.vms.get(vmId);
