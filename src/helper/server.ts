@@ -171,7 +171,8 @@ export async function removeStaleSocket(socketPath: string): Promise<void> {
       c.destroy();
       resolve(true);
     });
-    c.once('error', () => resolve(false));
+    // EAGAIN: the backlog of a live listener is full (a busy helper), not a dead socket.
+    c.once('error', (e: NodeJS.ErrnoException) => resolve(e.code === 'EAGAIN'));
   });
   if (live) throw new Error(`another process is already listening on ${socketPath}; stop it or choose another path with -k`);
   fs.unlinkSync(socketPath);

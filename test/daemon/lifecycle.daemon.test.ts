@@ -4,6 +4,7 @@
  */
 import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
@@ -94,6 +95,31 @@ describe('pidfile and socket file', () => {
     const c = await LegacyClient.connect(sock);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     c.close();
+  });
+
+  test('a live listener whose backlog is full is not mistaken for a stale socket', async () => {
+    const { host, sock } = setup();
+    // listen(0) and never accept: after one pending connection, connect() gets EAGAIN
+    const holder = spawn('python3', ['-c', 'import socket,sys,time\ns=socket.socket(socket.AF_UNIX);s.bind(sys.argv[1]);s.listen(0);print("up",flush=True);time.sleep(60)', sock], { stdio: ['ignore', 'pipe', 'ignore'] });
+    cleanups.push(() => {
+      holder.kill('SIGKILL');
+    });
+    await new Promise((r) => holder.stdout.once('data', r));
+    const ino = fs.statSync(sock).ino;
+    for (let full = false; !full; ) {
+      full = await new Promise<boolean>((resolve) => {
+        const c = net.connect({ path: sock });
+        cleanups.push(() => {
+          c.destroy();
+        });
+        c.once('connect', () => resolve(false));
+        c.once('error', (e: NodeJS.ErrnoException) => resolve(e.code === 'EAGAIN'));
+      });
+    }
+    const child = track(spawnHelper(['-k', sock, ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain(`another process is already listening on ${sock}`);
+    expect(fs.statSync(sock).ino).toBe(ino);
   });
 
   test('a file that is not a socket is never removed', async () => {
