@@ -102,6 +102,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
   let server: HelperServer | undefined;
   let pidfile: Pidfile | undefined;
+  const handlers: [NodeJS.Signals, () => void][] = [];
 
   const cleanup = async () => {
     if (server) await server.close().catch(() => {});
@@ -114,6 +115,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     }
     pidfile?.release();
     device.close();
+    // Last, so a second signal during shutdown still finds our handler (stop is idempotent).
+    for (const [sig, h] of handlers) process.off(sig, h);
   };
 
   // Signals are caught from the start: one arriving during start-up stops the daemon right after it.
@@ -126,7 +129,6 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     }
     void current.stop(sig).then(() => process.exit(0));
   };
-  const handlers: [NodeJS.Signals, () => void][] = [];
   if (opts.handleSignals !== false) {
     for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
       const h = () => onSignal(sig);
@@ -200,7 +202,6 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     if (pendingSignal) onSignal(pendingSignal);
     return running;
   } catch (e) {
-    for (const [sig, h] of handlers) process.off(sig, h);
     await cleanup();
     throw e;
   }

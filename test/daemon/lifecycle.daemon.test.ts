@@ -51,6 +51,23 @@ describe('signals', () => {
       expect(await again.stop()).toBe(0);
     });
   }
+
+  test('stop() called in-process removes the signal handlers runDaemon installed', async () => {
+    const { host, sock } = setup();
+    ensureBuilt();
+    // in a child: runDaemon drops privileges of the process it runs in
+    const script = `
+      const { runDaemon } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/helper/daemon.js'))});
+      const { parseDaemonOptions } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/helper/commands/daemon.js'))});
+      const count = () => ['SIGTERM', 'SIGINT', 'SIGHUP'].map((s) => process.listenerCount(s)).join(',');
+      const before = count();
+      const d = await runDaemon(parseDaemonOptions(${JSON.stringify({ socket: sock, msrPath: host.msrPathTemplate, sysRoot: host.sysRoot, vendor: 'intel', quiet: true })}));
+      const during = count();
+      await d.stop();
+      console.log(JSON.stringify({ before, during, after: count() }));`;
+    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 20_000 });
+    expect(JSON.parse(out)).toEqual({ before: '0,0,0', during: '1,1,1', after: '0,0,0' });
+  });
 });
 
 describe('pidfile and socket file', () => {
