@@ -9,6 +9,8 @@ import { parsePidfile } from '../../src/helper/pidfile.js';
 import { parseProcStatus, resolveId } from '../../src/helper/privileges.js';
 import { areaMatches } from '../../src/helper/daemon.js';
 import { OnlineCpus } from '../../src/helper/legacy-service.js';
+import { VERSION } from '../../src/helper/version.js';
+import pkg from '../../package.json' with { type: 'json' };
 
 const u32 = fc.integer({ min: 0, max: 0xffffffff });
 const request = fc.record({ msr: u32, cpu: u32, tid: u32 });
@@ -163,6 +165,9 @@ describe('socket activation environment', () => {
 });
 
 describe('small parsers', () => {
+  test('VERSION is package.json\'s, also when the sources are imported (not only from dist/)', () => {
+    expect(VERSION).toBe(pkg.version);
+  });
   test('pidfile text', () => {
     expect(parsePidfile('123\n')).toBe(123);
     for (const bad of ['', 'abc', '-1', '0', '99999999999', '1 2']) expect(parsePidfile(bad)).toBeNull();
