@@ -1,4 +1,6 @@
 /** The pure parts: legacy framing, protocol choice, AMD mapping, options, activation env, pidfile text. */
+import fs from 'node:fs';
+import path from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/helper/legacy-protocol.js';
@@ -9,6 +11,7 @@ import { parsePidfile } from '../../src/helper/pidfile.js';
 import { parseProcStatus, resolveId } from '../../src/helper/privileges.js';
 import { areaMatches } from '../../src/helper/daemon.js';
 import { OnlineCpus } from '../../src/helper/legacy-service.js';
+import { FakeHost } from '../support/fake-host.js';
 import { VERSION } from '../../src/helper/version.js';
 import pkg from '../../package.json' with { type: 'json' };
 
@@ -177,12 +180,28 @@ describe('small parsers', () => {
     expect(s).toMatchObject({ uid: [0, 0, 0, 0], gid: [1, 1, 1, 1], groups: [], capEff: 0x20000n, noNewPrivs: 1 });
   });
   test('online cpus re-read sysfs for an unknown cpu at most once per interval', () => {
-    let t = 0;
-    const c = new OnlineCpus('/nonexistent-sysroot', [0, 1], 1000, () => t);
-    expect(c.has(1)).toBe(true);
-    expect(c.has(2)).toBe(false); // within the interval: no re-read
-    t = 5000;
-    expect(c.has(2)).toBe(false); // re-read failed: keeps the last set
-    expect(c.has(0)).toBe(true);
+    const host = new FakeHost({ packages: [0, 0, 0, 0], online: [0, 1] });
+    const online = path.join(host.sysRoot, 'devices/system/cpu/online');
+    try {
+      let t = 0;
+      const c = new OnlineCpus(host.sysRoot, [0, 1], 1000, () => t);
+      expect(c.has(1)).toBe(true);
+      fs.writeFileSync(online, '0-2\n'); // cpu 2 comes online
+      t = 999;
+      expect(c.has(2)).toBe(false); // within the interval: no re-read
+      t = 1000;
+      expect(c.has(2)).toBe(true); // re-read
+      fs.writeFileSync(online, '0-3\n');
+      expect(c.has(3)).toBe(false); // just re-read
+      c.invalidate(); // after a read failure the next unknown cpu may re-read at once
+      expect(c.has(3)).toBe(true);
+      fs.writeFileSync(online, 'garbage');
+      t = 5000;
+      expect(c.has(7)).toBe(false); // re-read failed: keeps the last set
+      expect(c.has(0)).toBe(true);
+      expect(c.has(3)).toBe(true);
+    } finally {
+      host.cleanup();
+    }
   });
 });
