@@ -10,13 +10,13 @@ import zlib from 'node:zlib';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, test } from 'vitest';
 import { parseMsrHex } from '../../src/msr/registers.js';
+import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { HostInfo, Sample, VmSpec } from '../../src/ratio/types.js';
 import { FakeHost } from '../support/fake-host.js';
 import { qemuMissing, startQemu, vcpuThreads, waitSettled, type QemuGuest } from '../support/qemu.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const BIN = path.join(ROOT, 'dist/src/bin/vmsr-helper.js');
-const ATTRIBUTION = path.join(ROOT, 'src/ratio/attribution.ts');
 
 type Rec = Record<string, unknown> & { type: string };
 
@@ -47,6 +47,17 @@ function sampleOf(r: Rec): Sample {
   const tasks = new Map<number, Map<number, string>>();
   for (const [pid, lines] of Object.entries(r.tasks as Record<string, Record<string, string>>)) tasks.set(Number(pid), new Map(Object.entries(lines).map(([t, l]) => [Number(t), l])));
   return { tNs: BigInt(r.t_ns as number), energy: new Map(Object.entries(r.energy as Record<string, string>).map(([p, v]) => [Number(p), parseMsrHex(v, 'energy')])), tasks };
+}
+
+/** Sample records in a plain trace being written; waits (polling) until there are at least `n`. */
+async function waitSamples(file: string, n: number, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
+    if ((text.match(/^\{"type":"sample"/gm) ?? []).length >= n) return;
+    if (Date.now() > deadline) throw new Error(`${file}: fewer than ${n} samples after ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 const guests: QemuGuest[] = [];
@@ -107,8 +118,6 @@ describe('vmsr-helper record', () => {
       expect(Object.keys(s.energy as object)).toEqual(hostOf(header!).packages.map((p) => String(p.package)));
     }
 
-    if (!fs.existsSync(ATTRIBUTION)) return; // engine not there yet: the structure is all that can be checked
-    const { RatioEngine } = (await import(ATTRIBUTION)) as typeof import('../../src/ratio/attribution.js');
     const engine = new RatioEngine(hostOf(header!));
     const ids = new Map<number, number>();
     for (const x of rest) {
@@ -138,17 +147,28 @@ describe('vmsr-helper record', () => {
     guests.push(g);
     const [t0, t1] = vcpuThreads(g.pid);
     const trace = path.join(dir, 'msr.jsonl');
-    const driver = setInterval(() => {
-      counter = (counter + 0x800n) & 0xffffffffn; // wraps within the run
-      h.writeMsr(0, 0x611, counter | 0xabcd_0000_0000_0000n); // reserved high bits kept raw in the trace
-    }, 100);
     let child = 0;
     const run = runCli(
       ['record', '--pid', String(g.pid), '--vcpus', `${t0}:0,${t1}:0`, '-o', trace, '--interval', '0.5', '--msr-path', h.msrPathTemplate, '--sys-root', h.sysRoot, '--vendor', 'intel'],
       (pid) => (child = pid),
     );
+    let exited = false;
+    const early = run.then((r) => {
+      exited = true;
+      throw new Error(`record exited before SIGINT (code ${r.code}): ${r.stderr}`);
+    });
+    early.catch(() => {});
+    cleanups.unshift(() => {
+      if (!exited && child > 0) process.kill(child, 'SIGKILL');
+    });
+    // Drive the counter only once the baseline is taken: a wrap before it (a slow child start-up) would not be in the trace.
+    await Promise.race([waitSamples(trace, 1), early]);
+    const driver = setInterval(() => {
+      counter = (counter + 0x800n) & 0xffffffffn; // wraps within the run
+      h.writeMsr(0, 0x611, counter | 0xabcd_0000_0000_0000n); // reserved high bits kept raw in the trace
+    }, 100);
     cleanups.unshift(() => clearInterval(driver));
-    await new Promise((r) => setTimeout(r, 2200));
+    await Promise.race([waitSamples(trace, 5), early]);
     clearInterval(driver);
     process.kill(child, 'SIGINT');
     const res = await run;
