@@ -23,6 +23,7 @@ import {
   setresuid,
 } from '../native/libc.js';
 
+const CAP_SETPCAP = 8;
 export const CAP_SYS_RAWIO = 17;
 export const RAWIO_MASK = 1n << BigInt(CAP_SYS_RAWIO);
 const PR_CAP_AMBIENT = 47;
@@ -88,10 +89,11 @@ function lastCap(): number {
 export function dropPrivileges(o: DropOptions): DropReport {
   const skipped: string[] = [];
   const start = capget();
-  const canSetpcap = (start.effective & (1n << 8n)) !== 0n;
+  const canSetpcap = (start.effective & (1n << BigInt(CAP_SETPCAP))) !== 0n;
   // Bounding set first: dropping needs CAP_SETPCAP, which the steps below remove.
   if (canSetpcap) {
-    for (let cap = 0; cap <= lastCap(); cap++) {
+    const last = lastCap();
+    for (let cap = 0; cap <= last; cap++) {
       if (cap === CAP_SYS_RAWIO) continue;
       try {
         prctl(PR_CAPBSET_DROP, cap);
