@@ -112,13 +112,14 @@ export class SamplingService {
     return vmId;
   }
 
-  /** Withdraws a VM and drops its state. */
+  /** Withdraws a VM and drops its state; the loop goes idle at once when no live VM is left. */
   unregister(vmId: number): void {
     const out = this.engine.output(vmId);
     if (out === undefined) return;
     this.engine.unregister(vmId);
     this.engine.forget(vmId);
     this.live.delete(vmId);
+    if (this.live.size === 0) this.stop();
     if (!this.closed) this.traced(() => this.o.trace?.unregister(this.clock(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
   }
@@ -133,6 +134,10 @@ export class SamplingService {
 
   close(): void {
     this.closed = true;
+    this.stop();
+  }
+
+  private stop(): void {
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
   }
@@ -160,7 +165,7 @@ export class SamplingService {
   private tick(): void {
     this.timer = null;
     if (this.closed) return;
-    if (this.live.size === 0) return; // idle until the next registration
+    // A tick is pending only while a VM is live: unregister() and the end of tick() stop the loop.
     this.stats.lastLatenessNs = this.clock() - (this.origin + this.k * this.intervalNs);
     let s: Sample;
     let result: IntervalResult | null;
