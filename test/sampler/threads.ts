@@ -59,8 +59,16 @@ export class ThreadedProcess {
   }
 
   async cmd(c: string): Promise<void> {
+    const stop = /^stop (\d+)$/.exec(c);
+    const target = stop ? this.tids().length - Number(stop[1]) : undefined;
     this.child.stdin!.write(`${c}\n`);
     await this.nextLine();
+    // Python's join() returns before the OS thread is gone from /proc: wait for the kernel to catch up.
+    const deadline = Date.now() + 5000;
+    while (target !== undefined && this.tids().length > target) {
+      if (Date.now() > deadline) throw new Error(`${c}: threads still listed in /proc/${this.pid}/task after 5 s`);
+      await new Promise((r) => setTimeout(r, 5));
+    }
   }
 
   tids(): number[] {
