@@ -2,33 +2,20 @@
  * What must hold before the helper can serve, each failure naming its fix: an Intel or AMD CPU,
  * MSR devices present, and the right to read them.
  */
-import fs from 'node:fs';
 import path from 'node:path';
 import { capget } from '../native/libc.js';
 import { DEFAULT_HOST_PATHS } from '../msr/host-paths.js';
 import { readHostCpus } from '../msr/topology.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostCpu } from '../ratio/types.js';
-import { parseVendor } from '../msr/vendor.js';
+import { readVendor } from '../msr/vendor.js';
 import type { Vendor } from '../msr/registers.js';
 import { RAWIO_MASK } from './privileges.js';
 
 export type VendorChoice = 'auto' | Vendor;
 
 export function checkVendor(choice: VendorChoice, procRoot: string): Vendor {
-  if (choice !== 'auto') return choice;
-  const file = path.join(procRoot, 'cpuinfo');
-  let text: string;
-  try {
-    text = fs.readFileSync(file, 'utf8');
-  } catch (e) {
-    throw new Error(`cannot read ${file} to tell the CPU vendor (${(e as Error).message}); pass --vendor intel|amd or a correct --proc-root`);
-  }
-  const v = parseVendor(text);
-  if (typeof v !== 'string') {
-    throw new Error(`CPU vendor ${v.unsupported} is not supported: RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)`);
-  }
-  return v;
+  return choice === 'auto' ? readVendor(procRoot) : choice;
 }
 
 export function checkTopology(sysRoot: string): HostCpu[] {

@@ -11,11 +11,18 @@ export function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {
   return { unsupported: id };
 }
 
+/** The vendor of /proc/cpuinfo under `procRoot`; every failure names its fix. */
 export function readVendor(procRoot: string): Vendor {
   const file = path.join(procRoot, 'cpuinfo');
-  const v = parseVendor(fs.readFileSync(file, 'utf8'));
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new Error(`cannot read ${file} to tell the CPU vendor (${(e as Error).message}); pass --vendor intel|amd or a correct --proc-root`);
+  }
+  const v = parseVendor(text);
   if (typeof v !== 'string') {
-    throw new Error(`${file}: CPU vendor ${v.unsupported} has no RAPL MSRs this helper knows; Intel (GenuineIntel) or AMD (AuthenticAMD) is required`);
+    throw new Error(`CPU vendor ${v.unsupported} is not supported: RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)`);
   }
   return v;
 }
