@@ -5,6 +5,7 @@
  * those two are synthesised from configuration, because QEMU refuses RAPL when either reads 0.
  */
 import {
+  LEGACY_ALLOWED_MSRS,
   MSR_AMD_PKG_ENERGY_STATUS,
   MSR_AMD_RAPL_POWER_UNIT,
   MSR_PKG_ENERGY_STATUS,
@@ -32,17 +33,7 @@ export type LegacyPlan =
 
 /** The plan for an allowed legacy MSR, or null for any other number. */
 export function legacyPlan(vendor: Vendor, msr: number): LegacyPlan | null {
-  if (vendor === 'intel') {
-    switch (msr) {
-      case MSR_RAPL_POWER_UNIT:
-      case MSR_PKG_POWER_LIMIT:
-      case MSR_PKG_ENERGY_STATUS:
-      case MSR_PKG_POWER_INFO:
-        return { kind: 'read', msr };
-      default:
-        return null;
-    }
-  }
+  if (vendor === 'intel') return LEGACY_ALLOWED_MSRS.has(msr) ? { kind: 'read', msr } : null;
   switch (msr) {
     case MSR_RAPL_POWER_UNIT:
       return { kind: 'read', msr: MSR_AMD_RAPL_POWER_UNIT };
