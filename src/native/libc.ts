@@ -65,7 +65,8 @@ export function getPeerCredentials(fd: number): PeerCredentials {
 export function sockaddrUn(name: string): { addr: Buffer; len: number } {
   const abstract = name.startsWith('@');
   const bytes = Buffer.from(abstract ? name.slice(1) : name, 'utf8');
-  const max = abstract ? 107 : 107; // sun_path is 108 bytes; a path keeps one for its NUL
+  // sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL
+  const max = 107;
   if (bytes.length > max) throw new Error(`unix socket address too long (${bytes.length} bytes, at most ${max}): ${name}`);
   const addr = Buffer.alloc(110);
   addr.writeUInt16LE(AF_UNIX, 0);

@@ -4,15 +4,13 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { execFileSync, spawn } from 'node:child_process';
+import { socketFd } from '../../src/helper/peer.js';
 import { capget, clockTicksPerSecond, getPeerCredentials, sendUnixDatagram, sockaddrUn } from '../../src/native/libc.js';
 
 function tmpdir(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-libc-'));
 }
 
-function socketFd(s: net.Socket): number {
-  return (s as unknown as { _handle: { fd: number } })._handle.fd;
-}
 
 describe('libc bindings', () => {
   it('SO_PEERCRED names the connecting process, here a real child', async () => {
@@ -24,7 +22,7 @@ describe('libc bindings', () => {
     const child = spawn(process.execPath, ['-e', `require('net').connect(${JSON.stringify(sock)}); setTimeout(()=>{}, 5000)`], { stdio: 'ignore' });
     try {
       const conn = await accepted;
-      const cred = getPeerCredentials(socketFd(conn));
+      const cred = getPeerCredentials(socketFd(conn)!);
       expect(cred.pid).toBe(child.pid);
       expect(cred.uid).toBe(process.getuid!());
       expect(cred.gid).toBe(process.getgid!());
