@@ -6,6 +6,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { msrPath } from '../../src/msr/host-paths.js';
 
 export interface FakeHostOptions {
   /** package id of each CPU, index = CPU number; default two CPUs in package 0. */
@@ -38,7 +39,7 @@ export class FakeHost {
   }
 
   msrPath(cpu: number): string {
-    return this.msrPathTemplate.replace('%u', String(cpu));
+    return msrPath(this.msrPathTemplate, cpu);
   }
 
   /** Writes an MSR value as the kernel would return it: 8 little-endian bytes at offset = MSR. */

@@ -8,6 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { encodeLegacyRequest } from '../../../src/helper/legacy-protocol.js';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 export const BIN = path.join(ROOT, 'dist/src/bin/vmsr-helper.js');
@@ -148,11 +149,7 @@ export class LegacyClient {
   }
 
   async request(msr: number, cpu: number, tid: number): Promise<bigint> {
-    const b = Buffer.alloc(12);
-    b.writeUInt32LE(msr, 0);
-    b.writeUInt32LE(cpu, 4);
-    b.writeUInt32LE(tid, 8);
-    this.send(b);
+    this.send(req(msr, cpu, tid));
     return (await this.readBytes(8)).readBigUInt64LE(0);
   }
 
@@ -173,12 +170,9 @@ export class LegacyClient {
   }
 }
 
+/** One legacy request (its byte layout is pinned in units.test.ts). */
 export function req(msr: number, cpu: number, tid: number): Buffer {
-  const b = Buffer.alloc(12);
-  b.writeUInt32LE(msr >>> 0, 0);
-  b.writeUInt32LE(cpu >>> 0, 4);
-  b.writeUInt32LE(tid >>> 0, 8);
-  return b;
+  return encodeLegacyRequest({ msr, cpu, tid });
 }
 
 /** Common arguments pointing the helper at a FakeHost. */
