@@ -9,7 +9,7 @@ export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper'): Lo
   return pino({ name, level, base: { pid: process.pid } }, pino.destination({ fd: 2, sync: true }));
 }
 
-/** -v raises to debug, -q lowers to warn; both given: the last wins, as in QEMU tools. */
+/** -v raises to debug, -q lowers to warn; with both, -v wins (commander does not keep their order). */
 export function levelFromFlags(opts: { verbose?: boolean; quiet?: boolean }): LogLevel {
   if (opts.verbose) return 'debug';
   if (opts.quiet) return 'warn';
