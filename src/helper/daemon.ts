@@ -73,17 +73,6 @@ export interface RunningDaemon {
   stop(reason?: string): Promise<void>;
 }
 
-const plugins: DaemonPlugin[] = [];
-
-/** Lets a service module join the daemon the CLI starts (call at import time). */
-export function registerDaemonPlugin(p: DaemonPlugin): void {
-  if (!plugins.some((q) => q.name === p.name)) plugins.push(p);
-}
-
-export function registeredDaemonPlugins(): readonly DaemonPlugin[] {
-  return plugins;
-}
-
 /** '*' matches any run of characters; everything else is literal. */
 export function areaMatches(patterns: readonly string[], area: string): boolean {
   return patterns.some((p) => new RegExp(`^${p.split('*').map(escapeRe).join('.*')}$`).test(area));

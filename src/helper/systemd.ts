@@ -70,10 +70,6 @@ export class Notifier {
     this.socket = s && (s.startsWith('/') || s.startsWith('@')) ? s : undefined;
   }
 
-  get enabled(): boolean {
-    return this.socket !== undefined;
-  }
-
   notify(state: string): void {
     if (!this.socket) return;
     try {
@@ -85,10 +81,6 @@ export class Notifier {
 
   ready(status: string): void {
     this.notify(`READY=1\nSTATUS=${status}\nMAINPID=${process.pid}`);
-  }
-
-  status(status: string): void {
-    this.notify(`STATUS=${status}`);
   }
 
   stopping(): void {

@@ -9,7 +9,7 @@ import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-path
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { levelFromFlags } from '../logger.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../privileges.js';
-import { registeredDaemonPlugins, runDaemon, type DaemonConfig, type DaemonPlugin } from '../daemon.js';
+import { runDaemon, type DaemonConfig, type DaemonPlugin } from '../daemon.js';
 import { isDaemonChild, reportFailure, spawnDetached } from '../daemonize.js';
 import { addV2Options, v2DaemonPlugin, v2OptionsFrom, type V2CliOptions } from '../v2/service.js';
 import type { VendorChoice } from '../startup-checks.js';
@@ -137,14 +137,14 @@ function defaultRead(f: string): string {
 }
 
 /** -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. */
-export async function startDaemonFromCli(config: DaemonConfig, extra: readonly DaemonPlugin[] = []): Promise<void> {
+export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly DaemonPlugin[] = []): Promise<void> {
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    await runDaemon(config, { plugins: [...extra, ...registeredDaemonPlugins()] });
+    await runDaemon(config, { plugins: [...plugins] });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
