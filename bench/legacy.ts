@@ -8,6 +8,8 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { encodeLegacyRequest } from '../src/helper/legacy-protocol.js';
+import { MSR_PKG_ENERGY_STATUS } from '../src/msr/registers.js';
 
 const BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src/bin/vmsr-helper.js');
 
@@ -32,10 +34,7 @@ async function client(sock: string, n: number): Promise<number[]> {
     s.once('connect', resolve);
     s.once('error', reject);
   });
-  const reqBuf = Buffer.alloc(12);
-  reqBuf.writeUInt32LE(0x611, 0);
-  reqBuf.writeUInt32LE(0, 4);
-  reqBuf.writeUInt32LE(process.pid, 8);
+  const reqBuf = encodeLegacyRequest({ msr: MSR_PKG_ENERGY_STATUS, cpu: 0, tid: process.pid });
   const lat: number[] = [];
   let pending = 0;
   let resolveReply: (() => void) | undefined;
