@@ -1,6 +1,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { execFile } from 'node:child_process';
+import { BIN, ensureBuilt } from '../daemon/support/daemon-process.js';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, type Update } from '../../src/client/v2-client.js';
 import { TraceWriter } from '../../src/ratio/trace-writer.js';
@@ -84,14 +85,33 @@ describe('watch', () => {
     await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
   });
 
-  it('the CLI says how to start the helper when nothing listens', async () => {
-    const bin = path.resolve('dist/src/bin/vmsr-helper.js');
-    const r = await new Promise<{ code: number | null; stderr: string }>((resolve) =>
-      execFile(process.execPath, [bin, 'watch', '-k', '/tmp/vmsr-no-such.sock', '--pid', String(process.pid), '--vcpus', `${process.pid}:0`], (err, _o, stderr) =>
-        resolve({ code: err ? (err as { code?: number }).code ?? 1 : 0, stderr }),
-      ),
+  it('runWatch given an already aborted signal (Ctrl-C during start-up) still returns and unregisters', async () => {
+    const h = await startHarness({ intervalMs: 20 });
+    cleanups.push(() => h.close());
+    const ac = new AbortController();
+    ac.abort();
+    const lines: string[] = [];
+    await runWatch({ socket: h.socketPath, pid: process.pid, vcpus: [{ tid: process.pid, vpkg: 0 }] }, (l) => lines.push(l), ac.signal);
+    expect(lines[0]).toMatch(/registered as vm \d+/);
+    await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
+  });
+
+  function watchCli(args: string[]): Promise<{ code: number | null; stderr: string }> {
+    ensureBuilt();
+    return new Promise((resolve) =>
+      execFile(process.execPath, [BIN, 'watch', ...args], (err, _o, stderr) => resolve({ code: err ? (err as { code?: number }).code ?? 1 : 0, stderr })),
     );
+  }
+
+  it('the CLI says how to start the helper when nothing listens', async () => {
+    const r = await watchCli(['-k', '/tmp/vmsr-no-such.sock', '--pid', String(process.pid), '--vcpus', `${process.pid}:0`]);
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/no helper is listening at \/tmp\/vmsr-no-such.sock.*start it with: vmsr-helper -k/);
+  });
+
+  it('the CLI refuses --vcpus beside --qmp instead of ignoring it', async () => {
+    const r = await watchCli(['-k', '/tmp/vmsr-no-such.sock', '--qmp', '/tmp/vmsr-no-such.qmp', '--vcpus', `${process.pid}:0`]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/--vcpus goes with --pid, not --qmp/);
   });
 });

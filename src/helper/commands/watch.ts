@@ -33,10 +33,7 @@ export function formatUpdate(prev: Update | null, u: Update): string {
 
 export function describeError(e: unknown): string {
   if (e instanceof V2Error) return `the helper refused ${e.message}`;
-  if (e instanceof V2ConnectionError) {
-    return e.message;
-  }
-  return (e as Error).message;
+  return e instanceof Error ? e.message : String(e);
 }
 
 /** Runs until Ctrl-C, the VM ending, `count` updates, or the helper going away (rejects). */
@@ -66,7 +63,9 @@ export async function runWatch(o: WatchOptions, out: (line: string) => void, sig
       const onError = (e: V2Error) => out(`warning: ${errorCodeName(e.code)}: ${e.helperMessage}`);
       client.subscribe(reg.vmId, onUpdate, onError).catch(reject);
       void client.closed.then((err) => reject(err ?? new V2ConnectionError('the helper closed the connection')));
-      signal?.addEventListener('abort', () => resolve(), { once: true });
+      // Ctrl-C while connecting or registering aborted before this listener existed.
+      if (signal?.aborted) resolve();
+      else signal?.addEventListener('abort', () => resolve(), { once: true });
     });
     await client.unregister(reg.vmId).catch(() => {});
   } finally {
@@ -105,6 +104,8 @@ export function addWatchCommand(program: Command): void {
       const opts = { ...all, socket: all.socket ?? DEFAULT_SOCKET };
       if ((opts.qmp === undefined) === (opts.pid === undefined)) throw new Error('give either --qmp PATH or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new Error('--pid needs --vcpus TID:VPKG,...');
+      // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
+      if (opts.qmp !== undefined && opts.vcpus !== undefined) throw new Error('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
       const ac = new AbortController();
       const stop = () => ac.abort();
       process.once('SIGINT', stop);
