@@ -1,7 +1,7 @@
 /**
  * A v2 service on a real Unix socket, in this process: FakeHost MSR files read through the real
  * MsrDevice/MsrEnergySource, the real /proc through ProcTaskReader, and the daemon's real accept path
- * (HelperServer: SO_PEERCRED, magic) when it is there, else a small shim doing the same.
+ * (HelperServer: SO_PEERCRED, the 4-byte preamble, legacy beside v2).
  */
 import fs from 'node:fs';
 import net from 'node:net';
@@ -12,11 +12,13 @@ import { pino } from 'pino';
 import { MsrDevice } from '../../src/msr/device.js';
 import { MsrEnergySource } from '../../src/msr/energy-source.js';
 import { readHostInfo } from '../../src/msr/host-info.js';
+import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { ProcTaskReader } from '../../src/ratio/proc-tasks.js';
 import { Sampler } from '../../src/ratio/sampler.js';
 import type { HostInfo } from '../../src/ratio/types.js';
-import { peerOf } from '../../src/helper/peer.js';
+import { LegacyService, OnlineCpus } from '../../src/helper/legacy-service.js';
+import { HelperServer } from '../../src/helper/server.js';
 import { V2_MAGIC } from '../../src/helper/v2/codec.js';
 import { createV2Service, DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
@@ -59,27 +61,9 @@ export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-v2-'));
   fs.chmodSync(dir, 0o755); // a non-root child must reach the socket
   const socketPath = path.join(dir, 'helper.sock');
-  const server = net.createServer((socket) => {
-    // Accept shim: the same steps as HelperServer (peer creds at accept, then the 4-byte magic).
-    let peer;
-    try {
-      peer = peerOf(socket);
-    } catch {
-      socket.destroy();
-      return;
-    }
-    socket.on('error', () => {});
-    let head = Buffer.alloc(0);
-    const onData = (d: Buffer) => {
-      head = Buffer.concat([head, d]);
-      if (head.length < 4) return;
-      socket.off('data', onData);
-      if (!head.subarray(0, 4).equals(V2_MAGIC)) return void socket.destroy();
-      service.handler(socket, peer, head.subarray(4));
-    };
-    socket.on('data', onData);
-  });
-  await new Promise<void>((r) => server.listen(socketPath, r));
+  const legacy = new LegacyService({ device, vendor: 'intel', procRoot: '/proc', cpus: new OnlineCpus(fake.sysRoot, host.cpus.map((c) => c.cpu)), amd: DEFAULT_AMD_SYNTH, logger: log });
+  const server = new HelperServer({ target: { path: socketPath }, legacy, v2Handler: service.handler, logger: log });
+  await server.listen();
   fs.chmodSync(socketPath, 0o777);
   return {
     socketPath,
@@ -93,7 +77,7 @@ export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2
     },
     async close() {
       await service.close();
-      await new Promise<void>((r) => server.close(() => r()));
+      await server.close();
       tasks.close();
       device.close();
       fake.cleanup();

@@ -5,7 +5,6 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, V2Error, type Update } from '../../src/client/v2-client.js';
 import { E, FrameDecoder, HELPER_TYPES, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe, isFrameError } from '../../src/helper/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../../src/helper/v2/messages.js';
-import { MSR_PKG_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { isRoot } from '../support/env.js';
 import { POWER_UNIT, RawClient, startChild, startHarness, threadsOf, until, type Harness } from './harness.js';
 
@@ -312,7 +311,6 @@ describe('v2 service on a real socket', () => {
     fs.writeFileSync(h.fake.msrPath(0), saved);
     await until(() => updates.length >= during + 2, 3000, 'updates after recovery');
     expect((await c.read(r.vmId, 0)).ended).toBe(false);
-    void MSR_PKG_ENERGY_STATUS;
   });
 
   it('a non-root peer may register its own process but not a root-owned one (ERROR 2)', async (ctx) => {
