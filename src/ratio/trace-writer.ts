@@ -115,12 +115,18 @@ export class TraceWriter {
     this.write(unregisterLine(tNs, pid));
   }
 
-  /** Ends the stream; resolves when everything is flushed and the file closed. Idempotent. */
+  /**
+   * Ends the stream; resolves when everything is flushed and the file closed, rejects with the first
+   * write error (also one from before the call). Idempotent.
+   */
   close(): Promise<void> {
     this.closed ??= new Promise<void>((resolve, reject) => {
-      this.file.once('close', () => (this.error ? reject(this.error) : resolve()));
-      this.file.once('error', (e) => reject(new Error(`trace ${this.path}: ${e.message}`)));
-      if (this.gzip) this.gzip.end();
+      const settle = () => (this.error ? reject(this.error) : resolve());
+      // A write error destroys the file stream: its 'close' may already be past.
+      if (this.file.closed) return settle();
+      this.file.once('close', settle);
+      if (this.file.destroyed) return;
+      if (this.gzip && !this.gzip.destroyed) this.gzip.end();
       else this.file.end();
     });
     return this.closed;

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
-import { afterEach, describe, expect, test } from 'vitest';
+import { afterEach, describe, expect, test, vi } from 'vitest';
 import { parseVcpuList, readStarttime, vmSpecFromArgs } from '../../src/ratio/vm-spec.js';
 import { TraceWriter } from '../../src/ratio/trace-writer.js';
 import type { HostInfo } from '../../src/ratio/types.js';
@@ -127,5 +127,16 @@ describe('TraceWriter', () => {
     await w.close();
     expect(() => w.unregister(6n, 1)).toThrow(/closed/);
     expect(() => TraceWriter.open('/nonexistent-dir/x.jsonl', { host, note: '' })).toThrow(/ENOENT/);
+  });
+
+  test('a write error (full disk) fails the next write and close() rejects with it instead of hanging', async (ctx) => {
+    if (!fs.existsSync('/dev/full')) return ctx.skip('no /dev/full');
+    const w = TraceWriter.open('/dev/full', { host, note: '' });
+    // The header's write fails asynchronously; samples are accepted until the error has come back.
+    let t = 0n;
+    await vi.waitFor(() => expect(() => w.sample({ tNs: ++t, energy: new Map(), tasks: new Map() })).toThrow(/ENOSPC/), { timeout: 10_000, interval: 5 });
+    await expect(w.close()).rejects.toThrow(/trace \/dev\/full: ENOSPC/);
+    // Closing before the error is known also reports it.
+    await expect(TraceWriter.open('/dev/full', { host, note: '' }).close()).rejects.toThrow(/ENOSPC/);
   });
 });
