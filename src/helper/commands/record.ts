@@ -161,7 +161,6 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     const tReg = monotonicNs();
     for (const vm of vms) w.register(tReg, vm);
     const alive = new Set(vms.map((v) => v.pid));
-    const gone = new Set<number>();
     const takeSample = (): void => {
       let s;
       try {
@@ -173,7 +172,6 @@ export async function runRecord(o: RecordOptions): Promise<void> {
         // Once gone, never read again: the pid could be reused by an unrelated process.
         if (!s.tasks.has(pid)) {
           alive.delete(pid);
-          gone.add(pid);
           tasks.forget(pid);
         }
       }
