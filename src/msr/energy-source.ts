@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { HostCpu } from '../ratio/types.js';
 import type { MsrDevice } from './device.js';
-import { MSR_AMD_PKG_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS, energyStatusUnitBits, formatMsrHex, type Vendor } from './registers.js';
+import { MSR_AMD_PKG_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS, formatMsrHex, joulesPerCounterUnit, type Vendor } from './registers.js';
 import { firstCpuPerPackage } from './topology.js';
 
 export interface EnergySource {
@@ -109,7 +109,7 @@ export class SyntheticEnergySource implements EnergySource {
     this.busyW = o.busyW ?? SYNTHETIC_DEFAULTS.busyW;
     if (!(this.idleW >= 0) || !(this.busyW >= 0)) throw new Error('synthetic energy: watts must be >= 0');
     this.powerUnit = o.powerUnit ?? SYNTHETIC_DEFAULTS.powerUnit;
-    this.unitJ = 2 ** -energyStatusUnitBits(this.powerUnit);
+    this.unitJ = joulesPerCounterUnit(this.powerUnit);
     for (const c of o.cpus) {
       const list = this.cpusOf.get(c.package) ?? [];
       list.push(c.cpu);

@@ -4,12 +4,11 @@
  * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
  * and records the decisions where the spec is silent.
  */
-import { joulesPerCounterUnit } from '../msr/registers.js';
+import { energyCounterBits, joulesPerCounterUnit } from '../msr/registers.js';
 import { isStatParseError, parseStatLine } from './stat.js';
 import type { HostInfo, IntervalResult, PackageInterval, Sample, VmInterval, VmOutput, VmSpec, VpkgOutput } from './types.js';
 
 const TWO_32 = 2 ** 32;
-const MASK_32 = 0xffffffffn;
 
 /** What the previous sample said about one thread; (tid, starttime) is its identity. */
 interface ThreadMark {
@@ -153,7 +152,7 @@ export class RatioEngine {
         problems.push(`energy given for package ${pkg}, which the host does not have: ignored`);
         continue;
       }
-      energyNow.set(pkg, Number(BigInt.asUintN(64, raw) & MASK_32));
+      energyNow.set(pkg, energyCounterBits(raw));
     }
     for (const pkg of this.packageIds) if (!energyNow.has(pkg)) problems.push(`no energy value for package ${pkg} in this sample`);
 

@@ -2,6 +2,7 @@
  * Replay output: the JSON lines of trace-format.md "Replay output" and a human table. Formatting
  * only; the numbers come from replay.ts.
  */
+import { formatMsrHex } from '../msr/registers.js';
 import type { ReplaySummary } from './replay.js';
 import type { IntervalResult, VmOutput } from './types.js';
 
@@ -15,10 +16,6 @@ export function intervalRecord(r: IntervalResult): Record<string, unknown> {
   };
 }
 
-export function formatCounter(counter: number): string {
-  return `0x${counter.toString(16)}`;
-}
-
 export function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
   return {
     type: 'total',
@@ -26,7 +23,7 @@ export function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
       pid: o.pid,
       name: o.name ?? null,
       ended: o.ended,
-      vpkgs: o.vpkgs.map((v) => ({ vpkg: v.vpkg, energy_uj: v.energyUj.toString(), counter: formatCounter(v.counter) })),
+      vpkgs: o.vpkgs.map((v) => ({ vpkg: v.vpkg, energy_uj: v.energyUj.toString(), counter: formatMsrHex(v.counter) })),
     })),
   };
 }
