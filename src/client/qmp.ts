@@ -5,8 +5,8 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import path from 'node:path';
 import { getPeerCredentials } from '../native/libc.js';
+import { socketFd } from '../helper/peer.js';
 
 /** Longest line accepted from the monitor; query-cpus-fast of 4096 vCPUs stays far below it. */
 export const QMP_MAX_LINE = 4 * 1024 * 1024;
@@ -111,8 +111,8 @@ export class QmpClient {
 
   /** Pid, uid and gid of the process that created the listening socket (SO_PEERCRED). */
   peerCredentials(): { pid: number; uid: number; gid: number } {
-    const fd = (this.sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
-    if (typeof fd !== 'number' || fd < 0) throw new QmpError(`QMP socket ${this.path}: no file descriptor for SO_PEERCRED`, 'Closed');
+    const fd = socketFd(this.sock);
+    if (fd === undefined) throw new QmpError(`QMP socket ${this.path}: no file descriptor for SO_PEERCRED`, 'Closed');
     return getPeerCredentials(fd);
   }
 
@@ -251,16 +251,4 @@ export class QmpClient {
       this.pending.delete(id);
     }
   }
-}
-
-/** Tgid (process id) of a thread, from /proc/<tid>/status; null when it does not exist. */
-export function threadGroupOf(procRoot: string, tid: number): number | null {
-  let text: string;
-  try {
-    text = fs.readFileSync(path.join(procRoot, String(tid), 'status'), 'utf8');
-  } catch {
-    return null;
-  }
-  const m = /^Tgid:\s*(\d+)$/m.exec(text);
-  return m ? Number(m[1]) : null;
 }

@@ -4,7 +4,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { QmpClient, threadGroupOf, type QmpConnectOptions } from '../client/qmp.js';
+import { QmpClient, type QmpConnectOptions } from '../client/qmp.js';
+import { tidBelongsTo } from '../helper/peer.js';
 import { isStatParseError, parseStatLine } from './stat.js';
 import type { VcpuSpec, VmSpec } from './types.js';
 
@@ -43,12 +44,27 @@ export function parseVcpuList(text: string): VcpuSpec[] {
   });
 }
 
-/** Checks that every vCPU tid is a thread of pid, now; throws naming the first that is not. */
+/** Tgid (process id) of a thread, from /proc/<tid>/status; null when it does not exist. */
+export function threadGroupOf(procRoot: string, tid: number): number | null {
+  let text: string;
+  try {
+    text = fs.readFileSync(path.join(procRoot, String(tid), 'status'), 'utf8');
+  } catch {
+    return null;
+  }
+  const m = /^Tgid:\s*(\d+)$/m.exec(text);
+  return m ? Number(m[1]) : null;
+}
+
+/**
+ * Checks that every vCPU tid is a thread of pid, now, by the rule the daemon applies to its clients
+ * (tidBelongsTo); throws naming the first that is not, and whose thread it is.
+ */
 export function checkThreadsOf(procRoot: string, pid: number, vcpus: readonly VcpuSpec[]): void {
   for (const v of vcpus) {
+    if (tidBelongsTo(procRoot, pid, v.tid)) continue;
     const tgid = threadGroupOf(procRoot, v.tid);
-    if (tgid === null) throw new Error(`thread ${v.tid} does not exist`);
-    if (tgid !== pid) throw new Error(`thread ${v.tid} belongs to process ${tgid}, not ${pid}`);
+    throw new Error(tgid === null || tgid === pid ? `thread ${v.tid} does not exist` : `thread ${v.tid} belongs to process ${tgid}, not ${pid}`);
   }
 }
 
