@@ -8,7 +8,9 @@ import fs from 'node:fs';
 import type { Readable } from 'node:stream';
 import zlib from 'node:zlib';
 import { parseMsrHex, type Vendor } from '../msr/registers.js';
-import type { HostCpu, HostInfo, HostPackage, Sample, VcpuSpec, VmSpec } from './types.js';
+import type { HostCpu, HostPackage, Sample, TraceHeader, VcpuSpec, VmSpec } from './types.js';
+
+export type { TraceHeader };
 
 /** 32 MiB: a sample line holds every stat line of every VM (~350 bytes a thread); far above any real host. */
 export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
@@ -23,11 +25,6 @@ export class TraceError extends Error {
     this.name = 'TraceError';
     this.line = line;
   }
-}
-
-export interface TraceHeader {
-  host: HostInfo;
-  note?: string;
 }
 
 export type TraceRecord =

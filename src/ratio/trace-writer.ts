@@ -6,12 +6,7 @@
 import fs from 'node:fs';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../msr/registers.js';
-import type { HostInfo, Sample, VmSpec } from './types.js';
-
-export interface TraceHeader {
-  host: HostInfo;
-  note: string;
-}
+import type { Sample, TraceHeader, VmSpec } from './types.js';
 
 export function headerRecord(h: TraceHeader): Record<string, unknown> {
   return {
@@ -29,7 +24,7 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
         return o;
       }),
     },
-    note: h.note,
+    note: h.note, // JSON.stringify leaves it out when undefined
   };
 }
 

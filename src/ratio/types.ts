@@ -42,6 +42,12 @@ export interface VmSpec {
   vcpus: VcpuSpec[];
 }
 
+/** The header of a vmsr-trace: what the engine needs about the host, and free text. */
+export interface TraceHeader {
+  host: HostInfo;
+  note?: string;
+}
+
 /** One sample S(i): what the sampler read, in the form a trace stores it. */
 export interface Sample {
   /** CLOCK_MONOTONIC, nanoseconds. */
