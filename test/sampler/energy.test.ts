@@ -1,3 +1,5 @@
+import fs from 'node:fs';
+import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { MsrDevice } from '../../src/msr/device.js';
 import { MsrEnergySource, SyntheticEnergySource, parseProcStat } from '../../src/msr/energy-source.js';
@@ -105,15 +107,27 @@ describe('SyntheticEnergySource', () => {
     expect(src.describe()).toMatch(/SYNTHESISED/);
   });
 
-  test('grows faster under load than idle', async () => {
-    const cpus = readHostCpus('/sys');
-    const src = new SyntheticEnergySource({ procRoot: '/proc', cpus, idleW: 0, busyW: 100, start: 0 });
-    await new Promise((r) => setTimeout(r, 300)); // mostly idle
-    const idle = Number(src.read().get(cpus[0]!.package)!);
-    const end = Date.now() + 300;
-    while (Date.now() < end); // busy: at least one CPU of the package spins
-    const busy = Number(src.read().get(cpus[0]!.package)!) - idle;
+  test('grows faster under load than idle', () => {
+    // The load comes from a stat file the test writes: the real host's load (other tests, QEMU guests
+    // on 2 CPUs) cannot be made idle on demand.
+    const h = fake([0, 0]);
+    const procRoot = path.join(h.dir, 'proc');
+    fs.mkdirSync(procRoot);
+    // user nice system idle iowait irq softirq steal, per CPU
+    const stat = (busy0: number, idle0: number, idle1: number) =>
+      fs.writeFileSync(path.join(procRoot, 'stat'), `cpu  0 0 0 0\ncpu0 ${busy0} 0 0 ${idle0} 0 0 0 0\ncpu1 0 0 0 ${idle1} 0 0 0 0\n`);
+    let t = 0n;
+    stat(0, 0, 0);
+    const src = new SyntheticEnergySource({ procRoot, cpus: readHostCpus(h.sysRoot), idleW: 0, busyW: 100, start: 0, clock: () => t });
+    t = 300_000_000n;
+    stat(0, 30, 30); // both CPUs idle for 0.3 s
+    const idle = Number(src.read().get(0)!);
+    t = 600_000_000n;
+    stat(30, 30, 60); // cpu0 busy, cpu1 idle: the package is half busy
+    const busy = Number(src.read().get(0)!) - idle;
     expect(busy).toBeGreaterThan(idle);
+    expect(idle).toBe(0);
+    expect(busy).toBe(Math.floor((100 * 0.5 * 0.3) / 2 ** -14)); // 15 J in 2^-14 J units
   });
 });
 
