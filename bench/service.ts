@@ -4,18 +4,18 @@
  * resident memory and READ latency p50/p99. Fake MSR files (sparse, pread at offset = MSR).
  */
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { V2Client } from '../src/client/v2-client.js';
-import { peerOf } from '../src/helper/peer.js';
-import { V2_MAGIC } from '../src/helper/v2/codec.js';
+import { LegacyService, OnlineCpus } from '../src/helper/legacy-service.js';
+import { HelperServer } from '../src/helper/server.js';
 import { createV2Service, DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
 import { MsrDevice } from '../src/msr/device.js';
 import { MsrEnergySource } from '../src/msr/energy-source.js';
 import { readHostInfo } from '../src/msr/host-info.js';
+import { DEFAULT_AMD_SYNTH } from '../src/msr/legacy-registers.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import { ProcTaskReader } from '../src/ratio/proc-tasks.js';
 import { Sampler } from '../src/ratio/sampler.js';
@@ -76,6 +76,7 @@ async function scenario(nVms: number): Promise<void> {
   const host = readHostInfo({ paths: { ...h, procRoot: '/proc' }, device, vendor: 'intel' });
   const tasks = new ProcTaskReader('/proc');
   const sampler = new Sampler(new MsrEnergySource(device, host.cpus, 'intel'), tasks);
+  const log = pino({ level: 'silent' });
   const service = createV2Service({
     host,
     sampler,
@@ -83,14 +84,13 @@ async function scenario(nVms: number): Promise<void> {
     intervalMs: INTERVAL_MS,
     limits: { ...DEFAULT_V2_LIMITS, maxVmsPerConnection: 1024 },
     forgetPid: (p) => tasks.forget(p),
-    log: pino({ level: 'silent' }),
+    log,
   });
+  // The daemon's own accept path, so READ latency includes what a real client goes through.
   const sock = path.join(dir, 's');
-  const server = net.createServer((s) => {
-    const peer = peerOf(s);
-    s.once('data', (d: Buffer) => (d.subarray(0, 4).equals(V2_MAGIC) ? service.handler(s, peer, d.subarray(4)) : s.destroy()));
-  });
-  await new Promise<void>((r) => server.listen(sock, r));
+  const legacy = new LegacyService({ device, vendor: 'intel', procRoot: '/proc', cpus: new OnlineCpus(h.sysRoot, host.cpus.map((c) => c.cpu)), amd: DEFAULT_AMD_SYNTH, logger: log });
+  const server = new HelperServer({ target: { path: sock }, legacy, v2Handler: service.handler, logger: log });
+  await server.listen();
   const client = await V2Client.connect(sock);
   try {
     const rss0 = process.memoryUsage().rss;
@@ -119,7 +119,7 @@ async function scenario(nVms: number): Promise<void> {
   } finally {
     await client.close();
     await service.close();
-    await new Promise<void>((r) => server.close(() => r()));
+    await server.close();
     tasks.close();
     device.close();
     for (const k of kids) k.kill('SIGKILL');
