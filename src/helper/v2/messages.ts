@@ -4,7 +4,7 @@
  * - `fatal`: the payload has the wrong size for its type (ERROR 1, then close);
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
  */
-import { E, T, type Frame, typeName } from './codec.js';
+import { E, FLAG_ENDED, T, type Frame, typeName } from './codec.js';
 
 export const MAX_NVCPU = 4096;
 export const MAX_VPKG = 255;
@@ -100,7 +100,7 @@ export function parseHelperFrame(f: Frame): HelperMessage | Error {
         counter: p.readBigUInt64LE(8),
         energyUj: p.readBigUInt64LE(16),
         tNs: p.readBigUInt64LE(24),
-        ended: (f.flags & 1) !== 0,
+        ended: (f.flags & FLAG_ENDED) !== 0,
       };
     case T.UPDATE: {
       if (p.length < 16) return size(16);
@@ -108,7 +108,7 @@ export function parseHelperFrame(f: Frame): HelperMessage | Error {
       if (p.length !== 16 + 16 * n) return size(16 + 16 * n);
       const vpkgs: { counter: bigint; energyUj: bigint }[] = [];
       for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
-      return { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & 1) !== 0 };
+      return { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 };
     }
     case T.OK:
       if (p.length !== 4) return size(4);
