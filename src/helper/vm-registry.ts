@@ -81,7 +81,7 @@ export class VmRegistry {
    * pid -> vmId of its registration, live or ended: one registration per pid at a time, so a trace's
    * "unregister <pid>" always names exactly one VM (docs/protocol-v2.md).
    */
-  private readonly livePids = new Map<number, number>();
+  private readonly byPid = new Map<number, number>();
 
   constructor(
     readonly limits: V2Limits,
@@ -113,7 +113,7 @@ export class VmRegistry {
       if (!this.proc.isThreadOf(pid, v.tid)) return no(E.NOT_PERMITTED, `tid ${v.tid} is not a thread of process ${pid}`);
     }
     if (this.proc.starttime(pid) !== start) return no(E.PROCESS_GONE, `process ${pid} exited during registration`);
-    const other = this.livePids.get(pid);
+    const other = this.byPid.get(pid);
     if (other !== undefined) {
       const why = this.vms.get(other)?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
       return no(E.LIMIT, `process ${pid} ${why} (vm_id ${other}); unregister it first`);
@@ -126,7 +126,7 @@ export class VmRegistry {
     let set = this.byOwner.get(owner);
     if (!set) this.byOwner.set(owner, (set = new Set()));
     set.add(vmId);
-    this.livePids.set(pid, vmId);
+    this.byPid.set(pid, vmId);
   }
 
   owns(owner: number, vmId: number): boolean {
@@ -142,7 +142,7 @@ export class VmRegistry {
   remove(vmId: number): void {
     const e = this.vms.get(vmId);
     if (!e) return;
-    if (this.livePids.get(e.pid) === vmId) this.livePids.delete(e.pid);
+    if (this.byPid.get(e.pid) === vmId) this.byPid.delete(e.pid);
     this.vms.delete(vmId);
     const set = this.byOwner.get(e.owner);
     set?.delete(vmId);
