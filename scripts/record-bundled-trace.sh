@@ -15,7 +15,8 @@ cleanup() {
   for p in $PIDS; do kill "$p" 2>/dev/null || true; done
   rm -rf "$DIR"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM # exit runs cleanup; without it the script would go on after ^C
 if [ -w /dev/kvm ]; then ACCEL=kvm; else ACCEL=tcg,thread=multi; fi
 
 start_vm() { # NAME MODE
@@ -38,6 +39,7 @@ node dist/src/bin/vmsr-helper.js record \
   -o "$OUT" --energy-source synthetic --duration "$SAMPLES" \
   --note "bundled example: scripts/record-bundled-trace.sh on $(uname -m), QEMU $(qemu-system-x86_64 --version | head -1 | sed 's/QEMU emulator version //'), accel $ACCEL; vm-boot killed after ${STOP_AFTER} s" &
 REC=$!
+PIDS="$PIDS $REC" # a background job ignores ^C: cleanup's SIGTERM ends it (it closes the trace)
 sleep "$STOP_AFTER"
 kill "$PID_vm_boot"
 wait "$REC"
