@@ -43,14 +43,20 @@ const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=ti
 
 async function startVms(n: number): Promise<ChildProcess[]> {
   const kids: ChildProcess[] = [];
-  for (let i = 0; i < n; i++) {
-    const c = spawn('python3', ['-c', PY], { stdio: ['ignore', 'pipe', 'ignore'] });
-    kids.push(c);
-    await new Promise<void>((resolve, reject) => {
-      c.stdout!.once('data', () => resolve());
-      c.once('error', reject);
-      c.once('exit', () => reject(new Error('python3 exited')));
-    });
+  try {
+    for (let i = 0; i < n; i++) {
+      const c = spawn('python3', ['-c', PY], { stdio: ['ignore', 'pipe', 'ignore'] });
+      kids.push(c);
+      await new Promise<void>((resolve, reject) => {
+        c.stdout!.once('data', () => resolve());
+        c.once('error', reject);
+        c.once('exit', () => reject(new Error('python3 exited')));
+      });
+    }
+  } catch (e) {
+    // One failed start must not leave the others sleeping for an hour.
+    for (const k of kids) k.kill('SIGKILL');
+    throw e;
   }
   return kids;
 }
@@ -69,8 +75,8 @@ function pct(sorted: number[], p: number): number {
 }
 
 async function scenario(nVms: number): Promise<void> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-v2-'));
   const kids = await startVms(nVms);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-v2-'));
   const h = fakeHost(dir);
   const device = new MsrDevice(h.msrPathTemplate);
   const host = readHostInfo({ paths: { ...h, procRoot: '/proc' }, device, vendor: 'intel' });
