@@ -310,24 +310,21 @@ const GZIP_MAGIC = [0x1f, 0x8b];
 
 /** Opens a trace file (gzip detected by its magic bytes, not its name) and yields its records. */
 export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGenerator<TraceRecord> {
-  let head: Buffer;
+  let fh: fs.promises.FileHandle | undefined;
+  const head = Buffer.alloc(2);
+  let headBytes: number;
   try {
-    const fh = await fs.promises.open(path, 'r');
-    try {
-      const st = await fh.stat();
-      if (st.isDirectory()) throw new TraceError(`cannot read trace ${path}: it is a directory`);
-      head = Buffer.alloc(2);
-      const { bytesRead } = await fh.read(head, 0, 2, 0);
-      head = head.subarray(0, bytesRead);
-    } finally {
-      await fh.close();
-    }
+    fh = await fs.promises.open(path, 'r');
+    if ((await fh.stat()).isDirectory()) throw new TraceError(`cannot read trace ${path}: it is a directory`);
+    ({ bytesRead: headBytes } = await fh.read(head, 0, 2, 0));
   } catch (e) {
+    await fh?.close();
     if (e instanceof TraceError) throw e;
     throw new TraceError(`cannot read trace ${path}: ${(e as Error).message}`);
   }
-  const file = fs.createReadStream(path, { highWaterMark: 1 << 16 });
-  const gz = head.length === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
+  // The same open file is streamed from the start: what was sniffed is what is read.
+  const file = fh.createReadStream({ start: 0, highWaterMark: 1 << 16 });
+  const gz = headBytes === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
   let source: Readable = file;
   if (gz) {
     const gunzip = zlib.createGunzip();
