@@ -73,6 +73,7 @@ export class V2Client {
   private readonly pending: Pending[] = [];
   private readonly subs = new Map<number, Subscription>();
   private failure: Error | null = null;
+  private corked = false;
   /** Resolves when the connection is closed, with the reason when it broke. */
   readonly closed: Promise<Error | null>;
   private resolveClosed!: (e: Error | null) => void;
@@ -165,6 +166,16 @@ export class V2Client {
     if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
     return new Promise((resolve, reject) => {
       this.pending.push({ type, vmId, resolve, reject });
+      // Requests made in the same tick leave in one write, so the helper handles them with no
+      // sample in between (e.g. final READs and their UNREGISTER under Promise.all).
+      if (!this.corked) {
+        this.corked = true;
+        this.socket.cork();
+        process.nextTick(() => {
+          this.corked = false;
+          this.socket.uncork();
+        });
+      }
       this.socket.write(frame);
     });
   }

@@ -103,6 +103,28 @@ describe('v2 service on a real socket', () => {
     await expectV2Error(c.unregister(r.vmId), E.NO_SUCH);
   });
 
+  it('the client sends requests made in one tick in a single write, answered in order', async () => {
+    const h = await harness({ intervalMs: 5000 });
+    const c = await client(h);
+    const r = await c.register({ vcpus: self() });
+    // What reaches the socket's handle: one writev of 3 frames, not three writes.
+    const sock = (c as unknown as { socket: { _write: unknown; _writev: unknown } }).socket;
+    const calls: number[] = [];
+    const [w, wv] = [sock._write as (...a: unknown[]) => void, sock._writev as (...a: unknown[]) => void];
+    sock._write = function (this: unknown, ...a: unknown[]) {
+      calls.push(1);
+      return w.apply(this, a);
+    };
+    sock._writev = function (this: unknown, chunks: unknown[], ...a: unknown[]) {
+      calls.push(chunks.length);
+      return wv.apply(this, [chunks, ...a]);
+    };
+    const [v0, v1] = await Promise.all([c.read(r.vmId, 0), c.read(r.vmId, 1), c.unregister(r.vmId)]);
+    expect(calls).toEqual([3]);
+    expect([v0.vpkg, v1.vpkg]).toEqual([0, 1]);
+    expect(h.service.vms).toBe(0);
+  });
+
   it("another connection's VM is not visible (ERROR 3)", async () => {
     const h = await harness();
     const a = await client(h);
