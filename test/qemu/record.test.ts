@@ -9,6 +9,8 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, test } from 'vitest';
+import { runRecord } from '../../src/helper/commands/record.js';
+import { DEFAULT_HOST_PATHS } from '../../src/msr/host-paths.js';
 import { parseMsrHex } from '../../src/msr/registers.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { HostInfo, Sample, VmSpec } from '../../src/ratio/types.js';
@@ -206,5 +208,11 @@ describe('vmsr-helper record', () => {
     expect(r.stderr).toMatch(/out of range/);
     r = await runCli(['record', '--pid', '1', '-o', out, '--energy-source', 'synthetic']);
     expect(r.stderr).toMatch(/every --pid needs its --vcpus/);
+  });
+
+  test('an interval that rounds to 0 ns is refused, not looped on forever', async () => {
+    const o = { qmp: [], pid: [process.pid], vcpus: [`${process.pid}:0`], output: path.join(tmpDir(), 'x.jsonl'), energySource: 'synthetic' as const, paths: DEFAULT_HOST_PATHS };
+    await expect(runRecord({ ...o, interval: 1e-10, duration: 1 })).rejects.toThrow(/interval must be at least 0.01 s/);
+    expect(fs.existsSync(o.output)).toBe(false);
   });
 });

@@ -16,6 +16,8 @@ import type { HostInfo, VmSpec } from '../../ratio/types.js';
 import { parseVcpuList, vmSpecFromArgs, vmSpecFromQmp } from '../../ratio/vm-spec.js';
 import { VERSION } from '../version.js';
 
+const MIN_INTERVAL_S = 0.01;
+
 export interface RecordOptions {
   qmp: string[];
   pid: number[];
@@ -31,10 +33,13 @@ export interface RecordOptions {
   progressEvery?: number;
 }
 
-function positiveSeconds(name: string, max: number) {
+function positiveSeconds(name: string, max: number, min?: number) {
   return (v: string): number => {
     const n = Number(v);
-    if (!/^\d+(\.\d+)?$/.test(v.trim()) || !(n > 0) || n > max) throw new InvalidArgumentError(`${name} must be a number of seconds in (0, ${max}]`);
+    const low = min === undefined ? !(n > 0) : !(n >= min);
+    if (!/^\d+(\.\d+)?$/.test(v.trim()) || low || n > max) {
+      throw new InvalidArgumentError(`${name} must be a number of seconds in ${min === undefined ? '(0' : `[${min}`}, ${max}]`);
+    }
     return n;
   };
 }
@@ -66,7 +71,8 @@ export function addRecordCommand(program: Command): void {
     .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(parsePid), [])
     .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(checkVcpus), [])
     .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip)')
-    .option('--interval <seconds>', 'time between samples', positiveSeconds('--interval', 3600), 1)
+    // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
+    .option('--interval <seconds>', 'time between samples', positiveSeconds('--interval', 3600, MIN_INTERVAL_S), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', positiveSeconds('--duration', 366 * 86400))
     .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'))
     // The root (daemon) command has the same four options, and commander gives them to whichever of the
@@ -133,6 +139,7 @@ function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): str
 
 /** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
 export async function runRecord(o: RecordOptions): Promise<void> {
+  if (!(o.interval >= MIN_INTERVAL_S)) throw new Error(`interval must be at least ${MIN_INTERVAL_S} s, got ${o.interval}`);
   const vms = await collectVms(o);
   const device = new MsrDevice(o.paths.msrPathTemplate);
   const tasks = new ProcTaskReader(o.paths.procRoot);
