@@ -73,7 +73,8 @@ export class V2Client {
   private readonly pending: Pending[] = [];
   private readonly subs = new Map<number, Subscription>();
   private failure: Error | null = null;
-  private corked = false;
+  /** Frames of requests made in the current tick, written together on the next one. */
+  private outbox: Buffer[] = [];
   /** Resolves when the connection is closed, with the reason when it broke. */
   readonly closed: Promise<Error | null>;
   private resolveClosed!: (e: Error | null) => void;
@@ -150,7 +151,11 @@ export class V2Client {
 
   /** Closes the connection; the helper unregisters this connection's VMs. */
   async close(): Promise<void> {
-    if (!this.socket.destroyed) this.socket.end();
+    if (!this.socket.destroyed) {
+      // Requests still in the outbox go out before the end, not after it.
+      if (this.outbox.length) this.socket.write(Buffer.concat(this.outbox.splice(0)));
+      this.socket.end();
+    }
     const t = setTimeout(() => this.socket.destroy(), 1000);
     await this.closed;
     clearTimeout(t);
@@ -158,7 +163,7 @@ export class V2Client {
 
   /** Sends raw bytes (tests of hostile input). */
   writeRaw(bytes: Buffer): void {
-    this.socket.write(bytes);
+    this.enqueue(bytes);
   }
 
   private call(type: number, frame: Buffer, vmId?: number): Promise<HelperMessage> {
@@ -166,17 +171,22 @@ export class V2Client {
     if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
     return new Promise((resolve, reject) => {
       this.pending.push({ type, vmId, resolve, reject });
-      // Requests made in the same tick leave in one write, so the helper handles them with no
-      // sample in between (e.g. final READs and their UNREGISTER under Promise.all).
-      if (!this.corked) {
-        this.corked = true;
-        this.socket.cork();
-        process.nextTick(() => {
-          this.corked = false;
-          this.socket.uncork();
-        });
-      }
-      this.socket.write(frame);
+      this.enqueue(frame);
+    });
+  }
+
+  /**
+   * Requests made in the same tick leave in one write, so the helper handles them with no sample in
+   * between (e.g. final READs and their UNREGISTER under Promise.all). One Buffer, not cork(): a
+   * corked stream still splits its buffer when a write is in flight at uncork.
+   */
+  private enqueue(bytes: Buffer): void {
+    this.outbox.push(bytes);
+    if (this.outbox.length > 1) return;
+    process.nextTick(() => {
+      const batch = this.outbox;
+      this.outbox = [];
+      if (!this.socket.destroyed) this.socket.write(batch.length === 1 ? batch[0]! : Buffer.concat(batch));
     });
   }
 
