@@ -14,6 +14,10 @@ export function buildCli(): Command {
   program.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
   program.helpOption('-h, --help', 'display this help and exit');
   program.showSuggestionAfterError(true);
+  // Options after a subcommand are that subcommand's: `record --interval 0.5` is record's interval,
+  // parsed by record, not the daemon's. Values given before the subcommand still reach it via
+  // optsWithGlobals().
+  program.enablePositionalOptions();
   configureDaemonCommand(program);
   addRecordCommand(program);
   addReplayCommand(program);

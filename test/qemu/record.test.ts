@@ -211,7 +211,7 @@ describe('vmsr-helper record', () => {
   });
 
   test('an interval that rounds to 0 ns is refused, not looped on forever', async () => {
-    const o = { qmp: [], pid: [process.pid], vcpus: [`${process.pid}:0`], output: path.join(tmpDir(), 'x.jsonl'), energySource: 'synthetic' as const, paths: DEFAULT_HOST_PATHS };
+    const o = { qmp: [], pid: [process.pid], vcpus: [[{ tid: process.pid, vpkg: 0 }]], output: path.join(tmpDir(), 'x.jsonl'), energySource: 'synthetic' as const, paths: DEFAULT_HOST_PATHS };
     await expect(runRecord({ ...o, interval: 1e-10, duration: 1 })).rejects.toThrow(/interval must be at least 0.01 s/);
     expect(fs.existsSync(o.output)).toBe(false);
   });

@@ -3,7 +3,7 @@
  * helper sees: header, register records, the baseline sample right after, then a sample every interval
  * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
  */
-import { Command, InvalidArgumentError, Option } from 'commander';
+import { Command, Option } from 'commander';
 import { MsrDevice } from '../../msr/device.js';
 import { MsrEnergySource, SyntheticEnergySource, type EnergySource } from '../../msr/energy-source.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../../msr/host-paths.js';
@@ -12,8 +12,9 @@ import type { Vendor } from '../../msr/registers.js';
 import { ProcTaskReader } from '../../ratio/proc-tasks.js';
 import { Sampler, monotonicNs } from '../../ratio/sampler.js';
 import { TraceWriter } from '../../ratio/trace-writer.js';
-import type { HostInfo, VmSpec } from '../../ratio/types.js';
-import { parseVcpuList, vmSpecFromArgs, vmSpecFromQmp } from '../../ratio/vm-spec.js';
+import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
+import { vmSpecFromArgs, vmSpecFromQmp } from '../../ratio/vm-spec.js';
+import { collect, pidArg, secondsArg, vcpuListArg } from '../cli-args.js';
 import { VERSION } from '../version.js';
 
 const MIN_INTERVAL_S = 0.01;
@@ -21,7 +22,8 @@ const MIN_INTERVAL_S = 0.01;
 export interface RecordOptions {
   qmp: string[];
   pid: number[];
-  vcpus: string[];
+  /** vCPUs of each --pid, in the same order. */
+  vcpus: VcpuSpec[][];
   output: string;
   interval: number;
   duration?: number;
@@ -33,50 +35,20 @@ export interface RecordOptions {
   progressEvery?: number;
 }
 
-function positiveSeconds(name: string, max: number, min?: number) {
-  return (v: string): number => {
-    const n = Number(v);
-    const low = min === undefined ? !(n > 0) : !(n >= min);
-    if (!/^\d+(\.\d+)?$/.test(v.trim()) || low || n > max) {
-      throw new InvalidArgumentError(`${name} must be a number of seconds in ${min === undefined ? '(0' : `[${min}`}, ${max}]`);
-    }
-    return n;
-  };
-}
-
-function collect<T>(parse: (v: string) => T) {
-  return (v: string, prev: T[] = []): T[] => [...prev, parse(v)];
-}
-
-function parsePid(v: string): number {
-  const n = Number(v);
-  if (!/^\d{1,10}$/.test(v) || n <= 0 || n > 0x7fffffff) throw new InvalidArgumentError(`not a process id: ${JSON.stringify(v)}`);
-  return n;
-}
-
-function checkVcpus(v: string): string {
-  try {
-    parseVcpuList(v);
-  } catch (e) {
-    throw new InvalidArgumentError((e as Error).message);
-  }
-  return v;
-}
-
 export function addRecordCommand(program: Command): void {
   program
     .command('record')
     .description('record a trace of package energy and VM thread stats, for replay')
     .option('--qmp <path>', "QMP socket of a QEMU VM to register (repeatable)", collect(String), [])
-    .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(parsePid), [])
-    .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(checkVcpus), [])
+    .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(pidArg), [])
+    .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(vcpuListArg), [])
     .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip)')
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
-    .option('--interval <seconds>', 'time between samples', positiveSeconds('--interval', 3600, MIN_INTERVAL_S), 1)
-    .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', positiveSeconds('--duration', 366 * 86400))
+    .option('--interval <seconds>', 'time between samples', secondsArg('--interval', { min: MIN_INTERVAL_S, max: 3600 }), 1)
+    .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
     .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'))
-    // The root (daemon) command has the same four options, and commander gives them to whichever of the
-    // two defines them; so no defaults here, and the values are looked up through optsWithGlobals().
+    // No defaults for these four: the root (daemon) command has the same options, and a value given
+    // before 'record' reaches this command through optsWithGlobals().
     .option('--msr-path <template>', `MSR device path, %u = CPU number (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
     .option('--proc-root <dir>', `procfs mount (default '${DEFAULT_HOST_PATHS.procRoot}')`)
     .option('--sys-root <dir>', `sysfs mount (default '${DEFAULT_HOST_PATHS.sysRoot}')`)
@@ -95,7 +67,7 @@ export function addRecordCommand(program: Command): void {
       await runRecord({
         qmp: o.qmp as string[],
         pid: o.pid as number[],
-        vcpus: o.vcpus as string[],
+        vcpus: o.vcpus as VcpuSpec[][],
         output: o.output as string,
         interval: o.interval as number,
         duration: o.duration as number | undefined,
@@ -118,7 +90,7 @@ async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
   for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
   o.pid.forEach((pid, i) => {
     try {
-      vms.push(vmSpecFromArgs(o.paths.procRoot, pid, parseVcpuList(o.vcpus[i]!)));
+      vms.push(vmSpecFromArgs(o.paths.procRoot, pid, o.vcpus[i]!));
     } catch (e) {
       throw new Error(`--pid ${pid}: ${(e as Error).message}`);
     }

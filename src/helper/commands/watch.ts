@@ -2,12 +2,13 @@
  * `vmsr-helper watch`: registers one VM over v2 and prints each virtual package's power and energy
  * at every UPDATE, until Ctrl-C or the VM ends. The VM comes from its QMP socket or from --pid/--vcpus.
  */
-import { InvalidArgumentError, type Command } from 'commander';
+import type { Command } from 'commander';
 import { V2Client, V2ConnectionError, V2Error, type Update } from '../../client/v2-client.js';
 import { errorCodeName } from '../v2/codec.js';
-import { parseVcpuList, vmSpecFromQmp } from '../../ratio/vm-spec.js';
+import { vmSpecFromQmp } from '../../ratio/vm-spec.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_SOCKET } from './daemon.js';
+import { pidArg, positiveIntArg, vcpuListArg } from '../cli-args.js';
 
 export interface WatchOptions {
   socket: string;
@@ -73,19 +74,6 @@ export async function runWatch(o: WatchOptions, out: (line: string) => void, sig
   }
 }
 
-function pidArg(text: string): number {
-  if (!/^\d+$/.test(text) || Number(text) < 1 || Number(text) > 0x3fffffff) throw new InvalidArgumentError(`not a pid: ${JSON.stringify(text)}`);
-  return Number(text);
-}
-
-function vcpusArg(text: string): VcpuSpec[] {
-  try {
-    return parseVcpuList(text);
-  } catch (e) {
-    throw new InvalidArgumentError((e as Error).message);
-  }
-}
-
 export function addWatchCommand(program: Command): void {
   program
     .command('watch')
@@ -93,11 +81,8 @@ export function addWatchCommand(program: Command): void {
     .option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_SOCKET}')`)
     .option('--qmp <path>', "the VM's QMP socket (vCPU threads and sockets are asked from QEMU)")
     .option('--pid <pid>', 'the VM process (with --vcpus)', pidArg)
-    .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpusArg)
-    .option('--count <n>', 'stop after N updates', (t: string) => {
-      if (!/^\d+$/.test(t)) throw new InvalidArgumentError(`not a count: ${JSON.stringify(t)}`);
-      return Number(t);
-    })
+    .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpuListArg)
+    .option('--count <n>', 'stop after N updates', positiveIntArg('--count'))
     .action(async (_o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
       const all = cmd.optsWithGlobals<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number }>();

@@ -3,7 +3,7 @@
  * the connections; the daemon's server hands it every connection that starts with the v2 magic.
  * Decisions where the spec is silent are in docs/protocol-v2.md.
  */
-import { InvalidArgumentError, Option, type Command } from 'commander';
+import { Option, type Command } from 'commander';
 import type { Logger } from 'pino';
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
@@ -11,10 +11,12 @@ import { SamplingService, type Engine, type SampleSource, type SamplingStats, ty
 import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from '../vm-registry.js';
 import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from './codec.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
-import { MAX_NVCPU, type ClientRequest } from './messages.js';
+import type { ClientRequest } from './messages.js';
+import { MAX_VCPUS } from '../../ratio/types.js';
 import type { DaemonPlugin } from '../daemon.js';
 import type { V2Handler } from '../server.js';
 import { readHostInfo } from '../../msr/host-info.js';
+import { positiveIntArg, secondsArg } from '../cli-args.js';
 import { MsrEnergySource } from '../../msr/energy-source.js';
 import { ProcTaskReader } from '../../ratio/proc-tasks.js';
 import { Sampler } from '../../ratio/sampler.js';
@@ -184,38 +186,21 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
 
 // ---- command-line options ----
 
-function positiveInt(name: string, max = Number.MAX_SAFE_INTEGER) {
-  return (text: string): number => {
-    if (!/^\d+$/.test(text)) throw new InvalidArgumentError(`${name} must be a whole number, got ${JSON.stringify(text)}`);
-    const n = Number(text);
-    if (n < 1 || n > max) throw new InvalidArgumentError(`${name} must be 1..${max}, got ${text}`);
-    return n;
-  };
-}
-
-function seconds(text: string): number {
-  const n = Number(text);
-  if (!/^\d+(\.\d+)?$/.test(text.trim()) || !(n >= 0.01) || n > 3600) {
-    throw new InvalidArgumentError(`must be a number of seconds from 0.01 to 3600, got ${JSON.stringify(text)}`);
-  }
-  return n;
-}
-
 /** v2 options on the daemon command. */
 export function addV2Options(cmd: Command): void {
   cmd
-    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(seconds).default(1))
+    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(secondsArg('--interval', { min: 0.01, max: 3600 })).default(1))
     .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
-    .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveInt('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
+    .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveIntArg('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
     .addOption(
       new Option('--max-vms-per-connection <n>', 'v2 VMs one connection may register')
-        .argParser(positiveInt('--max-vms-per-connection'))
+        .argParser(positiveIntArg('--max-vms-per-connection'))
         .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
     )
-    .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveInt('--max-vcpus', MAX_NVCPU)).default(DEFAULT_V2_LIMITS.maxVcpus))
+    .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveIntArg('--max-vcpus', MAX_VCPUS)).default(DEFAULT_V2_LIMITS.maxVcpus))
     .addOption(
       new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
-        .argParser(positiveInt('--max-backlog', 1 << 30))
+        .argParser(positiveIntArg('--max-backlog', 1 << 30))
         .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
     );
 }
