@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { E } from './v2/codec.js';
-import { MAX_NVCPU } from './v2/messages.js';
+import { MAX_VCPUS } from '../ratio/types.js';
 import { readStarttime } from '../ratio/vm-spec.js';
 import type { VmSpec } from '../ratio/types.js';
 import { tidBelongsTo } from './peer.js';
@@ -23,7 +23,7 @@ export interface V2Limits {
 
 export const DEFAULT_V2_LIMITS: V2Limits = {
   maxVmsPerConnection: 64,
-  maxVcpus: MAX_NVCPU,
+  maxVcpus: MAX_VCPUS,
   maxVms: 1024,
   maxBacklogBytes: 256 * 1024,
 };

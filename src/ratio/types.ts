@@ -4,6 +4,10 @@
  */
 import type { Vendor } from '../msr/registers.js';
 
+/** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */
+export const MAX_VCPUS = 4096;
+export const MAX_VPKG = 255;
+
 export interface HostCpu {
   cpu: number;
   package: number;

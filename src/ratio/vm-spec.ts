@@ -7,10 +7,8 @@ import path from 'node:path';
 import { QmpClient, type QmpConnectOptions } from '../client/qmp.js';
 import { tidBelongsTo } from '../helper/peer.js';
 import { isStatParseError, parseStatLine } from './stat.js';
-import type { VcpuSpec, VmSpec } from './types.js';
+import { MAX_VCPUS, MAX_VPKG, type VcpuSpec, type VmSpec } from './types.js';
 
-export const MAX_VCPUS = 4096;
-export const MAX_VPKG = 255;
 
 /** Field 22 of /proc/<pid>/stat; null when the process does not exist or the line is unreadable. */
 export function readStarttime(procRoot: string, pid: number): number | null {

@@ -5,9 +5,8 @@
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
  */
 import { E, FLAG_ENDED, T, type Frame, typeName } from './codec.js';
+import { MAX_VCPUS, MAX_VPKG } from '../../ratio/types.js';
 
-export const MAX_NVCPU = 4096;
-export const MAX_VPKG = 255;
 
 export interface PayloadError {
   code: number;
@@ -45,7 +44,7 @@ export function parseClientFrame(f: Frame): ClientRequest | PayloadError {
       // A lying count is a size error: length must be exactly 8 + 8 * nvcpu.
       if (p.length !== 8 + 8 * nvcpu) return wrongSize(f.type, p.length, `8 + 8 x nvcpu (${nvcpu}) = ${8 + 8 * nvcpu}`);
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
-      if (nvcpu < 1 || nvcpu > MAX_NVCPU) return bad(`nvcpu must be 1..${MAX_NVCPU}, got ${nvcpu}`);
+      if (nvcpu < 1 || nvcpu > MAX_VCPUS) return bad(`nvcpu must be 1..${MAX_VCPUS}, got ${nvcpu}`);
       if (pid > 0x7fffffff) return bad(`pid ${pid} is out of range`);
       const vcpus: { tid: number; vpkg: number }[] = [];
       const seen = new Set<number>();
