@@ -1,21 +1,21 @@
 /**
  * npm run bench: runs every benchmark and prints its numbers. Never fails on timing; a benchmark
- * that cannot run here says why.
+ * that cannot run here says why. Each suite runs in a fresh Node process, so memory figures are its
+ * own and not what an earlier suite left on the heap. `npm run bench -- replay` runs one suite.
  */
-const suites = ['./legacy.js', './sampling.js', './replay.js', './service.js'];
+import { spawnSync } from 'node:child_process';
 
-for (const suite of suites) {
-  let mod: { run?: () => Promise<void> };
-  try {
-    mod = (await import(suite)) as { run?: () => Promise<void> };
-  } catch (e) {
-    console.log(`\n== ${suite}: not available (${(e as Error).message.split('\n')[0]})`);
-    continue;
-  }
-  if (typeof mod.run !== 'function') continue;
-  try {
-    await mod.run();
-  } catch (e) {
-    console.log(`\n== ${suite}: could not run here: ${(e as Error).message}`);
-  }
+const all = ['legacy', 'sampling', 'replay', 'service'];
+const wanted = process.argv.slice(2);
+const unknown = wanted.filter((w) => !all.includes(w));
+if (unknown.length) {
+  console.error(`unknown benchmark ${unknown.join(', ')}; choose from ${all.join(', ')}`);
+  process.exit(2);
+}
+
+for (const suite of wanted.length ? wanted : all) {
+  const url = new URL(`./${suite}.js`, import.meta.url).href;
+  const script = `const m = await import(${JSON.stringify(url)}); if (typeof m.run === 'function') await m.run();`;
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { stdio: 'inherit' });
+  if (r.status !== 0) console.log(`\n== ${suite}: could not run here (exit ${r.status ?? r.signal}); see its output above`);
 }
