@@ -38,7 +38,17 @@ export class Replay {
   private readonly byPid = new Map<number, number[]>();
   private readonly attributedS = new Map<number, number>();
 
-  constructor(readonly header: TraceHeader) {
+  /**
+   * A trace can register VMs without end (a gzip bomb of register lines) and each keeps state for
+   * the total; past this many the replay stops with an error instead of growing without bound.
+   */
+  static readonly DEFAULT_MAX_VMS = 100_000;
+  private registered = 0;
+
+  constructor(
+    readonly header: TraceHeader,
+    private readonly maxVms = Replay.DEFAULT_MAX_VMS,
+  ) {
     this.engine = new RatioEngine(header.host);
   }
 
@@ -56,6 +66,7 @@ export class Replay {
   private applyUnchecked(rec: Exclude<TraceRecord, { type: 'header' }>): IntervalResult | null {
     switch (rec.type) {
       case 'register': {
+        if (++this.registered > this.maxVms) throw new TraceError(`the trace registers more than ${this.maxVms} VMs; replay holds at most that many`, rec.line);
         const id = this.engine.register(rec.vm);
         const ids = this.byPid.get(rec.vm.pid) ?? [];
         ids.push(id);

@@ -1,7 +1,7 @@
 /** Replay bookkeeping around the engine: unregister by pid, problems, attributed time, table text. */
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import { KEPT_PROBLEMS, replayRecords } from '../../src/ratio/replay.js';
+import { KEPT_PROBLEMS, Replay, replayRecords } from '../../src/ratio/replay.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
 import type { TraceRecord } from '../../src/ratio/trace-reader.js';
 import type { IntervalResult } from '../../src/ratio/types.js';
@@ -47,6 +47,14 @@ describe('replay', () => {
     const table = formatTable(s);
     expect(table).toMatch(/first\s+100\s+ended\s+0\s+25\.000\s+25\.00\s+1\.0/);
     expect(table).toMatch(/second\s+100\s+running\s+0\s+50\.000\s+25\.00\s+2\.0/);
+  });
+
+  it('refuses a trace that registers more VMs than it may hold, naming the line', () => {
+    const r = new Replay((header as Extract<TraceRecord, { type: 'header' }>).header, 3);
+    for (let i = 0; i < 3; i++) r.apply(reg(i + 2, 100 + 10 * i, `vm${i}`) as Extract<TraceRecord, { type: 'register' }>);
+    expect(() => r.apply(reg(5, 200, 'one too many') as Extract<TraceRecord, { type: 'register' }>)).toThrow(/line 5.*more than 3 VMs/);
+    expect(r.summary().vms).toHaveLength(3);
+    expect(Replay.DEFAULT_MAX_VMS).toBe(100_000);
   });
 
   it('keeps only the first problems but counts them all', async () => {
