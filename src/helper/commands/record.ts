@@ -16,6 +16,7 @@ import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs, vmSpecFromQmp } from '../../ratio/vm-spec.js';
 import { collect, pidArg, secondsArg, vcpuListArg } from '../cli-args.js';
 import { VERSION } from '../version.js';
+import { ProgressLine } from '../progress.js';
 
 const MIN_INTERVAL_S = 0.01;
 
@@ -219,20 +220,10 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   }
 }
 
-interface Progress {
-  (samples: number, alive: number, total: number, bytes: number): void;
-  done(samples: number, alive: number, total: number, bytes: number): void;
-}
-
-function makeProgress(every: number): Progress {
-  const tty = process.stderr.isTTY === true;
+function makeProgress(every: number) {
+  const line = new ProgressLine();
   const text = (s: number, a: number, t: number, b: number) => `record: ${s} samples, ${a}/${t} VMs alive, ${b} bytes written`;
-  const f = ((s: number, a: number, t: number, b: number) => {
-    if (tty) process.stderr.write(`\r${text(s, a, t, b)}\x1b[K`);
-    else if (s === 1 || s % every === 0) process.stderr.write(`${text(s, a, t, b)}\n`);
-  }) as Progress;
-  f.done = (s, a, t, b) => {
-    process.stderr.write(`${tty ? '\r' : ''}${text(s, a, t, b)}; done${tty ? '\x1b[K' : ''}\n`);
-  };
+  const f = (s: number, a: number, t: number, b: number) => line.show(text(s, a, t, b), s === 1 || s % every === 0);
+  f.done = (s: number, a: number, t: number, b: number) => line.done(`${text(s, a, t, b)}; done`);
   return f;
 }

@@ -8,6 +8,8 @@ import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { replayFile } from '../../ratio/replay.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../ratio/replay-report.js';
+import type { IntervalResult } from '../../ratio/types.js';
+import { ProgressLine } from '../progress.js';
 
 export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 
@@ -72,10 +74,15 @@ export async function runReplay(trace: string | undefined, opts: { json?: boolea
     process.exit(1);
   });
   const out = writer();
+  const progress = replayProgress(file);
   let summary;
   try {
-    summary = await replayFile(file, opts.json ? (r) => out.write(intervalJsonLine(r) + '\n') : undefined);
+    summary = await replayFile(file, (r) => {
+      progress.interval(r);
+      if (opts.json) out.write(intervalJsonLine(r) + '\n');
+    });
   } finally {
+    progress.end();
     // The intervals before a trace error are still shown; the error follows on stderr.
     await out.flush();
   }
@@ -84,6 +91,34 @@ export async function runReplay(trace: string | undefined, opts: { json?: boolea
   await out.flush();
   const problems = formatProblems(summary);
   if (problems) process.stderr.write(problems);
+}
+
+/**
+ * Progress for long replays only: nothing for the first 2 s (most traces are done by then), then on a
+ * terminal a line rewritten in place, elsewhere a line every 10 s.
+ */
+function replayProgress(file: string, now: () => number = () => Date.now()) {
+  const line = new ProgressLine(process.stderr, now);
+  const start = now();
+  let lastMilestone = start;
+  let intervals = 0;
+  let firstNs: bigint | undefined;
+  return {
+    interval(r: IntervalResult): void {
+      intervals++;
+      firstNs ??= r.tNs;
+      if ((intervals & 63) !== 0) return;
+      const t = now();
+      if (t - start < 2000) return;
+      const milestone = t - lastMilestone >= 10_000;
+      if (milestone) lastMilestone = t;
+      const traced = Number(r.tNs - firstNs) / 1e9;
+      line.show(`replay ${path.basename(file)}: ${intervals} intervals, ${traced.toFixed(0)} s of trace, ${((t - start) / 1000).toFixed(0)} s`, milestone);
+    },
+    end(): void {
+      line.clear();
+    },
+  };
 }
 
 export function addReplayCommand(program: Command): void {
