@@ -68,6 +68,9 @@ describe('watch', () => {
     const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: true };
     expect(formatUpdate(a, b)).toMatch(/vpkg0 +10\.00 W +21\.000 J.*ended/);
     expect(formatUpdate(null, a)).toMatch(/vpkg0 +- +1\.000 J/);
+    // Time counts from the first sample watched, not the helper's monotonic clock; t_ns 0 is "-".
+    expect(formatUpdate(a, b, a.tNs)).toMatch(/^t= +2\.0s /);
+    expect(formatUpdate(null, { ...a, tNs: 0n }, undefined)).toMatch(/^t= +- /);
   });
 
   it('runWatch registers, prints updates, stops after --count and unregisters', async () => {

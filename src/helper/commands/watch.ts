@@ -20,16 +20,20 @@ export interface WatchOptions {
   procRoot?: string;
 }
 
-/** One line per UPDATE: power from the energy delta over the time delta, and the running energy. */
-export function formatUpdate(prev: Update | null, u: Update): string {
+/**
+ * One line per UPDATE: power from the energy delta over the time delta, and the running energy. Time
+ * is counted from `originNs` (the first sample watched); t_ns itself is the helper's monotonic clock,
+ * which means nothing to a reader. An UPDATE from before the first interval (t_ns 0) shows "t=-".
+ */
+export function formatUpdate(prev: Update | null, u: Update, originNs: bigint = u.tNs): string {
   const dtNs = prev ? Number(u.tNs - prev.tNs) : 0;
   const parts = u.vpkgs.map((v, g) => {
     const j = Number(v.energyUj) / 1e6;
     const p = prev && dtNs > 0 ? (Number(v.energyUj - (prev.vpkgs[g]?.energyUj ?? 0n)) * 1e3) / dtNs : NaN;
     return `vpkg${g} ${Number.isNaN(p) ? '    -   ' : `${p.toFixed(2).padStart(7)} W`} ${j.toFixed(3).padStart(10)} J`;
   });
-  const t = (Number(u.tNs) / 1e9).toFixed(3);
-  return `t=${t}s  ${parts.join('  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
+  return `t=${t.padStart(7)}  ${parts.join('  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
 export function describeError(e: unknown): string {
@@ -53,10 +57,12 @@ export async function runWatch(o: WatchOptions, out: (line: string) => void, sig
     const reg = await client.register({ pid, vcpus });
     out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
     let prev: Update | null = null;
+    let origin: bigint | undefined;
     let seen = 0;
     await new Promise<void>((resolve, reject) => {
       const onUpdate = (u: Update) => {
-        out(formatUpdate(prev, u));
+        if (u.tNs !== 0n) origin ??= u.tNs;
+        out(formatUpdate(prev, u, origin));
         // The immediate UPDATE before the first interval carries t_ns 0; it is not a baseline.
         if (u.tNs !== 0n) prev = u;
         if (u.ended || (o.count !== undefined && ++seen > o.count)) resolve();
