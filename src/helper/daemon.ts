@@ -65,6 +65,8 @@ export interface RunDaemonOptions {
   /** Default true: SIGTERM/SIGINT/SIGHUP stop the daemon and exit the process with 0. */
   handleSignals?: boolean;
   logger?: Logger;
+  /** What reexecWithRawioOnly() said when it did not re-execute (logged with the privileges). */
+  reexec?: string;
 }
 
 export interface RunningDaemon {
@@ -161,11 +163,11 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     });
     const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
     privLog.info(
-      { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped },
+      { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped, reexec: opts.reexec ?? null },
       'privileges dropped (main thread, from /proc/self/status)',
     );
     const others = describeThreads().filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
-    if (others.length) privLog.info({ threads: others }, 'threads started before the drop keep other capabilities (capabilities are per thread; they never read MSRs)');
+    if (others.length) privLog.info({ threads: others }, 'threads started before the drop keep other capabilities (capabilities are per thread; without -u the helper re-executes itself to avoid this, see reexec)');
 
     const where = 'path' in target ? target.path : `systemd socket (fd ${target.fd})`;
     logger.info({ socket: where, pid: process.pid }, `Listening on ${where}`);

@@ -22,6 +22,8 @@ const fn = {
   sysconf: libc.func('long sysconf(int name)'),
   getuid: libc.func('uint32_t getuid()'),
   gettid: libc.func('int gettid()'),
+  execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
+  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -155,4 +157,27 @@ export function clockTicksPerSecond(): number {
 
 export function gettid(): number {
   return fn.gettid() as number;
+}
+
+const F_GETFD = 1;
+const F_SETFD = 2;
+const FD_CLOEXEC = 1;
+
+/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
+export function keepAcrossExec(fd: number): void {
+  const flags = fn.fcntl(fd, F_GETFD) as number;
+  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
+  if ((flags & FD_CLOEXEC) !== 0 && (fn.fcntl(fd, F_SETFD, 'int', flags & ~FD_CLOEXEC) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
+}
+
+/**
+ * Replaces the whole process (every thread) with `path`; the pid, the environment given and the fds
+ * without FD_CLOEXEC carry over (see keepAcrossExec). Returns only by throwing.
+ */
+export function execve(path: string, argv: readonly string[], env: NodeJS.ProcessEnv): never {
+  const envp = Object.entries(env)
+    .filter((e): e is [string, string] => e[1] !== undefined)
+    .map(([k, v]) => `${k}=${v}`);
+  fn.execve(path, [...argv, null], [...envp, null]);
+  throw errnoError(`execve(${path})`);
 }

@@ -212,17 +212,23 @@ describe('privileges', () => {
     expect(st.capBnd).toBe(1n << 17n);
     expect(st.capInh).toBe(0n);
     expect(st.noNewPrivs).toBe(1);
-    // the uid change reached every thread (glibc broadcasts setresuid)
+    // The uid change reached every thread (glibc broadcasts setresuid). The helper re-executed itself
+    // before the drop keeping only RAWIO, SETGID, SETUID and SETPCAP in the bounding set, so no thread
+    // can hold anything else, and the uid change emptied every other thread's sets.
+    const idCaps = (1n << 17n) | (1n << 6n) | (1n << 7n) | (1n << 8n);
     for (const tid of fs.readdirSync(`/proc/${child.proc.pid}/task`)) {
       const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
       expect(t.uid).toEqual([65534, 65534, 65534, 65534]);
+      expect(t.capBnd & ~idCaps).toBe(0n);
+      expect(t.capEff & ~(1n << 17n)).toBe(0n);
+      expect(t.capPrm & ~(1n << 17n)).toBe(0n);
     }
     const c = await LegacyClient.connect(sock);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n); // fds opened before the drop
     c.close();
   });
 
-  test('without -u: still root, but only CAP_SYS_RAWIO left', async (ctx) => {
+  test('without -u: still root, and every thread (not only the main one) has only CAP_SYS_RAWIO', async (ctx) => {
     const why = missing({ root: true });
     if (why) return ctx.skip(why);
     const { host, sock } = setup();
@@ -231,7 +237,21 @@ describe('privileges', () => {
     expect(st.uid[1]).toBe(0);
     expect(st.capEff).toBe(1n << 17n);
     expect(st.capBnd).toBe(1n << 17n);
+    // The helper re-executed itself (same pid) after shrinking the bounding set, so the threads Node
+    // starts (V8 workers, the libuv pool) never had root's capabilities.
+    const tids = fs.readdirSync(`/proc/${child.proc.pid}/task`);
+    expect(tids.length).toBeGreaterThan(1);
+    for (const tid of tids) {
+      const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
+      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb]).toEqual([tid, 1n << 17n, 1n << 17n, 1n << 17n, 0n, 0n]);
+    }
     expect(child.stderr()).toContain('privileges dropped');
+    expect(child.stderr()).toContain('"reexec":"re-executed');
+    expect(child.stderr()).not.toContain('keep other capabilities');
+    // stdio survived the exec: the log above came through it; and it still serves.
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
   });
 });
 

@@ -8,7 +8,7 @@ import type { Command } from 'commander';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-paths.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { levelFromFlags } from '../logger.js';
-import { primaryGroupOf, resolveGroup, resolveUser } from '../privileges.js';
+import { primaryGroupOf, reexecWithRawioOnly, resolveGroup, resolveUser } from '../privileges.js';
 import { runDaemon, type DaemonConfig, type DaemonPlugin } from '../daemon.js';
 import { isDaemonChild, reportFailure, spawnDetached } from '../daemonize.js';
 import { addV2Options, v2DaemonPlugin, v2OptionsFrom, type V2CliOptions } from '../v2/service.js';
@@ -138,13 +138,16 @@ function defaultRead(f: string): string {
 
 /** -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. */
 export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly DaemonPlugin[] = []): Promise<void> {
+  // Shed every capability but CAP_SYS_RAWIO on every thread by re-executing (see privileges.ts);
+  // before -d, so the detached child inherits the reduced bounding set too.
+  const reexec = reexecWithRawioOnly({ changingIds: config.uid !== undefined || config.gid !== undefined });
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    await runDaemon(config, { plugins: [...plugins] });
+    await runDaemon(config, { plugins: [...plugins], reexec });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
