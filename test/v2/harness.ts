@@ -23,6 +23,7 @@ import { V2_MAGIC } from '../../src/helper/v2/codec.js';
 import { createV2Service, DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
 import { FakeHost } from '../support/fake-host.js';
+import { waitFor } from '../support/wait.js';
 
 export const POWER_UNIT = 0xa0e03n; // ESU 14: 61 uJ per unit
 
@@ -160,10 +161,7 @@ export class RawClient {
   }
 }
 
-export async function until(cond: () => boolean, timeoutMs = 5000, what = 'condition'): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
+/** waitFor with the argument order these tests read best in. */
+export function until(cond: () => boolean, timeoutMs = 5000, what = 'condition'): Promise<void> {
+  return waitFor(cond, what, undefined, timeoutMs);
 }

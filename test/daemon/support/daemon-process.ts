@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { encodeLegacyRequest } from '../../../src/helper/legacy-protocol.js';
+import { waitFor } from '../../support/wait.js';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 export const BIN = path.join(ROOT, 'dist/src/bin/vmsr-helper.js');
@@ -71,15 +72,7 @@ export function spawnHelper(args: string[], opts: { env?: NodeJS.ProcessEnv; com
   };
 }
 
-/** Waits until `cond` holds (polling), or throws with `what` and the child's log. */
-export async function waitFor(cond: () => boolean, what: string, child?: DaemonChild, ms = 10_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (child && child.proc.exitCode !== null) throw new Error(`${what}: helper exited ${child.proc.exitCode}\n${child.stderr()}`);
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${child?.stderr() ?? ''}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+export { waitFor };
 
 export async function startHelper(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): Promise<DaemonChild> {
   const child = spawnHelper(args, opts);

@@ -1,0 +1,18 @@
+/** Polling until a condition holds, for tests that watch real processes and sockets. */
+import type { ChildProcess } from 'node:child_process';
+
+/** A child whose early exit ends the wait, with its log in the error. */
+export interface WatchedChild {
+  proc: ChildProcess;
+  stderr(): string;
+}
+
+/** Waits until `cond` holds (polling every 20 ms), or throws naming `what`, with the child's log. */
+export async function waitFor(cond: () => boolean, what: string, child?: WatchedChild, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (child && child.proc.exitCode !== null) throw new Error(`${what}: helper exited ${child.proc.exitCode}\n${child.stderr()}`);
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${child?.stderr() ?? ''}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
