@@ -3,6 +3,25 @@ import { InvalidArgumentError } from 'commander';
 import { parseVcpuList } from '../ratio/vm-spec.js';
 import type { VcpuSpec } from '../ratio/types.js';
 
+/**
+ * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
+ * 2^32 x 2^-ESU J: with ESU 16 (common on AMD) that is 65 kJ, about 5 minutes at 200 W. One wrap in an
+ * interval is recovered (mod 2^32); two are not, so intervals stay far below the wrap time.
+ */
+export const MAX_INTERVAL_S = 60;
+
+/** A sampling interval in seconds: at least 10 ms (below, a deadline rounds to nothing), at most MAX_INTERVAL_S. */
+export function intervalArg(flag: string) {
+  const parse = secondsArg(flag, { min: 0.01, max: MAX_INTERVAL_S });
+  return (text: string): number => {
+    try {
+      return parse(text);
+    } catch (e) {
+      throw new InvalidArgumentError(`${(e as Error).message} (longer intervals could let the 32-bit energy counter wrap twice unseen)`);
+    }
+  };
+}
+
 /** Seconds as a decimal number in [min, max] (min exclusive when 0). */
 export function secondsArg(flag: string, o: { min?: number; max: number }) {
   const min = o.min ?? 0;

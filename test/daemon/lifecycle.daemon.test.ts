@@ -267,6 +267,7 @@ describe('start-up errors name the fix', () => {
     ['unknown user', ({ host, sock }) => ['-k', sock, '-u', 'no-such-user-xyz', ...hostArgs(host)], /invalid user 'no-such-user-xyz': give an existing user name or a numeric uid/],
     ['bad template', ({ host, sock }) => ['-k', sock, '--sys-root', host.sysRoot, '--msr-path', '/dev/cpu/msr'], /exactly one %u/],
     ['bad -T', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '-T', 'file=/tmp/x'], /file= is not supported/],
+    ['interval that lets the counter wrap twice', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '--interval', '61'], /--interval must be a number of seconds in \[0\.01, 60\].*wrap/],
     ['unknown option', () => ['--no-such-option'], /unknown option '--no-such-option'/],
     ['missing argument', () => ['-k'], /argument missing/],
   ];

@@ -215,4 +215,13 @@ describe('vmsr-helper record', () => {
     await expect(runRecord({ ...o, interval: 1e-10, duration: 1 })).rejects.toThrow(/interval must be at least 0.01 s/);
     expect(fs.existsSync(o.output)).toBe(false);
   });
+
+  test('an interval long enough for the energy counter to wrap twice unseen is refused', async () => {
+    const o = { qmp: [], pid: [process.pid], vcpus: [[{ tid: process.pid, vpkg: 0 }]], output: path.join(tmpDir(), 'x.jsonl'), energySource: 'synthetic' as const, paths: DEFAULT_HOST_PATHS };
+    await expect(runRecord({ ...o, interval: 61, duration: 1 })).rejects.toThrow(/interval must be at most 60 s.*wrap/);
+    expect(fs.existsSync(o.output)).toBe(false);
+    const r = await runCli(['record', '--interval', '120', '--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '-o', o.output]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/--interval must be a number of seconds in \[0\.01, 60\].*wrap/);
+  });
 });

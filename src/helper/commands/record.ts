@@ -14,7 +14,7 @@ import { Sampler, monotonicNs } from '../../ratio/sampler.js';
 import { TraceWriter } from '../../ratio/trace-writer.js';
 import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs, vmSpecFromQmp } from '../../ratio/vm-spec.js';
-import { collect, pidArg, secondsArg, vcpuListArg } from '../cli-args.js';
+import { collect, intervalArg, MAX_INTERVAL_S, pidArg, secondsArg, vcpuListArg } from '../cli-args.js';
 import { VERSION } from '../version.js';
 import { ProgressLine } from '../progress.js';
 
@@ -45,7 +45,7 @@ export function addRecordCommand(program: Command): void {
     .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(vcpuListArg), [])
     .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip)')
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
-    .option('--interval <seconds>', 'time between samples', secondsArg('--interval', { min: MIN_INTERVAL_S, max: 3600 }), 1)
+    .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
     .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'))
     // No defaults for these four: the root (daemon) command has the same options, and a value given
@@ -113,6 +113,7 @@ function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): str
 /** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
 export async function runRecord(o: RecordOptions): Promise<void> {
   if (!(o.interval >= MIN_INTERVAL_S)) throw new Error(`interval must be at least ${MIN_INTERVAL_S} s, got ${o.interval}`);
+  if (!(o.interval <= MAX_INTERVAL_S)) throw new Error(`interval must be at most ${MAX_INTERVAL_S} s (a 32-bit energy counter could wrap twice unseen), got ${o.interval}`);
   const vms = await collectVms(o);
   const device = new MsrDevice(o.paths.msrPathTemplate);
   const tasks = new ProcTaskReader(o.paths.procRoot);

@@ -16,7 +16,7 @@ import { MAX_VCPUS } from '../../ratio/types.js';
 import type { DaemonPlugin } from '../daemon.js';
 import type { V2Handler } from '../server.js';
 import { readHostInfo } from '../../msr/host-info.js';
-import { positiveIntArg, secondsArg } from '../cli-args.js';
+import { intervalArg, positiveIntArg } from '../cli-args.js';
 import { MsrEnergySource } from '../../msr/energy-source.js';
 import { ProcTaskReader } from '../../ratio/proc-tasks.js';
 import { Sampler } from '../../ratio/sampler.js';
@@ -189,7 +189,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
 /** v2 options on the daemon command. */
 export function addV2Options(cmd: Command): void {
   cmd
-    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(secondsArg('--interval', { min: 0.01, max: 3600 })).default(1))
+    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))
     .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
     .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveIntArg('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
     .addOption(
