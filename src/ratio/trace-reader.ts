@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import type { Readable } from 'node:stream';
 import zlib from 'node:zlib';
 import { parseMsrHex, type Vendor } from '../msr/registers.js';
-import type { HostCpu, HostPackage, Sample, TraceHeader, VcpuSpec, VmSpec } from './types.js';
+import { MAX_VPKG, type HostCpu, type HostPackage, type Sample, type TraceHeader, type VcpuSpec, type VmSpec } from './types.js';
 
 export type { TraceHeader };
 
@@ -176,7 +176,7 @@ export class TraceParser {
       if (!isObject(c)) this.fail(`register: vm.vcpus[${i}] must be an object`);
       const tid = this.id(c.tid, `vm.vcpus[${i}].tid`);
       const vpkg = this.uint(c.vpkg, `vm.vcpus[${i}].vpkg`);
-      if (vpkg > 255) this.fail(`register: vm.vcpus[${i}].vpkg must be 0..255, got ${vpkg}`);
+      if (vpkg > MAX_VPKG) this.fail(`register: vm.vcpus[${i}].vpkg must be 0..${MAX_VPKG}, got ${vpkg}`);
       if (tids.has(tid)) this.fail(`register: vCPU tid ${tid} is listed twice`);
       tids.add(tid);
       vcpus.push({ tid, vpkg });
