@@ -4,10 +4,9 @@
  * Decisions where the spec is silent are in docs/protocol-v2.md.
  */
 import { Option, type Command } from 'commander';
-import type { Logger } from 'pino';
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
-import { SamplingService, type Engine, type SampleSource, type SamplingStats, type TraceSink } from '../sampling-service.js';
+import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
 import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from '../vm-registry.js';
 import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from './codec.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
@@ -25,18 +24,12 @@ import { TraceWriter } from '../../ratio/trace-writer.js';
 export type { V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
 
-export interface V2ServiceOptions {
+/** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
+export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine'> {
   host: HostInfo;
-  sampler: SampleSource;
   engine?: Engine;
   procRoot: string;
-  intervalMs: number;
   limits: V2Limits;
-  trace?: TraceSink;
-  /** ProcTaskReader.forget: drops the open stat fds of a pid no longer sampled. */
-  forgetPid?: (pid: number) => void;
-  log: Logger;
-  clock?: () => bigint;
 }
 
 export interface V2Service {
