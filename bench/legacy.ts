@@ -8,7 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { encodeLegacyRequest } from '../src/helper/legacy-protocol.js';
+import { encodeLegacyRequest } from '../src/protocol/legacy.js';
 import { MSR_PKG_ENERGY_STATUS } from '../src/msr/registers.js';
 
 const BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src/bin/vmsr-helper.js');

@@ -5,7 +5,8 @@
  */
 import { RatioEngine } from '../src/ratio/attribution.js';
 import { replayRecords } from '../src/ratio/replay.js';
-import { readTraceStream, type TraceRecord } from '../src/ratio/trace-reader.js';
+import { readTraceStream } from '../src/trace/reader.js';
+import { type TraceRecord } from '../src/ratio/trace-records.js';
 
 export interface GeneratedTraceShape {
   vms: number;

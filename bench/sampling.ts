@@ -3,7 +3,7 @@
  * over real threads (python3 processes with sleeping threads), and the first-sample (listing) cost.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { ProcTaskReader } from '../src/ratio/proc-tasks.js';
+import { ProcTaskReader } from '../src/os/proc-tasks.js';
 
 const THREADS_PER_PROC = 500;
 const SCRIPT = `

@@ -17,8 +17,8 @@ import { MsrEnergySource } from '../src/msr/energy-source.js';
 import { readHostInfo } from '../src/msr/host-info.js';
 import { DEFAULT_AMD_SYNTH } from '../src/msr/legacy-registers.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
-import { ProcTaskReader } from '../src/ratio/proc-tasks.js';
-import { Sampler } from '../src/ratio/sampler.js';
+import { ProcTaskReader } from '../src/os/proc-tasks.js';
+import { Sampler } from '../src/sampling/sampler.js';
 
 const INTERVAL_MS = 1000;
 

@@ -1,4 +1,4 @@
 #!/usr/bin/env node
-import { main } from '../helper/cli.js';
+import { main } from '../cli/cli.js';
 
 await main(process.argv);

@@ -5,8 +5,8 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import { getPeerCredentials } from '../native/libc.js';
-import { socketFd } from '../helper/peer.js';
+import { getPeerCredentials } from '../os/libc.js';
+import { socketFd } from '../os/peer.js';
 
 /** Longest line accepted from the monitor; query-cpus-fast of 4096 vCPUs stays far below it. */
 export const QMP_MAX_LINE = 4 * 1024 * 1024;

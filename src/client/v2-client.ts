@@ -4,8 +4,8 @@
  * at any time in between and go to the subscription's callbacks.
  */
 import net from 'node:net';
-import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, isFrameError, typeName } from '../helper/v2/codec.js';
-import { parseHelperFrame, type HelperMessage } from '../helper/v2/messages.js';
+import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, isFrameError, typeName } from '../protocol/v2/codec.js';
+import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {

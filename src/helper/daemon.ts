@@ -7,14 +7,15 @@ import fs from 'node:fs';
 import { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
-import type { Vendor } from '../msr/registers.js';
+import type { Vendor } from '../ratio/types.js';
 import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
 import { LegacyService, OnlineCpus } from './legacy-service.js';
 import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
-import { capHex, describeThreads, dropPrivileges, parseProcStatus } from './privileges.js';
+import { dropPrivileges } from '../os/privileges/capabilities.js';
+import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices, type VendorChoice } from './startup-checks.js';
 import { isDaemonChild, reportReady } from './daemonize.js';
 

@@ -7,10 +7,10 @@
 import { readOnlineCpus } from '../msr/topology.js';
 import type { MsrDevice } from '../msr/device.js';
 import { MsrReadError } from '../msr/device.js';
-import type { Vendor } from '../msr/registers.js';
+import type { Vendor } from '../ratio/types.js';
 import { legacyPlan, synthValue, type AmdSynthConfig } from '../msr/legacy-registers.js';
-import type { LegacyRequest } from './legacy-protocol.js';
-import { tidBelongsTo } from './peer.js';
+import type { LegacyRequest } from '../protocol/legacy.js';
+import { tidBelongsTo } from '../os/peer.js';
 import type { Logger } from './logger.js';
 
 /** The set of online CPUs, re-read from sysfs (at most once a second) when asked about a new one. */

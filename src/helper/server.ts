@@ -5,10 +5,10 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import type { PeerCredentials } from '../native/libc.js';
-import { classifyPreamble, encodeLegacyReply, LegacyFramer, V2_MAGIC } from './legacy-protocol.js';
+import type { PeerCredentials } from '../os/libc.js';
+import { classifyPreamble, encodeLegacyReply, LegacyFramer, V2_MAGIC } from '../protocol/legacy.js';
 import type { LegacyService } from './legacy-service.js';
-import { peerOf } from './peer.js';
+import { peerOf } from '../os/peer.js';
 import type { Logger } from './logger.js';
 
 /**

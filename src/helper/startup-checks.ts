@@ -3,14 +3,14 @@
  * MSR devices present, and the right to read them.
  */
 import path from 'node:path';
-import { capget } from '../native/libc.js';
+import { capget } from '../os/libc.js';
 import { DEFAULT_HOST_PATHS } from '../msr/host-paths.js';
 import { readHostCpus } from '../msr/topology.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostCpu } from '../ratio/types.js';
 import { readVendor } from '../msr/vendor.js';
-import type { Vendor } from '../msr/registers.js';
-import { RAWIO_MASK } from './privileges.js';
+import type { Vendor } from '../ratio/types.js';
+import { RAWIO_MASK } from '../os/privileges/capabilities.js';
 
 export type VendorChoice = 'auto' | Vendor;
 

@@ -6,7 +6,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { HostCpu } from '../ratio/types.js';
 import type { MsrDevice } from './device.js';
-import { MSR_AMD_PKG_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS, formatMsrHex, joulesPerCounterUnit, type Vendor } from './registers.js';
+import { MSR_AMD_PKG_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS } from './registers.js';
+import { type Vendor } from '../ratio/types.js';
+import { formatMsrHex, joulesPerCounterUnit } from '../ratio/counter.js';
 import { firstCpuPerPackage } from './topology.js';
 
 export interface EnergySource {

@@ -3,10 +3,11 @@
  * package's RAPL unit (plus Intel's power limit/info when readable).
  */
 import type { HostInfo, HostPackage } from '../ratio/types.js';
-import { clockTicksPerSecond } from '../native/libc.js';
+import { clockTicksPerSecond } from '../os/libc.js';
 import { MsrReadError, type MsrDevice } from './device.js';
 import type { HostPaths } from './host-paths.js';
-import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT, type Vendor } from './registers.js';
+import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from './registers.js';
+import { type Vendor } from '../ratio/types.js';
 import { SYNTHETIC_DEFAULTS } from './energy-source.js';
 import { firstCpuPerPackage, readHostCpus } from './topology.js';
 import { readVendor } from './vendor.js';

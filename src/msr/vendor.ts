@@ -1,7 +1,7 @@
 /** CPU vendor from /proc/cpuinfo: decides which registers hold package energy. */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Vendor } from './registers.js';
+import type { Vendor } from '../ratio/types.js';
 
 export function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {
   const m = /^vendor_id\s*:\s*(\S+)/m.exec(cpuinfo);

@@ -4,7 +4,7 @@
  * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
  * and records the decisions where the spec is silent.
  */
-import { energyCounterBits, joulesPerCounterUnit } from '../msr/registers.js';
+import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
 import { isStatParseError, parseStatLine } from './stat.js';
 import { MAX_VPKG, type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
 

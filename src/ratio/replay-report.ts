@@ -2,7 +2,7 @@
  * Replay output: the JSON lines of trace-format.md "Replay output" and a human table. Formatting
  * only; the numbers come from replay.ts.
  */
-import { formatMsrHex } from '../msr/registers.js';
+import { formatMsrHex } from './counter.js';
 import type { ReplaySummary } from './replay.js';
 import type { IntervalResult, VmOutput } from './types.js';
 

@@ -1,10 +1,10 @@
 /**
  * Replay: trace records in, interval results and final totals out, through the RatioEngine.
- * Pure apart from readTrace in replayFile; the report module turns results into text.
+ * Pure: records in (trace/reader.ts parses them), results out; the report module turns results into text.
  */
 import { RatioEngine } from './attribution.js';
-import { readTrace, TraceError, type ReadOptions, type TraceHeader, type TraceRecord } from './trace-reader.js';
-import type { IntervalResult, VmOutput } from './types.js';
+import { TraceError, type TraceRecord } from './trace-records.js';
+import type { IntervalResult, TraceHeader, VmOutput } from './types.js';
 
 /** Problems are counted; only the first few are kept, so a bad trace cannot grow memory. */
 export const KEPT_PROBLEMS = 10;
@@ -131,8 +131,4 @@ export async function replayRecords(
   }
   if (!replay) throw new TraceError('no header: the trace is empty');
   return replay.summary();
-}
-
-export function replayFile(path: string, onInterval?: (r: IntervalResult) => void, opts?: ReadOptions): Promise<ReplaySummary> {
-  return replayRecords(readTrace(path, opts), onInterval);
 }

@@ -2,7 +2,9 @@
  * Data shared by the ratio engine, the sampler, traces and the daemon. Pure data, no I/O.
  * Field meanings follow ../shared/spec/ratio.md and trace-format.md.
  */
-import type { Vendor } from '../msr/registers.js';
+
+/** CPU vendors whose RAPL MSRs the helper knows. */
+export type Vendor = 'intel' | 'amd';
 
 /** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */
 export const MAX_VCPUS = 4096;

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
-import { parseProcStatus } from '../../src/helper/privileges.js';
+import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { BIN, ensureBuilt, hostArgs, LegacyClient, ROOT, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
 
 const cleanups: (() => void | Promise<unknown>)[] = [];
@@ -58,7 +58,7 @@ describe('signals', () => {
     // in a child: runDaemon drops privileges of the process it runs in
     const script = `
       const { runDaemon } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/helper/daemon.js'))});
-      const { parseDaemonOptions } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/helper/commands/daemon.js'))});
+      const { parseDaemonOptions } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/cli/commands/daemon.js'))});
       const count = () => ['SIGTERM', 'SIGINT', 'SIGHUP'].map((s) => process.listenerCount(s)).join(',');
       const before = count();
       const d = await runDaemon(parseDaemonOptions(${JSON.stringify({ socket: sock, msrPath: host.msrPathTemplate, sysRoot: host.sysRoot, vendor: 'intel', quiet: true })}));

@@ -4,7 +4,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { QmpClient, QmpError } from '../../src/client/qmp.js';
-import { threadGroupOf, vmSpecFromQmp } from '../../src/ratio/vm-spec.js';
+import { threadGroupOf } from '../../src/os/vm-spec.js';
+import { vmSpecFromQmp } from '../../src/client/vm-spec.js';
 import { qemuMissing, startQemu, vcpuThreads, type QemuGuest } from '../support/qemu.js';
 
 describe('QMP client against a real QEMU', () => {

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import { KEPT_PROBLEMS, Replay, replayRecords } from '../../src/ratio/replay.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
-import type { TraceRecord } from '../../src/ratio/trace-reader.js';
+import type { TraceRecord } from '../../src/ratio/trace-records.js';
 import type { IntervalResult } from '../../src/ratio/types.js';
 import { host, sample, units } from './helpers.js';
 

@@ -5,8 +5,8 @@ import { MsrDevice } from '../../src/msr/device.js';
 import { MsrEnergySource, SyntheticEnergySource, parseProcStat } from '../../src/msr/energy-source.js';
 import { readHostInfo } from '../../src/msr/host-info.js';
 import { readHostCpus } from '../../src/msr/topology.js';
-import { ProcTaskReader } from '../../src/ratio/proc-tasks.js';
-import { Sampler } from '../../src/ratio/sampler.js';
+import { ProcTaskReader } from '../../src/os/proc-tasks.js';
+import { Sampler } from '../../src/sampling/sampler.js';
 import { FakeHost } from '../support/fake-host.js';
 
 const hosts: FakeHost[] = [];

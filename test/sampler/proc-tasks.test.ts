@@ -1,6 +1,6 @@
 import fs from 'node:fs';
 import { afterEach, describe, expect, test } from 'vitest';
-import { ProcTaskReader, numThreads } from '../../src/ratio/proc-tasks.js';
+import { ProcTaskReader, numThreads } from '../../src/os/proc-tasks.js';
 import { parseStatLine, isStatParseError } from '../../src/ratio/stat.js';
 import { ThreadedProcess, openFdCount, procFdsOf } from './threads.js';
 

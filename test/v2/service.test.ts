@@ -3,8 +3,8 @@ import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, V2Error, type Update } from '../../src/client/v2-client.js';
-import { E, FrameDecoder, HELPER_TYPES, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe, isFrameError } from '../../src/helper/v2/codec.js';
-import { parseHelperFrame, type HelperMessage } from '../../src/helper/v2/messages.js';
+import { E, FrameDecoder, HELPER_TYPES, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe, isFrameError } from '../../src/protocol/v2/codec.js';
+import { parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
 import { isRoot } from '../support/env.js';
 import { POWER_UNIT, RawClient, startChild, startHarness, threadsOf, until, type Harness } from './harness.js';
 

@@ -4,9 +4,9 @@ import { execFile } from 'node:child_process';
 import { BIN, ensureBuilt } from '../daemon/support/daemon-process.js';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, type Update } from '../../src/client/v2-client.js';
-import { TraceWriter } from '../../src/ratio/trace-writer.js';
-import { replayFile } from '../../src/ratio/replay.js';
-import { formatUpdate, runWatch } from '../../src/helper/commands/watch.js';
+import { TraceWriter } from '../../src/trace/writer.js';
+import { replayFile } from '../../src/trace/replay-file.js';
+import { formatUpdate, runWatch } from '../../src/cli/commands/watch.js';
 import { startChild, startHarness, until } from './harness.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];

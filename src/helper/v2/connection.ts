@@ -6,9 +6,9 @@
  */
 import type net from 'node:net';
 import type { Logger } from 'pino';
-import type { PeerCredentials } from '../../native/libc.js';
-import { CLIENT_TYPES, E, FrameDecoder, encodeError, isFrameError } from './codec.js';
-import { isPayloadError, parseClientFrame, type ClientRequest } from './messages.js';
+import type { PeerCredentials } from '../../os/libc.js';
+import { CLIENT_TYPES, E, FrameDecoder, encodeError, isFrameError } from '../../protocol/v2/codec.js';
+import { isPayloadError, parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 
 export interface ConnectionHost {
   readonly maxBacklogBytes: number;

@@ -3,23 +3,14 @@
  * the connections; the daemon's server hands it every connection that starts with the v2 magic.
  * Decisions where the spec is silent are in docs/protocol-v2.md.
  */
-import { Option, type Command } from 'commander';
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from '../vm-registry.js';
-import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from './codec.js';
+import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from './vm-registry.js';
+import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from '../../protocol/v2/codec.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
-import type { ClientRequest } from './messages.js';
-import { MAX_VCPUS } from '../../ratio/types.js';
-import type { DaemonPlugin } from '../daemon.js';
+import type { ClientRequest } from '../../protocol/v2/messages.js';
 import type { V2Handler } from '../server.js';
-import { readHostInfo } from '../../msr/host-info.js';
-import { intervalArg, positiveIntArg } from '../cli-args.js';
-import { MsrEnergySource } from '../../msr/energy-source.js';
-import { ProcTaskReader } from '../../ratio/proc-tasks.js';
-import { Sampler } from '../../ratio/sampler.js';
-import { TraceWriter } from '../../ratio/trace-writer.js';
 
 export type { V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
@@ -173,83 +164,6 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     },
     get vms() {
       return registry.size;
-    },
-  };
-}
-
-// ---- command-line options ----
-
-/** v2 options on the daemon command. */
-export function addV2Options(cmd: Command): void {
-  cmd
-    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))
-    .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
-    .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveIntArg('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
-    .addOption(
-      new Option('--max-vms-per-connection <n>', 'v2 VMs one connection may register')
-        .argParser(positiveIntArg('--max-vms-per-connection'))
-        .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
-    )
-    .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveIntArg('--max-vcpus', MAX_VCPUS)).default(DEFAULT_V2_LIMITS.maxVcpus))
-    .addOption(
-      new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
-        .argParser(positiveIntArg('--max-backlog', 1 << 30))
-        .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
-    );
-}
-
-export interface V2CliOptions {
-  interval?: number;
-  record?: string;
-  maxVms?: number;
-  maxVmsPerConnection?: number;
-  maxVcpus?: number;
-  maxBacklog?: number;
-}
-
-export function v2OptionsFrom(opts: V2CliOptions): { intervalMs: number; limits: V2Limits; recordPath?: string } {
-  const limits: V2Limits = {
-    maxVms: opts.maxVms ?? DEFAULT_V2_LIMITS.maxVms,
-    maxVmsPerConnection: opts.maxVmsPerConnection ?? DEFAULT_V2_LIMITS.maxVmsPerConnection,
-    maxVcpus: opts.maxVcpus ?? DEFAULT_V2_LIMITS.maxVcpus,
-    maxBacklogBytes: opts.maxBacklog ?? DEFAULT_V2_LIMITS.maxBacklogBytes,
-  };
-  const out: { intervalMs: number; limits: V2Limits; recordPath?: string } = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits };
-  if (opts.record !== undefined) out.recordPath = opts.record;
-  return out;
-}
-
-/**
- * The v2 service as a daemon plugin: host facts and package energy from the daemon's MSR fds (opened
- * before the privilege drop, as is the trace file), /proc from the configured root.
- */
-export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; recordPath?: string }): DaemonPlugin {
-  return {
-    name: 'v2',
-    setup(ctx) {
-      const log = ctx.area('v2');
-      const paths = ctx.config.hostPaths;
-      const host = readHostInfo({ paths, device: ctx.device, vendor: ctx.vendor });
-      const tasks = new ProcTaskReader(paths.procRoot);
-      const sampler = new Sampler(new MsrEnergySource(ctx.device, host.cpus, ctx.vendor), tasks);
-      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }) : undefined;
-      const service = createV2Service({
-        host,
-        sampler,
-        procRoot: paths.procRoot,
-        intervalMs: o.intervalMs,
-        limits: o.limits,
-        trace,
-        forgetPid: (pid) => tasks.forget(pid),
-        log,
-      });
-      ctx.onShutdown(async () => {
-        await service.close();
-        tasks.close();
-        await trace?.close();
-      });
-      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null }, 'v2 service ready');
-      return { v2Handler: service.handler };
     },
   };
 }

@@ -8,7 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { encodeLegacyRequest } from '../../../src/helper/legacy-protocol.js';
+import { encodeLegacyRequest } from '../../../src/protocol/legacy.js';
 import { waitFor } from '../../support/wait.js';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');

@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type net from 'node:net';
-import { getPeerCredentials, type PeerCredentials } from '../native/libc.js';
+import { getPeerCredentials, type PeerCredentials } from './libc.js';
 
 export type { PeerCredentials };
 

@@ -1,7 +1,7 @@
 /** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
 import type { EnergySource } from '../msr/energy-source.js';
-import type { ProcTaskReader } from './proc-tasks.js';
-import type { Sample } from './types.js';
+import type { ProcTaskReader } from '../os/proc-tasks.js';
+import type { Sample } from '../ratio/types.js';
 
 export function monotonicNs(): bigint {
   return process.hrtime.bigint();

@@ -1,6 +1,6 @@
 import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
-import { ProgressLine } from '../../src/helper/progress.js';
+import { ProgressLine } from '../../src/cli/progress.js';
 
 function sink(tty: boolean) {
   const chunks: string[] = [];

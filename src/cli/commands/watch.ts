@@ -4,11 +4,11 @@
  */
 import type { Command } from 'commander';
 import { V2Client, V2ConnectionError, V2Error, type Update } from '../../client/v2-client.js';
-import { errorCodeName } from '../v2/codec.js';
-import { vmSpecFromQmp } from '../../ratio/vm-spec.js';
+import { errorCodeName } from '../../protocol/v2/codec.js';
+import { vmSpecFromQmp } from '../../client/vm-spec.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_SOCKET } from './daemon.js';
-import { pidArg, positiveIntArg, vcpuListArg } from '../cli-args.js';
+import { pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 
 export interface WatchOptions {
   socket: string;

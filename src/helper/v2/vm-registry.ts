@@ -4,11 +4,11 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { E } from './v2/codec.js';
-import { MAX_VCPUS } from '../ratio/types.js';
-import { readStarttime } from '../ratio/vm-spec.js';
-import type { VmSpec } from '../ratio/types.js';
-import { tidBelongsTo } from './peer.js';
+import { E } from '../../protocol/v2/codec.js';
+import { MAX_VCPUS } from '../../ratio/types.js';
+import { readStarttime } from '../../os/proc-starttime.js';
+import type { VmSpec } from '../../ratio/types.js';
+import { tidBelongsTo } from '../../os/peer.js';
 
 export interface V2Limits {
   /** VMs registered by one connection at once. */

@@ -7,8 +7,9 @@
 import fs from 'node:fs';
 import type { Readable } from 'node:stream';
 import zlib from 'node:zlib';
-import { parseMsrHex, type Vendor } from '../msr/registers.js';
-import { MAX_VPKG, type HostCpu, type HostPackage, type Sample, type TraceHeader, type VcpuSpec, type VmSpec } from './types.js';
+import { parseMsrHex } from '../ratio/counter.js';
+import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
+import { MAX_VPKG, type HostCpu, type HostPackage, type TraceHeader, type VcpuSpec, type Vendor, type VmSpec } from '../ratio/types.js';
 
 export type { TraceHeader };
 
@@ -16,22 +17,6 @@ export type { TraceHeader };
 export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
 
 const MAX_ID = 2 ** 31 - 1;
-
-export class TraceError extends Error {
-  /** 1-based line number, when the problem belongs to a line. */
-  readonly line: number | undefined;
-  constructor(message: string, line?: number) {
-    super(line === undefined ? message : `line ${line}: ${message}`);
-    this.name = 'TraceError';
-    this.line = line;
-  }
-}
-
-export type TraceRecord =
-  | { type: 'header'; line: number; header: TraceHeader }
-  | { type: 'register'; line: number; tNs: bigint; vm: VmSpec }
-  | { type: 'sample'; line: number; sample: Sample }
-  | { type: 'unregister'; line: number; tNs: bigint; pid: number };
 
 type Json = Record<string, unknown>;
 

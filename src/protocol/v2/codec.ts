@@ -5,7 +5,7 @@
  */
 
 // "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
-export { V2_MAGIC } from '../legacy-protocol.js';
+export { V2_MAGIC } from '../legacy.js';
 
 export const HEADER_SIZE = 8;
 export const MAX_PAYLOAD = 65536;

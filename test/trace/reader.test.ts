@@ -4,8 +4,9 @@ import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import { afterAll, describe, expect, it } from 'vitest';
-import { readTrace, readTraceStream, TraceError, type TraceRecord } from '../../src/ratio/trace-reader.js';
-import { statLine } from './helpers.js';
+import { readTrace, readTraceStream } from '../../src/trace/reader.js';
+import { TraceError, type TraceRecord } from '../../src/ratio/trace-records.js';
+import { statLine } from '../ratio/helpers.js';
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-trace-reader-'));
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));

@@ -4,8 +4,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { execFileSync, spawn } from 'node:child_process';
-import { socketFd } from '../../src/helper/peer.js';
-import { capget, clockTicksPerSecond, getPeerCredentials, sendUnixDatagram, sockaddrUn } from '../../src/native/libc.js';
+import { socketFd } from '../../src/os/peer.js';
+import { capget, clockTicksPerSecond, getPeerCredentials, sendUnixDatagram, sockaddrUn } from '../../src/os/libc.js';
 
 function tmpdir(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-libc-'));

@@ -5,8 +5,8 @@
  */
 import fs from 'node:fs';
 import zlib from 'node:zlib';
-import { formatMsrHex } from '../msr/registers.js';
-import type { Sample, TraceHeader, VmSpec } from './types.js';
+import { formatMsrHex } from '../ratio/counter.js';
+import type { Sample, TraceHeader, VmSpec } from '../ratio/types.js';
 
 export function headerRecord(h: TraceHeader): Record<string, unknown> {
   return {

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
-import { replayFile } from '../../ratio/replay.js';
+import { replayFile } from '../../trace/replay-file.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../ratio/replay-report.js';
 import type { IntervalResult } from '../../ratio/types.js';
 import { ProgressLine } from '../progress.js';

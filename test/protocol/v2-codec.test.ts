@@ -20,8 +20,8 @@ import {
   isFrameError,
   type DecodeResult,
   type Frame,
-} from '../../src/helper/v2/codec.js';
-import { isPayloadError, parseClientFrame, parseHelperFrame } from '../../src/helper/v2/messages.js';
+} from '../../src/protocol/v2/codec.js';
+import { isPayloadError, parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 
 function frames(rs: DecodeResult[]): Frame[] {
   return rs.map((r) => {

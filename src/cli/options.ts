@@ -1,6 +1,8 @@
 /** Argument parsers shared by the commands: each refuses bad text with a message naming the flag. */
-import { InvalidArgumentError } from 'commander';
-import { parseVcpuList } from '../ratio/vm-spec.js';
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/vm-registry.js';
+import { MAX_VCPUS } from '../ratio/types.js';
+import { parseVcpuList } from '../ratio/vcpus.js';
 import type { VcpuSpec } from '../ratio/types.js';
 
 /**
@@ -63,4 +65,44 @@ export function vcpuListArg(text: string): VcpuSpec[] {
 /** For repeatable options: each occurrence parsed and appended. */
 export function collect<T>(parse: (text: string) => T) {
   return (text: string, prev: T[] = []): T[] => [...prev, parse(text)];
+}
+
+/** v2 options on the daemon command. */
+export function addV2Options(cmd: Command): void {
+  cmd
+    .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))
+    .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
+    .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveIntArg('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
+    .addOption(
+      new Option('--max-vms-per-connection <n>', 'v2 VMs one connection may register')
+        .argParser(positiveIntArg('--max-vms-per-connection'))
+        .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
+    )
+    .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveIntArg('--max-vcpus', MAX_VCPUS)).default(DEFAULT_V2_LIMITS.maxVcpus))
+    .addOption(
+      new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
+        .argParser(positiveIntArg('--max-backlog', 1 << 30))
+        .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
+    );
+}
+
+export interface V2CliOptions {
+  interval?: number;
+  record?: string;
+  maxVms?: number;
+  maxVmsPerConnection?: number;
+  maxVcpus?: number;
+  maxBacklog?: number;
+}
+
+export function v2OptionsFrom(opts: V2CliOptions): { intervalMs: number; limits: V2Limits; recordPath?: string } {
+  const limits: V2Limits = {
+    maxVms: opts.maxVms ?? DEFAULT_V2_LIMITS.maxVms,
+    maxVmsPerConnection: opts.maxVmsPerConnection ?? DEFAULT_V2_LIMITS.maxVmsPerConnection,
+    maxVcpus: opts.maxVcpus ?? DEFAULT_V2_LIMITS.maxVcpus,
+    maxBacklogBytes: opts.maxBacklog ?? DEFAULT_V2_LIMITS.maxBacklogBytes,
+  };
+  const out: { intervalMs: number; limits: V2Limits; recordPath?: string } = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits };
+  if (opts.record !== undefined) out.recordPath = opts.record;
+  return out;
 }

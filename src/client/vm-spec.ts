@@ -1,0 +1,39 @@
+/** A VM as QEMU describes it over QMP: its vCPU threads, their virtual package, its name. */
+import { QmpClient, type QmpConnectOptions } from './qmp.js';
+import { checkThreadsOf } from '../os/vm-spec.js';
+import { readStarttime } from '../os/proc-starttime.js';
+import { MAX_VCPUS, MAX_VPKG, type VcpuSpec, type VmSpec } from '../ratio/types.js';
+
+/**
+ * Asks QEMU over QMP: vCPU threads (query-cpus-fast thread-id, socket-id as vpkg), name (query-name),
+ * and the QEMU pid from SO_PEERCRED of the monitor socket, checked against each vCPU thread's Tgid so a
+ * socket served by anything but that QEMU is refused.
+ */
+export async function vmSpecFromQmp(socketPath: string, procRoot: string, o: QmpConnectOptions = {}): Promise<VmSpec> {
+  const qmp = await QmpClient.connect(socketPath, o);
+  try {
+    const pid = qmp.peerCredentials().pid;
+    const cpus = await qmp.queryCpus();
+    const name = await qmp.queryName();
+    if (cpus.length === 0) throw new Error(`QMP ${socketPath}: query-cpus-fast lists no vCPU`);
+    if (cpus.length > MAX_VCPUS) throw new Error(`QMP ${socketPath}: ${cpus.length} vCPUs, at most ${MAX_VCPUS}`);
+    const vcpus: VcpuSpec[] = cpus.map((c) => {
+      // Without socket-id (boards that give no props) every vCPU is in virtual package 0.
+      const vpkg = c.socketId ?? 0;
+      if (vpkg > MAX_VPKG) throw new Error(`QMP ${socketPath}: vCPU ${c.cpuIndex} has socket-id ${vpkg}, at most ${MAX_VPKG}`);
+      return { tid: c.threadId, vpkg };
+    });
+    try {
+      checkThreadsOf(procRoot, pid, vcpus);
+    } catch (e) {
+      throw new Error(`QMP ${socketPath}: the socket's owner (pid ${pid}) is not the QEMU running these vCPUs: ${(e as Error).message}`);
+    }
+    const starttime = readStarttime(procRoot, pid);
+    if (starttime === null) throw new Error(`QMP ${socketPath}: QEMU process ${pid} vanished`);
+    const spec: VmSpec = { pid, starttime, vcpus };
+    if (name !== undefined) spec.name = name;
+    return spec;
+  } finally {
+    qmp.close();
+  }
+}

@@ -1,0 +1,44 @@
+/**
+ * A VM given on the command line (--pid, --vcpus): its pid, the starttime that identifies that
+ * process, and its vCPU threads, each checked to be a thread of that pid in /proc.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { tidBelongsTo } from './peer.js';
+import { readStarttime } from './proc-starttime.js';
+import type { VcpuSpec, VmSpec } from '../ratio/types.js';
+
+/** Tgid (process id) of a thread, from /proc/<tid>/status; null when it does not exist. */
+export function threadGroupOf(procRoot: string, tid: number): number | null {
+  let text: string;
+  try {
+    text = fs.readFileSync(path.join(procRoot, String(tid), 'status'), 'utf8');
+  } catch {
+    return null;
+  }
+  const m = /^Tgid:\s*(\d+)$/m.exec(text);
+  return m ? Number(m[1]) : null;
+}
+
+/**
+ * Checks that every vCPU tid is a thread of pid, now, by the rule the daemon applies to its clients
+ * (tidBelongsTo); throws naming the first that is not, and whose thread it is.
+ */
+export function checkThreadsOf(procRoot: string, pid: number, vcpus: readonly VcpuSpec[]): void {
+  for (const v of vcpus) {
+    if (tidBelongsTo(procRoot, pid, v.tid)) continue;
+    const tgid = threadGroupOf(procRoot, v.tid);
+    throw new Error(tgid === null || tgid === pid ? `thread ${v.tid} does not exist` : `thread ${v.tid} belongs to process ${tgid}, not ${pid}`);
+  }
+}
+
+/** A VmSpec from --pid and --vcpus: the threads must belong to the pid. */
+export function vmSpecFromArgs(procRoot: string, pid: number, vcpus: VcpuSpec[], name?: string): VmSpec {
+  if (!Number.isSafeInteger(pid) || pid <= 0) throw new Error(`bad pid ${String(pid)}`);
+  const starttime = readStarttime(procRoot, pid);
+  if (starttime === null) throw new Error(`process ${pid} does not exist (${path.join(procRoot, String(pid), 'stat')})`);
+  checkThreadsOf(procRoot, pid, vcpus);
+  const spec: VmSpec = { pid, starttime, vcpus };
+  if (name !== undefined) spec.name = name;
+  return spec;
+}

@@ -1,0 +1,157 @@
+/**
+ * The folder graph of src/: every relative import of every src/**\/*.ts file, reduced to the first
+ * folder under src/ on each side. Imports are read by TypeScript's own pre-processor, so comments and
+ * strings that merely look like imports do not count, and dynamic import() does.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import ts from 'typescript';
+
+/**
+ * The layers, lowest first: a folder may import only folders of a lower rank (docs: README "Layout").
+ * protocol and trace share a rank and so may not import each other.
+ */
+export const LAYER_RANK: Readonly<Record<string, number>> = {
+  ratio: 1,
+  protocol: 2,
+  trace: 2,
+  os: 3,
+  msr: 4,
+  sampling: 5,
+  client: 6,
+  discovery: 7,
+  helper: 8,
+  exporter: 9,
+  cli: 10,
+  bin: 11,
+};
+
+export interface ImportEdge {
+  /** Importing file and imported specifier, relative to the repo root. */
+  file: string;
+  specifier: string;
+  /** First folder under src/ of each side ('' for a file directly in src/); `to` is null for a package or node: module. */
+  from: string;
+  to: string | null;
+}
+
+function tsFiles(dir: string): string[] {
+  const out: string[] = [];
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) out.push(...tsFiles(p));
+    else if (e.name.endsWith('.ts') && !e.name.endsWith('.d.ts')) out.push(p);
+  }
+  return out.sort();
+}
+
+function folderOf(srcDir: string, file: string): string {
+  const rel = path.relative(srcDir, file).split(path.sep);
+  return rel.length > 1 ? rel[0]! : '';
+}
+
+/** Every import of every .ts file under srcDir. */
+export function importEdges(srcDir: string, root = path.dirname(srcDir)): ImportEdge[] {
+  const edges: ImportEdge[] = [];
+  for (const file of tsFiles(srcDir)) {
+    const info = ts.preProcessFile(fs.readFileSync(file, 'utf8'), true, true);
+    for (const imp of info.importedFiles) {
+      const specifier = imp.fileName;
+      const from = folderOf(srcDir, file);
+      let to: string | null = null;
+      if (specifier.startsWith('.')) {
+        const target = path.resolve(path.dirname(file), specifier);
+        const rel = path.relative(srcDir, target);
+        // An import leaving src/ (e.g. ../package.json) is named by its path, so it never matches a folder.
+        to = rel.startsWith('..') ? path.relative(root, target) : folderOf(srcDir, target);
+      }
+      edges.push({ file: path.relative(root, file), specifier, from, to });
+    }
+  }
+  return edges;
+}
+
+/** Folder -> folder -> the files (with specifier) behind that edge. */
+export function folderGraph(edges: readonly ImportEdge[]): Map<string, Map<string, string[]>> {
+  const g = new Map<string, Map<string, string[]>>();
+  for (const e of edges) {
+    if (!g.has(e.from)) g.set(e.from, new Map());
+    if (e.to === null || e.to === e.from) continue;
+    const out = g.get(e.from)!;
+    const files = out.get(e.to) ?? [];
+    files.push(`${e.file} imports '${e.specifier}'`);
+    out.set(e.to, files);
+  }
+  return g;
+}
+
+/** Strongly connected groups of more than one folder (Tarjan): each is a cycle of folders. */
+export function folderCycles(g: ReadonlyMap<string, ReadonlyMap<string, string[]>>): string[][] {
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const groups: string[][] = [];
+  let next = 0;
+  const nodes = new Set<string>([...g.keys(), ...[...g.values()].flatMap((m) => [...m.keys()])]);
+  const visit = (v: string): void => {
+    index.set(v, next);
+    low.set(v, next++);
+    stack.push(v);
+    onStack.add(v);
+    for (const w of g.get(v)?.keys() ?? []) {
+      if (!index.has(w)) {
+        visit(w);
+        low.set(v, Math.min(low.get(v)!, low.get(w)!));
+      } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+    }
+    if (low.get(v) === index.get(v)) {
+      const group: string[] = [];
+      let w: string;
+      do {
+        w = stack.pop()!;
+        onStack.delete(w);
+        group.push(w);
+      } while (w !== v);
+      if (group.length > 1) groups.push(group.sort());
+    }
+  };
+  for (const v of [...nodes].sort()) if (!index.has(v)) visit(v);
+  return groups;
+}
+
+/** A readable account of a cycle: each edge inside the group with the files that make it. */
+export function describeCycle(g: ReadonlyMap<string, ReadonlyMap<string, string[]>>, group: readonly string[]): string {
+  const lines = [`folders ${group.join(', ')} import each other:`];
+  for (const a of group) {
+    for (const [b, files] of g.get(a) ?? []) {
+      if (!group.includes(b)) continue;
+      lines.push(`  ${a} -> ${b}:`, ...files.map((f) => `    ${f}`));
+    }
+  }
+  return lines.join('\n');
+}
+
+/** Imports that go up or sideways in LAYER_RANK, and folders the layering does not know. */
+export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Record<string, number>> = LAYER_RANK): string[] {
+  const out: string[] = [];
+  const unknown = new Set<string>();
+  for (const e of edges) {
+    if (rank[e.from] === undefined) unknown.add(e.from);
+    if (e.to === null || e.to === e.from) continue;
+    const rf = rank[e.from];
+    const rt = rank[e.to];
+    if (rt === undefined) {
+      unknown.add(e.to);
+      continue;
+    }
+    if (rf !== undefined && rt >= rf) out.push(`${e.file} imports '${e.specifier}': src/${e.from} (layer ${rf}) may import only lower layers, src/${e.to} is layer ${rt}`);
+  }
+  for (const f of [...unknown].sort()) out.push(`src/${f || '.'} is not a layer: place it in LAYER_RANK (test/architecture/import-graph.ts) and the README layout table`);
+  return out;
+}
+
+/** Imports by src/ratio of anything outside src/ratio: the core stays pure (no fs, net, processes, packages). */
+export function impureCoreImports(edges: readonly ImportEdge[], core = 'ratio'): string[] {
+  return edges.filter((e) => e.from === core && e.to !== core).map((e) => `${e.file} imports '${e.specifier}', outside src/${core}`);
+}

@@ -1,0 +1,62 @@
+/**
+ * The folders of src/ form a one-way graph (README "Layout"): no folder imports one that imports it
+ * back, each imports only lower layers, and the ratio core imports nothing outside itself. The checks
+ * run on the real tree and, so that they are known to be able to fail, on small made-up graphs.
+ */
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { describeCycle, folderCycles, folderGraph, importEdges, impureCoreImports, layerViolations, type ImportEdge } from './import-graph.js';
+
+const SRC = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src');
+const edges = importEdges(SRC);
+
+const edge = (from: string, to: string | null, specifier = `../${to}/x.js`): ImportEdge => ({ file: `src/${from}/a.ts`, specifier, from, to });
+
+describe('src/ folder layering', () => {
+  it('reads the imports of the sources (the graph is not empty)', () => {
+    expect(edges.some((e) => e.from === 'helper' && e.to === 'msr')).toBe(true);
+    expect(edges.some((e) => e.from === 'ratio' && e.to === 'ratio')).toBe(true);
+  });
+
+  it('has no folder cycle: no folder imports a folder that imports it back', () => {
+    const g = folderGraph(edges);
+    expect(folderCycles(g).map((c) => describeCycle(g, c))).toEqual([]);
+  });
+
+  it('has every import go to a lower layer, and every folder in a layer', () => {
+    expect(layerViolations(edges)).toEqual([]);
+  });
+
+  it('keeps src/ratio pure: it imports only src/ratio (no node: I/O modules, no packages)', () => {
+    expect(impureCoreImports(edges)).toEqual([]);
+  });
+});
+
+describe('the layering checks', () => {
+  it('folderCycles finds a two-folder cycle and names the files that make it', () => {
+    const g = folderGraph([edge('msr', 'ratio'), edge('ratio', 'msr'), edge('helper', 'msr')]);
+    const cycles = folderCycles(g);
+    expect(cycles).toEqual([['msr', 'ratio']]);
+    const text = describeCycle(g, cycles[0]!);
+    expect(text).toContain("ratio -> msr:\n    src/ratio/a.ts imports '../msr/x.js'");
+    expect(text).toContain("msr -> ratio:\n    src/msr/a.ts imports '../ratio/x.js'");
+  });
+
+  it('folderCycles finds a longer cycle and nothing in an acyclic graph', () => {
+    expect(folderCycles(folderGraph([edge('a', 'b'), edge('b', 'c'), edge('c', 'a'), edge('d', 'a')]))).toEqual([['a', 'b', 'c']]);
+    expect(folderCycles(folderGraph([edge('cli', 'helper'), edge('helper', 'msr'), edge('cli', 'msr')]))).toEqual([]);
+  });
+
+  it('layerViolations refuses an upward import, a sideways one, and an unknown folder', () => {
+    expect(layerViolations([edge('msr', 'helper')])).toEqual([expect.stringContaining("src/msr/a.ts imports '../helper/x.js'")]);
+    expect(layerViolations([edge('trace', 'protocol')])).toHaveLength(1);
+    expect(layerViolations([edge('helper', 'msr')])).toEqual([]);
+    expect(layerViolations([edge('gadgets', 'ratio')])).toEqual([expect.stringContaining('src/gadgets is not a layer')]);
+  });
+
+  it('impureCoreImports refuses node:fs, a package and another folder from src/ratio', () => {
+    const bad = [edge('ratio', null, 'node:fs'), edge('ratio', null, 'pino'), edge('ratio', 'msr')];
+    expect(impureCoreImports([...bad, edge('ratio', 'ratio', './types.js')])).toHaveLength(3);
+  });
+});
