@@ -54,6 +54,28 @@ export class FakeHost {
     }
   }
 
+  /**
+   * Writes only bits 31:0 of a package's energy counter on each of its CPUs (4 bytes at offset =
+   * MSR). The upper half is reserved in hardware, and in a sparse file the 8 bytes of one MSR
+   * overlap its neighbours (0x611 covers 0x614's low byte), so a running counter stays out of
+   * them as long as its top byte does not change.
+   */
+  writePackageCounter32(pkg: number, msr: number, value: number): void {
+    const buf = Buffer.alloc(4);
+    buf.writeUInt32LE(value >>> 0);
+    this.cpuPackages.forEach((p, cpu) => {
+      if (p !== pkg) return;
+      const fd = fs.openSync(this.msrPath(cpu), 'r+');
+      try {
+        // the device always returns 8 bytes: keep the file long enough for a read of this MSR
+        if (fs.fstatSync(fd).size < msr + 8) fs.ftruncateSync(fd, msr + 8);
+        fs.writeSync(fd, buf, 0, 4, msr);
+      } finally {
+        fs.closeSync(fd);
+      }
+    });
+  }
+
   /** Same MSR value on every CPU of a package (package-scope registers). */
   writePackageMsr(pkg: number, msr: number, value: bigint): void {
     this.cpuPackages.forEach((p, cpu) => {
