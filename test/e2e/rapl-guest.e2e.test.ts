@@ -22,7 +22,8 @@ import {
   MSR_PKG_POWER_LIMIT,
   MSR_RAPL_POWER_UNIT,
 } from '../../src/msr/registers.js';
-import { parseProcStatus, resolveUser } from '../../src/helper/privileges.js';
+import { resolveUser } from '../../src/os/privileges/accounts.js';
+import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { hostArgs, LegacyClient, startHelper, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { FakeHost } from '../support/fake-host.js';
