@@ -291,6 +291,7 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       const base = serial.energy().at(-1)?.value ?? 0n;
       await serial.waitFor(() => serial.energy().filter((l) => l.value > base).length >= 2, 'the guest 0x611 to grow', 60_000, q);
 
+      const stderrBefore = q.stderr();
       expect(await first.stop()).toBe(0);
       const killedAt = Date.now();
       // The period in flight when the helper went away reads 0 at its end (e_end <= e_start: no
@@ -309,6 +310,7 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       expect(q.alive(), 'QEMU keeps running').toBe(true);
       expect(new Set(serial.energy().slice(linesAt - 1).map((l) => l.value)), 'still frozen after the helper is back').toEqual(new Set([frozen]));
       expect(second.stderr(), 'QEMU never connected to the new helper').not.toMatch(/client connected/);
+      expect(q.stderr(), 'QEMU says nothing about the lost helper').toBe(stderrBefore);
 
       // What the README tells the operator: restart the VM. The new QEMU connects and counts again.
       await q.stop();
