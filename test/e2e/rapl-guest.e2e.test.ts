@@ -113,6 +113,25 @@ async function qemu(o: Parameters<typeof startRaplQemu>[0]): Promise<{ q: RaplQe
   return { q, serial: new GuestSerial(q.serialPath) };
 }
 
+/** Starts the package counter at E0, RATE units/s; stopped when the test ends. */
+function runPump(host: FakeHost, energyMsr: number): EnergyPump {
+  const pump = new EnergyPump(host, { msr: energyMsr, start: E0, unitsPerSecond: RATE });
+  pump.start();
+  cleanups.push(() => pump.stop());
+  return pump;
+}
+
+/** Runs the counter and checks the guest's 0x611 growth against QEMU's split (see observeGrowth). */
+async function expectGrowthWithinQemuSplit(label: string, host: FakeHost, energyMsr: number, serial: GuestSerial, q: RaplQemu, minTicks: number) {
+  const pump = runPump(host, energyMsr);
+  const { growth, bounds } = await observeGrowth(serial, q, pump, minTicks);
+  console.log(`${label}: guest 0x611 grew ${growth} units; QEMU's split allows [${Math.round(bounds.low)}, ${Math.round(bounds.high)}], centre ${Math.round(bounds.expected)}`);
+  expect(growth).toBeGreaterThan(0);
+  expect(growth).toBeGreaterThanOrEqual(bounds.low);
+  expect(growth).toBeLessThanOrEqual(bounds.high);
+  expectMonotonic(serial);
+}
+
 async function guestStartupValues(serial: GuestSerial, q: RaplQemu): Promise<bigint[]> {
   await serial.waitFor(() => [0x606, 0x610, 0x614].every((m) => serial.first(m) !== undefined), 'the guest to print 0x606, 0x610, 0x614', 60_000, q);
   return [0x606, 0x610, 0x614].map((m) => serial.first(m)!);
@@ -190,12 +209,23 @@ function grantSocketToGroup(sock: string, gid: number): void {
   fs.chmodSync(sock, 0o660);
 }
 
-describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper', () => {
+/** A test needing a RAPL QEMU (or `missing` says what else): skipped with the reason when it cannot run here. */
+function raplTest(name: string, body: () => Promise<void>, missing: () => string | null = raplQemuMissing): void {
   test(
-    'guest sees the exact 0x606/0x610/0x614 and a 0x611 growing within the bounds of QEMU\'s split, when QEMU runs as libvirt\'s non-root user through the socket\'s group',
+    name,
     async (ctx) => {
-      const why = raplQemuMissing();
+      const why = missing();
       if (why) return ctx.skip(why);
+      await body();
+    },
+    LONG,
+  );
+}
+
+describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper', () => {
+  raplTest(
+    'guest sees the exact 0x606/0x610/0x614 and a 0x611 growing within the bounds of QEMU\'s split, when QEMU runs as libvirt\'s non-root user through the socket\'s group',
+    async () => {
       const account = qemuAccount();
       const { host, energyMsr } = raplHost('intel');
       const { qemuDir, sock } = dirs(account);
@@ -214,26 +244,15 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
 
       expect(await guestStartupValues(serial, q)).toEqual(want);
 
-      const pump = new EnergyPump(host, { msr: energyMsr, start: E0, unitsPerSecond: RATE });
-      pump.start();
-      cleanups.push(() => pump.stop());
-      const { growth, bounds } = await observeGrowth(serial, q, pump, 600);
-      console.log(`intel: guest 0x611 grew ${growth} units; QEMU's split allows [${Math.round(bounds.low)}, ${Math.round(bounds.high)}], centre ${Math.round(bounds.expected)}`);
-      expect(growth).toBeGreaterThan(0);
-      expect(growth).toBeGreaterThanOrEqual(bounds.low);
-      expect(growth).toBeLessThanOrEqual(bounds.high);
-      expectMonotonic(serial);
+      await expectGrowthWithinQemuSplit('intel', host, energyMsr, serial, q, 600);
       // The start-up registers never change for the guest (QEMU read them once).
       expect([0x606, 0x610, 0x614].map((m) => serial.lines.filter((l) => l.msr === m).length)).toEqual([1, 1, 1]);
     },
-    LONG,
   );
 
-  test(
+  raplTest(
     'QEMU running as a non-root user refuses to start with rapl=true when the socket lacks the group permission',
-    async (ctx) => {
-      const why = raplQemuMissing();
-      if (why) return ctx.skip(why);
+    async () => {
       const account = qemuAccount();
       const { host } = raplHost('intel');
       const { qemuDir, sock } = dirs(account);
@@ -243,14 +262,11 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
         /vmsr socket opening failed/,
       );
     },
-    LONG,
   );
 
-  test(
+  raplTest(
     'on an AMD host (--vendor amd) the guest gets Intel-format values: the AMD unit, synthesised 0x610/0x614, and the AMD package counter growing',
-    async (ctx) => {
-      const why = raplQemuMissing();
-      if (why) return ctx.skip(why);
+    async () => {
       const { host, energyMsr } = raplHost('amd');
       const { qemuDir, sock } = dirs();
       await helper(['-k', sock, ...hostArgs(host, 'amd')]);
@@ -262,32 +278,19 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       const { q, serial } = await qemu({ socket: sock, dir: qemuDir, name: 'rapl-amd' });
       expect(await guestStartupValues(serial, q)).toEqual(want);
 
-      const pump = new EnergyPump(host, { msr: energyMsr, start: E0, unitsPerSecond: RATE });
-      pump.start();
-      cleanups.push(() => pump.stop());
-      const { growth, bounds } = await observeGrowth(serial, q, pump, 300);
-      console.log(`amd: guest 0x611 grew ${growth} units; QEMU's split allows [${Math.round(bounds.low)}, ${Math.round(bounds.high)}]`);
-      expect(growth).toBeGreaterThan(0);
-      expect(growth).toBeGreaterThanOrEqual(bounds.low);
-      expect(growth).toBeLessThanOrEqual(bounds.high);
-      expectMonotonic(serial);
+      await expectGrowthWithinQemuSplit('amd', host, energyMsr, serial, q, 300);
     },
-    LONG,
   );
 
-  test(
+  raplTest(
     "helper restarted while QEMU runs: the guest's 0x611 freezes for good (QEMU never reconnects) and a restarted VM gets energy again",
-    async (ctx) => {
-      const why = raplQemuMissing();
-      if (why) return ctx.skip(why);
+    async () => {
       const { host, energyMsr } = raplHost('intel');
       const { qemuDir, sock } = dirs();
       const first = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
       const { q, serial } = await qemu({ socket: sock, dir: qemuDir, name: 'rapl-restart' });
       await guestStartupValues(serial, q);
-      const pump = new EnergyPump(host, { msr: energyMsr, start: E0, unitsPerSecond: RATE });
-      pump.start();
-      cleanups.push(() => pump.stop());
+      runPump(host, energyMsr);
       const base = serial.energy().at(-1)?.value ?? 0n;
       await serial.waitFor(() => serial.energy().filter((l) => l.value > base).length >= 2, 'the guest 0x611 to grow', 60_000, q);
 
@@ -320,14 +323,11 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       const base2 = again.serial.energy().at(-1)?.value ?? 0n;
       await again.serial.waitFor(() => again.serial.energy().some((l) => l.value > base2), 'the new guest 0x611 to grow', 60_000, again.q);
     },
-    LONG,
   );
 
-  test(
+  raplTest(
     "the same guest reads the same 0x606/0x610/0x614 through vmsr-helper and through QEMU's own qemu-vmsr-helper 10.0.2",
-    async (ctx) => {
-      const why = qemuVmsrHelperMissing();
-      if (why) return ctx.skip(why);
+    async () => {
       const { host } = raplHost('intel');
       const { qemuDir, dir } = dirs();
       const ourSock = path.join(dir, 'ours.sock');
@@ -348,6 +348,6 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       expect(seenOurs).toEqual([MSR_RAPL_POWER_UNIT, MSR_PKG_POWER_LIMIT, MSR_PKG_POWER_INFO].map((m) => fileMsr(host, m)));
       console.log(`side by side: both helpers gave the guest ${seenOurs.map((v) => `0x${v.toString(16)}`).join(' ')}`);
     },
-    LONG,
+    qemuVmsrHelperMissing,
   );
 });

@@ -67,7 +67,8 @@ function hookExit(): void {
   });
 }
 
-function canConnect(p: string): Promise<boolean> {
+/** Whether a Unix socket at `p` accepts a connection now. */
+export function canConnect(p: string): Promise<boolean> {
   return new Promise((resolve) => {
     const s = net.connect(p);
     s.once('connect', () => {

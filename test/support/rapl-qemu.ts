@@ -17,12 +17,11 @@
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseStatLine, isStatParseError } from '../../src/ratio/stat.js';
 import { hasKvm, isRoot, which } from './env.js';
-import { SPIN_ELF } from './qemu.js';
+import { canConnect, SPIN_ELF } from './qemu.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const QEMU_GDB = path.join(HERE, 'rapl/qemu-intel-check.gdb');
@@ -261,17 +260,6 @@ export async function startQemuVmsrHelper(socket: string, msrDir: string, timeou
     await new Promise((r) => setTimeout(r, 50));
   }
   return { pid, stderr: run.stderr, stop: () => killAndWait(pid, 'SIGTERM') };
-}
-
-function canConnect(p: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.connect(p);
-    s.once('connect', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.once('error', () => resolve(false));
-  });
 }
 
 /** One line the guest printed: `MSR VALUE` in hex, with the time (ms, Date.now()) the test saw it. */
