@@ -24,7 +24,7 @@ import {
 } from '../../src/msr/registers.js';
 import { resolveUser } from '../../src/os/privileges/accounts.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
-import { hostArgs, LegacyClient, startHelper, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { hostArgs, LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { FakeHost } from '../support/fake-host.js';
 import { clockTicksPerSecond, guestGrowthBounds, qemuMaxTicks } from '../support/qemu-vmsr-model.js';
@@ -251,16 +251,21 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
   );
 
   raplTest(
-    'QEMU running as a non-root user refuses to start with rapl=true when the socket lacks the group permission',
+    'QEMU running as a non-root user refuses to start with rapl=true when the socket lacks the group permission; -run-with user= connects before switching, as root',
     async () => {
       const account = qemuAccount();
       const { host } = raplHost('intel');
       const { qemuDir, sock } = dirs(account);
-      await helper(['-k', sock, ...hostArgs(host, 'intel')]);
+      const h = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
       fs.chmodSync(sock, 0o600);
       await expect(startRaplQemu({ socket: sock, dir: qemuDir, name: 'rapl-denied', user: account, timeoutMs: 60_000 })).rejects.toThrow(
         /vmsr socket opening failed/,
       );
+      // QEMU's own user switch (-run-with user=) comes after the accelerator is set up: such a QEMU
+      // connects as root, so the socket's permissions do not matter for it (docs/qemu.md says so).
+      const { q } = await qemu({ socket: sock, dir: qemuDir, name: 'rapl-run-with', extraArgs: ['-run-with', `user=${account.name}`] });
+      await waitFor(() => h.stderr().includes(`"peer":${q.pid},"uid":0,"msg":"client connected"`), 'the root connection', h);
+      await waitFor(() => parseProcStatus(fs.readFileSync(`/proc/${q.pid}/status`, 'utf8')).uid[0] === account.uid, 'QEMU to switch user', h);
     },
   );
 

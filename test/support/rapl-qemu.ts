@@ -170,6 +170,8 @@ export interface RaplQemuOptions {
   name: string;
   /** Run QEMU as this uid/gid (no supplementary groups), from exec on. */
   user?: { uid: number; gid: number };
+  /** More QEMU arguments (e.g. -run-with). */
+  extraArgs?: string[];
   /** How long QEMU may take to get past its start-up (connect + 3 reads); default 60 s. */
   timeoutMs?: number;
 }
@@ -202,6 +204,7 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
     '-serial', `file:${serialPath}`,
     '-pidfile', pidPath,
     '-name', `${o.name},debug-threads=on`,
+    ...(o.extraArgs ?? []),
   ];
   const asUser = o.user ? ['setpriv', `--reuid=${o.user.uid}`, `--regid=${o.user.gid}`, '--clear-groups', '--'] : [];
   const run = runInNamespace([...asUser, 'gdb', '-batch', '-nx', '-x', QEMU_GDB, '--args', ...qemu], null);
