@@ -247,7 +247,7 @@ describe('privileges', () => {
     }
     expect(child.stderr()).toContain('privileges dropped');
     expect(child.stderr()).toContain('"reexec":"re-executed');
-    expect(child.stderr()).not.toContain('keep other capabilities');
+    expect(child.stderr()).not.toContain('hold other capabilities');
     // stdio survived the exec: the log above came through it; and it still serves.
     const c = await LegacyClient.connect(sock);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
@@ -302,10 +302,11 @@ describe('contrib/systemd units', () => {
       fs.writeFileSync(path.join(dir, f), text);
     }
     const svc = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.service'), 'utf8');
-    for (const k of ['Type=notify', 'CapabilityBoundingSet=CAP_SYS_RAWIO', 'DeviceAllow=char-msr', 'ProtectSystem=strict', 'NoNewPrivileges=yes', 'RestrictAddressFamilies=AF_UNIX', 'WatchdogSec=']) expect(svc).toContain(k);
+    for (const k of ['Type=notify', 'CapabilityBoundingSet=CAP_SYS_RAWIO', 'DeviceAllow=char-cpu/msr r', 'StateDirectory=vmsr-helper', 'ProtectSystem=strict', 'NoNewPrivileges=yes', 'RestrictAddressFamilies=AF_UNIX', 'WatchdogSec=']) expect(svc).toContain(k);
     const sockText = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.socket'), 'utf8');
     expect(sockText).toContain('ListenStream=/run/qemu-vmsr-helper.sock');
-    expect(sockText).toContain('SocketMode=0600');
+    expect(sockText).toContain('SocketMode=0660');
+    expect(sockText).toContain('SocketGroup=kvm');
     const r = execFileSync('sh', ['-c', `systemd-analyze verify ${dir}/qemu-vmsr-helper.socket ${dir}/qemu-vmsr-helper.service 2>&1; echo "rc=$?"`], { encoding: 'utf8' });
     expect(r.trim()).toBe('rc=0');
   });
