@@ -167,11 +167,15 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped, reexec: opts.reexec ?? null },
       'privileges dropped (main thread, from /proc/self/status)',
     );
-    const others = describeThreads().filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
-    if (others.length) privLog.info({ threads: others }, 'threads started before the drop keep other capabilities (capabilities are per thread; without -u the helper re-executes itself to avoid this, see reexec)');
+    // The re-exec (privileges.ts) gives every thread the main thread's capabilities; a thread that
+    // differs means it could not run (see reexec), and an operator should know which ones.
+    const threads = describeThreads();
+    const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
+    if (others.length) privLog.warn({ threads: others, reexec: opts.reexec ?? null }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
+    else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, 'every thread holds the main thread\'s capabilities');
 
     const where = 'path' in target ? target.path : `systemd socket (fd ${target.fd})`;
-    logger.info({ socket: where, pid: process.pid }, `Listening on ${where}`);
+    logger.info({ socket: where }, `Listening on ${where}`);
     notifier.ready(`listening on ${where}`);
     const wd = notifier.startWatchdog();
     if (wd !== null) area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');

@@ -1,12 +1,105 @@
-/** pino to stderr: one JSON object a line, which journald stores as is. */
-import { pino, type Logger } from 'pino';
+/**
+ * pino on stderr, in the form its reader understands:
+ * - under systemd-journald (JOURNAL_STREAM names our stderr): one line per record, prefixed with the
+ *   syslog priority `<N>` (journald's SyslogLevelPrefix=, on by default), so `journalctl -p warning`
+ *   filters; no time, pid or host (the journal adds its own);
+ * - on a terminal: `HH:MM:SS.mmm LEVEL [area] message key=value ...`;
+ * - anywhere else (a pipe, a file, a log shipper): one JSON object a line, level as its name and
+ *   time as ISO 8601.
+ */
+import fs from 'node:fs';
+import tty from 'node:tty';
+import { pino, type DestinationStream, type Logger } from 'pino';
 
 export type { Logger };
 
 export type LogLevel = 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 
-export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper'): Logger {
-  return pino({ name, level, base: { pid: process.pid } }, pino.destination({ fd: 2, sync: true }));
+export type LogFormat = 'journal' | 'pretty' | 'json';
+
+/** pino level name -> syslog priority (RFC 5424 severity), as journald maps them. */
+export const SYSLOG_PRIORITY: Readonly<Record<string, number>> = { fatal: 2, error: 3, warn: 4, info: 6, debug: 7, trace: 7 };
+
+/**
+ * JOURNAL_STREAM is "DEV:INODE" of the stream systemd connected to stdout/stderr. It is inherited by
+ * children whose stderr goes elsewhere, so it counts only when it names our stderr.
+ */
+export function isJournalStream(env: NodeJS.ProcessEnv, stat: { dev: number; ino: number } | null): boolean {
+  const m = /^(\d+):(\d+)$/.exec(env.JOURNAL_STREAM ?? '');
+  return m !== null && stat !== null && Number(m[1]) === stat.dev && Number(m[2]) === stat.ino;
+}
+
+export function detectLogFormat(env: NodeJS.ProcessEnv = process.env, fd = 2): LogFormat {
+  let stat: fs.Stats | null = null;
+  try {
+    stat = fs.fstatSync(fd);
+  } catch {
+    /* closed stderr: no journal */
+  }
+  if (isJournalStream(env, stat)) return 'journal';
+  return tty.isatty(fd) ? 'pretty' : 'json';
+}
+
+/** Keys pino adds that the journal and the terminal line carry otherwise (or not at all). */
+const HIDDEN = new Set(['level', 'time', 'pid', 'hostname', 'name', 'msg', 'area']);
+
+function value(v: unknown): string {
+  if (typeof v === 'string') return /^[\w./:@%+,-]+$/.test(v) ? v : JSON.stringify(v);
+  return JSON.stringify(v) ?? String(v);
+}
+
+/** The message and its fields as one line: `[area] message key=value ...` (never a newline inside). */
+function body(rec: Record<string, unknown>): string {
+  const fields = Object.entries(rec)
+    .filter(([k]) => !HIDDEN.has(k))
+    .map(([k, v]) => `${k}=${value(v)}`);
+  const msg = String(rec.msg ?? '');
+  const area = typeof rec.area === 'string' ? `[${rec.area}] ` : '';
+  return `${area}${msg}${fields.length ? ` ${fields.join(' ')}` : ''}`.replace(/\r?\n/g, '\\n');
+}
+
+/** One pino JSON record (level as its name) as a journald line: `<N>[area] message key=value`. */
+export function formatJournalLine(json: string): string {
+  const rec = JSON.parse(json) as Record<string, unknown>;
+  return `<${SYSLOG_PRIORITY[String(rec.level)] ?? 6}>${body(rec)}\n`;
+}
+
+/** One pino JSON record as a terminal line: `HH:MM:SS.mmm LEVEL [area] message key=value`. */
+export function formatPrettyLine(json: string): string {
+  const rec = JSON.parse(json) as Record<string, unknown>;
+  const t = new Date(typeof rec.time === 'string' || typeof rec.time === 'number' ? rec.time : Date.now());
+  const hms = `${String(t.getHours()).padStart(2, '0')}:${String(t.getMinutes()).padStart(2, '0')}:${String(t.getSeconds()).padStart(2, '0')}.${String(t.getMilliseconds()).padStart(3, '0')}`;
+  return `${hms} ${String(rec.level ?? 'info').toUpperCase().padEnd(5)} ${body(rec)}\n`;
+}
+
+/** A synchronous stderr writer that reformats each pino line (logs must not be lost on exit). */
+function lineStream(format: (json: string) => string, fd: number): DestinationStream {
+  return {
+    write(chunk: string) {
+      let out: string;
+      try {
+        out = format(chunk);
+      } catch {
+        out = chunk; // not pino's JSON: pass it through rather than lose it
+      }
+      try {
+        fs.writeSync(fd, out);
+      } catch {
+        /* stderr gone: nothing else to tell */
+      }
+    },
+  };
+}
+
+export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper', format: LogFormat = detectLogFormat(), fd = 2): Logger {
+  const common = {
+    name,
+    level,
+    formatters: { level: (label: string) => ({ level: label }) },
+    timestamp: pino.stdTimeFunctions.isoTime,
+  };
+  if (format === 'json') return pino({ ...common, base: { pid: process.pid } }, pino.destination({ fd, sync: true }));
+  return pino({ ...common, base: {} }, lineStream(format === 'journal' ? formatJournalLine : formatPrettyLine, fd));
 }
 
 /** -v raises to debug, -q lowers to warn; with both, -v wins (commander does not keep their order). */
