@@ -3,6 +3,7 @@
  * helper drops in for QEMU's; the other jobs are subcommands, one module each.
  */
 import { Command, CommanderError } from 'commander';
+import { helpHint, ReportedError, UsageError } from './cli-errors.js';
 import { configureDaemonCommand } from './commands/daemon.js';
 import { addRecordCommand } from './commands/record.js';
 import { addReplayCommand } from './commands/replay.js';
@@ -22,13 +23,31 @@ export function buildCli(): Command {
   addRecordCommand(program);
   addReplayCommand(program);
   addWatchCommand(program);
+  // `vmsr-helper help [command]`: the root command has an action (it is the daemon), so commander
+  // adds no help command by itself and would read "help" as a stray argument.
+  program.helpCommand('help [command]', 'display help for a command');
+  // A usage error names the help of the command it belongs to, not the root's.
+  for (const sub of program.commands) sub.showHelpAfterError(helpHint(commandPath(sub)));
   return program;
+}
+
+/** "vmsr-helper record" for record, "vmsr-helper" for the root. */
+export function commandPath(cmd: Command): string {
+  const names: string[] = [];
+  for (let c: Command | null = cmd; c; c = c.parent) names.unshift(c.name());
+  return names.join(' ');
 }
 
 /** Runs the CLI; a usage error exits 1 with commander's message, any other error prints it and exits 1. */
 export async function main(argv: string[]): Promise<void> {
   const program = buildCli();
   program.exitOverride();
+  for (const sub of program.commands) sub.exitOverride();
+  // Which command's action failed, to name its --help under a UsageError.
+  let running: Command = program;
+  program.hook('preAction', (_root, action) => {
+    running = action;
+  });
   try {
     await program.parseAsync(argv);
   } catch (e) {
@@ -36,8 +55,11 @@ export async function main(argv: string[]): Promise<void> {
       process.exitCode = e.exitCode;
       return;
     }
-    const err = e as Error;
-    process.stderr.write(`vmsr-helper: ${err.message}\n`);
     process.exitCode = 1;
+    if (e instanceof ReportedError) return;
+    const err = e as Error;
+    const where = commandPath(running);
+    process.stderr.write(`${where}: ${err.message}\n`);
+    if (e instanceof UsageError) process.stderr.write(`${helpHint(where)}\n`);
   }
 }

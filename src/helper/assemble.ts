@@ -20,7 +20,9 @@ export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; record
       const host = readHostInfo({ paths, device: ctx.device, vendor: ctx.vendor });
       const tasks = new ProcTaskReader(paths.procRoot);
       const sampler = new Sampler(new MsrEnergySource(ctx.device, host.cpus, ctx.vendor), tasks);
-      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }) : undefined;
+      // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
+      // systemd restart into a restart loop.
+      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true }) : undefined;
       const service = createV2Service({
         host,
         sampler,

@@ -1,9 +1,10 @@
 /**
- * Writes a `vmsr-trace` v1 file (spec/trace-format.md): JSON Lines, gzip when the name ends in .gz.
+ * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz.
  * Every record is flushed through gzip as it is written, so a recorder killed hard still leaves a
  * readable prefix; close() finishes the stream and resolves once every byte is on disk.
  */
 import fs from 'node:fs';
+import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
 import type { Sample, TraceHeader, VmSpec } from '../ratio/types.js';
@@ -25,7 +26,28 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
       }),
     },
     note: h.note, // JSON.stringify leaves it out when undefined
+    start_time: h.startTime,
+    hostname: h.hostname,
   };
+}
+
+/** The header line; start_t_ns is written as an exact integer like every t_ns. */
+export function headerLine(h: TraceHeader): string {
+  const json = JSON.stringify(headerRecord(h));
+  return h.startNs === undefined ? `${json}\n` : `${json.slice(0, -1)},"start_t_ns":${h.startNs.toString()}}\n`;
+}
+
+/**
+ * Where and when a recording starts: wall clock, CLOCK_MONOTONIC at that moment (process.hrtime, the
+ * sampler's clock), host name.
+ */
+export function recordingStart(clockNs: () => bigint = () => process.hrtime.bigint()): Required<Pick<TraceHeader, 'startTime' | 'startNs' | 'hostname'>> {
+  return { startNs: clockNs(), startTime: new Date().toISOString(), hostname: os.hostname() };
+}
+
+export interface OpenOptions {
+  /** Replace an existing file; without it, an existing file is an error (nothing is lost by accident). */
+  overwrite?: boolean;
 }
 
 // t_ns is written as an exact decimal literal (a bigint can exceed 2^53 on hosts up for months).
@@ -76,15 +98,26 @@ export class TraceWriter {
     gzip?.on('error', onError);
   }
 
-  /** Creates (truncates) the file and writes the header. Throws at once if the file cannot be created. */
-  static open(path: string, header: TraceHeader): TraceWriter {
-    // Opening synchronously surfaces ENOENT/EACCES here, with the path, not later from a stream.
-    const fd = fs.openSync(path, 'w', 0o644);
+  /**
+   * Creates the file and writes the header (with the start time and host name added when the caller
+   * did not give them). Throws at once if the file cannot be created, or exists and `overwrite` is
+   * not set.
+   */
+  static open(path: string, header: TraceHeader, o: OpenOptions = {}): TraceWriter {
+    // Opening synchronously surfaces ENOENT/EACCES/EEXIST here, with the path, not later from a stream.
+    let fd: number;
+    try {
+      fd = fs.openSync(path, o.overwrite ? 'w' : 'wx', 0o644);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      if (err.code === 'EEXIST') throw new Error(`cannot write trace ${path}: the file exists; give --force to overwrite it, or another file name`);
+      throw new Error(`cannot write trace ${path}: ${err.message}`);
+    }
     const file = fs.createWriteStream(path, { fd });
     const gzip = path.endsWith('.gz') ? zlib.createGzip() : null;
     if (gzip) gzip.pipe(file);
     const w = new TraceWriter(path, file, gzip);
-    w.write(`${JSON.stringify(headerRecord(header))}\n`);
+    w.write(headerLine({ ...recordingStart(), ...header }));
     return w;
   }
 

@@ -133,12 +133,12 @@ describe('TraceWriter', () => {
 
   test('a write error (full disk) fails the next write and close() rejects with it instead of hanging', async (ctx) => {
     if (!fs.existsSync('/dev/full')) return ctx.skip('no /dev/full');
-    const w = TraceWriter.open('/dev/full', { host, note: '' });
+    const w = TraceWriter.open('/dev/full', { host, note: '' }, { overwrite: true });
     // The header's write fails asynchronously; samples are accepted until the error has come back.
     let t = 0n;
     await vi.waitFor(() => expect(() => w.sample({ tNs: ++t, energy: new Map(), tasks: new Map() })).toThrow(/ENOSPC/), { timeout: 10_000, interval: 5 });
     await expect(w.close()).rejects.toThrow(/trace \/dev\/full: ENOSPC/);
     // Closing before the error is known also reports it.
-    await expect(TraceWriter.open('/dev/full', { host, note: '' }).close()).rejects.toThrow(/ENOSPC/);
+    await expect(TraceWriter.open('/dev/full', { host, note: '' }, { overwrite: true }).close()).rejects.toThrow(/ENOSPC/);
   });
 });

@@ -5,9 +5,11 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
+import { DEFAULT_HELPER_SOCKET } from '../../client/v2-client.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-paths.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
-import { levelFromFlags } from '../../helper/logger.js';
+import { createLogger, levelFromFlags, type Logger } from '../../helper/logger.js';
+import { ReportedError } from '../cli-errors.js';
 import { reexecWithRawioOnly } from '../../os/privileges/reexec.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import { runDaemon, type DaemonConfig, type DaemonPlugin } from '../../helper/daemon.js';
@@ -16,7 +18,8 @@ import { v2DaemonPlugin } from '../../helper/assemble.js';
 import { addV2Options, v2OptionsFrom, type V2CliOptions } from '../options.js';
 import type { VendorChoice } from '../../helper/startup-checks.js';
 
-export const DEFAULT_SOCKET = '/var/run/qemu-vmsr-helper.sock';
+/** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
+export const DEFAULT_SOCKET = DEFAULT_HELPER_SOCKET;
 export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
 
 export interface RawDaemonOptions {
@@ -139,7 +142,7 @@ function defaultRead(f: string): string {
 }
 
 /** -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. */
-export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly DaemonPlugin[] = []): Promise<void> {
+export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly DaemonPlugin[] = [], logger?: Logger): Promise<void> {
   // Shed every capability but CAP_SYS_RAWIO on every thread by re-executing (see privileges.ts);
   // before -d, so the detached child inherits the reduced bounding set too.
   const reexec = reexecWithRawioOnly({ changingIds: config.uid !== undefined || config.gid !== undefined });
@@ -149,7 +152,7 @@ export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    await runDaemon(config, { plugins: [...plugins], reexec });
+    await runDaemon(config, { plugins: [...plugins], reexec, ...(logger ? { logger } : {}) });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
@@ -177,9 +180,17 @@ export function configureDaemonCommand(program: Command): void {
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
-      const config = parseDaemonOptions(raw);
-      // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
-      await startDaemonFromCli(config, [v2DaemonPlugin(v2OptionsFrom(raw))]);
+      // One logger from the first line on: a start-up error is logged like everything after it
+      // (with its syslog priority under journald), not printed in another format.
+      const logger = createLogger(levelFromFlags(raw));
+      try {
+        const config = parseDaemonOptions(raw);
+        // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
+        await startDaemonFromCli(config, [v2DaemonPlugin(v2OptionsFrom(raw))], logger);
+      } catch (e) {
+        logger.fatal(`cannot start: ${(e as Error).message}`);
+        throw new ReportedError((e as Error).message);
+      }
     });
   addV2Options(program);
 }

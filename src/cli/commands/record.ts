@@ -17,6 +17,7 @@ import { vmSpecFromArgs } from '../../os/vm-spec.js';
 import { vmSpecFromQmp } from '../../client/vm-spec.js';
 import { collect, intervalArg, MAX_INTERVAL_S, pidArg, secondsArg, vcpuListArg } from '../options.js';
 import { VERSION } from '../version.js';
+import { UsageError } from '../cli-errors.js';
 import { ProgressLine } from '../progress.js';
 
 const MIN_INTERVAL_S = 0.01;
@@ -35,6 +36,8 @@ export interface RecordOptions {
   note?: string;
   /** Progress line every this many samples when stderr is not a TTY; default 10. */
   progressEvery?: number;
+  /** Replace an existing output file (otherwise refused). */
+  force?: boolean;
 }
 
 export function addRecordCommand(program: Command): void {
@@ -44,7 +47,8 @@ export function addRecordCommand(program: Command): void {
     .option('--qmp <path>', "QMP socket of a QEMU VM to register (repeatable)", collect(String), [])
     .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(pidArg), [])
     .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(vcpuListArg), [])
-    .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip)')
+    .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip); an existing file is refused without --force')
+    .option('--force', 'overwrite the output file if it exists')
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
@@ -62,10 +66,10 @@ export function addRecordCommand(program: Command): void {
       try {
         template = validateMsrPathTemplate((o.msrPath as string | undefined) ?? DEFAULT_HOST_PATHS.msrPathTemplate);
       } catch (e) {
-        throw new Error(`--msr-path: ${(e as Error).message}`);
+        throw new UsageError(`--msr-path: ${(e as Error).message}`);
       }
       const vendorText = (o.vendor as string | undefined) ?? 'auto';
-      if (!['auto', 'intel', 'amd'].includes(vendorText)) throw new Error(`--vendor must be auto, intel or amd, got ${JSON.stringify(vendorText)}`);
+      if (!['auto', 'intel', 'amd'].includes(vendorText)) throw new UsageError(`--vendor must be auto, intel or amd, got ${JSON.stringify(vendorText)}`);
       await runRecord({
         qmp: o.qmp as string[],
         pid: o.pid as number[],
@@ -81,13 +85,14 @@ export function addRecordCommand(program: Command): void {
         },
         vendor: vendorText === 'auto' ? undefined : (vendorText as Vendor),
         note: o.note as string | undefined,
+        force: o.force === true,
       });
     });
 }
 
 async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
-  if (o.pid.length !== o.vcpus.length) throw new Error(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
-  if (o.qmp.length === 0 && o.pid.length === 0) throw new Error('nothing to record: give --qmp PATH or --pid PID --vcpus TID:VPKG,...');
+  if (o.pid.length !== o.vcpus.length) throw new UsageError(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
+  if (o.qmp.length === 0 && o.pid.length === 0) throw new UsageError('nothing to record: give --qmp PATH or --pid PID --vcpus TID:VPKG,...');
   const vms: VmSpec[] = [];
   for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
   o.pid.forEach((pid, i) => {
@@ -137,7 +142,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       }
     }
     const sampler = new Sampler(energy, tasks);
-    writer = TraceWriter.open(o.output, { host, note: defaultNote(o, energy, vms) });
+    writer = TraceWriter.open(o.output, { host, note: defaultNote(o, energy, vms) }, { overwrite: o.force === true });
     const w = writer;
 
     const tReg = monotonicNs();
