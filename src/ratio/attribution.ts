@@ -31,6 +31,8 @@ interface VmState {
   acc: number[];
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
+  /** Set when phase becomes 'ended'. */
+  endedBy?: 'exit' | 'unregister';
 }
 
 /** A thread of an active VM in the current sample, after parsing. */
@@ -109,7 +111,7 @@ export class RatioEngine {
 
   unregister(vmId: number): void {
     const vm = this.vms.get(vmId);
-    if (vm) this.end(vm);
+    if (vm && vm.phase !== 'ended') this.end(vm, 'unregister');
   }
 
   forget(vmId: number): void {
@@ -313,8 +315,9 @@ export class RatioEngine {
     return out;
   }
 
-  private end(vm: VmState): void {
+  private end(vm: VmState, by: 'exit' | 'unregister' = 'exit'): void {
     vm.phase = 'ended';
+    vm.endedBy = by;
     vm.prev = new Map();
   }
 
@@ -326,6 +329,7 @@ export class RatioEngine {
       counter: Math.floor(a / this.uGuest) % TWO_32,
     }));
     const out: VmOutput = { vmId: vm.id, pid: vm.spec.pid, ended: vm.phase === 'ended', tNs: vm.tNs, vpkgs };
+    if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
     if (vm.spec.name !== undefined) out.name = vm.spec.name;
     return out;
   }

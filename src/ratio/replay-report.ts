@@ -1,6 +1,6 @@
 /**
- * Replay output: the JSON lines of trace-format.md "Replay output" and a human table. Formatting
- * only; the numbers come from replay.ts.
+ * Replay output: the JSON lines of docs/trace-format.md "Replay output" and a human table.
+ * Formatting only; the numbers come from replay.ts.
  */
 import { formatMsrHex } from './counter.js';
 import type { ReplaySummary } from './replay.js';
@@ -55,14 +55,16 @@ export function formatTable(s: ReplaySummary): string {
   const lines: string[] = [];
   const note = s.header.note ? `  (${printable(s.header.note)})` : '';
   lines.push(`${s.samples} samples, ${s.intervals} intervals${note}`);
+  const where = [s.header.hostname ? `on ${printable(s.header.hostname)}` : '', s.header.startTime ? `from ${printable(s.header.startTime)}` : ''].filter(Boolean).join(' ');
+  if (where) lines.push(`recorded ${where}`);
   if (s.vms.length === 0) {
     lines.push('no VM was registered in this trace');
     return lines.join('\n') + '\n';
   }
   const rows: string[][] = [['VM', 'PID', 'STATE', 'VPKG', 'JOULES', 'AVG W', 'OVER S']];
   for (const { output, attributedS } of s.vms) {
-    const name = printable(output.name ?? `(vm ${output.vmId})`);
-    const state = output.ended ? 'ended' : 'running';
+    const name = printable(output.name ?? '(unnamed)');
+    const state = stateOf(output);
     if (output.vpkgs.length === 0) rows.push([name, String(output.pid), state, '-', '-', '-', attributedS.toFixed(1)]);
     for (const v of output.vpkgs) {
       const watts = attributedS > 0 ? (v.energyJ / attributedS).toFixed(2) : '-';
@@ -71,6 +73,12 @@ export function formatTable(s: ReplaySummary): string {
   }
   lines.push(pad(rows, [false, true, false, true, true, true, true]));
   return lines.join('\n') + '\n';
+}
+
+/** running; ended (its process went away); unregistered (its client withdrew it, the VM may run on). */
+export function stateOf(o: VmOutput): 'running' | 'ended' | 'unregistered' {
+  if (!o.ended) return 'running';
+  return o.endedBy === 'unregister' ? 'unregistered' : 'ended';
 }
 
 /** The stderr note about stat lines and records the engine could not use. */

@@ -52,6 +52,12 @@ export interface VmSpec {
 export interface TraceHeader {
   host: HostInfo;
   note?: string;
+  /** Wall-clock time the recording started, ISO 8601 UTC (header `start_time`). */
+  startTime?: string;
+  /** CLOCK_MONOTONIC at that same moment, ns (header `start_t_ns`): wall time of any t_ns follows. */
+  startNs?: bigint;
+  /** Host name of the recording machine (header `hostname`). */
+  hostname?: string;
 }
 
 /** One sample S(i): what the sampler read, in the form a trace stores it. */
@@ -106,6 +112,8 @@ export interface VmOutput {
   name?: string;
   /** Process ended (absent or pid reused) or unregistered: values are frozen. */
   ended: boolean;
+  /** Why it ended, when it did: its process went away, or its client unregistered it. */
+  endedBy?: 'exit' | 'unregister';
   /** Monotonic time of the sample the values come from (0n before the first interval). */
   tNs: bigint;
   vpkgs: VpkgOutput[];

@@ -1,5 +1,5 @@
 /**
- * Reads vmsr-trace v1 (../shared/spec/trace-format.md), plain or gzip, streaming line by line.
+ * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, streaming line by line.
  * Everything in a trace is untrusted: every problem becomes a TraceError naming the line, lines are
  * capped in length (DEFAULT_MAX_LINE_BYTES) so a hostile file cannot make the reader allocate
  * without bound, and nothing here throws anything else.
@@ -17,6 +17,8 @@ export type { TraceHeader };
 export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
 
 const MAX_ID = 2 ** 31 - 1;
+/** A DNS name is at most 253 characters; Linux's host name at most 64. */
+const MAX_HOSTNAME = 253;
 
 type Json = Record<string, unknown>;
 
@@ -38,10 +40,13 @@ export class TraceParser {
   private lastT: bigint | undefined;
   private lastSampleT: bigint | undefined;
   private lineNo = 0;
+  /** The text of the line being parsed (exact digits of integers past 2^53). */
+  private rawLine = '';
 
   /** Parses one line (without its newline). Blank lines are skipped (null). */
   line(text: string, lineNo: number): TraceRecord | null {
     this.lineNo = lineNo;
+    this.rawLine = text;
     if (text.trim() === '') return null;
     let value: unknown;
     try {
@@ -123,6 +128,20 @@ export class TraceParser {
     });
     const header: TraceHeader = { host: { vendor, clkTck, cpus, packages } };
     if (typeof v.note === 'string') header.note = v.note;
+    // Added later to the format: traces without them (older recorders) stay valid.
+    if (v.start_time !== undefined) {
+      if (typeof v.start_time !== 'string' || v.start_time.length > 64 || !/^\d{4}-\d\d-\d\dT/.test(v.start_time) || Number.isNaN(Date.parse(v.start_time))) {
+        this.fail(`header: start_time must be an ISO 8601 time like "2026-01-31T12:00:00.000Z", got ${describe(v.start_time)}`);
+      }
+      header.startTime = v.start_time;
+    }
+    if (v.start_t_ns !== undefined) header.startNs = this.nanoseconds(v.start_t_ns, this.rawLine, 'start_t_ns');
+    if (v.hostname !== undefined) {
+      if (typeof v.hostname !== 'string' || v.hostname.length === 0 || v.hostname.length > MAX_HOSTNAME || /[\u0000-\u001f\u007f-\u009f]/.test(v.hostname)) {
+        this.fail(`header: hostname must be a host name of 1..${MAX_HOSTNAME} printable characters, got ${describe(v.hostname)}`);
+      }
+      header.hostname = v.hostname;
+    }
     return header;
   }
 
@@ -138,15 +157,15 @@ export class TraceParser {
     return t;
   }
 
-  private nanoseconds(t: unknown, raw: string): bigint {
+  private nanoseconds(t: unknown, raw: string, key = 't_ns'): bigint {
     if (typeof t === 'string' && /^\d{1,20}$/.test(t)) return BigInt(t);
     if (typeof t === 'number' && Number.isInteger(t) && t >= 0) {
       if (Number.isSafeInteger(t)) return BigInt(t);
       // Past 2^53 ns (104 days of uptime) JSON.parse rounds; take the digits from the text itself.
-      const all = [...raw.matchAll(/"t_ns"\s*:\s*(\d{1,20})\s*[,}]/g)];
+      const all = [...raw.matchAll(new RegExp(`"${key}"\\s*:\\s*(\\d{1,20})\\s*[,}]`, 'g'))];
       if (all.length === 1) return BigInt(all[0]![1]!);
     }
-    return this.fail(`t_ns must be a non-negative integer (nanoseconds), got ${describe(t)}`);
+    return this.fail(`${key} must be a non-negative integer (nanoseconds), got ${describe(t)}`);
   }
 
   private vm(v: unknown): VmSpec {

@@ -6,6 +6,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { QmpClient, QmpError } from '../../src/client/qmp.js';
 import { threadGroupOf } from '../../src/os/vm-spec.js';
 import { vmSpecFromQmp } from '../../src/client/vm-spec.js';
+import { readQemuName } from '../../src/discovery/qemu-name.js';
 import { qemuMissing, startQemu, vcpuThreads, type QemuGuest } from '../support/qemu.js';
 
 describe('QMP client against a real QEMU', () => {
@@ -42,6 +43,8 @@ describe('QMP client against a real QEMU', () => {
     const t = vcpuThreads(g.pid);
     expect(spec.pid).toBe(g.pid);
     expect(spec.name).toBe('qmp-test-vm');
+    // What the daemon records for a v2 REGISTER, which carries no name: QEMU's -name from /proc.
+    expect(readQemuName('/proc', g.pid)).toBe('qmp-test-vm');
     expect(spec.vcpus).toEqual([{ tid: t[0], vpkg: 0 }, { tid: t[1], vpkg: 0 }, { tid: t[2], vpkg: 1 }, { tid: t[3], vpkg: 1 }]);
     const stat = fs.readFileSync(`/proc/${g.pid}/stat`, 'utf8');
     expect(spec.starttime).toBe(Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]));

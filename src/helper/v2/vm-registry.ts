@@ -7,6 +7,7 @@ import path from 'node:path';
 import { E } from '../../protocol/v2/codec.js';
 import { MAX_VCPUS } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
+import { readQemuName } from '../../discovery/qemu-name.js';
 import type { VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
 
@@ -35,6 +36,8 @@ export interface ProcView {
   isThreadOf(pid: number, tid: number): boolean;
   /** Field 22 of /proc/<pid>/stat, or null when the process does not exist or the line is unreadable. */
   starttime(pid: number): number | null;
+  /** The guest name on the process's command line (QEMU's -name), for traces and logs. */
+  name(pid: number): string | undefined;
 }
 
 export function procView(procRoot: string): ProcView {
@@ -51,6 +54,9 @@ export function procView(procRoot: string): ProcView {
     },
     starttime(pid) {
       return readStarttime(procRoot, pid);
+    },
+    name(pid) {
+      return readQemuName(procRoot, pid);
     },
   };
 }
@@ -118,7 +124,11 @@ export class VmRegistry {
       const why = this.vms.get(other)?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
       return no(E.LIMIT, `process ${pid} ${why} (vm_id ${other}); unregister it first`);
     }
-    return { ok: true, spec: { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) } };
+    const spec: VmSpec = { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) };
+    // REGISTER carries no name; QEMU's -name (libvirt's domain name) is what the host knows.
+    const name = this.proc.name(pid);
+    if (name !== undefined) spec.name = name;
+    return { ok: true, spec };
   }
 
   add(owner: number, vmId: number, pid: number): void {
