@@ -3,6 +3,7 @@
  * Replies come back in request order; UPDATEs (and ERROR 5 notices for subscriptions) may arrive
  * at any time in between and go to the subscription's callbacks.
  */
+import fs from 'node:fs';
 import net from 'node:net';
 import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, isFrameError, typeName } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
@@ -73,17 +74,32 @@ export class V2Client {
   private readonly pending: Pending[] = [];
   private readonly subs = new Map<number, Subscription>();
   private failure: Error | null = null;
+  /** No byte from the helper yet: the first ones tell whether it speaks v2 at all. */
+  private silent = true;
   /** Frames of requests made in the current tick, written together on the next one. */
   private outbox: Buffer[] = [];
   /** Resolves when the connection is closed, with the reason when it broke. */
   readonly closed: Promise<Error | null>;
   private resolveClosed!: (e: Error | null) => void;
 
-  private constructor(private readonly socket: net.Socket) {
+  private constructor(
+    private readonly socket: net.Socket,
+    private readonly socketPath: string,
+  ) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
     socket.on('data', (d: Buffer) => this.onData(d));
     socket.on('error', (e: NodeJS.ErrnoException) => this.shutdown(new V2ConnectionError(`helper connection: ${e.message}`, e.code)));
-    socket.on('close', () => this.shutdown(null));
+    socket.on('close', () => {
+      // Closed without a byte while a request waited: a legacy-only helper (QEMU's own
+      // qemu-vmsr-helper, also at /run/qemu-vmsr-helper.sock) reads "VMS2" as an MSR number it
+      // refuses, and closes silently.
+      if (this.silent && this.pending.length > 0 && !this.failure) {
+        this.failure = new V2ConnectionError(
+          `${this.socketPath} closed the connection without answering: it does not speak the v2 protocol (QEMU's own qemu-vmsr-helper only speaks the legacy one); run vmsr-helper there (systemctl status qemu-vmsr-helper shows which ExecStart runs)`,
+        );
+      }
+      this.shutdown(null);
+    });
   }
 
   /** Connects to the helper's socket and selects v2. */
@@ -100,7 +116,7 @@ export class V2Client {
           e.code === 'ENOENT' || e.code === 'ECONNREFUSED'
             ? `no helper is listening at ${socketPath} (${e.code}); start it with: vmsr-helper -k ${socketPath}`
             : e.code === 'EACCES'
-              ? `no permission to connect to ${socketPath} (EACCES)`
+              ? `cannot connect to ${socketPath}: permission denied (EACCES); ${socketAccessHint(socketPath)}`
               : `cannot connect to ${socketPath}: ${e.message}`;
         reject(new V2ConnectionError(hint, e.code));
       });
@@ -108,7 +124,7 @@ export class V2Client {
         clearTimeout(timer);
         socket.removeAllListeners('error');
         socket.write(V2_MAGIC);
-        resolve(new V2Client(socket));
+        resolve(new V2Client(socket, socketPath));
       });
     });
   }
@@ -195,8 +211,20 @@ export class V2Client {
   }
 
   private onData(data: Buffer): void {
+    if (this.silent && data.length > 0) {
+      this.silent = false;
+      // Every helper frame starts with a u16 type whose low byte is 0x81..0x84 or 0xff; '{' is text.
+      if (data[0] === 0x7b) {
+        const qmp = data.subarray(0, 16).toString('latin1').startsWith('{"QMP"');
+        return this.broken(
+          qmp
+            ? `${this.socketPath} is a QEMU monitor (QMP) socket, not a vmsr-helper socket; give the helper's socket with -k (default ${DEFAULT_HELPER_SOCKET}) and a QMP socket with --qmp`
+            : `${this.socketPath} is not a vmsr-helper socket (it sent text: ${JSON.stringify(data.subarray(0, 24).toString('latin1'))}); give the helper's socket with -k`,
+        );
+      }
+    }
     for (const f of this.decoder.push(data)) {
-      if (isFrameError(f)) return this.broken(`helper sent a bad frame: ${f.error}`);
+      if (isFrameError(f)) return this.broken(`helper sent a bad frame: ${f.error} (is ${this.socketPath} a vmsr-helper socket?)`);
       const m = parseHelperFrame(f);
       if (m instanceof Error) return this.broken(`helper sent a bad frame: ${m.message}`);
       this.dispatch(m);
@@ -242,6 +270,40 @@ export class V2Client {
     for (const p of this.pending.splice(0)) p.reject(reason);
     if (this.socket.destroyed || err) this.resolveClosed(err ?? this.failure);
   }
+}
+
+/** Where vmsr-helper and QEMU's helper listen by default (QEMU's rapl-helper-socket default). */
+export const DEFAULT_HELPER_SOCKET = '/var/run/qemu-vmsr-helper.sock';
+
+/**
+ * What to do about EACCES on the helper's socket, from its owner, group and mode: the shipped .socket
+ * unit makes it root:kvm 0660, so membership of that group is the usual fix.
+ */
+export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): string {
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(socketPath);
+  } catch {
+    return 'run as root, or as a member of the socket\'s group';
+  }
+  const mode = (st.mode & 0o777).toString(8).padStart(4, '0');
+  const group = groupName(st.gid, groupFile) ?? String(st.gid);
+  if ((st.mode & 0o060) === 0o060) {
+    return `the socket is mode ${mode}, group ${group}: add this user to group ${group} (usermod -aG ${group} USER, then log in again), or run as root`;
+  }
+  return `the socket is mode ${mode}, group ${group}, so only its owner connects: give the group access (the shipped qemu-vmsr-helper.socket sets SocketGroup=kvm, SocketMode=0660), or run as root`;
+}
+
+function groupName(gid: number, groupFile: string): string | undefined {
+  try {
+    for (const line of fs.readFileSync(groupFile, 'utf8').split('\n')) {
+      const f = line.split(':');
+      if (f.length >= 3 && f[2] === String(gid) && f[0]) return f[0];
+    }
+  } catch {
+    /* no group database: show the number */
+  }
+  return undefined;
 }
 
 function toUpdate(m: Extract<HelperMessage, { type: typeof T.UPDATE }>): Update {

@@ -1,12 +1,14 @@
 import fs from 'node:fs';
 import path from 'node:path';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
+import os from 'node:os';
 import { BIN, ensureBuilt } from '../daemon/support/daemon-process.js';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, type Update } from '../../src/client/v2-client.js';
 import { TraceWriter } from '../../src/trace/writer.js';
 import { replayFile } from '../../src/trace/replay-file.js';
-import { formatUpdate, runWatch } from '../../src/cli/commands/watch.js';
+import { stateOf } from '../../src/ratio/replay-report.js';
+import { formatHeader, formatJsonUpdate, formatUpdate, powers, runWatch } from '../../src/cli/commands/watch.js';
 import { startChild, startHarness, until } from './harness.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -62,18 +64,79 @@ describe('trace recording by the v2 service', () => {
   });
 });
 
+describe('trace recording: names and unregistered VMs', () => {
+  it('records the name on the VM\'s command line (QEMU -name) and replays an unregistered, still running VM as unregistered', async () => {
+    const tmp = fs.mkdtempSync('/tmp/vmsr-v2trace-');
+    cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
+    const tracePath = path.join(tmp, 'live.jsonl');
+    let trace: TraceWriter | undefined;
+    const sink = {
+      register: (t: bigint, vm: Parameters<TraceWriter['register']>[1]) => trace!.register(t, vm),
+      sample: (s: Parameters<TraceWriter['sample']>[0]) => trace!.sample(s),
+      unregister: (t: bigint, pid: number) => trace!.unregister(t, pid),
+    };
+    const h = await startHarness({ intervalMs: 25, trace: sink });
+    cleanups.push(() => h.close());
+    trace = TraceWriter.open(tracePath, { host: h.host });
+    // A process whose command line carries a QEMU-style -name, as libvirt starts QEMU.
+    const vm = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1e6)', '--', '-name', 'guest=vm-live,debug-threads=on'], { stdio: 'ignore' });
+    cleanups.push(() => void vm.kill('SIGKILL'));
+    const c = await V2Client.connect(h.socketPath);
+    cleanups.push(() => c.close());
+    const reg = await c.register({ pid: vm.pid!, vcpus: [{ tid: vm.pid!, vpkg: 0 }] });
+    const got: Update[] = [];
+    await c.subscribe(reg.vmId, (u) => got.push(u));
+    await until(() => got.length >= 4, 8000, 'updates');
+    await c.unregister(reg.vmId);
+    await trace.close();
+    expect(vm.exitCode).toBeNull(); // still running when unregistered
+    const summary = await replayFile(tracePath);
+    expect(summary.header.hostname).toBe(os.hostname());
+    expect(summary.vms.map((v) => [v.output.name, stateOf(v.output)])).toEqual([['vm-live', 'unregistered']]);
+  });
+});
+
 describe('watch', () => {
-  it('formats power from the energy delta over the time delta', () => {
+  it('formats power from the energy delta over the time delta, under a header whose columns line up', () => {
     const a: Update = { vmId: 1, tNs: 1_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 1_000_000n }], ended: false };
     const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: true };
-    expect(formatUpdate(a, b)).toMatch(/vpkg0 +10\.00 W +21\.000 J.*ended/);
-    expect(formatUpdate(null, a)).toMatch(/vpkg0 +- +1\.000 J/);
+    expect(formatUpdate(a, b)).toMatch(/ +10\.00 +21\.000 .*ended/);
+    expect(formatUpdate(null, a)).toMatch(/^ +[\d.]+s +- +1\.000$/);
     // Time counts from the first sample watched, not the helper's monotonic clock; t_ns 0 is "-".
-    expect(formatUpdate(a, b, a.tNs)).toMatch(/^t= +2\.0s /);
-    expect(formatUpdate(null, { ...a, tNs: 0n }, undefined)).toMatch(/^t= +- /);
+    expect(formatUpdate(a, b, a.tNs)).toMatch(/^ +2\.0s /);
+    expect(formatUpdate(null, { ...a, tNs: 0n }, undefined)).toMatch(/^ +- /);
+    const header = formatHeader(2);
+    const row = formatUpdate(a, { ...b, vpkgs: [b.vpkgs[0]!, { counter: 0n, energyUj: 5_000_000n }], ended: false }, a.tNs);
+    expect(header).toMatch(/^ +t +vpkg0 W +vpkg0 J +vpkg1 W +vpkg1 J$/);
+    expect(header.length).toBe(row.length);
+    // Each header label ends where its column's numbers end.
+    for (const label of ['vpkg0 W', 'vpkg0 J', 'vpkg1 W', 'vpkg1 J']) {
+      const end = header.indexOf(label) + label.length;
+      expect(row[end - 1]).toMatch(/\d/);
+      expect(row[end] ?? ' ').toBe(' ');
+    }
   });
 
-  it('runWatch registers, prints updates, stops after --count and unregisters', async () => {
+  it('gives the first row a power, measured from the baseline (energy 0) to the first sample', () => {
+    const base = { tNs: 500_000_000n, vpkgs: [] };
+    const first: Update = { vmId: 1, tNs: 2_500_000_000n, vpkgs: [{ counter: 0n, energyUj: 30_000_000n }], ended: false };
+    expect(powers(base, first)).toEqual([15]);
+    expect(formatUpdate(base, first, first.tNs)).toMatch(/ +15\.00 +30\.000$/);
+    expect(powers(null, first)).toEqual([null]);
+  });
+
+  it('--json gives one object per update: exact microjoules as strings, power in watts, t_ns as an integer', () => {
+    const base = { tNs: 1_000_000_000n, vpkgs: [{ energyUj: 1_000_000n }] };
+    const u: Update = { vmId: 3, tNs: 2n ** 60n, vpkgs: [{ counter: 0x1fn, energyUj: 2n ** 55n + 1n }], ended: true };
+    const line = formatJsonUpdate(base, u, 2n ** 60n - 2_000_000_000n);
+    const o = JSON.parse(line) as { type: string; vm_id: number; t_s: number; ended: boolean; vpkgs: { vpkg: number; energy_uj: string; counter: string; power_w: number }[] };
+    expect(o).toMatchObject({ type: 'update', vm_id: 3, t_s: 2, ended: true });
+    expect(o.vpkgs[0]).toMatchObject({ vpkg: 0, energy_uj: '36028797018963969', counter: '0x1f' });
+    expect(line).toContain(`"t_ns":${2n ** 60n}`); // not rounded through a float
+    expect(JSON.parse(formatJsonUpdate(null, { ...u, tNs: 0n }))).toMatchObject({ t_s: null, vpkgs: [{ power_w: null }] });
+  });
+
+  it('runWatch registers, prints a header and rows (power on the first), stops after --count and unregisters', async () => {
     const h = await startHarness({ intervalMs: 20 });
     cleanups.push(() => h.close());
     const spin = startChild('spin');
@@ -83,8 +146,29 @@ describe('watch', () => {
     const lines: string[] = [];
     await runWatch({ socket: h.socketPath, pid: spin.pid, vcpus: [{ tid: spin.pid, vpkg: 0 }], count: 5 }, (l) => lines.push(l));
     expect(lines[0]).toMatch(/registered as vm \d+ with 1 virtual package/);
-    expect(lines.filter((l) => l.startsWith('t=')).length).toBeGreaterThanOrEqual(6);
-    expect(lines.at(-1)).toMatch(/ W /);
+    expect(lines[1]).toMatch(/^ +t +vpkg0 W +vpkg0 J$/);
+    const rows = lines.slice(2);
+    expect(rows).toHaveLength(5);
+    for (const r of rows) expect(r).toMatch(/^ +\d+\.\ds +\d+\.\d\d +\d+\.\d{3}$/);
+    await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
+  });
+
+  it('runWatch --json prints a registered record then update records, every one with a power', async () => {
+    const h = await startHarness({ intervalMs: 20 });
+    cleanups.push(() => h.close());
+    const spin = startChild('spin');
+    cleanups.push(() => spin.kill());
+    const pump = setInterval(() => h.addEnergy(10000), 5);
+    cleanups.push(() => clearInterval(pump));
+    const lines: string[] = [];
+    await runWatch({ socket: h.socketPath, pid: spin.pid, vcpus: [{ tid: spin.pid, vpkg: 0 }], count: 3, json: true }, (l) => lines.push(l));
+    const recs = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(recs[0]).toMatchObject({ type: 'registered', pid: spin.pid, nvpkg: 1, name: null });
+    expect(recs.slice(1).map((r) => r.type)).toEqual(['update', 'update', 'update']);
+    for (const r of recs.slice(1) as { vpkgs: { power_w: unknown; energy_uj: unknown }[] }[]) {
+      expect(typeof r.vpkgs[0]!.power_w).toBe('number');
+      expect(r.vpkgs[0]!.energy_uj).toMatch(/^\d+$/);
+    }
     await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
   });
 
