@@ -1,8 +1,8 @@
 /**
  * The ratio engine: splits package energy across the threads of registered VMs, exactly as
- * ../shared/spec/ratio.md ("ticks" mode) says, in float64. Pure: no clock, no files; the caller
+ * docs/ratio.md ("ticks" mode) says, in float64. Pure: no clock, no files; the caller
  * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
- * and records the decisions where the spec is silent.
+ * and records the decisions where those rules are silent.
  */
 import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
 import { isStatParseError, parseStatLine } from './stat.js';

@@ -1,6 +1,6 @@
 /**
  * Data shared by the ratio engine, the sampler, traces and the daemon. Pure data, no I/O.
- * Field meanings follow ../shared/spec/ratio.md and trace-format.md.
+ * Field meanings follow docs/ratio.md and docs/trace-format.md.
  */
 
 /** CPU vendors whose RAPL MSRs the helper knows. */

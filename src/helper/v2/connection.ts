@@ -1,6 +1,6 @@
 /**
  * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame is answered
- * with ERROR 1 and the connection is closed (spec); a well-framed bad request gets its ERROR and the
+ * with ERROR 1 and the connection is closed (docs/protocol.md); a well-framed bad request gets its ERROR and the
  * connection goes on. Everything sent goes through send(), which disconnects a client that lets
  * more than `maxBacklogBytes` pile up unread, so a client cannot grow the helper's memory.
  */

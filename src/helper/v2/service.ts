@@ -1,7 +1,7 @@
 /**
  * The v2 service: the entry point the daemon wires in. It owns the VM registry, the sampling loop and
  * the connections; the daemon's server hands it every connection that starts with the v2 magic.
- * Decisions where the spec is silent are in docs/protocol-v2.md.
+ * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';

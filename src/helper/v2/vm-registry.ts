@@ -1,5 +1,5 @@
 /**
- * Who may register what, and how much: the v2 permission rule (spec/protocol.md) and the service's
+ * Who may register what, and how much: the v2 permission rule (docs/protocol.md) and the service's
  * limits. No sockets; /proc is read through a ProcView so the rule itself is plain logic.
  */
 import fs from 'node:fs';

@@ -1,5 +1,5 @@
 /**
- * v2 framing (spec/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian.
+ * v2 framing (docs/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian.
  * Pure: no sockets. The decoder takes bytes as they arrive (split anywhere, or pipelined) and never
  * buffers more than one frame, so a hostile peer cannot make it grow past MAX_PAYLOAD + header.
  */
@@ -85,7 +85,7 @@ export function isFrameError(r: DecodeResult): r is FrameError {
 
 /**
  * Incremental decoder. `push` returns every frame completed by the new bytes; it stops at (and
- * returns) the first header error, after which the decoder is dead: the spec closes the connection.
+ * returns) the first header error, after which the decoder is dead: the protocol closes the connection (docs/protocol.md).
  * `allowedTypes` rejects unknown types as soon as the header is in, before waiting for its payload.
  */
 export class FrameDecoder {

@@ -1,5 +1,5 @@
 /**
- * Payload validation per frame type, both directions. Pure. Two kinds of refusal, because the spec
+ * Payload validation per frame type, both directions. Pure. Two kinds of refusal, because the protocol
  * closes the connection only for a broken frame:
  * - `fatal`: the payload has the wrong size for its type (ERROR 1, then close);
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
