@@ -5,7 +5,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { BIN, ensureBuilt, tempDir } from '../daemon/support/daemon-process.js';
 import { FakeHost } from '../support/fake-host.js';
-import { readTrace } from '../../src/ratio/trace-reader.js';
+import { readTrace } from '../../src/trace/reader.js';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
