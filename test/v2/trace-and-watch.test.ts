@@ -16,21 +16,27 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
+/** A v2 service harness whose samples go to a trace file (opened once the harness knows its host). */
+async function recordingHarness() {
+  const tmp = fs.mkdtempSync('/tmp/vmsr-v2trace-');
+  cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
+  const tracePath = path.join(tmp, 'live.jsonl');
+  let trace: TraceWriter | undefined;
+  // The header needs the host; the harness reads it, so open the trace lazily through a proxy sink.
+  const sink = {
+    register: (t: bigint, vm: Parameters<TraceWriter['register']>[1]) => trace!.register(t, vm),
+    sample: (s: Parameters<TraceWriter['sample']>[0]) => trace!.sample(s),
+    unregister: (t: bigint, pid: number) => trace!.unregister(t, pid),
+  };
+  const h = await startHarness({ intervalMs: 25, trace: sink });
+  cleanups.push(() => h.close());
+  trace = TraceWriter.open(tracePath, { host: h.host, note: 'v2 service test' });
+  return { h, trace, tracePath };
+}
+
 describe('trace recording by the v2 service', () => {
   it('a live run replays to the same published numbers', async () => {
-    const tmp = fs.mkdtempSync('/tmp/vmsr-v2trace-');
-    cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
-    const tracePath = path.join(tmp, 'live.jsonl');
-    let trace: TraceWriter | undefined;
-    // The header needs the host; the harness reads it, so open the trace lazily through a proxy sink.
-    const sink = {
-      register: (t: bigint, vm: Parameters<TraceWriter['register']>[1]) => trace!.register(t, vm),
-      sample: (s: Parameters<TraceWriter['sample']>[0]) => trace!.sample(s),
-      unregister: (t: bigint, pid: number) => trace!.unregister(t, pid),
-    };
-    const h = await startHarness({ intervalMs: 25, trace: sink });
-    cleanups.push(() => h.close());
-    trace = TraceWriter.open(tracePath, { host: h.host, note: 'v2 service test' });
+    const { h, trace, tracePath } = await recordingHarness();
     const spin = startChild('spin');
     const sleep = startChild('sleep');
     cleanups.push(() => spin.kill(), () => sleep.kill());
@@ -66,18 +72,7 @@ describe('trace recording by the v2 service', () => {
 
 describe('trace recording: names and unregistered VMs', () => {
   it('records the name on the VM\'s command line (QEMU -name) and replays an unregistered, still running VM as unregistered', async () => {
-    const tmp = fs.mkdtempSync('/tmp/vmsr-v2trace-');
-    cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
-    const tracePath = path.join(tmp, 'live.jsonl');
-    let trace: TraceWriter | undefined;
-    const sink = {
-      register: (t: bigint, vm: Parameters<TraceWriter['register']>[1]) => trace!.register(t, vm),
-      sample: (s: Parameters<TraceWriter['sample']>[0]) => trace!.sample(s),
-      unregister: (t: bigint, pid: number) => trace!.unregister(t, pid),
-    };
-    const h = await startHarness({ intervalMs: 25, trace: sink });
-    cleanups.push(() => h.close());
-    trace = TraceWriter.open(tracePath, { host: h.host });
+    const { h, trace, tracePath } = await recordingHarness();
     // A process whose command line carries a QEMU-style -name, as libvirt starts QEMU.
     const vm = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1e6)', '--', '-name', 'guest=vm-live,debug-threads=on'], { stdio: 'ignore' });
     cleanups.push(() => void vm.kill('SIGKILL'));
@@ -95,6 +90,19 @@ describe('trace recording: names and unregistered VMs', () => {
     expect(summary.vms.map((v) => [v.output.name, stateOf(v.output)])).toEqual([['vm-live', 'unregistered']]);
   });
 });
+
+/** runWatch on a spinning child registered with a harness whose energy keeps rising; its output lines. */
+async function watchSpinner(o: { count: number; json?: boolean }) {
+  const h = await startHarness({ intervalMs: 20 });
+  cleanups.push(() => h.close());
+  const spin = startChild('spin');
+  cleanups.push(() => spin.kill());
+  const pump = setInterval(() => h.addEnergy(10000), 5);
+  cleanups.push(() => clearInterval(pump));
+  const lines: string[] = [];
+  await runWatch({ socket: h.socketPath, pid: spin.pid, vcpus: [{ tid: spin.pid, vpkg: 0 }], ...o }, (l) => lines.push(l));
+  return { h, spin, lines };
+}
 
 describe('watch', () => {
   it('formats power from the energy delta over the time delta, under a header whose columns line up', () => {
@@ -137,14 +145,7 @@ describe('watch', () => {
   });
 
   it('runWatch registers, prints a header and rows (power on the first), stops after --count and unregisters', async () => {
-    const h = await startHarness({ intervalMs: 20 });
-    cleanups.push(() => h.close());
-    const spin = startChild('spin');
-    cleanups.push(() => spin.kill());
-    const pump = setInterval(() => h.addEnergy(10000), 5);
-    cleanups.push(() => clearInterval(pump));
-    const lines: string[] = [];
-    await runWatch({ socket: h.socketPath, pid: spin.pid, vcpus: [{ tid: spin.pid, vpkg: 0 }], count: 5 }, (l) => lines.push(l));
+    const { h, lines } = await watchSpinner({ count: 5 });
     expect(lines[0]).toMatch(/registered as vm \d+ with 1 virtual package/);
     expect(lines[1]).toMatch(/^ +t +vpkg0 W +vpkg0 J$/);
     const rows = lines.slice(2);
@@ -154,14 +155,7 @@ describe('watch', () => {
   });
 
   it('runWatch --json prints a registered record then update records, every one with a power', async () => {
-    const h = await startHarness({ intervalMs: 20 });
-    cleanups.push(() => h.close());
-    const spin = startChild('spin');
-    cleanups.push(() => spin.kill());
-    const pump = setInterval(() => h.addEnergy(10000), 5);
-    cleanups.push(() => clearInterval(pump));
-    const lines: string[] = [];
-    await runWatch({ socket: h.socketPath, pid: spin.pid, vcpus: [{ tid: spin.pid, vpkg: 0 }], count: 3, json: true }, (l) => lines.push(l));
+    const { h, spin, lines } = await watchSpinner({ count: 3, json: true });
     const recs = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
     expect(recs[0]).toMatchObject({ type: 'registered', pid: spin.pid, nvpkg: 1, name: null });
     expect(recs.slice(1).map((r) => r.type)).toEqual(['update', 'update', 'update']);
