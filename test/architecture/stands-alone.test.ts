@@ -51,7 +51,7 @@ describe('the repository stands alone', () => {
     expect(hits).toEqual([]);
   });
 
-  test('every relative link in a Markdown file resolves to a file inside the repository', () => {
+  test('every relative link and every named source file in a Markdown file resolves inside the repository', () => {
     const bad: string[] = [];
     for (const f of files.filter((x) => x.endsWith('.md'))) {
       const text = fs.readFileSync(path.join(ROOT, f), 'utf8');
@@ -61,6 +61,8 @@ describe('the repository stands alone', () => {
         const abs = path.resolve(ROOT, path.dirname(f), target);
         if (!abs.startsWith(ROOT + path.sep) || !fs.existsSync(abs)) bad.push(`${f}: ${m[1]}`);
       }
+      // Source files the docs name (`src/trace/reader.ts`) exist under those names.
+      for (const m of text.matchAll(/`(src\/[\w./-]+\.ts)`/g)) if (!fs.existsSync(path.join(ROOT, m[1]!))) bad.push(`${f}: ${m[1]}`);
     }
     expect(bad).toEqual([]);
   });
