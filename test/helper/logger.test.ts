@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { createLogger, formatJournalLine, formatPrettyLine, isJournalStream, SYSLOG_PRIORITY } from '../../src/helper/logger.js';
-import { BIN, ensureBuilt, hostArgs, LegacyClient, tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { BIN, ensureBuilt, hostArgs, LegacyClient, startHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { FakeHost } from '../support/fake-host.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -117,5 +117,18 @@ describe('terminal and JSON formats', () => {
     expect(recs[2]).toMatchObject({ msg: 'i-msg', socket: '/run/x.sock', pid: process.pid });
     expect(String(recs[2]!.time)).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
     expect(logEachLevel('json')[2]!.match(/"pid"/g)).toHaveLength(1);
+  });
+
+  test('the daemon\'s "Listening" record carries pid once (it used to repeat it)', async () => {
+    const host = new FakeHost();
+    cleanups.push(() => host.cleanup());
+    host.writePackageMsr(0, 0x606, 0xa1003n);
+    const sock = path.join(dir(), 'h.sock');
+    const child = await startHelper(['-k', sock, ...hostArgs(host)]);
+    cleanups.push(() => child.stop('SIGKILL'));
+    const line = child.stderr().split('\n').find((l) => l.includes('"msg":"Listening on'))!;
+    expect(line.match(/"pid":/g)).toHaveLength(1);
+    expect(JSON.parse(line)).toMatchObject({ level: 'info', pid: child.proc.pid, socket: sock });
+    expect(await child.stop()).toBe(0);
   });
 });

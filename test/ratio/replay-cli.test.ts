@@ -59,10 +59,10 @@ describe('vmsr-helper replay (child process)', () => {
     fs.writeFileSync(bad, `${HEADER}\n{"type":"sample","t_ns":5,"energy":{"0":"0x1"},"tasks":{}}\n{"type":"bogus"}\n`);
     const r = cli('replay', bad, '--json');
     expect(r.status).toBe(1);
-    expect(r.stderr).toBe('vmsr-helper: line 3: unknown record type "bogus"\n');
+    expect(r.stderr).toBe('vmsr-helper replay: line 3: unknown record type "bogus"\n');
     const missing = cli('replay', path.join(tmp, 'none.jsonl'));
     expect(missing.status).toBe(1);
-    expect(missing.stderr).toMatch(/^vmsr-helper: cannot read trace .*none\.jsonl: ENOENT/);
+    expect(missing.stderr).toMatch(/^vmsr-helper replay: cannot read trace .*none\.jsonl: ENOENT/);
     expect(missing.stderr).not.toMatch(/\n\s+at /);
   });
 

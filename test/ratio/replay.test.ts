@@ -45,7 +45,8 @@ describe('replay', () => {
     expect(s.problems).toEqual({ count: 1, first: ['line 7: unregister of pid 777, which is not registered: ignored'] });
     expect(formatProblems(s)).toMatch(/^1 problem\(s\)/);
     const table = formatTable(s);
-    expect(table).toMatch(/first\s+100\s+ended\s+0\s+25\.000\s+25\.00\s+1\.0/);
+    // Unregistered by its client (the trace's unregister), not ended by its process.
+    expect(table).toMatch(/first\s+100\s+unregistered\s+0\s+25\.000\s+25\.00\s+1\.0/);
     expect(table).toMatch(/second\s+100\s+running\s+0\s+50\.000\s+25\.00\s+2\.0/);
   });
 

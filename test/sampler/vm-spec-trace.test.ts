@@ -98,6 +98,10 @@ describe('TraceWriter', () => {
       host: { vendor: 'intel', cpus: [{ cpu: 0, package: 0 }, { cpu: 1, package: 1 }],
         packages: [{ package: 0, power_unit: '0xa0e03', power_limit: '0x42817000fe8078', power_info: '0x1e0' }, { package: 1, power_unit: '0xa0e03' }] },
       note: 'test "quoted" note',
+      // Added by the writer: when and where the recording started.
+      start_time: expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
+      start_t_ns: expect.any(Number),
+      hostname: os.hostname(),
     });
     expect(recs[1]).toEqual({ type: 'register', t_ns: 1000, vm: { pid: 4242, starttime: 123456, name: 'vm-a', vcpus: [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }] } });
     expect(recs[2]).toEqual({ type: 'sample', t_ns: 2e9, energy: { 0: '0xfffff000', 1: '0xffffffffffffffff' }, tasks: { 4242: { 4242: '4242 (a) b\\"c) S', 4250: '4250 (CPU 0/KVM) R 1 2 3' } } });
