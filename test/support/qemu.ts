@@ -145,6 +145,14 @@ export async function startQemu(o: QemuOptions): Promise<QemuGuest> {
     await new Promise((r) => setTimeout(r, 50));
   }
   if (child.pid === undefined) throw new Error('qemu-system-x86_64 has no pid');
+  // QEMU opens its QMP socket before it creates the vCPU threads: callers list those threads at once.
+  while (vcpuThreads(child.pid).filter((t) => t !== undefined).length < smp) {
+    if (exitedFlag || Date.now() > deadline) {
+      await stop();
+      throw new Error(`qemu-system-x86_64 did not start its ${smp} vCPU threads in time; stderr: ${stderr.trim() || '(none)'}`);
+    }
+    await new Promise((r) => setTimeout(r, 20));
+  }
   return { pid: child.pid, qmpPath, name, accel, child, exited, stop };
 }
 
