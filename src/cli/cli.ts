@@ -26,8 +26,8 @@ export function buildCli(): Command {
   // `vmsr-helper help [command]`: the root command has an action (it is the daemon), so commander
   // adds no help command by itself and would read "help" as a stray argument.
   program.helpCommand('help [command]', 'display help for a command');
-  // A usage error names the help of the command it belongs to, not the root's.
-  for (const sub of program.commands) sub.showHelpAfterError(helpHint(commandPath(sub)));
+  // A usage error names the help of the command it belongs to: the root's for the daemon's options.
+  for (const cmd of [program, ...program.commands]) cmd.showHelpAfterError(helpHint(commandPath(cmd)));
   return program;
 }
 

@@ -162,7 +162,6 @@ export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly
 const collect = (v: string, prev: string[] = []) => [...prev, v];
 
 export function configureDaemonCommand(program: Command): void {
-  program.showHelpAfterError("(run 'vmsr-helper --help' for the options)");
   program
     .description('Virtual RAPL MSR helper for QEMU (drop-in qemu-vmsr-helper): serves rapl-helper-socket clients')
     .option('-k, --socket <path>', `path to the unix socket (default '${DEFAULT_SOCKET}')`)
