@@ -57,6 +57,25 @@ describe('install from a packed tarball into a fresh root', () => {
     if (root) fs.rmSync(root, { recursive: true, force: true });
   });
 
+  test('the README\'s install block is the one this file carries out', () => {
+    const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+    const section = readme.slice(readme.indexOf('## Installing it in place of qemu-vmsr-helper'));
+    const block = /```sh\n([\s\S]*?)```/.exec(section)![1]!;
+    const commands = block.split('\n').map((l) => l.replace(/\s+#.*$/, '').trim()).filter(Boolean);
+    expect(commands).toEqual([
+      'npm ci',
+      'npm pack',
+      'npm install -g ./vmsr-helper-*.tgz',
+      `cp ${UNITS.map((u) => `contrib/systemd/${u}`).join(' ')} /etc/systemd/system/`,
+      'systemctl daemon-reload',
+      'systemctl stop qemu-vmsr-helper.service qemu-vmsr-helper.socket',
+      'modprobe msr',
+      'systemctl enable --now qemu-vmsr-helper.socket',
+      'systemctl start qemu-vmsr-helper.service',
+      'systemctl status qemu-vmsr-helper.service',
+    ]);
+  });
+
   test('the installed binary is a copy inside the prefix, not a link into this clone', (ctx) => {
     if (why) return ctx.skip(why);
     const bin = path.join(root, 'usr/local/bin/vmsr-helper');
