@@ -7,10 +7,11 @@
 import { readOnlineCpus } from '../msr/topology.js';
 import type { MsrDevice } from '../msr/device.js';
 import { MsrReadError } from '../msr/device.js';
+import { LEGACY_ALLOWED_MSRS } from '../msr/registers.js';
 import type { Vendor } from '../ratio/types.js';
-import { legacyPlan, synthValue, type AmdSynthConfig } from '../msr/legacy-registers.js';
-import type { LegacyRequest } from '../protocol/legacy.js';
-import { tidBelongsTo } from '../os/peer.js';
+import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../msr/legacy-registers.js';
+import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../protocol/legacy.js';
+import { TidVerdicts } from './tid-verdicts.js';
 import type { Logger } from './logger.js';
 
 /** The set of online CPUs, re-read from sysfs (at most once a second) when asked about a new one. */
@@ -62,31 +63,63 @@ export type LegacyOutcome =
   | { kind: 'close' };
 
 export class LegacyService {
-  constructor(private readonly o: LegacyServiceOptions) {}
+  /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
+  private readonly plans = new Map<number, LegacyPlan>();
+  private readonly scratch = Buffer.alloc(LEGACY_REPLY_SIZE);
 
-  handle(peerPid: number, req: LegacyRequest): LegacyOutcome {
-    const plan = legacyPlan(this.o.vendor, req.msr);
-    if (plan === null) {
-      this.o.logger.warn({ peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');
-      return { kind: 'close' };
+  constructor(private readonly o: LegacyServiceOptions) {
+    for (const msr of LEGACY_ALLOWED_MSRS) {
+      const plan = legacyPlan(o.vendor, msr);
+      if (plan !== null) this.plans.set(msr, plan);
     }
-    if (!tidBelongsTo(this.o.procRoot, peerPid, req.tid)) {
+  }
+
+  /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
+  verdictsFor(peerPid: number): TidVerdicts {
+    return new TidVerdicts(this.o.procRoot, peerPid);
+  }
+
+  handle(peerPid: number, req: LegacyRequest, verdicts: TidVerdicts = this.verdictsFor(peerPid)): LegacyOutcome {
+    if (!this.answer(peerPid, req, verdicts, this.scratch, 0)) return { kind: 'close' };
+    return { kind: 'reply', value: this.scratch.readBigUInt64LE(0) };
+  }
+
+  /**
+   * Writes the 8-byte reply to `req` at out[offset] and returns true, or returns false when the
+   * connection must close without a reply (not an allowed MSR, as in the reference helper).
+   */
+  answer(peerPid: number, req: LegacyRequest, verdicts: TidVerdicts, out: Buffer, offset: number): boolean {
+    const plan = this.plans.get(req.msr);
+    if (plan === undefined) {
+      this.o.logger.warn({ peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');
+      return false;
+    }
+    if (!verdicts.belongs(req.tid)) {
       this.o.logger.debug({ peer: peerPid, tid: req.tid }, 'requested tid is not a thread of the peer; replying 0');
-      return { kind: 'reply', value: 0n };
+      return zero(out, offset);
     }
     if (req.cpu > 0xffff || !this.o.cpus.has(req.cpu)) {
       this.o.logger.debug({ peer: peerPid, cpu: req.cpu }, 'requested cpu is not online; replying 0');
-      return { kind: 'reply', value: 0n };
+      return zero(out, offset);
     }
     try {
-      if (plan.kind === 'read') return { kind: 'reply', value: this.o.device.read(req.cpu, plan.msr) };
+      if (plan.kind === 'read') {
+        this.o.device.readInto(req.cpu, plan.msr, out, offset);
+        return true;
+      }
       const unit = this.o.device.read(req.cpu, plan.unitMsr);
-      return { kind: 'reply', value: synthValue(plan.field, unit, this.o.amd) };
+      out.writeBigUInt64LE(BigInt.asUintN(64, synthValue(plan.field, unit, this.o.amd)), offset);
+      return true;
     } catch (e) {
       if (!(e instanceof MsrReadError)) throw e;
       this.o.cpus.invalidate();
       this.o.logger.warn({ peer: peerPid, cpu: req.cpu, msr: req.msr, err: e.message }, 'MSR read failed; replying 0');
-      return { kind: 'reply', value: 0n };
+      return zero(out, offset);
     }
   }
+}
+
+function zero(out: Buffer, offset: number): true {
+  out.fill(0, offset, offset + LEGACY_REPLY_SIZE);
+  return true;
 }

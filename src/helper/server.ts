@@ -6,7 +6,7 @@
 import fs from 'node:fs';
 import net from 'node:net';
 import type { PeerCredentials } from '../os/libc.js';
-import { classifyPreamble, encodeLegacyReply, LegacyFramer, V2_MAGIC } from '../protocol/legacy.js';
+import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../protocol/legacy.js';
 import type { LegacyService } from './legacy-service.js';
 import { peerOf } from '../os/peer.js';
 import type { Logger } from './logger.js';
@@ -120,18 +120,24 @@ export class HelperServer {
     const framer = new LegacyFramer();
     const maxPending = this.o.maxPendingReplyBytes ?? 64 * 1024;
     let closing = false;
+    const legacy = this.o.legacy;
+    const verdicts = legacy.verdictsFor(peer.pid);
     const onData = (chunk: Buffer) => {
       if (closing) return;
-      for (const req of framer.push(chunk)) {
-        const out = this.o.legacy.handle(peer.pid, req);
-        if (out.kind === 'close') {
+      const reqs = framer.push(chunk);
+      if (reqs.length > 0) {
+        // The replies to one chunk's requests, written at once (small sizes come from Node's pool).
+        const out = Buffer.allocUnsafe(reqs.length * LEGACY_REPLY_SIZE);
+        for (let i = 0; i < reqs.length; i++) {
+          if (legacy.answer(peer.pid, reqs[i]!, verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
           closing = true;
           socket.off('data', onData);
+          if (i > 0) socket.write(out.subarray(0, i * LEGACY_REPLY_SIZE));
           socket.end(); // replies already queued still go out, in order
           setTimeout(() => socket.destroy(), 1000).unref();
           return;
         }
-        socket.write(encodeLegacyReply(out.value));
+        socket.write(out);
       }
       // A client that pipelines without reading waits for itself, not the helper's memory.
       if (socket.writableLength > maxPending && !socket.isPaused()) {

@@ -42,22 +42,32 @@ export class MsrDevice {
 
   /** pread(fd, 8, offset = msr). Throws MsrReadError when the device or register cannot be read. */
   read(cpu: number, msr: number): bigint {
-    let fd: number;
-    try {
-      fd = this.open(cpu);
-    } catch (e) {
-      const err = e as NodeJS.ErrnoException;
-      throw new MsrReadError(`cannot open ${this.path(cpu)}: ${err.code ?? err.message}`, cpu, msr, err.code);
+    this.readInto(cpu, msr, this.buf, 0);
+    return this.buf.readBigUInt64LE(0);
+  }
+
+  /**
+   * pread(fd, 8, offset = msr) straight into out[offset..offset+8): the register's little-endian bytes,
+   * which is also the legacy reply's encoding. Throws MsrReadError as read() does.
+   */
+  readInto(cpu: number, msr: number, out: Buffer, offset: number): void {
+    let fd = this.fds.get(cpu);
+    if (fd === undefined) {
+      try {
+        fd = this.open(cpu);
+      } catch (e) {
+        const err = e as NodeJS.ErrnoException;
+        throw new MsrReadError(`cannot open ${this.path(cpu)}: ${err.code ?? err.message}`, cpu, msr, err.code);
+      }
     }
     let n: number;
     try {
-      n = fs.readSync(fd, this.buf, 0, 8, msr);
+      n = fs.readSync(fd, out, offset, 8, msr);
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
       throw new MsrReadError(`cannot read MSR 0x${msr.toString(16)} on CPU ${cpu}: ${err.code ?? err.message}`, cpu, msr, err.code);
     }
     if (n !== 8) throw new MsrReadError(`short read of MSR 0x${msr.toString(16)} on CPU ${cpu} (${n} bytes)`, cpu, msr);
-    return this.buf.readBigUInt64LE(0);
   }
 
   close(): void {

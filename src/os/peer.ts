@@ -21,11 +21,28 @@ export function peerOf(socket: net.Socket): PeerCredentials {
   return cred;
 }
 
-/**
- * True when /proc/<pid>/task/<tid> exists: the tid is a live thread of the peer. tid 0 and values
- * beyond pid_t never are, so they are refused without touching /proc.
- */
+/** The live threads of one process, as /proc/<pid>/task/<tid> shows them; the path prefix is built once. */
+export class PeerTasks {
+  private readonly prefix: string;
+
+  constructor(
+    procRoot: string,
+    private readonly pid: number,
+  ) {
+    this.prefix = `${path.join(procRoot, String(pid), 'task')}/`;
+  }
+
+  /**
+   * True when /proc/<pid>/task/<tid> exists: the tid is a live thread of the peer. tid 0 and values
+   * beyond pid_t never are, so they are refused without touching /proc.
+   */
+  has(tid: number): boolean {
+    if (!Number.isInteger(tid) || tid <= 0 || tid > 0x3fffffff || !(this.pid > 0)) return false;
+    return fs.existsSync(this.prefix + tid);
+  }
+}
+
+/** PeerTasks.has for a single question. */
 export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolean {
-  if (!Number.isInteger(tid) || tid <= 0 || tid > 0x3fffffff || pid <= 0) return false;
-  return fs.existsSync(path.join(procRoot, String(pid), 'task', String(tid)));
+  return new PeerTasks(procRoot, pid).has(tid);
 }

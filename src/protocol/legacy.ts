@@ -14,9 +14,11 @@ export interface LegacyRequest {
   tid: number;
 }
 
+const EMPTY = Buffer.alloc(0);
+
 /** Reassembles requests from arbitrary chunks: a request split across reads, or many in one. */
 export class LegacyFramer {
-  private pending: Buffer = Buffer.alloc(0);
+  private pending: Buffer = EMPTY;
 
   /** Every complete request in `chunk` (plus what was left over), in order. */
   push(chunk: Buffer): LegacyRequest[] {
@@ -28,7 +30,8 @@ export class LegacyFramer {
       out[i] = { msr: data.readUInt32LE(o), cpu: data.readUInt32LE(o + 4), tid: data.readUInt32LE(o + 8) };
     }
     // Copy the tail so a small remainder never pins a large chunk in memory.
-    this.pending = Buffer.from(data.subarray(count * LEGACY_REQUEST_SIZE));
+    const rest = data.length - count * LEGACY_REQUEST_SIZE;
+    this.pending = rest === 0 ? EMPTY : Buffer.from(data.subarray(data.length - rest));
     return out;
   }
 
