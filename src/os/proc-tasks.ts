@@ -6,9 +6,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-
-// Field 20 (num_threads) counted from field 3, the first after the LAST ')'.
-const F_NUM_THREADS = 20 - 3;
+import { statNumThreads } from './stat.js';
 
 /** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
 const BUF_SIZE = 4096;
@@ -65,7 +63,7 @@ export class ProcTaskReader {
       // (a reused pid is another process, and is not ours).
       return this.gone(pid);
     }
-    const n = numThreads(main);
+    const n = statNumThreads(main);
     st.readsSinceList++;
     let relist = n !== st.numThreads || st.readsSinceList >= this.relistEvery || st.fds.size !== n;
     for (let attempt = 0; attempt < 2; attempt++) {
@@ -161,15 +159,6 @@ export class ProcTaskReader {
     st.numThreads = st.fds.size;
     return st.fds.has(pid) || present.size > 0;
   }
-}
-
-/** Field 20 of a stat line, or -1 when it cannot be read (forces a listing). */
-export function numThreads(line: string): number {
-  const close = line.lastIndexOf(')');
-  if (close < 0) return -1;
-  const fields = line.slice(close + 2).split(' ', F_NUM_THREADS + 1);
-  const v = Number(fields[F_NUM_THREADS]);
-  return Number.isSafeInteger(v) ? v : -1;
 }
 
 function closeQuietly(fd: number): void {

@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import { afterEach, describe, expect, test } from 'vitest';
-import { ProcTaskReader, numThreads } from '../../src/os/proc-tasks.js';
-import { parseStatLine, isStatParseError } from '../../src/ratio/stat.js';
+import { ProcTaskReader } from '../../src/os/proc-tasks.js';
+import { parseStatLine, isStatParseError, statNumThreads } from '../../src/ratio/stat.js';
 import { ThreadedProcess, openFdCount, procFdsOf } from './threads.js';
 
 const procs: ThreadedProcess[] = [];
@@ -38,7 +38,7 @@ describe('ProcTaskReader on real processes', () => {
         expect(st.comm).toBe(d.comm);
         expect(line.split(' ').length).toBe(direct.split(' ').length);
       }
-      expect(numThreads(lines.get(p.pid)!)).toBe(lines.size);
+      expect(statNumThreads(lines.get(p.pid)!)).toBe(lines.size);
     } finally {
       r.close();
     }
