@@ -1,0 +1,204 @@
+/**
+ * The performance table: ours ÷ QEMU 10.0.2's C qemu-vmsr-helper (the anchor), side by side on the
+ * same fake MSR files, 5 repeats alternating which helper goes first. Each figure is printed with
+ * the median of the per-repeat values and their spread (min–max). Never fails on timing; what cannot
+ * run here is said, with why.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { V2Client } from '../src/client/v2-client.js';
+import { DAEMON_NODE_FLAGS } from '../src/os/privileges/reexec.js';
+import { FakeHost } from '../test/support/fake-host.js';
+import { anchorProblem, C_HELPER, startAnchor, type Anchor } from './anchor.js';
+import { startOurs, type Ours } from './ours.js';
+import { median, printTable, ratioText, spreadText } from './stats.js';
+import { buildTools, cpuSeconds, HELPER_BIN, rssMiB, runTool, type Tools } from './tools.js';
+
+const REPEATS = 5;
+const CLIENTS = [1, 16, 64, 256];
+/** Seconds measured per load run, after a warm-up. */
+const LOAD_S = 1.5;
+const WARMUP_S = 0.3;
+const VMS = 500;
+const VCPUS = 8;
+
+type Side = 'ours' | 'c';
+interface Load {
+  rps: number;
+  cpuPerReqUs: number;
+  p99: number;
+  clientShare: number;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+function load(tools: Tools, socket: string, pid: number, clients: number): Load {
+  const f = runTool(tools['legacy-load'], [socket, String(clients), String(LOAD_S), String(WARMUP_S), String(pid)]);
+  return { rps: f.requests! / f.seconds!, cpuPerReqUs: (f.server_cpu_s! / f.requests!) * 1e6, p99: f.p99_us!, clientShare: f.client_cpu_s! / f.seconds! };
+}
+
+/** `n` stand-ins for QEMU processes, each with `threads` sleeping threads (its vCPUs). */
+async function standIns(tools: Tools, n: number, threads: number): Promise<ChildProcess[]> {
+  const kids: ChildProcess[] = [];
+  for (let i = 0; i < n; i++) {
+    const c = spawn(tools['idle-threads'], [String(threads)], { stdio: ['pipe', 'pipe', 'ignore'] });
+    kids.push(c);
+    await new Promise<void>((resolve, reject) => {
+      c.stdout!.once('data', () => resolve());
+      c.once('error', reject);
+      c.once('exit', () => reject(new Error('idle-threads exited')));
+    });
+  }
+  return kids;
+}
+
+/** 500 legacy connections held open (each made one request), as 500 QEMUs would hold them. */
+async function holdConnections(tools: Tools, socket: string, n: number): Promise<ChildProcess> {
+  const c = spawn(tools['legacy-load'], [socket, String(n), 'hold'], { stdio: ['pipe', 'pipe', 'inherit'] });
+  await new Promise<void>((resolve, reject) => {
+    c.stdout!.once('data', () => resolve());
+    c.once('exit', (code) => reject(new Error(`legacy-load hold exited (${code})`)));
+  });
+  return c;
+}
+
+export async function run(): Promise<void> {
+  console.log('\n== performance table: ours ÷ QEMU 10.0.2 C qemu-vmsr-helper (median of 5 repeats, alternating; (min–max))');
+  const tools = buildTools();
+  if ('unavailable' in tools) {
+    console.log(`  cannot run: ${tools.unavailable}`);
+    return;
+  }
+  const a = anchorProblem();
+  if ('problem' in a) console.log(`  anchor unavailable: ${a.problem}; only our own figures are printed`);
+  const withC = !('problem' in a);
+  const host = new FakeHost({ packages: [0, 0] });
+  host.writePackageMsr(0, 0x606, 0xa0e03n);
+  host.writePackageMsr(0, 0x610, 0x8000_0078_83c0n);
+  host.writePackageMsr(0, 0x614, 0x3c0n);
+  host.writePackageMsr(0, 0x611, 0x1234_5678n);
+  const hostArgs = ['--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot, '--vendor', 'intel'];
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-cmp-'));
+  const started: { stop(): unknown }[] = [];
+  const kids: ChildProcess[] = [];
+  const t0 = Date.now();
+  try {
+    // ---- legacy load and idle memory, fresh helpers each repeat
+    const L: Record<Side, Load[][]> = { ours: CLIENTS.map(() => []), c: CLIENTS.map(() => []) };
+    const idle: Record<Side, number[]> = { ours: [], c: [] };
+    for (let r = 0; r < REPEATS; r++) {
+      const ours = await startOurs(path.join(dir, `ours-${r}.sock`), hostArgs);
+      started.push(ours);
+      let c: Anchor | undefined;
+      if (withC) {
+        c = await startAnchor(path.join(host.dir, 'dev/cpu'), path.join(dir, `c-${r}.sock`), a.gdb);
+        started.push(c);
+      }
+      await sleep(500);
+      idle.ours.push(rssMiB(ours.pid));
+      if (c) idle.c.push(rssMiB(c.pid));
+      const order: [Side, Ours | Anchor][] = [['ours', ours]];
+      if (c) order[r % 2 ? 'push' : 'unshift'](['c', c]);
+      CLIENTS.forEach((n, i) => {
+        for (const [side, h] of order) L[side][i]!.push(load(tools, h.socket, h.pid, n));
+      });
+      await ours.stop();
+      c?.stop();
+    }
+
+    // ---- exec -> listening (ours, as root: re-exec included); the C helper's exec -> its vendor refusal
+    const startOursMs: number[] = [];
+    const startCMs: number[] = [];
+    const nodeMs: number[] = [];
+    for (let r = 0; r < REPEATS; r++) {
+      const sock = path.join(dir, `start-${r}.sock`);
+      startOursMs.push(runTool(tools['exec-to-listen'], [sock, '20000', process.execPath, HELPER_BIN, '-k', sock, ...hostArgs, '-q']).ms!);
+      nodeMs.push(runTool(tools['exec-to-listen'], ['-', '20000', process.execPath, '-e', '0']).ms!);
+      if (fs.existsSync(C_HELPER)) startCMs.push(runTool(tools['exec-to-listen'], ['-', '20000', C_HELPER, '-V']).ms!);
+    }
+
+    // ---- 500 VMs x 8 vCPU threads
+    kids.push(...(await standIns(tools, VMS, VCPUS)));
+    const pids = kids.map((k) => String(k.pid!));
+    const floorNs: number[] = [];
+    const probeNs: number[] = [];
+    const probe = fileURLToPath(new URL('./sampling-probe.js', import.meta.url));
+    for (let r = 0; r < REPEATS; r++) {
+      const runFloor = () => floorNs.push(runTool(tools['stat-floor'], ['20', ...pids]).ns_per_thread!);
+      const runProbe = () => probeNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, '20', ...pids]).ns_per_thread!);
+      if (r % 2) (runFloor(), runProbe());
+      else (runProbe(), runFloor());
+    }
+
+    const ours = await startOurs(path.join(dir, 'ours-vms.sock'), hostArgs, ['--max-vms-per-connection', String(VMS)]);
+    started.push(ours);
+    const client = await V2Client.connect(ours.socket);
+    started.push({ stop: () => client.close() });
+    for (const k of kids) {
+      const tids = fs.readdirSync(`/proc/${k.pid}/task`).map(Number).filter((t) => t !== k.pid);
+      await client.register({ pid: k.pid!, vcpus: tids.map((tid, i) => ({ tid, vpkg: i % 2 })) });
+    }
+    const held = await holdConnections(tools, ours.socket, VMS);
+    kids.push(held);
+    await sleep(2500);
+    const daemonMs: number[] = [];
+    const rss500: Record<Side, number[]> = { ours: [], c: [] };
+    for (let r = 0; r < REPEATS; r++) {
+      const c0 = cpuSeconds(ours.pid);
+      const w0 = performance.now();
+      await sleep(2000);
+      daemonMs.push(((cpuSeconds(ours.pid) - c0) * 1e3) / ((performance.now() - w0) / 1000));
+      rss500.ours.push(rssMiB(ours.pid));
+    }
+    held.stdin!.end();
+    await client.close();
+    await ours.stop();
+    if (withC) {
+      const c = await startAnchor(path.join(host.dir, 'dev/cpu'), path.join(dir, 'c-vms.sock'), a.gdb);
+      started.push(c);
+      const heldC = await holdConnections(tools, c.socket, VMS);
+      kids.push(heldC);
+      for (let r = 0; r < REPEATS; r++) {
+        await sleep(300);
+        rss500.c.push(rssMiB(c.pid));
+      }
+      heldC.stdin!.end();
+      c.stop();
+    }
+
+    // ---- the table
+    const C = (xs: number[], d = 1) => (withC ? spreadText(xs, d) : 'n/a');
+    const R = (o: number[], c: number[]) => (withC ? ratioText(o, c) : 'n/a');
+    const col = (side: Side, i: number, k: keyof Load) => L[side][i]!.map((x) => x[k]);
+    const rows: string[][] = [['figure', 'ours', 'C helper', 'ours ÷ C', 'goal']];
+    CLIENTS.forEach((n, i) => rows.push([`legacy req/s, ${n} client${n > 1 ? 's' : ''}`, spreadText(col('ours', i, 'rps'), 0), C(col('c', i, 'rps'), 0), R(col('ours', i, 'rps'), col('c', i, 'rps')), '≥ 1.0']));
+    CLIENTS.forEach((n, i) => rows.push([`legacy CPU µs/request, ${n} client${n > 1 ? 's' : ''}`, spreadText(col('ours', i, 'cpuPerReqUs'), 2), C(col('c', i, 'cpuPerReqUs'), 2), R(col('ours', i, 'cpuPerReqUs'), col('c', i, 'cpuPerReqUs')), '≤ 1.0']));
+    CLIENTS.forEach((n, i) => rows.push([`legacy p99 µs, ${n} client${n > 1 ? 's' : ''}`, spreadText(col('ours', i, 'p99'), 0), C(col('c', i, 'p99'), 0), R(col('ours', i, 'p99'), col('c', i, 'p99')), '≤ 1.0']));
+    rows.push(['sampling ns/thread/interval (C: pread+parse floor)', spreadText(probeNs, 0), spreadText(floorNs, 0), ratioText(probeNs, floorNs), '≤ 1.2']);
+    rows.push([`daemon CPU ms per 1 s interval, ${VMS} VMs × ${VCPUS} vCPUs`, spreadText(daemonMs, 1), '—', '—', '≤ 20 ms']);
+    rows.push(['idle RSS MiB', spreadText(idle.ours), C(idle.c), R(idle.ours, idle.c), '≤ 45 MB']);
+    rows.push([`RSS MiB, ${VMS} VMs (C: ${VMS} legacy connections)`, spreadText(rss500.ours), C(rss500.c), R(rss500.ours, rss500.c), '≤ 70 MB']);
+    rows.push(['exec → listening ms (root, re-exec included)', spreadText(startOursMs), startCMs.length ? spreadText(startCMs) : 'n/a', '—', '≤ 200 ms']);
+    console.log();
+    printTable(rows);
+    const maxShare = Math.max(...(['ours', 'c'] as const).flatMap((s) => L[s].flat().map((x) => x.clientShare)));
+    console.log(
+      `\n  Load generator: one C process (bench/native/legacy-load.c) for both, at most ${(maxShare * 100).toFixed(0)} % of a core. ` +
+        `C start-up column: exec → its vendor refusal (-V), a lower bound of its exec → listening; node -e 0 takes ${median(nodeMs).toFixed(0)} ms here.`,
+    );
+    console.log(`  ${REPEATS} repeats, ${LOAD_S} s per load run; this suite took ${((Date.now() - t0) / 1000).toFixed(0)} s.`);
+  } catch (e) {
+    console.log(`  could not finish: ${(e as Error).message}`);
+  } finally {
+    for (const s of started.reverse()) await Promise.resolve(s.stop()).catch(() => {});
+    for (const k of kids) k.kill('SIGKILL');
+    host.cleanup();
+    fs.rmSync(dir, { recursive: true, force: true });
+    fs.rmSync(tools.dir, { recursive: true, force: true });
+  }
+}
