@@ -2,7 +2,9 @@
  * Start-up time as a user sees it: from fork+exec of COMMAND until a connect() to SOCK succeeds
  * (tried every 100 us), or with SOCK "-" until the command exits. The command is then sent SIGTERM.
  *
- *   exec-to-listen SOCK TIMEOUT_MS COMMAND ARGS...  ->  ms=X
+ * cpu_ms is the command's CPU time (user + system, all threads) until it exited after that signal.
+ *
+ *   exec-to-listen SOCK TIMEOUT_MS COMMAND ARGS...  ->  ms=X cpu_ms=Y
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -10,11 +12,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+static double child_cpu_ms(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_CHILDREN, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -39,14 +48,15 @@ int main(int argc, char **argv) {
   for (;;) {
     uint64_t t = now_ns();
     if (strcmp(sock, "-") == 0) {
-      if (waitpid(pid, &status, WNOHANG) == pid) { printf("ms=%.3f\n", (t - t0) / 1e6); return 0; }
+      if (waitpid(pid, &status, WNOHANG) == pid) { printf("ms=%.3f cpu_ms=%.1f\n", (t - t0) / 1e6, child_cpu_ms()); return 0; }
     } else {
       int fd = socket(AF_UNIX, SOCK_STREAM, 0);
       if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
         close(fd);
-        printf("ms=%.3f\n", (now_ns() - t0) / 1e6);
+        double ms = (now_ns() - t0) / 1e6;
         kill(pid, SIGTERM);
         waitpid(pid, &status, 0);
+        printf("ms=%.3f cpu_ms=%.1f\n", ms, child_cpu_ms());
         return 0;
       }
       close(fd);

@@ -5,12 +5,27 @@
 import { Command, CommanderError } from 'commander';
 import { helpHint, ReportedError, UsageError } from './cli-errors.js';
 import { configureDaemonCommand } from './commands/daemon.js';
-import { addRecordCommand } from './commands/record.js';
-import { addReplayCommand } from './commands/replay.js';
-import { addWatchCommand } from './commands/watch.js';
 import { VERSION } from './version.js';
 
-export function buildCli(): Command {
+/**
+ * The subcommands, each loaded only when the command line may need it: the daemon (what QEMU's
+ * hosts start, and what re-executes itself at start-up) does not pay for their modules.
+ */
+const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
+  record: async () => (await import('./commands/record.js')).addRecordCommand,
+  replay: async () => (await import('./commands/replay.js')).addReplayCommand,
+  watch: async () => (await import('./commands/watch.js')).addWatchCommand,
+};
+
+/**
+ * True unless `args` surely runs the daemon: no word of it is a subcommand's name or asks for help.
+ * A false alarm (a user named "watch") only loads more; a usage error is re-parsed with everything.
+ */
+export function mayNeedSubcommands(args: readonly string[]): boolean {
+  return args.some((a) => a in SUBCOMMANDS || a === 'help' || a === '-h' || a === '--help');
+}
+
+export async function buildCli(withSubcommands = true): Promise<Command> {
   const program = new Command('vmsr-helper');
   program.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
   program.helpOption('-h, --help', 'display this help and exit');
@@ -20,9 +35,7 @@ export function buildCli(): Command {
   // optsWithGlobals().
   program.enablePositionalOptions();
   configureDaemonCommand(program);
-  addRecordCommand(program);
-  addReplayCommand(program);
-  addWatchCommand(program);
+  if (withSubcommands) for (const load of Object.values(SUBCOMMANDS)) (await load())(program);
   // `vmsr-helper help [command]`: the root command has an action (it is the daemon), so commander
   // adds no help command by itself and would read "help" as a stray argument.
   program.helpCommand('help [command]', 'display help for a command');
@@ -39,8 +52,9 @@ export function commandPath(cmd: Command): string {
 }
 
 /** Runs the CLI; a usage error exits 1 with commander's message, any other error prints it and exits 1. */
-export async function main(argv: string[]): Promise<void> {
-  const program = buildCli();
+export async function main(argv: string[], everyCommand = false): Promise<void> {
+  const slim = !everyCommand && !mayNeedSubcommands(argv.slice(2));
+  const program = await buildCli(!slim);
   program.exitOverride();
   for (const sub of program.commands) sub.exitOverride();
   // Which command's action failed, to name its --help under a UsageError.
@@ -48,10 +62,16 @@ export async function main(argv: string[]): Promise<void> {
   program.hook('preAction', (_root, action) => {
     running = action;
   });
+  // Without the subcommands a mistyped one reads as a stray argument: such errors are held back and
+  // the line parsed again with every command, so the message (and its suggestion) is the usual one.
+  let held = '';
+  if (slim) program.configureOutput({ writeErr: (t) => void (held += t) });
   try {
     await program.parseAsync(argv);
   } catch (e) {
     if (e instanceof CommanderError) {
+      if (slim && e.exitCode !== 0) return main(argv, true);
+      process.stderr.write(held);
       process.exitCode = e.exitCode;
       return;
     }

@@ -9,7 +9,8 @@
  */
 import fs from 'node:fs';
 import tty from 'node:tty';
-import { pino, type DestinationStream, type Logger } from 'pino';
+import { createRequire } from 'node:module';
+import type { DestinationStream, Logger } from 'pino';
 
 export type { Logger };
 
@@ -91,7 +92,12 @@ function lineStream(format: (json: string) => string, fd: number): DestinationSt
   };
 }
 
+/**
+ * pino is loaded by the first logger, not at import: the command line imports this module for
+ * levelFromFlags before the daemon re-executes itself, and that first image never logs.
+ */
 export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper', format: LogFormat = detectLogFormat(), fd = 2): Logger {
+  const { pino } = createRequire(import.meta.url)('pino') as typeof import('pino');
   const common = {
     name,
     level,

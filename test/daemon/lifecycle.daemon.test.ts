@@ -10,6 +10,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
+import { DAEMON_NODE_FLAGS } from '../../src/os/privileges/reexec.js';
 import { BIN, ensureBuilt, hostArgs, LegacyClient, ROOT, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
 
 const cleanups: (() => void | Promise<unknown>)[] = [];
@@ -248,6 +249,9 @@ describe('privileges', () => {
     expect(child.stderr()).toContain('privileges dropped');
     expect(child.stderr()).toContain('"reexec":"re-executed');
     expect(child.stderr()).not.toContain('hold other capabilities');
+    // The new image runs with the daemon's Node flags (see os/privileges/reexec.ts).
+    const cmdline = fs.readFileSync(`/proc/${child.proc.pid}/cmdline`, 'utf8').split('\0');
+    for (const flag of DAEMON_NODE_FLAGS) expect(cmdline).toContain(flag);
     // stdio survived the exec: the log above came through it; and it still serves.
     const c = await LegacyClient.connect(sock);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);

@@ -10,6 +10,8 @@ import { activationFd, parseActivationEnv, parseWatchdogEnv, takeActivation } fr
 import { parsePidfile } from '../../src/helper/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
+import { DAEMON_NODE_FLAGS, withDaemonNodeFlags } from '../../src/os/privileges/reexec.js';
+import { mayNeedSubcommands } from '../../src/cli/cli.js';
 import { areaMatches } from '../../src/helper/daemon.js';
 import { OnlineCpus } from '../../src/helper/legacy-service.js';
 import { FakeHost } from '../support/fake-host.js';
@@ -204,5 +206,19 @@ describe('small parsers', () => {
     } finally {
       host.cleanup();
     }
+  });
+});
+
+describe('start-up', () => {
+  test('the re-executed daemon gets the Node flags it lacks; flags the user gave node stay as given', () => {
+    expect(withDaemonNodeFlags([])).toEqual([...DAEMON_NODE_FLAGS]);
+    expect(withDaemonNodeFlags(['--max-semi-space-size=8', '--trace-gc'])).toEqual(['--v8-pool-size=1', '--max-semi-space-size=8', '--trace-gc']);
+    expect(withDaemonNodeFlags(['--v8_pool_size=2'])).toEqual(['--max-semi-space-size=1', '--v8_pool_size=2']);
+  });
+
+  test('subcommand modules are loaded only when the command line may name one or asks for help', () => {
+    expect(mayNeedSubcommands(['-k', '/run/x.sock', '-v'])).toBe(false);
+    expect(mayNeedSubcommands([])).toBe(false);
+    for (const args of [['record', '--pid', '1'], ['-k', '/x', 'watch'], ['replay'], ['help'], ['-h'], ['--help'], ['-u', 'watch']]) expect(mayNeedSubcommands(args)).toBe(true);
   });
 });

@@ -12,9 +12,7 @@ import { createLogger, levelFromFlags, type Logger } from '../../helper/logger.j
 import { ReportedError } from '../cli-errors.js';
 import { reexecWithRawioOnly } from '../../os/privileges/reexec.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
-import { runDaemon, type DaemonConfig, type DaemonPlugin } from '../../helper/daemon.js';
-import { isDaemonChild, reportFailure, spawnDetached } from '../../helper/daemonize.js';
-import { v2DaemonPlugin } from '../../helper/assemble.js';
+import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
 import { addV2Options, v2OptionsFrom, type V2CliOptions } from '../options.js';
 import type { VendorChoice } from '../../helper/startup-checks.js';
 
@@ -141,18 +139,28 @@ function defaultRead(f: string): string {
   return fs.readFileSync(f, 'utf8');
 }
 
-/** -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. */
-export async function startDaemonFromCli(config: DaemonConfig, plugins: readonly DaemonPlugin[] = [], logger?: Logger): Promise<void> {
-  // Shed every capability but CAP_SYS_RAWIO on every thread by re-executing (see privileges.ts);
+/**
+ * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. The
+ * daemon's modules are imported only after the re-exec, so the first image stays small.
+ */
+export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<typeof v2OptionsFrom>, logger?: () => Logger): Promise<void> {
+  // Shed every capability but CAP_SYS_RAWIO on every thread by re-executing (see os/privileges/reexec.ts);
   // before -d, so the detached child inherits the reduced bounding set too.
   const reexec = reexecWithRawioOnly({ changingIds: config.uid !== undefined || config.gid !== undefined });
+  const [{ runDaemon }, { isDaemonChild, reportFailure, spawnDetached }, { v2DaemonPlugin }] = await Promise.all([
+    import('../../helper/daemon.js'),
+    import('../../helper/daemonize.js'),
+    import('../../helper/assemble.js'),
+  ]);
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
+  // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
+  const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
   try {
-    await runDaemon(config, { plugins: [...plugins], reexec, ...(logger ? { logger } : {}) });
+    await runDaemon(config, { plugins, reexec, ...(logger ? { logger: logger() } : {}) });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
@@ -180,14 +188,14 @@ export function configureDaemonCommand(program: Command): void {
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
       // One logger from the first line on: a start-up error is logged like everything after it
-      // (with its syslog priority under journald), not printed in another format.
-      const logger = createLogger(levelFromFlags(raw));
+      // (with its syslog priority under journald), not printed in another format. It is made on
+      // first use, so the first image (which re-executes itself) loads pino only to report an error.
+      let logger: Logger | undefined;
+      const log = (): Logger => (logger ??= createLogger(levelFromFlags(raw)));
       try {
-        const config = parseDaemonOptions(raw);
-        // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
-        await startDaemonFromCli(config, [v2DaemonPlugin(v2OptionsFrom(raw))], logger);
+        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log);
       } catch (e) {
-        logger.fatal(`cannot start: ${(e as Error).message}`);
+        log().fatal(`cannot start: ${(e as Error).message}`);
         throw new ReportedError((e as Error).message);
       }
     });
