@@ -2,8 +2,10 @@
  * /proc/<pid>/task/<tid>/stat parsing. The command name (field 2) may hold spaces and parentheses
  * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line.
  *
- * The sampler parses every thread of every VM each interval, so this walks the line by character
- * code: no field array, no substrings except comm and state, numbers accumulated digit by digit.
+ * The sampler parses every thread of every VM each interval, so the line is copied to a reused byte
+ * buffer (one byte per character, see toBytes) and read there in one backward pass (see scanBack):
+ * no field array, no substrings except comm and state, numbers accumulated digit by digit. Byte i is
+ * character i, so every text (comm, state, an error's field) is sliced from the line itself.
  */
 
 export interface TaskStat {
@@ -31,6 +33,8 @@ const MAX_DIGITS = 20;
 /** Up to this many digits a decimal is below 2^53, so digit-by-digit accumulation is exact. */
 const EXACT_DIGITS = 15;
 const SPACE = 0x20;
+const OPEN = 0x28; // '('
+const CLOSE = 0x29; // ')'
 const NOT_UINT = -1;
 const TOO_LARGE = -2;
 
@@ -38,25 +42,33 @@ export function isStatParseError(v: unknown): v is StatParseError {
   return typeof v === 'object' && v !== null && 'error' in v;
 }
 
-/** Index where the field after the one starting at `pos` starts, or -1 when the line ends first. */
-function nextField(line: string, pos: number): number {
-  const sp = line.indexOf(' ', pos);
-  return sp < 0 ? -1 : sp + 1;
+/**
+ * The line as bytes, byte i = character i: a reused buffer, written natively when the line is ASCII
+ * (what the kernel prints for ASCII thread names). Otherwise by hand: latin1 characters as
+ * themselves, anything above U+00FF as 0x80, a byte no rule looks for (the rules only look for
+ * space, '(', ')' and digits), so no character can pass for one of those.
+ */
+let scratch = Buffer.allocUnsafe(4096);
+function toBytes(line: string): Buffer {
+  if (line.length > scratch.length) scratch = Buffer.allocUnsafe(line.length * 2);
+  if (Buffer.byteLength(line, 'utf8') === line.length) {
+    scratch.write(line, 0, 'latin1');
+    return scratch;
+  }
+  for (let i = 0; i < line.length; i++) {
+    const c = line.charCodeAt(i);
+    scratch[i] = c > 0xff ? 0x80 : c;
+  }
+  return scratch;
 }
 
-/** End (exclusive) of the field starting at `pos`: the next space or the end of the line. */
-function fieldEnd(line: string, pos: number): number {
-  const sp = line.indexOf(' ', pos);
-  return sp < 0 ? line.length : sp;
-}
-
-/** The unsigned decimal in line[start, end): its value, NOT_UINT, or TOO_LARGE (beyond 2^53). */
-function uintAt(line: string, start: number, end: number): number {
+/** The unsigned decimal in b[start, end): its value, NOT_UINT, or TOO_LARGE (beyond 2^53). */
+function uintAt(b: Buffer, line: string, start: number, end: number): number {
   const n = end - start;
   if (n < 1 || n > MAX_DIGITS) return NOT_UINT;
   let v = 0;
   for (let i = start; i < end; i++) {
-    const d = line.charCodeAt(i) - 0x30;
+    const d = b[i]! - 0x30;
     if (d < 0 || d > 9) return NOT_UINT;
     v = v * 10 + d;
   }
@@ -65,17 +77,44 @@ function uintAt(line: string, start: number, end: number): number {
   return Number.isSafeInteger(v) ? v : TOO_LARGE;
 }
 
-/** Start of field `field`, walking from field `from` which starts at `pos`; -1 when the line ends first. */
-function seek(line: string, pos: number, from: number, field: number): number {
-  for (let f = from; f < field && pos >= 0; f++) pos = nextField(line, pos);
-  return pos;
+/** Index of the first " (" in b[0, len), or -1. */
+function openParen(b: Buffer, len: number): number {
+  for (let i = 0; i + 1 < len; i++) if (b[i] === SPACE && b[i + 1] === OPEN) return i;
+  return -1;
 }
 
-/** Fields present from field 3 on, counted up to `upTo` (what the error message reports). */
-function countFields(line: string, pos: number, upTo: number): number {
-  let n = 1;
-  for (let p = nextField(line, pos); p >= 0 && n < upTo; p = nextField(line, p)) n++;
-  return n;
+/**
+ * One backward pass from the end of the line: the first ')' met is the LAST one, and the spaces met
+ * on the way are the field separators after it. Their positions go to a ring (the nearest RING to the
+ * ')' survive, more than the 37 separators up to field 39); `spaceCount` is how many there were.
+ * Returns the index of the last ')' or -1. Synchronous and not re-entrant, like the engine.
+ */
+const RING = 64;
+const spaces = new Int32Array(RING);
+let spaceCount = 0;
+function scanBack(b: Buffer, len: number): number {
+  let n = 0;
+  for (let i = len - 1; i >= 0; i--) {
+    const c = b[i];
+    if (c === CLOSE) {
+      spaceCount = n;
+      return i;
+    }
+    if (c === SPACE) spaces[n++ & (RING - 1)] = i;
+  }
+  spaceCount = n;
+  return -1;
+}
+
+/** Start of field `field` (>= 3) after a scanBack that found the ')'; needs field - 3 < spaceCount. */
+function fieldStart(field: number): number {
+  return spaces[(spaceCount - 1 - (field - AFTER_COMM)) & (RING - 1)]! + 1;
+}
+
+/** End (exclusive) of field `field`: the separator after it, or the end of the line. */
+function fieldEnd(len: number, field: number): number {
+  const k = field - AFTER_COMM + 1;
+  return k < spaceCount ? spaces[(spaceCount - 1 - k) & (RING - 1)]! : len;
 }
 
 const FIELDS = [
@@ -88,25 +127,24 @@ const FIELDS = [
 /** Parses one stat line; never throws, returns { error } for anything that is not a stat line. */
 export function parseStatLine(line: string): TaskStat | StatParseError {
   if (typeof line !== 'string') return { error: 'not a string' };
-  const open = line.indexOf(' (');
-  const close = line.lastIndexOf(')');
+  const len = line.length;
+  const b = toBytes(line);
+  const open = openParen(b, len);
+  const close = scanBack(b, len);
   if (open <= 0 || close < open + 1) return { error: 'no "pid (comm)" at the start' };
-  const tid = uintAt(line, 0, open);
+  const tid = uintAt(b, line, 0, open);
   if (tid === NOT_UINT) return { error: `pid field is not a number: ${JSON.stringify(line.slice(0, open).slice(0, 20))}` };
-  if (line.charCodeAt(close + 1) !== SPACE) return { error: 'nothing after the command name' };
-  const first = close + 2;
-  // Only fields up to 39 are walked: the tail is unused.
+  if (close + 1 >= len || b[close + 1] !== SPACE) return { error: 'nothing after the command name' };
+  // The separator right after ')' is the first space counted, so there are spaceCount fields from
+  // field 3 on. Only fields up to 39 are read: the tail is unused.
   const last = FIELDS[FIELDS.length - 1]![0];
-  if (seek(line, first, AFTER_COMM, last) < 0) return { error: `only ${countFields(line, first, last - AFTER_COMM + 1) + AFTER_COMM - 1} fields, need at least 39` };
+  if (spaceCount < last - AFTER_COMM + 1) return { error: `only ${spaceCount + AFTER_COMM - 1} fields, need at least 39` };
   const values = [0, 0, 0, 0];
-  let pos = first;
-  let at: number = AFTER_COMM;
   for (let i = 0; i < FIELDS.length; i++) {
     const [field, name] = FIELDS[i]!;
-    pos = seek(line, pos, at, field);
-    at = field;
-    const end = fieldEnd(line, pos);
-    const v = uintAt(line, pos, end);
+    const pos = fieldStart(field);
+    const end = fieldEnd(len, field);
+    const v = uintAt(b, line, pos, end);
     if (v === NOT_UINT) return { error: `${name} (field ${field}) is not an unsigned integer: ${JSON.stringify(line.slice(pos, end))}` };
     if (v === TOO_LARGE) return { error: `${name} (field ${field}) is too large: ${line.slice(pos, end)}` };
     values[i] = v;
@@ -115,7 +153,7 @@ export function parseStatLine(line: string): TaskStat | StatParseError {
     // A 20-digit pid is not a pid, but the old parser returned it: kept so every rule stays.
     tid: tid === TOO_LARGE ? Number(line.slice(0, open)) : tid,
     comm: line.slice(open + 2, close),
-    state: line.slice(first, fieldEnd(line, first)),
+    state: line.slice(close + 2, fieldEnd(len, AFTER_COMM)),
     utime: values[0]!,
     stime: values[1]!,
     starttime: values[2]!,
@@ -125,10 +163,9 @@ export function parseStatLine(line: string): TaskStat | StatParseError {
 
 /** Field 20 (num_threads) of a stat line, or -1 when it cannot be read. */
 export function statNumThreads(line: string): number {
-  const close = line.lastIndexOf(')');
-  if (close < 0) return -1;
-  const pos = seek(line, close + 2, AFTER_COMM, 20);
-  if (pos < 0) return -1;
-  const v = uintAt(line, pos, fieldEnd(line, pos));
+  const b = toBytes(line);
+  const close = scanBack(b, line.length);
+  if (close < 0 || spaceCount < 20 - AFTER_COMM + 1) return -1;
+  const v = uintAt(b, line, fieldStart(20), fieldEnd(line.length, 20));
   return v < 0 ? -1 : v;
 }

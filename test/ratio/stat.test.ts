@@ -61,16 +61,21 @@ describe('parseStatLine equals the previous parser', () => {
   const field = fc.oneof(
     fc.nat().map(String),
     fc.bigInt({ min: 0n, max: 2n ** 64n }).map(String),
-    fc.constantFrom('', '-1', 'x', '1e3', '0x10', ' ', '007', '9007199254740993', '99999999999999999999', '123456789012345678901'),
+    fc.constantFrom('', '-1', 'x', '1e3', '0x10', ' ', '007', '9007199254740993', '99999999999999999999', '123456789012345678901', '1\u0130', '\u0131', '\u00e9'),
     fc.string({ maxLength: 4 }),
   );
-  const comm = fc.oneof(fc.string({ maxLength: 20 }), fc.constantFrom('CPU 0/KVM', 'q) 1 (x y', ') ) )', '(', 'x)', ''), fc.string({ unit: 'binary', maxLength: 12 }));
+  // U+0129, U+0120, U+0128 and U+0130 end in the bytes of ')', ' ', '(' and '0': they must not pass for them.
+  const comm = fc.oneof(
+    fc.string({ maxLength: 20 }),
+    fc.constantFrom('CPU 0/KVM', 'q) 1 (x y', ') ) )', '(', 'x)', '', 'a\u0129 b', '\u0120\u0128\u0129', 'caf\u00e9 \u00ff'),
+    fc.string({ unit: 'binary', maxLength: 12 }),
+  );
   const line = fc
     .record({
       tid: fc.oneof(fc.nat().map(String), field),
       comm,
       state: fc.constantFrom('S', 'R', '', 'S S'),
-      fields: fc.array(field, { minLength: 0, maxLength: 52 }),
+      fields: fc.array(field, { minLength: 0, maxLength: 120 }),
       cut: fc.option(fc.nat(), { nil: undefined }),
     })
     .map(({ tid, comm, state, fields, cut }) => {
