@@ -1,28 +1,13 @@
 /**
- * THE PREVIOUS stat parser (slices and a field array), kept verbatim as the reference the fast
- * parser in src/ratio/stat.ts is property-tested against. Not used by the helper.
+ * THE PREVIOUS stat parser (slices and a field array), kept as it was (its types now imported) as
+ * the reference the fast parser in src/ratio/stat.ts is property-tested against. Not used by the
+ * helper.
  *
  * /proc/<pid>/task/<tid>/stat parsing. The command name (field 2) may hold spaces and parentheses
  * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line.
  */
 
-interface TaskStat {
-  tid: number;
-  comm: string;
-  state: string;
-  /** Field 14. */
-  utime: number;
-  /** Field 15. */
-  stime: number;
-  /** Field 22: start time after boot, in clock ticks; with tid it identifies a thread. */
-  starttime: number;
-  /** Field 39: CPU the thread last ran on. */
-  processor: number;
-}
-
-interface StatParseError {
-  error: string;
-}
+import type { StatParseError, TaskStat } from '../../src/ratio/stat.js';
 
 // Index of field N in the list that starts at field 3 (state).
 const AFTER_COMM = 3;
@@ -40,7 +25,7 @@ function uintField(text: string | undefined, field: number, name: string): numbe
   return v;
 }
 
-function isStatParseError(v: unknown): v is StatParseError {
+function isError(v: unknown): v is StatParseError {
   return typeof v === 'object' && v !== null && 'error' in v;
 }
 
@@ -74,7 +59,7 @@ export function referenceParseStatLine(line: string): TaskStat | StatParseError 
     [F_PROCESSOR, 'processor'],
   ] as const) {
     const v = uintField(fields[i], i + AFTER_COMM, name);
-    if (isStatParseError(v)) return v;
+    if (isError(v)) return v;
     values.push(v);
   }
   const [utime, stime, starttime, processor] = values as [number, number, number, number];
