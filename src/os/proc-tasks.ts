@@ -11,9 +11,20 @@ import { statNumThreads } from '../ratio/stat.js';
 /** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
 const BUF_SIZE = 4096;
 
+/** A thread's last stat line, and its bytes to compare the next read with. */
+interface LastLine {
+  bytes: Buffer;
+  line: string;
+}
+
 interface PidState {
   /** tid -> fd of /proc/<pid>/task/<tid>/stat. The main thread's fd doubles as the liveness probe. */
   fds: Map<number, number>;
+  /**
+   * tid -> its last line: a thread whose line did not change since (an idle thread's does not) gets
+   * the same string back, so an interval allocates text only for threads that moved.
+   */
+  last: Map<number, LastLine>;
   numThreads: number;
   readsSinceList: number;
 }
@@ -52,7 +63,7 @@ export class ProcTaskReader {
     if (!Number.isSafeInteger(pid) || pid <= 0) return null;
     let st = this.pids.get(pid);
     if (st === undefined) {
-      st = { fds: new Map(), numThreads: -1, readsSinceList: 0 };
+      st = { fds: new Map(), last: new Map(), numThreads: -1, readsSinceList: 0 };
       this.pids.set(pid, st);
       if (!this.list(pid, st)) return this.gone(pid);
     }
@@ -120,11 +131,23 @@ export class ProcTaskReader {
     if (n <= 0) {
       closeQuietly(fd);
       st.fds.delete(tid);
+      st.last.delete(tid);
       return null;
     }
     let end = n;
     if (this.buf[end - 1] === 0x0a) end--;
-    return this.buf.toString('latin1', 0, end);
+    const last = st.last.get(tid);
+    if (last !== undefined && last.line.length === end && this.buf.compare(last.bytes, 0, end, 0, end) === 0) return last.line;
+    const line = this.buf.toString('latin1', 0, end);
+    if (last !== undefined && last.bytes.length >= end) {
+      this.buf.copy(last.bytes, 0, 0, end);
+      last.line = line;
+    } else {
+      const bytes = Buffer.allocUnsafe(end + 32); // room for counters that grow a digit
+      this.buf.copy(bytes, 0, 0, end);
+      st.last.set(tid, { bytes, line });
+    }
+    return line;
   }
 
   /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. */
@@ -154,6 +177,7 @@ export class ProcTaskReader {
       if (!present.has(tid)) {
         closeQuietly(fd);
         st.fds.delete(tid);
+        st.last.delete(tid);
       }
     }
     st.numThreads = st.fds.size;

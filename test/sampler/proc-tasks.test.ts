@@ -138,6 +138,23 @@ describe('ProcTaskReader on real processes', () => {
     expect(r.openFds).toBe(0);
   });
 
+  test('a sleeping thread read again gives the same line, equal to what /proc says now', async () => {
+    const p = await proc();
+    await p.cmd('start 3');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      const first = r.read(p.pid)!;
+      const again = r.read(p.pid)!;
+      for (const [tid, line] of again) {
+        if (tid === p.pid) continue; // the main thread reads our commands: it may move
+        expect(line).toBe(first.get(tid));
+        expect(line).toBe(fs.readFileSync(`/proc/${p.pid}/task/${tid}/stat`, 'latin1').trimEnd());
+      }
+    } finally {
+      r.close();
+    }
+  });
+
   test('tick counts move between reads of a spinning thread (fresh data, not a cached line)', async () => {
     const p = await proc();
     await p.cmd('spin');
