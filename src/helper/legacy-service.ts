@@ -57,15 +57,9 @@ export interface LegacyServiceOptions {
   logger: Logger;
 }
 
-export type LegacyOutcome =
-  | { kind: 'reply'; value: bigint }
-  /** Not an allowed MSR: the connection closes without a reply, as in the reference helper. */
-  | { kind: 'close' };
-
 export class LegacyService {
   /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
   private readonly plans = new Map<number, LegacyPlan>();
-  private readonly scratch = Buffer.alloc(LEGACY_REPLY_SIZE);
 
   constructor(private readonly o: LegacyServiceOptions) {
     for (const msr of LEGACY_ALLOWED_MSRS) {
@@ -77,11 +71,6 @@ export class LegacyService {
   /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
   verdictsFor(peerPid: number): TidVerdicts {
     return new TidVerdicts(this.o.procRoot, peerPid);
-  }
-
-  handle(peerPid: number, req: LegacyRequest, verdicts: TidVerdicts = this.verdictsFor(peerPid)): LegacyOutcome {
-    if (!this.answer(peerPid, req, verdicts, this.scratch, 0)) return { kind: 'close' };
-    return { kind: 'reply', value: this.scratch.readBigUInt64LE(0) };
   }
 
   /**
