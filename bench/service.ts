@@ -19,6 +19,7 @@ import { DEFAULT_AMD_SYNTH } from '../src/msr/legacy-registers.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import { ProcTaskReader } from '../src/os/proc-tasks.js';
 import { Sampler } from '../src/sampling/sampler.js';
+import type { VcpuSpec } from '../src/ratio/types.js';
 
 const INTERVAL_MS = 1000;
 
@@ -61,7 +62,7 @@ async function startVms(n: number): Promise<ChildProcess[]> {
   return kids;
 }
 
-function vcpusOf(pid: number): { tid: number; vpkg: number }[] {
+function vcpusOf(pid: number): VcpuSpec[] {
   return fs
     .readdirSync(`/proc/${pid}/task`)
     .map(Number)

@@ -1,9 +1,8 @@
 /** Argument parsers shared by the commands: each refuses bad text with a message naming the flag. */
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/vm-registry.js';
-import { MAX_VCPUS } from '../ratio/types.js';
+import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
-import type { VcpuSpec } from '../ratio/types.js';
 
 /**
  * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
@@ -47,9 +46,9 @@ export function positiveIntArg(flag: string, max = Number.MAX_SAFE_INTEGER) {
   };
 }
 
-/** A process id (Linux pids are at most 2^22, pid_t at most 2^30 here as everywhere in the helper). */
+/** A process id: 1..MAX_TID, the one bound of pids and tids. */
 export function pidArg(text: string): number {
-  if (!/^\d{1,10}$/.test(text) || Number(text) < 1 || Number(text) > 0x3fffffff) throw new InvalidArgumentError(`not a process id: ${JSON.stringify(text)}`);
+  if (!/^\d{1,10}$/.test(text) || Number(text) < 1 || Number(text) > MAX_TID) throw new InvalidArgumentError(`not a process id: ${JSON.stringify(text)}`);
   return Number(text);
 }
 

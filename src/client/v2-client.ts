@@ -7,6 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, isFrameError, typeName } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
+import type { VcpuSpec } from '../ratio/types.js';
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {
@@ -129,7 +130,7 @@ export class V2Client {
     });
   }
 
-  async register(o: { pid?: number; vcpus: { tid: number; vpkg: number }[] }): Promise<Registered> {
+  async register(o: { pid?: number; vcpus: readonly VcpuSpec[] }): Promise<Registered> {
     const m = await this.call(T.REGISTER, encodeRegister({ pid: o.pid ?? 0, vcpus: o.vcpus }));
     if (m.type !== T.REGISTERED) throw this.unexpected(m);
     return { vmId: m.vmId, nvpkg: m.nvpkg, powerUnit: m.powerUnit };

@@ -2,7 +2,8 @@
 import { QmpClient, type QmpConnectOptions } from './qmp.js';
 import { checkThreadsOf } from '../os/vm-spec.js';
 import { readStarttime } from '../os/proc-starttime.js';
-import { MAX_VCPUS, MAX_VPKG, type VcpuSpec, type VmSpec } from '../ratio/types.js';
+import type { VcpuSpec, VmSpec } from '../ratio/types.js';
+import { checkVcpus } from '../ratio/vcpus.js';
 
 /**
  * Asks QEMU over QMP: vCPU threads (query-cpus-fast thread-id, socket-id as vpkg), name (query-name),
@@ -15,14 +16,10 @@ export async function vmSpecFromQmp(socketPath: string, procRoot: string, o: Qmp
     const pid = qmp.peerCredentials().pid;
     const cpus = await qmp.queryCpus();
     const name = await qmp.queryName();
-    if (cpus.length === 0) throw new Error(`QMP ${socketPath}: query-cpus-fast lists no vCPU`);
-    if (cpus.length > MAX_VCPUS) throw new Error(`QMP ${socketPath}: ${cpus.length} vCPUs, at most ${MAX_VCPUS}`);
-    const vcpus: VcpuSpec[] = cpus.map((c) => {
-      // Without socket-id (boards that give no props) every vCPU is in virtual package 0.
-      const vpkg = c.socketId ?? 0;
-      if (vpkg > MAX_VPKG) throw new Error(`QMP ${socketPath}: vCPU ${c.cpuIndex} has socket-id ${vpkg}, at most ${MAX_VPKG}`);
-      return { tid: c.threadId, vpkg };
-    });
+    // Without socket-id (boards that give no props) every vCPU is in virtual package 0.
+    const listed = checkVcpus(cpus.map((c): VcpuSpec => ({ tid: c.threadId, vpkg: c.socketId ?? 0 })));
+    if (!listed.ok) throw new Error(`QMP ${socketPath}: query-cpus-fast: ${listed.error}`);
+    const vcpus = listed.value;
     try {
       checkThreadsOf(procRoot, pid, vcpus);
     } catch (e) {

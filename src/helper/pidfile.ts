@@ -3,6 +3,7 @@
  * (or that holds garbage) is stale and replaced. Released only if it still holds our pid.
  */
 import fs from 'node:fs';
+import { MAX_TID } from '../ratio/types.js';
 
 export interface Pidfile {
   readonly path: string;
@@ -14,7 +15,7 @@ export function parsePidfile(text: string): number | null {
   const t = text.trim();
   if (!/^\d{1,10}$/.test(t)) return null;
   const n = Number(t);
-  return n > 0 && n <= 0x3fffffff ? n : null;
+  return n > 0 && n <= MAX_TID ? n : null;
 }
 
 export function isAlive(pid: number): boolean {

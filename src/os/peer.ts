@@ -3,6 +3,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type net from 'node:net';
 import { getPeerCredentials, type PeerCredentials } from './libc.js';
+import { MAX_TID } from '../ratio/types.js';
 
 export type { PeerCredentials };
 
@@ -37,7 +38,7 @@ export class PeerTasks {
    * beyond pid_t never are, so they are refused without touching /proc.
    */
   has(tid: number): boolean {
-    if (!Number.isInteger(tid) || tid <= 0 || tid > 0x3fffffff || !(this.pid > 0)) return false;
+    if (!Number.isInteger(tid) || tid <= 0 || tid > MAX_TID || !(this.pid > 0)) return false;
     return fs.existsSync(this.prefix + tid);
   }
 }

@@ -6,7 +6,8 @@
  */
 import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
 import { isStatParseError, parseStatLine } from './stat.js';
-import { MAX_VPKG, type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
+import { validVcpus } from './vcpus.js';
+import { type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
 
 const TWO_32 = 2 ** 32;
 
@@ -89,9 +90,7 @@ export class RatioEngine {
   register(vm: VmSpec): number {
     const vcpuVpkg = new Map<number, number>();
     let nvpkg = 0;
-    for (const v of vm.vcpus) {
-      if (!Number.isInteger(v.vpkg) || v.vpkg < 0 || v.vpkg > MAX_VPKG) throw new Error(`vCPU ${v.tid}: vpkg must be 0..${MAX_VPKG}, got ${v.vpkg}`);
-      if (vcpuVpkg.has(v.tid)) throw new Error(`vCPU tid ${v.tid} is listed twice`);
+    for (const v of validVcpus(vm.vcpus)) {
       vcpuVpkg.set(v.tid, v.vpkg);
       nvpkg = Math.max(nvpkg, v.vpkg + 1);
     }

@@ -9,6 +9,8 @@ export type Vendor = 'intel' | 'amd';
 /** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */
 export const MAX_VCPUS = 4096;
 export const MAX_VPKG = 255;
+/** Highest process or thread id accepted anywhere (pid_t is a signed 32-bit int; Linux's own limit is 2^22). */
+export const MAX_TID = 0x7fffffff;
 
 export interface HostCpu {
   cpu: number;

@@ -1,21 +1,44 @@
-/** The vCPU list of a VM: which threads, in which virtual package. */
-import { MAX_VCPUS, MAX_VPKG, type VcpuSpec } from './types.js';
+/**
+ * THE vCPU-list rule, used by every way a VM arrives (v2 REGISTER, --vcpus, QMP, a trace's register
+ * line, the engine itself): 1..MAX_VCPUS entries, each a thread id in 1..MAX_TID and a virtual
+ * package in 0..MAX_VPKG, no thread twice. Entries are numbered from 1 in every message.
+ */
+import { fail, ok, type Result } from './result.js';
+import { MAX_TID, MAX_VCPUS, MAX_VPKG, type VcpuSpec } from './types.js';
 
-/** Parses "TID:VPKG,TID:VPKG,...": positive tids, vpkg 0..255, no tid twice, 1..4096 entries. */
-export function parseVcpuList(text: string): VcpuSpec[] {
-  if (typeof text !== 'string' || text.trim() === '') throw new Error('vCPU list is empty: expected TID:VPKG[,TID:VPKG...], e.g. 4250:0,4251:1');
-  const parts = text.trim().split(',');
-  if (parts.length > MAX_VCPUS) throw new Error(`vCPU list has ${parts.length} entries, at most ${MAX_VCPUS}`);
+/** Checks a vCPU list; on success the value is a copy holding only tid and vpkg. */
+export function checkVcpus(vcpus: readonly VcpuSpec[]): Result<VcpuSpec[]> {
+  if (vcpus.length === 0) return fail('the vCPU list is empty: a VM has at least one vCPU');
+  if (vcpus.length > MAX_VCPUS) return fail(`the vCPU list has ${vcpus.length} entries, at most ${MAX_VCPUS}`);
   const seen = new Set<number>();
-  return parts.map((part, i) => {
-    const m = /^\s*(\d{1,10}):(\d{1,3})\s*$/.exec(part);
-    if (!m) throw new Error(`vCPU list entry ${i + 1} ${JSON.stringify(part.slice(0, 40))}: expected TID:VPKG, e.g. 4250:0`);
-    const tid = Number(m[1]);
-    const vpkg = Number(m[2]);
-    if (tid <= 0 || tid > 0x7fffffff) throw new Error(`vCPU list entry ${i + 1}: thread id ${m[1]} out of range`);
-    if (vpkg > MAX_VPKG) throw new Error(`vCPU list entry ${i + 1}: virtual package ${vpkg} out of range (0..${MAX_VPKG})`);
-    if (seen.has(tid)) throw new Error(`vCPU list entry ${i + 1}: thread ${tid} listed twice`);
+  const out: VcpuSpec[] = [];
+  for (let i = 0; i < vcpus.length; i++) {
+    const { tid, vpkg } = vcpus[i]!;
+    if (!Number.isInteger(tid) || tid < 1 || tid > MAX_TID) return fail(`vCPU ${i + 1}: thread id ${tid} is out of range (1..${MAX_TID})`);
+    if (!Number.isInteger(vpkg) || vpkg < 0 || vpkg > MAX_VPKG) return fail(`vCPU ${i + 1}: virtual package ${vpkg} is out of range (0..${MAX_VPKG})`);
+    if (seen.has(tid)) return fail(`vCPU ${i + 1}: thread ${tid} is listed twice`);
     seen.add(tid);
-    return { tid, vpkg };
+    out.push({ tid, vpkg });
+  }
+  return ok(out);
+}
+
+/** checkVcpus for callers that throw: the message is the rule's own. */
+export function validVcpus(vcpus: readonly VcpuSpec[]): VcpuSpec[] {
+  const r = checkVcpus(vcpus);
+  if (!r.ok) throw new Error(r.error);
+  return r.value;
+}
+
+/** Parses "TID:VPKG,TID:VPKG,..." (the --vcpus syntax), then applies checkVcpus. */
+export function parseVcpuList(text: string): VcpuSpec[] {
+  if (typeof text !== 'string' || text.trim() === '') throw new Error('the vCPU list is empty: expected TID:VPKG[,TID:VPKG...], e.g. 4250:0,4251:1');
+  const parts = text.trim().split(',');
+  if (parts.length > MAX_VCPUS) throw new Error(`the vCPU list has ${parts.length} entries, at most ${MAX_VCPUS}`);
+  const vcpus = parts.map((part, i) => {
+    const m = /^\s*(\d{1,10}):(\d{1,3})\s*$/.exec(part);
+    if (!m) throw new Error(`vCPU ${i + 1} ${JSON.stringify(part.slice(0, 40))}: expected TID:VPKG, e.g. 4250:0`);
+    return { tid: Number(m[1]), vpkg: Number(m[2]) };
   });
+  return validVcpus(vcpus);
 }

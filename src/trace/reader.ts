@@ -9,14 +9,14 @@ import type { Readable } from 'node:stream';
 import zlib from 'node:zlib';
 import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
-import { MAX_VPKG, type HostCpu, type HostPackage, type TraceHeader, type VcpuSpec, type Vendor, type VmSpec } from '../ratio/types.js';
+import { checkVcpus } from '../ratio/vcpus.js';
+import { MAX_TID, type HostCpu, type HostPackage, type TraceHeader, type VcpuSpec, type Vendor, type VmSpec } from '../ratio/types.js';
 
 export type { TraceHeader };
 
 /** 32 MiB: a sample line holds every stat line of every VM (~350 bytes a thread); far above any real host. */
 export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
 
-const MAX_ID = 2 ** 31 - 1;
 /** A DNS name is at most 253 characters; Linux's host name at most 64. */
 const MAX_HOSTNAME = 253;
 
@@ -174,18 +174,13 @@ export class TraceParser {
     const starttime = this.uint(v.starttime, 'vm.starttime');
     if (v.name !== undefined && typeof v.name !== 'string') this.fail(`register: vm.name must be a string, got ${describe(v.name)}`);
     if (!Array.isArray(v.vcpus)) this.fail('register: vm.vcpus must be an array');
-    const vcpus: VcpuSpec[] = [];
-    const tids = new Set<number>();
-    v.vcpus.forEach((c: unknown, i: number) => {
+    const list: VcpuSpec[] = v.vcpus.map((c: unknown, i: number) => {
       if (!isObject(c)) this.fail(`register: vm.vcpus[${i}] must be an object`);
-      const tid = this.id(c.tid, `vm.vcpus[${i}].tid`);
-      const vpkg = this.uint(c.vpkg, `vm.vcpus[${i}].vpkg`);
-      if (vpkg > MAX_VPKG) this.fail(`register: vm.vcpus[${i}].vpkg must be 0..${MAX_VPKG}, got ${vpkg}`);
-      if (tids.has(tid)) this.fail(`register: vCPU tid ${tid} is listed twice`);
-      tids.add(tid);
-      vcpus.push({ tid, vpkg });
+      return { tid: this.id(c.tid, `vm.vcpus[${i}].tid`), vpkg: this.uint(c.vpkg, `vm.vcpus[${i}].vpkg`) };
     });
-    const spec: VmSpec = { pid, starttime, vcpus };
+    const vcpus = checkVcpus(list);
+    if (!vcpus.ok) this.fail(`register: ${vcpus.error}`);
+    const spec: VmSpec = { pid, starttime, vcpus: vcpus.value };
     if (typeof v.name === 'string') spec.name = v.name;
     return spec;
   }
@@ -215,7 +210,7 @@ export class TraceParser {
   }
 
   private key(k: string, where: string): number {
-    if (!/^\d{1,10}$/.test(k) || Number(k) > MAX_ID) this.fail(`${where}: key ${describe(k)} is not a decimal id`);
+    if (!/^\d{1,10}$/.test(k) || Number(k) > MAX_TID) this.fail(`${where}: key ${describe(k)} is not a decimal id`);
     return Number(k);
   }
 
@@ -225,7 +220,7 @@ export class TraceParser {
   }
 
   private id(v: unknown, what: string): number {
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_ID) this.fail(`${what} must be a positive integer id, got ${describe(v)}`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_TID) this.fail(`${what} must be a positive integer id, got ${describe(v)}`);
     return v;
   }
 

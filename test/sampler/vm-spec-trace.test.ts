@@ -18,8 +18,8 @@ describe('parseVcpuList', () => {
   });
   test.each([
     ['', /empty/],
-    ['4250', /entry 1 .*TID:VPKG/],
-    ['4250:0,', /entry 2/],
+    ['4250', /^vCPU 1 .*TID:VPKG/],
+    ['4250:0,', /^vCPU 2 /],
     ['4250:0,4250:1', /listed twice/],
     ['4250:256', /out of range/],
     ['0:0', /out of range/],

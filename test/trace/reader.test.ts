@@ -113,7 +113,7 @@ describe('trace reader: errors name the line', () => {
     ['energy key not an id', lines(HEADER, sampleRec(1, { energy: { pkg0: '0x1' } })), /^line 2: energy: key "pkg0" is not a decimal id/],
     ['stat line not a string', lines(HEADER, sampleRec(1, { tasks: { '42': { '42': 5 } } })), /^line 2: sample: tasks\["42"\]\["42"\] must be a stat line string/],
     ['tasks missing', lines(HEADER, { type: 'sample', t_ns: 1, energy: {} }), /^line 2: sample: tasks must be an object/],
-    ['vpkg out of range', lines(HEADER, { ...REGISTER, vm: { ...REGISTER.vm, vcpus: [{ tid: 43, vpkg: 300 }] } }), /^line 2: register: vm.vcpus\[0\].vpkg must be 0..255/],
+    ['vpkg out of range', lines(HEADER, { ...REGISTER, vm: { ...REGISTER.vm, vcpus: [{ tid: 43, vpkg: 300 }] } }), /^line 2: register: vCPU 1: virtual package 300 is out of range \(0..255\)$/],
     ['pid zero', lines(HEADER, { type: 'unregister', t_ns: 1, pid: 0 }), /^line 2: pid must be a positive integer/],
     ['vendor', lines({ ...HEADER, host: { ...HEADER.host, vendor: 'via' } }), /^line 1: header: host.vendor/],
     ['cpu in unlisted package', lines({ ...HEADER, host: { ...HEADER.host, cpus: [{ cpu: 0, package: 9 }] } }), /^line 1: header: cpu 0 is in package 9/],

@@ -8,7 +8,7 @@ import { E } from '../../protocol/v2/codec.js';
 import { MAX_VCPUS } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
-import type { VmSpec } from '../../ratio/types.js';
+import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
 
 export interface V2Limits {
@@ -69,7 +69,7 @@ export interface Peer {
 export interface RegisterInput {
   /** 0 = the peer itself. */
   pid: number;
-  vcpus: { tid: number; vpkg: number }[];
+  vcpus: readonly VcpuSpec[];
 }
 
 export type Admission = { ok: true; spec: VmSpec } | { ok: false; code: number; message: string };

@@ -6,6 +6,7 @@
 
 // "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
 export { V2_MAGIC } from '../legacy.js';
+import type { VcpuSpec } from '../../ratio/types.js';
 
 export const HEADER_SIZE = 8;
 export const MAX_PAYLOAD = 65536;
@@ -246,7 +247,7 @@ export function encodeError(code: number, requestType: number, message: string):
 
 export interface RegisterRequest {
   pid: number;
-  vcpus: { tid: number; vpkg: number }[];
+  vcpus: readonly VcpuSpec[];
 }
 
 export function encodeRegister(r: RegisterRequest): Buffer {

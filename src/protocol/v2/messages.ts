@@ -5,7 +5,8 @@
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
  */
 import { E, FLAG_ENDED, T, type Frame, typeName } from './codec.js';
-import { MAX_VCPUS, MAX_VPKG } from '../../ratio/types.js';
+import { checkVcpus } from '../../ratio/vcpus.js';
+import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
 
 
 export interface PayloadError {
@@ -16,7 +17,7 @@ export interface PayloadError {
 }
 
 export type ClientRequest =
-  | { type: typeof T.REGISTER; pid: number; vcpus: { tid: number; vpkg: number }[] }
+  | { type: typeof T.REGISTER; pid: number; vcpus: VcpuSpec[] }
   | { type: typeof T.READ; vmId: number; vpkg: number }
   | { type: typeof T.SUBSCRIBE; vmId: number }
   | { type: typeof T.UNREGISTER; vmId: number };
@@ -44,20 +45,14 @@ export function parseClientFrame(f: Frame): ClientRequest | PayloadError {
       // A lying count is a size error: length must be exactly 8 + 8 * nvcpu.
       if (p.length !== 8 + 8 * nvcpu) return wrongSize(f.type, p.length, `8 + 8 x nvcpu (${nvcpu}) = ${8 + 8 * nvcpu}`);
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      // The count is checked before the list is read: the frame's size already bounds it, this keeps it cheap.
       if (nvcpu < 1 || nvcpu > MAX_VCPUS) return bad(`nvcpu must be 1..${MAX_VCPUS}, got ${nvcpu}`);
-      if (pid > 0x7fffffff) return bad(`pid ${pid} is out of range`);
-      const vcpus: { tid: number; vpkg: number }[] = [];
-      const seen = new Set<number>();
-      for (let i = 0; i < nvcpu; i++) {
-        const tid = p.readUInt32LE(8 + 8 * i);
-        const vpkg = p.readUInt32LE(12 + 8 * i);
-        if (tid === 0 || tid > 0x7fffffff) return bad(`vcpu ${i}: tid ${tid} is out of range`);
-        if (vpkg > MAX_VPKG) return bad(`vcpu ${i}: vpkg ${vpkg} is over ${MAX_VPKG}`);
-        if (seen.has(tid)) return bad(`vcpu ${i}: tid ${tid} is listed twice`);
-        seen.add(tid);
-        vcpus.push({ tid, vpkg });
-      }
-      return { type: T.REGISTER, pid, vcpus };
+      if (pid > MAX_TID) return bad(`pid ${pid} is out of range (0..${MAX_TID})`);
+      const list: VcpuSpec[] = [];
+      for (let i = 0; i < nvcpu; i++) list.push({ tid: p.readUInt32LE(8 + 8 * i), vpkg: p.readUInt32LE(12 + 8 * i) });
+      const vcpus = checkVcpus(list);
+      if (!vcpus.ok) return bad(vcpus.error);
+      return { type: T.REGISTER, pid, vcpus: vcpus.value };
     }
     case T.READ:
       if (p.length !== 8) return wrongSize(f.type, p.length, '8');
