@@ -1,5 +1,13 @@
-/** Argument parsers shared by the commands: each refuses bad text with a message naming the flag. */
+/**
+ * THE option set of the commands: the host options (--msr-path, --proc-root, --sys-root, --vendor),
+ * the sampling interval and its bounds, the v2 limits, and the argument parsers. Each refuses bad
+ * text with a message naming the flag.
+ */
+import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
+import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
+import type { VendorChoice } from '../helper/startup-checks.js';
+import { UsageError } from './cli-errors.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/vm-registry.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
@@ -10,10 +18,18 @@ import { parseVcpuList } from '../ratio/vcpus.js';
  * interval is recovered (mod 2^32); two are not, so intervals stay far below the wrap time.
  */
 export const MAX_INTERVAL_S = 60;
+/** The shortest sampling interval: below 10 ms a deadline rounds to nothing. */
+export const MIN_INTERVAL_S = 0.01;
 
-/** A sampling interval in seconds: at least 10 ms (below, a deadline rounds to nothing), at most MAX_INTERVAL_S. */
+/** The interval rule for callers that are not commander (runRecord): throws naming the bound. */
+export function checkInterval(seconds: number): void {
+  if (!(seconds >= MIN_INTERVAL_S)) throw new Error(`interval must be at least ${MIN_INTERVAL_S} s, got ${seconds}`);
+  if (!(seconds <= MAX_INTERVAL_S)) throw new Error(`interval must be at most ${MAX_INTERVAL_S} s (a 32-bit energy counter could wrap twice unseen), got ${seconds}`);
+}
+
+/** A sampling interval in seconds, in [MIN_INTERVAL_S, MAX_INTERVAL_S]. */
 export function intervalArg(flag: string) {
-  const parse = secondsArg(flag, { min: 0.01, max: MAX_INTERVAL_S });
+  const parse = secondsArg(flag, { min: MIN_INTERVAL_S, max: MAX_INTERVAL_S });
   return (text: string): number => {
     try {
       return parse(text);
@@ -59,6 +75,62 @@ export function vcpuListArg(text: string): VcpuSpec[] {
   } catch (e) {
     throw new InvalidArgumentError((e as Error).message);
   }
+}
+
+/** --vendor: auto (from /proc/cpuinfo), intel or amd. */
+export function parseVendor(text: string | undefined): VendorChoice {
+  const v = text ?? 'auto';
+  if (v !== 'auto' && v !== 'intel' && v !== 'amd') throw new UsageError(`--vendor: expected auto, intel or amd (got '${v}')`);
+  return v;
+}
+
+/** --msr-path: an absolute path template with exactly one %u for the CPU number. */
+export function parseMsrPath(text: string | undefined): string {
+  const t = text ?? DEFAULT_HOST_PATHS.msrPathTemplate;
+  try {
+    validateMsrPathTemplate(t);
+  } catch (e) {
+    throw new UsageError(`--msr-path: ${(e as Error).message}; e.g. --msr-path /dev/cpu/%u/msr`);
+  }
+  if (!t.startsWith('/')) throw new UsageError(`--msr-path: must be absolute (got '${t}'); e.g. --msr-path /dev/cpu/%u/msr`);
+  return t;
+}
+
+function absoluteDir(v: string | undefined, flag: string, dflt: string): string {
+  if (v === undefined) return dflt;
+  if (v === '') throw new UsageError(`${flag}: empty path`);
+  return path.resolve(v);
+}
+
+export interface RawHostOptions {
+  msrPath?: string;
+  procRoot?: string;
+  sysRoot?: string;
+  vendor?: string;
+}
+
+/** The host paths and vendor from the host options, defaults filled in. */
+export function hostOptionsFrom(raw: RawHostOptions): { paths: HostPaths; vendor: VendorChoice } {
+  return {
+    paths: {
+      msrPathTemplate: parseMsrPath(raw.msrPath),
+      procRoot: absoluteDir(raw.procRoot, '--proc-root', DEFAULT_HOST_PATHS.procRoot),
+      sysRoot: absoluteDir(raw.sysRoot, '--sys-root', DEFAULT_HOST_PATHS.sysRoot),
+    },
+    vendor: parseVendor(raw.vendor),
+  };
+}
+
+/**
+ * The host options, on the root (daemon) command and on record. No commander defaults: a value given
+ * before 'record' reaches it through optsWithGlobals(), and hostOptionsFrom fills the defaults.
+ */
+export function addHostOptions(cmd: Command): Command {
+  return cmd
+    .option('--msr-path <template>', `MSR device path, %u = CPU number (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
+    .option('--proc-root <dir>', `procfs mount (default '${DEFAULT_HOST_PATHS.procRoot}')`)
+    .option('--sys-root <dir>', `sysfs mount (default '${DEFAULT_HOST_PATHS.sysRoot}')`)
+    .option('--vendor <vendor>', 'CPU vendor: auto|intel|amd (default auto, from /proc/cpuinfo)');
 }
 
 /** For repeatable options: each occurrence parsed and appended. */

@@ -1,5 +1,6 @@
 /** The assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2 service. */
 import { readHostInfo } from '../msr/host-info.js';
+import { msrErrorWithHint } from '../msr/device.js';
 import { MsrEnergySource } from '../msr/energy-source.js';
 import { ProcTaskReader } from '../os/proc-tasks.js';
 import { Sampler } from '../sampling/sampler.js';
@@ -17,7 +18,12 @@ export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; record
     setup(ctx) {
       const log = ctx.area('v2');
       const paths = ctx.config.hostPaths;
-      const host = readHostInfo({ paths, device: ctx.device, vendor: ctx.vendor });
+      let host;
+      try {
+        host = readHostInfo({ paths, device: ctx.device, vendor: ctx.vendor });
+      } catch (e) {
+        throw msrErrorWithHint(e);
+      }
       const tasks = new ProcTaskReader(paths.procRoot);
       const sampler = new Sampler(new MsrEnergySource(ctx.device, host.cpus, ctx.vendor), tasks);
       // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a

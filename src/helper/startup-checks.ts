@@ -11,6 +11,8 @@ import type { HostCpu } from '../ratio/types.js';
 import { readVendor } from '../msr/vendor.js';
 import type { Vendor } from '../ratio/types.js';
 import { RAWIO_MASK } from '../os/privileges/capabilities.js';
+import { msrErrnoHint } from '../os/errno-hints.js';
+import { cannotError } from '../ratio/errors.js';
 
 export type VendorChoice = 'auto' | Vendor;
 
@@ -23,7 +25,7 @@ export function checkTopology(sysRoot: string): HostCpu[] {
   try {
     cpus = readHostCpus(sysRoot);
   } catch (e) {
-    throw new Error(`cannot read the CPU topology under ${sysRoot} (${(e as Error).message}); is sysfs mounted, or is --sys-root right?`);
+    throw cannotError(`read the CPU topology under ${sysRoot}`, (e as Error).message, 'is sysfs mounted, or is --sys-root right?');
   }
   if (cpus.length === 0) throw new Error(`no online CPU listed in ${path.join(sysRoot, 'devices/system/cpu/online')}`);
   return cpus;
@@ -47,14 +49,8 @@ export function openMsrDevices(device: MsrDevice, cpus: readonly HostCpu[]): voi
       device.open(cpu);
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
-      const p = device.path(cpu);
-      if (err.code === 'ENOENT' || err.code === 'ENXIO' || err.code === 'ENODEV') {
-        throw new Error(`MSR device ${p} does not exist; load the msr driver with 'modprobe msr' (or point --msr-path at the devices)`);
-      }
-      if (err.code === 'EACCES' || err.code === 'EPERM') {
-        throw new Error(`cannot open ${p}: permission denied; run as root or with CAP_SYS_RAWIO`);
-      }
-      throw new Error(`cannot open ${p}: ${err.message}`);
+      const hint = msrErrnoHint(err.code);
+      throw cannotError(`open ${device.path(cpu)}`, hint?.why ?? err.message, hint?.fix);
     }
   }
 }

@@ -1,9 +1,10 @@
 /**
  * MSR device access: one fd per CPU, opened once and reused, read with pread at offset = MSR number,
- * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see helper/privileges).
+ * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see os/privileges).
  */
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
+import { msrErrnoHint } from '../os/errno-hints.js';
 
 export class MsrReadError extends Error {
   constructor(
@@ -80,4 +81,15 @@ export class MsrDevice {
     }
     this.fds.clear();
   }
+}
+
+/**
+ * An MSR error rewritten to name the fix (os/errno-hints.ts), and `alternative` after it when the
+ * caller has one (record: a synthetic energy source).
+ */
+export function msrErrorWithHint(e: unknown, alternative?: string): Error {
+  if (!(e instanceof MsrReadError)) return e instanceof Error ? e : new Error(String(e));
+  const hint = msrErrnoHint(e.code);
+  if (!hint) return e;
+  return new Error(`${e.message}: ${hint.why}; ${hint.fix}${alternative ? `, or ${alternative}` : ''}`);
 }

@@ -4,7 +4,7 @@
  */
 import type { HostInfo, HostPackage } from '../ratio/types.js';
 import { clockTicksPerSecond } from '../os/libc.js';
-import { MsrReadError, type MsrDevice } from './device.js';
+import type { MsrDevice } from './device.js';
 import type { HostPaths } from './host-paths.js';
 import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from './registers.js';
 import { type Vendor } from '../ratio/types.js';
@@ -21,17 +21,6 @@ export interface ReadHostInfoOptions {
   syntheticPowerUnit?: bigint;
 }
 
-/** An MSR error rewritten to name the fix. */
-export function msrErrorWithHint(e: unknown): Error {
-  if (!(e instanceof MsrReadError)) return e instanceof Error ? e : new Error(String(e));
-  let hint = '';
-  if (e.code === 'ENOENT' || e.code === 'ENXIO') hint = ': the msr driver is not loaded (modprobe msr), or this host has no RAPL; use --energy-source synthetic to record without it';
-  else if (e.code === 'EACCES' || e.code === 'EPERM') hint = ': reading MSRs needs root or CAP_SYS_RAWIO (or use --energy-source synthetic)';
-  else if (e.code === 'EIO') hint = ': the CPU does not implement this register (no RAPL here?); use --energy-source synthetic';
-  const err = new Error(`${e.message}${hint}`);
-  return err;
-}
-
 export function readHostInfo(o: ReadHostInfoOptions): HostInfo {
   const vendor = o.vendor ?? readVendor(o.paths.procRoot);
   const clkTck = clockTicksPerSecond();
@@ -43,12 +32,8 @@ export function readHostInfo(o: ReadHostInfoOptions): HostInfo {
       packages.push({ package: pkg, powerUnit: o.syntheticPowerUnit ?? SYNTHETIC_DEFAULTS.powerUnit });
       continue;
     }
-    let powerUnit: bigint;
-    try {
-      powerUnit = o.device.read(cpu, vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT);
-    } catch (e) {
-      throw msrErrorWithHint(e);
-    }
+    // An MsrReadError here goes to the caller as it is: msrErrorWithHint adds the fix it can offer.
+    const powerUnit = o.device.read(cpu, vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT);
     const p: HostPackage = { package: pkg, powerUnit };
     if (vendor === 'intel') {
       // Optional registers: some CPUs or hypervisors do not expose them.

@@ -82,7 +82,7 @@ describe('the vCPU-list rule', () => {
     expect(checkVcpus([])).toEqual({ ok: false, error: 'the vCPU list is empty: a VM has at least one vCPU' });
     const many = Array.from({ length: 4097 }, (_, i) => ({ tid: i + 1, vpkg: 0 }));
     expect(checkVcpus(many)).toEqual({ ok: false, error: 'the vCPU list has 4097 entries, at most 4096' });
-    const extra = [{ tid: 9, vpkg: 0, name: 'x' }] as VcpuSpec[];
+    const extra = [{ tid: 9, vpkg: 0, name: 'x' }] as unknown as VcpuSpec[];
     expect(checkVcpus(extra)).toEqual({ ok: true, value: [{ tid: 9, vpkg: 0 }] });
   });
 });

@@ -6,21 +6,19 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { DEFAULT_HELPER_SOCKET } from '../../client/v2-client.js';
-import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-paths.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { createLogger, levelFromFlags, type Logger } from '../../helper/logger.js';
 import { ReportedError } from '../cli-errors.js';
 import { reexecWithRawioOnly } from '../../os/privileges/reexec.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
-import { addV2Options, v2OptionsFrom, type V2CliOptions } from '../options.js';
-import type { VendorChoice } from '../../helper/startup-checks.js';
+import { addHostOptions, addV2Options, hostOptionsFrom, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
 
 /** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
 export const DEFAULT_SOCKET = DEFAULT_HELPER_SOCKET;
 export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
 
-export interface RawDaemonOptions {
+export interface RawDaemonOptions extends RawHostOptions {
   socket?: string;
   pidfile?: string;
   daemon?: boolean;
@@ -29,10 +27,6 @@ export interface RawDaemonOptions {
   verbose?: boolean;
   quiet?: boolean;
   trace?: string[];
-  msrPath?: string;
-  procRoot?: string;
-  sysRoot?: string;
-  vendor?: string;
   amdPowerLimit?: string;
   amdTdp?: string;
 }
@@ -88,26 +82,12 @@ function parseWatts(v: string | undefined, flag: string, dflt: number): number {
   return Number(v);
 }
 
-function absoluteDir(v: string | undefined, flag: string, dflt: string): string {
-  if (v === undefined) return dflt;
-  if (v === '') throw new Error(`${flag}: empty path`);
-  return path.resolve(v);
-}
-
 export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = systemIds, readFile: (f: string) => string = defaultRead): DaemonConfig {
   if (raw.socket !== undefined && !raw.socket.startsWith('/')) {
     throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
   }
   if (raw.pidfile === '') throw new Error('-f/--pidfile: empty path; e.g. -f /run/qemu-vmsr-helper.pid');
-  const vendor = raw.vendor ?? 'auto';
-  if (!['auto', 'intel', 'amd'].includes(vendor)) throw new Error(`--vendor: expected auto, intel or amd (got '${vendor}')`);
-  let msrTemplate = raw.msrPath ?? DEFAULT_HOST_PATHS.msrPathTemplate;
-  try {
-    msrTemplate = validateMsrPathTemplate(msrTemplate);
-  } catch (e) {
-    throw new Error(`--msr-path: ${(e as Error).message}; e.g. --msr-path /dev/cpu/%u/msr`);
-  }
-  if (!msrTemplate.startsWith('/')) throw new Error(`--msr-path: must be absolute (got '${msrTemplate}')`);
+  const { paths: hostPaths, vendor } = hostOptionsFrom(raw);
   const uid = raw.user === undefined ? undefined : ids.user(raw.user);
   let gid = raw.group === undefined ? undefined : ids.group(raw.group);
   if (gid === undefined && uid !== undefined) gid = ids.primaryGroup(uid);
@@ -122,12 +102,8 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
     ...(gid !== undefined ? { gid } : {}),
     logLevel: levelFromFlags(raw),
     traceAreas,
-    hostPaths: {
-      msrPathTemplate: msrTemplate,
-      procRoot: absoluteDir(raw.procRoot, '--proc-root', DEFAULT_HOST_PATHS.procRoot),
-      sysRoot: absoluteDir(raw.sysRoot, '--sys-root', DEFAULT_HOST_PATHS.sysRoot),
-    },
-    vendor: vendor as VendorChoice,
+    hostPaths,
+    vendor,
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
       tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),
@@ -179,11 +155,8 @@ export function configureDaemonCommand(program: Command): void {
     .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)")
     .option('-v, --verbose', 'debug logging')
     .option('-q, --quiet', 'log only warnings and errors')
-    .option('-T, --trace <spec>', '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)', collect)
-    .option('--msr-path <template>', `MSR device path, %u = cpu (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
-    .option('--proc-root <dir>', "procfs root (default '/proc')")
-    .option('--sys-root <dir>', "sysfs root (default '/sys')")
-    .option('--vendor <vendor>', 'auto|intel|amd (default auto, from /proc/cpuinfo)')
+    .option('-T, --trace <spec>', '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)', collect);
+  addHostOptions(program)
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {

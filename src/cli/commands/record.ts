@@ -6,8 +6,9 @@
 import { Command, Option } from 'commander';
 import { MsrDevice } from '../../msr/device.js';
 import { MsrEnergySource, SyntheticEnergySource, type EnergySource } from '../../msr/energy-source.js';
-import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../../msr/host-paths.js';
-import { msrErrorWithHint, readHostInfo } from '../../msr/host-info.js';
+import type { HostPaths } from '../../msr/host-paths.js';
+import { readHostInfo } from '../../msr/host-info.js';
+import { msrErrorWithHint } from '../../msr/device.js';
 import type { Vendor } from '../../ratio/types.js';
 import { ProcTaskReader } from '../../os/proc-tasks.js';
 import { Sampler, monotonicNs } from '../../sampling/sampler.js';
@@ -15,12 +16,12 @@ import { TraceWriter } from '../../trace/writer.js';
 import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs } from '../../os/vm-spec.js';
 import { vmSpecFromQmp } from '../../client/vm-spec.js';
-import { collect, intervalArg, MAX_INTERVAL_S, pidArg, secondsArg, vcpuListArg } from '../options.js';
+import { addHostOptions, checkInterval, collect, hostOptionsFrom, intervalArg, pidArg, secondsArg, vcpuListArg, type RawHostOptions } from '../options.js';
 import { VERSION } from '../version.js';
 import { UsageError } from '../cli-errors.js';
 import { ProgressLine } from '../progress.js';
 
-const MIN_INTERVAL_S = 0.01;
+const SYNTHETIC_ALTERNATIVE = 'use --energy-source synthetic to record without RAPL';
 
 export interface RecordOptions {
   qmp: string[];
@@ -41,7 +42,7 @@ export interface RecordOptions {
 }
 
 export function addRecordCommand(program: Command): void {
-  program
+  const record = program
     .command('record')
     .description('record a trace of package energy and VM thread stats, for replay')
     .option('--qmp <path>', "QMP socket of a QEMU VM to register (repeatable)", collect(String), [])
@@ -52,24 +53,12 @@ export function addRecordCommand(program: Command): void {
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
-    .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'))
-    // No defaults for these four: the root (daemon) command has the same options, and a value given
-    // before 'record' reaches this command through optsWithGlobals().
-    .option('--msr-path <template>', `MSR device path, %u = CPU number (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
-    .option('--proc-root <dir>', `procfs mount (default '${DEFAULT_HOST_PATHS.procRoot}')`)
-    .option('--sys-root <dir>', `sysfs mount (default '${DEFAULT_HOST_PATHS.sysRoot}')`)
-    .option('--vendor <vendor>', 'CPU vendor: auto|intel|amd (default auto, from /proc/cpuinfo)')
+    .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'));
+  addHostOptions(record)
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: Record<string, unknown>, cmd: Command) => {
       const o = cmd.optsWithGlobals<Record<string, unknown>>();
-      let template: string;
-      try {
-        template = validateMsrPathTemplate((o.msrPath as string | undefined) ?? DEFAULT_HOST_PATHS.msrPathTemplate);
-      } catch (e) {
-        throw new UsageError(`--msr-path: ${(e as Error).message}`);
-      }
-      const vendorText = (o.vendor as string | undefined) ?? 'auto';
-      if (!['auto', 'intel', 'amd'].includes(vendorText)) throw new UsageError(`--vendor must be auto, intel or amd, got ${JSON.stringify(vendorText)}`);
+      const { paths, vendor } = hostOptionsFrom(o as RawHostOptions);
       await runRecord({
         qmp: o.qmp as string[],
         pid: o.pid as number[],
@@ -78,12 +67,8 @@ export function addRecordCommand(program: Command): void {
         interval: o.interval as number,
         duration: o.duration as number | undefined,
         energySource: o.energySource as 'msr' | 'synthetic',
-        paths: {
-          msrPathTemplate: template,
-          procRoot: (o.procRoot as string | undefined) ?? DEFAULT_HOST_PATHS.procRoot,
-          sysRoot: (o.sysRoot as string | undefined) ?? DEFAULT_HOST_PATHS.sysRoot,
-        },
-        vendor: vendorText === 'auto' ? undefined : (vendorText as Vendor),
+        paths,
+        vendor: vendor === 'auto' ? undefined : vendor,
         note: o.note as string | undefined,
         force: o.force === true,
       });
@@ -118,8 +103,7 @@ function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): str
 
 /** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
 export async function runRecord(o: RecordOptions): Promise<void> {
-  if (!(o.interval >= MIN_INTERVAL_S)) throw new Error(`interval must be at least ${MIN_INTERVAL_S} s, got ${o.interval}`);
-  if (!(o.interval <= MAX_INTERVAL_S)) throw new Error(`interval must be at most ${MAX_INTERVAL_S} s (a 32-bit energy counter could wrap twice unseen), got ${o.interval}`);
+  checkInterval(o.interval);
   const vms = await collectVms(o);
   const device = new MsrDevice(o.paths.msrPathTemplate);
   const tasks = new ProcTaskReader(o.paths.procRoot);
@@ -129,7 +113,12 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   try {
     const hostOpts: Parameters<typeof readHostInfo>[0] = { paths: o.paths, device, energySource: o.energySource };
     if (o.vendor) hostOpts.vendor = o.vendor;
-    const host: HostInfo = readHostInfo(hostOpts);
+    let host: HostInfo;
+    try {
+      host = readHostInfo(hostOpts);
+    } catch (e) {
+      throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
+    }
     energy =
       o.energySource === 'synthetic'
         ? new SyntheticEnergySource({ procRoot: o.paths.procRoot, cpus: host.cpus, powerUnit: host.packages[0]!.powerUnit })
@@ -138,7 +127,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       try {
         energy.read(); // fail before creating the trace when the energy register is unreadable
       } catch (e) {
-        throw msrErrorWithHint(e);
+        throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
       }
     }
     const sampler = new Sampler(energy, tasks);
@@ -153,7 +142,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       try {
         s = sampler.sample(alive);
       } catch (e) {
-        throw o.energySource === 'msr' ? msrErrorWithHint(e) : e;
+        throw o.energySource === 'msr' ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
       }
       for (const pid of alive) {
         // Once gone, never read again: the pid could be reused by an unrelated process.

@@ -4,30 +4,17 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { replayFile } from '../../trace/replay-file.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../ratio/replay-report.js';
 import type { IntervalResult } from '../../ratio/types.js';
 import { ProgressLine } from '../progress.js';
+import { findPackage } from '../../os/package-info.js';
 
 export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 
-/** The package root: the nearest directory above this module with our package.json (src/ or dist/src/). */
-export function packageRoot(from: string = path.dirname(fileURLToPath(import.meta.url))): string | undefined {
-  for (let dir = from; ; dir = path.dirname(dir)) {
-    try {
-      const pkg = JSON.parse(fs.readFileSync(path.join(dir, 'package.json'), 'utf8')) as { name?: unknown };
-      if (pkg.name === 'vmsr-helper') return dir;
-    } catch {
-      // not here; keep walking up
-    }
-    if (path.dirname(dir) === dir) return undefined;
-  }
-}
-
 export function bundledTracePath(): string {
-  const root = packageRoot();
+  const root = findPackage()?.root;
   if (root === undefined) throw new Error('cannot find the vmsr-helper package root to locate its bundled trace; give a TRACE path');
   const p = path.join(root, BUNDLED_TRACE);
   if (!fs.existsSync(p)) throw new Error(`the bundled trace ${p} is missing (not recorded yet, or not shipped); give a TRACE path`);

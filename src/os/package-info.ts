@@ -1,0 +1,26 @@
+/**
+ * THE package.json walk: the vmsr-helper package this module belongs to, found by walking up from
+ * it (src/os when tests import the sources, dist/src/os when built, node_modules/vmsr-helper/...
+ * when installed). Gives its root (to find bundled files) and its version.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export interface PackageInfo {
+  root: string;
+  version: string;
+}
+
+/** The nearest directory at or above `from` whose package.json is named vmsr-helper; undefined if none. */
+export function findPackage(from: string = path.dirname(fileURLToPath(import.meta.url))): PackageInfo | undefined {
+  for (let dir = from; ; dir = path.dirname(dir)) {
+    try {
+      const pkg = JSON.parse(fs.readFileSync(path.join(dir, 'package.json'), 'utf8')) as { name?: unknown; version?: unknown };
+      if (pkg.name === 'vmsr-helper') return { root: dir, version: typeof pkg.version === 'string' ? pkg.version : '0.0.0' };
+    } catch {
+      // not here; keep walking up
+    }
+    if (path.dirname(dir) === dir) return undefined;
+  }
+}
