@@ -1,0 +1,128 @@
+/**
+ * The wire formats against bytes written by hand from the protocol tables (docs/protocol-v2.md,
+ * docs/daemon.md; all integers little-endian), never produced by our encoder: a byte offset that the
+ * encoder and the parser got wrong the same way would pass a round trip, not these. Each vector is
+ * checked both ways: our encoder must produce exactly these bytes, our decoder must read them back
+ * to exactly these fields.
+ */
+import { describe, expect, it } from 'vitest';
+import {
+  CLIENT_TYPES,
+  FrameDecoder,
+  HELPER_TYPES,
+  encodeError,
+  encodeOk,
+  encodeRead,
+  encodeRegister,
+  encodeRegistered,
+  encodeSubscribe,
+  encodeUnregister,
+  encodeUpdate,
+  encodeValue,
+  isFrameError,
+} from '../../src/protocol/v2/codec.js';
+import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
+import { classifyPreamble, encodeLegacyReply, encodeLegacyRequest, LegacyFramer, V2_MAGIC } from '../../src/protocol/legacy.js';
+
+/** "0100 0000 ..." -> bytes; spaces are only for the reader. */
+const hex = (text: string): Buffer => Buffer.from(text.replace(/\s+/g, ''), 'hex');
+
+/** Decodes exactly one frame from bytes fed one at a time (so no vector passes by luck of chunking). */
+function oneFrame(bytes: Buffer, types: ReadonlySet<number>) {
+  const d = new FrameDecoder(types);
+  const out = [];
+  for (const b of bytes) out.push(...d.push(Buffer.from([b])));
+  expect(out).toHaveLength(1);
+  const f = out[0]!;
+  if (isFrameError(f)) throw new Error(f.error);
+  expect(d.pending).toBe(0);
+  return f;
+}
+
+//            type  flags length    payload
+const REGISTER = hex('0100 0000 18000000  92100000 02000000  9a100000 00000000  9b100000 01000000');
+const READ = hex('0200 0000 08000000  07000000 01000000');
+const SUBSCRIBE = hex('0300 0000 04000000  07000000');
+const UNREGISTER = hex('0400 0000 04000000  04030201');
+const REGISTERED = hex('8100 0000 10000000  07000000 02000000 030e0a0000000000');
+const VALUE_ENDED = hex('8200 0100 20000000  07000000 01000000 7856341200000000 40420f0000000000 0807060504030201');
+const UPDATE = hex('8300 0000 30000000  07000000 02000000 00f2052a01000000  0100000000000000 3d00000000000000  ffffffff00000000 0000000001000000');
+const OK = hex('8400 0000 04000000  07000000');
+const ERROR = hex('ff00 0000 0d000000  04000000 01000000 6c696d6974');
+
+describe('v2 client -> helper frames match hand-written bytes', () => {
+  it('REGISTER pid 4242 with tids 4250 (vpkg 0) and 4251 (vpkg 1)', () => {
+    const vcpus = [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }];
+    expect(encodeRegister({ pid: 4242, vcpus }).equals(REGISTER)).toBe(true);
+    expect(parseClientFrame(oneFrame(REGISTER, CLIENT_TYPES))).toEqual({ type: 0x01, pid: 4242, vcpus });
+  });
+
+  it('READ vm 7 vpkg 1, SUBSCRIBE vm 7, UNREGISTER vm 0x01020304', () => {
+    expect(encodeRead(7, 1).equals(READ)).toBe(true);
+    expect(parseClientFrame(oneFrame(READ, CLIENT_TYPES))).toEqual({ type: 0x02, vmId: 7, vpkg: 1 });
+    expect(encodeSubscribe(7).equals(SUBSCRIBE)).toBe(true);
+    expect(parseClientFrame(oneFrame(SUBSCRIBE, CLIENT_TYPES))).toEqual({ type: 0x03, vmId: 7 });
+    expect(encodeUnregister(0x01020304).equals(UNREGISTER)).toBe(true);
+    expect(parseClientFrame(oneFrame(UNREGISTER, CLIENT_TYPES))).toEqual({ type: 0x04, vmId: 0x01020304 });
+  });
+
+  it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {
+    expect(V2_MAGIC.equals(hex('564d5332'))).toBe(true);
+    expect(classifyPreamble(hex('564d5332'))).toBe('v2');
+    expect(classifyPreamble(hex('11060000'))).toBe('legacy');
+  });
+});
+
+describe('v2 helper -> client frames match hand-written bytes', () => {
+  it('REGISTERED vm 7, 2 virtual packages, power unit 0xa0e03', () => {
+    expect(encodeRegistered(7, 2, 0xa0e03n).equals(REGISTERED)).toBe(true);
+    expect(parseHelperFrame(oneFrame(REGISTERED, HELPER_TYPES))).toEqual({ type: 0x81, vmId: 7, nvpkg: 2, powerUnit: 0xa0e03n });
+  });
+
+  it('VALUE with the ended flag (bit 0 of flags) and every u64 field at its offset', () => {
+    const v = { counter: 0x12345678n, energyUj: 1_000_000n };
+    expect(encodeValue(7, 1, v, 0x0102030405060708n, true).equals(VALUE_ENDED)).toBe(true);
+    expect(parseHelperFrame(oneFrame(VALUE_ENDED, HELPER_TYPES))).toEqual({ type: 0x82, vmId: 7, vpkg: 1, ...v, tNs: 0x0102030405060708n, ended: true });
+  });
+
+  it('UPDATE with two virtual packages in vpkg order, t_ns 5 s', () => {
+    const vpkgs = [
+      { counter: 1n, energyUj: 61n },
+      { counter: 0xffffffffn, energyUj: 0x1_0000_0000n },
+    ];
+    expect(encodeUpdate(7, 5_000_000_000n, vpkgs, false).equals(UPDATE)).toBe(true);
+    expect(parseHelperFrame(oneFrame(UPDATE, HELPER_TYPES))).toEqual({ type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: false });
+  });
+
+  it('OK vm 7, and ERROR code 4 (limit) answering a REGISTER with the UTF-8 text "limit"', () => {
+    expect(encodeOk(7).equals(OK)).toBe(true);
+    expect(parseHelperFrame(oneFrame(OK, HELPER_TYPES))).toEqual({ type: 0x84, vmId: 7 });
+    expect(encodeError(4, 0x01, 'limit').equals(ERROR)).toBe(true);
+    expect(parseHelperFrame(oneFrame(ERROR, HELPER_TYPES))).toEqual({ type: 0xff, code: 4, requestType: 0x01, message: 'limit' });
+  });
+});
+
+describe('legacy (QEMU rapl-helper-socket) matches hand-written bytes', () => {
+  // request: u32 msr, u32 cpu, u32 tid; reply: u64 value
+  const REQUEST = hex('11060000 03000000 9a100000');
+  const REPLY = hex('efbeadde 78563412');
+
+  it('a request for MSR 0x611 on cpu 3 from tid 4250', () => {
+    expect(encodeLegacyRequest({ msr: 0x611, cpu: 3, tid: 4250 }).equals(REQUEST)).toBe(true);
+    const f = new LegacyFramer();
+    const got = [...REQUEST].flatMap((b) => f.push(Buffer.from([b])));
+    expect(got).toEqual([{ msr: 0x611, cpu: 3, tid: 4250 }]);
+    expect(f.buffered).toBe(0);
+  });
+
+  it('the AMD energy register number survives as an unsigned u32', () => {
+    const amd = hex('9b0201c0 00000000 01000000');
+    expect(encodeLegacyRequest({ msr: 0xc001029b, cpu: 0, tid: 1 }).equals(amd)).toBe(true);
+    expect(new LegacyFramer().push(amd)).toEqual([{ msr: 0xc001029b, cpu: 0, tid: 1 }]);
+  });
+
+  it('a reply of 0x12345678deadbeef, and 0 (the refusal QEMU sees)', () => {
+    expect(encodeLegacyReply(0x12345678deadbeefn).equals(REPLY)).toBe(true);
+    expect(encodeLegacyReply(0n).equals(hex('00000000 00000000'))).toBe(true);
+  });
+});
