@@ -9,36 +9,14 @@ import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { V2Client } from '../src/client/v2-client.js';
-import { LegacyService, OnlineCpus } from '../src/helper/legacy-service.js';
-import { HelperServer } from '../src/helper/server.js';
-import { createV2Service, DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
+import { assembleChain } from '../src/helper/assemble.js';
+import { FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
-import { MsrEnergySource } from '../src/msr/energy-source.js';
-import { readHostInfo } from '../src/msr/host-info.js';
 import { DEFAULT_AMD_SYNTH } from '../src/msr/legacy-registers.js';
-import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
-import { ProcTaskReader } from '../src/os/proc-tasks.js';
-import { Sampler } from '../src/sampling/sampler.js';
 import type { VcpuSpec } from '../src/ratio/types.js';
 
 const INTERVAL_MS = 1000;
-
-function fakeHost(dir: string): { msrPathTemplate: string; sysRoot: string } {
-  const sysRoot = path.join(dir, 'sys');
-  const cpuDir = path.join(sysRoot, 'devices/system/cpu');
-  fs.mkdirSync(path.join(cpuDir, 'cpu0/topology'), { recursive: true });
-  fs.writeFileSync(path.join(cpuDir, 'online'), '0\n');
-  fs.writeFileSync(path.join(cpuDir, 'cpu0/topology/physical_package_id'), '0\n');
-  const msr = path.join(dir, 'msr0');
-  const fd = fs.openSync(msr, 'w');
-  const b = Buffer.alloc(8);
-  b.writeBigUInt64LE(0xa0e03n);
-  fs.writeSync(fd, b, 0, 8, MSR_RAPL_POWER_UNIT);
-  b.writeBigUInt64LE(0x1000n);
-  fs.writeSync(fd, b, 0, 8, MSR_PKG_ENERGY_STATUS);
-  fs.closeSync(fd);
-  return { msrPathTemplate: path.join(dir, 'msr%u'), sysRoot };
-}
 
 const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
 
@@ -78,26 +56,23 @@ function pct(sorted: number[], p: number): number {
 async function scenario(nVms: number): Promise<void> {
   const kids = await startVms(nVms);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-v2-'));
-  const h = fakeHost(dir);
-  const device = new MsrDevice(h.msrPathTemplate);
-  const host = readHostInfo({ paths: { ...h, procRoot: '/proc' }, device, vendor: 'intel' });
-  const tasks = new ProcTaskReader('/proc');
-  const sampler = new Sampler(new MsrEnergySource(device, host.cpus, 'intel'), tasks);
+  const fake = new FakeHost({ packages: [0] });
+  fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 0x1000 } });
+  const device = new MsrDevice(fake.msrPathTemplate);
   const log = pino({ level: 'silent' });
-  const service = createV2Service({
-    host,
-    sampler,
-    procRoot: '/proc',
+  // The daemon's own assembly and accept path, so READ latency includes what a real client goes through.
+  const sock = path.join(dir, 's');
+  const chain = await assembleChain({
+    paths: fake.hostPaths(),
+    device,
+    vendor: 'intel',
+    amd: DEFAULT_AMD_SYNTH,
+    target: { path: sock },
     intervalMs: INTERVAL_MS,
     limits: { ...DEFAULT_V2_LIMITS, maxVmsPerConnection: 1024 },
-    forgetPid: (p) => tasks.forget(p),
-    log,
+    area: () => log,
   });
-  // The daemon's own accept path, so READ latency includes what a real client goes through.
-  const sock = path.join(dir, 's');
-  const legacy = new LegacyService({ device, vendor: 'intel', procRoot: '/proc', cpus: new OnlineCpus(h.sysRoot, host.cpus.map((c) => c.cpu)), amd: DEFAULT_AMD_SYNTH, logger: log });
-  const server = new HelperServer({ target: { path: sock }, legacy, v2Handler: service.handler, logger: log });
-  await server.listen();
+  const { service, tasks } = chain;
   const client = await V2Client.connect(sock);
   try {
     const rss0 = process.memoryUsage().rss;
@@ -125,10 +100,9 @@ async function scenario(nVms: number): Promise<void> {
     );
   } finally {
     await client.close();
-    await service.close();
-    await server.close();
-    tasks.close();
+    await chain.close();
     device.close();
+    fake.cleanup();
     for (const k of kids) k.kill('SIGKILL');
     fs.rmSync(dir, { recursive: true, force: true });
   }

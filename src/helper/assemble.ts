@@ -1,12 +1,134 @@
-/** The assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2 service. */
+/**
+ * THE assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2
+ * service -> legacy service -> server. Each link is built here and nowhere else; the daemon (through
+ * its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
+ */
+import type { Logger } from './logger.js';
 import { readHostInfo } from '../msr/host-info.js';
-import { msrErrorWithHint } from '../msr/device.js';
+import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { MsrEnergySource } from '../msr/energy-source.js';
+import type { HostPaths } from '../msr/host-paths.js';
+import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import { ProcTaskReader } from '../os/proc-tasks.js';
+import type { HostCpu, HostInfo, Vendor } from '../ratio/types.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import type { DaemonPlugin } from './daemon.js';
-import { createV2Service, type V2Limits } from './v2/service.js';
+import { LegacyService, OnlineCpus } from './legacy-service.js';
+import type { TraceSink } from './sampling-service.js';
+import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
+import { createV2Service, type V2Limits, type V2Service } from './v2/service.js';
+
+export interface V2ChainOptions {
+  paths: HostPaths;
+  /** MSR fds, shared with the legacy service; the caller opens and closes them. */
+  device: MsrDevice;
+  vendor: Vendor;
+  intervalMs: number;
+  limits: V2Limits;
+  /** Where samples are recorded, made once the host is known (a trace header needs it). */
+  trace?: (host: HostInfo) => TraceSink | undefined;
+  log: Logger;
+  /** The sampling loop's clock, for tests; default the monotonic clock. */
+  clock?: () => bigint;
+}
+
+export interface V2Chain {
+  host: HostInfo;
+  service: V2Service;
+  tasks: ProcTaskReader;
+  /** Stops the service and closes the task reader (not the device, not the trace). */
+  close(): Promise<void>;
+}
+
+/** Host info -> MSR energy source -> /proc task reader -> sampler -> v2 service. */
+export function assembleV2(o: V2ChainOptions): V2Chain {
+  let host: HostInfo;
+  try {
+    host = readHostInfo({ paths: o.paths, device: o.device, vendor: o.vendor });
+  } catch (e) {
+    throw msrErrorWithHint(e);
+  }
+  const tasks = new ProcTaskReader(o.paths.procRoot);
+  const sampler = new Sampler(new MsrEnergySource(o.device, host.cpus, o.vendor), tasks);
+  const service = createV2Service({
+    host,
+    sampler,
+    procRoot: o.paths.procRoot,
+    intervalMs: o.intervalMs,
+    limits: o.limits,
+    trace: o.trace?.(host),
+    forgetPid: (pid) => tasks.forget(pid),
+    log: o.log,
+    clock: o.clock,
+  });
+  return {
+    host,
+    service,
+    tasks,
+    async close() {
+      await service.close();
+      tasks.close();
+    },
+  };
+}
+
+export interface ServerChainOptions {
+  paths: HostPaths;
+  device: MsrDevice;
+  vendor: Vendor;
+  /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
+  cpus: readonly HostCpu[];
+  amd: AmdSynthConfig;
+  target: ListenTarget;
+  v2Handler?: V2Handler;
+  /** Loggers by area ('legacy', 'server'). */
+  area(name: string): Logger;
+}
+
+/** Legacy service -> server (which hands v2 connections to v2Handler). Not listening yet. */
+export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; server: HelperServer } {
+  const legacy = new LegacyService({
+    device: o.device,
+    vendor: o.vendor,
+    procRoot: o.paths.procRoot,
+    cpus: new OnlineCpus(o.paths.sysRoot, o.cpus.map((c) => c.cpu)),
+    amd: o.amd,
+    logger: o.area('legacy'),
+  });
+  const server = new HelperServer({ target: o.target, legacy, logger: o.area('server'), ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
+  return { legacy, server };
+}
+
+export interface ChainOptions extends Omit<V2ChainOptions, 'log'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus'> {}
+
+export interface Chain extends V2Chain {
+  server: HelperServer;
+  legacy: LegacyService;
+  /** Closes the v2 service, then the server. */
+  close(): Promise<void>;
+}
+
+/** The whole chain, listening, as the daemon runs it minus its lifecycle (checks, privilege drop, signals). */
+export async function assembleChain(o: ChainOptions): Promise<Chain> {
+  const v2 = assembleV2({ ...o, log: o.area('v2') });
+  const { legacy, server } = assembleServer({ ...o, cpus: v2.host.cpus, v2Handler: v2.service.handler });
+  try {
+    await server.listen();
+  } catch (e) {
+    await v2.close();
+    throw e;
+  }
+  return {
+    ...v2,
+    legacy,
+    server,
+    async close() {
+      await v2.close();
+      await server.close();
+    },
+  };
+}
 
 /**
  * The v2 service as a daemon plugin: host facts and package energy from the daemon's MSR fds (opened
@@ -18,34 +140,28 @@ export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; record
     setup(ctx) {
       const log = ctx.area('v2');
       const paths = ctx.config.hostPaths;
-      let host;
-      try {
-        host = readHostInfo({ paths, device: ctx.device, vendor: ctx.vendor });
-      } catch (e) {
-        throw msrErrorWithHint(e);
-      }
-      const tasks = new ProcTaskReader(paths.procRoot);
-      const sampler = new Sampler(new MsrEnergySource(ctx.device, host.cpus, ctx.vendor), tasks);
-      // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
-      // systemd restart into a restart loop.
-      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true }) : undefined;
-      const service = createV2Service({
-        host,
-        sampler,
-        procRoot: paths.procRoot,
+      const recordPath = o.recordPath;
+      let trace: TraceWriter | undefined;
+      const v2 = assembleV2({
+        paths,
+        device: ctx.device,
+        vendor: ctx.vendor,
         intervalMs: o.intervalMs,
         limits: o.limits,
-        trace,
-        forgetPid: (pid) => tasks.forget(pid),
         log,
+        // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
+        // systemd restart into a restart loop.
+        trace: (host) =>
+          recordPath === undefined
+            ? undefined
+            : (trace = TraceWriter.open(recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true })),
       });
       ctx.onShutdown(async () => {
-        await service.close();
-        tasks.close();
+        await v2.close();
         await trace?.close();
       });
       log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null }, 'v2 service ready');
-      return { v2Handler: service.handler };
+      return { v2Handler: v2.service.handler };
     },
   };
 }

@@ -10,8 +10,8 @@ import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import type { Vendor } from '../ratio/types.js';
 import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
-import { LegacyService, OnlineCpus } from './legacy-service.js';
-import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
+import type { HelperServer, ListenTarget, V2Handler } from './server.js';
+import { assembleServer } from './assemble.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
@@ -145,15 +145,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
     }
 
-    const legacy = new LegacyService({
-      device,
-      vendor,
-      procRoot: config.hostPaths.procRoot,
-      cpus: new OnlineCpus(config.hostPaths.sysRoot, cpus.map((c) => c.cpu)),
-      amd: config.amd,
-      logger: area('legacy'),
-    });
-    server = new HelperServer({ target, legacy, logger: area('server'), ...(v2Handler ? { v2Handler } : {}) });
+    server = assembleServer({ paths: config.hostPaths, device, vendor, cpus, amd: config.amd, target, area, ...(v2Handler ? { v2Handler } : {}) }).server;
     await server.listen();
     if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
 

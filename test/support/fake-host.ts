@@ -1,12 +1,14 @@
 /**
- * A host whose RAPL registers are files: this machine has no /dev/cpu/N/msr, so each CPU gets a
- * sparse file read through the real code path (pread at offset = MSR number). sysfs is faked too,
- * so tests choose the topology; /proc stays the real one.
+ * THE fake host of the tests and the bench: a host whose RAPL registers are files. This machine has
+ * no /dev/cpu/N/msr, so each CPU gets a sparse file read through the real code path (pread at
+ * offset = MSR number). sysfs is faked too, so tests choose the topology; /proc stays the real one.
  */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { msrPath } from '../../src/msr/host-paths.js';
+import { msrPath, type HostPaths } from '../../src/msr/host-paths.js';
+import { MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
+import type { Vendor } from '../../src/ratio/types.js';
 
 export interface FakeHostOptions {
   /** package id of each CPU, index = CPU number; default two CPUs in package 0. */
@@ -81,6 +83,40 @@ export class FakeHost {
     this.cpuPackages.forEach((p, cpu) => {
       if (p === pkg) this.writeMsr(cpu, msr, value);
     });
+  }
+
+  /** The paths the helper is pointed at: these MSR files and sysfs, the given (default real) /proc. */
+  hostPaths(procRoot = '/proc'): HostPaths {
+    return { msrPathTemplate: this.msrPathTemplate, procRoot, sysRoot: this.sysRoot };
+  }
+
+  /** Command-line options pointing the helper at this host. */
+  cliArgs(vendor: Vendor = 'intel'): string[] {
+    return ['--msr-path', this.msrPathTemplate, '--sys-root', this.sysRoot, '--vendor', vendor];
+  }
+
+  private readonly counters = new Map<number, number>();
+
+  /**
+   * The RAPL registers of the vendor's layout: the power unit on every package, and the 32-bit
+   * energy counter of the packages given (units of 2^-ESU J).
+   */
+  writeRapl(o: { vendor?: Vendor; powerUnit: bigint; energy?: Record<number, number> }): void {
+    const vendor = o.vendor ?? 'intel';
+    for (const pkg of new Set(this.cpuPackages)) this.writePackageMsr(pkg, vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT, o.powerUnit);
+    for (const [pkg, units] of Object.entries(o.energy ?? {})) this.setEnergy(Number(pkg), units, vendor);
+  }
+
+  /** Sets a package's energy counter (wrapping at 32 bits, as the hardware's does). */
+  setEnergy(pkg: number, units: number, vendor: Vendor = 'intel'): void {
+    const v = units >>> 0;
+    this.counters.set(pkg, v);
+    this.writePackageMsr(pkg, vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS, BigInt(v));
+  }
+
+  /** Adds to a package's energy counter, wrapping at 32 bits. */
+  addEnergy(pkg: number, units: number, vendor: Vendor = 'intel'): void {
+    this.setEnergy(pkg, (this.counters.get(pkg) ?? 0) + units, vendor);
   }
 
   cleanup(): void {

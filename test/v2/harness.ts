@@ -1,7 +1,8 @@
 /**
- * A v2 service on a real Unix socket, in this process: FakeHost MSR files read through the real
- * MsrDevice/MsrEnergySource, the real /proc through ProcTaskReader, and the daemon's real accept path
- * (HelperServer: SO_PEERCRED, the 4-byte preamble, legacy beside v2).
+ * A v2 service on a real Unix socket, in this process, built by the daemon's own assembly
+ * (helper/assemble.ts): FakeHost MSR files read through the real MsrDevice/MsrEnergySource, the real
+ * /proc through ProcTaskReader, and the daemon's real accept path (HelperServer: SO_PEERCRED, the
+ * 4-byte preamble, legacy beside v2).
  */
 import fs from 'node:fs';
 import net from 'node:net';
@@ -10,17 +11,11 @@ import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { MsrDevice } from '../../src/msr/device.js';
-import { MsrEnergySource } from '../../src/msr/energy-source.js';
-import { readHostInfo } from '../../src/msr/host-info.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
-import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
-import { ProcTaskReader } from '../../src/os/proc-tasks.js';
-import { Sampler } from '../../src/sampling/sampler.js';
 import type { HostInfo } from '../../src/ratio/types.js';
-import { LegacyService, OnlineCpus } from '../../src/helper/legacy-service.js';
-import { HelperServer } from '../../src/helper/server.js';
 import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
-import { createV2Service, DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
+import { assembleChain } from '../../src/helper/assemble.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
 import { FakeHost } from '../support/fake-host.js';
 import { waitFor } from '../support/wait.js';
@@ -40,46 +35,35 @@ export interface Harness {
 
 export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2Limits>; trace?: TraceSink } = {}): Promise<Harness> {
   const fake = new FakeHost({ packages: [0, 0] });
-  fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, POWER_UNIT);
-  let energy = 0xfff00000; // wraps early in every test
-  fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(energy));
+  fake.writeRapl({ powerUnit: POWER_UNIT, energy: { 0: 0xfff00000 } }); // wraps early in every test
   const device = new MsrDevice(fake.msrPathTemplate);
-  const paths = { msrPathTemplate: fake.msrPathTemplate, procRoot: '/proc', sysRoot: fake.sysRoot };
-  const host = readHostInfo({ paths, device, vendor: 'intel' });
-  const tasks = new ProcTaskReader('/proc');
-  const sampler = new Sampler(new MsrEnergySource(device, host.cpus, 'intel'), tasks);
   const log = pino({ level: process.env.V2_TEST_LOG ?? 'silent' });
-  const service = createV2Service({
-    host,
-    sampler,
-    procRoot: '/proc',
-    intervalMs: o.intervalMs ?? 50,
-    limits: { ...DEFAULT_V2_LIMITS, ...o.limits },
-    trace: o.trace,
-    forgetPid: (pid) => tasks.forget(pid),
-    log,
-  });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-v2-'));
   fs.chmodSync(dir, 0o755); // a non-root child must reach the socket
   const socketPath = path.join(dir, 'helper.sock');
-  const legacy = new LegacyService({ device, vendor: 'intel', procRoot: '/proc', cpus: new OnlineCpus(fake.sysRoot, host.cpus.map((c) => c.cpu)), amd: DEFAULT_AMD_SYNTH, logger: log });
-  const server = new HelperServer({ target: { path: socketPath }, legacy, v2Handler: service.handler, logger: log });
-  await server.listen();
+  const chain = await assembleChain({
+    paths: fake.hostPaths(),
+    device,
+    vendor: 'intel',
+    amd: DEFAULT_AMD_SYNTH,
+    target: { path: socketPath },
+    intervalMs: o.intervalMs ?? 50,
+    limits: { ...DEFAULT_V2_LIMITS, ...o.limits },
+    trace: () => o.trace,
+    area: () => log,
+  });
   fs.chmodSync(socketPath, 0o777);
   return {
     socketPath,
     dir,
     fake,
-    host,
-    service,
+    host: chain.host,
+    service: chain.service,
     addEnergy(units) {
-      energy = (energy + units) >>> 0;
-      fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(energy));
+      fake.addEnergy(0, units);
     },
     async close() {
-      await service.close();
-      await server.close();
-      tasks.close();
+      await chain.close();
       device.close();
       fake.cleanup();
       fs.rmSync(dir, { recursive: true, force: true });
