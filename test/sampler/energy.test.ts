@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { MsrDevice } from '../../src/msr/device.js';
+import { MsrDevice, MsrReadError, msrErrorWithHint } from '../../src/msr/device.js';
 import { MsrEnergySource, SyntheticEnergySource, parseProcStat } from '../../src/msr/energy-source.js';
 import { readHostInfo } from '../../src/msr/host-info.js';
 import { readHostCpus } from '../../src/msr/topology.js';
@@ -84,7 +84,15 @@ describe('readHostInfo', () => {
     const h = fake([0, 0]);
     const p = { ...paths(h), msrPathTemplate: '/nonexistent/%u/msr' };
     expect(readHostInfo({ paths: p, device: dev, vendor: 'intel', energySource: 'synthetic' }).packages).toEqual([{ package: 0, powerUnit: 0xa0e03n }]);
-    expect(() => readHostInfo({ paths: p, device: dev, vendor: 'intel' })).toThrow(/modprobe msr.*--energy-source synthetic/);
+    let err: unknown;
+    try {
+      readHostInfo({ paths: p, device: dev, vendor: 'intel' });
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(MsrReadError);
+    // The caller adds the fix (os/errno-hints.ts) and its own alternative.
+    expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(/^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/);
   });
 });
 
