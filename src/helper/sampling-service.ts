@@ -6,6 +6,7 @@
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
+import { monotonicNs, TickLoop, type TickInfo, type Timers } from '../sampling/tick-loop.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {
@@ -39,6 +40,8 @@ export interface SamplingServiceOptions {
   log: Logger;
   /** CLOCK_MONOTONIC in ns; the sampler must use the same clock. */
   clock?: () => bigint;
+  /** Timers of the tick loop, for tests; default the real ones. */
+  timers?: Timers;
 }
 
 export interface SampleEvent {
@@ -60,12 +63,9 @@ export interface SamplingStats {
 export class SamplingService {
   private readonly engine: Engine;
   private readonly clock: () => bigint;
-  private readonly intervalNs: bigint;
+  private readonly loop: TickLoop;
   /** Registered VMs whose process has not ended: the loop runs while this is not empty. */
   private readonly live = new Map<number, number>();
-  private timer: NodeJS.Timeout | null = null;
-  private origin = 0n;
-  private k = 0n;
   private closed = false;
   private failure: Error | null = null;
   private traceBroken = false;
@@ -76,12 +76,12 @@ export class SamplingService {
   constructor(private readonly o: SamplingServiceOptions) {
     if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs)) throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
     this.engine = o.engine;
-    this.clock = o.clock ?? (() => process.hrtime.bigint());
-    this.intervalNs = BigInt(Math.round(o.intervalMs * 1e6));
+    this.clock = o.clock ?? monotonicNs;
+    this.loop = new TickLoop({ intervalNs: BigInt(Math.round(o.intervalMs * 1e6)), tick: (t) => this.tick(t), clock: this.clock, timers: o.timers });
   }
 
   get running(): boolean {
-    return this.timer !== null;
+    return this.loop.running;
   }
 
   /** The energy source's last error while it is failing, null when the last sample worked. */
@@ -108,7 +108,8 @@ export class SamplingService {
     const vmId = this.engine.register(spec);
     this.live.set(vmId, spec.pid);
     this.traced(() => this.o.trace?.register(this.clock(), spec));
-    if (this.timer === null) this.start();
+    // A baseline right away, so a new VM's first UPDATE comes one interval after it registered.
+    if (!this.loop.running) this.loop.start({ immediate: true });
     return vmId;
   }
 
@@ -119,7 +120,7 @@ export class SamplingService {
     this.engine.unregister(vmId);
     this.engine.forget(vmId);
     this.live.delete(vmId);
-    if (this.live.size === 0) this.stop();
+    if (this.live.size === 0) this.loop.stop();
     if (!this.closed) this.traced(() => this.o.trace?.unregister(this.clock(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
   }
@@ -134,39 +135,14 @@ export class SamplingService {
 
   close(): void {
     this.closed = true;
-    this.stop();
+    this.loop.stop();
   }
 
-  private stop(): void {
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = null;
-  }
-
-  private start(): void {
-    this.origin = this.clock();
-    this.k = 0n;
-    // A baseline right away, so a new VM's first UPDATE comes one interval after it registered.
-    this.timer = setTimeout(() => this.tick(), 0);
-  }
-
-  private schedule(): void {
-    const now = this.clock();
-    let next = this.k + 1n;
-    const due = (now - this.origin) / this.intervalNs + 1n;
-    if (due > next) {
-      this.stats.skippedTicks += Number(due - next);
-      next = due;
-    }
-    this.k = next;
-    const delayMs = Number(this.origin + next * this.intervalNs - now) / 1e6;
-    this.timer = setTimeout(() => this.tick(), Math.max(0, delayMs));
-  }
-
-  private tick(): void {
-    this.timer = null;
+  private tick(t: TickInfo): void {
     if (this.closed) return;
     // A tick is pending only while a VM is live: unregister() and the end of tick() stop the loop.
-    this.stats.lastLatenessNs = this.clock() - (this.origin + this.k * this.intervalNs);
+    this.stats.lastLatenessNs = t.latenessNs;
+    this.stats.skippedTicks += t.skipped;
     let s: Sample;
     let result: IntervalResult | null;
     try {
@@ -174,7 +150,6 @@ export class SamplingService {
       result = this.engine.addSample(s);
     } catch (e) {
       this.fail(e instanceof Error ? e : new Error(String(e)));
-      this.schedule();
       return;
     }
     this.traced(() => this.o.trace?.sample(s));
@@ -199,7 +174,7 @@ export class SamplingService {
         this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
       }
     }
-    if (this.live.size > 0) this.schedule();
+    if (this.live.size === 0) this.loop.stop();
   }
 
   /** A trace that cannot be written stops recording; the service itself goes on. */

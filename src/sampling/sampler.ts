@@ -2,10 +2,7 @@
 import type { EnergySource } from '../msr/energy-source.js';
 import type { ProcTaskReader } from '../os/proc-tasks.js';
 import type { Sample } from '../ratio/types.js';
-
-export function monotonicNs(): bigint {
-  return process.hrtime.bigint();
-}
+import { monotonicNs } from './tick-loop.js';
 
 export class Sampler {
   constructor(

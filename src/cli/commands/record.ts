@@ -11,7 +11,8 @@ import { readHostInfo } from '../../msr/host-info.js';
 import { msrErrorWithHint } from '../../msr/device.js';
 import type { Vendor } from '../../ratio/types.js';
 import { ProcTaskReader } from '../../os/proc-tasks.js';
-import { Sampler, monotonicNs } from '../../sampling/sampler.js';
+import { Sampler } from '../../sampling/sampler.js';
+import { monotonicNs, TickLoop } from '../../sampling/tick-loop.js';
 import { TraceWriter } from '../../trace/writer.js';
 import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs } from '../../os/vm-spec.js';
@@ -160,15 +161,18 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     takeSample(); // the baseline
     report();
     const intervalNs = BigInt(Math.round(o.interval * 1e9));
-    const start = monotonicNs();
-    const endAt = o.duration === undefined ? null : start + BigInt(Math.round(o.duration * 1e9));
-
     await new Promise<void>((resolve, reject) => {
-      let timer: NodeJS.Timeout | null = null;
-      let k = 0n;
+      // Ticks at start + k x interval (sampling/tick-loop.ts): a slow sample does not shift later ones.
+      const loop = new TickLoop({
+        intervalNs,
+        tick: () => {
+          takeSample();
+          report();
+        },
+        onError: (e) => finish(e),
+      });
       const finish = (e?: unknown) => {
-        if (timer) clearTimeout(timer);
-        timer = null;
+        loop.stop();
         for (const h of stopHandlers.splice(0)) h();
         if (e) reject(e);
         else resolve();
@@ -180,31 +184,9 @@ export async function runRecord(o: RecordOptions): Promise<void> {
         process.off('SIGINT', onSignal);
         process.off('SIGTERM', onSignal);
       });
-      const schedule = () => {
-        k++;
-        // Absolute deadlines: a slow sample does not shift all later ones.
-        let next = start + k * intervalNs;
-        const now = monotonicNs();
-        while (next <= now) {
-          k++;
-          next = start + k * intervalNs;
-        }
-        if (endAt !== null && next > endAt) {
-          timer = setTimeout(() => finish(), Number(endAt > now ? endAt - now : 0n) / 1e6);
-          return;
-        }
-        timer = setTimeout(() => {
-          try {
-            takeSample();
-            report();
-          } catch (e) {
-            finish(e);
-            return;
-          }
-          schedule();
-        }, Number(next - now) / 1e6);
-      };
-      schedule();
+      const start = monotonicNs();
+      const endNs = o.duration === undefined ? undefined : start + BigInt(Math.round(o.duration * 1e9));
+      loop.start({ ...(endNs !== undefined ? { endNs } : {}), onEnd: () => finish() });
     });
     progress.done(w.samples, alive.size, vms.length, w.bytesWritten);
   } finally {

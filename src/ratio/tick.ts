@@ -1,0 +1,28 @@
+/**
+ * Drift-free tick arithmetic: tick k is due at origin + k x interval on the monotonic clock. After
+ * tick k, the next is k + 1, unless the loop is so late that later ideal times have already passed:
+ * those are skipped (never run in a burst), and the next is the first ideal time after now. A late
+ * tick never pushes the later ones back.
+ */
+
+export interface NextTick {
+  /** Index of the next tick. */
+  k: bigint;
+  /** Its ideal time, ns on the monotonic clock. */
+  atNs: bigint;
+  /** Ticks between the last one and this that are skipped because their time has passed. */
+  skipped: number;
+}
+
+export function nextTick(originNs: bigint, intervalNs: bigint, lastK: bigint, nowNs: bigint): NextTick {
+  if (intervalNs <= 0n) throw new RangeError(`tick interval must be positive, got ${intervalNs} ns`);
+  let k = lastK + 1n;
+  // The first ideal time strictly after now (floor division: now is never before origin here).
+  const firstAfterNow = nowNs < originNs ? 0n : (nowNs - originNs) / intervalNs + 1n;
+  let skipped = 0;
+  if (firstAfterNow > k) {
+    skipped = Number(firstAfterNow - k);
+    k = firstAfterNow;
+  }
+  return { k, atNs: originNs + k * intervalNs, skipped };
+}
