@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, isFrameError, typeName } from '../protocol/v2/codec.js';
+import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, typeName } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
 
@@ -225,10 +225,10 @@ export class V2Client {
       }
     }
     for (const f of this.decoder.push(data)) {
-      if (isFrameError(f)) return this.broken(`helper sent a bad frame: ${f.error} (is ${this.socketPath} a vmsr-helper socket?)`);
-      const m = parseHelperFrame(f);
-      if (m instanceof Error) return this.broken(`helper sent a bad frame: ${m.message}`);
-      this.dispatch(m);
+      if (!f.ok) return this.broken(`helper sent a bad frame: ${f.error.message} (is ${this.socketPath} a vmsr-helper socket?)`);
+      const m = parseHelperFrame(f.value);
+      if (!m.ok) return this.broken(`helper sent a bad frame: ${m.error}`);
+      this.dispatch(m.value);
     }
   }
 

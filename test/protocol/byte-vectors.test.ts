@@ -19,7 +19,6 @@ import {
   encodeUnregister,
   encodeUpdate,
   encodeValue,
-  isFrameError,
 } from '../../src/protocol/v2/codec.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { classifyPreamble, encodeLegacyReply, encodeLegacyRequest, LegacyFramer, V2_MAGIC } from '../../src/protocol/legacy.js';
@@ -34,9 +33,9 @@ function oneFrame(bytes: Buffer, types: ReadonlySet<number>) {
   for (const b of bytes) out.push(...d.push(Buffer.from([b])));
   expect(out).toHaveLength(1);
   const f = out[0]!;
-  if (isFrameError(f)) throw new Error(f.error);
+  if (!f.ok) throw new Error(f.error.message);
   expect(d.pending).toBe(0);
-  return f;
+  return f.value;
 }
 
 //            type  flags length    payload
@@ -54,16 +53,16 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
   it('REGISTER pid 4242 with tids 4250 (vpkg 0) and 4251 (vpkg 1)', () => {
     const vcpus = [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }];
     expect(encodeRegister({ pid: 4242, vcpus }).equals(REGISTER)).toBe(true);
-    expect(parseClientFrame(oneFrame(REGISTER, CLIENT_TYPES))).toEqual({ type: 0x01, pid: 4242, vcpus });
+    expect(parseClientFrame(oneFrame(REGISTER, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x01, pid: 4242, vcpus } });
   });
 
   it('READ vm 7 vpkg 1, SUBSCRIBE vm 7, UNREGISTER vm 0x01020304', () => {
     expect(encodeRead(7, 1).equals(READ)).toBe(true);
-    expect(parseClientFrame(oneFrame(READ, CLIENT_TYPES))).toEqual({ type: 0x02, vmId: 7, vpkg: 1 });
+    expect(parseClientFrame(oneFrame(READ, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x02, vmId: 7, vpkg: 1 } });
     expect(encodeSubscribe(7).equals(SUBSCRIBE)).toBe(true);
-    expect(parseClientFrame(oneFrame(SUBSCRIBE, CLIENT_TYPES))).toEqual({ type: 0x03, vmId: 7 });
+    expect(parseClientFrame(oneFrame(SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x03, vmId: 7 } });
     expect(encodeUnregister(0x01020304).equals(UNREGISTER)).toBe(true);
-    expect(parseClientFrame(oneFrame(UNREGISTER, CLIENT_TYPES))).toEqual({ type: 0x04, vmId: 0x01020304 });
+    expect(parseClientFrame(oneFrame(UNREGISTER, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x04, vmId: 0x01020304 } });
   });
 
   it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {
@@ -76,13 +75,13 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
 describe('v2 helper -> client frames match hand-written bytes', () => {
   it('REGISTERED vm 7, 2 virtual packages, power unit 0xa0e03', () => {
     expect(encodeRegistered(7, 2, 0xa0e03n).equals(REGISTERED)).toBe(true);
-    expect(parseHelperFrame(oneFrame(REGISTERED, HELPER_TYPES))).toEqual({ type: 0x81, vmId: 7, nvpkg: 2, powerUnit: 0xa0e03n });
+    expect(parseHelperFrame(oneFrame(REGISTERED, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x81, vmId: 7, nvpkg: 2, powerUnit: 0xa0e03n } });
   });
 
   it('VALUE with the ended flag (bit 0 of flags) and every u64 field at its offset', () => {
     const v = { counter: 0x12345678n, energyUj: 1_000_000n };
     expect(encodeValue(7, 1, v, 0x0102030405060708n, true).equals(VALUE_ENDED)).toBe(true);
-    expect(parseHelperFrame(oneFrame(VALUE_ENDED, HELPER_TYPES))).toEqual({ type: 0x82, vmId: 7, vpkg: 1, ...v, tNs: 0x0102030405060708n, ended: true });
+    expect(parseHelperFrame(oneFrame(VALUE_ENDED, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x82, vmId: 7, vpkg: 1, ...v, tNs: 0x0102030405060708n, ended: true } });
   });
 
   it('UPDATE with two virtual packages in vpkg order, t_ns 5 s', () => {
@@ -91,14 +90,14 @@ describe('v2 helper -> client frames match hand-written bytes', () => {
       { counter: 0xffffffffn, energyUj: 0x1_0000_0000n },
     ];
     expect(encodeUpdate(7, 5_000_000_000n, vpkgs, false).equals(UPDATE)).toBe(true);
-    expect(parseHelperFrame(oneFrame(UPDATE, HELPER_TYPES))).toEqual({ type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: false });
+    expect(parseHelperFrame(oneFrame(UPDATE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: false } });
   });
 
   it('OK vm 7, and ERROR code 4 (limit) answering a REGISTER with the UTF-8 text "limit"', () => {
     expect(encodeOk(7).equals(OK)).toBe(true);
-    expect(parseHelperFrame(oneFrame(OK, HELPER_TYPES))).toEqual({ type: 0x84, vmId: 7 });
+    expect(parseHelperFrame(oneFrame(OK, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x84, vmId: 7 } });
     expect(encodeError(4, 0x01, 'limit').equals(ERROR)).toBe(true);
-    expect(parseHelperFrame(oneFrame(ERROR, HELPER_TYPES))).toEqual({ type: 0xff, code: 4, requestType: 0x01, message: 'limit' });
+    expect(parseHelperFrame(oneFrame(ERROR, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0xff, code: 4, requestType: 0x01, message: 'limit' } });
   });
 });
 

@@ -17,16 +17,15 @@ import {
   encodeUnregister,
   encodeUpdate,
   encodeValue,
-  isFrameError,
   type DecodeResult,
   type Frame,
 } from '../../src/protocol/v2/codec.js';
-import { isPayloadError, parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
+import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 
 function frames(rs: DecodeResult[]): Frame[] {
   return rs.map((r) => {
-    if (isFrameError(r)) throw new Error(r.error);
-    return r;
+    if (!r.ok) throw new Error(r.error.message);
+    return r.value;
   });
 }
 
@@ -81,7 +80,7 @@ describe('FrameDecoder', () => {
     expect(d.push(bad.subarray(0, 7))).toEqual([]);
     const r = d.push(bad.subarray(7, 8));
     expect(r).toHaveLength(1);
-    expect(isFrameError(r[0]!) && r[0].type).toBe(0x81);
+    expect(r[0]).toEqual({ ok: false, error: { message: 'unknown frame type REGISTERED', type: 0x81 } });
     expect(d.failed).toBe(true);
     expect(d.push(encodeRead(1, 0))).toEqual([]);
   });
@@ -92,7 +91,7 @@ describe('FrameDecoder', () => {
     head.writeUInt32LE(MAX_PAYLOAD + 1, 4);
     const d = new FrameDecoder(CLIENT_TYPES);
     const r = d.push(head);
-    expect(isFrameError(r[0]!)).toBe(true);
+    expect(r[0]!.ok).toBe(false);
     expect(d.pending).toBe(0);
   });
 
@@ -117,10 +116,10 @@ describe('client payloads (helper side)', () => {
   const parse = (b: Buffer) => parseClientFrame(frames(new FrameDecoder(CLIENT_TYPES).push(b))[0]!);
 
   it('parses every request', () => {
-    expect(parse(encodeRegister({ pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] }))).toEqual({ type: T.REGISTER, pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] });
-    expect(parse(encodeRead(3, 2))).toEqual({ type: T.READ, vmId: 3, vpkg: 2 });
-    expect(parse(encodeSubscribe(9))).toEqual({ type: T.SUBSCRIBE, vmId: 9 });
-    expect(parse(encodeUnregister(9))).toEqual({ type: T.UNREGISTER, vmId: 9 });
+    expect(parse(encodeRegister({ pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] }))).toEqual({ ok: true, value: { type: T.REGISTER, pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] } });
+    expect(parse(encodeRead(3, 2))).toEqual({ ok: true, value: { type: T.READ, vmId: 3, vpkg: 2 } });
+    expect(parse(encodeSubscribe(9))).toEqual({ ok: true, value: { type: T.SUBSCRIBE, vmId: 9 } });
+    expect(parse(encodeUnregister(9))).toEqual({ ok: true, value: { type: T.UNREGISTER, vmId: 9 } });
   });
 
   it('wrong sizes are fatal', () => {
@@ -132,7 +131,7 @@ describe('client payloads (helper side)', () => {
       [T.REGISTER, 4],
     ] as const) {
       const r = parse(encodeFrame(type, 0, Buffer.alloc(len)));
-      expect(isPayloadError(r) && r.fatal && r.code).toBe(E.MALFORMED);
+      expect(r).toMatchObject({ ok: false, error: { fatal: true, code: E.MALFORMED } });
     }
   });
 
@@ -140,10 +139,10 @@ describe('client payloads (helper side)', () => {
     const f = encodeRegister({ pid: 1, vcpus: [{ tid: 2, vpkg: 0 }, { tid: 3, vpkg: 0 }] });
     f.writeUInt32LE(3, 8 + 4); // nvcpu 3, two entries
     const r = parse(f);
-    expect(isPayloadError(r) && r.fatal).toBe(true);
+    expect(r).toMatchObject({ ok: false, error: { fatal: true } });
     const big = encodeRegister({ pid: 1, vcpus: [{ tid: 2, vpkg: 0 }] });
     big.writeUInt32LE(0xffffffff, 12);
-    expect(isPayloadError(parse(big)) && (parse(big) as { fatal: boolean }).fatal).toBe(true);
+    expect(parse(big)).toMatchObject({ ok: false, error: { fatal: true } });
   });
 
   it('well-framed bad content is refused without closing', () => {
@@ -158,16 +157,19 @@ describe('client payloads (helper side)', () => {
     ];
     for (const c of cases) {
       const r = parse(c);
-      expect(isPayloadError(r) && !r.fatal && r.code).toBe(E.MALFORMED);
+      expect(r).toMatchObject({ ok: false, error: { fatal: false, code: E.MALFORMED } });
     }
     // 4096 is the most allowed.
     const ok = parse(encodeRegister({ pid: 1, vcpus: Array.from({ length: 4096 }, (_, i) => ({ tid: i + 1, vpkg: i % 256 })) }));
-    expect(isPayloadError(ok)).toBe(false);
+    expect(ok.ok).toBe(true);
   });
 });
 
 describe('helper payloads (client side)', () => {
-  const parse = (b: Buffer) => parseHelperFrame(frames(new FrameDecoder(HELPER_TYPES).push(b))[0]!);
+  const parse = (b: Buffer) => {
+    const r = parseHelperFrame(frames(new FrameDecoder(HELPER_TYPES).push(b))[0]!);
+    return r.ok ? r.value : new Error(r.error);
+  };
 
   it('round-trips every helper frame, with the ended flag only where set', () => {
     expect(parse(encodeRegistered(4, 2, 0xa0e03n))).toEqual({ type: T.REGISTERED, vmId: 4, nvpkg: 2, powerUnit: 0xa0e03n });

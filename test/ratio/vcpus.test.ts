@@ -31,7 +31,7 @@ function answers(vcpus: VcpuSpec[]): Record<string, string> {
   const rule = checkVcpus(vcpus);
   out.rule = rule.ok ? 'ok' : rule.error;
   const v2 = parseClientFrame({ type: 0x01, flags: 0, payload: registerPayload(100, vcpus) });
-  out.v2 = 'message' in v2 ? v2.message : 'ok';
+  out.v2 = v2.ok ? 'ok' : v2.error.message;
   try {
     parseVcpuList(vcpus.map((v) => `${v.tid}:${v.vpkg}`).join(','));
     out.cli = 'ok';

@@ -3,7 +3,7 @@ import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, V2Error, type Update } from '../../src/client/v2-client.js';
-import { E, FrameDecoder, HELPER_TYPES, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe, isFrameError } from '../../src/protocol/v2/codec.js';
+import { E, FrameDecoder, HELPER_TYPES, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe } from '../../src/protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
 import { isRoot } from '../support/env.js';
 import { POWER_UNIT, RawClient, startChild, startHarness, threadsOf, until, type Harness } from './harness.js';
@@ -33,10 +33,10 @@ function child(kind: 'spin' | 'sleep') {
 
 function messages(buf: Buffer): HelperMessage[] {
   return new FrameDecoder(HELPER_TYPES).push(buf).map((f) => {
-    if (isFrameError(f)) throw new Error(f.error);
-    const m = parseHelperFrame(f);
-    if (m instanceof Error) throw m;
-    return m;
+    if (!f.ok) throw new Error(f.error.message);
+    const m = parseHelperFrame(f.value);
+    if (!m.ok) throw new Error(m.error);
+    return m.value;
   });
 }
 

@@ -7,8 +7,8 @@
 import type net from 'node:net';
 import type { Logger } from 'pino';
 import type { PeerCredentials } from '../../os/libc.js';
-import { CLIENT_TYPES, E, FrameDecoder, encodeError, isFrameError } from '../../protocol/v2/codec.js';
-import { isPayloadError, parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
+import { CLIENT_TYPES, E, FrameDecoder, encodeError } from '../../protocol/v2/codec.js';
+import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 
 export interface ConnectionHost {
   readonly maxBacklogBytes: number;
@@ -84,26 +84,29 @@ export class V2Connection {
     if (!this.open) return;
     for (const f of this.decoder.push(data)) {
       if (!this.open) return;
-      if (isFrameError(f)) {
-        this.fail(E.MALFORMED, f.type, f.error);
+      if (!f.ok) {
+        this.fail(E.MALFORMED, f.error.type, f.error.message);
         return;
       }
-      const req = parseClientFrame(f);
-      if (isPayloadError(req)) {
-        if (req.fatal) {
-          this.fail(req.code, f.type, req.message);
+      const frame = f.value;
+      const parsed = parseClientFrame(frame);
+      if (!parsed.ok) {
+        const refusal = parsed.error;
+        if (refusal.fatal) {
+          this.fail(refusal.code, frame.type, refusal.message);
           return;
         }
-        this.send(encodeError(req.code, f.type, req.message));
+        this.send(encodeError(refusal.code, frame.type, refusal.message));
         continue;
       }
+      const req = parsed.value;
       let reply: Buffer;
       try {
         reply = this.host.request(this, req);
       } catch (e) {
         // A bug here must not take the helper or other clients down; this client is told and dropped.
         this.log.error({ err: (e as Error).stack }, 'v2 request failed');
-        this.fail(E.MALFORMED, f.type, `internal error: ${(e as Error).message}`);
+        this.fail(E.MALFORMED, frame.type, `internal error: ${(e as Error).message}`);
         return;
       }
       this.send(reply);

@@ -6,7 +6,7 @@
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits } from './vm-registry.js';
+import { DEFAULT_V2_LIMITS, VmRegistry, procView, type RefusalReason, type V2Limits } from './vm-registry.js';
 import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from '../../protocol/v2/codec.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import type { ClientRequest } from '../../protocol/v2/messages.js';
@@ -33,6 +33,13 @@ export interface V2Service {
   readonly connections: number;
   readonly vms: number;
 }
+
+/** The wire code of each registry refusal (docs/protocol-v2.md, REGISTER). */
+const REFUSAL_CODE: Readonly<Record<RefusalReason, number>> = {
+  limit: E.LIMIT,
+  'not-permitted': E.NOT_PERMITTED,
+  'process-gone': E.PROCESS_GONE,
+};
 
 export function createV2Service(o: V2ServiceOptions): V2Service {
   const engine = o.engine ?? new RatioEngine(o.host);
@@ -66,10 +73,11 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     switch (req.type) {
       case T.REGISTER: {
         const a = registry.admit(conn.id, conn.peer, req);
-        if (!a.ok) return encodeError(a.code, T.REGISTER, a.message);
-        const vmId = sampling.register(a.spec);
-        registry.add(conn.id, vmId, a.spec.pid);
-        conn.log.info({ vmId, pid: a.spec.pid, vcpus: a.spec.vcpus.length }, 'v2 VM registered');
+        if (!a.ok) return encodeError(REFUSAL_CODE[a.error.reason], T.REGISTER, a.error.message);
+        const spec = a.value;
+        const vmId = sampling.register(spec);
+        registry.add(conn.id, vmId, spec.pid);
+        conn.log.info({ vmId, pid: spec.pid, vcpus: spec.vcpus.length }, 'v2 VM registered');
         return encodeRegistered(vmId, sampling.nvpkg(vmId), sampling.guestPowerUnit);
       }
       case T.READ: {

@@ -4,7 +4,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { E } from '../../protocol/v2/codec.js';
+import { fail, ok, type Result } from '../../ratio/result.js';
 import { MAX_VCPUS } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
@@ -72,7 +72,15 @@ export interface RegisterInput {
   vcpus: readonly VcpuSpec[];
 }
 
-export type Admission = { ok: true; spec: VmSpec } | { ok: false; code: number; message: string };
+/** Why a registration is refused, in the registry's own terms; the v2 service picks the wire code. */
+export type RefusalReason = 'limit' | 'not-permitted' | 'process-gone';
+
+export interface Refusal {
+  reason: RefusalReason;
+  message: string;
+}
+
+export type Admission = Result<VmSpec, Refusal>;
 
 interface Entry {
   owner: number;
@@ -100,35 +108,35 @@ export class VmRegistry {
 
   /** Checks a REGISTER from connection `owner`; on success returns the VmSpec to register. Adds nothing. */
   admit(owner: number, peer: Peer, req: RegisterInput): Admission {
-    const no = (code: number, message: string): Admission => ({ ok: false, code, message });
-    if (req.vcpus.length > this.limits.maxVcpus) return no(E.LIMIT, `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);
+    const no = (reason: RefusalReason, message: string): Admission => fail({ reason, message });
+    if (req.vcpus.length > this.limits.maxVcpus) return no('limit', `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);
     const mine = this.byOwner.get(owner)?.size ?? 0;
-    if (mine >= this.limits.maxVmsPerConnection) return no(E.LIMIT, `this connection already has ${mine} VMs registered (limit ${this.limits.maxVmsPerConnection})`);
-    if (this.vms.size >= this.limits.maxVms) return no(E.LIMIT, `the helper already has ${this.vms.size} VMs registered (limit ${this.limits.maxVms})`);
+    if (mine >= this.limits.maxVmsPerConnection) return no('limit', `this connection already has ${mine} VMs registered (limit ${this.limits.maxVmsPerConnection})`);
+    if (this.vms.size >= this.limits.maxVms) return no('limit', `the helper already has ${this.vms.size} VMs registered (limit ${this.limits.maxVms})`);
 
     const pid = req.pid === 0 ? peer.pid : req.pid;
-    if (pid <= 0) return no(E.NOT_PERMITTED, 'the peer pid is unknown');
+    if (pid <= 0) return no('not-permitted', 'the peer pid is unknown');
     // starttime before and after the checks: a pid that exits and is reused in between is caught.
     const start = this.proc.starttime(pid);
     const owner_uid = this.proc.ownerUid(pid);
-    if (start === null || owner_uid === null) return no(E.PROCESS_GONE, `process ${pid} does not exist`);
+    if (start === null || owner_uid === null) return no('process-gone', `process ${pid} does not exist`);
     if (!(pid === peer.pid || peer.uid === 0 || peer.uid === owner_uid)) {
-      return no(E.NOT_PERMITTED, `process ${pid} belongs to uid ${owner_uid}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`);
+      return no('not-permitted', `process ${pid} belongs to uid ${owner_uid}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`);
     }
     for (const v of req.vcpus) {
-      if (!this.proc.isThreadOf(pid, v.tid)) return no(E.NOT_PERMITTED, `tid ${v.tid} is not a thread of process ${pid}`);
+      if (!this.proc.isThreadOf(pid, v.tid)) return no('not-permitted', `tid ${v.tid} is not a thread of process ${pid}`);
     }
-    if (this.proc.starttime(pid) !== start) return no(E.PROCESS_GONE, `process ${pid} exited during registration`);
+    if (this.proc.starttime(pid) !== start) return no('process-gone', `process ${pid} exited during registration`);
     const other = this.byPid.get(pid);
     if (other !== undefined) {
       const why = this.vms.get(other)?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
-      return no(E.LIMIT, `process ${pid} ${why} (vm_id ${other}); unregister it first`);
+      return no('limit', `process ${pid} ${why} (vm_id ${other}); unregister it first`);
     }
     const spec: VmSpec = { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) };
     // REGISTER carries no name; QEMU's -name (libvirt's domain name) is what the host knows.
     const name = this.proc.name(pid);
     if (name !== undefined) spec.name = name;
-    return { ok: true, spec };
+    return ok(spec);
   }
 
   add(owner: number, vmId: number, pid: number): void {

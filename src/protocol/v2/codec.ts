@@ -7,6 +7,7 @@
 // "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
 export { V2_MAGIC } from '../legacy.js';
 import type { VcpuSpec } from '../../ratio/types.js';
+import { fail, ok, type Result } from '../../ratio/result.js';
 
 export const HEADER_SIZE = 8;
 export const MAX_PAYLOAD = 65536;
@@ -73,16 +74,12 @@ export interface Frame {
 
 /** A frame header the decoder refuses; after it the stream cannot be resynchronised. */
 export interface FrameError {
-  error: string;
+  message: string;
   /** Type field of the offending header (0 when unknown). */
   type: number;
 }
 
-export type DecodeResult = Frame | FrameError;
-
-export function isFrameError(r: DecodeResult): r is FrameError {
-  return 'error' in r;
-}
+export type DecodeResult = Result<Frame, FrameError>;
 
 /**
  * Incremental decoder. `push` returns every frame completed by the new bytes; it stops at (and
@@ -124,12 +121,12 @@ export class FrameDecoder {
         const length = head.readUInt32LE(4);
         if (!this.allowedTypes.has(type)) {
           this.dead = true;
-          out.push({ error: `unknown frame type ${typeName(type)}`, type });
+          out.push(fail({ message: `unknown frame type ${typeName(type)}`, type }));
           return out;
         }
         if (length > MAX_PAYLOAD) {
           this.dead = true;
-          out.push({ error: `frame length ${length} is over the maximum of ${MAX_PAYLOAD}`, type });
+          out.push(fail({ message: `frame length ${length} is over the maximum of ${MAX_PAYLOAD}`, type }));
           return out;
         }
         this.header = { type, flags, length };
@@ -143,7 +140,7 @@ export class FrameDecoder {
       const payload = this.take(buf.subarray(0, need));
       buf = buf.subarray(need);
       this.header = null;
-      out.push({ type: h.type, flags: h.flags, payload });
+      out.push(ok({ type: h.type, flags: h.flags, payload }));
     }
     return out;
   }
