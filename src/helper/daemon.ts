@@ -12,6 +12,7 @@ import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
 import type { HelperServer, ListenTarget, V2Handler } from './server.js';
 import { assembleServer } from './assemble.js';
+import { DisposableStore, listen } from '../ratio/disposable.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
@@ -94,7 +95,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
   let server: HelperServer | undefined;
   let pidfile: Pidfile | undefined;
-  const handlers: [NodeJS.Signals, () => void][] = [];
+  const signals = new DisposableStore();
 
   const cleanup = async () => {
     if (server) await server.close().catch(() => {});
@@ -108,7 +109,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     pidfile?.release();
     device.close();
     // Last, so a second signal during shutdown still finds our handler (stop is idempotent).
-    for (const [sig, h] of handlers) process.off(sig, h);
+    signals.dispose();
   };
 
   // Signals are caught from the start: one arriving during start-up stops the daemon right after it.
@@ -122,11 +123,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     void current.stop(sig).then(() => process.exit(0));
   };
   if (opts.handleSignals !== false) {
-    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
-      const h = () => onSignal(sig);
-      handlers.push([sig, h]);
-      process.on(sig, h);
-    }
+    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) signals.add(listen(process, sig, () => onSignal(sig)));
   }
 
   try {

@@ -7,6 +7,7 @@
 import type { Logger } from 'pino';
 import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from '../sampling/tick-loop.js';
+import { Emitter, type Disposable } from '../ratio/disposable.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {
@@ -69,13 +70,15 @@ export class SamplingService {
   private closed = false;
   private failure: Error | null = null;
   private traceBroken = false;
-  private readonly sampleListeners: ((e: SampleEvent) => void)[] = [];
-  private readonly failureListeners: ((err: Error) => void)[] = [];
+  private readonly samples: Emitter<SampleEvent>;
+  private readonly failures: Emitter<Error>;
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0 };
 
   constructor(private readonly o: SamplingServiceOptions) {
     if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs)) throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
     this.engine = o.engine;
+    this.samples = new Emitter((e) => o.log.error({ err: (e as Error).message }, 'sample listener failed'));
+    this.failures = new Emitter((e) => o.log.error({ err: (e as Error).message }, 'failure listener failed'));
     this.clock = o.clock ?? monotonicNs;
     this.loop = new TickLoop({ intervalNs: BigInt(Math.round(o.intervalMs * 1e6)), tick: (t) => this.tick(t), clock: this.clock, timers: o.timers });
   }
@@ -93,13 +96,14 @@ export class SamplingService {
     return this.engine.guestPowerUnit;
   }
 
-  onSample(cb: (e: SampleEvent) => void): void {
-    this.sampleListeners.push(cb);
+  /** Every sample, after the engine took it; dispose the result to stop listening. */
+  onSample(cb: (e: SampleEvent) => void): Disposable {
+    return this.samples.event(cb);
   }
 
-  /** Called once when sampling starts failing (not on every failing tick). */
-  onFailure(cb: (err: Error) => void): void {
-    this.failureListeners.push(cb);
+  /** Called once when sampling starts failing (not on every failing tick); dispose to stop listening. */
+  onFailure(cb: (err: Error) => void): Disposable {
+    return this.failures.event(cb);
   }
 
   /** Registers a VM; the next sample is its baseline. Starts the loop with a sample now if it was idle. */
@@ -136,6 +140,8 @@ export class SamplingService {
   close(): void {
     this.closed = true;
     this.loop.stop();
+    this.samples.dispose();
+    this.failures.dispose();
   }
 
   private tick(t: TickInfo): void {
@@ -167,13 +173,7 @@ export class SamplingService {
       }
     }
     const ev: SampleEvent = { tNs: s.tNs, result, ended };
-    for (const cb of this.sampleListeners) {
-      try {
-        cb(ev);
-      } catch (e) {
-        this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
-      }
-    }
+    this.samples.fire(ev);
     if (this.live.size === 0) this.loop.stop();
   }
 
@@ -193,12 +193,6 @@ export class SamplingService {
     if (this.failure) return;
     this.failure = err;
     this.o.log.error({ err: err.message }, 'sampling failed; v2 clients get ERROR 5 until it recovers');
-    for (const cb of this.failureListeners) {
-      try {
-        cb(err);
-      } catch (e) {
-        this.o.log.error({ err: (e as Error).message }, 'failure listener failed');
-      }
-    }
+    this.failures.fire(err);
   }
 }

@@ -10,6 +10,7 @@ import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../
 import type { LegacyService } from './legacy-service.js';
 import { peerOf } from '../os/peer.js';
 import type { Logger } from './logger.js';
+import { listen } from '../ratio/disposable.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
@@ -48,10 +49,12 @@ export class HelperServer {
     const t = this.o.target;
     if ('path' in t) await removeStaleSocket(t.path);
     await new Promise<void>((resolve, reject) => {
-      const onError = (e: Error) => reject(listenError(t, e));
-      this.server.once('error', onError);
+      const failed = listen(this.server, 'error', (e: Error) => {
+        failed.dispose();
+        reject(listenError(t, e));
+      });
       const done = () => {
-        this.server.off('error', onError);
+        failed.dispose();
         resolve();
       };
       if ('path' in t) this.server.listen({ path: t.path, backlog: 4096 }, done);
@@ -97,11 +100,11 @@ export class HelperServer {
     socket.on('error', (e) => log.debug({ peer: peer.pid, err: e.message }, 'client socket error'));
 
     let head: Buffer = Buffer.alloc(0);
-    const onPreamble = (chunk: Buffer) => {
+    const preamble = listen(socket, 'data', (chunk: Buffer) => {
       head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
       const kind = classifyPreamble(head);
       if (kind === 'need-more') return;
-      socket.off('data', onPreamble);
+      preamble.dispose();
       if (kind === 'v2' && this.o.v2Handler) {
         try {
           this.o.v2Handler(socket, peer, Buffer.from(head.subarray(V2_MAGIC.length)));
@@ -112,8 +115,7 @@ export class HelperServer {
         return;
       }
       this.serveLegacy(socket, peer, head);
-    };
-    socket.on('data', onPreamble);
+    });
   }
 
   private serveLegacy(socket: net.Socket, peer: PeerCredentials, first: Buffer): void {
@@ -131,7 +133,7 @@ export class HelperServer {
         for (let i = 0; i < reqs.length; i++) {
           if (legacy.answer(peer.pid, reqs[i]!, verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
           closing = true;
-          socket.off('data', onData);
+          data.dispose();
           if (i > 0) socket.write(out.subarray(0, i * LEGACY_REPLY_SIZE));
           socket.end(); // replies already queued still go out, in order
           setTimeout(() => socket.destroy(), 1000).unref();
@@ -145,7 +147,7 @@ export class HelperServer {
         socket.once('drain', () => socket.resume());
       }
     };
-    socket.on('data', onData);
+    const data = listen(socket, 'data', onData);
     onData(first);
   }
 }

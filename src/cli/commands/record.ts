@@ -13,6 +13,7 @@ import type { Vendor } from '../../ratio/types.js';
 import { ProcTaskReader } from '../../os/proc-tasks.js';
 import { Sampler } from '../../sampling/sampler.js';
 import { monotonicNs, TickLoop } from '../../sampling/tick-loop.js';
+import { DisposableStore, listen } from '../../ratio/disposable.js';
 import { TraceWriter } from '../../trace/writer.js';
 import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs } from '../../os/vm-spec.js';
@@ -110,7 +111,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   const tasks = new ProcTaskReader(o.paths.procRoot);
   let energy: EnergySource | null = null;
   let writer: TraceWriter | null = null;
-  const stopHandlers: Array<() => void> = [];
+  const signals = new DisposableStore();
   try {
     const hostOpts: Parameters<typeof readHostInfo>[0] = { paths: o.paths, device, energySource: o.energySource };
     if (o.vendor) hostOpts.vendor = o.vendor;
@@ -173,24 +174,18 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       });
       const finish = (e?: unknown) => {
         loop.stop();
-        for (const h of stopHandlers.splice(0)) h();
+        signals.dispose();
         if (e) reject(e);
         else resolve();
       };
-      const onSignal = () => finish();
-      process.once('SIGINT', onSignal);
-      process.once('SIGTERM', onSignal);
-      stopHandlers.push(() => {
-        process.off('SIGINT', onSignal);
-        process.off('SIGTERM', onSignal);
-      });
+      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => finish()));
       const start = monotonicNs();
       const endNs = o.duration === undefined ? undefined : start + BigInt(Math.round(o.duration * 1e9));
       loop.start({ ...(endNs !== undefined ? { endNs } : {}), onEnd: () => finish() });
     });
     progress.done(w.samples, alive.size, vms.length, w.bytesWritten);
   } finally {
-    for (const h of stopHandlers.splice(0)) h();
+    signals.dispose();
     if (writer) await writer.close();
     energy?.close();
     tasks.close();

@@ -4,6 +4,7 @@
  * VM comes from its QMP socket or from --pid/--vcpus.
  */
 import type { Command } from 'commander';
+import { DisposableStore, listen } from '../../ratio/disposable.js';
 import { V2Client, V2ConnectionError, V2Error, type Update } from '../../client/v2-client.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/vm-spec.js';
@@ -152,17 +153,15 @@ export function addWatchCommand(program: Command): void {
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
       if (opts.qmp !== undefined && opts.vcpus !== undefined) throw new UsageError('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
       const ac = new AbortController();
-      const stop = () => ac.abort();
-      process.once('SIGINT', stop);
-      process.once('SIGTERM', stop);
+      const signals = new DisposableStore();
+      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
       try {
         await runWatch(opts, (l) => process.stdout.write(`${l}\n`), ac.signal, (l) => process.stderr.write(`${l}\n`));
       } catch (e) {
         if (e instanceof UsageError) throw e;
         throw new Error(describeError(e));
       } finally {
-        process.off('SIGINT', stop);
-        process.off('SIGTERM', stop);
+        signals.dispose();
       }
     });
 }

@@ -11,6 +11,7 @@ import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValu
 import { V2Connection, type ConnectionHost } from './connection.js';
 import type { ClientRequest } from '../../protocol/v2/messages.js';
 import type { V2Handler } from '../server.js';
+import { DisposableStore } from '../../ratio/disposable.js';
 
 export type { V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
@@ -117,7 +118,8 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     },
   };
 
-  sampling.onSample((ev) => {
+  const listeners = new DisposableStore();
+  listeners.add(sampling.onSample((ev) => {
     for (const vmId of ev.ended) registry.markEnded(vmId);
     for (const conn of conns) {
       for (const vmId of conn.subscriptions) {
@@ -127,14 +129,16 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         if (!conn.send(u.frame)) break;
       }
     }
-  });
+  }));
 
   // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
-  sampling.onFailure((err) => {
-    for (const conn of conns) {
-      if (conn.subscriptions.size > 0) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
-    }
-  });
+  listeners.add(
+    sampling.onFailure((err) => {
+      for (const conn of conns) {
+        if (conn.subscriptions.size > 0) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
+      }
+    }),
+  );
 
   const handler: V2Handler = (socket, peer, rest) => {
     if (closed) {
@@ -150,6 +154,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     handler,
     async close() {
       closed = true;
+      listeners.dispose();
       sampling.close();
       const waits = [...conns].map(
         (c) =>

@@ -1,0 +1,101 @@
+/**
+ * Listener lifetimes, one way: whatever adds a listener returns a Disposable that removes it, and a
+ * DisposableStore removes a group at once (in reverse order, idempotently). Pure: emitters are
+ * reached through their on/off methods, so this imports nothing.
+ */
+
+export interface Disposable {
+  dispose(): void;
+}
+
+/** A Disposable running `fn` once, however often it is disposed. */
+export function toDisposable(fn: () => void): Disposable {
+  let done = false;
+  return {
+    dispose() {
+      if (done) return;
+      done = true;
+      fn();
+    },
+  };
+}
+
+/** The on/off pair of a Node EventEmitter (process, sockets, servers). */
+export interface EmitterLike<A extends unknown[]> {
+  on(event: string, listener: (...args: A) => void): unknown;
+  off(event: string, listener: (...args: A) => void): unknown;
+}
+
+/** Adds `listener` to `emitter` for `event`; disposing removes exactly that listener. */
+export function listen<A extends unknown[]>(emitter: EmitterLike<A>, event: string, listener: (...args: A) => void): Disposable {
+  emitter.on(event, listener);
+  return toDisposable(() => emitter.off(event, listener));
+}
+
+/** Disposables disposed together. One added after the store was disposed is disposed at once. */
+export class DisposableStore implements Disposable {
+  private items: Disposable[] = [];
+  private disposed = false;
+
+  get isDisposed(): boolean {
+    return this.disposed;
+  }
+
+  add<T extends Disposable>(d: T): T {
+    if (this.disposed) d.dispose();
+    else this.items.push(d);
+    return d;
+  }
+
+  /** Disposes everything, last added first; an error in one does not stop the others (the first is rethrown). */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    const items = this.items.reverse();
+    this.items = [];
+    let first: unknown;
+    for (const d of items) {
+      try {
+        d.dispose();
+      } catch (e) {
+        first ??= e;
+      }
+    }
+    if (first !== undefined) throw first;
+  }
+}
+
+/**
+ * A typed event: `event(listener)` subscribes and returns the Disposable that unsubscribes. A
+ * listener that throws does not keep the others from running; `onListenerError` hears about it.
+ */
+export class Emitter<T> implements Disposable {
+  private listeners = new Set<(value: T) => void>();
+
+  constructor(private readonly onListenerError: (err: unknown) => void = () => {}) {}
+
+  event(listener: (value: T) => void): Disposable {
+    // Wrapped so the same function subscribed twice is two subscriptions, each removable.
+    const entry = (v: T) => listener(v);
+    this.listeners.add(entry);
+    return toDisposable(() => this.listeners.delete(entry));
+  }
+
+  get size(): number {
+    return this.listeners.size;
+  }
+
+  fire(value: T): void {
+    for (const l of [...this.listeners]) {
+      try {
+        l(value);
+      } catch (e) {
+        this.onListenerError(e);
+      }
+    }
+  }
+
+  dispose(): void {
+    this.listeners.clear();
+  }
+}
