@@ -4,6 +4,7 @@
  */
 import fs from 'node:fs';
 import { MAX_TID } from '../ratio/types.js';
+import { cannotError } from '../ratio/errors.js';
 
 export interface Pidfile {
   readonly path: string;
@@ -43,7 +44,7 @@ export function acquirePidfile(file: string, pid = process.pid): Pidfile {
         }
         const other = parsePidfile(text);
         if (other !== null && other !== pid && isAlive(other)) {
-          throw new Error(`another instance is running (pid ${other}, pidfile ${file}); stop it or choose another pidfile with -f`);
+          throw cannotError(`create pidfile ${file}`, `another instance is running (pid ${other})`, 'stop it or choose another pidfile with -f');
         }
         try {
           fs.unlinkSync(file); // stale: its process is gone
@@ -52,9 +53,9 @@ export function acquirePidfile(file: string, pid = process.pid): Pidfile {
         }
         continue;
       }
-      if (err.code === 'ENOENT') throw new Error(`cannot create pidfile ${file}: its directory does not exist; create it or choose another path with -f`);
-      if (err.code === 'EACCES') throw new Error(`cannot create pidfile ${file}: permission denied; run as root or choose another path with -f`);
-      throw new Error(`cannot create pidfile ${file}: ${err.message}`);
+      if (err.code === 'ENOENT') throw cannotError(`create pidfile ${file}`, 'its directory does not exist', 'create it or choose another path with -f');
+      if (err.code === 'EACCES') throw cannotError(`create pidfile ${file}`, 'permission denied', 'run as root or choose another path with -f');
+      throw cannotError(`create pidfile ${file}`, err.message);
     }
     try {
       fs.writeSync(fd, `${pid}\n`);
@@ -72,5 +73,5 @@ export function acquirePidfile(file: string, pid = process.pid): Pidfile {
       },
     };
   }
-  throw new Error(`cannot create pidfile ${file}: it keeps reappearing; is another instance starting?`);
+  throw cannotError(`create pidfile ${file}`, 'it keeps reappearing', 'check whether another instance is starting');
 }

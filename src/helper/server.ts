@@ -11,6 +11,7 @@ import type { LegacyService } from './legacy-service.js';
 import { peerOf } from '../os/peer.js';
 import type { Logger } from './logger.js';
 import { listen } from '../ratio/disposable.js';
+import { cannotError } from '../ratio/errors.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
@@ -154,11 +155,11 @@ export class HelperServer {
 
 function listenError(t: ListenTarget, e: Error): Error {
   const err = e as NodeJS.ErrnoException;
-  if ('fd' in t) return new Error(`cannot listen on the socket passed by systemd (fd ${t.fd}): ${err.message}`);
-  if (err.code === 'EACCES') return new Error(`cannot create socket ${t.path}: permission denied; run as root or choose another path with -k`);
-  if (err.code === 'ENOENT') return new Error(`cannot create socket ${t.path}: its directory does not exist; create it or choose another path with -k`);
-  if (err.code === 'EADDRINUSE') return new Error(`cannot create socket ${t.path}: address in use; another helper may be starting, or remove the file`);
-  return new Error(`cannot listen on ${t.path}: ${err.message}`);
+  if ('fd' in t) return cannotError(`listen on the socket passed by systemd (fd ${t.fd})`, err.message, 'check the .socket unit');
+  if (err.code === 'EACCES') return cannotError(`create socket ${t.path}`, 'permission denied', 'run as root or choose another path with -k');
+  if (err.code === 'ENOENT') return cannotError(`create socket ${t.path}`, 'its directory does not exist', 'create it or choose another path with -k');
+  if (err.code === 'EADDRINUSE') return cannotError(`create socket ${t.path}`, 'address in use', 'another helper may be starting, or remove the file');
+  return cannotError(`listen on ${t.path}`, err.message);
 }
 
 /**

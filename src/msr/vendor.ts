@@ -2,6 +2,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Vendor } from '../ratio/types.js';
+import { cannotError } from '../ratio/errors.js';
 
 export function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {
   const m = /^vendor_id\s*:\s*(\S+)/m.exec(cpuinfo);
@@ -18,11 +19,11 @@ export function readVendor(procRoot: string): Vendor {
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch (e) {
-    throw new Error(`cannot read ${file} to tell the CPU vendor (${(e as Error).message}); pass --vendor intel|amd or a correct --proc-root`);
+    throw cannotError(`read ${file} to tell the CPU vendor`, (e as Error).message, 'pass --vendor intel|amd or a correct --proc-root');
   }
   const v = parseVendor(text);
   if (typeof v !== 'string') {
-    throw new Error(`CPU vendor ${v.unsupported} is not supported: RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)`);
+    throw cannotError(`serve CPU vendor ${v.unsupported}`, 'RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)', 'run on an Intel or AMD host');
   }
   return v;
 }

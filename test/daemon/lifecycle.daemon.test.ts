@@ -78,7 +78,7 @@ describe('pidfile and socket file', () => {
     const other = path.join(dir, 'other.sock');
     const second = track(spawnHelper(['-k', other, '-f', pid, ...hostArgs(host)]));
     expect(await second.exited).toBe(1);
-    expect(second.stderr()).toContain(`another instance is running (pid ${first.proc.pid}, pidfile ${pid}); stop it or choose another pidfile with -f`);
+    expect(second.stderr()).toContain(`cannot create pidfile ${pid}: another instance is running (pid ${first.proc.pid}); stop it or choose another pidfile with -f`);
     expect(fs.existsSync(other)).toBe(false); // what the refused one bound, it removed
     expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(first.proc.pid));
     const c = await LegacyClient.connect(sock);
@@ -264,7 +264,7 @@ describe('start-up errors name the fix', () => {
     ['unsupported vendor', ({ host, dir, sock }) => {
       fs.writeFileSync(path.join(dir, 'cpuinfo'), 'processor\t: 0\nvendor_id\t: CyrixInstead\n');
       return ['-k', sock, '--proc-root', dir, '--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot];
-    }, /CPU vendor CyrixInstead is not supported/],
+    }, /cannot serve CPU vendor CyrixInstead: RAPL MSRs are known only for Intel/],
     ['missing MSR devices', ({ dir, sock, host }) => ['-k', sock, '--vendor', 'intel', '--sys-root', host.sysRoot, '--msr-path', path.join(dir, 'x/%u/msr')], /modprobe msr/],
     ['relative socket', ({ host }) => ['-k', 'rel.sock', ...hostArgs(host)], /socket path must be absolute/],
     ['bad vendor', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '--vendor', 'via'], /--vendor: expected auto, intel or amd/],
