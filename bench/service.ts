@@ -10,10 +10,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { V2Client } from '../src/client/v2-client.js';
 import { DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
-import { assembleChain } from '../src/helper/assemble.js';
-import { FakeHost } from '../test/support/fake-host.js';
+import { assembleOnFakeHost, FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
-import { DEFAULT_AMD_SYNTH } from '../src/msr/legacy-registers.js';
 import type { VcpuSpec } from '../src/ratio/types.js';
 
 const INTERVAL_MS = 1000;
@@ -62,16 +60,7 @@ async function scenario(nVms: number): Promise<void> {
   const log = pino({ level: 'silent' });
   // The daemon's own assembly and accept path, so READ latency includes what a real client goes through.
   const sock = path.join(dir, 's');
-  const chain = await assembleChain({
-    paths: fake.hostPaths(),
-    device,
-    vendor: 'intel',
-    amd: DEFAULT_AMD_SYNTH,
-    target: { path: sock },
-    intervalMs: INTERVAL_MS,
-    limits: { ...DEFAULT_V2_LIMITS, maxVmsPerConnection: 1024 },
-    area: () => log,
-  });
+  const chain = await assembleOnFakeHost(fake, device, { socketPath: sock, intervalMs: INTERVAL_MS, limits: { ...DEFAULT_V2_LIMITS, maxVmsPerConnection: 1024 }, log });
   const { service, tasks } = chain;
   const client = await V2Client.connect(sock);
   try {

@@ -9,6 +9,12 @@ import path from 'node:path';
 import { msrPath, type HostPaths } from '../../src/msr/host-paths.js';
 import { MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import type { Vendor } from '../../src/ratio/types.js';
+import type { Logger } from 'pino';
+import { assembleChain, type Chain } from '../../src/helper/assemble.js';
+import type { MsrDevice } from '../../src/msr/device.js';
+import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
+import type { TraceSink } from '../../src/helper/sampling-service.js';
+import type { V2Limits } from '../../src/helper/v2/service.js';
 
 export interface FakeHostOptions {
   /** package id of each CPU, index = CPU number; default two CPUs in package 0. */
@@ -122,4 +128,26 @@ export class FakeHost {
   cleanup(): void {
     fs.rmSync(this.dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * The daemon's service chain (helper/assemble.ts) on a fake host, listening on `socketPath`: what the
+ * v2 tests and the bench run in-process. Intel layout, real /proc.
+ */
+export function assembleOnFakeHost(
+  fake: FakeHost,
+  device: MsrDevice,
+  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger },
+): Promise<Chain> {
+  return assembleChain({
+    paths: fake.hostPaths(),
+    device,
+    vendor: 'intel',
+    amd: DEFAULT_AMD_SYNTH,
+    target: { path: o.socketPath },
+    intervalMs: o.intervalMs,
+    limits: o.limits,
+    trace: () => o.trace,
+    area: () => o.log,
+  });
 }

@@ -11,13 +11,11 @@ import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { MsrDevice } from '../../src/msr/device.js';
-import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import type { HostInfo } from '../../src/ratio/types.js';
 import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
 import { DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
-import { assembleChain } from '../../src/helper/assemble.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
-import { FakeHost } from '../support/fake-host.js';
+import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';
 import { waitFor } from '../support/wait.js';
 
 export const POWER_UNIT = 0xa0e03n; // ESU 14: 61 uJ per unit
@@ -41,16 +39,12 @@ export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-v2-'));
   fs.chmodSync(dir, 0o755); // a non-root child must reach the socket
   const socketPath = path.join(dir, 'helper.sock');
-  const chain = await assembleChain({
-    paths: fake.hostPaths(),
-    device,
-    vendor: 'intel',
-    amd: DEFAULT_AMD_SYNTH,
-    target: { path: socketPath },
+  const chain = await assembleOnFakeHost(fake, device, {
+    socketPath,
     intervalMs: o.intervalMs ?? 50,
     limits: { ...DEFAULT_V2_LIMITS, ...o.limits },
-    trace: () => o.trace,
-    area: () => log,
+    ...(o.trace ? { trace: o.trace } : {}),
+    log,
   });
   fs.chmodSync(socketPath, 0o777);
   return {
