@@ -117,7 +117,7 @@ export class FakeHost {
   setEnergy(pkg: number, units: number, vendor: Vendor = 'intel'): void {
     const v = units >>> 0;
     this.counters.set(pkg, v);
-    this.writePackageMsr(pkg, vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS, BigInt(v));
+    this.writePackageCounter32(pkg, vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS, v);
   }
 
   /** Adds to a package's energy counter, wrapping at 32 bits. */
