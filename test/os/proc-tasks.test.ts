@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import { afterEach, describe, expect, test } from 'vitest';
 import { ProcTaskReader } from '../../src/os/proc-tasks.js';
 import { parseStatLine, isStatParseError, statNumThreads } from '../../src/ratio/stat.js';
-import { ThreadedProcess, openFdCount, procFdsOf } from './threads.js';
+import { ThreadedProcess, openFdCount, procFdsOf } from '../support/threads.js';
 
 const procs: ThreadedProcess[] = [];
 async function proc(): Promise<ThreadedProcess> {

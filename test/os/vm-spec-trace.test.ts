@@ -9,7 +9,7 @@ import { readStarttime } from '../../src/os/proc-starttime.js';
 import { TraceWriter } from '../../src/trace/writer.js';
 import type { HostInfo } from '../../src/ratio/types.js';
 import { isStatParseError, parseStatLine } from '../../src/ratio/stat.js';
-import { ThreadedProcess } from './threads.js';
+import { ThreadedProcess } from '../support/threads.js';
 
 describe('parseVcpuList', () => {
   test('accepts TID:VPKG lists', () => {
