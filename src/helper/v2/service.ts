@@ -88,6 +88,12 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         if (!u.ended) conn.subscriptions.add(req.vmId);
         return u.frame;
       }
+      case T.LIST:
+      case T.OBSERVE:
+      case T.UNOBSERVE:
+      case T.HOST_SUBSCRIBE:
+        // The observer requests are answered by the discovery/observer service (next commits).
+        return encodeError(E.MALFORMED, req.type, 'observer requests are not served by this helper yet');
       case T.UNREGISTER: {
         if (!registry.owns(conn.id, req.vmId)) return encodeError(E.NO_SUCH, T.UNREGISTER, `no VM ${req.vmId} on this connection`);
         conn.subscriptions.delete(req.vmId);
