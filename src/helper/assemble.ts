@@ -4,6 +4,7 @@ import { MsrEnergySource } from '../msr/energy-source.js';
 import { ProcTaskReader } from '../os/proc-tasks.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
+import { ProcScanner } from '../discovery/scanner.js';
 import type { DaemonPlugin } from './daemon.js';
 import { createV2Service, type V2Limits } from './v2/service.js';
 
@@ -11,7 +12,18 @@ import { createV2Service, type V2Limits } from './v2/service.js';
  * The v2 service as a daemon plugin: host facts and package energy from the daemon's MSR fds (opened
  * before the privilege drop, as is the trace file), /proc from the configured root.
  */
-export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; recordPath?: string }): DaemonPlugin {
+/** What the daemon's command line decides for the v2 service. */
+export interface V2DaemonSettings {
+  intervalMs: number;
+  limits: V2Limits;
+  recordPath?: string;
+  /** Scan /proc for QEMU/KVM processes (default on; --no-discovery). */
+  discovery: boolean;
+  /** --observer-group, resolved. */
+  observerGid?: number;
+}
+
+export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
   return {
     name: 'v2',
     setup(ctx) {
@@ -23,6 +35,7 @@ export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; record
       // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
       // systemd restart into a restart loop.
       const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true }) : undefined;
+      const discovery = o.discovery ? new ProcScanner(paths.procRoot, { clkTck: host.clkTck }) : undefined;
       const service = createV2Service({
         host,
         sampler,
@@ -32,13 +45,18 @@ export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; record
         trace,
         forgetPid: (pid) => tasks.forget(pid),
         log,
+        ...(discovery ? { discovery, deferDiscovery: true } : {}),
+        ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+        health: ctx.health,
       });
+      // The first scan runs with the privileges the daemon keeps, not those it starts with.
+      ctx.onReady(() => service.startDiscovery());
       ctx.onShutdown(async () => {
         await service.close();
         tasks.close();
         await trace?.close();
       });
-      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null }, 'v2 service ready');
+      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null, discovery: o.discovery, observerGid: o.observerGid ?? null }, 'v2 service ready');
       return { v2Handler: service.handler };
     },
   };

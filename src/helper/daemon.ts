@@ -10,7 +10,7 @@ import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import type { Vendor } from '../ratio/types.js';
 import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
-import { LegacyService, OnlineCpus } from './legacy-service.js';
+import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy-service.js';
 import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
@@ -52,6 +52,15 @@ export interface DaemonContext {
   /** A logger for a named area, at debug level when -T matches it. */
   area(name: string): Logger;
   onShutdown(hook: ShutdownHook): void;
+  /** Runs once the daemon listens and has dropped its privileges. */
+  onReady(hook: () => void): void;
+  /** Legacy requests by result and open connections, for the v2 service's HOST_UPDATE. */
+  health: DaemonHealth;
+}
+
+export interface DaemonHealth {
+  legacy: LegacyCounters;
+  connections(): number;
 }
 
 export interface DaemonPlugin {
@@ -139,7 +148,10 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
     let v2Handler = opts.v2Handler;
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h) };
+    const readyHooks: (() => void)[] = [];
+    const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
+    const health: DaemonHealth = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
@@ -152,6 +164,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       cpus: new OnlineCpus(config.hostPaths.sysRoot, cpus.map((c) => c.cpu)),
       amd: config.amd,
       logger: area('legacy'),
+      counters: legacyCounters,
     });
     server = new HelperServer({ target, legacy, logger: area('server'), ...(v2Handler ? { v2Handler } : {}) });
     await server.listen();
@@ -194,6 +207,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       },
     };
     current = running;
+    for (const h of readyHooks) h();
     if (isDaemonChild()) reportReady();
     if (pendingSignal) onSignal(pendingSignal);
     return running;

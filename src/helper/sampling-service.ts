@@ -15,6 +15,7 @@ export interface Engine {
   addSample(s: Sample): IntervalResult | null;
   output(vmId: number): VmOutput | undefined;
   nvpkg(vmId: number): number;
+  updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
   activePids(): number[];
   readonly guestPowerUnit: bigint;
 }
@@ -39,6 +40,10 @@ export interface SamplingServiceOptions {
   log: Logger;
   /** CLOCK_MONOTONIC in ns; the sampler must use the same clock. */
   clock?: () => bigint;
+  /** Runs at the start of every tick, before the sample (discovery's /proc scan). */
+  prepare?: () => void;
+  /** Sees each sample before the engine does (discovery classifies new threads from its stat lines). */
+  inspect?: (s: Sample) => void;
 }
 
 export interface SampleEvent {
@@ -55,6 +60,8 @@ export interface SamplingStats {
   lastLatenessNs: bigint;
   /** Ticks skipped because the loop was more than one interval late. */
   skippedTicks: number;
+  /** Wall time of the last tick's work (prepare, sample, engine, listeners), ns. */
+  lastDurationNs: bigint;
 }
 
 export class SamplingService {
@@ -71,7 +78,10 @@ export class SamplingService {
   private traceBroken = false;
   private readonly sampleListeners: ((e: SampleEvent) => void)[] = [];
   private readonly failureListeners: ((err: Error) => void)[] = [];
-  readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0 };
+  readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
+  /** Reasons to run with no live VM (discovery on, a host subscriber): the loop runs while any is held. */
+  private readonly holds = new Set<string>();
+  private ticking = false;
 
   constructor(private readonly o: SamplingServiceOptions) {
     if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs)) throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
@@ -82,6 +92,19 @@ export class SamplingService {
 
   get running(): boolean {
     return this.timer !== null;
+  }
+
+  /** Keeps the loop running (or lets it go idle) for `reason`, independent of live VMs. */
+  hold(reason: string, on: boolean): void {
+    if (on) this.holds.add(reason);
+    else this.holds.delete(reason);
+    if (this.closed || this.ticking) return;
+    if (this.shouldRun() && this.timer === null) this.start();
+    else if (!this.shouldRun()) this.stop();
+  }
+
+  private shouldRun(): boolean {
+    return this.live.size > 0 || this.holds.size > 0;
   }
 
   /** The energy source's last error while it is failing, null when the last sample worked. */
@@ -108,7 +131,7 @@ export class SamplingService {
     const vmId = this.engine.register(spec);
     this.live.set(vmId, spec.pid);
     this.traced(() => this.o.trace?.register(this.clock(), spec));
-    if (this.timer === null) this.start();
+    if (this.timer === null && !this.ticking) this.start();
     return vmId;
   }
 
@@ -119,7 +142,7 @@ export class SamplingService {
     this.engine.unregister(vmId);
     this.engine.forget(vmId);
     this.live.delete(vmId);
-    if (this.live.size === 0) this.stop();
+    if (!this.shouldRun()) this.stop();
     if (!this.closed) this.traced(() => this.o.trace?.unregister(this.clock(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
   }
@@ -130,6 +153,11 @@ export class SamplingService {
 
   nvpkg(vmId: number): number {
     return this.engine.nvpkg(vmId);
+  }
+
+  /** A VM's vCPU list changed (see RatioEngine.updateVcpus); counted from the next sample. */
+  updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void {
+    this.engine.updateVcpus(vmId, vcpus);
   }
 
   close(): void {
@@ -165,16 +193,33 @@ export class SamplingService {
   private tick(): void {
     this.timer = null;
     if (this.closed) return;
+    const began = process.hrtime.bigint();
+    this.ticking = true;
+    try {
+      this.tickBody();
+    } finally {
+      this.ticking = false;
+      this.stats.lastDurationNs = process.hrtime.bigint() - began;
+    }
+    if (!this.closed && this.timer === null && this.shouldRun()) this.schedule();
+  }
+
+  private tickBody(): void {
+    try {
+      this.o.prepare?.();
+    } catch (e) {
+      this.o.log.error({ err: (e as Error).stack }, 'sampling preparation (discovery) failed; sampling goes on');
+    }
     // A tick is pending only while a VM is live: unregister() and the end of tick() stop the loop.
     this.stats.lastLatenessNs = this.clock() - (this.origin + this.k * this.intervalNs);
     let s: Sample;
     let result: IntervalResult | null;
     try {
       s = this.o.sampler.sample(this.engine.activePids());
+      this.o.inspect?.(s);
       result = this.engine.addSample(s);
     } catch (e) {
       this.fail(e instanceof Error ? e : new Error(String(e)));
-      this.schedule();
       return;
     }
     this.traced(() => this.o.trace?.sample(s));
@@ -199,7 +244,6 @@ export class SamplingService {
         this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
       }
     }
-    if (this.live.size > 0) this.schedule();
   }
 
   /** A trace that cannot be written stops recording; the service itself goes on. */
