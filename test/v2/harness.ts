@@ -23,6 +23,7 @@ import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
 import { createV2Service, DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
 import { FakeHost } from '../support/fake-host.js';
+import { ProcScanner, type ScannerOptions } from '../../src/discovery/scanner.js';
 import { waitFor } from '../support/wait.js';
 
 export const POWER_UNIT = 0xa0e03n; // ESU 14: 61 uJ per unit
@@ -38,7 +39,16 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2Limits>; trace?: TraceSink } = {}): Promise<Harness> {
+export interface HarnessOptions {
+  intervalMs?: number;
+  limits?: Partial<V2Limits>;
+  trace?: TraceSink;
+  /** Discovery on (the real /proc), with these scanner options; default off. */
+  discovery?: Partial<ScannerOptions> | boolean;
+  observerGid?: number;
+}
+
+export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
   const fake = new FakeHost({ packages: [0, 0] });
   fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, POWER_UNIT);
   let energy = 0xfff00000; // wraps early in every test
@@ -49,6 +59,7 @@ export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2
   const tasks = new ProcTaskReader('/proc');
   const sampler = new Sampler(new MsrEnergySource(device, host.cpus, 'intel'), tasks);
   const log = pino({ level: process.env.V2_TEST_LOG ?? 'silent' });
+  const scanner = o.discovery ? new ProcScanner('/proc', { clkTck: host.clkTck, ...(o.discovery === true ? {} : o.discovery) }) : undefined;
   const service = createV2Service({
     host,
     sampler,
@@ -58,6 +69,8 @@ export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2
     trace: o.trace,
     forgetPid: (pid) => tasks.forget(pid),
     log,
+    ...(scanner ? { discovery: scanner } : {}),
+    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
   });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-v2-'));
   fs.chmodSync(dir, 0o755); // a non-root child must reach the socket
