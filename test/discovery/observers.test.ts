@@ -9,7 +9,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { V2Client, type HostUpdate, type Update, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
-import { E } from '../../src/helper/v2/codec.js';
+import { E } from '../../src/protocol/v2/codec.js';
 import { startChild, startHarness, until, type Harness } from '../v2/harness.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { isRoot, which } from '../support/env.js';
@@ -112,7 +112,7 @@ describe('observers', () => {
     expect(seen[0]!.get(common.at(-1)!)!).toBeGreaterThan(0n);
     // The registrant leaves: the observers' VM is over (the process is not a QEMU, so not discovered).
     await reg.unregister(r.vmId);
-    await until(() => ends[1] && ends[2], 3000, 'observers told the VM ended');
+    await until(() => ends[1] === true && ends[2] === true, 3000, 'observers told the VM ended');
     await expect(o1.observe(r.vmId, () => {})).rejects.toMatchObject({ code: E.NO_SUCH });
   });
 
