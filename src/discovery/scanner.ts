@@ -65,7 +65,8 @@ export class ProcScanner {
   private readonly uptime: () => number;
   private readonly cmdBuf = Buffer.alloc(MAX_CMDLINE_BYTES + 1);
   /** Counters for tests and the bench: what the last scans cost. */
-  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, overLimit: 0 };
+  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, overLimit: 0, quietScans: 0 };
+  private lastPid: number | null = null;
 
   constructor(
     private readonly procRoot: string,
@@ -86,15 +87,29 @@ export class ProcScanner {
   scan(): DiscoveredVm[] {
     this.scans++;
     const full = this.scans % this.fullEvery === 0;
+    const now = this.uptime();
+    const found: DiscoveredVm[] = [];
+    // No task was created since the last scan (the last pid handed out is the same): nothing new
+    // can be in /proc, so only the young processes (which may still exec QEMU) are looked at again.
+    const lastPid = readLastPid(this.procRoot);
+    const quiet = !full && lastPid !== null && lastPid === this.lastPid;
+    this.lastPid = lastPid;
+    if (quiet) {
+      this.cost.quietScans++;
+      for (const [pid, other] of [...this.others]) {
+        if (!other.young) continue;
+        const vm = this.examine(pid, other, now);
+        if (vm !== null) found.push(vm);
+      }
+      return found;
+    }
     let names: string[];
     try {
       names = fs.readdirSync(this.procRoot);
     } catch {
       return [];
     }
-    const now = this.uptime();
     const present = new Set<number>();
-    const found: DiscoveredVm[] = [];
     for (const n of names) {
       const c = n.charCodeAt(0);
       if (c < 48 || c > 57) continue;
@@ -295,6 +310,17 @@ function vcpusFrom(pid: number, threads: ReadonlyMap<number, { vpkg: number | nu
   if (vcpus.length === 0) return { vcpus: [{ tid: pid, vpkg: 0 }], wholeVmOnly: true };
   vcpus.sort((a, b) => a.tid - b.tid);
   return { vcpus, wholeVmOnly: false };
+}
+
+/** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */
+function readLastPid(procRoot: string): number | null {
+  try {
+    const f = fs.readFileSync(path.join(procRoot, 'loadavg'), 'latin1').trim().split(' ');
+    const v = Number(f[4]);
+    return Number.isSafeInteger(v) && v > 0 ? v : null;
+  } catch {
+    return null;
+  }
 }
 
 function readUptime(procRoot: string): number {
