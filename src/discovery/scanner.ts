@@ -22,6 +22,8 @@ export interface DiscoveredVm {
   /** True when no thread is named `CPU <n>/KVM`: vpkg 0 gets the whole VM (its main thread stands for it). */
   wholeVmOnly: boolean;
   vcpus: VcpuSpec[];
+  /** Threads of the process when found (what sampling it will hold open: one fd each). */
+  threads: number;
   problems: string[];
 }
 
@@ -44,6 +46,8 @@ interface Other {
   comm: string;
   numThreads: number;
   young: boolean;
+  /** A VM not admitted (fd budget): examined in full again at the next full recheck. */
+  retry?: boolean;
 }
 
 interface Known {
@@ -132,6 +136,17 @@ export class ProcScanner {
     this.others.delete(pid);
   }
 
+  /**
+   * A VM found by scan() that the caller could not admit (no fds left): it is not tracked, and is
+   * examined again at the next full recheck.
+   */
+  defer(pid: number): void {
+    const k = this.vms.get(pid);
+    if (k === undefined) return;
+    this.vms.delete(pid);
+    this.others.set(pid, { starttime: k.starttime, comm: '', numThreads: -1, young: false, retry: true });
+  }
+
   /** The vCPU list of a tracked VM as last classified, null when the pid is not a tracked VM. */
   current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
     const k = this.vms.get(pid);
@@ -181,7 +196,7 @@ export class ProcScanner {
       return null;
     }
     // Same process, nothing that could have changed what it is: skip the deeper reads.
-    if (before !== undefined && before.starttime === st.starttime && before.comm === st.comm && before.numThreads === st.numThreads) {
+    if (before !== undefined && !before.retry && before.starttime === st.starttime && before.comm === st.comm && before.numThreads === st.numThreads) {
       before.young = this.isYoung(st, now);
       return null;
     }
@@ -220,7 +235,7 @@ export class ProcScanner {
     known.wholeVmOnly = v.wholeVmOnly;
     this.vms.set(pid, known);
     this.others.delete(pid);
-    return { pid, starttime: st.starttime, uid, name: cmd.name, uuid: cmd.uuid, topology: cmd.topology, wholeVmOnly: v.wholeVmOnly, vcpus: v.vcpus, problems: cmd.problems };
+    return { pid, starttime: st.starttime, uid, name: cmd.name, uuid: cmd.uuid, topology: cmd.topology, wholeVmOnly: v.wholeVmOnly, vcpus: v.vcpus, threads: Math.max(st.numThreads, threads.size), problems: cmd.problems };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {

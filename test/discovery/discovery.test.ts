@@ -136,3 +136,30 @@ describe('discovery', () => {
     expect((await c.list()).filter((v) => v.pid === q.pid)).toMatchObject([{ source: 'discovered', hostVmId: vm.hostVmId, ended: false }]);
   });
 });
+
+describe('discovery within the fd budget', () => {
+  it('a VM whose threads do not fit is not sampled, and is taken at a later full rescan once they do', async () => {
+    let room = 3; // fds the budget grants: less than the fake VM's 5 threads + 1
+    const g = await startHarness({
+      intervalMs: 50,
+      discovery: { fullRecheckEvery: 4 },
+      fds: { canAdmit: (threads) => (threads + 1 <= room ? { ok: true } : { ok: false, message: `no room for ${threads} threads` }) },
+    });
+    const q = new FakeQemu({ vcpus: 4, args: ['-name', 'too-big'] });
+    try {
+      await q.ready();
+      const c = await V2Client.connect(g.socketPath);
+      try {
+        await new Promise((r) => setTimeout(r, 400));
+        expect((await c.list()).some((v) => v.pid === q.pid)).toBe(false);
+        room = 1000;
+        expect((await listed(c, q.pid, 3000)).name).toBe('too-big');
+      } finally {
+        await c.close();
+      }
+    } finally {
+      await q.kill();
+      await g.close();
+    }
+  });
+});

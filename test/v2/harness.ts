@@ -20,7 +20,7 @@ import type { HostInfo } from '../../src/ratio/types.js';
 import { LegacyService, OnlineCpus } from '../../src/helper/legacy-service.js';
 import { HelperServer } from '../../src/helper/server.js';
 import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
-import { createV2Service, DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
+import { createV2Service, DEFAULT_V2_LIMITS, type FdAdmitter, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
 import { FakeHost } from '../support/fake-host.js';
 import { ProcScanner, type ScannerOptions } from '../../src/discovery/scanner.js';
@@ -46,6 +46,7 @@ export interface HarnessOptions {
   /** Discovery on (the real /proc), with these scanner options; default off. */
   discovery?: Partial<ScannerOptions> | boolean;
   observerGid?: number;
+  fds?: FdAdmitter;
 }
 
 export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
@@ -71,6 +72,7 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
     log,
     ...(scanner ? { discovery: scanner } : {}),
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    ...(o.fds ? { fds: o.fds } : {}),
   });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-v2-'));
   fs.chmodSync(dir, 0o755); // a non-root child must reach the socket

@@ -28,6 +28,13 @@ export interface Discovery {
   forget(pid: number): void;
   /** The vCPU list as last classified (a registrant let go of a discovered VM). */
   current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
+  /** A VM scan() returned that was not admitted: try it again later. */
+  defer(pid: number): void;
+}
+
+/** The daemon's fd budget (issue 9's FdBudget has this shape): may a VM of `threads` threads be sampled? */
+export interface FdAdmitter {
+  canAdmit(threads: number): { ok: true } | { ok: false; message: string };
 }
 
 /** Daemon-wide health counters HOST_UPDATE carries (legacy requests, connections). */
@@ -50,6 +57,8 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   /** --observer-group: its members see every VM and may HOST_SUBSCRIBE. */
   observerGid?: number;
   health?: HealthSource;
+  /** A discovered VM whose threads would not fit in the fd budget is not tracked (retried later). */
+  fds?: FdAdmitter;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
 }
@@ -84,6 +93,8 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   let unattributedJ = 0;
   let lastSampleNs = 0n;
 
+  /** pids of VMs not admitted, so the warning is logged once per VM. */
+  const deferred = new Set<number>();
   const discover = (d: DiscoveredVm) => {
     const reg = registry.registrationOf(d.pid, d.starttime);
     const meta = { name: d.name, uuid: d.uuid, wholeVmOnly: d.wholeVmOnly };
@@ -92,6 +103,14 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       registry.addDiscovered(reg.vmId, d.pid, d.starttime, d.uid, meta);
       return;
     }
+    const fit = o.fds?.canAdmit(d.threads);
+    if (fit && !fit.ok) {
+      o.discovery?.defer(d.pid);
+      if (!deferred.has(d.pid)) o.log.warn({ pid: d.pid, name: d.name, err: fit.message }, 'VM discovered but not sampled');
+      deferred.add(d.pid);
+      return;
+    }
+    deferred.delete(d.pid);
     const spec = { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
     const vmId = sampling.register(spec);
     registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
