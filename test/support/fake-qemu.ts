@@ -6,6 +6,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
+import { LineReader } from './line-reader.js';
 
 /** The real interpreter: a pyenv shim is a shell script and would change argv[0] and comm. */
 export const PYTHON = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
@@ -65,8 +66,7 @@ export interface FakeQemuOptions {
 
 export class FakeQemu {
   readonly child: ChildProcess;
-  private lines: string[] = [];
-  private waiters: (() => void)[] = [];
+  private readonly out: LineReader;
   /** vCPU index -> tid, as of the last command. */
   vcpuTids = new Map<number, number>();
 
@@ -77,32 +77,15 @@ export class FakeQemu {
       env: { ...process.env, FAKE_COMM: o.comm ?? 'qemu-system-x86', FAKE_VCPUS: String(o.vcpus), FAKE_VCPU_NAMES: o.vcpuNames === false ? '0' : '1' },
       ...spawnOpts,
     });
-    let buf = '';
-    this.child.stdout!.setEncoding('utf8');
-    this.child.stdout!.on('data', (d: string) => {
-      buf += d;
-      let i: number;
-      while ((i = buf.indexOf('\n')) >= 0) {
-        this.lines.push(buf.slice(0, i));
-        buf = buf.slice(i + 1);
-        for (const w of this.waiters.splice(0)) w();
-      }
-    });
+    this.out = new LineReader(this.child);
   }
 
   get pid(): number {
     return this.child.pid!;
   }
 
-  private async nextLine(): Promise<string> {
-    while (this.lines.length === 0) {
-      if (this.child.exitCode !== null || this.child.signalCode !== null) throw new Error('fake QEMU exited');
-      await new Promise<void>((r) => {
-        this.waiters.push(r);
-        setTimeout(r, 100);
-      });
-    }
-    return this.lines.shift()!;
+  private nextLine(): Promise<string> {
+    return this.out.next();
   }
 
   async ready(): Promise<this> {

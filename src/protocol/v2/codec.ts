@@ -209,6 +209,13 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
   return out;
 }
 
+/** A frame whose whole payload is one u32 (SUBSCRIBE, UNREGISTER, OK, LIST, OBSERVE, UNOBSERVE). */
+function encodeU32Frame(type: number, v: number): Buffer {
+  const p = Buffer.alloc(4);
+  p.writeUInt32LE(v, 0);
+  return encodeFrame(type, 0, p);
+}
+
 const U64_MAX = (1n << 64n) - 1n;
 
 function u64(v: bigint): bigint {
@@ -254,9 +261,7 @@ export function encodeUpdate(vmId: number, tNs: bigint, values: readonly VpkgVal
 }
 
 export function encodeOk(vmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(vmId, 0);
-  return encodeFrame(T.OK, 0, p);
+  return encodeU32Frame(T.OK, vmId);
 }
 
 // ---- observers (helper -> client) ----
@@ -415,34 +420,24 @@ export function encodeRead(vmId: number, vpkg: number): Buffer {
 }
 
 export function encodeSubscribe(vmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(vmId, 0);
-  return encodeFrame(T.SUBSCRIBE, 0, p);
+  return encodeU32Frame(T.SUBSCRIBE, vmId);
 }
 
 export function encodeUnregister(vmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(vmId, 0);
-  return encodeFrame(T.UNREGISTER, 0, p);
+  return encodeU32Frame(T.UNREGISTER, vmId);
 }
 
 /** LIST from `fromId` on (0 or 1 = from the start; a VM_LIST's next_id for the next page). */
 export function encodeList(fromId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(fromId, 0);
-  return encodeFrame(T.LIST, 0, p);
+  return encodeU32Frame(T.LIST, fromId);
 }
 
 export function encodeObserve(hostVmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(hostVmId, 0);
-  return encodeFrame(T.OBSERVE, 0, p);
+  return encodeU32Frame(T.OBSERVE, hostVmId);
 }
 
 export function encodeUnobserve(hostVmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(hostVmId, 0);
-  return encodeFrame(T.UNOBSERVE, 0, p);
+  return encodeU32Frame(T.UNOBSERVE, hostVmId);
 }
 
 export function encodeHostSubscribe(): Buffer {
