@@ -39,7 +39,7 @@ describe.skipIf(why !== null)('discovery of real QEMU', () => {
   });
 
   it('plain QEMU (no -name, no debug-threads): discovered with no name, one virtual package holding the whole VM, flagged wholeVmOnly', async () => {
-    const g = await startQemu({ mode: 'a', smp: 2, sockets: 2, plain: true, extraArgs: ['-uuid', '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'] });
+    const g = await startQemu({ mode: 'b', smp: 2, sockets: 2, plain: true, extraArgs: ['-uuid', '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'] });
     guests.push(g);
     const vm = await listed(c, g.pid);
     expect(vm).toMatchObject({ name: null, uuid: '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d', source: 'discovered', wholeVmOnly: true, nvpkg: 1 });

@@ -151,7 +151,8 @@ export async function startQemu(o: QemuOptions): Promise<QemuGuest> {
   }
   if (child.pid === undefined) throw new Error('qemu-system-x86_64 has no pid');
   // QEMU opens its QMP socket before it creates the vCPU threads: callers list those threads at once.
-  while (vcpuThreads(child.pid).filter((t) => t !== undefined).length < smp) {
+  // Plain QEMU (no debug-threads) has no named vCPU threads to wait for.
+  while (!o.plain && vcpuThreads(child.pid).filter((t) => t !== undefined).length < smp) {
     if (exitedFlag || Date.now() > deadline) {
       await stop();
       throw new Error(`qemu-system-x86_64 did not start its ${smp} vCPU threads in time; stderr: ${stderr.trim() || '(none)'}`);
