@@ -76,10 +76,21 @@ export function parseQemuOpts(text: string, impliedKey: string): Map<string, str
   return out;
 }
 
-/** Control characters (C0, DEL, C1) become '?': a name goes into logs and Prometheus labels. */
-export function cleanName(s: string): string {
+/** The longest VM name taken from a command line (libvirt/OpenStack names are far shorter). */
+export const MAX_VM_NAME = 256;
+
+/**
+ * The guest name of a QEMU command line: `-name NAME,...` or `-name guest=NAME,...` (the last -name
+ * wins, as in QEMU). null when there is none, or it is empty, longer than MAX_VM_NAME or holds
+ * control characters: it goes into logs, traces and Prometheus labels.
+ */
+export function guestNameOf(args: readonly string[]): string | null {
+  const opt = lastOption(args, '-name');
+  if (opt === null) return null;
+  const g = parseQemuOpts(opt, 'guest').get('guest');
   // eslint-disable-next-line no-control-regex
-  return s.replace(/[\u0000-\u001f\u007f-\u009f]/g, '?');
+  if (g === undefined || g === '' || g.length > MAX_VM_NAME || /[\u0000-\u001f\u007f-\u009f]/.test(g)) return null;
+  return g;
 }
 
 const UUID_RE = /^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$/;
@@ -183,12 +194,7 @@ function lastOption(args: readonly string[], ...names: string[]): string | null 
 
 export function parseQemuCommandLine(args: readonly string[]): QemuCommandLine {
   const problems: string[] = [];
-  const nameOpt = lastOption(args, '-name');
-  let name: string | null = null;
-  if (nameOpt !== null) {
-    const g = parseQemuOpts(nameOpt, 'guest').get('guest');
-    if (g !== undefined && g !== '') name = cleanName(g);
-  }
+  const name = guestNameOf(args);
   let uuid: Buffer | null = null;
   const uuidOpt = lastOption(args, '-uuid');
   if (uuidOpt !== null) {

@@ -68,8 +68,9 @@ describe('command line', () => {
     expect(c.problems).toHaveLength(2);
   });
 
-  it('replaces control characters in names', () => {
-    expect(parseQemuCommandLine(['qemu-kvm', '-name', 'a\nb\x1b[31m']).name).toBe('a?b?[31m');
+  it('takes no name that holds control characters or is too long', () => {
+    expect(parseQemuCommandLine(['qemu-kvm', '-name', 'a\nb\x1b[31m']).name).toBeNull();
+    expect(parseQemuCommandLine(['qemu-kvm', '-name', 'x'.repeat(257)]).name).toBeNull();
   });
 
   it('splits NUL-separated bytes and drops an argument cut at the bound', () => {
