@@ -12,7 +12,6 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { V2Client, type HostUpdate } from '../src/client/v2-client.js';
-import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { FakeQemuFarm } from '../test/support/fake-qemu.js';
 
@@ -59,12 +58,7 @@ async function measure(pid: number): Promise<number> {
 async function scenario(n: number): Promise<void> {
   const farm = new FakeQemuFarm(n, 8);
   const fake = new FakeHost({ packages: [0, 0] });
-  fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
-  let energy = 0;
-  const pump = setInterval(() => {
-    energy = (energy + 5000) >>> 0;
-    fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(energy));
-  }, 100);
+  const stopPump = fake.pumpEnergy({ units: 5000, everyMs: 100 });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-disc-'));
   const sock = path.join(dir, 'helper.sock');
   const daemon = spawn(process.execPath, [BIN, '-k', sock, '--msr-path', fake.msrPathTemplate, '--sys-root', fake.sysRoot, '--vendor', 'intel', '-q', '--interval', '1'], {
@@ -117,7 +111,7 @@ async function scenario(n: number): Promise<void> {
     daemon.kill('SIGTERM');
     await new Promise((r) => (daemon.exitCode !== null ? r(null) : daemon.once('exit', r)));
     if (daemon.exitCode !== 0 && daemon.exitCode !== null) console.log(`  daemon exited ${daemon.exitCode}: ${stderr.slice(-2000)}`);
-    clearInterval(pump);
+    stopPump();
     await farm.kill();
     fake.cleanup();
     fs.rmSync(dir, { recursive: true, force: true });

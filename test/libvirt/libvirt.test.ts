@@ -7,7 +7,6 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
-import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { FakeHost } from '../support/fake-host.js';
 import { createDomain, ensureLibvirtd, guestKernelDir, libvirtMissing, type Domain } from '../support/libvirt.js';
 import { waitSettled, type QemuGuest } from '../support/qemu.js';
@@ -28,13 +27,7 @@ describe.skipIf(why !== null)('libvirt domains discovered by the daemon', () => 
     await ensureLibvirtd();
     const fake = new FakeHost({ packages: [0, 0] });
     cleanups.push(() => fake.cleanup());
-    fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
-    let energy = 0xfff00000;
-    const pump = setInterval(() => {
-      energy = (energy + 5000) >>> 0;
-      fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(energy));
-    }, 20);
-    cleanups.push(() => clearInterval(pump));
+    cleanups.push(fake.pumpEnergy({ start: 0xfff00000, units: 5000, everyMs: 20 }));
     const dir = tempDir('vmsr-libvirt-test-');
     cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
     sock = path.join(dir, 'helper.sock');

@@ -7,6 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { msrPath } from '../../src/msr/host-paths.js';
+import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 
 export interface FakeHostOptions {
   /** package id of each CPU, index = CPU number; default two CPUs in package 0. */
@@ -81,6 +82,22 @@ export class FakeHost {
     this.cpuPackages.forEach((p, cpu) => {
       if (p === pkg) this.writeMsr(cpu, msr, value);
     });
+  }
+
+  /**
+   * Steady package power: writes `powerUnit` to MSR_RAPL_POWER_UNIT, then adds `units` to package
+   * `pkg`'s MSR_PKG_ENERGY_STATUS (32-bit, wrapping from `start`) every `everyMs`. Returns the stop.
+   */
+  pumpEnergy(o: { pkg?: number; powerUnit?: bigint; start?: number; units: number; everyMs: number }): () => void {
+    const pkg = o.pkg ?? 0;
+    this.writePackageMsr(pkg, MSR_RAPL_POWER_UNIT, o.powerUnit ?? 0xa0e03n);
+    let energy = (o.start ?? 0) >>> 0;
+    this.writePackageMsr(pkg, MSR_PKG_ENERGY_STATUS, BigInt(energy));
+    const t = setInterval(() => {
+      energy = (energy + o.units) >>> 0;
+      this.writePackageMsr(pkg, MSR_PKG_ENERGY_STATUS, BigInt(energy));
+    }, o.everyMs);
+    return () => clearInterval(t);
   }
 
   cleanup(): void {
