@@ -96,8 +96,15 @@ export class ProcScanner {
     // No task was created since the last scan (the last pid handed out is the same): nothing new
     // can be in /proc, so only the young processes (which may still exec QEMU) are looked at again.
     const lastPid = readLastPid(this.procRoot);
-    const quiet = !full && lastPid !== null && lastPid === this.lastPid;
+    const prevPid = this.lastPid;
+    const quiet = !full && lastPid !== null && lastPid === prevPid;
     this.lastPid = lastPid;
+    // Pids are handed out in increasing order (wrapping at pid_max): every pid created since the last
+    // scan lies in (prevPid, lastPid]. A known pid in that range may belong to a new process.
+    const fresh = (pid: number): boolean => {
+      if (prevPid === null || lastPid === null) return true;
+      return prevPid <= lastPid ? pid > prevPid && pid <= lastPid : pid > prevPid || pid <= lastPid;
+    };
     if (quiet) {
       this.cost.quietScans++;
       for (const [pid, other] of [...this.others]) {
@@ -122,7 +129,7 @@ export class ProcScanner {
       present.add(pid);
       if (this.vms.has(pid)) continue;
       const other = this.others.get(pid);
-      if (other !== undefined && !other.young && !full) continue;
+      if (other !== undefined && !other.young && !full && !fresh(pid)) continue;
       const vm = this.examine(pid, other, now);
       if (vm !== null) found.push(vm);
     }
