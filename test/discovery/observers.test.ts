@@ -56,7 +56,7 @@ await c.close();
 
 async function listed(c: V2Client, pid: number): Promise<VmInfo> {
   let vm: VmInfo | undefined;
-  const deadline = Date.now() + 5000;
+  const deadline = Date.now() + 10_000;
   while (!(vm = (await c.list()).find((v) => v.pid === pid && !v.ended))) {
     if (Date.now() > deadline) throw new Error(`pid ${pid} not listed`);
     await new Promise((r) => setTimeout(r, 20));
