@@ -9,6 +9,8 @@ import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../
 import type { VendorChoice } from '../helper/startup-checks.js';
 import { UsageError } from './cli-errors.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/vm-registry.js';
+import type { V2DaemonSettings } from '../helper/assemble.js';
+import { resolveGroup } from '../os/privileges/accounts.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
 
@@ -150,6 +152,8 @@ export function addV2Options(cmd: Command): void {
         .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
     )
     .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveIntArg('--max-vcpus', MAX_VCPUS)).default(DEFAULT_V2_LIMITS.maxVcpus))
+    .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
+    .addOption(new Option('--observer-group <group>', 'group (name or gid) whose members see every VM and the host energy over v2 (e.g. the exporter)'))
     .addOption(
       new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
         .argParser(positiveIntArg('--max-backlog', 1 << 30))
@@ -164,16 +168,26 @@ export interface V2CliOptions {
   maxVmsPerConnection?: number;
   maxVcpus?: number;
   maxBacklog?: number;
+  /** commander's --no-discovery: false when given. */
+  discovery?: boolean;
+  observerGroup?: string;
 }
 
-export function v2OptionsFrom(opts: V2CliOptions): { intervalMs: number; limits: V2Limits; recordPath?: string } {
+export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
   const limits: V2Limits = {
     maxVms: opts.maxVms ?? DEFAULT_V2_LIMITS.maxVms,
     maxVmsPerConnection: opts.maxVmsPerConnection ?? DEFAULT_V2_LIMITS.maxVmsPerConnection,
     maxVcpus: opts.maxVcpus ?? DEFAULT_V2_LIMITS.maxVcpus,
     maxBacklogBytes: opts.maxBacklog ?? DEFAULT_V2_LIMITS.maxBacklogBytes,
   };
-  const out: { intervalMs: number; limits: V2Limits; recordPath?: string } = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits };
+  const out: V2DaemonSettings = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits, discovery: opts.discovery !== false };
   if (opts.record !== undefined) out.recordPath = opts.record;
+  if (opts.observerGroup !== undefined) {
+    try {
+      out.observerGid = group(opts.observerGroup);
+    } catch (e) {
+      throw new UsageError(`--observer-group: ${(e as Error).message}`);
+    }
+  }
   return out;
 }

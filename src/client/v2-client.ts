@@ -5,9 +5,29 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import { E, FrameDecoder, HELPER_TYPES, T, V2_MAGIC, encodeRead, encodeRegister, encodeSubscribe, encodeUnregister, errorCodeName, typeName } from '../protocol/v2/codec.js';
+import {
+  E,
+  FrameDecoder,
+  HELPER_TYPES,
+  T,
+  V2_MAGIC,
+  encodeHostSubscribe,
+  encodeList,
+  encodeObserve,
+  encodeRead,
+  encodeRegister,
+  encodeSubscribe,
+  encodeUnobserve,
+  encodeUnregister,
+  errorCodeName,
+  typeName,
+  type HostStats,
+  type VmEntry,
+} from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
+
+export type { HostStats };
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {
@@ -56,6 +76,64 @@ export interface Update {
   ended: boolean;
 }
 
+/** One VM as LIST shows it (docs/protocol-v2.md "VM_LIST"). */
+export interface VmInfo {
+  /** Host-wide id: OBSERVE takes it; for a registered VM it is also the registrant's vm_id. */
+  hostVmId: number;
+  pid: number;
+  /** Owner of the VM's process. */
+  uid: number;
+  /** Field 22 of /proc/<pid>/stat: (pid, starttime) names the process across pid reuse. */
+  starttime: bigint;
+  name: string | null;
+  /** Lowercase 8-4-4-4-12 form. */
+  uuid: string | null;
+  source: 'registered' | 'discovered';
+  nvpkg: number;
+  ended: boolean;
+  /** The vCPU threads could not be told apart: vpkg 0 holds the whole VM's energy. */
+  wholeVmOnly: boolean;
+}
+
+/** An OBSERVE update: the same values as a SUBSCRIBE update, named by host-wide id. */
+export interface VmUpdate {
+  hostVmId: number;
+  tNs: bigint;
+  ended: boolean;
+  vpkgs: { counter: bigint; energyUj: bigint }[];
+}
+
+export interface HostUpdate {
+  /** CLOCK_MONOTONIC of the sample (0 before the first interval): age = now - tNs on this host. */
+  tNs: bigint;
+  packages: { pkg: number; energyUj: bigint }[];
+  unattributedUj: bigint;
+  /** A VM appeared, ended or was dropped since the previous sample: LIST again. */
+  vmsChanged: boolean;
+  stats: HostStats;
+}
+
+/** 16 raw bytes as a lowercase 8-4-4-4-12 UUID. */
+export function formatUuid(b: Buffer): string {
+  const h = b.toString('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
+}
+
+function toVmInfo(e: VmEntry): VmInfo {
+  return {
+    hostVmId: e.hostVmId,
+    pid: e.pid,
+    uid: e.uid,
+    starttime: e.starttime,
+    name: e.name,
+    uuid: e.uuid === null ? null : formatUuid(e.uuid),
+    source: e.discovered ? 'discovered' : 'registered',
+    nvpkg: e.nvpkg,
+    ended: e.ended,
+    wholeVmOnly: e.wholeVmOnly,
+  };
+}
+
 interface Pending {
   type: number;
   vmId?: number;
@@ -68,12 +146,22 @@ interface Subscription {
   onError?: (e: V2Error) => void;
 }
 
-const REPLY_OF: Record<number, number> = { [T.REGISTERED]: T.REGISTER, [T.VALUE]: T.READ, [T.UPDATE]: T.SUBSCRIBE, [T.OK]: T.UNREGISTER };
+/** Request types each reply type answers (UPDATE and HOST_UPDATE acknowledgments are matched apart). */
+const REPLY_OF: Record<number, readonly number[]> = {
+  [T.REGISTERED]: [T.REGISTER],
+  [T.VALUE]: [T.READ],
+  [T.OK]: [T.UNREGISTER, T.UNOBSERVE],
+  [T.VM_LIST]: [T.LIST],
+};
+
+/** Pages one list() may read: 2^32 ids at one VM a page cannot loop forever on a lying helper. */
+const MAX_LIST_PAGES = 100_000;
 
 export class V2Client {
   private readonly decoder = new FrameDecoder(HELPER_TYPES);
   private readonly pending: Pending[] = [];
   private readonly subs = new Map<number, Subscription>();
+  private hostSub: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void } | null = null;
   private failure: Error | null = null;
   /** No byte from the helper yet: the first ones tell whether it speaks v2 at all. */
   private silent = true;
@@ -160,6 +248,62 @@ export class V2Client {
     }
   }
 
+  /** Every VM this peer may see (all pages), ascending host id. */
+  async list(): Promise<VmInfo[]> {
+    const out: VmInfo[] = [];
+    let from = 0;
+    for (let page = 0; page < MAX_LIST_PAGES; page++) {
+      const m = await this.call(T.LIST, encodeList(from));
+      if (m.type !== T.VM_LIST) throw this.unexpected(m);
+      for (const e of m.entries) out.push(toVmInfo(e));
+      if (m.nextId === 0) return out;
+      if (m.nextId <= from) throw new V2ConnectionError(`helper sent VM_LIST next_id ${m.nextId}, not after ${from}`);
+      from = m.nextId;
+    }
+    throw new V2ConnectionError(`helper sent more than ${MAX_LIST_PAGES} VM_LIST pages`);
+  }
+
+  /**
+   * Observes any VM this peer may see (discovered, or registered by anyone); resolves with the
+   * immediate update. Updates follow every sample until the VM ends (last one has `ended`),
+   * unobserve(), or close. A VM it may not see is refused like a nonexistent one (ERROR 3).
+   */
+  async observe(hostVmId: number, onUpdate: (u: VmUpdate) => void, onError?: (e: V2Error) => void): Promise<VmUpdate> {
+    const toVm = (u: Update): VmUpdate => ({ hostVmId: u.vmId, tNs: u.tNs, ended: u.ended, vpkgs: u.vpkgs });
+    this.subs.set(hostVmId, { onUpdate: (u) => onUpdate(toVm(u)), onError });
+    try {
+      const m = await this.call(T.OBSERVE, encodeObserve(hostVmId), hostVmId);
+      if (m.type !== T.UPDATE) throw this.unexpected(m);
+      return toVm(toUpdate(m));
+    } catch (e) {
+      this.subs.delete(hostVmId);
+      throw e;
+    }
+  }
+
+  async unobserve(hostVmId: number): Promise<void> {
+    const m = await this.call(T.UNOBSERVE, encodeUnobserve(hostVmId), hostVmId);
+    if (m.type !== T.OK) throw this.unexpected(m);
+    this.subs.delete(hostVmId);
+  }
+
+  /**
+   * Host-wide values after every sample: each package's energy, the energy attributed to no VM, and
+   * the helper's health. Resolves with the immediate update. Needs root or the observer group (ERROR 2).
+   */
+  async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void): Promise<HostUpdate> {
+    this.hostSub = { onUpdate, onError };
+    try {
+      const m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe());
+      if (m.type !== T.HOST_UPDATE) throw this.unexpected(m);
+      const { type: _t, ...u } = m;
+      return u;
+    } catch (e) {
+      this.hostSub = null;
+      throw e;
+    }
+  }
+
   async unregister(vmId: number): Promise<void> {
     const m = await this.call(T.UNREGISTER, encodeUnregister(vmId), vmId);
     if (m.type !== T.OK) throw this.unexpected(m);
@@ -237,7 +381,13 @@ export class V2Client {
     if (m.type === T.UPDATE) {
       this.subs.get(m.vmId)?.onUpdate(toUpdate(m));
       if (m.ended) this.subs.delete(m.vmId);
-      if (head?.type === T.SUBSCRIBE && head.vmId === m.vmId) this.pending.shift()!.resolve(m);
+      if ((head?.type === T.SUBSCRIBE || head?.type === T.OBSERVE) && head.vmId === m.vmId) this.pending.shift()!.resolve(m);
+      return;
+    }
+    if (m.type === T.HOST_UPDATE) {
+      const { type: _t, ...u } = m;
+      this.hostSub?.onUpdate(u);
+      if (head?.type === T.HOST_SUBSCRIBE) this.pending.shift()!.resolve(m);
       return;
     }
     if (m.type === T.ERROR) {
@@ -245,6 +395,7 @@ export class V2Client {
       // ERROR 5 about subscriptions is a notice, never a reply (SUBSCRIBE is answered with UPDATE).
       if (m.code === E.ENERGY_SOURCE && m.requestType === T.SUBSCRIBE) {
         for (const s of this.subs.values()) s.onError?.(err);
+        this.hostSub?.onError?.(err);
         return;
       }
       if (head && head.type === m.requestType) {
@@ -256,7 +407,7 @@ export class V2Client {
       for (const p of this.pending.splice(0)) p.reject(err);
       return;
     }
-    if (!head || REPLY_OF[m.type] !== head.type) return this.broken(`unexpected ${typeName(m.type)} from the helper`);
+    if (!head || !REPLY_OF[m.type]?.includes(head.type)) return this.broken(`unexpected ${typeName(m.type)} from the helper`);
     this.pending.shift()!.resolve(m);
   }
 

@@ -13,11 +13,12 @@ import { ProcTaskReader } from '../os/proc-tasks.js';
 import type { HostCpu, HostInfo, Vendor } from '../ratio/types.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
+import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import type { DaemonPlugin } from './daemon.js';
-import { LegacyService, OnlineCpus } from './legacy-service.js';
+import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy-service.js';
 import type { TraceSink } from './sampling-service.js';
 import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
-import { createV2Service, type V2Limits, type V2Service } from './v2/service.js';
+import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
   paths: HostPaths;
@@ -31,6 +32,19 @@ export interface V2ChainOptions {
   log: Logger;
   /** The sampling loop's clock, for tests; default the monotonic clock. */
   clock?: () => bigint;
+  /**
+   * Scan paths.procRoot for QEMU/KVM processes (default off here; the daemon's --no-discovery turns
+   * it off there). An object turns it on with these scanner settings (tests).
+   */
+  discovery?: boolean | Partial<Omit<ScannerOptions, 'clkTck'>>;
+  /** No scan before service.startDiscovery() (the daemon: once its privileges are dropped). */
+  deferDiscovery?: boolean;
+  /** --observer-group, resolved: its members see every VM and the host. */
+  observerGid?: number;
+  /** Legacy request counts and connections for HOST_UPDATE. */
+  health?: HealthSource;
+  /** The daemon's fd budget for discovered VMs. */
+  fds?: FdAdmitter;
 }
 
 export interface V2Chain {
@@ -51,6 +65,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   }
   const tasks = new ProcTaskReader(o.paths.procRoot);
   const sampler = new Sampler(new MsrEnergySource(o.device, host.cpus, o.vendor), tasks);
+  const discovery = o.discovery ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck }) : undefined;
   const service = createV2Service({
     host,
     sampler,
@@ -61,6 +76,10 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     forgetPid: (pid) => tasks.forget(pid),
     log: o.log,
     clock: o.clock,
+    ...(discovery ? { discovery, deferDiscovery: o.deferDiscovery === true } : {}),
+    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    ...(o.health ? { health: o.health } : {}),
+    ...(o.fds ? { fds: o.fds } : {}),
   });
   return {
     host,
@@ -84,6 +103,8 @@ export interface ServerChainOptions {
   v2Handler?: V2Handler;
   /** Loggers by area ('legacy', 'server'). */
   area(name: string): Logger;
+  /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
+  counters?: LegacyCounters;
 }
 
 /** Legacy service -> server (which hands v2 connections to v2Handler). Not listening yet. */
@@ -95,12 +116,13 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     cpus: new OnlineCpus(o.paths.sysRoot, o.cpus.map((c) => c.cpu)),
     amd: o.amd,
     logger: o.area('legacy'),
+    ...(o.counters ? { counters: o.counters } : {}),
   });
   const server = new HelperServer({ target: o.target, legacy, logger: o.area('server'), ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
   return { legacy, server };
 }
 
-export interface ChainOptions extends Omit<V2ChainOptions, 'log'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus'> {}
+export interface ChainOptions extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters'> {}
 
 export interface Chain extends V2Chain {
   server: HelperServer;
@@ -111,8 +133,12 @@ export interface Chain extends V2Chain {
 
 /** The whole chain, listening, as the daemon runs it minus its lifecycle (checks, privilege drop, signals). */
 export async function assembleChain(o: ChainOptions): Promise<Chain> {
-  const v2 = assembleV2({ ...o, log: o.area('v2') });
-  const { legacy, server } = assembleServer({ ...o, cpus: v2.host.cpus, v2Handler: v2.service.handler });
+  const counters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
+  let server: HelperServer | undefined;
+  const health: HealthSource = { legacy: counters, connections: () => server?.connections ?? 0 };
+  const v2 = assembleV2({ ...o, log: o.area('v2'), health });
+  const { legacy, server: made } = assembleServer({ ...o, cpus: v2.host.cpus, v2Handler: v2.service.handler, counters });
+  server = made;
   try {
     await server.listen();
   } catch (e) {
@@ -125,16 +151,27 @@ export async function assembleChain(o: ChainOptions): Promise<Chain> {
     server,
     async close() {
       await v2.close();
-      await server.close();
+      await made.close();
     },
   };
+}
+
+/** What the daemon's command line decides for the v2 service. */
+export interface V2DaemonSettings {
+  intervalMs: number;
+  limits: V2Limits;
+  recordPath?: string;
+  /** Scan /proc for QEMU/KVM processes (default on; --no-discovery). */
+  discovery: boolean;
+  /** --observer-group, resolved. */
+  observerGid?: number;
 }
 
 /**
  * The v2 service as a daemon plugin: host facts and package energy from the daemon's MSR fds (opened
  * before the privilege drop, as is the trace file), /proc from the configured root.
  */
-export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; recordPath?: string }): DaemonPlugin {
+export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
   return {
     name: 'v2',
     setup(ctx) {
@@ -155,12 +192,18 @@ export function v2DaemonPlugin(o: { intervalMs: number; limits: V2Limits; record
           recordPath === undefined
             ? undefined
             : (trace = TraceWriter.open(recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true })),
+        discovery: o.discovery,
+        deferDiscovery: true,
+        ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+        health: ctx.health,
       });
+      // The first scan runs with the privileges the daemon keeps, not those it starts with.
+      ctx.onReady(() => v2.service.startDiscovery());
       ctx.onShutdown(async () => {
         await v2.close();
         await trace?.close();
       });
-      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null }, 'v2 service ready');
+      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null, discovery: o.discovery, observerGid: o.observerGid ?? null }, 'v2 service ready');
       return { v2Handler: v2.service.handler };
     },
   };

@@ -10,8 +10,10 @@ import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import type { Vendor } from '../ratio/types.js';
 import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
+import type { LegacyCounters } from './legacy-service.js';
 import type { HelperServer, ListenTarget, V2Handler } from './server.js';
 import { assembleServer } from './assemble.js';
+import type { HealthSource } from './v2/service.js';
 import { DisposableStore, listen } from '../ratio/disposable.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
@@ -53,6 +55,10 @@ export interface DaemonContext {
   /** A logger for a named area, at debug level when -T matches it. */
   area(name: string): Logger;
   onShutdown(hook: ShutdownHook): void;
+  /** Runs once the daemon listens and has dropped its privileges. */
+  onReady(hook: () => void): void;
+  /** Legacy requests by result and open connections, for the v2 service's HOST_UPDATE. */
+  health: HealthSource;
 }
 
 export interface DaemonPlugin {
@@ -136,13 +142,16 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
     let v2Handler = opts.v2Handler;
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h) };
+    const readyHooks: (() => void)[] = [];
+    const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
+    const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
     }
 
-    server = assembleServer({ paths: config.hostPaths, device, vendor, cpus, amd: config.amd, target, area, ...(v2Handler ? { v2Handler } : {}) }).server;
+    server = assembleServer({ paths: config.hostPaths, device, vendor, cpus, amd: config.amd, target, area, counters: legacyCounters, ...(v2Handler ? { v2Handler } : {}) }).server;
     await server.listen();
     if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
 
@@ -183,6 +192,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       },
     };
     current = running;
+    for (const h of readyHooks) h();
     if (isDaemonChild()) reportReady();
     if (pendingSignal) onSignal(pendingSignal);
     return running;

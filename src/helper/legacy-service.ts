@@ -55,13 +55,27 @@ export interface LegacyServiceOptions {
   cpus: OnlineCpus;
   amd: AmdSynthConfig;
   logger: Logger;
+  /** Where to count requests by result (the daemon shares it with the v2 service). */
+  counters?: LegacyCounters;
+}
+
+/** Legacy requests by result, for the health figures (HOST_UPDATE, the exporter). */
+export interface LegacyCounters {
+  /** Answered with the MSR's value. */
+  ok: bigint;
+  /** MSR not allowed, tid not the peer's, cpu not online: refused (closed, or 0). */
+  refused: bigint;
+  /** The MSR read failed (replied 0). */
+  failed: bigint;
 }
 
 export class LegacyService {
   /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
   private readonly plans = new Map<number, LegacyPlan>();
+  readonly counters: LegacyCounters;
 
   constructor(private readonly o: LegacyServiceOptions) {
+    this.counters = o.counters ?? { ok: 0n, refused: 0n, failed: 0n };
     for (const msr of LEGACY_ALLOWED_MSRS) {
       const plan = legacyPlan(o.vendor, msr);
       if (plan !== null) this.plans.set(msr, plan);
@@ -78,29 +92,36 @@ export class LegacyService {
    * connection must close without a reply (not an allowed MSR, as in the reference helper).
    */
   answer(peerPid: number, req: LegacyRequest, verdicts: TidVerdicts, out: Buffer, offset: number): boolean {
+    const c = this.counters;
     const plan = this.plans.get(req.msr);
     if (plan === undefined) {
+      c.refused++;
       this.o.logger.warn({ peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');
       return false;
     }
     if (!verdicts.belongs(req.tid)) {
+      c.refused++;
       this.o.logger.debug({ peer: peerPid, tid: req.tid }, 'requested tid is not a thread of the peer; replying 0');
       return zero(out, offset);
     }
     if (req.cpu > 0xffff || !this.o.cpus.has(req.cpu)) {
+      c.refused++;
       this.o.logger.debug({ peer: peerPid, cpu: req.cpu }, 'requested cpu is not online; replying 0');
       return zero(out, offset);
     }
     try {
       if (plan.kind === 'read') {
         this.o.device.readInto(req.cpu, plan.msr, out, offset);
+        c.ok++;
         return true;
       }
       const unit = this.o.device.read(req.cpu, plan.unitMsr);
       out.writeBigUInt64LE(BigInt.asUintN(64, synthValue(plan.field, unit, this.o.amd)), offset);
+      c.ok++;
       return true;
     } catch (e) {
       if (!(e instanceof MsrReadError)) throw e;
+      c.failed++;
       this.o.cpus.invalidate();
       this.o.logger.warn({ peer: peerPid, cpu: req.cpu, msr: req.msr, err: e.message }, 'MSR read failed; replying 0');
       return zero(out, offset);

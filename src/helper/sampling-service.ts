@@ -1,8 +1,9 @@
 /**
  * The sampling loop behind v2: one sample every `intervalMs` while at least one registered VM is
- * live, fed to the ratio engine (and the trace, when recording). Ticks are scheduled from ideal
- * times on the monotonic clock (origin + k x interval): a late tick is measured by the sample's own
- * timestamp, the next one is not pushed back (no drift), and missed ticks are skipped (no pile-up).
+ * live or a hold is taken (discovery on, see hold()), fed to the ratio engine (and the trace, when
+ * recording). The loop is sampling/tick-loop.ts: ticks at origin + k x interval on the monotonic
+ * clock, so a late tick does not push the next one back (no drift) and missed ticks are skipped (no
+ * pile-up).
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
@@ -18,6 +19,7 @@ export interface Engine {
   output(vmId: number): VmOutput | undefined;
   nvpkg(vmId: number): number;
   activePids(): number[];
+  updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
   readonly guestPowerUnit: bigint;
 }
 
@@ -43,6 +45,10 @@ export interface SamplingServiceOptions {
   clock?: () => bigint;
   /** Timers of the tick loop, for tests; default the real ones. */
   timers?: Timers;
+  /** Runs at the start of every tick, before the sample (discovery's /proc scan). */
+  prepare?: () => void;
+  /** Sees each sample before the engine does (discovery classifies new threads from its stat lines). */
+  inspect?: (s: Sample) => void;
 }
 
 export interface SampleEvent {
@@ -59,20 +65,24 @@ export interface SamplingStats {
   lastLatenessNs: bigint;
   /** Ticks skipped because the loop was more than one interval late. */
   skippedTicks: number;
+  /** Wall time of the last tick's work (prepare, sample, engine, listeners), ns. */
+  lastDurationNs: bigint;
 }
 
 export class SamplingService {
   private readonly engine: Engine;
   private readonly clock: () => bigint;
   private readonly loop: TickLoop;
-  /** Registered VMs whose process has not ended: the loop runs while this is not empty. */
+  /** Registered VMs whose process has not ended: the loop runs while this is not empty (or a hold is taken). */
   private readonly live = new Map<number, number>();
+  /** Reasons to run with no live VM (discovery on): the loop runs while any is held. */
+  private readonly holds = new Set<string>();
   private closed = false;
   private failure: Error | null = null;
   private traceBroken = false;
   private readonly samples: Emitter<SampleEvent>;
   private readonly failures: Emitter<Error>;
-  readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0 };
+  readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
 
   constructor(private readonly o: SamplingServiceOptions) {
     if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs)) throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
@@ -85,6 +95,23 @@ export class SamplingService {
 
   get running(): boolean {
     return this.loop.running;
+  }
+
+  /** Keeps the loop running (or lets it go idle) for `reason`, independent of live VMs. */
+  hold(reason: string, on: boolean): void {
+    if (on) this.holds.add(reason);
+    else this.holds.delete(reason);
+    if (this.closed) return;
+    if (this.shouldRun()) {
+      // A baseline right away, as for a first registration.
+      if (!this.loop.running) this.loop.start({ immediate: true });
+    } else {
+      this.loop.stop();
+    }
+  }
+
+  private shouldRun(): boolean {
+    return this.live.size > 0 || this.holds.size > 0;
   }
 
   /** The energy source's last error while it is failing, null when the last sample worked. */
@@ -124,7 +151,7 @@ export class SamplingService {
     this.engine.unregister(vmId);
     this.engine.forget(vmId);
     this.live.delete(vmId);
-    if (this.live.size === 0) this.loop.stop();
+    if (!this.shouldRun()) this.loop.stop();
     if (!this.closed) this.traced(() => this.o.trace?.unregister(this.clock(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
   }
@@ -137,6 +164,11 @@ export class SamplingService {
     return this.engine.nvpkg(vmId);
   }
 
+  /** A VM's vCPU list changed (see RatioEngine.updateVcpus); counted from the next sample. */
+  updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void {
+    this.engine.updateVcpus(vmId, vcpus);
+  }
+
   close(): void {
     this.closed = true;
     this.loop.stop();
@@ -146,13 +178,29 @@ export class SamplingService {
 
   private tick(t: TickInfo): void {
     if (this.closed) return;
-    // A tick is pending only while a VM is live: unregister() and the end of tick() stop the loop.
+    const began = monotonicNs();
+    try {
+      this.tickBody(t);
+    } finally {
+      this.stats.lastDurationNs = monotonicNs() - began;
+    }
+    // A tick is pending only while the loop should run: unregister(), hold() and this stop it.
+    if (!this.shouldRun()) this.loop.stop();
+  }
+
+  private tickBody(t: TickInfo): void {
+    try {
+      this.o.prepare?.();
+    } catch (e) {
+      this.o.log.error({ err: (e as Error).stack }, 'sampling preparation (discovery) failed; sampling goes on');
+    }
     this.stats.lastLatenessNs = t.latenessNs;
     this.stats.skippedTicks += t.skipped;
     let s: Sample;
     let result: IntervalResult | null;
     try {
       s = this.o.sampler.sample(this.engine.activePids());
+      this.o.inspect?.(s);
       result = this.engine.addSample(s);
     } catch (e) {
       this.fail(e instanceof Error ? e : new Error(String(e)));
@@ -174,7 +222,6 @@ export class SamplingService {
     }
     const ev: SampleEvent = { tNs: s.tNs, result, ended };
     this.samples.fire(ev);
-    if (this.live.size === 0) this.loop.stop();
   }
 
   /** A trace that cannot be written stops recording; the service itself goes on. */

@@ -4,6 +4,7 @@ import path from 'node:path';
 import type net from 'node:net';
 import { getPeerCredentials, type PeerCredentials } from './libc.js';
 import { MAX_TID } from '../ratio/types.js';
+import { parseProcStatus } from './privileges/proc-status.js';
 
 export type { PeerCredentials };
 
@@ -46,4 +47,24 @@ export class PeerTasks {
 /** PeerTasks.has for a single question. */
 export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolean {
   return new PeerTasks(procRoot, pid).has(tid);
+}
+
+/**
+ * Whether the peer is in group `gid`: its primary gid (SO_PEERCRED), or a supplementary group of
+ * the peer process (the `Groups:` line of /proc/<pid>/status, which also covers groups given by
+ * systemd's SupplementaryGroups= that /etc/group does not list). The status is only believed when
+ * its real and effective uid are still the peer's, so a peer that exits and whose pid is reused
+ * by another user's process gains nothing.
+ */
+export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number): boolean {
+  if (peer.gid === gid) return true;
+  let text: string;
+  try {
+    text = fs.readFileSync(path.join(procRoot, String(peer.pid), 'status'), 'utf8');
+  } catch {
+    return false;
+  }
+  const st = parseProcStatus(text);
+  if (st.uid[0] !== peer.uid || st.uid[1] !== peer.uid) return false;
+  return st.groups.includes(gid);
 }

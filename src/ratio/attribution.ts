@@ -7,9 +7,21 @@
 import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
 import { isStatParseError, parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
-import { type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
+import { type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VcpuSpec, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
 
 const TWO_32 = 2 ** 32;
+
+/**
+ * tid -> vpkg of a vCPU list, by the one vCPU-list rule (ratio/vcpus.ts); throws its message. The
+ * engine alone takes an empty list: a VM none of whose vCPU threads is known gets no energy until
+ * updateVcpus names some. Every way a VM arrives from outside (v2 REGISTER, --vcpus, a trace)
+ * refuses an empty list before it gets here.
+ */
+function checkedVcpus(vcpus: readonly VcpuSpec[]): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const v of validVcpus(vcpus, { allowEmpty: true })) out.set(v.tid, v.vpkg);
+  return out;
+}
 
 /** What the previous sample said about one thread; (tid, starttime) is its identity. */
 interface ThreadMark {
@@ -88,12 +100,9 @@ export class RatioEngine {
   }
 
   register(vm: VmSpec): number {
-    const vcpuVpkg = new Map<number, number>();
+    const vcpuVpkg = checkedVcpus(vm.vcpus);
     let nvpkg = 0;
-    for (const v of validVcpus(vm.vcpus)) {
-      vcpuVpkg.set(v.tid, v.vpkg);
-      nvpkg = Math.max(nvpkg, v.vpkg + 1);
-    }
+    for (const g of vcpuVpkg.values()) nvpkg = Math.max(nvpkg, g + 1);
     const id = this.nextId++;
     this.vms.set(id, {
       id,
@@ -106,6 +115,23 @@ export class RatioEngine {
       tNs: 0n,
     });
     return id;
+  }
+
+  /**
+   * Replaces a VM's vCPU list from the next sample on (vCPU hotplug, a thread renamed, a client's
+   * registration taking over a discovered VM). Accumulated energy is kept; nvpkg only grows, so a
+   * published counter never goes backwards. Same checks as register.
+   */
+  updateVcpus(vmId: number, vcpus: readonly VcpuSpec[]): void {
+    const vm = this.vms.get(vmId);
+    if (!vm) throw new Error(`no VM ${vmId}`);
+    const vcpuVpkg = checkedVcpus(vcpus);
+    let nvpkg = vm.nvpkg;
+    for (const g of vcpuVpkg.values()) nvpkg = Math.max(nvpkg, g + 1);
+    vm.vcpuVpkg = vcpuVpkg;
+    vm.spec = { ...vm.spec, vcpus: vcpus.map((v) => ({ ...v })) };
+    while (vm.acc.length < nvpkg) vm.acc.push(0);
+    vm.nvpkg = nvpkg;
   }
 
   unregister(vmId: number): void {

@@ -1,14 +1,21 @@
 /**
  * THE vCPU-list rule, used by every way a VM arrives (v2 REGISTER, --vcpus, QMP, a trace's register
  * line, the engine itself): 1..MAX_VCPUS entries, each a thread id in 1..MAX_TID and a virtual
- * package in 0..MAX_VPKG, no thread twice. Entries are numbered from 1 in every message.
+ * package in 0..MAX_VPKG, no thread twice. Entries are numbered from 1 in every message. Only the
+ * engine passes `allowEmpty` (a discovered VM may have no known vCPU thread for a while); every
+ * entry point refuses an empty list.
  */
 import { fail, ok, type Result } from './result.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG, type VcpuSpec } from './types.js';
 
+export interface VcpuRuleOptions {
+  /** Accept a list of no entries (the engine only); default false. */
+  allowEmpty?: boolean;
+}
+
 /** Checks a vCPU list; on success the value is a copy holding only tid and vpkg. */
-export function checkVcpus(vcpus: readonly VcpuSpec[]): Result<VcpuSpec[]> {
-  if (vcpus.length === 0) return fail('the vCPU list is empty: a VM has at least one vCPU');
+export function checkVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {}): Result<VcpuSpec[]> {
+  if (vcpus.length === 0 && opts.allowEmpty !== true) return fail('the vCPU list is empty: a VM has at least one vCPU');
   if (vcpus.length > MAX_VCPUS) return fail(`the vCPU list has ${vcpus.length} entries, at most ${MAX_VCPUS}`);
   const seen = new Set<number>();
   const out: VcpuSpec[] = [];
@@ -24,8 +31,8 @@ export function checkVcpus(vcpus: readonly VcpuSpec[]): Result<VcpuSpec[]> {
 }
 
 /** checkVcpus for callers that throw: the message is the rule's own. */
-export function validVcpus(vcpus: readonly VcpuSpec[]): VcpuSpec[] {
-  const r = checkVcpus(vcpus);
+export function validVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {}): VcpuSpec[] {
+  const r = checkVcpus(vcpus, opts);
   if (!r.ok) throw new Error(r.error);
   return r.value;
 }

@@ -26,21 +26,15 @@ describe('v2 end to end with QEMU', () => {
     if (why) return ctx.skip(why);
     const fake = new FakeHost({ packages: [0, 0] });
     cleanups.push(() => fake.cleanup());
-    fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
-    let energy = 0xffff0000;
-    fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(energy));
     // ~15 W on the fake package: 2^-14 J units, 5000 units every 20 ms.
-    const pump = setInterval(() => {
-      energy = (energy + 5000) >>> 0;
-      fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(energy));
-    }, 20);
-    cleanups.push(() => clearInterval(pump));
+    cleanups.push(fake.pumpEnergy({ start: 0xffff0000, units: 5000, everyMs: 20 }));
 
     const dir = tempDir('vmsr-e2e-');
     cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
     const sock = path.join(dir, 'helper.sock');
     const tracePath = path.join(dir, 'live.jsonl');
-    const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--record', tracePath]);
+    // Registered VMs only: with discovery the trace would also hold every other QEMU on this machine.
+    const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--record', tracePath, '--no-discovery']);
     cleanups.push(() => helper.stop('SIGKILL'));
     await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
 

@@ -11,14 +11,20 @@ import {
   FrameDecoder,
   HELPER_TYPES,
   encodeError,
+  encodeHostSubscribe,
+  encodeHostUpdate,
+  encodeList,
+  encodeObserve,
   encodeOk,
   encodeRead,
   encodeRegister,
   encodeRegistered,
   encodeSubscribe,
+  encodeUnobserve,
   encodeUnregister,
   encodeUpdate,
   encodeValue,
+  encodeVmList,
 } from '../../src/protocol/v2/codec.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { classifyPreamble, encodeLegacyReply, encodeLegacyRequest, LegacyFramer, V2_MAGIC } from '../../src/protocol/legacy.js';
@@ -49,6 +55,25 @@ const UPDATE = hex('8300 0000 30000000  07000000 02000000 00f2052a01000000  0100
 const OK = hex('8400 0000 04000000  07000000');
 const ERROR = hex('ff00 0000 0d000000  04000000 01000000 6c696d6974');
 
+// Observer frames (docs/protocol-v2.md, "Observers").
+const LIST = hex('0500 0000 04000000  07000000');
+const OBSERVE = hex('0600 0000 04000000  09000000');
+const UNOBSERVE = hex('0700 0000 04000000  04030201');
+const HOST_SUBSCRIBE = hex('0800 0000 00000000');
+// VM_LIST: u32 count, u32 next_id, then per entry u32 host_vm_id, u32 pid, u32 uid, u32 nvpkg,
+// u64 starttime, u16 flags, u8 name_len, u8 reserved, 16-byte uuid, name. 8 + (44 + 5) + 44 = 101.
+const VM_LIST = hex(`8500 0000 65000000  02000000 00000000
+  03000000 92100000 37fa0000 02000000 15cd5b0700000000 0a00 05 00 0123456789abcdef0123456789abcdef 7765622d31
+  04000000 88130000 00000000 01000000 0100000000000000 0500 00 00 00000000000000000000000000000000`);
+// HOST_UPDATE with VMS_CHANGED (flags bit 0): u64 t_ns, u64 unattributed_uj, u64 legacy ok/refused/
+// failed, u64 last_sample_ns, u64 samples, u64 sample_failures, u32 connections, u32 vms, u32 npkg,
+// u32 reserved, then per package u32 id, u32 reserved, u64 energy_uj. 80 + 2 x 16 = 112.
+const HOST_UPDATE = hex(`8600 0100 70000000
+  00f2052a01000000 6300000000000000 0100000000000000 0200000000000000 0300000000000000
+  a00f000000000000 0500000000000000 0600000000000000 07000000 08000000 02000000 00000000
+  00000000 00000000 15cd5b0700000000
+  01000000 00000000 2a00000000000000`);
+
 describe('v2 client -> helper frames match hand-written bytes', () => {
   it('REGISTER pid 4242 with tids 4250 (vpkg 0) and 4251 (vpkg 1)', () => {
     const vcpus = [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }];
@@ -63,6 +88,17 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(parseClientFrame(oneFrame(SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x03, vmId: 7 } });
     expect(encodeUnregister(0x01020304).equals(UNREGISTER)).toBe(true);
     expect(parseClientFrame(oneFrame(UNREGISTER, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x04, vmId: 0x01020304 } });
+  });
+
+  it('LIST from id 7, OBSERVE vm 9, UNOBSERVE vm 0x01020304, HOST_SUBSCRIBE (empty payload)', () => {
+    expect(encodeList(7).equals(LIST)).toBe(true);
+    expect(parseClientFrame(oneFrame(LIST, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x05, fromId: 7 } });
+    expect(encodeObserve(9).equals(OBSERVE)).toBe(true);
+    expect(parseClientFrame(oneFrame(OBSERVE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x06, vmId: 9 } });
+    expect(encodeUnobserve(0x01020304).equals(UNOBSERVE)).toBe(true);
+    expect(parseClientFrame(oneFrame(UNOBSERVE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x07, vmId: 0x01020304 } });
+    expect(encodeHostSubscribe().equals(HOST_SUBSCRIBE)).toBe(true);
+    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x08 } });
   });
 
   it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {
@@ -98,6 +134,32 @@ describe('v2 helper -> client frames match hand-written bytes', () => {
     expect(parseHelperFrame(oneFrame(OK, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x84, vmId: 7 } });
     expect(encodeError(4, 0x01, 'limit').equals(ERROR)).toBe(true);
     expect(parseHelperFrame(oneFrame(ERROR, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0xff, code: 4, requestType: 0x01, message: 'limit' } });
+  });
+});
+
+describe('v2 observer replies match hand-written bytes', () => {
+  it('VM_LIST of a discovered VM with name and UUID, and an ended whole-VM-only VM with neither', () => {
+    const entries = [
+      { hostVmId: 3, pid: 4242, uid: 64055, nvpkg: 2, starttime: 123456789n, ended: false, discovered: true, wholeVmOnly: false, name: 'web-1', uuid: hex('0123456789abcdef0123456789abcdef') },
+      { hostVmId: 4, pid: 5000, uid: 0, nvpkg: 1, starttime: 1n, ended: true, discovered: false, wholeVmOnly: true, name: null, uuid: null },
+    ];
+    expect(encodeVmList(entries).equals(VM_LIST)).toBe(true);
+    expect(parseHelperFrame(oneFrame(VM_LIST, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x85, entries, nextId: 0 } });
+  });
+
+  it('HOST_UPDATE with two packages, every health figure at its offset, VMs changed', () => {
+    const h = {
+      tNs: 5_000_000_000n,
+      unattributedUj: 99n,
+      packages: [
+        { pkg: 0, energyUj: 123456789n },
+        { pkg: 1, energyUj: 42n },
+      ],
+      vmsChanged: true,
+      stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
+    };
+    expect(encodeHostUpdate(h).equals(HOST_UPDATE)).toBe(true);
+    expect(parseHelperFrame(oneFrame(HOST_UPDATE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...h } });
   });
 });
 

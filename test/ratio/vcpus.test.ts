@@ -85,4 +85,17 @@ describe('the vCPU-list rule', () => {
     const extra = [{ tid: 9, vpkg: 0, name: 'x' }] as unknown as VcpuSpec[];
     expect(checkVcpus(extra)).toEqual({ ok: true, value: [{ tid: 9, vpkg: 0 }] });
   });
+
+  test('every entry point refuses an empty list; the engine alone takes one (a VM with no known vCPU thread gets no energy until updateVcpus names some)', () => {
+    const a = answers([]);
+    const message = 'the vCPU list is empty: a VM has at least one vCPU';
+    expect(a.rule).toBe(message);
+    expect(a.trace).toBe(message);
+    expect(a.cli).toMatch(/^the vCPU list is empty/);
+    // REGISTER's payload size follows from nvcpu, so the wire refuses 0 while reading the frame.
+    expect(a.v2).toBe('nvcpu must be 1..4096, got 0');
+    expect(a.engine).toBe('ok');
+    expect(checkVcpus([], { allowEmpty: true })).toEqual({ ok: true, value: [] });
+    expect(checkVcpus([{ tid: 0, vpkg: 0 }], { allowEmpty: true })).toEqual({ ok: false, error: `vCPU 1: thread id 0 is out of range (1..${MAX_TID})` });
+  });
 });

@@ -10,7 +10,7 @@ import { msrPath, type HostPaths } from '../../src/msr/host-paths.js';
 import { MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import type { Vendor } from '../../src/ratio/types.js';
 import type { Logger } from 'pino';
-import { assembleChain, type Chain } from '../../src/helper/assemble.js';
+import { assembleChain, type Chain, type ChainOptions } from '../../src/helper/assemble.js';
 import type { MsrDevice } from '../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
@@ -125,6 +125,17 @@ export class FakeHost {
     this.setEnergy(pkg, (this.counters.get(pkg) ?? 0) + units, vendor);
   }
 
+  /**
+   * Steady package power: the power unit on every package (default ESU 14), then `units` added to
+   * package `pkg`'s 32-bit energy counter (wrapping from `start`) every `everyMs`. Returns the stop.
+   */
+  pumpEnergy(o: { pkg?: number; powerUnit?: bigint; start?: number; units: number; everyMs: number }): () => void {
+    const pkg = o.pkg ?? 0;
+    this.writeRapl({ powerUnit: o.powerUnit ?? 0xa0e03n, energy: { [pkg]: o.start ?? 0 } });
+    const t = setInterval(() => this.addEnergy(pkg, o.units), o.everyMs);
+    return () => clearInterval(t);
+  }
+
   cleanup(): void {
     fs.rmSync(this.dir, { recursive: true, force: true });
   }
@@ -137,7 +148,7 @@ export class FakeHost {
 export function assembleOnFakeHost(
   fake: FakeHost,
   device: MsrDevice,
-  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger },
+  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger } & Pick<ChainOptions, 'discovery' | 'observerGid' | 'fds'>,
 ): Promise<Chain> {
   return assembleChain({
     paths: fake.hostPaths(),
@@ -149,5 +160,8 @@ export function assembleOnFakeHost(
     limits: o.limits,
     trace: () => o.trace,
     area: () => o.log,
+    ...(o.discovery !== undefined ? { discovery: o.discovery } : {}),
+    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    ...(o.fds ? { fds: o.fds } : {}),
   });
 }

@@ -29,6 +29,10 @@ export interface QemuOptions {
   tcg?: boolean;
   /** How long to wait for the QMP socket to accept; default 15 s. */
   timeoutMs?: number;
+  /** Plain QEMU: no -name and no debug-threads (every thread named like the process). */
+  plain?: boolean;
+  /** More arguments (e.g. -uuid). */
+  extraArgs?: string[];
 }
 
 export interface QemuGuest {
@@ -98,8 +102,9 @@ export async function startQemu(o: QemuOptions): Promise<QemuGuest> {
     '-display', 'none',
     '-kernel', SPIN_ELF,
     '-append', `mode=${o.mode}`,
-    '-name', `${name},debug-threads=on`,
+    ...(o.plain ? [] : ['-name', `${name},debug-threads=on`]),
     '-qmp', `unix:${qmpPath},server=on,wait=off`,
+    ...(o.extraArgs ?? []),
   ];
   const child = spawn('qemu-system-x86_64', args, { stdio: ['ignore', 'ignore', 'pipe'] });
   live.add(child);
@@ -146,7 +151,8 @@ export async function startQemu(o: QemuOptions): Promise<QemuGuest> {
   }
   if (child.pid === undefined) throw new Error('qemu-system-x86_64 has no pid');
   // QEMU opens its QMP socket before it creates the vCPU threads: callers list those threads at once.
-  while (vcpuThreads(child.pid).filter((t) => t !== undefined).length < smp) {
+  // Plain QEMU (no debug-threads) has no named vCPU threads to wait for.
+  while (!o.plain && vcpuThreads(child.pid).filter((t) => t !== undefined).length < smp) {
     if (exitedFlag || Date.now() > deadline) {
       await stop();
       throw new Error(`qemu-system-x86_64 did not start its ${smp} vCPU threads in time; stderr: ${stderr.trim() || '(none)'}`);

@@ -1,6 +1,7 @@
 /** A real python3 process whose threads the test starts and stops through stdin. */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
+import { LineReader } from './line-reader.js';
 
 const SCRIPT = `
 import sys, threading
@@ -27,31 +28,19 @@ for line in sys.stdin:
 
 export class ThreadedProcess {
   readonly child: ChildProcess;
-  private lines: string[] = [];
-  private waiters: Array<() => void> = [];
+  private readonly out: LineReader;
 
   constructor() {
     this.child = spawn('python3', ['-u', '-c', SCRIPT], { stdio: ['pipe', 'pipe', 'inherit'] });
-    let buf = '';
-    this.child.stdout!.setEncoding('utf8');
-    this.child.stdout!.on('data', (d: string) => {
-      buf += d;
-      let i: number;
-      while ((i = buf.indexOf('\n')) >= 0) {
-        this.lines.push(buf.slice(0, i));
-        buf = buf.slice(i + 1);
-        for (const w of this.waiters.splice(0)) w();
-      }
-    });
+    this.out = new LineReader(this.child);
   }
 
   get pid(): number {
     return this.child.pid!;
   }
 
-  private async nextLine(): Promise<string> {
-    while (this.lines.length === 0) await new Promise<void>((r) => this.waiters.push(r));
-    return this.lines.shift()!;
+  private nextLine(): Promise<string> {
+    return this.out.next();
   }
 
   async ready(): Promise<void> {

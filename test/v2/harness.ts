@@ -13,8 +13,9 @@ import { pino } from 'pino';
 import { MsrDevice } from '../../src/msr/device.js';
 import type { HostInfo } from '../../src/ratio/types.js';
 import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
-import { DEFAULT_V2_LIMITS, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS, type FdAdmitter, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
 import type { TraceSink } from '../../src/helper/sampling-service.js';
+import type { ScannerOptions } from '../../src/discovery/scanner.js';
 import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';
 import { waitFor } from '../support/wait.js';
 
@@ -31,7 +32,17 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2Limits>; trace?: TraceSink } = {}): Promise<Harness> {
+export interface HarnessOptions {
+  intervalMs?: number;
+  limits?: Partial<V2Limits>;
+  trace?: TraceSink;
+  /** Discovery on (the real /proc), with these scanner options; default off. */
+  discovery?: Partial<Omit<ScannerOptions, 'clkTck'>> | boolean;
+  observerGid?: number;
+  fds?: FdAdmitter;
+}
+
+export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
   const fake = new FakeHost({ packages: [0, 0] });
   fake.writeRapl({ powerUnit: POWER_UNIT, energy: { 0: 0xfff00000 } }); // wraps early in every test
   const device = new MsrDevice(fake.msrPathTemplate);
@@ -45,6 +56,9 @@ export async function startHarness(o: { intervalMs?: number; limits?: Partial<V2
     limits: { ...DEFAULT_V2_LIMITS, ...o.limits },
     ...(o.trace ? { trace: o.trace } : {}),
     log,
+    ...(o.discovery !== undefined ? { discovery: o.discovery } : {}),
+    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    ...(o.fds ? { fds: o.fds } : {}),
   });
   fs.chmodSync(socketPath, 0o777);
   return {

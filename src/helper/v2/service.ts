@@ -6,22 +6,63 @@
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type RefusalReason, type V2Limits } from './vm-registry.js';
-import { E, T, encodeError, encodeOk, encodeRegistered, encodeUpdate, encodeValue } from '../../protocol/v2/codec.js';
+import { DEFAULT_V2_LIMITS, VmRegistry, procView, type RefusalReason, type V2Limits, type VmRecord, type Viewer } from './vm-registry.js';
+import { E, T, encodeError, encodeHostUpdate, encodeOk, encodeRegistered, encodeUpdate, encodeValue, encodeVmList, type HostValues, type VmEntry } from '../../protocol/v2/codec.js';
+import type { DiscoveredVm } from '../../discovery/scanner.js';
+import type { VcpuSpec } from '../../ratio/types.js';
+import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import type { ClientRequest } from '../../protocol/v2/messages.js';
 import type { V2Handler } from '../server.js';
 import { DisposableStore } from '../../ratio/disposable.js';
+import type { LegacyCounters } from '../legacy-service.js';
 
 export type { V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
 
+/** What the v2 service needs from discovery (ProcScanner implements it). */
+export interface Discovery {
+  /** VM processes that appeared since the last scan. */
+  scan(): DiscoveredVm[];
+  /** New vCPU list of a discovered VM from this sample's stat lines, null when unchanged. */
+  refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
+  /** The VM of this pid ended or was dropped: examine the pid afresh. */
+  forget(pid: number): void;
+  /** The vCPU list as last classified (a registrant let go of a discovered VM). */
+  current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
+  /** A VM scan() returned that was not admitted: try it again later. */
+  defer(pid: number): void;
+}
+
+/** The daemon's fd budget (issue 9's FdBudget has this shape): may a VM of `threads` threads be sampled? */
+export interface FdAdmitter {
+  canAdmit(threads: number): { ok: true } | { ok: false; message: string };
+}
+
+/** Daemon-wide health counters HOST_UPDATE carries (legacy requests, connections). */
+export interface HealthSource {
+  legacy: LegacyCounters;
+  connections(): number;
+}
+
+/** Samples an ended discovered VM stays listed (ENDED) before it is dropped. */
+export const ENDED_DISCOVERED_KEPT_SAMPLES = 5;
+
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine'> {
+export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'prepare' | 'inspect'> {
   host: HostInfo;
   engine?: Engine;
   procRoot: string;
   limits: V2Limits;
+  /** Finds VMs by itself; absent = --no-discovery. */
+  discovery?: Discovery;
+  /** --observer-group: its members see every VM and may HOST_SUBSCRIBE. */
+  observerGid?: number;
+  health?: HealthSource;
+  /** A discovered VM whose threads would not fit in the fd budget is not tracked (retried later). */
+  fds?: FdAdmitter;
+  /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
+  deferDiscovery?: boolean;
 }
 
 export interface V2Service {
@@ -32,7 +73,12 @@ export interface V2Service {
   /** The sampling loop has a tick pending (false while no registered VM is live). */
   readonly running: boolean;
   readonly connections: number;
+  /** Registered VMs (the --max-vms count). */
   readonly vms: number;
+  /** Every VM known: registered and discovered, ended ones not yet dropped. */
+  readonly knownVms: number;
+  /** Starts the /proc scans of a service made with deferDiscovery. */
+  startDiscovery(): void;
 }
 
 /** The wire code of each registry refusal (docs/protocol-v2.md, REGISTER). */
@@ -44,6 +90,49 @@ const REFUSAL_CODE: Readonly<Record<RefusalReason, number>> = {
 
 export function createV2Service(o: V2ServiceOptions): V2Service {
   const engine = o.engine ?? new RatioEngine(o.host);
+  const registry = new VmRegistry(o.limits, procView(o.procRoot));
+  const conns = new Set<V2Connection>();
+  const viewers = new Map<V2Connection, Viewer>();
+  const hostSubs = new Set<V2Connection>();
+  let nextConnId = 1;
+  let closed = false;
+  /** A VM appeared, ended or was dropped since the last HOST_UPDATE. */
+  let vmsChanged = false;
+  const pkgJ = new Map<number, number>(o.host.packages.map((p) => [p.package, 0]));
+  let unattributedJ = 0;
+  let lastSampleNs = 0n;
+
+  /** pids of VMs not admitted, so the warning is logged once per VM. */
+  const deferred = new Set<number>();
+  const discover = (d: DiscoveredVm) => {
+    const reg = registry.registrationOf(d.pid, d.starttime);
+    const meta = { name: d.name, uuid: d.uuid, wholeVmOnly: d.wholeVmOnly };
+    if (reg !== undefined) {
+      // One process, one VM: the registration keeps its vCPU list; LIST gains the name and UUID.
+      registry.addDiscovered(reg.vmId, d.pid, d.starttime, d.uid, meta);
+      return;
+    }
+    const fit = o.fds?.canAdmit(d.threads);
+    if (fit && !fit.ok) {
+      o.discovery?.defer(d.pid);
+      if (!deferred.has(d.pid)) o.log.warn({ pid: d.pid, name: d.name, err: fit.message }, 'VM discovered but not sampled');
+      deferred.add(d.pid);
+      return;
+    }
+    deferred.delete(d.pid);
+    const spec = { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
+    const vmId = sampling.register(spec);
+    registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
+    vmsChanged = true;
+    o.log.info({ vmId, pid: d.pid, uid: d.uid, name: d.name, vcpus: d.vcpus.length, nvpkg: sampling.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly, problems: d.problems }, 'VM discovered');
+  };
+
+  const discovered = (): VmRecord[] => {
+    const out: VmRecord[] = [];
+    for (const r of registry.all()) if (r.discovered && r.live) out.push(r);
+    return out;
+  };
+
   const sampling = new SamplingService({
     engine,
     sampler: o.sampler,
@@ -52,15 +141,88 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     forgetPid: o.forgetPid,
     log: o.log,
     clock: o.clock,
+    ...(o.discovery
+      ? {
+          prepare: () => {
+            for (const d of o.discovery!.scan()) discover(d);
+          },
+          inspect: (s) => {
+            for (const r of discovered()) {
+              const lines = s.tasks.get(r.pid);
+              if (lines === undefined) continue;
+              const c = o.discovery!.refine(r.pid, lines);
+              // A registrant's vCPU list stands while it holds the VM.
+              if (c === null || r.owner !== null) continue;
+              sampling.updateVcpus(r.vmId, c.vcpus);
+              if (r.wholeVmOnly !== c.wholeVmOnly) vmsChanged = true;
+              r.wholeVmOnly = c.wholeVmOnly;
+            }
+          },
+        }
+      : {}),
   });
-  const registry = new VmRegistry(o.limits, procView(o.procRoot));
-  const conns = new Set<V2Connection>();
-  let nextConnId = 1;
-  let closed = false;
 
+  /** Drops a VM; whoever still watches it gets a last UPDATE with ENDED. */
   const dropVm = (vmId: number) => {
+    const out = sampling.output(vmId);
+    if (out) {
+      const frame = encodeUpdate(vmId, out.tNs, out.vpkgs.map((v) => ({ counter: BigInt(v.counter), energyUj: v.energyUj })), true);
+      for (const c of conns) if (c.subscriptions.delete(vmId)) c.send(frame);
+    }
+    const r = registry.get(vmId);
     sampling.unregister(vmId);
     registry.remove(vmId);
+    if (r?.discovered && r.live) o.discovery?.forget(r.pid);
+    vmsChanged = true;
+  };
+
+  /** A registrant lets go: a live discovered VM goes on (its vCPUs from thread names again), any other is dropped. */
+  const releaseVm = (vmId: number) => {
+    const r = registry.get(vmId);
+    if (r && registry.release(vmId)) {
+      const c = o.discovery?.current(r.pid);
+      if (c) {
+        sampling.updateVcpus(vmId, c.vcpus);
+        r.wholeVmOnly = c.wholeVmOnly;
+      }
+      vmsChanged = true;
+      return;
+    }
+    dropVm(vmId);
+  };
+
+  const entryOf = (r: VmRecord): VmEntry => ({
+    hostVmId: r.vmId,
+    pid: r.pid,
+    uid: r.uid,
+    nvpkg: sampling.nvpkg(r.vmId),
+    starttime: BigInt(r.starttime),
+    ended: !r.live,
+    discovered: r.owner === null,
+    wholeVmOnly: r.wholeVmOnly,
+    name: r.name,
+    uuid: r.uuid,
+  });
+
+  const hostValues = (changed: boolean): HostValues => {
+    const h = o.health;
+    const st = sampling.stats;
+    return {
+      tNs: lastSampleNs,
+      packages: [...pkgJ].map(([pkg, j]) => ({ pkg, energyUj: BigInt(Math.floor(j * 1e6)) })),
+      unattributedUj: BigInt(Math.floor(Math.max(0, unattributedJ) * 1e6)),
+      vmsChanged: changed,
+      stats: {
+        legacyOk: h?.legacy.ok ?? 0n,
+        legacyRefused: h?.legacy.refused ?? 0n,
+        legacyFailed: h?.legacy.failed ?? 0n,
+        lastSampleDurationNs: st.lastDurationNs,
+        samples: BigInt(st.samples),
+        sampleFailures: BigInt(st.failures),
+        connections: h ? h.connections() : conns.size,
+        vms: registry.total,
+      },
+    };
   };
 
   const updateFrame = (vmId: number): { frame: Buffer; ended: boolean } | null => {
@@ -70,15 +232,29 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     return { frame: encodeUpdate(vmId, out.tNs, values, out.ended), ended: out.ended };
   };
 
+  const viewerOf = (conn: V2Connection): Viewer => viewers.get(conn) ?? { connId: conn.id, uid: conn.peer.uid, seesAll: false };
+  const startDiscovery = () => {
+    if (o.discovery && !closed) sampling.hold('discovery', true);
+  };
+  if (o.deferDiscovery !== true) startDiscovery();
+
   const request = (conn: V2Connection, req: ClientRequest): Buffer => {
     switch (req.type) {
       case T.REGISTER: {
         const a = registry.admit(conn.id, conn.peer, req);
         if (!a.ok) return encodeError(REFUSAL_CODE[a.error.reason], T.REGISTER, a.error.message);
-        const spec = a.value;
-        const vmId = sampling.register(spec);
-        registry.add(conn.id, vmId, spec.pid);
-        conn.log.info({ vmId, pid: spec.pid, vcpus: spec.vcpus.length }, 'v2 VM registered');
+        const { spec, uid, attachTo } = a.value;
+        let vmId: number;
+        if (attachTo !== undefined) {
+          // The discovered VM of this very process: one VM, its energy goes on; the client's vCPU list now stands.
+          vmId = attachTo;
+          sampling.updateVcpus(vmId, spec.vcpus);
+        } else {
+          vmId = sampling.register(spec);
+        }
+        registry.add(conn.id, vmId, spec, uid);
+        vmsChanged = true;
+        conn.log.info({ vmId, pid: spec.pid, vcpus: spec.vcpus.length, wasDiscovered: attachTo !== undefined }, 'v2 VM registered');
         return encodeRegistered(vmId, sampling.nvpkg(vmId), sampling.guestPowerUnit);
       }
       case T.READ: {
@@ -100,9 +276,30 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       case T.UNREGISTER: {
         if (!registry.owns(conn.id, req.vmId)) return encodeError(E.NO_SUCH, T.UNREGISTER, `no VM ${req.vmId} on this connection`);
         conn.subscriptions.delete(req.vmId);
-        dropVm(req.vmId);
+        releaseVm(req.vmId);
         conn.log.info({ vmId: req.vmId }, 'v2 VM unregistered');
         return encodeOk(req.vmId);
+      }
+      case T.LIST:
+        return encodeVmList(registry.visible(viewerOf(conn), Math.max(1, req.fromId)).map(entryOf));
+      case T.OBSERVE: {
+        // A VM the peer may not see is answered exactly like one that does not exist.
+        const u = registry.canSee(viewerOf(conn), req.vmId) ? updateFrame(req.vmId) : null;
+        if (!u) return encodeError(E.NO_SUCH, T.OBSERVE, `no VM ${req.vmId}`);
+        if (!u.ended) conn.subscriptions.add(req.vmId);
+        return u.frame;
+      }
+      case T.UNOBSERVE:
+        conn.subscriptions.delete(req.vmId);
+        return encodeOk(req.vmId);
+      case T.HOST_SUBSCRIBE: {
+        if (!viewerOf(conn).seesAll) {
+          const how = o.observerGid === undefined ? 'start the helper with --observer-group GROUP and add this user to it' : `add this user to group ${o.observerGid} (--observer-group)`;
+          return encodeError(E.NOT_PERMITTED, T.HOST_SUBSCRIBE, `host energy is for root and the observer group; ${how}`);
+        }
+        hostSubs.add(conn);
+        sampling.hold('host subscriber', true);
+        return encodeHostUpdate(hostValues(false));
       }
     }
   };
@@ -112,15 +309,31 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     request,
     closed(conn) {
       conns.delete(conn);
+      viewers.delete(conn);
+      if (hostSubs.delete(conn) && hostSubs.size === 0) sampling.hold('host subscriber', false);
       const vms = registry.vmsOf(conn.id);
-      for (const vmId of vms) dropVm(vmId);
+      for (const vmId of vms) releaseVm(vmId);
       conn.log.debug({ vms: vms.length }, 'v2 connection closed');
     },
   };
 
   const listeners = new DisposableStore();
   listeners.add(sampling.onSample((ev) => {
-    for (const vmId of ev.ended) registry.markEnded(vmId);
+    lastSampleNs = ev.tNs;
+    for (const p of ev.result?.packages ?? []) {
+      pkgJ.set(p.package, (pkgJ.get(p.package) ?? 0) + p.energyJ);
+      unattributedJ += p.energyJ - p.attributedJ;
+    }
+    for (const vmId of ev.ended) {
+      const r = registry.get(vmId);
+      registry.markEnded(vmId);
+      if (r?.discovered) o.discovery?.forget(r.pid);
+      vmsChanged = true;
+    }
+    for (const r of [...registry.all()]) {
+      if (r.live || r.owner !== null || !r.discovered) continue;
+      if (++r.endedSamples > ENDED_DISCOVERED_KEPT_SAMPLES) dropVm(r.vmId);
+    }
     for (const conn of conns) {
       for (const vmId of conn.subscriptions) {
         const u = updateFrame(vmId);
@@ -129,13 +342,18 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         if (!conn.send(u.frame)) break;
       }
     }
+    if (hostSubs.size > 0) {
+      const frame = encodeHostUpdate(hostValues(vmsChanged));
+      for (const conn of hostSubs) conn.send(frame);
+    }
+    vmsChanged = false;
   }));
 
   // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
   listeners.add(
     sampling.onFailure((err) => {
       for (const conn of conns) {
-        if (conn.subscriptions.size > 0) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
+        if (conn.subscriptions.size > 0 || hostSubs.has(conn)) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
       }
     }),
   );
@@ -147,6 +365,11 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     }
     const conn = new V2Connection(nextConnId++, socket, peer, host, o.log);
     conns.add(conn);
+    viewers.set(conn, {
+      connId: conn.id,
+      uid: peer.uid,
+      seesAll: peer.uid === 0 || (o.observerGid !== undefined && peerInGroup(o.procRoot, peer, o.observerGid)),
+    });
     conn.start(rest);
   };
 
@@ -178,5 +401,9 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     get vms() {
       return registry.size;
     },
+    get knownVms() {
+      return registry.total;
+    },
+    startDiscovery,
   };
 }

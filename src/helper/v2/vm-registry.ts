@@ -80,29 +80,70 @@ export interface Refusal {
   message: string;
 }
 
-export type Admission = Result<VmSpec, Refusal>;
+/** A registration the registry accepts: the VM to register and who owns its process. */
+export interface Admitted {
+  spec: VmSpec;
+  /** Owner of /proc/<pid>. */
+  uid: number;
+  /** A discovered VM with the same process: the registration takes it over. */
+  attachTo?: number;
+}
 
-interface Entry {
-  owner: number;
+export type Admission = Result<Admitted, Refusal>;
+
+/** What LIST shows of a VM besides its energy. */
+export interface VmMeta {
+  name: string | null;
+  uuid: Buffer | null;
+  wholeVmOnly: boolean;
+}
+
+export interface VmRecord extends VmMeta {
+  vmId: number;
+  /** Connection that registered it; null for a VM only discovered. */
+  owner: number | null;
   pid: number;
+  starttime: number;
+  /** Owner of /proc/<pid>. */
+  uid: number;
   live: boolean;
+  /** The /proc scan found this process (alone, or besides a registration). */
+  discovered: boolean;
+  /** Samples since it ended (a discovered VM is dropped after a few, docs/protocol-v2.md). */
+  endedSamples: number;
+}
+
+/** Who is asking, for the visibility rule (docs/protocol-v2.md "Who may see what"). */
+export interface Viewer {
+  connId: number;
+  uid: number;
+  /** Root or in the observer group: sees every VM and the host. */
+  seesAll: boolean;
 }
 
 export class VmRegistry {
-  private readonly vms = new Map<number, Entry>();
+  private readonly vms = new Map<number, VmRecord>();
   private readonly byOwner = new Map<number, Set<number>>();
   /**
    * pid -> vmId of its registration, live or ended: one registration per pid at a time, so a trace's
    * "unregister <pid>" always names exactly one VM (docs/protocol-v2.md).
    */
   private readonly byPid = new Map<number, number>();
+  /** pid -> vmId of the live discovered VM of that pid. */
+  private readonly discoveredByPid = new Map<number, number>();
 
   constructor(
     readonly limits: V2Limits,
     private readonly proc: ProcView,
   ) {}
 
+  /** Registered VMs (each counts against --max-vms), live or ended. */
   get size(): number {
+    return this.byPid.size;
+  }
+
+  /** Every VM known, registered or discovered. */
+  get total(): number {
     return this.vms.size;
   }
 
@@ -112,7 +153,7 @@ export class VmRegistry {
     if (req.vcpus.length > this.limits.maxVcpus) return no('limit', `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);
     const mine = this.byOwner.get(owner)?.size ?? 0;
     if (mine >= this.limits.maxVmsPerConnection) return no('limit', `this connection already has ${mine} VMs registered (limit ${this.limits.maxVmsPerConnection})`);
-    if (this.vms.size >= this.limits.maxVms) return no('limit', `the helper already has ${this.vms.size} VMs registered (limit ${this.limits.maxVms})`);
+    if (this.byPid.size >= this.limits.maxVms) return no('limit', `the helper already has ${this.byPid.size} VMs registered (limit ${this.limits.maxVms})`);
 
     const pid = req.pid === 0 ? peer.pid : req.pid;
     if (pid <= 0) return no('not-permitted', 'the peer pid is unknown');
@@ -136,35 +177,103 @@ export class VmRegistry {
     // REGISTER carries no name; QEMU's -name (libvirt's domain name) is what the host knows.
     const name = this.proc.name(pid);
     if (name !== undefined) spec.name = name;
-    return ok(spec);
+    const found = this.discoveredByPid.get(pid);
+    const d = found === undefined ? undefined : this.vms.get(found);
+    if (d !== undefined && d.live && d.starttime === start) return ok({ spec, uid: owner_uid, attachTo: d.vmId });
+    return ok({ spec, uid: owner_uid });
   }
 
-  add(owner: number, vmId: number, pid: number): void {
-    this.vms.set(vmId, { owner, pid, live: true });
+  /** A registration (new VM, or attached to the discovered VM `vmId`). */
+  add(owner: number, vmId: number, spec: VmSpec, uid: number): VmRecord {
+    let r = this.vms.get(vmId);
+    if (r === undefined) {
+      r = { vmId, owner, pid: spec.pid, starttime: spec.starttime, uid, live: true, discovered: false, endedSamples: 0, name: spec.name ?? null, uuid: null, wholeVmOnly: false };
+      this.vms.set(vmId, r);
+    }
+    r.owner = owner;
+    r.wholeVmOnly = false;
     let set = this.byOwner.get(owner);
     if (!set) this.byOwner.set(owner, (set = new Set()));
     set.add(vmId);
-    this.byPid.set(pid, vmId);
+    this.byPid.set(spec.pid, vmId);
+    return r;
+  }
+
+  /** A VM found by the /proc scan; when `vmId` is a live registration of that process it is marked found too. */
+  addDiscovered(vmId: number, pid: number, starttime: number, uid: number, meta: VmMeta): VmRecord {
+    let r = this.vms.get(vmId);
+    if (r === undefined) {
+      r = { vmId, owner: null, pid, starttime, uid, live: true, discovered: true, endedSamples: 0, ...meta };
+      this.vms.set(vmId, r);
+    } else {
+      r.discovered = true;
+      r.name = meta.name;
+      r.uuid = meta.uuid;
+    }
+    this.discoveredByPid.set(pid, vmId);
+    return r;
+  }
+
+  /** The live registration of exactly this process, if any. */
+  registrationOf(pid: number, starttime: number): VmRecord | undefined {
+    const id = this.byPid.get(pid);
+    const r = id === undefined ? undefined : this.vms.get(id);
+    return r && r.live && r.starttime === starttime ? r : undefined;
+  }
+
+  get(vmId: number): VmRecord | undefined {
+    return this.vms.get(vmId);
   }
 
   owns(owner: number, vmId: number): boolean {
     return this.vms.get(vmId)?.owner === owner;
   }
 
+  canSee(v: Viewer, vmId: number): boolean {
+    const r = this.vms.get(vmId);
+    return r !== undefined && (v.seesAll || r.uid === v.uid || r.owner === v.connId);
+  }
+
+  /** Every VM `v` may see, ascending id, from `fromId` on. */
+  visible(v: Viewer, fromId: number): VmRecord[] {
+    const out: VmRecord[] = [];
+    for (const r of this.vms.values()) if (r.vmId >= fromId && (v.seesAll || r.uid === v.uid || r.owner === v.connId)) out.push(r);
+    return out.sort((a, b) => a.vmId - b.vmId);
+  }
+
+  all(): IterableIterator<VmRecord> {
+    return this.vms.values();
+  }
+
   /** The VM's process ended; its pid stays taken until the VM is unregistered. */
   markEnded(vmId: number): void {
     const e = this.vms.get(vmId);
-    if (e) e.live = false;
+    if (!e) return;
+    e.live = false;
+    if (this.discoveredByPid.get(e.pid) === vmId) this.discoveredByPid.delete(e.pid);
+  }
+
+  /**
+   * The registrant lets go of a VM (UNREGISTER or close). Returns true when the VM stays (it is a
+   * live discovered VM: it goes on as discovered), false when it must be dropped.
+   */
+  release(vmId: number): boolean {
+    const e = this.vms.get(vmId);
+    if (!e || e.owner === null) return false;
+    const set = this.byOwner.get(e.owner);
+    set?.delete(vmId);
+    if (set && set.size === 0) this.byOwner.delete(e.owner);
+    if (this.byPid.get(e.pid) === vmId) this.byPid.delete(e.pid);
+    e.owner = null;
+    return e.discovered && e.live;
   }
 
   remove(vmId: number): void {
     const e = this.vms.get(vmId);
     if (!e) return;
-    if (this.byPid.get(e.pid) === vmId) this.byPid.delete(e.pid);
+    if (e.owner !== null) this.release(vmId);
+    if (this.discoveredByPid.get(e.pid) === vmId) this.discoveredByPid.delete(e.pid);
     this.vms.delete(vmId);
-    const set = this.byOwner.get(e.owner);
-    set?.delete(vmId);
-    if (set && set.size === 0) this.byOwner.delete(e.owner);
   }
 
   vmsOf(owner: number): number[] {

@@ -17,15 +17,22 @@ export const T = {
   READ: 0x02,
   SUBSCRIBE: 0x03,
   UNREGISTER: 0x04,
+  // Observers (docs/protocol-v2.md "Observers"): new types only, the ones above are unchanged.
+  LIST: 0x05,
+  OBSERVE: 0x06,
+  UNOBSERVE: 0x07,
+  HOST_SUBSCRIBE: 0x08,
   REGISTERED: 0x81,
   VALUE: 0x82,
   UPDATE: 0x83,
   OK: 0x84,
+  VM_LIST: 0x85,
+  HOST_UPDATE: 0x86,
   ERROR: 0xff,
 } as const;
 
-export const CLIENT_TYPES: ReadonlySet<number> = new Set([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER]);
-export const HELPER_TYPES: ReadonlySet<number> = new Set([T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.ERROR]);
+export const CLIENT_TYPES: ReadonlySet<number> = new Set([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.LIST, T.OBSERVE, T.UNOBSERVE, T.HOST_SUBSCRIBE]);
+export const HELPER_TYPES: ReadonlySet<number> = new Set([T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.VM_LIST, T.HOST_UPDATE, T.ERROR]);
 
 export const E = {
   MALFORMED: 1,
@@ -40,6 +47,29 @@ export type ErrorCode = (typeof E)[keyof typeof E];
 
 /** Bit 0 of flags on VALUE and UPDATE: the VM has ended, values are final. */
 export const FLAG_ENDED = 0x1;
+
+/** Bit 0 of flags on HOST_UPDATE: a VM appeared, ended or was dropped since the previous sample (LIST again). */
+export const FLAG_VMS_CHANGED = 0x1;
+
+/** Bits of a VM_LIST entry's flags. */
+export const VM_FLAG = {
+  ENDED: 0x1,
+  /** Found by the helper's /proc scan, not registered by a client. */
+  DISCOVERED: 0x2,
+  /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
+  WHOLE_VM_ONLY: 0x4,
+  HAS_UUID: 0x8,
+} as const;
+
+/** Bytes a VM name may take in a VM_LIST entry (UTF-8, cut at a character boundary). */
+export const MAX_NAME_BYTES = 255;
+/** VM_LIST entry size without its name. */
+export const VM_ENTRY_FIXED = 44;
+/** VM_LIST payload header: count, next_id. */
+export const VM_LIST_HEADER = 8;
+/** HOST_UPDATE payload size without its packages; each package adds HOST_PKG_SIZE. */
+export const HOST_UPDATE_FIXED = 80;
+export const HOST_PKG_SIZE = 16;
 
 /** Error codes in words, for logs and the CLI. */
 export function errorCodeName(code: number): string {
@@ -177,6 +207,13 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
   return out;
 }
 
+/** A frame whose whole payload is one u32 (SUBSCRIBE, UNREGISTER, OK, LIST, OBSERVE, UNOBSERVE). */
+function encodeU32Frame(type: number, v: number): Buffer {
+  const p = Buffer.alloc(4);
+  p.writeUInt32LE(v, 0);
+  return encodeFrame(type, 0, p);
+}
+
 const U64_MAX = (1n << 64n) - 1n;
 
 function u64(v: bigint): bigint {
@@ -222,17 +259,132 @@ export function encodeUpdate(vmId: number, tNs: bigint, values: readonly VpkgVal
 }
 
 export function encodeOk(vmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(vmId, 0);
-  return encodeFrame(T.OK, 0, p);
+  return encodeU32Frame(T.OK, vmId);
+}
+
+// ---- observers (helper -> client) ----
+
+/** One VM as LIST shows it. `uuid` is the 16 raw bytes of the VM's -uuid, `name` its -name (or registrant's). */
+export interface VmEntry {
+  hostVmId: number;
+  pid: number;
+  uid: number;
+  nvpkg: number;
+  starttime: bigint;
+  ended: boolean;
+  discovered: boolean;
+  wholeVmOnly: boolean;
+  name: string | null;
+  uuid: Buffer | null;
+}
+
+/** UTF-8 bytes of `s`, cut to at most `max` bytes without splitting a character. */
+export function utf8Cut(s: string, max: number): Buffer {
+  const b = Buffer.from(s, 'utf8');
+  if (b.length <= max) return b;
+  let end = max;
+  // Back off over continuation bytes (10xxxxxx) so the cut falls on a character start.
+  while (end > 0 && (b[end]! & 0xc0) === 0x80) end--;
+  return b.subarray(0, end);
+}
+
+/** Size of one entry in a VM_LIST payload. */
+export function vmEntrySize(e: VmEntry): number {
+  return VM_ENTRY_FIXED + (e.name === null ? 0 : utf8Cut(e.name, MAX_NAME_BYTES).length);
+}
+
+function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
+  const name = e.name === null ? Buffer.alloc(0) : utf8Cut(e.name, MAX_NAME_BYTES);
+  p.writeUInt32LE(e.hostVmId, off);
+  p.writeUInt32LE(e.pid, off + 4);
+  p.writeUInt32LE(e.uid, off + 8);
+  p.writeUInt32LE(e.nvpkg, off + 12);
+  p.writeBigUInt64LE(u64(e.starttime), off + 16);
+  let flags = 0;
+  if (e.ended) flags |= VM_FLAG.ENDED;
+  if (e.discovered) flags |= VM_FLAG.DISCOVERED;
+  if (e.wholeVmOnly) flags |= VM_FLAG.WHOLE_VM_ONLY;
+  if (e.uuid !== null) flags |= VM_FLAG.HAS_UUID;
+  p.writeUInt16LE(flags, off + 24);
+  p.writeUInt8(name.length, off + 26);
+  p.writeUInt8(0, off + 27);
+  if (e.uuid !== null) e.uuid.copy(p, off + 28, 0, 16);
+  name.copy(p, off + VM_ENTRY_FIXED);
+  return off + VM_ENTRY_FIXED + name.length;
+}
+
+/**
+ * One VM_LIST page: the entries (ascending hostVmId) that fit in MAX_PAYLOAD, and the id to ask for
+ * next (0 when these are the last). `entries` must already be sorted and filtered for the peer.
+ */
+export function encodeVmList(entries: readonly VmEntry[]): Buffer {
+  let size = VM_LIST_HEADER;
+  let n = 0;
+  for (const e of entries) {
+    const s = vmEntrySize(e);
+    if (size + s > MAX_PAYLOAD) break;
+    size += s;
+    n++;
+  }
+  const p = Buffer.alloc(size);
+  p.writeUInt32LE(n, 0);
+  p.writeUInt32LE(n < entries.length ? entries[n]!.hostVmId : 0, 4);
+  let off = VM_LIST_HEADER;
+  for (let i = 0; i < n; i++) off = writeVmEntry(p, off, entries[i]!);
+  return encodeFrame(T.VM_LIST, 0, p);
+}
+
+export interface HostStats {
+  legacyOk: bigint;
+  legacyRefused: bigint;
+  legacyFailed: bigint;
+  /** Wall time the last sample took (MSR + /proc reads + discovery scan + engine), ns. */
+  lastSampleDurationNs: bigint;
+  samples: bigint;
+  sampleFailures: bigint;
+  /** Open connections, legacy and v2. */
+  connections: number;
+  /** VMs the helper knows (registered + discovered, ended ones not yet dropped). */
+  vms: number;
+}
+
+export interface HostValues {
+  /** CLOCK_MONOTONIC of the sample the values come from (0 before the first interval). */
+  tNs: bigint;
+  /** Per host package: energy since the helper started sampling, µJ. */
+  packages: { pkg: number; energyUj: bigint }[];
+  /** Package energy attributed to no VM, summed over packages, µJ. */
+  unattributedUj: bigint;
+  vmsChanged: boolean;
+  stats: HostStats;
+}
+
+export function encodeHostUpdate(h: HostValues): Buffer {
+  const p = Buffer.alloc(HOST_UPDATE_FIXED + HOST_PKG_SIZE * h.packages.length);
+  p.writeBigUInt64LE(u64(h.tNs), 0);
+  p.writeBigUInt64LE(u64(h.unattributedUj), 8);
+  p.writeBigUInt64LE(u64(h.stats.legacyOk), 16);
+  p.writeBigUInt64LE(u64(h.stats.legacyRefused), 24);
+  p.writeBigUInt64LE(u64(h.stats.legacyFailed), 32);
+  p.writeBigUInt64LE(u64(h.stats.lastSampleDurationNs), 40);
+  p.writeBigUInt64LE(u64(h.stats.samples), 48);
+  p.writeBigUInt64LE(u64(h.stats.sampleFailures), 56);
+  p.writeUInt32LE(h.stats.connections >>> 0, 64);
+  p.writeUInt32LE(h.stats.vms >>> 0, 68);
+  p.writeUInt32LE(h.packages.length, 72);
+  p.writeUInt32LE(0, 76);
+  h.packages.forEach((k, i) => {
+    const off = HOST_UPDATE_FIXED + HOST_PKG_SIZE * i;
+    p.writeUInt32LE(k.pkg, off);
+    p.writeUInt32LE(0, off + 4);
+    p.writeBigUInt64LE(u64(k.energyUj), off + 8);
+  });
+  return encodeFrame(T.HOST_UPDATE, h.vmsChanged ? FLAG_VMS_CHANGED : 0, p);
 }
 
 /** Messages are cut (at a character boundary) so the frame stays within MAX_PAYLOAD. */
 export function encodeError(code: number, requestType: number, message: string): Buffer {
-  let text = Buffer.from(message, 'utf8');
-  if (text.length > MAX_PAYLOAD - 8) {
-    text = Buffer.from(text.subarray(0, MAX_PAYLOAD - 8).toString('utf8').replace(/\uFFFD+$/, ''), 'utf8').subarray(0, MAX_PAYLOAD - 8);
-  }
+  const text = utf8Cut(message, MAX_PAYLOAD - 8);
   const p = Buffer.alloc(8 + text.length);
   p.writeUInt32LE(code, 0);
   p.writeUInt32LE(requestType, 4);
@@ -266,13 +418,26 @@ export function encodeRead(vmId: number, vpkg: number): Buffer {
 }
 
 export function encodeSubscribe(vmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(vmId, 0);
-  return encodeFrame(T.SUBSCRIBE, 0, p);
+  return encodeU32Frame(T.SUBSCRIBE, vmId);
 }
 
 export function encodeUnregister(vmId: number): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(vmId, 0);
-  return encodeFrame(T.UNREGISTER, 0, p);
+  return encodeU32Frame(T.UNREGISTER, vmId);
+}
+
+/** LIST from `fromId` on (0 or 1 = from the start; a VM_LIST's next_id for the next page). */
+export function encodeList(fromId: number): Buffer {
+  return encodeU32Frame(T.LIST, fromId);
+}
+
+export function encodeObserve(hostVmId: number): Buffer {
+  return encodeU32Frame(T.OBSERVE, hostVmId);
+}
+
+export function encodeUnobserve(hostVmId: number): Buffer {
+  return encodeU32Frame(T.UNOBSERVE, hostVmId);
+}
+
+export function encodeHostSubscribe(): Buffer {
+  return encodeFrame(T.HOST_SUBSCRIBE, 0, Buffer.alloc(0));
 }

@@ -5,7 +5,21 @@
  * - `fatal`: the payload has the wrong size for its type (ERROR 1, then close);
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
  */
-import { E, FLAG_ENDED, T, type Frame, typeName } from './codec.js';
+import {
+  E,
+  FLAG_ENDED,
+  FLAG_VMS_CHANGED,
+  HOST_PKG_SIZE,
+  HOST_UPDATE_FIXED,
+  T,
+  VM_ENTRY_FIXED,
+  VM_FLAG,
+  VM_LIST_HEADER,
+  type Frame,
+  type HostValues,
+  type VmEntry,
+  typeName,
+} from './codec.js';
 import { checkVcpus } from '../../ratio/vcpus.js';
 import { fail, ok, type Result } from '../../ratio/result.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
@@ -22,7 +36,11 @@ export type ClientRequest =
   | { type: typeof T.REGISTER; pid: number; vcpus: VcpuSpec[] }
   | { type: typeof T.READ; vmId: number; vpkg: number }
   | { type: typeof T.SUBSCRIBE; vmId: number }
-  | { type: typeof T.UNREGISTER; vmId: number };
+  | { type: typeof T.UNREGISTER; vmId: number }
+  | { type: typeof T.LIST; fromId: number }
+  | { type: typeof T.OBSERVE; vmId: number }
+  | { type: typeof T.UNOBSERVE; vmId: number }
+  | { type: typeof T.HOST_SUBSCRIBE };
 
 type ClientParse = Result<ClientRequest, PayloadError>;
 
@@ -60,9 +78,19 @@ export function parseClientFrame(f: Frame): ClientParse {
       return ok({ type: T.READ, vmId: p.readUInt32LE(0), vpkg: p.readUInt32LE(4) });
     case T.SUBSCRIBE:
     case T.UNREGISTER:
+    case T.OBSERVE:
+    case T.UNOBSERVE:
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
       return ok({ type: f.type, vmId: p.readUInt32LE(0) });
+    case T.LIST:
+      if (p.length !== 4) return wrongSize(f.type, p.length, '4');
+      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      return ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
+    case T.HOST_SUBSCRIBE:
+      if (p.length !== 0) return wrongSize(f.type, p.length, '0');
+      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      return ok({ type: T.HOST_SUBSCRIBE });
     default:
       return fail({ code: E.MALFORMED, fatal: true, message: `unknown frame type ${typeName(f.type)}` });
   }
@@ -75,6 +103,8 @@ export type HelperMessage =
   | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
   | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: { counter: bigint; energyUj: bigint }[]; ended: boolean }
   | { type: typeof T.OK; vmId: number }
+  | { type: typeof T.VM_LIST; entries: VmEntry[]; nextId: number }
+  | ({ type: typeof T.HOST_UPDATE } & HostValues)
   | { type: typeof T.ERROR; code: number; requestType: number; message: string };
 
 /** A helper's reply; a failure describes a reply the client cannot trust (the client then closes). */
@@ -107,10 +137,69 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
     case T.OK:
       if (p.length !== 4) return size(4);
       return ok({ type: T.OK, vmId: p.readUInt32LE(0) });
+    case T.VM_LIST:
+      return parseVmList(p);
+    case T.HOST_UPDATE: {
+      if (p.length < HOST_UPDATE_FIXED) return size(HOST_UPDATE_FIXED);
+      const n = p.readUInt32LE(72);
+      if (p.length !== HOST_UPDATE_FIXED + HOST_PKG_SIZE * n) return size(HOST_UPDATE_FIXED + HOST_PKG_SIZE * n);
+      const packages: { pkg: number; energyUj: bigint }[] = [];
+      for (let i = 0; i < n; i++) {
+        const off = HOST_UPDATE_FIXED + HOST_PKG_SIZE * i;
+        packages.push({ pkg: p.readUInt32LE(off), energyUj: p.readBigUInt64LE(off + 8) });
+      }
+      return ok({
+        type: T.HOST_UPDATE,
+        tNs: p.readBigUInt64LE(0),
+        unattributedUj: p.readBigUInt64LE(8),
+        packages,
+        vmsChanged: (f.flags & FLAG_VMS_CHANGED) !== 0,
+        stats: {
+          legacyOk: p.readBigUInt64LE(16),
+          legacyRefused: p.readBigUInt64LE(24),
+          legacyFailed: p.readBigUInt64LE(32),
+          lastSampleDurationNs: p.readBigUInt64LE(40),
+          samples: p.readBigUInt64LE(48),
+          sampleFailures: p.readBigUInt64LE(56),
+          connections: p.readUInt32LE(64),
+          vms: p.readUInt32LE(68),
+        },
+      });
+    }
     case T.ERROR:
       if (p.length < 8) return fail(`ERROR payload is ${p.length} bytes, expected at least 8`);
       return ok({ type: T.ERROR, code: p.readUInt32LE(0), requestType: p.readUInt32LE(4), message: p.subarray(8).toString('utf8') });
     default:
       return fail(`unknown frame type ${typeName(f.type)}`);
   }
+}
+
+/** A VM_LIST payload: every entry must lie inside it and the count must match exactly. */
+function parseVmList(p: Buffer): Result<HelperMessage> {
+  if (p.length < VM_LIST_HEADER) return fail(`VM_LIST payload is ${p.length} bytes, expected at least ${VM_LIST_HEADER}`);
+  const count = p.readUInt32LE(0);
+  const nextId = p.readUInt32LE(4);
+  const entries: VmEntry[] = [];
+  let off = VM_LIST_HEADER;
+  for (let i = 0; i < count; i++) {
+    if (off + VM_ENTRY_FIXED > p.length) return fail(`VM_LIST entry ${i} is cut off at byte ${p.length}`);
+    const flags = p.readUInt16LE(off + 24);
+    const nameLen = p.readUInt8(off + 26);
+    if (off + VM_ENTRY_FIXED + nameLen > p.length) return fail(`VM_LIST entry ${i}: its name is cut off at byte ${p.length}`);
+    entries.push({
+      hostVmId: p.readUInt32LE(off),
+      pid: p.readUInt32LE(off + 4),
+      uid: p.readUInt32LE(off + 8),
+      nvpkg: p.readUInt32LE(off + 12),
+      starttime: p.readBigUInt64LE(off + 16),
+      ended: (flags & VM_FLAG.ENDED) !== 0,
+      discovered: (flags & VM_FLAG.DISCOVERED) !== 0,
+      wholeVmOnly: (flags & VM_FLAG.WHOLE_VM_ONLY) !== 0,
+      uuid: (flags & VM_FLAG.HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
+      name: nameLen > 0 ? p.subarray(off + VM_ENTRY_FIXED, off + VM_ENTRY_FIXED + nameLen).toString('utf8') : null,
+    });
+    off += VM_ENTRY_FIXED + nameLen;
+  }
+  if (off !== p.length) return fail(`VM_LIST payload has ${p.length - off} bytes after its ${count} entries`);
+  return ok({ type: T.VM_LIST, entries, nextId });
 }

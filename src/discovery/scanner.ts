@@ -1,0 +1,359 @@
+/**
+ * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
+ * every sampling interval: /proc is listed each scan, but only pids not seen before are read
+ * (stat, and for candidates cmdline, exe and thread names). Pids known not to be VMs are kept with
+ * their starttime and looked at again only when young (a process may exec QEMU just after fork:
+ * libvirt does) or on a periodic full recheck. Rules and limits: docs/discovery.md.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
+import { baseName, isQemuName, vcpuIndexOf } from './names.js';
+import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
+import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, vpkgOf, type SmpTopology } from './qemu-cmdline.js';
+
+export interface DiscoveredVm {
+  pid: number;
+  starttime: number;
+  uid: number;
+  name: string | null;
+  uuid: Buffer | null;
+  topology: SmpTopology;
+  /** True when no thread is named `CPU <n>/KVM`: vpkg 0 gets the whole VM (its main thread stands for it). */
+  wholeVmOnly: boolean;
+  vcpus: VcpuSpec[];
+  /** Threads of the process when found (what sampling it will hold open: one fd each). */
+  threads: number;
+  problems: string[];
+}
+
+export interface ScannerOptions {
+  /** A non-VM process younger than this is looked at again every scan (it may still exec QEMU). */
+  youngSeconds?: number;
+  /** Every this many scans, every known non-VM pid is looked at again (a late exec). */
+  fullRecheckEvery?: number;
+  /** Thread names read from a multithreaded process not named like QEMU, looking for vCPU threads. */
+  maxThreadsProbed?: number;
+  /** VM processes tracked at once; more are ignored, with a warning. */
+  maxVms?: number;
+  /** Seconds since boot (CLOCK_BOOTTIME); injected by tests. */
+  uptime?: () => number;
+  clkTck: number;
+}
+
+interface Other {
+  starttime: number;
+  comm: string;
+  numThreads: number;
+  young: boolean;
+  /** A VM not admitted (fd budget): examined in full again at the next full recheck. */
+  retry?: boolean;
+}
+
+interface Known {
+  starttime: number;
+  topology: SmpTopology;
+  /** tid -> [comm, vpkg | null] as last classified. */
+  threads: Map<number, { comm: string; vpkg: number | null }>;
+  wholeVmOnly: boolean;
+}
+
+export class ProcScanner {
+  private readonly others = new Map<number, Other>();
+  private readonly vms = new Map<number, Known>();
+  private scans = 0;
+  private readonly youngS: number;
+  private readonly fullEvery: number;
+  private readonly maxProbe: number;
+  readonly maxVms: number;
+  private readonly uptime: () => number;
+  private readonly cmdBuf = Buffer.alloc(MAX_CMDLINE_BYTES + 1);
+  /** Counters for tests and the bench: what the last scans cost. */
+  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, overLimit: 0, quietScans: 0 };
+  private lastPid: number | null = null;
+
+  constructor(
+    private readonly procRoot: string,
+    private readonly o: ScannerOptions,
+  ) {
+    this.youngS = o.youngSeconds ?? 10;
+    this.fullEvery = Math.max(1, o.fullRecheckEvery ?? 60);
+    this.maxProbe = o.maxThreadsProbed ?? 16;
+    this.maxVms = o.maxVms ?? 4096;
+    this.uptime = o.uptime ?? (() => readUptime(procRoot));
+  }
+
+  get trackedVms(): number {
+    return this.vms.size;
+  }
+
+  /** VM processes that appeared since the last scan. */
+  scan(): DiscoveredVm[] {
+    this.scans++;
+    const full = this.scans % this.fullEvery === 0;
+    const now = this.uptime();
+    const found: DiscoveredVm[] = [];
+    // No task was created since the last scan (the last pid handed out is the same): nothing new
+    // can be in /proc, so only the young processes (which may still exec QEMU) are looked at again.
+    const lastPid = readLastPid(this.procRoot);
+    const prevPid = this.lastPid;
+    const quiet = !full && lastPid !== null && lastPid === prevPid;
+    this.lastPid = lastPid;
+    // Pids are handed out in increasing order (wrapping at pid_max): every pid created since the last
+    // scan lies in (prevPid, lastPid]. A known pid in that range may belong to a new process.
+    const fresh = (pid: number): boolean => {
+      if (prevPid === null || lastPid === null) return true;
+      return prevPid <= lastPid ? pid > prevPid && pid <= lastPid : pid > prevPid || pid <= lastPid;
+    };
+    if (quiet) {
+      this.cost.quietScans++;
+      for (const [pid, other] of [...this.others]) {
+        if (!other.young) continue;
+        const vm = this.examine(pid, other, now);
+        if (vm !== null) found.push(vm);
+      }
+      return found;
+    }
+    let names: string[];
+    try {
+      names = fs.readdirSync(this.procRoot);
+    } catch {
+      return [];
+    }
+    const present = new Set<number>();
+    for (const n of names) {
+      const c = n.charCodeAt(0);
+      if (c < 48 || c > 57) continue;
+      const pid = Number(n);
+      if (!Number.isSafeInteger(pid) || pid <= 0) continue;
+      present.add(pid);
+      if (this.vms.has(pid)) continue;
+      const other = this.others.get(pid);
+      if (other !== undefined && !other.young && !full && !fresh(pid)) continue;
+      const vm = this.examine(pid, other, now);
+      if (vm !== null) found.push(vm);
+    }
+    for (const pid of this.others.keys()) if (!present.has(pid)) this.others.delete(pid);
+    return found;
+  }
+
+  /** The VM with this pid ended (or was dropped): its pid is examined afresh at the next scan. */
+  forget(pid: number): void {
+    this.vms.delete(pid);
+    this.others.delete(pid);
+  }
+
+  /**
+   * A VM found by scan() that the caller could not admit (no fds left): it is not tracked, and is
+   * examined again at the next full recheck.
+   */
+  defer(pid: number): void {
+    const k = this.vms.get(pid);
+    if (k === undefined) return;
+    this.vms.delete(pid);
+    this.others.set(pid, { starttime: k.starttime, comm: '', numThreads: -1, young: false, retry: true });
+  }
+
+  /** The vCPU list of a tracked VM as last classified, null when the pid is not a tracked VM. */
+  current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
+    const k = this.vms.get(pid);
+    return k === undefined ? null : vcpusFrom(pid, k.threads);
+  }
+
+  /**
+   * vCPU threads of a discovered VM from this sample's stat lines (comm is in each line: no extra
+   * read). Returns the new vCPU list when threads were born, renamed or gone (hotplug, tid reuse),
+   * null when nothing changed. Lines of threads already classified are not parsed again unless
+   * their comm changed.
+   */
+  refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
+    const k = this.vms.get(pid);
+    if (k === undefined) return null;
+    let changed = false;
+    for (const [tid, line] of lines) {
+      const comm = commOf(line);
+      if (comm === null) continue;
+      const prev = k.threads.get(tid);
+      if (prev !== undefined && prev.comm === comm) continue;
+      const idx = vcpuIndexOf(comm);
+      const vpkg = idx === null ? null : vpkgOf(k.topology, idx);
+      if (prev === undefined && vpkg === null) {
+        k.threads.set(tid, { comm, vpkg });
+        continue;
+      }
+      k.threads.set(tid, { comm, vpkg });
+      changed = true;
+    }
+    for (const tid of k.threads.keys()) {
+      if (!lines.has(tid)) {
+        if (k.threads.get(tid)!.vpkg !== null) changed = true;
+        k.threads.delete(tid);
+      }
+    }
+    if (!changed) return null;
+    const r = vcpusFrom(pid, k.threads);
+    k.wholeVmOnly = r.wholeVmOnly;
+    return r;
+  }
+
+  private examine(pid: number, before: Other | undefined, now: number): DiscoveredVm | null {
+    const st = this.readStat(pid);
+    if (st === null) {
+      this.others.delete(pid);
+      return null;
+    }
+    // Same process, nothing that could have changed what it is: skip the deeper reads.
+    if (before !== undefined && !before.retry && before.starttime === st.starttime && before.comm === st.comm && before.numThreads === st.numThreads) {
+      before.young = this.isYoung(st, now);
+      return null;
+    }
+    const notVm = (): null => {
+      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: this.isYoung(st, now) });
+      return null;
+    };
+    if ((st.flags & PF_KTHREAD) !== 0) return notVm();
+    const named = isQemuName(st.comm);
+    if (!named && st.numThreads <= 1) return notVm();
+    // Thread names: every thread of a QEMU-named process; a bounded probe of anything else.
+    const threads = this.readThreads(pid, named ? Infinity : this.maxProbe);
+    const hasVcpu = [...threads.values()].some((c) => vcpuIndexOf(c) !== null);
+    if (!named && !hasVcpu) return notVm();
+    const args = this.readCmdline(pid);
+    if (args === null || args.length === 0) return notVm();
+    if (!hasVcpu) {
+      // Named like QEMU but no vCPU thread names: trust the executable when it can be read.
+      const exe = this.readExe(pid);
+      const argvQemu = isQemuName(baseName(args[0]!));
+      if (exe !== null ? !isQemuName(baseName(exe).replace(/ \(deleted\)$/, '')) : !(argvQemu || named)) return notVm();
+    }
+    if (this.vms.size >= this.maxVms) {
+      this.cost.overLimit++;
+      return notVm();
+    }
+    const uid = this.ownerUid(pid);
+    if (uid === null) return notVm();
+    const cmd = parseQemuCommandLine(args);
+    const known: Known = { starttime: st.starttime, topology: cmd.topology, threads: new Map(), wholeVmOnly: true };
+    for (const [tid, comm] of threads) {
+      const idx = vcpuIndexOf(comm);
+      known.threads.set(tid, { comm, vpkg: idx === null ? null : vpkgOf(cmd.topology, idx) });
+    }
+    const v = vcpusFrom(pid, known.threads);
+    known.wholeVmOnly = v.wholeVmOnly;
+    this.vms.set(pid, known);
+    this.others.delete(pid);
+    return { pid, starttime: st.starttime, uid, name: cmd.name, uuid: cmd.uuid, topology: cmd.topology, wholeVmOnly: v.wholeVmOnly, vcpus: v.vcpus, threads: Math.max(st.numThreads, threads.size), problems: cmd.problems };
+  }
+
+  private isYoung(st: ProcessStat, now: number): boolean {
+    return now - st.starttime / this.o.clkTck < this.youngS;
+  }
+
+  private readStat(pid: number): ProcessStat | null {
+    this.cost.statReads++;
+    try {
+      return parseProcessStat(fs.readFileSync(path.join(this.procRoot, String(pid), 'stat'), 'latin1'));
+    } catch {
+      return null;
+    }
+  }
+
+  private readCmdline(pid: number): string[] | null {
+    this.cost.cmdlineReads++;
+    let fd: number;
+    try {
+      fd = fs.openSync(path.join(this.procRoot, String(pid), 'cmdline'), 'r');
+    } catch {
+      return null;
+    }
+    try {
+      // Bounded: at most MAX_CMDLINE_BYTES + 1 bytes (the extra byte tells a cut command line).
+      let n = 0;
+      while (n < this.cmdBuf.length) {
+        const got = fs.readSync(fd, this.cmdBuf, n, this.cmdBuf.length - n, null);
+        if (got <= 0) break;
+        n += got;
+      }
+      return splitCmdline(this.cmdBuf.subarray(0, n));
+    } catch {
+      return null;
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  private readExe(pid: number): string | null {
+    try {
+      return fs.readlinkSync(path.join(this.procRoot, String(pid), 'exe'));
+    } catch {
+      return null; // another user's process without CAP_SYS_PTRACE: unknown
+    }
+  }
+
+  private ownerUid(pid: number): number | null {
+    try {
+      return fs.statSync(path.join(this.procRoot, String(pid))).uid;
+    } catch {
+      return null;
+    }
+  }
+
+  /** tid -> comm of up to `max` threads (ascending tid). */
+  private readThreads(pid: number, max: number): Map<number, string> {
+    const out = new Map<number, string>();
+    let tids: number[];
+    try {
+      tids = fs
+        .readdirSync(path.join(this.procRoot, String(pid), 'task'))
+        .filter((n) => /^\d{1,10}$/.test(n))
+        .map(Number)
+        .sort((a, b) => a - b);
+    } catch {
+      return out;
+    }
+    for (const tid of tids) {
+      if (out.size >= max) break;
+      this.cost.threadProbes++;
+      try {
+        const comm = fs.readFileSync(path.join(this.procRoot, String(pid), 'task', String(tid), 'comm'), 'latin1');
+        out.set(tid, comm.endsWith('\n') ? comm.slice(0, -1) : comm);
+      } catch {
+        /* exited meanwhile */
+      }
+    }
+    return out;
+  }
+}
+
+/**
+ * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0.
+ * At most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and the vCPU
+ * rule (ratio/vcpus.ts) the engine applies allows no more.
+ */
+function vcpusFrom(pid: number, threads: ReadonlyMap<number, { vpkg: number | null }>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
+  const vcpus: VcpuSpec[] = [];
+  for (const [tid, t] of threads) if (t.vpkg !== null) vcpus.push({ tid, vpkg: t.vpkg });
+  if (vcpus.length === 0) return { vcpus: [{ tid: pid, vpkg: 0 }], wholeVmOnly: true };
+  vcpus.sort((a, b) => a.tid - b.tid);
+  if (vcpus.length > MAX_VCPUS) vcpus.length = MAX_VCPUS;
+  return { vcpus, wholeVmOnly: false };
+}
+
+/** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */
+function readLastPid(procRoot: string): number | null {
+  try {
+    const f = fs.readFileSync(path.join(procRoot, 'loadavg'), 'latin1').trim().split(' ');
+    const v = Number(f[4]);
+    return Number.isSafeInteger(v) && v > 0 ? v : null;
+  } catch {
+    return null;
+  }
+}
+
+function readUptime(procRoot: string): number {
+  try {
+    return Number(fs.readFileSync(path.join(procRoot, 'uptime'), 'latin1').split(' ')[0]);
+  } catch {
+    return Infinity; // unknown: nothing counts as young
+  }
+}

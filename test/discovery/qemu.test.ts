@@ -1,0 +1,71 @@
+/**
+ * Discovery of real QEMU processes (qemu-system-x86_64 running the spin guest), in the v2 service on
+ * the real /proc; package energy from FakeHost's MSR files.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
+import { startHarness, until, type Harness } from '../v2/harness.js';
+import { qemuMissing, startQemu, waitSettled, type QemuGuest } from '../support/qemu.js';
+
+const why = qemuMissing();
+if (why) console.log(`skipping discovery of real QEMU: ${why}`);
+
+async function listed(c: V2Client, pid: number, ok: (v: VmInfo) => boolean = () => true, timeoutMs = 10_000): Promise<VmInfo> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const vm = (await c.list()).find((v) => v.pid === pid && !v.ended && ok(v));
+    if (vm) return vm;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`pid ${pid} not listed within ${timeoutMs} ms`);
+}
+
+describe.skipIf(why !== null)('discovery of real QEMU', () => {
+  let h: Harness;
+  let pump: NodeJS.Timeout;
+  let c: V2Client;
+  const guests: QemuGuest[] = [];
+
+  beforeAll(async () => {
+    h = await startHarness({ intervalMs: 100, discovery: true });
+    pump = setInterval(() => h.addEnergy(2000), 20);
+    c = await V2Client.connect(h.socketPath);
+  });
+  afterAll(async () => {
+    clearInterval(pump);
+    await c?.close();
+    for (const g of guests) await g.stop();
+    await h?.close();
+  });
+
+  it('plain QEMU (no -name, no debug-threads): discovered with no name, one virtual package holding the whole VM, flagged wholeVmOnly', async () => {
+    const g = await startQemu({ mode: 'b', smp: 2, sockets: 2, plain: true, extraArgs: ['-uuid', '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'] });
+    guests.push(g);
+    const vm = await listed(c, g.pid);
+    expect(vm).toMatchObject({ name: null, uuid: '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d', source: 'discovered', wholeVmOnly: true, nvpkg: 1 });
+    let last: VmUpdate | undefined;
+    await c.observe(vm.hostVmId, (u) => (last = u));
+    await until(() => last !== undefined && Number(last.vpkgs[0]!.energyUj) > 100_000, 15_000, 'whole-VM energy');
+    expect(last!.vpkgs).toHaveLength(1);
+    await g.stop();
+  }, 40_000);
+
+  it('QEMU with debug-threads: per-vpkg energy follows the guest (mode p: vCPU 1, socket 1, spins)', async () => {
+    const g = await startQemu({ mode: 'p', smp: 2, sockets: 2, name: 'qemu-p' });
+    guests.push(g);
+    // Seen while QEMU was still naming its threads, it starts whole-VM and is split once they are named.
+    const vm = await listed(c, g.pid, (v) => !v.wholeVmOnly);
+    expect(vm).toMatchObject({ name: 'qemu-p', uuid: null, wholeVmOnly: false, nvpkg: 2 });
+    expect(await waitSettled(g, 'p')).toBe(true);
+    let first: VmUpdate | undefined;
+    let last: VmUpdate | undefined;
+    await c.observe(vm.hostVmId, (u) => {
+      first ??= u;
+      last = u;
+    });
+    await until(() => last !== undefined && Number(last.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj) > 300_000, 15_000, 'vpkg 1 energy');
+    const d0 = Number(last!.vpkgs[0]!.energyUj - first!.vpkgs[0]!.energyUj);
+    const d1 = Number(last!.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj);
+    expect(d1).toBeGreaterThan(5 * d0);
+  }, 60_000);
+});

@@ -1,0 +1,146 @@
+/**
+ * ProcScanner on a /proc tree written by the test (directories with stat, cmdline, task/<tid>/comm,
+ * loadavg, uptime), for what the real /proc cannot be made to do on demand: a pid reused by a QEMU
+ * between two scans, a process that execs QEMU after it was first seen, and the cost of a quiet scan.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ProcScanner } from '../../src/discovery/scanner.js';
+import { RatioEngine } from '../../src/ratio/attribution.js';
+import { MAX_VCPUS } from '../../src/ratio/types.js';
+import { host } from '../ratio/helpers.js';
+
+const dirs: string[] = [];
+afterEach(() => {
+  for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
+});
+
+class FakeProc {
+  readonly root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-fakeproc-'));
+  uptime = 1000;
+  constructor() {
+    dirs.push(this.root);
+    this.lastPid(1);
+  }
+  lastPid(pid: number): void {
+    fs.writeFileSync(path.join(this.root, 'loadavg'), `0.00 0.00 0.00 1/100 ${pid}\n`);
+    fs.writeFileSync(path.join(this.root, 'uptime'), `${this.uptime}.00 0.00\n`);
+  }
+  /** A process: comm, starttime (clock ticks, CLK_TCK 100), argv, thread names (index 0 = main). */
+  process(pid: number, o: { comm: string; starttime: number; argv: string[]; threads?: string[] }): void {
+    const d = path.join(this.root, String(pid));
+    fs.rmSync(d, { recursive: true, force: true });
+    const threads = o.threads ?? [o.comm];
+    const fields = Array.from({ length: 50 }, () => '0');
+    fields[17] = String(threads.length); // num_threads (field 20)
+    fields[19] = String(o.starttime); // starttime (field 22)
+    fs.mkdirSync(path.join(d, 'task'), { recursive: true });
+    fs.writeFileSync(path.join(d, 'stat'), `${pid} (${o.comm}) ${fields.join(' ')}\n`);
+    fs.writeFileSync(path.join(d, 'cmdline'), o.argv.join('\0') + '\0');
+    threads.forEach((name, i) => {
+      fs.mkdirSync(path.join(d, 'task', String(pid + i)));
+      fs.writeFileSync(path.join(d, 'task', String(pid + i), 'comm'), `${name}\n`);
+    });
+  }
+  remove(pid: number): void {
+    fs.rmSync(path.join(this.root, String(pid)), { recursive: true, force: true });
+  }
+}
+
+const qemu = (name: string) => ({ comm: 'qemu-system-x86', argv: ['qemu-system-x86_64', '-name', name, '-smp', '2,sockets=2'], threads: ['qemu-system-x86', 'CPU 0/KVM', 'CPU 1/KVM'] });
+
+describe('ProcScanner', () => {
+  it('finds a QEMU on a pid reused since the last scan, though the old process was known not to be a VM', () => {
+    const p = new FakeProc();
+    p.process(500, { comm: 'bash', starttime: 1000, argv: ['bash'] });
+    p.lastPid(510);
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000 });
+    expect(s.scan()).toEqual([]);
+    // bash (old, not young) exits; 32768 pids later the same pid is a QEMU, between two scans.
+    p.uptime += 5000;
+    p.process(500, { ...qemu('reused'), starttime: 590_000 });
+    p.lastPid(505); // pids wrapped at pid_max and came round to 505
+
+    const found = s.scan();
+    expect(found.map((v) => [v.pid, v.name, v.vcpus.map((c) => c.vpkg)])).toEqual([[500, 'reused', [0, 1]]]);
+  });
+
+  it('does not re-read an old non-VM pid outside the range of new pids, and reads only loadavg when no pid was handed out', () => {
+    const p = new FakeProc();
+    for (let pid = 100; pid < 110; pid++) p.process(pid, { comm: 'sshd', starttime: 100, argv: ['sshd'] });
+    p.lastPid(109);
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000 });
+    s.scan();
+    const reads = s.cost.statReads;
+    p.process(200, { comm: 'sleep', starttime: 99_000, argv: ['sleep', '1'] });
+    p.lastPid(200);
+    s.scan();
+    expect(s.cost.statReads - reads).toBe(1); // only the new pid
+    s.scan();
+    expect(s.cost.quietScans).toBe(1);
+  });
+
+  it('finds a young process that execs QEMU after it was first seen (libvirt forks, then execs)', () => {
+    const p = new FakeProc();
+    p.process(300, { comm: 'rpc-libvirtd', starttime: p.uptime * 100 - 10, argv: ['/usr/sbin/libvirtd'] });
+    p.lastPid(300);
+    const s = new ProcScanner(p.root, { clkTck: 100 });
+    expect(s.scan()).toEqual([]);
+    p.process(300, { ...qemu('guest-1'), starttime: p.uptime * 100 - 10 }); // exec keeps pid and starttime
+    expect(s.scan().map((v) => v.name)).toEqual(['guest-1']);
+  });
+
+  it('a QEMU-named process without vCPU thread names whose executable cannot be read is whole-VM; a process without a command line (a kernel thread) is not a VM', () => {
+    const p = new FakeProc();
+    p.process(400, { comm: 'qemu-kvm', starttime: 5, argv: ['/usr/libexec/qemu-kvm', '-uuid', '00000000-0000-4000-8000-000000000001'], threads: ['qemu-kvm', 'qemu-kvm', 'qemu-kvm'] });
+    p.process(401, { comm: 'kvm', starttime: 5, argv: [] });
+    p.lastPid(401);
+    const s = new ProcScanner(p.root, { clkTck: 100 });
+    const found = s.scan();
+    expect(found.map((v) => [v.pid, v.wholeVmOnly, v.vcpus, v.uuid?.toString('hex')])).toEqual([[400, true, [{ tid: 400, vpkg: 0 }], '00000000000040008000000000000001']]);
+  });
+
+  it('refine: a hot-plugged vCPU joins, an unplugged one leaves, a renamed tid is re-classified', () => {
+    const p = new FakeProc();
+    p.process(600, { ...qemu('hp'), starttime: 5 });
+    p.lastPid(602);
+    const s = new ProcScanner(p.root, { clkTck: 100 });
+    expect(s.scan()[0]!.vcpus).toEqual([
+      { tid: 601, vpkg: 0 },
+      { tid: 602, vpkg: 1 },
+    ]);
+    const line = (tid: number, comm: string) => `${tid} (${comm}) S 0`;
+    const lines = new Map([
+      [600, line(600, 'qemu-system-x86')],
+      [601, line(601, 'CPU 0/KVM')],
+      [602, line(602, 'CPU 1/KVM')],
+    ]);
+    expect(s.refine(600, lines)).toBeNull();
+    lines.set(610, line(610, 'CPU 1/KVM'));
+    lines.delete(602);
+    expect(s.refine(600, lines)!.vcpus).toEqual([
+      { tid: 601, vpkg: 0 },
+      { tid: 610, vpkg: 1 },
+    ]);
+    lines.set(601, line(601, 'worker'));
+    expect(s.refine(600, lines)!.vcpus).toEqual([{ tid: 610, vpkg: 1 }]);
+  });
+
+  it('refine: a process naming more than MAX_VCPUS threads as vCPUs gets the MAX_VCPUS lowest tids, which the engine takes', () => {
+    const p = new FakeProc();
+    p.process(700, { ...qemu('many'), starttime: 5 });
+    p.lastPid(702);
+    const s = new ProcScanner(p.root, { clkTck: 100 });
+    const d = s.scan()[0]!;
+    const engine = new RatioEngine(host());
+    const vmId = engine.register({ pid: d.pid, starttime: d.starttime, vcpus: d.vcpus });
+    const lines = new Map([[700, '700 (qemu-system-x86) S 0']]);
+    for (let i = 0; i < MAX_VCPUS + 3; i++) lines.set(1000 + i, `${1000 + i} (CPU ${i}/KVM) S 0`);
+    const c = s.refine(700, lines)!;
+    expect(c.vcpus).toHaveLength(MAX_VCPUS);
+    expect([c.vcpus[0]!.tid, c.vcpus.at(-1)!.tid]).toEqual([1000, 1000 + MAX_VCPUS - 1]);
+    expect(() => engine.updateVcpus(vmId, c.vcpus)).not.toThrow();
+  });
+});

@@ -1,0 +1,93 @@
+/**
+ * The daemon's sampling service on the one tick loop, with discovery's hooks: a hold keeps it
+ * sampling with no registered VM, prepare runs before each sample, and registrations made inside a
+ * tick (a discovery scan) or while held neither start a second loop nor stop the running one.
+ * Clock and timers are injected (test/support/manual-time.ts), so nothing waits.
+ */
+import { pino } from 'pino';
+import { describe, expect, test } from 'vitest';
+import { SamplingService } from '../../src/helper/sampling-service.js';
+import { RatioEngine } from '../../src/ratio/attribution.js';
+import type { VmSpec } from '../../src/ratio/types.js';
+import { host, sample, units } from '../ratio/helpers.js';
+import { ManualTime } from '../support/manual-time.js';
+
+const VM: VmSpec = { pid: 100, starttime: 1000, vcpus: [{ tid: 101, vpkg: 0 }] };
+
+function serviceOn(time: ManualTime, prepare?: (s: SamplingService) => void) {
+  let n = 0;
+  const sampled: number[][] = [];
+  const order: string[] = [];
+  const svc: SamplingService = new SamplingService({
+    engine: new RatioEngine(host()),
+    sampler: {
+      sample(pids) {
+        order.push('sample');
+        sampled.push([...pids]);
+        n++;
+        return { ...sample(n, { 0: units(10 * n) }, { 100: [{ tid: 100, ticks: n }, { tid: 101, ticks: 50 * n }] }), tNs: time.now };
+      },
+    },
+    intervalMs: 1000,
+    log: pino({ level: 'silent' }),
+    clock: time.clock,
+    timers: time,
+    prepare: () => {
+      order.push('prepare');
+      prepare?.(svc);
+    },
+  });
+  return { svc, sampled, order };
+}
+
+describe('SamplingService', () => {
+  test('a hold keeps it sampling with no VM, prepare runs before each sample, and letting go leaves nothing pending', () => {
+    const time = new ManualTime();
+    const { svc, sampled, order } = serviceOn(time);
+    expect(svc.running).toBe(false);
+    svc.hold('discovery', true);
+    expect([svc.running, time.pending]).toEqual([true, 1]);
+    for (let i = 0; i < 3; i++) time.fire();
+    expect(sampled).toEqual([[], [], []]);
+    expect(order).toEqual(['prepare', 'sample', 'prepare', 'sample', 'prepare', 'sample']);
+    expect(svc.stats.samples).toBe(3);
+    svc.hold('discovery', false);
+    expect([svc.running, time.pending]).toEqual([false, 0]);
+  });
+
+  test('unregistering the last VM stops the loop only when no hold is taken', () => {
+    const time = new ManualTime();
+    const { svc } = serviceOn(time);
+    svc.hold('discovery', true);
+    time.fire();
+    const id = svc.register(VM);
+    svc.unregister(id);
+    expect([svc.running, time.pending]).toEqual([true, 1]);
+    svc.hold('discovery', false);
+    expect(svc.running).toBe(false);
+
+    const again = svc.register(VM);
+    expect([svc.running, time.pending]).toEqual([true, 1]); // baseline at once
+    svc.unregister(again);
+    expect([svc.running, time.pending]).toEqual([false, 0]);
+  });
+
+  test('a VM registered by a scan inside a tick is sampled from the next tick on, on the same loop', () => {
+    const time = new ManualTime();
+    let vmId: number | undefined;
+    const { svc, sampled } = serviceOn(time, (s) => {
+      if (vmId === undefined) vmId = s.register(VM);
+    });
+    const origin = time.now;
+    svc.hold('discovery', true);
+    time.fire(); // tick 0: the scan registers the VM, the sample already includes it (its baseline)
+    expect(time.pending).toBe(1);
+    time.fire();
+    time.fire();
+    expect(sampled).toEqual([[100], [100], [100]]);
+    // Ticks 0, 1, 2 of one loop: a restart inside tick 0 would have fired tick 1 at the origin.
+    expect(time.now - origin).toBe(2_000_000_000n);
+    expect(time.pending).toBe(1);
+    expect(svc.output(vmId!)!.vpkgs[0]!.energyUj).toBeGreaterThan(0n);
+  });
+});

@@ -1,0 +1,151 @@
+import { describe, expect, it } from 'vitest';
+import {
+  CLIENT_TYPES,
+  FrameDecoder,
+  HELPER_TYPES,
+  MAX_NAME_BYTES,
+  MAX_PAYLOAD,
+  T,
+  encodeFrame,
+  encodeHostSubscribe,
+  encodeHostUpdate,
+  encodeList,
+  encodeObserve,
+  encodeUnobserve,
+  encodeVmList,
+  utf8Cut,
+  type Frame,
+  type HostValues,
+  type VmEntry,
+} from '../../src/protocol/v2/codec.js';
+import { parseClientFrame, parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
+import { formatUuid } from '../../src/client/v2-client.js';
+
+function one(bytes: Buffer, types: ReadonlySet<number>): Frame {
+  const got = new FrameDecoder(types).push(bytes);
+  expect(got).toHaveLength(1);
+  const f = got[0]!;
+  if (!f.ok) throw new Error(f.error.message);
+  return f.value;
+}
+
+/** The helper message of one frame, or a test failure naming why it was refused. */
+function reply(bytes: Buffer): HelperMessage {
+  const m = parseHelperFrame(one(bytes, HELPER_TYPES));
+  if (!m.ok) throw new Error(m.error);
+  return m.value;
+}
+
+const vm = (id: number, name: string | null, extra: Partial<VmEntry> = {}): VmEntry => ({
+  hostVmId: id,
+  pid: 1000 + id,
+  uid: 64055,
+  nvpkg: 2,
+  starttime: 123456789n,
+  ended: false,
+  discovered: true,
+  wholeVmOnly: false,
+  name,
+  uuid: null,
+  ...extra,
+});
+
+describe('observer requests', () => {
+  it('LIST, OBSERVE, UNOBSERVE and HOST_SUBSCRIBE round-trip through the client-side decoder', () => {
+    const stream = Buffer.concat([encodeList(7), encodeObserve(9), encodeUnobserve(9), encodeHostSubscribe()]);
+    const reqs = new FrameDecoder(CLIENT_TYPES).push(stream).map((f) => {
+      if (!f.ok) throw new Error(f.error.message);
+      return parseClientFrame(f.value);
+    });
+    expect(reqs).toEqual([
+      { ok: true, value: { type: T.LIST, fromId: 7 } },
+      { ok: true, value: { type: T.OBSERVE, vmId: 9 } },
+      { ok: true, value: { type: T.UNOBSERVE, vmId: 9 } },
+      { ok: true, value: { type: T.HOST_SUBSCRIBE } },
+    ]);
+  });
+
+  it('a wrong payload size is fatal and non-zero flags are not, for every new request', () => {
+    for (const type of [T.LIST, T.OBSERVE, T.UNOBSERVE, T.HOST_SUBSCRIBE]) {
+      const size = type === T.HOST_SUBSCRIBE ? 0 : 4;
+      const wrong = parseClientFrame(one(encodeFrame(type, 0, Buffer.alloc(size + 1)), CLIENT_TYPES));
+      expect(wrong).toMatchObject({ ok: false, error: { fatal: true } });
+      const flagged = parseClientFrame(one(encodeFrame(type, 2, Buffer.alloc(size)), CLIENT_TYPES));
+      expect(flagged).toMatchObject({ ok: false, error: { fatal: false } });
+    }
+  });
+
+  it('the original request and reply types keep their numbers', () => {
+    expect([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.ERROR]).toEqual([1, 2, 3, 4, 0x81, 0x82, 0x83, 0x84, 0xff]);
+  });
+});
+
+describe('VM_LIST', () => {
+  it('round-trips names, UUIDs and flags', () => {
+    const uuid = Buffer.from('0123456789abcdef0123456789abcdef', 'hex');
+    const entries = [vm(1, 'web-1'), vm(2, null, { uuid, discovered: false, ended: true }), vm(3, 'ünïcode ☃', { wholeVmOnly: true })];
+    const m = reply(encodeVmList(entries));
+    if (m.type !== T.VM_LIST) throw new Error('not a VM_LIST');
+    expect(m.nextId).toBe(0);
+    expect(m.entries).toEqual(entries);
+    expect(formatUuid(m.entries[1]!.uuid!)).toBe('01234567-89ab-cdef-0123-456789abcdef');
+  });
+
+  it('cuts a long name at a character boundary within 255 bytes', () => {
+    const long = '☃'.repeat(200); // 600 bytes of UTF-8
+    expect(utf8Cut(long, MAX_NAME_BYTES).length).toBe(255);
+    const m = reply(encodeVmList([vm(1, long)]));
+    if (m.type !== T.VM_LIST) throw new Error('not a VM_LIST');
+    expect(m.entries[0]!.name).toBe('☃'.repeat(85));
+  });
+
+  it('pages when the entries do not fit in one frame, next_id naming the first left out', () => {
+    const name = 'x'.repeat(255);
+    const entries = Array.from({ length: 400 }, (_, i) => vm(i + 1, name));
+    const frame = encodeVmList(entries);
+    expect(frame.length).toBeLessThanOrEqual(8 + MAX_PAYLOAD);
+    const m = reply(frame);
+    if (m.type !== T.VM_LIST) throw new Error('not a VM_LIST');
+    const fit = Math.floor((MAX_PAYLOAD - 8) / (44 + 255));
+    expect(m.entries).toHaveLength(fit);
+    expect(m.nextId).toBe(fit + 1);
+  });
+
+  it('refuses a count that claims more entries than the payload holds, and trailing bytes', () => {
+    const good = encodeVmList([vm(1, 'a')]);
+    const lying = Buffer.from(good);
+    lying.writeUInt32LE(2, 8);
+    expect(parseHelperFrame(one(lying, HELPER_TYPES))).toEqual({ ok: false, error: 'VM_LIST entry 1 is cut off at byte 53' }); // 8-byte header, one 44-byte entry, a 1-byte name
+    const longName = Buffer.from(good);
+    longName.writeUInt8(200, 8 + 8 + 26);
+    expect(parseHelperFrame(one(longName, HELPER_TYPES))).toMatchObject({ ok: false, error: expect.stringMatching(/^VM_LIST entry 0: its name is cut off/) });
+    const trailing = encodeFrame(T.VM_LIST, 0, Buffer.concat([good.subarray(8), Buffer.alloc(3)]));
+    expect(parseHelperFrame(one(trailing, HELPER_TYPES))).toEqual({ ok: false, error: 'VM_LIST payload has 3 bytes after its 1 entries' });
+  });
+});
+
+describe('HOST_UPDATE', () => {
+  it('round-trips packages, unattributed energy, stats and the VMs-changed flag', () => {
+    const h: HostValues = {
+      tNs: 5_000_000_000n,
+      packages: [
+        { pkg: 0, energyUj: 123_456_789n },
+        { pkg: 1, energyUj: 42n },
+      ],
+      unattributedUj: 99n,
+      vmsChanged: true,
+      stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4_000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
+    };
+    const m = reply(encodeHostUpdate(h));
+    if (m.type !== T.HOST_UPDATE) throw new Error('not a HOST_UPDATE');
+    const { type: _t, ...got } = m;
+    expect(got).toEqual(h);
+    expect(encodeHostUpdate(h).length).toBe(8 + 80 + 2 * 16);
+  });
+
+  it('refuses a package count that does not match the size', () => {
+    const f = encodeHostUpdate({ tNs: 0n, packages: [{ pkg: 0, energyUj: 0n }], unattributedUj: 0n, vmsChanged: false, stats: { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 0n, sampleFailures: 0n, connections: 0, vms: 0 } });
+    f.writeUInt32LE(2, 8 + 72);
+    expect(parseHelperFrame(one(f, HELPER_TYPES))).toMatchObject({ ok: false, error: expect.stringMatching(/^HOST_UPDATE payload is \d+ bytes, expected \d+$/) });
+  });
+});
