@@ -1,0 +1,51 @@
+/**
+ * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
+ * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM.
+ */
+import type { Command } from 'commander';
+import { InvalidArgumentError } from 'commander';
+import { V2Client } from '../../client/v2-client.js';
+import { startExporter } from '../../exporter/exporter.js';
+import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
+import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
+import { positiveIntArg } from '../../helper/cli-args.js';
+import { createLogger, levelFromFlags } from '../../helper/logger.js';
+import { DEFAULT_SOCKET } from '../../helper/commands/daemon.js';
+
+/** Above this a Prometheus server holding every series is the operator's problem, not a default. */
+export const MAX_MAX_VMS = 100_000;
+
+function listenArg(text: string): ListenAddress {
+  try {
+    return parseListenAddress(text);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
+}
+
+export function addExporterCommand(program: Command): void {
+  program
+    .command('exporter')
+    .description("serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP")
+    .option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_SOCKET}')`)
+    .option('--listen <host:port>', `where to serve /metrics (default ${DEFAULT_LISTEN}: loopback only)`, listenArg)
+    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxVms})`, positiveIntArg('--max-vms', MAX_MAX_VMS))
+    .option('-v, --verbose', 'log debug messages')
+    .option('-q, --quiet', 'log warnings and errors only')
+    .action(async (_o: unknown, cmd: Command) => {
+      const o = cmd.optsWithGlobals<{ socket?: string; listen?: ListenAddress; maxVms?: number; verbose?: boolean; quiet?: boolean }>();
+      const socketPath = o.socket ?? DEFAULT_SOCKET;
+      const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
+      const exporter = await startExporter(
+        { socketPath, listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN), maxVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxVms },
+        () => V2Client.connect(socketPath),
+        log,
+      );
+      await new Promise<void>((resolve) => {
+        process.once('SIGINT', resolve);
+        process.once('SIGTERM', resolve);
+      });
+      log.info('stopping');
+      await exporter.stop();
+    });
+}
