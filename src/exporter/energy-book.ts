@@ -5,7 +5,8 @@
  * the helper's health figures.
  *
  * Series identity is the label set (name, uuid, pid): a VM keeps its series across a daemon restart
- * or a reconnection, and its totals keep growing (see RunningTotal). A VM that ends is exposed in one
+ * or a reconnection, and its totals keep growing (see RunningTotal). A different process under the
+ * same labels (pid reuse: another starttime) starts its totals afresh: a counter reset. A VM that ends is exposed in one
  * more scrape (so its last value is recorded), then forgotten; when nobody scrapes, it is forgotten
  * after `endedRetentionMs` all the same, so memory stays bounded.
  */
@@ -31,6 +32,8 @@ export interface VmLabels {
 export interface VmRecord {
   readonly key: string;
   readonly labels: VmLabels;
+  /** /proc/<pid>/stat starttime: with the pid, names the process across daemon restarts. */
+  readonly starttime: bigint;
   source: VmInfo['source'];
   wholeVmOnly: boolean;
   /** Its id on the current connection; null until a LIST on that connection names it. */
@@ -49,11 +52,14 @@ export interface HelperHealth {
   connected: boolean;
   connects: number;
   legacy: { ok: RunningTotal; refused: RunningTotal; failed: RunningTotal };
-  /** Connections to the daemon, from its last host update (null before one). */
+  samples: RunningTotal;
+  sampleFailures: RunningTotal;
+  /** From the daemon's last host update (null before one): its connections and known VMs. */
   daemonConnections: number | null;
+  daemonVms: number | null;
   lastSampleDurationS: number | null;
-  /** Exporter clock (ms) of the last host update. */
-  lastHostUpdateMs: number | null;
+  /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
+  lastSampleTNs: bigint | null;
   /** VMs not observed because of maxVms or a label set already in use. */
   vmsSkipped: number;
 }
@@ -75,15 +81,25 @@ export class EnergyBook {
     connected: false,
     connects: 0,
     legacy: { ok: new RunningTotal(), refused: new RunningTotal(), failed: new RunningTotal() },
+    samples: new RunningTotal(),
+    sampleFailures: new RunningTotal(),
     daemonConnections: null,
+    daemonVms: null,
     lastSampleDurationS: null,
-    lastHostUpdateMs: null,
+    lastSampleTNs: null,
     vmsSkipped: 0,
   };
+  /** A host update arrived (host metrics exist from then on). */
+  hasHost = false;
 
+  /**
+   * @param nowMs the exporter's clock for retention
+   * @param monotonicNs CLOCK_MONOTONIC, the daemon's sample clock (process.hrtime is the same clock)
+   */
   constructor(
     private readonly limits: BookLimits = DEFAULT_BOOK_LIMITS,
     private readonly nowMs: () => number = Date.now,
+    private readonly monotonicNs: () => bigint = () => process.hrtime.bigint(),
   ) {}
 
   /** A new connection: VM ids of the old one mean nothing now; the next LIST re-binds them. */
@@ -131,6 +147,11 @@ export class EnergyBook {
       }
       const labels = labelsOf(vm);
       let r = this.vms.get(vmKey(labels));
+      // Another process under the same labels (pid reused): a new VM, its totals start afresh.
+      if (r && r.starttime !== vm.starttime && r.hostVmId === null) {
+        this.vms.delete(r.key);
+        r = undefined;
+      }
       if (r && r.hostVmId !== null) {
         // Two VMs with one label set would be one series: the second is not exposed.
         skipped.push(vm);
@@ -144,6 +165,7 @@ export class EnergyBook {
         r = {
           key: vmKey(labels),
           labels,
+          starttime: vm.starttime,
           source: vm.source,
           wholeVmOnly: vm.wholeVmOnly,
           hostVmId: null,
@@ -199,14 +221,20 @@ export class EnergyBook {
       t.feed(p.energyUj);
     }
     this.unattributed.feed(h.unattributedUj);
-    if (h.stats) {
-      this.health.legacy.ok.feed(h.stats.legacyRequests.ok);
-      this.health.legacy.refused.feed(h.stats.legacyRequests.refused);
-      this.health.legacy.failed.feed(h.stats.legacyRequests.failed);
-      this.health.daemonConnections = h.stats.connections;
-      this.health.lastSampleDurationS = Number(h.stats.lastSampleDurationNs) / 1e9;
+    const s = h.stats;
+    const health = this.health;
+    health.legacy.ok.feed(s.legacyOk);
+    health.legacy.refused.feed(s.legacyRefused);
+    health.legacy.failed.feed(s.legacyFailed);
+    health.samples.feed(s.samples);
+    health.sampleFailures.feed(s.sampleFailures);
+    health.daemonConnections = s.connections;
+    health.daemonVms = s.vms;
+    if (h.tNs !== 0n) {
+      health.lastSampleDurationS = Number(s.lastSampleDurationNs) / 1e9;
+      health.lastSampleTNs = h.tNs;
     }
-    this.health.lastHostUpdateMs = this.nowMs();
+    this.hasHost = true;
     this.forgetStale();
   }
 
@@ -215,9 +243,10 @@ export class EnergyBook {
     return [...this.vms.values()];
   }
 
-  /** Seconds since the last host update, or null before one. */
+  /** Seconds since the daemon's last sample (grows while it is away or stalled), or null before one. */
   lastSampleAgeS(): number | null {
-    return this.health.lastHostUpdateMs === null ? null : (this.nowMs() - this.health.lastHostUpdateMs) / 1000;
+    const t = this.health.lastSampleTNs;
+    return t === null ? null : Math.max(0, Number(this.monotonicNs() - t) / 1e9);
   }
 
   /**

@@ -26,6 +26,9 @@ export const METRIC = {
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   legacyRequests: 'vmsr_helper_legacy_requests_total',
   daemonConnections: 'vmsr_helper_connections',
+  daemonVms: 'vmsr_helper_vms',
+  samples: 'vmsr_helper_samples_total',
+  sampleFailures: 'vmsr_helper_sample_failures_total',
   sampleDuration: 'vmsr_helper_sample_duration_seconds',
   lastSampleAge: 'vmsr_helper_last_sample_age_seconds',
   up: 'vmsr_exporter_helper_connected',
@@ -88,12 +91,11 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
   });
   new Counter({
     name: METRIC.unattributedEnergy,
-    help: "Host energy the helper attributed to no VM (host processes, idle time), in joules; with every VM's energy it sums to the packages' energy",
-    labelNames: ['package'],
+    help: "Energy of all host packages the helper attributed to no VM (host processes, idle time), in joules; with every VM's energy it sums to the packages' energy",
     registers,
     collect() {
       this.reset();
-      if (book.health.lastHostUpdateMs !== null) this.inc({ package: 'all' }, ujToJoules(book.unattributed.total));
+      if (book.hasHost) this.inc(ujToJoules(book.unattributed.total));
     },
   });
   new Counter({
@@ -103,11 +105,38 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     registers,
     collect() {
       this.reset();
-      if (book.health.lastHostUpdateMs === null) return;
+      if (!book.hasHost) return;
       const l = book.health.legacy;
       this.inc({ result: 'ok' }, Number(l.ok.total));
       this.inc({ result: 'refused' }, Number(l.refused.total));
       this.inc({ result: 'failed' }, Number(l.failed.total));
+    },
+  });
+  new Counter({
+    name: METRIC.samples,
+    help: 'Samples the helper took (energy and every vCPU thread run time), as it counts them',
+    registers,
+    collect() {
+      this.reset();
+      if (book.hasHost) this.inc(Number(book.health.samples.total));
+    },
+  });
+  new Counter({
+    name: METRIC.sampleFailures,
+    help: 'Samples that failed because the energy source could not be read',
+    registers,
+    collect() {
+      this.reset();
+      if (book.hasHost) this.inc(Number(book.health.sampleFailures.total));
+    },
+  });
+  new Gauge({
+    name: METRIC.daemonVms,
+    help: 'VMs the helper knows (registered and discovered, ended ones not yet dropped), whether or not this exporter may see them',
+    registers,
+    collect() {
+      this.reset();
+      if (book.health.daemonVms !== null) this.set(book.health.daemonVms);
     },
   });
   new Gauge({
@@ -130,7 +159,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
   });
   new Gauge({
     name: METRIC.lastSampleAge,
-    help: 'Seconds since the exporter last received a sample from the helper (grows while the helper is away or stalled)',
+    help: "Age of the helper's last sample in seconds, on the host's monotonic clock (grows while the helper is away or stalled)",
     registers,
     collect() {
       this.reset();

@@ -5,6 +5,8 @@
  * and the recovery.
  */
 import type { Logger } from 'pino';
+import { V2Error } from '../client/v2-client.js';
+import { E } from '../helper/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import type { ObserverClient, VmInfo } from './observer-api.js';
 
@@ -58,6 +60,7 @@ export class ObserverSession {
     const backoff = this.o.backoff ?? DEFAULT_BACKOFF;
     let failures = 0;
     let downSince: number | null = null;
+    let refusedLogged = false;
     while (!this.stopped) {
       let client: ObserverClient;
       try {
@@ -95,10 +98,17 @@ export class ObserverSession {
           downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
         );
         downSince = null;
+        refusedLogged = false;
         const reason = await client.closed;
         if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
       } catch (e) {
-        if (!this.stopped) log.warn({ err: (e as Error).message }, `helper connection failed: ${(e as Error).message}; reconnecting`);
+        const err = e as Error;
+        if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
+          // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
+          if (!refusedLogged) log.error({ err: err.message, uid: process.getuid?.() }, `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit) and keep retrying`);
+          else log.debug({ err: err.message }, 'still refused by the helper');
+          refusedLogged = true;
+        } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
         await client.close().catch(() => {});
       }
       this.client = null;

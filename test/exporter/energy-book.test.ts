@@ -2,13 +2,17 @@
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import { EnergyBook } from '../../src/exporter/energy-book.js';
-import type { VmInfo } from '../../src/exporter/observer-api.js';
+import type { HostUpdate, VmInfo } from '../../src/exporter/observer-api.js';
 import { RunningTotal, ujToJoules } from '../../src/exporter/running-total.js';
 
 function vm(hostVmId: number, pid: number, o: Partial<VmInfo> = {}): VmInfo {
-  return { hostVmId, pid, uid: 0, name: `vm${pid}`, uuid: null, source: 'discovered', nvpkg: 1, ended: false, wholeVmOnly: false, ...o };
+  return { hostVmId, pid, uid: 0, starttime: 1000n, name: `vm${pid}`, uuid: null, source: 'discovered', nvpkg: 1, ended: false, wholeVmOnly: false, ...o };
 }
-const upd = (hostVmId: number, tNs: bigint, uj: bigint[], ended = false) => ({ hostVmId, tNs, ended, vpkgs: uj.map((energyUj) => ({ counter: 0, energyUj })) });
+const hostUpd = (tNs: bigint, o: Partial<HostUpdate> = {}): HostUpdate => ({ tNs, packages: [], unattributedUj: 0n, vmsChanged: false, stats: stats(0n), ...o });
+function stats(ok: bigint) {
+  return { legacyOk: ok, legacyRefused: 1n, legacyFailed: 0n, lastSampleDurationNs: 2_500_000n, samples: 10n, sampleFailures: 1n, connections: 3, vms: 2 };
+}
+const upd = (hostVmId: number, tNs: bigint, uj: bigint[], ended = false) => ({ hostVmId, tNs, ended, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
 
 describe('RunningTotal', () => {
   test('adds increases, and a value below the last one whole (a new daemon run)', () => {
@@ -72,10 +76,10 @@ describe('EnergyBook', () => {
     b.listed([vm(1, 100)]);
     b.listed([]); // gone from the LIST: ended
     now = 999;
-    b.hostUpdate({ tNs: 1n, packages: [], unattributedUj: 0n, vmsChanged: false });
+    b.hostUpdate(hostUpd(1n));
     expect(b.size).toBe(1);
     now = 1000;
-    b.hostUpdate({ tNs: 2n, packages: [], unattributedUj: 0n, vmsChanged: false });
+    b.hostUpdate(hostUpd(2n));
     expect(b.size).toBe(0);
   });
 
@@ -116,13 +120,13 @@ describe('EnergyBook', () => {
     expect(ended).toEqual(['100']);
   });
 
-  test('host packages, unattributed energy and legacy counts accumulate; sample age uses the exporter clock', () => {
-    let now = 10_000;
-    const b = new EnergyBook(undefined, () => now);
-    const stats = (ok: bigint) => ({ legacyRequests: { ok, refused: 1n, failed: 0n }, connections: 3, lastSampleDurationNs: 2_500_000n });
-    b.hostUpdate({ tNs: 1n, packages: [{ pkg: 0, energyUj: 10n }, { pkg: 1, energyUj: 20n }], unattributedUj: 5n, vmsChanged: false, stats: stats(4n) });
-    b.hostUpdate({ tNs: 2n, packages: [{ pkg: 0, energyUj: 15n }, { pkg: 1, energyUj: 21n }], unattributedUj: 6n, vmsChanged: false, stats: stats(9n) });
-    now = 12_500;
+  test('host packages, unattributed energy and legacy counts accumulate; sample age is on the monotonic clock', () => {
+    let mono = 0n;
+    const b = new EnergyBook(undefined, Date.now, () => mono);
+    expect(b.lastSampleAgeS()).toBeNull();
+    b.hostUpdate(hostUpd(1_000_000_000n, { packages: [{ pkg: 0, energyUj: 10n }, { pkg: 1, energyUj: 20n }], unattributedUj: 5n, stats: stats(4n) }));
+    b.hostUpdate(hostUpd(2_000_000_000n, { packages: [{ pkg: 0, energyUj: 15n }, { pkg: 1, energyUj: 21n }], unattributedUj: 6n, stats: stats(9n) }));
+    mono = 4_500_000_000n;
     expect(b.packages.get(0)!.total).toBe(15n);
     expect(b.packages.get(1)!.total).toBe(21n);
     expect(b.unattributed.total).toBe(6n);
@@ -130,5 +134,15 @@ describe('EnergyBook', () => {
     expect(b.health.daemonConnections).toBe(3);
     expect(b.health.lastSampleDurationS).toBe(0.0025);
     expect(b.lastSampleAgeS()).toBe(2.5);
+  });
+
+  test('a new process under the same labels (pid reused) starts its totals afresh', () => {
+    const b = new EnergyBook();
+    b.connectionStarted();
+    b.listed([vm(1, 100)]);
+    b.vmUpdate(upd(1, 1n, [9_000_000n], true));
+    b.listed([vm(2, 100, { starttime: 5000n })]);
+    b.vmUpdate(upd(2, 2n, [1_000n]));
+    expect(b.exposed().map((r) => [r.starttime, r.energy[0]!.total])).toEqual([[5000n, 1_000n]]);
   });
 });

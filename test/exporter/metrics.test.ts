@@ -21,10 +21,10 @@ function fedBook(): EnergyBook {
   const b = new EnergyBook();
   b.connectionStarted();
   b.listed([
-    { hostVmId: 1, pid: 4242, uid: 0, name: 'web "1"', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'discovered', nvpkg: 2, ended: false, wholeVmOnly: false },
-    { hostVmId: 2, pid: 4343, uid: 0, name: null, uuid: null, source: 'registered', nvpkg: 1, ended: false, wholeVmOnly: true },
+    { hostVmId: 1, pid: 4242, uid: 0, starttime: 77n, name: 'web "1"', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'discovered', nvpkg: 2, ended: false, wholeVmOnly: false },
+    { hostVmId: 2, pid: 4343, uid: 0, starttime: 78n, name: null, uuid: null, source: 'registered', nvpkg: 1, ended: false, wholeVmOnly: true },
   ]);
-  const u = (id: number, t: bigint, uj: bigint[]) => b.vmUpdate({ hostVmId: id, tNs: t, ended: false, vpkgs: uj.map((energyUj) => ({ counter: 0, energyUj })) });
+  const u = (id: number, t: bigint, uj: bigint[]) => b.vmUpdate({ hostVmId: id, tNs: t, ended: false, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
   u(1, 1_000_000_000n, [1_000_000n, 0n]);
   u(1, 2_000_000_000n, [3_500_000n, 250_000n]);
   u(2, 1_000_000_000n, [100n]);
@@ -33,7 +33,7 @@ function fedBook(): EnergyBook {
     packages: [{ pkg: 0, energyUj: 10_000_000n }],
     unattributedUj: 6_250_000n,
     vmsChanged: false,
-    stats: { legacyRequests: { ok: 12n, refused: 2n, failed: 1n }, connections: 3, lastSampleDurationNs: 1_500_000n },
+    stats: { legacyOk: 12n, legacyRefused: 2n, legacyFailed: 1n, lastSampleDurationNs: 1_500_000n, samples: 20n, sampleFailures: 1n, connections: 3, vms: 2 },
   });
   return b;
 }
@@ -58,7 +58,10 @@ describe('exporter metrics', () => {
     expect(body).toContain(`vmsr_vm_info{${vm1},source="discovered",whole_vm_only="0"} 1\n`);
     expect(body).toContain('vmsr_vm_info{name="",uuid="",pid="4343",source="registered",whole_vm_only="1"} 1\n');
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 10\n');
-    expect(body).toContain('vmsr_unattributed_energy_joules_total{package="all"} 6.25\n');
+    expect(body).toContain('vmsr_unattributed_energy_joules_total 6.25\n');
+    expect(body).toContain('vmsr_helper_samples_total 20\n');
+    expect(body).toContain('vmsr_helper_sample_failures_total 1\n');
+    expect(body).toContain('vmsr_helper_vms 2\n');
     expect(body).toContain('vmsr_helper_legacy_requests_total{result="refused"} 2\n');
     expect(body).toContain('vmsr_helper_connections 3\n');
     expect(body).toContain('vmsr_helper_sample_duration_seconds 0.0015\n');
