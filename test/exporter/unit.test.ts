@@ -1,0 +1,40 @@
+/** contrib/systemd/vmsr-helper-exporter.service: systemd accepts it, and it is unprivileged and hardened. */
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, test } from 'vitest';
+import { BIN, ROOT, ensureBuilt, tempDir } from '../daemon/support/daemon-process.js';
+import { DEFAULT_LISTEN } from '../../src/exporter/listen-address.js';
+import { missing } from '../support/env.js';
+
+const UNIT = 'vmsr-helper-exporter.service';
+let dir: string | null = null;
+afterEach(() => {
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  dir = null;
+});
+
+describe('contrib/systemd exporter unit', () => {
+  const text = fs.readFileSync(path.join(ROOT, 'contrib/systemd', UNIT), 'utf8');
+
+  test('runs unprivileged in the observer group, loopback only, with the default listen address', () => {
+    for (const k of ['DynamicUser=yes', 'SupplementaryGroups=vmsr-observers', 'CapabilityBoundingSet=\n', 'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateDevices=yes', 'IPAddressDeny=any', 'IPAddressAllow=localhost']) {
+      expect(text).toContain(k);
+    }
+    expect(text).toMatch(/^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$/m);
+    expect(text).toMatch(new RegExp(`^ExecStart=/usr/bin/vmsr-helper exporter .*--listen ${DEFAULT_LISTEN.replace(/\./g, '\\.')}$`, 'm'));
+    expect(text).not.toMatch(/^User=root/m);
+  });
+
+  test('systemd-analyze verify accepts it (ExecStart pointed at the built binary)', (ctx) => {
+    const why = missing({ command: 'systemd-analyze' });
+    if (why) return ctx.skip(why);
+    ensureBuilt();
+    dir = tempDir('vmsr-exporter-unit-');
+    fs.writeFileSync(path.join(dir, UNIT), text.replace(/^ExecStart=\/usr\/bin\/vmsr-helper /m, `ExecStart=${process.execPath} ${BIN} `));
+    // The socket unit it refers to, so verify checks the dependency too.
+    fs.copyFileSync(path.join(ROOT, 'contrib/systemd/qemu-vmsr-helper.socket'), path.join(dir, 'qemu-vmsr-helper.socket'));
+    const out = execFileSync('sh', ['-c', `systemd-analyze verify ${dir}/${UNIT} 2>&1; echo "rc=$?"`], { encoding: 'utf8' });
+    expect(out.trim()).toBe('rc=0');
+  });
+});
