@@ -39,9 +39,9 @@ function fakeHost(dir: string): { msrPathTemplate: string; sysRoot: string } {
   return { msrPathTemplate: path.join(dir, 'msr%u'), sysRoot };
 }
 
-const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
+export const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
 
-async function startVms(n: number): Promise<ChildProcess[]> {
+export async function startVms(n: number): Promise<ChildProcess[]> {
   const kids: ChildProcess[] = [];
   try {
     for (let i = 0; i < n; i++) {
@@ -61,7 +61,7 @@ async function startVms(n: number): Promise<ChildProcess[]> {
   return kids;
 }
 
-function vcpusOf(pid: number): { tid: number; vpkg: number }[] {
+export function vcpusOf(pid: number): { tid: number; vpkg: number }[] {
   return fs
     .readdirSync(`/proc/${pid}/task`)
     .map(Number)

@@ -33,7 +33,9 @@ export function addExporterCommand(program: Command): void {
     .option('-v, --verbose', 'log debug messages')
     .option('-q, --quiet', 'log warnings and errors only')
     .action(async (_o: unknown, cmd: Command) => {
-      const o = cmd.optsWithGlobals<{ socket?: string; listen?: ListenAddress; maxVms?: number; verbose?: boolean; quiet?: boolean }>();
+      // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
+      // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
+      const o = { ...cmd.optsWithGlobals<{ socket?: string; verbose?: boolean; quiet?: boolean }>(), ...cmd.opts<{ listen?: ListenAddress; maxVms?: number }>() };
       const socketPath = o.socket ?? DEFAULT_SOCKET;
       const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
       const exporter = await startExporter(
