@@ -36,6 +36,15 @@ export const METRIC = {
   vmsSkipped: 'vmsr_exporter_vms_skipped',
 } as const;
 
+/**
+ * Empties a metric for this scrape. prom-client's reset() leaves a label-less metric at 0, which for
+ * "no value yet" (before the first host update) would be a lie: remove() drops that 0 too.
+ */
+function clear(m: { reset(): void; remove(...a: never[]): void }): void {
+  m.reset();
+  m.remove();
+}
+
 export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<RegistryContentType> {
   const registry = new Registry<RegistryContentType>();
   registry.setContentType(CONTENT_TYPES[format]);
@@ -94,7 +103,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: "Energy of all host packages the helper attributed to no VM (host processes, idle time), in joules; with every VM's energy it sums to the packages' energy",
     registers,
     collect() {
-      this.reset();
+      clear(this);
       if (book.hasHost) this.inc(ujToJoules(book.unattributed.total));
     },
   });
@@ -117,7 +126,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: 'Samples the helper took (energy and every vCPU thread run time), as it counts them',
     registers,
     collect() {
-      this.reset();
+      clear(this);
       if (book.hasHost) this.inc(Number(book.health.samples.total));
     },
   });
@@ -126,7 +135,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: 'Samples that failed because the energy source could not be read',
     registers,
     collect() {
-      this.reset();
+      clear(this);
       if (book.hasHost) this.inc(Number(book.health.sampleFailures.total));
     },
   });
@@ -135,7 +144,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: 'VMs the helper knows (registered and discovered, ended ones not yet dropped), whether or not this exporter may see them',
     registers,
     collect() {
-      this.reset();
+      clear(this);
       if (book.health.daemonVms !== null) this.set(book.health.daemonVms);
     },
   });
@@ -144,7 +153,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: "Connections open to the helper daemon (QEMU's and v2 clients, this exporter included)",
     registers,
     collect() {
-      this.reset();
+      clear(this);
       if (book.health.daemonConnections !== null) this.set(book.health.daemonConnections);
     },
   });
@@ -153,7 +162,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: "Time the helper's last sample took (energy and every vCPU thread's run time), in seconds",
     registers,
     collect() {
-      this.reset();
+      clear(this);
       if (book.health.lastSampleDurationS !== null) this.set(book.health.lastSampleDurationS);
     },
   });
@@ -162,7 +171,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     help: "Age of the helper's last sample in seconds, on the host's monotonic clock (grows while the helper is away or stalled)",
     registers,
     collect() {
-      this.reset();
+      clear(this);
       const age = book.lastSampleAgeS();
       if (age !== null) this.set(age);
     },

@@ -69,6 +69,16 @@ describe('exporter metrics', () => {
     expect(body).toContain('vmsr_exporter_helper_connected 1\n');
   });
 
+  test('before the first host update, host and health values are absent rather than 0', async () => {
+    server = await startMetricsServer(new EnergyBook(), { host: '127.0.0.1', port: 0 });
+    const { body } = await scrape();
+    for (const absent of ['vmsr_unattributed_energy_joules_total ', 'vmsr_helper_last_sample_age_seconds ', 'vmsr_helper_sample_duration_seconds ', 'vmsr_helper_samples_total ', 'vmsr_helper_vms ', 'vmsr_helper_connections ']) {
+      expect(body).not.toContain(`\n${absent}`);
+    }
+    expect(body).toContain('\nvmsr_exporter_helper_connected 0\n');
+    expect(body).toContain('\nvmsr_exporter_helper_connects_total 0\n');
+  });
+
   test('OpenMetrics is served when the scraper asks for it, and ends with # EOF', async () => {
     server = await startMetricsServer(fedBook(), { host: '127.0.0.1', port: 0 });
     const om = await scrape('application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1');
