@@ -53,6 +53,13 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
   const each = (fn: (r: VmRecord) => void) => {
     for (const r of book.exposed()) fn(r);
   };
+  // Label objects made once per VM and vpkg, not at every scrape (a scrape at 500 VMs is thousands of series).
+  const vpkgLabels = new WeakMap<VmRecord, Record<string, string>[]>();
+  const seriesOf = (r: VmRecord, g: number): Record<string, string> => {
+    let list = vpkgLabels.get(r);
+    if (!list) vpkgLabels.set(r, (list = []));
+    return (list[g] ??= { ...r.labels, vpkg: String(g) });
+  };
 
   new Counter({
     name: METRIC.vmEnergy,
@@ -61,7 +68,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     registers,
     collect() {
       this.reset();
-      each((r) => r.energy.forEach((t, g) => this.inc({ ...r.labels, vpkg: String(g) }, ujToJoules(t.total))));
+      each((r) => r.energy.forEach((t, g) => this.inc(seriesOf(r, g), ujToJoules(t.total))));
     },
   });
   new Gauge({
@@ -73,7 +80,7 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
       this.reset();
       each((r) =>
         r.watts.forEach((w, g) => {
-          if (w !== null) this.set({ ...r.labels, vpkg: String(g) }, w);
+          if (w !== null) this.set(seriesOf(r, g), w);
         }),
       );
     },
