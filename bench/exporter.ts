@@ -12,7 +12,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { V2Client } from '../src/client/v2-client.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
-import { clockTicksPerSecond } from '../src/native/libc.js';
+import { clockTicksPerSecond } from '../src/os/libc.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { startVms, vcpusOf } from './service.js';
 

@@ -6,7 +6,7 @@
  */
 import type { Logger } from 'pino';
 import { V2Error } from '../client/v2-client.js';
-import { E } from '../helper/v2/codec.js';
+import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import type { ObserverClient, VmInfo } from './observer-api.js';
 

@@ -8,9 +8,9 @@ import { V2Client } from '../../client/v2-client.js';
 import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
-import { positiveIntArg } from '../../helper/cli-args.js';
+import { positiveIntArg } from '../options.js';
 import { createLogger, levelFromFlags } from '../../helper/logger.js';
-import { DEFAULT_SOCKET } from '../../helper/commands/daemon.js';
+import { DEFAULT_SOCKET } from './daemon.js';
 
 /** Above this a Prometheus server holding every series is the operator's problem, not a default. */
 export const MAX_MAX_VMS = 100_000;
