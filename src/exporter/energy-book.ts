@@ -132,11 +132,22 @@ export class EnergyBook {
     const observe: VmInfo[] = [];
     const skipped: VmInfo[] = [];
     const named = new Set<VmRecord>();
+    // An id this connection observed that the LIST no longer has: free its record, which a new id
+    // for the same process (same labels and starttime) may take below; otherwise it ends.
+    const listedIds = new Set(list.map((vm) => vm.hostVmId));
+    for (const [id, r] of this.byHostId) {
+      if (listedIds.has(id)) continue;
+      this.byHostId.delete(id);
+      r.hostVmId = null;
+    }
     let live = [...this.vms.values()].filter((r) => r.endedAtMs === null && r.hostVmId !== null).length;
     for (const vm of list) {
       const bound = this.byHostId.get(vm.hostVmId);
       if (bound) {
         named.add(bound);
+        // A registration may take over a discovered VM: same id, now registered.
+        bound.source = vm.source;
+        bound.wholeVmOnly = vm.wholeVmOnly;
         if (vm.ended) this.end(bound);
         continue;
       }
@@ -204,6 +215,12 @@ export class EnergyBook {
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.
     if (u.tNs !== 0n && u.tNs === r.lastTNs && !u.ended) return;
     const dtNs = r.lastTNs !== null && u.tNs > r.lastTNs ? Number(u.tNs - r.lastTNs) : 0;
+    // Fewer virtual packages than before (a registrant's vCPU list replaced the discovered one):
+    // the series of the ones gone end here.
+    if (u.vpkgs.length < r.energy.length) {
+      r.energy.length = u.vpkgs.length;
+      r.watts.length = u.vpkgs.length;
+    }
     u.vpkgs.forEach((v, g) => {
       const total = (r.energy[g] ??= new RunningTotal());
       const added = total.feed(v.energyUj);

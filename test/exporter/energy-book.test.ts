@@ -136,6 +136,22 @@ describe('EnergyBook', () => {
     expect(b.lastSampleAgeS()).toBe(2.5);
   });
 
+  test('a VM listed under a new id for the same process keeps its series; a registration taking it over makes it registered', () => {
+    const b = new EnergyBook();
+    b.connectionStarted();
+    b.listed([vm(1, 100, { nvpkg: 2 })]);
+    b.vmUpdate(upd(1, 1n, [1_000n, 2_000n]));
+    // Same id, now registered with one virtual package.
+    expect(b.listed([vm(1, 100, { source: 'registered', nvpkg: 1 })]).observe).toEqual([]);
+    b.vmUpdate(upd(1, 2n, [1_500n]));
+    expect(b.exposed()[0]!.source).toBe('registered');
+    expect(b.exposed()[0]!.energy.map((t) => t.total)).toEqual([1_500n]);
+    // A new id for the same process: observed, same record, totals go on.
+    expect(b.listed([vm(9, 100)]).observe.map((v) => v.hostVmId)).toEqual([9]);
+    b.vmUpdate(upd(9, 3n, [1_800n]));
+    expect(b.exposed().map((r) => [r.endedAtMs, r.energy[0]!.total])).toEqual([[null, 1_800n]]);
+  });
+
   test('a new process under the same labels (pid reused) starts its totals afresh', () => {
     const b = new EnergyBook();
     b.connectionStarted();
