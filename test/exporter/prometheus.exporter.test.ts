@@ -263,4 +263,35 @@ describe('exporter with the daemon and Prometheus', () => {
     expect(energyOf(second, b.pid)).toBeUndefined();
     expect(energyOf(second, a.pid)).toBeDefined();
   });
+
+  test('a VM registered after the exporter started is exported within a few intervals', async () => {
+    const { sock } = await setup();
+    const first = later(startChild('sleep'));
+    await registerVms(sock, [first.pid]);
+    const exporter = later(await startExporterChild(sock));
+    await poll(async () => (energyOf(await scrape(exporter.url), first.pid) !== undefined ? true : undefined), 'the first VM', () => exporter.stderr());
+    const late = later(startChild('spin'));
+    const t0 = Date.now();
+    await registerVms(sock, [late.pid]);
+    // The host update's "VMs changed" flag makes the exporter LIST again and observe it.
+    await poll(async () => (energyOf(await scrape(exporter.url), late.pid) !== undefined ? true : undefined), 'the late VM', () => exporter.stderr(), 5000);
+    expect(Date.now() - t0).toBeLessThan(5000);
+  });
+
+  test('an exporter restart continues from the daemon totals, and SIGTERM stops it cleanly', async () => {
+    const { sock } = await setup();
+    const busy = later(startChild('spin'));
+    await registerVms(sock, [busy.pid]);
+    const one = await startExporterChild(sock);
+    cleanups.push(() => one.stop('SIGKILL'));
+    const before = await poll(async () => {
+      const v = energyOf(await scrape(one.url), busy.pid);
+      return v !== undefined && v > 2 ? v : undefined;
+    }, 'energy in the first exporter', () => one.stderr());
+    expect(await one.stop('SIGTERM')).toBe(0);
+    const two = later(await startExporterChild(sock));
+    const after = await poll(async () => energyOf(await scrape(two.url), busy.pid), 'the VM in the second exporter', () => two.stderr());
+    // The daemon ran all along: the new process's first value is the daemon's total, not below the old one.
+    expect(after).toBeGreaterThanOrEqual(before);
+  });
 });
