@@ -37,8 +37,8 @@ export class ObserverSession {
   private client: ObserverClient | null = null;
   private wake: (() => void) | null = null;
   private readonly done: Promise<void>;
-  /** The LIST running now, if any; `relist` asks for one more after it. */
-  private listing: Promise<void> | null = null;
+  /** The LIST running now and its connection, if any; `relist` asks for one more after it. */
+  private listing: { client: ObserverClient; done: Promise<void> } | null = null;
   private relist = false;
   /** Skipped-VM count last logged, so a steady state is logged once, not at every LIST. */
   private skippedLogged = 0;
@@ -105,7 +105,7 @@ export class ObserverSession {
         const err = e as Error;
         if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
           // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
-          if (!refusedLogged) log.error({ err: err.message, uid: process.getuid?.() }, `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit) and keep retrying`);
+          if (!refusedLogged) log.error({ err: err.message, uid: process.getuid?.() }, `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit); retrying every ${backoff.maxMs / 1000} s`);
           else log.debug({ err: err.message }, 'still refused by the helper');
           refusedLogged = true;
         } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
@@ -121,12 +121,15 @@ export class ObserverSession {
 
   /** At most one LIST in flight; a request meanwhile runs one more after it (VMs changed again). */
   private requestList(client: ObserverClient): Promise<void> {
-    if (this.listing) {
+    if (this.listing?.client === client) {
       this.relist = true;
-      return this.listing;
+      return this.listing.done;
     }
-    this.listing = this.listAndObserve(client).finally(() => (this.listing = null));
-    return this.listing;
+    const done = this.listAndObserve(client).finally(() => {
+      if (this.listing?.done === done) this.listing = null;
+    });
+    this.listing = { client, done };
+    return done;
   }
 
   private async listAndObserve(client: ObserverClient): Promise<void> {
