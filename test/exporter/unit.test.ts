@@ -3,13 +3,16 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { BIN, ROOT, ensureBuilt, tempDir } from '../daemon/support/daemon-process.js';
+import { BIN, ROOT, ensureBuilt, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { DEFAULT_LISTEN } from '../../src/exporter/listen-address.js';
 import { missing } from '../support/env.js';
 
+const cleanups: (() => unknown)[] = [];
+
 const UNIT = 'vmsr-helper-exporter.service';
 let dir: string | null = null;
-afterEach(() => {
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
   dir = null;
 });
@@ -36,5 +39,24 @@ describe('contrib/systemd exporter unit', () => {
     fs.copyFileSync(path.join(ROOT, 'contrib/systemd/qemu-vmsr-helper.socket'), path.join(dir, 'qemu-vmsr-helper.socket'));
     const out = execFileSync('sh', ['-c', `systemd-analyze verify ${dir}/${UNIT} 2>&1; echo "rc=$?"`], { encoding: 'utf8' });
     expect(out.trim()).toBe('rc=0');
+  });
+
+  test("the exporter serves under the unit's sandbox: another uid, no new privileges, /proc with only its own pid", async (ctx) => {
+    const why = missing({ root: true }) ?? missing({ command: 'unshare' }) ?? missing({ command: 'setpriv' });
+    if (why) return ctx.skip(why);
+    ensureBuilt();
+    // ProcSubset=pid + ProtectProc=invisible is this /proc mount; DynamicUser + NoNewPrivileges is setpriv.
+    const script = [
+      'mount -t proc -o subset=pid,hidepid=invisible proc /proc',
+      `exec setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs ${process.execPath} ${BIN} exporter -k /nonexistent/helper.sock --listen 127.0.0.1:0`,
+    ].join(' && ');
+    const child = spawnHelper([], { command: ['unshare', '--mount', '--pid', '--fork', '--kill-child', 'sh', '-c', script] });
+    cleanups.push(() => child.stop('SIGKILL'));
+    await waitFor(() => /"url":"http[^"]+"/.test(child.stderr()), 'the sandboxed exporter to serve', child);
+    const url = /"url":"(http[^"]+)"/.exec(child.stderr())![1]!;
+    const body = await (await fetch(url)).text();
+    expect(body).toContain('\nvmsr_exporter_helper_connected 0\n');
+    expect(child.stderr()).toContain('no helper is listening at /nonexistent/helper.sock');
+    expect(child.stderr()).not.toContain('runs as root');
   });
 });
