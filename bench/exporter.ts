@@ -14,6 +14,7 @@ import { V2Client } from '../src/client/v2-client.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import { clockTicksPerSecond } from '../src/os/libc.js';
 import { FakeHost } from '../test/support/fake-host.js';
+import { pollFor } from '../test/support/wait.js';
 import { startVms, vcpusOf } from './service.js';
 
 const INTERVAL_S = 1;
@@ -26,12 +27,9 @@ function child(args: string[]): { proc: ChildProcess; log: () => string } {
   return { proc, log: () => log };
 }
 
-async function until(cond: () => boolean | Promise<boolean>, what: string, log: () => string, ms = 60_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${log()}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+/** Waits until `cond` holds (sync or async), or throws naming `what` with the log. */
+function until(cond: () => boolean | Promise<boolean>, what: string, log: () => string, ms = 60_000): Promise<true> {
+  return pollFor(async () => ((await cond()) ? true : undefined), what, log, ms);
 }
 
 /** utime + stime of a process, in seconds. */

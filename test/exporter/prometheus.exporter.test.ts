@@ -11,6 +11,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { missing } from '../support/env.js';
 import { ROOT, tempDir } from '../daemon/support/daemon-process.js';
+import { pollFor } from '../support/wait.js';
 import { startChild } from '../v2/harness.js';
 import { qemuMissing, startQemu } from '../support/qemu.js';
 import { MovingHost, startDaemon, startExporterChild, startPrometheus } from './support/stack.js';
@@ -75,17 +76,6 @@ function readmeQueries(): string[] {
   );
 }
 
-/** Polls an async check until it returns a value (not undefined), or fails naming `what` with `log()`. */
-async function poll<T>(check: () => Promise<T | undefined>, what: string, log: () => string, ms = 30_000): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${log()}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 describe('exporter with the daemon and Prometheus', () => {
   test('Prometheus answers rate() per discovered QEMU VM, busy far above idle, with no per-VM command; the README queries answer', async (ctx) => {
     const why = missing({ command: 'prometheus' }) ?? qemuMissing();
@@ -101,7 +91,7 @@ describe('exporter with the daemon and Prometheus', () => {
 
     // Other QEMUs on this machine are discovered too; ours are picked out by the names QEMU was given.
     // The idle guest's boot shows in the first seconds: wait for a window of steady state.
-    const rates = await poll(
+    const rates = await pollFor(
       async () => {
         const r = await prom.query(`sum by (name) (rate(vmsr_vm_energy_joules_total{${ours}}[5s]))`);
         const w = new Map(r.map((x) => [x.metric.name, Number(x.value[1])]));
@@ -149,7 +139,7 @@ describe('exporter with the daemon and Prometheus', () => {
     const idle = later(startChild('sleep'));
     await registerVms(sock, [busy.pid, idle.pid]);
     const exporter = later(await startExporterChild(sock));
-    const body = await poll(
+    const body = await pollFor(
       async () => {
         const b = await (await fetch(exporter.url)).text();
         const x = parseExposition(b);
@@ -188,7 +178,7 @@ describe('exporter with the daemon and Prometheus', () => {
     const vm = later(startChild('sleep'));
     await registerVms(sock, [vm.pid]); // root's VM: only the observer group lets nobody see it
     const exporter = later(await startExporterChild(sock, [], { uid: nobody, gid: nobody }));
-    const m = await poll(
+    const m = await pollFor(
       async () => {
         const x = await scrape(exporter.url);
         return energyOf(x, vm.pid) !== undefined && x.has('vmsr_unattributed_energy_joules_total') ? x : undefined;
@@ -209,7 +199,7 @@ describe('exporter with the daemon and Prometheus', () => {
     const vm = later(startChild('sleep'));
     await registerVms(sock, [vm.pid]);
     const exporter = later(await startExporterChild(sock, [], { uid: nobody, gid: nobody }));
-    await poll(async () => (exporter.stderr().includes('--observer-group') ? true : undefined), 'the refusal to be logged', () => exporter.stderr());
+    await pollFor(async () => (exporter.stderr().includes('--observer-group') ? true : undefined), 'the refusal to be logged', () => exporter.stderr());
     expect(exporter.stderr()).toMatch(/"level":50.*refuses this exporter.*add the exporter's user to that group/);
     const m = await scrape(exporter.url);
     expect(energyOf(m, vm.pid)).toBeUndefined();
@@ -229,7 +219,7 @@ describe('exporter with the daemon and Prometheus', () => {
       if (v !== undefined) seen.push(v);
       return v;
     };
-    await poll(async () => ((await record()) ?? 0) > 5 ? true : undefined, 'energy before the restart', logs);
+    await pollFor(async () => ((await record()) ?? 0) > 5 ? true : undefined, 'energy before the restart', logs);
     const before = seen.at(-1)!;
 
     await daemon.stop();
@@ -237,7 +227,7 @@ describe('exporter with the daemon and Prometheus', () => {
     for (let i = 0; i < 5; i++) await record(); // while the daemon is away: the series stays, unchanged
     const again = later(await startDaemon(h, sock, args));
     reg = await registerVms(sock, [busy.pid]);
-    await poll(async () => ((await record()) ?? 0) > before + 5 ? true : undefined, 'energy to grow after the restart', () => `${logs()}\n--- daemon:\n${again.stderr()}`);
+    await pollFor(async () => ((await record()) ?? 0) > before + 5 ? true : undefined, 'energy to grow after the restart', () => `${logs()}\n--- daemon:\n${again.stderr()}`);
 
     for (let i = 1; i < seen.length; i++) expect(seen[i]!).toBeGreaterThanOrEqual(seen[i - 1]!);
     const m = await scrape(exporter.url);
@@ -253,7 +243,7 @@ describe('exporter with the daemon and Prometheus', () => {
     const b = later(startChild('sleep'));
     await registerVms(sock, [a.pid, b.pid]);
     const exporter = later(await startExporterChild(sock));
-    await poll(async () => (energyOf(await scrape(exporter.url), b.pid) !== undefined ? true : undefined), 'both VMs exported', () => exporter.stderr());
+    await pollFor(async () => (energyOf(await scrape(exporter.url), b.pid) !== undefined ? true : undefined), 'both VMs exported', () => exporter.stderr());
     await b.kill();
     // Several 0.25 s intervals: the daemon has seen the process go and sent its last UPDATE.
     await new Promise((r) => setTimeout(r, 1500));
@@ -269,12 +259,12 @@ describe('exporter with the daemon and Prometheus', () => {
     const first = later(startChild('sleep'));
     await registerVms(sock, [first.pid]);
     const exporter = later(await startExporterChild(sock));
-    await poll(async () => (energyOf(await scrape(exporter.url), first.pid) !== undefined ? true : undefined), 'the first VM', () => exporter.stderr());
+    await pollFor(async () => (energyOf(await scrape(exporter.url), first.pid) !== undefined ? true : undefined), 'the first VM', () => exporter.stderr());
     const late = later(startChild('spin'));
     const t0 = Date.now();
     await registerVms(sock, [late.pid]);
     // The host update's "VMs changed" flag makes the exporter LIST again and observe it.
-    await poll(async () => (energyOf(await scrape(exporter.url), late.pid) !== undefined ? true : undefined), 'the late VM', () => exporter.stderr(), 5000);
+    await pollFor(async () => (energyOf(await scrape(exporter.url), late.pid) !== undefined ? true : undefined), 'the late VM', () => exporter.stderr(), 5000);
     expect(Date.now() - t0).toBeLessThan(5000);
   });
 
@@ -284,13 +274,13 @@ describe('exporter with the daemon and Prometheus', () => {
     await registerVms(sock, [busy.pid]);
     const one = await startExporterChild(sock);
     cleanups.push(() => one.stop('SIGKILL'));
-    const before = await poll(async () => {
+    const before = await pollFor(async () => {
       const v = energyOf(await scrape(one.url), busy.pid);
       return v !== undefined && v > 2 ? v : undefined;
     }, 'energy in the first exporter', () => one.stderr());
     expect(await one.stop('SIGTERM')).toBe(0);
     const two = later(await startExporterChild(sock));
-    const after = await poll(async () => energyOf(await scrape(two.url), busy.pid), 'the VM in the second exporter', () => two.stderr());
+    const after = await pollFor(async () => energyOf(await scrape(two.url), busy.pid), 'the VM in the second exporter', () => two.stderr());
     // The daemon ran all along: the new process's first value is the daemon's total, not below the old one.
     expect(after).toBeGreaterThanOrEqual(before);
   });

@@ -6,6 +6,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { BIN, ROOT, ensureBuilt, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { DEFAULT_LISTEN } from '../../src/exporter/listen-address.js';
 import { missing } from '../support/env.js';
+import { exporterUrlIn } from './support/stack.js';
 
 const cleanups: (() => unknown)[] = [];
 
@@ -52,8 +53,8 @@ describe('contrib/systemd exporter unit', () => {
     ].join(' && ');
     const child = spawnHelper([], { command: ['unshare', '--mount', '--pid', '--fork', '--kill-child', 'sh', '-c', script] });
     cleanups.push(() => child.stop('SIGKILL'));
-    await waitFor(() => /"url":"http[^"]+"/.test(child.stderr()), 'the sandboxed exporter to serve', child);
-    const url = /"url":"(http[^"]+)"/.exec(child.stderr())![1]!;
+    await waitFor(() => exporterUrlIn(child.stderr()) !== null, 'the sandboxed exporter to serve', child);
+    const url = exporterUrlIn(child.stderr())!;
     const body = await (await fetch(url)).text();
     expect(body).toContain('\nvmsr_exporter_helper_connected 0\n');
     expect(child.stderr()).toContain('no helper is listening at /nonexistent/helper.sock');

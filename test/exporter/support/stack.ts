@@ -48,12 +48,16 @@ export interface ExporterChild extends DaemonChild {
   url: string;
 }
 
+/** The metrics URL the exporter logs once it serves ("Serving metrics on URL", field `url`), or null before. */
+export function exporterUrlIn(log: string): string | null {
+  return /"url":"(http:\/\/[^"]+)"/.exec(log)?.[1] ?? null;
+}
+
 /** `vmsr-helper exporter` on an ephemeral loopback port (optionally as another uid/gid); resolves once it serves. */
 export async function startExporterChild(sock: string, extra: string[] = [], opts: { uid?: number; gid?: number } = {}): Promise<ExporterChild> {
   const child = spawnHelper(['exporter', '-k', sock, '--listen', '127.0.0.1:0', ...extra], opts);
-  await waitFor(() => /"url":"http:\/\/[^"]+"/.test(child.stderr()), 'the exporter to serve', child);
-  const url = /"url":"(http:\/\/[^"]+)"/.exec(child.stderr())![1]!;
-  return { ...child, url };
+  await waitFor(() => exporterUrlIn(child.stderr()) !== null, 'the exporter to serve', child);
+  return { ...child, url: exporterUrlIn(child.stderr())! };
 }
 
 /** A free TCP port on loopback (bound, then released). */
