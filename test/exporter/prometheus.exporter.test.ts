@@ -200,7 +200,7 @@ describe('exporter with the daemon and Prometheus', () => {
     await registerVms(sock, [vm.pid]);
     const exporter = later(await startExporterChild(sock, [], { uid: nobody, gid: nobody }));
     await pollFor(async () => (exporter.stderr().includes('--observer-group') ? true : undefined), 'the refusal to be logged', () => exporter.stderr());
-    expect(exporter.stderr()).toMatch(/"level":50.*refuses this exporter.*add the exporter's user to that group/);
+    expect(exporter.stderr()).toMatch(/"level":"error".*refuses this exporter.*add the exporter's user to that group/);
     const m = await scrape(exporter.url);
     expect(energyOf(m, vm.pid)).toBeUndefined();
     expect(m.has('vmsr_unattributed_energy_joules_total')).toBe(false);

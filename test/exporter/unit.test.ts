@@ -22,11 +22,15 @@ describe('contrib/systemd exporter unit', () => {
   const text = fs.readFileSync(path.join(ROOT, 'contrib/systemd', UNIT), 'utf8');
 
   test('runs unprivileged in the observer group, loopback only, with the default listen address', () => {
-    for (const k of ['DynamicUser=yes', 'SupplementaryGroups=vmsr-observers', 'CapabilityBoundingSet=\n', 'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateDevices=yes', 'IPAddressDeny=any', 'IPAddressAllow=localhost']) {
+    for (const k of ['DynamicUser=yes', 'SupplementaryGroups=kvm vmsr-observers', 'CapabilityBoundingSet=\n', 'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateDevices=yes', 'IPAddressDeny=any', 'IPAddressAllow=localhost']) {
       expect(text).toContain(k);
     }
     expect(text).toMatch(/^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$/m);
-    expect(text).toMatch(new RegExp(`^ExecStart=/usr/bin/vmsr-helper exporter .*--listen ${DEFAULT_LISTEN.replace(/\./g, '\\.')}$`, 'm'));
+    expect(text).toMatch(new RegExp(`^ExecStart=vmsr-helper exporter .*--listen ${DEFAULT_LISTEN.replace(/\./g, '\\.')}$`, 'm'));
+    // The socket it connects to is the helper unit's, whose group it joins.
+    const socket = fs.readFileSync(path.join(ROOT, 'contrib/systemd/qemu-vmsr-helper.socket'), 'utf8');
+    expect(text).toContain(`--socket ${/^ListenStream=(.*)$/m.exec(socket)![1]} `);
+    expect(text).toContain(`SupplementaryGroups=${/^SocketGroup=(.*)$/m.exec(socket)![1]} `);
     expect(text).not.toMatch(/^User=root/m);
   });
 
@@ -35,7 +39,7 @@ describe('contrib/systemd exporter unit', () => {
     if (why) return ctx.skip(why);
     ensureBuilt();
     dir = tempDir('vmsr-exporter-unit-');
-    fs.writeFileSync(path.join(dir, UNIT), text.replace(/^ExecStart=\/usr\/bin\/vmsr-helper /m, `ExecStart=${process.execPath} ${BIN} `));
+    fs.writeFileSync(path.join(dir, UNIT), text.replace(/^ExecStart=vmsr-helper /m, `ExecStart=${process.execPath} ${BIN} `));
     // The socket unit it refers to, so verify checks the dependency too.
     fs.copyFileSync(path.join(ROOT, 'contrib/systemd/qemu-vmsr-helper.socket'), path.join(dir, 'qemu-vmsr-helper.socket'));
     const out = execFileSync('sh', ['-c', `systemd-analyze verify ${dir}/${UNIT} 2>&1; echo "rc=$?"`], { encoding: 'utf8' });
