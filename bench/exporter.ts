@@ -11,7 +11,6 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { V2Client } from '../src/client/v2-client.js';
-import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import { clockTicksPerSecond } from '../src/os/libc.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { pollFor } from '../test/support/wait.js';
@@ -51,9 +50,7 @@ function pct(sorted: number[], p: number): number {
 async function scenario(nVms: number): Promise<void> {
   const kids = await startVms(nVms);
   const host = new FakeHost({ packages: [0] });
-  host.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
-  let energy = 0;
-  const pump = setInterval(() => host.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt((energy = (energy + 1600) >>> 0))), 20); // ~5 W
+  const stopPump = host.pumpEnergy({ units: 1600, everyMs: 20 }); // ~5 W at ESU 14
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-exporter-'));
   const sock = path.join(dir, 'helper.sock');
   const daemon = child(['-k', sock, '--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot, '--vendor', 'intel', '--interval', String(INTERVAL_S), '--no-discovery', '--max-vms-per-connection', String(nVms), '--max-vms', String(nVms)]);
@@ -100,7 +97,7 @@ async function scenario(nVms: number): Promise<void> {
     await client?.close().catch(() => {});
     exporter?.proc.kill('SIGTERM');
     daemon.proc.kill('SIGTERM');
-    clearInterval(pump);
+    stopPump();
     for (const k of kids) k.kill('SIGKILL');
     await new Promise((r) => setTimeout(r, 300));
     host.cleanup();

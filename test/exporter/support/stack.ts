@@ -7,35 +7,23 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../../src/msr/registers.js';
 import { FakeHost } from '../../support/fake-host.js';
 import { hostArgs, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from '../../daemon/support/daemon-process.js';
 
 /** ESU 14: 61 µJ a unit. */
 export const POWER_UNIT = 0xa0e03n;
 
-/** A fake host whose package 0 draws about `watts` while pumping. */
+/** A fake host whose package 0 draws `watts` while pumping (FakeHost.pumpEnergy every 20 ms). */
 export class MovingHost {
   readonly host = new FakeHost({ packages: [0, 0] });
-  private energy = 0xfff00000; // wraps early
-  private timer: NodeJS.Timeout | null = null;
+  private stop: (() => void) | null = null;
 
-  constructor() {
-    this.host.writePackageMsr(0, MSR_RAPL_POWER_UNIT, POWER_UNIT);
-    this.host.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(this.energy));
-  }
-
-  /** Adds energy every 20 ms: `watts` x 0.02 s in 61 µJ units. */
   pump(watts = 50): void {
-    const units = Math.round((watts * 0.02) / (1 / 2 ** 14));
-    this.timer = setInterval(() => {
-      this.energy = (this.energy + units) >>> 0;
-      this.host.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, BigInt(this.energy));
-    }, 20);
+    this.stop = this.host.pumpEnergy({ powerUnit: POWER_UNIT, start: 0xfff00000 /* wraps early */, units: Math.round(watts * 0.02 * 2 ** 14), everyMs: 20 });
   }
 
   cleanup(): void {
-    if (this.timer) clearInterval(this.timer);
+    this.stop?.();
     this.host.cleanup();
   }
 }
