@@ -33,7 +33,8 @@ describe('v2 end to end with QEMU', () => {
     cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
     const sock = path.join(dir, 'helper.sock');
     const tracePath = path.join(dir, 'live.jsonl');
-    const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--record', tracePath]);
+    // Registered VMs only: with discovery the trace would also hold every other QEMU on this machine.
+    const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--record', tracePath, '--no-discovery']);
     cleanups.push(() => helper.stop('SIGKILL'));
     await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
 
