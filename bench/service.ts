@@ -16,9 +16,9 @@ import type { VcpuSpec } from '../src/ratio/types.js';
 
 const INTERVAL_MS = 1000;
 
-const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
+export const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
 
-async function startVms(n: number): Promise<ChildProcess[]> {
+export async function startVms(n: number): Promise<ChildProcess[]> {
   const kids: ChildProcess[] = [];
   try {
     for (let i = 0; i < n; i++) {
@@ -38,7 +38,7 @@ async function startVms(n: number): Promise<ChildProcess[]> {
   return kids;
 }
 
-function vcpusOf(pid: number): VcpuSpec[] {
+export function vcpusOf(pid: number): VcpuSpec[] {
   return fs
     .readdirSync(`/proc/${pid}/task`)
     .map(Number)

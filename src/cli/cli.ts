@@ -15,6 +15,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   record: async () => (await import('./commands/record.js')).addRecordCommand,
   replay: async () => (await import('./commands/replay.js')).addReplayCommand,
   watch: async () => (await import('./commands/watch.js')).addWatchCommand,
+  exporter: async () => (await import('./commands/exporter.js')).addExporterCommand,
 };
 
 /**

@@ -13,6 +13,8 @@ import type { V2DaemonSettings } from '../helper/assemble.js';
 import { resolveGroup } from '../os/privileges/accounts.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
+import { DEFAULT_HELPER_SOCKET } from '../client/v2-client.js';
+import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 
 /**
  * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
@@ -77,6 +79,23 @@ export function vcpuListArg(text: string): VcpuSpec[] {
   } catch (e) {
     throw new InvalidArgumentError((e as Error).message);
   }
+}
+
+/** --listen HOST:PORT (the exporter's HTTP address). */
+export function listenAddressArg(text: string): ListenAddress {
+  try {
+    return parseListenAddress(text);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
+}
+
+/**
+ * -k on the helper's clients (watch, exporter). Read it with optsWithGlobals(): given before the
+ * subcommand, the root (daemon) command's own -k takes it, and both name the same socket.
+ */
+export function addClientSocketOption(cmd: Command): Command {
+  return cmd.option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_HELPER_SOCKET}')`);
 }
 
 /** --vendor: auto (from /proc/cpuinfo), intel or amd. */

@@ -16,3 +16,17 @@ export async function waitFor(cond: () => boolean, what: string, child?: Watched
     await new Promise((r) => setTimeout(r, 20));
   }
 }
+
+/**
+ * Polls an async check (an HTTP scrape, a Prometheus query) every 200 ms until it returns a value,
+ * or throws naming `what`, with `log()` (the logs of the processes involved).
+ */
+export async function pollFor<T>(check: () => Promise<T | undefined>, what: string, log: () => string, ms = 30_000): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await check();
+    if (v !== undefined) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${log()}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}

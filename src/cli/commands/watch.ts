@@ -10,7 +10,7 @@ import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/vm-spec.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_SOCKET } from './daemon.js';
-import { pidArg, positiveIntArg, vcpuListArg } from '../options.js';
+import { addClientSocketOption, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 
 export interface WatchOptions {
@@ -135,10 +135,7 @@ export async function runWatch(o: WatchOptions, out: (line: string) => void, sig
 }
 
 export function addWatchCommand(program: Command): void {
-  program
-    .command('watch')
-    .description("register a VM over the v2 protocol and print its virtual packages' power and energy, live")
-    .option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_SOCKET}')`)
+  addClientSocketOption(program.command('watch').description("register a VM over the v2 protocol and print its virtual packages' power and energy, live"))
     .option('--qmp <path>', "the VM's QMP socket (vCPU threads and sockets are asked from QEMU)")
     .option('--pid <pid>', 'the VM process (with --vcpus)', pidArg)
     .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpuListArg)

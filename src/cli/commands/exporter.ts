@@ -1,0 +1,45 @@
+/**
+ * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
+ * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM.
+ */
+import type { Command } from 'commander';
+import { V2Client } from '../../client/v2-client.js';
+import { startExporter } from '../../exporter/exporter.js';
+import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
+import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
+import { addClientSocketOption, listenAddressArg, positiveIntArg } from '../options.js';
+import { createLogger, levelFromFlags } from '../../helper/logger.js';
+import { DisposableStore, listen } from '../../ratio/disposable.js';
+import { DEFAULT_SOCKET } from './daemon.js';
+
+/** Above this a Prometheus server holding every series is the operator's problem, not a default. */
+export const MAX_MAX_VMS = 100_000;
+
+export function addExporterCommand(program: Command): void {
+  addClientSocketOption(
+    program.command('exporter').description("serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP"),
+  )
+    .option('--listen <host:port>', `where to serve /metrics (default ${DEFAULT_LISTEN}: loopback only)`, listenAddressArg)
+    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxVms})`, positiveIntArg('--max-vms', MAX_MAX_VMS))
+    .option('-v, --verbose', 'log debug messages')
+    .option('-q, --quiet', 'log warnings and errors only')
+    .action(async (_o: unknown, cmd: Command) => {
+      // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
+      // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
+      const o = { ...cmd.optsWithGlobals<{ socket?: string; verbose?: boolean; quiet?: boolean }>(), ...cmd.opts<{ listen?: ListenAddress; maxVms?: number }>() };
+      const socketPath = o.socket ?? DEFAULT_SOCKET;
+      const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
+      const exporter = await startExporter(
+        { socketPath, listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN), maxVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxVms },
+        () => V2Client.connect(socketPath),
+        log,
+      );
+      const signals = new DisposableStore();
+      await new Promise<void>((resolve) => {
+        for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => resolve()));
+      });
+      signals.dispose();
+      log.info('stopping');
+      await exporter.stop();
+    });
+}

@@ -1,0 +1,300 @@
+/**
+ * The exporter's picture of the host, fed by a v2 connection and read by the metrics at scrape time.
+ * Pure state (no I/O, clock injected): which VMs exist, their exporter-side energy totals per
+ * virtual package, their power over the last interval, the host packages, the energy no VM got, and
+ * the helper's health figures.
+ *
+ * Series identity is the label set (name, uuid, pid): a VM keeps its series across a daemon restart
+ * or a reconnection, and its totals keep growing (see RunningTotal). A different process under the
+ * same labels (pid reuse: another starttime) starts its totals afresh: a counter reset. A VM that ends is exposed in one
+ * more scrape (so its last value is recorded), then forgotten; when nobody scrapes, it is forgotten
+ * after `endedRetentionMs` all the same, so memory stays bounded.
+ */
+import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
+import { RunningTotal } from './running-total.js';
+
+export interface BookLimits {
+  /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
+  maxVms: number;
+  /** An ended VM that no scrape has seen is forgotten after this long. */
+  endedRetentionMs: number;
+}
+
+/** Up to 1000 VMs of up to 256 virtual packages: at most 2 x 256 + 1 series each. */
+export const DEFAULT_BOOK_LIMITS: BookLimits = { maxVms: 1000, endedRetentionMs: 5 * 60_000 };
+
+export interface VmLabels {
+  name: string;
+  uuid: string;
+  pid: string;
+}
+
+export interface VmRecord {
+  readonly key: string;
+  readonly labels: VmLabels;
+  /** /proc/<pid>/stat starttime: with the pid, names the process across daemon restarts. */
+  readonly starttime: bigint;
+  source: VmInfo['source'];
+  wholeVmOnly: boolean;
+  /** Its id on the current connection; null until a LIST on that connection names it. */
+  hostVmId: number | null;
+  readonly energy: RunningTotal[];
+  /** Watts over the last interval per vpkg; null until two samples on one connection. */
+  watts: (number | null)[];
+  lastTNs: bigint | null;
+  /** Exporter clock (ms) when the VM ended; null while it runs. */
+  endedAtMs: number | null;
+  /** Set when a scrape has exposed the ended VM: it goes at the end of that scrape. */
+  seenEnded: boolean;
+}
+
+export interface HelperHealth {
+  connected: boolean;
+  connects: number;
+  legacy: { ok: RunningTotal; refused: RunningTotal; failed: RunningTotal };
+  samples: RunningTotal;
+  sampleFailures: RunningTotal;
+  /** From the daemon's last host update (null before one): its connections and known VMs. */
+  daemonConnections: number | null;
+  daemonVms: number | null;
+  lastSampleDurationS: number | null;
+  /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
+  lastSampleTNs: bigint | null;
+  /** VMs not observed because of maxVms or a label set already in use. */
+  vmsSkipped: number;
+}
+
+function vmKey(l: VmLabels): string {
+  return `${l.pid}\u0000${l.uuid}\u0000${l.name}`;
+}
+
+export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid'>): VmLabels {
+  return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid) };
+}
+
+export class EnergyBook {
+  private readonly vms = new Map<string, VmRecord>();
+  private readonly byHostId = new Map<number, VmRecord>();
+  readonly packages = new Map<number, RunningTotal>();
+  readonly unattributed = new RunningTotal();
+  readonly health: HelperHealth = {
+    connected: false,
+    connects: 0,
+    legacy: { ok: new RunningTotal(), refused: new RunningTotal(), failed: new RunningTotal() },
+    samples: new RunningTotal(),
+    sampleFailures: new RunningTotal(),
+    daemonConnections: null,
+    daemonVms: null,
+    lastSampleDurationS: null,
+    lastSampleTNs: null,
+    vmsSkipped: 0,
+  };
+  /** A host update arrived (host metrics exist from then on). */
+  hasHost = false;
+
+  /**
+   * @param nowMs the exporter's clock for retention
+   * @param monotonicNs CLOCK_MONOTONIC, the daemon's sample clock (process.hrtime is the same clock)
+   */
+  constructor(
+    private readonly limits: BookLimits = DEFAULT_BOOK_LIMITS,
+    private readonly nowMs: () => number = Date.now,
+    private readonly monotonicNs: () => bigint = () => process.hrtime.bigint(),
+  ) {}
+
+  /** A new connection: VM ids of the old one mean nothing now; the next LIST re-binds them. */
+  connectionStarted(): void {
+    this.health.connected = true;
+    this.health.connects++;
+    this.byHostId.clear();
+    for (const r of this.vms.values()) {
+      r.hostVmId = null;
+      r.lastTNs = null;
+      r.watts = r.watts.map(() => null);
+    }
+  }
+
+  connectionLost(): void {
+    this.health.connected = false;
+    this.byHostId.clear();
+    for (const r of this.vms.values()) {
+      r.hostVmId = null;
+      r.lastTNs = null;
+      r.watts = r.watts.map(() => null);
+    }
+  }
+
+  /**
+   * A LIST reply: binds VMs to this connection's ids and returns the ones to OBSERVE (new, running,
+   * within the cap). VMs the book knows that the LIST no longer names have ended.
+   */
+  listed(list: readonly VmInfo[]): { observe: VmInfo[]; skipped: VmInfo[] } {
+    const observe: VmInfo[] = [];
+    const skipped: VmInfo[] = [];
+    const named = new Set<VmRecord>();
+    // An id this connection observed that the LIST no longer has: free its record, which a new id
+    // for the same process (same labels and starttime) may take below; otherwise it ends.
+    const listedIds = new Set(list.map((vm) => vm.hostVmId));
+    for (const [id, r] of this.byHostId) {
+      if (listedIds.has(id)) continue;
+      this.byHostId.delete(id);
+      r.hostVmId = null;
+    }
+    let live = [...this.vms.values()].filter((r) => r.endedAtMs === null && r.hostVmId !== null).length;
+    for (const vm of list) {
+      const bound = this.byHostId.get(vm.hostVmId);
+      if (bound) {
+        named.add(bound);
+        // A registration may take over a discovered VM: same id, now registered.
+        bound.source = vm.source;
+        bound.wholeVmOnly = vm.wholeVmOnly;
+        if (vm.ended) this.end(bound);
+        continue;
+      }
+      if (vm.ended) {
+        const r = this.vms.get(vmKey(labelsOf(vm)));
+        if (r) this.end(r);
+        continue;
+      }
+      const labels = labelsOf(vm);
+      let r = this.vms.get(vmKey(labels));
+      // Another process under the same labels (pid reused): a new VM, its totals start afresh.
+      if (r && r.starttime !== vm.starttime && r.hostVmId === null) {
+        this.vms.delete(r.key);
+        r = undefined;
+      }
+      if (r && r.hostVmId !== null) {
+        // Two VMs with one label set would be one series: the second is not exposed.
+        skipped.push(vm);
+        continue;
+      }
+      if (live >= this.limits.maxVms) {
+        skipped.push(vm);
+        continue;
+      }
+      if (!r) {
+        r = {
+          key: vmKey(labels),
+          labels,
+          starttime: vm.starttime,
+          source: vm.source,
+          wholeVmOnly: vm.wholeVmOnly,
+          hostVmId: null,
+          energy: [],
+          watts: [],
+          lastTNs: null,
+          endedAtMs: null,
+          seenEnded: false,
+        };
+        this.vms.set(r.key, r);
+      }
+      r.source = vm.source;
+      r.wholeVmOnly = vm.wholeVmOnly;
+      r.hostVmId = vm.hostVmId;
+      r.endedAtMs = null;
+      r.seenEnded = false;
+      this.byHostId.set(vm.hostVmId, r);
+      named.add(r);
+      live++;
+      observe.push(vm);
+    }
+    for (const r of this.vms.values()) if (!named.has(r) && r.endedAtMs === null) this.end(r);
+    this.health.vmsSkipped = skipped.length;
+    return { observe, skipped };
+  }
+
+  /** OBSERVE failed for this VM (it ended in between, or we may not see it): it is not ours. */
+  unobserved(hostVmId: number): void {
+    const r = this.byHostId.get(hostVmId);
+    if (r) this.end(r);
+  }
+
+  vmUpdate(u: VmUpdate): void {
+    const r = this.byHostId.get(u.hostVmId);
+    if (!r) return;
+    // The same sample twice (OBSERVE's reply and its first callback): nothing new.
+    if (u.tNs !== 0n && u.tNs === r.lastTNs && !u.ended) return;
+    const dtNs = r.lastTNs !== null && u.tNs > r.lastTNs ? Number(u.tNs - r.lastTNs) : 0;
+    // Fewer virtual packages than before (a registrant's vCPU list replaced the discovered one):
+    // the series of the ones gone end here.
+    if (u.vpkgs.length < r.energy.length) {
+      r.energy.length = u.vpkgs.length;
+      r.watts.length = u.vpkgs.length;
+    }
+    u.vpkgs.forEach((v, g) => {
+      const total = (r.energy[g] ??= new RunningTotal());
+      const added = total.feed(v.energyUj);
+      // µJ per ns x 1e3 = W; no power from the UPDATE before the first interval (t_ns 0).
+      r.watts[g] = dtNs > 0 ? (Number(added) * 1e3) / dtNs : null;
+    });
+    if (u.tNs !== 0n) r.lastTNs = u.tNs;
+    if (u.ended) this.end(r);
+  }
+
+  hostUpdate(h: HostUpdate): void {
+    for (const p of h.packages) {
+      let t = this.packages.get(p.pkg);
+      if (!t) this.packages.set(p.pkg, (t = new RunningTotal()));
+      t.feed(p.energyUj);
+    }
+    this.unattributed.feed(h.unattributedUj);
+    const s = h.stats;
+    const health = this.health;
+    health.legacy.ok.feed(s.legacyOk);
+    health.legacy.refused.feed(s.legacyRefused);
+    health.legacy.failed.feed(s.legacyFailed);
+    health.samples.feed(s.samples);
+    health.sampleFailures.feed(s.sampleFailures);
+    health.daemonConnections = s.connections;
+    health.daemonVms = s.vms;
+    if (h.tNs !== 0n) {
+      health.lastSampleDurationS = Number(s.lastSampleDurationNs) / 1e9;
+      health.lastSampleTNs = h.tNs;
+    }
+    this.hasHost = true;
+    this.forgetStale();
+  }
+
+  /** VMs a scrape exposes now: running ones and ended ones not yet scraped. */
+  exposed(): VmRecord[] {
+    return [...this.vms.values()];
+  }
+
+  /** Seconds since the daemon's last sample (grows while it is away or stalled), or null before one. */
+  lastSampleAgeS(): number | null {
+    const t = this.health.lastSampleTNs;
+    return t === null ? null : Math.max(0, Number(this.monotonicNs() - t) / 1e9);
+  }
+
+  /**
+   * Runs one scrape: ended VMs visible at its start are exposed by it, then forgotten.
+   * Concurrent scrapes each expose them; the last one to finish forgets them.
+   */
+  async scrape<T>(render: () => Promise<T>): Promise<T> {
+    const ended = [...this.vms.values()].filter((r) => r.endedAtMs !== null);
+    try {
+      return await render();
+    } finally {
+      for (const r of ended) r.seenEnded = true;
+      this.forgetStale();
+    }
+  }
+
+  get size(): number {
+    return this.vms.size;
+  }
+
+  private end(r: VmRecord): void {
+    if (r.endedAtMs === null) r.endedAtMs = this.nowMs();
+    r.watts = r.watts.map(() => null);
+    if (r.hostVmId !== null && this.byHostId.get(r.hostVmId) === r) this.byHostId.delete(r.hostVmId);
+    r.hostVmId = null;
+  }
+
+  private forgetStale(): void {
+    const now = this.nowMs();
+    for (const [k, r] of this.vms) {
+      if (r.endedAtMs !== null && (r.seenEnded || now - r.endedAtMs >= this.limits.endedRetentionMs)) this.vms.delete(k);
+    }
+  }
+}

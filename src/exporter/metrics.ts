@@ -1,0 +1,227 @@
+/**
+ * The exposition: a prom-client Registry of our own (never the global one) whose metrics read the
+ * EnergyBook in their collect() callbacks, so a scrape shows the book as it is at that moment and
+ * nothing is updated between scrapes. All values are in base units (joules, watts, seconds).
+ *
+ * One registry per exposition format: prom-client renames a counter object in place when it renders
+ * OpenMetrics, so the two formats cannot share metric objects; both read the same book.
+ */
+import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
+import type { EnergyBook, VmRecord } from './energy-book.js';
+import { ujToJoules } from './running-total.js';
+
+export type ExpositionFormat = 'prometheus' | 'openmetrics';
+
+const CONTENT_TYPES: Record<ExpositionFormat, RegistryContentType> = {
+  prometheus: Registry.PROMETHEUS_CONTENT_TYPE,
+  openmetrics: Registry.OPENMETRICS_CONTENT_TYPE,
+};
+
+/** The metric names, once (docs and tests use them too). */
+export const METRIC = {
+  vmEnergy: 'vmsr_vm_energy_joules_total',
+  vmPower: 'vmsr_vm_power_watts',
+  vmInfo: 'vmsr_vm_info',
+  packageEnergy: 'vmsr_host_package_energy_joules_total',
+  unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
+  legacyRequests: 'vmsr_helper_legacy_requests_total',
+  daemonConnections: 'vmsr_helper_connections',
+  daemonVms: 'vmsr_helper_vms',
+  samples: 'vmsr_helper_samples_total',
+  sampleFailures: 'vmsr_helper_sample_failures_total',
+  sampleDuration: 'vmsr_helper_sample_duration_seconds',
+  lastSampleAge: 'vmsr_helper_last_sample_age_seconds',
+  up: 'vmsr_exporter_helper_connected',
+  connects: 'vmsr_exporter_helper_connects_total',
+  vmsSkipped: 'vmsr_exporter_vms_skipped',
+} as const;
+
+/**
+ * Empties a metric for this scrape. prom-client's reset() leaves a label-less metric at 0, which for
+ * "no value yet" (before the first host update) would be a lie: remove() drops that 0 too.
+ */
+function clear(m: { reset(): void; remove(...a: never[]): void }): void {
+  m.reset();
+  m.remove();
+}
+
+export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<RegistryContentType> {
+  const registry = new Registry<RegistryContentType>();
+  registry.setContentType(CONTENT_TYPES[format]);
+  const registers = [registry];
+  const vmLabels = ['name', 'uuid', 'pid'] as const;
+  const each = (fn: (r: VmRecord) => void) => {
+    for (const r of book.exposed()) fn(r);
+  };
+  // Label objects made once per VM and vpkg, not at every scrape (a scrape at 500 VMs is thousands of series).
+  const vpkgLabels = new WeakMap<VmRecord, Record<string, string>[]>();
+  const seriesOf = (r: VmRecord, g: number): Record<string, string> => {
+    let list = vpkgLabels.get(r);
+    if (!list) vpkgLabels.set(r, (list = []));
+    return (list[g] ??= { ...r.labels, vpkg: String(g) });
+  };
+
+  new Counter({
+    name: METRIC.vmEnergy,
+    help: "Energy attributed to the VM's virtual package, in joules, accumulated by the exporter (never decreases within a series)",
+    labelNames: [...vmLabels, 'vpkg'],
+    registers,
+    collect() {
+      this.reset();
+      each((r) => r.energy.forEach((t, g) => this.inc(seriesOf(r, g), ujToJoules(t.total))));
+    },
+  });
+  new Gauge({
+    name: METRIC.vmPower,
+    help: "Power of the VM's virtual package over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
+    labelNames: [...vmLabels, 'vpkg'],
+    registers,
+    collect() {
+      this.reset();
+      each((r) =>
+        r.watts.forEach((w, g) => {
+          if (w !== null) this.set(seriesOf(r, g), w);
+        }),
+      );
+    },
+  });
+  new Gauge({
+    name: METRIC.vmInfo,
+    help: 'One per VM the exporter observes: its name, UUID, pid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM)',
+    labelNames: [...vmLabels, 'source', 'whole_vm_only'],
+    registers,
+    collect() {
+      this.reset();
+      each((r) => this.set({ ...r.labels, source: r.source, whole_vm_only: r.wholeVmOnly ? '1' : '0' }, 1));
+    },
+  });
+  new Counter({
+    name: METRIC.packageEnergy,
+    help: "The host package's RAPL energy in joules, as the helper measured it, accumulated by the exporter",
+    labelNames: ['package'],
+    registers,
+    collect() {
+      this.reset();
+      for (const [pkg, t] of book.packages) this.inc({ package: String(pkg) }, ujToJoules(t.total));
+    },
+  });
+  new Counter({
+    name: METRIC.unattributedEnergy,
+    help: "Energy of all host packages the helper attributed to no VM (host processes, idle time), in joules; with every VM's energy it sums to the packages' energy",
+    registers,
+    collect() {
+      clear(this);
+      if (book.hasHost) this.inc(ujToJoules(book.unattributed.total));
+    },
+  });
+  new Counter({
+    name: METRIC.legacyRequests,
+    help: "QEMU's legacy MSR requests the helper answered, by result (ok, refused, failed)",
+    labelNames: ['result'],
+    registers,
+    collect() {
+      this.reset();
+      if (!book.hasHost) return;
+      const l = book.health.legacy;
+      this.inc({ result: 'ok' }, Number(l.ok.total));
+      this.inc({ result: 'refused' }, Number(l.refused.total));
+      this.inc({ result: 'failed' }, Number(l.failed.total));
+    },
+  });
+  new Counter({
+    name: METRIC.samples,
+    help: 'Samples the helper took (energy and every vCPU thread run time), as it counts them',
+    registers,
+    collect() {
+      clear(this);
+      if (book.hasHost) this.inc(Number(book.health.samples.total));
+    },
+  });
+  new Counter({
+    name: METRIC.sampleFailures,
+    help: 'Samples that failed because the energy source could not be read',
+    registers,
+    collect() {
+      clear(this);
+      if (book.hasHost) this.inc(Number(book.health.sampleFailures.total));
+    },
+  });
+  new Gauge({
+    name: METRIC.daemonVms,
+    help: 'VMs the helper knows (registered and discovered, ended ones not yet dropped), whether or not this exporter may see them',
+    registers,
+    collect() {
+      clear(this);
+      if (book.health.daemonVms !== null) this.set(book.health.daemonVms);
+    },
+  });
+  new Gauge({
+    name: METRIC.daemonConnections,
+    help: "Connections open to the helper daemon (QEMU's and v2 clients, this exporter included)",
+    registers,
+    collect() {
+      clear(this);
+      if (book.health.daemonConnections !== null) this.set(book.health.daemonConnections);
+    },
+  });
+  new Gauge({
+    name: METRIC.sampleDuration,
+    help: "Time the helper's last sample took (energy and every vCPU thread's run time), in seconds",
+    registers,
+    collect() {
+      clear(this);
+      if (book.health.lastSampleDurationS !== null) this.set(book.health.lastSampleDurationS);
+    },
+  });
+  new Gauge({
+    name: METRIC.lastSampleAge,
+    help: "Age of the helper's last sample in seconds, on the host's monotonic clock (grows while the helper is away or stalled)",
+    registers,
+    collect() {
+      clear(this);
+      const age = book.lastSampleAgeS();
+      if (age !== null) this.set(age);
+    },
+  });
+  new Gauge({
+    name: METRIC.up,
+    help: 'Whether the exporter is connected to the helper daemon (1) or reconnecting (0)',
+    registers,
+    collect() {
+      this.set(book.health.connected ? 1 : 0);
+    },
+  });
+  new Counter({
+    name: METRIC.connects,
+    help: 'Connections the exporter made to the helper daemon (more than 1: the daemon restarted or the connection broke)',
+    registers,
+    collect() {
+      this.reset();
+      this.inc(book.health.connects);
+    },
+  });
+  new Gauge({
+    name: METRIC.vmsSkipped,
+    help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',
+    registers,
+    collect() {
+      this.set(book.health.vmsSkipped);
+    },
+  });
+  return registry;
+}
+
+/**
+ * Picks the format from an Accept header: OpenMetrics when the scraper lists it with a non-zero q
+ * (Prometheus does), else the Prometheus text format every scraper reads.
+ */
+export function negotiateFormat(accept: string | undefined): ExpositionFormat {
+  if (!accept) return 'prometheus';
+  for (const part of accept.split(',')) {
+    const [type, ...params] = part.trim().split(';').map((s) => s.trim());
+    if (type?.toLowerCase() !== 'application/openmetrics-text') continue;
+    const q = params.find((p) => p.toLowerCase().startsWith('q='));
+    if (q === undefined || Number(q.slice(2)) > 0) return 'openmetrics';
+  }
+  return 'prometheus';
+}

@@ -1,0 +1,178 @@
+/**
+ * Keeps the exporter connected to the helper daemon and the book fed: connect, subscribe to the
+ * host, LIST, OBSERVE every VM; LIST again when a host update says VMs changed; when the connection
+ * ends (the daemon restarted or stopped), reconnect with exponential backoff, logging the outage once
+ * and the recovery.
+ */
+import type { Logger } from 'pino';
+import { V2Error } from '../client/v2-client.js';
+import { E } from '../protocol/v2/codec.js';
+import type { EnergyBook } from './energy-book.js';
+import type { ObserverClient, VmInfo } from './observer-api.js';
+
+export interface Backoff {
+  firstMs: number;
+  maxMs: number;
+}
+
+/** 250 ms after a loss (a restarting daemon is back within that), doubling to 10 s. */
+export const DEFAULT_BACKOFF: Backoff = { firstMs: 250, maxMs: 10_000 };
+
+/** Delay before reconnect attempt `attempt` (0-based). */
+export function backoffDelay(b: Backoff, attempt: number): number {
+  return Math.min(b.maxMs, b.firstMs * 2 ** Math.min(attempt, 30));
+}
+
+export interface SessionOptions {
+  connect: () => Promise<ObserverClient>;
+  book: EnergyBook;
+  log: Logger;
+  backoff?: Backoff;
+  /** Socket path, for messages. */
+  socketPath: string;
+}
+
+export class ObserverSession {
+  private stopped = false;
+  private client: ObserverClient | null = null;
+  private wake: (() => void) | null = null;
+  private readonly done: Promise<void>;
+  /** The LIST running now and its connection, if any; `relist` asks for one more after it. */
+  private listing: { client: ObserverClient; done: Promise<void> } | null = null;
+  private relist = false;
+  /** Skipped-VM count last logged, so a steady state is logged once, not at every LIST. */
+  private skippedLogged = 0;
+
+  constructor(private readonly o: SessionOptions) {
+    this.done = this.run();
+  }
+
+  /** Stops reconnecting and closes the connection. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.wake?.();
+    await this.client?.close().catch(() => {});
+    await this.done;
+  }
+
+  private async run(): Promise<void> {
+    const { book, log } = this.o;
+    const backoff = this.o.backoff ?? DEFAULT_BACKOFF;
+    let failures = 0;
+    let downSince: number | null = null;
+    let refusedLogged = false;
+    while (!this.stopped) {
+      let client: ObserverClient;
+      try {
+        client = await this.o.connect();
+      } catch (e) {
+        const delay = backoffDelay(backoff, failures++);
+        if (failures === 1) log.warn({ err: (e as Error).message }, `cannot reach the helper at ${this.o.socketPath}: ${(e as Error).message}; retrying every ${backoff.maxMs / 1000} s at most`);
+        else log.debug({ err: (e as Error).message, delayMs: delay }, 'helper still unreachable');
+        downSince ??= Date.now();
+        await this.sleep(delay);
+        continue;
+      }
+      if (this.stopped) {
+        await client.close().catch(() => {});
+        break;
+      }
+      this.client = client;
+      book.connectionStarted();
+      try {
+        await client.subscribeHost(
+          (h) => {
+            book.hostUpdate(h);
+            if (h.vmsChanged) {
+              this.requestList(client).catch((e: Error) => {
+                if (!this.stopped && this.client === client) log.warn({ err: e.message }, `cannot LIST the helper's VMs: ${e.message}`);
+              });
+            }
+          },
+          (e) => log.warn({ err: e.message }, `helper: ${e.message}`),
+        );
+        await this.requestList(client);
+        failures = 0;
+        log.info(
+          { socket: this.o.socketPath, vms: book.size, downMs: downSince === null ? undefined : Date.now() - downSince },
+          downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
+        );
+        downSince = null;
+        refusedLogged = false;
+        const reason = await client.closed;
+        if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
+      } catch (e) {
+        const err = e as Error;
+        if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
+          // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
+          if (!refusedLogged) log.error({ err: err.message, uid: process.getuid?.() }, `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit); retrying every ${backoff.maxMs / 1000} s`);
+          else log.debug({ err: err.message }, 'still refused by the helper');
+          refusedLogged = true;
+        } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
+        await client.close().catch(() => {});
+      }
+      this.client = null;
+      book.connectionLost();
+      if (this.stopped) break;
+      downSince ??= Date.now();
+      await this.sleep(backoffDelay(backoff, failures++));
+    }
+  }
+
+  /** At most one LIST in flight; a request meanwhile runs one more after it (VMs changed again). */
+  private requestList(client: ObserverClient): Promise<void> {
+    if (this.listing?.client === client) {
+      this.relist = true;
+      return this.listing.done;
+    }
+    const done = this.listAndObserve(client).finally(() => {
+      if (this.listing?.done === done) this.listing = null;
+    });
+    this.listing = { client, done };
+    return done;
+  }
+
+  private async listAndObserve(client: ObserverClient): Promise<void> {
+    const { book, log } = this.o;
+    do {
+      this.relist = false;
+      const list = await client.list();
+      if (this.client !== client) return;
+      const { observe, skipped } = book.listed(list);
+      if (skipped.length === 0 && this.skippedLogged > 0) log.info('every VM is exported again');
+      else if (skipped.length > 0 && skipped.length !== this.skippedLogged) log.warn({ skipped: skipped.length, first: describe(skipped[0]!) }, `${skipped.length} VM(s) not exported (over --max-vms, or a name/uuid/pid already in use); raise --max-vms to export more`);
+      this.skippedLogged = skipped.length;
+      await Promise.all(
+        observe.map((vm) =>
+          client
+            .observe(vm.hostVmId, (u) => book.vmUpdate(u), (e) => log.debug({ vm: vm.hostVmId, err: e.message }, 'observe notice'))
+            .then((first) => book.vmUpdate(first))
+            .catch((e: Error) => {
+              // Ended between LIST and OBSERVE, or not ours to see: not exported, logged for the curious.
+              book.unobserved(vm.hostVmId);
+              log.debug({ vm: describe(vm), err: e.message }, 'cannot observe VM');
+            }),
+        ),
+      );
+      if (observe.length) log.debug({ observed: observe.length }, 'observing new VMs');
+    } while (this.relist && this.client === client);
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = setTimeout(() => {
+        this.wake = null;
+        resolve();
+      }, ms);
+      this.wake = () => {
+        clearTimeout(t);
+        this.wake = null;
+        resolve();
+      };
+    });
+  }
+}
+
+function describe(vm: VmInfo): string {
+  return `${vm.name ?? '(unnamed)'} pid ${vm.pid}`;
+}

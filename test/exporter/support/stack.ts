@@ -1,0 +1,101 @@
+/**
+ * The exporter's real surroundings for tests: the helper daemon as a child on a FakeHost whose
+ * package energy keeps moving, the exporter as a child (`vmsr-helper exporter`), and a real
+ * Prometheus server scraping it.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { FakeHost } from '../../support/fake-host.js';
+import { hostArgs, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from '../../daemon/support/daemon-process.js';
+
+/** ESU 14: 61 µJ a unit. */
+export const POWER_UNIT = 0xa0e03n;
+
+/** A fake host whose package 0 draws `watts` while pumping (FakeHost.pumpEnergy every 20 ms). */
+export class MovingHost {
+  readonly host = new FakeHost({ packages: [0, 0] });
+  private stop: (() => void) | null = null;
+
+  pump(watts = 50): void {
+    this.stop = this.host.pumpEnergy({ powerUnit: POWER_UNIT, start: 0xfff00000 /* wraps early */, units: Math.round(watts * 0.02 * 2 ** 14), everyMs: 20 });
+  }
+
+  cleanup(): void {
+    this.stop?.();
+    this.host.cleanup();
+  }
+}
+
+export async function startDaemon(h: MovingHost, sock: string, extra: string[] = []): Promise<DaemonChild> {
+  return startHelper(['-k', sock, '--interval', '0.25', ...hostArgs(h.host), ...extra]);
+}
+
+export interface ExporterChild extends DaemonChild {
+  url: string;
+}
+
+/** The metrics URL the exporter logs once it serves ("Serving metrics on URL", field `url`), or null before. */
+export function exporterUrlIn(log: string): string | null {
+  return /"url":"(http:\/\/[^"]+)"/.exec(log)?.[1] ?? null;
+}
+
+/** `vmsr-helper exporter` on an ephemeral loopback port (optionally as another uid/gid); resolves once it serves. */
+export async function startExporterChild(sock: string, extra: string[] = [], opts: { uid?: number; gid?: number } = {}): Promise<ExporterChild> {
+  const child = spawnHelper(['exporter', '-k', sock, '--listen', '127.0.0.1:0', ...extra], opts);
+  await waitFor(() => exporterUrlIn(child.stderr()) !== null, 'the exporter to serve', child);
+  return { ...child, url: exporterUrlIn(child.stderr())! };
+}
+
+/** A free TCP port on loopback (bound, then released). */
+export async function freePort(): Promise<number> {
+  const s = net.createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
+  const port = (s.address() as net.AddressInfo).port;
+  await new Promise<void>((r) => s.close(() => r()));
+  return port;
+}
+
+export interface PrometheusServer {
+  url: string;
+  proc: ChildProcess;
+  log(): string;
+  query(q: string): Promise<{ metric: Record<string, string>; value: [number, string] }[]>;
+  stop(): Promise<void>;
+}
+
+/** The Debian prometheus package's server scraping `target` every second, storage in a temp dir. */
+export async function startPrometheus(target: string): Promise<PrometheusServer> {
+  const dir = tempDir('vmsr-prom-');
+  const port = await freePort();
+  fs.writeFileSync(
+    path.join(dir, 'prometheus.yml'),
+    ['global:', '  scrape_interval: 1s', '  evaluation_interval: 1s', 'scrape_configs:', '  - job_name: vmsr', '    static_configs:', `      - targets: ['${target}']`, ''].join('\n'),
+  );
+  const proc = spawn('prometheus', [`--config.file=${path.join(dir, 'prometheus.yml')}`, `--storage.tsdb.path=${path.join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  proc.stdout!.on('data', (d: Buffer) => (log += d.toString()));
+  proc.stderr!.on('data', (d: Buffer) => (log += d.toString()));
+  const exited = new Promise<void>((r) => proc.once('exit', () => r()));
+  const url = `http://127.0.0.1:${port}`;
+  await waitFor(() => log.includes('Server is ready to receive web requests'), 'prometheus to start', { proc, stderr: () => log }, 30_000);
+  return {
+    url,
+    proc,
+    log: () => log,
+    async query(q) {
+      const r = await fetch(`${url}/api/v1/query?query=${encodeURIComponent(q)}`);
+      const j = (await r.json()) as { status: string; error?: string; data: { result: { metric: Record<string, string>; value: [number, string] }[] } };
+      if (j.status !== 'success') throw new Error(`prometheus query ${q}: ${j.error}`);
+      return j.data.result;
+    },
+    async stop() {
+      if (proc.exitCode === null) proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), 10_000);
+      await exited;
+      clearTimeout(t);
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
