@@ -44,6 +44,8 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         limits: o.limits,
         trace,
         forgetPid: (pid) => tasks.forget(pid),
+        openPid: (pid) => void tasks.read(pid),
+        fds: ctx.fds,
         log,
         ...(discovery ? { discovery, deferDiscovery: true } : {}),
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),

@@ -12,6 +12,8 @@ import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
 import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy-service.js';
 import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
+import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from './incomplete-frames.js';
+import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../os/fd-budget.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
@@ -37,6 +39,10 @@ export interface DaemonConfig {
   hostPaths: HostPaths;
   vendor: VendorChoice;
   amd: AmdSynthConfig;
+  /** --max-connections (lowered at start-up when the fd limit cannot hold it). */
+  maxConnections: number;
+  /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
+  frameTimeoutMs: number;
 }
 
 export type ShutdownHook = () => void | Promise<void>;
@@ -49,6 +55,8 @@ export interface DaemonContext {
   /** The shared MSR fds (opened as root); read them only on the main thread. */
   device: MsrDevice;
   logger: Logger;
+  /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
+  fds: FdBudget;
   /** A logger for a named area, at debug level when -T matches it. */
   area(name: string): Logger;
   onShutdown(hook: ShutdownHook): void;
@@ -102,11 +110,14 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   const notifier = new Notifier(process.env, (e) => area('systemd').warn({ err: e.message }, 'sd_notify failed'));
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
   let server: HelperServer | undefined;
+  let legacy: LegacyService | undefined;
   let pidfile: Pidfile | undefined;
   const handlers: [NodeJS.Signals, () => void][] = [];
 
   const cleanup = async () => {
     if (server) await server.close().catch(() => {});
+    server?.limiter.flush();
+    legacy?.limiter.flush();
     for (const h of hooks) {
       try {
         await withTimeout(Promise.resolve(h()), 5000);
@@ -147,17 +158,27 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     openMsrDevices(device, cpus);
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
+    // Out of fds, accept() and /proc opens fail: use the whole hard limit, and budget it.
+    const nofile = raiseFdLimit();
+    const limit = nofile.after.soft === Infinity ? 1 << 20 : nofile.after.soft;
+    const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
+    const fds = new FdBudget({ limit, maxConnections, openConnections: () => server?.connections ?? 0 });
+    logger.info({ before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error ?? null }, 'open-file limit');
+    if (maxConnections < config.maxConnections) {
+      logger.warn({ asked: config.maxConnections, maxConnections, limit }, `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`);
+    }
+
     let v2Handler = opts.v2Handler;
     const readyHooks: (() => void)[] = [];
     const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
     const health: DaemonHealth = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
     }
 
-    const legacy = new LegacyService({
+    legacy = new LegacyService({
       device,
       vendor,
       procRoot: config.hostPaths.procRoot,
@@ -166,7 +187,14 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       logger: area('legacy'),
       counters: legacyCounters,
     });
-    server = new HelperServer({ target, legacy, logger: area('server'), ...(v2Handler ? { v2Handler } : {}) });
+    server = new HelperServer({
+      target,
+      legacy,
+      logger: area('server'),
+      maxConnections,
+      incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+      ...(v2Handler ? { v2Handler } : {}),
+    });
     await server.listen();
     if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
 

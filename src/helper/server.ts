@@ -10,12 +10,18 @@ import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../
 import type { LegacyService } from './legacy-service.js';
 import { peerOf } from '../os/peer.js';
 import type { Logger } from './logger.js';
+import { LogLimiter } from './log-limiter.js';
+import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
  * after the magic; the handler attaches its own 'data' listener (ours is removed before the call).
+ * `hold` is the connection's account of incomplete-frame bytes (the server releases it at close).
  */
-export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer) => void;
+export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
+
+/** Connections served at once by default (--max-connections); more are accepted and closed at once. */
+export const DEFAULT_MAX_CONNECTIONS = 4096;
 
 export type ListenTarget = { path: string } | { fd: number };
 
@@ -26,6 +32,12 @@ export interface HelperServerOptions {
   logger: Logger;
   /** Pause reading a legacy client while this many reply bytes wait to be sent to it. */
   maxPendingReplyBytes?: number;
+  /** Connections at once (default DEFAULT_MAX_CONNECTIONS). */
+  maxConnections?: number;
+  /** Bound and deadline of incomplete frames (default DEFAULT_INCOMPLETE_LIMITS). */
+  incomplete?: IncompleteFrames;
+  /** Rate limit of what clients can make the server log (default: one on `logger`). */
+  limiter?: LogLimiter;
 }
 
 export class HelperServer {
@@ -34,9 +46,24 @@ export class HelperServer {
   /** Set when we bound a path ourselves: [path, inode] so we only ever remove our own file. */
   private bound: { path: string; ino: number } | undefined;
 
+  readonly limiter: LogLimiter;
+  readonly incomplete: IncompleteFrames;
+
   constructor(private readonly o: HelperServerOptions) {
+    this.limiter = o.limiter ?? new LogLimiter(o.logger);
+    this.incomplete = o.incomplete ?? new IncompleteFrames();
     this.server = net.createServer({ pauseOnConnect: false }, (s) => this.accept(s));
-    this.server.on('error', (e) => this.o.logger.error({ err: e.message }, 'listening socket error'));
+    // Past the cap Node accepts and closes at once ('drop'): the client sees its connection closed.
+    this.server.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+    this.server.on('drop', (d) =>
+      this.limiter.warn('refused connection', { peer: d?.remotePort ?? null, limit: this.server.maxConnections }, `connection refused: ${this.server.maxConnections} connections already open (--max-connections)`),
+    );
+    // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
+    this.server.on('error', (e: NodeJS.ErrnoException) =>
+      e.code === 'EMFILE' || e.code === 'ENFILE'
+        ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, 'cannot accept a connection: out of file descriptors; it was closed, the helper goes on')
+        : this.limiter.error('listening socket error', { err: e.message }, 'listening socket error'),
+    );
   }
 
   get connections(): number {
@@ -89,7 +116,12 @@ export class HelperServer {
     this.sockets.add(socket);
     const log = this.o.logger;
     log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
+    const hold = this.incomplete.hold(() => {
+      this.limiter.info('incomplete frame timeout', { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs }, 'closing a connection whose request stayed incomplete past the deadline');
+      socket.destroy();
+    });
     socket.on('close', () => {
+      hold.release();
       this.sockets.delete(socket);
       log.debug({ peer: peer.pid }, 'client disconnected');
     });
@@ -100,23 +132,32 @@ export class HelperServer {
     const onPreamble = (chunk: Buffer) => {
       head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
       const kind = classifyPreamble(head);
-      if (kind === 'need-more') return;
+      if (kind === 'need-more') {
+        if (!hold.set(head.length)) this.overBudget(socket, peer);
+        return;
+      }
+      hold.set(0);
       socket.off('data', onPreamble);
       if (kind === 'v2' && this.o.v2Handler) {
         try {
-          this.o.v2Handler(socket, peer, Buffer.from(head.subarray(V2_MAGIC.length)));
+          this.o.v2Handler(socket, peer, Buffer.from(head.subarray(V2_MAGIC.length)), hold);
         } catch (e) {
           log.error({ peer: peer.pid, err: (e as Error).message }, 'v2 handler failed; closing connection');
           socket.destroy();
         }
         return;
       }
-      this.serveLegacy(socket, peer, head);
+      this.serveLegacy(socket, peer, head, hold);
     };
     socket.on('data', onPreamble);
   }
 
-  private serveLegacy(socket: net.Socket, peer: PeerCredentials, first: Buffer): void {
+  private overBudget(socket: net.Socket, peer: PeerCredentials): void {
+    this.limiter.warn('incomplete frames over budget', { peer: peer.pid, limit: this.incomplete.limits.maxBytes }, 'closing a connection: incomplete requests of all clients hold more than the limit');
+    socket.destroy();
+  }
+
+  private serveLegacy(socket: net.Socket, peer: PeerCredentials, first: Buffer, hold: IncompleteHold): void {
     const framer = new LegacyFramer();
     const maxPending = this.o.maxPendingReplyBytes ?? 64 * 1024;
     let closing = false;
@@ -139,6 +180,7 @@ export class HelperServer {
         }
         socket.write(out);
       }
+      if (!hold.set(framer.buffered)) return this.overBudget(socket, peer);
       // A client that pipelines without reading waits for itself, not the helper's memory.
       if (socket.writableLength > maxPending && !socket.isPaused()) {
         socket.pause();

@@ -24,6 +24,8 @@ const fn = {
   gettid: libc.func('int gettid()'),
   execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
   fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
+  getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
+  setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -180,4 +182,30 @@ export function execve(path: string, argv: readonly string[], env: NodeJS.Proces
     .map(([k, v]) => `${k}=${v}`);
   fn.execve(path, [...argv, null], [...envp, null]);
   throw errnoError(`execve(${path})`);
+}
+
+export const RLIMIT_NOFILE = 7;
+
+export interface Rlimit {
+  soft: number;
+  hard: number;
+}
+
+/** RLIM_INFINITY (all ones) reads as Infinity. */
+export function getrlimit(resource: number): Rlimit {
+  const buf = Buffer.alloc(16);
+  if (fn.getrlimit(resource, buf) !== 0) throw errnoError(`getrlimit(${resource})`);
+  const v = (o: number) => {
+    const x = buf.readBigUInt64LE(o);
+    return x === 0xffffffffffffffffn ? Infinity : Number(x);
+  };
+  return { soft: v(0), hard: v(8) };
+}
+
+export function setrlimit(resource: number, l: Rlimit): void {
+  const buf = Buffer.alloc(16);
+  const w = (o: number, x: number) => buf.writeBigUInt64LE(x === Infinity ? 0xffffffffffffffffn : BigInt(x), o);
+  w(0, l.soft);
+  w(8, l.hard);
+  if (fn.setrlimit(resource, buf) !== 0) throw errnoError(`setrlimit(${resource})`);
 }

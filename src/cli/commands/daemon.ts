@@ -4,8 +4,11 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import { DEFAULT_HELPER_SOCKET } from '../../client/v2-client.js';
+import { DEFAULT_MAX_CONNECTIONS } from '../../helper/server.js';
+import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/incomplete-frames.js';
+import { positiveIntArg, secondsArg } from '../options.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate } from '../../msr/host-paths.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { createLogger, levelFromFlags, type Logger } from '../../helper/logger.js';
@@ -35,6 +38,9 @@ export interface RawDaemonOptions {
   vendor?: string;
   amdPowerLimit?: string;
   amdTdp?: string;
+  /** Parsed by commander (positiveIntArg / secondsArg). */
+  maxConnections?: number;
+  frameTimeout?: number;
 }
 
 export interface IdLookups {
@@ -128,6 +134,8 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
       sysRoot: absoluteDir(raw.sysRoot, '--sys-root', DEFAULT_HOST_PATHS.sysRoot),
     },
     vendor: vendor as VendorChoice,
+    maxConnections: raw.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+    frameTimeoutMs: Math.round((raw.frameTimeout ?? DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000) * 1000),
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
       tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),
@@ -186,6 +194,16 @@ export function configureDaemonCommand(program: Command): void {
     .option('--vendor <vendor>', 'auto|intel|amd (default auto, from /proc/cpuinfo)')
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
+    .addOption(
+      new Option('--max-connections <n>', `connections served at once; more are closed at once (default ${DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file limit)`).argParser(
+        positiveIntArg('--max-connections', 1 << 20),
+      ),
+    )
+    .addOption(
+      new Option('--frame-timeout <seconds>', `a request or frame must arrive whole within this time of its first byte, or the connection is closed (default ${DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000})`).argParser(
+        secondsArg('--frame-timeout', { min: 0.1, max: 3600 }),
+      ),
+    )
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
       // One logger from the first line on: a start-up error is logged like everything after it
       // (with its syslog priority under journald), not printed in another format. It is made on

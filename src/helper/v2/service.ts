@@ -6,16 +6,17 @@
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type V2Limits, type VmRecord, type Viewer } from './vm-registry.js';
+import { DEFAULT_V2_LIMITS, VmRegistry, procView, type FdAdmitter, type V2Limits, type VmRecord, type Viewer } from './vm-registry.js';
 import { E, T, encodeError, encodeHostUpdate, encodeOk, encodeRegistered, encodeUpdate, encodeValue, encodeVmList, type HostValues, type VmEntry } from '../../protocol/v2/codec.js';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import type { ClientRequest } from '../../protocol/v2/messages.js';
+import { LogLimiter } from '../log-limiter.js';
 import type { V2Handler } from '../server.js';
 
-export type { V2Limits, V2Handler };
+export type { FdAdmitter, V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
 
 /** What the v2 service needs from discovery (ProcScanner implements it). */
@@ -32,10 +33,6 @@ export interface Discovery {
   defer(pid: number): void;
 }
 
-/** The daemon's fd budget (issue 9's FdBudget has this shape): may a VM of `threads` threads be sampled? */
-export interface FdAdmitter {
-  canAdmit(threads: number): { ok: true } | { ok: false; message: string };
-}
 
 /** Daemon-wide health counters HOST_UPDATE carries (legacy requests, connections). */
 export interface HealthSource {
@@ -57,8 +54,16 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   /** --observer-group: its members see every VM and may HOST_SUBSCRIBE. */
   observerGid?: number;
   health?: HealthSource;
-  /** A discovered VM whose threads would not fit in the fd budget is not tracked (retried later). */
+  /**
+   * The daemon's fd budget: a REGISTER whose process's threads would not fit is refused (ERROR 4), a
+   * discovered VM that would not fit is not tracked (retried later).
+   */
   fds?: FdAdmitter;
+  /**
+   * Opens what sampling `pid` needs now (ProcTaskReader.read), so the fds a VM takes are taken, and
+   * counted, at REGISTER; throws when they cannot be (the REGISTER is refused).
+   */
+  openPid?: (pid: number) => void;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
 }
@@ -81,7 +86,7 @@ export interface V2Service {
 
 export function createV2Service(o: V2ServiceOptions): V2Service {
   const engine = o.engine ?? new RatioEngine(o.host);
-  const registry = new VmRegistry(o.limits, procView(o.procRoot));
+  const registry = new VmRegistry(o.limits, procView(o.procRoot), o.fds);
   const conns = new Set<V2Connection>();
   const viewers = new Map<V2Connection, Viewer>();
   const hostSubs = new Set<V2Connection>();
@@ -240,6 +245,12 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
           vmId = a.attachTo;
           sampling.updateVcpus(vmId, a.spec.vcpus);
         } else {
+          try {
+            o.openPid?.(a.spec.pid);
+          } catch (e) {
+            o.forgetPid?.(a.spec.pid);
+            return encodeError(E.LIMIT, T.REGISTER, `cannot register process ${a.spec.pid}: ${(e as Error).message}`);
+          }
           vmId = sampling.register(a.spec);
         }
         registry.add(conn.id, vmId, a.spec, a.uid);
@@ -252,7 +263,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         const out = sampling.output(req.vmId);
         const v = out?.vpkgs[req.vpkg];
         if (!out || !v) return encodeError(E.NO_SUCH, T.READ, `VM ${req.vmId} has no virtual package ${req.vpkg} (it has ${out?.vpkgs.length ?? 0})`);
-        if (sampling.failed && !out.ended) return encodeError(E.ENERGY_SOURCE, T.READ, `energy source failed: ${sampling.failed.message}`);
+        if (sampling.failed && !out.ended) return encodeError(E.ENERGY_SOURCE, T.READ, `sampling failed: ${sampling.failed.message}`);
         return encodeValue(req.vmId, req.vpkg, { counter: BigInt(v.counter), energyUj: v.energyUj }, out.tNs, out.ended);
       }
       case T.SUBSCRIBE: {
@@ -294,8 +305,10 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     }
   };
 
+  const limiter = new LogLimiter(o.log);
   const host: ConnectionHost = {
     maxBacklogBytes: o.limits.maxBacklogBytes,
+    limiter,
     request,
     closed(conn) {
       conns.delete(conn);
@@ -341,16 +354,16 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
   sampling.onFailure((err) => {
     for (const conn of conns) {
-      if (conn.subscriptions.size > 0 || hostSubs.has(conn)) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
+      if (conn.subscriptions.size > 0 || hostSubs.has(conn)) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `sampling failed: ${err.message}; updates resume when it recovers`));
     }
   });
 
-  const handler: V2Handler = (socket, peer, rest) => {
+  const handler: V2Handler = (socket, peer, rest, hold) => {
     if (closed) {
       socket.destroy();
       return;
     }
-    const conn = new V2Connection(nextConnId++, socket, peer, host, o.log);
+    const conn = new V2Connection(nextConnId++, socket, peer, host, o.log, hold);
     conns.add(conn);
     viewers.set(conn, {
       connId: conn.id,
@@ -365,6 +378,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     async close() {
       closed = true;
       sampling.close();
+      limiter.flush();
       const waits = [...conns].map(
         (c) =>
           new Promise<void>((resolve) => {

@@ -126,9 +126,9 @@ export class FrameDecoder {
 
   constructor(private readonly allowedTypes: ReadonlySet<number>) {}
 
-  /** Bytes held, waiting for the rest of a frame (at most HEADER_SIZE + MAX_PAYLOAD). */
+  /** Bytes of the incomplete frame received so far, header included (at most HEADER_SIZE + MAX_PAYLOAD); 0 between frames. */
   get pending(): number {
-    return this.buffered;
+    return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
   }
 
   get failed(): boolean {
