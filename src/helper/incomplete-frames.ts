@@ -4,6 +4,12 @@
  * over all connections is bounded (maxBytes), and an incomplete frame must complete within
  * deadlineMs of its first byte, or its connection is closed. A connection idle between requests
  * holds nothing and never times out: QEMU's connection is idle most of the time.
+ *
+ * A socket read brings up to READ_CHUNK bytes at once, and a chunk that is refused is garbage until
+ * V8 collects it: reading thousands of hostile chunks only to drop them grows RSS as surely as
+ * keeping them. So a new connection is read only while the budget has room for one more chunk;
+ * otherwise it waits, unread (its bytes stay in the kernel), and is read once held frames complete,
+ * time out or close. Connections already being read are never paused.
  */
 
 export interface IncompleteFrameLimits {
@@ -18,10 +24,21 @@ export const DEFAULT_INCOMPLETE_LIMITS: IncompleteFrameLimits = {
   deadlineMs: 10_000,
 };
 
-export type HoldFailure = 'over budget' | 'deadline';
+/** The most one socket read delivers (libuv reads 64 KiB at a time). */
+export const READ_CHUNK = 64 * 1024;
+
+/** A connection not read yet (a paused net.Socket). */
+export interface Unread {
+  resume(): void;
+  destroy(): void;
+  readonly destroyed: boolean;
+  /** The client has closed already: what it left is not worth reading. */
+  hungUp(): boolean;
+}
 
 export class IncompleteFrames {
   private total = 0;
+  private readonly waiting = new Set<Unread>();
 
   constructor(readonly limits: IncompleteFrameLimits = DEFAULT_INCOMPLETE_LIMITS) {}
 
@@ -35,10 +52,54 @@ export class IncompleteFrames {
     return new IncompleteHold(this, expired);
   }
 
+  /** Connections accepted but not read yet, waiting for room. */
+  get waitingConnections(): number {
+    return this.waiting.size;
+  }
+
+  /**
+   * Starts reading a new (paused) connection now if the budget has room for a chunk and nobody is
+   * waiting before it; otherwise queues it and returns false.
+   */
+  startReading(c: Unread): boolean {
+    if (this.waiting.size === 0 && this.room() >= READ_CHUNK) {
+      c.resume();
+      return true;
+    }
+    this.waiting.add(c);
+    return false;
+  }
+
+  /** A connection closed: it no longer waits. */
+  forget(c: Unread): void {
+    this.waiting.delete(c);
+  }
+
   /** @internal */
   adjust(delta: number): boolean {
     this.total += delta;
+    if (delta < 0 && this.waiting.size > 0) this.drain();
     return this.total <= this.limits.maxBytes;
+  }
+
+  private room(): number {
+    return this.limits.maxBytes - this.total;
+  }
+
+  /** Resumes waiting connections, in order, as many as the room has chunks for. */
+  private drain(): void {
+    let chunks = Math.floor(this.room() / READ_CHUNK);
+    for (const c of this.waiting) {
+      if (chunks <= 0) break;
+      this.waiting.delete(c);
+      if (c.destroyed) continue;
+      if (c.hungUp()) {
+        c.destroy();
+        continue;
+      }
+      chunks--;
+      c.resume();
+    }
   }
 }
 
@@ -74,6 +135,11 @@ export class IncompleteHold {
       this.timer.unref();
     }
     return ok || bytes === 0;
+  }
+
+  /** Whether holding `bytes` (instead of what is held now) would stay within the total. */
+  fits(bytes: number): boolean {
+    return this.owner.heldBytes - this.bytes + bytes <= this.owner.limits.maxBytes;
   }
 
   /** The connection is gone: its bytes leave the total. Idempotent. */

@@ -8,7 +8,9 @@ import net from 'node:net';
 import type { PeerCredentials } from '../os/libc.js';
 import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../protocol/legacy.js';
 import type { LegacyService } from './legacy-service.js';
-import { peerOf } from '../os/peer.js';
+import { peerOf, socketFd } from '../os/peer.js';
+import { peerHungUp } from '../os/libc.js';
+import { MemorySettler } from './memory-settler.js';
 import type { Logger } from './logger.js';
 import { LogLimiter } from './log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
@@ -48,11 +50,14 @@ export class HelperServer {
 
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
+  /** Gives memory back to the kernel after many connections closed. */
+  private readonly memory = new MemorySettler();
 
   constructor(private readonly o: HelperServerOptions) {
     this.limiter = o.limiter ?? new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
-    this.server = net.createServer({ pauseOnConnect: false }, (s) => this.accept(s));
+    // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
+    this.server = net.createServer({ pauseOnConnect: true }, (s) => this.accept(s));
     // Past the cap Node accepts and closes at once ('drop'): the client sees its connection closed.
     this.server.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
     this.server.on('drop', (d) =>
@@ -89,6 +94,7 @@ export class HelperServer {
 
   /** Stops accepting, closes every connection, removes the socket file we bound (if still ours). */
   async close(): Promise<void> {
+    this.memory.stop();
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     for (const s of this.sockets) s.destroy();
     await closed;
@@ -120,7 +126,20 @@ export class HelperServer {
       this.limiter.info('incomplete frame timeout', { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs }, 'closing a connection whose request stayed incomplete past the deadline');
       socket.destroy();
     });
+    const unread = {
+      resume: () => socket.resume(),
+      destroy: () => socket.destroy(),
+      get destroyed() {
+        return socket.destroyed;
+      },
+      hungUp: () => {
+        const fd = socketFd(socket);
+        return fd !== undefined && peerHungUp(fd);
+      },
+    };
     socket.on('close', () => {
+      this.incomplete.forget(unread);
+      this.memory.closed();
       hold.release();
       this.sockets.delete(socket);
       log.debug({ peer: peer.pid }, 'client disconnected');
@@ -140,7 +159,8 @@ export class HelperServer {
       socket.off('data', onPreamble);
       if (kind === 'v2' && this.o.v2Handler) {
         try {
-          this.o.v2Handler(socket, peer, Buffer.from(head.subarray(V2_MAGIC.length)), hold);
+          // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
+          this.o.v2Handler(socket, peer, head.subarray(V2_MAGIC.length), hold);
         } catch (e) {
           log.error({ peer: peer.pid, err: (e as Error).message }, 'v2 handler failed; closing connection');
           socket.destroy();
@@ -150,6 +170,13 @@ export class HelperServer {
       this.serveLegacy(socket, peer, head, hold);
     };
     socket.on('data', onPreamble);
+    if (!this.incomplete.startReading(unread)) {
+      this.limiter.warn(
+        'reading deferred',
+        { peer: peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
+        'incomplete frames of other clients fill the budget: this connection is read once they complete or time out',
+      );
+    }
   }
 
   private overBudget(socket: net.Socket, peer: PeerCredentials): void {

@@ -25,6 +25,8 @@ const fn = {
   execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
   fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
   getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
+  poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
+  malloc_trim: libc.func('int malloc_trim(size_t pad)'),
   setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
 };
 
@@ -208,4 +210,21 @@ export function setrlimit(resource: number, l: Rlimit): void {
   w(0, l.soft);
   w(8, l.hard);
   if (fn.setrlimit(resource, buf) !== 0) throw errnoError(`setrlimit(${resource})`);
+}
+
+const POLLHUP = 0x10;
+const POLLRDHUP = 0x2000;
+
+/** Whether the peer of a stream socket has closed (or shut down writing), without reading from it. */
+export function peerHungUp(fd: number): boolean {
+  const pfd = Buffer.alloc(8);
+  pfd.writeInt32LE(fd, 0);
+  pfd.writeInt16LE(POLLRDHUP, 4);
+  if ((fn.poll(pfd, 1, 0) as number) <= 0) return false;
+  return (pfd.readInt16LE(6) & (POLLRDHUP | POLLHUP)) !== 0;
+}
+
+/** Gives free heap memory back to the kernel (glibc malloc_trim(0)). */
+export function mallocTrim(): void {
+  fn.malloc_trim(0);
 }

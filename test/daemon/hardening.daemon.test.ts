@@ -3,10 +3,12 @@
  * for ended for lack of them), log flooding, and what a client sees when a limit is reached.
  */
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client, V2Error, type Update } from '../../src/client/v2-client.js';
-import { E } from '../../src/protocol/v2/codec.js';
+import { E, HEADER_SIZE, T, V2_MAGIC } from '../../src/protocol/v2/codec.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc.js';
 import { FakeHost } from '../support/fake-host.js';
 import { ThreadedProcess } from '../sampler/threads.js';
 import { BIN, hostArgs, LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
@@ -141,5 +143,143 @@ describe('log flooding', () => {
     expect(await child.stop()).toBe(0);
     expect(child.stderr()).toContain(`25 more 'disallowed MSR' messages suppressed`);
     expect(child.stderr()).toContain(`25 more 'failed MSR read' messages suppressed`);
+  });
+});
+
+function rssMb(pid: number): number {
+  const m = /^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return Number(m![1]) / 1024;
+}
+
+/** A raw connection (retrying EAGAIN while the listen backlog is full, as QEMU's blocking connect waits). */
+async function rawConnect(sock: string): Promise<net.Socket> {
+  for (let attempt = 0; ; attempt++) {
+    const s = net.connect({ path: sock });
+    s.on('error', () => {});
+    const ok = await new Promise<boolean | Error>((resolve) => {
+      s.once('connect', () => resolve(true));
+      s.once('error', (e: NodeJS.ErrnoException) => resolve(e.code === 'EAGAIN' && attempt < 500 ? false : e));
+    });
+    if (ok === true) return s;
+    s.destroy();
+    if (ok instanceof Error) throw ok;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+describe('memory per connection', () => {
+  test('5,000 connections holding 64 KiB partial v2 frames keep RSS under 150 MB (back under 100 MB after), and a legacy client is answered throughout', async () => {
+    // this test process holds 5,000 sockets too
+    const lim = getrlimit(RLIMIT_NOFILE);
+    if (lim.soft < 12_000) setrlimit(RLIMIT_NOFILE, { soft: Math.min(lim.hard, 20_000), hard: lim.hard });
+    if (getrlimit(RLIMIT_NOFILE).soft < 12_000) throw new Error('the test needs 12,000 fds (ulimit -n)');
+    const { host, sock } = setup();
+    const child = track(await startHelper(['-k', sock, '--max-connections', '6000', '--frame-timeout', '300', ...hostArgs(host)]));
+    const pid = child.proc.pid!;
+    const baseline = rssMb(pid);
+
+    const legacy = await LegacyClient.connect(sock);
+    cleanups.push(() => legacy.close());
+    let answered = 0;
+    let legacyFailure: unknown = null;
+    let peak = baseline;
+    let running = true;
+    const background = (async () => {
+      while (running) {
+        try {
+          expect(await legacy.request(0x606, 0, process.pid)).toBe(0xa1003n);
+          answered++;
+        } catch (e) {
+          legacyFailure = e;
+          return;
+        }
+        peak = Math.max(peak, rssMb(pid));
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })();
+
+    // magic, a REGISTER header announcing 65,535 bytes, and 65,000 of them: each frame stays incomplete
+    const header = Buffer.alloc(HEADER_SIZE);
+    header.writeUInt16LE(T.REGISTER, 0);
+    header.writeUInt32LE(65_535, 4);
+    const partial = Buffer.concat([V2_MAGIC, header, Buffer.alloc(65_000, 0x55)]);
+    const conns: net.Socket[] = [];
+    const closedByHelper = new Set<net.Socket>();
+    cleanups.push(() => conns.forEach((c) => c.destroy()));
+    for (let i = 0; i < 5000; i++) {
+      const c = await rawConnect(sock);
+      c.on('close', () => closedByHelper.add(c));
+      c.resume(); // read the ERROR and the end of the stream
+      c.write(partial);
+      conns.push(c);
+      if (i % 250 === 0) peak = Math.max(peak, rssMb(pid));
+    }
+    for (let i = 0; i < 20; i++) {
+      peak = Math.max(peak, rssMb(pid));
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const held = conns.length - closedByHelper.size;
+    // Frames that fit the 16 MiB budget are read and kept; the other connections wait unread (their
+    // bytes stay in the kernel) instead of being read and dropped: none is closed for its frame.
+    expect(held).toBeGreaterThan(4990);
+    expect(child.stderr()).toContain('"cause":"reading deferred"');
+    expect(lines(child.stderr(), 'this connection is read once they complete')).toBe(5); // rate-limited
+    expect(peak).toBeLessThan(150);
+    expect(legacyFailure).toBeNull();
+    const answeredBefore = answered;
+
+    for (const c of conns) c.destroy();
+    await waitFor(() => rssMb(pid) < 100, 'RSS back under 100 MB', child, 30_000);
+    await waitFor(() => answered > answeredBefore + 5, 'legacy answers after the flood');
+    const late = await LegacyClient.connect(sock); // a new client is read at once again
+    expect(await late.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    late.close();
+    running = false;
+    await background;
+    expect(legacyFailure).toBeNull();
+    console.log(`RSS baseline ${baseline.toFixed(0)} MB, peak ${peak.toFixed(0)} MB, after ${rssMb(pid).toFixed(0)} MB; ${held} connections held; ${answered} legacy answers`);
+  }, 180_000);
+});
+
+describe('incomplete frames', () => {
+  test('a partial request or frame is closed at --frame-timeout (v2 gets ERROR 4), a slow sender too; idle connections are never timed out', async () => {
+    const { host, sock } = setup();
+    track(await startHelper(['-k', sock, '--frame-timeout', '0.5', ...hostArgs(host)]));
+    const started = Date.now();
+    const partialLegacy = await LegacyClient.connect(sock);
+    partialLegacy.send(Buffer.from([0x06, 0x06, 0, 0, 0]));
+    const partialV2 = await rawConnect(sock);
+    const v2Bytes: Buffer[] = [];
+    partialV2.on('data', (d: Buffer) => v2Bytes.push(d));
+    const header = Buffer.alloc(HEADER_SIZE);
+    header.writeUInt16LE(T.REGISTER, 0);
+    header.writeUInt32LE(16, 4);
+    partialV2.write(Buffer.concat([V2_MAGIC, header, Buffer.alloc(3)]));
+    const v2Closed = new Promise((r) => partialV2.once('close', r));
+    // a frame sent one byte every 100 ms: the deadline counts from its first byte
+    const slow = await rawConnect(sock);
+    const slowClosed = new Promise((r) => slow.once('close', r));
+    slow.resume();
+    const frame = Buffer.concat([V2_MAGIC, header, Buffer.alloc(16)]);
+    let i = 0;
+    const drip = setInterval(() => (i < frame.length && !slow.destroyed ? slow.write(frame.subarray(i, ++i)) : clearInterval(drip)), 100);
+    cleanups.push(() => clearInterval(drip));
+    const idleAfterRequest = await LegacyClient.connect(sock);
+    expect(await idleAfterRequest.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    const idleFromStart = await LegacyClient.connect(sock);
+    cleanups.push(() => [partialLegacy, idleAfterRequest, idleFromStart].forEach((c) => c.close()));
+
+    await partialLegacy.whenClosed(3000);
+    await v2Closed;
+    await slowClosed;
+    expect(Date.now() - started).toBeLessThan(2500);
+    expect(i).toBeLessThan(frame.length); // cut off before it completed
+    const reply = Buffer.concat(v2Bytes);
+    expect(reply.readUInt16LE(0)).toBe(T.ERROR);
+    expect(reply.readUInt32LE(HEADER_SIZE)).toBe(E.LIMIT);
+    expect(reply.subarray(HEADER_SIZE + 8).toString()).toContain('frame incomplete past the deadline');
+    await new Promise((r) => setTimeout(r, 1500 - (Date.now() - started)));
+    expect(await idleAfterRequest.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    expect(await idleFromStart.request(0x606, 0, process.pid)).toBe(0xa1003n);
   });
 });

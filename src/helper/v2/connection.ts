@@ -92,6 +92,8 @@ export class V2Connection {
 
   private onData(data: Buffer): void {
     if (!this.open) return;
+    // Checked before the decoder copies anything: a refused chunk is never kept.
+    if (this.hold && !this.hold.fits(this.decoder.incompleteBytes + data.length)) return this.overBudget();
     for (const f of this.decoder.push(data)) {
       if (!this.open) return;
       if (isFrameError(f)) {
@@ -118,9 +120,11 @@ export class V2Connection {
       }
       this.send(reply);
     }
-    if (this.open && this.hold && !this.hold.set(this.decoder.pending)) {
-      this.fail(E.LIMIT, 0, 'the helper holds too many incomplete frames (all clients); send each frame whole and retry');
-    }
+    if (this.open && this.hold && !this.hold.set(this.decoder.incompleteBytes)) this.overBudget();
+  }
+
+  private overBudget(): void {
+    this.fail(E.LIMIT, 0, 'the helper holds too many incomplete frames (all clients); send each frame whole and retry');
   }
 
   private onClose(): void {

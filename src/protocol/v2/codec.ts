@@ -126,8 +126,13 @@ export class FrameDecoder {
 
   constructor(private readonly allowedTypes: ReadonlySet<number>) {}
 
-  /** Bytes of the incomplete frame received so far, header included (at most HEADER_SIZE + MAX_PAYLOAD); 0 between frames. */
+  /** Payload bytes held, waiting for the rest of a frame (at most MAX_PAYLOAD). */
   get pending(): number {
+    return this.buffered;
+  }
+
+  /** Bytes of the incomplete frame received so far, header included; 0 exactly between frames. */
+  get incompleteBytes(): number {
     return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
   }
 
