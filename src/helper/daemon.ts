@@ -15,7 +15,8 @@ import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from './incomplete-frames.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../os/fd-budget.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
-import { acquirePidfile, type Pidfile } from './pidfile.js';
+import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
+import type { Inherited } from './privileged-start.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices, type VendorChoice } from './startup-checks.js';
@@ -43,6 +44,10 @@ export interface DaemonConfig {
   maxConnections: number;
   /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
   frameTimeoutMs: number;
+  /** --socket-mode: permission bits of the socket file (default 0600). */
+  socketMode: number;
+  /** --socket-group: group of the socket file. */
+  socketGid?: number;
 }
 
 export type ShutdownHook = () => void | Promise<void>;
@@ -83,8 +88,10 @@ export interface RunDaemonOptions {
   /** Default true: SIGTERM/SIGINT/SIGHUP stop the daemon and exit the process with 0. */
   handleSignals?: boolean;
   logger?: Logger;
-  /** What reexecWithRawioOnly() said when it did not re-execute (logged with the privileges). */
+  /** Why the helper did not re-execute itself to drop privileges ('re-executed' when it did). */
   reexec?: string;
+  /** Set in the re-executed image: what the privileged steps opened before the exec. */
+  inherited?: Inherited;
 }
 
 export interface RunningDaemon {
@@ -150,12 +157,18 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   }
 
   try {
-    const activation = takeActivation();
-    const target: ListenTarget = activation ? { fd: activationFd(activation, config.socketPathGiven) } : { path: config.socketPath };
+    const inh = opts.inherited;
+    const activation = inh ? null : takeActivation();
+    const target: ListenTarget = inh ? { fd: inh.listen } : activation ? { fd: activationFd(activation, config.socketPathGiven) } : { path: config.socketPath };
     const vendor = checkVendor(config.vendor, config.hostPaths.procRoot);
     const cpus = checkTopology(config.hostPaths.sysRoot);
-    checkPermission(config.hostPaths.msrPathTemplate);
-    openMsrDevices(device, cpus);
+    if (inh) {
+      for (const [cpu, fd] of inh.msr) device.adopt(cpu, fd);
+      if (inh.pidfile !== undefined) pidfile = pidfileOf(inh.pidfile);
+    } else {
+      checkPermission(config.hostPaths.msrPathTemplate);
+      openMsrDevices(device, cpus);
+    }
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
     // Out of fds, accept() and /proc opens fail: use the whole hard limit, and budget it.
@@ -192,17 +205,23 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       legacy,
       logger: area('server'),
       maxConnections,
+      socketMode: config.socketMode,
+      ...(inh?.socket ? { ownedSocket: inh.socket } : {}),
+      ...(config.socketGid !== undefined ? { socketGid: config.socketGid } : {}),
       incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
       ...(v2Handler ? { v2Handler } : {}),
     });
     await server.listen();
-    if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
+    if (!inh && (config.daemonize || config.pidfileGiven)) pidfile = acquirePidfile(config.pidfile);
 
     const privLog = area('privileges');
-    const report = dropPrivileges({
-      ...(config.uid !== undefined ? { uid: config.uid } : {}),
-      ...(config.gid !== undefined ? { gid: config.gid } : {}),
-    });
+    // Re-executed: the drop happened before the exec, on every thread (privileges.ts, reexecDropped).
+    const report = inh
+      ? { skipped: [] }
+      : dropPrivileges({
+          ...(config.uid !== undefined ? { uid: config.uid } : {}),
+          ...(config.gid !== undefined ? { gid: config.gid } : {}),
+        });
     const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
     privLog.info(
       { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped, reexec: opts.reexec ?? null },

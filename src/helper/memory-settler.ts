@@ -31,6 +31,7 @@ export class MemorySettler {
   settles = 0;
 
   constructor(
+    private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void = () => {},
     private readonly threshold = 256,
     private readonly quietMs = 1000,
   ) {}
@@ -38,6 +39,7 @@ export class MemorySettler {
   /** One connection closed. */
   closed(): void {
     if (++this.closed_ < this.threshold) return;
+    // (a close during the second pass's wait simply pushes it back, as during the quiet wait)
     if (this.timer) this.timer.refresh();
     else {
       this.timer = setTimeout(() => this.settle(), this.quietMs);
@@ -52,9 +54,20 @@ export class MemorySettler {
 
   private settle(): void {
     this.timer = undefined;
+    const closed = this.closed_;
     this.closed_ = 0;
     this.settles++;
+    const before = process.memoryUsage.rss();
     fullGc();
     mallocTrim();
+    // Once more a little later: what the first pass freed (sockets' native handles close
+    // asynchronously, weak callbacks run after a GC) is only collectable then.
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      fullGc();
+      mallocTrim();
+      this.onSettle(Math.round(before / 2 ** 20), Math.round(process.memoryUsage.rss() / 2 ** 20), closed);
+    }, this.quietMs);
+    this.timer.unref();
   }
 }

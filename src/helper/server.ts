@@ -11,6 +11,7 @@ import type { LegacyService } from './legacy-service.js';
 import { peerOf, socketFd } from '../os/peer.js';
 import { peerHungUp } from '../os/libc.js';
 import { MemorySettler } from './memory-settler.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode } from './socket-file.js';
 import type { Logger } from './logger.js';
 import { LogLimiter } from './log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
@@ -40,7 +41,16 @@ export interface HelperServerOptions {
   incomplete?: IncompleteFrames;
   /** Rate limit of what clients can make the server log (default: one on `logger`). */
   limiter?: LogLimiter;
+  /** Mode of a socket file we bind (default 0600, whatever the umask). */
+  socketMode?: number;
+  /** Group of a socket file we bind. */
+  socketGid?: number;
+  /** With an fd target: the socket file bound for it before an exec, removed at close if still that inode. */
+  ownedSocket?: { path: string; ino: number };
 }
+
+/** listen() backlog: QEMU's connect() blocks while it is full. */
+export const LISTEN_BACKLOG = 4096;
 
 export class HelperServer {
   private readonly server: net.Server;
@@ -51,7 +61,9 @@ export class HelperServer {
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
   /** Gives memory back to the kernel after many connections closed. */
-  private readonly memory = new MemorySettler();
+  private readonly memory = new MemorySettler((before, after, closed) =>
+    this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
+  );
 
   constructor(private readonly o: HelperServerOptions) {
     this.limiter = o.limiter ?? new LogLimiter(o.logger);
@@ -78,18 +90,24 @@ export class HelperServer {
   /** Listens on the path (replacing a stale socket file, refusing a live one) or the inherited fd. */
   async listen(): Promise<void> {
     const t = this.o.target;
-    if ('path' in t) await removeStaleSocket(t.path);
-    await new Promise<void>((resolve, reject) => {
-      const onError = (e: Error) => reject(listenError(t, e));
-      this.server.once('error', onError);
-      const done = () => {
-        this.server.off('error', onError);
-        resolve();
-      };
-      if ('path' in t) this.server.listen({ path: t.path, backlog: 4096 }, done);
-      else this.server.listen({ fd: t.fd, backlog: 4096 }, done);
-    });
-    if ('path' in t) this.bound = { path: t.path, ino: fs.statSync(t.path).ino };
+    if ('path' in t) await prepareSocketPath(t.path);
+    else if (this.o.ownedSocket) this.bound = this.o.ownedSocket;
+    const listen = () =>
+      new Promise<void>((resolve, reject) => {
+        const onError = (e: Error) => reject(listenError(t, e));
+        this.server.once('error', onError);
+        const done = () => {
+          this.server.off('error', onError);
+          // Ours to remove at close from now on, even if setting its mode fails below.
+          if ('path' in t) this.bound = { path: t.path, ino: fs.statSync(t.path).ino };
+          resolve();
+        };
+        if ('path' in t) this.server.listen({ path: t.path, backlog: LISTEN_BACKLOG }, done);
+        else this.server.listen({ fd: t.fd, backlog: LISTEN_BACKLOG }, done);
+      });
+    // An inherited socket (systemd) keeps the mode its unit gave it.
+    if ('fd' in t) return listen();
+    await listenWithMode(t.path, { mode: this.o.socketMode ?? DEFAULT_SOCKET_MODE, ...(this.o.socketGid !== undefined ? { gid: this.o.socketGid } : {}) }, listen);
   }
 
   /** Stops accepting, closes every connection, removes the socket file we bound (if still ours). */
@@ -219,7 +237,14 @@ export class HelperServer {
   }
 }
 
-function listenError(t: ListenTarget, e: Error): Error {
+/** Before binding a path: its length, its directory, and a stale socket file (removed) or a live one (refused). */
+export async function prepareSocketPath(socketPath: string): Promise<void> {
+  checkSocketPathLength(socketPath);
+  checkSocketDirectory(socketPath);
+  await removeStaleSocket(socketPath);
+}
+
+export function listenError(t: ListenTarget, e: Error): Error {
   const err = e as NodeJS.ErrnoException;
   if ('fd' in t) return new Error(`cannot listen on the socket passed by systemd (fd ${t.fd}): ${err.message}`);
   if (err.code === 'EACCES') return new Error(`cannot create socket ${t.path}: permission denied; run as root or choose another path with -k`);

@@ -36,6 +36,16 @@ export class MsrDevice {
     return fd;
   }
 
+  /** Takes over an fd of `cpu`'s device opened elsewhere (before a privilege drop and exec). */
+  adopt(cpu: number, fd: number): void {
+    this.fds.set(cpu, fd);
+  }
+
+  /** [cpu, fd] of every open device. */
+  openFds(): [number, number][] {
+    return [...this.fds];
+  }
+
   isOpen(cpu: number): boolean {
     return this.fds.has(cpu);
   }

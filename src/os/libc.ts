@@ -67,12 +67,14 @@ export function getPeerCredentials(fd: number): PeerCredentials {
   return { pid: cred.readInt32LE(0), uid: cred.readUInt32LE(4), gid: cred.readUInt32LE(8) };
 }
 
+/** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */
+export const MAX_UNIX_PATH_BYTES = 107;
+
 /** sockaddr_un for a path, or an abstract name when it starts with '@' (leading NUL, no terminator). */
 export function sockaddrUn(name: string): { addr: Buffer; len: number } {
   const abstract = name.startsWith('@');
   const bytes = Buffer.from(abstract ? name.slice(1) : name, 'utf8');
-  // sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL
-  const max = 107;
+  const max = MAX_UNIX_PATH_BYTES;
   if (bytes.length > max) throw new Error(`unix socket address too long (${bytes.length} bytes, at most ${max}): ${name}`);
   const addr = Buffer.alloc(110);
   addr.writeUInt16LE(AF_UNIX, 0);

@@ -11,7 +11,8 @@ import { E, HEADER_SIZE, T, V2_MAGIC } from '../../src/protocol/v2/codec.js';
 import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc.js';
 import { FakeHost } from '../support/fake-host.js';
 import { ThreadedProcess } from '../sampler/threads.js';
-import { BIN, hostArgs, LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
+import { spawn } from 'node:child_process';
+import { BIN, hostArgs, LegacyClient, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
 
 const cleanups: (() => void | Promise<unknown>)[] = [];
 afterEach(async () => {
@@ -230,6 +231,7 @@ describe('memory per connection', () => {
 
     for (const c of conns) c.destroy();
     await waitFor(() => rssMb(pid) < 100, 'RSS back under 100 MB', child, 30_000);
+    expect(child.stderr()).toContain('memory given back after a burst of closed connections');
     await waitFor(() => answered > answeredBefore + 5, 'legacy answers after the flood');
     const late = await LegacyClient.connect(sock); // a new client is read at once again
     expect(await late.request(0x606, 0, process.pid)).toBe(0xa1003n);
@@ -281,5 +283,79 @@ describe('incomplete frames', () => {
     await new Promise((r) => setTimeout(r, 1500 - (Date.now() - started)));
     expect(await idleAfterRequest.request(0x606, 0, process.pid)).toBe(0xa1003n);
     expect(await idleFromStart.request(0x606, 0, process.pid)).toBe(0xa1003n);
+  });
+});
+
+describe('socket file', () => {
+  test('a -k longer than sun_path is refused before anything is created', async () => {
+    const { host, dir } = setup();
+    const sock = path.join(dir, 'x'.repeat(120 - dir.length - 1));
+    const trace = path.join(dir, 'trace.jsonl');
+    const child = track(spawnHelper(['-k', sock, '--record', trace, ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain('socket path is 120 bytes, a Unix socket path holds at most 107 (sun_path is 108 bytes with its NUL); choose a shorter path');
+    expect(fs.readdirSync(dir)).toEqual([]); // no truncated socket, no trace
+  });
+
+  test('a -k in a missing directory says the directory does not exist', async () => {
+    const { host, dir } = setup();
+    const child = track(spawnHelper(['-k', path.join(dir, 'nope', 'h.sock'), ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain(`directory ${path.join(dir, 'nope')} does not exist; create it or choose another path with -k`);
+  });
+
+  test('the socket is 0600 whatever the umask; --socket-mode and --socket-group set it explicitly', async () => {
+    const { host, sock, dir } = setup();
+    const loose = track(await startHelper(['-k', sock, ...hostArgs(host)], { command: ['sh', '-c', 'umask 000 && exec "$0" "$@"', process.execPath, BIN] }));
+    expect(fs.statSync(sock).mode & 0o777).toBe(0o600);
+    await loose.stop();
+    const sock2 = path.join(dir, 'g.sock');
+    track(await startHelper(['-k', sock2, '--socket-mode', '0660', '--socket-group', '65534', ...hostArgs(host)], { command: ['sh', '-c', 'umask 000 && exec "$0" "$@"', process.execPath, BIN] }));
+    const st = fs.statSync(sock2);
+    expect(st.mode & 0o777).toBe(0o660);
+    expect(st.gid).toBe(65534);
+    const c = await LegacyClient.connect(sock2);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+  });
+
+  test('a bad --socket-mode names the fix', async () => {
+    const { host, sock } = setup();
+    const child = track(spawnHelper(['-k', sock, '--socket-mode', '0999', ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain('--socket-mode: expected octal permission bits like 0600 or 0660');
+  });
+});
+
+describe('pidfile', () => {
+  test('a pidfile naming a live process that is not a vmsr-helper (pid reused) is replaced', async () => {
+    const { host, sock, dir } = setup();
+    const other = spawn('sleep', ['30']);
+    cleanups.push(() => {
+      other.kill('SIGKILL');
+    });
+    const pid = path.join(dir, 'h.pid');
+    fs.writeFileSync(pid, `${other.pid}\n`);
+    const child = track(await startHelper(['-k', sock, '-f', pid, ...hostArgs(host)]));
+    expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(child.proc.pid));
+  });
+
+  test('a file that does not hold a pid is never deleted: the start is refused', async () => {
+    const { host, sock, dir } = setup();
+    const notes = path.join(dir, 'notes.txt');
+    fs.writeFileSync(notes, 'precious notes\n');
+    const child = track(spawnHelper(['-k', sock, '-f', notes, ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain(`cannot use pidfile ${notes}: it exists and does not hold a pid; remove it or choose another path with -f`);
+    expect(fs.readFileSync(notes, 'utf8')).toBe('precious notes\n');
+    expect(fs.existsSync(sock)).toBe(false);
+  });
+
+  test('a directory given to -f is a clear error', async () => {
+    const { host, sock, dir } = setup();
+    const child = track(spawnHelper(['-k', sock, '-f', dir, ...hostArgs(host)]));
+    expect(await child.exited).toBe(1);
+    expect(child.stderr()).toContain(`cannot use pidfile ${dir}: it is a directory; give a file path with -f`);
+    expect(fs.statSync(dir).isDirectory()).toBe(true);
   });
 });

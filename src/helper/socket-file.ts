@@ -1,0 +1,65 @@
+/**
+ * The listening socket's file: its path checked before anything is created, and its mode and group
+ * set whatever the umask, with no moment where it exists with a looser mode than asked.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { MAX_UNIX_PATH_BYTES } from '../os/libc.js';
+
+export const DEFAULT_SOCKET_MODE = 0o600;
+
+export interface SocketFileOptions {
+  /** Permission bits of the socket file (default 0600). */
+  mode: number;
+  /** Group of the socket file (e.g. the group QEMU runs as), unchanged when undefined. */
+  gid?: number;
+}
+
+/** The socket path's length: a Unix socket address holds at most 107 bytes plus its NUL. */
+export function checkSocketPathLength(socketPath: string): void {
+  const n = Buffer.byteLength(socketPath);
+  if (n > MAX_UNIX_PATH_BYTES) {
+    throw new Error(
+      `-k/--socket: socket path is ${n} bytes, a Unix socket path holds at most ${MAX_UNIX_PATH_BYTES} (sun_path is 108 bytes with its NUL); choose a shorter path`,
+    );
+  }
+}
+
+/** The directory must exist (and be one) before anything is created in it. */
+export function checkSocketDirectory(socketPath: string): void {
+  const dir = path.dirname(socketPath);
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(dir);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') throw new Error(`cannot create socket ${socketPath}: directory ${dir} does not exist; create it or choose another path with -k`);
+    throw new Error(`cannot create socket ${socketPath}: cannot reach directory ${dir} (${code}); choose another path with -k`);
+  }
+  if (!st.isDirectory()) throw new Error(`cannot create socket ${socketPath}: ${dir} is not a directory; choose another path with -k`);
+}
+
+/** "0600", "660", "0o660" -> number; permission bits only. */
+export function parseSocketMode(text: string): number {
+  const m = /^(?:0o?)?([0-7]{3})$/.exec(text.trim());
+  if (!m) throw new Error(`--socket-mode: expected octal permission bits like 0600 or 0660 (got ${JSON.stringify(text)})`);
+  const mode = parseInt(m[1]!, 8);
+  if ((mode & 0o600) !== 0o600) throw new Error(`--socket-mode: the owner needs read and write (6 in the first digit), got ${m[1]}`);
+  return mode;
+}
+
+/**
+ * Binds through `listen()` under umask 0177, so the file is created 0600 at most whatever the umask
+ * was, then sets the asked mode and group (never looser than asked at any moment: 0600 is the
+ * tightest mode a client-facing socket can have).
+ */
+export async function listenWithMode(socketPath: string, o: SocketFileOptions, listen: () => Promise<void>): Promise<void> {
+  const old = process.umask(0o177);
+  try {
+    await listen();
+  } finally {
+    process.umask(old);
+  }
+  if (o.gid !== undefined) fs.chownSync(socketPath, -1, o.gid);
+  fs.chmodSync(socketPath, o.mode);
+}
