@@ -234,7 +234,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     if (others.length) privLog.warn({ threads: others, reexec: opts.reexec ?? null }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
     else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, 'every thread holds the main thread\'s capabilities');
 
-    const where = 'path' in target ? target.path : `systemd socket (fd ${target.fd})`;
+    const where = 'path' in target ? target.path : inh?.socket ? inh.socket.path : `systemd socket (fd ${target.fd})`;
     logger.info({ socket: where }, `Listening on ${where}`);
     notifier.ready(`listening on ${where}`);
     const wd = notifier.startWatchdog();
