@@ -125,6 +125,40 @@ describe('file descriptors', () => {
   });
 });
 
+describe('connection cap', () => {
+  test('past --max-connections a connection is closed at once, logged at most 5 times a minute; a freed slot serves again', async () => {
+    const { host, sock } = setup();
+    const child = track(await startHelper(['-k', sock, '--max-connections', '2', ...hostArgs(host)]));
+    const a = await LegacyClient.connect(sock);
+    const b = await LegacyClient.connect(sock);
+    cleanups.push(() => [a, b].forEach((c) => c.close()));
+    expect(await a.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    expect(await b.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    for (let i = 0; i < 10; i++) {
+      const extra = await LegacyClient.connect(sock);
+      await extra.whenClosed(2000);
+      await expect(extra.request(0x606, 0, process.pid)).rejects.toThrow('connection closed by the helper');
+    }
+    await waitFor(() => lines(child.stderr(), 'connection refused: 2 connections already open') === 5, 'the refusals logged');
+    expect(await a.request(0x606, 0, process.pid)).toBe(0xa1003n); // the two served ones are untouched
+    b.close();
+    // once the helper has seen b go, its slot serves a new client
+    let served = false;
+    for (let i = 0; i < 50 && !served; i++) {
+      const c = await LegacyClient.connect(sock);
+      cleanups.push(() => c.close());
+      served = await c.request(0x606, 0, process.pid).then(
+        (v) => v === 0xa1003n,
+        () => false,
+      );
+      if (!served) await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(served).toBe(true);
+    expect(await child.stop()).toBe(0);
+    expect(child.stderr()).toContain("5 more 'refused connection' messages suppressed");
+  });
+});
+
 describe('log flooding', () => {
   test('refused MSRs and failed MSR reads log at most 5 lines each, then "N more suppressed" (at shutdown at the latest)', async () => {
     const { host, sock } = setup();
@@ -231,7 +265,7 @@ describe('memory per connection', () => {
 
     for (const c of conns) c.destroy();
     await waitFor(() => rssMb(pid) < 100, 'RSS back under 100 MB', child, 30_000);
-    expect(child.stderr()).toContain('memory given back after a burst of closed connections');
+    await waitFor(() => child.stderr().includes('memory given back after a burst of closed connections'), 'the memory settle', child);
     await waitFor(() => answered > answeredBefore + 5, 'legacy answers after the flood');
     const late = await LegacyClient.connect(sock); // a new client is read at once again
     expect(await late.request(0x606, 0, process.pid)).toBe(0xa1003n);
