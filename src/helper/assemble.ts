@@ -34,7 +34,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       const sampler = new Sampler(new MsrEnergySource(ctx.device, host.cpus, ctx.vendor), tasks);
       // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
       // systemd restart into a restart loop.
-      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true }) : undefined;
+      const trace = o.recordPath !== undefined ? TraceWriter.open(o.recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true, fd: ctx.openedFile(o.recordPath) }) : undefined;
       const discovery = o.discovery ? new ProcScanner(paths.procRoot, { clkTck: host.clkTck }) : undefined;
       const service = createV2Service({
         host,

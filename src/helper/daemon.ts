@@ -17,6 +17,7 @@ import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '.
 import { activationFd, Notifier, takeActivation } from './systemd.js';
 import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
 import type { Inherited } from './privileged-start.js';
+import { removeOwnSocketFile } from './socket-file.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices, type VendorChoice } from './startup-checks.js';
@@ -62,6 +63,8 @@ export interface DaemonContext {
   logger: Logger;
   /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
   fds: FdBudget;
+  /** A file the privileged start-up created for writing (a plug-in's --record), when it did. */
+  openedFile(path: string): number | undefined;
   /** A logger for a named area, at debug level when -T matches it. */
   area(name: string): Logger;
   onShutdown(hook: ShutdownHook): void;
@@ -182,10 +185,12 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     }
 
     let v2Handler = opts.v2Handler;
+    const files = new Map(inh?.files ?? []);
+    const openedFile = (p: string) => files.get(p);
     const readyHooks: (() => void)[] = [];
     const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
     const health: DaemonHealth = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
@@ -260,6 +265,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     return running;
   } catch (e) {
     await cleanup();
+    // A start-up failure before the server took over the socket bound before the exec.
+    if (opts.inherited?.socket) removeOwnSocketFile(opts.inherited.socket, logger);
     throw e;
   }
 }

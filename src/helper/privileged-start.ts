@@ -27,6 +27,8 @@ export interface Inherited {
   socket?: { path: string; ino: number };
   /** The pidfile written (same pid after exec). */
   pidfile?: string;
+  /** [path, fd] of files plug-ins write (--record), created as root. */
+  files?: [string, number][];
 }
 
 const isFd = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 20;
@@ -47,28 +49,31 @@ export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited |
     v.msr.every((e) => Array.isArray(e) && e.length === 2 && Number.isInteger(e[0]) && e[0] >= 0 && e[0] < 1 << 16 && isFd(e[1])) &&
     isFd(v.listen) &&
     (v.socket === undefined || (typeof v.socket.path === 'string' && Number.isInteger(v.socket.ino))) &&
-    (v.pidfile === undefined || typeof v.pidfile === 'string');
+    (v.pidfile === undefined || typeof v.pidfile === 'string') &&
+    (v.files === undefined || (Array.isArray(v.files) && v.files.every((e) => Array.isArray(e) && e.length === 2 && typeof e[0] === 'string' && isFd(e[1]))));
   if (!ok) throw new Error(`${INHERIT_ENV} is malformed; it is set by the helper for itself, do not set it`);
   return v as Inherited;
 }
 
 /** Every fd in an Inherited (to keep across exec). */
 export function inheritedFds(i: Inherited): number[] {
-  return [...i.msr.map(([, fd]) => fd), i.listen];
+  return [...i.msr.map(([, fd]) => fd), i.listen, ...(i.files ?? []).map(([, fd]) => fd)];
 }
 
 /**
  * Runs the privileged steps; on failure undoes what was done (the socket file, the pidfile) and
  * throws the step's error. `undo` is for a failure after this returns (the exec itself).
  */
-export async function openPrivileged(config: DaemonConfig): Promise<{ inherited: Inherited; undo(): void }> {
+export async function openPrivileged(config: DaemonConfig, writeFiles: readonly string[] = []): Promise<{ inherited: Inherited; undo(): void }> {
   const activation = takeActivation();
   const listenFd = activation ? activationFd(activation, config.socketPathGiven) : undefined;
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
   let server: net.Server | undefined;
   let pidfile: Pidfile | undefined;
   let socket: { path: string; ino: number } | undefined;
+  const files: [string, number][] = [];
   const undo = () => {
+    for (const [, fd] of files) fs.closeSync(fd);
     pidfile?.release();
     server?.close(); // libuv unlinks the path it bound
     device.close();
@@ -94,7 +99,15 @@ export async function openPrivileged(config: DaemonConfig): Promise<{ inherited:
       socket = { path: p, ino: fs.statSync(p).ino };
     }
     if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
+    for (const f of writeFiles) {
+      try {
+        files.push([f, fs.openSync(f, 'w', 0o644)]);
+      } catch (e) {
+        throw new Error(`cannot create ${f}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}; check the path`);
+      }
+    }
     const inherited: Inherited = { msr: device.openFds(), listen };
+    if (files.length) inherited.files = files;
     if (socket) inherited.socket = socket;
     if (pidfile) inherited.pidfile = pidfile.path;
     return { inherited, undo };

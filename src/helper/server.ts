@@ -11,7 +11,7 @@ import type { LegacyService } from './legacy-service.js';
 import { peerOf, socketFd } from '../os/peer.js';
 import { peerHungUp } from '../os/libc.js';
 import { MemorySettler } from './memory-settler.js';
-import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode } from './socket-file.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
 import type { Logger } from './logger.js';
 import { LogLimiter } from './log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
@@ -116,16 +116,7 @@ export class HelperServer {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     for (const s of this.sockets) s.destroy();
     await closed;
-    if (this.bound) {
-      try {
-        if (fs.statSync(this.bound.path).ino === this.bound.ino) fs.unlinkSync(this.bound.path);
-      } catch (e) {
-        const err = e as NodeJS.ErrnoException;
-        // libuv may have unlinked it already; EACCES after dropping to -u in a root-owned directory
-        // is harmless: the next start replaces a socket nobody listens on.
-        if (err.code !== 'ENOENT') this.o.logger.warn({ path: this.bound.path, err: err.code }, 'could not remove socket file');
-      }
-    }
+    if (this.bound) removeOwnSocketFile(this.bound, this.o.logger);
   }
 
   private accept(socket: net.Socket): void {

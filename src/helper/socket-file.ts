@@ -4,6 +4,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import type { Logger } from 'pino';
 import { MAX_UNIX_PATH_BYTES } from '../os/libc.js';
 
 export const DEFAULT_SOCKET_MODE = 0o600;
@@ -62,4 +63,16 @@ export async function listenWithMode(socketPath: string, o: SocketFileOptions, l
   }
   if (o.gid !== undefined) fs.chownSync(socketPath, -1, o.gid);
   fs.chmodSync(socketPath, o.mode);
+}
+
+/** Removes the socket file we bound, only if it is still that inode (never someone else's file). */
+export function removeOwnSocketFile(bound: { path: string; ino: number }, log: Logger): void {
+  try {
+    if (fs.statSync(bound.path).ino === bound.ino) fs.unlinkSync(bound.path);
+  } catch (e) {
+    const err = e as NodeJS.ErrnoException;
+    // libuv may have unlinked it already; EACCES after dropping to -u in a root-owned directory
+    // is harmless: the next start replaces a socket nobody listens on.
+    if (err.code !== 'ENOENT') log.warn({ path: bound.path, err: err.code }, 'could not remove socket file');
+  }
 }

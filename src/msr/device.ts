@@ -1,6 +1,6 @@
 /**
  * MSR device access: one fd per CPU, opened once and reused, read with pread at offset = MSR number,
- * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see helper/privileges).
+ * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see os/privileges, helper/privileged-start).
  */
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';

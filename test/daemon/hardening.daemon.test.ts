@@ -361,6 +361,28 @@ describe('socket file', () => {
   });
 });
 
+describe('after the re-exec', () => {
+  test('-u nobody records (--record) into a directory only root may write: the file is created before the drop', async (ctx) => {
+    if (process.getuid?.() !== 0) return ctx.skip('needs root (CI runs as root)');
+    const { host, sock, dir } = setup();
+    fs.chmodSync(host.dir, 0o755); // like /sys, readable by anyone
+    fs.chmodSync(dir, 0o755); // root-owned: nobody may create files here
+    const trace = path.join(dir, 't.jsonl');
+    const child = track(await startHelper(['-k', sock, '-u', 'nobody', '--interval', '0.1', '--record', trace, ...hostArgs(host)]));
+    const vm = await threaded(2);
+    const c = await V2Client.connect(sock);
+    cleanups.push(() => c.close());
+    const r = await c.register({ pid: vm.pid, vcpus: [{ tid: vm.pid, vpkg: 0 }] });
+    const updates: Update[] = [];
+    await c.subscribe(r.vmId, (u) => updates.push(u));
+    await waitFor(() => updates.length >= 2, 'UPDATEs');
+    expect(await child.stop()).toBe(0);
+    const text = fs.readFileSync(trace, 'utf8').split('\n');
+    expect(text[0]).toContain('"type":"header"');
+    expect(text.some((l) => l.includes('"type":"register"'))).toBe(true);
+  });
+});
+
 describe('pidfile', () => {
   test('a pidfile naming a live process that is not a vmsr-helper (pid reused) is replaced', async () => {
     const { host, sock, dir } = setup();

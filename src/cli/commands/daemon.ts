@@ -183,7 +183,8 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
     const inherited = start.takeInherited();
     const blocker = reexecBlocker();
     if (inherited === null && blocker === null) {
-      const { inherited: inh, undo } = await start.openPrivileged(config);
+      // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
+      const { inherited: inh, undo } = await start.openPrivileged(config, v2.recordPath !== undefined ? [v2.recordPath] : []);
       const keep = start.inheritedFds(inh);
       const env: Record<string, string> = { [start.INHERIT_ENV]: JSON.stringify(inh) };
       // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
