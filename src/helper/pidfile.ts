@@ -31,17 +31,19 @@ export function isAlive(pid: number): boolean {
 }
 
 /**
- * Whether `pid` runs vmsr-helper: its command line's program or script (first two arguments) is named
- * vmsr-helper (the npm bin), vmsr-helper.js (node running the script) or qemu-vmsr-helper.
+ * Whether `pid` runs vmsr-helper: its program (argv[0]) or its script (the first argument that is not
+ * an option, e.g. after node's own flags) is named vmsr-helper (the npm bin), vmsr-helper.js (node
+ * running the script) or qemu-vmsr-helper.
  */
 export function isHelperProcess(pid: number, procRoot = '/proc'): boolean {
   let argv: string[];
   try {
-    argv = fs.readFileSync(path.join(procRoot, String(pid), 'cmdline'), 'latin1').split('\0').slice(0, 2);
+    argv = fs.readFileSync(path.join(procRoot, String(pid), 'cmdline'), 'latin1').split('\0');
   } catch {
     return false;
   }
-  return argv.some((a) => /^(qemu-)?vmsr-helper(\.js)?$/.test(path.basename(a)));
+  const script = argv.slice(1).find((a) => !a.startsWith('-'));
+  return [argv[0], script].some((a) => a !== undefined && /^(qemu-)?vmsr-helper(\.js)?$/.test(path.basename(a)));
 }
 
 function refuseNonPidfile(file: string, what: string): never {
