@@ -98,6 +98,15 @@ export function addClientSocketOption(cmd: Command): Command {
   return cmd.option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_HELPER_SOCKET}')`);
 }
 
+/** --socket-mode: "0600", "660", "0o660" -> number; permission bits only. */
+export function parseSocketMode(text: string): number {
+  const m = /^(?:0o?)?([0-7]{3})$/.exec(text.trim());
+  if (!m) throw new UsageError(`--socket-mode: expected octal permission bits like 0600 or 0660 (got ${JSON.stringify(text)})`);
+  const mode = parseInt(m[1]!, 8);
+  if ((mode & 0o600) !== 0o600) throw new UsageError(`--socket-mode: the owner needs read and write (6 in the first digit), got ${m[1]}`);
+  return mode;
+}
+
 /** --vendor: auto (from /proc/cpuinfo), intel or amd. */
 export function parseVendor(text: string | undefined): VendorChoice {
   const v = text ?? 'auto';

@@ -17,7 +17,7 @@ import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import type { DaemonPlugin } from './daemon.js';
 import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy-service.js';
 import type { TraceSink } from './sampling-service.js';
-import { HelperServer, type ListenTarget, type V2Handler } from './server.js';
+import { HelperServer, type HelperServerOptions, type ListenTarget, type V2Handler } from './server.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -74,6 +74,8 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     limits: o.limits,
     trace: o.trace?.(host),
     forgetPid: (pid) => tasks.forget(pid),
+    // A registration opens its threads' stat files at once, so running out of fds refuses it.
+    openPid: (pid) => void tasks.read(pid),
     log: o.log,
     clock: o.clock,
     ...(discovery ? { discovery, deferDiscovery: o.deferDiscovery === true } : {}),
@@ -105,6 +107,8 @@ export interface ServerChainOptions {
   area(name: string): Logger;
   /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
   counters?: LegacyCounters;
+  /** The daemon's connection limits and socket file settings; the server's defaults otherwise. */
+  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'socketMode' | 'socketGid' | 'ownedSocket'>;
 }
 
 /** Legacy service -> server (which hands v2 connections to v2Handler). Not listening yet. */
@@ -118,7 +122,7 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     logger: o.area('legacy'),
     ...(o.counters ? { counters: o.counters } : {}),
   });
-  const server = new HelperServer({ target: o.target, legacy, logger: o.area('server'), ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
+  const server = new HelperServer({ target: o.target, legacy, logger: o.area('server'), ...o.server, ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
   return { legacy, server };
 }
 
@@ -185,13 +189,19 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         vendor: ctx.vendor,
         intervalMs: o.intervalMs,
         limits: o.limits,
+        fds: ctx.fds,
         log,
         // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
         // systemd restart into a restart loop.
         trace: (host) =>
           recordPath === undefined
             ? undefined
-            : (trace = TraceWriter.open(recordPath, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true })),
+            : (trace = TraceWriter.open(
+                recordPath,
+                { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` },
+                // Opened before the privilege drop and passed across the re-exec (helper/privileged-start).
+                { overwrite: true, fd: ctx.openedFile(recordPath) },
+              )),
         discovery: o.discovery,
         deferDiscovery: true,
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),

@@ -10,13 +10,17 @@ import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import type { Vendor } from '../ratio/types.js';
 import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
-import type { LegacyCounters } from './legacy-service.js';
+import type { LegacyCounters, LegacyService } from './legacy-service.js';
 import type { HelperServer, ListenTarget, V2Handler } from './server.js';
 import { assembleServer } from './assemble.js';
 import type { HealthSource } from './v2/service.js';
 import { DisposableStore, listen } from '../ratio/disposable.js';
+import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from './incomplete-frames.js';
+import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../os/fd-budget.js';
 import { activationFd, Notifier, takeActivation } from './systemd.js';
-import { acquirePidfile, type Pidfile } from './pidfile.js';
+import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
+import type { Inherited } from './privileged-start.js';
+import { removeOwnSocketFile } from './socket-file.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices, type VendorChoice } from './startup-checks.js';
@@ -40,6 +44,14 @@ export interface DaemonConfig {
   hostPaths: HostPaths;
   vendor: VendorChoice;
   amd: AmdSynthConfig;
+  /** --max-connections (lowered at start-up when the fd limit cannot hold it). */
+  maxConnections: number;
+  /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
+  frameTimeoutMs: number;
+  /** --socket-mode: permission bits of the socket file (default 0600). */
+  socketMode: number;
+  /** --socket-group: group of the socket file. */
+  socketGid?: number;
 }
 
 export type ShutdownHook = () => void | Promise<void>;
@@ -52,6 +64,10 @@ export interface DaemonContext {
   /** The shared MSR fds (opened as root); read them only on the main thread. */
   device: MsrDevice;
   logger: Logger;
+  /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
+  fds: FdBudget;
+  /** A file the privileged start-up created for writing (a plug-in's --record), when it did. */
+  openedFile(path: string): number | undefined;
   /** A logger for a named area, at debug level when -T matches it. */
   area(name: string): Logger;
   onShutdown(hook: ShutdownHook): void;
@@ -73,8 +89,10 @@ export interface RunDaemonOptions {
   /** Default true: SIGTERM/SIGINT/SIGHUP stop the daemon and exit the process with 0. */
   handleSignals?: boolean;
   logger?: Logger;
-  /** What reexecWithRawioOnly() said when it did not re-execute (logged with the privileges). */
+  /** Why the helper did not re-execute itself to drop privileges ('re-executed' when it did). */
   reexec?: string;
+  /** Set in the re-executed image: what the privileged steps opened before the exec. */
+  inherited?: Inherited;
 }
 
 export interface RunningDaemon {
@@ -100,11 +118,14 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   const notifier = new Notifier(process.env, (e) => area('systemd').warn({ err: e.message }, 'sd_notify failed'));
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
   let server: HelperServer | undefined;
+  let legacy: LegacyService | undefined;
   let pidfile: Pidfile | undefined;
   const signals = new DisposableStore();
 
   const cleanup = async () => {
     if (server) await server.close().catch(() => {});
+    server?.limiter.flush();
+    legacy?.limiter.flush();
     for (const h of hooks) {
       try {
         await withTimeout(Promise.resolve(h()), 5000);
@@ -133,33 +154,71 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   }
 
   try {
-    const activation = takeActivation();
-    const target: ListenTarget = activation ? { fd: activationFd(activation, config.socketPathGiven) } : { path: config.socketPath };
+    const inh = opts.inherited;
+    const activation = inh ? null : takeActivation();
+    const target: ListenTarget = inh ? { fd: inh.listen } : activation ? { fd: activationFd(activation, config.socketPathGiven) } : { path: config.socketPath };
     const vendor = checkVendor(config.vendor, config.hostPaths.procRoot);
     const cpus = checkTopology(config.hostPaths.sysRoot);
-    checkPermission(config.hostPaths.msrPathTemplate);
-    openMsrDevices(device, cpus);
+    if (inh) {
+      for (const [cpu, fd] of inh.msr) device.adopt(cpu, fd);
+      if (inh.pidfile !== undefined) pidfile = pidfileOf(inh.pidfile);
+    } else {
+      checkPermission(config.hostPaths.msrPathTemplate);
+      openMsrDevices(device, cpus);
+    }
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
+    // Out of fds, accept() and /proc opens fail: use the whole hard limit, and budget it.
+    const nofile = raiseFdLimit();
+    const limit = nofile.after.soft === Infinity ? 1 << 20 : nofile.after.soft;
+    const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
+    const fds = new FdBudget({ limit, maxConnections, openConnections: () => server?.connections ?? 0 });
+    logger.info({ before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error ?? null }, 'open-file limit');
+    if (maxConnections < config.maxConnections) {
+      logger.warn({ asked: config.maxConnections, maxConnections, limit }, `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`);
+    }
+
     let v2Handler = opts.v2Handler;
+    const files = new Map(inh?.files ?? []);
+    const openedFile = (p: string) => files.get(p);
     const readyHooks: (() => void)[] = [];
     const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
     }
 
-    server = assembleServer({ paths: config.hostPaths, device, vendor, cpus, amd: config.amd, target, area, counters: legacyCounters, ...(v2Handler ? { v2Handler } : {}) }).server;
+    ({ legacy, server } = assembleServer({
+      paths: config.hostPaths,
+      device,
+      vendor,
+      cpus,
+      amd: config.amd,
+      target,
+      area,
+      counters: legacyCounters,
+      server: {
+        maxConnections,
+        socketMode: config.socketMode,
+        ...(inh?.socket ? { ownedSocket: inh.socket } : {}),
+        ...(config.socketGid !== undefined ? { socketGid: config.socketGid } : {}),
+        incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+      },
+      ...(v2Handler ? { v2Handler } : {}),
+    }));
     await server.listen();
-    if (config.daemonize || config.pidfileGiven) pidfile = acquirePidfile(config.pidfile);
+    if (!inh && (config.daemonize || config.pidfileGiven)) pidfile = acquirePidfile(config.pidfile);
 
     const privLog = area('privileges');
-    const report = dropPrivileges({
-      ...(config.uid !== undefined ? { uid: config.uid } : {}),
-      ...(config.gid !== undefined ? { gid: config.gid } : {}),
-    });
+    // Re-executed: the drop happened before the exec, on every thread (privileges.ts, reexecDropped).
+    const report = inh
+      ? { skipped: [] }
+      : dropPrivileges({
+          ...(config.uid !== undefined ? { uid: config.uid } : {}),
+          ...(config.gid !== undefined ? { gid: config.gid } : {}),
+        });
     const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
     privLog.info(
       { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped, reexec: opts.reexec ?? null },
@@ -172,7 +231,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     if (others.length) privLog.warn({ threads: others, reexec: opts.reexec ?? null }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
     else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, 'every thread holds the main thread\'s capabilities');
 
-    const where = 'path' in target ? target.path : `systemd socket (fd ${target.fd})`;
+    const where = 'path' in target ? target.path : inh?.socket ? inh.socket.path : `systemd socket (fd ${target.fd})`;
     logger.info({ socket: where }, `Listening on ${where}`);
     notifier.ready(`listening on ${where}`);
     const wd = notifier.startWatchdog();
@@ -198,6 +257,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     return running;
   } catch (e) {
     await cleanup();
+    // A start-up failure before the server took over the socket bound before the exec.
+    if (opts.inherited?.socket) removeOwnSocketFile(opts.inherited.socket, logger);
     throw e;
   }
 }

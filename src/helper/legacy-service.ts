@@ -13,6 +13,7 @@ import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '..
 import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../protocol/legacy.js';
 import { TidVerdicts } from './tid-verdicts.js';
 import type { Logger } from './logger.js';
+import { LogLimiter } from './log-limiter.js';
 
 /** The set of online CPUs, re-read from sysfs (at most once a second) when asked about a new one. */
 export class OnlineCpus {
@@ -57,6 +58,8 @@ export interface LegacyServiceOptions {
   logger: Logger;
   /** Where to count requests by result (the daemon shares it with the v2 service). */
   counters?: LegacyCounters;
+  /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
+  limiter?: LogLimiter;
 }
 
 /** Legacy requests by result, for the health figures (HOST_UPDATE, the exporter). */
@@ -74,8 +77,11 @@ export class LegacyService {
   private readonly plans = new Map<number, LegacyPlan>();
   readonly counters: LegacyCounters;
 
+  readonly limiter: LogLimiter;
+
   constructor(private readonly o: LegacyServiceOptions) {
     this.counters = o.counters ?? { ok: 0n, refused: 0n, failed: 0n };
+    this.limiter = o.limiter ?? new LogLimiter(o.logger);
     for (const msr of LEGACY_ALLOWED_MSRS) {
       const plan = legacyPlan(o.vendor, msr);
       if (plan !== null) this.plans.set(msr, plan);
@@ -96,7 +102,7 @@ export class LegacyService {
     const plan = this.plans.get(req.msr);
     if (plan === undefined) {
       c.refused++;
-      this.o.logger.warn({ peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');
+      this.limiter.warn('disallowed MSR', { peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');
       return false;
     }
     if (!verdicts.belongs(req.tid)) {
@@ -123,7 +129,7 @@ export class LegacyService {
       if (!(e instanceof MsrReadError)) throw e;
       c.failed++;
       this.o.cpus.invalidate();
-      this.o.logger.warn({ peer: peerPid, cpu: req.cpu, msr: req.msr, err: e.message }, 'MSR read failed; replying 0');
+      this.limiter.warn('failed MSR read', { peer: peerPid, cpu: req.cpu, msr: req.msr, err: e.message }, 'MSR read failed; replying 0');
       return zero(out, offset);
     }
   }

@@ -1,8 +1,12 @@
 /**
- * The pidfile: created exclusively, refusing a second live instance; a pidfile whose process is gone
- * (or that holds garbage) is stale and replaced. Released only if it still holds our pid.
+ * The pidfile: created exclusively, refusing a second live instance. An existing file that holds one
+ * pid is a pidfile: it blocks the start only while that pid is a running vmsr-helper (a pid reused
+ * after a crash by another program does not), otherwise it is stale and replaced. Anything else (a
+ * directory, a file that is not one pid, a symlink) is never touched: the start is refused. Released
+ * only if it still holds our pid.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import { MAX_TID } from '../ratio/types.js';
 import { cannotError } from '../ratio/errors.js';
 
@@ -28,7 +32,27 @@ export function isAlive(pid: number): boolean {
   }
 }
 
-export function acquirePidfile(file: string, pid = process.pid): Pidfile {
+/**
+ * Whether `pid` runs vmsr-helper: its program (argv[0]) or its script (the first argument that is not
+ * an option, e.g. after node's own flags) is named vmsr-helper (the npm bin), vmsr-helper.js (node
+ * running the script) or qemu-vmsr-helper.
+ */
+export function isHelperProcess(pid: number, procRoot = '/proc'): boolean {
+  let argv: string[];
+  try {
+    argv = fs.readFileSync(path.join(procRoot, String(pid), 'cmdline'), 'latin1').split('\0');
+  } catch {
+    return false;
+  }
+  const script = argv.slice(1).find((a) => !a.startsWith('-'));
+  return [argv[0], script].some((a) => a !== undefined && /^(qemu-)?vmsr-helper(\.js)?$/.test(path.basename(a)));
+}
+
+function refuseNonPidfile(file: string, what: string): never {
+  throw cannotError(`use pidfile ${file}`, what, 'remove it or choose another path with -f');
+}
+
+export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: number) => boolean = isHelperProcess): Pidfile {
   for (let attempt = 0; attempt < 3; attempt++) {
     let fd: number;
     try {
@@ -36,23 +60,33 @@ export function acquirePidfile(file: string, pid = process.pid): Pidfile {
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
       if (err.code === 'EEXIST') {
-        let text = '';
+        let st: fs.Stats;
+        let text: string;
         try {
-          text = fs.readFileSync(file, 'utf8');
-        } catch {
-          /* vanished meanwhile: retry */
+          st = fs.lstatSync(file);
+          if (st.isDirectory()) throw cannotError(`use pidfile ${file}`, 'it is a directory', 'give a file path with -f');
+          if (!st.isFile()) refuseNonPidfile(file, 'it exists and is not a regular file');
+          // A pidfile is a few bytes; a large file is not ours to read, let alone delete.
+          if (st.size > 64) refuseNonPidfile(file, `it exists and is not a pidfile (${st.size} bytes)`);
+          text = fs.readFileSync(file, 'latin1');
+        } catch (e) {
+          if ((e as NodeJS.ErrnoException).code === 'ENOENT') continue; // vanished meanwhile: retry
+          throw e;
         }
         const other = parsePidfile(text);
-        if (other !== null && other !== pid && isAlive(other)) {
+        if (other === null) refuseNonPidfile(file, 'it exists and does not hold a pid');
+        if (other !== pid && isAlive(other) && isHelper(other)) {
           throw cannotError(`create pidfile ${file}`, `another instance is running (pid ${other})`, 'stop it or choose another pidfile with -f');
         }
         try {
-          fs.unlinkSync(file); // stale: its process is gone
+          fs.unlinkSync(file); // stale: its process is gone, or the pid now belongs to another program
         } catch {
           /* someone else removed it: retry */
         }
         continue;
       }
+      if (err.code === 'EISDIR') throw cannotError(`use pidfile ${file}`, 'it is a directory', 'give a file path with -f');
+      if (err.code === 'ELOOP') refuseNonPidfile(file, 'it is a symbolic link');
       if (err.code === 'ENOENT') throw cannotError(`create pidfile ${file}`, 'its directory does not exist', 'create it or choose another path with -f');
       if (err.code === 'EACCES') throw cannotError(`create pidfile ${file}`, 'permission denied', 'run as root or choose another path with -f');
       throw cannotError(`create pidfile ${file}`, err.message);
@@ -62,16 +96,21 @@ export function acquirePidfile(file: string, pid = process.pid): Pidfile {
     } finally {
       fs.closeSync(fd);
     }
-    return {
-      path: file,
-      release() {
-        try {
-          if (parsePidfile(fs.readFileSync(file, 'utf8')) === pid) fs.unlinkSync(file);
-        } catch {
-          /* gone already, or no longer removable after dropping privileges */
-        }
-      },
-    };
+    return pidfileOf(file, pid);
   }
   throw cannotError(`create pidfile ${file}`, 'it keeps reappearing', 'check whether another instance is starting');
+}
+
+/** The pidfile `file` written for `pid` (by acquirePidfile, possibly before an exec): release() removes it if still ours. */
+export function pidfileOf(file: string, pid = process.pid): Pidfile {
+  return {
+    path: file,
+    release() {
+      try {
+        if (parsePidfile(fs.readFileSync(file, 'utf8')) === pid) fs.unlinkSync(file);
+      } catch {
+        /* gone already, or no longer removable after dropping privileges */
+      }
+    },
+  };
 }

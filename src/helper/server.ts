@@ -8,16 +8,25 @@ import net from 'node:net';
 import type { PeerCredentials } from '../os/libc.js';
 import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../protocol/legacy.js';
 import type { LegacyService } from './legacy-service.js';
-import { peerOf } from '../os/peer.js';
+import { peerOf, socketFd } from '../os/peer.js';
+import { peerHungUp } from '../os/libc.js';
+import { MemorySettler } from './memory-settler.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
 import type { Logger } from './logger.js';
 import { listen } from '../ratio/disposable.js';
 import { cannotError } from '../ratio/errors.js';
+import { LogLimiter } from './log-limiter.js';
+import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
  * after the magic; the handler attaches its own 'data' listener (ours is removed before the call).
+ * `hold` is the connection's account of incomplete-frame bytes (the server releases it at close).
  */
-export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer) => void;
+export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
+
+/** Connections served at once by default (--max-connections); more are accepted and closed at once. */
+export const DEFAULT_MAX_CONNECTIONS = 4096;
 
 export type ListenTarget = { path: string } | { fd: number };
 
@@ -28,7 +37,22 @@ export interface HelperServerOptions {
   logger: Logger;
   /** Pause reading a legacy client while this many reply bytes wait to be sent to it. */
   maxPendingReplyBytes?: number;
+  /** Connections at once (default DEFAULT_MAX_CONNECTIONS). */
+  maxConnections?: number;
+  /** Bound and deadline of incomplete frames (default DEFAULT_INCOMPLETE_LIMITS). */
+  incomplete?: IncompleteFrames;
+  /** Rate limit of what clients can make the server log (default: one on `logger`). */
+  limiter?: LogLimiter;
+  /** Mode of a socket file we bind (default 0600, whatever the umask). */
+  socketMode?: number;
+  /** Group of a socket file we bind. */
+  socketGid?: number;
+  /** With an fd target: the socket file bound for it before an exec, removed at close if still that inode. */
+  ownedSocket?: { path: string; ino: number };
 }
+
+/** listen() backlog: QEMU's connect() blocks while it is full. */
+export const LISTEN_BACKLOG = 4096;
 
 export class HelperServer {
   private readonly server: net.Server;
@@ -36,9 +60,29 @@ export class HelperServer {
   /** Set when we bound a path ourselves: [path, inode] so we only ever remove our own file. */
   private bound: { path: string; ino: number } | undefined;
 
+  readonly limiter: LogLimiter;
+  readonly incomplete: IncompleteFrames;
+  /** Gives memory back to the kernel after many connections closed. */
+  private readonly memory = new MemorySettler((before, after, closed) =>
+    this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
+  );
+
   constructor(private readonly o: HelperServerOptions) {
-    this.server = net.createServer({ pauseOnConnect: false }, (s) => this.accept(s));
-    this.server.on('error', (e) => this.o.logger.error({ err: e.message }, 'listening socket error'));
+    this.limiter = o.limiter ?? new LogLimiter(o.logger);
+    this.incomplete = o.incomplete ?? new IncompleteFrames();
+    // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
+    this.server = net.createServer({ pauseOnConnect: true }, (s) => this.accept(s));
+    // Past the cap Node accepts and closes at once ('drop'): the client sees its connection closed.
+    this.server.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+    this.server.on('drop', (d) =>
+      this.limiter.warn('refused connection', { peer: d?.remotePort ?? null, limit: this.server.maxConnections }, `connection refused: ${this.server.maxConnections} connections already open (--max-connections)`),
+    );
+    // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
+    this.server.on('error', (e: NodeJS.ErrnoException) =>
+      e.code === 'EMFILE' || e.code === 'ENFILE'
+        ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, 'cannot accept a connection: out of file descriptors; it was closed, the helper goes on')
+        : this.limiter.error('listening socket error', { err: e.message }, 'listening socket error'),
+    );
   }
 
   get connections(): number {
@@ -48,37 +92,35 @@ export class HelperServer {
   /** Listens on the path (replacing a stale socket file, refusing a live one) or the inherited fd. */
   async listen(): Promise<void> {
     const t = this.o.target;
-    if ('path' in t) await removeStaleSocket(t.path);
-    await new Promise<void>((resolve, reject) => {
-      const failed = listen(this.server, 'error', (e: Error) => {
-        failed.dispose();
-        reject(listenError(t, e));
+    if ('path' in t) await prepareSocketPath(t.path);
+    else if (this.o.ownedSocket) this.bound = this.o.ownedSocket;
+    const bind = () =>
+      new Promise<void>((resolve, reject) => {
+        const failed = listen(this.server, 'error', (e: Error) => {
+          failed.dispose();
+          reject(listenError(t, e));
+        });
+        const done = () => {
+          failed.dispose();
+          // Ours to remove at close from now on, even if setting its mode fails below.
+          if ('path' in t) this.bound = { path: t.path, ino: fs.statSync(t.path).ino };
+          resolve();
+        };
+        if ('path' in t) this.server.listen({ path: t.path, backlog: LISTEN_BACKLOG }, done);
+        else this.server.listen({ fd: t.fd, backlog: LISTEN_BACKLOG }, done);
       });
-      const done = () => {
-        failed.dispose();
-        resolve();
-      };
-      if ('path' in t) this.server.listen({ path: t.path, backlog: 4096 }, done);
-      else this.server.listen({ fd: t.fd, backlog: 4096 }, done);
-    });
-    if ('path' in t) this.bound = { path: t.path, ino: fs.statSync(t.path).ino };
+    // An inherited socket (systemd) keeps the mode its unit gave it.
+    if ('fd' in t) return bind();
+    await listenWithMode(t.path, { mode: this.o.socketMode ?? DEFAULT_SOCKET_MODE, ...(this.o.socketGid !== undefined ? { gid: this.o.socketGid } : {}) }, bind);
   }
 
   /** Stops accepting, closes every connection, removes the socket file we bound (if still ours). */
   async close(): Promise<void> {
+    this.memory.stop();
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     for (const s of this.sockets) s.destroy();
     await closed;
-    if (this.bound) {
-      try {
-        if (fs.statSync(this.bound.path).ino === this.bound.ino) fs.unlinkSync(this.bound.path);
-      } catch (e) {
-        const err = e as NodeJS.ErrnoException;
-        // libuv may have unlinked it already; EACCES after dropping to -u in a root-owned directory
-        // is harmless: the next start replaces a socket nobody listens on.
-        if (err.code !== 'ENOENT') this.o.logger.warn({ path: this.bound.path, err: err.code }, 'could not remove socket file');
-      }
-    }
+    if (this.bound) removeOwnSocketFile(this.bound, this.o.logger);
   }
 
   private accept(socket: net.Socket): void {
@@ -93,7 +135,25 @@ export class HelperServer {
     this.sockets.add(socket);
     const log = this.o.logger;
     log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
+    const hold = this.incomplete.hold(() => {
+      this.limiter.info('incomplete frame timeout', { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs }, 'closing a connection whose request stayed incomplete past the deadline');
+      socket.destroy();
+    });
+    const unread = {
+      resume: () => socket.resume(),
+      destroy: () => socket.destroy(),
+      get destroyed() {
+        return socket.destroyed;
+      },
+      hungUp: () => {
+        const fd = socketFd(socket);
+        return fd !== undefined && peerHungUp(fd);
+      },
+    };
     socket.on('close', () => {
+      this.incomplete.forget(unread);
+      this.memory.closed();
+      hold.release();
       this.sockets.delete(socket);
       log.debug({ peer: peer.pid }, 'client disconnected');
     });
@@ -104,22 +164,39 @@ export class HelperServer {
     const preamble = listen(socket, 'data', (chunk: Buffer) => {
       head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
       const kind = classifyPreamble(head);
-      if (kind === 'need-more') return;
+      if (kind === 'need-more') {
+        if (!hold.set(head.length)) this.overBudget(socket, peer);
+        return;
+      }
+      hold.set(0);
       preamble.dispose();
       if (kind === 'v2' && this.o.v2Handler) {
         try {
-          this.o.v2Handler(socket, peer, Buffer.from(head.subarray(V2_MAGIC.length)));
+          // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
+          this.o.v2Handler(socket, peer, head.subarray(V2_MAGIC.length), hold);
         } catch (e) {
           log.error({ peer: peer.pid, err: (e as Error).message }, 'v2 handler failed; closing connection');
           socket.destroy();
         }
         return;
       }
-      this.serveLegacy(socket, peer, head);
+      this.serveLegacy(socket, peer, head, hold);
     });
+    if (!this.incomplete.startReading(unread)) {
+      this.limiter.warn(
+        'reading deferred',
+        { peer: peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
+        'incomplete frames of other clients fill the budget: this connection is read once they complete or time out',
+      );
+    }
   }
 
-  private serveLegacy(socket: net.Socket, peer: PeerCredentials, first: Buffer): void {
+  private overBudget(socket: net.Socket, peer: PeerCredentials): void {
+    this.limiter.warn('incomplete frames over budget', { peer: peer.pid, limit: this.incomplete.limits.maxBytes }, 'closing a connection: incomplete requests of all clients hold more than the limit');
+    socket.destroy();
+  }
+
+  private serveLegacy(socket: net.Socket, peer: PeerCredentials, first: Buffer, hold: IncompleteHold): void {
     const framer = new LegacyFramer();
     const maxPending = this.o.maxPendingReplyBytes ?? 64 * 1024;
     let closing = false;
@@ -142,6 +219,7 @@ export class HelperServer {
         }
         socket.write(out);
       }
+      if (!hold.set(framer.buffered)) return this.overBudget(socket, peer);
       // A client that pipelines without reading waits for itself, not the helper's memory.
       if (socket.writableLength > maxPending && !socket.isPaused()) {
         socket.pause();
@@ -153,7 +231,14 @@ export class HelperServer {
   }
 }
 
-function listenError(t: ListenTarget, e: Error): Error {
+/** Before binding a path: its length, its directory, and a stale socket file (removed) or a live one (refused). */
+export async function prepareSocketPath(socketPath: string): Promise<void> {
+  checkSocketPathLength(socketPath);
+  checkSocketDirectory(socketPath);
+  await removeStaleSocket(socketPath);
+}
+
+export function listenError(t: ListenTarget, e: Error): Error {
   const err = e as NodeJS.ErrnoException;
   if ('fd' in t) return cannotError(`listen on the socket passed by systemd (fd ${t.fd})`, err.message, 'check the .socket unit');
   if (err.code === 'EACCES') return cannotError(`create socket ${t.path}`, 'permission denied', 'run as root or choose another path with -k');

@@ -1,6 +1,6 @@
 /**
  * MSR device access: one fd per CPU, opened once and reused, read with pread at offset = MSR number,
- * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see os/privileges).
+ * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see os/privileges, helper/privileged-start).
  */
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
@@ -35,6 +35,16 @@ export class MsrDevice {
       this.fds.set(cpu, fd);
     }
     return fd;
+  }
+
+  /** Takes over an fd of `cpu`'s device opened elsewhere (before a privilege drop and exec). */
+  adopt(cpu: number, fd: number): void {
+    this.fds.set(cpu, fd);
+  }
+
+  /** [cpu, fd] of every open device. */
+  openFds(): [number, number][] {
+    return [...this.fds];
   }
 
   isOpen(cpu: number): boolean {

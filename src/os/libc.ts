@@ -24,6 +24,10 @@ const fn = {
   gettid: libc.func('int gettid()'),
   execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
   fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
+  getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
+  poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
+  malloc_trim: libc.func('int malloc_trim(size_t pad)'),
+  setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -63,12 +67,14 @@ export function getPeerCredentials(fd: number): PeerCredentials {
   return { pid: cred.readInt32LE(0), uid: cred.readUInt32LE(4), gid: cred.readUInt32LE(8) };
 }
 
+/** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */
+export const MAX_UNIX_PATH_BYTES = 107;
+
 /** sockaddr_un for a path, or an abstract name when it starts with '@' (leading NUL, no terminator). */
 export function sockaddrUn(name: string): { addr: Buffer; len: number } {
   const abstract = name.startsWith('@');
   const bytes = Buffer.from(abstract ? name.slice(1) : name, 'utf8');
-  // sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL
-  const max = 107;
+  const max = MAX_UNIX_PATH_BYTES;
   if (bytes.length > max) throw new Error(`unix socket address too long (${bytes.length} bytes, at most ${max}): ${name}`);
   const addr = Buffer.alloc(110);
   addr.writeUInt16LE(AF_UNIX, 0);
@@ -180,4 +186,47 @@ export function execve(path: string, argv: readonly string[], env: NodeJS.Proces
     .map(([k, v]) => `${k}=${v}`);
   fn.execve(path, [...argv, null], [...envp, null]);
   throw errnoError(`execve(${path})`);
+}
+
+export const RLIMIT_NOFILE = 7;
+
+export interface Rlimit {
+  soft: number;
+  hard: number;
+}
+
+/** RLIM_INFINITY (all ones) reads as Infinity. */
+export function getrlimit(resource: number): Rlimit {
+  const buf = Buffer.alloc(16);
+  if (fn.getrlimit(resource, buf) !== 0) throw errnoError(`getrlimit(${resource})`);
+  const v = (o: number) => {
+    const x = buf.readBigUInt64LE(o);
+    return x === 0xffffffffffffffffn ? Infinity : Number(x);
+  };
+  return { soft: v(0), hard: v(8) };
+}
+
+export function setrlimit(resource: number, l: Rlimit): void {
+  const buf = Buffer.alloc(16);
+  const w = (o: number, x: number) => buf.writeBigUInt64LE(x === Infinity ? 0xffffffffffffffffn : BigInt(x), o);
+  w(0, l.soft);
+  w(8, l.hard);
+  if (fn.setrlimit(resource, buf) !== 0) throw errnoError(`setrlimit(${resource})`);
+}
+
+const POLLHUP = 0x10;
+const POLLRDHUP = 0x2000;
+
+/** Whether the peer of a stream socket has closed (or shut down writing), without reading from it. */
+export function peerHungUp(fd: number): boolean {
+  const pfd = Buffer.alloc(8);
+  pfd.writeInt32LE(fd, 0);
+  pfd.writeInt16LE(POLLRDHUP, 4);
+  if ((fn.poll(pfd, 1, 0) as number) <= 0) return false;
+  return (pfd.readInt16LE(6) & (POLLRDHUP | POLLHUP)) !== 0;
+}
+
+/** Gives free heap memory back to the kernel (glibc malloc_trim(0)). */
+export function mallocTrim(): void {
+  fn.malloc_trim(0);
 }

@@ -2,11 +2,35 @@
  * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: each thread's
  * stat file stays open and is re-read with pread at offset 0 (procfs regenerates it on every read),
  * and /proc/<pid>/task is listed only when the thread set may have changed. A vanished thread or
- * process is never an error: it is simply absent.
+ * process (ENOENT, ESRCH) is never an error: it is simply absent. Any other failure (EMFILE when the
+ * helper is out of file descriptors, ENOMEM, ...) says nothing about the process, so it is thrown as a
+ * TaskReadError: the sample fails and is retried, and the VM is never taken for ended.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
+
+/** A /proc read that failed for a reason other than the thread or process being gone. */
+export class TaskReadError extends Error {
+  constructor(
+    readonly file: string,
+    readonly code: string,
+  ) {
+    super(`cannot read ${file}: ${code}${code === 'EMFILE' || code === 'ENFILE' ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`);
+    this.name = 'TaskReadError';
+  }
+}
+
+/** errno codes that mean "this thread or process no longer exists". */
+function isGone(e: unknown): boolean {
+  const code = (e as NodeJS.ErrnoException).code;
+  return code === 'ENOENT' || code === 'ESRCH';
+}
+
+function codeOf(e: unknown): string {
+  return (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+}
+
 
 /** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
 const BUF_SIZE = 4096;
@@ -18,6 +42,7 @@ interface LastLine {
 }
 
 interface PidState {
+  pid: number;
   /** tid -> fd of /proc/<pid>/task/<tid>/stat. The main thread's fd doubles as the liveness probe. */
   fds: Map<number, number>;
   /**
@@ -57,13 +82,14 @@ export class ProcTaskReader {
 
   /**
    * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
-   * Threads whose read fails mid-way (exited) are left out.
+   * Threads whose read fails mid-way (exited) are left out. Throws TaskReadError when a read fails
+   * for another reason (see the file comment).
    */
   read(pid: number): Map<number, string> | null {
     if (!Number.isSafeInteger(pid) || pid <= 0) return null;
     let st = this.pids.get(pid);
     if (st === undefined) {
-      st = { fds: new Map(), last: new Map(), numThreads: -1, readsSinceList: 0 };
+      st = { pid, fds: new Map(), last: new Map(), numThreads: -1, readsSinceList: 0 };
       this.pids.set(pid, st);
       if (!this.list(pid, st)) return this.gone(pid);
     }
@@ -125,7 +151,8 @@ export class ProcTaskReader {
     let n: number;
     try {
       n = fs.readSync(fd, this.buf, 0, BUF_SIZE, 0);
-    } catch {
+    } catch (e) {
+      if (!isGone(e)) throw new TaskReadError(path.join(this.procRoot, String(st.pid), 'task', String(tid), 'stat'), codeOf(e));
       n = 0; // ESRCH / ENOENT: the thread is gone
     }
     if (n <= 0) {
@@ -158,10 +185,12 @@ export class ProcTaskReader {
     let names: string[];
     try {
       names = fs.readdirSync(dir);
-    } catch {
-      return false;
+    } catch (e) {
+      if (isGone(e)) return false;
+      throw new TaskReadError(dir, codeOf(e));
     }
     const present = new Set<number>();
+    const opened: number[] = [];
     for (const name of names) {
       if (!/^\d+$/.test(name)) continue;
       const tid = Number(name);
@@ -169,8 +198,18 @@ export class ProcTaskReader {
       if (st.fds.has(tid)) continue;
       try {
         st.fds.set(tid, fs.openSync(path.join(dir, name, 'stat'), fs.constants.O_RDONLY));
-      } catch {
-        present.delete(tid); // exited between the listing and the open
+        opened.push(tid);
+      } catch (e) {
+        if (isGone(e)) {
+          present.delete(tid); // exited between the listing and the open
+          continue;
+        }
+        // Out of fds (or worse): give back what this listing took, so the shortage is not ours to prolong.
+        for (const t of opened) {
+          closeQuietly(st.fds.get(t)!);
+          st.fds.delete(t);
+        }
+        throw new TaskReadError(path.join(dir, name, 'stat'), codeOf(e));
       }
     }
     for (const [tid, fd] of st.fds) {

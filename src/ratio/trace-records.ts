@@ -4,10 +4,25 @@ import type { Sample, TraceHeader, VmSpec } from './types.js';
 export class TraceError extends Error {
   /** 1-based line number, when the problem belongs to a line. */
   readonly line: number | undefined;
-  constructor(message: string, line?: number) {
-    super(line === undefined ? message : `line ${line}: ${message}`);
+  /** The trace file, when known: "FILE: line N: why". */
+  readonly file: string | undefined;
+  constructor(
+    readonly reason: string,
+    line?: number,
+    file?: string,
+  ) {
+    const where = line === undefined ? '' : `line ${line}: `;
+    // Errors about opening the file already name it.
+    const named = file === undefined || reason.includes(file) ? '' : `${file}: `;
+    super(`${named}${where}${reason}`);
     this.name = 'TraceError';
     this.line = line;
+    this.file = file;
+  }
+
+  /** The same error, naming the file it came from. */
+  inFile(file: string): TraceError {
+    return this.file === undefined ? new TraceError(this.reason, this.line, file) : this;
   }
 }
 

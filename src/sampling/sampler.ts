@@ -14,7 +14,8 @@ export class Sampler {
   /**
    * The timestamp is taken once, right before the energy read: the counters are the time-critical part
    * (they move continuously), while tick counts only change at tick boundaries. A pid whose process is
-   * gone is absent from `tasks`. Throws only when the energy source fails.
+   * gone is absent from `tasks`. Throws when the energy source fails, or a /proc read fails for a
+   * reason other than the process being gone (TaskReadError, e.g. EMFILE): the sample is skipped.
    */
   sample(pids: Iterable<number>): Sample {
     const tNs = this.clock();

@@ -20,6 +20,32 @@ export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
 /** A DNS name is at most 253 characters; Linux's host name at most 64. */
 const MAX_HOSTNAME = 253;
 
+/** Records nest a few levels (sample -> tasks -> pid -> tid); deeper is not a trace. */
+export const MAX_JSON_DEPTH = 32;
+
+/** Blank lines are skipped, but this many in a row is not a trace (a recorder never writes one). */
+export const MAX_BLANK_RUN = 1_000_000;
+
+/**
+ * Whether `text` nests arrays/objects deeper than `max` (strings skipped). Checked before JSON.parse,
+ * whose result would otherwise be walked recursively (and overflow the stack) for a hostile line.
+ */
+export function nestsDeeperThan(text: string, max: number): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++; // backslash: skip the escaped character
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > max) return true;
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return false;
+}
+
 type Json = Record<string, unknown>;
 
 function isObject(v: unknown): v is Json {
@@ -48,6 +74,7 @@ export class TraceParser {
     this.lineNo = lineNo;
     this.rawLine = text;
     if (text.trim() === '') return null;
+    if (nestsDeeperThan(text, MAX_JSON_DEPTH)) throw new TraceError(`JSON nested more than ${MAX_JSON_DEPTH} levels deep: not a trace record`, lineNo);
     let value: unknown;
     try {
       value = JSON.parse(text);
@@ -235,13 +262,26 @@ export class TraceParser {
 
 export interface ReadOptions {
   maxLineBytes?: number;
+  /** Called about every 64 KiB read, for progress on long scans (lines so far, file bytes read). */
+  onProgress?: (p: ScanProgress) => void;
+}
+
+export interface ScanProgress {
+  /** Lines scanned so far (blank ones included). */
+  lines: number;
+  /** Bytes of the file read so far (compressed, for a gzip file); undefined for a plain stream. */
+  fileBytes?: number;
 }
 
 /**
  * Splits a byte stream into lines (numbered from 1), UTF-8 checked. A line longer than the cap, a
  * final line without newline that is not complete JSON and a broken gzip stream are TraceErrors.
  */
-export async function* splitLines(stream: AsyncIterable<Buffer | string>, opts: ReadOptions = {}): AsyncGenerator<{ lineNo: number; text: string; lastUnterminated: boolean }> {
+export async function* splitLines(
+  stream: AsyncIterable<Buffer | string>,
+  opts: ReadOptions = {},
+  fileBytes?: () => number,
+): AsyncGenerator<{ lineNo: number; text: string; lastUnterminated: boolean }> {
   const max = opts.maxLineBytes ?? DEFAULT_MAX_LINE_BYTES;
   const decoder = new TextDecoder('utf-8', { fatal: true });
   const decode = (buf: Buffer, lineNo: number): string => {
@@ -254,13 +294,42 @@ export async function* splitLines(stream: AsyncIterable<Buffer | string>, opts: 
   let parts: Buffer[] = [];
   let pending = 0;
   let lineNo = 1;
+  let blankRun = 0;
+  /** n blank lines starting at line `first`; the one past MAX_BLANK_RUN in a row is refused. */
+  const blank = (n: number, first: number) => {
+    if (blankRun + n > MAX_BLANK_RUN) {
+      throw new TraceError(`more than ${MAX_BLANK_RUN} blank lines in a row: not a trace (a recorder never writes blank lines)`, first + MAX_BLANK_RUN - blankRun);
+    }
+    blankRun += n;
+  };
   try {
     for await (const chunk of stream) {
       const buf = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+      opts.onProgress?.({ lines: lineNo - 1, ...(fileBytes ? { fileBytes: fileBytes() } : {}) });
       let start = 0;
       for (;;) {
+        // Blank lines cost a byte each: skipped here, never decoded or yielded.
+        if (pending === 0) {
+          let i = start;
+          while (i < buf.length && buf[i] === 10) i++;
+          if (i > start) {
+            const n = i - start;
+            blank(n, lineNo);
+            lineNo += n;
+            start = i;
+          }
+          let j = start;
+          while (j < buf.length && (buf[j] === 0x20 || buf[j] === 0x09 || buf[j] === 0x0d)) j++;
+          if (j < buf.length && buf[j] === 10) {
+            blank(1, lineNo);
+            lineNo++;
+            start = j + 1;
+            continue;
+          }
+        }
         const nl = buf.indexOf(10, start);
         if (nl === -1) break;
+        blankRun = 0;
         if (pending + (nl - start) > max) throw new TraceError(`line longer than ${max} bytes (the reader's cap)`, lineNo);
         parts.push(buf.subarray(start, nl));
         const line = parts.length === 1 ? parts[0]! : Buffer.concat(parts);
@@ -288,9 +357,9 @@ export async function* splitLines(stream: AsyncIterable<Buffer | string>, opts: 
 }
 
 /** Parses a whole byte stream (already decompressed) into records. */
-export async function* readTraceStream(stream: AsyncIterable<Buffer | string>, opts: ReadOptions = {}): AsyncGenerator<TraceRecord> {
+export async function* readTraceStream(stream: AsyncIterable<Buffer | string>, opts: ReadOptions = {}, fileBytes?: () => number): AsyncGenerator<TraceRecord> {
   const parser = new TraceParser();
-  for await (const { lineNo, text, lastUnterminated } of splitLines(stream, opts)) {
+  for await (const { lineNo, text, lastUnterminated } of splitLines(stream, opts, fileBytes)) {
     let rec: TraceRecord | null;
     try {
       rec = parser.line(text, lineNo);
@@ -324,6 +393,11 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
   // The same open file is streamed from the start: what was sniffed is what is read.
   const file = fh.createReadStream({ start: 0, highWaterMark: 1 << 16 });
   const gz = headBytes === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
+  if (!gz && /\.gz$/i.test(path)) {
+    file.destroy();
+    const magic = head.subarray(0, headBytes).toString('hex').replace(/(..)(?=.)/g, '$1 ') || 'nothing';
+    throw new TraceError(`not gzip: the name ends in .gz but the file starts with ${magic}, not the gzip magic 1f 8b; is it truncated or mis-named?`, undefined, path);
+  }
   let source: Readable = file;
   if (gz) {
     const gunzip = zlib.createGunzip();
@@ -331,7 +405,9 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
     source = file.pipe(gunzip);
   }
   try {
-    yield* readTraceStream(source, opts);
+    yield* readTraceStream(source, opts, () => file.bytesRead);
+  } catch (e) {
+    throw e instanceof TraceError ? e.inFile(path) : e;
   } finally {
     source.destroy();
     file.destroy();

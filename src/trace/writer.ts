@@ -48,6 +48,8 @@ export function recordingStart(clockNs: () => bigint = () => process.hrtime.bigi
 export interface OpenOptions {
   /** Replace an existing file; without it, an existing file is an error (nothing is lost by accident). */
   overwrite?: boolean;
+  /** The file, already opened for writing elsewhere (the daemon, as root before its privilege drop). */
+  fd?: number;
 }
 
 // t_ns is written as an exact decimal literal (a bigint can exceed 2^53 on hosts up for months).
@@ -101,13 +103,14 @@ export class TraceWriter {
   /**
    * Creates the file and writes the header (with the start time and host name added when the caller
    * did not give them). Throws at once if the file cannot be created, or exists and `overwrite` is
-   * not set.
+   * not set. `o.fd`: the file already opened for writing (by the daemon as root, before its
+   * privilege drop): used as is.
    */
   static open(path: string, header: TraceHeader, o: OpenOptions = {}): TraceWriter {
     // Opening synchronously surfaces ENOENT/EACCES/EEXIST here, with the path, not later from a stream.
     let fd: number;
     try {
-      fd = fs.openSync(path, o.overwrite ? 'w' : 'wx', 0o644);
+      fd = o.fd ?? fs.openSync(path, o.overwrite ? 'w' : 'wx', 0o644);
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
       if (err.code === 'EEXIST') throw new Error(`cannot write trace ${path}: the file exists; give --force to overwrite it, or another file name`);

@@ -8,6 +8,7 @@ import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client
 import { startHarness, until, type Harness } from '../v2/harness.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES } from '../../src/helper/v2/service.js';
+import { fail, ok } from '../../src/ratio/result.js';
 
 const INTERVAL = 100;
 let h: Harness;
@@ -143,7 +144,7 @@ describe('discovery within the fd budget', () => {
     const g = await startHarness({
       intervalMs: 50,
       discovery: { fullRecheckEvery: 4 },
-      fds: { canAdmit: (threads) => (threads + 1 <= room ? { ok: true } : { ok: false, message: `no room for ${threads} threads` }) },
+      fds: { canAdmit: (threads) => (threads + 1 <= room ? ok(undefined) : fail(`no room for ${threads} threads`)) },
     });
     const q = new FakeQemu({ vcpus: 4, args: ['-name', 'too-big'] });
     try {

@@ -1,5 +1,6 @@
 /** The real `vmsr-helper replay` command as a child process (the built dist/, as `npm test` builds it). */
 import { spawn, spawnSync } from 'node:child_process';
+import zlib from 'node:zlib';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -59,7 +60,7 @@ describe('vmsr-helper replay (child process)', () => {
     fs.writeFileSync(bad, `${HEADER}\n{"type":"sample","t_ns":5,"energy":{"0":"0x1"},"tasks":{}}\n{"type":"bogus"}\n`);
     const r = cli('replay', bad, '--json');
     expect(r.status).toBe(1);
-    expect(r.stderr).toBe('vmsr-helper replay: line 3: unknown record type "bogus"\n');
+    expect(r.stderr).toBe(`vmsr-helper replay: ${bad}: line 3: unknown record type "bogus"\n`);
     const missing = cli('replay', path.join(tmp, 'none.jsonl'));
     expect(missing.status).toBe(1);
     expect(missing.stderr).toMatch(/^vmsr-helper replay: cannot read trace .*none\.jsonl: ENOENT/);
@@ -110,5 +111,68 @@ describe('vmsr-helper replay (child process)', () => {
     const code = await new Promise<number | null>((resolve) => child.on('close', (c) => resolve(c)));
     expect(stderr).toBe('');
     expect(code).toBe(0);
+  });
+});
+
+describe('vmsr-helper replay of hostile input (child process)', () => {
+  const replay = (file: string) => {
+    const t = Date.now();
+    const r = cli('replay', file, '--json');
+    return { ...r, ms: Date.now() - t };
+  };
+
+  it('a 1 MB gzip of blank lines: refused with file and line in bounded time', (ctx) => {
+    needBuild(ctx);
+    const file = path.join(tmp, 'blank.jsonl.gz');
+    // ~1 GB of newlines compresses to ~1 MB
+    const gz = zlib.createGzip({ level: 9 });
+    const out: Buffer[] = [];
+    gz.on('data', (d: Buffer) => out.push(d));
+    const mb = Buffer.alloc(1 << 20, 10);
+    for (let i = 0; i < 1000; i++) gz.write(mb);
+    gz.end();
+    return new Promise<void>((resolve, reject) =>
+      gz.on('end', () => {
+        try {
+          fs.writeFileSync(file, Buffer.concat(out));
+          const r = replay(file);
+          expect(r.status).toBe(1);
+          expect(r.stderr).toBe(`vmsr-helper replay: ${file}: line 1000001: more than 1000000 blank lines in a row: not a trace (a recorder never writes blank lines)\n`);
+          expect(r.ms).toBeLessThan(10_000);
+          resolve();
+        } catch (e) {
+          reject(e);
+        }
+      }),
+    );
+  });
+
+  it('a 5-million-deep JSON line: one line naming file and line, no stack overflow', (ctx) => {
+    needBuild(ctx);
+    const file = path.join(tmp, 'deep.jsonl');
+    fs.writeFileSync(file, `${HEADER}\n${'['.repeat(5_000_000)}\n`);
+    const r = replay(file);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe(`vmsr-helper replay: ${file}: line 2: JSON nested more than 32 levels deep: not a trace record\n`);
+  });
+
+  it('a .gz that is not gzip says so', (ctx) => {
+    needBuild(ctx);
+    const file = path.join(tmp, 'fake.jsonl.gz');
+    fs.writeFileSync(file, Buffer.from([0x50, 0x4b, 0x03, 0x04, 0xff, 0xfe]));
+    const r = replay(file);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe(`vmsr-helper replay: ${file}: not gzip: the name ends in .gz but the file starts with 50 4b, not the gzip magic 1f 8b; is it truncated or mis-named?\n`);
+  });
+
+  it('a truncated gzip: the error names the file', (ctx) => {
+    needBuild(ctx);
+    const file = path.join(tmp, 'cut.jsonl.gz');
+    const whole = fs.readFileSync(FIXTURE);
+    const gz = zlib.gzipSync(whole);
+    fs.writeFileSync(file, gz.subarray(0, Math.floor(gz.length / 2)));
+    const r = replay(file);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(new RegExp(`^vmsr-helper replay: ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: line \\d+: gzip data is truncated or corrupt \\(unexpected end of file\\)\\n$`));
   });
 });

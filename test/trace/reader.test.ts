@@ -123,14 +123,16 @@ describe('trace reader: errors name the line', () => {
   ];
   for (const [name, content, message] of cases) {
     it(name, async () => {
-      expect((await errorOf(content)).message).toMatch(message);
+      const e = await errorOf(content);
+      expect(`line ${e.line}: ${e.reason}`).toMatch(message);
+      expect(e.message.startsWith(`${e.file}: `)).toBe(true); // the file is named
     });
   }
 
   it('truncated gzip names the line it got to', async () => {
     const whole = zlib.gzipSync(lines(HEADER, sampleRec(1), sampleRec(2), sampleRec(3)));
     const e = await errorOf(whole.subarray(0, whole.length - 12));
-    expect(e.message).toMatch(/^line \d+: gzip data is truncated or corrupt/);
+    expect(e.message).toMatch(/^\/.*: line \d+: gzip data is truncated or corrupt/);
   });
 
   it('corrupt gzip after the magic bytes', async () => {
@@ -145,7 +147,7 @@ describe('trace reader: errors name the line', () => {
 
   it('caps the line length: a line past the cap is refused without reading the rest', async () => {
     const e = await collect(readTrace(file(lines(HEADER) + 'x'.repeat(5000) + '\n'), { maxLineBytes: 1024 })).catch((err: unknown) => err);
-    expect((e as Error).message).toMatch(/^line 2: line longer than 1024 bytes/);
+    expect((e as Error).message).toMatch(/: line 2: line longer than 1024 bytes/);
   });
 
   it('an endless line (a stream of 1 GB without newline) stops at the default cap', async () => {
@@ -166,6 +168,33 @@ describe('trace reader: errors name the line', () => {
   it('a gzip bomb of one huge line is refused at the cap while streaming', async () => {
     const bomb = zlib.gzipSync(Buffer.concat([Buffer.from(lines(HEADER)), Buffer.alloc(64 << 20, 0x61)]));
     const e = await errorOf(bomb);
-    expect(e.message).toMatch(/^line 2: line longer than/);
+    expect(e.message).toMatch(/: line 2: line longer than/);
+  });
+
+  it('skips blank and whitespace-only lines fast, and counts them in line numbers', async () => {
+    const blanks = '\n'.repeat(900_000) + ' \t\r\n'.repeat(1000);
+    const t = Date.now();
+    const recs = await collect(readTrace(file(lines(HEADER) + blanks + lines(sampleRec(1)) + '\n\n')));
+    expect(Date.now() - t).toBeLessThan(3000);
+    expect(recs.map((r) => [r.type, r.line])).toEqual([
+      ['header', 1],
+      ['sample', 901_002],
+    ]);
+  });
+
+  it('reports progress (lines and file bytes) while scanning', async () => {
+    const seen: { lines: number; fileBytes?: number }[] = [];
+    for await (const _ of readTrace(file(lines(HEADER) + '\n'.repeat(500_000) + lines(sampleRec(1))), { onProgress: (p) => seen.push(p) })) void _;
+    expect(seen.length).toBeGreaterThan(3);
+    expect(seen.at(-1)!.lines).toBeGreaterThan(100_000);
+    expect(seen.at(-1)!.fileBytes).toBeGreaterThan(100_000);
+  });
+
+  it('refuses JSON nested deeper than any record before parsing it', async () => {
+    const e = await errorOf(lines(HEADER) + '{"a":'.repeat(100) + '1' + '}'.repeat(100) + '\n');
+    expect(e.message).toMatch(/: line 2: JSON nested more than 32 levels deep/);
+    // brackets inside strings do not count
+    const ok = await collect(readTrace(file(lines(HEADER, { type: 'unregister', t_ns: 1, pid: 5, note: '[[[['.repeat(50) }))));
+    expect(ok).toHaveLength(2);
   });
 });

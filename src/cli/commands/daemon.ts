@@ -4,15 +4,18 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import { DEFAULT_HELPER_SOCKET } from '../../client/v2-client.js';
+import { DEFAULT_MAX_CONNECTIONS } from '../../helper/server.js';
+import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/incomplete-frames.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { createLogger, levelFromFlags, type Logger } from '../../helper/logger.js';
 import { ReportedError } from '../cli-errors.js';
-import { reexecWithRawioOnly } from '../../os/privileges/reexec.js';
+import { reexecBlocker, reexecDropped } from '../../os/privileges/reexec.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/socket-file.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
-import { addHostOptions, addV2Options, hostOptionsFrom, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
+import { addHostOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
 
 /** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
 export const DEFAULT_SOCKET = DEFAULT_HELPER_SOCKET;
@@ -29,6 +32,11 @@ export interface RawDaemonOptions extends RawHostOptions {
   trace?: string[];
   amdPowerLimit?: string;
   amdTdp?: string;
+  /** Parsed by commander (positiveIntArg / secondsArg). */
+  maxConnections?: number;
+  frameTimeout?: number;
+  socketMode?: string;
+  socketGroup?: string;
 }
 
 export interface IdLookups {
@@ -86,6 +94,10 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
   if (raw.socket !== undefined && !raw.socket.startsWith('/')) {
     throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
   }
+  if (raw.socket !== undefined) {
+    checkSocketPathLength(raw.socket);
+    checkSocketDirectory(raw.socket);
+  }
   if (raw.pidfile === '') throw new Error('-f/--pidfile: empty path; e.g. -f /run/qemu-vmsr-helper.pid');
   const { paths: hostPaths, vendor } = hostOptionsFrom(raw);
   const uid = raw.user === undefined ? undefined : ids.user(raw.user);
@@ -104,6 +116,10 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
     traceAreas,
     hostPaths,
     vendor,
+    maxConnections: raw.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+    socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
+    ...(raw.socketGroup !== undefined ? { socketGid: flagged('--socket-group', () => ids.group(raw.socketGroup!)) } : {}),
+    frameTimeoutMs: Math.round((raw.frameTimeout ?? DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000) * 1000),
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
       tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),
@@ -111,32 +127,58 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
   };
 }
 
+function flagged<T>(flag: string, f: () => T): T {
+  try {
+    return f();
+  } catch (e) {
+    throw new Error(`${flag}: ${(e as Error).message}`);
+  }
+}
+
 function defaultRead(f: string): string {
   return fs.readFileSync(f, 'utf8');
 }
 
 /**
- * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. The
- * daemon's modules are imported only after the re-exec, so the first image stays small.
+ * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
+ * root, the steps that need root run first (helper/privileged-start.ts), then the helper drops
+ * privileges and re-executes itself (os/privileges/reexec.ts) so that every thread, not only the
+ * main one, is dropped. The daemon's modules are imported only when needed, so the first image of
+ * a non-root or -d foreground run stays small.
  */
 export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<typeof v2OptionsFrom>, logger?: () => Logger): Promise<void> {
-  // Shed every capability but CAP_SYS_RAWIO on every thread by re-executing (see os/privileges/reexec.ts);
-  // before -d, so the detached child inherits the reduced bounding set too.
-  const reexec = reexecWithRawioOnly({ changingIds: config.uid !== undefined || config.gid !== undefined });
-  const [{ runDaemon }, { isDaemonChild, reportFailure, spawnDetached }, { v2DaemonPlugin }] = await Promise.all([
-    import('../../helper/daemon.js'),
-    import('../../helper/daemonize.js'),
-    import('../../helper/assemble.js'),
-  ]);
+  const { isDaemonChild, reportFailure, spawnDetached } = await import('../../helper/daemonize.js');
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
-  // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
-  const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
   try {
-    await runDaemon(config, { plugins, reexec, ...(logger ? { logger: logger() } : {}) });
+    const start = await import('../../helper/privileged-start.js');
+    const inherited = start.takeInherited();
+    const blocker = reexecBlocker();
+    if (inherited === null && blocker === null) {
+      // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
+      const { inherited: inh, undo } = await start.openPrivileged(config, v2.recordPath !== undefined ? [v2.recordPath] : []);
+      const keep = start.inheritedFds(inh);
+      const env: Record<string, string> = { [start.INHERIT_ENV]: JSON.stringify(inh) };
+      // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
+      const channel = (process as { channel?: { fd?: number } }).channel?.fd;
+      if (channel !== undefined && channel >= 0) {
+        keep.push(channel);
+        env.NODE_CHANNEL_FD = String(channel);
+      }
+      try {
+        reexecDropped({ ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) }, keep, env);
+      } catch (e) {
+        undo();
+        throw new Error(`cannot drop privileges: ${(e as Error).message}`);
+      }
+    }
+    const [{ runDaemon }, { v2DaemonPlugin }] = await Promise.all([import('../../helper/daemon.js'), import('../../helper/assemble.js')]);
+    // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
+    const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
+    await runDaemon(config, { plugins, reexec: blocker ?? 're-executed', ...(inherited ? { inherited } : {}), ...(logger ? { logger: logger() } : {}) });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
@@ -159,6 +201,18 @@ export function configureDaemonCommand(program: Command): void {
   addHostOptions(program)
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
+    .option('--socket-mode <mode>', 'permission bits of the socket file, octal, whatever the umask (default 0600; e.g. 0660 with --socket-group)')
+    .option('--socket-group <group>', "group (name or gid) of the socket file, e.g. the group QEMU runs as (libvirt: 'libvirt-qemu' or 'kvm')")
+    .addOption(
+      new Option('--max-connections <n>', `connections served at once; more are closed at once (default ${DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file limit)`).argParser(
+        positiveIntArg('--max-connections', 1 << 20),
+      ),
+    )
+    .addOption(
+      new Option('--frame-timeout <seconds>', `a request or frame must arrive whole within this time of its first byte, or the connection is closed (default ${DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000})`).argParser(
+        secondsArg('--frame-timeout', { min: 0.1, max: 3600 }),
+      ),
+    )
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
       // One logger from the first line on: a start-up error is logged like everything after it
       // (with its syslog priority under journald), not printed in another format. It is made on

@@ -8,6 +8,7 @@ import type { Command } from 'commander';
 import { replayFile } from '../../trace/replay-file.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../ratio/replay-report.js';
 import type { IntervalResult } from '../../ratio/types.js';
+import type { ScanProgress } from '../../trace/reader.js';
 import { ProgressLine } from '../progress.js';
 import { findPackage } from '../../os/package-info.js';
 
@@ -64,10 +65,14 @@ export async function runReplay(trace: string | undefined, opts: { json?: boolea
   const progress = replayProgress(file);
   let summary;
   try {
-    summary = await replayFile(file, (r) => {
-      progress.interval(r);
-      if (opts.json) out.write(intervalJsonLine(r) + '\n');
-    });
+    summary = await replayFile(
+      file,
+      (r) => {
+        progress.interval(r);
+        if (opts.json) out.write(intervalJsonLine(r) + '\n');
+      },
+      { onProgress: (p) => progress.scan(p) },
+    );
   } finally {
     progress.end();
     // The intervals before a trace error are still shown; the error follows on stderr.
@@ -87,20 +92,36 @@ export async function runReplay(trace: string | undefined, opts: { json?: boolea
 function replayProgress(file: string, now: () => number = () => Date.now()) {
   const line = new ProgressLine(process.stderr, now);
   const start = now();
+  let size = 0;
+  try {
+    size = fs.statSync(file).size;
+  } catch {
+    /* the replay reports it */
+  }
   let lastMilestone = start;
   let intervals = 0;
   let firstNs: bigint | undefined;
+  let traced = 0;
+  let scanned: ScanProgress = { lines: 0 };
+  const show = () => {
+    const t = now();
+    if (t - start < 2000) return;
+    const milestone = t - lastMilestone >= 10_000;
+    if (milestone) lastMilestone = t;
+    const read = scanned.fileBytes !== undefined && size > 0 ? `, ${((100 * scanned.fileBytes) / size).toFixed(0)}% of the file read` : '';
+    line.show(`replay ${path.basename(file)}: line ${scanned.lines}${read}, ${intervals} intervals, ${traced.toFixed(0)} s of trace, ${((t - start) / 1000).toFixed(0)} s`, milestone);
+  };
   return {
     interval(r: IntervalResult): void {
       intervals++;
       firstNs ??= r.tNs;
-      if ((intervals & 63) !== 0) return;
-      const t = now();
-      if (t - start < 2000) return;
-      const milestone = t - lastMilestone >= 10_000;
-      if (milestone) lastMilestone = t;
-      const traced = Number(r.tNs - firstNs) / 1e9;
-      line.show(`replay ${path.basename(file)}: ${intervals} intervals, ${traced.toFixed(0)} s of trace, ${((t - start) / 1000).toFixed(0)} s`, milestone);
+      traced = Number(r.tNs - firstNs) / 1e9;
+      if ((intervals & 63) === 0) show();
+    },
+    /** Called by the reader about every 64 KiB: progress even where no record comes (e.g. blank lines). */
+    scan(p: ScanProgress): void {
+      scanned = p;
+      show();
     },
     end(): void {
       line.clear();

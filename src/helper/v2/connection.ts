@@ -9,6 +9,8 @@ import type { Logger } from 'pino';
 import type { PeerCredentials } from '../../os/libc.js';
 import { CLIENT_TYPES, E, FrameDecoder, encodeError } from '../../protocol/v2/codec.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
+import type { IncompleteHold } from '../incomplete-frames.js';
+import type { LogLimiter } from '../log-limiter.js';
 
 export interface ConnectionHost {
   readonly maxBacklogBytes: number;
@@ -16,6 +18,8 @@ export interface ConnectionHost {
   request(conn: V2Connection, req: ClientRequest): Buffer;
   /** The connection is gone: drop its VMs. Called once. */
   closed(conn: V2Connection): void;
+  /** Rate limit of what clients can make the service log. */
+  readonly limiter?: LogLimiter;
 }
 
 /** How long a connection being closed may take to flush its last ERROR before it is destroyed. */
@@ -35,8 +39,10 @@ export class V2Connection {
     readonly peer: PeerCredentials,
     private readonly host: ConnectionHost,
     log: Logger,
+    private readonly hold?: IncompleteHold,
   ) {
     this.log = log.child({ conn: id, peerPid: peer.pid, peerUid: peer.uid });
+    hold?.onExpire(() => this.fail(E.LIMIT, 0, 'frame incomplete past the deadline; send each frame whole'));
     socket.on('data', (d: Buffer) => this.onData(d));
     socket.on('error', (e) => this.log.debug({ err: e.message }, 'v2 socket error'));
     socket.on('close', () => this.onClose());
@@ -57,7 +63,10 @@ export class V2Connection {
   send(frame: Buffer): boolean {
     if (!this.open) return false;
     if (this.socket.writableLength + frame.length > this.host.maxBacklogBytes) {
-      this.log.warn({ backlog: this.socket.writableLength, limit: this.host.maxBacklogBytes }, 'v2 client does not read its socket; disconnecting it');
+      const o = { conn: this.id, peerPid: this.peer.pid, backlog: this.socket.writableLength, limit: this.host.maxBacklogBytes };
+      const msg = 'v2 client does not read its socket; disconnecting it';
+      if (this.host.limiter) this.host.limiter.warn('v2 backlog', o, msg);
+      else this.log.warn(o, msg);
       this.destroy();
       return false;
     }
@@ -68,7 +77,8 @@ export class V2Connection {
   /** Sends a last ERROR, then closes. */
   fail(code: number, requestType: number, message: string): void {
     if (!this.open) return;
-    this.log.info({ code, requestType, message }, 'v2 protocol error; closing');
+    if (this.host.limiter) this.host.limiter.info('v2 protocol error', { conn: this.id, peerPid: this.peer.pid, code, requestType, message }, 'v2 protocol error; closing');
+    else this.log.info({ code, requestType, message }, 'v2 protocol error; closing');
     this.send(encodeError(code, requestType, message));
     this.closing = true;
     this.socket.end();
@@ -82,6 +92,8 @@ export class V2Connection {
 
   private onData(data: Buffer): void {
     if (!this.open) return;
+    // Checked before the decoder copies anything: a refused chunk is never kept.
+    if (this.hold && !this.hold.fits(this.decoder.incompleteBytes + data.length)) return this.overBudget();
     for (const f of this.decoder.push(data)) {
       if (!this.open) return;
       if (!f.ok) {
@@ -111,6 +123,11 @@ export class V2Connection {
       }
       this.send(reply);
     }
+    if (this.open && this.hold && !this.hold.set(this.decoder.incompleteBytes)) this.overBudget();
+  }
+
+  private overBudget(): void {
+    this.fail(E.LIMIT, 0, 'the helper holds too many incomplete frames (all clients); send each frame whole and retry');
   }
 
   private onClose(): void {

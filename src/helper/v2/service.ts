@@ -6,18 +6,19 @@
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type RefusalReason, type V2Limits, type VmRecord, type Viewer } from './vm-registry.js';
+import { DEFAULT_V2_LIMITS, VmRegistry, procView, type FdAdmitter, type RefusalReason, type V2Limits, type VmRecord, type Viewer } from './vm-registry.js';
 import { E, T, encodeError, encodeHostUpdate, encodeOk, encodeRegistered, encodeUpdate, encodeValue, encodeVmList, type HostValues, type VmEntry } from '../../protocol/v2/codec.js';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import type { ClientRequest } from '../../protocol/v2/messages.js';
+import { LogLimiter } from '../log-limiter.js';
 import type { V2Handler } from '../server.js';
 import { DisposableStore } from '../../ratio/disposable.js';
 import type { LegacyCounters } from '../legacy-service.js';
 
-export type { V2Limits, V2Handler };
+export type { FdAdmitter, V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
 
 /** What the v2 service needs from discovery (ProcScanner implements it). */
@@ -34,10 +35,6 @@ export interface Discovery {
   defer(pid: number): void;
 }
 
-/** The daemon's fd budget (issue 9's FdBudget has this shape): may a VM of `threads` threads be sampled? */
-export interface FdAdmitter {
-  canAdmit(threads: number): { ok: true } | { ok: false; message: string };
-}
 
 /** Daemon-wide health counters HOST_UPDATE carries (legacy requests, connections). */
 export interface HealthSource {
@@ -59,8 +56,16 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   /** --observer-group: its members see every VM and may HOST_SUBSCRIBE. */
   observerGid?: number;
   health?: HealthSource;
-  /** A discovered VM whose threads would not fit in the fd budget is not tracked (retried later). */
+  /**
+   * The daemon's fd budget: a REGISTER whose process's threads would not fit is refused (ERROR 4), a
+   * discovered VM that would not fit is not tracked (retried later).
+   */
   fds?: FdAdmitter;
+  /**
+   * Opens what sampling `pid` needs now (ProcTaskReader.read), so the fds a VM takes are taken, and
+   * counted, at REGISTER; throws when they cannot be (the REGISTER is refused).
+   */
+  openPid?: (pid: number) => void;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
 }
@@ -90,7 +95,7 @@ const REFUSAL_CODE: Readonly<Record<RefusalReason, number>> = {
 
 export function createV2Service(o: V2ServiceOptions): V2Service {
   const engine = o.engine ?? new RatioEngine(o.host);
-  const registry = new VmRegistry(o.limits, procView(o.procRoot));
+  const registry = new VmRegistry(o.limits, procView(o.procRoot), o.fds);
   const conns = new Set<V2Connection>();
   const viewers = new Map<V2Connection, Viewer>();
   const hostSubs = new Set<V2Connection>();
@@ -115,7 +120,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     const fit = o.fds?.canAdmit(d.threads);
     if (fit && !fit.ok) {
       o.discovery?.defer(d.pid);
-      if (!deferred.has(d.pid)) o.log.warn({ pid: d.pid, name: d.name, err: fit.message }, 'VM discovered but not sampled');
+      if (!deferred.has(d.pid)) o.log.warn({ pid: d.pid, name: d.name, err: fit.error }, 'VM discovered but not sampled');
       deferred.add(d.pid);
       return;
     }
@@ -250,6 +255,12 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
           vmId = attachTo;
           sampling.updateVcpus(vmId, spec.vcpus);
         } else {
+          try {
+            o.openPid?.(spec.pid);
+          } catch (e) {
+            o.forgetPid?.(spec.pid);
+            return encodeError(E.LIMIT, T.REGISTER, `cannot register process ${spec.pid}: ${(e as Error).message}`);
+          }
           vmId = sampling.register(spec);
         }
         registry.add(conn.id, vmId, spec, uid);
@@ -262,7 +273,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         const out = sampling.output(req.vmId);
         const v = out?.vpkgs[req.vpkg];
         if (!out || !v) return encodeError(E.NO_SUCH, T.READ, `VM ${req.vmId} has no virtual package ${req.vpkg} (it has ${out?.vpkgs.length ?? 0})`);
-        if (sampling.failed && !out.ended) return encodeError(E.ENERGY_SOURCE, T.READ, `energy source failed: ${sampling.failed.message}`);
+        if (sampling.failed && !out.ended) return encodeError(E.ENERGY_SOURCE, T.READ, `sampling failed: ${sampling.failed.message}`);
         return encodeValue(req.vmId, req.vpkg, { counter: BigInt(v.counter), energyUj: v.energyUj }, out.tNs, out.ended);
       }
       case T.SUBSCRIBE: {
@@ -304,8 +315,10 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     }
   };
 
+  const limiter = new LogLimiter(o.log);
   const host: ConnectionHost = {
     maxBacklogBytes: o.limits.maxBacklogBytes,
+    limiter,
     request,
     closed(conn) {
       conns.delete(conn);
@@ -353,17 +366,17 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   listeners.add(
     sampling.onFailure((err) => {
       for (const conn of conns) {
-        if (conn.subscriptions.size > 0 || hostSubs.has(conn)) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `energy source failed: ${err.message}; updates resume when it recovers`));
+        if (conn.subscriptions.size > 0 || hostSubs.has(conn)) conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `sampling failed: ${err.message}; updates resume when it recovers`));
       }
     }),
   );
 
-  const handler: V2Handler = (socket, peer, rest) => {
+  const handler: V2Handler = (socket, peer, rest, hold) => {
     if (closed) {
       socket.destroy();
       return;
     }
-    const conn = new V2Connection(nextConnId++, socket, peer, host, o.log);
+    const conn = new V2Connection(nextConnId++, socket, peer, host, o.log, hold);
     conns.add(conn);
     viewers.set(conn, {
       connId: conn.id,
@@ -379,6 +392,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       closed = true;
       listeners.dispose();
       sampling.close();
+      limiter.flush();
       const waits = [...conns].map(
         (c) =>
           new Promise<void>((resolve) => {

@@ -10,6 +10,8 @@ import { readStarttime } from '../../os/proc-starttime.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
 import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
+import { statNumThreads } from '../../ratio/stat.js';
+import type { FdAdmission } from '../../os/fd-budget.js';
 
 export interface V2Limits {
   /** VMs registered by one connection at once. */
@@ -38,6 +40,13 @@ export interface ProcView {
   starttime(pid: number): number | null;
   /** The guest name on the process's command line (QEMU's -name), for traces and logs. */
   name(pid: number): string | undefined;
+  /** Threads of the process now (field 20 of /proc/<pid>/stat), or null when unknown. */
+  threads(pid: number): number | null;
+}
+
+/** Whether a VM of so many threads still fits in the helper's file descriptors (FdBudget). */
+export interface FdAdmitter {
+  canAdmit(threads: number): FdAdmission;
 }
 
 export function procView(procRoot: string): ProcView {
@@ -57,6 +66,14 @@ export function procView(procRoot: string): ProcView {
     },
     name(pid) {
       return readQemuName(procRoot, pid);
+    },
+    threads(pid) {
+      try {
+        const n = statNumThreads(fs.readFileSync(path.join(procRoot, String(pid), 'stat'), 'latin1'));
+        return n > 0 ? n : null;
+      } catch {
+        return null;
+      }
     },
   };
 }
@@ -135,6 +152,7 @@ export class VmRegistry {
   constructor(
     readonly limits: V2Limits,
     private readonly proc: ProcView,
+    private readonly fds?: FdAdmitter,
   ) {}
 
   /** Registered VMs (each counts against --max-vms), live or ended. */
@@ -179,7 +197,12 @@ export class VmRegistry {
     if (name !== undefined) spec.name = name;
     const found = this.discoveredByPid.get(pid);
     const d = found === undefined ? undefined : this.vms.get(found);
+    // A discovered VM is sampled already: its fds are taken. Any other needs room for its threads.
     if (d !== undefined && d.live && d.starttime === start) return ok({ spec, uid: owner_uid, attachTo: d.vmId });
+    if (this.fds) {
+      const fit = this.fds.canAdmit(this.proc.threads(pid) ?? req.vcpus.length + 1);
+      if (!fit.ok) return no('limit', `cannot register process ${pid}: ${fit.error}`);
+    }
     return ok({ spec, uid: owner_uid });
   }
 

@@ -1,8 +1,13 @@
-/** Re-executing the daemon with a bounding set of CAP_SYS_RAWIO, so every thread starts with no more. */
-import fs from 'node:fs';
-import { capget, capset, execve, keepAcrossExec, prctl } from '../libc.js';
-import { CAP_SETGID, CAP_SETPCAP, CAP_SETUID, CAP_SYS_RAWIO, dropBoundingSet, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL } from './capabilities.js';
-import { parseProcStatus } from './proc-status.js';
+/**
+ * Re-executing the daemon with its privileges already dropped, so every thread starts with no more.
+ *
+ * Linux credentials are per thread, and Node's threads (V8 workers, the libuv pool) exist before any
+ * of our code runs: capset, PR_CAPBSET_DROP and NO_NEW_PRIVS on the main thread never reach them
+ * (glibc broadcasts only set*id). exec replaces every thread with one that has the calling thread's
+ * credentials, so everything is done on the main thread and then the same command is executed again.
+ */
+import { capget, capset, execve, keepAcrossExec, prctl, PR_SET_NO_NEW_PRIVS } from '../libc.js';
+import { CAP_SETPCAP, CAP_SYS_RAWIO, changeIds, dropBoundingSet, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, RAWIO_MASK, type DropOptions } from './capabilities.js';
 
 /**
  * Node flags the re-executed daemon starts with (measured with npm run bench, see README
@@ -18,54 +23,60 @@ export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
   return [...DAEMON_NODE_FLAGS.filter((f) => !given.has(f.split('=')[0]!)), ...execArgv];
 }
 
-/** Set in the environment of the image re-executed by reexecWithRawioOnly, so it never loops. */
+/** Set in the environment of the image re-executed by reexecDropped, so it never loops. */
 export const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
+const PR_CAP_AMBIENT_RAISE = 2;
 
 /**
- * Without -u, capset cannot reach the threads Node started before the drop (V8 workers, the libuv
- * pool), so they would keep root's capabilities. Instead, before any work: clear the inheritable and
- * ambient sets, drop the bounding set to CAP_SYS_RAWIO and execve the same command. exec replaces
- * every thread, and a root process's new capabilities are capped by the bounding set, so every thread
- * of the new image starts with CAP_SYS_RAWIO alone. pid, environment, stdio and systemd's fd 3
- * survive exec. Returns (doing nothing) when not root, already re-executed, already reduced, or not
- * allowed to shrink the bounding set; the later dropPrivileges() still reports what it could do.
+ * Whether the helper can drop to CAP_SYS_RAWIO by re-executing itself (reexecDropped): null when it
+ * can, else why not (the in-process drop, dropPrivileges(), then does what it can). Consumes the
+ * marker of an image that was re-executed already ('re-executed').
  */
-export function reexecWithRawioOnly(
-  o: { changingIds?: boolean } = {},
-  argv: readonly string[] = [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)],
-): string {
-  // -u/-g still need to change ids, and dropPrivileges() then drops the bounding set the rest of the
-  // way; those three go in that same step, before the helper listens.
-  const keep = o.changingIds ? [CAP_SYS_RAWIO, CAP_SETUID, CAP_SETGID, CAP_SETPCAP] : [CAP_SYS_RAWIO];
-  const keepMask = keep.reduce((m, c) => m | (1n << BigInt(c)), 0n);
+export function reexecBlocker(): string | null {
   if (process.env[REEXEC_ENV] !== undefined) {
     delete process.env[REEXEC_ENV];
-    return `re-executed: every thread started with ${o.changingIds ? 'CAP_SYS_RAWIO (and CAP_SETUID/SETGID/SETPCAP for -u/-g)' : 'CAP_SYS_RAWIO alone'}`;
+    return 're-executed';
   }
   if (process.getuid?.() !== 0) return 'not root';
-  const status = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
-  if ((status.capBnd & ~keepMask) === 0n && status.capInh === 0n && status.capAmb === 0n) return 'bounding set already reduced';
-  const caps = capget();
-  if ((caps.effective & (1n << BigInt(CAP_SETPCAP))) === 0n) return 'no CAP_SETPCAP to shrink the bounding set';
-  capset({ effective: caps.effective, permitted: caps.permitted, inheritable: 0n });
+  if ((capget().effective & (1n << BigInt(CAP_SETPCAP))) === 0n) return 'no CAP_SETPCAP to shrink the bounding set';
+  return null;
+}
+
+/**
+ * On the main thread, then exec:
+ *  1. the bounding set drops to CAP_SYS_RAWIO (needs CAP_SETPCAP: first); the ambient set is cleared;
+ *  2. -g/-u: setgroups, setresgid, then setresuid with PR_SET_KEEPCAPS so the permitted set stays;
+ *  3. permitted = effective = CAP_SYS_RAWIO; for a non-root uid also inheritable and ambient, the
+ *     only way a capability crosses exec to a non-root program (root gets it from the bounding set);
+ *  4. PR_SET_NO_NEW_PRIVS.
+ * Every thread of the new image then has CapEff = CapPrm = CapBnd = CAP_SYS_RAWIO, NoNewPrivs 1 and
+ * the asked uid/gid. `keepFds` (beside stdio) survive the exec; `env` is added to the new image's
+ * environment. Returns only by throwing.
+ */
+export function reexecDropped(
+  o: DropOptions,
+  keepFds: readonly number[],
+  env: Record<string, string>,
+  argv: readonly string[] = [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)],
+): never {
+  const nonRoot = o.uid !== undefined && o.uid !== 0;
+  dropBoundingSet();
   try {
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL);
   } catch {
     /* kernel without ambient capabilities */
   }
-  dropBoundingSet(keep);
-  // stdio, and systemd's sockets when they are ours (LISTEN_PID is kept: exec keeps the pid).
-  const inherited = [0, 1, 2];
-  if (process.env.LISTEN_PID === String(process.pid)) {
-    const n = Number(process.env.LISTEN_FDS);
-    if (Number.isInteger(n) && n > 0 && n < 64) for (let fd = 3; fd < 3 + n; fd++) inherited.push(fd);
-  }
-  for (const fd of inherited) {
+  changeIds(o);
+  const keep = capget().permitted & RAWIO_MASK;
+  capset({ effective: keep, permitted: keep, inheritable: nonRoot ? keep : 0n });
+  if (nonRoot && keep !== 0n) prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_SYS_RAWIO);
+  prctl(PR_SET_NO_NEW_PRIVS, 1);
+  for (const fd of new Set([0, 1, 2, ...keepFds])) {
     try {
       keepAcrossExec(fd);
     } catch {
       /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
   }
-  return execve(process.execPath, argv, { ...process.env, [REEXEC_ENV]: '1' });
+  return execve(process.execPath, argv, { ...process.env, ...env, [REEXEC_ENV]: '1' });
 }

@@ -124,9 +124,14 @@ export class FrameDecoder {
 
   constructor(private readonly allowedTypes: ReadonlySet<number>) {}
 
-  /** Bytes held, waiting for the rest of a frame (at most HEADER_SIZE + MAX_PAYLOAD). */
+  /** Payload bytes held, waiting for the rest of a frame (at most MAX_PAYLOAD). */
   get pending(): number {
     return this.buffered;
+  }
+
+  /** Bytes of the incomplete frame received so far, header included; 0 exactly between frames. */
+  get incompleteBytes(): number {
+    return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
   }
 
   get failed(): boolean {

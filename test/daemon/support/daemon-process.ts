@@ -74,7 +74,7 @@ export function spawnHelper(args: string[], opts: { env?: NodeJS.ProcessEnv; com
 
 export { waitFor };
 
-export async function startHelper(args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): Promise<DaemonChild> {
+export async function startHelper(args: string[], opts: { env?: NodeJS.ProcessEnv; command?: string[] } = {}): Promise<DaemonChild> {
   const child = spawnHelper(args, opts);
   await waitFor(() => child.stderr().includes('"msg":"Listening on'), 'the helper to listen', child);
   return child;

@@ -1,0 +1,73 @@
+/**
+ * After a burst of connections closes (a flood that ended), what they used is garbage V8 has not
+ * collected yet and free chunks glibc keeps in its heap: RSS would stay at the flood's high-water
+ * mark for as long as the daemon idles. So once `threshold` connections have closed and none for
+ * `quietMs`, the helper runs one full GC and malloc_trim(0). Nothing runs while a flood goes on, nor
+ * for ordinary traffic (a few connections).
+ */
+import v8 from 'node:v8';
+import vm from 'node:vm';
+import { mallocTrim } from '../os/libc.js';
+
+let gcFn: (() => void) | null | undefined;
+
+/** A full garbage collection: V8's gc(), exposed at run time (a context made after the flag has it). */
+function fullGc(): void {
+  if (gcFn === undefined) {
+    try {
+      v8.setFlagsFromString('--expose-gc');
+      gcFn = vm.runInNewContext('gc') as () => void;
+    } catch {
+      gcFn = null;
+    }
+  }
+  gcFn?.();
+}
+
+export class MemorySettler {
+  private closed_ = 0;
+  private timer: NodeJS.Timeout | undefined;
+  /** Settles done (for tests). */
+  settles = 0;
+
+  constructor(
+    private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void = () => {},
+    private readonly threshold = 256,
+    private readonly quietMs = 1000,
+  ) {}
+
+  /** One connection closed. */
+  closed(): void {
+    if (++this.closed_ < this.threshold) return;
+    // (a close during the second pass's wait simply pushes it back, as during the quiet wait)
+    if (this.timer) this.timer.refresh();
+    else {
+      this.timer = setTimeout(() => this.settle(), this.quietMs);
+      this.timer.unref();
+    }
+  }
+
+  stop(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private settle(): void {
+    this.timer = undefined;
+    const closed = this.closed_;
+    this.closed_ = 0;
+    this.settles++;
+    const before = process.memoryUsage.rss();
+    fullGc();
+    mallocTrim();
+    // Once more a little later: what the first pass freed (sockets' native handles close
+    // asynchronously, weak callbacks run after a GC) is only collectable then.
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      fullGc();
+      mallocTrim();
+      this.onSettle(Math.round(before / 2 ** 20), Math.round(process.memoryUsage.rss() / 2 ** 20), closed);
+    }, this.quietMs);
+    this.timer.unref();
+  }
+}

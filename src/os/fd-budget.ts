@@ -1,0 +1,107 @@
+/**
+ * File descriptors, THE one budget. The helper needs one fd per connection and, per registered VM,
+ * one per thread of its process (its /proc/<pid>/task/<tid>/stat, kept open and re-read with pread:
+ * cheap, and the leader's fd stays bound to the process it was opened for). Running out would make
+ * accept() and those opens fail, so:
+ *  - at start-up the soft RLIMIT_NOFILE is raised to the hard limit (raiseFdLimit);
+ *  - connections are capped at --max-connections, or at what half of the fds left after the reserve
+ *    allow when the limit is lower (effectiveMaxConnections);
+ *  - a VM (REGISTER, or discovery) is admitted only when its threads fit beside every connection
+ *    slot and the reserve (canAdmit). Threads a VM starts later may still exhaust the limit: then a
+ *    sample fails (ERROR 5 to v2 clients, logged) and the VM stays live.
+ */
+import fs from 'node:fs';
+import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from './libc.js';
+import { fail, ok, type Result } from '../ratio/result.js';
+
+/** fds kept free for what is opened briefly: a /proc listing, a pidfile, a log, an MSR device of a new CPU. */
+export const FD_RESERVE = 32;
+
+/** Fds one VM costs: one stat fd per thread, plus the directory fd of a /proc/<pid>/task listing. */
+export function vmFds(threads: number): number {
+  return threads + 1;
+}
+
+/** What raiseFdLimit did, for the start-up log. */
+export interface FdLimitChange {
+  before: Rlimit;
+  after: Rlimit;
+  /** Why the soft limit could not be raised, when it could not. */
+  error?: string;
+}
+
+/** Raises the soft RLIMIT_NOFILE to the hard limit (capped by fs.nr_open when the hard one is infinite). */
+export function raiseFdLimit(): FdLimitChange {
+  const before = getrlimit(RLIMIT_NOFILE);
+  let target = before.hard;
+  if (target === Infinity) target = nrOpen();
+  if (before.soft >= target) return { before, after: before };
+  try {
+    setrlimit(RLIMIT_NOFILE, { soft: target, hard: before.hard });
+  } catch (e) {
+    return { before, after: before, error: (e as Error).message };
+  }
+  return { before, after: getrlimit(RLIMIT_NOFILE) };
+}
+
+function nrOpen(): number {
+  try {
+    const n = Number(fs.readFileSync('/proc/sys/fs/nr_open', 'utf8').trim());
+    return Number.isSafeInteger(n) && n > 0 ? n : 1 << 20;
+  } catch {
+    return 1 << 20;
+  }
+}
+
+/** Fds open in this process now (one readdir of /proc/self/fd; its own fd not counted). */
+export function countOpenFds(): number {
+  return fs.readdirSync('/proc/self/fd').length - 1;
+}
+
+/** --max-connections, lowered when the fd limit cannot hold that many beside the reserve and the VMs. */
+export function effectiveMaxConnections(maxConnections: number, limit: number, openNow: number): number {
+  const half = Math.floor((limit - openNow - FD_RESERVE) / 2);
+  return Math.max(1, Math.min(maxConnections, half));
+}
+
+/** Room for a VM's fds, or why not (a message naming the fix). */
+export type FdAdmission = Result<void>;
+
+export interface FdBudgetOptions {
+  /** The soft RLIMIT_NOFILE (after raising). */
+  limit: number;
+  /** Connection slots kept free for (the effective --max-connections). */
+  maxConnections: number;
+  /** Connections open now (their fds are in openFds()). */
+  openConnections: () => number;
+  openFds?: () => number;
+}
+
+export class FdBudget {
+  constructor(private readonly o: FdBudgetOptions) {}
+
+  get limit(): number {
+    return this.o.limit;
+  }
+
+  get maxConnections(): number {
+    return this.o.maxConnections;
+  }
+
+  /**
+   * Whether a VM whose process has `threads` threads fits: every fd open now, plus the slots of the
+   * connections not yet made, plus the reserve, plus the VM's own fds, within the limit.
+   */
+  canAdmit(threads: number): FdAdmission {
+    const open = (this.o.openFds ?? countOpenFds)();
+    const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
+    const need = vmFds(Math.max(1, threads));
+    const room = this.o.limit - open - freeSlots - FD_RESERVE;
+    if (need <= room) return ok(undefined);
+    return fail(
+      `not enough file descriptors: its ${threads} threads need ${need}, ${Math.max(0, room)} are left ` +
+      `(limit ${this.o.limit}, ${open} open, ${freeSlots} kept for connections, ${FD_RESERVE} reserved); ` +
+      'raise the helper\'s open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections',
+    );
+  }
+}

@@ -1,0 +1,28 @@
+import { describe, expect, it } from 'vitest';
+import { effectiveMaxConnections, FD_RESERVE, FdBudget, vmFds } from '../../src/os/fd-budget.js';
+
+describe('FdBudget', () => {
+  it('admits a VM only when its threads fit beside open fds, free connection slots and the reserve', () => {
+    let open = 100;
+    let conns = 10;
+    const b = new FdBudget({ limit: 1024, maxConnections: 400, openConnections: () => conns, openFds: () => open });
+    // room = 1024 - 100 - (400 - 10) - 32 = 502; a VM of n threads needs n + 1
+    expect(b.canAdmit(501)).toEqual({ ok: true, value: undefined });
+    const no = b.canAdmit(502);
+    expect(no.ok).toBe(false);
+    expect(!no.ok && no.error).toBe(
+      "not enough file descriptors: its 502 threads need 503, 502 are left (limit 1024, 100 open, 390 kept for connections, 32 reserved); raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
+    );
+    // connections that exist are in `open` already: their slots are not counted twice
+    open = 490;
+    conns = 400;
+    expect(b.canAdmit(501)).toEqual({ ok: true, value: undefined });
+    expect(vmFds(10)).toBe(11);
+  });
+
+  it('lowers --max-connections to half of what the limit leaves, never below 1', () => {
+    expect(effectiveMaxConnections(4096, 1 << 20, 30)).toBe(4096);
+    expect(effectiveMaxConnections(4096, 256, 30)).toBe(Math.floor((256 - 30 - FD_RESERVE) / 2));
+    expect(effectiveMaxConnections(4096, 40, 30)).toBe(1);
+  });
+});
