@@ -74,6 +74,12 @@ export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid'>): VmLabels {
 
 export class EnergyBook {
   private readonly vms = new Map<string, VmRecord>();
+  /**
+   * Ended VMs no longer exposed, kept (at most maxVms, for endedRetentionMs from their end) so that
+   * the same process listed again resumes its totals: after a daemon restart a registered VM is
+   * missing from LIST until its client registers it again, and its series must not restart at 0.
+   */
+  private readonly resting = new Map<string, VmRecord>();
   private readonly byHostId = new Map<number, VmRecord>();
   readonly packages = new Map<number, RunningTotal>();
   readonly unattributed = new RunningTotal();
@@ -157,7 +163,7 @@ export class EnergyBook {
         continue;
       }
       const labels = labelsOf(vm);
-      let r = this.vms.get(vmKey(labels));
+      let r = this.vms.get(vmKey(labels)) ?? this.revive(vmKey(labels), vm.starttime);
       // Another process under the same labels (pid reused): a new VM, its totals start afresh.
       if (r && r.starttime !== vm.starttime && r.hostVmId === null) {
         this.vms.delete(r.key);
@@ -293,8 +299,27 @@ export class EnergyBook {
 
   private forgetStale(): void {
     const now = this.nowMs();
+    const expired = (r: VmRecord) => now - r.endedAtMs! >= this.limits.endedRetentionMs;
     for (const [k, r] of this.vms) {
-      if (r.endedAtMs !== null && (r.seenEnded || now - r.endedAtMs >= this.limits.endedRetentionMs)) this.vms.delete(k);
+      if (r.endedAtMs === null || !(r.seenEnded || expired(r))) continue;
+      this.vms.delete(k);
+      if (!expired(r)) this.resting.set(k, r);
     }
+    for (const [k, r] of this.resting) if (expired(r)) this.resting.delete(k);
+    // Oldest first (insertion order): the bound holds whatever the churn.
+    for (const k of this.resting.keys()) {
+      if (this.resting.size <= this.limits.maxVms) break;
+      this.resting.delete(k);
+    }
+  }
+
+  /** The resting record of this series when it is the same process (same starttime), back in the book. */
+  private revive(key: string, starttime: bigint): VmRecord | undefined {
+    const r = this.resting.get(key);
+    if (!r) return undefined;
+    this.resting.delete(key);
+    if (r.starttime !== starttime || this.nowMs() - r.endedAtMs! >= this.limits.endedRetentionMs) return undefined;
+    this.vms.set(key, r);
+    return r;
   }
 }

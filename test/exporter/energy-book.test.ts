@@ -120,6 +120,31 @@ describe('EnergyBook', () => {
     expect(ended).toEqual(['100']);
   });
 
+  test('a VM missing from the LIST after a daemon restart resumes its totals when the same process is listed again, even after its last scrape', async () => {
+    let now = 0;
+    const b = new EnergyBook({ maxVms: 10, endedRetentionMs: 60_000 }, () => now);
+    b.connectionStarted();
+    b.listed([vm(1, 100)]);
+    b.vmUpdate(upd(1, 1_000n, [9_000_000n]));
+    b.connectionLost();
+    b.connectionStarted();
+    b.listed([]); // restarted daemon: not registered again yet
+    await b.scrape(async () => undefined); // its last scrape: no longer exposed
+    expect(b.exposed()).toEqual([]);
+    now = 30_000;
+    b.listed([vm(4, 100)]); // registered again: same pid and starttime
+    b.vmUpdate(upd(4, 0n, [0n]));
+    b.vmUpdate(upd(4, 2_000n, [1_000_000n]));
+    expect(b.exposed().map((r) => r.energy[0]!.total)).toEqual([10_000_000n]);
+    // Another process under those labels, or the same one after the retention time, starts afresh.
+    b.listed([]);
+    await b.scrape(async () => undefined);
+    now = 100_000;
+    b.listed([vm(5, 100)]);
+    b.vmUpdate(upd(5, 3_000n, [7n]));
+    expect(b.exposed().map((r) => r.energy[0]!.total)).toEqual([7n]);
+  });
+
   test('host packages, unattributed energy and legacy counts accumulate; sample age is on the monotonic clock', () => {
     let mono = 0n;
     const b = new EnergyBook(undefined, Date.now, () => mono);
