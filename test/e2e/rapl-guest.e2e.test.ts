@@ -203,12 +203,6 @@ function dirs(account?: { uid: number; gid: number }): { dir: string; qemuDir: s
   return { dir, qemuDir, sock: path.join(dir, 'vmsr.sock') };
 }
 
-/** What the README tells operators (systemd: SocketGroup=kvm, SocketMode=0660), done to the -k socket. */
-function grantSocketToGroup(sock: string, gid: number): void {
-  fs.chownSync(sock, 0, gid);
-  fs.chmodSync(sock, 0o660);
-}
-
 /** A test needing a RAPL QEMU (or `missing` says what else): skipped with the reason when it cannot run here. */
 function raplTest(name: string, body: () => Promise<void>, missing: () => string | null = raplQemuMissing): void {
   test(
@@ -229,8 +223,10 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       const account = qemuAccount();
       const { host, energyMsr } = raplHost('intel');
       const { qemuDir, sock } = dirs(account);
-      const h = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
-      grantSocketToGroup(sock, account.gid);
+      // What the README tells operators without systemd (the socket unit's SocketGroup=/SocketMode=).
+      const h = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server', '--socket-group', String(account.gid), '--socket-mode', '0660']);
+      const st = fs.statSync(sock);
+      expect([st.gid, st.mode & 0o777]).toEqual([account.gid, 0o660]);
       const want = await helperStartupValues(sock);
       expect(want).toEqual([MSR_RAPL_POWER_UNIT, MSR_PKG_POWER_LIMIT, MSR_PKG_POWER_INFO].map((m) => fileMsr(host, m)));
 
@@ -257,7 +253,7 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       const { host } = raplHost('intel');
       const { qemuDir, sock } = dirs(account);
       const h = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
-      fs.chmodSync(sock, 0o600);
+      expect(fs.statSync(sock).mode & 0o777, 'the default socket mode').toBe(0o600);
       await expect(startRaplQemu({ socket: sock, dir: qemuDir, name: 'rapl-denied', user: account, timeoutMs: 60_000 })).rejects.toThrow(
         /vmsr socket opening failed/,
       );
