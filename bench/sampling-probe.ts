@@ -5,7 +5,7 @@
  *   node sampling-probe.js ROUNDS PID...  ->  threads=N ns_per_thread=X   (as bench/native/stat-floor.c)
  */
 import { ProcTaskReader } from '../src/os/proc-tasks.js';
-import { isStatParseError, parseStatLine } from '../src/ratio/stat.js';
+import { parseStatLine } from '../src/ratio/stat.js';
 
 const [roundsText, ...pidTexts] = process.argv.slice(2);
 const rounds = Number(roundsText);
@@ -21,7 +21,7 @@ for (let r = 0; r < rounds; r++) {
     if (lines === null) continue;
     for (const line of lines.values()) {
       const st = parseStatLine(line);
-      if (!isStatParseError(st)) sink += st.utime + st.stime + st.starttime + st.processor;
+      if (st.ok) sink += st.value.utime + st.value.stime + st.value.starttime + st.value.processor;
     }
   }
 }

@@ -1,7 +1,7 @@
 /** The starttime of a process (field 22 of /proc/<pid>/stat): with the pid, it names one process. */
 import fs from 'node:fs';
 import path from 'node:path';
-import { isStatParseError, parseStatLine } from '../ratio/stat.js';
+import { parseStatLine } from '../ratio/stat.js';
 
 /** Field 22 of /proc/<pid>/stat; null when the process does not exist or the line is unreadable. */
 export function readStarttime(procRoot: string, pid: number): number | null {
@@ -13,5 +13,5 @@ export function readStarttime(procRoot: string, pid: number): number | null {
     return null;
   }
   const st = parseStatLine(line.replace(/\n$/, ''));
-  return isStatParseError(st) ? null : st.starttime;
+  return st.ok ? st.value.starttime : null;
 }

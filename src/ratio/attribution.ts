@@ -5,7 +5,7 @@
  * and records the decisions where those rules are silent.
  */
 import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
-import { isStatParseError, parseStatLine } from './stat.js';
+import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import { type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VcpuSpec, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
 
@@ -323,11 +323,12 @@ export class RatioEngine {
     if (lines === undefined) return null;
     const out = new Map<number, { starttime: number; ticks: number; processor: number }>();
     for (const [tid, line] of lines) {
-      const st = parseStatLine(line);
-      if (isStatParseError(st)) {
-        problems.push(`pid ${pid} tid ${tid}: stat line not understood (${st.error}): treated as absent`);
+      const parsed = parseStatLine(line);
+      if (!parsed.ok) {
+        problems.push(`pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent`);
         continue;
       }
+      const st = parsed.value;
       if (st.tid !== tid) {
         problems.push(`pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent`);
         continue;

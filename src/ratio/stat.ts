@@ -8,6 +8,7 @@
  * character i, so every text (comm, state, an error's field) is sliced from the line itself.
  */
 
+import { fail, ok, type Result } from './result.js';
 export interface TaskStat {
   tid: number;
   comm: string;
@@ -22,9 +23,6 @@ export interface TaskStat {
   processor: number;
 }
 
-export interface StatParseError {
-  error: string;
-}
 
 /** Fields are numbered as in proc(5); field 3 (state) is the first after the LAST ')'. */
 const AFTER_COMM = 3;
@@ -38,9 +36,6 @@ const CLOSE = 0x29; // ')'
 const NOT_UINT = -1;
 const TOO_LARGE = -2;
 
-export function isStatParseError(v: unknown): v is StatParseError {
-  return typeof v === 'object' && v !== null && 'error' in v;
-}
 
 /**
  * The line as bytes, byte i = character i: a reused buffer, written natively when the line is ASCII
@@ -124,32 +119,32 @@ const FIELDS = [
   [39, 'processor'],
 ] as const;
 
-/** Parses one stat line; never throws, returns { error } for anything that is not a stat line. */
-export function parseStatLine(line: string): TaskStat | StatParseError {
-  if (typeof line !== 'string') return { error: 'not a string' };
+/** Parses one stat line; never throws: a failure (with why) for anything that is not a stat line. */
+export function parseStatLine(line: string): Result<TaskStat> {
+  if (typeof line !== 'string') return fail('not a string');
   const len = line.length;
   const b = toBytes(line);
   const open = openParen(b, len);
   const close = scanBack(b, len);
-  if (open <= 0 || close < open + 1) return { error: 'no "pid (comm)" at the start' };
+  if (open <= 0 || close < open + 1) return fail('no "pid (comm)" at the start');
   const tid = uintAt(b, line, 0, open);
-  if (tid === NOT_UINT) return { error: `pid field is not a number: ${JSON.stringify(line.slice(0, open).slice(0, 20))}` };
-  if (close + 1 >= len || b[close + 1] !== SPACE) return { error: 'nothing after the command name' };
+  if (tid === NOT_UINT) return fail(`pid field is not a number: ${JSON.stringify(line.slice(0, open).slice(0, 20))}`);
+  if (close + 1 >= len || b[close + 1] !== SPACE) return fail('nothing after the command name');
   // The separator right after ')' is the first space counted, so there are spaceCount fields from
   // field 3 on. Only fields up to 39 are read: the tail is unused.
   const last = FIELDS[FIELDS.length - 1]![0];
-  if (spaceCount < last - AFTER_COMM + 1) return { error: `only ${spaceCount + AFTER_COMM - 1} fields, need at least 39` };
+  if (spaceCount < last - AFTER_COMM + 1) return fail(`only ${spaceCount + AFTER_COMM - 1} fields, need at least 39`);
   const values = [0, 0, 0, 0];
   for (let i = 0; i < FIELDS.length; i++) {
     const [field, name] = FIELDS[i]!;
     const pos = fieldStart(field);
     const end = fieldEnd(len, field);
     const v = uintAt(b, line, pos, end);
-    if (v === NOT_UINT) return { error: `${name} (field ${field}) is not an unsigned integer: ${JSON.stringify(line.slice(pos, end))}` };
-    if (v === TOO_LARGE) return { error: `${name} (field ${field}) is too large: ${line.slice(pos, end)}` };
+    if (v === NOT_UINT) return fail(`${name} (field ${field}) is not an unsigned integer: ${JSON.stringify(line.slice(pos, end))}`);
+    if (v === TOO_LARGE) return fail(`${name} (field ${field}) is too large: ${line.slice(pos, end)}`);
     values[i] = v;
   }
-  return {
+  return ok({
     // A 20-digit pid is not a pid, but the old parser returned it: kept so every rule stays.
     tid: tid === TOO_LARGE ? Number(line.slice(0, open)) : tid,
     comm: line.slice(open + 2, close),
@@ -158,7 +153,7 @@ export function parseStatLine(line: string): TaskStat | StatParseError {
     stime: values[1]!,
     starttime: values[2]!,
     processor: values[3]!,
-  };
+  });
 }
 
 /** Field 20 (num_threads) of a stat line, or -1 when it cannot be read. */

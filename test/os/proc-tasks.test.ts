@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import { afterEach, describe, expect, test } from 'vitest';
 import { ProcTaskReader } from '../../src/os/proc-tasks.js';
-import { parseStatLine, isStatParseError, statNumThreads } from '../../src/ratio/stat.js';
+import { parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
 import { ThreadedProcess, openFdCount, procFdsOf } from '../support/threads.js';
 
 const procs: ThreadedProcess[] = [];
@@ -26,14 +26,16 @@ describe('ProcTaskReader on real processes', () => {
       expect(lines.size).toBeGreaterThanOrEqual(6);
       for (const [tid, line] of lines) {
         expect(line.endsWith('\n')).toBe(false);
-        const st = parseStatLine(line);
-        expect(isStatParseError(st)).toBe(false);
-        if (isStatParseError(st)) continue;
+        const parsed = parseStatLine(line);
+        expect(parsed.ok).toBe(true);
+        if (!parsed.ok) continue;
+        const st = parsed.value;
         expect(st.tid).toBe(tid);
         const direct = fs.readFileSync(`/proc/${p.pid}/task/${tid}/stat`, 'latin1').trimEnd();
         // sleeping threads: every field but the moving ones is identical; starttime and comm always are
-        const d = parseStatLine(direct);
-        if (isStatParseError(d)) throw new Error(d.error);
+        const parsedDirect = parseStatLine(direct);
+        if (!parsedDirect.ok) throw new Error(parsedDirect.error);
+        const d = parsedDirect.value;
         expect(st.starttime).toBe(d.starttime);
         expect(st.comm).toBe(d.comm);
         expect(line.split(' ').length).toBe(direct.split(' ').length);
@@ -161,7 +163,7 @@ describe('ProcTaskReader on real processes', () => {
     const r = new ProcTaskReader('/proc');
     try {
       const ticks = (m: Map<number, string>) =>
-        [...m.values()].map((l) => parseStatLine(l)).reduce((a, s) => a + (isStatParseError(s) ? 0 : s.utime + s.stime), 0);
+        [...m.values()].map((l) => parseStatLine(l)).reduce((a, s) => a + (s.ok ? s.value.utime + s.value.stime : 0), 0);
       const t0 = ticks(r.read(p.pid)!);
       await new Promise((res) => setTimeout(res, 300));
       expect(ticks(r.read(p.pid)!)).toBeGreaterThan(t0);

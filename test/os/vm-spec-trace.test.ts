@@ -8,7 +8,7 @@ import { parseVcpuList } from '../../src/ratio/vcpus.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { TraceWriter } from '../../src/trace/writer.js';
 import type { HostInfo } from '../../src/ratio/types.js';
-import { isStatParseError, parseStatLine } from '../../src/ratio/stat.js';
+import { parseStatLine } from '../../src/ratio/stat.js';
 import { ThreadedProcess } from '../support/threads.js';
 
 describe('parseVcpuList', () => {
@@ -47,8 +47,9 @@ describe('VmSpec from a real process', () => {
     procs.push(p);
     await p.ready();
     await p.cmd('start 2');
-    const st = parseStatLine(fs.readFileSync(`/proc/${p.pid}/stat`, 'latin1').trimEnd());
-    if (isStatParseError(st)) throw new Error(st.error);
+    const parsed = parseStatLine(fs.readFileSync(`/proc/${p.pid}/stat`, 'latin1').trimEnd());
+    if (!parsed.ok) throw new Error(parsed.error);
+    const st = parsed.value;
     expect(readStarttime('/proc', p.pid)).toBe(st.starttime);
     expect(readStarttime('/proc', 0x7ffffffe)).toBeNull();
     const [, t1, t2] = p.tids();

@@ -7,7 +7,13 @@
  * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line.
  */
 
-import type { StatParseError, TaskStat } from '../../src/ratio/stat.js';
+import { fail, ok, type Result } from '../../src/ratio/result.js';
+import type { TaskStat } from '../../src/ratio/stat.js';
+
+/** The previous parser's failure shape (the fast parser returns a Result; see referenceResult). */
+interface StatParseError {
+  error: string;
+}
 
 // Index of field N in the list that starts at field 3 (state).
 const AFTER_COMM = 3;
@@ -64,4 +70,10 @@ export function referenceParseStatLine(line: string): TaskStat | StatParseError 
   }
   const [utime, stime, starttime, processor] = values as [number, number, number, number];
   return { tid: Number(tidText), comm: line.slice(open + 2, close), state: fields[0] ?? '', utime, stime, starttime, processor };
+}
+
+/** The reference parser's answer in the fast parser's Result shape, for comparing the two. */
+export function referenceResult(line: string): Result<TaskStat> {
+  const r = referenceParseStatLine(line);
+  return isError(r) ? fail(r.error) : ok(r);
 }

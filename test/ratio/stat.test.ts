@@ -1,22 +1,22 @@
 /** parseStatLine on what the kernel prints, including hostile command names; never throws. */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { isStatParseError, parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
+import { parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
 import { statLine } from './helpers.js';
-import { referenceParseStatLine } from './stat-reference.js';
+import { referenceResult } from './stat-reference.js';
 
 const REAL =
   '10010 (CPU 0/KVM) R 9956 9950 1383 0 -1 138412224 326 0 0 0 17 359 0 0 20 0 8 0 48400 601366528 10693 18446744073709551615 94110025916416 94110032702677 140724509459584 0 0 0 2147219511 4096 16963 0 0 0 -1 1 0 0 0 0 0 94110036241736 94110049791856 94110876078080 140724509464423 140724509464668 140724509464668 140724509466588 0';
 
 describe('parseStatLine', () => {
   it('reads utime, stime, starttime and processor from a real QEMU vCPU line', () => {
-    expect(parseStatLine(REAL)).toEqual({ tid: 10010, comm: 'CPU 0/KVM', state: 'R', utime: 17, stime: 359, starttime: 48400, processor: 1 });
+    expect(parseStatLine(REAL)).toEqual({ ok: true, value: { tid: 10010, comm: 'CPU 0/KVM', state: 'R', utime: 17, stime: 359, starttime: 48400, processor: 1 } });
   });
 
   for (const comm of ['q) 1 (x y', ') ) )', 'a b c d e f g h', '(', 'x)', '']) {
     it(`splits at the last ')' with the name ${JSON.stringify(comm)}`, () => {
       const st = parseStatLine(statLine({ tid: 7, comm, utime: 5, stime: 6, starttime: 99, processor: 3 }));
-      expect(st).toEqual({ tid: 7, comm, state: 'S', utime: 5, stime: 6, starttime: 99, processor: 3 });
+      expect(st).toEqual({ ok: true, value: { tid: 7, comm, state: 'S', utime: 5, stime: 6, starttime: 99, processor: 3 } });
     });
   }
 
@@ -24,14 +24,14 @@ describe('parseStatLine', () => {
     const processorEnd = REAL.indexOf(' -1 1 ') + ' -1 1'.length;
     for (let cut = 0; cut < processorEnd - 2; cut++) {
       const st = parseStatLine(REAL.slice(0, cut));
-      expect(isStatParseError(st)).toBe(true);
+      expect(st.ok).toBe(false);
     }
   });
 
   it('reports non-numbers and out-of-range numbers', () => {
-    expect(parseStatLine(REAL.replace(' 17 359 ', ' x 359 '))).toMatchObject({ error: expect.stringMatching(/utime/) });
-    expect(parseStatLine(REAL.replace(' 48400 ', ' 99999999999999999999 '))).toMatchObject({ error: expect.stringMatching(/too large/) });
-    expect(parseStatLine('abc (x) S')).toMatchObject({ error: expect.stringMatching(/pid field/) });
+    expect(parseStatLine(REAL.replace(' 17 359 ', ' x 359 '))).toMatchObject({ ok: false, error: expect.stringMatching(/utime/) });
+    expect(parseStatLine(REAL.replace(' 48400 ', ' 99999999999999999999 '))).toMatchObject({ ok: false, error: expect.stringMatching(/too large/) });
+    expect(parseStatLine('abc (x) S')).toMatchObject({ ok: false, error: expect.stringMatching(/pid field/) });
   });
 
   it('never throws on arbitrary text', () => {
@@ -94,7 +94,7 @@ describe('parseStatLine equals the previous parser', () => {
   it('on random lines, damaged kernel lines and arbitrary text', () => {
     fc.assert(
       fc.property(fc.oneof(line, kernelShaped, fc.string({ maxLength: 300 }), fc.string({ unit: 'binary', maxLength: 300 })), (l) => {
-        expect(parseStatLine(l)).toEqual(referenceParseStatLine(l));
+        expect(parseStatLine(l)).toEqual(referenceResult(l));
       }),
       { numRuns: 20000 },
     );
@@ -104,8 +104,8 @@ describe('parseStatLine equals the previous parser', () => {
     const fs = await import('node:fs');
     for (const tid of fs.readdirSync('/proc/self/task')) {
       const l = fs.readFileSync(`/proc/self/task/${tid}/stat`, 'latin1').trimEnd();
-      expect(parseStatLine(l)).toEqual(referenceParseStatLine(l));
-      expect(isStatParseError(parseStatLine(l))).toBe(false);
+      expect(parseStatLine(l)).toEqual(referenceResult(l));
+      expect(parseStatLine(l).ok).toBe(true);
     }
   });
 });

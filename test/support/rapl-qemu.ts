@@ -19,7 +19,7 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseStatLine, isStatParseError } from '../../src/ratio/stat.js';
+import { parseStatLine } from '../../src/ratio/stat.js';
 import { hasKvm, isRoot, which } from './env.js';
 import { canConnect, SPIN_ELF } from './qemu.js';
 
@@ -352,8 +352,9 @@ export function qemuThreadTicks(pid: number): { vcpu: number; other: number } {
     } catch {
       continue; // thread exited
     }
-    const s = parseStatLine(line);
-    if (isStatParseError(s)) throw new Error(`cannot parse /proc/${pid}/task/${t}/stat: ${s.error}`);
+    const parsed = parseStatLine(line);
+    if (!parsed.ok) throw new Error(`cannot parse /proc/${pid}/task/${t}/stat: ${parsed.error}`);
+    const s = parsed.value;
     if (/^CPU \d+\/KVM$/.test(s.comm)) vcpu += s.utime + s.stime;
     else other += s.utime + s.stime;
   }
