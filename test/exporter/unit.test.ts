@@ -56,7 +56,17 @@ describe('contrib/systemd exporter unit', () => {
       `exec setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs ${process.execPath} ${BIN} exporter -k /nonexistent/helper.sock --listen 127.0.0.1:0`,
     ].join(' && ');
     const child = spawnHelper([], { command: ['unshare', '--mount', '--pid', '--fork', '--kill-child', 'sh', '-c', script] });
-    cleanups.push(() => child.stop('SIGKILL'));
+    // The exporter is the new pid namespace's init; setpriv's uid change clears the parent-death
+    // signal --kill-child set, so killing unshare alone would leave it running: kill it first.
+    cleanups.push(() => {
+      const pid = child.proc.pid;
+      try {
+        for (const init of fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/)) process.kill(Number(init), 'SIGKILL');
+      } catch {
+        /* unshare or its child already gone */
+      }
+      return child.stop('SIGKILL');
+    });
     await waitFor(() => exporterUrlIn(child.stderr()) !== null, 'the sandboxed exporter to serve', child);
     const url = exporterUrlIn(child.stderr())!;
     const body = await (await fetch(url)).text();
