@@ -26,6 +26,7 @@ import {
 } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
+import { cannot } from '../ratio/errors.js';
 
 export type { HostStats };
 
@@ -205,8 +206,8 @@ export class V2Client {
           e.code === 'ENOENT' || e.code === 'ECONNREFUSED'
             ? `no helper is listening at ${socketPath} (${e.code}); start it with: vmsr-helper -k ${socketPath}`
             : e.code === 'EACCES'
-              ? `cannot connect to ${socketPath}: permission denied (EACCES); ${socketAccessHint(socketPath)}`
-              : `cannot connect to ${socketPath}: ${e.message}`;
+              ? cannot(`connect to ${socketPath}`, `permission denied (EACCES)`, socketAccessHint(socketPath))
+              : cannot(`connect to ${socketPath}`, e.message);
         reject(new V2ConnectionError(hint, e.code));
       });
       socket.once('connect', () => {

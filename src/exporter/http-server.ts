@@ -9,6 +9,7 @@ import type { Registry, RegistryContentType } from 'prom-client';
 import type { EnergyBook } from './energy-book.js';
 import { buildRegistry, negotiateFormat, type ExpositionFormat } from './metrics.js';
 import type { ListenAddress } from './listen-address.js';
+import { cannot } from '../ratio/errors.js';
 
 export const METRICS_PATH = '/metrics';
 /** Concurrent HTTP connections; Prometheus uses one per target. */
@@ -53,7 +54,7 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
         res.end(req.method === 'HEAD' ? undefined : body);
       })
       .catch((e: Error) => {
-        res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`cannot render metrics: ${e.message}\n`);
+        res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`${cannot(`render metrics`, e.message)}\n`);
       });
   });
   server.maxConnections = MAX_HTTP_CONNECTIONS;
@@ -67,7 +68,7 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
             : e.code === 'EADDRNOTAVAIL'
               ? 'no interface has that address; use 127.0.0.1 or an address of this host'
               : 'check --listen';
-      reject(new Error(`cannot listen on ${listen.host}:${listen.port}: ${e.code ?? e.message}; ${fix}`));
+      reject(new Error(cannot(`listen on ${listen.host}:${listen.port}`, e.code ?? e.message, fix)));
     });
     server.listen(listen.port, listen.host, () => resolve());
   });

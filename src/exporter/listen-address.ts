@@ -1,3 +1,4 @@
+import { cannot } from '../ratio/errors.js';
 /**
  * --listen HOST:PORT. Loopback by default: the metrics tell who runs which VM and how hard, so
  * exposing them beyond the host is the operator's explicit choice.
@@ -20,8 +21,8 @@ export interface ListenAddress {
 export function parseListenAddress(text: string): ListenAddress {
   const m = /^\[([0-9a-fA-F:.]+)\]:(\d{1,5})$/.exec(text) ?? /^([^:\s[\]]+):(\d{1,5})$/.exec(text);
   const fix = `use HOST:PORT, e.g. --listen ${DEFAULT_LISTEN} or --listen [::1]:${DEFAULT_EXPORTER_PORT}`;
-  if (!m) throw new Error(`cannot use --listen ${JSON.stringify(text)}: not HOST:PORT; ${fix}`);
+  if (!m) throw new Error(cannot(`use --listen ${JSON.stringify(text)}`, `not HOST:PORT`, fix));
   const port = Number(m[2]);
-  if (port > 65535) throw new Error(`cannot use --listen ${JSON.stringify(text)}: port ${port} is over 65535; ${fix}`);
+  if (port > 65535) throw new Error(cannot(`use --listen ${JSON.stringify(text)}`, `port ${port} is over 65535`, fix));
   return { host: m[1]!, port };
 }

@@ -9,6 +9,7 @@ import { V2Error } from '../client/v2-client.js';
 import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import type { ObserverClient, VmInfo } from './observer-api.js';
+import { cannot } from '../ratio/errors.js';
 
 export interface Backoff {
   firstMs: number;
@@ -67,7 +68,7 @@ export class ObserverSession {
         client = await this.o.connect();
       } catch (e) {
         const delay = backoffDelay(backoff, failures++);
-        if (failures === 1) log.warn({ err: (e as Error).message }, `cannot reach the helper at ${this.o.socketPath}: ${(e as Error).message}; retrying every ${backoff.maxMs / 1000} s at most`);
+        if (failures === 1) log.warn({ err: (e as Error).message }, cannot(`reach the helper at ${this.o.socketPath}`, (e as Error).message, `retrying every ${backoff.maxMs / 1000} s at most`));
         else log.debug({ err: (e as Error).message, delayMs: delay }, 'helper still unreachable');
         downSince ??= Date.now();
         await this.sleep(delay);
@@ -85,7 +86,7 @@ export class ObserverSession {
             book.hostUpdate(h);
             if (h.vmsChanged) {
               this.requestList(client).catch((e: Error) => {
-                if (!this.stopped && this.client === client) log.warn({ err: e.message }, `cannot LIST the helper's VMs: ${e.message}`);
+                if (!this.stopped && this.client === client) log.warn({ err: e.message }, cannot(`LIST the helper's VMs`, e.message));
               });
             }
           },

@@ -4,6 +4,7 @@
  * non-zero with the child's error. The child knows it is one by DAEMON_CHILD_ENV.
  */
 import { spawn } from 'node:child_process';
+import { cannot } from '../ratio/errors.js';
 
 export const DAEMON_CHILD_ENV = 'VMSR_HELPER_DAEMON_CHILD';
 
@@ -16,7 +17,7 @@ export function isDaemonChild(env: NodeJS.ProcessEnv = process.env): boolean {
 /** In the parent: starts the detached child and resolves with its pid once it is ready. */
 export function spawnDetached(argv: readonly string[], timeoutMs = 30_000): Promise<number> {
   const [node, script, ...args] = argv;
-  if (!node || !script) return Promise.reject(new Error('cannot re-run myself: process.argv has no script'));
+  if (!node || !script) return Promise.reject(new Error(cannot('re-run myself', 'process.argv has no script')));
   return new Promise((resolve, reject) => {
     const child = spawn(node, [...process.execArgv, script, ...args], {
       detached: true,
@@ -42,7 +43,7 @@ export function spawnDetached(argv: readonly string[], timeoutMs = 30_000): Prom
       if (m?.type === 'ready') finish(null, m.pid);
       else if (m?.type === 'error') finish(new Error(m.message));
     });
-    child.on('error', (e) => finish(new Error(`cannot start the background helper: ${e.message}`)));
+    child.on('error', (e) => finish(new Error(cannot(`start the background helper`, e.message))));
     child.on('exit', (code, signal) => finish(new Error(`the background helper exited before it was ready (${signal ?? `exit code ${code}`})`)));
   });
 }

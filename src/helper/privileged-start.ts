@@ -14,6 +14,7 @@ import { listenWithMode } from './socket-file.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './startup-checks.js';
 import { activationFd, takeActivation } from './systemd.js';
 import { socketFd } from '../os/peer.js';
+import { cannot } from '../ratio/errors.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
@@ -103,7 +104,7 @@ export async function openPrivileged(config: DaemonConfig, writeFiles: readonly 
       try {
         files.push([f, fs.openSync(f, 'w', 0o644)]);
       } catch (e) {
-        throw new Error(`cannot create ${f}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}; check the path`);
+        throw new Error(cannot(`create ${f}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, `check the path`));
       }
     }
     const inherited: Inherited = { msr: device.openFds(), listen };
@@ -119,6 +120,6 @@ export async function openPrivileged(config: DaemonConfig, writeFiles: readonly 
 
 function serverFd(srv: net.Server): number {
   const fd = socketFd(srv as unknown as net.Socket);
-  if (fd === undefined) throw new Error('cannot find the listening socket fd to keep across exec');
+  if (fd === undefined) throw new Error(cannot('keep the listening socket across exec', 'its fd is not known (an internal error)', 'report it'));
   return fd;
 }

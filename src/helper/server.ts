@@ -14,7 +14,7 @@ import { MemorySettler } from './memory-settler.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
 import type { Logger } from './logger.js';
 import { listen } from '../ratio/disposable.js';
-import { cannotError } from '../ratio/errors.js';
+import { cannot, cannotError } from '../ratio/errors.js';
 import { LogLimiter } from './log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
 
@@ -80,7 +80,7 @@ export class HelperServer {
     // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
     this.server.on('error', (e: NodeJS.ErrnoException) =>
       e.code === 'EMFILE' || e.code === 'ENFILE'
-        ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, 'cannot accept a connection: out of file descriptors; it was closed, the helper goes on')
+        ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, cannot('accept a connection', 'out of file descriptors', 'it was closed, the helper goes on'))
         : this.limiter.error('listening socket error', { err: e.message }, 'listening socket error'),
     );
   }

@@ -6,6 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { MAX_UNIX_PATH_BYTES } from '../os/libc.js';
+import { cannot } from '../ratio/errors.js';
 
 export const DEFAULT_SOCKET_MODE = 0o600;
 
@@ -34,10 +35,10 @@ export function checkSocketDirectory(socketPath: string): void {
     st = fs.statSync(dir);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new Error(`cannot create socket ${socketPath}: directory ${dir} does not exist; create it or choose another path with -k`);
-    throw new Error(`cannot create socket ${socketPath}: cannot reach directory ${dir} (${code}); choose another path with -k`);
+    if (code === 'ENOENT') throw new Error(cannot(`create socket ${socketPath}`, `directory ${dir} does not exist`, `create it or choose another path with -k`));
+    throw new Error(cannot(`create socket ${socketPath}`, `cannot reach directory ${dir} (${code})`, `choose another path with -k`));
   }
-  if (!st.isDirectory()) throw new Error(`cannot create socket ${socketPath}: ${dir} is not a directory; choose another path with -k`);
+  if (!st.isDirectory()) throw new Error(cannot(`create socket ${socketPath}`, `${dir} is not a directory`, `choose another path with -k`));
 }
 
 /**

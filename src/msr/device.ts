@@ -5,6 +5,7 @@
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from '../os/errno-hints.js';
+import { cannot } from '../ratio/errors.js';
 
 export class MsrReadError extends Error {
   constructor(
@@ -68,7 +69,7 @@ export class MsrDevice {
         fd = this.open(cpu);
       } catch (e) {
         const err = e as NodeJS.ErrnoException;
-        throw new MsrReadError(`cannot open ${this.path(cpu)}: ${err.code ?? err.message}`, cpu, msr, err.code);
+        throw new MsrReadError(cannot(`open ${this.path(cpu)}`, err.code ?? err.message), cpu, msr, err.code);
       }
     }
     let n: number;
@@ -76,7 +77,7 @@ export class MsrDevice {
       n = fs.readSync(fd, out, offset, 8, msr);
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
-      throw new MsrReadError(`cannot read MSR 0x${msr.toString(16)} on CPU ${cpu}: ${err.code ?? err.message}`, cpu, msr, err.code);
+      throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, err.code ?? err.message), cpu, msr, err.code);
     }
     if (n !== 8) throw new MsrReadError(`short read of MSR 0x${msr.toString(16)} on CPU ${cpu} (${n} bytes)`, cpu, msr);
   }

@@ -9,6 +9,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
+import { cannot } from '../ratio/errors.js';
 
 /** A /proc read that failed for a reason other than the thread or process being gone. */
 export class TaskReadError extends Error {
@@ -16,7 +17,7 @@ export class TaskReadError extends Error {
     readonly file: string,
     readonly code: string,
   ) {
-    super(`cannot read ${file}: ${code}${code === 'EMFILE' || code === 'ENFILE' ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`);
+    super(cannot(`read ${file}`, `${code}${code === 'EMFILE' || code === 'ENFILE' ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`));
     this.name = 'TaskReadError';
   }
 }

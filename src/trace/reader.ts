@@ -11,6 +11,7 @@ import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
 import { checkVcpus } from '../ratio/vcpus.js';
 import { MAX_TID, type HostCpu, type HostPackage, type TraceHeader, type VcpuSpec, type Vendor, type VmSpec } from '../ratio/types.js';
+import { cannot } from '../ratio/errors.js';
 
 export type { TraceHeader };
 
@@ -383,12 +384,12 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
   let headBytes: number;
   try {
     fh = await fs.promises.open(path, 'r');
-    if ((await fh.stat()).isDirectory()) throw new TraceError(`cannot read trace ${path}: it is a directory`);
+    if ((await fh.stat()).isDirectory()) throw new TraceError(cannot(`read trace ${path}`, `it is a directory`));
     ({ bytesRead: headBytes } = await fh.read(head, 0, 2, 0));
   } catch (e) {
     await fh?.close();
     if (e instanceof TraceError) throw e;
-    throw new TraceError(`cannot read trace ${path}: ${(e as Error).message}`);
+    throw new TraceError(cannot(`read trace ${path}`, (e as Error).message));
   }
   // The same open file is streamed from the start: what was sniffed is what is read.
   const file = fh.createReadStream({ start: 0, highWaterMark: 1 << 16 });

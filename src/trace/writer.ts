@@ -8,6 +8,7 @@ import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
 import type { Sample, TraceHeader, VmSpec } from '../ratio/types.js';
+import { cannot } from '../ratio/errors.js';
 
 export function headerRecord(h: TraceHeader): Record<string, unknown> {
   return {
@@ -113,8 +114,8 @@ export class TraceWriter {
       fd = o.fd ?? fs.openSync(path, o.overwrite ? 'w' : 'wx', 0o644);
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
-      if (err.code === 'EEXIST') throw new Error(`cannot write trace ${path}: the file exists; give --force to overwrite it, or another file name`);
-      throw new Error(`cannot write trace ${path}: ${err.message}`);
+      if (err.code === 'EEXIST') throw new Error(cannot(`write trace ${path}`, `the file exists`, `give --force to overwrite it, or another file name`));
+      throw new Error(cannot(`write trace ${path}`, err.message));
     }
     const file = fs.createWriteStream(path, { fd });
     const gzip = path.endsWith('.gz') ? zlib.createGzip() : null;

@@ -16,6 +16,7 @@ import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
 import { addHostOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
+import { cannot } from '../../ratio/errors.js';
 
 /** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
 export const DEFAULT_SOCKET = DEFAULT_HELPER_SOCKET;
@@ -172,7 +173,7 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
         reexecDropped({ ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) }, keep, env);
       } catch (e) {
         undo();
-        throw new Error(`cannot drop privileges: ${(e as Error).message}`);
+        throw new Error(cannot(`drop privileges`, (e as Error).message));
       }
     }
     const [{ runDaemon }, { v2DaemonPlugin }] = await Promise.all([import('../../helper/daemon.js'), import('../../helper/assemble.js')]);
@@ -222,7 +223,7 @@ export function configureDaemonCommand(program: Command): void {
       try {
         await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log);
       } catch (e) {
-        log().fatal(`cannot start: ${(e as Error).message}`);
+        log().fatal(cannot(`start`, (e as Error).message));
         throw new ReportedError((e as Error).message);
       }
     });

@@ -11,12 +11,13 @@ import type { IntervalResult } from '../../ratio/types.js';
 import type { ScanProgress } from '../../trace/reader.js';
 import { ProgressLine } from '../progress.js';
 import { findPackage } from '../../os/package-info.js';
+import { cannot } from '../../ratio/errors.js';
 
 export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 
 export function bundledTracePath(): string {
   const root = findPackage()?.root;
-  if (root === undefined) throw new Error('cannot find the vmsr-helper package root to locate its bundled trace; give a TRACE path');
+  if (root === undefined) throw new Error(cannot('find the vmsr-helper package root to locate its bundled trace', 'no package.json of vmsr-helper above this module', 'give a TRACE path'));
   const p = path.join(root, BUNDLED_TRACE);
   if (!fs.existsSync(p)) throw new Error(`the bundled trace ${p} is missing (not recorded yet, or not shipped); give a TRACE path`);
   return p;

@@ -17,6 +17,7 @@ import { LogLimiter } from '../log-limiter.js';
 import type { V2Handler } from '../server.js';
 import { DisposableStore } from '../../ratio/disposable.js';
 import type { LegacyCounters } from '../legacy-service.js';
+import { cannot } from '../../ratio/errors.js';
 
 export type { FdAdmitter, V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };
@@ -259,7 +260,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
             o.openPid?.(spec.pid);
           } catch (e) {
             o.forgetPid?.(spec.pid);
-            return encodeError(E.LIMIT, T.REGISTER, `cannot register process ${spec.pid}: ${(e as Error).message}`);
+            return encodeError(E.LIMIT, T.REGISTER, cannot(`register process ${spec.pid}`, (e as Error).message));
           }
           vmId = sampling.register(spec);
         }

@@ -12,6 +12,7 @@ import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
 import { statNumThreads } from '../../ratio/stat.js';
 import type { FdAdmission } from '../../os/fd-budget.js';
+import { cannot } from '../../ratio/errors.js';
 
 export interface V2Limits {
   /** VMs registered by one connection at once. */
@@ -201,7 +202,7 @@ export class VmRegistry {
     if (d !== undefined && d.live && d.starttime === start) return ok({ spec, uid: owner_uid, attachTo: d.vmId });
     if (this.fds) {
       const fit = this.fds.canAdmit(this.proc.threads(pid) ?? req.vcpus.length + 1);
-      if (!fit.ok) return no('limit', `cannot register process ${pid}: ${fit.error}`);
+      if (!fit.ok) return no('limit', cannot(`register process ${pid}`, fit.error));
     }
     return ok({ spec, uid: owner_uid });
   }
