@@ -53,8 +53,8 @@ interface Other {
 interface Known {
   starttime: number;
   topology: SmpTopology;
-  /** tid -> [comm, vpkg | null] as last classified. */
-  threads: Map<number, { comm: string; vpkg: number | null }>;
+  /** tid -> comm and vpkg as last classified, from `line` (the sample's stat line; '' when from comm). */
+  threads: Map<number, { comm: string; vpkg: number | null; line: string }>;
   wholeVmOnly: boolean;
 }
 
@@ -171,17 +171,18 @@ export class ProcScanner {
     if (k === undefined) return null;
     let changed = false;
     for (const [tid, line] of lines) {
+      const prev = k.threads.get(tid);
+      if (prev !== undefined && prev.line === line) continue; // the same line: the same comm
       const comm = commOf(line);
       if (comm === null) continue;
-      const prev = k.threads.get(tid);
-      if (prev !== undefined && prev.comm === comm) continue;
-      const idx = vcpuIndexOf(comm);
-      const vpkg = idx === null ? null : vpkgOf(k.topology, idx);
-      if (prev === undefined && vpkg === null) {
-        k.threads.set(tid, { comm, vpkg });
+      if (prev !== undefined && prev.comm === comm) {
+        prev.line = line;
         continue;
       }
-      k.threads.set(tid, { comm, vpkg });
+      const idx = vcpuIndexOf(comm);
+      const vpkg = idx === null ? null : vpkgOf(k.topology, idx);
+      k.threads.set(tid, { comm, vpkg, line });
+      if (prev === undefined && vpkg === null) continue;
       changed = true;
     }
     for (const tid of k.threads.keys()) {
@@ -236,7 +237,7 @@ export class ProcScanner {
     const known: Known = { starttime: st.starttime, topology: cmd.topology, threads: new Map(), wholeVmOnly: true };
     for (const [tid, comm] of threads) {
       const idx = vcpuIndexOf(comm);
-      known.threads.set(tid, { comm, vpkg: idx === null ? null : vpkgOf(cmd.topology, idx) });
+      known.threads.set(tid, { comm, vpkg: idx === null ? null : vpkgOf(cmd.topology, idx), line: '' });
     }
     const v = vcpusFrom(pid, known.threads);
     known.wholeVmOnly = v.wholeVmOnly;

@@ -1,7 +1,8 @@
 /**
  * File descriptors, THE one budget. The helper needs one fd per connection and, per registered VM,
- * one per thread of its process (its /proc/<pid>/task/<tid>/stat, kept open and re-read with pread:
- * cheap, and the leader's fd stays bound to the process it was opened for). Running out would make
+ * about two per thread of its process (keptFds: its /proc/<pid>/task/<tid>/stat and schedstat, kept
+ * open and re-read with pread: cheap, and the leader's fd stays bound to the process it was opened
+ * for). Running out would make
  * accept() and those opens fail, so:
  *  - at start-up the soft RLIMIT_NOFILE is raised to the hard limit (raiseFdLimit);
  *  - connections are capped at --max-connections, or at what half of the fds left after the reserve
@@ -12,14 +13,15 @@
  */
 import fs from 'node:fs';
 import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from './libc.js';
+import { keptFds } from './proc-tasks.js';
 import { fail, ok, type Result } from '../ratio/result.js';
 
 /** fds kept free for what is opened briefly: a /proc listing, a pidfile, a log, an MSR device of a new CPU. */
 export const FD_RESERVE = 32;
 
-/** Fds one VM costs: one stat fd per thread, plus the directory fd of a /proc/<pid>/task listing. */
+/** Fds one VM costs: what the sampler keeps open for its threads, plus the directory fd of a /proc/<pid>/task listing. */
 export function vmFds(threads: number): number {
-  return threads + 1;
+  return keptFds(threads) + 1;
 }
 
 /** What raiseFdLimit did, for the start-up log. */

@@ -27,6 +27,8 @@ const fn = {
   getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
   poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
   malloc_trim: libc.func('int malloc_trim(size_t pad)'),
+  pread: libc.func('long pread(int fd, void *buf, size_t count, long offset)'),
+  clock_gettime: libc.func('int clock_gettime(int clk, void *ts)'),
   setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
 };
 
@@ -44,12 +46,43 @@ const LINUX_CAPABILITY_VERSION_3 = 0x20080522;
 
 /** Error carrying errno, with the libc call named, e.g. "capset: EPERM (Operation not permitted)". */
 export function errnoError(call: string, errno = koffi.errno()): NodeJS.ErrnoException {
-  const name = Object.entries(os.constants.errno).find(([, v]) => v === errno)?.[0] ?? `errno ${errno}`;
+  const name = errnoName(errno);
   const err: NodeJS.ErrnoException = new Error(`${call}: ${name}`);
   err.errno = errno;
   err.code = name;
   err.syscall = call;
   return err;
+}
+
+/** The symbolic name of an errno value ("ESRCH"), or "errno N" when Node does not know it. */
+export function errnoName(errno: number): string {
+  return Object.entries(os.constants.errno).find(([, v]) => v === errno)?.[0] ?? `errno ${errno}`;
+}
+
+/**
+ * pread(2) of up to `length` bytes at `offset` into `buf`: the count read, or -errno. No exception
+ * and no Node fs binding on this path: the sampler reads thousands of /proc files per interval, and
+ * a thread that exited (ESRCH) is routine there, not exceptional.
+ */
+export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
+  if (length > buf.length) throw new RangeError(`pread: ${length} bytes do not fit a buffer of ${buf.length}`);
+  const n = Number(fn.pread(fd, buf, length, offset));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+const timespec = Buffer.alloc(16);
+/** CPUCLOCK_SCHED of a process clock (include/linux/posix-timers.h): the scheduler's run time, in ns. */
+const CPUCLOCK_SCHED = 2;
+
+/**
+ * CPU time of a whole process (every thread, live and exited), in ns: clock_gettime of its process
+ * CPU clock (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), what clock_getcpuclockid gives), which the
+ * kernel sums from each thread's sum_exec_runtime. Any process may read any other's. -1n when it
+ * cannot be read (no such process).
+ */
+export function processCpuTimeNs(pid: number): bigint {
+  if (fn.clock_gettime((~pid << 3) | CPUCLOCK_SCHED, timespec) !== 0) return -1n;
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
 }
 
 export interface PeerCredentials {

@@ -1,15 +1,24 @@
 /**
- * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: each thread's
- * stat file stays open and is re-read with pread at offset 0 (procfs regenerates it on every read),
- * and /proc/<pid>/task is listed only when the thread set may have changed. A vanished thread or
- * process (ENOENT, ESRCH) is never an error: it is simply absent. Any other failure (EMFILE when the
- * helper is out of file descriptors, ENOMEM, ...) says nothing about the process, so it is thrown as a
- * TaskReadError: the sample fails and is retried, and the VM is never taken for ended.
+ * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply:
+ *  - each thread's stat file stays open and is re-read with pread at offset 0 (procfs regenerates it
+ *    on every read), and /proc/<pid>/task is listed only when the thread set may have changed;
+ *  - what has not run since its line was read is not asked for it again (docs/daemon.md, "Sampling
+ *    cost"): a process none of whose threads ran (its CPU clock did not move, the process gate, see
+ *    PidState) gets every line as last read, with no read at all; otherwise a thread
+ *    whose run time (schedstat field 1) did not move gets its line as last read (the thread gate,
+ *    see ThreadState). The kernel formats the 52 fields of a stat line for several microseconds; a
+ *    CPU clock is a fraction of one, a schedstat (3 numbers) about half a stat line. A thread that
+ *    did not run has the same utime, stime, starttime and processor.
+ * A vanished thread or process (ENOENT, ESRCH) is never an error: it is simply absent. Any other
+ * failure (EMFILE when the helper is out of file descriptors, ENOMEM, ...) says nothing about the
+ * process, so it is thrown as a TaskReadError: the sample fails and is retried, and the VM is never
+ * taken for ended.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
 import { cannot } from '../ratio/errors.js';
+import { errnoName, pread, processCpuTimeNs } from './libc.js';
 
 /** A /proc read that failed for a reason other than the thread or process being gone. */
 export class TaskReadError extends Error {
@@ -22,6 +31,9 @@ export class TaskReadError extends Error {
   }
 }
 
+const ENOENT = 2;
+const ESRCH = 3;
+
 /** errno codes that mean "this thread or process no longer exists". */
 function isGone(e: unknown): boolean {
   const code = (e as NodeJS.ErrnoException).code;
@@ -32,52 +44,129 @@ function codeOf(e: unknown): string {
   return (e as NodeJS.ErrnoException).code ?? (e as Error).message;
 }
 
-
 /** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
 const BUF_SIZE = 4096;
+/** A schedstat line: three u64 in decimal. */
+const SCHED_BUF_SIZE = 128;
+/** Digits of a u64: the longest run time kept to compare with. */
+const RUNTIME_DIGITS = 20;
 
-/** A thread's last stat line, and its bytes to compare the next read with. */
-interface LastLine {
-  bytes: Buffer;
-  line: string;
+/**
+ * A line answered from the gate this many times in a row is read anyway: it bounds how old the
+ * fields the engine does not use (and a name another thread gave this one) can get in a trace.
+ */
+export const MAX_GATED_READS = 29;
+/** A thread whose gate opened this many intervals in a row runs every interval: stop probing it... */
+const BUSY_PROBES = 2;
+/** ...for this many reads (its line is read directly), then probe again. */
+const DIRECT_READS = 14;
+
+const CLOSE_PAREN = 0x29;
+const SPACE = 0x20;
+const RUNNING = 0x52; // 'R'
+
+/**
+ * One thread of a sampled process. Its line is served again without reading it when its schedstat
+ * run time equals `runtime`, the run time read just BEFORE that line was: the line was printed at a
+ * run time at least that large, and the run time has not moved since, so the thread has not run
+ * since the line was printed. Why that keeps the fields the engine uses (kernel/sched/cputime.c):
+ * utime and stime are cputime_adjust() of the same sum_exec_runtime schedstat prints, and it returns
+ * the previous split unchanged while that sum has not grown; starttime is the task's, and the fds
+ * are bound to the task (a reused tid is another task, on which they fail); processor only changes
+ * when the thread is moved, and a thread that did not run has dticks = 0 whatever its package.
+ */
+interface ThreadState {
+  /** fd of its stat file. */
+  fd: number;
+  /** fd of its schedstat file; -1 for the main thread (always read) or when the kernel has none. */
+  sfd: number;
+  /** The last line (no trailing newline) and its bytes, to compare the next read with. */
+  line: string | null;
+  bytes: Buffer | null;
+  /** Run time digits (schedstat field 1) read just before `line` was; runtimeLen 0: not known. */
+  runtime: Buffer;
+  runtimeLen: number;
+  /** The last line's state was R: running now, its run time may lag (nohz_full): read every time. */
+  running: boolean;
+  /** Reads answered from `line` in a row. */
+  gated: number;
+  /** Probes in a row that found the thread had run. */
+  moved: number;
+  /** Reads left that skip the probe. */
+  direct: number;
 }
 
+/**
+ * One sampled process. The process gate: `cpuNs` is its CPU clock (every thread's run time summed,
+ * exited ones included) read just before the last read that read or checked every thread's line.
+ * The clock at the same value means no thread ran since, and none was born or ended (a thread runs
+ * to be born or to exit), so every line is as it was, the main thread's included. The clock is read
+ * by pid: a pid reused by another process would have to show the same CPU time to the nanosecond to
+ * pass (a process that ended without reuse has no clock: its main thread's fd is read and fails).
+ */
 interface PidState {
   pid: number;
-  /** tid -> fd of /proc/<pid>/task/<tid>/stat. The main thread's fd doubles as the liveness probe. */
-  fds: Map<number, number>;
-  /**
-   * tid -> its last line: a thread whose line did not change since (an idle thread's does not) gets
-   * the same string back, so an interval allocates text only for threads that moved.
-   */
-  last: Map<number, LastLine>;
+  /** tid -> its fds and last line. The main thread's stat fd doubles as the liveness probe. */
+  threads: Map<number, ThreadState>;
   numThreads: number;
   readsSinceList: number;
+  /** -1n: not known. */
+  cpuNs: bigint;
+  /** A thread was running (state R) at the last read: the clock may lag (nohz_full), no gate. */
+  running: boolean;
+  /** Reads answered by the process gate in a row. */
+  gated: number;
 }
 
 export interface ProcTaskReaderOptions {
   /** List /proc/<pid>/task at least every this many reads, even when nothing hints at a change. */
   relistEvery?: number;
+  /** Use the schedstat gate (default true); off, every thread's stat is read every time. */
+  gate?: boolean;
+}
+
+/**
+ * Fds the reader keeps open for a process of `threads` threads (gate on): a stat fd per thread and a
+ * schedstat fd per thread but the main one.
+ */
+export function keptFds(threads: number): number {
+  return threads + Math.max(0, threads - 1);
+}
+
+/** What the reads cost so far (tests and the bench). */
+export interface TaskReadCost {
+  /** stat files read. */
+  statReads: number;
+  /** schedstat files read (the gate's probes). */
+  probes: number;
+  /** Lines served by the thread gate, without a stat read. */
+  gatedReads: number;
+  /** Reads of a process answered by the process gate (no file read). */
+  gatedProcessReads: number;
 }
 
 export class ProcTaskReader {
   private readonly pids = new Map<number, PidState>();
   private readonly buf = Buffer.alloc(BUF_SIZE);
+  private readonly sbuf = Buffer.alloc(SCHED_BUF_SIZE);
   private readonly relistEvery: number;
+  private readonly gate: boolean;
   /** Directory listings done so far (for tests and benchmarks). */
   listings = 0;
+  readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
 
   constructor(
     private readonly procRoot: string,
     opts: ProcTaskReaderOptions = {},
   ) {
     this.relistEvery = Math.max(1, opts.relistEvery ?? 30);
+    this.gate = opts.gate ?? true;
   }
 
-  /** Number of stat fds held open (all pids). */
+  /** Number of fds held open (all pids): stat and schedstat files. */
   get openFds(): number {
     let n = 0;
-    for (const s of this.pids.values()) n += s.fds.size;
+    for (const s of this.pids.values()) for (const t of s.threads.values()) n += t.sfd >= 0 ? 2 : 1;
     return n;
   }
 
@@ -90,12 +179,22 @@ export class ProcTaskReader {
     if (!Number.isSafeInteger(pid) || pid <= 0) return null;
     let st = this.pids.get(pid);
     if (st === undefined) {
-      st = { pid, fds: new Map(), last: new Map(), numThreads: -1, readsSinceList: 0 };
+      st = { pid, threads: new Map(), numThreads: -1, readsSinceList: 0, cpuNs: -1n, running: false, gated: 0 };
       this.pids.set(pid, st);
       if (!this.list(pid, st)) return this.gone(pid);
     }
+    // The clock first: the lines read after it are at least as new.
+    const cpuNs = this.gate ? processCpuTimeNs(pid) : -1n;
+    if (cpuNs >= 0n && cpuNs === st.cpuNs && !st.running && st.gated < MAX_GATED_READS) {
+      const out = this.lastLines(st);
+      if (out !== null) {
+        st.gated++;
+        this.cost.gatedProcessReads++;
+        return out;
+      }
+    }
     // The main thread's line says whether the process lives and how many threads it has now.
-    let main = this.readFd(st, pid);
+    let main = this.readMain(st);
     if (main === null) {
       // The leader's fd is bound to the process it was opened for: failing means that process is gone
       // (a reused pid is another process, and is not ours).
@@ -103,26 +202,34 @@ export class ProcTaskReader {
     }
     const n = statNumThreads(main);
     st.readsSinceList++;
-    let relist = n !== st.numThreads || st.readsSinceList >= this.relistEvery || st.fds.size !== n;
+    let relist = n !== st.numThreads || st.readsSinceList >= this.relistEvery || st.threads.size !== n;
+    // After MAX_GATED_READS answers from the process gate, every line is read (the same bound as a thread's).
+    const force = st.gated >= MAX_GATED_READS;
+    st.gated = 0;
     for (let attempt = 0; attempt < 2; attempt++) {
       if (relist) {
         if (!this.list(pid, st)) return this.gone(pid);
-        if (attempt > 0 || !st.fds.has(pid)) {
-          main = this.readFd(st, pid);
+        if (attempt > 0 || !st.threads.has(pid)) {
+          main = this.readMain(st);
           if (main === null) return this.gone(pid);
         }
       }
       const out = new Map<number, string>();
       out.set(pid, main);
       let failed = false;
-      for (const tid of st.fds.keys()) {
+      for (const [tid, t] of st.threads) {
         if (tid === pid) continue;
-        const line = this.readFd(st, tid);
+        const line = force ? this.readLine(st, tid, t) : this.readThread(st, tid, t);
         if (line === null) failed = true;
         else out.set(tid, line);
       }
       // A thread that ended may have been replaced by a new one with the count unchanged: list once more.
-      if (!failed || attempt > 0) return out;
+      if (!failed || attempt > 0) {
+        st.cpuNs = failed ? -1n : cpuNs;
+        st.running = false;
+        for (const t of st.threads.values()) if (t.running) st.running = true;
+        return out;
+      }
       relist = true;
     }
     return null; // not reached
@@ -132,7 +239,7 @@ export class ProcTaskReader {
   forget(pid: number): void {
     const st = this.pids.get(pid);
     if (st === undefined) return;
-    for (const fd of st.fds.values()) closeQuietly(fd);
+    for (const t of st.threads.values()) closeThread(t);
     this.pids.delete(pid);
   }
 
@@ -145,37 +252,93 @@ export class ProcTaskReader {
     return null;
   }
 
-  /** pread of one thread's stat; on failure its fd is closed and dropped. */
-  private readFd(st: PidState, tid: number): string | null {
-    const fd = st.fds.get(tid);
-    if (fd === undefined) return null;
-    let n: number;
-    try {
-      n = fs.readSync(fd, this.buf, 0, BUF_SIZE, 0);
-    } catch (e) {
-      if (!isGone(e)) throw new TaskReadError(path.join(this.procRoot, String(st.pid), 'task', String(tid), 'stat'), codeOf(e));
-      n = 0; // ESRCH / ENOENT: the thread is gone
+  /** Every thread's last line, the main thread's first; null when one has none yet. */
+  private lastLines(st: PidState): Map<number, string> | null {
+    const main = st.threads.get(st.pid);
+    if (main?.line == null) return null;
+    const out = new Map<number, string>();
+    out.set(st.pid, main.line);
+    for (const [tid, t] of st.threads) {
+      if (tid === st.pid) continue;
+      if (t.line === null) return null;
+      out.set(tid, t.line);
     }
+    return out;
+  }
+
+  private readMain(st: PidState): string | null {
+    const t = st.threads.get(st.pid);
+    return t === undefined ? null : this.readLine(st, st.pid, t);
+  }
+
+  /** A non-main thread's line: through the schedstat gate when it can, else read. */
+  private readThread(st: PidState, tid: number, t: ThreadState): string | null {
+    if (t.sfd < 0 || t.running || t.direct > 0) {
+      if (t.direct > 0) t.direct--;
+      t.runtimeLen = 0; // this line is not tied to a run time: the next probe reads the line again
+      return this.readLine(st, tid, t);
+    }
+    this.cost.probes++;
+    const n = pread(t.sfd, this.sbuf, SCHED_BUF_SIZE, 0);
+    if (n < 0) {
+      this.failed(st, tid, 'schedstat', -n);
+      this.drop(st, tid, t);
+      return null;
+    }
+    const len = runtimeLength(this.sbuf, n);
+    const same = len > 0 && len === t.runtimeLen && this.sbuf.compare(t.runtime, 0, len, 0, len) === 0;
+    if (same) {
+      t.moved = 0;
+      if (t.line !== null && t.gated < MAX_GATED_READS) {
+        // Not run since its line was read: the same line.
+        this.cost.gatedReads++;
+        t.gated++;
+        return t.line;
+      }
+    } else {
+      // It ran (or its run time was not known): the run time now, then the line, printed at this run time or later.
+      if (t.runtimeLen > 0 && ++t.moved >= BUSY_PROBES) {
+        t.moved = 0;
+        t.direct = DIRECT_READS;
+      }
+      if (len > 0) this.sbuf.copy(t.runtime, 0, 0, len);
+      t.runtimeLen = len;
+    }
+    return this.readLine(st, tid, t);
+  }
+
+  /** pread of one thread's stat; on failure the thread is dropped (fds closed). */
+  private readLine(st: PidState, tid: number, t: ThreadState): string | null {
+    this.cost.statReads++;
+    t.gated = 0;
+    const n = pread(t.fd, this.buf, BUF_SIZE, 0);
     if (n <= 0) {
-      closeQuietly(fd);
-      st.fds.delete(tid);
-      st.last.delete(tid);
+      if (n < 0) this.failed(st, tid, 'stat', -n);
+      this.drop(st, tid, t);
       return null;
     }
     let end = n;
     if (this.buf[end - 1] === 0x0a) end--;
-    const last = st.last.get(tid);
-    if (last !== undefined && last.line.length === end && this.buf.compare(last.bytes, 0, end, 0, end) === 0) return last.line;
+    const close = this.buf.lastIndexOf(CLOSE_PAREN, end - 1);
+    t.running = close >= 0 && close + 2 < end && this.buf[close + 2] === RUNNING;
+    const last = t.line;
+    if (last !== null && last.length === end && this.buf.compare(t.bytes!, 0, end, 0, end) === 0) return last;
     const line = this.buf.toString('latin1', 0, end);
-    if (last !== undefined && last.bytes.length >= end) {
-      this.buf.copy(last.bytes, 0, 0, end);
-      last.line = line;
-    } else {
-      const bytes = Buffer.allocUnsafe(end + 32); // room for counters that grow a digit
-      this.buf.copy(bytes, 0, 0, end);
-      st.last.set(tid, { bytes, line });
-    }
+    if (t.bytes === null || t.bytes.length < end) t.bytes = Buffer.allocUnsafe(end + 32); // room for counters that grow a digit
+    this.buf.copy(t.bytes, 0, 0, end);
+    t.line = line;
     return line;
+  }
+
+  /** A read failed with errno: gone (ENOENT, ESRCH) is fine, anything else is thrown. */
+  private failed(st: PidState, tid: number, file: string, errno: number): void {
+    if (errno === ENOENT || errno === ESRCH) return;
+    throw new TaskReadError(path.join(this.procRoot, String(st.pid), 'task', String(tid), file), errnoName(errno));
+  }
+
+  private drop(st: PidState, tid: number, t: ThreadState): void {
+    closeThread(t);
+    st.threads.delete(tid);
   }
 
   /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. */
@@ -196,33 +359,69 @@ export class ProcTaskReader {
       if (!/^\d+$/.test(name)) continue;
       const tid = Number(name);
       present.add(tid);
-      if (st.fds.has(tid)) continue;
+      if (st.threads.has(tid)) continue;
+      let file = path.join(dir, name, 'stat');
       try {
-        st.fds.set(tid, fs.openSync(path.join(dir, name, 'stat'), fs.constants.O_RDONLY));
+        const fd = fs.openSync(file, fs.constants.O_RDONLY);
+        const t: ThreadState = { fd, sfd: -1, line: null, bytes: null, runtime: Buffer.alloc(RUNTIME_DIGITS), runtimeLen: 0, running: false, gated: 0, moved: 0, direct: 0 };
+        st.threads.set(tid, t);
         opened.push(tid);
+        if (this.gate && tid !== pid) {
+          file = path.join(dir, name, 'schedstat');
+          t.sfd = openSchedstat(file);
+        }
       } catch (e) {
         if (isGone(e)) {
+          const t = st.threads.get(tid);
+          if (t !== undefined) this.drop(st, tid, t);
           present.delete(tid); // exited between the listing and the open
           continue;
         }
         // Out of fds (or worse): give back what this listing took, so the shortage is not ours to prolong.
-        for (const t of opened) {
-          closeQuietly(st.fds.get(t)!);
-          st.fds.delete(t);
+        for (const o of opened) {
+          const t = st.threads.get(o);
+          if (t !== undefined) this.drop(st, o, t);
         }
-        throw new TaskReadError(path.join(dir, name, 'stat'), codeOf(e));
+        throw new TaskReadError(file, codeOf(e));
       }
     }
-    for (const [tid, fd] of st.fds) {
-      if (!present.has(tid)) {
-        closeQuietly(fd);
-        st.fds.delete(tid);
-        st.last.delete(tid);
-      }
-    }
-    st.numThreads = st.fds.size;
-    return st.fds.has(pid) || present.size > 0;
+    for (const [tid, t] of st.threads) if (!present.has(tid)) this.drop(st, tid, t);
+    st.numThreads = st.threads.size;
+    return st.threads.has(pid) || present.size > 0;
   }
+}
+
+/**
+ * fd of a thread's schedstat, or -1 when this kernel has none (no CONFIG_SCHED_INFO): that thread's
+ * stat is then read every time. Throws what open throws otherwise (the thread gone, out of fds).
+ */
+function openSchedstat(file: string): number {
+  try {
+    return fs.openSync(file, fs.constants.O_RDONLY);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT' && fs.existsSync(path.dirname(file))) return -1;
+    throw e;
+  }
+}
+
+/**
+ * Length of schedstat's first field (the run time, ns), or 0 when it cannot serve as a gate: not
+ * digits, longer than a u64, or "0" (a kernel with sched_info off prints "0 0 0" for every thread).
+ */
+function runtimeLength(b: Buffer, n: number): number {
+  let i = 0;
+  while (i < n && b[i] !== SPACE) {
+    const c = b[i]!;
+    if (c < 0x30 || c > 0x39) return 0;
+    i++;
+  }
+  if (i === 0 || i > RUNTIME_DIGITS || i === n || (i === 1 && b[0] === 0x30)) return 0;
+  return i;
+}
+
+function closeThread(t: ThreadState): void {
+  closeQuietly(t.fd);
+  if (t.sfd >= 0) closeQuietly(t.sfd);
 }
 
 function closeQuietly(fd: number): void {

@@ -29,6 +29,23 @@ interface ThreadMark {
   ticks: number;
 }
 
+/** The fields of a stat line the rules use. */
+interface ThreadStat extends ThreadMark {
+  processor: number;
+}
+
+/**
+ * A thread's line as last parsed, reused while the sampler hands the same line again (an idle
+ * thread's line does not change): parsing is a pure function of the line, so this changes nothing
+ * but the cost.
+ */
+interface ParsedLine {
+  line: string;
+  /** null: the line counts as absent, for `problem`. */
+  stat: ThreadStat | null;
+  problem: string;
+}
+
 type Phase = 'pending' | 'active' | 'ended';
 
 interface VmState {
@@ -40,6 +57,8 @@ interface VmState {
   phase: Phase;
   /** Threads seen in the previous sample (active VMs only). */
   prev: Map<number, ThreadMark>;
+  /** tid -> its last line, parsed (live VMs only). */
+  parsed: Map<number, ParsedLine>;
   /** A(v,g), joules. */
   acc: number[];
   /** Sample time of the published values; 0n before the first interval. */
@@ -111,6 +130,7 @@ export class RatioEngine {
       nvpkg,
       phase: 'pending',
       prev: new Map(),
+      parsed: new Map(),
       acc: new Array<number>(nvpkg).fill(0),
       tNs: 0n,
     });
@@ -202,7 +222,7 @@ export class RatioEngine {
       }
       vm.phase = 'active';
       vm.prev = new Map();
-      for (const [tid, st] of threads) vm.prev.set(tid, { starttime: st.starttime, ticks: st.ticks });
+      for (const [tid, st] of threads) vm.prev.set(tid, st);
     }
     if (result) {
       result.ended = ended;
@@ -255,7 +275,7 @@ export class RatioEngine {
           ticksOnPkg.set(pkg, (ticksOnPkg.get(pkg) ?? 0) + dticks);
         }
         threads.push({ tid, dticks, pkg, vpkg: vm.vcpuVpkg.get(tid) });
-        marks.set(tid, { starttime: st.starttime, ticks: st.ticks });
+        marks.set(tid, st);
       }
       vm.prev = marks;
       live.push({ vm, threads });
@@ -317,24 +337,22 @@ export class RatioEngine {
    * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
    * thread's starttime is not the registered one). Bad lines are reported and left out.
    */
-  private aliveThreads(vm: VmState, s: Sample, problems: string[]): Map<number, { starttime: number; ticks: number; processor: number }> | null {
+  private aliveThreads(vm: VmState, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
     const pid = vm.spec.pid;
     const lines = s.tasks.get(pid);
     if (lines === undefined) return null;
-    const out = new Map<number, { starttime: number; ticks: number; processor: number }>();
+    const cache = vm.parsed;
+    const out = new Map<number, ThreadStat>();
     for (const [tid, line] of lines) {
-      const parsed = parseStatLine(line);
-      if (!parsed.ok) {
-        problems.push(`pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent`);
-        continue;
+      let c = cache.get(tid);
+      if (c === undefined || c.line !== line) {
+        c = parseThread(pid, tid, line);
+        cache.set(tid, c);
       }
-      const st = parsed.value;
-      if (st.tid !== tid) {
-        problems.push(`pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent`);
-        continue;
-      }
-      out.set(tid, { starttime: st.starttime, ticks: st.utime + st.stime, processor: st.processor });
+      if (c.stat === null) problems.push(c.problem);
+      else out.set(tid, c.stat);
     }
+    if (cache.size > lines.size) for (const tid of cache.keys()) if (!lines.has(tid)) cache.delete(tid);
     // A missing or unreadable main-thread line cannot prove the pid was reused: the VM stays.
     const main = out.get(pid);
     if (main !== undefined && main.starttime !== vm.spec.starttime) return null;
@@ -345,6 +363,7 @@ export class RatioEngine {
     vm.phase = 'ended';
     vm.endedBy = by;
     vm.prev = new Map();
+    vm.parsed = new Map();
   }
 
   private publish(vm: VmState): VmOutput {
@@ -359,4 +378,13 @@ export class RatioEngine {
     if (vm.spec.name !== undefined) out.name = vm.spec.name;
     return out;
   }
+}
+
+/** A thread's stat line parsed for the rules (docs/ratio.md, "Reading a stat line"), or why it counts as absent. */
+function parseThread(pid: number, tid: number, line: string): ParsedLine {
+  const parsed = parseStatLine(line);
+  if (!parsed.ok) return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent` };
+  const st = parsed.value;
+  if (st.tid !== tid) return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent` };
+  return { line, stat: { starttime: st.starttime, ticks: st.utime + st.stime, processor: st.processor }, problem: '' };
 }

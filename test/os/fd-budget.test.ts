@@ -6,18 +6,18 @@ describe('FdBudget', () => {
     let open = 100;
     let conns = 10;
     const b = new FdBudget({ limit: 1024, maxConnections: 400, openConnections: () => conns, openFds: () => open });
-    // room = 1024 - 100 - (400 - 10) - 32 = 502; a VM of n threads needs n + 1
-    expect(b.canAdmit(501)).toEqual({ ok: true, value: undefined });
-    const no = b.canAdmit(502);
+    // room = 1024 - 100 - (400 - 10) - 32 = 502; a VM of n threads needs 2n (stat and schedstat, none for the main thread's schedstat, one listing)
+    expect(b.canAdmit(251)).toEqual({ ok: true, value: undefined });
+    const no = b.canAdmit(252);
     expect(no.ok).toBe(false);
     expect(!no.ok && no.error).toBe(
-      "not enough file descriptors: its 502 threads need 503, 502 are left (limit 1024, 100 open, 390 kept for connections, 32 reserved); raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
+      "not enough file descriptors: its 252 threads need 504, 502 are left (limit 1024, 100 open, 390 kept for connections, 32 reserved); raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
     );
     // connections that exist are in `open` already: their slots are not counted twice
     open = 490;
     conns = 400;
-    expect(b.canAdmit(501)).toEqual({ ok: true, value: undefined });
-    expect(vmFds(10)).toBe(11);
+    expect(b.canAdmit(251)).toEqual({ ok: true, value: undefined });
+    expect(vmFds(10)).toBe(20);
   });
 
   it('lowers --max-connections to half of what the limit leaves, never below 1', () => {

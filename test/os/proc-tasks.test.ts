@@ -1,6 +1,6 @@
 import fs from 'node:fs';
 import { afterEach, describe, expect, test } from 'vitest';
-import { ProcTaskReader } from '../../src/os/proc-tasks.js';
+import { keptFds, MAX_GATED_READS, ProcTaskReader, type TaskReadCost } from '../../src/os/proc-tasks.js';
 import { parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
 import { ThreadedProcess, openFdCount, procFdsOf } from '../support/threads.js';
 
@@ -90,8 +90,8 @@ describe('ProcTaskReader on real processes', () => {
         await p.cmd('stop 20');
         const lines = r.read(p.pid)!;
         expect([...lines.keys()].sort((a, b) => a - b)).toEqual(p.tids());
-        expect(r.openFds).toBe(lines.size);
-        expect(procFdsOf(p.pid)).toBe(lines.size);
+        expect(r.openFds).toBe(keptFds(lines.size));
+        expect(procFdsOf(p.pid)).toBe(keptFds(lines.size));
       }
       expect(openFdCount() - fds0).toBeLessThanOrEqual(r.openFds);
     } finally {
@@ -106,7 +106,7 @@ describe('ProcTaskReader on real processes', () => {
     const r = new ProcTaskReader('/proc');
     const n = r.read(p.pid)!.size;
     expect(n).toBeGreaterThanOrEqual(5);
-    expect(procFdsOf(p.pid)).toBe(n);
+    expect(procFdsOf(p.pid)).toBe(keptFds(n));
     await p.kill();
     // a reaped process: its kept fds now fail with ESRCH
     expect(r.read(p.pid)).toBeNull();
@@ -130,9 +130,9 @@ describe('ProcTaskReader on real processes', () => {
     try {
       const na = r.read(a.pid)!.size;
       const nb = r.read(b.pid)!.size;
-      expect(r.openFds).toBe(na + nb);
+      expect(r.openFds).toBe(keptFds(na) + keptFds(nb));
       r.forget(a.pid);
-      expect(r.openFds).toBe(nb);
+      expect(r.openFds).toBe(keptFds(nb));
       expect(r.read(a.pid)!.size).toBe(na);
     } finally {
       r.close();
@@ -167,6 +167,164 @@ describe('ProcTaskReader on real processes', () => {
       const t0 = ticks(r.read(p.pid)!);
       await new Promise((res) => setTimeout(res, 300));
       expect(ticks(r.read(p.pid)!)).toBeGreaterThan(t0);
+    } finally {
+      r.close();
+    }
+  });
+});
+
+describe('ProcTaskReader gates on real processes', () => {
+  const fromProc = (pid: number, tid: number) => fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, 'latin1').trimEnd();
+  const ticksOf = (line: string) => {
+    const st = parseStatLine(line);
+    if (!st.ok) throw new Error(st.error);
+    return st.value.utime + st.value.stime;
+  };
+  const newTid = async (p: ThreadedProcess, cmd: string) => {
+    const before = new Set(p.tids());
+    await p.cmd(cmd);
+    return p.tids().find((t) => !before.has(t))!;
+  };
+
+  /** Reads until `done` says a read was answered as the test wants (threads just started may still run); fails after 3 s. */
+  async function readUntil(r: ProcTaskReader, p: ThreadedProcess, what: string, done: (d: TaskReadCost) => boolean): Promise<Map<number, string>> {
+    const deadline = Date.now() + 3000;
+    for (;;) {
+      const before = { ...r.cost };
+      const lines = r.read(p.pid)!;
+      const d = { statReads: r.cost.statReads - before.statReads, probes: r.cost.probes - before.probes, gatedReads: r.cost.gatedReads - before.gatedReads, gatedProcessReads: r.cost.gatedProcessReads - before.gatedProcessReads };
+      if (done(d)) return lines;
+      if (Date.now() > deadline) throw new Error(`${what}: not seen in 3 s (last read: ${JSON.stringify(d)})`);
+      await new Promise((res) => setTimeout(res, 20));
+    }
+  }
+  /** The process gate answered: no line read, no probe. */
+  const processGated = (d: TaskReadCost) => d.gatedProcessReads === 1 && d.statReads === 0 && d.probes === 0;
+
+  test('a process none of whose threads ran since the last read: no line is read, and every line is what /proc says now', async () => {
+    const p = await proc();
+    await p.cmd('start 3');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      const lines = await readUntil(r, p, 'a read answered by the process gate', processGated);
+      expect(lines.size).toBe(4);
+      for (const [tid, line] of lines) expect(line).toBe(fromProc(p.pid, tid));
+    } finally {
+      r.close();
+    }
+  });
+
+  test('a thread that ran since its line was read is read again: fresh ticks, equal to /proc', async () => {
+    const p = await proc();
+    const burner = await newTid(p, 'burner');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      const gated = (await readUntil(r, p, 'a read answered by the process gate', processGated)).get(burner)!;
+      for (let i = 0; i < 3; i++) await p.cmd('burn'); // 150 ms of CPU: at least one more tick
+      const before = { ...r.cost };
+      const fresh = r.read(p.pid)!.get(burner)!;
+      expect(r.cost.gatedProcessReads - before.gatedProcessReads).toBe(0);
+      expect(r.cost.gatedReads - before.gatedReads).toBeLessThan(p.tids().length - 1); // the burner was not gated
+      expect(fresh).toBe(fromProc(p.pid, burner));
+      expect(ticksOf(fresh)).toBeGreaterThan(ticksOf(gated));
+    } finally {
+      r.close();
+    }
+  });
+
+  test('a thread born while the process gate is closed is read', async () => {
+    const p = await proc();
+    await p.cmd('start 2');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      await readUntil(r, p, 'a read answered by the process gate', processGated);
+      const born = await newTid(p, 'start 1');
+      const lines = r.read(p.pid)!;
+      expect([...lines.keys()].sort((a, b) => a - b)).toEqual(p.tids());
+      expect(lines.get(born)).toBe(fromProc(p.pid, born));
+    } finally {
+      r.close();
+    }
+  });
+
+  test('a process that exits while the process gate is closed gives null, and every fd is released', async () => {
+    const p = await proc();
+    await p.cmd('start 2');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    await readUntil(r, p, 'a read answered by the process gate', processGated);
+    await p.kill();
+    expect(r.read(p.pid)).toBeNull();
+    expect(r.openFds).toBe(0);
+    expect(procFdsOf(p.pid)).toBe(0);
+    r.close();
+  });
+
+  test('in a process that keeps running, a sleeping thread is served by its schedstat without a stat read, and its line is what /proc says now', async () => {
+    const p = await proc();
+    await p.cmd('start 3');
+    await p.cmd('spin'); // always running: the process gate never answers
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      const sleepers = p.tids().length - 2;
+      const lines = await readUntil(r, p, 'every sleeper answered by the thread gate', (d) => d.gatedReads === sleepers && d.gatedProcessReads === 0);
+      for (const tid of p.tids().slice(1, 4)) expect(lines.get(tid)).toBe(fromProc(p.pid, tid));
+    } finally {
+      r.close();
+    }
+  });
+
+  test('a thread that runs between every read stops being probed for a while, and every line stays fresh', async () => {
+    const p = await proc();
+    const burner = await newTid(p, 'burner');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      r.read(p.pid);
+      const probes0 = r.cost.probes;
+      const reads = 12;
+      for (let i = 0; i < reads; i++) {
+        await p.cmd('burn');
+        expect(r.read(p.pid)!.get(burner)).toBe(fromProc(p.pid, burner));
+      }
+      // probed until it ran twice in a row, then read directly: fewer probes than reads of the burner
+      // (the process's other threads, idle, are probed every time: count the burner's share only)
+      const others = p.tids().length - 2;
+      expect(r.cost.probes - probes0 - others * reads).toBeLessThan(reads / 2);
+    } finally {
+      r.close();
+    }
+  });
+
+  test(`a sleeping thread's line is read again after ${MAX_GATED_READS} reads answered by a gate`, async () => {
+    const p = await proc();
+    await p.cmd('start 1');
+    const sleeper = p.tids().find((t) => t !== p.pid)!;
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      await readUntil(r, p, 'a read answered by the process gate', processGated);
+      const stat0 = r.cost.statReads;
+      const reads = 3 * (MAX_GATED_READS + 1);
+      for (let i = 0; i < reads; i++) expect(r.read(p.pid)!.get(sleeper)).toBe(fromProc(p.pid, sleeper));
+      // once per MAX_GATED_READS + 1 reads (where the run starts is not known), with the main thread
+      const sleeperReads = (r.cost.statReads - stat0) / 2;
+      expect(sleeperReads).toBeGreaterThanOrEqual(2);
+      expect(sleeperReads).toBeLessThanOrEqual(3);
+    } finally {
+      r.close();
+    }
+  });
+
+  test('with the gates off every line is read every time and no schedstat fd is held', async () => {
+    const p = await proc();
+    await p.cmd('start 3');
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000, gate: false });
+    try {
+      const n = r.read(p.pid)!.size;
+      r.read(p.pid);
+      expect(r.cost.probes).toBe(0);
+      expect(r.cost.gatedProcessReads).toBe(0);
+      expect(r.cost.statReads).toBe(2 * n);
+      expect(r.openFds).toBe(n);
+      expect(procFdsOf(p.pid)).toBe(n);
     } finally {
       r.close();
     }

@@ -1,11 +1,25 @@
-/** A real python3 process whose threads the test starts and stops through stdin. */
+/**
+ * A real python3 process whose threads the test starts and stops through stdin: `start N` / `stop N`
+ * sleeping threads, `spin` (a thread that never sleeps), `burner` (a thread that sleeps until each
+ * `burn`, then uses 50 ms of CPU; `burn` answers once /proc shows it asleep again).
+ */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import { LineReader } from './line-reader.js';
 
 const SCRIPT = `
-import sys, threading
+import sys, threading, time
 evs = []
+burn_go = threading.Event()
+burn_done = threading.Event()
+burner_tid = [0]
+def burner():
+    burner_tid[0] = threading.get_native_id()
+    while True:
+        burn_go.wait(); burn_go.clear()
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end: pass
+        burn_done.set()
 def worker(ev):
     ev.wait()
 print("ready", flush=True)
@@ -18,6 +32,11 @@ for line in sys.stdin:
     elif cmd[0] == "stop":
         for _ in range(int(cmd[1])):
             ev, t = evs.pop(); ev.set(); t.join()
+    elif cmd[0] == "burner":
+        threading.Thread(target=burner, daemon=True).start()
+    elif cmd[0] == "burn":
+        burn_done.clear(); burn_go.set(); burn_done.wait()
+        while open("/proc/self/task/%d/stat" % burner_tid[0]).read().rsplit(")", 1)[1].split()[0] != "S": time.sleep(0.001)
     elif cmd[0] == "spin":
         def s():
             x = 0
