@@ -104,7 +104,11 @@ describe('names and stat lines', () => {
     fields[20 - 3] = '7';
     fields[22 - 3] = '123456';
     const line = `42 (a) b (c)) ${fields.join(' ')}`;
-    expect(parseProcessStat(line)).toEqual({ comm: 'a) b (c)', flags: PF_KTHREAD, numThreads: 7, starttime: 123456 });
+    expect(parseProcessStat(line)).toEqual({ comm: 'a) b (c)', flags: PF_KTHREAD, numThreads: 7, starttime: 123456, exitSignal: 38 });
+    fields[38 - 3] = '-1'; // a thread that is not its process's main one
+    expect(parseProcessStat(`42 (a) b (c)) ${fields.join(' ')}`)?.exitSignal).toBe(-1);
+    fields[38 - 3] = '-x';
+    expect(parseProcessStat(`42 (a) b (c)) ${fields.join(' ')}`)).toBeNull();
     expect(commOf(line)).toBe('a) b (c)');
     expect(parseProcessStat('42 (x) S 1 2')).toBeNull();
     expect(parseProcessStat('garbage')).toBeNull();

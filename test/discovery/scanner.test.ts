@@ -1,13 +1,16 @@
 /**
  * ProcScanner on a /proc tree written by the test (directories with stat, cmdline, task/<tid>/comm,
  * loadavg, uptime), for what the real /proc cannot be made to do on demand: a pid reused by a QEMU
- * between two scans, a process that execs QEMU after it was first seen, and the cost of a quiet scan.
+ * between two scans, a process that execs QEMU after it was first seen, and the cost of a quiet scan;
+ * and the kernel fact the pid look-ups rest on, on the real /proc.
  */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ProcScanner } from '../../src/discovery/scanner.js';
+import { parseProcessStat } from '../../src/discovery/process-stat.js';
+import { MAX_PIDS_PROBED, ProcScanner } from '../../src/discovery/scanner.js';
+import { ThreadedProcess } from '../support/threads.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import { MAX_VCPUS } from '../../src/ratio/types.js';
 import { host } from '../ratio/helpers.js';
@@ -28,14 +31,19 @@ class FakeProc {
     fs.writeFileSync(path.join(this.root, 'loadavg'), `0.00 0.00 0.00 1/100 ${pid}\n`);
     fs.writeFileSync(path.join(this.root, 'uptime'), `${this.uptime}.00 0.00\n`);
   }
-  /** A process: comm, starttime (clock ticks, CLK_TCK 100), argv, thread names (index 0 = main). */
-  process(pid: number, o: { comm: string; starttime: number; argv: string[]; threads?: string[] }): void {
+  /**
+   * A process: comm, starttime (clock ticks, CLK_TCK 100), argv, thread names (index 0 = main).
+   * `thread`: not a process but a thread looked up by its tid (exit_signal -1), as /proc/<tid> of a
+   * thread that is not its process's main one resolves.
+   */
+  process(pid: number, o: { comm: string; starttime: number; argv: string[]; threads?: string[]; thread?: boolean }): void {
     const d = path.join(this.root, String(pid));
     fs.rmSync(d, { recursive: true, force: true });
     const threads = o.threads ?? [o.comm];
     const fields = Array.from({ length: 50 }, () => '0');
     fields[17] = String(threads.length); // num_threads (field 20)
     fields[19] = String(o.starttime); // starttime (field 22)
+    fields[35] = o.thread ? '-1' : '17'; // exit_signal (field 38)
     fs.mkdirSync(path.join(d, 'task'), { recursive: true });
     fs.writeFileSync(path.join(d, 'stat'), `${pid} (${o.comm}) ${fields.join(' ')}\n`);
     fs.writeFileSync(path.join(d, 'cmdline'), o.argv.join('\0') + '\0');
@@ -80,6 +88,37 @@ describe('ProcScanner', () => {
     expect(s.cost.statReads - reads).toBe(1); // only the new pid
     s.scan();
     expect(s.cost.quietScans).toBe(1);
+  });
+
+  it(`looks up each new pid instead of listing /proc when at most ${MAX_PIDS_PROBED} were handed out, and lists /proc when more were`, () => {
+    const p = new FakeProc();
+    p.process(100, { comm: 'sshd', starttime: 100, argv: ['sshd'] });
+    p.lastPid(100);
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000 });
+    s.scan();
+    expect(s.cost.listings).toBe(1);
+    p.process(150, { ...qemu('probed'), starttime: 99_000 });
+    p.lastPid(100 + MAX_PIDS_PROBED);
+    expect(s.scan().map((v) => [v.pid, v.name])).toEqual([[150, 'probed']]);
+    expect([s.cost.listings, s.cost.probeScans]).toEqual([1, 1]);
+    p.process(300, { ...qemu('listed'), starttime: 99_000 });
+    p.lastPid(100 + 2 * MAX_PIDS_PROBED + 1);
+    expect(s.scan().map((v) => [v.pid, v.name])).toEqual([[300, 'listed']]);
+    expect([s.cost.listings, s.cost.probeScans]).toEqual([2, 1]);
+  });
+
+  it('a thread looked up by its tid (a new vCPU thread of a known VM, exit_signal -1) is not taken for a process', () => {
+    const p = new FakeProc();
+    p.process(100, { comm: 'sshd', starttime: 100, argv: ['sshd'] });
+    p.lastPid(100);
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000 });
+    s.scan();
+    // what /proc/<tid> of a QEMU's vCPU thread shows: the process's command line and threads
+    p.process(120, { ...qemu('a-thread'), starttime: 99_000, thread: true });
+    p.lastPid(125);
+    expect(s.scan()).toEqual([]);
+    expect(s.cost.probeScans).toBe(1);
+    expect(s.cost.cmdlineReads).toBe(0);
   });
 
   it('finds a young process that execs QEMU after it was first seen (libvirt forks, then execs)', () => {
@@ -142,5 +181,23 @@ describe('ProcScanner', () => {
     expect(c.vcpus).toHaveLength(MAX_VCPUS);
     expect([c.vcpus[0]!.tid, c.vcpus.at(-1)!.tid]).toEqual([1000, 1000 + MAX_VCPUS - 1]);
     expect(() => engine.updateVcpus(vmId, c.vcpus)).not.toThrow();
+  });
+});
+
+describe('exit_signal on the real /proc', () => {
+  it('is -1 in /proc/<tid>/stat of a thread that is not the main one, and not -1 for the process itself', async () => {
+    const p = new ThreadedProcess();
+    try {
+      await p.ready();
+      await p.cmd('start 2');
+      const read = (tid: number) => parseProcessStat(fs.readFileSync(`/proc/${tid}/stat`, 'latin1'))!;
+      expect(read(p.pid).exitSignal).not.toBe(-1);
+      const others = p.tids().filter((t) => t !== p.pid);
+      expect(others.length).toBe(2);
+      for (const tid of others) expect(read(tid).exitSignal).toBe(-1);
+      expect(fs.readdirSync('/proc')).not.toContain(String(others[0])); // resolvable, but not listed
+    } finally {
+      await p.kill();
+    }
   });
 });
