@@ -116,6 +116,8 @@ interface PidState {
   running: boolean;
   /** Reads answered by the process gate in a row. */
   gated: number;
+  /** What the last read returned: handed out again while the process gate answers. */
+  lastOut: Map<number, string> | null;
 }
 
 export interface ProcTaskReaderOptions {
@@ -172,24 +174,26 @@ export class ProcTaskReader {
 
   /**
    * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
-   * Threads whose read fails mid-way (exited) are left out. Throws TaskReadError when a read fails
+   * Threads whose read fails mid-way (exited) are left out. When nothing changed, this is the very map
+   * the previous read returned (no allocation for an idle VM): do not modify it. Throws TaskReadError when a read fails
    * for another reason (see the file comment).
    */
   read(pid: number): Map<number, string> | null {
     if (!Number.isSafeInteger(pid) || pid <= 0) return null;
     let st = this.pids.get(pid);
     if (st === undefined) {
-      st = { pid, threads: new Map(), numThreads: -1, readsSinceList: 0, cpuNs: -1n, running: false, gated: 0 };
+      st = { pid, threads: new Map(), numThreads: -1, readsSinceList: 0, cpuNs: -1n, running: false, gated: 0, lastOut: null };
       this.pids.set(pid, st);
       if (!this.list(pid, st)) return this.gone(pid);
     }
     // The clock first: the lines read after it are at least as new.
     const cpuNs = this.gate ? processCpuTimeNs(pid) : -1n;
     if (cpuNs >= 0n && cpuNs === st.cpuNs && !st.running && st.gated < MAX_GATED_READS) {
-      const out = this.lastLines(st);
+      const out = st.lastOut ?? this.lastLines(st);
       if (out !== null) {
         st.gated++;
         this.cost.gatedProcessReads++;
+        st.lastOut = out;
         return out;
       }
     }
@@ -225,6 +229,7 @@ export class ProcTaskReader {
       }
       // A thread that ended may have been replaced by a new one with the count unchanged: list once more.
       if (!failed || attempt > 0) {
+        st.lastOut = out;
         st.cpuNs = failed ? -1n : cpuNs;
         st.running = false;
         for (const t of st.threads.values()) if (t.running) st.running = true;

@@ -252,10 +252,15 @@ export class RatioEngine {
     }
 
     // Pass 1: who is still alive, each thread's dticks and package, D_p.
-    const live: { vm: VmState; threads: ThreadNow[] }[] = [];
+    const live: { vm: VmState; threads: ThreadNow[] | null }[] = [];
     const ticksOnPkg = new Map<number, number>();
     for (const vm of this.vms.values()) {
       if (vm.phase !== 'active') continue;
+      if (this.unchanged(vm, s)) {
+        // Every line as in the previous sample: every dticks is 0, nothing to attribute, the marks stay.
+        live.push({ vm, threads: null });
+        continue;
+      }
       const now = this.aliveThreads(vm, s, problems);
       if (now === null) {
         this.end(vm);
@@ -298,6 +303,11 @@ export class RatioEngine {
     const attributed = new Map<number, number>();
     const vmsOut: VmInterval[] = [];
     for (const { vm, threads } of live) {
+      if (threads === null) {
+        vm.tNs = s.tNs;
+        vmsOut.push({ vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) });
+        continue;
+      }
       let w = 0;
       let nv = 0;
       const es: number[] = new Array<number>(threads.length);
@@ -331,6 +341,22 @@ export class RatioEngine {
       packages.push({ package: pkg, energyJ: e, attributedJ: attributed.get(pkg) ?? 0 });
     }
     return { tNs: s.tNs, dtS: dt, packages, vms: vmsOut, ended, problems };
+  }
+
+  /**
+   * Whether the VM's lines in this sample are those of the previous one, every one understood and on
+   * a known CPU: then the interval gives it nothing and reports nothing (what the full pass would
+   * find), and the full pass is skipped. Idle VMs are most VMs, and the sampler hands an idle
+   * thread's line back unchanged.
+   */
+  private unchanged(vm: VmState, s: Sample): boolean {
+    const lines = s.tasks.get(vm.spec.pid);
+    if (lines === undefined || lines.size !== vm.parsed.size || lines.size !== vm.prev.size) return false;
+    for (const [tid, line] of lines) {
+      const c = vm.parsed.get(tid);
+      if (c === undefined || c.line !== line || c.stat === null || !this.cpuPackage.has(c.stat.processor)) return false;
+    }
+    return true;
   }
 
   /**

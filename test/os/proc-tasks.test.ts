@@ -209,6 +209,7 @@ describe('ProcTaskReader gates on real processes', () => {
       const lines = await readUntil(r, p, 'a read answered by the process gate', processGated);
       expect(lines.size).toBe(4);
       for (const [tid, line] of lines) expect(line).toBe(fromProc(p.pid, tid));
+      expect(r.read(p.pid)).toBe(lines); // the same map again: nothing allocated for an idle process
     } finally {
       r.close();
     }
