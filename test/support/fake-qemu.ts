@@ -118,6 +118,7 @@ export class FakeQemu {
 
 const FARM_SCRIPT = COMMON + String.raw`
 n = int(sys.argv[1]); nv = int(sys.argv[2])
+wake = float(os.environ.get("FAKE_WAKE_S", "0")) or None
 pids = []
 r, w = os.pipe()
 for k in range(n):
@@ -127,7 +128,8 @@ for k in range(n):
         setname("qemu-system-x86")
         evs = []
         def vcpu(i, ev):
-            setname("CPU %d/KVM" % i); ev.wait()
+            setname("CPU %d/KVM" % i)
+            while not ev.wait(wake): pass
         for i in range(nv):
             ev = threading.Event(); threading.Thread(target=vcpu, args=(i, ev), daemon=True).start(); evs.append(ev)
         os.read(r, 1)  # returns when the farm's parent dies
@@ -138,7 +140,11 @@ print(" ".join(map(str, pids)), flush=True)
 sys.stdin.read()
 `;
 
-/** `count` fake VMs of `vcpus` idle named vCPU threads each, forked from one python (pages shared). */
+/**
+ * `count` fake VMs of `vcpus` named vCPU threads each, forked from one python (pages shared). The
+ * vCPU threads sleep for good, or with `wakeEveryMs` wake that often (as an idle guest's vCPUs do
+ * for its timers) and sleep again.
+ */
 export class FakeQemuFarm {
   readonly child: ChildProcess;
   pids: number[] = [];
@@ -146,10 +152,12 @@ export class FakeQemuFarm {
   constructor(
     readonly count: number,
     readonly vcpus: number,
+    o: { wakeEveryMs?: number } = {},
   ) {
     this.child = spawn(PYTHON, ['-u', '-c', FARM_SCRIPT, String(count), String(vcpus), '-name', 'guest=farm', '-smp', `${vcpus},sockets=2`], {
       argv0: 'qemu-system-x86_64',
       stdio: ['pipe', 'pipe', 'inherit'],
+      env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000) },
     });
   }
 
