@@ -98,6 +98,15 @@ export function addClientSocketOption(cmd: Command): Command {
   return cmd.option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_HELPER_SOCKET}')`);
 }
 
+/**
+ * -v and -q, on the daemon and on the exporter (the two commands that log); levelFromFlags reads
+ * them. Given before a subcommand, the root (daemon) command's own take them: read with
+ * optsWithGlobals().
+ */
+export function addLogLevelOptions(cmd: Command): Command {
+  return cmd.option('-v, --verbose', 'log debug messages').option('-q, --quiet', 'log warnings and errors only');
+}
+
 /** --socket-mode: "0600", "660", "0o660" -> number; permission bits only. */
 export function parseSocketMode(text: string): number {
   const m = /^(?:0o?)?([0-7]{3})$/.exec(text.trim());

@@ -15,7 +15,7 @@ import { reexecBlocker, reexecDropped } from '../../os/privileges/reexec.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/socket-file.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
-import { addHostOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
+import { addHostOptions, addLogLevelOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
 import { cannot } from '../../ratio/errors.js';
 
 /** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
@@ -195,9 +195,8 @@ export function configureDaemonCommand(program: Command): void {
     .option('-f, --pidfile <path>', `PID file, written with -d or when given (default '${DEFAULT_PIDFILE}')`)
     .option('-d, --daemon', 'run in the background')
     .option('-u, --user <user>', 'user (name or uid) to drop privileges to')
-    .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)")
-    .option('-v, --verbose', 'debug logging')
-    .option('-q, --quiet', 'log only warnings and errors')
+    .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)");
+  addLogLevelOptions(program)
     .option('-T, --trace <spec>', '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)', collect);
   addHostOptions(program)
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)

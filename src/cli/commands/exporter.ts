@@ -7,7 +7,7 @@ import { V2Client } from '../../client/v2-client.js';
 import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
-import { addClientSocketOption, listenAddressArg, positiveIntArg } from '../options.js';
+import { addClientSocketOption, addLogLevelOptions, listenAddressArg, positiveIntArg } from '../options.js';
 import { createLogger, levelFromFlags } from '../../helper/logger.js';
 import { DisposableStore, listen } from '../../ratio/disposable.js';
 import { DEFAULT_SOCKET } from './daemon.js';
@@ -16,13 +16,12 @@ import { DEFAULT_SOCKET } from './daemon.js';
 export const MAX_MAX_VMS = 100_000;
 
 export function addExporterCommand(program: Command): void {
-  addClientSocketOption(
+  const exporter = addClientSocketOption(
     program.command('exporter').description("serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP"),
   )
     .option('--listen <host:port>', `where to serve /metrics (default ${DEFAULT_LISTEN}: loopback only)`, listenAddressArg)
-    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxVms})`, positiveIntArg('--max-vms', MAX_MAX_VMS))
-    .option('-v, --verbose', 'log debug messages')
-    .option('-q, --quiet', 'log warnings and errors only')
+    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxVms})`, positiveIntArg('--max-vms', MAX_MAX_VMS));
+  addLogLevelOptions(exporter)
     .action(async (_o: unknown, cmd: Command) => {
       // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
       // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
