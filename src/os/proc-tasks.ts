@@ -48,7 +48,7 @@ function codeOf(e: unknown): string {
 const BUF_SIZE = 4096;
 /** A schedstat line: three u64 in decimal. */
 const SCHED_BUF_SIZE = 128;
-/** Digits of a u64: the longest run time kept to compare with. */
+/** Digits of a u64: a longer first schedstat field is not a run time. */
 const RUNTIME_DIGITS = 20;
 
 /**
@@ -83,9 +83,12 @@ interface ThreadState {
   /** The last line (no trailing newline) and its bytes, to compare the next read with. */
   line: string | null;
   bytes: Buffer | null;
-  /** Run time digits (schedstat field 1) read just before `line` was; runtimeLen 0: not known. */
-  runtime: Buffer;
-  runtimeLen: number;
+  /**
+   * Run time (schedstat field 1, ns) read just before `line` was, exactly: its decimal digits but the
+   * last 9 (runtimeHi) and those 9 (runtimeLo). runtimeHi -1: not known.
+   */
+  runtimeHi: number;
+  runtimeLo: number;
   /** The last line's state was R: running now, its run time may lag (nohz_full): read every time. */
   running: boolean;
   /** Reads answered from `line` in a row. */
@@ -280,7 +283,7 @@ export class ProcTaskReader {
   private readThread(st: PidState, tid: number, t: ThreadState): string | null {
     if (t.sfd < 0 || t.running || t.direct > 0) {
       if (t.direct > 0) t.direct--;
-      t.runtimeLen = 0; // this line is not tied to a run time: the next probe reads the line again
+      t.runtimeHi = -1; // this line is not tied to a run time: the next probe reads the line again
       return this.readLine(st, tid, t);
     }
     this.cost.probes++;
@@ -291,7 +294,9 @@ export class ProcTaskReader {
       return null;
     }
     const len = runtimeLength(this.sbuf, n);
-    const same = len > 0 && len === t.runtimeLen && this.sbuf.compare(t.runtime, 0, len, 0, len) === 0;
+    const hi = len > 9 ? digits(this.sbuf, 0, len - 9) : 0;
+    const lo = len > 0 ? digits(this.sbuf, Math.max(0, len - 9), len) : 0;
+    const same = len > 0 && hi === t.runtimeHi && lo === t.runtimeLo;
     if (same) {
       t.moved = 0;
       if (t.line !== null && t.gated < MAX_GATED_READS) {
@@ -302,12 +307,12 @@ export class ProcTaskReader {
       }
     } else {
       // It ran (or its run time was not known): the run time now, then the line, printed at this run time or later.
-      if (t.runtimeLen > 0 && ++t.moved >= BUSY_PROBES) {
+      if (t.runtimeHi >= 0 && ++t.moved >= BUSY_PROBES) {
         t.moved = 0;
         t.direct = DIRECT_READS;
       }
-      if (len > 0) this.sbuf.copy(t.runtime, 0, 0, len);
-      t.runtimeLen = len;
+      t.runtimeHi = len > 0 ? hi : -1;
+      t.runtimeLo = lo;
     }
     return this.readLine(st, tid, t);
   }
@@ -368,7 +373,7 @@ export class ProcTaskReader {
       let file = path.join(dir, name, 'stat');
       try {
         const fd = fs.openSync(file, fs.constants.O_RDONLY);
-        const t: ThreadState = { fd, sfd: -1, line: null, bytes: null, runtime: Buffer.alloc(RUNTIME_DIGITS), runtimeLen: 0, running: false, gated: 0, moved: 0, direct: 0 };
+        const t: ThreadState = { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
         st.threads.set(tid, t);
         opened.push(tid);
         if (this.gate && tid !== pid) {
@@ -422,6 +427,13 @@ function runtimeLength(b: Buffer, n: number): number {
   }
   if (i === 0 || i > RUNTIME_DIGITS || i === n || (i === 1 && b[0] === 0x30)) return 0;
   return i;
+}
+
+/** The decimal digits b[from, to) (at most 15: exact in a double). */
+function digits(b: Buffer, from: number, to: number): number {
+  let v = 0;
+  for (let i = from; i < to; i++) v = v * 10 + (b[i]! - 0x30);
+  return v;
 }
 
 function closeThread(t: ThreadState): void {
