@@ -177,9 +177,9 @@ export class ProcTaskReader {
 
   /**
    * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
-   * Threads whose read fails mid-way (exited) are left out. When nothing changed, this is the very map
-   * the previous read returned (no allocation for an idle VM): do not modify it. Throws TaskReadError when a read fails
-   * for another reason (see the file comment).
+   * Threads whose read fails mid-way (exited) are left out. When nothing changed, this is the very
+   * map the previous read returned (no allocation for an idle VM): do not modify it. Throws
+   * TaskReadError when a read fails for another reason (see the file comment).
    */
   read(pid: number): Map<number, string> | null {
     if (!Number.isSafeInteger(pid) || pid <= 0) return null;
