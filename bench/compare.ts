@@ -91,6 +91,7 @@ export async function run(): Promise<void> {
     // ---- legacy load and idle memory, fresh helpers each repeat
     const L: Record<Side, Load[][]> = { ours: CLIENTS.map(() => []), c: CLIENTS.map(() => []) };
     const idle: Record<Side, number[]> = { ours: [], c: [] };
+    const idleAnon: Record<Side, number[]> = { ours: [], c: [] };
     for (let r = 0; r < REPEATS; r++) {
       const ours = await startOurs(path.join(dir, `ours-${r}.sock`), hostArgs);
       started.push(ours);
@@ -101,7 +102,11 @@ export async function run(): Promise<void> {
       }
       await sleep(500);
       idle.ours.push(rssMiB(ours.pid));
-      if (c) idle.c.push(rssMiB(c.pid));
+      idleAnon.ours.push(rssMiB(ours.pid, 'RssAnon'));
+      if (c) {
+        idle.c.push(rssMiB(c.pid));
+        idleAnon.c.push(rssMiB(c.pid, 'RssAnon'));
+      }
       const order: [Side, Ours | Anchor][] = [['ours', ours]];
       if (c) order[r % 2 ? 'push' : 'unshift'](['c', c]);
       CLIENTS.forEach((n, i) => {
@@ -155,12 +160,14 @@ export async function run(): Promise<void> {
     await sleep(2500);
     const daemonMs: number[] = [];
     const rss500: Record<Side, number[]> = { ours: [], c: [] };
+    const anon500: Record<Side, number[]> = { ours: [], c: [] };
     for (let r = 0; r < REPEATS; r++) {
       const c0 = cpuSeconds(ours.pid);
       const w0 = performance.now();
       await sleep(2000);
       daemonMs.push(((cpuSeconds(ours.pid) - c0) * 1e3) / ((performance.now() - w0) / 1000));
       rss500.ours.push(rssMiB(ours.pid));
+      anon500.ours.push(rssMiB(ours.pid, 'RssAnon'));
     }
     held.stdin!.end();
     await client.close();
@@ -173,6 +180,7 @@ export async function run(): Promise<void> {
       for (let r = 0; r < REPEATS; r++) {
         await sleep(300);
         rss500.c.push(rssMiB(c.pid));
+        anon500.c.push(rssMiB(c.pid, 'RssAnon'));
       }
       heldC.stdin!.end();
       c.stop();
@@ -190,7 +198,9 @@ export async function run(): Promise<void> {
     rows.push(['  every line read and parsed (threads that ran)', spreadText(everyLineNs, 0), spreadText(floorNs, 0), ratioText(everyLineNs, floorNs), '']);
     rows.push([`daemon CPU ms per 1 s interval, ${VMS} VMs × ${VCPUS} vCPUs`, spreadText(daemonMs, 1), '—', '—', '≤ 20 ms']);
     rows.push(['idle RSS MiB', spreadText(idle.ours), C(idle.c), R(idle.ours, idle.c), '≤ 45 MB']);
+    rows.push(['  of it anonymous (RssAnon: heap, malloc; not shared file pages)', spreadText(idleAnon.ours), C(idleAnon.c), R(idleAnon.ours, idleAnon.c), '']);
     rows.push([`RSS MiB, ${VMS} VMs (C: ${VMS} legacy connections)`, spreadText(rss500.ours), C(rss500.c), R(rss500.ours, rss500.c), '≤ 70 MB']);
+    rows.push(['  of it anonymous', spreadText(anon500.ours), C(anon500.c), R(anon500.ours, anon500.c), '']);
     const cStart = (xs: number[]) => (xs.length ? spreadText(xs) : 'n/a');
     rows.push(['exec → listening ms (root, re-exec included)', spreadText(start.ours.ms), cStart(start.c.ms), '—', '≤ 200 ms']);
     rows.push(['  its CPU ms (user + system, to exit)', spreadText(start.ours.cpu), cStart(start.c.cpu), '—', '']);

@@ -46,9 +46,13 @@ export function runTool(file: string, args: string[], timeoutMs = 60_000): Recor
 }
 
 /** VmRSS of a process, MiB (NaN when it is gone). */
-export function rssMiB(pid: number): number {
+/**
+ * Resident memory of `pid` in MiB: all of it (VmRSS), or only its anonymous part (RssAnon: heap,
+ * malloc, stacks; not the pages of the node binary and libraries, which the page cache shares).
+ */
+export function rssMiB(pid: number, which: 'VmRSS' | 'RssAnon' = 'VmRSS'): number {
   try {
-    const m = /^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+    const m = new RegExp(`^${which}:\\s+(\\d+) kB`, 'm').exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
     return m ? Number(m[1]) / 1024 : NaN;
   } catch {
     return NaN;
