@@ -21,6 +21,7 @@ import {
   encodeUnregister,
   errorCodeName,
   typeName,
+  type HostPackageValues,
   type HostStats,
   type VmEntry,
 } from '../protocol/v2/codec.js';
@@ -28,7 +29,7 @@ import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js
 import type { VcpuSpec } from '../ratio/types.js';
 import { cannot } from '../ratio/errors.js';
 
-export type { HostStats };
+export type { HostPackageValues, HostStats };
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {
@@ -107,7 +108,9 @@ export interface VmUpdate {
 export interface HostUpdate {
   /** CLOCK_MONOTONIC of the sample (0 before the first interval): age = now - tNs on this host. */
   tNs: bigint;
-  packages: { pkg: number; energyUj: bigint }[];
+  /** Each package's energy and, from a helper that sends it, the part attributed to no VM (else null). */
+  packages: HostPackageValues[];
+  /** Energy attributed to no VM, all packages. */
   unattributedUj: bigint;
   /** A VM appeared, ended or was dropped since the previous sample: LIST again. */
   vmsChanged: boolean;
@@ -289,13 +292,22 @@ export class V2Client {
   }
 
   /**
-   * Host-wide values after every sample: each package's energy, the energy attributed to no VM, and
-   * the helper's health. Resolves with the immediate update. Needs root or the observer group (ERROR 2).
+   * Host-wide values after every sample: each package's energy and the part of it attributed to no
+   * VM, the energy attributed to no VM on all packages, and the helper's health. Resolves with the
+   * immediate update. Needs root or the observer group (ERROR 2). A helper that predates per-package
+   * unattributed energy refuses the flag asking for it (ERROR 1, the connection stays): the
+   * subscription is then made without it, and every package's `unattributedUj` is null.
    */
   async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void): Promise<HostUpdate> {
     this.hostSub = { onUpdate, onError };
     try {
-      const m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe());
+      let m: HelperMessage;
+      try {
+        m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe({ perPackage: true }));
+      } catch (e) {
+        if (!(e instanceof V2Error && e.code === E.MALFORMED && e.requestType === T.HOST_SUBSCRIBE)) throw e;
+        m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe({ perPackage: false }));
+      }
       if (m.type !== T.HOST_UPDATE) throw this.unexpected(m);
       const { type: _t, ...u } = m;
       return u;

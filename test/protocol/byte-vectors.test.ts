@@ -60,6 +60,8 @@ const LIST = hex('0500 0000 04000000  07000000');
 const OBSERVE = hex('0600 0000 04000000  09000000');
 const UNOBSERVE = hex('0700 0000 04000000  04030201');
 const HOST_SUBSCRIBE = hex('0800 0000 00000000');
+// HOST_SUBSCRIBE with flags bit 0: per-package unattributed energy wanted.
+const HOST_SUBSCRIBE_PER_PACKAGE = hex('0800 0100 00000000');
 // VM_LIST: u32 count, u32 next_id, then per entry u32 host_vm_id, u32 pid, u32 uid, u32 nvpkg,
 // u64 starttime, u16 flags, u8 name_len, u8 reserved, 16-byte uuid, name. 8 + (44 + 5) + 44 = 101.
 const VM_LIST = hex(`8500 0000 65000000  02000000 00000000
@@ -73,6 +75,14 @@ const HOST_UPDATE = hex(`8600 0100 70000000
   a00f000000000000 0500000000000000 0600000000000000 07000000 08000000 02000000 00000000
   00000000 00000000 15cd5b0700000000
   01000000 00000000 2a00000000000000`);
+// The same with FLAG_PER_PACKAGE too (flags 0x3): each package entry is 24 bytes, its unattributed
+// energy after its energy: u32 id, u32 reserved, u64 energy_uj, u64 unattributed_uj. 80 + 2 x 24 = 128.
+// Package 0: 123456789 µJ of which 90 µJ unattributed; package 1: 42 µJ of which 9.
+const HOST_UPDATE_PER_PACKAGE = hex(`8600 0300 80000000
+  00f2052a01000000 6300000000000000 0100000000000000 0200000000000000 0300000000000000
+  a00f000000000000 0500000000000000 0600000000000000 07000000 08000000 02000000 00000000
+  00000000 00000000 15cd5b0700000000 5a00000000000000
+  01000000 00000000 2a00000000000000 0900000000000000`);
 
 describe('v2 client -> helper frames match hand-written bytes', () => {
   it('REGISTER pid 4242 with tids 4250 (vpkg 0) and 4251 (vpkg 1)', () => {
@@ -90,6 +100,11 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(parseClientFrame(oneFrame(UNREGISTER, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x04, vmId: 0x01020304 } });
   });
 
+  it('HOST_SUBSCRIBE asking for per-package unattributed energy sets flags bit 0, payload still empty', () => {
+    expect(encodeHostSubscribe({ perPackage: true }).equals(HOST_SUBSCRIBE_PER_PACKAGE)).toBe(true);
+    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE_PER_PACKAGE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x08, perPackage: true } });
+  });
+
   it('LIST from id 7, OBSERVE vm 9, UNOBSERVE vm 0x01020304, HOST_SUBSCRIBE (empty payload)', () => {
     expect(encodeList(7).equals(LIST)).toBe(true);
     expect(parseClientFrame(oneFrame(LIST, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x05, fromId: 7 } });
@@ -98,7 +113,7 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(encodeUnobserve(0x01020304).equals(UNOBSERVE)).toBe(true);
     expect(parseClientFrame(oneFrame(UNOBSERVE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x07, vmId: 0x01020304 } });
     expect(encodeHostSubscribe().equals(HOST_SUBSCRIBE)).toBe(true);
-    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x08 } });
+    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x08, perPackage: false } });
   });
 
   it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {
@@ -152,14 +167,29 @@ describe('v2 observer replies match hand-written bytes', () => {
       tNs: 5_000_000_000n,
       unattributedUj: 99n,
       packages: [
-        { pkg: 0, energyUj: 123456789n },
-        { pkg: 1, energyUj: 42n },
+        { pkg: 0, energyUj: 123456789n, unattributedUj: null },
+        { pkg: 1, energyUj: 42n, unattributedUj: null },
       ],
       vmsChanged: true,
       stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
     };
     expect(encodeHostUpdate(h).equals(HOST_UPDATE)).toBe(true);
     expect(parseHelperFrame(oneFrame(HOST_UPDATE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...h } });
+  });
+
+  it('HOST_UPDATE with per-package unattributed energy (flags bit 1): 24-byte package entries', () => {
+    const h = {
+      tNs: 5_000_000_000n,
+      unattributedUj: 99n,
+      packages: [
+        { pkg: 0, energyUj: 123456789n, unattributedUj: 90n },
+        { pkg: 1, energyUj: 42n, unattributedUj: 9n },
+      ],
+      vmsChanged: true,
+      stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
+    };
+    expect(encodeHostUpdate(h).equals(HOST_UPDATE_PER_PACKAGE)).toBe(true);
+    expect(parseHelperFrame(oneFrame(HOST_UPDATE_PER_PACKAGE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...h } });
   });
 });
 

@@ -61,7 +61,7 @@ describe('observer requests', () => {
       { ok: true, value: { type: T.LIST, fromId: 7 } },
       { ok: true, value: { type: T.OBSERVE, vmId: 9 } },
       { ok: true, value: { type: T.UNOBSERVE, vmId: 9 } },
-      { ok: true, value: { type: T.HOST_SUBSCRIBE } },
+      { ok: true, value: { type: T.HOST_SUBSCRIBE, perPackage: false } },
     ]);
   });
 
@@ -73,6 +73,18 @@ describe('observer requests', () => {
       const flagged = parseClientFrame(one(encodeFrame(type, 2, Buffer.alloc(size)), CLIENT_TYPES));
       expect(flagged).toMatchObject({ ok: false, error: { fatal: false } });
     }
+  });
+
+  it('HOST_SUBSCRIBE takes flags bit 0 (per-package unattributed energy) and refuses every other bit without closing', () => {
+    expect(parseClientFrame(one(encodeHostSubscribe({ perPackage: true }), CLIENT_TYPES))).toEqual({ ok: true, value: { type: T.HOST_SUBSCRIBE, perPackage: true } });
+    for (const flags of [0x2, 0x3, 0x8000]) {
+      expect(parseClientFrame(one(encodeFrame(T.HOST_SUBSCRIBE, flags, Buffer.alloc(0)), CLIENT_TYPES))).toEqual({
+        ok: false,
+        error: { code: 1, fatal: false, message: `flags must be 0 or 0x1 (per-package unattributed energy), got 0x${flags.toString(16)}` },
+      });
+    }
+    // The other requests still take no flag at all.
+    expect(parseClientFrame(one(encodeFrame(T.LIST, 1, Buffer.alloc(4)), CLIENT_TYPES))).toMatchObject({ ok: false, error: { fatal: false } });
   });
 
   it('the original request and reply types keep their numbers', () => {
@@ -124,13 +136,15 @@ describe('VM_LIST', () => {
   });
 });
 
+const NO_STATS = { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 0n, sampleFailures: 0n, connections: 0, vms: 0 };
+
 describe('HOST_UPDATE', () => {
   it('round-trips packages, unattributed energy, stats and the VMs-changed flag', () => {
     const h: HostValues = {
       tNs: 5_000_000_000n,
       packages: [
-        { pkg: 0, energyUj: 123_456_789n },
-        { pkg: 1, energyUj: 42n },
+        { pkg: 0, energyUj: 123_456_789n, unattributedUj: null },
+        { pkg: 1, energyUj: 42n, unattributedUj: null },
       ],
       unattributedUj: 99n,
       vmsChanged: true,
@@ -143,9 +157,46 @@ describe('HOST_UPDATE', () => {
     expect(encodeHostUpdate(h).length).toBe(8 + 80 + 2 * 16);
   });
 
+  it('round-trips per-package unattributed energy in 24-byte entries with flags bit 1, beside VMs-changed', () => {
+    const h: HostValues = {
+      tNs: 7n,
+      packages: [
+        { pkg: 0, energyUj: 1_000n, unattributedUj: 250n },
+        { pkg: 3, energyUj: 2n ** 63n, unattributedUj: 2n ** 62n },
+      ],
+      unattributedUj: 2n ** 62n + 250n,
+      vmsChanged: false,
+      stats: NO_STATS,
+    };
+    const f = encodeHostUpdate(h);
+    expect(f.length).toBe(8 + 80 + 2 * 24);
+    expect(f.readUInt16LE(2)).toBe(0x2);
+    const m = reply(f);
+    if (m.type !== T.HOST_UPDATE) throw new Error('not a HOST_UPDATE');
+    const { type: _t, ...got } = m;
+    expect(got).toEqual(h);
+    expect(reply(encodeHostUpdate({ ...h, vmsChanged: true }))).toMatchObject({ vmsChanged: true, packages: h.packages });
+  });
+
+  it('refuses to encode packages of which only some carry their unattributed energy', () => {
+    const mixed = { tNs: 0n, packages: [{ pkg: 0, energyUj: 1n, unattributedUj: 1n }, { pkg: 1, energyUj: 1n, unattributedUj: null }], unattributedUj: 1n, vmsChanged: false, stats: NO_STATS };
+    expect(() => encodeHostUpdate(mixed)).toThrow(/either every package carries its unattributed energy or none does/);
+  });
+
   it('refuses a package count that does not match the size', () => {
-    const f = encodeHostUpdate({ tNs: 0n, packages: [{ pkg: 0, energyUj: 0n }], unattributedUj: 0n, vmsChanged: false, stats: { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 0n, sampleFailures: 0n, connections: 0, vms: 0 } });
+    const f = encodeHostUpdate({ tNs: 0n, packages: [{ pkg: 0, energyUj: 0n, unattributedUj: null }], unattributedUj: 0n, vmsChanged: false, stats: NO_STATS });
     f.writeUInt32LE(2, 8 + 72);
     expect(parseHelperFrame(one(f, HELPER_TYPES))).toMatchObject({ ok: false, error: expect.stringMatching(/^HOST_UPDATE payload is \d+ bytes, expected \d+$/) });
+  });
+
+  it('reads the entry size from the flag: entries of the other layout are refused, not misread', () => {
+    // Three 16-byte entries are 48 bytes, two 24-byte entries too: the count must match the flag's layout.
+    const original = encodeHostUpdate({ tNs: 0n, packages: [0, 1, 2].map((pkg) => ({ pkg, energyUj: 5n, unattributedUj: null })), unattributedUj: 0n, vmsChanged: false, stats: NO_STATS });
+    const flagged = Buffer.from(original);
+    flagged.writeUInt16LE(0x2, 2);
+    expect(parseHelperFrame(one(flagged, HELPER_TYPES))).toEqual({ ok: false, error: 'HOST_UPDATE payload is 128 bytes, expected 152' });
+    const unflagged = encodeHostUpdate({ tNs: 0n, packages: [{ pkg: 0, energyUj: 5n, unattributedUj: 1n }], unattributedUj: 1n, vmsChanged: false, stats: NO_STATS });
+    unflagged.writeUInt16LE(0, 2);
+    expect(parseHelperFrame(one(unflagged, HELPER_TYPES))).toEqual({ ok: false, error: 'HOST_UPDATE payload is 104 bytes, expected 96' });
   });
 });

@@ -18,6 +18,7 @@ import type { TraceSink } from '../../src/helper/sampling-service.js';
 import type { ScannerOptions } from '../../src/discovery/scanner.js';
 import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';
 import { waitFor } from '../support/wait.js';
+import { which } from '../support/env.js';
 
 export const POWER_UNIT = 0xa0e03n; // ESU 14: 61 uJ per unit
 
@@ -93,6 +94,31 @@ export function startChild(kind: 'spin' | 'sleep'): { child: ChildProcess; pid: 
     kind === 'spin'
       ? spawn(process.execPath, ['-e', 'for(;;){}'], { stdio: 'ignore' })
       : spawn('sleep', ['120'], { stdio: 'ignore' });
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  return {
+    child,
+    pid: child.pid!,
+    async kill() {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
+
+/**
+ * A child bound to one CPU (taskset, so every thread it starts is bound too) that is busy
+ * `busyMs` of every 100 ms: it draws energy on that CPU's package without taking a whole core
+ * from a machine the tests share. Why it cannot run here, or null (needs taskset and that CPU).
+ */
+export function pinnedChildMissing(cpu: number): string | null {
+  if (!which('taskset')) return 'taskset not installed (util-linux)';
+  if (os.availableParallelism() <= cpu) return `needs CPU ${cpu} (this machine has ${os.availableParallelism()})`;
+  return null;
+}
+
+export function startPinnedChild(cpu: number, busyMs: number): ReturnType<typeof startChild> {
+  const body = `setInterval(() => { const end = Date.now() + ${busyMs}; while (Date.now() < end); }, 100)`;
+  const child = spawn('taskset', ['-c', String(cpu), process.execPath, '-e', body], { stdio: 'ignore' });
   const exited = new Promise<void>((r) => child.once('exit', () => r()));
   return {
     child,

@@ -99,13 +99,14 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   const registry = new VmRegistry(o.limits, procView(o.procRoot), o.fds);
   const conns = new Set<V2Connection>();
   const viewers = new Map<V2Connection, Viewer>();
-  const hostSubs = new Set<V2Connection>();
+  /** Host subscribers, each with whether it asked for per-package unattributed energy. */
+  const hostSubs = new Map<V2Connection, boolean>();
   let nextConnId = 1;
   let closed = false;
   /** A VM appeared, ended or was dropped since the last HOST_UPDATE. */
   let vmsChanged = false;
-  const pkgJ = new Map<number, number>(o.host.packages.map((p) => [p.package, 0]));
-  let unattributedJ = 0;
+  /** Per host package since sampling started: its energy, and the part of it attributed to no VM (J). */
+  const pkgJ = new Map<number, { energyJ: number; unattributedJ: number }>(o.host.packages.map((p) => [p.package, { energyJ: 0, unattributedJ: 0 }]));
   let lastSampleNs = 0n;
 
   /** pids of VMs not admitted, so the warning is logged once per VM. */
@@ -210,13 +211,16 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     uuid: r.uuid,
   });
 
-  const hostValues = (changed: boolean): HostValues => {
+  const uj = (j: number) => BigInt(Math.floor(j * 1e6));
+  const hostValues = (changed: boolean, perPackage: boolean): HostValues => {
     const h = o.health;
     const st = sampling.stats;
+    let unattributedJ = 0;
+    for (const k of pkgJ.values()) unattributedJ += k.unattributedJ;
     return {
       tNs: lastSampleNs,
-      packages: [...pkgJ].map(([pkg, j]) => ({ pkg, energyUj: BigInt(Math.floor(j * 1e6)) })),
-      unattributedUj: BigInt(Math.floor(Math.max(0, unattributedJ) * 1e6)),
+      packages: [...pkgJ].map(([pkg, k]) => ({ pkg, energyUj: uj(k.energyJ), unattributedUj: perPackage ? uj(k.unattributedJ) : null })),
+      unattributedUj: uj(unattributedJ),
       vmsChanged: changed,
       stats: {
         legacyOk: h?.legacy.ok ?? 0n,
@@ -309,9 +313,10 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
           const how = o.observerGid === undefined ? 'start the helper with --observer-group GROUP and add this user to it' : `add this user to group ${o.observerGid} (--observer-group)`;
           return encodeError(E.NOT_PERMITTED, T.HOST_SUBSCRIBE, `host energy is for root and the observer group; ${how}`);
         }
-        hostSubs.add(conn);
+        // A second HOST_SUBSCRIBE on the connection replaces the first's choice of layout.
+        hostSubs.set(conn, req.perPackage);
         sampling.hold('host subscriber', true);
-        return encodeHostUpdate(hostValues(false));
+        return encodeHostUpdate(hostValues(false, req.perPackage));
       }
     }
   };
@@ -335,8 +340,12 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   listeners.add(sampling.onSample((ev) => {
     lastSampleNs = ev.tNs;
     for (const p of ev.result?.packages ?? []) {
-      pkgJ.set(p.package, (pkgJ.get(p.package) ?? 0) + p.energyJ);
-      unattributedJ += p.energyJ - p.attributedJ;
+      let k = pkgJ.get(p.package);
+      if (!k) pkgJ.set(p.package, (k = { energyJ: 0, unattributedJ: 0 }));
+      k.energyJ += p.energyJ;
+      // Never negative in an interval (attributed can pass energy only by float rounding), so the
+      // cumulative value never goes back.
+      k.unattributedJ += Math.max(0, p.energyJ - p.attributedJ);
     }
     for (const vmId of ev.ended) {
       const r = registry.get(vmId);
@@ -357,8 +366,13 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       }
     }
     if (hostSubs.size > 0) {
-      const frame = encodeHostUpdate(hostValues(vmsChanged));
-      for (const conn of hostSubs) conn.send(frame);
+      // One frame per layout in use, encoded once for all its subscribers.
+      const frames = new Map<boolean, Buffer>();
+      for (const [conn, perPackage] of hostSubs) {
+        let frame = frames.get(perPackage);
+        if (!frame) frames.set(perPackage, (frame = encodeHostUpdate(hostValues(vmsChanged, perPackage))));
+        conn.send(frame);
+      }
     }
     vmsChanged = false;
   }));

@@ -50,6 +50,14 @@ export const FLAG_ENDED = 0x1;
 
 /** Bit 0 of flags on HOST_UPDATE: a VM appeared, ended or was dropped since the previous sample (LIST again). */
 export const FLAG_VMS_CHANGED = 0x1;
+/**
+ * Bit 1 of flags on HOST_UPDATE: each package entry also carries that package's unattributed energy
+ * (HOST_PKG_SIZE_PER_PACKAGE bytes instead of HOST_PKG_SIZE). Sent only to a connection that asked
+ * with HOST_SUBSCRIBE_PER_PACKAGE, so a client that never asks keeps the original layout.
+ */
+export const FLAG_PER_PACKAGE = 0x2;
+/** Bit 0 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_PER_PACKAGE (per-package unattributed energy). */
+export const HOST_SUBSCRIBE_PER_PACKAGE = 0x1;
 
 /** Bits of a VM_LIST entry's flags. */
 export const VM_FLAG = {
@@ -67,9 +75,10 @@ export const MAX_NAME_BYTES = 255;
 export const VM_ENTRY_FIXED = 44;
 /** VM_LIST payload header: count, next_id. */
 export const VM_LIST_HEADER = 8;
-/** HOST_UPDATE payload size without its packages; each package adds HOST_PKG_SIZE. */
+/** HOST_UPDATE payload size without its packages; each package adds HOST_PKG_SIZE (HOST_PKG_SIZE_PER_PACKAGE with FLAG_PER_PACKAGE). */
 export const HOST_UPDATE_FIXED = 80;
 export const HOST_PKG_SIZE = 16;
+export const HOST_PKG_SIZE_PER_PACKAGE = 24;
 
 /** Error codes in words, for logs and the CLI. */
 export function errorCodeName(code: number): string {
@@ -353,19 +362,38 @@ export interface HostStats {
   vms: number;
 }
 
+/** One host package in a HOST_UPDATE. */
+export interface HostPackageValues {
+  pkg: number;
+  /** Energy since the helper started sampling, µJ. */
+  energyUj: bigint;
+  /**
+   * The part of it attributed to no VM, µJ; null when the frame does not carry it (the client did not
+   * ask with HOST_SUBSCRIBE_PER_PACKAGE, or the helper predates it).
+   */
+  unattributedUj: bigint | null;
+}
+
 export interface HostValues {
   /** CLOCK_MONOTONIC of the sample the values come from (0 before the first interval). */
   tNs: bigint;
-  /** Per host package: energy since the helper started sampling, µJ. */
-  packages: { pkg: number; energyUj: bigint }[];
+  /** Per host package; either every package has its unattributedUj or none has (FLAG_PER_PACKAGE). */
+  packages: HostPackageValues[];
   /** Package energy attributed to no VM, summed over packages, µJ. */
   unattributedUj: bigint;
   vmsChanged: boolean;
   stats: HostStats;
 }
 
+/**
+ * HOST_UPDATE in the layout its values call for: with FLAG_PER_PACKAGE and 24-byte package entries
+ * when the packages carry their unattributed energy, the original 16-byte entries when they do not.
+ */
 export function encodeHostUpdate(h: HostValues): Buffer {
-  const p = Buffer.alloc(HOST_UPDATE_FIXED + HOST_PKG_SIZE * h.packages.length);
+  const perPackage = h.packages.length > 0 && h.packages[0]!.unattributedUj !== null;
+  if (h.packages.some((k) => (k.unattributedUj !== null) !== perPackage)) throw new RangeError('HOST_UPDATE: either every package carries its unattributed energy or none does');
+  const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
+  const p = Buffer.alloc(HOST_UPDATE_FIXED + entry * h.packages.length);
   p.writeBigUInt64LE(u64(h.tNs), 0);
   p.writeBigUInt64LE(u64(h.unattributedUj), 8);
   p.writeBigUInt64LE(u64(h.stats.legacyOk), 16);
@@ -379,12 +407,13 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   p.writeUInt32LE(h.packages.length, 72);
   p.writeUInt32LE(0, 76);
   h.packages.forEach((k, i) => {
-    const off = HOST_UPDATE_FIXED + HOST_PKG_SIZE * i;
+    const off = HOST_UPDATE_FIXED + entry * i;
     p.writeUInt32LE(k.pkg, off);
     p.writeUInt32LE(0, off + 4);
     p.writeBigUInt64LE(u64(k.energyUj), off + 8);
+    if (k.unattributedUj !== null) p.writeBigUInt64LE(u64(k.unattributedUj), off + 16);
   });
-  return encodeFrame(T.HOST_UPDATE, h.vmsChanged ? FLAG_VMS_CHANGED : 0, p);
+  return encodeFrame(T.HOST_UPDATE, (h.vmsChanged ? FLAG_VMS_CHANGED : 0) | (perPackage ? FLAG_PER_PACKAGE : 0), p);
 }
 
 /** Messages are cut (at a character boundary) so the frame stays within MAX_PAYLOAD. */
@@ -443,6 +472,7 @@ export function encodeUnobserve(hostVmId: number): Buffer {
   return encodeU32Frame(T.UNOBSERVE, hostVmId);
 }
 
-export function encodeHostSubscribe(): Buffer {
-  return encodeFrame(T.HOST_SUBSCRIBE, 0, Buffer.alloc(0));
+/** HOST_SUBSCRIBE; `perPackage` asks for each package's unattributed energy (a helper before it answers ERROR 1). */
+export function encodeHostSubscribe(o: { perPackage: boolean } = { perPackage: false }): Buffer {
+  return encodeFrame(T.HOST_SUBSCRIBE, o.perPackage ? HOST_SUBSCRIBE_PER_PACKAGE : 0, Buffer.alloc(0));
 }

@@ -8,14 +8,18 @@
 import {
   E,
   FLAG_ENDED,
+  FLAG_PER_PACKAGE,
   FLAG_VMS_CHANGED,
   HOST_PKG_SIZE,
+  HOST_PKG_SIZE_PER_PACKAGE,
+  HOST_SUBSCRIBE_PER_PACKAGE,
   HOST_UPDATE_FIXED,
   T,
   VM_ENTRY_FIXED,
   VM_FLAG,
   VM_LIST_HEADER,
   type Frame,
+  type HostPackageValues,
   type HostValues,
   type VmEntry,
   typeName,
@@ -40,7 +44,8 @@ export type ClientRequest =
   | { type: typeof T.LIST; fromId: number }
   | { type: typeof T.OBSERVE; vmId: number }
   | { type: typeof T.UNOBSERVE; vmId: number }
-  | { type: typeof T.HOST_SUBSCRIBE };
+  /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE, each package's unattributed energy wanted. */
+  | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean };
 
 type ClientParse = Result<ClientRequest, PayloadError>;
 
@@ -89,8 +94,8 @@ export function parseClientFrame(f: Frame): ClientParse {
       return ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
     case T.HOST_SUBSCRIBE:
       if (p.length !== 0) return wrongSize(f.type, p.length, '0');
-      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
-      return ok({ type: T.HOST_SUBSCRIBE });
+      if ((f.flags & ~HOST_SUBSCRIBE_PER_PACKAGE) !== 0) return bad(`flags must be 0 or 0x${HOST_SUBSCRIBE_PER_PACKAGE.toString(16)} (per-package unattributed energy), got 0x${f.flags.toString(16)}`);
+      return ok({ type: T.HOST_SUBSCRIBE, perPackage: (f.flags & HOST_SUBSCRIBE_PER_PACKAGE) !== 0 });
     default:
       return fail({ code: E.MALFORMED, fatal: true, message: `unknown frame type ${typeName(f.type)}` });
   }
@@ -142,11 +147,14 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
     case T.HOST_UPDATE: {
       if (p.length < HOST_UPDATE_FIXED) return size(HOST_UPDATE_FIXED);
       const n = p.readUInt32LE(72);
-      if (p.length !== HOST_UPDATE_FIXED + HOST_PKG_SIZE * n) return size(HOST_UPDATE_FIXED + HOST_PKG_SIZE * n);
-      const packages: { pkg: number; energyUj: bigint }[] = [];
+      // The layout of the package entries is named by the frame itself (FLAG_PER_PACKAGE).
+      const perPackage = (f.flags & FLAG_PER_PACKAGE) !== 0;
+      const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
+      if (p.length !== HOST_UPDATE_FIXED + entry * n) return size(HOST_UPDATE_FIXED + entry * n);
+      const packages: HostPackageValues[] = [];
       for (let i = 0; i < n; i++) {
-        const off = HOST_UPDATE_FIXED + HOST_PKG_SIZE * i;
-        packages.push({ pkg: p.readUInt32LE(off), energyUj: p.readBigUInt64LE(off + 8) });
+        const off = HOST_UPDATE_FIXED + entry * i;
+        packages.push({ pkg: p.readUInt32LE(off), energyUj: p.readBigUInt64LE(off + 8), unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null });
       }
       return ok({
         type: T.HOST_UPDATE,
