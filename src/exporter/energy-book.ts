@@ -72,6 +72,12 @@ export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid'>): VmLabels {
   return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid) };
 }
 
+function totalOf(m: Map<number, RunningTotal>, key: number): RunningTotal {
+  let t = m.get(key);
+  if (!t) m.set(key, (t = new RunningTotal()));
+  return t;
+}
+
 export class EnergyBook {
   private readonly vms = new Map<string, VmRecord>();
   /**
@@ -82,6 +88,8 @@ export class EnergyBook {
   private readonly resting = new Map<string, VmRecord>();
   private readonly byHostId = new Map<number, VmRecord>();
   readonly packages = new Map<number, RunningTotal>();
+  /** Per host package, the energy attributed to no VM (from a helper that sends it; empty otherwise). */
+  readonly packageUnattributed = new Map<number, RunningTotal>();
   readonly unattributed = new RunningTotal();
   readonly health: HelperHealth = {
     connected: false,
@@ -239,9 +247,8 @@ export class EnergyBook {
 
   hostUpdate(h: HostUpdate): void {
     for (const p of h.packages) {
-      let t = this.packages.get(p.pkg);
-      if (!t) this.packages.set(p.pkg, (t = new RunningTotal()));
-      t.feed(p.energyUj);
+      totalOf(this.packages, p.pkg).feed(p.energyUj);
+      if (p.unattributedUj !== null) totalOf(this.packageUnattributed, p.pkg).feed(p.unattributedUj);
     }
     this.unattributed.feed(h.unattributedUj);
     const s = h.stats;

@@ -24,6 +24,7 @@ export const METRIC = {
   vmInfo: 'vmsr_vm_info',
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
+  packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
   legacyRequests: 'vmsr_helper_legacy_requests_total',
   daemonConnections: 'vmsr_helper_connections',
   daemonVms: 'vmsr_helper_vms',
@@ -103,6 +104,16 @@ export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Regis
     collect() {
       this.reset();
       for (const [pkg, t] of book.packages) this.inc({ package: String(pkg) }, ujToJoules(t.total));
+    },
+  });
+  new Counter({
+    name: METRIC.packageUnattributedEnergy,
+    help: "The part of the host package's energy the helper attributed to no VM (host processes, idle time), in joules; per package, with the energy of the VMs that ran on it, it sums to the package's energy",
+    labelNames: ['package'],
+    registers,
+    collect() {
+      this.reset();
+      for (const [pkg, t] of book.packageUnattributed) this.inc({ package: String(pkg) }, ujToJoules(t.total));
     },
   });
   new Counter({

@@ -149,11 +149,13 @@ describe('EnergyBook', () => {
     let mono = 0n;
     const b = new EnergyBook(undefined, Date.now, () => mono);
     expect(b.lastSampleAgeS()).toBeNull();
-    b.hostUpdate(hostUpd(1_000_000_000n, { packages: [{ pkg: 0, energyUj: 10n }, { pkg: 1, energyUj: 20n }], unattributedUj: 5n, stats: stats(4n) }));
-    b.hostUpdate(hostUpd(2_000_000_000n, { packages: [{ pkg: 0, energyUj: 15n }, { pkg: 1, energyUj: 21n }], unattributedUj: 6n, stats: stats(9n) }));
+    b.hostUpdate(hostUpd(1_000_000_000n, { packages: [{ pkg: 0, energyUj: 10n, unattributedUj: 4n }, { pkg: 1, energyUj: 20n, unattributedUj: 1n }], unattributedUj: 5n, stats: stats(4n) }));
+    b.hostUpdate(hostUpd(2_000_000_000n, { packages: [{ pkg: 0, energyUj: 15n, unattributedUj: 4n }, { pkg: 1, energyUj: 21n, unattributedUj: 2n }], unattributedUj: 6n, stats: stats(9n) }));
     mono = 4_500_000_000n;
     expect(b.packages.get(0)!.total).toBe(15n);
     expect(b.packages.get(1)!.total).toBe(21n);
+    expect(b.packageUnattributed.get(0)!.total).toBe(4n);
+    expect(b.packageUnattributed.get(1)!.total).toBe(2n);
     expect(b.unattributed.total).toBe(6n);
     expect(b.health.legacy.ok.total).toBe(9n);
     expect(b.health.daemonConnections).toBe(3);

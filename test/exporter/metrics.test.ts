@@ -30,7 +30,10 @@ function fedBook(): EnergyBook {
   u(2, 1_000_000_000n, [100n]);
   b.hostUpdate({
     tNs: 2_000_000_000n,
-    packages: [{ pkg: 0, energyUj: 10_000_000n }],
+    packages: [
+      { pkg: 0, energyUj: 10_000_000n, unattributedUj: 6_000_000n },
+      { pkg: 1, energyUj: 500_000n, unattributedUj: 250_000n },
+    ],
     unattributedUj: 6_250_000n,
     vmsChanged: false,
     stats: { legacyOk: 12n, legacyRefused: 2n, legacyFailed: 1n, lastSampleDurationNs: 1_500_000n, samples: 20n, sampleFailures: 1n, connections: 3, vms: 2 },
@@ -58,6 +61,9 @@ describe('exporter metrics', () => {
     expect(body).toContain(`vmsr_vm_info{${vm1},source="discovered",whole_vm_only="0"} 1\n`);
     expect(body).toContain('vmsr_vm_info{name="",uuid="",pid="4343",source="registered",whole_vm_only="1"} 1\n');
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 10\n');
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="1"} 0.5\n');
+    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="0"} 6\n');
+    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="1"} 0.25\n');
     expect(body).toContain('vmsr_unattributed_energy_joules_total 6.25\n');
     expect(body).toContain('vmsr_helper_samples_total 20\n');
     expect(body).toContain('vmsr_helper_sample_failures_total 1\n');
@@ -72,11 +78,23 @@ describe('exporter metrics', () => {
   test('before the first host update, host and health values are absent rather than 0', async () => {
     server = await startMetricsServer(new EnergyBook(), { host: '127.0.0.1', port: 0 });
     const { body } = await scrape();
+    expect(body).not.toMatch(/^vmsr_host_package_(unattributed_)?energy_joules_total\{/m);
     for (const absent of ['vmsr_unattributed_energy_joules_total ', 'vmsr_helper_last_sample_age_seconds ', 'vmsr_helper_sample_duration_seconds ', 'vmsr_helper_samples_total ', 'vmsr_helper_vms ', 'vmsr_helper_connections ']) {
       expect(body).not.toContain(`\n${absent}`);
     }
     expect(body).toContain('\nvmsr_exporter_helper_connected 0\n');
     expect(body).toContain('\nvmsr_exporter_helper_connects_total 0\n');
+  });
+
+  test('a helper that sends no per-package unattributed energy gets the host-wide series only', async () => {
+    const old = new EnergyBook();
+    const stats = { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 1n, sampleFailures: 0n, connections: 1, vms: 0 };
+    old.hostUpdate({ tNs: 1n, packages: [{ pkg: 0, energyUj: 2_000_000n, unattributedUj: null }], unattributedUj: 1_500_000n, vmsChanged: false, stats });
+    server = await startMetricsServer(old, { host: '127.0.0.1', port: 0 });
+    const { body } = await scrape();
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 2\n');
+    expect(body).toContain('vmsr_unattributed_energy_joules_total 1.5\n');
+    expect(body).not.toMatch(/^vmsr_host_package_unattributed_energy_joules_total\{/m);
   });
 
   test('OpenMetrics is served when the scraper asks for it, and ends with # EOF', async () => {

@@ -12,7 +12,7 @@ import { V2Client } from '../../src/client/v2-client.js';
 import { missing } from '../support/env.js';
 import { ROOT, tempDir } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
-import { startChild } from '../v2/harness.js';
+import { pinnedChildMissing, startChild, startPinnedChild } from '../v2/harness.js';
 import { qemuMissing, startQemu } from '../support/qemu.js';
 import { MovingHost, startDaemon, startExporterChild, startPrometheus } from './support/stack.js';
 
@@ -30,9 +30,9 @@ function later<T extends { stop(): unknown } | { kill(): unknown } | { close(): 
  * The daemon on a moving fake host. Without `discover`, only the test's registered VMs exist (this
  * machine runs other QEMUs that discovery would find, and their comings and goings).
  */
-async function setup(o: { discover?: boolean; extra?: string[] } = {}) {
-  const h = later(new MovingHost());
-  h.pump(50);
+async function setup(o: { discover?: boolean; extra?: string[]; packages?: number[] } = {}) {
+  const h = later(new MovingHost(o.packages));
+  for (const pkg of new Set(o.packages ?? [0])) h.pump(50 - 20 * pkg, pkg);
   const dir = tempDir('vmsr-exporter-');
   fs.chmodSync(dir, 0o755); // an unprivileged exporter must reach the socket
   cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -125,7 +125,8 @@ describe('exporter with the daemon and Prometheus', () => {
     expect(Number(perVm!.find((r) => r.metric.name === busy.name)!.value[1])).toBeGreaterThan(0.5);
     expect(top10!.length).toBeGreaterThan(0);
     expect(top10!.length).toBeLessThanOrEqual(10);
-    expect(unattributedShare).toHaveLength(1);
+    expect(unattributedShare).toHaveLength(1); // one value per package: this host has package 0 only
+    expect(unattributedShare![0]!.metric.package).toBe('0');
     const share = Number(unattributedShare![0]!.value[1]);
     expect(share).toBeGreaterThanOrEqual(0);
     expect(share).toBeLessThanOrEqual(1);
@@ -165,6 +166,62 @@ describe('exporter with the daemon and Prometheus', () => {
     const unattributed = m.get('vmsr_unattributed_energy_joules_total')!;
     expect(pkgSum).toBeGreaterThan(5);
     expect(Math.abs(vmSum + unattributed - pkgSum), body).toBeLessThan(13);
+  });
+
+  test('per host package, the exported energy is that of the VMs that ran on it plus its unattributed energy, and no counter goes backwards', async (ctx) => {
+    const why = pinnedChildMissing(1);
+    if (why) return ctx.skip(why);
+    // CPU 0 is package 0 and CPU 1 package 1; one VM bound to each CPU, so per package the VMs'
+    // share is that one VM's energy.
+    const { h, sock } = await setup({ packages: [0, 1] });
+    const vms = [later(startPinnedChild(0, 40)), later(startPinnedChild(1, 20))];
+    await registerVms(sock, vms.map((v) => v.pid));
+    const exporter = later(await startExporterChild(sock));
+    const pkgEnergy = (m: Map<string, number>, pkg: number) => m.get(`vmsr_host_package_energy_joules_total{package="${pkg}"}`);
+    const pkgUnattributed = (m: Map<string, number>, pkg: number) => m.get(`vmsr_host_package_unattributed_energy_joules_total{package="${pkg}"}`);
+    const scrapes: Map<string, number>[] = [];
+    await pollFor(
+      async () => {
+        const m = await scrape(exporter.url);
+        scrapes.push(m);
+        return scrapes.length >= 12 && vms.every((v, pkg) => (energyOf(m, v.pid) ?? 0) > 0.2 && (pkgUnattributed(m, pkg) ?? 0) > 0.2) ? true : undefined;
+      },
+      'energy for both VMs and unattributed energy on both packages, over 12 scrapes',
+      () => exporter.stderr(),
+      20_000,
+    );
+    // Every counter series, scrape after scrape, never goes back.
+    for (let i = 1; i < scrapes.length; i++) {
+      for (const [series, v] of scrapes[i]!) {
+        if (!series.split('{')[0]!.endsWith('_total')) continue;
+        const before = scrapes[i - 1]!.get(series);
+        if (before !== undefined) expect(v, series).toBeGreaterThanOrEqual(before);
+      }
+    }
+    // With the packages still, nothing moves after the next sample: a scrape then sees one sample's
+    // VM and host values together, and per package they balance to the microjoule.
+    h.stopPumps();
+    const still = await pollFor(
+      async () => {
+        const a = await scrape(exporter.url);
+        await new Promise((r) => setTimeout(r, 700)); // more than two 0.25 s intervals
+        const b = await scrape(exporter.url);
+        return [0, 1].every((pkg) => pkgEnergy(a, pkg) === pkgEnergy(b, pkg)) && vms.every((v) => energyOf(a, v.pid) === energyOf(b, v.pid)) ? b : undefined;
+      },
+      'the energy to stand still once the packages stop drawing power',
+      () => exporter.stderr(),
+      15_000,
+    );
+    for (const [pkg, vm] of vms.entries()) {
+      const total = pkgEnergy(still, pkg)!;
+      const parts = energyOf(still, vm.pid)! + pkgUnattributed(still, pkg)!;
+      expect(total).toBeGreaterThan(1);
+      // Each value is floored to a µJ on its own: three floors apart at most.
+      expect(Math.abs(total - parts), `package ${pkg}: ${total} J = ${energyOf(still, vm.pid)} J (pid ${vm.pid}) + ${pkgUnattributed(still, pkg)} J`).toBeLessThan(5e-6);
+    }
+    // The host-wide series is the packages' sum.
+    const perPackage = pkgUnattributed(still, 0)! + pkgUnattributed(still, 1)!;
+    expect(Math.abs(still.get('vmsr_unattributed_energy_joules_total')! - perPackage)).toBeLessThan(5e-6);
   });
 
   test('an exporter running as an unprivileged user in the observer group exports every VM and the host', async (ctx) => {

@@ -13,17 +13,27 @@ import { hostArgs, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild 
 /** ESU 14: 61 µJ a unit. */
 export const POWER_UNIT = 0xa0e03n;
 
-/** A fake host whose package 0 draws `watts` while pumping (FakeHost.pumpEnergy every 20 ms). */
+/** A fake host (package id of each CPU; default two CPUs in package 0) whose packages draw power while pumped (FakeHost.pumpEnergy every 20 ms). */
 export class MovingHost {
-  readonly host = new FakeHost({ packages: [0, 0] });
-  private stop: (() => void) | null = null;
+  readonly host: FakeHost;
+  private stops: (() => void)[] = [];
 
-  pump(watts = 50): void {
-    this.stop = this.host.pumpEnergy({ powerUnit: POWER_UNIT, start: 0xfff00000 /* wraps early */, units: Math.round(watts * 0.02 * 2 ** 14), everyMs: 20 });
+  constructor(packages: number[] = [0, 0]) {
+    this.host = new FakeHost({ packages });
+  }
+
+  /** Package `pkg` draws `watts` from now on. */
+  pump(watts = 50, pkg = 0): void {
+    this.stops.push(this.host.pumpEnergy({ pkg, powerUnit: POWER_UNIT, start: 0xfff00000 /* wraps early */, units: Math.round(watts * 0.02 * 2 ** 14), everyMs: 20 }));
+  }
+
+  /** Every package stops drawing power (their counters stand still). */
+  stopPumps(): void {
+    for (const s of this.stops.splice(0)) s();
   }
 
   cleanup(): void {
-    this.stop?.();
+    this.stopPumps();
     this.host.cleanup();
   }
 }
