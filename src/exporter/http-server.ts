@@ -5,9 +5,8 @@
  */
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Registry, RegistryContentType } from 'prom-client';
 import type { EnergyBook } from './energy-book.js';
-import { buildRegistry, negotiateFormat, type ExpositionFormat } from './metrics.js';
+import { buildExpositions, negotiateFormat } from './metrics.js';
 import type { ListenAddress } from './listen-address.js';
 import { cannot } from '../ratio/errors.js';
 
@@ -24,10 +23,7 @@ export interface MetricsServer {
 }
 
 export async function startMetricsServer(book: EnergyBook, listen: ListenAddress): Promise<MetricsServer> {
-  const registries: Record<ExpositionFormat, Registry<RegistryContentType>> = {
-    prometheus: buildRegistry(book, 'prometheus'),
-    openmetrics: buildRegistry(book, 'openmetrics'),
-  };
+  const expositions = buildExpositions(book);
   let lastRender: number | null = null;
   const server = http.createServer({ requestTimeout: 10_000, headersTimeout: 5_000, keepAliveTimeout: 30_000 }, (req, res) => {
     const url = (req.url ?? '/').split('?')[0];
@@ -44,13 +40,13 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
       res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`not found: metrics are at ${METRICS_PATH}\n`);
       return;
     }
-    const registry = registries[negotiateFormat(req.headers.accept)];
+    const exposition = expositions[negotiateFormat(req.headers.accept)];
     const t0 = process.hrtime.bigint();
     book
-      .scrape(() => registry.metrics())
+      .scrape(() => exposition.render())
       .then((body) => {
         lastRender = Number(process.hrtime.bigint() - t0) / 1e9;
-        res.writeHead(200, { 'Content-Type': registry.contentType, 'Content-Length': Buffer.byteLength(body) });
+        res.writeHead(200, { 'Content-Type': exposition.contentType, 'Content-Length': Buffer.byteLength(body) });
         res.end(req.method === 'HEAD' ? undefined : body);
       })
       .catch((e: Error) => {

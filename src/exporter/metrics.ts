@@ -1,16 +1,19 @@
 /**
- * The exposition: a prom-client Registry of our own (never the global one) whose metrics read the
- * EnergyBook in their collect() callbacks, so a scrape shows the book as it is at that moment and
- * nothing is updated between scrapes. All values are in base units (joules, watts, seconds).
+ * The exposition. The per-VM families (thousands of series) are rendered by VmExposition from
+ * label text escaped once per VM; every other family is a prom-client metric in a Registry of our
+ * own (never the global one) whose collect() reads the EnergyBook. Both read the book at scrape
+ * time, so a scrape shows it as it is at that moment and nothing is updated between scrapes. All
+ * values are in base units (joules, watts, seconds).
  *
  * One registry per exposition format: prom-client renames a counter object in place when it renders
  * OpenMetrics, so the two formats cannot share metric objects; both read the same book.
  */
 import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
-import type { EnergyBook, VmRecord } from './energy-book.js';
+import type { EnergyBook } from './energy-book.js';
 import { ujToJoules } from './running-total.js';
+import { VmExposition, type ExpositionFormat, type VmFamily } from './vm-exposition.js';
 
-export type ExpositionFormat = 'prometheus' | 'openmetrics';
+export type { ExpositionFormat };
 
 const CONTENT_TYPES: Record<ExpositionFormat, RegistryContentType> = {
   prometheus: Registry.PROMETHEUS_CONTENT_TYPE,
@@ -37,6 +40,25 @@ export const METRIC = {
   vmsSkipped: 'vmsr_exporter_vms_skipped',
 } as const;
 
+/** The per-VM families: labels name, uuid, pid, then vpkg (energy, power) or source and whole_vm_only (info). */
+export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily } = {
+  energy: {
+    name: METRIC.vmEnergy,
+    help: "Energy attributed to the VM's virtual package, in joules, accumulated by the exporter (never decreases within a series)",
+    type: 'counter',
+  },
+  power: {
+    name: METRIC.vmPower,
+    help: "Power of the VM's virtual package over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
+    type: 'gauge',
+  },
+  info: {
+    name: METRIC.vmInfo,
+    help: 'One per VM the exporter observes: its name, UUID, pid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM)',
+    type: 'gauge',
+  },
+};
+
 /**
  * Empties a metric for this scrape. prom-client's reset() leaves a label-less metric at 0, which for
  * "no value yet" (before the first host update) would be a lie: remove() drops that 0 too.
@@ -46,56 +68,33 @@ function clear(m: { reset(): void; remove(...a: never[]): void }): void {
   m.remove();
 }
 
-export function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<RegistryContentType> {
+export interface Exposition {
+  contentType: string;
+  /** The whole body of one scrape. */
+  render(): Promise<string>;
+}
+
+/** One Exposition per format, reading `book`; the VMs' escaped label text is shared by both. */
+export function buildExpositions(book: EnergyBook): Record<ExpositionFormat, Exposition> {
+  const vms = new VmExposition(book, VM_FAMILIES);
+  const one = (format: ExpositionFormat): Exposition => {
+    const registry = buildRegistry(book, format);
+    // prom-client joins families with a blank line (Prometheus) or a newline (OpenMetrics, whose
+    // body ends with # EOF): the VM families go first, joined the same way.
+    const sep = format === 'openmetrics' ? '\n' : '\n\n';
+    return {
+      contentType: registry.contentType,
+      render: async () => `${vms.render(format)}${sep}${await registry.metrics()}`,
+    };
+  };
+  return { prometheus: one('prometheus'), openmetrics: one('openmetrics') };
+}
+
+/** The host and health families (everything but the per-VM ones). */
+function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<RegistryContentType> {
   const registry = new Registry<RegistryContentType>();
   registry.setContentType(CONTENT_TYPES[format]);
   const registers = [registry];
-  const vmLabels = ['name', 'uuid', 'pid'] as const;
-  const each = (fn: (r: VmRecord) => void) => {
-    for (const r of book.exposed()) fn(r);
-  };
-  // Label objects made once per VM and vpkg, not at every scrape (a scrape at 500 VMs is thousands of series).
-  const vpkgLabels = new WeakMap<VmRecord, Record<string, string>[]>();
-  const seriesOf = (r: VmRecord, g: number): Record<string, string> => {
-    let list = vpkgLabels.get(r);
-    if (!list) vpkgLabels.set(r, (list = []));
-    return (list[g] ??= { ...r.labels, vpkg: String(g) });
-  };
-
-  new Counter({
-    name: METRIC.vmEnergy,
-    help: "Energy attributed to the VM's virtual package, in joules, accumulated by the exporter (never decreases within a series)",
-    labelNames: [...vmLabels, 'vpkg'],
-    registers,
-    collect() {
-      this.reset();
-      each((r) => r.energy.forEach((t, g) => this.inc(seriesOf(r, g), ujToJoules(t.total))));
-    },
-  });
-  new Gauge({
-    name: METRIC.vmPower,
-    help: "Power of the VM's virtual package over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
-    labelNames: [...vmLabels, 'vpkg'],
-    registers,
-    collect() {
-      this.reset();
-      each((r) =>
-        r.watts.forEach((w, g) => {
-          if (w !== null) this.set(seriesOf(r, g), w);
-        }),
-      );
-    },
-  });
-  new Gauge({
-    name: METRIC.vmInfo,
-    help: 'One per VM the exporter observes: its name, UUID, pid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM)',
-    labelNames: [...vmLabels, 'source', 'whole_vm_only'],
-    registers,
-    collect() {
-      this.reset();
-      each((r) => this.set({ ...r.labels, source: r.source, whole_vm_only: r.wholeVmOnly ? '1' : '0' }, 1));
-    },
-  });
   new Counter({
     name: METRIC.packageEnergy,
     help: "The host package's RAPL energy in joules, as the helper measured it, accumulated by the exporter",

@@ -1,0 +1,118 @@
+/**
+ * The per-VM metric families (energy and power per virtual package, info), rendered as text at
+ * scrape time from the book: the bulk of a scrape (2 x nvpkg + 1 series per VM, thousands at 500
+ * VMs). prom-client renders the other families; for these it would hash, validate and store every
+ * label set into a metric object, then escape and format every label again, at every scrape. Here
+ * each VM's label text is escaped once and kept with its record (a WeakMap, so it goes with it),
+ * and a scrape only joins that text with the current value.
+ *
+ * The text is byte for byte what prom-client's Counter and Gauge give for the same values, in both
+ * formats (HELP/TYPE lines, OpenMetrics' counter naming, value formatting, label escaping):
+ * test/exporter/vm-exposition.test.ts renders the same book both ways and compares.
+ */
+import type { EnergyBook, VmLabels, VmRecord } from './energy-book.js';
+import { ujToJoules } from './running-total.js';
+
+export type ExpositionFormat = 'prometheus' | 'openmetrics';
+
+export interface VmFamily {
+  name: string;
+  help: string;
+  type: 'counter' | 'gauge';
+}
+
+/** Escaping of the exposition formats: HELP text (backslash, newline) and label values (also the double quote). */
+export function escapeHelp(s: string): string {
+  return s.replace(/\\/g, '\\\\').replace(/\n/g, '\\n');
+}
+
+export function escapeLabelValue(s: string): string {
+  return escapeHelp(s).replace(/"/g, '\\"');
+}
+
+/** A sample value as the formats write it (prom-client's rules: +Inf, -Inf, and its spelling of NaN). */
+export function formatValue(v: number): string {
+  if (Number.isNaN(v)) return 'Nan';
+  if (!Number.isFinite(v)) return v < 0 ? '-Inf' : '+Inf';
+  return `${v}`;
+}
+
+/** The label text of one VM, escaped once: `name="..",uuid="..",pid=".."`, then per vpkg and for info. */
+interface VmText {
+  base: string;
+  /** `{base,vpkg="g"} ` per virtual package. */
+  vpkg: string[];
+  /** `{base,source="..",whole_vm_only=".."} ` and what it was made from. */
+  info: string;
+  infoOf: string;
+}
+
+function baseText(l: VmLabels): string {
+  return `name="${escapeLabelValue(l.name)}",uuid="${escapeLabelValue(l.uuid)}",pid="${escapeLabelValue(l.pid)}"`;
+}
+
+export class VmExposition {
+  private readonly text = new WeakMap<VmRecord, VmText>();
+
+  constructor(
+    private readonly book: EnergyBook,
+    private readonly families: { energy: VmFamily; power: VmFamily; info: VmFamily },
+  ) {}
+
+  /**
+   * The three families as prom-client would write them in `format`, without the separator that
+   * follows (Prometheus: a blank line between families; OpenMetrics: none).
+   */
+  render(format: ExpositionFormat): string {
+    const vms = this.book.exposed();
+    const { energy, power, info } = this.families;
+    const out: string[] = [];
+    const head = (f: VmFamily) => {
+      // OpenMetrics names a counter's family without _total and its samples with it.
+      const family = format === 'openmetrics' && f.type === 'counter' ? f.name.replace(/_total$/, '') : f.name;
+      out.push(`# HELP ${family} ${escapeHelp(f.help)}\n# TYPE ${family} ${f.type}`);
+      return format === 'openmetrics' && f.type === 'counter' ? `${family}_total` : f.name;
+    };
+    const sep = format === 'openmetrics' ? '\n' : '\n\n';
+
+    const energyName = head(energy);
+    for (const r of vms) {
+      const t = this.textOf(r);
+      for (let g = 0; g < r.energy.length; g++) out.push(`\n${energyName}${this.vpkgText(t, g)}${formatValue(ujToJoules(r.energy[g]!.total))}`);
+    }
+    out.push(sep);
+    const powerName = head(power);
+    for (const r of vms) {
+      const t = this.textOf(r);
+      for (let g = 0; g < r.watts.length; g++) {
+        const w = r.watts[g];
+        if (w !== null && w !== undefined) out.push(`\n${powerName}${this.vpkgText(t, g)}${formatValue(w)}`);
+      }
+    }
+    out.push(sep);
+    const infoName = head(info);
+    for (const r of vms) out.push(`\n${infoName}${this.infoText(r)}1`);
+    return out.join('');
+  }
+
+  private textOf(r: VmRecord): VmText {
+    let t = this.text.get(r);
+    if (!t) this.text.set(r, (t = { base: baseText(r.labels), vpkg: [], info: '', infoOf: '' }));
+    return t;
+  }
+
+  private vpkgText(t: VmText, g: number): string {
+    return (t.vpkg[g] ??= `{${t.base},vpkg="${g}"} `);
+  }
+
+  /** source and whole_vm_only may change (a registration takes over a discovered VM): remade when they do. */
+  private infoText(r: VmRecord): string {
+    const t = this.textOf(r);
+    const of = `${r.source}\u0000${r.wholeVmOnly ? '1' : '0'}`;
+    if (t.infoOf !== of) {
+      t.info = `{${t.base},source="${escapeLabelValue(r.source)}",whole_vm_only="${r.wholeVmOnly ? '1' : '0'}"} `;
+      t.infoOf = of;
+    }
+    return t.info;
+  }
+}

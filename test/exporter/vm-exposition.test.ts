@@ -1,0 +1,87 @@
+/**
+ * The per-VM families rendered from cached label text must be exactly what prom-client renders for
+ * the same values, in both formats: prom-client is the reference for escaping, number formatting,
+ * HELP/TYPE lines and OpenMetrics' counter naming. Hostile names (quotes, backslashes, newlines,
+ * non-ASCII) included, and the cache follows a VM whose source or virtual packages change.
+ */
+import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
+import { describe, expect, test } from 'vitest';
+import { EnergyBook } from '../../src/exporter/energy-book.js';
+import { VM_FAMILIES } from '../../src/exporter/metrics.js';
+import { ujToJoules } from '../../src/exporter/running-total.js';
+import { VmExposition, type ExpositionFormat } from '../../src/exporter/vm-exposition.js';
+import type { VmInfo } from '../../src/exporter/observer-api.js';
+
+/** The three families through prom-client's own Counter and Gauge, as the exporter once built them. */
+async function reference(book: EnergyBook, format: ExpositionFormat): Promise<string> {
+  const registry = new Registry<RegistryContentType>();
+  registry.setContentType(format === 'openmetrics' ? Registry.OPENMETRICS_CONTENT_TYPE : Registry.PROMETHEUS_CONTENT_TYPE);
+  const registers = [registry];
+  const vmLabels = ['name', 'uuid', 'pid'] as const;
+  const energy = new Counter({ name: VM_FAMILIES.energy.name, help: VM_FAMILIES.energy.help, labelNames: [...vmLabels, 'vpkg'], registers });
+  const power = new Gauge({ name: VM_FAMILIES.power.name, help: VM_FAMILIES.power.help, labelNames: [...vmLabels, 'vpkg'], registers });
+  const info = new Gauge({ name: VM_FAMILIES.info.name, help: VM_FAMILIES.info.help, labelNames: [...vmLabels, 'source', 'whole_vm_only'], registers });
+  for (const r of book.exposed()) {
+    r.energy.forEach((t, g) => energy.inc({ ...r.labels, vpkg: String(g) }, ujToJoules(t.total)));
+    r.watts.forEach((w, g) => {
+      if (w !== null) power.set({ ...r.labels, vpkg: String(g) }, w);
+    });
+    info.set({ ...r.labels, source: r.source, whole_vm_only: r.wholeVmOnly ? '1' : '0' }, 1);
+  }
+  return registry.metrics();
+}
+
+/** Ours, completed the way prom-client ends a body. */
+function ours(x: VmExposition, format: ExpositionFormat): string {
+  return `${x.render(format)}${format === 'openmetrics' ? '\n# EOF\n' : '\n'}`;
+}
+
+const vm = (id: number, o: Partial<VmInfo> = {}): VmInfo => ({ hostVmId: id, pid: 4000 + id, uid: 0, starttime: BigInt(id), name: `vm-${id}`, uuid: null, source: 'discovered', nvpkg: 2, ended: false, wholeVmOnly: false, ...o });
+const upd = (id: number, s: number, uj: bigint[]) => ({ hostVmId: id, tNs: BigInt(s) * 1_000_000_000n, ended: false, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
+
+function hostileBook(): EnergyBook {
+  const b = new EnergyBook();
+  b.connectionStarted();
+  b.listed([
+    vm(1, { name: 'web "1" \\ back\nslash', uuid: '6f1c1a7e-0000-4000-8000-000000000001' }),
+    vm(2, { name: 'ünïcode ☃ {braces}=,', source: 'registered', wholeVmOnly: true, nvpkg: 1 }),
+    vm(3, { name: null }),
+  ]);
+  b.vmUpdate(upd(1, 1, [1_000_000n, 0n]));
+  b.vmUpdate(upd(1, 2, [3_500_001n, 250_000n]));
+  b.vmUpdate(upd(2, 1, [123_456_789_012n]));
+  b.vmUpdate(upd(3, 1, [1n, 2n]));
+  b.vmUpdate(upd(3, 3, [7n, 1_000_000_000_000_000n]));
+  return b;
+}
+
+describe('per-VM families rendered from cached label text', () => {
+  test('are byte for byte what prom-client renders, in both formats, hostile names included', async () => {
+    const book = hostileBook();
+    const x = new VmExposition(book, VM_FAMILIES);
+    for (const format of ['prometheus', 'openmetrics'] as const) {
+      const want = await reference(book, format);
+      expect(ours(x, format)).toBe(want);
+      // The second render comes from the cache and is still the same.
+      expect(ours(x, format)).toBe(want);
+    }
+    expect(ours(x, 'prometheus')).toContain('vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",vpkg="0"} 3.500001\n');
+  });
+
+  test('an empty book still has each family\'s HELP and TYPE lines, as prom-client writes them', async () => {
+    const book = new EnergyBook();
+    const x = new VmExposition(book, VM_FAMILIES);
+    for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
+  });
+
+  test('follows a VM that a registration takes over (source, fewer virtual packages) and one that ends', async () => {
+    const book = hostileBook();
+    const x = new VmExposition(book, VM_FAMILIES);
+    x.render('prometheus'); // fills the cache
+    book.listed([vm(1, { name: 'web "1" \\ back\nslash', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'registered', nvpkg: 1 }), vm(2, { name: 'ünïcode ☃ {braces}=,', source: 'registered', wholeVmOnly: true, nvpkg: 1 })]);
+    book.vmUpdate(upd(1, 3, [4_000_000n]));
+    for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
+    expect(x.render('prometheus')).toMatch(/vmsr_vm_info\{name="web[^}]*source="registered",whole_vm_only="0"\} 1/);
+    expect(x.render('prometheus')).not.toMatch(/pid="4001",vpkg="1"/);
+  });
+});
