@@ -88,12 +88,18 @@ export function threadsOf(pid: number): number[] {
     .sort((a, b) => a - b);
 }
 
+export interface TestChild {
+  child: ChildProcess;
+  pid: number;
+  kill(): Promise<void>;
+}
+
 /** A child that spins (busy) or sleeps; killed by the returned kill(). */
-export function startChild(kind: 'spin' | 'sleep'): { child: ChildProcess; pid: number; kill(): Promise<void> } {
-  const child =
-    kind === 'spin'
-      ? spawn(process.execPath, ['-e', 'for(;;){}'], { stdio: 'ignore' })
-      : spawn('sleep', ['120'], { stdio: 'ignore' });
+export function startChild(kind: 'spin' | 'sleep'): TestChild {
+  return killable(kind === 'spin' ? spawn(process.execPath, ['-e', 'for(;;){}'], { stdio: 'ignore' }) : spawn('sleep', ['120'], { stdio: 'ignore' }));
+}
+
+function killable(child: ChildProcess): TestChild {
   const exited = new Promise<void>((r) => child.once('exit', () => r()));
   return {
     child,
@@ -116,18 +122,9 @@ export function pinnedChildMissing(cpu: number): string | null {
   return null;
 }
 
-export function startPinnedChild(cpu: number, busyMs: number): ReturnType<typeof startChild> {
+export function startPinnedChild(cpu: number, busyMs: number): TestChild {
   const body = `setInterval(() => { const end = Date.now() + ${busyMs}; while (Date.now() < end); }, 100)`;
-  const child = spawn('taskset', ['-c', String(cpu), process.execPath, '-e', body], { stdio: 'ignore' });
-  const exited = new Promise<void>((r) => child.once('exit', () => r()));
-  return {
-    child,
-    pid: child.pid!,
-    async kill() {
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-      await exited;
-    },
-  };
+  return killable(spawn('taskset', ['-c', String(cpu), process.execPath, '-e', body], { stdio: 'ignore' }));
 }
 
 /** Raw bytes client: everything the helper sends is collected; `closed` resolves on close. */
