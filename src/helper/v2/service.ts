@@ -357,22 +357,26 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       if (r.live || r.owner !== null || !r.discovered) continue;
       if (++r.endedSamples > ENDED_DISCOVERED_KEPT_SAMPLES) dropVm(r.vmId);
     }
+    // The host frame is encoded once per layout in use, for all its subscribers.
+    const hostFrames = new Map<boolean, Buffer>();
+    const hostFrame = (perPackage: boolean): Buffer => {
+      let frame = hostFrames.get(perPackage);
+      if (!frame) hostFrames.set(perPackage, (frame = encodeHostUpdate(hostValues(vmsChanged, perPackage))));
+      return frame;
+    };
     for (const conn of conns) {
-      for (const vmId of conn.subscriptions) {
-        const u = updateFrame(vmId);
-        if (!u) continue;
-        if (u.ended) conn.subscriptions.delete(vmId);
-        if (!conn.send(u.frame)) break;
-      }
-    }
-    if (hostSubs.size > 0) {
-      // One frame per layout in use, encoded once for all its subscribers.
-      const frames = new Map<boolean, Buffer>();
-      for (const [conn, perPackage] of hostSubs) {
-        let frame = frames.get(perPackage);
-        if (!frame) frames.set(perPackage, (frame = encodeHostUpdate(hostValues(vmsChanged, perPackage))));
-        conn.send(frame);
-      }
+      const perPackage = hostSubs.get(conn);
+      if (conn.subscriptions.size === 0 && perPackage === undefined) continue;
+      // A connection's frames of one sample leave in one write: its VMs' UPDATEs, then HOST_UPDATE.
+      conn.batch(() => {
+        for (const vmId of conn.subscriptions) {
+          const u = updateFrame(vmId);
+          if (!u) continue;
+          if (u.ended) conn.subscriptions.delete(vmId);
+          if (!conn.send(u.frame)) return;
+        }
+        if (perPackage !== undefined) conn.send(hostFrame(perPackage));
+      });
     }
     vmsChanged = false;
   }));
