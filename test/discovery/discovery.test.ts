@@ -141,14 +141,16 @@ describe('discovery', () => {
 describe('discovery within the fd budget', () => {
   it('a VM whose threads do not fit is not sampled, and is taken at a later full rescan once they do', async () => {
     let room = 3; // fds the budget grants: less than the fake VM's 5 threads + 1
-    const g = await startHarness({
-      intervalMs: 50,
-      discovery: { fullRecheckEvery: 4 },
-      fds: { canAdmit: (threads) => (threads + 1 <= room ? ok(undefined) : fail(`no room for ${threads} threads`)) },
-    });
+    // The VM first, with all its threads: a scan that caught it half started (2 threads) would find it fits.
     const q = new FakeQemu({ vcpus: 4, args: ['-name', 'too-big'] });
+    let g: Awaited<ReturnType<typeof startHarness>> | undefined;
     try {
       await q.ready();
+      g = await startHarness({
+        intervalMs: 50,
+        discovery: { fullRecheckEvery: 4 },
+        fds: { canAdmit: (threads) => (threads + 1 <= room ? ok(undefined) : fail(`no room for ${threads} threads`)) },
+      });
       const c = await V2Client.connect(g.socketPath);
       try {
         await new Promise((r) => setTimeout(r, 400));
@@ -160,7 +162,7 @@ describe('discovery within the fd budget', () => {
       }
     } finally {
       await q.kill();
-      await g.close();
+      await g?.close();
     }
   });
 });
