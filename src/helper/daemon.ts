@@ -25,6 +25,7 @@ import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices, type VendorChoice } from './startup-checks.js';
 import { isDaemonChild, reportReady } from './daemonize.js';
+import { settleOnce } from './memory-settler.js';
 
 export type { V2Handler };
 
@@ -253,6 +254,11 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     current = running;
     for (const h of readyHooks) h();
     if (isDaemonChild()) reportReady();
+    // What start-up ran and read (most of the node binary's pages, its garbage) is not needed again.
+    setImmediate(() => {
+      if (stopping) return;
+      area('memory').info(settleOnce(), 'memory given back after start-up');
+    }).unref();
     if (pendingSignal) onSignal(pendingSignal);
     return running;
   } catch (e) {

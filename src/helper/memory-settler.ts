@@ -2,12 +2,15 @@
  * After a burst of connections closes (a flood that ended), what they used is garbage V8 has not
  * collected yet and free chunks glibc keeps in its heap: RSS would stay at the flood's high-water
  * mark for as long as the daemon idles. So once `threshold` connections have closed and none for
- * `quietMs`, the helper runs one full GC and malloc_trim(0). Nothing runs while a flood goes on, nor
- * for ordinary traffic (a few connections).
+ * `quietMs`, the helper settles its memory: one full GC, malloc_trim(0), and the clean file-backed
+ * pages out of the page tables (os/mapped-files.ts). Nothing runs while a flood goes on, nor for
+ * ordinary traffic (a few connections). Start-up settles once too (settleOnce), when the daemon
+ * listens: what start-up ran and read (most of the node binary's pages) is not needed again.
  */
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { mallocTrim } from '../os/libc.js';
+import { dropCleanFilePages } from '../os/mapped-files.js';
 
 let gcFn: (() => void) | null | undefined;
 
@@ -22,6 +25,22 @@ function fullGc(): void {
     }
   }
   gcFn?.();
+}
+
+/** One settling pass: full GC, malloc_trim(0), clean file pages dropped. */
+function settlePass(): void {
+  fullGc();
+  mallocTrim();
+  dropCleanFilePages();
+}
+
+const rssMb = () => Math.round(process.memoryUsage.rss() / 2 ** 20);
+
+/** Settles memory once, now (start-up done); returns the RSS before and after, MiB. */
+export function settleOnce(): { rssBeforeMb: number; rssAfterMb: number } {
+  const rssBeforeMb = rssMb();
+  settlePass();
+  return { rssBeforeMb, rssAfterMb: rssMb() };
 }
 
 export class MemorySettler {
@@ -57,16 +76,14 @@ export class MemorySettler {
     const closed = this.closed_;
     this.closed_ = 0;
     this.settles++;
-    const before = process.memoryUsage.rss();
-    fullGc();
-    mallocTrim();
+    const before = rssMb();
+    settlePass();
     // Once more a little later: what the first pass freed (sockets' native handles close
     // asynchronously, weak callbacks run after a GC) is only collectable then.
     this.timer = setTimeout(() => {
       this.timer = undefined;
-      fullGc();
-      mallocTrim();
-      this.onSettle(Math.round(before / 2 ** 20), Math.round(process.memoryUsage.rss() / 2 ** 20), closed);
+      settlePass();
+      this.onSettle(before, rssMb(), closed);
     }, this.quietMs);
     this.timer.unref();
   }

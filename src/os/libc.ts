@@ -30,6 +30,7 @@ const fn = {
   pread: libc.func('long pread(int fd, void *buf, size_t count, long offset)'),
   clock_gettime: libc.func('int clock_gettime(int clk, void *ts)'),
   setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
+  madvise: libc.func('int madvise(uintptr_t addr, size_t length, int advice)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -262,4 +263,15 @@ export function peerHungUp(fd: number): boolean {
 /** Gives free heap memory back to the kernel (glibc malloc_trim(0)). */
 export function mallocTrim(): void {
   fn.malloc_trim(0);
+}
+
+const MADV_DONTNEED = 4;
+
+/**
+ * madvise(MADV_DONTNEED) on [start, end) of this process's address space: its pages leave the page
+ * tables. Only for clean file-backed pages (mapped-files.ts decides which), which the next access
+ * maps again from the page cache; on anonymous or copied-on-write pages it would lose their contents.
+ */
+export function dropMappedPages(start: bigint, end: bigint): void {
+  if ((fn.madvise(start, end - start, MADV_DONTNEED) as number) !== 0) throw errnoError('madvise(MADV_DONTNEED)');
 }

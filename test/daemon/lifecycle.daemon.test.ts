@@ -150,6 +150,23 @@ describe('pidfile and socket file', () => {
   });
 });
 
+describe('memory', () => {
+  test('once listening, the daemon gives back what start-up used (most of it node binary pages) and answers as before', async () => {
+    const { host, sock } = setup();
+    const child = track(await startHelper(['-k', sock, ...hostArgs(host)]));
+    await waitFor(() => child.stderr().includes('memory given back after start-up'), 'the start-up memory settle', child);
+    const line = child.stderr().split('\n').find((l) => l.includes('memory given back after start-up'))!;
+    const { rssBeforeMb, rssAfterMb } = JSON.parse(line) as { rssBeforeMb: number; rssAfterMb: number };
+    expect(rssAfterMb).toBeLessThan(rssBeforeMb - 10);
+    const c = await LegacyClient.connect(sock);
+    for (let i = 0; i < 100; i++) expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+    const rss = Number(/^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${child.proc.pid}/status`, 'utf8'))![1]) / 1024;
+    expect(rss).toBeLessThan(rssBeforeMb);
+    console.log(`start-up RSS ${rssBeforeMb} MB -> ${rssAfterMb} MB after the settle, ${rss.toFixed(0)} MB after 100 legacy requests`);
+  });
+});
+
 describe('-d', () => {
   test('the foreground process exits 0 once the detached child serves; SIGTERM cleans up', async () => {
     const { host, sock, pid } = setup();

@@ -1,0 +1,111 @@
+/**
+ * The clean file-backed pages of this process's mappings, and giving them back after start-up.
+ *
+ * Most of a Node daemon's resident memory is the node binary itself (about 40 MiB of its 95 MiB
+ * file): code and read-only data that start-up ran or read once (bootstrap, module loading and
+ * compiling, the CLI) and that stay mapped in the page tables, counted in RSS, long after. Those
+ * pages are clean copies of the file: madvise(MADV_DONTNEED) takes them out of the page tables, the
+ * page cache keeps them (shared with every other process mapping the file), and an access later
+ * maps them again with a minor fault, no I/O. What the daemon keeps using comes back at once; the
+ * rest stays out.
+ *
+ * Only mappings whose every page is a clean copy of the file qualify: file-backed (an absolute
+ * path), not writable, no anonymous page (a private page written once, e.g. a debugger's breakpoint,
+ * would be lost), not locked, not a device/PFN mapping. /proc/self/smaps is parsed strictly; a block
+ * that does not read as expected is left alone.
+ */
+import fs from 'node:fs';
+import { dropMappedPages } from './libc.js';
+
+export interface Mapping {
+  start: bigint;
+  end: bigint;
+  /** "r-xp" and the like. */
+  perms: string;
+  /** The mapped file's path (may hold spaces, may end with " (deleted)"), a [pseudo] name, or ''. */
+  path: string;
+  /** Resident kB mapped by this process. */
+  rssKb: number;
+  /** Anonymous kB: pages of this mapping copied on write (private to us). -1 when not listed. */
+  anonKb: number;
+  /** Locked kB (mlock). -1 when not listed. */
+  lockedKb: number;
+  /** The two-letter VmFlags ("rd", "ex", "lo", "io", ...); empty when not listed. */
+  flags: string[];
+}
+
+const HEADER = /^([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-][ps]) [0-9a-f]+ [0-9a-f]+:[0-9a-f]+ \d+ ?(.*)$/;
+const FIELD = /^(\w+):\s+(\d+) kB$/;
+
+/** The mappings of an smaps text (/proc/<pid>/smaps); lines that fit no block are ignored. */
+export function parseSmaps(text: string): Mapping[] {
+  const out: Mapping[] = [];
+  let cur: Mapping | undefined;
+  for (const line of text.split('\n')) {
+    const h = HEADER.exec(line);
+    if (h) {
+      cur = { start: BigInt(`0x${h[1]}`), end: BigInt(`0x${h[2]}`), perms: h[3]!, path: h[4]!.trimStart(), rssKb: -1, anonKb: -1, lockedKb: -1, flags: [] };
+      out.push(cur);
+      continue;
+    }
+    if (!cur) continue;
+    if (line.startsWith('VmFlags:')) {
+      cur.flags = line.slice(8).trim().split(/\s+/).filter((f) => /^[a-z0-9]{2}$/.test(f));
+      continue;
+    }
+    const f = FIELD.exec(line);
+    if (!f) continue;
+    if (f[1] === 'Rss') cur.rssKb = Number(f[2]);
+    else if (f[1] === 'Anonymous') cur.anonKb = Number(f[2]);
+    else if (f[1] === 'Locked') cur.lockedKb = Number(f[2]);
+  }
+  return out;
+}
+
+/** Device, PFN, locked or huge-TLB areas: madvise(MADV_DONTNEED) refuses them or must not touch them. */
+const KEEP_FLAGS = new Set(['io', 'pf', 'lo', 'ht']);
+
+/** Whether every resident page of `m` is a clean copy of its file, so dropping it loses nothing. */
+export function isCleanFileMapping(m: Mapping): boolean {
+  return (
+    m.path.startsWith('/') &&
+    m.perms[1] === '-' &&
+    m.end > m.start &&
+    m.rssKb > 0 &&
+    m.anonKb === 0 &&
+    m.lockedKb === 0 &&
+    !m.flags.some((f) => KEEP_FLAGS.has(f))
+  );
+}
+
+export interface DroppedPages {
+  /** Resident kB taken out of the page tables. */
+  droppedKb: number;
+  /** Mappings the kernel refused (left as they were). */
+  refused: number;
+}
+
+/**
+ * Takes the clean file-backed pages of this process out of its page tables (see the top of this
+ * file). Never throws: a mapping the kernel refuses is counted and left; an unreadable smaps drops
+ * nothing.
+ */
+export function dropCleanFilePages(): DroppedPages {
+  const r: DroppedPages = { droppedKb: 0, refused: 0 };
+  let text: string;
+  try {
+    text = fs.readFileSync('/proc/self/smaps', 'latin1');
+  } catch {
+    return r;
+  }
+  for (const m of parseSmaps(text)) {
+    if (!isCleanFileMapping(m)) continue;
+    try {
+      dropMappedPages(m.start, m.end);
+      r.droppedKb += m.rssKb;
+    } catch {
+      r.refused++;
+    }
+  }
+  return r;
+}
