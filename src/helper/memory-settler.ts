@@ -17,7 +17,9 @@ let gcFn: (() => void) | null | undefined;
 /** A full garbage collection: V8's gc(), exposed at run time (a context made after the flag has it). */
 function fullGc(): void {
   if (gcFn === undefined) {
-    try {
+    const global = (globalThis as { gc?: () => void }).gc;
+    if (typeof global === 'function') gcFn = global;
+    else try {
       v8.setFlagsFromString('--expose-gc');
       gcFn = vm.runInNewContext('gc') as () => void;
     } catch {
