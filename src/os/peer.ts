@@ -5,6 +5,7 @@ import type net from 'node:net';
 import { getPeerCredentials, type PeerCredentials } from './libc.js';
 import { MAX_TID } from '../ratio/types.js';
 import { parseProcStatus } from './privileges/proc-status.js';
+import { readProcFile } from './proc-file.js';
 
 export type { PeerCredentials };
 
@@ -60,7 +61,7 @@ export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number
   if (peer.gid === gid) return true;
   let text: string;
   try {
-    text = fs.readFileSync(path.join(procRoot, String(peer.pid), 'status'), 'utf8');
+    text = readProcFile(path.join(procRoot, String(peer.pid), 'status'), 'utf8');
   } catch {
     return false;
   }

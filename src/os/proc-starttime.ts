@@ -1,14 +1,14 @@
 /** The starttime of a process (field 22 of /proc/<pid>/stat): with the pid, it names one process. */
-import fs from 'node:fs';
 import path from 'node:path';
 import { parseStatLine } from '../ratio/stat.js';
+import { readProcFile } from './proc-file.js';
 
 /** Field 22 of /proc/<pid>/stat; null when the process does not exist or the line is unreadable. */
 export function readStarttime(procRoot: string, pid: number): number | null {
   if (!Number.isSafeInteger(pid) || pid <= 0) return null;
   let line: string;
   try {
-    line = fs.readFileSync(path.join(procRoot, String(pid), 'stat'), 'latin1');
+    line = readProcFile(path.join(procRoot, String(pid), 'stat'));
   } catch {
     return null;
   }

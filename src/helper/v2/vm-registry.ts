@@ -7,6 +7,7 @@ import path from 'node:path';
 import { fail, ok, type Result } from '../../ratio/result.js';
 import { MAX_VCPUS } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
+import { readProcFile } from '../../os/proc-file.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
 import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
@@ -70,7 +71,7 @@ export function procView(procRoot: string): ProcView {
     },
     threads(pid) {
       try {
-        const n = statNumThreads(fs.readFileSync(path.join(procRoot, String(pid), 'stat'), 'latin1'));
+        const n = statNumThreads(readProcFile(path.join(procRoot, String(pid), 'stat')));
         return n > 0 ? n : null;
       } catch {
         return null;
