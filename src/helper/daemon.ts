@@ -57,6 +57,9 @@ export interface DaemonConfig {
 
 export type ShutdownHook = () => void | Promise<void>;
 
+/** Longest wait for the ready hooks' start-up work before the start-up memory settle runs anyway. */
+export const STARTUP_SETTLE_WAIT_MS = 2000;
+
 /** What a plugin gets at start-up: after the checks and MSR opens, before listening and dropping. */
 export interface DaemonContext {
   config: DaemonConfig;
@@ -72,8 +75,12 @@ export interface DaemonContext {
   /** A logger for a named area, at debug level when -T matches it. */
   area(name: string): Logger;
   onShutdown(hook: ShutdownHook): void;
-  /** Runs once the daemon listens and has dropped its privileges. */
-  onReady(hook: () => void): void;
+  /**
+   * Runs once the daemon listens and has dropped its privileges. A hook may return a promise of the
+   * start-up work it began (a first scan): the start-up memory settle waits for it (at most
+   * STARTUP_SETTLE_WAIT_MS).
+   */
+  onReady(hook: () => void | Promise<void>): void;
   /** Legacy requests by result and open connections, for the v2 service's HOST_UPDATE. */
   health: HealthSource;
 }
@@ -182,7 +189,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     let v2Handler = opts.v2Handler;
     const files = new Map(inh?.files ?? []);
     const openedFile = (p: string) => files.get(p);
-    const readyHooks: (() => void)[] = [];
+    const readyHooks: (() => void | Promise<void>)[] = [];
     const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
     const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
@@ -252,13 +259,9 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       },
     };
     current = running;
-    for (const h of readyHooks) h();
+    const startupWork = readyHooks.map((h) => h()).filter((w) => w instanceof Promise);
     if (isDaemonChild()) reportReady();
-    // What start-up ran and read (most of the node binary's pages, its garbage) is not needed again.
-    setImmediate(() => {
-      if (stopping) return;
-      area('memory').info(settleOnce(), 'memory given back after start-up');
-    }).unref();
+    settleAfterStartup(startupWork, () => stopping !== undefined, (r) => area('memory').info(r, 'memory given back after start-up'));
     if (pendingSignal) onSignal(pendingSignal);
     return running;
   } catch (e) {
@@ -267,6 +270,26 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     if (opts.inherited?.socket) removeOwnSocketFile(opts.inherited.socket, logger);
     throw e;
   }
+}
+
+/**
+ * What start-up ran and read (most of the node binary's pages, its garbage) is not needed again:
+ * settled at once, and again when the ready hooks' start-up work (a first scan, which leaves its
+ * own garbage and free heap) is done or STARTUP_SETTLE_WAIT_MS passed. Reports RSS before the first
+ * pass and after the last.
+ */
+function settleAfterStartup(work: Promise<void>[], stopped: () => boolean, report: (r: { rssBeforeMb: number; rssAfterMb: number }) => void): void {
+  setImmediate(() => {
+    if (stopped()) return;
+    const first = settleOnce();
+    if (work.length === 0) return report(first);
+    let waited: NodeJS.Timeout | undefined;
+    void Promise.race([Promise.allSettled(work), new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref()))]).then(() => {
+      clearTimeout(waited);
+      if (stopped()) return;
+      report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
+    });
+  }).unref();
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {

@@ -83,8 +83,12 @@ export interface V2Service {
   readonly vms: number;
   /** Every VM known: registered and discovered, ended ones not yet dropped. */
   readonly knownVms: number;
-  /** Starts the /proc scans of a service made with deferDiscovery. */
-  startDiscovery(): void;
+  /**
+   * Starts the /proc scans of a service made with deferDiscovery. Resolves once the first interval
+   * with discovery on has run (its scan and its sample, or the sample's failure); at once when
+   * discovery is off or the service is closed.
+   */
+  startDiscovery(): Promise<void>;
 }
 
 /** The wire code of each registry refusal (docs/protocol-v2.md, REGISTER). */
@@ -243,10 +247,21 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   };
 
   const viewerOf = (conn: V2Connection): Viewer => viewers.get(conn) ?? { connId: conn.id, uid: conn.peer.uid, seesAll: false };
-  const startDiscovery = () => {
-    if (o.discovery && !closed) sampling.hold('discovery', true);
+  const startDiscovery = (): Promise<void> => {
+    if (!o.discovery || closed) return Promise.resolve();
+    const firstInterval = new Promise<void>((resolve) => {
+      const done = () => {
+        sampled.dispose();
+        failed.dispose();
+        resolve();
+      };
+      const sampled = sampling.onSample(done);
+      const failed = sampling.onFailure(done);
+    });
+    sampling.hold('discovery', true);
+    return firstInterval;
   };
-  if (o.deferDiscovery !== true) startDiscovery();
+  if (o.deferDiscovery !== true) void startDiscovery();
 
   const request = (conn: V2Connection, req: ClientRequest): Buffer => {
     switch (req.type) {
