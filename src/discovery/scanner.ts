@@ -8,6 +8,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { readProcFile } from '../os/proc-file.js';
 import { MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
@@ -277,7 +278,7 @@ export class ProcScanner {
   private readStat(pid: number): ProcessStat | null {
     let line: string;
     try {
-      line = fs.readFileSync(path.join(this.procRoot, String(pid), 'stat'), 'latin1');
+      line = readProcFile(path.join(this.procRoot, String(pid), 'stat'));
     } catch {
       return null;
     }
@@ -342,7 +343,7 @@ export class ProcScanner {
       if (out.size >= max) break;
       this.cost.threadProbes++;
       try {
-        const comm = fs.readFileSync(path.join(this.procRoot, String(pid), 'task', String(tid), 'comm'), 'latin1');
+        const comm = readProcFile(path.join(this.procRoot, String(pid), 'task', String(tid), 'comm'));
         out.set(tid, comm.endsWith('\n') ? comm.slice(0, -1) : comm);
       } catch {
         /* exited meanwhile */
@@ -369,7 +370,7 @@ function vcpusFrom(pid: number, threads: ReadonlyMap<number, { vpkg: number | nu
 /** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */
 function readLastPid(procRoot: string): number | null {
   try {
-    const f = fs.readFileSync(path.join(procRoot, 'loadavg'), 'latin1').trim().split(' ');
+    const f = readProcFile(path.join(procRoot, 'loadavg')).trim().split(' ');
     const v = Number(f[4]);
     return Number.isSafeInteger(v) && v > 0 ? v : null;
   } catch {
@@ -379,7 +380,7 @@ function readLastPid(procRoot: string): number | null {
 
 function readUptime(procRoot: string): number {
   try {
-    return Number(fs.readFileSync(path.join(procRoot, 'uptime'), 'latin1').split(' ')[0]);
+    return Number(readProcFile(path.join(procRoot, 'uptime')).split(' ')[0]);
   } catch {
     return Infinity; // unknown: nothing counts as young
   }
