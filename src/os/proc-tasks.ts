@@ -329,8 +329,7 @@ export class ProcTaskReader {
     }
     let end = n;
     if (this.buf[end - 1] === 0x0a) end--;
-    const close = this.buf.lastIndexOf(CLOSE_PAREN, end - 1);
-    t.running = close >= 0 && close + 2 < end && this.buf[close + 2] === RUNNING;
+    if (this.gate) t.running = isRunning(this.buf, end);
     const last = t.line;
     if (last !== null && last.length === end && this.buf.compare(t.bytes!, 0, end, 0, end) === 0) return last;
     const line = this.buf.toString('latin1', 0, end);
@@ -399,6 +398,19 @@ export class ProcTaskReader {
     st.numThreads = st.threads.size;
     return st.threads.has(pid) || present.size > 0;
   }
+}
+
+/**
+ * Where the last ')' of a stat line can be: after the pid (at most 7 digits, pid_max 2^22) and a
+ * comm of at most 64 bytes (a workqueue worker's; 16 for others) in parentheses. Nothing after
+ * comm is a ')'.
+ */
+const COMM_END_MAX = 7 + 2 + 64 + 1;
+
+/** The line's state (field 3, after the last ')') is R; a short loop, no native call per line. */
+function isRunning(b: Buffer, end: number): boolean {
+  for (let i = Math.min(end, COMM_END_MAX) - 1; i > 0; i--) if (b[i] === CLOSE_PAREN) return i + 2 < end && b[i + 2] === RUNNING;
+  return false;
 }
 
 /**
