@@ -143,6 +143,13 @@ describe('ProcTaskReader on real processes', () => {
   test('a sleeping thread read again gives the same line, equal to what /proc says now', async () => {
     const p = await proc();
     await p.cmd('start 3');
+    // A thread just started runs on a moment before it waits: read once every one shows S.
+    const state = (tid: number) => fs.readFileSync(`/proc/${p.pid}/task/${tid}/stat`, 'latin1').split(') ').pop()![0];
+    const deadline = Date.now() + 3000;
+    while (p.tids().some((t) => t !== p.pid && state(t) !== 'S')) {
+      if (Date.now() > deadline) throw new Error('threads still not asleep after 3 s');
+      await new Promise((res) => setTimeout(res, 10));
+    }
     const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
     try {
       const first = r.read(p.pid)!;
