@@ -157,7 +157,9 @@ export async function run(): Promise<void> {
     }
     const held = await holdConnections(tools, ours.socket, VMS);
     kids.push(held);
-    await sleep(2500);
+    // Steady state: the first samples open and read every thread (and the gates learn what is idle),
+    // the first seconds also hold start-up garbage and compilation; measured from 10 s on.
+    await sleep(10_000);
     const daemonMs: number[] = [];
     const rss500: Record<Side, number[]> = { ours: [], c: [] };
     const anon500: Record<Side, number[]> = { ours: [], c: [] };
