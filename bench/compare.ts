@@ -100,7 +100,9 @@ export async function run(): Promise<void> {
         c = await startAnchor(path.join(host.dir, 'dev/cpu'), path.join(dir, `c-${r}.sock`), a.gdb);
         started.push(c);
       }
-      await sleep(500);
+      // Past start-up: ours gives memory back once it listens and again after discovery's first
+      // scan of /proc (at most 2 s in); load measured during that would time our start-up, not a request.
+      await sleep(3000);
       idle.ours.push(rssMiB(ours.pid));
       idleAnon.ours.push(rssMiB(ours.pid, 'RssAnon'));
       if (c) {

@@ -379,13 +379,20 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       if (!frame) hostFrames.set(perPackage, (frame = encodeHostUpdate(hostValues(vmsChanged, perPackage))));
       return frame;
     };
+    // A VM's UPDATE is encoded once per sample, for every connection that watches it.
+    const updates = new Map<number, { frame: Buffer; ended: boolean } | null>();
+    const updateOf = (vmId: number) => {
+      let u = updates.get(vmId);
+      if (u === undefined) updates.set(vmId, (u = updateFrame(vmId)));
+      return u;
+    };
     for (const conn of conns) {
       const perPackage = hostSubs.get(conn);
       if (conn.subscriptions.size === 0 && perPackage === undefined) continue;
       // A connection's frames of one sample leave in one write: its VMs' UPDATEs, then HOST_UPDATE.
       conn.batch(() => {
         for (const vmId of conn.subscriptions) {
-          const u = updateFrame(vmId);
+          const u = updateOf(vmId);
           if (!u) continue;
           if (u.ended) conn.subscriptions.delete(vmId);
           if (!conn.send(u.frame)) return;
