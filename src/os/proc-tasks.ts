@@ -156,6 +156,8 @@ export class ProcTaskReader {
   private readonly sbuf = Buffer.alloc(SCHED_BUF_SIZE);
   private readonly relistEvery: number;
   private readonly gate: boolean;
+  /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
+  private readonly clockGate: boolean;
   /** Directory listings done so far (for tests and benchmarks). */
   listings = 0;
   readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
@@ -166,6 +168,7 @@ export class ProcTaskReader {
   ) {
     this.relistEvery = Math.max(1, opts.relistEvery ?? 30);
     this.gate = opts.gate ?? true;
+    this.clockGate = this.gate && pidsAreOurs(procRoot);
   }
 
   /** Number of fds held open (all pids): stat and schedstat files. */
@@ -190,7 +193,7 @@ export class ProcTaskReader {
       if (!this.list(pid, st)) return this.gone(pid);
     }
     // The clock first: the lines read after it are at least as new.
-    const cpuNs = this.gate ? processCpuTimeNs(pid) : -1n;
+    const cpuNs = this.clockGate ? processCpuTimeNs(pid) : -1n;
     if (cpuNs >= 0n && cpuNs === st.cpuNs && !st.running && st.gated < MAX_GATED_READS) {
       const out = st.lastOut ?? this.lastLines(st);
       if (out !== null) {
@@ -397,6 +400,19 @@ export class ProcTaskReader {
     for (const [tid, t] of st.threads) if (!present.has(tid)) this.drop(st, tid, t);
     st.numThreads = st.threads.size;
     return st.threads.has(pid) || present.size > 0;
+  }
+}
+
+/**
+ * Whether the pids under `procRoot` are those of this process's pid namespace (its `self` is our
+ * pid): a /proc of another namespace (a host's /proc mounted in a container, a test's tree) names
+ * other processes by those numbers, and a CPU clock read by pid would be another process's.
+ */
+function pidsAreOurs(procRoot: string): boolean {
+  try {
+    return fs.readlinkSync(path.join(procRoot, 'self')) === String(process.pid);
+  } catch {
+    return false;
   }
 }
 

@@ -1,4 +1,6 @@
 import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { keptFds, MAX_GATED_READS, ProcTaskReader, type TaskReadCost } from '../../src/os/proc-tasks.js';
 import { parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
@@ -318,6 +320,26 @@ describe('ProcTaskReader gates on real processes', () => {
       expect(sleeperReads).toBeLessThanOrEqual(3);
     } finally {
       r.close();
+    }
+  });
+
+  test("the process gate stays off for a /proc whose pids are not this namespace's (its self is another pid); the thread gate still answers", async () => {
+    const p = await proc();
+    await p.cmd('start 2'); // idle: under our own /proc the process gate would answer, not the thread gate
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-otherproc-'));
+    try {
+      fs.symlinkSync(`/proc/${p.pid}`, path.join(root, String(p.pid)));
+      fs.symlinkSync('1', path.join(root, 'self')); // as a host's /proc seen from a container
+      const r = new ProcTaskReader(root, { relistEvery: 1000 });
+      try {
+        const lines = await readUntil(r, p, 'the sleepers answered by the thread gate', (d) => d.gatedReads === 2 && d.gatedProcessReads === 0);
+        expect(r.cost.gatedProcessReads).toBe(0);
+        expect(lines.size).toBe(p.tids().length);
+      } finally {
+        r.close();
+      }
+    } finally {
+      fs.rmSync(root, { recursive: true, force: true });
     }
   });
 
