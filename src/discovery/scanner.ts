@@ -2,9 +2,10 @@
  * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
  * every sampling interval: only pids not seen before are read (stat, and for candidates cmdline, exe
  * and thread names). The pids handed out since the last scan are known (/proc/loadavg): none, and
- * nothing is listed; up to MAX_PIDS_PROBED, and each is looked up directly; more, and /proc is listed. Pids known not to be VMs are kept with
- * their starttime and looked at again only when young (a process may exec QEMU just after fork:
- * libvirt does) or on a periodic full recheck. Rules and limits: docs/discovery.md.
+ * nothing is listed; up to MAX_PIDS_PROBED, and each is looked up directly; more, and /proc is
+ * listed. Pids known not to be VMs are kept with their starttime and looked at again only when
+ * young (a process may exec QEMU just after fork: libvirt does) or on a periodic full recheck.
+ * Rules and limits: docs/discovery.md.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -130,8 +131,9 @@ export class ProcScanner {
       this.cost.probeScans++;
       young();
       for (let pid = prevPid + 1; pid <= lastPid; pid++) {
-        if (this.vms.has(pid) || this.others.get(pid)?.young) continue;
-        const vm = this.examine(pid, this.others.get(pid), now);
+        const other = this.others.get(pid);
+        if (this.vms.has(pid) || other?.young) continue; // young ones were examined just above
+        const vm = this.examine(pid, other, now);
         if (vm !== null) found.push(vm);
       }
       return found;

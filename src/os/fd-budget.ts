@@ -2,8 +2,7 @@
  * File descriptors, THE one budget. The helper needs one fd per connection and, per registered VM,
  * about two per thread of its process (keptFds: its /proc/<pid>/task/<tid>/stat and schedstat, kept
  * open and re-read with pread: cheap, and the leader's fd stays bound to the process it was opened
- * for). Running out would make
- * accept() and those opens fail, so:
+ * for). Running out would make accept() and those opens fail, so:
  *  - at start-up the soft RLIMIT_NOFILE is raised to the hard limit (raiseFdLimit);
  *  - connections are capped at --max-connections, or at what half of the fds left after the reserve
  *    allow when the limit is lower (effectiveMaxConnections);

@@ -15,6 +15,7 @@
  * taken for ended.
  */
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
 import { cannot } from '../ratio/errors.js';
@@ -31,8 +32,7 @@ export class TaskReadError extends Error {
   }
 }
 
-const ENOENT = 2;
-const ESRCH = 3;
+const { ENOENT, ESRCH } = os.constants.errno;
 
 /** errno codes that mean "this thread or process no longer exists". */
 function isGone(e: unknown): boolean {
@@ -194,14 +194,11 @@ export class ProcTaskReader {
     }
     // The clock first: the lines read after it are at least as new.
     const cpuNs = this.clockGate ? processCpuTimeNs(pid) : -1n;
-    if (cpuNs >= 0n && cpuNs === st.cpuNs && !st.running && st.gated < MAX_GATED_READS) {
-      const out = st.lastOut ?? this.lastLines(st);
-      if (out !== null) {
-        st.gated++;
-        this.cost.gatedProcessReads++;
-        st.lastOut = out;
-        return out;
-      }
+    // cpuNs is known only after a full read, which also kept what it returned (lastOut).
+    if (cpuNs >= 0n && cpuNs === st.cpuNs && st.lastOut !== null && !st.running && st.gated < MAX_GATED_READS) {
+      st.gated++;
+      this.cost.gatedProcessReads++;
+      return st.lastOut;
     }
     // The main thread's line says whether the process lives and how many threads it has now.
     let main = this.readMain(st);
@@ -261,20 +258,6 @@ export class ProcTaskReader {
   private gone(pid: number): null {
     this.forget(pid);
     return null;
-  }
-
-  /** Every thread's last line, the main thread's first; null when one has none yet. */
-  private lastLines(st: PidState): Map<number, string> | null {
-    const main = st.threads.get(st.pid);
-    if (main?.line == null) return null;
-    const out = new Map<number, string>();
-    out.set(st.pid, main.line);
-    for (const [tid, t] of st.threads) {
-      if (tid === st.pid) continue;
-      if (t.line === null) return null;
-      out.set(tid, t.line);
-    }
-    return out;
   }
 
   private readMain(st: PidState): string | null {
