@@ -10,6 +10,7 @@ import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../
 import type { LegacyService } from './legacy-service.js';
 import { peerOf, socketFd } from '../os/peer.js';
 import { peerHungUp } from '../os/libc.js';
+import { sendReplies } from './send-replies.js';
 import { MemorySettler } from './memory-settler.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
 import type { Logger } from './logger.js';
@@ -24,6 +25,9 @@ import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
  * `hold` is the connection's account of incomplete-frame bytes (the server releases it at close).
  */
 export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
+
+/** The replies of up to this many bytes are built in one buffer the server keeps (a 64 KiB read holds 5461 requests). */
+const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
 
 /** Connections served at once by default (--max-connections); more are accepted and closed at once. */
 export const DEFAULT_MAX_CONNECTIONS = 4096;
@@ -57,6 +61,8 @@ export const LISTEN_BACKLOG = 4096;
 export class HelperServer {
   private readonly server: net.Server;
   private readonly sockets = new Set<net.Socket>();
+  /** Where legacy replies are written before they are sent (one connection at a time: the loop is single-threaded). */
+  private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   /** Set when we bound a path ourselves: [path, inode] so we only ever remove our own file. */
   private bound: { path: string; ino: number } | undefined;
 
@@ -206,18 +212,19 @@ export class HelperServer {
       if (closing) return;
       const reqs = framer.push(chunk);
       if (reqs.length > 0) {
-        // The replies to one chunk's requests, written at once (small sizes come from Node's pool).
-        const out = Buffer.allocUnsafe(reqs.length * LEGACY_REPLY_SIZE);
+        // The replies to one chunk's requests, sent at once from the shared scratch buffer.
+        const size = reqs.length * LEGACY_REPLY_SIZE;
+        const out = size <= this.replies.length ? this.replies : Buffer.allocUnsafe(size);
         for (let i = 0; i < reqs.length; i++) {
           if (legacy.answer(peer.pid, reqs[i]!, verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
           closing = true;
           data.dispose();
-          if (i > 0) socket.write(out.subarray(0, i * LEGACY_REPLY_SIZE));
+          if (i > 0) sendReplies(socket, out, i * LEGACY_REPLY_SIZE);
           socket.end(); // replies already queued still go out, in order
           setTimeout(() => socket.destroy(), 1000).unref();
           return;
         }
-        socket.write(out);
+        sendReplies(socket, out, size);
       }
       if (!hold.set(framer.buffered)) return this.overBudget(socket, peer);
       // A client that pipelines without reading waits for itself, not the helper's memory.

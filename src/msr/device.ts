@@ -5,6 +5,7 @@
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from '../os/errno-hints.js';
+import { errnoName, pread } from '../os/libc.js';
 import { cannot } from '../ratio/errors.js';
 
 export class MsrReadError extends Error {
@@ -20,7 +21,10 @@ export class MsrReadError extends Error {
 
 export class MsrDevice {
   private readonly fds = new Map<number, number>();
+  /** pread's target, copied out at once. */
   private readonly buf = Buffer.alloc(8);
+  /** read()'s value. */
+  private readonly out = Buffer.alloc(8);
 
   constructor(private readonly template: string) {}
 
@@ -54,12 +58,12 @@ export class MsrDevice {
 
   /** pread(fd, 8, offset = msr). Throws MsrReadError when the device or register cannot be read. */
   read(cpu: number, msr: number): bigint {
-    this.readInto(cpu, msr, this.buf, 0);
-    return this.buf.readBigUInt64LE(0);
+    this.readInto(cpu, msr, this.out, 0);
+    return this.out.readBigUInt64LE(0);
   }
 
   /**
-   * pread(fd, 8, offset = msr) straight into out[offset..offset+8): the register's little-endian bytes,
+   * pread(fd, 8, offset = msr), copied to out[offset..offset+8): the register's little-endian bytes,
    * which is also the legacy reply's encoding. Throws MsrReadError as read() does.
    */
   readInto(cpu: number, msr: number, out: Buffer, offset: number): void {
@@ -72,14 +76,14 @@ export class MsrDevice {
         throw new MsrReadError(cannot(`open ${this.path(cpu)}`, err.code ?? err.message), cpu, msr, err.code);
       }
     }
-    let n: number;
-    try {
-      n = fs.readSync(fd, out, offset, 8, msr);
-    } catch (e) {
-      const err = e as NodeJS.ErrnoException;
-      throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, err.code ?? err.message), cpu, msr, err.code);
+    // libc's pread through koffi: Node's fs.readSync costs more than the read itself on this path.
+    const n = pread(fd, this.buf, 8, msr);
+    if (n < 0) {
+      const code = errnoName(-n);
+      throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, code), cpu, msr, code);
     }
     if (n !== 8) throw new MsrReadError(`short read of MSR 0x${msr.toString(16)} on CPU ${cpu} (${n} bytes)`, cpu, msr);
+    this.buf.copy(out, offset, 0, 8);
   }
 
   close(): void {

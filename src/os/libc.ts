@@ -11,6 +11,7 @@ const libc = koffi.load('libc.so.6');
 const fn = {
   getsockopt: libc.func('int getsockopt(int fd, int level, int optname, void *optval, void *optlen)'),
   socket: libc.func('int socket(int domain, int type, int protocol)'),
+  send: libc.func('long send(int fd, const void *buf, size_t len, int flags)'),
   sendto: libc.func('long sendto(int fd, const void *buf, size_t len, int flags, const void *addr, uint32_t addrlen)'),
   close: libc.func('int close(int fd)'),
   capget: libc.func('int capget(void *hdr, void *data)'),
@@ -39,6 +40,7 @@ export const AF_UNIX = 1;
 export const SOCK_DGRAM = 2;
 export const SOCK_CLOEXEC = 0o2000000;
 export const MSG_NOSIGNAL = 0x4000;
+const MSG_DONTWAIT = 0x40;
 export const SC_CLK_TCK = 2;
 export const PR_SET_KEEPCAPS = 8;
 export const PR_CAPBSET_DROP = 24;
@@ -68,6 +70,16 @@ export function errnoName(errno: number): string {
 export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
   if (length > buf.length) throw new RangeError(`pread: ${length} bytes do not fit a buffer of ${buf.length}`);
   const n = Number(fn.pread(fd, buf, length, offset));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/**
+ * send(2) of buf[0, length) on a stream socket, never blocking and never raising SIGPIPE: the count
+ * sent, or -errno (EAGAIN: its send buffer is full; EPIPE/ECONNRESET: the peer is gone).
+ */
+export function sendNow(fd: number, buf: Buffer, length: number): number {
+  if (length > buf.length) throw new RangeError(`send: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
   return n >= 0 ? n : -koffi.errno();
 }
 

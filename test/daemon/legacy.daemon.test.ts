@@ -148,6 +148,23 @@ describe('legacy protocol (Intel host, real daemon)', () => {
     c.close();
   });
 
+  test('a client that pipelines without reading gets every reply in order once it reads, and others are served meanwhile', async () => {
+    const c = await LegacyClient.connect(sock);
+    c.socket.pause(); // reads nothing: the kernel buffers fill, replies wait in the helper, it stops reading this client
+    const msrs = [0x606, 0x610, 0x611, 0x614];
+    const expected = [UNIT, LIMIT, E0, INFO];
+    const n = 100_000; // 800 KB of replies, many times a Unix socket's buffers
+    const all = Buffer.concat(Array.from({ length: n }, (_, i) => req(msrs[i % 4]!, 0, process.pid)));
+    for (let o = 0; o < all.length; o += 4096 * 12) c.send(all.subarray(o, o + 4096 * 12));
+    await new Promise((r) => setTimeout(r, 300));
+    await bystanderFine();
+    c.socket.resume();
+    const replies = await c.readBytes(n * 8);
+    for (let i = 0; i < n; i++) if (replies.readBigUInt64LE(i * 8) !== expected[i % 4]) expect.fail(`reply ${i} is ${replies.readBigUInt64LE(i * 8)}`);
+    expect(c.closed).toBe(false);
+    c.close();
+  });
+
   test('a failed MSR read replies 0; the cpu is fine again once readable', async () => {
     const c = await LegacyClient.connect(sock);
     const saved = fs.readFileSync(host.msrPath(1));
