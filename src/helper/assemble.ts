@@ -15,7 +15,7 @@ import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import type { DaemonPlugin } from './daemon.js';
-import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy-service.js';
+import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy-service.js';
 import type { TraceSink } from './sampling-service.js';
 import { HelperServer, type HelperServerOptions, type ListenTarget, type V2Handler } from './server.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
@@ -137,7 +137,7 @@ export interface Chain extends V2Chain {
 
 /** The whole chain, listening, as the daemon runs it minus its lifecycle (checks, privilege drop, signals). */
 export async function assembleChain(o: ChainOptions): Promise<Chain> {
-  const counters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
+  const counters: LegacyCounters = newLegacyCounters();
   let server: HelperServer | undefined;
   const health: HealthSource = { legacy: counters, connections: () => server?.connections ?? 0 };
   const v2 = assembleV2({ ...o, log: o.area('v2'), health });

@@ -10,7 +10,7 @@ import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import type { Vendor } from '../ratio/types.js';
 import type { HostCpu } from '../ratio/types.js';
 import { createLogger, type Logger, type LogLevel } from './logger.js';
-import type { LegacyCounters, LegacyService } from './legacy-service.js';
+import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy-service.js';
 import type { HelperServer, ListenTarget, V2Handler } from './server.js';
 import { assembleServer } from './assemble.js';
 import type { HealthSource } from './v2/service.js';
@@ -190,7 +190,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const files = new Map(inh?.files ?? []);
     const openedFile = (p: string) => files.get(p);
     const readyHooks: (() => void | Promise<void>)[] = [];
-    const legacyCounters: LegacyCounters = { ok: 0n, refused: 0n, failed: 0n };
+    const legacyCounters: LegacyCounters = newLegacyCounters();
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
     const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
     for (const p of opts.plugins ?? []) {

@@ -227,9 +227,9 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       unattributedUj: uj(unattributedJ),
       vmsChanged: changed,
       stats: {
-        legacyOk: h?.legacy.ok ?? 0n,
-        legacyRefused: h?.legacy.refused ?? 0n,
-        legacyFailed: h?.legacy.failed ?? 0n,
+        legacyOk: BigInt(h?.legacy.ok ?? 0),
+        legacyRefused: BigInt(h?.legacy.refused ?? 0),
+        legacyFailed: BigInt(h?.legacy.failed ?? 0),
         lastSampleDurationNs: st.lastDurationNs,
         samples: BigInt(st.samples),
         sampleFailures: BigInt(st.failures),
