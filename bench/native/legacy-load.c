@@ -4,8 +4,10 @@
  * as QEMU sends them; one thread, epoll. After WARMUP seconds it measures for SECONDS: replies,
  * round-trip percentiles, its own CPU and the server's (sum of /proc/SERVER_PID/task/STAR/schedstat).
  *
- *   legacy-load SOCK CLIENTS SECONDS WARMUP SERVER_PID
+ *   legacy-load SOCK CLIENTS SECONDS WARMUP SERVER_PID [LATFILE]
  *   -> requests=N seconds=S p50_us=X p99_us=Y client_cpu_s=C server_cpu_s=D
+ *   With LATFILE, every measured round trip is also appended to it (uint32 ns, host byte order), so
+ *   that runs can be pooled.
  *   legacy-load SOCK CLIENTS hold    (each client makes one request, prints "ready", waits for EOF)
  */
 #define _GNU_SOURCE
@@ -83,6 +85,7 @@ int main(int argc, char **argv) {
   double secs = hold ? 0 : atof(argv[3]);
   double warm = hold ? 0 : atof(argv[4]);
   int server = hold ? 0 : atoi(argv[5]);
+  const char *latfile = !hold && argc > 6 ? argv[6] : NULL;
 
   unsigned char req[12];
   uint32_t msr = 0x611, cpu = 0, tid = (uint32_t)getpid();
@@ -120,6 +123,10 @@ int main(int argc, char **argv) {
     if (!hold && t >= t_end) {
       uint64_t cpu1 = now_ns(CLOCK_PROCESS_CPUTIME_ID), srv1 = server_cpu_ns(server);
       qsort(lat, count, sizeof *lat, cmp_u32);
+      if (latfile) {
+        FILE *f = fopen(latfile, "ab");
+        if (!f || fwrite(lat, sizeof *lat, count, f) != count || fclose(f) != 0) die(latfile);
+      }
       double p50 = count ? lat[count / 2] / 1000.0 : 0, p99 = count ? lat[(size_t)(count * 0.99)] / 1000.0 : 0;
       printf("requests=%zu seconds=%.6f p50_us=%.2f p99_us=%.2f client_cpu_s=%.6f server_cpu_s=%.6f\n", count, (t - t0) / 1e9, p50, p99,
              (cpu1 - cpu0) / 1e9, (srv1 - srv0) / 1e9);
