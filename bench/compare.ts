@@ -20,15 +20,20 @@ import { buildTools, cpuSeconds, HELPER_BIN, rssMiB, runTool, type Tools } from 
 
 const REPEATS = 5;
 const CLIENTS = [1, 16, 64, 256];
-/** Seconds of load measured per helper, client count and repeat, after a warm-up per slice. */
+/** Seconds of load measured per helper, client count and repeat. */
 const LOAD_S = 1.5;
-const WARMUP_S = 0.2;
+/** Unmeasured load per helper and client count before a repeat's measurements. */
+const WARMUP_S = 0.3;
+/** Unmeasured start of each slice: its connections are new (accept, peer check). */
+const SLICE_WARMUP_S = 0.05;
 /**
  * Each of those measurements is cut into this many slices that alternate between the helpers
- * (A B B A A B), so that both see the same moments of a machine whose noise comes and goes within
- * seconds; the slices of a repeat are added up, round trips pooled.
+ * (A B B A A B ...), so that both see the same moments of this machine. Its noise comes in bursts
+ * of 0.1 to 1 s in which most round trips of whichever helper runs are slow (seen with either
+ * helper alone); with one 1.5 s run per helper, one side could get the quiet second. The slices of
+ * a repeat are added up, and their round trips pooled.
  */
-const SLICES = 3;
+const SLICES = 6;
 const VMS = 500;
 const VCPUS = 8;
 
@@ -46,7 +51,7 @@ function sleep(ms: number): Promise<void> {
 
 /** One slice of load: legacy-load's figures; its round trips are appended to `latFile`. */
 function slice(tools: Tools, socket: string, pid: number, clients: number, latFile: string): Record<string, number> {
-  return runTool(tools['legacy-load'], [socket, String(clients), String(LOAD_S / SLICES), String(WARMUP_S), String(pid), latFile]);
+  return runTool(tools['legacy-load'], [socket, String(clients), String(LOAD_S / SLICES), String(SLICE_WARMUP_S), String(pid), latFile]);
 }
 
 /** A repeat's slices together: rates over their summed time, the p99 of all their round trips (µs). */
@@ -132,6 +137,10 @@ export async function run(): Promise<void> {
       }
       const order: [Side, Ours | Anchor][] = [['ours', ours]];
       if (c) order[r % 2 ? 'push' : 'unshift'](['c', c]);
+      // Unmeasured, the same for both: each client count once. Ours faults back in the code pages
+      // its start-up settling took out of its page tables (about 3000 minor faults here); measured
+      // at once, they land in the first slice of the first client count.
+      for (const n of CLIENTS) for (const [, h] of order) runTool(tools['legacy-load'], [h.socket, String(n), String(WARMUP_S), '0', String(h.pid)]);
       CLIENTS.forEach((n, i) => {
         const parts: Record<Side, Record<string, number>[]> = { ours: [], c: [] };
         const latFile = (side: Side) => path.join(dir, `trips-${side}-${n}-${r}`);
