@@ -213,7 +213,7 @@ describe('start-up', () => {
   test('the re-executed daemon gets the Node flags it lacks; flags the user gave node stay as given', () => {
     expect(withDaemonNodeFlags([])).toEqual([...DAEMON_NODE_FLAGS]);
     expect(withDaemonNodeFlags(['--max-semi-space-size=8', '--trace-gc'])).toEqual(['--v8-pool-size=1', '--max-semi-space-size=8', '--trace-gc']);
-    expect(withDaemonNodeFlags(['--v8_pool_size=2'])).toEqual(['--max-semi-space-size=1', '--v8_pool_size=2']);
+    expect(withDaemonNodeFlags(['--v8_pool_size=2'])).toEqual(['--max-semi-space-size=4', '--v8_pool_size=2']);
   });
 
   test('subcommand modules are loaded only when the command line may name one or asks for help', () => {
