@@ -323,6 +323,29 @@ describe('ProcTaskReader gates on real processes', () => {
     }
   });
 
+  test('idle processes first read together reach their forced full read in different intervals, not all in one', async () => {
+    const ps = await Promise.all(Array.from({ length: 6 }, () => proc()));
+    await Promise.all(ps.map((p) => p.cmd('start 2')));
+    const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
+    try {
+      for (const p of ps) await readUntil(r, p, 'a read answered by the process gate', processGated);
+      // Every process is read once per interval, as the sampler does; count the lines read in each.
+      const perInterval: number[] = [];
+      for (let i = 0; i < 2 * (MAX_GATED_READS + 1); i++) {
+        const before = r.cost.statReads;
+        for (const p of ps) r.read(p.pid);
+        perInterval.push(r.cost.statReads - before);
+      }
+      const total = perInterval.reduce((a, b) => a + b, 0);
+      // Each process is read in full (3 lines) once or twice in that time...
+      expect(total).toBeGreaterThanOrEqual(ps.length * 3);
+      // ...and never more than two of them in the same interval (all six at once without the stagger).
+      expect(Math.max(...perInterval)).toBeLessThanOrEqual(2 * 3);
+    } finally {
+      r.close();
+    }
+  });
+
   test("the process gate stays off for a /proc whose pids are not this namespace's (its self is another pid); the thread gate still answers", async () => {
     const p = await proc();
     await p.cmd('start 2'); // idle: under our own /proc the process gate would answer, not the thread gate
