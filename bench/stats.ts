@@ -28,21 +28,6 @@ export function percentile(xs: Uint32Array, q: number): number {
   return xs[Math.min(xs.length - 1, Math.floor((xs.length * q) / 100))]!;
 }
 
-/** Typed arrays end to end, as one. */
-export function concatU32(parts: readonly Uint32Array[]): Uint32Array {
-  const out = new Uint32Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) (out.set(p, o), (o += p.length));
-  return out;
-}
-
-/** "412 (380–455)": a figure over the whole run, then the range of its per-repeat values. */
-export function pooledText(all: number, perRepeat: readonly number[], digits = 0): string {
-  const f = perRepeat.filter((x) => Number.isFinite(x));
-  if (!Number.isFinite(all) || f.length === 0) return 'n/a';
-  return `${all.toFixed(digits)} (${Math.min(...f).toFixed(digits)}–${Math.max(...f).toFixed(digits)})`;
-}
-
 export function printTable(rows: string[][]): void {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length)));
   for (const r of rows) console.log(r.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join('  '));
