@@ -202,8 +202,10 @@ export async function run(): Promise<void> {
     const held = await holdConnections(tools, ours.socket, VMS);
     kids.push(held);
     // Steady state: the first samples open and read every thread (and the gates learn what is idle),
-    // the first seconds also hold start-up garbage and compilation; measured from 10 s on.
-    await sleep(10_000);
+    // the first seconds also hold start-up garbage and compilation, and 10 to 15 s after the
+    // registrations and connections V8's memory reducer shrinks the heap they grew (about 100 ms of
+    // CPU, once); measured from 20 s on.
+    await sleep(20_000);
     const daemonMs: number[] = [];
     const rss500: Record<Side, number[]> = { ours: [], c: [] };
     const anon500: Record<Side, number[]> = { ours: [], c: [] };
