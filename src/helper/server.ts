@@ -11,6 +11,7 @@ import type { LegacyService } from './legacy-service.js';
 import { peerOf, socketFd } from '../os/peer.js';
 import { peerHungUp } from '../os/libc.js';
 import { sendReplies } from './send-replies.js';
+import { takeOverLegacy } from './legacy-reader.js';
 import { MemorySettler } from './memory-settler.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
 import type { Logger } from './logger.js';
@@ -60,7 +61,13 @@ export const LISTEN_BACKLOG = 4096;
 
 export class HelperServer {
   private readonly server: net.Server;
+  /** The socket serving each open connection (a legacy one's is the socket that took it over). */
   private readonly sockets = new Set<net.Socket>();
+  /**
+   * Past it, a connection is accepted and closed at once (the client sees it closed). Counted here,
+   * not by Node's server.maxConnections, which stops counting a legacy connection once taken over.
+   */
+  private readonly maxConnections: number;
   /** Where legacy replies are written before they are sent (one connection at a time: the loop is single-threaded). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   /** Set when we bound a path ourselves: [path, inode] so we only ever remove our own file. */
@@ -78,11 +85,7 @@ export class HelperServer {
     this.incomplete = o.incomplete ?? new IncompleteFrames();
     // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
     this.server = net.createServer({ pauseOnConnect: true }, (s) => this.accept(s));
-    // Past the cap Node accepts and closes at once ('drop'): the client sees its connection closed.
-    this.server.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-    this.server.on('drop', (d) =>
-      this.limiter.warn('refused connection', { peer: d?.remotePort ?? null, limit: this.server.maxConnections }, `connection refused: ${this.server.maxConnections} connections already open (--max-connections)`),
-    );
+    this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
     // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
     this.server.on('error', (e: NodeJS.ErrnoException) =>
       e.code === 'EMFILE' || e.code === 'ENFILE'
@@ -130,6 +133,11 @@ export class HelperServer {
   }
 
   private accept(socket: net.Socket): void {
+    if (this.sockets.size >= this.maxConnections) {
+      this.limiter.warn('refused connection', { limit: this.maxConnections }, `connection refused: ${this.maxConnections} connections already open (--max-connections)`);
+      socket.destroy();
+      return;
+    }
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
@@ -141,9 +149,11 @@ export class HelperServer {
     this.sockets.add(socket);
     const log = this.o.logger;
     log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
+    /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
+    let serving = socket;
     const hold = this.incomplete.hold(() => {
       this.limiter.info('incomplete frame timeout', { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs }, 'closing a connection whose request stayed incomplete past the deadline');
-      socket.destroy();
+      serving.destroy();
     });
     const unread = {
       resume: () => socket.resume(),
@@ -156,15 +166,27 @@ export class HelperServer {
         return fd !== undefined && peerHungUp(fd);
       },
     };
-    socket.on('close', () => {
+    const onClose = () => {
       this.incomplete.forget(unread);
       this.memory.closed();
       hold.release();
-      this.sockets.delete(socket);
+      this.sockets.delete(serving);
       log.debug({ peer: peer.pid }, 'client disconnected');
-    });
+    };
     // A vanished client (EPIPE/ECONNRESET) is ordinary; it must never reach the process.
-    socket.on('error', (e) => log.debug({ peer: peer.pid, err: e.message }, 'client socket error'));
+    const onError = (e: Error) => log.debug({ peer: peer.pid, err: e.message }, 'client socket error');
+    socket.on('close', onClose);
+    socket.on('error', onError);
+    /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
+    const handOver = (next: net.Socket) => {
+      socket.off('close', onClose);
+      this.sockets.delete(socket);
+      this.sockets.add(next);
+      serving = next;
+      next.on('close', onClose);
+      next.on('error', onError);
+      socket.destroy();
+    };
 
     let head: Buffer = Buffer.alloc(0);
     const preamble = listen(socket, 'data', (chunk: Buffer) => {
@@ -186,7 +208,7 @@ export class HelperServer {
         }
         return;
       }
-      this.serveLegacy(socket, peer, head, hold);
+      this.serveLegacy(socket, peer, head, hold, handOver);
     });
     if (!this.incomplete.startReading(unread)) {
       this.limiter.warn(
@@ -202,8 +224,10 @@ export class HelperServer {
     socket.destroy();
   }
 
-  private serveLegacy(socket: net.Socket, peer: PeerCredentials, first: Buffer, hold: IncompleteHold): void {
+  private serveLegacy(accepted: net.Socket, peer: PeerCredentials, first: Buffer, hold: IncompleteHold, handOver: (next: net.Socket) => void): void {
     const framer = new LegacyFramer();
+    let socket = accepted;
+    let stopReading = () => {};
     const maxPending = this.o.maxPendingReplyBytes ?? 64 * 1024;
     let closing = false;
     const legacy = this.o.legacy;
@@ -218,7 +242,7 @@ export class HelperServer {
         for (let i = 0; i < reqs.length; i++) {
           if (legacy.answer(peer.pid, reqs[i]!, verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
           closing = true;
-          data.dispose();
+          stopReading();
           if (i > 0) sendReplies(socket, out, i * LEGACY_REPLY_SIZE);
           socket.end(); // replies already queued still go out, in order
           setTimeout(() => socket.destroy(), 1000).unref();
@@ -233,8 +257,24 @@ export class HelperServer {
         socket.once('drain', () => socket.resume());
       }
     };
-    const data = listen(socket, 'data', onData);
     onData(first);
+    if (closing) return;
+    // Bytes the accepted socket read past `first` and holds (none, usually) come before the rest.
+    accepted.pause();
+    for (let rest: Buffer | null; !closing && (rest = accepted.read() as Buffer | null) !== null; ) onData(rest);
+    if (closing) return;
+    // Taken over only with nothing queued to write: destroying the accepted socket drops its queue.
+    const fast = accepted.writableLength === 0 ? takeOverLegacy(accepted, onData) : null;
+    if (fast !== null) {
+      socket = fast;
+      handOver(fast);
+      stopReading = () => fast.pause();
+    } else {
+      // Out of fds for a duplicate, or replies queued: served through the stream, as it is.
+      const data = listen(accepted, 'data', onData);
+      accepted.resume();
+      stopReading = () => data.dispose();
+    }
   }
 }
 

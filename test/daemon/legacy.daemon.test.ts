@@ -8,7 +8,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
-import { hostArgs, LegacyClient, req, startHelper, tempDir, type DaemonChild } from './support/daemon-process.js';
+import { hostArgs, LegacyClient, req, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
 import { synthPowerInfo, synthPowerLimit } from '../../src/msr/legacy-registers.js';
 
 /**
@@ -163,6 +163,16 @@ describe('legacy protocol (Intel host, real daemon)', () => {
     for (let i = 0; i < n; i++) if (replies.readBigUInt64LE(i * 8) !== expected[i % 4]) expect.fail(`reply ${i} is ${replies.readBigUInt64LE(i * 8)}`);
     expect(c.closed).toBe(false);
     c.close();
+  });
+
+  test('a legacy connection holds one fd in the helper once served (the accepted socket is closed after the takeover), and its close frees it', async () => {
+    const fds = () => fs.readdirSync(`/proc/${helper.proc.pid}/fd`).length;
+    const before = fds();
+    const clients = await Promise.all(Array.from({ length: 20 }, () => LegacyClient.connect(sock)));
+    for (const c of clients) expect(await c.request(0x611, 0, process.pid)).toBe(E0);
+    expect(fds() - before).toBe(20);
+    for (const c of clients) c.close();
+    await waitFor(() => fds() === before, 'the helper to close the 20 connections');
   });
 
   test('a failed MSR read replies 0; the cpu is fine again once readable', async () => {
