@@ -23,8 +23,6 @@ export class MsrDevice {
   private readonly fds = new Map<number, number>();
   /** pread's target, copied out at once. */
   private readonly buf = Buffer.alloc(8);
-  /** read()'s value. */
-  private readonly out = Buffer.alloc(8);
 
   constructor(private readonly template: string) {}
 
@@ -58,8 +56,8 @@ export class MsrDevice {
 
   /** pread(fd, 8, offset = msr). Throws MsrReadError when the device or register cannot be read. */
   read(cpu: number, msr: number): bigint {
-    this.readInto(cpu, msr, this.out, 0);
-    return this.out.readBigUInt64LE(0);
+    this.readInto(cpu, msr, this.buf, 0); // (the copy onto itself is a no-op)
+    return this.buf.readBigUInt64LE(0);
   }
 
   /**

@@ -214,8 +214,6 @@ export function gettid(): number {
 const F_GETFD = 1;
 const F_SETFD = 2;
 const FD_CLOEXEC = 1;
-
-/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
 const F_DUPFD_CLOEXEC = 1030;
 
 /** A second fd for the file description of `fd` (close-on-exec), or -errno (EMFILE when out of fds). */
@@ -224,6 +222,7 @@ export function dupCloexec(fd: number): number {
   return n >= 0 ? n : -koffi.errno();
 }
 
+/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
 export function keepAcrossExec(fd: number): void {
   const flags = fn.fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
