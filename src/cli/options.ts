@@ -6,7 +6,7 @@
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
-import type { VendorChoice } from '../helper/startup-checks.js';
+import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/vm-registry.js';
 import type { V2DaemonSettings } from '../helper/assemble.js';

@@ -1,5 +1,5 @@
 import { findPackage } from '../os/package-info.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 const pkg = findPackage();
 if (pkg === undefined) throw new Error(cannot('find the vmsr-helper package.json above this module', 'the installation is incomplete', 'reinstall vmsr-helper'));

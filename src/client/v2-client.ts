@@ -27,7 +27,7 @@ import {
 } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 export type { HostPackageValues, HostStats };
 

@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import type { EnergyBook } from './energy-book.js';
 import { buildExpositions, negotiateFormat } from './metrics.js';
 import type { ListenAddress } from './listen-address.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 export const METRICS_PATH = '/metrics';
 /** Concurrent HTTP connections; Prometheus uses one per target. */

@@ -1,4 +1,4 @@
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 /**
  * --listen HOST:PORT. Loopback by default: the metrics tell who runs which VM and how hard, so
  * exposing them beyond the host is the operator's explicit choice.

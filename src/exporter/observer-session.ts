@@ -9,7 +9,7 @@ import { V2Error } from '../client/v2-client.js';
 import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import type { ObserverClient, VmInfo } from './observer-api.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 export interface Backoff {
   firstMs: number;

@@ -3,7 +3,7 @@
  * service -> legacy service -> server. Each link is built here and nowhere else; the daemon (through
  * its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
  */
-import type { Logger } from './logger.js';
+import type { Logger } from '../logging/logger.js';
 import { readHostInfo } from '../msr/host-info.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { MsrEnergySource } from '../msr/energy-source.js';
@@ -15,9 +15,9 @@ import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import type { DaemonPlugin } from './daemon.js';
-import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy-service.js';
-import type { TraceSink } from './sampling-service.js';
-import { HelperServer, type HelperServerOptions, type ListenTarget, type V2Handler } from './server.js';
+import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
+import type { TraceSink } from '../sampling/sampling-service.js';
+import { HelperServer, type HelperServerOptions, type ListenTarget, type V2Handler } from './server/server.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from '../os/errno-hints.js';
 import { errnoName, pread } from '../os/libc.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 export class MsrReadError extends Error {
   constructor(

@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Vendor } from '../ratio/types.js';
-import { cannotError } from '../ratio/errors.js';
+import { cannotError } from '../common/errors.js';
 
 export function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {
   const m = /^vendor_id\s*:\s*(\S+)/m.exec(cpuinfo);

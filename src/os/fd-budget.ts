@@ -13,7 +13,7 @@
 import fs from 'node:fs';
 import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from './libc.js';
 import { keptFds } from './proc-tasks.js';
-import { fail, ok, type Result } from '../ratio/result.js';
+import { fail, ok, type Result } from '../common/result.js';
 
 /** fds kept free for what is opened briefly: a /proc listing, a pidfile, a log, an MSR device of a new CPU. */
 export const FD_RESERVE = 32;

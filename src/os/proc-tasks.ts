@@ -18,7 +18,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 import { errnoName, pread, processCpuTimeNs } from './libc.js';
 
 /** A /proc read that failed for a reason other than the thread or process being gone. */

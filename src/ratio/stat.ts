@@ -8,7 +8,7 @@
  * character i, so every text (comm, state, an error's field) is sliced from the line itself.
  */
 
-import { fail, ok, type Result } from './result.js';
+import { fail, ok, type Result } from '../common/result.js';
 export interface TaskStat {
   tid: number;
   comm: string;

@@ -5,7 +5,7 @@
  * engine passes `allowEmpty` (a discovered VM may have no known vCPU thread for a while); every
  * entry point refuses an empty list.
  */
-import { fail, ok, type Result } from './result.js';
+import { fail, ok, type Result } from '../common/result.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG, type VcpuSpec } from './types.js';
 
 export interface VcpuRuleOptions {

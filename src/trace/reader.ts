@@ -11,7 +11,7 @@ import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
 import { checkVcpus } from '../ratio/vcpus.js';
 import { MAX_TID, type HostCpu, type HostPackage, type TraceHeader, type VcpuSpec, type Vendor, type VmSpec } from '../ratio/types.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 export type { TraceHeader };
 

@@ -8,7 +8,7 @@ import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
 import type { Sample, TraceHeader, VmSpec } from '../ratio/types.js';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../common/errors.js';
 
 export function headerRecord(h: TraceHeader): Record<string, unknown> {
   return {

@@ -12,10 +12,12 @@ import ts from 'typescript';
  * protocol and trace share a rank and so may not import each other.
  */
 export const LAYER_RANK: Readonly<Record<string, number>> = {
+  common: 0,
   ratio: 1,
   protocol: 2,
   trace: 2,
   os: 3,
+  logging: 3,
   msr: 4,
   sampling: 5,
   client: 6,
@@ -33,6 +35,8 @@ export interface ImportEdge {
   /** First folder under src/ of each side ('' for a file directly in src/); `to` is null for a package or node: module. */
   from: string;
   to: string | null;
+  /** The imported .ts file relative to the repo root (null for a package or node: module). */
+  target?: string | null;
 }
 
 function tsFiles(dir: string): string[] {
@@ -59,13 +63,15 @@ export function importEdges(srcDir: string, root = path.dirname(srcDir)): Import
       const specifier = imp.fileName;
       const from = folderOf(srcDir, file);
       let to: string | null = null;
+      let targetFile: string | null = null;
       if (specifier.startsWith('.')) {
         const target = path.resolve(path.dirname(file), specifier);
         const rel = path.relative(srcDir, target);
         // An import leaving src/ (e.g. ../package.json) is named by its path, so it never matches a folder.
         to = rel.startsWith('..') ? path.relative(root, target) : folderOf(srcDir, target);
+        targetFile = path.relative(root, target.replace(/\.js$/, '.ts'));
       }
-      edges.push({ file: path.relative(root, file), specifier, from, to });
+      edges.push({ file: path.relative(root, file), specifier, from, to, target: targetFile });
     }
   }
   return edges;
@@ -151,7 +157,30 @@ export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Rec
   return out;
 }
 
-/** Imports by src/ratio of anything outside src/ratio: the core stays pure (no fs, net, processes, packages). */
-export function impureCoreImports(edges: readonly ImportEdge[], core = 'ratio'): string[] {
-  return edges.filter((e) => e.from === core && e.to !== core).map((e) => `${e.file} imports '${e.specifier}', outside src/${core}`);
+/**
+ * The pure folders and what each may import: no node: module, no package, only these folders. The ratio
+ * core and the shared shapes do no I/O, so they run (and are tested) without the world.
+ */
+export const PURE_FOLDERS: Readonly<Record<string, readonly string[]>> = {
+  common: ['common'],
+  ratio: ['ratio', 'common'],
+};
+
+/** Imports by a pure folder of anything it may not import (no fs, net, processes, packages). */
+export function impureCoreImports(edges: readonly ImportEdge[], pure: Readonly<Record<string, readonly string[]>> = PURE_FOLDERS): string[] {
+  return edges
+    .filter((e) => pure[e.from] !== undefined && (e.to === null || !pure[e.from]!.includes(e.to)))
+    .map((e) => `${e.file} imports '${e.specifier}', outside ${pure[e.from]!.map((f) => `src/${f}`).join(', ')}`);
+}
+
+/** File -> the files it imports (type-only imports included: a type cycle is a cycle in the design). */
+export function fileGraph(edges: readonly ImportEdge[]): Map<string, Map<string, string[]>> {
+  const g = new Map<string, Map<string, string[]>>();
+  for (const e of edges) {
+    if (!g.has(e.file)) g.set(e.file, new Map());
+    if (e.target === null || e.target === undefined) continue;
+    const out = g.get(e.file)!;
+    out.set(e.target, [...(out.get(e.target) ?? []), `${e.file} imports '${e.specifier}'`]);
+  }
+  return g;
 }

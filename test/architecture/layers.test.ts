@@ -6,7 +6,7 @@
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { describeCycle, folderCycles, folderGraph, importEdges, impureCoreImports, layerViolations, type ImportEdge } from './import-graph.js';
+import { describeCycle, fileGraph, folderCycles, folderGraph, importEdges, impureCoreImports, layerViolations, type ImportEdge } from './import-graph.js';
 
 const SRC = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src');
 const edges = importEdges(SRC);
@@ -28,8 +28,13 @@ describe('src/ folder layering', () => {
     expect(layerViolations(edges)).toEqual([]);
   });
 
-  it('keeps src/ratio pure: it imports only src/ratio (no node: I/O modules, no packages)', () => {
+  it('keeps src/ratio and src/common pure: they import only src/ratio and src/common (no node: I/O modules, no packages)', () => {
     expect(impureCoreImports(edges)).toEqual([]);
+  });
+
+  it('has no file cycle, inside a folder or across, type-only imports included', () => {
+    const g = fileGraph(edges);
+    expect(folderCycles(g).map((c) => describeCycle(g, c))).toEqual([]);
   });
 });
 
@@ -55,8 +60,17 @@ describe('the layering checks', () => {
     expect(layerViolations([edge('gadgets', 'ratio')])).toEqual([expect.stringContaining('src/gadgets is not a layer')]);
   });
 
-  it('impureCoreImports refuses node:fs, a package and another folder from src/ratio', () => {
-    const bad = [edge('ratio', null, 'node:fs'), edge('ratio', null, 'pino'), edge('ratio', 'msr')];
-    expect(impureCoreImports([...bad, edge('ratio', 'ratio', './types.js')])).toHaveLength(3);
+  it('impureCoreImports refuses node:fs, a package and another folder from src/ratio, and src/ratio from src/common', () => {
+    const bad = [edge('ratio', null, 'node:fs'), edge('ratio', null, 'pino'), edge('ratio', 'msr'), edge('common', 'ratio')];
+    expect(impureCoreImports([...bad, edge('ratio', 'ratio', './types.js'), edge('ratio', 'common')])).toHaveLength(4);
+  });
+
+  it('fileGraph with folderCycles finds two files of one folder that import each other', () => {
+    const a = { file: 'src/helper/a.ts', specifier: './b.js', from: 'helper', to: 'helper', target: 'src/helper/b.ts' };
+    const b = { file: 'src/helper/b.ts', specifier: './a.js', from: 'helper', to: 'helper', target: 'src/helper/a.ts' };
+    const c = { file: 'src/helper/c.ts', specifier: './a.js', from: 'helper', to: 'helper', target: 'src/helper/a.ts' };
+    const g = fileGraph([a, b, c]);
+    expect(folderCycles(g)).toEqual([['src/helper/a.ts', 'src/helper/b.ts']]);
+    expect(folderCycles(fileGraph([a, c]))).toEqual([]);
   });
 });

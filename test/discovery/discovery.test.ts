@@ -8,7 +8,7 @@ import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client
 import { startHarness, until, type Harness } from '../v2/harness.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES } from '../../src/helper/v2/service.js';
-import { fail, ok } from '../../src/ratio/result.js';
+import { fail, ok } from '../../src/common/result.js';
 
 const INTERVAL = 100;
 let h: Harness;

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { isHelperProcess } from '../../src/helper/pidfile.js';
+import { isHelperProcess } from '../../src/helper/lifecycle/pidfile.js';
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-pidfile-'));
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { TID_VERDICT_MAX_AGE_MS, TID_VERDICTS_PER_CONNECTION, TidVerdicts } from '../../src/helper/tid-verdicts.js';
+import { TID_VERDICT_MAX_AGE_MS, TID_VERDICTS_PER_CONNECTION, TidVerdicts } from '../../src/helper/legacy/tid-verdicts.js';
 import { ThreadedProcess } from '../support/threads.js';
 
 /** A /proc whose task directories the test creates and removes, with a clock it moves by hand. */

@@ -5,7 +5,7 @@ import path from 'node:path';
 import { expect, test } from 'vitest';
 import { msrErrnoHint } from '../../src/os/errno-hints.js';
 import { MsrDevice } from '../../src/msr/device.js';
-import { openMsrDevices } from '../../src/helper/startup-checks.js';
+import { openMsrDevices } from '../../src/helper/lifecycle/startup-checks.js';
 
 test('a missing device, an absent CPU (ENXIO) and an unbound driver (ENODEV) all get the modprobe fix', () => {
   for (const code of ['ENOENT', 'ENXIO', 'ENODEV']) {

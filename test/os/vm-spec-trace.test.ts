@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import { afterEach, describe, expect, test, vi } from 'vitest';
-import { vmSpecFromArgs } from '../../src/os/vm-spec.js';
+import { vmSpecFromArgs } from '../../src/os/vm-threads.js';
 import { parseVcpuList } from '../../src/ratio/vcpus.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { TraceWriter } from '../../src/trace/writer.js';

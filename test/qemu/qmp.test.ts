@@ -4,8 +4,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { QmpClient, QmpError } from '../../src/client/qmp.js';
-import { threadGroupOf } from '../../src/os/vm-spec.js';
-import { vmSpecFromQmp } from '../../src/client/vm-spec.js';
+import { threadGroupOf } from '../../src/os/vm-threads.js';
+import { vmSpecFromQmp } from '../../src/client/qmp-vm.js';
 import { readQemuName } from '../../src/discovery/qemu-name.js';
 import { qemuMissing, startQemu, vcpuThreads, type QemuGuest } from '../support/qemu.js';
 

@@ -7,7 +7,7 @@
  * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line.
  */
 
-import { fail, ok, type Result } from '../../src/ratio/result.js';
+import { fail, ok, type Result } from '../../src/common/result.js';
 import type { TaskStat } from '../../src/ratio/stat.js';
 
 /** The previous parser's failure shape (the fast parser returns a Result; see referenceResult). */

@@ -13,7 +13,7 @@ import type { Logger } from 'pino';
 import { assembleChain, type Chain, type ChainOptions } from '../../src/helper/assemble.js';
 import type { MsrDevice } from '../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
-import type { TraceSink } from '../../src/helper/sampling-service.js';
+import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import type { V2Limits } from '../../src/helper/v2/service.js';
 
 export interface FakeHostOptions {

@@ -14,7 +14,7 @@ import { MsrDevice } from '../../src/msr/device.js';
 import type { HostInfo } from '../../src/ratio/types.js';
 import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
 import { DEFAULT_V2_LIMITS, type FdAdmitter, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
-import type { TraceSink } from '../../src/helper/sampling-service.js';
+import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import type { ScannerOptions } from '../../src/discovery/scanner.js';
 import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';
 import { waitFor } from '../support/wait.js';

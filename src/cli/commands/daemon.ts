@@ -6,17 +6,17 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
 import { DEFAULT_HELPER_SOCKET } from '../../client/v2-client.js';
-import { DEFAULT_MAX_CONNECTIONS } from '../../helper/server.js';
-import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/incomplete-frames.js';
+import { DEFAULT_MAX_CONNECTIONS } from '../../helper/server/server.js';
+import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/server/incomplete-frames.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
-import { createLogger, levelFromFlags, type Logger } from '../../helper/logger.js';
+import { createLogger, levelFromFlags, type Logger } from '../../logging/logger.js';
 import { ReportedError } from '../cli-errors.js';
 import { reexecBlocker, reexecDropped } from '../../os/privileges/reexec.js';
-import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/socket-file.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/socket-file.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
 import { addHostOptions, addLogLevelOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
-import { cannot } from '../../ratio/errors.js';
+import { cannot } from '../../common/errors.js';
 
 /** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
 export const DEFAULT_SOCKET = DEFAULT_HELPER_SOCKET;
@@ -142,20 +142,20 @@ function defaultRead(f: string): string {
 
 /**
  * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
- * root, the steps that need root run first (helper/privileged-start.ts), then the helper drops
+ * root, the steps that need root run first (helper/lifecycle/privileged-start.ts), then the helper drops
  * privileges and re-executes itself (os/privileges/reexec.ts) so that every thread, not only the
  * main one, is dropped. The daemon's modules are imported only when needed, so the first image of
  * a non-root or -d foreground run stays small.
  */
 export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<typeof v2OptionsFrom>, logger?: () => Logger): Promise<void> {
-  const { isDaemonChild, reportFailure, spawnDetached } = await import('../../helper/daemonize.js');
+  const { isDaemonChild, reportFailure, spawnDetached } = await import('../../helper/lifecycle/daemonize.js');
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    const start = await import('../../helper/privileged-start.js');
+    const start = await import('../../helper/lifecycle/privileged-start.js');
     const inherited = start.takeInherited();
     const blocker = reexecBlocker();
     if (inherited === null && blocker === null) {

@@ -8,8 +8,8 @@ import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
 import { addClientSocketOption, addLogLevelOptions, listenAddressArg, positiveIntArg } from '../options.js';
-import { createLogger, levelFromFlags } from '../../helper/logger.js';
-import { DisposableStore, listen } from '../../ratio/disposable.js';
+import { createLogger, levelFromFlags } from '../../logging/logger.js';
+import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_SOCKET } from './daemon.js';
 
 /** Above this a Prometheus server holding every series is the operator's problem, not a default. */

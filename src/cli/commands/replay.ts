@@ -11,7 +11,7 @@ import type { IntervalResult } from '../../ratio/types.js';
 import type { ScanProgress } from '../../trace/reader.js';
 import { ProgressLine } from '../progress.js';
 import { findPackage } from '../../os/package-info.js';
-import { cannot } from '../../ratio/errors.js';
+import { cannot } from '../../common/errors.js';
 
 export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 

@@ -4,10 +4,10 @@
  * VM comes from its QMP socket or from --pid/--vcpus.
  */
 import type { Command } from 'commander';
-import { DisposableStore, listen } from '../../ratio/disposable.js';
+import { DisposableStore, listen } from '../../common/disposable.js';
 import { V2Client, V2ConnectionError, V2Error, type Update } from '../../client/v2-client.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
-import { vmSpecFromQmp } from '../../client/vm-spec.js';
+import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_SOCKET } from './daemon.js';
 import { addClientSocketOption, pidArg, positiveIntArg, vcpuListArg } from '../options.js';

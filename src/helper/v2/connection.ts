@@ -9,8 +9,8 @@ import type { Logger } from 'pino';
 import type { PeerCredentials } from '../../os/libc.js';
 import { CLIENT_TYPES, E, FrameDecoder, encodeError } from '../../protocol/v2/codec.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
-import type { IncompleteHold } from '../incomplete-frames.js';
-import type { LogLimiter } from '../log-limiter.js';
+import type { IncompleteHold } from '../server/incomplete-frames.js';
+import type { LogLimiter } from '../../logging/log-limiter.js';
 
 export interface ConnectionHost {
   readonly maxBacklogBytes: number;

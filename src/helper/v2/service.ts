@@ -5,7 +5,7 @@
  */
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
-import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../sampling-service.js';
+import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS, VmRegistry, procView, type FdAdmitter, type RefusalReason, type V2Limits, type VmRecord, type Viewer } from './vm-registry.js';
 import { E, T, encodeError, encodeHostUpdate, encodeOk, encodeRegistered, encodeUpdate, encodeValue, encodeVmList, type HostValues, type VmEntry } from '../../protocol/v2/codec.js';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
@@ -13,11 +13,11 @@ import type { VcpuSpec } from '../../ratio/types.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import type { ClientRequest } from '../../protocol/v2/messages.js';
-import { LogLimiter } from '../log-limiter.js';
-import type { V2Handler } from '../server.js';
-import { DisposableStore } from '../../ratio/disposable.js';
-import type { LegacyCounters } from '../legacy-service.js';
-import { cannot } from '../../ratio/errors.js';
+import { LogLimiter } from '../../logging/log-limiter.js';
+import type { V2Handler } from '../server/server.js';
+import { DisposableStore } from '../../common/disposable.js';
+import type { LegacyCounters } from '../legacy/legacy-service.js';
+import { cannot } from '../../common/errors.js';
 
 export type { FdAdmitter, V2Limits, V2Handler };
 export { DEFAULT_V2_LIMITS };

@@ -4,7 +4,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { fail, ok, type Result } from '../../ratio/result.js';
+import { fail, ok, type Result } from '../../common/result.js';
 import { MAX_VCPUS } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { readProcFile } from '../../os/proc-file.js';
@@ -13,7 +13,7 @@ import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
 import { statNumThreads } from '../../ratio/stat.js';
 import type { FdAdmission } from '../../os/fd-budget.js';
-import { cannot } from '../../ratio/errors.js';
+import { cannot } from '../../common/errors.js';
 
 export interface V2Limits {
   /** VMs registered by one connection at once. */

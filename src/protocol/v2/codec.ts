@@ -7,7 +7,7 @@
 // "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
 export { V2_MAGIC } from '../legacy.js';
 import type { VcpuSpec } from '../../ratio/types.js';
-import { fail, ok, type Result } from '../../ratio/result.js';
+import { fail, ok, type Result } from '../../common/result.js';
 
 export const HEADER_SIZE = 8;
 export const MAX_PAYLOAD = 65536;

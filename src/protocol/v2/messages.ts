@@ -25,7 +25,7 @@ import {
   typeName,
 } from './codec.js';
 import { checkVcpus } from '../../ratio/vcpus.js';
-import { fail, ok, type Result } from '../../ratio/result.js';
+import { fail, ok, type Result } from '../../common/result.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
 
 

@@ -1,6 +1,6 @@
-/** The one message grammar (src/ratio/errors.ts): "cannot <what>: <why>; <fix>". */
+/** The one message grammar (src/common/errors.ts): "cannot <what>: <why>; <fix>". */
 import { expect, test } from 'vitest';
-import { cannot, cannotError } from '../../src/ratio/errors.js';
+import { cannot, cannotError } from '../../src/common/errors.js';
 
 test('cannot() writes what, why and the fix in that order, and leaves out an empty fix', () => {
   expect(cannot('create pidfile /run/x.pid', 'permission denied', 'run as root or choose another path with -f')).toBe(

@@ -7,8 +7,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { MAX_TID } from '../ratio/types.js';
-import { cannotError } from '../ratio/errors.js';
+import { MAX_TID } from '../../ratio/types.js';
+import { cannotError } from '../../common/errors.js';
 
 export interface Pidfile {
   readonly path: string;

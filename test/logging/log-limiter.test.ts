@@ -1,7 +1,7 @@
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { LogLimiter } from '../../src/helper/log-limiter.js';
+import { LogLimiter } from '../../src/logging/log-limiter.js';
 
 function logger() {
   const lines: { msg: string; cause?: string; suppressed?: number }[] = [];

@@ -4,7 +4,7 @@
  * non-zero with the child's error. The child knows it is one by DAEMON_CHILD_ENV.
  */
 import { spawn } from 'node:child_process';
-import { cannot } from '../ratio/errors.js';
+import { cannot } from '../../common/errors.js';
 
 export const DAEMON_CHILD_ENV = 'VMSR_HELPER_DAEMON_CHILD';
 

@@ -5,19 +5,19 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import type { PeerCredentials } from '../os/libc.js';
-import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../protocol/legacy.js';
-import type { LegacyService } from './legacy-service.js';
-import { peerOf, socketFd } from '../os/peer.js';
-import { peerHungUp } from '../os/libc.js';
-import { sendReplies } from './send-replies.js';
-import { takeOverLegacy } from './legacy-reader.js';
-import { MemorySettler } from './memory-settler.js';
+import type { PeerCredentials } from '../../os/libc.js';
+import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../../protocol/legacy.js';
+import type { LegacyService } from '../legacy/legacy-service.js';
+import { peerOf, socketFd } from '../../os/peer.js';
+import { peerHungUp } from '../../os/libc.js';
+import { sendReplies } from '../legacy/send-replies.js';
+import { takeOverLegacy } from '../legacy/legacy-reader.js';
+import { MemorySettler } from '../lifecycle/memory-settler.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
-import type { Logger } from './logger.js';
-import { listen } from '../ratio/disposable.js';
-import { cannot, cannotError } from '../ratio/errors.js';
-import { LogLimiter } from './log-limiter.js';
+import type { Logger } from '../../logging/logger.js';
+import { listen } from '../../common/disposable.js';
+import { cannot, cannotError } from '../../common/errors.js';
+import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
 
 /**

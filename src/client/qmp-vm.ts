@@ -1,6 +1,6 @@
 /** A VM as QEMU describes it over QMP: its vCPU threads, their virtual package, its name. */
 import { QmpClient, type QmpConnectOptions } from './qmp.js';
-import { checkThreadsOf } from '../os/vm-spec.js';
+import { checkThreadsOf } from '../os/vm-threads.js';
 import { readStarttime } from '../os/proc-starttime.js';
 import type { VcpuSpec, VmSpec } from '../ratio/types.js';
 import { checkVcpus } from '../ratio/vcpus.js';

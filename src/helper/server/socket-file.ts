@@ -5,8 +5,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { MAX_UNIX_PATH_BYTES } from '../os/libc.js';
-import { cannot } from '../ratio/errors.js';
+import { MAX_UNIX_PATH_BYTES } from '../../os/libc.js';
+import { cannot } from '../../common/errors.js';
 
 export const DEFAULT_SOCKET_MODE = 0o600;
 

@@ -1,7 +1,7 @@
-/** Listener lifetimes (src/ratio/disposable.ts): every listener added through them can be removed. */
+/** Listener lifetimes (src/common/disposable.ts): every listener added through them can be removed. */
 import { EventEmitter } from 'node:events';
 import { describe, expect, test } from 'vitest';
-import { DisposableStore, Emitter, listen, toDisposable } from '../../src/ratio/disposable.js';
+import { DisposableStore, Emitter, listen, toDisposable } from '../../src/common/disposable.js';
 
 describe('disposables', () => {
   test('listen adds one listener to a real EventEmitter and dispose removes exactly it', () => {

@@ -11,7 +11,7 @@
  * register), so the window changes who may ask for that long, never what is answered.
  */
 import { performance } from 'node:perf_hooks';
-import { PeerTasks } from '../os/peer.js';
+import { PeerTasks } from '../../os/peer.js';
 
 /** How long a YES verdict is reused before /proc/<pid>/task/<tid> is checked again. */
 export const TID_VERDICT_MAX_AGE_MS = 100;

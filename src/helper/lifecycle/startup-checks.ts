@@ -3,16 +3,16 @@
  * MSR devices present, and the right to read them.
  */
 import path from 'node:path';
-import { capget } from '../os/libc.js';
-import { DEFAULT_HOST_PATHS } from '../msr/host-paths.js';
-import { readHostCpus } from '../msr/topology.js';
-import type { MsrDevice } from '../msr/device.js';
-import type { HostCpu } from '../ratio/types.js';
-import { readVendor } from '../msr/vendor.js';
-import type { Vendor } from '../ratio/types.js';
-import { RAWIO_MASK } from '../os/privileges/capabilities.js';
-import { msrErrnoHint } from '../os/errno-hints.js';
-import { cannotError } from '../ratio/errors.js';
+import { capget } from '../../os/libc.js';
+import { DEFAULT_HOST_PATHS } from '../../msr/host-paths.js';
+import { readHostCpus } from '../../msr/topology.js';
+import type { MsrDevice } from '../../msr/device.js';
+import type { HostCpu } from '../../ratio/types.js';
+import { readVendor } from '../../msr/vendor.js';
+import type { Vendor } from '../../ratio/types.js';
+import { RAWIO_MASK } from '../../os/privileges/capabilities.js';
+import { msrErrnoHint } from '../../os/errno-hints.js';
+import { cannotError } from '../../common/errors.js';
 
 export type VendorChoice = 'auto' | Vendor;
 

@@ -4,16 +4,16 @@
  * anything, and any read failure is 0. Everything here runs synchronously on the main thread, whose
  * capabilities are the ones that were dropped to CAP_SYS_RAWIO (see privileges.ts).
  */
-import { readOnlineCpus } from '../msr/topology.js';
-import type { MsrDevice } from '../msr/device.js';
-import { MsrReadError } from '../msr/device.js';
-import { LEGACY_ALLOWED_MSRS } from '../msr/registers.js';
-import type { Vendor } from '../ratio/types.js';
-import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../msr/legacy-registers.js';
-import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../protocol/legacy.js';
+import { readOnlineCpus } from '../../msr/topology.js';
+import type { MsrDevice } from '../../msr/device.js';
+import { MsrReadError } from '../../msr/device.js';
+import { LEGACY_ALLOWED_MSRS } from '../../msr/registers.js';
+import type { Vendor } from '../../ratio/types.js';
+import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../../msr/legacy-registers.js';
+import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../../protocol/legacy.js';
 import { TidVerdicts } from './tid-verdicts.js';
-import type { Logger } from './logger.js';
-import { LogLimiter } from './log-limiter.js';
+import type { Logger } from '../../logging/logger.js';
+import { LogLimiter } from '../../logging/log-limiter.js';
 
 /** The set of online CPUs, re-read from sysfs (at most once a second) when asked about a new one. */
 export class OnlineCpus {

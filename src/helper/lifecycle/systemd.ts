@@ -2,7 +2,7 @@
  * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
  * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
  */
-import { sendUnixDatagram } from '../os/libc.js';
+import { sendUnixDatagram } from '../../os/libc.js';
 
 export const FIRST_SOCKET_ACTIVATION_FD = 3;
 

@@ -7,8 +7,8 @@
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
-import { monotonicNs, TickLoop, type TickInfo, type Timers } from '../sampling/tick-loop.js';
-import { Emitter, type Disposable } from '../ratio/disposable.js';
+import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
+import { Emitter, type Disposable } from '../common/disposable.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {

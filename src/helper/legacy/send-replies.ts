@@ -4,8 +4,8 @@
  */
 import os from 'node:os';
 import type net from 'node:net';
-import { errnoError, sendNow } from '../os/libc.js';
-import { socketFd } from '../os/peer.js';
+import { errnoError, sendNow } from '../../os/libc.js';
+import { socketFd } from '../../os/peer.js';
 
 const { EAGAIN } = os.constants.errno;
 

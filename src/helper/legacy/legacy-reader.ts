@@ -8,8 +8,8 @@
  * stays open through the duplicate).
  */
 import net from 'node:net';
-import { dupCloexec } from '../os/libc.js';
-import { socketFd } from '../os/peer.js';
+import { dupCloexec } from '../../os/libc.js';
+import { socketFd } from '../../os/peer.js';
 
 /**
  * Where every taken-over connection reads: one buffer, since each read is handled synchronously

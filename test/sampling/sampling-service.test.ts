@@ -6,7 +6,7 @@
  */
 import { pino } from 'pino';
 import { describe, expect, test } from 'vitest';
-import { SamplingService } from '../../src/helper/sampling-service.js';
+import { SamplingService } from '../../src/sampling/sampling-service.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { VmSpec } from '../../src/ratio/types.js';
 import { host, sample, units } from '../ratio/helpers.js';

@@ -7,7 +7,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { createLogger, formatJournalLine, formatPrettyLine, isJournalStream, SYSLOG_PRIORITY } from '../../src/helper/logger.js';
+import { createLogger, formatJournalLine, formatPrettyLine, isJournalStream, SYSLOG_PRIORITY } from '../../src/logging/logger.js';
 import { BIN, ensureBuilt, hostArgs, LegacyClient, startHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { FakeHost } from '../support/fake-host.js';
 

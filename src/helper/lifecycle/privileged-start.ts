@@ -6,15 +6,15 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import { MsrDevice } from '../msr/device.js';
-import type { DaemonConfig } from './daemon.js';
+import { MsrDevice } from '../../msr/device.js';
+import type { DaemonConfig } from '../daemon.js';
 import { acquirePidfile, type Pidfile } from './pidfile.js';
-import { LISTEN_BACKLOG, listenError, prepareSocketPath } from './server.js';
-import { listenWithMode } from './socket-file.js';
+import { LISTEN_BACKLOG, listenError, prepareSocketPath } from '../server/server.js';
+import { listenWithMode } from '../server/socket-file.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './startup-checks.js';
 import { activationFd, takeActivation } from './systemd.js';
-import { socketFd } from '../os/peer.js';
-import { cannot } from '../ratio/errors.js';
+import { socketFd } from '../../os/peer.js';
+import { cannot } from '../../common/errors.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
