@@ -1,0 +1,22 @@
+// ESLint for src/, test/ and bench/: typescript-eslint's recommended rules plus the few house rules that
+// keep one spelling of a thing (type-only imports, one import per module, === only). Formatting is
+// Prettier's (.prettierrc.json), not ESLint's. Both run in `npm test` (the `lint` script).
+import js from '@eslint/js';
+import tseslint from 'typescript-eslint';
+
+export default tseslint.config(
+  { ignores: ['dist/', 'node_modules/', 'test/fixtures/', 'traces/'] },
+  js.configs.recommended,
+  ...tseslint.configs.recommended,
+  {
+    files: ['**/*.ts'],
+    rules: {
+      '@typescript-eslint/consistent-type-imports': ['error', { prefer: 'type-imports', fixStyle: 'inline-type-imports' }],
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrors: 'none' }],
+      'no-duplicate-imports': 'error',
+      eqeqeq: ['error', 'always', { null: 'ignore' }],
+      'prefer-const': 'error',
+      'no-var': 'error',
+    },
+  },
+);
