@@ -29,7 +29,8 @@ export interface VmLabels {
   pid: string;
 }
 
-export interface VmRecord {
+/** A VM as the exporter books it: its labels and running totals, kept across daemon restarts by key. */
+export interface BookedVm {
   readonly key: string;
   readonly labels: VmLabels;
   /** /proc/<pid>/stat starttime: with the pid, names the process across daemon restarts. */
@@ -79,14 +80,14 @@ function totalOf(m: Map<number, RunningTotal>, key: number): RunningTotal {
 }
 
 export class EnergyBook {
-  private readonly vms = new Map<string, VmRecord>();
+  private readonly vms = new Map<string, BookedVm>();
   /**
    * Ended VMs no longer exposed, kept (at most maxVms, for endedRetentionMs from their end) so that
    * the same process listed again resumes its totals: after a daemon restart a registered VM is
    * missing from LIST until its client registers it again, and its series must not restart at 0.
    */
-  private readonly resting = new Map<string, VmRecord>();
-  private readonly byHostId = new Map<number, VmRecord>();
+  private readonly resting = new Map<string, BookedVm>();
+  private readonly byHostId = new Map<number, BookedVm>();
   readonly packages = new Map<number, RunningTotal>();
   /** Per host package, the energy attributed to no VM (from a helper that sends it; empty otherwise). */
   readonly packageUnattributed = new Map<number, RunningTotal>();
@@ -145,7 +146,7 @@ export class EnergyBook {
   listed(list: readonly VmInfo[]): { observe: VmInfo[]; skipped: VmInfo[] } {
     const observe: VmInfo[] = [];
     const skipped: VmInfo[] = [];
-    const named = new Set<VmRecord>();
+    const named = new Set<BookedVm>();
     // An id this connection observed that the LIST no longer has: free its record, which a new id
     // for the same process (same labels and starttime) may take below; otherwise it ends.
     const listedIds = new Set(list.map((vm) => vm.hostVmId));
@@ -269,7 +270,7 @@ export class EnergyBook {
   }
 
   /** VMs a scrape exposes now: running ones and ended ones not yet scraped. */
-  exposed(): VmRecord[] {
+  exposed(): BookedVm[] {
     return [...this.vms.values()];
   }
 
@@ -297,7 +298,7 @@ export class EnergyBook {
     return this.vms.size;
   }
 
-  private end(r: VmRecord): void {
+  private end(r: BookedVm): void {
     if (r.endedAtMs === null) r.endedAtMs = this.nowMs();
     r.watts = r.watts.map(() => null);
     if (r.hostVmId !== null && this.byHostId.get(r.hostVmId) === r) this.byHostId.delete(r.hostVmId);
@@ -306,7 +307,7 @@ export class EnergyBook {
 
   private forgetStale(): void {
     const now = this.nowMs();
-    const expired = (r: VmRecord) => now - r.endedAtMs! >= this.limits.endedRetentionMs;
+    const expired = (r: BookedVm) => now - r.endedAtMs! >= this.limits.endedRetentionMs;
     for (const [k, r] of this.vms) {
       if (r.endedAtMs === null || !(r.seenEnded || expired(r))) continue;
       this.vms.delete(k);
@@ -321,7 +322,7 @@ export class EnergyBook {
   }
 
   /** The resting record of this series when it is the same process (same starttime), back in the book. */
-  private revive(key: string, starttime: bigint): VmRecord | undefined {
+  private revive(key: string, starttime: bigint): BookedVm | undefined {
     const r = this.resting.get(key);
     if (!r) return undefined;
     this.resting.delete(key);

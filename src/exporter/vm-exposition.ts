@@ -10,7 +10,7 @@
  * formats (HELP/TYPE lines, OpenMetrics' counter naming, value formatting, label escaping):
  * test/exporter/vm-exposition.test.ts renders the same book both ways and compares.
  */
-import type { EnergyBook, VmLabels, VmRecord } from './energy-book.js';
+import type { EnergyBook, VmLabels, BookedVm } from './energy-book.js';
 import { ujToJoules } from './running-total.js';
 
 export type ExpositionFormat = 'prometheus' | 'openmetrics';
@@ -52,7 +52,7 @@ function baseText(l: VmLabels): string {
 }
 
 export class VmExposition {
-  private readonly text = new WeakMap<VmRecord, VmText>();
+  private readonly text = new WeakMap<BookedVm, VmText>();
 
   constructor(
     private readonly book: EnergyBook,
@@ -95,7 +95,7 @@ export class VmExposition {
     return out.join('');
   }
 
-  private textOf(r: VmRecord): VmText {
+  private textOf(r: BookedVm): VmText {
     let t = this.text.get(r);
     if (!t) this.text.set(r, (t = { base: baseText(r.labels), vpkg: [], info: '', infoOf: '' }));
     return t;
@@ -106,7 +106,7 @@ export class VmExposition {
   }
 
   /** source and whole_vm_only may change (a registration takes over a discovered VM): remade when they do. */
-  private infoText(r: VmRecord): string {
+  private infoText(r: BookedVm): string {
     const t = this.textOf(r);
     const of = `${r.source}\u0000${r.wholeVmOnly ? '1' : '0'}`;
     if (t.infoOf !== of) {
