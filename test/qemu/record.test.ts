@@ -116,7 +116,9 @@ describe('vmsr-helper record', () => {
     for (const s of samples) {
       expect(Object.keys(s.tasks as object).sort()).toEqual([String(a.pid), String(i.pid)].sort());
       const lines = (s.tasks as Record<string, Record<string, string>>)[String(a.pid)]!;
-      for (const tid of ta) expect(lines[String(tid)]).toMatch(new RegExp(`^${tid} \\(CPU \\d/KVM\\) `));
+      // QEMU names a vCPU thread after its accelerator: CPU n/KVM, or CPU n/TCG where /dev/kvm is not usable.
+      const accel = a.accel.toUpperCase();
+      for (const tid of ta) expect(lines[String(tid)]).toMatch(new RegExp(`^${tid} \\(CPU \\d/${accel}\\) `));
       expect(Object.keys(s.energy as object)).toEqual(hostOf(header!).packages.map((p) => String(p.package)));
     }
 
