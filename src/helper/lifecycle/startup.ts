@@ -130,7 +130,8 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
         throw cannotError(`create ${f}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, 'check the path');
       }
     }
-    did('files', asked.length === 0 ? 'not asked' : asked.every((f) => inh.files?.some(([p]) => p === f)) ? 'adopted' : 'ran');
+    const inherited = new Set((inh.files ?? []).map(([p]) => p));
+    did('files', asked.length === 0 ? 'not asked' : asked.every((f) => inherited.has(f)) ? 'adopted' : 'ran');
     const opened: Opened = {
       how: inh.how,
       vendor,
@@ -141,7 +142,8 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
       files,
       steps,
       handover(how) {
-        const next: Inherited = { how, checks: { vendor, cpus }, msr: device.openFds(), listener: { fd: listener!.fd, ...(listener!.file ? { file: listener!.file } : {}) } };
+        const bound = listener!;
+        const next: Inherited = { how, checks: { vendor, cpus }, msr: device.openFds(), listener: { fd: bound.fd, ...(bound.file ? { file: bound.file } : {}) } };
         if (pidfile) next.pidfile = pidfile.path;
         if (files.size) next.files = [...files];
         if (inh.named) next.named = inh.named;
