@@ -47,7 +47,11 @@ export interface Opened {
   steps: StepDone[];
   /** What an exec passes on: every part, by fd number. */
   handover(how: InheritedFrom): Inherited;
-  /** Undoes everything: files and MSR fds closed, pidfile and socket file removed (if still ours). */
+  /**
+   * Undoes everything, for a start that does not go on (a failed exec): files created here and MSR
+   * fds closed, pidfile and socket file removed (if still ours). A daemon that went on closes its
+   * parts itself, in its shutdown order (its plug-ins own the files by then).
+   */
   close(log?: Pick<Logger, 'warn'>): Promise<void>;
 }
 
