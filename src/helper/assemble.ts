@@ -14,10 +14,11 @@ import type { HostCpu, HostInfo, Vendor } from '../ratio/types.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
-import type { DaemonPlugin } from './daemon.js';
+import type { DaemonPlugin } from './lifecycle/config.js';
 import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
-import { HelperServer, type HelperServerOptions, type ListenTarget, type V2Handler } from './server/server.js';
+import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
+import { openListener, type Listener, type ListenOptions, type ListenTarget } from './server/listener.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -101,17 +102,18 @@ export interface ServerChainOptions {
   /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
   cpus: readonly HostCpu[];
   amd: AmdSynthConfig;
-  target: ListenTarget;
+  /** The listening socket (bound or adopted by the start-up, or by assembleChain). */
+  listener: Listener;
   v2Handler?: V2Handler;
   /** Loggers by area ('legacy', 'server'). */
   area(name: string): Logger;
   /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
   counters?: LegacyCounters;
-  /** The daemon's connection limits and socket file settings; the server's defaults otherwise. */
-  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'socketMode' | 'socketGid' | 'ownedSocket'>;
+  /** The daemon's connection limits; the server's defaults otherwise. */
+  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete'>;
 }
 
-/** Legacy service -> server (which hands v2 connections to v2Handler). Not listening yet. */
+/** Legacy service -> server (which hands v2 connections to v2Handler). Not serving yet (server.serve()). */
 export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; server: HelperServer } {
   const legacy = new LegacyService({
     device: o.device,
@@ -122,11 +124,16 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     logger: o.area('legacy'),
     ...(o.counters ? { counters: o.counters } : {}),
   });
-  const server = new HelperServer({ target: o.target, legacy, logger: o.area('server'), ...o.server, ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
+  const server = new HelperServer({ listener: o.listener, legacy, logger: o.area('server'), ...o.server, ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
   return { legacy, server };
 }
 
-export interface ChainOptions extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters'> {}
+export interface ChainOptions extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters' | 'listener'> {
+  /** Where to listen: bound (or adopted) by openListener, the one bind. */
+  target: ListenTarget;
+  /** The socket file's mode and group (default 0600, unchanged group). */
+  socket?: Omit<ListenOptions, 'file'>;
+}
 
 export interface Chain extends V2Chain {
   server: HelperServer;
@@ -135,20 +142,22 @@ export interface Chain extends V2Chain {
   close(): Promise<void>;
 }
 
-/** The whole chain, listening, as the daemon runs it minus its lifecycle (checks, privilege drop, signals). */
+/** The whole chain, serving, as the daemon runs it minus its lifecycle (checks, privilege drop, signals). */
 export async function assembleChain(o: ChainOptions): Promise<Chain> {
+  const listener = await openListener(o.target, o.socket);
   const counters: LegacyCounters = newLegacyCounters();
   let server: HelperServer | undefined;
   const health: HealthSource = { legacy: counters, connections: () => server?.connections ?? 0 };
-  const v2 = assembleV2({ ...o, log: o.area('v2'), health });
-  const { legacy, server: made } = assembleServer({ ...o, cpus: v2.host.cpus, v2Handler: v2.service.handler, counters });
-  server = made;
+  let v2: V2Chain;
   try {
-    await server.listen();
+    v2 = assembleV2({ ...o, log: o.area('v2'), health });
   } catch (e) {
-    await v2.close();
+    await listener.close(o.area('server'));
     throw e;
   }
+  const { legacy, server: made } = assembleServer({ ...o, listener, cpus: v2.host.cpus, v2Handler: v2.service.handler, counters });
+  server = made;
+  server.serve();
   return {
     ...v2,
     legacy,

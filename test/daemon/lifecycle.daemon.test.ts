@@ -274,6 +274,26 @@ describe('privileges', () => {
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     c.close();
   });
+
+  test('as root the start-up steps run once, before the re-exec: the re-executed image adopts every one (-T startup)', async (ctx) => {
+    const why = missing({ root: true });
+    if (why) return ctx.skip(why);
+    const { host, sock, pid } = setup();
+    const child = track(await startHelper(['-k', sock, '-f', pid, '-T', 'startup', ...hostArgs(host)]));
+    const steps = child
+      .stderr()
+      .split('\n')
+      .filter((l) => l.includes('"msg":"start-up step '))
+      .map((l) => JSON.parse(l) as { step: string; done: string; how: string; pid: number });
+    expect(steps.map((s) => `${s.step}: ${s.done} (${s.how})`)).toEqual(
+      ['checks', 'msr', 'listen', 'pidfile', 'files', 'drop'].map((s) => `${s}: ${s === 'files' ? 'not asked' : 'adopted'} (reexec)`),
+    );
+    expect(steps.every((s) => s.pid === child.proc.pid)).toBe(true);
+    expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(child.proc.pid));
+    const c = await LegacyClient.connect(sock);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    c.close();
+  });
 });
 
 describe('start-up errors name the fix', () => {

@@ -14,7 +14,7 @@ import { ReportedError } from '../cli-errors.js';
 import { reexecBlocker, reexecDropped } from '../../os/privileges/reexec.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/socket-file.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
-import type { DaemonConfig, DaemonPlugin } from '../../helper/daemon.js';
+import type { DaemonConfig, DaemonPlugin } from '../../helper/lifecycle/config.js';
 import { addHostOptions, addLogLevelOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
 import { cannot } from '../../common/errors.js';
 
@@ -142,9 +142,10 @@ function defaultRead(f: string): string {
 
 /**
  * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
- * root, the steps that need root run first (helper/lifecycle/privileged-start.ts), then the helper drops
- * privileges and re-executes itself (os/privileges/reexec.ts) so that every thread, not only the
- * main one, is dropped. The daemon's modules are imported only when needed, so the first image of
+ * root, the start-up steps that need root run first (helper/lifecycle/privileged-start.ts), then the
+ * helper drops privileges and re-executes itself (os/privileges/reexec.ts) so that every thread, not
+ * only the main one, is dropped; the new image adopts what they opened (one start-up path,
+ * helper/lifecycle/startup.ts). The daemon's modules are imported only when needed, so the first image of
  * a non-root or -d foreground run stays small.
  */
 export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<typeof v2OptionsFrom>, logger?: () => Logger): Promise<void> {
@@ -155,14 +156,18 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    const start = await import('../../helper/lifecycle/privileged-start.js');
-    const inherited = start.takeInherited();
+    const [start, { inheritEnv, inheritedFds, takeInherited }] = await Promise.all([
+      import('../../helper/lifecycle/privileged-start.js'),
+      import('../../helper/lifecycle/inherited.js'),
+    ]);
+    const inherited = takeInherited();
     const blocker = reexecBlocker();
+    // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
+    const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
     if (inherited === null && blocker === null) {
-      // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
-      const { inherited: inh, undo } = await start.openPrivileged(config, v2.recordPath !== undefined ? [v2.recordPath] : []);
-      const keep = start.inheritedFds(inh);
-      const env: Record<string, string> = { [start.INHERIT_ENV]: JSON.stringify(inh) };
+      const { inherited: inh, undo } = await start.openPrivileged(config, files);
+      const keep = inheritedFds(inh);
+      const env = inheritEnv(inh);
       // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
       const channel = (process as { channel?: { fd?: number } }).channel?.fd;
       if (channel !== undefined && channel >= 0) {
@@ -172,14 +177,14 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
       try {
         reexecDropped({ ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) }, keep, env);
       } catch (e) {
-        undo();
+        await undo();
         throw new Error(cannot(`drop privileges`, (e as Error).message));
       }
     }
     const [{ runDaemon }, { v2DaemonPlugin }] = await Promise.all([import('../../helper/daemon.js'), import('../../helper/assemble.js')]);
     // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
     const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
-    await runDaemon(config, { plugins, reexec: blocker ?? 're-executed', ...(inherited ? { inherited } : {}), ...(logger ? { logger: logger() } : {}) });
+    await runDaemon(config, { plugins, files, reexec: blocker ?? 're-executed', ...(inherited ? { inherited } : {}), ...(logger ? { logger: logger() } : {}) });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;

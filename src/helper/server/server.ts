@@ -1,9 +1,8 @@
 /**
- * The listening socket and its connections: SO_PEERCRED at accept (close without it), protocol
+ * The connections of the listening socket (listener.ts opens it): SO_PEERCRED at accept (close without it), protocol
  * chosen by the first 4 bytes, legacy sessions served in order. Each connection is independent:
  * whatever one client sends or does, only its own socket is closed.
  */
-import fs from 'node:fs';
 import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc.js';
 import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../../protocol/legacy.js';
@@ -13,10 +12,10 @@ import { peerHungUp } from '../../os/libc.js';
 import { sendReplies } from '../legacy/send-replies.js';
 import { takeOverLegacy } from '../legacy/legacy-reader.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';
-import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile } from './socket-file.js';
+import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { listen } from '../../common/disposable.js';
-import { cannot, cannotError } from '../../common/errors.js';
+import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
 
@@ -33,10 +32,9 @@ const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
 /** Connections served at once by default (--max-connections); more are accepted and closed at once. */
 export const DEFAULT_MAX_CONNECTIONS = 4096;
 
-export type ListenTarget = { path: string } | { fd: number };
-
 export interface HelperServerOptions {
-  target: ListenTarget;
+  /** The listening socket, bound or adopted by whoever started the helper (listener.ts, openListener). */
+  listener: Listener;
   legacy: LegacyService;
   v2Handler?: V2Handler;
   logger: Logger;
@@ -48,19 +46,9 @@ export interface HelperServerOptions {
   incomplete?: IncompleteFrames;
   /** Rate limit of what clients can make the server log (default: one on `logger`). */
   limiter?: LogLimiter;
-  /** Mode of a socket file we bind (default 0600, whatever the umask). */
-  socketMode?: number;
-  /** Group of a socket file we bind. */
-  socketGid?: number;
-  /** With an fd target: the socket file bound for it before an exec, removed at close if still that inode. */
-  ownedSocket?: { path: string; ino: number };
 }
 
-/** listen() backlog: QEMU's connect() blocks while it is full. */
-export const LISTEN_BACKLOG = 4096;
-
 export class HelperServer {
-  private readonly server: net.Server;
   /** The socket serving each open connection (a legacy one's is the socket that took it over). */
   private readonly sockets = new Set<net.Socket>();
   /**
@@ -70,9 +58,6 @@ export class HelperServer {
   private readonly maxConnections: number;
   /** Where legacy replies are written before they are sent (one connection at a time: the loop is single-threaded). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
-  /** Set when we bound a path ourselves: [path, inode] so we only ever remove our own file. */
-  private bound: { path: string; ino: number } | undefined;
-
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
   /** Gives memory back to the kernel after many connections closed. */
@@ -83,53 +68,31 @@ export class HelperServer {
   constructor(private readonly o: HelperServerOptions) {
     this.limiter = o.limiter ?? new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
-    // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
-    this.server = net.createServer({ pauseOnConnect: true }, (s) => this.accept(s));
     this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-    // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
-    this.server.on('error', (e: NodeJS.ErrnoException) =>
-      e.code === 'EMFILE' || e.code === 'ENFILE'
-        ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, cannot('accept a connection', 'out of file descriptors', 'it was closed, the helper goes on'))
-        : this.limiter.error('listening socket error', { err: e.message }, 'listening socket error'),
-    );
   }
 
   get connections(): number {
     return this.sockets.size;
   }
 
-  /** Listens on the path (replacing a stale socket file, refusing a live one) or the inherited fd. */
-  async listen(): Promise<void> {
-    const t = this.o.target;
-    if ('path' in t) await prepareSocketPath(t.path);
-    else if (this.o.ownedSocket) this.bound = this.o.ownedSocket;
-    const bind = () =>
-      new Promise<void>((resolve, reject) => {
-        const failed = listen(this.server, 'error', (e: Error) => {
-          failed.dispose();
-          reject(listenError(t, e));
-        });
-        const done = () => {
-          failed.dispose();
-          // Ours to remove at close from now on, even if setting its mode fails below.
-          if ('path' in t) this.bound = { path: t.path, ino: fs.statSync(t.path).ino };
-          resolve();
-        };
-        if ('path' in t) this.server.listen({ path: t.path, backlog: LISTEN_BACKLOG }, done);
-        else this.server.listen({ fd: t.fd, backlog: LISTEN_BACKLOG }, done);
-      });
-    // An inherited socket (systemd) keeps the mode its unit gave it.
-    if ('fd' in t) return bind();
-    await listenWithMode(t.path, { mode: this.o.socketMode ?? DEFAULT_SOCKET_MODE, ...(this.o.socketGid !== undefined ? { gid: this.o.socketGid } : {}) }, bind);
+  /** Serves the listener's connections, those that waited for it first. */
+  serve(): void {
+    this.o.listener.serve(
+      (s) => this.accept(s),
+      // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
+      (e: NodeJS.ErrnoException) =>
+        e.code === 'EMFILE' || e.code === 'ENFILE'
+          ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, cannot('accept a connection', 'out of file descriptors', 'it was closed, the helper goes on'))
+          : this.limiter.error('listening socket error', { err: e.message }, 'listening socket error'),
+    );
   }
 
   /** Stops accepting, closes every connection, removes the socket file we bound (if still ours). */
   async close(): Promise<void> {
     this.memory.stop();
-    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const closed = this.o.listener.close(this.o.logger);
     for (const s of this.sockets) s.destroy();
     await closed;
-    if (this.bound) removeOwnSocketFile(this.bound, this.o.logger);
   }
 
   private accept(socket: net.Socket): void {
@@ -276,45 +239,4 @@ export class HelperServer {
       stopReading = () => data.dispose();
     }
   }
-}
-
-/** Before binding a path: its length, its directory, and a stale socket file (removed) or a live one (refused). */
-export async function prepareSocketPath(socketPath: string): Promise<void> {
-  checkSocketPathLength(socketPath);
-  checkSocketDirectory(socketPath);
-  await removeStaleSocket(socketPath);
-}
-
-export function listenError(t: ListenTarget, e: Error): Error {
-  const err = e as NodeJS.ErrnoException;
-  if ('fd' in t) return cannotError(`listen on the socket passed by systemd (fd ${t.fd})`, err.message, 'check the .socket unit');
-  if (err.code === 'EACCES') return cannotError(`create socket ${t.path}`, 'permission denied', 'run as root or choose another path with -k');
-  if (err.code === 'ENOENT') return cannotError(`create socket ${t.path}`, 'its directory does not exist', 'create it or choose another path with -k');
-  if (err.code === 'EADDRINUSE') return cannotError(`create socket ${t.path}`, 'address in use', 'another helper may be starting, or remove the file');
-  return cannotError(`listen on ${t.path}`, err.message);
-}
-
-/**
- * A socket file nobody listens on (a crashed helper's) is removed; a live one, or a file that is not
- * a socket, is left alone and reported.
- */
-export async function removeStaleSocket(socketPath: string): Promise<void> {
-  let st: fs.Stats;
-  try {
-    st = fs.lstatSync(socketPath);
-  } catch {
-    return;
-  }
-  if (!st.isSocket()) throw new Error(`${socketPath} exists and is not a socket; remove it or choose another path with -k`);
-  const live = await new Promise<boolean>((resolve) => {
-    const c = net.connect({ path: socketPath });
-    c.once('connect', () => {
-      c.destroy();
-      resolve(true);
-    });
-    // EAGAIN: the backlog of a live listener is full (a busy helper), not a dead socket.
-    c.once('error', (e: NodeJS.ErrnoException) => resolve(e.code === 'EAGAIN'));
-  });
-  if (live) throw new Error(`another process is already listening on ${socketPath}; stop it or choose another path with -k`);
-  fs.unlinkSync(socketPath);
 }

@@ -57,14 +57,14 @@ export async function listenWithMode(socketPath: string, o: SocketFileOptions, l
   fs.chmodSync(socketPath, o.mode);
 }
 
-/** Removes the socket file we bound, only if it is still that inode (never someone else's file). */
-export function removeOwnSocketFile(bound: { path: string; ino: number }, log: Logger): void {
+/** Removes the socket file we bound, only if it is still that inode (never someone else's file); a failure is logged to `log`, if given. */
+export function removeOwnSocketFile(bound: { path: string; ino: number }, log?: Pick<Logger, 'warn'>): void {
   try {
     if (fs.statSync(bound.path).ino === bound.ino) fs.unlinkSync(bound.path);
   } catch (e) {
     const err = e as NodeJS.ErrnoException;
     // libuv may have unlinked it already; EACCES after dropping to -u in a root-owned directory
     // is harmless: the next start replaces a socket nobody listens on.
-    if (err.code !== 'ENOENT') log.warn({ path: bound.path, err: err.code }, 'could not remove socket file');
+    if (err.code !== 'ENOENT') log?.warn({ path: bound.path, err: err.code }, 'could not remove socket file');
   }
 }

@@ -1,0 +1,71 @@
+/**
+ * The daemon's configuration and its plug-in contract, in a file of their own: the command line
+ * (cli/commands/daemon.ts) makes a DaemonConfig, the start-up (startup.ts, privileged-start.ts) and
+ * the daemon (daemon.ts) read it, and plug-ins (assemble.ts) receive a DaemonContext.
+ */
+import type { MsrDevice } from '../../msr/device.js';
+import type { HostPaths } from '../../msr/host-paths.js';
+import type { AmdSynthConfig } from '../../msr/legacy-registers.js';
+import type { HostCpu, Vendor } from '../../ratio/types.js';
+import type { Logger, LogLevel } from '../../logging/logger.js';
+import type { FdBudget } from '../../os/fd-budget.js';
+import type { V2Handler } from '../server/server.js';
+import type { HealthSource } from '../v2/service.js';
+import type { VendorChoice } from './startup-checks.js';
+
+export interface DaemonConfig {
+  socketPath: string;
+  /** -k was given (an error together with socket activation). */
+  socketPathGiven: boolean;
+  pidfile: string;
+  /** -f was given: the pidfile is written even without -d. */
+  pidfileGiven: boolean;
+  daemonize: boolean;
+  uid?: number;
+  gid?: number;
+  logLevel: LogLevel;
+  /** -T patterns: areas (glob, '*' wildcard) logged at debug level. */
+  traceAreas: string[];
+  hostPaths: HostPaths;
+  vendor: VendorChoice;
+  amd: AmdSynthConfig;
+  /** --max-connections (lowered at start-up when the fd limit cannot hold it). */
+  maxConnections: number;
+  /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
+  frameTimeoutMs: number;
+  /** --socket-mode: permission bits of the socket file (default 0600). */
+  socketMode: number;
+  /** --socket-group: group of the socket file. */
+  socketGid?: number;
+}
+
+export type ShutdownHook = () => void | Promise<void>;
+
+/** What a plugin gets at start-up: after the checks, MSR opens, listening socket, pidfile and privilege drop; before serving. */
+export interface DaemonContext {
+  config: DaemonConfig;
+  vendor: Vendor;
+  cpus: HostCpu[];
+  /** The shared MSR fds (opened as root); read them only on the main thread. */
+  device: MsrDevice;
+  logger: Logger;
+  /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
+  fds: FdBudget;
+  /** A file the start-up created for writing before the privilege drop (a plug-in's --record), when it did. */
+  openedFile(path: string): number | undefined;
+  /** A logger for a named area, at debug level when -T matches it. */
+  area(name: string): Logger;
+  onShutdown(hook: ShutdownHook): void;
+  /**
+   * Runs once the daemon serves. A hook may return a promise of the start-up work it began (a first
+   * scan): the start-up memory settle waits for it (at most STARTUP_SETTLE_WAIT_MS, daemon.ts).
+   */
+  onReady(hook: () => void | Promise<void>): void;
+  /** Legacy requests by result and open connections, for the v2 service's HOST_UPDATE. */
+  health: HealthSource;
+}
+
+export interface DaemonPlugin {
+  name: string;
+  setup(ctx: DaemonContext): void | { v2Handler?: V2Handler } | Promise<void | { v2Handler?: V2Handler }>;
+}

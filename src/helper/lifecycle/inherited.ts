@@ -1,0 +1,107 @@
+/**
+ * What a start inherits instead of opening it itself, as one value: from systemd socket activation
+ * (the listening socket), from the image before the start-up re-exec (everything the root-only steps
+ * opened, privileges dropped), and later from a restart handover. The start-up (startup.ts) adopts
+ * each part given and runs the step itself for each part missing. Across an exec it travels in
+ * INHERIT_ENV as JSON; its fds survive the exec by number.
+ */
+import type { HostCpu, Vendor } from '../../ratio/types.js';
+import type { SocketFile } from '../server/listener.js';
+import { activationFd, takeActivation } from './systemd.js';
+import { cannot } from '../../common/errors.js';
+
+export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
+
+/** Where the inherited parts come from (for logs; what is adopted follows from which parts are present). */
+export type InheritedFrom = 'fresh' | 'systemd' | 'reexec';
+
+export interface InheritedListener {
+  /** The listening socket, already bound and listening. */
+  fd: number;
+  /** The socket file bound for it (ours to remove at close); absent for systemd's socket. */
+  file?: SocketFile;
+}
+
+export interface Inherited {
+  how: InheritedFrom;
+  /** The checks' results (vendor, online cpus): the checks ran before (root or CAP_SYS_RAWIO included). */
+  checks?: { vendor: Vendor; cpus: HostCpu[] };
+  /** [cpu, fd] of each MSR device, opened as root. Needs `checks` (the cpus they belong to). */
+  msr?: [number, number][];
+  listener?: InheritedListener;
+  /** The pidfile written for this pid (which an exec keeps). */
+  pidfile?: string;
+  /** [path, fd] of files plug-ins write (--record), created before the privilege drop. */
+  files?: [string, number][];
+  /** Privileges are dropped already, on every thread (the re-exec did it). */
+  dropped?: boolean;
+  /** Further fds by name (systemd LISTEN_FDNAMES or fd store, a restart handover); carried, not used yet. */
+  named?: ReadonlyMap<string, readonly number[]>;
+}
+
+/**
+ * What this process inherits from its environment: systemd's listening socket when socket-activated
+ * (the activation variables read and removed; -k with it or several fds refused), else nothing.
+ */
+export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
+  const activation = takeActivation(env);
+  if (activation === null) return { how: 'fresh' };
+  return { how: 'systemd', listener: { fd: activationFd(activation, socketPathGiven) } };
+}
+
+/** Every fd an Inherited holds (to keep across an exec). */
+export function inheritedFds(i: Inherited): number[] {
+  return [
+    ...(i.msr ?? []).map(([, fd]) => fd),
+    ...(i.listener ? [i.listener.fd] : []),
+    ...(i.files ?? []).map(([, fd]) => fd),
+    ...[...(i.named?.values() ?? [])].flat(),
+  ];
+}
+
+/** The environment that carries `i` across an exec (takeInherited reads it back). */
+export function inheritEnv(i: Inherited): Record<string, string> {
+  const { named, ...rest } = i;
+  return { [INHERIT_ENV]: JSON.stringify({ ...rest, ...(named ? { named: [...named] } : {}) }) };
+}
+
+const isFd = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 20;
+const isCpu = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 16;
+const isPair = <A, B>(e: unknown, a: (v: unknown) => v is A, b: (v: unknown) => v is B): boolean => Array.isArray(e) && e.length === 2 && a(e[0]) && b(e[1]);
+const isString = (v: unknown): v is string => typeof v === 'string';
+const isFdList = (v: unknown): v is number[] => Array.isArray(v) && v.every(isFd);
+
+type Encoded = Omit<Inherited, 'named'> & { named?: [string, number[]][] };
+
+function valid(v: Partial<Encoded>): v is Encoded {
+  const c = v.checks;
+  return (
+    (v.how === 'fresh' || v.how === 'systemd' || v.how === 'reexec') &&
+    (c === undefined ||
+      ((c.vendor === 'intel' || c.vendor === 'amd') && Array.isArray(c.cpus) && c.cpus.every((x) => isCpu(x?.cpu) && isCpu(x?.package)))) &&
+    (v.msr === undefined || (c !== undefined && Array.isArray(v.msr) && v.msr.every((e) => isPair(e, isCpu, isFd)))) &&
+    (v.listener === undefined ||
+      (isFd(v.listener.fd) && (v.listener.file === undefined || (isString(v.listener.file.path) && Number.isInteger(v.listener.file.ino))))) &&
+    (v.pidfile === undefined || isString(v.pidfile)) &&
+    (v.files === undefined || (Array.isArray(v.files) && v.files.every((e) => isPair(e, isString, isFd)))) &&
+    (v.dropped === undefined || typeof v.dropped === 'boolean') &&
+    (v.named === undefined || (Array.isArray(v.named) && v.named.every((e) => isPair(e, isString, isFdList))))
+  );
+}
+
+/** The Inherited left by the image before the exec (removed from the environment), or null. */
+export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited | null {
+  const text = env[INHERIT_ENV];
+  if (text === undefined) return null;
+  delete env[INHERIT_ENV];
+  const fix = 'it is set by the helper for itself, do not set it';
+  let v: Partial<Encoded>;
+  try {
+    v = JSON.parse(text) as Partial<Encoded>;
+  } catch {
+    throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is not valid JSON', fix));
+  }
+  if (v === null || typeof v !== 'object' || !valid(v)) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is malformed', fix));
+  const { named, ...rest } = v;
+  return { ...rest, ...(named ? { named: new Map(named) } : {}) };
+}

@@ -1,0 +1,163 @@
+/**
+ * THE start-up steps that open what the daemon holds, once each and in this order: the checks, the
+ * MSR devices, the listening socket, the pidfile, the files plug-ins write. Each takes its part of
+ * the Inherited when given (adopted, not redone) and runs otherwise. As root they run in the first
+ * image (privileged-start.ts), whose fds then cross the re-exec; otherwise in the daemon itself
+ * (daemon.ts), which goes on with the privilege drop, the service chain, serving and READY.
+ */
+import fs from 'node:fs';
+import { MsrDevice } from '../../msr/device.js';
+import type { HostCpu, Vendor } from '../../ratio/types.js';
+import type { Logger } from '../../logging/logger.js';
+import { openListener, type Listener } from '../server/listener.js';
+import { removeOwnSocketFile } from '../server/socket-file.js';
+import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
+import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './startup-checks.js';
+import type { DaemonConfig } from './config.js';
+import type { Inherited, InheritedFrom } from './inherited.js';
+import { cannotError } from '../../common/errors.js';
+
+/** The start-up's steps, in their order (drop, serve and ready are the daemon's, after these). */
+export const START_STEPS = ['checks', 'msr', 'listen', 'pidfile', 'files', 'drop'] as const;
+export type StartStep = (typeof START_STEPS)[number];
+
+/** What became of a step: run here, adopted from the Inherited, or not asked for (no pidfile without -f/-d). */
+export interface StepDone {
+  step: StartStep;
+  done: 'ran' | 'adopted' | 'not asked';
+}
+
+/** Records what became of `step`, logged at debug level (area startup) when there is a log. */
+export function stepDone(steps: StepDone[], step: StartStep, done: StepDone['done'], how: InheritedFrom, log?: Logger): void {
+  steps.push({ step, done });
+  log?.debug({ step, done, how }, `start-up step ${step}: ${done}`);
+}
+
+export interface Opened {
+  how: InheritedFrom;
+  vendor: Vendor;
+  cpus: HostCpu[];
+  /** The MSR fds; closed by whoever holds the Opened. */
+  device: MsrDevice;
+  listener: Listener;
+  pidfile?: Pidfile;
+  /** [path, fd] of the files created for plug-ins (or adopted). */
+  files: ReadonlyMap<string, number>;
+  /** Each step once, in order. */
+  steps: StepDone[];
+  /** What an exec passes on: every part, by fd number. */
+  handover(how: InheritedFrom): Inherited;
+  /**
+   * Undoes everything, for a start that does not go on (a failed exec): files created here and MSR
+   * fds closed, pidfile and socket file removed (if still ours). A daemon that went on closes its
+   * parts itself, in its shutdown order (its plug-ins own the files by then).
+   */
+  close(log?: Pick<Logger, 'warn'>): Promise<void>;
+}
+
+export interface StartOptions {
+  /** Files plug-ins write (--record), created now: before the privilege drop, as the socket. */
+  files?: readonly string[];
+  /** Where each step is logged (debug), when given. */
+  log?: Logger;
+}
+
+/** Runs the steps of `config` not given by `inh`; on failure undoes what it did and throws the step's error. */
+export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOptions = {}): Promise<Opened> {
+  const steps: StepDone[] = [];
+  const did = (step: StartStep, done: StepDone['done']) => stepDone(steps, step, done, inh.how, o.log);
+  const device = new MsrDevice(config.hostPaths.msrPathTemplate);
+  const files = new Map(inh.files ?? []);
+  const created: number[] = [];
+  let listener: Listener | undefined;
+  let pidfile: Pidfile | undefined;
+  const close = async (log?: Pick<Logger, 'warn'>) => {
+    for (const fd of created.splice(0)) fs.closeSync(fd);
+    pidfile?.release();
+    await listener?.close(log);
+    device.close();
+  };
+  try {
+    // 1. The checks: CPU vendor, topology, the right to read MSRs.
+    let vendor: Vendor;
+    let cpus: HostCpu[];
+    if (inh.checks) {
+      ({ vendor, cpus } = inh.checks);
+      did('checks', 'adopted');
+    } else {
+      vendor = checkVendor(config.vendor, config.hostPaths.procRoot);
+      cpus = checkTopology(config.hostPaths.sysRoot);
+      checkPermission(config.hostPaths.msrPathTemplate);
+      did('checks', 'ran');
+    }
+    // 2. Every online cpu's MSR device, kept and reused.
+    if (inh.msr) {
+      for (const [cpu, fd] of inh.msr) device.adopt(cpu, fd);
+      did('msr', 'adopted');
+    } else {
+      openMsrDevices(device, cpus);
+      did('msr', 'ran');
+    }
+    // 3. The listening socket: bound here, or the one inherited adopted.
+    const l = inh.listener;
+    try {
+      listener = await openListener(l ? { fd: l.fd } : { path: config.socketPath }, {
+        mode: config.socketMode,
+        ...(config.socketGid !== undefined ? { gid: config.socketGid } : {}),
+        ...(l?.file ? { file: l.file } : {}),
+      });
+    } catch (e) {
+      // The socket file bound before the exec is ours even when its fd could not be adopted.
+      if (l?.file) removeOwnSocketFile(l.file, o.log);
+      throw e;
+    }
+    did('listen', l ? 'adopted' : 'ran');
+    // 4. The pidfile (-f or -d).
+    if (inh.pidfile !== undefined) {
+      pidfile = pidfileOf(inh.pidfile);
+      did('pidfile', 'adopted');
+    } else if (config.daemonize || config.pidfileGiven) {
+      pidfile = acquirePidfile(config.pidfile);
+      did('pidfile', 'ran');
+    } else {
+      did('pidfile', 'not asked');
+    }
+    // 5. The files plug-ins write, created while the helper may still create them anywhere.
+    const asked = o.files ?? [];
+    for (const f of asked) {
+      if (files.has(f)) continue;
+      try {
+        const fd = fs.openSync(f, 'w', 0o644);
+        created.push(fd);
+        files.set(f, fd);
+      } catch (e) {
+        throw cannotError(`create ${f}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, 'check the path');
+      }
+    }
+    const inherited = new Set((inh.files ?? []).map(([p]) => p));
+    did('files', asked.length === 0 ? 'not asked' : asked.every((f) => inherited.has(f)) ? 'adopted' : 'ran');
+    const opened: Opened = {
+      how: inh.how,
+      vendor,
+      cpus,
+      device,
+      listener,
+      ...(pidfile ? { pidfile } : {}),
+      files,
+      steps,
+      handover(how) {
+        const bound = listener!;
+        const next: Inherited = { how, checks: { vendor, cpus }, msr: device.openFds(), listener: { fd: bound.fd, ...(bound.file ? { file: bound.file } : {}) } };
+        if (pidfile) next.pidfile = pidfile.path;
+        if (files.size) next.files = [...files];
+        if (inh.named) next.named = inh.named;
+        return next;
+      },
+      close,
+    };
+    return opened;
+  } catch (e) {
+    await close(o.log);
+    throw e;
+  }
+}

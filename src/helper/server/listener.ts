@@ -1,0 +1,156 @@
+/**
+ * The listening socket, opened in one place: a path bound here (its checks, a stale file replaced, a
+ * live one refused, its mode and group), or an fd bound before (systemd socket activation, the image
+ * before a re-exec). Whoever starts the helper opens it (helper/lifecycle/startup.ts); the server
+ * adopts it and serves. Connections accepted before serve() wait, paused, and are handed over then.
+ */
+import fs from 'node:fs';
+import net from 'node:net';
+import type { Logger } from '../../logging/logger.js';
+import { socketFd } from '../../os/peer.js';
+import { cannotError } from '../../common/errors.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile, type SocketFileOptions } from './socket-file.js';
+
+export type ListenTarget = { path: string } | { fd: number };
+
+/** A socket file we bound, by path and inode: removed at close only while it is still that inode. */
+export interface SocketFile {
+  path: string;
+  ino: number;
+}
+
+export interface ListenOptions extends Partial<SocketFileOptions> {
+  /** With an fd target: the socket file bound for it (before an exec), ours to remove at close. */
+  file?: SocketFile;
+}
+
+/** listen() backlog: QEMU's connect() blocks while it is full. */
+export const LISTEN_BACKLOG = 4096;
+
+/** A listening socket, bound or adopted; connections are held until serve(). */
+export class Listener {
+  private held: net.Socket[] = [];
+  private heldErrors: Error[] = [];
+  private onConnection: ((s: net.Socket) => void) | undefined;
+  private onError: ((e: Error) => void) | undefined;
+  private closing: Promise<void> | undefined;
+
+  constructor(
+    private readonly server: net.Server,
+    /** The listening socket's fd (what crosses an exec). */
+    readonly fd: number,
+    /** The socket file we bound, or were handed with the fd; absent for systemd's socket. */
+    readonly file: SocketFile | undefined,
+  ) {
+    server.on('connection', (s: net.Socket) => (this.onConnection ? this.onConnection(s) : this.held.push(s)));
+    server.on('error', (e: Error) => (this.onError ? this.onError(e) : this.heldErrors.push(e)));
+  }
+
+  /** Where it listens, for logs and STATUS=. */
+  get where(): string {
+    return this.file ? this.file.path : `systemd socket (fd ${this.fd})`;
+  }
+
+  /** Hands every connection (the held ones first) and every error (accept's EMFILE) to the server. */
+  serve(onConnection: (s: net.Socket) => void, onError: (e: Error) => void): void {
+    this.onConnection = onConnection;
+    this.onError = onError;
+    for (const e of this.heldErrors.splice(0)) onError(e);
+    for (const s of this.held.splice(0)) onConnection(s);
+  }
+
+  /** Stops accepting, closes held connections, removes the socket file if still ours (idempotent). */
+  close(log?: Pick<Logger, 'warn'>): Promise<void> {
+    this.closing ??= (async () => {
+      const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+      for (const s of this.held.splice(0)) s.destroy();
+      await closed;
+      if (this.file) removeOwnSocketFile(this.file, log);
+    })();
+    return this.closing;
+  }
+}
+
+/**
+ * THE bind: listens on the path (length and directory checked, a stale socket file replaced, a live
+ * one refused; mode and group set with no moment looser than asked) or adopts the fd (it keeps the
+ * mode its creator gave it). Throws the cannot-message of listenError.
+ */
+export async function openListener(target: ListenTarget, o: ListenOptions = {}): Promise<Listener> {
+  // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
+  const server = net.createServer({ pauseOnConnect: true });
+  const listen = (opts: { path: string } | { fd: number }) =>
+    new Promise<void>((resolve, reject) => {
+      const failed = (e: Error) => reject(listenError(target, e));
+      server.once('error', failed);
+      server.listen({ ...opts, backlog: LISTEN_BACKLOG }, () => {
+        server.off('error', failed);
+        resolve();
+      });
+    });
+  if ('fd' in target) {
+    await listen({ fd: target.fd });
+    return new Listener(server, serverFd(server), o.file);
+  }
+  const p = target.path;
+  await prepareSocketPath(p);
+  let file: SocketFile | undefined;
+  try {
+    await listenWithMode(p, { mode: o.mode ?? DEFAULT_SOCKET_MODE, ...(o.gid !== undefined ? { gid: o.gid } : {}) }, async () => {
+      await listen({ path: p });
+      // Ours to remove from now on, even if setting its mode fails.
+      file = { path: p, ino: fs.statSync(p).ino };
+    });
+  } catch (e) {
+    if (file) await new Listener(server, -1, file).close();
+    throw e;
+  }
+  return new Listener(server, serverFd(server), file);
+}
+
+function serverFd(server: net.Server): number {
+  const fd = socketFd(server as unknown as net.Socket);
+  if (fd === undefined) throw cannotError('keep the listening socket', 'its fd is not known (an internal error)', 'report it');
+  return fd;
+}
+
+/** Before binding a path: its length, its directory, and a stale socket file (removed) or a live one (refused). */
+export async function prepareSocketPath(socketPath: string): Promise<void> {
+  checkSocketPathLength(socketPath);
+  checkSocketDirectory(socketPath);
+  await removeStaleSocket(socketPath);
+}
+
+export function listenError(t: ListenTarget, e: Error): Error {
+  const err = e as NodeJS.ErrnoException;
+  if ('fd' in t) return cannotError(`listen on the socket passed by systemd (fd ${t.fd})`, err.message, 'check the .socket unit');
+  if (err.code === 'EACCES') return cannotError(`create socket ${t.path}`, 'permission denied', 'run as root or choose another path with -k');
+  if (err.code === 'ENOENT') return cannotError(`create socket ${t.path}`, 'its directory does not exist', 'create it or choose another path with -k');
+  if (err.code === 'EADDRINUSE') return cannotError(`create socket ${t.path}`, 'address in use', 'another helper may be starting, or remove the file');
+  return cannotError(`listen on ${t.path}`, err.message);
+}
+
+/**
+ * A socket file nobody listens on (a crashed helper's) is removed; a live one, or a file that is not
+ * a socket, is left alone and reported.
+ */
+export async function removeStaleSocket(socketPath: string): Promise<void> {
+  let st: fs.Stats;
+  try {
+    st = fs.lstatSync(socketPath);
+  } catch {
+    return;
+  }
+  if (!st.isSocket()) throw new Error(`${socketPath} exists and is not a socket; remove it or choose another path with -k`);
+  const live = await new Promise<boolean>((resolve) => {
+    const c = net.connect({ path: socketPath });
+    c.once('connect', () => {
+      c.destroy();
+      resolve(true);
+    });
+    // EAGAIN: the backlog of a live listener is full (a busy helper), not a dead socket.
+    c.once('error', (e: NodeJS.ErrnoException) => resolve(e.code === 'EAGAIN'));
+  });
+  if (live) throw new Error(`another process is already listening on ${socketPath}; stop it or choose another path with -k`);
+  fs.unlinkSync(socketPath);
+}
