@@ -131,7 +131,8 @@ export class SyntheticEnergySource implements EnergySource {
       text = fs.readFileSync(this.statPath, 'utf8');
     } catch (e) {
       const why = (e as NodeJS.ErrnoException).code ?? String(e);
-      throw new EnergyReadError(cannot(`read ${this.statPath}`, why, 'the synthetic energy source needs the per-CPU times there'), this.kind, { cause: e });
+      const message = cannot(`read ${this.statPath}`, why, 'the synthetic energy source needs the per-CPU times there');
+      throw new EnergyReadError(message, this.kind, { cause: e });
     }
     return parseProcStat(text);
   }
