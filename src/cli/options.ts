@@ -15,6 +15,7 @@ import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../client/v2-client.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
+import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_KINDS, isEnergySourceKind, type EnergySourceKind } from '../energy/kinds.js';
 
 /**
  * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
@@ -170,6 +171,23 @@ export function addHostOptions(cmd: Command): Command {
     .option('--proc-root <dir>', `procfs mount (default '${DEFAULT_HOST_PATHS.procRoot}')`)
     .option('--sys-root <dir>', `sysfs mount (default '${DEFAULT_HOST_PATHS.sysRoot}')`)
     .option('--vendor <vendor>', 'CPU vendor: auto|intel|amd (default auto, from /proc/cpuinfo)');
+}
+
+/**
+ * --energy-source: where package energy comes from, one of ENERGY_SOURCE_KINDS (energy/kinds.ts),
+ * default msr. On record; energySourceFrom reads it.
+ */
+export function energySourceOption(): Option {
+  return new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)')
+    .choices(ENERGY_SOURCE_KINDS)
+    .default(DEFAULT_ENERGY_SOURCE);
+}
+
+/** The value of --energy-source (commander checked the choices; anything else is a usage error). */
+export function energySourceFrom(value: unknown): EnergySourceKind {
+  if (value === undefined) return DEFAULT_ENERGY_SOURCE;
+  if (!isEnergySourceKind(value)) throw new UsageError(`--energy-source: expected one of ${ENERGY_SOURCE_KINDS.join(', ')} (got ${JSON.stringify(value)})`);
+  return value;
 }
 
 /** For repeatable options: each occurrence parsed and appended. */

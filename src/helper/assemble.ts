@@ -4,9 +4,9 @@
  * its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
  */
 import type { Logger } from '../logging/logger.js';
-import { readHostInfo } from '../msr/host-info.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
-import { MsrEnergySource } from '../msr/energy-source.js';
+import { createEnergySource, readHostInfoFor } from '../energy/create.js';
+import { DEFAULT_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import { ProcTaskReader } from '../os/proc-tasks.js';
@@ -26,6 +26,8 @@ export interface V2ChainOptions {
   /** MSR fds, shared with the legacy service; the caller opens and closes them. */
   device: MsrDevice;
   vendor: Vendor;
+  /** Where package energy comes from; default the RAPL MSRs (the daemon has no option for it yet). */
+  energySource?: EnergySourceKind;
   intervalMs: number;
   limits: V2Limits;
   /** Where samples are recorded, made once the host is known (a trace header needs it). */
@@ -56,16 +58,17 @@ export interface V2Chain {
   close(): Promise<void>;
 }
 
-/** Host info -> MSR energy source -> /proc task reader -> sampler -> v2 service. */
+/** Host info -> energy source -> /proc task reader -> sampler -> v2 service. */
 export function assembleV2(o: V2ChainOptions): V2Chain {
+  const kind = o.energySource ?? DEFAULT_ENERGY_SOURCE;
   let host: HostInfo;
   try {
-    host = readHostInfo({ paths: o.paths, device: o.device, vendor: o.vendor });
+    host = readHostInfoFor(kind, { paths: o.paths, device: o.device, vendor: o.vendor });
   } catch (e) {
     throw msrErrorWithHint(e);
   }
   const tasks = new ProcTaskReader(o.paths.procRoot);
-  const sampler = new Sampler(new MsrEnergySource(o.device, host.cpus, o.vendor), tasks);
+  const sampler = new Sampler(createEnergySource(kind, { host, paths: o.paths, device: o.device }), tasks);
   const discovery = o.discovery ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck }) : undefined;
   const service = createV2Service({
     host,

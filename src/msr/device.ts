@@ -98,11 +98,13 @@ export class MsrDevice {
 
 /**
  * An MSR error rewritten to name the fix (os/errno-hints.ts), and `alternative` after it when the
- * caller has one (record: a synthetic energy source).
+ * caller has one (record: a synthetic energy source). The MSR error may be the error itself or its
+ * cause (an energy source's read error wraps the MsrReadError it met).
  */
 export function msrErrorWithHint(e: unknown, alternative?: string): Error {
-  if (!(e instanceof MsrReadError)) return e instanceof Error ? e : new Error(String(e));
-  const hint = msrErrnoHint(e.code);
-  if (!hint) return e;
-  return new Error(`${e.message}: ${hint.why}; ${hint.fix}${alternative ? `, or ${alternative}` : ''}`);
+  const msr = e instanceof MsrReadError ? e : e instanceof Error && e.cause instanceof MsrReadError ? e.cause : undefined;
+  if (!msr) return e instanceof Error ? e : new Error(String(e));
+  const hint = msrErrnoHint(msr.code);
+  if (!hint) return e as Error;
+  return new Error(`${msr.message}: ${hint.why}; ${hint.fix}${alternative ? `, or ${alternative}` : ''}`);
 }

@@ -6,9 +6,8 @@ import type { HostInfo, HostPackage } from '../ratio/types.js';
 import { clockTicksPerSecond } from '../os/libc.js';
 import type { MsrDevice } from './device.js';
 import type { HostPaths } from './host-paths.js';
-import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from './registers.js';
+import { MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, powerUnitMsr } from './registers.js';
 import { type Vendor } from '../ratio/types.js';
-import { SYNTHETIC_DEFAULTS } from './energy-source.js';
 import { firstCpuPerPackage, readHostCpus } from './topology.js';
 import { readVendor } from './vendor.js';
 
@@ -16,9 +15,11 @@ export interface ReadHostInfoOptions {
   paths: HostPaths;
   device: MsrDevice;
   vendor?: Vendor;
-  energySource?: 'msr' | 'synthetic';
-  /** The MSR_RAPL_POWER_UNIT a synthetic source uses; default 0xa0e03. */
-  syntheticPowerUnit?: bigint;
+  /**
+   * Every package's power unit, when the energy does not come from the RAPL MSRs (a synthetic source:
+   * energy/create.ts): no MSR is read then. Absent: each package's MSR_RAPL_POWER_UNIT is read.
+   */
+  powerUnit?: bigint;
 }
 
 export function readHostInfo(o: ReadHostInfoOptions): HostInfo {
@@ -28,12 +29,12 @@ export function readHostInfo(o: ReadHostInfoOptions): HostInfo {
   if (cpus.length === 0) throw new Error(`${o.paths.sysRoot}/devices/system/cpu/online lists no CPU`);
   const packages: HostPackage[] = [];
   for (const [pkg, cpu] of [...firstCpuPerPackage(cpus)].sort((a, b) => a[0] - b[0])) {
-    if (o.energySource === 'synthetic') {
-      packages.push({ package: pkg, powerUnit: o.syntheticPowerUnit ?? SYNTHETIC_DEFAULTS.powerUnit });
+    if (o.powerUnit !== undefined) {
+      packages.push({ package: pkg, powerUnit: o.powerUnit });
       continue;
     }
     // An MsrReadError here goes to the caller as it is: msrErrorWithHint adds the fix it can offer.
-    const powerUnit = o.device.read(cpu, vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT);
+    const powerUnit = o.device.read(cpu, powerUnitMsr(vendor));
     const p: HostPackage = { package: pkg, powerUnit };
     if (vendor === 'intel') {
       // Optional registers: some CPUs or hypervisors do not expose them.

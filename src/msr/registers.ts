@@ -1,4 +1,5 @@
 /** MSR numbers and the bit layouts this project relies on. */
+import type { Vendor } from '../ratio/types.js';
 
 export const MSR_RAPL_POWER_UNIT = 0x606;
 export const MSR_PKG_POWER_LIMIT = 0x610;
@@ -17,3 +18,13 @@ export const LEGACY_ALLOWED_MSRS: ReadonlySet<number> = new Set([
   MSR_PKG_ENERGY_STATUS,
   MSR_PKG_POWER_INFO,
 ]);
+
+/** The package energy counter of a vendor (Intel 0x611, AMD 0xC001029B). */
+export function packageEnergyMsr(vendor: Vendor): number {
+  return vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS;
+}
+
+/** The register whose bits 12:8 give a vendor's energy status unit (Intel 0x606, AMD 0xC0010299). */
+export function powerUnitMsr(vendor: Vendor): number {
+  return vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT;
+}

@@ -9,6 +9,9 @@ export function joulesPerCounterUnit(powerUnit: bigint): number {
   return 2 ** -energyStatusUnitBits(powerUnit);
 }
 
+/** A RAPL energy counter counts 2^32 values (bits 31:0), then wraps to 0. */
+export const RAPL_COUNTER_RANGE = 1n << 32n;
+
 /** Only bits 31:0 of MSR_PKG_ENERGY_STATUS count; the rest is reserved. */
 export function energyCounterBits(raw: bigint): number {
   return Number(raw & 0xffffffffn);

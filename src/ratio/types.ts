@@ -66,7 +66,7 @@ export interface TraceHeader {
 export interface Sample {
   /** CLOCK_MONOTONIC, nanoseconds. */
   tNs: bigint;
-  /** Raw MSR_PKG_ENERGY_STATUS per package id. */
+  /** Raw MSR_PKG_ENERGY_STATUS per package id (an energy source's package counter, energy/energy-source.ts). */
   energy: Map<number, bigint>;
   /** For each registered pid that exists: tid -> verbatim stat line (no trailing newline). */
   tasks: Map<number, Map<number, string>>;

@@ -1,5 +1,5 @@
 /** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
-import type { EnergySource } from '../msr/energy-source.js';
+import { packageCounters, type EnergySource } from '../energy/energy-source.js';
 import type { ProcTaskReader } from '../os/proc-tasks.js';
 import type { Sample } from '../ratio/types.js';
 import { monotonicNs } from './tick-loop.js';
@@ -14,12 +14,13 @@ export class Sampler {
   /**
    * The timestamp is taken once, right before the energy read: the counters are the time-critical part
    * (they move continuously), while tick counts only change at tick boundaries. A pid whose process is
-   * gone is absent from `tasks`. Throws when the energy source fails, or a /proc read fails for a
+   * gone is absent from `tasks`. The sample keeps each package's counter as read (what the engine and
+   * traces work on). Throws when the energy source fails (EnergyReadError), or a /proc read fails for a
    * reason other than the process being gone (TaskReadError, e.g. EMFILE): the sample is skipped.
    */
   sample(pids: Iterable<number>): Sample {
     const tNs = this.clock();
-    const energy = this.energy.read();
+    const energy = packageCounters(this.energy.read());
     const tasks = new Map<number, Map<number, string>>();
     for (const pid of pids) {
       if (tasks.has(pid)) continue;

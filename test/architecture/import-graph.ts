@@ -19,13 +19,14 @@ export const LAYER_RANK: Readonly<Record<string, number>> = {
   os: 3,
   logging: 3,
   msr: 4,
-  sampling: 5,
-  client: 6,
-  discovery: 7,
-  helper: 8,
-  exporter: 9,
-  cli: 10,
-  bin: 11,
+  energy: 5,
+  sampling: 6,
+  client: 7,
+  discovery: 8,
+  helper: 9,
+  exporter: 10,
+  cli: 11,
+  bin: 12,
 };
 
 export interface ImportEdge {

@@ -1,8 +1,14 @@
-/** The EnergySource contract (energy-source-contract.ts) over every source: MSR files for Intel and AMD, and the synthetic one. */
+/**
+ * The EnergySource contract (energy-source-contract.ts) over every source kind (energy/kinds.ts): MSR
+ * files for Intel and AMD, built by the factory as the daemon and record build them, and the synthetic
+ * source. The table is keyed by kind, so a new kind does not compile until it has a run here.
+ */
 import fs from 'node:fs';
 import path from 'node:path';
+import { createEnergySource, readHostInfoFor } from '../../src/energy/create.js';
+import type { EnergySourceKind } from '../../src/energy/kinds.js';
+import { SyntheticEnergySource } from '../../src/energy/synthetic-source.js';
 import { MsrDevice } from '../../src/msr/device.js';
-import { MsrEnergySource, SyntheticEnergySource } from '../../src/msr/energy-source.js';
 import { readHostCpus } from '../../src/msr/topology.js';
 import type { Vendor } from '../../src/ratio/types.js';
 import { FakeHost } from '../support/fake-host.js';
@@ -13,8 +19,14 @@ const PACKAGES = [0, 0, 1, 1]; // two packages of two CPUs
 function msrSource(vendor: Vendor): SourceUnderTest {
   const fake = new FakeHost({ packages: PACKAGES });
   fake.writeRapl({ vendor, powerUnit: 0xa0e03n, energy: { 0: START_COUNTER, 1: START_COUNTER } });
+  const paths = fake.hostPaths();
+  // Host info through a device of its own: the source's device opens nothing before its first read,
+  // so hiding a file breaks that read (an fd once open outlives its file's name).
+  const infoDevice = new MsrDevice(fake.msrPathTemplate);
+  const host = readHostInfoFor('msr', { paths, device: infoDevice, vendor });
+  infoDevice.close();
   const device = new MsrDevice(fake.msrPathTemplate);
-  const source = new MsrEnergySource(device, readHostCpus(fake.sysRoot), vendor);
+  const source = createEnergySource('msr', { host, paths, device });
   // The source reads package 1 through CPU 2, its first CPU: hiding that file breaks it.
   const file = fake.msrPath(2);
   return {
@@ -44,6 +56,7 @@ function syntheticSource(): SourceUnderTest {
   let t = 0n;
   const idleW = 1;
   const unitJ = 2 ** -14; // power unit 0xa0e03: ESU 14
+  // Built directly rather than by createEnergySource: the contract needs its clock and watts.
   const source = new SyntheticEnergySource({ procRoot, cpus: readHostCpus(fake.sysRoot), idleW, busyW: 0, powerUnit: 0xa0e03n, start: START_COUNTER, clock: () => t });
   return {
     source,
@@ -58,6 +71,12 @@ function syntheticSource(): SourceUnderTest {
   };
 }
 
-energySourceContract('MSR files, Intel (0x611)', () => msrSource('intel'));
-energySourceContract('MSR files, AMD (0xC001029B)', () => msrSource('amd'));
-energySourceContract('synthetic, from /proc/stat load', syntheticSource);
+const RUNS: { readonly [K in EnergySourceKind]: [string, () => SourceUnderTest][] } = {
+  msr: [
+    ['MSR files, Intel (0x611)', () => msrSource('intel')],
+    ['MSR files, AMD (0xC001029B)', () => msrSource('amd')],
+  ],
+  synthetic: [['synthetic, from /proc/stat load', syntheticSource]],
+};
+
+for (const runs of Object.values(RUNS)) for (const [name, make] of runs) energySourceContract(name, make);

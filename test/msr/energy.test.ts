@@ -2,7 +2,11 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { MsrDevice, MsrReadError, msrErrorWithHint } from '../../src/msr/device.js';
-import { MsrEnergySource, SyntheticEnergySource, parseProcStat } from '../../src/msr/energy-source.js';
+import { createEnergySource, readHostInfoFor, readsMsrs } from '../../src/energy/create.js';
+import { ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
+import { EnergyReadError, packageCounters } from '../../src/energy/energy-source.js';
+import { MsrEnergySource } from '../../src/energy/msr-source.js';
+import { SyntheticEnergySource, parseProcStat } from '../../src/energy/synthetic-source.js';
 import { readHostInfo } from '../../src/msr/host-info.js';
 import { readHostCpus } from '../../src/msr/topology.js';
 import { ProcTaskReader } from '../../src/os/proc-tasks.js';
@@ -29,9 +33,9 @@ describe('MsrEnergySource', () => {
     const dev = new MsrDevice(h.msrPathTemplate);
     const src = new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'intel');
     expect(src.packages).toEqual([0, 1]);
-    expect(src.read()).toEqual(new Map([[0, 0xdead_0000_1234_5678n], [1, 0x42n]]));
+    expect(packageCounters(src.read())).toEqual(new Map([[0, 0xdead_0000_1234_5678n], [1, 0x42n]]));
     h.writeMsr(2, 0x611, 0x43n);
-    expect(src.read().get(1)).toBe(0x43n);
+    expect(packageCounters(src.read()).get(1)).toBe(0x43n);
     expect(dev.isOpen(0)).toBe(false);
     expect(dev.isOpen(3)).toBe(false);
     dev.close();
@@ -42,13 +46,60 @@ describe('MsrEnergySource', () => {
     h.writeMsr(0, 0x611, 0x1111n);
     h.writeMsr(0, 0xc001029b, 0x2222n);
     const dev = new MsrDevice(h.msrPathTemplate);
-    expect(new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'amd').read()).toEqual(new Map([[0, 0x2222n]]));
+    expect(packageCounters(new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'amd').read())).toEqual(new Map([[0, 0x2222n]]));
     dev.close();
   });
 
   test('a missing device throws (the caller names the fix)', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     expect(() => new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel').read()).toThrow(/cannot open/);
+  });
+});
+
+describe('createEnergySource', () => {
+  test('msr reads the host MSRs, with the unit of each package power unit register, and names them', () => {
+    const h = fake([0, 1]);
+    h.writeRapl({ powerUnit: 0xa1003n, energy: { 0: 0x100, 1: 0x200 } }); // ESU 16
+    const dev = new MsrDevice(h.msrPathTemplate);
+    const host = readHostInfoFor('msr', { paths: paths(h), device: dev, vendor: 'intel' });
+    const src = createEnergySource('msr', { host, paths: paths(h), device: dev });
+    expect(src).toBeInstanceOf(MsrEnergySource);
+    expect(src.read()).toEqual([
+      { package: 0, domain: 'package', energyUj: (0x100n * 1_000_000n) >> 16n, counter: { raw: 0x100n, range: 1n << 32n, unitJ: 2 ** -16 } },
+      { package: 1, domain: 'package', energyUj: (0x200n * 1_000_000n) >> 16n, counter: { raw: 0x200n, range: 1n << 32n, unitJ: 2 ** -16 } },
+    ]);
+    expect(src.describe()).toBe('energy counters read from RAPL MSRs');
+    dev.close();
+  });
+
+  test('synthetic counts in the unit host info gave every package, and opens no MSR', () => {
+    const h = fake([0, 0, 1]);
+    const dev = new MsrDevice('/nonexistent/%u/msr');
+    const p = { ...paths(h), msrPathTemplate: '/nonexistent/%u/msr' };
+    const host = readHostInfoFor('synthetic', { paths: p, device: dev, vendor: 'intel' });
+    const src = createEnergySource('synthetic', { host, paths: p, device: dev });
+    expect(src).toBeInstanceOf(SyntheticEnergySource);
+    expect((src as SyntheticEnergySource).powerUnit).toBe(0xa0e03n);
+    expect(src.read().map((r) => [r.package, r.counter.unitJ])).toEqual([[0, 2 ** -14], [1, 2 ** -14]]);
+    expect(src.describe()).toMatch(/^energy counters SYNTHESISED/);
+    expect(dev.openFds()).toEqual([]);
+  });
+
+  test('only the msr kind reads MSRs', () => {
+    expect(ENERGY_SOURCE_KINDS.filter(readsMsrs)).toEqual(['msr']);
+  });
+
+  test('a failed MSR read is an EnergyReadError that msrErrorWithHint still gives the fix of', () => {
+    const dev = new MsrDevice('/nonexistent/%u/msr');
+    let err: unknown;
+    try {
+      new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel').read();
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(EnergyReadError);
+    expect((err as EnergyReadError).cause).toBeInstanceOf(MsrReadError);
+    expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(/^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/);
   });
 });
 
@@ -83,7 +134,7 @@ describe('readHostInfo', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     const h = fake([0, 0]);
     const p = { ...paths(h), msrPathTemplate: '/nonexistent/%u/msr' };
-    expect(readHostInfo({ paths: p, device: dev, vendor: 'intel', energySource: 'synthetic' }).packages).toEqual([{ package: 0, powerUnit: 0xa0e03n }]);
+    expect(readHostInfoFor('synthetic', { paths: p, device: dev, vendor: 'intel' }).packages).toEqual([{ package: 0, powerUnit: 0xa0e03n }]);
     let err: unknown;
     try {
       readHostInfo({ paths: p, device: dev, vendor: 'intel' });
@@ -107,11 +158,11 @@ describe('SyntheticEnergySource', () => {
     let t = 0n;
     const src = new SyntheticEnergySource({ procRoot: '/proc', cpus: [{ cpu: 0, package: 0 }], idleW: 10, busyW: 0, start: 0xffffff00, clock: () => t });
     t = 1_000_000_000n; // 1 s at 10 W = 10 J = 163840 units of 2^-14 J
-    const v = src.read().get(0)!;
+    const v = packageCounters(src.read()).get(0)!;
     expect(v).toBe(BigInt((0xffffff00 + 163840) % 2 ** 32));
     expect(v).toBeLessThan(0xffffff00n); // wrapped
     t = 2_000_000_000n;
-    expect(src.read().get(0)).toBe(v + 163840n);
+    expect(packageCounters(src.read()).get(0)).toBe(v + 163840n);
     expect(src.describe()).toMatch(/SYNTHESISED/);
   });
 
@@ -129,10 +180,10 @@ describe('SyntheticEnergySource', () => {
     const src = new SyntheticEnergySource({ procRoot, cpus: readHostCpus(h.sysRoot), idleW: 0, busyW: 100, start: 0, clock: () => t });
     t = 300_000_000n;
     stat(0, 30, 30); // both CPUs idle for 0.3 s
-    const idle = Number(src.read().get(0)!);
+    const idle = Number(packageCounters(src.read()).get(0)!);
     t = 600_000_000n;
     stat(30, 30, 60); // cpu0 busy, cpu1 idle: the package is half busy
-    const busy = Number(src.read().get(0)!) - idle;
+    const busy = Number(packageCounters(src.read()).get(0)!) - idle;
     expect(busy).toBeGreaterThan(idle);
     expect(idle).toBe(0);
     expect(busy).toBe(Math.floor((100 * 0.5 * 0.3) / 2 ** -14)); // 15 J in 2^-14 J units

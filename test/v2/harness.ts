@@ -1,6 +1,6 @@
 /**
  * A v2 service on a real Unix socket, in this process, built by the daemon's own assembly
- * (helper/assemble.ts): FakeHost MSR files read through the real MsrDevice/MsrEnergySource, the real
+ * (helper/assemble.ts): FakeHost MSR files read through the real MsrDevice and MSR energy source, the real
  * /proc through ProcTaskReader, and the daemon's real accept path (HelperServer: SO_PEERCRED, the
  * 4-byte preamble, legacy beside v2).
  */

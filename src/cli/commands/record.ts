@@ -3,11 +3,12 @@
  * helper sees: header, register records, the baseline sample right after, then a sample every interval
  * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
  */
-import { Command, Option } from 'commander';
+import { Command } from 'commander';
 import { MsrDevice } from '../../msr/device.js';
-import { MsrEnergySource, SyntheticEnergySource, type EnergySource } from '../../msr/energy-source.js';
+import type { EnergySource } from '../../energy/energy-source.js';
+import { createEnergySource, readHostInfoFor, readsMsrs } from '../../energy/create.js';
+import type { EnergySourceKind } from '../../energy/kinds.js';
 import type { HostPaths } from '../../msr/host-paths.js';
-import { readHostInfo } from '../../msr/host-info.js';
 import { msrErrorWithHint } from '../../msr/device.js';
 import type { Vendor } from '../../ratio/types.js';
 import { ProcTaskReader } from '../../os/proc-tasks.js';
@@ -18,7 +19,19 @@ import { TraceWriter } from '../../trace/writer.js';
 import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
-import { addHostOptions, checkInterval, collect, hostOptionsFrom, intervalArg, pidArg, secondsArg, vcpuListArg, type RawHostOptions } from '../options.js';
+import {
+  addHostOptions,
+  checkInterval,
+  collect,
+  energySourceFrom,
+  energySourceOption,
+  hostOptionsFrom,
+  intervalArg,
+  pidArg,
+  secondsArg,
+  vcpuListArg,
+  type RawHostOptions,
+} from '../options.js';
 import { VERSION } from '../version.js';
 import { UsageError } from '../cli-errors.js';
 import { ProgressLine } from '../progress.js';
@@ -33,7 +46,7 @@ export interface RecordOptions {
   output: string;
   interval: number;
   duration?: number;
-  energySource: 'msr' | 'synthetic';
+  energySource: EnergySourceKind;
   paths: HostPaths;
   vendor?: Vendor;
   note?: string;
@@ -55,7 +68,7 @@ export function addRecordCommand(program: Command): void {
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
-    .addOption(new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)').choices(['msr', 'synthetic']).default('msr'));
+    .addOption(energySourceOption());
   addHostOptions(record)
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: Record<string, unknown>, cmd: Command) => {
@@ -68,7 +81,7 @@ export function addRecordCommand(program: Command): void {
         output: o.output as string,
         interval: o.interval as number,
         duration: o.duration as number | undefined,
-        energySource: o.energySource as 'msr' | 'synthetic',
+        energySource: energySourceFrom(o.energySource),
         paths,
         vendor: vendor === 'auto' ? undefined : vendor,
         note: o.note as string | undefined,
@@ -98,9 +111,8 @@ async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
 }
 
 function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): string {
-  const src = energy instanceof SyntheticEnergySource ? energy.describe() : 'energy counters read from RAPL MSRs';
   const who = vms.map((v) => `${v.name ?? `pid ${v.pid}`} (${v.vcpus.length} vCPUs)`).join(', ');
-  return `${o.note ? `${o.note}; ` : ''}recorded by vmsr-helper ${VERSION} record; ${src}; VMs: ${who}`;
+  return `${o.note ? `${o.note}; ` : ''}recorded by vmsr-helper ${VERSION} record; ${energy.describe()}; VMs: ${who}`;
 }
 
 /** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
@@ -113,19 +125,15 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   let writer: TraceWriter | null = null;
   const signals = new DisposableStore();
   try {
-    const hostOpts: Parameters<typeof readHostInfo>[0] = { paths: o.paths, device, energySource: o.energySource };
-    if (o.vendor) hostOpts.vendor = o.vendor;
+    const msr = readsMsrs(o.energySource);
     let host: HostInfo;
     try {
-      host = readHostInfo(hostOpts);
+      host = readHostInfoFor(o.energySource, { paths: o.paths, device, ...(o.vendor ? { vendor: o.vendor } : {}) });
     } catch (e) {
       throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
     }
-    energy =
-      o.energySource === 'synthetic'
-        ? new SyntheticEnergySource({ procRoot: o.paths.procRoot, cpus: host.cpus, powerUnit: host.packages[0]!.powerUnit })
-        : new MsrEnergySource(device, host.cpus, host.vendor);
-    if (o.energySource === 'msr') {
+    energy = createEnergySource(o.energySource, { host, paths: o.paths, device });
+    if (msr) {
       try {
         energy.read(); // fail before creating the trace when the energy register is unreadable
       } catch (e) {
@@ -144,7 +152,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       try {
         s = sampler.sample(alive);
       } catch (e) {
-        throw o.energySource === 'msr' ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
+        throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
       }
       for (const pid of alive) {
         // Once gone, never read again: the pid could be reused by an unrelated process.

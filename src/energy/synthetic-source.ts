@@ -1,53 +1,14 @@
 /**
- * Where package energy counters come from: the real MSR_PKG_ENERGY_STATUS registers, or, on hosts
- * without RAPL (VMs, CI), a clearly labelled synthetic counter driven by /proc/stat load.
+ * On hosts without RAPL (VMs, CI), a clearly labelled synthetic package energy counter driven by
+ * /proc/stat load. NOT a measurement.
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { cannot } from '../common/errors.js';
+import { formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
 import type { HostCpu } from '../ratio/types.js';
-import type { MsrDevice } from './device.js';
-import { MSR_AMD_PKG_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS } from './registers.js';
-import { type Vendor } from '../ratio/types.js';
-import { formatMsrHex, joulesPerCounterUnit } from '../ratio/counter.js';
-import { firstCpuPerPackage } from './topology.js';
-
-export interface EnergySource {
-  /** Package ids, ascending. */
-  readonly packages: number[];
-  /** Raw MSR_PKG_ENERGY_STATUS per package (only bits 31:0 count). Throws when a package cannot be read. */
-  read(): Map<number, bigint>;
-  close(): void;
-}
-
-export function packageEnergyMsr(vendor: Vendor): number {
-  return vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS;
-}
-
-/** The package energy register of each package, read through its lowest-numbered online CPU. */
-export class MsrEnergySource implements EnergySource {
-  readonly packages: number[];
-  private readonly cpuOf: Map<number, number>;
-  private readonly msr: number;
-
-  constructor(
-    private readonly device: MsrDevice,
-    cpus: HostCpu[],
-    vendor: Vendor,
-  ) {
-    this.cpuOf = firstCpuPerPackage(cpus);
-    this.packages = [...this.cpuOf.keys()].sort((a, b) => a - b);
-    this.msr = packageEnergyMsr(vendor);
-  }
-
-  read(): Map<number, bigint> {
-    const out = new Map<number, bigint>();
-    for (const pkg of this.packages) out.set(pkg, this.device.read(this.cpuOf.get(pkg)!, this.msr));
-    return out;
-  }
-
-  /** The device belongs to the caller (it is shared with the legacy server); nothing to close here. */
-  close(): void {}
-}
+import { CounterUnwrapper } from './counter-unwrapper.js';
+import { EnergyReadError, type EnergyDomain, type EnergyReading, type EnergySource } from './energy-source.js';
 
 export interface CpuTimes {
   busy: number;
@@ -72,7 +33,7 @@ export function parseProcStat(text: string): Map<number, CpuTimes> {
 
 export interface SyntheticEnergyOptions {
   procRoot: string;
-  cpus: HostCpu[];
+  cpus: readonly HostCpu[];
   /** Watts per package when idle; default 20. */
   idleW?: number;
   /** Extra watts per package at 100 % busy; default 40. */
@@ -88,12 +49,14 @@ export interface SyntheticEnergyOptions {
 export const SYNTHETIC_DEFAULTS = { idleW: 20, busyW: 40, powerUnit: 0xa0e03n, start: 0xffc00000 } as const;
 
 /**
- * NOT a measurement: per package `idleW + busyW x busy share of its CPUs` (from /proc/stat), integrated
- * over the measured time into a 32-bit counter in units of the configured power unit, so it wraps like
- * a real one. For hosts without RAPL; traces made with it say so (see describe()).
+ * Per package `idleW + busyW x busy share of its CPUs` (from /proc/stat), integrated over the measured
+ * time into a 32-bit counter in units of the configured power unit, so it wraps like a real one. For
+ * hosts without RAPL; traces made with it say so (see describe()).
  */
 export class SyntheticEnergySource implements EnergySource {
+  readonly kind = 'synthetic';
   readonly packages: number[];
+  readonly domains: readonly EnergyDomain[] = ['package'];
   readonly powerUnit: bigint;
   private readonly idleW: number;
   private readonly busyW: number;
@@ -103,9 +66,11 @@ export class SyntheticEnergySource implements EnergySource {
   private readonly clock: () => bigint;
   /** Counter per package in units, kept as a float so fractions of a unit are not lost between reads. */
   private readonly perPackage: Map<number, number>;
+  private readonly unwrap = new CounterUnwrapper();
   private lastT: bigint;
   private lastTimes: Map<number, CpuTimes>;
 
+  /** Throws an EnergyReadError when /proc/stat cannot be read. */
   constructor(o: SyntheticEnergyOptions) {
     this.idleW = o.idleW ?? SYNTHETIC_DEFAULTS.idleW;
     this.busyW = o.busyW ?? SYNTHETIC_DEFAULTS.busyW;
@@ -123,7 +88,7 @@ export class SyntheticEnergySource implements EnergySource {
     const start = (o.start ?? SYNTHETIC_DEFAULTS.start) >>> 0;
     this.perPackage = new Map(this.packages.map((p) => [p, start]));
     this.lastT = this.clock();
-    this.lastTimes = parseProcStat(fs.readFileSync(this.statPath, 'utf8'));
+    this.lastTimes = this.readStat();
   }
 
   /** One line for trace notes and logs. */
@@ -131,11 +96,11 @@ export class SyntheticEnergySource implements EnergySource {
     return `energy counters SYNTHESISED (no RAPL read): per package ${this.idleW} W idle + ${this.busyW} W x busy share of its CPUs from /proc/stat, power unit ${formatMsrHex(this.powerUnit)}`;
   }
 
-  read(): Map<number, bigint> {
+  read(): EnergyReading[] {
     const t = this.clock();
-    const times = parseProcStat(fs.readFileSync(this.statPath, 'utf8'));
+    const times = this.readStat();
     const dt = Number(t - this.lastT) / 1e9;
-    const out = new Map<number, bigint>();
+    const out: EnergyReading[] = [];
     for (const pkg of this.packages) {
       let busy = 0;
       let total = 0;
@@ -150,7 +115,8 @@ export class SyntheticEnergySource implements EnergySource {
       const joules = dt > 0 ? (this.idleW + this.busyW * share) * dt : 0;
       const units = (this.perPackage.get(pkg)! + joules / this.unitJ) % 2 ** 32;
       this.perPackage.set(pkg, units);
-      out.set(pkg, BigInt(Math.floor(units)));
+      const counter = { raw: BigInt(Math.floor(units)), range: RAPL_COUNTER_RANGE, unitJ: this.unitJ };
+      out.push({ package: pkg, domain: 'package', energyUj: this.unwrap.energyUj(`package ${pkg}`, counter), counter });
     }
     this.lastT = t;
     this.lastTimes = times;
@@ -158,4 +124,16 @@ export class SyntheticEnergySource implements EnergySource {
   }
 
   close(): void {}
+
+  private readStat(): Map<number, CpuTimes> {
+    let text: string;
+    try {
+      text = fs.readFileSync(this.statPath, 'utf8');
+    } catch (e) {
+      const why = (e as NodeJS.ErrnoException).code ?? String(e);
+      const message = cannot(`read ${this.statPath}`, why, 'the synthetic energy source needs the per-CPU times there');
+      throw new EnergyReadError(message, this.kind, { cause: e });
+    }
+    return parseProcStat(text);
+  }
 }

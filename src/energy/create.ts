@@ -1,0 +1,59 @@
+/**
+ * THE one place an energy source is chosen and built: per kind (kinds.ts), what host facts go with it
+ * and how it is made. The daemon's chain (helper/assemble.ts) and `record` build theirs here.
+ */
+import type { MsrDevice } from '../msr/device.js';
+import type { HostPaths } from '../msr/host-paths.js';
+import { readHostInfo, type ReadHostInfoOptions } from '../msr/host-info.js';
+import type { HostInfo } from '../ratio/types.js';
+import type { EnergySource } from './energy-source.js';
+import type { EnergySourceKind } from './kinds.js';
+import { MsrEnergySource } from './msr-source.js';
+import { SYNTHETIC_DEFAULTS, SyntheticEnergySource } from './synthetic-source.js';
+
+export interface EnergySourceContext {
+  /** The host the source reads (readHostInfoFor, same kind). */
+  host: Pick<HostInfo, 'vendor' | 'cpus' | 'packages'>;
+  paths: HostPaths;
+  /** MSR fds: the caller's (shared with the legacy service), opened and closed by it, never by a source. */
+  device: MsrDevice;
+}
+
+interface EnergySourceDefinition {
+  /**
+   * Whether it reads the RAPL MSRs: then host info reads each package's power unit (and Intel's limit
+   * and info) from them, and a failed read is an MSR error with a fix to offer (msrErrorWithHint).
+   */
+  readsMsrs: boolean;
+  /** The power unit host info records for every package of a source that reads no MSR. */
+  powerUnit?: bigint;
+  create(c: EnergySourceContext): EnergySource;
+}
+
+const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
+  msr: {
+    readsMsrs: true,
+    create: (c) => new MsrEnergySource(c.device, c.host.cpus, c.host.vendor),
+  },
+  synthetic: {
+    readsMsrs: false,
+    powerUnit: SYNTHETIC_DEFAULTS.powerUnit,
+    create: (c) => new SyntheticEnergySource({ procRoot: c.paths.procRoot, cpus: c.host.cpus, powerUnit: c.host.packages[0]!.powerUnit }),
+  },
+};
+
+/** Whether a source of this kind reads the RAPL MSRs (its errors then get msrErrorWithHint's fix). */
+export function readsMsrs(kind: EnergySourceKind): boolean {
+  return SOURCES[kind].readsMsrs;
+}
+
+/** The host facts a source of this kind goes with: power units from the MSRs, or the unit it counts in. */
+export function readHostInfoFor(kind: EnergySourceKind, o: Omit<ReadHostInfoOptions, 'powerUnit'>): HostInfo {
+  const unit = SOURCES[kind].powerUnit;
+  return readHostInfo(unit === undefined ? o : { ...o, powerUnit: unit });
+}
+
+/** The energy source of this kind for this host. Throws an EnergyReadError when its input cannot be read at all. */
+export function createEnergySource(kind: EnergySourceKind, c: EnergySourceContext): EnergySource {
+  return SOURCES[kind].create(c);
+}

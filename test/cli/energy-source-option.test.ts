@@ -1,0 +1,27 @@
+/** --energy-source: one option, its choices the one list of source kinds. */
+import { Command } from 'commander';
+import { describe, expect, test } from 'vitest';
+import { energySourceFrom, energySourceOption } from '../../src/cli/options.js';
+import { UsageError } from '../../src/cli/cli-errors.js';
+import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
+
+const parse = (args: string[]) => {
+  const cmd = new Command().exitOverride().configureOutput({ writeErr: () => {} }).addOption(energySourceOption());
+  cmd.parse(args, { from: 'user' });
+  return energySourceFrom(cmd.opts().energySource);
+};
+
+describe('--energy-source', () => {
+  test('offers exactly the source kinds, the MSRs by default', () => {
+    expect(energySourceOption().argChoices).toEqual([...ENERGY_SOURCE_KINDS]);
+    expect(parse([])).toBe(DEFAULT_ENERGY_SOURCE);
+    expect(DEFAULT_ENERGY_SOURCE).toBe('msr');
+    for (const kind of ENERGY_SOURCE_KINDS) expect(parse(['--energy-source', kind])).toBe(kind);
+  });
+
+  test('refuses a name that is not a source kind', () => {
+    expect(() => parse(['--energy-source', 'powercap-typo'])).toThrow(/Allowed choices are msr, synthetic/);
+    expect(() => energySourceFrom('nope')).toThrow(UsageError);
+    expect(() => energySourceFrom('nope')).toThrow('--energy-source: expected one of msr, synthetic (got "nope")');
+  });
+});
