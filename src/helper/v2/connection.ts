@@ -206,7 +206,7 @@ export class V2Connection {
       this.log.warn({ err: (e as Error).message }, 'v2 reply with file descriptors not sent; disconnecting');
       this.destroy();
     } finally {
-      reply.release?.();
+      this.release(reply);
     }
   }
 
@@ -233,8 +233,17 @@ export class V2Connection {
 
   /** A reply that will not be sent: its fds go back to their sender. Always false. */
   private drop(reply: Reply): false {
-    reply.release?.();
+    this.release(reply);
     return false;
+  }
+
+  /** The reply's fds go back to their sender; a release that throws is a bug logged, not the helper's end. */
+  private release(reply: Reply): void {
+    try {
+      reply.release?.();
+    } catch (e) {
+      this.log.error({ err: (e as Error).stack }, 'v2 reply fds release failed');
+    }
   }
 }
 
