@@ -16,7 +16,7 @@ import { CLIENT_TYPES, E, FrameDecoder, encodeError } from '../../protocol/v2/co
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 import type { IncompleteHold } from '../server/incomplete-frames.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
-import { cannot } from '../../common/errors.js';
+import { cannotError } from '../../common/errors.js';
 import type { Reply, SendWithFds } from './reply.js';
 
 export interface ConnectionHost {
@@ -198,8 +198,9 @@ export class V2Connection {
       return;
     }
     try {
-      if (!this.host.sendWithFds) throw new Error(cannot('send file descriptors', 'this helper has no sendmsg wired to its v2 connections'));
-      const sent = this.host.sendWithFds(this.socket, reply.frame, reply.fds);
+      const send = this.host.sendWithFds;
+      if (!send) throw cannotError('send file descriptors', 'this helper has no sendmsg wired to its v2 connections');
+      const sent = send(this.socket, reply.frame, reply.fds);
       if (sent < reply.frame.length) this.socket.write(reply.frame.subarray(sent));
     } catch (e) {
       // The frame did not go out: the client would read the next one in its place, so it is dropped.

@@ -61,7 +61,11 @@ export class HostEnergy {
     for (const k of this.totals.values()) unattributedJ += k.unattributedJ;
     return {
       tNs: this.tNs,
-      packages: [...this.totals].map(([pkg, k]) => ({ pkg, energyUj: uj(k.energyJ), unattributedUj: perPackage ? uj(k.unattributedJ) : null })),
+      packages: [...this.totals].map(([pkg, k]) => ({
+        pkg,
+        energyUj: uj(k.energyJ),
+        unattributedUj: perPackage ? uj(k.unattributedJ) : null,
+      })),
       unattributedUj: uj(unattributedJ),
       vmsChanged,
       stats,

@@ -102,7 +102,8 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     // Called only once the service is made: `discovered` is set by then.
     ...(o.discovery ? { prepare: () => discovered?.scan(), inspect: (s) => discovered?.refine(s) } : {}),
   });
-  const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate: (vmId, frame) => fanOut.dropped(vmId, frame) });
+  const lastUpdate = (vmId: number, frame: Buffer) => fanOut.dropped(vmId, frame);
+  const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate });
   const discovered: DiscoveredVms | undefined = o.discovery
     ? new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, changed: () => lifecycle.markChanged() })
     : undefined;

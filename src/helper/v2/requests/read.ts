@@ -9,6 +9,7 @@ export const read: Handler<typeof T.READ> = (req, conn, p) => {
   const out = p.sampling.output(req.vmId);
   const v = out?.vpkgs[req.vpkg];
   if (!out || !v) return no(`VM ${req.vmId} has no virtual package ${req.vpkg} (it has ${out?.vpkgs.length ?? 0})`);
-  if (p.sampling.failed && !out.ended) return frameReply(encodeError(E.ENERGY_SOURCE, T.READ, `sampling failed: ${p.sampling.failed.message}`));
+  const failed = p.sampling.failed;
+  if (failed && !out.ended) return frameReply(encodeError(E.ENERGY_SOURCE, T.READ, `sampling failed: ${failed.message}`));
   return frameReply(encodeValue(req.vmId, req.vpkg, { counter: BigInt(v.counter), energyUj: v.energyUj }, out.tNs, out.ended));
 };
