@@ -1,8 +1,13 @@
 /**
  * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame is answered
  * with ERROR 1 and the connection is closed (docs/protocol.md); a well-framed bad request gets its ERROR and the
- * connection goes on. Everything sent goes through send(), which disconnects a client that lets
+ * connection goes on. Everything sent goes through sendReply(), which disconnects a client that lets
  * more than `maxBacklogBytes` pile up unread, so a client cannot grow the helper's memory.
+ *
+ * A reply with file descriptors leaves in one sendmsg (the host's sendWithFds) once the stream has
+ * nothing queued before it: until then it waits, and so does every frame sent after it, so the client
+ * reads frames in the order they were sent. Its fds are released (closed by their sender) once sent,
+ * or once the connection is gone without sending them (reply.ts).
  */
 import type net from 'node:net';
 import type { Logger } from 'pino';
@@ -11,11 +16,15 @@ import { CLIENT_TYPES, E, FrameDecoder, encodeError } from '../../protocol/v2/co
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 import type { IncompleteHold } from '../server/incomplete-frames.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
+import { cannotError } from '../../common/errors.js';
+import type { Reply, SendWithFds } from './reply.js';
 
 export interface ConnectionHost {
   readonly maxBacklogBytes: number;
-  /** The reply to a valid request (one frame). */
-  request(conn: V2Connection, req: ClientRequest): Buffer;
+  /** The reply to a valid request (one frame, and maybe fds). */
+  request(conn: V2Connection, req: ClientRequest): Reply;
+  /** Sends a reply that carries fds; without it such a reply closes the connection. */
+  readonly sendWithFds?: SendWithFds;
   /** The connection is gone: drop its VMs. Called once. */
   closed(conn: V2Connection): void;
   /** Rate limit of what clients can make the service log. */
@@ -25,12 +34,20 @@ export interface ConnectionHost {
 /** How long a connection being closed may take to flush its last ERROR before it is destroyed. */
 const CLOSE_GRACE_MS = 1000;
 
+/** Written to learn, by its callback, when everything queued before it has left the stream. */
+const NOTHING = Buffer.alloc(0);
+
 export class V2Connection {
   private readonly decoder = new FrameDecoder(CLIENT_TYPES);
   /** VMs this client subscribed to and that have not ended. */
   readonly subscriptions = new Set<number>();
   private closing = false;
   private gone = false;
+  /** Replies waiting behind a reply with fds until the stream is empty; null when none waits. */
+  private waiting: Reply[] | null = null;
+  private waitingBytes = 0;
+  /** fail() was called while replies waited: the socket ends once they are out. */
+  private endWhenSent = false;
   readonly log: Logger;
 
   constructor(
@@ -61,16 +78,34 @@ export class V2Connection {
 
   /** Queues a frame; false when the client is gone or was just disconnected for its backlog. */
   send(frame: Buffer): boolean {
-    if (!this.open) return false;
-    if (this.socket.writableLength + frame.length > this.host.maxBacklogBytes) {
-      const o = { conn: this.id, peerPid: this.peer.pid, backlog: this.socket.writableLength, limit: this.host.maxBacklogBytes };
+    return this.sendReply({ frame });
+  }
+
+  /**
+   * Queues a reply (a frame with fds goes in one sendmsg once nothing is queued before it); false when
+   * the client is gone or was just disconnected for its backlog (its fds are released then).
+   */
+  sendReply(reply: Reply): boolean {
+    if (!this.open) return this.drop(reply);
+    const backlog = this.socket.writableLength + this.waitingBytes;
+    if (backlog + reply.frame.length > this.host.maxBacklogBytes) {
+      const o = { conn: this.id, peerPid: this.peer.pid, backlog, limit: this.host.maxBacklogBytes };
       const msg = 'v2 client does not read its socket; disconnecting it';
       if (this.host.limiter) this.host.limiter.warn('v2 backlog', o, msg);
       else this.log.warn(o, msg);
       this.destroy();
-      return false;
+      return this.drop(reply);
     }
-    this.socket.write(frame);
+    if (this.waiting === null && !(hasFds(reply) && this.socket.writableLength > 0)) {
+      this.put(reply);
+      return true;
+    }
+    if (this.waiting === null) {
+      this.waiting = [];
+      this.afterQueued();
+    }
+    this.waiting.push(reply);
+    this.waitingBytes += reply.frame.length;
     return true;
   }
 
@@ -95,7 +130,8 @@ export class V2Connection {
     else this.log.info({ code, requestType, message }, 'v2 protocol error; closing');
     this.send(encodeError(code, requestType, message));
     this.closing = true;
-    this.socket.end();
+    if (this.waiting !== null) this.endWhenSent = true;
+    else this.socket.end();
     setTimeout(() => this.socket.destroy(), CLOSE_GRACE_MS).unref();
   }
 
@@ -126,7 +162,7 @@ export class V2Connection {
         continue;
       }
       const req = parsed.value;
-      let reply: Buffer;
+      let reply: Reply;
       try {
         reply = this.host.request(this, req);
       } catch (e) {
@@ -135,7 +171,7 @@ export class V2Connection {
         this.fail(E.MALFORMED, frame.type, `internal error: ${(e as Error).message}`);
         return;
       }
-      this.send(reply);
+      this.sendReply(reply);
     }
     if (this.open && this.hold && !this.hold.set(this.decoder.incompleteBytes)) this.overBudget();
   }
@@ -148,6 +184,70 @@ export class V2Connection {
     if (this.gone) return;
     this.gone = true;
     this.closing = true;
+    const left = this.waiting ?? [];
+    this.waiting = null;
+    this.waitingBytes = 0;
+    for (const r of left) this.drop(r);
     this.host.closed(this);
   }
+
+  /** Writes a reply now: the stream has nothing queued before it if it carries fds. */
+  private put(reply: Reply): void {
+    if (!hasFds(reply)) {
+      this.socket.write(reply.frame);
+      return;
+    }
+    try {
+      const send = this.host.sendWithFds;
+      if (!send) throw cannotError('send file descriptors', 'this helper has no sendmsg wired to its v2 connections');
+      const sent = send(this.socket, reply.frame, reply.fds);
+      if (sent < reply.frame.length) this.socket.write(reply.frame.subarray(sent));
+    } catch (e) {
+      // The frame did not go out: the client would read the next one in its place, so it is dropped.
+      this.log.warn({ err: (e as Error).message }, 'v2 reply with file descriptors not sent; disconnecting');
+      this.destroy();
+    } finally {
+      this.release(reply);
+    }
+  }
+
+  /** Calls flushWaiting() once everything queued on the stream so far has been written. */
+  private afterQueued(): void {
+    this.socket.write(NOTHING, () => this.flushWaiting());
+  }
+
+  private flushWaiting(): void {
+    const q = this.waiting;
+    if (q === null) return;
+    while (q.length > 0 && !this.socket.destroyed) {
+      const r = q[0]!;
+      if (hasFds(r) && this.socket.writableLength > 0) return this.afterQueued();
+      q.shift();
+      this.waitingBytes -= r.frame.length;
+      this.put(r);
+    }
+    this.waiting = null;
+    this.waitingBytes = 0;
+    for (const r of q) this.drop(r);
+    if (this.endWhenSent && !this.socket.destroyed) this.socket.end();
+  }
+
+  /** A reply that will not be sent: its fds go back to their sender. Always false. */
+  private drop(reply: Reply): false {
+    this.release(reply);
+    return false;
+  }
+
+  /** The reply's fds go back to their sender; a release that throws is a bug logged, not the helper's end. */
+  private release(reply: Reply): void {
+    try {
+      reply.release?.();
+    } catch (e) {
+      this.log.error({ err: (e as Error).stack }, 'v2 reply fds release failed');
+    }
+  }
+}
+
+function hasFds(r: Reply): r is Reply & { fds: readonly number[] } {
+  return r.fds !== undefined && r.fds.length > 0;
 }

@@ -304,4 +304,12 @@ export class VmRegistry {
   vmsOf(owner: number): number[] {
     return [...(this.byOwner.get(owner) ?? [])];
   }
+
+  /**
+   * Every VM as plain data, ascending id (copies: changing them changes nothing here). The indexes
+   * (by owner, by pid, discovered by pid) follow from the records, so this is the registry's whole state.
+   */
+  state(): VmRecord[] {
+    return [...this.vms.values()].map((r) => ({ ...r, uuid: r.uuid && Buffer.from(r.uuid) })).sort((a, b) => a.vmId - b.vmId);
+  }
 }

@@ -1,0 +1,103 @@
+/**
+ * The open v2 connections and what the service knows of each beyond its framing: who it is for the
+ * visibility rule (its Viewer, fixed at connect) and whether it HOST_SUBSCRIBEd, with which layout.
+ * The sampling loop is held while at least one connection is a host subscriber.
+ */
+import type { Viewer } from './vm-registry.js';
+
+/** What the service sends to a client; V2Connection is one. */
+export interface Subscriber {
+  readonly id: number;
+  readonly peer: { readonly uid: number };
+  /** VMs it watches (SUBSCRIBE or OBSERVE) that have not ended. */
+  readonly subscriptions: Set<number>;
+  send(frame: Buffer): boolean;
+  /** Runs `fn`, whose send()s leave in one write. */
+  batch(fn: () => void): void;
+}
+
+export interface Client<C extends Subscriber> {
+  readonly conn: C;
+  readonly viewer: Viewer;
+  /** HOST_SUBSCRIBEd: whether it asked for per-package unattributed energy; undefined when it did not. */
+  hostPerPackage: boolean | undefined;
+}
+
+/** A connection's state as plain data (what a restart would carry). */
+export interface ClientState {
+  connId: number;
+  viewer: Viewer;
+  subscriptions: number[];
+  hostPerPackage: boolean | undefined;
+}
+
+export class Clients<C extends Subscriber> {
+  private readonly byConn = new Map<C, Client<C>>();
+  private hostSubscribers = 0;
+  private nextConnId: number;
+
+  /** `holdHost(true)` when the first host subscriber comes, `holdHost(false)` when the last goes. */
+  constructor(
+    private readonly holdHost: (on: boolean) => void,
+    firstConnId = 1,
+  ) {
+    this.nextConnId = firstConnId;
+  }
+
+  /** The id of the next connection (connection ids are never reused). */
+  newId(): number {
+    return this.nextConnId++;
+  }
+
+  add(conn: C, viewer: Viewer): void {
+    this.byConn.set(conn, { conn, viewer, hostPerPackage: undefined });
+  }
+
+  /** The connection is gone; false when it was not here. */
+  remove(conn: C): boolean {
+    const c = this.byConn.get(conn);
+    if (!c) return false;
+    this.byConn.delete(conn);
+    if (c.hostPerPackage !== undefined && --this.hostSubscribers === 0) this.holdHost(false);
+    return true;
+  }
+
+  /** Who `conn` is for the visibility rule; a connection not (or no longer) here sees only its own uid's VMs. */
+  viewerOf(conn: C): Viewer {
+    return this.byConn.get(conn)?.viewer ?? { connId: conn.id, uid: conn.peer.uid, seesAll: false };
+  }
+
+  /** HOST_SUBSCRIBE: a second one on the connection replaces the first's choice of layout. */
+  subscribeHost(conn: C, perPackage: boolean): void {
+    const c = this.byConn.get(conn);
+    if (!c) return;
+    if (c.hostPerPackage === undefined && this.hostSubscribers++ === 0) this.holdHost(true);
+    c.hostPerPackage = perPackage;
+  }
+
+  isHostSubscriber(conn: C): boolean {
+    return this.byConn.get(conn)?.hostPerPackage !== undefined;
+  }
+
+  get size(): number {
+    return this.byConn.size;
+  }
+
+  [Symbol.iterator](): IterableIterator<Client<C>> {
+    return this.byConn.values();
+  }
+
+  connections(): C[] {
+    return [...this.byConn.keys()];
+  }
+
+  state(): { nextConnId: number; clients: ClientState[] } {
+    const clients = [...this.byConn.values()].map((c) => ({
+      connId: c.conn.id,
+      viewer: { ...c.viewer },
+      subscriptions: [...c.conn.subscriptions],
+      hostPerPackage: c.hostPerPackage,
+    }));
+    return { nextConnId: this.nextConnId, clients };
+  }
+}

@@ -1,0 +1,84 @@
+/**
+ * Discovery glue: the VMs the /proc scan finds become VMs of the service. A VM is admitted when its
+ * threads fit the fd budget (else deferred: discovery offers it again later, and the warning is
+ * logged once); a discovered process a client registered already only gains its name and UUID (one
+ * process, one VM). Each sample refines a discovered VM's vCPU list from its threads' names, unless a
+ * registrant's list stands.
+ */
+import type { Logger } from 'pino';
+import type { DiscoveredVm } from '../../discovery/scanner.js';
+import type { Sample } from '../../ratio/types.js';
+import type { SamplingService } from '../../sampling/sampling-service.js';
+import type { Discovery } from './discovery.js';
+import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
+
+export interface DiscoveredVmsParts {
+  discovery: Discovery;
+  registry: VmRegistry;
+  sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
+  fds?: FdAdmitter;
+  log: Logger;
+  /** A VM arrived or changed what LIST shows of it (VmLifecycle.markChanged). */
+  changed(): void;
+}
+
+export class DiscoveredVms {
+  /** pids of VMs not admitted, so the warning is logged once per VM. */
+  private readonly deferred = new Set<number>();
+
+  constructor(private readonly p: DiscoveredVmsParts) {}
+
+  /** Before each sample: admits what the scan found. */
+  scan(): void {
+    for (const d of this.p.discovery.scan()) this.admit(d);
+  }
+
+  admit(d: DiscoveredVm): void {
+    const { registry, sampling, log } = this.p;
+    const reg = registry.registrationOf(d.pid, d.starttime);
+    const meta = { name: d.name, uuid: d.uuid, wholeVmOnly: d.wholeVmOnly };
+    if (reg !== undefined) {
+      // One process, one VM: the registration keeps its vCPU list; LIST gains the name and UUID.
+      registry.addDiscovered(reg.vmId, d.pid, d.starttime, d.uid, meta);
+      return;
+    }
+    const fit = this.p.fds?.canAdmit(d.threads);
+    if (fit && !fit.ok) {
+      this.p.discovery.defer(d.pid);
+      if (!this.deferred.has(d.pid)) log.warn({ pid: d.pid, name: d.name, err: fit.error }, 'VM discovered but not sampled');
+      this.deferred.add(d.pid);
+      return;
+    }
+    this.deferred.delete(d.pid);
+    const spec = { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
+    const vmId = sampling.register(spec);
+    registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
+    this.p.changed();
+    const seen = { vmId, pid: d.pid, uid: d.uid, name: d.name, vcpus: d.vcpus.length, nvpkg: sampling.nvpkg(vmId) };
+    log.info({ ...seen, wholeVmOnly: d.wholeVmOnly, problems: d.problems }, 'VM discovered');
+  }
+
+  /** Each sample, before the engine: new vCPU threads of discovered VMs, from their stat lines. */
+  refine(s: Sample): void {
+    for (const r of this.liveDiscovered()) {
+      const lines = s.tasks.get(r.pid);
+      if (lines === undefined) continue;
+      const c = this.p.discovery.refine(r.pid, lines);
+      // A registrant's vCPU list stands while it holds the VM.
+      if (c === null || r.owner !== null) continue;
+      this.p.sampling.updateVcpus(r.vmId, c.vcpus);
+      if (r.wholeVmOnly !== c.wholeVmOnly) this.p.changed();
+      r.wholeVmOnly = c.wholeVmOnly;
+    }
+  }
+
+  state(): { deferred: number[] } {
+    return { deferred: [...this.deferred] };
+  }
+
+  private liveDiscovered(): VmRecord[] {
+    const out: VmRecord[] = [];
+    for (const r of this.p.registry.all()) if (r.discovered && r.live) out.push(r);
+    return out;
+  }
+}

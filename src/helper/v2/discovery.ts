@@ -1,0 +1,16 @@
+/** What the v2 service needs from discovery (ProcScanner implements it). */
+import type { DiscoveredVm } from '../../discovery/scanner.js';
+import type { VcpuSpec } from '../../ratio/types.js';
+
+export interface Discovery {
+  /** VM processes that appeared since the last scan. */
+  scan(): DiscoveredVm[];
+  /** New vCPU list of a discovered VM from this sample's stat lines, null when unchanged. */
+  refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
+  /** The VM of this pid ended or was dropped: examine the pid afresh. */
+  forget(pid: number): void;
+  /** The vCPU list as last classified (a registrant let go of a discovered VM). */
+  current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
+  /** A VM scan() returned that was not admitted: try it again later. */
+  defer(pid: number): void;
+}

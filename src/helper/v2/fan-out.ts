@@ -1,0 +1,65 @@
+/**
+ * What each sample sends, and to whom: every connection watching VMs gets their UPDATEs, then a host
+ * subscriber its HOST_UPDATE, all of one sample in one write per connection. Each frame is encoded
+ * once per sample, however many connections get it. Also the two other messages sent without a
+ * request: the last UPDATE of a VM being dropped, and the one notice of a sampling outage.
+ */
+import { E, T, encodeError } from '../../protocol/v2/codec.js';
+import type { Clients, Subscriber } from './clients.js';
+import type { VmUpdate } from './vm-update.js';
+
+/** How this sample's frames are made (each called at most once per key and sample). */
+export interface SampleFrames {
+  /** VM `vmId`'s UPDATE, or null when it has no output (gone). */
+  update(vmId: number): VmUpdate | null;
+  /** HOST_UPDATE in one layout (with or without per-package unattributed energy). */
+  host(perPackage: boolean): Buffer;
+}
+
+export class FanOut<C extends Subscriber> {
+  constructor(private readonly clients: Clients<C>) {}
+
+  /** One sample's frames to every connection that watches something. */
+  sample(frames: SampleFrames): void {
+    const update = once(frames.update.bind(frames));
+    const host = once(frames.host.bind(frames));
+    for (const { conn, hostPerPackage } of this.clients) {
+      if (conn.subscriptions.size === 0 && hostPerPackage === undefined) continue;
+      // A connection's frames of one sample leave in one write: its VMs' UPDATEs, then HOST_UPDATE.
+      conn.batch(() => {
+        for (const vmId of conn.subscriptions) {
+          const u = update(vmId);
+          if (!u) continue;
+          if (u.ended) conn.subscriptions.delete(vmId);
+          if (!conn.send(u.frame)) return;
+        }
+        if (hostPerPackage !== undefined) conn.send(host(hostPerPackage));
+      });
+    }
+  }
+
+  /** A VM is dropped: whoever still watches it gets `last` (its UPDATE with ENDED) and stops watching. */
+  dropped(vmId: number, last: Buffer): void {
+    for (const { conn } of this.clients) if (conn.subscriptions.delete(vmId)) conn.send(last);
+  }
+
+  /** Sampling started failing (once per outage): each subscriber, of VMs or the host, gets one notice. */
+  failed(err: Error): void {
+    for (const { conn, hostPerPackage } of this.clients) {
+      if (conn.subscriptions.size > 0 || hostPerPackage !== undefined) {
+        conn.send(encodeError(E.ENERGY_SOURCE, T.SUBSCRIBE, `sampling failed: ${err.message}; updates resume when it recovers`));
+      }
+    }
+  }
+}
+
+/** `make` memoised per key, for one sample. */
+function once<K, V>(make: (k: K) => V): (k: K) => V {
+  const made = new Map<K, V>();
+  return (k) => {
+    if (made.has(k)) return made.get(k)!;
+    const v = make(k);
+    made.set(k, v);
+    return v;
+  };
+}

@@ -1,0 +1,39 @@
+/**
+ * A v2 request handler: one function per request type, given the request, the connection it came on
+ * and the service's parts, returning the reply. The table of them is table.ts; dispatch.ts picks one.
+ * A new request = a handler file, its table entry, and its codec entries.
+ */
+import type { ClientRequest } from '../../../protocol/v2/messages.js';
+import type { HostValues } from '../../../protocol/v2/codec.js';
+import type { SamplingService } from '../../../sampling/sampling-service.js';
+import type { Clients } from '../clients.js';
+import type { V2Connection } from '../connection.js';
+import type { Reply } from '../reply.js';
+import type { VmLifecycle } from '../vm-lifecycle.js';
+import type { VmRegistry } from '../vm-registry.js';
+
+export type RequestType = ClientRequest['type'];
+
+/** The request of type K. */
+export type RequestOf<K extends RequestType> = Extract<ClientRequest, { type: K }>;
+
+/** The parts of the service the handlers use. */
+export interface RequestParts {
+  registry: VmRegistry;
+  sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg' | 'output' | 'failed' | 'guestPowerUnit'>;
+  lifecycle: VmLifecycle;
+  clients: Clients<V2Connection>;
+  /** HOST_UPDATE's values now, VMs changed or not (HOST_SUBSCRIBE's acknowledgment says not). */
+  hostValues(perPackage: boolean): HostValues;
+  /** Opens what sampling the pid needs (V2ServiceOptions.openPid); throws when it cannot. */
+  openPid?: (pid: number) => void;
+  /** Drops what was opened for the pid (V2ServiceOptions.forgetPid). */
+  forgetPid?: (pid: number) => void;
+  /** --observer-group, for the advice of a refused HOST_SUBSCRIBE. */
+  observerGid?: number;
+}
+
+export type Handler<K extends RequestType, C = V2Connection, P = RequestParts> = (req: RequestOf<K>, conn: C, parts: P) => Reply;
+
+/** One handler per request type: a type without one does not compile. */
+export type HandlerTable<C = V2Connection, P = RequestParts> = { readonly [K in RequestType]: Handler<K, C, P> };

@@ -1,0 +1,9 @@
+/** UNOBSERVE: no more UPDATEs of the VM (answered OK whether watched or not). */
+import { T, encodeOk } from '../../../protocol/v2/codec.js';
+import { frameReply } from '../reply.js';
+import type { Handler } from './handler.js';
+
+export const unobserve: Handler<typeof T.UNOBSERVE> = (req, conn) => {
+  conn.subscriptions.delete(req.vmId);
+  return frameReply(encodeOk(req.vmId));
+};

@@ -1,0 +1,94 @@
+/**
+ * How a VM leaves: dropped (whoever watches it gets a last UPDATE with ENDED), released by its
+ * registrant (a live discovered VM goes on as discovered, any other is dropped), ended with its
+ * process (frozen; a discovered one is kept ENDED_DISCOVERED_KEPT_SAMPLES samples, then dropped).
+ * Also keeps the "VMs changed" flag HOST_UPDATE carries, set by every arrival and departure.
+ */
+import type { SamplingService } from '../../sampling/sampling-service.js';
+import type { Discovery } from './discovery.js';
+import type { VmRegistry } from './vm-registry.js';
+import { vmUpdate } from './vm-update.js';
+
+/** Samples an ended discovered VM stays listed (ENDED) before it is dropped. */
+export const ENDED_DISCOVERED_KEPT_SAMPLES = 5;
+
+/** What the lifecycle needs of the sampling loop. */
+export type LifecycleSampling = Pick<SamplingService, 'output' | 'unregister' | 'updateVcpus'>;
+
+export interface VmLifecycleParts {
+  registry: VmRegistry;
+  sampling: LifecycleSampling;
+  discovery?: Pick<Discovery, 'forget' | 'current'>;
+  /** Sends a dropped VM's last UPDATE to whoever watches it (FanOut.dropped). */
+  lastUpdate(vmId: number, frame: Buffer): void;
+}
+
+export class VmLifecycle {
+  /** A VM appeared, ended or was dropped since the last HOST_UPDATE. */
+  private vmsChanged = false;
+
+  constructor(private readonly p: VmLifecycleParts) {}
+
+  get changed(): boolean {
+    return this.vmsChanged;
+  }
+
+  /** A VM arrived or changed what LIST shows of it. */
+  markChanged(): void {
+    this.vmsChanged = true;
+  }
+
+  /** HOST_UPDATE went out with the flag. */
+  clearChanged(): void {
+    this.vmsChanged = false;
+  }
+
+  /** Drops a VM; whoever still watches it gets a last UPDATE with ENDED. */
+  drop(vmId: number): void {
+    const { registry, sampling } = this.p;
+    const out = sampling.output(vmId);
+    if (out) this.p.lastUpdate(vmId, vmUpdate(vmId, out, true).frame);
+    const r = registry.get(vmId);
+    sampling.unregister(vmId);
+    registry.remove(vmId);
+    if (r?.discovered && r.live) this.p.discovery?.forget(r.pid);
+    this.vmsChanged = true;
+  }
+
+  /** A registrant lets go: a live discovered VM goes on (its vCPUs from thread names again), any other is dropped. */
+  release(vmId: number): void {
+    const r = this.p.registry.get(vmId);
+    if (r && this.p.registry.release(vmId)) {
+      const c = this.p.discovery?.current(r.pid);
+      if (c) {
+        this.p.sampling.updateVcpus(vmId, c.vcpus);
+        r.wholeVmOnly = c.wholeVmOnly;
+      }
+      this.vmsChanged = true;
+      return;
+    }
+    this.drop(vmId);
+  }
+
+  /** These VMs' processes ended with the last sample: frozen, listed ENDED. */
+  ended(vmIds: readonly number[]): void {
+    for (const vmId of vmIds) {
+      const r = this.p.registry.get(vmId);
+      this.p.registry.markEnded(vmId);
+      if (r?.discovered) this.p.discovery?.forget(r.pid);
+      this.vmsChanged = true;
+    }
+  }
+
+  /** One more sample: an ended VM only discovered (nobody registered it) is dropped once kept long enough. */
+  age(): void {
+    for (const r of [...this.p.registry.all()]) {
+      if (r.live || r.owner !== null || !r.discovered) continue;
+      if (++r.endedSamples > ENDED_DISCOVERED_KEPT_SAMPLES) this.drop(r.vmId);
+    }
+  }
+
+  state(): { vmsChanged: boolean } {
+    return { vmsChanged: this.vmsChanged };
+  }
+}

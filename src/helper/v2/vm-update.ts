@@ -1,0 +1,21 @@
+/** A VM's UPDATE frame from its published output (the one encoding of it: fan-out, SUBSCRIBE, OBSERVE, drop). */
+import { encodeUpdate } from '../../protocol/v2/codec.js';
+import type { VmOutput } from '../../ratio/types.js';
+
+export interface VmUpdate {
+  frame: Buffer;
+  /** The VM ended: this is its last UPDATE. */
+  ended: boolean;
+}
+
+/** VM `vmId`'s UPDATE from `out`; `ended` overrides the output's flag (a VM being dropped gets a last UPDATE with ENDED). */
+export function vmUpdate(vmId: number, out: VmOutput, ended = out.ended): VmUpdate {
+  const values = out.vpkgs.map((v) => ({ counter: BigInt(v.counter), energyUj: v.energyUj }));
+  return { frame: encodeUpdate(vmId, out.tNs, values, ended), ended };
+}
+
+/** VM `vmId`'s UPDATE now, or null when the loop has no such VM. */
+export function currentUpdate(sampling: { output(vmId: number): VmOutput | undefined }, vmId: number): VmUpdate | null {
+  const out = sampling.output(vmId);
+  return out ? vmUpdate(vmId, out) : null;
+}

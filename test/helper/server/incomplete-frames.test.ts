@@ -1,0 +1,163 @@
+/**
+ * IncompleteFrames: the budget over all connections and the deadline of one incomplete frame. The
+ * connections waiting to be read are Unread records (the interface the server builds on a paused socket).
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { IncompleteFrames, READ_CHUNK, type Unread } from '../../../src/helper/server/incomplete-frames.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** An Unread that records what was done to it. */
+function unread(o: { hungUp?: boolean } = {}): Unread & { resumed: number; destroyedBy: boolean } {
+  return {
+    resumed: 0,
+    destroyedBy: false,
+    resume() {
+      this.resumed++;
+    },
+    destroy() {
+      this.destroyedBy = true;
+    },
+    get destroyed() {
+      return this.destroyedBy;
+    },
+    hungUp: () => o.hungUp === true,
+  };
+}
+
+const releases: (() => void)[] = [];
+afterEach(() => {
+  for (const r of releases.splice(0)) r();
+});
+
+function holdOf(frames: IncompleteFrames, expired: () => void = () => {}) {
+  const h = frames.hold(expired);
+  releases.push(() => h.release());
+  return h;
+}
+
+describe('IncompleteFrames budget', () => {
+  it('counts what every connection holds and says false once the total passes maxBytes', () => {
+    const frames = new IncompleteFrames({ maxBytes: 100, deadlineMs: 60_000 });
+    const a = holdOf(frames);
+    const b = holdOf(frames);
+    expect(a.set(60)).toBe(true);
+    expect(b.fits(40)).toBe(true);
+    expect(b.fits(41)).toBe(false);
+    expect(b.set(41)).toBe(false);
+    expect(frames.heldBytes).toBe(101);
+    // Setting 0 always succeeds: a connection that completes its frame is never refused.
+    expect(b.set(0)).toBe(true);
+    expect(frames.heldBytes).toBe(60);
+  });
+
+  it('counts a connection once however often it reports, and forgets it at release, twice or not', () => {
+    const frames = new IncompleteFrames({ maxBytes: 100, deadlineMs: 60_000 });
+    const a = holdOf(frames);
+    a.set(10);
+    a.set(30);
+    expect(frames.heldBytes).toBe(30);
+    a.release();
+    a.release();
+    expect(frames.heldBytes).toBe(0);
+  });
+
+  it('starts reading a new connection when a chunk fits, and queues it when one does not', () => {
+    const frames = new IncompleteFrames({ maxBytes: 2 * READ_CHUNK, deadlineMs: 60_000 });
+    const first = unread();
+    expect(frames.startReading(first)).toBe(true);
+    expect(first.resumed).toBe(1);
+    const h = holdOf(frames);
+    h.set(READ_CHUNK + 1);
+    const second = unread();
+    expect(frames.startReading(second)).toBe(false);
+    expect(second.resumed).toBe(0);
+    expect(frames.waitingConnections).toBe(1);
+  });
+
+  it('resumes waiting connections in order once held bytes leave, as many as the room has chunks for', () => {
+    const frames = new IncompleteFrames({ maxBytes: 3 * READ_CHUNK, deadlineMs: 60_000 });
+    const h = holdOf(frames);
+    h.set(3 * READ_CHUNK);
+    const [a, b, c] = [unread(), unread(), unread()];
+    for (const u of [a, b, c]) expect(frames.startReading(u)).toBe(false);
+    h.set(READ_CHUNK); // room for two chunks
+    expect([a.resumed, b.resumed, c.resumed]).toEqual([1, 1, 0]);
+    expect(frames.waitingConnections).toBe(1);
+    // A queued connection behind others waits even with room: nobody jumps the queue.
+    expect(frames.startReading(unread())).toBe(false);
+  });
+
+  it('skips a waiting connection already closed and closes one whose client hung up, without spending room on them', () => {
+    const frames = new IncompleteFrames({ maxBytes: 2 * READ_CHUNK, deadlineMs: 60_000 });
+    const h = holdOf(frames);
+    h.set(2 * READ_CHUNK);
+    const gone = unread();
+    const hungUp = unread({ hungUp: true });
+    const live = unread();
+    for (const u of [gone, hungUp, live]) frames.startReading(u);
+    gone.destroy();
+    h.set(READ_CHUNK); // room for one chunk
+    expect(gone.resumed).toBe(0);
+    expect(hungUp.resumed).toBe(0);
+    expect(hungUp.destroyedBy).toBe(true);
+    expect(live.resumed).toBe(1);
+    expect(frames.waitingConnections).toBe(0);
+  });
+
+  it('no longer waits for a connection it was told to forget', () => {
+    const frames = new IncompleteFrames({ maxBytes: READ_CHUNK, deadlineMs: 60_000 });
+    const h = holdOf(frames);
+    h.set(1);
+    const u = unread();
+    frames.startReading(u);
+    frames.forget(u);
+    h.set(0);
+    expect(u.resumed).toBe(0);
+    expect(frames.waitingConnections).toBe(0);
+  });
+});
+
+describe('IncompleteFrames deadline', () => {
+  it('expires a frame still incomplete deadlineMs after its first byte, however many bytes follow', async () => {
+    const frames = new IncompleteFrames({ maxBytes: 1000, deadlineMs: 60 });
+    let expired = 0;
+    const h = holdOf(frames, () => expired++);
+    h.set(1);
+    await sleep(30);
+    h.set(2); // more bytes do not push the deadline back
+    await sleep(45);
+    expect(expired).toBe(1);
+  });
+
+  it('does not expire a frame completed in time, and starts afresh with the next one', async () => {
+    const frames = new IncompleteFrames({ maxBytes: 1000, deadlineMs: 60 });
+    let expired = 0;
+    const h = holdOf(frames, () => expired++);
+    h.set(5);
+    await sleep(30);
+    h.set(0);
+    await sleep(45);
+    expect(expired).toBe(0);
+    h.set(3);
+    await sleep(40);
+    expect(expired).toBe(0);
+    await sleep(40);
+    expect(expired).toBe(1);
+  });
+
+  it('calls what onExpire set instead of the first callback, and nothing after release', async () => {
+    const frames = new IncompleteFrames({ maxBytes: 1000, deadlineMs: 30 });
+    const calls: string[] = [];
+    const h = holdOf(frames, () => calls.push('first'));
+    h.onExpire(() => calls.push('second'));
+    h.set(1);
+    await sleep(50);
+    expect(calls).toEqual(['second']);
+    h.set(1);
+    h.release();
+    h.set(0);
+    await sleep(50);
+    expect(calls).toEqual(['second']);
+  });
+});

@@ -1,0 +1,273 @@
+/**
+ * V2Connection on real Unix sockets: frames kept until whole, the backlog limit, and replies with
+ * file descriptors, which leave through the injected sender only once nothing is queued before them.
+ * The sender here writes with a system call on the socket's fd, past the stream, as sendmsg will:
+ * a sender called with bytes still queued would put its frame ahead of them.
+ */
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { pino } from 'pino';
+import { E, FrameDecoder, HELPER_TYPES, T, encodeError, encodeFrame, encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
+import { parseHelperFrame, type HelperMessage } from '../../../src/protocol/v2/messages.js';
+import { V2Connection, type ConnectionHost } from '../../../src/helper/v2/connection.js';
+import type { Reply, SendWithFds } from '../../../src/helper/v2/reply.js';
+import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
+import { peerOf, socketFd } from '../../../src/os/peer.js';
+import { waitFor } from '../../support/wait.js';
+
+const log = pino({ level: 'silent' });
+const cleanups: (() => void)[] = [];
+afterEach(() => {
+  for (const c of cleanups.splice(0).reverse()) c();
+});
+
+interface Setup {
+  conn: V2Connection;
+  client: net.Socket;
+  /** Bytes the client read so far. */
+  received(): Buffer;
+  closedCalls: number;
+}
+
+/** A V2Connection serving the accepted end of a real Unix socket; the client end starts paused when asked. */
+async function connect(host: Omit<ConnectionHost, 'closed'>, o: { paused?: boolean } = {}): Promise<Setup> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-conn-'));
+  const file = path.join(dir, 's');
+  const srv = net.createServer({ pauseOnConnect: true });
+  await new Promise<void>((r) => srv.listen(file, r));
+  const accepted = new Promise<net.Socket>((r) => srv.once('connection', r));
+  const client = net.connect({ path: file });
+  client.on('error', () => {});
+  let got = Buffer.alloc(0);
+  client.on('data', (d: Buffer) => (got = Buffer.concat([got, d])));
+  if (o.paused) client.pause();
+  const socket = await accepted;
+  const s: Setup = { conn: undefined as unknown as V2Connection, client, received: () => got, closedCalls: 0 };
+  s.conn = new V2Connection(1, socket, peerOf(socket), { ...host, closed: () => s.closedCalls++ }, log);
+  s.conn.start(Buffer.alloc(0));
+  cleanups.push(() => {
+    client.destroy();
+    socket.destroy();
+    srv.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  return s;
+}
+
+function messages(buf: Buffer): HelperMessage[] {
+  return new FrameDecoder(HELPER_TYPES).push(buf).map((f) => {
+    if (!f.ok) throw new Error(f.error.message);
+    const m = parseHelperFrame(f.value);
+    if (!m.ok) throw new Error(m.error);
+    return m.value;
+  });
+}
+
+/** An fd of our own (/dev/null) and whether it is still open. */
+function openFd(): { fd: number; isOpen(): boolean } {
+  const fd = fs.openSync('/dev/null', 'r');
+  return {
+    fd,
+    isOpen() {
+      try {
+        fs.fstatSync(fd);
+        return true;
+      } catch {
+        return false;
+      }
+    },
+  };
+}
+
+interface SenderCall {
+  frame: Buffer;
+  fds: readonly number[];
+  /** Bytes the stream held when the sender was called. */
+  queued: number;
+}
+
+/** Writes the first `take` bytes (all by default) with write(2) on the socket's fd, past the stream. */
+function fdWriter(calls: SenderCall[], take?: number): SendWithFds {
+  return (socket, frame, fds) => {
+    calls.push({ frame, fds, queued: socket.writableLength });
+    const n = take ?? frame.length;
+    return fs.writeSync(socketFd(socket)!, frame, 0, n);
+  };
+}
+
+/** A big frame (32 KiB of ERROR text) tagged with its number. */
+const big = (n: number) => encodeError(E.LIMIT, T.READ, `${n}:`.padEnd(32 * 1024, 'x'));
+
+describe('V2Connection', () => {
+  it('answers a frame that arrives one byte at a time only once it is whole, and keeps the order', async () => {
+    const seen: ClientRequest[] = [];
+    const s = await connect({
+      maxBacklogBytes: 1 << 20,
+      request: (_c, req) => {
+        seen.push(req);
+        return { frame: encodeOk(req.type === T.READ ? req.vmId : 0) };
+      },
+    });
+    const bytes = Buffer.concat([encodeRead(7, 0), encodeRead(8, 1)]);
+    for (let i = 0; i < bytes.length; i++) {
+      s.client.write(bytes.subarray(i, i + 1));
+      await new Promise((r) => setTimeout(r, 2));
+      // The first frame is 16 bytes: answered with its last byte, not before.
+      if (i === 14) expect(seen).toHaveLength(0);
+      if (i === 15) expect(seen).toHaveLength(1);
+    }
+    await waitFor(() => messages(s.received()).length === 2, 'two replies');
+    expect(seen).toEqual([
+      { type: T.READ, vmId: 7, vpkg: 0 },
+      { type: T.READ, vmId: 8, vpkg: 1 },
+    ]);
+    expect(messages(s.received())).toEqual([
+      { type: T.OK, vmId: 7 },
+      { type: T.OK, vmId: 8 },
+    ]);
+  });
+
+  it('disconnects a client that does not read once its replies pass maxBacklogBytes, and reports the close once', async () => {
+    let n = 0;
+    const s = await connect({ maxBacklogBytes: 256 * 1024, request: () => ({ frame: big(n++) }) }, { paused: true });
+    const clientClosed = new Promise<void>((r) => s.client.once('close', () => r()));
+    s.client.write(Buffer.concat(Array.from({ length: 200 }, () => encodeRead(1, 0))));
+    await waitFor(() => s.closedCalls === 1, 'connection closed for its backlog');
+    expect(s.conn.open).toBe(false);
+    s.client.resume();
+    await clientClosed;
+    // Fewer replies than requests made it: the rest were never queued.
+    expect(s.received().length).toBeLessThan(200 * big(0).length);
+    expect(s.closedCalls).toBe(1);
+  });
+
+  it('sends a reply with fds through sendWithFds when nothing is queued, then releases its fds', async () => {
+    const calls: SenderCall[] = [];
+    const f = openFd();
+    const released: number[] = [];
+    const reply: Reply = { frame: encodeOk(42), fds: [f.fd], release: () => (released.push(f.fd), fs.closeSync(f.fd)) };
+    const s = await connect({ maxBacklogBytes: 1 << 20, sendWithFds: fdWriter(calls), request: () => reply });
+    s.client.write(encodeRead(42, 0));
+    await waitFor(() => messages(s.received()).length === 1, 'the reply');
+    expect(messages(s.received())).toEqual([{ type: T.OK, vmId: 42 }]);
+    expect(calls).toEqual([{ frame: encodeOk(42), fds: [f.fd], queued: 0 }]);
+    expect(released).toEqual([f.fd]);
+    expect(f.isOpen()).toBe(false);
+  });
+
+  it('holds a reply with fds until queued bytes are written, and the frames after it behind it', async () => {
+    const calls: SenderCall[] = [];
+    const f = openFd();
+    let n = 0;
+    const s = await connect(
+      {
+        maxBacklogBytes: 8 << 20,
+        sendWithFds: fdWriter(calls),
+        request: (_c, req) => {
+          if (req.type !== T.READ) throw new Error('READ only');
+          if (req.vmId === 99) return { frame: encodeOk(99), fds: [f.fd], release: () => fs.closeSync(f.fd) };
+          if (req.vmId === 100) return { frame: encodeOk(100) };
+          return { frame: big(n++) };
+        },
+      },
+      { paused: true },
+    );
+    // 40 x 32 KiB fill the kernel's buffer and queue on the stream while the client does not read.
+    s.client.write(Buffer.concat([...Array.from({ length: 40 }, () => encodeRead(1, 0)), encodeRead(99, 0), encodeRead(100, 0)]));
+    await waitFor(() => n === 40, 'the big replies made');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(calls).toHaveLength(0);
+    s.conn.send(encodeOk(101)); // sent by the service meanwhile: after the fd reply too
+    s.client.resume();
+    await waitFor(() => messages(s.received()).length === 43, 'every frame');
+    const ms = messages(s.received());
+    expect(ms.slice(0, 40).map((m) => (m.type === T.ERROR ? Number(m.message.split(':')[0]) : -1))).toEqual([...Array(40).keys()]);
+    expect(ms.slice(40)).toEqual([
+      { type: T.OK, vmId: 99 },
+      { type: T.OK, vmId: 100 },
+      { type: T.OK, vmId: 101 },
+    ]);
+    expect(calls).toHaveLength(1);
+    expect(calls[0]!.queued).toBe(0);
+    expect(f.isOpen()).toBe(false);
+  });
+
+  it('writes the rest of a frame the sender sent only part of through the stream', async () => {
+    const calls: SenderCall[] = [];
+    const fds: ReturnType<typeof openFd>[] = [];
+    const s = await connect({
+      maxBacklogBytes: 1 << 20,
+      sendWithFds: fdWriter(calls, 3),
+      request: () => {
+        const f = openFd();
+        fds.push(f);
+        return { frame: encodeOk(5), fds: [f.fd], release: () => fs.closeSync(f.fd) };
+      },
+    });
+    s.client.write(Buffer.concat([encodeRead(5, 0), encodeRead(5, 0)]));
+    await waitFor(() => messages(s.received()).length === 2, 'both replies');
+    expect(messages(s.received())).toEqual([
+      { type: T.OK, vmId: 5 },
+      { type: T.OK, vmId: 5 },
+    ]);
+    expect(calls).toHaveLength(2);
+    expect(fds.map((f) => f.isOpen())).toEqual([false, false]);
+  });
+
+  it('closes the connection and releases the fds when the sender fails or none is wired', async () => {
+    for (const sendWithFds of [
+      () => {
+        throw new Error('sendmsg: EPIPE');
+      },
+      undefined,
+    ]) {
+      const f = openFd();
+      const s = await connect({
+        maxBacklogBytes: 1 << 20,
+        ...(sendWithFds ? { sendWithFds } : {}),
+        request: () => ({ frame: encodeOk(1), fds: [f.fd], release: () => fs.closeSync(f.fd) }),
+      });
+      const clientClosed = new Promise<void>((r) => s.client.once('close', () => r()));
+      s.client.write(encodeRead(1, 0));
+      await clientClosed;
+      expect(s.received().length).toBe(0);
+      expect(f.isOpen()).toBe(false);
+      await waitFor(() => s.closedCalls === 1, 'closed reported');
+    }
+  });
+
+  it('releases the fds of a reply still waiting when the client goes, without sending them', async () => {
+    const calls: SenderCall[] = [];
+    const f = openFd();
+    let n = 0;
+    const s = await connect(
+      {
+        maxBacklogBytes: 8 << 20,
+        sendWithFds: fdWriter(calls),
+        request: (_c, req) => (req.type === T.READ && req.vmId === 99 ? { frame: encodeOk(99), fds: [f.fd], release: () => fs.closeSync(f.fd) } : { frame: big(n++) }),
+      },
+      { paused: true },
+    );
+    s.client.write(Buffer.concat([...Array.from({ length: 40 }, () => encodeRead(1, 0)), encodeRead(99, 0)]));
+    await waitFor(() => n === 40, 'the big replies made');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(f.isOpen()).toBe(true);
+    s.client.destroy();
+    await waitFor(() => s.closedCalls === 1, 'closed reported');
+    await waitFor(() => !f.isOpen(), 'fds released');
+    expect(calls).toHaveLength(0);
+  });
+
+  it('answers a frame of an unknown type with ERROR 1 and closes', async () => {
+    const s = await connect({ maxBacklogBytes: 1 << 20, request: () => ({ frame: encodeOk(0) }) });
+    const clientClosed = new Promise<void>((r) => s.client.once('close', () => r()));
+    s.client.write(encodeFrame(0x7e, 0, Buffer.alloc(4)));
+    await clientClosed;
+    const ms = messages(s.received());
+    expect(ms).toHaveLength(1);
+    expect(ms[0]).toMatchObject({ type: T.ERROR, code: E.MALFORMED });
+  });
+});
