@@ -10,6 +10,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { HelperServer, type HelperServerOptions } from '../../../src/helper/server/server.js';
+import { openListener } from '../../../src/helper/server/listener.js';
 import { LegacyService, OnlineCpus } from '../../../src/helper/legacy/legacy-service.js';
 import { MsrDevice } from '../../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../../src/msr/legacy-registers.js';
@@ -41,8 +42,9 @@ async function serve(o: Partial<Pick<HelperServerOptions, 'v2Handler' | 'maxConn
     amd: DEFAULT_AMD_SYNTH,
     logger: log,
   });
-  const server = new HelperServer({ target: { path: socketPath }, legacy, logger: log, ...o });
-  await server.listen();
+  const listener = await openListener({ path: socketPath });
+  const server = new HelperServer({ listener, legacy, logger: log, ...o });
+  server.serve();
   cleanups.push(async () => {
     await server.close();
     device.close();
