@@ -23,13 +23,16 @@ import {
   typeName,
   type HostPackageValues,
   type HostStats,
+  type HostValues,
   type VmEntry,
+  type VpkgValue,
 } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
 import { cannot } from '../common/errors.js';
+import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 
-export type { HostPackageValues, HostStats };
+export type { HostPackageValues, HostStats, VpkgValue };
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {
@@ -61,20 +64,14 @@ export interface Registered {
   powerUnit: bigint;
 }
 
-export interface Value {
-  vmId: number;
-  vpkg: number;
-  counter: bigint;
-  energyUj: bigint;
-  tNs: bigint;
-  ended: boolean;
-}
+/** One virtual package's values (VALUE), as the protocol decodes them. */
+export type Value = Omit<Extract<HelperMessage, { type: typeof T.VALUE }>, 'type'>;
 
 export interface Update {
   vmId: number;
   tNs: bigint;
   /** Index = vpkg. */
-  vpkgs: { counter: bigint; energyUj: bigint }[];
+  vpkgs: VpkgValue[];
   ended: boolean;
 }
 
@@ -102,20 +99,15 @@ export interface VmUpdate {
   hostVmId: number;
   tNs: bigint;
   ended: boolean;
-  vpkgs: { counter: bigint; energyUj: bigint }[];
+  vpkgs: VpkgValue[];
 }
 
-export interface HostUpdate {
-  /** CLOCK_MONOTONIC of the sample (0 before the first interval): age = now - tNs on this host. */
-  tNs: bigint;
-  /** Each package's energy and, from a helper that sends it, the part attributed to no VM (else null). */
-  packages: HostPackageValues[];
-  /** Energy attributed to no VM, all packages. */
-  unattributedUj: bigint;
-  /** A VM appeared, ended or was dropped since the previous sample: LIST again. */
-  vmsChanged: boolean;
-  stats: HostStats;
-}
+/**
+ * A HOST_UPDATE: each package's energy and, from a helper that sends it, the part attributed to no VM
+ * (else null); tNs is the sample's CLOCK_MONOTONIC (age = now - tNs on this host); vmsChanged: a VM
+ * appeared, ended or was dropped since the previous sample, LIST again.
+ */
+export type HostUpdate = HostValues;
 
 /** 16 raw bytes as a lowercase 8-4-4-4-12 UUID. */
 export function formatUuid(b: Buffer): string {
@@ -436,9 +428,6 @@ export class V2Client {
     if (this.socket.destroyed || err) this.resolveClosed(err ?? this.failure);
   }
 }
-
-/** Where vmsr-helper and QEMU's helper listen by default (QEMU's rapl-helper-socket default). */
-export const DEFAULT_HELPER_SOCKET = '/var/run/qemu-vmsr-helper.sock';
 
 /**
  * What to do about EACCES on the helper's socket, from its owner, group and mode: the shipped .socket
