@@ -19,6 +19,7 @@ export const LAYER_RANK: Readonly<Record<string, number>> = {
   os: 3,
   logging: 3,
   msr: 4,
+  state: 4,
   sampling: 5,
   client: 6,
   discovery: 7,
