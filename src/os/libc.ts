@@ -443,8 +443,9 @@ export interface ReceivedWithFds {
 /**
  * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds (SCM_RIGHTS), the fds opened close-on-exec
  * (MSG_CMSG_CLOEXEC). The control buffer has room for maxFds fds only: the kernel closes the ones a
- * sender attached beyond that and reports MSG_CTRUNC, so a hostile sender cannot make this process
- * hold more fds than it asked for. Throws an errno error (EAGAIN: nothing to read on a non-blocking
+ * sender attached beyond that and reports MSG_CTRUNC (one more fits the alignment padding when
+ * maxFds is odd: it is closed here), so a hostile sender cannot make this process hold more fds than
+ * it asked for. Throws an errno error (EAGAIN: nothing to read on a non-blocking
  * socket or with MSG_DONTWAIT).
  */
 export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
@@ -464,9 +465,12 @@ export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags 
   const n = Number(fn.recvmsg(fd, msg, flags | MSG_CMSG_CLOEXEC));
   if (n < 0) throw errnoError('recvmsg', koffi.errno());
   const fds = decodeScmRights(control, Number(msg.msg_controllen));
-  // The kernel never installs more than fit; should one ever, this process still holds maxFds at most.
-  for (const extra of fds.splice(maxFds)) fn.close(extra);
-  return { data: data.subarray(0, n), fds, truncated: (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) !== 0 };
+  // CMSG_SPACE pads to 8 bytes, so room for an odd number of fds holds one more: the kernel installs
+  // it, and it is closed here. This process never holds more than maxFds from one call.
+  const extra = fds.splice(maxFds);
+  for (const fd of extra) fn.close(fd);
+  const cut = (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) !== 0 || extra.length > 0;
+  return { data: data.subarray(0, n), fds, truncated: cut };
 }
 
 /** A connected pair of AF_UNIX sockets (SOCK_STREAM or SOCK_DGRAM), close-on-exec. */
@@ -522,4 +526,20 @@ export function isCloseOnExec(fd: number): boolean {
   const flags = fn.fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
   return (flags & FD_CLOEXEC) !== 0;
+}
+
+/** A watch on an fd, from watchReadable. */
+export interface FdWatch {
+  close(): void;
+}
+
+/**
+ * Calls `onReadable` from the event loop whenever `fd` has something to read (bytes, end of stream,
+ * or an error a read will report): a libuv poll handle, through koffi. Level-triggered: it fires
+ * again while something is left unread. Never an fd a net.Socket watches itself (libuv keeps one
+ * watcher per fd number): give it a duplicate (dupCloexec).
+ */
+export function watchReadable(fd: number, onReadable: () => void): FdWatch {
+  const handle = koffi.node.poll(fd, { readable: true, disconnect: true }, () => onReadable());
+  return { close: () => handle.close() };
 }

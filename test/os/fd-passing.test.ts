@@ -106,6 +106,20 @@ describe('sendFds and recvWithFds', () => {
     expectWorking(r.fds[0]!, sent[0]![1], 'first');
   });
 
+  it('a receiver that allows 1 fd gets 1 when 2 are sent (the second fits the cmsg padding), truncated true', () => {
+    const [a, b] = track(socketpair());
+    const sent = [socketpair(), socketpair()];
+    sendFds(a, Buffer.from('x'), sent.map(([x]) => x));
+    for (const [x] of sent) closeFd(x);
+    track(sent.map(([, y]) => y));
+    const before = openFdCount();
+    const r = recvWithFds(b, 16, 1);
+    track(r.fds);
+    expect(r).toMatchObject({ truncated: true });
+    expect(r.fds).toHaveLength(1);
+    expect(openFdCount()).toBe(before + 1);
+  });
+
   it('a receiver that allows no fd holds none after a message that carried two', () => {
     const [a, b] = track(socketpair());
     const [p, q] = track(socketpair());
