@@ -130,7 +130,8 @@ export class Notifier {
    * of the service gets them back in LISTEN_FDS, named in LISTEN_FDNAMES. systemd keeps them only when
    * the unit sets FileDescriptorStoreMax=. `poll: false` adds FDPOLL=0: systemd then does not drop the
    * fds when they report POLLHUP/POLLERR. The fds stay open here too (the caller closes its copies).
-   * Errors go to onError; false when nothing was sent (no NOTIFY_SOCKET, or an error).
+   * Sending errors go to onError; false when nothing was sent (no NOTIFY_SOCKET, or an error). A bad
+   * name or fd count throws: it is the caller's mistake, not the system's.
    */
   storeFds(name: string, fds: readonly number[], opts: { poll?: boolean } = {}): boolean {
     const problem = fdNameProblem(name);
