@@ -67,6 +67,8 @@ function vmProblem(vm: VmState, next: number): string | null {
   if (vm.owner !== null && (!isU32(vm.owner) || vm.owner === NO_OWNER)) return `${at}: owner connection ${vm.owner} is out of range`;
   if (vm.owner === null && !vm.discovered) return `${at} is neither registered (no owner) nor discovered`;
   if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes) return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
+  // A lone surrogate would be written as U+FFFD and come back as another name.
+  if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
   if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
   if (!isU32(vm.endedSamples)) return `${at}: endedSamples ${vm.endedSamples} is out of range`;
   if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1) return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;

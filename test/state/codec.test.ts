@@ -172,6 +172,7 @@ describe('state snapshot codec', () => {
       ['a sampled thread twice', (s) => s.lastSample!.threads.push({ tid: 4243, ticks: 1n }), /thread 4243 appears twice in the last sample/],
       ['a counter past 32 bits', (s) => (s.vms[0]!.vpkgs[0]!.counter = 1n << 32n), /counter 4294967296 is out of range/],
       ['a VM neither registered nor discovered', (s) => (s.vms[0]!.discovered = false, s.vms[0]!.owner = null), /VM 1 is neither registered/],
+      ['a name with a lone surrogate', (s) => (s.vms[0]!.name = 'a\ud800b'), /VM 1: its name is not valid Unicode/],
       ['too many vCPUs', (s) => (s.vms[0]!.vcpus = Array.from({ length: MAX_VCPUS + 1 }, (_, i) => ({ tid: i + 1, vpkg: 0 }))), /4097 entries, at most 4096/],
     ];
     for (const [, edit, want] of cases) {
