@@ -13,7 +13,7 @@ import type { V2DaemonSettings } from '../helper/assemble.js';
 import { resolveGroup } from '../os/privileges/accounts.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
-import { DEFAULT_HELPER_SOCKET } from '../client/v2-client.js';
+import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_KINDS, isEnergySourceKind, type EnergySourceKind } from '../energy/kinds.js';
 

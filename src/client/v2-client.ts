@@ -2,6 +2,22 @@
  * v2 client library: what `vmsr-helper watch`, the tests and a VMM embedding the protocol use.
  * Replies come back in request order; UPDATEs (and ERROR 5 notices for subscriptions) may arrive
  * at any time in between and go to the subscription's callbacks.
+ *
+ * Replies that carry an fd (SCM_RIGHTS; the coming STATS_FD): Node reads a socket with read(2), which
+ * keeps the bytes and lets the kernel close any fd that came with them, so a reply carrying an fd must
+ * never reach Node's reading. The socket is read through net's `onread` option, which hands every
+ * chunk to this client as libuv reads it: nothing waits in a Readable buffer, and pause() stops
+ * libuv's reading at once (readStop). A request that expects an fd (requestWithFd) pauses the socket
+ * before its frame is written, so its reply cannot have been read yet; from then on the client reads
+ * with recvmsg(2) on a duplicate of the socket's fd, watched by a libuv poll handle, asking for no more
+ * than the rest of the current frame (FrameDecoder.bytesToFrameEnd). Every frame then starts at the
+ * start of a read, and an fd, which the kernel hands over with the first byte of the message it was
+ * sent with, belongs to the frame starting in that read. The helper must send such a frame as one
+ * sendmsg whose first byte is the frame's first (SCM_RIGHTS at most one fd). Once no request waits for
+ * an fd, the duplicate is closed and Node reads again. Limits: frames read this way cost two recvmsg
+ * each (header, payload), acceptable for the rare fd request; an fd that comes with any other frame,
+ * or with bytes that do not start a frame, is closed and the connection dropped as broken; fds that
+ * arrive while Node reads are closed by the kernel unseen (a helper sending one unasked loses it).
  */
 import fs from 'node:fs';
 import net from 'node:net';
@@ -23,13 +39,18 @@ import {
   typeName,
   type HostPackageValues,
   type HostStats,
+  type HostValues,
   type VmEntry,
+  type VpkgValue,
 } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
 import { cannot } from '../common/errors.js';
+import { closeFd, dupCloexec, MSG_DONTWAIT, recvWithFds, watchReadable, type FdWatch } from '../os/libc.js';
+import { socketFd } from '../os/peer.js';
+import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 
-export type { HostPackageValues, HostStats };
+export type { HostPackageValues, HostStats, VpkgValue };
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {
@@ -61,20 +82,14 @@ export interface Registered {
   powerUnit: bigint;
 }
 
-export interface Value {
-  vmId: number;
-  vpkg: number;
-  counter: bigint;
-  energyUj: bigint;
-  tNs: bigint;
-  ended: boolean;
-}
+/** One virtual package's values (VALUE), as the protocol decodes them. */
+export type Value = Omit<Extract<HelperMessage, { type: typeof T.VALUE }>, 'type'>;
 
 export interface Update {
   vmId: number;
   tNs: bigint;
   /** Index = vpkg. */
-  vpkgs: { counter: bigint; energyUj: bigint }[];
+  vpkgs: VpkgValue[];
   ended: boolean;
 }
 
@@ -102,20 +117,15 @@ export interface VmUpdate {
   hostVmId: number;
   tNs: bigint;
   ended: boolean;
-  vpkgs: { counter: bigint; energyUj: bigint }[];
+  vpkgs: VpkgValue[];
 }
 
-export interface HostUpdate {
-  /** CLOCK_MONOTONIC of the sample (0 before the first interval): age = now - tNs on this host. */
-  tNs: bigint;
-  /** Each package's energy and, from a helper that sends it, the part attributed to no VM (else null). */
-  packages: HostPackageValues[];
-  /** Energy attributed to no VM, all packages. */
-  unattributedUj: bigint;
-  /** A VM appeared, ended or was dropped since the previous sample: LIST again. */
-  vmsChanged: boolean;
-  stats: HostStats;
-}
+/**
+ * A HOST_UPDATE: each package's energy and, from a helper that sends it, the part attributed to no VM
+ * (else null); tNs is the sample's CLOCK_MONOTONIC (age = now - tNs on this host); vmsChanged: a VM
+ * appeared, ended or was dropped since the previous sample, LIST again.
+ */
+export type HostUpdate = HostValues;
 
 /** 16 raw bytes as a lowercase 8-4-4-4-12 UUID. */
 export function formatUuid(b: Buffer): string {
@@ -141,9 +151,20 @@ function toVmInfo(e: VmEntry): VmInfo {
 interface Pending {
   type: number;
   vmId?: number;
-  resolve: (m: HelperMessage) => void;
+  /** The reply comes with one fd (requestWithFd); resolve then gets it. */
+  expectsFd?: boolean;
+  resolve: (m: HelperMessage, fd?: number) => void;
   reject: (e: Error) => void;
 }
+
+/** A reply frame and the fd that came with it (owned by the caller, close-on-exec). */
+export interface ReplyWithFd {
+  reply: HelperMessage;
+  fd: number;
+}
+
+/** Bytes one onread chunk may hold: a whole frame of the largest payload, and its header. */
+const READ_CHUNK = 64 * 1024 + 8;
 
 interface Subscription {
   onUpdate: (u: Update) => void;
@@ -175,12 +196,16 @@ export class V2Client {
   readonly closed: Promise<Error | null>;
   private resolveClosed!: (e: Error | null) => void;
 
+  /** While a request waits for an fd: the duplicate fd read with recvmsg, its watch, and the fd of the frame being read. */
+  private fdReader: { fd: number; watch: FdWatch; frameFd: number | null } | null = null;
+
   private constructor(
     private readonly socket: net.Socket,
     private readonly socketPath: string,
+    reader: { onBytes: (b: Buffer) => void },
   ) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
-    socket.on('data', (d: Buffer) => this.onData(d));
+    reader.onBytes = (d) => this.onData(d);
     socket.on('error', (e: NodeJS.ErrnoException) => this.shutdown(new V2ConnectionError(`helper connection: ${e.message}`, e.code)));
     socket.on('close', () => {
       // Closed without a byte while a request waited: a legacy-only helper (QEMU's own
@@ -198,7 +223,12 @@ export class V2Client {
   /** Connects to the helper's socket and selects v2. */
   static connect(socketPath: string, opts: { timeoutMs?: number } = {}): Promise<V2Client> {
     return new Promise((resolve, reject) => {
-      const socket = net.createConnection({ path: socketPath });
+      // Chunks go straight to the client (see the module comment): the buffer is reused, the decoder copies what it keeps.
+      const reader = { onBytes: (_b: Buffer) => {} };
+      const socket = net.createConnection({
+        path: socketPath,
+        onread: { buffer: Buffer.alloc(READ_CHUNK), callback: (n: number, buf: Uint8Array) => (reader.onBytes(Buffer.from(buf.buffer, buf.byteOffset, n)), true) },
+      });
       const timer = setTimeout(() => {
         socket.destroy();
         reject(new V2ConnectionError(`timed out connecting to ${socketPath}`, 'ETIMEDOUT'));
@@ -217,7 +247,7 @@ export class V2Client {
         clearTimeout(timer);
         socket.removeAllListeners('error');
         socket.write(V2_MAGIC);
-        resolve(new V2Client(socket, socketPath));
+        resolve(new V2Client(socket, socketPath, reader));
       });
     });
   }
@@ -340,6 +370,83 @@ export class V2Client {
     this.enqueue(bytes);
   }
 
+  /**
+   * Sends a request whose reply comes with exactly one fd (SCM_RIGHTS); resolves with the reply and
+   * the fd, which the caller then owns. An ERROR reply rejects as for any request. A reply of the
+   * right type without its fd rejects (the connection stays usable); an fd with any frame that is not
+   * the reply awaited breaks the connection. How the fd stays paired with its frame: the module comment.
+   */
+  requestWithFd(type: number, frame: Buffer): Promise<ReplyWithFd> {
+    if (this.failure) return Promise.reject(this.failure);
+    if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
+    try {
+      this.startFdReading();
+    } catch (e) {
+      return Promise.reject(e as Error);
+    }
+    return new Promise((resolve, reject) => {
+      const resolveWithFd = (reply: HelperMessage, fd?: number) => {
+        if (fd !== undefined) resolve({ reply, fd });
+        else reject(new V2ConnectionError(`the helper answered ${typeName(type)} with ${typeName(reply.type)} but without the fd it should carry`));
+      };
+      this.pending.push({ type, expectsFd: true, resolve: resolveWithFd, reject });
+      this.enqueue(frame);
+    });
+  }
+
+  /** Stops Node's reading and reads with recvmsg from a duplicate of the socket's fd (module comment). */
+  private startFdReading(): void {
+    if (this.fdReader) return;
+    const own = socketFd(this.socket);
+    if (own === undefined) throw new V2ConnectionError('the helper connection has no fd to receive fds on');
+    this.socket.pause();
+    const fd = dupCloexec(own);
+    if (fd < 0) {
+      this.socket.resume();
+      throw new V2ConnectionError(cannot('receive an fd from the helper', `no fd left to read the connection with (errno ${-fd})`, 'raise the fd limit (ulimit -n)'));
+    }
+    this.fdReader = { fd, watch: watchReadable(fd, () => this.readWithFds()), frameFd: null };
+  }
+
+  private stopFdReading(): void {
+    const r = this.fdReader;
+    if (!r) return;
+    this.fdReader = null;
+    r.watch.close();
+    closeFd(r.fd);
+    if (r.frameFd !== null) closeFd(r.frameFd);
+    if (!this.socket.destroyed) this.socket.resume();
+  }
+
+  /** Reads what is there, never past the end of the current frame, pairing an fd with the frame it starts. */
+  private readWithFds(): void {
+    for (let r = this.fdReader; r !== null && r === this.fdReader; ) {
+      const atFrameStart = this.decoder.incompleteBytes === 0;
+      let got: { data: Buffer; fds: number[]; truncated: boolean };
+      try {
+        got = recvWithFds(r.fd, this.decoder.bytesToFrameEnd, 1, MSG_DONTWAIT);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === 'EAGAIN') return;
+        // Node's own read reports the error, and the close.
+        return this.stopFdReading();
+      }
+      // End of stream: Node reads it again and closes as for any connection.
+      if (got.data.length === 0) {
+        for (const fd of got.fds) closeFd(fd);
+        return this.stopFdReading();
+      }
+      if (got.fds.length > 0 || got.truncated) {
+        if (got.truncated || !atFrameStart) {
+          for (const fd of got.fds) closeFd(fd);
+          return this.broken(got.truncated ? 'helper sent more than one fd with a frame' : 'helper sent an fd in the middle of a frame');
+        }
+        r.frameFd = got.fds[0]!;
+      }
+      this.silent = false;
+      this.decodeAndDispatch(got.data);
+    }
+  }
+
   private call(type: number, frame: Buffer, vmId?: number): Promise<HelperMessage> {
     if (this.failure) return Promise.reject(this.failure);
     if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
@@ -381,16 +488,34 @@ export class V2Client {
         );
       }
     }
+    this.decodeAndDispatch(data);
+  }
+
+  private decodeAndDispatch(data: Buffer): void {
     for (const f of this.decoder.push(data)) {
       if (!f.ok) return this.broken(`helper sent a bad frame: ${f.error.message} (is ${this.socketPath} a vmsr-helper socket?)`);
+      // Read frame by frame while fds may come (readWithFds): the fd, if any, came with this frame.
+      const fd = this.fdReader?.frameFd ?? undefined;
+      if (this.fdReader) this.fdReader.frameFd = null;
       const m = parseHelperFrame(f.value);
-      if (!m.ok) return this.broken(`helper sent a bad frame: ${m.error}`);
-      this.dispatch(m.value);
+      if (!m.ok) {
+        if (fd !== undefined) closeFd(fd);
+        return this.broken(`helper sent a bad frame: ${m.error}`);
+      }
+      this.dispatch(m.value, fd);
     }
   }
 
-  private dispatch(m: HelperMessage): void {
+  private dispatch(m: HelperMessage, fd?: number): void {
     const head = this.pending[0];
+    if (fd !== undefined) {
+      if (!head?.expectsFd || !REPLY_OF[m.type]?.includes(head.type)) {
+        closeFd(fd);
+        return this.broken(`helper sent an fd with ${typeName(m.type)}, which carries none`);
+      }
+      this.pending.shift()!.resolve(m, fd);
+      return this.fdRequestDone();
+    }
     if (m.type === T.UPDATE) {
       this.subs.get(m.vmId)?.onUpdate(toUpdate(m));
       if (m.ended) this.subs.delete(m.vmId);
@@ -413,6 +538,7 @@ export class V2Client {
       }
       if (head && head.type === m.requestType) {
         this.pending.shift()!.reject(err);
+        if (head.expectsFd) this.fdRequestDone();
         return;
       }
       // An error not answering our request (e.g. the helper closing on a frame it refused).
@@ -422,6 +548,12 @@ export class V2Client {
     }
     if (!head || !REPLY_OF[m.type]?.includes(head.type)) return this.broken(`unexpected ${typeName(m.type)} from the helper`);
     this.pending.shift()!.resolve(m);
+    if (head.expectsFd) this.fdRequestDone();
+  }
+
+  /** Back to Node's reading once no request waits for an fd. */
+  private fdRequestDone(): void {
+    if (!this.pending.some((p) => p.expectsFd)) this.stopFdReading();
   }
 
   private broken(message: string): void {
@@ -430,15 +562,13 @@ export class V2Client {
   }
 
   private shutdown(err: Error | null): void {
+    this.stopFdReading();
     if (err && !this.failure) this.failure = err;
     const reason = this.failure ?? new V2ConnectionError('the helper closed the connection');
     for (const p of this.pending.splice(0)) p.reject(reason);
     if (this.socket.destroyed || err) this.resolveClosed(err ?? this.failure);
   }
 }
-
-/** Where vmsr-helper and QEMU's helper listen by default (QEMU's rapl-helper-socket default). */
-export const DEFAULT_HELPER_SOCKET = '/var/run/qemu-vmsr-helper.sock';
 
 /**
  * What to do about EACCES on the helper's socket, from its owner, group and mode: the shipped .socket

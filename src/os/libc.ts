@@ -8,6 +8,18 @@ import os from 'node:os';
 
 const libc = koffi.load('libc.so.6');
 
+/** struct iovec and struct msghdr of x86_64 (anonymous koffi types: this module may be loaded twice in a process). */
+const iovecType = koffi.struct({ iov_base: 'void *', iov_len: 'size_t' });
+const msghdrType = koffi.struct({
+  msg_name: 'void *',
+  msg_namelen: 'uint32_t',
+  msg_iov: koffi.pointer(iovecType),
+  msg_iovlen: 'size_t',
+  msg_control: 'void *',
+  msg_controllen: 'size_t',
+  msg_flags: 'int',
+});
+
 const fn = {
   getsockopt: libc.func('int getsockopt(int fd, int level, int optname, void *optval, void *optlen)'),
   socket: libc.func('int socket(int domain, int type, int protocol)'),
@@ -32,6 +44,10 @@ const fn = {
   clock_gettime: libc.func('int clock_gettime(int clk, void *ts)'),
   setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
   madvise: libc.func('int madvise(uintptr_t addr, size_t length, int advice)'),
+  sendmsg: libc.func('sendmsg', 'long', ['int', koffi.pointer(msghdrType), 'int']),
+  recvmsg: libc.func('recvmsg', 'long', ['int', koffi.inout(koffi.pointer(msghdrType)), 'int']),
+  socketpair: libc.func('int socketpair(int domain, int type, int protocol, _Out_ int *sv)'),
+  memfd_create: libc.func('int memfd_create(const char *name, unsigned int flags)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -40,7 +56,8 @@ export const AF_UNIX = 1;
 export const SOCK_DGRAM = 2;
 export const SOCK_CLOEXEC = 0o2000000;
 export const MSG_NOSIGNAL = 0x4000;
-const MSG_DONTWAIT = 0x40;
+export const MSG_DONTWAIT = 0x40;
+export const SOCK_STREAM = 1;
 export const SC_CLK_TCK = 2;
 export const PR_SET_KEEPCAPS = 8;
 export const PR_CAPBSET_DROP = 24;
@@ -293,4 +310,236 @@ const MADV_DONTNEED = 4;
  */
 export function dropMappedPages(start: bigint, end: bigint): void {
   if ((fn.madvise(start, end - start, MADV_DONTNEED) as number) !== 0) throw errnoError('madvise(MADV_DONTNEED)');
+}
+
+// ---- fds over AF_UNIX sockets (SCM_RIGHTS) ----
+
+const SCM_RIGHTS = 1;
+const MSG_TRUNC = 0x20;
+const MSG_CTRUNC = 0x8;
+const MSG_CMSG_CLOEXEC = 0x40000000;
+/** sizeof(struct cmsghdr) on x86_64: size_t cmsg_len, int cmsg_level, int cmsg_type. */
+const CMSGHDR_SIZE = 16;
+/** Most fds one message may carry (SCM_MAX_FD, include/net/scm.h): the kernel refuses more with EINVAL. */
+export const MAX_FDS_PER_MESSAGE = 253;
+
+/** CMSG_ALIGN: control data is aligned to sizeof(size_t), 8 on x86_64. */
+function cmsgAlign(n: number): number {
+  return (n + 7) & ~7;
+}
+
+/** CMSG_LEN(n * sizeof(int)): the cmsg_len of an SCM_RIGHTS message with n fds (no trailing padding). */
+export function cmsgLenForFds(n: number): number {
+  return CMSGHDR_SIZE + 4 * n;
+}
+
+/** CMSG_SPACE(n * sizeof(int)): the control buffer an SCM_RIGHTS message with n fds takes, padding included. */
+export function cmsgSpaceForFds(n: number): number {
+  return CMSGHDR_SIZE + cmsgAlign(4 * n);
+}
+
+/** The control buffer of one SCM_RIGHTS message carrying `fds`. */
+export function encodeScmRights(fds: readonly number[]): Buffer {
+  const c = Buffer.alloc(cmsgSpaceForFds(fds.length));
+  c.writeBigUInt64LE(BigInt(cmsgLenForFds(fds.length)), 0);
+  c.writeInt32LE(SOL_SOCKET, 8);
+  c.writeInt32LE(SCM_RIGHTS, 12);
+  fds.forEach((fd, i) => c.writeInt32LE(fd, CMSGHDR_SIZE + 4 * i));
+  return c;
+}
+
+/**
+ * The fds of every SCM_RIGHTS message in the first `length` bytes of a control buffer the kernel
+ * filled (CMSG_FIRSTHDR/CMSG_NXTHDR). Any other message (SCM_CREDENTIALS) is skipped; a header that
+ * does not fit ends the walk.
+ */
+export function decodeScmRights(control: Buffer, length: number): number[] {
+  const fds: number[] = [];
+  const end = Math.min(length, control.length);
+  let off = 0;
+  while (off + CMSGHDR_SIZE <= end) {
+    const len = Number(control.readBigUInt64LE(off));
+    if (len < CMSGHDR_SIZE || off + len > end) break;
+    if (control.readInt32LE(off + 8) === SOL_SOCKET && control.readInt32LE(off + 12) === SCM_RIGHTS) {
+      for (let p = off + CMSGHDR_SIZE; p + 4 <= off + len; p += 4) fds.push(control.readInt32LE(p));
+    }
+    off += cmsgAlign(len);
+  }
+  return fds;
+}
+
+const SO_TYPE = 3;
+
+/** SO_TYPE of a socket: SOCK_STREAM, SOCK_DGRAM, ... */
+export function socketType(fd: number): number {
+  const v = Buffer.alloc(4);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(4, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_TYPE, v, len) !== 0) throw errnoError('getsockopt(SO_TYPE)');
+  return v.readInt32LE(0);
+}
+
+function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {
+  const err = errnoError(call, errno);
+  if (err.code === 'EAGAIN') err.message = `${call}: EAGAIN (the socket's send buffer is full; send again once it is writable)`;
+  return err;
+}
+
+function sendmsgTo(fd: number, data: Buffer, fds: readonly number[], flags: number, addr: { addr: Buffer; len: number } | null, call: string): number {
+  if (fds.length > MAX_FDS_PER_MESSAGE) throw new RangeError(`${call}: ${fds.length} fds, at most ${MAX_FDS_PER_MESSAGE} fit one message`);
+  const control = fds.length > 0 ? encodeScmRights(fds) : null;
+  const n = Number(
+    fn.sendmsg(fd, {
+      msg_name: addr?.addr ?? null,
+      msg_namelen: addr?.len ?? 0,
+      msg_iov: [{ iov_base: data, iov_len: data.length }],
+      msg_iovlen: 1,
+      msg_control: control,
+      msg_controllen: control?.length ?? 0,
+      msg_flags: 0,
+    }, flags),
+  );
+  if (n < 0) throw sendmsgError(call, koffi.errno());
+  return n;
+}
+
+/**
+ * sendmsg(2) of `data` with `fds` attached (SCM_RIGHTS) on a connected AF_UNIX socket: the bytes sent,
+ * which on a stream socket may be fewer than data.length (the fds went with the first byte; send the
+ * rest without them). Throws an errno error; on EAGAIN (MSG_DONTWAIT given, or a non-blocking socket
+ * whose buffer is full) its message says so. On a stream socket fds need at least one byte to ride
+ * on (the kernel would drop them silently), so `data` may be empty there only without fds; a
+ * datagram may carry fds alone. Never raises SIGPIPE.
+ */
+export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
+  if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM) throw new RangeError('sendmsg: on a stream socket fds need at least one byte of data to go with');
+  return sendmsgTo(fd, data, fds, flags | MSG_NOSIGNAL, null, 'sendmsg');
+}
+
+/** One AF_UNIX datagram to `name` (a path or '@abstract') with `fds` attached, from a fresh socket closed right after. */
+export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[]): void {
+  const addr = sockaddrUn(name);
+  const fd = fn.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) as number;
+  if (fd < 0) throw errnoError('socket(AF_UNIX, SOCK_DGRAM)');
+  try {
+    sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, `sendmsg(${name})`);
+  } finally {
+    fn.close(fd);
+  }
+}
+
+export interface ReceivedWithFds {
+  /** The bytes read; empty at end of stream (or for an empty datagram). */
+  data: Buffer;
+  /** The fds that came with them, close-on-exec, now owned by the caller. */
+  fds: number[];
+  /**
+   * More fds came than were allowed (the kernel closed the excess: MSG_CTRUNC), or a datagram was
+   * longer than maxBytes (its tail is lost: MSG_TRUNC).
+   */
+  truncated: boolean;
+}
+
+/**
+ * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds (SCM_RIGHTS), the fds opened close-on-exec
+ * (MSG_CMSG_CLOEXEC). The control buffer has room for maxFds fds only: the kernel closes the ones a
+ * sender attached beyond that and reports MSG_CTRUNC (one more fits the alignment padding when
+ * maxFds is odd: it is closed here), so a hostile sender cannot make this process hold more fds than
+ * it asked for. Throws an errno error (EAGAIN: nothing to read on a non-blocking
+ * socket or with MSG_DONTWAIT).
+ */
+export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
+  if (!Number.isInteger(maxBytes) || maxBytes < 0) throw new RangeError(`recvmsg: maxBytes ${maxBytes} is not a size`);
+  if (!Number.isInteger(maxFds) || maxFds < 0 || maxFds > MAX_FDS_PER_MESSAGE) throw new RangeError(`recvmsg: maxFds ${maxFds} is not 0..${MAX_FDS_PER_MESSAGE}`);
+  const data = Buffer.alloc(maxBytes);
+  const control = Buffer.alloc(maxFds > 0 ? cmsgSpaceForFds(maxFds) : 0);
+  const msg = {
+    msg_name: null,
+    msg_namelen: 0,
+    msg_iov: [{ iov_base: data, iov_len: maxBytes }],
+    msg_iovlen: 1,
+    msg_control: maxFds > 0 ? control : null,
+    msg_controllen: control.length,
+    msg_flags: 0,
+  };
+  const n = Number(fn.recvmsg(fd, msg, flags | MSG_CMSG_CLOEXEC));
+  if (n < 0) throw errnoError('recvmsg', koffi.errno());
+  const fds = decodeScmRights(control, Number(msg.msg_controllen));
+  // CMSG_SPACE pads to 8 bytes, so room for an odd number of fds holds one more: the kernel installs
+  // it, and it is closed here. This process never holds more than maxFds from one call.
+  const extra = fds.splice(maxFds);
+  for (const fd of extra) fn.close(fd);
+  const cut = (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) !== 0 || extra.length > 0;
+  return { data: data.subarray(0, n), fds, truncated: cut };
+}
+
+/** A connected pair of AF_UNIX sockets (SOCK_STREAM or SOCK_DGRAM), close-on-exec. */
+export function socketpair(type: number = SOCK_STREAM): [number, number] {
+  const sv = new Int32Array(2);
+  if ((fn.socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) as number) !== 0) throw errnoError('socketpair(AF_UNIX)');
+  return [sv[0]!, sv[1]!];
+}
+
+/** close(2) of an fd this process owns; errors (EBADF) are ignored, as after close nothing is left to do. */
+export function closeFd(fd: number): void {
+  fn.close(fd);
+}
+
+// ---- memfd and seals ----
+
+const MFD_CLOEXEC = 0x1;
+const MFD_ALLOW_SEALING = 0x2;
+const F_ADD_SEALS = 1033;
+const F_GET_SEALS = 1034;
+export const F_SEAL_SEAL = 0x1;
+export const F_SEAL_SHRINK = 0x2;
+export const F_SEAL_GROW = 0x4;
+export const F_SEAL_WRITE = 0x8;
+export const F_SEAL_FUTURE_WRITE = 0x10;
+/** memfd names are at most 249 bytes (the kernel prefixes "memfd:" within NAME_MAX). */
+export const MAX_MEMFD_NAME_BYTES = 249;
+
+/** memfd_create(2) with MFD_CLOEXEC | MFD_ALLOW_SEALING: an anonymous file that can be sealed. */
+export function memfdCreate(name: string): number {
+  if (Buffer.byteLength(name) > MAX_MEMFD_NAME_BYTES || name.includes('\0')) {
+    throw new RangeError(`memfd_create: the name must be at most ${MAX_MEMFD_NAME_BYTES} bytes with no NUL`);
+  }
+  const fd = fn.memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) as number;
+  if (fd < 0) throw errnoError(`memfd_create(${name})`);
+  return fd;
+}
+
+/** fcntl(F_ADD_SEALS): adds the F_SEAL_* bits in `seals`; EPERM once F_SEAL_SEAL is set, EBUSY for F_SEAL_WRITE over a writable mapping. */
+export function addSeals(fd: number, seals: number): void {
+  if ((fn.fcntl(fd, F_ADD_SEALS, 'int', seals) as number) < 0) throw errnoError(`fcntl(${fd}, F_ADD_SEALS)`);
+}
+
+/** fcntl(F_GET_SEALS): the F_SEAL_* bits of a memfd (EINVAL for a file that is not one and cannot be sealed). */
+export function getSeals(fd: number): number {
+  const seals = fn.fcntl(fd, F_GET_SEALS) as number;
+  if (seals < 0) throw errnoError(`fcntl(${fd}, F_GET_SEALS)`);
+  return seals;
+}
+
+/** Whether `fd` is close-on-exec (FD_CLOEXEC). */
+export function isCloseOnExec(fd: number): boolean {
+  const flags = fn.fcntl(fd, F_GETFD) as number;
+  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
+  return (flags & FD_CLOEXEC) !== 0;
+}
+
+/** A watch on an fd, from watchReadable. */
+export interface FdWatch {
+  close(): void;
+}
+
+/**
+ * Calls `onReadable` from the event loop whenever `fd` has something to read (bytes, end of stream,
+ * or an error a read will report): a libuv poll handle, through koffi. Level-triggered: it fires
+ * again while something is left unread. Never an fd a net.Socket watches itself (libuv keeps one
+ * watcher per fd number): give it a duplicate (dupCloexec).
+ */
+export function watchReadable(fd: number, onReadable: () => void): FdWatch {
+  const handle = koffi.node.poll(fd, { readable: true, disconnect: true }, () => onReadable());
+  return { close: () => handle.close() };
 }

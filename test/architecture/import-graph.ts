@@ -19,6 +19,7 @@ export const LAYER_RANK: Readonly<Record<string, number>> = {
   os: 3,
   logging: 3,
   msr: 4,
+  state: 4,
   energy: 5,
   sampling: 6,
   client: 7,

@@ -6,7 +6,7 @@ import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
 import { legacyPlan, synthPowerInfo, synthPowerLimit, wattsToPowerField } from '../../src/msr/legacy-registers.js';
 import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/daemon.js';
-import { activationFd, parseActivationEnv, parseWatchdogEnv, takeActivation } from '../../src/helper/lifecycle/systemd.js';
+import { activationFd, activationFdsByName, fdNameProblem, parseActivationEnv, parseWatchdogEnv, takeActivation } from '../../src/helper/lifecycle/systemd.js';
 import { parsePidfile } from '../../src/helper/lifecycle/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
@@ -144,6 +144,28 @@ describe('socket activation environment', () => {
     expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '0' }, 42)).toBeNull();
     expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '2', LISTEN_FDNAMES: 'a:b' }, 42)).toEqual({ fds: 2, names: ['a', 'b'] });
     expect(() => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: 'x' }, 42)).toThrow(/LISTEN_FDS is not a number/);
+  });
+  test('several fds come grouped by name, in fd order; without names they are all "unknown"', () => {
+    const act = parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '4', LISTEN_FDNAMES: 'qemu-vmsr-helper.socket:conn:state:conn' }, 42)!;
+    expect([...activationFdsByName(act)]).toEqual([
+      ['qemu-vmsr-helper.socket', [3]],
+      ['conn', [4, 6]],
+      ['state', [5]],
+    ]);
+    expect([...activationFdsByName(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '2' }, 42)!)]).toEqual([['unknown', [3, 4]]]);
+  });
+  test('LISTEN_FDNAMES is refused when its count differs from LISTEN_FDS or a name is not a valid fd name', () => {
+    const parse = (n: string, names: string) => () => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: n, LISTEN_FDNAMES: names }, 42);
+    expect(parse('2', 'a')).toThrow(/cannot take the fds systemd passed: LISTEN_FDNAMES has 1 names for LISTEN_FDS=2; check/);
+    expect(parse('1', 'a:b')).toThrow(/has 2 names for LISTEN_FDS=1/);
+    expect(parse('2', 'a:')).toThrow(/the name of fd 4 in LISTEN_FDNAMES it is empty/);
+    expect(parse('1', 'x'.repeat(256))).toThrow(/256 characters, at most 255/);
+    expect(parse('1', 'tab\there')).toThrow(/outside printable ASCII/);
+    expect(parse('1', 'caf\u00e9')).toThrow(/outside printable ASCII/);
+    expect(parse('1', 'x'.repeat(255))).not.toThrow();
+    expect(() => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '8193' }, 42)).toThrow(/LISTEN_FDS is 8193, more than 8192/);
+    expect(fdNameProblem('stats ~!@#$%^&*()')).toBeNull();
+    expect(fdNameProblem('a:b')).toMatch(/colon/);
   });
   test('the variables are removed, even when malformed or not ours', () => {
     for (const env of [{ LISTEN_PID: '1', LISTEN_FDS: '1', LISTEN_FDNAMES: 'x' }, { LISTEN_PID: '7', LISTEN_FDS: 'bad' }]) {

@@ -37,6 +37,29 @@ const clientStream = Buffer.concat([
 ]);
 
 describe('FrameDecoder', () => {
+  it('bytesToFrameEnd asks for the rest of the header, then the rest of the payload: reads of that size end at frame ends', () => {
+    const d = new FrameDecoder(CLIENT_TYPES);
+    const sizes: number[] = [];
+    let off = 0;
+    let completed = 0;
+    while (off < clientStream.length) {
+      // One byte less than asked when possible, so partial headers and payloads are both seen.
+      const want = d.bytesToFrameEnd;
+      sizes.push(want);
+      const n = want > 1 && sizes.length % 2 === 0 ? want - 1 : want;
+      const got = d.push(clientStream.subarray(off, off + n));
+      // Never past a frame's end: at most one frame per read, and none left half-read after it.
+      expect(got.length).toBeLessThanOrEqual(1);
+      if (got.length === 1) expect(d.incompleteBytes).toBe(0);
+      completed += got.length;
+      off += n;
+      if (off < clientStream.length && d.incompleteBytes === 0) expect(d.bytesToFrameEnd).toBe(8);
+    }
+    expect(completed).toBe(4);
+    expect(d.incompleteBytes).toBe(0);
+    expect(sizes[0]).toBe(8);
+  });
+
   it('decodes pipelined frames in one chunk', () => {
     const got = frames(new FrameDecoder(CLIENT_TYPES).push(clientStream));
     expect(got.map((f) => f.type)).toEqual([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER]);

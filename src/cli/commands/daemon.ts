@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
-import { DEFAULT_HELPER_SOCKET } from '../../client/v2-client.js';
+import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { DEFAULT_MAX_CONNECTIONS } from '../../helper/server/server.js';
 import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/server/incomplete-frames.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
@@ -18,8 +18,6 @@ import type { DaemonConfig, DaemonPlugin } from '../../helper/lifecycle/config.j
 import { addHostOptions, addLogLevelOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
 import { cannot } from '../../common/errors.js';
 
-/** QEMU's default rapl-helper-socket (defined once, beside the client that connects to it). */
-export const DEFAULT_SOCKET = DEFAULT_HELPER_SOCKET;
 export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
 
 export interface RawDaemonOptions extends RawHostOptions {
@@ -106,7 +104,7 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
   if (gid === undefined && uid !== undefined) gid = ids.primaryGroup(uid);
   const traceAreas = (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile));
   return {
-    socketPath: raw.socket ?? DEFAULT_SOCKET,
+    socketPath: raw.socket ?? DEFAULT_HELPER_SOCKET,
     socketPathGiven: raw.socket !== undefined,
     pidfile: path.resolve(raw.pidfile ?? DEFAULT_PIDFILE),
     pidfileGiven: raw.pidfile !== undefined,
@@ -196,7 +194,7 @@ const collect = (v: string, prev: string[] = []) => [...prev, v];
 export function configureDaemonCommand(program: Command): void {
   program
     .description('Virtual RAPL MSR helper for QEMU (drop-in qemu-vmsr-helper): serves rapl-helper-socket clients')
-    .option('-k, --socket <path>', `path to the unix socket (default '${DEFAULT_SOCKET}')`)
+    .option('-k, --socket <path>', `path to the unix socket (default '${DEFAULT_HELPER_SOCKET}')`)
     .option('-f, --pidfile <path>', `PID file, written with -d or when given (default '${DEFAULT_PIDFILE}')`)
     .option('-d, --daemon', 'run in the background')
     .option('-u, --user <user>', 'user (name or uid) to drop privileges to')

@@ -10,7 +10,7 @@ import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../ex
 import { addClientSocketOption, addLogLevelOptions, listenAddressArg, positiveIntArg } from '../options.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
-import { DEFAULT_SOCKET } from './daemon.js';
+import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 
 /** Above this a Prometheus server holding every series is the operator's problem, not a default. */
 export const MAX_MAX_VMS = 100_000;
@@ -26,7 +26,7 @@ export function addExporterCommand(program: Command): void {
       // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
       // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
       const o = { ...cmd.optsWithGlobals<{ socket?: string; verbose?: boolean; quiet?: boolean }>(), ...cmd.opts<{ listen?: ListenAddress; maxVms?: number }>() };
-      const socketPath = o.socket ?? DEFAULT_SOCKET;
+      const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
       const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
       const exporter = await startExporter(
         { socketPath, listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN), maxVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxVms },

@@ -9,7 +9,7 @@ import { V2Client, V2ConnectionError, V2Error, type Update } from '../../client/
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import type { VcpuSpec } from '../../ratio/types.js';
-import { DEFAULT_SOCKET } from './daemon.js';
+import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 
@@ -144,7 +144,7 @@ export function addWatchCommand(program: Command): void {
     .action(async (_o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
       const all = cmd.optsWithGlobals<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>();
-      const opts = { ...all, socket: all.socket ?? DEFAULT_SOCKET };
+      const opts = { ...all, socket: all.socket ?? DEFAULT_HELPER_SOCKET };
       if ((opts.qmp === undefined) === (opts.pid === undefined)) throw new UsageError('give either --qmp PATH or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new UsageError('--pid needs --vcpus TID:VPKG,...');
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.

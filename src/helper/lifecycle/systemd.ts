@@ -2,9 +2,29 @@
  * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
  * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
  */
-import { sendUnixDatagram } from '../../os/libc.js';
+import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
+import { cannot, cannotError } from '../../common/errors.js';
 
 export const FIRST_SOCKET_ACTIVATION_FD = 3;
+/**
+ * Most fds accepted from LISTEN_FDS: systemd's own ceiling for a service's fd store
+ * (FileDescriptorStoreMax=) is 4096, and sockets of a .socket unit come on top of it.
+ */
+export const MAX_LISTEN_FDS = 8192;
+/** Longest fd name (LISTEN_FDNAMES, FDNAME=): systemd's fdname_is_valid(). */
+export const MAX_FD_NAME_CHARS = 255;
+
+/**
+ * An fd name as systemd accepts it: 1..255 printable ASCII characters (0x20..0x7e) other than ':',
+ * the LISTEN_FDNAMES separator. (systemd also allows the empty name; this helper never gives or
+ * expects one.) Null when valid, else why not.
+ */
+export function fdNameProblem(name: string): string | null {
+  if (name.length === 0) return 'it is empty';
+  if (name.length > MAX_FD_NAME_CHARS) return `it is ${name.length} characters, at most ${MAX_FD_NAME_CHARS}`;
+  if (!/^[\x20-\x39\x3b-\x7e]+$/.test(name)) return 'it has a character outside printable ASCII, or a colon';
+  return null;
+}
 
 export interface Activation {
   /** Number of fds passed, starting at fd 3. */
@@ -24,8 +44,34 @@ export function parseActivationEnv(env: NodeJS.ProcessEnv, pid: number): Activat
   if (!/^\d+$/.test(listenFds)) throw new Error(`socket activation: LISTEN_FDS is not a number: ${JSON.stringify(listenFds)}`);
   const fds = Number(listenFds);
   if (fds === 0) return null;
-  const names = env.LISTEN_FDNAMES === undefined ? [] : env.LISTEN_FDNAMES.split(':');
+  const fix = 'check the unit\'s FileDescriptorName= and what was stored with FDSTORE=1';
+  if (fds > MAX_LISTEN_FDS) throw cannotError('take the fds systemd passed', `LISTEN_FDS is ${fds}, more than ${MAX_LISTEN_FDS}`, fix);
+  if (env.LISTEN_FDNAMES === undefined) return { fds, names: [] };
+  const names = env.LISTEN_FDNAMES.split(':');
+  if (names.length !== fds) {
+    throw cannotError('take the fds systemd passed', `LISTEN_FDNAMES has ${names.length} names for LISTEN_FDS=${fds}`, fix);
+  }
+  names.forEach((name, i) => {
+    const problem = fdNameProblem(name);
+    if (problem !== null) throw cannotError('take the fds systemd passed', `the name of fd ${FIRST_SOCKET_ACTIVATION_FD + i} in LISTEN_FDNAMES ${problem}`, fix);
+  });
   return { fds, names };
+}
+
+/**
+ * The passed fds grouped by name, each group in fd order (fds 3, 4, ...). Without LISTEN_FDNAMES
+ * every fd is named "unknown", as sd_listen_fds_with_names(3) names them. A name may repeat: a
+ * .socket unit's several sockets, or several fds stored under one FDNAME=.
+ */
+export function activationFdsByName(act: Activation): Map<string, number[]> {
+  const groups = new Map<string, number[]>();
+  for (let i = 0; i < act.fds; i++) {
+    const name = act.names[i] ?? 'unknown';
+    const fds = groups.get(name) ?? [];
+    fds.push(FIRST_SOCKET_ACTIVATION_FD + i);
+    groups.set(name, fds);
+  }
+  return groups;
 }
 
 /** Reads and removes the activation variables, so children never see them (sd_listen_fds(1)). */
@@ -77,6 +123,38 @@ export class Notifier {
     } catch (e) {
       this.onError(e as Error);
     }
+  }
+
+  /**
+   * Hands `fds` to systemd's fd store under `name` (FDSTORE=1, FDNAME=; sd_notify(3)): the next start
+   * of the service gets them back in LISTEN_FDS, named in LISTEN_FDNAMES. systemd keeps them only when
+   * the unit sets FileDescriptorStoreMax=. `poll: false` adds FDPOLL=0: systemd then does not drop the
+   * fds when they report POLLHUP/POLLERR. The fds stay open here too (the caller closes its copies).
+   * Sending errors go to onError; false when nothing was sent (no NOTIFY_SOCKET, or an error). A bad
+   * name or fd count throws: it is the caller's mistake, not the system's.
+   */
+  storeFds(name: string, fds: readonly number[], opts: { poll?: boolean } = {}): boolean {
+    const problem = fdNameProblem(name);
+    if (problem !== null) throw cannotError(`store fds as '${name}'`, `the name ${problem}`, 'name them with 1..255 printable ASCII characters, no colon');
+    if (fds.length === 0 || fds.length > MAX_FDS_PER_MESSAGE) {
+      throw cannotError(`store fds as '${name}'`, `${fds.length} fds, one message carries 1..${MAX_FDS_PER_MESSAGE}`);
+    }
+    if (!this.socket) return false;
+    const state = `FDSTORE=1\nFDNAME=${name}${opts.poll === false ? '\nFDPOLL=0' : ''}`;
+    try {
+      sendUnixDatagramWithFds(this.socket, Buffer.from(state, 'utf8'), fds);
+      return true;
+    } catch (e) {
+      this.onError(new Error(cannot(`store fds as '${name}' with systemd`, (e as Error).message), { cause: e }));
+      return false;
+    }
+  }
+
+  /** Asks systemd to close every fd it stores under `name` (FDSTOREREMOVE=1, FDNAME=). */
+  removeStoredFds(name: string): void {
+    const problem = fdNameProblem(name);
+    if (problem !== null) throw cannotError(`remove the stored fds '${name}'`, `the name ${problem}`);
+    this.notify(`FDSTOREREMOVE=1\nFDNAME=${name}`);
   }
 
   ready(status: string): void {

@@ -143,6 +143,16 @@ export class FrameDecoder {
     return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
   }
 
+  /**
+   * Bytes still to come before the current frame is complete, never more: the rest of the header
+   * when it is not in yet (then its payload is unknown), else the rest of the payload. A reader that
+   * asks for no more than this sees every frame start at the start of a read (how the client pairs
+   * fds with the frame they came with).
+   */
+  get bytesToFrameEnd(): number {
+    return this.header === null ? HEADER_SIZE - this.buffered : this.header.length - this.buffered;
+  }
+
   get failed(): boolean {
     return this.dead;
   }

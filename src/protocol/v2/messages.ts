@@ -22,6 +22,7 @@ import {
   type HostPackageValues,
   type HostValues,
   type VmEntry,
+  type VpkgValue,
   typeName,
 } from './codec.js';
 import { checkVcpus } from '../../ratio/vcpus.js';
@@ -106,7 +107,7 @@ export function parseClientFrame(f: Frame): ClientParse {
 export type HelperMessage =
   | { type: typeof T.REGISTERED; vmId: number; nvpkg: number; powerUnit: bigint }
   | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
-  | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: { counter: bigint; energyUj: bigint }[]; ended: boolean }
+  | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: VpkgValue[]; ended: boolean }
   | { type: typeof T.OK; vmId: number }
   | { type: typeof T.VM_LIST; entries: VmEntry[]; nextId: number }
   | ({ type: typeof T.HOST_UPDATE } & HostValues)
@@ -135,7 +136,7 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
       if (p.length < 16) return size(16);
       const n = p.readUInt32LE(4);
       if (p.length !== 16 + 16 * n) return size(16 + 16 * n);
-      const vpkgs: { counter: bigint; energyUj: bigint }[] = [];
+      const vpkgs: VpkgValue[] = [];
       for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
       return ok({ type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 });
     }

@@ -1,0 +1,373 @@
+/**
+ * The state snapshot on the wire, pure: encodeState and decodeState (layout in docs/daemon.md
+ * "Restart state"). All little-endian:
+ *
+ *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 of the payload | u32 0
+ *   payload u32 nextHostVmId
+ *           u32 VM count, each: u32 hostVmId | u32 pid | u64 starttime | u32 uid | u32 owner (0xffffffff: none)
+ *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name) | u8 0 | u16 name bytes
+ *             | u32 endedSamples | [16 uuid] | [name] | u16 vCPU count, each u32 tid | u16 vpkg
+ *             | u16 vpkg count, each u64 energyUj | u32 counter
+ *           u32 package count, each: u32 pkg | u64 energyUj | u64 unattributedUj
+ *           u32 known pid count, each: u32 pid | u64 starttime
+ *           u8 has last sample; if 1: u64 monotonicNs | u64 realtimeNs | u32 count, each u32 pkg | u64 raw
+ *             | u32 thread count, each u32 tid | u64 ticks
+ *
+ * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
+ * against the bytes left before anything is allocated for it, and the decoded value passes the same
+ * check (stateProblem) the encoder applies, so what one refuses the other never writes.
+ */
+import { cannot } from '../common/errors.js';
+import { crc32 } from '../common/crc32.js';
+import { fail, ok, type Result } from '../common/result.js';
+import { checkVcpus } from '../ratio/vcpus.js';
+import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
+import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type StateSnapshot, type VmState } from './snapshot.js';
+
+export const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
+export const STATE_FORMAT_VERSION = 1;
+export const STATE_HEADER_SIZE = 24;
+/** The largest snapshot, header included: what a reader may allocate for one. */
+export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
+
+const NO_OWNER = 0xffffffff;
+const FLAG = { DISCOVERED: 1, LIVE: 2, WHOLE_VM_ONLY: 4, HAS_UUID: 8, HAS_NAME: 16 } as const;
+const KNOWN_FLAGS = 31;
+const UUID_BYTES = 16;
+/** Smallest encoded size of each kind of entry: a count is refused when its entries cannot fit the bytes left. */
+const MIN_SIZE = { vm: 32 + 2 + 2 + 12, vcpu: 6, vpkg: 12, pkg: 20, known: 12, raw: 12, thread: 12 } as const;
+
+const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
+const VERSION_FIX = `run the vmsr-helper that wrote it, or ${FIX}`;
+
+// ---- the rules, shared by both directions ----
+
+const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
+const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
+const isPid = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TID;
+const isStarttime = (n: number) => Number.isSafeInteger(n) && n >= 0;
+
+function duplicate<T>(items: readonly T[], key: (t: T) => number): number | null {
+  const seen = new Set<number>();
+  for (const it of items) {
+    const k = key(it);
+    if (seen.has(k)) return k;
+    seen.add(k);
+  }
+  return null;
+}
+
+function vmProblem(vm: VmState, next: number): string | null {
+  const id = vm.hostVmId;
+  const at = `VM ${id}`;
+  if (!Number.isInteger(id) || id < 1 || id >= next) return `VM id ${id} is out of range (1..${next - 1}, below the next id ${next})`;
+  if (!isPid(vm.pid)) return `${at}: pid ${vm.pid} is out of range (1..${MAX_TID})`;
+  if (!isStarttime(vm.starttime)) return `${at}: starttime ${vm.starttime} is not a whole number of ticks`;
+  if (!isU32(vm.uid)) return `${at}: uid ${vm.uid} is out of range (0..4294967295)`;
+  if (vm.owner !== null && (!isU32(vm.owner) || vm.owner === NO_OWNER)) return `${at}: owner connection ${vm.owner} is out of range`;
+  if (vm.owner === null && !vm.discovered) return `${at} is neither registered (no owner) nor discovered`;
+  if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes) return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
+  // A lone surrogate would be written as U+FFFD and come back as another name.
+  if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
+  if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
+  if (!isU32(vm.endedSamples)) return `${at}: endedSamples ${vm.endedSamples} is out of range`;
+  if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1) return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;
+  const vcpus = checkVcpus(vm.vcpus, { allowEmpty: true });
+  if (!vcpus.ok) return `${at}: ${vcpus.error}`;
+  const outside = vm.vcpus.find((v) => v.vpkg >= vm.vpkgs.length);
+  if (outside) return `${at}: thread ${outside.tid} is in virtual package ${outside.vpkg}, the VM has ${vm.vpkgs.length}`;
+  for (let p = 0; p < vm.vpkgs.length; p++) {
+    const v = vm.vpkgs[p]!;
+    if (!isU64(v.energyUj)) return `${at}, virtual package ${p}: energy ${v.energyUj} µJ is out of range (0..2^64-1)`;
+    if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > MAX_MSR_COUNTER) return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
+  }
+  return null;
+}
+
+/** Why a snapshot cannot be saved or restored, or null when it keeps every rule and bound. */
+export function stateProblem(s: StateSnapshot): string | null {
+  const L = STATE_LIMITS;
+  if (!Number.isInteger(s.nextHostVmId) || s.nextHostVmId < 1 || s.nextHostVmId > MAX_HOST_VM_ID) return `the next VM id ${s.nextHostVmId} is out of range (1..${MAX_HOST_VM_ID})`;
+  if (s.vms.length > L.maxVms) return `${s.vms.length} VMs, at most ${L.maxVms}`;
+  for (const vm of s.vms) {
+    const p = vmProblem(vm, s.nextHostVmId);
+    if (p !== null) return p;
+  }
+  const dupVm = duplicate(s.vms, (v) => v.hostVmId);
+  if (dupVm !== null) return `VM id ${dupVm} appears twice`;
+  if (s.packages.length > L.maxPackages) return `${s.packages.length} packages, at most ${L.maxPackages}`;
+  for (const k of s.packages) {
+    if (!isU32(k.pkg)) return `package ${k.pkg} is out of range`;
+    if (!isU64(k.energyUj) || !isU64(k.unattributedUj)) return `package ${k.pkg}: an energy total is out of range (0..2^64-1)`;
+  }
+  const dupPkg = duplicate(s.packages, (k) => k.pkg);
+  if (dupPkg !== null) return `package ${dupPkg} appears twice in the totals`;
+  if (s.knownPids.length > L.maxKnownPids) return `${s.knownPids.length} known processes, at most ${L.maxKnownPids}`;
+  for (const k of s.knownPids) {
+    if (!isPid(k.pid) || !isStarttime(k.starttime)) return `known process ${k.pid} (starttime ${k.starttime}) is out of range`;
+  }
+  const dupPid = duplicate(s.knownPids, (k) => k.pid);
+  if (dupPid !== null) return `known process ${dupPid} appears twice`;
+  const t = s.lastSample;
+  if (t !== null) {
+    if (!isU64(t.monotonicNs) || !isU64(t.realtimeNs)) return 'the last sample\'s time is out of range (0..2^64-1 ns)';
+    if (t.packages.length > L.maxPackages) return `the last sample has ${t.packages.length} packages, at most ${L.maxPackages}`;
+    for (const k of t.packages) if (!isU32(k.pkg) || !isU64(k.raw)) return `the last sample's package ${k.pkg} is out of range`;
+    const dupRaw = duplicate(t.packages, (k) => k.pkg);
+    if (dupRaw !== null) return `package ${dupRaw} appears twice in the last sample`;
+    if (t.threads.length > L.maxThreads) return `the last sample has ${t.threads.length} threads, at most ${L.maxThreads}`;
+    for (const th of t.threads) if (!isPid(th.tid) || !isU64(th.ticks)) return `the last sample's thread ${th.tid} is out of range`;
+    const dupTid = duplicate(t.threads, (th) => th.tid);
+    if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
+  }
+  return null;
+}
+
+// ---- encoding ----
+
+class Writer {
+  private buf = Buffer.alloc(4096);
+  length = 0;
+
+  private room(n: number): number {
+    if (this.length + n > this.buf.length) {
+      const bigger = Buffer.alloc(Math.max(this.buf.length * 2, this.length + n));
+      this.buf.copy(bigger, 0, 0, this.length);
+      this.buf = bigger;
+    }
+    const at = this.length;
+    this.length += n;
+    return at;
+  }
+
+  u8(v: number): void {
+    this.buf.writeUInt8(v, this.room(1));
+  }
+  u16(v: number): void {
+    this.buf.writeUInt16LE(v, this.room(2));
+  }
+  u32(v: number): void {
+    this.buf.writeUInt32LE(v, this.room(4));
+  }
+  u64(v: bigint | number): void {
+    this.buf.writeBigUInt64LE(BigInt(v), this.room(8));
+  }
+  bytes(b: Buffer): void {
+    b.copy(this.buf, this.room(b.length));
+  }
+  done(): Buffer {
+    return this.buf.subarray(0, this.length);
+  }
+}
+
+/** The snapshot's bytes, header included. Throws a RangeError naming the rule a value breaks. */
+export function encodeState(s: StateSnapshot): Buffer {
+  const problem = stateProblem(s);
+  if (problem !== null) throw new RangeError(cannot('save state', problem));
+  const w = new Writer();
+  w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
+  w.u32(s.nextHostVmId);
+  w.u32(s.vms.length);
+  for (const vm of s.vms) {
+    const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
+    w.u32(vm.hostVmId);
+    w.u32(vm.pid);
+    w.u64(vm.starttime);
+    w.u32(vm.uid);
+    w.u32(vm.owner ?? NO_OWNER);
+    const flags =
+      (vm.discovered ? FLAG.DISCOVERED : 0) |
+      (vm.live ? FLAG.LIVE : 0) |
+      (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
+      (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
+      (name !== null ? FLAG.HAS_NAME : 0);
+    w.u8(flags);
+    w.u8(0);
+    w.u16(name?.length ?? 0);
+    w.u32(vm.endedSamples);
+    if (vm.uuid !== null) w.bytes(vm.uuid);
+    if (name !== null) w.bytes(name);
+    w.u16(vm.vcpus.length);
+    for (const v of vm.vcpus) (w.u32(v.tid), w.u16(v.vpkg));
+    w.u16(vm.vpkgs.length);
+    for (const v of vm.vpkgs) (w.u64(v.energyUj), w.u32(Number(v.counter)));
+  }
+  w.u32(s.packages.length);
+  for (const k of s.packages) (w.u32(k.pkg), w.u64(k.energyUj), w.u64(k.unattributedUj));
+  w.u32(s.knownPids.length);
+  for (const k of s.knownPids) (w.u32(k.pid), w.u64(k.starttime));
+  const t = s.lastSample;
+  w.u8(t === null ? 0 : 1);
+  if (t !== null) {
+    w.u64(t.monotonicNs);
+    w.u64(t.realtimeNs);
+    w.u32(t.packages.length);
+    for (const k of t.packages) (w.u32(k.pkg), w.u64(k.raw));
+    w.u32(t.threads.length);
+    for (const th of t.threads) (w.u32(th.tid), w.u64(th.ticks));
+  }
+  const out = w.done();
+  const payloadLength = out.length - STATE_HEADER_SIZE;
+  if (payloadLength > STATE_LIMITS.maxPayloadBytes) throw new RangeError(cannot('save state', `it takes ${payloadLength} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`));
+  STATE_MAGIC.copy(out, 0);
+  out.writeUInt32LE(STATE_FORMAT_VERSION, 8);
+  out.writeUInt32LE(payloadLength, 12);
+  out.writeUInt32LE(crc32(out.subarray(STATE_HEADER_SIZE)), 16);
+  out.writeUInt32LE(0, 20);
+  return out;
+}
+
+// ---- decoding ----
+
+/** Thrown inside the decoder only, turned into its failure. */
+class Refused extends Error {}
+
+class Reader {
+  off = 0;
+  constructor(private readonly buf: Buffer) {}
+
+  private at(n: number, what: string): number {
+    if (this.off + n > this.buf.length) throw new Refused(`it is cut off in ${what} (byte ${STATE_HEADER_SIZE + this.off} of ${STATE_HEADER_SIZE + this.buf.length})`);
+    const o = this.off;
+    this.off += n;
+    return o;
+  }
+  u8(what: string): number {
+    return this.buf.readUInt8(this.at(1, what));
+  }
+  u16(what: string): number {
+    return this.buf.readUInt16LE(this.at(2, what));
+  }
+  u32(what: string): number {
+    return this.buf.readUInt32LE(this.at(4, what));
+  }
+  u64(what: string): bigint {
+    return this.buf.readBigUInt64LE(this.at(8, what));
+  }
+  /** A u64 that must be a safe integer (a starttime). */
+  safe(what: string): number {
+    const v = this.u64(what);
+    if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new Refused(`${what} ${v} is out of range`);
+    return Number(v);
+  }
+  bytes(n: number, what: string): Buffer {
+    const o = this.at(n, what);
+    return Buffer.from(this.buf.subarray(o, o + n));
+  }
+  /** A count of entries: within its bound, and small enough for its entries to fit the bytes left. */
+  count(width: 2 | 4, max: number, entrySize: number, what: string): number {
+    const n = width === 2 ? this.u16(`the count of ${what}`) : this.u32(`the count of ${what}`);
+    if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);
+    if (n * entrySize > this.buf.length - this.off) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
+    return n;
+  }
+  get left(): number {
+    return this.buf.length - this.off;
+  }
+}
+
+function readVm(r: Reader): VmState {
+  const hostVmId = r.u32('a VM id');
+  const at = `VM ${hostVmId}`;
+  const pid = r.u32(`${at}'s pid`);
+  const starttime = r.safe(`${at}'s starttime`);
+  const uid = r.u32(`${at}'s uid`);
+  const owner = r.u32(`${at}'s owner`);
+  const flags = r.u8(`${at}'s flags`);
+  if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
+  if (r.u8(`${at}'s padding`) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
+  const nameBytes = r.u16(`${at}'s name length`);
+  if (nameBytes > STATE_LIMITS.maxNameBytes) throw new Refused(`${at}: its name is ${nameBytes} bytes, at most ${STATE_LIMITS.maxNameBytes}`);
+  if ((flags & FLAG.HAS_NAME) === 0 && nameBytes !== 0) throw new Refused(`${at} has a name length but no name`);
+  const endedSamples = r.u32(`${at}'s ended samples`);
+  const uuid = (flags & FLAG.HAS_UUID) !== 0 ? r.bytes(UUID_BYTES, `${at}'s uuid`) : null;
+  let name: string | null = null;
+  if ((flags & FLAG.HAS_NAME) !== 0) {
+    const raw = r.bytes(nameBytes, `${at}'s name`);
+    name = raw.toString('utf8');
+    if (!Buffer.from(name, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
+  }
+  const nvcpu = r.count(2, MAX_VCPUS, MIN_SIZE.vcpu, `vCPUs of ${at}`);
+  const vcpus = [];
+  for (let i = 0; i < nvcpu; i++) vcpus.push({ tid: r.u32(`${at}'s vCPUs`), vpkg: r.u16(`${at}'s vCPUs`) });
+  const nvpkg = r.count(2, MAX_VPKG + 1, MIN_SIZE.vpkg, `virtual packages of ${at}`);
+  const vpkgs = [];
+  for (let i = 0; i < nvpkg; i++) vpkgs.push({ energyUj: r.u64(`${at}'s totals`), counter: BigInt(r.u32(`${at}'s totals`)) });
+  return {
+    hostVmId,
+    pid,
+    starttime,
+    uid,
+    owner: owner === NO_OWNER ? null : owner,
+    discovered: (flags & FLAG.DISCOVERED) !== 0,
+    name,
+    uuid,
+    wholeVmOnly: (flags & FLAG.WHOLE_VM_ONLY) !== 0,
+    live: (flags & FLAG.LIVE) !== 0,
+    endedSamples,
+    vcpus,
+    vpkgs,
+  };
+}
+
+function readPayload(r: Reader): StateSnapshot {
+  const L = STATE_LIMITS;
+  const nextHostVmId = r.u32('the next VM id');
+  const nvm = r.count(4, L.maxVms, MIN_SIZE.vm, 'VMs');
+  const vms: VmState[] = [];
+  for (let i = 0; i < nvm; i++) vms.push(readVm(r));
+  const npkg = r.count(4, L.maxPackages, MIN_SIZE.pkg, 'packages');
+  const packages = [];
+  for (let i = 0; i < npkg; i++) packages.push({ pkg: r.u32('package totals'), energyUj: r.u64('package totals'), unattributedUj: r.u64('package totals') });
+  const nknown = r.count(4, L.maxKnownPids, MIN_SIZE.known, 'known processes');
+  const knownPids = [];
+  for (let i = 0; i < nknown; i++) knownPids.push({ pid: r.u32('known processes'), starttime: r.safe('a known process\'s starttime') });
+  const has = r.u8('the last sample flag');
+  if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
+  let lastSample: StateSnapshot['lastSample'] = null;
+  if (has === 1) {
+    const monotonicNs = r.u64('the last sample');
+    const realtimeNs = r.u64('the last sample');
+    const nraw = r.count(4, L.maxPackages, MIN_SIZE.raw, 'sampled packages');
+    const raws = [];
+    for (let i = 0; i < nraw; i++) raws.push({ pkg: r.u32('the last sample'), raw: r.u64('the last sample') });
+    const nth = r.count(4, L.maxThreads, MIN_SIZE.thread, 'sampled threads');
+    const threads = [];
+    for (let i = 0; i < nth; i++) threads.push({ tid: r.u32('the last sample'), ticks: r.u64('the last sample') });
+    lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
+  }
+  return { nextHostVmId, vms, packages, knownPids, lastSample };
+}
+
+/**
+ * The snapshot in `bytes`, or why it cannot be restored ("cannot restore state: why; fix"): a wrong
+ * magic, an unknown version, a length that disagrees with the bytes (cut off, or bytes after it), a
+ * bad checksum, a count past its bound, a value out of range, an id twice.
+ */
+export function decodeState(bytes: Buffer): Result<StateSnapshot> {
+  const refuse = (why: string, fix = FIX) => fail(cannot('restore state', why, fix));
+  if (bytes.length < STATE_HEADER_SIZE) return refuse(`the snapshot is ${bytes.length} bytes, shorter than its ${STATE_HEADER_SIZE}-byte header`);
+  if (!bytes.subarray(0, 8).equals(STATE_MAGIC)) return refuse('it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot');
+  const version = bytes.readUInt32LE(8);
+  if (version !== STATE_FORMAT_VERSION) return refuse(`it is format version ${version}, this vmsr-helper reads version ${STATE_FORMAT_VERSION}`, VERSION_FIX);
+  const length = bytes.readUInt32LE(12);
+  if (length > STATE_LIMITS.maxPayloadBytes) return refuse(`its header announces ${length} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`);
+  const have = bytes.length - STATE_HEADER_SIZE;
+  if (have < length) return refuse(`it is cut off: ${have} of the ${length} bytes its header announces`);
+  if (have > length) return refuse(`${have - length} bytes follow the ${length} its header announces`);
+  if (bytes.readUInt32LE(20) !== 0) return refuse('its reserved header field is not 0');
+  const payload = bytes.subarray(STATE_HEADER_SIZE);
+  const sum = crc32(payload);
+  if (sum !== bytes.readUInt32LE(16)) return refuse(`its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`);
+  const r = new Reader(payload);
+  let s: StateSnapshot;
+  try {
+    s = readPayload(r);
+  } catch (e) {
+    if (e instanceof Refused) return refuse(e.message);
+    throw e;
+  }
+  if (r.left !== 0) return refuse(`${r.left} bytes follow the last entry`);
+  const problem = stateProblem(s);
+  return problem === null ? ok(s) : refuse(problem);
+}

@@ -1,0 +1,97 @@
+/**
+ * What the daemon carries across a restart (a re-exec, or systemd's fd store): its live state as plain
+ * data, with the bounds a snapshot must keep. No I/O. Filling it from the live objects and restoring
+ * them from it is the daemon's business; the codec (codec.ts) only checks and carries it.
+ */
+import type { VcpuSpec } from '../ratio/types.js';
+
+/** Each limit a snapshot must keep, checked on encode and on decode (docs/daemon.md "Restart state"). */
+export const STATE_LIMITS = {
+  /** Whole encoded payload, bytes. */
+  maxPayloadBytes: 64 * 1024 * 1024,
+  /** VMs (registered, discovered, ended not yet dropped). */
+  maxVms: 100_000,
+  /** A VM's name, UTF-8 bytes. */
+  maxNameBytes: 1024,
+  /** Host packages, in the totals and in the last sample. */
+  maxPackages: 4096,
+  /** Processes discovery knows. */
+  maxKnownPids: 1_000_000,
+  /** Threads with cumulative ticks in the last sample. */
+  maxThreads: 4_000_000,
+} as const;
+
+/** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
+export const MAX_HOST_VM_ID = 0xffffffff;
+/** Counters and µJ are u64; the MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
+export const MAX_U64 = (1n << 64n) - 1n;
+export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
+
+export interface VpkgTotals {
+  /** Energy attributed to this virtual package since the VM was registered, µJ. */
+  energyUj: bigint;
+  /** What the guest reads in MSR_PKG_ENERGY_STATUS: floor(energy / guest ESU) mod 2^32. */
+  counter: bigint;
+}
+
+export interface VmState {
+  /** Host-wide id (OBSERVE, LIST; for a registered VM also its vm_id), 1..2^32-1, unique. */
+  hostVmId: number;
+  pid: number;
+  /** Field 22 of /proc/<pid>/stat at registration: (pid, starttime) names the process. */
+  starttime: number;
+  /** Owner of /proc/<pid>. */
+  uid: number;
+  /** The connection that registered it, as the daemon numbers its connections; null when only discovered. */
+  owner: number | null;
+  /** The /proc scan found this process (alone, or besides a registration). */
+  discovered: boolean;
+  name: string | null;
+  /** The 16 bytes of the VM's -uuid. */
+  uuid: Buffer | null;
+  /** The vCPU threads could not be told apart: vpkg 0 holds the whole VM's energy. */
+  wholeVmOnly: boolean;
+  /** False once ended (process gone, pid reused, or unregistered): its totals are frozen. */
+  live: boolean;
+  /** Samples since it ended (a discovered VM is dropped after a few). */
+  endedSamples: number;
+  /** vCPU thread -> virtual package (the vCPU rule of ratio/vcpus.ts; may be empty for a discovered VM). */
+  vcpus: VcpuSpec[];
+  /** Index = virtual package; 1..MAX_VPKG+1 entries. */
+  vpkgs: VpkgTotals[];
+}
+
+export interface PackageTotals {
+  pkg: number;
+  /** Energy of the package since sampling started, µJ. */
+  energyUj: bigint;
+  /** The part attributed to no VM, µJ. */
+  unattributedUj: bigint;
+}
+
+export interface KnownProcess {
+  pid: number;
+  starttime: number;
+}
+
+export interface SampleState {
+  /** CLOCK_MONOTONIC of the sample, ns. */
+  monotonicNs: bigint;
+  /** CLOCK_REALTIME at the same moment, ns: after a reboot-free restart the monotonic clock goes on, this tells the gap otherwise. */
+  realtimeNs: bigint;
+  /** Raw MSR_PKG_ENERGY_STATUS (or another source's raw counter) per package. */
+  packages: { pkg: number; raw: bigint }[];
+  /** Cumulative utime+stime ticks of each vCPU thread sampled. */
+  threads: { tid: number; ticks: bigint }[];
+}
+
+export interface StateSnapshot {
+  /** The next host VM id to give: above every id in `vms`. */
+  nextHostVmId: number;
+  vms: VmState[];
+  packages: PackageTotals[];
+  /** Processes discovery has already looked at (alive at the last scan). */
+  knownPids: KnownProcess[];
+  /** The last sample, to compute the first interval after the restart; null before the first. */
+  lastSample: SampleState | null;
+}

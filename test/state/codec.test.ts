@@ -1,0 +1,206 @@
+/** The state snapshot codec: what goes in comes out, and each kind of damaged or hostile snapshot is refused by name. */
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { crc32 } from '../../src/common/crc32.js';
+import { decodeState, encodeState, STATE_FORMAT_VERSION, STATE_HEADER_SIZE, stateProblem } from '../../src/state/codec.js';
+import { STATE_LIMITS, type StateSnapshot, type VmState } from '../../src/state/snapshot.js';
+import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../../src/ratio/types.js';
+
+const u64 = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n });
+const pid = fc.integer({ min: 1, max: MAX_TID });
+const starttime = fc.nat({ max: Number.MAX_SAFE_INTEGER });
+
+const vm = (hostVmId: number): fc.Arbitrary<VmState> =>
+  fc.integer({ min: 1, max: 4 }).chain((nvpkg) =>
+    fc.record({
+      hostVmId: fc.constant(hostVmId),
+      pid,
+      starttime,
+      uid: fc.nat({ max: 0xffffffff }),
+      owner: fc.option(fc.nat({ max: 0xfffffffe }), { nil: null }),
+      discovered: fc.boolean(),
+      name: fc.option(fc.string({ maxLength: 40, unit: 'binary' }), { nil: null }),
+      uuid: fc.option(fc.uint8Array({ minLength: 16, maxLength: 16 }).map((a) => Buffer.from(a)), { nil: null }),
+      wholeVmOnly: fc.boolean(),
+      live: fc.boolean(),
+      endedSamples: fc.nat({ max: 0xffffffff }),
+      vcpus: fc.uniqueArray(fc.record({ tid: pid, vpkg: fc.nat({ max: nvpkg - 1 }) }), { selector: (v) => v.tid, maxLength: 8 }),
+      vpkgs: fc.array(fc.record({ energyUj: u64, counter: fc.bigInt({ min: 0n, max: 0xffffffffn }) }), { minLength: nvpkg, maxLength: nvpkg }),
+    }).map((v) => (v.owner === null ? { ...v, discovered: true } : v)),
+  );
+
+const snapshot: fc.Arbitrary<StateSnapshot> = fc
+  .uniqueArray(fc.integer({ min: 1, max: 0xfffffffe }), { maxLength: 6 })
+  .chain((ids) =>
+    fc.record({
+      nextHostVmId: fc.integer({ min: Math.max(0, ...ids) + 1, max: 0xffffffff }),
+      vms: ids.length === 0 ? fc.constant([]) : fc.tuple(...ids.map(vm)),
+      packages: fc.uniqueArray(fc.record({ pkg: fc.nat({ max: 0xffffffff }), energyUj: u64, unattributedUj: u64 }), { selector: (k) => k.pkg, maxLength: 4 }),
+      knownPids: fc.uniqueArray(fc.record({ pid, starttime }), { selector: (k) => k.pid, maxLength: 6 }),
+      lastSample: fc.option(
+        fc.record({
+          monotonicNs: u64,
+          realtimeNs: u64,
+          packages: fc.uniqueArray(fc.record({ pkg: fc.nat({ max: 0xffffffff }), raw: u64 }), { selector: (k) => k.pkg, maxLength: 4 }),
+          threads: fc.uniqueArray(fc.record({ tid: pid, ticks: u64 }), { selector: (t) => t.tid, maxLength: 10 }),
+        }),
+        { nil: null },
+      ),
+    }),
+  );
+
+function sample(): StateSnapshot {
+  return {
+    nextHostVmId: 3,
+    vms: [
+      {
+        hostVmId: 1,
+        pid: 4242,
+        starttime: 123456,
+        uid: 107,
+        owner: 7,
+        discovered: true,
+        name: 'guest-ü',
+        uuid: Buffer.alloc(16, 0xab),
+        wholeVmOnly: false,
+        live: true,
+        endedSamples: 0,
+        vcpus: [
+          { tid: 4243, vpkg: 0 },
+          { tid: 4244, vpkg: 1 },
+        ],
+        vpkgs: [
+          { energyUj: 10_000_000n, counter: 163840n },
+          { energyUj: 20_000_000n, counter: 327680n },
+        ],
+      },
+      { hostVmId: 2, pid: 99, starttime: 5, uid: 0, owner: null, discovered: true, name: null, uuid: null, wholeVmOnly: true, live: false, endedSamples: 2, vcpus: [], vpkgs: [{ energyUj: 0n, counter: 0n }] },
+    ],
+    packages: [{ pkg: 0, energyUj: 50_000_000n, unattributedUj: 20_000_000n }],
+    knownPids: [{ pid: 99, starttime: 5 }],
+    lastSample: { monotonicNs: 1_000_000_000n, realtimeNs: 1_700_000_000_000_000_000n, packages: [{ pkg: 0, raw: 0xdeadbeefn }], threads: [{ tid: 4243, ticks: 77n }] },
+  };
+}
+
+/** The bytes of `s` with the header's checksum made right again after the payload was edited. */
+function resum(bytes: Buffer): Buffer {
+  bytes.writeUInt32LE(crc32(bytes.subarray(STATE_HEADER_SIZE)), 16);
+  return bytes;
+}
+
+const refusal = (bytes: Buffer): string => {
+  const r = decodeState(bytes);
+  if (r.ok) throw new Error('decoded');
+  return r.error;
+};
+
+describe('state snapshot codec', () => {
+  it('round-trips any snapshot that keeps the rules', () => {
+    fc.assert(
+      fc.property(snapshot, (s) => {
+        expect(stateProblem(s)).toBeNull();
+        const r = decodeState(encodeState(s));
+        expect(r).toEqual({ ok: true, value: s });
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('round-trips a hand-made snapshot, names in UTF-8 and ids kept', () => {
+    const bytes = encodeState(sample());
+    expect(bytes.subarray(0, 8).toString('latin1')).toBe('VMSRSTAT');
+    expect(bytes.readUInt32LE(8)).toBe(STATE_FORMAT_VERSION);
+    expect(bytes.readUInt32LE(12)).toBe(bytes.length - STATE_HEADER_SIZE);
+    expect(decodeState(bytes)).toEqual({ ok: true, value: sample() });
+  });
+
+  it('refuses a wrong magic, an unknown version, a bad checksum, and says what to do', () => {
+    const magic = encodeState(sample());
+    magic.write('VMSRSTAX', 0, 'latin1');
+    expect(refusal(magic)).toMatch(/^cannot restore state: it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot; start without the saved state/);
+    const version = encodeState(sample());
+    version.writeUInt32LE(2, 8);
+    expect(refusal(version)).toMatch(/it is format version 2, this vmsr-helper reads version 1; run the vmsr-helper that wrote it/);
+    const damaged = encodeState(sample());
+    damaged[damaged.length - 1]! ^= 1;
+    expect(refusal(damaged)).toMatch(/its checksum does not match .*: it was damaged/);
+  });
+
+  it('refuses truncation, trailing bytes, a length past the bound, a short header', () => {
+    const bytes = encodeState(sample());
+    expect(refusal(bytes.subarray(0, bytes.length - 1))).toMatch(/it is cut off: \d+ of the \d+ bytes its header announces/);
+    expect(refusal(Buffer.concat([bytes, Buffer.from([0])]))).toMatch(/1 bytes follow the \d+ its header announces/);
+    const huge = Buffer.from(bytes);
+    huge.writeUInt32LE(STATE_LIMITS.maxPayloadBytes + 1, 12);
+    expect(refusal(huge)).toMatch(/its header announces 67108865 bytes, at most 67108864/);
+    expect(refusal(bytes.subarray(0, 10))).toMatch(/shorter than its 24-byte header/);
+  });
+
+  it('refuses a payload whose length field and checksum agree but whose entries run past it, or stop before it', () => {
+    const bytes = encodeState(sample());
+    // The last thread's ticks lose their last 4 bytes; length and checksum are made right, so only the structure tells.
+    const short = Buffer.from(bytes.subarray(0, bytes.length - 4));
+    short.writeUInt32LE(short.length - STATE_HEADER_SIZE, 12);
+    expect(refusal(resum(short))).toMatch(/it is cut off in the 1 sampled threads it announces/);
+    const extra = encodeState(sample());
+    const longer = Buffer.concat([extra, Buffer.alloc(4)]);
+    longer.writeUInt32LE(longer.length - STATE_HEADER_SIZE, 12);
+    expect(refusal(resum(longer))).toMatch(/4 bytes follow the last entry/);
+  });
+
+  it('refuses counts past their bounds before reading their entries', () => {
+    const bytes = encodeState(sample());
+    bytes.writeUInt32LE(STATE_LIMITS.maxVms + 1, STATE_HEADER_SIZE + 4);
+    expect(refusal(resum(bytes))).toMatch(/it has 100001 VMs, at most 100000/);
+    const many = encodeState({ ...sample(), vms: [], nextHostVmId: 1 });
+    many.writeUInt32LE(4000, STATE_HEADER_SIZE + 8);
+    expect(refusal(resum(many))).toMatch(/cut off in the 4000 packages it announces/);
+    many.writeUInt32LE(STATE_LIMITS.maxPackages + 1, STATE_HEADER_SIZE + 8);
+    expect(refusal(resum(many))).toMatch(/it has 4097 packages, at most 4096/);
+  });
+
+  it('refuses out-of-range values and duplicate ids, and the encoder refuses them too', () => {
+    const cases: [string, (s: StateSnapshot) => void, RegExp][] = [
+      ['a pid past MAX_TID', (s) => (s.vms[0]!.pid = MAX_TID + 1), /VM 1: pid 2147483648 is out of range/],
+      ['a vpkg past MAX_VPKG', (s) => (s.vms[0]!.vcpus[0]!.vpkg = MAX_VPKG + 1), /virtual package 256 is out of range/],
+      ['a vCPU in a package the VM lacks', (s) => (s.vms[0]!.vcpus[0]!.vpkg = 2), /thread 4243 is in virtual package 2, the VM has 2/],
+      ['a tid twice', (s) => (s.vms[0]!.vcpus[1]!.tid = 4243), /thread 4243 is listed twice/],
+      ['a VM id twice', (s) => (s.vms[1]!.hostVmId = 1), /VM id 1 appears twice/],
+      ['a VM id at or past the next id', (s) => (s.nextHostVmId = 2), /VM id 2 is out of range \(1..1, below the next id 2\)/],
+      ['a package twice', (s) => s.packages.push({ pkg: 0, energyUj: 0n, unattributedUj: 0n }), /package 0 appears twice in the totals/],
+      ['a known pid twice', (s) => s.knownPids.push({ pid: 99, starttime: 6 }), /known process 99 appears twice/],
+      ['a sampled thread twice', (s) => s.lastSample!.threads.push({ tid: 4243, ticks: 1n }), /thread 4243 appears twice in the last sample/],
+      ['a counter past 32 bits', (s) => (s.vms[0]!.vpkgs[0]!.counter = 1n << 32n), /counter 4294967296 is out of range/],
+      ['a VM neither registered nor discovered', (s) => (s.vms[0]!.discovered = false, s.vms[0]!.owner = null), /VM 1 is neither registered/],
+      ['a name with a lone surrogate', (s) => (s.vms[0]!.name = 'a\ud800b'), /VM 1: its name is not valid Unicode/],
+      ['too many vCPUs', (s) => (s.vms[0]!.vcpus = Array.from({ length: MAX_VCPUS + 1 }, (_, i) => ({ tid: i + 1, vpkg: 0 }))), /4097 entries, at most 4096/],
+    ];
+    for (const [, edit, want] of cases) {
+      const s = sample();
+      edit(s);
+      expect(() => encodeState(s)).toThrow(want);
+      expect(stateProblem(s)).toMatch(want);
+    }
+  });
+
+  it('decodes values the encoder would never write and refuses them by the same rule', () => {
+    // A valid snapshot, then a pid of 0 written into the bytes: the decoder's check is the encoder's.
+    const bytes = encodeState(sample());
+    bytes.writeUInt32LE(0, STATE_HEADER_SIZE + 12);
+    expect(refusal(resum(bytes))).toMatch(/^cannot restore state: VM 1: pid 0 is out of range \(1..2147483647\); start without/);
+    const flags = encodeState(sample());
+    flags.writeUInt8(0x80, STATE_HEADER_SIZE + 32);
+    expect(refusal(resum(flags))).toMatch(/VM 1 has unknown flags 0x80/);
+    const name = encodeState(sample());
+    name.writeUInt8(0xff, STATE_HEADER_SIZE + 8 + 36 + 16);
+    expect(refusal(resum(name))).toMatch(/VM 1: its name is not valid UTF-8/);
+  });
+});
+
+describe('crc32', () => {
+  it('gives the standard check value for "123456789", and chains', () => {
+    expect(crc32(Buffer.from('123456789'))).toBe(0xcbf43926);
+    expect(crc32(Buffer.from('6789'), crc32(Buffer.from('12345')))).toBe(0xcbf43926);
+    expect(crc32(Buffer.alloc(0))).toBe(0);
+  });
+});
