@@ -6,7 +6,7 @@ import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
 import { legacyPlan, synthPowerInfo, synthPowerLimit, wattsToPowerField } from '../../src/msr/legacy-registers.js';
 import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/daemon.js';
-import { activationFd, activationFdsByName, fdNameProblem, parseActivationEnv, parseWatchdogEnv, takeActivation } from '../../src/helper/lifecycle/systemd.js';
+import { activationFd, activationFdsByName, fdNameProblem, parseActivationEnv, parseWatchdogEnv, storedFds, takeActivation } from '../../src/helper/lifecycle/systemd.js';
 import { parsePidfile } from '../../src/helper/lifecycle/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
@@ -182,6 +182,17 @@ describe('socket activation environment', () => {
     expect(activationFd({ fds: 1, names: [] }, false)).toBe(3);
     expect(() => activationFd({ fds: 1, names: [] }, true)).toThrow(/-k\) cannot be set/);
     expect(() => activationFd({ fds: 2, names: [] }, false)).toThrow(/LISTEN_FDS > 1/);
+  });
+  test('activationFd takes the one listening socket beside the fds the helper stored itself, and refuses two sockets', () => {
+    const act = { fds: 3, names: ['vmsr-state', 'qemu-vmsr-helper.socket', 'vmsr-conn'] };
+    expect(activationFd(act, false)).toBe(4);
+    expect([...storedFds(act)]).toEqual([
+      ['vmsr-state', [3]],
+      ['vmsr-conn', [5]],
+    ]);
+    expect(() => activationFd({ fds: 3, names: ['a.socket', 'vmsr-state', 'b.socket'] }, false)).toThrow(/got 2 besides 1 stored by the helper/);
+    expect(() => activationFd({ fds: 1, names: ['vmsr-state'] }, false)).toThrow(/got 0 besides 1/);
+    expect([...storedFds({ fds: 1, names: [] })]).toEqual([]);
   });
   test('watchdog: WATCHDOG_USEC, honouring WATCHDOG_PID', () => {
     expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000' }, 5)).toBe(30_000_000);

@@ -131,6 +131,36 @@ os.execv(sys.argv[2], [sys.argv[2], '--input-type=module', '-e', sys.argv[3]])`;
     expect(fs.statSync(act).isSocket()).toBe(true); // systemd's socket: not ours to remove
   });
 
+  test('inheritFromEnvironment takes systemd\'s listening socket and carries the fds the helper stored as named fds, and refuses a non-socket', (ctx) => {
+    const why = missing({ command: 'python3' });
+    if (why) return ctx.skip(why);
+    const { dir } = setup();
+    ensureBuilt();
+    const inherited = JSON.stringify(path.join(ROOT, 'dist/src/helper/lifecycle/inherited.js'));
+    const script = `
+      const { inheritFromEnvironment } = await import(${inherited});
+      try {
+        const i = inheritFromEnvironment(false);
+        console.log(JSON.stringify({ how: i.how, listener: i.listener, named: [...(i.named ?? [])] }));
+      } catch (e) { console.log(JSON.stringify({ error: e.message })); }`;
+    // fd 3: a pipe stored by the helper as vmsr-state; fd 4: the .socket unit's listening socket (or, second run, a pipe).
+    const python = `
+import os, socket, sys
+r, w = os.pipe()
+os.dup2(r, 3); os.set_inheritable(3, True)
+if sys.argv[4] == 'socket':
+    s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); os.dup2(s.fileno(), 4)
+else:
+    os.dup2(w, 4)
+os.set_inheritable(4, True)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='2', LISTEN_FDNAMES='vmsr-state:qemu-vmsr-helper.socket')
+os.execv(sys.argv[2], [sys.argv[2], '--input-type=module', '-e', sys.argv[3]])`;
+    const run = (fd4: string) =>
+      JSON.parse(execFileSync('python3', ['-c', python, path.join(dir, `${fd4}.sock`), process.execPath, script, fd4], { encoding: 'utf8', timeout: 20_000, input: '' }).trim());
+    expect(run('socket')).toEqual({ how: 'systemd', listener: { fd: 4 }, named: [['vmsr-state', [3]]] });
+    expect(run('pipe')).toEqual({ error: expect.stringMatching(/^cannot use the socket systemd passed as fd 4: .*; /) });
+  });
+
   test('a connection made before serve() waits and is served once the server serves', async () => {
     const { dir, config } = setup();
     const opened = await openStart(config(), { how: 'fresh' });

@@ -7,7 +7,8 @@
  */
 import type { HostCpu, Vendor } from '../../ratio/types.js';
 import type { SocketFile } from '../server/listener.js';
-import { activationFd, takeActivation } from './systemd.js';
+import { activationFd, storedFds, takeActivation } from './systemd.js';
+import { socketType, SOCK_STREAM } from '../../os/libc.js';
 import { cannot } from '../../common/errors.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
@@ -41,12 +42,23 @@ export interface Inherited {
 
 /**
  * What this process inherits from its environment: systemd's listening socket when socket-activated
- * (the activation variables read and removed; -k with it or several fds refused), else nothing.
+ * (the activation variables read and removed; -k with it, several listening sockets, or an fd that is
+ * not a stream socket refused), with the fds the helper stored itself in systemd's fd store as named
+ * fds; else nothing.
  */
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
   const activation = takeActivation(env);
   if (activation === null) return { how: 'fresh' };
-  return { how: 'systemd', listener: { fd: activationFd(activation, socketPathGiven) } };
+  const fd = activationFd(activation, socketPathGiven);
+  let type: number;
+  try {
+    type = socketType(fd);
+  } catch (e) {
+    throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)'));
+  }
+  if (type !== SOCK_STREAM) throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'));
+  const named = storedFds(activation);
+  return { how: 'systemd', listener: { fd }, ...(named.size > 0 ? { named } : {}) };
 }
 
 /** Every fd an Inherited holds (to keep across an exec). */

@@ -85,11 +85,30 @@ export function takeActivation(env: NodeJS.ProcessEnv = process.env, pid = proce
   }
 }
 
-/** Checks what the helper accepts: exactly one fd, and no -k alongside (as qemu-vmsr-helper). */
+/**
+ * Names under which the helper stores fds of its own with systemd (FDSTORE=1, FDNAME=): state and
+ * connections kept across a restart. Every passed fd with such a name is carried as a named fd; every
+ * other one is a listening socket of the .socket unit (named after the unit, or FileDescriptorName=).
+ */
+export const STORED_FD_PREFIX = 'vmsr-';
+
+/** The passed fds the helper stored itself (STORED_FD_PREFIX), by name. */
+export function storedFds(act: Activation): Map<string, number[]> {
+  return new Map([...activationFdsByName(act)].filter(([name]) => name.startsWith(STORED_FD_PREFIX)));
+}
+
+/**
+ * Checks what the helper accepts: exactly one listening socket among the passed fds (the others being
+ * fds it stored itself), and no -k alongside (as qemu-vmsr-helper). Returns the listening socket's fd.
+ */
 export function activationFd(act: Activation, socketPathGiven: boolean): number {
   if (socketPathGiven) throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
-  if (act.fds > 1) throw new Error(`socket activation with LISTEN_FDS > 1 is not supported (got ${act.fds}); give the .socket unit a single ListenStream=`);
-  return FIRST_SOCKET_ACTIVATION_FD;
+  const listening = [...activationFdsByName(act)].filter(([name]) => !name.startsWith(STORED_FD_PREFIX)).flatMap(([, fds]) => fds);
+  if (listening.length !== 1) {
+    const got = listening.length === act.fds ? `got ${act.fds}` : `got ${listening.length} besides ${act.fds - listening.length} stored by the helper`;
+    throw new Error(`socket activation with LISTEN_FDS > 1 is not supported (${got}); give the .socket unit a single ListenStream=`);
+  }
+  return listening[0]!;
 }
 
 /** WATCHDOG_USEC when it applies to us (WATCHDOG_PID absent or ours), in microseconds; else null. */
