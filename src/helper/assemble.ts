@@ -19,6 +19,7 @@ import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } fro
 import type { TraceSink } from '../sampling/sampling-service.js';
 import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
 import { openListener, type Listener, type ListenOptions, type ListenTarget } from './server/listener.js';
+import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -86,6 +87,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     ...(o.health ? { health: o.health } : {}),
     ...(o.fds ? { fds: o.fds } : {}),
+    sendWithFds: sendWithFdsOnSocket,
   });
   return {
     host,

@@ -59,7 +59,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   openPid?: (pid: number) => void;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
-  /** Sends a reply that carries fds in one sendmsg with SCM_RIGHTS (reply.ts); none yet does. */
+  /** Sends a reply that carries fds in one sendmsg with SCM_RIGHTS (reply.ts; the daemon wires socket-fd-sender.ts). */
   sendWithFds?: SendWithFds;
 }
 
