@@ -36,6 +36,9 @@ export interface DiscoveredVm {
   problems: string[];
 }
 
+/** VM processes discovery tracks at once, by default (the exporter exports that many, plus registrations). */
+export const DEFAULT_MAX_DISCOVERED_VMS = 4096;
+
 export interface ScannerOptions {
   /** A non-VM process younger than this is looked at again every scan (it may still exec QEMU). */
   youngSeconds?: number;
@@ -43,8 +46,8 @@ export interface ScannerOptions {
   fullRecheckEvery?: number;
   /** Thread names read from a multithreaded process not named like QEMU, looking for vCPU threads. */
   maxThreadsProbed?: number;
-  /** VM processes tracked at once; more are ignored, with a warning. */
-  maxVms?: number;
+  /** VM processes tracked at once; more are ignored, with a warning (default DEFAULT_MAX_DISCOVERED_VMS). */
+  maxDiscoveredVms?: number;
   /** Seconds since boot (CLOCK_BOOTTIME); injected by tests. */
   uptime?: () => number;
   clkTck: number;
@@ -88,7 +91,7 @@ export class ProcScanner {
     this.youngS = o.youngSeconds ?? 10;
     this.fullEvery = Math.max(1, o.fullRecheckEvery ?? 60);
     this.maxProbe = o.maxThreadsProbed ?? 16;
-    this.maxVms = o.maxVms ?? 4096;
+    this.maxVms = o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS;
     this.uptime = o.uptime ?? (() => readUptime(procRoot));
   }
 

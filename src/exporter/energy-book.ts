@@ -12,16 +12,21 @@
  */
 import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
 import { RunningTotal } from './running-total.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
+import { DEFAULT_V2_LIMITS } from '../helper/v2/vm-registry.js';
 
 export interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
-  maxVms: number;
+  maxExportedVms: number;
   /** An ended VM that no scrape has seen is forgotten after this long. */
   endedRetentionMs: number;
 }
 
-/** Up to 1000 VMs of up to 256 virtual packages: at most 2 x 256 + 1 series each. */
-export const DEFAULT_BOOK_LIMITS: BookLimits = { maxVms: 1000, endedRetentionMs: 5 * 60_000 };
+/**
+ * Every VM a daemon with default limits can list (its discovery cap and its registrations), each of up
+ * to 256 virtual packages: at most 2 x 256 + 1 series a VM.
+ */
+export const DEFAULT_BOOK_LIMITS: BookLimits = { maxExportedVms: DEFAULT_MAX_DISCOVERED_VMS + DEFAULT_V2_LIMITS.maxVms, endedRetentionMs: 5 * 60_000 };
 
 export interface VmLabels {
   name: string;
@@ -61,7 +66,7 @@ export interface HelperHealth {
   lastSampleDurationS: number | null;
   /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
   lastSampleTNs: bigint | null;
-  /** VMs not observed because of maxVms or a label set already in use. */
+  /** VMs not observed because of maxExportedVms or a label set already in use. */
   vmsSkipped: number;
 }
 
@@ -82,7 +87,7 @@ function totalOf(m: Map<number, RunningTotal>, key: number): RunningTotal {
 export class EnergyBook {
   private readonly vms = new Map<string, BookedVm>();
   /**
-   * Ended VMs no longer exposed, kept (at most maxVms, for endedRetentionMs from their end) so that
+   * Ended VMs no longer exposed, kept (at most maxExportedVms, for endedRetentionMs from their end) so that
    * the same process listed again resumes its totals: after a daemon restart a registered VM is
    * missing from LIST until its client registers it again, and its series must not restart at 0.
    */
@@ -183,7 +188,7 @@ export class EnergyBook {
         skipped.push(vm);
         continue;
       }
-      if (live >= this.limits.maxVms) {
+      if (live >= this.limits.maxExportedVms) {
         skipped.push(vm);
         continue;
       }
@@ -316,7 +321,7 @@ export class EnergyBook {
     for (const [k, r] of this.resting) if (expired(r)) this.resting.delete(k);
     // Oldest first (insertion order): the bound holds whatever the churn.
     for (const k of this.resting.keys()) {
-      if (this.resting.size <= this.limits.maxVms) break;
+      if (this.resting.size <= this.limits.maxExportedVms) break;
       this.resting.delete(k);
     }
   }

@@ -13,7 +13,7 @@ import { ObserverSession, type Backoff } from './observer-session.js';
 export interface ExporterConfig {
   socketPath: string;
   listen: ListenAddress;
-  maxVms: number;
+  maxExportedVms: number;
   backoff?: Backoff;
 }
 
@@ -25,7 +25,7 @@ export interface RunningExporter {
 
 export async function startExporter(c: ExporterConfig, connect: () => Promise<ObserverClient>, log: Logger): Promise<RunningExporter> {
   if (process.getuid?.() === 0) log.warn('the exporter runs as root; it needs no privileges: run it as a user in the helper socket\'s group (see contrib/systemd/vmsr-helper-exporter.service)');
-  const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxVms: c.maxVms });
+  const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxExportedVms: c.maxExportedVms });
   const server = await startMetricsServer(book, c.listen);
   const host = server.address.host.includes(':') ? `[${server.address.host}]` : server.address.host;
   const url = `http://${host}:${server.address.port}${METRICS_PATH}`;

@@ -4,7 +4,7 @@
  */
 import { RatioEngine } from './attribution.js';
 import { TraceError, type TraceRecord } from './trace-records.js';
-import type { IntervalResult, TraceHeader, VmOutput } from './types.js';
+import { MAX_VMS, type IntervalResult, type TraceHeader, type VmOutput } from './types.js';
 
 /** Problems are counted; only the first few are kept, so a bad trace cannot grow memory. */
 export const KEPT_PROBLEMS = 10;
@@ -42,7 +42,7 @@ export class Replay {
    * A trace can register VMs without end (a gzip bomb of register lines) and each keeps state for
    * the total; past this many the replay stops with an error instead of growing without bound.
    */
-  static readonly DEFAULT_MAX_VMS = 100_000;
+  static readonly DEFAULT_MAX_VMS = MAX_VMS;
   private registered = 0;
 
   constructor(

@@ -11,6 +11,12 @@ export const MAX_VCPUS = 4096;
 export const MAX_VPKG = 255;
 /** Highest process or thread id accepted anywhere (pid_t is a signed 32-bit int; Linux's own limit is 2^22). */
 export const MAX_TID = 0x7fffffff;
+/**
+ * The most VMs anything holds at once, whatever it is given: a replay (a trace may register VMs without
+ * end), the exporter's --max-vms, a restart snapshot. The daemon's own caps are far below it:
+ * DEFAULT_MAX_DISCOVERED_VMS (discovery) and DEFAULT_V2_LIMITS.maxVms (registrations).
+ */
+export const MAX_VMS = 100_000;
 
 export interface HostCpu {
   cpu: number;

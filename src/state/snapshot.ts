@@ -3,14 +3,14 @@
  * data, with the bounds a snapshot must keep. No I/O. Filling it from the live objects and restoring
  * them from it is the daemon's business; the codec (codec.ts) only checks and carries it.
  */
-import type { VcpuSpec } from '../ratio/types.js';
+import { MAX_VMS, type VcpuSpec } from '../ratio/types.js';
 
 /** Each limit a snapshot must keep, checked on encode and on decode (docs/daemon.md "Restart state"). */
 export const STATE_LIMITS = {
   /** Whole encoded payload, bytes. */
   maxPayloadBytes: 64 * 1024 * 1024,
   /** VMs (registered, discovered, ended not yet dropped). */
-  maxVms: 100_000,
+  maxVms: MAX_VMS,
   /** A VM's name, UTF-8 bytes. */
   maxNameBytes: 1024,
   /** Host packages, in the totals and in the last sample. */

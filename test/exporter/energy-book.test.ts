@@ -71,7 +71,7 @@ describe('EnergyBook', () => {
 
   test('an ended VM nobody scrapes is forgotten after the retention time', () => {
     let now = 0;
-    const b = new EnergyBook({ maxVms: 10, endedRetentionMs: 1000 }, () => now);
+    const b = new EnergyBook({ maxExportedVms: 10, endedRetentionMs: 1000 }, () => now);
     b.connectionStarted();
     b.listed([vm(1, 100)]);
     b.listed([]); // gone from the LIST: ended
@@ -83,8 +83,8 @@ describe('EnergyBook', () => {
     expect(b.size).toBe(0);
   });
 
-  test('over maxVms, VMs are skipped and counted; a label set in use twice is skipped', () => {
-    const b = new EnergyBook({ maxVms: 2, endedRetentionMs: 1000 });
+  test('over maxExportedVms, VMs are skipped and counted; a label set in use twice is skipped', () => {
+    const b = new EnergyBook({ maxExportedVms: 2, endedRetentionMs: 1000 });
     b.connectionStarted();
     const r = b.listed([vm(1, 100), vm(2, 200), vm(3, 300), vm(4, 100)]);
     expect(r.observe.map((v) => v.hostVmId)).toEqual([1, 2]);
@@ -122,7 +122,7 @@ describe('EnergyBook', () => {
 
   test('a VM missing from the LIST after a daemon restart resumes its totals when the same process is listed again, even after its last scrape', async () => {
     let now = 0;
-    const b = new EnergyBook({ maxVms: 10, endedRetentionMs: 60_000 }, () => now);
+    const b = new EnergyBook({ maxExportedVms: 10, endedRetentionMs: 60_000 }, () => now);
     b.connectionStarted();
     b.listed([vm(1, 100)]);
     b.vmUpdate(upd(1, 1_000n, [9_000_000n]));

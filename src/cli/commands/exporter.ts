@@ -11,16 +11,15 @@ import { addClientSocketOption, addLogLevelOptions, listenAddressArg, positiveIn
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
+import { MAX_VMS } from '../../ratio/types.js';
 
-/** Above this a Prometheus server holding every series is the operator's problem, not a default. */
-export const MAX_MAX_VMS = 100_000;
 
 export function addExporterCommand(program: Command): void {
   const exporter = addClientSocketOption(
     program.command('exporter').description("serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP"),
   )
     .option('--listen <host:port>', `where to serve /metrics (default ${DEFAULT_LISTEN}: loopback only)`, listenAddressArg)
-    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxVms})`, positiveIntArg('--max-vms', MAX_MAX_VMS));
+    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxExportedVms})`, positiveIntArg('--max-vms', MAX_VMS));
   addLogLevelOptions(exporter)
     .action(async (_o: unknown, cmd: Command) => {
       // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
@@ -29,7 +28,7 @@ export function addExporterCommand(program: Command): void {
       const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
       const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
       const exporter = await startExporter(
-        { socketPath, listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN), maxVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxVms },
+        { socketPath, listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN), maxExportedVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxExportedVms },
         () => V2Client.connect(socketPath),
         log,
       );
