@@ -1,6 +1,6 @@
 /**
  * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
- * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM.
+ * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM; SIGHUP is logged (os/sighup.ts).
  */
 import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
@@ -11,6 +11,8 @@ import { addClientSocketOption, addLogLevelOptions, listenAddressArg, positiveIn
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_SOCKET } from './daemon.js';
+import { handleSighup } from '../../os/sighup.js';
+import { closeOpenInspector } from '../../os/inspector-guard.js';
 
 /** Above this a Prometheus server holding every series is the operator's problem, not a default. */
 export const MAX_MAX_VMS = 100_000;
@@ -34,6 +36,9 @@ export function addExporterCommand(program: Command): void {
         log,
       );
       const signals = new DisposableStore();
+      signals.add(handleSighup(log));
+      const inspectorUrl = closeOpenInspector();
+      if (inspectorUrl !== null) log.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the exporter)");
       await new Promise<void>((resolve) => {
         for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => resolve()));
       });
