@@ -7,6 +7,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { Readable } from 'node:stream';
 import zlib from 'node:zlib';
 import { describe, expect, test } from 'vitest';
 import { replayRecords } from '../../src/ratio/replay.js';
@@ -25,7 +26,7 @@ function sample(s: number, energy: bigint, utime: number): Sample {
 const vm = { pid: PID, starttime: 5, vcpus: [{ tid: PID, vpkg: 0 }] };
 
 async function totalJ(lines: string[]): Promise<{ joules: number; intervals: number; problems: string[] }> {
-  const summary = await replayRecords(readTraceStream([Buffer.from(lines.join(''))]));
+  const summary = await replayRecords(readTraceStream(Readable.from([Buffer.from(lines.join(''))])));
   return { joules: summary.vms[0]!.output.vpkgs.reduce((a, v) => a + v.energyJ, 0), intervals: summary.intervals, problems: summary.problems.first };
 }
 
@@ -49,7 +50,7 @@ describe('the gap record', () => {
 
   test('a reader refuses a gap without a count', async () => {
     const lines = [headerLine(header), '{"type":"gap","t_ns":5}\n'];
-    await expect(replayRecords(readTraceStream([Buffer.from(lines.join(''))]))).rejects.toThrow(/lost_samples must be a non-negative integer/);
+    await expect(replayRecords(readTraceStream(Readable.from([Buffer.from(lines.join(''))])))).rejects.toThrow(/lost_samples must be a non-negative integer/);
   });
 });
 
