@@ -214,7 +214,14 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
                 recordPath,
                 { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` },
                 // Opened before the privilege drop and passed across the re-exec (helper/privileged-start).
-                { overwrite: true, fd: ctx.openedFile(recordPath) },
+                {
+                  overwrite: true,
+                  fd: ctx.openedFile(recordPath),
+                  events: {
+                    paused: (why) => log.warn({ record: recordPath, err: why }, 'recording paused: disk full; the trace ends on its last whole record, and each interval tries again'),
+                    resumed: (lost, s) => log.info({ record: recordPath, lostSamples: lost, pausedS: Math.round(s * 10) / 10 }, 'recording resumed (a gap record marks the lost samples)'),
+                  },
+                },
               )),
         discovery: o.discovery,
         deferDiscovery: true,

@@ -2,8 +2,9 @@
  * The daemon's life, one start-up path in one order (docs/daemon.md "Start-up, in order"): what is
  * inherited (Inherited: from systemd, from the image before the start-up re-exec) is adopted, the rest
  * opened (lifecycle/startup.ts: checks, MSR fds, listening socket, pidfile); then privileges dropped,
- * the service chain assembled with its plug-ins, served, READY. On SIGTERM/SIGINT/SIGHUP: stop
- * accepting, close clients, run shutdown hooks, remove what we created.
+ * the service chain assembled with its plug-ins, served, READY. On SIGTERM/SIGINT: stop
+ * accepting, close clients, run shutdown hooks, remove what we created. SIGHUP does not stop it
+ * (os/sighup.ts).
  */
 import fs from 'node:fs';
 import { createLogger, type Logger } from '../logging/logger.js';
@@ -22,6 +23,8 @@ import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './lifecycle/memory-settler.js';
+import { handleSighup } from '../os/sighup.js';
+import { closeOpenInspector } from '../os/inspector-guard.js';
 
 /** Longest wait for the ready hooks' start-up work before the start-up memory settle runs anyway. */
 export const STARTUP_SETTLE_WAIT_MS = 2000;
@@ -30,7 +33,7 @@ export interface RunDaemonOptions {
   v2Handler?: V2Handler;
   onShutdown?: ShutdownHook[];
   plugins?: DaemonPlugin[];
-  /** Default true: SIGTERM/SIGINT/SIGHUP stop the daemon and exit the process with 0. */
+  /** Default true: SIGTERM/SIGINT stop the daemon and exit the process with 0; SIGHUP is logged (os/sighup.ts). */
   handleSignals?: boolean;
   logger?: Logger;
   /** Why the helper did not re-execute itself to drop privileges ('re-executed' when it did). */
@@ -102,7 +105,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     void current.stop(sig).then(() => process.exit(0));
   };
   if (opts.handleSignals !== false) {
-    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) signals.add(listen(process, sig, () => onSignal(sig)));
+    for (const sig of ['SIGTERM', 'SIGINT'] as const) signals.add(listen(process, sig, () => onSignal(sig)));
+    signals.add(handleSighup(logger));
   }
 
   try {
@@ -177,6 +181,9 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const where = listener.where;
     logger.info({ socket: where }, `Listening on ${where}`);
     notifier.ready(`listening on ${where}`);
+    // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
+    const inspectorUrl = closeOpenInspector();
+    if (inspectorUrl !== null) logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
     const wd = notifier.startWatchdog();
     if (wd !== null) area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
 

@@ -183,6 +183,16 @@ export class RatioEngine {
   }
 
   /** Number of the last sample's time, for callers that want to check ordering themselves. */
+  /**
+   * Samples are missing (a trace's gap): the next sample is a new baseline for the energy counters
+   * and for every live VM's threads, as for a first sample; nothing is attributed across the gap.
+   */
+  gap(): void {
+    this.prevT = undefined;
+    this.prevEnergy = new Map();
+    for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
+  }
+
   lastSampleNs(): bigint | undefined {
     return this.prevT;
   }

@@ -85,6 +85,13 @@ export class Replay {
         this.engine.unregister(id);
         return null;
       }
+      case 'gap': {
+        // The energy counters may have wrapped any number of times meanwhile: nothing is attributed
+        // across the gap, the next sample is a new baseline.
+        this.engine.gap();
+        this.problem(`line ${rec.line}: ${rec.lostSamples} samples missing from here (the recorder's disk was full): no energy attributed across the gap`);
+        return null;
+      }
       case 'sample': {
         this.samples++;
         const r = this.engine.addSample(rec.sample);

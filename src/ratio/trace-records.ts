@@ -30,4 +30,6 @@ export type TraceRecord =
   | { type: 'header'; line: number; header: TraceHeader }
   | { type: 'register'; line: number; tNs: bigint; vm: VmSpec }
   | { type: 'sample'; line: number; sample: Sample }
-  | { type: 'unregister'; line: number; tNs: bigint; pid: number };
+  | { type: 'unregister'; line: number; tNs: bigint; pid: number }
+  /** Samples are missing from tNs on (the recorder's disk was full): the next sample is a new baseline. */
+  | { type: 'gap'; line: number; tNs: bigint; lostSamples: number };

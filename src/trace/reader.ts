@@ -104,6 +104,10 @@ export class TraceParser {
         const tNs = this.time(value, text, false);
         return { type: 'unregister', line: lineNo, tNs, pid: this.id(value.pid, 'pid') };
       }
+      case 'gap': {
+        const tNs = this.time(value, text, false);
+        return { type: 'gap', line: lineNo, tNs, lostSamples: this.uint(value.lost_samples, 'lost_samples') };
+      }
       default:
         throw new TraceError(`unknown record type ${describe(type)}`, lineNo);
     }

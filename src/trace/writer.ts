@@ -1,7 +1,14 @@
 /**
  * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz.
- * Every record is flushed through gzip as it is written, so a recorder killed hard still leaves a
- * readable prefix; close() finishes the stream and resolves once every byte is on disk.
+ *
+ * The file is a whole trace after every record, even on a full disk (docs/recording.md, "A full
+ * disk"): each record is written synchronously at the file's end, and for .gz as a deflate segment
+ * of its own (compressed with the 32 KiB before it as dictionary and sync-flushed, so the segments
+ * form one deflate stream) followed by the gzip end (an empty final block, CRC-32 and length), which
+ * the next record overwrites. A write that fails with ENOSPC or EDQUOT is undone (the file is cut
+ * back to the last whole record and its gzip end written again), and the writer pauses: samples are
+ * dropped, other records kept in order, and each later sample tries again; on success a `gap`
+ * record says where samples are missing, so replay takes the next sample as a new baseline.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -51,6 +58,8 @@ export interface OpenOptions {
   overwrite?: boolean;
   /** The file, already opened for writing elsewhere (the daemon, as root before its privilege drop). */
   fd?: number;
+  /** Told when a full disk pauses the recording and when it resumes (default: lines on stderr). */
+  events?: TraceWriterEvents;
 }
 
 // t_ns is written as an exact decimal literal (a bigint can exceed 2^53 on hosts up for months).
@@ -81,6 +90,36 @@ export function unregisterLine(tNs: bigint, pid: number): string {
   return withTime('unregister', tNs, `,"pid":${pid}`);
 }
 
+/** Samples are missing from `tNs` (the first lost one) on: `lost` of them. */
+export function gapLine(tNs: bigint, lost: number): string {
+  return withTime('gap', tNs, `,"lost_samples":${lost}`);
+}
+
+/**
+ * Records kept in memory while the disk is full (the header, registrations, the gap); past this the
+ * recording stops for good with an error. Samples are not kept: they are the bulk, and lost.
+ */
+export const MAX_PENDING_BYTES = 1 << 20;
+/** Deflate's window: each record is compressed with this much of what precedes it as dictionary. */
+const WINDOW = 32 * 1024;
+const GZIP_HEADER = Buffer.from([0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3]);
+/** Errors after which recording pauses and retries (the disk or the quota is full); any other stops it. */
+const PAUSING_ERRORS = new Set(['ENOSPC', 'EDQUOT']);
+
+/** What a writer tells its user about a full disk (default: a line on stderr). */
+export interface TraceWriterEvents {
+  paused(why: string): void;
+  resumed(lostSamples: number, pausedS: number): void;
+}
+
+const stderrEvents = (path: string): TraceWriterEvents => ({
+  paused: (why) => process.stderr.write(`trace ${path}: recording paused: disk full (${why}); the file ends on its last whole record, samples are dropped and each interval tries again\n`),
+  resumed: (lost, s) => process.stderr.write(`trace ${path}: recording resumed after ${s.toFixed(1)} s; ${lost} samples lost (a gap record marks them)\n`),
+});
+
+/** A pending record: a line, or the gap (rendered when written, with the count by then). */
+type Pending = { line: string } | { gapT: bigint };
+
 export class TraceWriter {
   private lastSampleT: bigint | null = null;
   private closed: Promise<void> | null = null;
@@ -88,24 +127,32 @@ export class TraceWriter {
   /** Records written so far (header included). */
   records = 0;
   samples = 0;
+  /** Samples dropped while the disk was full, over the whole recording. */
+  lostSamples = 0;
+  /** Where the next record goes: the end of the last whole record (before the gzip end). */
+  private end = 0;
+  private crc = 0;
+  private size = 0;
+  /** The last WINDOW bytes of text written (the next record's dictionary). */
+  private tail = Buffer.alloc(0);
+  /** Non-null while paused: records to write first, in order. */
+  private pending: Pending[] | null = null;
+  private pendingBytes = 0;
+  private lostNow = 0;
+  private pausedAt = 0;
 
   private constructor(
     readonly path: string,
-    private readonly file: fs.WriteStream,
-    private readonly gzip: zlib.Gzip | null,
-  ) {
-    const onError = (e: Error) => {
-      this.error ??= new Error(`trace ${path}: ${e.message}`);
-    };
-    file.on('error', onError);
-    gzip?.on('error', onError);
-  }
+    private readonly fd: number,
+    private readonly gzip: boolean,
+    private readonly events: TraceWriterEvents,
+  ) {}
 
   /**
    * Creates the file and writes the header (with the start time and host name added when the caller
    * did not give them). Throws at once if the file cannot be created, or exists and `overwrite` is
    * not set. `o.fd`: the file already opened for writing (by the daemon as root, before its
-   * privilege drop): used as is.
+   * privilege drop): used as is. A disk already full leaves the file empty and the writer paused.
    */
   static open(path: string, header: TraceHeader, o: OpenOptions = {}): TraceWriter {
     // Opening synchronously surfaces ENOENT/EACCES/EEXIST here, with the path, not later from a stream.
@@ -117,17 +164,19 @@ export class TraceWriter {
       if (err.code === 'EEXIST') throw new Error(cannot(`write trace ${path}`, `the file exists`, `give --force to overwrite it, or another file name`));
       throw new Error(cannot(`write trace ${path}`, err.message));
     }
-    const file = fs.createWriteStream(path, { fd });
-    const gzip = path.endsWith('.gz') ? zlib.createGzip() : null;
-    if (gzip) gzip.pipe(file);
-    const w = new TraceWriter(path, file, gzip);
+    const w = new TraceWriter(path, fd, path.endsWith('.gz'), o.events ?? stderrEvents(path));
     w.write(headerLine({ ...recordingStart(), ...header }));
     return w;
   }
 
   /** Bytes on disk so far (compressed size for .gz). */
   get bytesWritten(): number {
-    return this.file.bytesWritten;
+    return this.end === 0 ? 0 : this.end + (this.gzip ? 10 : 0);
+  }
+
+  /** True while the disk is full and records are held back. */
+  get paused(): boolean {
+    return this.pending !== null;
   }
 
   register(tNs: bigint, vm: VmSpec): void {
@@ -140,7 +189,7 @@ export class TraceWriter {
     }
     this.lastSampleT = s.tNs;
     this.samples++;
-    this.write(sampleLine(s));
+    this.write(sampleLine(s), s.tNs);
   }
 
   unregister(tNs: bigint, pid: number): void {
@@ -148,29 +197,133 @@ export class TraceWriter {
   }
 
   /**
-   * Ends the stream; resolves when everything is flushed and the file closed, rejects with the first
-   * write error (also one from before the call). Idempotent.
+   * Writes what is held back if it can, and closes the file. Resolves when the file is closed;
+   * rejects with the first write error that stopped the recording, or, when the disk was still
+   * full, saying how much is missing at the end (the file still ends on a whole record). Idempotent.
    */
   close(): Promise<void> {
-    this.closed ??= new Promise<void>((resolve, reject) => {
-      const settle = () => (this.error ? reject(this.error) : resolve());
-      // A write error destroys the file stream: its 'close' may already be past.
-      if (this.file.closed) return settle();
-      this.file.once('close', settle);
-      if (this.file.destroyed) return;
-      if (this.gzip && !this.gzip.destroyed) this.gzip.end();
-      else this.file.end();
-    });
+    this.closed ??= (async () => {
+      if (this.pending !== null && this.error === null) this.flushPending([]);
+      fs.closeSync(this.fd);
+      if (this.error) throw this.error;
+      if (this.pending !== null) {
+        throw new Error(cannot(`write the end of trace ${this.path}`, `the disk is still full`, `the file ends on its last whole record; ${this.lostNow} samples after it were lost`));
+      }
+    })();
     return this.closed;
   }
 
-  private write(line: string): void {
+  private write(line: string, sampleT?: bigint): void {
     if (this.closed) throw new Error(`trace ${this.path} is closed`);
     if (this.error) throw this.error;
     this.records++;
-    if (this.gzip) {
-      this.gzip.write(line);
-      this.gzip.flush(zlib.constants.Z_SYNC_FLUSH);
-    } else this.file.write(line);
+    if (this.pending === null) {
+      const failed = this.append([line]);
+      if (failed === null) return;
+      this.pause(failed);
+      if (sampleT === undefined) this.hold({ line });
+      else this.lose(sampleT);
+      return;
+    }
+    // Paused: a sample tries again (once an interval), with everything held back before it.
+    if (sampleT === undefined) return this.hold({ line });
+    if (!this.flushPending([line])) this.lose(sampleT);
   }
+
+  /** Writes the held-back records and `then`; on success the writer runs again. */
+  private flushPending(then: string[]): boolean {
+    const lines = this.pending!.map((p) => ('line' in p ? p.line : gapLine(p.gapT, this.lostNow)));
+    const failed = this.append([...lines, ...then]);
+    if (failed !== null) return false;
+    this.events.resumed(this.lostNow, (Date.now() - this.pausedAt) / 1000);
+    this.pending = null;
+    this.pendingBytes = 0;
+    this.lostNow = 0;
+    return true;
+  }
+
+  private pause(why: string): void {
+    this.pending = [];
+    this.pausedAt = Date.now();
+    this.events.paused(why);
+  }
+
+  private lose(tNs: bigint): void {
+    if (this.lostNow === 0) this.pending!.push({ gapT: tNs });
+    this.lostNow++;
+    this.lostSamples++;
+    this.samples--;
+  }
+
+  private hold(p: { line: string }): void {
+    this.pendingBytes += p.line.length;
+    this.pending!.push(p);
+    if (this.pendingBytes > MAX_PENDING_BYTES) {
+      this.error = new Error(
+        cannot(`go on recording trace ${this.path}`, `the disk has been full too long: more than ${MAX_PENDING_BYTES} bytes of registrations held back`, `free space and restart the recording; the file ends on its last whole record`),
+      );
+      throw this.error;
+    }
+  }
+
+  /**
+   * Writes `lines` as whole records at the end of the file, or nothing: returns null, or the error
+   * code after undoing a write the disk could not hold. Any other error stops the recording (thrown).
+   */
+  private append(lines: string[]): string | null {
+    const text = Buffer.from(lines.join(''));
+    let data: Buffer;
+    let crc = this.crc;
+    let size = this.size;
+    const start = this.end;
+    if (this.gzip) {
+      const seg = zlib.deflateRawSync(text, { finishFlush: zlib.constants.Z_SYNC_FLUSH, ...(this.tail.length ? { dictionary: this.tail } : {}) });
+      crc = zlib.crc32(text, crc);
+      size = (size + text.length) >>> 0;
+      const trailer = Buffer.alloc(10);
+      trailer[0] = 0x03; // an empty final block (fixed Huffman: BFINAL, BTYPE 01, end-of-block)
+      trailer.writeUInt32LE(crc >>> 0, 2);
+      trailer.writeUInt32LE(size, 6);
+      data = Buffer.concat(start === 0 ? [GZIP_HEADER, seg, trailer] : [seg, trailer]);
+    } else data = text;
+    try {
+      writeAllAt(this.fd, data, start);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      this.undo();
+      if (err.code !== undefined && PAUSING_ERRORS.has(err.code)) return err.code;
+      this.error = new Error(`trace ${this.path}: ${err.message}`);
+      throw this.error;
+    }
+    if (this.gzip) {
+      this.end = start + data.length - 10;
+      this.crc = crc;
+      this.size = size;
+      this.tail = Buffer.concat([this.tail, text]);
+      if (this.tail.length > WINDOW) this.tail = Buffer.from(this.tail.subarray(this.tail.length - WINDOW));
+    } else this.end = start + data.length;
+    return null;
+  }
+
+  /** Cuts the file back to its last whole record and, for .gz, writes that record's gzip end again. */
+  private undo(): void {
+    try {
+      if (!this.gzip || this.end === 0) return void fs.ftruncateSync(this.fd, this.end);
+      fs.ftruncateSync(this.fd, this.end + 10);
+      const trailer = Buffer.alloc(10);
+      trailer[0] = 0x03;
+      trailer.writeUInt32LE(this.crc >>> 0, 2);
+      trailer.writeUInt32LE(this.size, 6);
+      // Bytes inside the file's size: their blocks are still allocated, this needs no space.
+      writeAllAt(this.fd, trailer, this.end);
+    } catch (e) {
+      this.error = new Error(cannot(`cut trace ${this.path} back to its last whole record`, (e as Error).message));
+      throw this.error;
+    }
+  }
+}
+
+function writeAllAt(fd: number, data: Buffer, position: number): void {
+  let off = 0;
+  while (off < data.length) off += fs.writeSync(fd, data, off, data.length - off, position + off);
 }

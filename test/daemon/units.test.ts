@@ -10,7 +10,7 @@ import { activationFd, activationFdsByName, fdNameProblem, parseActivationEnv, p
 import { parsePidfile } from '../../src/helper/lifecycle/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
-import { DAEMON_NODE_FLAGS, withDaemonNodeFlags } from '../../src/os/privileges/reexec.js';
+import { allowedEnvironment, DAEMON_NODE_FLAGS, withDaemonNodeFlags } from '../../src/os/privileges/reexec.js';
 import { mayNeedSubcommands } from '../../src/cli/cli.js';
 import { areaMatches } from '../../src/helper/daemon.js';
 import { OnlineCpus } from '../../src/helper/legacy/legacy-service.js';
@@ -243,10 +243,20 @@ describe('small parsers', () => {
 });
 
 describe('start-up', () => {
-  test('the re-executed daemon gets the Node flags it lacks; flags the user gave node stay as given', () => {
+  test('the re-executed daemon gets the Node flags it lacks; allowed flags the user gave node stay as given, others are dropped', () => {
     expect(withDaemonNodeFlags([])).toEqual([...DAEMON_NODE_FLAGS]);
-    expect(withDaemonNodeFlags(['--max-semi-space-size=8', '--trace-gc'])).toEqual(['--v8-pool-size=1', '--max-semi-space-size=8', '--trace-gc']);
+    expect(withDaemonNodeFlags(['--max-semi-space-size=8', '--trace-gc'])).toEqual(['--v8-pool-size=1', '--max-semi-space-size=8']);
     expect(withDaemonNodeFlags(['--v8_pool_size=2'])).toEqual(['--max-semi-space-size=4', '--v8_pool_size=2']);
+  });
+
+  test('the re-executed daemon is given no flag that opens a debugger or loads code, whatever node was given', () => {
+    const hostile = ['--inspect', '--inspect=0.0.0.0:9229', '--inspect-brk', '--inspect-port=9229', '--require=/tmp/x.js', '-r', '/tmp/x.js', '--import=/tmp/x.mjs', '--loader=/tmp/l.mjs', '--experimental-loader=/tmp/l.mjs', '--max-old-space-size=64'];
+    expect(withDaemonNodeFlags(hostile)).toEqual([...DAEMON_NODE_FLAGS, '--max-old-space-size=64']);
+  });
+
+  test('the re-executed daemon inherits only allowlisted variables: NODE_OPTIONS, NODE_PATH and HOME are dropped', () => {
+    const env = allowedEnvironment({ NODE_OPTIONS: '--inspect', NODE_PATH: '/tmp', HOME: '/root', PATH: '/usr/bin', LC_ALL: 'C', NOTIFY_SOCKET: '/run/n', JOURNAL_STREAM: '1:2', EVIL: 'x' });
+    expect(env).toEqual({ PATH: '/usr/bin', LC_ALL: 'C', NOTIFY_SOCKET: '/run/n', JOURNAL_STREAM: '1:2' });
   });
 
   test('subcommand modules are loaded only when the command line may name one or asks for help', () => {

@@ -147,7 +147,7 @@ function defaultRead(f: string): string {
  * a non-root or -d foreground run stays small.
  */
 export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<typeof v2OptionsFrom>, logger?: () => Logger): Promise<void> {
-  const { isDaemonChild, reportFailure, spawnDetached } = await import('../../helper/lifecycle/daemonize.js');
+  const { DAEMON_CHILD_ENV, isDaemonChild, reportFailure, spawnDetached } = await import('../../helper/lifecycle/daemonize.js');
   if (config.daemonize && !isDaemonChild()) {
     await spawnDetached(process.argv);
     return;
@@ -172,6 +172,8 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
         keep.push(channel);
         env.NODE_CHANNEL_FD = String(channel);
       }
+      // The re-exec passes only allowlisted variables (os/privileges/reexec.ts): -d's marker is named here.
+      if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
       try {
         reexecDropped({ ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) }, keep, env);
       } catch (e) {

@@ -1,6 +1,6 @@
 /**
  * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
- * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM.
+ * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM; SIGHUP is logged (os/sighup.ts).
  */
 import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
@@ -12,6 +12,8 @@ import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { MAX_VMS } from '../../ratio/types.js';
+import { handleSighup } from '../../os/sighup.js';
+import { closeOpenInspector } from '../../os/inspector-guard.js';
 
 
 export function addExporterCommand(program: Command): void {
@@ -33,6 +35,9 @@ export function addExporterCommand(program: Command): void {
         log,
       );
       const signals = new DisposableStore();
+      signals.add(handleSighup(log));
+      const inspectorUrl = closeOpenInspector();
+      if (inspectorUrl !== null) log.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the exporter)");
       await new Promise<void>((resolve) => {
         for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => resolve()));
       });

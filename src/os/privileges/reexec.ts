@@ -20,10 +20,60 @@ import { CAP_SETPCAP, CAP_SYS_RAWIO, changeIds, dropBoundingSet, PR_CAP_AMBIENT,
  */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--v8-pool-size=1'];
 
-/** `execArgv` plus each of DAEMON_NODE_FLAGS whose flag is not in it yet. */
+/**
+ * The only Node flags the re-executed image may be given (as `--flag=value`): memory and thread
+ * sizes. An allowlist, not a blocklist: a flag that starts a debugger (--inspect*, --debug*), loads
+ * code (--require, --import, --loader, --experimental-loader, -r) or changes what is trusted must
+ * never reach the image that keeps CAP_SYS_RAWIO and the MSR fds, whatever the first image was given.
+ */
+export const ALLOWED_NODE_FLAGS: readonly string[] = ['--max-semi-space-size', '--max-old-space-size', '--v8-pool-size', '--stack-size'];
+
+function flagName(arg: string): string {
+  return arg.split('=')[0]!.replace(/_/g, '-');
+}
+
+/** The allowed `--flag=value` items of `execArgv` (ALLOWED_NODE_FLAGS); everything else is dropped. */
+export function allowedExecArgv(execArgv: readonly string[]): string[] {
+  return execArgv.filter((a) => a.includes('=') && ALLOWED_NODE_FLAGS.includes(flagName(a)));
+}
+
+/** The allowed items of `execArgv` plus each of DAEMON_NODE_FLAGS whose flag is not among them yet. */
 export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
-  const given = new Set(execArgv.map((a) => a.split('=')[0]!.replace(/_/g, '-')));
-  return [...DAEMON_NODE_FLAGS.filter((f) => !given.has(f.split('=')[0]!)), ...execArgv];
+  const kept = allowedExecArgv(execArgv);
+  const given = new Set(kept.map(flagName));
+  return [...DAEMON_NODE_FLAGS.filter((f) => !given.has(flagName(f))), ...kept];
+}
+
+/**
+ * Variables of the first image's environment passed to the re-executed one; every other is dropped
+ * (an allowlist: NODE_OPTIONS would start a debugger or load code in it, NODE_PATH and HOME change
+ * where modules are found). Names ending in `*` are prefixes. What the image must inherit on purpose
+ * (the Inherited description, the -d channel) is added by the caller.
+ */
+export const REEXEC_ENV_ALLOWLIST: readonly string[] = [
+  'PATH',
+  'LANG',
+  'LANGUAGE',
+  'LC_*',
+  'TZ',
+  'TERM',
+  'NO_COLOR',
+  // systemd: the notify socket and watchdog (helper/lifecycle/systemd.ts), the journal (logging).
+  'NOTIFY_SOCKET',
+  'WATCHDOG_USEC',
+  'WATCHDOG_PID',
+  'JOURNAL_STREAM',
+  'INVOCATION_ID',
+];
+
+/** The allowlisted variables of `env` (REEXEC_ENV_ALLOWLIST). */
+export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) {
+    if (v === undefined) continue;
+    if (REEXEC_ENV_ALLOWLIST.some((a) => (a.endsWith('*') ? k.startsWith(a.slice(0, -1)) : k === a))) out[k] = v;
+  }
+  return out;
 }
 
 /** Set in the environment of the image re-executed by reexecDropped, so it never loops. */
@@ -53,8 +103,10 @@ export function reexecBlocker(): string | null {
  *     only way a capability crosses exec to a non-root program (root gets it from the bounding set);
  *  4. PR_SET_NO_NEW_PRIVS.
  * Every thread of the new image then has CapEff = CapPrm = CapBnd = CAP_SYS_RAWIO, NoNewPrivs 1 and
- * the asked uid/gid. `keepFds` (beside stdio) survive the exec; `env` is added to the new image's
- * environment. Returns only by throwing.
+ * the asked uid/gid. `keepFds` (beside stdio) survive the exec. The new image's environment is the
+ * allowlisted part of ours (allowedEnvironment) plus `env`; its Node flags the allowlisted part of
+ * ours (allowedExecArgv) plus DAEMON_NODE_FLAGS: no NODE_OPTIONS, --inspect, --require, --import or
+ * --loader crosses. Returns only by throwing.
  */
 export function reexecDropped(
   o: DropOptions,
@@ -81,5 +133,6 @@ export function reexecDropped(
       /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
   }
-  return execve(process.execPath, argv, { ...process.env, ...env, [REEXEC_ENV]: '1' });
+    // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
+  return execve(process.execPath, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
 }

@@ -1,0 +1,67 @@
+/**
+ * Keeps Node's inspector (a debugger: whoever connects runs code in the process) shut.
+ *
+ * Node 20 opens the inspector on 127.0.0.1:9229 when the process gets SIGUSR1, and any process of
+ * the same uid may send it: with `-u USER`, any process of USER; for the exporter, any process of
+ * its uid. Then any local user can connect and run code in the daemon, with its MSR fds and
+ * CAP_SYS_RAWIO. A JavaScript SIGUSR1 listener replaces Node's own handler (measured on Node 20,
+ * which has no --disable-sigusr1: that came with 22.14), so installSigusr1Guard() must run before
+ * anything else in the executable (src/bin/guard.ts, the entry's first import).
+ *
+ * Defence in depth: closeOpenInspector() closes an inspector something opened anyway (a --inspect
+ * flag or NODE_OPTIONS of the first image, which root controls; never passed on, see
+ * os/privileges/reexec.ts).
+ */
+import fs from 'node:fs';
+import inspector from 'node:inspector';
+
+/** The warning logged when SIGUSR1 arrives (who sent it is not known to a signal listener). */
+export const SIGUSR1_MESSAGE = "SIGUSR1 ignored: it would open Node's inspector";
+/** At most one SIGUSR1 warning per this many ms; the ones held back are counted in the next. */
+export const SIGUSR1_LOG_EVERY_MS = 60_000;
+
+/** A JSON line on stderr shaped like the logger's: the guard runs before any logger exists, and must not wait for one. */
+function warnLine(msg: string, fields: Record<string, unknown>): void {
+  try {
+    fs.writeSync(2, `${JSON.stringify({ level: 'warn', time: Date.now(), pid: process.pid, msg, ...fields })}\n`);
+  } catch {
+    /* stderr closed: nothing to tell */
+  }
+}
+
+/** Closes the inspector if it is open; returns the URL it had, else null. */
+export function closeOpenInspector(): string | null {
+  const url = inspector.url();
+  if (url === undefined) return null;
+  inspector.close();
+  return url;
+}
+
+let installed = false;
+
+/**
+ * Installs the SIGUSR1 listener (once) and closes an inspector already open. `now` and `warn` are
+ * for tests. Returns the listener.
+ */
+export function installSigusr1Guard(now: () => number = Date.now, warn: typeof warnLine = warnLine): () => void {
+  let lastLog = -Infinity;
+  let heldBack = 0;
+  const onUsr1 = () => {
+    const closed = closeOpenInspector();
+    const t = now();
+    if (t - lastLog < SIGUSR1_LOG_EVERY_MS && closed === null) {
+      heldBack++;
+      return;
+    }
+    lastLog = t;
+    warn(SIGUSR1_MESSAGE, { heldBack, ...(closed !== null ? { inspectorClosed: closed } : {}) });
+    heldBack = 0;
+  };
+  if (!installed) {
+    installed = true;
+    process.on('SIGUSR1', onUsr1);
+    const closed = closeOpenInspector();
+    if (closed !== null) warn('inspector closed at start: a debugger must not reach this process (drop --inspect and NODE_OPTIONS)', { inspectorClosed: closed });
+  }
+  return onUsr1;
+}

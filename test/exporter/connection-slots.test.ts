@@ -1,0 +1,84 @@
+/**
+ * ConnectionSlots on a real node:http server and real sockets: the oldest idle connection makes
+ * room, and a new connection is closed at once only when every slot has a request in progress.
+ * The attack itself runs against the real exporter in test/hostile/idle-connections-block-no-scrape.test.ts.
+ */
+import http from 'node:http';
+import net from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { afterEach, describe, expect, test } from 'vitest';
+import { ConnectionSlots } from '../../src/exporter/connection-slots.js';
+
+const MAX = 3;
+const cleanups: (() => void)[] = [];
+afterEach(() => {
+  for (const c of cleanups.splice(0).reverse()) c();
+});
+
+/** A server whose /hang requests are never answered and whose other requests get "ok". */
+async function server(limits = { max: MAX, idleMs: 10_000, requestMs: 10_000 }): Promise<{ port: number; slots: ConnectionSlots }> {
+  const s = http.createServer((req, res) => {
+    if (req.url !== '/hang') res.end('ok');
+  });
+  const slots = new ConnectionSlots(s, limits);
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  cleanups.push(() => {
+    s.closeAllConnections();
+    s.close();
+  });
+  return { port: (s.address() as AddressInfo).port, slots };
+}
+
+function connect(port: number): Promise<net.Socket & { closedAt?: number }> {
+  return new Promise((resolve) => {
+    const c: net.Socket & { closedAt?: number } = net.connect(port, '127.0.0.1', () => resolve(c));
+    c.on('error', () => {});
+    c.on('close', () => (c.closedAt = Date.now()));
+    cleanups.push(() => c.destroy());
+  });
+}
+
+const settle = () => new Promise((r) => setTimeout(r, 100));
+
+describe('ConnectionSlots', () => {
+  test('a new connection evicts the connection idle the longest when the slots are full', async () => {
+    const { port, slots } = await server();
+    const idle = [];
+    for (let i = 0; i < MAX; i++) {
+      idle.push(await connect(port));
+      await settle();
+    }
+    const fresh = await connect(port);
+    await settle();
+    expect(idle.map((c) => c.closedAt !== undefined)).toEqual([true, false, false]);
+    expect(fresh.closedAt).toBeUndefined();
+    expect(slots.stats()).toMatchObject({ open: MAX, evicted: 1, refused: 0 });
+  });
+
+  test('a new connection is closed at once when every slot has a request in progress, and not an in-progress one', async () => {
+    const { port, slots } = await server();
+    const busy = [];
+    for (let i = 0; i < MAX; i++) {
+      const c = await connect(port);
+      c.write('GET /hang HTTP/1.1\r\nHost: x\r\n\r\n');
+      busy.push(c);
+    }
+    await settle();
+    const late = await connect(port);
+    await settle();
+    expect(late.closedAt).toBeDefined();
+    expect(busy.every((c) => c.closedAt === undefined)).toBe(true);
+    expect(slots.stats()).toMatchObject({ open: MAX, evicted: 0, refused: 1 });
+  });
+
+  test('a request not answered within requestMs is closed', async () => {
+    const { port, slots } = await server({ max: MAX, idleMs: 10_000, requestMs: 300 });
+    const c = await connect(port);
+    const t0 = Date.now();
+    c.write('GET /hang HTTP/1.1\r\nHost: x\r\n\r\n');
+    await new Promise((r) => c.once('close', r));
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(250);
+    expect(Date.now() - t0).toBeLessThan(2_000);
+    expect(slots.stats().timedOut).toBe(1);
+  });
+});

@@ -1,0 +1,44 @@
+/**
+ * Issue 21 item 12: a log-rotation style `kill -HUP` stopped the daemon, and QEMU never reconnects,
+ * so every guest's energy counter froze. The signal comes from a real process of the dropped uid.
+ */
+import { describe, expect, test } from 'vitest';
+import { SIGHUP_MESSAGE } from '../../src/os/sighup.js';
+import { hostArgs, LegacyClient, startHelper } from '../daemon/support/daemon-process.js';
+import { fakeHost, killAs, NOBODY, notRoot, onCleanup, sleep, startExporterProcess, track } from './support.js';
+
+/** Long enough for a process that SIGHUP ends to be gone (Node's default action is immediate). */
+const SETTLE_MS = 500;
+
+describe('SIGHUP', () => {
+  test('the daemon keeps answering legacy requests on the same connection after SIGHUP, and logs it at info', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { host, sock } = fakeHost();
+    const child = track(await startHelper(['-k', sock, '-u', 'nobody', ...hostArgs(host)]));
+    const c = await LegacyClient.connect(sock);
+    onCleanup(() => c.close());
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    expect(await killAs(NOBODY, 'HUP', child.proc.pid!)).toBe(0);
+    await sleep(SETTLE_MS);
+    expect(child.proc.exitCode).toBeNull();
+    expect(c.closed).toBe(false);
+    expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    const line = child.stderr().split('\n').find((l) => l.includes(SIGHUP_MESSAGE));
+    expect(['info', 30]).toContain(line && JSON.parse(line).level);
+    // SIGTERM still stops it cleanly.
+    expect(await child.stop('SIGTERM')).toBe(0);
+  });
+
+  test('the exporter keeps serving after SIGHUP', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { sock } = fakeHost();
+    const { child, url } = await startExporterProcess(sock, NOBODY);
+    expect(await killAs(NOBODY, 'HUP', child.proc.pid!)).toBe(0);
+    await sleep(SETTLE_MS);
+    expect(child.proc.exitCode).toBeNull();
+    expect((await fetch(url)).status).toBe(200);
+    expect(child.stderr()).toContain(SIGHUP_MESSAGE);
+  });
+});

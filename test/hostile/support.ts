@@ -1,0 +1,105 @@
+/**
+ * What the hostile tests share: a fake host readable by the dropped uid, the attacker (a real
+ * process of another uid), and what the kernel says a process listens on.
+ */
+import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach } from 'vitest';
+import { FakeHost } from '../support/fake-host.js';
+import { spawnHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+
+/** The unprivileged attacker: this machine's `nobody`. */
+export const NOBODY = 65534;
+
+/** Why the test cannot run here (it needs root to start the daemon with -u and to act as another uid), or null. */
+export function notRoot(): string | null {
+  return process.getuid?.() === 0 ? null : 'needs root: the daemon drops to -u nobody and the attack runs as uid 65534';
+}
+
+const cleanups: (() => void | Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+export function onCleanup(c: () => void | Promise<unknown>): void {
+  cleanups.push(c);
+}
+
+export function track(child: DaemonChild): DaemonChild {
+  onCleanup(() => child.stop('SIGKILL'));
+  return child;
+}
+
+/** A fake host with RAPL registers, readable by anyone (like /sys), and a socket directory. */
+export function fakeHost(): { host: FakeHost; dir: string; sock: string } {
+  const host = new FakeHost();
+  host.writePackageMsr(0, 0x606, 0xa1003n);
+  host.writePackageMsr(0, 0x611, 0x1000n);
+  fs.chmodSync(host.dir, 0o755);
+  const dir = tempDir('vmsr-hostile-');
+  onCleanup(() => {
+    host.cleanup();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  return { host, dir, sock: path.join(dir, 'h.sock') };
+}
+
+/** Runs `kill -SIG pid` as `uid` (a real process of another user); resolves with kill's exit code. */
+export function killAs(uid: number, signal: string, pid: number): Promise<number> {
+  return new Promise((resolve) => {
+    execFile('kill', [`-${signal}`, String(pid)], { uid, gid: uid }, (err) => resolve(err ? ((err as { code?: number }).code ?? 1) : 0));
+  });
+}
+
+/** Inodes of the sockets `pid` holds open (from /proc/PID/fd). */
+function socketInodes(pid: number): Set<string> {
+  const out = new Set<string>();
+  for (const fd of fs.readdirSync(`/proc/${pid}/fd`)) {
+    try {
+      const m = /^socket:\[(\d+)\]$/.exec(fs.readlinkSync(`/proc/${pid}/fd/${fd}`));
+      if (m) out.add(m[1]!);
+    } catch {
+      /* closed meanwhile */
+    }
+  }
+  return out;
+}
+
+/** TCP ports `pid` listens on (IPv4 and IPv6), from /proc/PID/net/tcp{,6} matched by socket inode. */
+export function tcpListeningPorts(pid: number): number[] {
+  const mine = socketInodes(pid);
+  const ports: number[] = [];
+  for (const table of ['tcp', 'tcp6']) {
+    let text: string;
+    try {
+      text = fs.readFileSync(`/proc/${pid}/net/${table}`, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const line of text.split('\n').slice(1)) {
+      const f = line.trim().split(/\s+/);
+      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+      if (f.length < 10 || f[3] !== '0A' || !mine.has(f[9]!)) continue;
+      ports.push(parseInt(f[1]!.split(':')[1]!, 16));
+    }
+  }
+  return ports.sort((a, b) => a - b);
+}
+
+/** Starts `vmsr-helper exporter` (as `uid` when given) on a free loopback port; resolves with it and its URL. */
+export async function startExporterProcess(socketPath: string, uid?: number, env?: NodeJS.ProcessEnv): Promise<{ child: DaemonChild; url: string; port: number }> {
+  const child = track(spawnHelper(['exporter', '-k', socketPath, '--listen', '127.0.0.1:0'], { ...(uid !== undefined ? { uid, gid: uid } : {}), ...(env ? { env } : {}) }));
+  let url = '';
+  await waitFor(() => {
+    const m = /Serving metrics on (http:\/\/[^"\s]+)/.exec(child.stderr());
+    if (m) url = m[1]!;
+    return m !== null;
+  }, 'the exporter to serve', child);
+  return { child, url, port: Number(new URL(url).port) };
+}
+
+/** Sleeps `ms`. */
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
