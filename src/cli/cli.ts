@@ -33,7 +33,7 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
   program.showSuggestionAfterError(true);
   // Options after a subcommand are that subcommand's: `record --interval 0.5` is record's interval,
   // parsed by record, not the daemon's. Values given before the subcommand still reach it via
-  // optsWithGlobals().
+  // commandOptions().
   program.enablePositionalOptions();
   configureDaemonCommand(program);
   if (withSubcommands) for (const load of Object.values(SUBCOMMANDS)) (await load())(program);

@@ -92,7 +92,31 @@ export function listenAddressArg(text: string): ListenAddress {
 }
 
 /**
- * -k on the helper's clients (watch, exporter). Read it with optsWithGlobals(): given before the
+ * A subcommand's options merged with its ancestors', for its action: for each option, the value of the
+ * nearest command where the user gave it (command line or environment), else the nearest default. So
+ * `record --interval 0.1` is record's 0.1, not the daemon's default 1 (commander's optsWithGlobals()
+ * lets an ancestor's default win), and `vmsr-helper --msr-path X record` still reaches record.
+ */
+export function commandOptions<T extends object = Record<string, unknown>>(cmd: Command): T {
+  const chain: Command[] = [];
+  for (let c: Command | null = cmd; c; c = c.parent) chain.push(c);
+  const out: Record<string, unknown> = {};
+  const given = new Set<string>();
+  for (const c of chain) {
+    for (const [key, value] of Object.entries(c.opts())) {
+      const source = c.getOptionValueSource(key);
+      const byUser = source !== undefined && source !== 'default' && source !== 'implied';
+      if (given.has(key)) continue;
+      if (byUser) given.add(key);
+      else if (key in out) continue;
+      out[key] = value;
+    }
+  }
+  return out as T;
+}
+
+/**
+ * -k on the helper's clients (watch, exporter). Read it with commandOptions(): given before the
  * subcommand, the root (daemon) command's own -k takes it, and both name the same socket.
  */
 export function addClientSocketOption(cmd: Command): Command {
@@ -102,7 +126,7 @@ export function addClientSocketOption(cmd: Command): Command {
 /**
  * -v and -q, on the daemon and on the exporter (the two commands that log); levelFromFlags reads
  * them. Given before a subcommand, the root (daemon) command's own take them: read with
- * optsWithGlobals().
+ * commandOptions().
  */
 export function addLogLevelOptions(cmd: Command): Command {
   return cmd.option('-v, --verbose', 'log debug messages').option('-q, --quiet', 'log warnings and errors only');
@@ -163,7 +187,7 @@ export function hostOptionsFrom(raw: RawHostOptions): { paths: HostPaths; vendor
 
 /**
  * The host options, on the root (daemon) command and on record. No commander defaults: a value given
- * before 'record' reaches it through optsWithGlobals(), and hostOptionsFrom fills the defaults.
+ * before 'record' reaches it through commandOptions(), and hostOptionsFrom fills the defaults.
  */
 export function addHostOptions(cmd: Command): Command {
   return cmd

@@ -7,7 +7,7 @@ import { V2Client } from '../../client/v2-client.js';
 import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
-import { addClientSocketOption, addLogLevelOptions, listenAddressArg, positiveIntArg } from '../options.js';
+import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, positiveIntArg } from '../options.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
@@ -26,7 +26,7 @@ export function addExporterCommand(program: Command): void {
     .action(async (_o: unknown, cmd: Command) => {
       // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
       // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
-      const o = { ...cmd.optsWithGlobals<{ socket?: string; verbose?: boolean; quiet?: boolean }>(), ...cmd.opts<{ listen?: ListenAddress; maxVms?: number }>() };
+      const o = commandOptions<{ socket?: string; verbose?: boolean; quiet?: boolean; listen?: ListenAddress; maxVms?: number }>(cmd);
       const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
       const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
       const exporter = await startExporter(

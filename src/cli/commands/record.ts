@@ -23,6 +23,7 @@ import {
   addHostOptions,
   checkInterval,
   collect,
+  commandOptions,
   energySourceFrom,
   energySourceOption,
   hostOptionsFrom,
@@ -72,7 +73,7 @@ export function addRecordCommand(program: Command): void {
   addHostOptions(record)
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: Record<string, unknown>, cmd: Command) => {
-      const o = cmd.optsWithGlobals<Record<string, unknown>>();
+      const o = commandOptions(cmd);
       const { paths, vendor } = hostOptionsFrom(o as RawHostOptions);
       await runRecord({
         qmp: o.qmp as string[],

@@ -10,7 +10,7 @@ import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { addClientSocketOption, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
+import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 
 export interface WatchOptions {
@@ -143,7 +143,7 @@ export function addWatchCommand(program: Command): void {
     .option('--json', 'one JSON object per line (a "registered" record, then one "update" per sample) for scripts')
     .action(async (_o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
-      const all = cmd.optsWithGlobals<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>();
+      const all = commandOptions<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>(cmd);
       const opts = { ...all, socket: all.socket ?? DEFAULT_HELPER_SOCKET };
       if ((opts.qmp === undefined) === (opts.pid === undefined)) throw new UsageError('give either --qmp PATH or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new UsageError('--pid needs --vcpus TID:VPKG,...');
