@@ -19,6 +19,7 @@ import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } fro
 import type { TraceSink } from '../sampling/sampling-service.js';
 import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
 import { openListener, type Listener, type ListenOptions, type ListenTarget } from './server/listener.js';
+import type { StateSnapshot } from '../state/snapshot.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -48,6 +49,9 @@ export interface V2ChainOptions {
   health?: HealthSource;
   /** The daemon's fd budget for discovered VMs. */
   fds?: FdAdmitter;
+  /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
+  restore?: StateSnapshot;
+  restoreWaitMs?: number;
 }
 
 export interface V2Chain {
@@ -86,6 +90,8 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     ...(o.health ? { health: o.health } : {}),
     ...(o.fds ? { fds: o.fds } : {}),
+    ...(o.restore ? { restore: o.restore } : {}),
+    ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
   });
   return {
     host,
