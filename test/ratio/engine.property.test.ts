@@ -232,7 +232,10 @@ describe('RatioEngine properties', () => {
         for (const spec of specs) whole.register(spec);
         const before = new RatioEngine(host(s.cpusPerPackage));
         for (const spec of specs) before.register(spec);
-        for (let i = 0; i <= cut; i++) (whole.addSample(samples[i]!), before.addSample(samples[i]!));
+        for (let i = 0; i <= cut; i++) {
+          whole.addSample(samples[i]!);
+          before.addSample(samples[i]!);
+        }
         const after = new RatioEngine(host(s.cpusPerPackage));
         after.restore(structuredClone(before.state()));
         expect(after.state()).toEqual(before.state());

@@ -54,7 +54,9 @@ class Recorder implements TraceSink {
       else if (e.kind === 'sample') engine.addSample(e.s);
       else {
         const id = byPid.get(e.pid);
-        if (id !== undefined) (engine.unregister(id), engine.forget(id));
+        if (id === undefined) continue;
+        engine.unregister(id);
+        engine.forget(id);
       }
     }
     return engine;
@@ -70,7 +72,11 @@ const procs: FakeQemu[] = [];
 const children: TestChild[] = [];
 const clients: V2Client[] = [];
 
-function start(fake: FakeHost, device: MsrDevice, o: { name: string; intervalMs: number; trace?: TraceSink; restore?: StateSnapshot; restoreWaitMs?: number; discovery?: boolean }): Promise<Chain> {
+function start(
+  fake: FakeHost,
+  device: MsrDevice,
+  o: { name: string; intervalMs: number; trace?: TraceSink; restore?: StateSnapshot; restoreWaitMs?: number; discovery?: boolean },
+): Promise<Chain> {
   return assembleOnFakeHost(fake, device, {
     socketPath: path.join(dir, `${o.name}.sock`),
     intervalMs: o.intervalMs,
@@ -105,7 +111,8 @@ const vmOf = (s: StateSnapshot, pid: number): VmState => {
 };
 
 /** What a VM is expected to look like after a restore: ended when its process did not survive. */
-const afterRestore = (vm: VmState): VmState => (readStarttime('/proc', vm.pid) === vm.starttime || !vm.live ? vm : { ...vm, live: false, baseline: false });
+const afterRestore = (vm: VmState): VmState =>
+  readStarttime('/proc', vm.pid) === vm.starttime || !vm.live ? vm : { ...vm, live: false, baseline: false };
 const byPid = (a: { pid: number }, b: { pid: number }) => a.pid - b.pid;
 
 let host: { fake: FakeHost; device: MsrDevice };
@@ -130,11 +137,21 @@ beforeAll(async () => {
   // The client's vCPU list is the one discovery finds (CPU n/KVM, -smp 2,sockets=2), so the replay, which
   // sees registrations and not vCPU list changes, counts the same threads.
   const tids = registered.vcpuTids;
-  await c.register({ pid: registered.pid, vcpus: [{ tid: tids.get(0)!, vpkg: 0 }, { tid: tids.get(1)!, vpkg: 1 }] });
+  await c.register({
+    pid: registered.pid,
+    vcpus: [
+      { tid: tids.get(0)!, vpkg: 0 },
+      { tid: tids.get(1)!, vpkg: 1 },
+    ],
+  });
   await c.register({ pid: sleeper.pid, vcpus: [{ tid: sleeper.pid, vpkg: 0 }] });
   const pump = setInterval(() => host.fake.addEnergy(0, 3000), 20);
   const known = (pid: number) => a.service.snapshot().vms.some((v) => v.pid === pid && v.live && v.baseline && v.valuesNs > 0n);
-  await until(() => [registered, discovered, dying].every((q) => known(q.pid)) && known(sleeper.pid), 10_000, 'every VM through an interval');
+  await until(
+    () => [registered, discovered, dying].every((q) => known(q.pid)) && known(sleeper.pid),
+    10_000,
+    'every VM through an interval',
+  );
   const n = a.service.stats.samples;
   await until(() => a.service.stats.samples >= n + 2, 5000, 'two more samples');
   clearInterval(pump);
@@ -205,7 +222,9 @@ describe('live state across a restart', () => {
     for (const vm of after.vms) {
       const ref = reference.output(vm.hostVmId);
       expect(ref, `VM ${vm.hostVmId}`).toBeDefined();
-      expect(vm.vpkgs, `VM ${vm.hostVmId}`).toEqual(ref!.vpkgs.map((v) => ({ energyJ: v.energyJ, energyUj: v.energyUj, counter: BigInt(v.counter) })));
+      expect(vm.vpkgs, `VM ${vm.hostVmId}`).toEqual(
+        ref!.vpkgs.map((v) => ({ energyJ: v.energyJ, energyUj: v.energyUj, counter: BigInt(v.counter) })),
+      );
       expect(vm.live).toBe(!ref!.ended);
       const before = saved.vms.find((v) => v.hostVmId === vm.hostVmId);
       if (!before) continue;
@@ -221,7 +240,13 @@ describe('live state across a restart', () => {
     const c = await V2Client.connect(path.join(dir, 'after.sock'));
     clients.push(c);
     const tids = registered.vcpuTids;
-    const again = await c.register({ pid: registered.pid, vcpus: [{ tid: tids.get(0)!, vpkg: 0 }, { tid: tids.get(1)!, vpkg: 1 }] });
+    const again = await c.register({
+      pid: registered.pid,
+      vcpus: [
+        { tid: tids.get(0)!, vpkg: 0 },
+        { tid: tids.get(1)!, vpkg: 1 },
+      ],
+    });
     expect(again.vmId).toBe(vmOf(saved, registered.pid).hostVmId);
     const taken = vmOf(b.service.snapshot(), registered.pid);
     expect(taken.owner).not.toBe(vmOf(saved, registered.pid).owner);
@@ -247,13 +272,15 @@ describe('live state across a restart', () => {
     expect(s.service.knownVms).toBe(0);
   });
 
-  it('a snapshot whose counters do not follow from its energy at this host\'s unit is refused and the service starts fresh', async () => {
+  it("a snapshot whose counters do not follow from its energy at this host's unit is refused and the service starts fresh", async () => {
     const bad = structuredClone(saved);
     const vm = vmOf(bad, discovered.pid);
     vm.vpkgs[0]!.counter = (vm.vpkgs[0]!.counter + 1n) % (1n << 32n);
     const s = await start(host.fake, host.device, { name: 'bad', intervalMs: 60_000, restore: bad, discovery: false });
     const why = s.service.restored;
-    expect(why && !why.ok && why.error).toMatch(new RegExp(`^cannot restore state: VM ${vm.hostVmId}, virtual package 0: counter \\d+ does not follow from`));
+    expect(why && !why.ok && why.error).toMatch(
+      new RegExp(`^cannot restore state: VM ${vm.hostVmId}, virtual package 0: counter \\d+ does not follow from`),
+    );
     expect(s.service.knownVms).toBe(0);
   });
 });

@@ -82,12 +82,25 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
   return {
     nextHostVmId: engine.nextId,
     vms,
-    packages: p.energy.state().packages.map((k) => ({ pkg: k.pkg, energyJ: k.energyJ, unattributedJ: k.unattributedJ, energyUj: uj(k.energyJ), unattributedUj: uj(k.unattributedJ) })),
+    packages: p.energy
+      .state()
+      .packages.map((k) => ({
+        pkg: k.pkg,
+        energyJ: k.energyJ,
+        unattributedJ: k.unattributedJ,
+        energyUj: uj(k.energyJ),
+        unattributedUj: uj(k.unattributedJ),
+      })),
     knownPids: p.discovery?.state() ?? [],
     lastSample:
       last === null
         ? null
-        : { monotonicNs: last.tNs, realtimeNs: realtimeNs ?? 0n, packages: last.energy.map((k) => ({ pkg: k.pkg, raw: BigInt(k.raw) })), threads },
+        : {
+            monotonicNs: last.tNs,
+            realtimeNs: realtimeNs ?? 0n,
+            packages: last.energy.map((k) => ({ pkg: k.pkg, raw: BigInt(k.raw) })),
+            threads,
+          },
   };
 }
 
@@ -132,7 +145,9 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     return refuse(`it was saved on a host with packages ${savedPkgs.join(',') || 'none'}, this host has packages ${hostPkgs.join(',')}`);
   }
   if (last !== null && last.monotonicNs > probe.nowNs) {
-    return refuse(`its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`);
+    return refuse(
+      `its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`,
+    );
   }
   const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === hostPkgs[0]);
   const u = joulesPerCounterUnit(guest!.powerUnit);
@@ -140,7 +155,9 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     for (let g = 0; g < vm.vpkgs.length; g++) {
       const v = vm.vpkgs[g]!;
       if (BigInt(Math.floor(v.energyJ / u) % TWO_32) !== v.counter) {
-        return refuse(`VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`);
+        return refuse(
+          `VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`,
+        );
       }
     }
   }
@@ -180,7 +197,9 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
   });
   const engine: EngineState = {
     nextId: s.nextHostVmId,
-    lastSample: useLast ? { tNs: last.monotonicNs, energy: last.packages.map((k) => ({ pkg: k.pkg, raw: energyCounterBits(k.raw) })) } : null,
+    lastSample: useLast
+      ? { tNs: last.monotonicNs, energy: last.packages.map((k) => ({ pkg: k.pkg, raw: energyCounterBits(k.raw) })) }
+      : null,
     vms: engineVms,
   };
   const registry: VmRecord[] = vms.map((vm) => ({
@@ -201,7 +220,10 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
   return ok({
     sampling: { engine, realtimeNs: useLast ? last.realtimeNs : null },
     registry,
-    energy: { tNs: last?.monotonicNs ?? 0n, packages: s.packages.map((k) => ({ pkg: k.pkg, energyJ: k.energyJ, unattributedJ: k.unattributedJ })) },
+    energy: {
+      tNs: last?.monotonicNs ?? 0n,
+      packages: s.packages.map((k) => ({ pkg: k.pkg, energyJ: k.energyJ, unattributedJ: k.unattributedJ })),
+    },
     knownPids: s.knownPids.map((k) => ({ ...k })),
     discovered: vms.filter((vm) => vm.live && vm.discovered).map((vm) => ({ pid: vm.pid, starttime: vm.starttime })),
     nextConnId,

@@ -164,10 +164,12 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     if (o.discovery) {
       o.discovery.restore(from.knownPids);
       for (const d of from.discovered) {
-        if (!o.discovery.adopt(d.pid, d.starttime)) o.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
+        if (!o.discovery.adopt(d.pid, d.starttime))
+          o.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
       }
     }
-    for (const e of from.ended) o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
+    for (const e of from.ended)
+      o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
     if (from.rebaseline !== null) o.log.warn({ why: from.rebaseline }, 'restored totals kept, the restart gap is not attributed');
     if (from.ended.length > 0) lifecycle.markChanged();
     // Registrations whose connection did not come back are released as a closed connection's are.
@@ -285,8 +287,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       return registry.total;
     },
     startDiscovery,
-    snapshot: () =>
-      capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
+    snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
     restored,
   };
 }
