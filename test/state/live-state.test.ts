@@ -34,7 +34,12 @@ const GAP_UNITS = 400_000;
 
 /** Every registration and sample of both services, in order: what a never-restarted engine replays. */
 class Recorder implements TraceSink {
-  readonly events: ({ kind: 'register'; vm: VmSpec } | { kind: 'sample'; s: Sample } | { kind: 'unregister'; pid: number })[] = [];
+  readonly events: (
+    | { kind: 'register'; vm: VmSpec }
+    | { kind: 'sample'; s: Sample }
+    | { kind: 'unregister'; pid: number }
+    | { kind: 'vcpus'; vmId: number; vcpus: VmSpec['vcpus'] }
+  )[] = [];
   register(_t: bigint, vm: VmSpec): void {
     this.events.push({ kind: 'register', vm });
   }
@@ -52,6 +57,7 @@ class Recorder implements TraceSink {
     for (const e of this.events) {
       if (e.kind === 'register') byPid.set(e.vm.pid, engine.register(e.vm));
       else if (e.kind === 'sample') engine.addSample(e.s);
+      else if (e.kind === 'vcpus') engine.updateVcpus(e.vmId, e.vcpus);
       else {
         const id = byPid.get(e.pid);
         if (id === undefined) continue;
@@ -127,7 +133,7 @@ beforeAll(async () => {
   host = fakeHost([0, 0]);
   const a = await start(host.fake, host.device, { name: 'before', intervalMs: 100, trace: rec });
   registered = await fakeQemu({ vcpus: 2, args: ['-name', 'reg-vm', '-smp', '2,sockets=2'] });
-  discovered = await fakeQemu({ vcpus: 2, args: ['-name', 'disc-vm', '-smp', '2,sockets=2'] });
+  discovered = await fakeQemu({ vcpus: 2, args: ['-name', 'disc-vm', '-smp', '2,maxcpus=4,sockets=2'] });
   dying = await fakeQemu({ vcpus: 1, args: ['-name', 'dying'] });
   sleeper = startChild('sleep');
   children.push(sleeper);
@@ -187,9 +193,13 @@ describe('live state across a restart', () => {
     }
     expect(handed).toEqual(saved);
 
-    // The gap: energy goes on, the registered VM's vCPU spins on, one VM's process dies.
+    // The gap: energy goes on, the registered VM's vCPU spins on, one VM's process dies, the discovered
+    // VM gains a busy vCPU in its second virtual package (CPU 2 of -smp 2,maxcpus=4,sockets=2).
     host.fake.addEnergy(0, GAP_UNITS);
     await dying.kill();
+    await discovered.cmd('add 2');
+    await discovered.cmd('spin 2');
+    const hotplugged = discovered.vcpuTids.get(2)!;
     await new Promise((r) => setTimeout(r, 300));
 
     const b = await start(host.fake, host.device, { name: 'after', intervalMs: 60_000, trace: rec, restore: handed, restoreWaitMs: 1500 });
@@ -199,7 +209,19 @@ describe('live state across a restart', () => {
     expect(why.value.rebaseline).toBeNull();
     expect(why.value.ended).toContainEqual({ hostVmId: vmOf(saved, dying.pid).hostVmId, pid: dying.pid, why: 'its process is gone' });
     // Before its first sample: ids, names, owners, totals to the µJ, the last sample, as saved; the dead VM ended.
-    const vms = saved.vms.map(afterRestore);
+    const grownVm = vmOf(saved, discovered.pid);
+    const vms = saved.vms.map(afterRestore).map((v) =>
+      v !== grownVm
+        ? v
+        : {
+            ...v,
+            vcpus: [...v.vcpus, { tid: hotplugged, vpkg: 1 }].sort((x, y) => x.tid - y.tid),
+            vpkgs: [...v.vpkgs, { energyJ: 0, energyUj: 0n, counter: 0n }],
+          },
+    );
+    expect(grownVm.vpkgs).toHaveLength(1);
+    // The engine that never restarted learns of the new vCPU when the restored service does: before its first sample.
+    rec.events.push({ kind: 'vcpus', vmId: grownVm.hostVmId, vcpus: vmOf(restored, discovered.pid).vcpus });
     const sampled = new Set(vms.filter((v) => v.live).map((v) => v.pid));
     expect({ ...restored, knownPids: [...restored.knownPids].sort(byPid) }).toEqual({
       ...saved,
@@ -235,6 +257,8 @@ describe('live state across a restart', () => {
     // The spinning vCPU's share of the gap went to its virtual package.
     expect(vmOf(after, registered.pid).vpkgs[1]!.energyJ).toBeGreaterThan(vmOf(saved, registered.pid).vpkgs[1]!.energyJ);
     expect(vmOf(after, dying.pid).vpkgs).toEqual(vmOf(saved, dying.pid).vpkgs);
+    // The vCPU born during the restart counts from the first interval: its virtual package got its share.
+    expect(vmOf(after, discovered.pid).vpkgs[1]!.energyJ).toBeGreaterThan(0);
 
     // A REGISTER of the same process takes its restored registration over: same id, totals go on.
     const c = await V2Client.connect(path.join(dir, 'after.sock'));

@@ -82,15 +82,13 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
   return {
     nextHostVmId: engine.nextId,
     vms,
-    packages: p.energy
-      .state()
-      .packages.map((k) => ({
-        pkg: k.pkg,
-        energyJ: k.energyJ,
-        unattributedJ: k.unattributedJ,
-        energyUj: uj(k.energyJ),
-        unattributedUj: uj(k.unattributedJ),
-      })),
+    packages: p.energy.state().packages.map((k) => ({
+      pkg: k.pkg,
+      energyJ: k.energyJ,
+      unattributedJ: k.unattributedJ,
+      energyUj: uj(k.energyJ),
+      unattributedUj: uj(k.unattributedJ),
+    })),
     knownPids: p.discovery?.state() ?? [],
     lastSample:
       last === null
@@ -119,7 +117,7 @@ export interface RestorePlan {
   energy: HostEnergyState;
   knownPids: KnownProcessState[];
   /** Live VMs that discovery had found: discovery takes them back (adopt). */
-  discovered: { pid: number; starttime: number }[];
+  discovered: { hostVmId: number; pid: number; starttime: number }[];
   /** The connection ids of the old process: a new connection takes the next one. */
   nextConnId: number;
   /** VMs whose process is gone or is another process now: restored ended, with their totals frozen. */
@@ -225,7 +223,7 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
       packages: s.packages.map((k) => ({ pkg: k.pkg, energyJ: k.energyJ, unattributedJ: k.unattributedJ })),
     },
     knownPids: s.knownPids.map((k) => ({ ...k })),
-    discovered: vms.filter((vm) => vm.live && vm.discovered).map((vm) => ({ pid: vm.pid, starttime: vm.starttime })),
+    discovered: vms.filter((vm) => vm.live && vm.discovered).map((vm) => ({ hostVmId: vm.hostVmId, pid: vm.pid, starttime: vm.starttime })),
     nextConnId,
     ended,
     rebaseline,

@@ -163,9 +163,21 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   if (from !== null) {
     if (o.discovery) {
       o.discovery.restore(from.knownPids);
+      const savedVcpus = new Map(from.sampling.engine.vms.map((v) => [v.id, JSON.stringify(v.vcpus)]));
       for (const d of from.discovered) {
-        if (!o.discovery.adopt(d.pid, d.starttime))
+        if (!o.discovery.adopt(d.pid, d.starttime)) {
           o.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
+          continue;
+        }
+        // vCPU threads born, renamed or gone during the restart: the list as classified now (a registrant's stands).
+        const r = registry.get(d.hostVmId);
+        const c = o.discovery.current(d.pid);
+        if (r === undefined || r.owner !== null || c === null) continue;
+        if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
+          sampling.updateVcpus(d.hostVmId, c.vcpus);
+          lifecycle.markChanged();
+        }
+        r.wholeVmOnly = c.wholeVmOnly;
       }
     }
     for (const e of from.ended)
