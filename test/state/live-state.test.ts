@@ -16,7 +16,8 @@ import { MsrDevice } from '../../src/msr/device.js';
 import { closeFd } from '../../src/os/libc.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { Sample, VmSpec } from '../../src/ratio/types.js';
+import type { HostInfo, Sample, VmSpec } from '../../src/ratio/types.js';
+import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/v2/live-state.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
 import type { Chain } from '../../src/helper/assemble.js';
@@ -124,6 +125,7 @@ const byPid = (a: { pid: number }, b: { pid: number }) => a.pid - b.pid;
 let host: { fake: FakeHost; device: MsrDevice };
 const rec = new Recorder();
 let saved: StateSnapshot;
+let hostInfo: HostInfo;
 let registered: FakeQemu;
 let discovered: FakeQemu;
 let dying: FakeQemu;
@@ -132,6 +134,7 @@ let sleeper: TestChild;
 beforeAll(async () => {
   host = fakeHost([0, 0]);
   const a = await start(host.fake, host.device, { name: 'before', intervalMs: 100, trace: rec });
+  hostInfo = a.host;
   registered = await fakeQemu({ vcpus: 2, args: ['-name', 'reg-vm', '-smp', '2,sockets=2'] });
   discovered = await fakeQemu({ vcpus: 2, args: ['-name', 'disc-vm', '-smp', '2,maxcpus=4,sockets=2'] });
   dying = await fakeQemu({ vcpus: 1, args: ['-name', 'dying'] });
@@ -306,5 +309,25 @@ describe('live state across a restart', () => {
       new RegExp(`^cannot restore state: VM ${vm.hostVmId}, virtual package 0: counter \\d+ does not follow from`),
     );
     expect(s.service.knownVms).toBe(0);
+  });
+
+  it('a restart gap longer than MAX_RESTORE_GAP_NS keeps the totals but is not attributed, and a last sample from the future is refused', () => {
+    const last = saved.lastSample!.monotonicNs;
+    const alive = { starttime: (pid: number) => readStarttime('/proc', pid) };
+    const late = planRestore(saved, hostInfo, { ...alive, nowNs: last + MAX_RESTORE_GAP_NS + 1n });
+    if (!late.ok) throw new Error(late.error);
+    expect(late.value.rebaseline).toMatch(/^the last sample is 60000 ms old, over 60000 ms/);
+    expect(late.value.sampling.engine.lastSample).toBeNull();
+    const live = late.value.sampling.engine.vms.filter((v) => v.phase !== 'ended');
+    expect(live.length).toBeGreaterThan(0);
+    for (const v of live) expect(v).toMatchObject({ phase: 'pending', prev: [] });
+    for (const v of late.value.sampling.engine.vms)
+      expect(v.accJ).toEqual(saved.vms.find((s) => s.hostVmId === v.id)!.vpkgs.map((g) => g.energyJ));
+    const inTime = planRestore(saved, hostInfo, { ...alive, nowNs: last + MAX_RESTORE_GAP_NS });
+    expect(inTime.ok && inTime.value.rebaseline).toBeNull();
+    const rebooted = planRestore(saved, hostInfo, { ...alive, nowNs: last - 1n });
+    expect(!rebooted.ok && rebooted.error).toMatch(
+      /^cannot restore state: its last sample \(\d+ ns\) is later than now \(\d+ ns\) on the monotonic clock: the host rebooted since;/,
+    );
   });
 });
