@@ -60,6 +60,14 @@ interface Other {
   young: boolean;
   /** A VM not admitted (fd budget): examined in full again at the next full recheck. */
   retry?: boolean;
+  /** Carried over a restart (restore()): comm and numThreads are not known yet, only the starttime. */
+  restored?: boolean;
+}
+
+/** A process discovery has looked at and found not to be a VM: (pid, starttime) names it. */
+export interface KnownProcessState {
+  pid: number;
+  starttime: number;
 }
 
 interface Known {
@@ -165,6 +173,40 @@ export class ProcScanner {
     return found;
   }
 
+  /**
+   * The processes looked at and found not to be VMs, as plain data (a VM deferred for fds is left out:
+   * it is examined again). The VMs tracked are not in it: a restart hands them back with adopt().
+   */
+  state(): KnownProcessState[] {
+    const out: KnownProcessState[] = [];
+    for (const [pid, o] of this.others) if (o.retry !== true) out.push({ pid, starttime: o.starttime });
+    return out;
+  }
+
+  /**
+   * Takes back what state() gave, before the first scan: a known process with the same starttime and
+   * not young is not read beyond its stat line again (unless the periodic full recheck comes); one
+   * whose pid now names another process is examined as new.
+   */
+  restore(known: readonly KnownProcessState[]): void {
+    for (const k of known) {
+      if (!this.vms.has(k.pid)) this.others.set(k.pid, { starttime: k.starttime, comm: '', numThreads: -1, young: false, restored: true });
+    }
+  }
+
+  /**
+   * A VM a restart hands back (its snapshot knew it as discovered): tracked again, its threads
+   * classified afresh, as scan() would have. False when the pid no longer names that process or it is
+   * not a VM now; the caller then knows it only as its snapshot says.
+   */
+  adopt(pid: number, starttime: number): boolean {
+    const st = this.readStat(pid);
+    if (st === null || st.starttime !== starttime) return false;
+    if (this.vms.has(pid)) return true;
+    this.others.delete(pid);
+    return this.examine(pid, undefined, this.uptime()) !== null;
+  }
+
   /** The VM with this pid ended (or was dropped): its pid is examined afresh at the next scan. */
   forget(pid: number): void {
     this.vms.delete(pid);
@@ -230,6 +272,11 @@ export class ProcScanner {
     if (st === null || st.exitSignal === -1) {
       // Gone, or a thread looked up by its tid (not a process).
       this.others.delete(pid);
+      return null;
+    }
+    // Carried over a restart and still the same process (not young, so not about to exec QEMU): known.
+    if (before?.restored === true && before.starttime === st.starttime && !this.isYoung(st, now)) {
+      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false });
       return null;
     }
     // Same process, nothing that could have changed what it is: skip the deeper reads.

@@ -20,6 +20,7 @@ import type { TraceSink } from '../sampling/sampling-service.js';
 import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
 import { openListener, type Listener, type ListenOptions, type ListenTarget } from './server/listener.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
+import type { StateSnapshot } from '../state/snapshot.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -49,6 +50,9 @@ export interface V2ChainOptions {
   health?: HealthSource;
   /** The daemon's fd budget for discovered VMs. */
   fds?: FdAdmitter;
+  /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
+  restore?: StateSnapshot;
+  restoreWaitMs?: number;
 }
 
 export interface V2Chain {
@@ -88,6 +92,8 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     ...(o.health ? { health: o.health } : {}),
     ...(o.fds ? { fds: o.fds } : {}),
     sendWithFds: sendWithFdsOnSocket,
+    ...(o.restore ? { restore: o.restore } : {}),
+    ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
   });
   return {
     host,

@@ -7,7 +7,8 @@
 import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
-import { type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VcpuSpec, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
+import type { EngineState, EngineVmState } from './engine-state.js';
+import { MAX_TID, type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VcpuSpec, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
 
 const TWO_32 = 2 ** 32;
 
@@ -195,6 +196,106 @@ export class RatioEngine {
 
   lastSampleNs(): bigint | undefined {
     return this.prevT;
+  }
+
+  /**
+   * The whole state as plain data (copies): every VM's registration, phase, A(v,g) and last marks, the
+   * last sample's time and counters. restore() on a new engine of the same host takes it back.
+   */
+  state(): EngineState {
+    const vms: EngineVmState[] = [...this.vms.values()].map((vm) => {
+      const out: EngineVmState = {
+        id: vm.id,
+        pid: vm.spec.pid,
+        starttime: vm.spec.starttime,
+        vcpus: vm.spec.vcpus.map((v) => ({ ...v })),
+        phase: vm.phase,
+        accJ: [...vm.acc],
+        tNs: vm.tNs,
+        prev: [...vm.prev].map(([tid, m]) => ({ tid, starttime: m.starttime, ticks: m.ticks })),
+      };
+      if (vm.spec.name !== undefined) out.name = vm.spec.name;
+      if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
+      return out;
+    });
+    const lastSample = this.prevT === undefined ? null : { tNs: this.prevT, energy: [...this.prevEnergy].map(([pkg, raw]) => ({ pkg, raw })) };
+    return { nextId: this.nextId, lastSample, vms };
+  }
+
+  /**
+   * Takes back what state() gave, on an engine that has no VM and no sample yet: the next sample then
+   * closes the interval from `s.lastSample`, as if the engine had never stopped. Throws an Error naming
+   * the first inconsistent value, before changing anything.
+   */
+  restore(s: EngineState): void {
+    if (this.vms.size > 0 || this.prevT !== undefined || this.nextId !== 1) throw new Error('only an engine with no VM and no sample can be restored');
+    const problem = this.restoreProblem(s);
+    if (problem !== null) throw new Error(problem);
+    for (const v of s.vms) {
+      const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus.map((c) => ({ ...c })) };
+      if (v.name !== undefined) spec.name = v.name;
+      const vm: VmState = {
+        id: v.id,
+        spec,
+        vcpuVpkg: checkedVcpus(v.vcpus),
+        nvpkg: v.accJ.length,
+        phase: v.phase,
+        prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
+        parsed: new Map(),
+        acc: [...v.accJ],
+        tNs: v.tNs,
+      };
+      if (v.phase === 'ended') vm.endedBy = v.endedBy ?? 'exit';
+      this.vms.set(v.id, vm);
+    }
+    this.nextId = s.nextId;
+    if (s.lastSample !== null) {
+      this.prevT = s.lastSample.tNs;
+      this.prevEnergy = new Map(s.lastSample.energy.map((e) => [e.pkg, e.raw]));
+    }
+  }
+
+  private restoreProblem(s: EngineState): string | null {
+    if (!Number.isSafeInteger(s.nextId) || s.nextId < 1) return `the next VM id ${s.nextId} is not a positive integer`;
+    const last = s.lastSample;
+    if (last !== null) {
+      if (last.tNs < 0n) return `the last sample's time ${last.tNs} ns is negative`;
+      const seen = new Set<number>();
+      for (const e of last.energy) {
+        if (!this.unit.has(e.pkg)) return `the last sample has a counter for package ${e.pkg}, which the host does not have`;
+        if (seen.has(e.pkg)) return `the last sample has package ${e.pkg} twice`;
+        seen.add(e.pkg);
+        if (!Number.isInteger(e.raw) || e.raw < 0 || e.raw >= TWO_32) return `package ${e.pkg}'s counter ${e.raw} is not 32 bits`;
+      }
+    }
+    const ids = new Set<number>();
+    for (const v of s.vms) {
+      const at = `VM ${v.id}`;
+      if (!Number.isSafeInteger(v.id) || v.id < 1 || v.id >= s.nextId) return `VM id ${v.id} is out of range (1..${s.nextId - 1})`;
+      if (ids.has(v.id)) return `VM id ${v.id} appears twice`;
+      ids.add(v.id);
+      if (!Number.isInteger(v.pid) || v.pid < 1 || v.pid > MAX_TID) return `${at}: pid ${v.pid} is out of range`;
+      if (!Number.isSafeInteger(v.starttime) || v.starttime < 0) return `${at}: starttime ${v.starttime} is not a whole number of ticks`;
+      let nvpkg = 0;
+      try {
+        for (const g of checkedVcpus(v.vcpus).values()) nvpkg = Math.max(nvpkg, g + 1);
+      } catch (e) {
+        return `${at}: ${(e as Error).message}`;
+      }
+      if (v.accJ.length < nvpkg) return `${at}: ${v.accJ.length} energy totals for ${nvpkg} virtual packages`;
+      if (v.accJ.some((a) => !Number.isFinite(a) || a < 0)) return `${at}: an energy total is not a finite number of joules >= 0`;
+      if (v.tNs < 0n || (last !== null && v.tNs > last.tNs)) return `${at}: its values' time ${v.tNs} ns is after the last sample`;
+      if (v.phase !== 'pending' && v.phase !== 'active' && v.phase !== 'ended') return `${at}: unknown phase ${String(v.phase)}`;
+      if (v.phase === 'active' && last === null) return `${at} has had its baseline sample, but there is no last sample`;
+      if (v.phase !== 'active' && v.prev.length > 0) return `${at} is ${v.phase} but has thread marks`;
+      const tids = new Set<number>();
+      for (const m of v.prev) {
+        if (tids.has(m.tid)) return `${at}: thread ${m.tid} is marked twice`;
+        tids.add(m.tid);
+        if (!Number.isSafeInteger(m.ticks) || m.ticks < 0 || !Number.isSafeInteger(m.starttime) || m.starttime < 0) return `${at}: thread ${m.tid}'s mark is out of range`;
+      }
+    }
+    return null;
   }
 
   addSample(s: Sample): IntervalResult | null {

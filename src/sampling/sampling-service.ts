@@ -7,6 +7,7 @@
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
+import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import { Emitter, type Disposable } from '../common/disposable.js';
 
@@ -20,8 +21,21 @@ export interface Engine {
   nvpkg(vmId: number): number;
   activePids(): number[];
   updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
+  /** The whole state as plain data, and its restore on an engine that has not started (RatioEngine). */
+  state(): EngineState;
+  restore(s: EngineState): void;
   readonly guestPowerUnit: bigint;
 }
+
+/** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
+export interface SamplingState {
+  engine: EngineState;
+  /** CLOCK_REALTIME when the last sample was taken, ns; null before the first. */
+  realtimeNs: bigint | null;
+}
+
+/** CLOCK_REALTIME in ns (ms resolution is enough to tell a restart's gap). */
+const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
 export interface SampleSource {
   sample(pids: Iterable<number>): Sample;
@@ -80,6 +94,7 @@ export class SamplingService {
   private closed = false;
   private failure: Error | null = null;
   private traceBroken = false;
+  private lastRealtimeNs: bigint | null = null;
   private readonly samples: Emitter<SampleEvent>;
   private readonly failures: Emitter<Error>;
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
@@ -169,6 +184,24 @@ export class SamplingService {
     this.engine.updateVcpus(vmId, vcpus);
   }
 
+  /** The loop's state between samples (every call is: a tick runs to its end before anything else). */
+  state(): SamplingState {
+    return { engine: this.engine.state(), realtimeNs: this.lastRealtimeNs };
+  }
+
+  /**
+   * Restores the engine (a new one: see RatioEngine.restore, which throws on inconsistent values) and
+   * the live VMs, then samples at once when any is live: that sample closes the interval from the last
+   * one the old process took.
+   */
+  restore(s: SamplingState): void {
+    if (this.closed) throw new Error('the sampling service is closed');
+    this.engine.restore(s.engine);
+    this.lastRealtimeNs = s.realtimeNs;
+    for (const vm of s.engine.vms) if (vm.phase !== 'ended') this.live.set(vm.id, vm.pid);
+    if (this.shouldRun() && !this.loop.running) this.loop.start({ immediate: true });
+  }
+
   close(): void {
     this.closed = true;
     this.loop.stop();
@@ -206,6 +239,7 @@ export class SamplingService {
       this.fail(e instanceof Error ? e : new Error(String(e)));
       return;
     }
+    this.lastRealtimeNs = realtimeNs();
     this.traced(() => this.o.trace?.sample(s));
     this.stats.samples++;
     if (this.failure) {

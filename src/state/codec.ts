@@ -5,13 +5,14 @@
  *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 of the payload | u32 0
  *   payload u32 nextHostVmId
  *           u32 VM count, each: u32 hostVmId | u32 pid | u64 starttime | u32 uid | u32 owner (0xffffffff: none)
- *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name) | u8 0 | u16 name bytes
- *             | u32 endedSamples | [16 uuid] | [name] | u16 vCPU count, each u32 tid | u16 vpkg
- *             | u16 vpkg count, each u64 energyUj | u32 counter
- *           u32 package count, each: u32 pkg | u64 energyUj | u64 unattributedUj
+ *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name, 32 baseline) | u8 0
+ *             | u16 name bytes | u32 endedSamples | [16 uuid] | [name] | u16 vCPU count, each u32 tid | u16 vpkg
+ *             | u16 vpkg count, each u64 energyUj | u32 counter | f64 energyJ
+ *             | u64 valuesNs
+ *           u32 package count, each: u32 pkg | u64 energyUj | u64 unattributedUj | f64 energyJ | f64 unattributedJ
  *           u32 known pid count, each: u32 pid | u64 starttime
  *           u8 has last sample; if 1: u64 monotonicNs | u64 realtimeNs | u32 count, each u32 pkg | u64 raw
- *             | u32 thread count, each u32 tid | u64 ticks
+ *             | u32 thread count, each u32 pid | u32 tid | u64 starttime | u64 ticks
  *
  * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
  * against the bytes left before anything is allocated for it, and the decoded value passes the same
@@ -31,11 +32,11 @@ export const STATE_HEADER_SIZE = 24;
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
 
 const NO_OWNER = 0xffffffff;
-const FLAG = { DISCOVERED: 1, LIVE: 2, WHOLE_VM_ONLY: 4, HAS_UUID: 8, HAS_NAME: 16 } as const;
-const KNOWN_FLAGS = 31;
+const FLAG = { DISCOVERED: 1, LIVE: 2, WHOLE_VM_ONLY: 4, HAS_UUID: 8, HAS_NAME: 16, BASELINE: 32 } as const;
+const KNOWN_FLAGS = 63;
 const UUID_BYTES = 16;
 /** Smallest encoded size of each kind of entry: a count is refused when its entries cannot fit the bytes left. */
-const MIN_SIZE = { vm: 32 + 2 + 2 + 12, vcpu: 6, vpkg: 12, pkg: 20, known: 12, raw: 12, thread: 12 } as const;
+const MIN_SIZE = { vm: 32 + 2 + 2 + 20 + 8, vcpu: 6, vpkg: 20, pkg: 36, known: 12, raw: 12, thread: 24 } as const;
 
 const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 const VERSION_FIX = `run the vmsr-helper that wrote it, or ${FIX}`;
@@ -46,6 +47,8 @@ const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
 const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
 const isPid = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TID;
 const isStarttime = (n: number) => Number.isSafeInteger(n) && n >= 0;
+/** A total in joules and the µJ published from it agree: µJ = floor(J * 1e6) (ratio.md "Outputs"). */
+const joulesMatch = (j: number, uj: bigint) => typeof j === 'number' && Number.isFinite(j) && j >= 0 && BigInt(Math.floor(j * 1e6)) === uj;
 
 function duplicate<T>(items: readonly T[], key: (t: T) => number): number | null {
   const seen = new Set<number>();
@@ -57,7 +60,7 @@ function duplicate<T>(items: readonly T[], key: (t: T) => number): number | null
   return null;
 }
 
-function vmProblem(vm: VmState, next: number): string | null {
+function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | null {
   const id = vm.hostVmId;
   const at = `VM ${id}`;
   if (!Number.isInteger(id) || id < 1 || id >= next) return `VM id ${id} is out of range (1..${next - 1}, below the next id ${next})`;
@@ -71,6 +74,9 @@ function vmProblem(vm: VmState, next: number): string | null {
   if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
   if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
   if (!isU32(vm.endedSamples)) return `${at}: endedSamples ${vm.endedSamples} is out of range`;
+  if (vm.baseline && !vm.live) return `${at} has ended but is marked as having its baseline`;
+  if (vm.baseline && lastNs === null) return `${at} is marked as having its baseline, but there is no last sample`;
+  if (!isU64(vm.valuesNs) || (lastNs !== null && vm.valuesNs > lastNs)) return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
   if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1) return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;
   const vcpus = checkVcpus(vm.vcpus, { allowEmpty: true });
   if (!vcpus.ok) return `${at}: ${vcpus.error}`;
@@ -80,6 +86,7 @@ function vmProblem(vm: VmState, next: number): string | null {
     const v = vm.vpkgs[p]!;
     if (!isU64(v.energyUj)) return `${at}, virtual package ${p}: energy ${v.energyUj} µJ is out of range (0..2^64-1)`;
     if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > MAX_MSR_COUNTER) return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
+    if (!joulesMatch(v.energyJ, v.energyUj)) return `${at}, virtual package ${p}: ${v.energyJ} J does not give ${v.energyUj} µJ`;
   }
   return null;
 }
@@ -90,7 +97,7 @@ export function stateProblem(s: StateSnapshot): string | null {
   if (!Number.isInteger(s.nextHostVmId) || s.nextHostVmId < 1 || s.nextHostVmId > MAX_HOST_VM_ID) return `the next VM id ${s.nextHostVmId} is out of range (1..${MAX_HOST_VM_ID})`;
   if (s.vms.length > L.maxVms) return `${s.vms.length} VMs, at most ${L.maxVms}`;
   for (const vm of s.vms) {
-    const p = vmProblem(vm, s.nextHostVmId);
+    const p = vmProblem(vm, s.nextHostVmId, s.lastSample?.monotonicNs ?? null);
     if (p !== null) return p;
   }
   const dupVm = duplicate(s.vms, (v) => v.hostVmId);
@@ -99,6 +106,7 @@ export function stateProblem(s: StateSnapshot): string | null {
   for (const k of s.packages) {
     if (!isU32(k.pkg)) return `package ${k.pkg} is out of range`;
     if (!isU64(k.energyUj) || !isU64(k.unattributedUj)) return `package ${k.pkg}: an energy total is out of range (0..2^64-1)`;
+    if (!joulesMatch(k.energyJ, k.energyUj) || !joulesMatch(k.unattributedJ, k.unattributedUj)) return `package ${k.pkg}: its totals in J and µJ disagree`;
   }
   const dupPkg = duplicate(s.packages, (k) => k.pkg);
   if (dupPkg !== null) return `package ${dupPkg} appears twice in the totals`;
@@ -116,7 +124,9 @@ export function stateProblem(s: StateSnapshot): string | null {
     const dupRaw = duplicate(t.packages, (k) => k.pkg);
     if (dupRaw !== null) return `package ${dupRaw} appears twice in the last sample`;
     if (t.threads.length > L.maxThreads) return `the last sample has ${t.threads.length} threads, at most ${L.maxThreads}`;
-    for (const th of t.threads) if (!isPid(th.tid) || !isU64(th.ticks)) return `the last sample's thread ${th.tid} is out of range`;
+    for (const th of t.threads) {
+      if (!isPid(th.pid) || !isPid(th.tid) || !isStarttime(th.starttime) || !isU64(th.ticks)) return `the last sample's thread ${th.tid} is out of range`;
+    }
     const dupTid = duplicate(t.threads, (th) => th.tid);
     if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
   }
@@ -152,6 +162,9 @@ class Writer {
   u64(v: bigint | number): void {
     this.buf.writeBigUInt64LE(BigInt(v), this.room(8));
   }
+  f64(v: number): void {
+    this.buf.writeDoubleLE(v, this.room(8));
+  }
   bytes(b: Buffer): void {
     b.copy(this.buf, this.room(b.length));
   }
@@ -180,7 +193,8 @@ export function encodeState(s: StateSnapshot): Buffer {
       (vm.live ? FLAG.LIVE : 0) |
       (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
       (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
-      (name !== null ? FLAG.HAS_NAME : 0);
+      (name !== null ? FLAG.HAS_NAME : 0) |
+      (vm.baseline ? FLAG.BASELINE : 0);
     w.u8(flags);
     w.u8(0);
     w.u16(name?.length ?? 0);
@@ -190,10 +204,11 @@ export function encodeState(s: StateSnapshot): Buffer {
     w.u16(vm.vcpus.length);
     for (const v of vm.vcpus) (w.u32(v.tid), w.u16(v.vpkg));
     w.u16(vm.vpkgs.length);
-    for (const v of vm.vpkgs) (w.u64(v.energyUj), w.u32(Number(v.counter)));
+    for (const v of vm.vpkgs) (w.u64(v.energyUj), w.u32(Number(v.counter)), w.f64(v.energyJ));
+    w.u64(vm.valuesNs);
   }
   w.u32(s.packages.length);
-  for (const k of s.packages) (w.u32(k.pkg), w.u64(k.energyUj), w.u64(k.unattributedUj));
+  for (const k of s.packages) (w.u32(k.pkg), w.u64(k.energyUj), w.u64(k.unattributedUj), w.f64(k.energyJ), w.f64(k.unattributedJ));
   w.u32(s.knownPids.length);
   for (const k of s.knownPids) (w.u32(k.pid), w.u64(k.starttime));
   const t = s.lastSample;
@@ -204,7 +219,7 @@ export function encodeState(s: StateSnapshot): Buffer {
     w.u32(t.packages.length);
     for (const k of t.packages) (w.u32(k.pkg), w.u64(k.raw));
     w.u32(t.threads.length);
-    for (const th of t.threads) (w.u32(th.tid), w.u64(th.ticks));
+    for (const th of t.threads) (w.u32(th.pid), w.u32(th.tid), w.u64(th.starttime), w.u64(th.ticks));
   }
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
@@ -243,6 +258,9 @@ class Reader {
   }
   u64(what: string): bigint {
     return this.buf.readBigUInt64LE(this.at(8, what));
+  }
+  f64(what: string): number {
+    return this.buf.readDoubleLE(this.at(8, what));
   }
   /** A u64 that must be a safe integer (a starttime). */
   safe(what: string): number {
@@ -292,7 +310,8 @@ function readVm(r: Reader): VmState {
   for (let i = 0; i < nvcpu; i++) vcpus.push({ tid: r.u32(`${at}'s vCPUs`), vpkg: r.u16(`${at}'s vCPUs`) });
   const nvpkg = r.count(2, MAX_VPKG + 1, MIN_SIZE.vpkg, `virtual packages of ${at}`);
   const vpkgs = [];
-  for (let i = 0; i < nvpkg; i++) vpkgs.push({ energyUj: r.u64(`${at}'s totals`), counter: BigInt(r.u32(`${at}'s totals`)) });
+  for (let i = 0; i < nvpkg; i++) vpkgs.push({ energyUj: r.u64(`${at}'s totals`), counter: BigInt(r.u32(`${at}'s totals`)), energyJ: r.f64(`${at}'s totals`) });
+  const valuesNs = r.u64(`${at}'s values' time`);
   return {
     hostVmId,
     pid,
@@ -304,6 +323,8 @@ function readVm(r: Reader): VmState {
     uuid,
     wholeVmOnly: (flags & FLAG.WHOLE_VM_ONLY) !== 0,
     live: (flags & FLAG.LIVE) !== 0,
+    baseline: (flags & FLAG.BASELINE) !== 0,
+    valuesNs,
     endedSamples,
     vcpus,
     vpkgs,
@@ -318,7 +339,10 @@ function readPayload(r: Reader): StateSnapshot {
   for (let i = 0; i < nvm; i++) vms.push(readVm(r));
   const npkg = r.count(4, L.maxPackages, MIN_SIZE.pkg, 'packages');
   const packages = [];
-  for (let i = 0; i < npkg; i++) packages.push({ pkg: r.u32('package totals'), energyUj: r.u64('package totals'), unattributedUj: r.u64('package totals') });
+  for (let i = 0; i < npkg; i++) {
+    const at = 'package totals';
+    packages.push({ pkg: r.u32(at), energyUj: r.u64(at), unattributedUj: r.u64(at), energyJ: r.f64(at), unattributedJ: r.f64(at) });
+  }
   const nknown = r.count(4, L.maxKnownPids, MIN_SIZE.known, 'known processes');
   const knownPids = [];
   for (let i = 0; i < nknown; i++) knownPids.push({ pid: r.u32('known processes'), starttime: r.safe('a known process\'s starttime') });
@@ -333,7 +357,8 @@ function readPayload(r: Reader): StateSnapshot {
     for (let i = 0; i < nraw; i++) raws.push({ pkg: r.u32('the last sample'), raw: r.u64('the last sample') });
     const nth = r.count(4, L.maxThreads, MIN_SIZE.thread, 'sampled threads');
     const threads = [];
-    for (let i = 0; i < nth; i++) threads.push({ tid: r.u32('the last sample'), ticks: r.u64('the last sample') });
+    const at = 'the last sample';
+    for (let i = 0; i < nth; i++) threads.push({ pid: r.u32(at), tid: r.u32(at), starttime: r.safe('a sampled thread\'s starttime'), ticks: r.u64(at) });
     lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
   }
   return { nextHostVmId, vms, packages, knownPids, lastSample };

@@ -28,7 +28,9 @@ export const MAX_U64 = (1n << 64n) - 1n;
 export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
 
 export interface VpkgTotals {
-  /** Energy attributed to this virtual package since the VM was registered, µJ. */
+  /** The ratio engine's accumulator A(v,g), joules (float64): what the next intervals add to. */
+  energyJ: number;
+  /** Energy attributed to this virtual package since the VM was registered, µJ: floor(energyJ * 1e6). */
   energyUj: bigint;
   /** What the guest reads in MSR_PKG_ENERGY_STATUS: floor(energy / guest ESU) mod 2^32. */
   counter: bigint;
@@ -53,6 +55,10 @@ export interface VmState {
   wholeVmOnly: boolean;
   /** False once ended (process gone, pid reused, or unregistered): its totals are frozen. */
   live: boolean;
+  /** Live and the last sample counted for it (its baseline or an interval): the next sample closes an interval. */
+  baseline: boolean;
+  /** Sample time (monotonic ns) of its totals; 0 before its first interval. */
+  valuesNs: bigint;
   /** Samples since it ended (a discovered VM is dropped after a few). */
   endedSamples: number;
   /** vCPU thread -> virtual package (the vCPU rule of ratio/vcpus.ts; may be empty for a discovered VM). */
@@ -63,6 +69,9 @@ export interface VmState {
 
 export interface PackageTotals {
   pkg: number;
+  /** The same two totals in joules (float64), as they accumulate. */
+  energyJ: number;
+  unattributedJ: number;
   /** Energy of the package since sampling started, µJ. */
   energyUj: bigint;
   /** The part attributed to no VM, µJ. */
@@ -74,6 +83,13 @@ export interface KnownProcess {
   starttime: number;
 }
 
+export interface SampledThread {
+  pid: number;
+  tid: number;
+  starttime: number;
+  ticks: bigint;
+}
+
 export interface SampleState {
   /** CLOCK_MONOTONIC of the sample, ns. */
   monotonicNs: bigint;
@@ -81,8 +97,11 @@ export interface SampleState {
   realtimeNs: bigint;
   /** Raw MSR_PKG_ENERGY_STATUS (or another source's raw counter) per package. */
   packages: { pkg: number; raw: bigint }[];
-  /** Cumulative utime+stime ticks of each vCPU thread sampled. */
-  threads: { tid: number; ticks: bigint }[];
+  /**
+   * Each thread of each VM that had its baseline, as the last sample saw it: its process, its identity
+   * (tid, starttime) and its cumulative utime+stime ticks.
+   */
+  threads: SampledThread[];
 }
 
 export interface StateSnapshot {

@@ -75,6 +75,31 @@ describe('ProcScanner', () => {
     expect(found.map((v) => [v.pid, v.name, v.vcpus.map((c) => c.vpkg)])).toEqual([[500, 'reused', [0, 1]]]);
   });
 
+  it('a scanner restored from state() reads only the stat line of a known process, and examines a pid reused during the restart as new', () => {
+    const p = new FakeProc();
+    // Multithreaded: a scan that does not know them reads their thread names, looking for vCPUs.
+    for (let pid = 100; pid < 104; pid++) p.process(pid, { comm: 'java', starttime: 100, argv: ['java'], threads: ['java', 'GC', 'C2'] });
+    p.process(300, { ...qemu('kept'), starttime: 200 });
+    p.lastPid(300);
+    const before = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000 });
+    expect(before.scan().map((v) => v.pid)).toEqual([300]);
+    const known = before.state();
+    expect(known.sort((a, b) => a.pid - b.pid)).toEqual([100, 101, 102, 103].map((pid) => ({ pid, starttime: 100 })));
+    // During the restart pid 103 is reused by a QEMU.
+    p.uptime += 5000;
+    p.process(103, { ...qemu('new'), starttime: 400_000 });
+    const after = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000 });
+    after.restore(known);
+    expect(after.adopt(300, 200)).toBe(true);
+    expect(after.adopt(300, 201)).toBe(false); // not the process the snapshot names
+    expect(after.adopt(101, 999)).toBe(false); // another process now
+    expect(after.current(300)?.vcpus.map((c) => c.vpkg)).toEqual([0, 1]);
+    const probes = after.cost.threadProbes;
+    // The VM discovery had found is not offered again; the reused pid is; the known processes are not read past stat.
+    expect(after.scan().map((v) => [v.pid, v.name])).toEqual([[103, 'new']]);
+    expect(after.cost.threadProbes - probes).toBe(3); // the new QEMU's three threads only
+  });
+
   it('does not re-read an old non-VM pid outside the range of new pids, and reads only loadavg when no pid was handed out', () => {
     const p = new FakeProc();
     for (let pid = 100; pid < 110; pid++) p.process(pid, { comm: 'sshd', starttime: 100, argv: ['sshd'] });

@@ -222,4 +222,54 @@ describe('RatioEngine properties', () => {
       { numRuns: 100 },
     );
   });
+
+  it('gives the same results after a restore from state() at any sample as without it, and refuses a used engine', () => {
+    fc.assert(
+      fc.property(scenario, fc.nat(), (s, at) => {
+        const { specs, samples } = build(s);
+        const cut = at % samples.length;
+        const whole = new RatioEngine(host(s.cpusPerPackage));
+        for (const spec of specs) whole.register(spec);
+        const before = new RatioEngine(host(s.cpusPerPackage));
+        for (const spec of specs) before.register(spec);
+        for (let i = 0; i <= cut; i++) {
+          whole.addSample(samples[i]!);
+          before.addSample(samples[i]!);
+        }
+        const after = new RatioEngine(host(s.cpusPerPackage));
+        after.restore(structuredClone(before.state()));
+        expect(after.state()).toEqual(before.state());
+        expect(() => before.restore(before.state())).toThrow(/only an engine with no VM and no sample can be restored/);
+        for (let i = cut + 1; i < samples.length; i++) {
+          const a = whole.addSample(samples[i]!);
+          const b = after.addSample(samples[i]!);
+          expect(b).toEqual(a);
+          expect(after.outputs()).toEqual(whole.outputs());
+        }
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  it('refuses to restore a state whose values are inconsistent, naming the value', () => {
+    const engine = new RatioEngine(host([2]));
+    engine.register({ pid: 1000, starttime: 5, vcpus: [{ tid: 1001, vpkg: 1 }] });
+    engine.addSample(sample(1, { 0: 0n }, { 1000: [{ tid: 1000, ticks: 1, starttime: 5 }, { tid: 1001, ticks: 3, starttime: 5 }] }));
+    const good = engine.state();
+    const cases: [(st: ReturnType<RatioEngine['state']>) => void, RegExp][] = [
+      [(st) => (st.nextId = 1), /VM id 1 is out of range \(1..0\)/],
+      [(st) => (st.vms[0]!.accJ = [0]), /VM 1: 1 energy totals for 2 virtual packages/],
+      [(st) => (st.vms[0]!.accJ[0] = Number.NaN), /VM 1: an energy total is not a finite number/],
+      [(st) => (st.lastSample!.energy[0]!.pkg = 7), /counter for package 7, which the host does not have/],
+      [(st) => (st.lastSample = null), /VM 1 has had its baseline sample, but there is no last sample/],
+      [(st) => (st.vms[0]!.prev.push({ ...st.vms[0]!.prev[0]! })), /thread 1000 is marked twice/],
+    ];
+    for (const [edit, want] of cases) {
+      const st = structuredClone(good);
+      edit(st);
+      const fresh = new RatioEngine(host([2]));
+      expect(() => fresh.restore(st)).toThrow(want);
+      expect(fresh.state()).toEqual({ nextId: 1, lastSample: null, vms: [] });
+    }
+  });
 });

@@ -148,7 +148,7 @@ export class FakeHost {
 export function assembleOnFakeHost(
   fake: FakeHost,
   device: MsrDevice,
-  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger } & Pick<ChainOptions, 'discovery' | 'observerGid' | 'fds'>,
+  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger } & Pick<ChainOptions, 'discovery' | 'observerGid' | 'fds' | 'restore' | 'restoreWaitMs'>,
 ): Promise<Chain> {
   return assembleChain({
     paths: fake.hostPaths(),
@@ -163,5 +163,7 @@ export function assembleOnFakeHost(
     ...(o.discovery !== undefined ? { discovery: o.discovery } : {}),
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     ...(o.fds ? { fds: o.fds } : {}),
+    ...(o.restore ? { restore: o.restore } : {}),
+    ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
   });
 }

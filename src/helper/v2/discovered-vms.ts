@@ -13,7 +13,7 @@ import type { Discovery } from './discovery.js';
 import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
 
 export interface DiscoveredVmsParts {
-  discovery: Discovery;
+  discovery: Pick<Discovery, 'scan' | 'refine' | 'defer'>;
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
   fds?: FdAdmitter;

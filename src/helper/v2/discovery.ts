@@ -1,5 +1,5 @@
 /** What the v2 service needs from discovery (ProcScanner implements it). */
-import type { DiscoveredVm } from '../../discovery/scanner.js';
+import type { DiscoveredVm, KnownProcessState } from '../../discovery/scanner.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 
 export interface Discovery {
@@ -13,4 +13,9 @@ export interface Discovery {
   current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
   /** A VM scan() returned that was not admitted: try it again later. */
   defer(pid: number): void;
+  /** Processes looked at and found not to be VMs (what a restart carries), and their restore before the first scan. */
+  state(): KnownProcessState[];
+  restore(known: readonly KnownProcessState[]): void;
+  /** A discovered VM a restart hands back: tracked again; false when the process is gone or is not a VM now. */
+  adopt(pid: number, starttime: number): boolean;
 }

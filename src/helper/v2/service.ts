@@ -32,6 +32,11 @@ import { dispatch } from './requests/dispatch.js';
 import { HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
+import { fail, ok, type Result } from '../../common/result.js';
+import { cannot } from '../../common/errors.js';
+import { monotonicNs } from '../../sampling/tick-loop.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
+import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 
 export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -61,7 +66,21 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   deferDiscovery?: boolean;
   /** Sends a reply that carries fds in one sendmsg with SCM_RIGHTS (reply.ts; the daemon wires socket-fd-sender.ts). */
   sendWithFds?: SendWithFds;
+  /**
+   * Live state saved by a previous process (service.snapshot()): every part starts from it, or, when
+   * it is refused (another host, a rebooted host, inconsistent values), the service starts fresh and
+   * `restored` says why. docs/daemon.md "Restart state".
+   */
+  restore?: StateSnapshot;
+  /**
+   * How long a restored registration waits for a connection to take it over (a REGISTER of the same
+   * process) before it is released as if its connection had closed; default RESTORED_REGISTRATION_WAIT_MS.
+   */
+  restoreWaitMs?: number;
 }
+
+/** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
+export type RestoreReport = Pick<RestorePlan, 'ended' | 'rebaseline'>;
 
 export interface V2Service {
   handler: V2Handler;
@@ -81,14 +100,20 @@ export interface V2Service {
    * discovery is off or the service is closed.
    */
   startDiscovery(): Promise<void>;
+  /**
+   * The live state as one snapshot (VM ids, names, registrations, per-VM and host totals, discovery,
+   * the last sample), for the next process to restore. Taken between samples: a sample runs to its end
+   * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
+   */
+  snapshot(): StateSnapshot;
+  /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
+  readonly restored: Result<RestoreReport> | null;
 }
 
 export function createV2Service(o: V2ServiceOptions): V2Service {
   const engine = o.engine ?? new RatioEngine(o.host);
-  const registry = new VmRegistry(o.limits, procView(o.procRoot), o.fds);
-  const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on));
-  const fanOut = new FanOut(clients);
-  const energy = new HostEnergy(o.host.packages.map((p) => p.package));
+  const proc = procView(o.procRoot);
+  const registry = new VmRegistry(o.limits, proc, o.fds);
   let closed = false;
 
   const sampling: SamplingService = new SamplingService({
@@ -102,11 +127,72 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     // Called only once the service is made: `discovered` is set by then.
     ...(o.discovery ? { prepare: () => discovered?.scan(), inspect: (s) => discovered?.refine(s) } : {}),
   });
+  // A saved state: the engine first (it refuses inconsistent values before changing anything), then
+  // every other part starts from the plan; a refusal anywhere leaves every part fresh.
+  let restored: Result<RestoreReport> | null = null;
+  let from: RestorePlan | null = null;
+  if (o.restore !== undefined) {
+    const plan = planRestore(o.restore, o.host, { starttime: (pid) => proc.starttime(pid), nowNs: (o.clock ?? monotonicNs)() });
+    if (plan.ok) {
+      try {
+        sampling.restore(plan.value.sampling);
+        from = plan.value;
+        restored = ok({ ended: from.ended, rebaseline: from.rebaseline });
+      } catch (e) {
+        restored = fail(cannot('restore state', (e as Error).message, RESTORE_FIX));
+      }
+    } else {
+      restored = plan;
+    }
+    if (!restored.ok) o.log.warn({ err: restored.error }, 'saved state not restored: starting fresh');
+  }
+  if (from !== null) registry.restore(from.registry);
+  const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
+  const fanOut = new FanOut(clients);
+  const energy = new HostEnergy(
+    o.host.packages.map((p) => p.package),
+    from?.energy,
+  );
   const lastUpdate = (vmId: number, frame: Buffer) => fanOut.dropped(vmId, frame);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate });
   const discovered: DiscoveredVms | undefined = o.discovery
     ? new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, changed: () => lifecycle.markChanged() })
     : undefined;
+
+  let waitTimer: NodeJS.Timeout | undefined;
+  if (from !== null) {
+    if (o.discovery) {
+      o.discovery.restore(from.knownPids);
+      const savedVcpus = new Map(from.sampling.engine.vms.map((v) => [v.id, JSON.stringify(v.vcpus)]));
+      for (const d of from.discovered) {
+        if (!o.discovery.adopt(d.pid, d.starttime)) {
+          o.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
+          continue;
+        }
+        // vCPU threads born, renamed or gone during the restart: the list as classified now (a registrant's stands).
+        const r = registry.get(d.hostVmId);
+        const c = o.discovery.current(d.pid);
+        if (r === undefined || r.owner !== null || c === null) continue;
+        if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
+          sampling.updateVcpus(d.hostVmId, c.vcpus);
+          lifecycle.markChanged();
+        }
+        r.wholeVmOnly = c.wholeVmOnly;
+      }
+    }
+    for (const e of from.ended)
+      o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
+    if (from.rebaseline !== null) o.log.warn({ why: from.rebaseline }, 'restored totals kept, the restart gap is not attributed');
+    if (from.ended.length > 0) lifecycle.markChanged();
+    // Registrations whose connection did not come back are released as a closed connection's are.
+    if (registry.awaitingConnection().length > 0) {
+      waitTimer = setTimeout(() => {
+        for (const vmId of registry.awaitingConnection()) lifecycle.release(vmId);
+      }, o.restoreWaitMs ?? RESTORED_REGISTRATION_WAIT_MS);
+      waitTimer.unref();
+    }
+    o.log.info({ vms: registry.total, registered: registry.size, awaiting: registry.awaitingConnection().length }, 'live state restored');
+  }
 
   const hostValues = (changed: boolean, perPackage: boolean) =>
     energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total));
@@ -183,6 +269,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     handler,
     async close() {
       closed = true;
+      clearTimeout(waitTimer);
       listeners.dispose();
       sampling.close();
       limiter.flush();
@@ -212,5 +299,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       return registry.total;
     },
     startDiscovery,
+    snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
+    restored,
   };
 }

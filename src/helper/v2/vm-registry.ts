@@ -150,6 +150,12 @@ export class VmRegistry {
   private readonly byPid = new Map<number, number>();
   /** pid -> vmId of the live discovered VM of that pid. */
   private readonly discoveredByPid = new Map<number, number>();
+  /**
+   * Registrations carried over a restart whose connection is not here (its owner number names a
+   * connection of the old process): a REGISTER of the same process takes one over, or the service
+   * releases it (docs/daemon.md "Restart state").
+   */
+  private readonly awaiting = new Set<number>();
 
   constructor(
     readonly limits: V2Limits,
@@ -189,6 +195,13 @@ export class VmRegistry {
     }
     if (this.proc.starttime(pid) !== start) return no('process-gone', `process ${pid} exited during registration`);
     const other = this.byPid.get(pid);
+    const waiting = other === undefined ? undefined : this.vms.get(other);
+    // A registration a restart carried over, of this very process: the new connection takes it over.
+    if (waiting !== undefined && this.awaiting.has(waiting.vmId) && waiting.live && waiting.starttime === start) {
+      const spec: VmSpec = { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) };
+      if (waiting.name !== null) spec.name = waiting.name;
+      return ok({ spec, uid: owner_uid, attachTo: waiting.vmId });
+    }
     if (other !== undefined) {
       const why = this.vms.get(other)?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
       return no('limit', `process ${pid} ${why} (vm_id ${other}); unregister it first`);
@@ -215,6 +228,8 @@ export class VmRegistry {
       r = { vmId, owner, pid: spec.pid, starttime: spec.starttime, uid, live: true, discovered: false, endedSamples: 0, name: spec.name ?? null, uuid: null, wholeVmOnly: false };
       this.vms.set(vmId, r);
     }
+    if (r.owner !== null && r.owner !== owner) this.leaveOwner(r.owner, vmId);
+    this.awaiting.delete(vmId);
     r.owner = owner;
     r.wholeVmOnly = false;
     let set = this.byOwner.get(owner);
@@ -285,9 +300,8 @@ export class VmRegistry {
   release(vmId: number): boolean {
     const e = this.vms.get(vmId);
     if (!e || e.owner === null) return false;
-    const set = this.byOwner.get(e.owner);
-    set?.delete(vmId);
-    if (set && set.size === 0) this.byOwner.delete(e.owner);
+    this.leaveOwner(e.owner, vmId);
+    this.awaiting.delete(vmId);
     if (this.byPid.get(e.pid) === vmId) this.byPid.delete(e.pid);
     e.owner = null;
     return e.discovered && e.live;
@@ -299,6 +313,37 @@ export class VmRegistry {
     if (e.owner !== null) this.release(vmId);
     if (this.discoveredByPid.get(e.pid) === vmId) this.discoveredByPid.delete(e.pid);
     this.vms.delete(vmId);
+  }
+
+  private leaveOwner(owner: number, vmId: number): void {
+    const set = this.byOwner.get(owner);
+    set?.delete(vmId);
+    if (set && set.size === 0) this.byOwner.delete(owner);
+  }
+
+  /** Registrations carried over a restart still waiting for a connection to take them over. */
+  awaitingConnection(): number[] {
+    return [...this.awaiting];
+  }
+
+  /**
+   * Takes back what state() gave, on an empty registry: the records and the indexes that follow from
+   * them. Every registration waits for its connection (awaitingConnection()). Throws when not empty.
+   */
+  restore(records: readonly VmRecord[]): void {
+    if (this.vms.size > 0) throw new Error('only an empty registry can be restored');
+    for (const rec of records) {
+      const r: VmRecord = { ...rec, uuid: rec.uuid && Buffer.from(rec.uuid) };
+      this.vms.set(r.vmId, r);
+      if (r.owner !== null) {
+        let set = this.byOwner.get(r.owner);
+        if (!set) this.byOwner.set(r.owner, (set = new Set()));
+        set.add(r.vmId);
+        this.byPid.set(r.pid, r.vmId);
+        this.awaiting.add(r.vmId);
+      }
+      if (r.discovered && r.live) this.discoveredByPid.set(r.pid, r.vmId);
+    }
   }
 
   vmsOf(owner: number): number[] {

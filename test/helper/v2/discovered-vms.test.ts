@@ -36,11 +36,9 @@ function setup(room = true) {
   const scan: DiscoveredVm[] = [];
   const deferred: number[] = [];
   let refined: { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null = null;
-  const discovery: Discovery = {
+  const discovery: Pick<Discovery, 'scan' | 'refine' | 'defer'> = {
     scan: () => scan.splice(0),
     refine: () => refined,
-    forget: () => {},
-    current: () => null,
     defer: (pid) => deferred.push(pid),
   };
   let changes = 0;

@@ -205,3 +205,33 @@ describe('VmRegistry with a process of another uid', () => {
     expect(admitted(r.admit(1, { pid: me, uid: 65534 }, req)).uid).toBe(65534);
   });
 });
+
+describe('VmRegistry: restored from state()', () => {
+  it('keeps every record and index, a REGISTER of the same process takes an awaiting registration over, another process is refused', () => {
+    const c = child();
+    const other = child();
+    const before = registry();
+    const a = admitted(before.admit(7, { pid: c.pid, uid: myUid }, { pid: c.pid, vcpus: [{ tid: c.pid, vpkg: 0 }] }));
+    before.add(7, 1, a.spec, a.uid);
+    const b = admitted(before.admit(7, { pid: other.pid, uid: myUid }, { pid: other.pid, vcpus: [{ tid: other.pid, vpkg: 0 }] }));
+    before.add(7, 2, b.spec, b.uid);
+    const after = registry();
+    after.restore(before.state());
+    expect(after.state()).toEqual(before.state());
+    expect(after.vmsOf(7)).toEqual([1, 2]);
+    expect(after.awaitingConnection()).toEqual([1, 2]);
+    expect(() => after.restore(before.state())).toThrow(/only an empty registry can be restored/);
+    // Connection 9 (of the new process) registers the same process: it takes VM 1 over, the old owner loses it.
+    const again = admitted(after.admit(9, { pid: c.pid, uid: myUid }, { pid: c.pid, vcpus: [{ tid: c.pid, vpkg: 0 }] }));
+    expect(again.attachTo).toBe(1);
+    after.add(9, 1, again.spec, again.uid);
+    expect(after.vmsOf(9)).toEqual([1]);
+    expect(after.vmsOf(7)).toEqual([2]);
+    expect(after.awaitingConnection()).toEqual([2]);
+    // Taken over, VM 1 is no longer awaiting: a second REGISTER of it is refused as usual.
+    expect(refused(after.admit(10, { pid: c.pid, uid: myUid }, { pid: c.pid, vcpus: [{ tid: c.pid, vpkg: 0 }] })).message).toMatch(/is already registered \(vm_id 1\)/);
+    // Released when nobody came for it, as a closed connection's: not discovered, so it goes.
+    expect(after.release(2)).toBe(false);
+    expect(after.awaitingConnection()).toEqual([]);
+  });
+});

@@ -1,0 +1,231 @@
+/**
+ * The v2 service's live state and the snapshot (src/state/snapshot.ts), both ways: capture() gathers
+ * it from the parts that own it (registry, sampling loop and its engine, host energy, discovery);
+ * planRestore() checks a snapshot against this host and its processes and says what each part starts
+ * from, or why the snapshot cannot be used (the daemon then starts fresh). docs/daemon.md "Restart state".
+ */
+import { cannot } from '../../common/errors.js';
+import { fail, ok, type Result } from '../../common/result.js';
+import { energyCounterBits, joulesPerCounterUnit } from '../../ratio/counter.js';
+import type { EngineState, EngineVmState } from '../../ratio/engine-state.js';
+import type { HostInfo } from '../../ratio/types.js';
+import type { SamplingState } from '../../sampling/sampling-service.js';
+import type { KnownProcessState } from '../../discovery/scanner.js';
+import { stateProblem } from '../../state/codec.js';
+import type { SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
+import type { HostEnergyState } from './host-energy.js';
+import type { VmRecord } from './vm-registry.js';
+
+/**
+ * The longest restart gap whose energy is attributed: past it the 32-bit package counter may have
+ * wrapped unseen (the reason --interval is at most 60 s), so the last sample is not used and every
+ * live VM takes the first sample after the restart as a new baseline.
+ */
+export const MAX_RESTORE_GAP_NS = 60_000_000_000n;
+
+/** How long a restored registration waits for a connection to take it over before it is released. */
+export const RESTORED_REGISTRATION_WAIT_MS = 30_000;
+
+export const RESTORE_FIX = 'the daemon starts without it (registered VMs register again, discovery finds the rest)';
+const FIX = RESTORE_FIX;
+const TWO_32 = 2 ** 32;
+const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
+
+/** What the parts hold, for capture(). */
+export interface LiveParts {
+  registry: { state(): VmRecord[] };
+  sampling: { state(): SamplingState };
+  energy: { state(): HostEnergyState };
+  discovery?: { state(): KnownProcessState[] };
+}
+
+/**
+ * The service's state as one snapshot, the counters at the guest energy unit `guestPowerUnit`
+ * (MSR_RAPL_POWER_UNIT of package 0). Throws when the parts disagree (a VM the engine does not have).
+ */
+export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
+  const u = joulesPerCounterUnit(guestPowerUnit);
+  const { engine, realtimeNs } = p.sampling.state();
+  const byId = new Map(engine.vms.map((v) => [v.id, v]));
+  const vms: VmState[] = p.registry.state().map((r) => {
+    const e = byId.get(r.vmId);
+    if (e === undefined) throw new Error(cannot('save state', `VM ${r.vmId} is listed but not sampled`));
+    return {
+      hostVmId: r.vmId,
+      pid: r.pid,
+      starttime: r.starttime,
+      uid: r.uid,
+      owner: r.owner,
+      discovered: r.discovered,
+      name: r.name,
+      uuid: r.uuid,
+      wholeVmOnly: r.wholeVmOnly,
+      live: r.live,
+      baseline: r.live && e.phase === 'active',
+      valuesNs: e.tNs,
+      endedSamples: r.endedSamples,
+      vcpus: e.vcpus.map((v) => ({ ...v })),
+      vpkgs: e.accJ.map((a) => ({ energyJ: a, energyUj: uj(a), counter: BigInt(Math.floor(a / u) % TWO_32) })),
+    };
+  });
+  const threads: SampledThread[] = [];
+  const seen = new Set<number>();
+  for (const e of engine.vms) {
+    if (e.phase !== 'active') continue;
+    for (const m of e.prev) {
+      if (seen.has(m.tid)) continue;
+      seen.add(m.tid);
+      threads.push({ pid: e.pid, tid: m.tid, starttime: m.starttime, ticks: BigInt(m.ticks) });
+    }
+  }
+  const last = engine.lastSample;
+  return {
+    nextHostVmId: engine.nextId,
+    vms,
+    packages: p.energy.state().packages.map((k) => ({
+      pkg: k.pkg,
+      energyJ: k.energyJ,
+      unattributedJ: k.unattributedJ,
+      energyUj: uj(k.energyJ),
+      unattributedUj: uj(k.unattributedJ),
+    })),
+    knownPids: p.discovery?.state() ?? [],
+    lastSample:
+      last === null
+        ? null
+        : {
+            monotonicNs: last.tNs,
+            realtimeNs: realtimeNs ?? 0n,
+            packages: last.energy.map((k) => ({ pkg: k.pkg, raw: BigInt(k.raw) })),
+            threads,
+          },
+  };
+}
+
+/** What /proc says now, for planRestore(). */
+export interface RestoreProbe {
+  /** Field 22 of /proc/<pid>/stat, null when the process does not exist. */
+  starttime(pid: number): number | null;
+  /** CLOCK_MONOTONIC now, ns. */
+  nowNs: bigint;
+}
+
+/** What each part starts from, and what was left behind. */
+export interface RestorePlan {
+  sampling: SamplingState;
+  registry: VmRecord[];
+  energy: HostEnergyState;
+  knownPids: KnownProcessState[];
+  /** Live VMs that discovery had found: discovery takes them back (adopt). */
+  discovered: { hostVmId: number; pid: number; starttime: number }[];
+  /** The connection ids of the old process: a new connection takes the next one. */
+  nextConnId: number;
+  /** VMs whose process is gone or is another process now: restored ended, with their totals frozen. */
+  ended: { hostVmId: number; pid: number; why: string }[];
+  /** Why the last sample is not used (every live VM takes a new baseline), or null. */
+  rebaseline: string | null;
+}
+
+/**
+ * Checks `s` against this host (the same packages, the same guest energy unit for the counters), the
+ * clock (its last sample is not in the future: the host did not reboot) and /proc, and plans each
+ * part's restore. A refusal reads "cannot restore state: why; fix".
+ */
+export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): Result<RestorePlan> {
+  const refuse = (why: string) => fail(cannot('restore state', why, FIX));
+  const problem = stateProblem(s);
+  if (problem !== null) return refuse(problem);
+  const hostPkgs = host.packages.map((p) => p.package).sort((a, b) => a - b);
+  const savedPkgs = s.packages.map((p) => p.pkg).sort((a, b) => a - b);
+  const last = s.lastSample;
+  const samplePkgs = last?.packages.map((p) => p.pkg) ?? [];
+  if (savedPkgs.join() !== hostPkgs.join() || samplePkgs.some((p) => !hostPkgs.includes(p))) {
+    return refuse(`it was saved on a host with packages ${savedPkgs.join(',') || 'none'}, this host has packages ${hostPkgs.join(',')}`);
+  }
+  if (last !== null && last.monotonicNs > probe.nowNs) {
+    return refuse(
+      `its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`,
+    );
+  }
+  const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === hostPkgs[0]);
+  const u = joulesPerCounterUnit(guest!.powerUnit);
+  for (const vm of s.vms) {
+    for (let g = 0; g < vm.vpkgs.length; g++) {
+      const v = vm.vpkgs[g]!;
+      if (BigInt(Math.floor(v.energyJ / u) % TWO_32) !== v.counter) {
+        return refuse(
+          `VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`,
+        );
+      }
+    }
+  }
+
+  const ended: RestorePlan['ended'] = [];
+  const vms = s.vms.map((vm) => {
+    if (!vm.live) return vm;
+    const now = probe.starttime(vm.pid);
+    if (now === vm.starttime) return vm;
+    const why = now === null ? 'its process is gone' : `pid ${vm.pid} is another process now (starttime ${now}, was ${vm.starttime})`;
+    ended.push({ hostVmId: vm.hostVmId, pid: vm.pid, why });
+    return { ...vm, live: false, baseline: false };
+  });
+  let rebaseline: string | null = null;
+  if (last !== null && probe.nowNs - last.monotonicNs > MAX_RESTORE_GAP_NS) {
+    rebaseline = `the last sample is ${(probe.nowNs - last.monotonicNs) / 1_000_000n} ms old, over ${MAX_RESTORE_GAP_NS / 1_000_000n} ms (the package counters may have wrapped unseen)`;
+  }
+  const useLast = last !== null && rebaseline === null;
+
+  const engineVms: EngineVmState[] = vms.map((vm) => {
+    const e: EngineVmState = {
+      id: vm.hostVmId,
+      pid: vm.pid,
+      starttime: vm.starttime,
+      vcpus: vm.vcpus.map((v) => ({ ...v })),
+      phase: !vm.live ? 'ended' : vm.baseline && useLast ? 'active' : 'pending',
+      accJ: vm.vpkgs.map((v) => v.energyJ),
+      tNs: vm.valuesNs,
+      prev: [],
+    };
+    if (vm.name !== null) e.name = vm.name;
+    if (!vm.live) e.endedBy = 'exit';
+    if (e.phase === 'active') {
+      e.prev = last!.threads.filter((t) => t.pid === vm.pid).map((t) => ({ tid: t.tid, starttime: t.starttime, ticks: Number(t.ticks) }));
+    }
+    return e;
+  });
+  const engine: EngineState = {
+    nextId: s.nextHostVmId,
+    lastSample: useLast
+      ? { tNs: last.monotonicNs, energy: last.packages.map((k) => ({ pkg: k.pkg, raw: energyCounterBits(k.raw) })) }
+      : null,
+    vms: engineVms,
+  };
+  const registry: VmRecord[] = vms.map((vm) => ({
+    vmId: vm.hostVmId,
+    owner: vm.owner,
+    pid: vm.pid,
+    starttime: vm.starttime,
+    uid: vm.uid,
+    live: vm.live,
+    discovered: vm.discovered,
+    endedSamples: vm.endedSamples,
+    name: vm.name,
+    uuid: vm.uuid && Buffer.from(vm.uuid),
+    wholeVmOnly: vm.wholeVmOnly,
+  }));
+  let nextConnId = 1;
+  for (const vm of vms) if (vm.owner !== null) nextConnId = Math.max(nextConnId, vm.owner + 1);
+  return ok({
+    sampling: { engine, realtimeNs: useLast ? last.realtimeNs : null },
+    registry,
+    energy: {
+      tNs: last?.monotonicNs ?? 0n,
+      packages: s.packages.map((k) => ({ pkg: k.pkg, energyJ: k.energyJ, unattributedJ: k.unattributedJ })),
+    },
+    knownPids: s.knownPids.map((k) => ({ ...k })),
+    discovered: vms.filter((vm) => vm.live && vm.discovered).map((vm) => ({ hostVmId: vm.hostVmId, pid: vm.pid, starttime: vm.starttime })),
+    nextConnId,
+    ended,
+    rebaseline,
+  });
+}
