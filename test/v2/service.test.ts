@@ -2,9 +2,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
+import { helperMessages } from '../support/helper-messages.js';
 import { V2Client, V2Error, type Update } from '../../src/client/v2-client.js';
-import { E, FrameDecoder, HELPER_TYPES, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe } from '../../src/protocol/v2/codec.js';
-import { parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
+import { E, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe } from '../../src/protocol/v2/codec.js';
 import { isRoot } from '../support/env.js';
 import { POWER_UNIT, RawClient, startChild, startHarness, threadsOf, until, type Harness } from './harness.js';
 
@@ -31,14 +31,7 @@ function child(kind: 'spin' | 'sleep') {
   return c;
 }
 
-function messages(buf: Buffer): HelperMessage[] {
-  return new FrameDecoder(HELPER_TYPES).push(buf).map((f) => {
-    if (!f.ok) throw new Error(f.error.message);
-    const m = parseHelperFrame(f.value);
-    if (!m.ok) throw new Error(m.error);
-    return m.value;
-  });
-}
+const messages = helperMessages;
 
 async function expectV2Error(p: Promise<unknown>, code: number): Promise<V2Error> {
   const e = await p.then(

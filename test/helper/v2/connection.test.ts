@@ -9,9 +9,9 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { helperMessages } from '../../support/helper-messages.js';
 import { pino } from 'pino';
-import { E, FrameDecoder, HELPER_TYPES, T, encodeError, encodeFrame, encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
-import { parseHelperFrame, type HelperMessage } from '../../../src/protocol/v2/messages.js';
+import { E, T, encodeError, encodeFrame, encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
 import { V2Connection, type ConnectionHost } from '../../../src/helper/v2/connection.js';
 import type { Reply, SendWithFds } from '../../../src/helper/v2/reply.js';
 import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
@@ -57,14 +57,7 @@ async function connect(host: Omit<ConnectionHost, 'closed'>, o: { paused?: boole
   return s;
 }
 
-function messages(buf: Buffer): HelperMessage[] {
-  return new FrameDecoder(HELPER_TYPES).push(buf).map((f) => {
-    if (!f.ok) throw new Error(f.error.message);
-    const m = parseHelperFrame(f.value);
-    if (!m.ok) throw new Error(m.error);
-    return m.value;
-  });
-}
+const messages = helperMessages;
 
 /** An fd of our own (/dev/null) and whether it is still open. */
 function openFd(): { fd: number; isOpen(): boolean } {
