@@ -17,6 +17,10 @@ export interface InfoLog {
  * Catches SIGHUP on `proc` (the process): runs `restart` when given, else logs SIGHUP_MESSAGE at
  * info; dispose to stop.
  */
-export function handleSighup(log: InfoLog, proc: EmitterLike<[]> = process as unknown as EmitterLike<[]>, restart?: () => void): Disposable {
+export function handleSighup(
+  log: InfoLog,
+  proc: EmitterLike<[]> = process as unknown as EmitterLike<[]>,
+  restart?: () => void,
+): Disposable {
   return listen(proc, 'SIGHUP', () => (restart ? restart() : log.info(SIGHUP_MESSAGE)));
 }

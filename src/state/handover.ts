@@ -50,7 +50,8 @@ const MAX_COUNTER = Number.MAX_SAFE_INTEGER;
 
 /** Why a record cannot be written or used, or null. */
 export function handoverProblem(r: HandoverRecord): string | null {
-  for (const [k, v] of Object.entries(r.legacy)) if (!Number.isSafeInteger(v) || v < 0 || v > MAX_COUNTER) return `the legacy ${k} counter ${v} is out of range`;
+  for (const [k, v] of Object.entries(r.legacy))
+    if (!Number.isSafeInteger(v) || v < 0 || v > MAX_COUNTER) return `the legacy ${k} counter ${v} is out of range`;
   if (r.connections.length > MAX_HANDED_CONNECTIONS) return `${r.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;
   const seen = new Set<bigint>();
   for (const c of r.connections) {
@@ -58,7 +59,8 @@ export function handoverProblem(r: HandoverRecord): string | null {
     if (seen.has(c.ino)) return `socket inode ${c.ino} is listed twice`;
     seen.add(c.ino);
     if (!(c.kind in KIND)) return `connection ${c.ino} has an unknown kind`;
-    if (c.pending.length > MAX_PENDING_BYTES) return `connection ${c.ino} holds ${c.pending.length} pending bytes, at most ${MAX_PENDING_BYTES}`;
+    if (c.pending.length > MAX_PENDING_BYTES)
+      return `connection ${c.ino} holds ${c.pending.length} pending bytes, at most ${MAX_PENDING_BYTES}`;
   }
   return null;
 }
@@ -67,7 +69,8 @@ export function encodeHandover(r: HandoverRecord): Buffer {
   const problem = handoverProblem(r);
   if (problem !== null) throw new Error(cannot('write the handover record', problem));
   const size = 32 + 4 + r.connections.reduce((n, c) => n + ENTRY_MIN + c.pending.length, 0);
-  if (HEADER + size > MAX_HANDOVER_BYTES) throw new Error(cannot('write the handover record', `it would be ${HEADER + size} bytes, at most ${MAX_HANDOVER_BYTES}`));
+  if (HEADER + size > MAX_HANDOVER_BYTES)
+    throw new Error(cannot('write the handover record', `it would be ${HEADER + size} bytes, at most ${MAX_HANDOVER_BYTES}`));
   const p = Buffer.alloc(size);
   let o = 0;
   p.writeBigUInt64LE(r.writtenNs, o);
@@ -111,7 +114,8 @@ export function decodeHandover(b: Buffer, nowNs: bigint): Result<HandoverRecord>
   };
   const legacy = { ok: counter(8), refused: counter(16), failed: counter(24) };
   const count = p.readUInt32LE(32);
-  if (count > MAX_HANDED_CONNECTIONS || count * ENTRY_MIN > p.length - 36) return no(`it lists ${count} connections, more than its bytes hold`);
+  if (count > MAX_HANDED_CONNECTIONS || count * ENTRY_MIN > p.length - 36)
+    return no(`it lists ${count} connections, more than its bytes hold`);
   const connections: HandedConnection[] = [];
   let o = 36;
   for (let i = 0; i < count; i++) {

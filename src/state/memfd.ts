@@ -19,7 +19,7 @@ const FIX = 'start without the saved state (registered VMs register again, disco
 export function writeSealedMemfd(name: string, bytes: Buffer): number {
   const fd = memfdCreate(name);
   try {
-    for (let off = 0; off < bytes.length; ) off += fs.writeSync(fd, bytes, off, bytes.length - off, off);
+    for (let off = 0; off < bytes.length;) off += fs.writeSync(fd, bytes, off, bytes.length - off, off);
     addSeals(fd, STATE_SEALS);
     return fd;
   } catch (e) {
@@ -41,12 +41,16 @@ export function readSealedMemfd(fd: number, maxBytes: number, what: string, fix:
     throw cannotError(what, `fd ${fd} is not a memfd (${(e as Error).message})`, fix);
   }
   if ((seals & STATE_SEALS) !== STATE_SEALS) {
-    throw cannotError(what, `the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`, fix);
+    throw cannotError(
+      what,
+      `the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`,
+      fix,
+    );
   }
   const size = fs.fstatSync(fd).size;
   if (size > maxBytes) throw cannotError(what, `the memfd holds ${size} bytes, at most ${maxBytes} expected`, fix);
   const bytes = Buffer.alloc(size);
-  for (let off = 0; off < size; ) {
+  for (let off = 0; off < size;) {
     const n = fs.readSync(fd, bytes, off, size - off, off);
     if (n === 0) break;
     off += n;

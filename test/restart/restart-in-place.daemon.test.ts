@@ -86,7 +86,9 @@ describe('restart in place with a QEMU-like client sending requests', () => {
     }
     const s = await client.done();
     const stamp = /"preparedMs":(\d+)/g;
-    console.log(`restarts: 5 by SIGHUP, 5 by reload; signal to serving (ms): ${waits.join(', ')}; longest request wait ${s.maxWaitMs.toFixed(1)} ms over ${s.sent} requests; prepare (ms, check included): ${[...helper.stderr().matchAll(stamp)].map((m) => m[1]).join(', ')}`);
+    console.log(
+      `restarts: 5 by SIGHUP, 5 by reload; signal to serving (ms): ${waits.join(', ')}; longest request wait ${s.maxWaitMs.toFixed(1)} ms over ${s.sent} requests; prepare (ms, check included): ${[...helper.stderr().matchAll(stamp)].map((m) => m[1]).join(', ')}`,
+    );
     expect(s.error).toBeNull();
     expect(s.answered).toBe(s.sent);
     expect(s.extraBytes).toBe(0);

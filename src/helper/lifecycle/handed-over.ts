@@ -58,7 +58,11 @@ function connectionProblem(fd: number): { ino: bigint } | { why: string } {
  * Takes the handed-over parts out of `named` (the Inherited's named fds), checking each; every fd not
  * used is closed. Never throws: what cannot be used is logged and left out.
  */
-export function takeHandedOver(named: ReadonlyMap<string, readonly number[]> | undefined, log: HandoverLog, nowNs: bigint = monotonicNs()): HandedOver {
+export function takeHandedOver(
+  named: ReadonlyMap<string, readonly number[]> | undefined,
+  log: HandoverLog,
+  nowNs: bigint = monotonicNs(),
+): HandedOver {
   const out: HandedOver = { connections: [] };
   if (named === undefined || named.size === 0) return out;
   const known = new Set<string>(Object.values(HANDOVER_NAMES));
@@ -92,7 +96,10 @@ export function takeHandedOver(named: ReadonlyMap<string, readonly number[]> | u
   const recordFd = one(HANDOVER_NAMES.record);
   if (recordFd !== null) {
     try {
-      const r = decodeHandover(readSealedMemfd(recordFd, MAX_HANDOVER_BYTES, 'use the handover record', 'the handed-over connections are closed'), nowNs);
+      const r = decodeHandover(
+        readSealedMemfd(recordFd, MAX_HANDOVER_BYTES, 'use the handover record', 'the handed-over connections are closed'),
+        nowNs,
+      );
       if (r.ok) record = r.value;
       else log.warn({ err: r.error }, 'handover record refused: the handed-over connections are closed');
     } catch (e) {
@@ -116,7 +123,10 @@ export function takeHandedOver(named: ReadonlyMap<string, readonly number[]> | u
     const entry = 'ino' in c ? byIno.get(c.ino) : undefined;
     if (entry === undefined) {
       refused++;
-      log.warn({ fd, why: 'why' in c ? c.why : 'the handover record does not list it' }, 'handed-over fd is not a connection to serve: closed');
+      log.warn(
+        { fd, why: 'why' in c ? c.why : 'the handover record does not list it' },
+        'handed-over fd is not a connection to serve: closed',
+      );
       closeFd(fd);
       continue;
     }
@@ -125,7 +135,7 @@ export function takeHandedOver(named: ReadonlyMap<string, readonly number[]> | u
   }
   log.info(
     { connections: out.connections.length, refused, gone: byIno.size, state: out.state !== undefined },
-    `handed over: ${out.connections.length} connections${byIno.size > 0 ? ` (${byIno.size} closed by their client during the restart)` : ''}`,
+    `handed over: ${out.connections.length} connections${byIno.size > 0 ? ` (${byIno.size} closed by their client meanwhile)` : ''}`,
   );
   return out;
 }

@@ -86,7 +86,10 @@ async function prepare(p: RestartParts): Promise<Prepared> {
   try {
     const connections = frozen.connections().filter((c) => {
       if (c.kind !== 'legacy' || c.socket.writableLength === 0) return fdOf(c.socket) !== undefined;
-      p.log.warn({ queuedBytes: c.socket.writableLength }, 'a legacy client reads none of its replies: its connection is closed, not handed over');
+      p.log.warn(
+        { queuedBytes: c.socket.writableLength },
+        'a legacy client reads none of its replies: its connection is closed, not handed over',
+      );
       c.socket.destroy();
       return false;
     });
@@ -139,7 +142,11 @@ export function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Prom
     child.on('error', (e) => (clearTimeout(t), resolve(e.message)));
     child.on('exit', (code, sig) => {
       clearTimeout(t);
-      resolve(code === 0 ? null : `${script} --version ${sig ? `was killed (${sig})` : `exited ${code}`}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`);
+      resolve(
+        code === 0
+          ? null
+          : `${script} --version ${sig ? `was killed (${sig})` : `exited ${code}`}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`,
+      );
     });
   });
 }
@@ -192,7 +199,10 @@ export class Restarter {
       };
       const keep = inheritedFds(inherited);
       const stoppedMs = Number(process.hrtime.bigint() - t0) / 1e6;
-      log.info({ connections: prepared.connFds.length, preparedMs: Math.round(stoppedMs) }, 'restart in place: executing the installed binary');
+      log.info(
+        { connections: prepared.connFds.length, preparedMs: Math.round(stoppedMs) },
+        'restart in place: executing the installed binary',
+      );
       try {
         reexecInPlace(keep, inheritEnv(inherited), daemonArgv());
       } catch (e) {

@@ -101,7 +101,9 @@ export class HelperServer {
     const frozen = [...this.freezable].map((f) => ({ f, pending: f.freeze() }));
     const connections = (): FrozenConnection[] => [
       ...frozen.filter(({ f }) => !f.socket().destroyed).map(({ f, pending }) => ({ socket: f.socket(), kind: f.kind, pending })),
-      ...this.o.listener.heldConnections.filter((s) => !s.destroyed).map((socket) => ({ socket, kind: 'undecided' as const, pending: Buffer.alloc(0) })),
+      ...this.o.listener.heldConnections
+        .filter((s) => !s.destroyed)
+        .map((socket) => ({ socket, kind: 'undecided' as const, pending: Buffer.alloc(0) })),
     ];
     let thawed = false;
     return {
