@@ -3,6 +3,7 @@
  * service -> legacy service -> server. Each link is built here and nowhere else; the daemon (through
  * its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
  */
+import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { createEnergySource, readHostInfoFor } from '../energy/create.js';
@@ -203,6 +204,27 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       const paths = ctx.config.hostPaths;
       const recordPath = o.recordPath;
       let trace: TraceWriter | undefined;
+      const events = {
+        paused: (why: string) => log.warn({ record: recordPath, err: why }, 'recording paused: disk full; the trace ends on its last whole record, and each interval tries again'),
+        resumed: (lost: number, s: number) => log.info({ record: recordPath, lostSamples: lost, pausedS: Math.round(s * 10) / 10 }, 'recording resumed (a gap record marks the lost samples)'),
+      };
+      // Opened before the privilege drop and passed across the re-exec (helper/privileged-start). After
+      // a restart in place with its state, the trace goes on (docs/daemon.md "Restarts").
+      const openTrace = (path: string, host: HostInfo): TraceWriter => {
+        const fd = ctx.openedFile(path);
+        if (ctx.restarted && ctx.restored !== undefined && fd !== undefined) {
+          try {
+            const w = TraceWriter.resume(path, fd, { events });
+            log.info({ record: path }, 'recording goes on after the restart');
+            return w;
+          } catch (e) {
+            log.warn({ record: path, err: (e as Error).message }, 'cannot go on with the trace: a new one starts');
+          }
+        }
+        // A restart without the state starts the trace anew: what the last process wrote is cut off.
+        if (ctx.restarted && fd !== undefined) fs.ftruncateSync(fd, 0);
+        return TraceWriter.open(path, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true, fd, events });
+      };
       const v2 = assembleV2({
         paths,
         device: ctx.device,
@@ -216,23 +238,21 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         trace: (host) =>
           recordPath === undefined
             ? undefined
-            : (trace = TraceWriter.open(
-                recordPath,
-                { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` },
-                // Opened before the privilege drop and passed across the re-exec (helper/privileged-start).
-                {
-                  overwrite: true,
-                  fd: ctx.openedFile(recordPath),
-                  events: {
-                    paused: (why) => log.warn({ record: recordPath, err: why }, 'recording paused: disk full; the trace ends on its last whole record, and each interval tries again'),
-                    resumed: (lost, s) => log.info({ record: recordPath, lostSamples: lost, pausedS: Math.round(s * 10) / 10 }, 'recording resumed (a gap record marks the lost samples)'),
-                  },
-                },
-              )),
+            : (trace = openTrace(recordPath, host)),
         discovery: o.discovery,
         deferDiscovery: true,
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         health: ctx.health,
+        ...(ctx.restored ? { restore: ctx.restored } : {}),
+      });
+      const service = v2.service;
+      ctx.onRestart({
+        begin: () => service.restarting(),
+        get drained() {
+          return service.drained;
+        },
+        snapshot: () => service.snapshot(),
+        abort: () => service.restartAborted(),
       });
       // The first scan runs with the privileges the daemon keeps, not those it starts with.
       ctx.onReady(() => v2.service.startDiscovery());

@@ -18,7 +18,9 @@ import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '.
 import { Notifier } from './lifecycle/systemd.js';
 import { inheritFromEnvironment, type Inherited } from './lifecycle/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './lifecycle/startup.js';
-import type { DaemonConfig, DaemonContext, DaemonPlugin, ShutdownHook } from './lifecycle/config.js';
+import type { DaemonConfig, DaemonContext, DaemonPlugin, RestartParticipant, ShutdownHook } from './lifecycle/config.js';
+import { HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
+import { Restarter } from './lifecycle/restart.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
@@ -74,6 +76,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   let server: HelperServer | undefined;
   let legacy: LegacyService | undefined;
   const signals = new DisposableStore();
+  let restarter: Restarter | undefined;
 
   const cleanup = async () => {
     // The server closes the listener it serves; before serving, the listener is closed alone.
@@ -106,7 +109,12 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   };
   if (opts.handleSignals !== false) {
     for (const sig of ['SIGTERM', 'SIGINT'] as const) signals.add(listen(process, sig, () => onSignal(sig)));
-    signals.add(handleSighup(logger));
+    // SIGHUP restarts in place (lifecycle/restart.ts); during start-up there is nothing to hand over yet.
+    signals.add(
+      handleSighup(logger, undefined, () =>
+        restarter ? void restarter.inPlace('SIGHUP') : logger.warn('SIGHUP during start-up: no restart (the helper is not serving yet)'),
+      ),
+    );
   }
 
   try {
@@ -116,6 +124,9 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     opened = await openStart(config, inh, { files: opts.files ?? [], log: startLog });
     const { vendor, cpus, device, listener } = opened;
     const steps: StepDone[] = [...opened.steps];
+    // What a restart handed over (connections, state, counters), each part checked; the rest closed.
+    const handed = takeHandedOver(inh.named, area('restart'));
+    if (inh.how === 'systemd' && inh.named) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
     // The privilege drop. Re-executed: done before the exec, on every thread (os/privileges/reexec.ts).
@@ -154,9 +165,14 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const files = opened.files;
     const openedFile = (p: string) => files.get(p);
     const readyHooks: (() => void | Promise<void>)[] = [];
-    const legacyCounters: LegacyCounters = newLegacyCounters();
+    const legacyCounters: LegacyCounters = { ...newLegacyCounters(), ...handed.legacy };
+    const participants: RestartParticipant[] = [];
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
+    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health,
+      ...(handed.state ? { restored: handed.state } : {}),
+      restarted: inh.how === 'restart' || handed.state !== undefined,
+      onRestart: (p) => void participants.push(p),
+    };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
@@ -177,6 +193,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       ...(v2Handler ? { v2Handler } : {}),
     }));
     server.serve();
+    server.adopt(handed.connections);
+    restarter = new Restarter({ server, opened, participants, legacy: legacyCounters, notifier, log: area('restart') });
 
     const where = listener.where;
     logger.info({ socket: where }, `Listening on ${where}`);
@@ -194,6 +212,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       stop(reason = 'stop requested') {
         stopping ??= (async () => {
           logger.info({ reason }, 'shutting down');
+          // Under systemd, what a restart carries goes to the fd store first (dropped by systemd on a plain stop).
+          if (reason === 'SIGTERM' || reason === 'SIGINT') await restarter?.toFdStore();
           notifier.stopping();
           await cleanup();
           logger.info('stopped');

@@ -246,6 +246,13 @@ export function keepAcrossExec(fd: number): void {
   if ((flags & FD_CLOEXEC) !== 0 && (fn.fcntl(fd, F_SETFD, 'int', flags & ~FD_CLOEXEC) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
 }
 
+/** Makes `fd` close-on-exec again (undoes keepAcrossExec after an exec that failed). */
+export function closeOnExec(fd: number): void {
+  const flags = fn.fcntl(fd, F_GETFD) as number;
+  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
+  if ((flags & FD_CLOEXEC) === 0 && (fn.fcntl(fd, F_SETFD, 'int', flags | FD_CLOEXEC) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
+}
+
 /**
  * Replaces the whole process (every thread) with `path`; the pid, the environment given and the fds
  * without FD_CLOEXEC carry over (see keepAcrossExec). Returns only by throwing.
@@ -377,6 +384,17 @@ export function socketType(fd: number): number {
   len.writeUInt32LE(4, 0);
   if (fn.getsockopt(fd, SOL_SOCKET, SO_TYPE, v, len) !== 0) throw errnoError('getsockopt(SO_TYPE)');
   return v.readInt32LE(0);
+}
+
+const SO_ACCEPTCONN = 30;
+
+/** SO_ACCEPTCONN: whether the socket `fd` is listening (a connection is not). */
+export function isListeningSocket(fd: number): boolean {
+  const v = Buffer.alloc(4);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(4, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, v, len) !== 0) throw errnoError('getsockopt(SO_ACCEPTCONN)');
+  return v.readInt32LE(0) !== 0;
 }
 
 function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {

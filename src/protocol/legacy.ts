@@ -39,6 +39,11 @@ export class LegacyFramer {
   get buffered(): number {
     return this.pending.length;
   }
+
+  /** Those bytes themselves (a restart hands them to the next process; not copied). */
+  get incomplete(): Buffer {
+    return this.pending;
+  }
 }
 
 export function encodeLegacyRequest(req: LegacyRequest): Buffer {

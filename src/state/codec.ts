@@ -150,23 +150,31 @@ class Writer {
     return at;
   }
 
+  // room() first: it may replace this.buf, and `this.buf.write(v, this.room(n))` would take the old
+  // buffer before the call grows it (every snapshot past 4 KiB failed to encode).
   u8(v: number): void {
-    this.buf.writeUInt8(v, this.room(1));
+    const at = this.room(1);
+    this.buf.writeUInt8(v, at);
   }
   u16(v: number): void {
-    this.buf.writeUInt16LE(v, this.room(2));
+    const at = this.room(2);
+    this.buf.writeUInt16LE(v, at);
   }
   u32(v: number): void {
-    this.buf.writeUInt32LE(v, this.room(4));
+    const at = this.room(4);
+    this.buf.writeUInt32LE(v, at);
   }
   u64(v: bigint | number): void {
-    this.buf.writeBigUInt64LE(BigInt(v), this.room(8));
+    const at = this.room(8);
+    this.buf.writeBigUInt64LE(BigInt(v), at);
   }
   f64(v: number): void {
-    this.buf.writeDoubleLE(v, this.room(8));
+    const at = this.room(8);
+    this.buf.writeDoubleLE(v, at);
   }
   bytes(b: Buffer): void {
-    b.copy(this.buf, this.room(b.length));
+    const at = this.room(b.length);
+    b.copy(this.buf, at);
   }
   done(): Buffer {
     return this.buf.subarray(0, this.length);

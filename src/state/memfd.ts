@@ -1,7 +1,8 @@
 /**
- * A state snapshot in a sealed memfd: written once, then sealed so that neither this process nor the
- * one it is handed to (a re-exec, or systemd's fd store) can change, grow or shrink it; read back from
- * an fd only when it is such a memfd.
+ * Bytes in a sealed memfd: written once, then sealed so that neither this process nor the one it is
+ * handed to (a re-exec, or systemd's fd store) can change, grow or shrink them; read back from an fd
+ * only when it is such a memfd. The state snapshot (codec.ts) and the handover record (handover.ts)
+ * travel this way.
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
@@ -12,13 +13,13 @@ import type { StateSnapshot } from './snapshot.js';
 /** The seals a state memfd carries: no write, no grow, no shrink, and no seal removed or added. */
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 export const STATE_MEMFD_NAME = 'vmsr-helper-state';
+const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 
-/** Writes the snapshot into a new memfd, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
-export function writeStateMemfd(s: StateSnapshot): number {
-  const bytes = encodeState(s);
-  const fd = memfdCreate(STATE_MEMFD_NAME);
+/** Writes `bytes` into a new memfd named `name`, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
+export function writeSealedMemfd(name: string, bytes: Buffer): number {
+  const fd = memfdCreate(name);
   try {
-    for (let off = 0; off < bytes.length; ) off += fs.writeSync(fd, bytes, off, bytes.length - off, off);
+    for (let off = 0; off < bytes.length;) off += fs.writeSync(fd, bytes, off, bytes.length - off, off);
     addSeals(fd, STATE_SEALS);
     return fd;
   } catch (e) {
@@ -28,30 +29,47 @@ export function writeStateMemfd(s: StateSnapshot): number {
 }
 
 /**
+ * The bytes of the memfd `fd` (which stays open: the caller closes it). Refused with "cannot `what`:
+ * why; `fix`" when the fd is not a memfd sealed with STATE_SEALS (someone could still change it) or
+ * holds more than `maxBytes`.
+ */
+export function readSealedMemfd(fd: number, maxBytes: number, what: string, fix: string): Buffer {
+  let seals: number;
+  try {
+    seals = getSeals(fd);
+  } catch (e) {
+    throw cannotError(what, `fd ${fd} is not a memfd (${(e as Error).message})`, fix);
+  }
+  if ((seals & STATE_SEALS) !== STATE_SEALS) {
+    throw cannotError(
+      what,
+      `the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`,
+      fix,
+    );
+  }
+  const size = fs.fstatSync(fd).size;
+  if (size > maxBytes) throw cannotError(what, `the memfd holds ${size} bytes, at most ${maxBytes} expected`, fix);
+  const bytes = Buffer.alloc(size);
+  for (let off = 0; off < size;) {
+    const n = fs.readSync(fd, bytes, off, size - off, off);
+    if (n === 0) break;
+    off += n;
+  }
+  return bytes;
+}
+
+/** Writes the snapshot into a new memfd, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
+export function writeStateMemfd(s: StateSnapshot): number {
+  return writeSealedMemfd(STATE_MEMFD_NAME, encodeState(s));
+}
+
+/**
  * The snapshot in the memfd `fd` (which stays open: the caller closes it). Refused, with "cannot
  * restore state: why; fix", when the fd is not a memfd sealed with STATE_SEALS (someone could still
  * change it), is larger than any snapshot, or does not decode.
  */
 export function readStateFd(fd: number): StateSnapshot {
-  const fix = 'start without the saved state (registered VMs register again, discovery finds the rest)';
-  let seals: number;
-  try {
-    seals = getSeals(fd);
-  } catch (e) {
-    throw cannotError('restore state', `fd ${fd} is not a memfd (${(e as Error).message})`, fix);
-  }
-  if ((seals & STATE_SEALS) !== STATE_SEALS) {
-    throw cannotError('restore state', `the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`, fix);
-  }
-  const size = fs.fstatSync(fd).size;
-  if (size > MAX_STATE_BYTES) throw cannotError('restore state', `the memfd holds ${size} bytes, a snapshot is at most ${MAX_STATE_BYTES}`, fix);
-  const bytes = Buffer.alloc(size);
-  for (let off = 0; off < size; ) {
-    const n = fs.readSync(fd, bytes, off, size - off, off);
-    if (n === 0) break;
-    off += n;
-  }
-  const r = decodeState(bytes);
+  const r = decodeState(readSealedMemfd(fd, MAX_STATE_BYTES, 'restore state', FIX));
   if (!r.ok) throw new Error(r.error);
   return r.value;
 }

@@ -169,6 +169,44 @@ export class TraceWriter {
     return w;
   }
 
+  /**
+   * Goes on with a trace this daemon wrote before a restart (docs/daemon.md "Restarts"): no header,
+   * records appended after the last whole one. `fd` is the file as the previous process had it open
+   * for writing; a .gz trace is read back through `path` for its checksum, length and window, and
+   * goes on in the same gzip stream. Throws when the file does not end on a whole record.
+   */
+  static resume(path: string, fd: number, o: Pick<OpenOptions, 'events'> = {}): TraceWriter {
+    const gzip = path.endsWith('.gz');
+    const w = new TraceWriter(path, fd, gzip, o.events ?? stderrEvents(path));
+    const size = fs.fstatSync(fd).size;
+    if (!gzip) {
+      if (size > 0) {
+        const last = Buffer.alloc(1);
+        const rd = fs.openSync(path, 'r');
+        try {
+          fs.readSync(rd, last, 0, 1, size - 1);
+        } finally {
+          fs.closeSync(rd);
+        }
+        if (last[0] !== 0x0a) throw new Error(cannot(`go on with trace ${path}`, 'it does not end on a whole record', 'start a new recording'));
+      }
+      w.end = size;
+      return w;
+    }
+    if (size === 0) return w;
+    let text: Buffer;
+    try {
+      text = zlib.gunzipSync(fs.readFileSync(path));
+    } catch (e) {
+      throw new Error(cannot(`go on with trace ${path}`, (e as Error).message, 'start a new recording'));
+    }
+    w.crc = zlib.crc32(text);
+    w.size = text.length >>> 0;
+    w.tail = Buffer.from(text.subarray(Math.max(0, text.length - WINDOW)));
+    w.end = size - 10;
+    return w;
+  }
+
   /** Bytes on disk so far (compressed size for .gz). */
   get bytesWritten(): number {
     return this.end === 0 ? 0 : this.end + (this.gzip ? 10 : 0);

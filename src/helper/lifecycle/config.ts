@@ -12,6 +12,7 @@ import type { FdBudget } from '../../os/fd-budget.js';
 import type { V2Handler } from '../server/server.js';
 import type { HealthSource } from '../v2/service.js';
 import type { VendorChoice } from './startup-checks.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
 
 export interface DaemonConfig {
   socketPath: string;
@@ -41,6 +42,18 @@ export interface DaemonConfig {
 
 export type ShutdownHook = () => void | Promise<void>;
 
+/** A plug-in's part in a restart (docs/daemon.md "Restarts"; lifecycle/restart.ts runs them). */
+export interface RestartParticipant {
+  /** The restart begins: what cannot be handed over is told (v2: each client gets ERROR RESTARTING). */
+  begin(): void;
+  /** Everything begin() told is sent (the restart waits for it, bounded). */
+  readonly drained: boolean;
+  /** The live state to hand over, taken now, between samples; throws when it cannot be. */
+  snapshot(): StateSnapshot;
+  /** The restart was called off (the exec failed): go on as before. */
+  abort(): void;
+}
+
 /** What a plugin gets at start-up: after the checks, MSR opens, listening socket, pidfile and privilege drop; before serving. */
 export interface DaemonContext {
   config: DaemonConfig;
@@ -63,6 +76,12 @@ export interface DaemonContext {
   onReady(hook: () => void | Promise<void>): void;
   /** Legacy requests by result and open connections, for the v2 service's HOST_UPDATE. */
   health: HealthSource;
+  /** The live state the previous process handed over (a restart), read and checked; absent at a fresh start. */
+  restored?: StateSnapshot;
+  /** This start follows a restart: files plug-ins write (--record) go on where the last process stopped. */
+  restarted: boolean;
+  /** Takes part in restarts: the state is taken from the first participant. */
+  onRestart(p: RestartParticipant): void;
 }
 
 export interface DaemonPlugin {

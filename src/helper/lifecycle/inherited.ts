@@ -14,7 +14,7 @@ import { cannot } from '../../common/errors.js';
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
 /** Where the inherited parts come from (for logs; what is adopted follows from which parts are present). */
-export type InheritedFrom = 'fresh' | 'systemd' | 'reexec';
+export type InheritedFrom = 'fresh' | 'systemd' | 'reexec' | 'restart';
 
 export interface InheritedListener {
   /** The listening socket, already bound and listening. */
@@ -49,6 +49,9 @@ export interface Inherited {
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
   const activation = takeActivation(env);
   if (activation === null) return { how: 'fresh' };
+  const named = storedFds(activation);
+  // Only fds the helper stored (a service without a .socket unit): it binds its socket itself.
+  if ([...named.values()].flat().length === activation.fds) return { how: 'systemd', named };
   const fd = activationFd(activation, socketPathGiven);
   let type: number;
   try {
@@ -57,7 +60,6 @@ export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.Pro
     throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)'));
   }
   if (type !== SOCK_STREAM) throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'));
-  const named = storedFds(activation);
   return { how: 'systemd', listener: { fd }, ...(named.size > 0 ? { named } : {}) };
 }
 
@@ -88,7 +90,7 @@ type Encoded = Omit<Inherited, 'named'> & { named?: [string, number[]][] };
 function valid(v: Partial<Encoded>): v is Encoded {
   const c = v.checks;
   return (
-    (v.how === 'fresh' || v.how === 'systemd' || v.how === 'reexec') &&
+    (v.how === 'fresh' || v.how === 'systemd' || v.how === 'reexec' || v.how === 'restart') &&
     (c === undefined ||
       ((c.vendor === 'intel' || c.vendor === 'amd') && Array.isArray(c.cpus) && c.cpus.every((x) => isCpu(x?.cpu) && isCpu(x?.package)))) &&
     (v.msr === undefined || (c !== undefined && Array.isArray(v.msr) && v.msr.every((e) => isPair(e, isCpu, isFd)))) &&

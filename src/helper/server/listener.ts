@@ -59,6 +59,20 @@ export class Listener {
     for (const s of this.held.splice(0)) onConnection(s);
   }
 
+  /**
+   * Connections accepted from now on are held again, not served, until serve() is called again (a
+   * restart hands them over unread, or serves them when it is called off).
+   */
+  hold(): void {
+    this.onConnection = undefined;
+    this.onError = undefined;
+  }
+
+  /** The connections held (accepted, never read): a restart hands them over; they stay held here. */
+  get heldConnections(): readonly net.Socket[] {
+    return this.held;
+  }
+
   /** Stops accepting, closes held connections, removes the socket file if still ours (idempotent). */
   close(log?: Pick<Logger, 'warn'>): Promise<void> {
     this.closing ??= (async () => {

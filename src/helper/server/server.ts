@@ -18,6 +18,7 @@ import { listen } from '../../common/disposable.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
+import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
@@ -51,6 +52,8 @@ export interface HelperServerOptions {
 export class HelperServer {
   /** The socket serving each open connection (a legacy one's is the socket that took it over). */
   private readonly sockets = new Set<net.Socket>();
+  /** The connections a restart hands over (legacy, or protocol not known yet), each able to stop reading. */
+  private readonly freezable = new Set<Freezable>();
   /**
    * Past it, a connection is accepted and closed at once (the client sees it closed). Counted here,
    * not by Node's server.maxConnections, which stops counting a legacy connection once taken over.
@@ -87,6 +90,46 @@ export class HelperServer {
     );
   }
 
+  /**
+   * For a restart: connections accepted from now on are held unread, and every legacy connection and
+   * every one whose protocol is not known yet stops reading. Returns each with the bytes it read and
+   * did not answer (frozen.ts); `thaw()` serves them all again, as if nothing happened (the restart was
+   * called off). v2 connections are the v2 service's (it tells them the helper restarts).
+   */
+  freeze(): Frozen {
+    this.o.listener.hold();
+    const frozen = [...this.freezable].map((f) => ({ f, pending: f.freeze() }));
+    const connections = (): FrozenConnection[] => [
+      ...frozen.filter(({ f }) => !f.socket().destroyed).map(({ f, pending }) => ({ socket: f.socket(), kind: f.kind, pending })),
+      ...this.o.listener.heldConnections
+        .filter((s) => !s.destroyed)
+        .map((socket) => ({ socket, kind: 'undecided' as const, pending: Buffer.alloc(0) })),
+    ];
+    let thawed = false;
+    return {
+      connections,
+      thaw: () => {
+        if (thawed) return;
+        thawed = true;
+        for (const { f } of frozen) if (!f.socket().destroyed) f.thaw();
+        this.serve();
+      },
+    };
+  }
+
+  /**
+   * Serves connections a restart handed over (frozen.ts: checked fds, with what the previous process
+   * read of them): a legacy one goes on from its pending bytes (a request cut by the restart is
+   * answered once its rest arrives), one whose protocol was not known yet is read from its first byte.
+   */
+  adopt(handed: readonly HandedConnectionFd[]): void {
+    for (const h of handed) {
+      // pauseOnCreate: read only once served (the incomplete-frame budget, or the legacy take-over).
+      const socket = new net.Socket({ fd: h.fd, readable: true, writable: true, pauseOnCreate: true } as net.SocketConstructorOpts);
+      this.accept(socket, h);
+    }
+  }
+
   /** Stops accepting, closes every connection, removes the socket file we bound (if still ours). */
   async close(): Promise<void> {
     this.memory.stop();
@@ -95,7 +138,7 @@ export class HelperServer {
     await closed;
   }
 
-  private accept(socket: net.Socket): void {
+  private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
     if (this.sockets.size >= this.maxConnections) {
       this.limiter.warn('refused connection', { limit: this.maxConnections }, `connection refused: ${this.maxConnections} connections already open (--max-connections)`);
       socket.destroy();
@@ -118,8 +161,11 @@ export class HelperServer {
       this.limiter.info('incomplete frame timeout', { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs }, 'closing a connection whose request stayed incomplete past the deadline');
       serving.destroy();
     });
+    /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
+    let frozen = false;
+    let wasReading = false;
     const unread = {
-      resume: () => socket.resume(),
+      resume: () => (frozen ? (wasReading = true) : socket.resume()),
       destroy: () => socket.destroy(),
       get destroyed() {
         return socket.destroyed;
@@ -151,8 +197,12 @@ export class HelperServer {
       socket.destroy();
     };
 
+    if (handed?.kind === 'legacy') {
+      this.serveLegacy(socket, peer, handed.pending, hold, handOver);
+      return;
+    }
     let head: Buffer = Buffer.alloc(0);
-    const preamble = listen(socket, 'data', (chunk: Buffer) => {
+    const onHead = (chunk: Buffer) => {
       head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
       const kind = classifyPreamble(head);
       if (kind === 'need-more') {
@@ -161,6 +211,7 @@ export class HelperServer {
       }
       hold.set(0);
       preamble.dispose();
+      this.freezable.delete(undecided);
       if (kind === 'v2' && this.o.v2Handler) {
         try {
           // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
@@ -172,7 +223,32 @@ export class HelperServer {
         return;
       }
       this.serveLegacy(socket, peer, head, hold, handOver);
-    });
+    };
+    let preamble = listen(socket, 'data', onHead);
+    /** Read ahead by the stream after reading stopped for a restart (given back by thaw). */
+    let readAhead: Buffer[] = [];
+    const undecided: Freezable = {
+      kind: 'undecided',
+      socket: () => socket,
+      freeze: () => {
+        frozen = true;
+        preamble.dispose();
+        wasReading = socket.readableFlowing === true;
+        socket.pause();
+        readAhead = drainReadable(socket);
+        return Buffer.concat([head, ...readAhead]);
+      },
+      thaw: () => {
+        frozen = false;
+        preamble = listen(socket, 'data', onHead);
+        for (const c of readAhead.splice(0)) if (this.freezable.has(undecided)) onHead(c);
+        if (wasReading && this.freezable.has(undecided)) socket.resume();
+      },
+    };
+    this.freezable.add(undecided);
+    socket.once('close', () => this.freezable.delete(undecided));
+    if (handed !== undefined && handed.pending.length > 0) onHead(Buffer.from(handed.pending));
+    if (!this.freezable.has(undecided)) return;
     if (!this.incomplete.startReading(unread)) {
       this.limiter.warn(
         'reading deferred',
@@ -193,6 +269,8 @@ export class HelperServer {
     let stopReading = () => {};
     const maxPending = this.o.maxPendingReplyBytes ?? 64 * 1024;
     let closing = false;
+    /** Reading stopped for a restart: a drained backlog must not start it again (thaw does). */
+    let frozen = false;
     const legacy = this.o.legacy;
     const verdicts = legacy.verdictsFor(peer.pid);
     const onData = (chunk: Buffer) => {
@@ -205,6 +283,7 @@ export class HelperServer {
         for (let i = 0; i < reqs.length; i++) {
           if (legacy.answer(peer.pid, reqs[i]!, verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
           closing = true;
+          this.freezable.delete(session);
           stopReading();
           if (i > 0) sendReplies(socket, out, i * LEGACY_REPLY_SIZE);
           socket.end(); // replies already queued still go out, in order
@@ -217,9 +296,16 @@ export class HelperServer {
       // A client that pipelines without reading waits for itself, not the helper's memory.
       if (socket.writableLength > maxPending && !socket.isPaused()) {
         socket.pause();
-        socket.once('drain', () => socket.resume());
+        socket.once('drain', () => frozen || socket.resume());
       }
     };
+    const session: Freezable = {
+      kind: 'legacy',
+      socket: () => socket,
+      freeze: () => Buffer.from(framer.incomplete),
+      thaw: () => {},
+    };
+    const legacyDone = () => this.freezable.delete(session);
     onData(first);
     if (closing) return;
     // Bytes the accepted socket read past `first` and holds (none, usually) come before the rest.
@@ -232,11 +318,44 @@ export class HelperServer {
       socket = fast;
       handOver(fast);
       stopReading = () => fast.pause();
+      session.freeze = () => {
+        frozen = true;
+        fast.pause();
+        return Buffer.from(framer.incomplete);
+      };
+      session.thaw = () => {
+        frozen = false;
+        if (fast.writableLength <= maxPending) fast.resume();
+        else fast.once('drain', () => frozen || fast.resume());
+      };
     } else {
       // Out of fds for a duplicate, or replies queued: served through the stream, as it is.
-      const data = listen(accepted, 'data', onData);
+      let data = listen(accepted, 'data', onData);
       accepted.resume();
       stopReading = () => data.dispose();
+      let readAhead: Buffer[] = [];
+      session.freeze = () => {
+        frozen = true;
+        data.dispose();
+        accepted.pause();
+        readAhead = drainReadable(accepted);
+        return Buffer.concat([framer.incomplete, ...readAhead]);
+      };
+      session.thaw = () => {
+        frozen = false;
+        data = listen(accepted, 'data', onData);
+        for (const c of readAhead.splice(0)) if (!closing) onData(c);
+        if (!closing) accepted.resume();
+      };
     }
+    this.freezable.add(session);
+    socket.once('close', legacyDone);
   }
+}
+
+/** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */
+function drainReadable(socket: net.Socket): Buffer[] {
+  const out: Buffer[] = [];
+  for (let c: Buffer | null; (c = socket.read() as Buffer | null) !== null; ) out.push(c);
+  return out;
 }

@@ -14,7 +14,7 @@ import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS, VmRegistry, procView, type FdAdmitter, type V2Limits } from './vm-registry.js';
-import { encodeHostUpdate } from '../../protocol/v2/codec.js';
+import { E, encodeHostUpdate } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
@@ -108,7 +108,20 @@ export interface V2Service {
   snapshot(): StateSnapshot;
   /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
   readonly restored: Result<RestoreReport> | null;
+  /**
+   * The helper restarts (docs/daemon.md "Restarts"): every connection gets ERROR RESTARTING (request
+   * type 0) and is closed, and its registrations stay, to be saved in the snapshot and taken over by
+   * the client's REGISTER after the restart. New connections are closed at once.
+   */
+  restarting(): void;
+  /** Every connection told of the restart is closed (its ERROR sent, or the client gone). */
+  readonly drained: boolean;
+  /** The restart was called off: registrations of the connections closed by restarting() are released as at a close. */
+  restartAborted(): void;
 }
+
+/** The message of ERROR RESTARTING. */
+export const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
 export function createV2Service(o: V2ServiceOptions): V2Service {
   const engine = o.engine ?? new RatioEngine(o.host);
@@ -225,6 +238,9 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   if (o.deferDiscovery !== true) void startDiscovery();
 
   const limiter = new LogLimiter(o.log);
+  /** While restarting: connections closed keep their registrations (the snapshot carries them). */
+  let restarting = false;
+  const orphaned: number[] = [];
   const host: ConnectionHost = {
     maxBacklogBytes: o.limits.maxBacklogBytes,
     limiter,
@@ -232,6 +248,11 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     request: (conn, req) => dispatch(HANDLERS, req, conn, parts),
     closed(conn) {
       clients.remove(conn);
+      if (restarting) {
+        orphaned.push(conn.id);
+        conn.log.debug('v2 connection closed for the restart; its registrations stay');
+        return;
+      }
       const vms = registry.vmsOf(conn.id);
       for (const vmId of vms) lifecycle.release(vmId);
       conn.log.debug({ vms: vms.length }, 'v2 connection closed');
@@ -255,7 +276,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   listeners.add(sampling.onFailure((err) => fanOut.failed(err)));
 
   const handler: V2Handler = (socket, peer, rest, hold) => {
-    if (closed) {
+    if (closed || restarting) {
       socket.destroy();
       return;
     }
@@ -299,6 +320,17 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       return registry.total;
     },
     startDiscovery,
+    restarting() {
+      restarting = true;
+      for (const c of clients.connections()) c.fail(E.RESTARTING, 0, RESTARTING_MESSAGE);
+    },
+    get drained() {
+      return clients.size === 0;
+    },
+    restartAborted() {
+      restarting = false;
+      for (const id of orphaned.splice(0)) for (const vmId of registry.vmsOf(id)) lifecycle.release(vmId);
+    },
     snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
     restored,
   };

@@ -63,6 +63,8 @@ export const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'WATCHDOG_USEC',
   'WATCHDOG_PID',
   'JOURNAL_STREAM',
+  // systemd 254+: the unit's FileDescriptorStoreMax= (0: no fd store; helper/lifecycle/restart.ts).
+  'FDSTORE',
   'INVOCATION_ID',
 ];
 
@@ -135,4 +137,29 @@ export function reexecDropped(
   }
     // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
   return execve(process.execPath, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
+}
+
+/** The command line the daemon re-executes: node with the allowed flags, the installed script, the same arguments. */
+export function daemonArgv(): string[] {
+  return [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)];
+}
+
+/**
+ * A restart in place (docs/daemon.md "Restarts"): the daemon, privileges already dropped on every
+ * thread, executes itself again with nothing changed about them. What it holds crosses the exec
+ * unchanged: the uid, the bounding set (CAP_SYS_RAWIO), NO_NEW_PRIVS, and CAP_SYS_RAWIO itself (root
+ * gets it back from the bounding set; a -u user from the ambient set, kept across an exec of a
+ * program without file capabilities). So the new image holds what the old one held, never more.
+ * `keepFds` (beside stdio) survive; the environment is the allowlisted part of ours plus `env`.
+ * Returns only by throwing (then the fds are still kept across exec: see undoKeepAcrossExec).
+ */
+export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
+  for (const fd of new Set([0, 1, 2, ...keepFds])) {
+    try {
+      keepAcrossExec(fd);
+    } catch {
+      /* closed fd: the new image opens /dev/null in its place */
+    }
+  }
+  return execve(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
 }

@@ -41,6 +41,8 @@ export const E = {
   LIMIT: 4,
   ENERGY_SOURCE: 5,
   PROCESS_GONE: 6,
+  /** The helper restarts (docs/daemon.md "Restarts"): sent once, request type 0, then the connection closes; reconnect. */
+  RESTARTING: 7,
 } as const;
 
 export type ErrorCode = (typeof E)[keyof typeof E];
@@ -95,6 +97,8 @@ export function errorCodeName(code: number): string {
       return 'energy source failed';
     case E.PROCESS_GONE:
       return 'process gone';
+    case E.RESTARTING:
+      return 'helper restarting';
     default:
       return `unknown error code ${code}`;
   }

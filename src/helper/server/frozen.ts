@@ -1,0 +1,42 @@
+/**
+ * Connections as a restart sees them (docs/daemon.md "Restarts"): the server stops reading each one
+ * it can hand over (freeze), and says what it read of it and did not answer; the next process gets
+ * the connection's fd with those bytes and serves it from there (HelperServer.adopt).
+ */
+import type net from 'node:net';
+import type { HandedConnection } from '../../state/handover.js';
+
+export type HandedKind = HandedConnection['kind'];
+
+/** One connection the server can stop reading and hand over. */
+export interface Freezable {
+  readonly kind: HandedKind;
+  /** The socket serving it now. */
+  socket(): net.Socket;
+  /** Stops reading; returns the bytes read and not answered (the start of a request, what the stream read ahead). */
+  freeze(): Buffer;
+  /** Reads again, from those bytes on (the restart was called off). */
+  thaw(): void;
+}
+
+/** A connection whose reading stopped, and the bytes read of it that were not answered. */
+export interface FrozenConnection {
+  socket: net.Socket;
+  kind: HandedKind;
+  pending: Buffer;
+}
+
+/** What HelperServer.freeze() gives: the connections to hand over as they are now, and the way back. */
+export interface Frozen {
+  /** Every frozen connection still open, and each held by the listener (accepted, never read). */
+  connections(): FrozenConnection[];
+  /** Serves every connection again, and the listener's new ones (idempotent). */
+  thaw(): void;
+}
+
+/** A connection handed over to this process: its fd (checked: a connected stream socket) and its bytes. */
+export interface HandedConnectionFd {
+  fd: number;
+  kind: HandedKind;
+  pending: Buffer;
+}

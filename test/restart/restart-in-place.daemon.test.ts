@@ -1,0 +1,104 @@
+/**
+ * Restarts in place (docs/daemon.md "Restarts") with real parts: the real daemon, real signals, real
+ * Unix sockets, and a QEMU-like legacy client in its own process (test/restart/legacy-client.py) that
+ * sends requests without pause, some split across two writes, while the daemon is restarted 5 times
+ * by SIGHUP and 5 times by `vmsr-helper reload`. Every request is answered exactly once, none waits
+ * over 0.5 s, the energy counter never goes backwards, and the daemon's legacy counters (carried over
+ * every restart) count every request.
+ */
+import { spawn, execFileSync } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { FakeHost } from '../support/fake-host.js';
+import { EnergyPump } from '../support/energy-pump.js';
+import { BIN, hostArgs, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { V2Client } from '../../src/client/v2-client.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+/** QEMU's vmsr thread gives up on a reply after this long. */
+const QEMU_REPLY_WAIT_MS = 500;
+
+interface Summary {
+  sent: number;
+  answered: number;
+  maxWaitMs: number;
+  backwards: number;
+  extraBytes: number;
+  first: number | null;
+  last: number | null;
+  error: string | null;
+}
+
+function legacyClient(sock: string): { done(): Promise<Summary>; ready: Promise<void> } {
+  const child = spawn('python3', [path.join(HERE, 'legacy-client.py'), sock], { stdio: ['pipe', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  const ready = new Promise<void>((resolve, reject) => {
+    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
+    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
+  });
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  return {
+    ready,
+    async done() {
+      child.stdin.end();
+      await exited;
+      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
+    },
+  };
+}
+
+const restarts = (h: DaemonChild) => h.stderr().split('"msg":"handed over:').length - 1;
+
+describe('restart in place with a QEMU-like client sending requests', () => {
+  let host: FakeHost;
+  let helper: DaemonChild;
+  let sock: string;
+  let pump: EnergyPump;
+
+  beforeAll(async () => {
+    host = new FakeHost({ packages: [0, 0], online: [0, 1] });
+    host.writePackageMsr(0, 0x606, 0xa1003n);
+    pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
+    pump.start();
+    sock = path.join(tempDir(), 'helper.sock');
+    helper = await startHelper(['-k', sock, ...hostArgs(host), '--interval', '0.1']);
+  });
+  afterAll(async () => {
+    pump.stop();
+    await helper?.stop();
+    host?.cleanup();
+  });
+
+  test('every request is answered exactly once within 0.5 s across 5 restarts by SIGHUP and 5 by vmsr-helper reload', async () => {
+    const client = legacyClient(sock);
+    await client.ready;
+    const waits: number[] = [];
+    for (let i = 0; i < 10; i++) {
+      const before = restarts(helper);
+      const t0 = Date.now();
+      if (i < 5) helper.proc.kill('SIGHUP');
+      else execFileSync(process.execPath, [BIN, 'reload', '-k', sock], { stdio: 'pipe' });
+      await waitFor(() => restarts(helper) > before, `restart ${i + 1} to serve again`, helper, 30_000);
+      waits.push(Date.now() - t0);
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    const s = await client.done();
+    const stamp = /"preparedMs":(\d+)/g;
+    console.log(
+      `restarts: 5 by SIGHUP, 5 by reload; signal to serving (ms): ${waits.join(', ')}; longest request wait ${s.maxWaitMs.toFixed(1)} ms over ${s.sent} requests; prepare (ms, check included): ${[...helper.stderr().matchAll(stamp)].map((m) => m[1]).join(', ')}`,
+    );
+    expect(s.error).toBeNull();
+    expect(s.answered).toBe(s.sent);
+    expect(s.extraBytes).toBe(0);
+    expect(s.backwards).toBe(0);
+    expect(s.last!).toBeGreaterThan(s.first!);
+    expect(s.maxWaitMs).toBeLessThan(QEMU_REPLY_WAIT_MS);
+    // The legacy counters went on across every restart: each request of the client counted once as answered.
+    const v2 = await V2Client.connect(sock);
+    const hostNow = await v2.subscribeHost(() => {});
+    await v2.close();
+    expect(Number(hostNow.stats.legacyOk)).toBe(s.sent);
+  }, 180_000);
+});
