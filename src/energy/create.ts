@@ -2,11 +2,12 @@
  * THE one place an energy source is chosen and built: per kind (kinds.ts), what host facts go with it
  * and how it is made. The daemon's chain (helper/assemble.ts) and `record` build theirs here.
  */
+import { readCpuModel, type CpuModel } from '../msr/cpu-model.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { readHostInfo, type ReadHostInfoOptions } from '../msr/host-info.js';
 import type { HostInfo } from '../ratio/types.js';
-import type { EnergySource } from './energy-source.js';
+import type { EnergyDomain, EnergySource } from './energy-source.js';
 import type { EnergySourceKind } from './kinds.js';
 import { MsrEnergySource } from './msr-source.js';
 import { SYNTHETIC_DEFAULTS, SyntheticEnergySource } from './synthetic-source.js';
@@ -17,6 +18,10 @@ export interface EnergySourceContext {
   paths: HostPaths;
   /** MSR fds: the caller's (shared with the legacy service), opened and closed by it, never by a source. */
   device: MsrDevice;
+  /** --domains: the domains to read besides the package; absent, every domain the source finds. */
+  domains?: readonly EnergyDomain[];
+  /** The CPU's family and model (domain units); absent, read from paths.procRoot's cpuinfo. */
+  model?: CpuModel;
 }
 
 interface EnergySourceDefinition {
@@ -33,7 +38,15 @@ interface EnergySourceDefinition {
 const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
   msr: {
     readsMsrs: true,
-    create: (c) => new MsrEnergySource(c.device, c.host.cpus, c.host.vendor),
+    create: (c) =>
+      new MsrEnergySource({
+        device: c.device,
+        cpus: c.host.cpus,
+        vendor: c.host.vendor,
+        sysRoot: c.paths.sysRoot,
+        model: c.model ?? readCpuModel(c.paths.procRoot),
+        ...(c.domains ? { domains: c.domains } : {}),
+      }),
   },
   synthetic: {
     readsMsrs: false,

@@ -7,6 +7,7 @@ import type { Logger } from '../logging/logger.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { createEnergySource, readHostInfoFor } from '../energy/create.js';
 import { DEFAULT_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
+import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import { ProcTaskReader } from '../os/proc-tasks.js';
@@ -29,6 +30,8 @@ export interface V2ChainOptions {
   vendor: Vendor;
   /** Where package energy comes from; default the RAPL MSRs (the daemon has no option for it yet). */
   energySource?: EnergySourceKind;
+  /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
+  domains?: readonly EnergyDomain[];
   intervalMs: number;
   limits: V2Limits;
   /** Where samples are recorded, made once the host is known (a trace header needs it). */
@@ -69,7 +72,14 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     throw msrErrorWithHint(e);
   }
   const tasks = new ProcTaskReader(o.paths.procRoot);
-  const sampler = new Sampler(createEnergySource(kind, { host, paths: o.paths, device: o.device }), tasks);
+  let energy: EnergySource;
+  try {
+    energy = createEnergySource(kind, { host, paths: o.paths, device: o.device, ...(o.domains ? { domains: o.domains } : {}) });
+  } catch (e) {
+    throw msrErrorWithHint(e);
+  }
+  o.log.info({ source: energy.kind, domains: energy.domains }, energy.describe());
+  const sampler = new Sampler(energy, tasks);
   const discovery = o.discovery ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck }) : undefined;
   const service = createV2Service({
     host,
@@ -183,6 +193,8 @@ export interface V2DaemonSettings {
   discovery: boolean;
   /** --observer-group, resolved. */
   observerGid?: number;
+  /** --domains, parsed. */
+  domains?: readonly EnergyDomain[];
 }
 
 /**
@@ -201,6 +213,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         paths,
         device: ctx.device,
         vendor: ctx.vendor,
+        ...(o.domains ? { domains: o.domains } : {}),
         intervalMs: o.intervalMs,
         limits: o.limits,
         fds: ctx.fds,

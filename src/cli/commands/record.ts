@@ -5,7 +5,7 @@
  */
 import { Command } from 'commander';
 import { MsrDevice } from '../../msr/device.js';
-import type { EnergySource } from '../../energy/energy-source.js';
+import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
 import { createEnergySource, readHostInfoFor, readsMsrs } from '../../energy/create.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import type { HostPaths } from '../../msr/host-paths.js';
@@ -25,6 +25,7 @@ import {
   collect,
   commandOptions,
   energySourceFrom,
+  domainsOption,
   energySourceOption,
   hostOptionsFrom,
   intervalArg,
@@ -48,6 +49,8 @@ export interface RecordOptions {
   interval: number;
   duration?: number;
   energySource: EnergySourceKind;
+  /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
+  domains?: EnergyDomain[];
   paths: HostPaths;
   vendor?: Vendor;
   note?: string;
@@ -69,7 +72,8 @@ export function addRecordCommand(program: Command): void {
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
-    .addOption(energySourceOption());
+    .addOption(energySourceOption())
+    .addOption(domainsOption());
   addHostOptions(record)
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: Record<string, unknown>, cmd: Command) => {
@@ -83,6 +87,7 @@ export function addRecordCommand(program: Command): void {
         interval: o.interval as number,
         duration: o.duration as number | undefined,
         energySource: energySourceFrom(o.energySource),
+        ...(o.domains !== undefined ? { domains: o.domains as EnergyDomain[] } : {}),
         paths,
         vendor: vendor === 'auto' ? undefined : vendor,
         note: o.note as string | undefined,
@@ -133,13 +138,11 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     } catch (e) {
       throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
     }
-    energy = createEnergySource(o.energySource, { host, paths: o.paths, device });
-    if (msr) {
-      try {
-        energy.read(); // fail before creating the trace when the energy register is unreadable
-      } catch (e) {
-        throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
-      }
+    try {
+      energy = createEnergySource(o.energySource, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
+      if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
+    } catch (e) {
+      throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
     }
     const sampler = new Sampler(energy, tasks);
     writer = TraceWriter.open(o.output, { host, note: defaultNote(o, energy, vms) }, { overwrite: o.force === true });
