@@ -3,7 +3,7 @@
  * new source (issue 19: powercap, more RAPL domains) is one more name here and one more entry in the
  * table of create.ts, which the compiler then asks for.
  */
-export const ENERGY_SOURCE_KINDS = ['msr', 'synthetic'] as const;
+export const ENERGY_SOURCE_KINDS = ['msr', 'powercap', 'synthetic'] as const;
 
 export type EnergySourceKind = (typeof ENERGY_SOURCE_KINDS)[number];
 

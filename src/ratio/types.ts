@@ -23,10 +23,24 @@ export interface HostCpu {
   package: number;
 }
 
+/** An energy counter as a source gives it: it counts 0..range-1 and wraps to 0, each count unitJ joules. */
+export interface CounterSpec {
+  range: bigint;
+  unitJ: number;
+}
+
 export interface HostPackage {
   package: number;
-  /** Raw MSR_RAPL_POWER_UNIT (0x606) of this package. */
+  /**
+   * Raw MSR_RAPL_POWER_UNIT (0x606) of this package: the unit of its energy counter unless `counter`
+   * says otherwise, and the unit of its VMs' (guest) counters.
+   */
   powerUnit: bigint;
+  /**
+   * The package energy counter when it is not a RAPL MSR's (powercap: µJ, wrapping after
+   * max_energy_range_uj). Absent: bits 31:0 in units of powerUnit's ESU (ratio/counter.ts packageCounter).
+   */
+  counter?: CounterSpec;
   /** Raw MSR_PKG_POWER_LIMIT (0x610), when known. */
   powerLimit?: bigint;
   /** Raw MSR_PKG_POWER_INFO (0x614), when known. */

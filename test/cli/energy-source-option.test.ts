@@ -20,8 +20,8 @@ describe('--energy-source', () => {
   });
 
   test('refuses a name that is not a source kind', () => {
-    expect(() => parse(['--energy-source', 'powercap-typo'])).toThrow(/Allowed choices are msr, synthetic/);
+    expect(() => parse(['--energy-source', 'powercap-typo'])).toThrow(/Allowed choices are msr, powercap, synthetic/);
     expect(() => energySourceFrom('nope')).toThrow(UsageError);
-    expect(() => energySourceFrom('nope')).toThrow('--energy-source: expected one of msr, synthetic (got "nope")');
+    expect(() => energySourceFrom('nope')).toThrow('--energy-source: expected one of msr, powercap, synthetic (got "nope")');
   });
 });

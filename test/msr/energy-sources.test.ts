@@ -137,11 +137,63 @@ function syntheticSource(): SourceUnderTest {
   };
 }
 
+/**
+ * A powercap tree of two packages as the kernel lays it out: package-0 with core, uncore and dram
+ * sub-zones, psys as a top-level zone between the packages (intel-rapl:1), package-1 (intel-rapl:2)
+ * with core and dram. Counters wrap after 2^32 - 1 µJ here, so the contract's wrap comes early; a
+ * real range has its own test (powercap.test.ts).
+ */
+function powercapSource(): SourceUnderTest {
+  const fake = new FakeHost({ packages: PACKAGES });
+  const max = (1n << 32n) - 1n;
+  const uj = BigInt(START_COUNTER);
+  const zones = [
+    { id: '0', name: 'package-0' },
+    { id: '0:0', name: 'core' },
+    { id: '0:1', name: 'uncore' },
+    { id: '0:2', name: 'dram' },
+    { id: '1', name: 'psys' },
+    { id: '2', name: 'package-1' },
+    { id: '2:0', name: 'core' },
+    { id: '2:1', name: 'dram' },
+    { id: '2:2', name: 'uncore' },
+  ];
+  fake.writePowercap(zones.map((z) => ({ ...z, max, uj })));
+  const paths = fake.hostPaths();
+  const device = new MsrDevice(fake.msrPathTemplate);
+  const host = readHostInfoFor('powercap', { paths, device, vendor: 'intel' });
+  const source = createEnergySource('powercap', { host, paths, device });
+  // Package 1's zone: emptying its energy_uj (the fd stays open on it) breaks the read.
+  const file = path.join(fake.powercapZoneDir('2'), 'energy_uj');
+  let saved = '';
+  return {
+    source,
+    packages: [0, 1],
+    domains: ['package', 'core', 'uncore', 'dram', 'psys'],
+    tolerance: 0,
+    counter: () => ({ range: 1n << 32n, start: uj }),
+    advance: (units) => {
+      for (const z of zones) fake.addZoneEnergy(z.id, BigInt(units));
+    },
+    breakIt: () => {
+      saved = fs.readFileSync(file, 'utf8');
+      fs.writeFileSync(file, '');
+    },
+    repair: () => fs.writeFileSync(file, saved),
+    cleanup: () => {
+      source.close();
+      device.close();
+      fake.cleanup();
+    },
+  };
+}
+
 const RUNS: { readonly [K in EnergySourceKind]: [string, () => SourceUnderTest][] } = {
   msr: [
     ['MSR files, Intel (0x611)', () => msrSource('intel')],
     ['MSR files, AMD (0xC001029B)', () => msrSource('amd')],
   ],
+  powercap: [['powercap zones (intel-rapl:N, intel-rapl:N:M)', powercapSource]],
   synthetic: [['synthetic, from /proc/stat load', syntheticSource]],
 };
 

@@ -159,6 +159,52 @@ export class FakeHost {
     return () => clearInterval(t);
   }
 
+  /** Zone id ("0", "0:1") -> its max_energy_range_uj and energy_uj now. */
+  private readonly zones = new Map<string, { max: bigint; uj: bigint }>();
+
+  /**
+   * The kernel's powercap tree (Documentation/power/powercap/powercap.rst) under this host's sysfs:
+   * devices/virtual/powercap/intel-rapl/intel-rapl:N[/intel-rapl:N:M] holding name, energy_uj and
+   * max_energy_range_uj, each zone linked from class/powercap/intel-rapl:N[:M], and the control type's
+   * own entry (intel-rapl, not a zone). `id` is "N" or "N:M"; energy_uj wraps to 0 after max.
+   */
+  writePowercap(zones: { id: string; name: string; max: bigint; uj: bigint }[]): void {
+    const typeDir = path.join(this.sysRoot, 'devices/virtual/powercap/intel-rapl');
+    const classDir = path.join(this.sysRoot, 'class/powercap');
+    fs.mkdirSync(classDir, { recursive: true });
+    fs.mkdirSync(typeDir, { recursive: true });
+    fs.writeFileSync(path.join(typeDir, 'enabled'), '1\n');
+    if (!fs.existsSync(path.join(classDir, 'intel-rapl'))) fs.symlinkSync(typeDir, path.join(classDir, 'intel-rapl'));
+    for (const z of zones) {
+      const dir = this.powercapZoneDir(z.id);
+      fs.mkdirSync(dir, { recursive: true });
+      fs.writeFileSync(path.join(dir, 'name'), `${z.name}\n`);
+      fs.writeFileSync(path.join(dir, 'max_energy_range_uj'), `${z.max}\n`);
+      fs.symlinkSync(dir, path.join(classDir, `intel-rapl:${z.id}`));
+      this.zones.set(z.id, { max: z.max, uj: 0n });
+      this.setZoneEnergy(z.id, z.uj);
+    }
+  }
+
+  /** A zone's directory (its parent zone's for a sub-zone), as the kernel nests them. */
+  powercapZoneDir(id: string): string {
+    const parts = id.split(':');
+    const typeDir = path.join(this.sysRoot, 'devices/virtual/powercap/intel-rapl');
+    return parts.length === 1 ? path.join(typeDir, `intel-rapl:${id}`) : path.join(typeDir, `intel-rapl:${parts[0]}`, `intel-rapl:${id}`);
+  }
+
+  /** Sets a zone's energy_uj (modulo max_energy_range_uj + 1: it wraps to 0 after max). Rewritten in place: an open fd sees it. */
+  setZoneEnergy(id: string, uj: bigint): void {
+    const z = this.zones.get(id)!;
+    z.uj = uj % (z.max + 1n);
+    fs.writeFileSync(path.join(this.powercapZoneDir(id), 'energy_uj'), `${z.uj}\n`);
+  }
+
+  /** Adds µJ to a zone's energy_uj, wrapping after max_energy_range_uj. */
+  addZoneEnergy(id: string, uj: bigint): void {
+    this.setZoneEnergy(id, this.zones.get(id)!.uj + uj);
+  }
+
   cleanup(): void {
     fs.rmSync(this.dir, { recursive: true, force: true });
   }
