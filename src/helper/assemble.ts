@@ -4,9 +4,10 @@
  * its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
  */
 import type { Logger } from '../logging/logger.js';
+import { cannotError } from '../common/errors.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { createEnergySource, readHostInfoFor } from '../energy/create.js';
-import { DEFAULT_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
+import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
@@ -28,7 +29,7 @@ export interface V2ChainOptions {
   /** MSR fds, shared with the legacy service; the caller opens and closes them. */
   device: MsrDevice;
   vendor: Vendor;
-  /** Where package energy comes from; default the RAPL MSRs (the daemon has no option for it yet). */
+  /** Where energy comes from (the daemon's --energy-source, resolved); default DEFAULT_CHAIN_ENERGY_SOURCE. */
   energySource?: EnergySourceKind;
   /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
   domains?: readonly EnergyDomain[];
@@ -48,6 +49,8 @@ export interface V2ChainOptions {
   deferDiscovery?: boolean;
   /** --observer-group, resolved: its members see every VM and the host. */
   observerGid?: number;
+  /** Opens a powercap energy_uj file (the daemon: the fd its start-up opened as root). */
+  openPowercap?: (file: string) => number;
   /** Legacy request counts and connections for HOST_UPDATE. */
   health?: HealthSource;
   /** The daemon's fd budget for discovered VMs. */
@@ -64,7 +67,7 @@ export interface V2Chain {
 
 /** Host info -> energy source -> /proc task reader -> sampler -> v2 service. */
 export function assembleV2(o: V2ChainOptions): V2Chain {
-  const kind = o.energySource ?? DEFAULT_ENERGY_SOURCE;
+  const kind = o.energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
   let host: HostInfo;
   try {
     host = readHostInfoFor(kind, { paths: o.paths, device: o.device, vendor: o.vendor });
@@ -74,7 +77,13 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   const tasks = new ProcTaskReader(o.paths.procRoot);
   let energy: EnergySource;
   try {
-    energy = createEnergySource(kind, { host, paths: o.paths, device: o.device, ...(o.domains ? { domains: o.domains } : {}) });
+    energy = createEnergySource(kind, {
+      host,
+      paths: o.paths,
+      device: o.device,
+      ...(o.domains ? { domains: o.domains } : {}),
+      ...(o.openPowercap ? { openPowercap: o.openPowercap } : {}),
+    });
   } catch (e) {
     throw msrErrorWithHint(e);
   }
@@ -106,6 +115,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     async close() {
       await service.close();
       tasks.close();
+      energy.close();
     },
   };
 }
@@ -114,6 +124,8 @@ export interface ServerChainOptions {
   paths: HostPaths;
   device: MsrDevice;
   vendor: Vendor;
+  /** Why no MSR can be read, when none can (an energy source without MSRs): legacy requests then get 0. */
+  noMsrs?: string;
   /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
   cpus: readonly HostCpu[];
   amd: AmdSynthConfig;
@@ -136,6 +148,7 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     procRoot: o.paths.procRoot,
     cpus: new OnlineCpus(o.paths.sysRoot, o.cpus.map((c) => c.cpu)),
     amd: o.amd,
+    ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
     logger: o.area('legacy'),
     ...(o.counters ? { counters: o.counters } : {}),
   });
@@ -213,6 +226,12 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         paths,
         device: ctx.device,
         vendor: ctx.vendor,
+        energySource: ctx.energySource,
+        openPowercap: (file) => {
+          const fd = ctx.powercapFd(file);
+          if (fd === undefined) throw cannotError(`open ${file}`, 'the start-up did not open it as root', 'restart the daemon');
+          return fd;
+        },
         ...(o.domains ? { domains: o.domains } : {}),
         intervalMs: o.intervalMs,
         limits: o.limits,

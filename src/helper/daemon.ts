@@ -114,9 +114,18 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const inh = opts.inherited ?? inheritFromEnvironment(config.socketPathGiven);
     const startLog = area('startup');
     opened = await openStart(config, inh, { files: opts.files ?? [], log: startLog });
-    const { vendor, cpus, device, listener } = opened;
+    const { vendor, cpus, device, listener, energy, energyWhy } = opened;
     const steps: StepDone[] = [...opened.steps];
-    logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
+    const openedWhat =
+      energy === 'msr'
+        ? 'MSR devices open'
+        : energy === 'powercap'
+          ? 'powercap zones open (no MSR device: legacy requests get 0)'
+          : 'no MSR device (synthetic energy: legacy requests get 0)';
+    logger.info(
+      { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size },
+      openedWhat,
+    );
 
     // The privilege drop. Re-executed: done before the exec, on every thread (os/privileges/reexec.ts).
     const privLog = area('privileges');
@@ -156,7 +165,22 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const readyHooks: (() => void | Promise<void>)[] = [];
     const legacyCounters: LegacyCounters = newLegacyCounters();
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health };
+    const powercapFds = opened.powercap;
+    const ctx: DaemonContext = {
+      config,
+      vendor,
+      cpus,
+      device,
+      energySource: energy,
+      powercapFd: (p) => powercapFds.get(p),
+      logger,
+      fds,
+      openedFile,
+      area,
+      onShutdown: (h) => hooks.push(h),
+      onReady: (h) => readyHooks.push(h),
+      health,
+    };
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
       if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
@@ -167,6 +191,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       vendor,
       cpus,
       amd: config.amd,
+      ...(energy !== 'msr' ? { noMsrs: `the daemon reads energy from ${energy}, not from MSR devices` } : {}),
       listener,
       area,
       counters: legacyCounters,

@@ -5,7 +5,10 @@ import { addV2Options, domainsOption, v2OptionsFrom, type V2CliOptions } from '.
 import { ENERGY_DOMAINS } from '../../src/energy/energy-source.js';
 
 const parse = (args: string[]): unknown => {
-  const cmd = new Command().exitOverride().configureOutput({ writeErr: () => {} }).addOption(domainsOption());
+  const cmd = new Command()
+    .exitOverride()
+    .configureOutput({ writeErr: () => {} })
+    .addOption(domainsOption());
   cmd.parse(args, { from: 'user' });
   return cmd.opts().domains;
 };
@@ -18,7 +21,9 @@ describe('--domains', () => {
   });
 
   test('refuses a name that is not a domain, naming the ones there are', () => {
-    expect(() => parse(['--domains', 'dram,gpu'])).toThrow(/expected RAPL domains separated by commas, among package, core, uncore, dram, psys \(got "dram,gpu"\)/);
+    expect(() => parse(['--domains', 'dram,gpu'])).toThrow(
+      /expected RAPL domains separated by commas, among package, core, uncore, dram, psys \(got "dram,gpu"\)/,
+    );
     expect(() => parse(['--domains', ''])).toThrow(/expected RAPL domains/);
   });
 

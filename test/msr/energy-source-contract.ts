@@ -35,7 +35,7 @@ export const START_COUNTER = 0xfffff000;
 /** How far a counter moved from a to b: the counted parts' distance modulo the range. */
 const delta = (a: EnergyReading, b: EnergyReading): number => {
   const range = b.counter.range;
-  return Number((((b.counter.raw % range) - (a.counter.raw % range)) % range + range) % range);
+  return Number(((((b.counter.raw % range) - (a.counter.raw % range)) % range) + range) % range);
 };
 
 /** "package domain" -> its reading. */

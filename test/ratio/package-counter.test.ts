@@ -45,7 +45,9 @@ describe('package counter description', () => {
   test('a header without a counter description has no counter field, one with it has range and unit_j', () => {
     const msr = host([1]);
     expect(Object.keys((headerRecord({ host: msr }).host as { packages: object[] }).packages[0]!)).toEqual(['package', 'power_unit']);
-    expect(headerLine({ host: powercapHost() })).toContain('"packages":[{"package":0,"power_unit":"0xa0e03","counter":{"range":"0xf4240","unit_j":0.000001}}]');
+    expect(headerLine({ host: powercapHost() })).toContain(
+      '"packages":[{"package":0,"power_unit":"0xa0e03","counter":{"range":"0xf4240","unit_j":0.000001}}]',
+    );
   });
 
   test('a powercap trace reads back its counter description and replays across the wrap', async () => {
@@ -59,7 +61,10 @@ describe('package counter description', () => {
     ];
     fs.writeFileSync(file, lines.join(''));
     const first = (await readTrace(file).next()).value;
-    expect(first).toMatchObject({ type: 'header', header: { host: { packages: [{ package: 0, counter: { range: 1_000_000n, unitJ: 1e-6 } }] } } });
+    expect(first).toMatchObject({
+      type: 'header',
+      header: { host: { packages: [{ package: 0, counter: { range: 1_000_000n, unitJ: 1e-6 } }] } },
+    });
     const summary = await replayFile(file);
     expect(summary.vms[0]!.output.vpkgs[0]!.energyJ).toBeCloseTo(0.0025, 12);
   });

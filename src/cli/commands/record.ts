@@ -7,7 +7,10 @@ import { Command } from 'commander';
 import { MsrDevice } from '../../msr/device.js';
 import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
 import { createEnergySource, readHostInfoFor, readsMsrs } from '../../energy/create.js';
-import type { EnergySourceKind } from '../../energy/kinds.js';
+import type { EnergySourceChoice } from '../../energy/kinds.js';
+import { chooseEnergySource } from '../../energy/choose.js';
+import { readHostCpus } from '../../msr/topology.js';
+import { readVendor } from '../../msr/vendor.js';
 import type { HostPaths } from '../../msr/host-paths.js';
 import { msrErrorWithHint } from '../../msr/device.js';
 import type { Vendor } from '../../ratio/types.js';
@@ -48,7 +51,8 @@ export interface RecordOptions {
   output: string;
   interval: number;
   duration?: number;
-  energySource: EnergySourceKind;
+  /** --energy-source: a kind, or auto (energy/choose.ts). */
+  energySource: EnergySourceChoice;
   /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
   domains?: EnergyDomain[];
   paths: HostPaths;
@@ -131,15 +135,24 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   let writer: TraceWriter | null = null;
   const signals = new DisposableStore();
   try {
-    const msr = readsMsrs(o.energySource);
+    const vendor = o.vendor ?? readVendor(o.paths.procRoot);
+    const cpus = readHostCpus(o.paths.sysRoot);
+    const kind = chooseEnergySource(o.energySource, {
+      msrPathTemplate: o.paths.msrPathTemplate,
+      sysRoot: o.paths.sysRoot,
+      cpus,
+      vendor,
+      alternative: SYNTHETIC_ALTERNATIVE,
+    }).kind;
+    const msr = readsMsrs(kind);
     let host: HostInfo;
     try {
-      host = readHostInfoFor(o.energySource, { paths: o.paths, device, ...(o.vendor ? { vendor: o.vendor } : {}) });
+      host = readHostInfoFor(kind, { paths: o.paths, device, vendor });
     } catch (e) {
       throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
     }
     try {
-      energy = createEnergySource(o.energySource, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
+      energy = createEnergySource(kind, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
       if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
     } catch (e) {
       throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
