@@ -5,6 +5,7 @@
  */
 import type { Logger } from '../logging/logger.js';
 import { cannotError } from '../common/errors.js';
+import { LogLimiter } from '../logging/log-limiter.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { createEnergySource, readHostInfoFor } from '../energy/create.js';
 import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
@@ -88,7 +89,10 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     throw msrErrorWithHint(e);
   }
   o.log.info({ source: energy.kind, domains: energy.domains }, energy.describe());
-  const sampler = new Sampler(energy, tasks);
+  const limiter = new LogLimiter(o.log);
+  const sampler = new Sampler(energy, tasks, undefined, (e) =>
+    limiter.warn('energy domain', { domains: e.domains, err: e.message }, 'an energy domain could not be read; the package and the other domains go on'),
+  );
   const discovery = o.discovery ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck }) : undefined;
   const service = createV2Service({
     host,

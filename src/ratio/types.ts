@@ -82,6 +82,18 @@ export interface TraceHeader {
   hostname?: string;
 }
 
+/**
+ * One RAPL domain's energy at a sample: an energy source's reading (energy/energy-source.ts) in the
+ * form the engine will take it. `domain` is one of ENERGY_DOMAINS (a platform domain, psys, comes
+ * once, under the lowest package).
+ */
+export interface DomainEnergy {
+  package: number;
+  domain: string;
+  /** µJ counted since the source's first read, every wrap added: the difference of two is the energy between. */
+  energyUj: bigint;
+}
+
 /** One sample S(i): what the sampler read, in the form a trace stores it. */
 export interface Sample {
   /** CLOCK_MONOTONIC, nanoseconds. */
@@ -90,6 +102,11 @@ export interface Sample {
   energy: Map<number, bigint>;
   /** For each registered pid that exists: tid -> verbatim stat line (no trailing newline). */
   tasks: Map<number, Map<number, string>>;
+  /**
+   * Every domain read (package included) when the source reads more than the package; absent otherwise
+   * and in traces (which do not store it yet). A domain that failed this time is missing from it.
+   */
+  domains?: DomainEnergy[];
 }
 
 export interface PackageInterval {
