@@ -24,11 +24,24 @@ function setup(domains: boolean): { h: FakeHost; sampler: Sampler; failures: Ene
   if (domains) h.setCounter([0], MSR_DRAM_ENERGY_STATUS, 200);
   const device = new MsrDevice(h.msrPathTemplate);
   const tasks = new ProcTaskReader('/proc');
-  cleanups.push(() => h.cleanup(), () => device.close(), () => tasks.close());
+  cleanups.push(
+    () => h.cleanup(),
+    () => device.close(),
+    () => tasks.close(),
+  );
   const source = new MsrEnergySource({ device, cpus: readHostCpus(h.sysRoot), vendor: 'intel', sysRoot: h.sysRoot });
   const failures: EnergyReadError[] = [];
   let t = 0n;
-  return { h, sampler: new Sampler(source, tasks, () => ++t, (e) => failures.push(e)), failures };
+  return {
+    h,
+    sampler: new Sampler(
+      source,
+      tasks,
+      () => ++t,
+      (e) => failures.push(e),
+    ),
+    failures,
+  };
 }
 
 const uj = (counts: number) => (BigInt(counts) * 1_000_000n) >> 14n;
