@@ -18,7 +18,7 @@ print("ready", flush=True)
 sys.stdin.read()
 `;
 
-async function startProcs(threads: number): Promise<ChildProcess[]> {
+export async function startProcs(threads: number): Promise<ChildProcess[]> {
   const procs: ChildProcess[] = [];
   for (let left = threads; left > 0; left -= THREADS_PER_PROC) {
     // n sleeping threads plus the main thread

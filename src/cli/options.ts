@@ -15,7 +15,8 @@ import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
-import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_KINDS, isEnergySourceKind, type EnergySourceKind } from '../energy/kinds.js';
+import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
+import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 
 /**
  * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
@@ -198,20 +199,47 @@ export function addHostOptions(cmd: Command): Command {
 }
 
 /**
- * --energy-source: where package energy comes from, one of ENERGY_SOURCE_KINDS (energy/kinds.ts),
- * default msr. On record; energySourceFrom reads it.
+ * --energy-source: where energy comes from, one of ENERGY_SOURCE_CHOICES (energy/kinds.ts): a source
+ * kind, or auto (energy/choose.ts), the default. On the daemon and record; energySourceFrom reads it.
  */
 export function energySourceOption(): Option {
-  return new Option('--energy-source <source>', 'package energy from RAPL MSRs, or synthesised from /proc/stat load (hosts without RAPL)')
-    .choices(ENERGY_SOURCE_KINDS)
+  return new Option(
+    '--energy-source <source>',
+    'energy from the RAPL MSRs, the kernel powercap zones (no MSR: QEMU legacy requests then get 0), or synthesised from /proc/stat load; ' +
+      'auto: msr when an MSR device opens, else powercap',
+  )
+    .choices(ENERGY_SOURCE_CHOICES)
     .default(DEFAULT_ENERGY_SOURCE);
 }
 
 /** The value of --energy-source (commander checked the choices; anything else is a usage error). */
-export function energySourceFrom(value: unknown): EnergySourceKind {
+export function energySourceFrom(value: unknown): EnergySourceChoice {
   if (value === undefined) return DEFAULT_ENERGY_SOURCE;
-  if (!isEnergySourceKind(value)) throw new UsageError(`--energy-source: expected one of ${ENERGY_SOURCE_KINDS.join(', ')} (got ${JSON.stringify(value)})`);
+  if (!isEnergySourceChoice(value))
+    throw new UsageError(`--energy-source: expected one of ${ENERGY_SOURCE_CHOICES.join(', ')} (got ${JSON.stringify(value)})`);
   return value;
+}
+
+/**
+ * --domains: the RAPL domains to read, from ENERGY_DOMAINS (energy/energy-source.ts), comma-separated;
+ * default every domain the energy source finds. The package is always read. On the daemon and record.
+ */
+export function domainsOption(): Option {
+  return new Option(
+    '--domains <list>',
+    `RAPL domains to read: ${ENERGY_DOMAINS.join(',')} (default: every one the host has; package always)`,
+  ).argParser(domainsArg);
+}
+
+export function domainsArg(text: string): EnergyDomain[] {
+  const parts = text.split(',').map((p) => p.trim());
+  const bad = parts.filter((p) => !isEnergyDomain(p));
+  if (bad.length > 0 || parts.length === 0) {
+    throw new InvalidArgumentError(
+      `expected RAPL domains separated by commas, among ${ENERGY_DOMAINS.join(', ')} (got ${JSON.stringify(text)})`,
+    );
+  }
+  return ENERGY_DOMAINS.filter((d) => parts.includes(d));
 }
 
 /** For repeatable options: each occurrence parsed and appended. */
@@ -231,6 +259,7 @@ export function addV2Options(cmd: Command): void {
         .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
     )
     .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveIntArg('--max-vcpus', MAX_VCPUS)).default(DEFAULT_V2_LIMITS.maxVcpus))
+    .addOption(domainsOption())
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
     .addOption(new Option('--observer-group <group>', 'group (name or gid) whose members see every VM and the host energy over v2 (e.g. the exporter)'))
     .addOption(
@@ -250,6 +279,8 @@ export interface V2CliOptions {
   /** commander's --no-discovery: false when given. */
   discovery?: boolean;
   observerGroup?: string;
+  /** --domains, parsed. */
+  domains?: EnergyDomain[];
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
@@ -261,6 +292,7 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
   };
   const out: V2DaemonSettings = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits, discovery: opts.discovery !== false };
   if (opts.record !== undefined) out.recordPath = opts.record;
+  if (opts.domains !== undefined) out.domains = opts.domains;
   if (opts.observerGroup !== undefined) {
     try {
       out.observerGid = group(opts.observerGroup);

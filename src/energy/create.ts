@@ -2,13 +2,16 @@
  * THE one place an energy source is chosen and built: per kind (kinds.ts), what host facts go with it
  * and how it is made. The daemon's chain (helper/assemble.ts) and `record` build theirs here.
  */
+import { readCpuModel, type CpuModel } from '../msr/cpu-model.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { readHostInfo, type ReadHostInfoOptions } from '../msr/host-info.js';
 import type { HostInfo } from '../ratio/types.js';
-import type { EnergySource } from './energy-source.js';
+import type { EnergyDomain, EnergySource } from './energy-source.js';
 import type { EnergySourceKind } from './kinds.js';
 import { MsrEnergySource } from './msr-source.js';
+import { POWERCAP_UNIT_J, PowercapEnergySource } from './powercap-source.js';
+import { scanPowercap, type PowercapZone } from './powercap-zones.js';
 import { SYNTHETIC_DEFAULTS, SyntheticEnergySource } from './synthetic-source.js';
 
 export interface EnergySourceContext {
@@ -17,7 +20,20 @@ export interface EnergySourceContext {
   paths: HostPaths;
   /** MSR fds: the caller's (shared with the legacy service), opened and closed by it, never by a source. */
   device: MsrDevice;
+  /** --domains: the domains to read besides the package; absent, every domain the source finds. */
+  domains?: readonly EnergyDomain[];
+  /** The CPU's family and model (domain units); absent, read from paths.procRoot's cpuinfo. */
+  model?: CpuModel;
+  /** Opens a powercap energy_uj file (the daemon: the fd it opened before its privilege drop). */
+  openPowercap?: (file: string) => number;
 }
+
+/**
+ * The power unit host info records for every package of a powercap host: the guest-facing unit of
+ * its VMs' counters (ESU 14, 61 µJ, as the synthetic source's). The package counters themselves are
+ * described by HostPackage.counter (µJ, wrapping after max_energy_range_uj).
+ */
+export const POWERCAP_POWER_UNIT = SYNTHETIC_DEFAULTS.powerUnit;
 
 interface EnergySourceDefinition {
   /**
@@ -27,13 +43,47 @@ interface EnergySourceDefinition {
   readsMsrs: boolean;
   /** The power unit host info records for every package of a source that reads no MSR. */
   powerUnit?: bigint;
+  /** Host info's description of each package's counter, when it is not a RAPL MSR's. */
+  describeCounters?(host: HostInfo, paths: HostPaths): void;
   create(c: EnergySourceContext): EnergySource;
 }
 
 const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
   msr: {
     readsMsrs: true,
-    create: (c) => new MsrEnergySource(c.device, c.host.cpus, c.host.vendor),
+    create: (c) =>
+      new MsrEnergySource({
+        device: c.device,
+        cpus: c.host.cpus,
+        vendor: c.host.vendor,
+        sysRoot: c.paths.sysRoot,
+        model: c.model ?? readCpuModel(c.paths.procRoot),
+        ...(c.domains ? { domains: c.domains } : {}),
+      }),
+  },
+  powercap: {
+    readsMsrs: false,
+    powerUnit: POWERCAP_POWER_UNIT,
+    describeCounters: (host, paths) => {
+      let zones: PowercapZone[] = [];
+      try {
+        zones = scanPowercap(paths.sysRoot, host.vendor).zones;
+      } catch {
+        return; // the source, made next, says why
+      }
+      for (const p of host.packages) {
+        const z = zones.find((x) => x.domain === 'package' && x.package === p.package);
+        if (z) p.counter = { range: z.maxEnergyRangeUj + 1n, unitJ: POWERCAP_UNIT_J };
+      }
+    },
+    create: (c) =>
+      new PowercapEnergySource({
+        sysRoot: c.paths.sysRoot,
+        cpus: c.host.cpus,
+        vendor: c.host.vendor,
+        ...(c.domains ? { domains: c.domains } : {}),
+        ...(c.openPowercap ? { open: c.openPowercap } : {}),
+      }),
   },
   synthetic: {
     readsMsrs: false,
@@ -50,7 +100,9 @@ export function readsMsrs(kind: EnergySourceKind): boolean {
 /** The host facts a source of this kind goes with: power units from the MSRs, or the unit it counts in. */
 export function readHostInfoFor(kind: EnergySourceKind, o: Omit<ReadHostInfoOptions, 'powerUnit'>): HostInfo {
   const unit = SOURCES[kind].powerUnit;
-  return readHostInfo(unit === undefined ? o : { ...o, powerUnit: unit });
+  const host = readHostInfo(unit === undefined ? o : { ...o, powerUnit: unit });
+  SOURCES[kind].describeCounters?.(host, o.paths);
+  return host;
 }
 
 /** The energy source of this kind for this host. Throws an EnergyReadError when its input cannot be read at all. */

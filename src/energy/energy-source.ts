@@ -8,12 +8,29 @@
 import type { EnergySourceKind } from './kinds.js';
 
 /**
- * RAPL domains a source may report. Only the package is read today; issue 19 adds DRAM (0x619),
- * PP0 (0x639), PP1 (0x641), PSYS (0x64D), AMD's per-core energy and the powercap zones.
+ * THE RAPL domains a source may report, in the order readings come (docs/energy-domains.md): the
+ * package (always read: the engine and QEMU's requests work on it), its cores (Intel PP0; on AMD the
+ * sum of the package's per-core counters), the uncore/graphics plane (PP1), DRAM, and the platform
+ * (PSYS). Powercap's zone names are the same words (package-N, core, uncore, dram, psys).
  */
-export const ENERGY_DOMAINS = ['package'] as const;
+export const ENERGY_DOMAINS = ['package', 'core', 'uncore', 'dram', 'psys'] as const;
 
 export type EnergyDomain = (typeof ENERGY_DOMAINS)[number];
+
+/**
+ * Domains that count the whole platform rather than one package: a source gives one reading of
+ * them, under its lowest package id (docs/energy-domains.md).
+ */
+export const PLATFORM_DOMAINS: ReadonlySet<EnergyDomain> = new Set(['psys']);
+
+export function isEnergyDomain(text: unknown): text is EnergyDomain {
+  return (ENERGY_DOMAINS as readonly unknown[]).includes(text);
+}
+
+/** [package, domain] of every reading a source of these packages and domains gives, in read() order. */
+export function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {
+  return packages.flatMap((p, i) => domains.filter((d) => i === 0 || !PLATFORM_DOMAINS.has(d)).map((d): [number, EnergyDomain] => [p, d]));
+}
 
 /** A hardware (or kernel) energy counter at one read. */
 export interface EnergyCounter {
@@ -44,8 +61,10 @@ export interface EnergySource {
   /** The domains each read reports for every package, in ENERGY_DOMAINS order. */
   readonly domains: readonly EnergyDomain[];
   /**
-   * One reading per package and domain, packages ascending, domains in order. Throws an
-   * EnergyReadError, never a partial reading, when one cannot be read.
+   * One reading per package and domain (readingSlots: a platform domain once), packages ascending,
+   * domains in order. Throws an EnergyReadError when one cannot be read. When only domains other
+   * than the package failed, the error names them (`domains`) and carries every reading that was
+   * read (`readings`, package domain included), so a sampler can go on with those.
    */
   read(): EnergyReading[];
   /** One line for trace notes and logs: where the numbers come from. */
@@ -54,15 +73,25 @@ export interface EnergySource {
   close(): void;
 }
 
-/** A read of an energy source failed; `cause` is the underlying error (an MsrReadError, a file system error). */
+/**
+ * A read of an energy source failed; `cause` is the underlying error (an MsrReadError, a file system
+ * error). With `readings`: only the domains named in `domains` failed, the rest was read.
+ */
 export class EnergyReadError extends Error {
+  readonly domains?: readonly EnergyDomain[];
+  readonly readings?: readonly EnergyReading[];
+
   constructor(
     message: string,
     readonly kind: EnergySourceKind,
-    options?: { cause?: unknown },
+    options?: { cause?: unknown; partial?: { domains: readonly EnergyDomain[]; readings: readonly EnergyReading[] } },
   ) {
-    super(message, options);
+    super(message, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = 'EnergyReadError';
+    if (options?.partial) {
+      this.domains = options.partial.domains;
+      this.readings = options.partial.readings;
+    }
   }
 }
 

@@ -1,15 +1,27 @@
 /**
  * THE names of the energy sources: every option, type and table of sources takes them from here, so a
- * new source (issue 19: powercap, more RAPL domains) is one more name here and one more entry in the
- * table of create.ts, which the compiler then asks for.
+ * new source is one more name here and one more entry in the table of create.ts, which the compiler
+ * then asks for.
  */
-export const ENERGY_SOURCE_KINDS = ['msr', 'synthetic'] as const;
+export const ENERGY_SOURCE_KINDS = ['msr', 'powercap', 'synthetic'] as const;
 
 export type EnergySourceKind = (typeof ENERGY_SOURCE_KINDS)[number];
 
-/** What a command uses when it is not told: the RAPL MSRs. */
-export const DEFAULT_ENERGY_SOURCE: EnergySourceKind = 'msr';
+/** What --energy-source takes: a kind, or `auto` (choose.ts: the MSRs when they open, else powercap). */
+export const ENERGY_SOURCE_CHOICES = ['auto', ...ENERGY_SOURCE_KINDS] as const;
+
+export type EnergySourceChoice = (typeof ENERGY_SOURCE_CHOICES)[number];
+
+/** What a command (the daemon, record) uses when not told. */
+export const DEFAULT_ENERGY_SOURCE: EnergySourceChoice = 'auto';
+
+/** The kind a service chain is built with when its caller names none (tests and the bench on MSR files). */
+export const DEFAULT_CHAIN_ENERGY_SOURCE: EnergySourceKind = 'msr';
 
 export function isEnergySourceKind(text: unknown): text is EnergySourceKind {
   return (ENERGY_SOURCE_KINDS as readonly unknown[]).includes(text);
+}
+
+export function isEnergySourceChoice(text: unknown): text is EnergySourceChoice {
+  return (ENERGY_SOURCE_CHOICES as readonly unknown[]).includes(text);
 }

@@ -1,60 +1,184 @@
-/** Package energy from the RAPL MSRs: MSR_PKG_ENERGY_STATUS (Intel 0x611, AMD 0xC001029B) of each package. */
-import type { MsrDevice } from '../msr/device.js';
-import { packageEnergyMsr, powerUnitMsr } from '../msr/registers.js';
-import { firstCpuPerPackage } from '../msr/topology.js';
-import { joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
-import type { HostCpu, Vendor } from '../ratio/types.js';
-import { CounterUnwrapper } from './counter-unwrapper.js';
-import { EnergyReadError, type EnergyDomain, type EnergyReading, type EnergySource } from './energy-source.js';
-
 /**
- * The package energy register of each package, read through its lowest-numbered online CPU. Its unit
- * (the ESU of the package's power unit register) is read once, at the first read that needs it.
+ * Energy from the RAPL MSRs: every domain of MSR_DOMAINS (msr-domains.ts) the host has, probed once at
+ * construction, read through each package's lowest-numbered online CPU (AMD's per-core counters through
+ * each physical core's).
  */
+import { cannot } from '../common/errors.js';
+import type { CpuModel } from '../msr/cpu-model.js';
+import type { MsrDevice } from '../msr/device.js';
+import { powerUnitMsr } from '../msr/registers.js';
+import { firstCpuPerCore, firstCpuPerPackage } from '../msr/topology.js';
+import { energyCounterBits, formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
+import type { HostCpu, Vendor } from '../ratio/types.js';
+import { countsToUj, CounterUnwrapper } from './counter-unwrapper.js';
+import {
+  ENERGY_DOMAINS,
+  EnergyReadError,
+  PLATFORM_DOMAINS,
+  type EnergyDomain,
+  type EnergyReading,
+  type EnergySource,
+} from './energy-source.js';
+import { domainUnitJ, MSR_DOMAINS, type RegisterScope } from './msr-domains.js';
+
+export interface MsrSourceOptions {
+  device: MsrDevice;
+  cpus: readonly HostCpu[];
+  vendor: Vendor;
+  /** sysfs, for the core ids of per-core registers (AMD). */
+  sysRoot: string;
+  /** Family and model from /proc/cpuinfo: some domains count in a unit of their own (msr-domains.ts). */
+  model?: CpuModel;
+  /** The domains to read (--domains); the package is always read. Absent: every domain found. */
+  domains?: readonly EnergyDomain[];
+}
+
+/** One domain found: its register, and per package its unit and the CPUs its register is read through. */
+interface DomainPlan {
+  domain: EnergyDomain;
+  msr: number;
+  scope: RegisterScope;
+  unitJ: Map<number, number>;
+  cpus: Map<number, number[]>;
+}
+
+/** The counter of a domain summed over per-core registers: the unwrapped counts, which never wrap. */
+export const SUMMED_COUNTER_RANGE = 1n << 64n;
+
 export class MsrEnergySource implements EnergySource {
   readonly kind = 'msr';
   readonly packages: number[];
-  readonly domains: readonly EnergyDomain[] = ['package'];
-  private readonly cpuOf: Map<number, number>;
-  private readonly energyMsr: number;
-  private readonly unitMsr: number;
-  private readonly unitJ = new Map<number, number>();
+  readonly domains: readonly EnergyDomain[];
+  /** Domains of the vendor's table not read, and why (absent, or left out by --domains). */
+  readonly absent: { domain: EnergyDomain; why: string }[] = [];
+  private readonly plans: DomainPlan[] = [];
   private readonly unwrap = new CounterUnwrapper();
 
-  constructor(
-    private readonly device: MsrDevice,
-    cpus: readonly HostCpu[],
-    vendor: Vendor,
-  ) {
-    this.cpuOf = firstCpuPerPackage(cpus);
-    this.packages = [...this.cpuOf.keys()].sort((a, b) => a - b);
-    this.energyMsr = packageEnergyMsr(vendor);
-    this.unitMsr = powerUnitMsr(vendor);
-  }
-
-  /** Throws an EnergyReadError whose message is the MsrReadError's, the MsrReadError as its cause (msrErrorWithHint reads it). */
-  read(): EnergyReading[] {
-    const raws: [number, bigint, number][] = [];
+  /**
+   * Probes every domain of the vendor: present when its register reads on every package (each core)
+   * and counts (a counter still at 0 is absent, as Linux's intel_rapl decides). Throws an
+   * EnergyReadError when a package's power unit cannot be read, an Error when a domain asked for by
+   * `domains` is absent.
+   */
+  constructor(private readonly o: MsrSourceOptions) {
+    const cpuOf = firstCpuPerPackage(o.cpus);
+    this.packages = [...cpuOf.keys()].sort((a, b) => a - b);
+    const esu = new Map<number, number>();
     try {
-      for (const pkg of this.packages) {
-        const cpu = this.cpuOf.get(pkg)!;
-        let unitJ = this.unitJ.get(pkg);
-        if (unitJ === undefined) this.unitJ.set(pkg, (unitJ = joulesPerCounterUnit(this.device.read(cpu, this.unitMsr))));
-        raws.push([pkg, this.device.read(cpu, this.energyMsr), unitJ]);
-      }
+      for (const pkg of this.packages) esu.set(pkg, joulesPerCounterUnit(o.device.read(cpuOf.get(pkg)!, powerUnitMsr(o.vendor))));
     } catch (e) {
       throw new EnergyReadError(e instanceof Error ? e.message : String(e), this.kind, { cause: e });
     }
-    return raws.map(([pkg, raw, unitJ]) => {
-      const counter = { raw, range: RAPL_COUNTER_RANGE, unitJ };
-      return { package: pkg, domain: 'package', energyUj: this.unwrap.energyUj(`package ${pkg}`, counter), counter };
-    });
+    const table = MSR_DOMAINS[o.vendor];
+    for (const domain of ENERGY_DOMAINS) {
+      const reg = table[domain];
+      if (reg === undefined) continue;
+      if (domain !== 'package' && o.domains !== undefined && !o.domains.includes(domain)) {
+        this.absent.push({ domain, why: 'not in --domains' });
+        continue;
+      }
+      const plan: DomainPlan = { domain, msr: reg.msr, scope: reg.scope, unitJ: new Map(), cpus: new Map() };
+      const packages = PLATFORM_DOMAINS.has(domain) ? this.packages.slice(0, 1) : this.packages;
+      for (const pkg of packages) plan.unitJ.set(pkg, domainUnitJ(o.vendor, domain, esu.get(pkg)!, o.model));
+      let why: string | undefined;
+      try {
+        const perCore = reg.scope === 'core' ? firstCpuPerCore(o.sysRoot, o.cpus) : undefined;
+        for (const pkg of packages) plan.cpus.set(pkg, perCore?.get(pkg) ?? [cpuOf.get(pkg)!]);
+        if (domain !== 'package') why = this.probe(plan);
+      } catch (e) {
+        why = e instanceof Error ? e.message : String(e);
+      }
+      if (why === undefined) this.plans.push(plan);
+      else if (o.domains?.includes(domain)) throw new Error(cannot(`read the ${domain} domain`, why, `leave ${domain} out of --domains`));
+      else this.absent.push({ domain, why });
+    }
+    this.domains = this.plans.map((p) => p.domain);
   }
 
+  /** Why the domain's registers do not count, or undefined when they do. */
+  private probe(plan: DomainPlan): string | undefined {
+    const hex = formatMsrHex(plan.msr);
+    let anyCounts = false;
+    for (const [pkg, cpus] of plan.cpus) {
+      let counts = false;
+      for (const cpu of cpus) {
+        try {
+          if (energyCounterBits(this.o.device.read(cpu, plan.msr)) !== 0) counts = true;
+        } catch (e) {
+          return `MSR ${hex}: ${e instanceof Error ? e.message : String(e)}`;
+        }
+      }
+      if (!counts && plan.scope !== 'core') return `MSR ${hex} reads 0 on package ${pkg} (not counting)`;
+      anyCounts ||= counts;
+    }
+    return anyCounts ? undefined : `MSR ${hex} reads 0 on every core (not counting)`;
+  }
+
+  /**
+   * The package domain failing fails the read (an EnergyReadError whose message is the MsrReadError's,
+   * the MsrReadError as its cause: msrErrorWithHint reads it). Another domain failing gives an
+   * EnergyReadError naming it that carries the other readings (energy-source.ts).
+   */
+  read(): EnergyReading[] {
+    const out: EnergyReading[] = [];
+    const failed: { domain: EnergyDomain; error: unknown }[] = [];
+    for (const pkg of this.packages) {
+      for (const plan of this.plans) {
+        const unitJ = plan.unitJ.get(pkg);
+        if (unitJ === undefined) continue; // a platform domain, read under the first package only
+        try {
+          out.push(plan.scope === 'core' ? this.readSummed(pkg, plan, unitJ) : this.readOne(pkg, plan, unitJ));
+        } catch (e) {
+          if (plan.domain === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), this.kind, { cause: e });
+          failed.push({ domain: plan.domain, error: e });
+        }
+      }
+    }
+    if (failed.length > 0) {
+      const domains = [...new Set(failed.map((f) => f.domain))];
+      const why = failed.map((f) => (f.error instanceof Error ? f.error.message : String(f.error))).join('; ');
+      const message = cannot(
+        `read the ${domains.join(', ')} domain${domains.length > 1 ? 's' : ''}`,
+        why,
+        'the package and other domains go on',
+      );
+      throw new EnergyReadError(message, this.kind, { cause: failed[0]!.error, partial: { domains, readings: out } });
+    }
+    return out;
+  }
+
+  private readOne(pkg: number, plan: DomainPlan, unitJ: number): EnergyReading {
+    const counter = { raw: this.o.device.read(plan.cpus.get(pkg)![0]!, plan.msr), range: RAPL_COUNTER_RANGE, unitJ };
+    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(`${plan.domain} ${pkg}`, counter), counter };
+  }
+
+  /** Per-core registers: each core's counts so far (unwrapped), summed; the counter is that sum. */
+  private readSummed(pkg: number, plan: DomainPlan, unitJ: number): EnergyReading {
+    const raws = plan.cpus.get(pkg)!.map((cpu) => [cpu, this.o.device.read(cpu, plan.msr)] as const);
+    let sum = 0n;
+    for (const [cpu, raw] of raws) sum += this.unwrap.advance(`${plan.domain} cpu ${cpu}`, { raw, range: RAPL_COUNTER_RANGE, unitJ });
+    return {
+      package: pkg,
+      domain: plan.domain,
+      energyUj: countsToUj(sum, unitJ),
+      counter: { raw: sum, range: SUMMED_COUNTER_RANGE, unitJ },
+    };
+  }
+
+  /** The domains read, each with its unit (µJ per count, package 0's), and the domains not read with why. */
   describe(): string {
-    return 'energy counters read from RAPL MSRs';
+    const first = this.packages[0]!;
+    const found = this.plans.map(
+      (p) => `${p.domain} ${formatMsrHex(p.msr)}${p.scope === 'core' ? ' per core' : ''} (${fmtUnit(p.unitJ.get(first)!)})`,
+    );
+    const absent = this.absent.map((a) => `${a.domain}: ${a.why}`);
+    return `energy counters read from RAPL MSRs: ${found.join(', ')}${absent.length > 0 ? `; not read: ${absent.join(', ')}` : ''}`;
   }
 
   /** The device belongs to the caller (it is shared with the legacy server); nothing to close here. */
   close(): void {}
+}
+
+function fmtUnit(unitJ: number): string {
+  return unitJ >= 1 ? `${unitJ} J` : `${Number((unitJ * 1e6).toPrecision(4))} µJ`;
 }

@@ -5,9 +5,12 @@
  */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
+import { cannotError } from '../common/errors.js';
+import { LogLimiter } from '../logging/log-limiter.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
 import { createEnergySource, readHostInfoFor } from '../energy/create.js';
-import { DEFAULT_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
+import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
+import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import { ProcTaskReader } from '../os/proc-tasks.js';
@@ -29,8 +32,10 @@ export interface V2ChainOptions {
   /** MSR fds, shared with the legacy service; the caller opens and closes them. */
   device: MsrDevice;
   vendor: Vendor;
-  /** Where package energy comes from; default the RAPL MSRs (the daemon has no option for it yet). */
+  /** Where energy comes from (the daemon's --energy-source, resolved); default DEFAULT_CHAIN_ENERGY_SOURCE. */
   energySource?: EnergySourceKind;
+  /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
+  domains?: readonly EnergyDomain[];
   intervalMs: number;
   limits: V2Limits;
   /** Where samples are recorded, made once the host is known (a trace header needs it). */
@@ -47,6 +52,8 @@ export interface V2ChainOptions {
   deferDiscovery?: boolean;
   /** --observer-group, resolved: its members see every VM and the host. */
   observerGid?: number;
+  /** Opens a powercap energy_uj file (the daemon: the fd its start-up opened as root). */
+  openPowercap?: (file: string) => number;
   /** Legacy request counts and connections for HOST_UPDATE. */
   health?: HealthSource;
   /** The daemon's fd budget for discovered VMs. */
@@ -66,7 +73,7 @@ export interface V2Chain {
 
 /** Host info -> energy source -> /proc task reader -> sampler -> v2 service. */
 export function assembleV2(o: V2ChainOptions): V2Chain {
-  const kind = o.energySource ?? DEFAULT_ENERGY_SOURCE;
+  const kind = o.energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
   let host: HostInfo;
   try {
     host = readHostInfoFor(kind, { paths: o.paths, device: o.device, vendor: o.vendor });
@@ -74,7 +81,23 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     throw msrErrorWithHint(e);
   }
   const tasks = new ProcTaskReader(o.paths.procRoot);
-  const sampler = new Sampler(createEnergySource(kind, { host, paths: o.paths, device: o.device }), tasks);
+  let energy: EnergySource;
+  try {
+    energy = createEnergySource(kind, {
+      host,
+      paths: o.paths,
+      device: o.device,
+      ...(o.domains ? { domains: o.domains } : {}),
+      ...(o.openPowercap ? { openPowercap: o.openPowercap } : {}),
+    });
+  } catch (e) {
+    throw msrErrorWithHint(e);
+  }
+  o.log.info({ source: energy.kind, domains: energy.domains }, energy.describe());
+  const limiter = new LogLimiter(o.log);
+  const sampler = new Sampler(energy, tasks, undefined, (e) =>
+    limiter.warn('energy domain', { domains: e.domains, err: e.message }, 'an energy domain could not be read; the package and the other domains go on'),
+  );
   const discovery = o.discovery ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck }) : undefined;
   const service = createV2Service({
     host,
@@ -103,6 +126,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     async close() {
       await service.close();
       tasks.close();
+      energy.close();
     },
   };
 }
@@ -111,6 +135,8 @@ export interface ServerChainOptions {
   paths: HostPaths;
   device: MsrDevice;
   vendor: Vendor;
+  /** Why no MSR can be read, when none can (an energy source without MSRs): legacy requests then get 0. */
+  noMsrs?: string;
   /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
   cpus: readonly HostCpu[];
   amd: AmdSynthConfig;
@@ -133,6 +159,7 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     procRoot: o.paths.procRoot,
     cpus: new OnlineCpus(o.paths.sysRoot, o.cpus.map((c) => c.cpu)),
     amd: o.amd,
+    ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
     logger: o.area('legacy'),
     ...(o.counters ? { counters: o.counters } : {}),
   });
@@ -190,6 +217,8 @@ export interface V2DaemonSettings {
   discovery: boolean;
   /** --observer-group, resolved. */
   observerGid?: number;
+  /** --domains, parsed. */
+  domains?: readonly EnergyDomain[];
 }
 
 /**
@@ -229,6 +258,13 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         paths,
         device: ctx.device,
         vendor: ctx.vendor,
+        energySource: ctx.energySource,
+        openPowercap: (file) => {
+          const fd = ctx.powercapFd(file);
+          if (fd === undefined) throw cannotError(`open ${file}`, 'the start-up did not open it as root', 'restart the daemon');
+          return fd;
+        },
+        ...(o.domains ? { domains: o.domains } : {}),
         intervalMs: o.intervalMs,
         limits: o.limits,
         fds: ctx.fds,

@@ -122,12 +122,21 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const inh = opts.inherited ?? inheritFromEnvironment(config.socketPathGiven);
     const startLog = area('startup');
     opened = await openStart(config, inh, { files: opts.files ?? [], log: startLog });
-    const { vendor, cpus, device, listener } = opened;
+    const { vendor, cpus, device, listener, energy, energyWhy } = opened;
     const steps: StepDone[] = [...opened.steps];
     // What a restart handed over (connections, state, counters), each part checked; the rest closed.
     const handed = takeHandedOver(inh.named, area('restart'));
     if (inh.how === 'systemd' && inh.named) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
-    logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
+    const openedWhat =
+      energy === 'msr'
+        ? 'MSR devices open'
+        : energy === 'powercap'
+          ? 'powercap zones open (no MSR device: legacy requests get 0)'
+          : 'no MSR device (synthetic energy: legacy requests get 0)';
+    logger.info(
+      { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size },
+      openedWhat,
+    );
 
     // The privilege drop. Re-executed: done before the exec, on every thread (os/privileges/reexec.ts).
     const privLog = area('privileges');
@@ -168,7 +177,21 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const legacyCounters: LegacyCounters = { ...newLegacyCounters(), ...handed.legacy };
     const participants: RestartParticipant[] = [];
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const ctx: DaemonContext = { config, vendor, cpus, device, logger, fds, openedFile, area, onShutdown: (h) => hooks.push(h), onReady: (h) => readyHooks.push(h), health,
+    const powercapFds = opened.powercap;
+    const ctx: DaemonContext = {
+      config,
+      vendor,
+      cpus,
+      device,
+      energySource: energy,
+      powercapFd: (p) => powercapFds.get(p),
+      logger,
+      fds,
+      openedFile,
+      area,
+      onShutdown: (h) => hooks.push(h),
+      onReady: (h) => readyHooks.push(h),
+      health,
       ...(handed.state ? { restored: handed.state } : {}),
       restarted: inh.how === 'restart' || handed.state !== undefined,
       onRestart: (p) => void participants.push(p),
@@ -183,6 +206,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       vendor,
       cpus,
       amd: config.amd,
+      ...(energy !== 'msr' ? { noMsrs: `the daemon reads energy from ${energy}, not from MSR devices` } : {}),
       listener,
       area,
       counters: legacyCounters,

@@ -80,7 +80,7 @@ export class MsrDevice {
       const code = errnoName(-n);
       throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, code), cpu, msr, code);
     }
-    if (n !== 8) throw new MsrReadError(`short read of MSR 0x${msr.toString(16)} on CPU ${cpu} (${n} bytes)`, cpu, msr);
+    if (n !== 8) throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, `short read (${n} bytes)`), cpu, msr);
     this.buf.copy(out, offset, 0, 8);
   }
 

@@ -5,6 +5,11 @@ export const MSR_RAPL_POWER_UNIT = 0x606;
 export const MSR_PKG_POWER_LIMIT = 0x610;
 export const MSR_PKG_ENERGY_STATUS = 0x611;
 export const MSR_PKG_POWER_INFO = 0x614;
+/** The other RAPL energy status registers (Intel SDM vol. 4): bits 31:0 count, like 0x611. */
+export const MSR_DRAM_ENERGY_STATUS = 0x619;
+export const MSR_PP0_ENERGY_STATUS = 0x639;
+export const MSR_PP1_ENERGY_STATUS = 0x641;
+export const MSR_PLATFORM_ENERGY_STATUS = 0x64d;
 
 /** AMD family 17h+ equivalents (Intel layout for the fields we use). */
 export const MSR_AMD_RAPL_POWER_UNIT = 0xc0010299;

@@ -41,3 +41,22 @@ export function firstCpuPerPackage(cpus: readonly HostCpu[]): Map<number, number
   for (const c of [...cpus].sort((a, b) => a.cpu - b.cpu)) if (!m.has(c.package)) m.set(c.package, c.cpu);
   return m;
 }
+
+/**
+ * The lowest-numbered online CPU of each physical core, per package (core_id is unique within a
+ * package; SMT siblings share it): the CPUs a per-core register (AMD's core energy) is read through.
+ * Throws the fs error when a core_id cannot be read.
+ */
+export function firstCpuPerCore(sysRoot: string, cpus: readonly HostCpu[]): Map<number, number[]> {
+  const seen = new Set<string>();
+  const out = new Map<number, number[]>();
+  for (const c of [...cpus].sort((a, b) => a.cpu - b.cpu)) {
+    const text = fs.readFileSync(path.join(sysRoot, `devices/system/cpu/cpu${c.cpu}/topology/core_id`), 'utf8').trim();
+    if (!/^\d+$/.test(text)) throw new Error(`cpu${c.cpu}/topology/core_id: bad core id ${JSON.stringify(text)}`);
+    const key = `${c.package}:${text}`;
+    if (seen.has(key)) continue;
+    seen.add(key);
+    out.set(c.package, [...(out.get(c.package) ?? []), c.cpu]);
+  }
+  return out;
+}

@@ -4,7 +4,7 @@
  * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
  * and records the decisions where those rules are silent.
  */
-import { energyCounterBits, joulesPerCounterUnit } from './counter.js';
+import { joulesPerCounterUnit, packageCounter } from './counter.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
@@ -88,6 +88,8 @@ export class RatioEngine {
   private readonly cpusPerPackage = new Map<number, number>();
   /** u_p: joules per counter unit, per package. */
   private readonly unit = new Map<number, number>();
+  /** Per package: its energy counter's range (HostPackage.counter; a RAPL MSR's 2^32 when absent). */
+  private readonly range = new Map<number, bigint>();
   private readonly packageIds: number[];
   private readonly vms = new Map<number, VmState>();
   private nextId = 1;
@@ -103,7 +105,9 @@ export class RatioEngine {
     this.clkTck = host.clkTck;
     for (const p of host.packages) {
       if (this.unit.has(p.package)) throw new Error(`package ${p.package} is listed twice`);
-      this.unit.set(p.package, joulesPerCounterUnit(p.powerUnit));
+      const counter = packageCounter(p);
+      this.unit.set(p.package, counter.unitJ);
+      this.range.set(p.package, counter.range);
       this.cpusPerPackage.set(p.package, 0);
     }
     for (const c of host.cpus) {
@@ -310,7 +314,7 @@ export class RatioEngine {
         problems.push(`energy given for package ${pkg}, which the host does not have: ignored`);
         continue;
       }
-      energyNow.set(pkg, energyCounterBits(raw));
+      energyNow.set(pkg, Number(raw % this.range.get(pkg)!));
     }
     for (const pkg of this.packageIds) if (!energyNow.has(pkg)) problems.push(`no energy value for package ${pkg} in this sample`);
 
@@ -358,7 +362,7 @@ export class RatioEngine {
       const a = prevEnergy.get(pkg);
       const b = energyNow.get(pkg);
       if (a === undefined || b === undefined) continue;
-      const units = b >= a ? b - a : b - a + TWO_32;
+      const units = b >= a ? b - a : b - a + Number(this.range.get(pkg)!);
       dE.set(pkg, units * this.unit.get(pkg)!);
     }
 

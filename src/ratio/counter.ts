@@ -1,4 +1,5 @@
 /** RAPL energy counter arithmetic: the 32-bit counter, the energy status unit, hex text of MSR values. */
+import type { CounterSpec, HostPackage } from './types.js';
 
 /** Energy status unit (bits 12:8 of MSR_RAPL_POWER_UNIT): one counter unit is 2^-ESU joules. */
 export function energyStatusUnitBits(powerUnit: bigint): number {
@@ -11,6 +12,11 @@ export function joulesPerCounterUnit(powerUnit: bigint): number {
 
 /** A RAPL energy counter counts 2^32 values (bits 31:0), then wraps to 0. */
 export const RAPL_COUNTER_RANGE = 1n << 32n;
+
+/** THE counter of a package: as host info describes it, else a RAPL MSR's (2^32 counts of the ESU). */
+export function packageCounter(p: HostPackage): CounterSpec {
+  return p.counter ?? { range: RAPL_COUNTER_RANGE, unitJ: joulesPerCounterUnit(p.powerUnit) };
+}
 
 /** Only bits 31:0 of MSR_PKG_ENERGY_STATUS count; the rest is reserved. */
 export function energyCounterBits(raw: bigint): number {

@@ -23,10 +23,24 @@ export interface HostCpu {
   package: number;
 }
 
+/** An energy counter as a source gives it: it counts 0..range-1 and wraps to 0, each count unitJ joules. */
+export interface CounterSpec {
+  range: bigint;
+  unitJ: number;
+}
+
 export interface HostPackage {
   package: number;
-  /** Raw MSR_RAPL_POWER_UNIT (0x606) of this package. */
+  /**
+   * Raw MSR_RAPL_POWER_UNIT (0x606) of this package: the unit of its energy counter unless `counter`
+   * says otherwise, and the unit of its VMs' (guest) counters.
+   */
   powerUnit: bigint;
+  /**
+   * The package energy counter when it is not a RAPL MSR's (powercap: µJ, wrapping after
+   * max_energy_range_uj). Absent: bits 31:0 in units of powerUnit's ESU (ratio/counter.ts packageCounter).
+   */
+  counter?: CounterSpec;
   /** Raw MSR_PKG_POWER_LIMIT (0x610), when known. */
   powerLimit?: bigint;
   /** Raw MSR_PKG_POWER_INFO (0x614), when known. */
@@ -68,6 +82,18 @@ export interface TraceHeader {
   hostname?: string;
 }
 
+/**
+ * One RAPL domain's energy at a sample: an energy source's reading (energy/energy-source.ts) in the
+ * form the engine will take it. `domain` is one of ENERGY_DOMAINS (a platform domain, psys, comes
+ * once, under the lowest package).
+ */
+export interface DomainEnergy {
+  package: number;
+  domain: string;
+  /** µJ counted since the source's first read, every wrap added: the difference of two is the energy between. */
+  energyUj: bigint;
+}
+
 /** One sample S(i): what the sampler read, in the form a trace stores it. */
 export interface Sample {
   /** CLOCK_MONOTONIC, nanoseconds. */
@@ -76,6 +102,11 @@ export interface Sample {
   energy: Map<number, bigint>;
   /** For each registered pid that exists: tid -> verbatim stat line (no trailing newline). */
   tasks: Map<number, Map<number, string>>;
+  /**
+   * Every domain read (package included) when the source reads more than the package; absent otherwise
+   * and in traces (which do not store it yet). A domain that failed this time is missing from it.
+   */
+  domains?: DomainEnergy[];
 }
 
 export interface PackageInterval {

@@ -1,5 +1,5 @@
 /** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
-import { packageCounters, type EnergySource } from '../energy/energy-source.js';
+import { EnergyReadError, packageCounters, type EnergyReading, type EnergySource } from '../energy/energy-source.js';
 import type { ProcTaskReader } from '../os/proc-tasks.js';
 import type { Sample } from '../ratio/types.js';
 import { monotonicNs } from './tick-loop.js';
@@ -9,24 +9,39 @@ export class Sampler {
     private readonly energy: EnergySource,
     private readonly tasks: ProcTaskReader,
     private readonly clock: () => bigint = monotonicNs,
+    /** Told of each read where only domains other than the package failed (the sample goes on without them). */
+    private readonly onDomainFailure?: (e: EnergyReadError) => void,
   ) {}
 
   /**
    * The timestamp is taken once, right before the energy read: the counters are the time-critical part
    * (they move continuously), while tick counts only change at tick boundaries. A pid whose process is
    * gone is absent from `tasks`. The sample keeps each package's counter as read (what the engine and
-   * traces work on). Throws when the energy source fails (EnergyReadError), or a /proc read fails for a
-   * reason other than the process being gone (TaskReadError, e.g. EMFILE): the sample is skipped.
+   * traces work on), and every domain's energy when the source reads more than the package. A domain
+   * other than the package that fails leaves the sample without it (onDomainFailure is told): the
+   * package goes on. Throws when the package energy cannot be read (EnergyReadError), or a /proc read
+   * fails for a reason other than the process being gone (TaskReadError, e.g. EMFILE): the sample is
+   * skipped.
    */
   sample(pids: Iterable<number>): Sample {
     const tNs = this.clock();
-    const energy = packageCounters(this.energy.read());
+    let readings: readonly EnergyReading[];
+    try {
+      readings = this.energy.read();
+    } catch (e) {
+      if (!(e instanceof EnergyReadError) || e.readings === undefined) throw e;
+      readings = e.readings;
+      this.onDomainFailure?.(e);
+    }
+    const energy = packageCounters(readings);
     const tasks = new Map<number, Map<number, string>>();
     for (const pid of pids) {
       if (tasks.has(pid)) continue;
       const lines = this.tasks.read(pid);
       if (lines !== null) tasks.set(pid, lines);
     }
-    return { tNs, energy, tasks };
+    const s: Sample = { tNs, energy, tasks };
+    if (this.energy.domains.length > 1) s.domains = readings.map((r) => ({ package: r.package, domain: r.domain, energyUj: r.energyUj }));
+    return s;
   }
 }

@@ -10,7 +10,16 @@ import zlib from 'node:zlib';
 import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
 import { checkVcpus } from '../ratio/vcpus.js';
-import { MAX_TID, type HostCpu, type HostPackage, type TraceHeader, type VcpuSpec, type Vendor, type VmSpec } from '../ratio/types.js';
+import {
+  MAX_TID,
+  type CounterSpec,
+  type HostCpu,
+  type HostPackage,
+  type TraceHeader,
+  type VcpuSpec,
+  type Vendor,
+  type VmSpec,
+} from '../ratio/types.js';
 import { cannot } from '../common/errors.js';
 
 export type { TraceHeader };
@@ -122,6 +131,17 @@ export class TraceParser {
     throw new TraceError(message, this.lineNo);
   }
 
+  /** A package counter's description: {"range": hex, at least 2, "unit_j": joules per count, positive}. */
+  private counterSpec(c: unknown, what: string): CounterSpec {
+    if (!isObject(c)) this.fail(`header: ${what} must be an object like {"range":"0x3d08ffffff","unit_j":0.000001}`);
+    const range = this.hex(c.range, `${what}.range`);
+    if (range < 2n) this.fail(`header: ${what}.range must be at least 2, got ${describe(c.range)}`);
+    const unitJ = c.unit_j;
+    if (typeof unitJ !== 'number' || !Number.isFinite(unitJ) || unitJ <= 0 || unitJ > 1)
+      this.fail(`header: ${what}.unit_j must be joules per count in (0, 1], got ${describe(unitJ)}`);
+    return { range, unitJ };
+  }
+
   private header(v: Json): TraceHeader {
     if (v.format !== 'vmsr-trace') this.fail(`header: format must be "vmsr-trace", got ${describe(v.format)}`);
     if (v.version !== 1) this.fail(`header: unsupported version ${describe(v.version)} (this reader knows version 1)`);
@@ -144,6 +164,8 @@ export class TraceParser {
       const pkg: HostPackage = { package: id, powerUnit: this.hex(p.power_unit, `host.packages[${i}].power_unit`) };
       if (p.power_limit !== undefined) pkg.powerLimit = this.hex(p.power_limit, `host.packages[${i}].power_limit`);
       if (p.power_info !== undefined) pkg.powerInfo = this.hex(p.power_info, `host.packages[${i}].power_info`);
+      // Added later (powercap): absent, the counter is a RAPL MSR's.
+      if (p.counter !== undefined) pkg.counter = this.counterSpec(p.counter, `host.packages[${i}].counter`);
       packages.push(pkg);
     });
     if (!Array.isArray(host.cpus)) this.fail('header: host.cpus must be an array');

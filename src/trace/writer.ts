@@ -30,6 +30,8 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
         const o: Record<string, unknown> = { package: p.package, power_unit: formatMsrHex(p.powerUnit) };
         if (p.powerLimit !== undefined) o.power_limit = formatMsrHex(p.powerLimit);
         if (p.powerInfo !== undefined) o.power_info = formatMsrHex(p.powerInfo);
+        // Only when the counter is not a RAPL MSR's: a trace of MSRs stays as it always was.
+        if (p.counter !== undefined) o.counter = { range: formatMsrHex(p.counter.range), unit_j: p.counter.unitJ };
         return o;
       }),
     },

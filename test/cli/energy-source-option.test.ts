@@ -1,9 +1,9 @@
-/** --energy-source: one option, its choices the one list of source kinds. */
+/** --energy-source: one option, its choices auto and the one list of source kinds. */
 import { Command } from 'commander';
 import { describe, expect, test } from 'vitest';
 import { energySourceFrom, energySourceOption } from '../../src/cli/options.js';
 import { UsageError } from '../../src/cli/cli-errors.js';
-import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
+import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
 
 const parse = (args: string[]) => {
   const cmd = new Command().exitOverride().configureOutput({ writeErr: () => {} }).addOption(energySourceOption());
@@ -12,16 +12,17 @@ const parse = (args: string[]) => {
 };
 
 describe('--energy-source', () => {
-  test('offers exactly the source kinds, the MSRs by default', () => {
-    expect(energySourceOption().argChoices).toEqual([...ENERGY_SOURCE_KINDS]);
+  test('offers auto and exactly the source kinds, auto by default', () => {
+    expect(energySourceOption().argChoices).toEqual(['auto', ...ENERGY_SOURCE_KINDS]);
+    expect(ENERGY_SOURCE_CHOICES).toEqual(['auto', 'msr', 'powercap', 'synthetic']);
     expect(parse([])).toBe(DEFAULT_ENERGY_SOURCE);
-    expect(DEFAULT_ENERGY_SOURCE).toBe('msr');
+    expect(DEFAULT_ENERGY_SOURCE).toBe('auto');
     for (const kind of ENERGY_SOURCE_KINDS) expect(parse(['--energy-source', kind])).toBe(kind);
   });
 
   test('refuses a name that is not a source kind', () => {
-    expect(() => parse(['--energy-source', 'powercap-typo'])).toThrow(/Allowed choices are msr, synthetic/);
+    expect(() => parse(['--energy-source', 'powercap-typo'])).toThrow(/Allowed choices are auto, msr, powercap, synthetic/);
     expect(() => energySourceFrom('nope')).toThrow(UsageError);
-    expect(() => energySourceFrom('nope')).toThrow('--energy-source: expected one of msr, synthetic (got "nope")');
+    expect(() => energySourceFrom('nope')).toThrow('--energy-source: expected one of auto, msr, powercap, synthetic (got "nope")');
   });
 });

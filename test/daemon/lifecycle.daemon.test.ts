@@ -211,7 +211,10 @@ describe('-d', () => {
       err = x.stderr;
     }
     expect(code).toBe(1);
-    expect(err).toMatch(/does not exist; load the msr driver with 'modprobe msr'/);
+    // --energy-source auto (the default): neither MSR device nor powercap zone opens, and both fixes are named
+    expect(err).toMatch(
+      /cannot find an energy source: no MSR device opens \(.*nope\/0\/msr: ENOENT\) and no powercap RAPL zone does .*; load the msr driver with 'modprobe msr', or load the powercap RAPL driver with 'modprobe intel_rapl_msr'/,
+    );
   });
 });
 

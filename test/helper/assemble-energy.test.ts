@@ -42,7 +42,7 @@ describe('assembleV2 energy source', () => {
 
   test('fails with the MSR read error when the RAPL registers cannot be read and no source is named', () => {
     const { fake, device } = setup(); // MSR files without any register: every read is short
-    expect(() => chain(fake, device)).toThrow(/short read of MSR 0x606 on CPU 0/);
+    expect(() => chain(fake, device)).toThrow(/cannot read MSR 0x606 on CPU 0: short read/);
   });
 
   test('builds on a host without RAPL registers when given the synthetic source, reading no MSR', () => {

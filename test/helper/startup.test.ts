@@ -79,6 +79,34 @@ describe('openStart', () => {
     await second.close();
   });
 
+  test('on a host without MSR devices auto opens every powercap zone energy_uj as the energy step, and a start handed them adopts them', async () => {
+    const { host, dir, config } = setup();
+    host.writePowercap([
+      { id: '0', name: 'package-0', max: 1000n, uj: 5n },
+      { id: '0:0', name: 'dram', max: 1000n, uj: 6n },
+    ]);
+    fs.rmSync(path.join(host.dir, 'dev'), { recursive: true }); // no MSR device
+    const first = await openStart(config(), { how: 'fresh' });
+    cleanups.push(() => first.close());
+    expect(stepsOf(first).slice(0, 2)).toEqual(['checks: ran', 'msr: ran']);
+    expect([first.energy, first.energyWhy]).toEqual([
+      'powercap',
+      expect.stringMatching(/^auto: no MSR device \(.*ENOENT\), the powercap zones open$/),
+    ]);
+    expect(first.device.openFds()).toEqual([]);
+    const zones = [...first.powercap.keys()].map((f) => path.relative(host.sysRoot, f));
+    expect(zones).toEqual(['class/powercap/intel-rapl:0/energy_uj', 'class/powercap/intel-rapl:0:0/energy_uj']);
+    const handed = first.handover('reexec');
+    expect(handed.checks?.energy).toBe('powercap');
+    expect(handed.powercap).toEqual([...first.powercap]);
+    const { listener: _, ...withoutListener } = handed;
+    const second = await openStart(config({ socket: path.join(dir, 'other.sock') }), withoutListener);
+    cleanups.push(() => second.listener.close());
+    expect(stepsOf(second).slice(0, 2)).toEqual(['checks: adopted', 'msr: adopted']);
+    expect([...second.powercap]).toEqual([...first.powercap]);
+    expect(second.energy).toBe('powercap');
+  });
+
   test('files plug-ins write are created once, before the drop, and adopted when inherited', async () => {
     const { dir, config } = setup();
     const rec = path.join(dir, 'rec.jsonl');
@@ -184,8 +212,20 @@ describe('Inherited across an exec', () => {
   test('an Inherited crosses the exec environment whole, named fds included, and is taken once', () => {
     const inh: Inherited = {
       how: 'reexec',
-      checks: { vendor: 'amd', cpus: [{ cpu: 0, package: 0 }, { cpu: 1, package: 1 }] },
-      msr: [[0, 7], [1, 8]],
+      checks: {
+        vendor: 'amd',
+        cpus: [
+          { cpu: 0, package: 0 },
+          { cpu: 1, package: 1 },
+        ],
+        energy: 'powercap',
+        energyWhy: 'asked for',
+      },
+      msr: [
+        [0, 7],
+        [1, 8],
+      ],
+      powercap: [['/sys/class/powercap/intel-rapl:0/energy_uj', 13]],
       listener: { fd: 9, file: { path: '/run/x.sock', ino: 1234 } },
       pidfile: '/run/x.pid',
       files: [['/var/log/rec.jsonl', 10]],
@@ -196,13 +236,15 @@ describe('Inherited across an exec', () => {
     expect(takeInherited(env)).toEqual(inh);
     expect(env[INHERIT_ENV]).toBeUndefined();
     expect(takeInherited(env)).toBeNull();
-    expect(inheritedFds(inh).sort((a, b) => a - b)).toEqual([7, 8, 9, 10, 11, 12]);
+    expect(inheritedFds(inh).sort((a, b) => a - b)).toEqual([7, 8, 9, 10, 11, 12, 13]);
   });
 
   test('a malformed Inherited is refused naming the fix: MSR fds without the checks, a bad fd, not JSON', () => {
     const bad = [
       JSON.stringify({ how: 'reexec', msr: [[0, 7]] }),
       JSON.stringify({ how: 'reexec', listener: { fd: -1 } }),
+      JSON.stringify({ how: 'reexec', powercap: [['/sys/x', 7]] }),
+      JSON.stringify({ how: 'reexec', checks: { vendor: 'intel', cpus: [], energy: 'perf' } }),
       JSON.stringify({ how: 'elsewhere' }),
       '{',
     ];

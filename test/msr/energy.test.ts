@@ -31,7 +31,7 @@ describe('MsrEnergySource', () => {
     h.writeMsr(2, 0x611, 0x42n);
     h.writeMsr(3, 0x611, 0x99n); // not the first CPU of package 1: never read
     const dev = new MsrDevice(h.msrPathTemplate);
-    const src = new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'intel');
+    const src = new MsrEnergySource({ device: dev, cpus: readHostCpus(h.sysRoot), vendor: 'intel', sysRoot: h.sysRoot });
     expect(src.packages).toEqual([0, 1]);
     expect(packageCounters(src.read())).toEqual(new Map([[0, 0xdead_0000_1234_5678n], [1, 0x42n]]));
     h.writeMsr(2, 0x611, 0x43n);
@@ -46,13 +46,17 @@ describe('MsrEnergySource', () => {
     h.writeMsr(0, 0x611, 0x1111n);
     h.writeMsr(0, 0xc001029b, 0x2222n);
     const dev = new MsrDevice(h.msrPathTemplate);
-    expect(packageCounters(new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'amd').read())).toEqual(new Map([[0, 0x2222n]]));
+    expect(
+      packageCounters(new MsrEnergySource({ device: dev, cpus: readHostCpus(h.sysRoot), vendor: 'amd', sysRoot: h.sysRoot }).read()),
+    ).toEqual(new Map([[0, 0x2222n]]));
     dev.close();
   });
 
   test('a missing device throws (the caller names the fix)', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
-    expect(() => new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel').read()).toThrow(/cannot open/);
+    expect(() =>
+      new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, package: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }).read(),
+    ).toThrow(/cannot open/);
   });
 });
 
@@ -68,7 +72,9 @@ describe('createEnergySource', () => {
       { package: 0, domain: 'package', energyUj: (0x100n * 1_000_000n) >> 16n, counter: { raw: 0x100n, range: 1n << 32n, unitJ: 2 ** -16 } },
       { package: 1, domain: 'package', energyUj: (0x200n * 1_000_000n) >> 16n, counter: { raw: 0x200n, range: 1n << 32n, unitJ: 2 ** -16 } },
     ]);
-    expect(src.describe()).toBe('energy counters read from RAPL MSRs');
+    expect(src.describe()).toMatch(
+      /^energy counters read from RAPL MSRs: package 0x611 \(15\.26 µJ\); not read: core: MSR 0x639: cannot read MSR 0x639 on CPU 0: short read/,
+    );
     dev.close();
   });
 
@@ -93,7 +99,7 @@ describe('createEnergySource', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     let err: unknown;
     try {
-      new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel').read();
+      new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, package: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }).read();
     } catch (e) {
       err = e;
     }
@@ -197,7 +203,11 @@ describe('Sampler', () => {
     const dev = new MsrDevice(h.msrPathTemplate);
     const tasks = new ProcTaskReader('/proc');
     let t = 5n;
-    const s = new Sampler(new MsrEnergySource(dev, readHostCpus(h.sysRoot), 'intel'), tasks, () => t++).sample([process.pid, 0x7ffffffe, process.pid]);
+    const s = new Sampler(
+      new MsrEnergySource({ device: dev, cpus: readHostCpus(h.sysRoot), vendor: 'intel', sysRoot: h.sysRoot }),
+      tasks,
+      () => t++,
+    ).sample([process.pid, 0x7ffffffe, process.pid]);
     expect(s.tNs).toBe(5n);
     expect(t).toBe(6n);
     expect(s.energy).toEqual(new Map([[0, 0x1234n]]));
@@ -210,7 +220,12 @@ describe('Sampler', () => {
   test('an energy read failure throws instead of producing a half sample', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     const tasks = new ProcTaskReader('/proc');
-    expect(() => new Sampler(new MsrEnergySource(dev, [{ cpu: 0, package: 0 }], 'intel'), tasks).sample([process.pid])).toThrow();
+    expect(() =>
+      new Sampler(
+        new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, package: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }),
+        tasks,
+      ).sample([process.pid]),
+    ).toThrow();
     expect(tasks.openFds).toBe(0);
   });
 });

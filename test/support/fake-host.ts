@@ -21,6 +21,8 @@ export interface FakeHostOptions {
   packages?: number[];
   /** CPUs listed as online in sysfs; default all. */
   online?: number[];
+  /** core_id of each CPU (SMT siblings share one within a package); default each CPU a core of its own. */
+  coreIds?: number[];
 }
 
 export class FakeHost {
@@ -41,6 +43,7 @@ export class FakeHost {
     this.cpuPackages.forEach((pkg, cpu) => {
       fs.mkdirSync(path.join(cpuDir, `cpu${cpu}/topology`), { recursive: true });
       fs.writeFileSync(path.join(cpuDir, `cpu${cpu}/topology/physical_package_id`), `${pkg}\n`);
+      fs.writeFileSync(path.join(cpuDir, `cpu${cpu}/topology/core_id`), `${opts.coreIds?.[cpu] ?? cpu}\n`);
       fs.mkdirSync(path.dirname(this.msrPath(cpu)), { recursive: true });
       fs.writeFileSync(this.msrPath(cpu), '');
     });
@@ -63,16 +66,15 @@ export class FakeHost {
   }
 
   /**
-   * Writes only bits 31:0 of a package's energy counter on each of its CPUs (4 bytes at offset =
-   * MSR). The upper half is reserved in hardware, and in a sparse file the 8 bytes of one MSR
-   * overlap its neighbours (0x611 covers 0x614's low byte), so a running counter stays out of
-   * them as long as its top byte does not change.
+   * Writes only bits 31:0 of an energy counter on each of `cpus` (4 bytes at offset = MSR). The upper
+   * half is reserved in hardware, and in a sparse file the 8 bytes of one MSR overlap its neighbours
+   * (0x611 covers 0x614's low byte), so a running counter stays out of them as long as its top byte
+   * does not change.
    */
-  writePackageCounter32(pkg: number, msr: number, value: number): void {
+  writeCounter32(cpus: readonly number[], msr: number, value: number): void {
     const buf = Buffer.alloc(4);
     buf.writeUInt32LE(value >>> 0);
-    this.cpuPackages.forEach((p, cpu) => {
-      if (p !== pkg) return;
+    for (const cpu of cpus) {
       const fd = fs.openSync(this.msrPath(cpu), 'r+');
       try {
         // the device always returns 8 bytes: keep the file long enough for a read of this MSR
@@ -81,7 +83,17 @@ export class FakeHost {
       } finally {
         fs.closeSync(fd);
       }
-    });
+    }
+  }
+
+  /** The CPUs of a package. */
+  cpusOf(pkg: number): number[] {
+    return this.cpuPackages.flatMap((p, cpu) => (p === pkg ? [cpu] : []));
+  }
+
+  /** A package's counter, bits 31:0 on each of its CPUs (package-scope registers). */
+  writePackageCounter32(pkg: number, msr: number, value: number): void {
+    this.writeCounter32(this.cpusOf(pkg), msr, value);
   }
 
   /** Same MSR value on every CPU of a package (package-scope registers). */
@@ -101,7 +113,8 @@ export class FakeHost {
     return ['--msr-path', this.msrPathTemplate, '--sys-root', this.sysRoot, '--vendor', vendor];
   }
 
-  private readonly counters = new Map<number, number>();
+  /** Counter values by "msr cpus". */
+  private readonly counters = new Map<string, number>();
 
   /**
    * The RAPL registers of the vendor's layout: the power unit on every package, and the 32-bit
@@ -113,16 +126,26 @@ export class FakeHost {
     for (const [pkg, units] of Object.entries(o.energy ?? {})) this.setEnergy(Number(pkg), units, vendor);
   }
 
+  /** Sets a 32-bit energy counter `msr` read through `cpus` (a package's CPUs, or one core's), wrapping as the hardware's does. */
+  setCounter(cpus: readonly number[], msr: number, units: number): void {
+    const v = units >>> 0;
+    this.counters.set(`${msr} ${cpus.join(',')}`, v);
+    this.writeCounter32(cpus, msr, v);
+  }
+
+  /** Adds to the counter setCounter set, wrapping at 32 bits. */
+  addCounter(cpus: readonly number[], msr: number, units: number): void {
+    this.setCounter(cpus, msr, (this.counters.get(`${msr} ${cpus.join(',')}`) ?? 0) + units);
+  }
+
   /** Sets a package's energy counter (wrapping at 32 bits, as the hardware's does). */
   setEnergy(pkg: number, units: number, vendor: Vendor = 'intel'): void {
-    const v = units >>> 0;
-    this.counters.set(pkg, v);
-    this.writePackageCounter32(pkg, vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS, v);
+    this.setCounter(this.cpusOf(pkg), vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS, units);
   }
 
   /** Adds to a package's energy counter, wrapping at 32 bits. */
   addEnergy(pkg: number, units: number, vendor: Vendor = 'intel'): void {
-    this.setEnergy(pkg, (this.counters.get(pkg) ?? 0) + units, vendor);
+    this.addCounter(this.cpusOf(pkg), vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS, units);
   }
 
   /**
@@ -134,6 +157,52 @@ export class FakeHost {
     this.writeRapl({ powerUnit: o.powerUnit ?? 0xa0e03n, energy: { [pkg]: o.start ?? 0 } });
     const t = setInterval(() => this.addEnergy(pkg, o.units), o.everyMs);
     return () => clearInterval(t);
+  }
+
+  /** Zone id ("0", "0:1") -> its max_energy_range_uj and energy_uj now. */
+  private readonly zones = new Map<string, { max: bigint; uj: bigint }>();
+
+  /**
+   * The kernel's powercap tree (Documentation/power/powercap/powercap.rst) under this host's sysfs:
+   * devices/virtual/powercap/intel-rapl/intel-rapl:N[/intel-rapl:N:M] holding name, energy_uj and
+   * max_energy_range_uj, each zone linked from class/powercap/intel-rapl:N[:M], and the control type's
+   * own entry (intel-rapl, not a zone). `id` is "N" or "N:M"; energy_uj wraps to 0 after max.
+   */
+  writePowercap(zones: { id: string; name: string; max: bigint; uj: bigint }[]): void {
+    const typeDir = path.join(this.sysRoot, 'devices/virtual/powercap/intel-rapl');
+    const classDir = path.join(this.sysRoot, 'class/powercap');
+    fs.mkdirSync(classDir, { recursive: true });
+    fs.mkdirSync(typeDir, { recursive: true });
+    fs.writeFileSync(path.join(typeDir, 'enabled'), '1\n');
+    if (!fs.existsSync(path.join(classDir, 'intel-rapl'))) fs.symlinkSync(typeDir, path.join(classDir, 'intel-rapl'));
+    for (const z of zones) {
+      const dir = this.powercapZoneDir(z.id);
+      fs.mkdirSync(dir, { recursive: true });
+      fs.writeFileSync(path.join(dir, 'name'), `${z.name}\n`);
+      fs.writeFileSync(path.join(dir, 'max_energy_range_uj'), `${z.max}\n`);
+      fs.symlinkSync(dir, path.join(classDir, `intel-rapl:${z.id}`));
+      this.zones.set(z.id, { max: z.max, uj: 0n });
+      this.setZoneEnergy(z.id, z.uj);
+    }
+  }
+
+  /** A zone's directory (its parent zone's for a sub-zone), as the kernel nests them. */
+  powercapZoneDir(id: string): string {
+    const parts = id.split(':');
+    const typeDir = path.join(this.sysRoot, 'devices/virtual/powercap/intel-rapl');
+    return parts.length === 1 ? path.join(typeDir, `intel-rapl:${id}`) : path.join(typeDir, `intel-rapl:${parts[0]}`, `intel-rapl:${id}`);
+  }
+
+  /** Sets a zone's energy_uj (modulo max_energy_range_uj + 1: it wraps to 0 after max). Rewritten in place: an open fd sees it. */
+  setZoneEnergy(id: string, uj: bigint): void {
+    const z = this.zones.get(id)!;
+    z.uj = uj % (z.max + 1n);
+    fs.writeFileSync(path.join(this.powercapZoneDir(id), 'energy_uj'), `${z.uj}\n`);
+  }
+
+  /** Adds µJ to a zone's energy_uj, wrapping after max_energy_range_uj. */
+  addZoneEnergy(id: string, uj: bigint): void {
+    this.setZoneEnergy(id, this.zones.get(id)!.uj + uj);
   }
 
   cleanup(): void {

@@ -15,12 +15,26 @@ import { reexecBlocker, reexecDropped } from '../../os/privileges/reexec.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/socket-file.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig, DaemonPlugin } from '../../helper/lifecycle/config.js';
-import { addHostOptions, addLogLevelOptions, addV2Options, hostOptionsFrom, parseSocketMode, positiveIntArg, secondsArg, v2OptionsFrom, type RawHostOptions, type V2CliOptions } from '../options.js';
+import {
+  addHostOptions,
+  addLogLevelOptions,
+  addV2Options,
+  energySourceFrom,
+  energySourceOption,
+  hostOptionsFrom,
+  parseSocketMode,
+  positiveIntArg,
+  secondsArg,
+  v2OptionsFrom,
+  type RawHostOptions,
+  type V2CliOptions,
+} from '../options.js';
 import { cannot } from '../../common/errors.js';
 
 export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
 
 export interface RawDaemonOptions extends RawHostOptions {
+  energySource?: string;
   socket?: string;
   pidfile?: string;
   daemon?: boolean;
@@ -115,6 +129,7 @@ export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = syste
     traceAreas,
     hostPaths,
     vendor,
+    energySource: energySourceFrom(raw.energySource),
     maxConnections: raw.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
     socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
     ...(raw.socketGroup !== undefined ? { socketGid: flagged('--socket-group', () => ids.group(raw.socketGroup!)) } : {}),
@@ -204,6 +219,7 @@ export function configureDaemonCommand(program: Command): void {
   addLogLevelOptions(program)
     .option('-T, --trace <spec>', '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)', collect);
   addHostOptions(program)
+    .addOption(energySourceOption())
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
     .option('--socket-mode <mode>', 'permission bits of the socket file, octal, whatever the umask (default 0600; e.g. 0660 with --socket-group)')

@@ -5,9 +5,12 @@
  */
 import { Command } from 'commander';
 import { MsrDevice } from '../../msr/device.js';
-import type { EnergySource } from '../../energy/energy-source.js';
+import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
 import { createEnergySource, readHostInfoFor, readsMsrs } from '../../energy/create.js';
-import type { EnergySourceKind } from '../../energy/kinds.js';
+import type { EnergySourceChoice } from '../../energy/kinds.js';
+import { chooseEnergySource } from '../../energy/choose.js';
+import { readHostCpus } from '../../msr/topology.js';
+import { readVendor } from '../../msr/vendor.js';
 import type { HostPaths } from '../../msr/host-paths.js';
 import { msrErrorWithHint } from '../../msr/device.js';
 import type { Vendor } from '../../ratio/types.js';
@@ -25,6 +28,7 @@ import {
   collect,
   commandOptions,
   energySourceFrom,
+  domainsOption,
   energySourceOption,
   hostOptionsFrom,
   intervalArg,
@@ -47,7 +51,10 @@ export interface RecordOptions {
   output: string;
   interval: number;
   duration?: number;
-  energySource: EnergySourceKind;
+  /** --energy-source: a kind, or auto (energy/choose.ts). */
+  energySource: EnergySourceChoice;
+  /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
+  domains?: EnergyDomain[];
   paths: HostPaths;
   vendor?: Vendor;
   note?: string;
@@ -69,7 +76,8 @@ export function addRecordCommand(program: Command): void {
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
-    .addOption(energySourceOption());
+    .addOption(energySourceOption())
+    .addOption(domainsOption());
   addHostOptions(record)
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: Record<string, unknown>, cmd: Command) => {
@@ -83,6 +91,7 @@ export function addRecordCommand(program: Command): void {
         interval: o.interval as number,
         duration: o.duration as number | undefined,
         energySource: energySourceFrom(o.energySource),
+        ...(o.domains !== undefined ? { domains: o.domains as EnergyDomain[] } : {}),
         paths,
         vendor: vendor === 'auto' ? undefined : vendor,
         note: o.note as string | undefined,
@@ -126,20 +135,27 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   let writer: TraceWriter | null = null;
   const signals = new DisposableStore();
   try {
-    const msr = readsMsrs(o.energySource);
+    const vendor = o.vendor ?? readVendor(o.paths.procRoot);
+    const cpus = readHostCpus(o.paths.sysRoot);
+    const kind = chooseEnergySource(o.energySource, {
+      msrPathTemplate: o.paths.msrPathTemplate,
+      sysRoot: o.paths.sysRoot,
+      cpus,
+      vendor,
+      alternative: SYNTHETIC_ALTERNATIVE,
+    }).kind;
+    const msr = readsMsrs(kind);
     let host: HostInfo;
     try {
-      host = readHostInfoFor(o.energySource, { paths: o.paths, device, ...(o.vendor ? { vendor: o.vendor } : {}) });
+      host = readHostInfoFor(kind, { paths: o.paths, device, vendor });
     } catch (e) {
       throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
     }
-    energy = createEnergySource(o.energySource, { host, paths: o.paths, device });
-    if (msr) {
-      try {
-        energy.read(); // fail before creating the trace when the energy register is unreadable
-      } catch (e) {
-        throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
-      }
+    try {
+      energy = createEnergySource(kind, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
+      if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
+    } catch (e) {
+      throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
     }
     const sampler = new Sampler(energy, tasks);
     writer = TraceWriter.open(o.output, { host, note: defaultNote(o, energy, vms) }, { overwrite: o.force === true });

@@ -58,6 +58,11 @@ export interface LegacyServiceOptions {
   logger: Logger;
   /** Where to count requests by result (the daemon shares it with the v2 service). */
   counters?: LegacyCounters;
+  /**
+   * Why no MSR can be read, when none can (the daemon's energy source is powercap or synthetic): every
+   * request that passes the checks gets 0, the protocol's failure reply, and a warning saying why.
+   */
+  noMsrs?: string;
   /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
   limiter?: LogLimiter;
 }
@@ -122,6 +127,15 @@ export class LegacyService {
     if (req.cpu > 0xffff || !this.o.cpus.has(req.cpu)) {
       c.refused++;
       this.o.logger.debug({ peer: peerPid, cpu: req.cpu }, 'requested cpu is not online; replying 0');
+      return zero(out, offset);
+    }
+    if (this.o.noMsrs !== undefined) {
+      c.failed++;
+      this.limiter.warn(
+        'no MSR',
+        { peer: peerPid, cpu: req.cpu, msr: req.msr, why: this.o.noMsrs },
+        `QEMU asked for an MSR, but ${this.o.noMsrs}; replying 0 (load msr and use --energy-source msr)`,
+      );
       return zero(out, offset);
     }
     try {

@@ -13,6 +13,7 @@ import type { V2Handler } from '../server/server.js';
 import type { HealthSource } from '../v2/service.js';
 import type { VendorChoice } from './startup-checks.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
+import type { EnergySourceChoice, EnergySourceKind } from '../../energy/kinds.js';
 
 export interface DaemonConfig {
   socketPath: string;
@@ -29,6 +30,8 @@ export interface DaemonConfig {
   traceAreas: string[];
   hostPaths: HostPaths;
   vendor: VendorChoice;
+  /** --energy-source: a kind, or auto (energy/choose.ts), resolved by the start-up's checks. */
+  energySource: EnergySourceChoice;
   amd: AmdSynthConfig;
   /** --max-connections (lowered at start-up when the fd limit cannot hold it). */
   maxConnections: number;
@@ -59,8 +62,12 @@ export interface DaemonContext {
   config: DaemonConfig;
   vendor: Vendor;
   cpus: HostCpu[];
-  /** The shared MSR fds (opened as root); read them only on the main thread. */
+  /** The shared MSR fds (opened as root; none unless energySource is msr); read them only on the main thread. */
   device: MsrDevice;
+  /** The energy source the start-up chose (--energy-source, auto resolved). */
+  energySource: EnergySourceKind;
+  /** The fd of a powercap energy_uj file opened as root by the start-up, when it did (energySource powercap). */
+  powercapFd(path: string): number | undefined;
   logger: Logger;
   /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
   fds: FdBudget;

@@ -6,6 +6,7 @@
  * INHERIT_ENV as JSON; its fds survive the exec by number.
  */
 import type { HostCpu, Vendor } from '../../ratio/types.js';
+import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import type { SocketFile } from '../server/listener.js';
 import { activationFd, storedFds, takeActivation } from './systemd.js';
 import { socketType, SOCK_STREAM } from '../../os/libc.js';
@@ -25,10 +26,15 @@ export interface InheritedListener {
 
 export interface Inherited {
   how: InheritedFrom;
-  /** The checks' results (vendor, online cpus): the checks ran before (root or CAP_SYS_RAWIO included). */
-  checks?: { vendor: Vendor; cpus: HostCpu[] };
+  /**
+   * The checks' results (vendor, online cpus, the energy source chosen and why; absent: msr): the
+   * checks ran before (root or CAP_SYS_RAWIO included).
+   */
+  checks?: { vendor: Vendor; cpus: HostCpu[]; energy?: EnergySourceKind; energyWhy?: string };
   /** [cpu, fd] of each MSR device, opened as root. Needs `checks` (the cpus they belong to). */
   msr?: [number, number][];
+  /** [path, fd] of each powercap energy_uj file, opened as root (energy source powercap). */
+  powercap?: [string, number][];
   listener?: InheritedListener;
   /** The pidfile written for this pid (which an exec keeps). */
   pidfile?: string;
@@ -67,6 +73,7 @@ export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.Pro
 export function inheritedFds(i: Inherited): number[] {
   return [
     ...(i.msr ?? []).map(([, fd]) => fd),
+    ...(i.powercap ?? []).map(([, fd]) => fd),
     ...(i.listener ? [i.listener.fd] : []),
     ...(i.files ?? []).map(([, fd]) => fd),
     ...[...(i.named?.values() ?? [])].flat(),
@@ -92,8 +99,13 @@ function valid(v: Partial<Encoded>): v is Encoded {
   return (
     (v.how === 'fresh' || v.how === 'systemd' || v.how === 'reexec' || v.how === 'restart') &&
     (c === undefined ||
-      ((c.vendor === 'intel' || c.vendor === 'amd') && Array.isArray(c.cpus) && c.cpus.every((x) => isCpu(x?.cpu) && isCpu(x?.package)))) &&
+      ((c.vendor === 'intel' || c.vendor === 'amd') &&
+        Array.isArray(c.cpus) &&
+        c.cpus.every((x) => isCpu(x?.cpu) && isCpu(x?.package)) &&
+        (c.energy === undefined || isEnergySourceKind(c.energy)) &&
+        (c.energyWhy === undefined || isString(c.energyWhy)))) &&
     (v.msr === undefined || (c !== undefined && Array.isArray(v.msr) && v.msr.every((e) => isPair(e, isCpu, isFd)))) &&
+    (v.powercap === undefined || (c !== undefined && Array.isArray(v.powercap) && v.powercap.every((e) => isPair(e, isString, isFd)))) &&
     (v.listener === undefined ||
       (isFd(v.listener.fd) && (v.listener.file === undefined || (isString(v.listener.file.path) && Number.isInteger(v.listener.file.ino))))) &&
     (v.pidfile === undefined || isString(v.pidfile)) &&

@@ -16,6 +16,10 @@ import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './s
 import type { DaemonConfig } from './config.js';
 import type { Inherited, InheritedFrom } from './inherited.js';
 import { cannotError } from '../../common/errors.js';
+import { chooseEnergySource } from '../../energy/choose.js';
+import type { EnergySourceKind } from '../../energy/kinds.js';
+import { POWERCAP_FIX } from '../../energy/powercap-source.js';
+import { scanPowercap } from '../../energy/powercap-zones.js';
 
 /** The start-up's steps, in their order (drop, serve and ready are the daemon's, after these). */
 export const START_STEPS = ['checks', 'msr', 'listen', 'pidfile', 'files', 'drop'] as const;
@@ -37,8 +41,13 @@ export interface Opened {
   how: InheritedFrom;
   vendor: Vendor;
   cpus: HostCpu[];
-  /** The MSR fds; closed by whoever holds the Opened. */
+  /** The energy source chosen by the checks (--energy-source, auto resolved), and why. */
+  energy: EnergySourceKind;
+  energyWhy: string;
+  /** The MSR fds (none unless energy is msr); closed by whoever holds the Opened. */
   device: MsrDevice;
+  /** [energy_uj path, fd] of every powercap zone (energy powercap); the energy source owns them once built. */
+  powercap: ReadonlyMap<string, number>;
   listener: Listener;
   pidfile?: Pidfile;
   /** [path, fd] of the files created for plug-ins (or adopted). */
@@ -68,35 +77,57 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
   const did = (step: StartStep, done: StepDone['done']) => stepDone(steps, step, done, inh.how, o.log);
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
   const files = new Map(inh.files ?? []);
+  const powercap = new Map(inh.powercap ?? []);
   const created: number[] = [];
   let listener: Listener | undefined;
   let pidfile: Pidfile | undefined;
   const close = async (log?: Pick<Logger, 'warn'>) => {
     for (const fd of created.splice(0)) fs.closeSync(fd);
+    for (const fd of powercap.values()) fs.closeSync(fd);
+    powercap.clear();
     pidfile?.release();
     await listener?.close(log);
     device.close();
   };
   try {
-    // 1. The checks: CPU vendor, topology, the right to read MSRs.
+    // 1. The checks: CPU vendor, topology, the energy source (auto resolved), the right to read MSRs.
     let vendor: Vendor;
     let cpus: HostCpu[];
+    let energy: EnergySourceKind;
+    let energyWhy: string;
     if (inh.checks) {
       ({ vendor, cpus } = inh.checks);
+      energy = inh.checks.energy ?? 'msr';
+      energyWhy = inh.checks.energyWhy ?? 'adopted';
       did('checks', 'adopted');
     } else {
       vendor = checkVendor(config.vendor, config.hostPaths.procRoot);
       cpus = checkTopology(config.hostPaths.sysRoot);
-      checkPermission(config.hostPaths.msrPathTemplate);
+      const paths = config.hostPaths;
+      const chosen = chooseEnergySource(config.energySource, {
+        msrPathTemplate: paths.msrPathTemplate,
+        sysRoot: paths.sysRoot,
+        cpus,
+        vendor,
+      });
+      energy = chosen.kind;
+      energyWhy = chosen.why;
+      if (energy === 'msr') checkPermission(paths.msrPathTemplate);
       did('checks', 'ran');
     }
-    // 2. Every online cpu's MSR device, kept and reused.
-    if (inh.msr) {
-      for (const [cpu, fd] of inh.msr) device.adopt(cpu, fd);
+    // 2. The energy source's files: every online cpu's MSR device, or every powercap zone's
+    // energy_uj (root-only since CVE-2020-8694), kept and reused.
+    if (inh.msr || inh.powercap) {
+      for (const [cpu, fd] of inh.msr ?? []) device.adopt(cpu, fd);
       did('msr', 'adopted');
-    } else {
+    } else if (energy === 'msr') {
       openMsrDevices(device, cpus);
       did('msr', 'ran');
+    } else if (energy === 'powercap') {
+      openPowercapZones(powercap, config.hostPaths.sysRoot, vendor);
+      did('msr', 'ran');
+    } else {
+      did('msr', 'not asked');
     }
     // 3. The listening socket: bound here, or the one inherited adopted.
     const l = inh.listener;
@@ -140,14 +171,23 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
       how: inh.how,
       vendor,
       cpus,
+      energy,
+      energyWhy,
       device,
+      powercap,
       listener,
       ...(pidfile ? { pidfile } : {}),
       files,
       steps,
       handover(how) {
         const bound = listener!;
-        const next: Inherited = { how, checks: { vendor, cpus }, msr: device.openFds(), listener: { fd: bound.fd, ...(bound.file ? { file: bound.file } : {}) } };
+        const next: Inherited = {
+          how,
+          checks: { vendor, cpus, energy, energyWhy },
+          msr: device.openFds(),
+          ...(powercap.size > 0 ? { powercap: [...powercap] } : {}),
+          listener: { fd: bound.fd, ...(bound.file ? { file: bound.file } : {}) },
+        };
         if (pidfile) next.pidfile = pidfile.path;
         if (files.size) next.files = [...files];
         if (inh.named) next.named = inh.named;
@@ -159,5 +199,20 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
   } catch (e) {
     await close(o.log);
     throw e;
+  }
+}
+
+/** Opens every powercap RAPL zone's energy_uj read-only into `into` (path -> fd), each failure naming its fix. */
+function openPowercapZones(into: Map<string, number>, sysRoot: string, vendor: Vendor): void {
+  for (const z of scanPowercap(sysRoot, vendor).zones) {
+    try {
+      into.set(z.energyPath, fs.openSync(z.energyPath, fs.constants.O_RDONLY));
+    } catch (e) {
+      throw cannotError(
+        `open ${z.energyPath}`,
+        (e as NodeJS.ErrnoException).code ?? (e as Error).message,
+        `run as root (energy_uj is root-only), or ${POWERCAP_FIX}`,
+      );
+    }
   }
 }

@@ -1,0 +1,186 @@
+/**
+ * Energy from the kernel's powercap RAPL zones (powercap-zones.ts), for hosts that do not load `msr`:
+ * each zone's energy_uj opened once at construction and re-read with pread at offset 0 (sysfs
+ * attributes support it), so the fds outlive a privilege drop as the MSR devices' do (energy_uj is
+ * readable by root only since CVE-2020-8694).
+ */
+import fs from 'node:fs';
+import { cannot } from '../common/errors.js';
+import { errnoName, pread } from '../os/libc.js';
+import type { HostCpu, Vendor } from '../ratio/types.js';
+import { CounterUnwrapper } from './counter-unwrapper.js';
+import {
+  ENERGY_DOMAINS,
+  EnergyReadError,
+  PLATFORM_DOMAINS,
+  type EnergyDomain,
+  type EnergyReading,
+  type EnergySource,
+} from './energy-source.js';
+import { POWERCAP_CLASS_DIR, scanPowercap, type PowercapZone } from './powercap-zones.js';
+
+/** powercap counts in µJ. */
+export const POWERCAP_UNIT_J = 1e-6;
+
+/** What to do when the powercap RAPL driver is missing (auto's and the errors' fix). */
+export const POWERCAP_FIX = "load the powercap RAPL driver with 'modprobe intel_rapl_msr' (Intel and AMD Zen)";
+
+export interface PowercapSourceOptions {
+  sysRoot: string;
+  /** The host's CPUs: every package of theirs needs a package-N zone. */
+  cpus: readonly HostCpu[];
+  vendor: Vendor;
+  /** The domains to read (--domains); the package is always read. Absent: every domain found. */
+  domains?: readonly EnergyDomain[];
+  /** Opens an energy_uj file read-only, returning its fd (the daemon's: one opened before its privilege drop). */
+  open?: (file: string) => number;
+}
+
+interface OpenZone extends PowercapZone {
+  fd: number;
+  /** The counter's range: energy_uj takes the values 0..max_energy_range_uj. */
+  range: bigint;
+}
+
+/** Bytes of an energy_uj read: a u64 in decimal and a newline fit. */
+const READ_BYTES = 32;
+
+export class PowercapEnergySource implements EnergySource {
+  readonly kind = 'powercap';
+  readonly packages: number[];
+  readonly domains: readonly EnergyDomain[];
+  /** Zones not read and domains not found, and why. */
+  readonly absent: { domain: string; why: string }[] = [];
+  private readonly zones: OpenZone[] = [];
+  private readonly unwrap = new CounterUnwrapper();
+  private readonly buf = Buffer.alloc(READ_BYTES);
+  private readonly dir: string;
+
+  /**
+   * Throws an EnergyReadError when the zones cannot be listed, a package has no zone, or a package
+   * zone's energy_uj cannot be opened; an Error when a domain asked for by `domains` is absent.
+   */
+  constructor(o: PowercapSourceOptions) {
+    this.dir = `${o.sysRoot}/${POWERCAP_CLASS_DIR}`;
+    this.packages = [...new Set(o.cpus.map((c) => c.package))].sort((a, b) => a - b);
+    let scan;
+    try {
+      scan = scanPowercap(o.sysRoot, o.vendor);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code ?? String(e);
+      throw new EnergyReadError(cannot(`list the powercap zones in ${this.dir}`, code, POWERCAP_FIX), this.kind, { cause: e });
+    }
+    for (const s of scan.skipped) this.absent.push({ domain: s.id, why: s.why });
+    const open = o.open ?? ((file: string) => fs.openSync(file, fs.constants.O_RDONLY));
+    try {
+      for (const pkg of this.packages) {
+        for (const domain of ENERGY_DOMAINS) {
+          if (PLATFORM_DOMAINS.has(domain) && pkg !== this.packages[0]) continue;
+          const zone = scan.zones.find((z) => z.domain === domain && z.package === (PLATFORM_DOMAINS.has(domain) ? undefined : pkg));
+          this.add(o, zone, pkg, domain, open);
+        }
+      }
+    } catch (e) {
+      this.close();
+      throw e;
+    }
+    const found = new Set(this.zones.map((z) => z.domain));
+    this.domains = ENERGY_DOMAINS.filter((d) => found.has(d));
+  }
+
+  /** Opens a zone of the package (or platform) for `domain`, or notes why it is not read. */
+  private add(
+    o: PowercapSourceOptions,
+    zone: PowercapZone | undefined,
+    pkg: number,
+    domain: EnergyDomain,
+    open: (file: string) => number,
+  ): void {
+    const where = PLATFORM_DOMAINS.has(domain) ? 'the platform' : `package ${pkg}`;
+    if (domain !== 'package' && o.domains !== undefined && !o.domains.includes(domain)) {
+      if (pkg === this.packages[0]) this.absent.push({ domain, why: 'not in --domains' });
+      return;
+    }
+    let why: string | undefined;
+    let fd = -1;
+    if (zone === undefined) why = `no ${domain === 'package' ? `package-${pkg}` : domain} zone for ${where} in ${this.dir}`;
+    else {
+      try {
+        fd = open(zone.energyPath);
+      } catch (e) {
+        why = cannot(`open ${zone.energyPath}`, (e as NodeJS.ErrnoException).code ?? String(e));
+      }
+    }
+    if (why === undefined) {
+      this.zones.push({ ...zone!, package: pkg, fd, range: zone!.maxEnergyRangeUj + 1n });
+      return;
+    }
+    const fix = domain === 'package' ? `${POWERCAP_FIX}; energy_uj is readable by root only` : `leave ${domain} out of --domains`;
+    if (domain === 'package') throw new EnergyReadError(cannot(`read ${where}'s energy from powercap`, why, fix), this.kind);
+    if (o.domains?.includes(domain)) throw new Error(cannot(`read the ${domain} domain of ${where}`, why, fix));
+    this.absent.push({ domain, why });
+  }
+
+  /**
+   * A zone of the package domain failing fails the read; another failing gives an EnergyReadError
+   * naming its domain that carries the other readings (energy-source.ts).
+   */
+  read(): EnergyReading[] {
+    const out: EnergyReading[] = [];
+    const failed: { domain: EnergyDomain; why: string }[] = [];
+    for (const z of this.zones) {
+      let raw: bigint;
+      try {
+        raw = this.readZone(z);
+      } catch (e) {
+        if (z.domain === 'package') throw new EnergyReadError((e as Error).message, this.kind, { cause: e });
+        failed.push({ domain: z.domain, why: (e as Error).message });
+        continue;
+      }
+      const counter = { raw, range: z.range, unitJ: POWERCAP_UNIT_J };
+      out.push({ package: z.package!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter });
+    }
+    if (failed.length > 0) {
+      const domains = [...new Set(failed.map((f) => f.domain))];
+      const message = cannot(
+        `read the ${domains.join(', ')} domain${domains.length > 1 ? 's' : ''}`,
+        failed.map((f) => f.why).join('; '),
+        'the package and other domains go on',
+      );
+      throw new EnergyReadError(message, this.kind, { cause: new Error(failed[0]!.why), partial: { domains, readings: out } });
+    }
+    return out;
+  }
+
+  /** energy_uj now: pread at offset 0 of the fd opened at construction. */
+  private readZone(z: OpenZone): bigint {
+    const n = pread(z.fd, this.buf, READ_BYTES, 0);
+    if (n < 0) throw new Error(cannot(`read ${z.energyPath}`, errnoName(-n)));
+    const text = this.buf.toString('latin1', 0, n).trim();
+    if (!/^\d{1,20}$/.test(text)) throw new Error(cannot(`read ${z.energyPath}`, `${JSON.stringify(text)} is not a count of µJ`));
+    return BigInt(text);
+  }
+
+  describe(): string {
+    const found = this.domains.map(
+      (d) =>
+        `${d} (${this.zones
+          .filter((z) => z.domain === d)
+          .map((z) => z.id)
+          .join(', ')})`,
+    );
+    const absent = this.absent.map((a) => `${a.domain}: ${a.why}`);
+    return `energy counters read from powercap (${this.dir}, µJ): ${found.join(', ')}${absent.length > 0 ? `; not read: ${absent.join(', ')}` : ''}`;
+  }
+
+  /** Closes the energy_uj fds: the source owns them, also those opened for it before a privilege drop. */
+  close(): void {
+    for (const z of this.zones.splice(0)) {
+      try {
+        fs.closeSync(z.fd);
+      } catch {
+        /* already closed */
+      }
+    }
+  }
+}

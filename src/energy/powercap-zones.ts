@@ -1,0 +1,99 @@
+/**
+ * The kernel's powercap RAPL zones (Documentation/power/powercap/powercap.rst): each zone of the
+ * intel-rapl control type is linked from /sys/class/powercap as intel-rapl:N (a package, named
+ * package-N after its physical_package_id, or the platform, named psys) and intel-rapl:N:M (a
+ * sub-zone of zone N, named core, uncore or dram), with energy_uj counting µJ and wrapping after
+ * max_energy_range_uj. AMD Zen has them too (intel_rapl_msr). docs/energy-domains.md.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import type { Vendor } from '../ratio/types.js';
+import { isEnergyDomain, type EnergyDomain } from './energy-source.js';
+
+/** Where the zones are linked, under the sysfs root. */
+export const POWERCAP_CLASS_DIR = 'class/powercap';
+
+/**
+ * Zones of the MSR interface: intel-rapl:N and intel-rapl:N:M. intel-rapl-mmio (the MMIO interface of
+ * client parts) repeats the package zone for its power limits and is not read: it would count twice.
+ */
+const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
+
+/** A zone's energy attribute and its range: energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
+export const ENERGY_UJ = 'energy_uj';
+export const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
+
+export interface PowercapZone {
+  /** intel-rapl:N or intel-rapl:N:M */
+  id: string;
+  /** The zone's `name` attribute. */
+  name: string;
+  domain: EnergyDomain;
+  /** The host package (physical_package_id) the zone counts; undefined for a platform zone (psys). */
+  package: number | undefined;
+  /** Its energy_uj file. */
+  energyPath: string;
+  /** max_energy_range_uj. */
+  maxEnergyRangeUj: bigint;
+}
+
+export interface PowercapScan {
+  zones: PowercapZone[];
+  /** Zones found and not read, and why. */
+  skipped: { id: string; why: string }[];
+}
+
+function readAttr(dir: string, attr: string): string {
+  return fs.readFileSync(path.join(dir, attr), 'utf8').trim();
+}
+
+/**
+ * The RAPL zones under `sysRoot`, sorted by id. On AMD a core sub-zone is skipped: the kernel reads it
+ * from the core energy register of one CPU, so it counts one core, not the package's cores.
+ * Throws the fs error when the class directory cannot be listed.
+ */
+export function scanPowercap(sysRoot: string, vendor: Vendor): PowercapScan {
+  const classDir = path.join(sysRoot, POWERCAP_CLASS_DIR);
+  const ids = fs
+    .readdirSync(classDir)
+    .filter((e) => ZONE_ID.test(e))
+    .sort((a, b) => a.localeCompare(b, 'en', { numeric: true }));
+  const names = new Map<string, string>();
+  const out: PowercapScan = { zones: [], skipped: [] };
+  for (const id of ids) {
+    const dir = path.join(classDir, id);
+    let name: string;
+    let max: bigint;
+    try {
+      name = readAttr(dir, 'name');
+      const text = readAttr(dir, MAX_ENERGY_RANGE_UJ);
+      if (!/^\d+$/.test(text) || BigInt(text) === 0n)
+        throw new Error(`${MAX_ENERGY_RANGE_UJ} is ${JSON.stringify(text)}, not a positive count`);
+      max = BigInt(text);
+    } catch (e) {
+      out.skipped.push({ id, why: e instanceof Error ? e.message : String(e) });
+      continue;
+    }
+    names.set(id, name);
+    const m = ZONE_ID.exec(id)!;
+    const zone = { id, name, energyPath: path.join(dir, ENERGY_UJ), maxEnergyRangeUj: max };
+    if (m[2] === undefined) {
+      const pkg = /^package-(\d+)$/.exec(name);
+      if (pkg) out.zones.push({ ...zone, domain: 'package', package: Number(pkg[1]) });
+      else if (name === 'psys') out.zones.push({ ...zone, domain: 'psys', package: undefined });
+      else
+        out.skipped.push({
+          id,
+          why: `zone ${JSON.stringify(name)} is neither package-N nor psys (a multi-die package-N-die-M is not read yet)`,
+        });
+      continue;
+    }
+    const parent = /^package-(\d+)$/.exec(names.get(`intel-rapl:${m[1]}`) ?? '');
+    if (!parent) out.skipped.push({ id, why: `its parent intel-rapl:${m[1]} is not a package zone` });
+    else if (!isEnergyDomain(name) || name === 'package' || name === 'psys')
+      out.skipped.push({ id, why: `sub-zone ${JSON.stringify(name)} is not core, uncore or dram` });
+    else if (name === 'core' && vendor === 'amd') out.skipped.push({ id, why: 'on AMD the core zone counts one core only' });
+    else out.zones.push({ ...zone, domain: name, package: Number(parent[1]) });
+  }
+  return out;
+}
