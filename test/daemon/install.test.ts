@@ -52,6 +52,10 @@ describe('install from a packed tarball into a fresh root', () => {
     // like a real Debian host with qemu-system-common, finds its qemu-vmsr-helper units there too.
     fs.mkdirSync(path.join(root, 'usr/lib/systemd'), { recursive: true });
     fs.cpSync('/usr/lib/systemd/system', path.join(root, 'usr/lib/systemd/system'), { recursive: true, verbatimSymlinks: true });
+    // ExecReload=/bin/kill -HUP $MAINPID, as on every Debian host (procps): the root gets the host's kill.
+    fs.mkdirSync(path.join(root, 'bin'), { recursive: true });
+    fs.copyFileSync(fs.realpathSync('/bin/kill'), path.join(root, 'bin/kill'));
+    fs.chmodSync(path.join(root, 'bin/kill'), 0o755);
   }, 120_000);
   afterAll(() => {
     if (root) fs.rmSync(root, { recursive: true, force: true });
