@@ -187,8 +187,13 @@ export async function run(): Promise<void> {
         probeNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
         everyLineNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, '--every-line', SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
       };
-      if (r % 2) (runFloor(), runProbe());
-      else (runProbe(), runFloor());
+      if (r % 2) {
+        runFloor();
+        runProbe();
+      } else {
+        runProbe();
+        runFloor();
+      }
     }
 
     const ours = await startOurs(path.join(dir, 'ours-vms.sock'), hostArgs, ['--max-vms-per-connection', String(VMS)]);

@@ -185,7 +185,8 @@ export interface Chain extends V2Chain {
 export async function assembleChain(o: ChainOptions): Promise<Chain> {
   const listener = await openListener(o.target, o.socket);
   const counters: LegacyCounters = newLegacyCounters();
-  let server: HelperServer | undefined;
+  // Set once the server is made; the health source reads it later (0 connections before).
+  let server: HelperServer | undefined = undefined;
   const health: HealthSource = { legacy: counters, connections: () => server?.connections ?? 0 };
   let v2: V2Chain;
   try {

@@ -11,6 +11,7 @@ import fs from 'node:fs';
 import tty from 'node:tty';
 import { createRequire } from 'node:module';
 import type { DestinationStream, Logger } from 'pino';
+import type * as Pino from 'pino';
 
 export type { Logger };
 
@@ -97,7 +98,7 @@ function lineStream(format: (json: string) => string, fd: number): DestinationSt
  * levelFromFlags before the daemon re-executes itself, and that first image never logs.
  */
 export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper', format: LogFormat = detectLogFormat(), fd = 2): Logger {
-  const { pino } = createRequire(import.meta.url)('pino') as typeof import('pino');
+  const { pino } = createRequire(import.meta.url)('pino') as typeof Pino;
   const common = {
     name,
     level,

@@ -2,12 +2,11 @@
  * What the engine and traces need to know about the host: vendor, CLK_TCK, CPUs and packages, and each
  * package's RAPL unit (plus Intel's power limit/info when readable).
  */
-import type { HostInfo, HostPackage } from '../ratio/types.js';
+import type { HostInfo, HostPackage, Vendor } from '../ratio/types.js';
 import { clockTicksPerSecond } from '../os/libc.js';
 import type { MsrDevice } from './device.js';
 import type { HostPaths } from './host-paths.js';
 import { MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, powerUnitMsr } from './registers.js';
-import { type Vendor } from '../ratio/types.js';
 import { firstCpuPerPackage, readHostCpus } from './topology.js';
 import { readVendor } from './vendor.js';
 

@@ -210,24 +210,48 @@ export function encodeState(s: StateSnapshot): Buffer {
     if (vm.uuid !== null) w.bytes(vm.uuid);
     if (name !== null) w.bytes(name);
     w.u16(vm.vcpus.length);
-    for (const v of vm.vcpus) (w.u32(v.tid), w.u16(v.vpkg));
+    for (const v of vm.vcpus) {
+      w.u32(v.tid);
+      w.u16(v.vpkg);
+    }
     w.u16(vm.vpkgs.length);
-    for (const v of vm.vpkgs) (w.u64(v.energyUj), w.u32(Number(v.counter)), w.f64(v.energyJ));
+    for (const v of vm.vpkgs) {
+      w.u64(v.energyUj);
+      w.u32(Number(v.counter));
+      w.f64(v.energyJ);
+    }
     w.u64(vm.valuesNs);
   }
   w.u32(s.packages.length);
-  for (const k of s.packages) (w.u32(k.pkg), w.u64(k.energyUj), w.u64(k.unattributedUj), w.f64(k.energyJ), w.f64(k.unattributedJ));
+  for (const k of s.packages) {
+    w.u32(k.pkg);
+    w.u64(k.energyUj);
+    w.u64(k.unattributedUj);
+    w.f64(k.energyJ);
+    w.f64(k.unattributedJ);
+  }
   w.u32(s.knownPids.length);
-  for (const k of s.knownPids) (w.u32(k.pid), w.u64(k.starttime));
+  for (const k of s.knownPids) {
+    w.u32(k.pid);
+    w.u64(k.starttime);
+  }
   const t = s.lastSample;
   w.u8(t === null ? 0 : 1);
   if (t !== null) {
     w.u64(t.monotonicNs);
     w.u64(t.realtimeNs);
     w.u32(t.packages.length);
-    for (const k of t.packages) (w.u32(k.pkg), w.u64(k.raw));
+    for (const k of t.packages) {
+      w.u32(k.pkg);
+      w.u64(k.raw);
+    }
     w.u32(t.threads.length);
-    for (const th of t.threads) (w.u32(th.pid), w.u32(th.tid), w.u64(th.starttime), w.u64(th.ticks));
+    for (const th of t.threads) {
+      w.u32(th.pid);
+      w.u32(th.tid);
+      w.u64(th.starttime);
+      w.u64(th.ticks);
+    }
   }
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;

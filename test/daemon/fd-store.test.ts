@@ -65,7 +65,10 @@ describe('the fd store through the notify socket', () => {
       expect(readAll(pairs[1]![1])).toBe('fd 1 of message 0');
       expect(errors).toEqual([]);
     } finally {
-      for (const [a, b] of pairs) (closeFd(a), closeFd(b));
+      for (const [a, b] of pairs) {
+        closeFd(a);
+        closeFd(b);
+      }
       fs.rmSync(m.dir, { recursive: true, force: true });
     }
   });

@@ -4,8 +4,7 @@
  * The attack itself runs against the real exporter in test/hostile/idle-connections-block-no-scrape.test.ts.
  */
 import http from 'node:http';
-import net from 'node:net';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, test } from 'vitest';
 import { ConnectionSlots } from '../../src/exporter/connection-slots.js';
 

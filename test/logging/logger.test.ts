@@ -107,8 +107,8 @@ describe('terminal and JSON formats', () => {
   test('a terminal gets HH:MM:SS.mmm LEVEL [area] message key=value', () => {
     const lines = logEachLevel('pretty');
     expect(lines[1]).toMatch(/^\d\d:\d\d:\d\d\.\d{3} DEBUG \[v2\] d-msg vmId=3$/);
-    expect(lines[3]).toMatch(/^\d\d:\d\d:\d\d\.\d{3} WARN  w-msg err="disk \\"full\\""$/);
-    expect(formatPrettyLine('{"level":"info","time":"2026-01-02T03:04:05.678Z","msg":"m"}')).toMatch(/^\d\d:04:05\.678 INFO  m\n$/);
+    expect(lines[3]).toMatch(/^\d\d:\d\d:\d\d\.\d{3} WARN {2}w-msg err="disk \\"full\\""$/);
+    expect(formatPrettyLine('{"level":"info","time":"2026-01-02T03:04:05.678Z","msg":"m"}')).toMatch(/^\d\d:04:05\.678 INFO {2}m\n$/);
   });
 
   test('elsewhere one JSON object a line, level by name, ISO time, pid once', () => {

@@ -21,7 +21,7 @@ async function recordingHarness() {
   const tmp = fs.mkdtempSync('/tmp/vmsr-v2trace-');
   cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
   const tracePath = path.join(tmp, 'live.jsonl');
-  let trace: TraceWriter | undefined;
+  let trace: TraceWriter | undefined = undefined;
   // The header needs the host; the harness reads it, so open the trace lazily through a proxy sink.
   const sink = {
     register: (t: bigint, vm: Parameters<TraceWriter['register']>[1]) => trace!.register(t, vm),

@@ -3,8 +3,8 @@
  * helper sees: header, register records, the baseline sample right after, then a sample every interval
  * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
  */
-import { Command } from 'commander';
-import { MsrDevice } from '../../msr/device.js';
+import { type Command } from 'commander';
+import { MsrDevice, msrErrorWithHint } from '../../msr/device.js';
 import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
 import { createEnergySource, readHostInfoFor, readsMsrs } from '../../energy/create.js';
 import type { EnergySourceChoice } from '../../energy/kinds.js';
@@ -12,14 +12,12 @@ import { chooseEnergySource } from '../../energy/choose.js';
 import { readHostCpus } from '../../msr/topology.js';
 import { readVendor } from '../../msr/vendor.js';
 import type { HostPaths } from '../../msr/host-paths.js';
-import { msrErrorWithHint } from '../../msr/device.js';
-import type { Vendor } from '../../ratio/types.js';
+import type { Vendor, HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { ProcTaskReader } from '../../os/proc-tasks.js';
 import { Sampler } from '../../sampling/sampler.js';
 import { monotonicNs, TickLoop } from '../../sampling/tick-loop.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { TraceWriter } from '../../trace/writer.js';
-import type { HostInfo, VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import {

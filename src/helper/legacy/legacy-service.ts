@@ -5,8 +5,7 @@
  * capabilities are the ones that were dropped to CAP_SYS_RAWIO (see privileges.ts).
  */
 import { readOnlineCpus } from '../../msr/topology.js';
-import type { MsrDevice } from '../../msr/device.js';
-import { MsrReadError } from '../../msr/device.js';
+import { type MsrDevice, MsrReadError } from '../../msr/device.js';
 import { LEGACY_ALLOWED_MSRS } from '../../msr/registers.js';
 import type { Vendor } from '../../ratio/types.js';
 import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../../msr/legacy-registers.js';

@@ -4,11 +4,10 @@
  * whatever one client sends or does, only its own socket is closed.
  */
 import net from 'node:net';
-import type { PeerCredentials } from '../../os/libc.js';
+import { type PeerCredentials, peerHungUp } from '../../os/libc.js';
 import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { peerOf, socketFd } from '../../os/peer.js';
-import { peerHungUp } from '../../os/libc.js';
 import { sendReplies } from '../legacy/send-replies.js';
 import { takeOverLegacy } from '../legacy/legacy-reader.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';

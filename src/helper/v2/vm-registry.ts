@@ -5,11 +5,10 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { fail, ok, type Result } from '../../common/result.js';
-import { MAX_VCPUS } from '../../ratio/types.js';
+import { MAX_VCPUS, type VcpuSpec, type VmSpec } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
-import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { tidBelongsTo } from '../../os/peer.js';
 import { statNumThreads } from '../../ratio/stat.js';
 import type { FdAdmission } from '../../os/fd-budget.js';

@@ -1,5 +1,5 @@
 /** LIST: the VMs this connection may see, from an id on. */
-import { T, encodeVmList, type VmEntry } from '../../../protocol/v2/codec.js';
+import { type T, encodeVmList, type VmEntry } from '../../../protocol/v2/codec.js';
 import { frameReply } from '../reply.js';
 import type { VmRecord } from '../vm-registry.js';
 import type { Handler } from './handler.js';

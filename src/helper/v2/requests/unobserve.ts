@@ -1,5 +1,5 @@
 /** UNOBSERVE: no more UPDATEs of the VM (answered OK whether watched or not). */
-import { T, encodeOk } from '../../../protocol/v2/codec.js';
+import { type T, encodeOk } from '../../../protocol/v2/codec.js';
 import { frameReply } from '../reply.js';
 import type { Handler } from './handler.js';
 
