@@ -9,6 +9,7 @@ import type { Logger } from 'pino';
 import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import { Emitter, type Disposable } from '../common/disposable.js';
+import type { ThreadTotals } from '../ratio/attribution.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {
@@ -21,6 +22,8 @@ export interface Engine {
   activePids(): number[];
   updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
   readonly guestPowerUnit: bigint;
+  /** Per-thread totals of a VM (RatioEngine.threadTotals), for the statistics fd; optional. */
+  threadTotals?(vmId: number): ThreadTotals | undefined;
 }
 
 export interface SampleSource {
@@ -162,6 +165,11 @@ export class SamplingService {
 
   nvpkg(vmId: number): number {
     return this.engine.nvpkg(vmId);
+  }
+
+  /** A VM's per-thread totals (vCPU energy and ticks, other threads' ticks); undefined when the engine has none. */
+  threadTotals(vmId: number): ThreadTotals | undefined {
+    return this.engine.threadTotals?.(vmId);
   }
 
   /** A VM's vCPU list changed (see RatioEngine.updateVcpus); counted from the next sample. */

@@ -26,6 +26,8 @@ import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
 import { HostEnergy } from './host-energy.js';
 import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
+import { StatsFiles } from './stats-files.js';
+import { monotonicNs } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { currentUpdate } from './vm-update.js';
 import { dispatch } from './requests/dispatch.js';
@@ -102,7 +104,10 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     // Called only once the service is made: `discovered` is set by then.
     ...(o.discovery ? { prepare: () => discovered?.scan(), inspect: (s) => discovered?.refine(s) } : {}),
   });
-  const lastUpdate = (vmId: number, frame: Buffer) => fanOut.dropped(vmId, frame);
+  const lastUpdate = (vmId: number, frame: Buffer) => {
+    fanOut.dropped(vmId, frame);
+    stats.dropped(vmId);
+  };
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate });
   const discovered: DiscoveredVms | undefined = o.discovery
     ? new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, changed: () => lifecycle.markChanged() })
@@ -110,6 +115,17 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
 
   const hostValues = (changed: boolean, perPackage: boolean) =>
     energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total));
+
+  const stats = new StatsFiles({
+    registry,
+    sampling,
+    intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
+    clkTck: o.host.clkTck,
+    hostValues: () => hostValues(false, true),
+    ...(o.fds ? { fds: o.fds } : {}),
+    log: o.log,
+    clock: o.clock ?? monotonicNs,
+  });
 
   const parts: RequestParts = {
     registry,
@@ -120,6 +136,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     openPid: o.openPid,
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
+    stats,
   };
 
   const startDiscovery = (): Promise<void> => {
@@ -162,6 +179,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         update: (vmId) => currentUpdate(sampling, vmId),
         host: (perPackage) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage)),
       });
+      stats.sample(ev);
       lifecycle.clearChanged();
     }),
   );
@@ -185,6 +203,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       closed = true;
       listeners.dispose();
       sampling.close();
+      stats.close();
       limiter.flush();
       const waits = clients.connections().map(
         (c) =>

@@ -1,0 +1,117 @@
+/**
+ * A reader of a statistics file (docs/stats-fd.md): the layout is read and checked once, then every
+ * read() is three pread(2)s (the generation, the data block, the generation again) and retries while
+ * the helper is writing. No lock, no request to the helper, nothing the helper does per reader.
+ * The fd comes from V2Client.statsFd; a StatsReader owns it from then on (close() closes it).
+ */
+import fs from 'node:fs';
+import { cannotError } from '../common/errors.js';
+import { closeFd, pread } from '../os/libc.js';
+import { decodeStatsLayout, MAX_STATS_FILE_BYTES, type PlacedDescriptor, type StatsLayout } from '../protocol/stats/layout.js';
+import { GENERATION, readConsistent } from '../protocol/stats/sample-block.js';
+import { descriptorValues } from '../protocol/stats/values.js';
+
+/** Reads a reader retries before it reports the writer as never done (each retry follows a write in progress). */
+export const STATS_READ_TRIES = 1000;
+
+/** One consistent sample: its generation and the data block's bytes (decode with value()/values()). */
+export interface StatsSample {
+  generation: bigint;
+  data: Buffer;
+}
+
+export class StatsReader {
+  private readonly genBuf = Buffer.alloc(8);
+  private readonly dataBuf: Buffer;
+  private readonly byName = new Map<string, PlacedDescriptor>();
+  private readonly genAt: number;
+  private fdOpen: number | null;
+
+  private constructor(
+    fd: number,
+    readonly layout: StatsLayout,
+  ) {
+    this.fdOpen = fd;
+    this.dataBuf = Buffer.alloc(layout.dataSize);
+    for (const d of layout.descriptors) this.byName.set(d.name, d);
+    const g = this.byName.get(GENERATION);
+    if (!g) throw cannotError('read the statistics file', 'it has no generation descriptor', 'ask the helper for a new fd');
+    this.genAt = layout.dataOffset + g.offset;
+  }
+
+  /** A reader of `fd` (taken over: closed on failure too). Throws "cannot read the statistics file: why". */
+  static open(fd: number): StatsReader {
+    try {
+      const size = fs.fstatSync(fd).size;
+      if (size > MAX_STATS_FILE_BYTES) throw new Error(`it is ${size} bytes, over ${MAX_STATS_FILE_BYTES}`);
+      const head = Buffer.alloc(size);
+      const n = pread(fd, head, size, 0);
+      if (n < 0) throw new Error(`pread: errno ${-n}`);
+      const layout = decodeStatsLayout(head.subarray(0, n), size);
+      if (!layout.ok) throw new Error(layout.error);
+      return new StatsReader(fd, layout.value);
+    } catch (e) {
+      closeFd(fd);
+      throw cannotError('read the statistics file', (e as Error).message, 'ask the helper for a new fd (STATS_FD)');
+    }
+  }
+
+  get id(): string {
+    return this.layout.id;
+  }
+
+  get descriptors(): readonly PlacedDescriptor[] {
+    return this.layout.descriptors;
+  }
+
+  descriptor(name: string): PlacedDescriptor | undefined {
+    return this.byName.get(name);
+  }
+
+  /**
+   * One whole sample (the same even generation before and after the values). The returned data buffer
+   * is reused by the next read(): decode it before reading again.
+   */
+  read(): StatsSample {
+    const fd = this.fd;
+    const got = readConsistent(
+      () => {
+        if (pread(fd, this.genBuf, 8, this.genAt) !== 8)
+          throw cannotError('read the statistics file', 'its generation could not be read', 'ask for a new fd');
+        return this.genBuf.readBigUInt64LE(0);
+      },
+      () => {
+        const n = pread(fd, this.dataBuf, this.dataBuf.length, this.layout.dataOffset);
+        if (n !== this.dataBuf.length)
+          throw cannotError('read the statistics file', `its data block gave ${n} of ${this.dataBuf.length} bytes`, 'ask for a new fd');
+        return this.dataBuf;
+      },
+      STATS_READ_TRIES,
+    );
+    if (!got)
+      throw cannotError('read the statistics file', `the helper was writing during ${STATS_READ_TRIES} reads in a row`, 'read again later');
+    return { generation: got.generation, data: got.values };
+  }
+
+  /** `name`'s values in `s` (undefined when the file has no such descriptor: the helper cannot give it). */
+  values(s: StatsSample, name: string): bigint[] | undefined {
+    const d = this.byName.get(name);
+    return d ? descriptorValues(d, s.data) : undefined;
+  }
+
+  /** `name`'s first value in `s`. */
+  value(s: StatsSample, name: string): bigint | undefined {
+    const d = this.byName.get(name);
+    return d ? s.data.readBigUInt64LE(d.offset) : undefined;
+  }
+
+  get fd(): number {
+    if (this.fdOpen === null) throw new Error('the statistics reader is closed');
+    return this.fdOpen;
+  }
+
+  close(): void {
+    if (this.fdOpen !== null) closeFd(this.fdOpen);
+    this.fdOpen = null;
+  }
+}
