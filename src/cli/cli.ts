@@ -16,6 +16,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   replay: async () => (await import('./commands/replay.js')).addReplayCommand,
   watch: async () => (await import('./commands/watch.js')).addWatchCommand,
   exporter: async () => (await import('./commands/exporter.js')).addExporterCommand,
+  stats: async () => (await import('./commands/stats.js')).addStatsCommand,
 };
 
 /**
