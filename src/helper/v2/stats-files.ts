@@ -62,6 +62,8 @@ export class StatsFiles {
   private readonly vms = new Map<number, VmFile>();
   private host: HostFile | null = null;
   private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n };
+  /** The last sample's interval, so that a file made between samples has its power and interval at once. */
+  private lastResult: SampleEvent['result'] = null;
 
   constructor(private readonly p: StatsFilesParts) {}
 
@@ -82,6 +84,8 @@ export class StatsFiles {
     if (!made.ok) return made;
     const block = new SampleBlock(made.value.memory, vmStatsLayout(shape));
     const f: VmFile = { file: made.value, block, slots: new VmStatsSlots(block, shape), final: false, powerUw: [], intervalNs: 0n };
+    const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
+    if (last && this.lastResult) this.setInterval(f, last.vpkgEnergyJ, this.lastResult.dtS);
     this.vms.set(vmId, f);
     this.writeVm(vmId, f);
     return ok(f.file);
@@ -109,17 +113,21 @@ export class StatsFiles {
   sample(ev: SampleEvent): void {
     const dtNs = ev.result ? BigInt(Math.round(ev.result.dtS * 1e9)) : 0n;
     this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: ev.tNs + (realtimeNs() - this.p.clock()), intervalNs: dtNs };
+    this.lastResult = ev.result;
     if (ev.result && this.vms.size > 0) {
-      const dt = ev.result.dtS;
       for (const v of ev.result.vms) {
         const f = this.vms.get(v.vmId);
-        if (!f) continue;
-        f.powerUw = v.vpkgEnergyJ.map((j) => (dt > 0 ? (j / dt) * 1e6 : 0));
-        f.intervalNs = dtNs;
+        if (f) this.setInterval(f, v.vpkgEnergyJ, ev.result.dtS);
       }
     }
     for (const [vmId, f] of this.vms) if (!f.final) this.writeVm(vmId, f);
     if (this.host) this.writeHost();
+  }
+
+  /** A VM's power over the interval (energy / measured length) and the interval's length. */
+  private setInterval(f: VmFile, vpkgEnergyJ: readonly number[], dtS: number): void {
+    f.powerUw = vpkgEnergyJ.map((j) => (dtS > 0 ? (j / dtS) * 1e6 : 0));
+    f.intervalNs = BigInt(Math.round(dtS * 1e9));
   }
 
   /** The VM is gone from the daemon: its file was written for the last time; the daemon lets go of it. */
