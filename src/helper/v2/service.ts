@@ -179,7 +179,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         update: (vmId) => currentUpdate(sampling, vmId),
         host: (perPackage) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage)),
       });
-      stats.sample(ev);
+      stats.sample(ev, lifecycle.changed);
       lifecycle.clearChanged();
     }),
   );

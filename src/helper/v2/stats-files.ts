@@ -64,6 +64,7 @@ export class StatsFiles {
   private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n };
   /** The last sample's interval, so that a file made between samples has its power and interval at once. */
   private lastResult: SampleEvent['result'] = null;
+  private vmChanges = 0n;
 
   constructor(private readonly p: StatsFilesParts) {}
 
@@ -109,8 +110,9 @@ export class StatsFiles {
     return ok(undefined);
   }
 
-  /** One sample: every file once. */
-  sample(ev: SampleEvent): void {
+  /** One sample (`vmsChanged`: a VM appeared, ended or was dropped with it): every file once. */
+  sample(ev: SampleEvent, vmsChanged = false): void {
+    if (vmsChanged) this.vmChanges++;
     const dtNs = ev.result ? BigInt(Math.round(ev.result.dtS * 1e9)) : 0n;
     this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: ev.tNs + (realtimeNs() - this.p.clock()), intervalNs: dtNs };
     this.lastResult = ev.result;
@@ -230,6 +232,7 @@ export class StatsFiles {
       intervalNs: this.lastTimes.intervalNs,
       packages: v.packages.map((k) => ({ pkg: k.pkg, energyUj: k.energyUj, unattributedUj: k.unattributedUj ?? 0n })),
       unattributedUj: v.unattributedUj,
+      vmChanges: this.vmChanges,
       ...v.stats,
     };
     h.block.write((b) => writeHostStats(b, values));

@@ -20,6 +20,7 @@ const COUNTERS = [
   ['legacy_ok', C],
   ['legacy_refused', C],
   ['legacy_failed', C],
+  ['vm_changes', C],
   ['connections', I],
   ['vms', I],
 ] as const;
@@ -50,6 +51,8 @@ export interface HostStatsValues extends SampleTimes {
   legacyOk: bigint;
   legacyRefused: bigint;
   legacyFailed: bigint;
+  /** Samples in which a VM appeared, ended or was dropped (HOST_UPDATE's VMS_CHANGED, counted): LIST again when it moves. */
+  vmChanges: bigint;
   connections: number;
   vms: number;
 }
@@ -71,6 +74,7 @@ export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
   b.setBig(b.slot('legacy_ok'), v.legacyOk);
   b.setBig(b.slot('legacy_refused'), v.legacyRefused);
   b.setBig(b.slot('legacy_failed'), v.legacyFailed);
+  b.setBig(b.slot('vm_changes'), v.vmChanges);
   b.setNumber(b.slot('connections'), v.connections);
   b.setNumber(b.slot('vms'), v.vms);
 }
