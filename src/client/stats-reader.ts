@@ -1,7 +1,8 @@
 /**
  * A reader of a statistics file (docs/stats-fd.md): the layout is read and checked once, then every
- * read() is three pread(2)s (the generation, the data block, the generation again) and retries while
- * the helper is writing. No lock, no request to the helper, nothing the helper does per reader.
+ * read() is one pread(2) of the data block followed by one of the generation, the generation before
+ * it being the one the previous read ended with (three preads for the first read, and again after the
+ * helper wrote); it retries while the helper is writing. No lock, no request to the helper, nothing the helper does per reader.
  * The fd comes from V2Client.statsFd; a StatsReader owns it from then on (close() closes it).
  */
 import fs from 'node:fs';
@@ -26,6 +27,8 @@ export class StatsReader {
   private readonly byName = new Map<string, PlacedDescriptor>();
   private readonly genAt: number;
   private fdOpen: number | null;
+  /** The generation the last read ended with: the "before" of the next read. */
+  private lastGeneration: bigint | undefined;
 
   private constructor(
     fd: number,
@@ -87,9 +90,11 @@ export class StatsReader {
         return this.dataBuf;
       },
       STATS_READ_TRIES,
+      this.lastGeneration,
     );
     if (!got)
       throw cannotError('read the statistics file', `the helper was writing during ${STATS_READ_TRIES} reads in a row`, 'read again later');
+    this.lastGeneration = got.generation;
     return { generation: got.generation, data: got.values };
   }
 

@@ -141,5 +141,18 @@ describe('the generation', () => {
       () => ++calls,
     );
     expect(ok).toEqual({ generation: 4n, values: 1 });
+    // A generation known from before (the last read's closing one) stands for the first read: two calls, not three.
+    const gens = [6n];
+    const known = readConsistent(
+      () => gens.shift()!,
+      () => 'v',
+      3,
+      6n,
+    );
+    expect(known).toEqual({ generation: 6n, values: 'v' });
+    expect(gens).toEqual([]);
+    // A known generation that is stale (the writer wrote since) costs one more round, never a torn read.
+    const later = [8n, 8n];
+    expect(readConsistent(() => later.shift()!, () => 'w', 3, 6n)).toEqual({ generation: 8n, values: 'w' });
   });
 });

@@ -79,18 +79,27 @@ export class SampleBlock {
  * One consistent read: `readGeneration` and `readValues` are the reader's reads of the generation and
  * of the values, done in the order called. Returns the values once the same even generation was seen
  * before and after them, or null after `tries` attempts (the writer kept writing: a reader that is
- * starved this long is told so, never handed a torn sample).
+ * starved this long is told so, never handed a torn sample). `known` is a generation this reader
+ * read earlier, after everything it read before (the last read's closing one): any generation read
+ * before the values will do as the "before", so a reader polling a file reads the generation once
+ * per read while the file does not change.
  */
 export function readConsistent<T>(
   readGeneration: () => bigint,
   readValues: () => T,
   tries = 100,
+  known?: bigint,
 ): { generation: bigint; values: T } | null {
+  let g1 = known ?? readGeneration();
   for (let i = 0; i < tries; i++) {
-    const g1 = readGeneration();
-    if ((g1 & 1n) !== 0n) continue;
+    if ((g1 & 1n) !== 0n) {
+      g1 = readGeneration();
+      continue;
+    }
     const values = readValues();
-    if (readGeneration() === g1) return { generation: g1, values };
+    const g2 = readGeneration();
+    if (g2 === g1) return { generation: g1, values };
+    g1 = g2;
   }
   return null;
 }
