@@ -100,6 +100,7 @@ int main(int argc, char **argv) {
   unsigned char *data = malloc(data_size), g1[8], g2[8];
   for (int tries = 0;; tries++) {
     if (tries == 1000) { errno = EAGAIN; return die("read a whole sample"); }
+    if (tries > 10) usleep(1000); /* the helper may be preempted mid-sample: back off, do not spin */
     if (pread(fd, g1, 8, gen_off) != 8) return die("read the generation");
     if (le64(g1) & 1) continue;
     if (pread(fd, data, data_size, h.data_offset) != (ssize_t)data_size) return die("read the data block");

@@ -12,8 +12,19 @@ import { decodeStatsLayout, MAX_STATS_FILE_BYTES, type PlacedDescriptor, type St
 import { GENERATION, readConsistent } from '../protocol/stats/sample-block.js';
 import { descriptorValues } from '../protocol/stats/values.js';
 
-/** Reads a reader retries before it reports the writer as never done (each retry follows a write in progress). */
+/**
+ * How a read retries while the helper writes: STATS_SPIN_TRIES at once, then one every
+ * STATS_BACKOFF_MS (a helper preempted mid-sample leaves the generation odd for a time slice), giving
+ * up after STATS_READ_TRIES in all (about a second).
+ */
 export const STATS_READ_TRIES = 1000;
+export const STATS_SPIN_TRIES = 10;
+export const STATS_BACKOFF_MS = 1;
+const pauseCell = new Int32Array(new SharedArrayBuffer(4));
+/** Sleeps `ms` without returning to the event loop (read() is synchronous). */
+const pause = (attempt: number) => {
+  if (attempt > STATS_SPIN_TRIES) Atomics.wait(pauseCell, 0, 0, STATS_BACKOFF_MS);
+};
 
 /** One consistent sample: its generation and the data block's bytes (decode with value()/values()). */
 export interface StatsSample {
@@ -89,11 +100,10 @@ export class StatsReader {
           throw cannotError('read the statistics file', `its data block gave ${n} of ${this.dataBuf.length} bytes`, 'ask for a new fd');
         return this.dataBuf;
       },
-      STATS_READ_TRIES,
-      this.lastGeneration,
+      { tries: STATS_READ_TRIES, pause, ...(this.lastGeneration !== undefined ? { known: this.lastGeneration } : {}) },
     );
     if (!got)
-      throw cannotError('read the statistics file', `the helper was writing during ${STATS_READ_TRIES} reads in a row`, 'read again later');
+      throw cannotError('read the statistics file', `the helper was writing during ${STATS_READ_TRIES} tries over about ${((STATS_READ_TRIES - STATS_SPIN_TRIES) * STATS_BACKOFF_MS) / 1000} s`, 'read again later');
     this.lastGeneration = got.generation;
     return { generation: got.generation, data: got.values };
   }

@@ -13,6 +13,8 @@ import { V2Client, V2Error } from '../../src/client/v2-client.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { E } from '../../src/protocol/v2/codec.js';
 import { closeFd, F_SEAL_FUTURE_WRITE, F_SEAL_GROW, F_SEAL_SHRINK, getSeals } from '../../src/os/libc.js';
+import type { FdAdmitter } from '../../src/helper/v2/service.js';
+import { FdBudget } from '../../src/os/fd-budget.js';
 import { startChild, startHarness, threadsOf, until, type Harness, type TestChild } from '../v2/harness.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -20,8 +22,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function setup(o: { intervalMs?: number } = {}): Promise<{ h: Harness; c: V2Client; child: TestChild; vmId: number }> {
-  const h = await startHarness({ intervalMs: o.intervalMs ?? 50 });
+async function setup(o: { intervalMs?: number; fds?: FdAdmitter } = {}): Promise<{ h: Harness; c: V2Client; child: TestChild; vmId: number }> {
+  const h = await startHarness({ intervalMs: o.intervalMs ?? 50, ...(o.fds ? { fds: o.fds } : {}) });
   cleanups.push(() => h.close());
   const child = startChild('spin');
   cleanups.push(() => child.kill());
@@ -149,5 +151,18 @@ describe('STATS_FD on the v2 service', () => {
     cleanups.push(() => host.close());
     expect(host.id).toMatch(/^vmsr-host\//);
     expect(host.values(host.read(), 'package_energy')!.length).toBe(1);
+  });
+
+  it('answers ERROR 4 naming the fix when the fd budget has no room for the file, and serves again once it has', async () => {
+    let room = 0;
+    const budget = new FdBudget({ limit: 1_000_000, maxConnections: 1, openConnections: () => 1, openFds: () => 1_000_000 - 32 - room });
+    const { c, vmId } = await setup({ fds: { canAdmit: () => ({ ok: true, value: undefined }), canOpen: (n, what) => budget.canOpen(n, what) } });
+    const err = await c.statsFd(vmId).catch((e: V2Error) => e);
+    expect(err).toBeInstanceOf(V2Error);
+    expect((err as V2Error).code).toBe(E.LIMIT);
+    expect((err as V2Error).message).toMatch(/not enough file descriptors.*raise the helper's open-file limit/);
+    room = 2;
+    const r = StatsReader.open((await c.statsFd(vmId)).fd);
+    r.close();
   });
 });

@@ -132,7 +132,7 @@ describe('the generation', () => {
     const r = readConsistent(
       () => g,
       () => (g += 2n),
-      3,
+      { tries: 3 },
     );
     expect(r).toBeNull();
     let calls = 0;
@@ -146,13 +146,15 @@ describe('the generation', () => {
     const known = readConsistent(
       () => gens.shift()!,
       () => 'v',
-      3,
-      6n,
+      { tries: 3, known: 6n },
     );
     expect(known).toEqual({ generation: 6n, values: 'v' });
     expect(gens).toEqual([]);
     // A known generation that is stale (the writer wrote since) costs one more round, never a torn read.
     const later = [8n, 8n];
-    expect(readConsistent(() => later.shift()!, () => 'w', 3, 6n)).toEqual({ generation: 8n, values: 'w' });
+    const pauses: number[] = [];
+    expect(readConsistent(() => later.shift()!, () => 'w', { tries: 3, known: 6n, pause: (i) => pauses.push(i) })).toEqual({ generation: 8n, values: 'w' });
+    // The retry is preceded by a pause (a reader backs off instead of spinning on a preempted writer).
+    expect(pauses).toEqual([1]);
   });
 });

@@ -10,6 +10,7 @@
  */
 import { fail, ok, type Result } from '../../common/result.js';
 import { utf8Cut } from '../v2/codec.js';
+import { MAX_VCPUS } from '../../ratio/types.js';
 import { STATS_BASE_MASK, STATS_TYPE_MASK, STATS_UNIT_MASK } from './flags.js';
 
 export const STATS_HEADER_SIZE = 24;
@@ -23,8 +24,8 @@ export const STATS_HEADER_FLAGS = 0;
 export const MAX_STATS_DESCRIPTORS = 256;
 export const MAX_STATS_NAME_SIZE = 256;
 export const MAX_STATS_FILE_BYTES = 1 << 20;
-/** Values one array descriptor may hold (the most vCPUs a VM may have). */
-export const MAX_STATS_ARRAY = 4096;
+/** Values one array descriptor may hold: the most vCPUs a VM may have (more than MAX_VPKG + 1 and any host's packages). */
+export const MAX_STATS_ARRAY = MAX_VCPUS;
 
 /** One statistic as the helper declares it. */
 export interface StatsDescriptor {

@@ -75,23 +75,34 @@ export class SampleBlock {
   }
 }
 
+/** How readConsistent retries. */
+export interface RetryOptions {
+  /** Attempts before giving up (default 100). */
+  tries?: number;
+  /**
+   * A generation this reader read earlier, after everything it read before (the last read's closing
+   * one): any generation read before the values will do as the "before", so a reader polling a file
+   * reads the generation once per read while the file does not change.
+   */
+  known?: bigint;
+  /**
+   * Called before retry `attempt` (1, 2, ...): the writer may be preempted in the middle of a sample
+   * (the generation stays odd for a scheduler time slice), so a reader backs off rather than spin.
+   */
+  pause?: (attempt: number) => void;
+}
+
 /**
  * One consistent read: `readGeneration` and `readValues` are the reader's reads of the generation and
  * of the values, done in the order called. Returns the values once the same even generation was seen
  * before and after them, or null after `tries` attempts (the writer kept writing: a reader that is
- * starved this long is told so, never handed a torn sample). `known` is a generation this reader
- * read earlier, after everything it read before (the last read's closing one): any generation read
- * before the values will do as the "before", so a reader polling a file reads the generation once
- * per read while the file does not change.
+ * starved this long is told so, never handed a torn sample).
  */
-export function readConsistent<T>(
-  readGeneration: () => bigint,
-  readValues: () => T,
-  tries = 100,
-  known?: bigint,
-): { generation: bigint; values: T } | null {
-  let g1 = known ?? readGeneration();
+export function readConsistent<T>(readGeneration: () => bigint, readValues: () => T, o: RetryOptions = {}): { generation: bigint; values: T } | null {
+  const tries = o.tries ?? 100;
+  let g1 = o.known ?? readGeneration();
   for (let i = 0; i < tries; i++) {
+    if (i > 0) o.pause?.(i);
     if ((g1 & 1n) !== 0n) {
       g1 = readGeneration();
       continue;
