@@ -5,7 +5,7 @@
  * totals keep their guarantees (RunningTotal: nothing goes backwards across restarts). Between
  * scrapes nothing happens here: the helper sends this exporter nothing per sample.
  */
-import { StatsReader, type StatsSample } from '../client/stats-reader.js';
+import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import type { EnergyBook } from './energy-book.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
 

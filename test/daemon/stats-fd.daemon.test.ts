@@ -47,7 +47,12 @@ function asNobody(sock: string, body: string): unknown {
     const tryFd = async (id) => { try { const { fd } = await c.statsFd(id); const r = StatsReader.open(fd); const v = r.value(r.read(), 'pid'); r.close(); return { ok: true, pid: v === undefined ? null : Number(v) }; } catch (e) { return { ok: false, code: e.code ?? null }; } };
     ${body}
     await c.close(); process.stdout.write(JSON.stringify(out));`;
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', text], { uid: NOBODY, gid: NOBODY, encoding: 'utf8', timeout: 15_000 });
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', text], {
+    uid: NOBODY,
+    gid: NOBODY,
+    encoding: 'utf8',
+    timeout: 15_000,
+  });
   if (r.status !== 0) throw new Error(`client as nobody failed: ${r.stderr}`);
   return JSON.parse(r.stdout);
 }
@@ -100,7 +105,7 @@ describe('statistics fds on the daemon', () => {
     }
   }, 60_000);
 
-  it('a client at uid nobody gets the fd of its own VM, ERROR 3 for root\'s VM and ERROR 2 for the host; the observer group gets all', async () => {
+  it("a client at uid nobody gets the fd of its own VM, ERROR 3 for root's VM and ERROR 2 for the host; the observer group gets all", async () => {
     const { sock } = await daemon(['--no-discovery']);
     const mine = startChild('sleep');
     cleanups.push(() => mine.kill());
@@ -122,7 +127,7 @@ describe('statistics fds on the daemon', () => {
     expect(got.host).toEqual({ ok: false, code: 2 });
   });
 
-  it('the observer group sees every VM and the host; `vmsr-helper stats --once --json` shows the fds\' values', async () => {
+  it("the observer group sees every VM and the host; `vmsr-helper stats --once --json` shows the fds' values", async () => {
     const { sock } = await daemon(['--no-discovery', '--observer-group', String(NOBODY)]);
     const vmProc = startChild('spin');
     cleanups.push(() => vmProc.kill());
@@ -137,7 +142,10 @@ describe('statistics fds on the daemon', () => {
     cleanups.push(() => r.close());
     await waitFor(() => r.value(r.read(), 'energy')! > 0n, 'energy');
     const out = execFileSync(process.execPath, [BIN, 'stats', '-k', sock, '--once', '--json', '--vm', String(vmId)], { encoding: 'utf8' });
-    const rows = out.trim().split('\n').map((l) => JSON.parse(l) as { host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[] });
+    const rows = out
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[] });
     expect(rows).toHaveLength(1);
     expect(rows[0]).toMatchObject({ host_vm_id: vmId, pid: vmProc.pid });
     expect(rows[0]!.energy_j).toBeGreaterThan(0);

@@ -4,6 +4,7 @@
  * for the same sample, and between scrapes the exporter is sent nothing per sample.
  */
 import fs from 'node:fs';
+import type { Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { V2Client } from '../../src/client/v2-client.js';
@@ -18,7 +19,9 @@ afterEach(async () => {
 
 /** The value of the first series of `metric` whose labels contain `has` (or any when absent). */
 function metric(body: string, metric: string, has = ''): number | undefined {
-  const line = body.split('\n').find((l) => l.startsWith(metric) && (l[metric.length] === '{' || l[metric.length] === ' ') && l.includes(has));
+  const line = body
+    .split('\n')
+    .find((l) => l.startsWith(metric) && (l[metric.length] === '{' || l[metric.length] === ' ') && l.includes(has));
   return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(' ') + 1));
 }
 
@@ -38,7 +41,7 @@ describe('the exporter on statistics fds', () => {
       async () => {
         const client = await V2Client.connect(h.socketPath);
         // Count what the helper sends this connection after the first scrape: no per-sample frame may come.
-        (client as unknown as { socket: import('node:net').Socket }).socket.on('data', (d: Buffer) => (received += d.length));
+        (client as unknown as { socket: Socket }).socket.on('data', (d: Buffer) => (received += d.length));
         return client;
       },
       pino({ level: 'silent' }),
@@ -46,7 +49,10 @@ describe('the exporter on statistics fds', () => {
     cleanups.push(() => exporter.stop());
     const vmFile = StatsReader.open((await c.statsFd(vmId)).fd);
     const hostFile = StatsReader.open((await c.statsFd(0)).fd);
-    cleanups.push(() => vmFile.close(), () => hostFile.close());
+    cleanups.push(
+      () => vmFile.close(),
+      () => hostFile.close(),
+    );
     const scrape = async () => (await fetch(exporter.url)).text();
     h.addEnergy(200_000);
     await until(() => vmFile.value(vmFile.read(), 'energy')! > 0n);
@@ -61,7 +67,10 @@ describe('the exporter on statistics fds', () => {
       }
       expect(metric(body, 'vmsr_vm_energy_joules_total', `pid="${child.pid}"`)).toBeCloseTo(Number(vmFile.value(s, 'energy')) / 1e6, 6);
       expect(metric(body, 'vmsr_vm_power_watts', `pid="${child.pid}"`)).toBeCloseTo(Number(vmFile.value(s, 'power')) / 1e6, 6);
-      expect(metric(body, 'vmsr_host_package_energy_joules_total', 'package="0"')).toBeCloseTo(Number(hostFile.values(hs, 'package_energy')![0]) / 1e6, 6);
+      expect(metric(body, 'vmsr_host_package_energy_joules_total', 'package="0"')).toBeCloseTo(
+        Number(hostFile.values(hs, 'package_energy')![0]) / 1e6,
+        6,
+      );
       expect(metric(body, 'vmsr_helper_samples_total')).toBe(Number(hostFile.value(hs, 'samples')));
       break;
     }

@@ -103,10 +103,22 @@ describe('the statistics file layout', () => {
     const l = vmStatsLayout({ hostVmId: 3, pid: 99, name: 'web', nvpkg: 2, nvcpu: 3, tickExponent: tickExponent(100) });
     expect(l.id).toBe('vmsr-vm-3/pid-99/web');
     const size = Object.fromEntries(l.descriptors.map((d) => [d.name, d.size]));
-    expect(size).toMatchObject({ energy: 2, msr_energy_status: 2, power: 2, vcpu_energy: 3, vcpu_cpu_time: 3, vcpu_tid: 3, other_threads_cpu_time: 1 });
+    expect(size).toMatchObject({
+      energy: 2,
+      msr_energy_status: 2,
+      power: 2,
+      vcpu_energy: 3,
+      vcpu_cpu_time: 3,
+      vcpu_tid: 3,
+      other_threads_cpu_time: 1,
+    });
     expect(l.descriptors.find((d) => d.name === 'vcpu_cpu_time')!.exponent).toBe(-2);
     expect(tickExponent(64)).toBeNull();
-    expect(vmStatsLayout({ hostVmId: 3, pid: 99, name: null, nvpkg: 1, nvcpu: 1, tickExponent: null }).descriptors.some((d) => d.name === 'vcpu_cpu_time')).toBe(false);
+    expect(
+      vmStatsLayout({ hostVmId: 3, pid: 99, name: null, nvpkg: 1, nvcpu: 1, tickExponent: null }).descriptors.some(
+        (d) => d.name === 'vcpu_cpu_time',
+      ),
+    ).toBe(false);
   });
 });
 
@@ -153,7 +165,13 @@ describe('the generation', () => {
     // A known generation that is stale (the writer wrote since) costs one more round, never a torn read.
     const later = [8n, 8n];
     const pauses: number[] = [];
-    expect(readConsistent(() => later.shift()!, () => 'w', { tries: 3, known: 6n, pause: (i) => pauses.push(i) })).toEqual({ generation: 8n, values: 'w' });
+    expect(
+      readConsistent(
+        () => later.shift()!,
+        () => 'w',
+        { tries: 3, known: 6n, pause: (i) => pauses.push(i) },
+      ),
+    ).toEqual({ generation: 8n, values: 'w' });
     // The retry is preceded by a pause (a reader backs off instead of spinning on a preempted writer).
     expect(pauses).toEqual([1]);
   });

@@ -67,7 +67,11 @@ export function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: Stats
     powerW: power.reduce((a, b) => a + b, 0),
     energyJ: energy.reduce((a, b) => a + b, 0),
     vpkgEnergyJ: energy,
-    vcpus: tids.map((tid, i) => ({ tid: Number(tid), energyJ: num(ve[i]) * scale(r, 'vcpu_energy'), cpuS: vt ? num(vt[i]) * scale(r, 'vcpu_cpu_time') : null })),
+    vcpus: tids.map((tid, i) => ({
+      tid: Number(tid),
+      energyJ: num(ve[i]) * scale(r, 'vcpu_energy'),
+      cpuS: vt ? num(vt[i]) * scale(r, 'vcpu_cpu_time') : null,
+    })),
     otherCpuS: other === undefined ? null : Number(other) * scale(r, 'other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
   };
@@ -105,7 +109,12 @@ function chosen(vm: VmInfo, wanted: readonly string[] | undefined): boolean {
   return wanted.some((w) => (/^\d+$/.test(w) ? Number(w) === vm.hostVmId : w === vm.name));
 }
 
-export async function runStats(o: StatsOptions, out: (line: string) => void, signal?: AbortSignal, warn: (line: string) => void = out): Promise<void> {
+export async function runStats(
+  o: StatsOptions,
+  out: (line: string) => void,
+  signal?: AbortSignal,
+  warn: (line: string) => void = out,
+): Promise<void> {
   const client = await V2Client.connect(o.socket);
   const readers = new Map<number, { vm: VmInfo; r: StatsReader }>();
   try {
@@ -127,7 +136,8 @@ export async function runStats(o: StatsOptions, out: (line: string) => void, sig
           else throw e;
         }
       }
-      if (n === 0 && o.vm && o.vm.length > 0 && readers.size === 0) throw new UsageError(`no VM ${o.vm.join(', ')} among the VMs this user may see`);
+      if (n === 0 && o.vm && o.vm.length > 0 && readers.size === 0)
+        throw new UsageError(`no VM ${o.vm.join(', ')} among the VMs this user may see`);
       const now = process.hrtime.bigint();
       const rows = [...readers.values()].sort((a, b) => a.vm.hostVmId - b.vm.hostVmId).map((e) => statsRow(e.vm, e.r, e.r.read(), now));
       if (o.json) for (const r of rows) out(formatStatsJson(r));
@@ -147,19 +157,32 @@ export async function runStats(o: StatsOptions, out: (line: string) => void, sig
 }
 
 export function addStatsCommand(program: Command): void {
-  addClientSocketOption(program.command('stats').description("a live table of every VM's energy, power and CPU time, read through the helper's statistics fds"))
+  addClientSocketOption(
+    program.command('stats').description("a live table of every VM's energy, power and CPU time, read through the helper's statistics fds"),
+  )
     .option('--vm <name|id>', 'only this VM (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
     .option('--interval <s>', `refresh every S seconds (default ${STATS_REFRESH_S.default})`, secondsArg('--interval', STATS_REFRESH_S))
     .option('--once', 'print one table and exit')
     .option('--json', 'one JSON object per VM per refresh')
     .action(async (_o: unknown, cmd: Command) => {
       const all = cmd.optsWithGlobals<{ socket?: string; vm?: string[]; interval?: number; once?: boolean; json?: boolean }>();
-      const opts: StatsOptions = { socket: all.socket ?? DEFAULT_HELPER_SOCKET, intervalS: all.interval ?? STATS_REFRESH_S.default, ...(all.vm ? { vm: all.vm } : {}), once: all.once === true, json: all.json === true };
+      const opts: StatsOptions = {
+        socket: all.socket ?? DEFAULT_HELPER_SOCKET,
+        intervalS: all.interval ?? STATS_REFRESH_S.default,
+        ...(all.vm ? { vm: all.vm } : {}),
+        once: all.once === true,
+        json: all.json === true,
+      };
       const ac = new AbortController();
       const signals = new DisposableStore();
       for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
       try {
-        await runStats(opts, (l) => process.stdout.write(`${l}\n`), ac.signal, (l) => process.stderr.write(`${l}\n`));
+        await runStats(
+          opts,
+          (l) => process.stdout.write(`${l}\n`),
+          ac.signal,
+          (l) => process.stderr.write(`${l}\n`),
+        );
       } finally {
         signals.dispose();
       }

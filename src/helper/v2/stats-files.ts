@@ -141,8 +141,17 @@ export class StatsFiles {
     this.vms.delete(vmId);
   }
 
+  /**
+   * The daemon stops: every file is written a last time with next_sample_monotonic 0 (no sample is
+   * coming) and let go. `ended` is not set: the VMs did not end, the helper did.
+   */
   close(): void {
-    for (const vmId of [...this.vms.keys()]) this.dropped(vmId);
+    for (const f of this.vms.values()) {
+      if (!f.final) this.finish(f, 'stopped');
+      f.file.close();
+    }
+    this.vms.clear();
+    if (this.host) this.host.block.write((b) => b.setNumber(b.slot('next_sample_monotonic'), 0));
     this.host?.file.close();
     this.host = null;
   }
@@ -210,7 +219,7 @@ export class StatsFiles {
     if (out.ended) f.final = true;
   }
 
-  private finish(f: VmFile, why: 'ended' | 'replaced'): void {
+  private finish(f: VmFile, why: 'ended' | 'replaced' | 'stopped'): void {
     f.block.write((b) => {
       b.setNumber(f.slots.ended, why === 'ended' ? 1 : Number(b.get(f.slots.ended)));
       if (why === 'replaced') b.setNumber(f.slots.replaced, 1);

@@ -98,7 +98,11 @@ export interface RetryOptions {
  * before and after them, or null after `tries` attempts (the writer kept writing: a reader that is
  * starved this long is told so, never handed a torn sample).
  */
-export function readConsistent<T>(readGeneration: () => bigint, readValues: () => T, o: RetryOptions = {}): { generation: bigint; values: T } | null {
+export function readConsistent<T>(
+  readGeneration: () => bigint,
+  readValues: () => T,
+  o: RetryOptions = {},
+): { generation: bigint; values: T } | null {
   const tries = o.tries ?? 100;
   let g1 = o.known ?? readGeneration();
   for (let i = 0; i < tries; i++) {
