@@ -74,8 +74,18 @@ describe('statistics fds on the daemon', () => {
       if (Date.now() > end) throw new Error('discovery did not list the guest');
       vm = (await c.list()).find((v) => v.pid === guest.pid && !v.ended)?.hostVmId;
     }
-    const r = StatsReader.open((await c.statsFd(vm!)).fd);
-    cleanups.push(() => r.close());
+    // Discovery names the guest's vCPU threads as they appear: until both are known the file has one
+    // vCPU, and a file whose shape changes is marked replaced (then a new STATS_FD gives the new shape).
+    let r = StatsReader.open((await c.statsFd(vm!)).fd);
+    for (const end = Date.now() + 15_000; r.descriptor('vcpu_energy')!.size < 2;) {
+      if (Date.now() > end) throw new Error('the guest never had two vCPUs in its file');
+      const old = r;
+      for (let i = 0; i < 50 && old.value(old.read(), 'replaced') !== 1n; i++) await new Promise((res) => setTimeout(res, 100));
+      old.close();
+      r = StatsReader.open((await c.statsFd(vm!)).fd);
+    }
+    const reader = r;
+    cleanups.push(() => reader.close());
     expect(r.id).toBe(`vmsr-vm-${vm}/pid-${guest.pid}/statsfd-guest`);
     expect(r.descriptor('vcpu_energy')!.size).toBe(2);
     const first = r.read();
