@@ -17,6 +17,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   watch: async () => (await import('./commands/watch.js')).addWatchCommand,
   exporter: async () => (await import('./commands/exporter.js')).addExporterCommand,
   reload: async () => (await import('./commands/reload.js')).addReloadCommand,
+  stats: async () => (await import('./commands/stats.js')).addStatsCommand,
 };
 
 /**

@@ -32,6 +32,7 @@ import {
   encodeObserve,
   encodeRead,
   encodeRegister,
+  encodeStatsFd,
   encodeSubscribe,
   encodeUnobserve,
   encodeUnregister,
@@ -177,6 +178,7 @@ const REPLY_OF: Record<number, readonly number[]> = {
   [T.VALUE]: [T.READ],
   [T.OK]: [T.UNREGISTER, T.UNOBSERVE],
   [T.VM_LIST]: [T.LIST],
+  [T.STATS_FD_REPLY]: [T.STATS_FD],
 };
 
 /** Pages one list() may read: 2^32 ids at one VM a page cannot loop forever on a lying helper. */
@@ -345,6 +347,20 @@ export class V2Client {
       this.hostSub = null;
       throw e;
     }
+  }
+
+  /**
+   * A read-only fd of VM `hostVmId`'s statistics file, or of the host's (0): docs/stats-fd.md. The fd is
+   * the caller's (close it); it stays valid after this connection closes and after the VM ends. Read it
+   * with StatsReader (stats-reader.ts).
+   */
+  async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
+    const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeStatsFd(hostVmId));
+    if (reply.type !== T.STATS_FD_REPLY || reply.vmId !== hostVmId) {
+      closeFd(fd);
+      throw new V2ConnectionError(`the helper answered STATS_FD ${hostVmId} with ${typeName(reply.type)}`);
+    }
+    return { fd, fileSize: reply.fileSize };
   }
 
   async unregister(vmId: number): Promise<void> {

@@ -229,7 +229,14 @@ export class EnergyBook {
     if (r) this.end(r);
   }
 
-  vmUpdate(u: VmUpdate): void {
+  /**
+   * Runs before each scrape renders (the statistics-fd feed reads the helper's files here); its failure
+   * is logged by whoever set it, the scrape goes on with the values the book has.
+   */
+  beforeScrape: (() => Promise<void>) | null = null;
+
+  /** `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else derived. */
+  vmUpdate(u: VmUpdate, powerW?: readonly number[]): void {
     const r = this.byHostId.get(u.hostVmId);
     if (!r) return;
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.
@@ -245,7 +252,7 @@ export class EnergyBook {
       const total = (r.energy[g] ??= new RunningTotal());
       const added = total.feed(v.energyUj);
       // µJ per ns x 1e3 = W; no power from the UPDATE before the first interval (t_ns 0).
-      r.watts[g] = dtNs > 0 ? (Number(added) * 1e3) / dtNs : null;
+      r.watts[g] = powerW !== undefined && u.tNs !== 0n ? (powerW[g] ?? null) : dtNs > 0 ? (Number(added) * 1e3) / dtNs : null;
     });
     if (u.tNs !== 0n) r.lastTNs = u.tNs;
     if (u.ended) this.end(r);
@@ -290,6 +297,7 @@ export class EnergyBook {
    * Concurrent scrapes each expose them; the last one to finish forgets them.
    */
   async scrape<T>(render: () => Promise<T>): Promise<T> {
+    await this.beforeScrape?.().catch(() => {});
     const ended = [...this.vms.values()].filter((r) => r.endedAtMs !== null);
     try {
       return await render();

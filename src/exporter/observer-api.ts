@@ -10,6 +10,8 @@ export type { HostUpdate, VmInfo, VmUpdate };
 export interface ObserverClient {
   list(): Promise<VmInfo[]>;
   observe(hostVmId: number, onUpdate: (u: VmUpdate) => void, onError?: (e: V2Error) => void): Promise<VmUpdate>;
+  /** A statistics fd (docs/stats-fd.md) of VM `hostVmId`, or of the host (0); absent for a client without it. */
+  statsFd?(hostVmId: number): Promise<{ fd: number; fileSize: number }>;
   subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void): Promise<HostUpdate>;
   /** Resolves when the connection ends (with the reason when it broke). */
   readonly closed: Promise<Error | null>;

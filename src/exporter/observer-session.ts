@@ -10,6 +10,8 @@ import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import type { ObserverClient, VmInfo } from './observer-api.js';
 import { cannot } from '../common/errors.js';
+import { StatsReader } from '../client/stats-reader.js';
+import { StatsFdFeed } from './stats-fd-feed.js';
 
 export interface Backoff {
   firstMs: number;
@@ -43,6 +45,10 @@ export class ObserverSession {
   private relist = false;
   /** Skipped-VM count last logged, so a steady state is logged once, not at every LIST. */
   private skippedLogged = 0;
+  /** The values read from the helper's statistics fds at scrape time, while connected to a helper that has them. */
+  private feed: StatsFdFeed | null = null;
+  /** The helper refused STATS_FD as unknown (it predates it): OBSERVE and HOST_SUBSCRIBE as before. */
+  private fdsUnsupported = false;
 
   constructor(private readonly o: SessionOptions) {
     this.done = this.run();
@@ -81,6 +87,27 @@ export class ObserverSession {
       this.client = client;
       book.connectionStarted();
       try {
+        if (client.statsFd && !this.fdsUnsupported) {
+          const feed = await this.startFeed(client);
+          if (feed === null) {
+            // An older helper answered STATS_FD with ERROR 1 and closed: reconnect without it.
+            await client.close().catch(() => {});
+            this.client = null;
+            book.connectionLost();
+            continue;
+          }
+          await this.requestList(client);
+          failures = 0;
+          log.info(
+            { socket: this.o.socketPath, vms: book.size, via: 'statistics fds', downMs: downSince === null ? undefined : Date.now() - downSince },
+            downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
+          );
+          downSince = null;
+          refusedLogged = false;
+          const reason = await client.closed;
+          if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
+          throw new ConnectionDone();
+        }
         await client.subscribeHost(
           (h) => {
             book.hostUpdate(h);
@@ -104,7 +131,9 @@ export class ObserverSession {
         if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
       } catch (e) {
         const err = e as Error;
-        if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
+        if (err instanceof ConnectionDone) {
+          // The fd-reading connection ended; already logged.
+        } else if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
           // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
           if (!refusedLogged) log.error({ err: err.message, uid: process.getuid?.() }, `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit); retrying every ${backoff.maxMs / 1000} s`);
           else log.debug({ err: err.message }, 'still refused by the helper');
@@ -112,12 +141,50 @@ export class ObserverSession {
         } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
         await client.close().catch(() => {});
       }
+      this.stopFeed();
       this.client = null;
       book.connectionLost();
       if (this.stopped) break;
       downSince ??= Date.now();
       await this.sleep(backoffDelay(backoff, failures++));
     }
+  }
+
+  /**
+   * The host's statistics fd, and the scrape hook that reads it and every VM's: null when the helper
+   * does not know STATS_FD (ERROR 1). A refusal (ERROR 2: not in the observer group) is thrown like
+   * HOST_SUBSCRIBE's.
+   */
+  private async startFeed(client: ObserverClient): Promise<StatsFdFeed | null> {
+    let fd: number;
+    try {
+      fd = (await client.statsFd!(0)).fd;
+    } catch (e) {
+      if (e instanceof V2Error && e.code === E.MALFORMED) {
+        this.fdsUnsupported = true;
+        this.o.log.info("the helper has no statistics fds (STATS_FD): observing over v2 instead");
+        return null;
+      }
+      throw e;
+    }
+    const feed = new StatsFdFeed(this.o.book, StatsReader.open(fd));
+    this.feed = feed;
+    this.o.book.beforeScrape = async () => {
+      if (this.feed !== feed) return;
+      try {
+        if (feed.readHost()) await this.requestList(client);
+        feed.readVms();
+      } catch (e) {
+        this.o.log.warn({ err: (e as Error).message }, cannot("read the helper's statistics fds", (e as Error).message));
+      }
+    };
+    return feed;
+  }
+
+  private stopFeed(): void {
+    this.feed?.close();
+    this.feed = null;
+    this.o.book.beforeScrape = null;
   }
 
   /** At most one LIST in flight; a request meanwhile runs one more after it (VMs changed again). */
@@ -143,6 +210,12 @@ export class ObserverSession {
       if (skipped.length === 0 && this.skippedLogged > 0) log.info('every VM is exported again');
       else if (skipped.length > 0 && skipped.length !== this.skippedLogged) log.warn({ skipped: skipped.length, first: describe(skipped[0]!) }, `${skipped.length} VM(s) not exported (over --max-vms, or a name/uuid/pid already in use); raise --max-vms to export more`);
       this.skippedLogged = skipped.length;
+      const feed = this.feed;
+      if (feed !== null) {
+        await Promise.all(observe.map((vm) => this.openVmFile(client, feed, vm)));
+        if (observe.length) log.debug({ read: observe.length }, 'reading new VMs through their statistics fds');
+        continue;
+      }
       await Promise.all(
         observe.map((vm) =>
           client
@@ -159,6 +232,19 @@ export class ObserverSession {
     } while (this.relist && this.client === client);
   }
 
+  /** One VM's statistics fd into the feed, its values in the book at once. */
+  private async openVmFile(client: ObserverClient, feed: StatsFdFeed, vm: VmInfo): Promise<void> {
+    try {
+      const r = StatsReader.open((await client.statsFd!(vm.hostVmId)).fd);
+      if (this.feed !== feed) return r.close();
+      feed.add(vm.hostVmId, r);
+    } catch (e) {
+      // Ended between LIST and STATS_FD, not ours to see, or the helper out of fds (ERROR 4 names the fix).
+      this.o.book.unobserved(vm.hostVmId);
+      this.o.log.debug({ vm: describe(vm), err: (e as Error).message }, 'cannot read VM');
+    }
+  }
+
   private sleep(ms: number): Promise<void> {
     return new Promise((resolve) => {
       const t = setTimeout(() => {
@@ -173,6 +259,9 @@ export class ObserverSession {
     });
   }
 }
+
+/** The fd-reading connection ended (logged where it ended). */
+class ConnectionDone extends Error {}
 
 function describe(vm: VmInfo): string {
   return `${vm.name ?? '(unnamed)'} pid ${vm.pid}`;

@@ -90,6 +90,22 @@ export class FdBudget {
   }
 
   /**
+   * Whether `n` more fds for `what` (a statistics file, the copy of it handed to a reader) fit beside
+   * every connection slot and the reserve.
+   */
+  canOpen(n: number, what: string): FdAdmission {
+    const open = (this.o.openFds ?? countOpenFds)();
+    const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
+    const room = this.o.limit - open - freeSlots - FD_RESERVE;
+    if (n <= room) return ok(undefined);
+    return fail(
+      `not enough file descriptors: ${what} needs ${n}, ${Math.max(0, room)} are left ` +
+        `(limit ${this.o.limit}, ${open} open, ${freeSlots} kept for connections, ${FD_RESERVE} reserved); ` +
+        "raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
+    );
+  }
+
+  /**
    * Whether a VM whose process has `threads` threads fits: every fd open now, plus the slots of the
    * connections not yet made, plus the reserve, plus the VM's own fds, within the limit.
    */

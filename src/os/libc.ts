@@ -48,6 +48,8 @@ const fn = {
   recvmsg: libc.func('recvmsg', 'long', ['int', koffi.inout(koffi.pointer(msghdrType)), 'int']),
   socketpair: libc.func('int socketpair(int domain, int type, int protocol, _Out_ int *sv)'),
   memfd_create: libc.func('int memfd_create(const char *name, unsigned int flags)'),
+  mmap: libc.func('void *mmap(void *addr, size_t len, int prot, int flags, int fd, long off)'),
+  munmap: libc.func('int munmap(void *addr, size_t len)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -101,6 +103,13 @@ export function sendNow(fd: number, buf: Buffer, length: number): number {
 }
 
 const timespec = Buffer.alloc(16);
+const CLOCK_REALTIME = 0;
+
+/** CLOCK_REALTIME now, ns since the epoch (full resolution, unlike Date.now()). */
+export function realtimeNs(): bigint {
+  if (fn.clock_gettime(CLOCK_REALTIME, timespec) !== 0) throw errnoError('clock_gettime(CLOCK_REALTIME)');
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+}
 /** CPUCLOCK_SCHED of a process clock (include/linux/posix-timers.h): the scheduler's run time, in ns. */
 const CPUCLOCK_SCHED = 2;
 
@@ -560,4 +569,42 @@ export interface FdWatch {
 export function watchReadable(fd: number, onReadable: () => void): FdWatch {
   const handle = koffi.node.poll(fd, { readable: true, disconnect: true }, () => onReadable());
   return { close: () => handle.close() };
+}
+
+// ---- shared mappings ----
+
+const PROT_READ = 0x1;
+const PROT_WRITE = 0x2;
+const MAP_SHARED = 0x1;
+const MAP_FAILED = 0xffffffffffffffffn;
+
+/** A MAP_SHARED mapping of a file: its bytes as an ArrayBuffer (valid until unmap()). */
+export interface SharedMapping {
+  /** The mapped bytes; stores go to the file. Never touched after unmap(): the pages are gone. */
+  readonly memory: ArrayBuffer;
+  readonly length: number;
+  /** munmap(2); a second call does nothing. */
+  unmap(): void;
+}
+
+/**
+ * mmap(2) of the first `length` bytes of `fd`, MAP_SHARED, readable (and writable when `writable`):
+ * stores into `memory` are the file's contents for every other reader of it at once, without a
+ * syscall. The mapping outlives the fd (close it or keep it); unmap() ends it.
+ */
+export function mapShared(fd: number, length: number, writable: boolean): SharedMapping {
+  if (!Number.isInteger(length) || length <= 0) throw new RangeError(`mmap: length ${length} is not a size`);
+  const ptr = fn.mmap(null, length, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0) as unknown;
+  if (ptr === null || BigInt(koffi.address(ptr)) === MAP_FAILED) throw errnoError(`mmap(fd ${fd}, ${length})`);
+  const memory = koffi.view(ptr, length) as ArrayBuffer;
+  let mapped = true;
+  return {
+    memory,
+    length,
+    unmap() {
+      if (!mapped) return;
+      mapped = false;
+      fn.munmap(ptr, length);
+    },
+  };
 }

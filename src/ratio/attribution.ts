@@ -66,6 +66,16 @@ interface VmState {
   tNs: bigint;
   /** Set when phase becomes 'ended'. */
   endedBy?: 'exit' | 'unregister';
+  /** Per thread since the baseline: energy given to it as a vCPU (its share and its part of W), J, and its ticks. */
+  threads?: Map<number, { energyJ: number; ticks: number }>;
+}
+
+/** A VM's per-thread totals since its baseline (RatioEngine.threadTotals). */
+export interface ThreadTotals {
+  /** In the order of the VM's vCPU list; a vCPU not yet seen has 0. */
+  vcpus: { tid: number; vpkg: number; energyJ: number; ticks: number }[];
+  /** Ticks of every thread that is not a vCPU (emulator, I/O threads), summed. */
+  otherTicks: number;
 }
 
 /** A thread of an active VM in the current sample, after parsing. */
@@ -185,6 +195,35 @@ export class RatioEngine {
 
   outputs(): VmOutput[] {
     return [...this.vms.values()].map((vm) => this.publish(vm));
+  }
+
+  /** A VM's per-thread totals since its baseline (the statistics fd's per-vCPU values), or undefined for no such VM. */
+  threadTotals(vmId: number): ThreadTotals | undefined {
+    const vm = this.vms.get(vmId);
+    if (!vm) return undefined;
+    const t = vm.threads;
+    let vcpuTicks = 0;
+    const vcpus = vm.spec.vcpus.map((v) => {
+      const k = t?.get(v.tid);
+      vcpuTicks += k?.ticks ?? 0;
+      return { tid: v.tid, vpkg: v.vpkg, energyJ: k?.energyJ ?? 0, ticks: k?.ticks ?? 0 };
+    });
+    let all = 0;
+    if (t) for (const k of t.values()) all += k.ticks;
+    return { vcpus, otherTicks: Math.max(0, all - vcpuTicks) };
+  }
+
+  /** Adds one interval's energy (vCPUs: share + extra) and ticks to each thread's totals. */
+  private addThreadTotals(vm: VmState, threads: readonly ThreadNow[], es: readonly number[], extra: number): void {
+    const totals = (vm.threads ??= new Map());
+    for (let i = 0; i < threads.length; i++) {
+      const th = threads[i]!;
+      if (th.dticks === 0 && th.vpkg === undefined) continue;
+      let k = totals.get(th.tid);
+      if (k === undefined) totals.set(th.tid, (k = { energyJ: 0, ticks: 0 }));
+      k.ticks += th.dticks;
+      if (th.vpkg !== undefined) k.energyJ += es[i]! + extra;
+    }
   }
 
   /** Number of the last sample's time, for callers that want to check ordering themselves. */
@@ -443,6 +482,7 @@ export class RatioEngine {
           if (t.vpkg !== undefined) vpkgEnergy[t.vpkg] = vpkgEnergy[t.vpkg]! + e + extra;
         }
       }
+      this.addThreadTotals(vm, threads, es, nv > 0 ? w / nv : 0);
       // With no vCPU present, W is dropped and nothing is attributed on any package.
       for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + vpkgEnergy[g]!;
       vm.tNs = s.tNs;

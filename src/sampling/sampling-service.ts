@@ -10,6 +10,7 @@ import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js
 import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import { Emitter, type Disposable } from '../common/disposable.js';
+import type { ThreadTotals } from '../ratio/attribution.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {
@@ -25,6 +26,8 @@ export interface Engine {
   state(): EngineState;
   restore(s: EngineState): void;
   readonly guestPowerUnit: bigint;
+  /** Per-thread totals of a VM (RatioEngine.threadTotals), for the statistics fd; optional. */
+  threadTotals?(vmId: number): ThreadTotals | undefined;
 }
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
@@ -177,6 +180,11 @@ export class SamplingService {
 
   nvpkg(vmId: number): number {
     return this.engine.nvpkg(vmId);
+  }
+
+  /** A VM's per-thread totals (vCPU energy and ticks, other threads' ticks); undefined when the engine has none. */
+  threadTotals(vmId: number): ThreadTotals | undefined {
+    return this.engine.threadTotals?.(vmId);
   }
 
   /** A VM's vCPU list changed (see RatioEngine.updateVcpus); counted from the next sample. */

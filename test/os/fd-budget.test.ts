@@ -20,6 +20,16 @@ describe('FdBudget', () => {
     expect(vmFds(10)).toBe(20);
   });
 
+  it('lets statistics files open fds only while they fit beside the connection slots and the reserve', () => {
+    const b = new FdBudget({ limit: 1024, maxConnections: 400, openConnections: () => 10, openFds: () => 100 });
+    // room = 1024 - 100 - 390 - 32 = 502
+    expect(b.canOpen(502, 'the statistics file of VM 1')).toEqual({ ok: true, value: undefined });
+    const no = b.canOpen(503, 'the statistics file of VM 1');
+    expect(!no.ok && no.error).toBe(
+      "not enough file descriptors: the statistics file of VM 1 needs 503, 502 are left (limit 1024, 100 open, 390 kept for connections, 32 reserved); raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
+    );
+  });
+
   it('lowers --max-connections to half of what the limit leaves, never below 1', () => {
     expect(effectiveMaxConnections(4096, 1 << 20, 30)).toBe(4096);
     expect(effectiveMaxConnections(4096, 256, 30)).toBe(Math.floor((256 - 30 - FD_RESERVE) / 2));

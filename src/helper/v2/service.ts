@@ -26,6 +26,8 @@ import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
 import { HostEnergy } from './host-energy.js';
 import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
+import { StatsFiles } from './stats-files.js';
+import { monotonicNs } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { currentUpdate } from './vm-update.js';
 import { dispatch } from './requests/dispatch.js';
@@ -34,7 +36,6 @@ import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { cannot } from '../../common/errors.js';
-import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 
@@ -166,7 +167,10 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     o.host.packages.map((p) => p.package),
     from?.energy,
   );
-  const lastUpdate = (vmId: number, frame: Buffer) => fanOut.dropped(vmId, frame);
+  const lastUpdate = (vmId: number, frame: Buffer) => {
+    fanOut.dropped(vmId, frame);
+    stats.dropped(vmId);
+  };
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate });
   const discovered: DiscoveredVms | undefined = o.discovery
     ? new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, changed: () => lifecycle.markChanged() })
@@ -210,6 +214,17 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   const hostValues = (changed: boolean, perPackage: boolean) =>
     energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total));
 
+  const stats = new StatsFiles({
+    registry,
+    sampling,
+    intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
+    clkTck: o.host.clkTck,
+    hostValues: () => hostValues(false, true),
+    ...(o.fds ? { fds: o.fds } : {}),
+    log: o.log,
+    clock: o.clock ?? monotonicNs,
+  });
+
   const parts: RequestParts = {
     registry,
     sampling,
@@ -219,6 +234,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     openPid: o.openPid,
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
+    stats,
   };
 
   const startDiscovery = (): Promise<void> => {
@@ -269,6 +285,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         update: (vmId) => currentUpdate(sampling, vmId),
         host: (perPackage) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage)),
       });
+      stats.sample(ev, lifecycle.changed);
       lifecycle.clearChanged();
     }),
   );
@@ -293,6 +310,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       clearTimeout(waitTimer);
       listeners.dispose();
       sampling.close();
+      stats.close();
       limiter.flush();
       const waits = clients.connections().map(
         (c) =>

@@ -48,6 +48,8 @@ export interface ProcView {
 /** Whether a VM of so many threads still fits in the helper's file descriptors (FdBudget). */
 export interface FdAdmitter {
   canAdmit(threads: number): FdAdmission;
+  /** Whether `n` more fds for `what` fit (statistics files); absent = always. */
+  canOpen?(n: number, what: string): FdAdmission;
 }
 
 export function procView(procRoot: string): ProcView {

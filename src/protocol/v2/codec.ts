@@ -22,17 +22,20 @@ export const T = {
   OBSERVE: 0x06,
   UNOBSERVE: 0x07,
   HOST_SUBSCRIBE: 0x08,
+  // Statistics through a file descriptor (docs/stats-fd.md): the reply carries one fd (SCM_RIGHTS).
+  STATS_FD: 0x09,
   REGISTERED: 0x81,
   VALUE: 0x82,
   UPDATE: 0x83,
   OK: 0x84,
   VM_LIST: 0x85,
   HOST_UPDATE: 0x86,
+  STATS_FD_REPLY: 0x87,
   ERROR: 0xff,
 } as const;
 
-export const CLIENT_TYPES: ReadonlySet<number> = new Set([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.LIST, T.OBSERVE, T.UNOBSERVE, T.HOST_SUBSCRIBE]);
-export const HELPER_TYPES: ReadonlySet<number> = new Set([T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.VM_LIST, T.HOST_UPDATE, T.ERROR]);
+export const CLIENT_TYPES: ReadonlySet<number> = new Set([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.LIST, T.OBSERVE, T.UNOBSERVE, T.HOST_SUBSCRIBE, T.STATS_FD]);
+export const HELPER_TYPES: ReadonlySet<number> = new Set([T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.VM_LIST, T.HOST_UPDATE, T.STATS_FD_REPLY, T.ERROR]);
 
 export const E = {
   MALFORMED: 1,
@@ -430,6 +433,14 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   return encodeFrame(T.HOST_UPDATE, (h.vmsChanged ? FLAG_VMS_CHANGED : 0) | (perPackage ? FLAG_PER_PACKAGE : 0), p);
 }
 
+/** STATS_FD's reply (type 0x87): the id asked for (0 = the host) and the size of the file whose fd comes with it. */
+export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
+  const p = Buffer.alloc(8);
+  p.writeUInt32LE(hostVmId, 0);
+  p.writeUInt32LE(fileSize, 4);
+  return encodeFrame(T.STATS_FD_REPLY, 0, p);
+}
+
 /** Messages are cut (at a character boundary) so the frame stays within MAX_PAYLOAD. */
 export function encodeError(code: number, requestType: number, message: string): Buffer {
   const text = utf8Cut(message, MAX_PAYLOAD - 8);
@@ -484,6 +495,11 @@ export function encodeObserve(hostVmId: number): Buffer {
 
 export function encodeUnobserve(hostVmId: number): Buffer {
   return encodeU32Frame(T.UNOBSERVE, hostVmId);
+}
+
+/** STATS_FD of VM `hostVmId`, or of the host (0). */
+export function encodeStatsFd(hostVmId: number): Buffer {
+  return encodeU32Frame(T.STATS_FD, hostVmId);
 }
 
 /** HOST_SUBSCRIBE; `perPackage` asks for each package's unattributed energy (a helper before it answers ERROR 1). */

@@ -46,7 +46,9 @@ export type ClientRequest =
   | { type: typeof T.OBSERVE; vmId: number }
   | { type: typeof T.UNOBSERVE; vmId: number }
   /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE, each package's unattributed energy wanted. */
-  | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean };
+  | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean }
+  /** vmId 0 = the host's file. */
+  | { type: typeof T.STATS_FD; vmId: number };
 
 type ClientParse = Result<ClientRequest, PayloadError>;
 
@@ -86,6 +88,7 @@ export function parseClientFrame(f: Frame): ClientParse {
     case T.UNREGISTER:
     case T.OBSERVE:
     case T.UNOBSERVE:
+    case T.STATS_FD:
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
       return ok({ type: f.type, vmId: p.readUInt32LE(0) });
@@ -111,6 +114,7 @@ export type HelperMessage =
   | { type: typeof T.OK; vmId: number }
   | { type: typeof T.VM_LIST; entries: VmEntry[]; nextId: number }
   | ({ type: typeof T.HOST_UPDATE } & HostValues)
+  | { type: typeof T.STATS_FD_REPLY; vmId: number; fileSize: number }
   | { type: typeof T.ERROR; code: number; requestType: number; message: string };
 
 /** A helper's reply; a failure describes a reply the client cannot trust (the client then closes). */
@@ -175,6 +179,9 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
         },
       });
     }
+    case T.STATS_FD_REPLY:
+      if (p.length !== 8) return size(8);
+      return ok({ type: T.STATS_FD_REPLY, vmId: p.readUInt32LE(0), fileSize: p.readUInt32LE(4) });
     case T.ERROR:
       if (p.length < 8) return fail(`ERROR payload is ${p.length} bytes, expected at least 8`);
       return ok({ type: T.ERROR, code: p.readUInt32LE(0), requestType: p.readUInt32LE(4), message: p.subarray(8).toString('utf8') });

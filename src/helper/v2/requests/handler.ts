@@ -11,6 +11,7 @@ import type { V2Connection } from '../connection.js';
 import type { Reply } from '../reply.js';
 import type { VmLifecycle } from '../vm-lifecycle.js';
 import type { VmRegistry } from '../vm-registry.js';
+import type { StatsFiles } from '../stats-files.js';
 
 export type RequestType = ClientRequest['type'];
 
@@ -29,6 +30,8 @@ export interface RequestParts {
   openPid?: (pid: number) => void;
   /** Drops what was opened for the pid (V2ServiceOptions.forgetPid). */
   forgetPid?: (pid: number) => void;
+  /** The statistics files STATS_FD hands out. */
+  stats: StatsFiles;
   /** --observer-group, for the advice of a refused HOST_SUBSCRIBE. */
   observerGid?: number;
 }

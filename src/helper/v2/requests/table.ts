@@ -6,6 +6,7 @@ import { list } from './list.js';
 import { observe } from './observe.js';
 import { read } from './read.js';
 import { register } from './register.js';
+import { statsFd } from './stats-fd.js';
 import { subscribe } from './subscribe.js';
 import { unobserve } from './unobserve.js';
 import { unregister } from './unregister.js';
@@ -19,4 +20,5 @@ export const HANDLERS: HandlerTable = {
   [T.OBSERVE]: observe,
   [T.UNOBSERVE]: unobserve,
   [T.HOST_SUBSCRIBE]: hostSubscribe,
+  [T.STATS_FD]: statsFd,
 };

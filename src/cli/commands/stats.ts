@@ -1,0 +1,190 @@
+/**
+ * `vmsr-helper stats`: a live table of every VM the caller may see, in the spirit of kvm_stat, read
+ * through the statistics fds (docs/stats-fd.md): the VMs are listed over v2 and each one's fd asked
+ * once; every refresh is then one read per VM (three preads), with no request to the helper but a
+ * LIST to find VMs that came or went. --once prints one table, --json one object per VM per refresh.
+ */
+import type { Command } from 'commander';
+import { DisposableStore, listen } from '../../common/disposable.js';
+import { V2Client, V2Error, type VmInfo } from '../../client/v2-client.js';
+import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
+import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
+import { addClientSocketOption, secondsArg } from '../options.js';
+import { UsageError } from '../cli-errors.js';
+
+/** Refresh interval of the table, s: its default and bounds. */
+export const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
+
+export interface StatsOptions {
+  socket: string;
+  /** Host VM ids or names; absent = every VM the caller may see. */
+  vm?: string[];
+  intervalS: number;
+  once?: boolean;
+  json?: boolean;
+  /** Stop after this many refreshes (tests). */
+  count?: number;
+}
+
+/** One VM's row, from one consistent sample of its file. */
+export interface StatsRow {
+  hostVmId: number;
+  name: string | null;
+  pid: number;
+  ended: boolean;
+  /** Sum over virtual packages. */
+  powerW: number;
+  energyJ: number;
+  vpkgEnergyJ: number[];
+  vcpus: { tid: number; energyJ: number; cpuS: number | null }[];
+  otherCpuS: number | null;
+  /** Age of the sample at the read, s (null before the first). */
+  ageS: number | null;
+}
+
+const num = (v: bigint | undefined) => Number(v ?? 0n);
+
+/** The scale of `name`'s values into its unit (10^exponent), 1 when absent. */
+function scale(r: StatsReader, name: string): number {
+  const d = r.descriptor(name);
+  return d ? 10 ** d.exponent : 1;
+}
+
+export function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
+  const ej = scale(r, 'energy');
+  const energy = (r.values(s, 'energy') ?? []).map((v) => Number(v) * ej);
+  const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * scale(r, 'power'));
+  const tids = r.values(s, 'vcpu_tid') ?? [];
+  const ve = r.values(s, 'vcpu_energy') ?? [];
+  const vt = r.values(s, 'vcpu_cpu_time');
+  const t = r.value(s, 'sample_monotonic') ?? 0n;
+  const other = r.value(s, 'other_threads_cpu_time');
+  return {
+    hostVmId: vm.hostVmId,
+    name: vm.name,
+    pid: vm.pid,
+    ended: r.value(s, 'ended') === 1n,
+    powerW: power.reduce((a, b) => a + b, 0),
+    energyJ: energy.reduce((a, b) => a + b, 0),
+    vpkgEnergyJ: energy,
+    vcpus: tids.map((tid, i) => ({
+      tid: Number(tid),
+      energyJ: num(ve[i]) * scale(r, 'vcpu_energy'),
+      cpuS: vt ? num(vt[i]) * scale(r, 'vcpu_cpu_time') : null,
+    })),
+    otherCpuS: other === undefined ? null : Number(other) * scale(r, 'other_threads_cpu_time'),
+    ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
+  };
+}
+
+export function formatStatsTable(rows: readonly StatsRow[]): string[] {
+  const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
+  const lines = rows.map((r) => {
+    const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
+    const state = r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live';
+    return `${String(r.hostVmId).padStart(6)}  ${(r.name ?? '-').slice(0, 20).padEnd(20)} ${String(r.pid).padStart(8)} ${r.powerW.toFixed(2).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${String(r.vcpus.length).padStart(5)} ${cpu.padStart(11)}  ${state}`;
+  });
+  return [head, ...lines];
+}
+
+export function formatStatsJson(r: StatsRow): string {
+  return JSON.stringify({
+    type: 'vm',
+    host_vm_id: r.hostVmId,
+    name: r.name,
+    pid: r.pid,
+    ended: r.ended,
+    power_w: r.powerW,
+    energy_j: r.energyJ,
+    vpkg_energy_j: r.vpkgEnergyJ,
+    vcpus: r.vcpus.map((v) => ({ tid: v.tid, energy_j: v.energyJ, cpu_s: v.cpuS })),
+    other_threads_cpu_s: r.otherCpuS,
+    age_s: r.ageS,
+  });
+}
+
+/** Whether `vm` is one --vm names (an id or a name). */
+function chosen(vm: VmInfo, wanted: readonly string[] | undefined): boolean {
+  if (!wanted || wanted.length === 0) return true;
+  return wanted.some((w) => (/^\d+$/.test(w) ? Number(w) === vm.hostVmId : w === vm.name));
+}
+
+export async function runStats(
+  o: StatsOptions,
+  out: (line: string) => void,
+  signal?: AbortSignal,
+  warn: (line: string) => void = out,
+): Promise<void> {
+  const client = await V2Client.connect(o.socket);
+  const readers = new Map<number, { vm: VmInfo; r: StatsReader }>();
+  try {
+    for (let n = 0; ; n++) {
+      const vms = (await client.list()).filter((v) => chosen(v, o.vm));
+      const listed = new Set(vms.map((v) => v.hostVmId));
+      for (const [id, e] of readers) {
+        if (listed.has(id)) continue;
+        e.r.close();
+        readers.delete(id);
+      }
+      for (const vm of vms) {
+        if (readers.has(vm.hostVmId)) continue;
+        try {
+          readers.set(vm.hostVmId, { vm, r: StatsReader.open((await client.statsFd(vm.hostVmId)).fd) });
+        } catch (e) {
+          // A VM that ended between LIST and STATS_FD, or a helper out of fds (ERROR 4 says the fix).
+          if (e instanceof V2Error) warn(`VM ${vm.hostVmId}: ${e.message}`);
+          else throw e;
+        }
+      }
+      if (n === 0 && o.vm && o.vm.length > 0 && readers.size === 0)
+        throw new UsageError(`no VM ${o.vm.join(', ')} among the VMs this user may see`);
+      const now = process.hrtime.bigint();
+      const rows = [...readers.values()].sort((a, b) => a.vm.hostVmId - b.vm.hostVmId).map((e) => statsRow(e.vm, e.r, e.r.read(), now));
+      if (o.json) for (const r of rows) out(formatStatsJson(r));
+      else for (const l of formatStatsTable(rows)) out(l);
+      if (o.once || (o.count !== undefined && n + 1 >= o.count) || signal?.aborted) return;
+      await new Promise<void>((res) => {
+        const t = setTimeout(res, o.intervalS * 1000);
+        signal?.addEventListener('abort', () => (clearTimeout(t), res()), { once: true });
+      });
+      if (signal?.aborted) return;
+      if (!o.json) out('');
+    }
+  } finally {
+    for (const e of readers.values()) e.r.close();
+    await client.close();
+  }
+}
+
+export function addStatsCommand(program: Command): void {
+  addClientSocketOption(
+    program.command('stats').description("a live table of every VM's energy, power and CPU time, read through the helper's statistics fds"),
+  )
+    .option('--vm <name|id>', 'only this VM (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
+    .option('--interval <s>', `refresh every S seconds (default ${STATS_REFRESH_S.default})`, secondsArg('--interval', STATS_REFRESH_S))
+    .option('--once', 'print one table and exit')
+    .option('--json', 'one JSON object per VM per refresh')
+    .action(async (_o: unknown, cmd: Command) => {
+      const all = cmd.optsWithGlobals<{ socket?: string; vm?: string[]; interval?: number; once?: boolean; json?: boolean }>();
+      const opts: StatsOptions = {
+        socket: all.socket ?? DEFAULT_HELPER_SOCKET,
+        intervalS: all.interval ?? STATS_REFRESH_S.default,
+        ...(all.vm ? { vm: all.vm } : {}),
+        once: all.once === true,
+        json: all.json === true,
+      };
+      const ac = new AbortController();
+      const signals = new DisposableStore();
+      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
+      try {
+        await runStats(
+          opts,
+          (l) => process.stdout.write(`${l}\n`),
+          ac.signal,
+          (l) => process.stderr.write(`${l}\n`),
+        );
+      } finally {
+        signals.dispose();
+      }
+    });
+}

@@ -1,0 +1,104 @@
+/**
+ * The exporter's values read from the helper's statistics fds at scrape time (docs/stats-fd.md,
+ * docs/exporter.md "How it follows the daemon"): one reader of the host's file and one per VM; a
+ * scrape reads each once and feeds the book as an UPDATE or HOST_UPDATE would have, so the book's
+ * totals keep their guarantees (RunningTotal: nothing goes backwards across restarts). Between
+ * scrapes nothing happens here: the helper sends this exporter nothing per sample.
+ */
+import type { StatsReader, StatsSample } from '../client/stats-reader.js';
+import type { EnergyBook } from './energy-book.js';
+import type { HostUpdate, VmUpdate } from './observer-api.js';
+
+const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
+
+/** A HOST_UPDATE's values from one sample of the host's file. */
+export function hostUpdateFromFile(r: StatsReader, s: StatsSample): HostUpdate {
+  const ids = r.values(s, 'package_id') ?? [];
+  const energy = r.values(s, 'package_energy') ?? [];
+  const unattributed = r.values(s, 'package_unattributed_energy');
+  return {
+    tNs: u64(r, s, 'sample_monotonic'),
+    packages: ids.map((id, i) => ({ pkg: Number(id), energyUj: energy[i] ?? 0n, unattributedUj: unattributed?.[i] ?? null })),
+    unattributedUj: u64(r, s, 'unattributed_energy'),
+    vmsChanged: false,
+    stats: {
+      legacyOk: u64(r, s, 'legacy_ok'),
+      legacyRefused: u64(r, s, 'legacy_refused'),
+      legacyFailed: u64(r, s, 'legacy_failed'),
+      lastSampleDurationNs: u64(r, s, 'last_sample_duration'),
+      samples: u64(r, s, 'samples'),
+      sampleFailures: u64(r, s, 'sample_failures'),
+      connections: Number(u64(r, s, 'connections')),
+      vms: Number(u64(r, s, 'vms')),
+    },
+  };
+}
+
+/** A VM's UPDATE from one sample of its file, and its power per virtual package (W). */
+export function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample): { update: VmUpdate; powerW: number[] } {
+  const energy = r.values(s, 'energy') ?? [];
+  const counter = r.values(s, 'msr_energy_status') ?? [];
+  const power = r.values(s, 'power') ?? [];
+  const scale = 10 ** (r.descriptor('power')?.exponent ?? 0);
+  return {
+    update: {
+      hostVmId,
+      tNs: u64(r, s, 'sample_monotonic'),
+      vpkgs: energy.map((e, g) => ({ energyUj: e, counter: counter[g] ?? 0n })),
+      ended: u64(r, s, 'ended') === 1n || u64(r, s, 'replaced') === 1n,
+    },
+    powerW: power.map((p) => Number(p) * scale),
+  };
+}
+
+export class StatsFdFeed {
+  private readonly vms = new Map<number, StatsReader>();
+  private lastVmChanges: bigint | null = null;
+
+  constructor(
+    private readonly book: EnergyBook,
+    private readonly host: StatsReader,
+  ) {}
+
+  /** The VM's file, read from the next scrape on (the feed owns the reader). */
+  add(hostVmId: number, r: StatsReader): void {
+    this.vms.get(hostVmId)?.close();
+    this.vms.set(hostVmId, r);
+  }
+
+  has(hostVmId: number): boolean {
+    return this.vms.has(hostVmId);
+  }
+
+  /** Reads the host's file into the book; true when VMs changed since the last read (LIST again). */
+  readHost(): boolean {
+    const s = this.host.read();
+    this.book.hostUpdate(hostUpdateFromFile(this.host, s));
+    const changes = this.host.value(s, 'vm_changes') ?? 0n;
+    const changed = this.lastVmChanges !== null && changes !== this.lastVmChanges;
+    this.lastVmChanges = changes;
+    return changed;
+  }
+
+  /** Reads every VM's file into the book; a VM whose file says it ended is fed once more and let go. */
+  readVms(): void {
+    for (const [id, r] of this.vms) {
+      const { update, powerW } = vmUpdateFromFile(id, r, r.read());
+      this.book.vmUpdate(update, powerW);
+      if (update.ended) {
+        r.close();
+        this.vms.delete(id);
+      }
+    }
+  }
+
+  get size(): number {
+    return this.vms.size;
+  }
+
+  close(): void {
+    for (const r of this.vms.values()) r.close();
+    this.vms.clear();
+    this.host.close();
+  }
+}

@@ -1,0 +1,249 @@
+/**
+ * The statistics files (docs/stats-fd.md): one per VM a reader asked for, and one of the host, each a
+ * PublishedFile (a sealed memfd mapped by the daemon alone) written once per sample whatever the
+ * number of readers, through the seqlock of SampleBlock. A file is made at the first STATS_FD of its
+ * VM and kept while the VM is known; when the VM ends it is written a last time (ended = 1) and no
+ * more; when the VM is dropped the daemon closes its own fd and mapping, and readers keep theirs.
+ * When a VM's vCPU list changes shape (count of vCPUs or virtual packages), its file is written a
+ * last time with replaced = 1 and a new one is made for the next STATS_FD.
+ */
+import type { Logger } from 'pino';
+import { cannot } from '../../common/errors.js';
+import { fail, ok, type Result } from '../../common/result.js';
+import { PublishedFile } from '../../os/published-file.js';
+import { realtimeNs } from '../../os/libc.js';
+import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';
+import { SampleBlock } from '../../protocol/stats/sample-block.js';
+import { hostStatsLayout, writeHostStats, type HostStatsValues } from '../../protocol/stats/host-stats.js';
+import { tickExponent, vmStatsLayout, VmStatsSlots, writeVmStats, type VmStatsShape } from '../../protocol/stats/vm-stats.js';
+import { E, type HostValues } from '../../protocol/v2/codec.js';
+import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
+import type { FdAdmitter, VmRegistry } from './vm-registry.js';
+
+/** What the files read of the sampling loop. */
+export type StatsSampling = Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
+
+export interface StatsFilesParts {
+  registry: Pick<VmRegistry, 'get'>;
+  sampling: StatsSampling;
+  intervalNs: bigint;
+  clkTck: number;
+  /** HOST_UPDATE's values now (per-package unattributed energy included). */
+  hostValues(): HostValues;
+  fds?: FdAdmitter;
+  log: Logger;
+  /** CLOCK_MONOTONIC now, the loop's clock (for the realtime of a sample). */
+  clock: () => bigint;
+}
+
+/** A refusal, with the v2 error code it is answered with. */
+export interface StatsRefusal {
+  code: number;
+  message: string;
+}
+
+interface VmFile {
+  file: PublishedFile;
+  block: SampleBlock;
+  slots: VmStatsSlots;
+  /** Written with ended = 1: nothing more changes. */
+  final: boolean;
+  /** Power per vpkg over the last interval, µW (0 until the file's first interval). */
+  powerUw: number[];
+  intervalNs: bigint;
+}
+
+interface HostFile {
+  file: PublishedFile;
+  block: SampleBlock;
+}
+
+export class StatsFiles {
+  private readonly vms = new Map<number, VmFile>();
+  private host: HostFile | null = null;
+  private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n };
+  /** The last sample's interval, so that a file made between samples has its power and interval at once. */
+  private lastResult: SampleEvent['result'] = null;
+  private vmChanges = 0n;
+
+  constructor(private readonly p: StatsFilesParts) {}
+
+  /** Files the daemon holds open now (one fd each). */
+  get open(): number {
+    return this.vms.size + (this.host ? 1 : 0);
+  }
+
+  /** VM `vmId`'s file, made now if it has none; the caller checked the peer may see it. */
+  vm(vmId: number): Result<PublishedFile, StatsRefusal> {
+    const have = this.vms.get(vmId);
+    if (have) return ok(have.file);
+    const r = this.p.registry.get(vmId);
+    const out = this.p.sampling.output(vmId);
+    if (!r || !out) return fail({ code: E.NO_SUCH, message: `no VM ${vmId}` });
+    const shape = this.shapeOf(vmId, r.pid, r.name);
+    const made = this.make(`vmsr-vm-${vmId}`, vmStatsLayout(shape), `the statistics file of VM ${vmId}`);
+    if (!made.ok) return made;
+    const block = new SampleBlock(made.value.memory, vmStatsLayout(shape));
+    const f: VmFile = { file: made.value, block, slots: new VmStatsSlots(block, shape), final: false, powerUw: [], intervalNs: 0n };
+    const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
+    if (last && this.lastResult) this.setInterval(f, last.vpkgEnergyJ, this.lastResult.dtS);
+    this.vms.set(vmId, f);
+    this.writeVm(vmId, f);
+    return ok(f.file);
+  }
+
+  /** The host's file, made now if there is none. */
+  hostFile(): Result<PublishedFile, StatsRefusal> {
+    if (this.host) return ok(this.host.file);
+    const layout = hostStatsLayout(process.pid, this.p.hostValues().packages.length);
+    const made = this.make('vmsr-host', layout, "the host's statistics file");
+    if (!made.ok) return made;
+    this.host = { file: made.value, block: new SampleBlock(made.value.memory, layout) };
+    this.writeHost();
+    return ok(this.host.file);
+  }
+
+  /** Fds one more reader's copy needs, checked against the budget (the copy lives until the reply went out). */
+  canHandOut(what: string): Result<void, StatsRefusal> {
+    const fit = this.p.fds?.canOpen?.(1, what);
+    if (fit && !fit.ok) return fail({ code: E.LIMIT, message: cannot(`hand out ${what}`, fit.error) });
+    return ok(undefined);
+  }
+
+  /** One sample (`vmsChanged`: a VM appeared, ended or was dropped with it): every file once. */
+  sample(ev: SampleEvent, vmsChanged = false): void {
+    if (vmsChanged) this.vmChanges++;
+    const dtNs = ev.result ? BigInt(Math.round(ev.result.dtS * 1e9)) : 0n;
+    this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: ev.tNs + (realtimeNs() - this.p.clock()), intervalNs: dtNs };
+    this.lastResult = ev.result;
+    if (ev.result && this.vms.size > 0) {
+      for (const v of ev.result.vms) {
+        const f = this.vms.get(v.vmId);
+        if (f) this.setInterval(f, v.vpkgEnergyJ, ev.result.dtS);
+      }
+    }
+    for (const [vmId, f] of this.vms) if (!f.final) this.writeVm(vmId, f);
+    if (this.host) this.writeHost();
+  }
+
+  /** A VM's power over the interval (energy / measured length) and the interval's length. */
+  private setInterval(f: VmFile, vpkgEnergyJ: readonly number[], dtS: number): void {
+    f.powerUw = vpkgEnergyJ.map((j) => (dtS > 0 ? (j / dtS) * 1e6 : 0));
+    f.intervalNs = BigInt(Math.round(dtS * 1e9));
+  }
+
+  /** The VM is gone from the daemon: its file was written for the last time; the daemon lets go of it. */
+  dropped(vmId: number): void {
+    const f = this.vms.get(vmId);
+    if (!f) return;
+    if (!f.final) this.finish(f, 'ended');
+    f.file.close();
+    this.vms.delete(vmId);
+  }
+
+  /**
+   * The daemon stops: every file is written a last time with next_sample_monotonic 0 (no sample is
+   * coming) and let go. `ended` is not set: the VMs did not end, the helper did.
+   */
+  close(): void {
+    for (const f of this.vms.values()) {
+      if (!f.final) this.finish(f, 'stopped');
+      f.file.close();
+    }
+    this.vms.clear();
+    if (this.host) this.host.block.write((b) => b.setNumber(b.slot('next_sample_monotonic'), 0));
+    this.host?.file.close();
+    this.host = null;
+  }
+
+  private shapeOf(vmId: number, pid: number, name: string | null): VmStatsShape {
+    const out = this.p.sampling.output(vmId);
+    const threads = this.p.sampling.threadTotals(vmId);
+    return {
+      hostVmId: vmId,
+      pid,
+      name,
+      nvpkg: Math.max(1, out?.vpkgs.length ?? 1),
+      nvcpu: Math.max(1, threads?.vcpus.length ?? 1),
+      tickExponent: tickExponent(this.p.clkTck),
+    };
+  }
+
+  private make(name: string, layout: StatsLayout, what: string): Result<PublishedFile, StatsRefusal> {
+    // Its own fd, and the reader's copy until the reply went out.
+    const fit = this.p.fds?.canOpen?.(2, what);
+    if (fit && !fit.ok) return fail({ code: E.LIMIT, message: cannot(`make ${what}`, fit.error) });
+    try {
+      return ok(PublishedFile.create(name, encodeStatsFile(layout)));
+    } catch (e) {
+      this.p.log.warn({ err: (e as Error).message }, 'statistics file not made');
+      return fail({
+        code: E.LIMIT,
+        message: cannot(`make ${what}`, (e as Error).message, "raise the helper's open-file limit (LimitNOFILE=)"),
+      });
+    }
+  }
+
+  private writeVm(vmId: number, f: VmFile): void {
+    const out = this.p.sampling.output(vmId);
+    const threads = this.p.sampling.threadTotals(vmId);
+    if (!out) return;
+    const shape = f.slots.shape;
+    if (out.vpkgs.length !== shape.nvpkg || (threads !== undefined && threads.vcpus.length !== shape.nvcpu)) {
+      // The vCPU list changed shape: this file stops here; the next STATS_FD makes one that fits.
+      this.finish(f, 'replaced');
+      f.file.close();
+      this.vms.delete(vmId);
+      return;
+    }
+    const ticking = this.p.sampling.running && !out.ended;
+    f.block.write((b) =>
+      writeVmStats(b, f.slots, {
+        monotonicNs: out.tNs,
+        realtimeNs:
+          out.tNs === 0n
+            ? 0n
+            : out.tNs === this.lastTimes.monotonicNs
+              ? this.lastTimes.realtimeNs
+              : out.tNs + (realtimeNs() - this.p.clock()),
+        nextMonotonicNs: ticking && out.tNs > 0n ? out.tNs + this.p.intervalNs : 0n,
+        intervalNs: f.intervalNs,
+        ended: out.ended,
+        energyUj: out.vpkgs.map((v) => v.energyUj),
+        counter: out.vpkgs.map((v) => v.counter),
+        powerUw: out.ended ? [] : f.powerUw,
+        vcpus: (threads?.vcpus ?? []).map((c) => ({ tid: c.tid, energyUj: c.energyJ * 1e6, ticks: c.ticks })),
+        otherTicks: threads?.otherTicks ?? 0,
+      }),
+    );
+    if (out.ended) f.final = true;
+  }
+
+  private finish(f: VmFile, why: 'ended' | 'replaced' | 'stopped'): void {
+    f.block.write((b) => {
+      b.setNumber(f.slots.ended, why === 'ended' ? 1 : Number(b.get(f.slots.ended)));
+      if (why === 'replaced') b.setNumber(f.slots.replaced, 1);
+      b.setNumber(b.slot('next_sample_monotonic'), 0);
+      for (let g = 0; g < f.slots.shape.nvpkg; g++) b.setNumber(f.slots.power + g, 0);
+    });
+    f.final = true;
+  }
+
+  private writeHost(): void {
+    const h = this.host;
+    if (!h) return;
+    const v = this.p.hostValues();
+    const values: HostStatsValues = {
+      monotonicNs: v.tNs,
+      realtimeNs:
+        v.tNs === 0n ? 0n : v.tNs === this.lastTimes.monotonicNs ? this.lastTimes.realtimeNs : v.tNs + (realtimeNs() - this.p.clock()),
+      nextMonotonicNs: this.p.sampling.running && v.tNs > 0n ? v.tNs + this.p.intervalNs : 0n,
+      intervalNs: this.lastTimes.intervalNs,
+      packages: v.packages.map((k) => ({ pkg: k.pkg, energyUj: k.energyUj, unattributedUj: k.unattributedUj ?? 0n })),
+      unattributedUj: v.unattributedUj,
+      vmChanges: this.vmChanges,
+      ...v.stats,
+    };
+    h.block.write((b) => writeHostStats(b, values));
+  }
+}

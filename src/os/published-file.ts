@@ -1,0 +1,84 @@
+/**
+ * A file this process publishes to readers it does not trust (docs/stats-fd.md "The file"): a memfd
+ * of a size fixed at creation, mapped MAP_SHARED and writable by this process alone, then sealed:
+ * F_SEAL_SHRINK | F_SEAL_GROW (its size never changes under a reader's mapping), F_SEAL_FUTURE_WRITE
+ * (no write(2), no new writable mapping, by anyone, through any fd or a reopen of /proc/PID/fd/N: only
+ * the mapping made before the seal writes) and F_SEAL_SEAL (no seal added or removed). Its mode is
+ * 0444. A reader gets a read-only reopen (openReadOnly), which it holds as long as it likes: the
+ * file lives until its last fd is closed, whatever this process does with its own.
+ */
+import fs from 'node:fs';
+import {
+  addSeals,
+  closeFd,
+  F_SEAL_FUTURE_WRITE,
+  F_SEAL_GROW,
+  F_SEAL_SEAL,
+  F_SEAL_SHRINK,
+  mapShared,
+  memfdCreate,
+  type SharedMapping,
+} from './libc.js';
+
+export const PUBLISHED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+/** Mode of a published file: readable by whoever holds an fd of it, written by nobody through one. */
+export const PUBLISHED_MODE = 0o444;
+
+export class PublishedFile {
+  private mapping: SharedMapping | null;
+  private fdOpen: number | null;
+
+  private constructor(
+    fd: number,
+    mapping: SharedMapping,
+    readonly size: number,
+  ) {
+    this.fdOpen = fd;
+    this.mapping = mapping;
+  }
+
+  /** A new file holding `bytes` (its size for good), mapped and sealed. Throws an errno error (EMFILE, ENOMEM). */
+  static create(name: string, bytes: Buffer): PublishedFile {
+    const fd = memfdCreate(name);
+    let mapping: SharedMapping | null = null;
+    try {
+      fs.ftruncateSync(fd, bytes.length);
+      mapping = mapShared(fd, bytes.length, true);
+      new Uint8Array(mapping.memory).set(bytes);
+      fs.fchmodSync(fd, PUBLISHED_MODE);
+      addSeals(fd, PUBLISHED_SEALS);
+      return new PublishedFile(fd, mapping, bytes.length);
+    } catch (e) {
+      mapping?.unmap();
+      closeFd(fd);
+      throw e;
+    }
+  }
+
+  /** The mapped bytes; stores go to every reader. Throws once closed (the pages are gone). */
+  get memory(): ArrayBuffer {
+    if (this.mapping === null) throw new Error('the published file is closed');
+    return this.mapping.memory;
+  }
+
+  get fd(): number {
+    if (this.fdOpen === null) throw new Error('the published file is closed');
+    return this.fdOpen;
+  }
+
+  /**
+   * A new fd of the file opened O_RDONLY (through /proc/self/fd; Node opens close-on-exec), for a reader: a write,
+   * ftruncate or writable mapping through it fails whatever the seals. The caller closes it.
+   */
+  openReadOnly(): number {
+    return fs.openSync(`/proc/self/fd/${this.fd}`, fs.constants.O_RDONLY);
+  }
+
+  /** Unmaps and closes this process's fd; readers keep the file. A second call does nothing. */
+  close(): void {
+    this.mapping?.unmap();
+    this.mapping = null;
+    if (this.fdOpen !== null) closeFd(this.fdOpen);
+    this.fdOpen = null;
+  }
+}

@@ -1,0 +1,37 @@
+/**
+ * The descriptors every statistics file of the helper starts with (docs/stats-fd.md "Both files"):
+ * the generation, the host's timestamps of the sample, when the next one is expected, and the
+ * interval's measured length. Host-set: nothing a VM or a reader does changes them.
+ */
+import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
+import type { StatsDescriptor } from './layout.js';
+import { GENERATION, type SampleBlock } from './sample-block.js';
+
+const NS = { flags: STATS_TYPE.INSTANT | STATS_UNIT.SECONDS | STATS_BASE.POW10, exponent: -9, size: 1 };
+
+export const COMMON_STATS: readonly StatsDescriptor[] = [
+  { name: GENERATION, flags: STATS_TYPE.INSTANT | STATS_UNIT.NONE, exponent: 0, size: 1 },
+  { name: 'sample_monotonic', ...NS },
+  { name: 'sample_realtime', ...NS },
+  { name: 'next_sample_monotonic', ...NS },
+  { name: 'interval', ...NS },
+];
+
+/** The common values of one sample (0 before the first sample: the reader knows it has none yet). */
+export interface SampleTimes {
+  /** CLOCK_MONOTONIC of the sample, ns. */
+  monotonicNs: bigint;
+  /** CLOCK_REALTIME of the same sample, ns. */
+  realtimeNs: bigint;
+  /** CLOCK_MONOTONIC at which the next sample is expected, ns; 0 = none is expected (ended, or the loop is idle). */
+  nextMonotonicNs: bigint;
+  /** Measured length of the interval that ended with this sample, ns (0 for a baseline). */
+  intervalNs: bigint;
+}
+
+export function writeSampleTimes(b: SampleBlock, t: SampleTimes): void {
+  b.setBig(b.slot('sample_monotonic'), t.monotonicNs);
+  b.setBig(b.slot('sample_realtime'), t.realtimeNs);
+  b.setBig(b.slot('next_sample_monotonic'), t.nextMonotonicNs);
+  b.setBig(b.slot('interval'), t.intervalNs);
+}

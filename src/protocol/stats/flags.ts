@@ -1,0 +1,78 @@
+/**
+ * The flags of a statistics descriptor (docs/stats-fd.md "Flags"): KVM's binary statistics codes
+ * (Documentation/virt/kvm/api.rst, KVM_GET_STATS_FD) where KVM has one, and the helper's own unit codes
+ * where it has none (energy, power). Bits 0-3 type, 4-7 unit, 8-11 base, like KVM's. Pure.
+ */
+
+export const STATS_TYPE_SHIFT = 0;
+export const STATS_TYPE_MASK = 0xf << STATS_TYPE_SHIFT;
+export const STATS_UNIT_SHIFT = 4;
+export const STATS_UNIT_MASK = 0xf << STATS_UNIT_SHIFT;
+export const STATS_BASE_SHIFT = 8;
+export const STATS_BASE_MASK = 0xf << STATS_BASE_SHIFT;
+
+/** KVM_STATS_TYPE_*: only grows (CUMULATIVE), goes up and down (INSTANT), the highest seen (PEAK). */
+export const STATS_TYPE = {
+  CUMULATIVE: 0x0 << STATS_TYPE_SHIFT,
+  INSTANT: 0x1 << STATS_TYPE_SHIFT,
+  PEAK: 0x2 << STATS_TYPE_SHIFT,
+} as const;
+
+/**
+ * KVM_STATS_UNIT_* (NONE, BYTES, SECONDS, CYCLES, BOOLEAN as KVM defines them), and the helper's own:
+ * JOULES and WATTS, taken from the top of the 4-bit range (0x8, 0x9) so that a unit KVM adds later
+ * (it added BOOLEAN = 0x4 after the first four) cannot collide with them.
+ */
+export const STATS_UNIT = {
+  NONE: 0x0 << STATS_UNIT_SHIFT,
+  BYTES: 0x1 << STATS_UNIT_SHIFT,
+  SECONDS: 0x2 << STATS_UNIT_SHIFT,
+  CYCLES: 0x3 << STATS_UNIT_SHIFT,
+  BOOLEAN: 0x4 << STATS_UNIT_SHIFT,
+  /** The helper's: energy, value x 10^exponent joules. */
+  JOULES: 0x8 << STATS_UNIT_SHIFT,
+  /** The helper's: power, value x 10^exponent watts. */
+  WATTS: 0x9 << STATS_UNIT_SHIFT,
+} as const;
+
+/** KVM_STATS_BASE_*: the exponent is a power of 10 or of 2. */
+export const STATS_BASE = {
+  POW10: 0x0 << STATS_BASE_SHIFT,
+  POW2: 0x1 << STATS_BASE_SHIFT,
+} as const;
+
+export type StatsType = (typeof STATS_TYPE)[keyof typeof STATS_TYPE];
+export type StatsUnit = (typeof STATS_UNIT)[keyof typeof STATS_UNIT];
+export type StatsBase = (typeof STATS_BASE)[keyof typeof STATS_BASE];
+
+const TYPE_NAMES: Readonly<Record<number, string>> = {
+  [STATS_TYPE.CUMULATIVE]: 'cumulative',
+  [STATS_TYPE.INSTANT]: 'instant',
+  [STATS_TYPE.PEAK]: 'peak',
+};
+const UNIT_NAMES: Readonly<Record<number, string>> = {
+  [STATS_UNIT.NONE]: '',
+  [STATS_UNIT.BYTES]: 'B',
+  [STATS_UNIT.SECONDS]: 's',
+  [STATS_UNIT.CYCLES]: 'cycles',
+  [STATS_UNIT.BOOLEAN]: 'bool',
+  [STATS_UNIT.JOULES]: 'J',
+  [STATS_UNIT.WATTS]: 'W',
+};
+
+/** "cumulative", "instant", "peak", or "type N" for a code this reader does not know. */
+export function statsTypeName(flags: number): string {
+  const t = flags & STATS_TYPE_MASK;
+  return TYPE_NAMES[t] ?? `type ${t >> STATS_TYPE_SHIFT}`;
+}
+
+/** "J", "W", "s", ... ("" for NONE), or "unit N" for a code this reader does not know. */
+export function statsUnitName(flags: number): string {
+  const u = flags & STATS_UNIT_MASK;
+  return UNIT_NAMES[u] ?? `unit ${u >> STATS_UNIT_SHIFT}`;
+}
+
+/** The factor a raw value is multiplied by to get the unit: 10^exponent or 2^exponent. */
+export function statsScale(flags: number, exponent: number): number {
+  return (flags & STATS_BASE_MASK) === STATS_BASE.POW2 ? 2 ** exponent : 10 ** exponent;
+}

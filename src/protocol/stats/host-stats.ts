@@ -1,0 +1,80 @@
+/**
+ * What the host's statistics file holds (docs/stats-fd.md "The host's file"): per host package its
+ * id, energy and energy attributed to no VM, and the daemon's counters (the values HOST_UPDATE
+ * carries). Pure.
+ */
+import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
+import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
+import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
+import type { SampleBlock } from './sample-block.js';
+
+const C = STATS_TYPE.CUMULATIVE;
+const I = STATS_TYPE.INSTANT;
+const UJ = STATS_UNIT.JOULES | STATS_BASE.POW10;
+const one = (name: string, flags: number, exponent = 0): StatsDescriptor => ({ name, flags, exponent, size: 1 });
+
+/** Counters of the host file, in file order: name and type. */
+const COUNTERS = [
+  ['samples', C],
+  ['sample_failures', C],
+  ['legacy_ok', C],
+  ['legacy_refused', C],
+  ['legacy_failed', C],
+  ['vm_changes', C],
+  ['connections', I],
+  ['vms', I],
+] as const;
+
+export function hostStatsId(daemonPid: number): string {
+  return `vmsr-host/pid-${daemonPid}`;
+}
+
+export function hostStatsLayout(daemonPid: number, npkg: number): StatsLayout {
+  const descs: StatsDescriptor[] = [
+    ...COMMON_STATS,
+    { name: 'package_id', flags: I | STATS_UNIT.NONE, exponent: 0, size: npkg },
+    { name: 'package_energy', flags: C | UJ, exponent: -6, size: npkg },
+    { name: 'package_unattributed_energy', flags: C | UJ, exponent: -6, size: npkg },
+    one('unattributed_energy', C | UJ, -6),
+    one('last_sample_duration', I | STATS_UNIT.SECONDS | STATS_BASE.POW10, -9),
+    ...COUNTERS.map(([name, type]) => one(name, type | STATS_UNIT.NONE)),
+  ];
+  return planStatsLayout(hostStatsId(daemonPid), descs);
+}
+
+export interface HostStatsValues extends SampleTimes {
+  packages: readonly { pkg: number; energyUj: bigint; unattributedUj: bigint }[];
+  unattributedUj: bigint;
+  lastSampleDurationNs: bigint;
+  samples: bigint;
+  sampleFailures: bigint;
+  legacyOk: bigint;
+  legacyRefused: bigint;
+  legacyFailed: bigint;
+  /** Samples in which a VM appeared, ended or was dropped (HOST_UPDATE's VMS_CHANGED, counted): LIST again when it moves. */
+  vmChanges: bigint;
+  connections: number;
+  vms: number;
+}
+
+export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
+  writeSampleTimes(b, v);
+  const id = b.slot('package_id');
+  const e = b.slot('package_energy');
+  const u = b.slot('package_unattributed_energy');
+  v.packages.forEach((p, i) => {
+    b.setNumber(id + i, p.pkg);
+    b.setBig(e + i, p.energyUj);
+    b.setBig(u + i, p.unattributedUj);
+  });
+  b.setBig(b.slot('unattributed_energy'), v.unattributedUj);
+  b.setBig(b.slot('last_sample_duration'), v.lastSampleDurationNs);
+  b.setBig(b.slot('samples'), v.samples);
+  b.setBig(b.slot('sample_failures'), v.sampleFailures);
+  b.setBig(b.slot('legacy_ok'), v.legacyOk);
+  b.setBig(b.slot('legacy_refused'), v.legacyRefused);
+  b.setBig(b.slot('legacy_failed'), v.legacyFailed);
+  b.setBig(b.slot('vm_changes'), v.vmChanges);
+  b.setNumber(b.slot('connections'), v.connections);
+  b.setNumber(b.slot('vms'), v.vms);
+}

@@ -1,0 +1,137 @@
+/**
+ * What a VM's statistics file holds (docs/stats-fd.md "A VM's file"): its descriptors for a VM of
+ * `nvpkg` virtual packages and `nvcpu` vCPUs, and the writing of one sample's values. Arrays are one
+ * descriptor each, index = virtual package or vCPU (the order of the VM's vCPU list). Pure.
+ */
+import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
+import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
+import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
+import type { SampleBlock } from './sample-block.js';
+
+export interface VmStatsShape {
+  hostVmId: number;
+  pid: number;
+  name: string | null;
+  nvpkg: number;
+  nvcpu: number;
+  /**
+   * The exponent of the clock-tick values (CPU time), base 10: -2 for CLK_TCK 100. Null when CLK_TCK is
+   * not a power of ten: then the tick descriptors are left out, never given in a wrong unit.
+   */
+  tickExponent: number | null;
+}
+
+/** The id string of a VM's file: "vmsr-vm-<host VM id>/pid-<pid>[/<name>]" (cut to the name size). */
+export function vmStatsId(s: Pick<VmStatsShape, 'hostVmId' | 'pid' | 'name'>): string {
+  return `vmsr-vm-${s.hostVmId}/pid-${s.pid}${s.name !== null ? `/${s.name}` : ''}`;
+}
+
+const one = (name: string, flags: number, exponent = 0): StatsDescriptor => ({ name, flags, exponent, size: 1 });
+const C = STATS_TYPE.CUMULATIVE;
+const I = STATS_TYPE.INSTANT;
+const UJ = STATS_UNIT.JOULES | STATS_BASE.POW10;
+
+export function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
+  const out: StatsDescriptor[] = [
+    ...COMMON_STATS,
+    one('host_vm_id', I | STATS_UNIT.NONE),
+    one('pid', I | STATS_UNIT.NONE),
+    one('ended', I | STATS_UNIT.BOOLEAN),
+    one('replaced', I | STATS_UNIT.BOOLEAN),
+    { name: 'energy', flags: C | UJ, exponent: -6, size: s.nvpkg },
+    { name: 'msr_energy_status', flags: I | STATS_UNIT.NONE, exponent: 0, size: s.nvpkg },
+    { name: 'power', flags: I | STATS_UNIT.WATTS | STATS_BASE.POW10, exponent: -6, size: s.nvpkg },
+    { name: 'vcpu_tid', flags: I | STATS_UNIT.NONE, exponent: 0, size: s.nvcpu },
+    { name: 'vcpu_energy', flags: C | UJ, exponent: -6, size: s.nvcpu },
+  ];
+  if (s.tickExponent !== null) {
+    const ticks = C | STATS_UNIT.SECONDS | STATS_BASE.POW10;
+    out.push({ name: 'vcpu_cpu_time', flags: ticks, exponent: s.tickExponent, size: s.nvcpu });
+    out.push(one('other_threads_cpu_time', ticks, s.tickExponent));
+  }
+  return out;
+}
+
+export function vmStatsLayout(s: VmStatsShape): StatsLayout {
+  return planStatsLayout(vmStatsId(s), vmStatsDescriptors(s));
+}
+
+/** One vCPU's totals since the VM's baseline. */
+export interface VcpuTotals {
+  tid: number;
+  energyUj: number;
+  /** CPU time in clock ticks (utime + stime deltas). */
+  ticks: number;
+}
+
+export interface VmStatsValues extends SampleTimes {
+  ended: boolean;
+  /** Per virtual package: cumulative µJ, the MSR-format counter, power over the last interval (µW). */
+  energyUj: readonly bigint[];
+  counter: readonly number[];
+  powerUw: readonly number[];
+  /** Per vCPU, in the order of the VM's vCPU list. */
+  vcpus: readonly VcpuTotals[];
+  /** Ticks of the VM's threads that are not vCPUs. */
+  otherTicks: number;
+}
+
+/** The word index of every value of a VM's file, resolved once. */
+export class VmStatsSlots {
+  readonly hostVmId: number;
+  readonly pid: number;
+  readonly ended: number;
+  readonly replaced: number;
+  readonly energy: number;
+  readonly counter: number;
+  readonly power: number;
+  readonly vcpuTid: number;
+  readonly vcpuEnergy: number;
+  readonly vcpuTicks: number | null;
+  readonly otherTicks: number | null;
+
+  constructor(
+    b: SampleBlock,
+    readonly shape: VmStatsShape,
+  ) {
+    this.hostVmId = b.slot('host_vm_id');
+    this.pid = b.slot('pid');
+    this.ended = b.slot('ended');
+    this.replaced = b.slot('replaced');
+    this.energy = b.slot('energy');
+    this.counter = b.slot('msr_energy_status');
+    this.power = b.slot('power');
+    this.vcpuTid = b.slot('vcpu_tid');
+    this.vcpuEnergy = b.slot('vcpu_energy');
+    this.vcpuTicks = b.has('vcpu_cpu_time') ? b.slot('vcpu_cpu_time') : null;
+    this.otherTicks = b.has('other_threads_cpu_time') ? b.slot('other_threads_cpu_time') : null;
+  }
+}
+
+/** One sample's values into the block (inside SampleBlock.write). Arrays longer than the file's are cut, shorter ones leave 0. */
+export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
+  writeSampleTimes(b, v);
+  b.setNumber(slots.hostVmId, slots.shape.hostVmId);
+  b.setNumber(slots.pid, slots.shape.pid);
+  b.setNumber(slots.ended, v.ended ? 1 : 0);
+  const np = Math.min(slots.shape.nvpkg, v.energyUj.length);
+  for (let g = 0; g < np; g++) {
+    b.setBig(slots.energy + g, v.energyUj[g]!);
+    b.setNumber(slots.counter + g, v.counter[g] ?? 0);
+    b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
+  }
+  const nc = Math.min(slots.shape.nvcpu, v.vcpus.length);
+  for (let i = 0; i < nc; i++) {
+    const c = v.vcpus[i]!;
+    b.setNumber(slots.vcpuTid + i, c.tid);
+    b.setNumber(slots.vcpuEnergy + i, c.energyUj);
+    if (slots.vcpuTicks !== null) b.setNumber(slots.vcpuTicks + i, c.ticks);
+  }
+  if (slots.otherTicks !== null) b.setNumber(slots.otherTicks, v.otherTicks);
+}
+
+/** The base-10 exponent of one clock tick in seconds (-2 for 100), or null when CLK_TCK is not a power of ten. */
+export function tickExponent(clkTck: number): number | null {
+  const e = Math.round(Math.log10(clkTck));
+  return e >= 0 && 10 ** e === clkTck ? -e : null;
+}

@@ -1,0 +1,167 @@
+/**
+ * Statistics fds from the real daemon (child process, fake MSR files, real /proc): a real QEMU guest
+ * the daemon discovered and a registered VM; the C reader written from docs/stats-fd.md (built with
+ * gcc) agrees with StatsReader; a client at another uid (nobody) gets what the observer rules allow
+ * and ERROR 2 / 3 otherwise; `vmsr-helper stats --once --json` lists what the fds hold.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { pathToFileURL } from 'node:url';
+import { afterEach, describe, expect, it } from 'vitest';
+import { V2Client } from '../../src/client/v2-client.js';
+import { StatsReader } from '../../src/client/stats-reader.js';
+import { FakeHost } from '../support/fake-host.js';
+import { BIN, ROOT, hostArgs, spawnHelper, tempDir, waitFor } from './support/daemon-process.js';
+import { startChild, threadsOf } from '../v2/harness.js';
+import { qemuMissing, startQemu } from '../support/qemu.js';
+import { which } from '../support/env.js';
+
+const NOBODY = 65534;
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function daemon(extra: string[] = []) {
+  const fake = new FakeHost({ packages: [0, 0] });
+  fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 0x1000 } });
+  const stop = fake.pumpEnergy({ pkg: 0, units: 1500, everyMs: 20 });
+  cleanups.push(() => fake.cleanup(), stop);
+  const dir = tempDir('vmsr-statsfd-');
+  fs.chmodSync(dir, 0o755);
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const sock = path.join(dir, 'helper.sock');
+  const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--socket-mode', '0666', ...extra]);
+  cleanups.push(() => helper.stop('SIGKILL'));
+  await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
+  return { sock, helper };
+}
+
+/** Runs `body` (an ES module text, given `sock`) in node as uid nobody; its stdout parsed as JSON. */
+function asNobody(sock: string, body: string): unknown {
+  const client = pathToFileURL(path.join(ROOT, 'dist/src/client/v2-client.js')).href;
+  const reader = pathToFileURL(path.join(ROOT, 'dist/src/client/stats-reader.js')).href;
+  const text = `const { V2Client } = await import(${JSON.stringify(client)}); const { StatsReader } = await import(${JSON.stringify(reader)});
+    const sock = ${JSON.stringify(sock)}; const c = await V2Client.connect(sock); const out = {};
+    const tryFd = async (id) => { try { const { fd } = await c.statsFd(id); const r = StatsReader.open(fd); const v = r.value(r.read(), 'pid'); r.close(); return { ok: true, pid: v === undefined ? null : Number(v) }; } catch (e) { return { ok: false, code: e.code ?? null }; } };
+    ${body}
+    await c.close(); process.stdout.write(JSON.stringify(out));`;
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', text], {
+    uid: NOBODY,
+    gid: NOBODY,
+    encoding: 'utf8',
+    timeout: 15_000,
+  });
+  if (r.status !== 0) throw new Error(`client as nobody failed: ${r.stderr}`);
+  return JSON.parse(r.stdout);
+}
+
+describe('statistics fds on the daemon', () => {
+  it('a discovered QEMU guest: its fd shows vCPU CPU time and energy growing, and the C reader agrees with StatsReader', async (ctx) => {
+    const why = qemuMissing() ?? (which('gcc') ? null : 'gcc not installed');
+    if (why) return ctx.skip(why);
+    const exe = path.join(tempDir('vmsr-statsfd-c-'), 'vmsr-stats-read');
+    cleanups.push(() => fs.rmSync(path.dirname(exe), { recursive: true, force: true }));
+    execFileSync('gcc', ['-O2', '-Wall', '-Werror', '-o', exe, path.join(ROOT, 'contrib/stats-reader/vmsr-stats-read.c')]);
+    const { sock } = await daemon();
+    const guest = await startQemu({ mode: 'a', smp: 2, name: 'statsfd-guest', tcg: true });
+    cleanups.push(() => guest.stop());
+    const c = await V2Client.connect(sock);
+    cleanups.push(() => c.close());
+    let vm: number | undefined;
+    for (const end = Date.now() + 15_000; vm === undefined; await new Promise((res) => setTimeout(res, 100))) {
+      if (Date.now() > end) throw new Error('discovery did not list the guest');
+      vm = (await c.list()).find((v) => v.pid === guest.pid && !v.ended)?.hostVmId;
+    }
+    // Discovery names the guest's vCPU threads as they appear: until both are known the file has one
+    // vCPU, and a file whose shape changes is marked replaced (then a new STATS_FD gives the new shape).
+    let r = StatsReader.open((await c.statsFd(vm!)).fd);
+    for (const end = Date.now() + 15_000; r.descriptor('vcpu_energy')!.size < 2;) {
+      if (Date.now() > end) throw new Error('the guest never had two vCPUs in its file');
+      const old = r;
+      for (let i = 0; i < 50 && old.value(old.read(), 'replaced') !== 1n; i++) await new Promise((res) => setTimeout(res, 100));
+      old.close();
+      r = StatsReader.open((await c.statsFd(vm!)).fd);
+    }
+    const reader = r;
+    cleanups.push(() => reader.close());
+    expect(r.id).toBe(`vmsr-vm-${vm}/pid-${guest.pid}/statsfd-guest`);
+    expect(r.descriptor('vcpu_energy')!.size).toBe(2);
+    const first = r.read();
+    const cpu0 = r.values(first, 'vcpu_cpu_time')!.reduce((a, b) => a + b, 0n);
+    const e0 = r.value(first, 'energy')!;
+    await waitFor(() => {
+      const s = r.read();
+      return r.values(s, 'vcpu_cpu_time')!.reduce((a, b) => a + b, 0n) > cpu0 + 10n && r.value(s, 'energy')! > e0;
+    }, 'the guest to use CPU time and energy');
+    // The C reader and StatsReader, on one sample (same generation: retried until they meet).
+    for (let i = 0; ; i++) {
+      const out = execFileSync(exe, [sock, String(vm)], { encoding: 'utf8' });
+      const s = r.read();
+      const lines = out.trim().split('\n');
+      expect(lines[0]).toBe(`id ${r.id}`);
+      const byName = new Map(lines.slice(1).map((l) => [l.split(' ')[0]!, l.split(' ')]));
+      if (byName.get('generation')![4] !== String(s.generation)) {
+        if (i < 20) continue;
+        throw new Error('the C reader and StatsReader never read the same sample');
+      }
+      for (const d of r.descriptors) {
+        const f = byName.get(d.name)!;
+        expect(f.slice(4)).toEqual(r.values(s, d.name)!.map(String));
+        expect(Number(f[3])).toBe(d.exponent);
+      }
+      break;
+    }
+  }, 60_000);
+
+  it("a client at uid nobody gets the fd of its own VM, ERROR 3 for root's VM and ERROR 2 for the host; the observer group gets all", async () => {
+    const { sock } = await daemon(['--no-discovery']);
+    const mine = startChild('sleep');
+    cleanups.push(() => mine.kill());
+    await waitFor(() => fs.existsSync(`/proc/${mine.pid}/task`), 'the child');
+    const c = await V2Client.connect(sock);
+    cleanups.push(() => c.close());
+    const rootVm = (await c.register({ pid: mine.pid, vcpus: [{ tid: threadsOf(mine.pid)[0]!, vpkg: 0 }] })).vmId;
+    // A process of nobody's, registered by nobody itself.
+    const theirs = spawn('sleep', ['60'], { uid: NOBODY, gid: NOBODY, stdio: 'ignore' });
+    cleanups.push(() => theirs.kill('SIGKILL'));
+    await waitFor(() => fs.existsSync(`/proc/${theirs.pid}/task`), 'the nobody child');
+    const got = asNobody(
+      sock,
+      `const reg = await c.register({ pid: ${theirs.pid}, vcpus: [{ tid: ${theirs.pid}, vpkg: 0 }] });
+       out.own = await tryFd(reg.vmId); out.root = await tryFd(${rootVm}); out.host = await tryFd(0);`,
+    ) as Record<string, { ok: boolean; pid?: number; code?: number }>;
+    expect(got.own).toEqual({ ok: true, pid: theirs.pid });
+    expect(got.root).toEqual({ ok: false, code: 3 });
+    expect(got.host).toEqual({ ok: false, code: 2 });
+  });
+
+  it("the observer group sees every VM and the host; `vmsr-helper stats --once --json` shows the fds' values", async () => {
+    const { sock } = await daemon(['--no-discovery', '--observer-group', String(NOBODY)]);
+    const vmProc = startChild('spin');
+    cleanups.push(() => vmProc.kill());
+    await waitFor(() => fs.existsSync(`/proc/${vmProc.pid}/task`), 'the child');
+    const c = await V2Client.connect(sock);
+    cleanups.push(() => c.close());
+    const vmId = (await c.register({ pid: vmProc.pid, vcpus: [{ tid: threadsOf(vmProc.pid)[0]!, vpkg: 0 }] })).vmId;
+    const got = asNobody(sock, `out.vm = await tryFd(${vmId}); out.host = await tryFd(0);`) as Record<string, { ok: boolean }>;
+    expect(got.vm).toMatchObject({ ok: true });
+    expect(got.host).toMatchObject({ ok: true });
+    const r = StatsReader.open((await c.statsFd(vmId)).fd);
+    cleanups.push(() => r.close());
+    await waitFor(() => r.value(r.read(), 'energy')! > 0n, 'energy');
+    const out = execFileSync(process.execPath, [BIN, 'stats', '-k', sock, '--once', '--json', '--vm', String(vmId)], { encoding: 'utf8' });
+    const rows = out
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[] });
+    expect(rows).toHaveLength(1);
+    expect(rows[0]).toMatchObject({ host_vm_id: vmId, pid: vmProc.pid });
+    expect(rows[0]!.energy_j).toBeGreaterThan(0);
+    expect(rows[0]!.vcpus).toHaveLength(1);
+    const table = execFileSync(process.execPath, [BIN, 'stats', '-k', sock, '--once'], { encoding: 'utf8' });
+    expect(table).toMatch(/ID\s+NAME\s+PID\s+POWER W/);
+    expect(table).toContain(String(vmProc.pid));
+  });
+});
