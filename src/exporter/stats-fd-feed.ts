@@ -53,12 +53,19 @@ export function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSampl
 
 export class StatsFdFeed {
   private readonly vms = new Map<number, StatsReader>();
-  private lastVmChanges: bigint | null = null;
+  /**
+   * vm_changes as last read. Taken when the feed is made, before the connection's first LIST: a VM
+   * that appears between that LIST and the first scrape then still counts as a change (a baseline
+   * taken at the first scrape would already include it, and the VM would never be listed).
+   */
+  private lastVmChanges: bigint;
 
   constructor(
     private readonly book: EnergyBook,
     private readonly host: StatsReader,
-  ) {}
+  ) {
+    this.lastVmChanges = host.value(host.read(), 'vm_changes') ?? 0n;
+  }
 
   /** The VM's file, read from the next scrape on (the feed owns the reader). */
   add(hostVmId: number, r: StatsReader): void {
@@ -75,7 +82,7 @@ export class StatsFdFeed {
     const s = this.host.read();
     this.book.hostUpdate(hostUpdateFromFile(this.host, s));
     const changes = this.host.value(s, 'vm_changes') ?? 0n;
-    const changed = this.lastVmChanges !== null && changes !== this.lastVmChanges;
+    const changed = changes !== this.lastVmChanges;
     this.lastVmChanges = changes;
     return changed;
   }

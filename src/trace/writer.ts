@@ -345,9 +345,14 @@ export class TraceWriter {
     return null;
   }
 
-  /** Cuts the file back to its last whole record and, for .gz, writes that record's gzip end again. */
+  /**
+   * Cuts the file back to its last whole record and, for .gz, writes that record's gzip end again. A
+   * file that is not a regular file (a device such as /dev/full, a pipe) has nothing to cut: a failed
+   * write left nothing in it to keep whole.
+   */
   private undo(): void {
     try {
+      if (!fs.fstatSync(this.fd).isFile()) return;
       if (!this.gzip || this.end === 0) return void fs.ftruncateSync(this.fd, this.end);
       fs.ftruncateSync(this.fd, this.end + 10);
       const trailer = Buffer.alloc(10);
