@@ -126,7 +126,15 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const steps: StepDone[] = [...opened.steps];
     // What a restart handed over (connections, state, counters), each part checked; the rest closed.
     const handed = takeHandedOver(inh.named, area('restart'));
-    if (inh.how === 'systemd' && inh.named) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
+    // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
+    // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
+    if (inh.how !== 'restart' && inh.named && inh.named.size > 0) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
+    if (notifier.socket !== undefined && process.env.FDSTORE !== '0' && inh.how !== 'restart' && !handed.state && !handed.connections.length) {
+      area('restart').info(
+        'a fresh start: systemd passed no restart state (its fd store is kept by systemctl restart, dropped by systemctl stop: ' +
+          "any QEMU connections of a stopped helper were lost with it)",
+      );
+    }
     logger.info({ vendor, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size }, 'MSR devices open');
 
     // The privilege drop. Re-executed: done before the exec, on every thread (os/privileges/reexec.ts).
