@@ -122,11 +122,16 @@ export async function run(): Promise<void> {
       const served = logTime(stderr, 'Listening on', t0) - t0;
       const exec = logTime(stderr, 'restart in place: executing', t0) - t0;
       const longest = Math.max(...loops.map((l) => l.maxWaitMs));
-      const phases = /"msg":"restart phases[^\n]*/.exec(stderr.slice(stderr.lastIndexOf('"msg":"restart phases')))?.[0];
+      const line = stderr.split('\n').findLast((l) => l.includes('"msg":"restart phases"'));
+      const rec = line ? (JSON.parse(line) as Record<string, unknown>) : {};
+      const phases = Object.entries(rec)
+        .filter(([k]) => k.endsWith('Ms'))
+        .map(([k, v]) => `${k.slice(0, -2)} ${String(v)}`)
+        .join(', ');
       console.log(
         `  restart ${i + 1}: signal to serving ${served} ms (check and stop until exec ${exec} ms, new image ${served - exec} ms); ` +
           `longest request wait ${longest.toFixed(0)} ms (goal under ${QEMU_REPLY_WAIT_MS} ms: ${longest < QEMU_REPLY_WAIT_MS ? 'met' : 'NOT met'})` +
-          (phases ? `\n    ${phases}` : ''),
+          (phases ? `\n    phases (ms): ${phases}` : ''),
       );
     }
     const errors = loops.filter((l) => l.error !== null);
