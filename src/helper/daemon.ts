@@ -14,13 +14,14 @@ import { assembleServer } from './assemble.js';
 import type { HealthSource } from './v2/service.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from './server/incomplete-frames.js';
+import { lateV2Handler } from './server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../os/fd-budget.js';
 import { Notifier } from './lifecycle/systemd.js';
 import { inheritFromEnvironment, type Inherited } from './lifecycle/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig, DaemonContext, DaemonPlugin, RestartParticipant, ShutdownHook } from './lifecycle/config.js';
 import { HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
-import { Restarter } from './lifecycle/restart.js';
+import { Restarter, takeRestartClock, wallMs } from './lifecycle/restart.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
@@ -67,6 +68,8 @@ function escapeRe(s: string): string {
 }
 
 export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {}): Promise<RunningDaemon> {
+  const enteredAt = wallMs();
+  const clock = takeRestartClock();
   const logger = opts.logger ?? createLogger(config.logLevel);
   const area = (name: string): Logger =>
     areaMatches(config.traceAreas, name) && logger.levelVal > 20 ? logger.child({ area: name }, { level: 'debug' }) : logger.child({ area: name });
@@ -122,11 +125,20 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const inh = opts.inherited ?? inheritFromEnvironment(config.socketPathGiven);
     const startLog = area('startup');
     opened = await openStart(config, inh, { files: opts.files ?? [], log: startLog });
+    const openedAt = wallMs();
     const { vendor, cpus, device, listener, energy, energyWhy } = opened;
     const steps: StepDone[] = [...opened.steps];
     // What a restart handed over (connections, state, counters), each part checked; the rest closed.
     const handed = takeHandedOver(inh.named, area('restart'));
-    if (inh.how === 'systemd' && inh.named) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
+    // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
+    // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
+    if (inh.how !== 'restart' && inh.named && inh.named.size > 0) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
+    if (notifier.socket !== undefined && process.env.FDSTORE !== '0' && inh.how !== 'restart' && !handed.state && !handed.connections.length) {
+      area('restart').info(
+        'a fresh start: systemd passed no restart state (its fd store is kept by systemctl restart, dropped by systemctl stop: ' +
+          "any QEMU connections of a stopped helper were lost with it)",
+      );
+    }
     const openedWhat =
       energy === 'msr'
         ? 'MSR devices open'
@@ -169,8 +181,10 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       logger.warn({ asked: config.maxConnections, maxConnections, limit }, `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`);
     }
 
-    // The service chain: plug-ins (the v2 service), then the legacy service and the server on the listener.
-    let v2Handler = opts.v2Handler;
+    // The service chain: the legacy service and the server on the listener, serving at once (a
+    // restart's legacy connections need no v2 state); then the plug-ins (the v2 service, which restores
+    // the state), whose v2 handler is bound late: a v2 connection meanwhile waits (late-v2-handler.ts).
+    const late = opts.v2Handler || (opts.plugins ?? []).length > 0 ? lateV2Handler() : undefined;
     const files = opened.files;
     const openedFile = (p: string) => files.get(p);
     const readyHooks: (() => void | Promise<void>)[] = [];
@@ -196,10 +210,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       restarted: inh.how === 'restart' || handed.state !== undefined,
       onRestart: (p) => void participants.push(p),
     };
-    for (const p of opts.plugins ?? []) {
-      const r = await p.setup(ctx);
-      if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
-    }
+    const pluginsAt = wallMs();
     ({ legacy, server } = assembleServer({
       paths: config.hostPaths,
       device,
@@ -214,10 +225,44 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
         maxConnections,
         incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
       },
-      ...(v2Handler ? { v2Handler } : {}),
+      ...(late ? { v2Handler: late.handler } : {}),
     }));
     server.serve();
     server.adopt(handed.connections);
+    const servingAt = wallMs();
+    let v2Handler = opts.v2Handler;
+    for (const p of opts.plugins ?? []) {
+      const r = await p.setup(ctx);
+      if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
+    }
+    const v2Log = area('server');
+    late?.bind(
+      v2Handler ??
+        ((socket, peer) => {
+          v2Log.warn({ peer: peer.pid }, 'a v2 client, and no v2 service: closing the connection');
+          socket.destroy();
+        }),
+    );
+    if (clock !== null && inh.how === 'restart') {
+      // Where a restart in place spends its time, old image to serving (docs/daemon.md "Restarts").
+      const ms = (a: number, b: number) => Math.round((b - a) * 10) / 10;
+      const node = performance.nodeTiming;
+      area('restart').info(
+        {
+          checkMs: ms(clock.signalAt, clock.stoppedAt),
+          drainAndSaveMs: ms(clock.stoppedAt, clock.execAt),
+          execToNodeMs: ms(clock.execAt, performance.timeOrigin),
+          nodeBootMs: ms(0, node.bootstrapComplete),
+          modulesMs: ms(performance.timeOrigin + node.bootstrapComplete, enteredAt),
+          startupMs: ms(enteredAt, openedAt),
+          handoverMs: ms(openedAt, pluginsAt),
+          serveMs: ms(pluginsAt, servingAt),
+          stoppedToServingMs: ms(clock.stoppedAt, servingAt),
+          servicesMs: ms(servingAt, wallMs()),
+        },
+        'restart phases',
+      );
+    }
     restarter = new Restarter({ server, opened, participants, legacy: legacyCounters, notifier, log: area('restart') });
 
     const where = listener.where;

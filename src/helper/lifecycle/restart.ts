@@ -39,6 +39,31 @@ export const RESTART_DRAIN_MS = 200;
 /** Longest the check of the installed binary (`--version`) may take before the restart is called off. */
 export const RESTART_CHECK_TIMEOUT_MS = 10_000;
 export const HANDOVER_MEMFD_NAME = 'vmsr-helper-handover';
+/**
+ * Carries the old image's times (wall-clock ms, sub-ms: performance.timeOrigin + now) across the exec,
+ * as JSON `{ signalAt, stoppedAt, execAt }`, for the new image's `restart phases` log line.
+ */
+export const RESTART_CLOCK_ENV = 'VMSR_HELPER_RESTART_CLOCK';
+export interface RestartClock {
+  signalAt: number;
+  stoppedAt: number;
+  execAt: number;
+}
+export const wallMs = (): number => performance.timeOrigin + performance.now();
+
+/** The old image's times the exec carried (removed from the environment), or null. */
+export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartClock | null {
+  const text = env[RESTART_CLOCK_ENV];
+  delete env[RESTART_CLOCK_ENV];
+  if (text === undefined) return null;
+  try {
+    const v = JSON.parse(text) as Partial<RestartClock>;
+    const ok = [v.signalAt, v.stoppedAt, v.execAt].every((x) => typeof x === 'number' && Number.isFinite(x));
+    return ok ? (v as RestartClock) : null;
+  } catch {
+    return null;
+  }
+}
 
 export interface RestartParts {
   server: HelperServer;
@@ -171,6 +196,7 @@ export class Restarter {
     this.running = true;
     try {
       const t0 = process.hrtime.bigint();
+      const signalAt = wallMs();
       log.info({ trigger }, 'restart in place: checking the installed binary');
       const bad = await checkInstalledBinary();
       if (bad !== null) {
@@ -180,6 +206,7 @@ export class Restarter {
       }
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
       let prepared: Prepared;
+      const stoppedAt = wallMs();
       try {
         prepared = await prepare(this.p);
       } catch (e) {
@@ -204,7 +231,8 @@ export class Restarter {
         'restart in place: executing the installed binary',
       );
       try {
-        reexecInPlace(keep, inheritEnv(inherited), daemonArgv());
+        const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
+        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) }, daemonArgv());
       } catch (e) {
         for (const fd of keep) {
           try {

@@ -19,6 +19,7 @@ import { encodeLegacyRequest, LEGACY_REPLY_SIZE, V2_MAGIC } from '../../../src/p
 import type { PeerCredentials } from '../../../src/os/libc.js';
 import { FakeHost } from '../../support/fake-host.js';
 import { waitFor } from '../../support/wait.js';
+import { lateV2Handler } from '../../../src/helper/server/late-v2-handler.js';
 
 const POWER_UNIT = 0xa0e03n;
 const log = pino({ level: 'silent' });
@@ -139,5 +140,43 @@ describe('HelperServer connection cap', () => {
     const next = await connect(socketPath);
     await legacyAnswered(next);
     expect(server.connections).toBe(2);
+  });
+});
+
+describe('a v2 handler bound late (late-v2-handler.ts: a restart serves legacy clients before the v2 service is set up)', () => {
+  it('serves legacy requests while unbound, holds a v2 connection with every byte it sent, and hands it over once bound', async () => {
+    const late = lateV2Handler();
+    const { socketPath } = await serve({ v2Handler: late.handler });
+    const v2 = await connect(socketPath);
+    v2.socket.write(Buffer.concat([V2_MAGIC, Buffer.from('abc')]));
+    await waitFor(() => late.held === 1, 'the v2 connection to be held');
+    v2.socket.write('def');
+    const legacy = await connect(socketPath);
+    await legacyAnswered(legacy, 2);
+    await new Promise((r) => setTimeout(r, 30));
+    expect(v2.received().length).toBe(0);
+    // The real handler echoes what it is given and what comes after, as a v2 connection reads on.
+    late.bind((socket, _peer, rest) => {
+      socket.write(rest);
+      socket.on('data', (d: Buffer) => socket.write(d));
+      socket.resume();
+    });
+    expect(late.held).toBe(0);
+    await waitFor(() => v2.received().toString() === 'abcdef', 'the held bytes echoed once bound');
+    v2.socket.write('g');
+    await waitFor(() => v2.received().toString() === 'abcdefg', 'later bytes reaching the bound handler');
+  });
+
+  it('skips a held connection its client closed before the handler was bound', async () => {
+    const late = lateV2Handler();
+    const { socketPath } = await serve({ v2Handler: late.handler });
+    const v2 = await connect(socketPath);
+    v2.socket.write(V2_MAGIC);
+    await waitFor(() => late.held === 1, 'the v2 connection to be held');
+    v2.socket.destroy();
+    await new Promise((r) => setTimeout(r, 50));
+    let calls = 0;
+    late.bind(() => calls++);
+    expect(calls).toBe(0);
   });
 });

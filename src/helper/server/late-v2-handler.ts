@@ -1,0 +1,44 @@
+/**
+ * A v2 handler bound after the server serves: a restart serves its handed-over legacy connections
+ * first (QEMU's replies need no v2 state) and sets up the v2 service, which restores the state, after
+ * (docs/daemon.md "Restarts"). A v2 connection that comes meanwhile is paused, its bytes kept by the
+ * stream, and handed to the handler once bound (the v2 connection resumes it).
+ */
+import type { V2Handler } from './server.js';
+
+export interface LateV2Handler {
+  /** What the server calls: the bound handler, or a hold until one is bound. */
+  readonly handler: V2Handler;
+  /** Binds the real handler and hands it every connection held so far, in order. */
+  bind(real: V2Handler): void;
+  /** Connections held, not handed yet. */
+  readonly held: number;
+}
+
+export function lateV2Handler(): LateV2Handler {
+  let real: V2Handler | undefined;
+  let waiting: Parameters<V2Handler>[] = [];
+  return {
+    handler: (socket, peer, rest, hold) => {
+      if (real) return real(socket, peer, rest, hold);
+      socket.pause();
+      waiting.push([socket, peer, rest, hold]);
+    },
+    bind(h) {
+      real = h;
+      const held = waiting;
+      waiting = [];
+      for (const args of held) {
+        if (args[0].destroyed) continue;
+        try {
+          h(...args);
+        } catch {
+          args[0].destroy();
+        }
+      }
+    },
+    get held() {
+      return waiting.length;
+    },
+  };
+}

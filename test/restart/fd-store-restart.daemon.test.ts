@@ -1,0 +1,176 @@
+/**
+ * Restarts through systemd's fd store (docs/daemon.md "Restarts"), against the real systemd booted as
+ * PID 1 of a new PID namespace (test/restart/support/service-manager.ts): a .socket unit and a
+ * Type=notify service with FileDescriptorStoreMax=, the real daemon, and the QEMU-like legacy client
+ * (legacy-client.py) sending without pause. `systemctl restart` stores the connections and the state
+ * (FDSTORE=1) and the next start adopts them from LISTEN_FDS; `systemctl stop` then `start` drops the
+ * store (systemd 252 to 254 without FileDescriptorStorePreserve=): the connection is lost, and the new
+ * daemon says it starts fresh. Which manager ran, and why, is printed; where systemd cannot run here
+ * the tests are skipped with the reason printed.
+ */
+import { execFileSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { FakeHost } from '../support/fake-host.js';
+import { EnergyPump } from '../support/energy-pump.js';
+import { BIN, ROOT, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
+import { waitFor } from '../support/wait.js';
+import { RealSystemd, UNIT } from './support/service-manager.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+/** A wait this long is a hang (a request lost in the handover), not a slow machine. */
+const HANG_MS = 5000;
+const RESTARTS = 5;
+
+interface Summary {
+  sent: number;
+  answered: number;
+  maxWaitMs: number;
+  backwards: number;
+  extraBytes: number;
+  first: number | null;
+  last: number | null;
+  error: string | null;
+}
+
+/** The QEMU-like client, run inside systemd's namespace as QEMU shares the helper's PID namespace. */
+function legacyClient(m: RealSystemd, sock: string): { done(): Promise<Summary>; ready: Promise<void>; exited: Promise<void> } {
+  const [cmd, ...args] = m.inside(['python3', path.join(HERE, 'legacy-client.py'), sock]);
+  const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stdin.on('error', () => {});
+  const ready = new Promise<void>((resolve, reject) => {
+    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
+    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
+  });
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  return {
+    ready,
+    exited,
+    async done() {
+      child.stdin.end();
+      await exited;
+      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
+    },
+  };
+}
+
+const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
+
+let manager: RealSystemd | null = null;
+let why = '';
+let host: FakeHost;
+let pump: EnergyPump;
+let dir: string;
+let sock: string;
+let logFile: string;
+const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
+
+beforeAll(async () => {
+  ensureBuilt();
+  host = new FakeHost({ packages: [0, 0], online: [0, 1] });
+  host.writePackageMsr(0, 0x606, 0xa1003n);
+  pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
+  pump.start();
+  dir = tempDir('vmsr-fdstore-');
+  sock = path.join(dir, 'helper.sock');
+  logFile = path.join(dir, 'helper.log');
+  try {
+    manager = await RealSystemd.boot(
+      { socket: sock, execStart: [process.execPath, BIN, ...hostArgs(host), '--interval', '0.1'], log: logFile },
+      dir,
+    );
+    why = `real systemd (${manager.version}) as PID 1 of a new PID namespace`;
+  } catch (e) {
+    why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
+  }
+  console.log(`fd-store restarts run under: ${why}`);
+}, 60_000);
+
+afterAll(async () => {
+  pump?.stop();
+  await manager?.close();
+  host?.cleanup();
+});
+
+/** The daemon's count of legacy requests answered, asked by a v2 client inside the namespace. */
+function legacyOk(m: RealSystemd): number {
+  const client = pathToFileURL(path.join(ROOT, 'dist/src/client/v2-client.js')).href;
+  const script = `const { V2Client } = await import(${JSON.stringify(client)});
+const c = await V2Client.connect(${JSON.stringify(sock)});
+const h = await c.subscribeHost(() => {});
+await c.close();
+console.log(String(h.stats.legacyOk));`;
+  const [cmd, ...args] = m.inside([process.execPath, '--input-type=module', '-e', script]);
+  return Number(execFileSync(cmd!, args, { encoding: 'utf8', timeout: 30_000 }).trim());
+}
+
+async function startService(m: RealSystemd): Promise<void> {
+  const before = count(log(), 'Listening on');
+  m.systemctl('start', `${UNIT}.service`);
+  await waitFor(() => count(log(), 'Listening on') > before, 'the service to listen', undefined, 30_000);
+}
+
+describe("restarts through systemd's fd store", () => {
+  test('a legacy client is answered exactly once per request across 5 systemctl restarts, its counters carried', async (ctx) => {
+    if (manager === null) return ctx.skip();
+    const m = manager;
+    await startService(m);
+    const client = legacyClient(m, sock);
+    await client.ready;
+    const waits: number[] = [];
+    for (let i = 0; i < RESTARTS; i++) {
+      const before = count(log(), 'handed over:');
+      const pidBefore = m.show('MainPID');
+      const t0 = Date.now();
+      m.systemctl('restart', `${UNIT}.service`);
+      await waitFor(() => count(log(), 'handed over:') > before, `restart ${i + 1} to serve again`, undefined, 30_000);
+      waits.push(Date.now() - t0);
+      expect(m.show('MainPID')).not.toBe(pidBefore);
+      // The new start took its fds back out of the store (FDSTOREREMOVE=1).
+      await waitFor(() => m.show('NFileDescriptorStore') === '0', 'the fd store to be emptied by the new start', undefined, 5000);
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    const s = await client.done();
+    console.log(
+      `${why}: ${RESTARTS} systemctl restarts; systemctl to serving (ms): ${waits.join(', ')}; ` +
+        `longest request wait ${s.maxWaitMs.toFixed(1)} ms over ${s.sent} requests`,
+    );
+    const text = log();
+    expect(count(text, 'handed over to the fd store (FDSTORE=1)')).toBe(RESTARTS);
+    expect([...text.matchAll(/"msg":"handed over: (\d+) connections/g)].map((x) => x[1])).toEqual(Array(RESTARTS).fill('1'));
+    expect(text).toContain('"state":true');
+    expect(s.error).toBeNull();
+    expect(s.answered).toBe(s.sent);
+    expect(s.extraBytes).toBe(0);
+    expect(s.backwards).toBe(0);
+    expect(s.last!).toBeGreaterThan(s.first!);
+    expect(s.maxWaitMs).toBeLessThan(HANG_MS);
+    expect(legacyOk(m)).toBe(s.sent);
+  }, 180_000);
+
+  test('systemctl stop then start loses the connections and the new daemon says it starts fresh', async (ctx) => {
+    if (manager === null) return ctx.skip();
+    const m = manager;
+    if (m.show('ActiveState') !== 'active') await startService(m);
+    const client = legacyClient(m, sock);
+    await client.ready;
+    await new Promise((r) => setTimeout(r, 200));
+    const stored = count(log(), 'handed over to the fd store (FDSTORE=1)');
+    m.systemctl('stop', `${UNIT}.service`);
+    // The daemon stored its parts, and systemd dropped them with the stopped service.
+    expect(count(log(), 'handed over to the fd store (FDSTORE=1)')).toBe(stored + 1);
+    expect(m.show('NFileDescriptorStore')).toBe('0');
+    const fresh = count(log(), 'a fresh start');
+    await startService(m);
+    await waitFor(() => count(log(), 'a fresh start') > fresh, 'the new start to say it starts fresh', undefined, 5000);
+    await client.exited;
+    const s = await client.done();
+    // Its connection ended with the stopped helper: a reply never came, or a request could not be sent.
+    expect(s.error).toMatch(/closed by the helper|Broken pipe|Connection reset/);
+    expect(s.answered).toBeGreaterThanOrEqual(s.sent - 1);
+  }, 120_000);
+});

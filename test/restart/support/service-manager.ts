@@ -1,0 +1,148 @@
+/**
+ * A service manager for the fd-store restart tests (docs/daemon.md "Restarts", through systemd's fd
+ * store): the real systemd when it can run here as PID 1 of a new PID and mount namespace (booted to
+ * an empty target, so nothing but our two units starts), else nothing, with the reason. Units are
+ * written to a tmpfs on /run inside that namespace; the daemon's log goes to a file outside it.
+ *
+ * The real systemd is what `systemctl restart` is tested against, with its own fd store: FDSTORE=1
+ * datagrams, FileDescriptorStoreMax=, FDPOLL=, FDSTOREREMOVE=1, LISTEN_FDS/LISTEN_FDNAMES and FDSTORE=.
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+
+export const SYSTEMD = '/lib/systemd/systemd';
+/** Longest wait for the booted systemd to answer systemctl. */
+const BOOT_MS = 15_000;
+
+export interface Units {
+  /** The .socket unit's ListenStream= path. */
+  socket: string;
+  /** ExecStart= of the service, as argv. */
+  execStart: string[];
+  /** Where the service's stdout and stderr are appended. */
+  log: string;
+}
+
+/** Not starting with STORED_FD_PREFIX ('vmsr-'): the socket's fd is named after its unit. */
+export const UNIT = 'qemu-vmsr-test';
+
+function unitFiles(u: Units): Record<string, string> {
+  return {
+    'vmsr-idle.target': '[Unit]\nDescription=nothing to start\nDefaultDependencies=no\n',
+    [`${UNIT}.socket`]: `[Unit]\nDefaultDependencies=no\n[Socket]\nListenStream=${u.socket}\nSocketMode=0600\n`,
+    [`${UNIT}.service`]: [
+      '[Unit]',
+      'DefaultDependencies=no',
+      // Restarted more often than systemd's default start limit (5 in 10 s) allows.
+      'StartLimitIntervalSec=0',
+      `Requires=${UNIT}.socket`,
+      `After=${UNIT}.socket`,
+      '[Service]',
+      'Type=notify',
+      'NotifyAccess=main',
+      `ExecStart=${u.execStart.map((a) => a.replace(/%/g, '%%')).join(' ')}`,
+      'FileDescriptorStoreMax=4200',
+      'TimeoutStopSec=10s',
+      `StandardOutput=append:${u.log}`,
+      `StandardError=append:${u.log}`,
+      '',
+    ].join('\n'),
+  };
+}
+
+const BOOT = `set -e
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -p /run/systemd/system
+cp "$1"/* /run/systemd/system/
+exec ${SYSTEMD} --system --unit=vmsr-idle.target --log-target=console --log-level=notice
+`;
+
+export class RealSystemd {
+  private constructor(
+    private readonly unshare: ChildProcess,
+    /** The host pid of the namespace's PID 1. */
+    readonly pid: number,
+    readonly version: string,
+  ) {}
+
+  /** Boots systemd in a new PID and mount namespace with `units`; throws with why it cannot. */
+  static async boot(units: Units, dir: string): Promise<RealSystemd> {
+    if (process.getuid?.() !== 0) throw new Error('not root');
+    if (!fs.existsSync(SYSTEMD)) throw new Error(`${SYSTEMD} is not installed`);
+    const version = execFileSync(SYSTEMD, ['--version'], { encoding: 'utf8' }).split('\n')[0]!;
+    const unitDir = path.join(dir, 'units');
+    fs.mkdirSync(unitDir);
+    for (const [name, text] of Object.entries(unitFiles(units))) fs.writeFileSync(path.join(unitDir, name), text);
+    const log = fs.openSync(path.join(dir, 'systemd.log'), 'a');
+    const unshare = spawn('unshare', ['--pid', '--fork', '--mount-proc', 'sh', '-c', BOOT, 'boot', unitDir], {
+      stdio: ['ignore', log, log],
+      detached: true,
+    });
+    fs.closeSync(log);
+    const end = Date.now() + BOOT_MS;
+    let pid = 0;
+    for (;;) {
+      if (unshare.exitCode !== null)
+        throw new Error(`unshare exited ${unshare.exitCode}: ${fs.readFileSync(path.join(dir, 'systemd.log'), 'utf8')}`);
+      if (pid === 0) {
+        const children = fs.readFileSync(`/proc/${unshare.pid}/task/${unshare.pid}/children`, 'utf8').trim();
+        pid = Number(children.split(' ')[0] ?? 0);
+      }
+      if (pid > 0) {
+        const m = new RealSystemd(unshare, pid, version);
+        try {
+          const state = m.systemctl('is-system-running').trim();
+          if (state === 'running' || state === 'degraded') return m;
+        } catch {
+          /* not up yet */
+        }
+      }
+      if (Date.now() > end) {
+        try {
+          process.kill(-unshare.pid!, 'SIGKILL');
+        } catch {
+          /* gone */
+        }
+        throw new Error(
+          `systemd did not come up within ${BOOT_MS} ms: ${fs.readFileSync(path.join(dir, 'systemd.log'), 'utf8').slice(-2000)}`,
+        );
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  /** systemctl inside the namespace; its stdout (throws on a non-zero exit, as execFileSync does). */
+  systemctl(...args: string[]): string {
+    const [cmd, ...rest] = this.inside(['systemctl', '--no-pager', ...args]);
+    return execFileSync(cmd!, rest, {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
+      timeout: 30_000,
+    });
+  }
+
+  /**
+   * `argv` run inside the namespace (its PID namespace too): a client the daemon must see as a
+   * process (peer credentials give pid 0 for a peer outside the daemon's PID namespace).
+   */
+  inside(argv: readonly string[]): string[] {
+    return ['nsenter', '-t', String(this.pid), '-m', '-p', ...argv];
+  }
+
+  /** A property of the service (systemctl show -p NAME --value). */
+  show(prop: string): string {
+    return this.systemctl('show', '-p', prop, '--value', `${UNIT}.service`).trim();
+  }
+
+  /** Ends the namespace: its PID 1 killed, every process in it goes. */
+  async close(): Promise<void> {
+    const gone = new Promise<void>((resolve) => (this.unshare.exitCode !== null ? resolve() : this.unshare.once('exit', () => resolve())));
+    try {
+      process.kill(this.pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+    await gone;
+  }
+}
