@@ -32,7 +32,10 @@ export function anchorProblem(): { problem: string } | { gdb: boolean } {
   const intel = /GenuineIntel/.test(fs.readFileSync('/proc/cpuinfo', 'utf8'));
   if (intel) return { gdb: false };
   const v = spawnSync('dpkg-query', ['-W', '-f', '${Version}', 'qemu-system-common'], { encoding: 'utf8' }).stdout?.trim();
-  if (v !== GDB_BUILD) return { problem: `host is not Intel, and the gdb work-around fits qemu-system-common ${GDB_BUILD} only (installed: ${v || 'unknown'})` };
+  if (v !== GDB_BUILD)
+    return {
+      problem: `host is not Intel, and the gdb work-around fits qemu-system-common ${GDB_BUILD} only (installed: ${v || 'unknown'})`,
+    };
   if (!has('gdb')) return { problem: 'host is not Intel and gdb (needed to pass its vendor check) is not installed' };
   return { gdb: true };
 }
@@ -42,9 +45,13 @@ export async function startAnchor(devCpu: string, socket: string, gdb: boolean):
   const log = path.join(path.dirname(socket), 'anchor.log');
   const script = path.join(BENCH_SRC, 'anchor', 'start-in-namespace.sh');
   const gdbScript = gdb ? path.join(BENCH_SRC, 'anchor', 'qemu-vmsr-helper-anyhost.gdb') : '-';
-  const r = spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', script, devCpu, socket, gdbScript, log], { encoding: 'utf8', timeout: 60_000 });
+  const r = spawnSync('unshare', ['-m', '--propagation', 'private', 'sh', script, devCpu, socket, gdbScript, log], {
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
   const m = /process (\d+)\) detached/.exec(r.stdout ?? '');
-  if (r.status !== 0 || !m) throw new Error(`the C helper did not start: ${(r.stderr || r.stdout || '').trim().split('\n').slice(-3).join(' / ')}`);
+  if (r.status !== 0 || !m)
+    throw new Error(`the C helper did not start: ${(r.stderr || r.stdout || '').trim().split('\n').slice(-3).join(' / ')}`);
   const pid = Number(m[1]);
   const end = Date.now() + 10_000;
   while (!fs.existsSync(socket)) {

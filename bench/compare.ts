@@ -60,13 +60,25 @@ function sleep(ms: number): Promise<void> {
 
 /** One slice of load: legacy-load's figures; its round trips are appended to `latFile`. */
 function slice(tools: Tools, socket: string, pid: number, clients: number, latFile: string): Record<string, number> {
-  return runTool(tools['legacy-load'], [socket, String(clients), String(loadSeconds(clients) / SLICES), String(SLICE_WARMUP_S), String(pid), latFile]);
+  return runTool(tools['legacy-load'], [
+    socket,
+    String(clients),
+    String(loadSeconds(clients) / SLICES),
+    String(SLICE_WARMUP_S),
+    String(pid),
+    latFile,
+  ]);
 }
 
 /** A repeat's slices together: rates over their summed time, the p99 of all their round trips (µs). */
 function combine(slices: Record<string, number>[], latencies: Uint32Array): Load {
   const sum = (k: string) => slices.reduce((n, f) => n + f[k]!, 0);
-  return { rps: sum('requests') / sum('seconds'), cpuPerReqUs: (sum('server_cpu_s') / sum('requests')) * 1e6, p99: percentile(latencies, 99) / 1e3, clientShare: sum('client_cpu_s') / sum('seconds') };
+  return {
+    rps: sum('requests') / sum('seconds'),
+    cpuPerReqUs: (sum('server_cpu_s') / sum('requests')) * 1e6,
+    p99: percentile(latencies, 99) / 1e3,
+    clientShare: sum('client_cpu_s') / sum('seconds'),
+  };
 }
 
 /** Round trips (ns) that legacy-load appended to `file`. */
@@ -147,11 +159,13 @@ export async function run(): Promise<void> {
       // Unmeasured, the same for both: each client count once. Ours faults back in the code pages
       // its start-up settling took out of its page tables (about 3000 minor faults here); measured
       // at once, they land in the first slice of the first client count.
-      for (const n of CLIENTS) for (const [, h] of order) runTool(tools['legacy-load'], [h.socket, String(n), String(WARMUP_S), '0', String(h.pid)]);
+      for (const n of CLIENTS)
+        for (const [, h] of order) runTool(tools['legacy-load'], [h.socket, String(n), String(WARMUP_S), '0', String(h.pid)]);
       CLIENTS.forEach((n, i) => {
         const parts: Record<Side, Record<string, number>[]> = { ours: [], c: [] };
         const latFile = (side: Side) => path.join(dir, `trips-${side}-${n}-${r}`);
-        for (let s = 0; s < SLICES; s++) for (const [side, h] of s % 2 ? [...order].reverse() : order) parts[side].push(slice(tools, h.socket, h.pid, n, latFile(side)));
+        for (let s = 0; s < SLICES; s++)
+          for (const [side, h] of s % 2 ? [...order].reverse() : order) parts[side].push(slice(tools, h.socket, h.pid, n, latFile(side)));
         for (const [side] of order) {
           L[side][i]!.push(combine(parts[side], readLatencies(latFile(side))));
         }
@@ -161,7 +175,11 @@ export async function run(): Promise<void> {
     }
 
     // ---- exec -> listening (ours, as root: re-exec included); the C helper's exec -> its vendor refusal
-    const start: Record<'ours' | 'c' | 'node', { ms: number[]; cpu: number[] }> = { ours: { ms: [], cpu: [] }, c: { ms: [], cpu: [] }, node: { ms: [], cpu: [] } };
+    const start: Record<'ours' | 'c' | 'node', { ms: number[]; cpu: number[] }> = {
+      ours: { ms: [], cpu: [] },
+      c: { ms: [], cpu: [] },
+      node: { ms: [], cpu: [] },
+    };
     const timed = (who: keyof typeof start, args: string[]) => {
       const f = runTool(tools['exec-to-listen'], args);
       start[who].ms.push(f.ms!);
@@ -201,7 +219,10 @@ export async function run(): Promise<void> {
     const client = await V2Client.connect(ours.socket);
     started.push({ stop: () => client.close() });
     for (const k of kids) {
-      const tids = fs.readdirSync(`/proc/${k.pid}/task`).map(Number).filter((t) => t !== k.pid);
+      const tids = fs
+        .readdirSync(`/proc/${k.pid}/task`)
+        .map(Number)
+        .filter((t) => t !== k.pid);
       await client.register({ pid: k.pid!, vcpus: tids.map((tid, i) => ({ tid, vpkg: i % 2 })) });
     }
     const held = await holdConnections(tools, ours.socket, VMS);
@@ -244,17 +265,65 @@ export async function run(): Promise<void> {
     const R = (o: number[], c: number[]) => (withC ? ratioText(o, c) : 'n/a');
     const col = (side: Side, i: number, k: keyof Load) => L[side][i]!.map((x) => x[k]);
     const rows: string[][] = [['figure', 'ours', 'C helper', 'ours ÷ C', 'goal']];
-    CLIENTS.forEach((n, i) => rows.push([`legacy req/s, ${n} client${n > 1 ? 's' : ''}`, spreadText(col('ours', i, 'rps'), 0), C(col('c', i, 'rps'), 0), R(col('ours', i, 'rps'), col('c', i, 'rps')), '≥ 1.0']));
-    CLIENTS.forEach((n, i) => rows.push([`legacy CPU µs/request, ${n} client${n > 1 ? 's' : ''}`, spreadText(col('ours', i, 'cpuPerReqUs'), 2), C(col('c', i, 'cpuPerReqUs'), 2), R(col('ours', i, 'cpuPerReqUs'), col('c', i, 'cpuPerReqUs')), '≤ 1.0']));
+    CLIENTS.forEach((n, i) =>
+      rows.push([
+        `legacy req/s, ${n} client${n > 1 ? 's' : ''}`,
+        spreadText(col('ours', i, 'rps'), 0),
+        C(col('c', i, 'rps'), 0),
+        R(col('ours', i, 'rps'), col('c', i, 'rps')),
+        '≥ 1.0',
+      ]),
+    );
+    CLIENTS.forEach((n, i) =>
+      rows.push([
+        `legacy CPU µs/request, ${n} client${n > 1 ? 's' : ''}`,
+        spreadText(col('ours', i, 'cpuPerReqUs'), 2),
+        C(col('c', i, 'cpuPerReqUs'), 2),
+        R(col('ours', i, 'cpuPerReqUs'), col('c', i, 'cpuPerReqUs')),
+        '≤ 1.0',
+      ]),
+    );
     // Each repeat's p99 is that of the round trips of its slices; like every other row, the median
     // over the repeats, and the median of the per-repeat ratios (both helpers ran the same seconds).
-    CLIENTS.forEach((n, i) => rows.push([`legacy p99 µs, ${n} client${n > 1 ? 's' : ''}`, spreadText(col('ours', i, 'p99'), 0), C(col('c', i, 'p99'), 0), R(col('ours', i, 'p99'), col('c', i, 'p99')), '≤ 1.0']));
-    rows.push(['sampling ns/thread/interval, idle threads (gates; C: pread+parse floor)', spreadText(probeNs, 0), spreadText(floorNs, 0), ratioText(probeNs, floorNs), '≤ 1.2']);
-    rows.push(['  every line read and parsed (threads that ran)', spreadText(everyLineNs, 0), spreadText(floorNs, 0), ratioText(everyLineNs, floorNs), '']);
+    CLIENTS.forEach((n, i) =>
+      rows.push([
+        `legacy p99 µs, ${n} client${n > 1 ? 's' : ''}`,
+        spreadText(col('ours', i, 'p99'), 0),
+        C(col('c', i, 'p99'), 0),
+        R(col('ours', i, 'p99'), col('c', i, 'p99')),
+        '≤ 1.0',
+      ]),
+    );
+    rows.push([
+      'sampling ns/thread/interval, idle threads (gates; C: pread+parse floor)',
+      spreadText(probeNs, 0),
+      spreadText(floorNs, 0),
+      ratioText(probeNs, floorNs),
+      '≤ 1.2',
+    ]);
+    rows.push([
+      '  every line read and parsed (threads that ran)',
+      spreadText(everyLineNs, 0),
+      spreadText(floorNs, 0),
+      ratioText(everyLineNs, floorNs),
+      '',
+    ]);
     rows.push([`daemon CPU ms per 1 s interval, ${VMS} VMs × ${VCPUS} vCPUs`, spreadText(daemonMs, 1), '—', '—', '≤ 20 ms']);
     rows.push(['idle RSS MiB', spreadText(idle.ours), C(idle.c), R(idle.ours, idle.c), '≤ 45 MB']);
-    rows.push(['  of it anonymous (RssAnon: heap, malloc; not shared file pages)', spreadText(idleAnon.ours), C(idleAnon.c), R(idleAnon.ours, idleAnon.c), '']);
-    rows.push([`RSS MiB, ${VMS} VMs (C: ${VMS} legacy connections)`, spreadText(rss500.ours), C(rss500.c), R(rss500.ours, rss500.c), '≤ 70 MB']);
+    rows.push([
+      '  of it anonymous (RssAnon: heap, malloc; not shared file pages)',
+      spreadText(idleAnon.ours),
+      C(idleAnon.c),
+      R(idleAnon.ours, idleAnon.c),
+      '',
+    ]);
+    rows.push([
+      `RSS MiB, ${VMS} VMs (C: ${VMS} legacy connections)`,
+      spreadText(rss500.ours),
+      C(rss500.c),
+      R(rss500.ours, rss500.c),
+      '≤ 70 MB',
+    ]);
     rows.push(['  of it anonymous', spreadText(anon500.ours), C(anon500.c), R(anon500.ours, anon500.c), '']);
     const cStart = (xs: number[]) => (xs.length ? spreadText(xs) : 'n/a');
     rows.push(['exec → listening ms (root, re-exec included)', spreadText(start.ours.ms), cStart(start.c.ms), '—', '≤ 200 ms']);
@@ -266,7 +335,9 @@ export async function run(): Promise<void> {
       `\n  Load generator: one C process (bench/native/legacy-load.c) for both, at most ${(maxShare * 100).toFixed(0)} % of a core. ` +
         `C start-up column: exec → its vendor refusal (-V), a lower bound of its exec → listening; node -e 0 takes ${median(start.node.ms).toFixed(0)} ms (${median(start.node.cpu).toFixed(0)} ms CPU) here.`,
     );
-    console.log(`  ${REPEATS} repeats, ${LOAD_S} s of load per helper and client count in each (${LOAD_S_ONE_CLIENT} s with one client), in ${SLICES} alternating slices; this suite took ${((Date.now() - t0) / 1000).toFixed(0)} s.`);
+    console.log(
+      `  ${REPEATS} repeats, ${LOAD_S} s of load per helper and client count in each (${LOAD_S_ONE_CLIENT} s with one client), in ${SLICES} alternating slices; this suite took ${((Date.now() - t0) / 1000).toFixed(0)} s.`,
+    );
   } catch (e) {
     console.log(`  could not finish: ${(e as Error).message}`);
   } finally {

@@ -61,9 +61,13 @@ async function scenario(n: number, wakeEveryMs?: number): Promise<void> {
   const stopPump = fake.pumpEnergy({ units: 5000, everyMs: 100 });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-disc-'));
   const sock = path.join(dir, 'helper.sock');
-  const daemon = spawn(process.execPath, [BIN, '-k', sock, '--msr-path', fake.msrPathTemplate, '--sys-root', fake.sysRoot, '--vendor', 'intel', '-q', '--interval', '1'], {
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
+  const daemon = spawn(
+    process.execPath,
+    [BIN, '-k', sock, '--msr-path', fake.msrPathTemplate, '--sys-root', fake.sysRoot, '--vendor', 'intel', '-q', '--interval', '1'],
+    {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    },
+  );
   let stderr = '';
   daemon.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
   const clients: V2Client[] = [];

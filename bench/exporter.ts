@@ -65,7 +65,23 @@ async function scenario(nVms: number): Promise<void> {
   const stopPump = host.pumpEnergy({ units: 1600, everyMs: 20 }); // ~5 W at ESU 14
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-exporter-'));
   const sock = path.join(dir, 'helper.sock');
-  const daemon = child(['-k', sock, '--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot, '--vendor', 'intel', '--interval', String(INTERVAL_S), '--no-discovery', '--max-vms-per-connection', String(nVms), '--max-vms', String(nVms)]);
+  const daemon = child([
+    '-k',
+    sock,
+    '--msr-path',
+    host.msrPathTemplate,
+    '--sys-root',
+    host.sysRoot,
+    '--vendor',
+    'intel',
+    '--interval',
+    String(INTERVAL_S),
+    '--no-discovery',
+    '--max-vms-per-connection',
+    String(nVms),
+    '--max-vms',
+    String(nVms),
+  ]);
   let exporter: ReturnType<typeof child> | null = null;
   let client: V2Client | null = null;
   try {

@@ -59,7 +59,9 @@ export async function run(): Promise<void> {
       const steady = (reader: ProcTaskReader) =>
         cpuUs(() => {
           for (let i = 0; i < rounds; i++) for (const pid of pids) reader.read(pid);
-        }) / rounds / seen;
+        }) /
+        rounds /
+        seen;
       const gated = steady(r);
       const fds = r.openFds;
       r.close();
@@ -74,7 +76,9 @@ export async function run(): Promise<void> {
       console.log(`${String(threads).padStart(7)}   could not run: ${(e as Error).message}`);
     } finally {
       for (const p of procs) p.kill('SIGKILL');
-      await Promise.all(procs.map((p) => (p.exitCode === null && p.signalCode === null ? new Promise((res) => p.once('exit', res)) : null)));
+      await Promise.all(
+        procs.map((p) => (p.exitCode === null && p.signalCode === null ? new Promise((res) => p.once('exit', res)) : null)),
+      );
     }
   }
 }

@@ -16,7 +16,8 @@ import type { VcpuSpec } from '../src/ratio/types.js';
 
 const INTERVAL_MS = 1000;
 
-export const PY = 'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
+export const PY =
+  'import threading,time\nfor _ in range(8): threading.Thread(target=time.sleep,args=(3600,),daemon=True).start()\nprint("ok",flush=True)\ntime.sleep(3600)';
 
 export async function startVms(n: number): Promise<ChildProcess[]> {
   const kids: ChildProcess[] = [];
@@ -60,7 +61,12 @@ async function scenario(nVms: number): Promise<void> {
   const log = pino({ level: 'silent' });
   // The daemon's own assembly and accept path, so READ latency includes what a real client goes through.
   const sock = path.join(dir, 's');
-  const chain = await assembleOnFakeHost(fake, device, { socketPath: sock, intervalMs: INTERVAL_MS, limits: { ...DEFAULT_V2_LIMITS, maxVmsPerConnection: 1024 }, log });
+  const chain = await assembleOnFakeHost(fake, device, {
+    socketPath: sock,
+    intervalMs: INTERVAL_MS,
+    limits: { ...DEFAULT_V2_LIMITS, maxVmsPerConnection: 1024 },
+    log,
+  });
   const { service, tasks } = chain;
   const client = await V2Client.connect(sock);
   try {

@@ -30,7 +30,8 @@ export const MIN_INTERVAL_S = 0.01;
 /** The interval rule for callers that are not commander (runRecord): throws naming the bound. */
 export function checkInterval(seconds: number): void {
   if (!(seconds >= MIN_INTERVAL_S)) throw new Error(`interval must be at least ${MIN_INTERVAL_S} s, got ${seconds}`);
-  if (!(seconds <= MAX_INTERVAL_S)) throw new Error(`interval must be at most ${MAX_INTERVAL_S} s (a 32-bit energy counter could wrap twice unseen), got ${seconds}`);
+  if (!(seconds <= MAX_INTERVAL_S))
+    throw new Error(`interval must be at most ${MAX_INTERVAL_S} s (a 32-bit energy counter could wrap twice unseen), got ${seconds}`);
 }
 
 /** A sampling interval in seconds, in [MIN_INTERVAL_S, MAX_INTERVAL_S]. */
@@ -52,7 +53,9 @@ export function secondsArg(flag: string, o: { min?: number; max: number }) {
     const n = Number(text);
     const tooLow = min === 0 ? !(n > 0) : !(n >= min);
     if (!/^\d+(\.\d+)?$/.test(text.trim()) || tooLow || n > o.max) {
-      throw new InvalidArgumentError(`${flag} must be a number of seconds in ${min === 0 ? '(0' : `[${min}`}, ${o.max}], got ${JSON.stringify(text)}`);
+      throw new InvalidArgumentError(
+        `${flag} must be a number of seconds in ${min === 0 ? '(0' : `[${min}`}, ${o.max}], got ${JSON.stringify(text)}`,
+      );
     }
     return n;
   };
@@ -70,7 +73,8 @@ export function positiveIntArg(flag: string, max = Number.MAX_SAFE_INTEGER) {
 
 /** A process id: 1..MAX_TID, the one bound of pids and tids. */
 export function pidArg(text: string): number {
-  if (!/^\d{1,10}$/.test(text) || Number(text) < 1 || Number(text) > MAX_TID) throw new InvalidArgumentError(`not a process id: ${JSON.stringify(text)}`);
+  if (!/^\d{1,10}$/.test(text) || Number(text) < 1 || Number(text) > MAX_TID)
+    throw new InvalidArgumentError(`not a process id: ${JSON.stringify(text)}`);
   return Number(text);
 }
 
@@ -252,16 +256,29 @@ export function addV2Options(cmd: Command): void {
   cmd
     .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))
     .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
-    .addOption(new Option('--max-vms <n>', 'v2 VMs registered at once, all clients').argParser(positiveIntArg('--max-vms')).default(DEFAULT_V2_LIMITS.maxVms))
+    .addOption(
+      new Option('--max-vms <n>', 'v2 VMs registered at once, all clients')
+        .argParser(positiveIntArg('--max-vms'))
+        .default(DEFAULT_V2_LIMITS.maxVms),
+    )
     .addOption(
       new Option('--max-vms-per-connection <n>', 'v2 VMs one connection may register')
         .argParser(positiveIntArg('--max-vms-per-connection'))
         .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
     )
-    .addOption(new Option('--max-vcpus <n>', 'vCPUs in one v2 VM').argParser(positiveIntArg('--max-vcpus', MAX_VCPUS)).default(DEFAULT_V2_LIMITS.maxVcpus))
+    .addOption(
+      new Option('--max-vcpus <n>', 'vCPUs in one v2 VM')
+        .argParser(positiveIntArg('--max-vcpus', MAX_VCPUS))
+        .default(DEFAULT_V2_LIMITS.maxVcpus),
+    )
     .addOption(domainsOption())
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
-    .addOption(new Option('--observer-group <group>', 'group (name or gid) whose members see every VM and the host energy over v2 (e.g. the exporter)'))
+    .addOption(
+      new Option(
+        '--observer-group <group>',
+        'group (name or gid) whose members see every VM and the host energy over v2 (e.g. the exporter)',
+      ),
+    )
     .addOption(
       new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
         .argParser(positiveIntArg('--max-backlog', 1 << 30))

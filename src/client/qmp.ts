@@ -69,10 +69,15 @@ export class QmpClient {
       st = fs.statSync(socketPath);
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
-      if (code === 'EACCES') throw new QmpError(`QMP socket ${socketPath}: permission denied; run as root or as the user QEMU runs as`, 'Connect');
-      throw new QmpError(`QMP socket ${socketPath} does not exist: start QEMU with -qmp unix:${socketPath},server=on,wait=off (or give the right path)`, 'Connect');
+      if (code === 'EACCES')
+        throw new QmpError(`QMP socket ${socketPath}: permission denied; run as root or as the user QEMU runs as`, 'Connect');
+      throw new QmpError(
+        `QMP socket ${socketPath} does not exist: start QEMU with -qmp unix:${socketPath},server=on,wait=off (or give the right path)`,
+        'Connect',
+      );
     }
-    if (!st.isSocket()) throw new QmpError(`${socketPath} is not a Unix socket: give the path of QEMU's -qmp unix:PATH,server=on,wait=off`, 'Connect');
+    if (!st.isSocket())
+      throw new QmpError(`${socketPath} is not a Unix socket: give the path of QEMU's -qmp unix:PATH,server=on,wait=off`, 'Connect');
     const sock = await new Promise<net.Socket>((resolve, reject) => {
       const s = net.connect(socketPath);
       const timer = setTimeout(() => {
@@ -168,7 +173,12 @@ export class QmpClient {
       if (this.failure) return reject(this.failure);
       const timer = setTimeout(() => {
         this.greeting = null;
-        reject(new QmpError(`${this.path} sent no QMP greeting within ${this.timeoutMs} ms: is it QEMU's -qmp socket (not a -monitor or another program's)?`, 'Timeout'));
+        reject(
+          new QmpError(
+            `${this.path} sent no QMP greeting within ${this.timeoutMs} ms: is it QEMU's -qmp socket (not a -monitor or another program's)?`,
+            'Timeout',
+          ),
+        );
       }, this.timeoutMs);
       this.greeting = (g) => {
         clearTimeout(timer);
@@ -210,7 +220,12 @@ export class QmpClient {
       const g = this.greeting;
       this.greeting = null;
       if (typeof o.QMP !== 'object' || o.QMP === null) {
-        g(new QmpError(`${this.path} is not a QMP socket: first message is not a QMP greeting: ${JSON.stringify(line.slice(0, 80))}`, 'Protocol'));
+        g(
+          new QmpError(
+            `${this.path} is not a QMP socket: first message is not a QMP greeting: ${JSON.stringify(line.slice(0, 80))}`,
+            'Protocol',
+          ),
+        );
         this.failure = new QmpError(`${this.path}: bad greeting`, 'Protocol');
         this.sock.destroy();
       } else g(o);
@@ -228,7 +243,12 @@ export class QmpClient {
     if ('return' in o) p.resolve(o.return);
     else if (typeof o.error === 'object' && o.error !== null) {
       const e = o.error as { class?: unknown; desc?: unknown };
-      p.reject(new QmpError(`QMP error ${String(e.class ?? 'GenericError')}: ${String(e.desc ?? '(no description)').slice(0, 500)}`, String(e.class ?? 'GenericError')));
+      p.reject(
+        new QmpError(
+          `QMP error ${String(e.class ?? 'GenericError')}: ${String(e.desc ?? '(no description)').slice(0, 500)}`,
+          String(e.class ?? 'GenericError'),
+        ),
+      );
     } else p.reject(new QmpError(`QMP reply with neither return nor error: ${JSON.stringify(line.slice(0, 80))}`, 'Protocol'));
   }
 

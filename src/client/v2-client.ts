@@ -229,7 +229,10 @@ export class V2Client {
       const reader = { onBytes: (_b: Buffer) => {} };
       const socket = net.createConnection({
         path: socketPath,
-        onread: { buffer: Buffer.alloc(READ_CHUNK), callback: (n: number, buf: Uint8Array) => (reader.onBytes(Buffer.from(buf.buffer, buf.byteOffset, n)), true) },
+        onread: {
+          buffer: Buffer.alloc(READ_CHUNK),
+          callback: (n: number, buf: Uint8Array) => (reader.onBytes(Buffer.from(buf.buffer, buf.byteOffset, n)), true),
+        },
       });
       const timer = setTimeout(() => {
         socket.destroy();
@@ -403,7 +406,10 @@ export class V2Client {
     return new Promise((resolve, reject) => {
       const resolveWithFd = (reply: HelperMessage, fd?: number) => {
         if (fd !== undefined) resolve({ reply, fd });
-        else reject(new V2ConnectionError(`the helper answered ${typeName(type)} with ${typeName(reply.type)} but without the fd it should carry`));
+        else
+          reject(
+            new V2ConnectionError(`the helper answered ${typeName(type)} with ${typeName(reply.type)} but without the fd it should carry`),
+          );
       };
       this.pending.push({ type, expectsFd: true, resolve: resolveWithFd, reject });
       this.enqueue(frame);
@@ -419,7 +425,9 @@ export class V2Client {
     const fd = dupCloexec(own);
     if (fd < 0) {
       this.socket.resume();
-      throw new V2ConnectionError(cannot('receive an fd from the helper', `no fd left to read the connection with (errno ${-fd})`, 'raise the fd limit (ulimit -n)'));
+      throw new V2ConnectionError(
+        cannot('receive an fd from the helper', `no fd left to read the connection with (errno ${-fd})`, 'raise the fd limit (ulimit -n)'),
+      );
     }
     this.fdReader = { fd, watch: watchReadable(fd, () => this.readWithFds()), frameFd: null };
   }
@@ -436,7 +444,7 @@ export class V2Client {
 
   /** Reads what is there, never past the end of the current frame, pairing an fd with the frame it starts. */
   private readWithFds(): void {
-    for (let r = this.fdReader; r !== null && r === this.fdReader; ) {
+    for (let r = this.fdReader; r !== null && r === this.fdReader;) {
       const atFrameStart = this.decoder.incompleteBytes === 0;
       let got: { data: Buffer; fds: number[]; truncated: boolean };
       try {
@@ -595,7 +603,7 @@ export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): 
   try {
     st = fs.statSync(socketPath);
   } catch {
-    return 'run as root, or as a member of the socket\'s group';
+    return "run as root, or as a member of the socket's group";
   }
   const mode = (st.mode & 0o777).toString(8).padStart(4, '0');
   const group = groupName(st.gid, groupFile) ?? String(st.gid);

@@ -88,7 +88,7 @@ export function guestNameOf(args: readonly string[]): string | null {
   const opt = lastOption(args, '-name');
   if (opt === null) return null;
   const g = parseQemuOpts(opt, 'guest').get('guest');
-   
+
   if (g === undefined || g === '' || g.length > MAX_VM_NAME || /[\u0000-\u001f\u007f-\u009f]/.test(g)) return null;
   return g;
 }

@@ -280,7 +280,13 @@ export class ProcScanner {
       return null;
     }
     // Same process, nothing that could have changed what it is: skip the deeper reads.
-    if (before !== undefined && !before.retry && before.starttime === st.starttime && before.comm === st.comm && before.numThreads === st.numThreads) {
+    if (
+      before !== undefined &&
+      !before.retry &&
+      before.starttime === st.starttime &&
+      before.comm === st.comm &&
+      before.numThreads === st.numThreads
+    ) {
       before.young = this.isYoung(st, now);
       return null;
     }
@@ -319,7 +325,18 @@ export class ProcScanner {
     known.wholeVmOnly = v.wholeVmOnly;
     this.vms.set(pid, known);
     this.others.delete(pid);
-    return { pid, starttime: st.starttime, uid, name: cmd.name, uuid: cmd.uuid, topology: cmd.topology, wholeVmOnly: v.wholeVmOnly, vcpus: v.vcpus, threads: Math.max(st.numThreads, threads.size), problems: cmd.problems };
+    return {
+      pid,
+      starttime: st.starttime,
+      uid,
+      name: cmd.name,
+      uuid: cmd.uuid,
+      topology: cmd.topology,
+      wholeVmOnly: v.wholeVmOnly,
+      vcpus: v.vcpus,
+      threads: Math.max(st.numThreads, threads.size),
+      problems: cmd.problems,
+    };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {

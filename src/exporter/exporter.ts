@@ -24,7 +24,10 @@ export interface RunningExporter {
 }
 
 export async function startExporter(c: ExporterConfig, connect: () => Promise<ObserverClient>, log: Logger): Promise<RunningExporter> {
-  if (process.getuid?.() === 0) log.warn('the exporter runs as root; it needs no privileges: run it as a user in the helper socket\'s group (see contrib/systemd/vmsr-helper-exporter.service)');
+  if (process.getuid?.() === 0)
+    log.warn(
+      "the exporter runs as root; it needs no privileges: run it as a user in the helper socket's group (see contrib/systemd/vmsr-helper-exporter.service)",
+    );
   const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxExportedVms: c.maxExportedVms });
   const server = await startMetricsServer(book, c.listen);
   const host = server.address.host.includes(':') ? `[${server.address.host}]` : server.address.host;

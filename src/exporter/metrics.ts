@@ -228,7 +228,10 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<Reg
 export function negotiateFormat(accept: string | undefined): ExpositionFormat {
   if (!accept) return 'prometheus';
   for (const part of accept.split(',')) {
-    const [type, ...params] = part.trim().split(';').map((s) => s.trim());
+    const [type, ...params] = part
+      .trim()
+      .split(';')
+      .map((s) => s.trim());
     if (type?.toLowerCase() !== 'application/openmetrics-text') continue;
     const q = params.find((p) => p.toLowerCase().startsWith('q='));
     if (q === undefined || Number(q.slice(2)) > 0) return 'openmetrics';

@@ -74,7 +74,11 @@ export class ObserverSession {
         client = await this.o.connect();
       } catch (e) {
         const delay = backoffDelay(backoff, failures++);
-        if (failures === 1) log.warn({ err: (e as Error).message }, cannot(`reach the helper at ${this.o.socketPath}`, (e as Error).message, `retrying every ${backoff.maxMs / 1000} s at most`));
+        if (failures === 1)
+          log.warn(
+            { err: (e as Error).message },
+            cannot(`reach the helper at ${this.o.socketPath}`, (e as Error).message, `retrying every ${backoff.maxMs / 1000} s at most`),
+          );
         else log.debug({ err: (e as Error).message, delayMs: delay }, 'helper still unreachable');
         downSince ??= Date.now();
         await this.sleep(delay);
@@ -99,13 +103,19 @@ export class ObserverSession {
           await this.requestList(client);
           failures = 0;
           log.info(
-            { socket: this.o.socketPath, vms: book.size, via: 'statistics fds', downMs: downSince === null ? undefined : Date.now() - downSince },
+            {
+              socket: this.o.socketPath,
+              vms: book.size,
+              via: 'statistics fds',
+              downMs: downSince === null ? undefined : Date.now() - downSince,
+            },
             downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
           );
           downSince = null;
           refusedLogged = false;
           const reason = await client.closed;
-          if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
+          if (!this.stopped)
+            log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
           throw new ConnectionDone();
         }
         await client.subscribeHost(
@@ -128,14 +138,19 @@ export class ObserverSession {
         downSince = null;
         refusedLogged = false;
         const reason = await client.closed;
-        if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
+        if (!this.stopped)
+          log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
       } catch (e) {
         const err = e as Error;
         if (err instanceof ConnectionDone) {
           // The fd-reading connection ended; already logged.
         } else if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
           // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
-          if (!refusedLogged) log.error({ err: err.message, uid: process.getuid?.() }, `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit); retrying every ${backoff.maxMs / 1000} s`);
+          if (!refusedLogged)
+            log.error(
+              { err: err.message, uid: process.getuid?.() },
+              `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit); retrying every ${backoff.maxMs / 1000} s`,
+            );
           else log.debug({ err: err.message }, 'still refused by the helper');
           refusedLogged = true;
         } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
@@ -162,7 +177,7 @@ export class ObserverSession {
     } catch (e) {
       if (e instanceof V2Error && e.code === E.MALFORMED) {
         this.fdsUnsupported = true;
-        this.o.log.info("the helper has no statistics fds (STATS_FD): observing over v2 instead");
+        this.o.log.info('the helper has no statistics fds (STATS_FD): observing over v2 instead');
         return null;
       }
       throw e;
@@ -208,7 +223,11 @@ export class ObserverSession {
       if (this.client !== client) return;
       const { observe, skipped } = book.listed(list);
       if (skipped.length === 0 && this.skippedLogged > 0) log.info('every VM is exported again');
-      else if (skipped.length > 0 && skipped.length !== this.skippedLogged) log.warn({ skipped: skipped.length, first: describe(skipped[0]!) }, `${skipped.length} VM(s) not exported (over --max-vms, or a name/uuid/pid already in use); raise --max-vms to export more`);
+      else if (skipped.length > 0 && skipped.length !== this.skippedLogged)
+        log.warn(
+          { skipped: skipped.length, first: describe(skipped[0]!) },
+          `${skipped.length} VM(s) not exported (over --max-vms, or a name/uuid/pid already in use); raise --max-vms to export more`,
+        );
       this.skippedLogged = skipped.length;
       const feed = this.feed;
       if (feed !== null) {
@@ -219,7 +238,11 @@ export class ObserverSession {
       await Promise.all(
         observe.map((vm) =>
           client
-            .observe(vm.hostVmId, (u) => book.vmUpdate(u), (e) => log.debug({ vm: vm.hostVmId, err: e.message }, 'observe notice'))
+            .observe(
+              vm.hostVmId,
+              (u) => book.vmUpdate(u),
+              (e) => log.debug({ vm: vm.hostVmId, err: e.message }, 'observe notice'),
+            )
             .then((first) => book.vmUpdate(first))
             .catch((e: Error) => {
               // Ended between LIST and OBSERVE, or not ours to see: not exported, logged for the curious.

@@ -78,7 +78,8 @@ export class VmExposition {
     const energyName = head(energy);
     for (const r of vms) {
       const t = this.textOf(r);
-      for (let g = 0; g < r.energy.length; g++) out.push(`\n${energyName}${this.vpkgText(t, g)}${formatValue(ujToJoules(r.energy[g]!.total))}`);
+      for (let g = 0; g < r.energy.length; g++)
+        out.push(`\n${energyName}${this.vpkgText(t, g)}${formatValue(ujToJoules(r.energy[g]!.total))}`);
     }
     out.push(sep);
     const powerName = head(power);

@@ -96,9 +96,15 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   o.log.info({ source: energy.kind, domains: energy.domains }, energy.describe());
   const limiter = new LogLimiter(o.log);
   const sampler = new Sampler(energy, tasks, undefined, (e) =>
-    limiter.warn('energy domain', { domains: e.domains, err: e.message }, 'an energy domain could not be read; the package and the other domains go on'),
+    limiter.warn(
+      'energy domain',
+      { domains: e.domains, err: e.message },
+      'an energy domain could not be read; the package and the other domains go on',
+    ),
   );
-  const discovery = o.discovery ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck }) : undefined;
+  const discovery = o.discovery
+    ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck })
+    : undefined;
   const service = createV2Service({
     host,
     sampler,
@@ -157,17 +163,27 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     device: o.device,
     vendor: o.vendor,
     procRoot: o.paths.procRoot,
-    cpus: new OnlineCpus(o.paths.sysRoot, o.cpus.map((c) => c.cpu)),
+    cpus: new OnlineCpus(
+      o.paths.sysRoot,
+      o.cpus.map((c) => c.cpu),
+    ),
     amd: o.amd,
     ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
     logger: o.area('legacy'),
     ...(o.counters ? { counters: o.counters } : {}),
   });
-  const server = new HelperServer({ listener: o.listener, legacy, logger: o.area('server'), ...o.server, ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}) });
+  const server = new HelperServer({
+    listener: o.listener,
+    legacy,
+    logger: o.area('server'),
+    ...o.server,
+    ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}),
+  });
   return { legacy, server };
 }
 
-export interface ChainOptions extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters' | 'listener'> {
+export interface ChainOptions
+  extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters' | 'listener'> {
   /** Where to listen: bound (or adopted) by openListener, the one bind. */
   target: ListenTarget;
   /** The socket file's mode and group (default 0600, unchanged group). */
@@ -235,8 +251,16 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       const recordPath = o.recordPath;
       let trace: TraceWriter | undefined;
       const events = {
-        paused: (why: string) => log.warn({ record: recordPath, err: why }, 'recording paused: disk full; the trace ends on its last whole record, and each interval tries again'),
-        resumed: (lost: number, s: number) => log.info({ record: recordPath, lostSamples: lost, pausedS: Math.round(s * 10) / 10 }, 'recording resumed (a gap record marks the lost samples)'),
+        paused: (why: string) =>
+          log.warn(
+            { record: recordPath, err: why },
+            'recording paused: disk full; the trace ends on its last whole record, and each interval tries again',
+          ),
+        resumed: (lost: number, s: number) =>
+          log.info(
+            { record: recordPath, lostSamples: lost, pausedS: Math.round(s * 10) / 10 },
+            'recording resumed (a gap record marks the lost samples)',
+          ),
       };
       // Opened before the privilege drop and passed across the re-exec (helper/privileged-start). After
       // a restart in place with its state, the trace goes on (docs/daemon.md "Restarts").
@@ -253,7 +277,11 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         }
         // A restart without the state starts the trace anew: what the last process wrote is cut off.
         if (ctx.restarted && fd !== undefined) fs.ftruncateSync(fd, 0);
-        return TraceWriter.open(path, { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` }, { overwrite: true, fd, events });
+        return TraceWriter.open(
+          path,
+          { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` },
+          { overwrite: true, fd, events },
+        );
       };
       const v2 = assembleV2({
         paths,
@@ -272,10 +300,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         log,
         // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
         // systemd restart into a restart loop.
-        trace: (host) =>
-          recordPath === undefined
-            ? undefined
-            : (trace = openTrace(recordPath, host)),
+        trace: (host) => (recordPath === undefined ? undefined : (trace = openTrace(recordPath, host))),
         discovery: o.discovery,
         deferDiscovery: true,
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
@@ -297,7 +322,16 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         await v2.close();
         await trace?.close();
       });
-      log.info({ intervalMs: o.intervalMs, limits: o.limits, record: o.recordPath ?? null, discovery: o.discovery, observerGid: o.observerGid ?? null }, 'v2 service ready');
+      log.info(
+        {
+          intervalMs: o.intervalMs,
+          limits: o.limits,
+          record: o.recordPath ?? null,
+          discovery: o.discovery,
+          observerGid: o.observerGid ?? null,
+        },
+        'v2 service ready',
+      );
       return { v2Handler: v2.service.handler };
     },
   };

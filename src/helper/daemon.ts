@@ -72,7 +72,9 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   const clock = takeRestartClock();
   const logger = opts.logger ?? createLogger(config.logLevel);
   const area = (name: string): Logger =>
-    areaMatches(config.traceAreas, name) && logger.levelVal > 20 ? logger.child({ area: name }, { level: 'debug' }) : logger.child({ area: name });
+    areaMatches(config.traceAreas, name) && logger.levelVal > 20
+      ? logger.child({ area: name }, { level: 'debug' })
+      : logger.child({ area: name });
   const hooks: ShutdownHook[] = [...(opts.onShutdown ?? [])];
   const notifier = new Notifier(process.env, (e) => area('systemd').warn({ err: e.message }, 'sd_notify failed'));
   let opened: Opened | undefined;
@@ -132,11 +134,18 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const handed = takeHandedOver(inh.named, area('restart'));
     // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
     // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
-    if (inh.how !== 'restart' && inh.named && inh.named.size > 0) for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
-    if (notifier.socket !== undefined && process.env.FDSTORE !== '0' && inh.how !== 'restart' && !handed.state && !handed.connections.length) {
+    if (inh.how !== 'restart' && inh.named && inh.named.size > 0)
+      for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
+    if (
+      notifier.socket !== undefined &&
+      process.env.FDSTORE !== '0' &&
+      inh.how !== 'restart' &&
+      !handed.state &&
+      !handed.connections.length
+    ) {
       area('restart').info(
         'a fresh start: systemd passed no restart state (its fd store is kept by systemctl restart, dropped by systemctl stop: ' +
-          "any QEMU connections of a stopped helper were lost with it)",
+          'any QEMU connections of a stopped helper were lost with it)',
       );
     }
     const openedWhat =
@@ -161,24 +170,44 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, startLog);
     const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
     privLog.info(
-      { uid: st.uid, gid: st.gid, groups: st.groups, capEff: capHex(st.capEff), capPrm: capHex(st.capPrm), capBnd: capHex(st.capBnd), noNewPrivs: st.noNewPrivs, skipped: report.skipped, reexec: opts.reexec ?? null },
+      {
+        uid: st.uid,
+        gid: st.gid,
+        groups: st.groups,
+        capEff: capHex(st.capEff),
+        capPrm: capHex(st.capPrm),
+        capBnd: capHex(st.capBnd),
+        noNewPrivs: st.noNewPrivs,
+        skipped: report.skipped,
+        reexec: opts.reexec ?? null,
+      },
       'privileges dropped (main thread, from /proc/self/status)',
     );
     // The re-exec (privileges.ts) gives every thread the main thread's capabilities; a thread that
     // differs means it could not run (see reexec), and an operator should know which ones.
     const threads = describeThreads();
     const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
-    if (others.length) privLog.warn({ threads: others, reexec: opts.reexec ?? null }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
-    else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, 'every thread holds the main thread\'s capabilities');
+    if (others.length)
+      privLog.warn(
+        { threads: others, reexec: opts.reexec ?? null },
+        'some threads hold other capabilities than the main thread (capabilities are per thread)',
+      );
+    else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
 
     // Out of fds, accept() and /proc opens fail: use the whole hard limit, and budget it.
     const nofile = raiseFdLimit();
     const limit = nofile.after.soft === Infinity ? 1 << 20 : nofile.after.soft;
     const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
     const fds = new FdBudget({ limit, maxConnections, openConnections: () => server?.connections ?? 0 });
-    logger.info({ before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error ?? null }, 'open-file limit');
+    logger.info(
+      { before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error ?? null },
+      'open-file limit',
+    );
     if (maxConnections < config.maxConnections) {
-      logger.warn({ asked: config.maxConnections, maxConnections, limit }, `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`);
+      logger.warn(
+        { asked: config.maxConnections, maxConnections, limit },
+        `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`,
+      );
     }
 
     // The service chain: the legacy service and the server on the listener, serving at once (a
@@ -270,7 +299,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     notifier.ready(`listening on ${where}`);
     // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
     const inspectorUrl = closeOpenInspector();
-    if (inspectorUrl !== null) logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
+    if (inspectorUrl !== null)
+      logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
     const wd = notifier.startWatchdog();
     if (wd !== null) area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
 
@@ -293,7 +323,11 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     current = running;
     const startupWork = readyHooks.map((h) => h()).filter((w) => w instanceof Promise);
     if (isDaemonChild()) reportReady();
-    settleAfterStartup(startupWork, () => stopping !== undefined, (r) => area('memory').info(r, 'memory given back after start-up'));
+    settleAfterStartup(
+      startupWork,
+      () => stopping !== undefined,
+      (r) => area('memory').info(r, 'memory given back after start-up'),
+    );
     if (pendingSignal) onSignal(pendingSignal);
     return running;
   } catch (e) {
@@ -308,13 +342,20 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
  * own garbage and free heap) is done or STARTUP_SETTLE_WAIT_MS passed. Reports RSS before the first
  * pass and after the last.
  */
-function settleAfterStartup(work: Promise<void>[], stopped: () => boolean, report: (r: { rssBeforeMb: number; rssAfterMb: number }) => void): void {
+function settleAfterStartup(
+  work: Promise<void>[],
+  stopped: () => boolean,
+  report: (r: { rssBeforeMb: number; rssAfterMb: number }) => void,
+): void {
   setImmediate(() => {
     if (stopped()) return;
     const first = settleOnce();
     if (work.length === 0) return report(first);
     let waited: NodeJS.Timeout | undefined;
-    void Promise.race([Promise.allSettled(work), new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref()))]).then(() => {
+    void Promise.race([
+      Promise.allSettled(work),
+      new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref())),
+    ]).then(() => {
       clearTimeout(waited);
       if (stopped()) return;
       report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });

@@ -79,7 +79,10 @@ export class LogLimiter {
     }
     if (s.emitted < this.burst) {
       s.emitted++;
-      this.log[level]({ ...obj, cause }, s.emitted === this.burst ? `${msg} (further '${cause}' messages are counted for ${this.windowMs / 1000} s)` : msg);
+      this.log[level](
+        { ...obj, cause },
+        s.emitted === this.burst ? `${msg} (further '${cause}' messages are counted for ${this.windowMs / 1000} s)` : msg,
+      );
       return;
     }
     s.suppressed++;
@@ -96,7 +99,10 @@ export class LogLimiter {
     this.states.delete(cause);
     if (s.suppressed > 0) {
       const seconds = Math.max(1, Math.round((this.now() - s.windowStart) / 1000));
-      this.log[s.level]({ cause, suppressed: s.suppressed }, `${s.suppressed} more '${cause}' messages suppressed in the last ${seconds} s`);
+      this.log[s.level](
+        { cause, suppressed: s.suppressed },
+        `${s.suppressed} more '${cause}' messages suppressed in the last ${seconds} s`,
+      );
     }
   }
 }

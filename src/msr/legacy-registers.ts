@@ -4,7 +4,15 @@
  * registers with the same layout at other numbers, and no power-limit / power-info registers at all:
  * those two are synthesised from configuration, because QEMU refuses RAPL when either reads 0.
  */
-import { LEGACY_ALLOWED_MSRS, MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STATUS, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from './registers.js';
+import {
+  LEGACY_ALLOWED_MSRS,
+  MSR_AMD_PKG_ENERGY_STATUS,
+  MSR_AMD_RAPL_POWER_UNIT,
+  MSR_PKG_ENERGY_STATUS,
+  MSR_PKG_POWER_INFO,
+  MSR_PKG_POWER_LIMIT,
+  MSR_RAPL_POWER_UNIT,
+} from './registers.js';
 import { type Vendor } from '../ratio/types.js';
 
 export interface AmdSynthConfig {

@@ -23,7 +23,11 @@ export function readVendor(procRoot: string): Vendor {
   }
   const v = parseVendor(text);
   if (typeof v !== 'string') {
-    throw cannotError(`serve CPU vendor ${v.unsupported}`, 'RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)', 'run on an Intel or AMD host');
+    throw cannotError(
+      `serve CPU vendor ${v.unsupported}`,
+      'RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)',
+      'run on an Intel or AMD host',
+    );
   }
   return v;
 }

@@ -117,8 +117,8 @@ export class FdBudget {
     if (need <= room) return ok(undefined);
     return fail(
       `not enough file descriptors: its ${threads} threads need ${need}, ${Math.max(0, room)} are left ` +
-      `(limit ${this.o.limit}, ${open} open, ${freeSlots} kept for connections, ${FD_RESERVE} reserved); ` +
-      'raise the helper\'s open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections',
+        `(limit ${this.o.limit}, ${open} open, ${freeSlots} kept for connections, ${FD_RESERVE} reserved); ` +
+        "raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
     );
   }
 }

@@ -61,7 +61,10 @@ export function installSigusr1Guard(now: () => number = Date.now, warn: typeof w
     installed = true;
     process.on('SIGUSR1', onUsr1);
     const closed = closeOpenInspector();
-    if (closed !== null) warn('inspector closed at start: a debugger must not reach this process (drop --inspect and NODE_OPTIONS)', { inspectorClosed: closed });
+    if (closed !== null)
+      warn('inspector closed at start: a debugger must not reach this process (drop --inspect and NODE_OPTIONS)', {
+        inspectorClosed: closed,
+      });
   }
   return onUsr1;
 }

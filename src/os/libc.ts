@@ -252,14 +252,16 @@ export function dupCloexec(fd: number): number {
 export function keepAcrossExec(fd: number): void {
   const flags = fn.fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
-  if ((flags & FD_CLOEXEC) !== 0 && (fn.fcntl(fd, F_SETFD, 'int', flags & ~FD_CLOEXEC) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
+  if ((flags & FD_CLOEXEC) !== 0 && (fn.fcntl(fd, F_SETFD, 'int', flags & ~FD_CLOEXEC) as number) < 0)
+    throw errnoError(`fcntl(${fd}, F_SETFD)`);
 }
 
 /** Makes `fd` close-on-exec again (undoes keepAcrossExec after an exec that failed). */
 export function closeOnExec(fd: number): void {
   const flags = fn.fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
-  if ((flags & FD_CLOEXEC) === 0 && (fn.fcntl(fd, F_SETFD, 'int', flags | FD_CLOEXEC) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
+  if ((flags & FD_CLOEXEC) === 0 && (fn.fcntl(fd, F_SETFD, 'int', flags | FD_CLOEXEC) as number) < 0)
+    throw errnoError(`fcntl(${fd}, F_SETFD)`);
 }
 
 /**
@@ -412,19 +414,30 @@ function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {
   return err;
 }
 
-function sendmsgTo(fd: number, data: Buffer, fds: readonly number[], flags: number, addr: { addr: Buffer; len: number } | null, call: string): number {
+function sendmsgTo(
+  fd: number,
+  data: Buffer,
+  fds: readonly number[],
+  flags: number,
+  addr: { addr: Buffer; len: number } | null,
+  call: string,
+): number {
   if (fds.length > MAX_FDS_PER_MESSAGE) throw new RangeError(`${call}: ${fds.length} fds, at most ${MAX_FDS_PER_MESSAGE} fit one message`);
   const control = fds.length > 0 ? encodeScmRights(fds) : null;
   const n = Number(
-    fn.sendmsg(fd, {
-      msg_name: addr?.addr ?? null,
-      msg_namelen: addr?.len ?? 0,
-      msg_iov: [{ iov_base: data, iov_len: data.length }],
-      msg_iovlen: 1,
-      msg_control: control,
-      msg_controllen: control?.length ?? 0,
-      msg_flags: 0,
-    }, flags),
+    fn.sendmsg(
+      fd,
+      {
+        msg_name: addr?.addr ?? null,
+        msg_namelen: addr?.len ?? 0,
+        msg_iov: [{ iov_base: data, iov_len: data.length }],
+        msg_iovlen: 1,
+        msg_control: control,
+        msg_controllen: control?.length ?? 0,
+        msg_flags: 0,
+      },
+      flags,
+    ),
   );
   if (n < 0) throw sendmsgError(call, koffi.errno());
   return n;
@@ -439,7 +452,8 @@ function sendmsgTo(fd: number, data: Buffer, fds: readonly number[], flags: numb
  * datagram may carry fds alone. Never raises SIGPIPE.
  */
 export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
-  if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM) throw new RangeError('sendmsg: on a stream socket fds need at least one byte of data to go with');
+  if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM)
+    throw new RangeError('sendmsg: on a stream socket fds need at least one byte of data to go with');
   return sendmsgTo(fd, data, fds, flags | MSG_NOSIGNAL, null, 'sendmsg');
 }
 
@@ -477,7 +491,8 @@ export interface ReceivedWithFds {
  */
 export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
   if (!Number.isInteger(maxBytes) || maxBytes < 0) throw new RangeError(`recvmsg: maxBytes ${maxBytes} is not a size`);
-  if (!Number.isInteger(maxFds) || maxFds < 0 || maxFds > MAX_FDS_PER_MESSAGE) throw new RangeError(`recvmsg: maxFds ${maxFds} is not 0..${MAX_FDS_PER_MESSAGE}`);
+  if (!Number.isInteger(maxFds) || maxFds < 0 || maxFds > MAX_FDS_PER_MESSAGE)
+    throw new RangeError(`recvmsg: maxFds ${maxFds} is not 0..${MAX_FDS_PER_MESSAGE}`);
   const data = Buffer.alloc(maxBytes);
   const control = Buffer.alloc(maxFds > 0 ? cmsgSpaceForFds(maxFds) : 0);
   const msg = {

@@ -44,13 +44,26 @@ export function parseSmaps(text: string): Mapping[] {
   for (const line of text.split('\n')) {
     const h = HEADER.exec(line);
     if (h) {
-      cur = { start: BigInt(`0x${h[1]}`), end: BigInt(`0x${h[2]}`), perms: h[3]!, path: h[4]!.trimStart(), rssKb: -1, anonKb: -1, lockedKb: -1, flags: [] };
+      cur = {
+        start: BigInt(`0x${h[1]}`),
+        end: BigInt(`0x${h[2]}`),
+        perms: h[3]!,
+        path: h[4]!.trimStart(),
+        rssKb: -1,
+        anonKb: -1,
+        lockedKb: -1,
+        flags: [],
+      };
       out.push(cur);
       continue;
     }
     if (!cur) continue;
     if (line.startsWith('VmFlags:')) {
-      cur.flags = line.slice(8).trim().split(/\s+/).filter((f) => /^[a-z0-9]{2}$/.test(f));
+      cur.flags = line
+        .slice(8)
+        .trim()
+        .split(/\s+/)
+        .filter((f) => /^[a-z0-9]{2}$/.test(f));
       continue;
     }
     const f = FIELD.exec(line);

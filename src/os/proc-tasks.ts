@@ -27,7 +27,12 @@ export class TaskReadError extends Error {
     readonly file: string,
     readonly code: string,
   ) {
-    super(cannot(`read ${file}`, `${code}${code === 'EMFILE' || code === 'ENFILE' ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`));
+    super(
+      cannot(
+        `read ${file}`,
+        `${code}${code === 'EMFILE' || code === 'ENFILE' ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`,
+      ),
+    );
     this.name = 'TaskReadError';
   }
 }
@@ -370,7 +375,18 @@ export class ProcTaskReader {
       let file = path.join(dir, name, 'stat');
       try {
         const fd = fs.openSync(file, fs.constants.O_RDONLY);
-        const t: ThreadState = { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
+        const t: ThreadState = {
+          fd,
+          sfd: -1,
+          line: null,
+          bytes: null,
+          runtimeHi: -1,
+          runtimeLo: 0,
+          running: false,
+          gated: 0,
+          moved: 0,
+          direct: 0,
+        };
         st.threads.set(tid, t);
         opened.push(tid);
         if (this.gate && tid !== pid) {

@@ -28,7 +28,9 @@ export function checkThreadsOf(procRoot: string, pid: number, vcpus: readonly Vc
   for (const v of vcpus) {
     if (tidBelongsTo(procRoot, pid, v.tid)) continue;
     const tgid = threadGroupOf(procRoot, v.tid);
-    throw new Error(tgid === null || tgid === pid ? `thread ${v.tid} does not exist` : `thread ${v.tid} belongs to process ${tgid}, not ${pid}`);
+    throw new Error(
+      tgid === null || tgid === pid ? `thread ${v.tid} does not exist` : `thread ${v.tid} belongs to process ${tgid}, not ${pid}`,
+    );
   }
 }
 

@@ -8,7 +8,18 @@ import { joulesPerCounterUnit, packageCounter } from './counter.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
-import { MAX_TID, type HostInfo, type IntervalResult, type PackageInterval, type Sample, type VcpuSpec, type VmInterval, type VmOutput, type VmSpec, type VpkgOutput } from './types.js';
+import {
+  MAX_TID,
+  type HostInfo,
+  type IntervalResult,
+  type PackageInterval,
+  type Sample,
+  type VcpuSpec,
+  type VmInterval,
+  type VmOutput,
+  type VmSpec,
+  type VpkgOutput,
+} from './types.js';
 
 const TWO_32 = 2 ** 32;
 
@@ -261,7 +272,8 @@ export class RatioEngine {
       if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
       return out;
     });
-    const lastSample = this.prevT === undefined ? null : { tNs: this.prevT, energy: [...this.prevEnergy].map(([pkg, raw]) => ({ pkg, raw })) };
+    const lastSample =
+      this.prevT === undefined ? null : { tNs: this.prevT, energy: [...this.prevEnergy].map(([pkg, raw]) => ({ pkg, raw })) };
     return { nextId: this.nextId, lastSample, vms };
   }
 
@@ -271,7 +283,8 @@ export class RatioEngine {
    * the first inconsistent value, before changing anything.
    */
   restore(s: EngineState): void {
-    if (this.vms.size > 0 || this.prevT !== undefined || this.nextId !== 1) throw new Error('only an engine with no VM and no sample can be restored');
+    if (this.vms.size > 0 || this.prevT !== undefined || this.nextId !== 1)
+      throw new Error('only an engine with no VM and no sample can be restored');
     const problem = this.restoreProblem(s);
     if (problem !== null) throw new Error(problem);
     for (const v of s.vms) {
@@ -335,7 +348,8 @@ export class RatioEngine {
       for (const m of v.prev) {
         if (tids.has(m.tid)) return `${at}: thread ${m.tid} is marked twice`;
         tids.add(m.tid);
-        if (!Number.isSafeInteger(m.ticks) || m.ticks < 0 || !Number.isSafeInteger(m.starttime) || m.starttime < 0) return `${at}: thread ${m.tid}'s mark is out of range`;
+        if (!Number.isSafeInteger(m.ticks) || m.ticks < 0 || !Number.isSafeInteger(m.starttime) || m.starttime < 0)
+          return `${at}: thread ${m.tid}'s mark is out of range`;
       }
     }
     return null;
@@ -429,7 +443,9 @@ export class RatioEngine {
         if (dticks < 0) dticks = 0;
         const pkg = this.cpuPackage.get(st.processor);
         if (pkg === undefined) {
-          problems.push(`pid ${vm.spec.pid} tid ${tid}: ran on cpu ${st.processor}, which the host map does not have: no energy for it this interval`);
+          problems.push(
+            `pid ${vm.spec.pid} tid ${tid}: ran on cpu ${st.processor}, which the host map does not have: no energy for it this interval`,
+          );
         } else {
           ticksOnPkg.set(pkg, (ticksOnPkg.get(pkg) ?? 0) + dticks);
         }
@@ -564,7 +580,8 @@ export class RatioEngine {
 /** A thread's stat line parsed for the rules (docs/ratio.md, "Reading a stat line"), or why it counts as absent. */
 function parseThread(pid: number, tid: number, line: string): ParsedLine {
   const parsed = parseStatLine(line);
-  if (!parsed.ok) return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent` };
+  if (!parsed.ok)
+    return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent` };
   const st = parsed.value;
   if (st.tid !== tid) return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent` };
   return { line, stat: { starttime: st.starttime, ticks: st.utime + st.stime, processor: st.processor }, problem: '' };

@@ -41,7 +41,12 @@ export function totalJsonLine(outputs: VmOutput[]): string {
 function pad(cells: string[][], rightAlign: boolean[]): string {
   const widths = cells[0]!.map((_, c) => Math.max(...cells.map((row) => row[c]!.length)));
   return cells
-    .map((row) => row.map((cell, c) => (rightAlign[c] ? cell.padStart(widths[c]!) : cell.padEnd(widths[c]!))).join('  ').trimEnd())
+    .map((row) =>
+      row
+        .map((cell, c) => (rightAlign[c] ? cell.padStart(widths[c]!) : cell.padEnd(widths[c]!)))
+        .join('  ')
+        .trimEnd(),
+    )
     .join('\n');
 }
 
@@ -55,7 +60,12 @@ export function formatTable(s: ReplaySummary): string {
   const lines: string[] = [];
   const note = s.header.note ? `  (${printable(s.header.note)})` : '';
   lines.push(`${s.samples} samples, ${s.intervals} intervals${note}`);
-  const where = [s.header.hostname ? `on ${printable(s.header.hostname)}` : '', s.header.startTime ? `from ${printable(s.header.startTime)}` : ''].filter(Boolean).join(' ');
+  const where = [
+    s.header.hostname ? `on ${printable(s.header.hostname)}` : '',
+    s.header.startTime ? `from ${printable(s.header.startTime)}` : '',
+  ]
+    .filter(Boolean)
+    .join(' ');
   if (where) lines.push(`recorded ${where}`);
   if (s.vms.length === 0) {
     lines.push('no VM was registered in this trace');

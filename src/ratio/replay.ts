@@ -66,7 +66,8 @@ export class Replay {
   private applyUnchecked(rec: Exclude<TraceRecord, { type: 'header' }>): IntervalResult | null {
     switch (rec.type) {
       case 'register': {
-        if (++this.registered > this.maxVms) throw new TraceError(`the trace registers more than ${this.maxVms} VMs; replay holds at most that many`, rec.line);
+        if (++this.registered > this.maxVms)
+          throw new TraceError(`the trace registers more than ${this.maxVms} VMs; replay holds at most that many`, rec.line);
         const id = this.engine.register(rec.vm);
         const ids = this.byPid.get(rec.vm.pid) ?? [];
         ids.push(id);
@@ -89,7 +90,9 @@ export class Replay {
         // The energy counters may have wrapped any number of times meanwhile: nothing is attributed
         // across the gap, the next sample is a new baseline.
         this.engine.gap();
-        this.problem(`line ${rec.line}: ${rec.lostSamples} samples missing from here (the recorder's disk was full): no energy attributed across the gap`);
+        this.problem(
+          `line ${rec.line}: ${rec.lostSamples} samples missing from here (the recorder's disk was full): no energy attributed across the gap`,
+        );
         return null;
       }
       case 'sample': {

@@ -23,7 +23,6 @@ export interface TaskStat {
   processor: number;
 }
 
-
 /** Fields are numbered as in proc(5); field 3 (state) is the first after the LAST ')'. */
 const AFTER_COMM = 3;
 /** Digits of the largest u64 (the kernel prints fields as at most unsigned 64-bit). */
@@ -35,7 +34,6 @@ const OPEN = 0x28; // '('
 const CLOSE = 0x29; // ')'
 const NOT_UINT = -1;
 const TOO_LARGE = -2;
-
 
 /**
  * The line as bytes, byte i = character i: a reused buffer, written natively when the line is ASCII

@@ -22,7 +22,8 @@ export function checkVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {
   for (let i = 0; i < vcpus.length; i++) {
     const { tid, vpkg } = vcpus[i]!;
     if (!Number.isInteger(tid) || tid < 1 || tid > MAX_TID) return fail(`vCPU ${i + 1}: thread id ${tid} is out of range (1..${MAX_TID})`);
-    if (!Number.isInteger(vpkg) || vpkg < 0 || vpkg > MAX_VPKG) return fail(`vCPU ${i + 1}: virtual package ${vpkg} is out of range (0..${MAX_VPKG})`);
+    if (!Number.isInteger(vpkg) || vpkg < 0 || vpkg > MAX_VPKG)
+      return fail(`vCPU ${i + 1}: virtual package ${vpkg} is out of range (0..${MAX_VPKG})`);
     if (seen.has(tid)) return fail(`vCPU ${i + 1}: thread ${tid} is listed twice`);
     seen.add(tid);
     out.push({ tid, vpkg });
@@ -39,7 +40,8 @@ export function validVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {
 
 /** Parses "TID:VPKG,TID:VPKG,..." (the --vcpus syntax), then applies checkVcpus. */
 export function parseVcpuList(text: string): VcpuSpec[] {
-  if (typeof text !== 'string' || text.trim() === '') throw new Error('the vCPU list is empty: expected TID:VPKG[,TID:VPKG...], e.g. 4250:0,4251:1');
+  if (typeof text !== 'string' || text.trim() === '')
+    throw new Error('the vCPU list is empty: expected TID:VPKG[,TID:VPKG...], e.g. 4250:0,4251:1');
   const parts = text.trim().split(',');
   if (parts.length > MAX_VCPUS) throw new Error(`the vCPU list has ${parts.length} entries, at most ${MAX_VCPUS}`);
   const vcpus = parts.map((part, i) => {

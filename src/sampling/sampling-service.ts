@@ -103,12 +103,18 @@ export class SamplingService {
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
 
   constructor(private readonly o: SamplingServiceOptions) {
-    if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs)) throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
+    if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs))
+      throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
     this.engine = o.engine;
     this.samples = new Emitter((e) => o.log.error({ err: (e as Error).message }, 'sample listener failed'));
     this.failures = new Emitter((e) => o.log.error({ err: (e as Error).message }, 'failure listener failed'));
     this.clock = o.clock ?? monotonicNs;
-    this.loop = new TickLoop({ intervalNs: BigInt(Math.round(o.intervalMs * 1e6)), tick: (t) => this.tick(t), clock: this.clock, timers: o.timers });
+    this.loop = new TickLoop({
+      intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
+      tick: (t) => this.tick(t),
+      clock: this.clock,
+      timers: o.timers,
+    });
   }
 
   get running(): boolean {

@@ -69,15 +69,18 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   if (!isU32(vm.uid)) return `${at}: uid ${vm.uid} is out of range (0..4294967295)`;
   if (vm.owner !== null && (!isU32(vm.owner) || vm.owner === NO_OWNER)) return `${at}: owner connection ${vm.owner} is out of range`;
   if (vm.owner === null && !vm.discovered) return `${at} is neither registered (no owner) nor discovered`;
-  if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes) return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
+  if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes)
+    return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
   // A lone surrogate would be written as U+FFFD and come back as another name.
   if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
   if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
   if (!isU32(vm.endedSamples)) return `${at}: endedSamples ${vm.endedSamples} is out of range`;
   if (vm.baseline && !vm.live) return `${at} has ended but is marked as having its baseline`;
   if (vm.baseline && lastNs === null) return `${at} is marked as having its baseline, but there is no last sample`;
-  if (!isU64(vm.valuesNs) || (lastNs !== null && vm.valuesNs > lastNs)) return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
-  if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1) return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;
+  if (!isU64(vm.valuesNs) || (lastNs !== null && vm.valuesNs > lastNs))
+    return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
+  if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1)
+    return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;
   const vcpus = checkVcpus(vm.vcpus, { allowEmpty: true });
   if (!vcpus.ok) return `${at}: ${vcpus.error}`;
   const outside = vm.vcpus.find((v) => v.vpkg >= vm.vpkgs.length);
@@ -85,7 +88,8 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   for (let p = 0; p < vm.vpkgs.length; p++) {
     const v = vm.vpkgs[p]!;
     if (!isU64(v.energyUj)) return `${at}, virtual package ${p}: energy ${v.energyUj} µJ is out of range (0..2^64-1)`;
-    if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > MAX_MSR_COUNTER) return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
+    if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > MAX_MSR_COUNTER)
+      return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
     if (!joulesMatch(v.energyJ, v.energyUj)) return `${at}, virtual package ${p}: ${v.energyJ} J does not give ${v.energyUj} µJ`;
   }
   return null;
@@ -94,7 +98,8 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
 /** Why a snapshot cannot be saved or restored, or null when it keeps every rule and bound. */
 export function stateProblem(s: StateSnapshot): string | null {
   const L = STATE_LIMITS;
-  if (!Number.isInteger(s.nextHostVmId) || s.nextHostVmId < 1 || s.nextHostVmId > MAX_HOST_VM_ID) return `the next VM id ${s.nextHostVmId} is out of range (1..${MAX_HOST_VM_ID})`;
+  if (!Number.isInteger(s.nextHostVmId) || s.nextHostVmId < 1 || s.nextHostVmId > MAX_HOST_VM_ID)
+    return `the next VM id ${s.nextHostVmId} is out of range (1..${MAX_HOST_VM_ID})`;
   if (s.vms.length > L.maxVms) return `${s.vms.length} VMs, at most ${L.maxVms}`;
   for (const vm of s.vms) {
     const p = vmProblem(vm, s.nextHostVmId, s.lastSample?.monotonicNs ?? null);
@@ -106,7 +111,8 @@ export function stateProblem(s: StateSnapshot): string | null {
   for (const k of s.packages) {
     if (!isU32(k.pkg)) return `package ${k.pkg} is out of range`;
     if (!isU64(k.energyUj) || !isU64(k.unattributedUj)) return `package ${k.pkg}: an energy total is out of range (0..2^64-1)`;
-    if (!joulesMatch(k.energyJ, k.energyUj) || !joulesMatch(k.unattributedJ, k.unattributedUj)) return `package ${k.pkg}: its totals in J and µJ disagree`;
+    if (!joulesMatch(k.energyJ, k.energyUj) || !joulesMatch(k.unattributedJ, k.unattributedUj))
+      return `package ${k.pkg}: its totals in J and µJ disagree`;
   }
   const dupPkg = duplicate(s.packages, (k) => k.pkg);
   if (dupPkg !== null) return `package ${dupPkg} appears twice in the totals`;
@@ -118,14 +124,15 @@ export function stateProblem(s: StateSnapshot): string | null {
   if (dupPid !== null) return `known process ${dupPid} appears twice`;
   const t = s.lastSample;
   if (t !== null) {
-    if (!isU64(t.monotonicNs) || !isU64(t.realtimeNs)) return 'the last sample\'s time is out of range (0..2^64-1 ns)';
+    if (!isU64(t.monotonicNs) || !isU64(t.realtimeNs)) return "the last sample's time is out of range (0..2^64-1 ns)";
     if (t.packages.length > L.maxPackages) return `the last sample has ${t.packages.length} packages, at most ${L.maxPackages}`;
     for (const k of t.packages) if (!isU32(k.pkg) || !isU64(k.raw)) return `the last sample's package ${k.pkg} is out of range`;
     const dupRaw = duplicate(t.packages, (k) => k.pkg);
     if (dupRaw !== null) return `package ${dupRaw} appears twice in the last sample`;
     if (t.threads.length > L.maxThreads) return `the last sample has ${t.threads.length} threads, at most ${L.maxThreads}`;
     for (const th of t.threads) {
-      if (!isPid(th.pid) || !isPid(th.tid) || !isStarttime(th.starttime) || !isU64(th.ticks)) return `the last sample's thread ${th.tid} is out of range`;
+      if (!isPid(th.pid) || !isPid(th.tid) || !isStarttime(th.starttime) || !isU64(th.ticks))
+        return `the last sample's thread ${th.tid} is out of range`;
     }
     const dupTid = duplicate(t.threads, (th) => th.tid);
     if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
@@ -255,7 +262,8 @@ export function encodeState(s: StateSnapshot): Buffer {
   }
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
-  if (payloadLength > STATE_LIMITS.maxPayloadBytes) throw new RangeError(cannot('save state', `it takes ${payloadLength} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`));
+  if (payloadLength > STATE_LIMITS.maxPayloadBytes)
+    throw new RangeError(cannot('save state', `it takes ${payloadLength} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`));
   STATE_MAGIC.copy(out, 0);
   out.writeUInt32LE(STATE_FORMAT_VERSION, 8);
   out.writeUInt32LE(payloadLength, 12);
@@ -274,7 +282,8 @@ class Reader {
   constructor(private readonly buf: Buffer) {}
 
   private at(n: number, what: string): number {
-    if (this.off + n > this.buf.length) throw new Refused(`it is cut off in ${what} (byte ${STATE_HEADER_SIZE + this.off} of ${STATE_HEADER_SIZE + this.buf.length})`);
+    if (this.off + n > this.buf.length)
+      throw new Refused(`it is cut off in ${what} (byte ${STATE_HEADER_SIZE + this.off} of ${STATE_HEADER_SIZE + this.buf.length})`);
     const o = this.off;
     this.off += n;
     return o;
@@ -327,7 +336,8 @@ function readVm(r: Reader): VmState {
   if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
   if (r.u8(`${at}'s padding`) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
   const nameBytes = r.u16(`${at}'s name length`);
-  if (nameBytes > STATE_LIMITS.maxNameBytes) throw new Refused(`${at}: its name is ${nameBytes} bytes, at most ${STATE_LIMITS.maxNameBytes}`);
+  if (nameBytes > STATE_LIMITS.maxNameBytes)
+    throw new Refused(`${at}: its name is ${nameBytes} bytes, at most ${STATE_LIMITS.maxNameBytes}`);
   if ((flags & FLAG.HAS_NAME) === 0 && nameBytes !== 0) throw new Refused(`${at} has a name length but no name`);
   const endedSamples = r.u32(`${at}'s ended samples`);
   const uuid = (flags & FLAG.HAS_UUID) !== 0 ? r.bytes(UUID_BYTES, `${at}'s uuid`) : null;
@@ -342,7 +352,8 @@ function readVm(r: Reader): VmState {
   for (let i = 0; i < nvcpu; i++) vcpus.push({ tid: r.u32(`${at}'s vCPUs`), vpkg: r.u16(`${at}'s vCPUs`) });
   const nvpkg = r.count(2, MAX_VPKG + 1, MIN_SIZE.vpkg, `virtual packages of ${at}`);
   const vpkgs = [];
-  for (let i = 0; i < nvpkg; i++) vpkgs.push({ energyUj: r.u64(`${at}'s totals`), counter: BigInt(r.u32(`${at}'s totals`)), energyJ: r.f64(`${at}'s totals`) });
+  for (let i = 0; i < nvpkg; i++)
+    vpkgs.push({ energyUj: r.u64(`${at}'s totals`), counter: BigInt(r.u32(`${at}'s totals`)), energyJ: r.f64(`${at}'s totals`) });
   const valuesNs = r.u64(`${at}'s values' time`);
   return {
     hostVmId,
@@ -377,7 +388,7 @@ function readPayload(r: Reader): StateSnapshot {
   }
   const nknown = r.count(4, L.maxKnownPids, MIN_SIZE.known, 'known processes');
   const knownPids = [];
-  for (let i = 0; i < nknown; i++) knownPids.push({ pid: r.u32('known processes'), starttime: r.safe('a known process\'s starttime') });
+  for (let i = 0; i < nknown; i++) knownPids.push({ pid: r.u32('known processes'), starttime: r.safe("a known process's starttime") });
   const has = r.u8('the last sample flag');
   if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
   let lastSample: StateSnapshot['lastSample'] = null;
@@ -390,7 +401,8 @@ function readPayload(r: Reader): StateSnapshot {
     const nth = r.count(4, L.maxThreads, MIN_SIZE.thread, 'sampled threads');
     const threads = [];
     const at = 'the last sample';
-    for (let i = 0; i < nth; i++) threads.push({ pid: r.u32(at), tid: r.u32(at), starttime: r.safe('a sampled thread\'s starttime'), ticks: r.u64(at) });
+    for (let i = 0; i < nth; i++)
+      threads.push({ pid: r.u32(at), tid: r.u32(at), starttime: r.safe("a sampled thread's starttime"), ticks: r.u64(at) });
     lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
   }
   return { nextHostVmId, vms, packages, knownPids, lastSample };
@@ -403,10 +415,12 @@ function readPayload(r: Reader): StateSnapshot {
  */
 export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   const refuse = (why: string, fix = FIX) => fail(cannot('restore state', why, fix));
-  if (bytes.length < STATE_HEADER_SIZE) return refuse(`the snapshot is ${bytes.length} bytes, shorter than its ${STATE_HEADER_SIZE}-byte header`);
+  if (bytes.length < STATE_HEADER_SIZE)
+    return refuse(`the snapshot is ${bytes.length} bytes, shorter than its ${STATE_HEADER_SIZE}-byte header`);
   if (!bytes.subarray(0, 8).equals(STATE_MAGIC)) return refuse('it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot');
   const version = bytes.readUInt32LE(8);
-  if (version !== STATE_FORMAT_VERSION) return refuse(`it is format version ${version}, this vmsr-helper reads version ${STATE_FORMAT_VERSION}`, VERSION_FIX);
+  if (version !== STATE_FORMAT_VERSION)
+    return refuse(`it is format version ${version}, this vmsr-helper reads version ${STATE_FORMAT_VERSION}`, VERSION_FIX);
   const length = bytes.readUInt32LE(12);
   if (length > STATE_LIMITS.maxPayloadBytes) return refuse(`its header announces ${length} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`);
   const have = bytes.length - STATE_HEADER_SIZE;
@@ -415,7 +429,10 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   if (bytes.readUInt32LE(20) !== 0) return refuse('its reserved header field is not 0');
   const payload = bytes.subarray(STATE_HEADER_SIZE);
   const sum = crc32(payload);
-  if (sum !== bytes.readUInt32LE(16)) return refuse(`its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`);
+  if (sum !== bytes.readUInt32LE(16))
+    return refuse(
+      `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,
+    );
   const r = new Reader(payload);
   let s: StateSnapshot;
   try {

@@ -46,7 +46,8 @@ export function nestsDeeperThan(text: string, max: number): boolean {
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (inString) {
-      if (c === 0x5c) i++; // backslash: skip the escaped character
+      if (c === 0x5c)
+        i++; // backslash: skip the escaped character
       else if (c === 0x22) inString = false;
     } else if (c === 0x22) inString = true;
     else if (c === 0x5b || c === 0x7b) {
@@ -84,7 +85,8 @@ export class TraceParser {
     this.lineNo = lineNo;
     this.rawLine = text;
     if (text.trim() === '') return null;
-    if (nestsDeeperThan(text, MAX_JSON_DEPTH)) throw new TraceError(`JSON nested more than ${MAX_JSON_DEPTH} levels deep: not a trace record`, lineNo);
+    if (nestsDeeperThan(text, MAX_JSON_DEPTH))
+      throw new TraceError(`JSON nested more than ${MAX_JSON_DEPTH} levels deep: not a trace record`, lineNo);
     let value: unknown;
     try {
       value = JSON.parse(text);
@@ -151,7 +153,8 @@ export class TraceParser {
     }
     const host = v.host;
     if (!isObject(host)) this.fail('header: host must be an object');
-    if (host.vendor !== 'intel' && host.vendor !== 'amd') this.fail(`header: host.vendor must be "intel" or "amd", got ${describe(host.vendor)}`);
+    if (host.vendor !== 'intel' && host.vendor !== 'amd')
+      this.fail(`header: host.vendor must be "intel" or "amd", got ${describe(host.vendor)}`);
     const vendor: Vendor = host.vendor;
     if (!Array.isArray(host.packages) || host.packages.length === 0) this.fail('header: host.packages must be a non-empty array');
     const packages: HostPackage[] = [];
@@ -184,14 +187,24 @@ export class TraceParser {
     if (typeof v.note === 'string') header.note = v.note;
     // Added later to the format: traces without them (older recorders) stay valid.
     if (v.start_time !== undefined) {
-      if (typeof v.start_time !== 'string' || v.start_time.length > 64 || !/^\d{4}-\d\d-\d\dT/.test(v.start_time) || Number.isNaN(Date.parse(v.start_time))) {
+      if (
+        typeof v.start_time !== 'string' ||
+        v.start_time.length > 64 ||
+        !/^\d{4}-\d\d-\d\dT/.test(v.start_time) ||
+        Number.isNaN(Date.parse(v.start_time))
+      ) {
         this.fail(`header: start_time must be an ISO 8601 time like "2026-01-31T12:00:00.000Z", got ${describe(v.start_time)}`);
       }
       header.startTime = v.start_time;
     }
     if (v.start_t_ns !== undefined) header.startNs = this.nanoseconds(v.start_t_ns, this.rawLine, 'start_t_ns');
     if (v.hostname !== undefined) {
-      if (typeof v.hostname !== 'string' || v.hostname.length === 0 || v.hostname.length > MAX_HOSTNAME || /[\u0000-\u001f\u007f-\u009f]/.test(v.hostname)) {
+      if (
+        typeof v.hostname !== 'string' ||
+        v.hostname.length === 0 ||
+        v.hostname.length > MAX_HOSTNAME ||
+        /[\u0000-\u001f\u007f-\u009f]/.test(v.hostname)
+      ) {
         this.fail(`header: hostname must be a host name of 1..${MAX_HOSTNAME} printable characters, got ${describe(v.hostname)}`);
       }
       header.hostname = v.hostname;
@@ -255,7 +268,8 @@ export class TraceParser {
       const m = new Map<number, string>();
       for (const [tidKey, line] of Object.entries(threads)) {
         const tid = this.key(tidKey, `tasks["${pidKey}"]`);
-        if (typeof line !== 'string') this.fail(`sample: tasks["${pidKey}"]["${tidKey}"] must be a stat line string, got ${describe(line)}`);
+        if (typeof line !== 'string')
+          this.fail(`sample: tasks["${pidKey}"]["${tidKey}"] must be a stat line string, got ${describe(line)}`);
         m.set(tid, line);
       }
       out.set(pid, m);
@@ -274,7 +288,8 @@ export class TraceParser {
   }
 
   private id(v: unknown, what: string): number {
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_TID) this.fail(`${what} must be a positive integer id, got ${describe(v)}`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_TID)
+      this.fail(`${what} must be a positive integer id, got ${describe(v)}`);
     return v;
   }
 
@@ -325,7 +340,10 @@ export async function* splitLines(
   /** n blank lines starting at line `first`; the one past MAX_BLANK_RUN in a row is refused. */
   const blank = (n: number, first: number) => {
     if (blankRun + n > MAX_BLANK_RUN) {
-      throw new TraceError(`more than ${MAX_BLANK_RUN} blank lines in a row: not a trace (a recorder never writes blank lines)`, first + MAX_BLANK_RUN - blankRun);
+      throw new TraceError(
+        `more than ${MAX_BLANK_RUN} blank lines in a row: not a trace (a recorder never writes blank lines)`,
+        first + MAX_BLANK_RUN - blankRun,
+      );
     }
     blankRun += n;
   };
@@ -384,7 +402,11 @@ export async function* splitLines(
 }
 
 /** Parses a whole byte stream (already decompressed) into records. */
-export async function* readTraceStream(stream: AsyncIterable<Buffer | string>, opts: ReadOptions = {}, fileBytes?: () => number): AsyncGenerator<TraceRecord> {
+export async function* readTraceStream(
+  stream: AsyncIterable<Buffer | string>,
+  opts: ReadOptions = {},
+  fileBytes?: () => number,
+): AsyncGenerator<TraceRecord> {
   const parser = new TraceParser();
   for await (const { lineNo, text, lastUnterminated } of splitLines(stream, opts, fileBytes)) {
     let rec: TraceRecord | null;
@@ -422,8 +444,16 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
   const gz = headBytes === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
   if (!gz && /\.gz$/i.test(path)) {
     file.destroy();
-    const magic = head.subarray(0, headBytes).toString('hex').replace(/(..)(?=.)/g, '$1 ') || 'nothing';
-    throw new TraceError(`not gzip: the name ends in .gz but the file starts with ${magic}, not the gzip magic 1f 8b; is it truncated or mis-named?`, undefined, path);
+    const magic =
+      head
+        .subarray(0, headBytes)
+        .toString('hex')
+        .replace(/(..)(?=.)/g, '$1 ') || 'nothing';
+    throw new TraceError(
+      `not gzip: the name ends in .gz but the file starts with ${magic}, not the gzip magic 1f 8b; is it truncated or mis-named?`,
+      undefined,
+      path,
+    );
   }
   let source: Readable = file;
   if (gz) {

@@ -51,7 +51,9 @@ export function headerLine(h: TraceHeader): string {
  * Where and when a recording starts: wall clock, CLOCK_MONOTONIC at that moment (process.hrtime, the
  * sampler's clock), host name.
  */
-export function recordingStart(clockNs: () => bigint = () => process.hrtime.bigint()): Required<Pick<TraceHeader, 'startTime' | 'startNs' | 'hostname'>> {
+export function recordingStart(
+  clockNs: () => bigint = () => process.hrtime.bigint(),
+): Required<Pick<TraceHeader, 'startTime' | 'startNs' | 'hostname'>> {
   return { startNs: clockNs(), startTime: new Date().toISOString(), hostname: os.hostname() };
 }
 
@@ -115,8 +117,12 @@ export interface TraceWriterEvents {
 }
 
 const stderrEvents = (path: string): TraceWriterEvents => ({
-  paused: (why) => process.stderr.write(`trace ${path}: recording paused: disk full (${why}); the file ends on its last whole record, samples are dropped and each interval tries again\n`),
-  resumed: (lost, s) => process.stderr.write(`trace ${path}: recording resumed after ${s.toFixed(1)} s; ${lost} samples lost (a gap record marks them)\n`),
+  paused: (why) =>
+    process.stderr.write(
+      `trace ${path}: recording paused: disk full (${why}); the file ends on its last whole record, samples are dropped and each interval tries again\n`,
+    ),
+  resumed: (lost, s) =>
+    process.stderr.write(`trace ${path}: recording resumed after ${s.toFixed(1)} s; ${lost} samples lost (a gap record marks them)\n`),
 });
 
 /** A pending record: a line, or the gap (rendered when written, with the count by then). */
@@ -163,7 +169,8 @@ export class TraceWriter {
       fd = o.fd ?? fs.openSync(path, o.overwrite ? 'w' : 'wx', 0o644);
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
-      if (err.code === 'EEXIST') throw new Error(cannot(`write trace ${path}`, `the file exists`, `give --force to overwrite it, or another file name`));
+      if (err.code === 'EEXIST')
+        throw new Error(cannot(`write trace ${path}`, `the file exists`, `give --force to overwrite it, or another file name`));
       throw new Error(cannot(`write trace ${path}`, err.message));
     }
     const w = new TraceWriter(path, fd, path.endsWith('.gz'), o.events ?? stderrEvents(path));
@@ -190,7 +197,8 @@ export class TraceWriter {
         } finally {
           fs.closeSync(rd);
         }
-        if (last[0] !== 0x0a) throw new Error(cannot(`go on with trace ${path}`, 'it does not end on a whole record', 'start a new recording'));
+        if (last[0] !== 0x0a)
+          throw new Error(cannot(`go on with trace ${path}`, 'it does not end on a whole record', 'start a new recording'));
       }
       w.end = size;
       return w;
@@ -247,7 +255,13 @@ export class TraceWriter {
       fs.closeSync(this.fd);
       if (this.error) throw this.error;
       if (this.pending !== null) {
-        throw new Error(cannot(`write the end of trace ${this.path}`, `the disk is still full`, `the file ends on its last whole record; ${this.lostNow} samples after it were lost`));
+        throw new Error(
+          cannot(
+            `write the end of trace ${this.path}`,
+            `the disk is still full`,
+            `the file ends on its last whole record; ${this.lostNow} samples after it were lost`,
+          ),
+        );
       }
     })();
     return this.closed;
@@ -300,7 +314,11 @@ export class TraceWriter {
     this.pending!.push(p);
     if (this.pendingBytes > MAX_PENDING_BYTES) {
       this.error = new Error(
-        cannot(`go on recording trace ${this.path}`, `the disk has been full too long: more than ${MAX_PENDING_BYTES} bytes of registrations held back`, `free space and restart the recording; the file ends on its last whole record`),
+        cannot(
+          `go on recording trace ${this.path}`,
+          `the disk has been full too long: more than ${MAX_PENDING_BYTES} bytes of registrations held back`,
+          `free space and restart the recording; the file ends on its last whole record`,
+        ),
       );
       throw this.error;
     }
@@ -317,7 +335,10 @@ export class TraceWriter {
     let size = this.size;
     const start = this.end;
     if (this.gzip) {
-      const seg = zlib.deflateRawSync(text, { finishFlush: zlib.constants.Z_SYNC_FLUSH, ...(this.tail.length ? { dictionary: this.tail } : {}) });
+      const seg = zlib.deflateRawSync(text, {
+        finishFlush: zlib.constants.Z_SYNC_FLUSH,
+        ...(this.tail.length ? { dictionary: this.tail } : {}),
+      });
       crc = zlib.crc32(text, crc);
       size = (size + text.length) >>> 0;
       const trailer = Buffer.alloc(10);

@@ -153,9 +153,11 @@ export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Rec
       unknown.add(e.to);
       continue;
     }
-    if (rf !== undefined && rt >= rf) out.push(`${e.file} imports '${e.specifier}': src/${e.from} (layer ${rf}) may import only lower layers, src/${e.to} is layer ${rt}`);
+    if (rf !== undefined && rt >= rf)
+      out.push(`${e.file} imports '${e.specifier}': src/${e.from} (layer ${rf}) may import only lower layers, src/${e.to} is layer ${rt}`);
   }
-  for (const f of [...unknown].sort()) out.push(`src/${f || '.'} is not a layer: place it in LAYER_RANK (test/architecture/import-graph.ts) and the README layout table`);
+  for (const f of [...unknown].sort())
+    out.push(`src/${f || '.'} is not a layer: place it in LAYER_RANK (test/architecture/import-graph.ts) and the README layout table`);
   return out;
 }
 
@@ -169,7 +171,10 @@ export const PURE_FOLDERS: Readonly<Record<string, readonly string[]>> = {
 };
 
 /** Imports by a pure folder of anything it may not import (no fs, net, processes, packages). */
-export function impureCoreImports(edges: readonly ImportEdge[], pure: Readonly<Record<string, readonly string[]>> = PURE_FOLDERS): string[] {
+export function impureCoreImports(
+  edges: readonly ImportEdge[],
+  pure: Readonly<Record<string, readonly string[]>> = PURE_FOLDERS,
+): string[] {
   return edges
     .filter((e) => pure[e.from] !== undefined && (e.to === null || !pure[e.from]!.includes(e.to)))
     .map((e) => `${e.file} imports '${e.specifier}', outside ${pure[e.from]!.map((f) => `src/${f}`).join(', ')}`);

@@ -6,12 +6,26 @@
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { describeCycle, fileGraph, folderCycles, folderGraph, importEdges, impureCoreImports, layerViolations, type ImportEdge } from './import-graph.js';
+import {
+  describeCycle,
+  fileGraph,
+  folderCycles,
+  folderGraph,
+  importEdges,
+  impureCoreImports,
+  layerViolations,
+  type ImportEdge,
+} from './import-graph.js';
 
 const SRC = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../src');
 const edges = importEdges(SRC);
 
-const edge = (from: string, to: string | null, specifier = `../${to}/x.js`): ImportEdge => ({ file: `src/${from}/a.ts`, specifier, from, to });
+const edge = (from: string, to: string | null, specifier = `../${to}/x.js`): ImportEdge => ({
+  file: `src/${from}/a.ts`,
+  specifier,
+  from,
+  to,
+});
 
 describe('src/ folder layering', () => {
   it('reads the imports of the sources (the graph is not empty)', () => {

@@ -33,7 +33,14 @@ describe('the repository stands alone', () => {
   const files = repoFiles();
 
   test('the file list is the repository (sanity: sources, docs and units are in it)', () => {
-    for (const f of ['README.md', 'docs/protocol.md', 'docs/ratio.md', 'docs/trace-format.md', 'contrib/systemd/qemu-vmsr-helper.service', 'src/bin/vmsr-helper.ts']) {
+    for (const f of [
+      'README.md',
+      'docs/protocol.md',
+      'docs/ratio.md',
+      'docs/trace-format.md',
+      'contrib/systemd/qemu-vmsr-helper.service',
+      'src/bin/vmsr-helper.ts',
+    ]) {
       expect(files).toContain(f);
     }
   });

@@ -15,12 +15,14 @@ afterEach(async () => {
 function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   ensureBuilt();
   return new Promise((resolve) =>
-    execFile(process.execPath, [BIN, ...args], (e, stdout, stderr) => resolve({ code: e ? Number((e as { code?: number }).code ?? 1) : 0, stdout, stderr })),
+    execFile(process.execPath, [BIN, ...args], (e, stdout, stderr) =>
+      resolve({ code: e ? Number((e as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+    ),
   );
 }
 
 describe('help', () => {
-  test('`vmsr-helper help` lists the commands and `help record` shows record\'s options', async () => {
+  test("`vmsr-helper help` lists the commands and `help record` shows record's options", async () => {
     const top = await cli(['help']);
     expect(top.code).toBe(0);
     expect(top.stdout).toMatch(/Usage: vmsr-helper \[options\] \[command\]/);
@@ -31,7 +33,7 @@ describe('help', () => {
     expect(rec.stdout).toContain('--force');
   });
 
-  test('a subcommand\'s usage error points at that subcommand\'s --help', async () => {
+  test("a subcommand's usage error points at that subcommand's --help", async () => {
     const bad = await cli(['record', '-o', '/nonexistent/x.jsonl', '--pid', 'x']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toMatch(/not a process id: "x"\n\(run 'vmsr-helper record --help' for the options\)/);
@@ -55,7 +57,23 @@ describe('record output file', () => {
     const out = path.join(d, 'host.jsonl');
     fs.writeFileSync(out, 'precious\n');
     // A synthetic energy source (this host has no RAPL); this test process is the "VM".
-    const args = ['record', '--energy-source', 'synthetic', '--sys-root', host.sysRoot, '--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '-o', out, '--duration', '0.2', '--interval', '0.05'];
+    const args = [
+      'record',
+      '--energy-source',
+      'synthetic',
+      '--sys-root',
+      host.sysRoot,
+      '--pid',
+      String(process.pid),
+      '--vcpus',
+      `${process.pid}:0`,
+      '-o',
+      out,
+      '--duration',
+      '0.2',
+      '--interval',
+      '0.05',
+    ];
     const refused = await cli(args);
     expect(refused.code).toBe(1);
     expect(refused.stderr).toContain(`cannot write trace ${out}: the file exists; give --force to overwrite it, or another file name`);

@@ -29,13 +29,13 @@ function program(): { root: Command; seen: Record<string, unknown>[] } {
 }
 
 describe('commandOptions', () => {
-  it('takes the subcommand\'s given value over an ancestor\'s default', () => {
+  it("takes the subcommand's given value over an ancestor's default", () => {
     const { root, seen } = program();
     root.parse(['record', '--interval', '0.1'], { from: 'user' });
     expect(seen[0]).toMatchObject({ interval: 0.1, msrPath: '/dev/cpu/%u/msr' });
   });
 
-  it('takes a value given before the subcommand over the subcommand\'s default', () => {
+  it("takes a value given before the subcommand over the subcommand's default", () => {
     const { root, seen } = program();
     root.parse(['--msr-path', '/tmp/m/%u', 'record'], { from: 'user' });
     expect(seen[0]).toMatchObject({ interval: 1, msrPath: '/tmp/m/%u' });
@@ -48,7 +48,10 @@ describe('commandOptions', () => {
       const out = path.join(dir, 't.jsonl');
       const args = ['record', '--pid', String(vm.pid), '--vcpus', `${vm.pid}:0`, '--interval', '0.1', '--duration', '1'];
       execFileSync(process.execPath, [BIN, ...args, '--energy-source', 'synthetic', '-o', out], { stdio: 'pipe', timeout: 20_000 });
-      const samples = fs.readFileSync(out, 'utf8').split('\n').filter((l) => l.includes('"type":"sample"')).length;
+      const samples = fs
+        .readFileSync(out, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes('"type":"sample"')).length;
       expect(samples).toBeGreaterThanOrEqual(8);
       expect(samples).toBeLessThanOrEqual(12);
     } finally {

@@ -6,7 +6,10 @@ import { UsageError } from '../../src/cli/cli-errors.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
 
 const parse = (args: string[]) => {
-  const cmd = new Command().exitOverride().configureOutput({ writeErr: () => {} }).addOption(energySourceOption());
+  const cmd = new Command()
+    .exitOverride()
+    .configureOutput({ writeErr: () => {} })
+    .addOption(energySourceOption());
   cmd.parse(args, { from: 'user' });
   return energySourceFrom(cmd.opts().energySource);
 };

@@ -19,7 +19,18 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const VM = { hostVmId: 7, pid: 42, uid: 0, nvpkg: 1, starttime: 9n, ended: false, discovered: true, wholeVmOnly: false, name: 'vm', uuid: null };
+const VM = {
+  hostVmId: 7,
+  pid: 42,
+  uid: 0,
+  nvpkg: 1,
+  starttime: 9n,
+  ended: false,
+  discovered: true,
+  wholeVmOnly: false,
+  name: 'vm',
+  uuid: null,
+};
 
 /** A helper stand-in: every request frame goes to `answer`, which replies through `send` (sendmsg, fds optional). */
 async function server(answer: (f: Frame, send: (bytes: Buffer, fds?: number[]) => void, n: number) => void): Promise<string> {
@@ -92,7 +103,9 @@ describe('v2 client: a reply with an fd', () => {
 
   it('an fd on a frame that carries none breaks the connection, and the fd is closed, not kept', async () => {
     const stray = memfdWith('stray');
-    const sock = await server((f, send) => f.type === T.LIST && send(encodeUpdate(99, 5n, [{ counter: 1n, energyUj: 2n }], false), [stray]));
+    const sock = await server(
+      (f, send) => f.type === T.LIST && send(encodeUpdate(99, 5n, [{ counter: 1n, energyUj: 2n }], false), [stray]),
+    );
     const c = await connect(sock);
     const before = openFds();
     const err = await c.requestWithFd(T.LIST, encodeList(0)).catch((e: unknown) => e);

@@ -18,7 +18,16 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const STATS = { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 3n, sampleFailures: 0n, connections: 1, vms: 0 };
+const STATS = {
+  legacyOk: 0n,
+  legacyRefused: 0n,
+  legacyFailed: 0n,
+  lastSampleDurationNs: 0n,
+  samples: 3n,
+  sampleFailures: 0n,
+  connections: 1,
+  vms: 0,
+};
 
 /** A helper of the previous protocol revision: refuses any HOST_SUBSCRIBE flag, sends the original layout. */
 async function previousHelper(sock: string, seen: { flags: number }[]): Promise<void> {
@@ -34,8 +43,18 @@ async function previousHelper(sock: string, seen: { flags: number }[]): Promise<
       for (const f of d.push(b)) {
         if (!f.ok || f.value.type !== T.HOST_SUBSCRIBE) throw new Error('unexpected request');
         seen.push({ flags: f.value.flags });
-        if (f.value.flags !== 0) s.write(encodeError(E.MALFORMED, T.HOST_SUBSCRIBE, `flags must be 0, got 0x${f.value.flags.toString(16)}`));
-        else s.write(encodeHostUpdate({ tNs: 9n, packages: [{ pkg: 0, energyUj: 5_000n, unattributedUj: null }], unattributedUj: 1_000n, vmsChanged: false, stats: STATS }));
+        if (f.value.flags !== 0)
+          s.write(encodeError(E.MALFORMED, T.HOST_SUBSCRIBE, `flags must be 0, got 0x${f.value.flags.toString(16)}`));
+        else
+          s.write(
+            encodeHostUpdate({
+              tNs: 9n,
+              packages: [{ pkg: 0, energyUj: 5_000n, unattributedUj: null }],
+              unattributedUj: 1_000n,
+              vmsChanged: false,
+              stats: STATS,
+            }),
+          );
       }
     });
   });

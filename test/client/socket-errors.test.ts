@@ -45,7 +45,7 @@ describe('v2 client on the wrong socket', () => {
     await c.close();
   });
 
-  test('a helper that hangs up without a byte (QEMU\'s legacy-only qemu-vmsr-helper does) is named', async () => {
+  test("a helper that hangs up without a byte (QEMU's legacy-only qemu-vmsr-helper does) is named", async () => {
     const sock = path.join(tmp(), 'legacy.sock');
     // What QEMU's helper does with "VMS2" + REGISTER: reads an MSR number it refuses, closes.
     await listen(sock, (s) => s.once('data', () => s.destroy()));
@@ -55,7 +55,7 @@ describe('v2 client on the wrong socket', () => {
     await c.close();
   });
 
-  test('EACCES names the socket\'s group and the fix (CLI run as nobody against a root:kvm 0660 socket)', async (ctx) => {
+  test("EACCES names the socket's group and the fix (CLI run as nobody against a root:kvm 0660 socket)", async (ctx) => {
     if (!isRoot()) return ctx.skip('needs root to create a socket owned by another user');
     const kvm = /^kvm:[^:]*:(\d+):/m.exec(fs.readFileSync('/etc/group', 'utf8'));
     if (!kvm) return ctx.skip('no kvm group on this host');
@@ -72,7 +72,9 @@ describe('v2 client on the wrong socket', () => {
       ),
     );
     expect(r.code).toBe(1);
-    expect(r.stderr).toContain(`cannot connect to ${sock}: permission denied (EACCES); the socket is mode 0660, group kvm: add this user to group kvm (usermod -aG kvm USER`);
+    expect(r.stderr).toContain(
+      `cannot connect to ${sock}: permission denied (EACCES); the socket is mode 0660, group kvm: add this user to group kvm (usermod -aG kvm USER`,
+    );
   });
 
   test('an owner-only socket says to give the group access, as the shipped .socket unit does', () => {
@@ -81,7 +83,9 @@ describe('v2 client on the wrong socket', () => {
     fs.writeFileSync(f, '');
     fs.chmodSync(f, 0o600);
     fs.writeFileSync(path.join(dir, 'group'), `staff:x:${fs.statSync(f).gid}:\n`);
-    expect(socketAccessHint(f, path.join(dir, 'group'))).toMatch(/mode 0600, group staff, so only its owner connects: .*SocketGroup=kvm, SocketMode=0660/);
+    expect(socketAccessHint(f, path.join(dir, 'group'))).toMatch(
+      /mode 0600, group staff, so only its owner connects: .*SocketGroup=kvm, SocketMode=0660/,
+    );
     expect(socketAccessHint(path.join(dir, 'missing'))).toMatch(/run as root, or as a member of the socket's group/);
   });
 });

@@ -36,9 +36,11 @@ describe('disposables', () => {
     const done: string[] = [];
     const store = new DisposableStore();
     store.add(toDisposable(() => done.push('first')));
-    store.add(toDisposable(() => {
-      throw new Error('boom');
-    }));
+    store.add(
+      toDisposable(() => {
+        throw new Error('boom');
+      }),
+    );
     store.add(toDisposable(() => done.push('last')));
     expect(() => store.dispose()).toThrow('boom');
     expect(done).toEqual(['last', 'first']);

@@ -36,7 +36,15 @@ async function fakeManager(messages: number): Promise<{ socket: string; received
     child.once('exit', () => (clearInterval(t), reject(new Error(`manager exited: ${out}`))));
   });
   const received = new Promise<{ text: string; fds: number }[]>((resolve) =>
-    child.once('exit', () => resolve(out.split('\n').slice(1).filter(Boolean).map((l) => JSON.parse(l) as { text: string; fds: number }))),
+    child.once('exit', () =>
+      resolve(
+        out
+          .split('\n')
+          .slice(1)
+          .filter(Boolean)
+          .map((l) => JSON.parse(l) as { text: string; fds: number }),
+      ),
+    ),
   );
   return { socket, received, dir };
 }
@@ -85,6 +93,8 @@ describe('the fd store through the notify socket', () => {
     const errors: Error[] = [];
     const n = new Notifier({ NOTIFY_SOCKET: `/nonexistent-${process.pid}/notify` }, (e) => errors.push(e));
     expect(n.storeFds('state', [0])).toBe(false);
-    expect(errors.map((e) => e.message)).toEqual([expect.stringMatching(/^cannot store fds as 'state' with systemd: sendmsg\(.*\): ENOENT/)]);
+    expect(errors.map((e) => e.message)).toEqual([
+      expect.stringMatching(/^cannot store fds as 'state' with systemd: sendmsg\(.*\): ENOENT/),
+    ]);
   });
 });

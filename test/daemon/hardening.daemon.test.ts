@@ -50,7 +50,10 @@ async function threaded(n: number): Promise<ThreadedProcess> {
 }
 
 function openFileLimits(pid: number): [string, string] {
-  const line = fs.readFileSync(`/proc/${pid}/limits`, 'utf8').split('\n').find((l) => l.startsWith('Max open files'))!;
+  const line = fs
+    .readFileSync(`/proc/${pid}/limits`, 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith('Max open files'))!;
   const [soft, hard] = line.replace('Max open files', '').trim().split(/\s+/);
   return [soft!, hard!];
 }
@@ -82,7 +85,9 @@ describe('file descriptors', () => {
     expect(err).toBeInstanceOf(V2Error);
     expect((err as V2Error).code).toBe(E.LIMIT);
     expect(child.stderr()).toContain('--max-connections lowered');
-    expect((err as V2Error).helperMessage).toMatch(/not enough file descriptors: its 30[12] threads need .*raise the helper's open-file limit \(LimitNOFILE=, ulimit -n\) or lower --max-connections/);
+    expect((err as V2Error).helperMessage).toMatch(
+      /not enough file descriptors: its 30[12] threads need .*raise the helper's open-file limit \(LimitNOFILE=, ulimit -n\) or lower --max-connections/,
+    );
     // a VM that fits is registered and sampled as usual, on the same connection
     const small = await threaded(4);
     const r = await c.register({ pid: small.pid, vcpus: [{ tid: small.pid, vpkg: 0 }] });
@@ -273,7 +278,9 @@ describe('memory per connection', () => {
     running = false;
     await background;
     expect(legacyFailure).toBeNull();
-    console.log(`RSS baseline ${baseline.toFixed(0)} MB, peak ${peak.toFixed(0)} MB, after ${rssMb(pid).toFixed(0)} MB; ${held} connections held; ${answered} legacy answers`);
+    console.log(
+      `RSS baseline ${baseline.toFixed(0)} MB, peak ${peak.toFixed(0)} MB, after ${rssMb(pid).toFixed(0)} MB; ${held} connections held; ${answered} legacy answers`,
+    );
   }, 180_000);
 });
 
@@ -327,7 +334,9 @@ describe('socket file', () => {
     const trace = path.join(dir, 'trace.jsonl');
     const child = track(spawnHelper(['-k', sock, '--record', trace, ...hostArgs(host)]));
     expect(await child.exited).toBe(1);
-    expect(child.stderr()).toContain('socket path is 120 bytes, a Unix socket path holds at most 107 (sun_path is 108 bytes with its NUL); choose a shorter path');
+    expect(child.stderr()).toContain(
+      'socket path is 120 bytes, a Unix socket path holds at most 107 (sun_path is 108 bytes with its NUL); choose a shorter path',
+    );
     expect(fs.readdirSync(dir)).toEqual([]); // no truncated socket, no trace
   });
 
@@ -340,11 +349,17 @@ describe('socket file', () => {
 
   test('the socket is 0600 whatever the umask; --socket-mode and --socket-group set it explicitly', async () => {
     const { host, sock, dir } = setup();
-    const loose = track(await startHelper(['-k', sock, ...hostArgs(host)], { command: ['sh', '-c', 'umask 000 && exec "$0" "$@"', process.execPath, BIN] }));
+    const loose = track(
+      await startHelper(['-k', sock, ...hostArgs(host)], { command: ['sh', '-c', 'umask 000 && exec "$0" "$@"', process.execPath, BIN] }),
+    );
     expect(fs.statSync(sock).mode & 0o777).toBe(0o600);
     await loose.stop();
     const sock2 = path.join(dir, 'g.sock');
-    track(await startHelper(['-k', sock2, '--socket-mode', '0660', '--socket-group', '65534', ...hostArgs(host)], { command: ['sh', '-c', 'umask 000 && exec "$0" "$@"', process.execPath, BIN] }));
+    track(
+      await startHelper(['-k', sock2, '--socket-mode', '0660', '--socket-group', '65534', ...hostArgs(host)], {
+        command: ['sh', '-c', 'umask 000 && exec "$0" "$@"', process.execPath, BIN],
+      }),
+    );
     const st = fs.statSync(sock2);
     expect(st.mode & 0o777).toBe(0o660);
     expect(st.gid).toBe(65534);
@@ -402,7 +417,9 @@ describe('pidfile', () => {
     fs.writeFileSync(notes, 'precious notes\n');
     const child = track(spawnHelper(['-k', sock, '-f', notes, ...hostArgs(host)]));
     expect(await child.exited).toBe(1);
-    expect(child.stderr()).toContain(`cannot use pidfile ${notes}: it exists and does not hold a pid; remove it or choose another path with -f`);
+    expect(child.stderr()).toContain(
+      `cannot use pidfile ${notes}: it exists and does not hold a pid; remove it or choose another path with -f`,
+    );
     expect(fs.readFileSync(notes, 'utf8')).toBe('precious notes\n');
     expect(fs.existsSync(sock)).toBe(false);
   });

@@ -19,13 +19,20 @@ import { NotifyReceiver } from './support/notify-socket.js';
 const UNITS = ['qemu-vmsr-helper.socket', 'qemu-vmsr-helper.service'];
 
 function unitValue(text: string, key: string): string {
-  const v = text.split('\n').filter((l) => l.startsWith(`${key}=`)).map((l) => l.slice(key.length + 1).trim());
+  const v = text
+    .split('\n')
+    .filter((l) => l.startsWith(`${key}=`))
+    .map((l) => l.slice(key.length + 1).trim());
   if (v.length !== 1) throw new Error(`expected one ${key}= in the unit, got ${v.length}`);
   return v[0]!;
 }
 
 function npm(args: string[], cwd: string): string {
-  return execFileSync('npm', [...args, '--no-audit', '--no-fund', '--prefer-offline', '--loglevel=error'], { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  return execFileSync('npm', [...args, '--no-audit', '--no-fund', '--prefer-offline', '--loglevel=error'], {
+    cwd,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
 }
 
 describe('install from a packed tarball into a fresh root', () => {
@@ -34,7 +41,9 @@ describe('install from a packed tarball into a fresh root', () => {
   const why =
     missing({ command: 'npm' }) ??
     missing({ command: 'systemd-analyze' }) ??
-    (fs.existsSync('/usr/lib/systemd/system/sysinit.target') ? null : 'no /usr/lib/systemd/system/sysinit.target (systemd units not installed) to verify against');
+    (fs.existsSync('/usr/lib/systemd/system/sysinit.target')
+      ? null
+      : 'no /usr/lib/systemd/system/sysinit.target (systemd units not installed) to verify against');
 
   beforeAll(() => {
     if (why) return;
@@ -61,11 +70,14 @@ describe('install from a packed tarball into a fresh root', () => {
     if (root) fs.rmSync(root, { recursive: true, force: true });
   });
 
-  test('the README\'s install block is the one this file carries out', () => {
+  test("the README's install block is the one this file carries out", () => {
     const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
     const section = readme.slice(readme.indexOf('## Installing it in place of qemu-vmsr-helper'));
     const block = /```sh\n([\s\S]*?)```/.exec(section)![1]!;
-    const commands = block.split('\n').map((l) => l.replace(/\s+#.*$/, '').trim()).filter(Boolean);
+    const commands = block
+      .split('\n')
+      .map((l) => l.replace(/\s+#.*$/, '').trim())
+      .filter(Boolean);
     expect(commands).toEqual([
       'npm ci',
       'npm pack',
@@ -95,7 +107,10 @@ describe('install from a packed tarball into a fresh root', () => {
 
   test('systemd-analyze verify --root accepts the copied units, and fails once the binary is gone', (ctx) => {
     if (why) return ctx.skip(why);
-    const verify = () => execFileSync('sh', ['-c', `systemd-analyze verify --root="$1" ${UNITS.join(' ')} 2>&1; echo "rc=$?"`, 'sh', root], { encoding: 'utf8' }).trim();
+    const verify = () =>
+      execFileSync('sh', ['-c', `systemd-analyze verify --root="$1" ${UNITS.join(' ')} 2>&1; echo "rc=$?"`, 'sh', root], {
+        encoding: 'utf8',
+      }).trim();
     expect(verify()).toBe('rc=0');
     // The check is real: it resolved ExecStart=vmsr-helper through ExecSearchPath= inside the root.
     const bin = path.join(root, 'usr/local/bin/vmsr-helper');
@@ -107,7 +122,7 @@ describe('install from a packed tarball into a fresh root', () => {
     }
   });
 
-  test('systemctl --root enable links our socket unit from /etc, which overrides the distribution\'s', (ctx) => {
+  test("systemctl --root enable links our socket unit from /etc, which overrides the distribution's", (ctx) => {
     if (why) return ctx.skip(why);
     if (!which('systemctl')) return ctx.skip('systemctl not installed');
     execFileSync('systemctl', ['--root', root, 'enable', 'qemu-vmsr-helper.socket'], { stdio: 'ignore' });
@@ -115,7 +130,7 @@ describe('install from a packed tarball into a fresh root', () => {
     expect(fs.readlinkSync(link)).toBe('/etc/systemd/system/qemu-vmsr-helper.socket');
   });
 
-  test('the binary the unit finds runs socket-activated with the unit\'s PATH and reports READY=1', async (ctx) => {
+  test("the binary the unit finds runs socket-activated with the unit's PATH and reports READY=1", async (ctx) => {
     if (why) return ctx.skip(why);
     const noActivate = missing({ command: 'systemd-socket-activate' });
     if (noActivate) return ctx.skip(noActivate);

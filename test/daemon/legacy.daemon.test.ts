@@ -160,7 +160,8 @@ describe('legacy protocol (Intel host, real daemon)', () => {
     await bystanderFine();
     c.socket.resume();
     const replies = await c.readBytes(n * 8);
-    for (let i = 0; i < n; i++) if (replies.readBigUInt64LE(i * 8) !== expected[i % 4]) expect.fail(`reply ${i} is ${replies.readBigUInt64LE(i * 8)}`);
+    for (let i = 0; i < n; i++)
+      if (replies.readBigUInt64LE(i * 8) !== expected[i % 4]) expect.fail(`reply ${i} is ${replies.readBigUInt64LE(i * 8)}`);
     expect(c.closed).toBe(false);
     c.close();
   });

@@ -11,7 +11,18 @@ import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { DAEMON_NODE_FLAGS } from '../../src/os/privileges/reexec.js';
-import { BIN, ensureBuilt, hostArgs, LegacyClient, ROOT, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
+import {
+  BIN,
+  ensureBuilt,
+  hostArgs,
+  LegacyClient,
+  ROOT,
+  spawnHelper,
+  startHelper,
+  tempDir,
+  waitFor,
+  type DaemonChild,
+} from './support/daemon-process.js';
 
 const cleanups: (() => void | Promise<unknown>)[] = [];
 afterEach(async () => {
@@ -78,7 +89,9 @@ describe('pidfile and socket file', () => {
     const other = path.join(dir, 'other.sock');
     const second = track(spawnHelper(['-k', other, '-f', pid, ...hostArgs(host)]));
     expect(await second.exited).toBe(1);
-    expect(second.stderr()).toContain(`cannot create pidfile ${pid}: another instance is running (pid ${first.proc.pid}); stop it or choose another pidfile with -f`);
+    expect(second.stderr()).toContain(
+      `cannot create pidfile ${pid}: another instance is running (pid ${first.proc.pid}); stop it or choose another pidfile with -f`,
+    );
     expect(fs.existsSync(other)).toBe(false); // what the refused one bound, it removed
     expect(fs.readFileSync(pid, 'utf8').trim()).toBe(String(first.proc.pid));
     const c = await LegacyClient.connect(sock);
@@ -86,13 +99,16 @@ describe('pidfile and socket file', () => {
     c.close();
   });
 
-  test("a stale pidfile (dead process) and a stale socket (nobody listening) are replaced", async () => {
+  test('a stale pidfile (dead process) and a stale socket (nobody listening) are replaced', async () => {
     const { host, sock, pid } = setup();
     const dead = spawn('true');
     await new Promise((r) => dead.on('exit', r));
     fs.writeFileSync(pid, `${dead.pid}\n`);
     // a socket file left by a killed listener
-    const holder = spawn(process.execPath, ['-e', `require('net').createServer().listen(${JSON.stringify(sock)}, () => console.log('up'))`]);
+    const holder = spawn(process.execPath, [
+      '-e',
+      `require('net').createServer().listen(${JSON.stringify(sock)}, () => console.log('up'))`,
+    ]);
     await new Promise((r) => holder.stdout.once('data', r));
     holder.kill('SIGKILL');
     await new Promise((r) => holder.on('exit', r));
@@ -118,13 +134,21 @@ describe('pidfile and socket file', () => {
   test('a live listener whose backlog is full is not mistaken for a stale socket', async () => {
     const { host, sock } = setup();
     // listen(0) and never accept: after one pending connection, connect() gets EAGAIN
-    const holder = spawn('python3', ['-c', 'import socket,sys,time\ns=socket.socket(socket.AF_UNIX);s.bind(sys.argv[1]);s.listen(0);print("up",flush=True);time.sleep(60)', sock], { stdio: ['ignore', 'pipe', 'ignore'] });
+    const holder = spawn(
+      'python3',
+      [
+        '-c',
+        'import socket,sys,time\ns=socket.socket(socket.AF_UNIX);s.bind(sys.argv[1]);s.listen(0);print("up",flush=True);time.sleep(60)',
+        sock,
+      ],
+      { stdio: ['ignore', 'pipe', 'ignore'] },
+    );
     cleanups.push(() => {
       holder.kill('SIGKILL');
     });
     await new Promise((r) => holder.stdout.once('data', r));
     const ino = fs.statSync(sock).ino;
-    for (let full = false; !full; ) {
+    for (let full = false; !full;) {
       full = await new Promise<boolean>((resolve) => {
         const c = net.connect({ path: sock });
         cleanups.push(() => {
@@ -155,7 +179,10 @@ describe('memory', () => {
     const { host, sock } = setup();
     const child = track(await startHelper(['-k', sock, ...hostArgs(host)]));
     await waitFor(() => child.stderr().includes('memory given back after start-up'), 'the start-up memory settle', child);
-    const line = child.stderr().split('\n').find((l) => l.includes('memory given back after start-up'))!;
+    const line = child
+      .stderr()
+      .split('\n')
+      .find((l) => l.includes('memory given back after start-up'))!;
     const { rssBeforeMb, rssAfterMb } = JSON.parse(line) as { rssBeforeMb: number; rssAfterMb: number };
     expect(rssAfterMb).toBeLessThan(rssBeforeMb - 10);
     const c = await LegacyClient.connect(sock);
@@ -171,7 +198,10 @@ describe('-d', () => {
   test('the foreground process exits 0 once the detached child serves; SIGTERM cleans up', async () => {
     const { host, sock, pid } = setup();
     ensureBuilt();
-    const out = execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', pid, ...hostArgs(host)], { encoding: 'utf8', timeout: 20_000 });
+    const out = execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', pid, ...hostArgs(host)], {
+      encoding: 'utf8',
+      timeout: 20_000,
+    });
     expect(out).toBe('');
     const daemonPid = Number(fs.readFileSync(pid, 'utf8').trim());
     cleanups.push(() => {
@@ -190,7 +220,10 @@ describe('-d', () => {
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     c.close();
     process.kill(daemonPid, 'SIGTERM');
-    await waitFor(() => !fs.existsSync(`/proc/${daemonPid}`) || fs.readFileSync(`/proc/${daemonPid}/stat`, 'utf8').includes(') Z'), 'the daemon to exit');
+    await waitFor(
+      () => !fs.existsSync(`/proc/${daemonPid}`) || fs.readFileSync(`/proc/${daemonPid}/stat`, 'utf8').includes(') Z'),
+      'the daemon to exit',
+    );
     await waitFor(() => !fs.existsSync(sock) && !fs.existsSync(pid), 'socket and pidfile removal');
   });
 
@@ -200,11 +233,15 @@ describe('-d', () => {
     let err = '';
     let code = 0;
     try {
-      execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', path.join(dir, 'p'), '--vendor', 'intel', '--msr-path', path.join(dir, 'nope/%u/msr')], {
-        encoding: 'utf8',
-        stdio: 'pipe',
-        timeout: 20_000,
-      });
+      execFileSync(
+        process.execPath,
+        [BIN, '-d', '-k', sock, '-f', path.join(dir, 'p'), '--vendor', 'intel', '--msr-path', path.join(dir, 'nope/%u/msr')],
+        {
+          encoding: 'utf8',
+          stdio: 'pipe',
+          timeout: 20_000,
+        },
+      );
     } catch (e) {
       const x = e as { status: number; stderr: string };
       code = x.status;
@@ -241,7 +278,15 @@ describe('privileges', () => {
     for (const tid of tids) {
       const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
       expect([tid, t.uid, t.gid, t.groups]).toEqual([tid, [65534, 65534, 65534, 65534], [65534, 65534, 65534, 65534], [65534]]);
-      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([tid, 1n << 17n, 1n << 17n, 1n << 17n, 1n << 17n, 1n << 17n, 1]);
+      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([
+        tid,
+        1n << 17n,
+        1n << 17n,
+        1n << 17n,
+        1n << 17n,
+        1n << 17n,
+        1,
+      ]);
     }
     expect(child.stderr()).toContain('"reexec":"re-executed');
     const c = await LegacyClient.connect(sock);
@@ -264,7 +309,15 @@ describe('privileges', () => {
     expect(tids.length).toBeGreaterThan(1);
     for (const tid of tids) {
       const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
-      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([tid, 1n << 17n, 1n << 17n, 1n << 17n, 0n, 0n, 1]);
+      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([
+        tid,
+        1n << 17n,
+        1n << 17n,
+        1n << 17n,
+        0n,
+        0n,
+        1,
+      ]);
     }
     expect(child.stderr()).toContain('privileges dropped');
     expect(child.stderr()).toContain('"reexec":"re-executed');
@@ -301,17 +354,33 @@ describe('privileges', () => {
 
 describe('start-up errors name the fix', () => {
   const cases: [string, (d: { host: FakeHost; dir: string; sock: string }) => string[], RegExp][] = [
-    ['unsupported vendor', ({ host, dir, sock }) => {
-      fs.writeFileSync(path.join(dir, 'cpuinfo'), 'processor\t: 0\nvendor_id\t: CyrixInstead\n');
-      return ['-k', sock, '--proc-root', dir, '--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot];
-    }, /cannot serve CPU vendor CyrixInstead: RAPL MSRs are known only for Intel/],
-    ['missing MSR devices', ({ dir, sock, host }) => ['-k', sock, '--vendor', 'intel', '--sys-root', host.sysRoot, '--msr-path', path.join(dir, 'x/%u/msr')], /modprobe msr/],
+    [
+      'unsupported vendor',
+      ({ host, dir, sock }) => {
+        fs.writeFileSync(path.join(dir, 'cpuinfo'), 'processor\t: 0\nvendor_id\t: CyrixInstead\n');
+        return ['-k', sock, '--proc-root', dir, '--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot];
+      },
+      /cannot serve CPU vendor CyrixInstead: RAPL MSRs are known only for Intel/,
+    ],
+    [
+      'missing MSR devices',
+      ({ dir, sock, host }) => ['-k', sock, '--vendor', 'intel', '--sys-root', host.sysRoot, '--msr-path', path.join(dir, 'x/%u/msr')],
+      /modprobe msr/,
+    ],
     ['relative socket', ({ host }) => ['-k', 'rel.sock', ...hostArgs(host)], /socket path must be absolute/],
     ['bad vendor', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '--vendor', 'via'], /--vendor: expected auto, intel or amd/],
-    ['unknown user', ({ host, sock }) => ['-k', sock, '-u', 'no-such-user-xyz', ...hostArgs(host)], /invalid user 'no-such-user-xyz': give an existing user name or a numeric uid/],
+    [
+      'unknown user',
+      ({ host, sock }) => ['-k', sock, '-u', 'no-such-user-xyz', ...hostArgs(host)],
+      /invalid user 'no-such-user-xyz': give an existing user name or a numeric uid/,
+    ],
     ['bad template', ({ host, sock }) => ['-k', sock, '--sys-root', host.sysRoot, '--msr-path', '/dev/cpu/msr'], /exactly one %u/],
     ['bad -T', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '-T', 'file=/tmp/x'], /file= is not supported/],
-    ['interval that lets the counter wrap twice', ({ host, sock }) => ['-k', sock, ...hostArgs(host), '--interval', '61'], /--interval must be a number of seconds in \[0\.01, 60\].*wrap/],
+    [
+      'interval that lets the counter wrap twice',
+      ({ host, sock }) => ['-k', sock, ...hostArgs(host), '--interval', '61'],
+      /--interval must be a number of seconds in \[0\.01, 60\].*wrap/,
+    ],
     ['unknown option', () => ['--no-such-option'], /unknown option '--no-such-option'/],
     ['missing argument', () => ['-k'], /argument missing/],
   ];
@@ -329,7 +398,20 @@ describe('start-up errors name the fix', () => {
     ensureBuilt();
     expect(execFileSync(process.execPath, [BIN, '-V'], { encoding: 'utf8' })).toMatch(/^vmsr-helper \d+\.\d+\.\d+/);
     const help = execFileSync(process.execPath, [BIN, '-h'], { encoding: 'utf8' });
-    for (const opt of ['--socket', '--pidfile', '--daemon', '--user', '--group', '--verbose', '--quiet', '--trace', '--msr-path', '--vendor', '--amd-tdp']) expect(help).toContain(opt);
+    for (const opt of [
+      '--socket',
+      '--pidfile',
+      '--daemon',
+      '--user',
+      '--group',
+      '--verbose',
+      '--quiet',
+      '--trace',
+      '--msr-path',
+      '--vendor',
+      '--amd-tdp',
+    ])
+      expect(help).toContain(opt);
   });
 });
 
@@ -346,12 +428,26 @@ describe('contrib/systemd units', () => {
       fs.writeFileSync(path.join(dir, f), text);
     }
     const svc = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.service'), 'utf8');
-    for (const k of ['Type=notify', 'CapabilityBoundingSet=CAP_SYS_RAWIO', 'DeviceAllow=char-cpu/msr r', 'StateDirectory=vmsr-helper', 'ProtectSystem=strict', 'NoNewPrivileges=yes', 'RestrictAddressFamilies=AF_UNIX', 'WatchdogSec=']) expect(svc).toContain(k);
+    for (const k of [
+      'Type=notify',
+      'CapabilityBoundingSet=CAP_SYS_RAWIO',
+      'DeviceAllow=char-cpu/msr r',
+      'StateDirectory=vmsr-helper',
+      'ProtectSystem=strict',
+      'NoNewPrivileges=yes',
+      'RestrictAddressFamilies=AF_UNIX',
+      'WatchdogSec=',
+    ])
+      expect(svc).toContain(k);
     const sockText = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.socket'), 'utf8');
     expect(sockText).toContain('ListenStream=/run/qemu-vmsr-helper.sock');
     expect(sockText).toContain('SocketMode=0660');
     expect(sockText).toContain('SocketGroup=kvm');
-    const r = execFileSync('sh', ['-c', `systemd-analyze verify ${dir}/qemu-vmsr-helper.socket ${dir}/qemu-vmsr-helper.service 2>&1; echo "rc=$?"`], { encoding: 'utf8' });
+    const r = execFileSync(
+      'sh',
+      ['-c', `systemd-analyze verify ${dir}/qemu-vmsr-helper.socket ${dir}/qemu-vmsr-helper.service 2>&1; echo "rc=$?"`],
+      { encoding: 'utf8' },
+    );
     expect(r.trim()).toBe('rc=0');
   });
 });

@@ -134,7 +134,10 @@ describe('observers on the daemon', () => {
       expect(f.payload.length).toBe(80 + 16);
       expect(parseHelperFrame(f)).toMatchObject({ ok: true, value: { packages: [{ pkg: 0, unattributedUj: null }] } });
     }
-    expect(parseHelperFrame(all.find((f) => f.type === T.ERROR)!)).toMatchObject({ ok: true, value: { code: E.MALFORMED, requestType: T.HOST_SUBSCRIBE } });
+    expect(parseHelperFrame(all.find((f) => f.type === T.ERROR)!)).toMatchObject({
+      ok: true,
+      value: { code: E.MALFORMED, requestType: T.HOST_SUBSCRIBE },
+    });
     expect(raw.socket.destroyed).toBe(false);
   });
 
@@ -162,7 +165,10 @@ describe('observers on the daemon', () => {
     const off = await daemon(['--no-discovery']);
     const con = await V2Client.connect(on.sock);
     const coff = await V2Client.connect(off.sock);
-    cleanups.push(() => con.close(), () => coff.close());
+    cleanups.push(
+      () => con.close(),
+      () => coff.close(),
+    );
     await waitFor(() => on.helper.stderr().includes('"msg":"VM discovered"'), 'a discovery log line', on.helper);
     let listed = false;
     for (let i = 0; i < 50 && !listed; i++) {

@@ -33,7 +33,9 @@ function track(child: DaemonChild): DaemonChild {
 
 function activated(sock: string | string[], env: string[], args: string[]): DaemonChild {
   const listen = (Array.isArray(sock) ? sock : [sock]).flatMap((s) => ['-l', s]);
-  return track(spawnHelper(args, { command: ['systemd-socket-activate', ...listen, ...env.flatMap((e) => ['-E', e]), process.execPath, BIN] }));
+  return track(
+    spawnHelper(args, { command: ['systemd-socket-activate', ...listen, ...env.flatMap((e) => ['-E', e]), process.execPath, BIN] }),
+  );
 }
 
 describe('socket activation (systemd-socket-activate)', () => {

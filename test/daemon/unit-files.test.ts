@@ -33,7 +33,7 @@ function services(): [string, string][] {
 }
 
 describe('contrib/systemd units', () => {
-  test('the kernel fixture yields the msr driver\'s registered name, and only it', () => {
+  test("the kernel fixture yields the msr driver's registered name, and only it", () => {
     const names = registeredChrdevNames(fs.readFileSync(KERNEL_FIXTURE, 'utf8'));
     expect([...names]).toEqual(['cpu/msr']);
     // The name the units used to have is not one: the check below would have caught it.
@@ -51,7 +51,10 @@ describe('contrib/systemd units', () => {
         const m = /^(char|block)-(.+)$/.exec(spec);
         if (!m) continue; // a /dev path: systemd checks it itself
         groups++;
-        expect(names.has(m[2]!), `${file}: DeviceAllow=${v}: systemd matches "${m[2]}" against /proc/devices, where the driver registers ${[...names].join(', ')}`).toBe(true);
+        expect(
+          names.has(m[2]!),
+          `${file}: DeviceAllow=${v}: systemd matches "${m[2]}" against /proc/devices, where the driver registers ${[...names].join(', ')}`,
+        ).toBe(true);
         expect(v.split(/\s+/)[1], `${file}: DeviceAllow=${v} must be read-only`).toBe('r');
       }
     }
@@ -64,7 +67,7 @@ describe('contrib/systemd units', () => {
     expect(devices).toMatch(/^\s*202 cpu\/msr$/m);
   });
 
-  test('the socket lets group kvm (libvirt-qemu\'s group on Debian) connect and nobody else', () => {
+  test("the socket lets group kvm (libvirt-qemu's group on Debian) connect and nobody else", () => {
     const text = fs.readFileSync(path.join(UNIT_DIR, 'qemu-vmsr-helper.socket'), 'utf8');
     expect(unitValues(text, 'ListenStream')).toEqual(['/run/qemu-vmsr-helper.sock']);
     expect(unitValues(text, 'SocketUser')).toEqual(['root']);

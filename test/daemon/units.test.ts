@@ -6,7 +6,15 @@ import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
 import { legacyPlan, synthPowerInfo, synthPowerLimit, wattsToPowerField } from '../../src/msr/legacy-registers.js';
 import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/daemon.js';
-import { activationFd, activationFdsByName, fdNameProblem, parseActivationEnv, parseWatchdogEnv, storedFds, takeActivation } from '../../src/helper/lifecycle/systemd.js';
+import {
+  activationFd,
+  activationFdsByName,
+  fdNameProblem,
+  parseActivationEnv,
+  parseWatchdogEnv,
+  storedFds,
+  takeActivation,
+} from '../../src/helper/lifecycle/systemd.js';
 import { parsePidfile } from '../../src/helper/lifecycle/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
@@ -127,7 +135,11 @@ describe('daemon options', () => {
     expect(parseDaemonOptions({ quiet: true }, ids).logLevel).toBe('warn');
     expect(parseTraceOption('legacy', () => '')).toEqual(['legacy']);
     expect(parseTraceOption('enable=sys*,events=/f', () => '# c\nprivileges\n\nv2\n')).toEqual(['sys*', 'privileges', 'v2']);
-    expect(() => parseTraceOption('events=/nope', () => { throw new Error('ENOENT'); })).toThrow(/cannot read events file/);
+    expect(() =>
+      parseTraceOption('events=/nope', () => {
+        throw new Error('ENOENT');
+      }),
+    ).toThrow(/cannot read events file/);
     expect(() => parseTraceOption('color=1', () => '')).toThrow(/unknown key 'color'/);
     expect(parseDaemonOptions({ trace: ['legacy', 'v*'] }, ids).traceAreas).toEqual(['legacy', 'v*']);
     expect(areaMatches(['v*'], 'v2')).toBe(true);
@@ -168,7 +180,10 @@ describe('socket activation environment', () => {
     expect(fdNameProblem('a:b')).toMatch(/colon/);
   });
   test('the variables are removed, even when malformed or not ours', () => {
-    for (const env of [{ LISTEN_PID: '1', LISTEN_FDS: '1', LISTEN_FDNAMES: 'x' }, { LISTEN_PID: '7', LISTEN_FDS: 'bad' }]) {
+    for (const env of [
+      { LISTEN_PID: '1', LISTEN_FDS: '1', LISTEN_FDNAMES: 'x' },
+      { LISTEN_PID: '7', LISTEN_FDS: 'bad' },
+    ]) {
       const e: NodeJS.ProcessEnv = { ...env, KEEP: 'me' };
       try {
         takeActivation(e, 7);
@@ -190,7 +205,9 @@ describe('socket activation environment', () => {
       ['vmsr-state', [3]],
       ['vmsr-conn', [5]],
     ]);
-    expect(() => activationFd({ fds: 3, names: ['a.socket', 'vmsr-state', 'b.socket'] }, false)).toThrow(/got 2 besides 1 stored by the helper/);
+    expect(() => activationFd({ fds: 3, names: ['a.socket', 'vmsr-state', 'b.socket'] }, false)).toThrow(
+      /got 2 besides 1 stored by the helper/,
+    );
     expect(() => activationFd({ fds: 1, names: ['vmsr-state'] }, false)).toThrow(/got 0 besides 1/);
     expect([...storedFds({ fds: 1, names: [] })]).toEqual([]);
   });
@@ -204,7 +221,7 @@ describe('socket activation environment', () => {
 });
 
 describe('small parsers', () => {
-  test('VERSION is package.json\'s, also when the sources are imported (not only from dist/)', () => {
+  test("VERSION is package.json's, also when the sources are imported (not only from dist/)", () => {
     expect(VERSION).toBe(pkg.version);
   });
   test('pidfile text', () => {
@@ -212,7 +229,9 @@ describe('small parsers', () => {
     for (const bad of ['', 'abc', '-1', '0', '99999999999', '1 2']) expect(parsePidfile(bad)).toBeNull();
   });
   test('/proc/<pid>/status credentials', () => {
-    const s = parseProcStatus('Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t1\t1\t1\t1\nGroups:\t\nCapPrm:\t0000000000020000\nCapEff:\t0000000000020000\nNoNewPrivs:\t1\n');
+    const s = parseProcStatus(
+      'Name:\tx\nUid:\t0\t0\t0\t0\nGid:\t1\t1\t1\t1\nGroups:\t\nCapPrm:\t0000000000020000\nCapEff:\t0000000000020000\nNoNewPrivs:\t1\n',
+    );
     expect(s).toMatchObject({ uid: [0, 0, 0, 0], gid: [1, 1, 1, 1], groups: [], capEff: 0x20000n, noNewPrivs: 1 });
   });
   test('online cpus re-read sysfs for an unknown cpu at most once per interval', () => {
@@ -250,18 +269,40 @@ describe('start-up', () => {
   });
 
   test('the re-executed daemon is given no flag that opens a debugger or loads code, whatever node was given', () => {
-    const hostile = ['--inspect', '--inspect=0.0.0.0:9229', '--inspect-brk', '--inspect-port=9229', '--require=/tmp/x.js', '-r', '/tmp/x.js', '--import=/tmp/x.mjs', '--loader=/tmp/l.mjs', '--experimental-loader=/tmp/l.mjs', '--max-old-space-size=64'];
+    const hostile = [
+      '--inspect',
+      '--inspect=0.0.0.0:9229',
+      '--inspect-brk',
+      '--inspect-port=9229',
+      '--require=/tmp/x.js',
+      '-r',
+      '/tmp/x.js',
+      '--import=/tmp/x.mjs',
+      '--loader=/tmp/l.mjs',
+      '--experimental-loader=/tmp/l.mjs',
+      '--max-old-space-size=64',
+    ];
     expect(withDaemonNodeFlags(hostile)).toEqual([...DAEMON_NODE_FLAGS, '--max-old-space-size=64']);
   });
 
   test('the re-executed daemon inherits only allowlisted variables: NODE_OPTIONS, NODE_PATH and HOME are dropped', () => {
-    const env = allowedEnvironment({ NODE_OPTIONS: '--inspect', NODE_PATH: '/tmp', HOME: '/root', PATH: '/usr/bin', LC_ALL: 'C', NOTIFY_SOCKET: '/run/n', JOURNAL_STREAM: '1:2', EVIL: 'x' });
+    const env = allowedEnvironment({
+      NODE_OPTIONS: '--inspect',
+      NODE_PATH: '/tmp',
+      HOME: '/root',
+      PATH: '/usr/bin',
+      LC_ALL: 'C',
+      NOTIFY_SOCKET: '/run/n',
+      JOURNAL_STREAM: '1:2',
+      EVIL: 'x',
+    });
     expect(env).toEqual({ PATH: '/usr/bin', LC_ALL: 'C', NOTIFY_SOCKET: '/run/n', JOURNAL_STREAM: '1:2' });
   });
 
   test('subcommand modules are loaded only when the command line may name one or asks for help', () => {
     expect(mayNeedSubcommands(['-k', '/run/x.sock', '-v'])).toBe(false);
     expect(mayNeedSubcommands([])).toBe(false);
-    for (const args of [['record', '--pid', '1'], ['-k', '/x', 'watch'], ['replay'], ['help'], ['-h'], ['--help'], ['-u', 'watch']]) expect(mayNeedSubcommands(args)).toBe(true);
+    for (const args of [['record', '--pid', '1'], ['-k', '/x', 'watch'], ['replay'], ['help'], ['-h'], ['--help'], ['-u', 'watch']])
+      expect(mayNeedSubcommands(args)).toBe(true);
   });
 });

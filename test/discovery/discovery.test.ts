@@ -58,11 +58,22 @@ const sum = (u: VmUpdate) => u.vpkgs.map((v) => Number(v.energyUj));
 describe('discovery', () => {
   it('finds a QEMU-like process within 2 samples, with name, UUID and virtual packages from -smp', async () => {
     const c = await client();
-    const q = await fake({ vcpus: 4, args: ['-name', 'guest=fake-one,debug-threads=on', '-uuid', '5c6e8a2e-1b0f-4d1c-9a57-0e9a3f0c1d2e', '-smp', '4,sockets=2'] });
+    const q = await fake({
+      vcpus: 4,
+      args: ['-name', 'guest=fake-one,debug-threads=on', '-uuid', '5c6e8a2e-1b0f-4d1c-9a57-0e9a3f0c1d2e', '-smp', '4,sockets=2'],
+    });
     const before = h.service.stats.samples;
     const vm = await listed(c, q.pid);
     expect(h.service.stats.samples - before).toBeLessThanOrEqual(2);
-    expect(vm).toMatchObject({ name: 'fake-one', uuid: '5c6e8a2e-1b0f-4d1c-9a57-0e9a3f0c1d2e', source: 'discovered', nvpkg: 2, wholeVmOnly: false, uid: 0, ended: false });
+    expect(vm).toMatchObject({
+      name: 'fake-one',
+      uuid: '5c6e8a2e-1b0f-4d1c-9a57-0e9a3f0c1d2e',
+      source: 'discovered',
+      nvpkg: 2,
+      wholeVmOnly: false,
+      uid: 0,
+      ended: false,
+    });
   });
 
   it('gives the energy to the virtual package of the busy vCPU (CPU 2/KVM is in socket 1 of -smp 4,sockets=2)', async () => {
@@ -86,7 +97,11 @@ describe('discovery', () => {
     await q.cmd('spin 2');
     let last: VmUpdate | undefined;
     await c.observe(vm.hostVmId, (u) => (last = u));
-    await until(() => last !== undefined && last.vpkgs.length === 2 && Number(last.vpkgs[1]!.energyUj) > 200_000, 10_000, 'vpkg 1 after hotplug');
+    await until(
+      () => last !== undefined && last.vpkgs.length === 2 && Number(last.vpkgs[1]!.energyUj) > 200_000,
+      10_000,
+      'vpkg 1 after hotplug',
+    );
     expect((await listed(c, q.pid)).nvpkg).toBe(2);
   });
 

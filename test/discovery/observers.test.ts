@@ -19,11 +19,19 @@ const CLIENT_JS = path.join(ROOT, 'dist/src/client/v2-client.js');
 const OBSERVER_GID = 4242;
 const NOBODY = 65534;
 
-const skipWhy = !isRoot() ? 'needs root (children at another uid)' : !fs.existsSync(CLIENT_JS) ? `needs the build (${CLIENT_JS}): npm run build` : null;
+const skipWhy = !isRoot()
+  ? 'needs root (children at another uid)'
+  : !fs.existsSync(CLIENT_JS)
+    ? `needs the build (${CLIENT_JS}): npm run build`
+    : null;
 if (skipWhy) console.log(`skipping observer permission tests: ${skipWhy}`);
 
 /** Runs the client library as another user: lists, then tries OBSERVE of each id and HOST_SUBSCRIBE. */
-function asOtherUser(h: Harness, cmd: string[], ids: number[]): Promise<{ list: { pid: number; hostVmId: number }[]; observe: Record<string, string>; host: string }> {
+function asOtherUser(
+  h: Harness,
+  cmd: string[],
+  ids: number[],
+): Promise<{ list: { pid: number; hostVmId: number }[]; observe: Record<string, string>; host: string }> {
   const script = path.join(h.dir, 'observer-child.mjs');
   fs.writeFileSync(
     script,
@@ -41,7 +49,9 @@ await c.close();
   );
   fs.chmodSync(script, 0o644);
   return new Promise((resolve, reject) => {
-    const p = spawn(cmd[0]!, [...cmd.slice(1), process.execPath, script, h.socketPath, JSON.stringify(ids)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(cmd[0]!, [...cmd.slice(1), process.execPath, script, h.socketPath, JSON.stringify(ids)], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let o = '';
     let err = '';
     p.stdout.on('data', (d) => (o += d));
@@ -116,37 +126,54 @@ describe('observers', () => {
     await expect(o1.observe(r.vmId, () => {})).rejects.toMatchObject({ code: E.NO_SUCH });
   });
 
-  it.skipIf(skipWhy !== null)('a peer of another uid outside the observer group sees only its own VMs; other ids look nonexistent', async () => {
-    const root = await new FakeQemu({ vcpus: 1, args: ['-name', 'root-vm'] }).ready();
-    const own = await new FakeQemu({ vcpus: 1, args: ['-name', 'nobody-vm'] }, { uid: NOBODY, gid: NOBODY }).ready();
-    cleanup.push(() => root.kill(), () => own.kill());
-    const c = await V2Client.connect(h.socketPath);
-    cleanup.push(() => c.close());
-    const rootVm = await listed(c, root.pid);
-    const ownVm = await listed(c, own.pid);
-    expect(ownVm.uid).toBe(NOBODY);
-    const out = await asOtherUser(h, ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups'], [rootVm.hostVmId, ownVm.hostVmId, 999_999]);
-    const pids = out.list.map((v) => v.pid);
-    expect(pids).toContain(own.pid);
-    expect(pids).not.toContain(root.pid);
-    expect(out.list.every((v) => v.pid !== process.pid)).toBe(true);
-    expect(out.observe[ownVm.hostVmId]).toBe('ok');
-    expect(out.observe[rootVm.hostVmId]).toBe(`${E.NO_SUCH} no VM ${rootVm.hostVmId}`);
-    expect(out.observe[999_999]).toBe(`${E.NO_SUCH} no VM 999999`);
-    expect(out.host).toBe(String(E.NOT_PERMITTED));
-  });
+  it.skipIf(skipWhy !== null)(
+    'a peer of another uid outside the observer group sees only its own VMs; other ids look nonexistent',
+    async () => {
+      const root = await new FakeQemu({ vcpus: 1, args: ['-name', 'root-vm'] }).ready();
+      const own = await new FakeQemu({ vcpus: 1, args: ['-name', 'nobody-vm'] }, { uid: NOBODY, gid: NOBODY }).ready();
+      cleanup.push(
+        () => root.kill(),
+        () => own.kill(),
+      );
+      const c = await V2Client.connect(h.socketPath);
+      cleanup.push(() => c.close());
+      const rootVm = await listed(c, root.pid);
+      const ownVm = await listed(c, own.pid);
+      expect(ownVm.uid).toBe(NOBODY);
+      const out = await asOtherUser(
+        h,
+        ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups'],
+        [rootVm.hostVmId, ownVm.hostVmId, 999_999],
+      );
+      const pids = out.list.map((v) => v.pid);
+      expect(pids).toContain(own.pid);
+      expect(pids).not.toContain(root.pid);
+      expect(out.list.every((v) => v.pid !== process.pid)).toBe(true);
+      expect(out.observe[ownVm.hostVmId]).toBe('ok');
+      expect(out.observe[rootVm.hostVmId]).toBe(`${E.NO_SUCH} no VM ${rootVm.hostVmId}`);
+      expect(out.observe[999_999]).toBe(`${E.NO_SUCH} no VM 999999`);
+      expect(out.host).toBe(String(E.NOT_PERMITTED));
+    },
+  );
 
-  it.skipIf(skipWhy !== null || !which('setpriv'))('a member of the observer group (supplementary group) sees every VM and the host', async () => {
-    const root = await new FakeQemu({ vcpus: 1, args: ['-name', 'root-vm-2'] }).ready();
-    cleanup.push(() => root.kill());
-    const c = await V2Client.connect(h.socketPath);
-    cleanup.push(() => c.close());
-    const rootVm = await listed(c, root.pid);
-    const out = await asOtherUser(h, ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, `--groups=${OBSERVER_GID}`], [rootVm.hostVmId]);
-    expect(out.list.map((v) => v.pid)).toContain(root.pid);
-    expect(out.observe[rootVm.hostVmId]).toBe('ok');
-    expect(out.host).toBe('ok');
-  });
+  it.skipIf(skipWhy !== null || !which('setpriv'))(
+    'a member of the observer group (supplementary group) sees every VM and the host',
+    async () => {
+      const root = await new FakeQemu({ vcpus: 1, args: ['-name', 'root-vm-2'] }).ready();
+      cleanup.push(() => root.kill());
+      const c = await V2Client.connect(h.socketPath);
+      cleanup.push(() => c.close());
+      const rootVm = await listed(c, root.pid);
+      const out = await asOtherUser(
+        h,
+        ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, `--groups=${OBSERVER_GID}`],
+        [rootVm.hostVmId],
+      );
+      expect(out.list.map((v) => v.pid)).toContain(root.pid);
+      expect(out.observe[rootVm.hostVmId]).toBe('ok');
+      expect(out.host).toBe('ok');
+    },
+  );
 });
 
 describe('host energy', () => {
@@ -155,10 +182,13 @@ describe('host energy', () => {
     for (const f of cleanup.splice(0).reverse()) await f();
   });
 
-  it('package energy equals the VMs\' energy plus the unattributed energy over the same samples', async () => {
+  it("package energy equals the VMs' energy plus the unattributed energy over the same samples", async () => {
     const a = startChild('spin');
     const b = startChild('sleep');
-    cleanup.push(() => a.kill(), () => b.kill());
+    cleanup.push(
+      () => a.kill(),
+      () => b.kill(),
+    );
     // Without discovery: the VMs on the helper are exactly these two, whatever else runs here.
     const h = await startHarness({ intervalMs: 100 });
     const pump = setInterval(() => h.addEnergy(1500), 20);

@@ -1,5 +1,13 @@
 import { describe, expect, it } from 'vitest';
-import { MAX_CMDLINE_BYTES, machinePrefersSockets, parseQemuCommandLine, parseQemuOpts, parseSmp, splitCmdline, vpkgOf } from '../../src/discovery/qemu-cmdline.js';
+import {
+  MAX_CMDLINE_BYTES,
+  machinePrefersSockets,
+  parseQemuCommandLine,
+  parseQemuOpts,
+  parseSmp,
+  splitCmdline,
+  vpkgOf,
+} from '../../src/discovery/qemu-cmdline.js';
 import { isQemuName, vcpuIndexOf } from '../../src/discovery/names.js';
 import { commOf, parseProcessStat, PF_KTHREAD } from '../../src/discovery/process-stat.js';
 
@@ -25,7 +33,7 @@ describe('-smp as QEMU 10 computes it', () => {
     expect(machinePrefersSockets(null)).toBe(false);
   });
 
-  it('takes libvirt\'s full form, with dies and clusters', () => {
+  it("takes libvirt's full form, with dies and clusters", () => {
     expect(topo('4,sockets=2,dies=1,clusters=1,cores=2,threads=1')).toEqual({ cpus: 4, maxcpus: 4, sockets: 2, perSocket: 2 });
     expect(topo('8,sockets=2,dies=2,cores=2,threads=1')).toEqual({ cpus: 8, maxcpus: 8, sockets: 2, perSocket: 4 });
   });
@@ -36,7 +44,17 @@ describe('-smp as QEMU 10 computes it', () => {
   });
 
   it('refuses what QEMU refuses, and hostile values', () => {
-    for (const bad of ['0', '4,sockets=3', '4,maxcpus=2', 'cpus=4,foo=1', '4,sockets=x', '4,sockets=-1', '999999999', '5000', '512,sockets=512']) {
+    for (const bad of [
+      '0',
+      '4,sockets=3',
+      '4,maxcpus=2',
+      'cpus=4,foo=1',
+      '4,sockets=x',
+      '4,sockets=-1',
+      '999999999',
+      '5000',
+      '512,sockets=512',
+    ]) {
       expect('error' in parseSmp(bad, false)).toBe(true);
     }
   });
@@ -49,7 +67,17 @@ describe('-smp as QEMU 10 computes it', () => {
 
 describe('command line', () => {
   it('reads -name guest=, -name X, -uuid and -smp, the last one winning', () => {
-    const c = parseQemuCommandLine(['/usr/bin/qemu-system-x86_64', '-name', 'guest=web,,1,debug-threads=on', '-uuid', '0D1E2F3A-4B5C-6D7E-8F90-A1B2C3D4E5F6', '-smp', '1', '-smp', '4,sockets=2']);
+    const c = parseQemuCommandLine([
+      '/usr/bin/qemu-system-x86_64',
+      '-name',
+      'guest=web,,1,debug-threads=on',
+      '-uuid',
+      '0D1E2F3A-4B5C-6D7E-8F90-A1B2C3D4E5F6',
+      '-smp',
+      '1',
+      '-smp',
+      '4,sockets=2',
+    ]);
     expect(c.name).toBe('web,1');
     expect(c.uuid!.toString('hex')).toBe('0d1e2f3a4b5c6d7e8f90a1b2c3d4e5f6');
     expect(c.topology.sockets).toBe(2);

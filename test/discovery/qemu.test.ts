@@ -42,7 +42,13 @@ describe.skipIf(why !== null)('discovery of real QEMU', () => {
     const g = await startQemu({ mode: 'b', smp: 2, sockets: 2, plain: true, extraArgs: ['-uuid', '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d'] });
     guests.push(g);
     const vm = await listed(c, g.pid);
-    expect(vm).toMatchObject({ name: null, uuid: '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d', source: 'discovered', wholeVmOnly: true, nvpkg: 1 });
+    expect(vm).toMatchObject({
+      name: null,
+      uuid: '6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d',
+      source: 'discovered',
+      wholeVmOnly: true,
+      nvpkg: 1,
+    });
     let last: VmUpdate | undefined;
     await c.observe(vm.hostVmId, (u) => (last = u));
     await until(() => last !== undefined && Number(last.vpkgs[0]!.energyUj) > 100_000, 15_000, 'whole-VM energy');

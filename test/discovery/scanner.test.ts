@@ -57,7 +57,11 @@ class FakeProc {
   }
 }
 
-const qemu = (name: string) => ({ comm: 'qemu-system-x86', argv: ['qemu-system-x86_64', '-name', name, '-smp', '2,sockets=2'], threads: ['qemu-system-x86', 'CPU 0/KVM', 'CPU 1/KVM'] });
+const qemu = (name: string) => ({
+  comm: 'qemu-system-x86',
+  argv: ['qemu-system-x86_64', '-name', name, '-smp', '2,sockets=2'],
+  threads: ['qemu-system-x86', 'CPU 0/KVM', 'CPU 1/KVM'],
+});
 
 describe('ProcScanner', () => {
   it('finds a QEMU on a pid reused since the last scan, though the old process was known not to be a VM', () => {
@@ -158,12 +162,19 @@ describe('ProcScanner', () => {
 
   it('a QEMU-named process without vCPU thread names whose executable cannot be read is whole-VM; a process without a command line (a kernel thread) is not a VM', () => {
     const p = new FakeProc();
-    p.process(400, { comm: 'qemu-kvm', starttime: 5, argv: ['/usr/libexec/qemu-kvm', '-uuid', '00000000-0000-4000-8000-000000000001'], threads: ['qemu-kvm', 'qemu-kvm', 'qemu-kvm'] });
+    p.process(400, {
+      comm: 'qemu-kvm',
+      starttime: 5,
+      argv: ['/usr/libexec/qemu-kvm', '-uuid', '00000000-0000-4000-8000-000000000001'],
+      threads: ['qemu-kvm', 'qemu-kvm', 'qemu-kvm'],
+    });
     p.process(401, { comm: 'kvm', starttime: 5, argv: [] });
     p.lastPid(401);
     const s = new ProcScanner(p.root, { clkTck: 100 });
     const found = s.scan();
-    expect(found.map((v) => [v.pid, v.wholeVmOnly, v.vcpus, v.uuid?.toString('hex')])).toEqual([[400, true, [{ tid: 400, vpkg: 0 }], '00000000000040008000000000000001']]);
+    expect(found.map((v) => [v.pid, v.wholeVmOnly, v.vcpus, v.uuid?.toString('hex')])).toEqual([
+      [400, true, [{ tid: 400, vpkg: 0 }], '00000000000040008000000000000001'],
+    ]);
   });
 
   it('refine: a hot-plugged vCPU joins, an unplugged one leaves, a renamed tid is re-classified', () => {

@@ -122,10 +122,19 @@ function runPump(host: FakeHost, energyMsr: number): EnergyPump {
 }
 
 /** Runs the counter and checks the guest's 0x611 growth against QEMU's split (see observeGrowth). */
-async function expectGrowthWithinQemuSplit(label: string, host: FakeHost, energyMsr: number, serial: GuestSerial, q: RaplQemu, minTicks: number) {
+async function expectGrowthWithinQemuSplit(
+  label: string,
+  host: FakeHost,
+  energyMsr: number,
+  serial: GuestSerial,
+  q: RaplQemu,
+  minTicks: number,
+) {
   const pump = runPump(host, energyMsr);
   const { growth, bounds } = await observeGrowth(serial, q, pump, minTicks);
-  console.log(`${label}: guest 0x611 grew ${growth} units; QEMU's split allows [${Math.round(bounds.low)}, ${Math.round(bounds.high)}], centre ${Math.round(bounds.expected)}`);
+  console.log(
+    `${label}: guest 0x611 grew ${growth} units; QEMU's split allows [${Math.round(bounds.low)}, ${Math.round(bounds.high)}], centre ${Math.round(bounds.expected)}`,
+  );
   expect(growth).toBeGreaterThan(0);
   expect(growth).toBeGreaterThanOrEqual(bounds.low);
   expect(growth).toBeLessThanOrEqual(bounds.high);
@@ -133,7 +142,12 @@ async function expectGrowthWithinQemuSplit(label: string, host: FakeHost, energy
 }
 
 async function guestStartupValues(serial: GuestSerial, q: RaplQemu): Promise<bigint[]> {
-  await serial.waitFor(() => [0x606, 0x610, 0x614].every((m) => serial.first(m) !== undefined), 'the guest to print 0x606, 0x610, 0x614', 60_000, q);
+  await serial.waitFor(
+    () => [0x606, 0x610, 0x614].every((m) => serial.first(m) !== undefined),
+    'the guest to print 0x606, 0x610, 0x614',
+    60_000,
+    q,
+  );
   return [0x606, 0x610, 0x614].map((m) => serial.first(m)!);
 }
 
@@ -218,13 +232,23 @@ function raplTest(name: string, body: () => Promise<void>, missing: () => string
 
 describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper', () => {
   raplTest(
-    'guest sees the exact 0x606/0x610/0x614 and a 0x611 growing within the bounds of QEMU\'s split, when QEMU runs as libvirt\'s non-root user through the socket\'s group',
+    "guest sees the exact 0x606/0x610/0x614 and a 0x611 growing within the bounds of QEMU's split, when QEMU runs as libvirt's non-root user through the socket's group",
     async () => {
       const account = qemuAccount();
       const { host, energyMsr } = raplHost('intel');
       const { qemuDir, sock } = dirs(account);
       // What the README tells operators without systemd (the socket unit's SocketGroup=/SocketMode=).
-      const h = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server', '--socket-group', String(account.gid), '--socket-mode', '0660']);
+      const h = await helper([
+        '-k',
+        sock,
+        ...hostArgs(host, 'intel'),
+        '-T',
+        'server',
+        '--socket-group',
+        String(account.gid),
+        '--socket-mode',
+        '0660',
+      ]);
       const st = fs.statSync(sock);
       expect([st.gid, st.mode & 0o777]).toEqual([account.gid, 0o660]);
       const want = await helperStartupValues(sock);
@@ -261,7 +285,11 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       // connects as root, so the socket's permissions do not matter for it (docs/qemu.md says so).
       const { q } = await qemu({ socket: sock, dir: qemuDir, name: 'rapl-run-with', extraArgs: ['-run-with', `user=${account.name}`] });
       await waitFor(() => h.stderr().includes(`"peer":${q.pid},"uid":0,"msg":"client connected"`), 'the root connection', h);
-      await waitFor(() => parseProcStatus(fs.readFileSync(`/proc/${q.pid}/status`, 'utf8')).uid[0] === account.uid, 'QEMU to switch user', h);
+      await waitFor(
+        () => parseProcStatus(fs.readFileSync(`/proc/${q.pid}/status`, 'utf8')).uid[0] === account.uid,
+        'QEMU to switch user',
+        h,
+      );
     },
   );
 
@@ -302,19 +330,50 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       // energy); after it, every read fails the same way. What QEMU still adds is its carried
       // non-vCPU term divided by an ever larger count (a few units, gone within two periods), so
       // wait four seconds, then watch.
-      await serial.waitFor(() => serial.energy().some((l) => l.seenAt > killedAt + 4000), 'a guest line 4 s after the helper stopped', 30_000, q);
+      await serial.waitFor(
+        () => serial.energy().some((l) => l.seenAt > killedAt + 4000),
+        'a guest line 4 s after the helper stopped',
+        30_000,
+        q,
+      );
       const frozen = serial.energy().at(-1)!.value;
       const linesAt = serial.energy().length;
-      await serial.waitFor(() => serial.energy().length >= linesAt + 3 && Date.now() > killedAt + 10_000, 'three more guest lines', 60_000, q);
-      expect(new Set(serial.energy().slice(linesAt - 1).map((l) => l.value)), 'no energy while the helper is down').toEqual(new Set([frozen]));
+      await serial.waitFor(
+        () => serial.energy().length >= linesAt + 3 && Date.now() > killedAt + 10_000,
+        'three more guest lines',
+        60_000,
+        q,
+      );
+      expect(
+        new Set(
+          serial
+            .energy()
+            .slice(linesAt - 1)
+            .map((l) => l.value),
+        ),
+        'no energy while the helper is down',
+      ).toEqual(new Set([frozen]));
 
       // The operator restarts the helper on the same path: QEMU does not reconnect.
       const second = await helper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
       const restartedAt = Date.now();
       const linesAt2 = serial.energy().length;
-      await serial.waitFor(() => serial.energy().length >= linesAt2 + 3 && Date.now() > restartedAt + 6000, 'three guest lines after the restart', 60_000, q);
+      await serial.waitFor(
+        () => serial.energy().length >= linesAt2 + 3 && Date.now() > restartedAt + 6000,
+        'three guest lines after the restart',
+        60_000,
+        q,
+      );
       expect(q.alive(), 'QEMU keeps running').toBe(true);
-      expect(new Set(serial.energy().slice(linesAt - 1).map((l) => l.value)), 'still frozen after the helper is back').toEqual(new Set([frozen]));
+      expect(
+        new Set(
+          serial
+            .energy()
+            .slice(linesAt - 1)
+            .map((l) => l.value),
+        ),
+        'still frozen after the helper is back',
+      ).toEqual(new Set([frozen]));
       expect(second.stderr(), 'QEMU never connected to the new helper').not.toMatch(/client connected/);
       expect(q.stderr(), 'QEMU says nothing about the lost helper').toBe(stderrBefore);
 

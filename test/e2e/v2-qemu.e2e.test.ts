@@ -89,7 +89,14 @@ describe('v2 end to end with QEMU', () => {
     expect(gb).toBeGreaterThan(5n * gi);
 
     // Final values and unregister in one write: no sample in between.
-    const [vb0, vb1, vi0, vi1] = await Promise.all([c.read(rb.vmId, 0), c.read(rb.vmId, 1), c.read(ri.vmId, 0), c.read(ri.vmId, 1), c.unregister(rb.vmId), c.unregister(ri.vmId)]);
+    const [vb0, vb1, vi0, vi1] = await Promise.all([
+      c.read(rb.vmId, 0),
+      c.read(rb.vmId, 1),
+      c.read(ri.vmId, 0),
+      c.read(ri.vmId, 1),
+      c.unregister(rb.vmId),
+      c.unregister(ri.vmId),
+    ]);
     expect(await helper.stop('SIGTERM')).toBe(0); // the shutdown hook closes the trace
 
     const summary = await replayFile(tracePath);

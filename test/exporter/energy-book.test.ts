@@ -6,13 +6,46 @@ import type { HostUpdate, VmInfo } from '../../src/exporter/observer-api.js';
 import { RunningTotal, ujToJoules } from '../../src/exporter/running-total.js';
 
 function vm(hostVmId: number, pid: number, o: Partial<VmInfo> = {}): VmInfo {
-  return { hostVmId, pid, uid: 0, starttime: 1000n, name: `vm${pid}`, uuid: null, source: 'discovered', nvpkg: 1, ended: false, wholeVmOnly: false, ...o };
+  return {
+    hostVmId,
+    pid,
+    uid: 0,
+    starttime: 1000n,
+    name: `vm${pid}`,
+    uuid: null,
+    source: 'discovered',
+    nvpkg: 1,
+    ended: false,
+    wholeVmOnly: false,
+    ...o,
+  };
 }
-const hostUpd = (tNs: bigint, o: Partial<HostUpdate> = {}): HostUpdate => ({ tNs, packages: [], unattributedUj: 0n, vmsChanged: false, stats: stats(0n), ...o });
+const hostUpd = (tNs: bigint, o: Partial<HostUpdate> = {}): HostUpdate => ({
+  tNs,
+  packages: [],
+  unattributedUj: 0n,
+  vmsChanged: false,
+  stats: stats(0n),
+  ...o,
+});
 function stats(ok: bigint) {
-  return { legacyOk: ok, legacyRefused: 1n, legacyFailed: 0n, lastSampleDurationNs: 2_500_000n, samples: 10n, sampleFailures: 1n, connections: 3, vms: 2 };
+  return {
+    legacyOk: ok,
+    legacyRefused: 1n,
+    legacyFailed: 0n,
+    lastSampleDurationNs: 2_500_000n,
+    samples: 10n,
+    sampleFailures: 1n,
+    connections: 3,
+    vms: 2,
+  };
 }
-const upd = (hostVmId: number, tNs: bigint, uj: bigint[], ended = false) => ({ hostVmId, tNs, ended, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
+const upd = (hostVmId: number, tNs: bigint, uj: bigint[], ended = false) => ({
+  hostVmId,
+  tNs,
+  ended,
+  vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })),
+});
 
 describe('RunningTotal', () => {
   test('adds increases, and a value below the last one whole (a new daemon run)', () => {
@@ -116,7 +149,10 @@ describe('EnergyBook', () => {
     b.connectionLost();
     b.connectionStarted();
     b.listed([vm(1, 200)]);
-    const ended = b.exposed().filter((r) => r.endedAtMs !== null).map((r) => r.labels.pid);
+    const ended = b
+      .exposed()
+      .filter((r) => r.endedAtMs !== null)
+      .map((r) => r.labels.pid);
     expect(ended).toEqual(['100']);
   });
 
@@ -149,8 +185,26 @@ describe('EnergyBook', () => {
     let mono = 0n;
     const b = new EnergyBook(undefined, Date.now, () => mono);
     expect(b.lastSampleAgeS()).toBeNull();
-    b.hostUpdate(hostUpd(1_000_000_000n, { packages: [{ pkg: 0, energyUj: 10n, unattributedUj: 4n }, { pkg: 1, energyUj: 20n, unattributedUj: 1n }], unattributedUj: 5n, stats: stats(4n) }));
-    b.hostUpdate(hostUpd(2_000_000_000n, { packages: [{ pkg: 0, energyUj: 15n, unattributedUj: 4n }, { pkg: 1, energyUj: 21n, unattributedUj: 2n }], unattributedUj: 6n, stats: stats(9n) }));
+    b.hostUpdate(
+      hostUpd(1_000_000_000n, {
+        packages: [
+          { pkg: 0, energyUj: 10n, unattributedUj: 4n },
+          { pkg: 1, energyUj: 20n, unattributedUj: 1n },
+        ],
+        unattributedUj: 5n,
+        stats: stats(4n),
+      }),
+    );
+    b.hostUpdate(
+      hostUpd(2_000_000_000n, {
+        packages: [
+          { pkg: 0, energyUj: 15n, unattributedUj: 4n },
+          { pkg: 1, energyUj: 21n, unattributedUj: 2n },
+        ],
+        unattributedUj: 6n,
+        stats: stats(9n),
+      }),
+    );
     mono = 4_500_000_000n;
     expect(b.packages.get(0)!.total).toBe(15n);
     expect(b.packages.get(1)!.total).toBe(21n);

@@ -21,10 +21,33 @@ function fedBook(): EnergyBook {
   const b = new EnergyBook();
   b.connectionStarted();
   b.listed([
-    { hostVmId: 1, pid: 4242, uid: 0, starttime: 77n, name: 'web "1"', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'discovered', nvpkg: 2, ended: false, wholeVmOnly: false },
-    { hostVmId: 2, pid: 4343, uid: 0, starttime: 78n, name: null, uuid: null, source: 'registered', nvpkg: 1, ended: false, wholeVmOnly: true },
+    {
+      hostVmId: 1,
+      pid: 4242,
+      uid: 0,
+      starttime: 77n,
+      name: 'web "1"',
+      uuid: '6f1c1a7e-0000-4000-8000-000000000001',
+      source: 'discovered',
+      nvpkg: 2,
+      ended: false,
+      wholeVmOnly: false,
+    },
+    {
+      hostVmId: 2,
+      pid: 4343,
+      uid: 0,
+      starttime: 78n,
+      name: null,
+      uuid: null,
+      source: 'registered',
+      nvpkg: 1,
+      ended: false,
+      wholeVmOnly: true,
+    },
   ]);
-  const u = (id: number, t: bigint, uj: bigint[]) => b.vmUpdate({ hostVmId: id, tNs: t, ended: false, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
+  const u = (id: number, t: bigint, uj: bigint[]) =>
+    b.vmUpdate({ hostVmId: id, tNs: t, ended: false, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
   u(1, 1_000_000_000n, [1_000_000n, 0n]);
   u(1, 2_000_000_000n, [3_500_000n, 250_000n]);
   u(2, 1_000_000_000n, [100n]);
@@ -36,7 +59,16 @@ function fedBook(): EnergyBook {
     ],
     unattributedUj: 6_250_000n,
     vmsChanged: false,
-    stats: { legacyOk: 12n, legacyRefused: 2n, legacyFailed: 1n, lastSampleDurationNs: 1_500_000n, samples: 20n, sampleFailures: 1n, connections: 3, vms: 2 },
+    stats: {
+      legacyOk: 12n,
+      legacyRefused: 2n,
+      legacyFailed: 1n,
+      lastSampleDurationNs: 1_500_000n,
+      samples: 20n,
+      sampleFailures: 1n,
+      connections: 3,
+      vms: 2,
+    },
   });
   return b;
 }
@@ -79,7 +111,14 @@ describe('exporter metrics', () => {
     server = await startMetricsServer(new EnergyBook(), { host: '127.0.0.1', port: 0 });
     const { body } = await scrape();
     expect(body).not.toMatch(/^vmsr_host_package_(unattributed_)?energy_joules_total\{/m);
-    for (const absent of ['vmsr_unattributed_energy_joules_total ', 'vmsr_helper_last_sample_age_seconds ', 'vmsr_helper_sample_duration_seconds ', 'vmsr_helper_samples_total ', 'vmsr_helper_vms ', 'vmsr_helper_connections ']) {
+    for (const absent of [
+      'vmsr_unattributed_energy_joules_total ',
+      'vmsr_helper_last_sample_age_seconds ',
+      'vmsr_helper_sample_duration_seconds ',
+      'vmsr_helper_samples_total ',
+      'vmsr_helper_vms ',
+      'vmsr_helper_connections ',
+    ]) {
       expect(body).not.toContain(`\n${absent}`);
     }
     expect(body).toContain('\nvmsr_exporter_helper_connected 0\n');
@@ -88,8 +127,23 @@ describe('exporter metrics', () => {
 
   test('a helper that sends no per-package unattributed energy gets the host-wide series only', async () => {
     const old = new EnergyBook();
-    const stats = { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 1n, sampleFailures: 0n, connections: 1, vms: 0 };
-    old.hostUpdate({ tNs: 1n, packages: [{ pkg: 0, energyUj: 2_000_000n, unattributedUj: null }], unattributedUj: 1_500_000n, vmsChanged: false, stats });
+    const stats = {
+      legacyOk: 0n,
+      legacyRefused: 0n,
+      legacyFailed: 0n,
+      lastSampleDurationNs: 0n,
+      samples: 1n,
+      sampleFailures: 0n,
+      connections: 1,
+      vms: 0,
+    };
+    old.hostUpdate({
+      tNs: 1n,
+      packages: [{ pkg: 0, energyUj: 2_000_000n, unattributedUj: null }],
+      unattributedUj: 1_500_000n,
+      vmsChanged: false,
+      stats,
+    });
     server = await startMetricsServer(old, { host: '127.0.0.1', port: 0 });
     const { body } = await scrape();
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 2\n');
@@ -133,7 +187,9 @@ describe('exporter metrics', () => {
 
   test('a port in use is refused with the fix', async () => {
     server = await startMetricsServer(new EnergyBook(), { host: '127.0.0.1', port: 0 });
-    await expect(startMetricsServer(new EnergyBook(), { host: '127.0.0.1', port: server.address.port })).rejects.toThrow(/EADDRINUSE; .*--listen HOST:PORT/);
+    await expect(startMetricsServer(new EnergyBook(), { host: '127.0.0.1', port: server.address.port })).rejects.toThrow(
+      /EADDRINUSE; .*--listen HOST:PORT/,
+    );
   });
 });
 
@@ -142,7 +198,8 @@ describe('--listen and backoff', () => {
     expect(parseListenAddress('127.0.0.1:8677')).toEqual({ host: '127.0.0.1', port: 8677 });
     expect(parseListenAddress('[::1]:9')).toEqual({ host: '::1', port: 9 });
     expect(parseListenAddress('localhost:0')).toEqual({ host: 'localhost', port: 0 });
-    for (const bad of ['8677', ':8677', '::1:8677', 'h:99999', 'h:', 'a b:1', '']) expect(() => parseListenAddress(bad)).toThrow(/cannot use --listen .*HOST:PORT/);
+    for (const bad of ['8677', ':8677', '::1:8677', 'h:99999', 'h:', 'a b:1', ''])
+      expect(() => parseListenAddress(bad)).toThrow(/cannot use --listen .*HOST:PORT/);
   });
   test('reconnect delays double from the first and stop at the maximum', () => {
     const b = { firstMs: 250, maxMs: 10_000 };

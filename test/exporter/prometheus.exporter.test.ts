@@ -104,10 +104,12 @@ describe('exporter with the daemon and Prometheus', () => {
     expect(rates.get(busy.name)!).toBeGreaterThan(5 * rates.get(idle.name)!);
     // Two virtual packages each (-smp 2,sockets=2), found from the command line; discovered, not registered.
     const vpkgs = await prom.query(`count by (name) (vmsr_vm_energy_joules_total{${ours}})`);
-    expect(vpkgs.map((r) => [r.metric.name, r.value[1]]).sort()).toEqual([
-      [busy.name, '2'],
-      [idle.name, '2'],
-    ].sort());
+    expect(vpkgs.map((r) => [r.metric.name, r.value[1]]).sort()).toEqual(
+      [
+        [busy.name, '2'],
+        [idle.name, '2'],
+      ].sort(),
+    );
     const info = await prom.query(`vmsr_vm_info{${ours}}`);
     expect(info.map((i) => [i.metric.name, i.metric.pid, i.metric.source]).sort()).toEqual(
       [
@@ -175,16 +177,22 @@ describe('exporter with the daemon and Prometheus', () => {
     // share is that one VM's energy.
     const { h, sock } = await setup({ packages: [0, 1] });
     const vms = [later(startPinnedChild(0, 40)), later(startPinnedChild(1, 20))];
-    await registerVms(sock, vms.map((v) => v.pid));
+    await registerVms(
+      sock,
+      vms.map((v) => v.pid),
+    );
     const exporter = later(await startExporterChild(sock));
     const pkgEnergy = (m: Map<string, number>, pkg: number) => m.get(`vmsr_host_package_energy_joules_total{package="${pkg}"}`);
-    const pkgUnattributed = (m: Map<string, number>, pkg: number) => m.get(`vmsr_host_package_unattributed_energy_joules_total{package="${pkg}"}`);
+    const pkgUnattributed = (m: Map<string, number>, pkg: number) =>
+      m.get(`vmsr_host_package_unattributed_energy_joules_total{package="${pkg}"}`);
     const scrapes: Map<string, number>[] = [];
     await pollFor(
       async () => {
         const m = await scrape(exporter.url);
         scrapes.push(m);
-        return scrapes.length >= 12 && vms.every((v, pkg) => (energyOf(m, v.pid) ?? 0) > 0.2 && (pkgUnattributed(m, pkg) ?? 0) > 0.2) ? true : undefined;
+        return scrapes.length >= 12 && vms.every((v, pkg) => (energyOf(m, v.pid) ?? 0) > 0.2 && (pkgUnattributed(m, pkg) ?? 0) > 0.2)
+          ? true
+          : undefined;
       },
       'energy for both VMs and unattributed energy on both packages, over 12 scrapes',
       () => exporter.stderr(),
@@ -206,7 +214,9 @@ describe('exporter with the daemon and Prometheus', () => {
         const a = await scrape(exporter.url);
         await new Promise((r) => setTimeout(r, 700)); // more than two 0.25 s intervals
         const b = await scrape(exporter.url);
-        return [0, 1].every((pkg) => pkgEnergy(a, pkg) === pkgEnergy(b, pkg)) && vms.every((v) => energyOf(a, v.pid) === energyOf(b, v.pid)) ? b : undefined;
+        return [0, 1].every((pkg) => pkgEnergy(a, pkg) === pkgEnergy(b, pkg)) && vms.every((v) => energyOf(a, v.pid) === energyOf(b, v.pid))
+          ? b
+          : undefined;
       },
       'the energy to stand still once the packages stop drawing power',
       () => exporter.stderr(),
@@ -217,7 +227,10 @@ describe('exporter with the daemon and Prometheus', () => {
       const parts = energyOf(still, vm.pid)! + pkgUnattributed(still, pkg)!;
       expect(total).toBeGreaterThan(1);
       // Each value is floored to a µJ on its own: three floors apart at most.
-      expect(Math.abs(total - parts), `package ${pkg}: ${total} J = ${energyOf(still, vm.pid)} J (pid ${vm.pid}) + ${pkgUnattributed(still, pkg)} J`).toBeLessThan(5e-6);
+      expect(
+        Math.abs(total - parts),
+        `package ${pkg}: ${total} J = ${energyOf(still, vm.pid)} J (pid ${vm.pid}) + ${pkgUnattributed(still, pkg)} J`,
+      ).toBeLessThan(5e-6);
     }
     // The host-wide series is the packages' sum.
     const perPackage = pkgUnattributed(still, 0)! + pkgUnattributed(still, 1)!;
@@ -256,7 +269,11 @@ describe('exporter with the daemon and Prometheus', () => {
     const vm = later(startChild('sleep'));
     await registerVms(sock, [vm.pid]);
     const exporter = later(await startExporterChild(sock, [], { uid: nobody, gid: nobody }));
-    await pollFor(async () => (exporter.stderr().includes('--observer-group') ? true : undefined), 'the refusal to be logged', () => exporter.stderr());
+    await pollFor(
+      async () => (exporter.stderr().includes('--observer-group') ? true : undefined),
+      'the refusal to be logged',
+      () => exporter.stderr(),
+    );
     expect(exporter.stderr()).toMatch(/"level":"error".*refuses this exporter.*add the exporter's user to that group/);
     const m = await scrape(exporter.url);
     expect(energyOf(m, vm.pid)).toBeUndefined();
@@ -276,7 +293,7 @@ describe('exporter with the daemon and Prometheus', () => {
       if (v !== undefined) seen.push(v);
       return v;
     };
-    await pollFor(async () => ((await record()) ?? 0) > 5 ? true : undefined, 'energy before the restart', logs);
+    await pollFor(async () => (((await record()) ?? 0) > 5 ? true : undefined), 'energy before the restart', logs);
     const before = seen.at(-1)!;
 
     await daemon.stop();
@@ -284,7 +301,11 @@ describe('exporter with the daemon and Prometheus', () => {
     for (let i = 0; i < 5; i++) await record(); // while the daemon is away: the series stays, unchanged
     const again = later(await startDaemon(h, sock, args));
     reg = await registerVms(sock, [busy.pid]);
-    await pollFor(async () => ((await record()) ?? 0) > before + 5 ? true : undefined, 'energy to grow after the restart', () => `${logs()}\n--- daemon:\n${again.stderr()}`);
+    await pollFor(
+      async () => (((await record()) ?? 0) > before + 5 ? true : undefined),
+      'energy to grow after the restart',
+      () => `${logs()}\n--- daemon:\n${again.stderr()}`,
+    );
 
     for (let i = 1; i < seen.length; i++) expect(seen[i]!).toBeGreaterThanOrEqual(seen[i - 1]!);
     const m = await scrape(exporter.url);
@@ -300,7 +321,11 @@ describe('exporter with the daemon and Prometheus', () => {
     const b = later(startChild('sleep'));
     await registerVms(sock, [a.pid, b.pid]);
     const exporter = later(await startExporterChild(sock));
-    await pollFor(async () => (energyOf(await scrape(exporter.url), b.pid) !== undefined ? true : undefined), 'both VMs exported', () => exporter.stderr());
+    await pollFor(
+      async () => (energyOf(await scrape(exporter.url), b.pid) !== undefined ? true : undefined),
+      'both VMs exported',
+      () => exporter.stderr(),
+    );
     await b.kill();
     // Several 0.25 s intervals: the daemon has seen the process go and sent its last UPDATE.
     await new Promise((r) => setTimeout(r, 1500));
@@ -316,12 +341,21 @@ describe('exporter with the daemon and Prometheus', () => {
     const first = later(startChild('sleep'));
     await registerVms(sock, [first.pid]);
     const exporter = later(await startExporterChild(sock));
-    await pollFor(async () => (energyOf(await scrape(exporter.url), first.pid) !== undefined ? true : undefined), 'the first VM', () => exporter.stderr());
+    await pollFor(
+      async () => (energyOf(await scrape(exporter.url), first.pid) !== undefined ? true : undefined),
+      'the first VM',
+      () => exporter.stderr(),
+    );
     const late = later(startChild('spin'));
     const t0 = Date.now();
     await registerVms(sock, [late.pid]);
     // The host update's "VMs changed" flag makes the exporter LIST again and observe it.
-    await pollFor(async () => (energyOf(await scrape(exporter.url), late.pid) !== undefined ? true : undefined), 'the late VM', () => exporter.stderr(), 5000);
+    await pollFor(
+      async () => (energyOf(await scrape(exporter.url), late.pid) !== undefined ? true : undefined),
+      'the late VM',
+      () => exporter.stderr(),
+      5000,
+    );
     expect(Date.now() - t0).toBeLessThan(5000);
   });
 
@@ -331,13 +365,21 @@ describe('exporter with the daemon and Prometheus', () => {
     await registerVms(sock, [busy.pid]);
     const one = await startExporterChild(sock);
     cleanups.push(() => one.stop('SIGKILL'));
-    const before = await pollFor(async () => {
-      const v = energyOf(await scrape(one.url), busy.pid);
-      return v !== undefined && v > 2 ? v : undefined;
-    }, 'energy in the first exporter', () => one.stderr());
+    const before = await pollFor(
+      async () => {
+        const v = energyOf(await scrape(one.url), busy.pid);
+        return v !== undefined && v > 2 ? v : undefined;
+      },
+      'energy in the first exporter',
+      () => one.stderr(),
+    );
     expect(await one.stop('SIGTERM')).toBe(0);
     const two = later(await startExporterChild(sock));
-    const after = await pollFor(async () => energyOf(await scrape(two.url), busy.pid), 'the VM in the second exporter', () => two.stderr());
+    const after = await pollFor(
+      async () => energyOf(await scrape(two.url), busy.pid),
+      'the VM in the second exporter',
+      () => two.stderr(),
+    );
     // The daemon ran all along: the new process's first value is the daemon's total, not below the old one.
     expect(after).toBeGreaterThanOrEqual(before);
   });

@@ -22,7 +22,16 @@ describe('contrib/systemd exporter unit', () => {
   const text = fs.readFileSync(path.join(ROOT, 'contrib/systemd', UNIT), 'utf8');
 
   test('runs unprivileged in the observer group, loopback only, with the default listen address', () => {
-    for (const k of ['DynamicUser=yes', 'SupplementaryGroups=kvm vmsr-observers', 'CapabilityBoundingSet=\n', 'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateDevices=yes', 'IPAddressDeny=any', 'IPAddressAllow=localhost']) {
+    for (const k of [
+      'DynamicUser=yes',
+      'SupplementaryGroups=kvm vmsr-observers',
+      'CapabilityBoundingSet=\n',
+      'NoNewPrivileges=yes',
+      'ProtectSystem=strict',
+      'PrivateDevices=yes',
+      'IPAddressDeny=any',
+      'IPAddressAllow=localhost',
+    ]) {
       expect(text).toContain(k);
     }
     expect(text).toMatch(/^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$/m);
@@ -61,7 +70,8 @@ describe('contrib/systemd exporter unit', () => {
     cleanups.push(() => {
       const pid = child.proc.pid;
       try {
-        for (const init of fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/)) process.kill(Number(init), 'SIGKILL');
+        for (const init of fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/))
+          process.kill(Number(init), 'SIGKILL');
       } catch {
         /* unshare or its child already gone */
       }

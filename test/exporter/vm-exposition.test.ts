@@ -18,9 +18,19 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
   registry.setContentType(format === 'openmetrics' ? Registry.OPENMETRICS_CONTENT_TYPE : Registry.PROMETHEUS_CONTENT_TYPE);
   const registers = [registry];
   const vmLabels = ['name', 'uuid', 'pid'] as const;
-  const energy = new Counter({ name: VM_FAMILIES.energy.name, help: VM_FAMILIES.energy.help, labelNames: [...vmLabels, 'vpkg'], registers });
+  const energy = new Counter({
+    name: VM_FAMILIES.energy.name,
+    help: VM_FAMILIES.energy.help,
+    labelNames: [...vmLabels, 'vpkg'],
+    registers,
+  });
   const power = new Gauge({ name: VM_FAMILIES.power.name, help: VM_FAMILIES.power.help, labelNames: [...vmLabels, 'vpkg'], registers });
-  const info = new Gauge({ name: VM_FAMILIES.info.name, help: VM_FAMILIES.info.help, labelNames: [...vmLabels, 'source', 'whole_vm_only'], registers });
+  const info = new Gauge({
+    name: VM_FAMILIES.info.name,
+    help: VM_FAMILIES.info.help,
+    labelNames: [...vmLabels, 'source', 'whole_vm_only'],
+    registers,
+  });
   for (const r of book.exposed()) {
     r.energy.forEach((t, g) => energy.inc({ ...r.labels, vpkg: String(g) }, ujToJoules(t.total)));
     r.watts.forEach((w, g) => {
@@ -36,8 +46,25 @@ function ours(x: VmExposition, format: ExpositionFormat): string {
   return `${x.render(format)}${format === 'openmetrics' ? '\n# EOF\n' : '\n'}`;
 }
 
-const vm = (id: number, o: Partial<VmInfo> = {}): VmInfo => ({ hostVmId: id, pid: 4000 + id, uid: 0, starttime: BigInt(id), name: `vm-${id}`, uuid: null, source: 'discovered', nvpkg: 2, ended: false, wholeVmOnly: false, ...o });
-const upd = (id: number, s: number, uj: bigint[]) => ({ hostVmId: id, tNs: BigInt(s) * 1_000_000_000n, ended: false, vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })) });
+const vm = (id: number, o: Partial<VmInfo> = {}): VmInfo => ({
+  hostVmId: id,
+  pid: 4000 + id,
+  uid: 0,
+  starttime: BigInt(id),
+  name: `vm-${id}`,
+  uuid: null,
+  source: 'discovered',
+  nvpkg: 2,
+  ended: false,
+  wholeVmOnly: false,
+  ...o,
+});
+const upd = (id: number, s: number, uj: bigint[]) => ({
+  hostVmId: id,
+  tNs: BigInt(s) * 1_000_000_000n,
+  ended: false,
+  vpkgs: uj.map((energyUj) => ({ counter: 0n, energyUj })),
+});
 
 function hostileBook(): EnergyBook {
   const b = new EnergyBook();
@@ -65,10 +92,12 @@ describe('per-VM families rendered from cached label text', () => {
       // The second render comes from the cache and is still the same.
       expect(ours(x, format)).toBe(want);
     }
-    expect(ours(x, 'prometheus')).toContain('vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",vpkg="0"} 3.500001\n');
+    expect(ours(x, 'prometheus')).toContain(
+      'vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",vpkg="0"} 3.500001\n',
+    );
   });
 
-  test('an empty book still has each family\'s HELP and TYPE lines, as prom-client writes them', async () => {
+  test("an empty book still has each family's HELP and TYPE lines, as prom-client writes them", async () => {
     const book = new EnergyBook();
     const x = new VmExposition(book, VM_FAMILIES);
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
@@ -78,7 +107,10 @@ describe('per-VM families rendered from cached label text', () => {
     const book = hostileBook();
     const x = new VmExposition(book, VM_FAMILIES);
     x.render('prometheus'); // fills the cache
-    book.listed([vm(1, { name: 'web "1" \\ back\nslash', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'registered', nvpkg: 1 }), vm(2, { name: 'ünïcode ☃ {braces}=,', source: 'registered', wholeVmOnly: true, nvpkg: 1 })]);
+    book.listed([
+      vm(1, { name: 'web "1" \\ back\nslash', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'registered', nvpkg: 1 }),
+      vm(2, { name: 'ünïcode ☃ {braces}=,', source: 'registered', wholeVmOnly: true, nvpkg: 1 }),
+    ]);
     book.vmUpdate(upd(1, 3, [4_000_000n]));
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
     expect(x.render('prometheus')).toMatch(/vmsr_vm_info\{name="web[^}]*source="registered",whole_vm_only="0"\} 1/);

@@ -15,7 +15,10 @@ afterEach(async () => {
 function setup(): { fake: FakeHost; device: MsrDevice } {
   const fake = new FakeHost({ packages: [0, 0, 1, 1] });
   const device = new MsrDevice(fake.msrPathTemplate);
-  cleanups.push(() => fake.cleanup(), () => device.close());
+  cleanups.push(
+    () => fake.cleanup(),
+    () => device.close(),
+  );
   return { fake, device };
 }
 
@@ -37,7 +40,10 @@ describe('assembleV2 energy source', () => {
   test('reads each package power unit from the RAPL MSRs when no source is named', () => {
     const { fake, device } = setup();
     fake.writeRapl({ powerUnit: 0xa1003n });
-    expect(chain(fake, device).host.packages.map((p) => [p.package, p.powerUnit])).toEqual([[0, 0xa1003n], [1, 0xa1003n]]);
+    expect(chain(fake, device).host.packages.map((p) => [p.package, p.powerUnit])).toEqual([
+      [0, 0xa1003n],
+      [1, 0xa1003n],
+    ]);
   });
 
   test('fails with the MSR read error when the RAPL registers cannot be read and no source is named', () => {
@@ -48,7 +54,10 @@ describe('assembleV2 energy source', () => {
   test('builds on a host without RAPL registers when given the synthetic source, reading no MSR', () => {
     const { fake, device } = setup();
     const c = chain(fake, device, 'synthetic');
-    expect(c.host.packages).toEqual([{ package: 0, powerUnit: 0xa0e03n }, { package: 1, powerUnit: 0xa0e03n }]);
+    expect(c.host.packages).toEqual([
+      { package: 0, powerUnit: 0xa0e03n },
+      { package: 1, powerUnit: 0xa0e03n },
+    ]);
     expect(device.openFds()).toEqual([]);
   });
 });

@@ -21,7 +21,14 @@ describe('isHelperProcess', () => {
     proc(4, ['sleep', '30']);
     proc(5, ['/usr/bin/python3', 'x.py', 'vmsr-helper']); // named only as a later argument
     proc(6, ['node', '/tmp/not-vmsr-helper.js']);
-    proc(8, ['/usr/bin/node', '--max-semi-space-size=4', '--v8-pool-size=1', '/opt/vmsr-helper/dist/src/bin/vmsr-helper.js', '-k', '/run/x.sock']); // the re-executed daemon
+    proc(8, [
+      '/usr/bin/node',
+      '--max-semi-space-size=4',
+      '--v8-pool-size=1',
+      '/opt/vmsr-helper/dist/src/bin/vmsr-helper.js',
+      '-k',
+      '/run/x.sock',
+    ]); // the re-executed daemon
     expect([1, 2, 3, 4, 5, 6, 7, 8].map((p) => isHelperProcess(p, tmp))).toEqual([true, true, true, false, false, false, false, true]);
   });
 });

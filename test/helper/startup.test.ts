@@ -23,7 +23,10 @@ afterEach(async () => {
 function setup(): { host: FakeHost; dir: string; procRoot: string; config: (o?: { socket?: string; pidfile?: string }) => DaemonConfig } {
   const host = new FakeHost();
   const dir = tempDir('vmsr-startup-');
-  cleanups.push(() => host.cleanup(), () => fs.rmSync(dir, { recursive: true, force: true }));
+  cleanups.push(
+    () => host.cleanup(),
+    () => fs.rmSync(dir, { recursive: true, force: true }),
+  );
   const procRoot = path.join(dir, 'proc');
   fs.mkdirSync(procRoot);
   fs.writeFileSync(path.join(procRoot, 'cpuinfo'), 'processor\t: 0\nvendor_id\t: GenuineIntel\n');
@@ -50,7 +53,13 @@ describe('openStart', () => {
     const opened = await openStart(config({ pidfile: pid }), { how: 'fresh' });
     expect(stepsOf(opened)).toEqual(['checks: ran', 'msr: ran', 'listen: ran', 'pidfile: ran', 'files: not asked']);
     expect(opened.steps.map((s) => s.step)).toEqual(START_STEPS.filter((s) => s !== 'drop'));
-    expect([opened.vendor, opened.cpus]).toEqual(['intel', [{ cpu: 0, package: 0 }, { cpu: 1, package: 0 }]]);
+    expect([opened.vendor, opened.cpus]).toEqual([
+      'intel',
+      [
+        { cpu: 0, package: 0 },
+        { cpu: 1, package: 0 },
+      ],
+    ]);
     expect(opened.device.openFds().map(([cpu]) => cpu)).toEqual([0, 1]);
     expect(fs.statSync(sock).mode & 0o777).toBe(0o600);
     expect(opened.listener.where).toBe(sock);
@@ -60,7 +69,7 @@ describe('openStart', () => {
     expect(fs.existsSync(pid)).toBe(false);
   });
 
-  test('a start given the checks\' results and MSR fds does not run the checks again: it starts on a host whose checks now fail', async () => {
+  test("a start given the checks' results and MSR fds does not run the checks again: it starts on a host whose checks now fail", async () => {
     const { host, dir, procRoot, config } = setup();
     const first = await openStart(config(), { how: 'fresh' });
     cleanups.push(() => first.listener.close());
@@ -159,7 +168,7 @@ os.execv(sys.argv[2], [sys.argv[2], '--input-type=module', '-e', sys.argv[3]])`;
     expect(fs.statSync(act).isSocket()).toBe(true); // systemd's socket: not ours to remove
   });
 
-  test('inheritFromEnvironment takes systemd\'s listening socket and carries the fds the helper stored as named fds, and refuses a non-socket', (ctx) => {
+  test("inheritFromEnvironment takes systemd's listening socket and carries the fds the helper stored as named fds, and refuses a non-socket", (ctx) => {
     const why = missing({ command: 'python3' });
     if (why) return ctx.skip(why);
     const { dir } = setup();
@@ -184,7 +193,13 @@ os.set_inheritable(4, True)
 os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='2', LISTEN_FDNAMES='vmsr-state:qemu-vmsr-helper.socket')
 os.execv(sys.argv[2], [sys.argv[2], '--input-type=module', '-e', sys.argv[3]])`;
     const run = (fd4: string) =>
-      JSON.parse(execFileSync('python3', ['-c', python, path.join(dir, `${fd4}.sock`), process.execPath, script, fd4], { encoding: 'utf8', timeout: 20_000, input: '' }).trim());
+      JSON.parse(
+        execFileSync('python3', ['-c', python, path.join(dir, `${fd4}.sock`), process.execPath, script, fd4], {
+          encoding: 'utf8',
+          timeout: 20_000,
+          input: '',
+        }).trim(),
+      );
     expect(run('socket')).toEqual({ how: 'systemd', listener: { fd: 4 }, named: [['vmsr-state', [3]]] });
     expect(run('pipe')).toEqual({ error: expect.stringMatching(/^cannot use the socket systemd passed as fd 4: .*; /) });
   });
@@ -249,7 +264,9 @@ describe('Inherited across an exec', () => {
       '{',
     ];
     for (const text of bad) {
-      expect(() => takeInherited({ [INHERIT_ENV]: text })).toThrow(new RegExp(`^cannot read ${INHERIT_ENV}: .*; it is set by the helper for itself, do not set it$`));
+      expect(() => takeInherited({ [INHERIT_ENV]: text })).toThrow(
+        new RegExp(`^cannot read ${INHERIT_ENV}: .*; it is set by the helper for itself, do not set it$`),
+      );
     }
   });
 });

@@ -74,7 +74,10 @@ describe(`${HOARDED} hoarded connections`, () => {
     const { sock } = fakeHost();
     const root = process.getuid?.() === 0;
     const { child, port } = await startExporterProcess(sock, root ? NOBODY : undefined);
-    const hoarder = spawn(process.execPath, ['-e', HOARDER, String(port), String(HOARDED)], { stdio: ['ignore', 'pipe', 'inherit'], ...(root ? { uid: NOBODY, gid: NOBODY } : {}) });
+    const hoarder = spawn(process.execPath, ['-e', HOARDER, String(port), String(HOARDED)], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+      ...(root ? { uid: NOBODY, gid: NOBODY } : {}),
+    });
     onCleanup(() => void hoarder.kill('SIGKILL'));
     let out = '';
     hoarder.stdout!.on('data', (d: Buffer) => (out += d.toString()));

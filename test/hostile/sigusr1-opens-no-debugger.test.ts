@@ -18,7 +18,11 @@ describe('SIGUSR1 from a process of the same uid', () => {
     const why = notRoot();
     if (why) return ctx.skip(why);
     // Port 0: an inspector on a free port, so another process holding 9229 does not hide it.
-    const bare = spawn(process.execPath, ['--inspect-port=0', '-e', 'setInterval(() => {}, 1000)'], { uid: NOBODY, gid: NOBODY, stdio: 'ignore' });
+    const bare = spawn(process.execPath, ['--inspect-port=0', '-e', 'setInterval(() => {}, 1000)'], {
+      uid: NOBODY,
+      gid: NOBODY,
+      stdio: 'ignore',
+    });
     onCleanup(() => void bare.kill('SIGKILL'));
     await sleep(300);
     expect(tcpListeningPorts(bare.pid!)).toEqual([]);
@@ -40,7 +44,12 @@ describe('SIGUSR1 from a process of the same uid', () => {
     expect(tcpListeningPorts(pid)).toEqual([]);
     expect(child.proc.exitCode).toBeNull();
     // Rate-limited: three signals, one warning.
-    expect(child.stderr().split('\n').filter((l) => l.includes(SIGUSR1_MESSAGE))).toHaveLength(1);
+    expect(
+      child
+        .stderr()
+        .split('\n')
+        .filter((l) => l.includes(SIGUSR1_MESSAGE)),
+    ).toHaveLength(1);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
   });
 
@@ -66,7 +75,11 @@ describe('Node flags and NODE_OPTIONS of the first image', () => {
     const why = notRoot();
     if (why) return ctx.skip(why);
     const { host, sock } = fakeHost();
-    const child = track(await startHelper(['-k', sock, '-u', 'nobody', ...hostArgs(host)], { env: { ...process.env, NODE_OPTIONS: '--inspect=127.0.0.1:0' } }));
+    const child = track(
+      await startHelper(['-k', sock, '-u', 'nobody', ...hostArgs(host)], {
+        env: { ...process.env, NODE_OPTIONS: '--inspect=127.0.0.1:0' },
+      }),
+    );
     const pid = child.proc.pid!;
     const environ = fs.readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
     expect(environ.filter((e) => e.startsWith('NODE_OPTIONS='))).toEqual([]);

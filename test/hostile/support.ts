@@ -88,14 +88,27 @@ export function tcpListeningPorts(pid: number): number[] {
 }
 
 /** Starts `vmsr-helper exporter` (as `uid` when given) on a free loopback port; resolves with it and its URL. */
-export async function startExporterProcess(socketPath: string, uid?: number, env?: NodeJS.ProcessEnv): Promise<{ child: DaemonChild; url: string; port: number }> {
-  const child = track(spawnHelper(['exporter', '-k', socketPath, '--listen', '127.0.0.1:0'], { ...(uid !== undefined ? { uid, gid: uid } : {}), ...(env ? { env } : {}) }));
+export async function startExporterProcess(
+  socketPath: string,
+  uid?: number,
+  env?: NodeJS.ProcessEnv,
+): Promise<{ child: DaemonChild; url: string; port: number }> {
+  const child = track(
+    spawnHelper(['exporter', '-k', socketPath, '--listen', '127.0.0.1:0'], {
+      ...(uid !== undefined ? { uid, gid: uid } : {}),
+      ...(env ? { env } : {}),
+    }),
+  );
   let url = '';
-  await waitFor(() => {
-    const m = /Serving metrics on (http:\/\/[^"\s]+)/.exec(child.stderr());
-    if (m) url = m[1]!;
-    return m !== null;
-  }, 'the exporter to serve', child);
+  await waitFor(
+    () => {
+      const m = /Serving metrics on (http:\/\/[^"\s]+)/.exec(child.stderr());
+      if (m) url = m[1]!;
+      return m !== null;
+    },
+    'the exporter to serve',
+    child,
+  );
   return { child, url, port: Number(new URL(url).port) };
 }
 

@@ -47,7 +47,7 @@ describe.skipIf(why !== null)('libvirt domains discovered by the daemon', () => 
     for (const c of cleanups.reverse()) await c();
   }, 120_000);
 
-  it('finds every domain with its name, UUID and two virtual packages; the busy one gains far more, in the busy vCPU\'s package', async () => {
+  it("finds every domain with its name, UUID and two virtual packages; the busy one gains far more, in the busy vCPU's package", async () => {
     const [busy, idle] = domains as [Domain, Domain];
     const c = await V2Client.connect(sock);
     cleanups.push(() => c.close());
@@ -56,23 +56,38 @@ describe.skipIf(why !== null)('libvirt domains discovered by the daemon', () => 
     for (;;) {
       vms = (await c.list()).filter((v) => v.pid === busy.pid || v.pid === idle.pid);
       if (vms.length === 2 && vms.every((v) => !v.wholeVmOnly)) break;
-      if (Date.now() > deadline) throw new Error(`domains not discovered with their vCPU threads in 20 s: ${JSON.stringify(vms)}\n${helper.stderr()}`);
+      if (Date.now() > deadline)
+        throw new Error(`domains not discovered with their vCPU threads in 20 s: ${JSON.stringify(vms)}\n${helper.stderr()}`);
       await new Promise((r) => setTimeout(r, 100));
     }
     const libvirtQemuUid = fs.statSync(`/proc/${busy.pid}`).uid;
     for (const d of [busy, idle]) {
-      expect(vms.find((v) => v.pid === d.pid)).toMatchObject({ name: d.name, uuid: d.uuid, source: 'discovered', nvpkg: 2, uid: libvirtQemuUid, ended: false });
+      expect(vms.find((v) => v.pid === d.pid)).toMatchObject({
+        name: d.name,
+        uuid: d.uuid,
+        source: 'discovered',
+        nvpkg: 2,
+        uid: libvirtQemuUid,
+        ended: false,
+      });
     }
     expect(libvirtQemuUid).not.toBe(0);
     const asGuest = (d: Domain) => ({ pid: d.pid }) as QemuGuest;
-    expect(await Promise.all([waitSettled(asGuest(busy), 'b', { timeoutMs: 60_000 }), waitSettled(asGuest(idle), 'i', { timeoutMs: 60_000 })])).toEqual([true, true]);
+    expect(
+      await Promise.all([waitSettled(asGuest(busy), 'b', { timeoutMs: 60_000 }), waitSettled(asGuest(idle), 'i', { timeoutMs: 60_000 })]),
+    ).toEqual([true, true]);
 
     const ub: VmUpdate[] = [];
     const ui: VmUpdate[] = [];
     await c.observe(vms.find((v) => v.pid === busy.pid)!.hostVmId, (u) => ub.push(u));
     await c.observe(vms.find((v) => v.pid === idle.pid)!.hostVmId, (u) => ui.push(u));
     await waitFor(() => ub.length >= 12 && ui.length >= 12, '12 updates of each', helper, 20_000);
-    const [b0, b1, i0, i1] = [delta(ub[1]!, ub.at(-1)!, 0), delta(ub[1]!, ub.at(-1)!, 1), delta(ui[1]!, ui.at(-1)!, 0), delta(ui[1]!, ui.at(-1)!, 1)];
+    const [b0, b1, i0, i1] = [
+      delta(ub[1]!, ub.at(-1)!, 0),
+      delta(ub[1]!, ub.at(-1)!, 1),
+      delta(ui[1]!, ui.at(-1)!, 0),
+      delta(ui[1]!, ui.at(-1)!, 1),
+    ];
     expect(b0 + b1).toBeGreaterThan(5 * (i0 + i1 + 1));
     // mode b: vCPU 0 (socket 0) spins, vCPU 1 (socket 1) halts.
     expect(b0).toBeGreaterThan(5 * (b1 + 1));

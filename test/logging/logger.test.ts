@@ -78,7 +78,10 @@ describe('journald format', () => {
       const fd = fs.openSync(logFile, 'w');
       const st = fs.fstatSync(fd);
       // What systemd does for StandardError=journal: stderr is the stream, JOURNAL_STREAM its dev:ino.
-      const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'ignore', fd], env: { ...process.env, JOURNAL_STREAM: `${st.dev}:${st.ino}` } });
+      const child = spawn(process.execPath, [BIN, ...args], {
+        stdio: ['ignore', 'ignore', fd],
+        env: { ...process.env, JOURNAL_STREAM: `${st.dev}:${st.ino}` },
+      });
       fs.closeSync(fd);
       const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
       cleanups.push(() => child.kill('SIGKILL'));
@@ -99,7 +102,9 @@ describe('journald format', () => {
 
     const bad = run(['-k', 'relative.sock'], path.join(d, 'bad.log'));
     expect(await bad.exited).toBe(1);
-    expect(bad.text()).toBe("<2>cannot start: -k/--socket: socket path must be absolute (got 'relative.sock'); e.g. -k /run/qemu-vmsr-helper.sock\n");
+    expect(bad.text()).toBe(
+      "<2>cannot start: -k/--socket: socket path must be absolute (got 'relative.sock'); e.g. -k /run/qemu-vmsr-helper.sock\n",
+    );
   });
 });
 
@@ -126,7 +131,10 @@ describe('terminal and JSON formats', () => {
     const sock = path.join(dir(), 'h.sock');
     const child = await startHelper(['-k', sock, ...hostArgs(host)]);
     cleanups.push(() => child.stop('SIGKILL'));
-    const line = child.stderr().split('\n').find((l) => l.includes('"msg":"Listening on'))!;
+    const line = child
+      .stderr()
+      .split('\n')
+      .find((l) => l.includes('"msg":"Listening on'))!;
     expect(line.match(/"pid":/g)).toHaveLength(1);
     expect(JSON.parse(line)).toMatchObject({ level: 'info', pid: child.proc.pid, socket: sock });
     expect(await child.stop()).toBe(0);

@@ -113,7 +113,15 @@ function syntheticSource(): SourceUnderTest {
   const idleW = 1;
   const unitJ = 2 ** -14; // power unit 0xa0e03: ESU 14
   // Built directly rather than by createEnergySource: the contract needs its clock and watts.
-  const source = new SyntheticEnergySource({ procRoot, cpus: readHostCpus(fake.sysRoot), idleW, busyW: 0, powerUnit: 0xa0e03n, start: START_COUNTER, clock: () => t });
+  const source = new SyntheticEnergySource({
+    procRoot,
+    cpus: readHostCpus(fake.sysRoot),
+    idleW,
+    busyW: 0,
+    powerUnit: 0xa0e03n,
+    start: START_COUNTER,
+    clock: () => t,
+  });
   return {
     source,
     packages: [0, 1],

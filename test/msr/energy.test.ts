@@ -33,7 +33,12 @@ describe('MsrEnergySource', () => {
     const dev = new MsrDevice(h.msrPathTemplate);
     const src = new MsrEnergySource({ device: dev, cpus: readHostCpus(h.sysRoot), vendor: 'intel', sysRoot: h.sysRoot });
     expect(src.packages).toEqual([0, 1]);
-    expect(packageCounters(src.read())).toEqual(new Map([[0, 0xdead_0000_1234_5678n], [1, 0x42n]]));
+    expect(packageCounters(src.read())).toEqual(
+      new Map([
+        [0, 0xdead_0000_1234_5678n],
+        [1, 0x42n],
+      ]),
+    );
     h.writeMsr(2, 0x611, 0x43n);
     expect(packageCounters(src.read()).get(1)).toBe(0x43n);
     expect(dev.isOpen(0)).toBe(false);
@@ -69,8 +74,18 @@ describe('createEnergySource', () => {
     const src = createEnergySource('msr', { host, paths: paths(h), device: dev });
     expect(src).toBeInstanceOf(MsrEnergySource);
     expect(src.read()).toEqual([
-      { package: 0, domain: 'package', energyUj: (0x100n * 1_000_000n) >> 16n, counter: { raw: 0x100n, range: 1n << 32n, unitJ: 2 ** -16 } },
-      { package: 1, domain: 'package', energyUj: (0x200n * 1_000_000n) >> 16n, counter: { raw: 0x200n, range: 1n << 32n, unitJ: 2 ** -16 } },
+      {
+        package: 0,
+        domain: 'package',
+        energyUj: (0x100n * 1_000_000n) >> 16n,
+        counter: { raw: 0x100n, range: 1n << 32n, unitJ: 2 ** -16 },
+      },
+      {
+        package: 1,
+        domain: 'package',
+        energyUj: (0x200n * 1_000_000n) >> 16n,
+        counter: { raw: 0x200n, range: 1n << 32n, unitJ: 2 ** -16 },
+      },
     ]);
     expect(src.describe()).toMatch(
       /^energy counters read from RAPL MSRs: package 0x611 \(15\.26 µJ\); not read: core: MSR 0x639: cannot read MSR 0x639 on CPU 0: short read/,
@@ -86,7 +101,10 @@ describe('createEnergySource', () => {
     const src = createEnergySource('synthetic', { host, paths: p, device: dev });
     expect(src).toBeInstanceOf(SyntheticEnergySource);
     expect((src as SyntheticEnergySource).powerUnit).toBe(0xa0e03n);
-    expect(src.read().map((r) => [r.package, r.counter.unitJ])).toEqual([[0, 2 ** -14], [1, 2 ** -14]]);
+    expect(src.read().map((r) => [r.package, r.counter.unitJ])).toEqual([
+      [0, 2 ** -14],
+      [1, 2 ** -14],
+    ]);
     expect(src.describe()).toMatch(/^energy counters SYNTHESISED/);
     expect(dev.openFds()).toEqual([]);
   });
@@ -105,7 +123,9 @@ describe('createEnergySource', () => {
     }
     expect(err).toBeInstanceOf(EnergyReadError);
     expect((err as EnergyReadError).cause).toBeInstanceOf(MsrReadError);
-    expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(/^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/);
+    expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(
+      /^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/,
+    );
   });
 });
 
@@ -120,7 +140,10 @@ describe('readHostInfo', () => {
     const dev = new MsrDevice(h.msrPathTemplate);
     const info = readHostInfo({ paths: paths(h), device: dev, vendor: 'intel' });
     expect(info.clkTck).toBeGreaterThan(0);
-    expect(info.cpus).toEqual([{ cpu: 0, package: 0 }, { cpu: 1, package: 1 }]);
+    expect(info.cpus).toEqual([
+      { cpu: 0, package: 0 },
+      { cpu: 1, package: 1 },
+    ]);
     expect(info.packages[0]).toMatchObject({ package: 0, powerUnit: 0xa0e03n, powerLimit: 0x1e0_00fe8078n, powerInfo: 0x1e0n });
     expect(info.packages[1]!.powerUnit).toBe(0xa1003n);
     dev.close();
@@ -140,7 +163,9 @@ describe('readHostInfo', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     const h = fake([0, 0]);
     const p = { ...paths(h), msrPathTemplate: '/nonexistent/%u/msr' };
-    expect(readHostInfoFor('synthetic', { paths: p, device: dev, vendor: 'intel' }).packages).toEqual([{ package: 0, powerUnit: 0xa0e03n }]);
+    expect(readHostInfoFor('synthetic', { paths: p, device: dev, vendor: 'intel' }).packages).toEqual([
+      { package: 0, powerUnit: 0xa0e03n },
+    ]);
     let err: unknown;
     try {
       readHostInfo({ paths: p, device: dev, vendor: 'intel' });
@@ -149,7 +174,9 @@ describe('readHostInfo', () => {
     }
     expect(err).toBeInstanceOf(MsrReadError);
     // The caller adds the fix (os/errno-hints.ts) and its own alternative.
-    expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(/^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/);
+    expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(
+      /^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/,
+    );
   });
 });
 
@@ -162,7 +189,14 @@ describe('SyntheticEnergySource', () => {
 
   test('integrates idle power over measured time and wraps at 32 bits', () => {
     let t = 0n;
-    const src = new SyntheticEnergySource({ procRoot: '/proc', cpus: [{ cpu: 0, package: 0 }], idleW: 10, busyW: 0, start: 0xffffff00, clock: () => t });
+    const src = new SyntheticEnergySource({
+      procRoot: '/proc',
+      cpus: [{ cpu: 0, package: 0 }],
+      idleW: 10,
+      busyW: 0,
+      start: 0xffffff00,
+      clock: () => t,
+    });
     t = 1_000_000_000n; // 1 s at 10 W = 10 J = 163840 units of 2^-14 J
     const v = packageCounters(src.read()).get(0)!;
     expect(v).toBe(BigInt((0xffffff00 + 163840) % 2 ** 32));

@@ -9,7 +9,10 @@ import { openMsrDevices } from '../../src/helper/lifecycle/startup-checks.js';
 
 test('a missing device, an absent CPU (ENXIO) and an unbound driver (ENODEV) all get the modprobe fix', () => {
   for (const code of ['ENOENT', 'ENXIO', 'ENODEV']) {
-    expect(msrErrnoHint(code)).toEqual({ why: 'the MSR device does not exist', fix: "load the msr driver with 'modprobe msr' (or point --msr-path at the devices)" });
+    expect(msrErrnoHint(code)).toEqual({
+      why: 'the MSR device does not exist',
+      fix: "load the msr driver with 'modprobe msr' (or point --msr-path at the devices)",
+    });
   }
   expect(msrErrnoHint('EPERM')?.fix).toBe('run as root or with CAP_SYS_RAWIO');
   expect(msrErrnoHint('EACCES')?.fix).toBe('run as root or with CAP_SYS_RAWIO');

@@ -80,7 +80,11 @@ describe('sendFds and recvWithFds', () => {
   it('a frame with 3 fds arrives with three working fds, in the order sent', () => {
     const [a, b] = track(socketpair());
     const pairs = [track(socketpair()), track(socketpair()), track(socketpair())];
-    sendFds(a, Buffer.from('three'), pairs.map(([x]) => x));
+    sendFds(
+      a,
+      Buffer.from('three'),
+      pairs.map(([x]) => x),
+    );
     const r = recvWithFds(b, 16, 3);
     track(r.fds);
     expect(r.data.toString()).toBe('three');
@@ -94,7 +98,11 @@ describe('sendFds and recvWithFds', () => {
   it('a receiver that allows 1 fd gets 1 when 3 are sent, truncated true, and holds no more fds', () => {
     const [a, b] = track(socketpair());
     const sent = [socketpair(), socketpair(), socketpair()];
-    sendFds(a, Buffer.from('x'), sent.map(([x]) => x));
+    sendFds(
+      a,
+      Buffer.from('x'),
+      sent.map(([x]) => x),
+    );
     for (const [x] of sent) closeFd(x);
     track(sent.map(([, y]) => y));
     const before = openFdCount();
@@ -109,7 +117,11 @@ describe('sendFds and recvWithFds', () => {
   it('a receiver that allows 1 fd gets 1 when 2 are sent (the second fits the cmsg padding), truncated true', () => {
     const [a, b] = track(socketpair());
     const sent = [socketpair(), socketpair()];
-    sendFds(a, Buffer.from('x'), sent.map(([x]) => x));
+    sendFds(
+      a,
+      Buffer.from('x'),
+      sent.map(([x]) => x),
+    );
     for (const [x] of sent) closeFd(x);
     track(sent.map(([, y]) => y));
     const before = openFdCount();

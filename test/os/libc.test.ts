@@ -11,7 +11,6 @@ function tmpdir(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-libc-'));
 }
 
-
 describe('libc bindings', () => {
   it('SO_PEERCRED names the connecting process, here a real child', async () => {
     const dir = tmpdir();
@@ -19,7 +18,9 @@ describe('libc bindings', () => {
     const server = net.createServer();
     await new Promise<void>((r) => server.listen(sock, r));
     const accepted = new Promise<net.Socket>((r) => server.once('connection', r));
-    const child = spawn(process.execPath, ['-e', `require('net').connect(${JSON.stringify(sock)}); setTimeout(()=>{}, 5000)`], { stdio: 'ignore' });
+    const child = spawn(process.execPath, ['-e', `require('net').connect(${JSON.stringify(sock)}); setTimeout(()=>{}, 5000)`], {
+      stdio: 'ignore',
+    });
     try {
       const conn = await accepted;
       const cred = getPeerCredentials(socketFd(conn)!);

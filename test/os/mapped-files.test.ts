@@ -3,14 +3,38 @@ import { describe, expect, it } from 'vitest';
 import { dropCleanFilePages, isCleanFileMapping, parseSmaps, type Mapping } from '../../src/os/mapped-files.js';
 
 const block = (header: string, fields: Record<string, number>, flags = 'rd mr mw me') =>
-  [header, ...Object.entries(fields).map(([k, v]) => `${k}:${' '.repeat(Math.max(1, 16 - k.length))}${v} kB`), `VmFlags: ${flags} `].join('\n');
+  [header, ...Object.entries(fields).map(([k, v]) => `${k}:${' '.repeat(Math.max(1, 16 - k.length))}${v} kB`), `VmFlags: ${flags} `].join(
+    '\n',
+  );
 
 const SMAPS = [
-  block('00400000-00b6f000 r--p 00000000 08:01 1234                               /usr/bin/node', { Size: 7612, Rss: 4200, Anonymous: 0, Locked: 0 }),
-  block('00b72000-025fe000 r-xp 00772000 08:01 1234                               /usr/bin/node', { Size: 27184, Rss: 16000, Anonymous: 8, Locked: 0 }, 'rd ex mr mw me'),
-  block('0563e000-0565c000 rw-p 0523d000 08:01 1234                               /usr/bin/node', { Size: 120, Rss: 120, Anonymous: 40, Locked: 0 }, 'rd wr mr mw me ac'),
-  block('7f0000000000-7f0000010000 r--p 00000000 08:01 99 /opt/my app/lib (x).so (deleted)', { Size: 64, Rss: 64, Anonymous: 0, Locked: 0 }),
-  block('7f0000020000-7f0000030000 r--p 00000000 08:01 98 /opt/locked.so', { Size: 64, Rss: 64, Anonymous: 0, Locked: 64 }, 'rd mr mw me lo'),
+  block('00400000-00b6f000 r--p 00000000 08:01 1234                               /usr/bin/node', {
+    Size: 7612,
+    Rss: 4200,
+    Anonymous: 0,
+    Locked: 0,
+  }),
+  block(
+    '00b72000-025fe000 r-xp 00772000 08:01 1234                               /usr/bin/node',
+    { Size: 27184, Rss: 16000, Anonymous: 8, Locked: 0 },
+    'rd ex mr mw me',
+  ),
+  block(
+    '0563e000-0565c000 rw-p 0523d000 08:01 1234                               /usr/bin/node',
+    { Size: 120, Rss: 120, Anonymous: 40, Locked: 0 },
+    'rd wr mr mw me ac',
+  ),
+  block('7f0000000000-7f0000010000 r--p 00000000 08:01 99 /opt/my app/lib (x).so (deleted)', {
+    Size: 64,
+    Rss: 64,
+    Anonymous: 0,
+    Locked: 0,
+  }),
+  block(
+    '7f0000020000-7f0000030000 r--p 00000000 08:01 98 /opt/locked.so',
+    { Size: 64, Rss: 64, Anonymous: 0, Locked: 64 },
+    'rd mr mw me lo',
+  ),
   block('7f0000040000-7f0000050000 r--s 00000000 00:05 97 /dev/mem', { Size: 64, Rss: 64, Anonymous: 0, Locked: 0 }, 'rd sh mr io pf'),
   block('7f0000060000-7f0000070000 r--p 00000000 08:01 96 /opt/cold.so', { Size: 64, Rss: 0, Anonymous: 0, Locked: 0 }),
   block('7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]', { Size: 8, Rss: 8, Anonymous: 0, Locked: 0 }),
@@ -23,7 +47,16 @@ describe('parseSmaps', () => {
   it('reads each mapping: range, perms, a path with spaces, parentheses and (deleted), Rss/Anonymous/Locked and VmFlags', () => {
     const ms = parseSmaps(SMAPS);
     expect(ms).toHaveLength(10);
-    expect(ms[0]).toEqual({ start: 0x400000n, end: 0xb6f000n, perms: 'r--p', path: '/usr/bin/node', rssKb: 4200, anonKb: 0, lockedKb: 0, flags: ['rd', 'mr', 'mw', 'me'] });
+    expect(ms[0]).toEqual({
+      start: 0x400000n,
+      end: 0xb6f000n,
+      perms: 'r--p',
+      path: '/usr/bin/node',
+      rssKb: 4200,
+      anonKb: 0,
+      lockedKb: 0,
+      flags: ['rd', 'mr', 'mw', 'me'],
+    });
     expect(ms[3]!.path).toBe('/opt/my app/lib (x).so (deleted)');
     expect(ms[5]!.flags).toContain('io');
     expect(ms[7]!.path).toBe('[vdso]');
@@ -68,7 +101,7 @@ function resident(): { fileKb: number; anonKb: number } {
 }
 
 describe('dropCleanFilePages', () => {
-  it('takes this very process\'s clean file pages out of its page tables, and the process runs on unchanged', () => {
+  it("takes this very process's clean file pages out of its page tables, and the process runs on unchanged", () => {
     const pattern = Buffer.alloc(1 << 20, 0xa5); // anonymous memory: must keep its contents
     const before = resident();
     const r = dropCleanFilePages();

@@ -196,12 +196,22 @@ describe('ProcTaskReader gates on real processes', () => {
   };
 
   /** Reads until `done` says a read was answered as the test wants (threads just started may still run); fails after 3 s. */
-  async function readUntil(r: ProcTaskReader, p: ThreadedProcess, what: string, done: (d: TaskReadCost) => boolean): Promise<Map<number, string>> {
+  async function readUntil(
+    r: ProcTaskReader,
+    p: ThreadedProcess,
+    what: string,
+    done: (d: TaskReadCost) => boolean,
+  ): Promise<Map<number, string>> {
     const deadline = Date.now() + 3000;
     for (;;) {
       const before = { ...r.cost };
       const lines = r.read(p.pid)!;
-      const d = { statReads: r.cost.statReads - before.statReads, probes: r.cost.probes - before.probes, gatedReads: r.cost.gatedReads - before.gatedReads, gatedProcessReads: r.cost.gatedProcessReads - before.gatedProcessReads };
+      const d = {
+        statReads: r.cost.statReads - before.statReads,
+        probes: r.cost.probes - before.probes,
+        gatedReads: r.cost.gatedReads - before.gatedReads,
+        gatedProcessReads: r.cost.gatedProcessReads - before.gatedProcessReads,
+      };
       if (done(d)) return lines;
       if (Date.now() > deadline) throw new Error(`${what}: not seen in 3 s (last read: ${JSON.stringify(d)})`);
       await new Promise((res) => setTimeout(res, 20));
@@ -276,7 +286,12 @@ describe('ProcTaskReader gates on real processes', () => {
     const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
     try {
       const sleepers = p.tids().length - 2;
-      const lines = await readUntil(r, p, 'every sleeper answered by the thread gate', (d) => d.gatedReads === sleepers && d.gatedProcessReads === 0);
+      const lines = await readUntil(
+        r,
+        p,
+        'every sleeper answered by the thread gate',
+        (d) => d.gatedReads === sleepers && d.gatedProcessReads === 0,
+      );
       for (const tid of p.tids().slice(1, 4)) expect(lines.get(tid)).toBe(fromProc(p.pid, tid));
     } finally {
       r.close();
@@ -355,7 +370,12 @@ describe('ProcTaskReader gates on real processes', () => {
       fs.symlinkSync('1', path.join(root, 'self')); // as a host's /proc seen from a container
       const r = new ProcTaskReader(root, { relistEvery: 1000 });
       try {
-        const lines = await readUntil(r, p, 'the sleepers answered by the thread gate', (d) => d.gatedReads === 2 && d.gatedProcessReads === 0);
+        const lines = await readUntil(
+          r,
+          p,
+          'the sleepers answered by the thread gate',
+          (d) => d.gatedReads === 2 && d.gatedProcessReads === 0,
+        );
         expect(r.cost.gatedProcessReads).toBe(0);
         expect(lines.size).toBe(p.tids().length);
       } finally {

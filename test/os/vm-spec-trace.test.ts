@@ -13,7 +13,10 @@ import { ThreadedProcess } from '../support/threads.js';
 
 describe('parseVcpuList', () => {
   test('accepts TID:VPKG lists', () => {
-    expect(parseVcpuList('4250:0,4251:1')).toEqual([{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }]);
+    expect(parseVcpuList('4250:0,4251:1')).toEqual([
+      { tid: 4250, vpkg: 0 },
+      { tid: 4251, vpkg: 1 },
+    ]);
     expect(parseVcpuList(' 7:255 ')).toEqual([{ tid: 7, vpkg: 255 }]);
   });
   test.each([
@@ -53,9 +56,27 @@ describe('VmSpec from a real process', () => {
     expect(readStarttime('/proc', p.pid)).toBe(st.starttime);
     expect(readStarttime('/proc', 0x7ffffffe)).toBeNull();
     const [, t1, t2] = p.tids();
-    const spec = vmSpecFromArgs('/proc', p.pid, [{ tid: t1!, vpkg: 0 }, { tid: t2!, vpkg: 1 }], 'x');
-    expect(spec).toEqual({ pid: p.pid, starttime: st.starttime, name: 'x', vcpus: [{ tid: t1, vpkg: 0 }, { tid: t2, vpkg: 1 }] });
-    expect(() => vmSpecFromArgs('/proc', p.pid, [{ tid: process.pid, vpkg: 0 }])).toThrow(`belongs to process ${process.pid}, not ${p.pid}`);
+    const spec = vmSpecFromArgs(
+      '/proc',
+      p.pid,
+      [
+        { tid: t1!, vpkg: 0 },
+        { tid: t2!, vpkg: 1 },
+      ],
+      'x',
+    );
+    expect(spec).toEqual({
+      pid: p.pid,
+      starttime: st.starttime,
+      name: 'x',
+      vcpus: [
+        { tid: t1, vpkg: 0 },
+        { tid: t2, vpkg: 1 },
+      ],
+    });
+    expect(() => vmSpecFromArgs('/proc', p.pid, [{ tid: process.pid, vpkg: 0 }])).toThrow(
+      `belongs to process ${process.pid}, not ${p.pid}`,
+    );
     expect(() => vmSpecFromArgs('/proc', 0x7ffffffe, [])).toThrow(/does not exist/);
   });
 });
@@ -63,8 +84,14 @@ describe('VmSpec from a real process', () => {
 const host: HostInfo = {
   vendor: 'intel',
   clkTck: 100,
-  cpus: [{ cpu: 0, package: 0 }, { cpu: 1, package: 1 }],
-  packages: [{ package: 0, powerUnit: 0xa0e03n, powerLimit: 0x42817000fe8078n, powerInfo: 0x1e0n }, { package: 1, powerUnit: 0xa0e03n }],
+  cpus: [
+    { cpu: 0, package: 0 },
+    { cpu: 1, package: 1 },
+  ],
+  packages: [
+    { package: 0, powerUnit: 0xa0e03n, powerLimit: 0x42817000fe8078n, powerInfo: 0x1e0n },
+    { package: 1, powerUnit: 0xa0e03n },
+  ],
 };
 
 describe('TraceWriter', () => {
@@ -80,10 +107,40 @@ describe('TraceWriter', () => {
 
   async function writeSome(file: string): Promise<TraceWriter> {
     const w = TraceWriter.open(file, { host, note: 'test "quoted" note' });
-    w.register(1000n, { pid: 4242, starttime: 123456, name: 'vm-a', vcpus: [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }] });
+    w.register(1000n, {
+      pid: 4242,
+      starttime: 123456,
+      name: 'vm-a',
+      vcpus: [
+        { tid: 4250, vpkg: 0 },
+        { tid: 4251, vpkg: 1 },
+      ],
+    });
     const weird = '4250 (CPU 0/KVM) R 1 2 3'; // any text survives JSON escaping
-    w.sample({ tNs: 2_000_000_000n, energy: new Map([[0, 0xfffff000n], [1, 0xffff_ffff_ffff_ffffn]]), tasks: new Map([[4242, new Map([[4242, '4242 (a) b\\"c) S'], [4250, weird]])]]) });
-    w.sample({ tNs: 9_007_199_254_740_993n, energy: new Map([[0, 1n], [1, 2n]]), tasks: new Map() });
+    w.sample({
+      tNs: 2_000_000_000n,
+      energy: new Map([
+        [0, 0xfffff000n],
+        [1, 0xffff_ffff_ffff_ffffn],
+      ]),
+      tasks: new Map([
+        [
+          4242,
+          new Map([
+            [4242, '4242 (a) b\\"c) S'],
+            [4250, weird],
+          ]),
+        ],
+      ]),
+    });
+    w.sample({
+      tNs: 9_007_199_254_740_993n,
+      energy: new Map([
+        [0, 1n],
+        [1, 2n],
+      ]),
+      tasks: new Map(),
+    });
     w.unregister(9_007_199_254_740_994n, 4242);
     await w.close();
     return w;
@@ -95,17 +152,46 @@ describe('TraceWriter', () => {
     const recs = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
     expect(recs.map((r) => r.type)).toEqual(['header', 'register', 'sample', 'sample', 'unregister']);
     expect(recs[0]).toEqual({
-      type: 'header', format: 'vmsr-trace', version: 1, clk_tck: 100,
-      host: { vendor: 'intel', cpus: [{ cpu: 0, package: 0 }, { cpu: 1, package: 1 }],
-        packages: [{ package: 0, power_unit: '0xa0e03', power_limit: '0x42817000fe8078', power_info: '0x1e0' }, { package: 1, power_unit: '0xa0e03' }] },
+      type: 'header',
+      format: 'vmsr-trace',
+      version: 1,
+      clk_tck: 100,
+      host: {
+        vendor: 'intel',
+        cpus: [
+          { cpu: 0, package: 0 },
+          { cpu: 1, package: 1 },
+        ],
+        packages: [
+          { package: 0, power_unit: '0xa0e03', power_limit: '0x42817000fe8078', power_info: '0x1e0' },
+          { package: 1, power_unit: '0xa0e03' },
+        ],
+      },
       note: 'test "quoted" note',
       // Added by the writer: when and where the recording started.
       start_time: expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/),
       start_t_ns: expect.any(Number),
       hostname: os.hostname(),
     });
-    expect(recs[1]).toEqual({ type: 'register', t_ns: 1000, vm: { pid: 4242, starttime: 123456, name: 'vm-a', vcpus: [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }] } });
-    expect(recs[2]).toEqual({ type: 'sample', t_ns: 2e9, energy: { 0: '0xfffff000', 1: '0xffffffffffffffff' }, tasks: { 4242: { 4242: '4242 (a) b\\"c) S', 4250: '4250 (CPU 0/KVM) R 1 2 3' } } });
+    expect(recs[1]).toEqual({
+      type: 'register',
+      t_ns: 1000,
+      vm: {
+        pid: 4242,
+        starttime: 123456,
+        name: 'vm-a',
+        vcpus: [
+          { tid: 4250, vpkg: 0 },
+          { tid: 4251, vpkg: 1 },
+        ],
+      },
+    });
+    expect(recs[2]).toEqual({
+      type: 'sample',
+      t_ns: 2e9,
+      energy: { 0: '0xfffff000', 1: '0xffffffffffffffff' },
+      tasks: { 4242: { 4242: '4242 (a) b\\"c) S', 4250: '4250 (CPU 0/KVM) R 1 2 3' } },
+    });
     // t_ns beyond 2^53 is written exactly (the text keeps every digit)
     expect(lines[3]).toContain('"t_ns":9007199254740993,');
     expect(lines[4]).toBe('{"type":"unregister","t_ns":9007199254740994,"pid":4242}');
@@ -139,11 +225,17 @@ describe('TraceWriter', () => {
   test('a full disk (ENOSPC) pauses the writer, samples are dropped, and close() rejects naming the loss instead of hanging', async (ctx) => {
     if (!fs.existsSync('/dev/full')) return ctx.skip('no /dev/full');
     const events = { paused: [] as string[], resumed: 0 };
-    const w = TraceWriter.open('/dev/full', { host, note: '' }, { overwrite: true, events: { paused: (why) => events.paused.push(why), resumed: () => events.resumed++ } });
+    const w = TraceWriter.open(
+      '/dev/full',
+      { host, note: '' },
+      { overwrite: true, events: { paused: (why) => events.paused.push(why), resumed: () => events.resumed++ } },
+    );
     expect(w.paused).toBe(true);
     for (let t = 1n; t <= 3n; t++) w.sample({ tNs: t, energy: new Map(), tasks: new Map() });
     expect(w.lostSamples).toBe(3);
     expect(events).toEqual({ paused: ['ENOSPC'], resumed: 0 });
-    await expect(w.close()).rejects.toThrow(/cannot write the end of trace \/dev\/full: the disk is still full; .*3 samples after it were lost/);
+    await expect(w.close()).rejects.toThrow(
+      /cannot write the end of trace \/dev\/full: the disk is still full; .*3 samples after it were lost/,
+    );
   });
 });

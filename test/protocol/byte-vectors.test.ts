@@ -51,7 +51,9 @@ const SUBSCRIBE = hex('0300 0000 04000000  07000000');
 const UNREGISTER = hex('0400 0000 04000000  04030201');
 const REGISTERED = hex('8100 0000 10000000  07000000 02000000 030e0a0000000000');
 const VALUE_ENDED = hex('8200 0100 20000000  07000000 01000000 7856341200000000 40420f0000000000 0807060504030201');
-const UPDATE = hex('8300 0000 30000000  07000000 02000000 00f2052a01000000  0100000000000000 3d00000000000000  ffffffff00000000 0000000001000000');
+const UPDATE = hex(
+  '8300 0000 30000000  07000000 02000000 00f2052a01000000  0100000000000000 3d00000000000000  ffffffff00000000 0000000001000000',
+);
 const OK = hex('8400 0000 04000000  07000000');
 const ERROR = hex('ff00 0000 0d000000  04000000 01000000 6c696d6974');
 
@@ -86,7 +88,10 @@ const HOST_UPDATE_PER_PACKAGE = hex(`8600 0300 80000000
 
 describe('v2 client -> helper frames match hand-written bytes', () => {
   it('REGISTER pid 4242 with tids 4250 (vpkg 0) and 4251 (vpkg 1)', () => {
-    const vcpus = [{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 1 }];
+    const vcpus = [
+      { tid: 4250, vpkg: 0 },
+      { tid: 4251, vpkg: 1 },
+    ];
     expect(encodeRegister({ pid: 4242, vcpus }).equals(REGISTER)).toBe(true);
     expect(parseClientFrame(oneFrame(REGISTER, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x01, pid: 4242, vcpus } });
   });
@@ -102,7 +107,10 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
 
   it('HOST_SUBSCRIBE asking for per-package unattributed energy sets flags bit 0, payload still empty', () => {
     expect(encodeHostSubscribe({ perPackage: true }).equals(HOST_SUBSCRIBE_PER_PACKAGE)).toBe(true);
-    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE_PER_PACKAGE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x08, perPackage: true } });
+    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE_PER_PACKAGE, CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x08, perPackage: true },
+    });
   });
 
   it('LIST from id 7, OBSERVE vm 9, UNOBSERVE vm 0x01020304, HOST_SUBSCRIBE (empty payload)', () => {
@@ -126,13 +134,19 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
 describe('v2 helper -> client frames match hand-written bytes', () => {
   it('REGISTERED vm 7, 2 virtual packages, power unit 0xa0e03', () => {
     expect(encodeRegistered(7, 2, 0xa0e03n).equals(REGISTERED)).toBe(true);
-    expect(parseHelperFrame(oneFrame(REGISTERED, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x81, vmId: 7, nvpkg: 2, powerUnit: 0xa0e03n } });
+    expect(parseHelperFrame(oneFrame(REGISTERED, HELPER_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x81, vmId: 7, nvpkg: 2, powerUnit: 0xa0e03n },
+    });
   });
 
   it('VALUE with the ended flag (bit 0 of flags) and every u64 field at its offset', () => {
     const v = { counter: 0x12345678n, energyUj: 1_000_000n };
     expect(encodeValue(7, 1, v, 0x0102030405060708n, true).equals(VALUE_ENDED)).toBe(true);
-    expect(parseHelperFrame(oneFrame(VALUE_ENDED, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x82, vmId: 7, vpkg: 1, ...v, tNs: 0x0102030405060708n, ended: true } });
+    expect(parseHelperFrame(oneFrame(VALUE_ENDED, HELPER_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x82, vmId: 7, vpkg: 1, ...v, tNs: 0x0102030405060708n, ended: true },
+    });
   });
 
   it('UPDATE with two virtual packages in vpkg order, t_ns 5 s', () => {
@@ -141,22 +155,50 @@ describe('v2 helper -> client frames match hand-written bytes', () => {
       { counter: 0xffffffffn, energyUj: 0x1_0000_0000n },
     ];
     expect(encodeUpdate(7, 5_000_000_000n, vpkgs, false).equals(UPDATE)).toBe(true);
-    expect(parseHelperFrame(oneFrame(UPDATE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: false } });
+    expect(parseHelperFrame(oneFrame(UPDATE, HELPER_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: false },
+    });
   });
 
   it('OK vm 7, and ERROR code 4 (limit) answering a REGISTER with the UTF-8 text "limit"', () => {
     expect(encodeOk(7).equals(OK)).toBe(true);
     expect(parseHelperFrame(oneFrame(OK, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x84, vmId: 7 } });
     expect(encodeError(4, 0x01, 'limit').equals(ERROR)).toBe(true);
-    expect(parseHelperFrame(oneFrame(ERROR, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0xff, code: 4, requestType: 0x01, message: 'limit' } });
+    expect(parseHelperFrame(oneFrame(ERROR, HELPER_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0xff, code: 4, requestType: 0x01, message: 'limit' },
+    });
   });
 });
 
 describe('v2 observer replies match hand-written bytes', () => {
   it('VM_LIST of a discovered VM with name and UUID, and an ended whole-VM-only VM with neither', () => {
     const entries = [
-      { hostVmId: 3, pid: 4242, uid: 64055, nvpkg: 2, starttime: 123456789n, ended: false, discovered: true, wholeVmOnly: false, name: 'web-1', uuid: hex('0123456789abcdef0123456789abcdef') },
-      { hostVmId: 4, pid: 5000, uid: 0, nvpkg: 1, starttime: 1n, ended: true, discovered: false, wholeVmOnly: true, name: null, uuid: null },
+      {
+        hostVmId: 3,
+        pid: 4242,
+        uid: 64055,
+        nvpkg: 2,
+        starttime: 123456789n,
+        ended: false,
+        discovered: true,
+        wholeVmOnly: false,
+        name: 'web-1',
+        uuid: hex('0123456789abcdef0123456789abcdef'),
+      },
+      {
+        hostVmId: 4,
+        pid: 5000,
+        uid: 0,
+        nvpkg: 1,
+        starttime: 1n,
+        ended: true,
+        discovered: false,
+        wholeVmOnly: true,
+        name: null,
+        uuid: null,
+      },
     ];
     expect(encodeVmList(entries).equals(VM_LIST)).toBe(true);
     expect(parseHelperFrame(oneFrame(VM_LIST, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x85, entries, nextId: 0 } });
@@ -171,7 +213,16 @@ describe('v2 observer replies match hand-written bytes', () => {
         { pkg: 1, energyUj: 42n, unattributedUj: null },
       ],
       vmsChanged: true,
-      stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
+      stats: {
+        legacyOk: 1n,
+        legacyRefused: 2n,
+        legacyFailed: 3n,
+        lastSampleDurationNs: 4000n,
+        samples: 5n,
+        sampleFailures: 6n,
+        connections: 7,
+        vms: 8,
+      },
     };
     expect(encodeHostUpdate(h).equals(HOST_UPDATE)).toBe(true);
     expect(parseHelperFrame(oneFrame(HOST_UPDATE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...h } });
@@ -186,7 +237,16 @@ describe('v2 observer replies match hand-written bytes', () => {
         { pkg: 1, energyUj: 42n, unattributedUj: 9n },
       ],
       vmsChanged: true,
-      stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
+      stats: {
+        legacyOk: 1n,
+        legacyRefused: 2n,
+        legacyFailed: 3n,
+        lastSampleDurationNs: 4000n,
+        samples: 5n,
+        sampleFailures: 6n,
+        connections: 7,
+        vms: 8,
+      },
     };
     expect(encodeHostUpdate(h).equals(HOST_UPDATE_PER_PACKAGE)).toBe(true);
     expect(parseHelperFrame(oneFrame(HOST_UPDATE_PER_PACKAGE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...h } });

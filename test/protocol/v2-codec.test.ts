@@ -30,7 +30,13 @@ function frames(rs: DecodeResult[]): Frame[] {
 }
 
 const clientStream = Buffer.concat([
-  encodeRegister({ pid: 1234, vcpus: [{ tid: 1235, vpkg: 0 }, { tid: 1236, vpkg: 1 }] }),
+  encodeRegister({
+    pid: 1234,
+    vcpus: [
+      { tid: 1235, vpkg: 0 },
+      { tid: 1236, vpkg: 1 },
+    ],
+  }),
   encodeRead(7, 1),
   encodeSubscribe(7),
   encodeUnregister(7),
@@ -139,7 +145,10 @@ describe('client payloads (helper side)', () => {
   const parse = (b: Buffer) => parseClientFrame(frames(new FrameDecoder(CLIENT_TYPES).push(b))[0]!);
 
   it('parses every request', () => {
-    expect(parse(encodeRegister({ pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] }))).toEqual({ ok: true, value: { type: T.REGISTER, pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] } });
+    expect(parse(encodeRegister({ pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] }))).toEqual({
+      ok: true,
+      value: { type: T.REGISTER, pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] },
+    });
     expect(parse(encodeRead(3, 2))).toEqual({ ok: true, value: { type: T.READ, vmId: 3, vpkg: 2 } });
     expect(parse(encodeSubscribe(9))).toEqual({ ok: true, value: { type: T.SUBSCRIBE, vmId: 9 } });
     expect(parse(encodeUnregister(9))).toEqual({ ok: true, value: { type: T.UNREGISTER, vmId: 9 } });
@@ -159,7 +168,13 @@ describe('client payloads (helper side)', () => {
   });
 
   it('a REGISTER whose nvcpu lies about the length is fatal', () => {
-    const f = encodeRegister({ pid: 1, vcpus: [{ tid: 2, vpkg: 0 }, { tid: 3, vpkg: 0 }] });
+    const f = encodeRegister({
+      pid: 1,
+      vcpus: [
+        { tid: 2, vpkg: 0 },
+        { tid: 3, vpkg: 0 },
+      ],
+    });
     f.writeUInt32LE(3, 8 + 4); // nvcpu 3, two entries
     const r = parse(f);
     expect(r).toMatchObject({ ok: false, error: { fatal: true } });
@@ -172,7 +187,13 @@ describe('client payloads (helper side)', () => {
     const cases: Buffer[] = [
       encodeRegister({ pid: 1, vcpus: [] }), // nvcpu 0
       encodeRegister({ pid: 1, vcpus: [{ tid: 2, vpkg: 256 }] }),
-      encodeRegister({ pid: 1, vcpus: [{ tid: 2, vpkg: 0 }, { tid: 2, vpkg: 1 }] }),
+      encodeRegister({
+        pid: 1,
+        vcpus: [
+          { tid: 2, vpkg: 0 },
+          { tid: 2, vpkg: 1 },
+        ],
+      }),
       encodeRegister({ pid: 1, vcpus: [{ tid: 0, vpkg: 0 }] }),
       encodeRegister({ pid: 0x80000000, vcpus: [{ tid: 2, vpkg: 0 }] }),
       encodeRegister({ pid: 1, vcpus: Array.from({ length: 4097 }, (_, i) => ({ tid: i + 1, vpkg: 0 })) }),
@@ -205,10 +226,34 @@ describe('helper payloads (client side)', () => {
       tNs: 99n,
       ended: true,
     });
-    const u = parse(encodeUpdate(4, 5n, [{ counter: 1n, energyUj: 2n }, { counter: 3n, energyUj: 4n }], false));
-    expect(u).toEqual({ type: T.UPDATE, vmId: 4, tNs: 5n, vpkgs: [{ counter: 1n, energyUj: 2n }, { counter: 3n, energyUj: 4n }], ended: false });
+    const u = parse(
+      encodeUpdate(
+        4,
+        5n,
+        [
+          { counter: 1n, energyUj: 2n },
+          { counter: 3n, energyUj: 4n },
+        ],
+        false,
+      ),
+    );
+    expect(u).toEqual({
+      type: T.UPDATE,
+      vmId: 4,
+      tNs: 5n,
+      vpkgs: [
+        { counter: 1n, energyUj: 2n },
+        { counter: 3n, energyUj: 4n },
+      ],
+      ended: false,
+    });
     expect(parse(encodeOk(4))).toEqual({ type: T.OK, vmId: 4 });
-    expect(parse(encodeError(E.NOT_PERMITTED, T.REGISTER, 'nope é'))).toEqual({ type: T.ERROR, code: 2, requestType: 1, message: 'nope é' });
+    expect(parse(encodeError(E.NOT_PERMITTED, T.REGISTER, 'nope é'))).toEqual({
+      type: T.ERROR,
+      code: 2,
+      requestType: 1,
+      message: 'nope é',
+    });
     expect(encodeValue(1, 0, { counter: 0n, energyUj: 0n }, 0n, false).readUInt16LE(2)).toBe(0);
     expect(encodeUpdate(1, 0n, [], true).readUInt16LE(2)).toBe(1);
   });

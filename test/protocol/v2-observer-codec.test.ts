@@ -76,7 +76,10 @@ describe('observer requests', () => {
   });
 
   it('HOST_SUBSCRIBE takes flags bit 0 (per-package unattributed energy) and refuses every other bit without closing', () => {
-    expect(parseClientFrame(one(encodeHostSubscribe({ perPackage: true }), CLIENT_TYPES))).toEqual({ ok: true, value: { type: T.HOST_SUBSCRIBE, perPackage: true } });
+    expect(parseClientFrame(one(encodeHostSubscribe({ perPackage: true }), CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: T.HOST_SUBSCRIBE, perPackage: true },
+    });
     for (const flags of [0x2, 0x3, 0x8000]) {
       expect(parseClientFrame(one(encodeFrame(T.HOST_SUBSCRIBE, flags, Buffer.alloc(0)), CLIENT_TYPES))).toEqual({
         ok: false,
@@ -84,11 +87,16 @@ describe('observer requests', () => {
       });
     }
     // The other requests still take no flag at all.
-    expect(parseClientFrame(one(encodeFrame(T.LIST, 1, Buffer.alloc(4)), CLIENT_TYPES))).toMatchObject({ ok: false, error: { fatal: false } });
+    expect(parseClientFrame(one(encodeFrame(T.LIST, 1, Buffer.alloc(4)), CLIENT_TYPES))).toMatchObject({
+      ok: false,
+      error: { fatal: false },
+    });
   });
 
   it('the original request and reply types keep their numbers', () => {
-    expect([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.ERROR]).toEqual([1, 2, 3, 4, 0x81, 0x82, 0x83, 0x84, 0xff]);
+    expect([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.ERROR]).toEqual([
+      1, 2, 3, 4, 0x81, 0x82, 0x83, 0x84, 0xff,
+    ]);
   });
 });
 
@@ -130,13 +138,25 @@ describe('VM_LIST', () => {
     expect(parseHelperFrame(one(lying, HELPER_TYPES))).toEqual({ ok: false, error: 'VM_LIST entry 1 is cut off at byte 53' }); // 8-byte header, one 44-byte entry, a 1-byte name
     const longName = Buffer.from(good);
     longName.writeUInt8(200, 8 + 8 + 26);
-    expect(parseHelperFrame(one(longName, HELPER_TYPES))).toMatchObject({ ok: false, error: expect.stringMatching(/^VM_LIST entry 0: its name is cut off/) });
+    expect(parseHelperFrame(one(longName, HELPER_TYPES))).toMatchObject({
+      ok: false,
+      error: expect.stringMatching(/^VM_LIST entry 0: its name is cut off/),
+    });
     const trailing = encodeFrame(T.VM_LIST, 0, Buffer.concat([good.subarray(8), Buffer.alloc(3)]));
     expect(parseHelperFrame(one(trailing, HELPER_TYPES))).toEqual({ ok: false, error: 'VM_LIST payload has 3 bytes after its 1 entries' });
   });
 });
 
-const NO_STATS = { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 0n, samples: 0n, sampleFailures: 0n, connections: 0, vms: 0 };
+const NO_STATS = {
+  legacyOk: 0n,
+  legacyRefused: 0n,
+  legacyFailed: 0n,
+  lastSampleDurationNs: 0n,
+  samples: 0n,
+  sampleFailures: 0n,
+  connections: 0,
+  vms: 0,
+};
 
 describe('HOST_UPDATE', () => {
   it('round-trips packages, unattributed energy, stats and the VMs-changed flag', () => {
@@ -148,7 +168,16 @@ describe('HOST_UPDATE', () => {
       ],
       unattributedUj: 99n,
       vmsChanged: true,
-      stats: { legacyOk: 1n, legacyRefused: 2n, legacyFailed: 3n, lastSampleDurationNs: 4_000n, samples: 5n, sampleFailures: 6n, connections: 7, vms: 8 },
+      stats: {
+        legacyOk: 1n,
+        legacyRefused: 2n,
+        legacyFailed: 3n,
+        lastSampleDurationNs: 4_000n,
+        samples: 5n,
+        sampleFailures: 6n,
+        connections: 7,
+        vms: 8,
+      },
     };
     const m = reply(encodeHostUpdate(h));
     if (m.type !== T.HOST_UPDATE) throw new Error('not a HOST_UPDATE');
@@ -179,23 +208,53 @@ describe('HOST_UPDATE', () => {
   });
 
   it('refuses to encode packages of which only some carry their unattributed energy', () => {
-    const mixed = { tNs: 0n, packages: [{ pkg: 0, energyUj: 1n, unattributedUj: 1n }, { pkg: 1, energyUj: 1n, unattributedUj: null }], unattributedUj: 1n, vmsChanged: false, stats: NO_STATS };
+    const mixed = {
+      tNs: 0n,
+      packages: [
+        { pkg: 0, energyUj: 1n, unattributedUj: 1n },
+        { pkg: 1, energyUj: 1n, unattributedUj: null },
+      ],
+      unattributedUj: 1n,
+      vmsChanged: false,
+      stats: NO_STATS,
+    };
     expect(() => encodeHostUpdate(mixed)).toThrow(/either every package carries its unattributed energy or none does/);
   });
 
   it('refuses a package count that does not match the size', () => {
-    const f = encodeHostUpdate({ tNs: 0n, packages: [{ pkg: 0, energyUj: 0n, unattributedUj: null }], unattributedUj: 0n, vmsChanged: false, stats: NO_STATS });
+    const f = encodeHostUpdate({
+      tNs: 0n,
+      packages: [{ pkg: 0, energyUj: 0n, unattributedUj: null }],
+      unattributedUj: 0n,
+      vmsChanged: false,
+      stats: NO_STATS,
+    });
     f.writeUInt32LE(2, 8 + 72);
-    expect(parseHelperFrame(one(f, HELPER_TYPES))).toMatchObject({ ok: false, error: expect.stringMatching(/^HOST_UPDATE payload is \d+ bytes, expected \d+$/) });
+    expect(parseHelperFrame(one(f, HELPER_TYPES))).toMatchObject({
+      ok: false,
+      error: expect.stringMatching(/^HOST_UPDATE payload is \d+ bytes, expected \d+$/),
+    });
   });
 
   it('reads the entry size from the flag: entries of the other layout are refused, not misread', () => {
     // Three 16-byte entries are 48 bytes, two 24-byte entries too: the count must match the flag's layout.
-    const original = encodeHostUpdate({ tNs: 0n, packages: [0, 1, 2].map((pkg) => ({ pkg, energyUj: 5n, unattributedUj: null })), unattributedUj: 0n, vmsChanged: false, stats: NO_STATS });
+    const original = encodeHostUpdate({
+      tNs: 0n,
+      packages: [0, 1, 2].map((pkg) => ({ pkg, energyUj: 5n, unattributedUj: null })),
+      unattributedUj: 0n,
+      vmsChanged: false,
+      stats: NO_STATS,
+    });
     const flagged = Buffer.from(original);
     flagged.writeUInt16LE(0x2, 2);
     expect(parseHelperFrame(one(flagged, HELPER_TYPES))).toEqual({ ok: false, error: 'HOST_UPDATE payload is 128 bytes, expected 152' });
-    const unflagged = encodeHostUpdate({ tNs: 0n, packages: [{ pkg: 0, energyUj: 5n, unattributedUj: 1n }], unattributedUj: 1n, vmsChanged: false, stats: NO_STATS });
+    const unflagged = encodeHostUpdate({
+      tNs: 0n,
+      packages: [{ pkg: 0, energyUj: 5n, unattributedUj: 1n }],
+      unattributedUj: 1n,
+      vmsChanged: false,
+      stats: NO_STATS,
+    });
     unflagged.writeUInt16LE(0, 2);
     expect(parseHelperFrame(one(unflagged, HELPER_TYPES))).toEqual({ ok: false, error: 'HOST_UPDATE payload is 104 bytes, expected 96' });
   });

@@ -45,7 +45,12 @@ describe('QMP client against a real QEMU', () => {
     expect(spec.name).toBe('qmp-test-vm');
     // What the daemon records for a v2 REGISTER, which carries no name: QEMU's -name from /proc.
     expect(readQemuName('/proc', g.pid)).toBe('qmp-test-vm');
-    expect(spec.vcpus).toEqual([{ tid: t[0], vpkg: 0 }, { tid: t[1], vpkg: 0 }, { tid: t[2], vpkg: 1 }, { tid: t[3], vpkg: 1 }]);
+    expect(spec.vcpus).toEqual([
+      { tid: t[0], vpkg: 0 },
+      { tid: t[1], vpkg: 0 },
+      { tid: t[2], vpkg: 1 },
+      { tid: t[3], vpkg: 1 },
+    ]);
     const stat = fs.readFileSync(`/proc/${g.pid}/stat`, 'utf8');
     expect(spec.starttime).toBe(Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]));
   });
@@ -91,14 +96,15 @@ describe('QMP client against hostile servers', () => {
     return p;
   }
   /** Replies {"return":{}} to qmp_capabilities with its id, then `then` for later commands. */
-  const negotiated = (then: (s: net.Socket, msg: { execute: string; id: unknown }) => void) => async (s: net.Socket, lines: AsyncIterable<string>) => {
-    s.write(GREETING);
-    for await (const l of lines) {
-      const msg = JSON.parse(l) as { execute: string; id: unknown };
-      if (msg.execute === 'qmp_capabilities') s.write(`${JSON.stringify({ return: {}, id: msg.id })}\n`);
-      else then(s, msg);
-    }
-  };
+  const negotiated =
+    (then: (s: net.Socket, msg: { execute: string; id: unknown }) => void) => async (s: net.Socket, lines: AsyncIterable<string>) => {
+      s.write(GREETING);
+      for await (const l of lines) {
+        const msg = JSON.parse(l) as { execute: string; id: unknown };
+        if (msg.execute === 'qmp_capabilities') s.write(`${JSON.stringify({ return: {}, id: msg.id })}\n`);
+        else then(s, msg);
+      }
+    };
 
   test('missing socket, plain file, nobody listening: errors name the fix', async () => {
     await expect(QmpClient.connect(path.join(dir, 'nope.sock'))).rejects.toThrow(/does not exist: start QEMU with -qmp unix:/);
@@ -174,10 +180,13 @@ describe('QMP client against hostile servers', () => {
     // Our own process serves it; the "vCPU" is pid 1, which is not our thread.
     const p = await serve(
       negotiated((s, msg) => {
-        if (msg.execute === 'query-cpus-fast') s.write(`${JSON.stringify({ return: [{ 'cpu-index': 0, 'thread-id': 1, props: { 'socket-id': 0 } }], id: msg.id })}\n`);
+        if (msg.execute === 'query-cpus-fast')
+          s.write(`${JSON.stringify({ return: [{ 'cpu-index': 0, 'thread-id': 1, props: { 'socket-id': 0 } }], id: msg.id })}\n`);
         else s.write(`${JSON.stringify({ return: {}, id: msg.id })}\n`);
       }),
     );
-    await expect(vmSpecFromQmp(p, '/proc')).rejects.toThrow(new RegExp(`owner \\(pid ${process.pid}\\) is not the QEMU.*thread 1 belongs to process 1`));
+    await expect(vmSpecFromQmp(p, '/proc')).rejects.toThrow(
+      new RegExp(`owner \\(pid ${process.pid}\\) is not the QEMU.*thread 1 belongs to process 1`),
+    );
   });
 });

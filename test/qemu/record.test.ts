@@ -37,18 +37,35 @@ function readRecords(file: string): Rec[] {
   if (file.endsWith('.gz')) buf = zlib.gunzipSync(buf);
   const text = buf.toString('utf8');
   expect(text.endsWith('\n')).toBe(true);
-  return text.trimEnd().split('\n').map((l) => JSON.parse(l) as Rec);
+  return text
+    .trimEnd()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Rec);
 }
 
 function hostOf(h: Rec): HostInfo {
-  const host = h.host as { vendor: 'intel' | 'amd'; cpus: { cpu: number; package: number }[]; packages: { package: number; power_unit: string }[] };
-  return { vendor: host.vendor, clkTck: h.clk_tck as number, cpus: host.cpus, packages: host.packages.map((p) => ({ package: p.package, powerUnit: parseMsrHex(p.power_unit, 'power_unit') })) };
+  const host = h.host as {
+    vendor: 'intel' | 'amd';
+    cpus: { cpu: number; package: number }[];
+    packages: { package: number; power_unit: string }[];
+  };
+  return {
+    vendor: host.vendor,
+    clkTck: h.clk_tck as number,
+    cpus: host.cpus,
+    packages: host.packages.map((p) => ({ package: p.package, powerUnit: parseMsrHex(p.power_unit, 'power_unit') })),
+  };
 }
 
 function sampleOf(r: Rec): Sample {
   const tasks = new Map<number, Map<number, string>>();
-  for (const [pid, lines] of Object.entries(r.tasks as Record<string, Record<string, string>>)) tasks.set(Number(pid), new Map(Object.entries(lines).map(([t, l]) => [Number(t), l])));
-  return { tNs: BigInt(r.t_ns as number), energy: new Map(Object.entries(r.energy as Record<string, string>).map(([p, v]) => [Number(p), parseMsrHex(v, 'energy')])), tasks };
+  for (const [pid, lines] of Object.entries(r.tasks as Record<string, Record<string, string>>))
+    tasks.set(Number(pid), new Map(Object.entries(lines).map(([t, l]) => [Number(t), l])));
+  return {
+    tNs: BigInt(r.t_ns as number),
+    energy: new Map(Object.entries(r.energy as Record<string, string>).map(([p, v]) => [Number(p), parseMsrHex(v, 'energy')])),
+    tasks,
+  };
 }
 
 /** Sample records in a plain trace being written; waits (polling) until there are at least `n`. */
@@ -88,7 +105,21 @@ describe('vmsr-helper record', () => {
     expect(await waitSettled(a, 'a')).toBe(true);
     expect(await waitSettled(i, 'i')).toBe(true);
     const trace = path.join(dir, 'trace.jsonl.gz');
-    const r = await runCli(['record', '--qmp', a.qmpPath, '--qmp', i.qmpPath, '-o', trace, '--energy-source', 'synthetic', '--duration', '6', '--note', 'test']);
+    const r = await runCli([
+      'record',
+      '--qmp',
+      a.qmpPath,
+      '--qmp',
+      i.qmpPath,
+      '-o',
+      trace,
+      '--energy-source',
+      'synthetic',
+      '--duration',
+      '6',
+      '--note',
+      'test',
+    ]);
     expect(r.stderr).toMatch(/record: \d+ samples, 2\/2 VMs alive, \d+ bytes written; done/);
     expect(r.code).toBe(0);
 
@@ -101,7 +132,15 @@ describe('vmsr-helper record', () => {
     expect(rest.slice(0, 2).map((x) => x.type)).toEqual(['register', 'register']);
     const ta = vcpuThreads(a.pid);
     expect(regs.map((x) => x.vm)).toEqual([
-      { pid: a.pid, starttime: expect.any(Number), name: 'spin', vcpus: [{ tid: ta[0], vpkg: 0 }, { tid: ta[1], vpkg: 1 }] },
+      {
+        pid: a.pid,
+        starttime: expect.any(Number),
+        name: 'spin',
+        vcpus: [
+          { tid: ta[0], vpkg: 0 },
+          { tid: ta[1], vpkg: 1 },
+        ],
+      },
       { pid: i.pid, starttime: expect.any(Number), name: 'idle', vcpus: vcpuThreads(i.pid).map((tid, k) => ({ tid, vpkg: k })) },
     ]);
     expect(samples.length).toBeGreaterThanOrEqual(6);
@@ -153,7 +192,23 @@ describe('vmsr-helper record', () => {
     const trace = path.join(dir, 'msr.jsonl');
     let child = 0;
     const run = runCli(
-      ['record', '--pid', String(g.pid), '--vcpus', `${t0}:0,${t1}:0`, '-o', trace, '--interval', '0.5', '--msr-path', h.msrPathTemplate, '--sys-root', h.sysRoot, '--vendor', 'intel'],
+      [
+        'record',
+        '--pid',
+        String(g.pid),
+        '--vcpus',
+        `${t0}:0,${t1}:0`,
+        '-o',
+        trace,
+        '--interval',
+        '0.5',
+        '--msr-path',
+        h.msrPathTemplate,
+        '--sys-root',
+        h.sysRoot,
+        '--vendor',
+        'intel',
+      ],
       (pid) => (child = pid),
     );
     let exited = false;
@@ -181,7 +236,16 @@ describe('vmsr-helper record', () => {
     const recs = readRecords(trace);
     expect(recs[0]!.host).toMatchObject({ vendor: 'intel', packages: [{ package: 0, power_unit: '0xa0e03' }] });
     expect(recs[0]!.note).toMatch(/RAPL MSRs/);
-    expect(recs[1]).toMatchObject({ type: 'register', vm: { pid: g.pid, vcpus: [{ tid: t0, vpkg: 0 }, { tid: t1, vpkg: 0 }] } });
+    expect(recs[1]).toMatchObject({
+      type: 'register',
+      vm: {
+        pid: g.pid,
+        vcpus: [
+          { tid: t0, vpkg: 0 },
+          { tid: t1, vpkg: 0 },
+        ],
+      },
+    });
     const samples = recs.filter((x) => x.type === 'sample');
     expect(samples.length).toBeGreaterThanOrEqual(4);
     const raw = samples.map((s) => parseMsrHex((s.energy as Record<string, string>)['0'], 'e'));
@@ -199,7 +263,19 @@ describe('vmsr-helper record', () => {
     let r = await runCli(['record', '--qmp', path.join(dir, 'nope.qmp'), '-o', out]);
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/does not exist: start QEMU with -qmp unix:/);
-    r = await runCli(['record', '--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '-o', out, '--msr-path', path.join(dir, 'cpu%u/msr'), '--vendor', 'intel']);
+    r = await runCli([
+      'record',
+      '--pid',
+      String(process.pid),
+      '--vcpus',
+      `${process.pid}:0`,
+      '-o',
+      out,
+      '--msr-path',
+      path.join(dir, 'cpu%u/msr'),
+      '--vendor',
+      'intel',
+    ]);
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/modprobe msr.*--energy-source synthetic/);
     expect(fs.existsSync(out)).toBe(false); // nothing half-written
@@ -213,13 +289,27 @@ describe('vmsr-helper record', () => {
   });
 
   test('an interval that rounds to 0 ns is refused, not looped on forever', async () => {
-    const o = { qmp: [], pid: [process.pid], vcpus: [[{ tid: process.pid, vpkg: 0 }]], output: path.join(tmpDir(), 'x.jsonl'), energySource: 'synthetic' as const, paths: DEFAULT_HOST_PATHS };
+    const o = {
+      qmp: [],
+      pid: [process.pid],
+      vcpus: [[{ tid: process.pid, vpkg: 0 }]],
+      output: path.join(tmpDir(), 'x.jsonl'),
+      energySource: 'synthetic' as const,
+      paths: DEFAULT_HOST_PATHS,
+    };
     await expect(runRecord({ ...o, interval: 1e-10, duration: 1 })).rejects.toThrow(/interval must be at least 0.01 s/);
     expect(fs.existsSync(o.output)).toBe(false);
   });
 
   test('an interval long enough for the energy counter to wrap twice unseen is refused', async () => {
-    const o = { qmp: [], pid: [process.pid], vcpus: [[{ tid: process.pid, vpkg: 0 }]], output: path.join(tmpDir(), 'x.jsonl'), energySource: 'synthetic' as const, paths: DEFAULT_HOST_PATHS };
+    const o = {
+      qmp: [],
+      pid: [process.pid],
+      vcpus: [[{ tid: process.pid, vpkg: 0 }]],
+      output: path.join(tmpDir(), 'x.jsonl'),
+      energySource: 'synthetic' as const,
+      paths: DEFAULT_HOST_PATHS,
+    };
     await expect(runRecord({ ...o, interval: 61, duration: 1 })).rejects.toThrow(/interval must be at most 60 s.*wrap/);
     expect(fs.existsSync(o.output)).toBe(false);
     const r = await runCli(['record', '--interval', '120', '--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '-o', o.output]);

@@ -27,10 +27,16 @@ const MAX_THREADS = 5;
 const scenario: fc.Arbitrary<Scenario> = fc
   .record({
     cpusPerPackage: fc.array(fc.integer({ min: 1, max: 3 }), { minLength: 1, maxLength: 2 }),
-    vms: fc.array(fc.record({ vcpuVpkgs: fc.array(fc.integer({ min: 0, max: 2 }), { minLength: 1, maxLength: 3 }), others: fc.integer({ min: 1, max: 2 }) }), {
-      minLength: 1,
-      maxLength: 3,
-    }),
+    vms: fc.array(
+      fc.record({
+        vcpuVpkgs: fc.array(fc.integer({ min: 0, max: 2 }), { minLength: 1, maxLength: 3 }),
+        others: fc.integer({ min: 1, max: 2 }),
+      }),
+      {
+        minLength: 1,
+        maxLength: 3,
+      },
+    ),
     nsteps: fc.integer({ min: 1, max: 10 }),
   })
   .chain(({ cpusPerPackage, vms, nsteps }) => {
@@ -38,7 +44,10 @@ const scenario: fc.Arbitrary<Scenario> = fc
     const step = fc.record({
       dtMs: fc.integer({ min: 1, max: 3000 }),
       dE: fc.array(fc.integer({ min: 0, max: 2 ** 32 - 1 }), { minLength: cpusPerPackage.length, maxLength: cpusPerPackage.length }),
-      pidGone: fc.array(fc.integer({ min: 0, max: 19 }).map((x) => x === 0), { minLength: vms.length, maxLength: vms.length }),
+      pidGone: fc.array(
+        fc.integer({ min: 0, max: 19 }).map((x) => x === 0),
+        { minLength: vms.length, maxLength: vms.length },
+      ),
       threads: fc.array(
         fc.array(
           fc.record({
@@ -195,7 +204,8 @@ describe('RatioEngine properties', () => {
           threads: st.threads.map((ths, v) =>
             ths.map((t, k) => {
               const was = last[v]![k];
-              const now = (i + v) % 2 === 1 && was !== undefined ? { ...t, dticks: 0, reuse: false, present: was.present, cpu: was.cpu } : t;
+              const now =
+                (i + v) % 2 === 1 && was !== undefined ? { ...t, dticks: 0, reuse: false, present: was.present, cpu: was.cpu } : t;
               last[v]![k] = { present: now.present, cpu: now.cpu };
               return now;
             }),
@@ -208,7 +218,9 @@ describe('RatioEngine properties', () => {
         const a = run(s);
         const b = run(s, true);
         expect(a.outputs).toEqual(b.outputs);
-        expect(a.results.map((r) => r && { ...r, problems: r.problems.length })).toEqual(b.results.map((r) => r && { ...r, problems: r.problems.length }));
+        expect(a.results.map((r) => r && { ...r, problems: r.problems.length })).toEqual(
+          b.results.map((r) => r && { ...r, problems: r.problems.length }),
+        );
       }),
       { numRuns: 300 },
     );
@@ -254,7 +266,18 @@ describe('RatioEngine properties', () => {
   it('refuses to restore a state whose values are inconsistent, naming the value', () => {
     const engine = new RatioEngine(host([2]));
     engine.register({ pid: 1000, starttime: 5, vcpus: [{ tid: 1001, vpkg: 1 }] });
-    engine.addSample(sample(1, { 0: 0n }, { 1000: [{ tid: 1000, ticks: 1, starttime: 5 }, { tid: 1001, ticks: 3, starttime: 5 }] }));
+    engine.addSample(
+      sample(
+        1,
+        { 0: 0n },
+        {
+          1000: [
+            { tid: 1000, ticks: 1, starttime: 5 },
+            { tid: 1001, ticks: 3, starttime: 5 },
+          ],
+        },
+      ),
+    );
     const good = engine.state();
     const cases: [(st: ReturnType<RatioEngine['state']>) => void, RegExp][] = [
       [(st) => (st.nextId = 1), /VM id 1 is out of range \(1..0\)/],
@@ -262,7 +285,7 @@ describe('RatioEngine properties', () => {
       [(st) => (st.vms[0]!.accJ[0] = Number.NaN), /VM 1: an energy total is not a finite number/],
       [(st) => (st.lastSample!.energy[0]!.pkg = 7), /counter for package 7, which the host does not have/],
       [(st) => (st.lastSample = null), /VM 1 has had its baseline sample, but there is no last sample/],
-      [(st) => (st.vms[0]!.prev.push({ ...st.vms[0]!.prev[0]! })), /thread 1000 is marked twice/],
+      [(st) => st.vms[0]!.prev.push({ ...st.vms[0]!.prev[0]! }), /thread 1000 is marked twice/],
     ];
     for (const [edit, want] of cases) {
       const st = structuredClone(good);

@@ -10,7 +10,15 @@ import { host, PU_ESU14, sample, statLine, units } from './helpers.js';
 
 const PID = 500;
 /** vCPUs 501 (vpkg 0) and 502 (vpkg 1); main thread 500 and an I/O thread 503 are non-vCPU. */
-const VM: VmSpec = { pid: PID, starttime: 1000, name: 'vm', vcpus: [{ tid: 501, vpkg: 0 }, { tid: 502, vpkg: 1 }] };
+const VM: VmSpec = {
+  pid: PID,
+  starttime: 1000,
+  name: 'vm',
+  vcpus: [
+    { tid: 501, vpkg: 0 },
+    { tid: 502, vpkg: 1 },
+  ],
+};
 
 function engineWithBaseline(threads: { tid: number; ticks: number; cpu?: number; starttime?: number }[], energy = 0n, vm: VmSpec = VM) {
   const e = new RatioEngine(host());
@@ -21,8 +29,24 @@ function engineWithBaseline(threads: { tid: number; ticks: number; cpu?: number;
 
 describe('RatioEngine: ratio.md rules', () => {
   it('basic share: 100 J over a 200-tick capacity, a vCPU with 50 ticks gets 25 J', () => {
-    const { e, id } = engineWithBaseline([{ tid: 500, ticks: 0 }, { tid: 501, ticks: 100 }, { tid: 502, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 500, ticks: 0 }, { tid: 501, ticks: 150 }, { tid: 502, ticks: 0 }] }))!;
+    const { e, id } = engineWithBaseline([
+      { tid: 500, ticks: 0 },
+      { tid: 501, ticks: 100 },
+      { tid: 502, ticks: 0 },
+    ]);
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 500, ticks: 0 },
+            { tid: 501, ticks: 150 },
+            { tid: 502, ticks: 0 },
+          ],
+        },
+      ),
+    )!;
     expect(r.dtS).toBe(1);
     expect(r.packages).toEqual([{ package: 0, energyJ: 100, attributedJ: 25 }]);
     expect(r.vms).toEqual([{ vmId: id, pid: PID, vpkgEnergyJ: [25, 0] }]);
@@ -51,12 +75,26 @@ describe('RatioEngine: ratio.md rules', () => {
 
   it('birth: a thread present only in S(i) counts all its ticks (30 ticks -> 15 J)', () => {
     const { e } = engineWithBaseline([{ tid: 501, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 0 }, { tid: 502, ticks: 30 }] }))!;
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 501, ticks: 0 },
+            { tid: 502, ticks: 30 },
+          ],
+        },
+      ),
+    )!;
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([0, 15]);
   });
 
   it('exit: a thread present only in S(i-1) contributes nothing (no unsigned underflow as in QEMU)', () => {
-    const { e } = engineWithBaseline([{ tid: 501, ticks: 40 }, { tid: 502, ticks: 1_000_000 }]);
+    const { e } = engineWithBaseline([
+      { tid: 501, ticks: 40 },
+      { tid: 502, ticks: 1_000_000 },
+    ]);
     const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 80 }] }))!;
     // 40 ticks -> 100 * 40 / 200 = 20 J; 502 is gone and gets nothing, nor does it inflate D_p.
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([20, 0]);
@@ -76,8 +114,22 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('clamp: 300 + 100 ticks on a 200-tick package are scaled by 200/400 -> 75 J and 25 J, total = dE', () => {
-    const { e } = engineWithBaseline([{ tid: 501, ticks: 0 }, { tid: 502, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 300 }, { tid: 502, ticks: 100 }] }))!;
+    const { e } = engineWithBaseline([
+      { tid: 501, ticks: 0 },
+      { tid: 502, ticks: 0 },
+    ]);
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 501, ticks: 300 },
+            { tid: 502, ticks: 100 },
+          ],
+        },
+      ),
+    )!;
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([75, 25]);
     expect(r.packages[0]!.attributedJ).toBe(100);
   });
@@ -89,7 +141,10 @@ describe('RatioEngine: ratio.md rules', () => {
     e.addSample(sample(10, { 0: 0n }, { 600: [{ tid: 601, ticks: 0 }], 700: [{ tid: 701, ticks: 0 }] }));
     // 300 + 100 = 400 > 200: A gets 100 * 300/400 = 75 J, B 25 J.
     const r = e.addSample(sample(11, { 0: units(100) }, { 600: [{ tid: 601, ticks: 300 }], 700: [{ tid: 701, ticks: 100 }] }))!;
-    expect(r.vms.map((v) => [v.vmId, v.vpkgEnergyJ[0]])).toEqual([[a, 75], [b, 25]]);
+    expect(r.vms.map((v) => [v.vmId, v.vpkgEnergyJ[0]])).toEqual([
+      [a, 75],
+      [b, 25],
+    ]);
   });
 
   it('package move: the package of the interval is the one of `processor` in S(i)', () => {
@@ -115,25 +170,69 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('non-vCPU energy W is split equally over the present vCPUs (main + I/O thread: 10 + 5 J -> 7.5 J each)', () => {
-    const { e } = engineWithBaseline([{ tid: 500, ticks: 0 }, { tid: 501, ticks: 0 }, { tid: 502, ticks: 0 }, { tid: 503, ticks: 0 }]);
+    const { e } = engineWithBaseline([
+      { tid: 500, ticks: 0 },
+      { tid: 501, ticks: 0 },
+      { tid: 502, ticks: 0 },
+      { tid: 503, ticks: 0 },
+    ]);
     // main 20 ticks = 10 J, I/O 10 ticks = 5 J, vCPU 501 40 ticks = 20 J, vCPU 502 0 ticks.
     const r = e.addSample(
-      sample(11, { 0: units(100) }, { [PID]: [{ tid: 500, ticks: 20 }, { tid: 501, ticks: 40 }, { tid: 502, ticks: 0 }, { tid: 503, ticks: 10 }] }),
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 500, ticks: 20 },
+            { tid: 501, ticks: 40 },
+            { tid: 502, ticks: 0 },
+            { tid: 503, ticks: 10 },
+          ],
+        },
+      ),
     )!;
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([27.5, 7.5]);
     expect(r.packages[0]!.attributedJ).toBe(35);
   });
 
   it('the main thread (tid == pid) is a non-vCPU thread, not skipped as in QEMU', () => {
-    const { e } = engineWithBaseline([{ tid: 500, ticks: 0 }, { tid: 501, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 500, ticks: 40 }, { tid: 501, ticks: 0 }] }))!;
+    const { e } = engineWithBaseline([
+      { tid: 500, ticks: 0 },
+      { tid: 501, ticks: 0 },
+    ]);
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 500, ticks: 40 },
+            { tid: 501, ticks: 0 },
+          ],
+        },
+      ),
+    )!;
     // W = 100 * 40 / 200 = 20 J, one present vCPU (501), 502 absent.
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([20, 0]);
   });
 
   it('a virtual package with no present vCPU gets 0 and W goes to the present ones only', () => {
-    const { e } = engineWithBaseline([{ tid: 500, ticks: 0 }, { tid: 501, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 500, ticks: 20 }, { tid: 501, ticks: 20 }] }))!;
+    const { e } = engineWithBaseline([
+      { tid: 500, ticks: 0 },
+      { tid: 501, ticks: 0 },
+    ]);
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 500, ticks: 20 },
+            { tid: 501, ticks: 20 },
+          ],
+        },
+      ),
+    )!;
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([20, 0]);
   });
 
@@ -145,11 +244,25 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('a vCPU tid absent from a sample contributes nothing for that interval; back later, it is "born" again', () => {
-    const { e } = engineWithBaseline([{ tid: 501, ticks: 10 }, { tid: 502, ticks: 10 }]);
+    const { e } = engineWithBaseline([
+      { tid: 501, ticks: 10 },
+      { tid: 502, ticks: 10 },
+    ]);
     const r1 = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 50 }] }))!;
     expect(r1.vms[0]!.vpkgEnergyJ).toEqual([20, 0]);
     // 502 was absent from S(i-1): dticks = its ticks, 30 -> 15 J (ratio.md step 3, read literally).
-    const r2 = e.addSample(sample(12, { 0: units(200) }, { [PID]: [{ tid: 501, ticks: 50 }, { tid: 502, ticks: 30 }] }))!;
+    const r2 = e.addSample(
+      sample(
+        12,
+        { 0: units(200) },
+        {
+          [PID]: [
+            { tid: 501, ticks: 50 },
+            { tid: 502, ticks: 30 },
+          ],
+        },
+      ),
+    )!;
     expect(r2.vms[0]!.vpkgEnergyJ).toEqual([0, 15]);
   });
 
@@ -175,8 +288,22 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('pid reuse: the main thread starttime differs from the registered one -> ended', () => {
-    const { e, id } = engineWithBaseline([{ tid: 500, ticks: 0 }, { tid: 501, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 500, ticks: 5, starttime: 9999 }, { tid: 501, ticks: 100 }] }))!;
+    const { e, id } = engineWithBaseline([
+      { tid: 500, ticks: 0 },
+      { tid: 501, ticks: 0 },
+    ]);
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 500, ticks: 5, starttime: 9999 },
+            { tid: 501, ticks: 100 },
+          ],
+        },
+      ),
+    )!;
     expect(r.ended).toEqual([id]);
     expect(r.vms).toEqual([]);
     expect(r.packages[0]!.attributedJ).toBe(0);
@@ -250,7 +377,10 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('unparsable stat lines and lines for another tid are absent and reported, never thrown', () => {
-    const { e } = engineWithBaseline([{ tid: 501, ticks: 0 }, { tid: 502, ticks: 0 }]);
+    const { e } = engineWithBaseline([
+      { tid: 501, ticks: 0 },
+      { tid: 502, ticks: 0 },
+    ]);
     const s = sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 50 }] });
     s.tasks.get(PID)!.set(502, '502 (CPU 1/KVM) R 1 2 3');
     s.tasks.get(PID)!.set(503, statLine({ tid: 999, utime: 100, starttime: 1000, processor: 0 }));
@@ -263,7 +393,10 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('a main-thread line that cannot be read does not end the VM (it cannot prove pid reuse)', () => {
-    const { e, id } = engineWithBaseline([{ tid: 500, ticks: 0 }, { tid: 501, ticks: 0 }]);
+    const { e, id } = engineWithBaseline([
+      { tid: 500, ticks: 0 },
+      { tid: 501, ticks: 0 },
+    ]);
     const s = sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 50 }] });
     s.tasks.get(PID)!.set(PID, '500 (qemu');
     const r = e.addSample(s)!;
@@ -272,8 +405,22 @@ describe('RatioEngine: ratio.md rules', () => {
   });
 
   it('a processor not in the host map: reported, the thread gets no energy and adds no ticks to any package', () => {
-    const { e } = engineWithBaseline([{ tid: 501, ticks: 0 }, { tid: 502, ticks: 0 }]);
-    const r = e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 400, cpu: 7 }, { tid: 502, ticks: 100 }] }))!;
+    const { e } = engineWithBaseline([
+      { tid: 501, ticks: 0 },
+      { tid: 502, ticks: 0 },
+    ]);
+    const r = e.addSample(
+      sample(
+        11,
+        { 0: units(100) },
+        {
+          [PID]: [
+            { tid: 501, ticks: 400, cpu: 7 },
+            { tid: 502, ticks: 100 },
+          ],
+        },
+      ),
+    )!;
     // 502 alone on pkg 0: 100/200 of 100 J; 501's 400 ticks would have clamped it, but they are on no package.
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([0, 50]);
     expect(r.problems.join('\n')).toMatch(/cpu 7/);
@@ -309,6 +456,15 @@ describe('RatioEngine: ratio.md rules', () => {
     expect(() => new RatioEngine({ ...host(), cpus: [{ cpu: 0, package: 3 }] })).toThrow(/package 3/);
     const e = new RatioEngine(host());
     expect(() => e.register({ pid: 1, starttime: 1, vcpus: [{ tid: 2, vpkg: 256 }] })).toThrow(/0..255/);
-    expect(() => e.register({ pid: 1, starttime: 1, vcpus: [{ tid: 2, vpkg: 0 }, { tid: 2, vpkg: 1 }] })).toThrow(/twice/);
+    expect(() =>
+      e.register({
+        pid: 1,
+        starttime: 1,
+        vcpus: [
+          { tid: 2, vpkg: 0 },
+          { tid: 2, vpkg: 1 },
+        ],
+      }),
+    ).toThrow(/twice/);
   });
 });

@@ -59,7 +59,9 @@ export function sample(seconds: number, energy: Record<number, bigint>, tasks: R
   for (const [pid, threads] of Object.entries(tasks)) {
     t.set(
       Number(pid),
-      new Map(threads.map((th) => [th.tid, statLine({ tid: th.tid, utime: th.ticks, starttime: th.starttime ?? 1000, processor: th.cpu ?? 0 })])),
+      new Map(
+        threads.map((th) => [th.tid, statLine({ tid: th.tid, utime: th.ticks, starttime: th.starttime ?? 1000, processor: th.cpu ?? 0 })]),
+      ),
     );
   }
   return {

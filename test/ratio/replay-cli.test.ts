@@ -80,7 +80,9 @@ describe('vmsr-helper replay (child process)', () => {
     fs.writeFileSync(t, lines.join('\n') + '\n');
     const r = cli('replay', t, '--json');
     expect(r.status).toBe(0);
-    expect(r.stderr).toMatch(/^2 problem\(s\) in the trace were skipped \(not fatal\):\n {2}line 3: pid 10 tid 12: stat line not understood/);
+    expect(r.stderr).toMatch(
+      /^2 problem\(s\) in the trace were skipped \(not fatal\):\n {2}line 3: pid 10 tid 12: stat line not understood/,
+    );
     // 0x40000 units = 16 J; 50 of 100 ticks (1 CPU, 1 s) -> 8 J for the vCPU named "q) 1 (x y".
     const interval = JSON.parse(r.stdout.split('\n')[0]!) as { vms: { vpkgs: { energy_j: number }[] }[] };
     expect(interval.vms[0]!.vpkgs[0]!.energy_j).toBe(8);
@@ -137,7 +139,9 @@ describe('vmsr-helper replay of hostile input (child process)', () => {
           fs.writeFileSync(file, Buffer.concat(out));
           const r = replay(file);
           expect(r.status).toBe(1);
-          expect(r.stderr).toBe(`vmsr-helper replay: ${file}: line 1000001: more than 1000000 blank lines in a row: not a trace (a recorder never writes blank lines)\n`);
+          expect(r.stderr).toBe(
+            `vmsr-helper replay: ${file}: line 1000001: more than 1000000 blank lines in a row: not a trace (a recorder never writes blank lines)\n`,
+          );
           expect(r.ms).toBeLessThan(10_000);
           resolve();
         } catch (e) {
@@ -162,7 +166,9 @@ describe('vmsr-helper replay of hostile input (child process)', () => {
     fs.writeFileSync(file, Buffer.from([0x50, 0x4b, 0x03, 0x04, 0xff, 0xfe]));
     const r = replay(file);
     expect(r.status).toBe(1);
-    expect(r.stderr).toBe(`vmsr-helper replay: ${file}: not gzip: the name ends in .gz but the file starts with 50 4b, not the gzip magic 1f 8b; is it truncated or mis-named?\n`);
+    expect(r.stderr).toBe(
+      `vmsr-helper replay: ${file}: not gzip: the name ends in .gz but the file starts with 50 4b, not the gzip magic 1f 8b; is it truncated or mis-named?\n`,
+    );
   });
 
   it('a truncated gzip: the error names the file', (ctx) => {
@@ -173,6 +179,10 @@ describe('vmsr-helper replay of hostile input (child process)', () => {
     fs.writeFileSync(file, gz.subarray(0, Math.floor(gz.length / 2)));
     const r = replay(file);
     expect(r.status).toBe(1);
-    expect(r.stderr).toMatch(new RegExp(`^vmsr-helper replay: ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: line \\d+: gzip data is truncated or corrupt \\(unexpected end of file\\)\\n$`));
+    expect(r.stderr).toMatch(
+      new RegExp(
+        `^vmsr-helper replay: ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: line \\d+: gzip data is truncated or corrupt \\(unexpected end of file\\)\\n$`,
+      ),
+    );
   });
 });

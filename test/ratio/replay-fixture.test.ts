@@ -18,7 +18,8 @@ const EXPECTED = path.join(FIXTURES, 'three-vms.expected.jsonl');
 function sameRecord(actual: unknown, expected: unknown, where: string, errors: string[]): void {
   if (typeof expected === 'number') {
     if (typeof actual !== 'number') errors.push(`${where}: expected number ${expected}, got ${JSON.stringify(actual)}`);
-    else if (actual !== expected && Math.abs(actual - expected) > 1e-9 * Math.abs(expected)) errors.push(`${where}: ${actual} != ${expected}`);
+    else if (actual !== expected && Math.abs(actual - expected) > 1e-9 * Math.abs(expected))
+      errors.push(`${where}: ${actual} != ${expected}`);
   } else if (Array.isArray(expected)) {
     if (!Array.isArray(actual) || actual.length !== expected.length) {
       errors.push(`${where}: expected an array of ${expected.length}, got ${JSON.stringify(actual)?.slice(0, 200)}`);
@@ -49,7 +50,11 @@ const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-replay-fixture-'));
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
 describe('replay of test/fixtures/traces/three-vms.jsonl', () => {
-  const expected = fs.readFileSync(EXPECTED, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as unknown);
+  const expected = fs
+    .readFileSync(EXPECTED, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as unknown);
 
   it('reproduces three-vms.expected.jsonl record by record', async () => {
     const actual = (await replayLines(TRACE)).map((l) => JSON.parse(l) as unknown);

@@ -74,7 +74,17 @@ describe('replay', () => {
     e.register({ pid: 3, starttime: 1, vcpus: [{ tid: 4, vpkg: 1 }] });
     expect(JSON.parse(totalJsonLine(e.outputs()))).toEqual({
       type: 'total',
-      vms: [{ pid: 3, name: null, ended: false, vpkgs: [{ vpkg: 0, energy_uj: '0', counter: '0x0' }, { vpkg: 1, energy_uj: '0', counter: '0x0' }] }],
+      vms: [
+        {
+          pid: 3,
+          name: null,
+          ended: false,
+          vpkgs: [
+            { vpkg: 0, energy_uj: '0', counter: '0x0' },
+            { vpkg: 1, energy_uj: '0', counter: '0x0' },
+          ],
+        },
+      ],
     });
   });
 
@@ -85,10 +95,19 @@ describe('replay', () => {
 
   it('u_guest is the unit of package 0, or of the lowest package when there is no 0', () => {
     const h = host([1, 1]);
-    h.packages = [{ package: 1, powerUnit: 0xa1003n }, { package: 0, powerUnit: 0xa0e03n }];
+    h.packages = [
+      { package: 1, powerUnit: 0xa1003n },
+      { package: 0, powerUnit: 0xa0e03n },
+    ];
     expect(new RatioEngine(h).guestPowerUnit).toBe(0xa0e03n);
-    h.packages = [{ package: 3, powerUnit: 0xa1003n }, { package: 2, powerUnit: 0xa0f03n }];
-    h.cpus = [{ cpu: 0, package: 2 }, { cpu: 1, package: 3 }];
+    h.packages = [
+      { package: 3, powerUnit: 0xa1003n },
+      { package: 2, powerUnit: 0xa0f03n },
+    ];
+    h.cpus = [
+      { cpu: 0, package: 2 },
+      { cpu: 1, package: 3 },
+    ];
     expect(new RatioEngine(h).guestPowerUnit).toBe(0xa0f03n);
   });
 });

@@ -25,7 +25,8 @@ const F_PROCESSOR = 39 - AFTER_COMM;
 const UINT = /^\d{1,20}$/;
 
 function uintField(text: string | undefined, field: number, name: string): number | StatParseError {
-  if (text === undefined || !UINT.test(text)) return { error: `${name} (field ${field}) is not an unsigned integer: ${JSON.stringify(text)}` };
+  if (text === undefined || !UINT.test(text))
+    return { error: `${name} (field ${field}) is not an unsigned integer: ${JSON.stringify(text)}` };
   const v = Number(text);
   if (!Number.isSafeInteger(v)) return { error: `${name} (field ${field}) is too large: ${text}` };
   return v;

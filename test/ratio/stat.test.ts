@@ -10,7 +10,10 @@ const REAL =
 
 describe('parseStatLine', () => {
   it('reads utime, stime, starttime and processor from a real QEMU vCPU line', () => {
-    expect(parseStatLine(REAL)).toEqual({ ok: true, value: { tid: 10010, comm: 'CPU 0/KVM', state: 'R', utime: 17, stime: 359, starttime: 48400, processor: 1 } });
+    expect(parseStatLine(REAL)).toEqual({
+      ok: true,
+      value: { tid: 10010, comm: 'CPU 0/KVM', state: 'R', utime: 17, stime: 359, starttime: 48400, processor: 1 },
+    });
   });
 
   for (const comm of ['q) 1 (x y', ') ) )', 'a b c d e f g h', '(', 'x)', '']) {
@@ -30,7 +33,10 @@ describe('parseStatLine', () => {
 
   it('reports non-numbers and out-of-range numbers', () => {
     expect(parseStatLine(REAL.replace(' 17 359 ', ' x 359 '))).toMatchObject({ ok: false, error: expect.stringMatching(/utime/) });
-    expect(parseStatLine(REAL.replace(' 48400 ', ' 99999999999999999999 '))).toMatchObject({ ok: false, error: expect.stringMatching(/too large/) });
+    expect(parseStatLine(REAL.replace(' 48400 ', ' 99999999999999999999 '))).toMatchObject({
+      ok: false,
+      error: expect.stringMatching(/too large/),
+    });
     expect(parseStatLine('abc (x) S')).toMatchObject({ ok: false, error: expect.stringMatching(/pid field/) });
   });
 
@@ -61,7 +67,21 @@ describe('parseStatLine equals the previous parser', () => {
   const field = fc.oneof(
     fc.nat().map(String),
     fc.bigInt({ min: 0n, max: 2n ** 64n }).map(String),
-    fc.constantFrom('', '-1', 'x', '1e3', '0x10', ' ', '007', '9007199254740993', '99999999999999999999', '123456789012345678901', '1\u0130', '\u0131', '\u00e9'),
+    fc.constantFrom(
+      '',
+      '-1',
+      'x',
+      '1e3',
+      '0x10',
+      ' ',
+      '007',
+      '9007199254740993',
+      '99999999999999999999',
+      '123456789012345678901',
+      '1\u0130',
+      '\u0131',
+      '\u00e9',
+    ),
     fc.string({ maxLength: 4 }),
   );
   // U+0129, U+0120, U+0128 and U+0130 end in the bytes of ')', ' ', '(' and '0': they must not pass for them.
@@ -83,7 +103,16 @@ describe('parseStatLine equals the previous parser', () => {
       return cut === undefined ? l : l.slice(0, cut % (l.length + 1));
     });
   const kernelShaped = fc
-    .record({ tid: fc.nat(), comm, utime: fc.nat(), stime: fc.nat(), starttime: fc.nat(), processor: fc.nat({ max: 4095 }), at: fc.nat(), with: field })
+    .record({
+      tid: fc.nat(),
+      comm,
+      utime: fc.nat(),
+      stime: fc.nat(),
+      starttime: fc.nat(),
+      processor: fc.nat({ max: 4095 }),
+      at: fc.nat(),
+      with: field,
+    })
     .map(({ at, with: w, ...f }) => {
       const parts = statLine(f).split(' ');
       // Replace one space-separated piece (maybe inside the name) with a damaged field.

@@ -23,7 +23,17 @@ function registerPayload(pid: number, vcpus: VcpuSpec[]): Buffer {
   return b;
 }
 
-const HEADER = JSON.stringify({ type: 'header', format: 'vmsr-trace', version: 1, clk_tck: 100, host: { vendor: 'intel', packages: [{ package: 0, power_unit: '0xa0e03', power_limit: '0x0', power_info: '0x0' }], cpus: [{ cpu: 0, package: 0 }] } });
+const HEADER = JSON.stringify({
+  type: 'header',
+  format: 'vmsr-trace',
+  version: 1,
+  clk_tck: 100,
+  host: {
+    vendor: 'intel',
+    packages: [{ package: 0, power_unit: '0xa0e03', power_limit: '0x0', power_info: '0x0' }],
+    cpus: [{ cpu: 0, package: 0 }],
+  },
+});
 
 /** The message each entry point gives for one list, without its own prefix. */
 function answers(vcpus: VcpuSpec[]): Record<string, string> {
@@ -59,15 +69,31 @@ const same = (message: string) => ({ rule: message, v2: message, cli: message, t
 
 describe('the vCPU-list rule', () => {
   test('every entry point accepts a good list', () => {
-    expect(answers([{ tid: 4250, vpkg: 0 }, { tid: 4251, vpkg: 255 }, { tid: MAX_TID, vpkg: 1 }])).toEqual(same('ok'));
+    expect(
+      answers([
+        { tid: 4250, vpkg: 0 },
+        { tid: 4251, vpkg: 255 },
+        { tid: MAX_TID, vpkg: 1 },
+      ]),
+    ).toEqual(same('ok'));
   });
 
   test('every entry point refuses a thread listed twice with the same words, numbering entries from 1', () => {
-    expect(answers([{ tid: 5, vpkg: 0 }, { tid: 5, vpkg: 1 }])).toEqual(same('vCPU 2: thread 5 is listed twice'));
+    expect(
+      answers([
+        { tid: 5, vpkg: 0 },
+        { tid: 5, vpkg: 1 },
+      ]),
+    ).toEqual(same('vCPU 2: thread 5 is listed twice'));
   });
 
   test('every entry point refuses a virtual package over 255 with the same words', () => {
-    expect(answers([{ tid: 5, vpkg: 0 }, { tid: 6, vpkg: 256 }])).toEqual(same('vCPU 2: virtual package 256 is out of range (0..255)'));
+    expect(
+      answers([
+        { tid: 5, vpkg: 0 },
+        { tid: 6, vpkg: 256 },
+      ]),
+    ).toEqual(same('vCPU 2: virtual package 256 is out of range (0..255)'));
   });
 
   test('the wire, the engine and the rule refuse a thread id over MAX_TID alike', () => {
@@ -96,6 +122,9 @@ describe('the vCPU-list rule', () => {
     expect(a.v2).toBe('nvcpu must be 1..4096, got 0');
     expect(a.engine).toBe('ok');
     expect(checkVcpus([], { allowEmpty: true })).toEqual({ ok: true, value: [] });
-    expect(checkVcpus([{ tid: 0, vpkg: 0 }], { allowEmpty: true })).toEqual({ ok: false, error: `vCPU 1: thread id 0 is out of range (1..${MAX_TID})` });
+    expect(checkVcpus([{ tid: 0, vpkg: 0 }], { allowEmpty: true })).toEqual({
+      ok: false,
+      error: `vCPU 1: thread id 0 is out of range (1..${MAX_TID})`,
+    });
   });
 });

@@ -25,7 +25,19 @@ function serviceOn(time: ManualTime, prepare?: (s: SamplingService) => void) {
         order.push('sample');
         sampled.push([...pids]);
         n++;
-        return { ...sample(n, { 0: units(10 * n) }, { 100: [{ tid: 100, ticks: n }, { tid: 101, ticks: 50 * n }] }), tNs: time.now };
+        return {
+          ...sample(
+            n,
+            { 0: units(10 * n) },
+            {
+              100: [
+                { tid: 100, ticks: n },
+                { tid: 101, ticks: 50 * n },
+              ],
+            },
+          ),
+          tNs: time.now,
+        };
       },
     },
     intervalMs: 1000,

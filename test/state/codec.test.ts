@@ -12,27 +12,34 @@ const starttime = fc.nat({ max: Number.MAX_SAFE_INTEGER });
 const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 /** Joules as the engine keeps them (float64, finite, >= 0, up to what u64 µJ holds) and the µJ published from them. */
 const joules = fc.double({ min: 0, max: 1.8e13, noNaN: true, noDefaultInfinity: true });
-const totals = fc.record({ energyJ: joules, counter: fc.bigInt({ min: 0n, max: 0xffffffffn }) }).map((v) => ({ ...v, energyUj: uj(v.energyJ) }));
+const totals = fc
+  .record({ energyJ: joules, counter: fc.bigInt({ min: 0n, max: 0xffffffffn }) })
+  .map((v) => ({ ...v, energyUj: uj(v.energyJ) }));
 
 const vm = (hostVmId: number): fc.Arbitrary<VmState> =>
   fc.integer({ min: 1, max: 4 }).chain((nvpkg) =>
-    fc.record({
-      hostVmId: fc.constant(hostVmId),
-      pid,
-      starttime,
-      uid: fc.nat({ max: 0xffffffff }),
-      owner: fc.option(fc.nat({ max: 0xfffffffe }), { nil: null }),
-      discovered: fc.boolean(),
-      name: fc.option(fc.string({ maxLength: 40, unit: 'binary' }), { nil: null }),
-      uuid: fc.option(fc.uint8Array({ minLength: 16, maxLength: 16 }).map((a) => Buffer.from(a)), { nil: null }),
-      wholeVmOnly: fc.boolean(),
-      live: fc.boolean(),
-      baseline: fc.boolean(),
-      valuesNs: u64,
-      endedSamples: fc.nat({ max: 0xffffffff }),
-      vcpus: fc.uniqueArray(fc.record({ tid: pid, vpkg: fc.nat({ max: nvpkg - 1 }) }), { selector: (v) => v.tid, maxLength: 8 }),
-      vpkgs: fc.array(totals, { minLength: nvpkg, maxLength: nvpkg }),
-    }).map((v) => ({ ...v, discovered: v.discovered || v.owner === null, baseline: v.baseline && v.live })),
+    fc
+      .record({
+        hostVmId: fc.constant(hostVmId),
+        pid,
+        starttime,
+        uid: fc.nat({ max: 0xffffffff }),
+        owner: fc.option(fc.nat({ max: 0xfffffffe }), { nil: null }),
+        discovered: fc.boolean(),
+        name: fc.option(fc.string({ maxLength: 40, unit: 'binary' }), { nil: null }),
+        uuid: fc.option(
+          fc.uint8Array({ minLength: 16, maxLength: 16 }).map((a) => Buffer.from(a)),
+          { nil: null },
+        ),
+        wholeVmOnly: fc.boolean(),
+        live: fc.boolean(),
+        baseline: fc.boolean(),
+        valuesNs: u64,
+        endedSamples: fc.nat({ max: 0xffffffff }),
+        vcpus: fc.uniqueArray(fc.record({ tid: pid, vpkg: fc.nat({ max: nvpkg - 1 }) }), { selector: (v) => v.tid, maxLength: 8 }),
+        vpkgs: fc.array(totals, { minLength: nvpkg, maxLength: nvpkg }),
+      })
+      .map((v) => ({ ...v, discovered: v.discovered || v.owner === null, baseline: v.baseline && v.live })),
   );
 
 const snapshot: fc.Arbitrary<StateSnapshot> = fc
@@ -42,7 +49,9 @@ const snapshot: fc.Arbitrary<StateSnapshot> = fc
       nextHostVmId: fc.integer({ min: Math.max(0, ...ids) + 1, max: 0xffffffff }),
       vms: ids.length === 0 ? fc.constant<VmState[]>([]) : fc.tuple(...ids.map(vm)).map((t): VmState[] => t),
       packages: fc.uniqueArray(
-        fc.record({ pkg: fc.nat({ max: 0xffffffff }), energyJ: joules, unattributedJ: joules }).map((k) => ({ ...k, energyUj: uj(k.energyJ), unattributedUj: uj(k.unattributedJ) })),
+        fc
+          .record({ pkg: fc.nat({ max: 0xffffffff }), energyJ: joules, unattributedJ: joules })
+          .map((k) => ({ ...k, energyUj: uj(k.energyJ), unattributedUj: uj(k.unattributedJ) })),
         { selector: (k) => k.pkg, maxLength: 4 },
       ),
       knownPids: fc.uniqueArray(fc.record({ pid, starttime }), { selector: (k) => k.pid, maxLength: 6 }),
@@ -94,12 +103,32 @@ function sample(): StateSnapshot {
           { energyJ: 20.0000015, energyUj: 20_000_001n, counter: 327680n },
         ],
       },
-      { hostVmId: 2, pid: 99, starttime: 5, uid: 0, owner: null, discovered: true, name: null, uuid: null, wholeVmOnly: true, live: false, baseline: false, valuesNs: 0n, endedSamples: 2, vcpus: [],
-        vpkgs: [{ energyJ: 0, energyUj: 0n, counter: 0n }] },
+      {
+        hostVmId: 2,
+        pid: 99,
+        starttime: 5,
+        uid: 0,
+        owner: null,
+        discovered: true,
+        name: null,
+        uuid: null,
+        wholeVmOnly: true,
+        live: false,
+        baseline: false,
+        valuesNs: 0n,
+        endedSamples: 2,
+        vcpus: [],
+        vpkgs: [{ energyJ: 0, energyUj: 0n, counter: 0n }],
+      },
     ],
     packages: [{ pkg: 0, energyJ: 50, unattributedJ: 20, energyUj: 50_000_000n, unattributedUj: 20_000_000n }],
     knownPids: [{ pid: 99, starttime: 5 }],
-    lastSample: { monotonicNs: 1_000_000_000n, realtimeNs: 1_700_000_000_000_000_000n, packages: [{ pkg: 0, raw: 0xdeadbeefn }], threads: [{ pid: 4242, tid: 4243, starttime: 123460, ticks: 77n }] },
+    lastSample: {
+      monotonicNs: 1_000_000_000n,
+      realtimeNs: 1_700_000_000_000_000_000n,
+      packages: [{ pkg: 0, raw: 0xdeadbeefn }],
+      threads: [{ pid: 4242, tid: 4243, starttime: 123460, ticks: 77n }],
+    },
   };
 }
 
@@ -138,7 +167,9 @@ describe('state snapshot codec', () => {
   it('refuses a wrong magic, an unknown version, a bad checksum, and says what to do', () => {
     const magic = encodeState(sample());
     magic.write('VMSRSTAX', 0, 'latin1');
-    expect(refusal(magic)).toMatch(/^cannot restore state: it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot; start without the saved state/);
+    expect(refusal(magic)).toMatch(
+      /^cannot restore state: it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot; start without the saved state/,
+    );
     const version = encodeState(sample());
     version.writeUInt32LE(2, 8);
     expect(refusal(version)).toMatch(/it is format version 2, this vmsr-helper reads version 1; run the vmsr-helper that wrote it/);
@@ -188,18 +219,46 @@ describe('state snapshot codec', () => {
       ['a tid twice', (s) => (s.vms[0]!.vcpus[1]!.tid = 4243), /thread 4243 is listed twice/],
       ['a VM id twice', (s) => (s.vms[1]!.hostVmId = 1), /VM id 1 appears twice/],
       ['a VM id at or past the next id', (s) => (s.nextHostVmId = 2), /VM id 2 is out of range \(1..1, below the next id 2\)/],
-      ['a package twice', (s) => s.packages.push({ pkg: 0, energyJ: 0, unattributedJ: 0, energyUj: 0n, unattributedUj: 0n }), /package 0 appears twice in the totals/],
+      [
+        'a package twice',
+        (s) => s.packages.push({ pkg: 0, energyJ: 0, unattributedJ: 0, energyUj: 0n, unattributedUj: 0n }),
+        /package 0 appears twice in the totals/,
+      ],
       ['a known pid twice', (s) => s.knownPids.push({ pid: 99, starttime: 6 }), /known process 99 appears twice/],
-      ['a sampled thread twice', (s) => s.lastSample!.threads.push({ pid: 4242, tid: 4243, starttime: 1, ticks: 1n }), /thread 4243 appears twice in the last sample/],
-      ['joules and µJ that disagree', (s) => (s.vms[0]!.vpkgs[1]!.energyUj = 20_000_000n), /VM 1, virtual package 1: 20.0000015 J does not give 20000000 µJ/],
+      [
+        'a sampled thread twice',
+        (s) => s.lastSample!.threads.push({ pid: 4242, tid: 4243, starttime: 1, ticks: 1n }),
+        /thread 4243 appears twice in the last sample/,
+      ],
+      [
+        'joules and µJ that disagree',
+        (s) => (s.vms[0]!.vpkgs[1]!.energyUj = 20_000_000n),
+        /VM 1, virtual package 1: 20.0000015 J does not give 20000000 µJ/,
+      ],
       ['a total that is not a number', (s) => (s.packages[0]!.unattributedJ = Number.NaN), /package 0: its totals in J and µJ disagree/],
-      ['a baseline without a last sample', (s) => (s.lastSample = null), /VM 1 is marked as having its baseline, but there is no last sample/],
+      [
+        'a baseline without a last sample',
+        (s) => (s.lastSample = null),
+        /VM 1 is marked as having its baseline, but there is no last sample/,
+      ],
       ['an ended VM with a baseline', (s) => (s.vms[0]!.live = false), /VM 1 has ended but is marked as having its baseline/],
-      ['values from after the last sample', (s) => (s.vms[1]!.valuesNs = 2_000_000_000n), /VM 2: its values' time 2000000000 ns is after the last sample/],
+      [
+        'values from after the last sample',
+        (s) => (s.vms[1]!.valuesNs = 2_000_000_000n),
+        /VM 2: its values' time 2000000000 ns is after the last sample/,
+      ],
       ['a counter past 32 bits', (s) => (s.vms[0]!.vpkgs[0]!.counter = 1n << 32n), /counter 4294967296 is out of range/],
-      ['a VM neither registered nor discovered', (s) => (s.vms[0]!.discovered = false, s.vms[0]!.owner = null), /VM 1 is neither registered/],
+      [
+        'a VM neither registered nor discovered',
+        (s) => ((s.vms[0]!.discovered = false), (s.vms[0]!.owner = null)),
+        /VM 1 is neither registered/,
+      ],
       ['a name with a lone surrogate', (s) => (s.vms[0]!.name = 'a\ud800b'), /VM 1: its name is not valid Unicode/],
-      ['too many vCPUs', (s) => (s.vms[0]!.vcpus = Array.from({ length: MAX_VCPUS + 1 }, (_, i) => ({ tid: i + 1, vpkg: 0 }))), /4097 entries, at most 4096/],
+      [
+        'too many vCPUs',
+        (s) => (s.vms[0]!.vcpus = Array.from({ length: MAX_VCPUS + 1 }, (_, i) => ({ tid: i + 1, vpkg: 0 }))),
+        /4097 entries, at most 4096/,
+      ],
     ];
     for (const [, edit, want] of cases) {
       const s = sample();

@@ -1,7 +1,17 @@
 /** A state snapshot in a real sealed memfd: written, sealed, read back; any other fd is refused. */
 import fs from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
-import { addSeals, closeFd, F_SEAL_GROW, F_SEAL_SHRINK, getSeals, memfdCreate, recvWithFds, sendFds, socketpair } from '../../src/os/libc.js';
+import {
+  addSeals,
+  closeFd,
+  F_SEAL_GROW,
+  F_SEAL_SHRINK,
+  getSeals,
+  memfdCreate,
+  recvWithFds,
+  sendFds,
+  socketpair,
+} from '../../src/os/libc.js';
 import { encodeState } from '../../src/state/codec.js';
 import { readStateFd, STATE_SEALS, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
@@ -55,7 +65,9 @@ describe('state in a sealed memfd', () => {
   it('refuses an fd that is not a memfd, and a memfd that could still be written', () => {
     const file = fs.openSync('/proc/self/stat', 'r');
     opened.push(file);
-    expect(() => readStateFd(file)).toThrow(/^cannot restore state: fd \d+ is not a memfd \(fcntl\(\d+, F_GET_SEALS\): EINVAL\); start without/);
+    expect(() => readStateFd(file)).toThrow(
+      /^cannot restore state: fd \d+ is not a memfd \(fcntl\(\d+, F_GET_SEALS\): EINVAL\); start without/,
+    );
     const open = memfdCreate('open-state');
     opened.push(open);
     fs.writeSync(open, encodeState(STATE), 0, undefined, 0);

@@ -122,7 +122,8 @@ export class FakeHost {
    */
   writeRapl(o: { vendor?: Vendor; powerUnit: bigint; energy?: Record<number, number> }): void {
     const vendor = o.vendor ?? 'intel';
-    for (const pkg of new Set(this.cpuPackages)) this.writePackageMsr(pkg, vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT, o.powerUnit);
+    for (const pkg of new Set(this.cpuPackages))
+      this.writePackageMsr(pkg, vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT, o.powerUnit);
     for (const [pkg, units] of Object.entries(o.energy ?? {})) this.setEnergy(Number(pkg), units, vendor);
   }
 
@@ -217,7 +218,10 @@ export class FakeHost {
 export function assembleOnFakeHost(
   fake: FakeHost,
   device: MsrDevice,
-  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger } & Pick<ChainOptions, 'discovery' | 'observerGid' | 'fds' | 'restore' | 'restoreWaitMs'>,
+  o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger } & Pick<
+    ChainOptions,
+    'discovery' | 'observerGid' | 'fds' | 'restore' | 'restoreWaitMs'
+  >,
 ): Promise<Chain> {
   return assembleChain({
     paths: fake.hostPaths(),

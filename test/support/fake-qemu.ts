@@ -18,7 +18,9 @@ def setname(n):
     libc.prctl(15, ctypes.c_char_p(n.encode()[:15]), 0, 0, 0)
 `;
 
-const VM_SCRIPT = COMMON + String.raw`
+const VM_SCRIPT =
+  COMMON +
+  String.raw`
 comm = os.environ.get("FAKE_COMM", "")
 if comm: setname(comm)
 named = os.environ.get("FAKE_VCPU_NAMES", "1") == "1"
@@ -74,7 +76,12 @@ export class FakeQemu {
     this.child = spawn(PYTHON, ['-u', '-c', VM_SCRIPT, ...(o.args ?? [])], {
       argv0: o.argv0 ?? 'qemu-system-x86_64',
       stdio: ['pipe', 'pipe', 'inherit'],
-      env: { ...process.env, FAKE_COMM: o.comm ?? 'qemu-system-x86', FAKE_VCPUS: String(o.vcpus), FAKE_VCPU_NAMES: o.vcpuNames === false ? '0' : '1' },
+      env: {
+        ...process.env,
+        FAKE_COMM: o.comm ?? 'qemu-system-x86',
+        FAKE_VCPUS: String(o.vcpus),
+        FAKE_VCPU_NAMES: o.vcpuNames === false ? '0' : '1',
+      },
       ...spawnOpts,
     });
     this.out = new LineReader(this.child);
@@ -116,7 +123,9 @@ export class FakeQemu {
   }
 }
 
-const FARM_SCRIPT = COMMON + String.raw`
+const FARM_SCRIPT =
+  COMMON +
+  String.raw`
 n = int(sys.argv[1]); nv = int(sys.argv[2])
 wake = float(os.environ.get("FAKE_WAKE_S", "0")) or None
 pids = []
@@ -154,11 +163,15 @@ export class FakeQemuFarm {
     readonly vcpus: number,
     o: { wakeEveryMs?: number } = {},
   ) {
-    this.child = spawn(PYTHON, ['-u', '-c', FARM_SCRIPT, String(count), String(vcpus), '-name', 'guest=farm', '-smp', `${vcpus},sockets=2`], {
-      argv0: 'qemu-system-x86_64',
-      stdio: ['pipe', 'pipe', 'inherit'],
-      env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000) },
-    });
+    this.child = spawn(
+      PYTHON,
+      ['-u', '-c', FARM_SCRIPT, String(count), String(vcpus), '-name', 'guest=farm', '-smp', `${vcpus},sockets=2`],
+      {
+        argv0: 'qemu-system-x86_64',
+        stdio: ['pipe', 'pipe', 'inherit'],
+        env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000) },
+      },
+    );
   }
 
   async ready(timeoutMs = 120_000): Promise<number[]> {

@@ -18,7 +18,8 @@ const URI = 'qemu:///system';
 export function libvirtMissing(): string | null {
   if (!isRoot()) return 'needs root (libvirtd, qemu:///system)';
   for (const c of ['virsh', 'libvirtd', 'virtlogd']) {
-    if (!which(c) && !fs.existsSync(`/usr/sbin/${c}`)) return `${c} not installed (apt-get install -t bookworm-backports libvirt-daemon-system libvirt-clients)`;
+    if (!which(c) && !fs.existsSync(`/usr/sbin/${c}`))
+      return `${c} not installed (apt-get install -t bookworm-backports libvirt-daemon-system libvirt-clients)`;
   }
   if (!fs.existsSync(SPIN_ELF)) return `guest kernel ${SPIN_ELF} missing`;
   return null;

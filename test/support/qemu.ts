@@ -95,15 +95,22 @@ export async function startQemu(o: QemuOptions): Promise<QemuGuest> {
   const qmpPath = path.join(dir, `${name}.qmp`);
   const accel: 'kvm' | 'tcg' = !o.tcg && hasKvm() ? 'kvm' : 'tcg';
   const args = [
-    '-accel', accel === 'kvm' ? 'kvm' : 'tcg,thread=multi',
-    '-smp', `${smp},sockets=${sockets},cores=${smp / sockets},threads=1`,
-    '-m', '64',
+    '-accel',
+    accel === 'kvm' ? 'kvm' : 'tcg,thread=multi',
+    '-smp',
+    `${smp},sockets=${sockets},cores=${smp / sockets},threads=1`,
+    '-m',
+    '64',
     '-nodefaults',
-    '-display', 'none',
-    '-kernel', SPIN_ELF,
-    '-append', `mode=${o.mode}`,
+    '-display',
+    'none',
+    '-kernel',
+    SPIN_ELF,
+    '-append',
+    `mode=${o.mode}`,
     ...(o.plain ? [] : ['-name', `${name},debug-threads=on`]),
-    '-qmp', `unix:${qmpPath},server=on,wait=off`,
+    '-qmp',
+    `unix:${qmpPath},server=on,wait=off`,
     ...(o.extraArgs ?? []),
   ];
   const child = spawn('qemu-system-x86_64', args, { stdio: ['ignore', 'ignore', 'pipe'] });
@@ -179,7 +186,11 @@ function vcpuTicks(pid: number, tids: number[], procRoot: string): number[] {
  * do not, over `windowMs`). Booting costs seconds of CPU on the boot vCPU in every mode, so tests
  * that compare loads wait for this first. Resolves false on timeout.
  */
-export async function waitSettled(g: QemuGuest, mode: GuestMode, o: { timeoutMs?: number; windowMs?: number; procRoot?: string } = {}): Promise<boolean> {
+export async function waitSettled(
+  g: QemuGuest,
+  mode: GuestMode,
+  o: { timeoutMs?: number; windowMs?: number; procRoot?: string } = {},
+): Promise<boolean> {
   const procRoot = o.procRoot ?? '/proc';
   const windowMs = o.windowMs ?? 400;
   const deadline = Date.now() + (o.timeoutMs ?? 30_000);

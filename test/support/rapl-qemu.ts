@@ -54,7 +54,8 @@ export function raplQemuMissing(): string | null {
   if (v[0] < MIN_RAPL_QEMU[0] || (v[0] === MIN_RAPL_QEMU[0] && v[1] < MIN_RAPL_QEMU[1])) {
     return `qemu-system-x86_64 ${v.join('.')} has no rapl=true (needs ${MIN_RAPL_QEMU.join('.')}+; .ci/run installs it from bookworm-backports)`;
   }
-  for (const cmd of ['gdb', 'unshare', 'setpriv']) if (!which(cmd)) return `${cmd} not installed (apt-get install ${cmd === 'gdb' ? 'gdb' : 'util-linux'})`;
+  for (const cmd of ['gdb', 'unshare', 'setpriv'])
+    if (!which(cmd)) return `${cmd} not installed (apt-get install ${cmd === 'gdb' ? 'gdb' : 'util-linux'})`;
   if (!fs.existsSync(SPIN_ELF)) return `guest kernel ${SPIN_ELF} missing (make -C test/fixtures/guest)`;
   return null;
 }
@@ -70,7 +71,8 @@ export function qemuVmsrHelperMissing(): string | null {
   } catch {
     return 'dpkg-query cannot tell the qemu-system-common version';
   }
-  if (build !== KNOWN_VMSR_HELPER_BUILD) return `qemu-system-common ${build} installed; the gdb vendor answer knows only ${KNOWN_VMSR_HELPER_BUILD}`;
+  if (build !== KNOWN_VMSR_HELPER_BUILD)
+    return `qemu-system-common ${build} installed; the gdb vendor answer knows only ${KNOWN_VMSR_HELPER_BUILD}`;
   const fd = fs.openSync(VMSR_HELPER, 'r');
   const b = Buffer.alloc(2);
   try {
@@ -78,7 +80,8 @@ export function qemuVmsrHelperMissing(): string | null {
   } finally {
     fs.closeSync(fd);
   }
-  if (b.toString('hex') !== '0fa2') return `${VMSR_HELPER}: no CPUID instruction before offset 0x${VMSR_HELPER_CPUID_AFTER.toString(16)}; not the expected build`;
+  if (b.toString('hex') !== '0fa2')
+    return `${VMSR_HELPER}: no CPUID instruction before offset 0x${VMSR_HELPER_CPUID_AFTER.toString(16)}; not the expected build`;
   if (!fs.existsSync('/dev/cpu')) return '/dev/cpu missing (modprobe msr or cpuid creates it; the MSR files are bind-mounted there)';
   return null;
 }
@@ -194,16 +197,25 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
   const pidPath = path.join(o.dir, `${o.name}.pid`);
   const qemu = [
     'qemu-system-x86_64',
-    '-accel', `kvm,rapl=true,rapl-helper-socket=${o.socket}`,
-    '-smp', '1',
-    '-m', '64',
+    '-accel',
+    `kvm,rapl=true,rapl-helper-socket=${o.socket}`,
+    '-smp',
+    '1',
+    '-m',
+    '64',
     '-nodefaults',
-    '-display', 'none',
-    '-kernel', SPIN_ELF,
-    '-append', 'mode=r',
-    '-serial', `file:${serialPath}`,
-    '-pidfile', pidPath,
-    '-name', `${o.name},debug-threads=on`,
+    '-display',
+    'none',
+    '-kernel',
+    SPIN_ELF,
+    '-append',
+    'mode=r',
+    '-serial',
+    `file:${serialPath}`,
+    '-pidfile',
+    pidPath,
+    '-name',
+    `${o.name},debug-threads=on`,
     ...(o.extraArgs ?? []),
   ];
   const asUser = o.user ? ['setpriv', `--reuid=${o.user.uid}`, `--regid=${o.user.gid}`, '--clear-groups', '--'] : [];
@@ -217,7 +229,9 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
   if (code !== 0 || !ours || !alive(pid)) {
     run.child.kill('SIGKILL');
     if (ours) await killAndWait(pid, 'SIGKILL');
-    throw new Error(`QEMU with rapl=true did not start (${code === 'timeout' ? 'timed out' : `gdb exit ${code}`}): ${run.stderr().trim() || '(no stderr)'}`);
+    throw new Error(
+      `QEMU with rapl=true did not start (${code === 'timeout' ? 'timed out' : `gdb exit ${code}`}): ${run.stderr().trim() || '(no stderr)'}`,
+    );
   }
   let stopped = false;
   return {
@@ -237,7 +251,11 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
  * Starts QEMU's own /usr/bin/qemu-vmsr-helper on `socket`, as root, in a namespace where
  * /dev/cpu is `msrDir` (the test's MSR files, cpu N at msrDir/N/msr).
  */
-export async function startQemuVmsrHelper(socket: string, msrDir: string, timeoutMs = 30_000): Promise<{ pid: number; stderr(): string; stop(): Promise<void> }> {
+export async function startQemuVmsrHelper(
+  socket: string,
+  msrDir: string,
+  timeoutMs = 30_000,
+): Promise<{ pid: number; stderr(): string; stop(): Promise<void> }> {
   const why = qemuVmsrHelperMissing();
   if (why) throw new Error(why);
   const argv = [VMSR_HELPER, '-k', socket];
@@ -334,7 +352,9 @@ export class GuestSerial {
       if (qemu && !qemu.alive()) throw new Error(`${what}: QEMU exited\n${qemu.stderr()}`);
       if (Date.now() > end) {
         const tail = this.lines.slice(-5).map((l) => `${l.msr.toString(16)} ${l.value.toString(16)}`);
-        throw new Error(`timed out waiting for ${what}; last guest lines: ${tail.join(' | ') || '(none)'}; other: ${this.other.slice(-3).join(' | ')}`);
+        throw new Error(
+          `timed out waiting for ${what}; last guest lines: ${tail.join(' | ') || '(none)'}; other: ${this.other.slice(-3).join(' | ')}`,
+        );
       }
       await new Promise((r) => setTimeout(r, 50));
     }

@@ -80,7 +80,10 @@ export class ThreadedProcess {
   }
 
   tids(): number[] {
-    return fs.readdirSync(`/proc/${this.pid}/task`).map(Number).sort((a, b) => a - b);
+    return fs
+      .readdirSync(`/proc/${this.pid}/task`)
+      .map(Number)
+      .sort((a, b) => a - b);
   }
 
   async kill(): Promise<void> {

@@ -20,14 +20,22 @@ const PID = 100;
 const header: TraceHeader = { host: host([2]) };
 
 function sample(s: number, energy: bigint, utime: number): Sample {
-  return { tNs: BigInt(s) * 1_000_000_000n, energy: new Map([[0, energy]]), tasks: new Map([[PID, new Map([[PID, statLine({ tid: PID, utime, starttime: 5, processor: 0 })]])]]) };
+  return {
+    tNs: BigInt(s) * 1_000_000_000n,
+    energy: new Map([[0, energy]]),
+    tasks: new Map([[PID, new Map([[PID, statLine({ tid: PID, utime, starttime: 5, processor: 0 })]])]]),
+  };
 }
 
 const vm = { pid: PID, starttime: 5, vcpus: [{ tid: PID, vpkg: 0 }] };
 
 async function totalJ(lines: string[]): Promise<{ joules: number; intervals: number; problems: string[] }> {
   const summary = await replayRecords(readTraceStream(Readable.from([Buffer.from(lines.join(''))])));
-  return { joules: summary.vms[0]!.output.vpkgs.reduce((a, v) => a + v.energyJ, 0), intervals: summary.intervals, problems: summary.problems.first };
+  return {
+    joules: summary.vms[0]!.output.vpkgs.reduce((a, v) => a + v.energyJ, 0),
+    intervals: summary.intervals,
+    problems: summary.problems.first,
+  };
 }
 
 describe('the gap record', () => {
@@ -50,7 +58,9 @@ describe('the gap record', () => {
 
   test('a reader refuses a gap without a count', async () => {
     const lines = [headerLine(header), '{"type":"gap","t_ns":5}\n'];
-    await expect(replayRecords(readTraceStream(Readable.from([Buffer.from(lines.join(''))])))).rejects.toThrow(/lost_samples must be a non-negative integer/);
+    await expect(replayRecords(readTraceStream(Readable.from([Buffer.from(lines.join(''))])))).rejects.toThrow(
+      /lost_samples must be a non-negative integer/,
+    );
   });
 });
 

@@ -93,7 +93,8 @@ describe('trace header', () => {
 describe('VM names and end states in replay', () => {
   test('a VM unregistered while its process runs is "unregistered", one whose process went is "ended"; names come from the trace', async () => {
     const f = tmpFile('states.jsonl');
-    const stat = (pid: number, ticks: number) => `${pid} (qemu) R 1 1 1 0 -1 0 0 0 0 0 ${ticks} 0 0 0 20 0 1 0 5000 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0`;
+    const stat = (pid: number, ticks: number) =>
+      `${pid} (qemu) R 1 1 1 0 -1 0 0 0 0 0 ${ticks} 0 0 0 20 0 1 0 5000 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0`;
     const sample = (t: number, e: number, pids: number[], ticks: number) =>
       `{"type":"sample","t_ns":${t},"energy":{"0":"0x${e.toString(16)}"},"tasks":{${pids.map((p) => `"${p}":{"${p}":"${stat(p, ticks)}"}`).join(',')}}}\n`;
     fs.writeFileSync(

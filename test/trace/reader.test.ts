@@ -16,7 +16,14 @@ const HEADER = {
   format: 'vmsr-trace',
   version: 1,
   clk_tck: 100,
-  host: { vendor: 'intel', cpus: [{ cpu: 0, package: 0 }, { cpu: 1, package: 0 }], packages: [{ package: 0, power_unit: '0xa0e03' }] },
+  host: {
+    vendor: 'intel',
+    cpus: [
+      { cpu: 0, package: 0 },
+      { cpu: 1, package: 0 },
+    ],
+    packages: [{ package: 0, power_unit: '0xa0e03' }],
+  },
   note: 'test',
 };
 const REGISTER = { type: 'register', t_ns: 1000, vm: { pid: 42, starttime: 7, name: 'vm', vcpus: [{ tid: 43, vpkg: 0 }] } };
@@ -58,7 +65,9 @@ async function errorOf(content: string | Buffer): Promise<TraceError> {
 describe('trace reader: good traces', () => {
   it('reads header, register, sample and unregister into engine types; unknown keys are ignored', async () => {
     const recs = await collect(
-      readTrace(file(lines({ ...HEADER, extra: [1] }, { ...REGISTER, why: 'x' }, sampleRec(2000), '', { type: 'unregister', t_ns: 3000, pid: 42 }))),
+      readTrace(
+        file(lines({ ...HEADER, extra: [1] }, { ...REGISTER, why: 'x' }, sampleRec(2000), '', { type: 'unregister', t_ns: 3000, pid: 42 })),
+      ),
     );
     expect(recs.map((r) => [r.type, r.line])).toEqual([
       ['header', 1],
@@ -69,7 +78,15 @@ describe('trace reader: good traces', () => {
     const h = recs[0]!;
     expect(h.type === 'header' && h.header).toEqual({
       note: 'test',
-      host: { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, package: 0 }, { cpu: 1, package: 0 }], packages: [{ package: 0, powerUnit: 0xa0e03n }] },
+      host: {
+        vendor: 'intel',
+        clkTck: 100,
+        cpus: [
+          { cpu: 0, package: 0 },
+          { cpu: 1, package: 0 },
+        ],
+        packages: [{ package: 0, powerUnit: 0xa0e03n }],
+      },
     });
     const s = recs[2]!;
     expect(s.type === 'sample' && s.sample.tNs).toBe(2000n);
@@ -111,14 +128,30 @@ describe('trace reader: errors name the line', () => {
     ['record back in time', lines(HEADER, sampleRec(10), { ...REGISTER, t_ns: 5 }), /^line 3: t_ns 5 goes back in time/],
     ['energy not hex', lines(HEADER, sampleRec(1, { energy: { '0': 16 } })), /^line 2: energy\["0"\]: expected a hex string/],
     ['energy key not an id', lines(HEADER, sampleRec(1, { energy: { pkg0: '0x1' } })), /^line 2: energy: key "pkg0" is not a decimal id/],
-    ['stat line not a string', lines(HEADER, sampleRec(1, { tasks: { '42': { '42': 5 } } })), /^line 2: sample: tasks\["42"\]\["42"\] must be a stat line string/],
+    [
+      'stat line not a string',
+      lines(HEADER, sampleRec(1, { tasks: { '42': { '42': 5 } } })),
+      /^line 2: sample: tasks\["42"\]\["42"\] must be a stat line string/,
+    ],
     ['tasks missing', lines(HEADER, { type: 'sample', t_ns: 1, energy: {} }), /^line 2: sample: tasks must be an object/],
-    ['vpkg out of range', lines(HEADER, { ...REGISTER, vm: { ...REGISTER.vm, vcpus: [{ tid: 43, vpkg: 300 }] } }), /^line 2: register: vCPU 1: virtual package 300 is out of range \(0..255\)$/],
+    [
+      'vpkg out of range',
+      lines(HEADER, { ...REGISTER, vm: { ...REGISTER.vm, vcpus: [{ tid: 43, vpkg: 300 }] } }),
+      /^line 2: register: vCPU 1: virtual package 300 is out of range \(0..255\)$/,
+    ],
     ['pid zero', lines(HEADER, { type: 'unregister', t_ns: 1, pid: 0 }), /^line 2: pid must be a positive integer/],
     ['vendor', lines({ ...HEADER, host: { ...HEADER.host, vendor: 'via' } }), /^line 1: header: host.vendor/],
-    ['cpu in unlisted package', lines({ ...HEADER, host: { ...HEADER.host, cpus: [{ cpu: 0, package: 9 }] } }), /^line 1: header: cpu 0 is in package 9/],
+    [
+      'cpu in unlisted package',
+      lines({ ...HEADER, host: { ...HEADER.host, cpus: [{ cpu: 0, package: 9 }] } }),
+      /^line 1: header: cpu 0 is in package 9/,
+    ],
     ['clk_tck', lines({ ...HEADER, clk_tck: 0 }), /^line 1: header: clk_tck must be a positive integer/],
-    ['truncated last line', lines(HEADER, sampleRec(1)) + '{"type":"sample","t_ns":2,"ener', /^line 3: truncated: the last line ends without a newline/],
+    [
+      'truncated last line',
+      lines(HEADER, sampleRec(1)) + '{"type":"sample","t_ns":2,"ener',
+      /^line 3: truncated: the last line ends without a newline/,
+    ],
     ['invalid UTF-8', Buffer.concat([Buffer.from(lines(HEADER)), Buffer.from([0x7b, 0xff, 0xfe, 0x7d, 0x0a])]), /^line 2: not valid UTF-8/],
   ];
   for (const [name, content, message] of cases) {
@@ -184,7 +217,8 @@ describe('trace reader: errors name the line', () => {
 
   it('reports progress (lines and file bytes) while scanning', async () => {
     const seen: { lines: number; fileBytes?: number }[] = [];
-    for await (const _ of readTrace(file(lines(HEADER) + '\n'.repeat(500_000) + lines(sampleRec(1))), { onProgress: (p) => seen.push(p) })) void _;
+    for await (const _ of readTrace(file(lines(HEADER) + '\n'.repeat(500_000) + lines(sampleRec(1))), { onProgress: (p) => seen.push(p) }))
+      void _;
     expect(seen.length).toBeGreaterThan(3);
     expect(seen.at(-1)!.lines).toBeGreaterThan(100_000);
     expect(seen.at(-1)!.fileBytes).toBeGreaterThan(100_000);

@@ -96,7 +96,9 @@ export interface TestChild {
 
 /** A child that spins (busy) or sleeps; killed by the returned kill(). */
 export function startChild(kind: 'spin' | 'sleep'): TestChild {
-  return killable(kind === 'spin' ? spawn(process.execPath, ['-e', 'for(;;){}'], { stdio: 'ignore' }) : spawn('sleep', ['120'], { stdio: 'ignore' }));
+  return killable(
+    kind === 'spin' ? spawn(process.execPath, ['-e', 'for(;;){}'], { stdio: 'ignore' }) : spawn('sleep', ['120'], { stdio: 'ignore' }),
+  );
 }
 
 function killable(child: ChildProcess): TestChild {

@@ -43,7 +43,10 @@ async function expectV2Error(p: Promise<unknown>, code: number): Promise<V2Error
   return e as V2Error;
 }
 
-const self = () => threadsOf(process.pid).slice(0, 2).map((tid, i) => ({ tid, vpkg: i }));
+const self = () =>
+  threadsOf(process.pid)
+    .slice(0, 2)
+    .map((tid, i) => ({ tid, vpkg: i }));
 
 describe('v2 service on a real socket', () => {
   it('REGISTER own threads: vm_id, nvpkg, the guest power unit; zeros before the first interval', async () => {
@@ -89,7 +92,10 @@ describe('v2 service on a real socket', () => {
     const r = await c.register({ vcpus: self() });
     await expectV2Error(c.read(r.vmId, 2), E.NO_SUCH);
     await expectV2Error(c.read(r.vmId + 100, 0), E.NO_SUCH);
-    await expectV2Error(c.subscribe(r.vmId + 100, () => {}), E.NO_SUCH);
+    await expectV2Error(
+      c.subscribe(r.vmId + 100, () => {}),
+      E.NO_SUCH,
+    );
     await c.unregister(r.vmId);
     expect(h.service.vms).toBe(0);
     await expectV2Error(c.read(r.vmId, 0), E.NO_SUCH);
@@ -223,10 +229,25 @@ describe('v2 service on a real socket', () => {
     const fatal: [string, Buffer][] = [
       ['unknown type', encodeFrame(0x42, 0, Buffer.alloc(4))],
       ['a helper type from a client', encodeFrame(T.VALUE, 0, Buffer.alloc(32))],
-      ['length over 65536', (() => { const b = Buffer.alloc(8); b.writeUInt16LE(T.READ, 0); b.writeUInt32LE(MAX_PAYLOAD + 1, 4); return b; })()],
+      [
+        'length over 65536',
+        (() => {
+          const b = Buffer.alloc(8);
+          b.writeUInt16LE(T.READ, 0);
+          b.writeUInt32LE(MAX_PAYLOAD + 1, 4);
+          return b;
+        })(),
+      ],
       ['READ of the wrong size', encodeFrame(T.READ, 0, Buffer.alloc(12))],
       ['SUBSCRIBE of the wrong size', encodeFrame(T.SUBSCRIBE, 0, Buffer.alloc(0))],
-      ['REGISTER with a lying nvcpu', (() => { const b = encodeRegister({ pid: 0, vcpus: [{ tid: process.pid, vpkg: 0 }] }); b.writeUInt32LE(2, 12); return b; })()],
+      [
+        'REGISTER with a lying nvcpu',
+        (() => {
+          const b = encodeRegister({ pid: 0, vcpus: [{ tid: process.pid, vpkg: 0 }] });
+          b.writeUInt32LE(2, 12);
+          return b;
+        })(),
+      ],
     ];
     for (const [name, bytes] of fatal) {
       it(`${name}: ERROR 1, then the helper closes; other clients unaffected`, async () => {
@@ -252,19 +273,29 @@ describe('v2 service on a real socket', () => {
       const bad = [
         encodeRegister({ pid: 0, vcpus: [] }),
         encodeRegister({ pid: 0, vcpus: [{ tid: process.pid, vpkg: 256 }] }),
-        encodeRegister({ pid: 0, vcpus: [{ tid: process.pid, vpkg: 0 }, { tid: process.pid, vpkg: 1 }] }),
+        encodeRegister({
+          pid: 0,
+          vcpus: [
+            { tid: process.pid, vpkg: 0 },
+            { tid: process.pid, vpkg: 1 },
+          ],
+        }),
         encodeFrame(T.READ, 4, Buffer.alloc(8)),
       ];
       // Split at odd places to exercise the service's reassembly too.
       const all = Buffer.concat([...bad, encodeRegister({ pid: 0, vcpus: [{ tid: process.pid, vpkg: 0 }] })]);
       for (let i = 0; i < all.length; i += 7) raw.write(all.subarray(i, i + 7));
-      await until(() => {
-        try {
-          return messages(raw.received).length === 5;
-        } catch {
-          return false;
-        }
-      }, 3000, 'five replies');
+      await until(
+        () => {
+          try {
+            return messages(raw.received).length === 5;
+          } catch {
+            return false;
+          }
+        },
+        3000,
+        'five replies',
+      );
       const ms = messages(raw.received);
       expect(ms.slice(0, 4).map((m) => m.type === T.ERROR && m.code)).toEqual([1, 1, 1, 1]);
       expect(ms[4]!.type).toBe(T.REGISTERED);
@@ -308,7 +339,11 @@ describe('v2 service on a real socket', () => {
     const r = await c.register({ vcpus: self() });
     const updates: Update[] = [];
     const notices: V2Error[] = [];
-    await c.subscribe(r.vmId, (u) => updates.push(u), (e) => notices.push(e));
+    await c.subscribe(
+      r.vmId,
+      (u) => updates.push(u),
+      (e) => notices.push(e),
+    );
     await until(() => updates.length >= 3, 3000, 'updates');
     // A truncated MSR file gives a short pread: the energy read fails.
     const saved = fs.readFileSync(h.fake.msrPath(0));
@@ -347,7 +382,11 @@ s.on('error', (e) => { process.stderr.write(String(e)); process.exit(2); });
     );
     fs.chmodSync(script, 0o644);
     const out = await new Promise<string>((resolve, reject) => {
-      const p = spawn(process.execPath, [script, h.socketPath, String(process.pid)], { uid: 65534, gid: 65534, stdio: ['ignore', 'pipe', 'pipe'] });
+      const p = spawn(process.execPath, [script, h.socketPath, String(process.pid)], {
+        uid: 65534,
+        gid: 65534,
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
       let o = '';
       let err = '';
       p.stdout.on('data', (d) => (o += d));

@@ -39,7 +39,10 @@ describe('trace recording by the v2 service', () => {
     const { h, trace, tracePath } = await recordingHarness();
     const spin = startChild('spin');
     const sleep = startChild('sleep');
-    cleanups.push(() => spin.kill(), () => sleep.kill());
+    cleanups.push(
+      () => spin.kill(),
+      () => sleep.kill(),
+    );
     const pump = setInterval(() => h.addEnergy(30000), 5);
     cleanups.push(() => clearInterval(pump));
 
@@ -71,10 +74,12 @@ describe('trace recording by the v2 service', () => {
 });
 
 describe('trace recording: names and unregistered VMs', () => {
-  it('records the name on the VM\'s command line (QEMU -name) and replays an unregistered, still running VM as unregistered', async () => {
+  it("records the name on the VM's command line (QEMU -name) and replays an unregistered, still running VM as unregistered", async () => {
     const { h, trace, tracePath } = await recordingHarness();
     // A process whose command line carries a QEMU-style -name, as libvirt starts QEMU.
-    const vm = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1e6)', '--', '-name', 'guest=vm-live,debug-threads=on'], { stdio: 'ignore' });
+    const vm = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1e6)', '--', '-name', 'guest=vm-live,debug-threads=on'], {
+      stdio: 'ignore',
+    });
     cleanups.push(() => void vm.kill('SIGKILL'));
     const c = await V2Client.connect(h.socketPath);
     cleanups.push(() => c.close());
@@ -137,7 +142,13 @@ describe('watch', () => {
     const base = { tNs: 1_000_000_000n, vpkgs: [{ energyUj: 1_000_000n }] };
     const u: Update = { vmId: 3, tNs: 2n ** 60n, vpkgs: [{ counter: 0x1fn, energyUj: 2n ** 55n + 1n }], ended: true };
     const line = formatJsonUpdate(base, u, 2n ** 60n - 2_000_000_000n);
-    const o = JSON.parse(line) as { type: string; vm_id: number; t_s: number; ended: boolean; vpkgs: { vpkg: number; energy_uj: string; counter: string; power_w: number }[] };
+    const o = JSON.parse(line) as {
+      type: string;
+      vm_id: number;
+      t_s: number;
+      ended: boolean;
+      vpkgs: { vpkg: number; energy_uj: string; counter: string; power_w: number }[];
+    };
     expect(o).toMatchObject({ type: 'update', vm_id: 3, t_s: 2, ended: true });
     expect(o.vpkgs[0]).toMatchObject({ vpkg: 0, energy_uj: '36028797018963969', counter: '0x1f' });
     expect(line).toContain(`"t_ns":${2n ** 60n}`); // not rounded through a float
@@ -180,7 +191,9 @@ describe('watch', () => {
   function watchCli(args: string[]): Promise<{ code: number | null; stderr: string }> {
     ensureBuilt();
     return new Promise((resolve) =>
-      execFile(process.execPath, [BIN, 'watch', ...args], (err, _o, stderr) => resolve({ code: err ? (err as { code?: number }).code ?? 1 : 0, stderr })),
+      execFile(process.execPath, [BIN, 'watch', ...args], (err, _o, stderr) =>
+        resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stderr }),
+      ),
     );
   }
 

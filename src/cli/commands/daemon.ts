@@ -103,7 +103,11 @@ function parseWatts(v: string | undefined, flag: string, dflt: number): number {
   return Number(v);
 }
 
-export function parseDaemonOptions(raw: RawDaemonOptions, ids: IdLookups = systemIds, readFile: (f: string) => string = defaultRead): DaemonConfig {
+export function parseDaemonOptions(
+  raw: RawDaemonOptions,
+  ids: IdLookups = systemIds,
+  readFile: (f: string) => string = defaultRead,
+): DaemonConfig {
   if (raw.socket !== undefined && !raw.socket.startsWith('/')) {
     throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
   }
@@ -190,7 +194,11 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
       // The re-exec passes only allowlisted variables (os/privileges/reexec.ts): -d's marker is named here.
       if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
       try {
-        reexecDropped({ ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) }, keep, env);
+        reexecDropped(
+          { ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) },
+          keep,
+          env,
+        );
       } catch (e) {
         await undo();
         throw new Error(cannot(`drop privileges`, (e as Error).message));
@@ -199,7 +207,13 @@ export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<ty
     const [{ runDaemon }, { v2DaemonPlugin }] = await Promise.all([import('../../helper/daemon.js'), import('../../helper/assemble.js')]);
     // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
     const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
-    await runDaemon(config, { plugins, files, reexec: blocker ?? 're-executed', ...(inherited ? { inherited } : {}), ...(logger ? { logger: logger() } : {}) });
+    await runDaemon(config, {
+      plugins,
+      files,
+      reexec: blocker ?? 're-executed',
+      ...(inherited ? { inherited } : {}),
+      ...(logger ? { logger: logger() } : {}),
+    });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
@@ -216,23 +230,34 @@ export function configureDaemonCommand(program: Command): void {
     .option('-d, --daemon', 'run in the background')
     .option('-u, --user <user>', 'user (name or uid) to drop privileges to')
     .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)");
-  addLogLevelOptions(program)
-    .option('-T, --trace <spec>', '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)', collect);
+  addLogLevelOptions(program).option(
+    '-T, --trace <spec>',
+    '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)',
+    collect,
+  );
   addHostOptions(program)
     .addOption(energySourceOption())
     .option('--amd-power-limit <watts>', `AMD: package power limit reported as MSR 0x610 (default ${DEFAULT_AMD_SYNTH.powerLimitWatts})`)
     .option('--amd-tdp <watts>', `AMD: thermal design power reported as MSR 0x614 (default ${DEFAULT_AMD_SYNTH.tdpWatts})`)
-    .option('--socket-mode <mode>', 'permission bits of the socket file, octal, whatever the umask (default 0600; e.g. 0660 with --socket-group)')
-    .option('--socket-group <group>', "group (name or gid) of the socket file, e.g. the group QEMU runs as (libvirt: 'libvirt-qemu' or 'kvm')")
-    .addOption(
-      new Option('--max-connections <n>', `connections served at once; more are closed at once (default ${DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file limit)`).argParser(
-        positiveIntArg('--max-connections', 1 << 20),
-      ),
+    .option(
+      '--socket-mode <mode>',
+      'permission bits of the socket file, octal, whatever the umask (default 0600; e.g. 0660 with --socket-group)',
+    )
+    .option(
+      '--socket-group <group>',
+      "group (name or gid) of the socket file, e.g. the group QEMU runs as (libvirt: 'libvirt-qemu' or 'kvm')",
     )
     .addOption(
-      new Option('--frame-timeout <seconds>', `a request or frame must arrive whole within this time of its first byte, or the connection is closed (default ${DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000})`).argParser(
-        secondsArg('--frame-timeout', { min: 0.1, max: 3600 }),
-      ),
+      new Option(
+        '--max-connections <n>',
+        `connections served at once; more are closed at once (default ${DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file limit)`,
+      ).argParser(positiveIntArg('--max-connections', 1 << 20)),
+    )
+    .addOption(
+      new Option(
+        '--frame-timeout <seconds>',
+        `a request or frame must arrive whole within this time of its first byte, or the connection is closed (default ${DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000})`,
+      ).argParser(secondsArg('--frame-timeout', { min: 0.1, max: 3600 })),
     )
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
       // One logger from the first line on: a start-up error is logged like everything after it

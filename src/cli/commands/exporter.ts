@@ -15,34 +15,45 @@ import { MAX_VMS } from '../../ratio/types.js';
 import { handleSighup } from '../../os/sighup.js';
 import { closeOpenInspector } from '../../os/inspector-guard.js';
 
-
 export function addExporterCommand(program: Command): void {
   const exporter = addClientSocketOption(
-    program.command('exporter').description("serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP"),
+    program
+      .command('exporter')
+      .description(
+        "serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP",
+      ),
   )
     .option('--listen <host:port>', `where to serve /metrics (default ${DEFAULT_LISTEN}: loopback only)`, listenAddressArg)
-    .option('--max-vms <n>', `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxExportedVms})`, positiveIntArg('--max-vms', MAX_VMS));
-  addLogLevelOptions(exporter)
-    .action(async (_o: unknown, cmd: Command) => {
-      // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
-      // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
-      const o = commandOptions<{ socket?: string; verbose?: boolean; quiet?: boolean; listen?: ListenAddress; maxVms?: number }>(cmd);
-      const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
-      const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
-      const exporter = await startExporter(
-        { socketPath, listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN), maxExportedVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxExportedVms },
-        () => V2Client.connect(socketPath),
-        log,
-      );
-      const signals = new DisposableStore();
-      signals.add(handleSighup(log));
-      const inspectorUrl = closeOpenInspector();
-      if (inspectorUrl !== null) log.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the exporter)");
-      await new Promise<void>((resolve) => {
-        for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => resolve()));
-      });
-      signals.dispose();
-      log.info('stopping');
-      await exporter.stop();
+    .option(
+      '--max-vms <n>',
+      `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxExportedVms})`,
+      positiveIntArg('--max-vms', MAX_VMS),
+    );
+  addLogLevelOptions(exporter).action(async (_o: unknown, cmd: Command) => {
+    // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
+    // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
+    const o = commandOptions<{ socket?: string; verbose?: boolean; quiet?: boolean; listen?: ListenAddress; maxVms?: number }>(cmd);
+    const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
+    const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
+    const exporter = await startExporter(
+      {
+        socketPath,
+        listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN),
+        maxExportedVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxExportedVms,
+      },
+      () => V2Client.connect(socketPath),
+      log,
+    );
+    const signals = new DisposableStore();
+    signals.add(handleSighup(log));
+    const inspectorUrl = closeOpenInspector();
+    if (inspectorUrl !== null)
+      log.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the exporter)");
+    await new Promise<void>((resolve) => {
+      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => resolve()));
     });
+    signals.dispose();
+    log.info('stopping');
+    await exporter.stop();
+  });
 }

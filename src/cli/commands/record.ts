@@ -66,10 +66,13 @@ export function addRecordCommand(program: Command): void {
   const record = program
     .command('record')
     .description('record a trace of package energy and VM thread stats, for replay')
-    .option('--qmp <path>', "QMP socket of a QEMU VM to register (repeatable)", collect(String), [])
+    .option('--qmp <path>', 'QMP socket of a QEMU VM to register (repeatable)', collect(String), [])
     .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(pidArg), [])
     .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(vcpuListArg), [])
-    .requiredOption('-o, --output <trace>', 'trace file to write (.jsonl, or .jsonl.gz for gzip); an existing file is refused without --force')
+    .requiredOption(
+      '-o, --output <trace>',
+      'trace file to write (.jsonl, or .jsonl.gz for gzip); an existing file is refused without --force',
+    )
     .option('--force', 'overwrite the output file if it exists')
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
@@ -99,8 +102,10 @@ export function addRecordCommand(program: Command): void {
 }
 
 async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
-  if (o.pid.length !== o.vcpus.length) throw new UsageError(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
-  if (o.qmp.length === 0 && o.pid.length === 0) throw new UsageError('nothing to record: give --qmp PATH or --pid PID --vcpus TID:VPKG,...');
+  if (o.pid.length !== o.vcpus.length)
+    throw new UsageError(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
+  if (o.qmp.length === 0 && o.pid.length === 0)
+    throw new UsageError('nothing to record: give --qmp PATH or --pid PID --vcpus TID:VPKG,...');
   const vms: VmSpec[] = [];
   for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
   o.pid.forEach((pid, i) => {

@@ -17,7 +17,14 @@ export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 
 export function bundledTracePath(): string {
   const root = findPackage()?.root;
-  if (root === undefined) throw new Error(cannot('find the vmsr-helper package root to locate its bundled trace', 'no package.json of vmsr-helper above this module', 'give a TRACE path'));
+  if (root === undefined)
+    throw new Error(
+      cannot(
+        'find the vmsr-helper package root to locate its bundled trace',
+        'no package.json of vmsr-helper above this module',
+        'give a TRACE path',
+      ),
+    );
   const p = path.join(root, BUNDLED_TRACE);
   if (!fs.existsSync(p)) throw new Error(`the bundled trace ${p} is missing (not recorded yet, or not shipped); give a TRACE path`);
   return p;
@@ -110,7 +117,10 @@ function replayProgress(file: string, now: () => number = () => Date.now()) {
     const milestone = t - lastMilestone >= 10_000;
     if (milestone) lastMilestone = t;
     const read = scanned.fileBytes !== undefined && size > 0 ? `, ${((100 * scanned.fileBytes) / size).toFixed(0)}% of the file read` : '';
-    line.show(`replay ${path.basename(file)}: line ${scanned.lines}${read}, ${intervals} intervals, ${traced.toFixed(0)} s of trace, ${((t - start) / 1000).toFixed(0)} s`, milestone);
+    line.show(
+      `replay ${path.basename(file)}: line ${scanned.lines}${read}, ${intervals} intervals, ${traced.toFixed(0)} s of trace, ${((t - start) / 1000).toFixed(0)} s`,
+      milestone,
+    );
   };
   return {
     interval(r: IntervalResult): void {

@@ -34,7 +34,9 @@ export interface PowerBase {
 /** Watts per virtual package between `base` and `u` (null where there is no interval to measure). */
 export function powers(base: PowerBase | null, u: Update): (number | null)[] {
   const dtNs = base ? Number(u.tNs - base.tNs) : 0;
-  return u.vpkgs.map((v, g) => (base && u.tNs !== 0n && dtNs > 0 ? (Number(v.energyUj - (base.vpkgs[g]?.energyUj ?? 0n)) * 1e3) / dtNs : null));
+  return u.vpkgs.map((v, g) =>
+    base && u.tNs !== 0n && dtNs > 0 ? (Number(v.energyUj - (base.vpkgs[g]?.energyUj ?? 0n)) * 1e3) / dtNs : null,
+  );
 }
 
 const T_WIDTH = 8;
@@ -70,7 +72,9 @@ export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint
  */
 export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs): string {
   const p = powers(base, u);
-  const vpkgs = u.vpkgs.map((v, g) => `{"vpkg":${g},"power_w":${p[g] ?? null},"energy_uj":"${v.energyUj}","counter":"0x${v.counter.toString(16)}"}`);
+  const vpkgs = u.vpkgs.map(
+    (v, g) => `{"vpkg":${g},"power_w":${p[g] ?? null},"energy_uj":"${v.energyUj}","counter":"0x${v.counter.toString(16)}"}`,
+  );
   const t = u.tNs === 0n ? 'null' : String(Number(u.tNs - originNs) / 1e9);
   return `{"type":"update","vm_id":${u.vmId},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]}`;
 }
@@ -81,7 +85,12 @@ export function describeError(e: unknown): string {
 }
 
 /** Runs until Ctrl-C, the VM ending, `count` updates, or the helper going away (rejects). */
-export async function runWatch(o: WatchOptions, out: (line: string) => void, signal?: AbortSignal, warn: (line: string) => void = out): Promise<void> {
+export async function runWatch(
+  o: WatchOptions,
+  out: (line: string) => void,
+  signal?: AbortSignal,
+  warn: (line: string) => void = out,
+): Promise<void> {
   let pid = o.pid;
   let vcpus = o.vcpus;
   let name: string | undefined;
@@ -100,7 +109,9 @@ export async function runWatch(o: WatchOptions, out: (line: string) => void, sig
     const zeroBase = (): PowerBase => ({ tNs: process.hrtime.bigint(), vpkgs: [] });
     let base: PowerBase = zeroBase();
     if (o.json) {
-      out(`{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}"}`);
+      out(
+        `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}"}`,
+      );
     } else {
       out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
       out(formatHeader(reg.nvpkg));
@@ -135,7 +146,9 @@ export async function runWatch(o: WatchOptions, out: (line: string) => void, sig
 }
 
 export function addWatchCommand(program: Command): void {
-  addClientSocketOption(program.command('watch').description("register a VM over the v2 protocol and print its virtual packages' power and energy, live"))
+  addClientSocketOption(
+    program.command('watch').description("register a VM over the v2 protocol and print its virtual packages' power and energy, live"),
+  )
     .option('--qmp <path>', "the VM's QMP socket (vCPU threads and sockets are asked from QEMU)")
     .option('--pid <pid>', 'the VM process (with --vcpus)', pidArg)
     .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpuListArg)
@@ -145,15 +158,22 @@ export function addWatchCommand(program: Command): void {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
       const all = commandOptions<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>(cmd);
       const opts = { ...all, socket: all.socket ?? DEFAULT_HELPER_SOCKET };
-      if ((opts.qmp === undefined) === (opts.pid === undefined)) throw new UsageError('give either --qmp PATH or --pid PID --vcpus TID:VPKG,...');
+      if ((opts.qmp === undefined) === (opts.pid === undefined))
+        throw new UsageError('give either --qmp PATH or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new UsageError('--pid needs --vcpus TID:VPKG,...');
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
-      if (opts.qmp !== undefined && opts.vcpus !== undefined) throw new UsageError('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
+      if (opts.qmp !== undefined && opts.vcpus !== undefined)
+        throw new UsageError('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
       const ac = new AbortController();
       const signals = new DisposableStore();
       for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
       try {
-        await runWatch(opts, (l) => process.stdout.write(`${l}\n`), ac.signal, (l) => process.stderr.write(`${l}\n`));
+        await runWatch(
+          opts,
+          (l) => process.stdout.write(`${l}\n`),
+          ac.signal,
+          (l) => process.stderr.write(`${l}\n`),
+        );
       } catch (e) {
         if (e instanceof UsageError) throw e;
         throw new Error(describeError(e));

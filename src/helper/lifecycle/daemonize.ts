@@ -44,7 +44,9 @@ export function spawnDetached(argv: readonly string[], timeoutMs = 30_000): Prom
       else if (m?.type === 'error') finish(new Error(m.message));
     });
     child.on('error', (e) => finish(new Error(cannot(`start the background helper`, e.message))));
-    child.on('exit', (code, signal) => finish(new Error(`the background helper exited before it was ready (${signal ?? `exit code ${code}`})`)));
+    child.on('exit', (code, signal) =>
+      finish(new Error(`the background helper exited before it was ready (${signal ?? `exit code ${code}`})`)),
+    );
   });
 }
 

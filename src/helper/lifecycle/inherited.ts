@@ -65,7 +65,10 @@ export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.Pro
   } catch (e) {
     throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)'));
   }
-  if (type !== SOCK_STREAM) throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'));
+  if (type !== SOCK_STREAM)
+    throw new Error(
+      cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'),
+    );
   return { how: 'systemd', listener: { fd }, ...(named.size > 0 ? { named } : {}) };
 }
 
@@ -88,7 +91,8 @@ export function inheritEnv(i: Inherited): Record<string, string> {
 
 const isFd = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 20;
 const isCpu = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 16;
-const isPair = <A, B>(e: unknown, a: (v: unknown) => v is A, b: (v: unknown) => v is B): boolean => Array.isArray(e) && e.length === 2 && a(e[0]) && b(e[1]);
+const isPair = <A, B>(e: unknown, a: (v: unknown) => v is A, b: (v: unknown) => v is B): boolean =>
+  Array.isArray(e) && e.length === 2 && a(e[0]) && b(e[1]);
 const isString = (v: unknown): v is string => typeof v === 'string';
 const isFdList = (v: unknown): v is number[] => Array.isArray(v) && v.every(isFd);
 
@@ -107,7 +111,8 @@ function valid(v: Partial<Encoded>): v is Encoded {
     (v.msr === undefined || (c !== undefined && Array.isArray(v.msr) && v.msr.every((e) => isPair(e, isCpu, isFd)))) &&
     (v.powercap === undefined || (c !== undefined && Array.isArray(v.powercap) && v.powercap.every((e) => isPair(e, isString, isFd)))) &&
     (v.listener === undefined ||
-      (isFd(v.listener.fd) && (v.listener.file === undefined || (isString(v.listener.file.path) && Number.isInteger(v.listener.file.ino))))) &&
+      (isFd(v.listener.fd) &&
+        (v.listener.file === undefined || (isString(v.listener.file.path) && Number.isInteger(v.listener.file.ino))))) &&
     (v.pidfile === undefined || isString(v.pidfile)) &&
     (v.files === undefined || (Array.isArray(v.files) && v.files.every((e) => isPair(e, isString, isFd)))) &&
     (v.dropped === undefined || typeof v.dropped === 'boolean') &&

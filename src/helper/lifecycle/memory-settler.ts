@@ -21,12 +21,13 @@ function fullGc(): void {
   if (gcFn === undefined) {
     const global = (globalThis as { gc?: () => void }).gc;
     if (typeof global === 'function') gcFn = global;
-    else try {
-      v8.setFlagsFromString('--expose-gc');
-      gcFn = vm.runInNewContext('gc') as () => void;
-    } catch {
-      gcFn = null;
-    }
+    else
+      try {
+        v8.setFlagsFromString('--expose-gc');
+        gcFn = vm.runInNewContext('gc') as () => void;
+      } catch {
+        gcFn = null;
+      }
   }
   gcFn?.();
 }

@@ -76,7 +76,11 @@ export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: 
         const other = parsePidfile(text);
         if (other === null) refuseNonPidfile(file, 'it exists and does not hold a pid');
         if (other !== pid && isAlive(other) && isHelper(other)) {
-          throw cannotError(`create pidfile ${file}`, `another instance is running (pid ${other})`, 'stop it or choose another pidfile with -f');
+          throw cannotError(
+            `create pidfile ${file}`,
+            `another instance is running (pid ${other})`,
+            'stop it or choose another pidfile with -f',
+          );
         }
         try {
           fs.unlinkSync(file); // stale: its process is gone, or the pid now belongs to another program
@@ -87,8 +91,10 @@ export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: 
       }
       if (err.code === 'EISDIR') throw cannotError(`use pidfile ${file}`, 'it is a directory', 'give a file path with -f');
       if (err.code === 'ELOOP') refuseNonPidfile(file, 'it is a symbolic link');
-      if (err.code === 'ENOENT') throw cannotError(`create pidfile ${file}`, 'its directory does not exist', 'create it or choose another path with -f');
-      if (err.code === 'EACCES') throw cannotError(`create pidfile ${file}`, 'permission denied', 'run as root or choose another path with -f');
+      if (err.code === 'ENOENT')
+        throw cannotError(`create pidfile ${file}`, 'its directory does not exist', 'create it or choose another path with -f');
+      if (err.code === 'EACCES')
+        throw cannotError(`create pidfile ${file}`, 'permission denied', 'run as root or choose another path with -f');
       throw cannotError(`create pidfile ${file}`, err.message);
     }
     try {

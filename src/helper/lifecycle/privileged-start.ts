@@ -13,7 +13,10 @@ import { openStart } from './startup.js';
  * step's error. `inherited` is for the re-executed image, whose privileges the exec drops; `undo` is
  * for a failure after this returns (the exec itself).
  */
-export async function openPrivileged(config: DaemonConfig, writeFiles: readonly string[] = []): Promise<{ inherited: Inherited; undo(): Promise<void> }> {
+export async function openPrivileged(
+  config: DaemonConfig,
+  writeFiles: readonly string[] = [],
+): Promise<{ inherited: Inherited; undo(): Promise<void> }> {
   const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
   // The exec that carries it is reexecDropped's: the new image starts with its privileges dropped.
   return { inherited: { ...opened.handover('reexec'), dropped: true }, undo: () => opened.close() };

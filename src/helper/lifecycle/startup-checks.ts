@@ -38,7 +38,11 @@ export function checkPermission(template: string): void {
   if (template !== DEFAULT_HOST_PATHS.msrPathTemplate) return;
   if (process.getuid?.() === 0) return;
   if ((capget().effective & RAWIO_MASK) !== 0n) return;
-  throw cannotError('read MSRs', 'it needs root or CAP_SYS_RAWIO', 'run as root (the helper drops to CAP_SYS_RAWIO itself, and to -u/-g if given)');
+  throw cannotError(
+    'read MSRs',
+    'it needs root or CAP_SYS_RAWIO',
+    'run as root (the helper drops to CAP_SYS_RAWIO itself, and to -u/-g if given)',
+  );
 }
 
 /** Opens every online CPU's MSR device now, before privileges are dropped; they are reused after. */

@@ -44,7 +44,7 @@ export function parseActivationEnv(env: NodeJS.ProcessEnv, pid: number): Activat
   if (!/^\d+$/.test(listenFds)) throw new Error(`socket activation: LISTEN_FDS is not a number: ${JSON.stringify(listenFds)}`);
   const fds = Number(listenFds);
   if (fds === 0) return null;
-  const fix = 'check the unit\'s FileDescriptorName= and what was stored with FDSTORE=1';
+  const fix = "check the unit's FileDescriptorName= and what was stored with FDSTORE=1";
   if (fds > MAX_LISTEN_FDS) throw cannotError('take the fds systemd passed', `LISTEN_FDS is ${fds}, more than ${MAX_LISTEN_FDS}`, fix);
   if (env.LISTEN_FDNAMES === undefined) return { fds, names: [] };
   const names = env.LISTEN_FDNAMES.split(':');
@@ -53,7 +53,12 @@ export function parseActivationEnv(env: NodeJS.ProcessEnv, pid: number): Activat
   }
   names.forEach((name, i) => {
     const problem = fdNameProblem(name);
-    if (problem !== null) throw cannotError('take the fds systemd passed', `the name of fd ${FIRST_SOCKET_ACTIVATION_FD + i} in LISTEN_FDNAMES ${problem}`, fix);
+    if (problem !== null)
+      throw cannotError(
+        'take the fds systemd passed',
+        `the name of fd ${FIRST_SOCKET_ACTIVATION_FD + i} in LISTEN_FDNAMES ${problem}`,
+        fix,
+      );
   });
   return { fds, names };
 }
@@ -102,10 +107,14 @@ export function storedFds(act: Activation): Map<string, number[]> {
  * fds it stored itself), and no -k alongside (as qemu-vmsr-helper). Returns the listening socket's fd.
  */
 export function activationFd(act: Activation, socketPathGiven: boolean): number {
-  if (socketPathGiven) throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
+  if (socketPathGiven)
+    throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
   const listening = [...activationFdsByName(act)].filter(([name]) => !name.startsWith(STORED_FD_PREFIX)).flatMap(([, fds]) => fds);
   if (listening.length !== 1) {
-    const got = listening.length === act.fds ? `got ${act.fds}` : `got ${listening.length} besides ${act.fds - listening.length} stored by the helper`;
+    const got =
+      listening.length === act.fds
+        ? `got ${act.fds}`
+        : `got ${listening.length} besides ${act.fds - listening.length} stored by the helper`;
     throw new Error(`socket activation with LISTEN_FDS > 1 is not supported (${got}); give the .socket unit a single ListenStream=`);
   }
   return listening[0]!;
@@ -154,7 +163,8 @@ export class Notifier {
    */
   storeFds(name: string, fds: readonly number[], opts: { poll?: boolean } = {}): boolean {
     const problem = fdNameProblem(name);
-    if (problem !== null) throw cannotError(`store fds as '${name}'`, `the name ${problem}`, 'name them with 1..255 printable ASCII characters, no colon');
+    if (problem !== null)
+      throw cannotError(`store fds as '${name}'`, `the name ${problem}`, 'name them with 1..255 printable ASCII characters, no colon');
     if (fds.length === 0 || fds.length > MAX_FDS_PER_MESSAGE) {
       throw cannotError(`store fds as '${name}'`, `${fds.length} fds, one message carries 1..${MAX_FDS_PER_MESSAGE}`);
     }

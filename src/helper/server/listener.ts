@@ -9,7 +9,14 @@ import net from 'node:net';
 import type { Logger } from '../../logging/logger.js';
 import { socketFd } from '../../os/peer.js';
 import { cannotError } from '../../common/errors.js';
-import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, listenWithMode, removeOwnSocketFile, type SocketFileOptions } from './socket-file.js';
+import {
+  checkSocketDirectory,
+  checkSocketPathLength,
+  DEFAULT_SOCKET_MODE,
+  listenWithMode,
+  removeOwnSocketFile,
+  type SocketFileOptions,
+} from './socket-file.js';
 
 export type ListenTarget = { path: string } | { fd: number };
 
@@ -138,9 +145,12 @@ export async function prepareSocketPath(socketPath: string): Promise<void> {
 export function listenError(t: ListenTarget, e: Error): Error {
   const err = e as NodeJS.ErrnoException;
   if ('fd' in t) return cannotError(`listen on the socket passed by systemd (fd ${t.fd})`, err.message, 'check the .socket unit');
-  if (err.code === 'EACCES') return cannotError(`create socket ${t.path}`, 'permission denied', 'run as root or choose another path with -k');
-  if (err.code === 'ENOENT') return cannotError(`create socket ${t.path}`, 'its directory does not exist', 'create it or choose another path with -k');
-  if (err.code === 'EADDRINUSE') return cannotError(`create socket ${t.path}`, 'address in use', 'another helper may be starting, or remove the file');
+  if (err.code === 'EACCES')
+    return cannotError(`create socket ${t.path}`, 'permission denied', 'run as root or choose another path with -k');
+  if (err.code === 'ENOENT')
+    return cannotError(`create socket ${t.path}`, 'its directory does not exist', 'create it or choose another path with -k');
+  if (err.code === 'EADDRINUSE')
+    return cannotError(`create socket ${t.path}`, 'address in use', 'another helper may be starting, or remove the file');
   return cannotError(`listen on ${t.path}`, err.message);
 }
 

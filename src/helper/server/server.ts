@@ -84,7 +84,11 @@ export class HelperServer {
       // EMFILE/ENFILE on accept: libuv closes the pending connection and goes on accepting.
       (e: NodeJS.ErrnoException) =>
         e.code === 'EMFILE' || e.code === 'ENFILE'
-          ? this.limiter.error('EMFILE', { err: e.message, connections: this.sockets.size }, cannot('accept a connection', 'out of file descriptors', 'it was closed, the helper goes on'))
+          ? this.limiter.error(
+              'EMFILE',
+              { err: e.message, connections: this.sockets.size },
+              cannot('accept a connection', 'out of file descriptors', 'it was closed, the helper goes on'),
+            )
           : this.limiter.error('listening socket error', { err: e.message }, 'listening socket error'),
     );
   }
@@ -139,7 +143,11 @@ export class HelperServer {
 
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
     if (this.sockets.size >= this.maxConnections) {
-      this.limiter.warn('refused connection', { limit: this.maxConnections }, `connection refused: ${this.maxConnections} connections already open (--max-connections)`);
+      this.limiter.warn(
+        'refused connection',
+        { limit: this.maxConnections },
+        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
+      );
       socket.destroy();
       return;
     }
@@ -157,7 +165,11 @@ export class HelperServer {
     /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
     let serving = socket;
     const hold = this.incomplete.hold(() => {
-      this.limiter.info('incomplete frame timeout', { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs }, 'closing a connection whose request stayed incomplete past the deadline');
+      this.limiter.info(
+        'incomplete frame timeout',
+        { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs },
+        'closing a connection whose request stayed incomplete past the deadline',
+      );
       serving.destroy();
     });
     /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
@@ -258,11 +270,21 @@ export class HelperServer {
   }
 
   private overBudget(socket: net.Socket, peer: PeerCredentials): void {
-    this.limiter.warn('incomplete frames over budget', { peer: peer.pid, limit: this.incomplete.limits.maxBytes }, 'closing a connection: incomplete requests of all clients hold more than the limit');
+    this.limiter.warn(
+      'incomplete frames over budget',
+      { peer: peer.pid, limit: this.incomplete.limits.maxBytes },
+      'closing a connection: incomplete requests of all clients hold more than the limit',
+    );
     socket.destroy();
   }
 
-  private serveLegacy(accepted: net.Socket, peer: PeerCredentials, first: Buffer, hold: IncompleteHold, handOver: (next: net.Socket) => void): void {
+  private serveLegacy(
+    accepted: net.Socket,
+    peer: PeerCredentials,
+    first: Buffer,
+    hold: IncompleteHold,
+    handOver: (next: net.Socket) => void,
+  ): void {
     const framer = new LegacyFramer();
     let socket = accepted;
     let stopReading = () => {};
@@ -309,7 +331,7 @@ export class HelperServer {
     if (closing) return;
     // Bytes the accepted socket read past `first` and holds (none, usually) come before the rest.
     accepted.pause();
-    for (let rest: Buffer | null; !closing && (rest = accepted.read() as Buffer | null) !== null; ) onData(rest);
+    for (let rest: Buffer | null; !closing && (rest = accepted.read() as Buffer | null) !== null;) onData(rest);
     if (closing) return;
     // Taken over only with nothing queued to write: destroying the accepted socket drops its queue.
     const fast = accepted.writableLength === 0 ? takeOverLegacy(accepted, onData) : null;
@@ -355,6 +377,6 @@ export class HelperServer {
 /** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */
 function drainReadable(socket: net.Socket): Buffer[] {
   const out: Buffer[] = [];
-  for (let c: Buffer | null; (c = socket.read() as Buffer | null) !== null; ) out.push(c);
+  for (let c: Buffer | null; (c = socket.read() as Buffer | null) !== null;) out.push(c);
   return out;
 }

@@ -35,7 +35,8 @@ export function checkSocketDirectory(socketPath: string): void {
     st = fs.statSync(dir);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new Error(cannot(`create socket ${socketPath}`, `directory ${dir} does not exist`, `create it or choose another path with -k`));
+    if (code === 'ENOENT')
+      throw new Error(cannot(`create socket ${socketPath}`, `directory ${dir} does not exist`, `create it or choose another path with -k`));
     throw new Error(cannot(`create socket ${socketPath}`, `cannot reach directory ${dir} (${code})`, `choose another path with -k`));
   }
   if (!st.isDirectory()) throw new Error(cannot(`create socket ${socketPath}`, `${dir} is not a directory`, `choose another path with -k`));

@@ -126,7 +126,12 @@ export class V2Connection {
   /** Sends a last ERROR, then closes. */
   fail(code: number, requestType: number, message: string): void {
     if (!this.open) return;
-    if (this.host.limiter) this.host.limiter.info('v2 protocol error', { conn: this.id, peerPid: this.peer.pid, code, requestType, message }, 'v2 protocol error; closing');
+    if (this.host.limiter)
+      this.host.limiter.info(
+        'v2 protocol error',
+        { conn: this.id, peerPid: this.peer.pid, code, requestType, message },
+        'v2 protocol error; closing',
+      );
     else this.log.info({ code, requestType, message }, 'v2 protocol error; closing');
     this.send(encodeError(code, requestType, message));
     this.closing = true;

@@ -177,10 +177,13 @@ export class VmRegistry {
   /** Checks a REGISTER from connection `owner`; on success returns the VmSpec to register. Adds nothing. */
   admit(owner: number, peer: Peer, req: RegisterInput): Admission {
     const no = (reason: RefusalReason, message: string): Admission => fail({ reason, message });
-    if (req.vcpus.length > this.limits.maxVcpus) return no('limit', `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);
+    if (req.vcpus.length > this.limits.maxVcpus)
+      return no('limit', `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);
     const mine = this.byOwner.get(owner)?.size ?? 0;
-    if (mine >= this.limits.maxVmsPerConnection) return no('limit', `this connection already has ${mine} VMs registered (limit ${this.limits.maxVmsPerConnection})`);
-    if (this.byPid.size >= this.limits.maxVms) return no('limit', `the helper already has ${this.byPid.size} VMs registered (limit ${this.limits.maxVms})`);
+    if (mine >= this.limits.maxVmsPerConnection)
+      return no('limit', `this connection already has ${mine} VMs registered (limit ${this.limits.maxVmsPerConnection})`);
+    if (this.byPid.size >= this.limits.maxVms)
+      return no('limit', `the helper already has ${this.byPid.size} VMs registered (limit ${this.limits.maxVms})`);
 
     const pid = req.pid === 0 ? peer.pid : req.pid;
     if (pid <= 0) return no('not-permitted', 'the peer pid is unknown');
@@ -189,7 +192,10 @@ export class VmRegistry {
     const owner_uid = this.proc.ownerUid(pid);
     if (start === null || owner_uid === null) return no('process-gone', `process ${pid} does not exist`);
     if (!(pid === peer.pid || peer.uid === 0 || peer.uid === owner_uid)) {
-      return no('not-permitted', `process ${pid} belongs to uid ${owner_uid}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`);
+      return no(
+        'not-permitted',
+        `process ${pid} belongs to uid ${owner_uid}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`,
+      );
     }
     for (const v of req.vcpus) {
       if (!this.proc.isThreadOf(pid, v.tid)) return no('not-permitted', `tid ${v.tid} is not a thread of process ${pid}`);
@@ -226,7 +232,19 @@ export class VmRegistry {
   add(owner: number, vmId: number, spec: VmSpec, uid: number): VmRecord {
     let r = this.vms.get(vmId);
     if (r === undefined) {
-      r = { vmId, owner, pid: spec.pid, starttime: spec.starttime, uid, live: true, discovered: false, endedSamples: 0, name: spec.name ?? null, uuid: null, wholeVmOnly: false };
+      r = {
+        vmId,
+        owner,
+        pid: spec.pid,
+        starttime: spec.starttime,
+        uid,
+        live: true,
+        discovered: false,
+        endedSamples: 0,
+        name: spec.name ?? null,
+        uuid: null,
+        wholeVmOnly: false,
+      };
       this.vms.set(vmId, r);
     }
     if (r.owner !== null && r.owner !== owner) this.leaveOwner(r.owner, vmId);

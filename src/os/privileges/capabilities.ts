@@ -91,4 +91,3 @@ export function dropPrivileges(o: DropOptions): DropReport {
   prctl(PR_SET_NO_NEW_PRIVS, 1);
   return { skipped };
 }
-

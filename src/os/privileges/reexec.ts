@@ -7,7 +7,16 @@
  * credentials, so everything is done on the main thread and then the same command is executed again.
  */
 import { capget, capset, execve, keepAcrossExec, prctl, PR_SET_NO_NEW_PRIVS } from '../libc.js';
-import { CAP_SETPCAP, CAP_SYS_RAWIO, changeIds, dropBoundingSet, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, RAWIO_MASK, type DropOptions } from './capabilities.js';
+import {
+  CAP_SETPCAP,
+  CAP_SYS_RAWIO,
+  changeIds,
+  dropBoundingSet,
+  PR_CAP_AMBIENT,
+  PR_CAP_AMBIENT_CLEAR_ALL,
+  RAWIO_MASK,
+  type DropOptions,
+} from './capabilities.js';
 
 /**
  * Node flags the re-executed daemon starts with (measured with npm run bench, see README
@@ -135,7 +144,7 @@ export function reexecDropped(
       /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
   }
-    // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
+  // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
   return execve(process.execPath, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
 }
 

@@ -34,8 +34,27 @@ export const T = {
   ERROR: 0xff,
 } as const;
 
-export const CLIENT_TYPES: ReadonlySet<number> = new Set([T.REGISTER, T.READ, T.SUBSCRIBE, T.UNREGISTER, T.LIST, T.OBSERVE, T.UNOBSERVE, T.HOST_SUBSCRIBE, T.STATS_FD]);
-export const HELPER_TYPES: ReadonlySet<number> = new Set([T.REGISTERED, T.VALUE, T.UPDATE, T.OK, T.VM_LIST, T.HOST_UPDATE, T.STATS_FD_REPLY, T.ERROR]);
+export const CLIENT_TYPES: ReadonlySet<number> = new Set([
+  T.REGISTER,
+  T.READ,
+  T.SUBSCRIBE,
+  T.UNREGISTER,
+  T.LIST,
+  T.OBSERVE,
+  T.UNOBSERVE,
+  T.HOST_SUBSCRIBE,
+  T.STATS_FD,
+]);
+export const HELPER_TYPES: ReadonlySet<number> = new Set([
+  T.REGISTERED,
+  T.VALUE,
+  T.UPDATE,
+  T.OK,
+  T.VM_LIST,
+  T.HOST_UPDATE,
+  T.STATS_FD_REPLY,
+  T.ERROR,
+]);
 
 export const E = {
   MALFORMED: 1,
@@ -408,7 +427,8 @@ export interface HostValues {
  */
 export function encodeHostUpdate(h: HostValues): Buffer {
   const perPackage = h.packages.length > 0 && h.packages[0]!.unattributedUj !== null;
-  if (h.packages.some((k) => (k.unattributedUj !== null) !== perPackage)) throw new RangeError('HOST_UPDATE: either every package carries its unattributed energy or none does');
+  if (h.packages.some((k) => (k.unattributedUj !== null) !== perPackage))
+    throw new RangeError('HOST_UPDATE: either every package carries its unattributed energy or none does');
   const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
   const p = Buffer.alloc(HOST_UPDATE_FIXED + entry * h.packages.length);
   p.writeBigUInt64LE(u64(h.tNs), 0);

@@ -29,7 +29,6 @@ import { checkVcpus } from '../../ratio/vcpus.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
 
-
 export interface PayloadError {
   code: number;
   message: string;
@@ -98,7 +97,10 @@ export function parseClientFrame(f: Frame): ClientParse {
       return ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
     case T.HOST_SUBSCRIBE:
       if (p.length !== 0) return wrongSize(f.type, p.length, '0');
-      if ((f.flags & ~HOST_SUBSCRIBE_PER_PACKAGE) !== 0) return bad(`flags must be 0 or 0x${HOST_SUBSCRIBE_PER_PACKAGE.toString(16)} (per-package unattributed energy), got 0x${f.flags.toString(16)}`);
+      if ((f.flags & ~HOST_SUBSCRIBE_PER_PACKAGE) !== 0)
+        return bad(
+          `flags must be 0 or 0x${HOST_SUBSCRIBE_PER_PACKAGE.toString(16)} (per-package unattributed energy), got 0x${f.flags.toString(16)}`,
+        );
       return ok({ type: T.HOST_SUBSCRIBE, perPackage: (f.flags & HOST_SUBSCRIBE_PER_PACKAGE) !== 0 });
     default:
       return fail({ code: E.MALFORMED, fatal: true, message: `unknown frame type ${typeName(f.type)}` });
@@ -159,7 +161,11 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
       const packages: HostPackageValues[] = [];
       for (let i = 0; i < n; i++) {
         const off = HOST_UPDATE_FIXED + entry * i;
-        packages.push({ pkg: p.readUInt32LE(off), energyUj: p.readBigUInt64LE(off + 8), unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null });
+        packages.push({
+          pkg: p.readUInt32LE(off),
+          energyUj: p.readBigUInt64LE(off + 8),
+          unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null,
+        });
       }
       return ok({
         type: T.HOST_UPDATE,

@@ -50,10 +50,18 @@ export interface DaemonChild {
   stop(signal?: NodeJS.Signals): Promise<number | string>;
 }
 
-export function spawnHelper(args: string[], opts: { env?: NodeJS.ProcessEnv; command?: string[]; uid?: number; gid?: number } = {}): DaemonChild {
+export function spawnHelper(
+  args: string[],
+  opts: { env?: NodeJS.ProcessEnv; command?: string[]; uid?: number; gid?: number } = {},
+): DaemonChild {
   ensureBuilt();
   const cmd = opts.command ?? [process.execPath, BIN];
-  const proc = spawn(cmd[0]!, [...cmd.slice(1), ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: opts.env ?? process.env, uid: opts.uid, gid: opts.gid });
+  const proc = spawn(cmd[0]!, [...cmd.slice(1), ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: opts.env ?? process.env,
+    uid: opts.uid,
+    gid: opts.gid,
+  });
   let err = '';
   proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
   proc.stdout!.on('data', (d: Buffer) => (err += d.toString()));

@@ -24,7 +24,15 @@ export class MovingHost {
 
   /** Package `pkg` draws `watts` from now on. */
   pump(watts = 50, pkg = 0): void {
-    this.stops.push(this.host.pumpEnergy({ pkg, powerUnit: POWER_UNIT, start: 0xfff00000 /* wraps early */, units: Math.round(watts * 0.02 * 2 ** 14), everyMs: 20 }));
+    this.stops.push(
+      this.host.pumpEnergy({
+        pkg,
+        powerUnit: POWER_UNIT,
+        start: 0xfff00000 /* wraps early */,
+        units: Math.round(watts * 0.02 * 2 ** 14),
+        everyMs: 20,
+      }),
+    );
   }
 
   /** Every package stops drawing power (their counters stand still). */
@@ -52,7 +60,11 @@ export function exporterUrlIn(log: string): string | null {
 }
 
 /** `vmsr-helper exporter` on an ephemeral loopback port (optionally as another uid/gid); resolves once it serves. */
-export async function startExporterChild(sock: string, extra: string[] = [], opts: { uid?: number; gid?: number } = {}): Promise<ExporterChild> {
+export async function startExporterChild(
+  sock: string,
+  extra: string[] = [],
+  opts: { uid?: number; gid?: number } = {},
+): Promise<ExporterChild> {
   const child = spawnHelper(['exporter', '-k', sock, '--listen', '127.0.0.1:0', ...extra], opts);
   await waitFor(() => exporterUrlIn(child.stderr()) !== null, 'the exporter to serve', child);
   return { ...child, url: exporterUrlIn(child.stderr())! };
@@ -81,9 +93,26 @@ export async function startPrometheus(target: string): Promise<PrometheusServer>
   const port = await freePort();
   fs.writeFileSync(
     path.join(dir, 'prometheus.yml'),
-    ['global:', '  scrape_interval: 1s', '  evaluation_interval: 1s', 'scrape_configs:', '  - job_name: vmsr', '    static_configs:', `      - targets: ['${target}']`, ''].join('\n'),
+    [
+      'global:',
+      '  scrape_interval: 1s',
+      '  evaluation_interval: 1s',
+      'scrape_configs:',
+      '  - job_name: vmsr',
+      '    static_configs:',
+      `      - targets: ['${target}']`,
+      '',
+    ].join('\n'),
   );
-  const proc = spawn('prometheus', [`--config.file=${path.join(dir, 'prometheus.yml')}`, `--storage.tsdb.path=${path.join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(
+    'prometheus',
+    [
+      `--config.file=${path.join(dir, 'prometheus.yml')}`,
+      `--storage.tsdb.path=${path.join(dir, 'data')}`,
+      `--web.listen-address=127.0.0.1:${port}`,
+    ],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   let log = '';
   proc.stdout!.on('data', (d: Buffer) => (log += d.toString()));
   proc.stderr!.on('data', (d: Buffer) => (log += d.toString()));
@@ -96,7 +125,11 @@ export async function startPrometheus(target: string): Promise<PrometheusServer>
     log: () => log,
     async query(q) {
       const r = await fetch(`${url}/api/v1/query?query=${encodeURIComponent(q)}`);
-      const j = (await r.json()) as { status: string; error?: string; data: { result: { metric: Record<string, string>; value: [number, string] }[] } };
+      const j = (await r.json()) as {
+        status: string;
+        error?: string;
+        data: { result: { metric: Record<string, string>; value: [number, string] }[] };
+      };
       if (j.status !== 'success') throw new Error(`prometheus query ${q}: ${j.error}`);
       return j.data.result;
     },

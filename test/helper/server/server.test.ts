@@ -29,7 +29,9 @@ afterEach(async () => {
 });
 
 /** A server on a fresh socket path over a fake host (two CPUs, package 0). */
-async function serve(o: Partial<Pick<HelperServerOptions, 'v2Handler' | 'maxConnections'>> = {}): Promise<{ server: HelperServer; socketPath: string }> {
+async function serve(
+  o: Partial<Pick<HelperServerOptions, 'v2Handler' | 'maxConnections'>> = {},
+): Promise<{ server: HelperServer; socketPath: string }> {
   const fake = new FakeHost();
   fake.writeRapl({ powerUnit: POWER_UNIT });
   const device = new MsrDevice(fake.msrPathTemplate);

@@ -240,7 +240,10 @@ describe('V2Connection', () => {
       {
         maxBacklogBytes: 8 << 20,
         sendWithFds: fdWriter(calls),
-        request: (_c, req) => (req.type === T.READ && req.vmId === 99 ? { frame: encodeOk(99), fds: [f.fd], release: () => fs.closeSync(f.fd) } : { frame: big(n++) }),
+        request: (_c, req) =>
+          req.type === T.READ && req.vmId === 99
+            ? { frame: encodeOk(99), fds: [f.fd], release: () => fs.closeSync(f.fd) }
+            : { frame: big(n++) },
       },
       { paused: true },
     );

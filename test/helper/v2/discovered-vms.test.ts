@@ -17,7 +17,19 @@ const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, package:
 
 function found(pid: number, o: Partial<DiscoveredVm> = {}): DiscoveredVm {
   const topology = { cpus: 1, maxcpus: 1, sockets: 1, perSocket: 1 };
-  return { pid, starttime: 1, uid: 0, name: `vm${pid}`, uuid: null, topology, wholeVmOnly: false, vcpus: [{ tid: pid, vpkg: 0 }], threads: 3, problems: [], ...o };
+  return {
+    pid,
+    starttime: 1,
+    uid: 0,
+    name: `vm${pid}`,
+    uuid: null,
+    topology,
+    wholeVmOnly: false,
+    vcpus: [{ tid: pid, vpkg: 0 }],
+    threads: 3,
+    problems: [],
+    ...o,
+  };
 }
 
 function setup(room = true) {

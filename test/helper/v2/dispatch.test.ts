@@ -9,10 +9,14 @@ import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
 describe('dispatch', () => {
   it('calls the handler of the request type with the request, the connection and the parts, and returns its reply', () => {
     const calls: [RequestType, unknown, string, string][] = [];
-    const handler =
-      (type: RequestType) =>
-      (req: ClientRequest, conn: string, parts: string) => (calls.push([type, req, conn, parts]), { frame: encodeOk(type) });
-    const table = Object.fromEntries([...CLIENT_TYPES].map((t) => [t, handler(t as RequestType)])) as unknown as HandlerTable<string, string>;
+    const handler = (type: RequestType) => (req: ClientRequest, conn: string, parts: string) => (
+      calls.push([type, req, conn, parts]),
+      { frame: encodeOk(type) }
+    );
+    const table = Object.fromEntries([...CLIENT_TYPES].map((t) => [t, handler(t as RequestType)])) as unknown as HandlerTable<
+      string,
+      string
+    >;
     const reply = dispatch(table, { type: T.OBSERVE, vmId: 4 }, 'conn', 'parts');
     expect(reply.frame).toEqual(encodeOk(T.OBSERVE));
     expect(calls).toEqual([[T.OBSERVE, { type: T.OBSERVE, vmId: 4 }, 'conn', 'parts']]);
@@ -23,7 +27,11 @@ describe('dispatch', () => {
 
 describe('HANDLERS', () => {
   it('has a handler for every request type the decoder accepts, and for nothing else', () => {
-    expect(Object.keys(HANDLERS).map(Number).sort((a, b) => a - b)).toEqual([...CLIENT_TYPES].sort((a, b) => a - b));
+    expect(
+      Object.keys(HANDLERS)
+        .map(Number)
+        .sort((a, b) => a - b),
+    ).toEqual([...CLIENT_TYPES].sort((a, b) => a - b));
     for (const h of Object.values(HANDLERS)) expect(typeof h).toBe('function');
   });
 });

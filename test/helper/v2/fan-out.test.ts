@@ -64,7 +64,7 @@ function frames(ended: ReadonlySet<number> = new Set()): SampleFrames & { made: 
 const text = (b: Buffer[]) => b.map((f) => f.toString());
 
 describe('FanOut.sample', () => {
-  it('sends each connection its VMs\' UPDATEs then its HOST_UPDATE in one batch, each frame made once for all', () => {
+  it("sends each connection its VMs' UPDATEs then its HOST_UPDATE in one batch, each frame made once for all", () => {
     const [a, b, idle] = [new Recorder(1), new Recorder(2), new Recorder(3)];
     const { clients, fanOut } = setup(a, b, idle);
     a.subscriptions.add(1).add(2);
@@ -90,7 +90,7 @@ describe('FanOut.sample', () => {
     expect(text(a.sent)).toEqual(['vm1', 'vm2', 'vm1']);
   });
 
-  it('stops a connection\'s batch at the first frame it could not send, and goes on with the others', () => {
+  it("stops a connection's batch at the first frame it could not send, and goes on with the others", () => {
     const [a, b] = [new Recorder(1), new Recorder(2)];
     const { clients, fanOut } = setup(a, b);
     a.failFrom = 1;
@@ -105,7 +105,7 @@ describe('FanOut.sample', () => {
 });
 
 describe('FanOut.dropped and FanOut.failed', () => {
-  it('gives a dropped VM\'s last frame only to the connections watching it, which stop watching', () => {
+  it("gives a dropped VM's last frame only to the connections watching it, which stop watching", () => {
     const [a, b] = [new Recorder(1), new Recorder(2)];
     const { fanOut } = setup(a, b);
     a.subscriptions.add(5).add(6);
@@ -125,7 +125,12 @@ describe('FanOut.dropped and FanOut.failed', () => {
       expect(r.sent).toHaveLength(1);
       const [f] = new FrameDecoder(HELPER_TYPES).push(r.sent[0]!);
       const m = f?.ok ? parseHelperFrame(f.value) : null;
-      expect(m?.ok && m.value).toEqual({ type: T.ERROR, code: E.ENERGY_SOURCE, requestType: T.SUBSCRIBE, message: 'sampling failed: short read; updates resume when it recovers' });
+      expect(m?.ok && m.value).toEqual({
+        type: T.ERROR,
+        code: E.ENERGY_SOURCE,
+        requestType: T.SUBSCRIBE,
+        message: 'sampling failed: short read; updates resume when it recovers',
+      });
     }
     expect(idle.sent).toEqual([]);
   });
@@ -164,6 +169,9 @@ describe('Clients', () => {
     clients.add(a, { connId: 7, uid: 1000, seesAll: false });
     a.subscriptions.add(3);
     clients.subscribeHost(a, true);
-    expect(clients.state()).toEqual({ nextConnId: 9, clients: [{ connId: 7, viewer: { connId: 7, uid: 1000, seesAll: false }, subscriptions: [3], hostPerPackage: true }] });
+    expect(clients.state()).toEqual({
+      nextConnId: 9,
+      clients: [{ connId: 7, viewer: { connId: 7, uid: 1000, seesAll: false }, subscriptions: [3], hostPerPackage: true }],
+    });
   });
 });

@@ -75,7 +75,16 @@ describe('HostEnergy', () => {
 
 describe('hostStats', () => {
   it('counts the v2 connections and no legacy requests without a health source, the daemon-wide ones with it', () => {
-    expect(stats).toEqual({ legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, lastSampleDurationNs: 42n, samples: 3n, sampleFailures: 1n, connections: 2, vms: 5 });
+    expect(stats).toEqual({
+      legacyOk: 0n,
+      legacyRefused: 0n,
+      legacyFailed: 0n,
+      lastSampleDurationNs: 42n,
+      samples: 3n,
+      sampleFailures: 1n,
+      connections: 2,
+      vms: 5,
+    });
     const health = { legacy: { ok: 7, refused: 2, failed: 1 }, connections: () => 11 };
     expect(hostStats(health, { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n }, 2, 0)).toMatchObject({
       legacyOk: 7n,

@@ -61,7 +61,9 @@ describe('sendWithFdsOnSocket', () => {
     await new Promise<void>((r) => srv.listen(file, r));
     cleanups.push(() => srv.close());
     const out = await new Promise<string>((resolve, reject) =>
-      execFile('python3', ['-c', CLIENT, file, encodeRead(7, 0).toString('hex')], { timeout: 10_000 }, (e, stdout) => (e ? reject(e) : resolve(stdout))),
+      execFile('python3', ['-c', CLIENT, file, encodeRead(7, 0).toString('hex')], { timeout: 10_000 }, (e, stdout) =>
+        e ? reject(e) : resolve(stdout),
+      ),
     );
     expect(out.trim()).toBe(`${encodeOk(7).toString('hex')} 1`);
     expect(fs.readFileSync(target, 'utf8')).toBe('written through the fd');

@@ -7,7 +7,15 @@
 import fs from 'node:fs';
 import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type Admission, type Admitted, type Refusal, type V2Limits } from '../../../src/helper/v2/vm-registry.js';
+import {
+  DEFAULT_V2_LIMITS,
+  VmRegistry,
+  procView,
+  type Admission,
+  type Admitted,
+  type Refusal,
+  type V2Limits,
+} from '../../../src/helper/v2/vm-registry.js';
 import { fail } from '../../../src/common/result.js';
 import { startChild, threadsOf, type TestChild } from '../../v2/harness.js';
 import { isRoot } from '../../support/env.js';
@@ -33,7 +41,10 @@ function registry(limits: Partial<V2Limits> = {}, fds?: ConstructorParameters<ty
   return new VmRegistry({ ...DEFAULT_V2_LIMITS, ...limits }, proc, fds);
 }
 
-const myVcpus = () => threadsOf(me).slice(0, 1).map((tid) => ({ tid, vpkg: 0 }));
+const myVcpus = () =>
+  threadsOf(me)
+    .slice(0, 1)
+    .map((tid) => ({ tid, vpkg: 0 }));
 
 function admitted(a: Admission): Admitted {
   if (!a.ok) throw new Error(`refused: ${a.error.message}`);
@@ -85,7 +96,16 @@ describe('VmRegistry: who may register which process', () => {
     const req = (t: TestChild) => ({ pid: t.pid, vcpus: [{ tid: t.pid, vpkg: 0 }] });
     const root = { pid: me, uid: 0 };
     const r = registry({ maxVcpus: 1, maxVmsPerConnection: 1, maxVms: 2 });
-    expect(refused(r.admit(1, root, { pid: me, vcpus: threadsOf(me).slice(0, 2).map((tid) => ({ tid, vpkg: 0 })) })).reason).toBe('limit');
+    expect(
+      refused(
+        r.admit(1, root, {
+          pid: me,
+          vcpus: threadsOf(me)
+            .slice(0, 2)
+            .map((tid) => ({ tid, vpkg: 0 })),
+        }),
+      ).reason,
+    ).toBe('limit');
     r.add(1, 1, admitted(r.admit(1, root, req(a))).spec, myUid);
     expect(refused(r.admit(1, root, req(b))).message).toContain('this connection already has 1 VMs registered (limit 1)');
     r.add(2, 2, admitted(r.admit(2, root, req(b))).spec, myUid);
@@ -182,7 +202,7 @@ describe('VmRegistry: who sees which VM', () => {
     expect(r.canSee({ connId: 9, uid: 1234, seesAll: true }, 2)).toBe(true);
   });
 
-  it("shows a peer the VMs of its own uid, and the ones its connection registered, nothing else", () => {
+  it('shows a peer the VMs of its own uid, and the ones its connection registered, nothing else', () => {
     const r = populated();
     expect(ids(r, { connId: 9, uid: OTHER_UID, seesAll: false })).toEqual([1, 3]);
     expect(ids(r, { connId: 5, uid: 7777, seesAll: false })).toEqual([1]);
@@ -229,7 +249,9 @@ describe('VmRegistry: restored from state()', () => {
     expect(after.vmsOf(7)).toEqual([2]);
     expect(after.awaitingConnection()).toEqual([2]);
     // Taken over, VM 1 is no longer awaiting: a second REGISTER of it is refused as usual.
-    expect(refused(after.admit(10, { pid: c.pid, uid: myUid }, { pid: c.pid, vcpus: [{ tid: c.pid, vpkg: 0 }] })).message).toMatch(/is already registered \(vm_id 1\)/);
+    expect(refused(after.admit(10, { pid: c.pid, uid: myUid }, { pid: c.pid, vcpus: [{ tid: c.pid, vpkg: 0 }] })).message).toMatch(
+      /is already registered \(vm_id 1\)/,
+    );
     // Released when nobody came for it, as a closed connection's: not discovered, so it goes.
     expect(after.release(2)).toBe(false);
     expect(after.awaitingConnection()).toEqual([]);
