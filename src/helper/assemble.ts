@@ -23,6 +23,7 @@ import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } fro
 import type { TraceSink } from '../sampling/sampling-service.js';
 import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
 import { openListener, type Listener, type ListenOptions, type ListenTarget } from './server/listener.js';
+import { readStarttime } from '../os/proc-starttime.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
@@ -176,6 +177,7 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     listener: o.listener,
     legacy,
     logger: o.area('server'),
+    starttimeOf: (pid) => readStarttime(o.paths.procRoot, pid),
     ...o.server,
     ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}),
   });

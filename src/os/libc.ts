@@ -128,6 +128,12 @@ export interface PeerCredentials {
   pid: number;
   uid: number;
   gid: number;
+  /**
+   * The start time (/proc/<pid>/stat field 22) of the process that connected, read at accept: with the
+   * pid it names that very process, which the connection can outlive (its pid then reused by another).
+   * null: it was gone by then; absent: not read (a client's view of its peer).
+   */
+  starttime?: number | null;
 }
 
 /** SO_PEERCRED of a connected AF_UNIX socket: the peer's pid/uid/gid at connect() time. */

@@ -46,6 +46,8 @@ export interface HelperServerOptions {
   incomplete?: IncompleteFrames;
   /** Rate limit of what clients can make the server log (default: one on `logger`). */
   limiter?: LogLimiter;
+  /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
+  starttimeOf?: (pid: number) => number | null;
 }
 
 export class HelperServer {
@@ -154,6 +156,7 @@ export class HelperServer {
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
+      if (this.o.starttimeOf) peer.starttime = this.o.starttimeOf(peer.pid);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer credentials; closing connection');
       socket.destroy();

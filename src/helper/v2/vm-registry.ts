@@ -84,6 +84,8 @@ export function procView(procRoot: string): ProcView {
 export interface Peer {
   pid: number;
   uid: number;
+  /** The connecting process's start time, read at accept (null: gone by then; absent: not known, trusted). */
+  starttime?: number | null;
 }
 
 export interface RegisterInput {
@@ -191,10 +193,14 @@ export class VmRegistry {
     const start = this.proc.starttime(pid);
     const owner_uid = this.proc.ownerUid(pid);
     if (start === null || owner_uid === null) return no('process-gone', `process ${pid} does not exist`);
-    if (!(pid === peer.pid || peer.uid === 0 || peer.uid === owner_uid)) {
+    // The peer itself is the process that connected, not whatever holds its pid now: the connection can
+    // outlive it, and its pid be reused by another user's process.
+    const itself = pid === peer.pid && (peer.starttime === undefined || peer.starttime === start);
+    if (!(itself || peer.uid === 0 || peer.uid === owner_uid)) {
+      const gone = pid === peer.pid ? ' (the process that connected has exited; its pid now names another process)' : '';
       return no(
         'not-permitted',
-        `process ${pid} belongs to uid ${owner_uid}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`,
+        `process ${pid} belongs to uid ${owner_uid}${gone}; the peer (pid ${peer.pid}, uid ${peer.uid}) may register only its own processes`,
       );
     }
     for (const v of req.vcpus) {

@@ -66,6 +66,17 @@ describe('VmRegistry: who may register which process', () => {
     expect(a.attachTo).toBeUndefined();
   });
 
+  it('refuses the peer "registering itself" when its pid now names another process (pid reuse), and admits it with the start time it connected with', () => {
+    const r = registry();
+    const start = proc.starttime(me)!;
+    expect(admitted(r.admit(1, { pid: me, uid: OTHER_UID, starttime: start }, { pid: 0, vcpus: myVcpus() })).spec.pid).toBe(me);
+    for (const starttime of [start + 1, null]) {
+      const no = refused(r.admit(1, { pid: me, uid: OTHER_UID, starttime }, { pid: 0, vcpus: myVcpus() }));
+      expect(no.reason).toBe('not-permitted');
+      expect(no.message).toContain('the process that connected has exited; its pid now names another process');
+    }
+  });
+
   it("admits root and the process's own uid registering another process, and refuses any other uid (not-permitted)", () => {
     const c = child();
     const req = { pid: c.pid, vcpus: [{ tid: c.pid, vpkg: 0 }] };
