@@ -1,5 +1,5 @@
 /**
- * Sampling cost with every RAPL domain against the package alone (issue 19, goal: under 1.2x): CPU
+ * Sampling cost with every RAPL domain against the package alone (goal: under 1.2x): CPU
  * time of one Sampler.sample per interval (energy read, then the VM threads' stat lines from /proc),
  * on a fake host of two packages of 16 CPUs, for the MSR source (one pread per package and domain)
  * and the powercap source (one pread per zone), with no VM thread but this process's and with 100 and

@@ -58,6 +58,18 @@ describe('the repository stands alone', () => {
     expect(hits).toEqual([]);
   });
 
+  test('no file names an issue by number: code, docs and tests say what and why, not which ticket', () => {
+    const hits: string[] = [];
+    // Built from pieces so this file does not match itself.
+    const ticket = new RegExp(['\\bissues?', '#?\\d+\\b'].join('\\s+'), 'i');
+    for (const f of files) {
+      const text = fs.readFileSync(path.join(ROOT, f), 'utf8');
+      const m = ticket.exec(text);
+      if (m) hits.push(`${f}:${text.slice(0, m.index).split('\n').length}: ${m[0]}`);
+    }
+    expect(hits).toEqual([]);
+  });
+
   test('every relative link and every named source file in a Markdown file resolves inside the repository', () => {
     const bad: string[] = [];
     for (const f of files.filter((x) => x.endsWith('.md'))) {

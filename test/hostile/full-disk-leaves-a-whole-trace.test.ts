@@ -1,5 +1,5 @@
 /**
- * Issue 21 item 11: a local user fills the file system the trace is written to. `--record` stopped
+ * A local user fills the file system the trace is written to. `--record` stopped
  * for good and left the trace cut mid-record, which replay rejects. Here a real 256 KiB tmpfs is
  * filled by a process of uid nobody while `vmsr-helper record` writes to it: the trace must replay
  * while the disk is full, and recording must resume (with a gap record) once space is freed.

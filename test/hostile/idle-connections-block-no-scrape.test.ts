@@ -1,5 +1,5 @@
 /**
- * Issue 21 item 7: the exporter's 32 connection slots were shared by everyone, and idle or
+ * The exporter's 32 connection slots were shared by everyone, and idle or
  * slow-header connections lived 27 to 31 s (Node checks its timeouts every 30 s): a local user
  * holding 32 of them blocked Prometheus (2 of 40 scrapes succeeded). The hoarder is a real process
  * (uid nobody when the test runs as root) against the real exporter; the scraper is this process.

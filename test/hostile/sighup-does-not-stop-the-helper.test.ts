@@ -1,5 +1,5 @@
 /**
- * Issue 21 item 12: a log-rotation style `kill -HUP` stopped the daemon, and QEMU never reconnects,
+ * A log-rotation style `kill -HUP` stopped the daemon, and QEMU never reconnects,
  * so every guest's energy counter froze. The signal comes from a real process of the dropped uid.
  */
 import { describe, expect, test } from 'vitest';

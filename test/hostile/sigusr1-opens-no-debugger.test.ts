@@ -1,5 +1,5 @@
 /**
- * Issue 21 item 1: a process of the daemon's (or the exporter's) uid sends SIGUSR1, which makes
+ * A process of the daemon's (or the exporter's) uid sends SIGUSR1, which makes
  * Node 20 open its inspector, a debugger any local user could connect to and run code with. The
  * attack runs as uid nobody against the real daemon dropped to -u nobody and the real exporter.
  */
