@@ -1,5 +1,6 @@
+import fs from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { effectiveMaxConnections, FD_RESERVE, FdBudget, vmFds } from '../../src/os/fd-budget.js';
+import { countOpenFds, effectiveMaxConnections, FD_RESERVE, FdBudget, vmFds } from '../../src/os/fd-budget.js';
 
 describe('FdBudget', () => {
   it('admits a VM only when its threads fit beside open fds, free connection slots and the reserve', () => {
@@ -34,5 +35,30 @@ describe('FdBudget', () => {
     expect(effectiveMaxConnections(4096, 1 << 20, 30)).toBe(4096);
     expect(effectiveMaxConnections(4096, 256, 30)).toBe(Math.floor((256 - 30 - FD_RESERVE) / 2));
     expect(effectiveMaxConnections(4096, 40, 30)).toBe(1);
+  });
+});
+
+describe('FdBudget on the real /proc/self/fd', () => {
+  it('counts the open fds once per event-loop turn, and counts what it admitted in that turn as open', async () => {
+    const room = 10;
+    const b = new FdBudget({ limit: countOpenFds() + FD_RESERVE + room, maxConnections: 1, openConnections: () => 1 });
+    expect(b.canOpen(6, 'a file').ok).toBe(true);
+    // No fd was opened, but 6 were admitted this turn: 6 more do not fit in the 10.
+    expect(b.canOpen(6, 'a file').ok).toBe(false);
+    await new Promise((r) => setImmediate(r));
+    // A new turn counts again: the 6 were never opened.
+    expect(b.canOpen(6, 'a file').ok).toBe(true);
+  });
+
+  it('sees the fds opened since the turn it last counted in', async () => {
+    const b = new FdBudget({ limit: countOpenFds() + FD_RESERVE + 4, maxConnections: 1, openConnections: () => 1 });
+    expect(b.canOpen(1, 'a file').ok).toBe(true);
+    await new Promise((r) => setImmediate(r));
+    const held = [0, 1, 2, 3].map(() => fs.openSync('/dev/null', 'r'));
+    try {
+      expect(b.canOpen(1, 'a file').ok).toBe(false);
+    } finally {
+      for (const fd of held) fs.closeSync(fd);
+    }
   });
 });
