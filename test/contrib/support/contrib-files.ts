@@ -35,7 +35,7 @@ export function rulesIn(file: string): { kind: 'record' | 'alert'; name: string 
 
 /** Replaces `from` in `text`, which must occur exactly once (so a changed shipped file fails the test, not silently passes). */
 function replaceOnce(text: string, from: string | RegExp, to: string, what: string): string {
-  const n = typeof from === 'string' ? text.split(from).length - 1 : [...text.matchAll(new RegExp(from, 'g'))].length;
+  const n = typeof from === 'string' ? text.split(from).length - 1 : [...text.matchAll(new RegExp(from.source, `${from.flags}g`))].length;
   if (n !== 1)
     throw new Error(`cannot adapt ${what}: expected one ${String(from)}, found ${n}; update test/contrib/support/contrib-files.ts`);
   return text.replace(from, to);
