@@ -184,8 +184,15 @@ describe('the Grafana dashboard and the shipped rules', () => {
         () => undefined,
       );
       expect(await missingRecords(), logs()).toEqual([]);
-      const alerts = (await (await fetch(`${prom.url}/api/v1/alerts`)).json()) as { data: { alerts: unknown[] } };
-      expect(alerts.data.alerts).toEqual([]);
+      // One exception: a scrape over its timeout (1 s, the scrape interval) on a loaded machine sets
+      // up to 0 for a moment, and VmsrExporterDown is then pending (it fires after 5 minutes of it).
+      const alerts = (await (await fetch(`${prom.url}/api/v1/alerts`)).json()) as {
+        data: { alerts: { labels: { alertname: string }; state: string }[] };
+      };
+      expect(
+        alerts.data.alerts.filter((a) => !(a.labels.alertname === 'VmsrExporterDown' && a.state === 'pending')),
+        logs(),
+      ).toEqual([]);
 
       // Kepler's names, recorded: one series for our VM (its two virtual packages summed), named by its uuid.
       const kepler = await prom.query(`kepler_vm_cpu_joules_total{vm_name="${VM.name}"}`);
