@@ -98,6 +98,15 @@ describe('the Grafana dashboard and the shipped rules', () => {
       expect((p as { datasource?: unknown }).datasource, p.title).toEqual({ type: 'prometheus', uid: '${datasource}' });
       expect(p.targets?.length, p.title).toBeGreaterThan(0);
     }
+    // Panels do not overlap on Grafana's 24-column grid.
+    const boxes = panels.map((p) => ({ title: p.title, ...p.gridPos! }));
+    for (const [i, a] of boxes.entries()) {
+      expect(a.x + a.w, a.title).toBeLessThanOrEqual(24);
+      for (const b of boxes.slice(i + 1)) {
+        const overlap = a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+        expect(overlap, `${a.title} overlaps ${b.title}`).toBe(false);
+      }
+    }
     const exprs = dashboardTargets(d).map((t) => t.expr);
     // Per host, per VM, health: the families the dashboard is for are all on it.
     for (const family of [
@@ -153,13 +162,16 @@ describe('the Grafana dashboard and the shipped rules', () => {
 
       const targets = dashboardTargets(d);
       expect(targets.length).toBeGreaterThanOrEqual(15);
-      const empty: string[] = [];
+      const empty: string[] = []; // queries that answered nothing, and legends naming a missing label
       for (const vm of [VM.name, vars.get('vm')!.allValue!]) {
         const values = { ...BUILTIN_INTERVALS, datasource: 'prometheus', instance: s.exporterHost, vm };
         for (const t of targets) {
           const q = substitute(t.expr, values);
           const r = await prom.query(q);
           if (r.length === 0) empty.push(`${t.panel} / ${t.refId}: ${q}`);
+          // A legend's {{label}} is one the query's series carry (a label left out by a sum would print nothing).
+          for (const l of t.legendLabels)
+            if (!r.some((x) => l in x.metric)) empty.push(`${t.panel} / ${t.refId}: no ${l} label for its legend`);
         }
       }
       expect(empty, logs()).toEqual([]);

@@ -10,13 +10,16 @@ export interface DashboardTarget {
   panel: string;
   refId: string;
   expr: string;
+  /** The labels its legend names (`{{label}}`). */
+  legendLabels: string[];
 }
 
 interface Panel {
   title?: string;
   type?: string;
   panels?: Panel[];
-  targets?: { refId?: string; expr?: string }[];
+  targets?: { refId?: string; expr?: string; legendFormat?: string }[];
+  gridPos?: { h: number; w: number; x: number; y: number };
 }
 
 export interface TemplateVariable {
@@ -46,7 +49,14 @@ export function allPanels(d: Dashboard): Panel[] {
 }
 
 export function dashboardTargets(d: Dashboard): DashboardTarget[] {
-  return allPanels(d).flatMap((p) => (p.targets ?? []).map((t) => ({ panel: p.title ?? '', refId: t.refId ?? '', expr: t.expr ?? '' })));
+  return allPanels(d).flatMap((p) =>
+    (p.targets ?? []).map((t) => ({
+      panel: p.title ?? '',
+      refId: t.refId ?? '',
+      expr: t.expr ?? '',
+      legendLabels: [...(t.legendFormat ?? '').matchAll(/\{\{\s*(\w+)\s*\}\}/g)].map((m) => m[1]!),
+    })),
+  );
 }
 
 /** A query variable's `label_values(SELECTOR, LABEL)`, split. */
