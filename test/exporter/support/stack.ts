@@ -89,10 +89,7 @@ export interface PrometheusServer {
 
 /** The Debian prometheus package's server scraping `target` every second, storage in a temp dir. */
 export async function startPrometheus(target: string): Promise<PrometheusServer> {
-  const dir = tempDir('vmsr-prom-');
-  const port = await freePort();
-  fs.writeFileSync(
-    path.join(dir, 'prometheus.yml'),
+  return startPrometheusWith(
     [
       'global:',
       '  scrape_interval: 1s',
@@ -104,6 +101,13 @@ export async function startPrometheus(target: string): Promise<PrometheusServer>
       '',
     ].join('\n'),
   );
+}
+
+/** The Debian prometheus package's server with the configuration `config` (its text), storage in a temp dir. */
+export async function startPrometheusWith(config: string): Promise<PrometheusServer> {
+  const dir = tempDir('vmsr-prom-');
+  const port = await freePort();
+  fs.writeFileSync(path.join(dir, 'prometheus.yml'), config);
   const proc = spawn(
     'prometheus',
     [
