@@ -9,6 +9,7 @@ import path from 'node:path';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { pathToFileURL } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
+import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import { V2Client } from '../../src/client/v2-client.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { FakeHost } from '../support/fake-host.js';
@@ -163,5 +164,42 @@ describe('statistics fds on the daemon', () => {
     const table = execFileSync(process.execPath, [BIN, 'stats', '-k', sock, '--once'], { encoding: 'utf8' });
     expect(table).toMatch(/ID\s+NAME\s+PID\s+POWER W/);
     expect(table).toContain(String(vmProc.pid));
+  });
+
+  it('`vmsr-helper stats` follows a restart in place: the same VM, its energy read from the new image growing on', async () => {
+    const { sock, helper } = await daemon(['--no-discovery']);
+    const vmProc = startChild('spin');
+    cleanups.push(() => vmProc.kill());
+    await waitFor(() => fs.existsSync(`/proc/${vmProc.pid}/task`), 'the child');
+    const c = await ResumingV2Client.connect(sock);
+    cleanups.push(() => c.close());
+    const vmId = (await c.register({ pid: vmProc.pid, vcpus: [{ tid: threadsOf(vmProc.pid)[0]!, vpkg: 0 }] })).vmId;
+    const stats = spawn(process.execPath, [BIN, 'stats', '-k', sock, '--json', '--interval', '0.2', '--vm', String(vmId)], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    cleanups.push(() => stats.kill('SIGKILL'));
+    let out = '';
+    stats.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    const rows = () =>
+      out
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .map((l) => JSON.parse(l) as { host_vm_id: number; energy_j: number });
+    await waitFor(() => rows().length >= 3 && rows().at(-1)!.energy_j > 0, 'stats rows before the restart');
+    helper.proc.kill('SIGHUP');
+    await waitFor(() => helper.stderr().includes('"msg":"handed over:'), 'the restart', helper, 20_000);
+    const before = rows().length;
+    const lastBefore = rows().at(-1)!.energy_j;
+    // Rows read from the new image's file: energy beyond what the old image last wrote.
+    await waitFor(
+      () => rows().length > before + 3 && rows().at(-1)!.energy_j > lastBefore,
+      'stats rows from the new image',
+      undefined,
+      15_000,
+    );
+    const all = rows();
+    expect(new Set(all.map((r) => r.host_vm_id))).toEqual(new Set([vmId]));
+    for (let i = 1; i < all.length; i++) expect(all[i]!.energy_j).toBeGreaterThanOrEqual(all[i - 1]!.energy_j);
+    expect(stats.exitCode).toBeNull();
   });
 });

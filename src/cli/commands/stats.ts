@@ -6,7 +6,8 @@
  */
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
-import { V2Client, V2Error, type VmInfo } from '../../client/v2-client.js';
+import { ResumingV2Client } from '../../client/resuming-client.js';
+import { V2Error, type VmInfo } from '../../client/v2-client.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, secondsArg } from '../options.js';
@@ -115,10 +116,17 @@ export async function runStats(
   signal?: AbortSignal,
   warn: (line: string) => void = out,
 ): Promise<void> {
-  const client = await V2Client.connect(o.socket);
+  // After a helper restart the files of the old image hold its last values: read the new ones.
+  let resumed = false;
+  const client = await ResumingV2Client.connect(o.socket, { onResumed: () => (resumed = true) });
   const readers = new Map<number, { vm: VmInfo; r: StatsReader }>();
   try {
     for (let n = 0; ; n++) {
+      if (resumed) {
+        resumed = false;
+        for (const e of readers.values()) e.r.close();
+        readers.clear();
+      }
       const vms = (await client.list()).filter((v) => chosen(v, o.vm));
       const listed = new Set(vms.map((v) => v.hostVmId));
       for (const [id, e] of readers) {

@@ -1,0 +1,262 @@
+/**
+ * A v2 client that outlives helper restarts (docs/daemon.md "Restarts"; docs/protocol-v2.md,
+ * "Restarts"). The helper tells every v2 connection ERROR RESTARTING and closes it; its registrations,
+ * host VM ids and totals wait for their clients in the state it hands to its next image. This client
+ * then connects again (retrying while the helper comes back), REGISTERs each process it had registered
+ * (the helper gives back the same vm_id and totals), and SUBSCRIBEs, OBSERVEs and HOST_SUBSCRIBEs
+ * again with the same callbacks: the caller sees one stream of updates with the same ids, and no
+ * counter going backwards. Any other close (the helper stopped, the connection broke) is resumed the
+ * same way, for as long as `resumeForMs`.
+ *
+ * What it does not carry: a request in flight when the connection closes rejects (the caller may
+ * retry it; `ready()` waits for the next connection); statistics fds from before the restart keep the
+ * old image's last values: ask for new ones after `onResumed`.
+ */
+import { cannot } from '../common/errors.js';
+import { E } from '../protocol/v2/codec.js';
+import type { VcpuSpec } from '../ratio/types.js';
+import {
+  V2Client,
+  V2ConnectionError,
+  V2Error,
+  type HostUpdate,
+  type Registered,
+  type Update,
+  type Value,
+  type VmInfo,
+  type VmUpdate,
+} from './v2-client.js';
+
+export interface ResumingOptions {
+  /** How long to keep trying to connect again after the connection closed (default RESUME_FOR_MS). */
+  resumeForMs?: number;
+  /** Called after each resumption, with what closed the connection and how long the client was away. */
+  onResumed?: (o: { reason: Error | null; awayMs: number }) => void;
+  /** How one connection is made (default V2Client.connect). */
+  connect?: (socketPath: string) => Promise<V2Client>;
+}
+
+/** Default of `resumeForMs`: a restart takes about a second; a package upgrade's stop and start, a few. */
+export const RESUME_FOR_MS = 60_000;
+/** First wait between attempts to connect again, doubled up to RETRY_MAX_MS. */
+const RETRY_FIRST_MS = 25;
+const RETRY_MAX_MS = 1_000;
+
+interface Subscribed {
+  onUpdate: (u: Update) => void;
+  onError?: (e: V2Error) => void;
+}
+
+interface Observed {
+  onUpdate: (u: VmUpdate) => void;
+  onError?: (e: V2Error) => void;
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+export class ResumingV2Client {
+  /** Registrations made through this client, by vm_id: REGISTERed again after a restart. */
+  private readonly registered = new Map<number, { pid: number; vcpus: readonly VcpuSpec[] }>();
+  private readonly subscribed = new Map<number, Subscribed>();
+  private readonly observed = new Map<number, Observed>();
+  private host: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void } | null = null;
+  private current: Promise<V2Client>;
+  private userClosed = false;
+  /** Resolves when the client is closed by close(), or gave up resuming (with why). */
+  readonly closed: Promise<Error | null>;
+  private resolveClosed!: (e: Error | null) => void;
+
+  private constructor(
+    private readonly socketPath: string,
+    first: V2Client,
+    private readonly o: ResumingOptions,
+  ) {
+    this.closed = new Promise((r) => (this.resolveClosed = r));
+    this.current = Promise.resolve(first);
+    this.follow(first);
+  }
+
+  /** Connects (once: a helper that is not there now is an error, as for V2Client.connect). */
+  static async connect(socketPath: string, o: ResumingOptions = {}): Promise<ResumingV2Client> {
+    const first = await (o.connect ?? V2Client.connect)(socketPath);
+    return new ResumingV2Client(socketPath, first, o);
+  }
+
+  /** The connection requests go to: the current one, or the next one while resuming. */
+  ready(): Promise<V2Client> {
+    return this.current;
+  }
+
+  async register(o: { pid?: number; vcpus: readonly VcpuSpec[] }): Promise<Registered> {
+    const c = await this.current;
+    const r = await c.register(o);
+    this.registered.set(r.vmId, { pid: o.pid ?? 0, vcpus: o.vcpus });
+    return r;
+  }
+
+  async unregister(vmId: number): Promise<void> {
+    this.registered.delete(vmId);
+    this.subscribed.delete(vmId);
+    await (await this.current).unregister(vmId);
+  }
+
+  async read(vmId: number, vpkg: number): Promise<Value> {
+    return (await this.current).read(vmId, vpkg);
+  }
+
+  async list(): Promise<VmInfo[]> {
+    return (await this.current).list();
+  }
+
+  async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
+    return (await this.current).statsFd(hostVmId);
+  }
+
+  async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void): Promise<Update> {
+    const s: Subscribed = { onUpdate: (u) => this.onVmUpdate(this.subscribed, u.vmId, s, () => onUpdate(u), u.ended) };
+    if (onError) s.onError = onError;
+    this.subscribed.set(vmId, s);
+    try {
+      return await (await this.current).subscribe(vmId, s.onUpdate, onError);
+    } catch (e) {
+      if (this.subscribed.get(vmId) === s) this.subscribed.delete(vmId);
+      throw e;
+    }
+  }
+
+  async observe(hostVmId: number, onUpdate: (u: VmUpdate) => void, onError?: (e: V2Error) => void): Promise<VmUpdate> {
+    const s: Observed = { onUpdate: (u) => this.onVmUpdate(this.observed, u.hostVmId, s, () => onUpdate(u), u.ended) };
+    if (onError) s.onError = onError;
+    this.observed.set(hostVmId, s);
+    try {
+      return await (await this.current).observe(hostVmId, s.onUpdate, onError);
+    } catch (e) {
+      if (this.observed.get(hostVmId) === s) this.observed.delete(hostVmId);
+      throw e;
+    }
+  }
+
+  async unobserve(hostVmId: number): Promise<void> {
+    this.observed.delete(hostVmId);
+    await (await this.current).unobserve(hostVmId);
+  }
+
+  async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void): Promise<HostUpdate> {
+    this.host = onError ? { onUpdate, onError } : { onUpdate };
+    return (await this.current).subscribeHost(onUpdate, onError);
+  }
+
+  async close(): Promise<void> {
+    this.userClosed = true;
+    const c = await this.current.catch(() => null);
+    await c?.close();
+    this.resolveClosed(null);
+  }
+
+  /** Passes an update on, and forgets the subscription after its last one (the VM ended). */
+  private onVmUpdate<S>(subs: Map<number, S>, id: number, s: S, deliver: () => void, ended: boolean): void {
+    if (subs.get(id) !== s) return;
+    if (ended) subs.delete(id);
+    deliver();
+  }
+
+  /** Resumes when `c` closes, unless the caller closed this client. */
+  private follow(c: V2Client): void {
+    void c.closed.then((reason) => {
+      if (this.userClosed) return;
+      const away = Date.now();
+      let resolveNext!: (c: V2Client) => void;
+      let rejectNext!: (e: Error) => void;
+      this.current = new Promise<V2Client>((res, rej) => ((resolveNext = res), (rejectNext = rej)));
+      // A request made while resuming waits; one made after giving up rejects with why.
+      this.current.catch(() => {});
+      void this.resume(reason).then(
+        (next) => {
+          if (this.userClosed) {
+            void next.close();
+            return rejectNext(new V2ConnectionError('the client was closed'));
+          }
+          resolveNext(next);
+          this.follow(next);
+          this.o.onResumed?.({ reason, awayMs: Date.now() - away });
+        },
+        (e: Error) => {
+          rejectNext(e);
+          this.resolveClosed(e);
+        },
+      );
+    });
+  }
+
+  /** Connects again and restores every registration and subscription, retrying until resumeForMs. */
+  private async resume(reason: Error | null): Promise<V2Client> {
+    const deadline = Date.now() + (this.o.resumeForMs ?? RESUME_FOR_MS);
+    let wait = RETRY_FIRST_MS;
+    let last: Error | null = reason;
+    while (!this.userClosed) {
+      let c: V2Client | null = null;
+      try {
+        c = await (this.o.connect ?? V2Client.connect)(this.socketPath);
+        await this.restore(c);
+        return c;
+      } catch (e) {
+        last = e as Error;
+        if (c) void c.close();
+        // A refusal that a retry cannot change (a registration the helper no longer accepts) ends it.
+        if (e instanceof V2Error && e.code !== E.RESTARTING) throw e;
+      }
+      if (Date.now() + wait > deadline) break;
+      await sleep(wait);
+      wait = Math.min(wait * 2, RETRY_MAX_MS);
+    }
+    throw new V2ConnectionError(
+      cannot(
+        `resume the connection to the helper at ${this.socketPath}`,
+        `it did not come back within ${Math.round((this.o.resumeForMs ?? RESUME_FOR_MS) / 1000)} s (${last?.message ?? 'closed'})`,
+        'check that the helper runs (systemctl status qemu-vmsr-helper, or its log)',
+      ),
+    );
+  }
+
+  /**
+   * REGISTER, SUBSCRIBE, OBSERVE and HOST_SUBSCRIBE again, on `c`. What the helper refuses now (a VM
+   * that ended meanwhile, a process that exited) is dropped and told to its onError; a registration
+   * that comes back under another vm_id (the helper restarted without its state, its totals from 0)
+   * too. A connection error rejects: the caller tries again.
+   */
+  private async restore(c: V2Client): Promise<void> {
+    for (const [vmId, r] of [...this.registered]) {
+      let why: string | null = null;
+      try {
+        const again = await c.register({ pid: r.pid, vcpus: r.vcpus });
+        if (again.vmId !== vmId) {
+          await c.unregister(again.vmId).catch(() => {});
+          why = `the helper restarted without its state and registered the process again as VM ${again.vmId}, with totals from 0`;
+        }
+      } catch (e) {
+        if (!(e instanceof V2Error)) throw e;
+        why = `the helper refused to register it again (${e.message})`;
+      }
+      if (why === null) continue;
+      this.registered.delete(vmId);
+      this.drop(this.subscribed, vmId, new V2Error(E.NO_SUCH, 0, cannot(`resume VM ${vmId}`, why, 'register it again')));
+    }
+    const again = <S extends { onError?: (e: V2Error) => void }>(subs: Map<number, S>, id: number, p: Promise<unknown>) =>
+      p.catch((e: Error) => {
+        if (!(e instanceof V2Error)) throw e;
+        this.drop(subs, id, e);
+      });
+    await Promise.all([
+      ...[...this.subscribed].map(([vmId, s]) => again(this.subscribed, vmId, c.subscribe(vmId, s.onUpdate, s.onError))),
+      ...[...this.observed].map(([id, s]) => again(this.observed, id, c.observe(id, s.onUpdate, s.onError))),
+      ...(this.host ? [c.subscribeHost(this.host.onUpdate, this.host.onError)] : []),
+    ]);
+  }
+
+  /** Forgets a subscription the helper no longer serves, and tells its owner why. */
+  private drop<S extends { onError?: (e: V2Error) => void }>(subs: Map<number, S>, id: number, why: V2Error): void {
+    const s = subs.get(id);
+    subs.delete(id);
+    s?.onError?.(why);
+  }
+}
