@@ -50,6 +50,7 @@ const fn = {
   memfd_create: libc.func('int memfd_create(const char *name, unsigned int flags)'),
   mmap: libc.func('void *mmap(void *addr, size_t len, int prot, int flags, int fd, long off)'),
   munmap: libc.func('int munmap(void *addr, size_t len)'),
+  syscall: libc.func('long syscall(long number, ...)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -143,6 +144,28 @@ export function getPeerCredentials(fd: number): PeerCredentials {
   len.writeUInt32LE(12, 0);
   if (fn.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, len) !== 0) throw errnoError('getsockopt(SO_PEERCRED)');
   return { pid: cred.readInt32LE(0), uid: cred.readUInt32LE(4), gid: cred.readUInt32LE(8) };
+}
+
+/** getsockopt option: a pidfd of the process that called connect() (Linux 6.5+). */
+export const SO_PEERPIDFD = 77;
+const SYS_PIDFD_SEND_SIGNAL = 424;
+
+/**
+ * A pidfd (close-on-exec) of the very process that connected on the AF_UNIX socket `fd`, taken by
+ * the kernel at connect(): it never names another process, whatever happens to the pid. -errno when
+ * the kernel has none to give (ENOPROTOOPT before Linux 6.5, ESRCH when that process is gone).
+ */
+export function peerPidfd(fd: number): number {
+  const v = Buffer.alloc(4);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(4, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, v, len) !== 0) return -koffi.errno();
+  return v.readInt32LE(0);
+}
+
+/** Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing). */
+export function pidfdAlive(pidfd: number): boolean {
+  return Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0;
 }
 
 /** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */

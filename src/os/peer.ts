@@ -2,7 +2,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type net from 'node:net';
-import { getPeerCredentials, type PeerCredentials } from './libc.js';
+import os from 'node:os';
+import { closeFd, getPeerCredentials, peerPidfd, pidfdAlive, type PeerCredentials } from './libc.js';
 import { MAX_TID } from '../ratio/types.js';
 import { parseProcStatus } from './privileges/proc-status.js';
 import { readProcFile } from './proc-file.js';
@@ -15,13 +16,34 @@ export function socketFd(socket: net.Socket): number | undefined {
   return typeof fd === 'number' && fd >= 0 ? fd : undefined;
 }
 
-/** SO_PEERCRED of an accepted connection; throws when it cannot be had (the caller closes). */
-export function peerOf(socket: net.Socket): PeerCredentials {
+/**
+ * SO_PEERCRED of an accepted connection; throws when it cannot be had (the caller closes). With
+ * `starttimeOf`, also the start time of the very process that connected (PeerCredentials.starttime),
+ * which with the pid names it: read by pid, and kept only when the kernel's pidfd of the connecting
+ * process (SO_PEERPIDFD) says it still runs, so still holds that pid. Connect and accept are apart in
+ * time: by accept, that process may have exited and its pid gone to another (null then). A kernel
+ * without SO_PEERPIDFD (before 6.5) gets the start time of whatever holds the pid at accept.
+ */
+export function peerOf(socket: net.Socket, starttimeOf?: (pid: number) => number | null): PeerCredentials {
   const fd = socketFd(socket);
   if (fd === undefined) throw new Error('connection has no file descriptor');
   const cred = getPeerCredentials(fd);
   if (cred.pid <= 0) throw new Error(`peer has no pid (SO_PEERCRED pid ${cred.pid})`);
+  if (starttimeOf) cred.starttime = connectingProcessStart(fd, cred.pid, starttimeOf);
   return cred;
+}
+
+function connectingProcessStart(fd: number, pid: number, starttimeOf: (pid: number) => number | null): number | null {
+  const pidfd = peerPidfd(fd);
+  if (pidfd === -os.constants.errno.ESRCH) return null;
+  const start = starttimeOf(pid);
+  if (pidfd < 0) return start;
+  try {
+    // Alive after the read: the pid named it during the read, so the start time is its own.
+    return pidfdAlive(pidfd) ? start : null;
+  } finally {
+    closeFd(pidfd);
+  }
 }
 
 /** The live threads of one process, as /proc/<pid>/task/<tid> shows them; the path prefix is built once. */

@@ -12,6 +12,7 @@ import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { E, encodeRegister, FrameDecoder, HELPER_TYPES, T } from '../../src/protocol/v2/codec.js';
 import { parseHelperFrame } from '../../src/protocol/v2/messages.js';
+import { closeFd, peerPidfd, socketpair } from '../../src/os/libc.js';
 import { hostArgs, startHelper } from '../daemon/support/daemon-process.js';
 import { PYTHON } from '../support/fake-qemu.js';
 import { waitFor } from '../support/wait.js';
@@ -101,52 +102,77 @@ function spawnWithPid(pid: number): ChildProcess | null {
   return null;
 }
 
+/** Why the kernel cannot name the connecting process itself (SO_PEERPIDFD, Linux 6.5+), or null. */
+function noPeerPidfd(): string | null {
+  const [a, b] = socketpair();
+  try {
+    const fd = peerPidfd(a);
+    if (fd >= 0) closeFd(fd);
+    return fd >= 0 ? null : `the kernel gives no SO_PEERPIDFD (errno ${-fd}; Linux 6.5+ does)`;
+  } finally {
+    closeFd(a);
+    closeFd(b);
+  }
+}
+
 describe('REGISTER and pid reuse', () => {
-  test('a connection whose process has exited cannot register, as "itself", the root process that now has its pid', async (ctx) => {
-    const why = notRoot();
-    if (why) return ctx.skip(why);
-    const { host, dir, sock } = fakeHost();
-    fs.chmodSync(dir, 0o755);
-    track(await startHelper(['-k', sock, '-u', 'nobody', '--socket-mode', '0666', ...hostArgs(host)]));
+  test.for([
+    ['the daemon accepted the connection before', false],
+    ['the daemon accepts the connection only after the reuse (SO_PEERPIDFD)', true],
+  ] as const)(
+    'a connection whose process has exited cannot register, as "itself", the root process that now has its pid: %s',
+    async ([, acceptLate], ctx) => {
+      const why = notRoot() ?? (acceptLate ? noPeerPidfd() : null);
+      if (why) return ctx.skip(why);
+      const { host, dir, sock } = fakeHost();
+      fs.chmodSync(dir, 0o755);
+      const daemon = track(await startHelper(['-k', sock, '-u', 'nobody', '--socket-mode', '0666', ...hostArgs(host)]));
+      // A busy daemon accepts late: stopped, it accepts only after the attacker's pid went to the victim.
+      if (acceptLate) {
+        daemon.proc.kill('SIGSTOP');
+        onCleanup(() => void daemon.proc.kill('SIGCONT'));
+      }
 
-    const fifo = path.join(dir, 'commands');
-    execFileSync('mkfifo', ['-m', '0644', fifo]);
-    const attacker = spawn(PYTHON, ['-c', ATTACKER, sock, fifo], { uid: NOBODY, gid: NOBODY, stdio: ['ignore', 'pipe', 'inherit'] });
-    onCleanup(() => void attacker.kill('SIGKILL'));
-    const next = lines(attacker);
-    const connectedPid = Number(await next());
-    const childPid = Number(await next());
-    // The process that connected has exited and been reaped; its pid is free.
-    await new Promise((r) => (attacker.exitCode !== null ? r(null) : attacker.once('exit', r)));
-    expect(fs.existsSync(`/proc/${connectedPid}`)).toBe(false);
+      const fifo = path.join(dir, 'commands');
+      execFileSync('mkfifo', ['-m', '0644', fifo]);
+      const attacker = spawn(PYTHON, ['-c', ATTACKER, sock, fifo], { uid: NOBODY, gid: NOBODY, stdio: ['ignore', 'pipe', 'inherit'] });
+      onCleanup(() => void attacker.kill('SIGKILL'));
+      const next = lines(attacker);
+      const connectedPid = Number(await next());
+      const childPid = Number(await next());
+      // The process that connected has exited and been reaped; its pid is free.
+      await new Promise((r) => (attacker.exitCode !== null ? r(null) : attacker.once('exit', r)));
+      expect(fs.existsSync(`/proc/${connectedPid}`)).toBe(false);
 
-    // Start times count clock ticks (10 ms): a process started in the very tick of the one that
-    // connected is not told apart by them (docs/security.md, "Limit"). A natural pid wrap takes far longer.
-    await sleep(START_TIME_TICK_MS * 3);
-    let victim: ChildProcess | null = null;
-    for (let i = 0; i < REUSE_TRIES && !victim; i++) victim = spawnWithPid(connectedPid);
-    if (!victim) return ctx.skip(`could not give pid ${connectedPid} to a new process in ${REUSE_TRIES} tries (a busy host took it)`);
-    expect(fs.statSync(`/proc/${victim.pid}`).uid).toBe(0);
+      // Start times count clock ticks (10 ms): a process started in the very tick of the one that
+      // connected is not told apart by them (docs/security.md, "Limit"). A natural pid wrap takes far longer.
+      await sleep(START_TIME_TICK_MS * 3);
+      let victim: ChildProcess | null = null;
+      for (let i = 0; i < REUSE_TRIES && !victim; i++) victim = spawnWithPid(connectedPid);
+      if (!victim) return ctx.skip(`could not give pid ${connectedPid} to a new process in ${REUSE_TRIES} tries (a busy host took it)`);
+      expect(fs.statSync(`/proc/${victim.pid}`).uid).toBe(0);
+      if (acceptLate) daemon.proc.kill('SIGCONT');
 
-    const commands = fs.openSync(fifo, 'w');
-    onCleanup(() => fs.closeSync(commands));
-    const send = (which: 'old' | 'new', frame: Buffer) => fs.writeSync(commands, `${which} ${frame.toString('hex')}\n`);
+      const commands = fs.openSync(fifo, 'w');
+      onCleanup(() => fs.closeSync(commands));
+      const send = (which: 'old' | 'new', frame: Buffer) => fs.writeSync(commands, `${which} ${frame.toString('hex')}\n`);
 
-    const attack = encodeRegister({ pid: 0, vcpus: [{ tid: victim.pid!, vpkg: 0 }] });
-    send('old', attack);
-    const refused = decode(await next());
-    expect(refused.type).toBe(T.ERROR);
-    expect(refused.code).toBe(E.NOT_PERMITTED);
-    expect(refused.message).toContain('the process that connected has exited; its pid now names another process');
+      const attack = encodeRegister({ pid: 0, vcpus: [{ tid: victim.pid!, vpkg: 0 }] });
+      send('old', attack);
+      const refused = decode(await next());
+      expect(refused.type).toBe(T.ERROR);
+      expect(refused.code).toBe(E.NOT_PERMITTED);
+      expect(refused.message).toContain('the process that connected has exited; its pid now names another process');
 
-    // Naming the pid outright is refused too: it belongs to root.
-    const named = encodeRegister({ pid: victim.pid!, vcpus: [{ tid: victim.pid!, vpkg: 0 }] });
-    send('old', named);
-    expect(decode(await next())).toMatchObject({ type: T.ERROR, code: E.NOT_PERMITTED });
+      // Naming the pid outright is refused too: it belongs to root.
+      const named = encodeRegister({ pid: victim.pid!, vcpus: [{ tid: victim.pid!, vpkg: 0 }] });
+      send('old', named);
+      expect(decode(await next())).toMatchObject({ type: T.ERROR, code: E.NOT_PERMITTED });
 
-    // The rule still admits a process registering itself on a connection it opened: the attacker's child, on its own.
-    const self = encodeRegister({ pid: 0, vcpus: [{ tid: childPid, vpkg: 0 }] });
-    send('new', self);
-    expect(decode(await next()).type).toBe(T.REGISTERED);
-  });
+      // The rule still admits a process registering itself on a connection it opened: the attacker's child, on its own.
+      const self = encodeRegister({ pid: 0, vcpus: [{ tid: childPid, vpkg: 0 }] });
+      send('new', self);
+      expect(decode(await next()).type).toBe(T.REGISTERED);
+    },
+  );
 });

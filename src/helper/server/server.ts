@@ -155,8 +155,7 @@ export class HelperServer {
     }
     let peer: PeerCredentials;
     try {
-      peer = peerOf(socket);
-      if (this.o.starttimeOf) peer.starttime = this.o.starttimeOf(peer.pid);
+      peer = peerOf(socket, this.o.starttimeOf);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer credentials; closing connection');
       socket.destroy();
