@@ -63,7 +63,10 @@ async function scrape(url: string): Promise<Map<string, number>> {
   return parseExposition(await (await fetch(url)).text());
 }
 
-const energyOf = (m: Map<string, number>, pid: number) => m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",vpkg="0"}`);
+/** The uid owning the VMs this file starts (its own children). */
+const UID = process.getuid!();
+const energyOf = (m: Map<string, number>, pid: number) =>
+  m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",uid="${UID}",vpkg="0"}`);
 
 /** The ```promql blocks of the README, without their comment lines. */
 function readmeQueries(): string[] {
@@ -146,7 +149,7 @@ describe('exporter with the daemon and Prometheus', () => {
       async () => {
         const b = await (await fetch(exporter.url)).text();
         const x = parseExposition(b);
-        const power = x.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",vpkg="0"}`);
+        const power = x.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`);
         return (energyOf(x, busy.pid) ?? 0) > 5 && energyOf(x, idle.pid) !== undefined && power !== undefined ? b : undefined;
       },
       'both VMs exported, the busy one with energy and power',
@@ -154,8 +157,8 @@ describe('exporter with the daemon and Prometheus', () => {
     );
     const m = parseExposition(body);
     expect(energyOf(m, busy.pid)!).toBeGreaterThan(5 * energyOf(m, idle.pid)!);
-    expect(m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",source="registered",whole_vm_only="0"}`)).toBe(1);
-    expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",vpkg="0"}`)).toBeGreaterThan(1);
+    expect(m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",uid="${UID}",source="registered",whole_vm_only="0"}`)).toBe(1);
+    expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`)).toBeGreaterThan(1);
 
     const out = execFileSync('sh', ['-c', 'promtool check metrics 2>&1; echo "rc=$?"'], { input: body, encoding: 'utf8' });
     expect(out.trim()).toBe('rc=0');
