@@ -10,11 +10,11 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { missing } from '../support/env.js';
-import { ROOT, tempDir } from '../daemon/support/daemon-process.js';
+import { tempDir } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { pinnedChildMissing, startChild, startPinnedChild } from '../v2/harness.js';
 import { qemuMissing, startQemu } from '../support/qemu.js';
-import { MovingHost, startDaemon, startExporterChild, startPrometheus } from './support/stack.js';
+import { MovingHost, readmeQueries, startDaemon, startExporterChild, startPrometheus } from './support/stack.js';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -67,17 +67,6 @@ async function scrape(url: string): Promise<Map<string, number>> {
 const UID = process.getuid!();
 const energyOf = (m: Map<string, number>, pid: number) =>
   m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",uid="${UID}",vpkg="0"}`);
-
-/** The ```promql blocks of the README, without their comment lines. */
-function readmeQueries(): string[] {
-  const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-  return [...readme.matchAll(/```promql\n([\s\S]*?)```/g)].map((m) =>
-    m[1]!
-      .split('\n')
-      .filter((l) => l.trim() !== '' && !l.trim().startsWith('#'))
-      .join(' '),
-  );
-}
 
 describe('exporter with the daemon and Prometheus', () => {
   test('Prometheus answers rate() per discovered QEMU VM, busy far above idle, with no per-VM command; the README queries answer', async (ctx) => {
