@@ -213,8 +213,12 @@ export function parseQemuCommandLine(args: readonly string[]): QemuCommandLine {
   return { argv0: args[0] ?? '', name, uuid, topology, problems };
 }
 
-/** The virtual package of vCPU `index` (cpu_index, as in the thread name `CPU <index>/KVM`). */
-export function vpkgOf(topology: SmpTopology, index: number): number {
+/**
+ * The guest socket of vCPU `index` (cpu_index, as in the thread name `CPU <index>/KVM`), as the
+ * command line's topology places it (at most MAX_VPKG). Which virtual package that socket becomes is
+ * the threads' say, not the command line's (vpkg-numbering.ts).
+ */
+export function socketOf(topology: SmpTopology, index: number): number {
   const g = Math.floor(index / topology.perSocket);
   return g > MAX_VPKG ? MAX_VPKG : g;
 }

@@ -13,7 +13,8 @@ import { readProcFile } from '../os/proc-file.js';
 import { MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
-import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, vpkgOf, type SmpTopology } from './qemu-cmdline.js';
+import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { VpkgNumbering } from './vpkg-numbering.js';
 
 /**
  * At most this many pids handed out since the last scan are looked up one by one (about 3 us for a
@@ -73,9 +74,11 @@ export interface KnownProcessState {
 interface Known {
   starttime: number;
   topology: SmpTopology;
-  /** tid -> comm and vpkg as last classified, from `line` (the sample's stat line; '' when from comm). */
-  threads: Map<number, { comm: string; vpkg: number | null; line: string }>;
+  /** tid -> comm and guest socket as last classified, from `line` (the sample's stat line; '' when from comm). */
+  threads: Map<number, { comm: string; socket: number | null; line: string }>;
   wholeVmOnly: boolean;
+  /** Guest sockets holding vCPU threads -> virtual packages (only those: vpkg-numbering.ts). */
+  numbering: VpkgNumbering;
 }
 
 export class ProcScanner {
@@ -227,7 +230,7 @@ export class ProcScanner {
   /** The vCPU list of a tracked VM as last classified, null when the pid is not a tracked VM. */
   current(pid: number): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
     const k = this.vms.get(pid);
-    return k === undefined ? null : vcpusFrom(pid, k.threads);
+    return k === undefined ? null : vcpusFrom(pid, k);
   }
 
   /**
@@ -250,19 +253,19 @@ export class ProcScanner {
         continue;
       }
       const idx = vcpuIndexOf(comm);
-      const vpkg = idx === null ? null : vpkgOf(k.topology, idx);
-      k.threads.set(tid, { comm, vpkg, line });
-      if (prev === undefined && vpkg === null) continue;
+      const socket = idx === null ? null : socketOf(k.topology, idx);
+      k.threads.set(tid, { comm, socket, line });
+      if (prev === undefined && socket === null) continue;
       changed = true;
     }
     for (const tid of k.threads.keys()) {
       if (!lines.has(tid)) {
-        if (k.threads.get(tid)!.vpkg !== null) changed = true;
+        if (k.threads.get(tid)!.socket !== null) changed = true;
         k.threads.delete(tid);
       }
     }
     if (!changed) return null;
-    const r = vcpusFrom(pid, k.threads);
+    const r = vcpusFrom(pid, k);
     k.wholeVmOnly = r.wholeVmOnly;
     return r;
   }
@@ -316,12 +319,18 @@ export class ProcScanner {
     const uid = this.ownerUid(pid);
     if (uid === null) return notVm();
     const cmd = parseQemuCommandLine(args);
-    const known: Known = { starttime: st.starttime, topology: cmd.topology, threads: new Map(), wholeVmOnly: true };
+    const known: Known = {
+      starttime: st.starttime,
+      topology: cmd.topology,
+      threads: new Map(),
+      wholeVmOnly: true,
+      numbering: new VpkgNumbering(),
+    };
     for (const [tid, comm] of threads) {
       const idx = vcpuIndexOf(comm);
-      known.threads.set(tid, { comm, vpkg: idx === null ? null : vpkgOf(cmd.topology, idx), line: '' });
+      known.threads.set(tid, { comm, socket: idx === null ? null : socketOf(cmd.topology, idx), line: '' });
     }
-    const v = vcpusFrom(pid, known.threads);
+    const v = vcpusFrom(pid, known);
     known.wholeVmOnly = v.wholeVmOnly;
     this.vms.set(pid, known);
     this.others.delete(pid);
@@ -425,15 +434,21 @@ export class ProcScanner {
 /**
  * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0.
  * At most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and the vCPU
- * rule (ratio/vcpus.ts) the engine applies allows no more.
+ * rule (ratio/vcpus.ts) the engine applies allows no more. Each vCPU's virtual package is its guest
+ * socket's number among the sockets that hold vCPU threads (vpkg-numbering.ts), never a socket the
+ * command line merely claims.
  */
-function vcpusFrom(pid: number, threads: ReadonlyMap<number, { vpkg: number | null }>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
-  const vcpus: VcpuSpec[] = [];
-  for (const [tid, t] of threads) if (t.vpkg !== null) vcpus.push({ tid, vpkg: t.vpkg });
-  if (vcpus.length === 0) return { vcpus: [{ tid: pid, vpkg: 0 }], wholeVmOnly: true };
-  vcpus.sort((a, b) => a.tid - b.tid);
-  if (vcpus.length > MAX_VCPUS) vcpus.length = MAX_VCPUS;
-  return { vcpus, wholeVmOnly: false };
+function vcpusFrom(
+  pid: number,
+  k: { threads: ReadonlyMap<number, { socket: number | null }>; numbering: VpkgNumbering },
+): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
+  const found: { tid: number; socket: number }[] = [];
+  for (const [tid, t] of k.threads) if (t.socket !== null) found.push({ tid, socket: t.socket });
+  if (found.length === 0) return { vcpus: [{ tid: pid, vpkg: 0 }], wholeVmOnly: true };
+  found.sort((a, b) => a.tid - b.tid);
+  if (found.length > MAX_VCPUS) found.length = MAX_VCPUS;
+  const vpkgOfSocket = k.numbering.number(found.map((f) => f.socket));
+  return { vcpus: found.map((f) => ({ tid: f.tid, vpkg: vpkgOfSocket.get(f.socket)! })), wholeVmOnly: false };
 }
 
 /** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */

@@ -4,7 +4,7 @@
  * virtual package, their power over the last interval, the host packages, the energy no VM got, and
  * the helper's health figures.
  *
- * Series identity is the label set (name, uuid, pid): a VM keeps its series across a daemon restart
+ * Series identity is the label set (name, uuid, pid, uid): a VM keeps its series across a daemon restart
  * or a reconnection, and its totals keep growing (see RunningTotal). A different process under the
  * same labels (pid reuse: another starttime) starts its totals afresh: a counter reset. A VM that ends is exposed in one
  * more scrape (so its last value is recorded), then forgotten; when nobody scrapes, it is forgotten
@@ -35,6 +35,11 @@ export interface VmLabels {
   name: string;
   uuid: string;
   pid: string;
+  /**
+   * The uid owning the VM's process, as the daemon read it when it found or registered the VM: what
+   * tells a VM from another user's process wearing its name and UUID (docs/security.md).
+   */
+  uid: string;
 }
 
 /** A VM as the exporter books it: its labels and running totals, kept across daemon restarts by key. */
@@ -74,11 +79,11 @@ export interface HelperHealth {
 }
 
 function vmKey(l: VmLabels): string {
-  return `${l.pid}\u0000${l.uuid}\u0000${l.name}`;
+  return `${l.pid}\u0000${l.uid}\u0000${l.uuid}\u0000${l.name}`;
 }
 
-export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid'>): VmLabels {
-  return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid) };
+export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmLabels {
+  return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid), uid: String(vm.uid) };
 }
 
 function totalOf(m: Map<number, RunningTotal>, key: number): RunningTotal {

@@ -226,7 +226,7 @@ export class ObserverSession {
       else if (skipped.length > 0 && skipped.length !== this.skippedLogged)
         log.warn(
           { skipped: skipped.length, first: describe(skipped[0]!) },
-          `${skipped.length} VM(s) not exported (over --max-vms, or a name/uuid/pid already in use); raise --max-vms to export more`,
+          `${skipped.length} VM(s) not exported (over --max-vms, or a name/uuid/pid/uid already in use); raise --max-vms to export more`,
         );
       this.skippedLogged = skipped.length;
       const feed = this.feed;

@@ -37,7 +37,7 @@ export function formatValue(v: number): string {
   return `${v}`;
 }
 
-/** The label text of one VM, escaped once: `name="..",uuid="..",pid=".."`, then per vpkg and for info. */
+/** The label text of one VM, escaped once: `name="..",uuid="..",pid="..",uid=".."`, then per vpkg and for info. */
 interface VmText {
   base: string;
   /** `{base,vpkg="g"} ` per virtual package. */
@@ -48,7 +48,7 @@ interface VmText {
 }
 
 function baseText(l: VmLabels): string {
-  return `name="${escapeLabelValue(l.name)}",uuid="${escapeLabelValue(l.uuid)}",pid="${escapeLabelValue(l.pid)}"`;
+  return `name="${escapeLabelValue(l.name)}",uuid="${escapeLabelValue(l.uuid)}",pid="${escapeLabelValue(l.pid)}",uid="${escapeLabelValue(l.uid)}"`;
 }
 
 export class VmExposition {

@@ -6,7 +6,7 @@ import {
   parseQemuOpts,
   parseSmp,
   splitCmdline,
-  vpkgOf,
+  socketOf,
 } from '../../src/discovery/qemu-cmdline.js';
 import { isQemuName, vcpuIndexOf } from '../../src/discovery/names.js';
 import { commOf, parseProcessStat, PF_KTHREAD } from '../../src/discovery/process-stat.js';
@@ -59,9 +59,9 @@ describe('-smp as QEMU 10 computes it', () => {
     }
   });
 
-  it('vpkg is the vCPU index over the vCPUs per socket', () => {
+  it('socketOf gives the vCPU index over the vCPUs per socket', () => {
     const t = topo('8,sockets=2,cores=2,threads=2');
-    expect([0, 3, 4, 7].map((n) => vpkgOf(t, n))).toEqual([0, 0, 1, 1]);
+    expect([0, 3, 4, 7].map((n) => socketOf(t, n))).toEqual([0, 0, 1, 1]);
   });
 });
 

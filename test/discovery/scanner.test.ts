@@ -203,6 +203,57 @@ describe('ProcScanner', () => {
     expect(s.refine(600, lines)!.vcpus).toEqual([{ tid: 610, vpkg: 1 }]);
   });
 
+  it('gives a process claiming 256 sockets with one thread named CPU 255/KVM one virtual package, and no more when it renames the thread', () => {
+    const p = new FakeProc();
+    p.process(800, {
+      comm: 'qemu-system-x86',
+      starttime: 5,
+      argv: ['qemu-system-x86_64', '-name', 'wide', '-smp', 'sockets=256,maxcpus=256,cpus=256'],
+      threads: ['qemu-system-x86', 'CPU 255/KVM'],
+    });
+    p.lastPid(801);
+    const s = new ProcScanner(p.root, { clkTck: 100 });
+    const d = s.scan()[0]!;
+    expect(d.topology.sockets).toBe(256); // what the command line claims
+    expect(d.vcpus).toEqual([{ tid: 801, vpkg: 0 }]); // what the threads show
+    const engine = new RatioEngine(host());
+    const vmId = engine.register({ pid: d.pid, starttime: d.starttime, vcpus: d.vcpus });
+    for (const i of [3, 17, 128, 200]) {
+      const r = s.refine(
+        800,
+        new Map([
+          [800, '800 (qemu-system-x86) S 0'],
+          [801, `801 (CPU ${i}/KVM) S 0`],
+        ]),
+      )!;
+      expect(r.vcpus).toEqual([{ tid: 801, vpkg: 0 }]);
+      engine.updateVcpus(vmId, r.vcpus);
+    }
+    expect(engine.nvpkg(vmId)).toBe(1);
+  });
+
+  it('gives a VM with vCPU threads in guest sockets 0, 1 and a hot-plugged 3 three virtual packages, socket 3 the last', () => {
+    const p = new FakeProc();
+    p.process(900, {
+      comm: 'qemu-system-x86',
+      starttime: 5,
+      argv: ['qemu-system-x86_64', '-smp', '4,sockets=4,maxcpus=8'],
+      threads: ['qemu-system-x86', 'CPU 0/KVM', 'CPU 1/KVM', 'CPU 2/KVM', 'CPU 3/KVM'],
+    });
+    p.lastPid(904);
+    const s = new ProcScanner(p.root, { clkTck: 100 });
+    expect(s.scan()[0]!.vcpus.map((v) => v.vpkg)).toEqual([0, 0, 1, 1]);
+    const lines = new Map([
+      [900, '900 (qemu-system-x86) S 0'],
+      [901, '901 (CPU 0/KVM) S 0'],
+      [902, '902 (CPU 1/KVM) S 0'],
+      [903, '903 (CPU 2/KVM) S 0'],
+      [904, '904 (CPU 3/KVM) S 0'],
+      [907, '907 (CPU 6/KVM) S 0'],
+    ]);
+    expect(s.refine(900, lines)!.vcpus.map((v) => v.vpkg)).toEqual([0, 0, 1, 1, 2]);
+  });
+
   it('refine: a process naming more than MAX_VCPUS threads as vCPUs gets the MAX_VCPUS lowest tids, which the engine takes', () => {
     const p = new FakeProc();
     p.process(700, { ...qemu('many'), starttime: 5 });

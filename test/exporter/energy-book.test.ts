@@ -88,7 +88,22 @@ describe('EnergyBook', () => {
     const [r] = b.exposed();
     expect(r!.energy.map((t) => t.total)).toEqual([5_000_000n, 500_000n]);
     expect(r!.watts).toEqual([3, 0]);
-    expect(r!.labels).toEqual({ name: 'vm100', uuid: '', pid: '100' });
+    expect(r!.labels).toEqual({ name: 'vm100', uuid: '', pid: '100', uid: '0' });
+  });
+
+  test("books a process wearing a VM's name and UUID apart from that VM, each under its owner uid", () => {
+    const b = new EnergyBook();
+    b.connectionStarted();
+    const uuid = '6f1c1a7e-0000-4000-8000-000000000001';
+    const real = vm(1, 100, { name: 'web', uuid, uid: 64055 });
+    const fake = vm(2, 200, { name: 'web', uuid, uid: 65534 });
+    expect(b.listed([real, fake]).observe.map((v) => v.hostVmId)).toEqual([1, 2]);
+    b.vmUpdate(upd(1, 1n, [7_000_000n]));
+    b.vmUpdate(upd(2, 1n, [3_000_000n]));
+    expect(b.exposed().map((r) => [r.labels, r.energy[0]!.total])).toEqual([
+      [{ name: 'web', uuid, pid: '100', uid: '64055' }, 7_000_000n],
+      [{ name: 'web', uuid, pid: '200', uid: '65534' }, 3_000_000n],
+    ]);
   });
 
   test('an ended VM is exposed by one more scrape, then forgotten', async () => {

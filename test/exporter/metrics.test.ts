@@ -36,7 +36,7 @@ function fedBook(): EnergyBook {
     {
       hostVmId: 2,
       pid: 4343,
-      uid: 0,
+      uid: 107,
       starttime: 78n,
       name: null,
       uuid: null,
@@ -83,15 +83,15 @@ describe('exporter metrics', () => {
     server = await startMetricsServer(fedBook(), { host: '127.0.0.1', port: 0 });
     const { type, body } = await scrape();
     expect(type).toMatch(/^text\/plain; version=0\.0\.4/);
-    const vm1 = 'name="web \\"1\\"",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4242"';
+    const vm1 = 'name="web \\"1\\"",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4242",uid="0"';
     expect(body).toContain(`vmsr_vm_energy_joules_total{${vm1},vpkg="0"} 3.5\n`);
     expect(body).toContain(`vmsr_vm_energy_joules_total{${vm1},vpkg="1"} 0.25\n`);
     expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="0"} 2.5\n`);
     expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="1"} 0.25\n`);
     expect(body).not.toMatch(/vmsr_vm_power_watts\{[^}]*pid="4343"/); // one sample only: no power yet
-    expect(body).toContain('vmsr_vm_energy_joules_total{name="",uuid="",pid="4343",vpkg="0"} 0.0001\n');
+    expect(body).toContain('vmsr_vm_energy_joules_total{name="",uuid="",pid="4343",uid="107",vpkg="0"} 0.0001\n');
     expect(body).toContain(`vmsr_vm_info{${vm1},source="discovered",whole_vm_only="0"} 1\n`);
-    expect(body).toContain('vmsr_vm_info{name="",uuid="",pid="4343",source="registered",whole_vm_only="1"} 1\n');
+    expect(body).toContain('vmsr_vm_info{name="",uuid="",pid="4343",uid="107",source="registered",whole_vm_only="1"} 1\n');
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 10\n');
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="1"} 0.5\n');
     expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="0"} 6\n');
@@ -156,7 +156,7 @@ describe('exporter metrics', () => {
     const om = await scrape('application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1');
     expect(om.type).toMatch(/^application\/openmetrics-text; version=1\.0\.0/);
     expect(om.body).toContain('# TYPE vmsr_vm_energy_joules counter\n');
-    expect(om.body).toMatch(/\nvmsr_vm_energy_joules_total\{[^}]*pid="4242",vpkg="0"\} 3\.5\n/);
+    expect(om.body).toMatch(/\nvmsr_vm_energy_joules_total\{[^}]*pid="4242",uid="0",vpkg="0"\} 3\.5\n/);
     expect(om.body.endsWith('# EOF\n')).toBe(true);
     // The Prometheus format after an OpenMetrics scrape still names counters with _total.
     const text = await scrape();

@@ -10,11 +10,11 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { missing } from '../support/env.js';
-import { ROOT, tempDir } from '../daemon/support/daemon-process.js';
+import { tempDir } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { pinnedChildMissing, startChild, startPinnedChild } from '../v2/harness.js';
 import { qemuMissing, startQemu } from '../support/qemu.js';
-import { MovingHost, startDaemon, startExporterChild, startPrometheus } from './support/stack.js';
+import { MovingHost, readmeQueries, startDaemon, startExporterChild, startPrometheus } from './support/stack.js';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
@@ -63,18 +63,10 @@ async function scrape(url: string): Promise<Map<string, number>> {
   return parseExposition(await (await fetch(url)).text());
 }
 
-const energyOf = (m: Map<string, number>, pid: number) => m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",vpkg="0"}`);
-
-/** The ```promql blocks of the README, without their comment lines. */
-function readmeQueries(): string[] {
-  const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-  return [...readme.matchAll(/```promql\n([\s\S]*?)```/g)].map((m) =>
-    m[1]!
-      .split('\n')
-      .filter((l) => l.trim() !== '' && !l.trim().startsWith('#'))
-      .join(' '),
-  );
-}
+/** The uid owning the VMs this file starts (its own children). */
+const UID = process.getuid!();
+const energyOf = (m: Map<string, number>, pid: number) =>
+  m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",uid="${UID}",vpkg="0"}`);
 
 describe('exporter with the daemon and Prometheus', () => {
   test('Prometheus answers rate() per discovered QEMU VM, busy far above idle, with no per-VM command; the README queries answer', async (ctx) => {
@@ -146,7 +138,7 @@ describe('exporter with the daemon and Prometheus', () => {
       async () => {
         const b = await (await fetch(exporter.url)).text();
         const x = parseExposition(b);
-        const power = x.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",vpkg="0"}`);
+        const power = x.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`);
         return (energyOf(x, busy.pid) ?? 0) > 5 && energyOf(x, idle.pid) !== undefined && power !== undefined ? b : undefined;
       },
       'both VMs exported, the busy one with energy and power',
@@ -154,8 +146,8 @@ describe('exporter with the daemon and Prometheus', () => {
     );
     const m = parseExposition(body);
     expect(energyOf(m, busy.pid)!).toBeGreaterThan(5 * energyOf(m, idle.pid)!);
-    expect(m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",source="registered",whole_vm_only="0"}`)).toBe(1);
-    expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",vpkg="0"}`)).toBeGreaterThan(1);
+    expect(m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",uid="${UID}",source="registered",whole_vm_only="0"}`)).toBe(1);
+    expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`)).toBeGreaterThan(1);
 
     const out = execFileSync('sh', ['-c', 'promtool check metrics 2>&1; echo "rc=$?"'], { input: body, encoding: 'utf8' });
     expect(out.trim()).toBe('rc=0');

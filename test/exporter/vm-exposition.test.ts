@@ -17,7 +17,7 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
   const registry = new Registry<RegistryContentType>();
   registry.setContentType(format === 'openmetrics' ? Registry.OPENMETRICS_CONTENT_TYPE : Registry.PROMETHEUS_CONTENT_TYPE);
   const registers = [registry];
-  const vmLabels = ['name', 'uuid', 'pid'] as const;
+  const vmLabels = ['name', 'uuid', 'pid', 'uid'] as const;
   const energy = new Counter({
     name: VM_FAMILIES.energy.name,
     help: VM_FAMILIES.energy.help,
@@ -93,7 +93,7 @@ describe('per-VM families rendered from cached label text', () => {
       expect(ours(x, format)).toBe(want);
     }
     expect(ours(x, 'prometheus')).toContain(
-      'vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",vpkg="0"} 3.500001\n',
+      'vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",uid="0",vpkg="0"} 3.500001\n',
     );
   });
 
@@ -114,6 +114,6 @@ describe('per-VM families rendered from cached label text', () => {
     book.vmUpdate(upd(1, 3, [4_000_000n]));
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
     expect(x.render('prometheus')).toMatch(/vmsr_vm_info\{name="web[^}]*source="registered",whole_vm_only="0"\} 1/);
-    expect(x.render('prometheus')).not.toMatch(/pid="4001",vpkg="1"/);
+    expect(x.render('prometheus')).not.toMatch(/pid="4001",uid="0",vpkg="1"/);
   });
 });

@@ -126,7 +126,7 @@ export class FakeQemu {
 const FARM_SCRIPT =
   COMMON +
   String.raw`
-n = int(sys.argv[1]); nv = int(sys.argv[2])
+n = int(sys.argv[1]); nv = int(sys.argv[2]); first = int(os.environ.get("FAKE_FIRST_VCPU", "0"))
 wake = float(os.environ.get("FAKE_WAKE_S", "0")) or None
 pids = []
 r, w = os.pipe()
@@ -139,7 +139,7 @@ for k in range(n):
         def vcpu(i, ev):
             setname("CPU %d/KVM" % i)
             while not ev.wait(wake): pass
-        for i in range(nv):
+        for i in range(first, first + nv):
             ev = threading.Event(); threading.Thread(target=vcpu, args=(i, ev), daemon=True).start(); evs.append(ev)
         os.read(r, 1)  # returns when the farm's parent dies
         os._exit(0)
@@ -152,7 +152,9 @@ sys.stdin.read()
 /**
  * `count` fake VMs of `vcpus` named vCPU threads each, forked from one python (pages shared). The
  * vCPU threads sleep for good, or with `wakeEveryMs` wake that often (as an idle guest's vCPUs do
- * for its timers) and sleep again.
+ * for its timers) and sleep again. `firstVcpu` numbers the threads from there (`CPU <first>/KVM`
+ * on); `args` replaces the QEMU-like arguments (`-name guest=farm -smp <vcpus>,sockets=2`); `uid`
+ * runs the farm as that user (and group).
  */
 export class FakeQemuFarm {
   readonly child: ChildProcess;
@@ -161,17 +163,15 @@ export class FakeQemuFarm {
   constructor(
     readonly count: number,
     readonly vcpus: number,
-    o: { wakeEveryMs?: number } = {},
+    o: { wakeEveryMs?: number; firstVcpu?: number; args?: string[]; uid?: number } = {},
   ) {
-    this.child = spawn(
-      PYTHON,
-      ['-u', '-c', FARM_SCRIPT, String(count), String(vcpus), '-name', 'guest=farm', '-smp', `${vcpus},sockets=2`],
-      {
-        argv0: 'qemu-system-x86_64',
-        stdio: ['pipe', 'pipe', 'inherit'],
-        env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000) },
-      },
-    );
+    const args = o.args ?? ['-name', 'guest=farm', '-smp', `${vcpus},sockets=2`];
+    this.child = spawn(PYTHON, ['-u', '-c', FARM_SCRIPT, String(count), String(vcpus), ...args], {
+      argv0: 'qemu-system-x86_64',
+      stdio: ['pipe', 'pipe', 'inherit'],
+      env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000), FAKE_FIRST_VCPU: String(o.firstVcpu ?? 0) },
+      ...(o.uid !== undefined ? { uid: o.uid, gid: o.uid, cwd: '/' } : {}),
+    });
   }
 
   async ready(timeoutMs = 120_000): Promise<number[]> {

@@ -2,7 +2,10 @@
  * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame is answered
  * with ERROR 1 and the connection is closed (docs/protocol.md); a well-framed bad request gets its ERROR and the
  * connection goes on. Everything sent goes through sendReply(), which disconnects a client that lets
- * more than `maxBacklogBytes` pile up unread, so a client cannot grow the helper's memory.
+ * more than `maxBacklogBytes` pile up unread, so a client cannot grow the helper's memory. One
+ * sample's frames (a batch) are not counted against a client until the next sample: a client is slow
+ * when what it left unread from before a sample is over the limit, not when one sample's burst is
+ * (exceedsBacklog(); docs/protocol-v2.md, "Limits").
  *
  * A reply with file descriptors leaves in one sendmsg (the host's sendWithFds) once the stream has
  * nothing queued before it: until then it waits, and so does every frame sent after it, so the client
@@ -48,6 +51,10 @@ export class V2Connection {
   private waitingBytes = 0;
   /** fail() was called while replies waited: the socket ends once they are out. */
   private endWhenSent = false;
+  /** Bytes queued by the batch() running now; null outside a batch. */
+  private burst: number | null = null;
+  /** Bytes the last batch queued: the one sample's worth allowed on top of the limit until the next. */
+  private lastBurst = 0;
   readonly log: Logger;
 
   constructor(
@@ -88,14 +95,16 @@ export class V2Connection {
   sendReply(reply: Reply): boolean {
     if (!this.open) return this.drop(reply);
     const backlog = this.socket.writableLength + this.waitingBytes;
-    if (backlog + reply.frame.length > this.host.maxBacklogBytes) {
-      const o = { conn: this.id, peerPid: this.peer.pid, backlog, limit: this.host.maxBacklogBytes };
+    const allowance = this.burst === null ? this.lastBurst : this.burst + reply.frame.length;
+    if (exceedsBacklog(backlog + reply.frame.length, allowance, this.host.maxBacklogBytes)) {
+      const o = { conn: this.id, peerPid: this.peer.pid, backlog, sampleBytes: allowance, limit: this.host.maxBacklogBytes };
       const msg = 'v2 client does not read its socket; disconnecting it';
       if (this.host.limiter) this.host.limiter.warn('v2 backlog', o, msg);
       else this.log.warn(o, msg);
       this.destroy();
       return this.drop(reply);
     }
+    if (this.burst !== null) this.burst += reply.frame.length;
     if (this.waiting === null && !(hasFds(reply) && this.socket.writableLength > 0)) {
       this.put(reply);
       return true;
@@ -112,14 +121,22 @@ export class V2Connection {
   /**
    * Runs `fn`, whose send()s leave together: the socket is corked meanwhile, so one sample's
    * UPDATEs to a connection watching hundreds of VMs take one system call instead of one each
-   * (and wake the client once). The backlog limit still applies to each frame.
+   * (and wake the client once). What the batch queues is one sample's burst: the backlog limit
+   * applies to what was unsent before it, and the burst is allowed on top of the limit until the
+   * next batch (exceedsBacklog).
    */
   batch(fn: () => void): void {
+    const outer = this.burst;
+    if (outer === null) this.burst = 0;
     this.socket.cork();
     try {
       fn();
     } finally {
       this.socket.uncork();
+      if (outer === null) {
+        this.lastBurst = this.burst ?? 0;
+        this.burst = null;
+      }
     }
   }
 
@@ -251,6 +268,17 @@ export class V2Connection {
       this.log.error({ err: (e as Error).stack }, 'v2 reply fds release failed');
     }
   }
+}
+
+/**
+ * The slow-reader rule: a client is disconnected when a frame would take its unsent bytes (`after`,
+ * this frame included) past `limit` plus `allowance`: the bytes of one sample's burst (the batch
+ * running now, this frame included, or else the last one). So within a sample, only what the
+ * client left unread from earlier counts; between samples, one sample's worth is allowed on top.
+ * A connection then holds at most `limit` plus one sample's frames.
+ */
+export function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
+  return after > limit + allowance;
 }
 
 function hasFds(r: Reply): r is Reply & { fds: readonly number[] } {

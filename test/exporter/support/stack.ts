@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { FakeHost } from '../../support/fake-host.js';
-import { hostArgs, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from '../../daemon/support/daemon-process.js';
+import { hostArgs, ROOT, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from '../../daemon/support/daemon-process.js';
 
 /** ESU 14: 61 µJ a unit. */
 export const POWER_UNIT = 0xa0e03n;
@@ -145,4 +145,15 @@ export async function startPrometheusWith(config: string): Promise<PrometheusSer
       fs.rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/** The ```promql blocks of the README, without their comment lines. */
+export function readmeQueries(): string[] {
+  const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+  return [...readme.matchAll(/```promql\n([\s\S]*?)```/g)].map((m) =>
+    m[1]!
+      .split('\n')
+      .filter((l) => l.trim() !== '' && !l.trim().startsWith('#'))
+      .join(' '),
+  );
 }

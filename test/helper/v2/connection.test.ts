@@ -137,6 +137,48 @@ describe('V2Connection', () => {
     expect(s.closedCalls).toBe(1);
   });
 
+  // The burst is 64 frames of 32 KiB (2 MiB): far over the 16 KiB limit and over what the kernel's
+  // socket buffer takes (a few hundred KiB), so most of it waits in the stream, unsent.
+  const BURST = 64;
+  const LIMIT = 16 * 1024;
+  /** One sample's frames in one batch, as the fan-out sends them; what each send() returned. */
+  const sample = (s: Setup, from: number): boolean[] => {
+    const sent: boolean[] = [];
+    s.conn.batch(() => {
+      for (let i = 0; i < BURST; i++) sent.push(s.conn.send(big(from + i)));
+    });
+    return sent;
+  };
+
+  it("keeps a client that reads each sample whole when one sample's burst is over maxBacklogBytes", async () => {
+    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: encodeOk(0) }) });
+    for (let k = 0; k < 3; k++) {
+      expect(sample(s, k * BURST).every(Boolean)).toBe(true);
+      await waitFor(() => s.received().length === (k + 1) * BURST * big(0).length, `sample ${k} read whole`, undefined, 20_000);
+    }
+    expect(s.conn.open).toBe(true);
+    // A reply between samples fits: the last sample's burst is allowed on top of the limit.
+    expect(s.conn.send(encodeOk(9))).toBe(true);
+    expect(s.closedCalls).toBe(0);
+  });
+
+  it('disconnects a client that left more than maxBacklogBytes of the last sample unread when the next sample comes', async () => {
+    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: encodeOk(0) }) }, { paused: true });
+    expect(sample(s, 0).every(Boolean)).toBe(true); // one burst: allowed, though unread
+    expect(s.conn.open).toBe(true);
+    expect(sample(s, BURST)[0]).toBe(false); // the next sample finds the first one unread
+    await waitFor(() => s.closedCalls === 1, 'connection closed for its backlog');
+  });
+
+  it("disconnects a client whose replies between samples pass maxBacklogBytes plus the last sample's burst", async () => {
+    let n = 0;
+    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: big(n++) }) }, { paused: true });
+    s.conn.batch(() => s.conn.send(big(1000))); // a sample of 32 KiB
+    s.client.write(Buffer.concat(Array.from({ length: 200 }, () => encodeRead(1, 0))));
+    await waitFor(() => s.closedCalls === 1, 'connection closed for its backlog');
+    expect(s.conn.open).toBe(false);
+  });
+
   it('sends a reply with fds through sendWithFds when nothing is queued, then releases its fds', async () => {
     const calls: SenderCall[] = [];
     const f = openFd();
