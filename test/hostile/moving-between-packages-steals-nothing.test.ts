@@ -45,6 +45,7 @@ const CLK_TCK = 100;
  * not get at nice 0; the daemon needs it too, to sample on time. For the test's ~20 s only.
  */
 const NICE = -15;
+const SETSID = '/usr/bin/setsid';
 
 /**
  * argv: ROLE. Looks like QEMU to /proc (argv[0] and comm as QEMU's, one thread named CPU 0/KVM) and
@@ -179,6 +180,7 @@ describe('theft on a multi-package host', () => {
     const why = notRoot();
     if (why) return ctx.skip(why);
     if (os.cpus().length < 2) return ctx.skip('needs 2 CPUs: the attacker runs on CPU 0 and moves to CPU 1');
+    if (!fs.existsSync(SETSID)) return ctx.skip(`needs ${SETSID} (util-linux) to give the daemon a scheduling group of its own`);
 
     const host = new FakeHost({ packages: [0, 1] });
     host.writeRapl({ powerUnit: POWER_UNIT, energy: { 0: 0, 1: 0 } });
@@ -197,7 +199,7 @@ describe('theft on a multi-package host', () => {
     // No discovery: the VMs are exactly these two, whatever other QEMU-like processes run here.
     const daemon = track(
       await startHelper(['-k', sock, '--no-discovery', '--interval', String(INTERVAL_S), '--record', trace, ...hostArgs(host)], {
-        command: ['setsid', process.execPath, BIN],
+        command: [SETSID, process.execPath, BIN],
       }),
     );
     boost(daemon.proc.pid!);
