@@ -32,9 +32,9 @@ export interface PackagePay {
 }
 
 /**
- * Per package (same order as `packages`): the divisor of its claims and who pays. With at most one
- * package over capacity and no other package with energy left, every divisor is the plain clamp's
- * max(cap_p, D_p), exactly: a one-package host attributes as it always did.
+ * Per package (same order as `packages`): the divisor of its claims and who pays. When no package
+ * has energy left over (a one-package host, or every other package full), every divisor is the
+ * plain clamp's max(cap_p, D_p), exactly: a one-package host attributes as it always did.
  */
 export function payClaims(packages: readonly PackageClaims[]): PackagePay[] {
   let leftover = 0;
