@@ -149,7 +149,7 @@ describe('a VM that moves between packages in step with sampling', () => {
     );
   });
 
-  it('costs the victim at most its part of what the other packages could not cover, and never more than the plain clamp did', () => {
+  it('costs the victim at most its part of what the other packages could not cover, never more than the plain clamp did, and gains the attacker nothing where it ran on the dearer package', () => {
     fc.assert(
       fc.property(scenario(false), (s) => {
         const honest = run(s, 0);
@@ -169,6 +169,12 @@ describe('a VM that moves between packages in step with sampling', () => {
           maxLossJ += (Math.max(0, excessJ - leftoverJ) * v) / claimed;
           clampLossJ += (e1 * v) / cap1 - (e1 * v) / claimed;
         });
+        // Where the package it ran on is at least as dear per tick as the one it is seen on, moving gains the attacker nothing.
+        const dearerWhereRan = attack.results.every((r) => {
+          const price = (p: number) => r.packages.find((x) => x.package === p)!.energyJ / s.cpusPerPackage[p]!;
+          return price(0) >= price(1);
+        });
+        if (dearerWhereRan) expect(attack.attackerJ).toBeLessThanOrEqual(honest.attackerJ * (1 + 1e-9) + 1e-9);
         const lossJ = honest.victimJ - attack.victimJ;
         expect(lossJ).toBeLessThanOrEqual(maxLossJ * (1 + 1e-9) + 1e-9);
         expect(lossJ).toBeLessThanOrEqual(clampLossJ * (1 + 1e-9) + 1e-9);
