@@ -5,6 +5,7 @@
  * and records the decisions where those rules are silent.
  */
 import { joulesPerCounterUnit, packageCounter } from './counter.js';
+import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
@@ -456,13 +457,22 @@ export class RatioEngine {
       live.push({ vm, threads });
     }
 
-    // e_k = dE_p * dticks / cap_p, scaled by cap_p / D_p when D_p > cap_p: both are dE_p * dticks / max(cap_p, D_p).
+    // e_k = dE_p * dticks / cap_p; ticks claimed beyond cap_p are paid from the other packages' leftover
+    // first, and only what that cannot cover scales the package's claims down (ratio/overclaim.ts).
+    const pay = payClaims(
+      this.packageIds.map((pkg) => ({
+        package: pkg,
+        energyJ: dE.get(pkg),
+        capacity: this.clkTck * dt * this.cpusPerPackage.get(pkg)!,
+        claimed: ticksOnPkg.get(pkg) ?? 0,
+      })),
+    );
     const divisor = new Map<number, number>();
-    for (const pkg of this.packageIds) {
-      const cap = this.clkTck * dt * this.cpusPerPackage.get(pkg)!;
-      const d = ticksOnPkg.get(pkg) ?? 0;
-      divisor.set(pkg, d > cap ? d : cap);
-    }
+    const payOf = new Map<number, PackagePay>();
+    this.packageIds.forEach((pkg, i) => {
+      divisor.set(pkg, pay[i]!.divisor);
+      payOf.set(pkg, pay[i]!);
+    });
     const share = (t: ThreadNow): number => {
       if (t.pkg === undefined || t.dticks === 0) return 0;
       const e = dE.get(t.pkg);
@@ -471,6 +481,8 @@ export class RatioEngine {
     };
 
     const attributed = new Map<number, number>();
+    /** Energy paid to claims beyond their package's capacity out of the other packages' leftover. */
+    let lent = 0;
     const vmsOut: VmInterval[] = [];
     for (const { vm, threads } of live) {
       if (threads === null) {
@@ -494,7 +506,11 @@ export class RatioEngine {
         for (let i = 0; i < threads.length; i++) {
           const t = threads[i]!;
           const e = es[i]!;
-          if (t.pkg !== undefined && e > 0) attributed.set(t.pkg, (attributed.get(t.pkg) ?? 0) + e);
+          if (t.pkg !== undefined && e > 0) {
+            const p = payOf.get(t.pkg)!;
+            attributed.set(t.pkg, (attributed.get(t.pkg) ?? 0) + (p.borrowedShare === 0 ? e : e * p.ownShare));
+            lent += e * p.borrowedShare;
+          }
           if (t.vpkg !== undefined) vpkgEnergy[t.vpkg] = vpkgEnergy[t.vpkg]! + e + extra;
         }
       }
@@ -505,6 +521,11 @@ export class RatioEngine {
       vmsOut.push({ vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: vpkgEnergy });
     }
 
+    if (lent > 0)
+      this.packageIds.forEach((pkg, i) => {
+        const l = pay[i]!.lendShare;
+        if (l > 0) attributed.set(pkg, (attributed.get(pkg) ?? 0) + lent * l);
+      });
     const packages: PackageInterval[] = [];
     for (const pkg of this.packageIds) {
       const e = dE.get(pkg);
