@@ -47,6 +47,13 @@ describe('help', () => {
     expect(root.stderr).toMatch(/unknown option '--no-such-option'\n\(run 'vmsr-helper --help' for the options\)/);
   });
 
+  test('watch --qmp that cannot reach QEMU points at watch NAME, which needs no QMP', async () => {
+    const r = await cli(['watch', '--qmp', '/nonexistent/vm.qmp']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('QMP socket /nonexistent/vm.qmp does not exist');
+    expect(r.stderr).toContain("a VM the helper discovered needs no QMP: vmsr-helper watch NAME (its name as 'virsh list' shows it");
+  });
+
   test('an unknown command is named as such and the nearest command is suggested when one is near', async () => {
     const near = await cli(['export']);
     expect(near.code).toBe(1);

@@ -11,6 +11,7 @@ import { V2Client, V2ConnectionError, V2Error, type Update, type VmInfo } from '
 import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
+import { QmpError } from '../../client/qmp.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
@@ -118,6 +119,8 @@ export function describeError(e: unknown): string {
   return e instanceof Error ? e.message : String(e);
 }
 
+const NO_QMP_HINT = "vmsr-helper watch NAME (its name as 'virsh list' shows it, its UUID or its PID)";
+
 /** Runs until Ctrl-C, the VM ending, `count` updates, or the helper going away (rejects). */
 export async function runWatch(
   o: WatchOptions,
@@ -130,7 +133,14 @@ export async function runWatch(
   let vcpus = o.vcpus;
   let name: string | undefined;
   if (o.qmp !== undefined) {
-    const spec = await vmSpecFromQmp(o.qmp, o.procRoot ?? '/proc');
+    let spec;
+    try {
+      spec = await vmSpecFromQmp(o.qmp, o.procRoot ?? '/proc');
+    } catch (e) {
+      // libvirt keeps its VMs' QMP sockets to itself: a second client waits for a greeting in vain.
+      if (e instanceof QmpError) throw new Error(`${e.message}; a VM the helper discovered needs no QMP: ${NO_QMP_HINT}`);
+      throw e;
+    }
     pid = spec.pid;
     vcpus = spec.vcpus;
     name = spec.name;
