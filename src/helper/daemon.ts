@@ -179,7 +179,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
         capBnd: capHex(st.capBnd),
         noNewPrivs: st.noNewPrivs,
         skipped: report.skipped,
-        reexec: opts.reexec ?? null,
+        ...(opts.reexec !== undefined ? { reexec: opts.reexec } : {}),
       },
       'privileges dropped (main thread, from /proc/self/status)',
     );
