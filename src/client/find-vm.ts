@@ -64,9 +64,10 @@ export function findVm(vms: readonly VmInfo[], target: string, command: string):
   const more = found.length > MAX_CANDIDATES_SHOWN ? `\n  and ${found.length - MAX_CANDIDATES_SHOWN} more` : '';
   const uuids = new Set(found.map((v) => v.uuid));
   const byUuid = uuids.size === found.length && !uuids.has(null) ? ` or its UUID (${command} ${found[0]!.uuid})` : '';
+  // The candidates last, one a line, after the fix: the message's first line reads whole.
   throw cannotError(
     what,
-    `${found.length} VMs match:${lines.join('')}${more}\n`,
-    `pick one by its PID (${command} ${found[0]!.pid})${byUuid}; a process that is not your VM can wear its name and UUID, never its PID`,
+    `${found.length} VMs match`,
+    `pick one by its PID (${command} ${found[0]!.pid})${byUuid}; a process that is not your VM can wear its name and UUID, never its PID:${lines.join('')}${more}`,
   );
 }
