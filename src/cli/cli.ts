@@ -39,12 +39,28 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
   program.enablePositionalOptions();
   configureDaemonCommand(program);
   if (withSubcommands) for (const load of Object.values(SUBCOMMANDS)) (await load())(program);
+  rejectUnknownCommands(program);
   // `vmsr-helper help [command]`: the root command has an action (it is the daemon), so commander
   // adds no help command by itself and would read "help" as a stray argument.
   program.helpCommand('help [command]', 'display help for a command');
   // A usage error names the help of the command it belongs to: the root's for the daemon's options.
   for (const cmd of [program, ...program.commands]) cmd.showHelpAfterError(helpHint(commandPath(cmd)));
   return program;
+}
+
+/**
+ * The root command is the daemon and takes no operand, so commander would read a mistyped command
+ * (`vmsr-helper export`) as one stray argument ("too many arguments"). The root takes the words and
+ * refuses them itself as commander refuses an unknown command: "unknown command 'export'" and, with
+ * showSuggestionAfterError, "(Did you mean exporter?)". Set after the subcommands exist, so they do
+ * not inherit it.
+ */
+function rejectUnknownCommands(program: Command): void {
+  program.allowExcessArguments(true);
+  program.hook('preAction', (root, action) => {
+    // commander's own refusal (suggestion included); public in commander's code, untyped in its .d.ts.
+    if (action === root && root.args.length > 0) (root as unknown as { unknownCommand(): never }).unknownCommand();
+  });
 }
 
 /** "vmsr-helper record" for record, "vmsr-helper" for the root. */

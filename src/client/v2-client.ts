@@ -47,6 +47,7 @@ import {
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../ratio/types.js';
 import { cannot } from '../common/errors.js';
+import { formatUuid } from '../common/uuid.js';
 import { closeFd, dupCloexec, MSG_DONTWAIT, recvWithFds, watchReadable, type FdWatch } from '../os/libc.js';
 import { socketFd } from '../os/peer.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
@@ -128,11 +129,7 @@ export interface VmUpdate {
  */
 export type HostUpdate = HostValues;
 
-/** 16 raw bytes as a lowercase 8-4-4-4-12 UUID. */
-export function formatUuid(b: Buffer): string {
-  const h = b.toString('hex');
-  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
-}
+export { formatUuid };
 
 function toVmInfo(e: VmEntry): VmInfo {
   return {

@@ -69,6 +69,8 @@ export class ObserverSession {
     let downSince: number | null = null;
     let refusedLogged = false;
     while (!this.stopped) {
+      /** This attempt was refused (not in the observer group): the next one comes after backoff.maxMs, as logged. */
+      let refused = false;
       let client: ObserverClient;
       try {
         client = await this.o.connect();
@@ -146,13 +148,15 @@ export class ObserverSession {
           // The fd-reading connection ended; already logged.
         } else if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
           // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
+          // The helper's message says which group (by name); the unit's setting is added here.
           if (!refusedLogged)
             log.error(
-              { err: err.message, uid: process.getuid?.() },
-              `the helper refuses this exporter (${err.helperMessage}): the host subscription is for root and the helper's --observer-group; add the exporter's user to that group (SupplementaryGroups= in its unit); retrying every ${backoff.maxMs / 1000} s`,
+              { uid: process.getuid?.() },
+              `the helper refuses this exporter: ${err.helperMessage} (SupplementaryGroups= in the exporter's unit); retrying every ${backoff.maxMs / 1000} s`,
             );
           else log.debug({ err: err.message }, 'still refused by the helper');
           refusedLogged = true;
+          refused = true;
         } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
         await client.close().catch(() => {});
       }
@@ -161,7 +165,7 @@ export class ObserverSession {
       book.connectionLost();
       if (this.stopped) break;
       downSince ??= Date.now();
-      await this.sleep(backoffDelay(backoff, failures++));
+      await this.sleep(refused ? backoff.maxMs : backoffDelay(backoff, failures++));
     }
   }
 

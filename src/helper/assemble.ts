@@ -328,9 +328,10 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         {
           intervalMs: o.intervalMs,
           limits: o.limits,
-          record: o.recordPath ?? null,
+          // A setting not given is left out, not logged as null.
+          ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
           discovery: o.discovery,
-          observerGid: o.observerGid ?? null,
+          ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         },
         'v2 service ready',
       );

@@ -179,7 +179,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
         capBnd: capHex(st.capBnd),
         noNewPrivs: st.noNewPrivs,
         skipped: report.skipped,
-        reexec: opts.reexec ?? null,
+        ...(opts.reexec !== undefined ? { reexec: opts.reexec } : {}),
       },
       'privileges dropped (main thread, from /proc/self/status)',
     );
@@ -189,7 +189,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
     if (others.length)
       privLog.warn(
-        { threads: others, reexec: opts.reexec ?? null },
+        { threads: others, ...(opts.reexec !== undefined ? { reexec: opts.reexec } : {}) },
         'some threads hold other capabilities than the main thread (capabilities are per thread)',
       );
     else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
@@ -200,7 +200,14 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
     const fds = new FdBudget({ limit, maxConnections, openConnections: () => server?.connections ?? 0 });
     logger.info(
-      { before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error ?? null },
+      // Only a failure has an err: no `err: null` on every start.
+      {
+        before: nofile.before.soft,
+        limit,
+        hard: nofile.after.hard,
+        maxConnections,
+        ...(nofile.error !== undefined ? { err: nofile.error } : {}),
+      },
       'open-file limit',
     );
     if (maxConnections < config.maxConnections) {

@@ -37,6 +37,7 @@ const fn = {
   gettid: libc.func('int gettid()'),
   execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
   fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
+  dup2: libc.func('int dup2(int oldfd, int newfd)'),
   getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
   poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
   malloc_trim: libc.func('int malloc_trim(size_t pad)'),
@@ -275,6 +276,11 @@ const F_DUPFD_CLOEXEC = 1030;
 export function dupCloexec(fd: number): number {
   const n = fn.fcntl(fd, F_DUPFD_CLOEXEC, 'int', 0) as number;
   return n >= 0 ? n : -koffi.errno();
+}
+
+/** Makes `newfd` a copy of `oldfd` (closing what `newfd` was); the copy survives execve. Throws with errno. */
+export function dup2(oldfd: number, newfd: number): void {
+  if ((fn.dup2(oldfd, newfd) as number) < 0) throw errnoError(`dup2(${oldfd}, ${newfd})`);
 }
 
 /** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */

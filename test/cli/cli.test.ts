@@ -46,6 +46,24 @@ describe('help', () => {
     const root = await cli(['--no-such-option']);
     expect(root.stderr).toMatch(/unknown option '--no-such-option'\n\(run 'vmsr-helper --help' for the options\)/);
   });
+
+  test('watch --qmp that cannot reach QEMU points at watch NAME, which needs no QMP', async () => {
+    const r = await cli(['watch', '--qmp', '/nonexistent/vm.qmp']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('QMP socket /nonexistent/vm.qmp does not exist');
+    expect(r.stderr).toContain("a VM the helper discovered needs no QMP: vmsr-helper watch NAME (its name as 'virsh list' shows it");
+  });
+
+  test('an unknown command is named as such and the nearest command is suggested when one is near', async () => {
+    const near = await cli(['export']);
+    expect(near.code).toBe(1);
+    expect(near.stderr).toBe("error: unknown command 'export'\n(Did you mean exporter?)\n(run 'vmsr-helper --help' for the options)\n");
+    // After the daemon's options too, and with nothing near: no suggestion, still "unknown command".
+    const far = await cli(['-k', '/run/x.sock', 'zzzz']);
+    expect(far.code).toBe(1);
+    expect(far.stderr).toBe("error: unknown command 'zzzz'\n(run 'vmsr-helper --help' for the options)\n");
+    expect((await cli(['wach'])).stderr).toContain('(Did you mean watch?)');
+  });
 });
 
 describe('record output file', () => {

@@ -196,9 +196,11 @@ describe('memory', () => {
 
 describe('-d', () => {
   test('the foreground process exits 0 once the detached child serves; SIGTERM cleans up', async () => {
-    const { host, sock, pid } = setup();
+    const { host, dir, sock, pid } = setup();
     ensureBuilt();
-    const out = execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', pid, ...hostArgs(host)], {
+    // --log-file in the test's directory: -d alone would log to /var/log (log-file.daemon.test.ts).
+    const log = path.join(dir, 'h.log');
+    const out = execFileSync(process.execPath, [BIN, '-d', '-k', sock, '-f', pid, '--log-file', log, ...hostArgs(host)], {
       encoding: 'utf8',
       timeout: 20_000,
     });
@@ -235,7 +237,20 @@ describe('-d', () => {
     try {
       execFileSync(
         process.execPath,
-        [BIN, '-d', '-k', sock, '-f', path.join(dir, 'p'), '--vendor', 'intel', '--msr-path', path.join(dir, 'nope/%u/msr')],
+        [
+          BIN,
+          '-d',
+          '-k',
+          sock,
+          '-f',
+          path.join(dir, 'p'),
+          '--log-file',
+          path.join(dir, 'h.log'),
+          '--vendor',
+          'intel',
+          '--msr-path',
+          path.join(dir, 'nope/%u/msr'),
+        ],
         {
           encoding: 'utf8',
           stdio: 'pipe',

@@ -266,7 +266,9 @@ describe('exporter with the daemon and Prometheus', () => {
       'the refusal to be logged',
       () => exporter.stderr(),
     );
-    expect(exporter.stderr()).toMatch(/"level":"error".*refuses this exporter.*add the exporter's user to that group/);
+    expect(exporter.stderr()).toMatch(
+      /"level":"error".*refuses this exporter: .*start the helper with --observer-group GROUP and add this user to it.*SupplementaryGroups=/,
+    );
     const m = await scrape(exporter.url);
     expect(energyOf(m, vm.pid)).toBeUndefined();
     expect(m.has('vmsr_unattributed_energy_joules_total')).toBe(false);

@@ -32,6 +32,8 @@ import {
 import { cannot } from '../../common/errors.js';
 
 export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
+/** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
+export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 
 export interface RawDaemonOptions extends RawHostOptions {
   energySource?: string;
@@ -50,6 +52,7 @@ export interface RawDaemonOptions extends RawHostOptions {
   frameTimeout?: number;
   socketMode?: string;
   socketGroup?: string;
+  logFile?: string;
 }
 
 export interface IdLookups {
@@ -87,7 +90,7 @@ export function parseTraceOption(value: string, readFile: (f: string) => string)
         if (t !== '' && !t.startsWith('#')) out.push(t);
       }
     } else if (key === 'file') {
-      throw new Error('-T/--trace: file= is not supported; trace output goes to the log on stderr (drop file=)');
+      throw new Error('-T/--trace: file= is not supported; trace output goes to the log (stderr, or --log-file FILE)');
     } else {
       throw new Error(`-T/--trace: unknown key '${key}'; use [[enable=]PATTERN][,events=FILE]`);
     }
@@ -145,6 +148,13 @@ export function parseDaemonOptions(
   };
 }
 
+/** The file the daemon logs to: --log-file, or with -d DEFAULT_DAEMON_LOG_FILE; none: stderr. Absolute (-d runs in /). */
+export function logFileFrom(raw: Pick<RawDaemonOptions, 'logFile' | 'daemon'>): string | undefined {
+  if (raw.logFile === '') throw new Error(`--log-file: empty path; e.g. --log-file ${DEFAULT_DAEMON_LOG_FILE}`);
+  if (raw.logFile !== undefined) return path.resolve(raw.logFile);
+  return raw.daemon === true ? DEFAULT_DAEMON_LOG_FILE : undefined;
+}
+
 function flagged<T>(flag: string, f: () => T): T {
   try {
     return f();
@@ -165,19 +175,33 @@ function defaultRead(f: string): string {
  * helper/lifecycle/startup.ts). The daemon's modules are imported only when needed, so the first image of
  * a non-root or -d foreground run stays small.
  */
-export async function startDaemonFromCli(config: DaemonConfig, v2: ReturnType<typeof v2OptionsFrom>, logger?: () => Logger): Promise<void> {
-  const { DAEMON_CHILD_ENV, isDaemonChild, reportFailure, spawnDetached } = await import('../../helper/lifecycle/daemonize.js');
-  if (config.daemonize && !isDaemonChild()) {
+export async function startDaemonFromCli(
+  config: DaemonConfig,
+  v2: ReturnType<typeof v2OptionsFrom>,
+  logger?: () => Logger,
+  logFile?: string,
+): Promise<void> {
+  const [{ DAEMON_CHILD_ENV, isDaemonChild, reportFailure, spawnDetached }, { inheritEnv, inheritedFds, takeInherited }] =
+    await Promise.all([import('../../helper/lifecycle/daemonize.js'), import('../../helper/lifecycle/inherited.js')]);
+  let inherited;
+  try {
+    inherited = takeInherited();
+  } catch (e) {
+    if (isDaemonChild()) await reportFailure((e as Error).message);
+    throw e;
+  }
+  // An image that inherits from an earlier one (the start-up re-exec, a restart in place) is the
+  // background daemon already: only the first -d image detaches.
+  if (config.daemonize && !isDaemonChild() && inherited === null) {
     await spawnDetached(process.argv);
     return;
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    const [start, { inheritEnv, inheritedFds, takeInherited }] = await Promise.all([
-      import('../../helper/lifecycle/privileged-start.js'),
-      import('../../helper/lifecycle/inherited.js'),
-    ]);
-    const inherited = takeInherited();
+    const start = await import('../../helper/lifecycle/privileged-start.js');
+    // The first image opens the log file, as root, before anything logs; later images (the start-up
+    // re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
+    if (inherited === null && logFile !== undefined) (await import('../../os/log-file.js')).redirectStderrToFile(logFile);
     const blocker = reexecBlocker();
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
@@ -227,7 +251,8 @@ export function configureDaemonCommand(program: Command): void {
     .description('Virtual RAPL MSR helper for QEMU (drop-in qemu-vmsr-helper): serves rapl-helper-socket clients')
     .option('-k, --socket <path>', `path to the unix socket (default '${DEFAULT_HELPER_SOCKET}')`)
     .option('-f, --pidfile <path>', `PID file, written with -d or when given (default '${DEFAULT_PIDFILE}')`)
-    .option('-d, --daemon', 'run in the background')
+    .option('-d, --daemon', `run in the background (logs to --log-file, default '${DEFAULT_DAEMON_LOG_FILE}')`)
+    .option('--log-file <path>', 'append the log to this file (JSON lines) instead of stderr; opened as root before the privilege drop')
     .option('-u, --user <user>', 'user (name or uid) to drop privileges to')
     .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)");
   addLogLevelOptions(program).option(
@@ -266,7 +291,7 @@ export function configureDaemonCommand(program: Command): void {
       let logger: Logger | undefined;
       const log = (): Logger => (logger ??= createLogger(levelFromFlags(raw)));
       try {
-        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log);
+        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log, logFileFrom(raw));
       } catch (e) {
         log().fatal(cannot(`start`, (e as Error).message));
         throw new ReportedError((e as Error).message);

@@ -1,5 +1,6 @@
 /**
- * `vmsr-helper record`: registers VMs (from QMP, or --pid/--vcpus) and writes a vmsr-trace of what the
+ * `vmsr-helper record`: takes VMs (by NAME, UUID or PID from the helper's discovery with --vm, from
+ * QMP, or --pid/--vcpus) and writes a vmsr-trace of what the
  * helper sees: header, register records, the baseline sample right after, then a sample every interval
  * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
  */
@@ -20,7 +21,11 @@ import { DisposableStore, listen } from '../../common/disposable.js';
 import { TraceWriter } from '../../trace/writer.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
+import { clockTicksPerSecond } from '../../os/libc.js';
+import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
+import { vmSpecsFromHelper } from '../vm-from-helper.js';
 import {
+  addClientSocketOption,
   addHostOptions,
   checkInterval,
   collect,
@@ -42,6 +47,10 @@ import { ProgressLine } from '../progress.js';
 const SYNTHETIC_ALTERNATIVE = 'use --energy-source synthetic to record without RAPL';
 
 export interface RecordOptions {
+  /** NAME|UUID|PID of VMs the helper lists (--vm), found through its socket. */
+  vm?: string[];
+  /** The helper's socket, for --vm (default DEFAULT_HELPER_SOCKET). */
+  socket?: string;
   qmp: string[];
   pid: number[];
   /** vCPUs of each --pid, in the same order. */
@@ -66,6 +75,12 @@ export function addRecordCommand(program: Command): void {
   const record = program
     .command('record')
     .description('record a trace of package energy and VM thread stats, for replay')
+    .option(
+      '--vm <vm>',
+      "a VM the helper lists, by name ('virsh list'), UUID or PID: its threads from discovery (repeatable)",
+      collect(String),
+      [],
+    )
     .option('--qmp <path>', 'QMP socket of a QEMU VM to register (repeatable)', collect(String), [])
     .option('--pid <pid>', 'pid of a VM process to register; pair with --vcpus (repeatable)', collect(pidArg), [])
     .option('--vcpus <list>', 'vCPU threads of the matching --pid: TID:VPKG,TID:VPKG,...', collect(vcpuListArg), [])
@@ -79,12 +94,14 @@ export function addRecordCommand(program: Command): void {
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
     .addOption(energySourceOption())
     .addOption(domainsOption());
-  addHostOptions(record)
+  addHostOptions(addClientSocketOption(record))
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: Record<string, unknown>, cmd: Command) => {
       const o = commandOptions(cmd);
       const { paths, vendor } = hostOptionsFrom(o as RawHostOptions);
       await runRecord({
+        vm: o.vm as string[],
+        socket: (o.socket as string | undefined) ?? DEFAULT_HELPER_SOCKET,
         qmp: o.qmp as string[],
         pid: o.pid as number[],
         vcpus: o.vcpus as VcpuSpec[][],
@@ -104,9 +121,10 @@ export function addRecordCommand(program: Command): void {
 async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
   if (o.pid.length !== o.vcpus.length)
     throw new UsageError(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
-  if (o.qmp.length === 0 && o.pid.length === 0)
-    throw new UsageError('nothing to record: give --qmp PATH or --pid PID --vcpus TID:VPKG,...');
-  const vms: VmSpec[] = [];
+  const targets = o.vm ?? [];
+  if (targets.length === 0 && o.qmp.length === 0 && o.pid.length === 0)
+    throw new UsageError('nothing to record: give --vm NAME|UUID|PID, --qmp PATH or --pid PID --vcpus TID:VPKG,...');
+  const vms: VmSpec[] = await vmSpecsFromHelper(o.socket ?? DEFAULT_HELPER_SOCKET, targets, o.paths.procRoot, clockTicksPerSecond());
   for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
   o.pid.forEach((pid, i) => {
     try {

@@ -1,13 +1,17 @@
 /**
- * `vmsr-helper watch`: registers one VM over v2 and prints each virtual package's power and energy
- * at every UPDATE (a table under a column header, or --json lines), until Ctrl-C or the VM ends. The
- * VM comes from its QMP socket or from --pid/--vcpus.
+ * `vmsr-helper watch`: prints one VM's power and energy per virtual package at every UPDATE (a table
+ * under a column header, or --json lines), until Ctrl-C or the VM ends. `watch NAME|UUID|PID` finds
+ * the VM in the helper's LIST (its discovery) and OBSERVEs it: nothing to look up, no QMP, and open to
+ * the VM's owner, root and the observer group. --qmp PATH or --pid/--vcpus REGISTER a VM instead
+ * (any VMM, no discovery needed; the caller must own the process).
  */
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
-import { V2Client, V2ConnectionError, V2Error, type Update } from '../../client/v2-client.js';
+import { V2Client, V2ConnectionError, V2Error, type Update, type VmInfo } from '../../client/v2-client.js';
+import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
+import { QmpError } from '../../client/qmp.js';
 import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
@@ -15,6 +19,8 @@ import { UsageError } from '../cli-errors.js';
 
 export interface WatchOptions {
   socket: string;
+  /** NAME|UUID|PID of a VM the helper lists (client/find-vm.ts): observed, not registered. */
+  vm?: string;
   qmp?: string;
   pid?: number;
   vcpus?: VcpuSpec[];
@@ -70,19 +76,50 @@ export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint
  * traces); energy_uj a decimal string (exact past 2^53, like replay --json); power_w a float, null
  * when there is no interval yet.
  */
-export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs): string {
+export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs, vm?: VmIdentity): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
     (v, g) => `{"vpkg":${g},"power_w":${p[g] ?? null},"energy_uj":"${v.energyUj}","counter":"0x${v.counter.toString(16)}"}`,
   );
   const t = u.tNs === 0n ? 'null' : String(Number(u.tNs - originNs) / 1e9);
-  return `{"type":"update","vm_id":${u.vmId},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]}`;
+  const who = vm ? `,"name":${JSON.stringify(vm.name)},"uuid":${JSON.stringify(vm.uuid)},"pid":${vm.pid}` : '';
+  return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]}`;
+}
+
+/** What every --json line says of the VM, so a line read alone names it. */
+export interface VmIdentity {
+  name: string | null;
+  uuid: string | null;
+  pid: number;
+}
+
+/** `watch NAME --json`'s first line: the VM found, as LIST shows it. */
+export function formatJsonVm(vm: VmInfo): string {
+  return JSON.stringify({
+    type: 'vm',
+    vm_id: vm.hostVmId,
+    name: vm.name,
+    uuid: vm.uuid,
+    pid: vm.pid,
+    uid: vm.uid,
+    source: vm.source,
+    nvpkg: vm.nvpkg,
+    whole_vm_only: vm.wholeVmOnly,
+  });
+}
+
+/** `watch NAME`'s first line: which VM is watched, so a wrong pick shows at once. */
+export function formatVmLine(vm: VmInfo): string {
+  const whole = vm.wholeVmOnly ? ' (vCPU threads cannot be told apart: vpkg0 has the whole VM)' : '';
+  return `VM ${describeVm(vm)}, ${vm.nvpkg} virtual package(s)${whole}`;
 }
 
 export function describeError(e: unknown): string {
   if (e instanceof V2Error) return `the helper refused ${e.message}`;
   return e instanceof Error ? e.message : String(e);
 }
+
+const NO_QMP_HINT = "vmsr-helper watch NAME (its name as 'virsh list' shows it, its UUID or its PID)";
 
 /** Runs until Ctrl-C, the VM ending, `count` updates, or the helper going away (rejects). */
 export async function runWatch(
@@ -91,23 +128,29 @@ export async function runWatch(
   signal?: AbortSignal,
   warn: (line: string) => void = out,
 ): Promise<void> {
+  if (o.vm !== undefined) return observeVm(o, o.vm, out, signal, warn);
   let pid = o.pid;
   let vcpus = o.vcpus;
   let name: string | undefined;
   if (o.qmp !== undefined) {
-    const spec = await vmSpecFromQmp(o.qmp, o.procRoot ?? '/proc');
+    let spec;
+    try {
+      spec = await vmSpecFromQmp(o.qmp, o.procRoot ?? '/proc');
+    } catch (e) {
+      // libvirt keeps its VMs' QMP sockets to itself: a second client waits for a greeting in vain.
+      if (e instanceof QmpError) throw new Error(`${e.message}; a VM the helper discovered needs no QMP: ${NO_QMP_HINT}`);
+      throw e;
+    }
     pid = spec.pid;
     vcpus = spec.vcpus;
     name = spec.name;
     if (!o.json) out(`VM ${spec.name ?? '(unnamed)'}: pid ${spec.pid}, vCPUs ${spec.vcpus.map((v) => `${v.tid}:${v.vpkg}`).join(',')}`);
   }
-  if (pid === undefined || vcpus === undefined) throw new UsageError('give --qmp PATH, or --pid PID with --vcpus TID:VPKG,...');
+  if (pid === undefined || vcpus === undefined)
+    throw new UsageError('give a VM (NAME, UUID or PID), --qmp PATH, or --pid PID with --vcpus TID:VPKG,...');
   const client = await V2Client.connect(o.socket);
   try {
     const reg = await client.register({ pid, vcpus });
-    // The helper's t_ns is CLOCK_MONOTONIC, the same clock as hrtime here (same host, Unix socket).
-    const zeroBase = (): PowerBase => ({ tNs: process.hrtime.bigint(), vpkgs: [] });
-    let base: PowerBase = zeroBase();
     if (o.json) {
       out(
         `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}"}`,
@@ -116,28 +159,10 @@ export async function runWatch(
       out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
       out(formatHeader(reg.nvpkg));
     }
-    let origin: bigint | undefined;
-    let seen = 0;
-    await new Promise<void>((resolve, reject) => {
-      const onUpdate = (u: Update) => {
-        if (u.tNs === 0n) {
-          // Before the VM's first interval. Its baseline sample (energy 0) is taken at REGISTER when
-          // the helper is idle, else at the helper's next tick, which sends subscribers this UPDATE:
-          // either way the last such arrival is the baseline's time, within a round trip.
-          base = zeroBase();
-          if (!u.ended) return;
-        }
-        origin ??= u.tNs;
-        out((o.json ? formatJsonUpdate : formatUpdate)(base, u, origin));
-        if (u.tNs !== 0n) base = u;
-        if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
-      };
-      const onError = (e: V2Error) => warn(`warning: ${errorCodeName(e.code)}: ${e.helperMessage}`);
-      client.subscribe(reg.vmId, onUpdate, onError).catch(reject);
-      void client.closed.then((err) => reject(err ?? new V2ConnectionError('the helper closed the connection')));
-      // Ctrl-C while connecting or registering aborted before this listener existed.
-      if (signal?.aborted) resolve();
-      else signal?.addEventListener('abort', () => resolve(), { once: true });
+    await follow(o, out, signal, warn, client, {
+      vm: { name: name ?? null, uuid: null, pid },
+      // A fresh registration counts from its baseline: energy 0.
+      start: async (onUpdate, onError) => (await client.subscribe(reg.vmId, onUpdate, onError), null),
     });
     await client.unregister(reg.vmId).catch(() => {});
   } finally {
@@ -145,21 +170,118 @@ export async function runWatch(
   }
 }
 
+/** `watch NAME|UUID|PID`: the VM from the helper's LIST, OBSERVEd (nothing registered, nothing to undo). */
+async function observeVm(
+  o: WatchOptions,
+  target: string,
+  out: (line: string) => void,
+  signal: AbortSignal | undefined,
+  warn: (line: string) => void,
+): Promise<void> {
+  const client = await V2Client.connect(o.socket);
+  try {
+    const vm = findVm(await client.list(), target, 'vmsr-helper watch');
+    if (o.json) out(formatJsonVm(vm));
+    else {
+      out(formatVmLine(vm));
+      out(formatHeader(vm.nvpkg));
+    }
+    await follow(o, out, signal, warn, client, {
+      vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
+      // An observed VM's energy counts from its discovery: power is measured from the values now.
+      start: async (onUpdate, onError) => {
+        const now = await client.observe(vm.hostVmId, (u) => onUpdate(fromObserved(u)), onError);
+        return now.tNs === 0n ? null : fromObserved(now);
+      },
+    });
+  } finally {
+    await client.close();
+  }
+}
+
+function fromObserved(u: { hostVmId: number; tNs: bigint; ended: boolean; vpkgs: Update['vpkgs'] }): Update {
+  return { vmId: u.hostVmId, tNs: u.tNs, ended: u.ended, vpkgs: u.vpkgs };
+}
+
+interface Follow {
+  vm: VmIdentity;
+  /** Starts the updates; resolves with the values power is measured from (null: the baseline, energy 0). */
+  start(onUpdate: (u: Update) => void, onError: (e: V2Error) => void): Promise<Update | null>;
+}
+
+/** Prints each update until Ctrl-C, the VM ending, `count` updates, or the connection closing (rejects). */
+async function follow(
+  o: WatchOptions,
+  out: (line: string) => void,
+  signal: AbortSignal | undefined,
+  warn: (line: string) => void,
+  client: V2Client,
+  f: Follow,
+): Promise<void> {
+  // The helper's t_ns is CLOCK_MONOTONIC, the same clock as hrtime here (same host, Unix socket).
+  const zeroBase = (): PowerBase => ({ tNs: process.hrtime.bigint(), vpkgs: [] });
+  let base: PowerBase = zeroBase();
+  let origin: bigint | undefined;
+  let seen = 0;
+  await new Promise<void>((resolve, reject) => {
+    // Updates read in the same chunk as start's reply come before start resolves: they wait for it,
+    // so power is never measured from the wrong base.
+    let early: Update[] | null = [];
+    const onUpdate = (u: Update) => {
+      if (early !== null) early.push(u);
+      else show(u);
+    };
+    const show = (u: Update) => {
+      if (u.tNs === 0n) {
+        // Before the VM's first interval. Its baseline sample (energy 0) is taken at REGISTER when
+        // the helper is idle, else at the helper's next tick, which sends subscribers this UPDATE:
+        // either way the last such arrival is the baseline's time, within a round trip.
+        base = zeroBase();
+        if (!u.ended) return;
+      } else if (!u.ended && u.tNs <= base.tNs) {
+        // The sample the start's reply already gave (OBSERVE answers with the last sample's values,
+        // and that sample's UPDATE may follow): nothing new, and no interval to measure.
+        return;
+      }
+      origin ??= u.tNs;
+      out(o.json ? formatJsonUpdate(base, u, origin, f.vm) : formatUpdate(base, u, origin));
+      if (u.tNs !== 0n) base = u;
+      if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
+    };
+    const onError = (e: V2Error) => warn(`warning: ${errorCodeName(e.code)}: ${e.helperMessage}`);
+    f.start(onUpdate, onError).then((from) => {
+      if (from !== null) base = from;
+      const queued = early ?? [];
+      early = null;
+      for (const u of queued) show(u);
+    }, reject);
+    void client.closed.then((err) => reject(err ?? new V2ConnectionError('the helper closed the connection')));
+    // Ctrl-C while connecting or registering aborted before this listener existed.
+    if (signal?.aborted) resolve();
+    else signal?.addEventListener('abort', () => resolve(), { once: true });
+  });
+}
+
 export function addWatchCommand(program: Command): void {
   addClientSocketOption(
-    program.command('watch').description("register a VM over the v2 protocol and print its virtual packages' power and energy, live"),
+    program
+      .command('watch')
+      .description(
+        "print a VM's power and energy per virtual package, live: a VM the helper found (NAME, UUID or PID), or one registered here",
+      )
+      .argument('[vm]', "a VM the helper lists: its name (as 'virsh list' shows it), UUID or PID; observed, no QMP needed"),
   )
     .option('--qmp <path>', "the VM's QMP socket (vCPU threads and sockets are asked from QEMU)")
     .option('--pid <pid>', 'the VM process (with --vcpus)', pidArg)
     .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpuListArg)
     .option('--count <n>', 'stop after N updates', positiveIntArg('--count'))
-    .option('--json', 'one JSON object per line (a "registered" record, then one "update" per sample) for scripts')
-    .action(async (_o: unknown, cmd: Command) => {
+    .option('--json', 'one JSON object per line (a "vm" or "registered" record, then one "update" per sample) for scripts')
+    .action(async (vm: string | undefined, _o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
       const all = commandOptions<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>(cmd);
-      const opts = { ...all, socket: all.socket ?? DEFAULT_HELPER_SOCKET };
-      if ((opts.qmp === undefined) === (opts.pid === undefined))
-        throw new UsageError('give either --qmp PATH or --pid PID --vcpus TID:VPKG,...');
+      const opts = { ...all, socket: all.socket ?? DEFAULT_HELPER_SOCKET, ...(vm !== undefined ? { vm } : {}) };
+      const ways = [vm !== undefined, opts.qmp !== undefined, opts.pid !== undefined].filter(Boolean).length;
+      if (ways !== 1) throw new UsageError('give one of: a VM (NAME, UUID or PID), --qmp PATH, or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new UsageError('--pid needs --vcpus TID:VPKG,...');
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
       if (opts.qmp !== undefined && opts.vcpus !== undefined)

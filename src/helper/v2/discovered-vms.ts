@@ -11,6 +11,8 @@ import type { Sample } from '../../ratio/types.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
+import type { LogLimiter } from '../../logging/log-limiter.js';
+import { vmLogFields, vmLogLimiter } from './vm-log.js';
 
 export interface DiscoveredVmsParts {
   discovery: Pick<Discovery, 'scan' | 'refine' | 'defer'>;
@@ -18,6 +20,8 @@ export interface DiscoveredVmsParts {
   sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
   fds?: FdAdmitter;
   log: Logger;
+  /** The limiter of the VM lines (vm-log.ts); one of its own on `log` when not given. */
+  vmLog?: LogLimiter;
   /** A VM arrived or changed what LIST shows of it (VmLifecycle.markChanged). */
   changed(): void;
 }
@@ -25,8 +29,11 @@ export interface DiscoveredVmsParts {
 export class DiscoveredVms {
   /** pids of VMs not admitted, so the warning is logged once per VM. */
   private readonly deferred = new Set<number>();
+  private readonly vmLog: LogLimiter;
 
-  constructor(private readonly p: DiscoveredVmsParts) {}
+  constructor(private readonly p: DiscoveredVmsParts) {
+    this.vmLog = p.vmLog ?? vmLogLimiter(p.log);
+  }
 
   /** Before each sample: admits what the scan found. */
   scan(): void {
@@ -34,7 +41,7 @@ export class DiscoveredVms {
   }
 
   admit(d: DiscoveredVm): void {
-    const { registry, sampling, log } = this.p;
+    const { registry, sampling } = this.p;
     const reg = registry.registrationOf(d.pid, d.starttime);
     const meta = { name: d.name, uuid: d.uuid, wholeVmOnly: d.wholeVmOnly };
     if (reg !== undefined) {
@@ -45,7 +52,8 @@ export class DiscoveredVms {
     const fit = this.p.fds?.canAdmit(d.threads);
     if (fit && !fit.ok) {
       this.p.discovery.defer(d.pid);
-      if (!this.deferred.has(d.pid)) log.warn({ pid: d.pid, name: d.name, err: fit.error }, 'VM discovered but not sampled');
+      if (!this.deferred.has(d.pid))
+        this.vmLog.warn('VM discovered but not sampled', { vm: vmLogFields(d), err: fit.error }, 'VM discovered but not sampled');
       this.deferred.add(d.pid);
       return;
     }
@@ -54,8 +62,8 @@ export class DiscoveredVms {
     const vmId = sampling.register(spec);
     registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
     this.p.changed();
-    const seen = { vmId, pid: d.pid, uid: d.uid, name: d.name, vcpus: d.vcpus.length, nvpkg: sampling.nvpkg(vmId) };
-    log.info({ ...seen, wholeVmOnly: d.wholeVmOnly, problems: d.problems }, 'VM discovered');
+    const seen = { vmId, vm: vmLogFields(d), vcpus: d.vcpus.length, nvpkg: sampling.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly };
+    this.vmLog.info('VM discovered', d.problems.length > 0 ? { ...seen, problems: d.problems } : seen, 'VM discovered');
   }
 
   /** Each sample, before the engine: new vCPU threads of discovered VMs, from their stat lines. */

@@ -18,6 +18,7 @@ import { E, encodeHostUpdate } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
+import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import { DisposableStore } from '../../common/disposable.js';
 import type { Discovery } from './discovery.js';
@@ -171,9 +172,18 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     fanOut.dropped(vmId, frame);
     stats.dropped(vmId);
   };
-  const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate });
+  const vmLog = vmLogLimiter(o.log);
+  const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
   const discovered: DiscoveredVms | undefined = o.discovery
-    ? new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, changed: () => lifecycle.markChanged() })
+    ? new DiscoveredVms({
+        discovery: o.discovery,
+        registry,
+        sampling,
+        fds: o.fds,
+        log: o.log,
+        vmLog,
+        changed: () => lifecycle.markChanged(),
+      })
     : undefined;
 
   let waitTimer: NodeJS.Timeout | undefined;
@@ -312,6 +322,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       sampling.close();
       stats.close();
       limiter.flush();
+      vmLog.flush();
       const waits = clients.connections().map(
         (c) =>
           new Promise<void>((resolve) => {

@@ -8,6 +8,8 @@ import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import type { VmRegistry } from './vm-registry.js';
 import { vmUpdate } from './vm-update.js';
+import type { LogLimiter } from '../../logging/log-limiter.js';
+import { vmLogFields } from './vm-log.js';
 
 /** Samples an ended discovered VM stays listed (ENDED) before it is dropped. */
 export const ENDED_DISCOVERED_KEPT_SAMPLES = 5;
@@ -21,6 +23,8 @@ export interface VmLifecycleParts {
   discovery?: Pick<Discovery, 'forget' | 'current'>;
   /** Sends a dropped VM's last UPDATE to whoever watches it (FanOut.dropped). */
   lastUpdate(vmId: number, frame: Buffer): void;
+  /** Where "VM ended" goes (vm-log.ts); not logged without. */
+  vmLog?: LogLimiter;
 }
 
 export class VmLifecycle {
@@ -74,6 +78,10 @@ export class VmLifecycle {
   ended(vmIds: readonly number[]): void {
     for (const vmId of vmIds) {
       const r = this.p.registry.get(vmId);
+      if (r?.live) {
+        const source = r.discovered ? 'discovered' : 'registered';
+        this.p.vmLog?.info('VM ended', { vmId, vm: vmLogFields(r), source }, 'VM ended');
+      }
       this.p.registry.markEnded(vmId);
       if (r?.discovered) this.p.discovery?.forget(r.pid);
       this.vmsChanged = true;

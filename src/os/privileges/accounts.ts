@@ -30,6 +30,15 @@ export function resolveGroup(spec: string, group = readOr('/etc/group')): number
   return resolveId(spec, group, 'group');
 }
 
+/** The name of a gid in the group database (its first entry), undefined when it has none. */
+export function groupNameOf(gid: number, group = readOr('/etc/group')): string | undefined {
+  for (const line of group.split('\n')) {
+    const f = line.split(':');
+    if (f[2] === String(gid) && f[0] !== undefined && f[0] !== '') return f[0];
+  }
+  return undefined;
+}
+
 function readOr(file: string): string {
   try {
     return fs.readFileSync(file, 'utf8');

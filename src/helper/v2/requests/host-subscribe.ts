@@ -2,13 +2,11 @@
 import { E, T, encodeError, encodeHostUpdate } from '../../../protocol/v2/codec.js';
 import { frameReply } from '../reply.js';
 import type { Handler } from './handler.js';
+import { observerGroupAdvice } from './observer-advice.js';
 
 export const hostSubscribe: Handler<typeof T.HOST_SUBSCRIBE> = (req, conn, p) => {
   if (!p.clients.viewerOf(conn).seesAll) {
-    const how =
-      p.observerGid === undefined
-        ? 'start the helper with --observer-group GROUP and add this user to it'
-        : `add this user to group ${p.observerGid} (--observer-group)`;
+    const how = observerGroupAdvice(p.observerGid);
     return frameReply(encodeError(E.NOT_PERMITTED, T.HOST_SUBSCRIBE, `host energy is for root and the observer group; ${how}`));
   }
   // A second HOST_SUBSCRIBE on the connection replaces the first's choice of layout.

@@ -8,15 +8,13 @@ import { closeFd } from '../../../os/libc.js';
 import { E, T, encodeError, encodeStatsFdReply } from '../../../protocol/v2/codec.js';
 import { frameReply, type Reply } from '../reply.js';
 import type { Handler } from './handler.js';
+import { observerGroupAdvice } from './observer-advice.js';
 
 export const statsFd: Handler<typeof T.STATS_FD> = (req, conn, p) => {
   const refuse = (code: number, message: string) => frameReply(encodeError(code, T.STATS_FD, message));
   const viewer = p.clients.viewerOf(conn);
   if (req.vmId === 0 && !viewer.seesAll) {
-    const how =
-      p.observerGid === undefined
-        ? 'start the helper with --observer-group GROUP and add this user to it'
-        : `add this user to group ${p.observerGid} (--observer-group)`;
+    const how = observerGroupAdvice(p.observerGid);
     return refuse(E.NOT_PERMITTED, `the host's statistics are for root and the observer group; ${how}`);
   }
   if (req.vmId !== 0 && !p.registry.canSee(viewer, req.vmId)) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);

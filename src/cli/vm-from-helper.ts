@@ -1,0 +1,42 @@
+/**
+ * `record --vm NAME|UUID|PID`: the VM as the helper's discovery lists it (client/find-vm.ts picks
+ * it), and its vCPU threads as discovery reads them here from /proc (thread names `CPU <n>/KVM` and
+ * `-smp`), since record samples on its own. The process found here must be the one the helper
+ * listed (same pid and start time), so a pid reused in between is refused.
+ */
+import { V2Client } from '../client/v2-client.js';
+import { findVm } from '../client/find-vm.js';
+import { ProcScanner } from '../discovery/scanner.js';
+import type { VmSpec } from '../ratio/types.js';
+import { cannotError } from '../common/errors.js';
+
+export async function vmSpecsFromHelper(
+  socketPath: string,
+  targets: readonly string[],
+  procRoot: string,
+  clkTck: number,
+): Promise<VmSpec[]> {
+  if (targets.length === 0) return [];
+  const client = await V2Client.connect(socketPath);
+  let listed;
+  try {
+    listed = await client.list();
+  } finally {
+    await client.close();
+  }
+  const picked = targets.map((t) => ({ target: t, vm: findVm(listed, t, 'vmsr-helper record --vm') }));
+  const found = new ProcScanner(procRoot, { clkTck }).scan();
+  return picked.map(({ target, vm }) => {
+    const d = found.find((f) => f.pid === vm.pid && BigInt(f.starttime) === vm.starttime);
+    if (d === undefined) {
+      throw cannotError(
+        `record the VM ${JSON.stringify(target)} (pid ${vm.pid})`,
+        vm.ended
+          ? 'it has ended'
+          : 'its process is not a VM to this scan of /proc (it ended, or the helper was given its threads by a client)',
+        `give its threads with --pid ${vm.pid} --vcpus TID:VPKG,...`,
+      );
+    }
+    return { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
+  });
+}

@@ -1,0 +1,210 @@
+/**
+ * `vmsr-helper watch NAME|UUID|PID` and `record --vm` end to end: the real daemon (child process, fake MSR files)
+ * discovers fake QEMU processes, and the real CLI finds one in LIST and OBSERVEs it: by name, by
+ * UUID, by pid, as text and --json; two VMs wearing one name are an error naming both; a monitoring
+ * user (uid nobody) in the observer group watches a root-owned VM, and without the group sees none.
+ */
+import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
+import { FakeHost } from '../support/fake-host.js';
+import { FakeQemu } from '../support/fake-qemu.js';
+import { BIN, hostArgs, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { isRoot, which } from '../support/env.js';
+import { groupNameOf } from '../../src/os/privileges/accounts.js';
+import { readTrace } from '../../src/trace/reader.js';
+import type { VmSpec } from '../../src/ratio/types.js';
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+const NOBODY = 65534;
+/** An existing named group (Debian's `users`, gid 100) stands for vmsr-observers: nothing to create. */
+const OBSERVER_GROUP = 'users';
+const OBSERVER_GID = 100;
+const UUID = '5e1f0a3c-1d2e-4f60-8a9b-0c1d2e3f4a5b';
+
+async function daemon(extra: string[] = []): Promise<string> {
+  return (await daemonOnFakeHost(extra)).sock;
+}
+
+async function daemonOnFakeHost(extra: string[] = []): Promise<{ sock: string; fake: FakeHost; dir: string }> {
+  const fake = new FakeHost();
+  fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
+  fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, 0x1000n);
+  const stopPump = fake.pumpEnergy({ units: 400, everyMs: 20 });
+  cleanups.push(() => fake.cleanup(), stopPump);
+  const dir = tempDir('vmsr-watch-name-');
+  fs.chmodSync(dir, 0o755);
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const sock = path.join(dir, 'helper.sock');
+  const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--socket-mode', '0666', ...extra]);
+  cleanups.push(() => helper.stop('SIGKILL'));
+  await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
+  return { sock, fake, dir };
+}
+
+async function fakeVm(name: string, uuid = UUID): Promise<FakeQemu> {
+  const q = new FakeQemu({ vcpus: 2, args: ['-name', `guest=${name},debug-threads=on`, '-uuid', uuid, '-smp', '2,sockets=2'] });
+  cleanups.push(() => q.kill());
+  await q.ready();
+  await q.cmd('spin 0');
+  return q;
+}
+
+/** Waits until the helper lists `n` live VMs. */
+async function listed(sock: string, n: number): Promise<void> {
+  const c = await V2Client.connect(sock);
+  try {
+    const deadline = Date.now() + 15_000;
+    while ((await c.list()).filter((v) => !v.ended).length < n) {
+      if (Date.now() > deadline) throw new Error(`the helper did not list ${n} VMs`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  } finally {
+    await c.close();
+  }
+}
+
+function watch(args: string[], prefix: string[] = []): Promise<{ code: number; stdout: string; stderr: string }> {
+  return cli(['watch', ...args], prefix);
+}
+
+function cli(args: string[], prefix: string[] = []): Promise<{ code: number; stdout: string; stderr: string }> {
+  const cmd = [...prefix, process.execPath, BIN, ...args];
+  return new Promise((resolve) =>
+    execFile(cmd[0]!, cmd.slice(1), { timeout: 30_000 }, (e, stdout, stderr) =>
+      resolve({ code: e ? Number((e as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+    ),
+  );
+}
+
+describe('watch NAME|UUID|PID', () => {
+  it('watch finds a discovered VM by name, UUID and pid and prints it, its header and rows when given --count', async () => {
+    const sock = await daemon();
+    const q = await fakeVm('nbvm1');
+    await listed(sock, 1);
+    const line = new RegExp(`^VM "nbvm1" pid ${q.pid} uid 0 uuid ${UUID} discovered, 2 virtual package\\(s\\)$`);
+    for (const target of ['nbvm1', UUID.toUpperCase(), String(q.pid)]) {
+      const r = await watch(['-k', sock, target, '--count', '2']);
+      expect(r.stderr).toBe('');
+      expect(r.code).toBe(0);
+      const lines = r.stdout.trimEnd().split('\n');
+      expect(lines[0]).toMatch(line);
+      expect(lines[1]).toMatch(/^ +t +vpkg0 W +vpkg0 J +vpkg1 W +vpkg1 J$/);
+      expect(lines).toHaveLength(4);
+      // Every row has a power: the first is measured from the values OBSERVE gave, not from zero.
+      for (const row of lines.slice(2)) expect(row).toMatch(/^ +\d+\.\ds +\d+\.\d\d +\d+\.\d{3} +\d+\.\d\d +\d+\.\d{3}$/);
+    }
+  });
+
+  it('watch --json names the VM on its first line and on every update', async () => {
+    const sock = await daemon();
+    const q = await fakeVm('nbvm1');
+    await listed(sock, 1);
+    const r = await watch(['-k', sock, 'nbvm1', '--json', '--count', '2']);
+    expect(r.code).toBe(0);
+    const recs = r.stdout
+      .trimEnd()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(recs[0]).toEqual({
+      type: 'vm',
+      vm_id: expect.any(Number),
+      name: 'nbvm1',
+      uuid: UUID,
+      pid: q.pid,
+      uid: 0,
+      source: 'discovered',
+      nvpkg: 2,
+      whole_vm_only: false,
+    });
+    expect(recs).toHaveLength(3);
+    for (const u of recs.slice(1)) {
+      expect(u).toMatchObject({ type: 'update', vm_id: recs[0]!.vm_id, name: 'nbvm1', uuid: UUID, pid: q.pid });
+      expect(typeof (u.vpkgs as { power_w: unknown }[])[0]!.power_w).toBe('number');
+    }
+  });
+
+  it('watch refuses a name two VMs wear, listing both with pid, uid and uuid, and then watches the one picked by pid', async () => {
+    const sock = await daemon();
+    const real = await fakeVm('nbvm1');
+    // A copy wearing the real VM's name and UUID: only its pid tells it apart.
+    const copy = await fakeVm('nbvm1');
+    await listed(sock, 2);
+    for (const target of ['nbvm1', UUID]) {
+      const r = await watch(['-k', sock, target, '--count', '1']);
+      expect(r.code).toBe(1);
+      expect(r.stdout).toBe('');
+      expect(r.stderr).toContain(`vmsr-helper watch: cannot find the VM "${target}": 2 VMs match; pick one by its PID`);
+      for (const q of [real, copy]) expect(r.stderr).toMatch(new RegExp(`\n  "nbvm1" pid ${q.pid} uid 0 uuid ${UUID} discovered\n`));
+      expect(r.stderr).toMatch(/pick one by its PID \(vmsr-helper watch \d+\);/);
+      // The UUIDs are the same: picking by UUID is not suggested.
+      expect(r.stderr).not.toContain('or its UUID');
+    }
+    const one = await watch(['-k', sock, String(real.pid), '--count', '1']);
+    expect(one.code).toBe(0);
+    expect(one.stdout).toMatch(new RegExp(`^VM "nbvm1" pid ${real.pid} `));
+  });
+
+  it('watch of a name no VM has says so and names the VMs there are', async () => {
+    const sock = await daemon();
+    await fakeVm('nbvm1');
+    await listed(sock, 1);
+    const r = await watch(['-k', sock, 'nbvm2']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(
+      /cannot find the VM "nbvm2": no VM has that pid, UUID or name \(the VMs you may see are "nbvm1"\); give a name/,
+    );
+  });
+
+  it('a monitoring user in the observer group watches a root-owned VM by name; without the group it sees none', async (ctx) => {
+    if (!isRoot()) return ctx.skip('needs root: the VM runs as root and the watcher as uid nobody');
+    if (!which('setpriv')) return ctx.skip('needs setpriv (util-linux) to give uid nobody a supplementary group');
+    if (groupNameOf(OBSERVER_GID) !== OBSERVER_GROUP) return ctx.skip(`needs group ${OBSERVER_GROUP} with gid ${OBSERVER_GID} (Debian's)`);
+    const sock = await daemon(['--observer-group', OBSERVER_GROUP]);
+    await fakeVm('nbvm1');
+    await listed(sock, 1);
+    const member = await watch(
+      ['-k', sock, 'nbvm1', '--count', '1'],
+      ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, `--groups=${OBSERVER_GID}`, '--'],
+    );
+    expect(member.stderr).toBe('');
+    expect(member.code).toBe(0);
+    expect(member.stdout).toMatch(/^VM "nbvm1" pid \d+ uid 0 /);
+    const stranger = await watch(
+      ['-k', sock, 'nbvm1', '--count', '1'],
+      ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--'],
+    );
+    expect(stranger.code).toBe(1);
+    expect(stranger.stderr).toContain('cannot find the VM "nbvm1": no VM has that pid, UUID or name (the helper lists no VM you may see)');
+  });
+});
+
+describe('record --vm NAME|UUID|PID', () => {
+  it("record --vm takes a discovered VM's pid, name and vCPU threads from the helper and this host's /proc", async () => {
+    const { sock, fake, dir } = await daemonOnFakeHost();
+    const q = await fakeVm('nbvm1');
+    await listed(sock, 1);
+    const out = path.join(dir, 'vm.jsonl');
+    const common = ['-k', sock, '--energy-source', 'synthetic', '--sys-root', fake.sysRoot, '--duration', '0.3', '--interval', '0.1'];
+    const r = await cli(['record', '--vm', 'nbvm1', ...common, '-o', out]);
+    expect(r.code, r.stderr).toBe(0);
+    const registered: VmSpec[] = [];
+    for await (const rec of readTrace(out)) if (rec.type === 'register') registered.push(rec.vm);
+    expect(registered).toHaveLength(1);
+    expect(registered[0]).toMatchObject({ pid: q.pid, name: 'nbvm1' });
+    // -smp 2,sockets=2: CPU 0/KVM in virtual package 0, CPU 1/KVM in 1.
+    const expected = [0, 1].map((i) => ({ tid: q.vcpuTids.get(i)!, vpkg: i })).sort((a, b) => a.tid - b.tid);
+    expect(registered[0]!.vcpus).toEqual(expected);
+    // A name nobody has is the same error as watch's.
+    const none = await cli(['record', '--vm', 'nbvm9', ...common, '-o', path.join(dir, 'none.jsonl')]);
+    expect(none.code).toBe(1);
+    expect(none.stderr).toContain('cannot find the VM "nbvm9": no VM has that pid, UUID or name');
+  });
+});
