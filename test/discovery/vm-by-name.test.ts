@@ -4,7 +4,7 @@
  * UUID, by pid, as text and --json; two VMs wearing one name are an error naming both; a monitoring
  * user (uid nobody) in the observer group watches a root-owned VM, and without the group sees none.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -206,5 +206,40 @@ describe('record --vm NAME|UUID|PID', () => {
     const none = await cli(['record', '--vm', 'nbvm9', ...common, '-o', path.join(dir, 'none.jsonl')]);
     expect(none.code).toBe(1);
     expect(none.stderr).toContain('cannot find the VM "nbvm9": no VM has that pid, UUID or name');
+  });
+
+  it('watch NAME follows the VM across a restart in place: the same VM id, its energy going on, and a note saying so', async () => {
+    const fake = new FakeHost();
+    fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
+    fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, 0x1000n);
+    cleanups.push(() => fake.cleanup(), fake.pumpEnergy({ units: 400, everyMs: 20 }));
+    const sock = path.join(tempDir('vmsr-watch-restart-'), 'helper.sock');
+    const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2']);
+    cleanups.push(() => helper.stop('SIGKILL'));
+    await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
+    await fakeVm('nbvm1');
+    await listed(sock, 1);
+    const w = spawn(process.execPath, [BIN, 'watch', 'nbvm1', '-k', sock, '--json'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    cleanups.push(() => w.kill('SIGKILL'));
+    let out = '';
+    let err = '';
+    w.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    w.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    const updates = () =>
+      out
+        .split('\n')
+        .filter((l) => l.includes('"type":"update"'))
+        .map((l) => JSON.parse(l) as { vm_id: number; vpkgs: { energy_uj: string }[] });
+    const total = (u: { vpkgs: { energy_uj: string }[] }) => u.vpkgs.reduce((a, v) => a + BigInt(v.energy_uj), 0n);
+    await waitFor(() => updates().length >= 3, 'watch rows before the restart');
+    helper.proc.kill('SIGHUP');
+    await waitFor(() => helper.stderr().includes('"msg":"handed over:'), 'the restart', helper, 20_000);
+    await waitFor(() => err.includes('note: the helper restarted'), 'watch to follow the restart', undefined, 20_000);
+    const before = updates().length;
+    await waitFor(() => updates().length >= before + 3, 'watch rows after the restart', undefined, 15_000);
+    const all = updates();
+    expect(new Set(all.map((u) => u.vm_id)).size).toBe(1);
+    for (let i = 1; i < all.length; i++) expect(total(all[i]!)).toBeGreaterThanOrEqual(total(all[i - 1]!));
+    expect(w.exitCode).toBeNull();
   });
 });

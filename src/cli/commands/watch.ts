@@ -7,7 +7,8 @@
  */
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
-import { V2Client, V2ConnectionError, V2Error, type Update, type VmInfo } from '../../client/v2-client.js';
+import { ResumingV2Client } from '../../client/resuming-client.js';
+import { V2ConnectionError, V2Error, type Update, type VmInfo } from '../../client/v2-client.js';
 import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
@@ -148,7 +149,7 @@ export async function runWatch(
   }
   if (pid === undefined || vcpus === undefined)
     throw new UsageError('give a VM (NAME, UUID or PID), --qmp PATH, or --pid PID with --vcpus TID:VPKG,...');
-  const client = await V2Client.connect(o.socket);
+  const client = await resumingClient(o, warn);
   try {
     const reg = await client.register({ pid, vcpus });
     if (o.json) {
@@ -170,6 +171,13 @@ export async function runWatch(
   }
 }
 
+/** A connection that follows the helper across its restarts (the same VM, its updates going on), saying so. */
+function resumingClient(o: WatchOptions, warn: (line: string) => void): Promise<ResumingV2Client> {
+  return ResumingV2Client.connect(o.socket, {
+    onResumed: (r) => warn(`note: the helper restarted; following the VM again after ${r.awayMs} ms`),
+  });
+}
+
 /** `watch NAME|UUID|PID`: the VM from the helper's LIST, OBSERVEd (nothing registered, nothing to undo). */
 async function observeVm(
   o: WatchOptions,
@@ -178,7 +186,7 @@ async function observeVm(
   signal: AbortSignal | undefined,
   warn: (line: string) => void,
 ): Promise<void> {
-  const client = await V2Client.connect(o.socket);
+  const client = await resumingClient(o, warn);
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
     if (o.json) out(formatJsonVm(vm));
@@ -215,7 +223,7 @@ async function follow(
   out: (line: string) => void,
   signal: AbortSignal | undefined,
   warn: (line: string) => void,
-  client: V2Client,
+  client: ResumingV2Client,
   f: Follow,
 ): Promise<void> {
   // The helper's t_ns is CLOCK_MONOTONIC, the same clock as hrtime here (same host, Unix socket).
