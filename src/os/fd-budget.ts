@@ -89,6 +89,18 @@ export class FdBudget {
     return this.o.maxConnections;
   }
 
+  /** Fds that may still be opened now beside every connection slot and the reserve (can be 0). */
+  room(): number {
+    const open = (this.o.openFds ?? countOpenFds)();
+    const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
+    return Math.max(0, this.o.limit - open - freeSlots - FD_RESERVE);
+  }
+
+  /** What the VMs' fds may take in all, beside every connection and the reserve: what the per-uid shares divide. */
+  get vmCapacity(): number {
+    return Math.max(0, this.o.limit - this.o.maxConnections - FD_RESERVE);
+  }
+
   /**
    * Whether `n` more fds for `what` (a statistics file, the copy of it handed to a reader) fit beside
    * every connection slot and the reserve.

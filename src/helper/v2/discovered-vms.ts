@@ -1,11 +1,12 @@
 /**
  * Discovery glue: the VMs the /proc scan finds become VMs of the service. A VM is admitted when its
- * threads fit the fd budget (else deferred: discovery offers it again later, and the warning is
- * logged once); a discovered process a client registered already only gains its name and UUID (one
+ * threads fit the fd budget and its owner's share of it, and its threads' files open (else deferred:
+ * discovery offers it again later, and the warning is logged, rate-limited); a discovered process a client registered already only gains its name and UUID (one
  * process, one VM). Each sample refines a discovered VM's vCPU list from its threads' names, unless a
  * registrant's list stands.
  */
 import type { Logger } from 'pino';
+import type { LogLimiter } from '../../logging/log-limiter.js';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
 import type { Sample } from '../../ratio/types.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
@@ -17,7 +18,11 @@ export interface DiscoveredVmsParts {
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
   fds?: FdAdmitter;
+  /** Opens what sampling the pid needs (ProcTaskReader.read); throws when it cannot (the VM is deferred). */
+  openPid?: (pid: number) => void;
   log: Logger;
+  /** Rate-limits the "not sampled" warning (a flood of VMs that do not fit is one line per window). */
+  limiter?: Pick<LogLimiter, 'warn'>;
   /** A VM arrived or changed what LIST shows of it (VmLifecycle.markChanged). */
   changed(): void;
 }
@@ -42,10 +47,22 @@ export class DiscoveredVms {
       registry.addDiscovered(reg.vmId, d.pid, d.starttime, d.uid, meta);
       return;
     }
-    const fit = this.p.fds?.canAdmit(d.threads);
-    if (fit && !fit.ok) {
+    const fit = this.p.fds?.canAdmit(d.threads, d.pid);
+    let err = fit && !fit.ok ? fit.error : null;
+    if (err === null && this.p.openPid) {
+      try {
+        this.p.openPid(d.pid);
+      } catch (e) {
+        err = (e as Error).message;
+      }
+    }
+    if (err !== null) {
       this.p.discovery.defer(d.pid);
-      if (!this.deferred.has(d.pid)) log.warn({ pid: d.pid, name: d.name, err: fit.error }, 'VM discovered but not sampled');
+      if (!this.deferred.has(d.pid)) {
+        const fields = { vmPid: d.pid, vmUid: d.uid, vmName: d.name, err };
+        if (this.p.limiter) this.p.limiter.warn('VM discovered but not sampled', fields, 'VM discovered but not sampled');
+        else log.warn(fields, 'VM discovered but not sampled');
+      }
       this.deferred.add(d.pid);
       return;
     }
