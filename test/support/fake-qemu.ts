@@ -152,7 +152,7 @@ sys.stdin.read()
 /**
  * `count` fake VMs of `vcpus` named vCPU threads each, forked from one python (pages shared). The
  * vCPU threads sleep for good, or with `wakeEveryMs` wake that often (as an idle guest's vCPUs do
- * for its timers) and sleep again.
+ * for its timers) and sleep again. `uid`/`gid`: the farm runs as that user (an attacker's fakes).
  */
 export class FakeQemuFarm {
   readonly child: ChildProcess;
@@ -161,7 +161,7 @@ export class FakeQemuFarm {
   constructor(
     readonly count: number,
     readonly vcpus: number,
-    o: { wakeEveryMs?: number } = {},
+    o: { wakeEveryMs?: number; uid?: number; gid?: number } = {},
   ) {
     this.child = spawn(
       PYTHON,
@@ -170,6 +170,7 @@ export class FakeQemuFarm {
         argv0: 'qemu-system-x86_64',
         stdio: ['pipe', 'pipe', 'inherit'],
         env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000) },
+        ...(o.uid !== undefined ? { uid: o.uid, gid: o.gid ?? o.uid } : {}),
       },
     );
   }
