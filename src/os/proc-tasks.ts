@@ -246,6 +246,7 @@ export class ProcTaskReader {
       const st = this.pids.get(pid);
       if (!(e instanceof TaskReadError) || st === undefined || st.lastOut === null) throw e;
       st.short = true;
+      st.cpuNs = -1n;
       return st.lastOut;
     }
   }
@@ -319,7 +320,8 @@ export class ProcTaskReader {
       // A thread that ended may have been replaced by a new one with the count unchanged: list once more.
       if (!failed || attempt > 0) {
         st.lastOut = out;
-        st.cpuNs = failed ? -1n : cpuNs;
+        // A listing cut short (out of fds) left threads unread: no process gate until one is whole.
+        st.cpuNs = failed || st.short ? -1n : cpuNs;
         st.running = false;
         for (const t of st.threads.values()) if (t.running) st.running = true;
         return out;
