@@ -355,6 +355,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       ctx.onShutdown(async () => {
         await v2.close();
         await trace?.close();
+        limiter.flush();
       });
       log.info(
         {
