@@ -18,7 +18,7 @@
  * all, os/vm-fd-shares.ts): a process that has more threads than it may keep is sampled from the
  * threads it kept (its main thread always, then ascending tid), and from then on no thread of it is
  * added (a thread added later would bring the CPU time of its whole life into one interval): it is
- * not sampled whole until it is forgotten. docs/daemon.md, "Sampling cost".
+ * not sampled whole until it is forgotten. docs/daemon.md, "File descriptors".
  */
 import fs from 'node:fs';
 import os from 'node:os';

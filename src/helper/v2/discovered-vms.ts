@@ -1,9 +1,9 @@
 /**
  * Discovery glue: the VMs the /proc scan finds become VMs of the service. A VM is admitted when its
  * threads fit the fd budget and its owner's share of it, and its threads' files open (else deferred:
- * discovery offers it again later, and the warning is logged, rate-limited); a discovered process a client registered already only gains its name and UUID (one
- * process, one VM). Each sample refines a discovered VM's vCPU list from its threads' names, unless a
- * registrant's list stands.
+ * discovery offers it again later, and the warning is logged, rate-limited); a discovered process a
+ * client registered already only gains its name and UUID (one process, one VM). Each sample refines
+ * a discovered VM's vCPU list from its threads' names, unless a registrant's list stands.
  */
 import type { Logger } from 'pino';
 import type { LogLimiter } from '../../logging/log-limiter.js';
