@@ -17,6 +17,8 @@ import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
+import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
 
 /**
  * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
@@ -275,6 +277,22 @@ export function addV2Options(cmd: Command): void {
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
     .addOption(
       new Option(
+        '--max-discovered-vms <n>',
+        'VM processes discovery tracks at once; a uid other than root or --socket-group gets a quarter, all such uids half',
+      )
+        .argParser(positiveIntArg('--max-discovered-vms', 1 << 20))
+        .default(DEFAULT_MAX_DISCOVERED_VMS),
+    )
+    .addOption(
+      new Option(
+        '--max-vm-threads <n>',
+        'threads of one VM the sampler keeps files open for; a VM with more is sampled from these (not whole)',
+      )
+        .argParser(positiveIntArg('--max-vm-threads', 1 << 22))
+        .default(DEFAULT_MAX_VM_THREADS),
+    )
+    .addOption(
+      new Option(
         '--observer-group <group>',
         'group (name or gid) whose members see every VM and the host energy over v2 (e.g. the exporter)',
       ),
@@ -298,6 +316,8 @@ export interface V2CliOptions {
   observerGroup?: string;
   /** --domains, parsed. */
   domains?: EnergyDomain[];
+  maxDiscoveredVms?: number;
+  maxVmThreads?: number;
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
@@ -310,6 +330,8 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
   const out: V2DaemonSettings = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits, discovery: opts.discovery !== false };
   if (opts.record !== undefined) out.recordPath = opts.record;
   if (opts.domains !== undefined) out.domains = opts.domains;
+  if (opts.maxDiscoveredVms !== undefined) out.maxDiscoveredVms = opts.maxDiscoveredVms;
+  if (opts.maxVmThreads !== undefined) out.maxVmThreads = opts.maxVmThreads;
   if (opts.observerGroup !== undefined) {
     try {
       out.observerGid = group(opts.observerGroup);

@@ -112,6 +112,8 @@ export interface VmInfo {
   ended: boolean;
   /** The vCPU threads could not be told apart: vpkg 0 holds the whole VM's energy. */
   wholeVmOnly: boolean;
+  /** Not every thread of its process is sampled (over its fd share, or out of fds): its energy is a lower bound. Absent = false. */
+  notWhole?: boolean;
 }
 
 /** An OBSERVE update: the same values as a SUBSCRIBE update, named by host-wide id. */
@@ -143,6 +145,7 @@ function toVmInfo(e: VmEntry): VmInfo {
     nvpkg: e.nvpkg,
     ended: e.ended,
     wholeVmOnly: e.wholeVmOnly,
+    notWhole: e.notWhole === true,
   };
 }
 

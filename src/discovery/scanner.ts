@@ -10,6 +10,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { readProcFile } from '../os/proc-file.js';
+import { isPreferredOwner } from '../os/preferred-owner.js';
+import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../common/uid-share.js';
 import { MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
@@ -47,11 +49,31 @@ export interface ScannerOptions {
   fullRecheckEvery?: number;
   /** Thread names read from a multithreaded process not named like QEMU, looking for vCPU threads. */
   maxThreadsProbed?: number;
-  /** VM processes tracked at once; more are ignored, with a warning (default DEFAULT_MAX_DISCOVERED_VMS). */
+  /**
+   * VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS); one uid that is not a
+   * preferred owner tracks at most its share of them (common/uid-share.ts); more are not tracked,
+   * and onFull says so.
+   */
   maxDiscoveredVms?: number;
+  /** Groups whose processes are preferred owners besides root's (the daemon's --socket-group). */
+  preferredGroups?: readonly number[];
+  /** A VM process not tracked because the cap or its owner's share is full (rate-limit what it logs). */
+  onFull?: (f: DiscoveryFull) => void;
   /** Seconds since boot (CLOCK_BOOTTIME); injected by tests. */
   uptime?: () => number;
   clkTck: number;
+}
+
+/** A VM process discovery did not track: the cap, or its owner's share, was full. */
+export interface DiscoveryFull {
+  pid: number;
+  uid: number;
+  bound: ShareBound;
+  /** VMs tracked now, and by this uid. */
+  tracked: number;
+  trackedByUid: number;
+  /** What the message says to do. */
+  message: string;
 }
 
 interface Other {
@@ -59,7 +81,7 @@ interface Other {
   comm: string;
   numThreads: number;
   young: boolean;
-  /** A VM not admitted (fd budget): examined in full again at the next full recheck. */
+  /** A VM not admitted (fd budget, discovery cap or share): examined in full again at the next full recheck. */
   retry?: boolean;
   /** Carried over a restart (restore()): comm and numThreads are not known yet, only the starttime. */
   restored?: boolean;
@@ -73,6 +95,8 @@ export interface KnownProcessState {
 
 interface Known {
   starttime: number;
+  /** Who holds its discovery slot. */
+  owner: ShareOwner;
   topology: SmpTopology;
   /** tid -> comm and guest socket as last classified, from `line` (the sample's stat line; '' when from comm). */
   threads: Map<number, { comm: string; socket: number | null; line: string }>;
@@ -84,6 +108,8 @@ interface Known {
 export class ProcScanner {
   private readonly others = new Map<number, Other>();
   private readonly vms = new Map<number, Known>();
+  /** The discovery slots each uid holds (one per tracked VM). */
+  private readonly slots: UidShares;
   private scans = 0;
   private readonly youngS: number;
   private readonly fullEvery: number;
@@ -103,6 +129,7 @@ export class ProcScanner {
     this.fullEvery = Math.max(1, o.fullRecheckEvery ?? 60);
     this.maxProbe = o.maxThreadsProbed ?? 16;
     this.maxVms = o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS;
+    this.slots = new UidShares(this.maxVms);
     this.uptime = o.uptime ?? (() => readUptime(procRoot));
   }
 
@@ -212,8 +239,21 @@ export class ProcScanner {
 
   /** The VM with this pid ended (or was dropped): its pid is examined afresh at the next scan. */
   forget(pid: number): void {
-    this.vms.delete(pid);
+    this.untrack(pid);
     this.others.delete(pid);
+  }
+
+  /** VMs tracked now of `uid` (tests, the bench). */
+  trackedBy(uid: number): number {
+    return this.slots.heldBy(uid);
+  }
+
+  private untrack(pid: number): Known | undefined {
+    const k = this.vms.get(pid);
+    if (k === undefined) return undefined;
+    this.vms.delete(pid);
+    this.slots.give(k.owner, 1);
+    return k;
   }
 
   /**
@@ -221,9 +261,8 @@ export class ProcScanner {
    * examined again at the next full recheck.
    */
   defer(pid: number): void {
-    const k = this.vms.get(pid);
+    const k = this.untrack(pid);
     if (k === undefined) return;
-    this.vms.delete(pid);
     this.others.set(pid, { starttime: k.starttime, comm: '', numThreads: -1, young: false, retry: true });
   }
 
@@ -312,15 +351,22 @@ export class ProcScanner {
       const argvQemu = isQemuName(baseName(args[0]!));
       if (exe !== null ? !isQemuName(baseName(exe).replace(/ \(deleted\)$/, '')) : !(argvQemu || named)) return notVm();
     }
-    if (this.vms.size >= this.maxVms) {
-      this.cost.overLimit++;
-      return notVm();
-    }
     const uid = this.ownerUid(pid);
     if (uid === null) return notVm();
+    const owner: ShareOwner = { uid, preferred: isPreferredOwner(this.procRoot, pid, uid, this.o.preferredGroups ?? []) };
+    const slot = this.slots.room(owner);
+    if (slot.room < 1) {
+      this.cost.overLimit++;
+      this.o.onFull?.(this.full(pid, owner, slot.bound));
+      // Examined in full again at the next full recheck: a slot may be free by then.
+      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false, retry: true });
+      return null;
+    }
+    this.slots.take(owner, 1);
     const cmd = parseQemuCommandLine(args);
     const known: Known = {
       starttime: st.starttime,
+      owner,
       topology: cmd.topology,
       threads: new Map(),
       wholeVmOnly: true,
@@ -346,6 +392,20 @@ export class ProcScanner {
       threads: Math.max(st.numThreads, threads.size),
       problems: cmd.problems,
     };
+  }
+
+  private full(pid: number, owner: ShareOwner, bound: ShareBound): DiscoveryFull {
+    const byUid = this.slots.heldBy(owner.uid);
+    const grow = 'raise --max-discovered-vms to grow every share';
+    const message =
+      bound === 'capacity'
+        ? `cannot track VM process ${pid}: discovery tracks ${this.vms.size} VMs, its cap; raise --max-discovered-vms`
+        : bound === 'uid'
+          ? `cannot track VM process ${pid}: uid ${owner.uid} has ${byUid} VMs tracked, the ${shareOf(this.maxVms, UID_SHARE)} one uid may have ` +
+            `(processes of root and --socket-group are not bound by it); ${grow}`
+          : `cannot track VM process ${pid}: uids other than root and --socket-group have ${this.slots.others} VMs tracked, ` +
+            `the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together; ${grow}`;
+    return { pid, uid: owner.uid, bound, tracked: this.vms.size, trackedByUid: byUid, message };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {

@@ -50,6 +50,8 @@ export interface BookedVm {
   readonly starttime: bigint;
   source: VmInfo['source'];
   wholeVmOnly: boolean;
+  /** Not every thread of its process is sampled (the helper's LIST flag NOT_WHOLE): its energy is a lower bound. */
+  notWhole: boolean;
   /** Its id on the current connection; null until a LIST on that connection names it. */
   hostVmId: number | null;
   readonly energy: RunningTotal[];
@@ -176,6 +178,7 @@ export class EnergyBook {
         // A registration may take over a discovered VM: same id, now registered.
         bound.source = vm.source;
         bound.wholeVmOnly = vm.wholeVmOnly;
+        bound.notWhole = vm.notWhole === true;
         if (vm.ended) this.end(bound);
         continue;
       }
@@ -207,6 +210,7 @@ export class EnergyBook {
           starttime: vm.starttime,
           source: vm.source,
           wholeVmOnly: vm.wholeVmOnly,
+          notWhole: vm.notWhole === true,
           hostVmId: null,
           energy: [],
           watts: [],
@@ -218,6 +222,7 @@ export class EnergyBook {
       }
       r.source = vm.source;
       r.wholeVmOnly = vm.wholeVmOnly;
+      r.notWhole = vm.notWhole === true;
       r.hostVmId = vm.hostVmId;
       r.endedAtMs = null;
       r.seenEnded = false;

@@ -40,7 +40,7 @@ export const METRIC = {
   vmsSkipped: 'vmsr_exporter_vms_skipped',
 } as const;
 
-/** The per-VM families: labels name, uuid, pid, uid, then vpkg (energy, power) or source and whole_vm_only (info). */
+/** The per-VM families: labels name, uuid, pid, uid, then vpkg (energy, power) or source, whole_vm_only and sampled_whole (info). */
 export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily } = {
   energy: {
     name: METRIC.vmEnergy,
@@ -54,7 +54,7 @@ export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily } 
   },
   info: {
     name: METRIC.vmInfo,
-    help: 'One per VM the exporter observes: its name, UUID, pid, owner uid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM)',
+    help: 'One per VM the exporter observes: its name, UUID, pid, owner uid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM), and whether every thread of it is sampled (sampled_whole="0": over its share of the helper\'s fds, its energy is a lower bound)',
     type: 'gauge',
   },
 };

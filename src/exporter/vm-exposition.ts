@@ -42,7 +42,7 @@ interface VmText {
   base: string;
   /** `{base,vpkg="g"} ` per virtual package. */
   vpkg: string[];
-  /** `{base,source="..",whole_vm_only=".."} ` and what it was made from. */
+  /** `{base,source="..",whole_vm_only="..",sampled_whole=".."} ` and what it was made from. */
   info: string;
   infoOf: string;
 }
@@ -106,12 +106,16 @@ export class VmExposition {
     return (t.vpkg[g] ??= `{${t.base},vpkg="${g}"} `);
   }
 
-  /** source and whole_vm_only may change (a registration takes over a discovered VM): remade when they do. */
+  /**
+   * source, whole_vm_only and sampled_whole may change (a registration takes over a discovered VM, a
+   * process grows past its share): remade when they do.
+   */
   private infoText(r: BookedVm): string {
     const t = this.textOf(r);
-    const of = `${r.source}\u0000${r.wholeVmOnly ? '1' : '0'}`;
+    const whole = r.notWhole ? '0' : '1';
+    const of = `${r.source}\u0000${r.wholeVmOnly ? '1' : '0'}\u0000${whole}`;
     if (t.infoOf !== of) {
-      t.info = `{${t.base},source="${escapeLabelValue(r.source)}",whole_vm_only="${r.wholeVmOnly ? '1' : '0'}"} `;
+      t.info = `{${t.base},source="${escapeLabelValue(r.source)}",whole_vm_only="${r.wholeVmOnly ? '1' : '0'}",sampled_whole="${whole}"} `;
       t.infoOf = of;
     }
     return t.info;

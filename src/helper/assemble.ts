@@ -13,11 +13,13 @@ import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/ki
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
-import { ProcTaskReader } from '../os/proc-tasks.js';
+import { ProcTaskReader, type KeptFdLedger } from '../os/proc-tasks.js';
+import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../os/vm-fd-shares.js';
+import { shareOwnerOf } from '../os/preferred-owner.js';
 import type { HostCpu, HostInfo, Vendor } from '../ratio/types.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
-import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
+import { DEFAULT_MAX_DISCOVERED_VMS, ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import type { DaemonPlugin } from './lifecycle/config.js';
 import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
@@ -59,6 +61,8 @@ export interface V2ChainOptions {
   health?: HealthSource;
   /** The daemon's fd budget for discovered VMs. */
   fds?: FdAdmitter;
+  /** How many fds each sampled process may keep (the daemon's VmFdShares, the same object as `fds`). */
+  ledger?: KeptFdLedger;
   /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
   restore?: StateSnapshot;
   restoreWaitMs?: number;
@@ -81,7 +85,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   } catch (e) {
     throw msrErrorWithHint(e);
   }
-  const tasks = new ProcTaskReader(o.paths.procRoot);
+  const tasks = new ProcTaskReader(o.paths.procRoot, o.ledger ? { ledger: o.ledger } : {});
   let energy: EnergySource;
   try {
     energy = createEnergySource(kind, {
@@ -96,12 +100,22 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   }
   o.log.info({ source: energy.kind, domains: energy.domains }, energy.describe());
   const limiter = new LogLimiter(o.log);
-  const sampler = new Sampler(energy, tasks, undefined, (e) =>
-    limiter.warn(
-      'energy domain',
-      { domains: e.domains, err: e.message },
-      'an energy domain could not be read; the package and the other domains go on',
-    ),
+  const sampler = new Sampler(
+    energy,
+    tasks,
+    undefined,
+    (e) =>
+      limiter.warn(
+        'energy domain',
+        { domains: e.domains, err: e.message },
+        'an energy domain could not be read; the package and the other domains go on',
+      ),
+    (pid, e) =>
+      limiter.error(
+        'VM threads unreadable',
+        { vmPid: pid, err: e.message },
+        "a VM's threads could not be read: its VM ends; the others go on",
+      ),
   );
   const discovery = o.discovery
     ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck })
@@ -116,6 +130,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     forgetPid: (pid) => tasks.forget(pid),
     // A registration opens its threads' stat files at once, so running out of fds refuses it.
     openPid: (pid) => void tasks.read(pid),
+    notWhole: (pid) => tasks.notWhole(pid),
     log: o.log,
     clock: o.clock,
     ...(discovery ? { discovery, deferDiscovery: o.deferDiscovery === true } : {}),
@@ -238,6 +253,10 @@ export interface V2DaemonSettings {
   observerGid?: number;
   /** --domains, parsed. */
   domains?: readonly EnergyDomain[];
+  /** --max-discovered-vms (default DEFAULT_MAX_DISCOVERED_VMS). */
+  maxDiscoveredVms?: number;
+  /** --max-vm-threads (default DEFAULT_MAX_VM_THREADS). */
+  maxVmThreads?: number;
 }
 
 /**
@@ -285,6 +304,14 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
           { overwrite: true, fd, events },
         );
       };
+      // Processes of root and of the socket's group are preferred by the per-uid shares (common/uid-share.ts).
+      const preferredGroups = ctx.config.socketGid !== undefined ? [ctx.config.socketGid] : [];
+      const shares = new VmFdShares({
+        budget: ctx.fds,
+        maxVmThreads: o.maxVmThreads ?? DEFAULT_MAX_VM_THREADS,
+        owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
+      });
+      const limiter = new LogLimiter(log);
       const v2 = assembleV2({
         paths,
         device: ctx.device,
@@ -298,12 +325,17 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         ...(o.domains ? { domains: o.domains } : {}),
         intervalMs: o.intervalMs,
         limits: o.limits,
-        fds: ctx.fds,
+        fds: shares,
+        ledger: shares,
         log,
         // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
         // systemd restart into a restart loop.
         trace: (host) => (recordPath === undefined ? undefined : (trace = openTrace(recordPath, host))),
-        discovery: o.discovery,
+        discovery: o.discovery && {
+          ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
+          preferredGroups,
+          onFull: (f) => limiter.warn('discovery full', { vmPid: f.pid, vmUid: f.uid, bound: f.bound, tracked: f.tracked }, f.message),
+        },
         deferDiscovery: true,
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         health: ctx.health,
@@ -323,6 +355,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       ctx.onShutdown(async () => {
         await v2.close();
         await trace?.close();
+        limiter.flush();
       });
       log.info(
         {
@@ -331,6 +364,8 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
           // A setting not given is left out, not logged as null.
           ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
           discovery: o.discovery,
+          maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
+          maxVmThreads: shares.maxVmThreads,
           ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         },
         'v2 service ready',

@@ -103,8 +103,8 @@ export class FdBudget {
     return this.turn.open;
   }
 
-  /** `n` fds were admitted: counted as open until the next turn's count sees them (or not, if they were never opened). */
-  private admitted(n: number): void {
+  /** `n` fds were admitted (or granted: VmFdShares): counted as open until the next turn's count sees them (or not, if they were never opened). */
+  admitted(n: number): void {
     if (this.turn !== null) this.turn.open += n;
   }
 
@@ -114,6 +114,18 @@ export class FdBudget {
 
   get maxConnections(): number {
     return this.o.maxConnections;
+  }
+
+  /** Fds that may still be opened now beside every connection slot and the reserve (can be 0). */
+  room(): number {
+    const open = this.openNow();
+    const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
+    return Math.max(0, this.o.limit - open - freeSlots - FD_RESERVE);
+  }
+
+  /** What the VMs' fds may take in all, beside every connection and the reserve: what the per-uid shares divide. */
+  get vmCapacity(): number {
+    return Math.max(0, this.o.limit - this.o.maxConnections - FD_RESERVE);
   }
 
   /**

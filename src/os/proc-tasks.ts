@@ -11,8 +11,14 @@
  *    did not run has the same utime, stime, starttime and processor.
  * A vanished thread or process (ENOENT, ESRCH) is never an error: it is simply absent. Any other
  * failure (EMFILE when the helper is out of file descriptors, ENOMEM, ...) says nothing about the
- * process, so it is thrown as a TaskReadError: the sample fails and is retried, and the VM is never
- * taken for ended.
+ * process. It is contained to that process: a process read before goes on from the threads it kept
+ * (not sampled whole this time, see notWhole(), and tried again at the next read); only a process
+ * never read gets a TaskReadError, for the caller to refuse or put off that one VM.
+ * How many fds one process may keep is a KeptFdLedger's to say (the daemon's: per VM, per uid, in
+ * all, os/vm-fd-shares.ts): a process that has more threads than it may keep is sampled from the
+ * threads it kept (its main thread always, then ascending tid), and from then on no thread of it is
+ * added (a thread added later would bring the CPU time of its whole life into one interval): it is
+ * not sampled whole until it is forgotten. docs/daemon.md, "File descriptors".
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -130,6 +136,31 @@ interface PidState {
   gated: number;
   /** What the last read returned: handed out again while the process gate answers. */
   lastOut: Map<number, string> | null;
+  /** Over its share of fds: sampled from the threads it keeps, none added, the task directory no longer listed. */
+  frozen: boolean;
+  /** The last listing could not open every new thread (out of fds): tried again at the next read. */
+  short: boolean;
+  /** Threads the process had when last counted (its main thread's num_threads, or the last listing). */
+  listed: number;
+}
+
+/**
+ * Who says how many fds a process may keep (os/vm-fd-shares.ts). Every fd the reader keeps is
+ * granted first and released when closed.
+ */
+export interface KeptFdLedger {
+  /** How many of `n` more fds `pid` may keep now: at least `atLeast` (its main thread), at most `n`. */
+  grant(pid: number, n: number, atLeast: number): number;
+  /** `pid` closed `n` fds it was granted. */
+  release(pid: number, n: number): void;
+}
+
+/** A process not sampled whole: its threads, the ones sampled, and why. */
+export interface NotWhole {
+  threads: number;
+  sampled: number;
+  /** 'share': over what it may keep (for good); 'fds': the helper ran out of fds at its last listing. */
+  why: 'share' | 'fds';
 }
 
 export interface ProcTaskReaderOptions {
@@ -137,6 +168,8 @@ export interface ProcTaskReaderOptions {
   relistEvery?: number;
   /** Use the schedstat gate (default true); off, every thread's stat is read every time. */
   gate?: boolean;
+  /** How many fds each process may keep; absent: as many as it has threads. */
+  ledger?: KeptFdLedger;
 }
 
 /**
@@ -169,6 +202,7 @@ export class ProcTaskReader {
   private readonly gate: boolean;
   /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
   private readonly clockGate: boolean;
+  private readonly ledger: KeptFdLedger | undefined;
   /** Directory listings done so far (for tests and benchmarks). */
   listings = 0;
   readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
@@ -180,6 +214,14 @@ export class ProcTaskReader {
     this.relistEvery = Math.max(1, opts.relistEvery ?? 30);
     this.gate = opts.gate ?? true;
     this.clockGate = this.gate && pidsAreOurs(procRoot);
+    this.ledger = opts.ledger;
+  }
+
+  /** Whether `pid` was not sampled whole at its last read, and why; null when it was (or is not read). */
+  notWhole(pid: number): NotWhole | null {
+    const st = this.pids.get(pid);
+    if (st === undefined || !(st.frozen || st.short)) return null;
+    return { threads: Math.max(st.listed, st.threads.size), sampled: st.threads.size, why: st.frozen ? 'share' : 'fds' };
   }
 
   /** Number of fds held open (all pids): stat and schedstat files. */
@@ -192,16 +234,49 @@ export class ProcTaskReader {
   /**
    * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
    * Threads whose read fails mid-way (exited) are left out. When nothing changed, this is the very
-   * map the previous read returned (no allocation for an idle VM): do not modify it. Throws
-   * TaskReadError when a read fails for another reason (see the file comment).
+   * map the previous read returned (no allocation for an idle VM): do not modify it. A read that
+   * fails for another reason (see the file comment) gives the lines as last read (not whole); only
+   * for a process never read it throws TaskReadError.
    */
   read(pid: number): Map<number, string> | null {
+    try {
+      return this.readOnce(pid);
+    } catch (e) {
+      // A process read before: its lines as last read (no tick moves this interval), not whole; never one other's failure.
+      const st = this.pids.get(pid);
+      if (!(e instanceof TaskReadError) || st === undefined || st.lastOut === null) throw e;
+      st.short = true;
+      st.cpuNs = -1n;
+      return st.lastOut;
+    }
+  }
+
+  private readOnce(pid: number): Map<number, string> | null {
     if (!Number.isSafeInteger(pid) || pid <= 0) return null;
     let st = this.pids.get(pid);
     if (st === undefined) {
-      st = { pid, threads: new Map(), numThreads: -1, readsSinceList: 0, cpuNs: -1n, running: false, gated: 0, lastOut: null };
+      st = {
+        pid,
+        threads: new Map(),
+        numThreads: -1,
+        readsSinceList: 0,
+        cpuNs: -1n,
+        running: false,
+        gated: 0,
+        lastOut: null,
+        frozen: false,
+        short: false,
+        listed: 0,
+      };
       this.pids.set(pid, st);
-      if (!this.list(pid, st)) return this.gone(pid);
+      let listed: boolean;
+      try {
+        listed = this.list(pid, st);
+      } catch (e) {
+        this.forget(pid); // never read: nothing of it is kept
+        throw e;
+      }
+      if (!listed) return this.gone(pid);
     }
     // The clock first: the lines read after it are at least as new.
     const cpuNs = this.clockGate ? processCpuTimeNs(pid) : -1n;
@@ -219,6 +294,7 @@ export class ProcTaskReader {
       return this.gone(pid);
     }
     const n = statNumThreads(main);
+    if (n > 0) st.listed = n;
     st.readsSinceList++;
     let relist = n !== st.numThreads || st.readsSinceList >= this.relistEvery || st.threads.size !== n;
     // After MAX_GATED_READS answers from the process gate, every line is read (the same bound as a thread's).
@@ -244,7 +320,8 @@ export class ProcTaskReader {
       // A thread that ended may have been replaced by a new one with the count unchanged: list once more.
       if (!failed || attempt > 0) {
         st.lastOut = out;
-        st.cpuNs = failed ? -1n : cpuNs;
+        // A listing cut short (out of fds) left threads unread: no process gate until one is whole.
+        st.cpuNs = failed || st.short ? -1n : cpuNs;
         st.running = false;
         for (const t of st.threads.values()) if (t.running) st.running = true;
         return out;
@@ -258,7 +335,7 @@ export class ProcTaskReader {
   forget(pid: number): void {
     const st = this.pids.get(pid);
     if (st === undefined) return;
-    for (const t of st.threads.values()) closeThread(t);
+    for (const t of st.threads.values()) this.closeThread(pid, t);
     this.pids.delete(pid);
   }
 
@@ -349,29 +426,70 @@ export class ProcTaskReader {
   }
 
   private drop(st: PidState, tid: number, t: ThreadState): void {
-    closeThread(t);
+    this.closeThread(st.pid, t);
     st.threads.delete(tid);
   }
 
-  /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. */
+  private closeThread(pid: number, t: ThreadState): void {
+    closeQuietly(t.fd);
+    if (t.sfd >= 0) closeQuietly(t.sfd);
+    this.ledger?.release(pid, t.sfd >= 0 ? 2 : 1);
+  }
+
+  /**
+   * Syncs the open fds with /proc/<pid>/task; false when the process is gone. A process over its
+   * share (frozen) is not listed: its threads that end fail their read and are dropped then. Out of
+   * fds (EMFILE, ENFILE) with threads kept already: what this listing opened is given back, and the
+   * process goes on from the threads it had (short); with none kept, TaskReadError.
+   */
   private list(pid: number, st: PidState): boolean {
+    if (st.frozen) return st.threads.has(pid);
     this.listings++;
     st.readsSinceList = 0;
     const dir = path.join(this.procRoot, String(pid), 'task');
+    const hadThreads = st.threads.has(pid);
     let names: string[];
     try {
       names = fs.readdirSync(dir);
     } catch (e) {
       if (isGone(e)) return false;
+      if (hadThreads && isOutOfFds(e)) {
+        st.short = true;
+        return true;
+      }
       throw new TaskReadError(dir, codeOf(e));
     }
     const present = new Set<number>();
-    const opened: number[] = [];
+    const fresh: number[] = [];
     for (const name of names) {
       if (!/^\d+$/.test(name)) continue;
       const tid = Number(name);
       present.add(tid);
-      if (st.threads.has(tid)) continue;
+      if (!st.threads.has(tid)) fresh.push(tid);
+    }
+    // The main thread first (always kept: it says whether the process lives), then ascending tid.
+    fresh.sort((a, b) => (a === pid ? -1 : b === pid ? 1 : a - b));
+    const cost = (tid: number) => (this.gate && tid !== pid ? 2 : 1);
+    let granted = Infinity;
+    if (this.ledger !== undefined && fresh.length > 0) {
+      let want = 0;
+      for (const tid of fresh) want += cost(tid);
+      granted = this.ledger.grant(pid, want, fresh[0] === pid ? 1 : 0);
+    }
+    const opened: number[] = [];
+    const giveBack = () => {
+      if (this.ledger !== undefined && Number.isFinite(granted) && granted > 0) this.ledger.release(pid, granted);
+      granted = 0;
+    };
+    for (const tid of fresh) {
+      const need = cost(tid);
+      if (need > granted) {
+        // Over its share: sampled from what it keeps, for good (see the file comment).
+        st.frozen = true;
+        break;
+      }
+      granted -= need;
+      const name = String(tid);
       let file = path.join(dir, name, 'stat');
       try {
         const fd = fs.openSync(file, fs.constants.O_RDONLY);
@@ -389,27 +507,39 @@ export class ProcTaskReader {
         };
         st.threads.set(tid, t);
         opened.push(tid);
-        if (this.gate && tid !== pid) {
+        if (need === 2) {
           file = path.join(dir, name, 'schedstat');
           t.sfd = openSchedstat(file);
+          if (t.sfd < 0) this.ledger?.release(pid, 1);
         }
       } catch (e) {
+        // What was granted for this thread and not kept: all of it, or its schedstat fd's part.
+        this.ledger?.release(pid, st.threads.has(tid) ? need - 1 : need);
         if (isGone(e)) {
           const t = st.threads.get(tid);
           if (t !== undefined) this.drop(st, tid, t);
           present.delete(tid); // exited between the listing and the open
           continue;
         }
+        giveBack();
         // Out of fds (or worse): give back what this listing took, so the shortage is not ours to prolong.
         for (const o of opened) {
           const t = st.threads.get(o);
           if (t !== undefined) this.drop(st, o, t);
         }
+        if (hadThreads && isOutOfFds(e)) {
+          st.short = true;
+          st.numThreads = st.threads.size;
+          return true;
+        }
         throw new TaskReadError(file, codeOf(e));
       }
     }
+    giveBack();
+    st.short = false;
     for (const [tid, t] of st.threads) if (!present.has(tid)) this.drop(st, tid, t);
     st.numThreads = st.threads.size;
+    st.listed = present.size;
     return st.threads.has(pid) || present.size > 0;
   }
 }
@@ -475,9 +605,10 @@ function digits(b: Buffer, from: number, to: number): number {
   return v;
 }
 
-function closeThread(t: ThreadState): void {
-  closeQuietly(t.fd);
-  if (t.sfd >= 0) closeQuietly(t.sfd);
+/** EMFILE or ENFILE: this helper, or the whole system, is out of file descriptors. */
+function isOutOfFds(e: unknown): boolean {
+  const code = (e as NodeJS.ErrnoException).code;
+  return code === 'EMFILE' || code === 'ENFILE';
 }
 
 function closeQuietly(fd: number): void {

@@ -1,6 +1,6 @@
 /** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
 import { EnergyReadError, packageCounters, type EnergyReading, type EnergySource } from '../energy/energy-source.js';
-import type { ProcTaskReader } from '../os/proc-tasks.js';
+import { TaskReadError, type ProcTaskReader } from '../os/proc-tasks.js';
 import type { Sample } from '../ratio/types.js';
 import { monotonicNs } from './tick-loop.js';
 
@@ -11,6 +11,8 @@ export class Sampler {
     private readonly clock: () => bigint = monotonicNs,
     /** Told of each read where only domains other than the package failed (the sample goes on without them). */
     private readonly onDomainFailure?: (e: EnergyReadError) => void,
+    /** Told of each process whose threads could not be read at all (the sample goes on without it). */
+    private readonly onTaskFailure?: (pid: number, e: TaskReadError) => void,
   ) {}
 
   /**
@@ -19,9 +21,10 @@ export class Sampler {
    * gone is absent from `tasks`. The sample keeps each package's counter as read (what the engine and
    * traces work on), and every domain's energy when the source reads more than the package. A domain
    * other than the package that fails leaves the sample without it (onDomainFailure is told): the
-   * package goes on. Throws when the package energy cannot be read (EnergyReadError), or a /proc read
-   * fails for a reason other than the process being gone (TaskReadError, e.g. EMFILE): the sample is
-   * skipped.
+   * package goes on. Throws when the package energy cannot be read (EnergyReadError): the sample is
+   * skipped. One process's /proc failure (TaskReadError, e.g. EMFILE) never stops the others: the
+   * reader gives a process read before its lines as last read; one never read is left out of this
+   * sample (onTaskFailure is told), which the engine takes as its end.
    */
   sample(pids: Iterable<number>): Sample {
     const tNs = this.clock();
@@ -37,7 +40,14 @@ export class Sampler {
     const tasks = new Map<number, Map<number, string>>();
     for (const pid of pids) {
       if (tasks.has(pid)) continue;
-      const lines = this.tasks.read(pid);
+      let lines: Map<number, string> | null;
+      try {
+        lines = this.tasks.read(pid);
+      } catch (e) {
+        if (!(e instanceof TaskReadError)) throw e;
+        this.onTaskFailure?.(pid, e);
+        continue;
+      }
       if (lines !== null) tasks.set(pid, lines);
     }
     const s: Sample = { tNs, energy, tasks };

@@ -288,3 +288,50 @@ describe('exit_signal on the real /proc', () => {
     }
   });
 });
+
+describe('ProcScanner shares of the discovery cap', () => {
+  it('tracks at most a quarter of the cap for one uid that is not preferred, still finds a root VM after them, and says which option to raise', () => {
+    const p = new FakeProc();
+    const cap = 16;
+    const fakes = Array.from({ length: cap + 1 }, (_, i) => 1000 + i * 10);
+    for (const pid of fakes) {
+      p.process(pid, { ...qemu(`fake-${pid}`), starttime: 1000 });
+      fs.chownSync(path.join(p.root, String(pid)), 65534, 65534);
+    }
+    p.lastPid(5000);
+    const full: { pid: number; bound: string; message: string }[] = [];
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000, maxDiscoveredVms: cap, onFull: (f) => full.push(f) });
+    const found = s.scan();
+    expect(found.length).toBe(cap / 4);
+    expect(s.trackedBy(65534)).toBe(cap / 4);
+    expect(full.length).toBe(fakes.length - cap / 4);
+    expect(full[0]).toMatchObject({ bound: 'uid' });
+    expect(full[0]!.message).toMatch(/uid 65534 has 4 VMs tracked, the 4 one uid may have .*raise --max-discovered-vms/);
+
+    p.process(6000, { ...qemu('real'), starttime: 2000 }); // root's (the test's own uid)
+    p.lastPid(6010);
+    expect(s.scan().map((v) => v.name)).toEqual(['real']);
+
+    // A tracked fake that ends frees its slot: another fake takes it at the next full recheck.
+    s.forget(found[0]!.pid);
+    p.remove(found[0]!.pid);
+    expect(s.trackedBy(65534)).toBe(cap / 4 - 1);
+  });
+
+  it("a process in a preferred group is not bound by its uid's share", () => {
+    const p = new FakeProc();
+    for (const pid of [100, 110, 120]) {
+      p.process(pid, { ...qemu(`q-${pid}`), starttime: 1000 });
+      fs.chownSync(path.join(p.root, String(pid)), 64055, 64055);
+      fs.writeFileSync(
+        path.join(p.root, String(pid), 'status'),
+        'Uid:\t64055\t64055\t64055\t64055\nGid:\t64055\t64055\t64055\t64055\nGroups:\t994\n',
+      );
+    }
+    p.lastPid(200);
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000, maxDiscoveredVms: 4, preferredGroups: [994] });
+    expect(s.scan().length).toBe(3);
+    const t = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: 1000, maxDiscoveredVms: 4 });
+    expect(t.scan().length).toBe(1);
+  });
+});

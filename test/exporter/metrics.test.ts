@@ -90,8 +90,10 @@ describe('exporter metrics', () => {
     expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="1"} 0.25\n`);
     expect(body).not.toMatch(/vmsr_vm_power_watts\{[^}]*pid="4343"/); // one sample only: no power yet
     expect(body).toContain('vmsr_vm_energy_joules_total{name="",uuid="",pid="4343",uid="107",vpkg="0"} 0.0001\n');
-    expect(body).toContain(`vmsr_vm_info{${vm1},source="discovered",whole_vm_only="0"} 1\n`);
-    expect(body).toContain('vmsr_vm_info{name="",uuid="",pid="4343",uid="107",source="registered",whole_vm_only="1"} 1\n');
+    expect(body).toContain(`vmsr_vm_info{${vm1},source="discovered",whole_vm_only="0",sampled_whole="1"} 1\n`);
+    expect(body).toContain(
+      'vmsr_vm_info{name="",uuid="",pid="4343",uid="107",source="registered",whole_vm_only="1",sampled_whole="1"} 1\n',
+    );
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 10\n');
     expect(body).toContain('vmsr_host_package_energy_joules_total{package="1"} 0.5\n');
     expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="0"} 6\n');

@@ -146,7 +146,9 @@ describe('exporter with the daemon and Prometheus', () => {
     );
     const m = parseExposition(body);
     expect(energyOf(m, busy.pid)!).toBeGreaterThan(5 * energyOf(m, idle.pid)!);
-    expect(m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",uid="${UID}",source="registered",whole_vm_only="0"}`)).toBe(1);
+    expect(
+      m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",uid="${UID}",source="registered",whole_vm_only="0",sampled_whole="1"}`),
+    ).toBe(1);
     expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`)).toBeGreaterThan(1);
 
     const out = execFileSync('sh', ['-c', 'promtool check metrics 2>&1; echo "rc=$?"'], { input: body, encoding: 'utf8' });

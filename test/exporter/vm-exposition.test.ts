@@ -28,7 +28,7 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
   const info = new Gauge({
     name: VM_FAMILIES.info.name,
     help: VM_FAMILIES.info.help,
-    labelNames: [...vmLabels, 'source', 'whole_vm_only'],
+    labelNames: [...vmLabels, 'source', 'whole_vm_only', 'sampled_whole'],
     registers,
   });
   for (const r of book.exposed()) {
@@ -36,7 +36,7 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
     r.watts.forEach((w, g) => {
       if (w !== null) power.set({ ...r.labels, vpkg: String(g) }, w);
     });
-    info.set({ ...r.labels, source: r.source, whole_vm_only: r.wholeVmOnly ? '1' : '0' }, 1);
+    info.set({ ...r.labels, source: r.source, whole_vm_only: r.wholeVmOnly ? '1' : '0', sampled_whole: r.notWhole ? '0' : '1' }, 1);
   }
   return registry.metrics();
 }
@@ -113,7 +113,7 @@ describe('per-VM families rendered from cached label text', () => {
     ]);
     book.vmUpdate(upd(1, 3, [4_000_000n]));
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
-    expect(x.render('prometheus')).toMatch(/vmsr_vm_info\{name="web[^}]*source="registered",whole_vm_only="0"\} 1/);
+    expect(x.render('prometheus')).toMatch(/vmsr_vm_info\{name="web[^}]*source="registered",whole_vm_only="0",sampled_whole="1"\} 1/);
     expect(x.render('prometheus')).not.toMatch(/pid="4001",uid="0",vpkg="1"/);
   });
 });

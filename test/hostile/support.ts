@@ -116,3 +116,38 @@ export async function startExporterProcess(
 export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
+
+/** The daemon's JSON log lines (pino, one object a line); lines that are not JSON are left out. */
+export function logLines(stderr: string): Record<string, unknown>[] {
+  const out: Record<string, unknown>[] = [];
+  for (const line of stderr.split('\n')) {
+    if (!line.startsWith('{')) continue;
+    try {
+      out.push(JSON.parse(line) as Record<string, unknown>);
+    } catch {
+      /* cut mid-line */
+    }
+  }
+  return out;
+}
+
+/** Fds `holder` keeps open on files under /proc/<pid>/ (the sampler's kept stat and schedstat files of that process). */
+export function fdsOnto(holder: number, pid: number): number {
+  let n = 0;
+  const prefix = `/proc/${pid}/`;
+  for (const fd of fs.readdirSync(`/proc/${holder}/fd`)) {
+    try {
+      if (fs.readlinkSync(`/proc/${holder}/fd/${fd}`).startsWith(prefix)) n++;
+    } catch {
+      /* closed meanwhile */
+    }
+  }
+  return n;
+}
+
+/** Tasks (threads) on the host now, and the most there may be (pid_max): a test that makes thousands checks the room. */
+export function taskRoom(): { tasks: number; pidMax: number } {
+  const pidMax = Number(fs.readFileSync('/proc/sys/kernel/pid_max', 'utf8').trim());
+  const tasks = Number(fs.readFileSync('/proc/loadavg', 'utf8').split(' ')[3]!.split('/')[1]);
+  return { tasks, pidMax };
+}

@@ -14,6 +14,7 @@ import {
   encodeUnobserve,
   encodeVmList,
   utf8Cut,
+  VM_ENTRY_FIXED,
   type Frame,
   type HostValues,
   type VmEntry,
@@ -45,6 +46,7 @@ const vm = (id: number, name: string | null, extra: Partial<VmEntry> = {}): VmEn
   ended: false,
   discovered: true,
   wholeVmOnly: false,
+  notWhole: false,
   name,
   uuid: null,
   ...extra,
@@ -103,12 +105,23 @@ describe('observer requests', () => {
 describe('VM_LIST', () => {
   it('round-trips names, UUIDs and flags', () => {
     const uuid = Buffer.from('0123456789abcdef0123456789abcdef', 'hex');
-    const entries = [vm(1, 'web-1'), vm(2, null, { uuid, discovered: false, ended: true }), vm(3, 'ünïcode ☃', { wholeVmOnly: true })];
+    const entries = [
+      vm(1, 'web-1'),
+      vm(2, null, { uuid, discovered: false, ended: true }),
+      vm(3, 'ünïcode ☃', { wholeVmOnly: true }),
+      vm(4, 'big', { notWhole: true }),
+    ];
     const m = reply(encodeVmList(entries));
     if (m.type !== T.VM_LIST) throw new Error('not a VM_LIST');
     expect(m.nextId).toBe(0);
     expect(m.entries).toEqual(entries);
     expect(formatUuid(m.entries[1]!.uuid!)).toBe('01234567-89ab-cdef-0123-456789abcdef');
+  });
+
+  it("NOT_WHOLE is bit 4 of an entry's flags, alone when nothing else is set", () => {
+    const p = encodeVmList([vm(1, null, { discovered: false, notWhole: true })]);
+    // One nameless entry: the last VM_ENTRY_FIXED bytes of the frame.
+    expect(p.readUInt16LE(p.length - VM_ENTRY_FIXED + 24)).toBe(0x10);
   });
 
   it('cuts a long name at a character boundary within 255 bytes', () => {

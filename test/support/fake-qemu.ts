@@ -154,7 +154,7 @@ sys.stdin.read()
  * vCPU threads sleep for good, or with `wakeEveryMs` wake that often (as an idle guest's vCPUs do
  * for its timers) and sleep again. `firstVcpu` numbers the threads from there (`CPU <first>/KVM`
  * on); `args` replaces the QEMU-like arguments (`-name guest=farm -smp <vcpus>,sockets=2`); `uid`
- * runs the farm as that user (and group).
+ * runs the farm as that user, and `gid` (default: the same number) as that group.
  */
 export class FakeQemuFarm {
   readonly child: ChildProcess;
@@ -163,14 +163,14 @@ export class FakeQemuFarm {
   constructor(
     readonly count: number,
     readonly vcpus: number,
-    o: { wakeEveryMs?: number; firstVcpu?: number; args?: string[]; uid?: number } = {},
+    o: { wakeEveryMs?: number; firstVcpu?: number; args?: string[]; uid?: number; gid?: number } = {},
   ) {
     const args = o.args ?? ['-name', 'guest=farm', '-smp', `${vcpus},sockets=2`];
     this.child = spawn(PYTHON, ['-u', '-c', FARM_SCRIPT, String(count), String(vcpus), ...args], {
       argv0: 'qemu-system-x86_64',
       stdio: ['pipe', 'pipe', 'inherit'],
       env: { ...process.env, FAKE_WAKE_S: String((o.wakeEveryMs ?? 0) / 1000), FAKE_FIRST_VCPU: String(o.firstVcpu ?? 0) },
-      ...(o.uid !== undefined ? { uid: o.uid, gid: o.uid, cwd: '/' } : {}),
+      ...(o.uid !== undefined ? { uid: o.uid, gid: o.gid ?? o.uid, cwd: '/' } : {}),
     });
   }
 

@@ -6,6 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import { LineReader } from './line-reader.js';
+import { PYTHON } from './fake-qemu.js';
 
 const SCRIPT = `
 import sys, threading, time
@@ -49,8 +50,12 @@ export class ThreadedProcess {
   readonly child: ChildProcess;
   private readonly out: LineReader;
 
-  constructor() {
-    this.child = spawn('python3', ['-u', '-c', SCRIPT], { stdio: ['pipe', 'pipe', 'inherit'] });
+  /** `uid`/`gid`: run as that user (then with /usr/bin/python3: the PATH one may be a shim other users cannot run). */
+  constructor(o: { uid?: number; gid?: number } = {}) {
+    this.child =
+      o.uid === undefined
+        ? spawn('python3', ['-u', '-c', SCRIPT], { stdio: ['pipe', 'pipe', 'inherit'] })
+        : spawn(PYTHON, ['-u', '-c', SCRIPT], { stdio: ['pipe', 'pipe', 'inherit'], uid: o.uid, gid: o.gid ?? o.uid });
     this.out = new LineReader(this.child);
   }
 

@@ -1,9 +1,9 @@
 /**
  * Discovery glue: the VMs the /proc scan finds become VMs of the service. A VM is admitted when its
- * threads fit the fd budget (else deferred: discovery offers it again later, and the warning is
- * logged once); a discovered process a client registered already only gains its name and UUID (one
- * process, one VM). Each sample refines a discovered VM's vCPU list from its threads' names, unless a
- * registrant's list stands.
+ * threads fit the fd budget and its owner's share of it, and its threads' files open (else deferred:
+ * discovery offers it again later, and the warning is logged, rate-limited); a discovered process a
+ * client registered already only gains its name and UUID (one process, one VM). Each sample refines
+ * a discovered VM's vCPU list from its threads' names, unless a registrant's list stands.
  */
 import type { Logger } from 'pino';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
@@ -19,6 +19,8 @@ export interface DiscoveredVmsParts {
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
   fds?: FdAdmitter;
+  /** Opens what sampling the pid needs (ProcTaskReader.read); throws when it cannot (the VM is deferred). */
+  openPid?: (pid: number) => void;
   log: Logger;
   /** The limiter of the VM lines (vm-log.ts); one of its own on `log` when not given. */
   vmLog?: LogLimiter;
@@ -49,11 +51,19 @@ export class DiscoveredVms {
       registry.addDiscovered(reg.vmId, d.pid, d.starttime, d.uid, meta);
       return;
     }
-    const fit = this.p.fds?.canAdmit(d.threads);
-    if (fit && !fit.ok) {
+    const fit = this.p.fds?.canAdmit(d.threads, d.pid);
+    let err = fit && !fit.ok ? fit.error : null;
+    if (err === null && this.p.openPid) {
+      try {
+        this.p.openPid(d.pid);
+      } catch (e) {
+        err = (e as Error).message;
+      }
+    }
+    if (err !== null) {
       this.p.discovery.defer(d.pid);
       if (!this.deferred.has(d.pid))
-        this.vmLog.warn('VM discovered but not sampled', { vm: vmLogFields(d), err: fit.error }, 'VM discovered but not sampled');
+        this.vmLog.warn('VM discovered but not sampled', { vm: vmLogFields(d), err }, 'VM discovered but not sampled');
       this.deferred.add(d.pid);
       return;
     }

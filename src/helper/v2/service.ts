@@ -30,6 +30,8 @@ import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
+import { WholeVms } from './whole-vms.js';
+import type { NotWhole } from '../../os/proc-tasks.js';
 import { currentUpdate } from './vm-update.js';
 import { dispatch } from './requests/dispatch.js';
 import { HANDLERS } from './requests/table.js';
@@ -64,6 +66,8 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
    * counted, at REGISTER; throws when they cannot be (the REGISTER is refused).
    */
   openPid?: (pid: number) => void;
+  /** Whether a pid was not sampled whole at the last sample (ProcTaskReader.notWhole): LIST's NOT_WHOLE. */
+  notWhole?: (pid: number) => NotWhole | null;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
   /** Sends a reply that carries fds in one sendmsg with SCM_RIGHTS (reply.ts; the daemon wires socket-fd-sender.ts). */
@@ -174,6 +178,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   };
   const vmLog = vmLogLimiter(o.log);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
+  const limiter = new LogLimiter(o.log);
   const discovered: DiscoveredVms | undefined = o.discovery
     ? new DiscoveredVms({
         discovery: o.discovery,
@@ -182,9 +187,11 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
         fds: o.fds,
         log: o.log,
         vmLog,
+        ...(o.openPid ? { openPid: o.openPid } : {}),
         changed: () => lifecycle.markChanged(),
       })
     : undefined;
+  const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed: () => lifecycle.markChanged() }) : undefined;
 
   let waitTimer: NodeJS.Timeout | undefined;
   if (from !== null) {
@@ -263,7 +270,6 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   };
   if (o.deferDiscovery !== true) void startDiscovery();
 
-  const limiter = new LogLimiter(o.log);
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */
   let restarting = false;
   const orphaned: number[] = [];
@@ -291,6 +297,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       energy.add(ev.tNs, ev.result?.packages ?? []);
       lifecycle.ended(ev.ended);
       lifecycle.age();
+      whole?.check();
       fanOut.sample({
         update: (vmId) => currentUpdate(sampling, vmId),
         host: (perPackage) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage)),

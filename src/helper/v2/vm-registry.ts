@@ -45,9 +45,10 @@ export interface ProcView {
   threads(pid: number): number | null;
 }
 
-/** Whether a VM of so many threads still fits in the helper's file descriptors (FdBudget). */
+/** Whether a VM of so many threads still fits in the helper's file descriptors (VmFdShares, FdBudget). */
 export interface FdAdmitter {
-  canAdmit(threads: number): FdAdmission;
+  /** `pid`: the VM's process, whose owner's share is checked too (os/vm-fd-shares.ts). */
+  canAdmit(threads: number, pid?: number): FdAdmission;
   /** Whether `n` more fds for `what` fit (statistics files); absent = always. */
   canOpen?(n: number, what: string): FdAdmission;
 }
@@ -133,6 +134,8 @@ export interface VmRecord extends VmMeta {
   discovered: boolean;
   /** Samples since it ended (a discovered VM is dropped after a few, docs/protocol-v2.md). */
   endedSamples: number;
+  /** Not every thread of its process was sampled at the last sample (whole-vms.ts); not carried over a restart. */
+  notWhole?: boolean;
 }
 
 /** Who is asking, for the visibility rule (docs/protocol-v2.md "Who may see what"). */
@@ -228,7 +231,7 @@ export class VmRegistry {
     // A discovered VM is sampled already: its fds are taken. Any other needs room for its threads.
     if (d !== undefined && d.live && d.starttime === start) return ok({ spec, uid: owner_uid, attachTo: d.vmId });
     if (this.fds) {
-      const fit = this.fds.canAdmit(this.proc.threads(pid) ?? req.vcpus.length + 1);
+      const fit = this.fds.canAdmit(this.proc.threads(pid) ?? req.vcpus.length + 1, pid);
       if (!fit.ok) return no('limit', cannot(`register process ${pid}`, fit.error));
     }
     return ok({ spec, uid: owner_uid });

@@ -91,6 +91,8 @@ export const VM_FLAG = {
   /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
   WHOLE_VM_ONLY: 0x4,
   HAS_UUID: 0x8,
+  /** Not every thread of the process is sampled (over its fd share, or out of fds): its energy is a lower bound. */
+  NOT_WHOLE: 0x10,
 } as const;
 
 /** Bytes a VM name may take in a VM_LIST entry (UTF-8, cut at a character boundary). */
@@ -324,6 +326,8 @@ export interface VmEntry {
   ended: boolean;
   discovered: boolean;
   wholeVmOnly: boolean;
+  /** Not every thread of its process is sampled (VM_FLAG.NOT_WHOLE); absent = false. */
+  notWhole?: boolean;
   name: string | null;
   uuid: Buffer | null;
 }
@@ -355,6 +359,7 @@ function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   if (e.discovered) flags |= VM_FLAG.DISCOVERED;
   if (e.wholeVmOnly) flags |= VM_FLAG.WHOLE_VM_ONLY;
   if (e.uuid !== null) flags |= VM_FLAG.HAS_UUID;
+  if (e.notWhole === true) flags |= VM_FLAG.NOT_WHOLE;
   p.writeUInt16LE(flags, off + 24);
   p.writeUInt8(name.length, off + 26);
   p.writeUInt8(0, off + 27);

@@ -14,6 +14,7 @@ export const list: Handler<typeof T.LIST> = (req, conn, p) => {
     ended: !r.live,
     discovered: r.owner === null,
     wholeVmOnly: r.wholeVmOnly,
+    notWhole: r.notWhole === true,
     name: r.name,
     uuid: r.uuid,
   });

@@ -1,0 +1,47 @@
+/**
+ * Which live VMs were not sampled whole (the task reader kept fewer threads than the process has:
+ * over its fd share, or the helper out of fds; os/vm-fd-shares.ts): after each sample, each live
+ * VM's record says so (LIST's NOT_WHOLE flag), a change makes LIST worth asking again, and a VM
+ * that stops being sampled whole is logged, rate-limited.
+ */
+import type { NotWhole } from '../../os/proc-tasks.js';
+import type { LogLimiter } from '../../logging/log-limiter.js';
+import type { VmRegistry } from './vm-registry.js';
+
+export interface WholeVmsParts {
+  registry: Pick<VmRegistry, 'all'>;
+  /** The task reader's word on a pid (ProcTaskReader.notWhole). */
+  notWhole: (pid: number) => NotWhole | null;
+  limiter: Pick<LogLimiter, 'warn'>;
+  /** What LIST shows changed (VmLifecycle.markChanged). */
+  changed(): void;
+}
+
+/** The fix named in the log, per cause. */
+const FIX: Record<NotWhole['why'], string> = {
+  share:
+    "threads it started past its share of the helper's fds are not counted, until it ends: raise --max-vm-threads (one VM) or the open-file limit (LimitNOFILE=, every share)",
+  fds: 'the helper is out of file descriptors: raise its open-file limit (LimitNOFILE=, ulimit -n); sampled whole again once fds are free',
+};
+
+export class WholeVms {
+  constructor(private readonly p: WholeVmsParts) {}
+
+  /** After each sample, before its updates go out. */
+  check(): void {
+    for (const r of this.p.registry.all()) {
+      if (!r.live) continue;
+      const nw = this.p.notWhole(r.pid);
+      const now = nw !== null;
+      if (now === (r.notWhole === true)) continue;
+      r.notWhole = now;
+      this.p.changed();
+      if (nw !== null)
+        this.p.limiter.warn(
+          'VM not sampled whole',
+          { vmId: r.vmId, vmPid: r.pid, vmUid: r.uid, vmName: r.name, threads: nw.threads, sampled: nw.sampled, why: nw.why },
+          `VM not sampled whole: ${nw.sampled} of its ${nw.threads} threads are sampled, the others go to the host's unattributed energy; ${FIX[nw.why]}`,
+        );
+    }
+  }
+}

@@ -1,0 +1,37 @@
+/**
+ * Who the share rule (common/uid-share.ts) prefers: root's processes, and processes in one of the
+ * preferred groups (the daemon's --socket-group: the group every QEMU that may ask the daemon runs
+ * in, e.g. kvm or libvirt-qemu), by their real, effective or supplementary groups in
+ * /proc/<pid>/status. A process cannot join a group it is not given, so a local user cannot make its
+ * own processes preferred.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { readProcFile } from './proc-file.js';
+import { parseProcStatus } from './privileges/proc-status.js';
+import type { ShareOwner } from '../common/uid-share.js';
+
+/** Whether the process `pid`, owned by `uid`, is a preferred owner. */
+export function isPreferredOwner(procRoot: string, pid: number, uid: number, groups: readonly number[]): boolean {
+  if (uid === 0) return true;
+  if (groups.length === 0) return false;
+  let text: string;
+  try {
+    text = readProcFile(path.join(procRoot, String(pid), 'status'), 'utf8');
+  } catch {
+    return false; // gone: nothing to prefer
+  }
+  const st = parseProcStatus(text);
+  return groups.some((g) => st.gid.slice(0, 2).includes(g) || st.groups.includes(g));
+}
+
+/** The owner of `pid` (of /proc/<pid>, as discovery and REGISTER take it) for the share rule; null when the process is gone. */
+export function shareOwnerOf(procRoot: string, pid: number, groups: readonly number[]): ShareOwner | null {
+  let uid: number;
+  try {
+    uid = fs.statSync(path.join(procRoot, String(pid))).uid;
+  } catch {
+    return null;
+  }
+  return { uid, preferred: isPreferredOwner(procRoot, pid, uid, groups) };
+}

@@ -1,0 +1,112 @@
+/**
+ * The VMs' file descriptors, shared out: what each sampled process may keep open (the task reader
+ * asks before it opens, os/proc-tasks.ts KeptFdLedger) and whether a new VM fits (REGISTER,
+ * discovery). Three bounds, each from one place:
+ *  - one VM keeps the fds of at most --max-vm-threads threads (DEFAULT_MAX_VM_THREADS): one
+ *    process that grows threads cannot take the fds every other VM is sampled with;
+ *  - one uid that is not a preferred owner (os/preferred-owner.ts) holds at most its share of the
+ *    VMs' fds, and all such uids together theirs (common/uid-share.ts);
+ *  - all of them fit in the fd budget (os/fd-budget.ts): the open-file limit beside every
+ *    connection slot and the reserve.
+ * A process over a bound is sampled from the threads it keeps (not whole); a new VM that would not
+ * fit whole is not admitted, with a message that names the fix.
+ */
+import { fail } from '../common/result.js';
+import { UID_SHARE, UidShares, shareOf, type ShareOwner } from '../common/uid-share.js';
+import { MAX_VCPUS } from '../ratio/types.js';
+import type { FdAdmission, FdBudget } from './fd-budget.js';
+import { keptFds, type KeptFdLedger } from './proc-tasks.js';
+
+/** Threads of one VM whose fds are kept, by default: the most vCPUs a VM may have, and room for QEMU's other threads. */
+export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;
+
+export interface VmFdSharesOptions {
+  budget: Pick<FdBudget, 'room' | 'vmCapacity' | 'canAdmit' | 'canOpen' | 'admitted'>;
+  /** --max-vm-threads. */
+  maxVmThreads: number;
+  /** The owner of a process for the share rule; null when it is gone. */
+  owner: (pid: number) => ShareOwner | null;
+}
+
+interface Holder {
+  owner: ShareOwner;
+  fds: number;
+}
+
+/** Who a gone process counts as: nobody preferred, no uid (its opens fail and are given back at once). */
+const GONE: ShareOwner = { uid: -1, preferred: false };
+
+export class VmFdShares implements KeptFdLedger {
+  private readonly shares: UidShares;
+  private readonly holders = new Map<number, Holder>();
+  private readonly perVm: number;
+
+  constructor(private readonly o: VmFdSharesOptions) {
+    if (!Number.isSafeInteger(o.maxVmThreads) || o.maxVmThreads < 1)
+      throw new RangeError(`the most threads per VM must be a whole number >= 1, got ${o.maxVmThreads}`);
+    this.shares = new UidShares(o.budget.vmCapacity);
+    this.perVm = keptFds(o.maxVmThreads);
+  }
+
+  get maxVmThreads(): number {
+    return this.o.maxVmThreads;
+  }
+
+  /** Fds held by the processes of `uid` (tests, logs). */
+  heldBy(uid: number): number {
+    return this.shares.heldBy(uid);
+  }
+
+  /**
+   * Whether a new VM, process `pid` with `threads` threads, fits whole (up to --max-vm-threads of
+   * them): in its owner's share and in the budget.
+   */
+  canAdmit(threads: number, pid?: number): FdAdmission {
+    const kept = Math.min(Math.max(1, threads), this.o.maxVmThreads);
+    const owner = pid === undefined ? null : this.o.owner(pid);
+    if (owner !== null) {
+      const need = keptFds(kept) - (this.holders.get(pid!)?.fds ?? 0);
+      const { room, bound } = this.shares.room(owner);
+      if (need > room && bound !== 'capacity') return fail(this.shareMessage(owner, need, room, bound));
+    }
+    return this.o.budget.canAdmit(kept);
+  }
+
+  canOpen(n: number, what: string): FdAdmission {
+    return this.o.budget.canOpen(n, what);
+  }
+
+  grant(pid: number, n: number, atLeast: number): number {
+    let h = this.holders.get(pid);
+    if (h === undefined) {
+      h = { owner: this.o.owner(pid) ?? GONE, fds: 0 };
+      this.holders.set(pid, h);
+    }
+    const cap = Math.min(n, this.perVm - h.fds, this.o.budget.room());
+    const got = this.shares.take(h.owner, Math.max(0, cap), Math.min(n, atLeast));
+    this.o.budget.admitted(got);
+    h.fds += got;
+    if (h.fds === 0) this.holders.delete(pid);
+    return got;
+  }
+
+  release(pid: number, n: number): void {
+    const h = this.holders.get(pid);
+    if (h === undefined || n <= 0) return;
+    const back = Math.min(n, h.fds);
+    this.shares.give(h.owner, back);
+    h.fds -= back;
+    if (h.fds === 0) this.holders.delete(pid);
+  }
+
+  private shareMessage(owner: ShareOwner, need: number, room: number, bound: 'uid' | 'others'): string {
+    const whose =
+      bound === 'uid'
+        ? `uid ${owner.uid} holds ${this.shares.heldBy(owner.uid)} of the ${shareOf(this.shares.capacity, UID_SHARE)} fds one uid may hold`
+        : `uids other than root and --socket-group hold ${this.shares.others} of the fds they may hold together`;
+    return (
+      `not enough file descriptors in its owner's share: its threads need ${need}, ${room} are left (${whose}); ` +
+      "VMs of root or of --socket-group's members are not bound by it; raise the helper's open-file limit (LimitNOFILE=, ulimit -n) to grow every share"
+    );
+  }
+}
