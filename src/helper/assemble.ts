@@ -113,7 +113,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     (pid, e) =>
       limiter.error(
         'VM threads unreadable',
-        { vmPid: pid, err: e.message },
+        { vm: { pid }, err: e.message },
         "a VM's threads could not be read: its VM ends; the others go on",
       ),
   );
@@ -334,7 +334,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         discovery: o.discovery && {
           ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
           preferredGroups,
-          onFull: (f) => limiter.warn('discovery full', { vmPid: f.pid, vmUid: f.uid, bound: f.bound, tracked: f.tracked }, f.message),
+          onFull: (f) => limiter.warn('discovery full', { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
         },
         deferDiscovery: true,
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),

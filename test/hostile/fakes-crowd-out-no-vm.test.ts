@@ -76,9 +76,11 @@ describe('fakes of one uid', () => {
     const fakes = new Set(await farm.ready());
 
     const full = () =>
-      logLines(daemon.stderr()).find((l) => String(l.msg).includes('--max-discovered-vms') && fakes.has(l.vmPid as number));
+      logLines(daemon.stderr()).find(
+        (l) => String(l.msg).includes('--max-discovered-vms') && fakes.has((l.vm as { pid: number } | undefined)?.pid ?? -1),
+      );
     await waitFor(() => full() !== undefined, 'the warning that a fake was not tracked', daemon, 30_000);
-    expect(full()).toMatchObject({ level: 'warn', vmUid: NOBODY, bound: 'uid' });
+    expect(full()).toMatchObject({ level: 'warn', vm: { uid: NOBODY }, bound: 'uid' });
 
     const real = await rootVm('real');
     const c = await V2Client.connect(sock);
@@ -118,9 +120,11 @@ describe('fakes of one uid', () => {
     const fakes = await farm.ready();
 
     const deferred = () =>
-      logLines(daemon.stderr()).find((l) => l.msg === 'VM discovered but not sampled' && fakes.includes(l.vmPid as number));
+      logLines(daemon.stderr()).find(
+        (l) => l.msg === 'VM discovered but not sampled' && fakes.includes((l.vm as { pid: number } | undefined)?.pid ?? -1),
+      );
     await waitFor(() => deferred() !== undefined, 'a fake not sampled for want of its share', daemon, 30_000);
-    expect(deferred()).toMatchObject({ level: 'warn', vmUid: NOBODY });
+    expect(deferred()).toMatchObject({ level: 'warn', vm: { uid: NOBODY } });
     expect(String(deferred()!.err)).toMatch(/share/);
 
     const real = await rootVm('registered');

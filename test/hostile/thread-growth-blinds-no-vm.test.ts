@@ -131,7 +131,7 @@ describe('a process growing threads', () => {
     expect(vms.find((v) => v.pid === real.pid)!.notWhole).toBe(false);
     const log = logLines(daemon.stderr());
     const warned = log.find((l) => l.msg !== undefined && String(l.msg).startsWith('VM not sampled whole'));
-    expect(warned).toMatchObject({ level: 'warn', vmPid: g.child.pid, why: 'share' });
+    expect(warned).toMatchObject({ level: 'warn', vm: { pid: g.child.pid }, why: 'share' });
     expect(log.filter((l) => String(l.msg).startsWith('sampling failed'))).toEqual([]);
 
     // What it keeps is within one uid's share of the VMs' fds (the budget the daemon logged at start).

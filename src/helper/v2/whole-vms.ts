@@ -39,7 +39,7 @@ export class WholeVms {
       if (nw !== null)
         this.p.limiter.warn(
           'VM not sampled whole',
-          { vmId: r.vmId, vmPid: r.pid, vmUid: r.uid, vmName: r.name, threads: nw.threads, sampled: nw.sampled, why: nw.why },
+          { vmId: r.vmId, vm: { name: r.name, pid: r.pid, uid: r.uid }, threads: nw.threads, sampled: nw.sampled, why: nw.why },
           `VM not sampled whole: ${nw.sampled} of its ${nw.threads} threads are sampled, the others go to the host's unattributed energy; ${FIX[nw.why]}`,
         );
     }
