@@ -14,6 +14,7 @@ import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
 import { RunningTotal } from './running-total.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/vm-registry.js';
+import type { EnergySourceKind } from '../energy/kinds.js';
 
 export interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
@@ -119,6 +120,9 @@ export class EnergyBook {
    * @param nowMs the exporter's clock for retention
    * @param monotonicNs CLOCK_MONOTONIC, the daemon's sample clock (process.hrtime is the same clock)
    */
+  /** Where the daemon's energy comes from, as the exporter was told (--energy-source-note); null: not told. */
+  energySourceNote: EnergySourceKind | null = null;
+
   constructor(
     private readonly limits: BookLimits = DEFAULT_BOOK_LIMITS,
     private readonly nowMs: () => number = Date.now,
