@@ -31,7 +31,9 @@ export function shortReadMessage(cpu: number, msr: number, n: number, file: stri
     `read MSR 0x${msr.toString(16)} on CPU ${cpu}`,
     `short read (${n} bytes): ${file} is a file (not the msr driver's device), ${size}, and the register's 8 bytes would end at ` +
       `byte ${msr + 8}, so it does not hold ${describeMsr(msr)}`,
-    `a fake MSR tree must hold each register the host reads as 8 little-endian bytes at offset = MSR number of each CPU's file (${FAKE_MSR_TREE_DOC})`,
+    'a fake MSR tree must hold each register the host reads as 8 little-endian bytes at offset = MSR number of each ' +
+      "CPU's file, in the layout of the vendor the helper runs as (--vendor intel or amd; auto takes this machine's CPU) " +
+      `(${FAKE_MSR_TREE_DOC})`,
   );
 }
 

@@ -33,6 +33,8 @@ describe('short reads of a fake MSR tree', () => {
       expect(m).toContain('MSR 0xc0010299 (AMD RAPL power unit)');
       expect(m).toContain(`byte ${MSR_AMD_RAPL_POWER_UNIT + 8}`);
       expect(m).toContain(FAKE_MSR_TREE_DOC);
+      // The case of a tree written for Intel read as AMD (--vendor auto on an AMD host): the fix names --vendor.
+      expect(m).toContain('--vendor intel or amd');
     } finally {
       device.close();
       host.cleanup();
