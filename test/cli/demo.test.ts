@@ -6,6 +6,7 @@
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { DEMO_VM } from '../../src/cli/commands/demo.js';
@@ -69,6 +70,42 @@ describe('vmsr-helper demo', () => {
       await demo.stop('SIGKILL');
     }
   }, 120_000);
+
+  test('demo --no-vm --duration stops by itself, exit status 0, and removes its directory', async () => {
+    const demo = spawnHelper(['demo', '--no-vm', '--duration', '3', '--listen', '127.0.0.1:0']);
+    try {
+      // 3 s after start-up, plus start-up itself on a loaded machine: generous.
+      const code = await Promise.race([demo.exited, new Promise((r) => setTimeout(() => r('still running after 60 s'), 60_000))]);
+      expect(code, demo.stderr()).toBe(0);
+      const out = demo.stderr();
+      expect(out).toContain('no demo VM (--no-vm)');
+      expect(out).toMatch(/vmsr-helper demo: stopping \(--duration 3 s elapsed\)/);
+      const dir = path.dirname(/socket (\/\S+\/vmsr\.sock)/.exec(out)![1]!);
+      expect(fs.existsSync(dir)).toBe(false);
+    } finally {
+      await demo.stop('SIGKILL');
+    }
+  }, 90_000);
+
+  test('demo stops everything with exit status 1 naming the exporter when its port is taken', async () => {
+    const taken = net.createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+    const port = (taken.address() as net.AddressInfo).port;
+    const demo = spawnHelper(['demo', '--no-vm', '--listen', `127.0.0.1:${port}`]);
+    try {
+      const code = await Promise.race([demo.exited, new Promise((r) => setTimeout(() => r('still running after 60 s'), 60_000))]);
+      expect(code, demo.stderr()).toBe(1);
+      expect(demo.stderr()).toMatch(
+        /vmsr-helper demo: cannot start the demo's exporter: it ended \(exit code \d+\) before its HTTP port; see its lines above/,
+      );
+      expect(demo.stderr()).toMatch(/\[exporter\] .*EADDRINUSE|\[exporter\] .*in use/);
+      const dir = path.dirname(/Listening on (\/\S+\/vmsr\.sock)/.exec(demo.stderr())![1]!);
+      expect(fs.existsSync(dir)).toBe(false);
+    } finally {
+      await demo.stop('SIGKILL');
+      taken.close();
+    }
+  }, 90_000);
 
   test('demo refuses a bad --listen before starting anything', () => {
     let err = '';
