@@ -115,14 +115,13 @@ export class EnergyBook {
   };
   /** A host update arrived (host metrics exist from then on). */
   hasHost = false;
+  /** Where the daemon's energy comes from, as the exporter was told (--energy-source-note); null: not told. */
+  energySourceNote: EnergySourceKind | null = null;
 
   /**
    * @param nowMs the exporter's clock for retention
    * @param monotonicNs CLOCK_MONOTONIC, the daemon's sample clock (process.hrtime is the same clock)
    */
-  /** Where the daemon's energy comes from, as the exporter was told (--energy-source-note); null: not told. */
-  energySourceNote: EnergySourceKind | null = null;
-
   constructor(
     private readonly limits: BookLimits = DEFAULT_BOOK_LIMITS,
     private readonly nowMs: () => number = Date.now,
