@@ -115,8 +115,8 @@ export class EnergyBook {
   };
   /** A host update arrived (host metrics exist from then on). */
   hasHost = false;
-  /** Where the daemon's energy comes from, as the exporter was told (--energy-source-note); null: not told. */
-  energySourceNote: EnergySourceKind | null = null;
+  /** Where the daemon's energy comes from, as its host statistics file says; null: not said (or no file). */
+  energySource: EnergySourceKind | null = null;
 
   /**
    * @param nowMs the exporter's clock for retention

@@ -7,7 +7,6 @@ import type { Logger } from 'pino';
 import { DEFAULT_BOOK_LIMITS, EnergyBook } from './energy-book.js';
 import { startMetricsServer, METRICS_PATH } from './http-server.js';
 import type { ListenAddress } from './listen-address.js';
-import type { EnergySourceKind } from '../energy/kinds.js';
 import type { ObserverClient } from './observer-api.js';
 import { ObserverSession, type Backoff } from './observer-session.js';
 
@@ -15,8 +14,6 @@ export interface ExporterConfig {
   socketPath: string;
   listen: ListenAddress;
   maxExportedVms: number;
-  /** --energy-source-note: exported as vmsr_energy_source_info{source} (energy-source-info.ts). */
-  energySourceNote?: EnergySourceKind;
   backoff?: Backoff;
 }
 
@@ -32,9 +29,6 @@ export async function startExporter(c: ExporterConfig, connect: () => Promise<Ob
       "the exporter runs as root; it needs no privileges: run it as a user in the helper socket's group (see contrib/systemd/vmsr-helper-exporter.service)",
     );
   const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxExportedVms: c.maxExportedVms });
-  book.energySourceNote = c.energySourceNote ?? null;
-  if (c.energySourceNote === 'synthetic')
-    log.warn('the energy served is SYNTHETIC (no RAPL read): vmsr_energy_source_info{source="synthetic"} 1 says so');
   const server = await startMetricsServer(book, c.listen);
   const host = server.address.host.includes(':') ? `[${server.address.host}]` : server.address.host;
   const url = `http://${host}:${server.address.port}${METRICS_PATH}`;

@@ -211,7 +211,7 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<Reg
       this.inc(book.health.connects);
     },
   });
-  addEnergySourceInfo(registers, () => book.energySourceNote);
+  addEnergySourceInfo(registers, () => book.energySource);
   new Gauge({
     name: METRIC.vmsSkipped,
     help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',

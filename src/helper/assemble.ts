@@ -109,6 +109,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     : undefined;
   const service = createV2Service({
     host,
+    energySource: energy.kind,
     sampler,
     procRoot: o.paths.procRoot,
     intervalMs: o.intervalMs,

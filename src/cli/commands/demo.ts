@@ -184,8 +184,6 @@ export async function runDemo(o: DemoOptions): Promise<number> {
       socket,
       '--listen',
       `${listen.host.includes(':') ? `[${listen.host}]` : listen.host}:${listen.port}`,
-      '--energy-source-note',
-      'synthetic',
     ]);
     children.push(exporter);
     const url = (await exporter.waitFor(/Serving metrics on (http:\/\/\S+?\/metrics)/, 'its HTTP port'))[1]!;

@@ -2,8 +2,7 @@
  * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
  * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM; SIGHUP is logged (os/sighup.ts).
  */
-import { Option, type Command } from 'commander';
-import { ENERGY_SOURCE_KINDS, type EnergySourceKind } from '../../energy/kinds.js';
+import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
 import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
@@ -29,24 +28,11 @@ export function addExporterCommand(program: Command): void {
       '--max-vms <n>',
       `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxExportedVms})`,
       positiveIntArg('--max-vms', MAX_VMS),
-    )
-    .addOption(
-      new Option(
-        '--energy-source-note <source>',
-        'say where the daemon\'s energy comes from, as vmsr_energy_source_info{source="..."} 1 (the daemon does not tell it over v2; `demo` says synthetic)',
-      ).choices(ENERGY_SOURCE_KINDS),
     );
   addLogLevelOptions(exporter).action(async (_o: unknown, cmd: Command) => {
     // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
     // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
-    const o = commandOptions<{
-      socket?: string;
-      verbose?: boolean;
-      quiet?: boolean;
-      listen?: ListenAddress;
-      maxVms?: number;
-      energySourceNote?: EnergySourceKind;
-    }>(cmd);
+    const o = commandOptions<{ socket?: string; verbose?: boolean; quiet?: boolean; listen?: ListenAddress; maxVms?: number }>(cmd);
     const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
     const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
     const exporter = await startExporter(
@@ -54,7 +40,6 @@ export function addExporterCommand(program: Command): void {
         socketPath,
         listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN),
         maxExportedVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxExportedVms,
-        ...(o.energySourceNote !== undefined ? { energySourceNote: o.energySourceNote } : {}),
       },
       () => V2Client.connect(socketPath),
       log,
