@@ -24,9 +24,11 @@ export const DEFAULT_CHAIN_ENERGY_SOURCE: EnergySourceKind = 'msr';
  */
 export const ENERGY_SOURCE_CODE: { readonly [K in EnergySourceKind]: number } = { msr: 1, powercap: 2, synthetic: 3 };
 
-/** The kind of a code, or null for 0 and any code this version does not know. */
-export function energySourceOfCode(code: number): EnergySourceKind | null {
-  return ENERGY_SOURCE_KINDS.find((k) => ENERGY_SOURCE_CODE[k] === code) ?? null;
+/** The kind of a code as a file gives it, or null for 0, absent, and any code this version does not know. */
+export function energySourceOfCode(code: bigint | number | undefined): EnergySourceKind | null {
+  if (code === undefined || (typeof code === 'number' && !Number.isInteger(code))) return null;
+  const c = BigInt(code);
+  return ENERGY_SOURCE_KINDS.find((k) => BigInt(ENERGY_SOURCE_CODE[k]) === c) ?? null;
 }
 
 export function isEnergySourceKind(text: unknown): text is EnergySourceKind {

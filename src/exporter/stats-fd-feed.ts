@@ -83,8 +83,7 @@ export class StatsFdFeed {
     const s = this.host.read();
     this.book.hostUpdate(hostUpdateFromFile(this.host, s));
     // Hostile or newer values map to null: the series is then absent, never a guess.
-    const source = this.host.value(s, 'energy_source');
-    this.book.energySource = source !== undefined && source < 256n ? energySourceOfCode(Number(source)) : null;
+    this.book.energySource = energySourceOfCode(this.host.value(s, 'energy_source'));
     const changes = this.host.value(s, 'vm_changes') ?? 0n;
     const changed = changes !== this.lastVmChanges;
     this.lastVmChanges = changes;

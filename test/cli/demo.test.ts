@@ -56,7 +56,15 @@ describe('vmsr-helper demo', () => {
         ),
       );
       expect(body).toMatch(/^vmsr_host_package_energy_joules_total\{package="0"\} \d/m);
-      expect(out).toContain(`watch -k ${socket} --pid `);
+      // The printed watch command, run as printed: it says synthetic too (the host file's energy_source).
+      const watchArgs = new RegExp(`watch (-k ${socket} --pid \\d+ --vcpus [\\d:,]+)`).exec(out)![1]!.split(' ');
+      const table = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1'], { encoding: 'utf8', timeout: 30_000 });
+      expect(table).toMatch(/^energy: SYNTHETIC \(the helper runs with --energy-source synthetic\): not a measurement$/m);
+      const json = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1', '--json'], {
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      expect(JSON.parse(json.split('\n')[0]!)).toMatchObject({ type: 'registered', energy_source: 'synthetic' });
       expect(await demo.stop('SIGTERM')).toBe(0);
       expect(demo.stderr()).toMatch(/vmsr-helper demo: stopping \(SIGTERM received\)/);
       // No leftovers: its directory is gone, and so are the daemon, the VM and the exporter.

@@ -39,6 +39,8 @@ describe('energy source codes', () => {
   test('each kind has its own code, 0 and unknown codes give no kind', () => {
     expect(ENERGY_SOURCE_KINDS.map((k) => energySourceOfCode(ENERGY_SOURCE_CODE[k]))).toEqual([...ENERGY_SOURCE_KINDS]);
     expect(new Set(Object.values(ENERGY_SOURCE_CODE)).size).toBe(ENERGY_SOURCE_KINDS.length);
-    for (const code of [0, 4, 255, -1, 1.5, Number.NaN]) expect(energySourceOfCode(code), String(code)).toBeNull();
+    for (const code of [0, 4, 255, -1, 1.5, Number.NaN, undefined, 0n, 4n, 2n ** 64n - 1n])
+      expect(energySourceOfCode(code), String(code)).toBeNull();
+    expect(energySourceOfCode(3n)).toBe('synthetic');
   });
 });

@@ -12,6 +12,7 @@ import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
+import { statedEnergySource } from '../../client/stated-energy-source.js';
 
 export interface WatchOptions {
   socket: string;
@@ -104,16 +105,19 @@ export async function runWatch(
   if (pid === undefined || vcpus === undefined) throw new UsageError('give --qmp PATH, or --pid PID with --vcpus TID:VPKG,...');
   const client = await V2Client.connect(o.socket);
   try {
+    // Asked before REGISTER: between REGISTER and SUBSCRIBE a round trip would move the first row's baseline.
+    const source = await statedEnergySource(client);
     const reg = await client.register({ pid, vcpus });
     // The helper's t_ns is CLOCK_MONOTONIC, the same clock as hrtime here (same host, Unix socket).
     const zeroBase = (): PowerBase => ({ tNs: process.hrtime.bigint(), vpkgs: [] });
     let base: PowerBase = zeroBase();
     if (o.json) {
       out(
-        `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}"}`,
+        `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
       );
     } else {
       out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
+      if (source === 'synthetic') out('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
       out(formatHeader(reg.nvpkg));
     }
     let origin: bigint | undefined;
