@@ -60,6 +60,9 @@ describe('vmsr-helper demo', () => {
       const watchArgs = new RegExp(`watch (-k ${socket} --pid \\d+ --vcpus [\\d:,]+)`).exec(out)![1]!.split(' ');
       const table = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1'], { encoding: 'utf8', timeout: 30_000 });
       expect(table).toMatch(/^energy: SYNTHETIC \(the helper runs with --energy-source synthetic\): not a measurement$/m);
+      const once = execFileSync(process.execPath, [BIN, 'stats', '-k', socket, '--once'], { encoding: 'utf8', timeout: 30_000 });
+      expect(once.split('\n')[0]).toBe('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
+      expect(once).toMatch(/demo-vm/);
       const json = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1', '--json'], {
         encoding: 'utf8',
         timeout: 30_000,

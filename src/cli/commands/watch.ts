@@ -13,6 +13,7 @@ import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedEnergySource } from '../../client/stated-energy-source.js';
+import { energyNotice } from '../energy-notice.js';
 
 export interface WatchOptions {
   socket: string;
@@ -117,7 +118,8 @@ export async function runWatch(
       );
     } else {
       out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
-      if (source === 'synthetic') out('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
+      const notice = energyNotice(source);
+      if (notice !== null) out(notice);
       out(formatHeader(reg.nvpkg));
     }
     let origin: bigint | undefined;
