@@ -18,6 +18,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   exporter: async () => (await import('./commands/exporter.js')).addExporterCommand,
   reload: async () => (await import('./commands/reload.js')).addReloadCommand,
   stats: async () => (await import('./commands/stats.js')).addStatsCommand,
+  demo: async () => (await import('./commands/demo.js')).addDemoCommand,
 };
 
 /**

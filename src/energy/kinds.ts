@@ -18,6 +18,19 @@ export const DEFAULT_ENERGY_SOURCE: EnergySourceChoice = 'auto';
 /** The kind a service chain is built with when its caller names none (tests and the bench on MSR files). */
 export const DEFAULT_CHAIN_ENERGY_SOURCE: EnergySourceKind = 'msr';
 
+/**
+ * Each kind's number where a file says which source the daemon reads (the host statistics file's
+ * `energy_source`, docs/stats-fd.md); 0 there means "not stated". Never renumbered.
+ */
+export const ENERGY_SOURCE_CODE: { readonly [K in EnergySourceKind]: number } = { msr: 1, powercap: 2, synthetic: 3 };
+
+/** The kind of a code as a file gives it, or null for 0, absent, and any code this version does not know. */
+export function energySourceOfCode(code: bigint | number | undefined): EnergySourceKind | null {
+  if (code === undefined || (typeof code === 'number' && !Number.isInteger(code))) return null;
+  const c = BigInt(code);
+  return ENERGY_SOURCE_KINDS.find((k) => BigInt(ENERGY_SOURCE_CODE[k]) === c) ?? null;
+}
+
 export function isEnergySourceKind(text: unknown): text is EnergySourceKind {
   return (ENERGY_SOURCE_KINDS as readonly unknown[]).includes(text);
 }

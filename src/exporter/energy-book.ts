@@ -14,6 +14,7 @@ import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
 import { RunningTotal } from './running-total.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/vm-registry.js';
+import type { EnergySourceKind } from '../energy/kinds.js';
 
 export interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
@@ -121,6 +122,8 @@ export class EnergyBook {
   };
   /** A host update arrived (host metrics exist from then on). */
   hasHost = false;
+  /** Where the daemon's energy comes from, as its host statistics file says; null: not said (or no file). */
+  energySource: EnergySourceKind | null = null;
 
   /**
    * @param nowMs the exporter's clock for retention

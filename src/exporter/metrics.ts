@@ -12,6 +12,7 @@ import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client'
 import type { EnergyBook } from './energy-book.js';
 import { ujToJoules } from './running-total.js';
 import { VmExposition, type ExpositionFormat, type VmFamily } from './vm-exposition.js';
+import { addEnergySourceInfo } from './energy-source-info.js';
 
 export type { ExpositionFormat };
 
@@ -210,6 +211,7 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<Reg
       this.inc(book.health.connects);
     },
   });
+  addEnergySourceInfo(registers, () => book.energySource);
   new Gauge({
     name: METRIC.vmsSkipped,
     help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',

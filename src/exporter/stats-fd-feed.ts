@@ -7,6 +7,7 @@
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import type { EnergyBook } from './energy-book.js';
+import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
 
 const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
@@ -81,6 +82,8 @@ export class StatsFdFeed {
   readHost(): boolean {
     const s = this.host.read();
     this.book.hostUpdate(hostUpdateFromFile(this.host, s));
+    // Hostile or newer values map to null: the series is then absent, never a guess.
+    this.book.energySource = energySourceOfCode(this.host.value(s, 'energy_source'));
     const changes = this.host.value(s, 'vm_changes') ?? 0n;
     const changed = changes !== this.lastVmChanges;
     this.lastVmChanges = changes;

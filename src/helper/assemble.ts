@@ -98,7 +98,8 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   } catch (e) {
     throw msrErrorWithHint(e);
   }
-  o.log.info({ source: energy.kind, domains: energy.domains }, energy.describe());
+  // A synthetic source is no measurement: said at warning level, so a terse log (-q, journalctl -p warning) shows it too.
+  o.log[energy.kind === 'synthetic' ? 'warn' : 'info']({ source: energy.kind, domains: energy.domains }, energy.describe());
   const limiter = new LogLimiter(o.log);
   const sampler = new Sampler(
     energy,
@@ -122,6 +123,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
     : undefined;
   const service = createV2Service({
     host,
+    energySource: energy.kind,
     sampler,
     procRoot: o.paths.procRoot,
     intervalMs: o.intervalMs,

@@ -7,6 +7,35 @@ import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from '../os/errno-hints.js';
 import { errnoName, pread } from '../os/libc.js';
 import { cannot } from '../common/errors.js';
+import { describeMsr } from './registers.js';
+
+/** Where a user learns how a fake MSR tree is laid out; named by every short-read error. */
+export const FAKE_MSR_TREE_DOC = 'docs/try-it.md "A fake MSR tree"';
+
+/**
+ * Why a pread of `msr` returned `n` bytes, not 8. The msr driver never does that (it fails with EIO),
+ * so the fd is a plain file: a fake MSR tree (--msr-path) that does not reach that register's offset.
+ * Names the register, the file, its length and what it must hold. The one wording of a short read.
+ */
+export function shortReadMessage(cpu: number, msr: number, n: number, file: string, fd: number): string {
+  let size: string;
+  try {
+    const st = fs.fstatSync(fd);
+    if (st.isCharacterDevice())
+      return cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, `short read (${n} bytes) from the device ${file}`);
+    size = `${st.size} bytes long`;
+  } catch {
+    size = 'of unknown length';
+  }
+  return cannot(
+    `read MSR 0x${msr.toString(16)} on CPU ${cpu}`,
+    `short read (${n} bytes): ${file} is a file (not the msr driver's device), ${size}, and the register's 8 bytes would end at ` +
+      `byte ${msr + 8}, so it does not hold ${describeMsr(msr)}`,
+    'a fake MSR tree must hold each register the host reads as 8 little-endian bytes at offset = MSR number of each ' +
+      "CPU's file, in the layout of the vendor the helper runs as (--vendor intel or amd; auto takes this machine's CPU) " +
+      `(${FAKE_MSR_TREE_DOC})`,
+  );
+}
 
 export class MsrReadError extends Error {
   constructor(
@@ -80,7 +109,7 @@ export class MsrDevice {
       const code = errnoName(-n);
       throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, code), cpu, msr, code);
     }
-    if (n !== 8) throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, `short read (${n} bytes)`), cpu, msr);
+    if (n !== 8) throw new MsrReadError(shortReadMessage(cpu, msr, n, this.path(cpu), fd), cpu, msr);
     this.buf.copy(out, offset, 0, 8);
   }
 

@@ -16,6 +16,27 @@ export const MSR_AMD_RAPL_POWER_UNIT = 0xc0010299;
 export const MSR_AMD_CORE_ENERGY_STATUS = 0xc001029a;
 export const MSR_AMD_PKG_ENERGY_STATUS = 0xc001029b;
 
+/** What each register read here is, for messages that name a missing one. */
+const MSR_NAMES: ReadonlyMap<number, string> = new Map([
+  [MSR_RAPL_POWER_UNIT, 'Intel RAPL power unit'],
+  [MSR_PKG_POWER_LIMIT, 'Intel package power limit'],
+  [MSR_PKG_ENERGY_STATUS, 'Intel package energy status'],
+  [MSR_PKG_POWER_INFO, 'Intel package power info'],
+  [MSR_DRAM_ENERGY_STATUS, 'Intel DRAM energy status'],
+  [MSR_PP0_ENERGY_STATUS, 'Intel core (PP0) energy status'],
+  [MSR_PP1_ENERGY_STATUS, 'Intel uncore (PP1) energy status'],
+  [MSR_PLATFORM_ENERGY_STATUS, 'Intel platform (PSYS) energy status'],
+  [MSR_AMD_RAPL_POWER_UNIT, 'AMD RAPL power unit'],
+  [MSR_AMD_CORE_ENERGY_STATUS, 'AMD core energy status'],
+  [MSR_AMD_PKG_ENERGY_STATUS, 'AMD package energy status'],
+]);
+
+/** `MSR 0xc0010299 (AMD RAPL power unit)`, or `MSR 0x...` for a register without a name here. */
+export function describeMsr(msr: number): string {
+  const name = MSR_NAMES.get(msr);
+  return `MSR 0x${msr.toString(16)}${name === undefined ? '' : ` (${name})`}`;
+}
+
 /** The only MSRs a legacy (QEMU) client may ask for. */
 export const LEGACY_ALLOWED_MSRS: ReadonlySet<number> = new Set([
   MSR_RAPL_POWER_UNIT,

@@ -29,6 +29,7 @@ const fn = {
   capget: libc.func('int capget(void *hdr, void *data)'),
   capset: libc.func('int capset(void *hdr, void *data)'),
   prctl: libc.func('int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4, unsigned long arg5)'),
+  prctlName: libc.func('prctl', 'int', ['int', 'str', 'ulong', 'ulong', 'ulong']),
   setresuid: libc.func('int setresuid(uint32_t ruid, uint32_t euid, uint32_t suid)'),
   setresgid: libc.func('int setresgid(uint32_t rgid, uint32_t egid, uint32_t sgid)'),
   setgroups: libc.func('int setgroups(size_t size, void *list)'),
@@ -236,6 +237,11 @@ export function prctl(option: number, arg2 = 0, arg3 = 0, arg4 = 0, arg5 = 0): n
   const r = fn.prctl(option, arg2, arg3, arg4, arg5) as number;
   if (r < 0) throw errnoError(`prctl(${option})`);
   return r;
+}
+
+/** prctl(PR_SET_NAME): the calling thread's name (comm), cut to 15 bytes by the kernel. */
+export function setThreadName(name: string): void {
+  if ((fn.prctlName(15, name, 0, 0, 0) as number) < 0) throw errnoError('prctl(PR_SET_NAME)');
 }
 
 /** glibc broadcasts set*id to every thread of the process, so these change the whole process. */

@@ -12,6 +12,8 @@ import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
+import { statedEnergySource } from '../../client/stated-energy-source.js';
+import { energyNotice } from '../energy-notice.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 export const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -121,6 +123,8 @@ export async function runStats(
   const client = await ResumingV2Client.connect(o.socket, { onResumed: () => (resumed = true) });
   const readers = new Map<number, { vm: VmInfo; r: StatsReader }>();
   try {
+    const notice = o.json ? null : energyNotice(await statedEnergySource(client));
+    if (notice !== null) out(notice);
     for (let n = 0; ; n++) {
       if (resumed) {
         resumed = false;

@@ -17,6 +17,8 @@ import type { VcpuSpec } from '../../ratio/types.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
+import { statedEnergySource } from '../../client/stated-energy-source.js';
+import { energyNotice } from '../energy-notice.js';
 
 export interface WatchOptions {
   socket: string;
@@ -95,7 +97,7 @@ export interface VmIdentity {
 }
 
 /** `watch NAME --json`'s first line: the VM found, as LIST shows it. */
-export function formatJsonVm(vm: VmInfo): string {
+export function formatJsonVm(vm: VmInfo, energySource: string | null = null): string {
   return JSON.stringify({
     type: 'vm',
     vm_id: vm.hostVmId,
@@ -106,6 +108,7 @@ export function formatJsonVm(vm: VmInfo): string {
     source: vm.source,
     nvpkg: vm.nvpkg,
     whole_vm_only: vm.wholeVmOnly,
+    energy_source: energySource,
   });
 }
 
@@ -151,13 +154,17 @@ export async function runWatch(
     throw new UsageError('give a VM (NAME, UUID or PID), --qmp PATH, or --pid PID with --vcpus TID:VPKG,...');
   const client = await resumingClient(o, warn);
   try {
+    // Asked before REGISTER: between REGISTER and SUBSCRIBE a round trip would move the first row's baseline.
+    const source = await statedEnergySource(client);
     const reg = await client.register({ pid, vcpus });
     if (o.json) {
       out(
-        `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}"}`,
+        `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
       );
     } else {
       out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
+      const notice = energyNotice(source);
+      if (notice !== null) out(notice);
       out(formatHeader(reg.nvpkg));
     }
     await follow(o, out, signal, warn, client, {
@@ -189,9 +196,12 @@ async function observeVm(
   const client = await resumingClient(o, warn);
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
-    if (o.json) out(formatJsonVm(vm));
+    const source = await statedEnergySource(client);
+    if (o.json) out(formatJsonVm(vm, source));
     else {
       out(formatVmLine(vm));
+      const notice = energyNotice(source);
+      if (notice !== null) out(notice);
       out(formatHeader(vm.nvpkg));
     }
     await follow(o, out, signal, warn, client, {

@@ -41,6 +41,7 @@ import { fail, ok, type Result } from '../../common/result.js';
 import { cannot } from '../../common/errors.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
+import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 
 export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -48,6 +49,8 @@ export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
 export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'prepare' | 'inspect'> {
   host: HostInfo;
+  /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
+  energySource?: EnergySourceKind;
   engine?: Engine;
   procRoot: string;
   limits: V2Limits;
@@ -240,6 +243,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     ...(o.fds ? { fds: o.fds } : {}),
     log: o.log,
     clock: o.clock ?? monotonicNs,
+    ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
   });
 
   const parts: RequestParts = {

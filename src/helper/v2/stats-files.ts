@@ -34,6 +34,8 @@ export interface StatsFilesParts {
   log: Logger;
   /** CLOCK_MONOTONIC now, the loop's clock (for the realtime of a sample). */
   clock: () => bigint;
+  /** The energy source's code for the host file (ENERGY_SOURCE_CODE); 0 when the caller does not say. */
+  energySourceCode?: number;
 }
 
 /** A refusal, with the v2 error code it is answered with. */
@@ -243,6 +245,7 @@ export class StatsFiles {
       unattributedUj: v.unattributedUj,
       vmChanges: this.vmChanges,
       ...v.stats,
+      energySource: this.p.energySourceCode ?? 0,
     };
     h.block.write((b) => writeHostStats(b, values));
   }

@@ -38,6 +38,8 @@ export function hostStatsLayout(daemonPid: number, npkg: number): StatsLayout {
     one('unattributed_energy', C | UJ, -6),
     one('last_sample_duration', I | STATS_UNIT.SECONDS | STATS_BASE.POW10, -9),
     ...COUNTERS.map(([name, type]) => one(name, type | STATS_UNIT.NONE)),
+    // Added after the others: a reader that does not know it skips it (descriptors name their values).
+    one('energy_source', I | STATS_UNIT.NONE),
   ];
   return planStatsLayout(hostStatsId(daemonPid), descs);
 }
@@ -55,6 +57,8 @@ export interface HostStatsValues extends SampleTimes {
   vmChanges: bigint;
   connections: number;
   vms: number;
+  /** Which energy source the daemon reads, as a code (energy/kinds.ts ENERGY_SOURCE_CODE); 0: not stated. */
+  energySource: number;
 }
 
 export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
@@ -77,4 +81,5 @@ export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
   b.setBig(b.slot('vm_changes'), v.vmChanges);
   b.setNumber(b.slot('connections'), v.connections);
   b.setNumber(b.slot('vms'), v.vms);
+  b.setNumber(b.slot('energy_source'), v.energySource);
 }

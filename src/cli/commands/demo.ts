@@ -1,0 +1,228 @@
+/**
+ * `vmsr-helper demo`: the whole chain on any Linux box, no RAPL needed: the daemon on the synthetic
+ * energy source, the exporter, and a demo VM (cli/demo/demo-vm.ts) that discovery takes for a QEMU,
+ * each a child process, in a temporary directory removed at the end. Every output says the energy
+ * is synthetic: the banner, the daemon's warning, the exporter's vmsr_energy_source_info series.
+ * docs/try-it.md.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Command } from 'commander';
+import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
+import { formatPrettyLine } from '../../logging/logger.js';
+import { cannot } from '../../common/errors.js';
+import { listenAddressArg, secondsArg } from '../options.js';
+
+/** The demo VM's identity, as its QEMU-like command line gives it to discovery. */
+export const DEMO_VM = { name: 'demo-vm', uuid: '00000000-0000-4000-8000-00000000de70', vcpus: 2 } as const;
+/** How long each child may take to come up, and to stop after SIGTERM before SIGKILL. */
+const START_TIMEOUT_MS = 30_000;
+const STOP_TIMEOUT_MS = 10_000;
+/** The longest --duration. */
+const MAX_DURATION_S = 7 * 24 * 3600;
+
+interface DemoOptions {
+  listen?: ListenAddress;
+  vm: boolean;
+  duration?: number;
+}
+
+export function addDemoCommand(program: Command): void {
+  program
+    .command('demo')
+    .description(
+      'try the whole chain without RAPL: the daemon on SYNTHETIC energy, the exporter and a demo VM, in a temporary directory, until Ctrl-C',
+    )
+    .option(
+      '--listen <host:port>',
+      `where the exporter serves /metrics (default ${DEFAULT_LISTEN}; port 0: any free port)`,
+      listenAddressArg,
+    )
+    .option('--no-vm', 'start no demo VM (the daemon still discovers the QEMU processes of this host)')
+    .option(
+      '--duration <s>',
+      'stop by itself after S seconds (default: until Ctrl-C or SIGTERM)',
+      secondsArg('--duration', { max: MAX_DURATION_S }),
+    )
+    .action(async (_o: unknown, cmd: Command) => {
+      process.exitCode = await runDemo(cmd.opts<DemoOptions>());
+    });
+}
+
+/** A child whose stderr (and stdout) lines go to ours, prefixed, pino records made readable. */
+class Child {
+  readonly proc: ChildProcess;
+  readonly exited: Promise<string>;
+  private readonly waiters: { match: RegExp; resolve: (m: RegExpMatchArray) => void }[] = [];
+
+  constructor(
+    readonly label: string,
+    command: string[],
+    env: NodeJS.ProcessEnv = process.env,
+  ) {
+    this.proc = spawn(command[0]!, command.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env });
+    for (const stream of [this.proc.stdout!, this.proc.stderr!]) {
+      let rest = '';
+      stream.setEncoding('utf8');
+      stream.on('data', (d: string) => {
+        const lines = (rest + d).split('\n');
+        rest = lines.pop()!;
+        for (const l of lines) this.line(l);
+      });
+    }
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, sig) => resolve(sig ?? `exit code ${code}`)));
+  }
+
+  /** The first line of its output matching `match`, or a failure when it exits first or after `ms`. */
+  waitFor(match: RegExp, what: string, ms = START_TIMEOUT_MS): Promise<RegExpMatchArray> {
+    return new Promise((resolve, reject) => {
+      const t = setTimeout(
+        () => reject(new Error(cannot(`start the demo's ${this.label}`, `no ${what} within ${ms / 1000} s`, 'see its lines above'))),
+        ms,
+      );
+      this.waiters.push({
+        match,
+        resolve: (m) => {
+          clearTimeout(t);
+          resolve(m);
+        },
+      });
+      void this.exited.then((how) => {
+        clearTimeout(t);
+        reject(new Error(cannot(`start the demo's ${this.label}`, `it ended (${how}) before ${what}`, 'see its lines above')));
+      });
+    });
+  }
+
+  async stop(): Promise<void> {
+    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+    this.proc.kill('SIGTERM');
+    const t = setTimeout(() => this.proc.kill('SIGKILL'), STOP_TIMEOUT_MS);
+    await this.exited;
+    clearTimeout(t);
+  }
+
+  private line(l: string): void {
+    let text = l;
+    if (l.startsWith('{')) {
+      try {
+        text = formatPrettyLine(l).trimEnd();
+      } catch {
+        /* not a log record: as it is */
+      }
+    }
+    if (this.label !== 'demo VM') process.stderr.write(`[${this.label}] ${text}\n`);
+    for (const [i, w] of this.waiters.entries()) {
+      const m = w.match.exec(l);
+      if (m) {
+        this.waiters.splice(i, 1);
+        w.resolve(m);
+        break;
+      }
+    }
+  }
+}
+
+/** Runs the demo until a signal or --duration; the exit code. */
+export async function runDemo(o: DemoOptions): Promise<number> {
+  const script = process.argv[1]!;
+  const node = [process.execPath, script];
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-demo-'));
+  const socket = path.join(dir, 'vmsr.sock');
+  const listen = o.listen ?? parseListenAddress(DEFAULT_LISTEN);
+  const children: Child[] = [];
+  let stopping: ((why: string) => void) | null = null;
+  const stopped = new Promise<string>((resolve) => (stopping = resolve));
+  const onSignal = (sig: string) => stopping!(`${sig} received`);
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  let code = 0;
+  try {
+    process.stderr.write(
+      'vmsr-helper demo: the energy is SYNTHETIC (no RAPL register is read): per package 20 W idle + 40 W x the busy share of its CPUs, from /proc/stat\n',
+    );
+    // The daemon: synthetic energy; this user's group may observe every VM, so the exporter (same user) sees the host too.
+    const daemon = new Child('daemon', [
+      ...node,
+      '--energy-source',
+      'synthetic',
+      '-k',
+      socket,
+      '-f',
+      path.join(dir, 'vmsr.pid'),
+      '--observer-group',
+      String(process.getgid!()),
+    ]);
+    children.push(daemon);
+    await Promise.race([daemon.waitFor(/Listening on /, 'its socket'), stopped.then((why) => Promise.reject(new Error(why)))]);
+
+    let vm: { pid: number; tids: number[] } | null = null;
+    if (o.vm) {
+      const vmScript = fileURLToPath(new URL('../demo/demo-vm.js', import.meta.url));
+      const child = new Child('demo VM', [
+        process.execPath,
+        vmScript,
+        '-name',
+        `${DEMO_VM.name},debug-threads=on`,
+        '-uuid',
+        DEMO_VM.uuid,
+        '-smp',
+        `${DEMO_VM.vcpus},sockets=${DEMO_VM.vcpus}`,
+      ]);
+      children.push(child);
+      const ready = await child.waitFor(/^ready ((?:\d+ ?)+)$/, 'its vCPU threads');
+      vm = { pid: child.proc.pid!, tids: ready[1]!.trim().split(' ').map(Number) };
+    }
+
+    const exporter = new Child('exporter', [
+      ...node,
+      'exporter',
+      '--socket',
+      socket,
+      '--listen',
+      `${listen.host.includes(':') ? `[${listen.host}]` : listen.host}:${listen.port}`,
+    ]);
+    children.push(exporter);
+    const url = (await exporter.waitFor(/Serving metrics on (http:\/\/\S+?\/metrics)/, 'its HTTP port'))[1]!;
+
+    const me = path.basename(script) === 'vmsr-helper' ? 'vmsr-helper' : `${process.execPath} ${script}`;
+    const lines = [
+      '',
+      'vmsr-helper demo is running, on SYNTHETIC energy (not a measurement):',
+      `  daemon    pid ${daemon.proc.pid}, socket ${socket}`,
+      `  exporter  ${url}   (vmsr_energy_source_info{source="synthetic"} 1)`,
+      vm
+        ? `  demo VM   pid ${vm.pid}, "${DEMO_VM.name}", ${DEMO_VM.vcpus} vCPUs in ${DEMO_VM.vcpus} virtual packages: vCPU 0 busy half the time, vCPU 1 idle`
+        : '  no demo VM (--no-vm)',
+      'Look at it from another terminal:',
+      `  ${me} stats -k ${socket}`,
+      ...(vm ? [`  ${me} watch -k ${socket} ${vm.pid}`] : []),
+      `  curl -s ${url} | grep -E '^vmsr_(energy_source_info|vm_power_watts|host_package_energy)'`,
+      `Ctrl-C (or SIGTERM to pid ${process.pid}) stops all three and removes ${dir}.`,
+      '',
+    ];
+    process.stdout.write(lines.join('\n') + '\n');
+
+    const timer = o.duration !== undefined ? setTimeout(() => stopping!(`--duration ${o.duration} s elapsed`), o.duration * 1000) : null;
+    const ended = children.map((c) => c.exited.then((how) => `the demo's ${c.label} ended (${how})`));
+    const why = await Promise.race([stopped, ...ended.map((p) => p.then((w) => Promise.reject(new Error(w))))]);
+    if (timer) clearTimeout(timer);
+    process.stderr.write(`vmsr-helper demo: stopping (${why})\n`);
+  } catch (e) {
+    const message = (e as Error).message;
+    if (!/ received$/.test(message)) {
+      process.stderr.write(`vmsr-helper demo: ${message}\n`);
+      code = 1;
+    }
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    // The exporter first (it would log the daemon's going), then the VM, then the daemon.
+    for (const c of [...children].reverse()) await c.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  return code;
+}

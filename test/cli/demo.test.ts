@@ -1,0 +1,167 @@
+/**
+ * `vmsr-helper demo` for real: the built binary starts the daemon on synthetic energy, the exporter
+ * and the demo VM; a scrape shows the VM found by discovery and the synthetic marker; SIGTERM stops
+ * all three and leaves nothing behind. And the fake MSR tree recipe of docs/try-it.md, run as it is
+ * written, is one the daemon starts on.
+ */
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { describe, expect, test } from 'vitest';
+import { DEMO_VM } from '../../src/cli/commands/demo.js';
+import { BIN, ROOT, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { pollFor } from '../support/wait.js';
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+describe('vmsr-helper demo', () => {
+  test('demo serves a discovered demo VM on synthetic energy, says so everywhere, and stops cleanly on SIGTERM', async () => {
+    const before = new Set(fs.readdirSync('/tmp').filter((f) => f.startsWith('vmsr-demo-')));
+    const demo = spawnHelper(['demo', '--listen', '127.0.0.1:0']);
+    try {
+      // Generous: the machine is shared; start-up (three Node processes) takes 2 to 5 s when idle.
+      await waitFor(() => /Ctrl-C/.test(demo.stderr()), 'the banner', demo, 60_000);
+      const out = demo.stderr();
+      const url = /exporter {2}(http:\/\/127\.0\.0\.1:\d+\/metrics)/.exec(out)![1]!;
+      const socket = /socket (\/\S+\/vmsr\.sock)/.exec(out)![1]!;
+      const dir = path.dirname(socket);
+      expect(fs.existsSync(socket)).toBe(true);
+      const pids = [...out.matchAll(/pid (\d+)/g)].map((m) => Number(m[1]));
+      // The energy is called synthetic by the demo itself and by the daemon's warning (the exporter: below).
+      expect(out).toMatch(/vmsr-helper demo: the energy is SYNTHETIC/);
+      expect(out).toMatch(/\[daemon\] .* WARN {2}\[v2\] energy counters SYNTHESISED/);
+      // Discovery finds the demo VM (within two intervals) and the exporter serves it with the marker.
+      const body = await pollFor(
+        async () => {
+          const text = await (await fetch(url)).text();
+          return /^vmsr_vm_power_watts\{name="demo-vm".*vpkg="1"\} /m.test(text) ? text : undefined;
+        },
+        'the demo VM in a scrape',
+        () => demo.stderr(),
+        60_000,
+      );
+      expect(body).toMatch(/^vmsr_energy_source_info\{source="synthetic"\} 1$/m);
+      expect(body).toMatch(
+        new RegExp(
+          `^vmsr_vm_info\\{name="${DEMO_VM.name}",uuid="${DEMO_VM.uuid}",pid="\\d+",uid="\\d+",source="discovered",whole_vm_only="0",sampled_whole="1"\\} 1$`,
+          'm',
+        ),
+      );
+      expect(body).toMatch(/^vmsr_host_package_energy_joules_total\{package="0"\} \d/m);
+      // The printed watch command, run as printed: it says synthetic too (the host file's energy_source).
+      const watchArgs = new RegExp(`watch (-k ${socket} \\S+)`).exec(out)![1]!.split(' ');
+      const table = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1'], { encoding: 'utf8', timeout: 30_000 });
+      expect(table).toMatch(/^energy: SYNTHETIC \(the helper runs with --energy-source synthetic\): not a measurement$/m);
+      const once = execFileSync(process.execPath, [BIN, 'stats', '-k', socket, '--once'], { encoding: 'utf8', timeout: 30_000 });
+      expect(once.split('\n')[0]).toBe('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
+      expect(once).toMatch(/demo-vm/);
+      const json = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1', '--json'], {
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
+      expect(JSON.parse(json.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
+      expect(await demo.stop('SIGTERM')).toBe(0);
+      expect(demo.stderr()).toMatch(/vmsr-helper demo: stopping \(SIGTERM received\)/);
+      // No leftovers: its directory is gone, and so are the daemon, the VM and the exporter.
+      expect(fs.existsSync(dir)).toBe(false);
+      expect(pids.length).toBeGreaterThanOrEqual(2);
+      for (const pid of pids) expect(alive(pid), `pid ${pid}`).toBe(false);
+      const after = fs.readdirSync('/tmp').filter((f) => f.startsWith('vmsr-demo-') && !before.has(f));
+      expect(after).toEqual([]);
+    } finally {
+      await demo.stop('SIGTERM');
+    }
+  }, 120_000);
+
+  test('demo --no-vm --duration stops by itself, exit status 0, and removes its directory', async () => {
+    const demo = spawnHelper(['demo', '--no-vm', '--duration', '3', '--listen', '127.0.0.1:0']);
+    try {
+      // 3 s after start-up, plus start-up itself on a loaded machine: generous.
+      const code = await Promise.race([demo.exited, new Promise((r) => setTimeout(() => r('still running after 60 s'), 60_000))]);
+      expect(code, demo.stderr()).toBe(0);
+      const out = demo.stderr();
+      expect(out).toContain('no demo VM (--no-vm)');
+      expect(out).toMatch(/vmsr-helper demo: stopping \(--duration 3 s elapsed\)/);
+      const dir = path.dirname(/socket (\/\S+\/vmsr\.sock)/.exec(out)![1]!);
+      expect(fs.existsSync(dir)).toBe(false);
+    } finally {
+      await demo.stop('SIGTERM');
+    }
+  }, 90_000);
+
+  test('demo stops everything with exit status 1 naming the exporter when its port is taken', async () => {
+    const taken = net.createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+    const port = (taken.address() as net.AddressInfo).port;
+    const demo = spawnHelper(['demo', '--no-vm', '--listen', `127.0.0.1:${port}`]);
+    try {
+      const code = await Promise.race([demo.exited, new Promise((r) => setTimeout(() => r('still running after 60 s'), 60_000))]);
+      expect(code, demo.stderr()).toBe(1);
+      expect(demo.stderr()).toMatch(
+        /vmsr-helper demo: cannot start the demo's exporter: it ended \(exit code \d+\) before its HTTP port; see its lines above/,
+      );
+      expect(demo.stderr()).toMatch(/\[exporter\] .*EADDRINUSE|\[exporter\] .*in use/);
+      const dir = path.dirname(/Listening on (\/\S+\/vmsr\.sock)/.exec(demo.stderr())![1]!);
+      expect(fs.existsSync(dir)).toBe(false);
+    } finally {
+      await demo.stop('SIGTERM');
+      taken.close();
+    }
+  }, 90_000);
+
+  test('demo refuses a bad --listen before starting anything', () => {
+    let err = '';
+    try {
+      execFileSync(process.execPath, [BIN, 'demo', '--listen', 'nowhere'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+    } catch (e) {
+      err = (e as { stderr: string }).stderr;
+    }
+    expect(err).toMatch(/--listen/);
+    expect(err).not.toMatch(/SYNTHETIC/);
+  });
+
+  test('the fake MSR tree recipe of docs/try-it.md builds a tree the daemon starts on with --vendor amd', async () => {
+    const doc = fs.readFileSync(path.join(ROOT, 'docs/try-it.md'), 'utf8');
+    const section = doc.slice(doc.indexOf('## A fake MSR tree'));
+    const block = /```sh\n([\s\S]*?)```/.exec(section)![1]!;
+    const lines = block.trimEnd().split('\n');
+    const start = lines.pop()!;
+    expect(start).toMatch(/^vmsr-helper --msr-path "\$D\/dev\/cpu\/%u\/msr" --sys-root \$D\/sys --vendor amd /);
+    const dir = tempDir();
+    try {
+      execFileSync('sh', ['-ec', lines.join('\n')], { cwd: dir });
+      const msr = path.join(dir, 'fake/dev/cpu/1/msr');
+      expect(fs.statSync(msr).size).toBe(0xc001029b + 8);
+      const D = path.join(dir, 'fake');
+      const child = spawnHelper([
+        '--msr-path',
+        `${D}/dev/cpu/%u/msr`,
+        '--sys-root',
+        `${D}/sys`,
+        '--vendor',
+        'amd',
+        '-k',
+        `${dir}/s.sock`,
+        '-f',
+        `${dir}/pid`,
+      ]);
+      try {
+        await waitFor(() => /Listening on/.test(child.stderr()), 'the daemon listening', child, 30_000);
+        expect(child.stderr()).toMatch(/energy counters read from RAPL MSRs: package 0xc001029b \(15\.26 µJ\)/);
+        expect(await child.stop('SIGTERM')).toBe(0);
+      } finally {
+        await child.stop('SIGKILL');
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
+});

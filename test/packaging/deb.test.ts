@@ -1,0 +1,228 @@
+/**
+ * The Debian package of `npm run package:deb` (scripts/package-deb.sh), built from a packed tarball,
+ * checked as dpkg sees it (control fields, file list, owners and modes), unpacked into a fresh root
+ * where the command runs and `systemd-analyze verify --root` checks the installed units, and its
+ * maintainer scripts parsed and run with the system tools they call replaced by recorders (running
+ * them for real would change this machine: a system group, enabled units).
+ */
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { ROOT, tempDir } from '../daemon/support/daemon-process.js';
+import { missing } from '../support/env.js';
+import { packTarball } from './support/packed.js';
+
+const UNITS = ['qemu-vmsr-helper.socket', 'qemu-vmsr-helper.service', 'vmsr-helper-exporter.service'];
+const SCRIPTS = ['postinst', 'prerm', 'postrm'];
+const LIB = 'usr/lib/vmsr-helper';
+
+function run(cmd: string, args: string[], env?: NodeJS.ProcessEnv): string {
+  return execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
+}
+
+describe('the Debian package', () => {
+  const why = missing({ command: 'npm' }) ?? missing({ command: 'dpkg-deb' }) ?? missing({ command: 'dpkg' });
+  let dir = '';
+  let deb = '';
+  let root = '';
+
+  beforeAll(() => {
+    if (why) return;
+    dir = tempDir('vmsr-deb-');
+    const tarball = packTarball(dir);
+    deb = run('sh', [path.join(ROOT, 'scripts/package-deb.sh'), '--tarball', tarball, '--out', dir])
+      .trim()
+      .split('\n')
+      .at(-1)!;
+    root = path.join(dir, 'root');
+    run('dpkg', ['-x', deb, root]);
+  }, 300_000);
+  afterAll(() => {
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('npm run package:deb runs the script this file runs', () => {
+    const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> };
+    expect(pkg.scripts['package:deb']).toBe('sh scripts/package-deb.sh');
+  });
+
+  test('its control names the version, this architecture and Node 20 or newer, and /etc/default/vmsr-helper is a conffile', (ctx) => {
+    if (why) return ctx.skip(why);
+    const version = (JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
+    const arch = run('dpkg', ['--print-architecture']).trim();
+    expect(path.basename(deb)).toBe(`vmsr-helper_${version}_${arch}.deb`);
+    const field = (f: string) => run('dpkg-deb', ['-f', deb, f]).trim();
+    expect(field('Package')).toBe('vmsr-helper');
+    expect(field('Version')).toBe(version);
+    expect(field('Architecture')).toBe(arch);
+    expect(field('Depends')).toBe('nodejs (>= 20), passwd');
+    expect(Number(field('Installed-Size'))).toBeGreaterThan(1000);
+    const info = run('dpkg-deb', ['-I', deb]);
+    for (const s of SCRIPTS) expect(info, s).toMatch(new RegExp(`\\b${s}\\s+#!/bin/sh`));
+    expect(run('dpkg-deb', ['--ctrl-tarfile', deb]).length).toBeGreaterThan(0);
+    const control = path.join(dir, 'control');
+    run('dpkg-deb', ['-e', deb, control]);
+    expect(fs.readFileSync(path.join(control, 'conffiles'), 'utf8')).toBe('/etc/default/vmsr-helper\n');
+  });
+
+  test('its files are owned by root with the modes Debian expects, and hold production modules only', (ctx) => {
+    if (why) return ctx.skip(why);
+    const list = run('dpkg-deb', ['-c', deb])
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => {
+        const [mode, owner, , , , ...rest] = l.split(/\s+/);
+        return {
+          mode: mode!,
+          owner: owner!,
+          name: rest
+            .join(' ')
+            .replace(/^\.\//, '')
+            .replace(/ -> .*$/, ''),
+        };
+      });
+    const byName = new Map(list.map((e) => [e.name, e]));
+    expect(list.filter((e) => e.owner !== 'root/root')).toEqual([]);
+    expect(byName.get('usr/bin/vmsr-helper')?.mode).toBe('lrwxrwxrwx');
+    expect(byName.get(`${LIB}/dist/src/bin/vmsr-helper.js`)?.mode).toBe('-rwxr-xr-x');
+    for (const u of UNITS) expect(byName.get(`etc/systemd/system/${u}`)?.mode, u).toBe('-rw-r--r--');
+    expect(byName.get('etc/default/vmsr-helper')?.mode).toBe('-rw-r--r--');
+    expect(byName.get('usr/share/doc/vmsr-helper/copyright')?.mode).toBe('-rw-r--r--');
+    expect(byName.has('usr/share/doc/vmsr-helper/docs/try-it.md')).toBe(true);
+    expect(list.filter((e) => e.mode.startsWith('d') && e.mode !== 'drwxr-xr-x')).toEqual([]);
+    expect(list.filter((e) => /(^|\/)(test|bench)\//.test(e.name) && !e.name.includes('/node_modules/'))).toEqual([]);
+    for (const dev of ['typescript', 'vitest', 'eslint', 'prettier', 'fast-check', '@types/node']) {
+      expect(byName.has(`${LIB}/node_modules/${dev}/`), dev).toBe(false);
+    }
+    for (const dep of ['koffi', 'pino', 'commander', 'prom-client'])
+      expect(byName.has(`${LIB}/node_modules/${dep}/package.json`), dep).toBe(true);
+  });
+
+  test('unpacked into a fresh root, its command runs from there with its own modules', (ctx) => {
+    if (why) return ctx.skip(why);
+    const bin = path.join(root, 'usr/bin/vmsr-helper');
+    expect(fs.realpathSync(bin)).toBe(path.join(fs.realpathSync(root), LIB, 'dist/src/bin/vmsr-helper.js'));
+    expect(run(bin, ['--version']).trim()).toMatch(/^vmsr-helper \d+\.\d+\.\d+/);
+    expect(run(bin, ['--help'])).toMatch(/^Usage: vmsr-helper/m);
+    // koffi's native part loads (the replay of the bundled trace needs none, the daemon's libc calls do).
+    expect(run(bin, ['replay'])).toMatch(/vm-spin/);
+    const s = tempDir();
+    try {
+      const out = execFileSync(bin, ['--energy-source', 'synthetic', '-k', `${s}/s.sock`, '-f', `${s}/pid`], {
+        encoding: 'utf8',
+        timeout: 3000,
+        killSignal: 'SIGTERM',
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      expect(out).toBe('');
+    } catch (e) {
+      // Ended by the timeout's SIGTERM after it served: its log says it listened.
+      const err = e as { stderr?: string; signal?: string };
+      expect(err.stderr ?? '', String(e)).toContain(`Listening on ${s}/s.sock`);
+    } finally {
+      fs.rmSync(s, { recursive: true, force: true });
+    }
+  });
+
+  test('the installed units read the default file, whose options reach ExecStart', (ctx) => {
+    if (why) return ctx.skip(why);
+    const helper = fs.readFileSync(path.join(root, 'etc/systemd/system/qemu-vmsr-helper.service'), 'utf8');
+    const exporter = fs.readFileSync(path.join(root, 'etc/systemd/system/vmsr-helper-exporter.service'), 'utf8');
+    for (const u of [helper, exporter]) expect(u).toMatch(/^\[Service\]\n#.*\nEnvironmentFile=-\/etc\/default\/vmsr-helper$/m);
+    expect(helper).toMatch(/^ExecStart=vmsr-helper \$VMSR_HELPER_OPTS$/m);
+    expect(exporter).toMatch(/^ExecStart=vmsr-helper exporter .* \$VMSR_EXPORTER_OPTS$/m);
+    // Otherwise the units are contrib/systemd's.
+    const strip = (t: string) =>
+      t
+        .split('\n')
+        .filter((l) => !l.startsWith('EnvironmentFile=') && !l.startsWith('# Options from the default file'))
+        .map((l) => l.replace(/ \$VMSR_[A-Z_]+_OPTS$/, ''))
+        .join('\n');
+    for (const u of UNITS) {
+      expect(strip(fs.readFileSync(path.join(root, 'etc/systemd/system', u), 'utf8')), u).toBe(
+        fs.readFileSync(path.join(ROOT, 'contrib/systemd', u), 'utf8'),
+      );
+    }
+    const defaults = fs.readFileSync(path.join(root, 'etc/default/vmsr-helper'), 'utf8');
+    expect(defaults).toMatch(/^VMSR_HELPER_OPTS="--observer-group vmsr-observers"$/m);
+    expect(defaults).toMatch(/^VMSR_EXPORTER_OPTS=""$/m);
+  });
+
+  test('systemd-analyze verify --root accepts the installed units', (ctx) => {
+    if (why) return ctx.skip(why);
+    const noVerify = missing({ command: 'systemd-analyze' });
+    if (noVerify) return ctx.skip(noVerify);
+    if (!fs.existsSync('/usr/lib/systemd/system/sysinit.target'))
+      return ctx.skip('no /usr/lib/systemd/system/sysinit.target to verify against');
+    // The distribution's units (sysinit.target, modprobe@.service) and /bin/kill (ExecReload=), as on a Debian host.
+    fs.cpSync('/usr/lib/systemd/system', path.join(root, 'usr/lib/systemd/system'), {
+      recursive: true,
+      verbatimSymlinks: true,
+      force: false,
+    });
+    fs.mkdirSync(path.join(root, 'bin'), { recursive: true });
+    fs.copyFileSync(fs.realpathSync('/bin/kill'), path.join(root, 'bin/kill'));
+    fs.chmodSync(path.join(root, 'bin/kill'), 0o755);
+    const out = run('sh', ['-c', `systemd-analyze verify --root="$1" ${UNITS.join(' ')} 2>&1; echo "rc=$?"`, 'sh', root]).trim();
+    expect(out).toBe('rc=0');
+  });
+
+  test('the maintainer scripts parse, and postinst creates the group and enables the units the Debian way', (ctx) => {
+    if (why) return ctx.skip(why);
+    const control = path.join(dir, 'scripts');
+    run('dpkg-deb', ['-e', deb, control]);
+    for (const s of SCRIPTS) run('sh', ['-n', path.join(control, s)]);
+    // Recorders in place of the tools the scripts call; getent says the group does not exist yet.
+    const stubs = path.join(dir, 'stubs');
+    const log = path.join(dir, 'calls.log');
+    fs.mkdirSync(stubs);
+    for (const tool of ['groupadd', 'deb-systemd-helper', 'deb-systemd-invoke', 'systemctl']) {
+      // was-enabled: true on a first install (deb-systemd-helper has no state yet), false when WAS_DISABLED is set.
+      const wasEnabled = `[ "$1 $2" != "--quiet was-enabled" ] || [ -z "$WAS_DISABLED" ] || exit 1`;
+      fs.writeFileSync(path.join(stubs, tool), `#!/bin/sh\necho "${tool} $*" >> "${log}"\n${wasEnabled}\nexit 0\n`, { mode: 0o755 });
+    }
+    fs.writeFileSync(path.join(stubs, 'getent'), `#!/bin/sh\necho "getent $*" >> "${log}"\nexit 2\n`, { mode: 0o755 });
+    const env = { PATH: `${stubs}:/usr/bin:/bin`, DPKG_ROOT: '' };
+    run('sh', [path.join(control, 'postinst'), 'configure', ''], env);
+    const calls = fs.readFileSync(log, 'utf8').trim().split('\n');
+    expect(calls.slice(0, 2)).toEqual(['getent group vmsr-observers', 'groupadd --system vmsr-observers']);
+    for (const unit of ['qemu-vmsr-helper.socket', 'vmsr-helper-exporter.service']) {
+      expect(calls, unit).toContain(`deb-systemd-helper unmask ${unit}`);
+      expect(calls, unit).toContain(`deb-systemd-helper --quiet was-enabled ${unit}`);
+      expect(calls, unit).toContain(`deb-systemd-helper enable ${unit}`);
+    }
+    // The service itself is socket-activated: enabling the socket is enough (Also= in its [Install]).
+    expect(calls.some((c) => c.includes('enable qemu-vmsr-helper.service'))).toBe(false);
+    const systemdRuns = fs.existsSync('/run/systemd/system');
+    expect(calls.includes('deb-systemd-invoke restart qemu-vmsr-helper.socket'), `systemd running: ${systemdRuns}`).toBe(systemdRuns);
+    // An upgrade where the administrator had disabled them: the state is updated, nothing enabled.
+    fs.writeFileSync(log, '');
+    run('sh', [path.join(control, 'postinst'), 'configure', '0.0.1'], { ...env, WAS_DISABLED: '1' });
+    const upgrade = fs.readFileSync(log, 'utf8');
+    expect(upgrade).toContain('deb-systemd-helper update-state qemu-vmsr-helper.socket');
+    expect(upgrade).not.toContain('deb-systemd-helper enable');
+    // With a root given to dpkg (DPKG_ROOT), nothing is started, whatever runs on this machine.
+    fs.writeFileSync(log, '');
+    run('sh', [path.join(control, 'postinst'), 'configure', ''], { ...env, DPKG_ROOT: '/some/root' });
+    expect(fs.readFileSync(log, 'utf8')).not.toMatch(/deb-systemd-invoke|systemctl/);
+    // Without the tools (no init-system-helpers), postinst still succeeds.
+    fs.writeFileSync(log, '');
+    for (const tool of ['deb-systemd-helper', 'deb-systemd-invoke', 'systemctl']) fs.rmSync(path.join(stubs, tool));
+    const bare = path.join(dir, 'bare');
+    fs.mkdirSync(bare);
+    for (const t of ['sh', 'groupadd', 'getent'])
+      fs.symlinkSync(t === 'sh' ? fs.realpathSync('/bin/sh') : path.join(stubs, t), path.join(bare, t));
+    run(path.join(bare, 'sh'), [path.join(control, 'postinst'), 'configure', ''], { PATH: bare });
+    expect(fs.readFileSync(log, 'utf8').trim().split('\n')).toEqual(['getent group vmsr-observers', 'groupadd --system vmsr-observers']);
+    // prerm and postrm on remove and purge, the same recorders: no failure, and purge forgets the units.
+    for (const tool of ['deb-systemd-helper', 'deb-systemd-invoke', 'systemctl']) {
+      fs.writeFileSync(path.join(stubs, tool), `#!/bin/sh\necho "${tool} $*" >> "${log}"\nexit 0\n`, { mode: 0o755 });
+    }
+    fs.writeFileSync(log, '');
+    run('sh', [path.join(control, 'prerm'), 'remove'], env);
+    run('sh', [path.join(control, 'postrm'), 'remove'], env);
+    run('sh', [path.join(control, 'postrm'), 'purge'], env);
+    expect(fs.readFileSync(log, 'utf8')).toContain('deb-systemd-helper purge qemu-vmsr-helper.socket vmsr-helper-exporter.service');
+  });
+});
