@@ -16,7 +16,7 @@ import type { Logger } from '../../logging/logger.js';
 import { listen } from '../../common/disposable.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
+import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
 import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
 
 /**
@@ -167,14 +167,11 @@ export class HelperServer {
     log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
     /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
     let serving = socket;
-    const hold = this.incomplete.hold(() => {
-      this.limiter.info(
-        'incomplete frame timeout',
-        { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs },
-        'closing a connection whose request stayed incomplete past the deadline',
-      );
-      serving.destroy();
-    });
+    const hold = this.incomplete.hold(
+      () => serving.destroy(),
+      peer.uid,
+      (why) => this.logCut(why, peer),
+    );
     /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
     let frozen = false;
     let wasReading = false;
@@ -190,7 +187,7 @@ export class HelperServer {
       },
     };
     const onClose = () => {
-      this.incomplete.forget(unread);
+      this.incomplete.forget(unread, peer.uid);
       this.memory.closed();
       hold.release();
       this.sockets.delete(serving);
@@ -263,13 +260,29 @@ export class HelperServer {
     socket.once('close', () => this.freezable.delete(undecided));
     if (handed !== undefined && handed.pending.length > 0) onHead(Buffer.from(handed.pending));
     if (!this.freezable.has(undecided)) return;
-    if (!this.incomplete.startReading(unread)) {
+    if (!this.incomplete.startReading(unread, peer.uid)) {
       this.limiter.warn(
         'reading deferred',
         { peer: peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
         'incomplete frames of other clients fill the budget: this connection is read once they complete or time out',
       );
     }
+  }
+
+  /** A connection's incomplete frame was cut (its deadline, or evicted for a user holding less): logged, rate-limited. */
+  private logCut(why: CutReason, peer: PeerCredentials): void {
+    if (why === 'deadline')
+      this.limiter.info(
+        'incomplete frame timeout',
+        { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs },
+        'closing a connection whose request stayed incomplete past the deadline',
+      );
+    else
+      this.limiter.warn(
+        'incomplete frame evicted',
+        { peer: peer.pid, uid: peer.uid, heldByUid: this.incomplete.heldBy(peer.uid), limit: this.incomplete.limits.maxBytes },
+        'closing a connection of the user holding the most incomplete frames: another user needed room in the budget',
+      );
   }
 
   private overBudget(socket: net.Socket, peer: PeerCredentials): void {
