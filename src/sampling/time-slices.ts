@@ -6,7 +6,7 @@
  * between slices. A step is never cut: a slice ends after the step that crossed the budget.
  */
 
-/** Work per event-loop turn, ms: about the most a legacy request waits behind discovery or sampling (docs/daemon.md, "Sampling cost"). */
+/** Work per event-loop turn, ms: about the most a legacy request waits behind discovery or sampling (docs/daemon.md, "What other users cannot delay"). */
 export const SLICE_BUDGET_MS = 2;
 
 export interface SliceOptions {
