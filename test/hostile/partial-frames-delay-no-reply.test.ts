@@ -80,4 +80,42 @@ describe('a partial-frame flood', () => {
     expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
     expect(daemon.stderr()).toContain('"cause":"incomplete frame evicted"');
   }, 90_000);
+
+  test('a new legacy client still gets a connection slot when uid nobody holds more connections than --max-connections', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { host, dir, sock } = fakeHost();
+    fs.chmodSync(dir, 0o755);
+    // 1,000 slots against 1,500 connections (most of them waiting unread for the budget): the flood takes every slot it can.
+    const maxConnections = 1000;
+    const daemon = track(
+      await startHelper([
+        '-k',
+        sock,
+        '-u',
+        'nobody',
+        '--socket-mode',
+        '0666',
+        '--max-connections',
+        String(maxConnections),
+        ...hostArgs(host),
+      ]),
+    );
+    const flood = new PartialFrameFlood({ socketPath: sock, connections: 1500, bodyBytes: FLOOD.bodyBytes, uid: NOBODY });
+    onCleanup(() => flood.stop());
+    await flood.ready().catch(() => {}); // it never holds all 1,500: 'ready' once it opened that many in all
+    await sleep(1000);
+    const waits: number[] = [];
+    for (let i = 0; i < 10; i++) {
+      waits.push(await newConnectionWaitMs(sock, 5000));
+      await sleep(NEW_CONNECTION_EVERY_MS);
+    }
+    console.log(
+      `flood with ${flood.open} connections open on its side, ${maxConnections} slots: new connection to reply ${waits.map((w) => w.toFixed(1)).join(', ')} ms`,
+    );
+    // Before, each was closed at once unanswered (Infinity here): the slots were all the flood's.
+    expect(waits.every(Number.isFinite)).toBe(true);
+    expect(percentile(waits, 50)).toBeLessThan(QEMU_WAIT_MS);
+    expect(daemon.stderr()).toContain('"cause":"connection evicted"');
+  }, 90_000);
 });

@@ -17,6 +17,7 @@ import { listen } from '../../common/disposable.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
+import { ConnectionSeats } from './connection-seats.js';
 import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
 
 /**
@@ -64,6 +65,8 @@ export class HelperServer {
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
+  /** The connection slots per user, and the eviction that keeps one user from taking them all. */
+  private readonly users = new ConnectionSeats();
   /** Gives memory back to the kernel after many connections closed. */
   private readonly memory = new MemorySettler((before, after, closed) =>
     this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
@@ -144,25 +147,39 @@ export class HelperServer {
   }
 
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
-    if (this.sockets.size >= this.maxConnections) {
-      this.limiter.warn(
-        'refused connection',
-        { limit: this.maxConnections },
-        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
-      );
-      socket.destroy();
-      return;
-    }
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
-      if (this.o.starttimeOf) peer.starttime = this.o.starttimeOf(peer.pid);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer credentials; closing connection');
       socket.destroy();
       return;
     }
+    if (this.sockets.size >= this.maxConnections && !this.users.makeRoomFor(peer.uid)) {
+      this.limiter.warn(
+        'refused connection',
+        { limit: this.maxConnections, uid: peer.uid },
+        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
+      );
+      socket.destroy();
+      return;
+    }
+    try {
+      if (this.o.starttimeOf) peer.starttime = this.o.starttimeOf(peer.pid);
+    } catch (e) {
+      this.o.logger.warn({ err: (e as Error).message }, 'no peer start time; closing connection');
+      socket.destroy();
+      return;
+    }
     this.sockets.add(socket);
+    const seat = this.users.seat(peer.uid, () => {
+      this.limiter.warn(
+        'connection evicted',
+        { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
+        'closing a connection not read yet of the user holding the most connections: another user needed a slot (--max-connections)',
+      );
+      socket.destroy();
+    });
     const log = this.o.logger;
     log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
     /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
@@ -187,6 +204,7 @@ export class HelperServer {
       },
     };
     const onClose = () => {
+      seat.release();
       this.incomplete.forget(unread, peer.uid);
       this.memory.closed();
       hold.release();
@@ -209,6 +227,7 @@ export class HelperServer {
     };
 
     if (handed?.kind === 'legacy') {
+      seat.decided();
       this.serveLegacy(socket, peer, handed.pending, hold, handOver);
       return;
     }
@@ -222,6 +241,7 @@ export class HelperServer {
       }
       hold.set(0);
       preamble.dispose();
+      seat.decided();
       this.freezable.delete(undecided);
       if (kind === 'v2' && this.o.v2Handler) {
         try {
