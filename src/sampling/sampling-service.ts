@@ -90,9 +90,12 @@ export interface SamplingStats {
   failures: number;
   /** How late the last tick fired after its ideal time, ns. */
   lastLatenessNs: bigint;
-  /** Ticks skipped because the loop was more than one interval late. */
+  /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
   skippedTicks: number;
-  /** Wall time of the last tick's work (prepare, sample, engine, listeners), ns. */
+  /**
+   * Wall time of the last tick's work (prepare, sample, engine, listeners), ns: from the tick to its
+   * end, the clients served between its slices included.
+   */
   lastDurationNs: bigint;
 }
 
