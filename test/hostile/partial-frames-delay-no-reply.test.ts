@@ -61,12 +61,12 @@ describe('a partial-frame flood', () => {
     const probeWaits = [...probe.stop(), probe.pendingMs()];
     const within = waits.filter((w) => w < QEMU_WAIT_MS).length / waits.length;
     console.log(
-      `flood of ${flood.open} connections (${flood.reopened} reopened): new connection to reply p50 ${percentile(waits, 50).toFixed(1)} ms, ` +
+      `flood of ${flood.open} connections open on its side (${flood.opened} opened, ${flood.reopened} reopened): new connection to reply p50 ${percentile(waits, 50).toFixed(1)} ms, ` +
         `p90 ${percentile(waits, 90).toFixed(1)} ms, max ${Math.max(...waits).toFixed(1)} ms (${waits.length}; ${(within * 100).toFixed(0)} % within ${QEMU_WAIT_MS} ms); ` +
         `connected client p99 ${percentile(probeWaits, 99).toFixed(1)} ms, max ${Math.max(...probeWaits).toFixed(1)} ms`,
     );
-    // The flood was one: it held its connections and the helper cut them (deadline or eviction) and it reopened them.
-    expect(flood.open).toBeGreaterThan(FLOOD.connections / 2);
+    // The flood was one: it opened its connections, the helper cut them (deadline, eviction) and it reopened them.
+    expect(flood.opened).toBeGreaterThanOrEqual(FLOOD.connections);
     expect(flood.reopened).toBeGreaterThan(0);
     // Every new QEMU was answered, most within ms and 80 % within QEMU's 0.5 s (the old daemon: 8 to 17.7 s, every
     // one; about 10 s with this test's 3 s timeout). The rest is this shared 2-core machine: a connect() during one of
