@@ -137,12 +137,22 @@ export class ProcScanner {
     return this.vms.size;
   }
 
-  /** VM processes that appeared since the last scan. */
+  /** VM processes that appeared since the last scan, all at once (scanSteps() in slices). */
   scan(): DiscoveredVm[] {
+    const found: DiscoveredVm[] = [];
+    for (const vm of this.scanSteps()) if (vm !== null) found.push(vm);
+    return found;
+  }
+
+  /**
+   * The same scan one process at a time: each step looks at one pid (or lists /proc) and yields the
+   * VM it found, or null. The caller may stop between steps and go on later (the daemon serves its
+   * clients between slices of steps: src/sampling/time-slices.ts); the scan's state is kept as it goes.
+   */
+  *scanSteps(): Generator<DiscoveredVm | null, void, undefined> {
     this.scans++;
     const full = this.scans % this.fullEvery === 0;
     const now = this.uptime();
-    const found: DiscoveredVm[] = [];
     // No task was created since the last scan (the last pid handed out is the same): nothing new
     // can be in /proc, so only the young processes (which may still exec QEMU) are looked at again.
     const lastPid = readLastPid(this.procRoot);
@@ -155,37 +165,30 @@ export class ProcScanner {
       if (prevPid === null || lastPid === null) return true;
       return prevPid <= lastPid ? pid > prevPid && pid <= lastPid : pid > prevPid || pid <= lastPid;
     };
-    const young = () => {
-      for (const [pid, other] of [...this.others]) {
-        if (!other.young) continue;
-        const vm = this.examine(pid, other, now);
-        if (vm !== null) found.push(vm);
-      }
-    };
     if (quiet) {
       this.cost.quietScans++;
-      young();
-      return found;
+      yield* this.youngSteps(now);
+      return;
     }
     if (!full && prevPid !== null && lastPid !== null && lastPid > prevPid && lastPid - prevPid <= MAX_PIDS_PROBED) {
       // A few pids handed out (processes or threads): look each up instead of listing /proc.
       this.cost.probeScans++;
-      young();
+      yield* this.youngSteps(now);
       for (let pid = prevPid + 1; pid <= lastPid; pid++) {
         const other = this.others.get(pid);
         if (this.vms.has(pid) || other?.young) continue; // young ones were examined just above
-        const vm = this.examine(pid, other, now);
-        if (vm !== null) found.push(vm);
+        yield this.examine(pid, other, now);
       }
-      return found;
+      return;
     }
     this.cost.listings++;
     let names: string[];
     try {
       names = fs.readdirSync(this.procRoot);
     } catch {
-      return [];
+      return;
     }
+    yield null; // listing /proc is a step of its own
     const present = new Set<number>();
     for (const n of names) {
       const c = n.charCodeAt(0);
@@ -196,11 +199,17 @@ export class ProcScanner {
       if (this.vms.has(pid)) continue;
       const other = this.others.get(pid);
       if (other !== undefined && !other.young && !full && !fresh(pid)) continue;
-      const vm = this.examine(pid, other, now);
-      if (vm !== null) found.push(vm);
+      yield this.examine(pid, other, now);
     }
     for (const pid of this.others.keys()) if (!present.has(pid)) this.others.delete(pid);
-    return found;
+  }
+
+  /** The young processes (which may still exec QEMU) looked at again, one step each. */
+  private *youngSteps(now: number): Generator<DiscoveredVm | null, void, undefined> {
+    for (const [pid, other] of [...this.others]) {
+      if (!other.young) continue;
+      yield this.examine(pid, other, now);
+    }
   }
 
   /**

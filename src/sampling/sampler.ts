@@ -27,6 +27,23 @@ export class Sampler {
    * sample (onTaskFailure is told), which the engine takes as its end.
    */
   sample(pids: Iterable<number>): Sample {
+    const wanted = new Set(pids);
+    const steps = this.sampleSteps(() => wanted);
+    for (;;) {
+      const r = steps.next();
+      if (r.done === true) return r.value;
+    }
+  }
+
+  /**
+   * The same sample one VM per step, to be run in slices (time-slices.ts) with clients served
+   * between them: the energy first, then each pid of `pids()` (asked again before each read: a VM
+   * unregistered meanwhile is not read, one registered meanwhile is read at the end, without a
+   * step, so the engine never takes a VM for ended because its pid came late). The stat lines are
+   * then read up to the slices' duration after the energy, as they are after a long synchronous
+   * read: the engine takes each sample's lines as of its energy reading.
+   */
+  *sampleSteps(pids: () => ReadonlySet<number>): Generator<null, Sample, undefined> {
     const tNs = this.clock();
     let readings: readonly EnergyReading[];
     try {
@@ -38,17 +55,29 @@ export class Sampler {
     }
     const energy = packageCounters(readings);
     const tasks = new Map<number, Map<number, string>>();
-    for (const pid of pids) {
-      if (tasks.has(pid)) continue;
+    const read = (pid: number) => {
       let lines: Map<number, string> | null;
       try {
         lines = this.tasks.read(pid);
       } catch (e) {
+        // One VM's threads unreadable (EMFILE, ...): that VM is told, the others are read.
         if (!(e instanceof TaskReadError)) throw e;
         this.onTaskFailure?.(pid, e);
-        continue;
+        return;
       }
       if (lines !== null) tasks.set(pid, lines);
+    };
+    const done = new Set<number>();
+    for (const pid of [...pids()]) {
+      if (done.has(pid) || !pids().has(pid)) continue;
+      done.add(pid);
+      read(pid);
+      yield null;
+    }
+    for (const pid of pids()) {
+      if (done.has(pid)) continue;
+      done.add(pid);
+      read(pid);
     }
     const s: Sample = { tNs, energy, tasks };
     if (this.energy.domains.length > 1) s.domains = readings.map((r) => ({ package: r.package, domain: r.domain, energyUj: r.energyUj }));

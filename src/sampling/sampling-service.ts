@@ -11,6 +11,7 @@ import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import { Emitter, type Disposable } from '../common/disposable.js';
 import type { ThreadTotals } from '../ratio/attribution.js';
+import { runInSlices } from './time-slices.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {
@@ -42,6 +43,11 @@ const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
 export interface SampleSource {
   sample(pids: Iterable<number>): Sample;
+  /**
+   * The same sample one VM per step (Sampler.sampleSteps), run in slices with clients served between
+   * them; `pids` is asked again before each read. Optional: a source without it is sampled at once.
+   */
+  sampleSteps?(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
 }
 
 export interface TraceSink {
@@ -62,8 +68,12 @@ export interface SamplingServiceOptions {
   clock?: () => bigint;
   /** Timers of the tick loop, for tests; default the real ones. */
   timers?: Timers;
-  /** Runs at the start of every tick, before the sample (discovery's /proc scan). */
-  prepare?: () => void;
+  /**
+   * Runs at the start of every tick, before the sample (discovery's /proc scan). When it returns a
+   * promise (a scan done in slices, clients served between them), the tick's sample is taken once it
+   * settles; a tick due while it is still pending samples without it.
+   */
+  prepare?: () => void | Promise<void>;
   /** Sees each sample before the engine does (discovery classifies new threads from its stat lines). */
   inspect?: (s: Sample) => void;
 }
@@ -80,9 +90,12 @@ export interface SamplingStats {
   failures: number;
   /** How late the last tick fired after its ideal time, ns. */
   lastLatenessNs: bigint;
-  /** Ticks skipped because the loop was more than one interval late. */
+  /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
   skippedTicks: number;
-  /** Wall time of the last tick's work (prepare, sample, engine, listeners), ns. */
+  /**
+   * Wall time of the last tick's work (prepare, sample, engine, listeners), ns: from the tick to its
+   * end, the clients served between its slices included.
+   */
   lastDurationNs: bigint;
 }
 
@@ -95,6 +108,10 @@ export class SamplingService {
   /** Reasons to run with no live VM (discovery on): the loop runs while any is held. */
   private readonly holds = new Set<string>();
   private closed = false;
+  /** A tick works in slices (its prepare() or its sample is pending); a tick due meanwhile is skipped. */
+  private inTick = false;
+  /** activePidSet() as last made; null when a register, unregister, restore or sample may have changed it. */
+  private pidSet: ReadonlySet<number> | null = null;
   private failure: Error | null = null;
   private traceBroken = false;
   private lastRealtimeNs: bigint | null = null;
@@ -161,6 +178,7 @@ export class SamplingService {
   register(spec: VmSpec): number {
     if (this.closed) throw new Error('the sampling service is closed');
     const vmId = this.engine.register(spec);
+    this.pidSet = null;
     this.live.set(vmId, spec.pid);
     this.traced(() => this.o.trace?.register(this.clock(), spec));
     // A baseline right away, so a new VM's first UPDATE comes one interval after it registered.
@@ -173,6 +191,7 @@ export class SamplingService {
     const out = this.engine.output(vmId);
     if (out === undefined) return;
     this.engine.unregister(vmId);
+    this.pidSet = null;
     this.engine.forget(vmId);
     this.live.delete(vmId);
     if (!this.shouldRun()) this.loop.stop();
@@ -211,6 +230,7 @@ export class SamplingService {
   restore(s: SamplingState): void {
     if (this.closed) throw new Error('the sampling service is closed');
     this.engine.restore(s.engine);
+    this.pidSet = null;
     this.lastRealtimeNs = s.realtimeNs;
     for (const vm of s.engine.vms) if (vm.phase !== 'ended') this.live.set(vm.id, vm.pid);
     if (this.shouldRun() && !this.loop.running) this.loop.start({ immediate: true });
@@ -225,9 +245,67 @@ export class SamplingService {
 
   private tick(t: TickInfo): void {
     if (this.closed) return;
+    if (this.inTick) {
+      // The previous tick still works in slices (a storm of processes): this one is skipped.
+      this.stats.skippedTicks++;
+      return;
+    }
     const began = monotonicNs();
+    let pending: Promise<void> | void = undefined;
     try {
-      this.tickBody(t);
+      pending = this.o.prepare?.();
+    } catch (e) {
+      this.prepareFailed(e);
+    }
+    if (pending === undefined) return this.sampleStep(t, began);
+    this.inTick = true;
+    pending.then(
+      () => this.sampleStep(t, began),
+      (e: unknown) => {
+        this.prepareFailed(e);
+        this.sampleStep(t, began);
+      },
+    );
+  }
+
+  private prepareFailed(e: unknown): void {
+    this.o.log.error({ err: (e as Error).stack ?? String(e) }, 'sampling preparation (discovery) failed; sampling goes on');
+  }
+
+  /** After prepare(): the sample, in slices when the sampler can (sampleSteps), then the engine. */
+  private sampleStep(t: TickInfo, began: bigint): void {
+    // Closed or gone idle while prepare() ran: no sample (what a tick of a stopped loop does).
+    if (this.closed || !this.loop.running) {
+      this.inTick = false;
+      return;
+    }
+    this.stats.lastLatenessNs = t.latenessNs;
+    this.stats.skippedTicks += t.skipped;
+    const steps = this.o.sampler.sampleSteps?.(() => this.activePidSet());
+    if (steps === undefined) {
+      let s: Sample | undefined;
+      try {
+        s = this.o.sampler.sample(this.engine.activePids());
+      } catch (e) {
+        this.fail(e instanceof Error ? e : new Error(String(e)));
+      }
+      return this.finishTick(s, began);
+    }
+    this.inTick = true;
+    runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
+      (s) => this.finishTick(s, began),
+      (e: unknown) => {
+        this.fail(e instanceof Error ? e : new Error(String(e)));
+        this.finishTick(undefined, began);
+      },
+    );
+  }
+
+  private finishTick(s: Sample | undefined, began: bigint): void {
+    this.inTick = false;
+    if (this.closed) return;
+    try {
+      if (s !== undefined) this.tickBody(s);
     } finally {
       this.stats.lastDurationNs = monotonicNs() - began;
     }
@@ -235,24 +313,24 @@ export class SamplingService {
     if (!this.shouldRun()) this.loop.stop();
   }
 
-  private tickBody(t: TickInfo): void {
-    try {
-      this.o.prepare?.();
-    } catch (e) {
-      this.o.log.error({ err: (e as Error).stack }, 'sampling preparation (discovery) failed; sampling goes on');
-    }
-    this.stats.lastLatenessNs = t.latenessNs;
-    this.stats.skippedTicks += t.skipped;
-    let s: Sample;
+  /** The pids of the engine's VMs, as a set made again only after a register, unregister or restore. */
+  private activePidSet(): ReadonlySet<number> {
+    if (this.pidSet === null) this.pidSet = new Set(this.engine.activePids());
+    return this.pidSet;
+  }
+
+  /** The sample taken: the engine, the trace, the listeners (synchronously). */
+  private tickBody(s: Sample): void {
     let result: IntervalResult | null;
     try {
-      s = this.o.sampler.sample(this.engine.activePids());
       this.o.inspect?.(s);
       result = this.engine.addSample(s);
     } catch (e) {
       this.fail(e instanceof Error ? e : new Error(String(e)));
       return;
     }
+    // The engine may have ended VMs: their pids leave the set.
+    this.pidSet = null;
     this.lastRealtimeNs = realtimeNs();
     this.traced(() => this.o.trace?.sample(s));
     this.stats.samples++;

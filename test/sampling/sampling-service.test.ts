@@ -103,3 +103,102 @@ describe('SamplingService', () => {
     expect(svc.output(vmId!)!.vpkgs[0]!.energyUj).toBeGreaterThan(0n);
   });
 });
+
+/** A sampler that reads one pid per step (as Sampler.sampleSteps does), calling `between` before each step (what runs between slices). */
+function slicedOn(time: ManualTime, between: (svc: SamplingService, step: number) => void) {
+  let n = 0;
+  const read: number[][] = [];
+  const VM_THREADS: Record<number, { tid: number; ticks: number }[]> = {
+    100: [{ tid: 100, ticks: 0 }],
+    200: [{ tid: 200, ticks: 0 }],
+  };
+  const svc: SamplingService = new SamplingService({
+    engine: new RatioEngine(host()),
+    sampler: {
+      sample: () => {
+        throw new Error('the service must take the sliced path');
+      },
+      *sampleSteps(pids) {
+        n++;
+        const tasks: Record<number, { tid: number; ticks: number }[]> = {};
+        const got: number[] = [];
+        let step = 0;
+        const readOne = (pid: number) => {
+          got.push(pid);
+          tasks[pid] = VM_THREADS[pid]!.map((t) => ({ tid: t.tid, ticks: t.ticks + n }));
+        };
+        for (const pid of [...pids()]) {
+          between(svc, step++);
+          if (!pids().has(pid) || got.includes(pid)) continue;
+          readOne(pid);
+          yield null;
+        }
+        for (const pid of pids()) if (!got.includes(pid)) readOne(pid);
+        read.push(got);
+        return { ...sample(n, { 0: units(10 * n) }, tasks), tNs: time.now };
+      },
+    },
+    intervalMs: 1000,
+    log: pino({ level: 'silent' }),
+    clock: time.clock,
+    timers: time,
+  });
+  return { svc, read };
+}
+
+/** Until the tick in slices has finished (its sample counted). */
+async function sampled(svc: SamplingService, count: number): Promise<void> {
+  for (let i = 0; i < 100 && svc.stats.samples < count; i++) await new Promise((r) => setImmediate(r));
+  expect(svc.stats.samples).toBe(count);
+}
+
+describe('SamplingService, a sample in slices', () => {
+  test('a VM registered between the slices of a sample is read at its end: its baseline, not taken for ended', async () => {
+    const time = new ManualTime();
+    let late: number | undefined;
+    const { svc, read } = slicedOn(time, (s) => {
+      late ??= s.register({ pid: 200, starttime: 1000, vcpus: [{ tid: 200, vpkg: 0 }] });
+    });
+    svc.register(VM);
+    time.fire();
+    await sampled(svc, 1);
+    expect(read[0]).toEqual([100, 200]);
+    expect(svc.output(late!)!.ended).toBe(false);
+    time.fire();
+    await sampled(svc, 2);
+    expect(svc.output(late!)!.ended).toBe(false);
+  });
+
+  test('a VM unregistered between the slices of a sample is not read', async () => {
+    const time = new ManualTime();
+    const ids: { second?: number } = {};
+    const { svc, read } = slicedOn(time, (s, step) => {
+      if (step === 1) s.unregister(ids.second!); // after pid 100 was read
+    });
+    svc.register(VM);
+    ids.second = svc.register({ pid: 200, starttime: 1000, vcpus: [{ tid: 200, vpkg: 0 }] });
+    time.fire();
+    await sampled(svc, 1);
+    expect(read[0]).toEqual([100]);
+  });
+
+  test('a tick due while the previous one still works in slices is skipped and counted', async () => {
+    const time = new ManualTime();
+    let release: (() => void) | undefined;
+    const svc2 = new SamplingService({
+      engine: new RatioEngine(host()),
+      sampler: { sample: () => sample(1, { 0: units(1) }) },
+      intervalMs: 1000,
+      log: pino({ level: 'silent' }),
+      clock: time.clock,
+      timers: time,
+      prepare: () => new Promise<void>((r) => (release = r)),
+    });
+    svc2.hold('discovery', true);
+    time.fire(); // tick 0: prepare pending
+    time.fire(); // tick 1, due meanwhile
+    expect(svc2.stats).toMatchObject({ samples: 0, skippedTicks: 1 });
+    release!();
+    await sampled(svc2, 1);
+  });
+});

@@ -10,7 +10,17 @@
  * keeping them. So a new connection is read only while the budget has room for one more chunk;
  * otherwise it waits, unread (its bytes stay in the kernel), and is read once held frames complete,
  * time out or close. Connections already being read are never paused.
+ *
+ * The budget is shared fairly between users (the peer's uid, from SO_PEERCRED at accept): when it is
+ * full and a connection of a user holding less needs room (to be read at all, or for the bytes it
+ * sent), the connections of the user holding the most are cut, the oldest incomplete frame first,
+ * until there is room or that user no longer holds more (max-min fairness: a user cannot take the
+ * budget from another who holds less). Connections waiting for room are read in turn, one user after
+ * another, not in the order they came. So a user flooding the socket with partial frames delays and
+ * cuts only its own connections; QEMU, of another uid, is read at once.
  */
+
+import { runInSlices } from '../../sampling/time-slices.js';
 
 export interface IncompleteFrameLimits {
   /** Bytes of incomplete frames held over all connections; a connection that would go past it is closed. */
@@ -27,6 +37,13 @@ export const DEFAULT_INCOMPLETE_LIMITS: IncompleteFrameLimits = {
 /** The most one socket read delivers (libuv reads 64 KiB at a time). */
 export const READ_CHUNK = 64 * 1024;
 
+/** Why a connection's incomplete frame was cut: what a v2 client is told (ERROR 4), and what is logged. */
+export const CUT_REASON = {
+  deadline: 'frame incomplete past the deadline; send each frame whole',
+  evicted: 'the helper holds too many incomplete frames and your user holds the most of them; send each frame whole and retry',
+} as const;
+export type CutReason = keyof typeof CUT_REASON;
+
 /** A connection not read yet (a paused net.Socket). */
 export interface Unread {
   resume(): void;
@@ -36,9 +53,21 @@ export interface Unread {
   hungUp(): boolean;
 }
 
+/** What one user (uid) holds: bytes, the holds with bytes (oldest incomplete frame first), connections waiting. */
+interface UserAccount {
+  bytes: number;
+  holds: Set<IncompleteHold>;
+  waiting: Set<Unread>;
+}
+
 export class IncompleteFrames {
   private total = 0;
-  private readonly waiting = new Set<Unread>();
+  /** Holds past their deadline, cut in slices (time-slices.ts): thousands of frames started together expire together. */
+  private readonly expiring: { h: IncompleteHold; frame: number }[] = [];
+  private cutting = false;
+  private readonly users = new Map<number, UserAccount>();
+  /** Making room: no waiting connection is resumed meanwhile (the room is for the one asking). */
+  private makingRoom = false;
 
   constructor(readonly limits: IncompleteFrameLimits = DEFAULT_INCOMPLETE_LIMITS) {}
 
@@ -47,58 +76,146 @@ export class IncompleteFrames {
     return this.total;
   }
 
-  /** One connection's account; `expired` is called once its incomplete frame is past the deadline. */
-  hold(expired: () => void): IncompleteHold {
-    return new IncompleteHold(this, expired);
+  /** Bytes of incomplete frames the connections of `uid` hold now. */
+  heldBy(uid: number): number {
+    return this.users.get(uid)?.bytes ?? 0;
+  }
+
+  /**
+   * One connection's account, of the peer `uid`; `close` is called once its incomplete frame is past
+   * the deadline, or when it is evicted for another user (the reason says which), after `notify`
+   * (the server's log, which stays when the v2 service replaces `close`).
+   */
+  hold(close: (why: CutReason) => void, uid = 0, notify?: (why: CutReason) => void): IncompleteHold {
+    return new IncompleteHold(this, close, uid, notify);
   }
 
   /** Connections accepted but not read yet, waiting for room. */
   get waitingConnections(): number {
-    return this.waiting.size;
+    let n = 0;
+    for (const u of this.users.values()) n += u.waiting.size;
+    return n;
   }
 
   /**
-   * Starts reading a new (paused) connection now if the budget has room for a chunk and nobody is
-   * waiting before it; otherwise queues it and returns false.
+   * Starts reading a new (paused) connection of `uid` now if the budget has room for a chunk (made,
+   * if need be, by evicting frames of a user holding more) and no connection of the same user waits
+   * before it; otherwise queues it and returns false.
    */
-  startReading(c: Unread): boolean {
-    if (this.waiting.size === 0 && this.room() >= READ_CHUNK) {
+  startReading(c: Unread, uid = 0): boolean {
+    const u = this.user(uid);
+    if (u.waiting.size === 0 && this.makeRoom(uid, READ_CHUNK)) {
       c.resume();
       return true;
     }
-    this.waiting.add(c);
+    u.waiting.add(c);
     return false;
   }
 
   /** A connection closed: it no longer waits. */
-  forget(c: Unread): void {
-    this.waiting.delete(c);
+  forget(c: Unread, uid = 0): void {
+    const u = this.users.get(uid);
+    if (u === undefined) return;
+    u.waiting.delete(c);
+    this.dropIfEmpty(uid, u);
   }
 
-  /** @internal */
-  adjust(delta: number): boolean {
-    this.total += delta;
-    if (delta < 0 && this.waiting.size > 0) this.drain();
+  /** @internal A hold's bytes go from `before` to `after`; false when the total is now past maxBytes. */
+  adjust(h: IncompleteHold, before: number, after: number): boolean {
+    const u = this.user(h.uid);
+    if (after > before) this.makeRoom(h.uid, after - before);
+    this.total += after - before;
+    u.bytes += after - before;
+    if (after === 0) u.holds.delete(h);
+    else if (before === 0) u.holds.add(h);
+    if (after < before && !this.makingRoom) this.drain();
+    this.dropIfEmpty(h.uid, u);
     return this.total <= this.limits.maxBytes;
+  }
+
+  /** @internal Whether a hold of `uid` may go from `before` to `after` bytes (room is made as for adjust). */
+  fits(uid: number, before: number, after: number): boolean {
+    if (after > before) this.makeRoom(uid, after - before);
+    return this.total - before + after <= this.limits.maxBytes;
+  }
+
+  /**
+   * @internal A hold's deadline passed: it is cut in a slice of its own turn or a later one, with
+   * clients served between slices, unless its frame completed meanwhile (`frame` is which frame).
+   */
+  expire(h: IncompleteHold, frame: number): void {
+    this.expiring.push({ h, frame });
+    if (this.cutting) return;
+    this.cutting = true;
+    const steps = function* (q: { h: IncompleteHold; frame: number }[]) {
+      for (let next = q.shift(); next !== undefined; next = q.shift()) yield next;
+    };
+    void runInSlices(steps(this.expiring), ({ h, frame }) => h.expireNow(frame)).finally(() => (this.cutting = false));
   }
 
   private room(): number {
     return this.limits.maxBytes - this.total;
   }
 
-  /** Resumes waiting connections, in order, as many as the room has chunks for. */
-  private drain(): void {
-    let chunks = Math.floor(this.room() / READ_CHUNK);
-    for (const c of this.waiting) {
-      if (chunks <= 0) break;
-      this.waiting.delete(c);
-      if (c.destroyed) continue;
-      if (c.hungUp()) {
-        c.destroy();
-        continue;
+  private user(uid: number): UserAccount {
+    let u = this.users.get(uid);
+    if (u === undefined) this.users.set(uid, (u = { bytes: 0, holds: new Set(), waiting: new Set() }));
+    return u;
+  }
+
+  private dropIfEmpty(uid: number, u: UserAccount): void {
+    if (u.bytes === 0 && u.holds.size === 0 && u.waiting.size === 0) this.users.delete(uid);
+  }
+
+  /**
+   * Room for `need` more bytes of `uid`, made by evicting the oldest frames of the user holding the
+   * most while that user holds more than `uid` would with them. True when the room is there.
+   */
+  private makeRoom(uid: number, need: number): boolean {
+    if (this.room() >= need) return true;
+    const was = this.makingRoom;
+    this.makingRoom = true;
+    try {
+      while (this.room() < need) {
+        const wants = this.heldBy(uid) + need;
+        let heaviest: UserAccount | undefined;
+        for (const [other, acc] of this.users) {
+          if (other === uid || acc.holds.size === 0) continue;
+          if (heaviest === undefined || acc.bytes > heaviest.bytes) heaviest = acc;
+        }
+        if (heaviest === undefined || heaviest.bytes <= wants) break;
+        const [oldest] = heaviest.holds;
+        oldest!.cut('evicted');
       }
-      chunks--;
-      c.resume();
+    } finally {
+      this.makingRoom = was;
+    }
+    if (!was) this.drain(need);
+    return this.room() >= need;
+  }
+
+  /** Resumes waiting connections, one user after another, as many as the room (less `reserved`) has chunks for. */
+  private drain(reserved = 0): void {
+    let chunks = Math.floor((this.room() - reserved) / READ_CHUNK);
+    while (chunks > 0) {
+      let resumed = false;
+      for (const [uid, u] of [...this.users]) {
+        if (chunks <= 0) break;
+        for (const c of u.waiting) {
+          u.waiting.delete(c);
+          if (c.destroyed) continue;
+          if (c.hungUp()) {
+            c.destroy();
+            continue;
+          }
+          chunks--;
+          resumed = true;
+          c.resume();
+          break;
+        }
+        this.dropIfEmpty(uid, u);
+      }
+      if (!resumed) return;
     }
   }
 }
@@ -106,45 +223,73 @@ export class IncompleteFrames {
 export class IncompleteHold {
   private bytes = 0;
   private timer: NodeJS.Timeout | undefined;
+  /** Counts the frames this connection started holding: a deadline is for the frame it was set for. */
+  private frame = 0;
 
   constructor(
     private readonly owner: IncompleteFrames,
-    private expired: () => void,
+    private close: (why: CutReason) => void,
+    /** The peer's uid: whose share of the budget this connection uses. */
+    readonly uid: number,
+    private readonly notify?: (why: CutReason) => void,
   ) {}
 
-  /** Replaces what happens at the deadline (the v2 service sends an ERROR before closing). */
-  onExpire(cb: () => void): void {
-    this.expired = cb;
+  /** Replaces how the connection is closed when its frame is cut (the v2 service sends an ERROR first). */
+  onExpire(cb: (why: CutReason) => void): void {
+    this.close = cb;
+  }
+
+  private onCut(why: CutReason): void {
+    this.notify?.(why);
+    this.close(why);
   }
 
   /**
    * The connection now holds `bytes` of an incomplete frame (0: none). The deadline starts with the
    * first byte and is not pushed back by more bytes (a byte-a-second sender is cut off all the same).
-   * False when the total over all connections is now past maxBytes: the caller closes the connection
-   * (and calls release()).
+   * False when the total over all connections is now past maxBytes (room could not be made from a
+   * user holding more): the caller closes the connection (and calls release()).
    */
   set(bytes: number): boolean {
-    const ok = this.owner.adjust(bytes - this.bytes);
+    const before = this.bytes;
     this.bytes = bytes;
+    const ok = this.owner.adjust(this, before, bytes);
     if (bytes === 0) this.stopTimer();
     else if (this.timer === undefined) {
+      const frame = ++this.frame;
       this.timer = setTimeout(() => {
         this.timer = undefined;
-        this.expired();
+        this.owner.expire(this, frame);
       }, this.owner.limits.deadlineMs);
       this.timer.unref();
     }
     return ok || bytes === 0;
   }
 
-  /** Whether holding `bytes` (instead of what is held now) would stay within the total. */
+  /** Whether holding `bytes` (instead of what is held now) would stay within the total (room is made from a user holding more). */
   fits(bytes: number): boolean {
-    return this.owner.heldBytes - this.bytes + bytes <= this.owner.limits.maxBytes;
+    return this.owner.fits(this.uid, this.bytes, bytes);
   }
 
   /** The connection is gone: its bytes leave the total. Idempotent. */
   release(): void {
     this.set(0);
+  }
+
+  /** @internal The deadline of `frame` passed: cut, unless that frame completed (or the connection closed) meanwhile. */
+  expireNow(frame: number): void {
+    if (this.bytes === 0 || frame !== this.frame) return;
+    try {
+      this.onCut('deadline');
+    } catch {
+      /* a close that throws must not stop the other cuts; the connection's own error path logs it */
+    }
+  }
+
+  /** @internal Evicted for a user holding less: its bytes leave the total now, then the connection is cut. */
+  cut(why: CutReason): void {
+    this.set(0);
+    this.onCut(why);
   }
 
   private stopTimer(): void {

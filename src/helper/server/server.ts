@@ -16,7 +16,8 @@ import type { Logger } from '../../logging/logger.js';
 import { listen } from '../../common/disposable.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import { IncompleteFrames, type IncompleteHold } from './incomplete-frames.js';
+import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
+import { ConnectionSeats } from './connection-seats.js';
 import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
 
 /**
@@ -64,6 +65,8 @@ export class HelperServer {
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
+  /** The connection slots per user, and the eviction that keeps one user from taking them all. */
+  private readonly users = new ConnectionSeats();
   /** Gives memory back to the kernel after many connections closed. */
   private readonly memory = new MemorySettler((before, after, closed) =>
     this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
@@ -144,15 +147,6 @@ export class HelperServer {
   }
 
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
-    if (this.sockets.size >= this.maxConnections) {
-      this.limiter.warn(
-        'refused connection',
-        { limit: this.maxConnections },
-        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
-      );
-      socket.destroy();
-      return;
-    }
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket, this.o.starttimeOf);
@@ -161,19 +155,40 @@ export class HelperServer {
       socket.destroy();
       return;
     }
+    if (this.sockets.size >= this.maxConnections && !this.users.makeRoomFor(peer.uid)) {
+      this.limiter.warn(
+        'refused connection',
+        { limit: this.maxConnections, uid: peer.uid },
+        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
+      );
+      socket.destroy();
+      return;
+    }
+    try {
+      if (this.o.starttimeOf) peer.starttime = this.o.starttimeOf(peer.pid);
+    } catch (e) {
+      this.o.logger.warn({ err: (e as Error).message }, 'no peer start time; closing connection');
+      socket.destroy();
+      return;
+    }
     this.sockets.add(socket);
+    const seat = this.users.seat(peer.uid, () => {
+      this.limiter.warn(
+        'connection evicted',
+        { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
+        'closing a connection not read yet of the user holding the most connections: another user needed a slot (--max-connections)',
+      );
+      socket.destroy();
+    });
     const log = this.o.logger;
     log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
     /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
     let serving = socket;
-    const hold = this.incomplete.hold(() => {
-      this.limiter.info(
-        'incomplete frame timeout',
-        { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs },
-        'closing a connection whose request stayed incomplete past the deadline',
-      );
-      serving.destroy();
-    });
+    const hold = this.incomplete.hold(
+      () => serving.destroy(),
+      peer.uid,
+      (why) => this.logCut(why, peer),
+    );
     /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
     let frozen = false;
     let wasReading = false;
@@ -189,7 +204,8 @@ export class HelperServer {
       },
     };
     const onClose = () => {
-      this.incomplete.forget(unread);
+      seat.release();
+      this.incomplete.forget(unread, peer.uid);
       this.memory.closed();
       hold.release();
       this.sockets.delete(serving);
@@ -211,6 +227,7 @@ export class HelperServer {
     };
 
     if (handed?.kind === 'legacy') {
+      seat.decided();
       this.serveLegacy(socket, peer, handed.pending, hold, handOver);
       return;
     }
@@ -224,6 +241,7 @@ export class HelperServer {
       }
       hold.set(0);
       preamble.dispose();
+      seat.decided();
       this.freezable.delete(undecided);
       if (kind === 'v2' && this.o.v2Handler) {
         try {
@@ -262,13 +280,29 @@ export class HelperServer {
     socket.once('close', () => this.freezable.delete(undecided));
     if (handed !== undefined && handed.pending.length > 0) onHead(Buffer.from(handed.pending));
     if (!this.freezable.has(undecided)) return;
-    if (!this.incomplete.startReading(unread)) {
+    if (!this.incomplete.startReading(unread, peer.uid)) {
       this.limiter.warn(
         'reading deferred',
         { peer: peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
         'incomplete frames of other clients fill the budget: this connection is read once they complete or time out',
       );
     }
+  }
+
+  /** A connection's incomplete frame was cut (its deadline, or evicted for a user holding less): logged, rate-limited. */
+  private logCut(why: CutReason, peer: PeerCredentials): void {
+    if (why === 'deadline')
+      this.limiter.info(
+        'incomplete frame timeout',
+        { peer: peer.pid, deadlineMs: this.incomplete.limits.deadlineMs },
+        'closing a connection whose request stayed incomplete past the deadline',
+      );
+    else
+      this.limiter.warn(
+        'incomplete frame evicted',
+        { peer: peer.pid, uid: peer.uid, heldByUid: this.incomplete.heldBy(peer.uid), limit: this.incomplete.limits.maxBytes },
+        'closing a connection of the user holding the most incomplete frames: another user needed room in the budget',
+      );
   }
 
   private overBudget(socket: net.Socket, peer: PeerCredentials): void {

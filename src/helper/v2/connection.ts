@@ -17,7 +17,7 @@ import type { Logger } from 'pino';
 import type { PeerCredentials } from '../../os/libc.js';
 import { CLIENT_TYPES, E, FrameDecoder, encodeError } from '../../protocol/v2/codec.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
-import type { IncompleteHold } from '../server/incomplete-frames.js';
+import { CUT_REASON, type IncompleteHold } from '../server/incomplete-frames.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import { cannotError } from '../../common/errors.js';
 import type { Reply, SendWithFds } from './reply.js';
@@ -66,7 +66,7 @@ export class V2Connection {
     private readonly hold?: IncompleteHold,
   ) {
     this.log = log.child({ conn: id, peerPid: peer.pid, peerUid: peer.uid });
-    hold?.onExpire(() => this.fail(E.LIMIT, 0, 'frame incomplete past the deadline; send each frame whole'));
+    hold?.onExpire((why) => this.fail(E.LIMIT, 0, CUT_REASON[why]));
     socket.on('data', (d: Buffer) => this.onData(d));
     socket.on('error', (e) => this.log.debug({ err: e.message }, 'v2 socket error'));
     socket.on('close', () => this.onClose());

@@ -10,12 +10,13 @@ import type { DiscoveredVm } from '../../discovery/scanner.js';
 import type { Sample } from '../../ratio/types.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
+import { runInSlices } from '../../sampling/time-slices.js';
 import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogFields, vmLogLimiter } from './vm-log.js';
 
 export interface DiscoveredVmsParts {
-  discovery: Pick<Discovery, 'scan' | 'refine' | 'defer'>;
+  discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'>;
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
   fds?: FdAdmitter;
@@ -37,9 +38,18 @@ export class DiscoveredVms {
     this.vmLog = p.vmLog ?? vmLogLimiter(p.log);
   }
 
-  /** Before each sample: admits what the scan found. */
+  /** Admits what a scan finds, all at once. */
   scan(): void {
     for (const d of this.p.discovery.scan()) this.admit(d);
+  }
+
+  /**
+   * Before each sample: the same, in slices of at most SLICE_BUDGET_MS (sampling/time-slices.ts), each
+   * VM admitted as it is found, clients served between slices. Resolves once the scan is done (or
+   * `stopped` says so), for the sample to follow.
+   */
+  async scanInSlices(stopped: () => boolean): Promise<void> {
+    await runInSlices(this.p.discovery.scanSteps(), (d) => d !== null && this.admit(d), { stopped });
   }
 
   admit(d: DiscoveredVm): void {

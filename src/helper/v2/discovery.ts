@@ -5,6 +5,8 @@ import type { VcpuSpec } from '../../ratio/types.js';
 export interface Discovery {
   /** VM processes that appeared since the last scan. */
   scan(): DiscoveredVm[];
+  /** The same scan one pid per step (a VM found, or null), to be run in slices. */
+  scanSteps(): Iterator<DiscoveredVm | null>;
   /** New vCPU list of a discovered VM from this sample's stat lines, null when unchanged. */
   refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;
   /** The VM of this pid ended or was dropped: examine the pid afresh. */

@@ -147,7 +147,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     log: o.log,
     clock: o.clock,
     // Called only once the service is made: `discovered` is set by then.
-    ...(o.discovery ? { prepare: () => discovered?.scan(), inspect: (s) => discovered?.refine(s) } : {}),
+    ...(o.discovery ? { prepare: () => discovered?.scanInSlices(() => closed || restarting), inspect: (s) => discovered?.refine(s) } : {}),
   });
   // A saved state: the engine first (it refuses inconsistent values before changing anything), then
   // every other part starts from the plan; a refusal anywhere leaves every part fresh.

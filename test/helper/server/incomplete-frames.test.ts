@@ -3,7 +3,7 @@
  * connections waiting to be read are Unread records (the interface the server builds on a paused socket).
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { IncompleteFrames, READ_CHUNK, type Unread } from '../../../src/helper/server/incomplete-frames.js';
+import { IncompleteFrames, READ_CHUNK, type CutReason, type Unread } from '../../../src/helper/server/incomplete-frames.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -30,8 +30,8 @@ afterEach(() => {
   for (const r of releases.splice(0)) r();
 });
 
-function holdOf(frames: IncompleteFrames, expired: () => void = () => {}) {
-  const h = frames.hold(expired);
+function holdOf(frames: IncompleteFrames, expired: (why: CutReason) => void = () => {}, uid = 0) {
+  const h = frames.hold(expired, uid);
   releases.push(() => h.release());
   return h;
 }
@@ -115,6 +115,71 @@ describe('IncompleteFrames budget', () => {
     h.set(0);
     expect(u.resumed).toBe(0);
     expect(frames.waitingConnections).toBe(0);
+  });
+});
+
+describe('IncompleteFrames shared between users', () => {
+  const ATTACKER = 65534;
+  const QEMU = 107;
+
+  it('reads a new connection of a user holding less at once when the budget is full, cutting the oldest frames of the user holding the most', () => {
+    const frames = new IncompleteFrames({ maxBytes: 4 * READ_CHUNK, deadlineMs: 60_000 });
+    const cut: string[] = [];
+    const held = [0, 1, 2, 3].map((i) => holdOf(frames, (why) => cut.push(`${i} ${why}`), ATTACKER));
+    for (const h of held) h.set(READ_CHUNK);
+    // The attacker's next connection waits: it holds the most already.
+    const more = unread();
+    expect(frames.startReading(more, ATTACKER)).toBe(false);
+    const qemu = unread();
+    expect(frames.startReading(qemu, QEMU)).toBe(true);
+    expect(qemu.resumed).toBe(1);
+    expect(cut).toEqual(['0 evicted']); // one chunk of room was needed: the oldest frame went
+    expect(frames.heldBy(ATTACKER)).toBe(3 * READ_CHUNK);
+    // QEMU's bytes fit as they come, taken from the attacker again when the budget is full.
+    const q = holdOf(frames, () => cut.push('qemu'), QEMU);
+    expect(q.set(READ_CHUNK + 5)).toBe(true);
+    expect(cut).toEqual(['0 evicted', '1 evicted']);
+    expect(frames.heldBytes).toBeLessThanOrEqual(4 * READ_CHUNK);
+  });
+
+  it('never cuts the frames of a user holding no more than the one asking: that connection waits', () => {
+    const frames = new IncompleteFrames({ maxBytes: 2 * READ_CHUNK, deadlineMs: 60_000 });
+    const cut: string[] = [];
+    holdOf(frames, () => cut.push('a'), 1).set(READ_CHUNK);
+    const b = holdOf(frames, () => cut.push('b'), 2);
+    b.set(READ_CHUNK);
+    // User 2 holds as much as user 1: a connection of user 2 may not take from user 1.
+    expect(frames.startReading(unread(), 2)).toBe(false);
+    expect(b.set(READ_CHUNK + 1)).toBe(false); // nor may its bytes: over the budget, closed by the caller
+    expect(cut).toEqual([]);
+  });
+
+  it('resumes waiting connections one user after another, not in the order they came', () => {
+    const frames = new IncompleteFrames({ maxBytes: 2 * READ_CHUNK, deadlineMs: 60_000 });
+    // Users 8 and 9 hold a chunk each: neither holds more than the other would, so nobody is cut.
+    holdOf(frames, () => {}, 8).set(READ_CHUNK);
+    const h9 = holdOf(frames, () => {}, 9);
+    h9.set(READ_CHUNK);
+    const flood = [unread(), unread(), unread()];
+    for (const u of flood) expect(frames.startReading(u, 9)).toBe(false);
+    const late = unread();
+    expect(frames.startReading(late, 8)).toBe(false);
+    h9.set(0); // room for one chunk: user 8's connection, not the first of user 9's that came before it
+    expect(late.resumed).toBe(1);
+    expect(flood.map((u) => u.resumed)).toEqual([0, 0, 0]);
+  });
+
+  it('shares the room made by a cut with the waiting connections, keeping a chunk for the one that asked', () => {
+    const frames = new IncompleteFrames({ maxBytes: 3 * READ_CHUNK, deadlineMs: 60_000 });
+    const h = holdOf(frames, () => {}, 9);
+    h.set(3 * READ_CHUNK);
+    const flood = [unread(), unread(), unread()];
+    for (const u of flood) expect(frames.startReading(u, 9)).toBe(false);
+    const other = unread();
+    // User 9's only frame is as large as the budget: it is cut for user 5, which holds nothing.
+    expect(frames.startReading(other, 5)).toBe(true);
+    expect(frames.heldBy(9)).toBe(0);
+    expect(flood.map((u) => u.resumed)).toEqual([1, 1, 0]);
   });
 });
 

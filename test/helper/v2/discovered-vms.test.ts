@@ -48,8 +48,9 @@ function setup(room = true) {
   const scan: DiscoveredVm[] = [];
   const deferred: number[] = [];
   let refined: { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null = null;
-  const discovery: Pick<Discovery, 'scan' | 'refine' | 'defer'> = {
+  const discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'> = {
     scan: () => scan.splice(0),
+    scanSteps: () => scan.splice(0)[Symbol.iterator](),
     refine: () => refined,
     defer: (pid) => deferred.push(pid),
   };

@@ -1,0 +1,44 @@
+/**
+ * Work that may be long done in slices: a /proc scan during a storm of new processes (hundreds of
+ * pids, each a few reads), a sample's stat lines of hundreds of VMs. Steps run until
+ * SLICE_BUDGET_MS have passed, then the rest waits for the next turn of the event loop
+ * (setImmediate), so that the I/O ready meanwhile, QEMU's legacy requests first among it, is served
+ * between slices. A step is never cut: a slice ends after the step that crossed the budget.
+ */
+
+/** Work per event-loop turn, ms: about the most a legacy request waits behind discovery or sampling (docs/daemon.md, "What other users cannot delay"). */
+export const SLICE_BUDGET_MS = 2;
+
+export interface SliceOptions {
+  /** Work per slice, ms (default SLICE_BUDGET_MS). */
+  budgetMs?: number;
+  /** Checked before each step: true stops the work (the service closed); the promise then resolves with undefined. */
+  stopped?: () => boolean;
+}
+
+/**
+ * Runs `steps` to their end, calling `each` with every value, in slices; resolves with what the
+ * iterator returns (undefined when stopped). Rejects with the first error a step or `each` throws
+ * (the steps left are not run). The first slice runs at once, synchronously.
+ */
+export function runInSlices<T, R>(steps: Iterator<T, R>, each: (v: T) => void, o: SliceOptions = {}): Promise<R | undefined> {
+  const budget = o.budgetMs ?? SLICE_BUDGET_MS;
+  return new Promise<R | undefined>((resolve, reject) => {
+    const slice = (): void => {
+      const began = performance.now();
+      try {
+        for (;;) {
+          if (o.stopped?.() === true) return resolve(undefined);
+          const r = steps.next();
+          if (r.done === true) return resolve(r.value);
+          each(r.value);
+          if (performance.now() - began >= budget) break;
+        }
+      } catch (e) {
+        return reject(e instanceof Error ? e : new Error(String(e)));
+      }
+      setImmediate(slice);
+    };
+    slice();
+  });
+}

@@ -1,0 +1,47 @@
+/**
+ * ConnectionSeats: the connection slots shared between users. When all are taken, a user holding
+ * fewer connections than another gets one by closing the oldest connection not read yet of the user
+ * holding the most; connections being served are never closed for another user.
+ */
+import { describe, expect, it } from 'vitest';
+import { ConnectionSeats } from '../../../src/helper/server/connection-seats.js';
+
+function seats() {
+  const s = new ConnectionSeats();
+  const closed: string[] = [];
+  const open = (uid: number, name: string) => s.seat(uid, () => closed.push(name));
+  return { s, closed, open };
+}
+
+describe('ConnectionSeats', () => {
+  it('closes the oldest undecided connection of the user holding the most for a user holding fewer', () => {
+    const { s, closed, open } = seats();
+    for (let i = 0; i < 4; i++) open(65534, `flood ${i}`);
+    open(107, 'qemu');
+    expect(s.makeRoomFor(107)).toBe(true);
+    expect(closed).toEqual(['flood 0']);
+    // The flood's own new connection takes nothing from a user holding fewer.
+    expect(s.makeRoomFor(65534)).toBe(false);
+    expect(closed).toEqual(['flood 0']);
+  });
+
+  it('never closes a connection being served, and takes nothing from a user holding no more than the one asking would', () => {
+    const { s, closed, open } = seats();
+    for (let i = 0; i < 3; i++) open(1, `served ${i}`).decided();
+    expect(s.makeRoomFor(2)).toBe(false); // user 1 holds more, but all of its connections are served
+    open(3, 'a');
+    open(3, 'b');
+    open(2, 'c');
+    expect(s.makeRoomFor(2)).toBe(false); // user 3 holds 2, user 2 would hold 2
+    expect(closed).toEqual([]);
+  });
+
+  it('counts a connection until it is released, once however often', () => {
+    const { s, open } = seats();
+    const a = open(9, 'a');
+    open(9, 'b');
+    a.release();
+    a.release();
+    expect(s.of(9)).toBe(1);
+  });
+});

@@ -1,0 +1,121 @@
+/**
+ * A user of the socket's group holds thousands of connections, each with half a v2 frame, and
+ * reopens each as soon as the helper closes it. The incomplete-frame budget (16 MiB) was one queue
+ * for everyone: a new QEMU connection waited behind the flood's for 8 to 17.7 s. Now the budget is
+ * shared between users: QEMU, of another uid, is read at once, room made by cutting the frames of
+ * the user holding the most.
+ */
+import { describe, expect, test } from 'vitest';
+import { hostArgs, LegacyClient, startHelper } from '../daemon/support/daemon-process.js';
+import { LegacyLatencyProbe, newConnectionWaitMs, percentile } from '../support/legacy-latency.js';
+import { PartialFrameFlood } from '../support/partial-frame-flood.js';
+import { fakeHost, NOBODY, notRoot, onCleanup, sleep, track } from './support.js';
+import fs from 'node:fs';
+
+/**
+ * 3,000 connections of 32 KiB each (half of the 65,535 bytes announced): 96 MiB of partial frames
+ * against a 16 MiB budget. This 2-core machine opens them in under a second, and its kernel holds
+ * what the helper does not read.
+ */
+const FLOOD = { connections: 3000, bodyBytes: 32 * 1024 };
+/** --frame-timeout: short, so that the flood's connections are cut and reopened several times during the test. */
+const FRAME_TIMEOUT_S = 3;
+const MEASURE_MS = 10_000;
+const NEW_CONNECTION_EVERY_MS = 200;
+/** QEMU's vmsr thread waits this long for a reply. */
+const QEMU_WAIT_MS = 500;
+
+describe('a partial-frame flood', () => {
+  test('a new legacy client is answered within 0.5 s while uid nobody holds 3,000 connections of half a v2 frame, reopening each when closed', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { host, dir, sock } = fakeHost();
+    fs.chmodSync(dir, 0o755); // the attacker reaches the socket
+    const daemon = track(
+      await startHelper([
+        '-k',
+        sock,
+        '-u',
+        'nobody',
+        '--socket-mode',
+        '0666',
+        '--frame-timeout',
+        String(FRAME_TIMEOUT_S),
+        ...hostArgs(host),
+      ]),
+    );
+    const qemu = await LegacyClient.connect(sock); // a QEMU connected before the flood
+    onCleanup(() => qemu.close());
+    expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    const flood = await new PartialFrameFlood({ socketPath: sock, ...FLOOD, uid: NOBODY }).ready();
+    onCleanup(() => flood.stop());
+    const probe = await LegacyLatencyProbe.start(sock, 10);
+    onCleanup(() => void probe.stop());
+    // New QEMUs connecting all along, across several of the flood's timeout waves.
+    const waits: number[] = [];
+    const t0 = Date.now();
+    while (Date.now() - t0 < MEASURE_MS) {
+      waits.push(await newConnectionWaitMs(sock, 5 * FRAME_TIMEOUT_S * 1000));
+      await sleep(NEW_CONNECTION_EVERY_MS);
+    }
+    const probeWaits = [...probe.stop(), probe.pendingMs()];
+    const within = waits.filter((w) => w < QEMU_WAIT_MS).length / waits.length;
+    console.log(
+      `flood of ${flood.open} connections open on its side (${flood.opened} opened, ${flood.reopened} reopened): new connection to reply p50 ${percentile(waits, 50).toFixed(1)} ms, ` +
+        `p90 ${percentile(waits, 90).toFixed(1)} ms, max ${Math.max(...waits).toFixed(1)} ms (${waits.length}; ${(within * 100).toFixed(0)} % within ${QEMU_WAIT_MS} ms); ` +
+        `connected client p99 ${percentile(probeWaits, 99).toFixed(1)} ms, max ${Math.max(...probeWaits).toFixed(1)} ms`,
+    );
+    // The flood was one: it opened its connections, the helper cut them (deadline, eviction) and it reopened them.
+    expect(flood.opened).toBeGreaterThanOrEqual(FLOOD.connections);
+    expect(flood.reopened).toBeGreaterThan(0);
+    // Every new QEMU was answered, most within ms and 80 % within QEMU's 0.5 s (the old daemon: 8 to 17.7 s, every
+    // one; about 10 s with this test's 3 s timeout). The rest is this shared 2-core machine: a connect() during one of
+    // the flood's waves of hundreds of reconnections waits its turn in the listen backlog (measured here: p90 about
+    // 0.2 s, 90 % within 0.5 s, with 7 other test runs on the machine).
+    expect(waits.every(Number.isFinite)).toBe(true);
+    expect(percentile(waits, 50)).toBeLessThan(50);
+    expect(percentile(waits, 80)).toBeLessThan(QEMU_WAIT_MS);
+    // The QEMU connected before is answered still, the flood's frames were evicted for the new clients (logged).
+    expect(probe.error).toBeNull();
+    expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    expect(daemon.stderr()).toContain('"cause":"incomplete frame evicted"');
+  }, 90_000);
+
+  test('a new legacy client still gets a connection slot when uid nobody holds more connections than --max-connections', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { host, dir, sock } = fakeHost();
+    fs.chmodSync(dir, 0o755);
+    // 1,000 slots against 1,500 connections (most of them waiting unread for the budget): the flood takes every slot it can.
+    const maxConnections = 1000;
+    const daemon = track(
+      await startHelper([
+        '-k',
+        sock,
+        '-u',
+        'nobody',
+        '--socket-mode',
+        '0666',
+        '--max-connections',
+        String(maxConnections),
+        ...hostArgs(host),
+      ]),
+    );
+    const flood = new PartialFrameFlood({ socketPath: sock, connections: 1500, bodyBytes: FLOOD.bodyBytes, uid: NOBODY });
+    onCleanup(() => flood.stop());
+    await flood.ready().catch(() => {}); // it never holds all 1,500: 'ready' once it opened that many in all
+    await sleep(1000);
+    const waits: number[] = [];
+    for (let i = 0; i < 10; i++) {
+      waits.push(await newConnectionWaitMs(sock, 5000));
+      await sleep(NEW_CONNECTION_EVERY_MS);
+    }
+    console.log(
+      `flood with ${flood.open} connections open on its side, ${maxConnections} slots: new connection to reply ${waits.map((w) => w.toFixed(1)).join(', ')} ms`,
+    );
+    // Before, each was closed at once unanswered (Infinity here): the slots were all the flood's.
+    expect(waits.every(Number.isFinite)).toBe(true);
+    expect(percentile(waits, 50)).toBeLessThan(QEMU_WAIT_MS);
+    expect(daemon.stderr()).toContain('"cause":"connection evicted"');
+  }, 90_000);
+});
