@@ -3,9 +3,9 @@
  * asks for; / names the metrics path; anything else is 404 (405 for other methods). Connection
  * slots with timers of their own (connection-slots.ts), so idle or slow clients cannot lock out the scraper.
  *
- * With a web configuration file (web-config-file.ts): TLS, where each new connection is wrapped
- * with the TLS context and client certificate policy the file gives at that moment (a renewed
- * certificate applies from the next connection); basic authentication (a request without the right
+ * With a web configuration file (web-config-file.ts): TLS, where each new connection gets the
+ * certificate and client certificate policy the file gives at that moment (a renewed certificate
+ * applies from the next connection; a TLS handshake has HTTP_IDLE_TIMEOUT_MS); basic authentication (a request without the right
  * password gets 401 and WWW-Authenticate, whatever its path); the file's response headers. A
  * request is authenticated when it gave a right password or a client certificate verified against
  * client_ca_file; --host-series (host-series.ts) decides what an unauthenticated one sees.
@@ -18,7 +18,7 @@ import { buildExpositions, negotiateFormat } from './metrics.js';
 import { formatListenAddress, type ListenAddress } from './listen-address.js';
 import { cannot } from '../common/errors.js';
 import { ConnectionSlots, type SlotStats } from './connection-slots.js';
-import type { WebConfigFile } from './web-config-file.js';
+import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
 import type { TlsServerConfig } from './web-config.js';
 import { BasicAuth, WWW_AUTHENTICATE } from './basic-auth.js';
 import { DEFAULT_HOST_SERIES, showsHostSeries, type HostSeries } from './host-series.js';
@@ -135,35 +135,39 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     idleMs: HTTP_IDLE_TIMEOUT_MS,
     requestMs: HTTP_REQUEST_TIMEOUT_MS,
   });
-  // With TLS, a TCP server of our own wraps each connection and hands it to the HTTP server at once
-  // (the slots then time its handshake too), with the file's TLS context as it is now.
-  const withTls = web !== null && web.current().secureContext !== null;
-  const front: net.Server = withTls
-    ? net.createServer((raw) => {
-        const loaded = web.current();
-        const t = loaded.config.tls;
-        if (t === null || loaded.secureContext === null) {
-          raw.destroy();
-          return;
-        }
-        const socket = new tls.TLSSocket(raw, {
-          isServer: true,
-          secureContext: loaded.secureContext,
-          requestCert: t.clientAuthType !== 'NoClientCert',
-          rejectUnauthorized: t.clientAuthType === 'RequireAndVerifyClientCert',
-          ALPNProtocols: ['http/1.1'],
-        });
-        socket.on('error', () => {
+  // With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made
+  // from the file as it is at that moment: a renewed certificate or a new client policy applies from
+  // the next connection. Node's TLS server verifies client certificates and times the handshake;
+  // what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
+  const tlsServers = new WeakMap<LoadedWebConfig, tls.Server>();
+  const tlsServerFor = (loaded: LoadedWebConfig): tls.Server | null => {
+    const t = loaded.config.tls;
+    if (t === null || loaded.tlsOptions === null) return null;
+    let s = tlsServers.get(loaded);
+    if (s === undefined) {
+      s = tls.createServer({ ...loaded.tlsOptions, ALPNProtocols: ['http/1.1'], handshakeTimeout: HTTP_IDLE_TIMEOUT_MS });
+      s.on('secureConnection', (socket: tls.TLSSocket) => {
+        if (!clientCertAllowed(t, socket)) {
           tlsFailures++;
           socket.destroy();
-        });
-        socket.once('secure', () => {
-          if (!clientCertAllowed(t, socket)) {
-            tlsFailures++;
-            socket.destroy();
-          }
-        });
+          return;
+        }
         server.emit('connection', socket);
+      });
+      s.on('tlsClientError', (_e, socket: tls.TLSSocket) => {
+        tlsFailures++;
+        socket.destroy();
+      });
+      tlsServers.set(loaded, s);
+    }
+    return s;
+  };
+  const withTls = web !== null && web.current().tlsOptions !== null;
+  const front: net.Server = withTls
+    ? net.createServer((raw) => {
+        const s = tlsServerFor(web.current());
+        if (s === null) raw.destroy();
+        else s.emit('connection', raw);
       })
     : server;
   const where = formatListenAddress(listen);

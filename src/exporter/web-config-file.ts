@@ -18,8 +18,8 @@ export const MAX_WEB_CONFIG_FILE_BYTES = 1024 * 1024;
 
 export interface LoadedWebConfig {
   config: WebConfig;
-  /** The server's certificate and key, and the CA that verifies clients; null without tls_server_config. */
-  secureContext: tls.SecureContext | null;
+  /** The server's TLS options (certificate, key, the CA that verifies clients, versions, ciphers), checked; null without tls_server_config. */
+  tlsOptions: tls.TlsOptions | null;
 }
 
 function readBounded(file: string, what: string): string {
@@ -48,21 +48,24 @@ function pemText(src: PemSource, key: string): string {
   return 'inline' in src ? src.inline : readBounded(src.file, `tls_server_config.${key}`);
 }
 
-function secureContextOf(t: TlsServerConfig, source: string): tls.SecureContext {
-  const cert = pemText(t.cert, 'cert_file');
-  const key = pemText(t.key, 'key_file');
-  const ca = t.clientCa === null ? undefined : pemText(t.clientCa, 'client_ca_file');
+function tlsOptionsOf(t: TlsServerConfig, source: string): tls.TlsOptions {
+  const options: tls.TlsOptions = {
+    cert: pemText(t.cert, 'cert_file'),
+    key: pemText(t.key, 'key_file'),
+    ...(t.clientCa === null ? {} : { ca: pemText(t.clientCa, 'client_ca_file') }),
+    minVersion: t.minVersion,
+    maxVersion: t.maxVersion,
+    honorCipherOrder: t.honorCipherOrder,
+    ...(t.ciphers === null ? {} : { ciphers: t.ciphers }),
+    ...(t.ecdhCurve === null ? {} : { ecdhCurve: t.ecdhCurve }),
+    // Go's policies in OpenSSL's terms; what OpenSSL does not check is checked after the handshake (http-server.ts).
+    requestCert: t.clientAuthType !== 'NoClientCert',
+    rejectUnauthorized: t.clientAuthType === 'RequireAndVerifyClientCert',
+  };
   try {
-    return tls.createSecureContext({
-      cert,
-      key,
-      ca,
-      minVersion: t.minVersion,
-      maxVersion: t.maxVersion,
-      honorCipherOrder: t.honorCipherOrder,
-      ...(t.ciphers === null ? {} : { ciphers: t.ciphers }),
-      ...(t.ecdhCurve === null ? {} : { ecdhCurve: t.ecdhCurve }),
-    });
+    // Made once here so that a key that is not the certificate's fails the load, not each handshake.
+    tls.createSecureContext(options);
+    return options;
   } catch (e) {
     throw new Error(
       cannot(
@@ -78,7 +81,7 @@ function secureContextOf(t: TlsServerConfig, source: string): tls.SecureContext 
 export function loadWebConfigFile(file: string): LoadedWebConfig {
   const doc = parseYamlSubset(readBounded(file, 'the web configuration file'), file);
   const config = checkWebConfig(doc, file, path.dirname(path.resolve(file)));
-  return { config, secureContext: config.tls === null ? null : secureContextOf(config.tls, file) };
+  return { config, tlsOptions: config.tls === null ? null : tlsOptionsOf(config.tls, file) };
 }
 
 /** What identifies a file's content without reading it. */

@@ -126,7 +126,7 @@ describe('web configuration file: load and reload', () => {
       fs.copyFileSync(files.serverCert, path.join(dir, 'server.crt'));
       fs.copyFileSync(files.serverKey, path.join(dir, 'server.key'));
       const f = write(dir, 'tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n');
-      expect(loadWebConfigFile(f).secureContext).not.toBeNull();
+      expect(loadWebConfigFile(f).tlsOptions).not.toBeNull();
       fs.copyFileSync(files.clientKey, path.join(dir, 'server.key'));
       expect(() => loadWebConfigFile(f)).toThrow(/cannot use .*web\.yml: tls_server_config: .*; check that cert_file and key_file are PEM/);
       fs.rmSync(path.join(dir, 'server.key'));
