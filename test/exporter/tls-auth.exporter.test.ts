@@ -129,6 +129,23 @@ describe('exporter over TLS with basic authentication', () => {
     expect(statusOf(await get(ex2.url, client))).toBe(200);
   });
 
+  test('RequireAnyClientCert wants a certificate from any CA; VerifyClientCertIfGiven lets none in but verifies one given', async () => {
+    const client = { ca: files.caCert, cert: files.clientCert, key: files.clientKey };
+    const stranger = { ca: files.caCert, cert: files.strangerCert, key: files.strangerKey };
+    const any = await exporter(['--web.config.file', webConfig('any.yml', TLS(['  client_auth_type: RequireAnyClientCert']))]);
+    await waitForHealth(any.url, client);
+    expect(statusOf(await get(any.url, stranger))).toBe(200);
+    expect(await get(any.url, { ca: files.caCert })).toHaveProperty('error');
+
+    const ifGiven = await exporter([
+      '--web.config.file',
+      webConfig('if-given.yml', TLS([`  client_ca_file: ${files.caCert}`, '  client_auth_type: VerifyClientCertIfGiven'])),
+    ]);
+    await waitForHealth(ifGiven.url, client);
+    expect(statusOf(await get(ifGiven.url, { ca: files.caCert }))).toBe(200);
+    expect(await get(ifGiven.url, stranger)).toHaveProperty('error');
+  });
+
   test('a new password in the file applies from the next request, without a restart', async () => {
     const web = webConfig('reload.yml', [...TLS(), 'basic_auth_users:', `  other: ${PASSWORD_HASH}`]);
     const ex = await exporter(['--web.config.file', web]);
