@@ -4,7 +4,8 @@
  * TLS with basic authentication, scraped by one real Prometheus whose job is the shipped
  * contrib/prometheus/vmsr-fleet-scrape.yml with this test's CA, password and targets. Two more
  * jobs scrape the first host with a wrong password and over plain HTTP; an alert rule fires on
- * `up == 0` when a host goes down. The shipped federation and remote-write files pass promtool.
+ * `up == 0` when a host goes down. A second Prometheus federates the first with the shipped
+ * federation.yml; the shipped scrape, federation and remote-write files pass promtool.
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -57,6 +58,20 @@ function shippedScrapeJob(ca: string, passwordFile: string, targets: string[]): 
   const at = lines.findIndex((l) => l.trim() === '- targets:');
   expect(at, 'the shipped job lists its targets under "- targets:"').toBeGreaterThan(0);
   lines.splice(at + 1, 0, ...targets.map((t) => `          - ${t}`));
+  return lines.filter((l) => l.trim() !== '');
+}
+
+/** The shipped federation job, pointed at `target` over plain HTTP (its TLS and auth lines left out). */
+function shippedFederationJob(target: string): string[] {
+  const text = fs.readFileSync(path.join(CONTRIB, 'federation.yml'), 'utf8');
+  const job = text.slice(text.indexOf('scrape_configs:\n') + 'scrape_configs:\n'.length);
+  const lines = job
+    .split('\n')
+    .filter((l) => !/^\s+(scheme: https|tls_config:|ca_file:|basic_auth:|username:|password_file:)/.test(l))
+    .filter((l) => !/^\s+- prometheus\.site-[a-z]\.example\.org:9090$/.test(l));
+  const at = lines.findIndex((l) => l.trim() === '- targets:');
+  expect(at, 'the shipped federation job lists its targets under "- targets:"').toBeGreaterThan(0);
+  lines.splice(at + 1, 0, `          - ${target}`);
   return lines.filter((l) => l.trim() !== '');
 }
 
@@ -233,6 +248,22 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
       },
       'each instance to grow by its own host energy',
       () => `${JSON.stringify([...before])}\n${logs()}`,
+    );
+
+    // Beyond one Prometheus: a second one federating the first with the shipped federation.yml
+    // (over plain HTTP here: the test's Prometheus serves no TLS) gets every host's series with its
+    // own instance label and the same values.
+    const federating = await startPrometheus('', { scrapeConfigs: shippedFederationJob(prom.url.replace('http://', '')) });
+    cleanups.push(() => federating.stop());
+    const settled = await stored();
+    await pollFor(
+      async () => {
+        const r = await federating.query(`${METRIC.packageEnergy}{job="vmsr"}`);
+        const got = new Map(r.map((s) => [s.metric.instance!, Number(s.value[1])]));
+        return hosts.every((h) => got.get(h.target) === settled.get(h.target)) ? true : undefined;
+      },
+      'the federating Prometheus to hold each host value',
+      () => `${federating.log()}\n${logs()}`,
     );
 
     // One host goes down: its up turns 0 and the alert fires for it alone.
