@@ -9,12 +9,19 @@ import { startMetricsServer, METRICS_PATH } from './http-server.js';
 import type { ListenAddress } from './listen-address.js';
 import type { ObserverClient } from './observer-api.js';
 import { ObserverSession, type Backoff } from './observer-session.js';
+import { WebConfigFile } from './web-config-file.js';
+import { requiresAuthentication } from './web-config.js';
+import { DEFAULT_HOST_SERIES, type HostSeries } from './host-series.js';
+import { checkBcryptAvailable } from '../os/bcrypt.js';
 
 export interface ExporterConfig {
   socketPath: string;
   listen: ListenAddress;
   maxExportedVms: number;
   backoff?: Backoff;
+  /** --web.config.file: TLS, basic authentication, headers (docs/exporter.md "Web configuration file"). */
+  webConfigFile?: string | null;
+  hostSeries?: HostSeries;
 }
 
 export interface RunningExporter {
@@ -28,11 +35,24 @@ export async function startExporter(c: ExporterConfig, connect: () => Promise<Ob
     log.warn(
       "the exporter runs as root; it needs no privileges: run it as a user in the helper socket's group (see contrib/systemd/vmsr-helper-exporter.service)",
     );
+  const web = c.webConfigFile ? new WebConfigFile(c.webConfigFile, log) : null;
+  const config = web?.current().config ?? null;
+  if (config !== null && config.basicAuthUsers.size > 0) checkBcryptAvailable();
+  const hostSeries = c.hostSeries ?? DEFAULT_HOST_SERIES;
+  if (hostSeries === 'authenticated' && (config === null || !requiresAuthentication(config)))
+    log.warn(
+      { hostSeries },
+      '--host-series authenticated without basic_auth_users or a verified client certificate in --web.config.file: no reader sees the host package series',
+    );
   const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxExportedVms: c.maxExportedVms });
-  const server = await startMetricsServer(book, c.listen);
+  const server = await startMetricsServer(book, c.listen, { web, hostSeries });
   const host = server.address.host.includes(':') ? `[${server.address.host}]` : server.address.host;
-  const url = `http://${host}:${server.address.port}${METRICS_PATH}`;
-  log.info({ url, socket: c.socketPath }, `Serving metrics on ${url}`);
+  const scheme = config?.tls ? 'https' : 'http';
+  const url = `${scheme}://${host}:${server.address.port}${METRICS_PATH}`;
+  log.info(
+    { url, socket: c.socketPath, tls: config?.tls != null, basicAuth: (config?.basicAuthUsers.size ?? 0) > 0, hostSeries },
+    `Serving metrics on ${url}`,
+  );
   const session = new ObserverSession({ connect, book, log, backoff: c.backoff, socketPath: c.socketPath });
   return {
     url,

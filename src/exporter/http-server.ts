@@ -2,14 +2,26 @@
  * The exporter's HTTP side (node:http): GET /metrics renders the book in the format the scraper
  * asks for; / names the metrics path; anything else is 404 (405 for other methods). Connection
  * slots with timers of their own (connection-slots.ts), so idle or slow clients cannot lock out the scraper.
+ *
+ * With a web configuration file (web-config-file.ts): TLS, where each new connection gets the
+ * certificate and client certificate policy the file gives at that moment (a renewed certificate
+ * applies from the next connection; a TLS handshake has HTTP_IDLE_TIMEOUT_MS); basic authentication (a request without the right
+ * password gets 401 and WWW-Authenticate, whatever its path); the file's response headers. A
+ * request is authenticated when it gave a right password or a client certificate verified against
+ * client_ca_file; --host-series (host-series.ts) decides what an unauthenticated one sees.
  */
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
+import tls from 'node:tls';
 import type { EnergyBook } from './energy-book.js';
 import { buildExpositions, negotiateFormat } from './metrics.js';
-import type { ListenAddress } from './listen-address.js';
+import { formatListenAddress, type ListenAddress } from './listen-address.js';
 import { cannot } from '../common/errors.js';
 import { ConnectionSlots, type SlotStats } from './connection-slots.js';
+import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
+import type { TlsServerConfig } from './web-config.js';
+import { BasicAuth, WWW_AUTHENTICATE } from './basic-auth.js';
+import { DEFAULT_HOST_SERIES, showsHostSeries, type HostSeries } from './host-series.js';
 
 export const METRICS_PATH = '/metrics';
 /** Concurrent HTTP connections; Prometheus uses one per target. Full: the oldest idle one makes room. */
@@ -26,12 +38,38 @@ export interface MetricsServer {
   lastRenderS(): number | null;
   /** Connection slots: open, evicted, refused, timed out. */
   slots(): SlotStats;
+  /** TLS handshakes that failed (plain HTTP on a TLS port, a refused client certificate). */
+  tlsFailures(): number;
   close(): Promise<void>;
 }
 
-export async function startMetricsServer(book: EnergyBook, listen: ListenAddress): Promise<MetricsServer> {
+export interface MetricsServerOptions {
+  /** The --web.config.file, or null for plain HTTP without authentication. */
+  web?: WebConfigFile | null;
+  hostSeries?: HostSeries;
+}
+
+/** Whether a client's certificate meets the policy beyond what OpenSSL checked (presence, SANs). */
+function clientCertAllowed(t: TlsServerConfig, socket: tls.TLSSocket): boolean {
+  const cert = socket.getPeerCertificate();
+  const has = cert !== null && typeof cert === 'object' && Object.keys(cert).length > 0;
+  if (t.clientAuthType === 'RequireAnyClientCert' && !has) return false;
+  if (t.clientAuthType === 'VerifyClientCertIfGiven' && has && !socket.authorized) return false;
+  if (t.clientAllowedSans.length > 0) {
+    // Node writes the SANs as "DNS:a, IP Address:1.2.3.4, email:x@y, URI:u".
+    const sans = (has ? (cert.subjectaltname ?? '') : '').split(', ').map((e) => e.slice(e.indexOf(':') + 1));
+    if (!t.clientAllowedSans.some((a) => sans.includes(a))) return false;
+  }
+  return true;
+}
+
+export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}): Promise<MetricsServer> {
   const expositions = buildExpositions(book);
+  const web = opts.web ?? null;
+  const hostSeries = opts.hostSeries ?? DEFAULT_HOST_SERIES;
+  const auth = new BasicAuth();
   let lastRender: number | null = null;
+  let tlsFailures = 0;
   // Node's own timeouts stay as a second line; ConnectionSlots enforces them per socket.
   const server = http.createServer(
     {
@@ -41,63 +79,123 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
       connectionsCheckingInterval: 1_000,
     },
     (req, res) => {
-      const url = (req.url ?? '/').split('?')[0];
-      if (req.method !== 'GET' && req.method !== 'HEAD') {
-        res.writeHead(405, { Allow: 'GET, HEAD', 'Content-Type': 'text/plain; charset=utf-8' }).end('method not allowed: use GET\n');
+      const config = web?.current().config ?? null;
+      if (config !== null) for (const [name, value] of Object.entries(config.headers)) res.setHeader(name, value);
+      if (config === null || config.basicAuthUsers.size === 0) {
+        serve(req, res, false);
         return;
       }
-      if (url === '/') {
-        res.writeHead(200, { 'Content-Type': 'text/html; charset=utf-8' });
-        res.end(
-          `<html><head><title>vmsr-helper exporter</title></head><body><h1>vmsr-helper exporter</h1><p><a href="${METRICS_PATH}">Metrics</a></p></body></html>\n`,
-        );
-        return;
-      }
-      if (url !== METRICS_PATH) {
-        res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`not found: metrics are at ${METRICS_PATH}\n`);
-        return;
-      }
-      const exposition = expositions[negotiateFormat(req.headers.accept)];
-      const t0 = process.hrtime.bigint();
-      book
-        .scrape(() => exposition.render())
-        .then((body) => {
-          lastRender = Number(process.hrtime.bigint() - t0) / 1e9;
-          res.writeHead(200, { 'Content-Type': exposition.contentType, 'Content-Length': Buffer.byteLength(body) });
-          res.end(req.method === 'HEAD' ? undefined : body);
+      auth
+        .check(config.basicAuthUsers, req.headers.authorization)
+        .then((ok) => {
+          if (ok) serve(req, res, true);
+          else
+            res.writeHead(401, { 'WWW-Authenticate': WWW_AUTHENTICATE, 'Content-Type': 'text/plain; charset=utf-8' }).end('Unauthorized\n');
         })
         .catch((e: Error) => {
-          res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`${cannot(`render metrics`, e.message)}\n`);
+          res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`${cannot('check the password', e.message)}\n`);
         });
     },
   );
+  const serve = (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean): void => {
+    const byCert = req.socket instanceof tls.TLSSocket && req.socket.authorized;
+    const url = (req.url ?? '/').split('?')[0];
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, { Allow: 'GET, HEAD', 'Content-Type': 'text/plain; charset=utf-8' }).end('method not allowed: use GET\n');
+      return;
+    }
+    if (url === '/') {
+      res.writeHead(200, { 'Content-Type': 'text/html; charset=utf-8' });
+      res.end(
+        `<html><head><title>vmsr-helper exporter</title></head><body><h1>vmsr-helper exporter</h1><p><a href="${METRICS_PATH}">Metrics</a></p></body></html>\n`,
+      );
+      return;
+    }
+    if (url !== METRICS_PATH) {
+      res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`not found: metrics are at ${METRICS_PATH}\n`);
+      return;
+    }
+    const view = showsHostSeries(hostSeries, byPassword || byCert) ? expositions.withHost : expositions.withoutHost;
+    const exposition = view[negotiateFormat(req.headers.accept)];
+    const t0 = process.hrtime.bigint();
+    book
+      .scrape(() => exposition.render())
+      .then((body) => {
+        lastRender = Number(process.hrtime.bigint() - t0) / 1e9;
+        res.writeHead(200, { 'Content-Type': exposition.contentType, 'Content-Length': Buffer.byteLength(body) });
+        res.end(req.method === 'HEAD' ? undefined : body);
+      })
+      .catch((e: Error) => {
+        res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`${cannot(`render metrics`, e.message)}\n`);
+      });
+  };
   // Not server.maxConnections: Node then refuses every new connection while the slots are full.
   const slots = new ConnectionSlots(server, {
     max: MAX_HTTP_CONNECTIONS,
     idleMs: HTTP_IDLE_TIMEOUT_MS,
     requestMs: HTTP_REQUEST_TIMEOUT_MS,
   });
+  // With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made
+  // from the file as it is at that moment: a renewed certificate or a new client policy applies from
+  // the next connection. Node's TLS server verifies client certificates and times the handshake;
+  // what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
+  const tlsServers = new WeakMap<LoadedWebConfig, tls.Server>();
+  const tlsServerFor = (loaded: LoadedWebConfig): tls.Server | null => {
+    const t = loaded.config.tls;
+    if (t === null || loaded.tlsOptions === null) return null;
+    let s = tlsServers.get(loaded);
+    if (s === undefined) {
+      s = tls.createServer({ ...loaded.tlsOptions, ALPNProtocols: ['http/1.1'], handshakeTimeout: HTTP_IDLE_TIMEOUT_MS });
+      s.on('secureConnection', (socket: tls.TLSSocket) => {
+        if (!clientCertAllowed(t, socket)) {
+          tlsFailures++;
+          socket.destroy();
+          return;
+        }
+        server.emit('connection', socket);
+      });
+      s.on('tlsClientError', (_e, socket: tls.TLSSocket) => {
+        tlsFailures++;
+        socket.destroy();
+      });
+      tlsServers.set(loaded, s);
+    }
+    return s;
+  };
+  const withTls = web !== null && web.current().tlsOptions !== null;
+  const front: net.Server = withTls
+    ? net.createServer((raw) => {
+        const s = tlsServerFor(web.current());
+        if (s === null) raw.destroy();
+        else s.emit('connection', raw);
+      })
+    : server;
+  const where = formatListenAddress(listen);
   await new Promise<void>((resolve, reject) => {
-    server.once('error', (e: NodeJS.ErrnoException) => {
+    front.once('error', (e: NodeJS.ErrnoException) => {
       const fix =
         e.code === 'EADDRINUSE'
-          ? 'another process uses that port; pick another with --listen HOST:PORT'
+          ? 'another process uses that port; pick another with --listen [HOST]:PORT'
           : e.code === 'EACCES'
             ? 'ports below 1024 need privileges the exporter should not have; pick a port >= 1024'
             : e.code === 'EADDRNOTAVAIL'
               ? 'no interface has that address; use 127.0.0.1 or an address of this host'
               : 'check --listen';
-      reject(new Error(cannot(`listen on ${listen.host}:${listen.port}`, e.code ?? e.message, fix)));
+      reject(new Error(cannot(`listen on ${where}`, e.code ?? e.message, fix)));
     });
-    server.listen(listen.port, listen.host, () => resolve());
+    // No host (":PORT"): every address, IPv6 and IPv4.
+    if (listen.host === null) front.listen(listen.port, () => resolve());
+    else front.listen(listen.port, listen.host, () => resolve());
   });
-  const a = server.address() as AddressInfo;
+  const a = front.address() as AddressInfo;
   return {
     address: { host: a.address, port: a.port },
     lastRenderS: () => lastRender,
     slots: () => slots.stats(),
+    tlsFailures: () => tlsFailures,
     close: () =>
       new Promise<void>((resolve) => {
+        if (front !== server) front.close();
         server.close(() => resolve());
         server.closeAllConnections();
       }),

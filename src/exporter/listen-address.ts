@@ -1,7 +1,9 @@
 import { cannot } from '../common/errors.js';
 /**
- * --listen HOST:PORT. Loopback by default: the metrics tell who runs which VM and how hard, so
- * exposing them beyond the host is the operator's explicit choice.
+ * --listen [HOST]:PORT, read as Go exporters read --web.listen-address: "127.0.0.1:8677",
+ * "[::1]:8677", "host.example:8677", or ":8677" for every address of the host (IPv6 and IPv4).
+ * Loopback by default: the metrics tell who runs which VM and how hard, so exposing them beyond the
+ * host is the operator's explicit choice.
  */
 
 /**
@@ -13,16 +15,40 @@ export const DEFAULT_EXPORTER_PORT = 8677;
 export const DEFAULT_LISTEN = `127.0.0.1:${DEFAULT_EXPORTER_PORT}`;
 
 export interface ListenAddress {
-  host: string;
+  /** An address or a host name; null: every address of the host (":PORT"). */
+  host: string | null;
   port: number;
 }
 
-/** "127.0.0.1:8677", "[::1]:8677", "0.0.0.0:8677"; port 0 picks a free one (tests). */
+/** A host name as DNS spells it (letters, digits, hyphens, dots), or an IPv4 address. */
+const HOST_NAME = /^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$/;
+/** What may stand between the brackets of an IPv6 address (a zone after % included: fe80::1%eth0). */
+const IPV6 = /^[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,15})?$/;
+
+/** "127.0.0.1:8677", "[::1]:8677", "localhost:8677", ":8677"; port 0 picks a free one (tests). */
 export function parseListenAddress(text: string): ListenAddress {
-  const m = /^\[([0-9a-fA-F:.]+)\]:(\d{1,5})$/.exec(text) ?? /^([^:\s[\]]+):(\d{1,5})$/.exec(text);
-  const fix = `use HOST:PORT, e.g. --listen ${DEFAULT_LISTEN} or --listen [::1]:${DEFAULT_EXPORTER_PORT}`;
-  if (!m) throw new Error(cannot(`use --listen ${JSON.stringify(text)}`, `not HOST:PORT`, fix));
-  const port = Number(m[2]);
-  if (port > 65535) throw new Error(cannot(`use --listen ${JSON.stringify(text)}`, `port ${port} is over 65535`, fix));
-  return { host: m[1]!, port };
+  const fix = `use [HOST]:PORT, e.g. --listen ${DEFAULT_LISTEN}, --listen [::1]:${DEFAULT_EXPORTER_PORT} or --listen :${DEFAULT_EXPORTER_PORT} (every address)`;
+  const bad = (why: string): Error => new Error(cannot(`use --listen ${JSON.stringify(text)}`, why, fix));
+  const colon = text.lastIndexOf(':');
+  if (colon < 0) throw bad('no :PORT');
+  const hostPart = text.slice(0, colon);
+  const portPart = text.slice(colon + 1);
+  if (!/^\d{1,5}$/.test(portPart)) throw bad(`port ${JSON.stringify(portPart)} is not a number`);
+  const port = Number(portPart);
+  if (port > 65535) throw bad(`port ${port} is over 65535`);
+  if (hostPart === '') return { host: null, port };
+  if (hostPart.startsWith('[')) {
+    const inner = hostPart.endsWith(']') ? hostPart.slice(1, -1) : null;
+    if (inner === null || !IPV6.test(inner) || !inner.includes(':')) throw bad(`${hostPart} is not a bracketed IPv6 address`);
+    return { host: inner, port };
+  }
+  if (hostPart.includes(':')) throw bad('an IPv6 address needs brackets');
+  if (!HOST_NAME.test(hostPart)) throw bad(`${JSON.stringify(hostPart)} is neither an address nor a host name`);
+  return { host: hostPart, port };
+}
+
+/** How an address reads in a URL or a log: "[::1]:8677", "127.0.0.1:8677", ":8677". */
+export function formatListenAddress(a: ListenAddress): string {
+  const host = a.host === null ? '' : a.host.includes(':') ? `[${a.host}]` : a.host;
+  return `${host}:${a.port}`;
 }

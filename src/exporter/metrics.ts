@@ -13,6 +13,7 @@ import type { EnergyBook } from './energy-book.js';
 import { ujToJoules } from './running-total.js';
 import { VmExposition, type ExpositionFormat, type VmFamily } from './vm-exposition.js';
 import { addEnergySourceInfo } from './energy-source-info.js';
+import { processRegistry } from './process-metrics.js';
 
 export type { ExpositionFormat };
 
@@ -75,27 +76,58 @@ export interface Exposition {
   render(): Promise<string>;
 }
 
-/** One Exposition per format, reading `book`; the VMs' escaped label text is shared by both. */
-export function buildExpositions(book: EnergyBook): Record<ExpositionFormat, Exposition> {
-  const vms = new VmExposition(book, VM_FAMILIES);
-  const one = (format: ExpositionFormat): Exposition => {
-    const registry = buildRegistry(book, format);
-    // prom-client joins families with a blank line (Prometheus) or a newline (OpenMetrics, whose
-    // body ends with # EOF): the VM families go first, joined the same way.
-    const sep = format === 'openmetrics' ? '\n' : '\n\n';
-    return {
-      contentType: registry.contentType,
-      render: async () => `${vms.render(format)}${sep}${await registry.metrics()}`,
-    };
-  };
-  return { prometheus: one('prometheus'), openmetrics: one('openmetrics') };
+/** The families of the host packages' energy (and what follows from it): what --host-series withholds. */
+export const HOST_FAMILIES: readonly string[] = [METRIC.packageEnergy, METRIC.packageUnattributedEnergy, METRIC.unattributedEnergy];
+
+/** The expositions of one book: per format, with the host families and without them. */
+export interface Expositions {
+  withHost: Record<ExpositionFormat, Exposition>;
+  withoutHost: Record<ExpositionFormat, Exposition>;
 }
 
-/** The host and health families (everything but the per-VM ones). */
-function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<RegistryContentType> {
+/**
+ * One Exposition per format and host view, reading `book`; the VMs' escaped label text, the
+ * process metrics and vmsr_build_info (process-metrics.ts) are shared by the views of a format.
+ */
+export function buildExpositions(book: EnergyBook): Expositions {
+  const vms = new VmExposition(book, VM_FAMILIES);
+  const processRegistries = {
+    prometheus: processRegistry(CONTENT_TYPES.prometheus),
+    openmetrics: processRegistry(CONTENT_TYPES.openmetrics),
+  };
+  const one = (format: ExpositionFormat, withHost: boolean): Exposition => {
+    const registry = buildRegistry(book, format, withHost);
+    const own = processRegistries[format];
+    // prom-client joins families with a blank line (Prometheus) or a newline (OpenMetrics, whose
+    // body ends with # EOF): the VM families go first, joined the same way, and the process
+    // registry's body follows the book's without its # EOF.
+    const open = format === 'openmetrics';
+    const sep = open ? '\n' : '\n\n';
+    return {
+      contentType: registry.contentType,
+      render: async () => {
+        const [main, proc] = await Promise.all([registry.metrics(), own.metrics()]);
+        return `${vms.render(format)}${sep}${open ? main.slice(0, -'# EOF\n'.length) : `${main}\n`}${proc}`;
+      },
+    };
+  };
+  return {
+    withHost: { prometheus: one('prometheus', true), openmetrics: one('openmetrics', true) },
+    withoutHost: { prometheus: one('prometheus', false), openmetrics: one('openmetrics', false) },
+  };
+}
+
+/** The host and health families (everything but the per-VM ones); the host families only `withHost`. */
+function buildRegistry(book: EnergyBook, format: ExpositionFormat, withHost: boolean): Registry<RegistryContentType> {
   const registry = new Registry<RegistryContentType>();
   registry.setContentType(CONTENT_TYPES[format]);
   const registers = [registry];
+  if (withHost) registerHostFamilies(book, registers);
+  registerHealthFamilies(book, registers);
+  return registry;
+}
+
+function registerHostFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
   new Counter({
     name: METRIC.packageEnergy,
     help: "The host package's RAPL energy in joules, as the helper measured it, accumulated by the exporter",
@@ -125,6 +157,9 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<Reg
       if (book.hasHost) this.inc(ujToJoules(book.unattributed.total));
     },
   });
+}
+
+function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
   new Counter({
     name: METRIC.legacyRequests,
     help: "QEMU's legacy MSR requests the helper answered, by result (ok, refused, failed)",
@@ -220,7 +255,6 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat): Registry<Reg
       this.set(book.health.vmsSkipped);
     },
   });
-  return registry;
 }
 
 /**

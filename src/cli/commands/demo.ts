@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
-import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
+import { DEFAULT_LISTEN, formatListenAddress, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
 import { formatPrettyLine } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
 import { listenAddressArg, secondsArg } from '../options.js';
@@ -183,7 +183,7 @@ export async function runDemo(o: DemoOptions): Promise<number> {
       '--socket',
       socket,
       '--listen',
-      `${listen.host.includes(':') ? `[${listen.host}]` : listen.host}:${listen.port}`,
+      formatListenAddress(listen),
     ]);
     children.push(exporter);
     const url = (await exporter.waitFor(/Serving metrics on (http:\/\/\S+?\/metrics)/, 'its HTTP port'))[1]!;

@@ -2,11 +2,12 @@
  * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
  * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM; SIGHUP is logged (os/sighup.ts).
  */
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
 import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
+import { DEFAULT_HOST_SERIES, HOST_SERIES_CHOICES, type HostSeries } from '../../exporter/host-series.js';
 import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, positiveIntArg } from '../options.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
@@ -23,7 +24,20 @@ export function addExporterCommand(program: Command): void {
         "serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP",
       ),
   )
-    .option('--listen <host:port>', `where to serve /metrics (default ${DEFAULT_LISTEN}: loopback only)`, listenAddressArg)
+    .option(
+      '--listen <[host]:port>',
+      `where to serve /metrics: HOST:PORT, [IPv6]:PORT, or :PORT for every address (default ${DEFAULT_LISTEN}: loopback only)`,
+      listenAddressArg,
+    )
+    .option(
+      '--web.config.file <file>',
+      'TLS, basic authentication and response headers, in the web configuration file format Prometheus exporters share (docs/exporter.md); read again when it changes',
+    )
+    .addOption(
+      new Option('--host-series <who>', `who may read the host packages' energy series (docs/security.md)`)
+        .choices(HOST_SERIES_CHOICES)
+        .default(DEFAULT_HOST_SERIES),
+    )
     .option(
       '--max-vms <n>',
       `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxExportedVms})`,
@@ -32,7 +46,15 @@ export function addExporterCommand(program: Command): void {
   addLogLevelOptions(exporter).action(async (_o: unknown, cmd: Command) => {
     // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);
     // --max-vms is read from this command only: the daemon's own --max-vms (a default) is another limit.
-    const o = commandOptions<{ socket?: string; verbose?: boolean; quiet?: boolean; listen?: ListenAddress; maxVms?: number }>(cmd);
+    const o = commandOptions<{
+      socket?: string;
+      verbose?: boolean;
+      quiet?: boolean;
+      listen?: ListenAddress;
+      maxVms?: number;
+      'web.config.file'?: string;
+      hostSeries?: HostSeries;
+    }>(cmd);
     const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
     const log = createLogger(levelFromFlags(o), 'vmsr-helper-exporter');
     const exporter = await startExporter(
@@ -40,6 +62,8 @@ export function addExporterCommand(program: Command): void {
         socketPath,
         listen: o.listen ?? parseListenAddress(DEFAULT_LISTEN),
         maxExportedVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxExportedVms,
+        webConfigFile: o['web.config.file'] ?? null,
+        hostSeries: o.hostSeries ?? DEFAULT_HOST_SERIES,
       },
       () => V2Client.connect(socketPath),
       log,

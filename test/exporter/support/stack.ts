@@ -56,7 +56,7 @@ export interface ExporterChild extends DaemonChild {
 
 /** The metrics URL the exporter logs once it serves ("Serving metrics on URL", field `url`), or null before. */
 export function exporterUrlIn(log: string): string | null {
-  return /"url":"(http:\/\/[^"]+)"/.exec(log)?.[1] ?? null;
+  return /"url":"(https?:\/\/[^"]+)"/.exec(log)?.[1] ?? null;
 }
 
 /** `vmsr-helper exporter` on an ephemeral loopback port (optionally as another uid/gid); resolves once it serves. */
@@ -87,19 +87,19 @@ export interface PrometheusServer {
   stop(): Promise<void>;
 }
 
-/** The Debian prometheus package's server scraping `target` every second, storage in a temp dir. */
-export async function startPrometheus(target: string): Promise<PrometheusServer> {
+/**
+ * The Debian prometheus package's server scraping `target` every second, storage in a temp dir; or,
+ * given `config`, with that scrape_configs section (YAML lines, indented as under the key) and
+ * those rule files.
+ */
+export async function startPrometheus(
+  target: string,
+  config?: { scrapeConfigs: string[]; ruleFiles?: string[] },
+): Promise<PrometheusServer> {
+  const scrape = config?.scrapeConfigs ?? ['  - job_name: vmsr', '    static_configs:', `      - targets: ['${target}']`];
+  const rules = config?.ruleFiles?.length ? ['rule_files:', ...config.ruleFiles.map((f) => `  - ${JSON.stringify(f)}`)] : [];
   return startPrometheusWith(
-    [
-      'global:',
-      '  scrape_interval: 1s',
-      '  evaluation_interval: 1s',
-      'scrape_configs:',
-      '  - job_name: vmsr',
-      '    static_configs:',
-      `      - targets: ['${target}']`,
-      '',
-    ].join('\n'),
+    ['global:', '  scrape_interval: 1s', '  evaluation_interval: 1s', ...rules, 'scrape_configs:', ...scrape, ''].join('\n'),
   );
 }
 

@@ -1,0 +1,153 @@
+/**
+ * The --web.config.file on disk: read, parsed (yaml-subset.ts), checked (web-config.ts), its PEM
+ * files read and turned into a TLS context. current() looks at the file and the files it names on
+ * every new connection (one stat each) and reads them again when one changed, so a renewed
+ * certificate or a new password applies from the next connection without a restart. A change that
+ * does not load (bad YAML, a key that does not match its certificate) is logged and the last good
+ * configuration stays in force; so is a change between TLS and plain HTTP, which needs a restart.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import tls from 'node:tls';
+import { cannot } from '../common/errors.js';
+import { parseYamlSubset } from './yaml-subset.js';
+import { checkWebConfig, type PemSource, type TlsServerConfig, type WebConfig } from './web-config.js';
+
+/** The web configuration file and each PEM file it names may hold this much. */
+export const MAX_WEB_CONFIG_FILE_BYTES = 1024 * 1024;
+
+export interface LoadedWebConfig {
+  config: WebConfig;
+  /** The server's TLS options (certificate, key, the CA that verifies clients, versions, ciphers), checked; null without tls_server_config. */
+  tlsOptions: tls.TlsOptions | null;
+}
+
+function readBounded(file: string, what: string): string {
+  let fd: number;
+  try {
+    fd = fs.openSync(file, 'r');
+  } catch (e) {
+    throw new Error(
+      cannot(`read ${what} ${file}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, 'check the path and its permissions'),
+    );
+  }
+  try {
+    const st = fs.fstatSync(fd);
+    if (!st.isFile()) throw new Error(cannot(`read ${what} ${file}`, 'not a regular file', 'name a file'));
+    if (st.size > MAX_WEB_CONFIG_FILE_BYTES)
+      throw new Error(cannot(`read ${what} ${file}`, `${st.size} bytes, over ${MAX_WEB_CONFIG_FILE_BYTES}`, 'name the right file'));
+    const buf = Buffer.alloc(st.size);
+    const n = fs.readSync(fd, buf, 0, st.size, 0);
+    return buf.subarray(0, n).toString('utf8');
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+function pemText(src: PemSource, key: string): string {
+  return 'inline' in src ? src.inline : readBounded(src.file, `tls_server_config.${key}`);
+}
+
+function tlsOptionsOf(t: TlsServerConfig, source: string): tls.TlsOptions {
+  const options: tls.TlsOptions = {
+    cert: pemText(t.cert, 'cert_file'),
+    key: pemText(t.key, 'key_file'),
+    ...(t.clientCa === null ? {} : { ca: pemText(t.clientCa, 'client_ca_file') }),
+    minVersion: t.minVersion,
+    maxVersion: t.maxVersion,
+    honorCipherOrder: t.honorCipherOrder,
+    ...(t.ciphers === null ? {} : { ciphers: t.ciphers }),
+    ...(t.ecdhCurve === null ? {} : { ecdhCurve: t.ecdhCurve }),
+    // Go's policies in OpenSSL's terms; what OpenSSL does not check is checked after the handshake (http-server.ts).
+    requestCert: t.clientAuthType !== 'NoClientCert',
+    rejectUnauthorized: t.clientAuthType === 'RequireAndVerifyClientCert',
+  };
+  try {
+    // Made once here so that a key that is not the certificate's fails the load, not each handshake.
+    tls.createSecureContext(options);
+    return options;
+  } catch (e) {
+    throw new Error(
+      cannot(
+        `use ${source}`,
+        `tls_server_config: ${(e as Error).message}`,
+        "check that cert_file and key_file are PEM, that the key is the certificate's, and that client_ca_file is a PEM CA certificate",
+      ),
+    );
+  }
+}
+
+/** Reads, checks and loads `file` now; throws naming the key and the fix. */
+export function loadWebConfigFile(file: string): LoadedWebConfig {
+  const doc = parseYamlSubset(readBounded(file, 'the web configuration file'), file);
+  const config = checkWebConfig(doc, file, path.dirname(path.resolve(file)));
+  return { config, tlsOptions: config.tls === null ? null : tlsOptionsOf(config.tls, file) };
+}
+
+/** What identifies a file's content without reading it. */
+function signature(file: string): string {
+  try {
+    const st = fs.statSync(file, { bigint: true });
+    return `${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+  } catch (e) {
+    return `missing:${(e as NodeJS.ErrnoException).code ?? ''}`;
+  }
+}
+
+function filesOf(file: string, c: WebConfig): string[] {
+  const out = [file];
+  for (const src of [c.tls?.cert, c.tls?.key, c.tls?.clientCa]) if (src && 'file' in src) out.push(src.file);
+  return out;
+}
+
+export interface ReloadLog {
+  info(o: object, msg: string): void;
+  error(o: object, msg: string): void;
+}
+
+/** The file as it is now; checked on each connection, loaded again when it or a file it names changed. */
+export class WebConfigFile {
+  private loaded: LoadedWebConfig;
+  private signatures: string;
+  /** The signatures of a change that failed, so that it is logged once. */
+  private failedSignatures: string | null = null;
+
+  constructor(
+    readonly file: string,
+    private readonly log: ReloadLog,
+  ) {
+    this.loaded = loadWebConfigFile(file);
+    this.signatures = this.currentSignatures(filesOf(file, this.loaded.config));
+  }
+
+  current(): LoadedWebConfig {
+    const now = this.currentSignatures(filesOf(this.file, this.loaded.config));
+    if (now === this.signatures || now === this.failedSignatures) return this.loaded;
+    try {
+      const next = loadWebConfigFile(this.file);
+      if ((next.config.tls === null) !== (this.loaded.config.tls === null))
+        throw new Error(
+          cannot(
+            `apply ${this.file}`,
+            `it turns TLS ${next.config.tls === null ? 'off' : 'on'} and the listening socket cannot change its kind`,
+            'restart the exporter',
+          ),
+        );
+      this.loaded = next;
+      this.signatures = this.currentSignatures(filesOf(this.file, next.config));
+      this.failedSignatures = null;
+      this.log.info({ file: this.file }, 'web configuration reloaded');
+    } catch (e) {
+      this.failedSignatures = now;
+      this.log.error(
+        { file: this.file, err: (e as Error).message },
+        'web configuration changed but does not load: the previous one stays in force',
+      );
+    }
+    return this.loaded;
+  }
+
+  private currentSignatures(files: string[]): string {
+    return files.map(signature).join('|');
+  }
+}
