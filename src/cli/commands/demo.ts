@@ -177,14 +177,7 @@ export async function runDemo(o: DemoOptions): Promise<number> {
       vm = { pid: child.proc.pid!, tids: ready[1]!.trim().split(' ').map(Number) };
     }
 
-    const exporter = new Child('exporter', [
-      ...node,
-      'exporter',
-      '--socket',
-      socket,
-      '--listen',
-      formatListenAddress(listen),
-    ]);
+    const exporter = new Child('exporter', [...node, 'exporter', '--socket', socket, '--listen', formatListenAddress(listen)]);
     children.push(exporter);
     const url = (await exporter.waitFor(/Serving metrics on (http:\/\/\S+?\/metrics)/, 'its HTTP port'))[1]!;
 
