@@ -16,24 +16,26 @@ export function socketFd(socket: net.Socket): number | undefined {
   return typeof fd === 'number' && fd >= 0 ? fd : undefined;
 }
 
-/**
- * SO_PEERCRED of an accepted connection; throws when it cannot be had (the caller closes). With
- * `starttimeOf`, also the start time of the very process that connected (PeerCredentials.starttime),
- * which with the pid names it: read by pid, and kept only when the kernel's pidfd of the connecting
- * process (SO_PEERPIDFD) says it still runs, so still holds that pid. Connect and accept are apart in
- * time: by accept, that process may have exited and its pid gone to another (null then). A kernel
- * without SO_PEERPIDFD (before 6.5) gets the start time of whatever holds the pid at accept.
- */
-export function peerOf(socket: net.Socket, starttimeOf?: (pid: number) => number | null): PeerCredentials {
+/** SO_PEERCRED of an accepted connection; throws when it cannot be had (the caller closes). */
+export function peerOf(socket: net.Socket): PeerCredentials {
   const fd = socketFd(socket);
   if (fd === undefined) throw new Error('connection has no file descriptor');
   const cred = getPeerCredentials(fd);
   if (cred.pid <= 0) throw new Error(`peer has no pid (SO_PEERCRED pid ${cred.pid})`);
-  if (starttimeOf) cred.starttime = connectingProcessStart(fd, cred.pid, starttimeOf);
   return cred;
 }
 
-function connectingProcessStart(fd: number, pid: number, starttimeOf: (pid: number) => number | null): number | null {
+/**
+ * The start time of the very process that connected on `socket` (pid `pid` from SO_PEERCRED), which
+ * with the pid names it (PeerCredentials.starttime): read by pid, and kept only when the kernel's
+ * pidfd of the connecting process (SO_PEERPIDFD) says it still runs, so still holds that pid.
+ * Connect and accept are apart in time: by accept, that process may have exited and its pid gone to
+ * another (null then). A kernel without SO_PEERPIDFD (before 6.5) gets the start time of whatever
+ * holds the pid at accept.
+ */
+export function connectingProcessStart(socket: net.Socket, pid: number, starttimeOf: (pid: number) => number | null): number | null {
+  const fd = socketFd(socket);
+  if (fd === undefined) return null;
   const pidfd = peerPidfd(fd);
   if (pidfd === -os.constants.errno.ESRCH) return null;
   const start = starttimeOf(pid);

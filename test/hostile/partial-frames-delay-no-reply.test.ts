@@ -86,7 +86,8 @@ describe('a partial-frame flood', () => {
     if (why) return ctx.skip(why);
     const { host, dir, sock } = fakeHost();
     fs.chmodSync(dir, 0o755);
-    // 1,000 slots against 1,500 connections (most of them waiting unread for the budget): the flood takes every slot it can.
+    // 1,000 slots against 1,500 connections (most of them waiting unread for the budget): the flood gets
+    // its share of the slots (a quarter: uid nobody is neither root nor in --socket-group), the rest refused at accept.
     const maxConnections = 1000;
     const daemon = track(
       await startHelper([
@@ -116,6 +117,6 @@ describe('a partial-frame flood', () => {
     // Before, each was closed at once unanswered (Infinity here): the slots were all the flood's.
     expect(waits.every(Number.isFinite)).toBe(true);
     expect(percentile(waits, 50)).toBeLessThan(QEMU_WAIT_MS);
-    expect(daemon.stderr()).toContain('"cause":"connection evicted"');
+    expect(daemon.stderr()).toContain('its share of --max-connections');
   }, 90_000);
 });

@@ -43,7 +43,11 @@ describe('the npm package', () => {
       expect(files, f).toContain(f);
     }
     for (const doc of fs.readdirSync(path.join(ROOT, 'docs'))) expect(files, doc).toContain(`docs/${doc}`);
-    for (const unit of fs.readdirSync(path.join(ROOT, 'contrib/systemd'))) expect(files, unit).toContain(`contrib/systemd/${unit}`);
+    const units = fs.readdirSync(path.join(ROOT, 'contrib/systemd'), { recursive: true, withFileTypes: true }).filter((e) => e.isFile());
+    for (const unit of units) {
+      const rel = path.relative(ROOT, path.join(unit.parentPath, unit.name));
+      expect(files, rel).toContain(rel);
+    }
     expect(files.filter((f) => f.startsWith('test/') || f.startsWith('dist/test/') || f.startsWith('bench/'))).toEqual([]);
     expect(files.filter((f) => f.endsWith('.ts') || f.endsWith('.map'))).toEqual([]);
     // The license text is the one package.json names.

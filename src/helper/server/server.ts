@@ -7,7 +7,7 @@ import net from 'node:net';
 import { type PeerCredentials, peerHungUp } from '../../os/libc.js';
 import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
-import { peerOf, socketFd } from '../../os/peer.js';
+import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
 import { sendReplies } from '../legacy/send-replies.js';
 import { takeOverLegacy } from '../legacy/legacy-reader.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';
@@ -18,6 +18,7 @@ import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
 import { ConnectionSeats } from './connection-seats.js';
+import { UidShares, type ShareOwner } from '../../common/uid-share.js';
 import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
 
 /**
@@ -47,6 +48,12 @@ export interface HelperServerOptions {
   incomplete?: IncompleteFrames;
   /** Rate limit of what clients can make the server log (default: one on `logger`). */
   limiter?: LogLimiter;
+  /**
+   * Whether a peer is a preferred owner (root, or the socket's group: every QEMU), bound only by
+   * --max-connections; any other uid holds at most its share of them (common/uid-share.ts). Default:
+   * every peer is preferred.
+   */
+  preferredPeer?: (peer: PeerCredentials) => boolean;
   /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
   starttimeOf?: (pid: number) => number | null;
 }
@@ -67,6 +74,8 @@ export class HelperServer {
   readonly incomplete: IncompleteFrames;
   /** The connection slots per user, and the eviction that keeps one user from taking them all. */
   private readonly users = new ConnectionSeats();
+  /** The connections each uid holds against its share of --max-connections, served ones too. */
+  private readonly shares: UidShares;
   /** Gives memory back to the kernel after many connections closed. */
   private readonly memory = new MemorySettler((before, after, closed) =>
     this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
@@ -76,6 +85,7 @@ export class HelperServer {
     this.limiter = o.limiter ?? new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
     this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+    this.shares = new UidShares(this.maxConnections);
   }
 
   get connections(): number {
@@ -149,9 +159,23 @@ export class HelperServer {
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
     let peer: PeerCredentials;
     try {
-      peer = peerOf(socket, this.o.starttimeOf);
+      peer = peerOf(socket);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer credentials; closing connection');
+      socket.destroy();
+      return;
+    }
+    const owner: ShareOwner = { uid: peer.uid, preferred: this.o.preferredPeer?.(peer) ?? true };
+    const share = this.shares.room(owner);
+    if (share.room === 0 && share.bound !== 'capacity') {
+      const mine = this.shares.heldBy(peer.uid);
+      this.limiter.warn(
+        'refused connection',
+        { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
+        share.bound === 'uid'
+          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for a user that is neither root nor in --socket-group)`
+          : `connection refused: users that are neither root nor in --socket-group hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
+      );
       socket.destroy();
       return;
     }
@@ -165,13 +189,14 @@ export class HelperServer {
       return;
     }
     try {
-      if (this.o.starttimeOf) peer.starttime = this.o.starttimeOf(peer.pid);
+      if (this.o.starttimeOf) peer.starttime = connectingProcessStart(socket, peer.pid, this.o.starttimeOf);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer start time; closing connection');
       socket.destroy();
       return;
     }
     this.sockets.add(socket);
+    this.shares.take(owner, 1, 1);
     const seat = this.users.seat(peer.uid, () => {
       this.limiter.warn(
         'connection evicted',
@@ -203,8 +228,11 @@ export class HelperServer {
         return fd !== undefined && peerHungUp(fd);
       },
     };
+    let counted = true;
     const onClose = () => {
       seat.release();
+      if (counted) this.shares.give(owner, 1);
+      counted = false;
       this.incomplete.forget(unread, peer.uid);
       this.memory.closed();
       hold.release();
