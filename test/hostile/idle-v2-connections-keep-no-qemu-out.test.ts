@@ -5,13 +5,12 @@
  * the real daemon; QEMU is a legacy client of root.
  */
 import { spawn } from 'node:child_process';
-import fs from 'node:fs';
 import { describe, expect, test } from 'vitest';
 import { shareOf, UID_SHARE } from '../../src/common/uid-share.js';
-import { hostArgs, LegacyClient, startHelper } from '../daemon/support/daemon-process.js';
+import { LegacyClient } from '../daemon/support/daemon-process.js';
 import { PYTHON } from '../support/fake-qemu.js';
 import { waitFor } from '../support/wait.js';
-import { fakeHost, NOBODY, notRoot, onCleanup, sleep, track } from './support.js';
+import { NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
 const MAX_CONNECTIONS = 40;
 /** More than every slot. */
@@ -47,21 +46,7 @@ describe('connection slots and idle v2 connections', () => {
   test("a user holding more v2 connections than there are slots gets its share only, and QEMU's legacy connection is served", async (ctx) => {
     const why = notRoot();
     if (why) return ctx.skip(why);
-    const { host, dir, sock } = fakeHost();
-    fs.chmodSync(dir, 0o755);
-    const daemon = track(
-      await startHelper([
-        '-k',
-        sock,
-        '-u',
-        'nobody',
-        '--socket-mode',
-        '0666',
-        '--max-connections',
-        String(MAX_CONNECTIONS),
-        ...hostArgs(host),
-      ]),
-    );
+    const { daemon, sock } = await startDaemonOpenToAll(['--max-connections', String(MAX_CONNECTIONS)]);
     const hoarder = spawn(PYTHON, ['-c', HOARDER, sock, String(HOARDED)], {
       uid: NOBODY,
       gid: NOBODY,

@@ -6,11 +6,10 @@
  * the user holding the most.
  */
 import { describe, expect, test } from 'vitest';
-import { hostArgs, LegacyClient, startHelper } from '../daemon/support/daemon-process.js';
+import { LegacyClient } from '../daemon/support/daemon-process.js';
 import { LegacyLatencyProbe, newConnectionWaitMs, percentile } from '../support/legacy-latency.js';
 import { PartialFrameFlood } from '../support/partial-frame-flood.js';
-import { fakeHost, NOBODY, notRoot, onCleanup, sleep, track } from './support.js';
-import fs from 'node:fs';
+import { NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
 /**
  * 3,000 connections of 32 KiB each (half of the 65,535 bytes announced): 96 MiB of partial frames
@@ -29,21 +28,7 @@ describe('a partial-frame flood', () => {
   test('a new legacy client is answered within 0.5 s while uid nobody holds 3,000 connections of half a v2 frame, reopening each when closed', async (ctx) => {
     const why = notRoot();
     if (why) return ctx.skip(why);
-    const { host, dir, sock } = fakeHost();
-    fs.chmodSync(dir, 0o755); // the attacker reaches the socket
-    const daemon = track(
-      await startHelper([
-        '-k',
-        sock,
-        '-u',
-        'nobody',
-        '--socket-mode',
-        '0666',
-        '--frame-timeout',
-        String(FRAME_TIMEOUT_S),
-        ...hostArgs(host),
-      ]),
-    );
+    const { daemon, sock } = await startDaemonOpenToAll(['--frame-timeout', String(FRAME_TIMEOUT_S)]);
     const qemu = await LegacyClient.connect(sock); // a QEMU connected before the flood
     onCleanup(() => qemu.close());
     expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
@@ -84,24 +69,10 @@ describe('a partial-frame flood', () => {
   test('a new legacy client still gets a connection slot when uid nobody holds more connections than --max-connections', async (ctx) => {
     const why = notRoot();
     if (why) return ctx.skip(why);
-    const { host, dir, sock } = fakeHost();
-    fs.chmodSync(dir, 0o755);
     // 1,000 slots against 1,500 connections (most of them waiting unread for the budget): the flood gets
     // its share of the slots (a quarter: uid nobody is neither root nor in --socket-group), the rest refused at accept.
     const maxConnections = 1000;
-    const daemon = track(
-      await startHelper([
-        '-k',
-        sock,
-        '-u',
-        'nobody',
-        '--socket-mode',
-        '0666',
-        '--max-connections',
-        String(maxConnections),
-        ...hostArgs(host),
-      ]),
-    );
+    const { daemon, sock } = await startDaemonOpenToAll(['--max-connections', String(maxConnections)]);
     const flood = new PartialFrameFlood({ socketPath: sock, connections: 1500, bodyBytes: FLOOD.bodyBytes, uid: NOBODY });
     onCleanup(() => flood.stop());
     await flood.ready().catch(() => {}); // it never holds all 1,500: 'ready' once it opened that many in all

@@ -13,10 +13,9 @@ import { describe, expect, test } from 'vitest';
 import { E, encodeRegister, FrameDecoder, HELPER_TYPES, T } from '../../src/protocol/v2/codec.js';
 import { parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { closeFd, peerPidfd, socketpair } from '../../src/os/libc.js';
-import { hostArgs, startHelper } from '../daemon/support/daemon-process.js';
 import { PYTHON } from '../support/fake-qemu.js';
 import { waitFor } from '../support/wait.js';
-import { fakeHost, NOBODY, notRoot, onCleanup, sleep, track } from './support.js';
+import { NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
 const NS_LAST_PID = '/proc/sys/kernel/ns_last_pid';
 /** Attempts at giving the attacker's pid to the victim (another process may take it first). */
@@ -124,9 +123,7 @@ describe('REGISTER and pid reuse', () => {
     async ([, acceptLate], ctx) => {
       const why = notRoot() ?? (acceptLate ? noPeerPidfd() : null);
       if (why) return ctx.skip(why);
-      const { host, dir, sock } = fakeHost();
-      fs.chmodSync(dir, 0o755);
-      const daemon = track(await startHelper(['-k', sock, '-u', 'nobody', '--socket-mode', '0666', ...hostArgs(host)]));
+      const { daemon, dir, sock } = await startDaemonOpenToAll();
       // A busy daemon accepts late: stopped, it accepts only after the attacker's pid went to the victim.
       if (acceptLate) {
         daemon.proc.kill('SIGSTOP');

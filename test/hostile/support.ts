@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
-import { spawnHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { hostArgs, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
 
 /** The unprivileged attacker: this machine's `nobody`. */
 export const NOBODY = 65534;
@@ -43,6 +43,19 @@ export function fakeHost(): { host: FakeHost; dir: string; sock: string } {
     fs.rmSync(dir, { recursive: true, force: true });
   });
   return { host, dir, sock: path.join(dir, 'h.sock') };
+}
+
+/**
+ * The real daemon on a fake host, dropped to `-u nobody`, its socket open to every user (mode 0666,
+ * its directory searchable) so the attacker, another uid, connects; `extra` goes after those options.
+ */
+export async function startDaemonOpenToAll(
+  extra: string[] = [],
+): Promise<{ daemon: DaemonChild; host: FakeHost; dir: string; sock: string }> {
+  const { host, dir, sock } = fakeHost();
+  fs.chmodSync(dir, 0o755);
+  const daemon = track(await startHelper(['-k', sock, '-u', 'nobody', '--socket-mode', '0666', ...extra, ...hostArgs(host)]));
+  return { daemon, host, dir, sock };
 }
 
 /** Runs `kill -SIG pid` as `uid` (a real process of another user); resolves with kill's exit code. */
