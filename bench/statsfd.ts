@@ -11,6 +11,7 @@
  *     scrapes and per scrape, reading the fds at scrape time, and observing over v2 (before).
  */
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -153,6 +154,23 @@ function withoutFds(c: V2Client): ObserverClient {
   };
 }
 
+/**
+ * One scrape on a connection of its own, closed after it: fetch's pooled keep-alive connections
+ * would leave timers running in this process between scrapes, counted as the exporter's idle CPU.
+ */
+function scrape(url: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    http
+      .get(url, { agent: false, headers: { connection: 'close' } }, (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (d: string) => (body += d));
+        res.on('end', () => resolve(body));
+      })
+      .on('error', reject);
+  });
+}
+
 async function exporterSide(kids: ChildProcess[]): Promise<void> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-statsfd-exp-'));
   const fake = new FakeHost({ packages: [0] });
@@ -187,9 +205,9 @@ async function exporterSide(kids: ChildProcess[]): Promise<void> {
         pino({ level: 'silent' }),
       );
       try {
-        await (await fetch(exporter.url)).text();
+        await scrape(exporter.url);
         await sleep(3 * INTERVAL_MS);
-        await (await fetch(exporter.url)).text();
+        await scrape(exporter.url);
         const c0 = process.cpuUsage();
         await sleep(MEASURE_INTERVALS * INTERVAL_MS);
         const idle = Math.max(0, cpuMs(process.cpuUsage(c0)) / MEASURE_INTERVALS - base);
@@ -197,7 +215,7 @@ async function exporterSide(kids: ChildProcess[]): Promise<void> {
         const c1 = process.cpuUsage();
         let bytes = 0;
         for (let i = 0; i < scrapes; i++) {
-          bytes = (await (await fetch(exporter.url)).text()).length;
+          bytes = (await scrape(exporter.url)).length;
           await sleep(INTERVAL_MS / 5);
         }
         const perScrape = (cpuMs(process.cpuUsage(c1)) - ((idle + base) * scrapes) / 5) / scrapes;
