@@ -114,6 +114,12 @@ export class SamplingService {
   private pidSet: ReadonlySet<number> | null = null;
   private failure: Error | null = null;
   private traceBroken = false;
+  /**
+   * While a sample is taken in slices: a time no later than its t_ns (taken just before it began).
+   * A VM registered or unregistered meanwhile is in the engine before that sample is added, so its
+   * trace record comes before the sample's, stamped with this time: the trace's times never go back.
+   */
+  private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
   private readonly samples: Emitter<SampleEvent>;
   private readonly failures: Emitter<Error>;
@@ -180,7 +186,7 @@ export class SamplingService {
     const vmId = this.engine.register(spec);
     this.pidSet = null;
     this.live.set(vmId, spec.pid);
-    this.traced(() => this.o.trace?.register(this.clock(), spec));
+    this.traced(() => this.o.trace?.register(this.traceNow(), spec));
     // A baseline right away, so a new VM's first UPDATE comes one interval after it registered.
     if (!this.loop.running) this.loop.start({ immediate: true });
     return vmId;
@@ -195,7 +201,7 @@ export class SamplingService {
     this.engine.forget(vmId);
     this.live.delete(vmId);
     if (!this.shouldRun()) this.loop.stop();
-    if (!this.closed) this.traced(() => this.o.trace?.unregister(this.clock(), out.pid));
+    if (!this.closed) this.traced(() => this.o.trace?.unregister(this.traceNow(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
   }
 
@@ -292,6 +298,7 @@ export class SamplingService {
       return this.finishTick(s, began);
     }
     this.inTick = true;
+    this.sliceStartNs = this.clock();
     runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
       (s) => this.finishTick(s, began),
       (e: unknown) => {
@@ -303,6 +310,7 @@ export class SamplingService {
 
   private finishTick(s: Sample | undefined, began: bigint): void {
     this.inTick = false;
+    this.sliceStartNs = null;
     if (this.closed) return;
     try {
       if (s !== undefined) this.tickBody(s);
@@ -311,6 +319,11 @@ export class SamplingService {
     }
     // A tick is pending only while the loop should run: unregister(), hold() and this stop it.
     if (!this.shouldRun()) this.loop.stop();
+  }
+
+  /** The time of a registration's or an unregistration's trace record (see sliceStartNs). */
+  private traceNow(): bigint {
+    return this.sliceStartNs ?? this.clock();
   }
 
   /** The pids of the engine's VMs, as a set made again only after a register, unregister or restore. */

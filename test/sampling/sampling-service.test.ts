@@ -201,4 +201,48 @@ describe('SamplingService, a sample in slices', () => {
     release!();
     await sampled(svc2, 1);
   });
+
+  test('a VM registered or unregistered between the slices of a sample is traced before that sample, and the times of the trace never go back', async () => {
+    const time = new ManualTime();
+    const records: { kind: string; tNs: bigint }[] = [];
+    let step = 0;
+    let late: number | undefined;
+    const svc: SamplingService = new SamplingService({
+      engine: new RatioEngine(host()),
+      sampler: {
+        sample: () => {
+          throw new Error('the service must take the sliced path');
+        },
+        *sampleSteps(pids) {
+          const tNs = time.now; // the sample's time: when it began, as Sampler.sampleSteps takes it
+          const tasks: Record<number, { tid: number; ticks: number }[]> = {};
+          for (const pid of [...pids()]) {
+            time.now += 5_000_000n; // slices take time, and clients are served between them
+            if (step++ === 0) late = svc.register({ pid: 200, starttime: 1000, vcpus: [{ tid: 200, vpkg: 0 }] });
+            else if (late !== undefined && step === 3) svc.unregister(late);
+            tasks[pid] = [{ tid: pid, ticks: step }];
+            yield null;
+          }
+          for (const pid of pids()) tasks[pid] ??= [{ tid: pid, ticks: step }];
+          return { ...sample(step, { 0: units(10 * step) }, tasks), tNs };
+        },
+      },
+      intervalMs: 1000,
+      log: pino({ level: 'silent' }),
+      clock: time.clock,
+      timers: time,
+      trace: {
+        register: (tNs) => void records.push({ kind: 'register', tNs }),
+        unregister: (tNs) => void records.push({ kind: 'unregister', tNs }),
+        sample: (smp) => void records.push({ kind: 'sample', tNs: smp.tNs }),
+      },
+    });
+    svc.register(VM);
+    time.fire();
+    await sampled(svc, 1);
+    time.fire();
+    await sampled(svc, 2);
+    expect(records.map((r) => r.kind)).toEqual(['register', 'register', 'sample', 'unregister', 'sample']);
+    for (let i = 1; i < records.length; i++) expect(records[i]!.tNs).toBeGreaterThanOrEqual(records[i - 1]!.tNs);
+  });
 });
