@@ -53,13 +53,14 @@ describe('a partial-frame flood', () => {
     // The flood was one: it opened its connections, the helper cut them (deadline, eviction) and it reopened them.
     expect(flood.opened).toBeGreaterThanOrEqual(FLOOD.connections);
     expect(flood.reopened).toBeGreaterThan(0);
-    // Every new QEMU was answered, most within ms and 80 % within QEMU's 0.5 s (the old daemon: 8 to 17.7 s, every
-    // one; about 10 s with this test's 3 s timeout). The rest is this shared 2-core machine: a connect() during one of
-    // the flood's waves of hundreds of reconnections waits its turn in the listen backlog (measured here: p90 about
-    // 0.2 s, 90 % within 0.5 s, with 7 other test runs on the machine).
+    // Every new QEMU was answered within QEMU's 0.5 s, most within ms (the old daemon: 8 to 17.7 s, every one; about
+    // 10 s with this test's 3 s timeout). The flood holds its share of the connection slots only, and what it opens
+    // past that is closed at accept (measured in the whole suite's run: p50 9 ms, max 78 to 173 ms).
     expect(waits.every(Number.isFinite)).toBe(true);
     expect(percentile(waits, 50)).toBeLessThan(50);
-    expect(percentile(waits, 80)).toBeLessThan(QEMU_WAIT_MS);
+    expect(Math.max(...waits)).toBeLessThan(QEMU_WAIT_MS);
+    // QEMU's requests on its connection made before the flood: within 0.5 s too.
+    expect(Math.max(...probeWaits)).toBeLessThan(QEMU_WAIT_MS);
     // The QEMU connected before is answered still, the flood's frames were evicted for the new clients (logged).
     expect(probe.error).toBeNull();
     expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);

@@ -95,8 +95,8 @@ describe('STATS_FD on the v2 service', () => {
     const { h, c, vmId } = await setup({ intervalMs: 200 });
     const r = StatsReader.open((await c.statsFd(vmId)).fd);
     cleanups.push(() => r.close());
-    h.addEnergy(500_000);
-    await until(() => r.value(r.read(), 'energy')! > 0n);
+    keepAddingEnergy(h);
+    await until(() => r.value(r.read(), 'energy')! > 0n, LOADED_HOST_MS, 'the VM given energy');
     for (let i = 0; i < 5; i++) {
       const s1 = r.read();
       const v = await c.read(vmId, 0);
