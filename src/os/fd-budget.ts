@@ -118,9 +118,7 @@ export class FdBudget {
 
   /** Fds that may still be opened now beside every connection slot and the reserve (can be 0). */
   room(): number {
-    const open = this.openNow();
-    const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
-    return Math.max(0, this.o.limit - open - freeSlots - FD_RESERVE);
+    return Math.max(0, this.space().room);
   }
 
   /** What the VMs' fds may take in all, beside every connection and the reserve: what the per-uid shares divide. */
@@ -133,18 +131,7 @@ export class FdBudget {
    * every connection slot and the reserve.
    */
   canOpen(n: number, what: string): FdAdmission {
-    const open = this.openNow();
-    const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
-    const room = this.o.limit - open - freeSlots - FD_RESERVE;
-    if (n <= room) {
-      this.admitted(n);
-      return ok(undefined);
-    }
-    return fail(
-      `not enough file descriptors: ${what} needs ${n}, ${Math.max(0, room)} are left ` +
-        `(limit ${this.o.limit}, ${open} open, ${freeSlots} kept for connections, ${FD_RESERVE} reserved); ` +
-        "raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
-    );
+    return this.fit(n, `${what} needs ${n}`);
   }
 
   /**
@@ -152,16 +139,26 @@ export class FdBudget {
    * connections not yet made, plus the reserve, plus the VM's own fds, within the limit.
    */
   canAdmit(threads: number): FdAdmission {
+    const need = vmFds(Math.max(1, threads));
+    return this.fit(need, `its ${threads} threads need ${need}`);
+  }
+
+  /** The limit minus the fds open now, the slots of connections not yet made and the reserve (may be negative). */
+  private space(): { open: number; freeSlots: number; room: number } {
     const open = this.openNow();
     const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
-    const need = vmFds(Math.max(1, threads));
-    const room = this.o.limit - open - freeSlots - FD_RESERVE;
+    return { open, freeSlots, room: this.o.limit - open - freeSlots - FD_RESERVE };
+  }
+
+  /** `need` fds admitted (counted as open this turn) when they fit, else why not (`needs`: what asks, and how many). */
+  private fit(need: number, needs: string): FdAdmission {
+    const { open, freeSlots, room } = this.space();
     if (need <= room) {
       this.admitted(need);
       return ok(undefined);
     }
     return fail(
-      `not enough file descriptors: its ${threads} threads need ${need}, ${Math.max(0, room)} are left ` +
+      `not enough file descriptors: ${needs}, ${Math.max(0, room)} are left ` +
         `(limit ${this.o.limit}, ${open} open, ${freeSlots} kept for connections, ${FD_RESERVE} reserved); ` +
         "raise the helper's open-file limit (LimitNOFILE=, ulimit -n) or lower --max-connections",
     );
