@@ -105,6 +105,11 @@ export function readHostInfoFor(kind: EnergySourceKind, o: Omit<ReadHostInfoOpti
   return host;
 }
 
+/** The host facts with the counters of the domains `energy` reads besides the package (what the engine and traces attribute). */
+export function withDomainCounters(host: HostInfo, energy: EnergySource): HostInfo {
+  return energy.domainCounters.length === 0 ? host : { ...host, domains: energy.domainCounters.map((d) => ({ ...d })) };
+}
+
 /** The energy source of this kind for this host. Throws an EnergyReadError when its input cannot be read at all. */
 export function createEnergySource(kind: EnergySourceKind, c: EnergySourceContext): EnergySource {
   return SOURCES[kind].create(c);

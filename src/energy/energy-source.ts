@@ -5,27 +5,11 @@
  * of the package's ESU), so they stay exact; a source without MSRs (powercap's energy_uj, wrapping at
  * max_energy_range_uj) describes its own counter rather than pretending to be an MSR.
  */
+import { PLATFORM_DOMAINS, type EnergyDomain } from '../ratio/domains.js';
+import type { DomainCounter, DomainReading } from '../ratio/types.js';
 import type { EnergySourceKind } from './kinds.js';
 
-/**
- * THE RAPL domains a source may report, in the order readings come (docs/energy-domains.md): the
- * package (always read: the engine and QEMU's requests work on it), its cores (Intel PP0; on AMD the
- * sum of the package's per-core counters), the uncore/graphics plane (PP1), DRAM, and the platform
- * (PSYS). Powercap's zone names are the same words (package-N, core, uncore, dram, psys).
- */
-export const ENERGY_DOMAINS = ['package', 'core', 'uncore', 'dram', 'psys'] as const;
-
-export type EnergyDomain = (typeof ENERGY_DOMAINS)[number];
-
-/**
- * Domains that count the whole platform rather than one package: a source gives one reading of
- * them, under its lowest package id (docs/energy-domains.md).
- */
-export const PLATFORM_DOMAINS: ReadonlySet<EnergyDomain> = new Set(['psys']);
-
-export function isEnergyDomain(text: unknown): text is EnergyDomain {
-  return (ENERGY_DOMAINS as readonly unknown[]).includes(text);
-}
+export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from '../ratio/domains.js';
 
 /** [package, domain] of every reading a source of these packages and domains gives, in read() order. */
 export function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {
@@ -61,6 +45,12 @@ export interface EnergySource {
   /** The domains each read reports for every package, in ENERGY_DOMAINS order. */
   readonly domains: readonly EnergyDomain[];
   /**
+   * The counter of every domain but the package, per package (a platform domain once), in read()
+   * order: what the engine and traces need to turn their readings' `counter.raw` into energy
+   * (HostInfo.domains). Empty when only the package is read.
+   */
+  readonly domainCounters: readonly DomainCounter[];
+  /**
    * One reading per package and domain (readingSlots: a platform domain once), packages ascending,
    * domains in order. Throws an EnergyReadError when one cannot be read. When only domains other
    * than the package failed, the error names them (`domains`) and carries every reading that was
@@ -93,6 +83,13 @@ export class EnergyReadError extends Error {
       this.readings = options.partial.readings;
     }
   }
+}
+
+/** The counters of the domains other than the package, as a Sample and a trace carry them. */
+export function domainReadings(readings: readonly EnergyReading[]): DomainReading[] {
+  const out: DomainReading[] = [];
+  for (const r of readings) if (r.domain !== 'package') out.push({ package: r.package, domain: r.domain, raw: r.counter.raw });
+  return out;
 }
 
 /** The package domain's counter per package, as a Sample and a trace carry it. */

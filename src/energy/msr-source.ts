@@ -9,8 +9,8 @@ import type { MsrDevice } from '../msr/device.js';
 import { powerUnitMsr } from '../msr/registers.js';
 import { firstCpuPerCore, firstCpuPerPackage } from '../msr/topology.js';
 import { energyCounterBits, formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
-import type { HostCpu, Vendor } from '../ratio/types.js';
-import { countsToUj, CounterUnwrapper } from './counter-unwrapper.js';
+import type { DomainCounter, HostCpu, Vendor } from '../ratio/types.js';
+import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
   EnergyReadError,
@@ -42,13 +42,11 @@ interface DomainPlan {
   cpus: Map<number, number[]>;
 }
 
-/** The counter of a domain summed over per-core registers: the unwrapped counts, which never wrap. */
-export const SUMMED_COUNTER_RANGE = 1n << 64n;
-
 export class MsrEnergySource implements EnergySource {
   readonly kind = 'msr';
   readonly packages: number[];
   readonly domains: readonly EnergyDomain[];
+  readonly domainCounters: readonly DomainCounter[];
   /** Domains of the vendor's table not read, and why (absent, or left out by --domains). */
   readonly absent: { domain: EnergyDomain; why: string }[] = [];
   private readonly plans: DomainPlan[] = [];
@@ -93,6 +91,9 @@ export class MsrEnergySource implements EnergySource {
       else this.absent.push({ domain, why });
     }
     this.domains = this.plans.map((p) => p.domain);
+    this.domainCounters = this.plans.flatMap(({ domain, unitJ }) =>
+      domain === 'package' ? [] : [...unitJ].map(([pkg, u]) => ({ package: pkg, domain, range: RAPL_COUNTER_RANGE, unitJ: u })),
+    );
   }
 
   /** Why the domain's registers do not count, or undefined when they do. */
@@ -152,17 +153,18 @@ export class MsrEnergySource implements EnergySource {
     return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(`${plan.domain} ${pkg}`, counter), counter };
   }
 
-  /** Per-core registers: each core's counts so far (unwrapped), summed; the counter is that sum. */
+  /**
+   * Per-core registers: the counter is the sum of the cores' bits 31:0, mod 2^32. It wraps as one RAPL
+   * counter does: the distance between two reads (mod 2^32) is the sum of the cores' distances as long
+   * as the package's cores count fewer than 2^32 units between reads, which the package counter's
+   * own read-once-per-wrap bound already asks. Being a function of the registers alone, it needs no
+   * memory of earlier reads: a restarted daemon or a trace goes on from it exactly.
+   */
   private readSummed(pkg: number, plan: DomainPlan, unitJ: number): EnergyReading {
-    const raws = plan.cpus.get(pkg)!.map((cpu) => [cpu, this.o.device.read(cpu, plan.msr)] as const);
     let sum = 0n;
-    for (const [cpu, raw] of raws) sum += this.unwrap.advance(`${plan.domain} cpu ${cpu}`, { raw, range: RAPL_COUNTER_RANGE, unitJ });
-    return {
-      package: pkg,
-      domain: plan.domain,
-      energyUj: countsToUj(sum, unitJ),
-      counter: { raw: sum, range: SUMMED_COUNTER_RANGE, unitJ },
-    };
+    for (const cpu of plan.cpus.get(pkg)!) sum += this.o.device.read(cpu, plan.msr) % RAPL_COUNTER_RANGE;
+    const counter = { raw: sum % RAPL_COUNTER_RANGE, range: RAPL_COUNTER_RANGE, unitJ };
+    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(`${plan.domain} ${pkg}`, counter), counter };
   }
 
   /** The domains read, each with its unit (µJ per count, package 0's), and the domains not read with why. */

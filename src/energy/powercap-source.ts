@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { errnoName, pread } from '../os/libc.js';
-import type { HostCpu, Vendor } from '../ratio/types.js';
+import type { DomainCounter, HostCpu, Vendor } from '../ratio/types.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
@@ -49,6 +49,7 @@ export class PowercapEnergySource implements EnergySource {
   readonly kind = 'powercap';
   readonly packages: number[];
   readonly domains: readonly EnergyDomain[];
+  readonly domainCounters: readonly DomainCounter[];
   /** Zones not read and domains not found, and why. */
   readonly absent: { domain: string; why: string }[] = [];
   private readonly zones: OpenZone[] = [];
@@ -86,6 +87,9 @@ export class PowercapEnergySource implements EnergySource {
     }
     const found = new Set(this.zones.map((z) => z.domain));
     this.domains = ENERGY_DOMAINS.filter((d) => found.has(d));
+    this.domainCounters = this.zones.flatMap((z) =>
+      z.domain === 'package' ? [] : [{ package: z.package!, domain: z.domain, range: z.range, unitJ: POWERCAP_UNIT_J }],
+    );
   }
 
   /** Opens a zone of the package (or platform) for `domain`, or notes why it is not read. */

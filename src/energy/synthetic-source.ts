@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { cannot } from '../common/errors.js';
 import { formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
-import type { HostCpu } from '../ratio/types.js';
+import type { DomainCounter, HostCpu } from '../ratio/types.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import { EnergyReadError, type EnergyDomain, type EnergyReading, type EnergySource } from './energy-source.js';
 
@@ -57,6 +57,7 @@ export class SyntheticEnergySource implements EnergySource {
   readonly kind = 'synthetic';
   readonly packages: number[];
   readonly domains: readonly EnergyDomain[] = ['package'];
+  readonly domainCounters: readonly DomainCounter[] = [];
   readonly powerUnit: bigint;
   private readonly idleW: number;
   private readonly busyW: number;

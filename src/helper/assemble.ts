@@ -8,7 +8,7 @@ import type { Logger } from '../logging/logger.js';
 import { cannotError } from '../common/errors.js';
 import { LogLimiter } from '../logging/log-limiter.js';
 import { msrErrorWithHint, type MsrDevice } from '../msr/device.js';
-import { createEnergySource, readHostInfoFor } from '../energy/create.js';
+import { createEnergySource, readHostInfoFor, withDomainCounters } from '../energy/create.js';
 import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
@@ -98,6 +98,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   } catch (e) {
     throw msrErrorWithHint(e);
   }
+  host = withDomainCounters(host, energy);
   // A synthetic source is no measurement: said at warning level, so a terse log (-q, journalctl -p warning) shows it too.
   o.log[energy.kind === 'synthetic' ? 'warn' : 'info']({ source: energy.kind, domains: energy.domains }, energy.describe());
   const limiter = new LogLimiter(o.log);

@@ -9,8 +9,10 @@ import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
+import { isOtherDomain, PLATFORM_DOMAINS, type OtherDomain } from './domains.js';
 import {
   MAX_TID,
+  type DomainInterval,
   type HostInfo,
   type IntervalResult,
   type PackageInterval,
@@ -18,6 +20,7 @@ import {
   type VcpuSpec,
   type VmInterval,
   type VmOutput,
+  type VmDomainEnergy,
   type VmSpec,
   type VpkgOutput,
 } from './types.js';
@@ -74,6 +77,8 @@ interface VmState {
   parsed: Map<number, ParsedLine>;
   /** A(v,g), joules. */
   acc: number[];
+  /** A(v,g) of each other domain the host reads (DomainPlane order), joules. */
+  domainAcc: number[][];
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
   /** Set when phase becomes 'ended'. */
@@ -100,6 +105,36 @@ interface ThreadNow {
   vpkg: number | undefined;
 }
 
+/** A RAPL domain other than the package, as the engine attributes it (docs/ratio.md, "Other RAPL domains"). */
+interface DomainPlane {
+  domain: OtherDomain;
+  /** Counted once for the host, shared across every package's VMs (psys). */
+  platform: boolean;
+  /** Per package that has the counter (a platform domain: one, the lowest with it): its range and unit. */
+  counters: Map<number, { range: bigint; unitJ: number }>;
+}
+
+/**
+ * How one domain's energy of an interval is paid (the package's, or another's): per package its energy
+ * and how its claims are paid (ratio/overclaim.ts). A platform domain has one entry, keyed by
+ * PLATFORM_KEY, whose capacity is every CPU's.
+ */
+interface PlaneInterval {
+  energy: Map<number, number>;
+  pay: Map<number, PackagePay>;
+  platform: boolean;
+  /** Energy given to claims on each package (platform: under PLATFORM_KEY). */
+  attributed: Map<number, number>;
+  /** Energy paid to claims beyond their package's capacity out of the other packages' leftover. */
+  lent: number;
+}
+
+/** The one key of a platform domain's PlaneInterval maps: no package has it. */
+const PLATFORM_KEY = -1;
+
+/** The largest counter range the engine takes: its values are held as float64 integers. */
+const MAX_DOMAIN_RANGE = 2n ** 53n;
+
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
   readonly guestPowerUnit: bigint;
@@ -118,6 +153,13 @@ export class RatioEngine {
   private prevT: bigint | undefined;
   /** Low 32 bits of R_p in the previous sample; a package missing there has no entry. */
   private prevEnergy = new Map<number, number>();
+  /** The other domains the host reads, in the order HostInfo.domains gives them (ENERGY_DOMAINS order). */
+  private readonly planes: DomainPlane[] = [];
+  /**
+   * Per domain plane, per package: the counter mod range at the last sample that had it. A value
+   * missing from a sample keeps the last one, so the next value spans the gap (docs/ratio.md).
+   */
+  private prevDomain: Map<number, number>[] = [];
   /** Problems found in the last addSample, also when it returned null (the first sample). */
   lastProblems: string[] = [];
 
@@ -140,9 +182,32 @@ export class RatioEngine {
       this.cpusPerPackage.set(c.package, n + 1);
     }
     this.packageIds = [...this.unit.keys()].sort((a, b) => a - b);
+    for (const d of host.domains ?? []) this.addDomainCounter(d);
+    this.prevDomain = this.planes.map(() => new Map());
     const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === this.packageIds[0]);
     this.guestPowerUnit = guest!.powerUnit;
     this.uGuest = joulesPerCounterUnit(this.guestPowerUnit);
+  }
+
+  /** Takes one DomainCounter of the host, or throws naming what is wrong with it. */
+  private addDomainCounter(d: NonNullable<HostInfo['domains']>[number]): void {
+    const at = `the ${String(d.domain)} counter of package ${d.package}`;
+    if (!isOtherDomain(d.domain)) throw new Error(`${at}: not a RAPL domain besides the package`);
+    if (!this.unit.has(d.package)) throw new Error(`${at}: package ${d.package} is not among the host's packages`);
+    if (typeof d.range !== 'bigint' || d.range < 2n || d.range > MAX_DOMAIN_RANGE)
+      throw new Error(`${at}: range ${d.range} is out of 2..2^53`);
+    if (!Number.isFinite(d.unitJ) || d.unitJ <= 0) throw new Error(`${at}: unit ${d.unitJ} J is not a positive number`);
+    let plane = this.planes.find((p) => p.domain === d.domain);
+    if (plane === undefined)
+      this.planes.push((plane = { domain: d.domain, platform: PLATFORM_DOMAINS.has(d.domain), counters: new Map() }));
+    if (plane.counters.has(d.package)) throw new Error(`${at} is listed twice`);
+    if (plane.platform && plane.counters.size > 0) throw new Error(`${at}: ${d.domain} counts the whole platform and is listed once`);
+    plane.counters.set(d.package, { range: d.range, unitJ: d.unitJ });
+  }
+
+  /** The other domains the host reads, in the order they are attributed. */
+  domains(): OtherDomain[] {
+    return this.planes.map((p) => p.domain);
   }
 
   register(vm: VmSpec): number {
@@ -159,6 +224,7 @@ export class RatioEngine {
       prev: new Map(),
       parsed: new Map(),
       acc: new Array<number>(nvpkg).fill(0),
+      domainAcc: this.planes.map(() => new Array<number>(nvpkg).fill(0)),
       tNs: 0n,
     });
     return id;
@@ -178,6 +244,7 @@ export class RatioEngine {
     vm.vcpuVpkg = vcpuVpkg;
     vm.spec = { ...vm.spec, vcpus: vcpus.map((v) => ({ ...v })) };
     while (vm.acc.length < nvpkg) vm.acc.push(0);
+    for (const a of vm.domainAcc) while (a.length < nvpkg) a.push(0);
     vm.nvpkg = nvpkg;
   }
 
@@ -246,6 +313,7 @@ export class RatioEngine {
   gap(): void {
     this.prevT = undefined;
     this.prevEnergy = new Map();
+    this.prevDomain = this.planes.map(() => new Map());
     for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
   }
 
@@ -269,12 +337,17 @@ export class RatioEngine {
         tNs: vm.tNs,
         prev: [...vm.prev].map(([tid, m]) => ({ tid, starttime: m.starttime, ticks: m.ticks })),
       };
+      if (this.planes.length > 0) out.domainAccJ = this.planes.map((p, i) => ({ domain: p.domain, accJ: [...vm.domainAcc[i]!] }));
       if (vm.spec.name !== undefined) out.name = vm.spec.name;
       if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
       return out;
     });
-    const lastSample =
-      this.prevT === undefined ? null : { tNs: this.prevT, energy: [...this.prevEnergy].map(([pkg, raw]) => ({ pkg, raw })) };
+    let lastSample: EngineState['lastSample'] = null;
+    if (this.prevT !== undefined) {
+      lastSample = { tNs: this.prevT, energy: [...this.prevEnergy].map(([pkg, raw]) => ({ pkg, raw })) };
+      const domains = this.planes.flatMap((p, i) => [...this.prevDomain[i]!].map(([pkg, raw]) => ({ domain: p.domain, pkg, raw })));
+      if (domains.length > 0) lastSample.domains = domains;
+    }
     return { nextId: this.nextId, lastSample, vms };
   }
 
@@ -300,6 +373,11 @@ export class RatioEngine {
         prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
         parsed: new Map(),
         acc: [...v.accJ],
+        // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
+        domainAcc: this.planes.map((p) => {
+          const acc = v.domainAccJ?.find((d) => d.domain === p.domain)?.accJ ?? [];
+          return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
+        }),
         tNs: v.tNs,
       };
       if (v.phase === 'ended') vm.endedBy = v.endedBy ?? 'exit';
@@ -309,6 +387,10 @@ export class RatioEngine {
     if (s.lastSample !== null) {
       this.prevT = s.lastSample.tNs;
       this.prevEnergy = new Map(s.lastSample.energy.map((e) => [e.pkg, e.raw]));
+      for (const d of s.lastSample.domains ?? []) {
+        const i = this.planes.findIndex((p) => p.domain === d.domain);
+        if (i >= 0 && this.planes[i]!.counters.has(d.pkg)) this.prevDomain[i]!.set(d.pkg, d.raw);
+      }
     }
   }
 
@@ -323,6 +405,12 @@ export class RatioEngine {
         if (seen.has(e.pkg)) return `the last sample has package ${e.pkg} twice`;
         seen.add(e.pkg);
         if (!Number.isInteger(e.raw) || e.raw < 0 || e.raw >= TWO_32) return `package ${e.pkg}'s counter ${e.raw} is not 32 bits`;
+      }
+      for (const d of last.domains ?? []) {
+        const c = this.planes.find((p) => p.domain === d.domain)?.counters.get(d.pkg);
+        // A domain this engine does not read is ignored; one it reads must fit its counter.
+        if (c !== undefined && (!Number.isSafeInteger(d.raw) || d.raw < 0 || d.raw >= Number(c.range)))
+          return `the ${d.domain} counter ${d.raw} of package ${d.pkg} is out of its range`;
       }
     }
     const ids = new Set<number>();
@@ -341,6 +429,11 @@ export class RatioEngine {
       }
       if (v.accJ.length < nvpkg) return `${at}: ${v.accJ.length} energy totals for ${nvpkg} virtual packages`;
       if (v.accJ.some((a) => !Number.isFinite(a) || a < 0)) return `${at}: an energy total is not a finite number of joules >= 0`;
+      for (const d of v.domainAccJ ?? []) {
+        if (d.accJ.length > v.accJ.length) return `${at}: ${d.accJ.length} ${d.domain} totals for ${v.accJ.length} virtual packages`;
+        if (d.accJ.some((a) => !Number.isFinite(a) || a < 0))
+          return `${at}: a ${d.domain} energy total is not a finite number of joules >= 0`;
+      }
       if (v.tNs < 0n || (last !== null && v.tNs > last.tNs)) return `${at}: its values' time ${v.tNs} ns is after the last sample`;
       if (v.phase !== 'pending' && v.phase !== 'active' && v.phase !== 'ended') return `${at}: unknown phase ${String(v.phase)}`;
       if (v.phase === 'active' && last === null) return `${at} has had its baseline sample, but there is no last sample`;
@@ -371,15 +464,23 @@ export class RatioEngine {
       energyNow.set(pkg, Number(raw % this.range.get(pkg)!));
     }
     for (const pkg of this.packageIds) if (!energyNow.has(pkg)) problems.push(`no energy value for package ${pkg} in this sample`);
+    const domainNow = this.domainValues(s, problems);
 
     const prevT = this.prevT;
     const prevEnergy = this.prevEnergy;
+    const prevDomain = this.prevDomain;
     this.prevT = s.tNs;
     this.prevEnergy = energyNow;
+    // A domain value missing now keeps the last one: the next value spans the gap.
+    this.prevDomain = prevDomain.map((before, i) => {
+      const kept = new Map(domainNow[i]!);
+      for (const [pkg, v] of before) if (!kept.has(pkg)) kept.set(pkg, v);
+      return kept;
+    });
 
     let result: IntervalResult | null = null;
     const ended: number[] = [];
-    if (prevT !== undefined) result = this.interval(s, prevT, prevEnergy, energyNow, problems, ended);
+    if (prevT !== undefined) result = this.interval(s, prevT, prevEnergy, energyNow, prevDomain, domainNow, problems, ended);
     // VMs registered since the previous sample take this one as their baseline.
     for (const vm of this.vms.values()) {
       if (vm.phase !== 'pending') continue;
@@ -401,11 +502,32 @@ export class RatioEngine {
     return result;
   }
 
+  /** Per domain plane, per package: the sample's counter mod range. Readings the host does not have are reported and left out. */
+  private domainValues(s: Sample, problems: string[]): Map<number, number>[] {
+    const out = this.planes.map(() => new Map<number, number>());
+    for (const r of s.domains ?? []) {
+      const i = this.planes.findIndex((p) => p.domain === r.domain);
+      const c = i < 0 ? undefined : this.planes[i]!.counters.get(r.package);
+      if (c === undefined) {
+        problems.push(`${String(r.domain)} energy given for package ${r.package}, which the host does not read: ignored`);
+        continue;
+      }
+      out[i]!.set(r.package, Number(r.raw % c.range));
+    }
+    this.planes.forEach((p, i) => {
+      for (const pkg of p.counters.keys())
+        if (!out[i]!.has(pkg)) problems.push(`no ${p.domain} energy value for package ${pkg} in this sample`);
+    });
+    return out;
+  }
+
   private interval(
     s: Sample,
     prevT: bigint,
     prevEnergy: Map<number, number>,
     energyNow: Map<number, number>,
+    prevDomain: Map<number, number>[],
+    domainNow: Map<number, number>[],
     problems: string[],
     ended: number[],
   ): IntervalResult {
@@ -459,80 +581,149 @@ export class RatioEngine {
 
     // e_k = dE_p * dticks / cap_p; ticks claimed beyond cap_p are paid from the other packages' leftover
     // first, and only what that cannot cover scales the package's claims down (ratio/overclaim.ts).
-    const pay = payClaims(
-      this.packageIds.map((pkg) => ({
-        package: pkg,
-        energyJ: dE.get(pkg),
-        capacity: this.clkTck * dt * this.cpusPerPackage.get(pkg)!,
-        claimed: ticksOnPkg.get(pkg) ?? 0,
-      })),
+    // Every other domain is paid the same way, with its own energy (docs/ratio.md, "Other RAPL domains").
+    const capacity = (pkg: number): number => this.clkTck * dt * this.cpusPerPackage.get(pkg)!;
+    const pkgPlane = this.planeInterval(dE, false, capacity, ticksOnPkg);
+    const planes = this.planes.map((p, i) =>
+      this.planeInterval(this.domainEnergy(p, prevDomain[i]!, domainNow[i]!), p.platform, capacity, ticksOnPkg),
     );
-    const divisor = new Map<number, number>();
-    const payOf = new Map<number, PackagePay>();
-    this.packageIds.forEach((pkg, i) => {
-      divisor.set(pkg, pay[i]!.divisor);
-      payOf.set(pkg, pay[i]!);
-    });
-    const share = (t: ThreadNow): number => {
-      if (t.pkg === undefined || t.dticks === 0) return 0;
-      const e = dE.get(t.pkg);
-      if (e === undefined) return 0;
-      return (e * t.dticks) / divisor.get(t.pkg)!;
-    };
 
-    const attributed = new Map<number, number>();
-    /** Energy paid to claims beyond their package's capacity out of the other packages' leftover. */
-    let lent = 0;
     const vmsOut: VmInterval[] = [];
     for (const { vm, threads } of live) {
+      vm.tNs = s.tNs;
       if (threads === null) {
-        vm.tNs = s.tNs;
-        vmsOut.push({ vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) });
+        const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
+        if (this.planes.length > 0)
+          out.domains = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) }));
+        vmsOut.push(out);
         continue;
       }
-      let w = 0;
-      let nv = 0;
       const es: number[] = new Array<number>(threads.length);
-      for (let i = 0; i < threads.length; i++) {
-        const t = threads[i]!;
-        const e = share(t);
-        es[i] = e;
-        if (t.vpkg === undefined) w += e;
-        else nv++;
-      }
-      const vpkgEnergy = new Array<number>(vm.nvpkg).fill(0);
-      if (nv > 0) {
-        const extra = w / nv;
-        for (let i = 0; i < threads.length; i++) {
-          const t = threads[i]!;
-          const e = es[i]!;
-          if (t.pkg !== undefined && e > 0) {
-            const p = payOf.get(t.pkg)!;
-            attributed.set(t.pkg, (attributed.get(t.pkg) ?? 0) + (p.borrowedShare === 0 ? e : e * p.ownShare));
-            lent += e * p.borrowedShare;
-          }
-          if (t.vpkg !== undefined) vpkgEnergy[t.vpkg] = vpkgEnergy[t.vpkg]! + e + extra;
-        }
-      }
-      this.addThreadTotals(vm, threads, es, nv > 0 ? w / nv : 0);
+      const pkgSplit = this.split(pkgPlane, vm, threads, es);
+      this.addThreadTotals(vm, threads, es, pkgSplit.extra);
       // With no vCPU present, W is dropped and nothing is attributed on any package.
-      for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + vpkgEnergy[g]!;
-      vm.tNs = s.tNs;
-      vmsOut.push({ vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: vpkgEnergy });
+      for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
+      const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
+      if (planes.length > 0) {
+        const domains: VmDomainEnergy[] = [];
+        planes.forEach((plane, i) => {
+          const { vpkg } = this.split(plane, vm, threads, es);
+          const acc = vm.domainAcc[i]!;
+          for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
+          domains.push({ domain: this.planes[i]!.domain, vpkgEnergyJ: vpkg });
+        });
+        out.domains = domains;
+      }
+      vmsOut.push(out);
     }
 
-    if (lent > 0)
-      this.packageIds.forEach((pkg, i) => {
-        const l = pay[i]!.lendShare;
-        if (l > 0) attributed.set(pkg, (attributed.get(pkg) ?? 0) + lent * l);
-      });
+    this.settleLent(pkgPlane);
+    planes.forEach((p) => this.settleLent(p));
     const packages: PackageInterval[] = [];
     for (const pkg of this.packageIds) {
       const e = dE.get(pkg);
+      const domains: DomainInterval[] = [];
+      planes.forEach((plane, i) => {
+        const d = this.planes[i]!;
+        // A platform domain is reported under the package its one counter is read on.
+        const key = d.platform ? (d.counters.has(pkg) ? PLATFORM_KEY : undefined) : pkg;
+        const de = key === undefined ? undefined : plane.energy.get(key);
+        if (de !== undefined) domains.push({ domain: d.domain, energyJ: de, attributedJ: plane.attributed.get(key!) ?? 0 });
+      });
+      // A package without its own energy this interval is left out, as before the other domains came.
       if (e === undefined) continue;
-      packages.push({ package: pkg, energyJ: e, attributedJ: attributed.get(pkg) ?? 0 });
+      const out: PackageInterval = { package: pkg, energyJ: e, attributedJ: pkgPlane.attributed.get(pkg) ?? 0 };
+      if (domains.length > 0) out.domains = domains;
+      packages.push(out);
     }
     return { tNs: s.tNs, dtS: dt, packages, vms: vmsOut, ended, problems };
+  }
+
+  /** dE_{p,d} in joules where both samples have the domain's counter (a platform domain: under PLATFORM_KEY). */
+  private domainEnergy(p: DomainPlane, before: Map<number, number>, now: Map<number, number>): Map<number, number> {
+    const out = new Map<number, number>();
+    for (const [pkg, c] of p.counters) {
+      const a = before.get(pkg);
+      const b = now.get(pkg);
+      if (a === undefined || b === undefined) continue;
+      out.set(p.platform ? PLATFORM_KEY : pkg, (b >= a ? b - a : b - a + Number(c.range)) * c.unitJ);
+    }
+    return out;
+  }
+
+  /**
+   * How a domain's energy of the interval is paid: per package by its claims (payClaims), or, for a
+   * platform domain, as one package holding every CPU and every claim.
+   */
+  private planeInterval(
+    energy: Map<number, number>,
+    platform: boolean,
+    capacity: (pkg: number) => number,
+    ticksOnPkg: Map<number, number>,
+  ): PlaneInterval {
+    const claims = platform
+      ? [
+          {
+            package: PLATFORM_KEY,
+            energyJ: energy.get(PLATFORM_KEY),
+            capacity: this.packageIds.reduce((sum, pkg) => sum + capacity(pkg), 0),
+            claimed: [...ticksOnPkg.values()].reduce((sum, t) => sum + t, 0),
+          },
+        ]
+      : this.packageIds.map((pkg) => ({
+          package: pkg,
+          energyJ: energy.get(pkg),
+          capacity: capacity(pkg),
+          claimed: ticksOnPkg.get(pkg) ?? 0,
+        }));
+    const paid = payClaims(claims);
+    const pay = new Map<number, PackagePay>();
+    claims.forEach((c, i) => pay.set(c.package, paid[i]!));
+    return { energy, pay, platform, attributed: new Map(), lent: 0 };
+  }
+
+  /**
+   * One VM's energy of one domain over the interval, per virtual package: each thread's share e_k
+   * (written to `es`), W (the non-vCPU threads' shares) spread evenly over the present vCPUs, and what
+   * that gives each package's attributed total (the plane's `attributed` and `lent`).
+   */
+  private split(plane: PlaneInterval, vm: VmState, threads: readonly ThreadNow[], es: number[]): { vpkg: number[]; extra: number } {
+    let w = 0;
+    let nv = 0;
+    for (let i = 0; i < threads.length; i++) {
+      const t = threads[i]!;
+      let e = 0;
+      if (t.pkg !== undefined && t.dticks !== 0) {
+        const key = plane.platform ? PLATFORM_KEY : t.pkg;
+        const de = plane.energy.get(key);
+        if (de !== undefined) e = (de * t.dticks) / plane.pay.get(key)!.divisor;
+      }
+      es[i] = e;
+      if (t.vpkg === undefined) w += e;
+      else nv++;
+    }
+    const vpkg = new Array<number>(vm.nvpkg).fill(0);
+    if (nv === 0) return { vpkg, extra: 0 };
+    const extra = w / nv;
+    for (let i = 0; i < threads.length; i++) {
+      const t = threads[i]!;
+      const e = es[i]!;
+      if (t.pkg !== undefined && e > 0) {
+        const key = plane.platform ? PLATFORM_KEY : t.pkg;
+        const p = plane.pay.get(key)!;
+        plane.attributed.set(key, (plane.attributed.get(key) ?? 0) + (p.borrowedShare === 0 ? e : e * p.ownShare));
+        plane.lent += e * p.borrowedShare;
+      }
+      if (t.vpkg !== undefined) vpkg[t.vpkg] = vpkg[t.vpkg]! + e + extra;
+    }
+    return { vpkg, extra };
+  }
+
+  /** Adds what each package lent to claims beyond another's capacity to its attributed energy. */
+  private settleLent(plane: PlaneInterval): void {
+    if (plane.lent <= 0) return;
+    for (const [key, p] of plane.pay)
+      if (p.lendShare > 0) plane.attributed.set(key, (plane.attributed.get(key) ?? 0) + plane.lent * p.lendShare);
   }
 
   /**
@@ -592,6 +783,12 @@ export class RatioEngine {
       counter: Math.floor(a / this.uGuest) % TWO_32,
     }));
     const out: VmOutput = { vmId: vm.id, pid: vm.spec.pid, ended: vm.phase === 'ended', tNs: vm.tNs, vpkgs };
+    if (this.planes.length > 0)
+      out.domains = this.planes.map((p, i) => ({
+        domain: p.domain,
+        vpkgEnergyJ: [...vm.domainAcc[i]!],
+        vpkgEnergyUj: vm.domainAcc[i]!.map((a) => BigInt(Math.floor(a * 1e6))),
+      }));
     if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
     if (vm.spec.name !== undefined) out.name = vm.spec.name;
     return out;

@@ -28,6 +28,8 @@ export interface EngineVmState {
   endedBy?: 'exit' | 'unregister';
   /** A(v,g) in joules, index = virtual package; its length is the VM's nvpkg. */
   accJ: number[];
+  /** The same for each other RAPL domain the engine attributes (absent: only the package). */
+  domainAccJ?: { domain: string; accJ: number[] }[];
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
   /** The threads of the last sample (active VMs only; empty otherwise). */
@@ -38,6 +40,8 @@ export interface EngineSampleState {
   tNs: bigint;
   /** Bits 31:0 of R_p per package the last sample had (a package missing there has no entry). */
   energy: { pkg: number; raw: number }[];
+  /** Each other domain's counter (mod its range) as last read, per package (absent: only the package). */
+  domains?: { domain: string; pkg: number; raw: number }[];
 }
 
 export interface EngineState {

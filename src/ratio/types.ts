@@ -2,6 +2,7 @@
  * Data shared by the ratio engine, the sampler, traces and the daemon. Pure data, no I/O.
  * Field meanings follow docs/ratio.md and docs/trace-format.md.
  */
+import type { EnergyDomain, OtherDomain } from './domains.js';
 
 /** CPU vendors whose RAPL MSRs the helper knows. */
 export type Vendor = 'intel' | 'amd';
@@ -54,6 +55,17 @@ export interface HostInfo {
   /** Online logical CPUs and their package. */
   cpus: HostCpu[];
   packages: HostPackage[];
+  /**
+   * The counters of the RAPL domains other than the package the host's source reads (core, uncore, dram
+   * per package; psys once, under the lowest package): absent or empty when only the package is read.
+   */
+  domains?: DomainCounter[];
+}
+
+/** The counter of one RAPL domain other than the package, on one package (docs/energy-domains.md). */
+export interface DomainCounter extends CounterSpec {
+  package: number;
+  domain: OtherDomain;
 }
 
 export interface VcpuSpec {
@@ -83,15 +95,13 @@ export interface TraceHeader {
 }
 
 /**
- * One RAPL domain's energy at a sample: an energy source's reading (energy/energy-source.ts) in the
- * form the engine will take it. `domain` is one of ENERGY_DOMAINS (a platform domain, psys, comes
- * once, under the lowest package).
+ * A RAPL domain's counter at a sample, as read: `raw` counts in the units of the host's DomainCounter
+ * for (package, domain), wrapping at its range, as the package counter does.
  */
-export interface DomainEnergy {
+export interface DomainReading {
   package: number;
-  domain: string;
-  /** µJ counted since the source's first read, every wrap added: the difference of two is the energy between. */
-  energyUj: bigint;
+  domain: OtherDomain;
+  raw: bigint;
 }
 
 /** One sample S(i): what the sampler read, in the form a trace stores it. */
@@ -103,16 +113,32 @@ export interface Sample {
   /** For each registered pid that exists: tid -> verbatim stat line (no trailing newline). */
   tasks: Map<number, Map<number, string>>;
   /**
-   * Every domain read (package included) when the source reads more than the package; absent otherwise
-   * and in traces (which do not store it yet). A domain that failed this time is missing from it.
+   * The counters of the domains other than the package (HostInfo.domains), when the source reads more
+   * than the package. A domain that failed this time is missing from it.
    */
-  domains?: DomainEnergy[];
+  domains?: DomainReading[];
 }
 
 export interface PackageInterval {
   package: number;
   energyJ: number;
   attributedJ: number;
+  /** The other domains of this package that have an energy for the interval (psys under the lowest package). */
+  domains?: DomainInterval[];
+}
+
+/** One RAPL domain's energy on a package over an interval, and what of it went to VMs. */
+export interface DomainInterval {
+  domain: EnergyDomain;
+  energyJ: number;
+  attributedJ: number;
+}
+
+/** A VM's energy of one RAPL domain other than the package, per virtual package. */
+export interface VmDomainEnergy {
+  domain: EnergyDomain;
+  /** Joules per vpkg, index = vpkg, length = nvpkg. */
+  vpkgEnergyJ: number[];
 }
 
 export interface VmInterval {
@@ -121,6 +147,8 @@ export interface VmInterval {
   pid: number;
   /** energyJ per vpkg, index = vpkg, length = nvpkg. */
   vpkgEnergyJ: number[];
+  /** The same for every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order. */
+  domains?: VmDomainEnergy[];
 }
 
 export interface IntervalResult {
@@ -156,4 +184,16 @@ export interface VmOutput {
   /** Monotonic time of the sample the values come from (0n before the first interval). */
   tNs: bigint;
   vpkgs: VpkgOutput[];
+  /**
+   * Accumulated energy of every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order,
+   * per virtual package: `vpkgEnergyJ[g]` joules (float64) and `vpkgEnergyUj[g]` = floor(x 1e6). Absent
+   * when only the package is read.
+   */
+  domains?: VmDomainTotals[];
+}
+
+export interface VmDomainTotals {
+  domain: EnergyDomain;
+  vpkgEnergyJ: number[];
+  vpkgEnergyUj: bigint[];
 }

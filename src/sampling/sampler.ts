@@ -1,5 +1,5 @@
 /** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
-import { EnergyReadError, packageCounters, type EnergyReading, type EnergySource } from '../energy/energy-source.js';
+import { domainReadings, EnergyReadError, packageCounters, type EnergyReading, type EnergySource } from '../energy/energy-source.js';
 import { TaskReadError, type ProcTaskReader } from '../os/proc-tasks.js';
 import type { Sample } from '../ratio/types.js';
 import { monotonicNs } from './tick-loop.js';
@@ -80,7 +80,7 @@ export class Sampler {
       read(pid);
     }
     const s: Sample = { tNs, energy, tasks };
-    if (this.energy.domains.length > 1) s.domains = readings.map((r) => ({ package: r.package, domain: r.domain, energyUj: r.energyUj }));
+    if (this.energy.domainCounters.length > 0) s.domains = domainReadings(readings);
     return s;
   }
 }

@@ -135,7 +135,7 @@ describe('AMD per-core energy', () => {
   }
   const amd = (h: FakeHost): MsrEnergySource => source(h, { vendor: 'amd' });
 
-  test('the core domain is the sum of the package cores counters, each read through its first CPU, each wrap counted', () => {
+  test('the core domain is the sum of the package cores counters mod 2^32, each read through its first CPU, a core wrap counted as one counter wrap', () => {
     const h = amdHost();
     // 0xC001029A sits one byte below the package counter: on CPU 0 their bytes overlap, so only core 1 (CPU 2) moves here
     h.setCounter([0], MSR_AMD_CORE_ENERGY_STATUS, 0x10);
@@ -145,11 +145,12 @@ describe('AMD per-core energy', () => {
     expect(s.domains).toEqual(['package', 'core']);
     expect(s.describe()).toMatch(/core 0xc001029a per core \(15\.26 µJ\)/);
     const a = slot(s.read(), 0, 'core')!;
-    expect(a.counter.range).toBe(1n << 64n);
-    h.addCounter([2], MSR_AMD_CORE_ENERGY_STATUS, 0x200); // wraps
+    expect(a.counter.range).toBe(1n << 32n);
+    expect(a.counter.raw < 1n << 32n).toBe(true);
+    h.addCounter([2], MSR_AMD_CORE_ENERGY_STATUS, 0x200); // core 1 wraps
     const b = slot(s.read(), 0, 'core')!;
-    expect(b.counter.raw - a.counter.raw).toBe(0x200n);
-    expect(b.energyUj).toBe(((a.counter.raw + 0x200n) * 1_000_000n) >> 16n);
+    expect((b.counter.raw - a.counter.raw + (1n << 32n)) % (1n << 32n)).toBe(0x200n);
+    expect(b.energyUj).toBe(((a.counter.raw + 0x200n) * 1_000_000n) >> 16n); // counted on from the first read's value
     expect(devices[0]!.isOpen(1)).toBe(false); // SMT siblings are not read
     expect(devices[0]!.isOpen(3)).toBe(false);
   });

@@ -7,7 +7,7 @@
 import { type Command } from 'commander';
 import { MsrDevice, msrErrorWithHint } from '../../msr/device.js';
 import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
-import { createEnergySource, readHostInfoFor, readsMsrs } from '../../energy/create.js';
+import { createEnergySource, readHostInfoFor, readsMsrs, withDomainCounters } from '../../energy/create.js';
 import type { EnergySourceChoice } from '../../energy/kinds.js';
 import { chooseEnergySource } from '../../energy/choose.js';
 import { readHostCpus } from '../../msr/topology.js';
@@ -174,6 +174,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     }
     try {
       energy = createEnergySource(kind, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
+      host = withDomainCounters(host, energy);
       if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
     } catch (e) {
       throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
