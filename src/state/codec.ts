@@ -325,21 +325,22 @@ export function encodeState(s: StateSnapshot): Buffer {
     w.u16(v.energyJ.length);
     for (const j of v.energyJ) w.f64(j);
   }
-  w.u32(d.packages.length);
-  for (const k of d.packages) {
+  /** A package entry's key: u32 pkg | u8 d | u8 0 | u16 0. */
+  const key = (k: { pkg: number; domain: OtherDomain }) => {
     w.u32(k.pkg);
     w.u8(ENERGY_DOMAINS.indexOf(k.domain));
     w.u8(0);
     w.u16(0);
+  };
+  w.u32(d.packages.length);
+  for (const k of d.packages) {
+    key(k);
     w.f64(k.energyJ);
     w.f64(k.unattributedJ);
   }
   w.u32(d.counters.length);
   for (const k of d.counters) {
-    w.u32(k.pkg);
-    w.u8(ENERGY_DOMAINS.indexOf(k.domain));
-    w.u8(0);
-    w.u16(0);
+    key(k);
     w.u64(k.raw);
   }
   const out = w.done();
@@ -504,6 +505,15 @@ function readDomain(r: Reader, what: string): OtherDomain {
   return d;
 }
 
+/** A package entry's key (u32 pkg | u8 d | u8 0 | u16 0), and what to call the rest of the entry in a refusal. */
+function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDomain; at: string } {
+  const pkg = r.u32(`a package's other-domain ${what}`);
+  const domain = readDomain(r, `package ${pkg}'s other-domain ${what}`);
+  const at = `package ${pkg}'s ${domain} ${what}`;
+  if (r.u16(at) !== 0) throw new Refused(`${at}: its reserved field is not 0`);
+  return { pkg, domain, at };
+}
+
 function readDomains(r: Reader): DomainsState {
   const max = STATE_LIMITS.maxDomainEntries;
   const d: DomainsState = { vms: [], packages: [], counters: [] };
@@ -518,23 +528,13 @@ function readDomains(r: Reader): DomainsState {
   }
   const npkg = r.count(4, max, MIN_SIZE.domainPkg, "packages' other-domain totals");
   for (let i = 0; i < npkg; i++) {
-    const pkg = r.u32("a package's other-domain totals");
-    const domain = readDomain(r, `package ${pkg}'s other-domain totals`);
-    if (r.u16(`package ${pkg}'s ${domain} totals`) !== 0) throw new Refused(`package ${pkg}'s ${domain} totals' reserved field is not 0`);
-    d.packages.push({
-      pkg,
-      domain,
-      energyJ: r.f64(`package ${pkg}'s ${domain} totals`),
-      unattributedJ: r.f64(`package ${pkg}'s ${domain} totals`),
-    });
+    const { pkg, domain, at } = readPackageKey(r, 'totals');
+    d.packages.push({ pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) });
   }
   const nraw = r.count(4, max, MIN_SIZE.domainRaw, 'other-domain counters');
   for (let i = 0; i < nraw; i++) {
-    const pkg = r.u32('an other-domain counter');
-    const domain = readDomain(r, `package ${pkg}'s other-domain counter`);
-    if (r.u16(`package ${pkg}'s ${domain} counter`) !== 0)
-      throw new Refused(`package ${pkg}'s ${domain} counter's reserved field is not 0`);
-    d.counters.push({ pkg, domain, raw: r.u64(`package ${pkg}'s ${domain} counter`) });
+    const { pkg, domain, at } = readPackageKey(r, 'counter');
+    d.counters.push({ pkg, domain, raw: r.u64(at) });
   }
   return d;
 }
