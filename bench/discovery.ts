@@ -7,13 +7,13 @@
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { V2Client, type HostUpdate } from '../src/client/v2-client.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { FakeQemuFarm } from '../test/support/fake-qemu.js';
+import { rssMiB, waitConnectable } from './tools.js';
 
 const BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src/bin/vmsr-helper.js');
 const MEASURE_INTERVALS = 10;
@@ -23,27 +23,6 @@ function cpuTicks(pid: number): number {
   const l = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
   const f = l.slice(l.lastIndexOf(')') + 2).split(' ');
   return Number(f[11]) + Number(f[12]);
-}
-
-function rssMiB(pid: number): number {
-  const m = /^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return m ? Number(m[1]) / 1024 : NaN;
-}
-
-async function connectable(sock: string, deadline: number): Promise<void> {
-  for (;;) {
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.connect(sock);
-      s.once('connect', () => {
-        s.destroy();
-        resolve(true);
-      });
-      s.once('error', () => resolve(false));
-    });
-    if (ok) return;
-    if (Date.now() > deadline) throw new Error(`the daemon did not listen on ${sock}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 /** Daemon CPU (ms per interval) over MEASURE_INTERVALS seconds. */
@@ -73,7 +52,7 @@ async function scenario(n: number, wakeEveryMs?: number): Promise<void> {
   const clients: V2Client[] = [];
   try {
     const pids = await farm.ready();
-    await connectable(sock, Date.now() + 20_000);
+    await waitConnectable(sock, Date.now() + 20_000);
     const c = await V2Client.connect(sock);
     clients.push(c);
     // Until every fake VM is listed with its vCPU threads (other QEMUs on the machine may be listed too).

@@ -14,14 +14,13 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { FakeHost } from '../test/support/fake-host.js';
 import { LegacyLatencyProbe, newConnectionWaitMs, percentile } from '../test/support/legacy-latency.js';
 import { PartialFrameFlood } from '../test/support/partial-frame-flood.js';
 import { ProcessStorm } from '../test/support/process-storm.js';
-import { HELPER_BIN } from './tools.js';
+import { HELPER_BIN, waitConnectable } from './tools.js';
 
 const NOBODY = 65534;
 const MEASURE_MS = 15_000;
@@ -33,22 +32,6 @@ const FLOOD = { connections: 3000, bodyBytes: 32 * 1024 };
 const NEW_CONNECTION_EVERY_MS = 250;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function connectable(sock: string, deadline: number): Promise<void> {
-  for (;;) {
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.connect(sock);
-      s.once('connect', () => {
-        s.destroy();
-        resolve(true);
-      });
-      s.once('error', () => resolve(false));
-    });
-    if (ok) return;
-    if (Date.now() > deadline) throw new Error(`the daemon did not listen on ${sock}`);
-    await sleep(50);
-  }
-}
 
 interface Daemon {
   proc: ChildProcess;
@@ -66,7 +49,7 @@ async function startDaemon(extra: string[]): Promise<Daemon> {
   const proc = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let tail = '';
   proc.stderr!.on('data', (d: Buffer) => (tail = (tail + d.toString()).slice(-4000)));
-  await connectable(sock, Date.now() + 20_000);
+  await waitConnectable(sock, Date.now() + 20_000);
   return {
     proc,
     sock,

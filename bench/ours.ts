@@ -1,8 +1,7 @@
 /** Our helper as a user runs it: a real daemon process (as root it re-executes itself, flags included). */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
-import { HELPER_BIN } from './tools.js';
+import { canConnect, HELPER_BIN } from './tools.js';
 
 export interface Ours {
   pid: number;
@@ -34,15 +33,4 @@ export async function startOurs(socket: string, hostArgs: string[], extra: strin
         child.kill('SIGTERM');
       }),
   };
-}
-
-function canConnect(socket: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const c = net.connect({ path: socket });
-    c.once('connect', () => {
-      c.destroy();
-      resolve(true);
-    });
-    c.once('error', () => resolve(false));
-  });
 }

@@ -5,6 +5,7 @@
  */
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -70,4 +71,24 @@ export function cpuSeconds(pid: number): number {
     }
   }
   return ns / 1e9;
+}
+
+/** Whether a connection to the Unix socket `socket` is accepted now. */
+export function canConnect(socket: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const c = net.connect({ path: socket });
+    c.once('connect', () => {
+      c.destroy();
+      resolve(true);
+    });
+    c.once('error', () => resolve(false));
+  });
+}
+
+/** Resolves once `socket` accepts a connection; throws past `deadline` (Date.now() ms). */
+export async function waitConnectable(socket: string, deadline: number): Promise<void> {
+  while (!(await canConnect(socket))) {
+    if (Date.now() > deadline) throw new Error(`the daemon did not listen on ${socket}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
