@@ -6,6 +6,7 @@
  * max_energy_range_uj) describes its own counter rather than pretending to be an MSR.
  */
 import { PLATFORM_DOMAINS, type EnergyDomain } from '../ratio/domains.js';
+import { cannot } from '../common/errors.js';
 import type { DomainCounter, DomainReading } from '../ratio/types.js';
 import type { EnergySourceKind } from './kinds.js';
 
@@ -83,6 +84,25 @@ export class EnergyReadError extends Error {
       this.readings = options.partial.readings;
     }
   }
+}
+
+/**
+ * The error of a read where domains other than the package failed (each with its error, in read
+ * order): it names them and carries the readings that were read, so a sampler goes on with those.
+ */
+export function partialReadError(
+  kind: EnergySourceKind,
+  failed: readonly { domain: EnergyDomain; error: unknown }[],
+  readings: readonly EnergyReading[],
+): EnergyReadError {
+  const domains = [...new Set(failed.map((f) => f.domain))];
+  const why = failed.map((f) => (f.error instanceof Error ? f.error.message : String(f.error))).join('; ');
+  const message = cannot(
+    `read the ${domains.join(', ')} domain${domains.length > 1 ? 's' : ''}`,
+    why,
+    'the package and other domains go on',
+  );
+  return new EnergyReadError(message, kind, { cause: failed[0]!.error, partial: { domains, readings } });
 }
 
 /** The counters of the domains other than the package, as a Sample and a trace carry them. */

@@ -14,6 +14,7 @@ import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
   EnergyReadError,
+  partialReadError,
   PLATFORM_DOMAINS,
   type EnergyDomain,
   type EnergyReading,
@@ -135,16 +136,7 @@ export class MsrEnergySource implements EnergySource {
         }
       }
     }
-    if (failed.length > 0) {
-      const domains = [...new Set(failed.map((f) => f.domain))];
-      const why = failed.map((f) => (f.error instanceof Error ? f.error.message : String(f.error))).join('; ');
-      const message = cannot(
-        `read the ${domains.join(', ')} domain${domains.length > 1 ? 's' : ''}`,
-        why,
-        'the package and other domains go on',
-      );
-      throw new EnergyReadError(message, this.kind, { cause: failed[0]!.error, partial: { domains, readings: out } });
-    }
+    if (failed.length > 0) throw partialReadError(this.kind, failed, out);
     return out;
   }
 

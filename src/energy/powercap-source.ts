@@ -12,6 +12,7 @@ import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
   EnergyReadError,
+  partialReadError,
   PLATFORM_DOMAINS,
   type EnergyDomain,
   type EnergyReading,
@@ -139,28 +140,20 @@ export class PowercapEnergySource implements EnergySource {
    */
   read(): EnergyReading[] {
     const out: EnergyReading[] = [];
-    const failed: { domain: EnergyDomain; why: string }[] = [];
+    const failed: { domain: EnergyDomain; error: unknown }[] = [];
     for (const z of this.zones) {
       let raw: bigint;
       try {
         raw = this.readZone(z);
       } catch (e) {
         if (z.domain === 'package') throw new EnergyReadError((e as Error).message, this.kind, { cause: e });
-        failed.push({ domain: z.domain, why: (e as Error).message });
+        failed.push({ domain: z.domain, error: e });
         continue;
       }
       const counter = { raw, range: z.range, unitJ: POWERCAP_UNIT_J };
       out.push({ package: z.package!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter });
     }
-    if (failed.length > 0) {
-      const domains = [...new Set(failed.map((f) => f.domain))];
-      const message = cannot(
-        `read the ${domains.join(', ')} domain${domains.length > 1 ? 's' : ''}`,
-        failed.map((f) => f.why).join('; '),
-        'the package and other domains go on',
-      );
-      throw new EnergyReadError(message, this.kind, { cause: new Error(failed[0]!.why), partial: { domains, readings: out } });
-    }
+    if (failed.length > 0) throw partialReadError(this.kind, failed, out);
     return out;
   }
 
