@@ -343,6 +343,13 @@ describe('trace domains: hostile fields are refused with their line', () => {
   ];
   for (const [name, text, message] of cases) test(`${name}`, async () => expect(await refusal(text)).toMatch(message));
 
+  test('a header given to replay without the reader (records made in code) is refused by the engine, naming its line', async () => {
+    const bad: TraceRecord = { type: 'header', line: 1, header: { host: { ...host([1]), domains: [{ ...COUNTERS[0]!, package: 3 }] } } };
+    await expect(replayRecords([bad])).rejects.toThrow(
+      /^line 1: header: the core counter of package 3: package 3 is not among the host's packages$/,
+    );
+  });
+
   test('a sample reading of a domain or package the header does not describe is left out, counted as a problem naming its line', async () => {
     const text =
       headerJson({ domains: [DRAM0] }) +
