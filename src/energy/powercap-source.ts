@@ -36,8 +36,18 @@ export interface PowercapSourceOptions {
   open?: (file: string) => number;
 }
 
-interface OpenZone extends PowercapZone {
-  fd: number;
+/**
+ * One domain of one package (or the platform) as read: its zone, or on a multi-die package one zone
+ * per die. The counter is the zones' energy_uj summed mod the range they share: it wraps as one zone's
+ * does, and the distance between two reads is the sum of the dies' as long as the package counts less
+ * than one range between reads (the bound every counter already has).
+ */
+interface OpenZone {
+  package: number;
+  domain: EnergyDomain;
+  /** The zone ids, joined with '+' for several dies. */
+  id: string;
+  parts: { energyPath: string; fd: number }[];
   /** The counter's range: energy_uj takes the values 0..max_energy_range_uj. */
   range: bigint;
 }
@@ -77,8 +87,8 @@ export class PowercapEnergySource implements EnergySource {
       for (const pkg of this.packages) {
         for (const domain of ENERGY_DOMAINS) {
           if (PLATFORM_DOMAINS.has(domain) && pkg !== this.packages[0]) continue;
-          const zone = scan.zones.find((z) => z.domain === domain && z.package === (PLATFORM_DOMAINS.has(domain) ? undefined : pkg));
-          this.add(o, zone, pkg, domain, open);
+          const zones = scan.zones.filter((z) => z.domain === domain && z.package === (PLATFORM_DOMAINS.has(domain) ? undefined : pkg));
+          this.add(o, zones, pkg, domain, open);
         }
       }
     } catch (e) {
@@ -92,33 +102,31 @@ export class PowercapEnergySource implements EnergySource {
     );
   }
 
-  /** Opens a zone of the package (or platform) for `domain`, or notes why it is not read. */
-  private add(
-    o: PowercapSourceOptions,
-    zone: PowercapZone | undefined,
-    pkg: number,
-    domain: EnergyDomain,
-    open: (file: string) => number,
-  ): void {
+  /** Opens the zone (or the dies' zones) of the package (or platform) for `domain`, or notes why it is not read. */
+  private add(o: PowercapSourceOptions, zones: PowercapZone[], pkg: number, domain: EnergyDomain, open: (file: string) => number): void {
     const where = PLATFORM_DOMAINS.has(domain) ? 'the platform' : `package ${pkg}`;
     if (domain !== 'package' && o.domains !== undefined && !o.domains.includes(domain)) {
       if (pkg === this.packages[0]) this.absent.push({ domain, why: 'not in --domains' });
       return;
     }
     let why: string | undefined;
-    let fd = -1;
-    if (zone === undefined) why = `no ${domain === 'package' ? `package-${pkg}` : domain} zone for ${where} in ${this.dir}`;
-    else {
+    const parts: OpenZone['parts'] = [];
+    if (zones.length === 0) why = `no ${domain === 'package' ? `package-${pkg}` : domain} zone for ${where} in ${this.dir}`;
+    else if (zones.some((z) => z.maxEnergyRangeUj !== zones[0]!.maxEnergyRangeUj))
+      why = `its dies' zones (${zones.map((z) => z.id).join(', ')}) wrap at different max_energy_range_uj`;
+    for (const z of why === undefined ? zones : []) {
       try {
-        fd = open(zone.energyPath);
+        parts.push({ energyPath: z.energyPath, fd: open(z.energyPath) });
       } catch (e) {
-        why = cannot(`open ${zone.energyPath}`, (e as NodeJS.ErrnoException).code ?? String(e));
+        why = cannot(`open ${z.energyPath}`, (e as NodeJS.ErrnoException).code ?? String(e));
+        break;
       }
     }
     if (why === undefined) {
-      this.zones.push({ ...zone!, package: pkg, fd, range: zone!.maxEnergyRangeUj + 1n });
+      this.zones.push({ package: pkg, domain, id: zones.map((z) => z.id).join('+'), parts, range: zones[0]!.maxEnergyRangeUj + 1n });
       return;
     }
+    for (const p of parts) fs.closeSync(p.fd);
     const fix = domain === 'package' ? `${POWERCAP_FIX}; energy_uj is readable by root only` : `leave ${domain} out of --domains`;
     if (domain === 'package') throw new EnergyReadError(cannot(`read ${where}'s energy from powercap`, why, fix), this.kind);
     if (o.domains?.includes(domain)) throw new Error(cannot(`read the ${domain} domain of ${where}`, why, fix));
@@ -156,8 +164,15 @@ export class PowercapEnergySource implements EnergySource {
     return out;
   }
 
-  /** energy_uj now: pread at offset 0 of the fd opened at construction. */
+  /** The zone's counter now: its energy_uj, or its dies' summed mod the range (OpenZone). */
   private readZone(z: OpenZone): bigint {
+    let sum = 0n;
+    for (const p of z.parts) sum += this.readPart(p) % z.range;
+    return z.parts.length === 1 ? sum : sum % z.range;
+  }
+
+  /** energy_uj now: pread at offset 0 of the fd opened at construction. */
+  private readPart(z: { energyPath: string; fd: number }): bigint {
     const n = pread(z.fd, this.buf, READ_BYTES, 0);
     if (n < 0) throw new Error(cannot(`read ${z.energyPath}`, errnoName(-n)));
     const text = this.buf.toString('latin1', 0, n).trim();
@@ -180,10 +195,12 @@ export class PowercapEnergySource implements EnergySource {
   /** Closes the energy_uj fds: the source owns them, also those opened for it before a privilege drop. */
   close(): void {
     for (const z of this.zones.splice(0)) {
-      try {
-        fs.closeSync(z.fd);
-      } catch {
-        /* already closed */
+      for (const p of z.parts) {
+        try {
+          fs.closeSync(p.fd);
+        } catch {
+          /* already closed */
+        }
       }
     }
   }

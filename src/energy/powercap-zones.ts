@@ -31,6 +31,11 @@ export interface PowercapZone {
   domain: EnergyDomain;
   /** The host package (physical_package_id) the zone counts; undefined for a platform zone (psys). */
   package: number | undefined;
+  /**
+   * The die of a multi-die package (zone name package-N-die-M, and its sub-zones): a package has one
+   * zone per die and per domain, whose counters add up to the package's.
+   */
+  die?: number;
   /** Its energy_uj file. */
   energyPath: string;
   /** max_energy_range_uj. */
@@ -41,6 +46,13 @@ export interface PowercapScan {
   zones: PowercapZone[];
   /** Zones found and not read, and why. */
   skipped: { id: string; why: string }[];
+}
+
+/** A package zone's name: package-N, or package-N-die-M on a multi-die part (Linux names them so when a package has several dies). */
+const PACKAGE_ZONE_NAME = /^package-(\d+)(?:-die-(\d+))?$/;
+
+function packageOf(m: RegExpExecArray): { package: number; die?: number } {
+  return m[2] === undefined ? { package: Number(m[1]) } : { package: Number(m[1]), die: Number(m[2]) };
 }
 
 function readAttr(dir: string, attr: string): string {
@@ -78,22 +90,18 @@ export function scanPowercap(sysRoot: string, vendor: Vendor): PowercapScan {
     const m = ZONE_ID.exec(id)!;
     const zone = { id, name, energyPath: path.join(dir, ENERGY_UJ), maxEnergyRangeUj: max };
     if (m[2] === undefined) {
-      const pkg = /^package-(\d+)$/.exec(name);
-      if (pkg) out.zones.push({ ...zone, domain: 'package', package: Number(pkg[1]) });
+      const pkg = PACKAGE_ZONE_NAME.exec(name);
+      if (pkg) out.zones.push({ ...zone, domain: 'package', ...packageOf(pkg) });
       else if (name === 'psys') out.zones.push({ ...zone, domain: 'psys', package: undefined });
-      else
-        out.skipped.push({
-          id,
-          why: `zone ${JSON.stringify(name)} is neither package-N nor psys (a multi-die package-N-die-M is not read yet)`,
-        });
+      else out.skipped.push({ id, why: `zone ${JSON.stringify(name)} is neither package-N, package-N-die-M nor psys` });
       continue;
     }
-    const parent = /^package-(\d+)$/.exec(names.get(`intel-rapl:${m[1]}`) ?? '');
+    const parent = PACKAGE_ZONE_NAME.exec(names.get(`intel-rapl:${m[1]}`) ?? '');
     if (!parent) out.skipped.push({ id, why: `its parent intel-rapl:${m[1]} is not a package zone` });
     else if (!isEnergyDomain(name) || name === 'package' || name === 'psys')
       out.skipped.push({ id, why: `sub-zone ${JSON.stringify(name)} is not core, uncore or dram` });
     else if (name === 'core' && vendor === 'amd') out.skipped.push({ id, why: 'on AMD the core zone counts one core only' });
-    else out.zones.push({ ...zone, domain: name, package: Number(parent[1]) });
+    else out.zones.push({ ...zone, domain: name, ...packageOf(parent) });
   }
   return out;
 }

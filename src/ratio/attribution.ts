@@ -398,7 +398,8 @@ export class RatioEngine {
         if (!this.unit.has(e.pkg)) return `the last sample has a counter for package ${e.pkg}, which the host does not have`;
         if (seen.has(e.pkg)) return `the last sample has package ${e.pkg} twice`;
         seen.add(e.pkg);
-        if (!Number.isInteger(e.raw) || e.raw < 0 || e.raw >= TWO_32) return `package ${e.pkg}'s counter ${e.raw} is not 32 bits`;
+        if (!Number.isSafeInteger(e.raw) || e.raw < 0 || e.raw >= Number(this.range.get(e.pkg)!))
+          return `package ${e.pkg}'s counter ${e.raw} is out of its range (0..${this.range.get(e.pkg)! - 1n})`;
       }
       for (const d of last.domains ?? []) {
         const c = this.planes.find((p) => p.domain === d.domain)?.counters.get(d.pkg);

@@ -2,7 +2,7 @@
  * Data shared by the ratio engine, the sampler, traces and the daemon. Pure data, no I/O.
  * Field meanings follow docs/ratio.md and docs/trace-format.md.
  */
-import type { EnergyDomain, OtherDomain } from './domains.js';
+import type { OtherDomain } from './domains.js';
 
 /** CPU vendors whose RAPL MSRs the helper knows. */
 export type Vendor = 'intel' | 'amd';
@@ -129,14 +129,14 @@ export interface PackageInterval {
 
 /** One RAPL domain's energy on a package over an interval, and what of it went to VMs. */
 export interface DomainInterval {
-  domain: EnergyDomain;
+  domain: OtherDomain;
   energyJ: number;
   attributedJ: number;
 }
 
 /** A VM's energy of one RAPL domain other than the package, per virtual package. */
 export interface VmDomainEnergy {
-  domain: EnergyDomain;
+  domain: OtherDomain;
   /** Joules per vpkg, index = vpkg, length = nvpkg. */
   vpkgEnergyJ: number[];
 }
@@ -193,7 +193,7 @@ export interface VmOutput {
 }
 
 export interface VmDomainTotals {
-  domain: EnergyDomain;
+  domain: OtherDomain;
   vpkgEnergyJ: number[];
   vpkgEnergyUj: bigint[];
 }

@@ -13,6 +13,12 @@
  *           u32 known pid count, each: u32 pid | u64 starttime
  *           u8 has last sample; if 1: u64 monotonicNs | u64 realtimeNs | u32 count, each u32 pkg | u64 raw
  *             | u32 thread count, each u32 pid | u32 tid | u64 starttime | u64 ticks
+ *           (version 2 on) the other RAPL domains, `d` a domain's index in ENERGY_DOMAINS (1..4):
+ *           u32 count, each: u32 hostVmId | u8 d | u8 0 | u16 vpkg count, each f64 energyJ
+ *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
+ *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
+ *
+ * A version 1 snapshot (written before the other domains were attributed) is read as one without them.
  *
  * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
  * against the bytes left before anything is allocated for it, and the decoded value passes the same
@@ -22,11 +28,14 @@ import { cannot } from '../common/errors.js';
 import { crc32 } from '../common/crc32.js';
 import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus } from '../ratio/vcpus.js';
+import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domains.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
-import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type StateSnapshot, type VmState } from './snapshot.js';
+import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type DomainsState, type StateSnapshot, type VmState } from './snapshot.js';
 
 export const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
-export const STATE_FORMAT_VERSION = 1;
+export const STATE_FORMAT_VERSION = 2;
+/** Every version decodeState reads: 1 has no other-domains section. */
+const READABLE_VERSIONS: readonly number[] = [1, 2];
 export const STATE_HEADER_SIZE = 24;
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
@@ -36,7 +45,18 @@ const FLAG = { DISCOVERED: 1, LIVE: 2, WHOLE_VM_ONLY: 4, HAS_UUID: 8, HAS_NAME: 
 const KNOWN_FLAGS = 63;
 const UUID_BYTES = 16;
 /** Smallest encoded size of each kind of entry: a count is refused when its entries cannot fit the bytes left. */
-const MIN_SIZE = { vm: 32 + 2 + 2 + 20 + 8, vcpu: 6, vpkg: 20, pkg: 36, known: 12, raw: 12, thread: 24 } as const;
+const MIN_SIZE = {
+  vm: 32 + 2 + 2 + 20 + 8,
+  vcpu: 6,
+  vpkg: 20,
+  pkg: 36,
+  known: 12,
+  raw: 12,
+  thread: 24,
+  domainVm: 8,
+  domainPkg: 24,
+  domainRaw: 16,
+} as const;
 
 const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 const VERSION_FIX = `run the vmsr-helper that wrote it, or ${FIX}`;
@@ -136,6 +156,42 @@ export function stateProblem(s: StateSnapshot): string | null {
     }
     const dupTid = duplicate(t.threads, (th) => th.tid);
     if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
+  }
+  return s.domains === undefined ? null : domainsProblem(s.domains, s);
+}
+
+/** Why the other-domains section breaks a rule, or null. */
+function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
+  const L = STATE_LIMITS;
+  for (const list of [d.vms, d.packages, d.counters])
+    if (list.length > L.maxDomainEntries) return `${list.length} other-domain entries, at most ${L.maxDomainEntries}`;
+  const vpkgsOf = new Map(s.vms.map((v) => [v.hostVmId, v.vpkgs.length]));
+  const seen = new Set<string>();
+  const twice = (kind: string, id: number, domain: string): boolean => {
+    const k = `${kind} ${id} ${domain}`;
+    if (seen.has(k)) return true;
+    seen.add(k);
+    return false;
+  };
+  const finite = (j: number) => typeof j === 'number' && Number.isFinite(j) && j >= 0;
+  for (const v of d.vms) {
+    if (!isOtherDomain(v.domain)) return `VM ${v.hostVmId} has totals of ${String(v.domain)}, not a RAPL domain besides the package`;
+    const n = vpkgsOf.get(v.hostVmId);
+    if (n === undefined) return `${v.domain} totals for VM ${v.hostVmId}, which the snapshot does not have`;
+    if (v.energyJ.length > n) return `VM ${v.hostVmId}: ${v.energyJ.length} ${v.domain} totals for ${n} virtual packages`;
+    if (!v.energyJ.every(finite)) return `VM ${v.hostVmId}: a ${v.domain} total is not a finite number of joules >= 0`;
+    if (twice('vm', v.hostVmId, v.domain)) return `VM ${v.hostVmId} has ${v.domain} totals twice`;
+  }
+  for (const k of d.packages) {
+    if (!isOtherDomain(k.domain) || !isU32(k.pkg)) return `package ${k.pkg}'s ${String(k.domain)} totals are out of range`;
+    if (!finite(k.energyJ) || !finite(k.unattributedJ))
+      return `package ${k.pkg}: a ${k.domain} total is not a finite number of joules >= 0`;
+    if (twice('pkg', k.pkg, k.domain)) return `package ${k.pkg} has ${k.domain} totals twice`;
+  }
+  if (d.counters.length > 0 && s.lastSample === null) return 'other-domain counters without a last sample';
+  for (const k of d.counters) {
+    if (!isOtherDomain(k.domain) || !isU32(k.pkg) || !isU64(k.raw)) return `package ${k.pkg}'s ${String(k.domain)} counter is out of range`;
+    if (twice('raw', k.pkg, k.domain)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
   }
   return null;
 }
@@ -260,6 +316,33 @@ export function encodeState(s: StateSnapshot): Buffer {
       w.u64(th.ticks);
     }
   }
+  const d = s.domains ?? { vms: [], packages: [], counters: [] };
+  w.u32(d.vms.length);
+  for (const v of d.vms) {
+    w.u32(v.hostVmId);
+    w.u8(ENERGY_DOMAINS.indexOf(v.domain));
+    w.u8(0);
+    w.u16(v.energyJ.length);
+    for (const j of v.energyJ) w.f64(j);
+  }
+  /** A package entry's key: u32 pkg | u8 d | u8 0 | u16 0. */
+  const key = (k: { pkg: number; domain: OtherDomain }) => {
+    w.u32(k.pkg);
+    w.u8(ENERGY_DOMAINS.indexOf(k.domain));
+    w.u8(0);
+    w.u16(0);
+  };
+  w.u32(d.packages.length);
+  for (const k of d.packages) {
+    key(k);
+    w.f64(k.energyJ);
+    w.f64(k.unattributedJ);
+  }
+  w.u32(d.counters.length);
+  for (const k of d.counters) {
+    key(k);
+    w.u64(k.raw);
+  }
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
   if (payloadLength > STATE_LIMITS.maxPayloadBytes)
@@ -374,7 +457,7 @@ function readVm(r: Reader): VmState {
   };
 }
 
-function readPayload(r: Reader): StateSnapshot {
+function readPayload(r: Reader, version: number): StateSnapshot {
   const L = STATE_LIMITS;
   const nextHostVmId = r.u32('the next VM id');
   const nvm = r.count(4, L.maxVms, MIN_SIZE.vm, 'VMs');
@@ -405,7 +488,55 @@ function readPayload(r: Reader): StateSnapshot {
       threads.push({ pid: r.u32(at), tid: r.u32(at), starttime: r.safe("a sampled thread's starttime"), ticks: r.u64(at) });
     lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
   }
-  return { nextHostVmId, vms, packages, knownPids, lastSample };
+  const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
+  if (version >= 2) {
+    const d = readDomains(r);
+    if (d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
+  }
+  return out;
+}
+
+/** A domain code: a domain's index in ENERGY_DOMAINS, the package excluded. */
+function readDomain(r: Reader, what: string): OtherDomain {
+  const code = r.u8(what);
+  const d = ENERGY_DOMAINS[code];
+  if (!isOtherDomain(d)) throw new Refused(`${what} has domain code ${code}, not a RAPL domain besides the package`);
+  if (r.u8(what) !== 0) throw new Refused(`${what}'s reserved byte is not 0`);
+  return d;
+}
+
+/** A package entry's key (u32 pkg | u8 d | u8 0 | u16 0), and what to call the rest of the entry in a refusal. */
+function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDomain; at: string } {
+  const pkg = r.u32(`a package's other-domain ${what}`);
+  const domain = readDomain(r, `package ${pkg}'s other-domain ${what}`);
+  const at = `package ${pkg}'s ${domain} ${what}`;
+  if (r.u16(at) !== 0) throw new Refused(`${at}: its reserved field is not 0`);
+  return { pkg, domain, at };
+}
+
+function readDomains(r: Reader): DomainsState {
+  const max = STATE_LIMITS.maxDomainEntries;
+  const d: DomainsState = { vms: [], packages: [], counters: [] };
+  const nvm = r.count(4, max, MIN_SIZE.domainVm, "VMs' other-domain totals");
+  for (let i = 0; i < nvm; i++) {
+    const hostVmId = r.u32("a VM's other-domain totals");
+    const domain = readDomain(r, `VM ${hostVmId}'s other-domain totals`);
+    const n = r.count(2, MAX_VPKG + 1, 8, `virtual packages of VM ${hostVmId}'s ${domain} totals`);
+    const energyJ: number[] = [];
+    for (let g = 0; g < n; g++) energyJ.push(r.f64(`VM ${hostVmId}'s ${domain} totals`));
+    d.vms.push({ hostVmId, domain, energyJ });
+  }
+  const npkg = r.count(4, max, MIN_SIZE.domainPkg, "packages' other-domain totals");
+  for (let i = 0; i < npkg; i++) {
+    const { pkg, domain, at } = readPackageKey(r, 'totals');
+    d.packages.push({ pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) });
+  }
+  const nraw = r.count(4, max, MIN_SIZE.domainRaw, 'other-domain counters');
+  for (let i = 0; i < nraw; i++) {
+    const { pkg, domain, at } = readPackageKey(r, 'counter');
+    d.counters.push({ pkg, domain, raw: r.u64(at) });
+  }
+  return d;
 }
 
 /**
@@ -419,8 +550,8 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
     return refuse(`the snapshot is ${bytes.length} bytes, shorter than its ${STATE_HEADER_SIZE}-byte header`);
   if (!bytes.subarray(0, 8).equals(STATE_MAGIC)) return refuse('it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot');
   const version = bytes.readUInt32LE(8);
-  if (version !== STATE_FORMAT_VERSION)
-    return refuse(`it is format version ${version}, this vmsr-helper reads version ${STATE_FORMAT_VERSION}`, VERSION_FIX);
+  if (!READABLE_VERSIONS.includes(version))
+    return refuse(`it is format version ${version}, this vmsr-helper reads versions ${READABLE_VERSIONS.join(' and ')}`, VERSION_FIX);
   const length = bytes.readUInt32LE(12);
   if (length > STATE_LIMITS.maxPayloadBytes) return refuse(`its header announces ${length} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`);
   const have = bytes.length - STATE_HEADER_SIZE;
@@ -436,7 +567,7 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   const r = new Reader(payload);
   let s: StateSnapshot;
   try {
-    s = readPayload(r);
+    s = readPayload(r, version);
   } catch (e) {
     if (e instanceof Refused) return refuse(e.message);
     throw e;

@@ -3,6 +3,7 @@
  * data, with the bounds a snapshot must keep. No I/O. Filling it from the live objects and restoring
  * them from it is the daemon's business; the codec (codec.ts) only checks and carries it.
  */
+import type { OtherDomain } from '../ratio/domains.js';
 import { MAX_VMS, type VcpuSpec } from '../ratio/types.js';
 
 /** Each limit a snapshot must keep, checked on encode and on decode (docs/daemon.md "Restart state"). */
@@ -19,6 +20,8 @@ export const STATE_LIMITS = {
   maxKnownPids: 1_000_000,
   /** Threads with cumulative ticks in the last sample. */
   maxThreads: 4_000_000,
+  /** Entries of the other-domains section: a VM's, a package's or a counter's per domain (4 other domains). */
+  maxDomainEntries: 4 * MAX_VMS,
 } as const;
 
 /** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
@@ -104,6 +107,20 @@ export interface SampleState {
   threads: SampledThread[];
 }
 
+/**
+ * The RAPL domains other than the package (format version 2 on; a version 1 snapshot has none): what
+ * the engine and the host totals hold of each, so their intervals go on across a restart as the
+ * package's do.
+ */
+export interface DomainsState {
+  /** Per VM (by host VM id) and domain: A(v,g) of that domain, joules, index = virtual package. */
+  vms: { hostVmId: number; domain: OtherDomain; energyJ: number[] }[];
+  /** Per package and domain: the host totals since sampling started, joules. */
+  packages: { pkg: number; domain: OtherDomain; energyJ: number; unattributedJ: number }[];
+  /** Per package and domain: its counter (mod its range) as last read; empty without a last sample. */
+  counters: { pkg: number; domain: OtherDomain; raw: bigint }[];
+}
+
 export interface StateSnapshot {
   /** The next host VM id to give: above every id in `vms`. */
   nextHostVmId: number;
@@ -113,4 +130,6 @@ export interface StateSnapshot {
   knownPids: KnownProcess[];
   /** The last sample, to compute the first interval after the restart; null before the first. */
   lastSample: SampleState | null;
+  /** The other RAPL domains (absent in a version 1 snapshot, and when none is read). */
+  domains?: DomainsState;
 }

@@ -12,8 +12,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import { V2Client } from '../../src/client/v2-client.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
-import { FakeHost } from '../support/fake-host.js';
-import { BIN, ROOT, hostArgs, spawnHelper, tempDir, waitFor } from './support/daemon-process.js';
+import { BIN, ROOT, tempDir, waitFor } from './support/daemon-process.js';
+import { startOpenDaemon } from './support/open-daemon.js';
 import { startChild, threadsOf } from '../v2/harness.js';
 import { qemuMissing, startQemu } from '../support/qemu.js';
 import { which } from '../support/env.js';
@@ -24,19 +24,8 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function daemon(extra: string[] = []) {
-  const fake = new FakeHost({ packages: [0, 0] });
-  fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 0x1000 } });
-  const stop = fake.pumpEnergy({ pkg: 0, units: 1500, everyMs: 20 });
-  cleanups.push(() => fake.cleanup(), stop);
-  const dir = tempDir('vmsr-statsfd-');
-  fs.chmodSync(dir, 0o755);
-  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
-  const sock = path.join(dir, 'helper.sock');
-  const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--socket-mode', '0666', ...extra]);
-  cleanups.push(() => helper.stop('SIGKILL'));
-  await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
-  return { sock, helper };
+function daemon(extra: string[] = []) {
+  return startOpenDaemon({ packages: [0, 0], units: 1500, extra, onCleanup: (c) => cleanups.push(c) });
 }
 
 /** Runs `body` (an ES module text, given `sock`) in node as uid nobody; its stdout parsed as JSON. */

@@ -5,13 +5,13 @@
  * user (uid nobody) in the observer group watches a root-owned VM, and without the group sees none.
  */
 import { execFile, spawn } from 'node:child_process';
-import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { FakeHost } from '../support/fake-host.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { BIN, hostArgs, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { startOpenDaemon } from '../daemon/support/open-daemon.js';
 import { V2Client } from '../../src/client/v2-client.js';
 import { isRoot, which } from '../support/env.js';
 import { groupNameOf } from '../../src/os/privileges/accounts.js';
@@ -33,20 +33,8 @@ async function daemon(extra: string[] = []): Promise<string> {
   return (await daemonOnFakeHost(extra)).sock;
 }
 
-async function daemonOnFakeHost(extra: string[] = []): Promise<{ sock: string; fake: FakeHost; dir: string }> {
-  const fake = new FakeHost();
-  fake.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
-  fake.writePackageMsr(0, MSR_PKG_ENERGY_STATUS, 0x1000n);
-  const stopPump = fake.pumpEnergy({ units: 400, everyMs: 20 });
-  cleanups.push(() => fake.cleanup(), stopPump);
-  const dir = tempDir('vmsr-watch-name-');
-  fs.chmodSync(dir, 0o755);
-  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
-  const sock = path.join(dir, 'helper.sock');
-  const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2', '--socket-mode', '0666', ...extra]);
-  cleanups.push(() => helper.stop('SIGKILL'));
-  await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
-  return { sock, fake, dir };
+function daemonOnFakeHost(extra: string[] = []): Promise<{ sock: string; fake: FakeHost; dir: string }> {
+  return startOpenDaemon({ units: 400, extra, onCleanup: (c) => cleanups.push(c) });
 }
 
 async function fakeVm(name: string, uuid = UUID): Promise<FakeQemu> {

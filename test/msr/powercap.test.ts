@@ -202,4 +202,40 @@ describe('powercap energy source', () => {
     s.close();
     expect(device.openFds()).toEqual([]); // no MSR is read
   });
+
+  test('a multi-die package sums its dies (package-N-die-M and their sub-zones) into one counter that wraps at their shared range', () => {
+    const h = host(
+      [
+        { id: '0', name: 'package-0-die-0', uj: MAX - 100n },
+        { id: '0:0', name: 'dram', uj: 10n },
+        { id: '1', name: 'package-0-die-1', uj: 500n },
+        { id: '1:0', name: 'dram', uj: 20n },
+      ],
+      [0, 0],
+    );
+    const s = source(h);
+    expect(s.packages).toEqual([0]);
+    expect(s.domains).toEqual(['package', 'dram']);
+    expect(s.describe()).toMatch(/package \(intel-rapl:0\+intel-rapl:1\), dram \(intel-rapl:0:0\+intel-rapl:1:0\)/);
+    expect(s.domainCounters).toEqual([{ package: 0, domain: 'dram', range: MAX + 1n, unitJ: 1e-6 }]);
+    const a = s.read();
+    expect(slot(a, 0, 'package').counter.raw).toBe(MAX - 100n + 500n - (MAX + 1n)); // the sum, wrapped at the shared range
+    expect(slot(a, 0, 'dram').counter.raw).toBe(30n);
+    h.addZoneEnergy('0', 300n); // die 0 wraps
+    h.addZoneEnergy('1', 50n);
+    h.addZoneEnergy('1:0', 7n);
+    const b = s.read();
+    expect(slot(b, 0, 'package').energyUj - slot(a, 0, 'package').energyUj).toBe(350n);
+    expect(slot(b, 0, 'dram').energyUj - slot(a, 0, 'dram').energyUj).toBe(7n);
+  });
+
+  test('a multi-die package whose dies wrap at different ranges is refused, naming the zones', () => {
+    const h = new FakeHost({ packages: [0, 0] });
+    hosts.push(h);
+    h.writePowercap([
+      { id: '0', name: 'package-0-die-0', max: MAX, uj: 1n },
+      { id: '1', name: 'package-0-die-1', max: MAX - 1n, uj: 1n },
+    ]);
+    expect(() => source(h)).toThrow(/its dies' zones \(intel-rapl:0, intel-rapl:1\) wrap at different max_energy_range_uj/);
+  });
 });

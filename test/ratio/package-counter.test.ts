@@ -74,4 +74,21 @@ describe('package counter description', () => {
     fs.writeFileSync(file, headerLine({ host: powercapHost() }).replace('"unit_j":0.000001', '"unit_j":-1'));
     await expect(replayFile(file)).rejects.toThrow(/host\.packages\[0\]\.counter\.unit_j must be joules per count in \(0, 1\], got -1/);
   });
+
+  test('a restored engine takes a powercap counter past 32 bits as it is, and the interval after it spans the gap', () => {
+    const h = host([1]);
+    const range = 262_143_328_850n + 1n; // a real max_energy_range_uj + 1, past 2^32
+    h.packages[0]!.counter = { range, unitJ: 1e-6 };
+    const t = (k: number) => ({ 10: [{ tid: 10, ticks: 100 * k }] });
+    const live = new RatioEngine(h);
+    const vm = live.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 10, vpkg: 0 }] });
+    live.addSample(sample(0, { 0: 200_000_000_000n }, t(0)));
+    const restored = new RatioEngine(h);
+    restored.restore(live.state());
+    expect(restored.state().lastSample!.energy).toEqual([{ pkg: 0, raw: 200_000_000_000 }]);
+    restored.addSample(sample(1, { 0: 200_005_000_000n }, t(1)));
+    expect(restored.output(vm)!.vpkgs[0]!.energyJ).toBeCloseTo(5, 9);
+    const beyond = { ...live.state(), lastSample: { tNs: 0n, energy: [{ pkg: 0, raw: Number(range) }] } };
+    expect(() => new RatioEngine(h).restore(beyond)).toThrow(/counter 262143328851 is out of its range \(0\.\.262143328850\)/);
+  });
 });

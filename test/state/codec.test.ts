@@ -138,6 +138,39 @@ function resum(bytes: Buffer): Buffer {
   return bytes;
 }
 
+/** The other-domains section of a snapshot that has none: three empty counts. */
+const EMPTY_DOMAINS_BYTES = 12;
+
+/** The bytes a version 1 writer gave for a snapshot without other domains: no domains section. */
+function asVersion1(v2: Buffer): Buffer {
+  const v1 = Buffer.from(v2.subarray(0, v2.length - EMPTY_DOMAINS_BYTES));
+  v1.writeUInt32LE(1, 8);
+  v1.writeUInt32LE(v1.length - STATE_HEADER_SIZE, 12);
+  return resum(v1);
+}
+
+/** sample() with other-domain totals and counters: DRAM for both VMs' first vpkg and package 0, psys. */
+function withDomains(): StateSnapshot {
+  const s = sample();
+  s.domains = {
+    vms: [
+      { hostVmId: 1, domain: 'dram', energyJ: [1.5] },
+      { hostVmId: 1, domain: 'psys', energyJ: [0.25] },
+    ],
+    packages: [
+      { pkg: 0, domain: 'dram', energyJ: 20.5, unattributedJ: 3 },
+      { pkg: 0, domain: 'psys', energyJ: 90, unattributedJ: 10 },
+    ],
+    counters: s.lastSample
+      ? [
+          { pkg: 0, domain: 'dram', raw: 0x1234n },
+          { pkg: 0, domain: 'psys', raw: 0x99n },
+        ]
+      : [],
+  };
+  return s;
+}
+
 const refusal = (bytes: Buffer): string => {
   const r = decodeState(bytes);
   if (r.ok) throw new Error('decoded');
@@ -171,8 +204,8 @@ describe('state snapshot codec', () => {
       /^cannot restore state: it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot; start without the saved state/,
     );
     const version = encodeState(sample());
-    version.writeUInt32LE(2, 8);
-    expect(refusal(version)).toMatch(/it is format version 2, this vmsr-helper reads version 1; run the vmsr-helper that wrote it/);
+    version.writeUInt32LE(3, 8);
+    expect(refusal(version)).toMatch(/it is format version 3, this vmsr-helper reads versions 1 and 2; run the vmsr-helper that wrote it/);
     const damaged = encodeState(sample());
     damaged[damaged.length - 1]! ^= 1;
     expect(refusal(damaged)).toMatch(/its checksum does not match .*: it was damaged/);
@@ -189,7 +222,7 @@ describe('state snapshot codec', () => {
   });
 
   it('refuses a payload whose length field and checksum agree but whose entries run past it, or stop before it', () => {
-    const bytes = encodeState(sample());
+    const bytes = asVersion1(encodeState(sample()));
     // The last thread's ticks lose their last 4 bytes; length and checksum are made right, so only the structure tells.
     const short = Buffer.from(bytes.subarray(0, bytes.length - 4));
     short.writeUInt32LE(short.length - STATE_HEADER_SIZE, 12);
@@ -287,5 +320,38 @@ describe('crc32', () => {
     expect(crc32(Buffer.from('123456789'))).toBe(0xcbf43926);
     expect(crc32(Buffer.from('6789'), crc32(Buffer.from('12345')))).toBe(0xcbf43926);
     expect(crc32(Buffer.alloc(0))).toBe(0);
+  });
+});
+
+describe('state snapshot codec, other RAPL domains', () => {
+  it('reads a version 1 snapshot (written before the other domains) as the same snapshot without them', () => {
+    const s = sample();
+    const r = decodeState(asVersion1(encodeState(s)));
+    expect(r.ok && r.value).toEqual(decodeState(encodeState(s)).ok && s);
+    expect(r.ok && r.value.domains).toBeUndefined();
+  });
+
+  it('round-trips the other domains, and refuses a domain code that is not one, twice the same entry, or totals for a VM it lacks', () => {
+    const s = withDomains();
+    const r = decodeState(encodeState(s));
+    expect(r.ok && r.value.domains).toEqual(s.domains);
+    const bytes = encodeState(s);
+    // The domains section is the end: three counts, 2 VM entries of one vpkg (16 bytes each), 2 package
+    // entries (24), 2 counters (16). The first VM entry starts after the first count.
+    const at = bytes.length - (4 + 16 * 2 + 4 + 24 * 2 + 4 + 16 * 2) + 4;
+    const code = Buffer.from(bytes);
+    code.writeUInt8(0, at + 4); // 'package'
+    expect(refusal(resum(code))).toMatch(/domain code 0, not a RAPL domain besides the package/);
+    code.writeUInt8(9, at + 4);
+    expect(refusal(resum(code))).toMatch(/domain code 9, not a RAPL domain besides the package/);
+    const twice = withDomains();
+    twice.domains!.packages.push({ pkg: 0, domain: 'dram', energyJ: 1, unattributedJ: 0 });
+    expect(stateProblem(twice)).toMatch(/package 0 has dram totals twice/);
+    const stranger = withDomains();
+    stranger.domains!.vms.push({ hostVmId: 77, domain: 'dram', energyJ: [1] });
+    expect(stateProblem(stranger)).toMatch(/dram totals for VM 77, which the snapshot does not have/);
+    const wide = withDomains();
+    wide.domains!.vms[0]!.energyJ = [1, 2, 3, 4, 5, 6];
+    expect(stateProblem(wide)).toMatch(/6 dram totals for \d+ virtual packages/);
   });
 });

@@ -13,6 +13,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { MsrDevice } from '../../src/msr/device.js';
+import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { closeFd } from '../../src/os/libc.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
@@ -96,9 +97,14 @@ function start(
   }).then((c) => (started.push(c), c));
 }
 
-function fakeHost(packages: number[]): { fake: FakeHost; device: MsrDevice } {
+/** DRAM energy while the pump runs, and during the restart gap, per package-energy unit (an arbitrary ratio the shares must keep). */
+const DRAM_PER_PKG_UNIT = 0.25;
+
+function fakeHost(packages: number[], withDomains = false): { fake: FakeHost; device: MsrDevice } {
   const fake = new FakeHost({ packages });
   fake.writeRapl({ powerUnit: POWER_UNIT, energy: Object.fromEntries(packages.map((p) => [p, 0xfff00000])) }); // wraps early
+  // DRAM (and psys) counting: the engine attributes them beside the package, and the snapshot carries them.
+  if (withDomains) for (const msr of [MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS]) fake.setCounter(fake.cpusOf(0), msr, 0xffff0000);
   const device = new MsrDevice(fake.msrPathTemplate);
   hosts.push(fake);
   devices.push(device);
@@ -132,7 +138,7 @@ let dying: FakeQemu;
 let sleeper: TestChild;
 
 beforeAll(async () => {
-  host = fakeHost([0, 0]);
+  host = fakeHost([0, 0], true);
   const a = await start(host.fake, host.device, { name: 'before', intervalMs: 100, trace: rec });
   hostInfo = a.host;
   registered = await fakeQemu({ vcpus: 2, args: ['-name', 'reg-vm', '-smp', '2,sockets=2'] });
@@ -154,7 +160,11 @@ beforeAll(async () => {
     ],
   });
   await c.register({ pid: sleeper.pid, vcpus: [{ tid: sleeper.pid, vpkg: 0 }] });
-  const pump = setInterval(() => host.fake.addEnergy(0, 3000), 20);
+  const pump = setInterval(() => {
+    host.fake.addEnergy(0, 3000);
+    host.fake.addCounter(host.fake.cpusOf(0), MSR_DRAM_ENERGY_STATUS, 3000 * DRAM_PER_PKG_UNIT);
+    host.fake.addCounter(host.fake.cpusOf(0), MSR_PLATFORM_ENERGY_STATUS, 6000);
+  }, 20);
   const known = (pid: number) => a.service.snapshot().vms.some((v) => v.pid === pid && v.live && v.baseline && v.valuesNs > 0n);
   await until(
     () => [registered, discovered, dying].every((q) => known(q.pid)) && known(sleeper.pid),
@@ -199,6 +209,7 @@ describe('live state across a restart', () => {
     // The gap: energy goes on, the registered VM's vCPU spins on, one VM's process dies, the discovered
     // VM gains a busy vCPU in its second virtual package (CPU 2 of -smp 2,maxcpus=4,sockets=2).
     host.fake.addEnergy(0, GAP_UNITS);
+    host.fake.addCounter(host.fake.cpusOf(0), MSR_DRAM_ENERGY_STATUS, GAP_UNITS * DRAM_PER_PKG_UNIT);
     await dying.kill();
     await discovered.cmd('add 2');
     await discovered.cmd('spin 2');
@@ -226,8 +237,15 @@ describe('live state across a restart', () => {
     // The engine that never restarted learns of the new vCPU when the restored service does: before its first sample.
     rec.events.push({ kind: 'vcpus', vmId: grownVm.hostVmId, vcpus: vmOf(restored, discovered.pid).vcpus });
     const sampled = new Set(vms.filter((v) => v.live).map((v) => v.pid));
+    expect(saved.domains?.vms.map((d) => d.domain)).toContain('dram');
+    const domains = {
+      ...saved.domains!,
+      // The grown VM's new virtual package starts at 0 in every domain too.
+      vms: saved.domains!.vms.map((d) => (d.hostVmId === grownVm.hostVmId ? { ...d, energyJ: [...d.energyJ, 0] } : d)),
+    };
     expect({ ...restored, knownPids: [...restored.knownPids].sort(byPid) }).toEqual({
       ...saved,
+      domains,
       vms,
       knownPids: [...saved.knownPids].sort(byPid),
       // The thread marks of a VM that ended are not kept (the engine keeps none for it).
@@ -241,6 +259,9 @@ describe('live state across a restart', () => {
 
     // The gap's energy, whole, in the host's total: no counter unit lost across the restart.
     expect(after.packages[0]!.energyJ).toBe(saved.packages[0]!.energyJ + GAP_UNITS * UNIT_J);
+    // The same for DRAM, in its own totals.
+    const dramOf = (x: StateSnapshot) => x.domains!.packages.find((k) => k.pkg === 0 && k.domain === 'dram')!.energyJ;
+    expect(dramOf(after)).toBeCloseTo(dramOf(saved) + GAP_UNITS * DRAM_PER_PKG_UNIT * UNIT_J, 9);
     // Each VM as an engine that saw every sample and never restarted publishes it.
     const reference = rec.replay(b.host);
     let grown = 0;
@@ -251,6 +272,12 @@ describe('live state across a restart', () => {
         ref!.vpkgs.map((v) => ({ energyJ: v.energyJ, energyUj: v.energyUj, counter: BigInt(v.counter) })),
       );
       expect(vm.live).toBe(!ref!.ended);
+      // Every other domain of the VM too: its totals as the engine that never restarted has them.
+      for (const d of ref!.domains ?? [])
+        expect(
+          after.domains!.vms.find((x) => x.hostVmId === vm.hostVmId && x.domain === d.domain)?.energyJ,
+          `VM ${vm.hostVmId} ${d.domain}`,
+        ).toEqual(d.vpkgEnergyJ);
       const before = saved.vms.find((v) => v.hostVmId === vm.hostVmId);
       if (!before) continue;
       vm.vpkgs.forEach((v, g) => expect(v.energyUj >= (before.vpkgs[g]?.energyUj ?? 0n)).toBe(true));

@@ -4,6 +4,8 @@
  * state() is what a restart would carry, and a HostEnergy made with it goes on from there.
  */
 import type { HostValues } from '../../protocol/v2/codec.js';
+import type { OtherDomain } from '../../ratio/domains.js';
+import type { DomainInterval } from '../../ratio/types.js';
 
 /** One package's totals since sampling started (J). */
 export interface PackageTotals {
@@ -12,10 +14,20 @@ export interface PackageTotals {
   unattributedJ: number;
 }
 
+/** One other RAPL domain's totals on one package since sampling started (J); psys under the package it is read on. */
+export interface DomainTotals {
+  pkg: number;
+  domain: OtherDomain;
+  energyJ: number;
+  unattributedJ: number;
+}
+
 export interface HostEnergyState {
   /** Monotonic time of the last sample (0n before the first). */
   tNs: bigint;
   packages: PackageTotals[];
+  /** The other domains' totals (absent: only the package is read). */
+  domains?: DomainTotals[];
 }
 
 /** One package's energy in one interval and the part of it given to VMs (IntervalResult.packages). */
@@ -23,6 +35,7 @@ export interface PackageInterval {
   package: number;
   energyJ: number;
   attributedJ: number;
+  domains?: readonly DomainInterval[];
 }
 
 /** The daemon-wide counters HOST_UPDATE carries beside the energy. */
@@ -30,16 +43,30 @@ export type HostStats = HostValues['stats'];
 
 const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 
+const domainKey = (pkg: number, domain: string): string => `${domain} ${pkg}`;
+
 export class HostEnergy {
   private readonly totals = new Map<number, { energyJ: number; unattributedJ: number }>();
+  /** The other domains' totals by domainKey, in the order the host lists its domain counters. */
+  private readonly domainTotals = new Map<string, DomainTotals>();
   private tNs = 0n;
 
-  /** Every package of the host starts at zero (HOST_UPDATE lists each from the start), or where `from` left off. */
-  constructor(packages: readonly number[], from?: HostEnergyState) {
+  /**
+   * Every package of the host, and every other domain counter it reads (HostInfo.domains), starts at
+   * zero (HOST_UPDATE lists each from the start), or where `from` left off. A domain of `from` the host
+   * no longer reads is dropped.
+   */
+  constructor(packages: readonly number[], from?: HostEnergyState, domains: readonly { package: number; domain: OtherDomain }[] = []) {
     for (const pkg of packages) this.totals.set(pkg, { energyJ: 0, unattributedJ: 0 });
+    for (const d of domains)
+      this.domainTotals.set(domainKey(d.package, d.domain), { pkg: d.package, domain: d.domain, energyJ: 0, unattributedJ: 0 });
     if (from === undefined) return;
     this.tNs = from.tNs;
     for (const p of from.packages) this.totals.set(p.pkg, { energyJ: p.energyJ, unattributedJ: p.unattributedJ });
+    for (const d of from.domains ?? []) {
+      const k = this.domainTotals.get(domainKey(d.pkg, d.domain));
+      if (k) Object.assign(k, { energyJ: d.energyJ, unattributedJ: d.unattributedJ });
+    }
   }
 
   /** One sample: its time, and its packages' energy (none when it was a baseline). */
@@ -48,11 +75,19 @@ export class HostEnergy {
     for (const p of packages) {
       let k = this.totals.get(p.package);
       if (!k) this.totals.set(p.package, (k = { energyJ: 0, unattributedJ: 0 }));
-      k.energyJ += p.energyJ;
-      // Never negative in an interval (attributed can pass energy only by float rounding), so the
-      // cumulative value never goes back.
-      k.unattributedJ += Math.max(0, p.energyJ - p.attributedJ);
+      addInterval(k, p);
+      for (const d of p.domains ?? []) {
+        const key = domainKey(p.package, d.domain);
+        let t = this.domainTotals.get(key);
+        if (!t) this.domainTotals.set(key, (t = { pkg: p.package, domain: d.domain, energyJ: 0, unattributedJ: 0 }));
+        addInterval(t, d);
+      }
     }
+  }
+
+  /** The other domains' totals since sampling started, per package and domain (copies). */
+  domains(): DomainTotals[] {
+    return [...this.domainTotals.values()].map((d) => ({ ...d }));
   }
 
   /** HOST_UPDATE's values; per-package unattributed energy only when `perPackage`. */
@@ -73,6 +108,17 @@ export class HostEnergy {
   }
 
   state(): HostEnergyState {
-    return { tNs: this.tNs, packages: [...this.totals].map(([pkg, k]) => ({ pkg, ...k })) };
+    const out: HostEnergyState = { tNs: this.tNs, packages: [...this.totals].map(([pkg, k]) => ({ pkg, ...k })) };
+    if (this.domainTotals.size > 0) out.domains = this.domains();
+    return out;
   }
+}
+
+/**
+ * Adds an interval's energy and the part of it no VM got. Never negative in an interval (attributed
+ * can pass energy only by float rounding), so the cumulative value never goes back.
+ */
+function addInterval(k: { energyJ: number; unattributedJ: number }, i: { energyJ: number; attributedJ: number }): void {
+  k.energyJ += i.energyJ;
+  k.unattributedJ += Math.max(0, i.energyJ - i.attributedJ);
 }

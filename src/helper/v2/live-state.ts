@@ -6,13 +6,14 @@
  */
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
-import { energyCounterBits, joulesPerCounterUnit } from '../../ratio/counter.js';
+import { joulesPerCounterUnit } from '../../ratio/counter.js';
+import { isOtherDomain } from '../../ratio/domains.js';
 import type { EngineState, EngineVmState } from '../../ratio/engine-state.js';
 import type { HostInfo } from '../../ratio/types.js';
 import type { SamplingState } from '../../sampling/sampling-service.js';
 import type { KnownProcessState } from '../../discovery/scanner.js';
 import { stateProblem } from '../../state/codec.js';
-import type { SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
+import type { DomainsState, SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
 import type { HostEnergyState } from './host-energy.js';
 import type { VmRecord } from './vm-registry.js';
 
@@ -79,7 +80,7 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
     }
   }
   const last = engine.lastSample;
-  return {
+  const out: StateSnapshot = {
     nextHostVmId: engine.nextId,
     vms,
     packages: p.energy.state().packages.map((k) => ({
@@ -100,6 +101,23 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
             threads,
           },
   };
+  const domains = captureDomains(engine, p.energy.state());
+  if (domains !== null) out.domains = domains;
+  return out;
+}
+
+/** The other RAPL domains' part of the snapshot, or null when none is read. */
+function captureDomains(engine: EngineState, energy: HostEnergyState): DomainsState | null {
+  const d: DomainsState = {
+    vms: engine.vms.flatMap((v) =>
+      (v.domainAccJ ?? []).flatMap((a) => (isOtherDomain(a.domain) ? [{ hostVmId: v.id, domain: a.domain, energyJ: [...a.accJ] }] : [])),
+    ),
+    packages: (energy.domains ?? []).map((k) => ({ pkg: k.pkg, domain: k.domain, energyJ: k.energyJ, unattributedJ: k.unattributedJ })),
+    counters: (engine.lastSample?.domains ?? []).flatMap((k) =>
+      isOtherDomain(k.domain) ? [{ pkg: k.pkg, domain: k.domain, raw: BigInt(k.raw) }] : [],
+    ),
+  };
+  return d.vms.length + d.packages.length + d.counters.length === 0 ? null : d;
 }
 
 /** What /proc says now, for planRestore(). */
@@ -186,6 +204,8 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
       tNs: vm.valuesNs,
       prev: [],
     };
+    const domainAccJ = s.domains?.vms.filter((d) => d.hostVmId === vm.hostVmId).map((d) => ({ domain: d.domain, accJ: [...d.energyJ] }));
+    if (domainAccJ !== undefined && domainAccJ.length > 0) e.domainAccJ = domainAccJ;
     if (vm.name !== null) e.name = vm.name;
     if (!vm.live) e.endedBy = 'exit';
     if (e.phase === 'active') {
@@ -193,13 +213,15 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     }
     return e;
   });
+  // The counters as the engine keeps them (mod each one's range): the engine checks them against its ranges.
+  const counterValue = (raw: bigint): number => (raw > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(raw));
   const engine: EngineState = {
     nextId: s.nextHostVmId,
-    lastSample: useLast
-      ? { tNs: last.monotonicNs, energy: last.packages.map((k) => ({ pkg: k.pkg, raw: energyCounterBits(k.raw) })) }
-      : null,
+    lastSample: useLast ? { tNs: last.monotonicNs, energy: last.packages.map((k) => ({ pkg: k.pkg, raw: counterValue(k.raw) })) } : null,
     vms: engineVms,
   };
+  if (engine.lastSample !== null && s.domains && s.domains.counters.length > 0)
+    engine.lastSample.domains = s.domains.counters.map((k) => ({ domain: k.domain, pkg: k.pkg, raw: counterValue(k.raw) }));
   const registry: VmRecord[] = vms.map((vm) => ({
     vmId: vm.hostVmId,
     owner: vm.owner,
@@ -221,6 +243,7 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     energy: {
       tNs: last?.monotonicNs ?? 0n,
       packages: s.packages.map((k) => ({ pkg: k.pkg, energyJ: k.energyJ, unattributedJ: k.unattributedJ })),
+      ...(s.domains && s.domains.packages.length > 0 ? { domains: s.domains.packages.map((k) => ({ ...k })) } : {}),
     },
     knownPids: s.knownPids.map((k) => ({ ...k })),
     discovered: vms.filter((vm) => vm.live && vm.discovered).map((vm) => ({ hostVmId: vm.hostVmId, pid: vm.pid, starttime: vm.starttime })),

@@ -174,6 +174,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
   const energy = new HostEnergy(
     o.host.packages.map((p) => p.package),
     from?.energy,
+    o.host.domains,
   );
   const lastUpdate = (vmId: number, frame: Buffer) => {
     fanOut.dropped(vmId, frame);
