@@ -9,9 +9,11 @@ import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
-import { isOtherDomain, PLATFORM_DOMAINS, type OtherDomain } from './domains.js';
+import { PLATFORM_DOMAINS, type OtherDomain } from './domains.js';
+import { domainCounterProblem } from './domain-counters.js';
 import {
   MAX_TID,
+  type DomainCounter,
   type DomainInterval,
   type HostInfo,
   type IntervalResult,
@@ -132,9 +134,6 @@ interface PlaneInterval {
 /** The one key of a platform domain's PlaneInterval maps: no package has it. */
 const PLATFORM_KEY = -1;
 
-/** The largest counter range the engine takes: its values are held as float64 integers. */
-const MAX_DOMAIN_RANGE = 2n ** 53n;
-
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
   readonly guestPowerUnit: bigint;
@@ -182,26 +181,21 @@ export class RatioEngine {
       this.cpusPerPackage.set(c.package, n + 1);
     }
     this.packageIds = [...this.unit.keys()].sort((a, b) => a - b);
-    for (const d of host.domains ?? []) this.addDomainCounter(d);
+    const counters = host.domains ?? [];
+    counters.forEach((d, i) => this.addDomainCounter(d, counters.slice(0, i)));
     this.prevDomain = this.planes.map(() => new Map());
     const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === this.packageIds[0]);
     this.guestPowerUnit = guest!.powerUnit;
     this.uGuest = joulesPerCounterUnit(this.guestPowerUnit);
   }
 
-  /** Takes one DomainCounter of the host, or throws naming what is wrong with it. */
-  private addDomainCounter(d: NonNullable<HostInfo['domains']>[number]): void {
-    const at = `the ${String(d.domain)} counter of package ${d.package}`;
-    if (!isOtherDomain(d.domain)) throw new Error(`${at}: not a RAPL domain besides the package`);
-    if (!this.unit.has(d.package)) throw new Error(`${at}: package ${d.package} is not among the host's packages`);
-    if (typeof d.range !== 'bigint' || d.range < 2n || d.range > MAX_DOMAIN_RANGE)
-      throw new Error(`${at}: range ${d.range} is out of 2..2^53`);
-    if (!Number.isFinite(d.unitJ) || d.unitJ <= 0) throw new Error(`${at}: unit ${d.unitJ} J is not a positive number`);
+  /** Takes one DomainCounter of the host (those before it already taken), or throws naming what is wrong with it. */
+  private addDomainCounter(d: DomainCounter, before: readonly DomainCounter[]): void {
+    const problem = domainCounterProblem(d, this.unit, before);
+    if (problem !== undefined) throw new Error(problem);
     let plane = this.planes.find((p) => p.domain === d.domain);
     if (plane === undefined)
       this.planes.push((plane = { domain: d.domain, platform: PLATFORM_DOMAINS.has(d.domain), counters: new Map() }));
-    if (plane.counters.has(d.package)) throw new Error(`${at} is listed twice`);
-    if (plane.platform && plane.counters.size > 0) throw new Error(`${at}: ${d.domain} counts the whole platform and is listed once`);
     plane.counters.set(d.package, { range: d.range, unitJ: d.unitJ });
   }
 

@@ -22,6 +22,9 @@ export function isEnergyDomain(text: unknown): text is EnergyDomain {
 /** Every domain but the package: the ones a host may have or not, attributed beside the package. */
 export type OtherDomain = Exclude<EnergyDomain, 'package'>;
 
+/** The other domains, in ENERGY_DOMAINS order (what a message lists as the names allowed). */
+export const OTHER_DOMAINS: readonly OtherDomain[] = ENERGY_DOMAINS.filter((d): d is OtherDomain => d !== 'package');
+
 export function isOtherDomain(text: unknown): text is OtherDomain {
   return text !== 'package' && isEnergyDomain(text);
 }

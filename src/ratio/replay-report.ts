@@ -6,13 +6,32 @@ import { formatMsrHex } from './counter.js';
 import type { ReplaySummary } from './replay.js';
 import type { IntervalResult, VmOutput } from './types.js';
 
+/**
+ * Per domain name, the fields `f` gives (a trace with other domains only: docs/trace-format.md
+ * "Replay output"). Undefined when there are none, so that the key is left out.
+ */
+function byDomain<T extends { domain: string }>(list: readonly T[] | undefined, f: (d: T) => Record<string, unknown>) {
+  if (list === undefined || list.length === 0) return undefined;
+  const out: Record<string, Record<string, unknown>> = {};
+  for (const d of list) out[d.domain] = f(d);
+  return out;
+}
+
 export function intervalRecord(r: IntervalResult): Record<string, unknown> {
   return {
     type: 'interval',
     t_ns: r.tNs,
     dt_s: r.dtS,
-    packages: r.packages.map((p) => ({ package: p.package, energy_j: p.energyJ, attributed_j: p.attributedJ })),
-    vms: r.vms.map((v) => ({ pid: v.pid, vpkgs: v.vpkgEnergyJ.map((e, g) => ({ vpkg: g, energy_j: e })) })),
+    packages: r.packages.map((p) => ({
+      package: p.package,
+      energy_j: p.energyJ,
+      attributed_j: p.attributedJ,
+      domains: byDomain(p.domains, (d) => ({ energy_j: d.energyJ, attributed_j: d.attributedJ })),
+    })),
+    vms: r.vms.map((v) => ({
+      pid: v.pid,
+      vpkgs: v.vpkgEnergyJ.map((e, g) => ({ vpkg: g, energy_j: e, domains: byDomain(v.domains, (d) => ({ energy_j: d.vpkgEnergyJ[g] })) })),
+    })),
   };
 }
 
@@ -23,7 +42,12 @@ export function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
       pid: o.pid,
       name: o.name ?? null,
       ended: o.ended,
-      vpkgs: o.vpkgs.map((v) => ({ vpkg: v.vpkg, energy_uj: v.energyUj.toString(), counter: formatMsrHex(v.counter) })),
+      vpkgs: o.vpkgs.map((v, g) => ({
+        vpkg: v.vpkg,
+        energy_uj: v.energyUj.toString(),
+        counter: formatMsrHex(v.counter),
+        domains: byDomain(o.domains, (d) => ({ energy_uj: d.vpkgEnergyUj[g]!.toString() })),
+      })),
     })),
   };
 }
@@ -71,17 +95,23 @@ export function formatTable(s: ReplaySummary): string {
     lines.push('no VM was registered in this trace');
     return lines.join('\n') + '\n';
   }
-  const rows: string[][] = [['VM', 'PID', 'STATE', 'VPKG', 'JOULES', 'AVG W', 'OVER S']];
+  // A trace with other RAPL domains gets a column of joules for each, after the package's.
+  const domains = [...new Set((s.header.host.domains ?? []).map((d) => d.domain))];
+  const domainCols = domains.map((d) => `${d.toUpperCase()} J`);
+  const rows: string[][] = [['VM', 'PID', 'STATE', 'VPKG', 'JOULES', 'AVG W', 'OVER S', ...domainCols]];
   for (const { output, attributedS } of s.vms) {
     const name = printable(output.name ?? '(unnamed)');
     const state = stateOf(output);
-    if (output.vpkgs.length === 0) rows.push([name, String(output.pid), state, '-', '-', '-', attributedS.toFixed(1)]);
+    if (output.vpkgs.length === 0)
+      rows.push([name, String(output.pid), state, '-', '-', '-', attributedS.toFixed(1), ...domains.map(() => '-')]);
     for (const v of output.vpkgs) {
       const watts = attributedS > 0 ? (v.energyJ / attributedS).toFixed(2) : '-';
-      rows.push([name, String(output.pid), state, String(v.vpkg), v.energyJ.toFixed(3), watts, attributedS.toFixed(1)]);
+      const perDomain = domains.map((d) => output.domains?.find((x) => x.domain === d)?.vpkgEnergyJ[v.vpkg]?.toFixed(3) ?? '-');
+      rows.push([name, String(output.pid), state, String(v.vpkg), v.energyJ.toFixed(3), watts, attributedS.toFixed(1), ...perDomain]);
     }
   }
-  lines.push(pad(rows, [false, true, false, true, true, true, true]));
+  lines.push(pad(rows, [false, true, false, true, true, true, true, ...domains.map(() => true)]));
+  if (domains.length > 0) lines.push(`JOULES and AVG W are the package domain's; ${domainCols.join(', ')}: the joules of that RAPL domain`);
   return lines.join('\n') + '\n';
 }
 

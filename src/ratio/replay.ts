@@ -132,7 +132,12 @@ export async function replayRecords(
   let replay: Replay | undefined;
   for await (const rec of records) {
     if (rec.type === 'header') {
-      replay = new Replay(rec.header);
+      try {
+        replay = new Replay(rec.header);
+      } catch (e) {
+        // The reader checks the header by the engine's rules; this only names the line of any it missed.
+        throw new TraceError(`header: ${(e as Error).message}`, rec.line);
+      }
       continue;
     }
     if (!replay) throw new TraceError('a record before the header', rec.line);

@@ -10,11 +10,16 @@ import zlib from 'node:zlib';
 import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
 import { checkVcpus } from '../ratio/vcpus.js';
+import { domainCounterProblem } from '../ratio/domain-counters.js';
+import { isOtherDomain, OTHER_DOMAINS } from '../ratio/domains.js';
 import {
   MAX_TID,
   type CounterSpec,
+  type DomainCounter,
+  type DomainReading,
   type HostCpu,
   type HostPackage,
+  type Sample,
   type TraceHeader,
   type VcpuSpec,
   type Vendor,
@@ -109,7 +114,10 @@ export class TraceParser {
       }
       case 'sample': {
         const tNs = this.time(value, text, true);
-        return { type: 'sample', line: lineNo, sample: { tNs, energy: this.energy(value.energy), tasks: this.tasks(value.tasks) } };
+        const sample: Sample = { tNs, energy: this.energy(value.energy), tasks: this.tasks(value.tasks) };
+        // Added later: absent in older traces and where only the package is read.
+        if (value.domains !== undefined) sample.domains = this.domainReadings(value.domains);
+        return { type: 'sample', line: lineNo, sample };
       }
       case 'unregister': {
         const tNs = this.time(value, text, false);
@@ -142,6 +150,31 @@ export class TraceParser {
     if (typeof unitJ !== 'number' || !Number.isFinite(unitJ) || unitJ <= 0 || unitJ > 1)
       this.fail(`header: ${what}.unit_j must be joules per count in (0, 1], got ${describe(unitJ)}`);
     return { range, unitJ };
+  }
+
+  /**
+   * host.domains: [{"package":0,"domain":"dram","range":"0x100000000","unit_j":1.53e-5}, ...], each
+   * checked by the engine's own rule (ratio/domain-counters.ts).
+   */
+  private domainCounters(list: unknown, pkgIds: ReadonlySet<number>): DomainCounter[] {
+    if (!Array.isArray(list))
+      this.fail('header: host.domains must be an array like [{"package":0,"domain":"dram","range":"0x100000000","unit_j":0.0000153}]');
+    const out: DomainCounter[] = [];
+    list.forEach((d: unknown, i: number) => {
+      const what = `host.domains[${i}]`;
+      if (!isObject(d)) this.fail(`header: ${what} must be an object {"package","domain","range","unit_j"}`);
+      const pkg = this.uint(d.package, `${what}.package`);
+      if (!isOtherDomain(d.domain))
+        this.fail(`header: ${what}.domain must be one of ${OTHER_DOMAINS.join(', ')}, got ${describe(d.domain)}`);
+      const range = this.hex(d.range, `${what}.range`);
+      const unitJ = d.unit_j;
+      if (typeof unitJ !== 'number') this.fail(`header: ${what}.unit_j must be joules per count (a number), got ${describe(unitJ)}`);
+      const counter: DomainCounter = { package: pkg, domain: d.domain, range, unitJ };
+      const problem = domainCounterProblem(counter, pkgIds, out);
+      if (problem !== undefined) this.fail(`header: ${what}: ${problem}`);
+      out.push(counter);
+    });
+    return out;
   }
 
   private header(v: Json): TraceHeader {
@@ -184,6 +217,11 @@ export class TraceParser {
       cpus.push({ cpu, package: pkg });
     });
     const header: TraceHeader = { host: { vendor, clkTck, cpus, packages } };
+    // Added later (other RAPL domains): absent, only the package is read, as in every older trace.
+    if (host.domains !== undefined) {
+      const domains = this.domainCounters(host.domains, pkgIds);
+      if (domains.length > 0) header.host.domains = domains;
+    }
     if (typeof v.note === 'string') header.note = v.note;
     // Added later to the format: traces without them (older recorders) stay valid.
     if (v.start_time !== undefined) {
@@ -256,6 +294,23 @@ export class TraceParser {
     if (!isObject(v)) this.fail('sample: energy must be an object {package id: "0x..."}');
     const out = new Map<number, bigint>();
     for (const [k, raw] of Object.entries(v)) out.set(this.key(k, 'energy'), this.hex(raw, `energy["${k}"]`));
+    return out;
+  }
+
+  /**
+   * A sample's other domains: {"dram":{"0":"0x1234","1":"0x5678"},"psys":{"0":"0x99"}}, raw counters by
+   * domain and package. A reading the header does not describe is kept: the engine ignores it and
+   * says so (a problem of the replay, not fatal).
+   */
+  private domainReadings(v: unknown): DomainReading[] {
+    if (!isObject(v)) this.fail('sample: domains must be an object {domain: {package id: "0x..."}}');
+    const out: DomainReading[] = [];
+    for (const [domain, byPkg] of Object.entries(v)) {
+      if (!isOtherDomain(domain)) this.fail(`sample: domains: key ${describe(domain)} is not one of ${OTHER_DOMAINS.join(', ')}`);
+      if (!isObject(byPkg)) this.fail(`sample: domains["${domain}"] must be an object {package id: "0x..."}`);
+      for (const [k, raw] of Object.entries(byPkg))
+        out.push({ domain, package: this.key(k, `domains["${domain}"]`), raw: this.hex(raw, `domains["${domain}"]["${k}"]`) });
+    }
     return out;
   }
 

@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
-import type { Sample, TraceHeader, VmSpec } from '../ratio/types.js';
+import type { DomainReading, Sample, TraceHeader, VmSpec } from '../ratio/types.js';
 import { cannot } from '../common/errors.js';
 
 export function headerRecord(h: TraceHeader): Record<string, unknown> {
@@ -34,6 +34,11 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
         if (p.counter !== undefined) o.counter = { range: formatMsrHex(p.counter.range), unit_j: p.counter.unitJ };
         return o;
       }),
+      // Only when the source reads domains besides the package: a trace of the package alone stays as it was.
+      domains:
+        h.host.domains === undefined || h.host.domains.length === 0
+          ? undefined
+          : h.host.domains.map((d) => ({ package: d.package, domain: d.domain, range: formatMsrHex(d.range), unit_j: d.unitJ })),
     },
     note: h.note, // JSON.stringify leaves it out when undefined
     start_time: h.startTime,
@@ -87,7 +92,15 @@ export function sampleLine(s: Sample): string {
     for (const [tid, line] of lines) t[String(tid)] = line;
     tasks[String(pid)] = t;
   }
-  return withTime('sample', s.tNs, `,"energy":${JSON.stringify(energy)},"tasks":${JSON.stringify(tasks)}`);
+  const domains = s.domains === undefined || s.domains.length === 0 ? '' : `,"domains":${JSON.stringify(domainsObject(s.domains))}`;
+  return withTime('sample', s.tNs, `,"energy":${JSON.stringify(energy)}${domains},"tasks":${JSON.stringify(tasks)}`);
+}
+
+/** A sample's other domains as the trace holds them: raw counter hex by domain, then package id. */
+function domainsObject(readings: readonly DomainReading[]): Record<string, Record<string, string>> {
+  const out: Record<string, Record<string, string>> = {};
+  for (const r of readings) (out[r.domain] ??= {})[String(r.package)] = formatMsrHex(r.raw);
+  return out;
 }
 
 export function unregisterLine(tNs: bigint, pid: number): string {
