@@ -1,6 +1,7 @@
 /**
  * Sampling cost with every RAPL domain against the package alone (goal: under 1.2x): CPU
- * time of one Sampler.sample per interval (energy read, then the VM threads' stat lines from /proc),
+ * time of one interval's sample and its attribution (Sampler.sample: energy read, then the VM threads'
+ * stat lines from /proc; then RatioEngine.addSample with each process registered as a one-vCPU VM),
  * on a fake host of two packages of 16 CPUs, for the MSR source (one pread per package and domain)
  * and the powercap source (one pread per zone), with no VM thread but this process's and with 100 and
  * 1000 sleeping VM threads (python3 processes, as bench/sampling.ts). The energy part grows by one
@@ -8,7 +9,10 @@
  * interval depends on how many threads the interval reads. Repeats give the spread; the ratio is per
  * repeat.
  */
+import { readHostInfoFor, withDomainCounters } from '../src/energy/create.js';
 import { MsrEnergySource } from '../src/energy/msr-source.js';
+import { readStarttime } from '../src/os/proc-starttime.js';
+import { RatioEngine } from '../src/ratio/attribution.js';
 import { PowercapEnergySource } from '../src/energy/powercap-source.js';
 import type { EnergySource } from '../src/energy/energy-source.js';
 import { MsrDevice } from '../src/msr/device.js';
@@ -23,13 +27,21 @@ import { printTable, ratioText, spreadText } from './stats.js';
 
 const REPEATS = 7;
 
-/** µs of CPU per sample over `n` samples. */
-function perSample(sampler: Sampler, pids: number[], n: number): number {
-  for (let i = 0; i < n / 10; i++) sampler.sample(pids); // warm up
+/** µs of CPU per sample read and attributed over `n` samples. */
+function perSample(sampler: Sampler, engine: RatioEngine, pids: number[], n: number): number {
+  for (let i = 0; i < n / 10; i++) engine.addSample(sampler.sample(pids)); // warm up
   const a = process.cpuUsage();
-  for (let i = 0; i < n; i++) sampler.sample(pids);
+  for (let i = 0; i < n; i++) engine.addSample(sampler.sample(pids));
   const d = process.cpuUsage(a);
   return (d.user + d.system) / n;
+}
+
+/** An engine for `source`'s host with every pid registered as a VM of one vCPU (its main thread). */
+function engineFor(kind: 'msr' | 'powercap', source: EnergySource, h: FakeHost, device: MsrDevice, pids: number[]): RatioEngine {
+  const host = withDomainCounters(readHostInfoFor(kind, { paths: h.hostPaths(), device, vendor: 'intel' }), source);
+  const engine = new RatioEngine(host);
+  for (const pid of pids) engine.register({ pid, starttime: readStarttime('/proc', pid) ?? 0, vcpus: [{ tid: pid, vpkg: 0 }] });
+  return engine;
 }
 
 function fakeHost(): FakeHost {
@@ -71,16 +83,18 @@ export async function run(): Promise<void> {
       procs = threads > 0 ? await startProcs(threads) : [];
       const pids = threads > 0 ? procs.map((p) => p.pid!) : [process.pid];
       const n = threads >= 1000 ? 500 : threads > 0 ? 3000 : 20_000;
-      for (const [kind, build] of Object.entries(make)) {
+      for (const kind of ['msr', 'powercap'] as const) {
+        const build = make[kind];
         const tasks = new ProcTaskReader('/proc');
         const pkgOnly = build(false);
         const all = build(true);
         const [a, b] = [new Sampler(pkgOnly, tasks), new Sampler(all, tasks)];
         const only: number[] = [];
         const every: number[] = [];
+        const [ea, eb] = [engineFor(kind, pkgOnly, h, device, pids), engineFor(kind, all, h, device, pids)];
         for (let r = 0; r < REPEATS; r++) {
-          only.push(perSample(a, pids, n));
-          every.push(perSample(b, pids, n));
+          only.push(perSample(a, ea, pids, n));
+          every.push(perSample(b, eb, pids, n));
         }
         rows.push([
           kind,
