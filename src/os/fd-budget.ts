@@ -65,6 +65,13 @@ export function effectiveMaxConnections(maxConnections: number, limit: number, o
   return Math.max(1, Math.min(maxConnections, half));
 }
 
+/** The budget as it stands: fds open, the limit, and what may still be opened beside every connection slot and the reserve. */
+export interface FdUsage {
+  open: number;
+  max: number;
+  available: number;
+}
+
 /** Room for a VM's fds, or why not (a message naming the fix). */
 export type FdAdmission = Result<void>;
 
@@ -116,6 +123,12 @@ export class FdBudget {
     return this.o.maxConnections;
   }
 
+  /** Fds open now (as this turn counts them), the limit, and room(): what the host statistics file states. */
+  usage(): FdUsage {
+    const { open, room } = this.space();
+    return { open, max: this.o.limit, available: Math.max(0, room) };
+  }
+
   /** Fds that may still be opened now beside every connection slot and the reserve (can be 0). */
   room(): number {
     return Math.max(0, this.space().room);
@@ -136,11 +149,14 @@ export class FdBudget {
 
   /**
    * Whether a VM whose process has `threads` threads fits: every fd open now, plus the slots of the
-   * connections not yet made, plus the reserve, plus the VM's own fds, within the limit.
+   * connections not yet made, plus the reserve, plus the VM's own fds, within the limit. Its fds are
+   * counted as open this turn, unless `count` is false: the caller then opens them at once through a
+   * ledger that counts each fd it grants (VmFdShares.grant). Counted here too, they would be counted
+   * twice, and the grant, held to the room, would get only what is left beside them.
    */
-  canAdmit(threads: number): FdAdmission {
+  canAdmit(threads: number, o: { count?: boolean } = {}): FdAdmission {
     const need = vmFds(Math.max(1, threads));
-    return this.fit(need, `its ${threads} threads need ${need}`);
+    return this.fit(need, `its ${threads} threads need ${need}`, o.count ?? true);
   }
 
   /** The limit minus the fds open now, the slots of connections not yet made and the reserve (may be negative). */
@@ -150,11 +166,11 @@ export class FdBudget {
     return { open, freeSlots, room: this.o.limit - open - freeSlots - FD_RESERVE };
   }
 
-  /** `need` fds admitted (counted as open this turn) when they fit, else why not (`needs`: what asks, and how many). */
-  private fit(need: number, needs: string): FdAdmission {
+  /** `need` fds admitted (counted as open this turn, unless `count` is false) when they fit, else why not (`needs`: what asks, and how many). */
+  private fit(need: number, needs: string, count = true): FdAdmission {
     const { open, freeSlots, room } = this.space();
     if (need <= room) {
-      this.admitted(need);
+      if (count) this.admitted(need);
       return ok(undefined);
     }
     return fail(
