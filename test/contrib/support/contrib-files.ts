@@ -42,14 +42,15 @@ function replaceOnce(text: string, from: string | RegExp, to: string, what: stri
 }
 
 /**
- * An example configuration as shipped, made to run in a test: it scrapes `target` instead of the
+ * An example configuration as shipped, made to run in a test: it scrapes `target` (or each of them) instead of the
  * default address, every second (the shipped 15 s would make a test wait minutes), and its rule
  * files are named by absolute path (the copy runs from a temporary directory): the shipped ones, or
  * their copies in `ruleDir` (ruleFilesHeldFor).
  */
-export function adaptedExample(file: string, target: string, ruleDir = PROMETHEUS_DIR): string {
+export function adaptedExample(file: string, target: string | readonly string[], ruleDir = PROMETHEUS_DIR): string {
   let text = fs.readFileSync(file, 'utf8');
-  text = replaceOnce(text, EXAMPLE_TARGET, `'${target}'`, file);
+  const targets = typeof target === 'string' ? [target] : target;
+  text = replaceOnce(text, EXAMPLE_TARGET, targets.map((t) => `'${t}'`).join(', '), file);
   text = replaceOnce(text, /^ {2}scrape_interval: 15s$/m, '  scrape_interval: 1s', file);
   if (/^ {2}evaluation_interval: 15s$/m.test(text))
     text = replaceOnce(text, /^ {2}evaluation_interval: 15s$/m, '  evaluation_interval: 1s', file);
