@@ -15,6 +15,7 @@ import { RunningTotal } from './running-total.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/vm-registry.js';
 import type { EnergySourceKind } from '../energy/kinds.js';
+import type { HelperCapacity } from './helper-capacity.js';
 
 export interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
@@ -124,6 +125,8 @@ export class EnergyBook {
   hasHost = false;
   /** Where the daemon's energy comes from, as its host statistics file says; null: not said (or no file). */
   energySource: EnergySourceKind | null = null;
+  /** The daemon's VM caps and fd budget, as its host statistics file says; null: not said (or no file). */
+  capacity: HelperCapacity | null = null;
 
   /**
    * @param nowMs the exporter's clock for retention

@@ -13,6 +13,7 @@ import type { EnergyBook } from './energy-book.js';
 import { ujToJoules } from './running-total.js';
 import { VmExposition, type ExpositionFormat, type VmFamily } from './vm-exposition.js';
 import { addEnergySourceInfo } from './energy-source-info.js';
+import { addCapacityFamilies } from './helper-capacity.js';
 import { processRegistry } from './process-metrics.js';
 
 export type { ExpositionFormat };
@@ -247,6 +248,7 @@ function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryCo
     },
   });
   addEnergySourceInfo(registers, () => book.energySource);
+  addCapacityFamilies(registers, () => book.capacity);
   new Gauge({
     name: METRIC.vmsSkipped,
     help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',

@@ -9,6 +9,7 @@ import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import type { EnergyBook } from './energy-book.js';
 import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
+import { capacityFromFile } from './helper-capacity.js';
 
 const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
 
@@ -84,6 +85,7 @@ export class StatsFdFeed {
     this.book.hostUpdate(hostUpdateFromFile(this.host, s));
     // Hostile or newer values map to null: the series is then absent, never a guess.
     this.book.energySource = energySourceOfCode(this.host.value(s, 'energy_source'));
+    this.book.capacity = capacityFromFile(this.host, s);
     const changes = this.host.value(s, 'vm_changes') ?? 0n;
     const changed = changes !== this.lastVmChanges;
     this.lastVmChanges = changes;

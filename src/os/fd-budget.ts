@@ -18,6 +18,12 @@ import { fail, ok, type Result } from '../common/result.js';
 /** fds kept free for what is opened briefly: a /proc listing, a pidfile, a log, an MSR device of a new CPU. */
 export const FD_RESERVE = 32;
 
+/**
+ * How old a count of the open fds usage() may report (it is read at every sample, for the host
+ * statistics file): a count costs about a microsecond per open fd, 10 ms at 10 000 fds.
+ */
+export const FD_USAGE_MAX_AGE_MS = 10_000;
+
 /** Fds one VM costs: what the sampler keeps open for its threads, plus the directory fd of a /proc/<pid>/task listing. */
 export function vmFds(threads: number): number {
   return keptFds(threads) + 1;
@@ -65,6 +71,13 @@ export function effectiveMaxConnections(maxConnections: number, limit: number, o
   return Math.max(1, Math.min(maxConnections, half));
 }
 
+/** The budget as it stands: fds open, the limit, and what may still be opened beside every connection slot and the reserve. */
+export interface FdUsage {
+  open: number;
+  max: number;
+  available: number;
+}
+
 /** Room for a VM's fds, or why not (a message naming the fix). */
 export type FdAdmission = Result<void>;
 
@@ -81,7 +94,9 @@ export interface FdBudgetOptions {
 
 export class FdBudget {
   /** The count of this turn, plus what this budget let open since (null: not counted yet this turn). */
-  private turn: { open: number } | null = null;
+  private turn: { open: number; atMs: number } | null = null;
+  /** The last turn's count (what it let open included), for usage(). */
+  private last: { open: number; atMs: number } | null = null;
   private readonly openNow: () => number;
 
   constructor(private readonly o: FdBudgetOptions) {
@@ -97,7 +112,7 @@ export class FdBudget {
    */
   private countedThisTurn(): number {
     if (this.turn === null) {
-      this.turn = { open: countOpenFds() };
+      this.turn = this.last = { open: countOpenFds(), atMs: Date.now() };
       setImmediate(() => (this.turn = null)).unref();
     }
     return this.turn.open;
@@ -114,6 +129,18 @@ export class FdBudget {
 
   get maxConnections(): number {
     return this.o.maxConnections;
+  }
+
+  /**
+   * Fds open, the limit, and room(): what the host statistics file states at every sample. The
+   * count is this turn's, or the last one if it is under FD_USAGE_MAX_AGE_MS old (what was admitted
+   * in its turn included), so that a sample does not count every fd again.
+   */
+  usage(): FdUsage {
+    const recent =
+      this.o.openFds === undefined && this.turn === null && this.last !== null && Date.now() - this.last.atMs < FD_USAGE_MAX_AGE_MS;
+    const { open, room } = this.space(recent ? this.last!.open : undefined);
+    return { open, max: this.o.limit, available: Math.max(0, room) };
   }
 
   /** Fds that may still be opened now beside every connection slot and the reserve (can be 0). */
@@ -136,25 +163,28 @@ export class FdBudget {
 
   /**
    * Whether a VM whose process has `threads` threads fits: every fd open now, plus the slots of the
-   * connections not yet made, plus the reserve, plus the VM's own fds, within the limit.
+   * connections not yet made, plus the reserve, plus the VM's own fds, within the limit. Its fds are
+   * counted as open this turn, unless `count` is false: the caller then opens them at once through a
+   * ledger that counts each fd it grants (VmFdShares.grant). Counted here too, they would be counted
+   * twice, and the grant, held to the room, would get only what is left beside them.
    */
-  canAdmit(threads: number): FdAdmission {
+  canAdmit(threads: number, o: { count?: boolean } = {}): FdAdmission {
     const need = vmFds(Math.max(1, threads));
-    return this.fit(need, `its ${threads} threads need ${need}`);
+    return this.fit(need, `its ${threads} threads need ${need}`, o.count ?? true);
   }
 
   /** The limit minus the fds open now, the slots of connections not yet made and the reserve (may be negative). */
-  private space(): { open: number; freeSlots: number; room: number } {
-    const open = this.openNow();
+  private space(counted?: number): { open: number; freeSlots: number; room: number } {
+    const open = counted ?? this.openNow();
     const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
     return { open, freeSlots, room: this.o.limit - open - freeSlots - FD_RESERVE };
   }
 
-  /** `need` fds admitted (counted as open this turn) when they fit, else why not (`needs`: what asks, and how many). */
-  private fit(need: number, needs: string): FdAdmission {
+  /** `need` fds admitted (counted as open this turn, unless `count` is false) when they fit, else why not (`needs`: what asks, and how many). */
+  private fit(need: number, needs: string, count = true): FdAdmission {
     const { open, freeSlots, room } = this.space();
     if (need <= room) {
-      this.admitted(need);
+      if (count) this.admitted(need);
       return ok(undefined);
     }
     return fail(

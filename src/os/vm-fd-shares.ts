@@ -14,14 +14,14 @@
 import { fail } from '../common/result.js';
 import { UID_SHARE, UidShares, shareOf, type ShareOwner } from '../common/uid-share.js';
 import { MAX_VCPUS } from '../ratio/types.js';
-import type { FdAdmission, FdBudget } from './fd-budget.js';
+import type { FdAdmission, FdBudget, FdUsage } from './fd-budget.js';
 import { keptFds, type KeptFdLedger } from './proc-tasks.js';
 
 /** Threads of one VM whose fds are kept, by default: the most vCPUs a VM may have, and room for QEMU's other threads. */
 export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;
 
 export interface VmFdSharesOptions {
-  budget: Pick<FdBudget, 'room' | 'vmCapacity' | 'canAdmit' | 'canOpen' | 'admitted'>;
+  budget: Pick<FdBudget, 'room' | 'vmCapacity' | 'canAdmit' | 'canOpen' | 'admitted'> & Partial<Pick<FdBudget, 'usage'>>;
   /** --max-vm-threads. */
   maxVmThreads: number;
   /** The owner of a process for the share rule; null when it is gone. */
@@ -69,11 +69,17 @@ export class VmFdShares implements KeptFdLedger {
       const { room, bound } = this.shares.room(owner);
       if (need > room && bound !== 'capacity') return fail(this.shareMessage(owner, need, room, bound));
     }
-    return this.o.budget.canAdmit(kept);
+    // Not counted here: the VM's fds are opened at once, through grant(), which counts what it grants.
+    return this.o.budget.canAdmit(kept, { count: false });
   }
 
   canOpen(n: number, what: string): FdAdmission {
     return this.o.budget.canOpen(n, what);
+  }
+
+  /** The budget's fds open, limit and room (absent when the budget does not say). */
+  usage(): FdUsage | null {
+    return this.o.budget.usage?.() ?? null;
   }
 
   grant(pid: number, n: number, atLeast: number): number {

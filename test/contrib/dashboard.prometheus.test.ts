@@ -119,6 +119,8 @@ describe('the Grafana dashboard and the shipped rules', () => {
       'vmsr_helper_samples_total',
       'vmsr_helper_sample_failures_total',
       'vmsr_helper_legacy_requests_total',
+      'vmsr_helper_vm_cap_used',
+      'vmsr_helper_fds_available',
     ]) {
       expect(
         exprs.some((e) => e.includes(family)),

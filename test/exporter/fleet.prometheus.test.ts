@@ -1,11 +1,15 @@
 /**
  * Many hosts, one Prometheus: three "hosts" on distinct loopback addresses (127.0.0.2-4, the same
- * port on each), each with its own daemon on its own moving fake host and its own exporter serving
- * TLS with basic authentication, scraped by one real Prometheus whose job is the shipped
- * contrib/prometheus/vmsr-fleet-scrape.yml with this test's CA, password and targets. Two more
- * jobs scrape the first host with a wrong password and over plain HTTP; an alert rule fires on
- * `up == 0` when a host goes down. A second Prometheus federates the first with the shipped
- * federation.yml; the shipped scrape, federation and remote-write files pass promtool.
+ * port on each), each with its own daemon on its own moving fake host, a VM registered on it (a
+ * process busy on CPU 0 now and then) and its own exporter serving TLS with basic authentication,
+ * scraped by one real Prometheus whose job is the shipped contrib/prometheus/vmsr-fleet-scrape.yml
+ * with this test's CA, password and targets, and which loads the shipped recording and alert rules
+ * (their `for:` held to 5 s so that an alert fires within the test; nothing else changed). Two more
+ * jobs scrape the first host with a wrong password and over plain HTTP. Per host and per VM, the
+ * totals Prometheus holds are the daemons' own and the energy pumped; the recording rules give one
+ * host power and one VM power per instance; a host going down fires the shipped VmsrExporterDown
+ * for it alone. A second Prometheus federates the first with the shipped federation.yml; the
+ * shipped scrape, federation and remote-write files pass promtool.
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -13,7 +17,7 @@ import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { METRIC } from '../../src/exporter/metrics.js';
 import { V2Client } from '../../src/client/v2-client.js';
-import { startChild } from '../v2/harness.js';
+import { pinnedChildMissing, startPinnedChild } from '../v2/harness.js';
 import { missing } from '../support/env.js';
 import { ROOT, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
@@ -27,6 +31,7 @@ import {
   type PrometheusServer,
 } from './support/stack.js';
 import { makeTlsFiles, PASSWORD, PASSWORD_HASH, USER } from './support/tls-files.js';
+import { ruleFilesHeldFor } from '../contrib/support/contrib-files.js';
 import { get } from './support/https-get.js';
 
 const CONTRIB = path.join(ROOT, 'contrib/prometheus');
@@ -44,6 +49,8 @@ interface FleetHost {
   daemon: DaemonChild;
   exporter: ExporterChild;
   target: string;
+  /** The host's VM: its process, and the daemon's client that registered it (and reads its energy). */
+  vm: { pid: number; vmId: number; client: V2Client };
 }
 
 /** The shipped scrape job, pointed at this test's CA, password file and targets. */
@@ -76,8 +83,8 @@ function shippedFederationJob(target: string): string[] {
 }
 
 describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', () => {
-  test('per-host totals are right, a wrong password and plain HTTP are down, and a host going down fires the alert', async (ctx) => {
-    const why = missing({ command: 'prometheus' }) ?? missing({ command: 'promtool' });
+  test('per-host and per-VM totals are right, a wrong password and plain HTTP are down, and a host going down fires the shipped alert', async (ctx) => {
+    const why = missing({ command: 'prometheus' }) ?? missing({ command: 'promtool' }) ?? pinnedChildMissing(0);
     if (why) ctx.skip(why);
     const dir = tempDir('vmsr-fleet-');
     cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -110,34 +117,25 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
       const sock = path.join(dir, `host${i}.sock`);
       const daemon = await startDaemon(moving, sock, ['--no-discovery']);
       cleanups.push(() => daemon.stop());
-      // One registered VM (a sleeping process) keeps the helper sampling; without discovery (this
-      // machine runs other QEMUs) nothing else would.
-      const vm = startChild('sleep');
+      // One registered VM keeps the helper sampling (without discovery: this machine runs other
+      // QEMUs) and gets a share of the package: a process busy 10 ms of every 100 on CPU 0, which
+      // is in the fake host's package 0.
+      const vm = startPinnedChild(0, 10);
       cleanups.push(() => vm.kill());
       const client = await V2Client.connect(sock);
       cleanups.push(() => client.close());
-      await client.register({ pid: vm.pid, vcpus: [{ tid: vm.pid, vpkg: 0 }] });
+      const { vmId } = await client.register({ pid: vm.pid, vcpus: [{ tid: vm.pid, vpkg: 0 }] });
       const exporter = await startExporterChild(sock, ['--listen', `${addr}:${port}`, '--web.config.file', web]);
       cleanups.push(() => exporter.stop());
       expect(exporter.url).toBe(`https://${addr}:${port}/metrics`);
-      hosts.push({ addr, moving, daemon, exporter, target: `${addr}:${port}` });
+      hosts.push({ addr, moving, daemon, exporter, target: `${addr}:${port}`, vm: { pid: vm.pid, vmId, client } });
     }
 
-    const rules = path.join(dir, 'fleet-alerts.yml');
-    fs.writeFileSync(
-      rules,
-      [
-        'groups:',
-        '  - name: vmsr-fleet-test',
-        '    rules:',
-        '      - alert: VmsrExporterDown',
-        '        expr: up{job="vmsr"} == 0',
-        '        labels: { severity: critical }',
-        '        annotations: { summary: "vmsr exporter {{ $labels.instance }} is down" }',
-        '',
-      ].join('\n'),
-    );
-    expect(execFileSync('promtool', ['check', 'rules', rules], { encoding: 'utf8' })).toContain('SUCCESS');
+    // The shipped rules: recording, alerts, Kepler's names.
+    const rulesDir = path.join(dir, 'rules');
+    fs.mkdirSync(rulesDir);
+    const rules = ruleFilesHeldFor(rulesDir, '5s');
+    for (const r of rules) expect(execFileSync('promtool', ['check', 'rules', r], { encoding: 'utf8' }), r).toContain('SUCCESS');
     const tlsJob = (name: string, pw: string): string[] => [
       `  - job_name: ${name}`,
       '    scheme: https',
@@ -160,7 +158,7 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
       '    static_configs:',
       `      - targets: ['${hosts[0]!.target}']`,
     ];
-    const prom: PrometheusServer = await startPrometheus('', { scrapeConfigs, ruleFiles: [rules] });
+    const prom: PrometheusServer = await startPrometheus('', { scrapeConfigs, ruleFiles: rules });
     cleanups.push(() => prom.stop());
     const logs = () => [prom.log(), ...hosts.map((h) => h.exporter.stderr())].join('\n');
 
@@ -206,6 +204,27 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
     );
     for (const [i, h] of hosts.entries()) expect(rates.get(h.target), h.target).toBeLessThan(WATTS[i]! * 1.3);
 
+    // The shipped recording rules, per instance: one host power, and one VM power, that host's VM's.
+    const recorded = await pollFor(
+      async () => {
+        const [host, vm] = await Promise.all([
+          prom.query('instance:vmsr_host_package_energy_joules:rate1m{job="vmsr"} > 0'),
+          prom.query('instance_vm:vmsr_vm_energy_joules:rate1m{job="vmsr"}'),
+        ]);
+        return host.length === 3 && vm.length === 3 ? { host, vm } : undefined;
+      },
+      'the recording rules to give a host power and a VM power per instance',
+      logs,
+    );
+    for (const [i, h] of hosts.entries()) {
+      const host = recorded.host.filter((x) => x.metric.instance === h.target);
+      expect(host.length, h.target).toBe(1);
+      expect(Number(host[0]!.value[1])).toBeLessThan(WATTS[i]! * 1.3);
+      const vm = recorded.vm.filter((x) => x.metric.instance === h.target);
+      expect(vm.map((x) => x.metric.pid)).toEqual([String(h.vm.pid)]);
+      expect(Number(vm[0]!.value[1])).toBeLessThanOrEqual(Number(host[0]!.value[1]) * 1.01);
+    }
+
     // Per-host totals, exactly: with the pumps stopped, Prometheus holds what each host's exporter
     // serves; then each host's package gets a known energy of its own, and each instance grows by it.
     for (const h of hosts) h.moving.stopPumps();
@@ -250,6 +269,38 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
       () => `${JSON.stringify([...before])}\n${logs()}`,
     );
 
+    // Per VM: with the packages standing still again, each instance's VM total in Prometheus is the
+    // daemon's own for that VM (READ, µJ), and per host the VMs' energy and the unattributed energy
+    // add up to the package energy, as the daemon split it.
+    const vmTotals = async (): Promise<Map<string, number>> =>
+      new Map(
+        (await prom.query(`${METRIC.vmEnergy}{job="vmsr"}`)).map((s) => [`${s.metric.instance}/${s.metric.pid}`, Number(s.value[1])]),
+      );
+    const daemonJoules = await Promise.all(hosts.map(async (h) => Number((await h.vm.client.read(h.vm.vmId, 0)).energyUj) / 1e6));
+    await pollFor(
+      async () => {
+        const now = await vmTotals();
+        // The same µJ (a float in joules may round its last bit differently).
+        return hosts.every((h, i) => Math.abs(now.get(`${h.target}/${h.vm.pid}`)! - daemonJoules[i]!) < 1e-7) ? true : undefined;
+      },
+      "each instance's VM total to be its daemon's",
+      () => `daemons: ${JSON.stringify(daemonJoules)}\n${logs()}`,
+    );
+    const vms = await vmTotals();
+    expect(vms.size).toBe(3);
+    for (const [i, h] of hosts.entries()) {
+      // The VM got energy on every host (its process ran), and never more than the host's package.
+      expect(daemonJoules[i], h.target).toBeGreaterThan(0);
+      // The daemon has not moved since (the packages stand still).
+      expect(Number((await h.vm.client.read(h.vm.vmId, 0)).energyUj) / 1e6).toBe(daemonJoules[i]);
+    }
+    const balance = await prom.query(
+      `sum by (instance) (${METRIC.packageEnergy}{job="vmsr"}) - sum by (instance) (${METRIC.vmEnergy}{job="vmsr"}) - sum by (instance) (${METRIC.unattributedEnergy}{job="vmsr"})`,
+    );
+    expect(balance.map((b) => b.metric.instance).sort()).toEqual(hosts.map((h) => h.target).sort());
+    // Each value is floored to a µJ on its own: the sums hold to a few µJ.
+    for (const b of balance) expect(Math.abs(Number(b.value[1])), b.metric.instance).toBeLessThan(1e-5);
+
     // Beyond one Prometheus: a second one federating the first with the shipped federation.yml
     // (over plain HTTP here: the test's Prometheus serves no TLS) gets every host's series with its
     // own instance label and the same values.
@@ -266,20 +317,26 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
       () => `${federating.log()}\n${logs()}`,
     );
 
-    // One host goes down: its up turns 0 and the alert fires for it alone.
+    // One host goes down: its up turns 0 and the shipped VmsrExporterDown fires for it alone (the
+    // wrong-password and plain-HTTP jobs, down all along, are not job "vmsr": it does not select them).
     const down = hosts[1]!;
     await down.exporter.stop();
     const firing = await pollFor(
       async () => {
         const r = await prom.query('ALERTS{alertname="VmsrExporterDown",alertstate="firing"}');
-        return r.length > 0 ? r.map((s) => s.metric.instance) : undefined;
+        return r.length > 0 ? r.map((s) => s.metric) : undefined;
       },
       'the alert to fire',
       logs,
     );
-    expect(firing).toEqual([down.target]);
+    expect(firing).toEqual([expect.objectContaining({ instance: down.target, job: 'vmsr', severity: 'critical' })]);
     const upNow = await prom.query('up{job="vmsr"} == 0');
     expect(upNow.map((s) => s.metric.instance)).toEqual([down.target]);
+    const alerts = (await (await fetch(`${prom.url}/api/v1/alerts`)).json()) as {
+      data: { alerts: { labels: { alertname: string; instance?: string }; annotations: { summary: string }; state: string }[] };
+    };
+    const downAlert = alerts.data.alerts.find((a) => a.labels.alertname === 'VmsrExporterDown' && a.state === 'firing')!;
+    expect(downAlert.annotations.summary).toBe(`vmsr exporter ${down.target} is down`);
   });
 
   test('the shipped scrape, federation and remote-write configurations pass promtool check config', (ctx) => {

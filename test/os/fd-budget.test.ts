@@ -50,6 +50,33 @@ describe('FdBudget on the real /proc/self/fd', () => {
     expect(b.canOpen(6, 'a file').ok).toBe(true);
   });
 
+  it('reports its usage from a count under 10 s old, what it admitted included, and counts again after', async () => {
+    let now = 1_000_000;
+    const realNow = Date.now;
+    Date.now = () => now;
+    try {
+      const b = new FdBudget({ limit: countOpenFds() + FD_RESERVE + 100, maxConnections: 0, openConnections: () => 0 });
+      const first = b.usage();
+      expect(first.max).toBe(b.limit);
+      expect(first.open + first.available + FD_RESERVE).toBe(b.limit);
+      expect(b.canOpen(5, 'a file').ok).toBe(true);
+      await new Promise((r) => setImmediate(r));
+      const held = [0, 1, 2].map(() => fs.openSync('/dev/null', 'r'));
+      try {
+        // A later turn, 9 s on: the last count stands (the 5 admitted in it included), the 3 just opened are not seen.
+        now += 9_000;
+        expect(b.usage()).toEqual({ ...first, open: first.open + 5, available: first.available - 5 });
+        // Past 10 s it counts again: the 5 were never opened, the 3 are.
+        now += 2_000;
+        expect(b.usage()).toEqual({ ...first, open: first.open + 3, available: first.available - 3 });
+      } finally {
+        for (const fd of held) fs.closeSync(fd);
+      }
+    } finally {
+      Date.now = realNow;
+    }
+  });
+
   it('sees the fds opened since the turn it last counted in', async () => {
     const b = new FdBudget({ limit: countOpenFds() + FD_RESERVE + 4, maxConnections: 1, openConnections: () => 1 });
     expect(b.canOpen(1, 'a file').ok).toBe(true);

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, test } from 'vitest';
 import { shareOf, UID_SHARE } from '../../src/common/uid-share.js';
-import { FD_RESERVE, FdBudget } from '../../src/os/fd-budget.js';
+import { countOpenFds, FD_RESERVE, FdBudget, vmFds } from '../../src/os/fd-budget.js';
 import { shareOwnerOf } from '../../src/os/preferred-owner.js';
 import { keptFds, ProcTaskReader } from '../../src/os/proc-tasks.js';
 import { VmFdShares } from '../../src/os/vm-fd-shares.js';
@@ -88,6 +88,25 @@ describe('VmFdShares', () => {
       if (!no.ok) expect(no.error).toMatch(/uid 65534 holds \d+ of the \d+ fds one uid may hold.*--socket-group.*LimitNOFILE=/);
       const mine = await threaded(10);
       expect(shares.canAdmit(10, mine.pid).ok).toBe(true);
+    } finally {
+      r.close();
+    }
+  });
+
+  test('a VM admitted and opened in the same turn with little room left is sampled whole (its fds are counted once, not twice)', async () => {
+    const p = await threaded(30);
+    const need = vmFds(30);
+    // The fds counted per event-loop turn, as the daemon counts them; room for the VM and 10 more.
+    const b = new FdBudget({ limit: countOpenFds() + FD_RESERVE + need + 10, maxConnections: 0, openConnections: () => 0 });
+    const shares = new VmFdShares({ budget: b, maxVmThreads: 10_000, owner: () => ({ uid: 0, preferred: true }) });
+    const r = new ProcTaskReader('/proc', { ledger: shares });
+    try {
+      // As REGISTER and discovery do: admit, then open at once.
+      expect(shares.canAdmit(30, p.pid).ok).toBe(true);
+      expect(r.read(p.pid)!.size).toBe(30);
+      expect(r.notWhole(p.pid)).toBeNull();
+      // What it keeps is counted as open: 10 left, and the one fd of the task listing, closed again.
+      expect(b.room()).toBeLessThanOrEqual(11);
     } finally {
       r.close();
     }

@@ -134,7 +134,11 @@ describe('the container recipe', () => {
     const tag = `vmsr-helper-test:${process.pid}`;
     const build = spawnSync(b.cmd[0]!, [...b.cmd.slice(1), '-f', RECIPE, '-t', tag, ROOT], { encoding: 'utf8', timeout: 900_000 });
     if (build.status !== 0 && /pull|registry|manifest|resolve|network|dial tcp/i.test(build.stderr + build.stdout)) {
-      return ctx.skip(`the base image cannot be pulled here: ${(build.stderr || build.stdout).trim().split('\n').at(-1)}`);
+      const base = /^ARG NODE_IMAGE=(\S+)$/m.exec(text)?.[1] ?? 'the base image';
+      return ctx.skip(
+        `${b.cmd.join(' ')} cannot build offline: the base image ${base} is not stored here and cannot be pulled (no registry access): ` +
+          (build.stderr || build.stdout).trim().split('\n').at(-1)!,
+      );
     }
     expect(build.status, build.stderr).toBe(0);
     try {

@@ -1,9 +1,19 @@
 /**
  * The Debian package of `npm run package:deb` (scripts/package-deb.sh), built from a packed tarball,
- * checked as dpkg sees it (control fields, file list, owners and modes), unpacked into a fresh root
- * where the command runs and `systemd-analyze verify --root` checks the installed units, and its
- * maintainer scripts parsed and run with the system tools they call replaced by recorders (running
- * them for real would change this machine: a system group, enabled units).
+ * checked as dpkg sees it (control fields, file list, owners and modes), then installed by dpkg
+ * into a fresh root (`dpkg --root`, with the few files a root needs: an empty dpkg database, and the
+ * /etc/group and /etc/passwd base-passwd would give). There its maintainer scripts run for real:
+ * the group is in the root's /etc/group, the units are enabled in the root, and this machine is
+ * left as it was; the command runs from there; `systemd-analyze verify --root` checks the installed
+ * units; an upgrade keeps a unit the administrator disabled disabled; remove and purge leave what
+ * Debian's rules say. The branches a root install cannot take here (a running systemd, no
+ * init-system-helpers) run with the tools they call replaced by recorders.
+ *
+ * Two dpkg options, and why: `--force-script-chrootless` runs the scripts with this machine's tools
+ * and DPKG_ROOT set to the root (the scripts act on DPKG_ROOT), because by default dpkg runs them
+ * chrooted into the root, and a fresh root has no shell, groupadd or deb-systemd-helper; and
+ * `--force-depends`, because the fresh root's database holds no nodejs or passwd package (this
+ * machine's node and groupadd are used instead).
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -21,11 +31,40 @@ function run(cmd: string, args: string[], env?: NodeJS.ProcessEnv): string {
   return execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
 }
 
+/** A symbolic link is there (its target, absolute inside the root, need not exist on this machine). */
+function isLink(p: string): boolean {
+  return fs.lstatSync(p, { throwIfNoEntry: false })?.isSymbolicLink() ?? false;
+}
+
+/**
+ * A root dpkg can install into: an empty database (status, available, info/, updates/,
+ * triggers/), and what base-passwd gives every Debian system before anything else is installed
+ * (root in /etc/group and /etc/passwd), which groupadd --prefix needs.
+ */
+function freshRoot(root: string): void {
+  const db = path.join(root, 'var/lib/dpkg');
+  for (const d of ['info', 'updates', 'triggers']) fs.mkdirSync(path.join(db, d), { recursive: true });
+  for (const f of ['status', 'available']) fs.writeFileSync(path.join(db, f), '');
+  fs.mkdirSync(path.join(root, 'etc'), { recursive: true });
+  fs.writeFileSync(path.join(root, 'etc/group'), 'root:x:0:\n');
+  fs.writeFileSync(path.join(root, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/sh\n');
+}
+
 describe('the Debian package', () => {
-  const why = missing({ command: 'npm' }) ?? missing({ command: 'dpkg-deb' }) ?? missing({ command: 'dpkg' });
+  const why =
+    missing({ root: true }) ??
+    missing({ command: 'npm' }) ??
+    missing({ command: 'dpkg-deb' }) ??
+    missing({ command: 'dpkg' }) ??
+    missing({ command: 'groupadd' }) ??
+    missing({ command: 'deb-systemd-helper' });
   let dir = '';
   let deb = '';
   let root = '';
+  /** What this machine had before the install: its groups and its units in /etc. */
+  let before = { group: '', units: [] as string[] };
+  const hostState = () => ({ group: fs.readFileSync('/etc/group', 'utf8'), units: fs.readdirSync('/etc/systemd/system').sort() });
+  const dpkg = (args: string[]) => run('dpkg', [`--root=${root}`, '--force-script-chrootless', '--force-depends', ...args]);
 
   beforeAll(() => {
     if (why) return;
@@ -36,7 +75,9 @@ describe('the Debian package', () => {
       .split('\n')
       .at(-1)!;
     root = path.join(dir, 'root');
-    run('dpkg', ['-x', deb, root]);
+    freshRoot(root);
+    before = hostState();
+    dpkg(['-i', deb]);
   }, 300_000);
   afterAll(() => {
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
@@ -99,7 +140,51 @@ describe('the Debian package', () => {
       expect(byName.has(`${LIB}/node_modules/${dep}/package.json`), dep).toBe(true);
   });
 
-  test('unpacked into a fresh root, its command runs from there with its own modules', (ctx) => {
+  test('dpkg --root installs it into a fresh root: its database lists it installed, with its files and its conffile, and this machine is unchanged', (ctx) => {
+    if (why) return ctx.skip(why);
+    const status = dpkg(['-s', 'vmsr-helper']);
+    expect(status).toMatch(/^Status: install ok installed$/m);
+    expect(status).toMatch(/^Conffiles:\n \/etc\/default\/vmsr-helper [0-9a-f]{32}$/m);
+    const files = new Set(dpkg(['-L', 'vmsr-helper']).trim().split('\n'));
+    for (const f of [
+      '/usr/bin/vmsr-helper',
+      `/${LIB}/dist/src/bin/vmsr-helper.js`,
+      '/etc/default/vmsr-helper',
+      ...UNITS.map((u) => `/etc/systemd/system/${u}`),
+    ]) {
+      expect(files.has(f), f).toBe(true);
+      expect(fs.existsSync(path.join(root, f)), f).toBe(true);
+    }
+    for (const s of SCRIPTS) expect(fs.existsSync(path.join(root, 'var/lib/dpkg/info', `vmsr-helper.${s}`)), s).toBe(true);
+    // The scripts acted on the root only: no group, no unit, no enablement on this machine.
+    expect(hostState()).toEqual(before);
+  });
+
+  test('its postinst ran in the root: the vmsr-observers group (a system gid), the socket and the exporter enabled, the service left to the socket', (ctx) => {
+    if (why) return ctx.skip(why);
+    const group = fs.readFileSync(path.join(root, 'etc/group'), 'utf8');
+    const m = /^vmsr-observers:x:(\d+):$/m.exec(group);
+    expect(m, group).not.toBeNull();
+    expect(Number(m![1])).toBeGreaterThan(0);
+    expect(Number(m![1])).toBeLessThan(1000);
+    const wants = (target: string, unit: string) => path.join(root, 'etc/systemd/system', `${target}.wants`, unit);
+    expect(fs.readlinkSync(wants('sockets.target', 'qemu-vmsr-helper.socket'))).toBe('/etc/systemd/system/qemu-vmsr-helper.socket');
+    expect(fs.readlinkSync(wants('multi-user.target', 'vmsr-helper-exporter.service'))).toBe(
+      '/etc/systemd/system/vmsr-helper-exporter.service',
+    );
+    // deb-systemd-helper's state, so that an upgrade knows they were enabled.
+    const state = path.join(root, 'var/lib/systemd/deb-systemd-helper-enabled');
+    expect(fs.existsSync(path.join(state, 'sockets.target.wants/qemu-vmsr-helper.socket'))).toBe(true);
+    expect(fs.existsSync(path.join(state, 'multi-user.target.wants/vmsr-helper-exporter.service'))).toBe(true);
+    // The service itself is socket-activated: enabling the socket is enough (Also= in its [Install]).
+    expect(isLink(wants('multi-user.target', 'qemu-vmsr-helper.service'))).toBe(false);
+    // The default file is the shipped one.
+    expect(fs.readFileSync(path.join(root, 'etc/default/vmsr-helper'), 'utf8')).toBe(
+      fs.readFileSync(path.join(ROOT, 'contrib/debian/default'), 'utf8'),
+    );
+  });
+
+  test('installed into a fresh root, its command runs from there with its own modules', (ctx) => {
     if (why) return ctx.skip(why);
     const bin = path.join(root, 'usr/bin/vmsr-helper');
     expect(fs.realpathSync(bin)).toBe(path.join(fs.realpathSync(root), LIB, 'dist/src/bin/vmsr-helper.js'));
@@ -168,7 +253,7 @@ describe('the Debian package', () => {
     expect(out).toBe('rc=0');
   });
 
-  test('the maintainer scripts parse, and postinst creates the group and enables the units the Debian way', (ctx) => {
+  test('the maintainer scripts parse, and take the branches a root install cannot here (a running systemd, no init-system-helpers) with recorders in place of the tools', (ctx) => {
     if (why) return ctx.skip(why);
     const control = path.join(dir, 'scripts');
     run('dpkg-deb', ['-e', deb, control]);
@@ -224,5 +309,35 @@ describe('the Debian package', () => {
     run('sh', [path.join(control, 'postrm'), 'remove'], env);
     run('sh', [path.join(control, 'postrm'), 'purge'], env);
     expect(fs.readFileSync(log, 'utf8')).toContain('deb-systemd-helper purge qemu-vmsr-helper.socket vmsr-helper-exporter.service');
+  });
+  test('reinstalled after the administrator disabled the exporter, it stays disabled and the socket stays enabled', (ctx) => {
+    if (why) return ctx.skip(why);
+    const noCtl = missing({ command: 'systemctl' });
+    if (noCtl) return ctx.skip(noCtl);
+    run('systemctl', [`--root=${root}`, 'disable', 'vmsr-helper-exporter.service']);
+    const exporterLink = path.join(root, 'etc/systemd/system/multi-user.target.wants/vmsr-helper-exporter.service');
+    expect(isLink(exporterLink)).toBe(false);
+    dpkg(['-i', deb]);
+    expect(dpkg(['-s', 'vmsr-helper'])).toMatch(/^Status: install ok installed$/m);
+    expect(isLink(exporterLink)).toBe(false);
+    expect(isLink(path.join(root, 'etc/systemd/system/sockets.target.wants/qemu-vmsr-helper.socket'))).toBe(true);
+  });
+
+  test('removed, its units go and its default file stays; purged, the default file and the enablement state go; the group stays', (ctx) => {
+    if (why) return ctx.skip(why);
+    dpkg(['-r', 'vmsr-helper']);
+    expect(dpkg(['-s', 'vmsr-helper'])).toMatch(/^Status: deinstall ok config-files$/m);
+    for (const u of UNITS) expect(fs.existsSync(path.join(root, 'etc/systemd/system', u)), u).toBe(false);
+    expect(isLink(path.join(root, 'usr/bin/vmsr-helper'))).toBe(false);
+    expect(fs.existsSync(path.join(root, 'etc/default/vmsr-helper'))).toBe(true);
+    dpkg(['-P', 'vmsr-helper']);
+    expect(() => dpkg(['-s', 'vmsr-helper'])).toThrow();
+    expect(fs.existsSync(path.join(root, 'etc/default/vmsr-helper'))).toBe(false);
+    expect(fs.existsSync(path.join(root, 'var/lib/systemd/deb-systemd-helper-enabled/sockets.target.wants/qemu-vmsr-helper.socket'))).toBe(
+      false,
+    );
+    expect(isLink(path.join(root, 'etc/systemd/system/sockets.target.wants/qemu-vmsr-helper.socket'))).toBe(false);
+    expect(fs.readFileSync(path.join(root, 'etc/group'), 'utf8')).toMatch(/^vmsr-observers:/m);
+    expect(hostState()).toEqual(before);
   });
 });

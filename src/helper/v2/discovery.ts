@@ -3,6 +3,9 @@ import type { DiscoveredVm, KnownProcessState } from '../../discovery/scanner.js
 import type { VcpuSpec } from '../../ratio/types.js';
 
 export interface Discovery {
+  /** VM processes tracked now, and the most it tracks (--max-discovered-vms): the host statistics file states both. */
+  readonly trackedVms: number;
+  readonly maxVms: number;
   /** VM processes that appeared since the last scan. */
   scan(): DiscoveredVm[];
   /** The same scan one pid per step (a VM found, or null), to be run in slices. */

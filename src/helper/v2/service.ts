@@ -245,6 +245,11 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     log: o.log,
     clock: o.clock ?? monotonicNs,
     ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
+    capacity: () => ({
+      registered: { used: registry.size, max: o.limits.maxVms },
+      discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
+      fds: o.fds?.usage?.() ?? null,
+    }),
   });
 
   const parts: RequestParts = {

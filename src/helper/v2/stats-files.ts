@@ -14,7 +14,7 @@ import { PublishedFile } from '../../os/published-file.js';
 import { realtimeNs } from '../../os/libc.js';
 import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';
 import { SampleBlock } from '../../protocol/stats/sample-block.js';
-import { hostStatsLayout, writeHostStats, type HostStatsValues } from '../../protocol/stats/host-stats.js';
+import { hostStatsLayout, writeHostStats, type HostCapacity, type HostStatsValues } from '../../protocol/stats/host-stats.js';
 import { tickExponent, vmStatsLayout, VmStatsSlots, writeVmStats, type VmStatsShape } from '../../protocol/stats/vm-stats.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
@@ -36,6 +36,8 @@ export interface StatsFilesParts {
   clock: () => bigint;
   /** The energy source's code for the host file (ENERGY_SOURCE_CODE); 0 when the caller does not say. */
   energySourceCode?: number;
+  /** The VM caps and the fd budget now, for the host file; its null parts are left out of the file. */
+  capacity?: () => HostCapacity;
 }
 
 /** A refusal, with the v2 error code it is answered with. */
@@ -97,7 +99,11 @@ export class StatsFiles {
   /** The host's file, made now if there is none. */
   hostFile(): Result<PublishedFile, StatsRefusal> {
     if (this.host) return ok(this.host.file);
-    const layout = hostStatsLayout(process.pid, this.p.hostValues().packages.length);
+    const c = this.p.capacity?.();
+    const layout = hostStatsLayout(process.pid, this.p.hostValues().packages.length, {
+      discovered: (c?.discovered ?? null) !== null,
+      fds: (c?.fds ?? null) !== null,
+    });
     const made = this.make('vmsr-host', layout, "the host's statistics file");
     if (!made.ok) return made;
     this.host = { file: made.value, block: new SampleBlock(made.value.memory, layout) };
@@ -246,6 +252,7 @@ export class StatsFiles {
       vmChanges: this.vmChanges,
       ...v.stats,
       energySource: this.p.energySourceCode ?? 0,
+      ...(this.p.capacity ? { capacity: this.p.capacity() } : {}),
     };
     h.block.write((b) => writeHostStats(b, values));
   }

@@ -11,7 +11,7 @@ import { readProcFile } from '../../os/proc-file.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
 import { tidBelongsTo } from '../../os/peer.js';
 import { statNumThreads } from '../../ratio/stat.js';
-import type { FdAdmission } from '../../os/fd-budget.js';
+import type { FdAdmission, FdUsage } from '../../os/fd-budget.js';
 import { cannot } from '../../common/errors.js';
 
 export interface V2Limits {
@@ -51,6 +51,8 @@ export interface FdAdmitter {
   canAdmit(threads: number, pid?: number): FdAdmission;
   /** Whether `n` more fds for `what` fit (statistics files); absent = always. */
   canOpen?(n: number, what: string): FdAdmission;
+  /** The budget as it stands (the host statistics file states it); absent or null: not known. */
+  usage?(): FdUsage | null;
 }
 
 export function procView(procRoot: string): ProcView {

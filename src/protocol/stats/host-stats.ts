@@ -29,7 +29,28 @@ export function hostStatsId(daemonPid: number): string {
   return `vmsr-host/pid-${daemonPid}`;
 }
 
-export function hostStatsLayout(daemonPid: number, npkg: number): StatsLayout {
+/**
+ * What the daemon may admit, and how much of it is taken: its VM caps (--max-vms for registrations,
+ * --max-discovered-vms for discovery) and its fd budget (os/fd-budget.ts). Each part is null when the
+ * daemon has none (discovery off; no fd budget, as in a v2 service alone): its descriptors are then
+ * left out of the file.
+ */
+export interface HostCapacity {
+  registered: { used: number; max: number };
+  discovered: { used: number; max: number } | null;
+  /** Fds open, the open-file limit, and what a new VM or statistics file may still take (FdBudget.room). */
+  fds: { open: number; max: number; available: number } | null;
+}
+
+/** Which parts of HostCapacity the file holds (fixed when it is made). */
+export interface HostCapacityShape {
+  discovered: boolean;
+  fds: boolean;
+}
+
+const NO_CAPACITY: HostCapacityShape = { discovered: false, fds: false };
+
+export function hostStatsLayout(daemonPid: number, npkg: number, capacity: HostCapacityShape = NO_CAPACITY): StatsLayout {
   const descs: StatsDescriptor[] = [
     ...COMMON_STATS,
     { name: 'package_id', flags: I | STATS_UNIT.NONE, exponent: 0, size: npkg },
@@ -40,6 +61,13 @@ export function hostStatsLayout(daemonPid: number, npkg: number): StatsLayout {
     ...COUNTERS.map(([name, type]) => one(name, type | STATS_UNIT.NONE)),
     // Added after the others: a reader that does not know it skips it (descriptors name their values).
     one('energy_source', I | STATS_UNIT.NONE),
+    // The capacity, added later still: a reader looks them up by name, and one that does not know them skips them.
+    one('vms_registered', I | STATS_UNIT.NONE),
+    one('vms_registered_max', I | STATS_UNIT.NONE),
+    ...(capacity.discovered ? [one('vms_discovered', I | STATS_UNIT.NONE), one('vms_discovered_max', I | STATS_UNIT.NONE)] : []),
+    ...(capacity.fds
+      ? [one('fds_open', I | STATS_UNIT.NONE), one('fds_max', I | STATS_UNIT.NONE), one('fds_available', I | STATS_UNIT.NONE)]
+      : []),
   ];
   return planStatsLayout(hostStatsId(daemonPid), descs);
 }
@@ -59,6 +87,8 @@ export interface HostStatsValues extends SampleTimes {
   vms: number;
   /** Which energy source the daemon reads, as a code (energy/kinds.ts ENERGY_SOURCE_CODE); 0: not stated. */
   energySource: number;
+  /** The caps and the fd budget; parts the file has no descriptor for are not written. */
+  capacity?: HostCapacity;
 }
 
 export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
@@ -82,4 +112,22 @@ export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
   b.setNumber(b.slot('connections'), v.connections);
   b.setNumber(b.slot('vms'), v.vms);
   b.setNumber(b.slot('energy_source'), v.energySource);
+  if (v.capacity) writeCapacity(b, v.capacity);
+}
+
+function writeCapacity(b: SampleBlock, c: HostCapacity): void {
+  const set = (name: string, n: number): void => {
+    if (b.has(name)) b.setNumber(b.slot(name), Math.max(0, n));
+  };
+  set('vms_registered', c.registered.used);
+  set('vms_registered_max', c.registered.max);
+  if (c.discovered) {
+    set('vms_discovered', c.discovered.used);
+    set('vms_discovered_max', c.discovered.max);
+  }
+  if (c.fds) {
+    set('fds_open', c.fds.open);
+    set('fds_max', c.fds.max);
+    set('fds_available', c.fds.available);
+  }
 }

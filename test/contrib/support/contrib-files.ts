@@ -42,18 +42,38 @@ function replaceOnce(text: string, from: string | RegExp, to: string, what: stri
 }
 
 /**
- * An example configuration as shipped, made to run in a test: it scrapes `target` instead of the
+ * An example configuration as shipped, made to run in a test: it scrapes `target` (or each of them) instead of the
  * default address, every second (the shipped 15 s would make a test wait minutes), and its rule
- * files are named by absolute path (the copy runs from a temporary directory).
+ * files are named by absolute path (the copy runs from a temporary directory): the shipped ones, or
+ * their copies in `ruleDir` (ruleFilesHeldFor).
  */
-export function adaptedExample(file: string, target: string): string {
+export function adaptedExample(file: string, target: string | readonly string[], ruleDir = PROMETHEUS_DIR): string {
   let text = fs.readFileSync(file, 'utf8');
-  text = replaceOnce(text, EXAMPLE_TARGET, `'${target}'`, file);
+  const targets = typeof target === 'string' ? [target] : target;
+  text = replaceOnce(text, EXAMPLE_TARGET, targets.map((t) => `'${t}'`).join(', '), file);
   text = replaceOnce(text, /^ {2}scrape_interval: 15s$/m, '  scrape_interval: 1s', file);
   if (/^ {2}evaluation_interval: 15s$/m.test(text))
     text = replaceOnce(text, /^ {2}evaluation_interval: 15s$/m, '  evaluation_interval: 1s', file);
-  return text.replace(
-    /^(\s*- )(vmsr-[\w.-]+\.rules\.yml)$/gm,
-    (_, lead: string, name: string) => `${lead}${path.join(PROMETHEUS_DIR, name)}`,
-  );
+  return text.replace(/^(\s*- )(vmsr-[\w.-]+\.rules\.yml)$/gm, (_, lead: string, name: string) => `${lead}${path.join(ruleDir, name)}`);
+}
+
+/**
+ * Copies of the shipped rule files in `dir` whose every `for:` is `hold` (e.g. '5s'), so that a test
+ * sees an alert fire within its time; nothing else differs from the shipped file (checked: the
+ * expressions, labels and annotations stay the shipped ones). Returns the copies' paths, in the
+ * order of ruleFiles().
+ */
+export function ruleFilesHeldFor(dir: string, hold: string): string[] {
+  return ruleFiles().map((file) => {
+    const shipped = fs.readFileSync(file, 'utf8');
+    const copy = shipped.replace(/^(\s+for: )\d+[smh]$/gm, `$1${hold}`);
+    const a = shipped.split('\n');
+    const b = copy.split('\n');
+    const changed = a.filter((line, i) => line !== b[i]);
+    if (a.length !== b.length || changed.some((line) => !/^\s+for: /.test(line)))
+      throw new Error(`cannot hold ${file} for ${hold}: lines other than for: changed`);
+    const out = path.join(dir, path.basename(file));
+    fs.writeFileSync(out, copy);
+    return out;
+  });
 }
