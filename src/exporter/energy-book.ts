@@ -45,7 +45,7 @@ export interface BookLimits {
 
 /**
  * Every VM a daemon with default limits can list (its discovery cap and its registrations), each of up
- * to 256 virtual packages: at most 2 x 256 + 1 series a VM.
+ * to 256 virtual packages: at most 2 x 256 x 5 + 1 series a VM (five RAPL domains).
  */
 export const DEFAULT_BOOK_LIMITS: BookLimits = {
   maxExportedVms: DEFAULT_MAX_DISCOVERED_VMS + DEFAULT_V2_LIMITS.maxVms,

@@ -1,8 +1,9 @@
 /**
- * The per-VM metric families (energy and power per virtual package, info), rendered as text at
- * scrape time from the book: the bulk of a scrape (2 x nvpkg + 1 series per VM, thousands at 500
- * VMs). prom-client renders the other families; for these it would hash, validate and store every
- * label set into a metric object, then escape and format every label again, at every scrape. Here
+ * The per-VM metric families (energy and power per virtual package and RAPL domain, info), rendered
+ * as text at scrape time from the book: the bulk of a scrape (2 x nvpkg x domains + 1 series per VM,
+ * thousands at 500 VMs). prom-client renders the other families; for these it would hash, validate
+ * and store every label set into a metric object, then escape and format every label again, at every
+ * scrape. Here
  * each VM's label text is escaped once and kept with its record (a WeakMap, so it goes with it),
  * and a scrape only joins that text with the current value.
  *
