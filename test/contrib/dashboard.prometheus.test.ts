@@ -265,4 +265,35 @@ describe('the Grafana dashboard and the shipped rules', () => {
     // The vmsr names of this job are gone: renamed, not copied.
     expect(await prom.query('vmsr_vm_energy_joules_total')).toEqual([]);
   });
+
+  test("the relabeling example's commented rules give the per-domain names of Kepler before 0.10", { timeout: 150_000 }, async (ctx) => {
+    if (noPrometheus()) return ctx.skip(SKIP);
+    const s = await liveStack();
+    // The example as its comment says to use it: the three renames out, the commented rules in.
+    const shipped = adaptedExample(path.join(PROMETHEUS_DIR, 'vmsr-kepler-relabel.example.yml'), s.exporterHost);
+    const renames = /^ {6}# The names last[\s\S]*?(?=^ {6}# `domain` went into `zone`)/m;
+    expect(shipped).toMatch(renames);
+    const commented = /^ {6}# {3}(- source_labels|  regex|  target_label|  replacement)/gm;
+    const config = shipped.replace(renames, '').replace(commented, '      $1');
+    expect(config).not.toBe(shipped.replace(renames, ''));
+    const p = await startPrometheusWith(config);
+    cleanups.push(() => p.stop());
+    const logs = () => `--- prometheus:\n${p.log()}\n${s.logs()}`;
+    const names = async (q: string) => (await p.query(q)).map((x) => x.metric.__name__!).sort();
+    const vm = await pollFor(
+      async () => {
+        const r = await names(`{__name__=~"kepler_vm_.+_joules_total", vm_name="${VM.name}", vpkg="0"}`);
+        return r.length === 3 ? r : undefined;
+      },
+      'our VM under the per-domain Kepler names',
+      logs,
+      90_000,
+    );
+    expect(vm).toEqual(['kepler_vm_core_joules_total', 'kepler_vm_dram_joules_total', 'kepler_vm_package_joules_total']);
+    expect(await names('{__name__=~"kepler_node_.+_joules_total"}')).toEqual([
+      'kepler_node_core_joules_total',
+      'kepler_node_dram_joules_total',
+      'kepler_node_package_joules_total',
+    ]);
+  });
 });
