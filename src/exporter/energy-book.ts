@@ -16,6 +16,26 @@ import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/vm-registry.js';
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { HelperCapacity } from './helper-capacity.js';
+import type { OtherDomain } from '../ratio/domains.js';
+
+/**
+ * A VM's energy of the RAPL domains other than the package, in one sample (the helper's statistics
+ * file: `<domain>_energy`, `<domain>_power`): per virtual package, cumulative µJ and the power of the
+ * helper's last interval (W).
+ */
+export interface VmDomainValues {
+  domain: OtherDomain;
+  energyUj: readonly bigint[];
+  powerW: readonly number[];
+}
+
+/** One other domain's totals on one host package (the host file's `<domain>_energy`, `<domain>_unattributed_energy`). */
+export interface HostDomainValues {
+  domain: OtherDomain;
+  pkg: number;
+  energyUj: bigint;
+  unattributedUj: bigint;
+}
 
 export interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
@@ -26,7 +46,7 @@ export interface BookLimits {
 
 /**
  * Every VM a daemon with default limits can list (its discovery cap and its registrations), each of up
- * to 256 virtual packages: at most 2 x 256 + 1 series a VM.
+ * to 256 virtual packages: at most 2 x 256 x 5 + 1 series a VM (five RAPL domains).
  */
 export const DEFAULT_BOOK_LIMITS: BookLimits = {
   maxExportedVms: DEFAULT_MAX_DISCOVERED_VMS + DEFAULT_V2_LIMITS.maxVms,
@@ -59,6 +79,9 @@ export interface BookedVm {
   readonly energy: RunningTotal[];
   /** Watts over the last interval per vpkg; null until two samples on one connection. */
   watts: (number | null)[];
+  /** The other RAPL domains' totals and watts per vpkg (from the statistics files; empty when the host reads the package alone). */
+  readonly domainEnergy: Map<OtherDomain, RunningTotal[]>;
+  domainWatts: Map<OtherDomain, (number | null)[]>;
   lastTNs: bigint | null;
   /** Exporter clock (ms) when the VM ended; null while it runs. */
   endedAtMs: number | null;
@@ -90,6 +113,22 @@ export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmL
   return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid), uid: String(vm.uid) };
 }
 
+/** No power known (a new connection, or the VM ended): every vpkg's watts, of every domain, null. */
+function noWatts(r: BookedVm): void {
+  r.watts = r.watts.map(() => null);
+  for (const [d, w] of r.domainWatts)
+    r.domainWatts.set(
+      d,
+      w.map(() => null),
+    );
+}
+
+function mapOf<K, V>(m: Map<K, Map<number, V>>, key: K): Map<number, V> {
+  let v = m.get(key);
+  if (!v) m.set(key, (v = new Map()));
+  return v;
+}
+
 function totalOf(m: Map<number, RunningTotal>, key: number): RunningTotal {
   let t = m.get(key);
   if (!t) m.set(key, (t = new RunningTotal()));
@@ -109,6 +148,11 @@ export class EnergyBook {
   /** Per host package, the energy attributed to no VM (from a helper that sends it; empty otherwise). */
   readonly packageUnattributed = new Map<number, RunningTotal>();
   readonly unattributed = new RunningTotal();
+  /** The other RAPL domains, by domain then host package: energy, and the part no VM got (statistics files only). */
+  readonly domainPackages = new Map<OtherDomain, Map<number, RunningTotal>>();
+  readonly domainPackageUnattributed = new Map<OtherDomain, Map<number, RunningTotal>>();
+  /** Per other domain, the energy of all packages no VM got. */
+  readonly domainUnattributed = new Map<OtherDomain, RunningTotal>();
   readonly health: HelperHealth = {
     connected: false,
     connects: 0,
@@ -146,7 +190,7 @@ export class EnergyBook {
     for (const r of this.vms.values()) {
       r.hostVmId = null;
       r.lastTNs = null;
-      r.watts = r.watts.map(() => null);
+      noWatts(r);
     }
   }
 
@@ -156,7 +200,7 @@ export class EnergyBook {
     for (const r of this.vms.values()) {
       r.hostVmId = null;
       r.lastTNs = null;
-      r.watts = r.watts.map(() => null);
+      noWatts(r);
     }
   }
 
@@ -220,6 +264,8 @@ export class EnergyBook {
           hostVmId: null,
           energy: [],
           watts: [],
+          domainEnergy: new Map(),
+          domainWatts: new Map(),
           lastTNs: null,
           endedAtMs: null,
           seenEnded: false,
@@ -254,8 +300,11 @@ export class EnergyBook {
    */
   beforeScrape: (() => Promise<void>) | null = null;
 
-  /** `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else derived. */
-  vmUpdate(u: VmUpdate, powerW?: readonly number[]): void {
+  /**
+   * `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else
+   * derived. `domains`: the other RAPL domains' values of the same sample (statistics files only).
+   */
+  vmUpdate(u: VmUpdate, powerW?: readonly number[], domains: readonly VmDomainValues[] = []): void {
     const r = this.byHostId.get(u.hostVmId);
     if (!r) return;
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.
@@ -273,16 +322,41 @@ export class EnergyBook {
       // µJ per ns x 1e3 = W; no power from the UPDATE before the first interval (t_ns 0).
       r.watts[g] = powerW !== undefined && u.tNs !== 0n ? (powerW[g] ?? null) : dtNs > 0 ? (Number(added) * 1e3) / dtNs : null;
     });
+    for (const d of domains) {
+      let totals = r.domainEnergy.get(d.domain);
+      if (!totals) r.domainEnergy.set(d.domain, (totals = []));
+      const n = Math.min(d.energyUj.length, u.vpkgs.length);
+      totals.length = Math.min(totals.length, n);
+      const watts: (number | null)[] = [];
+      for (let g = 0; g < n; g++) {
+        (totals[g] ??= new RunningTotal()).feed(d.energyUj[g]!);
+        watts.push(u.tNs !== 0n ? (d.powerW[g] ?? null) : null);
+      }
+      r.domainWatts.set(d.domain, watts);
+    }
     if (u.tNs !== 0n) r.lastTNs = u.tNs;
     if (u.ended) this.end(r);
   }
 
-  hostUpdate(h: HostUpdate): void {
+  /** `domains`: the other RAPL domains' totals per package of the same sample (statistics files only). */
+  hostUpdate(h: HostUpdate, domains: readonly HostDomainValues[] = []): void {
     for (const p of h.packages) {
       totalOf(this.packages, p.pkg).feed(p.energyUj);
       if (p.unattributedUj !== null) totalOf(this.packageUnattributed, p.pkg).feed(p.unattributedUj);
     }
     this.unattributed.feed(h.unattributedUj);
+    const unattributedSums = new Map<OtherDomain, bigint>();
+    for (const d of domains) {
+      totalOf(mapOf(this.domainPackages, d.domain), d.pkg).feed(d.energyUj);
+      totalOf(mapOf(this.domainPackageUnattributed, d.domain), d.pkg).feed(d.unattributedUj);
+      unattributedSums.set(d.domain, (unattributedSums.get(d.domain) ?? 0n) + d.unattributedUj);
+    }
+    // Over the packages, as the package's host-wide unattributed energy is (a sum of cumulative values is cumulative).
+    for (const [domain, uj] of unattributedSums) {
+      let t = this.domainUnattributed.get(domain);
+      if (!t) this.domainUnattributed.set(domain, (t = new RunningTotal()));
+      t.feed(uj);
+    }
     const s = h.stats;
     const health = this.health;
     health.legacy.ok.feed(s.legacyOk);
@@ -332,7 +406,7 @@ export class EnergyBook {
 
   private end(r: BookedVm): void {
     if (r.endedAtMs === null) r.endedAtMs = this.nowMs();
-    r.watts = r.watts.map(() => null);
+    noWatts(r);
     if (r.hostVmId !== null && this.byHostId.get(r.hostVmId) === r) this.byHostId.delete(r.hostVmId);
     r.hostVmId = null;
   }

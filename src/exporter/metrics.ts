@@ -43,16 +43,16 @@ export const METRIC = {
   vmsSkipped: 'vmsr_exporter_vms_skipped',
 } as const;
 
-/** The per-VM families: labels name, uuid, pid, uid, then vpkg (energy, power) or source, whole_vm_only and sampled_whole (info). */
+/** The per-VM families: labels name, uuid, pid, uid, then vpkg and domain (energy, power) or source, whole_vm_only and sampled_whole (info). */
 export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily } = {
   energy: {
     name: METRIC.vmEnergy,
-    help: "Energy attributed to the VM's virtual package, in joules, accumulated by the exporter (never decreases within a series)",
+    help: 'Energy attributed to the VM\'s virtual package per RAPL domain (domain="package": the package\'s), in joules, accumulated by the exporter (never decreases within a series)',
     type: 'counter',
   },
   power: {
     name: METRIC.vmPower,
-    help: "Power of the VM's virtual package over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
+    help: "Power of the VM's virtual package per RAPL domain over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
     type: 'gauge',
   },
   info: {
@@ -129,33 +129,42 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat, withHost: boo
 }
 
 function registerHostFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
+  // Every energy series has a RAPL domain: the package's first (the values the families had before
+  // domains came), then each other domain the helper reads.
   new Counter({
     name: METRIC.packageEnergy,
-    help: "The host package's RAPL energy in joules, as the helper measured it, accumulated by the exporter",
-    labelNames: ['package'],
+    help: 'The host package\'s RAPL energy in joules per RAPL domain (domain="package": the package\'s own counter), as the helper measured it, accumulated by the exporter',
+    labelNames: ['package', 'domain'],
     registers,
     collect() {
       this.reset();
-      for (const [pkg, t] of book.packages) this.inc({ package: String(pkg) }, ujToJoules(t.total));
+      for (const [pkg, t] of book.packages) this.inc({ package: String(pkg), domain: 'package' }, ujToJoules(t.total));
+      for (const [domain, pkgs] of book.domainPackages)
+        for (const [pkg, t] of pkgs) this.inc({ package: String(pkg), domain }, ujToJoules(t.total));
     },
   });
   new Counter({
     name: METRIC.packageUnattributedEnergy,
-    help: "The part of the host package's energy the helper attributed to no VM (host processes, idle time), in joules; per package, with the energy of the VMs that ran on it, it sums to the package's energy",
-    labelNames: ['package'],
+    help: "The part of the host package's energy the helper attributed to no VM (host processes, idle time), in joules per RAPL domain; per package and domain, with the energy of the VMs that ran on it, it sums to the package's energy",
+    labelNames: ['package', 'domain'],
     registers,
     collect() {
       this.reset();
-      for (const [pkg, t] of book.packageUnattributed) this.inc({ package: String(pkg) }, ujToJoules(t.total));
+      for (const [pkg, t] of book.packageUnattributed) this.inc({ package: String(pkg), domain: 'package' }, ujToJoules(t.total));
+      for (const [domain, pkgs] of book.domainPackageUnattributed)
+        for (const [pkg, t] of pkgs) this.inc({ package: String(pkg), domain }, ujToJoules(t.total));
     },
   });
   new Counter({
     name: METRIC.unattributedEnergy,
-    help: "Energy of all host packages the helper attributed to no VM (host processes, idle time), in joules; with every VM's energy it sums to the packages' energy",
+    help: "Energy of all host packages the helper attributed to no VM (host processes, idle time), in joules per RAPL domain; with every VM's energy it sums to the packages' energy",
+    labelNames: ['domain'],
     registers,
     collect() {
-      clear(this);
-      if (book.hasHost) this.inc(ujToJoules(book.unattributed.total));
+      this.reset();
+      if (!book.hasHost) return;
+      this.inc({ domain: 'package' }, ujToJoules(book.unattributed.total));
+      for (const [domain, t] of book.domainUnattributed) this.inc({ domain }, ujToJoules(t.total));
     },
   });
 }

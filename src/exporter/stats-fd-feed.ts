@@ -6,10 +6,13 @@
  * scrapes nothing happens here: the helper sends this exporter nothing per sample.
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
-import type { EnergyBook } from './energy-book.js';
+import type { EnergyBook, HostDomainValues, VmDomainValues } from './energy-book.js';
 import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
 import { capacityFromFile } from './helper-capacity.js';
+import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domains.js';
+import { vmDomainNames } from '../protocol/stats/vm-stats.js';
+import { hostDomainNames } from '../protocol/stats/host-stats.js';
 
 const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
 
@@ -36,13 +39,41 @@ export function hostUpdateFromFile(r: StatsReader, s: StatsSample): HostUpdate {
   };
 }
 
-/** A VM's UPDATE from one sample of its file, and its power per virtual package (W). */
-export function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample): { update: VmUpdate; powerW: number[] } {
+/** The other RAPL domains a file has values of (its `<domain>_energy` descriptors), in ENERGY_DOMAINS order. */
+function domainsIn(r: StatsReader, energyName: (d: OtherDomain) => string): OtherDomain[] {
+  return ENERGY_DOMAINS.filter((d): d is OtherDomain => isOtherDomain(d) && r.descriptor(energyName(d)) !== undefined);
+}
+
+/** The host file's other domains: per domain and package it is read on, energy and unattributed energy (µJ, as `package_energy`). */
+export function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[] {
+  const out: HostDomainValues[] = [];
+  for (const domain of domainsIn(r, (d) => hostDomainNames(d).energy)) {
+    const n = hostDomainNames(domain);
+    const ids = r.values(s, n.packageId) ?? [];
+    const energy = r.values(s, n.energy) ?? [];
+    const unattributed = r.values(s, n.unattributed) ?? [];
+    ids.forEach((id, i) => out.push({ domain, pkg: Number(id), energyUj: energy[i] ?? 0n, unattributedUj: unattributed[i] ?? 0n }));
+  }
+  return out;
+}
+
+/** A VM's UPDATE from one sample of its file, its power per virtual package (W), and its other domains' values. */
+export function vmUpdateFromFile(
+  hostVmId: number,
+  r: StatsReader,
+  s: StatsSample,
+): { update: VmUpdate; powerW: number[]; domains: VmDomainValues[] } {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];
   const scale = 10 ** (r.descriptor('power')?.exponent ?? 0);
+  const watts = (name: string) => (r.values(s, name) ?? []).map((p) => Number(p) * 10 ** (r.descriptor(name)?.exponent ?? 0));
+  const domains = domainsIn(r, (d) => vmDomainNames(d).energy).map((domain) => {
+    const n = vmDomainNames(domain);
+    return { domain, energyUj: r.values(s, n.energy) ?? [], powerW: watts(n.power) };
+  });
   return {
+    domains,
     update: {
       hostVmId,
       tNs: u64(r, s, 'sample_monotonic'),
@@ -82,7 +113,7 @@ export class StatsFdFeed {
   /** Reads the host's file into the book; true when VMs changed since the last read (LIST again). */
   readHost(): boolean {
     const s = this.host.read();
-    this.book.hostUpdate(hostUpdateFromFile(this.host, s));
+    this.book.hostUpdate(hostUpdateFromFile(this.host, s), hostDomainsFromFile(this.host, s));
     // Hostile or newer values map to null: the series is then absent, never a guess.
     this.book.energySource = energySourceOfCode(this.host.value(s, 'energy_source'));
     this.book.capacity = capacityFromFile(this.host, s);
@@ -95,8 +126,8 @@ export class StatsFdFeed {
   /** Reads every VM's file into the book; a VM whose file says it ended is fed once more and let go. */
   readVms(): void {
     for (const [id, r] of this.vms) {
-      const { update, powerW } = vmUpdateFromFile(id, r, r.read());
-      this.book.vmUpdate(update, powerW);
+      const { update, powerW, domains } = vmUpdateFromFile(id, r, r.read());
+      this.book.vmUpdate(update, powerW, domains);
       if (update.ended) {
         r.close();
         this.vms.delete(id);

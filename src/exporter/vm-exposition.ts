@@ -1,8 +1,9 @@
 /**
- * The per-VM metric families (energy and power per virtual package, info), rendered as text at
- * scrape time from the book: the bulk of a scrape (2 x nvpkg + 1 series per VM, thousands at 500
- * VMs). prom-client renders the other families; for these it would hash, validate and store every
- * label set into a metric object, then escape and format every label again, at every scrape. Here
+ * The per-VM metric families (energy and power per virtual package and RAPL domain, info), rendered
+ * as text at scrape time from the book: the bulk of a scrape (2 x nvpkg x domains + 1 series per VM,
+ * thousands at 500 VMs). prom-client renders the other families; for these it would hash, validate
+ * and store every label set into a metric object, then escape and format every label again, at every
+ * scrape. Here
  * each VM's label text is escaped once and kept with its record (a WeakMap, so it goes with it),
  * and a scrape only joins that text with the current value.
  *
@@ -11,7 +12,8 @@
  * test/exporter/vm-exposition.test.ts renders the same book both ways and compares.
  */
 import type { EnergyBook, VmLabels, BookedVm } from './energy-book.js';
-import { ujToJoules } from './running-total.js';
+import { ujToJoules, type RunningTotal } from './running-total.js';
+import type { EnergyDomain } from '../ratio/domains.js';
 
 export type ExpositionFormat = 'prometheus' | 'openmetrics';
 
@@ -40,8 +42,8 @@ export function formatValue(v: number): string {
 /** The label text of one VM, escaped once: `name="..",uuid="..",pid="..",uid=".."`, then per vpkg and for info. */
 interface VmText {
   base: string;
-  /** `{base,vpkg="g"} ` per virtual package. */
-  vpkg: string[];
+  /** `{base,vpkg="g",domain="d"} ` per RAPL domain and virtual package. */
+  vpkg: Map<EnergyDomain, string[]>;
   /** `{base,source="..",whole_vm_only="..",sampled_whole=".."} ` and what it was made from. */
   info: string;
   infoOf: string;
@@ -76,19 +78,28 @@ export class VmExposition {
     const sep = format === 'openmetrics' ? '\n' : '\n\n';
 
     const energyName = head(energy);
+    const energyOf = (t: VmText, domain: EnergyDomain, totals: readonly RunningTotal[]) => {
+      for (let g = 0; g < totals.length; g++)
+        out.push(`\n${energyName}${this.vpkgText(t, domain, g)}${formatValue(ujToJoules(totals[g]!.total))}`);
+    };
+    // Per VM, the package's series, then each other domain's (the order the helper's files give them).
     for (const r of vms) {
       const t = this.textOf(r);
-      for (let g = 0; g < r.energy.length; g++)
-        out.push(`\n${energyName}${this.vpkgText(t, g)}${formatValue(ujToJoules(r.energy[g]!.total))}`);
+      energyOf(t, 'package', r.energy);
+      for (const [domain, totals] of r.domainEnergy) energyOf(t, domain, totals);
     }
     out.push(sep);
     const powerName = head(power);
+    const powerOf = (t: VmText, domain: EnergyDomain, watts: readonly (number | null)[]) => {
+      for (let g = 0; g < watts.length; g++) {
+        const w = watts[g];
+        if (w !== null && w !== undefined) out.push(`\n${powerName}${this.vpkgText(t, domain, g)}${formatValue(w)}`);
+      }
+    };
     for (const r of vms) {
       const t = this.textOf(r);
-      for (let g = 0; g < r.watts.length; g++) {
-        const w = r.watts[g];
-        if (w !== null && w !== undefined) out.push(`\n${powerName}${this.vpkgText(t, g)}${formatValue(w)}`);
-      }
+      powerOf(t, 'package', r.watts);
+      for (const [domain, watts] of r.domainWatts) powerOf(t, domain, watts);
     }
     out.push(sep);
     const infoName = head(info);
@@ -98,12 +109,14 @@ export class VmExposition {
 
   private textOf(r: BookedVm): VmText {
     let t = this.text.get(r);
-    if (!t) this.text.set(r, (t = { base: baseText(r.labels), vpkg: [], info: '', infoOf: '' }));
+    if (!t) this.text.set(r, (t = { base: baseText(r.labels), vpkg: new Map(), info: '', infoOf: '' }));
     return t;
   }
 
-  private vpkgText(t: VmText, g: number): string {
-    return (t.vpkg[g] ??= `{${t.base},vpkg="${g}"} `);
+  private vpkgText(t: VmText, domain: EnergyDomain, g: number): string {
+    let texts = t.vpkg.get(domain);
+    if (!texts) t.vpkg.set(domain, (texts = []));
+    return (texts[g] ??= `{${t.base},vpkg="${g}",domain="${domain}"} `);
   }
 
   /**

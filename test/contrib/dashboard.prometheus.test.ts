@@ -15,6 +15,7 @@ import { FakeQemu } from '../support/fake-qemu.js';
 import { pollFor } from '../support/wait.js';
 import { MovingHost, startDaemon, startExporterChild, startPrometheusWith, type PrometheusServer } from '../exporter/support/stack.js';
 import { PROMETHEUS_DIR, adaptedExample, ruleFiles, rulesIn } from './support/contrib-files.js';
+import { MSR_DRAM_ENERGY_STATUS, MSR_PP0_ENERGY_STATUS } from '../../src/msr/registers.js';
 import {
   BUILTIN_INTERVALS,
   allPanels,
@@ -46,6 +47,8 @@ function liveStack(): Promise<Stack> {
     const h = new MovingHost();
     cleanups.push(() => h.cleanup());
     h.pump(50);
+    // The host reads its cores' and DRAM's energy beside the package's: the domain panels and rules have them.
+    h.pumpDomains([MSR_PP0_ENERGY_STATUS, MSR_DRAM_ENERGY_STATUS], 20);
     const dir = tempDir('vmsr-dash-');
     cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
     const sock = path.join(dir, 'helper.sock');
@@ -143,7 +146,7 @@ describe('the Grafana dashboard and the shipped rules', () => {
       await pollFor(
         async () => {
           const [vpkgs, share] = await Promise.all([
-            prom.query(`instance_vm_vpkg:vmsr_vm_energy_joules:rate1m{${ours}} > 0`),
+            prom.query(`instance_vm_vpkg:vmsr_vm_energy_joules:rate1m{${ours},domain="package"} > 0`),
             prom.query('instance_package:vmsr_host_package_unattributed_energy:ratio_rate1m'),
           ]);
           return vpkgs.length === 2 && share.length > 0 ? true : undefined;
@@ -208,11 +211,22 @@ describe('the Grafana dashboard and the shipped rules', () => {
         logs(),
       ).toEqual([]);
 
-      // Kepler's names, recorded: one series for our VM (its two virtual packages summed), named by its uuid.
+      // Kepler's names, recorded: one series for our VM (its two virtual packages summed) per RAPL
+      // domain, Kepler's zone, named by its uuid.
       const kepler = await prom.query(`kepler_vm_cpu_joules_total{vm_name="${VM.name}"}`);
-      expect(kepler.map((k) => k.metric)).toEqual([
-        expect.objectContaining({ vm_id: VM.uuid, zone: 'package', hypervisor: 'kvm', state: 'running', node_name: '127.0.0.1' }),
+      expect(kepler.map((k) => k.metric.zone).sort()).toEqual(['core', 'dram', 'package']);
+      for (const k of kepler)
+        expect(k.metric).toEqual(expect.objectContaining({ vm_id: VM.uuid, hypervisor: 'kvm', state: 'running', node_name: '127.0.0.1' }));
+      expect(kepler.some((k) => 'domain' in k.metric)).toBe(false);
+
+      // The domain panels: the host's power and our VM's per RAPL domain, each domain the host reads.
+      const domains = async (q: string) => (await prom.query(q)).map((x) => x.metric.domain).sort();
+      expect(await domains(`instance:vmsr_host_package_energy_joules:rate1m{instance="${s.exporterHost}"} > 0`)).toEqual([
+        'core',
+        'dram',
+        'package',
       ]);
+      expect(await domains(`instance_vm:vmsr_vm_energy_joules:rate1m{${ours}} > 0`)).toEqual(['core', 'dram', 'package']);
     },
   );
 
@@ -233,11 +247,55 @@ describe('the Grafana dashboard and the shipped rules', () => {
     );
     expect(watts.metric).toEqual({ vm_name: VM.name, vm_id: VM.uuid });
     const series = await prom.query(`kepler_vm_cpu_watts{vm_name="${VM.name}"}`);
-    expect(series.map((x) => x.metric.vpkg).sort()).toEqual(['0', '1']);
-    for (const x of series)
-      expect(x.metric).toMatchObject({ zone: 'package', hypervisor: 'kvm', state: 'running', node_name: '127.0.0.1' });
+    // One series per virtual package and RAPL domain (Kepler's zone), without vmsr's domain label.
+    expect(series.map((x) => `${x.metric.zone} ${x.metric.vpkg}`).sort()).toEqual([
+      'core 0',
+      'core 1',
+      'dram 0',
+      'dram 1',
+      'package 0',
+      'package 1',
+    ]);
+    for (const x of series) {
+      expect(x.metric).toMatchObject({ hypervisor: 'kvm', state: 'running', node_name: '127.0.0.1' });
+      expect(x.metric.domain).toBeUndefined();
+    }
     expect((await prom.query('kepler_node_cpu_joules_total{zone="package"}')).length).toBeGreaterThan(0);
+    expect((await prom.query('kepler_node_cpu_joules_total{zone="dram"}')).length).toBeGreaterThan(0);
+    // The series the job keeps under vmsr names keep their domain.
+    expect((await prom.query('vmsr_host_package_unattributed_energy_joules_total{domain="dram"}')).length).toBeGreaterThan(0);
     // The vmsr names of this job are gone: renamed, not copied.
     expect(await prom.query('vmsr_vm_energy_joules_total')).toEqual([]);
+  });
+
+  test("the relabeling example's commented rules give the per-domain names of Kepler before 0.10", { timeout: 150_000 }, async (ctx) => {
+    if (noPrometheus()) return ctx.skip(SKIP);
+    const s = await liveStack();
+    // The example as its comment says to use it: the three renames out, the commented rules in.
+    const shipped = adaptedExample(path.join(PROMETHEUS_DIR, 'vmsr-kepler-relabel.example.yml'), s.exporterHost);
+    const renames = /^ {6}# The names last[\s\S]*?(?=^ {6}# `domain` went into `zone`)/m;
+    expect(shipped).toMatch(renames);
+    const commented = /^ {6}# {3}(- source_labels| {2}regex| {2}target_label| {2}replacement)/gm;
+    const config = shipped.replace(renames, '').replace(commented, '      $1');
+    expect(config).not.toBe(shipped.replace(renames, ''));
+    const p = await startPrometheusWith(config);
+    cleanups.push(() => p.stop());
+    const logs = () => `--- prometheus:\n${p.log()}\n${s.logs()}`;
+    const names = async (q: string) => (await p.query(q)).map((x) => x.metric.__name__!).sort();
+    const vm = await pollFor(
+      async () => {
+        const r = await names(`{__name__=~"kepler_vm_.+_joules_total", vm_name="${VM.name}", vpkg="0"}`);
+        return r.length === 3 ? r : undefined;
+      },
+      'our VM under the per-domain Kepler names',
+      logs,
+      90_000,
+    );
+    expect(vm).toEqual(['kepler_vm_core_joules_total', 'kepler_vm_dram_joules_total', 'kepler_vm_package_joules_total']);
+    expect(await names('{__name__=~"kepler_node_.+_joules_total"}')).toEqual([
+      'kepler_node_core_joules_total',
+      'kepler_node_dram_joules_total',
+      'kepler_node_package_joules_total',
+    ]);
   });
 });

@@ -258,3 +258,33 @@ describe('EnergyBook', () => {
     expect(b.exposed().map((r) => [r.starttime, r.energy[0]!.total])).toEqual([[5000n, 1_000n]]);
   });
 });
+
+describe('the other RAPL domains in the book', () => {
+  test("a VM's and the host's domain totals go on across a daemon restart, and a VM's domain power is dropped with its package power", () => {
+    const b = new EnergyBook();
+    b.connectionStarted();
+    b.listed([vm(1, 500)]);
+    const dram = (uj: bigint, w: number) => [{ domain: 'dram' as const, energyUj: [uj], powerW: [w] }];
+    b.vmUpdate(upd(1, 1n, [1000n]), [1], dram(300n, 0.5));
+    b.vmUpdate(upd(1, 2n, [1500n]), [1], dram(400n, 0.25));
+    b.hostUpdate(hostUpd(2n), [{ domain: 'dram', pkg: 0, energyUj: 900n, unattributedUj: 500n }]);
+    const r = b.exposed()[0]!;
+    expect(r.domainEnergy.get('dram')!.map((t) => t.total)).toEqual([400n]);
+    expect(r.domainWatts.get('dram')).toEqual([0.25]);
+    // The daemon restarts: its values start again from 0; the book's totals go on from where they were.
+    b.connectionLost();
+    expect(r.domainWatts.get('dram')).toEqual([null]);
+    b.connectionStarted();
+    b.listed([vm(7, 500)]);
+    b.vmUpdate(upd(7, 1n, [10n]), [1], dram(20n, 0.125));
+    b.hostUpdate(hostUpd(1n), [{ domain: 'dram', pkg: 0, energyUj: 50n, unattributedUj: 30n }]);
+    expect(r.domainEnergy.get('dram')!.map((t) => t.total)).toEqual([420n]);
+    expect(b.domainPackages.get('dram')!.get(0)!.total).toBe(950n);
+    expect(b.domainPackageUnattributed.get('dram')!.get(0)!.total).toBe(530n);
+    expect(b.domainUnattributed.get('dram')!.total).toBe(530n);
+    // The VM ends: no power for any domain, its energy stays for the last scrape.
+    b.vmUpdate(upd(7, 2n, [11n], true), [1], dram(21n, 0.125));
+    expect(r.domainWatts.get('dram')).toEqual([null]);
+    expect(r.domainEnergy.get('dram')!.map((t) => t.total)).toEqual([421n]);
+  });
+});

@@ -238,7 +238,9 @@ describe('a fleet of hosts scraped by one Prometheus over TLS with basic auth', 
           await new Promise((r) => setTimeout(r, 1_500));
           const b = await get(h.exporter.url, { ca: files.caCert, auth: `${USER}:${PASSWORD}` });
           const v = (x: typeof a) =>
-            'body' in x ? new RegExp(`^${METRIC.packageEnergy}\\{package="0"\\} (\\S+)$`, 'm').exec(x.body)?.[1] : undefined;
+            'body' in x
+              ? new RegExp(`^${METRIC.packageEnergy}\\{package="0",domain="package"\\} (\\S+)$`, 'm').exec(x.body)?.[1]
+              : undefined;
           return v(a) !== undefined && v(a) === v(b) ? Number(v(a)) : undefined;
         },
         `${h.target}'s counter to stand still`,

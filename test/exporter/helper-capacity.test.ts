@@ -70,7 +70,7 @@ const seriesOf = (text: string, name: string) => text.split('\n').filter((l) => 
 
 describe('the helper capacity series', () => {
   test('each cap and the fd budget the host file states are series, the caps labelled by cap', async () => {
-    const r = hostFile(hostStatsLayout(1234, 1, { discovered: true, fds: true }), FULL, 'full');
+    const r = hostFile(hostStatsLayout(1234, 1, { capacity: { discovered: true, fds: true } }), FULL, 'full');
     const book = new EnergyBook();
     book.capacity = capacityFromFile(r, r.read());
     r.close();
@@ -112,7 +112,7 @@ describe('the helper capacity series', () => {
       'fds_max',
       'fds_available',
     ]);
-    const now = hostStatsLayout(1234, 1, { discovered: true, fds: true });
+    const now = hostStatsLayout(1234, 1, { capacity: { discovered: true, fds: true } });
     const old = planStatsLayout(
       now.id,
       now.descriptors.filter((d) => !NEW.has(d.name)).map(({ name, flags, exponent, size }) => ({ name, flags, exponent, size })),

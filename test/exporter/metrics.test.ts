@@ -50,25 +50,32 @@ function fedBook(): EnergyBook {
   u(1, 1_000_000_000n, [1_000_000n, 0n]);
   u(1, 2_000_000_000n, [3_500_000n, 250_000n]);
   u(2, 1_000_000_000n, [100n]);
-  b.hostUpdate({
-    tNs: 2_000_000_000n,
-    packages: [
-      { pkg: 0, energyUj: 10_000_000n, unattributedUj: 6_000_000n },
-      { pkg: 1, energyUj: 500_000n, unattributedUj: 250_000n },
-    ],
-    unattributedUj: 6_250_000n,
-    vmsChanged: false,
-    stats: {
-      legacyOk: 12n,
-      legacyRefused: 2n,
-      legacyFailed: 1n,
-      lastSampleDurationNs: 1_500_000n,
-      samples: 20n,
-      sampleFailures: 1n,
-      connections: 3,
-      vms: 2,
+  b.hostUpdate(
+    {
+      tNs: 2_000_000_000n,
+      packages: [
+        { pkg: 0, energyUj: 10_000_000n, unattributedUj: 6_000_000n },
+        { pkg: 1, energyUj: 500_000n, unattributedUj: 250_000n },
+      ],
+      unattributedUj: 6_250_000n,
+      vmsChanged: false,
+      stats: {
+        legacyOk: 12n,
+        legacyRefused: 2n,
+        legacyFailed: 1n,
+        lastSampleDurationNs: 1_500_000n,
+        samples: 20n,
+        sampleFailures: 1n,
+        connections: 3,
+        vms: 2,
+      },
     },
-  });
+    [
+      { domain: 'dram', pkg: 0, energyUj: 2_000_000n, unattributedUj: 1_000_000n },
+      { domain: 'dram', pkg: 1, energyUj: 400_000n, unattributedUj: 300_000n },
+      { domain: 'psys', pkg: 0, energyUj: 30_000_000n, unattributedUj: 20_000_000n },
+    ],
+  );
   return b;
 }
 
@@ -83,21 +90,29 @@ describe('exporter metrics', () => {
     const { type, body } = await scrape();
     expect(type).toMatch(/^text\/plain; version=0\.0\.4/);
     const vm1 = 'name="web \\"1\\"",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4242",uid="0"';
-    expect(body).toContain(`vmsr_vm_energy_joules_total{${vm1},vpkg="0"} 3.5\n`);
-    expect(body).toContain(`vmsr_vm_energy_joules_total{${vm1},vpkg="1"} 0.25\n`);
-    expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="0"} 2.5\n`);
-    expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="1"} 0.25\n`);
+    expect(body).toContain(`vmsr_vm_energy_joules_total{${vm1},vpkg="0",domain="package"} 3.5\n`);
+    expect(body).toContain(`vmsr_vm_energy_joules_total{${vm1},vpkg="1",domain="package"} 0.25\n`);
+    expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="0",domain="package"} 2.5\n`);
+    expect(body).toContain(`vmsr_vm_power_watts{${vm1},vpkg="1",domain="package"} 0.25\n`);
     expect(body).not.toMatch(/vmsr_vm_power_watts\{[^}]*pid="4343"/); // one sample only: no power yet
-    expect(body).toContain('vmsr_vm_energy_joules_total{name="",uuid="",pid="4343",uid="107",vpkg="0"} 0.0001\n');
+    expect(body).toContain('vmsr_vm_energy_joules_total{name="",uuid="",pid="4343",uid="107",vpkg="0",domain="package"} 0.0001\n');
     expect(body).toContain(`vmsr_vm_info{${vm1},source="discovered",whole_vm_only="0",sampled_whole="1"} 1\n`);
     expect(body).toContain(
       'vmsr_vm_info{name="",uuid="",pid="4343",uid="107",source="registered",whole_vm_only="1",sampled_whole="1"} 1\n',
     );
-    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 10\n');
-    expect(body).toContain('vmsr_host_package_energy_joules_total{package="1"} 0.5\n');
-    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="0"} 6\n');
-    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="1"} 0.25\n');
-    expect(body).toContain('vmsr_unattributed_energy_joules_total 6.25\n');
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0",domain="package"} 10\n');
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="1",domain="package"} 0.5\n');
+    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="0",domain="package"} 6\n');
+    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="1",domain="package"} 0.25\n');
+    expect(body).toContain('vmsr_unattributed_energy_joules_total{domain="package"} 6.25\n');
+    // The other RAPL domains the helper's host file gives, per package it is read on; unattributed summed over packages.
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0",domain="dram"} 2\n');
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="1",domain="dram"} 0.4\n');
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0",domain="psys"} 30\n');
+    expect(body).not.toContain('{package="1",domain="psys"}');
+    expect(body).toContain('vmsr_host_package_unattributed_energy_joules_total{package="1",domain="dram"} 0.3\n');
+    expect(body).toContain('vmsr_unattributed_energy_joules_total{domain="dram"} 1.3\n');
+    expect(body).toContain('vmsr_unattributed_energy_joules_total{domain="psys"} 20\n');
     expect(body).toContain('vmsr_helper_samples_total 20\n');
     expect(body).toContain('vmsr_helper_sample_failures_total 1\n');
     expect(body).toContain('vmsr_helper_vms 2\n');
@@ -113,6 +128,7 @@ describe('exporter metrics', () => {
     const { body } = await scrape();
     expect(body).not.toMatch(/^vmsr_host_package_(unattributed_)?energy_joules_total\{/m);
     for (const absent of [
+      'vmsr_unattributed_energy_joules_total{',
       'vmsr_unattributed_energy_joules_total ',
       'vmsr_helper_last_sample_age_seconds ',
       'vmsr_helper_sample_duration_seconds ',
@@ -147,8 +163,8 @@ describe('exporter metrics', () => {
     });
     server = await startMetricsServer(old, { host: '127.0.0.1', port: 0 });
     const { body } = await scrape();
-    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0"} 2\n');
-    expect(body).toContain('vmsr_unattributed_energy_joules_total 1.5\n');
+    expect(body).toContain('vmsr_host_package_energy_joules_total{package="0",domain="package"} 2\n');
+    expect(body).toContain('vmsr_unattributed_energy_joules_total{domain="package"} 1.5\n');
     expect(body).not.toMatch(/^vmsr_host_package_unattributed_energy_joules_total\{/m);
   });
 
@@ -157,7 +173,7 @@ describe('exporter metrics', () => {
     const om = await scrape('application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1');
     expect(om.type).toMatch(/^application\/openmetrics-text; version=1\.0\.0/);
     expect(om.body).toContain('# TYPE vmsr_vm_energy_joules counter\n');
-    expect(om.body).toMatch(/\nvmsr_vm_energy_joules_total\{[^}]*pid="4242",uid="0",vpkg="0"\} 3\.5\n/);
+    expect(om.body).toMatch(/\nvmsr_vm_energy_joules_total\{[^}]*pid="4242",uid="0",vpkg="0",domain="package"\} 3\.5\n/);
     expect(om.body.endsWith('# EOF\n')).toBe(true);
     // The Prometheus format after an OpenMetrics scrape still names counters with _total.
     const text = await scrape();

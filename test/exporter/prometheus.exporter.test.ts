@@ -66,7 +66,7 @@ async function scrape(url: string): Promise<Map<string, number>> {
 /** The uid owning the VMs this file starts (its own children). */
 const UID = process.getuid!();
 const energyOf = (m: Map<string, number>, pid: number) =>
-  m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",uid="${UID}",vpkg="0"}`);
+  m.get(`vmsr_vm_energy_joules_total{name="",uuid="",pid="${pid}",uid="${UID}",vpkg="0",domain="package"}`);
 
 describe('exporter with the daemon and Prometheus', () => {
   test('Prometheus answers rate() per discovered QEMU VM, busy far above idle, with no per-VM command; the README queries answer', async (ctx) => {
@@ -138,7 +138,7 @@ describe('exporter with the daemon and Prometheus', () => {
       async () => {
         const b = await (await fetch(exporter.url)).text();
         const x = parseExposition(b);
-        const power = x.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`);
+        const power = x.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0",domain="package"}`);
         return (energyOf(x, busy.pid) ?? 0) > 5 && energyOf(x, idle.pid) !== undefined && power !== undefined ? b : undefined;
       },
       'both VMs exported, the busy one with energy and power',
@@ -149,7 +149,7 @@ describe('exporter with the daemon and Prometheus', () => {
     expect(
       m.get(`vmsr_vm_info{name="",uuid="",pid="${busy.pid}",uid="${UID}",source="registered",whole_vm_only="0",sampled_whole="1"}`),
     ).toBe(1);
-    expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0"}`)).toBeGreaterThan(1);
+    expect(m.get(`vmsr_vm_power_watts{name="",uuid="",pid="${busy.pid}",uid="${UID}",vpkg="0",domain="package"}`)).toBeGreaterThan(1);
 
     const out = execFileSync('sh', ['-c', 'promtool check metrics 2>&1; echo "rc=$?"'], { input: body, encoding: 'utf8' });
     expect(out.trim()).toBe('rc=0');
@@ -159,7 +159,7 @@ describe('exporter with the daemon and Prometheus', () => {
     const sum = (prefix: string) => [...m].filter(([k]) => k.startsWith(prefix)).reduce((a, [, v]) => a + v, 0);
     const vmSum = sum('vmsr_vm_energy_joules_total{');
     const pkgSum = sum('vmsr_host_package_energy_joules_total{');
-    const unattributed = m.get('vmsr_unattributed_energy_joules_total')!;
+    const unattributed = m.get('vmsr_unattributed_energy_joules_total{domain="package"}')!;
     expect(pkgSum).toBeGreaterThan(5);
     expect(Math.abs(vmSum + unattributed - pkgSum), body).toBeLessThan(13);
   });
@@ -176,9 +176,10 @@ describe('exporter with the daemon and Prometheus', () => {
       vms.map((v) => v.pid),
     );
     const exporter = later(await startExporterChild(sock));
-    const pkgEnergy = (m: Map<string, number>, pkg: number) => m.get(`vmsr_host_package_energy_joules_total{package="${pkg}"}`);
+    const pkgEnergy = (m: Map<string, number>, pkg: number) =>
+      m.get(`vmsr_host_package_energy_joules_total{package="${pkg}",domain="package"}`);
     const pkgUnattributed = (m: Map<string, number>, pkg: number) =>
-      m.get(`vmsr_host_package_unattributed_energy_joules_total{package="${pkg}"}`);
+      m.get(`vmsr_host_package_unattributed_energy_joules_total{package="${pkg}",domain="package"}`);
     const scrapes: Map<string, number>[] = [];
     await pollFor(
       async () => {
@@ -228,7 +229,7 @@ describe('exporter with the daemon and Prometheus', () => {
     }
     // The host-wide series is the packages' sum.
     const perPackage = pkgUnattributed(still, 0)! + pkgUnattributed(still, 1)!;
-    expect(Math.abs(still.get('vmsr_unattributed_energy_joules_total')! - perPackage)).toBeLessThan(5e-6);
+    expect(Math.abs(still.get('vmsr_unattributed_energy_joules_total{domain="package"}')! - perPackage)).toBeLessThan(5e-6);
   });
 
   test('an exporter running as an unprivileged user in the observer group exports every VM and the host', async (ctx) => {
@@ -245,7 +246,7 @@ describe('exporter with the daemon and Prometheus', () => {
     const m = await pollFor(
       async () => {
         const x = await scrape(exporter.url);
-        return energyOf(x, vm.pid) !== undefined && x.has('vmsr_unattributed_energy_joules_total') ? x : undefined;
+        return energyOf(x, vm.pid) !== undefined && x.has('vmsr_unattributed_energy_joules_total{domain="package"}') ? x : undefined;
       },
       "root's VM and the host energy",
       () => exporter.stderr(),
@@ -273,7 +274,7 @@ describe('exporter with the daemon and Prometheus', () => {
     );
     const m = await scrape(exporter.url);
     expect(energyOf(m, vm.pid)).toBeUndefined();
-    expect(m.has('vmsr_unattributed_energy_joules_total')).toBe(false);
+    expect(m.has('vmsr_unattributed_energy_joules_total{domain="package"}')).toBe(false);
   });
 
   test('counters never go backwards and keep growing when the daemon restarts under the exporter', async () => {

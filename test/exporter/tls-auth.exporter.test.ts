@@ -63,7 +63,7 @@ async function waitForHostSeries(url: string, o: GetOptions): Promise<string> {
   return pollFor(
     async () => {
       const r = await get(url, o);
-      return 'body' in r && r.body.includes(`${METRIC.packageEnergy}{package="0"}`) ? r.body : undefined;
+      return 'body' in r && r.body.includes(`${METRIC.packageEnergy}{package="0",domain="package"}`) ? r.body : undefined;
     },
     'the package series',
     () => children.map((c) => c.stderr()).join('\n'),

@@ -21,10 +21,15 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
   const energy = new Counter({
     name: VM_FAMILIES.energy.name,
     help: VM_FAMILIES.energy.help,
-    labelNames: [...vmLabels, 'vpkg'],
+    labelNames: [...vmLabels, 'vpkg', 'domain'],
     registers,
   });
-  const power = new Gauge({ name: VM_FAMILIES.power.name, help: VM_FAMILIES.power.help, labelNames: [...vmLabels, 'vpkg'], registers });
+  const power = new Gauge({
+    name: VM_FAMILIES.power.name,
+    help: VM_FAMILIES.power.help,
+    labelNames: [...vmLabels, 'vpkg', 'domain'],
+    registers,
+  });
   const info = new Gauge({
     name: VM_FAMILIES.info.name,
     help: VM_FAMILIES.info.help,
@@ -32,10 +37,18 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
     registers,
   });
   for (const r of book.exposed()) {
-    r.energy.forEach((t, g) => energy.inc({ ...r.labels, vpkg: String(g) }, ujToJoules(t.total)));
-    r.watts.forEach((w, g) => {
-      if (w !== null) power.set({ ...r.labels, vpkg: String(g) }, w);
-    });
+    r.energy.forEach((t, g) => energy.inc({ ...r.labels, vpkg: String(g), domain: 'package' }, ujToJoules(t.total)));
+    for (const [domain, totals] of r.domainEnergy)
+      totals.forEach((t, g) => energy.inc({ ...r.labels, vpkg: String(g), domain }, ujToJoules(t.total)));
+  }
+  for (const r of book.exposed()) {
+    const watts: [string, (number | null)[]][] = [['package', r.watts], ...r.domainWatts];
+    for (const [domain, ws] of watts)
+      ws.forEach((w, g) => {
+        if (w !== null) power.set({ ...r.labels, vpkg: String(g), domain }, w);
+      });
+  }
+  for (const r of book.exposed()) {
     info.set({ ...r.labels, source: r.source, whole_vm_only: r.wholeVmOnly ? '1' : '0', sampled_whole: r.notWhole ? '0' : '1' }, 1);
   }
   return registry.metrics();
@@ -78,7 +91,10 @@ function hostileBook(): EnergyBook {
   b.vmUpdate(upd(1, 2, [3_500_001n, 250_000n]));
   b.vmUpdate(upd(2, 1, [123_456_789_012n]));
   b.vmUpdate(upd(3, 1, [1n, 2n]));
-  b.vmUpdate(upd(3, 3, [7n, 1_000_000_000_000_000n]));
+  b.vmUpdate(upd(3, 3, [7n, 1_000_000_000_000_000n]), undefined, [
+    { domain: 'core', energyUj: [5n, 1_500_000n], powerW: [0.25, 1e-7] },
+    { domain: 'dram', energyUj: [3n, 4n], powerW: [2, 3] },
+  ]);
   return b;
 }
 
@@ -93,8 +109,10 @@ describe('per-VM families rendered from cached label text', () => {
       expect(ours(x, format)).toBe(want);
     }
     expect(ours(x, 'prometheus')).toContain(
-      'vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",uid="0",vpkg="0"} 3.500001\n',
+      'vmsr_vm_energy_joules_total{name="web \\"1\\" \\\\ back\\nslash",uuid="6f1c1a7e-0000-4000-8000-000000000001",pid="4001",uid="0",vpkg="0",domain="package"} 3.500001\n',
     );
+    expect(ours(x, 'prometheus')).toContain('vmsr_vm_energy_joules_total{name="",uuid="",pid="4003",uid="0",vpkg="1",domain="core"} 1.5\n');
+    expect(ours(x, 'prometheus')).toContain('vmsr_vm_power_watts{name="",uuid="",pid="4003",uid="0",vpkg="0",domain="dram"} 2\n');
   });
 
   test("an empty book still has each family's HELP and TYPE lines, as prom-client writes them", async () => {
@@ -115,5 +133,8 @@ describe('per-VM families rendered from cached label text', () => {
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
     expect(x.render('prometheus')).toMatch(/vmsr_vm_info\{name="web[^}]*source="registered",whole_vm_only="0",sampled_whole="1"\} 1/);
     expect(x.render('prometheus')).not.toMatch(/pid="4001",uid="0",vpkg="1"/);
+    // VM 3 ended (the LIST no longer names it): its domains' power goes with its package's, their energy stays.
+    expect(x.render('prometheus')).not.toMatch(/vmsr_vm_power_watts\{[^}]*pid="4003"/);
+    expect(x.render('prometheus')).toMatch(/vmsr_vm_energy_joules_total\{[^}]*pid="4003",uid="0",vpkg="1",domain="dram"\} 0.000004/);
   });
 });

@@ -30,8 +30,8 @@ async function queryAt(promUrl: string, q: string, time: number): Promise<Row[]>
 
 /** A README query restricted to the VMs named `name` (other VMs on this host are discovered too). */
 function onlyNamed(query: string, name: string): string {
-  const out = query.replaceAll(`${METRIC.vmEnergy}[`, `${METRIC.vmEnergy}{name="${name}"}[`);
-  if (out === query) throw new Error(`the README query does not read ${METRIC.vmEnergy}[...]: ${query}`);
+  const out = query.replaceAll(`${METRIC.vmEnergy}{`, `${METRIC.vmEnergy}{name="${name}",`);
+  if (out === query) throw new Error(`the README query does not read ${METRIC.vmEnergy}{...}: ${query}`);
   return out;
 }
 

@@ -10,7 +10,8 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from '../../src/protocol/stats/fla
 import { decodeStatsLayout, encodeStatsFile, planStatsLayout } from '../../src/protocol/stats/layout.js';
 import { SampleBlock, readConsistent } from '../../src/protocol/stats/sample-block.js';
 import { decodeStatsValues, describeDescriptor } from '../../src/protocol/stats/values.js';
-import { vmStatsLayout, tickExponent } from '../../src/protocol/stats/vm-stats.js';
+import { vmStatsLayout, tickExponent, VmStatsSlots, writeVmStats } from '../../src/protocol/stats/vm-stats.js';
+import { hostDomainShapes, hostStatsLayout, writeHostStats } from '../../src/protocol/stats/host-stats.js';
 
 const hex = (text: string): Buffer => Buffer.from(text.replace(/\s+/g, ''), 'hex');
 const oneFrame = (bytes: Buffer, types: ReadonlySet<number>) => {
@@ -100,7 +101,7 @@ describe('the statistics file layout', () => {
   });
 
   it('a VM file of 2 virtual packages and 3 vCPUs has one array descriptor per per-vpkg and per-vCPU value', () => {
-    const l = vmStatsLayout({ hostVmId: 3, pid: 99, name: 'web', nvpkg: 2, nvcpu: 3, tickExponent: tickExponent(100) });
+    const l = vmStatsLayout({ hostVmId: 3, pid: 99, name: 'web', nvpkg: 2, nvcpu: 3, tickExponent: tickExponent(100), domains: [] });
     expect(l.id).toBe('vmsr-vm-3/pid-99/web');
     const size = Object.fromEntries(l.descriptors.map((d) => [d.name, d.size]));
     expect(size).toMatchObject({
@@ -115,10 +116,114 @@ describe('the statistics file layout', () => {
     expect(l.descriptors.find((d) => d.name === 'vcpu_cpu_time')!.exponent).toBe(-2);
     expect(tickExponent(64)).toBeNull();
     expect(
-      vmStatsLayout({ hostVmId: 3, pid: 99, name: null, nvpkg: 1, nvcpu: 1, tickExponent: null }).descriptors.some(
+      vmStatsLayout({ hostVmId: 3, pid: 99, name: null, nvpkg: 1, nvcpu: 1, tickExponent: null, domains: [] }).descriptors.some(
         (d) => d.name === 'vcpu_cpu_time',
       ),
     ).toBe(false);
+  });
+});
+
+describe('the other RAPL domains in the files', () => {
+  it('a VM file has <domain>_energy and <domain>_power per virtual package for each domain read, after every older descriptor, and none without domains', () => {
+    const shape = { hostVmId: 3, pid: 99, name: null, nvpkg: 2, nvcpu: 1, tickExponent: -2, domains: ['core', 'dram'] as const };
+    const l = vmStatsLayout({ ...shape, domains: [...shape.domains] });
+    const without = vmStatsLayout({ ...shape, domains: [] });
+    // The descriptors of a file without domains come first, unchanged: a reader by name or by position of old sees the same.
+    expect(l.descriptors.slice(0, without.descriptors.length)).toEqual(without.descriptors);
+    expect(l.descriptors.slice(without.descriptors.length).map(describeDescriptor)).toEqual([
+      'core_energy[2] cumulative J x1e-6',
+      'core_power[2] instant W x1e-6',
+      'dram_energy[2] cumulative J x1e-6',
+      'dram_power[2] instant W x1e-6',
+    ]);
+    const mem = new ArrayBuffer(l.fileSize);
+    const b = new SampleBlock(mem, l);
+    const slots = new VmStatsSlots(b, { ...shape, domains: [...shape.domains] });
+    b.write((w) =>
+      writeVmStats(w, slots, {
+        monotonicNs: 1n,
+        realtimeNs: 2n,
+        nextMonotonicNs: 3n,
+        intervalNs: 4n,
+        ended: false,
+        energyUj: [10n, 20n],
+        counter: [1, 2],
+        powerUw: [5, 6],
+        vcpus: [],
+        otherTicks: 0,
+        domains: [
+          { domain: 'dram', energyUj: [7n, 8n], powerUw: [1.9, 2] },
+          { domain: 'uncore', energyUj: [99n, 99n], powerUw: [9, 9] }, // not in this file: left out
+        ],
+      }),
+    );
+    const v = decodeStatsValues(l, Buffer.from(mem, l.dataOffset, l.dataSize));
+    expect(v.get('dram_energy')).toEqual([7n, 8n]);
+    expect(v.get('dram_power')).toEqual([1n, 2n]);
+    expect(v.get('core_energy')).toEqual([0n, 0n]);
+    expect(v.has('uncore_energy')).toBe(false);
+  });
+
+  it('the host file has, per domain read, the packages it is read on with their energy and unattributed energy (psys once)', () => {
+    const pairs = [
+      { pkg: 0, domain: 'dram' as const },
+      { pkg: 0, domain: 'psys' as const },
+      { pkg: 1, domain: 'dram' as const },
+    ];
+    const shapes = hostDomainShapes(pairs);
+    expect(shapes).toEqual([
+      { domain: 'dram', packages: [0, 1] },
+      { domain: 'psys', packages: [0] },
+    ]);
+    const l = hostStatsLayout(42, 2, { domains: shapes });
+    const old = hostStatsLayout(42, 2);
+    expect(l.descriptors.slice(0, old.descriptors.length)).toEqual(old.descriptors);
+    expect(l.descriptors.slice(old.descriptors.length).map((d) => `${d.name}[${d.size}]`)).toEqual([
+      'dram_package_id[2]',
+      'dram_energy[2]',
+      'dram_unattributed_energy[2]',
+      'psys_package_id[1]',
+      'psys_energy[1]',
+      'psys_unattributed_energy[1]',
+    ]);
+    const mem = new ArrayBuffer(l.fileSize);
+    const b = new SampleBlock(mem, l);
+    const zero = { legacyOk: 0n, legacyRefused: 0n, legacyFailed: 0n, samples: 0n, sampleFailures: 0n, vmChanges: 0n };
+    b.write((w) =>
+      writeHostStats(
+        w,
+        {
+          monotonicNs: 1n,
+          realtimeNs: 1n,
+          nextMonotonicNs: 1n,
+          intervalNs: 1n,
+          packages: [
+            { pkg: 0, energyUj: 100n, unattributedUj: 50n },
+            { pkg: 1, energyUj: 200n, unattributedUj: 60n },
+          ],
+          unattributedUj: 110n,
+          lastSampleDurationNs: 0n,
+          ...zero,
+          connections: 0,
+          vms: 0,
+          energySource: 1,
+          domains: [
+            { pkg: 1, domain: 'dram', energyUj: 21n, unattributedUj: 11n },
+            { pkg: 0, domain: 'dram', energyUj: 20n, unattributedUj: 10n },
+            { pkg: 0, domain: 'psys', energyUj: 300n, unattributedUj: 3n },
+            { pkg: 1, domain: 'psys', energyUj: 1n, unattributedUj: 1n }, // no place for it: left out
+          ],
+        },
+        shapes,
+      ),
+    );
+    const v = decodeStatsValues(l, Buffer.from(mem, l.dataOffset, l.dataSize));
+    expect(v.get('dram_package_id')).toEqual([0n, 1n]);
+    expect(v.get('dram_energy')).toEqual([20n, 21n]);
+    expect(v.get('dram_unattributed_energy')).toEqual([10n, 11n]);
+    expect(v.get('psys_package_id')).toEqual([0n]);
+    expect(v.get('psys_energy')).toEqual([300n]);
+    expect(v.get('psys_unattributed_energy')).toEqual([3n]);
   });
 });
 

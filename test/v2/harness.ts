@@ -41,11 +41,14 @@ export interface HarnessOptions {
   discovery?: Partial<Omit<ScannerOptions, 'clkTck'>> | boolean;
   observerGid?: number;
   fds?: FdAdmitter;
+  /** RAPL domain registers (MSR numbers) that count on package 0 from the start, so the energy source reads those domains too. */
+  domainMsrs?: readonly number[];
 }
 
 export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
   const fake = new FakeHost({ packages: [0, 0] });
   fake.writeRapl({ powerUnit: POWER_UNIT, energy: { 0: 0xfff00000 } }); // wraps early in every test
+  for (const msr of o.domainMsrs ?? []) fake.setCounter(fake.cpusOf(0), msr, 1000);
   const device = new MsrDevice(fake.msrPathTemplate);
   const log = pino({ level: process.env.V2_TEST_LOG ?? 'silent' });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-v2-'));

@@ -90,6 +90,16 @@ export class HostEnergy {
     return [...this.domainTotals.values()].map((d) => ({ ...d }));
   }
 
+  /** The same in floored µJ, as the package's are given (the host statistics file's `<domain>_energy`). */
+  domainsUj(): { pkg: number; domain: OtherDomain; energyUj: bigint; unattributedUj: bigint }[] {
+    return [...this.domainTotals.values()].map((d) => ({
+      pkg: d.pkg,
+      domain: d.domain,
+      energyUj: uj(d.energyJ),
+      unattributedUj: uj(d.unattributedJ),
+    }));
+  }
+
   /** HOST_UPDATE's values; per-package unattributed energy only when `perPackage`. */
   values(vmsChanged: boolean, perPackage: boolean, stats: HostStats): HostValues {
     let unattributedJ = 0;

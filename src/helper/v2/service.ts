@@ -241,6 +241,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
     clkTck: o.host.clkTck,
     hostValues: () => hostValues(false, true),
+    hostDomains: () => energy.domainsUj(),
     ...(o.fds ? { fds: o.fds } : {}),
     log: o.log,
     clock: o.clock ?? monotonicNs,

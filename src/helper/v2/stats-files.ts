@@ -14,10 +14,18 @@ import { PublishedFile } from '../../os/published-file.js';
 import { realtimeNs } from '../../os/libc.js';
 import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';
 import { SampleBlock } from '../../protocol/stats/sample-block.js';
-import { hostStatsLayout, writeHostStats, type HostCapacity, type HostStatsValues } from '../../protocol/stats/host-stats.js';
+import {
+  hostDomainShapes,
+  hostStatsLayout,
+  writeHostStats,
+  type HostCapacity,
+  type HostDomainShape,
+  type HostStatsValues,
+} from '../../protocol/stats/host-stats.js';
 import { tickExponent, vmStatsLayout, VmStatsSlots, writeVmStats, type VmStatsShape } from '../../protocol/stats/vm-stats.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
+import type { VmInterval } from '../../ratio/types.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 
 /** What the files read of the sampling loop. */
@@ -38,6 +46,11 @@ export interface StatsFilesParts {
   energySourceCode?: number;
   /** The VM caps and the fd budget now, for the host file; its null parts are left out of the file. */
   capacity?: () => HostCapacity;
+  /**
+   * The other RAPL domains' totals per package (HostEnergy.domainsUj): every domain the host reads,
+   * from the start (the host file is laid out with the ones there when it is made). Absent: none.
+   */
+  hostDomains?: () => NonNullable<HostStatsValues['domains']>;
 }
 
 /** A refusal, with the v2 error code it is answered with. */
@@ -54,12 +67,15 @@ interface VmFile {
   final: boolean;
   /** Power per vpkg over the last interval, µW (0 until the file's first interval). */
   powerUw: number[];
+  /** The same per other domain of the file. */
+  domainPowerUw: Map<string, number[]>;
   intervalNs: bigint;
 }
 
 interface HostFile {
   file: PublishedFile;
   block: SampleBlock;
+  domains: HostDomainShape[];
 }
 
 export class StatsFiles {
@@ -88,9 +104,17 @@ export class StatsFiles {
     const made = this.make(`vmsr-vm-${vmId}`, vmStatsLayout(shape), `the statistics file of VM ${vmId}`);
     if (!made.ok) return made;
     const block = new SampleBlock(made.value.memory, vmStatsLayout(shape));
-    const f: VmFile = { file: made.value, block, slots: new VmStatsSlots(block, shape), final: false, powerUw: [], intervalNs: 0n };
+    const f: VmFile = {
+      file: made.value,
+      block,
+      slots: new VmStatsSlots(block, shape),
+      final: false,
+      powerUw: [],
+      domainPowerUw: new Map(),
+      intervalNs: 0n,
+    };
     const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
-    if (last && this.lastResult) this.setInterval(f, last.vpkgEnergyJ, this.lastResult.dtS);
+    if (last && this.lastResult) this.setInterval(f, last, this.lastResult.dtS);
     this.vms.set(vmId, f);
     this.writeVm(vmId, f);
     return ok(f.file);
@@ -100,13 +124,14 @@ export class StatsFiles {
   hostFile(): Result<PublishedFile, StatsRefusal> {
     if (this.host) return ok(this.host.file);
     const c = this.p.capacity?.();
+    const domains = hostDomainShapes(this.p.hostDomains?.() ?? []);
     const layout = hostStatsLayout(process.pid, this.p.hostValues().packages.length, {
-      discovered: (c?.discovered ?? null) !== null,
-      fds: (c?.fds ?? null) !== null,
+      capacity: { discovered: (c?.discovered ?? null) !== null, fds: (c?.fds ?? null) !== null },
+      domains,
     });
     const made = this.make('vmsr-host', layout, "the host's statistics file");
     if (!made.ok) return made;
-    this.host = { file: made.value, block: new SampleBlock(made.value.memory, layout) };
+    this.host = { file: made.value, block: new SampleBlock(made.value.memory, layout), domains };
     this.writeHost();
     return ok(this.host.file);
   }
@@ -127,16 +152,18 @@ export class StatsFiles {
     if (ev.result && this.vms.size > 0) {
       for (const v of ev.result.vms) {
         const f = this.vms.get(v.vmId);
-        if (f) this.setInterval(f, v.vpkgEnergyJ, ev.result.dtS);
+        if (f) this.setInterval(f, v, ev.result.dtS);
       }
     }
     for (const [vmId, f] of this.vms) if (!f.final) this.writeVm(vmId, f);
     if (this.host) this.writeHost();
   }
 
-  /** A VM's power over the interval (energy / measured length) and the interval's length. */
-  private setInterval(f: VmFile, vpkgEnergyJ: readonly number[], dtS: number): void {
-    f.powerUw = vpkgEnergyJ.map((j) => (dtS > 0 ? (j / dtS) * 1e6 : 0));
+  /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
+  private setInterval(f: VmFile, v: VmInterval, dtS: number): void {
+    const uw = (vpkgEnergyJ: readonly number[]) => vpkgEnergyJ.map((j) => (dtS > 0 ? (j / dtS) * 1e6 : 0));
+    f.powerUw = uw(v.vpkgEnergyJ);
+    for (const d of v.domains ?? []) f.domainPowerUw.set(d.domain, uw(d.vpkgEnergyJ));
     f.intervalNs = BigInt(Math.round(dtS * 1e9));
   }
 
@@ -174,6 +201,7 @@ export class StatsFiles {
       nvpkg: Math.max(1, out?.vpkgs.length ?? 1),
       nvcpu: Math.max(1, threads?.vcpus.length ?? 1),
       tickExponent: tickExponent(this.p.clkTck),
+      domains: (out?.domains ?? []).map((d) => d.domain),
     };
   }
 
@@ -222,6 +250,11 @@ export class StatsFiles {
         powerUw: out.ended ? [] : f.powerUw,
         vcpus: (threads?.vcpus ?? []).map((c) => ({ tid: c.tid, energyUj: c.energyJ * 1e6, ticks: c.ticks })),
         otherTicks: threads?.otherTicks ?? 0,
+        domains: (out.domains ?? []).map((d) => ({
+          domain: d.domain,
+          energyUj: d.vpkgEnergyUj,
+          powerUw: out.ended ? [] : (f.domainPowerUw.get(d.domain) ?? []),
+        })),
       }),
     );
     if (out.ended) f.final = true;
@@ -232,7 +265,10 @@ export class StatsFiles {
       b.setNumber(f.slots.ended, why === 'ended' ? 1 : Number(b.get(f.slots.ended)));
       if (why === 'replaced') b.setNumber(f.slots.replaced, 1);
       b.setNumber(b.slot('next_sample_monotonic'), 0);
-      for (let g = 0; g < f.slots.shape.nvpkg; g++) b.setNumber(f.slots.power + g, 0);
+      for (let g = 0; g < f.slots.shape.nvpkg; g++) {
+        b.setNumber(f.slots.power + g, 0);
+        for (const at of f.slots.domains.values()) b.setNumber(at.power + g, 0);
+      }
     });
     f.final = true;
   }
@@ -253,7 +289,8 @@ export class StatsFiles {
       ...v.stats,
       energySource: this.p.energySourceCode ?? 0,
       ...(this.p.capacity ? { capacity: this.p.capacity() } : {}),
+      ...(h.domains.length > 0 && this.p.hostDomains ? { domains: this.p.hostDomains() } : {}),
     };
-    h.block.write((b) => writeHostStats(b, values));
+    h.block.write((b) => writeHostStats(b, values, h.domains));
   }
 }

@@ -7,6 +7,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
+import { ENERGY_DOMAINS, type OtherDomain } from '../../ratio/domains.js';
 
 const C = STATS_TYPE.CUMULATIVE;
 const I = STATS_TYPE.INSTANT;
@@ -50,7 +51,36 @@ export interface HostCapacityShape {
 
 const NO_CAPACITY: HostCapacityShape = { discovered: false, fds: false };
 
-export function hostStatsLayout(daemonPid: number, npkg: number, capacity: HostCapacityShape = NO_CAPACITY): StatsLayout {
+/** The names of one other domain's values in the host's file (docs/stats-fd.md "The host's file"). */
+export function hostDomainNames(domain: OtherDomain): { packageId: string; energy: string; unattributed: string } {
+  return { packageId: `${domain}_package_id`, energy: `${domain}_energy`, unattributed: `${domain}_unattributed_energy` };
+}
+
+/** One other domain the host reads: the packages it is read on (psys: one, the lowest). */
+export interface HostDomainShape {
+  domain: OtherDomain;
+  packages: readonly number[];
+}
+
+/** Groups (package, domain) pairs by domain, in ENERGY_DOMAINS order, packages in the order given. */
+export function hostDomainShapes(pairs: readonly { pkg: number; domain: OtherDomain }[]): HostDomainShape[] {
+  const out: HostDomainShape[] = [];
+  for (const domain of ENERGY_DOMAINS) {
+    const packages = pairs.filter((p) => p.domain === domain).map((p) => p.pkg);
+    if (domain !== 'package' && packages.length > 0) out.push({ domain, packages });
+  }
+  return out;
+}
+
+/** What a host file holds beyond the values every one has: the capacity parts, and the other domains read. */
+export interface HostStatsShape {
+  capacity?: HostCapacityShape;
+  domains?: readonly HostDomainShape[];
+}
+
+export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStatsShape = {}): StatsLayout {
+  const capacity = shape.capacity ?? NO_CAPACITY;
+  const domains = shape.domains ?? [];
   const descs: StatsDescriptor[] = [
     ...COMMON_STATS,
     { name: 'package_id', flags: I | STATS_UNIT.NONE, exponent: 0, size: npkg },
@@ -68,6 +98,16 @@ export function hostStatsLayout(daemonPid: number, npkg: number, capacity: HostC
     ...(capacity.fds
       ? [one('fds_open', I | STATS_UNIT.NONE), one('fds_max', I | STATS_UNIT.NONE), one('fds_available', I | STATS_UNIT.NONE)]
       : []),
+    // Every other domain the host reads, after those: per package it is read on, its id, its energy and the part no VM got.
+    ...domains.flatMap((d) => {
+      const n = hostDomainNames(d.domain);
+      const size = d.packages.length;
+      return [
+        { name: n.packageId, flags: I | STATS_UNIT.NONE, exponent: 0, size },
+        { name: n.energy, flags: C | UJ, exponent: -6, size },
+        { name: n.unattributed, flags: C | UJ, exponent: -6, size },
+      ];
+    }),
   ];
   return planStatsLayout(hostStatsId(daemonPid), descs);
 }
@@ -89,9 +129,12 @@ export interface HostStatsValues extends SampleTimes {
   energySource: number;
   /** The caps and the fd budget; parts the file has no descriptor for are not written. */
   capacity?: HostCapacity;
+  /** The other domains' totals per package; those the file has no place for are left out. */
+  domains?: readonly { pkg: number; domain: OtherDomain; energyUj: bigint; unattributedUj: bigint }[];
 }
 
-export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
+/** One sample's values; `domains`: the other domains' shapes the file was laid out with (hostStatsLayout). */
+export function writeHostStats(b: SampleBlock, v: HostStatsValues, domains: readonly HostDomainShape[] = []): void {
   writeSampleTimes(b, v);
   const id = b.slot('package_id');
   const e = b.slot('package_energy');
@@ -112,6 +155,17 @@ export function writeHostStats(b: SampleBlock, v: HostStatsValues): void {
   b.setNumber(b.slot('connections'), v.connections);
   b.setNumber(b.slot('vms'), v.vms);
   b.setNumber(b.slot('energy_source'), v.energySource);
+  for (const shape of domains) {
+    const n = hostDomainNames(shape.domain);
+    const ids = b.slot(n.packageId);
+    shape.packages.forEach((pkg, i) => b.setNumber(ids + i, pkg));
+    for (const d of v.domains ?? []) {
+      const i = d.domain === shape.domain ? shape.packages.indexOf(d.pkg) : -1;
+      if (i < 0) continue;
+      b.setBig(b.slot(n.energy) + i, d.energyUj);
+      b.setBig(b.slot(n.unattributed) + i, d.unattributedUj);
+    }
+  }
   if (v.capacity) writeCapacity(b, v.capacity);
 }
 

@@ -7,6 +7,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
+import type { OtherDomain } from '../../ratio/domains.js';
 
 export interface VmStatsShape {
   hostVmId: number;
@@ -19,6 +20,16 @@ export interface VmStatsShape {
    * not a power of ten: then the tick descriptors are left out, never given in a wrong unit.
    */
   tickExponent: number | null;
+  /**
+   * The RAPL domains other than the package the host reads (ENERGY_DOMAINS order), each with its own
+   * `<domain>_energy` and `<domain>_power` per virtual package; empty when only the package is read.
+   */
+  domains: readonly OtherDomain[];
+}
+
+/** The names of one other domain's values in a VM's file (docs/stats-fd.md "A VM's file"). */
+export function vmDomainNames(domain: OtherDomain): { energy: string; power: string } {
+  return { energy: `${domain}_energy`, power: `${domain}_power` };
 }
 
 /** The id string of a VM's file: "vmsr-vm-<host VM id>/pid-<pid>[/<name>]" (cut to the name size). */
@@ -49,6 +60,12 @@ export function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
     out.push({ name: 'vcpu_cpu_time', flags: ticks, exponent: s.tickExponent, size: s.nvcpu });
     out.push(one('other_threads_cpu_time', ticks, s.tickExponent));
   }
+  // Added after the others, only on a host that reads the domain (a reader finds values by name).
+  for (const d of s.domains) {
+    const n = vmDomainNames(d);
+    out.push({ name: n.energy, flags: C | UJ, exponent: -6, size: s.nvpkg });
+    out.push({ name: n.power, flags: I | STATS_UNIT.WATTS | STATS_BASE.POW10, exponent: -6, size: s.nvpkg });
+  }
   return out;
 }
 
@@ -74,6 +91,8 @@ export interface VmStatsValues extends SampleTimes {
   vcpus: readonly VcpuTotals[];
   /** Ticks of the VM's threads that are not vCPUs. */
   otherTicks: number;
+  /** Per other domain of the file: cumulative µJ and power over the last interval (µW), per virtual package. */
+  domains?: readonly { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
 }
 
 /** The word index of every value of a VM's file, resolved once. */
@@ -89,6 +108,8 @@ export class VmStatsSlots {
   readonly vcpuEnergy: number;
   readonly vcpuTicks: number | null;
   readonly otherTicks: number | null;
+  /** Per other domain of the file: the word index of its energy and power. */
+  readonly domains = new Map<OtherDomain, { energy: number; power: number }>();
 
   constructor(
     b: SampleBlock,
@@ -105,6 +126,10 @@ export class VmStatsSlots {
     this.vcpuEnergy = b.slot('vcpu_energy');
     this.vcpuTicks = b.has('vcpu_cpu_time') ? b.slot('vcpu_cpu_time') : null;
     this.otherTicks = b.has('other_threads_cpu_time') ? b.slot('other_threads_cpu_time') : null;
+    for (const d of shape.domains) {
+      const n = vmDomainNames(d);
+      this.domains.set(d, { energy: b.slot(n.energy), power: b.slot(n.power) });
+    }
   }
 }
 
@@ -128,6 +153,15 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
     if (slots.vcpuTicks !== null) b.setNumber(slots.vcpuTicks + i, c.ticks);
   }
   if (slots.otherTicks !== null) b.setNumber(slots.otherTicks, v.otherTicks);
+  for (const d of v.domains ?? []) {
+    const at = slots.domains.get(d.domain);
+    if (!at) continue;
+    const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
+    for (let g = 0; g < n; g++) {
+      b.setBig(at.energy + g, d.energyUj[g]!);
+      b.setNumber(at.power + g, d.powerUw[g] ?? 0);
+    }
+  }
 }
 
 /** The base-10 exponent of one clock tick in seconds (-2 for 100), or null when CLK_TCK is not a power of ten. */

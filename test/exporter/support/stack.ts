@@ -35,6 +35,20 @@ export class MovingHost {
     );
   }
 
+  /**
+   * Package `pkg`'s RAPL domain registers `msrs` (MSR numbers) count from now on, `watts` each in
+   * the ESU: called before the daemon starts, which then finds and reads those domains.
+   */
+  pumpDomains(msrs: readonly number[], watts = 10, pkg = 0): void {
+    const cpus = this.host.cpusOf(pkg);
+    for (const msr of msrs) this.host.setCounter(cpus, msr, 1000);
+    const units = Math.round(watts * 0.02 * 2 ** 14);
+    const t = setInterval(() => {
+      for (const msr of msrs) this.host.addCounter(cpus, msr, units);
+    }, 20);
+    this.stops.push(() => clearInterval(t));
+  }
+
   /** Every package stops drawing power (their counters stand still). */
   stopPumps(): void {
     for (const s of this.stops.splice(0)) s();
