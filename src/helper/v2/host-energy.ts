@@ -90,11 +90,14 @@ export class HostEnergy {
     return [...this.domainTotals.values()].map((d) => ({ ...d }));
   }
 
-  /** HOST_UPDATE's values; per-package unattributed energy only when `perPackage`. */
-  values(vmsChanged: boolean, perPackage: boolean, stats: HostStats): HostValues {
+  /**
+   * HOST_UPDATE's values; per-package unattributed energy only when `perPackage`, the other domains'
+   * totals (µJ) only when `domains` (then always, empty when the host reads only the package).
+   */
+  values(vmsChanged: boolean, perPackage: boolean, stats: HostStats, domains = false): HostValues {
     let unattributedJ = 0;
     for (const k of this.totals.values()) unattributedJ += k.unattributedJ;
-    return {
+    const out: HostValues = {
       tNs: this.tNs,
       packages: [...this.totals].map(([pkg, k]) => ({
         pkg,
@@ -105,6 +108,14 @@ export class HostEnergy {
       vmsChanged,
       stats,
     };
+    if (domains)
+      out.domains = [...this.domainTotals.values()].map((d) => ({
+        pkg: d.pkg,
+        domain: d.domain,
+        energyUj: uj(d.energyJ),
+        unattributedUj: uj(d.unattributedJ),
+      }));
+    return out;
   }
 
   state(): HostEnergyState {
