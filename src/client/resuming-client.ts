@@ -159,8 +159,15 @@ export class ResumingV2Client {
     onError?: (e: V2Error) => void,
     options: SubscribeOptions = {},
   ): Promise<HostUpdate> {
-    this.host = onError ? { onUpdate, onError, options } : { onUpdate, options };
-    return (await this.current).subscribeHost(onUpdate, onError, options);
+    const h = onError ? { onUpdate, onError, options } : { onUpdate, options };
+    this.host = h;
+    try {
+      return await (await this.current).subscribeHost(onUpdate, onError, options);
+    } catch (e) {
+      // Refused (not root nor in the observer group): nothing to subscribe again after a restart.
+      if (this.host === h) this.host = null;
+      throw e;
+    }
   }
 
   async close(): Promise<void> {
