@@ -21,6 +21,7 @@ import {
   V2Error,
   type HostUpdate,
   type Registered,
+  type SubscribeOptions,
   type Update,
   type Value,
   type VmInfo,
@@ -45,11 +46,13 @@ const RETRY_MAX_MS = 1_000;
 interface Subscribed {
   onUpdate: (u: Update) => void;
   onError?: (e: V2Error) => void;
+  options: SubscribeOptions;
 }
 
 interface Observed {
   onUpdate: (u: VmUpdate) => void;
   onError?: (e: V2Error) => void;
+  options: SubscribeOptions;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -59,7 +62,7 @@ export class ResumingV2Client {
   private readonly registered = new Map<number, { pid: number; vcpus: readonly VcpuSpec[] }>();
   private readonly subscribed = new Map<number, Subscribed>();
   private readonly observed = new Map<number, Observed>();
-  private host: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void } | null = null;
+  private host: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void; options: SubscribeOptions } | null = null;
   private current: Promise<V2Client>;
   private userClosed = false;
   /** Resolves when the client is closed by close(), or gave up resuming (with why). */
@@ -112,24 +115,34 @@ export class ResumingV2Client {
     return (await this.current).statsFd(hostVmId);
   }
 
-  async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void): Promise<Update> {
-    const s: Subscribed = { onUpdate: (u) => this.onVmUpdate(this.subscribed, u.vmId, s, () => onUpdate(u), u.ended) };
+  async subscribe(
+    vmId: number,
+    onUpdate: (u: Update) => void,
+    onError?: (e: V2Error) => void,
+    options: SubscribeOptions = {},
+  ): Promise<Update> {
+    const s: Subscribed = { onUpdate: (u) => this.onVmUpdate(this.subscribed, u.vmId, s, () => onUpdate(u), u.ended), options };
     if (onError) s.onError = onError;
     this.subscribed.set(vmId, s);
     try {
-      return await (await this.current).subscribe(vmId, s.onUpdate, onError);
+      return await (await this.current).subscribe(vmId, s.onUpdate, onError, options);
     } catch (e) {
       if (this.subscribed.get(vmId) === s) this.subscribed.delete(vmId);
       throw e;
     }
   }
 
-  async observe(hostVmId: number, onUpdate: (u: VmUpdate) => void, onError?: (e: V2Error) => void): Promise<VmUpdate> {
-    const s: Observed = { onUpdate: (u) => this.onVmUpdate(this.observed, u.hostVmId, s, () => onUpdate(u), u.ended) };
+  async observe(
+    hostVmId: number,
+    onUpdate: (u: VmUpdate) => void,
+    onError?: (e: V2Error) => void,
+    options: SubscribeOptions = {},
+  ): Promise<VmUpdate> {
+    const s: Observed = { onUpdate: (u) => this.onVmUpdate(this.observed, u.hostVmId, s, () => onUpdate(u), u.ended), options };
     if (onError) s.onError = onError;
     this.observed.set(hostVmId, s);
     try {
-      return await (await this.current).observe(hostVmId, s.onUpdate, onError);
+      return await (await this.current).observe(hostVmId, s.onUpdate, onError, options);
     } catch (e) {
       if (this.observed.get(hostVmId) === s) this.observed.delete(hostVmId);
       throw e;
@@ -141,9 +154,20 @@ export class ResumingV2Client {
     await (await this.current).unobserve(hostVmId);
   }
 
-  async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void): Promise<HostUpdate> {
-    this.host = onError ? { onUpdate, onError } : { onUpdate };
-    return (await this.current).subscribeHost(onUpdate, onError);
+  async subscribeHost(
+    onUpdate: (u: HostUpdate) => void,
+    onError?: (e: V2Error) => void,
+    options: SubscribeOptions = {},
+  ): Promise<HostUpdate> {
+    const h = onError ? { onUpdate, onError, options } : { onUpdate, options };
+    this.host = h;
+    try {
+      return await (await this.current).subscribeHost(onUpdate, onError, options);
+    } catch (e) {
+      // Refused (not root nor in the observer group): nothing to subscribe again after a restart.
+      if (this.host === h) this.host = null;
+      throw e;
+    }
   }
 
   async close(): Promise<void> {
@@ -247,9 +271,9 @@ export class ResumingV2Client {
         this.drop(subs, id, e);
       });
     await Promise.all([
-      ...[...this.subscribed].map(([vmId, s]) => again(this.subscribed, vmId, c.subscribe(vmId, s.onUpdate, s.onError))),
-      ...[...this.observed].map(([id, s]) => again(this.observed, id, c.observe(id, s.onUpdate, s.onError))),
-      ...(this.host ? [c.subscribeHost(this.host.onUpdate, this.host.onError)] : []),
+      ...[...this.subscribed].map(([vmId, s]) => again(this.subscribed, vmId, c.subscribe(vmId, s.onUpdate, s.onError, s.options))),
+      ...[...this.observed].map(([id, s]) => again(this.observed, id, c.observe(id, s.onUpdate, s.onError, s.options))),
+      ...(this.host ? [c.subscribeHost(this.host.onUpdate, this.host.onError, this.host.options)] : []),
     ]);
   }
 

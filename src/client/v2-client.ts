@@ -38,9 +38,11 @@ import {
   encodeUnregister,
   errorCodeName,
   typeName,
+  type HostDomainValues,
   type HostPackageValues,
   type HostStats,
   type HostValues,
+  type VmDomainValues,
   type VmEntry,
   type VpkgValue,
 } from '../protocol/v2/codec.js';
@@ -52,7 +54,16 @@ import { closeFd, dupCloexec, MSG_DONTWAIT, recvWithFds, watchReadable, type FdW
 import { socketFd } from '../os/peer.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 
-export type { HostPackageValues, HostStats, VpkgValue };
+export type { HostDomainValues, HostPackageValues, HostStats, VmDomainValues, VpkgValue };
+
+/** Options of subscribe() and observe(). */
+export interface SubscribeOptions {
+  /**
+   * Ask for the VM's energy of every other RAPL domain the host reads (Update.domains). A helper that
+   * predates them refuses the flag (ERROR 1): the subscription is then made without, and `domains` is absent.
+   */
+  domains?: boolean;
+}
 
 /** An ERROR frame from the helper. */
 export class V2Error extends Error {
@@ -93,6 +104,11 @@ export interface Update {
   /** Index = vpkg. */
   vpkgs: VpkgValue[];
   ended: boolean;
+  /**
+   * Asked for with `domains`: per other RAPL domain the host reads (ENERGY_DOMAINS order), µJ per vpkg;
+   * empty when the host reads only the package. Absent when not asked for, or the helper predates it.
+   */
+  domains?: VmDomainValues[];
 }
 
 /** One VM as LIST shows it (docs/protocol-v2.md "VM_LIST"). */
@@ -122,6 +138,8 @@ export interface VmUpdate {
   tNs: bigint;
   ended: boolean;
   vpkgs: VpkgValue[];
+  /** As Update.domains. */
+  domains?: VmDomainValues[];
 }
 
 /**
@@ -275,10 +293,10 @@ export class V2Client {
    * one and one after every sample until the VM ends (`ended` true, last one), is unregistered, or the
    * connection closes. `onError` gets ERROR 5 notices while the helper's energy source fails.
    */
-  async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void): Promise<Update> {
+  async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<Update> {
     this.subs.set(vmId, { onUpdate, onError });
     try {
-      const m = await this.call(T.SUBSCRIBE, encodeSubscribe(vmId), vmId);
+      const m = await this.withFallback(T.SUBSCRIBE, vmId, o.domains === true, (domains) => encodeSubscribe(vmId, { domains }));
       if (m.type !== T.UPDATE) throw this.unexpected(m);
       return toUpdate(m);
     } catch (e) {
@@ -307,16 +325,35 @@ export class V2Client {
    * immediate update. Updates follow every sample until the VM ends (last one has `ended`),
    * unobserve(), or close. A VM it may not see is refused like a nonexistent one (ERROR 3).
    */
-  async observe(hostVmId: number, onUpdate: (u: VmUpdate) => void, onError?: (e: V2Error) => void): Promise<VmUpdate> {
-    const toVm = (u: Update): VmUpdate => ({ hostVmId: u.vmId, tNs: u.tNs, ended: u.ended, vpkgs: u.vpkgs });
+  async observe(
+    hostVmId: number,
+    onUpdate: (u: VmUpdate) => void,
+    onError?: (e: V2Error) => void,
+    o: SubscribeOptions = {},
+  ): Promise<VmUpdate> {
+    const toVm = ({ vmId, ...u }: Update): VmUpdate => ({ hostVmId: vmId, ...u });
     this.subs.set(hostVmId, { onUpdate: (u) => onUpdate(toVm(u)), onError });
     try {
-      const m = await this.call(T.OBSERVE, encodeObserve(hostVmId), hostVmId);
+      const m = await this.withFallback(T.OBSERVE, hostVmId, o.domains === true, (domains) => encodeObserve(hostVmId, { domains }));
       if (m.type !== T.UPDATE) throw this.unexpected(m);
       return toVm(toUpdate(m));
     } catch (e) {
       this.subs.delete(hostVmId);
       throw e;
+    }
+  }
+
+  /**
+   * `type` with its domain flag when `domains`, and again without it when the helper refuses the flag
+   * (ERROR 1: a helper that predates the other domains; the connection stays).
+   */
+  private async withFallback(type: number, vmId: number, domains: boolean, frame: (domains: boolean) => Buffer): Promise<HelperMessage> {
+    if (!domains) return this.call(type, frame(false), vmId);
+    try {
+      return await this.call(type, frame(true), vmId);
+    } catch (e) {
+      if (!(e instanceof V2Error && e.code === E.MALFORMED && e.requestType === type)) throw e;
+      return this.call(type, frame(false), vmId);
     }
   }
 
@@ -331,19 +368,27 @@ export class V2Client {
    * VM, the energy attributed to no VM on all packages, and the helper's health. Resolves with the
    * immediate update. Needs root or the observer group (ERROR 2). A helper that predates per-package
    * unattributed energy refuses the flag asking for it (ERROR 1, the connection stays): the
-   * subscription is then made without it, and every package's `unattributedUj` is null.
+   * subscription is then made without it, and every package's `unattributedUj` is null. With `domains`,
+   * the other RAPL domains' energy per package too (HostUpdate.domains), dropped first the same way by
+   * a helper that predates them.
    */
-  async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void): Promise<HostUpdate> {
+  async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<HostUpdate> {
     this.hostSub = { onUpdate, onError };
     try {
-      let m: HelperMessage;
-      try {
-        m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe({ perPackage: true }));
-      } catch (e) {
-        if (!(e instanceof V2Error && e.code === E.MALFORMED && e.requestType === T.HOST_SUBSCRIBE)) throw e;
-        m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe({ perPackage: false }));
+      const tries = [{ perPackage: true, domains: true }, { perPackage: true }, { perPackage: false }].filter(
+        (t) => o.domains === true || !t.domains,
+      );
+      let m: HelperMessage | undefined;
+      for (const [i, t] of tries.entries()) {
+        try {
+          m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe(t));
+          break;
+        } catch (e) {
+          const refused = e instanceof V2Error && e.code === E.MALFORMED && e.requestType === T.HOST_SUBSCRIBE;
+          if (!refused || i === tries.length - 1) throw e;
+        }
       }
-      if (m.type !== T.HOST_UPDATE) throw this.unexpected(m);
+      if (m?.type !== T.HOST_UPDATE) throw this.unexpected(m!);
       const { type: _t, ...u } = m;
       return u;
     } catch (e) {
@@ -626,5 +671,7 @@ function groupName(gid: number, groupFile: string): string | undefined {
 }
 
 function toUpdate(m: Extract<HelperMessage, { type: typeof T.UPDATE }>): Update {
-  return { vmId: m.vmId, tNs: m.tNs, vpkgs: m.vpkgs, ended: m.ended };
+  const u: Update = { vmId: m.vmId, tNs: m.tNs, vpkgs: m.vpkgs, ended: m.ended };
+  if (m.domains !== undefined) u.domains = m.domains;
+  return u;
 }

@@ -1,6 +1,7 @@
 /**
  * The resuming v2 client against the real daemon restarted in place (SIGHUP, docs/daemon.md
- * "Restarts"): the same ids, one stream of updates that never goes backwards, and a give-up that
+ * "Restarts"): the same ids, one stream of updates that never goes backwards, in the layout each
+ * subscription asked for (with or without the other RAPL domains), and a give-up that
  * names the fix when the helper does not come back.
  */
 import path from 'node:path';
@@ -67,12 +68,14 @@ describe('ResumingV2Client', () => {
     const o = await ResumingV2Client.connect(sock, { onResumed: (r) => resumed.push(r) });
     cleanups.push(() => o.close());
     const [vmInfo] = (await o.list()).filter((v) => v.pid === vm.pid);
+    // The observer asks for the other RAPL domains (none on this host: an empty list), and asks again after each restart.
     await o.observe(
       vmInfo!.hostVmId,
       (u) => observed.push(u),
       (e) => errors.push(e),
+      { domains: true },
     );
-    await o.subscribeHost((u) => hosts.push(u));
+    await o.subscribeHost((u) => hosts.push(u), undefined, { domains: true });
     await waitFor(() => updates.length > 3, 'updates before the restart');
 
     for (let i = 1; i <= 2; i++) {
@@ -100,6 +103,10 @@ describe('ResumingV2Client', () => {
     }
     for (let i = 1; i < hosts.length; i++)
       expect(hosts[i]!.packages[0]!.energyUj).toBeGreaterThanOrEqual(hosts[i - 1]!.packages[0]!.energyUj);
+    // Each subscription keeps the layout it asked for: domains for the observer, none for the registrant.
+    expect(observed.every((u) => Array.isArray(u.domains) && u.domains.length === 0)).toBe(true);
+    expect(hosts.every((u) => Array.isArray(u.domains) && u.domains.length === 0)).toBe(true);
+    expect(updates.every((u) => u.domains === undefined)).toBe(true);
     // Requests go to the new connection.
     expect((await c.read(reg.vmId, 0)).vmId).toBe(reg.vmId);
   });

@@ -118,14 +118,14 @@ describe('observers on the daemon', () => {
     raw.write(encodeHostSubscribe({ perPackage: false }));
     // 8-byte header + 80 + one 16-byte package entry; then one such frame per sample.
     await raw.waitBytes(3 * (8 + 80 + 16));
-    // Flag bits other than bit 0 are refused with ERROR 1, and the connection stays.
-    raw.write(encodeFrame(T.HOST_SUBSCRIBE, 0x2, Buffer.alloc(0)));
+    // Flag bits other than bits 0 and 1 are refused with ERROR 1, and the connection stays.
+    raw.write(encodeFrame(T.HOST_SUBSCRIBE, 0x4, Buffer.alloc(0)));
     const frames = () =>
       new FrameDecoder(HELPER_TYPES).push(raw.received).map((f) => {
         if (!f.ok) throw new Error(f.error.message);
         return f.value;
       });
-    await waitFor(() => frames().some((f) => f.type === T.ERROR), 'the ERROR answering flags 0x2');
+    await waitFor(() => frames().some((f) => f.type === T.ERROR), 'the ERROR answering flags 0x4');
     const all = frames();
     const updates = all.filter((f) => f.type === T.HOST_UPDATE);
     expect(updates.length).toBeGreaterThanOrEqual(3);

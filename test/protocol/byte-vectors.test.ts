@@ -86,7 +86,49 @@ const HOST_UPDATE_PER_PACKAGE = hex(`8600 0300 80000000
   00000000 00000000 15cd5b0700000000 5a00000000000000
   01000000 00000000 2a00000000000000 0900000000000000`);
 
+// The other RAPL domains (docs/protocol-v2.md, "Other RAPL domains"). SUBSCRIBE and OBSERVE with flags
+// bit 0, HOST_SUBSCRIBE with bits 0 and 1 (per package and domains).
+const SUBSCRIBE_DOMAINS = hex('0300 0100 04000000  07000000');
+const OBSERVE_DOMAINS = hex('0600 0100 04000000  09000000');
+const HOST_SUBSCRIBE_DOMAINS = hex('0800 0300 00000000');
+// UPDATE with ENDED and DOMAINS (flags 0x3): the UPDATE above, then u32 ndomains 2, u32 reserved, and
+// per domain u32 code (dram 3, psys 4), u32 reserved, one u64 energy_uj per vpkg. 48 + 8 + 2 x 24 = 104.
+const UPDATE_DOMAINS =
+  hex(`8300 0300 68000000  07000000 02000000 00f2052a01000000  0100000000000000 3d00000000000000  ffffffff00000000 0000000001000000
+  02000000 00000000
+  03000000 00000000 0a00000000000000 1400000000000000
+  04000000 00000000 1e00000000000000 0000000002000000`);
+
+// HOST_UPDATE_PER_PACKAGE's fields with DOMAINS too (flags 0x7): after the package entries, u32 count 3,
+// u32 reserved, then per entry u32 package, u32 domain code, u64 energy_uj, u64 unattributed_uj:
+// package 0 dram 1000 (100 unattributed), package 0 psys 5000 (500), package 1 dram 2000 (200).
+// 128 + 8 + 3 x 24 = 208.
+const HOST_UPDATE_DOMAINS = hex(`8600 0700 d0000000
+  00f2052a01000000 6300000000000000 0100000000000000 0200000000000000 0300000000000000
+  a00f000000000000 0500000000000000 0600000000000000 07000000 08000000 02000000 00000000
+  00000000 00000000 15cd5b0700000000 5a00000000000000
+  01000000 00000000 2a00000000000000 0900000000000000
+  03000000 00000000
+  00000000 03000000 e803000000000000 6400000000000000
+  00000000 04000000 8813000000000000 f401000000000000
+  01000000 03000000 d007000000000000 c800000000000000`);
+
 describe('v2 client -> helper frames match hand-written bytes', () => {
+  it('SUBSCRIBE vm 7 and OBSERVE vm 9 asking for the other domains set flags bit 0; HOST_SUBSCRIBE asking for both sets 0x3', () => {
+    expect(encodeSubscribe(7, { domains: true }).equals(SUBSCRIBE_DOMAINS)).toBe(true);
+    expect(parseClientFrame(oneFrame(SUBSCRIBE_DOMAINS, CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x03, vmId: 7, domains: true },
+    });
+    expect(encodeObserve(9, { domains: true }).equals(OBSERVE_DOMAINS)).toBe(true);
+    expect(parseClientFrame(oneFrame(OBSERVE_DOMAINS, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x06, vmId: 9, domains: true } });
+    expect(encodeHostSubscribe({ perPackage: true, domains: true }).equals(HOST_SUBSCRIBE_DOMAINS)).toBe(true);
+    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE_DOMAINS, CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x08, perPackage: true, domains: true },
+    });
+  });
+
   it('REGISTER pid 4242 with tids 4250 (vpkg 0) and 4251 (vpkg 1)', () => {
     const vcpus = [
       { tid: 4250, vpkg: 0 },
@@ -100,7 +142,7 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(encodeRead(7, 1).equals(READ)).toBe(true);
     expect(parseClientFrame(oneFrame(READ, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x02, vmId: 7, vpkg: 1 } });
     expect(encodeSubscribe(7).equals(SUBSCRIBE)).toBe(true);
-    expect(parseClientFrame(oneFrame(SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x03, vmId: 7 } });
+    expect(parseClientFrame(oneFrame(SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x03, vmId: 7, domains: false } });
     expect(encodeUnregister(0x01020304).equals(UNREGISTER)).toBe(true);
     expect(parseClientFrame(oneFrame(UNREGISTER, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x04, vmId: 0x01020304 } });
   });
@@ -109,7 +151,7 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(encodeHostSubscribe({ perPackage: true }).equals(HOST_SUBSCRIBE_PER_PACKAGE)).toBe(true);
     expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE_PER_PACKAGE, CLIENT_TYPES))).toEqual({
       ok: true,
-      value: { type: 0x08, perPackage: true },
+      value: { type: 0x08, perPackage: true, domains: false },
     });
   });
 
@@ -117,11 +159,14 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(encodeList(7).equals(LIST)).toBe(true);
     expect(parseClientFrame(oneFrame(LIST, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x05, fromId: 7 } });
     expect(encodeObserve(9).equals(OBSERVE)).toBe(true);
-    expect(parseClientFrame(oneFrame(OBSERVE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x06, vmId: 9 } });
+    expect(parseClientFrame(oneFrame(OBSERVE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x06, vmId: 9, domains: false } });
     expect(encodeUnobserve(0x01020304).equals(UNOBSERVE)).toBe(true);
     expect(parseClientFrame(oneFrame(UNOBSERVE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x07, vmId: 0x01020304 } });
     expect(encodeHostSubscribe().equals(HOST_SUBSCRIBE)).toBe(true);
-    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x08, perPackage: false } });
+    expect(parseClientFrame(oneFrame(HOST_SUBSCRIBE, CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x08, perPackage: false, domains: false },
+    });
   });
 
   it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {
@@ -158,6 +203,22 @@ describe('v2 helper -> client frames match hand-written bytes', () => {
     expect(parseHelperFrame(oneFrame(UPDATE, HELPER_TYPES))).toEqual({
       ok: true,
       value: { type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: false },
+    });
+  });
+
+  it('UPDATE with the other domains (flags bit 1) and ENDED: the domain block after the vpkg values', () => {
+    const vpkgs = [
+      { counter: 1n, energyUj: 61n },
+      { counter: 0xffffffffn, energyUj: 0x1_0000_0000n },
+    ];
+    const domains = [
+      { domain: 'dram' as const, vpkgEnergyUj: [10n, 20n] },
+      { domain: 'psys' as const, vpkgEnergyUj: [30n, 0x2_0000_0000n] },
+    ];
+    expect(encodeUpdate(7, 5_000_000_000n, vpkgs, true, domains).equals(UPDATE_DOMAINS)).toBe(true);
+    expect(parseHelperFrame(oneFrame(UPDATE_DOMAINS, HELPER_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x83, vmId: 7, tNs: 5_000_000_000n, vpkgs, ended: true, domains },
     });
   });
 
@@ -252,6 +313,16 @@ describe('v2 observer replies match hand-written bytes', () => {
     };
     expect(encodeHostUpdate(h).equals(HOST_UPDATE_PER_PACKAGE)).toBe(true);
     expect(parseHelperFrame(oneFrame(HOST_UPDATE_PER_PACKAGE, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...h } });
+    const d = {
+      ...h,
+      domains: [
+        { pkg: 0, domain: 'dram' as const, energyUj: 1000n, unattributedUj: 100n },
+        { pkg: 0, domain: 'psys' as const, energyUj: 5000n, unattributedUj: 500n },
+        { pkg: 1, domain: 'dram' as const, energyUj: 2000n, unattributedUj: 200n },
+      ],
+    };
+    expect(encodeHostUpdate(d).equals(HOST_UPDATE_DOMAINS)).toBe(true);
+    expect(parseHelperFrame(oneFrame(HOST_UPDATE_DOMAINS, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x86, ...d } });
   });
 });
 

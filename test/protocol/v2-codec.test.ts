@@ -150,7 +150,7 @@ describe('client payloads (helper side)', () => {
       value: { type: T.REGISTER, pid: 0, vcpus: [{ tid: 5, vpkg: 255 }] },
     });
     expect(parse(encodeRead(3, 2))).toEqual({ ok: true, value: { type: T.READ, vmId: 3, vpkg: 2 } });
-    expect(parse(encodeSubscribe(9))).toEqual({ ok: true, value: { type: T.SUBSCRIBE, vmId: 9 } });
+    expect(parse(encodeSubscribe(9))).toEqual({ ok: true, value: { type: T.SUBSCRIBE, vmId: 9, domains: false } });
     expect(parse(encodeUnregister(9))).toEqual({ ok: true, value: { type: T.UNREGISTER, vmId: 9 } });
   });
 

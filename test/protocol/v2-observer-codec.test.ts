@@ -61,9 +61,9 @@ describe('observer requests', () => {
     });
     expect(reqs).toEqual([
       { ok: true, value: { type: T.LIST, fromId: 7 } },
-      { ok: true, value: { type: T.OBSERVE, vmId: 9 } },
+      { ok: true, value: { type: T.OBSERVE, vmId: 9, domains: false } },
       { ok: true, value: { type: T.UNOBSERVE, vmId: 9 } },
-      { ok: true, value: { type: T.HOST_SUBSCRIBE, perPackage: false } },
+      { ok: true, value: { type: T.HOST_SUBSCRIBE, perPackage: false, domains: false } },
     ]);
   });
 
@@ -72,20 +72,32 @@ describe('observer requests', () => {
       const size = type === T.HOST_SUBSCRIBE ? 0 : 4;
       const wrong = parseClientFrame(one(encodeFrame(type, 0, Buffer.alloc(size + 1)), CLIENT_TYPES));
       expect(wrong).toMatchObject({ ok: false, error: { fatal: true } });
-      const flagged = parseClientFrame(one(encodeFrame(type, 2, Buffer.alloc(size)), CLIENT_TYPES));
+      const flagged = parseClientFrame(one(encodeFrame(type, 4, Buffer.alloc(size)), CLIENT_TYPES));
       expect(flagged).toMatchObject({ ok: false, error: { fatal: false } });
     }
   });
 
-  it('HOST_SUBSCRIBE takes flags bit 0 (per-package unattributed energy) and refuses every other bit without closing', () => {
+  it('HOST_SUBSCRIBE takes flags bits 0 (per-package unattributed energy) and 1 (other domains) and refuses every other bit without closing', () => {
     expect(parseClientFrame(one(encodeHostSubscribe({ perPackage: true }), CLIENT_TYPES))).toEqual({
       ok: true,
-      value: { type: T.HOST_SUBSCRIBE, perPackage: true },
+      value: { type: T.HOST_SUBSCRIBE, perPackage: true, domains: false },
     });
-    for (const flags of [0x2, 0x3, 0x8000]) {
+    expect(parseClientFrame(one(encodeHostSubscribe({ perPackage: false, domains: true }), CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: T.HOST_SUBSCRIBE, perPackage: false, domains: true },
+    });
+    expect(parseClientFrame(one(encodeHostSubscribe({ perPackage: true, domains: true }), CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: T.HOST_SUBSCRIBE, perPackage: true, domains: true },
+    });
+    for (const flags of [0x4, 0x7, 0x8000]) {
       expect(parseClientFrame(one(encodeFrame(T.HOST_SUBSCRIBE, flags, Buffer.alloc(0)), CLIENT_TYPES))).toEqual({
         ok: false,
-        error: { code: 1, fatal: false, message: `flags must be 0 or 0x1 (per-package unattributed energy), got 0x${flags.toString(16)}` },
+        error: {
+          code: 1,
+          fatal: false,
+          message: `flags must be 0 or a mix of 0x1 (per-package unattributed energy) and 0x2 (other RAPL domains), got 0x${flags.toString(16)}`,
+        },
       });
     }
     // The other requests still take no flag at all.

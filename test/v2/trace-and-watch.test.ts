@@ -4,11 +4,12 @@ import { execFile, spawn } from 'node:child_process';
 import os from 'node:os';
 import { BIN, ensureBuilt } from '../daemon/support/daemon-process.js';
 import { afterEach, describe, expect, it } from 'vitest';
-import { V2Client, type Update } from '../../src/client/v2-client.js';
+import { V2Client, type HostUpdate, type Update } from '../../src/client/v2-client.js';
 import { TraceWriter } from '../../src/trace/writer.js';
 import { replayFile } from '../../src/trace/replay-file.js';
 import { stateOf } from '../../src/ratio/replay-report.js';
-import { formatHeader, formatJsonUpdate, formatUpdate, powers, runWatch } from '../../src/cli/commands/watch.js';
+import { domainPowers, formatHeader, formatJsonUpdate, formatUpdate, powers, runWatch } from '../../src/cli/commands/watch.js';
+import { formatHostDomainTable, hostDomainRows } from '../../src/cli/commands/stats.js';
 import { startChild, startHarness, until } from './harness.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -128,6 +129,103 @@ describe('watch', () => {
       expect(row[end - 1]).toMatch(/\d/);
       expect(row[end] ?? ' ').toBe(' ');
     }
+  });
+
+  it('adds a power column per other RAPL domain, summed over vpkgs and lined up under its label, and none when the update has no domains', () => {
+    const a: Update = {
+      vmId: 1,
+      tNs: 1_000_000_000n,
+      ended: false,
+      vpkgs: [
+        { counter: 0n, energyUj: 1_000_000n },
+        { counter: 0n, energyUj: 0n },
+      ],
+      domains: [
+        { domain: 'dram', vpkgEnergyUj: [100_000n, 50_000n] },
+        { domain: 'psys', vpkgEnergyUj: [2_000_000n, 0n] },
+      ],
+    };
+    const b: Update = {
+      ...a,
+      tNs: 1_500_000_000n,
+      domains: [
+        { domain: 'dram', vpkgEnergyUj: [300_000n, 100_000n] },
+        { domain: 'psys', vpkgEnergyUj: [4_000_000n, 1_000_000n] },
+      ],
+    };
+    expect(domainPowers(a, b).map((d) => [d.domain, d.powerW, d.vpkgs.map((v) => v.powerW)])).toEqual([
+      ['dram', 0.5, [0.4, 0.1]],
+      ['psys', 6, [4, 2]],
+    ]);
+    // From the baseline (no domains yet) the whole energy is the interval's.
+    expect(domainPowers({ tNs: 500_000_000n, vpkgs: [] }, a).map((d) => d.powerW)).toEqual([0.3, 4]);
+    const header = formatHeader(2, ['dram', 'psys']);
+    const row = formatUpdate(a, b, a.tNs);
+    expect(header).toMatch(/vpkg1 J +dram W +psys W$/);
+    expect(row).toMatch(/ +0\.50 +6\.00$/);
+    expect(header.length).toBe(row.length);
+    for (const label of ['dram W', 'psys W']) expect(row[header.indexOf(label) + label.length - 1]).toMatch(/\d/);
+    const { domains: _d, ...plain } = b;
+    expect(formatUpdate(a, plain, a.tNs)).toBe(formatUpdate(a, { ...b, domains: [] }, a.tNs));
+    expect(formatHeader(2, [])).toBe(formatHeader(2));
+    const json = JSON.parse(formatJsonUpdate(a, b, a.tNs)) as { domains: unknown };
+    expect(json.domains).toEqual([
+      {
+        domain: 'dram',
+        power_w: 0.5,
+        energy_uj: '400000',
+        vpkgs: [
+          { vpkg: 0, power_w: 0.4, energy_uj: '300000' },
+          { vpkg: 1, power_w: 0.1, energy_uj: '100000' },
+        ],
+      },
+      {
+        domain: 'psys',
+        power_w: 6,
+        energy_uj: '5000000',
+        vpkgs: [
+          { vpkg: 0, power_w: 4, energy_uj: '4000000' },
+          { vpkg: 1, power_w: 2, energy_uj: '1000000' },
+        ],
+      },
+    ]);
+    expect(formatJsonUpdate(a, plain, a.tNs)).not.toContain('domains');
+  });
+
+  it("stats' host domain table: by package then domain, power from the previous refresh, nothing for a host without domains", () => {
+    const h = (tNs: bigint, k: bigint): HostUpdate => ({
+      tNs,
+      packages: [],
+      unattributedUj: 0n,
+      vmsChanged: false,
+      stats: {
+        legacyOk: 0n,
+        legacyRefused: 0n,
+        legacyFailed: 0n,
+        lastSampleDurationNs: 0n,
+        samples: 0n,
+        sampleFailures: 0n,
+        connections: 0,
+        vms: 0,
+      },
+      domains: [
+        { pkg: 0, domain: 'dram', energyUj: 1_000_000n * k, unattributedUj: 250_000n * k },
+        { pkg: 1, domain: 'dram', energyUj: 2_000_000n * k, unattributedUj: 0n },
+        { pkg: 0, domain: 'psys', energyUj: 9_000_000n * k, unattributedUj: 1_000_000n * k },
+      ],
+    });
+    const rows = hostDomainRows(h(1_000_000_000n, 1n), h(3_000_000_000n, 2n));
+    expect(rows).toEqual([
+      { pkg: 0, domain: 'dram', powerW: 0.5, energyJ: 2, unattributedJ: 0.5 },
+      { pkg: 0, domain: 'psys', powerW: 4.5, energyJ: 18, unattributedJ: 2 },
+      { pkg: 1, domain: 'dram', powerW: 1, energyJ: 4, unattributedJ: 0 },
+    ]);
+    expect(hostDomainRows(null, h(3n, 1n)).map((r) => r.powerW)).toEqual([null, null, null]);
+    const table = formatHostDomainTable(rows);
+    expect(table[1]).toMatch(/^ +PKG +DOMAIN +POWER W +ENERGY J +UNATTRIBUTED J$/);
+    expect(table[2]).toMatch(/^ +0 +dram +0\.50 +2\.000 +0\.500$/);
+    expect(table.slice(1).every((l) => l.length === table[1]!.length)).toBe(true);
+    expect(formatHostDomainTable(hostDomainRows(null, { ...h(3n, 1n), domains: [] }))).toEqual([]);
   });
 
   it('gives the first row a power, measured from the baseline (energy 0) to the first sample', () => {

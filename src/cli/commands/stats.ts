@@ -3,12 +3,16 @@
  * through the statistics fds (docs/stats-fd.md): the VMs are listed over v2 and each one's fd asked
  * once; every refresh is then one read per VM (three preads), with no request to the helper but a
  * LIST to find VMs that came or went. --once prints one table, --json one object per VM per refresh.
+ * When the host reads other RAPL domains than the package and the caller may see the host's energy
+ * (root, the observer group), a second table gives each package's domains: their power, energy and
+ * the part no VM got (from HOST_UPDATE, docs/protocol-v2.md "Other RAPL domains").
  */
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
-import { V2Error, type VmInfo } from '../../client/v2-client.js';
+import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-client.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
+import { ENERGY_DOMAINS, type EnergyDomain } from '../../ratio/domains.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
@@ -106,6 +110,69 @@ export function formatStatsJson(r: StatsRow): string {
   });
 }
 
+/** One other RAPL domain of one host package, at a refresh. */
+export interface HostDomainRow {
+  pkg: number;
+  domain: string;
+  /** Since the previous refresh's HOST_UPDATE (null: none before, or no new sample). */
+  powerW: number | null;
+  energyJ: number;
+  unattributedJ: number;
+}
+
+/**
+ * The host's other domains in `now`, by package then domain (ENERGY_DOMAINS order), their power measured
+ * from `prev` (the HOST_UPDATE of the previous refresh).
+ */
+export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate): HostDomainRow[] {
+  const dtNs = prev ? Number(now.tNs - prev.tNs) : 0;
+  const order = (d: { pkg: number; domain: EnergyDomain }) => d.pkg * ENERGY_DOMAINS.length + ENERGY_DOMAINS.indexOf(d.domain);
+  return [...(now.domains ?? [])]
+    .sort((a, b) => order(a) - order(b))
+    .map((d) => {
+      const before = prev?.domains?.find((b) => b.pkg === d.pkg && b.domain === d.domain);
+      const powerW = before && prev!.tNs !== 0n && dtNs > 0 ? (Number(d.energyUj - before.energyUj) * 1e3) / dtNs : null;
+      return { pkg: d.pkg, domain: d.domain, powerW, energyJ: Number(d.energyUj) / 1e6, unattributedJ: Number(d.unattributedUj) / 1e6 };
+    });
+}
+
+/** The host's domain table under the VMs' (nothing when the host reads only the package). */
+export function formatHostDomainTable(rows: readonly HostDomainRow[]): string[] {
+  if (rows.length === 0) return [];
+  const head = `${'PKG'.padStart(6)}  ${'DOMAIN'.padEnd(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'UNATTRIBUTED J'.padStart(15)}`;
+  const lines = rows.map(
+    (r) =>
+      `${String(r.pkg).padStart(6)}  ${r.domain.padEnd(8)} ${(r.powerW === null ? '-' : r.powerW.toFixed(2)).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${r.unattributedJ.toFixed(3).padStart(15)}`,
+  );
+  return ['', head, ...lines];
+}
+
+export function formatHostDomainJson(r: HostDomainRow): string {
+  return JSON.stringify({
+    type: 'host_domain',
+    package: r.pkg,
+    domain: r.domain,
+    power_w: r.powerW,
+    energy_j: r.energyJ,
+    unattributed_j: r.unattributedJ,
+  });
+}
+
+/**
+ * The host's latest HOST_UPDATE with its other domains, kept by a host subscription; null when the
+ * caller may not see the host's energy (ERROR 2) or the helper refuses it (the VM table goes on alone).
+ */
+async function hostDomains(client: ResumingV2Client): Promise<{ latest: () => HostUpdate } | null> {
+  let latest: HostUpdate;
+  try {
+    latest = await client.subscribeHost((u) => (latest = u), undefined, { domains: true });
+  } catch (e) {
+    if (e instanceof V2Error) return null;
+    throw e;
+  }
+  return { latest: () => latest };
+}
+
 /** Whether `vm` is one --vm names (an id or a name). */
 function chosen(vm: VmInfo, wanted: readonly string[] | undefined): boolean {
   if (!wanted || wanted.length === 0) return true;
@@ -125,6 +192,8 @@ export async function runStats(
   try {
     const notice = o.json ? null : energyNotice(await statedEnergySource(client));
     if (notice !== null) out(notice);
+    const host = await hostDomains(client);
+    let hostBefore: HostUpdate | null = null;
     for (let n = 0; ; n++) {
       if (resumed) {
         resumed = false;
@@ -152,8 +221,13 @@ export async function runStats(
         throw new UsageError(`no VM ${o.vm.join(', ')} among the VMs this user may see`);
       const now = process.hrtime.bigint();
       const rows = [...readers.values()].sort((a, b) => a.vm.hostVmId - b.vm.hostVmId).map((e) => statsRow(e.vm, e.r, e.r.read(), now));
-      if (o.json) for (const r of rows) out(formatStatsJson(r));
-      else for (const l of formatStatsTable(rows)) out(l);
+      const hostNow = host?.latest() ?? null;
+      const domainRows = hostNow ? hostDomainRows(hostBefore, hostNow) : [];
+      hostBefore = hostNow;
+      if (o.json) {
+        for (const r of rows) out(formatStatsJson(r));
+        for (const r of domainRows) out(formatHostDomainJson(r));
+      } else for (const l of [...formatStatsTable(rows), ...formatHostDomainTable(domainRows)]) out(l);
       if (o.once || (o.count !== undefined && n + 1 >= o.count) || signal?.aborted) return;
       await new Promise<void>((res) => {
         const t = setTimeout(res, o.intervalS * 1000);

@@ -1,6 +1,7 @@
 /**
- * `vmsr-helper watch`: prints one VM's power and energy per virtual package at every UPDATE (a table
- * under a column header, or --json lines), until Ctrl-C or the VM ends. `watch NAME|UUID|PID` finds
+ * `vmsr-helper watch`: prints one VM's power and energy per virtual package at every UPDATE, and the
+ * power of every other RAPL domain the host reads (a table under a column header, or --json lines),
+ * until Ctrl-C or the VM ends. `watch NAME|UUID|PID` finds
  * the VM in the helper's LIST (its discovery) and OBSERVEs it: nothing to look up, no QMP, and open to
  * the VM's owner, root and the observer group. --qmp PATH or --pid/--vcpus REGISTER a VM instead
  * (any VMM, no discovery needed; the caller must own the process).
@@ -8,7 +9,7 @@
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
-import { V2ConnectionError, V2Error, type Update, type VmInfo } from '../../client/v2-client.js';
+import { V2ConnectionError, V2Error, type Update, type VmInfo, type VmUpdate } from '../../client/v2-client.js';
 import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
@@ -38,6 +39,32 @@ export interface WatchOptions {
 export interface PowerBase {
   tNs: bigint;
   vpkgs: { energyUj: bigint }[];
+  /** The other RAPL domains' energy per vpkg (absent: 0, as at the baseline). */
+  domains?: { domain: string; vpkgEnergyUj: bigint[] }[];
+}
+
+/** One other RAPL domain of an UPDATE: its power over all vpkgs and per vpkg (null where there is no interval), and its energy. */
+export interface DomainPower {
+  domain: string;
+  powerW: number | null;
+  energyUj: bigint;
+  vpkgs: { powerW: number | null; energyUj: bigint }[];
+}
+
+/** Watts from µJ over ns, or null when there is no interval to measure. */
+function watts(base: PowerBase | null, u: Update, deltaUj: bigint): number | null {
+  const dtNs = base ? Number(u.tNs - base.tNs) : 0;
+  return base && u.tNs !== 0n && dtNs > 0 ? (Number(deltaUj) * 1e3) / dtNs : null;
+}
+
+/** The other RAPL domains of `u` (none when the helper sent none, or the host reads only the package), with their power since `base`. */
+export function domainPowers(base: PowerBase | null, u: Update): DomainPower[] {
+  return (u.domains ?? []).map((d) => {
+    const from = base?.domains?.find((b) => b.domain === d.domain)?.vpkgEnergyUj ?? [];
+    const vpkgs = d.vpkgEnergyUj.map((e, g) => ({ powerW: watts(base, u, e - (from[g] ?? 0n)), energyUj: e }));
+    const energyUj = d.vpkgEnergyUj.reduce((a, b) => a + b, 0n);
+    return { domain: d.domain, powerW: watts(base, u, energyUj - from.reduce((a, b) => a + b, 0n)), energyUj, vpkgs };
+  });
 }
 
 /** Watts per virtual package between `base` and `u` (null where there is no interval to measure). */
@@ -52,11 +79,21 @@ const T_WIDTH = 8;
 const W_WIDTH = 10;
 const J_WIDTH = 13;
 
-/** The column header over formatUpdate's rows: time, then power and energy of each virtual package. */
-export function formatHeader(nvpkg: number): string {
+/**
+ * The column header over formatUpdate's rows: time, then power and energy of each virtual package,
+ * then the power of each other RAPL domain the host reads (summed over the virtual packages), if any.
+ */
+export function formatHeader(nvpkg: number, domains: readonly string[] = []): string {
   const cols = Array.from({ length: nvpkg }, (_, g) => `${`vpkg${g} W`.padStart(W_WIDTH)} ${`vpkg${g} J`.padStart(J_WIDTH)}`);
-  return `${'t'.padStart(T_WIDTH)}  ${cols.join('  ')}`;
+  return `${'t'.padStart(T_WIDTH)}  ${[...cols, ...domainCols(domains.map((d) => `${d} W`))].join('  ')}`;
 }
+
+/** The domain columns: one block after the vpkgs, separated like them. */
+function domainCols(cells: readonly string[]): string[] {
+  return cells.length === 0 ? [] : [cells.map((c) => c.padStart(W_WIDTH)).join(' ')];
+}
+
+const fmtW = (w: number | null | undefined): string => (w === null || w === undefined ? '-' : w.toFixed(2));
 
 /**
  * One row per UPDATE: power from the energy delta over the time delta since `base`, and the running
@@ -66,10 +103,8 @@ export function formatHeader(nvpkg: number): string {
  */
 export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs): string {
   const p = powers(base, u);
-  const parts = u.vpkgs.map((v, g) => {
-    const w = p[g];
-    return `${(w === null || w === undefined ? '-' : w.toFixed(2)).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`;
-  });
+  const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
+  parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
   return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
@@ -86,7 +121,15 @@ export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bi
   );
   const t = u.tNs === 0n ? 'null' : String(Number(u.tNs - originNs) / 1e9);
   const who = vm ? `,"name":${JSON.stringify(vm.name)},"uuid":${JSON.stringify(vm.uuid)},"pid":${vm.pid}` : '';
-  return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]}`;
+  // The other RAPL domains, when the host reads any: a line of a package-only host is as before.
+  const ds = domainPowers(base, u).map(
+    (d) =>
+      `{"domain":"${d.domain}","power_w":${d.powerW},"energy_uj":"${d.energyUj}","vpkgs":[${d.vpkgs
+        .map((v, g) => `{"vpkg":${g},"power_w":${v.powerW},"energy_uj":"${v.energyUj}"}`)
+        .join(',')}]}`,
+  );
+  const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
+  return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}}`;
 }
 
 /** What every --json line says of the VM, so a line read alone names it. */
@@ -165,12 +208,12 @@ export async function runWatch(
       out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
       const notice = energyNotice(source);
       if (notice !== null) out(notice);
-      out(formatHeader(reg.nvpkg));
     }
     await follow(o, out, signal, warn, client, {
       vm: { name: name ?? null, uuid: null, pid },
+      nvpkg: reg.nvpkg,
       // A fresh registration counts from its baseline: energy 0.
-      start: async (onUpdate, onError) => (await client.subscribe(reg.vmId, onUpdate, onError), null),
+      start: async (onUpdate, onError) => ({ ack: await client.subscribe(reg.vmId, onUpdate, onError, { domains: true }), from: null }),
     });
     await client.unregister(reg.vmId).catch(() => {});
   } finally {
@@ -202,14 +245,14 @@ async function observeVm(
       out(formatVmLine(vm));
       const notice = energyNotice(source);
       if (notice !== null) out(notice);
-      out(formatHeader(vm.nvpkg));
     }
     await follow(o, out, signal, warn, client, {
       vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
+      nvpkg: vm.nvpkg,
       // An observed VM's energy counts from its discovery: power is measured from the values now.
       start: async (onUpdate, onError) => {
-        const now = await client.observe(vm.hostVmId, (u) => onUpdate(fromObserved(u)), onError);
-        return now.tNs === 0n ? null : fromObserved(now);
+        const now = fromObserved(await client.observe(vm.hostVmId, (u) => onUpdate(fromObserved(u)), onError, { domains: true }));
+        return { ack: now, from: now.tNs === 0n ? null : now };
       },
     });
   } finally {
@@ -217,14 +260,19 @@ async function observeVm(
   }
 }
 
-function fromObserved(u: { hostVmId: number; tNs: bigint; ended: boolean; vpkgs: Update['vpkgs'] }): Update {
-  return { vmId: u.hostVmId, tNs: u.tNs, ended: u.ended, vpkgs: u.vpkgs };
+function fromObserved({ hostVmId, ...u }: VmUpdate): Update {
+  return { vmId: hostVmId, ...u };
 }
 
 interface Follow {
   vm: VmIdentity;
-  /** Starts the updates; resolves with the values power is measured from (null: the baseline, energy 0). */
-  start(onUpdate: (u: Update) => void, onError: (e: V2Error) => void): Promise<Update | null>;
+  /** Virtual packages: the table's columns. */
+  nvpkg: number;
+  /**
+   * Starts the updates; resolves with the acknowledging update (its domains name the table's domain
+   * columns) and the values power is measured from (null: the baseline, energy 0).
+   */
+  start(onUpdate: (u: Update) => void, onError: (e: V2Error) => void): Promise<{ ack: Update; from: Update | null }>;
 }
 
 /** Prints each update until Ctrl-C, the VM ending, `count` updates, or the connection closing (rejects). */
@@ -267,7 +315,14 @@ async function follow(
       if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
     };
     const onError = (e: V2Error) => warn(`warning: ${errorCodeName(e.code)}: ${e.helperMessage}`);
-    f.start(onUpdate, onError).then((from) => {
+    f.start(onUpdate, onError).then(({ ack, from }) => {
+      if (!o.json)
+        out(
+          formatHeader(
+            f.nvpkg,
+            (ack.domains ?? []).map((d) => d.domain),
+          ),
+        );
       if (from !== null) base = from;
       const queued = early ?? [];
       early = null;

@@ -11,6 +11,8 @@ export interface Subscriber {
   readonly peer: { readonly uid: number };
   /** VMs it watches (SUBSCRIBE or OBSERVE) that have not ended. */
   readonly subscriptions: Set<number>;
+  /** Of those, the ones it asked to get with their other RAPL domains (WATCH_DOMAINS). Changed through watch() and unwatch() only. */
+  readonly domainSubscriptions: Set<number>;
   send(frame: Buffer): boolean;
   /** Runs `fn`, whose send()s leave in one write. */
   batch(fn: () => void): void;
@@ -21,6 +23,21 @@ export interface Client<C extends Subscriber> {
   readonly viewer: Viewer;
   /** HOST_SUBSCRIBEd: whether it asked for per-package unattributed energy; undefined when it did not. */
   hostPerPackage: boolean | undefined;
+  /** Whether its HOST_SUBSCRIBE asked for the other RAPL domains (false when it did not subscribe). */
+  hostDomains: boolean;
+}
+
+/** `conn` watches VM `vmId` from now on, with its other RAPL domains or not (a second SUBSCRIBE or OBSERVE replaces the choice). */
+export function watch(conn: Subscriber, vmId: number, domains: boolean): void {
+  conn.subscriptions.add(vmId);
+  if (domains) conn.domainSubscriptions.add(vmId);
+  else conn.domainSubscriptions.delete(vmId);
+}
+
+/** `conn` stops watching VM `vmId`; false when it was not watching it. */
+export function unwatch(conn: Subscriber, vmId: number): boolean {
+  conn.domainSubscriptions.delete(vmId);
+  return conn.subscriptions.delete(vmId);
 }
 
 /** A connection's state as plain data (what a restart would carry). */
@@ -29,6 +46,10 @@ export interface ClientState {
   viewer: Viewer;
   subscriptions: number[];
   hostPerPackage: boolean | undefined;
+  /** Present (true) only when its HOST_SUBSCRIBE asked for the other RAPL domains. */
+  hostDomains?: true;
+  /** Present only when some of its subscriptions carry the other RAPL domains. */
+  domainSubscriptions?: number[];
 }
 
 export class Clients<C extends Subscriber> {
@@ -50,7 +71,7 @@ export class Clients<C extends Subscriber> {
   }
 
   add(conn: C, viewer: Viewer): void {
-    this.byConn.set(conn, { conn, viewer, hostPerPackage: undefined });
+    this.byConn.set(conn, { conn, viewer, hostPerPackage: undefined, hostDomains: false });
   }
 
   /** The connection is gone; false when it was not here. */
@@ -68,11 +89,12 @@ export class Clients<C extends Subscriber> {
   }
 
   /** HOST_SUBSCRIBE: a second one on the connection replaces the first's choice of layout. */
-  subscribeHost(conn: C, perPackage: boolean): void {
+  subscribeHost(conn: C, perPackage: boolean, domains = false): void {
     const c = this.byConn.get(conn);
     if (!c) return;
     if (c.hostPerPackage === undefined && this.hostSubscribers++ === 0) this.holdHost(true);
     c.hostPerPackage = perPackage;
+    c.hostDomains = domains;
   }
 
   isHostSubscriber(conn: C): boolean {
@@ -92,12 +114,17 @@ export class Clients<C extends Subscriber> {
   }
 
   state(): { nextConnId: number; clients: ClientState[] } {
-    const clients = [...this.byConn.values()].map((c) => ({
-      connId: c.conn.id,
-      viewer: { ...c.viewer },
-      subscriptions: [...c.conn.subscriptions],
-      hostPerPackage: c.hostPerPackage,
-    }));
+    const clients = [...this.byConn.values()].map((c) => {
+      const s: ClientState = {
+        connId: c.conn.id,
+        viewer: { ...c.viewer },
+        subscriptions: [...c.conn.subscriptions],
+        hostPerPackage: c.hostPerPackage,
+      };
+      if (c.hostDomains) s.hostDomains = true;
+      if (c.conn.domainSubscriptions.size > 0) s.domainSubscriptions = [...c.conn.domainSubscriptions];
+      return s;
+    });
     return { nextConnId: this.nextConnId, clients };
   }
 }

@@ -44,6 +44,7 @@ export class V2Connection {
   private readonly decoder = new FrameDecoder(CLIENT_TYPES);
   /** VMs this client subscribed to and that have not ended. */
   readonly subscriptions = new Set<number>();
+  readonly domainSubscriptions = new Set<number>();
   private closing = false;
   private gone = false;
   /** Replies waiting behind a reply with fds until the stream is empty; null when none waits. */

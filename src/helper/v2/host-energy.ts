@@ -90,7 +90,7 @@ export class HostEnergy {
     return [...this.domainTotals.values()].map((d) => ({ ...d }));
   }
 
-  /** The same in floored µJ, as the package's are given (the host statistics file's `<domain>_energy`). */
+  /** The same in floored µJ, as the package's are given (the host statistics file's `<domain>_energy`, HOST_UPDATE's domain block). */
   domainsUj(): { pkg: number; domain: OtherDomain; energyUj: bigint; unattributedUj: bigint }[] {
     return [...this.domainTotals.values()].map((d) => ({
       pkg: d.pkg,
@@ -100,11 +100,14 @@ export class HostEnergy {
     }));
   }
 
-  /** HOST_UPDATE's values; per-package unattributed energy only when `perPackage`. */
-  values(vmsChanged: boolean, perPackage: boolean, stats: HostStats): HostValues {
+  /**
+   * HOST_UPDATE's values; per-package unattributed energy only when `perPackage`, the other domains'
+   * totals (µJ) only when `domains` (then always, empty when the host reads only the package).
+   */
+  values(vmsChanged: boolean, perPackage: boolean, stats: HostStats, domains = false): HostValues {
     let unattributedJ = 0;
     for (const k of this.totals.values()) unattributedJ += k.unattributedJ;
-    return {
+    const out: HostValues = {
       tNs: this.tNs,
       packages: [...this.totals].map(([pkg, k]) => ({
         pkg,
@@ -115,6 +118,8 @@ export class HostEnergy {
       vmsChanged,
       stats,
     };
+    if (domains) out.domains = this.domainsUj();
+    return out;
   }
 
   state(): HostEnergyState {

@@ -32,7 +32,7 @@ import { monotonicNs } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { NotWhole } from '../../os/proc-tasks.js';
-import { currentUpdate } from './vm-update.js';
+import { currentUpdate, type VmUpdate } from './vm-update.js';
 import { dispatch } from './requests/dispatch.js';
 import { HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
@@ -176,8 +176,8 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     from?.energy,
     o.host.domains,
   );
-  const lastUpdate = (vmId: number, frame: Buffer) => {
-    fanOut.dropped(vmId, frame);
+  const lastUpdate = (vmId: number, last: VmUpdate) => {
+    fanOut.dropped(vmId, last);
     stats.dropped(vmId);
   };
   const vmLog = vmLogLimiter(o.log);
@@ -232,8 +232,8 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     o.log.info({ vms: registry.total, registered: registry.size, awaiting: registry.awaitingConnection().length }, 'live state restored');
   }
 
-  const hostValues = (changed: boolean, perPackage: boolean) =>
-    energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total));
+  const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
+    energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total), domains);
 
   const stats = new StatsFiles({
     registry,
@@ -258,7 +258,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     sampling,
     lifecycle,
     clients,
-    hostValues: (perPackage) => hostValues(false, perPackage),
+    hostValues: (perPackage, domains) => hostValues(false, perPackage, domains),
     openPid: o.openPid,
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
@@ -311,7 +311,7 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       whole?.check();
       fanOut.sample({
         update: (vmId) => currentUpdate(sampling, vmId),
-        host: (perPackage) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage)),
+        host: (perPackage, domains) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage, domains)),
       });
       stats.sample(ev, lifecycle.changed);
       lifecycle.clearChanged();

@@ -7,7 +7,7 @@
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import type { VmRegistry } from './vm-registry.js';
-import { vmUpdate } from './vm-update.js';
+import { vmUpdate, type VmUpdate } from './vm-update.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogFields } from './vm-log.js';
 
@@ -22,7 +22,7 @@ export interface VmLifecycleParts {
   sampling: LifecycleSampling;
   discovery?: Pick<Discovery, 'forget' | 'current'>;
   /** Sends a dropped VM's last UPDATE to whoever watches it (FanOut.dropped). */
-  lastUpdate(vmId: number, frame: Buffer): void;
+  lastUpdate(vmId: number, last: VmUpdate): void;
   /** Where "VM ended" goes (vm-log.ts); not logged without. */
   vmLog?: LogLimiter;
 }
@@ -51,7 +51,7 @@ export class VmLifecycle {
   drop(vmId: number): void {
     const { registry, sampling } = this.p;
     const out = sampling.output(vmId);
-    if (out) this.p.lastUpdate(vmId, vmUpdate(vmId, out, true).frame);
+    if (out) this.p.lastUpdate(vmId, vmUpdate(vmId, out, true));
     const r = registry.get(vmId);
     sampling.unregister(vmId);
     registry.remove(vmId);

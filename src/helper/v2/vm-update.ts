@@ -3,7 +3,11 @@ import { encodeUpdate } from '../../protocol/v2/codec.js';
 import type { VmOutput } from '../../ratio/types.js';
 
 export interface VmUpdate {
-  frame: Buffer;
+  /**
+   * The UPDATE frame: with the domain block (FLAG_DOMAINS) for a client that asked for it, the original
+   * layout otherwise. Each layout is encoded at most once.
+   */
+  frame(domains: boolean): Buffer;
   /** The VM ended: this is its last UPDATE. */
   ended: boolean;
 }
@@ -11,7 +15,15 @@ export interface VmUpdate {
 /** VM `vmId`'s UPDATE from `out`; `ended` overrides the output's flag (a VM being dropped gets a last UPDATE with ENDED). */
 export function vmUpdate(vmId: number, out: VmOutput, ended = out.ended): VmUpdate {
   const values = out.vpkgs.map((v) => ({ counter: BigInt(v.counter), energyUj: v.energyUj }));
-  return { frame: encodeUpdate(vmId, out.tNs, values, ended), ended };
+  const made: { plain?: Buffer; domains?: Buffer } = {};
+  return {
+    ended,
+    frame(domains) {
+      if (!domains) return (made.plain ??= encodeUpdate(vmId, out.tNs, values, ended));
+      const d = (out.domains ?? []).map((x) => ({ domain: x.domain, vpkgEnergyUj: x.vpkgEnergyUj }));
+      return (made.domains ??= encodeUpdate(vmId, out.tNs, values, ended, d));
+    },
+  };
 }
 
 /** VM `vmId`'s UPDATE now, or null when the loop has no such VM. */

@@ -7,6 +7,7 @@
 // "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
 export { V2_MAGIC } from '../legacy.js';
 import type { VcpuSpec } from '../../ratio/types.js';
+import { ENERGY_DOMAINS, type OtherDomain } from '../../ratio/domains.js';
 import { fail, ok, type Result } from '../../common/result.js';
 
 export const HEADER_SIZE = 8;
@@ -82,6 +83,43 @@ export const FLAG_VMS_CHANGED = 0x1;
 export const FLAG_PER_PACKAGE = 0x2;
 /** Bit 0 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_PER_PACKAGE (per-package unattributed energy). */
 export const HOST_SUBSCRIBE_PER_PACKAGE = 0x1;
+
+/**
+ * Bit 1 of flags on UPDATE: after the vpkg values comes the domain block (the VM's energy of every
+ * other RAPL domain the host reads, per vpkg). Sent only for a VM the connection SUBSCRIBEd or OBSERVEd
+ * with WATCH_DOMAINS, so a client that never asks keeps the original layout.
+ */
+export const FLAG_DOMAINS = 0x2;
+/** Bit 0 of flags on SUBSCRIBE and OBSERVE: send this VM's UPDATEs with FLAG_DOMAINS. */
+export const WATCH_DOMAINS = 0x1;
+/**
+ * Bit 2 of flags on HOST_UPDATE: after the package entries comes the domain block (per package and
+ * other RAPL domain, its energy and unattributed energy). Sent only to a connection that asked with
+ * HOST_SUBSCRIBE_DOMAINS.
+ */
+export const FLAG_HOST_DOMAINS = 0x4;
+/** Bit 1 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_HOST_DOMAINS. */
+export const HOST_SUBSCRIBE_DOMAINS = 0x2;
+/** The domain block's header (u32 count, u32 reserved), on UPDATE and HOST_UPDATE. */
+export const DOMAIN_BLOCK_HEADER = 8;
+/** An UPDATE domain entry without its values: u32 domain code, u32 reserved; then nvpkg x u64 energy_uj. */
+export const VM_DOMAIN_FIXED = 8;
+/** A HOST_UPDATE domain entry: u32 package, u32 domain code, u64 energy_uj, u64 unattributed_uj. */
+export const HOST_DOMAIN_SIZE = 24;
+
+/**
+ * The wire code of a RAPL domain: its index in ENERGY_DOMAINS (package 0, core 1, uncore 2, dram 3,
+ * psys 4). Domain blocks carry the other domains only, so 0 never appears in them.
+ */
+export function domainCode(d: OtherDomain): number {
+  return ENERGY_DOMAINS.indexOf(d);
+}
+
+/** The domain a domain block's code names, or null for a code that names no other domain (0, or unknown). */
+export function domainOfCode(code: number): OtherDomain | null {
+  const d = code > 0 ? ENERGY_DOMAINS[code] : undefined;
+  return d === undefined || d === 'package' ? null : d;
+}
 
 /** Bits of a VM_LIST entry's flags. */
 export const VM_FLAG = {
@@ -260,10 +298,10 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
 }
 
 /** A frame whose whole payload is one u32 (SUBSCRIBE, UNREGISTER, OK, LIST, OBSERVE, UNOBSERVE). */
-function encodeU32Frame(type: number, v: number): Buffer {
+function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
   const p = Buffer.alloc(4);
   p.writeUInt32LE(v, 0);
-  return encodeFrame(type, 0, p);
+  return encodeFrame(type, flags, p);
 }
 
 const U64_MAX = (1n << 64n) - 1n;
@@ -298,16 +336,46 @@ export function encodeValue(vmId: number, vpkg: number, v: VpkgValue, tNs: bigin
   return encodeFrame(T.VALUE, ended ? FLAG_ENDED : 0, p);
 }
 
-export function encodeUpdate(vmId: number, tNs: bigint, values: readonly VpkgValue[], ended: boolean): Buffer {
-  const p = Buffer.alloc(16 + 16 * values.length);
+/** A VM's energy of one RAPL domain other than the package, per virtual package (UPDATE's domain block). */
+export interface VmDomainValues {
+  domain: OtherDomain;
+  /** µJ since the VM's baseline; index = vpkg, as many as the UPDATE's vpkg values. */
+  vpkgEnergyUj: bigint[];
+}
+
+/**
+ * UPDATE: the original layout, or with `domains` (even an empty list: the client asked, the host has
+ * none) FLAG_DOMAINS and the domain block after the vpkg values.
+ */
+export function encodeUpdate(
+  vmId: number,
+  tNs: bigint,
+  values: readonly VpkgValue[],
+  ended: boolean,
+  domains?: readonly VmDomainValues[],
+): Buffer {
+  const n = values.length;
+  const base = 16 + 16 * n;
+  const size = domains === undefined ? base : base + DOMAIN_BLOCK_HEADER + domains.length * (VM_DOMAIN_FIXED + 8 * n);
+  const p = Buffer.alloc(size);
   p.writeUInt32LE(vmId, 0);
-  p.writeUInt32LE(values.length, 4);
+  p.writeUInt32LE(n, 4);
   p.writeBigUInt64LE(u64(tNs), 8);
   values.forEach((v, i) => {
     p.writeBigUInt64LE(u64(v.counter), 16 + 16 * i);
     p.writeBigUInt64LE(u64(v.energyUj), 24 + 16 * i);
   });
-  return encodeFrame(T.UPDATE, ended ? FLAG_ENDED : 0, p);
+  if (domains === undefined) return encodeFrame(T.UPDATE, ended ? FLAG_ENDED : 0, p);
+  p.writeUInt32LE(domains.length, base);
+  let off = base + DOMAIN_BLOCK_HEADER;
+  for (const d of domains) {
+    if (d.vpkgEnergyUj.length !== n)
+      throw new RangeError(`UPDATE: the ${d.domain} domain has ${d.vpkgEnergyUj.length} values for ${n} vpkgs`);
+    p.writeUInt32LE(domainCode(d.domain), off);
+    d.vpkgEnergyUj.forEach((e, g) => p.writeBigUInt64LE(u64(e), off + VM_DOMAIN_FIXED + 8 * g));
+    off += VM_DOMAIN_FIXED + 8 * n;
+  }
+  return encodeFrame(T.UPDATE, (ended ? FLAG_ENDED : 0) | FLAG_DOMAINS, p);
 }
 
 export function encodeOk(vmId: number): Buffer {
@@ -415,11 +483,26 @@ export interface HostPackageValues {
   unattributedUj: bigint | null;
 }
 
+/** One other RAPL domain of one host package in a HOST_UPDATE (psys under the package it is read on). */
+export interface HostDomainValues {
+  pkg: number;
+  domain: OtherDomain;
+  /** Energy since the helper started sampling, µJ. */
+  energyUj: bigint;
+  /** The part of it attributed to no VM, µJ. */
+  unattributedUj: bigint;
+}
+
 export interface HostValues {
   /** CLOCK_MONOTONIC of the sample the values come from (0 before the first interval). */
   tNs: bigint;
   /** Per host package; either every package has its unattributedUj or none has (FLAG_PER_PACKAGE). */
   packages: HostPackageValues[];
+  /**
+   * Per package and other RAPL domain (FLAG_HOST_DOMAINS): present when the frame carries them (the
+   * client asked with HOST_SUBSCRIBE_DOMAINS; empty when the host reads only the package), absent otherwise.
+   */
+  domains?: HostDomainValues[];
   /** Package energy attributed to no VM, summed over packages, µJ. */
   unattributedUj: bigint;
   vmsChanged: boolean;
@@ -435,7 +518,9 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   if (h.packages.some((k) => (k.unattributedUj !== null) !== perPackage))
     throw new RangeError('HOST_UPDATE: either every package carries its unattributed energy or none does');
   const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
-  const p = Buffer.alloc(HOST_UPDATE_FIXED + entry * h.packages.length);
+  const base = HOST_UPDATE_FIXED + entry * h.packages.length;
+  const domains = h.domains;
+  const p = Buffer.alloc(domains === undefined ? base : base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * domains.length);
   p.writeBigUInt64LE(u64(h.tNs), 0);
   p.writeBigUInt64LE(u64(h.unattributedUj), 8);
   p.writeBigUInt64LE(u64(h.stats.legacyOk), 16);
@@ -455,7 +540,19 @@ export function encodeHostUpdate(h: HostValues): Buffer {
     p.writeBigUInt64LE(u64(k.energyUj), off + 8);
     if (k.unattributedUj !== null) p.writeBigUInt64LE(u64(k.unattributedUj), off + 16);
   });
-  return encodeFrame(T.HOST_UPDATE, (h.vmsChanged ? FLAG_VMS_CHANGED : 0) | (perPackage ? FLAG_PER_PACKAGE : 0), p);
+  if (domains !== undefined) {
+    p.writeUInt32LE(domains.length, base);
+    domains.forEach((d, i) => {
+      const off = base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * i;
+      p.writeUInt32LE(d.pkg, off);
+      p.writeUInt32LE(domainCode(d.domain), off + 4);
+      p.writeBigUInt64LE(u64(d.energyUj), off + 8);
+      p.writeBigUInt64LE(u64(d.unattributedUj), off + 16);
+    });
+  }
+  const flags =
+    (h.vmsChanged ? FLAG_VMS_CHANGED : 0) | (perPackage ? FLAG_PER_PACKAGE : 0) | (domains !== undefined ? FLAG_HOST_DOMAINS : 0);
+  return encodeFrame(T.HOST_UPDATE, flags, p);
 }
 
 /** STATS_FD's reply (type 0x87): the id asked for (0 = the host) and the size of the file whose fd comes with it. */
@@ -501,8 +598,9 @@ export function encodeRead(vmId: number, vpkg: number): Buffer {
   return encodeFrame(T.READ, 0, p);
 }
 
-export function encodeSubscribe(vmId: number): Buffer {
-  return encodeU32Frame(T.SUBSCRIBE, vmId);
+/** SUBSCRIBE; `domains` asks for the domain block in this VM's UPDATEs (a helper before it answers ERROR 1). */
+export function encodeSubscribe(vmId: number, o: { domains?: boolean } = {}): Buffer {
+  return encodeU32Frame(T.SUBSCRIBE, vmId, o.domains === true ? WATCH_DOMAINS : 0);
 }
 
 export function encodeUnregister(vmId: number): Buffer {
@@ -514,8 +612,9 @@ export function encodeList(fromId: number): Buffer {
   return encodeU32Frame(T.LIST, fromId);
 }
 
-export function encodeObserve(hostVmId: number): Buffer {
-  return encodeU32Frame(T.OBSERVE, hostVmId);
+/** OBSERVE; `domains` as for SUBSCRIBE. */
+export function encodeObserve(hostVmId: number, o: { domains?: boolean } = {}): Buffer {
+  return encodeU32Frame(T.OBSERVE, hostVmId, o.domains === true ? WATCH_DOMAINS : 0);
 }
 
 export function encodeUnobserve(hostVmId: number): Buffer {
@@ -527,7 +626,11 @@ export function encodeStatsFd(hostVmId: number): Buffer {
   return encodeU32Frame(T.STATS_FD, hostVmId);
 }
 
-/** HOST_SUBSCRIBE; `perPackage` asks for each package's unattributed energy (a helper before it answers ERROR 1). */
-export function encodeHostSubscribe(o: { perPackage: boolean } = { perPackage: false }): Buffer {
-  return encodeFrame(T.HOST_SUBSCRIBE, o.perPackage ? HOST_SUBSCRIBE_PER_PACKAGE : 0, Buffer.alloc(0));
+/**
+ * HOST_SUBSCRIBE; `perPackage` asks for each package's unattributed energy, `domains` for every other
+ * RAPL domain's energy per package (a helper before either answers ERROR 1).
+ */
+export function encodeHostSubscribe(o: { perPackage: boolean; domains?: boolean } = { perPackage: false }): Buffer {
+  const flags = (o.perPackage ? HOST_SUBSCRIBE_PER_PACKAGE : 0) | (o.domains === true ? HOST_SUBSCRIBE_DOMAINS : 0);
+  return encodeFrame(T.HOST_SUBSCRIBE, flags, Buffer.alloc(0));
 }

@@ -6,25 +6,36 @@
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
  */
 import {
+  DOMAIN_BLOCK_HEADER,
   E,
+  FLAG_DOMAINS,
   FLAG_ENDED,
+  FLAG_HOST_DOMAINS,
   FLAG_PER_PACKAGE,
   FLAG_VMS_CHANGED,
   HOST_PKG_SIZE,
+  HOST_DOMAIN_SIZE,
   HOST_PKG_SIZE_PER_PACKAGE,
+  HOST_SUBSCRIBE_DOMAINS,
   HOST_SUBSCRIBE_PER_PACKAGE,
   HOST_UPDATE_FIXED,
   T,
+  VM_DOMAIN_FIXED,
   VM_ENTRY_FIXED,
   VM_FLAG,
   VM_LIST_HEADER,
+  WATCH_DOMAINS,
+  domainOfCode,
   type Frame,
+  type HostDomainValues,
   type HostPackageValues,
   type HostValues,
+  type VmDomainValues,
   type VmEntry,
   type VpkgValue,
   typeName,
 } from './codec.js';
+import { ENERGY_DOMAINS } from '../../ratio/domains.js';
 import { checkVcpus } from '../../ratio/vcpus.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
@@ -39,13 +50,14 @@ export interface PayloadError {
 export type ClientRequest =
   | { type: typeof T.REGISTER; pid: number; vcpus: VcpuSpec[] }
   | { type: typeof T.READ; vmId: number; vpkg: number }
-  | { type: typeof T.SUBSCRIBE; vmId: number }
+  /** domains: flag WATCH_DOMAINS, the VM's other RAPL domains wanted in its UPDATEs. */
+  | { type: typeof T.SUBSCRIBE; vmId: number; domains: boolean }
   | { type: typeof T.UNREGISTER; vmId: number }
   | { type: typeof T.LIST; fromId: number }
-  | { type: typeof T.OBSERVE; vmId: number }
+  | { type: typeof T.OBSERVE; vmId: number; domains: boolean }
   | { type: typeof T.UNOBSERVE; vmId: number }
-  /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE, each package's unattributed energy wanted. */
-  | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean }
+  /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE, each package's unattributed energy wanted; domains: HOST_SUBSCRIBE_DOMAINS. */
+  | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean; domains: boolean }
   /** vmId 0 = the host's file. */
   | { type: typeof T.STATS_FD; vmId: number };
 
@@ -84,8 +96,12 @@ export function parseClientFrame(f: Frame): ClientParse {
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
       return ok({ type: T.READ, vmId: p.readUInt32LE(0), vpkg: p.readUInt32LE(4) });
     case T.SUBSCRIBE:
-    case T.UNREGISTER:
     case T.OBSERVE:
+      if (p.length !== 4) return wrongSize(f.type, p.length, '4');
+      if ((f.flags & ~WATCH_DOMAINS) !== 0)
+        return bad(`flags must be 0 or 0x${WATCH_DOMAINS.toString(16)} (other RAPL domains), got 0x${f.flags.toString(16)}`);
+      return ok({ type: f.type, vmId: p.readUInt32LE(0), domains: (f.flags & WATCH_DOMAINS) !== 0 });
+    case T.UNREGISTER:
     case T.UNOBSERVE:
     case T.STATS_FD:
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
@@ -97,11 +113,15 @@ export function parseClientFrame(f: Frame): ClientParse {
       return ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
     case T.HOST_SUBSCRIBE:
       if (p.length !== 0) return wrongSize(f.type, p.length, '0');
-      if ((f.flags & ~HOST_SUBSCRIBE_PER_PACKAGE) !== 0)
+      if ((f.flags & ~(HOST_SUBSCRIBE_PER_PACKAGE | HOST_SUBSCRIBE_DOMAINS)) !== 0)
         return bad(
-          `flags must be 0 or 0x${HOST_SUBSCRIBE_PER_PACKAGE.toString(16)} (per-package unattributed energy), got 0x${f.flags.toString(16)}`,
+          `flags must be 0 or a mix of 0x${HOST_SUBSCRIBE_PER_PACKAGE.toString(16)} (per-package unattributed energy) and 0x${HOST_SUBSCRIBE_DOMAINS.toString(16)} (other RAPL domains), got 0x${f.flags.toString(16)}`,
         );
-      return ok({ type: T.HOST_SUBSCRIBE, perPackage: (f.flags & HOST_SUBSCRIBE_PER_PACKAGE) !== 0 });
+      return ok({
+        type: T.HOST_SUBSCRIBE,
+        perPackage: (f.flags & HOST_SUBSCRIBE_PER_PACKAGE) !== 0,
+        domains: (f.flags & HOST_SUBSCRIBE_DOMAINS) !== 0,
+      });
     default:
       return fail({ code: E.MALFORMED, fatal: true, message: `unknown frame type ${typeName(f.type)}` });
   }
@@ -112,7 +132,8 @@ export function parseClientFrame(f: Frame): ClientParse {
 export type HelperMessage =
   | { type: typeof T.REGISTERED; vmId: number; nvpkg: number; powerUnit: bigint }
   | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
-  | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: VpkgValue[]; ended: boolean }
+  /** domains: present when the frame carries the domain block (FLAG_DOMAINS). */
+  | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: VpkgValue[]; ended: boolean; domains?: VmDomainValues[] }
   | { type: typeof T.OK; vmId: number }
   | { type: typeof T.VM_LIST; entries: VmEntry[]; nextId: number }
   | ({ type: typeof T.HOST_UPDATE } & HostValues)
@@ -141,10 +162,17 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
     case T.UPDATE: {
       if (p.length < 16) return size(16);
       const n = p.readUInt32LE(4);
-      if (p.length !== 16 + 16 * n) return size(16 + 16 * n);
+      const base = 16 + 16 * n;
+      // The layout is named by the frame itself (FLAG_DOMAINS): without it, exactly the vpkg values.
+      const withDomains = (f.flags & FLAG_DOMAINS) !== 0;
+      if (!withDomains && p.length !== base) return size(base);
+      if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return size(base + DOMAIN_BLOCK_HEADER);
       const vpkgs: VpkgValue[] = [];
       for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
-      return ok({ type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 });
+      const m = { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 } as const;
+      if (!withDomains) return ok(m);
+      const domains = parseVmDomains(p, base, n);
+      return domains.ok ? ok({ ...m, domains: domains.value }) : domains;
     }
     case T.OK:
       if (p.length !== 4) return size(4);
@@ -157,7 +185,10 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
       // The layout of the package entries is named by the frame itself (FLAG_PER_PACKAGE).
       const perPackage = (f.flags & FLAG_PER_PACKAGE) !== 0;
       const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
-      if (p.length !== HOST_UPDATE_FIXED + entry * n) return size(HOST_UPDATE_FIXED + entry * n);
+      const base = HOST_UPDATE_FIXED + entry * n;
+      const withDomains = (f.flags & FLAG_HOST_DOMAINS) !== 0;
+      if (!withDomains && p.length !== base) return size(base);
+      if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return size(base + DOMAIN_BLOCK_HEADER);
       const packages: HostPackageValues[] = [];
       for (let i = 0; i < n; i++) {
         const off = HOST_UPDATE_FIXED + entry * i;
@@ -167,8 +198,15 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
           unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null,
         });
       }
+      let domains: HostDomainValues[] | undefined;
+      if (withDomains) {
+        const d = parseHostDomains(p, base, new Set(packages.map((k) => k.pkg)));
+        if (!d.ok) return d;
+        domains = d.value;
+      }
       return ok({
         type: T.HOST_UPDATE,
+        ...(domains !== undefined ? { domains } : {}),
         tNs: p.readBigUInt64LE(0),
         unattributedUj: p.readBigUInt64LE(8),
         packages,
@@ -194,6 +232,68 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
     default:
       return fail(`unknown frame type ${typeName(f.type)}`);
   }
+}
+
+/** Other RAPL domains a domain block may hold at most: each once. */
+const MAX_OTHER_DOMAINS = ENERGY_DOMAINS.length - 1;
+
+/** A domain block's code, or why it is refused. */
+function codeDomain(what: string, code: number): Result<NonNullable<ReturnType<typeof domainOfCode>>> {
+  const d = domainOfCode(code);
+  if (d === null) {
+    const known = ENERGY_DOMAINS.slice(1)
+      .map((x, i) => `${i + 1} ${x}`)
+      .join(', ');
+    return fail(`${what}: domain code ${code} is not one this client knows (${known}); update the client to read it`);
+  }
+  return ok(d);
+}
+
+/**
+ * UPDATE's domain block from `off` (after `n` vpkg values): a count of at most MAX_OTHER_DOMAINS, each
+ * domain once, each entry `VM_DOMAIN_FIXED + 8 x n` bytes, ending exactly at the payload's end.
+ */
+function parseVmDomains(p: Buffer, off: number, n: number): Result<VmDomainValues[]> {
+  const count = p.readUInt32LE(off);
+  if (count > MAX_OTHER_DOMAINS) return fail(`UPDATE carries ${count} domains, at most ${MAX_OTHER_DOMAINS} exist besides the package`);
+  const entry = VM_DOMAIN_FIXED + 8 * n;
+  const want = off + DOMAIN_BLOCK_HEADER + count * entry;
+  if (p.length !== want) return fail(`UPDATE payload is ${p.length} bytes, expected ${want} (${n} vpkgs, ${count} domains)`);
+  const out: VmDomainValues[] = [];
+  for (let i = 0, at = off + DOMAIN_BLOCK_HEADER; i < count; i++, at += entry) {
+    const d = codeDomain(`UPDATE domain entry ${i}`, p.readUInt32LE(at));
+    if (!d.ok) return d;
+    if (out.some((x) => x.domain === d.value)) return fail(`UPDATE carries the ${d.value} domain twice`);
+    const vpkgEnergyUj: bigint[] = [];
+    for (let g = 0; g < n; g++) vpkgEnergyUj.push(p.readBigUInt64LE(at + VM_DOMAIN_FIXED + 8 * g));
+    out.push({ domain: d.value, vpkgEnergyUj });
+  }
+  return ok(out);
+}
+
+/**
+ * HOST_UPDATE's domain block from `off`: `HOST_DOMAIN_SIZE`-byte entries ending exactly at the
+ * payload's end (so the count is bounded by the frame), each (package, domain) once, each package one
+ * the frame lists.
+ */
+function parseHostDomains(p: Buffer, off: number, packages: ReadonlySet<number>): Result<HostDomainValues[]> {
+  const count = p.readUInt32LE(off);
+  const want = off + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * count;
+  if (count > packages.size * MAX_OTHER_DOMAINS || p.length !== want)
+    return fail(`HOST_UPDATE payload is ${p.length} bytes, expected ${want} (${count} domain entries for ${packages.size} packages)`);
+  const out: HostDomainValues[] = [];
+  const seen = new Set<string>();
+  for (let i = 0, at = off + DOMAIN_BLOCK_HEADER; i < count; i++, at += HOST_DOMAIN_SIZE) {
+    const pkg = p.readUInt32LE(at);
+    const d = codeDomain(`HOST_UPDATE domain entry ${i}`, p.readUInt32LE(at + 4));
+    if (!d.ok) return d;
+    if (!packages.has(pkg)) return fail(`HOST_UPDATE domain entry ${i} names package ${pkg}, which the frame does not list`);
+    const key = `${pkg} ${d.value}`;
+    if (seen.has(key)) return fail(`HOST_UPDATE carries the ${d.value} domain of package ${pkg} twice`);
+    seen.add(key);
+    out.push({ pkg, domain: d.value, energyUj: p.readBigUInt64LE(at + 8), unattributedUj: p.readBigUInt64LE(at + 16) });
+  }
+  return ok(out);
 }
 
 /** A VM_LIST payload: every entry must lie inside it and the count must match exactly. */

@@ -17,9 +17,9 @@ describe('dispatch', () => {
       string,
       string
     >;
-    const reply = dispatch(table, { type: T.OBSERVE, vmId: 4 }, 'conn', 'parts');
+    const reply = dispatch(table, { type: T.OBSERVE, vmId: 4, domains: false }, 'conn', 'parts');
     expect(reply.frame).toEqual(encodeOk(T.OBSERVE));
-    expect(calls).toEqual([[T.OBSERVE, { type: T.OBSERVE, vmId: 4 }, 'conn', 'parts']]);
+    expect(calls).toEqual([[T.OBSERVE, { type: T.OBSERVE, vmId: 4, domains: false }, 'conn', 'parts']]);
     dispatch(table, { type: T.LIST, fromId: 1 }, 'c2', 'p2');
     expect(calls[1]![0]).toBe(T.LIST);
   });

@@ -3,7 +3,7 @@
  * receive; V2Connection is the real one, tested in connection.test.ts and test/v2/).
  */
 import { describe, expect, it } from 'vitest';
-import { Clients, type Subscriber } from '../../../src/helper/v2/clients.js';
+import { Clients, watch, type Subscriber } from '../../../src/helper/v2/clients.js';
 import { FanOut, type SampleFrames } from '../../../src/helper/v2/fan-out.js';
 import { E, FrameDecoder, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
 import { parseHelperFrame } from '../../../src/protocol/v2/messages.js';
@@ -11,6 +11,7 @@ import type { VmUpdate } from '../../../src/helper/v2/vm-update.js';
 
 class Recorder implements Subscriber {
   readonly subscriptions = new Set<number>();
+  readonly domainSubscriptions = new Set<number>();
   readonly peer: { uid: number };
   /** Frames sent, each batch a group. */
   readonly batches: Buffer[][] = [];
@@ -52,11 +53,12 @@ function frames(ended: ReadonlySet<number> = new Set()): SampleFrames & { made: 
     made,
     update(vmId): VmUpdate | null {
       made.push(`vm${vmId}`);
-      return vmId >= 100 ? null : { frame: Buffer.from(`vm${vmId}`), ended: ended.has(vmId) };
+      return vmId >= 100 ? null : { frame: (d) => Buffer.from(`vm${vmId}${d ? 'd' : ''}`), ended: ended.has(vmId) };
     },
-    host(perPackage) {
-      made.push(`host${perPackage ? '+' : ''}`);
-      return Buffer.from(`host${perPackage ? '+' : ''}`);
+    host(perPackage, domains) {
+      const tag = `host${perPackage ? '+' : ''}${domains ? 'd' : ''}`;
+      made.push(tag);
+      return Buffer.from(tag);
     },
   };
 }
@@ -104,15 +106,51 @@ describe('FanOut.sample', () => {
   });
 });
 
+describe('FanOut.sample with the other RAPL domains', () => {
+  it('sends each connection the layout it asked for, per VM and for the host, each layout made once; an ended VM forgets the choice', () => {
+    const [a, b, c] = [new Recorder(1), new Recorder(2), new Recorder(3)];
+    const { clients, fanOut } = setup(a, b, c);
+    watch(a, 1, true);
+    watch(a, 2, false);
+    watch(b, 1, false);
+    watch(c, 1, true);
+    watch(c, 2, true);
+    // A second SUBSCRIBE replaces the choice.
+    watch(c, 2, false);
+    clients.subscribeHost(a, true, true);
+    clients.subscribeHost(b, true);
+    clients.subscribeHost(c, false, true);
+    const f = frames(new Set([1]));
+    fanOut.sample(f);
+    expect(text(a.sent)).toEqual(['vm1d', 'vm2', 'host+d']);
+    expect(text(b.sent)).toEqual(['vm1', 'host+']);
+    expect(text(c.sent)).toEqual(['vm1d', 'vm2', 'hostd']);
+    expect(f.made.sort()).toEqual(['host+', 'host+d', 'hostd', 'vm1', 'vm2']);
+    expect([...a.domainSubscriptions, ...c.domainSubscriptions]).toEqual([]);
+    expect(clients.state().clients.map((s) => s.hostDomains)).toEqual([true, undefined, true]);
+  });
+});
+
 describe('FanOut.dropped and FanOut.failed', () => {
   it("gives a dropped VM's last frame only to the connections watching it, which stop watching", () => {
     const [a, b] = [new Recorder(1), new Recorder(2)];
     const { fanOut } = setup(a, b);
     a.subscriptions.add(5).add(6);
-    fanOut.dropped(5, Buffer.from('last5'));
+    fanOut.dropped(5, { frame: (d) => Buffer.from(`last5${d ? 'd' : ''}`), ended: true });
     expect(text(a.sent)).toEqual(['last5']);
     expect([...a.subscriptions]).toEqual([6]);
     expect(b.sent).toEqual([]);
+  });
+
+  it("gives a dropped VM's last frame in the layout each connection asked for, and forgets its domain choice", () => {
+    const [a, b] = [new Recorder(1), new Recorder(2)];
+    const { fanOut } = setup(a, b);
+    watch(a, 5, true);
+    watch(b, 5, false);
+    fanOut.dropped(5, { frame: (d) => Buffer.from(`last5${d ? 'd' : ''}`), ended: true });
+    expect(text(a.sent)).toEqual(['last5d']);
+    expect(text(b.sent)).toEqual(['last5']);
+    expect([...a.subscriptions, ...a.domainSubscriptions]).toEqual([]);
   });
 
   it('sends one ERROR 5 notice to each subscriber of a VM or of the host, none to the others', () => {

@@ -49,6 +49,33 @@ describe('HostEnergy', () => {
     expect(v.unattributedUj).toBe(1_000_000n);
   });
 
+  it('gives the other domains per package in µJ only to the layout that asked, empty on a host that reads only the package', () => {
+    const h = new HostEnergy([0, 1], undefined, [
+      { package: 0, domain: 'dram' },
+      { package: 1, domain: 'dram' },
+      { package: 0, domain: 'psys' },
+    ]);
+    h.add(1n, [
+      {
+        package: 0,
+        energyJ: 4,
+        attributedJ: 1,
+        domains: [
+          { domain: 'dram', energyJ: 0.5, attributedJ: 0.125 },
+          { domain: 'psys', energyJ: 9, attributedJ: 3 },
+        ],
+      },
+      { package: 1, energyJ: 2, attributedJ: 0, domains: [{ domain: 'dram', energyJ: 0.25, attributedJ: 0.3 }] },
+    ]);
+    expect(h.values(false, false, stats).domains).toBeUndefined();
+    expect(h.values(false, true, stats, true).domains).toEqual([
+      { pkg: 0, domain: 'dram', energyUj: 500_000n, unattributedUj: 375_000n },
+      { pkg: 1, domain: 'dram', energyUj: 250_000n, unattributedUj: 0n },
+      { pkg: 0, domain: 'psys', energyUj: 9_000_000n, unattributedUj: 6_000_000n },
+    ]);
+    expect(new HostEnergy([0]).values(false, true, stats, true).domains).toEqual([]);
+  });
+
   it('moves its time on with a sample that has no energy (the baseline)', () => {
     const h = new HostEnergy([0]);
     h.add(7n, []);

@@ -23,7 +23,7 @@ function setup(current: { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null = nul
     registry,
     sampling: engine,
     discovery: { forget: (pid) => forgotten.push(pid), current: () => current },
-    lastUpdate: (vmId, frame) => last.push([vmId, frame]),
+    lastUpdate: (vmId, u) => last.push([vmId, u.frame(false)]),
   });
   /** A VM in the engine and the registry: registered by connection `owner`, or only discovered (null). */
   const vm = (pid: number, owner: number | null) => {

@@ -25,7 +25,7 @@ export interface RequestParts {
   lifecycle: VmLifecycle;
   clients: Clients<V2Connection>;
   /** HOST_UPDATE's values now, VMs changed or not (HOST_SUBSCRIBE's acknowledgment says not). */
-  hostValues(perPackage: boolean): HostValues;
+  hostValues(perPackage: boolean, domains?: boolean): HostValues;
   /** Opens what sampling the pid needs (V2ServiceOptions.openPid); throws when it cannot. */
   openPid?: (pid: number) => void;
   /** Drops what was opened for the pid (V2ServiceOptions.forgetPid). */

@@ -10,6 +10,6 @@ export const hostSubscribe: Handler<typeof T.HOST_SUBSCRIBE> = (req, conn, p) =>
     return frameReply(encodeError(E.NOT_PERMITTED, T.HOST_SUBSCRIBE, `host energy is for root and the observer group; ${how}`));
   }
   // A second HOST_SUBSCRIBE on the connection replaces the first's choice of layout.
-  p.clients.subscribeHost(conn, req.perPackage);
-  return frameReply(encodeHostUpdate(p.hostValues(req.perPackage)));
+  p.clients.subscribeHost(conn, req.perPackage, req.domains);
+  return frameReply(encodeHostUpdate(p.hostValues(req.perPackage, req.domains)));
 };

@@ -1,5 +1,6 @@
 /** SUBSCRIBE: an UPDATE now (the acknowledgment), then one per sample, of a VM this connection registered. */
 import { E, T, encodeError } from '../../../protocol/v2/codec.js';
+import { watch } from '../clients.js';
 import { frameReply } from '../reply.js';
 import { currentUpdate } from '../vm-update.js';
 import type { Handler } from './handler.js';
@@ -9,6 +10,6 @@ export const subscribe: Handler<typeof T.SUBSCRIBE> = (req, conn, p) => {
   const u = currentUpdate(p.sampling, req.vmId);
   if (!u) return frameReply(encodeError(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId}`));
   // The immediate UPDATE is the acknowledgment; an ended VM gets only this one.
-  if (!u.ended) conn.subscriptions.add(req.vmId);
-  return frameReply(u.frame);
+  if (!u.ended) watch(conn, req.vmId, req.domains);
+  return frameReply(u.frame(req.domains));
 };

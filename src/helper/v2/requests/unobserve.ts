@@ -1,9 +1,10 @@
 /** UNOBSERVE: no more UPDATEs of the VM (answered OK whether watched or not). */
 import { type T, encodeOk } from '../../../protocol/v2/codec.js';
+import { unwatch } from '../clients.js';
 import { frameReply } from '../reply.js';
 import type { Handler } from './handler.js';
 
 export const unobserve: Handler<typeof T.UNOBSERVE> = (req, conn) => {
-  conn.subscriptions.delete(req.vmId);
+  unwatch(conn, req.vmId);
   return frameReply(encodeOk(req.vmId));
 };
