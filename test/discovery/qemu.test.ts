@@ -4,6 +4,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
+import { MSR_DRAM_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { startHarness, until, type Harness } from '../v2/harness.js';
 import { qemuMissing, startQemu, waitSettled, type QemuGuest } from '../support/qemu.js';
 
@@ -73,5 +74,62 @@ describe.skipIf(why !== null)('discovery of real QEMU', () => {
     const d0 = Number(last!.vpkgs[0]!.energyUj - first!.vpkgs[0]!.energyUj);
     const d1 = Number(last!.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj);
     expect(d1).toBeGreaterThan(5 * d0);
+  }, 60_000);
+});
+
+describe.skipIf(why !== null)('discovery of real QEMU on a host with other RAPL domains', () => {
+  /** DRAM counts this share of each package count, in the same unit (the ESU: no fixed DRAM unit on this CPU model). */
+  const DRAM_SHARE = 0.25;
+  let h: Harness;
+  let pump: NodeJS.Timeout;
+  let c: V2Client;
+  let g: QemuGuest | undefined;
+
+  beforeAll(async () => {
+    h = await startHarness({ intervalMs: 100, discovery: true, domainMsrs: [MSR_DRAM_ENERGY_STATUS] });
+    pump = setInterval(() => {
+      h.addEnergy(2000);
+      h.fake.addCounter(h.fake.cpusOf(0), MSR_DRAM_ENERGY_STATUS, 2000 * DRAM_SHARE);
+    }, 20);
+    c = await V2Client.connect(h.socketPath);
+  });
+  afterAll(async () => {
+    clearInterval(pump);
+    await c?.close();
+    await g?.stop();
+    await h?.close();
+  });
+
+  it('a discovered QEMU gets its DRAM energy per virtual package in the share of its package energy', async () => {
+    g = await startQemu({ mode: 'p', smp: 2, sockets: 2, name: 'qemu-dram' });
+    const vm = await listed(c, g.pid, (v) => !v.wholeVmOnly);
+    expect(await waitSettled(g, 'p')).toBe(true);
+    let first: VmUpdate | undefined;
+    let last: VmUpdate | undefined;
+    await c.observe(
+      vm.hostVmId,
+      (u) => {
+        first ??= u;
+        last = u;
+      },
+      undefined,
+      { domains: true },
+    );
+    await until(
+      () => last !== undefined && Number(last.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj) > 1_000_000,
+      20_000,
+      'vpkg 1 energy',
+    );
+    const dram = (u: VmUpdate) => u.domains!.find((d) => d.domain === 'dram')!.vpkgEnergyUj;
+    expect(last!.domains!.map((d) => d.domain)).toEqual(['dram']);
+    // Over many intervals, each vpkg's DRAM energy is its package energy times the counters' ratio (a
+    // sample that falls between the pump's two writes moves a little of it to the next interval).
+    for (const g2 of [0, 1]) {
+      const pkg = Number(last!.vpkgs[g2]!.energyUj - first!.vpkgs[g2]!.energyUj);
+      const dr = Number(dram(last!)[g2]! - dram(first!)[g2]!);
+      if (pkg < 100_000) continue; // the idle vCPU's vpkg: too little to compare
+      expect(dr / pkg).toBeGreaterThan(DRAM_SHARE * 0.9);
+      expect(dr / pkg).toBeLessThan(DRAM_SHARE * 1.1);
+    }
   }, 60_000);
 });
