@@ -16,9 +16,10 @@
  *
  * - the guest's 0x611 never goes backwards;
  * - it stands still (the time between two of its lines as the test saw them appear, polled every
- *   20 ms, and after the last one) no longer than one QEMU period plus the longest time the helper
- *   did not serve in a restart, plus QEMU_SLACK_MS: a restart costs the guest its stall and nothing
- *   more (a request lost in the hand-over would leave QEMU's read blocked, the counter still for good);
+ *   20 ms, and after the last one) no longer than one QEMU period (as long as the longest seen
+ *   without restarts, at least 1 s) plus the longest time the helper did not serve in a restart, plus
+ *   QEMU_SLACK_MS: a restart costs the guest its stall and nothing more (a request lost in the
+ *   hand-over would leave QEMU's read blocked, the counter still for good);
  * - the daemon's legacy counters go on across every restart, none refused or failed;
  * - QEMU, the same process all along, connected once, and its one connection was handed over each time.
  *
@@ -49,7 +50,10 @@ const RESTARTS = 5;
 const QEMU_PERIOD_MS = 1000;
 /** The goal for the longest the guest's 0x611 stands still: two QEMU periods (printed, not asserted). */
 const GOAL_STILL_MS = 2 * QEMU_PERIOD_MS;
-/** QEMU's own lateness: its vmsr thread reads /proc and wakes late on a loaded machine (the baseline shows how much). */
+/**
+ * What else may delay a step on a loaded machine beyond the baseline period and the helper's stall:
+ * QEMU's reply read and wake-up after the stall, the guest's next read, the test's polling.
+ */
 const QEMU_SLACK_MS = 500;
 /** Watched before the first restart, to show the guest's stepping without restarts. */
 const BASELINE_MS = 6000;
@@ -122,7 +126,7 @@ async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): P
   const nearRestart = (g: { ms: number; at: number }) => restartedAt.some((t) => g.at + g.ms >= t && g.at <= t + 5000);
   const baseline = gaps.slice(baselineFrom - 1, baselineTo - 2);
   const log = r.log();
-  const bound = QEMU_PERIOD_MS + Math.max(...stalls) + QEMU_SLACK_MS;
+  const bound = Math.max(QEMU_PERIOD_MS, longest(baseline)) + Math.max(...stalls) + QEMU_SLACK_MS;
   const still = Math.max(longest(gaps), endedAt - lines.at(-1)!.seenAt);
   // QEMU splits a stretched period's energy by one second's ticks: the step after a stall is larger.
   const sizes = lines.slice(2).map((l, k) => Number(l.value - lines[k + 1]!.value));
