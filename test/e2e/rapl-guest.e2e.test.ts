@@ -14,19 +14,13 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { synthPowerInfo, synthPowerLimit, DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
-import {
-  MSR_AMD_PKG_ENERGY_STATUS,
-  MSR_AMD_RAPL_POWER_UNIT,
-  MSR_PKG_ENERGY_STATUS,
-  MSR_PKG_POWER_INFO,
-  MSR_PKG_POWER_LIMIT,
-  MSR_RAPL_POWER_UNIT,
-} from '../../src/msr/registers.js';
+import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { resolveUser } from '../../src/os/privileges/accounts.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { hostArgs, LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { EnergyPump } from '../support/energy-pump.js';
-import { FakeHost } from '../support/fake-host.js';
+import type { FakeHost } from '../support/fake-host.js';
+import { raplFakeHost } from '../support/rapl-host.js';
 import { clockTicksPerSecond, guestGrowthBounds, qemuMaxTicks } from '../support/qemu-vmsr-model.js';
 import {
   GuestSerial,
@@ -49,16 +43,6 @@ const E0 = 0x2a00_0000;
 const RATE = 120_000;
 const LONG = 300_000;
 
-/** The real host's package of each CPU: QEMU asks for the CPU its threads ran on, so the fake host mirrors it. */
-function realPackages(): number[] {
-  const out: number[] = [];
-  for (let cpu = 0; ; cpu++) {
-    const f = `/sys/devices/system/cpu/cpu${cpu}/topology/physical_package_id`;
-    if (!fs.existsSync(f)) return out;
-    out.push(Number(fs.readFileSync(f, 'utf8').trim()));
-  }
-}
-
 /** The 8 bytes at offset = MSR of cpu 0's file, what the msr driver would return. */
 function fileMsr(host: FakeHost, msr: number): bigint {
   const b = Buffer.alloc(8);
@@ -71,22 +55,11 @@ function fileMsr(host: FakeHost, msr: number): bigint {
   return b.readBigUInt64LE(0);
 }
 
-/** A fake Intel or AMD package whose start-up registers are non-zero (QEMU refuses RAPL otherwise). */
+/** A fake Intel or AMD package whose start-up registers are non-zero, counter at E0; cleaned up after the test. */
 function raplHost(vendor: 'intel' | 'amd'): { host: FakeHost; energyMsr: number } {
-  const host = new FakeHost({ packages: realPackages() });
-  cleanups.push(() => host.cleanup());
-  if (vendor === 'intel') {
-    host.writePackageMsr(0, MSR_PKG_POWER_LIMIT, 0x0000_8168_0001_83e8n);
-    host.writePackageMsr(0, MSR_PKG_POWER_INFO, 0x0000_0000_0000_0460n);
-    host.writePackageCounter32(0, MSR_PKG_ENERGY_STATUS, E0);
-    host.writePackageMsr(0, MSR_RAPL_POWER_UNIT, 0xa0e03n);
-    return { host, energyMsr: MSR_PKG_ENERGY_STATUS };
-  }
-  // AMD: the counter's file bytes overlap the unit register's upper bytes; the unit is written last
-  // so QEMU's start-up read sees AMD's usual 0x000a1003 (ESU 16, PU 3).
-  host.writePackageCounter32(0, MSR_AMD_PKG_ENERGY_STATUS, E0);
-  host.writePackageMsr(0, MSR_AMD_RAPL_POWER_UNIT, 0xa1003n);
-  return { host, energyMsr: MSR_AMD_PKG_ENERGY_STATUS };
+  const made = raplFakeHost(vendor, E0);
+  cleanups.push(() => made.host.cleanup());
+  return made;
 }
 
 /** What the helper answers a QEMU-style client for the three start-up registers, now. */

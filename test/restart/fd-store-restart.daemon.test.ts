@@ -8,15 +8,16 @@
  * daemon says it starts fresh. Which manager ran, and why, is printed; where systemd cannot run here
  * the tests are skipped with the reason printed.
  */
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
-import { BIN, ROOT, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
+import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
+import { legacyCounters } from './support/legacy-counters.js';
 import { RealSystemd, UNIT } from './support/service-manager.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -96,18 +97,6 @@ afterAll(async () => {
   host?.cleanup();
 });
 
-/** The daemon's count of legacy requests answered, asked by a v2 client inside the namespace. */
-function legacyOk(m: RealSystemd): number {
-  const client = pathToFileURL(path.join(ROOT, 'dist/src/client/v2-client.js')).href;
-  const script = `const { V2Client } = await import(${JSON.stringify(client)});
-const c = await V2Client.connect(${JSON.stringify(sock)});
-const h = await c.subscribeHost(() => {});
-await c.close();
-console.log(String(h.stats.legacyOk));`;
-  const [cmd, ...args] = m.inside([process.execPath, '--input-type=module', '-e', script]);
-  return Number(execFileSync(cmd!, args, { encoding: 'utf8', timeout: 30_000 }).trim());
-}
-
 async function startService(m: RealSystemd): Promise<void> {
   const before = count(log(), 'Listening on');
   m.systemctl('start', `${UNIT}.service`);
@@ -149,7 +138,7 @@ describe("restarts through systemd's fd store", () => {
     expect(s.backwards).toBe(0);
     expect(s.last!).toBeGreaterThan(s.first!);
     expect(s.maxWaitMs).toBeLessThan(HANG_MS);
-    expect(legacyOk(m)).toBe(s.sent);
+    expect((await legacyCounters(sock, (a) => m.inside(a))).ok).toBe(s.sent);
   }, 180_000);
 
   test('systemctl stop then start loses the connections and the new daemon says it starts fresh', async (ctx) => {

@@ -1,6 +1,6 @@
 /**
  * Real QEMU with virtual RAPL for tests: `-accel kvm,rapl=true,rapl-helper-socket=SOCK` running the
- * guest in mode r (test/fixtures/guest), which prints the RAPL MSRs it reads on COM1.
+ * guest in mode r or s (test/fixtures/guest), which prints the RAPL MSRs it reads on COM1.
  *
  * QEMU (9.1+) refuses RAPL unless (1) the host CPU vendor is Intel and (2)
  * /sys/class/powercap/intel-rapl/enabled reads 1. Test machines are often AMD VMs without RAPL, so
@@ -86,6 +86,26 @@ export function qemuVmsrHelperMissing(): string | null {
   return null;
 }
 
+/**
+ * The host pid of the process whose pid in its own namespace is `nsPid` (the last NSpid of its
+ * status) and whose command line holds `arg`; NaN when there is none.
+ */
+function hostPidOf(nsPid: number, arg: string): number {
+  if (!Number.isSafeInteger(nsPid) || nsPid < 1) return NaN;
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d) || !cmdline(Number(d)).includes(arg)) continue;
+    let status: string;
+    try {
+      status = fs.readFileSync(`/proc/${d}/status`, 'utf8');
+    } catch {
+      continue;
+    }
+    const ns = /^NSpid:\s+(.*)$/m.exec(status)?.[1]?.trim().split(/\s+/);
+    if (ns && Number(ns.at(-1)) === nsPid) return Number(d);
+  }
+  return NaN;
+}
+
 /** Kills what tests started if a test forgets (or the worker dies). */
 const live = new Set<number>();
 let hooked = false;
@@ -148,9 +168,17 @@ mkdir -p /sys/class/powercap/intel-rapl
 echo 1 > /sys/class/powercap/intel-rapl/enabled
 exec "$@"`;
 
-/** Runs `argv` under gdb in the namespace; resolves when gdb has let go (exit 0), with the collected stderr. */
-function runInNamespace(argv: string[], msrDir: string | null): { child: ChildProcess; done: Promise<number>; stderr: () => string } {
-  const child = spawn('unshare', ['-m', '--propagation', 'private', 'sh', '-c', NAMESPACE_SETUP, 'sh', msrDir ?? '', ...argv], {
+/**
+ * Runs `argv` under gdb in the namespace, itself run through `inside` when given; resolves when gdb
+ * has let go (exit 0), with the collected stderr.
+ */
+function runInNamespace(
+  argv: string[],
+  msrDir: string | null,
+  inside: (argv: readonly string[]) => string[] = (a) => [...a],
+): { child: ChildProcess; done: Promise<number>; stderr: () => string } {
+  const [cmd, ...args] = inside(['unshare', '-m', '--propagation', 'private', 'sh', '-c', NAMESPACE_SETUP, 'sh', msrDir ?? '', ...argv]);
+  const child = spawn(cmd!, args, {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let err = '';
@@ -171,16 +199,30 @@ export interface RaplQemuOptions {
   /** Directory for the serial log and pidfile; must be writable by `user` when given. */
   dir: string;
   name: string;
+  /**
+   * The guest's mode (test/fixtures/guest): 'r' (default) prints 0x611 again and again, 's' each time
+   * it changed (a line per step of QEMU's counter, seen within milliseconds).
+   */
+  mode?: 'r' | 's';
   /** Run QEMU as this uid/gid (no supplementary groups), from exec on. */
   user?: { uid: number; gid: number };
   /** More QEMU arguments (e.g. -run-with). */
   extraArgs?: string[];
   /** How long QEMU may take to get past its start-up (connect + 3 reads); default 60 s. */
   timeoutMs?: number;
+  /**
+   * Runs QEMU in another PID and mount namespace: the command wrapped (e.g. RealSystemd.inside, so
+   * that a helper in that namespace sees QEMU's pid). QEMU's pidfile then holds its pid in that
+   * namespace; `pid` is still the host's, and `nsPid` the namespace's.
+   */
+  inside?: (argv: readonly string[]) => string[];
 }
 
 export interface RaplQemu {
+  /** QEMU's pid in the test's PID namespace. */
   pid: number;
+  /** QEMU's pid in its own PID namespace (what a helper there sees); `pid` without `inside`. */
+  nsPid: number;
   serialPath: string;
   /** QEMU's stderr (it inherits gdb's). */
   stderr(): string;
@@ -189,7 +231,7 @@ export interface RaplQemu {
   stop(): Promise<void>;
 }
 
-/** Starts QEMU with the guest in mode r, 1 vCPU; resolves once QEMU is past its RAPL start-up. */
+/** Starts QEMU with the guest in mode r (or `mode`), 1 vCPU; resolves once QEMU is past its RAPL start-up. */
 export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
   const why = raplQemuMissing();
   if (why) throw new Error(why);
@@ -209,7 +251,7 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
     '-kernel',
     SPIN_ELF,
     '-append',
-    'mode=r',
+    `mode=${o.mode ?? 'r'}`,
     '-serial',
     `file:${serialPath}`,
     '-pidfile',
@@ -219,10 +261,11 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
     ...(o.extraArgs ?? []),
   ];
   const asUser = o.user ? ['setpriv', `--reuid=${o.user.uid}`, `--regid=${o.user.gid}`, '--clear-groups', '--'] : [];
-  const run = runInNamespace([...asUser, 'gdb', '-batch', '-nx', '-x', QEMU_GDB, '--args', ...qemu], null);
+  const run = runInNamespace([...asUser, 'gdb', '-batch', '-nx', '-x', QEMU_GDB, '--args', ...qemu], null, o.inside);
   const timeout = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), o.timeoutMs ?? 60_000).unref());
   const code = await Promise.race([run.done, timeout]);
-  const pid = fs.existsSync(pidPath) ? Number(fs.readFileSync(pidPath, 'utf8').trim()) : NaN;
+  const nsPid = fs.existsSync(pidPath) ? Number(fs.readFileSync(pidPath, 'utf8').trim()) : NaN;
+  const pid = o.inside ? hostPidOf(nsPid, `file:${serialPath}`) : nsPid;
   // The pidfile is ours (a fresh dir), but check the process really is this QEMU before trusting it.
   const ours = Number.isSafeInteger(pid) && pid > 1 && cmdline(pid).includes(`file:${serialPath}`);
   if (ours) track(pid);
@@ -236,6 +279,7 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
   let stopped = false;
   return {
     pid,
+    nsPid,
     serialPath,
     stderr: run.stderr,
     alive: () => alive(pid),

@@ -228,9 +228,13 @@ export async function startDaemonFromCli(
         throw new Error(cannot(`drop privileges`, (e as Error).message));
       }
     }
-    const [{ runDaemon }, { v2DaemonPlugin }] = await Promise.all([import('../../helper/daemon.js'), import('../../helper/assemble.js')]);
-    // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
-    const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
+    const { runDaemon } = await import('../../helper/daemon.js');
+    // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
+    // modules are loaded when it is set up, after QEMU's connections are served: a restart in place
+    // answers QEMU that much sooner (docs/daemon.md "Restarts").
+    const plugins: DaemonPlugin[] = [
+      { name: 'v2', setup: async (ctx) => (await import('../../helper/assemble.js')).v2DaemonPlugin(v2).setup(ctx) },
+    ];
     await runDaemon(config, {
       plugins,
       files,

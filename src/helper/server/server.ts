@@ -206,7 +206,8 @@ export class HelperServer {
       socket.destroy();
     });
     const log = this.o.logger;
-    log.debug({ peer: peer.pid, uid: peer.uid }, 'client connected');
+    // A connection handed over by the previous image is the same client, not a new one.
+    log.debug({ peer: peer.pid, uid: peer.uid }, handed ? 'client connection handed over' : 'client connected');
     /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
     let serving = socket;
     const hold = this.incomplete.hold(

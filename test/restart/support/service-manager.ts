@@ -7,9 +7,10 @@
  * The real systemd is what `systemctl restart` is tested against, with its own fd store: FDSTORE=1
  * datagrams, FileDescriptorStoreMax=, FDPOLL=, FDSTOREREMOVE=1, LISTEN_FDS/LISTEN_FDNAMES and FDSTORE=.
  */
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import { promisify } from 'node:util';
 
 export const SYSTEMD = '/lib/systemd/systemd';
 /** Longest wait for the booted systemd to answer systemctl. */
@@ -120,6 +121,13 @@ export class RealSystemd {
       stdio: ['ignore', 'pipe', 'pipe'],
       timeout: 30_000,
     });
+  }
+
+  /** systemctl as above, without blocking the test's event loop meanwhile (a test timing other processes). */
+  async systemctlAsync(...args: string[]): Promise<string> {
+    const [cmd, ...rest] = this.inside(['systemctl', '--no-pager', ...args]);
+    const { stdout } = await promisify(execFile)(cmd!, rest, { encoding: 'utf8', timeout: 30_000 });
+    return stdout;
   }
 
   /**
