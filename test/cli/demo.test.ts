@@ -42,7 +42,7 @@ describe('vmsr-helper demo', () => {
       const body = await pollFor(
         async () => {
           const text = await (await fetch(url)).text();
-          return /^vmsr_vm_power_watts\{name="demo-vm".*vpkg="1"\} /m.test(text) ? text : undefined;
+          return /^vmsr_vm_power_watts\{name="demo-vm".*vpkg="1",domain="package"\} /m.test(text) ? text : undefined;
         },
         'the demo VM in a scrape',
         () => demo.stderr(),
