@@ -55,7 +55,7 @@ describe('vmsr-helper demo', () => {
           'm',
         ),
       );
-      expect(body).toMatch(/^vmsr_host_package_energy_joules_total\{package="0"\} \d/m);
+      expect(body).toMatch(/^vmsr_host_package_energy_joules_total\{package="0",domain="package"\} \d/m);
       // The printed watch command, run as printed: it says synthetic too (the host file's energy_source).
       const watchArgs = new RegExp(`watch (-k ${socket} \\S+)`).exec(out)![1]!.split(' ');
       const table = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1'], { encoding: 'utf8', timeout: 30_000 });
