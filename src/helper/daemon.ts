@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import { createLogger, type Logger } from '../logging/logger.js';
 import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
 import type { HelperServer, V2Handler } from './server/server.js';
-import { assembleServer } from './assemble.js';
+import { assembleServer } from './assemble-server.js';
 import { isPreferredPeer } from '../os/preferred-owner.js';
 import type { HealthSource } from './v2/service.js';
 import { DisposableStore, listen } from '../common/disposable.js';

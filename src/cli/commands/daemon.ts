@@ -228,9 +228,13 @@ export async function startDaemonFromCli(
         throw new Error(cannot(`drop privileges`, (e as Error).message));
       }
     }
-    const [{ runDaemon }, { v2DaemonPlugin }] = await Promise.all([import('../../helper/daemon.js'), import('../../helper/assemble.js')]);
-    // The v2 service (per-virtual-package energy) shares the socket; its options are its own.
-    const plugins: DaemonPlugin[] = [v2DaemonPlugin(v2)];
+    const [{ runDaemon }, { loadedAtSetup }] = await Promise.all([
+      import('../../helper/daemon.js'),
+      import('../../helper/lifecycle/config.js'),
+    ]);
+    // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
+    // modules load once the daemon serves QEMU.
+    const plugins: DaemonPlugin[] = [loadedAtSetup('v2', async () => (await import('../../helper/assemble.js')).v2DaemonPlugin(v2))];
     await runDaemon(config, {
       plugins,
       files,
