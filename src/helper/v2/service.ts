@@ -135,9 +135,10 @@ export interface V2Service {
 export const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
 /**
- * The service, made (and, with `restore`, restored) in slices of at most SLICE_BUDGET_MS: re-reading
- * hundreds of restored VMs' threads takes hundreds of ms, and the daemon serves QEMU's legacy requests
- * meanwhile (docs/daemon.md "Where the time goes"). Nothing else sees the service until it resolves.
+ * The service, made and, with `restore`, restored: the restored discovered VMs' threads are read
+ * again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms, and the daemon
+ * serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes"). Nothing else sees
+ * the service until it resolves.
  */
 export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const engine = o.engine ?? new RatioEngine(o.host);
