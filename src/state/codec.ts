@@ -197,7 +197,7 @@ class Writer {
   }
 }
 
-/** What Buffer's write methods checked and a DataView does not (it wraps): a whole number in 0..max. */
+/** A whole number in 0..max, or a RangeError: Buffer's write methods refused a value out of range, a DataView wraps it. */
 function checkedUint(v: number, max: number): number {
   if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${v} is out of range (0..${max})`);
   return v;
