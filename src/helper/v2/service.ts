@@ -239,6 +239,8 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       waitTimer.unref();
     }
     o.log.info({ vms: registry.total, registered: registry.size, awaiting: registry.awaitingConnection().length }, 'live state restored');
+    // Every part restored: the first sample closes the interval from the old process's last.
+    sampling.resume();
   }
 
   const hostValues = (changed: boolean, perPackage: boolean) =>

@@ -29,13 +29,13 @@ afterEach(async () => {
 });
 
 describe('restoring the v2 service', () => {
-  it('adopts the discovered VMs over several turns of the event loop, and every one of them', async () => {
+  it('adopts the discovered VMs over several turns of the event loop, every one of them, and samples only once they are all adopted', async () => {
     expect(VMS * ADOPT_AT_LEAST_MS).toBeGreaterThan(4 * SLICE_BUDGET_MS);
     const farm = new FakeQemuFarm(VMS, 2);
     cleanups.push(() => farm.kill());
     const pids = new Set(await farm.ready());
     const fake = new FakeHost({ packages: [0] });
-    fake.writeRapl({ powerUnit: 0xa0e03n });
+    fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 0 } });
     const device = new MsrDevice(fake.msrPathTemplate);
     cleanups.push(
       () => fake.cleanup(),
@@ -82,9 +82,18 @@ describe('restoring the v2 service', () => {
       () => tasks.close(),
       () => energy.close(),
     );
+    // The first sample after a restore closes the old process's last interval: it must see every VM adopted.
+    const sampler = new Sampler(energy, tasks);
+    let restoring = true;
+    let sampledWhileRestoring = false;
+    const sampleSteps = sampler.sampleSteps.bind(sampler);
+    sampler.sampleSteps = (pids) => {
+      sampledWhileRestoring ||= restoring;
+      return sampleSteps(pids);
+    };
     const after: V2Service = await createV2Service({
       host: before.host,
-      sampler: new Sampler(energy, tasks),
+      sampler,
       procRoot: paths.procRoot,
       intervalMs: 50,
       limits: DEFAULT_V2_LIMITS,
@@ -93,6 +102,7 @@ describe('restoring the v2 service', () => {
       deferDiscovery: true,
       restore: saved,
     });
+    restoring = false;
     cleanups.push(() => after.close());
     ticking = false;
 
@@ -101,5 +111,7 @@ describe('restoring the v2 service', () => {
     // In one go, every adopt would have run in the same turn.
     expect(adoptedIn.at(-1)! - adoptedIn[0]!).toBeGreaterThanOrEqual(2);
     expect(after.snapshot().vms.filter((v) => pids.has(v.pid) && v.live && v.discovered)).toHaveLength(VMS);
+    expect(sampledWhileRestoring).toBe(false);
+    await waitFor(() => after.stats.samples >= 1, 'the first sample after the restore');
   });
 });
