@@ -2,10 +2,10 @@
  * A restart in place under load (docs/daemon.md "Restarts"): the real daemon, as root, discovering 500
  * fake VMs of 8 vCPU threads (test/support/fake-qemu.ts), with 64 QEMU-like legacy connections each
  * sending a request, waiting for its reply, then 2 ms, without end. Restarted 3 times by SIGHUP; for
- * each: the time from the signal to serving again (the new image's `Listening on` line), its phases
- * from the daemon's own log (the check of the installed binary while serving, the stop of reading
- * until the exec, the new image until it serves), and the longest wait of any request across it,
- * printed beside QEMU's 0.5 s. Never fails on timing.
+ * each: the time from stopping reading to serving QEMU again and the longest wait of any request
+ * across the restart (both beside QEMU's 0.5 s), the time from the signal to serving QEMU (the check
+ * of the installed binary runs first, while serving) and to the v2 service set up (the new image's
+ * `Listening on` line), and the phases from the daemon's own `restart phases` line. Never fails on timing.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -26,12 +26,16 @@ const RESTARTS = 3;
 const QEMU_REPLY_WAIT_MS = 500;
 const MSR_PKG_ENERGY_STATUS = 0x611;
 
+const goal = (ms: number) => `goal under ${QEMU_REPLY_WAIT_MS} ms: ${ms < QEMU_REPLY_WAIT_MS ? 'met' : 'NOT met'}`;
+
 /** One QEMU-like connection: a request, its reply, 2 ms, again; the longest wait since `reset()`. */
 class LegacyLoop {
   private readonly s: net.Socket;
   private sentAt = 0;
   private buf = Buffer.alloc(0);
   maxWaitMs = 0;
+  /** When the longest wait began (performance.now()). */
+  maxWaitFrom = 0;
   answered = 0;
   error: string | null = null;
   private stopped = false;
@@ -43,7 +47,8 @@ class LegacyLoop {
       while (this.buf.length >= LEGACY_REPLY_SIZE) {
         this.buf = this.buf.subarray(LEGACY_REPLY_SIZE);
         this.answered++;
-        this.maxWaitMs = Math.max(this.maxWaitMs, performance.now() - this.sentAt);
+        const waited = performance.now() - this.sentAt;
+        if (waited > this.maxWaitMs) [this.maxWaitMs, this.maxWaitFrom] = [waited, this.sentAt];
         if (!this.stopped) setTimeout(() => this.send(), 2);
       }
     });
@@ -109,9 +114,12 @@ export async function run(): Promise<void> {
     await c.close();
     for (let i = 0; i < LEGACY_CLIENTS; i++) loops.push(new LegacyLoop(sock));
     await new Promise((r) => setTimeout(r, 2000));
+    const stopped: number[] = [];
+    const waits: number[] = [];
     for (let i = 0; i < RESTARTS; i++) {
       for (const l of loops) l.reset();
       const t0 = Date.now();
+      const signalled = performance.now();
       daemon.kill('SIGHUP');
       while (Number.isNaN(logTime(stderr, 'Listening on', t0))) {
         if (Date.now() - t0 > 30_000 || daemon.exitCode !== null)
@@ -119,21 +127,29 @@ export async function run(): Promise<void> {
         await new Promise((r) => setTimeout(r, 10));
       }
       await new Promise((r) => setTimeout(r, 2000));
-      const served = logTime(stderr, 'Listening on', t0) - t0;
-      const exec = logTime(stderr, 'restart in place: executing', t0) - t0;
-      const longest = Math.max(...loops.map((l) => l.maxWaitMs));
+      const ready = logTime(stderr, 'Listening on', t0) - t0;
+      const worst = loops.reduce((a, b) => (b.maxWaitMs > a.maxWaitMs ? b : a));
+      const longest = worst.maxWaitMs;
+      const worstFrom = worst.maxWaitFrom - signalled;
       const line = stderr.split('\n').findLast((l) => l.includes('"msg":"restart phases"'));
       const rec = line ? (JSON.parse(line) as Record<string, unknown>) : {};
+      const checkMs = Number(rec.checkMs);
+      const stoppedMs = Number(rec.stoppedToServingMs);
+      stopped.push(stoppedMs);
+      waits.push(longest);
       const phases = Object.entries(rec)
         .filter(([k]) => k.endsWith('Ms'))
         .map(([k, v]) => `${k.slice(0, -2)} ${String(v)}`)
         .join(', ');
       console.log(
-        `  restart ${i + 1}: signal to serving ${served} ms (check and stop until exec ${exec} ms, new image ${served - exec} ms); ` +
-          `longest request wait ${longest.toFixed(0)} ms (goal under ${QEMU_REPLY_WAIT_MS} ms: ${longest < QEMU_REPLY_WAIT_MS ? 'met' : 'NOT met'})` +
+        `  restart ${i + 1}: stopped to serving QEMU ${stoppedMs.toFixed(0)} ms (${goal(stoppedMs)}); ` +
+          `longest request wait ${longest.toFixed(0)} ms, sent ${worstFrom.toFixed(0)} ms after the signal (${goal(longest)}); ` +
+          `signal to serving QEMU ${(checkMs + stoppedMs).toFixed(0)} ms (check ${checkMs.toFixed(0)} ms, while serving), to the v2 service set up ${ready} ms` +
           (phases ? `\n    phases (ms): ${phases}` : ''),
       );
     }
+    const range = (xs: number[]) => `${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)} ms`;
+    console.log(`  over ${RESTARTS} restarts: stopped to serving QEMU ${range(stopped)}, longest request wait ${range(waits)}`);
     const errors = loops.filter((l) => l.error !== null);
     console.log(
       `  ${loops.reduce((n, l) => n + l.answered, 0)} replies; ${errors.length} of ${LEGACY_CLIENTS} connections lost${errors[0] ? ` (${errors[0].error})` : ''}`,

@@ -8,7 +8,7 @@ import { InvalidArgumentError, Option, type Command } from 'commander';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
 import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';
-import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/vm-registry.js';
+import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/limits.js';
 import type { V2DaemonSettings } from '../helper/assemble.js';
 import { resolveGroup } from '../os/privileges/accounts.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
@@ -17,7 +17,7 @@ import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
-import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
 import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
 
 /**

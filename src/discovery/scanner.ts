@@ -17,6 +17,7 @@ import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
 import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, socketOf, type SmpTopology } from './qemu-cmdline.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from './limits.js';
 
 /**
  * At most this many pids handed out since the last scan are looked up one by one (about 3 us for a
@@ -38,9 +39,6 @@ export interface DiscoveredVm {
   threads: number;
   problems: string[];
 }
-
-/** VM processes discovery tracks at once, by default (the exporter exports that many, plus registrations). */
-export const DEFAULT_MAX_DISCOVERED_VMS = 4096;
 
 export interface ScannerOptions {
   /** A non-VM process younger than this is looked at again every scan (it may still exec QEMU). */

@@ -12,8 +12,8 @@
  */
 import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
 import { RunningTotal } from './running-total.js';
-import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/scanner.js';
-import { DEFAULT_V2_LIMITS } from '../helper/v2/vm-registry.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
+import { DEFAULT_V2_LIMITS } from '../helper/v2/limits.js';
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { HelperCapacity } from './helper-capacity.js';
 import type { OtherDomain } from '../ratio/domains.js';

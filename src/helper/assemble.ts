@@ -1,7 +1,8 @@
 /**
  * THE assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2
- * service -> legacy service -> server. Each link is built here and nowhere else; the daemon (through
- * its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
+ * service -> legacy service -> server. Each link is built here and nowhere else (the last two in
+ * assemble-server.ts, which the daemon loads before this module: it serves QEMU first); the daemon
+ * (through its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
  */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
@@ -12,20 +13,20 @@ import { createEnergySource, readHostInfoFor, withDomainCounters } from '../ener
 import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/kinds.js';
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
-import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import { ProcTaskReader, type KeptFdLedger } from '../os/proc-tasks.js';
 import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../os/vm-fd-shares.js';
 import { shareOwnerOf } from '../os/preferred-owner.js';
-import type { HostCpu, HostInfo, Vendor } from '../ratio/types.js';
+import type { HostInfo, Vendor } from '../ratio/types.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
-import { DEFAULT_MAX_DISCOVERED_VMS, ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
+import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
 import type { DaemonPlugin } from './lifecycle/config.js';
-import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
+import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
-import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
-import { openListener, type Listener, type ListenOptions, type ListenTarget } from './server/listener.js';
-import { readStarttime } from '../os/proc-starttime.js';
+import type { HelperServer } from './server/server.js';
+import { openListener, type ListenOptions, type ListenTarget } from './server/listener.js';
+import { assembleServer, type ServerChainOptions } from './assemble-server.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
@@ -76,8 +77,8 @@ export interface V2Chain {
   close(): Promise<void>;
 }
 
-/** Host info -> energy source -> /proc task reader -> sampler -> v2 service. */
-export function assembleV2(o: V2ChainOptions): V2Chain {
+/** Host info -> energy source -> /proc task reader -> sampler -> v2 service (restored in slices: createV2Service). */
+export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
   const kind = o.energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
   let host: HostInfo;
   try {
@@ -122,7 +123,7 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   const discovery = o.discovery
     ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck })
     : undefined;
-  const service = createV2Service({
+  const service = await createV2Service({
     host,
     energySource: energy.kind,
     sampler,
@@ -156,52 +157,6 @@ export function assembleV2(o: V2ChainOptions): V2Chain {
   };
 }
 
-export interface ServerChainOptions {
-  paths: HostPaths;
-  device: MsrDevice;
-  vendor: Vendor;
-  /** Why no MSR can be read, when none can (an energy source without MSRs): legacy requests then get 0. */
-  noMsrs?: string;
-  /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
-  cpus: readonly HostCpu[];
-  amd: AmdSynthConfig;
-  /** The listening socket (bound or adopted by the start-up, or by assembleChain). */
-  listener: Listener;
-  v2Handler?: V2Handler;
-  /** Loggers by area ('legacy', 'server'). */
-  area(name: string): Logger;
-  /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
-  counters?: LegacyCounters;
-  /** The daemon's connection limits; the server's defaults otherwise. */
-  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer'>;
-}
-
-/** Legacy service -> server (which hands v2 connections to v2Handler). Not serving yet (server.serve()). */
-export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; server: HelperServer } {
-  const legacy = new LegacyService({
-    device: o.device,
-    vendor: o.vendor,
-    procRoot: o.paths.procRoot,
-    cpus: new OnlineCpus(
-      o.paths.sysRoot,
-      o.cpus.map((c) => c.cpu),
-    ),
-    amd: o.amd,
-    ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
-    logger: o.area('legacy'),
-    ...(o.counters ? { counters: o.counters } : {}),
-  });
-  const server = new HelperServer({
-    listener: o.listener,
-    legacy,
-    logger: o.area('server'),
-    starttimeOf: (pid) => readStarttime(o.paths.procRoot, pid),
-    ...o.server,
-    ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}),
-  });
-  return { legacy, server };
-}
-
 export interface ChainOptions
   extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters' | 'listener'> {
   /** Where to listen: bound (or adopted) by openListener, the one bind. */
@@ -226,7 +181,7 @@ export async function assembleChain(o: ChainOptions): Promise<Chain> {
   const health: HealthSource = { legacy: counters, connections: () => server?.connections ?? 0 };
   let v2: V2Chain;
   try {
-    v2 = assembleV2({ ...o, log: o.area('v2'), health });
+    v2 = await assembleV2({ ...o, log: o.area('v2'), health });
   } catch (e) {
     await listener.close(o.area('server'));
     throw e;
@@ -269,7 +224,7 @@ export interface V2DaemonSettings {
 export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
   return {
     name: 'v2',
-    setup(ctx) {
+    async setup(ctx) {
       const log = ctx.area('v2');
       const paths = ctx.config.hostPaths;
       const recordPath = o.recordPath;
@@ -315,7 +270,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
       });
       const limiter = new LogLimiter(log);
-      const v2 = assembleV2({
+      const v2 = await assembleV2({
         paths,
         device: ctx.device,
         vendor: ctx.vendor,

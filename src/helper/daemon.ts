@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import { createLogger, type Logger } from '../logging/logger.js';
 import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
 import type { HelperServer, V2Handler } from './server/server.js';
-import { assembleServer } from './assemble.js';
+import { assembleServer } from './assemble-server.js';
 import { isPreferredPeer } from '../os/preferred-owner.js';
 import type { HealthSource } from './v2/service.js';
 import { DisposableStore, listen } from '../common/disposable.js';
@@ -21,7 +21,7 @@ import { Notifier } from './lifecycle/systemd.js';
 import { inheritFromEnvironment, type Inherited } from './lifecycle/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig, DaemonContext, DaemonPlugin, RestartParticipant, ShutdownHook } from './lifecycle/config.js';
-import { HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
+import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
 import { Restarter, takeRestartClock, wallMs } from './lifecycle/restart.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
@@ -229,24 +229,6 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const participants: RestartParticipant[] = [];
     const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
     const powercapFds = opened.powercap;
-    const ctx: DaemonContext = {
-      config,
-      vendor,
-      cpus,
-      device,
-      energySource: energy,
-      powercapFd: (p) => powercapFds.get(p),
-      logger,
-      fds,
-      openedFile,
-      area,
-      onShutdown: (h) => hooks.push(h),
-      onReady: (h) => readyHooks.push(h),
-      health,
-      ...(handed.state ? { restored: handed.state } : {}),
-      restarted: inh.how === 'restart' || handed.state !== undefined,
-      onRestart: (p) => void participants.push(p),
-    };
     const pluginsAt = wallMs();
     ({ legacy, server } = assembleServer({
       paths: config.hostPaths,
@@ -269,6 +251,27 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     server.serve();
     server.adopt(handed.connections);
     const servingAt = wallMs();
+    // The requests that waited through a restart are read and answered first; then the state is decoded.
+    await afterIoPoll();
+    const restored = handed.state && decodeHandedState(handed.state, area('restart'));
+    const ctx: DaemonContext = {
+      config,
+      vendor,
+      cpus,
+      device,
+      energySource: energy,
+      powercapFd: (p) => powercapFds.get(p),
+      logger,
+      fds,
+      openedFile,
+      area,
+      onShutdown: (h) => hooks.push(h),
+      onReady: (h) => readyHooks.push(h),
+      health,
+      ...(restored ? { restored } : {}),
+      restarted: inh.how === 'restart' || restored !== undefined,
+      onRestart: (p) => void participants.push(p),
+    };
     let v2Handler = opts.v2Handler;
     for (const p of opts.plugins ?? []) {
       const r = await p.setup(ctx);
@@ -371,6 +374,14 @@ function settleAfterStartup(
       report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
     });
   }).unref();
+}
+
+/**
+ * Resolves once the event loop has polled for I/O: an immediate set in the poll phase runs before the
+ * next poll, so the second one runs after it.
+ */
+function afterIoPoll(): Promise<void> {
+  return new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {

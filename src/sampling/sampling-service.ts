@@ -230,8 +230,8 @@ export class SamplingService {
 
   /**
    * Restores the engine (a new one: see RatioEngine.restore, which throws on inconsistent values) and
-   * the live VMs, then samples at once when any is live: that sample closes the interval from the last
-   * one the old process took.
+   * the live VMs. Nothing is sampled until resume(): the owner restores its other parts first (in
+   * slices, the event loop turning meanwhile), and the first sample must see them restored.
    */
   restore(s: SamplingState): void {
     if (this.closed) throw new Error('the sampling service is closed');
@@ -239,6 +239,14 @@ export class SamplingService {
     this.pidSet = null;
     this.lastRealtimeNs = s.realtimeNs;
     for (const vm of s.engine.vms) if (vm.phase !== 'ended') this.live.set(vm.id, vm.pid);
+  }
+
+  /**
+   * After restore() and the owner's own restore: samples at once when any VM is live, and runs on.
+   * That sample closes the interval from the last one the old process took.
+   */
+  resume(): void {
+    if (this.closed) return;
     if (this.shouldRun() && !this.loop.running) this.loop.start({ immediate: true });
   }
 

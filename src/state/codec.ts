@@ -2,7 +2,7 @@
  * The state snapshot on the wire, pure: encodeState and decodeState (layout in docs/daemon.md
  * "Restart state"). All little-endian:
  *
- *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 of the payload | u32 0
+ *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload | u32 0
  *   payload u32 nextHostVmId
  *           u32 VM count, each: u32 hostVmId | u32 pid | u64 starttime | u32 uid | u32 owner (0xffffffff: none)
  *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name, 32 baseline) | u8 0
@@ -24,8 +24,8 @@
  * against the bytes left before anything is allocated for it, and the decoded value passes the same
  * check (stateProblem) the encoder applies, so what one refuses the other never writes.
  */
+import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
-import { crc32 } from '../common/crc32.js';
 import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus } from '../ratio/vcpus.js';
 import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domains.js';
@@ -198,8 +198,14 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
 
 // ---- encoding ----
 
+/**
+ * Writes through a DataView: its setters are V8 built-ins, fast from the first call, where Buffer's
+ * write methods are JavaScript that runs interpreted until warm, and a restart encodes once per
+ * process (docs/daemon.md "Where the time goes").
+ */
 class Writer {
   private buf = Buffer.alloc(4096);
+  private view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
   length = 0;
 
   private room(n: number): number {
@@ -207,33 +213,36 @@ class Writer {
       const bigger = Buffer.alloc(Math.max(this.buf.length * 2, this.length + n));
       this.buf.copy(bigger, 0, 0, this.length);
       this.buf = bigger;
+      this.view = new DataView(bigger.buffer, bigger.byteOffset, bigger.byteLength);
     }
     const at = this.length;
     this.length += n;
     return at;
   }
 
-  // room() first: it may replace this.buf, and `this.buf.write(v, this.room(n))` would take the old
-  // buffer before the call grows it (every snapshot past 4 KiB failed to encode).
+  // room() first: it may replace this.buf and this.view, and `this.view.setUint8(this.room(n), v)`
+  // would take the old view before the call grows it (every snapshot past 4 KiB failed to encode).
   u8(v: number): void {
     const at = this.room(1);
-    this.buf.writeUInt8(v, at);
+    this.view.setUint8(at, checkedUint(v, 0xff));
   }
   u16(v: number): void {
     const at = this.room(2);
-    this.buf.writeUInt16LE(v, at);
+    this.view.setUint16(at, checkedUint(v, 0xffff), true);
   }
   u32(v: number): void {
     const at = this.room(4);
-    this.buf.writeUInt32LE(v, at);
+    this.view.setUint32(at, checkedUint(v, 0xffffffff), true);
   }
   u64(v: bigint | number): void {
+    const big = BigInt(v);
+    if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
     const at = this.room(8);
-    this.buf.writeBigUInt64LE(BigInt(v), at);
+    this.view.setBigUint64(at, big, true);
   }
   f64(v: number): void {
     const at = this.room(8);
-    this.buf.writeDoubleLE(v, at);
+    this.view.setFloat64(at, v, true);
   }
   bytes(b: Buffer): void {
     const at = this.room(b.length);
@@ -242,6 +251,12 @@ class Writer {
   done(): Buffer {
     return this.buf.subarray(0, this.length);
   }
+}
+
+/** A whole number in 0..max, or a RangeError: Buffer's write methods refused a value out of range, a DataView wraps it. */
+function checkedUint(v: number, max: number): number {
+  if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${v} is out of range (0..${max})`);
+  return v;
 }
 
 /** The snapshot's bytes, header included. Throws a RangeError naming the rule a value breaks. */
@@ -350,7 +365,7 @@ export function encodeState(s: StateSnapshot): Buffer {
   STATE_MAGIC.copy(out, 0);
   out.writeUInt32LE(STATE_FORMAT_VERSION, 8);
   out.writeUInt32LE(payloadLength, 12);
-  out.writeUInt32LE(crc32(out.subarray(STATE_HEADER_SIZE)), 16);
+  out.writeUInt32LE(zlib.crc32(out.subarray(STATE_HEADER_SIZE)), 16);
   out.writeUInt32LE(0, 20);
   return out;
 }
@@ -559,7 +574,7 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   if (have > length) return refuse(`${have - length} bytes follow the ${length} its header announces`);
   if (bytes.readUInt32LE(20) !== 0) return refuse('its reserved header field is not 0');
   const payload = bytes.subarray(STATE_HEADER_SIZE);
-  const sum = crc32(payload);
+  const sum = zlib.crc32(payload);
   if (sum !== bytes.readUInt32LE(16))
     return refuse(
       `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,

@@ -12,8 +12,8 @@
  * The decoder reads it as hostile input: every count is bounded and checked against the bytes left,
  * an inode listed twice, an unknown kind or more than MAX_PENDING_BYTES refuse the whole record.
  */
+import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
-import { crc32 } from '../common/crc32.js';
 import { fail, ok, type Result } from '../common/result.js';
 
 export const HANDOVER_MAGIC: Buffer = Buffer.from('VMSRHAND', 'latin1');
@@ -90,7 +90,7 @@ export function encodeHandover(r: HandoverRecord): Buffer {
   HANDOVER_MAGIC.copy(h, 0);
   h.writeUInt32LE(HANDOVER_FORMAT_VERSION, 8);
   h.writeUInt32LE(p.length, 12);
-  h.writeUInt32LE(crc32(p), 16);
+  h.writeUInt32LE(zlib.crc32(p), 16);
   return Buffer.concat([h, p]);
 }
 
@@ -104,7 +104,7 @@ export function decodeHandover(b: Buffer, nowNs: bigint): Result<HandoverRecord>
   const len = b.readUInt32LE(12);
   if (len !== b.length - HEADER) return no(`its header says ${len} payload bytes, it holds ${b.length - HEADER}`);
   const p = b.subarray(HEADER);
-  if (crc32(p) !== b.readUInt32LE(16) || b.readUInt32LE(20) !== 0) return no('its checksum does not match');
+  if (zlib.crc32(p) !== b.readUInt32LE(16) || b.readUInt32LE(20) !== 0) return no('its checksum does not match');
   if (p.length < 36) return no('it is cut off');
   const writtenNs = p.readBigUInt64LE(0);
   if (writtenNs > nowNs) return no('it was written after now on the monotonic clock (another boot)');

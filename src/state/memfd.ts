@@ -64,12 +64,17 @@ export function writeStateMemfd(s: StateSnapshot): number {
 }
 
 /**
- * The snapshot in the memfd `fd` (which stays open: the caller closes it). Refused, with "cannot
- * restore state: why; fix", when the fd is not a memfd sealed with STATE_SEALS (someone could still
- * change it), is larger than any snapshot, or does not decode.
+ * The bytes of the state memfd `fd` (which stays open: the caller closes it), for decodeState.
+ * Refused, with "cannot restore state: why; fix", when the fd is not a memfd sealed with STATE_SEALS
+ * (someone could still change it) or is larger than any snapshot.
  */
+export function readStateBytes(fd: number): Buffer {
+  return readSealedMemfd(fd, MAX_STATE_BYTES, 'restore state', FIX);
+}
+
+/** The snapshot in the memfd `fd` (which stays open): readStateBytes, decoded; refused as it and decodeState say. */
 export function readStateFd(fd: number): StateSnapshot {
-  const r = decodeState(readSealedMemfd(fd, MAX_STATE_BYTES, 'restore state', FIX));
+  const r = decodeState(readStateBytes(fd));
   if (!r.ok) throw new Error(r.error);
   return r.value;
 }

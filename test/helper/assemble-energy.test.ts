@@ -3,7 +3,7 @@ import { pino } from 'pino';
 import { afterEach, describe, expect, test } from 'vitest';
 import type { EnergySourceKind } from '../../src/energy/kinds.js';
 import { assembleV2, type V2Chain } from '../../src/helper/assemble.js';
-import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/vm-registry.js';
+import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/limits.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { FakeHost } from '../support/fake-host.js';
 
@@ -22,8 +22,8 @@ function setup(): { fake: FakeHost; device: MsrDevice } {
   return { fake, device };
 }
 
-function chain(fake: FakeHost, device: MsrDevice, energySource?: EnergySourceKind): V2Chain {
-  const c = assembleV2({
+async function chain(fake: FakeHost, device: MsrDevice, energySource?: EnergySourceKind): Promise<V2Chain> {
+  const c = await assembleV2({
     paths: fake.hostPaths(),
     device,
     vendor: 'intel',
@@ -37,23 +37,23 @@ function chain(fake: FakeHost, device: MsrDevice, energySource?: EnergySourceKin
 }
 
 describe('assembleV2 energy source', () => {
-  test('reads each package power unit from the RAPL MSRs when no source is named', () => {
+  test('reads each package power unit from the RAPL MSRs when no source is named', async () => {
     const { fake, device } = setup();
     fake.writeRapl({ powerUnit: 0xa1003n });
-    expect(chain(fake, device).host.packages.map((p) => [p.package, p.powerUnit])).toEqual([
+    expect((await chain(fake, device)).host.packages.map((p) => [p.package, p.powerUnit])).toEqual([
       [0, 0xa1003n],
       [1, 0xa1003n],
     ]);
   });
 
-  test('fails with the MSR read error when the RAPL registers cannot be read and no source is named', () => {
+  test('fails with the MSR read error when the RAPL registers cannot be read and no source is named', async () => {
     const { fake, device } = setup(); // MSR files without any register: every read is short
-    expect(() => chain(fake, device)).toThrow(/cannot read MSR 0x606 on CPU 0: short read/);
+    await expect(chain(fake, device)).rejects.toThrow(/cannot read MSR 0x606 on CPU 0: short read/);
   });
 
-  test('builds on a host without RAPL registers when given the synthetic source, reading no MSR', () => {
+  test('builds on a host without RAPL registers when given the synthetic source, reading no MSR', async () => {
     const { fake, device } = setup();
-    const c = chain(fake, device, 'synthetic');
+    const c = await chain(fake, device, 'synthetic');
     expect(c.host.packages).toEqual([
       { package: 0, powerUnit: 0xa0e03n },
       { package: 1, powerUnit: 0xa0e03n },

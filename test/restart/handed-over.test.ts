@@ -9,8 +9,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/state/handover.js';
-import { writeSealedMemfd } from '../../src/state/memfd.js';
-import { HANDOVER_NAMES, takeHandedOver } from '../../src/helper/lifecycle/handed-over.js';
+import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
+import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/helper/lifecycle/handed-over.js';
+import type { StateSnapshot } from '../../src/state/snapshot.js';
 import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';
 import { HANDOVER_MEMFD_NAME } from '../../src/helper/lifecycle/restart.js';
 
@@ -163,6 +164,29 @@ describe('takeHandedOver', () => {
       expect(text).toMatch(/connections handed over without a usable handover record: closed/);
     } finally {
       closeFd(peerA);
+    }
+  });
+
+  test('a sealed state is taken as its bytes and decoded once asked; one that does not decode is refused then and logged', () => {
+    const state: StateSnapshot = { nextHostVmId: 1, vms: [], packages: [], knownPids: [], lastSample: null };
+    const good = writeStateMemfd(state);
+    const garbage = writeSealedMemfd('vmsr-helper-state', Buffer.from('VMSRSTAT garbage'));
+    for (const [fd, decoded, logged] of [
+      [good, state, []],
+      [
+        garbage,
+        undefined,
+        [expect.stringMatching(/^warn saved state not restored: starting fresh .*cannot restore state: the snapshot is/)],
+      ],
+    ] as const) {
+      const taken = logs();
+      const got = takeHandedOver(new Map([[HANDOVER_NAMES.state, [fd]]]), taken.log, 2000n);
+      expect(isOpen(fd)).toBe(false);
+      expect(got.state).toBeInstanceOf(Buffer);
+      expect(taken.lines.filter((l) => l.startsWith('warn'))).toEqual([]);
+      const later = logs();
+      expect(decodeHandedState(got.state!, later.log)).toEqual(decoded);
+      expect(later.lines).toEqual(logged);
     }
   });
 });

@@ -198,7 +198,6 @@ export async function startDaemonFromCli(
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    const start = await import('../../helper/lifecycle/privileged-start.js');
     // The first image opens the log file, as root, before anything logs; later images (the start-up
     // re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
     if (inherited === null && logFile !== undefined) (await import('../../os/log-file.js')).redirectStderrToFile(logFile);
@@ -206,7 +205,9 @@ export async function startDaemonFromCli(
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
     if (inherited === null && blocker === null) {
-      const { inherited: inh, undo } = await start.openPrivileged(config, files);
+      // Only the first image as root runs the privileged steps: an image that inherits loads none of it.
+      const { openPrivileged } = await import('../../helper/lifecycle/privileged-start.js');
+      const { inherited: inh, undo } = await openPrivileged(config, files);
       const keep = inheritedFds(inh);
       const env = inheritEnv(inh);
       // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
@@ -228,13 +229,13 @@ export async function startDaemonFromCli(
         throw new Error(cannot(`drop privileges`, (e as Error).message));
       }
     }
-    const { runDaemon } = await import('../../helper/daemon.js');
+    const [{ runDaemon }, { loadedAtSetup }] = await Promise.all([
+      import('../../helper/daemon.js'),
+      import('../../helper/lifecycle/config.js'),
+    ]);
     // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
-    // modules are loaded when it is set up, after QEMU's connections are served: a restart in place
-    // answers QEMU that much sooner (docs/daemon.md "Restarts").
-    const plugins: DaemonPlugin[] = [
-      { name: 'v2', setup: async (ctx) => (await import('../../helper/assemble.js')).v2DaemonPlugin(v2).setup(ctx) },
-    ];
+    // modules load once the daemon serves QEMU.
+    const plugins: DaemonPlugin[] = [loadedAtSetup('v2', async () => (await import('../../helper/assemble.js')).v2DaemonPlugin(v2))];
     await runDaemon(config, {
       plugins,
       files,

@@ -57,7 +57,7 @@ export interface RestartParticipant {
   abort(): void;
 }
 
-/** What a plugin gets at start-up: after the checks, MSR opens, listening socket, pidfile and privilege drop; before serving. */
+/** What a plugin gets at start-up: after the checks, MSR opens, listening socket, pidfile and privilege drop, once the legacy requests are served. */
 export interface DaemonContext {
   config: DaemonConfig;
   vendor: Vendor;
@@ -94,4 +94,12 @@ export interface DaemonContext {
 export interface DaemonPlugin {
   name: string;
   setup(ctx: DaemonContext): void | { v2Handler?: V2Handler } | Promise<void | { v2Handler?: V2Handler }>;
+}
+
+/**
+ * A plug-in whose module is loaded when it is set up, that is once the daemon serves (daemon.ts): QEMU's
+ * replies do not wait for its modules to load (docs/daemon.md "Where the time goes").
+ */
+export function loadedAtSetup(name: string, load: () => Promise<DaemonPlugin>): DaemonPlugin {
+  return { name, setup: async (ctx) => (await load()).setup(ctx) };
 }

@@ -8,7 +8,8 @@
  */
 import fs from 'node:fs';
 import { closeFd, getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc.js';
-import { readStateFd, readSealedMemfd } from '../../state/memfd.js';
+import { readStateBytes, readSealedMemfd } from '../../state/memfd.js';
+import { decodeState } from '../../state/codec.js';
 import { decodeHandover, MAX_HANDOVER_BYTES, type HandoverRecord } from '../../state/handover.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import type { HandedConnectionFd } from '../server/frozen.js';
@@ -18,8 +19,11 @@ import { monotonicNs } from '../../sampling/tick-loop.js';
 export const HANDOVER_NAMES = { state: 'vmsr-state', record: 'vmsr-handover', connections: 'vmsr-conn' } as const;
 
 export interface HandedOver {
-  /** The live state, decoded and checked by the codec (planRestore checks it against the host later). */
-  state?: StateSnapshot;
+  /**
+   * The live state's bytes, from a memfd sealed as it must be; decodeHandedState decodes them once the
+   * daemon serves (hundreds of VMs take tens of ms to decode, and QEMU's requests wait for nothing of it).
+   */
+  state?: Buffer;
   /** The legacy request counters of the previous process. */
   legacy?: HandoverRecord['legacy'];
   /** Connections to serve, with what the previous process read of them. */
@@ -55,6 +59,23 @@ function connectionProblem(fd: number): { ino: bigint } | { why: string } {
 }
 
 /**
+ * The handed-over state's snapshot, decoded and checked by the codec (planRestore checks it against
+ * the host later); undefined, and logged, when it does not decode.
+ */
+export function decodeHandedState(bytes: Buffer, log: HandoverLog): StateSnapshot | undefined {
+  let why: string;
+  try {
+    const r = decodeState(bytes);
+    if (r.ok) return r.value;
+    why = r.error;
+  } catch (e) {
+    why = (e as Error).message;
+  }
+  log.warn({ err: why }, 'saved state not restored: starting fresh');
+  return undefined;
+}
+
+/**
  * Takes the handed-over parts out of `named` (the Inherited's named fds), checking each; every fd not
  * used is closed. Never throws: what cannot be used is logged and left out.
  */
@@ -84,7 +105,7 @@ export function takeHandedOver(
   const stateFd = one(HANDOVER_NAMES.state);
   if (stateFd !== null) {
     try {
-      out.state = readStateFd(stateFd);
+      out.state = readStateBytes(stateFd);
     } catch (e) {
       log.warn({ err: (e as Error).message }, 'saved state not restored: starting fresh');
     } finally {

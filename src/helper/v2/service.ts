@@ -13,7 +13,8 @@
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
 import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView, type FdAdmitter, type V2Limits } from './vm-registry.js';
+import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
+import { DEFAULT_V2_LIMITS, type V2Limits } from './limits.js';
 import { E, encodeHostUpdate } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
@@ -29,6 +30,7 @@ import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
+import { runInSlices } from '../../sampling/time-slices.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { NotWhole } from '../../os/proc-tasks.js';
@@ -132,7 +134,13 @@ export interface V2Service {
 /** The message of ERROR RESTARTING. */
 export const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
-export function createV2Service(o: V2ServiceOptions): V2Service {
+/**
+ * The service, made and, with `restore`, restored: the restored discovered VMs' threads are read
+ * again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms, and the daemon
+ * serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes"). Nothing else sees
+ * the service until it resolves.
+ */
+export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const engine = o.engine ?? new RatioEngine(o.host);
   const proc = procView(o.procRoot);
   const registry = new VmRegistry(o.limits, proc, o.fds);
@@ -202,21 +210,23 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
     if (o.discovery) {
       o.discovery.restore(from.knownPids);
       const savedVcpus = new Map(from.sampling.engine.vms.map((v) => [v.id, JSON.stringify(v.vcpus)]));
-      for (const d of from.discovered) {
-        if (!o.discovery.adopt(d.pid, d.starttime)) {
+      const discovery = o.discovery;
+      // Each VM's threads are read again (a few reads a thread): in slices, clients served between.
+      await runInSlices(from.discovered.values(), (d) => {
+        if (!discovery.adopt(d.pid, d.starttime)) {
           o.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
-          continue;
+          return;
         }
         // vCPU threads born, renamed or gone during the restart: the list as classified now (a registrant's stands).
         const r = registry.get(d.hostVmId);
-        const c = o.discovery.current(d.pid);
-        if (r === undefined || r.owner !== null || c === null) continue;
+        const c = discovery.current(d.pid);
+        if (r === undefined || r.owner !== null || c === null) return;
         if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
           sampling.updateVcpus(d.hostVmId, c.vcpus);
           lifecycle.markChanged();
         }
         r.wholeVmOnly = c.wholeVmOnly;
-      }
+      });
     }
     for (const e of from.ended)
       o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
@@ -230,6 +240,8 @@ export function createV2Service(o: V2ServiceOptions): V2Service {
       waitTimer.unref();
     }
     o.log.info({ vms: registry.total, registered: registry.size, awaiting: registry.awaitingConnection().length }, 'live state restored');
+    // Every part restored: the first sample closes the interval from the old process's last.
+    sampling.resume();
   }
 
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>

@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { fail, ok, type Result } from '../../common/result.js';
-import { MAX_VCPUS, type VcpuSpec, type VmSpec } from '../../ratio/types.js';
+import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
@@ -13,24 +13,7 @@ import { tidBelongsTo } from '../../os/peer.js';
 import { statNumThreads } from '../../ratio/stat.js';
 import type { FdAdmission, FdUsage } from '../../os/fd-budget.js';
 import { cannot } from '../../common/errors.js';
-
-export interface V2Limits {
-  /** VMs registered by one connection at once. */
-  maxVmsPerConnection: number;
-  /** vCPUs in one REGISTER (at most 4096, the protocol's own bound). */
-  maxVcpus: number;
-  /** VMs registered on the whole service at once. */
-  maxVms: number;
-  /** Bytes queued to one client that it has not read; past it the client is disconnected. */
-  maxBacklogBytes: number;
-}
-
-export const DEFAULT_V2_LIMITS: V2Limits = {
-  maxVmsPerConnection: 64,
-  maxVcpus: MAX_VCPUS,
-  maxVms: 1024,
-  maxBacklogBytes: 256 * 1024,
-};
+import type { V2Limits } from './limits.js';
 
 /** What the rule needs from /proc. */
 export interface ProcView {

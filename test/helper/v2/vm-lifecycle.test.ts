@@ -6,7 +6,8 @@
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../../src/ratio/attribution.js';
 import type { HostInfo, VcpuSpec } from '../../../src/ratio/types.js';
-import { DEFAULT_V2_LIMITS, VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
+import { VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
+import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/limits.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from '../../../src/helper/v2/vm-lifecycle.js';
 import { FrameDecoder, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
 import { parseHelperFrame } from '../../../src/protocol/v2/messages.js';

@@ -1,0 +1,60 @@
+/**
+ * The server link of the service chain (helper/assemble.ts has the rest): legacy service -> server.
+ * A module of its own, light, so the daemon serves QEMU before it loads the v2 service's modules
+ * (docs/daemon.md "Where the time goes").
+ */
+import type { Logger } from '../logging/logger.js';
+import type { MsrDevice } from '../msr/device.js';
+import type { HostPaths } from '../msr/host-paths.js';
+import type { AmdSynthConfig } from '../msr/legacy-registers.js';
+import type { HostCpu, Vendor } from '../ratio/types.js';
+import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
+import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
+import type { Listener } from './server/listener.js';
+import { readStarttime } from '../os/proc-starttime.js';
+
+export interface ServerChainOptions {
+  paths: HostPaths;
+  device: MsrDevice;
+  vendor: Vendor;
+  /** Why no MSR can be read, when none can (an energy source without MSRs): legacy requests then get 0. */
+  noMsrs?: string;
+  /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
+  cpus: readonly HostCpu[];
+  amd: AmdSynthConfig;
+  /** The listening socket (bound or adopted by the start-up, or by assembleChain). */
+  listener: Listener;
+  v2Handler?: V2Handler;
+  /** Loggers by area ('legacy', 'server'). */
+  area(name: string): Logger;
+  /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
+  counters?: LegacyCounters;
+  /** The daemon's connection limits; the server's defaults otherwise. */
+  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer'>;
+}
+
+/** Legacy service -> server (which hands v2 connections to v2Handler). Not serving yet (server.serve()). */
+export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; server: HelperServer } {
+  const legacy = new LegacyService({
+    device: o.device,
+    vendor: o.vendor,
+    procRoot: o.paths.procRoot,
+    cpus: new OnlineCpus(
+      o.paths.sysRoot,
+      o.cpus.map((c) => c.cpu),
+    ),
+    amd: o.amd,
+    ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
+    logger: o.area('legacy'),
+    ...(o.counters ? { counters: o.counters } : {}),
+  });
+  const server = new HelperServer({
+    listener: o.listener,
+    legacy,
+    logger: o.area('server'),
+    starttimeOf: (pid) => readStarttime(o.paths.procRoot, pid),
+    ...o.server,
+    ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}),
+  });
+  return { legacy, server };
+}
