@@ -185,7 +185,7 @@ function setup(): { host: ReturnType<typeof raplFakeHost>['host']; dir: string }
 
 describe('a real QEMU 10 guest across helper restarts', () => {
   raplTest(
-    "the guest's 0x611 keeps stepping up (never still for 2 s, never back) and QEMU keeps its one connection, when the helper is restarted in place 5 times by SIGHUP and vmsr-helper reload",
+    "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted in place 5 times by SIGHUP and vmsr-helper reload",
     async () => {
       const { host, dir } = setup();
       const sock = path.join(dir, 'vmsr.sock');
@@ -223,7 +223,7 @@ describe('a real QEMU 10 guest across helper restarts', () => {
   );
 
   raplTest(
-    "the guest's 0x611 keeps stepping up (never still for 2 s, never back) and QEMU keeps its one connection, when the helper is restarted 5 times by systemctl restart through systemd's fd store",
+    "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted 5 times by systemctl restart through systemd's fd store",
     async (skip) => {
       ensureBuilt();
       const { host, dir } = setup();
