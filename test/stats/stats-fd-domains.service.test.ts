@@ -53,23 +53,33 @@ function expectSameShare(a: number, b: number, c: number, d: number, what: strin
   expect(Math.abs(a - (b * c) / d), what).toBeLessThanOrEqual(2 + (2 * b * c) / (d * d));
 }
 
+/**
+ * A harness whose fake host counts `domainMsrs` besides the package, a child (`spin` or `sleep`)
+ * registered as a VM of one vCPU, and the statistics files of that VM and of the host.
+ */
+async function registeredVm(kind: 'spin' | 'sleep', domainMsrs: readonly number[]) {
+  const h = await startHarness({ intervalMs: 50, domainMsrs });
+  cleanups.push(() => h.close());
+  const child = startChild(kind);
+  cleanups.push(() => child.kill());
+  await until(() => fs.existsSync(`/proc/${child.pid}/task`));
+  const c = await V2Client.connect(h.socketPath);
+  cleanups.push(() => c.close());
+  const { vmId } = await c.register({ pid: child.pid, vcpus: [{ tid: threadsOf(child.pid)[0]!, vpkg: 0 }] });
+  const vm = StatsReader.open((await c.statsFd(vmId)).fd);
+  cleanups.push(() => vm.close());
+  const host = StatsReader.open((await c.statsFd(0)).fd);
+  cleanups.push(() => host.close());
+  return { h, c, child, vmId, vm, host };
+}
+
 describe('the statistics files on a host that reads other RAPL domains', () => {
   it("carry each domain the host reads, per virtual package for a VM and per package for the host, with the VM's share of each domain its share of the package", async () => {
-    const h = await startHarness({
-      intervalMs: 50,
-      domainMsrs: [MSR_PP0_ENERGY_STATUS, MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS],
-    });
-    cleanups.push(() => h.close());
-    const child = startChild('spin');
-    cleanups.push(() => child.kill());
-    await until(() => fs.existsSync(`/proc/${child.pid}/task`));
-    const c = await V2Client.connect(h.socketPath);
-    cleanups.push(() => c.close());
-    const { vmId } = await c.register({ pid: child.pid, vcpus: [{ tid: threadsOf(child.pid)[0]!, vpkg: 0 }] });
-    const vm = StatsReader.open((await c.statsFd(vmId)).fd);
-    cleanups.push(() => vm.close());
-    const host = StatsReader.open((await c.statsFd(0)).fd);
-    cleanups.push(() => host.close());
+    const { h, c, child, vm, host } = await registeredVm('spin', [
+      MSR_PP0_ENERGY_STATUS,
+      MSR_DRAM_ENERGY_STATUS,
+      MSR_PLATFORM_ENERGY_STATUS,
+    ]);
 
     // The descriptors: each domain read, none for uncore (not counting on this host).
     const names = (r: StatsReader) => r.descriptors.map((d) => d.name);
@@ -133,18 +143,7 @@ describe('the statistics files on a host that reads other RAPL domains', () => {
   });
 
   it('have no domain descriptors on a host that reads the package alone', async () => {
-    const h = await startHarness({ intervalMs: 50 });
-    cleanups.push(() => h.close());
-    const child = startChild('sleep');
-    cleanups.push(() => child.kill());
-    await until(() => fs.existsSync(`/proc/${child.pid}/task`));
-    const c = await V2Client.connect(h.socketPath);
-    cleanups.push(() => c.close());
-    const { vmId } = await c.register({ pid: child.pid, vcpus: [{ tid: threadsOf(child.pid)[0]!, vpkg: 0 }] });
-    const vm = StatsReader.open((await c.statsFd(vmId)).fd);
-    cleanups.push(() => vm.close());
-    const host = StatsReader.open((await c.statsFd(0)).fd);
-    cleanups.push(() => host.close());
+    const { vm, host } = await registeredVm('sleep', []);
     const domainNames = /^(core|uncore|dram|psys)_/;
     expect(vm.descriptors.filter((d) => domainNames.test(d.name))).toEqual([]);
     expect(host.descriptors.filter((d) => domainNames.test(d.name))).toEqual([]);
