@@ -43,14 +43,9 @@ export const RESUME_FOR_MS = 60_000;
 const RETRY_FIRST_MS = 25;
 const RETRY_MAX_MS = 1_000;
 
-interface Subscribed {
-  onUpdate: (u: Update) => void;
-  onError?: (e: V2Error) => void;
-  options: SubscribeOptions;
-}
-
-interface Observed {
-  onUpdate: (u: VmUpdate) => void;
+/** A VM followed by SUBSCRIBE (U = Update) or OBSERVE (U = VmUpdate): made again on each resumption. */
+interface Follower<U> {
+  onUpdate: (u: U) => void;
   onError?: (e: V2Error) => void;
   options: SubscribeOptions;
 }
@@ -60,8 +55,8 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 export class ResumingV2Client {
   /** Registrations made through this client, by vm_id: REGISTERed again after a restart. */
   private readonly registered = new Map<number, { pid: number; vcpus: readonly VcpuSpec[] }>();
-  private readonly subscribed = new Map<number, Subscribed>();
-  private readonly observed = new Map<number, Observed>();
+  private readonly subscribed = new Map<number, Follower<Update>>();
+  private readonly observed = new Map<number, Follower<VmUpdate>>();
   private host: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void; options: SubscribeOptions } | null = null;
   private current: Promise<V2Client>;
   private userClosed = false;
@@ -121,15 +116,7 @@ export class ResumingV2Client {
     onError?: (e: V2Error) => void,
     options: SubscribeOptions = {},
   ): Promise<Update> {
-    const s: Subscribed = { onUpdate: (u) => this.onVmUpdate(this.subscribed, u.vmId, s, () => onUpdate(u), u.ended), options };
-    if (onError) s.onError = onError;
-    this.subscribed.set(vmId, s);
-    try {
-      return await (await this.current).subscribe(vmId, s.onUpdate, onError, options);
-    } catch (e) {
-      if (this.subscribed.get(vmId) === s) this.subscribed.delete(vmId);
-      throw e;
-    }
+    return this.followVm(this.subscribed, vmId, onUpdate, onError, options, (c, s) => c.subscribe(vmId, s.onUpdate, onError, options));
   }
 
   async observe(
@@ -138,13 +125,35 @@ export class ResumingV2Client {
     onError?: (e: V2Error) => void,
     options: SubscribeOptions = {},
   ): Promise<VmUpdate> {
-    const s: Observed = { onUpdate: (u) => this.onVmUpdate(this.observed, u.hostVmId, s, () => onUpdate(u), u.ended), options };
+    return this.followVm(this.observed, hostVmId, onUpdate, onError, options, (c, s) => c.observe(hostVmId, s.onUpdate, onError, options));
+  }
+
+  /**
+   * Follows VM `id` in `subs` (made again on each resumption, dropped when its VM ends), starting with
+   * `start` on the current connection; a start that fails leaves nothing behind.
+   */
+  private async followVm<U extends { ended: boolean }>(
+    subs: Map<number, Follower<U>>,
+    id: number,
+    onUpdate: (u: U) => void,
+    onError: ((e: V2Error) => void) | undefined,
+    options: SubscribeOptions,
+    start: (c: V2Client, s: Follower<U>) => Promise<U>,
+  ): Promise<U> {
+    const s: Follower<U> = {
+      onUpdate: (u) => {
+        if (subs.get(id) !== s) return;
+        if (u.ended) subs.delete(id);
+        onUpdate(u);
+      },
+      options,
+    };
     if (onError) s.onError = onError;
-    this.observed.set(hostVmId, s);
+    subs.set(id, s);
     try {
-      return await (await this.current).observe(hostVmId, s.onUpdate, onError, options);
+      return await start(await this.current, s);
     } catch (e) {
-      if (this.observed.get(hostVmId) === s) this.observed.delete(hostVmId);
+      if (subs.get(id) === s) subs.delete(id);
       throw e;
     }
   }
@@ -175,13 +184,6 @@ export class ResumingV2Client {
     const c = await this.current.catch(() => null);
     await c?.close();
     this.resolveClosed(null);
-  }
-
-  /** Passes an update on, and forgets the subscription after its last one (the VM ended). */
-  private onVmUpdate<S>(subs: Map<number, S>, id: number, s: S, deliver: () => void, ended: boolean): void {
-    if (subs.get(id) !== s) return;
-    if (ended) subs.delete(id);
-    deliver();
   }
 
   /** Resumes when `c` closes, unless the caller closed this client. */
