@@ -18,7 +18,7 @@ import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
 import { ConnectionSeats } from './connection-seats.js';
-import { UidShares, type ShareOwner } from '../../common/uid-share.js';
+import type { ShareOwner } from '../../common/uid-share.js';
 import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
 
 /**
@@ -72,10 +72,8 @@ export class HelperServer {
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
-  /** The connection slots per user, and the eviction that keeps one user from taking them all. */
-  private readonly users = new ConnectionSeats();
-  /** The connections each uid holds against its share of --max-connections, served ones too. */
-  private readonly shares: UidShares;
+  /** The connection slots per user: each uid's share, and the eviction that keeps one user from taking them all. */
+  private readonly users: ConnectionSeats;
   /** Gives memory back to the kernel after many connections closed. */
   private readonly memory = new MemorySettler((before, after, closed) =>
     this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
@@ -85,7 +83,7 @@ export class HelperServer {
     this.limiter = o.limiter ?? new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
     this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-    this.shares = new UidShares(this.maxConnections);
+    this.users = new ConnectionSeats(this.maxConnections);
   }
 
   get connections(): number {
@@ -166,9 +164,9 @@ export class HelperServer {
       return;
     }
     const owner: ShareOwner = { uid: peer.uid, preferred: this.o.preferredPeer?.(peer) ?? true };
-    const share = this.shares.room(owner);
+    const share = this.users.room(owner);
     if (share.room === 0 && share.bound !== 'capacity') {
-      const mine = this.shares.heldBy(peer.uid);
+      const mine = this.users.heldBy(peer.uid);
       this.limiter.warn(
         'refused connection',
         { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
@@ -196,8 +194,7 @@ export class HelperServer {
       return;
     }
     this.sockets.add(socket);
-    this.shares.take(owner, 1, 1);
-    const seat = this.users.seat(peer.uid, () => {
+    const seat = this.users.seat(owner, () => {
       this.limiter.warn(
         'connection evicted',
         { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
@@ -229,11 +226,8 @@ export class HelperServer {
         return fd !== undefined && peerHungUp(fd);
       },
     };
-    let counted = true;
     const onClose = () => {
       seat.release();
-      if (counted) this.shares.give(owner, 1);
-      counted = false;
       this.incomplete.forget(unread, peer.uid);
       this.memory.closed();
       hold.release();

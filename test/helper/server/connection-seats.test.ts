@@ -7,9 +7,9 @@ import { describe, expect, it } from 'vitest';
 import { ConnectionSeats } from '../../../src/helper/server/connection-seats.js';
 
 function seats() {
-  const s = new ConnectionSeats();
+  const s = new ConnectionSeats(100);
   const closed: string[] = [];
-  const open = (uid: number, name: string) => s.seat(uid, () => closed.push(name));
+  const open = (uid: number, name: string) => s.seat({ uid, preferred: true }, () => closed.push(name));
   return { s, closed, open };
 }
 
@@ -42,6 +42,18 @@ describe('ConnectionSeats', () => {
     open(9, 'b');
     a.release();
     a.release();
-    expect(s.of(9)).toBe(1);
+    expect(s.heldBy(9)).toBe(1);
+  });
+
+  it("counts each connection against its uid's share: a user that is not preferred holds at most a quarter, served ones too", () => {
+    const s = new ConnectionSeats(8);
+    const other = { uid: 65534, preferred: false };
+    const a = s.seat(other, () => {});
+    a.decided();
+    s.seat(other, () => {});
+    expect(s.room(other)).toEqual({ room: 0, bound: 'uid' });
+    expect(s.room({ uid: 0, preferred: true })).toEqual({ room: 6, bound: 'capacity' });
+    a.release();
+    expect(s.room(other)).toEqual({ room: 1, bound: 'uid' });
   });
 });
