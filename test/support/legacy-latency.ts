@@ -39,13 +39,9 @@ export class LegacyLatencyProbe {
     });
   }
 
-  /** Connects and starts asking. */
+  /** Connects (waiting while the listen backlog is full, as QEMU does) and starts asking. */
   static async start(socketPath: string, everyMs = 10): Promise<LegacyLatencyProbe> {
-    const s = net.connect(socketPath);
-    await new Promise<void>((resolve, reject) => {
-      s.once('connect', resolve);
-      s.once('error', reject);
-    });
+    const s = await connectWaiting(socketPath, 10_000);
     const p = new LegacyLatencyProbe(s, everyMs);
     p.send();
     return p;
@@ -82,30 +78,54 @@ export class LegacyLatencyProbe {
  */
 export async function newConnectionWaitMs(socketPath: string, limitMs: number): Promise<number> {
   const t0 = performance.now();
-  const left = () => limitMs - (performance.now() - t0);
+  let s: net.Socket;
+  try {
+    s = await connectWaiting(socketPath, limitMs);
+  } catch {
+    return Infinity;
+  }
+  const r = await new Promise<'ok' | 'failed'>((resolve) => {
+    const t = setTimeout(() => resolve('failed'), Math.max(0, limitMs - (performance.now() - t0)));
+    s.write(request());
+    s.once('data', () => {
+      clearTimeout(t);
+      resolve('ok');
+    });
+    s.once('close', () => {
+      clearTimeout(t);
+      resolve('failed');
+    });
+  });
+  s.destroy();
+  return r === 'ok' ? performance.now() - t0 : Infinity;
+}
+
+/**
+ * A connection to `socketPath`: connect() retried on EAGAIN (the listen backlog is full), as QEMU's
+ * blocking connect waits there; rejects on any other error, or when not connected within `limitMs`.
+ */
+export async function connectWaiting(socketPath: string, limitMs: number): Promise<net.Socket> {
+  const end = performance.now() + limitMs;
   for (;;) {
     const s = net.connect(socketPath);
-    const r = await new Promise<'ok' | 'again' | 'failed'>((resolve) => {
-      const t = setTimeout(() => resolve('failed'), Math.max(0, left()));
+    const r = await new Promise<'ok' | 'again' | Error>((resolve) => {
+      const t = setTimeout(
+        () => resolve(new Error(`not connected to ${socketPath} within ${limitMs} ms`)),
+        Math.max(0, end - performance.now()),
+      );
       s.once('connect', () => {
-        s.write(request());
-        s.once('data', () => {
-          clearTimeout(t);
-          resolve('ok');
-        });
-        s.once('close', () => {
-          clearTimeout(t);
-          resolve('failed');
-        });
+        clearTimeout(t);
+        resolve('ok');
       });
       s.once('error', (e: NodeJS.ErrnoException) => {
         clearTimeout(t);
-        resolve(e.code === 'EAGAIN' ? 'again' : 'failed');
+        resolve(e.code === 'EAGAIN' ? 'again' : e);
       });
     });
+    if (r === 'ok') return s;
     s.destroy();
-    if (r === 'ok') return performance.now() - t0;
-    if (r === 'failed' || left() <= 0) return Infinity;
+    if (r !== 'again') throw r;
+    if (performance.now() >= end) throw new Error(`not connected to ${socketPath} within ${limitMs} ms: the listen backlog stayed full`);
     await new Promise((res) => setTimeout(res, 1));
   }
 }
