@@ -129,7 +129,7 @@ function mapOf<K, V>(m: Map<K, Map<number, V>>, key: K): Map<number, V> {
   return v;
 }
 
-function totalOf(m: Map<number, RunningTotal>, key: number): RunningTotal {
+function totalOf<K>(m: Map<K, RunningTotal>, key: K): RunningTotal {
   let t = m.get(key);
   if (!t) m.set(key, (t = new RunningTotal()));
   return t;
@@ -352,11 +352,7 @@ export class EnergyBook {
       unattributedSums.set(d.domain, (unattributedSums.get(d.domain) ?? 0n) + d.unattributedUj);
     }
     // Over the packages, as the package's host-wide unattributed energy is (a sum of cumulative values is cumulative).
-    for (const [domain, uj] of unattributedSums) {
-      let t = this.domainUnattributed.get(domain);
-      if (!t) this.domainUnattributed.set(domain, (t = new RunningTotal()));
-      t.feed(uj);
-    }
+    for (const [domain, uj] of unattributedSums) totalOf(this.domainUnattributed, domain).feed(uj);
     const s = h.stats;
     const health = this.health;
     health.legacy.ok.feed(s.legacyOk);

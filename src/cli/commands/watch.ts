@@ -69,10 +69,7 @@ export function domainPowers(base: PowerBase | null, u: Update): DomainPower[] {
 
 /** Watts per virtual package between `base` and `u` (null where there is no interval to measure). */
 export function powers(base: PowerBase | null, u: Update): (number | null)[] {
-  const dtNs = base ? Number(u.tNs - base.tNs) : 0;
-  return u.vpkgs.map((v, g) =>
-    base && u.tNs !== 0n && dtNs > 0 ? (Number(v.energyUj - (base.vpkgs[g]?.energyUj ?? 0n)) * 1e3) / dtNs : null,
-  );
+  return u.vpkgs.map((v, g) => watts(base, u, v.energyUj - (base?.vpkgs[g]?.energyUj ?? 0n)));
 }
 
 const T_WIDTH = 8;
