@@ -194,11 +194,23 @@ export class FakeHost {
     return parts.length === 1 ? path.join(typeDir, `intel-rapl:${id}`) : path.join(typeDir, `intel-rapl:${parts[0]}`, `intel-rapl:${id}`);
   }
 
-  /** Sets a zone's energy_uj (modulo max_energy_range_uj + 1: it wraps to 0 after max). Rewritten in place: an open fd sees it. */
+  /**
+   * Sets a zone's energy_uj (modulo max_energy_range_uj + 1: it wraps to 0 after max). Rewritten in
+   * place, so an open fd sees it, and without emptying the file first: a daemon reading meanwhile sees
+   * the old value or the new one, never "" (a value shorter than the last, after a wrap, is cut to its
+   * length after it is written).
+   */
   setZoneEnergy(id: string, uj: bigint): void {
     const z = this.zones.get(id)!;
     z.uj = uj % (z.max + 1n);
-    fs.writeFileSync(path.join(this.powercapZoneDir(id), 'energy_uj'), `${z.uj}\n`);
+    const text = Buffer.from(`${z.uj}\n`);
+    const fd = fs.openSync(path.join(this.powercapZoneDir(id), 'energy_uj'), fs.constants.O_WRONLY | fs.constants.O_CREAT);
+    try {
+      fs.writeSync(fd, text, 0, text.length, 0);
+      fs.ftruncateSync(fd, text.length);
+    } finally {
+      fs.closeSync(fd);
+    }
   }
 
   /** Adds µJ to a zone's energy_uj, wrapping after max_energy_range_uj. */
