@@ -154,6 +154,8 @@ export class RatioEngine {
   private prevEnergy = new Map<number, number>();
   /** The other domains the host reads, in the order HostInfo.domains gives them (ENERGY_DOMAINS order). */
   private readonly planes: DomainPlane[] = [];
+  /** Per count of virtual packages: every domain at 0, what an idle VM's interval gives (shared, read only). */
+  private readonly idle = new Map<number, VmDomainEnergy[]>();
   /**
    * Per domain plane, per package: the counter mod range at the last sample that had it. A value
    * missing from a sample keeps the last one, so the next value spans the gap (docs/ratio.md).
@@ -264,6 +266,11 @@ export class RatioEngine {
   output(vmId: number): VmOutput | undefined {
     const vm = this.vms.get(vmId);
     return vm && this.publish(vm);
+  }
+
+  /** Whether the VM has ended or is not known: what output(vmId)?.ended ?? true says, without building the output. */
+  ended(vmId: number): boolean {
+    return (this.vms.get(vmId)?.phase ?? 'ended') === 'ended';
   }
 
   outputs(): VmOutput[] {
@@ -468,7 +475,9 @@ export class RatioEngine {
     this.prevEnergy = energyNow;
     // A domain value missing now keeps the last one: the next value spans the gap.
     this.prevDomain = prevDomain.map((before, i) => {
-      const kept = new Map(domainNow[i]!);
+      const now = domainNow[i]!;
+      if (now.size === this.planes[i]!.counters.size) return now; // every value read: nothing to keep
+      const kept = new Map(now);
       for (const [pkg, v] of before) if (!kept.has(pkg)) kept.set(pkg, v);
       return kept;
     });
@@ -588,8 +597,7 @@ export class RatioEngine {
       vm.tNs = s.tNs;
       if (threads === null) {
         const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
-        if (this.planes.length > 0)
-          out.domains = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) }));
+        if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
         vmsOut.push(out);
         continue;
       }
@@ -632,6 +640,17 @@ export class RatioEngine {
       packages.push(out);
     }
     return { tNs: s.tNs, dtS: dt, packages, vms: vmsOut, ended, problems };
+  }
+
+  /**
+   * An idle VM's domains for the interval, every one 0: one array per count of virtual packages,
+   * shared by every idle VM and interval (most VMs are idle most intervals), so readers must not modify it.
+   */
+  private idleDomains(nvpkg: number): VmDomainEnergy[] {
+    let d = this.idle.get(nvpkg);
+    if (d === undefined)
+      this.idle.set(nvpkg, (d = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) }))));
+    return d;
   }
 
   /** dE_{p,d} in joules where both samples have the domain's counter (a platform domain: under PLATFORM_KEY). */

@@ -147,7 +147,7 @@ export interface VmInterval {
   pid: number;
   /** energyJ per vpkg, index = vpkg, length = nvpkg. */
   vpkgEnergyJ: number[];
-  /** The same for every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order. */
+  /** The same for every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order; an idle VM's is shared (read only). */
   domains?: VmDomainEnergy[];
 }
 

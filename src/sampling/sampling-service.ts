@@ -20,6 +20,8 @@ export interface Engine {
   forget(vmId: number): void;
   addSample(s: Sample): IntervalResult | null;
   output(vmId: number): VmOutput | undefined;
+  /** Whether the VM has ended or is not known (cheaper than output(): nothing is built). */
+  ended(vmId: number): boolean;
   nvpkg(vmId: number): number;
   activePids(): number[];
   updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
@@ -361,7 +363,7 @@ export class SamplingService {
     }
     const ended: number[] = [];
     for (const [vmId, pid] of this.live) {
-      if (this.engine.output(vmId)?.ended ?? true) {
+      if (this.engine.ended(vmId)) {
         ended.push(vmId);
         this.live.delete(vmId);
         if (!this.engine.activePids().includes(pid)) this.o.forgetPid?.(pid);

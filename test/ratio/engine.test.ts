@@ -270,8 +270,10 @@ describe('RatioEngine: ratio.md rules', () => {
     const { e, id } = engineWithBaseline([{ tid: 501, ticks: 0 }]);
     e.addSample(sample(11, { 0: units(100) }, { [PID]: [{ tid: 501, ticks: 50 }] }));
     expect(e.activePids()).toEqual([PID]);
+    expect(e.ended(id)).toBe(false);
     const r = e.addSample(sample(12, { 0: units(200) }, {}))!;
     expect(r.ended).toEqual([id]);
+    expect(e.ended(id)).toBe(true);
     expect(r.vms).toEqual([]);
     expect(e.activePids()).toEqual([]);
     const out = e.output(id)!;
@@ -283,6 +285,7 @@ describe('RatioEngine: ratio.md rules', () => {
     expect(e.outputs().map((o) => o.vmId)).toEqual([id]);
     e.forget(id);
     expect(e.output(id)).toBeUndefined();
+    expect(e.ended(id)).toBe(true); // unknown counts as ended, as output(id)?.ended ?? true did
     expect(e.outputs()).toEqual([]);
     e.forget(12345); // unknown ids are ignored
   });
