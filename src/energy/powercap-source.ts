@@ -55,6 +55,13 @@ interface OpenZone {
 
 /** Bytes of an energy_uj read: a u64 in decimal and a newline fit. */
 const READ_BYTES = 32;
+const DIGIT_0 = 0x30;
+const DIGIT_9 = 0x39;
+
+/** What String.prototype.trim() takes away, of the bytes a sysfs file may hold (space, \t, \n, \v, \f, \r). */
+function isSpace(c: number): boolean {
+  return c === 0x20 || (c >= 0x09 && c <= 0x0d);
+}
 
 export class PowercapEnergySource implements EnergySource {
   readonly kind = 'powercap';
@@ -164,13 +171,26 @@ export class PowercapEnergySource implements EnergySource {
     return z.parts.length === 1 ? sum : sum % z.range;
   }
 
-  /** energy_uj now: pread at offset 0 of the fd opened at construction. */
+  /**
+   * energy_uj now: pread at offset 0 of the fd opened at construction; 1 to 20 decimal digits, with
+   * white space around them. Parsed from the bytes (every interval reads every zone: no string, no
+   * regular expression); a value past 2^53 is parsed again exactly as text.
+   */
   private readPart(z: { energyPath: string; fd: number }): bigint {
     const n = pread(z.fd, this.buf, READ_BYTES, 0);
     if (n < 0) throw new Error(cannot(`read ${z.energyPath}`, errnoName(-n)));
-    const text = this.buf.toString('latin1', 0, n).trim();
-    if (!/^\d{1,20}$/.test(text)) throw new Error(cannot(`read ${z.energyPath}`, `${JSON.stringify(text)} is not a count of µJ`));
-    return BigInt(text);
+    const b = this.buf;
+    let i = 0;
+    while (i < n && isSpace(b[i]!)) i++;
+    const first = i;
+    let value = 0;
+    while (i < n && b[i]! >= DIGIT_0 && b[i]! <= DIGIT_9) value = value * 10 + (b[i++]! - DIGIT_0);
+    const digits = i - first;
+    while (i < n && isSpace(b[i]!)) i++;
+    const text = () => b.toString('latin1', 0, n).trim();
+    if (digits === 0 || digits > 20 || i !== n)
+      throw new Error(cannot(`read ${z.energyPath}`, `${JSON.stringify(text())} is not a count of µJ`));
+    return Number.isSafeInteger(value) ? BigInt(value) : BigInt(text());
   }
 
   describe(): string {

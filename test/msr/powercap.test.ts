@@ -188,6 +188,21 @@ describe('powercap energy source', () => {
     expect(slot(s.read(), 1, 'dram').energyUj).toBe(1500n);
   });
 
+  test('energy_uj is read with white space around its digits and exactly past 2^53; a sign or a 21st digit is refused', () => {
+    const h = host(TWO_PACKAGES);
+    const s = source(h);
+    const file = path.join(h.powercapZoneDir('1:0'), 'energy_uj');
+    const dram = () => slot(s.read(), 1, 'dram').counter.raw;
+    fs.writeFileSync(file, ' \t1234\r\n');
+    expect(dram()).toBe(1234n);
+    fs.writeFileSync(file, '9007199254740993\n'); // 2^53 + 1: no float64 holds it
+    expect(dram()).toBe(9007199254740993n % (MAX + 1n));
+    for (const bad of ['-5\n', '+5\n', '123456789012345678901\n', '12 34\n', '\n']) {
+      fs.writeFileSync(file, bad);
+      expect(() => s.read(), JSON.stringify(bad)).toThrow(`${JSON.stringify(bad.trim())} is not a count of µJ`);
+    }
+  });
+
   test('host info describes each package counter (µJ, range max + 1) and the factory builds the source', () => {
     const h = host(TWO_PACKAGES);
     const device = new MsrDevice(h.msrPathTemplate);
