@@ -21,9 +21,14 @@ export class CounterUnwrapper {
   advance(key: string, counter: EnergyCounter): bigint {
     const counted = counter.raw % counter.range;
     const prev = this.last.get(key);
-    const total = prev === undefined ? counted : prev.total + ((counted - prev.counted + counter.range) % counter.range);
-    this.last.set(key, { counted, total });
-    return total;
+    if (prev === undefined) {
+      this.last.set(key, { counted, total: counted });
+      return counted;
+    }
+    // Updated in place: every counter is read every interval.
+    prev.total += (counted - prev.counted + counter.range) % counter.range;
+    prev.counted = counted;
+    return prev.total;
   }
 
   /** energyUj of a reading of `counter` under `key` (counts so far in µJ). */

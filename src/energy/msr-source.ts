@@ -41,6 +41,8 @@ interface DomainPlan {
   scope: RegisterScope;
   unitJ: Map<number, number>;
   cpus: Map<number, number[]>;
+  /** Per package, the counter's name for the unwrapper ("dram 0"). */
+  key: Map<number, string>;
 }
 
 export class MsrEnergySource implements EnergySource {
@@ -76,9 +78,12 @@ export class MsrEnergySource implements EnergySource {
         this.absent.push({ domain, why: 'not in --domains' });
         continue;
       }
-      const plan: DomainPlan = { domain, msr: reg.msr, scope: reg.scope, unitJ: new Map(), cpus: new Map() };
+      const plan: DomainPlan = { domain, msr: reg.msr, scope: reg.scope, unitJ: new Map(), cpus: new Map(), key: new Map() };
       const packages = PLATFORM_DOMAINS.has(domain) ? this.packages.slice(0, 1) : this.packages;
-      for (const pkg of packages) plan.unitJ.set(pkg, domainUnitJ(o.vendor, domain, esu.get(pkg)!, o.model));
+      for (const pkg of packages) {
+        plan.unitJ.set(pkg, domainUnitJ(o.vendor, domain, esu.get(pkg)!, o.model));
+        plan.key.set(pkg, `${domain} ${pkg}`);
+      }
       let why: string | undefined;
       try {
         const perCore = reg.scope === 'core' ? firstCpuPerCore(o.sysRoot, o.cpus) : undefined;
@@ -142,7 +147,7 @@ export class MsrEnergySource implements EnergySource {
 
   private readOne(pkg: number, plan: DomainPlan, unitJ: number): EnergyReading {
     const counter = { raw: this.o.device.read(plan.cpus.get(pkg)![0]!, plan.msr), range: RAPL_COUNTER_RANGE, unitJ };
-    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(`${plan.domain} ${pkg}`, counter), counter };
+    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(plan.key.get(pkg)!, counter), counter };
   }
 
   /**
@@ -156,7 +161,7 @@ export class MsrEnergySource implements EnergySource {
     let sum = 0n;
     for (const cpu of plan.cpus.get(pkg)!) sum += this.o.device.read(cpu, plan.msr) % RAPL_COUNTER_RANGE;
     const counter = { raw: sum % RAPL_COUNTER_RANGE, range: RAPL_COUNTER_RANGE, unitJ };
-    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(`${plan.domain} ${pkg}`, counter), counter };
+    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(plan.key.get(pkg)!, counter), counter };
   }
 
   /** The domains read, each with its unit (µJ per count, package 0's), and the domains not read with why. */

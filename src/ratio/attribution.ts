@@ -154,6 +154,8 @@ export class RatioEngine {
   private prevEnergy = new Map<number, number>();
   /** The other domains the host reads, in the order HostInfo.domains gives them (ENERGY_DOMAINS order). */
   private readonly planes: DomainPlane[] = [];
+  /** A domain's index in `planes`. */
+  private readonly planeOf = new Map<string, number>();
   /** Per count of virtual packages: every domain at 0, what an idle VM's interval gives (shared, read only). */
   private readonly idle = new Map<number, VmDomainEnergy[]>();
   /**
@@ -195,10 +197,12 @@ export class RatioEngine {
   private addDomainCounter(d: DomainCounter, before: readonly DomainCounter[]): void {
     const problem = domainCounterProblem(d, this.unit, before);
     if (problem !== undefined) throw new Error(problem);
-    let plane = this.planes.find((p) => p.domain === d.domain);
-    if (plane === undefined)
-      this.planes.push((plane = { domain: d.domain, platform: PLATFORM_DOMAINS.has(d.domain), counters: new Map() }));
-    plane.counters.set(d.package, { range: d.range, unitJ: d.unitJ });
+    let i = this.planeOf.get(d.domain);
+    if (i === undefined) {
+      this.planeOf.set(d.domain, (i = this.planes.length));
+      this.planes.push({ domain: d.domain, platform: PLATFORM_DOMAINS.has(d.domain), counters: new Map() });
+    }
+    this.planes[i]!.counters.set(d.package, { range: d.range, unitJ: d.unitJ });
   }
 
   /** The other domains the host reads, in the order they are attributed. */
@@ -389,8 +393,8 @@ export class RatioEngine {
       this.prevT = s.lastSample.tNs;
       this.prevEnergy = new Map(s.lastSample.energy.map((e) => [e.pkg, e.raw]));
       for (const d of s.lastSample.domains ?? []) {
-        const i = this.planes.findIndex((p) => p.domain === d.domain);
-        if (i >= 0 && this.planes[i]!.counters.has(d.pkg)) this.prevDomain[i]!.set(d.pkg, d.raw);
+        const i = this.planeOf.get(d.domain);
+        if (i !== undefined && this.planes[i]!.counters.has(d.pkg)) this.prevDomain[i]!.set(d.pkg, d.raw);
       }
     }
   }
@@ -510,18 +514,20 @@ export class RatioEngine {
   private domainValues(s: Sample, problems: string[]): Map<number, number>[] {
     const out = this.planes.map(() => new Map<number, number>());
     for (const r of s.domains ?? []) {
-      const i = this.planes.findIndex((p) => p.domain === r.domain);
-      const c = i < 0 ? undefined : this.planes[i]!.counters.get(r.package);
+      const i = this.planeOf.get(r.domain);
+      const c = i === undefined ? undefined : this.planes[i]!.counters.get(r.package);
       if (c === undefined) {
         problems.push(`${String(r.domain)} energy given for package ${r.package}, which the host does not read: ignored`);
         continue;
       }
-      out[i]!.set(r.package, Number(r.raw % c.range));
+      out[i!]!.set(r.package, Number(r.raw % c.range));
     }
-    this.planes.forEach((p, i) => {
+    for (let i = 0; i < this.planes.length; i++) {
+      const p = this.planes[i]!;
+      if (out[i]!.size === p.counters.size) continue; // every value there
       for (const pkg of p.counters.keys())
         if (!out[i]!.has(pkg)) problems.push(`no ${p.domain} energy value for package ${pkg} in this sample`);
-    });
+    }
     return out;
   }
 
@@ -609,30 +615,31 @@ export class RatioEngine {
       const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
       if (planes.length > 0) {
         const domains: VmDomainEnergy[] = [];
-        planes.forEach((plane, i) => {
-          const { vpkg } = this.split(plane, vm, threads, es);
+        for (let i = 0; i < planes.length; i++) {
+          const { vpkg } = this.split(planes[i]!, vm, threads, es);
           const acc = vm.domainAcc[i]!;
           for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
           domains.push({ domain: this.planes[i]!.domain, vpkgEnergyJ: vpkg });
-        });
+        }
         out.domains = domains;
       }
       vmsOut.push(out);
     }
 
     this.settleLent(pkgPlane);
-    planes.forEach((p) => this.settleLent(p));
+    for (const p of planes) this.settleLent(p);
     const packages: PackageInterval[] = [];
     for (const pkg of this.packageIds) {
       const e = dE.get(pkg);
       const domains: DomainInterval[] = [];
-      planes.forEach((plane, i) => {
+      for (let i = 0; i < planes.length; i++) {
         const d = this.planes[i]!;
+        const plane = planes[i]!;
         // A platform domain is reported under the package its one counter is read on.
         const key = d.platform ? (d.counters.has(pkg) ? PLATFORM_KEY : undefined) : pkg;
         const de = key === undefined ? undefined : plane.energy.get(key);
         if (de !== undefined) domains.push({ domain: d.domain, energyJ: de, attributedJ: plane.attributed.get(key!) ?? 0 });
-      });
+      }
       // A package without its own energy this interval is left out, as before the other domains came.
       if (e === undefined) continue;
       const out: PackageInterval = { package: pkg, energyJ: e, attributedJ: pkgPlane.attributed.get(pkg) ?? 0 };
