@@ -123,7 +123,7 @@ interface DomainPlane {
  */
 interface PlaneInterval {
   energy: Map<number, number>;
-  pay: Map<number, PackagePay>;
+  pay: ReadonlyMap<number, PackagePay>;
   platform: boolean;
   /** Energy given to claims on each package (platform: under PLATFORM_KEY). */
   attributed: Map<number, number>;
@@ -133,6 +133,9 @@ interface PlaneInterval {
 
 /** The one key of a platform domain's PlaneInterval maps: no package has it. */
 const PLATFORM_KEY = -1;
+
+/** The pay of an interval where no thread claimed anything (planeInterval): nothing in it, never written. */
+const NO_PAY: ReadonlyMap<number, PackagePay> = new Map();
 
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
@@ -682,6 +685,9 @@ export class RatioEngine {
     capacity: (pkg: number) => number,
     ticksOnPkg: Map<number, number>,
   ): PlaneInterval {
+    // No thread of any VM seen on a package (every VM idle this interval, the usual case): no claim
+    // to pay, so no pay structure; split() reads `pay` only for a thread on a package.
+    if (ticksOnPkg.size === 0) return { energy, pay: NO_PAY, platform, attributed: new Map(), lent: 0 };
     const claims = platform
       ? [
           {

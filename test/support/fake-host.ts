@@ -196,9 +196,9 @@ export class FakeHost {
 
   /**
    * Sets a zone's energy_uj (modulo max_energy_range_uj + 1: it wraps to 0 after max). Rewritten in
-   * place, so an open fd sees it, and without emptying the file first: a daemon reading meanwhile sees
-   * the old value or the new one, never "" (a value shorter than the last, after a wrap, is cut to its
-   * length after it is written).
+   * place, so an open fd sees it, and without emptying the file first, so a daemon reading meanwhile
+   * never sees "". The value only grows until it wraps; a shorter one (after a wrap) is cut to its
+   * length right after it is written, and a read in between would see the old value's tail after it.
    */
   setZoneEnergy(id: string, uj: bigint): void {
     const z = this.zones.get(id)!;
