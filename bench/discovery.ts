@@ -9,13 +9,11 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { V2Client, type HostUpdate } from '../src/client/v2-client.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { FakeQemuFarm } from '../test/support/fake-qemu.js';
-import { rssMiB, waitConnectable } from './tools.js';
+import { HELPER_BIN as BIN, rssMiB, waitConnectable } from './tools.js';
 
-const BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src/bin/vmsr-helper.js');
 const MEASURE_INTERVALS = 10;
 const CLK_TCK = 100;
 

@@ -10,19 +10,18 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { V2Client } from '../src/client/v2-client.js';
 import { clockTicksPerSecond } from '../src/os/libc.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { pollFor } from '../test/support/wait.js';
 import { startVms, vcpusOf } from './service.js';
+import { HELPER_BIN as BIN } from './tools.js';
 
 const INTERVAL_S = 1;
 const SETTLE_S = 20;
 const IDLE_INTERVALS = 10;
 /** The README's scrape_interval: the exporter's CPU share is its per-interval CPU plus a scrape every this many seconds. */
 const SCRAPE_EVERY_S = 15;
-const BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src/bin/vmsr-helper.js');
 
 /**
  * VMSR_BENCH_CPU_PROF=DIR: the exporter runs under `node --cpu-prof` and leaves its profile in DIR

@@ -25,6 +25,7 @@ import type { ObserverClient } from '../src/exporter/observer-api.js';
 import { assembleOnFakeHost, FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
 import { startVms, vcpusOf } from './service.js';
+import { HELPER_BIN as BIN } from './tools.js';
 
 const N_VMS = 500;
 const INTERVAL_MS = 1000;
@@ -32,7 +33,6 @@ const MEASURE_INTERVALS = 5;
 const READER_PROCS = 2;
 const POLL_HZ = 10;
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const BIN = path.resolve(HERE, '../src/bin/vmsr-helper.js');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const cpuMs = (c: NodeJS.CpuUsage) => (c.user + c.system) / 1e3;
 
