@@ -9,7 +9,7 @@ import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
 import { validVcpus } from './vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
-import { PLATFORM_DOMAINS, type OtherDomain } from './domains.js';
+import { PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from './domains.js';
 import { domainCounterProblem } from './domain-counters.js';
 import {
   MAX_TID,
@@ -25,6 +25,7 @@ import {
   type VmDomainEnergy,
   type VmSpec,
   type VpkgOutput,
+  type CounterSpec,
 } from './types.js';
 
 const TWO_32 = 2 ** 32;
@@ -101,71 +102,98 @@ export interface ThreadTotals {
 interface ThreadNow {
   tid: number;
   dticks: number;
-  /** Host package of `processor`; undefined when the CPU is not in the host map. */
-  pkg: number | undefined;
+  /** Index of the host package of `processor` among the packages (ascending ids); -1 when the CPU is not in the host map. */
+  pk: number;
   /** vpkg when this tid is a registered vCPU. */
   vpkg: number | undefined;
 }
 
-/** A RAPL domain other than the package, as the engine attributes it (docs/ratio.md, "Other RAPL domains"). */
-interface DomainPlane {
-  domain: OtherDomain;
-  /** Counted once for the host, shared across every package's VMs (psys). */
-  platform: boolean;
-  /** Per package that has the counter (a platform domain: one, the lowest with it): its range and unit. */
-  counters: Map<number, { range: bigint; unitJ: number }>;
+/**
+ * One energy counter the engine reads: a package's, or another domain's on one package (a platform
+ * domain's once). Values are the counter mod its range as float64 (exact: a range is at most 2^53),
+ * NaN where there is none.
+ */
+interface CounterSlot {
+  package: number;
+  range: bigint;
+  unitJ: number;
+  /** This sample's value; NaN when the sample lacks it. */
+  now: number;
+  /** The value the next interval starts from; NaN when there is none (a first sample, a gap, a package value missing). */
+  last: number;
 }
 
 /**
- * How one domain's energy of an interval is paid (the package's, or another's): per package its energy
- * and how its claims are paid (ratio/overclaim.ts). A platform domain has one entry, keyed by
- * PLATFORM_KEY, whose capacity is every CPU's.
+ * A RAPL domain as the engine attributes it, the package's or another's (docs/ratio.md, "Other RAPL
+ * domains"): per slot (a package, in ascending id order; a platform domain has one slot, holding every
+ * CPU and every claim) its counter and how the interval's energy there is paid (ratio/overclaim.ts).
+ * Made once: an interval overwrites its values, so it allocates nothing for a domain where nobody ran.
  */
-interface PlaneInterval {
-  energy: Map<number, number>;
-  pay: ReadonlyMap<number, PackagePay>;
+interface Plane<D extends EnergyDomain = EnergyDomain> {
+  domain: D;
+  /** Counted once for the host, shared across every package's VMs (psys). */
   platform: boolean;
-  /** Energy given to claims on each package (platform: under PLATFORM_KEY). */
-  attributed: Map<number, number>;
+  /** A value missing from a sample keeps the last one, so the next value spans the gap (every domain but the package). */
+  keepsLast: boolean;
+  /** Per slot its counter; undefined where the package does not have the domain. */
+  counters: (CounterSlot | undefined)[];
+  /** The interval's energy per slot, J; NaN where either sample lacks the counter. */
+  energy: number[];
+  /** Per slot how its claims are paid; empty in an interval with no claim. */
+  pay: readonly PackagePay[];
+  /** Energy given to claims per slot. */
+  attributed: number[];
   /** Energy paid to claims beyond their package's capacity out of the other packages' leftover. */
   lent: number;
 }
 
-/** The one key of a platform domain's PlaneInterval maps: no package has it. */
-const PLATFORM_KEY = -1;
+function newPlane<D extends EnergyDomain>(domain: D, slots: number): Plane<D> {
+  return {
+    domain,
+    platform: PLATFORM_DOMAINS.has(domain),
+    keepsLast: domain !== 'package',
+    counters: new Array<CounterSlot | undefined>(slots).fill(undefined),
+    energy: new Array<number>(slots).fill(NaN),
+    pay: NO_PAY,
+    attributed: new Array<number>(slots).fill(0),
+    lent: 0,
+  };
+}
 
-/** The pay of an interval where no thread claimed anything (planeInterval): nothing in it, never written. */
-const NO_PAY: ReadonlyMap<number, PackagePay> = new Map();
+function counterSlot(pkg: number, c: CounterSpec): CounterSlot {
+  return { package: pkg, range: c.range, unitJ: c.unitJ, now: NaN, last: NaN };
+}
+
+/** The pay of an interval where no thread claimed anything: nothing in it, never written. */
+const NO_PAY: readonly PackagePay[] = [];
 
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
   readonly guestPowerUnit: bigint;
   private readonly uGuest: number;
   private readonly clkTck: number;
-  private readonly cpuPackage = new Map<number, number>();
-  /** n_p: online CPUs per package. */
-  private readonly cpusPerPackage = new Map<number, number>();
-  /** u_p: joules per counter unit, per package. */
-  private readonly unit = new Map<number, number>();
-  /** Per package: its energy counter's range (HostPackage.counter; a RAPL MSR's 2^32 when absent). */
-  private readonly range = new Map<number, bigint>();
+  /** Package ids, ascending: a package's index here is its slot in every plane. */
   private readonly packageIds: number[];
+  private readonly pkgIndex = new Map<number, number>();
+  /** cpu -> index of its package. */
+  private readonly cpuSlot = new Map<number, number>();
+  /** n_p: online CPUs per package (by index). */
+  private readonly cpusPerPackage: number[];
   private readonly vms = new Map<number, VmState>();
   private nextId = 1;
   private prevT: bigint | undefined;
-  /** Low 32 bits of R_p in the previous sample; a package missing there has no entry. */
-  private prevEnergy = new Map<number, number>();
+  /** The package domain: each package's counter, its energy of the interval and its pay. */
+  private readonly pkgPlane: Plane<'package'>;
   /** The other domains the host reads, in the order HostInfo.domains gives them (ENERGY_DOMAINS order). */
-  private readonly planes: DomainPlane[] = [];
+  private readonly planes: Plane<OtherDomain>[] = [];
+  /** The package's plane, then the others. */
+  private readonly allPlanes: Plane[];
   /** A domain's index in `planes`. */
   private readonly planeOf = new Map<string, number>();
+  /** D_p of the interval per package index (reused). */
+  private readonly claimed: number[];
   /** Per count of virtual packages: every domain at 0, what an idle VM's interval gives (shared, read only). */
   private readonly idle = new Map<number, VmDomainEnergy[]>();
-  /**
-   * Per domain plane, per package: the counter mod range at the last sample that had it. A value
-   * missing from a sample keeps the last one, so the next value spans the gap (docs/ratio.md).
-   */
-  private prevDomain: Map<number, number>[] = [];
   /** Problems found in the last addSample, also when it returned null (the first sample). */
   lastProblems: string[] = [];
 
@@ -173,24 +201,27 @@ export class RatioEngine {
     if (!Number.isFinite(host.clkTck) || host.clkTck <= 0) throw new Error(`CLK_TCK must be a positive number, got ${host.clkTck}`);
     if (host.packages.length === 0) throw new Error('the host has no packages');
     this.clkTck = host.clkTck;
+    const counters = new Map<number, CounterSpec>();
     for (const p of host.packages) {
-      if (this.unit.has(p.package)) throw new Error(`package ${p.package} is listed twice`);
-      const counter = packageCounter(p);
-      this.unit.set(p.package, counter.unitJ);
-      this.range.set(p.package, counter.range);
-      this.cpusPerPackage.set(p.package, 0);
+      if (counters.has(p.package)) throw new Error(`package ${p.package} is listed twice`);
+      counters.set(p.package, packageCounter(p));
     }
+    this.packageIds = [...counters.keys()].sort((a, b) => a - b);
+    this.packageIds.forEach((pkg, i) => this.pkgIndex.set(pkg, i));
+    this.cpusPerPackage = this.packageIds.map(() => 0);
+    this.claimed = this.packageIds.map(() => 0);
     for (const c of host.cpus) {
-      if (this.cpuPackage.has(c.cpu)) throw new Error(`cpu ${c.cpu} is listed twice`);
-      const n = this.cpusPerPackage.get(c.package);
-      if (n === undefined) throw new Error(`cpu ${c.cpu} is in package ${c.package}, which is not among the host's packages`);
-      this.cpuPackage.set(c.cpu, c.package);
-      this.cpusPerPackage.set(c.package, n + 1);
+      if (this.cpuSlot.has(c.cpu)) throw new Error(`cpu ${c.cpu} is listed twice`);
+      const i = this.pkgIndex.get(c.package);
+      if (i === undefined) throw new Error(`cpu ${c.cpu} is in package ${c.package}, which is not among the host's packages`);
+      this.cpuSlot.set(c.cpu, i);
+      this.cpusPerPackage[i]!++;
     }
-    this.packageIds = [...this.unit.keys()].sort((a, b) => a - b);
-    const counters = host.domains ?? [];
-    counters.forEach((d, i) => this.addDomainCounter(d, counters.slice(0, i)));
-    this.prevDomain = this.planes.map(() => new Map());
+    this.pkgPlane = newPlane('package', this.packageIds.length);
+    this.packageIds.forEach((pkg, i) => (this.pkgPlane.counters[i] = counterSlot(pkg, counters.get(pkg)!)));
+    const domains = host.domains ?? [];
+    domains.forEach((d, i) => this.addDomainCounter(d, domains.slice(0, i)));
+    this.allPlanes = [this.pkgPlane, ...this.planes];
     const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === this.packageIds[0]);
     this.guestPowerUnit = guest!.powerUnit;
     this.uGuest = joulesPerCounterUnit(this.guestPowerUnit);
@@ -198,14 +229,25 @@ export class RatioEngine {
 
   /** Takes one DomainCounter of the host (those before it already taken), or throws naming what is wrong with it. */
   private addDomainCounter(d: DomainCounter, before: readonly DomainCounter[]): void {
-    const problem = domainCounterProblem(d, this.unit, before);
+    const problem = domainCounterProblem(d, this.pkgIndex, before);
     if (problem !== undefined) throw new Error(problem);
     let i = this.planeOf.get(d.domain);
     if (i === undefined) {
       this.planeOf.set(d.domain, (i = this.planes.length));
-      this.planes.push({ domain: d.domain, platform: PLATFORM_DOMAINS.has(d.domain), counters: new Map() });
+      this.planes.push(newPlane(d.domain, PLATFORM_DOMAINS.has(d.domain) ? 1 : this.packageIds.length));
     }
-    this.planes[i]!.counters.set(d.package, { range: d.range, unitJ: d.unitJ });
+    const plane = this.planes[i]!;
+    plane.counters[plane.platform ? 0 : this.pkgIndex.get(d.package)!] = counterSlot(d.package, d);
+  }
+
+  /** The counter of `domain` (another than the package) read on `pkg`, or undefined when the host does not read it. */
+  private counterOf(domain: string, pkg: number): CounterSlot | undefined {
+    const i = this.planeOf.get(domain);
+    if (i === undefined) return undefined;
+    const plane = this.planes[i]!;
+    const k = plane.platform ? 0 : this.pkgIndex.get(pkg);
+    const c = k === undefined ? undefined : plane.counters[k];
+    return c?.package === pkg ? c : undefined;
   }
 
   /** The other domains the host reads, in the order they are attributed. */
@@ -320,8 +362,7 @@ export class RatioEngine {
    */
   gap(): void {
     this.prevT = undefined;
-    this.prevEnergy = new Map();
-    this.prevDomain = this.planes.map(() => new Map());
+    for (const p of this.allPlanes) for (const c of p.counters) if (c !== undefined) c.last = NaN;
     for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
   }
 
@@ -352,8 +393,9 @@ export class RatioEngine {
     });
     let lastSample: EngineState['lastSample'] = null;
     if (this.prevT !== undefined) {
-      lastSample = { tNs: this.prevT, energy: [...this.prevEnergy].map(([pkg, raw]) => ({ pkg, raw })) };
-      const domains = this.planes.flatMap((p, i) => [...this.prevDomain[i]!].map(([pkg, raw]) => ({ domain: p.domain, pkg, raw })));
+      const kept = (p: Plane) => p.counters.filter((c): c is CounterSlot => c !== undefined && !Number.isNaN(c.last));
+      lastSample = { tNs: this.prevT, energy: kept(this.pkgPlane).map((c) => ({ pkg: c.package, raw: c.last })) };
+      const domains = this.planes.flatMap((p) => kept(p).map((c) => ({ domain: p.domain, pkg: c.package, raw: c.last })));
       if (domains.length > 0) lastSample.domains = domains;
     }
     return { nextId: this.nextId, lastSample, vms };
@@ -394,10 +436,10 @@ export class RatioEngine {
     this.nextId = s.nextId;
     if (s.lastSample !== null) {
       this.prevT = s.lastSample.tNs;
-      this.prevEnergy = new Map(s.lastSample.energy.map((e) => [e.pkg, e.raw]));
+      for (const e of s.lastSample.energy) this.pkgPlane.counters[this.pkgIndex.get(e.pkg)!]!.last = e.raw;
       for (const d of s.lastSample.domains ?? []) {
-        const i = this.planeOf.get(d.domain);
-        if (i !== undefined && this.planes[i]!.counters.has(d.pkg)) this.prevDomain[i]!.set(d.pkg, d.raw);
+        const c = this.counterOf(d.domain, d.pkg);
+        if (c !== undefined) c.last = d.raw;
       }
     }
   }
@@ -409,14 +451,16 @@ export class RatioEngine {
       if (last.tNs < 0n) return `the last sample's time ${last.tNs} ns is negative`;
       const seen = new Set<number>();
       for (const e of last.energy) {
-        if (!this.unit.has(e.pkg)) return `the last sample has a counter for package ${e.pkg}, which the host does not have`;
+        const k = this.pkgIndex.get(e.pkg);
+        if (k === undefined) return `the last sample has a counter for package ${e.pkg}, which the host does not have`;
         if (seen.has(e.pkg)) return `the last sample has package ${e.pkg} twice`;
         seen.add(e.pkg);
-        if (!Number.isSafeInteger(e.raw) || e.raw < 0 || e.raw >= Number(this.range.get(e.pkg)!))
-          return `package ${e.pkg}'s counter ${e.raw} is out of its range (0..${this.range.get(e.pkg)! - 1n})`;
+        const range = this.pkgPlane.counters[k]!.range;
+        if (!Number.isSafeInteger(e.raw) || e.raw < 0 || e.raw >= Number(range))
+          return `package ${e.pkg}'s counter ${e.raw} is out of its range (0..${range - 1n})`;
       }
       for (const d of last.domains ?? []) {
-        const c = this.planes.find((p) => p.domain === d.domain)?.counters.get(d.pkg);
+        const c = this.counterOf(d.domain, d.pkg);
         // A domain this engine does not read is ignored; one it reads must fit its counter.
         if (c !== undefined && (!Number.isSafeInteger(d.raw) || d.raw < 0 || d.raw >= Number(c.range)))
           return `the ${d.domain} counter ${d.raw} of package ${d.pkg} is out of its range`;
@@ -464,34 +508,20 @@ export class RatioEngine {
       throw new Error(`sample time ${s.tNs} ns is not after the previous sample (${this.prevT} ns)`);
     }
     const problems: string[] = [];
-    const energyNow = new Map<number, number>();
-    for (const [pkg, raw] of s.energy) {
-      if (!this.unit.has(pkg)) {
-        problems.push(`energy given for package ${pkg}, which the host does not have: ignored`);
-        continue;
-      }
-      energyNow.set(pkg, Number(raw % this.range.get(pkg)!));
-    }
-    for (const pkg of this.packageIds) if (!energyNow.has(pkg)) problems.push(`no energy value for package ${pkg} in this sample`);
-    const domainNow = this.domainValues(s, problems);
-
+    this.readCounters(s, problems);
     const prevT = this.prevT;
-    const prevEnergy = this.prevEnergy;
-    const prevDomain = this.prevDomain;
     this.prevT = s.tNs;
-    this.prevEnergy = energyNow;
-    // A domain value missing now keeps the last one: the next value spans the gap.
-    this.prevDomain = prevDomain.map((before, i) => {
-      const now = domainNow[i]!;
-      if (now.size === this.planes[i]!.counters.size) return now; // every value read: nothing to keep
-      const kept = new Map(now);
-      for (const [pkg, v] of before) if (!kept.has(pkg)) kept.set(pkg, v);
-      return kept;
-    });
 
     let result: IntervalResult | null = null;
     const ended: number[] = [];
-    if (prevT !== undefined) result = this.interval(s, prevT, prevEnergy, energyNow, prevDomain, domainNow, problems, ended);
+    if (prevT !== undefined) {
+      for (const p of this.allPlanes) closeCounters(p);
+      result = this.interval(s, prevT, problems, ended);
+    }
+    // The next interval starts from these values; a domain value missing now keeps the last one (the
+    // next value spans the gap), a package value missing makes the next one a new baseline.
+    for (const p of this.allPlanes)
+      for (const c of p.counters) if (c !== undefined && (!p.keepsLast || !Number.isNaN(c.now))) c.last = c.now;
     // VMs registered since the previous sample take this one as their baseline.
     for (const vm of this.vms.values()) {
       if (vm.phase !== 'pending') continue;
@@ -513,51 +543,40 @@ export class RatioEngine {
     return result;
   }
 
-  /** Per domain plane, per package: the sample's counter mod range. Readings the host does not have are reported and left out. */
-  private domainValues(s: Sample, problems: string[]): Map<number, number>[] {
-    const out = this.planes.map(() => new Map<number, number>());
+  /** Each counter's value in this sample (`now`, NaN where it lacks it); values the host does not read are reported and left out. */
+  private readCounters(s: Sample, problems: string[]): void {
+    for (const p of this.allPlanes) for (const c of p.counters) if (c !== undefined) c.now = NaN;
+    const pkgs = this.pkgPlane.counters;
+    for (const [pkg, raw] of s.energy) {
+      const k = this.pkgIndex.get(pkg);
+      if (k === undefined) {
+        problems.push(`energy given for package ${pkg}, which the host does not have: ignored`);
+        continue;
+      }
+      const c = pkgs[k]!;
+      c.now = Number(raw % c.range);
+    }
+    for (const c of pkgs) if (Number.isNaN(c!.now)) problems.push(`no energy value for package ${c!.package} in this sample`);
     for (const r of s.domains ?? []) {
-      const i = this.planeOf.get(r.domain);
-      const c = i === undefined ? undefined : this.planes[i]!.counters.get(r.package);
+      const c = this.counterOf(r.domain, r.package);
       if (c === undefined) {
         problems.push(`${String(r.domain)} energy given for package ${r.package}, which the host does not read: ignored`);
         continue;
       }
-      out[i!]!.set(r.package, Number(r.raw % c.range));
+      c.now = Number(r.raw % c.range);
     }
-    for (let i = 0; i < this.planes.length; i++) {
-      const p = this.planes[i]!;
-      if (out[i]!.size === p.counters.size) continue; // every value there
-      for (const pkg of p.counters.keys())
-        if (!out[i]!.has(pkg)) problems.push(`no ${p.domain} energy value for package ${pkg} in this sample`);
-    }
-    return out;
+    for (const p of this.planes)
+      for (const c of p.counters)
+        if (c !== undefined && Number.isNaN(c.now)) problems.push(`no ${p.domain} energy value for package ${c.package} in this sample`);
   }
 
-  private interval(
-    s: Sample,
-    prevT: bigint,
-    prevEnergy: Map<number, number>,
-    energyNow: Map<number, number>,
-    prevDomain: Map<number, number>[],
-    domainNow: Map<number, number>[],
-    problems: string[],
-    ended: number[],
-  ): IntervalResult {
+  private interval(s: Sample, prevT: bigint, problems: string[], ended: number[]): IntervalResult {
     const dt = Number(s.tNs - prevT) / 1e9;
-    // dE_p only where both samples have the counter; a gap makes the next value a new baseline.
-    const dE = new Map<number, number>();
-    for (const pkg of this.packageIds) {
-      const a = prevEnergy.get(pkg);
-      const b = energyNow.get(pkg);
-      if (a === undefined || b === undefined) continue;
-      const units = b >= a ? b - a : b - a + Number(this.range.get(pkg)!);
-      dE.set(pkg, units * this.unit.get(pkg)!);
-    }
 
     // Pass 1: who is still alive, each thread's dticks and package, D_p.
     const live: { vm: VmState; threads: ThreadNow[] | null }[] = [];
-    const ticksOnPkg = new Map<number, number>();
+    const claimed = this.claimed.fill(0);
+    let anyClaim = false;
     for (const vm of this.vms.values()) {
       if (vm.phase !== 'active') continue;
       if (this.unchanged(vm, s)) {
@@ -577,15 +596,16 @@ export class RatioEngine {
         const before = vm.prev.get(tid);
         let dticks = before !== undefined && before.starttime === st.starttime ? st.ticks - before.ticks : st.ticks;
         if (dticks < 0) dticks = 0;
-        const pkg = this.cpuPackage.get(st.processor);
-        if (pkg === undefined) {
+        const pk = this.cpuSlot.get(st.processor) ?? -1;
+        if (pk < 0) {
           problems.push(
             `pid ${vm.spec.pid} tid ${tid}: ran on cpu ${st.processor}, which the host map does not have: no energy for it this interval`,
           );
         } else {
-          ticksOnPkg.set(pkg, (ticksOnPkg.get(pkg) ?? 0) + dticks);
+          claimed[pk] = claimed[pk]! + dticks;
+          anyClaim = true;
         }
-        threads.push({ tid, dticks, pkg, vpkg: vm.vcpuVpkg.get(tid) });
+        threads.push({ tid, dticks, pk, vpkg: vm.vcpuVpkg.get(tid) });
         marks.set(tid, st);
       }
       vm.prev = marks;
@@ -595,11 +615,9 @@ export class RatioEngine {
     // e_k = dE_p * dticks / cap_p; ticks claimed beyond cap_p are paid from the other packages' leftover
     // first, and only what that cannot cover scales the package's claims down (ratio/overclaim.ts).
     // Every other domain is paid the same way, with its own energy (docs/ratio.md, "Other RAPL domains").
-    const capacity = (pkg: number): number => this.clkTck * dt * this.cpusPerPackage.get(pkg)!;
-    const pkgPlane = this.planeInterval(dE, false, capacity, ticksOnPkg);
-    const planes = this.planes.map((p, i) =>
-      this.planeInterval(this.domainEnergy(p, prevDomain[i]!, domainNow[i]!), p.platform, capacity, ticksOnPkg),
-    );
+    // No thread of any VM seen on a package (every VM idle this interval, the usual case): no claim to pay.
+    const capacity = anyClaim ? this.cpusPerPackage.map((n) => this.clkTck * dt * n) : null;
+    for (const p of this.allPlanes) payPlane(p, this.packageIds, capacity, claimed);
 
     const vmsOut: VmInterval[] = [];
     for (const { vm, threads } of live) {
@@ -611,42 +629,45 @@ export class RatioEngine {
         continue;
       }
       const es: number[] = new Array<number>(threads.length);
-      const pkgSplit = this.split(pkgPlane, vm, threads, es);
+      const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
       this.addThreadTotals(vm, threads, es, pkgSplit.extra);
       // With no vCPU present, W is dropped and nothing is attributed on any package.
       for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
       const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
-      if (planes.length > 0) {
+      if (this.planes.length > 0) {
         const domains: VmDomainEnergy[] = [];
-        for (let i = 0; i < planes.length; i++) {
-          const { vpkg } = this.split(planes[i]!, vm, threads, es);
+        for (let i = 0; i < this.planes.length; i++) {
+          const plane = this.planes[i]!;
+          const { vpkg } = split(plane, vm.nvpkg, threads, es);
           const acc = vm.domainAcc[i]!;
           for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
-          domains.push({ domain: this.planes[i]!.domain, vpkgEnergyJ: vpkg });
+          domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
         }
         out.domains = domains;
       }
       vmsOut.push(out);
     }
 
-    this.settleLent(pkgPlane);
-    for (const p of planes) this.settleLent(p);
+    for (const p of this.allPlanes) settleLent(p);
     const packages: PackageInterval[] = [];
-    for (const pkg of this.packageIds) {
-      const e = dE.get(pkg);
-      const domains: DomainInterval[] = [];
-      for (let i = 0; i < planes.length; i++) {
-        const d = this.planes[i]!;
-        const plane = planes[i]!;
-        // A platform domain is reported under the package its one counter is read on.
-        const key = d.platform ? (d.counters.has(pkg) ? PLATFORM_KEY : undefined) : pkg;
-        const de = key === undefined ? undefined : plane.energy.get(key);
-        if (de !== undefined) domains.push({ domain: d.domain, energyJ: de, attributedJ: plane.attributed.get(key!) ?? 0 });
-      }
+    const pkgEnergy = this.pkgPlane.energy;
+    for (let k = 0; k < this.packageIds.length; k++) {
       // A package without its own energy this interval is left out, as before the other domains came.
-      if (e === undefined) continue;
-      const out: PackageInterval = { package: pkg, energyJ: e, attributedJ: pkgPlane.attributed.get(pkg) ?? 0 };
-      if (domains.length > 0) out.domains = domains;
+      const e = pkgEnergy[k]!;
+      if (Number.isNaN(e)) continue;
+      const pkg = this.packageIds[k]!;
+      const out: PackageInterval = { package: pkg, energyJ: e, attributedJ: this.pkgPlane.attributed[k]! };
+      if (this.planes.length > 0) {
+        const domains: DomainInterval[] = [];
+        for (const d of this.planes) {
+          // A platform domain is reported under the package its one counter is read on.
+          const slot = d.platform ? 0 : k;
+          const de = d.energy[slot]!;
+          if (d.counters[slot]?.package === pkg && !Number.isNaN(de))
+            domains.push({ domain: d.domain, energyJ: de, attributedJ: d.attributed[slot]! });
+        }
+        if (domains.length > 0) out.domains = domains;
+      }
       packages.push(out);
     }
     return { tNs: s.tNs, dtS: dt, packages, vms: vmsOut, ended, problems };
@@ -663,96 +684,6 @@ export class RatioEngine {
     return d;
   }
 
-  /** dE_{p,d} in joules where both samples have the domain's counter (a platform domain: under PLATFORM_KEY). */
-  private domainEnergy(p: DomainPlane, before: Map<number, number>, now: Map<number, number>): Map<number, number> {
-    const out = new Map<number, number>();
-    for (const [pkg, c] of p.counters) {
-      const a = before.get(pkg);
-      const b = now.get(pkg);
-      if (a === undefined || b === undefined) continue;
-      out.set(p.platform ? PLATFORM_KEY : pkg, (b >= a ? b - a : b - a + Number(c.range)) * c.unitJ);
-    }
-    return out;
-  }
-
-  /**
-   * How a domain's energy of the interval is paid: per package by its claims (payClaims), or, for a
-   * platform domain, as one package holding every CPU and every claim.
-   */
-  private planeInterval(
-    energy: Map<number, number>,
-    platform: boolean,
-    capacity: (pkg: number) => number,
-    ticksOnPkg: Map<number, number>,
-  ): PlaneInterval {
-    // No thread of any VM seen on a package (every VM idle this interval, the usual case): no claim
-    // to pay, so no pay structure; split() reads `pay` only for a thread on a package.
-    if (ticksOnPkg.size === 0) return { energy, pay: NO_PAY, platform, attributed: new Map(), lent: 0 };
-    const claims = platform
-      ? [
-          {
-            package: PLATFORM_KEY,
-            energyJ: energy.get(PLATFORM_KEY),
-            capacity: this.packageIds.reduce((sum, pkg) => sum + capacity(pkg), 0),
-            claimed: [...ticksOnPkg.values()].reduce((sum, t) => sum + t, 0),
-          },
-        ]
-      : this.packageIds.map((pkg) => ({
-          package: pkg,
-          energyJ: energy.get(pkg),
-          capacity: capacity(pkg),
-          claimed: ticksOnPkg.get(pkg) ?? 0,
-        }));
-    const paid = payClaims(claims);
-    const pay = new Map<number, PackagePay>();
-    claims.forEach((c, i) => pay.set(c.package, paid[i]!));
-    return { energy, pay, platform, attributed: new Map(), lent: 0 };
-  }
-
-  /**
-   * One VM's energy of one domain over the interval, per virtual package: each thread's share e_k
-   * (written to `es`), W (the non-vCPU threads' shares) spread evenly over the present vCPUs, and what
-   * that gives each package's attributed total (the plane's `attributed` and `lent`).
-   */
-  private split(plane: PlaneInterval, vm: VmState, threads: readonly ThreadNow[], es: number[]): { vpkg: number[]; extra: number } {
-    let w = 0;
-    let nv = 0;
-    for (let i = 0; i < threads.length; i++) {
-      const t = threads[i]!;
-      let e = 0;
-      if (t.pkg !== undefined && t.dticks !== 0) {
-        const key = plane.platform ? PLATFORM_KEY : t.pkg;
-        const de = plane.energy.get(key);
-        if (de !== undefined) e = (de * t.dticks) / plane.pay.get(key)!.divisor;
-      }
-      es[i] = e;
-      if (t.vpkg === undefined) w += e;
-      else nv++;
-    }
-    const vpkg = new Array<number>(vm.nvpkg).fill(0);
-    if (nv === 0) return { vpkg, extra: 0 };
-    const extra = w / nv;
-    for (let i = 0; i < threads.length; i++) {
-      const t = threads[i]!;
-      const e = es[i]!;
-      if (t.pkg !== undefined && e > 0) {
-        const key = plane.platform ? PLATFORM_KEY : t.pkg;
-        const p = plane.pay.get(key)!;
-        plane.attributed.set(key, (plane.attributed.get(key) ?? 0) + (p.borrowedShare === 0 ? e : e * p.ownShare));
-        plane.lent += e * p.borrowedShare;
-      }
-      if (t.vpkg !== undefined) vpkg[t.vpkg] = vpkg[t.vpkg]! + e + extra;
-    }
-    return { vpkg, extra };
-  }
-
-  /** Adds what each package lent to claims beyond another's capacity to its attributed energy. */
-  private settleLent(plane: PlaneInterval): void {
-    if (plane.lent <= 0) return;
-    for (const [key, p] of plane.pay)
-      if (p.lendShare > 0) plane.attributed.set(key, (plane.attributed.get(key) ?? 0) + plane.lent * p.lendShare);
-  }
-
   /**
    * Whether the VM's lines in this sample are those of the previous one, every one understood and on
    * a known CPU: then the interval gives it nothing and reports nothing (what the full pass would
@@ -764,7 +695,7 @@ export class RatioEngine {
     if (lines === undefined || lines.size !== vm.parsed.size || lines.size !== vm.prev.size) return false;
     for (const [tid, line] of lines) {
       const c = vm.parsed.get(tid);
-      if (c === undefined || c.line !== line || c.stat === null || !this.cpuPackage.has(c.stat.processor)) return false;
+      if (c === undefined || c.line !== line || c.stat === null || !this.cpuSlot.has(c.stat.processor)) return false;
     }
     return true;
   }
@@ -819,6 +750,88 @@ export class RatioEngine {
     if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
     if (vm.spec.name !== undefined) out.name = vm.spec.name;
     return out;
+  }
+}
+
+/** The plane's energy of the interval per slot: where both samples have the counter, its distance (one wrap at most) times its unit. */
+function closeCounters(p: Plane): void {
+  for (let k = 0; k < p.counters.length; k++) {
+    const c = p.counters[k];
+    if (c === undefined || Number.isNaN(c.now) || Number.isNaN(c.last)) p.energy[k] = NaN;
+    else p.energy[k] = (c.now >= c.last ? c.now - c.last : c.now - c.last + Number(c.range)) * c.unitJ;
+  }
+}
+
+/**
+ * How the plane's energy of the interval is paid (payClaims): per package by its claims, or, for a
+ * platform domain, as one package (the one its counter is read on) holding every CPU and every claim. `capacity` per package index,
+ * null when no thread was seen on any package (nothing to pay: split() reads `pay` only for such a thread).
+ */
+function payPlane(p: Plane, packageIds: readonly number[], capacity: readonly number[] | null, claimed: readonly number[]): void {
+  p.attributed.fill(0);
+  p.lent = 0;
+  if (capacity === null) {
+    p.pay = NO_PAY;
+    return;
+  }
+  const energyJ = (k: number): number | undefined => (Number.isNaN(p.energy[k]!) ? undefined : p.energy[k]);
+  p.pay = payClaims(
+    p.platform
+      ? [
+          {
+            package: p.counters[0]!.package,
+            energyJ: energyJ(0),
+            capacity: capacity.reduce((sum, c) => sum + c, 0),
+            claimed: claimed.reduce((sum, t) => sum + t, 0),
+          },
+        ]
+      : capacity.map((c, k) => ({ package: packageIds[k]!, energyJ: energyJ(k), capacity: c, claimed: claimed[k]! })),
+  );
+}
+
+/**
+ * One VM's energy of one domain over the interval, per virtual package: each thread's share e_k
+ * (written to `es`), W (the non-vCPU threads' shares) spread evenly over the present vCPUs, and what
+ * that gives each package's attributed total (the plane's `attributed` and `lent`).
+ */
+function split(plane: Plane, nvpkg: number, threads: readonly ThreadNow[], es: number[]): { vpkg: number[]; extra: number } {
+  let w = 0;
+  let nv = 0;
+  for (let i = 0; i < threads.length; i++) {
+    const t = threads[i]!;
+    let e = 0;
+    if (t.pk >= 0 && t.dticks !== 0) {
+      const k = plane.platform ? 0 : t.pk;
+      const de = plane.energy[k]!;
+      if (!Number.isNaN(de)) e = (de * t.dticks) / plane.pay[k]!.divisor;
+    }
+    es[i] = e;
+    if (t.vpkg === undefined) w += e;
+    else nv++;
+  }
+  const vpkg = new Array<number>(nvpkg).fill(0);
+  if (nv === 0) return { vpkg, extra: 0 };
+  const extra = w / nv;
+  for (let i = 0; i < threads.length; i++) {
+    const t = threads[i]!;
+    const e = es[i]!;
+    if (t.pk >= 0 && e > 0) {
+      const k = plane.platform ? 0 : t.pk;
+      const p = plane.pay[k]!;
+      plane.attributed[k] = plane.attributed[k]! + (p.borrowedShare === 0 ? e : e * p.ownShare);
+      plane.lent += e * p.borrowedShare;
+    }
+    if (t.vpkg !== undefined) vpkg[t.vpkg] = vpkg[t.vpkg]! + e + extra;
+  }
+  return { vpkg, extra };
+}
+
+/** Adds what each package lent to claims beyond another's capacity to its attributed energy. */
+function settleLent(plane: Plane): void {
+  if (plane.lent <= 0) return;
+  for (let k = 0; k < plane.pay.length; k++) {
+    const p = plane.pay[k]!;
+    if (p.lendShare > 0) plane.attributed[k] = plane.attributed[k]! + plane.lent * p.lendShare;
   }
 }
 
