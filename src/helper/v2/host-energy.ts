@@ -43,12 +43,12 @@ export type HostStats = HostValues['stats'];
 
 const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 
-const domainKey = (pkg: number, domain: string): string => `${domain} ${pkg}`;
-
 export class HostEnergy {
   private readonly totals = new Map<number, { energyJ: number; unattributedJ: number }>();
-  /** The other domains' totals by domainKey, in the order the host lists its domain counters. */
-  private readonly domainTotals = new Map<string, DomainTotals>();
+  /** The other domains' totals, in the order the host lists its domain counters (then as they came). */
+  private readonly domainTotals: DomainTotals[] = [];
+  /** The same per package and domain. */
+  private readonly domainOf = new Map<number, Map<OtherDomain, DomainTotals>>();
   private tNs = 0n;
 
   /**
@@ -58,13 +58,12 @@ export class HostEnergy {
    */
   constructor(packages: readonly number[], from?: HostEnergyState, domains: readonly { package: number; domain: OtherDomain }[] = []) {
     for (const pkg of packages) this.totals.set(pkg, { energyJ: 0, unattributedJ: 0 });
-    for (const d of domains)
-      this.domainTotals.set(domainKey(d.package, d.domain), { pkg: d.package, domain: d.domain, energyJ: 0, unattributedJ: 0 });
+    for (const d of domains) this.domainTotalsOf(d.package, d.domain);
     if (from === undefined) return;
     this.tNs = from.tNs;
     for (const p of from.packages) this.totals.set(p.pkg, { energyJ: p.energyJ, unattributedJ: p.unattributedJ });
     for (const d of from.domains ?? []) {
-      const k = this.domainTotals.get(domainKey(d.pkg, d.domain));
+      const k = this.domainOf.get(d.pkg)?.get(d.domain);
       if (k) Object.assign(k, { energyJ: d.energyJ, unattributedJ: d.unattributedJ });
     }
   }
@@ -76,23 +75,30 @@ export class HostEnergy {
       let k = this.totals.get(p.package);
       if (!k) this.totals.set(p.package, (k = { energyJ: 0, unattributedJ: 0 }));
       addInterval(k, p);
-      for (const d of p.domains ?? []) {
-        const key = domainKey(p.package, d.domain);
-        let t = this.domainTotals.get(key);
-        if (!t) this.domainTotals.set(key, (t = { pkg: p.package, domain: d.domain, energyJ: 0, unattributedJ: 0 }));
-        addInterval(t, d);
-      }
+      if (p.domains !== undefined) for (const d of p.domains) addInterval(this.domainTotalsOf(p.package, d.domain), d);
     }
+  }
+
+  /** The totals of `domain` on `pkg`, made at zero (and listed last) when there are none yet. */
+  private domainTotalsOf(pkg: number, domain: OtherDomain): DomainTotals {
+    let byDomain = this.domainOf.get(pkg);
+    if (byDomain === undefined) this.domainOf.set(pkg, (byDomain = new Map()));
+    let t = byDomain.get(domain);
+    if (t === undefined) {
+      byDomain.set(domain, (t = { pkg, domain, energyJ: 0, unattributedJ: 0 }));
+      this.domainTotals.push(t);
+    }
+    return t;
   }
 
   /** The other domains' totals since sampling started, per package and domain (copies). */
   domains(): DomainTotals[] {
-    return [...this.domainTotals.values()].map((d) => ({ ...d }));
+    return this.domainTotals.map((d) => ({ ...d }));
   }
 
   /** The same in floored µJ, as the package's are given (the host statistics file's `<domain>_energy`, HOST_UPDATE's domain block). */
   domainsUj(): { pkg: number; domain: OtherDomain; energyUj: bigint; unattributedUj: bigint }[] {
-    return [...this.domainTotals.values()].map((d) => ({
+    return this.domainTotals.map((d) => ({
       pkg: d.pkg,
       domain: d.domain,
       energyUj: uj(d.energyJ),
@@ -124,7 +130,7 @@ export class HostEnergy {
 
   state(): HostEnergyState {
     const out: HostEnergyState = { tNs: this.tNs, packages: [...this.totals].map(([pkg, k]) => ({ pkg, ...k })) };
-    if (this.domainTotals.size > 0) out.domains = this.domains();
+    if (this.domainTotals.length > 0) out.domains = this.domains();
     return out;
   }
 }
