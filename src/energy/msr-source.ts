@@ -41,8 +41,17 @@ interface DomainPlan {
   scope: RegisterScope;
   unitJ: Map<number, number>;
   cpus: Map<number, number[]>;
-  /** Per package, the counter's name for the unwrapper ("dram 0"). */
-  key: Map<number, string>;
+}
+
+/** One counter read() reads: a domain on one package, in read order. */
+interface ReadSlot {
+  package: number;
+  plan: DomainPlan;
+  unitJ: number;
+  /** The CPUs its register is read through (several: per-core registers, summed). */
+  cpus: readonly number[];
+  /** The counter's name for the unwrapper ("dram 0"). */
+  key: string;
 }
 
 export class MsrEnergySource implements EnergySource {
@@ -53,6 +62,8 @@ export class MsrEnergySource implements EnergySource {
   /** Domains of the vendor's table not read, and why (absent, or left out by --domains). */
   readonly absent: { domain: EnergyDomain; why: string }[] = [];
   private readonly plans: DomainPlan[] = [];
+  /** Packages ascending, each one's domains in order (a platform domain under the first package only). */
+  private readonly slots: ReadSlot[];
   private readonly unwrap = new CounterUnwrapper();
 
   /**
@@ -78,12 +89,9 @@ export class MsrEnergySource implements EnergySource {
         this.absent.push({ domain, why: 'not in --domains' });
         continue;
       }
-      const plan: DomainPlan = { domain, msr: reg.msr, scope: reg.scope, unitJ: new Map(), cpus: new Map(), key: new Map() };
+      const plan: DomainPlan = { domain, msr: reg.msr, scope: reg.scope, unitJ: new Map(), cpus: new Map() };
       const packages = PLATFORM_DOMAINS.has(domain) ? this.packages.slice(0, 1) : this.packages;
-      for (const pkg of packages) {
-        plan.unitJ.set(pkg, domainUnitJ(o.vendor, domain, esu.get(pkg)!, o.model));
-        plan.key.set(pkg, `${domain} ${pkg}`);
-      }
+      for (const pkg of packages) plan.unitJ.set(pkg, domainUnitJ(o.vendor, domain, esu.get(pkg)!, o.model));
       let why: string | undefined;
       try {
         const perCore = reg.scope === 'core' ? firstCpuPerCore(o.sysRoot, o.cpus) : undefined;
@@ -97,6 +105,12 @@ export class MsrEnergySource implements EnergySource {
       else this.absent.push({ domain, why });
     }
     this.domains = this.plans.map((p) => p.domain);
+    this.slots = this.packages.flatMap((pkg) =>
+      this.plans.flatMap((plan) => {
+        const unitJ = plan.unitJ.get(pkg);
+        return unitJ === undefined ? [] : [{ package: pkg, plan, unitJ, cpus: plan.cpus.get(pkg)!, key: `${plan.domain} ${pkg}` }];
+      }),
+    );
     this.domainCounters = this.plans.flatMap(({ domain, unitJ }) =>
       domain === 'package' ? [] : [...unitJ].map(([pkg, u]) => ({ package: pkg, domain, range: RAPL_COUNTER_RANGE, unitJ: u })),
     );
@@ -129,39 +143,37 @@ export class MsrEnergySource implements EnergySource {
   read(): EnergyReading[] {
     const out: EnergyReading[] = [];
     const failed: { domain: EnergyDomain; error: unknown }[] = [];
-    for (const pkg of this.packages) {
-      for (const plan of this.plans) {
-        const unitJ = plan.unitJ.get(pkg);
-        if (unitJ === undefined) continue; // a platform domain, read under the first package only
-        try {
-          out.push(plan.scope === 'core' ? this.readSummed(pkg, plan, unitJ) : this.readOne(pkg, plan, unitJ));
-        } catch (e) {
-          if (plan.domain === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), this.kind, { cause: e });
-          failed.push({ domain: plan.domain, error: e });
-        }
+    for (let i = 0; i < this.slots.length; i++) {
+      const slot = this.slots[i]!;
+      try {
+        out.push(this.readSlot(slot));
+      } catch (e) {
+        if (slot.plan.domain === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), this.kind, { cause: e });
+        failed.push({ domain: slot.plan.domain, error: e });
       }
     }
     if (failed.length > 0) throw partialReadError(this.kind, failed, out);
     return out;
   }
 
-  private readOne(pkg: number, plan: DomainPlan, unitJ: number): EnergyReading {
-    const counter = { raw: this.o.device.read(plan.cpus.get(pkg)![0]!, plan.msr), range: RAPL_COUNTER_RANGE, unitJ };
-    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(plan.key.get(pkg)!, counter), counter };
-  }
-
   /**
-   * Per-core registers: the counter is the sum of the cores' bits 31:0, mod 2^32. It wraps as one RAPL
-   * counter does: the distance between two reads (mod 2^32) is the sum of the cores' distances as long
-   * as the package's cores count fewer than 2^32 units between reads, which the package counter's
-   * own read-once-per-wrap bound already asks. Being a function of the registers alone, it needs no
-   * memory of earlier reads: a restarted daemon or a trace goes on from it exactly.
+   * One counter. Per-core registers: the counter is the sum of the cores' bits 31:0, mod 2^32. It wraps
+   * as one RAPL counter does: the distance between two reads (mod 2^32) is the sum of the cores'
+   * distances as long as the package's cores count fewer than 2^32 units between reads, which the
+   * package counter's own read-once-per-wrap bound already asks. Being a function of the registers
+   * alone, it needs no memory of earlier reads: a restarted daemon or a trace goes on from it exactly.
    */
-  private readSummed(pkg: number, plan: DomainPlan, unitJ: number): EnergyReading {
-    let sum = 0n;
-    for (const cpu of plan.cpus.get(pkg)!) sum += this.o.device.read(cpu, plan.msr) % RAPL_COUNTER_RANGE;
-    const counter = { raw: sum % RAPL_COUNTER_RANGE, range: RAPL_COUNTER_RANGE, unitJ };
-    return { package: pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(plan.key.get(pkg)!, counter), counter };
+  private readSlot(slot: ReadSlot): EnergyReading {
+    const { plan, cpus } = slot;
+    let raw: bigint;
+    if (plan.scope !== 'core') raw = this.o.device.read(cpus[0]!, plan.msr);
+    else {
+      let sum = 0n;
+      for (const cpu of cpus) sum += this.o.device.read(cpu, plan.msr) % RAPL_COUNTER_RANGE;
+      raw = sum % RAPL_COUNTER_RANGE;
+    }
+    const counter = { raw, range: RAPL_COUNTER_RANGE, unitJ: slot.unitJ };
+    return { package: slot.package, domain: plan.domain, energyUj: this.unwrap.energyUj(slot.key, counter), counter };
   }
 
   /** The domains read, each with its unit (µJ per count, package 0's), and the domains not read with why. */

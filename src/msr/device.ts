@@ -85,7 +85,7 @@ export class MsrDevice {
 
   /** pread(fd, 8, offset = msr). Throws MsrReadError when the device or register cannot be read. */
   read(cpu: number, msr: number): bigint {
-    this.readInto(cpu, msr, this.buf, 0); // (the copy onto itself is a no-op)
+    this.pread8(cpu, msr);
     return this.buf.readBigUInt64LE(0);
   }
 
@@ -94,6 +94,12 @@ export class MsrDevice {
    * which is also the legacy reply's encoding. Throws MsrReadError as read() does.
    */
   readInto(cpu: number, msr: number, out: Buffer, offset: number): void {
+    this.pread8(cpu, msr);
+    this.buf.copy(out, offset, 0, 8);
+  }
+
+  /** pread(fd, 8, offset = msr) into this.buf. Throws MsrReadError as read() does. */
+  private pread8(cpu: number, msr: number): void {
     let fd = this.fds.get(cpu);
     if (fd === undefined) {
       try {
@@ -110,7 +116,6 @@ export class MsrDevice {
       throw new MsrReadError(cannot(`read MSR 0x${msr.toString(16)} on CPU ${cpu}`, code), cpu, msr, code);
     }
     if (n !== 8) throw new MsrReadError(shortReadMessage(cpu, msr, n, this.path(cpu), fd), cpu, msr);
-    this.buf.copy(out, offset, 0, 8);
   }
 
   close(): void {
