@@ -147,6 +147,9 @@ interface Plane<D extends EnergyDomain = EnergyDomain> {
   lent: number;
 }
 
+/** The pay of an interval where no thread claimed anything: nothing in it, never written. */
+const NO_PAY: readonly PackagePay[] = [];
+
 function newPlane<D extends EnergyDomain>(domain: D, slots: number): Plane<D> {
   return {
     domain,
@@ -163,9 +166,6 @@ function newPlane<D extends EnergyDomain>(domain: D, slots: number): Plane<D> {
 function counterSlot(pkg: number, c: CounterSpec): CounterSlot {
   return { package: pkg, range: c.range, unitJ: c.unitJ, now: NaN, last: NaN };
 }
-
-/** The pay of an interval where no thread claimed anything: nothing in it, never written. */
-const NO_PAY: readonly PackagePay[] = [];
 
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
