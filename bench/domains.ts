@@ -48,7 +48,7 @@ import {
 import { readHostCpus } from '../src/msr/topology.js';
 import { ProcTaskReader } from '../src/os/proc-tasks.js';
 import { Sampler } from '../src/sampling/sampler.js';
-import { FakeHost } from '../test/support/fake-host.js';
+import { FakeHost, TWO_PACKAGE_ZONES } from '../test/support/fake-host.js';
 import { FakeQemuFarm } from '../test/support/fake-qemu.js';
 import { vcpusOf } from './service.js';
 import { startProcs } from './sampling.js';
@@ -76,17 +76,7 @@ function engineFor(kind: 'msr' | 'powercap', source: EnergySource, h: FakeHost, 
 
 const DOMAIN_MSRS = [MSR_PP0_ENERGY_STATUS, MSR_PP1_ENERGY_STATUS, MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS];
 /** The powercap zones of fakeHost(), as the kernel names them. */
-const ZONES = [
-  { id: '0', name: 'package-0' },
-  { id: '0:0', name: 'core' },
-  { id: '0:1', name: 'uncore' },
-  { id: '0:2', name: 'dram' },
-  { id: '1', name: 'psys' },
-  { id: '2', name: 'package-1' },
-  { id: '2:0', name: 'core' },
-  { id: '2:1', name: 'uncore' },
-  { id: '2:2', name: 'dram' },
-];
+const ZONES = TWO_PACKAGE_ZONES;
 
 function fakeHost(): FakeHost {
   const h = new FakeHost({ packages: [...Array<number>(16).fill(0), ...Array<number>(16).fill(1)] });

@@ -21,7 +21,7 @@ import {
 } from '../../src/msr/registers.js';
 import { readHostCpus } from '../../src/msr/topology.js';
 import type { Vendor } from '../../src/ratio/types.js';
-import { FakeHost } from '../support/fake-host.js';
+import { FakeHost, TWO_PACKAGE_ZONES } from '../support/fake-host.js';
 import { energySourceContract, START_COUNTER, type SourceUnderTest } from './energy-source-contract.js';
 
 const PACKAGES = [0, 0, 1, 1]; // two packages of two CPUs
@@ -138,26 +138,14 @@ function syntheticSource(): SourceUnderTest {
 }
 
 /**
- * A powercap tree of two packages as the kernel lays it out: package-0 with core, uncore and dram
- * sub-zones, psys as a top-level zone between the packages (intel-rapl:1), package-1 (intel-rapl:2)
- * with core and dram. Counters wrap after 2^32 - 1 µJ here, so the contract's wrap comes early; a
- * real range has its own test (powercap.test.ts).
+ * A powercap tree of two packages as the kernel lays it out (TWO_PACKAGE_ZONES). Counters wrap after
+ * 2^32 - 1 µJ here, so the contract's wrap comes early; a real range has its own test (powercap.test.ts).
  */
 function powercapSource(): SourceUnderTest {
   const fake = new FakeHost({ packages: PACKAGES });
   const max = (1n << 32n) - 1n;
   const uj = BigInt(START_COUNTER);
-  const zones = [
-    { id: '0', name: 'package-0' },
-    { id: '0:0', name: 'core' },
-    { id: '0:1', name: 'uncore' },
-    { id: '0:2', name: 'dram' },
-    { id: '1', name: 'psys' },
-    { id: '2', name: 'package-1' },
-    { id: '2:0', name: 'core' },
-    { id: '2:1', name: 'dram' },
-    { id: '2:2', name: 'uncore' },
-  ];
+  const zones = TWO_PACKAGE_ZONES;
   fake.writePowercap(zones.map((z) => ({ ...z, max, uj })));
   const paths = fake.hostPaths();
   const device = new MsrDevice(fake.msrPathTemplate);

@@ -16,6 +16,23 @@ import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import type { V2Limits } from '../../src/helper/v2/service.js';
 
+/**
+ * The powercap zones of a two-package Intel host as the kernel lays them out: package-0 with core,
+ * uncore and dram sub-zones, psys as a top-level zone between the packages (intel-rapl:1), package-1
+ * (intel-rapl:2) with the same sub-zones. `id` as FakeHost.writePowercap takes it.
+ */
+export const TWO_PACKAGE_ZONES: readonly { id: string; name: string }[] = [
+  { id: '0', name: 'package-0' },
+  { id: '0:0', name: 'core' },
+  { id: '0:1', name: 'uncore' },
+  { id: '0:2', name: 'dram' },
+  { id: '1', name: 'psys' },
+  { id: '2', name: 'package-1' },
+  { id: '2:0', name: 'core' },
+  { id: '2:1', name: 'uncore' },
+  { id: '2:2', name: 'dram' },
+];
+
 export interface FakeHostOptions {
   /** package id of each CPU, index = CPU number; default two CPUs in package 0. */
   packages?: number[];
