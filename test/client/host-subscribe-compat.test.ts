@@ -14,22 +14,14 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client, type HostUpdate } from '../../src/client/v2-client.js';
 import { CLIENT_TYPES, E, FrameDecoder, T, V2_MAGIC, encodeError, encodeHostUpdate, encodeUpdate } from '../../src/protocol/v2/codec.js';
+import { hostStats } from '../support/helper-messages.js';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const STATS = {
-  legacyOk: 0n,
-  legacyRefused: 0n,
-  legacyFailed: 0n,
-  lastSampleDurationNs: 0n,
-  samples: 3n,
-  sampleFailures: 0n,
-  connections: 1,
-  vms: 0,
-};
+const STATS = hostStats({ samples: 3n, connections: 1 });
 
 /**
  * A helper of the previous protocol revision: refuses any HOST_SUBSCRIBE flag, sends the original layout;

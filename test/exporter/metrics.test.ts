@@ -9,6 +9,7 @@ import { startMetricsServer, type MetricsServer } from '../../src/exporter/http-
 import { negotiateFormat } from '../../src/exporter/metrics.js';
 import { backoffDelay } from '../../src/exporter/observer-session.js';
 import { missing } from '../support/env.js';
+import { hostStats } from '../support/helper-messages.js';
 
 let server: MetricsServer | null = null;
 afterEach(async () => {
@@ -144,16 +145,7 @@ describe('exporter metrics', () => {
 
   test('a helper that sends no per-package unattributed energy gets the host-wide series only', async () => {
     const old = new EnergyBook();
-    const stats = {
-      legacyOk: 0n,
-      legacyRefused: 0n,
-      legacyFailed: 0n,
-      lastSampleDurationNs: 0n,
-      samples: 1n,
-      sampleFailures: 0n,
-      connections: 1,
-      vms: 0,
-    };
+    const stats = hostStats({ samples: 1n, connections: 1 });
     old.hostUpdate({
       tNs: 1n,
       packages: [{ pkg: 0, energyUj: 2_000_000n, unattributedUj: null }],

@@ -21,6 +21,7 @@ import {
 } from '../../src/protocol/v2/codec.js';
 import { parseClientFrame, parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
 import { formatUuid } from '../../src/client/v2-client.js';
+import { hostStats } from '../support/helper-messages.js';
 
 function one(bytes: Buffer, types: ReadonlySet<number>): Frame {
   const got = new FrameDecoder(types).push(bytes);
@@ -172,16 +173,7 @@ describe('VM_LIST', () => {
   });
 });
 
-const NO_STATS = {
-  legacyOk: 0n,
-  legacyRefused: 0n,
-  legacyFailed: 0n,
-  lastSampleDurationNs: 0n,
-  samples: 0n,
-  sampleFailures: 0n,
-  connections: 0,
-  vms: 0,
-};
+const NO_STATS = hostStats();
 
 describe('HOST_UPDATE', () => {
   it('round-trips packages, unattributed energy, stats and the VMs-changed flag', () => {

@@ -1,6 +1,7 @@
 /** The helper's v2 messages in a buffer of whole frames, for tests that read a socket's bytes; a bad frame throws. */
 import { FrameDecoder, HELPER_TYPES } from '../../src/protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
+import type { HostStats } from '../../src/helper/v2/host-energy.js';
 
 export function helperMessages(buf: Buffer): HelperMessage[] {
   return new FrameDecoder(HELPER_TYPES).push(buf).map((f) => {
@@ -9,4 +10,19 @@ export function helperMessages(buf: Buffer): HelperMessage[] {
     if (!m.ok) throw new Error(m.error);
     return m.value;
   });
+}
+
+/** HOST_UPDATE's daemon counters, every one 0 but those given. */
+export function hostStats(some: Partial<HostStats> = {}): HostStats {
+  return {
+    legacyOk: 0n,
+    legacyRefused: 0n,
+    legacyFailed: 0n,
+    lastSampleDurationNs: 0n,
+    samples: 0n,
+    sampleFailures: 0n,
+    connections: 0,
+    vms: 0,
+    ...some,
+  };
 }

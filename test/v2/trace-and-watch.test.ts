@@ -11,6 +11,7 @@ import { stateOf } from '../../src/ratio/replay-report.js';
 import { domainPowers, formatHeader, formatJsonUpdate, formatUpdate, powers, runWatch } from '../../src/cli/commands/watch.js';
 import { formatHostDomainTable, hostDomainRows } from '../../src/cli/commands/stats.js';
 import { startChild, startHarness, until } from './harness.js';
+import { hostStats } from '../support/helper-messages.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -198,16 +199,7 @@ describe('watch', () => {
       packages: [],
       unattributedUj: 0n,
       vmsChanged: false,
-      stats: {
-        legacyOk: 0n,
-        legacyRefused: 0n,
-        legacyFailed: 0n,
-        lastSampleDurationNs: 0n,
-        samples: 0n,
-        sampleFailures: 0n,
-        connections: 0,
-        vms: 0,
-      },
+      stats: hostStats(),
       domains: [
         { pkg: 0, domain: 'dram', energyUj: 1_000_000n * k, unattributedUj: 250_000n * k },
         { pkg: 1, domain: 'dram', energyUj: 2_000_000n * k, unattributedUj: 0n },
