@@ -17,6 +17,7 @@ import { DEFAULT_V2_LIMITS } from '../helper/v2/limits.js';
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { HelperCapacity } from './helper-capacity.js';
 import type { OtherDomain } from '../ratio/domains.js';
+import { wattsOver } from '../common/watts.js';
 
 /**
  * A VM's energy of the RAPL domains other than the package, in one sample (the helper's statistics
@@ -319,8 +320,8 @@ export class EnergyBook {
     u.vpkgs.forEach((v, g) => {
       const total = (r.energy[g] ??= new RunningTotal());
       const added = total.feed(v.energyUj);
-      // µJ per ns x 1e3 = W; no power from the UPDATE before the first interval (t_ns 0).
-      r.watts[g] = powerW !== undefined && u.tNs !== 0n ? (powerW[g] ?? null) : dtNs > 0 ? (Number(added) * 1e3) / dtNs : null;
+      // No power from the UPDATE before the first interval (t_ns 0).
+      r.watts[g] = powerW !== undefined && u.tNs !== 0n ? (powerW[g] ?? null) : wattsOver(added, dtNs);
     });
     for (const d of domains) {
       let totals = r.domainEnergy.get(d.domain);

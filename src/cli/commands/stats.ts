@@ -18,6 +18,7 @@ import { addClientSocketOption, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedEnergySource } from '../../client/stated-energy-source.js';
 import { energyNotice } from '../energy-notice.js';
+import { wattsOver } from '../../common/watts.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 export const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -125,13 +126,12 @@ export interface HostDomainRow {
  * from `prev` (the HOST_UPDATE of the previous refresh).
  */
 export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate): HostDomainRow[] {
-  const dtNs = prev ? Number(now.tNs - prev.tNs) : 0;
   const order = (d: { pkg: number; domain: EnergyDomain }) => d.pkg * ENERGY_DOMAINS.length + ENERGY_DOMAINS.indexOf(d.domain);
   return [...(now.domains ?? [])]
     .sort((a, b) => order(a) - order(b))
     .map((d) => {
       const before = prev?.domains?.find((b) => b.pkg === d.pkg && b.domain === d.domain);
-      const powerW = before && prev!.tNs !== 0n && dtNs > 0 ? (Number(d.energyUj - before.energyUj) * 1e3) / dtNs : null;
+      const powerW = before && prev!.tNs !== 0n ? wattsOver(d.energyUj - before.energyUj, Number(now.tNs - prev!.tNs)) : null;
       return { pkg: d.pkg, domain: d.domain, powerW, energyJ: Number(d.energyUj) / 1e6, unattributedJ: Number(d.unattributedUj) / 1e6 };
     });
 }

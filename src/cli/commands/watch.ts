@@ -20,6 +20,7 @@ import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuList
 import { UsageError } from '../cli-errors.js';
 import { statedEnergySource } from '../../client/stated-energy-source.js';
 import { energyNotice } from '../energy-notice.js';
+import { wattsOver } from '../../common/watts.js';
 
 export interface WatchOptions {
   socket: string;
@@ -53,8 +54,7 @@ export interface DomainPower {
 
 /** Watts from µJ over ns, or null when there is no interval to measure. */
 function watts(base: PowerBase | null, u: Update, deltaUj: bigint): number | null {
-  const dtNs = base ? Number(u.tNs - base.tNs) : 0;
-  return base && u.tNs !== 0n && dtNs > 0 ? (Number(deltaUj) * 1e3) / dtNs : null;
+  return base && u.tNs !== 0n ? wattsOver(deltaUj, Number(u.tNs - base.tNs)) : null;
 }
 
 /** The other RAPL domains of `u` (none when the helper sent none, or the host reads only the package), with their power since `base`. */
