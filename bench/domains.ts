@@ -20,7 +20,7 @@
  * source (one pread per package and domain) and the powercap source (one pread per zone), with no VM
  * thread but this process's and with 100 and 1000 sleeping VM threads (python3 processes, as
  * bench/sampling.ts). The energy part grows by one pread per domain read (7 more here: 3 per package
- * and PSYS once, about 1 us each with the call), which no system call batches (the msr driver reads
+ * and PSYS once, about 0.6 us each with the call), which no system call batches (the msr driver reads
  * one register per pread, each powercap zone is its own file): against a sample that reads few threads
  * that is a large part, against the daemon's interval a small one. Repeats give the spread; the ratio
  * is per repeat.
