@@ -240,7 +240,7 @@ export class RatioEngine {
     plane.counters[plane.platform ? 0 : this.pkgIndex.get(d.package)!] = counterSlot(d.package, d);
   }
 
-  /** The counter of `domain` (another than the package) read on `pkg`, or undefined when the host does not read it. */
+  /** The counter of `domain` (one other than the package) read on `pkg`, or undefined when the host does not read it. */
   private counterOf(domain: string, pkg: number): CounterSlot | undefined {
     const i = this.planeOf.get(domain);
     if (i === undefined) return undefined;
@@ -355,7 +355,6 @@ export class RatioEngine {
     }
   }
 
-  /** Number of the last sample's time, for callers that want to check ordering themselves. */
   /**
    * Samples are missing (a trace's gap): the next sample is a new baseline for the energy counters
    * and for every live VM's threads, as for a first sample; nothing is attributed across the gap.
@@ -366,6 +365,7 @@ export class RatioEngine {
     for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
   }
 
+  /** The last sample's time, for callers that want to check ordering themselves. */
   lastSampleNs(): bigint | undefined {
     return this.prevT;
   }
