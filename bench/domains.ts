@@ -75,14 +75,12 @@ function engineFor(kind: 'msr' | 'powercap', source: EnergySource, h: FakeHost, 
 }
 
 const DOMAIN_MSRS = [MSR_PP0_ENERGY_STATUS, MSR_PP1_ENERGY_STATUS, MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS];
-/** The powercap zones of fakeHost(), as the kernel names them. */
-const ZONES = TWO_PACKAGE_ZONES;
 
 function fakeHost(): FakeHost {
   const h = new FakeHost({ packages: [...Array<number>(16).fill(0), ...Array<number>(16).fill(1)] });
   h.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 1000, 1: 1000 } });
   for (const pkg of [0, 1]) for (const msr of DOMAIN_MSRS) h.setCounter(h.cpusOf(pkg), msr, 1000);
-  h.writePowercap(ZONES.map((z) => ({ ...z, max: 262143328850n, uj: 1n })));
+  h.writePowercap(TWO_PACKAGE_ZONES.map((z) => ({ ...z, max: 262143328850n, uj: 1n })));
   return h;
 }
 
@@ -92,7 +90,7 @@ function pumpAll(h: FakeHost, everyMs: number): () => void {
     // Only the CPU each package's registers are read through (its first): the pump's own writes stay few.
     for (const pkg of [0, 1])
       for (const msr of [MSR_PKG_ENERGY_STATUS, ...DOMAIN_MSRS]) h.addCounter(h.cpusOf(pkg).slice(0, 1), msr, 50_000);
-    for (const z of ZONES) h.addZoneEnergy(z.id, 3_000_000n);
+    for (const z of TWO_PACKAGE_ZONES) h.addZoneEnergy(z.id, 3_000_000n);
   }, everyMs);
   return () => clearInterval(t);
 }

@@ -145,8 +145,7 @@ function powercapSource(): SourceUnderTest {
   const fake = new FakeHost({ packages: PACKAGES });
   const max = (1n << 32n) - 1n;
   const uj = BigInt(START_COUNTER);
-  const zones = TWO_PACKAGE_ZONES;
-  fake.writePowercap(zones.map((z) => ({ ...z, max, uj })));
+  fake.writePowercap(TWO_PACKAGE_ZONES.map((z) => ({ ...z, max, uj })));
   const paths = fake.hostPaths();
   const device = new MsrDevice(fake.msrPathTemplate);
   const host = readHostInfoFor('powercap', { paths, device, vendor: 'intel' });
@@ -161,7 +160,7 @@ function powercapSource(): SourceUnderTest {
     tolerance: 0,
     counter: () => ({ range: 1n << 32n, start: uj }),
     advance: (units) => {
-      for (const z of zones) fake.addZoneEnergy(z.id, BigInt(units));
+      for (const z of TWO_PACKAGE_ZONES) fake.addZoneEnergy(z.id, BigInt(units));
     },
     breakIt: () => {
       saved = fs.readFileSync(file, 'utf8');
