@@ -16,8 +16,6 @@ import { addEnergySourceInfo } from './energy-source-info.js';
 import { addCapacityFamilies } from './helper-capacity.js';
 import { processRegistry } from './process-metrics.js';
 
-export type { ExpositionFormat };
-
 const CONTENT_TYPES: Record<ExpositionFormat, RegistryContentType> = {
   prometheus: Registry.PROMETHEUS_CONTENT_TYPE,
   openmetrics: Registry.OPENMETRICS_CONTENT_TYPE,
@@ -71,17 +69,14 @@ function clear(m: { reset(): void; remove(...a: never[]): void }): void {
   m.remove();
 }
 
-export interface Exposition {
+interface Exposition {
   contentType: string;
   /** The whole body of one scrape. */
   render(): Promise<string>;
 }
 
-/** The families of the host packages' energy (and what follows from it): what --host-series withholds. */
-export const HOST_FAMILIES: readonly string[] = [METRIC.packageEnergy, METRIC.packageUnattributedEnergy, METRIC.unattributedEnergy];
-
 /** The expositions of one book: per format, with the host families and without them. */
-export interface Expositions {
+interface Expositions {
   withHost: Record<ExpositionFormat, Exposition>;
   withoutHost: Record<ExpositionFormat, Exposition>;
 }
@@ -169,7 +164,25 @@ function registerHostFamilies(book: EnergyBook, registers: Registry<RegistryCont
   });
 }
 
+/** The helper's health and the exporter's own, in the order they are exposed. */
 function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
+  registerHelperCounters(book, registers);
+  registerHelperGauges(book, registers);
+  registerConnectionFamilies(book, registers);
+  addEnergySourceInfo(registers, () => book.energySource);
+  addCapacityFamilies(registers, () => book.capacity);
+  new Gauge({
+    name: METRIC.vmsSkipped,
+    help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',
+    registers,
+    collect() {
+      this.set(book.health.vmsSkipped);
+    },
+  });
+}
+
+/** What the helper counts and reports in its host updates: legacy requests, samples, failed samples. */
+function registerHelperCounters(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
   new Counter({
     name: METRIC.legacyRequests,
     help: "QEMU's legacy MSR requests the helper answered, by result (ok, refused, failed)",
@@ -202,6 +215,10 @@ function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryCo
       if (book.hasHost) this.inc(Number(book.health.sampleFailures.total));
     },
   });
+}
+
+/** The helper's state as of its last report: VMs, connections, the last sample's duration and age. */
+function registerHelperGauges(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
   new Gauge({
     name: METRIC.daemonVms,
     help: 'VMs the helper knows (registered and discovered, ended ones not yet dropped), whether or not this exporter may see them',
@@ -239,6 +256,10 @@ function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryCo
       if (age !== null) this.set(age);
     },
   });
+}
+
+/** The exporter's own connection to the helper: whether it is up, and how often it connected. */
+function registerConnectionFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
   new Gauge({
     name: METRIC.up,
     help: 'Whether the exporter is connected to the helper daemon (1) or reconnecting (0)',
@@ -254,16 +275,6 @@ function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryCo
     collect() {
       this.reset();
       this.inc(book.health.connects);
-    },
-  });
-  addEnergySourceInfo(registers, () => book.energySource);
-  addCapacityFamilies(registers, () => book.capacity);
-  new Gauge({
-    name: METRIC.vmsSkipped,
-    help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',
-    registers,
-    collect() {
-      this.set(book.health.vmsSkipped);
     },
   });
 }

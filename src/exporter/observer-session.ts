@@ -26,7 +26,7 @@ export function backoffDelay(b: Backoff, attempt: number): number {
   return Math.min(b.maxMs, b.firstMs * 2 ** Math.min(attempt, 30));
 }
 
-export interface SessionOptions {
+interface SessionOptions {
   connect: () => Promise<ObserverClient>;
   book: EnergyBook;
   log: Logger;
@@ -63,110 +63,128 @@ export class ObserverSession {
   }
 
   private async run(): Promise<void> {
-    const { book, log } = this.o;
     const backoff = this.o.backoff ?? DEFAULT_BACKOFF;
-    let failures = 0;
-    let downSince: number | null = null;
-    let refusedLogged = false;
+    const st: Attempts = { failures: 0, downSince: null, refusedLogged: false };
     while (!this.stopped) {
-      /** This attempt was refused (not in the observer group): the next one comes after backoff.maxMs, as logged. */
-      let refused = false;
-      let client: ObserverClient;
-      try {
-        client = await this.o.connect();
-      } catch (e) {
-        const delay = backoffDelay(backoff, failures++);
-        if (failures === 1)
-          log.warn(
-            { err: (e as Error).message },
-            cannot(`reach the helper at ${this.o.socketPath}`, (e as Error).message, `retrying every ${backoff.maxMs / 1000} s at most`),
-          );
-        else log.debug({ err: (e as Error).message, delayMs: delay }, 'helper still unreachable');
-        downSince ??= Date.now();
-        await this.sleep(delay);
-        continue;
-      }
+      const client = await this.connect(st, backoff);
+      if (client === null) continue;
       if (this.stopped) {
         await client.close().catch(() => {});
         break;
       }
       this.client = client;
-      book.connectionStarted();
+      this.o.book.connectionStarted();
+      /** This attempt was refused (not in the observer group): the next one comes after backoff.maxMs, as logged. */
+      let refused = false;
       try {
-        if (client.statsFd && !this.fdsUnsupported) {
-          const feed = await this.startFeed(client);
-          if (feed === null) {
-            // An older helper answered STATS_FD with ERROR 1 and closed: reconnect without it.
-            await client.close().catch(() => {});
-            this.client = null;
-            book.connectionLost();
-            continue;
-          }
-          await this.requestList(client);
-          failures = 0;
-          log.info(
-            {
-              socket: this.o.socketPath,
-              vms: book.size,
-              via: 'statistics fds',
-              downMs: downSince === null ? undefined : Date.now() - downSince,
-            },
-            downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
-          );
-          downSince = null;
-          refusedLogged = false;
-          const reason = await client.closed;
-          if (!this.stopped)
-            log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
-          throw new ConnectionDone();
+        if (!(await this.observe(client, st))) {
+          // An older helper answered STATS_FD with ERROR 1 and closed: reconnect without it.
+          await client.close().catch(() => {});
+          this.client = null;
+          this.o.book.connectionLost();
+          continue;
         }
-        await client.subscribeHost(
-          (h) => {
-            book.hostUpdate(h);
-            if (h.vmsChanged) {
-              this.requestList(client).catch((e: Error) => {
-                if (!this.stopped && this.client === client) log.warn({ err: e.message }, cannot(`LIST the helper's VMs`, e.message));
-              });
-            }
-          },
-          (e) => log.warn({ err: e.message }, `helper: ${e.message}`),
-        );
-        await this.requestList(client);
-        failures = 0;
-        log.info(
-          { socket: this.o.socketPath, vms: book.size, downMs: downSince === null ? undefined : Date.now() - downSince },
-          downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
-        );
-        downSince = null;
-        refusedLogged = false;
-        const reason = await client.closed;
-        if (!this.stopped)
-          log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
       } catch (e) {
-        const err = e as Error;
-        if (err instanceof ConnectionDone) {
-          // The fd-reading connection ended; already logged.
-        } else if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
-          // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
-          // The helper's message says which group (by name); the unit's setting is added here.
-          if (!refusedLogged)
-            log.error(
-              { uid: process.getuid?.() },
-              `the helper refuses this exporter: ${err.helperMessage} (SupplementaryGroups= in the exporter's unit); retrying every ${backoff.maxMs / 1000} s`,
-            );
-          else log.debug({ err: err.message }, 'still refused by the helper');
-          refusedLogged = true;
-          refused = true;
-        } else if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
+        refused = this.failed(e as Error, st, backoff);
         await client.close().catch(() => {});
       }
       this.stopFeed();
       this.client = null;
-      book.connectionLost();
+      this.o.book.connectionLost();
       if (this.stopped) break;
-      downSince ??= Date.now();
-      await this.sleep(refused ? backoff.maxMs : backoffDelay(backoff, failures++));
+      st.downSince ??= Date.now();
+      await this.sleep(refused ? backoff.maxMs : backoffDelay(backoff, st.failures++));
     }
+  }
+
+  /** One connection attempt; null when the helper cannot be reached (logged once, then after the backoff's delay). */
+  private async connect(st: Attempts, backoff: Backoff): Promise<ObserverClient | null> {
+    try {
+      return await this.o.connect();
+    } catch (e) {
+      const { log } = this.o;
+      const delay = backoffDelay(backoff, st.failures++);
+      if (st.failures === 1)
+        log.warn(
+          { err: (e as Error).message },
+          cannot(`reach the helper at ${this.o.socketPath}`, (e as Error).message, `retrying every ${backoff.maxMs / 1000} s at most`),
+        );
+      else log.debug({ err: (e as Error).message, delayMs: delay }, 'helper still unreachable');
+      st.downSince ??= Date.now();
+      await this.sleep(delay);
+      return null;
+    }
+  }
+
+  /**
+   * Observes the helper over `client` until the connection ends: through the statistics fds when the
+   * helper has them (then throws ConnectionDone), else through HOST_SUBSCRIBE and OBSERVE. False when
+   * the helper turned out not to know STATS_FD.
+   */
+  private async observe(client: ObserverClient, st: Attempts): Promise<boolean> {
+    const { book, log } = this.o;
+    if (client.statsFd && !this.fdsUnsupported) {
+      if ((await this.startFeed(client)) === null) return false;
+      await this.requestList(client);
+      await this.observing(client, st, 'statistics fds');
+      throw new ConnectionDone();
+    }
+    await client.subscribeHost(
+      (h) => {
+        book.hostUpdate(h);
+        if (h.vmsChanged) {
+          this.requestList(client).catch((e: Error) => {
+            if (!this.stopped && this.client === client) log.warn({ err: e.message }, cannot(`LIST the helper's VMs`, e.message));
+          });
+        }
+      },
+      (e) => log.warn({ err: e.message }, `helper: ${e.message}`),
+    );
+    await this.requestList(client);
+    await this.observing(client, st);
+    return true;
+  }
+
+  /** Connected and listed: logged (a reconnection with the outage's length), then waits for the connection to end. */
+  private async observing(client: ObserverClient, st: Attempts, via?: string): Promise<void> {
+    const { book, log } = this.o;
+    st.failures = 0;
+    log.info(
+      {
+        socket: this.o.socketPath,
+        vms: book.size,
+        ...(via !== undefined ? { via } : {}),
+        downMs: st.downSince === null ? undefined : Date.now() - st.downSince,
+      },
+      st.downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
+    );
+    st.downSince = null;
+    st.refusedLogged = false;
+    const reason = await client.closed;
+    if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
+  }
+
+  /** Logs why a connection ended; true when the helper refused this exporter (the next attempt waits backoff.maxMs). */
+  private failed(err: Error, st: Attempts, backoff: Backoff): boolean {
+    const { log } = this.o;
+    if (err instanceof ConnectionDone) {
+      // The fd-reading connection ended; already logged.
+      return false;
+    }
+    if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
+      // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
+      // The helper's message says which group (by name); the unit's setting is added here.
+      if (!st.refusedLogged)
+        log.error(
+          { uid: process.getuid?.() },
+          `the helper refuses this exporter: ${err.helperMessage} (SupplementaryGroups= in the exporter's unit); retrying every ${backoff.maxMs / 1000} s`,
+        );
+      else log.debug({ err: err.message }, 'still refused by the helper');
+      st.refusedLogged = true;
+      return true;
+    }
+    if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
+    return false;
   }
 
   /**
@@ -289,6 +307,16 @@ export class ObserverSession {
 
 /** The fd-reading connection ended (logged where it ended). */
 class ConnectionDone extends Error {}
+
+/** The reconnect loop's memory across attempts. */
+interface Attempts {
+  /** Attempts failed in a row (the backoff's exponent). */
+  failures: number;
+  /** When the helper was lost, until observed again (for the reconnection's log line). */
+  downSince: number | null;
+  /** The refusal was logged at error level; later ones go to debug. */
+  refusedLogged: boolean;
+}
 
 function describe(vm: VmInfo): string {
   return `${vm.name ?? '(unnamed)'} pid ${vm.pid}`;

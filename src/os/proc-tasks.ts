@@ -163,7 +163,7 @@ export interface NotWhole {
   why: 'share' | 'fds';
 }
 
-export interface ProcTaskReaderOptions {
+interface ProcTaskReaderOptions {
   /** List /proc/<pid>/task at least every this many reads, even when nothing hints at a change. */
   relistEvery?: number;
   /** Use the schedstat gate (default true); off, every thread's stat is read every time. */
@@ -469,6 +469,22 @@ export class ProcTaskReader {
     }
     // The main thread first (always kept: it says whether the process lives), then ascending tid.
     fresh.sort((a, b) => (a === pid ? -1 : b === pid ? 1 : a - b));
+    if (this.openThreads(st, dir, fresh, present, hadThreads)) return true;
+    st.short = false;
+    for (const [tid, t] of st.threads) if (!present.has(tid)) this.drop(st, tid, t);
+    st.numThreads = st.threads.size;
+    st.listed = present.size;
+    return st.threads.has(pid) || present.size > 0;
+  }
+
+  /**
+   * Opens the stat fd (and schedstat's, when gated) of each thread new since the last listing, as far
+   * as the process's grant from the fd ledger goes (beyond it: frozen). A thread that ended meanwhile
+   * leaves `present`. Out of fds: what this listing opened is given back, and true (short) when the
+   * process had threads already; with none, TaskReadError.
+   */
+  private openThreads(st: PidState, dir: string, fresh: number[], present: Set<number>, hadThreads: boolean): boolean {
+    const pid = st.pid;
     const cost = (tid: number) => (this.gate && tid !== pid ? 2 : 1);
     let granted = Infinity;
     if (this.ledger !== undefined && fresh.length > 0) {
@@ -493,18 +509,7 @@ export class ProcTaskReader {
       let file = path.join(dir, name, 'stat');
       try {
         const fd = fs.openSync(file, fs.constants.O_RDONLY);
-        const t: ThreadState = {
-          fd,
-          sfd: -1,
-          line: null,
-          bytes: null,
-          runtimeHi: -1,
-          runtimeLo: 0,
-          running: false,
-          gated: 0,
-          moved: 0,
-          direct: 0,
-        };
+        const t = newThread(fd);
         st.threads.set(tid, t);
         opened.push(tid);
         if (need === 2) {
@@ -536,11 +541,7 @@ export class ProcTaskReader {
       }
     }
     giveBack();
-    st.short = false;
-    for (const [tid, t] of st.threads) if (!present.has(tid)) this.drop(st, tid, t);
-    st.numThreads = st.threads.size;
-    st.listed = present.size;
-    return st.threads.has(pid) || present.size > 0;
+    return false;
   }
 }
 
@@ -574,6 +575,11 @@ function isRunning(b: Buffer, end: number): boolean {
  * fd of a thread's schedstat, or -1 when this kernel has none (no CONFIG_SCHED_INFO): that thread's
  * stat is then read every time. Throws what open throws otherwise (the thread gone, out of fds).
  */
+/** A thread just opened: its stat fd, nothing read yet. */
+function newThread(fd: number): ThreadState {
+  return { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
+}
+
 function openSchedstat(file: string): number {
   try {
     return fs.openSync(file, fs.constants.O_RDONLY);

@@ -108,6 +108,12 @@ interface ThreadNow {
   vpkg: number | undefined;
 }
 
+/** An active VM in the current sample: its threads, or null when none of its lines changed (idle). */
+interface LiveVm {
+  vm: VmState;
+  threads: ThreadNow[] | null;
+}
+
 /**
  * One energy counter the engine reads: a package's, or another domain's on one package (a platform
  * domain's once). Values are the counter mod its range as float64 (exact: a range is at most 2^53),
@@ -572,9 +578,30 @@ export class RatioEngine {
 
   private interval(s: Sample, prevT: bigint, problems: string[], ended: number[]): IntervalResult {
     const dt = Number(s.tNs - prevT) / 1e9;
+    const { live, anyClaim } = this.claim(s, problems, ended);
 
-    // Pass 1: who is still alive, each thread's dticks and package, D_p.
-    const live: { vm: VmState; threads: ThreadNow[] | null }[] = [];
+    // e_k = dE_p * dticks / cap_p; ticks claimed beyond cap_p are paid from the other packages' leftover
+    // first, and only what that cannot cover scales the package's claims down (ratio/overclaim.ts).
+    // Every other domain is paid the same way, with its own energy (docs/ratio.md, "Other RAPL domains").
+    // No thread of any VM seen on a package (every VM idle this interval, the usual case): no claim to pay.
+    const capacity = anyClaim ? this.cpusPerPackage.map((n) => this.clkTck * dt * n) : null;
+    for (const p of this.allPlanes) payPlane(p, this.packageIds, capacity, this.claimed);
+
+    const vmsOut: VmInterval[] = [];
+    for (const { vm, threads } of live) {
+      vm.tNs = s.tNs;
+      vmsOut.push(threads === null ? this.idleVmInterval(vm) : this.vmInterval(vm, threads));
+    }
+    for (const p of this.allPlanes) settleLent(p);
+    return { tNs: s.tNs, dtS: dt, packages: this.packageIntervals(), vms: vmsOut, ended, problems };
+  }
+
+  /**
+   * Pass 1: who is still alive (a VM whose threads are all gone ends), each thread's dticks and
+   * package, and the ticks claimed on each package (`this.claimed`, D_p); `anyClaim` when any were.
+   */
+  private claim(s: Sample, problems: string[], ended: number[]): { live: LiveVm[]; anyClaim: boolean } {
+    const live: LiveVm[] = [];
     const claimed = this.claimed.fill(0);
     let anyClaim = false;
     for (const vm of this.vms.values()) {
@@ -611,44 +638,40 @@ export class RatioEngine {
       vm.prev = marks;
       live.push({ vm, threads });
     }
+    return { live, anyClaim };
+  }
 
-    // e_k = dE_p * dticks / cap_p; ticks claimed beyond cap_p are paid from the other packages' leftover
-    // first, and only what that cannot cover scales the package's claims down (ratio/overclaim.ts).
-    // Every other domain is paid the same way, with its own energy (docs/ratio.md, "Other RAPL domains").
-    // No thread of any VM seen on a package (every VM idle this interval, the usual case): no claim to pay.
-    const capacity = anyClaim ? this.cpusPerPackage.map((n) => this.clkTck * dt * n) : null;
-    for (const p of this.allPlanes) payPlane(p, this.packageIds, capacity, claimed);
+  /** A VM none of whose lines changed: 0 on every virtual package and domain. */
+  private idleVmInterval(vm: VmState): VmInterval {
+    const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
+    if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
+    return out;
+  }
 
-    const vmsOut: VmInterval[] = [];
-    for (const { vm, threads } of live) {
-      vm.tNs = s.tNs;
-      if (threads === null) {
-        const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
-        if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
-        vmsOut.push(out);
-        continue;
+  /** Pass 2 for one VM: its threads' shares of each plane's paid energy, per virtual package, added to its totals. */
+  private vmInterval(vm: VmState, threads: ThreadNow[]): VmInterval {
+    const es: number[] = new Array<number>(threads.length);
+    const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
+    this.addThreadTotals(vm, threads, es, pkgSplit.extra);
+    // With no vCPU present, W is dropped and nothing is attributed on any package.
+    for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
+    const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
+    if (this.planes.length > 0) {
+      const domains: VmDomainEnergy[] = [];
+      for (let i = 0; i < this.planes.length; i++) {
+        const plane = this.planes[i]!;
+        const { vpkg } = split(plane, vm.nvpkg, threads, es);
+        const acc = vm.domainAcc[i]!;
+        for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
+        domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
       }
-      const es: number[] = new Array<number>(threads.length);
-      const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
-      this.addThreadTotals(vm, threads, es, pkgSplit.extra);
-      // With no vCPU present, W is dropped and nothing is attributed on any package.
-      for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
-      const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
-      if (this.planes.length > 0) {
-        const domains: VmDomainEnergy[] = [];
-        for (let i = 0; i < this.planes.length; i++) {
-          const plane = this.planes[i]!;
-          const { vpkg } = split(plane, vm.nvpkg, threads, es);
-          const acc = vm.domainAcc[i]!;
-          for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
-          domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
-        }
-        out.domains = domains;
-      }
-      vmsOut.push(out);
+      out.domains = domains;
     }
+    return out;
+  }
 
-    for (const p of this.allPlanes) settleLent(p);
+  /** Each package's energy and what was attributed of it this interval, its other domains' too. */
+  private packageIntervals(): PackageInterval[] {
     const packages: PackageInterval[] = [];
     const pkgEnergy = this.pkgPlane.energy;
     for (let k = 0; k < this.packageIds.length; k++) {
@@ -670,7 +693,7 @@ export class RatioEngine {
       }
       packages.push(out);
     }
-    return { tNs: s.tNs, dtS: dt, packages, vms: vmsOut, ended, problems };
+    return packages;
   }
 
   /**

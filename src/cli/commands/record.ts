@@ -46,7 +46,7 @@ import { ProgressLine } from '../progress.js';
 
 const SYNTHETIC_ALTERNATIVE = 'use --energy-source synthetic to record without RAPL';
 
-export interface RecordOptions {
+interface RecordOptions {
   /** NAME|UUID|PID of VMs the helper lists (--vm), found through its socket. */
   vm?: string[];
   /** The helper's socket, for --vm (default DEFAULT_HELPER_SOCKET). */
@@ -156,79 +156,24 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   let writer: TraceWriter | null = null;
   const signals = new DisposableStore();
   try {
-    const vendor = o.vendor ?? readVendor(o.paths.procRoot);
-    const cpus = readHostCpus(o.paths.sysRoot);
-    const kind = chooseEnergySource(o.energySource, {
-      msrPathTemplate: o.paths.msrPathTemplate,
-      sysRoot: o.paths.sysRoot,
-      cpus,
-      vendor,
-      alternative: SYNTHETIC_ALTERNATIVE,
-    }).kind;
-    const msr = readsMsrs(kind);
-    let host: HostInfo;
-    try {
-      host = readHostInfoFor(kind, { paths: o.paths, device, vendor });
-    } catch (e) {
-      throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
-    }
-    try {
-      energy = createEnergySource(kind, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
-      host = withDomainCounters(host, energy);
-      if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
-    } catch (e) {
-      throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
-    }
+    const opened = openEnergy(o, device);
+    energy = opened.energy;
     const sampler = new Sampler(energy, tasks);
-    writer = TraceWriter.open(o.output, { host, note: defaultNote(o, energy, vms) }, { overwrite: o.force === true });
+    writer = TraceWriter.open(o.output, { host: opened.host, note: defaultNote(o, energy, vms) }, { overwrite: o.force === true });
     const w = writer;
 
     const tReg = monotonicNs();
     for (const vm of vms) w.register(tReg, vm);
     const alive = new Set(vms.map((v) => v.pid));
-    const takeSample = (): void => {
-      let s;
-      try {
-        s = sampler.sample(alive);
-      } catch (e) {
-        throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
-      }
-      for (const pid of alive) {
-        // Once gone, never read again: the pid could be reused by an unrelated process.
-        if (!s.tasks.has(pid)) {
-          alive.delete(pid);
-          tasks.forget(pid);
-        }
-      }
-      w.sample(s);
-    };
-
+    const takeSample = sampleInto(w, sampler, tasks, alive, opened.msr);
     const progress = makeProgress(o.progressEvery ?? 10);
     const report = () => progress(w.samples, alive.size, vms.length, w.bytesWritten);
 
     takeSample(); // the baseline
     report();
-    const intervalNs = BigInt(Math.round(o.interval * 1e9));
-    await new Promise<void>((resolve, reject) => {
-      // Ticks at start + k x interval (sampling/tick-loop.ts): a slow sample does not shift later ones.
-      const loop = new TickLoop({
-        intervalNs,
-        tick: () => {
-          takeSample();
-          report();
-        },
-        onError: (e) => finish(e),
-      });
-      const finish = (e?: unknown) => {
-        loop.stop();
-        signals.dispose();
-        if (e) reject(e);
-        else resolve();
-      };
-      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => finish()));
-      const start = monotonicNs();
-      const endNs = o.duration === undefined ? undefined : start + BigInt(Math.round(o.duration * 1e9));
-      loop.start({ ...(endNs !== undefined ? { endNs } : {}), onEnd: () => finish() });
+    await sampleUntilStopped(o, signals, () => {
+      takeSample();
+      report();
     });
     progress.done(w.samples, alive.size, vms.length, w.bytesWritten);
   } finally {
@@ -238,6 +183,79 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     tasks.close();
     device.close();
   }
+}
+
+/**
+ * The energy source to record: its kind (--energy-source, energy/choose.ts), the host it describes,
+ * and one read, so that an unreadable register fails before the trace file exists. `msr` says
+ * whether it reads MSRs (their errors get the hint to record with the synthetic source).
+ */
+function openEnergy(o: RecordOptions, device: MsrDevice): { energy: EnergySource; host: HostInfo; msr: boolean } {
+  const vendor = o.vendor ?? readVendor(o.paths.procRoot);
+  const cpus = readHostCpus(o.paths.sysRoot);
+  const kind = chooseEnergySource(o.energySource, {
+    msrPathTemplate: o.paths.msrPathTemplate,
+    sysRoot: o.paths.sysRoot,
+    cpus,
+    vendor,
+    alternative: SYNTHETIC_ALTERNATIVE,
+  }).kind;
+  const msr = readsMsrs(kind);
+  let host: HostInfo;
+  try {
+    host = readHostInfoFor(kind, { paths: o.paths, device, vendor });
+  } catch (e) {
+    throw msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE);
+  }
+  let energy: EnergySource | undefined;
+  try {
+    energy = createEnergySource(kind, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
+    host = withDomainCounters(host, energy);
+    if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
+  } catch (e) {
+    energy?.close();
+    throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
+  }
+  return { energy, host, msr };
+}
+
+/** One sample into the trace; a VM whose process ended leaves `alive` (and is never read again). */
+function sampleInto(w: TraceWriter, sampler: Sampler, tasks: ProcTaskReader, alive: Set<number>, msr: boolean): () => void {
+  return () => {
+    let s;
+    try {
+      s = sampler.sample(alive);
+    } catch (e) {
+      throw msr ? msrErrorWithHint(e, SYNTHETIC_ALTERNATIVE) : e;
+    }
+    for (const pid of alive) {
+      // Once gone, never read again: the pid could be reused by an unrelated process.
+      if (!s.tasks.has(pid)) {
+        alive.delete(pid);
+        tasks.forget(pid);
+      }
+    }
+    w.sample(s);
+  };
+}
+
+/** Runs `tick` every --interval until --duration elapses or SIGINT/SIGTERM; rejects with a tick's error. */
+function sampleUntilStopped(o: RecordOptions, signals: DisposableStore, tick: () => void): Promise<void> {
+  const intervalNs = BigInt(Math.round(o.interval * 1e9));
+  return new Promise<void>((resolve, reject) => {
+    // Ticks at start + k x interval (sampling/tick-loop.ts): a slow sample does not shift later ones.
+    const loop = new TickLoop({ intervalNs, tick, onError: (e) => finish(e) });
+    const finish = (e?: unknown) => {
+      loop.stop();
+      signals.dispose();
+      if (e) reject(e);
+      else resolve();
+    };
+    for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => finish()));
+    const start = monotonicNs();
+    const endNs = o.duration === undefined ? undefined : start + BigInt(Math.round(o.duration * 1e9));
+    loop.start({ ...(endNs !== undefined ? { endNs } : {}), onEnd: () => finish() });
+  });
 }
 
 function makeProgress(every: number) {

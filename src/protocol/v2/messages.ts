@@ -40,7 +40,7 @@ import { checkVcpus } from '../../ratio/vcpus.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
 
-export interface PayloadError {
+interface PayloadError {
   code: number;
   message: string;
   /** The framing itself is broken: answer, then close. */
@@ -143,13 +143,12 @@ export type HelperMessage =
 /** A helper's reply; a failure describes a reply the client cannot trust (the client then closes). */
 export function parseHelperFrame(f: Frame): Result<HelperMessage> {
   const p = f.payload;
-  const size = (want: number) => fail(`${typeName(f.type)} payload is ${p.length} bytes, expected ${want}`);
   switch (f.type) {
     case T.REGISTERED:
-      if (p.length !== 16) return size(16);
+      if (p.length !== 16) return wrongLength(f, 16);
       return ok({ type: T.REGISTERED, vmId: p.readUInt32LE(0), nvpkg: p.readUInt32LE(4), powerUnit: p.readBigUInt64LE(8) });
     case T.VALUE:
-      if (p.length !== 32) return size(32);
+      if (p.length !== 32) return wrongLength(f, 32);
       return ok({
         type: T.VALUE,
         vmId: p.readUInt32LE(0),
@@ -159,72 +158,17 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
         tNs: p.readBigUInt64LE(24),
         ended: (f.flags & FLAG_ENDED) !== 0,
       });
-    case T.UPDATE: {
-      if (p.length < 16) return size(16);
-      const n = p.readUInt32LE(4);
-      const base = 16 + 16 * n;
-      // The layout is named by the frame itself (FLAG_DOMAINS): without it, exactly the vpkg values.
-      const withDomains = (f.flags & FLAG_DOMAINS) !== 0;
-      if (!withDomains && p.length !== base) return size(base);
-      if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return size(base + DOMAIN_BLOCK_HEADER);
-      const vpkgs: VpkgValue[] = [];
-      for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
-      const m = { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 } as const;
-      if (!withDomains) return ok(m);
-      const domains = parseVmDomains(p, base, n);
-      return domains.ok ? ok({ ...m, domains: domains.value }) : domains;
-    }
+    case T.UPDATE:
+      return parseUpdate(f);
     case T.OK:
-      if (p.length !== 4) return size(4);
+      if (p.length !== 4) return wrongLength(f, 4);
       return ok({ type: T.OK, vmId: p.readUInt32LE(0) });
     case T.VM_LIST:
       return parseVmList(p);
-    case T.HOST_UPDATE: {
-      if (p.length < HOST_UPDATE_FIXED) return size(HOST_UPDATE_FIXED);
-      const n = p.readUInt32LE(72);
-      // The layout of the package entries is named by the frame itself (FLAG_PER_PACKAGE).
-      const perPackage = (f.flags & FLAG_PER_PACKAGE) !== 0;
-      const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
-      const base = HOST_UPDATE_FIXED + entry * n;
-      const withDomains = (f.flags & FLAG_HOST_DOMAINS) !== 0;
-      if (!withDomains && p.length !== base) return size(base);
-      if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return size(base + DOMAIN_BLOCK_HEADER);
-      const packages: HostPackageValues[] = [];
-      for (let i = 0; i < n; i++) {
-        const off = HOST_UPDATE_FIXED + entry * i;
-        packages.push({
-          pkg: p.readUInt32LE(off),
-          energyUj: p.readBigUInt64LE(off + 8),
-          unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null,
-        });
-      }
-      let domains: HostDomainValues[] | undefined;
-      if (withDomains) {
-        const d = parseHostDomains(p, base, new Set(packages.map((k) => k.pkg)));
-        if (!d.ok) return d;
-        domains = d.value;
-      }
-      return ok({
-        type: T.HOST_UPDATE,
-        ...(domains !== undefined ? { domains } : {}),
-        tNs: p.readBigUInt64LE(0),
-        unattributedUj: p.readBigUInt64LE(8),
-        packages,
-        vmsChanged: (f.flags & FLAG_VMS_CHANGED) !== 0,
-        stats: {
-          legacyOk: p.readBigUInt64LE(16),
-          legacyRefused: p.readBigUInt64LE(24),
-          legacyFailed: p.readBigUInt64LE(32),
-          lastSampleDurationNs: p.readBigUInt64LE(40),
-          samples: p.readBigUInt64LE(48),
-          sampleFailures: p.readBigUInt64LE(56),
-          connections: p.readUInt32LE(64),
-          vms: p.readUInt32LE(68),
-        },
-      });
-    }
+    case T.HOST_UPDATE:
+      return parseHostUpdate(f);
     case T.STATS_FD_REPLY:
-      if (p.length !== 8) return size(8);
+      if (p.length !== 8) return wrongLength(f, 8);
       return ok({ type: T.STATS_FD_REPLY, vmId: p.readUInt32LE(0), fileSize: p.readUInt32LE(4) });
     case T.ERROR:
       if (p.length < 8) return fail(`ERROR payload is ${p.length} bytes, expected at least 8`);
@@ -232,6 +176,76 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
     default:
       return fail(`unknown frame type ${typeName(f.type)}`);
   }
+}
+
+/** A helper frame of the wrong length for its type. */
+function wrongLength(f: Frame, want: number): Result<never> {
+  return fail(`${typeName(f.type)} payload is ${f.payload.length} bytes, expected ${want}`);
+}
+
+/** UPDATE: the vpkg values, then the domain block when the frame's FLAG_DOMAINS says it has one. */
+function parseUpdate(f: Frame): Result<HelperMessage> {
+  const p = f.payload;
+  if (p.length < 16) return wrongLength(f, 16);
+  const n = p.readUInt32LE(4);
+  const base = 16 + 16 * n;
+  // The layout is named by the frame itself (FLAG_DOMAINS): without it, exactly the vpkg values.
+  const withDomains = (f.flags & FLAG_DOMAINS) !== 0;
+  if (!withDomains && p.length !== base) return wrongLength(f, base);
+  if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return wrongLength(f, base + DOMAIN_BLOCK_HEADER);
+  const vpkgs: VpkgValue[] = [];
+  for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
+  const m = { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 } as const;
+  if (!withDomains) return ok(m);
+  const domains = parseVmDomains(p, base, n);
+  return domains.ok ? ok({ ...m, domains: domains.value }) : domains;
+}
+
+/** HOST_UPDATE: the fixed part, the package entries (their layout per FLAG_PER_PACKAGE), the domain block per FLAG_HOST_DOMAINS. */
+function parseHostUpdate(f: Frame): Result<HelperMessage> {
+  const p = f.payload;
+  if (p.length < HOST_UPDATE_FIXED) return wrongLength(f, HOST_UPDATE_FIXED);
+  const n = p.readUInt32LE(72);
+  // The layout of the package entries is named by the frame itself (FLAG_PER_PACKAGE).
+  const perPackage = (f.flags & FLAG_PER_PACKAGE) !== 0;
+  const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
+  const base = HOST_UPDATE_FIXED + entry * n;
+  const withDomains = (f.flags & FLAG_HOST_DOMAINS) !== 0;
+  if (!withDomains && p.length !== base) return wrongLength(f, base);
+  if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return wrongLength(f, base + DOMAIN_BLOCK_HEADER);
+  const packages: HostPackageValues[] = [];
+  for (let i = 0; i < n; i++) {
+    const off = HOST_UPDATE_FIXED + entry * i;
+    packages.push({
+      pkg: p.readUInt32LE(off),
+      energyUj: p.readBigUInt64LE(off + 8),
+      unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null,
+    });
+  }
+  let domains: HostDomainValues[] | undefined;
+  if (withDomains) {
+    const d = parseHostDomains(p, base, new Set(packages.map((k) => k.pkg)));
+    if (!d.ok) return d;
+    domains = d.value;
+  }
+  return ok({
+    type: T.HOST_UPDATE,
+    ...(domains !== undefined ? { domains } : {}),
+    tNs: p.readBigUInt64LE(0),
+    unattributedUj: p.readBigUInt64LE(8),
+    packages,
+    vmsChanged: (f.flags & FLAG_VMS_CHANGED) !== 0,
+    stats: {
+      legacyOk: p.readBigUInt64LE(16),
+      legacyRefused: p.readBigUInt64LE(24),
+      legacyFailed: p.readBigUInt64LE(32),
+      lastSampleDurationNs: p.readBigUInt64LE(40),
+      samples: p.readBigUInt64LE(48),
+      sampleFailures: p.readBigUInt64LE(56),
+      connections: p.readUInt32LE(64),
+      vms: p.readUInt32LE(68),
+    },
+  });
 }
 
 /** Other RAPL domains a domain block may hold at most: each once. */
