@@ -29,7 +29,7 @@ export function mayNeedSubcommands(args: readonly string[]): boolean {
   return args.some((a) => a in SUBCOMMANDS || a === 'help' || a === '-h' || a === '--help');
 }
 
-export async function buildCli(withSubcommands = true): Promise<Command> {
+async function buildCli(withSubcommands = true): Promise<Command> {
   const program = new Command('vmsr-helper');
   program.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
   program.helpOption('-h, --help', 'display this help and exit');
@@ -65,7 +65,7 @@ function rejectUnknownCommands(program: Command): void {
 }
 
 /** "vmsr-helper record" for record, "vmsr-helper" for the root. */
-export function commandPath(cmd: Command): string {
+function commandPath(cmd: Command): string {
   const names: string[] = [];
   for (let c: Command | null = cmd; c; c = c.parent) names.unshift(c.name());
   return names.join(' ');

@@ -25,9 +25,9 @@ import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
  * 2^32 x 2^-ESU J: with ESU 16 (common on AMD) that is 65 kJ, about 5 minutes at 200 W. One wrap in an
  * interval is recovered (mod 2^32); two are not, so intervals stay far below the wrap time.
  */
-export const MAX_INTERVAL_S = 60;
+const MAX_INTERVAL_S = 60;
 /** The shortest sampling interval: below 10 ms a deadline rounds to nothing. */
-export const MIN_INTERVAL_S = 0.01;
+const MIN_INTERVAL_S = 0.01;
 
 /** The interval rule for callers that are not commander (runRecord): throws naming the bound. */
 export function checkInterval(seconds: number): void {
@@ -149,14 +149,14 @@ export function parseSocketMode(text: string): number {
 }
 
 /** --vendor: auto (from /proc/cpuinfo), intel or amd. */
-export function parseVendor(text: string | undefined): VendorChoice {
+function parseVendor(text: string | undefined): VendorChoice {
   const v = text ?? 'auto';
   if (v !== 'auto' && v !== 'intel' && v !== 'amd') throw new UsageError(`--vendor: expected auto, intel or amd (got '${v}')`);
   return v;
 }
 
 /** --msr-path: an absolute path template with exactly one %u for the CPU number. */
-export function parseMsrPath(text: string | undefined): string {
+function parseMsrPath(text: string | undefined): string {
   const t = text ?? DEFAULT_HOST_PATHS.msrPathTemplate;
   try {
     validateMsrPathTemplate(t);
@@ -237,7 +237,7 @@ export function domainsOption(): Option {
   ).argParser(domainsArg);
 }
 
-export function domainsArg(text: string): EnergyDomain[] {
+function domainsArg(text: string): EnergyDomain[] {
   const parts = text.split(',').map((p) => p.trim());
   const bad = parts.filter((p) => !isEnergyDomain(p));
   if (bad.length > 0 || parts.length === 0) {

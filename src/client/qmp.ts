@@ -9,7 +9,7 @@ import { getPeerCredentials } from '../os/libc.js';
 import { socketFd } from '../os/peer.js';
 
 /** Longest line accepted from the monitor; query-cpus-fast of 4096 vCPUs stays far below it. */
-export const QMP_MAX_LINE = 4 * 1024 * 1024;
+const QMP_MAX_LINE = 4 * 1024 * 1024;
 const DEFAULT_TIMEOUT_MS = 5000;
 
 export class QmpError extends Error {
@@ -34,7 +34,7 @@ interface Pending {
   timer: NodeJS.Timeout;
 }
 
-export interface QmpCpu {
+interface QmpCpu {
   cpuIndex: number;
   threadId: number;
   socketId: number | undefined;

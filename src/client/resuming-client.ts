@@ -28,7 +28,7 @@ import {
   type VmUpdate,
 } from './v2-client.js';
 
-export interface ResumingOptions {
+interface ResumingOptions {
   /** How long to keep trying to connect again after the connection closed (default RESUME_FOR_MS). */
   resumeForMs?: number;
   /** Called after each resumption, with what closed the connection and how long the client was away. */
@@ -38,7 +38,7 @@ export interface ResumingOptions {
 }
 
 /** Default of `resumeForMs`: a restart takes about a second; a package upgrade's stop and start, a few. */
-export const RESUME_FOR_MS = 60_000;
+const RESUME_FOR_MS = 60_000;
 /** First wait between attempts to connect again, doubled up to RETRY_MAX_MS. */
 const RETRY_FIRST_MS = 25;
 const RETRY_MAX_MS = 1_000;

@@ -18,9 +18,9 @@ import { descriptorValues } from '../protocol/stats/values.js';
  * STATS_BACKOFF_MS (a helper preempted mid-sample leaves the generation odd for a time slice), giving
  * up after STATS_READ_TRIES in all (about a second).
  */
-export const STATS_READ_TRIES = 1000;
-export const STATS_SPIN_TRIES = 10;
-export const STATS_BACKOFF_MS = 1;
+const STATS_READ_TRIES = 1000;
+const STATS_SPIN_TRIES = 10;
+const STATS_BACKOFF_MS = 1;
 const pauseCell = new Int32Array(new SharedArrayBuffer(4));
 /** Sleeps `ms` without returning to the event loop (read() is synchronous). */
 const pause = (attempt: number) => {

@@ -38,9 +38,6 @@ import {
   encodeUnregister,
   errorCodeName,
   typeName,
-  type HostDomainValues,
-  type HostPackageValues,
-  type HostStats,
   type HostValues,
   type VmDomainValues,
   type VmEntry,
@@ -53,8 +50,6 @@ import { formatUuid } from '../common/uuid.js';
 import { closeFd, dupCloexec, MSG_DONTWAIT, recvWithFds, watchReadable, type FdWatch } from '../os/libc.js';
 import { socketFd } from '../os/peer.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
-
-export type { HostDomainValues, HostPackageValues, HostStats, VmDomainValues, VpkgValue };
 
 /** Options of subscribe() and observe(). */
 export interface SubscribeOptions {
@@ -177,7 +172,7 @@ interface Pending {
 }
 
 /** A reply frame and the fd that came with it (owned by the caller, close-on-exec). */
-export interface ReplyWithFd {
+interface ReplyWithFd {
   reply: HelperMessage;
   fd: number;
 }

@@ -9,7 +9,7 @@ import { MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
 /** Bytes of /proc/<pid>/cmdline looked at; a longer command line is cut (its last argument dropped). */
 export const MAX_CMDLINE_BYTES = 128 * 1024;
 /** Arguments looked at. */
-export const MAX_ARGS = 4096;
+const MAX_ARGS = 4096;
 
 export interface SmpTopology {
   /** vCPUs at start (`cpus=`). */
@@ -20,7 +20,7 @@ export interface SmpTopology {
   perSocket: number;
 }
 
-export interface QemuCommandLine {
+interface QemuCommandLine {
   /** argv[0] as given (may be a path, may be anything). */
   argv0: string;
   name: string | null;
@@ -77,7 +77,7 @@ export function parseQemuOpts(text: string, impliedKey: string): Map<string, str
 }
 
 /** The longest VM name taken from a command line (libvirt/OpenStack names are far shorter). */
-export const MAX_VM_NAME = 256;
+const MAX_VM_NAME = 256;
 
 /**
  * The guest name of a QEMU command line: `-name NAME,...` or `-name guest=NAME,...` (the last -name
@@ -95,7 +95,7 @@ export function guestNameOf(args: readonly string[]): string | null {
 
 const UUID_RE = /^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$/;
 
-export function parseUuid(text: string): Buffer | null {
+function parseUuid(text: string): Buffer | null {
   if (!UUID_RE.test(text)) return null;
   return Buffer.from(text.replace(/-/g, ''), 'hex');
 }

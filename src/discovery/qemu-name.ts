@@ -5,9 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { guestNameOf, MAX_CMDLINE_BYTES, MAX_VM_NAME, splitCmdline } from './qemu-cmdline.js';
-
-export { MAX_VM_NAME };
+import { guestNameOf, MAX_CMDLINE_BYTES, splitCmdline } from './qemu-cmdline.js';
 
 /**
  * The guest name in a QEMU command line (NUL-separated, as /proc/<pid>/cmdline); undefined when there

@@ -63,7 +63,7 @@ export interface ScannerOptions {
 }
 
 /** A VM process discovery did not track: the cap, or its owner's share, was full. */
-export interface DiscoveryFull {
+interface DiscoveryFull {
   pid: number;
   uid: number;
   bound: ShareBound;

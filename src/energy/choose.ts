@@ -21,7 +21,7 @@ export interface ChooseOptions {
   alternative?: string;
 }
 
-export interface Chosen {
+interface Chosen {
   kind: EnergySourceKind;
   /** Why: "asked for", or what auto found. */
   why: string;

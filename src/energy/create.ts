@@ -14,7 +14,7 @@ import { POWERCAP_UNIT_J, PowercapEnergySource } from './powercap-source.js';
 import { scanPowercap, type PowercapZone } from './powercap-zones.js';
 import { SYNTHETIC_DEFAULTS, SyntheticEnergySource } from './synthetic-source.js';
 
-export interface EnergySourceContext {
+interface EnergySourceContext {
   /** The host the source reads (readHostInfoFor, same kind). */
   host: Pick<HostInfo, 'vendor' | 'cpus' | 'packages'>;
   paths: HostPaths;
@@ -33,7 +33,7 @@ export interface EnergySourceContext {
  * its VMs' counters (ESU 14, 61 µJ, as the synthetic source's). The package counters themselves are
  * described by HostPackage.counter (µJ, wrapping after max_energy_range_uj).
  */
-export const POWERCAP_POWER_UNIT = SYNTHETIC_DEFAULTS.powerUnit;
+const POWERCAP_POWER_UNIT = SYNTHETIC_DEFAULTS.powerUnit;
 
 interface EnergySourceDefinition {
   /**

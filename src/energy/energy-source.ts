@@ -10,7 +10,7 @@ import { cannot } from '../common/errors.js';
 import type { DomainCounter, DomainReading } from '../ratio/types.js';
 import type { EnergySourceKind } from './kinds.js';
 
-export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from '../ratio/domains.js';
+export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain } from '../ratio/domains.js';
 
 /** [package, domain] of every reading a source of these packages and domains gives, in read() order. */
 export function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {

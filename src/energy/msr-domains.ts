@@ -19,7 +19,7 @@ import type { EnergyDomain } from './energy-source.js';
 /** package: one register per package; core: one per physical core (summed per package); platform: one for the host. */
 export type RegisterScope = 'package' | 'core' | 'platform';
 
-export interface MsrDomainRegister {
+interface MsrDomainRegister {
   msr: number;
   scope: RegisterScope;
 }
@@ -44,7 +44,7 @@ export const MSR_DOMAINS: { readonly [V in Vendor]: Partial<Readonly<Record<Ener
  * also perf's RAPL PMU). Sapphire and Emerald Rapids are not among them: since Linux 6.1 their DRAM
  * counts in the ESU.
  */
-export const DRAM_FIXED_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
+const DRAM_FIXED_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
   [0x3f, 'Haswell-X'],
   [0x4f, 'Broadwell-X'],
   [0x55, 'Skylake-X, Cascade Lake-X, Cooper Lake-X'],
@@ -58,7 +58,7 @@ export const DRAM_FIXED_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
 export const DRAM_FIXED_UNIT_J = 15.3e-6;
 
 /** Intel models whose PSYS counter counts whole joules (Linux's rapl_defaults_spr_server, psys unit 1 J). */
-export const PSYS_JOULE_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
+const PSYS_JOULE_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
   [0x8f, 'Sapphire Rapids-X'],
   [0xcf, 'Emerald Rapids-X'],
 ]);

@@ -20,8 +20,8 @@ export const POWERCAP_CLASS_DIR = 'class/powercap';
 const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
 
 /** A zone's energy attribute and its range: energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
-export const ENERGY_UJ = 'energy_uj';
-export const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
+const ENERGY_UJ = 'energy_uj';
+const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
 
 export interface PowercapZone {
   /** intel-rapl:N or intel-rapl:N:M */
@@ -42,7 +42,7 @@ export interface PowercapZone {
   maxEnergyRangeUj: bigint;
 }
 
-export interface PowercapScan {
+interface PowercapScan {
   zones: PowercapZone[];
   /** Zones found and not read, and why. */
   skipped: { id: string; why: string }[];

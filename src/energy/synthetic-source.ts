@@ -10,7 +10,7 @@ import type { DomainCounter, HostCpu } from '../ratio/types.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import { EnergyReadError, type EnergyDomain, type EnergyReading, type EnergySource } from './energy-source.js';
 
-export interface CpuTimes {
+interface CpuTimes {
   busy: number;
   total: number;
 }
@@ -31,7 +31,7 @@ export function parseProcStat(text: string): Map<number, CpuTimes> {
   return out;
 }
 
-export interface SyntheticEnergyOptions {
+interface SyntheticEnergyOptions {
   procRoot: string;
   cpus: readonly HostCpu[];
   /** Watts per package when idle; default 20. */

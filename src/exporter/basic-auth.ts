@@ -10,7 +10,7 @@ import { createHash } from 'node:crypto';
 import { bcryptVerify } from '../os/bcrypt.js';
 
 /** Remembered good (user, hash, password) triples; the oldest is forgotten first. */
-export const AUTH_CACHE_ENTRIES = 100;
+const AUTH_CACHE_ENTRIES = 100;
 /** bcrypt computations at once; more requests wait their turn (the connection slots bound them). */
 export const MAX_CONCURRENT_VERIFICATIONS = 2;
 /** An Authorization header longer than this is refused unread. */

@@ -21,7 +21,7 @@
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
 
-export interface SlotLimits {
+interface SlotLimits {
   /** Connections at once. */
   max: number;
   /** A connection without a request in progress is closed after this long. */

@@ -38,7 +38,7 @@ export interface HostDomainValues {
   unattributedUj: bigint;
 }
 
-export interface BookLimits {
+interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
   maxExportedVms: number;
   /** An ended VM that no scrape has seen is forgotten after this long. */
@@ -90,7 +90,7 @@ export interface BookedVm {
   seenEnded: boolean;
 }
 
-export interface HelperHealth {
+interface HelperHealth {
   connected: boolean;
   connects: number;
   legacy: { ok: RunningTotal; refused: RunningTotal; failed: RunningTotal };
@@ -110,7 +110,7 @@ function vmKey(l: VmLabels): string {
   return `${l.pid}\u0000${l.uid}\u0000${l.uuid}\u0000${l.name}`;
 }
 
-export function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmLabels {
+function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmLabels {
   return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid), uid: String(vm.uid) };
 }
 

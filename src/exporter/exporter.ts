@@ -14,7 +14,7 @@ import { requiresAuthentication } from './web-config.js';
 import { DEFAULT_HOST_SERIES, type HostSeries } from './host-series.js';
 import { checkBcryptAvailable } from '../os/bcrypt.js';
 
-export interface ExporterConfig {
+interface ExporterConfig {
   socketPath: string;
   listen: ListenAddress;
   maxExportedVms: number;
@@ -24,7 +24,7 @@ export interface ExporterConfig {
   hostSeries?: HostSeries;
 }
 
-export interface RunningExporter {
+interface RunningExporter {
   url: string;
   book: EnergyBook;
   stop(): Promise<void>;

@@ -1,5 +1,5 @@
 /**
- * --host-series: who may read the host packages' energy (HOST_FAMILIES in metrics.ts). The kernel
+ * --host-series: who may read the host packages' energy (registerHostFamilies in metrics.ts). The kernel
  * made the powercap energy files root-only (CVE-2020-8694) because a reader who samples a package's
  * energy often enough learns about what other users compute; the exporter serves those totals over
  * HTTP. docs/security.md weighs the choice and its default.

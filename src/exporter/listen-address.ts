@@ -11,7 +11,7 @@ import { cannot } from '../common/errors.js';
  * fully allocated since 2023, so any number there already belongs to another exporter that may run on
  * the same host; 8677 lies outside it and is not in /etc/services (netbase's list of well-known ports).
  */
-export const DEFAULT_EXPORTER_PORT = 8677;
+const DEFAULT_EXPORTER_PORT = 8677;
 export const DEFAULT_LISTEN = `127.0.0.1:${DEFAULT_EXPORTER_PORT}`;
 
 export interface ListenAddress {

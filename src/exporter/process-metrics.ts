@@ -19,14 +19,14 @@ export const BUILD_INFO = 'vmsr_build_info';
 /** prom-client's gauges whose names end in _total, which a gauge's must not. */
 export const MISNAMED_DEFAULTS = ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'];
 
-export interface BuildInfo {
+interface BuildInfo {
   version: string;
   /** The source revision when the package records it (package.json's gitHead, which npm writes), else "unknown". */
   revision: string;
   nodeversion: string;
 }
 
-export function buildInfo(): BuildInfo {
+function buildInfo(): BuildInfo {
   const pkg = findPackage();
   return { version: pkg?.version ?? 'unknown', revision: pkg?.revision ?? 'unknown', nodeversion: process.version };
 }

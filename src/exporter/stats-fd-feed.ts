@@ -17,7 +17,7 @@ import { hostDomainNames } from '../protocol/stats/host-stats.js';
 const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
 
 /** A HOST_UPDATE's values from one sample of the host's file. */
-export function hostUpdateFromFile(r: StatsReader, s: StatsSample): HostUpdate {
+function hostUpdateFromFile(r: StatsReader, s: StatsSample): HostUpdate {
   const ids = r.values(s, 'package_id') ?? [];
   const energy = r.values(s, 'package_energy') ?? [];
   const unattributed = r.values(s, 'package_unattributed_energy');
@@ -45,7 +45,7 @@ function domainsIn(r: StatsReader, energyName: (d: OtherDomain) => string): Othe
 }
 
 /** The host file's other domains: per domain and package it is read on, energy and unattributed energy (µJ, as `package_energy`). */
-export function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[] {
+function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[] {
   const out: HostDomainValues[] = [];
   for (const domain of domainsIn(r, (d) => hostDomainNames(d).energy)) {
     const n = hostDomainNames(domain);
@@ -58,7 +58,7 @@ export function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainV
 }
 
 /** A VM's UPDATE from one sample of its file, its power per virtual package (W), and its other domains' values. */
-export function vmUpdateFromFile(
+function vmUpdateFromFile(
   hostVmId: number,
   r: StatsReader,
   s: StatsSample,

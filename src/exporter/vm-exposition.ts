@@ -24,16 +24,16 @@ export interface VmFamily {
 }
 
 /** Escaping of the exposition formats: HELP text (backslash, newline) and label values (also the double quote). */
-export function escapeHelp(s: string): string {
+function escapeHelp(s: string): string {
   return s.replace(/\\/g, '\\\\').replace(/\n/g, '\\n');
 }
 
-export function escapeLabelValue(s: string): string {
+function escapeLabelValue(s: string): string {
   return escapeHelp(s).replace(/"/g, '\\"');
 }
 
 /** A sample value as the formats write it (prom-client's rules: +Inf, -Inf, and its spelling of NaN). */
-export function formatValue(v: number): string {
+function formatValue(v: number): string {
   if (Number.isNaN(v)) return 'Nan';
   if (!Number.isFinite(v)) return v < 0 ? '-Inf' : '+Inf';
   return `${v}`;

@@ -14,7 +14,7 @@ import { parseYamlSubset } from './yaml-subset.js';
 import { checkWebConfig, type PemSource, type TlsServerConfig, type WebConfig } from './web-config.js';
 
 /** The web configuration file and each PEM file it names may hold this much. */
-export const MAX_WEB_CONFIG_FILE_BYTES = 1024 * 1024;
+const MAX_WEB_CONFIG_FILE_BYTES = 1024 * 1024;
 
 export interface LoadedWebConfig {
   config: WebConfig;
@@ -100,7 +100,7 @@ function filesOf(file: string, c: WebConfig): string[] {
   return out;
 }
 
-export interface ReloadLog {
+interface ReloadLog {
   info(o: object, msg: string): void;
   error(o: object, msg: string): void;
 }

@@ -9,19 +9,19 @@ import { cannot } from '../common/errors.js';
 import type { YamlValue } from './yaml-subset.js';
 
 /** Go's crypto/tls client authentication policies, as the file names them. */
-export const CLIENT_AUTH_TYPES = [
+const CLIENT_AUTH_TYPES = [
   'NoClientCert',
   'RequestClientCert',
   'RequireAnyClientCert',
   'VerifyClientCertIfGiven',
   'RequireAndVerifyClientCert',
 ] as const;
-export type ClientAuthType = (typeof CLIENT_AUTH_TYPES)[number];
+type ClientAuthType = (typeof CLIENT_AUTH_TYPES)[number];
 
 /** Go's TLS version names and Node's. */
 const TLS_VERSIONS = { TLS10: 'TLSv1', TLS11: 'TLSv1.1', TLS12: 'TLSv1.2', TLS13: 'TLSv1.3' } as const;
 type GoTlsVersion = keyof typeof TLS_VERSIONS;
-export type NodeTlsVersion = (typeof TLS_VERSIONS)[GoTlsVersion];
+type NodeTlsVersion = (typeof TLS_VERSIONS)[GoTlsVersion];
 
 /** Go's cipher suite names (TLS 1.2 and below; Go does not let TLS 1.3 suites be chosen) and OpenSSL's. */
 const CIPHER_SUITES: Record<string, string> = {
@@ -56,7 +56,7 @@ const HEADERS: Record<string, readonly string[] | null> = {
 };
 
 /** A bcrypt hash as htpasswd -B, Python's bcrypt and Go's x/crypto/bcrypt write it. */
-export const BCRYPT_HASH = /^\$2[aby]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$/;
+const BCRYPT_HASH = /^\$2[aby]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$/;
 
 /** PEM text, from the file itself (inline) or from a file it names (resolved against the file's folder). */
 export type PemSource = { inline: string } | { file: string };

@@ -8,7 +8,7 @@
  */
 import type { Logger } from 'pino';
 
-export interface LogLimiterOptions {
+interface LogLimiterOptions {
   /** Lines logged per cause per window before suppression (default 5). */
   burst?: number;
   /** Window length in ms (default 60 s). */
@@ -26,7 +26,7 @@ interface CauseState {
   timer: NodeJS.Timeout | undefined;
 }
 
-export const DEFAULT_LOG_BURST = 5;
+const DEFAULT_LOG_BURST = 5;
 export const DEFAULT_LOG_WINDOW_MS = 60_000;
 
 export class LogLimiter {

@@ -17,7 +17,7 @@ export type { Logger };
 
 export type LogLevel = 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 
-export type LogFormat = 'journal' | 'pretty' | 'json';
+type LogFormat = 'journal' | 'pretty' | 'json';
 
 /** pino level name -> syslog priority (RFC 5424 severity), as journald maps them. */
 export const SYSLOG_PRIORITY: Readonly<Record<string, number>> = { fatal: 2, error: 3, warn: 4, info: 6, debug: 7, trace: 7 };
@@ -31,7 +31,7 @@ export function isJournalStream(env: NodeJS.ProcessEnv, stat: { dev: number; ino
   return m !== null && stat !== null && Number(m[1]) === stat.dev && Number(m[2]) === stat.ino;
 }
 
-export function detectLogFormat(env: NodeJS.ProcessEnv = process.env, fd = 2): LogFormat {
+function detectLogFormat(env: NodeJS.ProcessEnv = process.env, fd = 2): LogFormat {
   let stat: fs.Stats | null = null;
   try {
     stat = fs.fstatSync(fd);

@@ -8,7 +8,7 @@ export interface CpuModel {
 }
 
 /** The first "cpu family" and "model" lines of a /proc/cpuinfo text; undefined when either is missing. */
-export function parseCpuModel(cpuinfo: string): CpuModel | undefined {
+function parseCpuModel(cpuinfo: string): CpuModel | undefined {
   const family = /^cpu family\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
   const model = /^model\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
   if (!family || !model) return undefined;

@@ -17,7 +17,7 @@ export const FAKE_MSR_TREE_DOC = 'docs/try-it.md "A fake MSR tree"';
  * so the fd is a plain file: a fake MSR tree (--msr-path) that does not reach that register's offset.
  * Names the register, the file, its length and what it must hold. The one wording of a short read.
  */
-export function shortReadMessage(cpu: number, msr: number, n: number, file: string, fd: number): string {
+function shortReadMessage(cpu: number, msr: number, n: number, file: string, fd: number): string {
   let size: string;
   try {
     const st = fs.fstatSync(fd);

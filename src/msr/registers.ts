@@ -45,11 +45,6 @@ export const LEGACY_ALLOWED_MSRS: ReadonlySet<number> = new Set([
   MSR_PKG_POWER_INFO,
 ]);
 
-/** The package energy counter of a vendor (Intel 0x611, AMD 0xC001029B). */
-export function packageEnergyMsr(vendor: Vendor): number {
-  return vendor === 'amd' ? MSR_AMD_PKG_ENERGY_STATUS : MSR_PKG_ENERGY_STATUS;
-}
-
 /** The register whose bits 12:8 give a vendor's energy status unit (Intel 0x606, AMD 0xC0010299). */
 export function powerUnitMsr(vendor: Vendor): number {
   return vendor === 'amd' ? MSR_AMD_RAPL_POWER_UNIT : MSR_RAPL_POWER_UNIT;

@@ -4,7 +4,7 @@ import path from 'node:path';
 import type { HostCpu } from '../ratio/types.js';
 
 /** Parses a sysfs CPU list such as "0-3,8,10-11". Throws on anything else. */
-export function parseCpuList(text: string): number[] {
+function parseCpuList(text: string): number[] {
   const out: number[] = [];
   const trimmed = text.trim();
   if (trimmed === '') return out;

@@ -4,7 +4,7 @@ import path from 'node:path';
 import type { Vendor } from '../ratio/types.js';
 import { cannotError } from '../common/errors.js';
 
-export function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {
+function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {
   const m = /^vendor_id\s*:\s*(\S+)/m.exec(cpuinfo);
   const id = m?.[1] ?? '(no vendor_id line)';
   if (id === 'GenuineIntel') return 'intel';

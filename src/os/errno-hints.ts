@@ -2,7 +2,7 @@
  * THE errno -> fix map for MSR devices (/dev/cpu/N/msr): why an open or pread failed, in words, and
  * what the user does about it. The daemon's startup checks and `record` both answer from it.
  */
-export interface ErrnoHint {
+interface ErrnoHint {
   why: string;
   fix: string;
 }

@@ -22,7 +22,7 @@ export const FD_RESERVE = 32;
  * How old a count of the open fds usage() may report (it is read at every sample, for the host
  * statistics file): a count costs about a microsecond per open fd, 10 ms at 10 000 fds.
  */
-export const FD_USAGE_MAX_AGE_MS = 10_000;
+const FD_USAGE_MAX_AGE_MS = 10_000;
 
 /** Fds one VM costs: what the sampler keeps open for its threads, plus the directory fd of a /proc/<pid>/task listing. */
 export function vmFds(threads: number): number {
@@ -30,7 +30,7 @@ export function vmFds(threads: number): number {
 }
 
 /** What raiseFdLimit did, for the start-up log. */
-export interface FdLimitChange {
+interface FdLimitChange {
   before: Rlimit;
   after: Rlimit;
   /** Why the soft limit could not be raised, when it could not. */
@@ -81,7 +81,7 @@ export interface FdUsage {
 /** Room for a VM's fds, or why not (a message naming the fix). */
 export type FdAdmission = Result<void>;
 
-export interface FdBudgetOptions {
+interface FdBudgetOptions {
   /** The soft RLIMIT_NOFILE (after raising). */
   limit: number;
   /** Connection slots kept free for (the effective --max-connections). */

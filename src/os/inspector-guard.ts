@@ -18,7 +18,7 @@ import inspector from 'node:inspector';
 /** The warning logged when SIGUSR1 arrives (who sent it is not known to a signal listener). */
 export const SIGUSR1_MESSAGE = "SIGUSR1 ignored: it would open Node's inspector";
 /** At most one SIGUSR1 warning per this many ms; the ones held back are counted in the next. */
-export const SIGUSR1_LOG_EVERY_MS = 60_000;
+const SIGUSR1_LOG_EVERY_MS = 60_000;
 
 /** A JSON line on stderr shaped like the logger's: the guard runs before any logger exists, and must not wait for one. */
 function warnLine(msg: string, fields: Record<string, unknown>): void {

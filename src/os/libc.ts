@@ -55,15 +55,15 @@ const fn = {
   syscall: libc.func('long syscall(long number, ...)'),
 };
 
-export const SOL_SOCKET = 1;
-export const SO_PEERCRED = 17;
+const SOL_SOCKET = 1;
+const SO_PEERCRED = 17;
 export const AF_UNIX = 1;
 export const SOCK_DGRAM = 2;
 export const SOCK_CLOEXEC = 0o2000000;
-export const MSG_NOSIGNAL = 0x4000;
+const MSG_NOSIGNAL = 0x4000;
 export const MSG_DONTWAIT = 0x40;
 export const SOCK_STREAM = 1;
-export const SC_CLK_TCK = 2;
+const SC_CLK_TCK = 2;
 export const PR_SET_KEEPCAPS = 8;
 export const PR_CAPBSET_DROP = 24;
 export const PR_SET_NO_NEW_PRIVS = 38;
@@ -149,7 +149,7 @@ export function getPeerCredentials(fd: number): PeerCredentials {
 }
 
 /** getsockopt option: a pidfd of the process that called connect() (Linux 6.5+). */
-export const SO_PEERPIDFD = 77;
+const SO_PEERPIDFD = 77;
 const SYS_PIDFD_SEND_SIGNAL = 424;
 
 /**
@@ -199,7 +199,7 @@ export function sendUnixDatagram(name: string, payload: Buffer): void {
 }
 
 /** Capability sets of the calling thread as 64-bit masks. */
-export interface CapabilitySets {
+interface CapabilitySets {
   effective: bigint;
   permitted: bigint;
   inheritable: bigint;
@@ -259,7 +259,7 @@ export function setgroups(gids: readonly number[]): void {
   if (fn.setgroups(gids.length, list) !== 0) throw errnoError('setgroups');
 }
 
-export function sysconf(name: number): number {
+function sysconf(name: number): number {
   const v = Number(fn.sysconf(name));
   if (v < 0) throw errnoError(`sysconf(${name})`);
   return v;
@@ -510,7 +510,7 @@ export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: read
   }
 }
 
-export interface ReceivedWithFds {
+interface ReceivedWithFds {
   /** The bytes read; empty at end of stream (or for an empty datagram). */
   data: Buffer;
   /** The fds that came with them, close-on-exec, now owned by the caller. */
@@ -580,7 +580,7 @@ export const F_SEAL_GROW = 0x4;
 export const F_SEAL_WRITE = 0x8;
 export const F_SEAL_FUTURE_WRITE = 0x10;
 /** memfd names are at most 249 bytes (the kernel prefixes "memfd:" within NAME_MAX). */
-export const MAX_MEMFD_NAME_BYTES = 249;
+const MAX_MEMFD_NAME_BYTES = 249;
 
 /** memfd_create(2) with MFD_CLOEXEC | MFD_ALLOW_SEALING: an anonymous file that can be sealed. */
 export function memfdCreate(name: string): number {

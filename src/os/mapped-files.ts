@@ -91,7 +91,7 @@ export function isCleanFileMapping(m: Mapping): boolean {
   );
 }
 
-export interface DroppedPages {
+interface DroppedPages {
   /** Resident kB taken out of the page tables. */
   droppedKb: number;
   /** Mappings the kernel refused (left as they were). */

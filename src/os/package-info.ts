@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-export interface PackageInfo {
+interface PackageInfo {
   root: string;
   version: string;
   /** The source revision npm records as gitHead, when present. */

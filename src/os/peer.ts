@@ -8,8 +8,6 @@ import { MAX_TID } from '../ratio/types.js';
 import { parseProcStatus } from './privileges/proc-status.js';
 import { readProcFile } from './proc-file.js';
 
-export type { PeerCredentials };
-
 /** The fd under a net.Socket (libuv handle); undefined once closed or for non-fd handles. */
 export function socketFd(socket: net.Socket): number | undefined {
   const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;

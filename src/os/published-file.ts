@@ -20,9 +20,9 @@ import {
   type SharedMapping,
 } from './libc.js';
 
-export const PUBLISHED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+const PUBLISHED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
 /** Mode of a published file: readable by whoever holds an fd of it, written by nobody through one. */
-export const PUBLISHED_MODE = 0o444;
+const PUBLISHED_MODE = 0o444;
 
 export class PublishedFile {
   private mapping: SharedMapping | null;

@@ -9,7 +9,7 @@ import { listen, type Disposable, type EmitterLike } from '../common/disposable.
 
 export const SIGHUP_MESSAGE = 'SIGHUP: nothing to reload; logs go to stderr/journal';
 
-export interface InfoLog {
+interface InfoLog {
   info(msg: string): void;
 }
 

@@ -20,7 +20,7 @@ import { keptFds, type KeptFdLedger } from './proc-tasks.js';
 /** Threads of one VM whose fds are kept, by default: the most vCPUs a VM may have, and room for QEMU's other threads. */
 export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;
 
-export interface VmFdSharesOptions {
+interface VmFdSharesOptions {
   budget: Pick<FdBudget, 'room' | 'vmCapacity' | 'canAdmit' | 'canOpen' | 'admitted'> & Partial<Pick<FdBudget, 'usage'>>;
   /** --max-vm-threads. */
   maxVmThreads: number;

@@ -2,7 +2,7 @@
  * QEMU's rapl-helper-socket wire format, pure: bytes in, 12-byte requests out, however the stream
  * was cut. Requests and replies are little-endian (x86 host order, which QEMU writes raw).
  */
-export const LEGACY_REQUEST_SIZE = 12;
+const LEGACY_REQUEST_SIZE = 12;
 export const LEGACY_REPLY_SIZE = 8;
 
 /** "VMS2": the first 4 bytes of a v2 connection (u32 0x32534D56 little-endian). */
@@ -60,7 +60,7 @@ export function encodeLegacyReply(value: bigint): Buffer {
   return b;
 }
 
-export type Preamble = 'need-more' | 'v2' | 'legacy';
+type Preamble = 'need-more' | 'v2' | 'legacy';
 
 /** The first 4 bytes of a connection decide its protocol; fewer than 4 cannot decide yet. */
 export function classifyPreamble(head: Buffer): Preamble {

@@ -2,7 +2,7 @@
 import type { CounterSpec, HostPackage } from './types.js';
 
 /** Energy status unit (bits 12:8 of MSR_RAPL_POWER_UNIT): one counter unit is 2^-ESU joules. */
-export function energyStatusUnitBits(powerUnit: bigint): number {
+function energyStatusUnitBits(powerUnit: bigint): number {
   return Number((powerUnit >> 8n) & 0x1fn);
 }
 

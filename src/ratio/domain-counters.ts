@@ -6,10 +6,10 @@ import { isOtherDomain, PLATFORM_DOMAINS } from './domains.js';
 import type { DomainCounter } from './types.js';
 
 /** The largest counter range the engine takes: its values are held as float64 integers. */
-export const MAX_DOMAIN_RANGE = 2n ** 53n;
+const MAX_DOMAIN_RANGE = 2n ** 53n;
 
 /** The largest unit a counter may count in: 1 J (PSYS on Sapphire Rapids). */
-export const MAX_DOMAIN_UNIT_J = 1;
+const MAX_DOMAIN_UNIT_J = 1;
 
 /**
  * Why `d` cannot be one of the host's domain counters, given the host's packages and the counters

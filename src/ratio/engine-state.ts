@@ -6,10 +6,10 @@
 import type { VcpuSpec } from './types.js';
 
 /** pending: registered since the last sample (the next one is its baseline); active; ended: frozen. */
-export type EnginePhase = 'pending' | 'active' | 'ended';
+type EnginePhase = 'pending' | 'active' | 'ended';
 
 /** What the last sample said about one thread of an active VM: (tid, starttime) is its identity. */
-export interface ThreadMarkState {
+interface ThreadMarkState {
   tid: number;
   starttime: number;
   /** utime + stime, ticks. */
@@ -36,7 +36,7 @@ export interface EngineVmState {
   prev: ThreadMarkState[];
 }
 
-export interface EngineSampleState {
+interface EngineSampleState {
   tNs: bigint;
   /** Bits 31:0 of R_p per package the last sample had (a package missing there has no entry). */
   energy: { pkg: number; raw: number }[];

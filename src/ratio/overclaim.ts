@@ -6,7 +6,7 @@
  */
 
 /** One package's interval, as the engine sees it. */
-export interface PackageClaims {
+interface PackageClaims {
   package: number;
   /** dE_p, joules; undefined when the interval has no energy for the package (nothing is paid there). */
   energyJ: number | undefined;

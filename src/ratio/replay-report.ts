@@ -17,7 +17,7 @@ function byDomain<T extends { domain: string }>(list: readonly T[] | undefined, 
   return out;
 }
 
-export function intervalRecord(r: IntervalResult): Record<string, unknown> {
+function intervalRecord(r: IntervalResult): Record<string, unknown> {
   return {
     type: 'interval',
     t_ns: r.tNs,
@@ -35,7 +35,7 @@ export function intervalRecord(r: IntervalResult): Record<string, unknown> {
   };
 }
 
-export function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
+function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
   return {
     type: 'total',
     vms: outputs.map((o) => ({

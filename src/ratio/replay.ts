@@ -9,13 +9,13 @@ import { MAX_VMS, type IntervalResult, type TraceHeader, type VmOutput } from '.
 /** Problems are counted; only the first few are kept, so a bad trace cannot grow memory. */
 export const KEPT_PROBLEMS = 10;
 
-export interface ReplayProblems {
+interface ReplayProblems {
   count: number;
   first: string[];
 }
 
 /** What the report needs per VM beyond the engine's outputs: the time it was attributed over. */
-export interface ReplayVmSummary {
+interface ReplayVmSummary {
   output: VmOutput;
   /** Sum of dt over the intervals in which the VM was attributed, seconds. */
   attributedS: number;

@@ -5,7 +5,7 @@
  * tick never pushes the later ones back.
  */
 
-export interface NextTick {
+interface NextTick {
   /** Index of the next tick. */
   k: bigint;
   /** Its ideal time, ns on the monotonic clock. */

@@ -192,7 +192,7 @@ export interface VmOutput {
   domains?: VmDomainTotals[];
 }
 
-export interface VmDomainTotals {
+interface VmDomainTotals {
   domain: OtherDomain;
   vpkgEnergyJ: number[];
   vpkgEnergyUj: bigint[];

@@ -8,7 +8,7 @@
 import { fail, ok, type Result } from '../common/result.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG, type VcpuSpec } from './types.js';
 
-export interface VcpuRuleOptions {
+interface VcpuRuleOptions {
   /** Accept a list of no entries (the engine only); default false. */
   allowEmpty?: boolean;
 }

@@ -30,7 +30,7 @@ export interface TickInfo {
   skipped: number;
 }
 
-export interface TickLoopOptions {
+interface TickLoopOptions {
   intervalNs: bigint;
   /** Runs on every tick. If it throws, the loop stops and onError gets the error. */
   tick(info: TickInfo): void;

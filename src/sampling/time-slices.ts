@@ -9,7 +9,7 @@
 /** Work per event-loop turn, ms: about the most a legacy request waits behind discovery or sampling (docs/daemon.md, "What other users cannot delay"). */
 export const SLICE_BUDGET_MS = 2;
 
-export interface SliceOptions {
+interface SliceOptions {
   /** Work per slice, ms (default SLICE_BUDGET_MS). */
   budgetMs?: number;
   /** Checked before each step: true stops the work (the service closed); the promise then resolves with undefined. */

@@ -16,16 +16,16 @@ import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 
-export const HANDOVER_MAGIC: Buffer = Buffer.from('VMSRHAND', 'latin1');
-export const HANDOVER_FORMAT_VERSION = 1;
+const HANDOVER_MAGIC: Buffer = Buffer.from('VMSRHAND', 'latin1');
+const HANDOVER_FORMAT_VERSION = 1;
 const HEADER = 24;
 /** Connections one record may list (the daemon's --max-connections bound). */
-export const MAX_HANDED_CONNECTIONS = 1 << 20;
+const MAX_HANDED_CONNECTIONS = 1 << 20;
 /**
  * Bytes read and not answered, per connection: the start of a request, and what the stream had read
  * ahead before reading stopped (Node's stream reads ahead up to 64 KiB).
  */
-export const MAX_PENDING_BYTES = 256 * 1024;
+const MAX_PENDING_BYTES = 256 * 1024;
 const KIND = { legacy: 1, undecided: 2 } as const;
 const ENTRY_MIN = 13;
 /** The largest record, header included. */
@@ -49,7 +49,7 @@ export interface HandoverRecord {
 const MAX_COUNTER = Number.MAX_SAFE_INTEGER;
 
 /** Why a record cannot be written or used, or null. */
-export function handoverProblem(r: HandoverRecord): string | null {
+function handoverProblem(r: HandoverRecord): string | null {
   for (const [k, v] of Object.entries(r.legacy))
     if (!Number.isSafeInteger(v) || v < 0 || v > MAX_COUNTER) return `the legacy ${k} counter ${v} is out of range`;
   if (r.connections.length > MAX_HANDED_CONNECTIONS) return `${r.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;

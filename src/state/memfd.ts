@@ -12,7 +12,7 @@ import type { StateSnapshot } from './snapshot.js';
 
 /** The seals a state memfd carries: no write, no grow, no shrink, and no seal removed or added. */
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
-export const STATE_MEMFD_NAME = 'vmsr-helper-state';
+const STATE_MEMFD_NAME = 'vmsr-helper-state';
 const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 
 /** Writes `bytes` into a new memfd named `name`, seals it (STATE_SEALS) and returns its fd (close-on-exec). */

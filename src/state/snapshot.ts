@@ -30,7 +30,7 @@ export const MAX_HOST_VM_ID = 0xffffffff;
 export const MAX_U64 = (1n << 64n) - 1n;
 export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
 
-export interface VpkgTotals {
+interface VpkgTotals {
   /** The ratio engine's accumulator A(v,g), joules (float64): what the next intervals add to. */
   energyJ: number;
   /** Energy attributed to this virtual package since the VM was registered, µJ: floor(energyJ * 1e6). */
@@ -70,7 +70,7 @@ export interface VmState {
   vpkgs: VpkgTotals[];
 }
 
-export interface PackageTotals {
+interface PackageTotals {
   pkg: number;
   /** The same two totals in joules (float64), as they accumulate. */
   energyJ: number;
@@ -81,7 +81,7 @@ export interface PackageTotals {
   unattributedUj: bigint;
 }
 
-export interface KnownProcess {
+interface KnownProcess {
   pid: number;
   starttime: number;
 }
@@ -93,7 +93,7 @@ export interface SampledThread {
   ticks: bigint;
 }
 
-export interface SampleState {
+interface SampleState {
   /** CLOCK_MONOTONIC of the sample, ns. */
   monotonicNs: bigint;
   /** CLOCK_REALTIME at the same moment, ns: after a reboot-free restart the monotonic clock goes on, this tells the gap otherwise. */

@@ -27,25 +27,23 @@ import {
 } from '../ratio/types.js';
 import { cannot } from '../common/errors.js';
 
-export type { TraceHeader };
-
 /** 32 MiB: a sample line holds every stat line of every VM (~350 bytes a thread); far above any real host. */
-export const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
+const DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024;
 
 /** A DNS name is at most 253 characters; Linux's host name at most 64. */
 const MAX_HOSTNAME = 253;
 
 /** Records nest a few levels (sample -> tasks -> pid -> tid); deeper is not a trace. */
-export const MAX_JSON_DEPTH = 32;
+const MAX_JSON_DEPTH = 32;
 
 /** Blank lines are skipped, but this many in a row is not a trace (a recorder never writes one). */
-export const MAX_BLANK_RUN = 1_000_000;
+const MAX_BLANK_RUN = 1_000_000;
 
 /**
  * Whether `text` nests arrays/objects deeper than `max` (strings skipped). Checked before JSON.parse,
  * whose result would otherwise be walked recursively (and overflow the stack) for a hostile line.
  */
-export function nestsDeeperThan(text: string, max: number): boolean {
+function nestsDeeperThan(text: string, max: number): boolean {
   let depth = 0;
   let inString = false;
   for (let i = 0; i < text.length; i++) {
@@ -374,7 +372,7 @@ export interface ScanProgress {
  * Splits a byte stream into lines (numbered from 1), UTF-8 checked. A line longer than the cap, a
  * final line without newline that is not complete JSON and a broken gzip stream are TraceErrors.
  */
-export async function* splitLines(
+async function* splitLines(
   stream: AsyncIterable<Buffer | string>,
   opts: ReadOptions = {},
   fileBytes?: () => number,

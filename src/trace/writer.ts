@@ -56,13 +56,13 @@ export function headerLine(h: TraceHeader): string {
  * Where and when a recording starts: wall clock, CLOCK_MONOTONIC at that moment (process.hrtime, the
  * sampler's clock), host name.
  */
-export function recordingStart(
+function recordingStart(
   clockNs: () => bigint = () => process.hrtime.bigint(),
 ): Required<Pick<TraceHeader, 'startTime' | 'startNs' | 'hostname'>> {
   return { startNs: clockNs(), startTime: new Date().toISOString(), hostname: os.hostname() };
 }
 
-export interface OpenOptions {
+interface OpenOptions {
   /** Replace an existing file; without it, an existing file is an error (nothing is lost by accident). */
   overwrite?: boolean;
   /** The file, already opened for writing elsewhere (the daemon, as root before its privilege drop). */
@@ -103,7 +103,7 @@ function domainsObject(readings: readonly DomainReading[]): Record<string, Recor
   return out;
 }
 
-export function unregisterLine(tNs: bigint, pid: number): string {
+function unregisterLine(tNs: bigint, pid: number): string {
   return withTime('unregister', tNs, `,"pid":${pid}`);
 }
 
@@ -116,7 +116,7 @@ export function gapLine(tNs: bigint, lost: number): string {
  * Records kept in memory while the disk is full (the header, registrations, the gap); past this the
  * recording stops for good with an error. Samples are not kept: they are the bulk, and lost.
  */
-export const MAX_PENDING_BYTES = 1 << 20;
+const MAX_PENDING_BYTES = 1 << 20;
 /** Deflate's window: each record is compressed with this much of what precedes it as dictionary. */
 const WINDOW = 32 * 1024;
 const GZIP_HEADER = Buffer.from([0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3]);
@@ -124,7 +124,7 @@ const GZIP_HEADER = Buffer.from([0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3]);
 const PAUSING_ERRORS = new Set(['ENOSPC', 'EDQUOT']);
 
 /** What a writer tells its user about a full disk (default: a line on stderr). */
-export interface TraceWriterEvents {
+interface TraceWriterEvents {
   paused(why: string): void;
   resumed(lostSamples: number, pausedS: number): void;
 }

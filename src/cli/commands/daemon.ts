@@ -31,11 +31,11 @@ import {
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
 
-export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
+const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
 export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 
-export interface RawDaemonOptions extends RawHostOptions {
+interface RawDaemonOptions extends RawHostOptions {
   energySource?: string;
   socket?: string;
   pidfile?: string;
@@ -175,7 +175,7 @@ function defaultRead(f: string): string {
  * helper/lifecycle/startup.ts). The daemon's modules are imported only when needed, so the first image of
  * a non-root or -d foreground run stays small.
  */
-export async function startDaemonFromCli(
+async function startDaemonFromCli(
   config: DaemonConfig,
   v2: ReturnType<typeof v2OptionsFrom>,
   logger?: () => Logger,

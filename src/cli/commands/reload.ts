@@ -14,7 +14,7 @@ import { addClientSocketOption, commandOptions } from '../options.js';
 import { cannot } from '../../common/errors.js';
 
 /** Longest wait for the daemon to begin the restart (its check of the binary included), then to serve again. */
-export const RELOAD_TIMEOUT_MS = 30_000;
+const RELOAD_TIMEOUT_MS = 30_000;
 
 function listenerPid(socketPath: string): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -35,7 +35,7 @@ function listenerPid(socketPath: string): Promise<number> {
 }
 
 /** Sends the daemon at `socketPath` SIGHUP and resolves with the ms until a new connection is served by the new image. */
-export async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): Promise<number> {
+async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): Promise<number> {
   const pid = await listenerPid(socketPath);
   if (pid === 1)
     throw new Error(cannot('reload', `${socketPath} is systemd's socket`, 'run systemctl reload qemu-vmsr-helper (or restart)'));

@@ -13,9 +13,9 @@ import { ProgressLine } from '../progress.js';
 import { findPackage } from '../../os/package-info.js';
 import { cannot } from '../../common/errors.js';
 
-export const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
+const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 
-export function bundledTracePath(): string {
+function bundledTracePath(): string {
   const root = findPackage()?.root;
   if (root === undefined)
     throw new Error(
@@ -61,7 +61,7 @@ function writer(): { write(line: string): void; flush(): Promise<void> } {
   };
 }
 
-export async function runReplay(trace: string | undefined, opts: { json?: boolean }): Promise<void> {
+async function runReplay(trace: string | undefined, opts: { json?: boolean }): Promise<void> {
   const file = trace ?? bundledTracePath();
   // `replay --json | head`: a closed stdout ends the replay quietly, not with a stack trace.
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {

@@ -21,9 +21,9 @@ import { energyNotice } from '../energy-notice.js';
 import { wattsOver } from '../../common/watts.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
-export const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
+const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
 
-export interface StatsOptions {
+interface StatsOptions {
   socket: string;
   /** Host VM ids or names; absent = every VM the caller may see. */
   vm?: string[];
@@ -35,7 +35,7 @@ export interface StatsOptions {
 }
 
 /** One VM's row, from one consistent sample of its file. */
-export interface StatsRow {
+interface StatsRow {
   hostVmId: number;
   name: string | null;
   pid: number;
@@ -58,7 +58,7 @@ function scale(r: StatsReader, name: string): number {
   return d ? 10 ** d.exponent : 1;
 }
 
-export function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
+function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
   const ej = scale(r, 'energy');
   const energy = (r.values(s, 'energy') ?? []).map((v) => Number(v) * ej);
   const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * scale(r, 'power'));
@@ -85,7 +85,7 @@ export function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: Stats
   };
 }
 
-export function formatStatsTable(rows: readonly StatsRow[]): string[] {
+function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
   const lines = rows.map((r) => {
     const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
@@ -95,7 +95,7 @@ export function formatStatsTable(rows: readonly StatsRow[]): string[] {
   return [head, ...lines];
 }
 
-export function formatStatsJson(r: StatsRow): string {
+function formatStatsJson(r: StatsRow): string {
   return JSON.stringify({
     type: 'vm',
     host_vm_id: r.hostVmId,
@@ -112,7 +112,7 @@ export function formatStatsJson(r: StatsRow): string {
 }
 
 /** One other RAPL domain of one host package, at a refresh. */
-export interface HostDomainRow {
+interface HostDomainRow {
   pkg: number;
   domain: string;
   /** Since the previous refresh's HOST_UPDATE (null: none before, or no new sample). */
@@ -147,7 +147,7 @@ export function formatHostDomainTable(rows: readonly HostDomainRow[]): string[] 
   return ['', head, ...lines];
 }
 
-export function formatHostDomainJson(r: HostDomainRow): string {
+function formatHostDomainJson(r: HostDomainRow): string {
   return JSON.stringify({
     type: 'host_domain',
     package: r.pkg,

@@ -22,7 +22,7 @@ import { statedEnergySource } from '../../client/stated-energy-source.js';
 import { energyNotice } from '../energy-notice.js';
 import { wattsOver } from '../../common/watts.js';
 
-export interface WatchOptions {
+interface WatchOptions {
   socket: string;
   /** NAME|UUID|PID of a VM the helper lists (client/find-vm.ts): observed, not registered. */
   vm?: string;
@@ -37,7 +37,7 @@ export interface WatchOptions {
 }
 
 /** The point an UPDATE's power is measured from: the previous UPDATE, or the VM's baseline (energy 0). */
-export interface PowerBase {
+interface PowerBase {
   tNs: bigint;
   vpkgs: { energyUj: bigint }[];
   /** The other RAPL domains' energy per vpkg (absent: 0, as at the baseline). */
@@ -45,7 +45,7 @@ export interface PowerBase {
 }
 
 /** One other RAPL domain of an UPDATE: its power over all vpkgs and per vpkg (null where there is no interval), and its energy. */
-export interface DomainPower {
+interface DomainPower {
   domain: string;
   powerW: number | null;
   energyUj: bigint;
@@ -130,14 +130,14 @@ export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bi
 }
 
 /** What every --json line says of the VM, so a line read alone names it. */
-export interface VmIdentity {
+interface VmIdentity {
   name: string | null;
   uuid: string | null;
   pid: number;
 }
 
 /** `watch NAME --json`'s first line: the VM found, as LIST shows it. */
-export function formatJsonVm(vm: VmInfo, energySource: string | null = null): string {
+function formatJsonVm(vm: VmInfo, energySource: string | null = null): string {
   return JSON.stringify({
     type: 'vm',
     vm_id: vm.hostVmId,
@@ -153,12 +153,12 @@ export function formatJsonVm(vm: VmInfo, energySource: string | null = null): st
 }
 
 /** `watch NAME`'s first line: which VM is watched, so a wrong pick shows at once. */
-export function formatVmLine(vm: VmInfo): string {
+function formatVmLine(vm: VmInfo): string {
   const whole = vm.wholeVmOnly ? ' (vCPU threads cannot be told apart: vpkg0 has the whole VM)' : '';
   return `VM ${describeVm(vm)}, ${vm.nvpkg} virtual package(s)${whole}`;
 }
 
-export function describeError(e: unknown): string {
+function describeError(e: unknown): string {
   if (e instanceof V2Error) return `the helper refused ${e.message}`;
   return e instanceof Error ? e.message : String(e);
 }

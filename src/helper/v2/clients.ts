@@ -18,7 +18,7 @@ export interface Subscriber {
   batch(fn: () => void): void;
 }
 
-export interface Client<C extends Subscriber> {
+interface Client<C extends Subscriber> {
   readonly conn: C;
   readonly viewer: Viewer;
   /** HOST_SUBSCRIBEd: whether it asked for per-package unattributed energy; undefined when it did not. */
@@ -41,7 +41,7 @@ export function unwatch(conn: Subscriber, vmId: number): boolean {
 }
 
 /** A connection's state as plain data (what a restart would carry). */
-export interface ClientState {
+interface ClientState {
   connId: number;
   viewer: Viewer;
   subscriptions: number[];

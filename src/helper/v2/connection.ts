@@ -278,7 +278,7 @@ export class V2Connection {
  * client left unread from earlier counts; between samples, one sample's worth is allowed on top.
  * A connection then holds at most `limit` plus one sample's frames.
  */
-export function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
+function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
   return after > limit + allowance;
 }
 

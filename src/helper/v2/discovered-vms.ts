@@ -15,7 +15,7 @@ import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogFields, vmLogLimiter } from './vm-log.js';
 
-export interface DiscoveredVmsParts {
+interface DiscoveredVmsParts {
   discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'>;
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;

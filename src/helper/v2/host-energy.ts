@@ -8,14 +8,14 @@ import type { OtherDomain } from '../../ratio/domains.js';
 import type { DomainInterval } from '../../ratio/types.js';
 
 /** One package's totals since sampling started (J). */
-export interface PackageTotals {
+interface PackageTotals {
   pkg: number;
   energyJ: number;
   unattributedJ: number;
 }
 
 /** One other RAPL domain's totals on one package since sampling started (J); psys under the package it is read on. */
-export interface DomainTotals {
+interface DomainTotals {
   pkg: number;
   domain: OtherDomain;
   energyJ: number;
@@ -31,7 +31,7 @@ export interface HostEnergyState {
 }
 
 /** One package's energy in one interval and the part of it given to VMs (IntervalResult.packages). */
-export interface PackageInterval {
+interface PackageInterval {
   package: number;
   energyJ: number;
   attributedJ: number;

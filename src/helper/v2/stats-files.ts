@@ -29,9 +29,9 @@ import type { VmInterval } from '../../ratio/types.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 
 /** What the files read of the sampling loop. */
-export type StatsSampling = Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
+type StatsSampling = Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
 
-export interface StatsFilesParts {
+interface StatsFilesParts {
   registry: Pick<VmRegistry, 'get'>;
   sampling: StatsSampling;
   intervalNs: bigint;
@@ -54,7 +54,7 @@ export interface StatsFilesParts {
 }
 
 /** A refusal, with the v2 error code it is answered with. */
-export interface StatsRefusal {
+interface StatsRefusal {
   code: number;
   message: string;
 }

@@ -15,9 +15,9 @@ import { vmLogFields } from './vm-log.js';
 export const ENDED_DISCOVERED_KEPT_SAMPLES = 5;
 
 /** What the lifecycle needs of the sampling loop. */
-export type LifecycleSampling = Pick<SamplingService, 'output' | 'unregister' | 'updateVcpus'>;
+type LifecycleSampling = Pick<SamplingService, 'output' | 'unregister' | 'updateVcpus'>;
 
-export interface VmLifecycleParts {
+interface VmLifecycleParts {
   registry: VmRegistry;
   sampling: LifecycleSampling;
   discovery?: Pick<Discovery, 'forget' | 'current'>;

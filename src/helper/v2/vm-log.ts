@@ -15,7 +15,7 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 export const VM_LOG_BURST = 20;
 
 /** What a log line says of a VM. */
-export interface VmLogFields {
+interface VmLogFields {
   name: string | null;
   uuid: string | null;
   pid: number;

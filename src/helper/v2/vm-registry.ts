@@ -16,7 +16,7 @@ import { cannot } from '../../common/errors.js';
 import type { V2Limits } from './limits.js';
 
 /** What the rule needs from /proc. */
-export interface ProcView {
+interface ProcView {
   /** uid owning /proc/<pid>, or null when the process does not exist. */
   ownerUid(pid: number): number | null;
   isThreadOf(pid: number, tid: number): boolean;
@@ -67,14 +67,14 @@ export function procView(procRoot: string): ProcView {
   };
 }
 
-export interface Peer {
+interface Peer {
   pid: number;
   uid: number;
   /** The connecting process's start time, read at accept (null: gone by then; absent: not known, trusted). */
   starttime?: number | null;
 }
 
-export interface RegisterInput {
+interface RegisterInput {
   /** 0 = the peer itself. */
   pid: number;
   vcpus: readonly VcpuSpec[];
@@ -100,7 +100,7 @@ export interface Admitted {
 export type Admission = Result<Admitted, Refusal>;
 
 /** What LIST shows of a VM besides its energy. */
-export interface VmMeta {
+interface VmMeta {
   name: string | null;
   uuid: Buffer | null;
   wholeVmOnly: boolean;

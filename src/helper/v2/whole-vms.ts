@@ -8,7 +8,7 @@ import type { NotWhole } from '../../os/proc-tasks.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import type { VmRegistry } from './vm-registry.js';
 
-export interface WholeVmsParts {
+interface WholeVmsParts {
   registry: Pick<VmRegistry, 'all'>;
   /** The task reader's word on a pid (ProcTaskReader.notWhole). */
   notWhole: (pid: number) => NotWhole | null;

@@ -12,8 +12,6 @@ import fs from 'node:fs';
 import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc.js';
 import { parseProcStatus } from './proc-status.js';
 
-export const CAP_SETGID = 6;
-export const CAP_SETUID = 7;
 export const CAP_SETPCAP = 8;
 export const CAP_SYS_RAWIO = 17;
 export const RAWIO_MASK = 1n << BigInt(CAP_SYS_RAWIO);
@@ -25,7 +23,7 @@ export interface DropOptions {
   gid?: number;
 }
 
-export interface DropReport {
+interface DropReport {
   /** Steps that could not be done (e.g. bounding set without CAP_SETPCAP when not root). */
   skipped: string[];
 }

@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 
-export interface ProcStatusCreds {
+interface ProcStatusCreds {
   uid: number[];
   gid: number[];
   groups: number[];

@@ -35,14 +35,14 @@ export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', 
  * code (--require, --import, --loader, --experimental-loader, -r) or changes what is trusted must
  * never reach the image that keeps CAP_SYS_RAWIO and the MSR fds, whatever the first image was given.
  */
-export const ALLOWED_NODE_FLAGS: readonly string[] = ['--max-semi-space-size', '--max-old-space-size', '--v8-pool-size', '--stack-size'];
+const ALLOWED_NODE_FLAGS: readonly string[] = ['--max-semi-space-size', '--max-old-space-size', '--v8-pool-size', '--stack-size'];
 
 function flagName(arg: string): string {
   return arg.split('=')[0]!.replace(/_/g, '-');
 }
 
 /** The allowed `--flag=value` items of `execArgv` (ALLOWED_NODE_FLAGS); everything else is dropped. */
-export function allowedExecArgv(execArgv: readonly string[]): string[] {
+function allowedExecArgv(execArgv: readonly string[]): string[] {
   return execArgv.filter((a) => a.includes('=') && ALLOWED_NODE_FLAGS.includes(flagName(a)));
 }
 
@@ -59,7 +59,7 @@ export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
  * where modules are found). Names ending in `*` are prefixes. What the image must inherit on purpose
  * (the Inherited description, the -d channel) is added by the caller.
  */
-export const REEXEC_ENV_ALLOWLIST: readonly string[] = [
+const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'PATH',
   'LANG',
   'LANGUAGE',
@@ -88,7 +88,7 @@ export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, strin
 }
 
 /** Set in the environment of the image re-executed by reexecDropped, so it never loops. */
-export const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
+const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
 const PR_CAP_AMBIENT_RAISE = 2;
 
 /**

@@ -4,11 +4,11 @@
  * where it has none (energy, power). Bits 0-3 type, 4-7 unit, 8-11 base, like KVM's. Pure.
  */
 
-export const STATS_TYPE_SHIFT = 0;
+const STATS_TYPE_SHIFT = 0;
 export const STATS_TYPE_MASK = 0xf << STATS_TYPE_SHIFT;
-export const STATS_UNIT_SHIFT = 4;
+const STATS_UNIT_SHIFT = 4;
 export const STATS_UNIT_MASK = 0xf << STATS_UNIT_SHIFT;
-export const STATS_BASE_SHIFT = 8;
+const STATS_BASE_SHIFT = 8;
 export const STATS_BASE_MASK = 0xf << STATS_BASE_SHIFT;
 
 /** KVM_STATS_TYPE_*: only grows (CUMULATIVE), goes up and down (INSTANT), the highest seen (PEAK). */
@@ -40,10 +40,6 @@ export const STATS_BASE = {
   POW10: 0x0 << STATS_BASE_SHIFT,
   POW2: 0x1 << STATS_BASE_SHIFT,
 } as const;
-
-export type StatsType = (typeof STATS_TYPE)[keyof typeof STATS_TYPE];
-export type StatsUnit = (typeof STATS_UNIT)[keyof typeof STATS_UNIT];
-export type StatsBase = (typeof STATS_BASE)[keyof typeof STATS_BASE];
 
 const TYPE_NAMES: Readonly<Record<number, string>> = {
   [STATS_TYPE.CUMULATIVE]: 'cumulative',

@@ -26,7 +26,7 @@ const COUNTERS = [
   ['vms', I],
 ] as const;
 
-export function hostStatsId(daemonPid: number): string {
+function hostStatsId(daemonPid: number): string {
   return `vmsr-host/pid-${daemonPid}`;
 }
 
@@ -44,7 +44,7 @@ export interface HostCapacity {
 }
 
 /** Which parts of HostCapacity the file holds (fixed when it is made). */
-export interface HostCapacityShape {
+interface HostCapacityShape {
   discovered: boolean;
   fds: boolean;
 }
@@ -73,7 +73,7 @@ export function hostDomainShapes(pairs: readonly { pkg: number; domain: OtherDom
 }
 
 /** What a host file holds beyond the values every one has: the capacity parts, and the other domains read. */
-export interface HostStatsShape {
+interface HostStatsShape {
   capacity?: HostCapacityShape;
   domains?: readonly HostDomainShape[];
 }

@@ -13,19 +13,19 @@ import { utf8Cut } from '../v2/codec.js';
 import { MAX_VCPUS } from '../../ratio/types.js';
 import { STATS_BASE_MASK, STATS_TYPE_MASK, STATS_UNIT_MASK } from './flags.js';
 
-export const STATS_HEADER_SIZE = 24;
+const STATS_HEADER_SIZE = 24;
 /** Bytes of every name and of the id string, trailing NUL included (the header's name_size). */
-export const STATS_NAME_SIZE = 64;
+const STATS_NAME_SIZE = 64;
 /** Fixed part of a descriptor, before its name. */
-export const STATS_DESC_FIXED = 16;
+const STATS_DESC_FIXED = 16;
 /** The header's flags: 0, as KVM's. */
-export const STATS_HEADER_FLAGS = 0;
+const STATS_HEADER_FLAGS = 0;
 /** Bounds a reader holds a file to (and the helper never passes): descriptors, name size, whole file. */
-export const MAX_STATS_DESCRIPTORS = 256;
-export const MAX_STATS_NAME_SIZE = 256;
+const MAX_STATS_DESCRIPTORS = 256;
+const MAX_STATS_NAME_SIZE = 256;
 export const MAX_STATS_FILE_BYTES = 1 << 20;
 /** Values one array descriptor may hold: the most vCPUs a VM may have (more than MAX_VPKG + 1 and any host's packages). */
-export const MAX_STATS_ARRAY = MAX_VCPUS;
+const MAX_STATS_ARRAY = MAX_VCPUS;
 
 /** One statistic as the helper declares it. */
 export interface StatsDescriptor {
@@ -109,7 +109,7 @@ export function encodeStatsFile(layout: StatsLayout): Buffer {
 }
 
 /** The header's six fields. */
-export interface StatsHeader {
+interface StatsHeader {
   flags: number;
   nameSize: number;
   numDesc: number;
@@ -118,7 +118,7 @@ export interface StatsHeader {
   dataOffset: number;
 }
 
-export function decodeStatsHeader(b: Buffer): Result<StatsHeader> {
+function decodeStatsHeader(b: Buffer): Result<StatsHeader> {
   if (b.length < STATS_HEADER_SIZE) return fail(`the header is ${STATS_HEADER_SIZE} bytes, only ${b.length} were read`);
   const h = {
     flags: b.readUInt32LE(0),

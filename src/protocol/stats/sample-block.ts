@@ -76,7 +76,7 @@ export class SampleBlock {
 }
 
 /** How readConsistent retries. */
-export interface RetryOptions {
+interface RetryOptions {
   /** Attempts before giving up (default 100). */
   tries?: number;
   /**

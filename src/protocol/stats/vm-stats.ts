@@ -33,7 +33,7 @@ export function vmDomainNames(domain: OtherDomain): { energy: string; power: str
 }
 
 /** The id string of a VM's file: "vmsr-vm-<host VM id>/pid-<pid>[/<name>]" (cut to the name size). */
-export function vmStatsId(s: Pick<VmStatsShape, 'hostVmId' | 'pid' | 'name'>): string {
+function vmStatsId(s: Pick<VmStatsShape, 'hostVmId' | 'pid' | 'name'>): string {
   return `vmsr-vm-${s.hostVmId}/pid-${s.pid}${s.name !== null ? `/${s.name}` : ''}`;
 }
 
@@ -42,7 +42,7 @@ const C = STATS_TYPE.CUMULATIVE;
 const I = STATS_TYPE.INSTANT;
 const UJ = STATS_UNIT.JOULES | STATS_BASE.POW10;
 
-export function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
+function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
   const out: StatsDescriptor[] = [
     ...COMMON_STATS,
     one('host_vm_id', I | STATS_UNIT.NONE),
@@ -74,14 +74,14 @@ export function vmStatsLayout(s: VmStatsShape): StatsLayout {
 }
 
 /** One vCPU's totals since the VM's baseline. */
-export interface VcpuTotals {
+interface VcpuTotals {
   tid: number;
   energyUj: number;
   /** CPU time in clock ticks (utime + stime deltas). */
   ticks: number;
 }
 
-export interface VmStatsValues extends SampleTimes {
+interface VmStatsValues extends SampleTimes {
   ended: boolean;
   /** Per virtual package: cumulative µJ, the MSR-format counter, power over the last interval (µW). */
   energyUj: readonly bigint[];

@@ -68,8 +68,6 @@ export const E = {
   RESTARTING: 7,
 } as const;
 
-export type ErrorCode = (typeof E)[keyof typeof E];
-
 /** Bit 0 of flags on VALUE and UPDATE: the VM has ended, values are final. */
 export const FLAG_ENDED = 0x1;
 
@@ -178,7 +176,7 @@ export interface Frame {
 }
 
 /** A frame header the decoder refuses; after it the stream cannot be resynchronised. */
-export interface FrameError {
+interface FrameError {
   message: string;
   /** Type field of the offending header (0 when unknown). */
   type: number;
@@ -411,7 +409,7 @@ export function utf8Cut(s: string, max: number): Buffer {
 }
 
 /** Size of one entry in a VM_LIST payload. */
-export function vmEntrySize(e: VmEntry): number {
+function vmEntrySize(e: VmEntry): number {
   return VM_ENTRY_FIXED + (e.name === null ? 0 : utf8Cut(e.name, MAX_NAME_BYTES).length);
 }
 
@@ -457,7 +455,7 @@ export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   return encodeFrame(T.VM_LIST, 0, p);
 }
 
-export interface HostStats {
+interface HostStats {
   legacyOk: bigint;
   legacyRefused: bigint;
   legacyFailed: bigint;
@@ -575,7 +573,7 @@ export function encodeError(code: number, requestType: number, message: string):
 
 // ---- client -> helper ----
 
-export interface RegisterRequest {
+interface RegisterRequest {
   pid: number;
   vcpus: readonly VcpuSpec[];
 }

@@ -16,7 +16,7 @@ import type { StatsFiles } from '../stats-files.js';
 export type RequestType = ClientRequest['type'];
 
 /** The request of type K. */
-export type RequestOf<K extends RequestType> = Extract<ClientRequest, { type: K }>;
+type RequestOf<K extends RequestType> = Extract<ClientRequest, { type: K }>;
 
 /** The parts of the service the handlers use. */
 export interface RequestParts {

@@ -6,7 +6,7 @@ import type { RefusalReason } from '../vm-registry.js';
 import type { Handler } from './handler.js';
 
 /** The wire code of each registry refusal (docs/protocol-v2.md, REGISTER). */
-export const REFUSAL_CODE: Readonly<Record<RefusalReason, number>> = {
+const REFUSAL_CODE: Readonly<Record<RefusalReason, number>> = {
   limit: E.LIMIT,
   'not-permitted': E.NOT_PERMITTED,
   'process-gone': E.PROCESS_GONE,
