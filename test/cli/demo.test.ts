@@ -56,18 +56,20 @@ describe('vmsr-helper demo', () => {
         ),
       );
       expect(body).toMatch(/^vmsr_host_package_energy_joules_total\{package="0",domain="package"\} \d/m);
-      // The printed watch command, run as printed: it says synthetic too (the host file's energy_source).
-      const watchArgs = new RegExp(`watch (-k ${socket} \\S+)`).exec(out)![1]!.split(' ');
-      const table = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1'], { encoding: 'utf8', timeout: 30_000 });
+      // The printed commands, run as printed by a shell in the demo's working directory: they say synthetic too
+      // (the host file's energy_source). In a clone they start with `node dist/src/bin/vmsr-helper.js`.
+      const printed = (verb: string) => new RegExp(`^ {2}(\\S.* ${verb} -k ${socket}.*)$`, 'm').exec(out)![1]!;
+      const run = (line: string) => execFileSync('sh', ['-c', line], { encoding: 'utf8', timeout: 30_000, cwd: ROOT });
+      expect(printed('stats')).toMatch(/^(vmsr-helper|node \S+vmsr-helper\.js|\/\S+ \S+vmsr-helper\.js) stats/);
+      const table = run(`${printed('watch')} --count 1`);
       expect(table).toMatch(/^energy: SYNTHETIC \(the helper runs with --energy-source synthetic\): not a measurement$/m);
-      const once = execFileSync(process.execPath, [BIN, 'stats', '-k', socket, '--once'], { encoding: 'utf8', timeout: 30_000 });
+      const once = run(`${printed('stats')} --once`);
       expect(once.split('\n')[0]).toBe('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
       expect(once).toMatch(/demo-vm/);
-      const json = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1', '--json'], {
-        encoding: 'utf8',
-        timeout: 30_000,
-      });
+      const json = run(`${printed('watch')} --count 1 --json`);
       expect(JSON.parse(json.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
+      const statsJson = run(`${printed('stats')} --once --json`);
+      expect(JSON.parse(statsJson.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
       expect(await demo.stop('SIGTERM')).toBe(0);
       expect(demo.stderr()).toMatch(/vmsr-helper demo: stopping \(SIGTERM received\)/);
       // No leftovers: its directory is gone, and so are the daemon, the VM and the exporter.
