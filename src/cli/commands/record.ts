@@ -163,7 +163,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       sysRoot: o.paths.sysRoot,
       cpus,
       vendor,
-      alternative: SYNTHETIC_ALTERNATIVE,
+      procRoot: o.paths.procRoot,
     }).kind;
     const msr = readsMsrs(kind);
     let host: HostInfo;
