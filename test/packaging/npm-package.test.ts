@@ -37,9 +37,17 @@ describe('the npm package', () => {
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  test('the tarball carries the built code, LICENSE, docs/, contrib/ and the bundled trace, and no tests or TypeScript', (ctx) => {
+  test('the tarball carries the built code, the man page and bash completion, LICENSE, docs/, contrib/ and the bundled trace, and no tests or TypeScript', (ctx) => {
     if (why) return ctx.skip(why);
-    for (const f of ['LICENSE', 'README.md', 'package.json', 'dist/src/bin/vmsr-helper.js', 'traces/qemu-spin-vs-idle.jsonl.gz']) {
+    for (const f of [
+      'LICENSE',
+      'README.md',
+      'package.json',
+      'dist/src/bin/vmsr-helper.js',
+      'traces/qemu-spin-vs-idle.jsonl.gz',
+      'dist/share/man/man1/vmsr-helper.1',
+      'dist/share/bash-completion/completions/vmsr-helper',
+    ]) {
       expect(files, f).toContain(f);
     }
     for (const doc of fs.readdirSync(path.join(ROOT, 'docs'))) expect(files, doc).toContain(`docs/${doc}`);
