@@ -100,10 +100,11 @@ describe('the npm package', () => {
     expect(help).toContain('demo');
   });
 
-  test('the README says which Node it needs, as package.json does, and where Debian, Ubuntu and RHEL get it', () => {
+  test('the README and docs/install.md say which Node it needs, as package.json does, and where Debian, Ubuntu and RHEL get it', () => {
     expect(pkg.engines.node).toBe('>=20');
-    const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-    const section = readme.slice(readme.indexOf('### Node.js'));
+    expect(fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8')).toMatch(/Node\.js 20 or newer/);
+    const doc = fs.readFileSync(path.join(ROOT, 'docs/install.md'), 'utf8');
+    const section = doc.slice(doc.indexOf('### Node.js'));
     expect(section).toMatch(/Node\.js 20 or newer/);
     for (const distro of ['Debian', 'Ubuntu', 'RHEL', 'NodeSource']) expect(section, distro).toContain(distro);
   });
