@@ -7,12 +7,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { cannot } from '../common/errors.js';
+import { TRY_WITHOUT_RAPL } from '../os/errno-hints.js';
 import type { Vendor } from '../ratio/types.js';
 import { POWERCAP_FIX } from './powercap-source.js';
-
-/** What to do on a host without RAPL registers, or to look around first. */
-export const TRY_WITHOUT_RAPL =
-  "to try vmsr-helper without RAPL: --energy-source synthetic (energy made up from CPU load, not a measurement) or 'vmsr-helper demo'";
 
 export interface NoSourceFacts {
   /** The first online CPU's MSR device, and why it did not open (an errno code, or a message). */
