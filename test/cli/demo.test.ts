@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { DEMO_VM } from '../../src/cli/commands/demo.js';
+import { DEMO_VM, selfCommand } from '../../src/cli/commands/demo.js';
 import { BIN, ROOT, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 
@@ -21,6 +21,31 @@ function alive(pid: number): boolean {
     return false;
   }
 }
+
+describe('the commands the demo prints', () => {
+  test('selfCommand says vmsr-helper where that name on PATH runs the script, else node and its path, never through npx or npm run', () => {
+    const dir = fs.realpathSync(tempDir('vmsr-self-'));
+    try {
+      const script = path.join(dir, 'clone/dist/src/bin/vmsr-helper.js');
+      fs.mkdirSync(path.dirname(script), { recursive: true });
+      fs.writeFileSync(script, '');
+      const bin = path.join(dir, 'bin');
+      const npx = path.join(dir, '.npm/_npx/abc/node_modules/.bin');
+      for (const d of [bin, npx]) fs.mkdirSync(d, { recursive: true });
+      fs.symlinkSync(script, path.join(npx, 'vmsr-helper'));
+      const node = (p: string) => new RegExp(`^(node|${process.execPath.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}) ${p}$`);
+      // In the clone's root, with npx's folder on PATH (another terminal has none): node and the relative path.
+      expect(selfCommand(script, path.join(dir, 'clone'), `${npx}:/usr/bin:/bin`)).toMatch(node('dist/src/bin/vmsr-helper.js'));
+      // Outside the clone: the absolute path.
+      expect(selfCommand(script, bin, `${npx}:/usr/bin:/bin`)).toMatch(node(script));
+      // Installed: vmsr-helper on PATH is this very script.
+      fs.symlinkSync(script, path.join(bin, 'vmsr-helper'));
+      expect(selfCommand(path.join(bin, 'vmsr-helper'), bin, `${bin}:/usr/bin`)).toBe('vmsr-helper');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
 
 describe('vmsr-helper demo', () => {
   test('demo serves a discovered demo VM on synthetic energy, says so everywhere, and stops cleanly on SIGTERM', async () => {
