@@ -4,7 +4,7 @@
  * node_exporter's flag names, and a scrape with the recipe's CA and the password gets the metrics.
  * Also `hash-password` itself: its hash verifies, its refusals name the fix.
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
 import path from 'node:path';
@@ -111,4 +111,33 @@ describe('vmsr-helper hash-password', () => {
     const ok = execFileSync(process.execPath, [BIN, 'hash-password', '--cost', '4'], { input: 'pw', encoding: 'utf8' });
     expect(ok).toMatch(/^\$2b\$04\$.{53}\n$/);
   });
+
+  test('hash-password on a terminal asks twice without echoing, and refuses two different passwords', async (ctx) => {
+    ensureBuilt();
+    if (spawnSync('sh', ['-c', 'command -v script']).status !== 0) return ctx.skip('no script(1) to give it a terminal (util-linux)');
+    /** Runs it on a pseudo-terminal (script), typing each answer once its prompt shows. */
+    const typed = (answers: string[]) =>
+      new Promise<string>((resolve) => {
+        const p = spawn('script', ['-qec', `'${process.execPath}' '${BIN}' hash-password --cost 4`, '/dev/null'], { stdio: 'pipe' });
+        let out = '';
+        const prompts = ['Password: ', 'Again: '];
+        p.stdout.on('data', (d: Buffer) => {
+          out += d.toString();
+          while (prompts.length > 0 && out.includes(prompts[0]!)) {
+            prompts.shift();
+            p.stdin.write(`${answers.shift()}\r`);
+          }
+        });
+        const t = setTimeout(() => p.kill(), 30_000);
+        p.on('exit', () => (clearTimeout(t), resolve(out)));
+      });
+    const same = await typed([PASSWORD, PASSWORD]);
+    expect(same).not.toContain(PASSWORD);
+    const hash = /(\$2b\$04\$\S{53})/.exec(same)?.[1];
+    expect(hash, same).toBeDefined();
+    expect(await bcryptVerify(PASSWORD, hash!)).toBe(true);
+    const differ = await typed([PASSWORD, 'another one']);
+    expect(differ).toContain('the two passwords differ');
+    expect(differ).not.toMatch(/\$2b\$/);
+  }, 90_000);
 });

@@ -12,30 +12,41 @@ import { UsageError } from '../cli-errors.js';
 /** The most a piped password may hold: more is no password (bcrypt reads 72 bytes) but a wrong file. */
 const MAX_INPUT_BYTES = 4096;
 
-/** One line typed on the terminal, not echoed. */
-function readHidden(prompt: string): Promise<string> {
+/**
+ * Lines typed on the terminal, not echoed, one per prompt. One reader for all of them: a chunk may hold
+ * more than one line (typed ahead), and what follows the first belongs to the next prompt.
+ */
+function readHiddenLines(prompts: readonly string[]): Promise<string[]> {
   return new Promise((resolve, reject) => {
     const stdin = process.stdin;
-    process.stderr.write(prompt);
-    stdin.setRawMode(true);
-    stdin.setEncoding('utf8');
+    const lines: string[] = [];
     let text = '';
     const done = (err: Error | null): void => {
       stdin.setRawMode(false);
       stdin.pause();
       stdin.off('data', onData);
-      process.stderr.write('\n');
       if (err) reject(err);
-      else resolve(text);
+      else resolve(lines);
     };
     const onData = (chunk: string): void => {
       for (const ch of chunk) {
-        if (ch === '\r' || ch === '\n') return done(null);
-        if (ch === '\u0003' || ch === '\u0004') return done(new UsageError('no password given (interrupted)'));
-        if (ch === '\u007f' || ch === '\b') text = text.slice(0, -1);
+        if (ch === '\r' || ch === '\n') {
+          lines.push(text);
+          text = '';
+          process.stderr.write('\n');
+          if (lines.length === prompts.length) return done(null);
+          process.stderr.write(prompts[lines.length]!);
+        } else if (ch === '\u0003' || ch === '\u0004') {
+          process.stderr.write('\n');
+          return done(new UsageError('no password given (interrupted)'));
+        } else if (ch === '\u007f' || ch === '\b') text = text.slice(0, -1);
+        else if (text.length >= MAX_INPUT_BYTES) return done(new UsageError(`the password is longer than ${MAX_INPUT_BYTES} characters`));
         else text += ch;
       }
     };
+    process.stderr.write(prompts[0]!);
+    stdin.setRawMode(true);
+    stdin.setEncoding('utf8');
     stdin.on('data', onData);
     stdin.resume();
   });
@@ -57,10 +68,9 @@ async function readPiped(): Promise<string> {
 
 async function readPassword(): Promise<string> {
   if (!process.stdin.isTTY) return readPiped();
-  const first = await readHidden('Password: ');
-  const again = await readHidden('Again: ');
+  const [first, again] = await readHiddenLines(['Password: ', 'Again: ']);
   if (first !== again) throw new UsageError('the two passwords differ');
-  return first;
+  return first!;
 }
 
 export function addHashPasswordCommand(program: Command): void {
