@@ -6,6 +6,7 @@ import { Command, CommanderError } from 'commander';
 import { helpHint, ReportedError, UsageError } from './cli-errors.js';
 import { configureDaemonCommand } from './commands/daemon.js';
 import { VERSION } from './version.js';
+import { configureHelpLayout } from './help.js';
 
 /**
  * The subcommands, each loaded only when the command line may need it: the daemon (what QEMU's
@@ -19,6 +20,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   reload: async () => (await import('./commands/reload.js')).addReloadCommand,
   stats: async () => (await import('./commands/stats.js')).addStatsCommand,
   demo: async () => (await import('./commands/demo.js')).addDemoCommand,
+  'hash-password': async () => (await import('./commands/hash-password.js')).addHashPasswordCommand,
 };
 
 /**
@@ -29,7 +31,7 @@ export function mayNeedSubcommands(args: readonly string[]): boolean {
   return args.some((a) => a in SUBCOMMANDS || a === 'help' || a === '-h' || a === '--help');
 }
 
-async function buildCli(withSubcommands = true): Promise<Command> {
+export async function buildCli(withSubcommands = true): Promise<Command> {
   const program = new Command('vmsr-helper');
   program.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
   program.helpOption('-h, --help', 'display this help and exit');
@@ -44,6 +46,9 @@ async function buildCli(withSubcommands = true): Promise<Command> {
   // `vmsr-helper help [command]`: the root command has an action (it is the daemon), so commander
   // adds no help command by itself and would read "help" as a stray argument.
   program.helpCommand('help [command]', 'display help for a command');
+  // Every command answers --version, as the root does.
+  for (const cmd of program.commands) cmd.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
+  configureHelpLayout(program);
   // A usage error names the help of the command it belongs to: the root's for the daemon's options.
   for (const cmd of [program, ...program.commands]) cmd.showHelpAfterError(helpHint(commandPath(cmd)));
   return program;

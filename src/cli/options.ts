@@ -15,6 +15,7 @@ import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
 import { parseVcpuList } from '../ratio/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
+import { checkMetricsPath } from '../exporter/metrics-path.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
@@ -93,6 +94,15 @@ export function vcpuListArg(text: string): VcpuSpec[] {
 export function listenAddressArg(text: string): ListenAddress {
   try {
     return parseListenAddress(text);
+  } catch (e) {
+    throw new InvalidArgumentError((e as Error).message);
+  }
+}
+
+/** --web.telemetry-path (the exporter's metrics path). */
+export function metricsPathArg(text: string): string {
+  try {
+    return checkMetricsPath(text);
   } catch (e) {
     throw new InvalidArgumentError((e as Error).message);
   }

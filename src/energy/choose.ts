@@ -1,15 +1,14 @@
 /**
  * THE rule of --energy-source auto: the RAPL MSRs when an MSR device opens (they also answer QEMU's
  * legacy requests), else the kernel's powercap zones when a package zone's energy_uj opens, else a
- * failure naming both fixes. Run where the opens will be made for real (the daemon: as root, before
+ * failure saying what the host has and lacks (energy/no-energy-source.ts). Run where the opens will be made for real (the daemon: as root, before
  * its privilege drop).
  */
 import fs from 'node:fs';
-import { cannot } from '../common/errors.js';
 import { msrPath } from '../msr/host-paths.js';
 import type { HostCpu, Vendor } from '../ratio/types.js';
 import type { EnergySourceChoice, EnergySourceKind } from './kinds.js';
-import { POWERCAP_FIX } from './powercap-source.js';
+import { noEnergySourceMessage, noRaplReason } from './no-energy-source.js';
 import { scanPowercap } from './powercap-zones.js';
 
 export interface ChooseOptions {
@@ -17,8 +16,8 @@ export interface ChooseOptions {
   sysRoot: string;
   cpus: readonly HostCpu[];
   vendor: Vendor;
-  /** A further fix the caller offers (record: the synthetic source). */
-  alternative?: string;
+  /** Where /proc/cpuinfo is read to tell a host without RAPL (default /proc). */
+  procRoot?: string;
 }
 
 interface Chosen {
@@ -27,14 +26,20 @@ interface Chosen {
   why: string;
 }
 
-/** Why `file` does not open read-only, or undefined when it does (closed at once). */
-function openFails(file: string): string | undefined {
+/** Why `file` does not open read-only (its errno code), or undefined when it does (closed at once). */
+function openError(file: string): string | undefined {
   try {
     fs.closeSync(fs.openSync(file, fs.constants.O_RDONLY));
     return undefined;
   } catch (e) {
-    return `${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`;
+    return (e as NodeJS.ErrnoException).code ?? (e as Error).message;
   }
+}
+
+/** Why `file` does not open read-only, naming it, or undefined when it does. */
+function openFails(file: string): string | undefined {
+  const why = openError(file);
+  return why === undefined ? undefined : `${file}: ${why}`;
 }
 
 /** Why the powercap zones cannot give package energy, or undefined when every package's zone opens. */
@@ -54,19 +59,22 @@ function powercapFails(o: ChooseOptions): string | undefined {
   return undefined;
 }
 
-/** The kind to build: `choice` itself unless auto. Throws, naming both fixes, when auto finds neither. */
+/** The kind to build: `choice` itself unless auto. Throws, saying what the host lacks and the fixes, when auto finds neither. */
 export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions): Chosen {
   if (choice !== 'auto') return { kind: choice, why: 'asked for' };
   const first = Math.min(...o.cpus.map((c) => c.cpu));
-  const msr = openFails(msrPath(o.msrPathTemplate, first));
-  if (msr === undefined) return { kind: 'msr', why: 'auto: the MSR devices open' };
+  const msrFile = msrPath(o.msrPathTemplate, first);
+  const msrWhy = openError(msrFile);
+  if (msrWhy === undefined) return { kind: 'msr', why: 'auto: the MSR devices open' };
   const powercap = powercapFails(o);
-  if (powercap === undefined) return { kind: 'powercap', why: `auto: no MSR device (${msr}), the powercap zones open` };
+  if (powercap === undefined) return { kind: 'powercap', why: `auto: no MSR device (${msrFile}: ${msrWhy}), the powercap zones open` };
   throw new Error(
-    cannot(
-      'find an energy source',
-      `no MSR device opens (${msr}) and no powercap RAPL zone does (${powercap})`,
-      `load the msr driver with 'modprobe msr', or ${POWERCAP_FIX}, and run as root${o.alternative ? `; or ${o.alternative}` : ''}`,
-    ),
+    noEnergySourceMessage({
+      msrFile,
+      msrWhy,
+      msrDriverLoaded: fs.existsSync(`${o.sysRoot}/module/msr`),
+      powercapWhy: powercap,
+      noRapl: noRaplReason(o.procRoot ?? '/proc', o.vendor),
+    }),
   );
 }

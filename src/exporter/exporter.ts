@@ -5,7 +5,8 @@
  */
 import type { Logger } from 'pino';
 import { DEFAULT_BOOK_LIMITS, EnergyBook } from './energy-book.js';
-import { startMetricsServer, METRICS_PATH } from './http-server.js';
+import { startMetricsServer } from './http-server.js';
+import { DEFAULT_METRICS_PATH } from './metrics-path.js';
 import type { ListenAddress } from './listen-address.js';
 import type { ObserverClient } from './observer-api.js';
 import { ObserverSession, type Backoff } from './observer-session.js';
@@ -22,6 +23,8 @@ interface ExporterConfig {
   /** --web.config.file: TLS, basic authentication, headers (docs/exporter.md "Web configuration file"). */
   webConfigFile?: string | null;
   hostSeries?: HostSeries;
+  /** --web.telemetry-path (checked by checkMetricsPath); DEFAULT_METRICS_PATH by default. */
+  metricsPath?: string;
 }
 
 interface RunningExporter {
@@ -45,10 +48,11 @@ export async function startExporter(c: ExporterConfig, connect: () => Promise<Ob
       '--host-series authenticated without basic_auth_users or a verified client certificate in --web.config.file: no reader sees the host package series',
     );
   const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxExportedVms: c.maxExportedVms });
-  const server = await startMetricsServer(book, c.listen, { web, hostSeries });
+  const metricsPath = c.metricsPath ?? DEFAULT_METRICS_PATH;
+  const server = await startMetricsServer(book, c.listen, { web, hostSeries, metricsPath });
   const host = server.address.host.includes(':') ? `[${server.address.host}]` : server.address.host;
   const scheme = config?.tls ? 'https' : 'http';
-  const url = `${scheme}://${host}:${server.address.port}${METRICS_PATH}`;
+  const url = `${scheme}://${host}:${server.address.port}${metricsPath}`;
   log.info(
     { url, socket: c.socketPath, tls: config?.tls != null, basicAuth: (config?.basicAuthUsers.size ?? 0) > 0, hostSeries },
     `Serving metrics on ${url}`,

@@ -22,8 +22,8 @@ import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
 import type { TlsServerConfig } from './web-config.js';
 import { BasicAuth, WWW_AUTHENTICATE } from './basic-auth.js';
 import { DEFAULT_HOST_SERIES, showsHostSeries, type HostSeries } from './host-series.js';
+import { DEFAULT_METRICS_PATH } from './metrics-path.js';
 
-export const METRICS_PATH = '/metrics';
 /** Concurrent HTTP connections; Prometheus uses one per target. Full: the oldest idle one makes room. */
 export const MAX_HTTP_CONNECTIONS = 32;
 /** A connection without a request in progress (headers not yet whole, or idle after a response) lives this long. */
@@ -47,6 +47,8 @@ export interface MetricsServerOptions {
   /** The --web.config.file, or null for plain HTTP without authentication. */
   web?: WebConfigFile | null;
   hostSeries?: HostSeries;
+  /** Where the metrics are (checkMetricsPath), DEFAULT_METRICS_PATH by default. */
+  metricsPath?: string;
 }
 
 /** Whether a client's certificate meets the policy beyond what OpenSSL checked (presence, SANs). */
@@ -67,6 +69,7 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
   const expositions = buildExpositions(book);
   const web = opts.web ?? null;
   const hostSeries = opts.hostSeries ?? DEFAULT_HOST_SERIES;
+  const metricsPath = opts.metricsPath ?? DEFAULT_METRICS_PATH;
   const auth = new BasicAuth();
   let lastRender: number | null = null;
   let tlsFailures = 0;
@@ -107,12 +110,12 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     if (url === '/') {
       res.writeHead(200, { 'Content-Type': 'text/html; charset=utf-8' });
       res.end(
-        `<html><head><title>vmsr-helper exporter</title></head><body><h1>vmsr-helper exporter</h1><p><a href="${METRICS_PATH}">Metrics</a></p></body></html>\n`,
+        `<html><head><title>vmsr-helper exporter</title></head><body><h1>vmsr-helper exporter</h1><p><a href="${metricsPath}">Metrics</a></p></body></html>\n`,
       );
       return;
     }
-    if (url !== METRICS_PATH) {
-      res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`not found: metrics are at ${METRICS_PATH}\n`);
+    if (url !== metricsPath) {
+      res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`not found: metrics are at ${metricsPath}\n`);
       return;
     }
     const view = showsHostSeries(hostSeries, byPassword || byCert) ? expositions.withHost : expositions.withoutHost;

@@ -220,7 +220,7 @@ function checkUsers(c: Checker, v: YamlValue | undefined): Map<string, string> {
     if (user === '' || user.includes(':') || /[\x00-\x1f\x7f]/.test(user))
       c.fail(key, 'a user name may not be empty or hold ":" or control characters', 'rename the user');
     if (typeof hash !== 'string' || !BCRYPT_HASH.test(hash))
-      c.fail(key, 'is not a bcrypt hash ($2y$COST$ and 53 characters)', 'make one with htpasswd -nBC 10 "" | tr -d \':\\n\'');
+      c.fail(key, 'is not a bcrypt hash ($2y$COST$ and 53 characters)', 'make one with: vmsr-helper hash-password');
     users.set(user, hash);
   }
   return users;

@@ -1,5 +1,5 @@
 /**
- * bcrypt verification through the C library's crypt (libxcrypt, libcrypt.so.1, which every Debian,
+ * bcrypt hashing and verification through the C library's crypt (libxcrypt, libcrypt.so.1, which every Debian,
  * Ubuntu and RHEL host has: login and PAM use it), called with koffi on a worker thread so that a
  * hash of cost 10 (about 70 ms) never holds up the event loop. The result is compared with the
  * stored hash in constant time.
@@ -11,8 +11,15 @@ import { cannot } from '../common/errors.js';
 /** sizeof(struct crypt_data) in libxcrypt; crypt_rn refuses a smaller buffer. */
 const CRYPT_DATA_SIZE = 32768;
 
+/** The bcrypt costs `bcryptHash` makes: libxcrypt takes 4..31; past 16 a check takes seconds. */
+export const BCRYPT_COST = { min: 4, max: 16, default: 10 } as const;
+/** bcrypt reads at most this many bytes of a password: a longer one would be checked on its start only. */
+export const BCRYPT_MAX_PASSWORD_BYTES = 72;
+
 type CryptRn = KoffiFunc<(phrase: string, setting: string, data: Buffer, size: number) => string | null>;
+type CryptGensaltRn = KoffiFunc<(prefix: string, count: number, rbytes: null, nrbytes: number, out: Buffer, size: number) => string | null>;
 let cryptRn: CryptRn | null = null;
+let cryptGensaltRn: CryptGensaltRn | null = null;
 
 function load(): CryptRn {
   if (cryptRn !== null) return cryptRn;
@@ -29,6 +36,10 @@ function load(): CryptRn {
     );
   }
   cryptRn = lib.func('const char *crypt_rn(const char *phrase, const char *setting, void *data, int size)') as CryptRn;
+  // rbytes NULL: libxcrypt takes the salt's random bytes from the kernel (getentropy).
+  cryptGensaltRn = lib.func(
+    'const char *crypt_gensalt_rn(const char *prefix, unsigned long count, const char *rbytes, int nrbytes, void *output, int output_size)',
+  ) as CryptGensaltRn;
   return cryptRn;
 }
 
@@ -49,4 +60,35 @@ export async function bcryptVerify(password: string, hash: string): Promise<bool
   const a = Buffer.from(out);
   const b = Buffer.from(hash);
   return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/** The $2b$ bcrypt hash of `password` at `cost` with a fresh random salt, as web configuration files take it. */
+export async function bcryptHash(password: string, cost: number = BCRYPT_COST.default): Promise<string> {
+  const fn = load();
+  if (!Number.isInteger(cost) || cost < BCRYPT_COST.min || cost > BCRYPT_COST.max)
+    throw new Error(
+      cannot(
+        'hash the password',
+        `cost ${cost} is not an integer in ${BCRYPT_COST.min}..${BCRYPT_COST.max}`,
+        `give --cost ${BCRYPT_COST.default}`,
+      ),
+    );
+  if (password.includes('\0')) throw new Error(cannot('hash the password', 'it holds a NUL byte', 'choose a password without one'));
+  if (Buffer.byteLength(password) > BCRYPT_MAX_PASSWORD_BYTES)
+    throw new Error(
+      cannot(
+        'hash the password',
+        `it is longer than ${BCRYPT_MAX_PASSWORD_BYTES} bytes, and bcrypt reads only that many`,
+        'choose a shorter one',
+      ),
+    );
+  const saltBuf = Buffer.alloc(64);
+  const setting = cryptGensaltRn!('$2b$', cost, null, 0, saltBuf, saltBuf.length);
+  if (setting === null) throw new Error(cannot('hash the password', 'libcrypt made no bcrypt salt', 'install libcrypt1 4.1 or newer'));
+  const data = Buffer.alloc(CRYPT_DATA_SIZE);
+  const out = await new Promise<string | null>((resolve, reject) => {
+    fn.async(password, setting, data, data.length, (err: unknown, res) => (err ? reject(err as Error) : resolve(res)));
+  });
+  if (out === null || !out.startsWith('$2b$')) throw new Error(cannot('hash the password', 'libcrypt refused the bcrypt setting'));
+  return out;
 }

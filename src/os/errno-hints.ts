@@ -2,7 +2,11 @@
  * THE errno -> fix map for MSR devices (/dev/cpu/N/msr): why an open or pread failed, in words, and
  * what the user does about it. The daemon's startup checks and `record` both answer from it.
  */
-interface ErrnoHint {
+/** What to do on a host without RAPL registers, or to look around first: the one wording of it. */
+export const TRY_WITHOUT_RAPL =
+  "to try vmsr-helper without RAPL: --energy-source synthetic (energy made up from CPU load, not a measurement) or 'vmsr-helper demo'";
+
+export interface ErrnoHint {
   why: string;
   fix: string;
 }
@@ -19,7 +23,10 @@ const MSR_HINTS: Readonly<Record<string, ErrnoHint>> = {
   ENODEV: NO_DEVICE,
   EACCES: { why: 'permission denied', fix: 'run as root or with CAP_SYS_RAWIO' },
   EPERM: { why: 'permission denied', fix: 'run as root or with CAP_SYS_RAWIO' },
-  EIO: { why: 'the CPU does not implement this register (no RAPL here?)', fix: 'run on a host whose CPU has RAPL' },
+  EIO: {
+    why: 'the CPU does not implement this register (no RAPL here?)',
+    fix: `run on a host whose CPU has RAPL; or, ${TRY_WITHOUT_RAPL}`,
+  },
 };
 
 /** The hint for an errno code from opening or reading an MSR device; undefined for codes without one. */

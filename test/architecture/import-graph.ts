@@ -8,7 +8,7 @@ import path from 'node:path';
 import ts from 'typescript';
 
 /**
- * The layers, lowest first: a folder may import only folders of a lower rank (docs: README "Layout").
+ * The layers, lowest first: a folder may import only folders of a lower rank (docs: docs/design.md "Layout").
  * protocol and trace share a rank and so may not import each other.
  */
 export const LAYER_RANK: Readonly<Record<string, number>> = {
@@ -157,7 +157,7 @@ export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Rec
       out.push(`${e.file} imports '${e.specifier}': src/${e.from} (layer ${rf}) may import only lower layers, src/${e.to} is layer ${rt}`);
   }
   for (const f of [...unknown].sort())
-    out.push(`src/${f || '.'} is not a layer: place it in LAYER_RANK (test/architecture/import-graph.ts) and the README layout table`);
+    out.push(`src/${f || '.'} is not a layer: place it in LAYER_RANK (test/architecture/import-graph.ts) and the layout of docs/design.md`);
   return out;
 }
 

@@ -1,5 +1,5 @@
 /**
- * The folders of src/ form a one-way graph (README "Layout"): no folder imports one that imports it
+ * The folders of src/ form a one-way graph (docs/design.md "Layout"): no folder imports one that imports it
  * back, each imports only lower layers, and the ratio core imports nothing outside itself. The checks
  * run on the real tree and, so that they are known to be able to fail, on small made-up graphs.
  */

@@ -1,9 +1,11 @@
-/** The command line as a user meets it: help, usage errors naming the right --help, record's output file. */
+/** The command line as a user meets it: help (commands first, with examples), --version everywhere, usage errors naming the right --help, record's output file. */
 import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { BIN, ensureBuilt, tempDir } from '../daemon/support/daemon-process.js';
+import { BIN, ensureBuilt, ROOT, tempDir } from '../daemon/support/daemon-process.js';
+import { buildCli } from '../../src/cli/cli.js';
+import { COMMAND_EXAMPLES, DAEMON_EXAMPLE } from '../../src/cli/help.js';
 import { FakeHost } from '../support/fake-host.js';
 import { readTrace } from '../../src/trace/reader.js';
 
@@ -31,6 +33,42 @@ describe('help', () => {
     expect(rec.code).toBe(0);
     expect(rec.stdout).toMatch(/Usage: vmsr-helper record \[options\]/);
     expect(rec.stdout).toContain('--force');
+  });
+
+  test("--help lists the commands first, each with its example, then the daemon's options", async () => {
+    const top = await cli(['--help']);
+    expect(top.code).toBe(0);
+    const commands = top.stdout.indexOf('\nCommands:\n');
+    const options = top.stdout.indexOf('\nOptions of the daemon (vmsr-helper without a command):\n');
+    expect(commands).toBeGreaterThan(0);
+    expect(options).toBeGreaterThan(commands);
+    const program = await buildCli(true);
+    for (const cmd of program.commands) {
+      const example = COMMAND_EXAMPLES[cmd.name()];
+      expect(example, `an example for ${cmd.name()}`).toBeDefined();
+      // The example sits under its command, before the next one (help wraps long lines).
+      const at = top.stdout.indexOf(`\n  ${cmd.name()} `);
+      expect(at, cmd.name()).toBeGreaterThan(commands);
+      const rest = top.stdout.slice(at + 1);
+      const next = rest.search(/\n {2}\S|\n\n/);
+      const block = rest.slice(0, next < 0 ? undefined : next);
+      expect(block.replace(/\s+/g, ' '), cmd.name()).toContain(`e.g. ${example}`);
+      // And at the end of its own --help.
+      const own = await cli([cmd.name(), '--help']);
+      expect(own.stdout, cmd.name()).toContain(`Example:\n  ${example}\n`);
+    }
+    expect(top.stdout).toContain(`  ${DAEMON_EXAMPLE}`);
+  });
+
+  test('every command answers --version and -V with the version', async () => {
+    const version = `vmsr-helper ${(JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }).version}\n`;
+    const program = await buildCli(true);
+    for (const args of [[], ...program.commands.map((c) => [c.name()])]) {
+      for (const flag of ['--version', '-V']) {
+        const r = await cli([...args, flag]);
+        expect({ args, flag, code: r.code, out: r.stdout }).toEqual({ args, flag, code: 0, out: version });
+      }
+    }
   });
 
   test("a subcommand's usage error points at that subcommand's --help", async () => {

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { DEMO_VM } from '../../src/cli/commands/demo.js';
+import { DEMO_VM, selfCommand } from '../../src/cli/commands/demo.js';
 import { BIN, ROOT, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 
@@ -21,6 +21,31 @@ function alive(pid: number): boolean {
     return false;
   }
 }
+
+describe('the commands the demo prints', () => {
+  test('selfCommand says vmsr-helper where that name on PATH runs the script, else node and its path, never through npx or npm run', () => {
+    const dir = fs.realpathSync(tempDir('vmsr-self-'));
+    try {
+      const script = path.join(dir, 'clone/dist/src/bin/vmsr-helper.js');
+      fs.mkdirSync(path.dirname(script), { recursive: true });
+      fs.writeFileSync(script, '');
+      const bin = path.join(dir, 'bin');
+      const npx = path.join(dir, '.npm/_npx/abc/node_modules/.bin');
+      for (const d of [bin, npx]) fs.mkdirSync(d, { recursive: true });
+      fs.symlinkSync(script, path.join(npx, 'vmsr-helper'));
+      const node = (p: string) => new RegExp(`^(node|${process.execPath.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}) ${p}$`);
+      // In the clone's root, with npx's folder on PATH (another terminal has none): node and the relative path.
+      expect(selfCommand(script, path.join(dir, 'clone'), `${npx}:/usr/bin:/bin`)).toMatch(node('dist/src/bin/vmsr-helper.js'));
+      // Outside the clone: the absolute path.
+      expect(selfCommand(script, bin, `${npx}:/usr/bin:/bin`)).toMatch(node(script));
+      // Installed: vmsr-helper on PATH is this very script.
+      fs.symlinkSync(script, path.join(bin, 'vmsr-helper'));
+      expect(selfCommand(path.join(bin, 'vmsr-helper'), bin, `${bin}:/usr/bin`)).toBe('vmsr-helper');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
 
 describe('vmsr-helper demo', () => {
   test('demo serves a discovered demo VM on synthetic energy, says so everywhere, and stops cleanly on SIGTERM', async () => {
@@ -56,18 +81,20 @@ describe('vmsr-helper demo', () => {
         ),
       );
       expect(body).toMatch(/^vmsr_host_package_energy_joules_total\{package="0",domain="package"\} \d/m);
-      // The printed watch command, run as printed: it says synthetic too (the host file's energy_source).
-      const watchArgs = new RegExp(`watch (-k ${socket} \\S+)`).exec(out)![1]!.split(' ');
-      const table = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1'], { encoding: 'utf8', timeout: 30_000 });
+      // The printed commands, run as printed by a shell in the demo's working directory: they say synthetic too
+      // (the host file's energy_source). In a clone they start with `node dist/src/bin/vmsr-helper.js`.
+      const printed = (verb: string) => new RegExp(`^ {2}(\\S.* ${verb} -k ${socket}.*)$`, 'm').exec(out)![1]!;
+      const run = (line: string) => execFileSync('sh', ['-c', line], { encoding: 'utf8', timeout: 30_000, cwd: ROOT });
+      expect(printed('stats')).toMatch(/^(vmsr-helper|node \S+vmsr-helper\.js|\/\S+ \S+vmsr-helper\.js) stats/);
+      const table = run(`${printed('watch')} --count 1`);
       expect(table).toMatch(/^energy: SYNTHETIC \(the helper runs with --energy-source synthetic\): not a measurement$/m);
-      const once = execFileSync(process.execPath, [BIN, 'stats', '-k', socket, '--once'], { encoding: 'utf8', timeout: 30_000 });
+      const once = run(`${printed('stats')} --once`);
       expect(once.split('\n')[0]).toBe('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
       expect(once).toMatch(/demo-vm/);
-      const json = execFileSync(process.execPath, [BIN, 'watch', ...watchArgs, '--count', '1', '--json'], {
-        encoding: 'utf8',
-        timeout: 30_000,
-      });
+      const json = run(`${printed('watch')} --count 1 --json`);
       expect(JSON.parse(json.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
+      const statsJson = run(`${printed('stats')} --once --json`);
+      expect(JSON.parse(statsJson.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
       expect(await demo.stop('SIGTERM')).toBe(0);
       expect(demo.stderr()).toMatch(/vmsr-helper demo: stopping \(SIGTERM received\)/);
       // No leftovers: its directory is gone, and so are the daemon, the VM and the exporter.

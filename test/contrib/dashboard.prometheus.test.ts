@@ -124,12 +124,19 @@ describe('the Grafana dashboard and the shipped rules', () => {
       'vmsr_helper_legacy_requests_total',
       'vmsr_helper_vm_cap_used',
       'vmsr_helper_fds_available',
+      'vmsr_energy_source_info',
     ]) {
       expect(
         exprs.some((e) => e.includes(family)),
         family,
       ).toBe(true);
     }
+    // A host on synthetic energy is flagged twice: the first panel under the Host row, and an annotation.
+    const source = d.panels.find((p) => p.title === 'Energy source')!;
+    expect(source.targets![0]!.expr).toBe('vmsr_energy_source_info{instance="$instance"}');
+    expect(JSON.stringify(source)).toContain('SYNTHETIC energy: not a measurement');
+    const note = d.annotations.list.find((a) => a.name === 'Synthetic energy')!;
+    expect(note).toMatchObject({ enable: true, expr: 'vmsr_energy_source_info{source="synthetic", instance="$instance"} == 1' });
   });
 
   test(
@@ -180,6 +187,15 @@ describe('the Grafana dashboard and the shipped rules', () => {
         }
       }
       expect(empty, logs()).toEqual([]);
+
+      // The energy source: this stack's daemon reads (fake) MSRs, so the panel says msr and the
+      // synthetic annotation finds nothing; the same query for the source it has finds this host.
+      const values = { ...BUILTIN_INTERVALS, datasource: 'prometheus', instance: s.exporterHost, vm: VM.name };
+      const sources = await prom.query(substitute('vmsr_energy_source_info{instance="$instance"}', values));
+      expect(sources.map((x) => x.metric.source)).toEqual(['msr']);
+      const annotation = substitute(d.annotations.list.find((a) => a.name === 'Synthetic energy')!.expr!, values);
+      expect(await prom.query(annotation)).toEqual([]);
+      expect(await prom.query(annotation.replace('source="synthetic"', 'source="msr"'))).toHaveLength(1);
 
       // Every shipped rule is loaded and healthy, every recorded series exists, and on a healthy
       // stack no alert is pending or firing.

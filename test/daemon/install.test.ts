@@ -70,9 +70,9 @@ describe('install from a packed tarball into a fresh root', () => {
     if (root) fs.rmSync(root, { recursive: true, force: true });
   });
 
-  test("the README's install block is the one this file carries out", () => {
-    const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-    const section = readme.slice(readme.indexOf('## Installing it in place of qemu-vmsr-helper'));
+  test("docs/install.md's install block is the one this file carries out", () => {
+    const doc = fs.readFileSync(path.join(ROOT, 'docs/install.md'), 'utf8');
+    const section = doc.slice(doc.indexOf('## Installing it in place of qemu-vmsr-helper'));
     const block = /```sh\n([\s\S]*?)```/.exec(section)![1]!;
     const commands = block
       .split('\n')

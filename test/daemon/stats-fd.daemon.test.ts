@@ -145,9 +145,10 @@ describe('statistics fds on the daemon', () => {
     const rows = out
       .trim()
       .split('\n')
-      .map((l) => JSON.parse(l) as { host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[] });
+      .map((l) => JSON.parse(l) as { host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[]; energy_source: string });
     expect(rows).toHaveLength(1);
-    expect(rows[0]).toMatchObject({ host_vm_id: vmId, pid: vmProc.pid });
+    // energy_source: where the helper says its energy comes from (this fake host's MSR files), on every row.
+    expect(rows[0]).toMatchObject({ host_vm_id: vmId, pid: vmProc.pid, energy_source: 'msr' });
     expect(rows[0]!.energy_j).toBeGreaterThan(0);
     expect(rows[0]!.vcpus).toHaveLength(1);
     const table = execFileSync(process.execPath, [BIN, 'stats', '-k', sock, '--once'], { encoding: 'utf8' });

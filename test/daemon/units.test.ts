@@ -103,9 +103,9 @@ describe('daemon options', () => {
   test('defaults are qemu-vmsr-helper’s', () => {
     const c = parseDaemonOptions({}, ids);
     expect(c).toMatchObject({
-      socketPath: '/var/run/qemu-vmsr-helper.sock',
+      socketPath: '/run/qemu-vmsr-helper.sock',
       socketPathGiven: false,
-      pidfile: '/var/run/qemu-vmsr-helper.pid',
+      pidfile: '/run/qemu-vmsr-helper.pid',
       pidfileGiven: false,
       daemonize: false,
       logLevel: 'info',

@@ -101,7 +101,7 @@ describe('web configuration: what it means', () => {
       [`${tls}  cipher_suites: [TLS_AES_128_GCM_SHA256]`, /cipher_suites: "TLS_AES_128_GCM_SHA256" is not known/],
       [`${tls}  curve_preferences: [X25519MLKEM768]`, /curve_preferences: "X25519MLKEM768" is not known/],
       [`${tls}  prefer_server_cipher_suites: yes`, /prefer_server_cipher_suites: "yes" is not true or false/],
-      ['basic_auth_users:\n  alice: secret', /basic_auth_users\.alice: is not a bcrypt hash.*htpasswd -nBC 10/],
+      ['basic_auth_users:\n  alice: secret', /basic_auth_users\.alice: is not a bcrypt hash.*vmsr-helper hash-password/],
       [`basic_auth_users:\n  "a:b": ${PASSWORD_HASH}`, /basic_auth_users\.a:b: a user name may not be empty or hold ":"/],
       ['basic_auth_users: [a]', /basic_auth_users: is not a mapping/],
       ['http_server_config:\n  headers:\n    Server: x', /headers\.Server: is not a key.*use one of Content-Security-Policy/],

@@ -1,8 +1,10 @@
-/** --energy-source auto (energy/choose.ts): the MSRs when a device opens, else powercap, else both fixes named. */
+/** --energy-source auto (energy/choose.ts): the MSRs when a device opens, else powercap, else what the host lacks and the fixes (energy/no-energy-source.ts). */
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { chooseEnergySource, type ChooseOptions } from '../../src/energy/choose.js';
+import { noEnergySourceMessage } from '../../src/energy/no-energy-source.js';
+import { TRY_WITHOUT_RAPL } from '../../src/os/errno-hints.js';
 import { readHostCpus } from '../../src/msr/topology.js';
 import { FakeHost } from '../support/fake-host.js';
 
@@ -42,14 +44,57 @@ describe('chooseEnergySource', () => {
     });
   });
 
-  test('auto fails naming both fixes when neither opens, and when a package has no zone', () => {
-    expect(() => chooseEnergySource('auto', options(false, false))).toThrow(
-      /^cannot find an energy source: no MSR device opens \(.*\/1\/msr: ENOENT\) and no powercap RAPL zone does \(.*\/class\/powercap: ENOENT\); load the msr driver with 'modprobe msr', or load the powercap RAPL driver with 'modprobe intel_rapl_msr' \(Intel and AMD Zen\), and run as root$/,
+  /** A /proc holding a cpuinfo with these flags. */
+  function procWith(flags: string): string {
+    const h = new FakeHost({ packages: [0] });
+    hosts.push(h);
+    const proc = path.join(h.dir, 'proc');
+    fs.mkdirSync(proc, { recursive: true });
+    fs.writeFileSync(path.join(proc, 'cpuinfo'), `processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: ${flags}\n\n`);
+    return proc;
+  }
+
+  test('auto fails, when neither opens on a host that may have RAPL, leading with modprobe msr and offering synthetic and demo', () => {
+    const o = { ...options(false, false), procRoot: procWith('fpu msr') };
+    expect(() => chooseEnergySource('auto', o)).toThrow(
+      /^cannot find an energy source: the msr driver is not loaded \(.*\/1\/msr: ENOENT\); no powercap RAPL zone opens \(.*\/class\/powercap: ENOENT\); load the msr driver with 'modprobe msr', or load the powercap RAPL driver with 'modprobe intel_rapl_msr' \(Intel and AMD Zen\), and run as root; or, to try vmsr-helper without RAPL: --energy-source synthetic \(.*\) or 'vmsr-helper demo'$/,
     );
-    const o = options(true, false);
-    fs.rmSync(path.join(o.sysRoot, 'class/powercap/intel-rapl:1'));
-    expect(() => chooseEnergySource('auto', { ...o, alternative: 'use --energy-source synthetic' })).toThrow(
-      /no powercap RAPL zone does \(no package-1 zone in .*\); .*, and run as root; or use --energy-source synthetic$/,
+    const p = { ...options(true, false), procRoot: o.procRoot };
+    fs.rmSync(path.join(p.sysRoot, 'class/powercap/intel-rapl:1'));
+    expect(() => chooseEnergySource('auto', p)).toThrow(/no powercap RAPL zone opens \(no package-1 zone in .*\); load the msr driver/);
+  });
+
+  test('auto fails, on a virtual machine or an AMD CPU without the rapl flag, saying the host has no RAPL and leading with synthetic and demo', () => {
+    const vm = { ...options(false, false), procRoot: procWith('fpu msr hypervisor') };
+    expect(() => chooseEnergySource('auto', vm)).toThrow(
+      /^cannot find an energy source: this host is a virtual machine \(flag 'hypervisor' in .*\/cpuinfo\).*; the msr driver is not loaded .*; no powercap RAPL zone opens .*; to try vmsr-helper without RAPL: --energy-source synthetic .* or 'vmsr-helper demo'; on a host with RAPL, load the msr driver with 'modprobe msr'/,
+    );
+    const amd = { ...options(false, false), vendor: 'amd' as const, procRoot: procWith('fpu msr') };
+    expect(() => chooseEnergySource('auto', amd)).toThrow(
+      /^cannot find an energy source: this AMD CPU has no RAPL \(no flag 'rapl' in .*\); .*; to try vmsr-helper without RAPL/,
+    );
+    const amdRapl = { ...options(false, false), vendor: 'amd' as const, procRoot: procWith('fpu msr rapl') };
+    expect(() => chooseEnergySource('auto', amdRapl)).toThrow(/^cannot find an energy source: the msr driver is not loaded/);
+  });
+
+  test('auto fails, when the driver is loaded but the device does not open, saying the driver is loaded', () => {
+    const o = { ...options(false, false), procRoot: procWith('fpu msr') };
+    fs.mkdirSync(path.join(o.sysRoot, 'module/msr'), { recursive: true });
+    expect(() => chooseEnergySource('auto', o)).toThrow(
+      /^cannot find an energy source: the msr driver is loaded but .*\/1\/msr does not open \(ENOENT\); .*; load the msr driver/,
+    );
+  });
+
+  test('the message for a device this user may not open leads with run as root (root opens any file, so the facts are given)', () => {
+    const message = noEnergySourceMessage({
+      msrFile: '/dev/cpu/0/msr',
+      msrWhy: 'EACCES',
+      msrDriverLoaded: true,
+      powercapWhy: '/sys/class/powercap: ENOENT',
+      noRapl: null,
+    });
+    expect(message).toBe(
+      `cannot find an energy source: the msr driver is loaded but this user may not open /dev/cpu/0/msr (EACCES); no powercap RAPL zone opens (/sys/class/powercap: ENOENT); run as root (or with CAP_SYS_RAWIO); or, ${TRY_WITHOUT_RAPL}`,
     );
   });
 });

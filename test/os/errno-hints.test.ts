@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { expect, test } from 'vitest';
-import { msrErrnoHint } from '../../src/os/errno-hints.js';
+import { TRY_WITHOUT_RAPL, msrErrnoHint } from '../../src/os/errno-hints.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { openMsrDevices } from '../../src/helper/lifecycle/startup-checks.js';
 
@@ -17,6 +17,8 @@ test('a missing device, an absent CPU (ENXIO) and an unbound driver (ENODEV) all
   expect(msrErrnoHint('EPERM')?.fix).toBe('run as root or with CAP_SYS_RAWIO');
   expect(msrErrnoHint('EACCES')?.fix).toBe('run as root or with CAP_SYS_RAWIO');
   expect(msrErrnoHint('EIO')?.why).toMatch(/does not implement this register/);
+  // A CPU without RAPL (most virtual machines): the way to try it anyway is offered.
+  expect(msrErrnoHint('EIO')?.fix).toBe(`run on a host whose CPU has RAPL; or, ${TRY_WITHOUT_RAPL}`);
   expect(msrErrnoHint('EBADF')).toBeUndefined();
   expect(msrErrnoHint(undefined)).toBeUndefined();
 });

@@ -6,7 +6,8 @@
  * the group is in the root's /etc/group, the units are enabled in the root, and this machine is
  * left as it was; the command runs from there; `systemd-analyze verify --root` checks the installed
  * units; an upgrade keeps a unit the administrator disabled disabled; remove and purge leave what
- * Debian's rules say. The branches a root install cannot take here (a running systemd, no
+ * Debian's rules say, QEMU's own units diverted aside while it is installed and back after; lintian
+ * finds no error in it. The branches a root install cannot take here (a running systemd, no
  * init-system-helpers) run with the tools they call replaced by recorders.
  *
  * Two dpkg options, and why: `--force-script-chrootless` runs the scripts with this machine's tools
@@ -15,7 +16,7 @@
  * `--force-depends`, because the fresh root's database holds no nodejs or passwd package (this
  * machine's node and groupadd are used instead).
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -24,7 +25,12 @@ import { missing } from '../support/env.js';
 import { packTarball } from './support/packed.js';
 
 const UNITS = ['qemu-vmsr-helper.socket', 'qemu-vmsr-helper.service', 'vmsr-helper-exporter.service'];
-const SCRIPTS = ['postinst', 'prerm', 'postrm'];
+const SCRIPTS = ['preinst', 'postinst', 'prerm', 'postrm'];
+/** Where the units go: Debian's place for a package's units. */
+const UNIT_DIR = 'usr/lib/systemd/system';
+/** QEMU's units of the same names (qemu-system-common), which preinst diverts aside. */
+const QEMU_UNITS = ['qemu-vmsr-helper.socket', 'qemu-vmsr-helper.service'];
+const QEMU_UNIT_TEXT = "# qemu-system-common's own unit\n";
 const LIB = 'usr/lib/vmsr-helper';
 
 function run(cmd: string, args: string[], env?: NodeJS.ProcessEnv): string {
@@ -77,6 +83,9 @@ describe('the Debian package', () => {
     root = path.join(dir, 'root');
     freshRoot(root);
     before = hostState();
+    // QEMU's own units, as qemu-system-common leaves them: diverted aside by the install, back after removal.
+    fs.mkdirSync(path.join(root, UNIT_DIR), { recursive: true });
+    for (const u of QEMU_UNITS) fs.writeFileSync(path.join(root, UNIT_DIR, u), QEMU_UNIT_TEXT);
     dpkg(['-i', deb]);
   }, 300_000);
   afterAll(() => {
@@ -97,7 +106,12 @@ describe('the Debian package', () => {
     expect(field('Package')).toBe('vmsr-helper');
     expect(field('Version')).toBe(version);
     expect(field('Architecture')).toBe(arch);
-    expect(field('Depends')).toBe('nodejs (>= 20), passwd');
+    expect(field('Depends')).toMatch(/^nodejs \(>= 20\), passwd, libc6 \(>= 2\.\d+\), libcrypt1$/);
+    // A real maintainer, the one of the changelog's last entry (not root@localhost).
+    expect(field('Maintainer')).toBe(
+      run('dpkg-parsechangelog', ['-l', path.join(ROOT, 'contrib/debian/changelog'), '-SMaintainer']).trim(),
+    );
+    expect(field('Maintainer')).not.toMatch(/root@|localhost/);
     expect(Number(field('Installed-Size'))).toBeGreaterThan(1000);
     const info = run('dpkg-deb', ['-I', deb]);
     for (const s of SCRIPTS) expect(info, s).toMatch(new RegExp(`\\b${s}\\s+#!/bin/sh`));
@@ -127,7 +141,20 @@ describe('the Debian package', () => {
     expect(list.filter((e) => e.owner !== 'root/root')).toEqual([]);
     expect(byName.get('usr/bin/vmsr-helper')?.mode).toBe('lrwxrwxrwx');
     expect(byName.get(`${LIB}/dist/src/bin/vmsr-helper.js`)?.mode).toBe('-rwxr-xr-x');
-    for (const u of UNITS) expect(byName.get(`etc/systemd/system/${u}`)?.mode, u).toBe('-rw-r--r--');
+    for (const u of UNITS) expect(byName.get(`${UNIT_DIR}/${u}`)?.mode, u).toBe('-rw-r--r--');
+    expect(list.filter((e) => e.name.startsWith('etc/systemd/'))).toEqual([]);
+    // The man page and the completion where man and bash look; the changelog; nothing twice or foreign.
+    for (const f of [
+      'usr/share/man/man1/vmsr-helper.1.gz',
+      'usr/share/bash-completion/completions/vmsr-helper',
+      'usr/share/doc/vmsr-helper/changelog.gz',
+      'usr/share/lintian/overrides/vmsr-helper',
+    ])
+      expect(byName.get(f)?.mode, f).toBe('-rw-r--r--');
+    expect(list.filter((e) => /\/musl_[^/]*\/|\.npmignore$|\.html$|\/contrib\/debian\//.test(e.name)).map((e) => e.name)).toEqual([]);
+    expect(list.filter((e) => e.name.endsWith('.node') && e.mode !== '-rw-r--r--').map((e) => e.name)).toEqual([]);
+    // Dated by the changelog, not npm's 1985-10-26.
+    expect(run('dpkg-deb', ['-c', deb]).match(/ 1985-/g)).toBeNull();
     expect(byName.get('etc/default/vmsr-helper')?.mode).toBe('-rw-r--r--');
     expect(byName.get('usr/share/doc/vmsr-helper/copyright')?.mode).toBe('-rw-r--r--');
     expect(byName.has('usr/share/doc/vmsr-helper/docs/try-it.md')).toBe(true);
@@ -140,6 +167,24 @@ describe('the Debian package', () => {
       expect(byName.has(`${LIB}/node_modules/${dep}/package.json`), dep).toBe(true);
   });
 
+  test('lintian finds no error in it, and each override it ships has its reason written beside it', (ctx) => {
+    if (why) return ctx.skip(why);
+    const noLintian = missing({ command: 'lintian' });
+    if (noLintian) return ctx.skip(`${noLintian} (apt-get install lintian; .ci/run does)`);
+    const r = spawnSync('lintian', ['--fail-on', 'error', deb], { encoding: 'utf8', timeout: 240_000 });
+    const tags = r.stdout.split('\n').filter((l) => /^[EW]: /.test(l));
+    expect(
+      tags.filter((l) => l.startsWith('E: ')),
+      r.stdout + r.stderr,
+    ).toEqual([]);
+    expect(r.status, r.stdout + r.stderr).toBe(0);
+    // Each override line follows a comment that says why.
+    const lines = fs.readFileSync(path.join(ROOT, 'contrib/debian/lintian-overrides'), 'utf8').split('\n');
+    lines.forEach((l, i) => {
+      if (l.startsWith('vmsr-helper:')) expect(lines[i - 1], l).toMatch(/^# /);
+    });
+  });
+
   test('dpkg --root installs it into a fresh root: its database lists it installed, with its files and its conffile, and this machine is unchanged', (ctx) => {
     if (why) return ctx.skip(why);
     const status = dpkg(['-s', 'vmsr-helper']);
@@ -150,12 +195,19 @@ describe('the Debian package', () => {
       '/usr/bin/vmsr-helper',
       `/${LIB}/dist/src/bin/vmsr-helper.js`,
       '/etc/default/vmsr-helper',
-      ...UNITS.map((u) => `/etc/systemd/system/${u}`),
+      ...UNITS.map((u) => `/${UNIT_DIR}/${u}`),
     ]) {
       expect(files.has(f), f).toBe(true);
       expect(fs.existsSync(path.join(root, f)), f).toBe(true);
     }
     for (const s of SCRIPTS) expect(fs.existsSync(path.join(root, 'var/lib/dpkg/info', `vmsr-helper.${s}`)), s).toBe(true);
+    // QEMU's units of the same names are diverted aside, kept as they were.
+    const diversions = run('dpkg-divert', [`--root=${root}`, '--list', 'vmsr-helper']);
+    for (const u of QEMU_UNITS) {
+      expect(diversions).toContain(`diversion of /${UNIT_DIR}/${u} to /${UNIT_DIR}/${u}.qemu-system-common by vmsr-helper`);
+      expect(fs.readFileSync(path.join(root, UNIT_DIR, `${u}.qemu-system-common`), 'utf8')).toBe(QEMU_UNIT_TEXT);
+      expect(fs.readFileSync(path.join(root, UNIT_DIR, u), 'utf8')).not.toBe(QEMU_UNIT_TEXT);
+    }
     // The scripts acted on the root only: no group, no unit, no enablement on this machine.
     expect(hostState()).toEqual(before);
   });
@@ -168,10 +220,8 @@ describe('the Debian package', () => {
     expect(Number(m![1])).toBeGreaterThan(0);
     expect(Number(m![1])).toBeLessThan(1000);
     const wants = (target: string, unit: string) => path.join(root, 'etc/systemd/system', `${target}.wants`, unit);
-    expect(fs.readlinkSync(wants('sockets.target', 'qemu-vmsr-helper.socket'))).toBe('/etc/systemd/system/qemu-vmsr-helper.socket');
-    expect(fs.readlinkSync(wants('multi-user.target', 'vmsr-helper-exporter.service'))).toBe(
-      '/etc/systemd/system/vmsr-helper-exporter.service',
-    );
+    expect(fs.readlinkSync(wants('sockets.target', 'qemu-vmsr-helper.socket'))).toBe(`/${UNIT_DIR}/qemu-vmsr-helper.socket`);
+    expect(fs.readlinkSync(wants('multi-user.target', 'vmsr-helper-exporter.service'))).toBe(`/${UNIT_DIR}/vmsr-helper-exporter.service`);
     // deb-systemd-helper's state, so that an upgrade knows they were enabled.
     const state = path.join(root, 'var/lib/systemd/deb-systemd-helper-enabled');
     expect(fs.existsSync(path.join(state, 'sockets.target.wants/qemu-vmsr-helper.socket'))).toBe(true);
@@ -212,8 +262,8 @@ describe('the Debian package', () => {
 
   test('the installed units read the default file, whose options reach ExecStart', (ctx) => {
     if (why) return ctx.skip(why);
-    const helper = fs.readFileSync(path.join(root, 'etc/systemd/system/qemu-vmsr-helper.service'), 'utf8');
-    const exporter = fs.readFileSync(path.join(root, 'etc/systemd/system/vmsr-helper-exporter.service'), 'utf8');
+    const helper = fs.readFileSync(path.join(root, UNIT_DIR, 'qemu-vmsr-helper.service'), 'utf8');
+    const exporter = fs.readFileSync(path.join(root, UNIT_DIR, 'vmsr-helper-exporter.service'), 'utf8');
     for (const u of [helper, exporter]) expect(u).toMatch(/^\[Service\]\n#.*\nEnvironmentFile=-\/etc\/default\/vmsr-helper$/m);
     expect(helper).toMatch(/^ExecStart=vmsr-helper \$VMSR_HELPER_OPTS$/m);
     expect(exporter).toMatch(/^ExecStart=vmsr-helper exporter .* \$VMSR_EXPORTER_OPTS$/m);
@@ -225,7 +275,7 @@ describe('the Debian package', () => {
         .map((l) => l.replace(/ \$VMSR_[A-Z_]+_OPTS$/, ''))
         .join('\n');
     for (const u of UNITS) {
-      expect(strip(fs.readFileSync(path.join(root, 'etc/systemd/system', u), 'utf8')), u).toBe(
+      expect(strip(fs.readFileSync(path.join(root, UNIT_DIR, u), 'utf8')), u).toBe(
         fs.readFileSync(path.join(ROOT, 'contrib/systemd', u), 'utf8'),
       );
     }
@@ -253,6 +303,18 @@ describe('the Debian package', () => {
     expect(out).toBe('rc=0');
   });
 
+  test('the systemd-analyze verify recipe of docs/packaging.md, run as written beside the .deb, accepts the units', (ctx) => {
+    if (why) return ctx.skip(why);
+    const noVerify = missing({ command: 'systemd-analyze' });
+    if (noVerify) return ctx.skip(noVerify);
+    const doc = fs.readFileSync(path.join(ROOT, 'docs/packaging.md'), 'utf8');
+    const block = /```sh\n(D=\$\(mktemp -d\)\n[\s\S]*?)```/.exec(doc)![1]!;
+    expect(block).toContain('systemd-analyze verify --root="$D"');
+    const r = spawnSync('sh', ['-ec', block], { cwd: path.dirname(deb), encoding: 'utf8', timeout: 120_000 });
+    expect(r.status, r.stdout + r.stderr).toBe(0);
+    expect((r.stdout + r.stderr).trim()).toBe('');
+  });
+
   test('the maintainer scripts parse, and take the branches a root install cannot here (a running systemd, no init-system-helpers) with recorders in place of the tools', (ctx) => {
     if (why) return ctx.skip(why);
     const control = path.join(dir, 'scripts');
@@ -262,7 +324,7 @@ describe('the Debian package', () => {
     const stubs = path.join(dir, 'stubs');
     const log = path.join(dir, 'calls.log');
     fs.mkdirSync(stubs);
-    for (const tool of ['groupadd', 'deb-systemd-helper', 'deb-systemd-invoke', 'systemctl']) {
+    for (const tool of ['groupadd', 'deb-systemd-helper', 'deb-systemd-invoke', 'systemctl', 'dpkg-divert']) {
       // was-enabled: true on a first install (deb-systemd-helper has no state yet), false when WAS_DISABLED is set.
       const wasEnabled = `[ "$1 $2" != "--quiet was-enabled" ] || [ -z "$WAS_DISABLED" ] || exit 1`;
       fs.writeFileSync(path.join(stubs, tool), `#!/bin/sh\necho "${tool} $*" >> "${log}"\n${wasEnabled}\nexit 0\n`, { mode: 0o755 });
@@ -305,10 +367,18 @@ describe('the Debian package', () => {
       fs.writeFileSync(path.join(stubs, tool), `#!/bin/sh\necho "${tool} $*" >> "${log}"\nexit 0\n`, { mode: 0o755 });
     }
     fs.writeFileSync(log, '');
+    run('sh', [path.join(control, 'preinst'), 'install'], env);
+    for (const u of QEMU_UNITS)
+      expect(fs.readFileSync(log, 'utf8')).toContain(
+        `dpkg-divert --package vmsr-helper --rename --divert /${UNIT_DIR}/${u}.qemu-system-common --add /${UNIT_DIR}/${u}`,
+      );
+    fs.writeFileSync(log, '');
     run('sh', [path.join(control, 'prerm'), 'remove'], env);
     run('sh', [path.join(control, 'postrm'), 'remove'], env);
     run('sh', [path.join(control, 'postrm'), 'purge'], env);
     expect(fs.readFileSync(log, 'utf8')).toContain('deb-systemd-helper purge qemu-vmsr-helper.socket vmsr-helper-exporter.service');
+    for (const u of QEMU_UNITS)
+      expect(fs.readFileSync(log, 'utf8')).toContain(`dpkg-divert --package vmsr-helper --rename --remove /${UNIT_DIR}/${u}`);
   });
   test('reinstalled after the administrator disabled the exporter, it stays disabled and the socket stays enabled', (ctx) => {
     if (why) return ctx.skip(why);
@@ -327,7 +397,10 @@ describe('the Debian package', () => {
     if (why) return ctx.skip(why);
     dpkg(['-r', 'vmsr-helper']);
     expect(dpkg(['-s', 'vmsr-helper'])).toMatch(/^Status: deinstall ok config-files$/m);
-    for (const u of UNITS) expect(fs.existsSync(path.join(root, 'etc/systemd/system', u)), u).toBe(false);
+    // Ours are gone, and QEMU's own units are back where qemu-system-common put them.
+    expect(fs.existsSync(path.join(root, UNIT_DIR, 'vmsr-helper-exporter.service'))).toBe(false);
+    for (const u of QEMU_UNITS) expect(fs.readFileSync(path.join(root, UNIT_DIR, u), 'utf8'), u).toBe(QEMU_UNIT_TEXT);
+    expect(run('dpkg-divert', [`--root=${root}`, '--list', 'vmsr-helper'])).toBe('');
     expect(isLink(path.join(root, 'usr/bin/vmsr-helper'))).toBe(false);
     expect(fs.existsSync(path.join(root, 'etc/default/vmsr-helper'))).toBe(true);
     dpkg(['-P', 'vmsr-helper']);

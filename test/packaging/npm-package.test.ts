@@ -37,9 +37,17 @@ describe('the npm package', () => {
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  test('the tarball carries the built code, LICENSE, docs/, contrib/ and the bundled trace, and no tests or TypeScript', (ctx) => {
+  test('the tarball carries the built code, the man page and bash completion, LICENSE, docs/, contrib/ and the bundled trace, and no tests or TypeScript', (ctx) => {
     if (why) return ctx.skip(why);
-    for (const f of ['LICENSE', 'README.md', 'package.json', 'dist/src/bin/vmsr-helper.js', 'traces/qemu-spin-vs-idle.jsonl.gz']) {
+    for (const f of [
+      'LICENSE',
+      'README.md',
+      'package.json',
+      'dist/src/bin/vmsr-helper.js',
+      'traces/qemu-spin-vs-idle.jsonl.gz',
+      'dist/share/man/man1/vmsr-helper.1',
+      'dist/share/bash-completion/completions/vmsr-helper',
+    ]) {
       expect(files, f).toContain(f);
     }
     for (const doc of fs.readdirSync(path.join(ROOT, 'docs'))) expect(files, doc).toContain(`docs/${doc}`);
@@ -92,10 +100,11 @@ describe('the npm package', () => {
     expect(help).toContain('demo');
   });
 
-  test('the README says which Node it needs, as package.json does, and where Debian, Ubuntu and RHEL get it', () => {
+  test('the README and docs/install.md say which Node it needs, as package.json does, and where Debian, Ubuntu and RHEL get it', () => {
     expect(pkg.engines.node).toBe('>=20');
-    const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
-    const section = readme.slice(readme.indexOf('### Node.js'));
+    expect(fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8')).toMatch(/Node\.js 20 or newer/);
+    const doc = fs.readFileSync(path.join(ROOT, 'docs/install.md'), 'utf8');
+    const section = doc.slice(doc.indexOf('### Node.js'));
     expect(section).toMatch(/Node\.js 20 or newer/);
     for (const distro of ['Debian', 'Ubuntu', 'RHEL', 'NodeSource']) expect(section, distro).toContain(distro);
   });

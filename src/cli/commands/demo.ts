@@ -126,13 +126,101 @@ class Child {
   }
 }
 
+/** Where the demo's children and files are. */
+interface DemoPlace {
+  /** node and this script, to start the daemon and the exporter. */
+  node: string[];
+  dir: string;
+  socket: string;
+}
+
+/** How the printed commands start: `vmsr-helper` where that name runs this script, else node and its path. */
+export function selfCommand(script: string, cwd = process.cwd(), searchPath = process.env.PATH ?? ''): string {
+  const real = realpathOr(script) ?? path.resolve(script);
+  // npm run and npx put their own .bin folders first on PATH: another terminal has none of them.
+  const dirs = searchPath.split(':').filter((d) => d !== '' && !d.includes('/_npx/') && !d.includes('node_modules/.bin'));
+  if (dirs.some((d) => realpathOr(path.join(d, 'vmsr-helper')) === real)) return 'vmsr-helper';
+  const rel = path.relative(cwd, real);
+  const shown = rel.startsWith('..') || path.isAbsolute(rel) ? real : rel;
+  const nodeOnPath = dirs.some((d) => realpathOr(path.join(d, 'node')) === realpathOr(process.execPath));
+  return `${nodeOnPath ? 'node' : process.execPath} ${shown}`;
+}
+
+function realpathOr(file: string): string | null {
+  try {
+    return fs.realpathSync(file);
+  } catch {
+    return null;
+  }
+}
+
+/** The daemon on synthetic energy; this user's group may observe every VM, so the exporter (same user) sees the host too. */
+async function startDaemon(at: DemoPlace, children: Child[], stopped: Promise<string>): Promise<Child> {
+  const daemon = new Child('daemon', [
+    ...at.node,
+    '--energy-source',
+    'synthetic',
+    '-k',
+    at.socket,
+    '-f',
+    path.join(at.dir, 'vmsr.pid'),
+    '--observer-group',
+    String(process.getgid!()),
+  ]);
+  children.push(daemon);
+  await Promise.race([daemon.waitFor(/Listening on /, 'its socket'), stopped.then((why) => Promise.reject(new Error(why)))]);
+  return daemon;
+}
+
+/** The demo VM: its pid and vCPU thread ids once its threads run. */
+async function startDemoVm(children: Child[]): Promise<{ pid: number; tids: number[] }> {
+  const vmScript = fileURLToPath(new URL('../demo/demo-vm.js', import.meta.url));
+  const child = new Child('demo VM', [
+    process.execPath,
+    vmScript,
+    '-name',
+    `${DEMO_VM.name},debug-threads=on`,
+    '-uuid',
+    DEMO_VM.uuid,
+    '-smp',
+    `${DEMO_VM.vcpus},sockets=${DEMO_VM.vcpus}`,
+  ]);
+  children.push(child);
+  const ready = await child.waitFor(/^ready ((?:\d+ ?)+)$/, 'its vCPU threads');
+  return { pid: child.proc.pid!, tids: ready[1]!.trim().split(' ').map(Number) };
+}
+
+/** The exporter on `listen`; the URL it serves. */
+async function startDemoExporter(at: DemoPlace, listen: ListenAddress, children: Child[]): Promise<string> {
+  const exporter = new Child('exporter', [...at.node, 'exporter', '--socket', at.socket, '--listen', formatListenAddress(listen)]);
+  children.push(exporter);
+  return (await exporter.waitFor(/Serving metrics on (http:\/\/\S+?\/metrics)/, 'its HTTP port'))[1]!;
+}
+
+/** What the demo prints once everything runs: what is where, and commands that run as printed. */
+function banner(at: DemoPlace, daemonPid: number, url: string, vm: { pid: number } | null, me: string): string[] {
+  return [
+    '',
+    'vmsr-helper demo is running, on SYNTHETIC energy (not a measurement):',
+    `  daemon    pid ${daemonPid}, socket ${at.socket}`,
+    `  exporter  ${url}   (vmsr_energy_source_info{source="synthetic"} 1)`,
+    vm
+      ? `  demo VM   pid ${vm.pid}, "${DEMO_VM.name}", ${DEMO_VM.vcpus} vCPUs in ${DEMO_VM.vcpus} virtual packages: vCPU 0 busy half the time, vCPU 1 idle`
+      : '  no demo VM (--no-vm)',
+    'Look at it from another terminal (in this directory):',
+    `  ${me} stats -k ${at.socket}`,
+    ...(vm ? [`  ${me} watch -k ${at.socket} ${vm.pid}`] : []),
+    `  curl -s ${url} | grep -E '^vmsr_(energy_source_info|vm_power_watts|host_package_energy)'`,
+    `Ctrl-C (or SIGTERM to pid ${process.pid}) stops all three and removes ${at.dir}.`,
+    '',
+  ];
+}
+
 /** Runs the demo until a signal or --duration; the exit code. */
 export async function runDemo(o: DemoOptions): Promise<number> {
   const script = process.argv[1]!;
-  const node = [process.execPath, script];
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-demo-'));
-  const socket = path.join(dir, 'vmsr.sock');
-  const listen = o.listen ?? parseListenAddress(DEFAULT_LISTEN);
+  const at: DemoPlace = { node: [process.execPath, script], dir, socket: path.join(dir, 'vmsr.sock') };
   const children: Child[] = [];
   let stopping: ((why: string) => void) | null = null;
   const stopped = new Promise<string>((resolve) => (stopping = resolve));
@@ -144,60 +232,10 @@ export async function runDemo(o: DemoOptions): Promise<number> {
     process.stderr.write(
       'vmsr-helper demo: the energy is SYNTHETIC (no RAPL register is read): per package 20 W idle + 40 W x the busy share of its CPUs, from /proc/stat\n',
     );
-    // The daemon: synthetic energy; this user's group may observe every VM, so the exporter (same user) sees the host too.
-    const daemon = new Child('daemon', [
-      ...node,
-      '--energy-source',
-      'synthetic',
-      '-k',
-      socket,
-      '-f',
-      path.join(dir, 'vmsr.pid'),
-      '--observer-group',
-      String(process.getgid!()),
-    ]);
-    children.push(daemon);
-    await Promise.race([daemon.waitFor(/Listening on /, 'its socket'), stopped.then((why) => Promise.reject(new Error(why)))]);
-
-    let vm: { pid: number; tids: number[] } | null = null;
-    if (o.vm) {
-      const vmScript = fileURLToPath(new URL('../demo/demo-vm.js', import.meta.url));
-      const child = new Child('demo VM', [
-        process.execPath,
-        vmScript,
-        '-name',
-        `${DEMO_VM.name},debug-threads=on`,
-        '-uuid',
-        DEMO_VM.uuid,
-        '-smp',
-        `${DEMO_VM.vcpus},sockets=${DEMO_VM.vcpus}`,
-      ]);
-      children.push(child);
-      const ready = await child.waitFor(/^ready ((?:\d+ ?)+)$/, 'its vCPU threads');
-      vm = { pid: child.proc.pid!, tids: ready[1]!.trim().split(' ').map(Number) };
-    }
-
-    const exporter = new Child('exporter', [...node, 'exporter', '--socket', socket, '--listen', formatListenAddress(listen)]);
-    children.push(exporter);
-    const url = (await exporter.waitFor(/Serving metrics on (http:\/\/\S+?\/metrics)/, 'its HTTP port'))[1]!;
-
-    const me = path.basename(script) === 'vmsr-helper' ? 'vmsr-helper' : `${process.execPath} ${script}`;
-    const lines = [
-      '',
-      'vmsr-helper demo is running, on SYNTHETIC energy (not a measurement):',
-      `  daemon    pid ${daemon.proc.pid}, socket ${socket}`,
-      `  exporter  ${url}   (vmsr_energy_source_info{source="synthetic"} 1)`,
-      vm
-        ? `  demo VM   pid ${vm.pid}, "${DEMO_VM.name}", ${DEMO_VM.vcpus} vCPUs in ${DEMO_VM.vcpus} virtual packages: vCPU 0 busy half the time, vCPU 1 idle`
-        : '  no demo VM (--no-vm)',
-      'Look at it from another terminal:',
-      `  ${me} stats -k ${socket}`,
-      ...(vm ? [`  ${me} watch -k ${socket} ${vm.pid}`] : []),
-      `  curl -s ${url} | grep -E '^vmsr_(energy_source_info|vm_power_watts|host_package_energy)'`,
-      `Ctrl-C (or SIGTERM to pid ${process.pid}) stops all three and removes ${dir}.`,
-      '',
-    ];
-    process.stdout.write(lines.join('\n') + '\n');
+    const daemon = await startDaemon(at, children, stopped);
+    const vm = o.vm ? await startDemoVm(children) : null;
+    const url = await startDemoExporter(at, o.listen ?? parseListenAddress(DEFAULT_LISTEN), children);
+    process.stdout.write(banner(at, daemon.proc.pid!, url, vm, selfCommand(script)).join('\n') + '\n');
 
     const timer = o.duration !== undefined ? setTimeout(() => stopping!(`--duration ${o.duration} s elapsed`), o.duration * 1000) : null;
     const ended = children.map((c) => c.exited.then((how) => `the demo's ${c.label} ended (${how})`));

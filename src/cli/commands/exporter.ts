@@ -8,7 +8,8 @@ import { startExporter } from '../../exporter/exporter.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
 import { DEFAULT_HOST_SERIES, HOST_SERIES_CHOICES, type HostSeries } from '../../exporter/host-series.js';
-import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, positiveIntArg } from '../options.js';
+import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, metricsPathArg, positiveIntArg } from '../options.js';
+import { DEFAULT_METRICS_PATH } from '../../exporter/metrics-path.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
@@ -24,11 +25,13 @@ export function addExporterCommand(program: Command): void {
         "serve every VM's energy and power, the host packages and the helper's health as Prometheus / OpenMetrics metrics over HTTP",
       ),
   )
+    // node_exporter's flag names beside ours: one option with two names (commander's two long flags).
     .option(
-      '--listen <[host]:port>',
-      `where to serve /metrics: HOST:PORT, [IPv6]:PORT, or :PORT for every address (default ${DEFAULT_LISTEN}: loopback only)`,
+      '--web.listen-address, --listen <[host]:port>',
+      `where to serve the metrics: HOST:PORT, [IPv6]:PORT, or :PORT for every address (default ${DEFAULT_LISTEN}: loopback only)`,
       listenAddressArg,
     )
+    .option('--web.telemetry-path <path>', `the URL path of the metrics (default ${DEFAULT_METRICS_PATH})`, metricsPathArg)
     .option(
       '--web.config.file <file>',
       'TLS, basic authentication and response headers, in the web configuration file format Prometheus exporters share (docs/exporter.md); read again when it changes',
@@ -53,6 +56,7 @@ export function addExporterCommand(program: Command): void {
       listen?: ListenAddress;
       maxVms?: number;
       'web.config.file'?: string;
+      'web.telemetryPath'?: string;
       hostSeries?: HostSeries;
     }>(cmd);
     const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
@@ -64,6 +68,7 @@ export function addExporterCommand(program: Command): void {
         maxExportedVms: o.maxVms ?? DEFAULT_BOOK_LIMITS.maxExportedVms,
         webConfigFile: o['web.config.file'] ?? null,
         hostSeries: o.hostSeries ?? DEFAULT_HOST_SERIES,
+        metricsPath: o['web.telemetryPath'] ?? DEFAULT_METRICS_PATH,
       },
       () => V2Client.connect(socketPath),
       log,

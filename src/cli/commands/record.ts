@@ -198,7 +198,7 @@ function openEnergy(o: RecordOptions, device: MsrDevice): { energy: EnergySource
     sysRoot: o.paths.sysRoot,
     cpus,
     vendor,
-    alternative: SYNTHETIC_ALTERNATIVE,
+    procRoot: o.paths.procRoot,
   }).kind;
   const msr = readsMsrs(kind);
   let host: HostInfo;

@@ -144,7 +144,10 @@ export function addReplayCommand(program: Command): void {
   program
     .command('replay')
     .description('replay a vmsr-trace through the ratio engine and print per-VM, per-virtual-package energy')
-    .argument('[trace]', `trace file (.jsonl or .jsonl.gz); default: the bundled ${BUNDLED_TRACE}`)
+    .argument(
+      '[trace]',
+      `trace file (.jsonl or .jsonl.gz); default: the bundled ${BUNDLED_TRACE} (three real QEMU guests' CPU time, SYNTHETIC energy)`,
+    )
     .option('--json', 'print JSON lines (one interval record per sample, then the total) instead of a table')
     .action(async (trace: string | undefined, opts: { json?: boolean }) => {
       await runReplay(trace, opts);

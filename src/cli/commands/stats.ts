@@ -18,6 +18,7 @@ import { addClientSocketOption, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedEnergySource } from '../../client/stated-energy-source.js';
 import { energyNotice } from '../energy-notice.js';
+import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
@@ -95,7 +96,8 @@ function formatStatsTable(rows: readonly StatsRow[]): string[] {
   return [head, ...lines];
 }
 
-function formatStatsJson(r: StatsRow): string {
+/** One VM's JSON line; `energySource` is where the helper says its energy comes from (null: not said to this user). */
+export function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): string {
   return JSON.stringify({
     type: 'vm',
     host_vm_id: r.hostVmId,
@@ -108,6 +110,7 @@ function formatStatsJson(r: StatsRow): string {
     vcpus: r.vcpus.map((v) => ({ tid: v.tid, energy_j: v.energyJ, cpu_s: v.cpuS })),
     other_threads_cpu_s: r.otherCpuS,
     age_s: r.ageS,
+    energy_source: energySource,
   });
 }
 
@@ -147,7 +150,7 @@ export function formatHostDomainTable(rows: readonly HostDomainRow[]): string[] 
   return ['', head, ...lines];
 }
 
-function formatHostDomainJson(r: HostDomainRow): string {
+export function formatHostDomainJson(r: HostDomainRow, energySource: EnergySourceKind | null): string {
   return JSON.stringify({
     type: 'host_domain',
     package: r.pkg,
@@ -155,6 +158,7 @@ function formatHostDomainJson(r: HostDomainRow): string {
     power_w: r.powerW,
     energy_j: r.energyJ,
     unattributed_j: r.unattributedJ,
+    energy_source: energySource,
   });
 }
 
@@ -190,7 +194,8 @@ export async function runStats(
   const client = await ResumingV2Client.connect(o.socket, { onResumed: () => (resumed = true) });
   const readers = new Map<number, { vm: VmInfo; r: StatsReader }>();
   try {
-    const notice = o.json ? null : energyNotice(await statedEnergySource(client));
+    const source = await statedEnergySource(client);
+    const notice = o.json ? null : energyNotice(source);
     if (notice !== null) out(notice);
     const host = await hostDomains(client);
     let hostBefore: HostUpdate | null = null;
@@ -225,8 +230,8 @@ export async function runStats(
       const domainRows = hostNow ? hostDomainRows(hostBefore, hostNow) : [];
       hostBefore = hostNow;
       if (o.json) {
-        for (const r of rows) out(formatStatsJson(r));
-        for (const r of domainRows) out(formatHostDomainJson(r));
+        for (const r of rows) out(formatStatsJson(r, source));
+        for (const r of domainRows) out(formatHostDomainJson(r, source));
       } else for (const l of [...formatStatsTable(rows), ...formatHostDomainTable(domainRows)]) out(l);
       if (o.once || (o.count !== undefined && n + 1 >= o.count) || signal?.aborted) return;
       await new Promise<void>((res) => {

@@ -19,8 +19,8 @@ import {
 } from './capabilities.js';
 
 /**
- * Node flags the re-executed daemon starts with (measured with npm run bench, see README
- * "Performance"): a young generation of at most 4 MiB per semi-space, and one V8 platform worker
+ * Node flags the re-executed daemon starts with (measured with npm run bench, see docs/performance.md,
+ * "What changed for these figures"): a young generation of at most 4 MiB per semi-space, and one V8 platform worker
  * instead of four (fewer threads and stacks). The young generation grows to that bound only under
  * load: with 16 legacy clients (about 500 bytes of garbage per request) a 1 MiB semi-space meant
  * 90 scavenges a second of 0.2 ms, each holding every request in flight, which set the p99 (450

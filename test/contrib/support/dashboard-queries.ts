@@ -37,6 +37,7 @@ export interface Dashboard {
   title: string;
   panels: Panel[];
   templating: { list: TemplateVariable[] };
+  annotations: { list: { name: string; expr?: string; enable?: boolean }[] };
 }
 
 export function loadDashboard(): Dashboard {

@@ -15,7 +15,7 @@ export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 export const BIN = path.join(ROOT, 'dist/src/bin/vmsr-helper.js');
 
 let built = false;
-/** Builds dist/ when any source is newer than the binary (tsc emits even if other files have errors). */
+/** Builds dist/ when any source is newer than the binary (tsc emits even if other files have errors), and the man page and completion. */
 export function ensureBuilt(): void {
   if (built) return;
   const newest = (dir: string): number => {
@@ -35,6 +35,10 @@ export function ensureBuilt(): void {
     }
   }
   if (!fs.existsSync(BIN)) throw new Error(`build failed: ${BIN} missing`);
+  // The build's last step (npm run build): the man page and the completion, made from the CLI.
+  const man = path.join(ROOT, 'dist/share/man/man1/vmsr-helper.1');
+  if (!fs.existsSync(man) || fs.statSync(man).mtimeMs < fs.statSync(BIN).mtimeMs)
+    execFileSync(process.execPath, [path.join(ROOT, 'dist/src/bin/make-docs.js'), path.join(ROOT, 'dist/share')], { stdio: 'ignore' });
   built = true;
 }
 
