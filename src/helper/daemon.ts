@@ -21,8 +21,8 @@ import { Notifier } from './lifecycle/systemd.js';
 import { inheritFromEnvironment, type Inherited } from './lifecycle/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig, DaemonContext, DaemonPlugin, RestartParticipant, ShutdownHook } from './lifecycle/config.js';
-import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
-import { Restarter, takeRestartClock, wallMs } from './lifecycle/restart.js';
+import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from './handover/handed-over.js';
+import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
@@ -115,7 +115,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
   };
   if (opts.handleSignals !== false) {
     for (const sig of ['SIGTERM', 'SIGINT'] as const) signals.add(listen(process, sig, () => onSignal(sig)));
-    // SIGHUP restarts in place (lifecycle/restart.ts); during start-up there is nothing to hand over yet.
+    // SIGHUP restarts in place (handover/restarter.ts); during start-up there is nothing to hand over yet.
     signals.add(
       handleSighup(logger, undefined, () =>
         restarter ? void restarter.inPlace('SIGHUP') : logger.warn('SIGHUP during start-up: no restart (the helper is not serving yet)'),

@@ -45,7 +45,7 @@ export interface DaemonConfig {
 
 export type ShutdownHook = () => void | Promise<void>;
 
-/** A plug-in's part in a restart (docs/daemon.md "Restarts"; lifecycle/restart.ts runs them). */
+/** A plug-in's part in a restart (docs/daemon.md "Restarts"; handover/restarter.ts runs them). */
 export interface RestartParticipant {
   /** The restart begins: what cannot be handed over is told (v2: each client gets ERROR RESTARTING). */
   begin(): void;

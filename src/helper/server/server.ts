@@ -19,7 +19,7 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
 import { ConnectionSeats } from './connection-seats.js';
 import type { ShareOwner } from '../../common/uid-share.js';
-import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
+import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
@@ -109,7 +109,7 @@ export class HelperServer {
   /**
    * For a restart: connections accepted from now on are held unread, and every legacy connection and
    * every one whose protocol is not known yet stops reading. Returns each with the bytes it read and
-   * did not answer (frozen.ts); `thaw()` serves them all again, as if nothing happened (the restart was
+   * did not answer (handover/frozen.ts); `thaw()` serves them all again, as if nothing happened (the restart was
    * called off). v2 connections are the v2 service's (it tells them the helper restarts).
    */
   freeze(): Frozen {
@@ -134,7 +134,7 @@ export class HelperServer {
   }
 
   /**
-   * Serves connections a restart handed over (frozen.ts: checked fds, with what the previous process
+   * Serves connections a restart handed over (handover/frozen.ts: checked fds, with what the previous process
    * read of them): a legacy one goes on from its pending bytes (a request cut by the restart is
    * answered once its rest arrives), one whose protocol was not known yet is read from its first byte.
    */

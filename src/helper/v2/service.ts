@@ -42,7 +42,7 @@ import type { SendWithFds } from './reply.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { cannot } from '../../common/errors.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
+import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from '../handover/live-state.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 
 export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds };

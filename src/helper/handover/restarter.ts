@@ -1,7 +1,7 @@
 /**
  * Restarts that QEMU does not see (docs/daemon.md "Restarts"). Both ways hand the next process the
  * same things: every legacy connection (and every one whose protocol is not known yet) with the bytes
- * read of it and not answered, the legacy counters (a handover record, handover.ts), and the live
+ * read of it and not answered, the legacy counters (a handover record, record.ts), and the live
  * state (the snapshot, codec.ts), each memfd sealed. v2 clients are told the helper restarts (ERROR
  * RESTARTING) and reconnect; their registrations wait for them in the state.
  *
@@ -16,17 +16,17 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { HelperServer } from '../server/server.js';
-import type { Frozen, FrozenConnection } from '../server/frozen.js';
+import type { Frozen, FrozenConnection } from './frozen.js';
 import type { LegacyCounters } from '../legacy/legacy-service.js';
-import type { RestartParticipant } from './config.js';
-import type { Opened } from './startup.js';
+import type { RestartParticipant } from '../lifecycle/config.js';
+import type { Opened } from '../lifecycle/startup.js';
 import { HANDOVER_NAMES } from './handed-over.js';
-import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
-import type { Notifier } from './systemd.js';
+import { inheritEnv, inheritedFds, type Inherited } from '../lifecycle/inherited.js';
+import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
-import { encodeHandover } from '../../state/handover.js';
+import { encodeHandover } from './record.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 

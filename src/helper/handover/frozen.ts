@@ -4,7 +4,7 @@
  * the connection's fd with those bytes and serves it from there (HelperServer.adopt).
  */
 import type net from 'node:net';
-import type { HandedConnection } from '../../state/handover.js';
+import type { HandedConnection } from './record.js';
 
 export type HandedKind = HandedConnection['kind'];
 
