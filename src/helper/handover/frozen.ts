@@ -40,3 +40,10 @@ export interface HandedConnectionFd {
   kind: HandedKind;
   pending: Buffer;
 }
+
+/** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */
+export function drainReadable(socket: net.Socket): Buffer[] {
+  const out: Buffer[] = [];
+  for (let c: Buffer | null; (c = socket.read() as Buffer | null) !== null;) out.push(c);
+  return out;
+}
