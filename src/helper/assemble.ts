@@ -300,13 +300,14 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         ...(ctx.restored ? { restore: ctx.restored } : {}),
       });
       const service = v2.service;
+      let frozen: ReturnType<V2Service['freeze']> | undefined;
       ctx.onRestart({
-        begin: () => service.restarting(),
+        begin: () => void (frozen = service.freeze()),
         get drained() {
-          return service.drained;
+          return frozen?.drained ?? true;
         },
         snapshot: () => service.snapshot(),
-        abort: () => service.restartAborted(),
+        abort: () => frozen?.thaw(),
       });
       // The first scan runs with the privileges the daemon keeps, not those it starts with.
       ctx.onReady(() => v2.service.startDiscovery());
