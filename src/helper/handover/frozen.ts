@@ -5,6 +5,7 @@
  */
 import type net from 'node:net';
 import type { HandedConnection } from './record.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
 
 export type HandedKind = HandedConnection['kind'];
 
@@ -32,6 +33,21 @@ export interface Frozen {
   connections(): FrozenConnection[];
   /** Serves every connection again, and the listener's new ones (idempotent). */
   thaw(): void;
+}
+
+/**
+ * The one restart contract: what a restart (restarter.ts) asks of the running daemon (daemon.ts, which
+ * asks the server and the v2 service in turn). The next process adopts what it got: the server its
+ * connections (HelperServer.adopt), the v2 service the snapshot (handover/restore.ts).
+ */
+export interface Restartable {
+  /**
+   * Stops reading every connection that can be handed over (the server's), tells the others the
+   * helper restarts (the v2 service's: ERROR RESTARTING); `drained` once those are closed.
+   */
+  freeze(): Frozen & { readonly drained: boolean };
+  /** The live state to hand over, taken now, between samples; throws when it cannot be. */
+  snapshot(): StateSnapshot;
 }
 
 /** A connection handed over to this process: its fd (checked: a connected stream socket) and its bytes. */

@@ -15,10 +15,8 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
-import type { HelperServer } from '../server/server.js';
-import type { Frozen, FrozenConnection } from './frozen.js';
+import type { FrozenConnection, Restartable } from './frozen.js';
 import type { LegacyCounters } from '../legacy/legacy-service.js';
-import type { RestartParticipant } from '../lifecycle/config.js';
 import type { Opened } from '../lifecycle/startup.js';
 import { HANDOVER_NAMES } from './handed-over.js';
 import { inheritEnv, inheritedFds, type Inherited } from '../lifecycle/inherited.js';
@@ -66,9 +64,9 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
 }
 
 export interface RestartParts {
-  server: HelperServer;
+  /** The running daemon: freeze() and snapshot(), the one restart contract. */
+  daemon: Restartable;
   opened: Opened;
-  participants: readonly RestartParticipant[];
   legacy: LegacyCounters;
   notifier: Notifier;
   log: Logger;
@@ -99,14 +97,10 @@ async function until(done: () => boolean, ms: number): Promise<void> {
  * memfds. Throws (everything read again) when the state cannot be taken.
  */
 async function prepare(p: RestartParts): Promise<Prepared> {
-  const frozen: Frozen = p.server.freeze();
-  for (const x of p.participants) x.begin();
+  const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
-  await until(() => p.participants.every((x) => x.drained) && !legacyQueued(), RESTART_DRAIN_MS);
-  const abort = () => {
-    frozen.thaw();
-    for (const x of p.participants) x.abort();
-  };
+  await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
+  const abort = () => frozen.thaw();
   let stateFd = -1;
   try {
     const connections = frozen.connections().filter((c) => {
@@ -119,9 +113,7 @@ async function prepare(p: RestartParts): Promise<Prepared> {
       return false;
     });
     const connFds = connections.map((c) => fdOf(c.socket)!);
-    const snapshot = p.participants[0]?.snapshot();
-    if (snapshot === undefined) throw new Error(cannot('restart', 'no part of the daemon gives its live state', 'report it'));
-    stateFd = writeStateMemfd(snapshot);
+    stateFd = writeStateMemfd(p.daemon.snapshot());
     const record = encodeHandover({
       writtenNs: monotonicNs(),
       legacy: { ok: p.legacy.ok, refused: p.legacy.refused, failed: p.legacy.failed },
