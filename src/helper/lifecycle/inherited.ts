@@ -38,7 +38,7 @@ export interface Inherited {
   listener?: InheritedListener;
   /** The pidfile written for this pid (which an exec keeps). */
   pidfile?: string;
-  /** [path, fd] of files plug-ins write (--record), created before the privilege drop. */
+  /** [path, fd] of files the v2 service writes (--record), created before the privilege drop. */
   files?: [string, number][];
   /** Privileges are dropped already, on every thread (the re-exec did it). */
   dropped?: boolean;
