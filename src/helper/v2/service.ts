@@ -11,13 +11,14 @@
  * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
-import type { HostInfo, Sample } from '../../ratio/types.js';
+import type { HostInfo } from '../../ratio/types.js';
 import {
   SamplingService,
   type Engine,
   type SampleEvent,
   type SamplingServiceOptions,
   type SamplingStats,
+  type Tick,
 } from '../../sampling/sampling-service.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './limits.js';
@@ -54,7 +55,7 @@ export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWith
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'prepare' | 'inspect'> {
+export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow'> {
   host: HostInfo;
   /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
@@ -135,7 +136,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     log: o.log,
     clock: o.clock,
     // Called only once the service is made (a tick comes after it).
-    ...(o.discovery ? { prepare: () => service.beforeSample(), inspect: (s) => service.inspect(s) } : {}),
+    flow: { interval: (tick) => service.interval(tick) },
   });
   const restore =
     o.restore === undefined
@@ -260,14 +261,27 @@ export class V2Service {
       request: (conn, req) => dispatch(HANDLERS, req, conn, p.requests),
       closed: (conn) => this.connectionClosed(conn),
     };
-    this.listeners.add(p.sampling.onSample((ev) => this.sampled(ev)));
     // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
     this.listeners.add(p.sampling.onFailure((err) => p.fanOut.failed(err)));
     this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
   }
 
   /**
-   * The per-sample flow, once the engine took a sample: host energy, VMs that ended, the fan-out of
+   * The per-sample flow, the one method the sampling loop calls each tick (SampleFlow): discovery's
+   * /proc scan (in slices, clients served between them: discovered-vms.ts), then the sample, whose
+   * stat lines discovery reads before the engine takes it (new threads classified), then sampled().
+   */
+  interval(tick: Tick): void {
+    const discovered = this.p.discovered;
+    const take = () => tick.take({ inspect: (s) => discovered?.refine(s), sampled: (ev) => this.sampled(ev) });
+    tick.after(
+      discovered?.scanInSlices(() => this.closed || this.restarting),
+      take,
+    );
+  }
+
+  /**
+   * What each sample feeds, once the engine took it: host energy, VMs that ended, the fan-out of
    * UPDATE/HOST_UPDATE frames, the statistics files. A new consumer of samples is one line here.
    */
   private sampled(ev: SampleEvent): void {
@@ -282,16 +296,6 @@ export class V2Service {
     });
     stats.sample(ev, lifecycle.changed);
     lifecycle.clearChanged();
-  }
-
-  /** Before each sample, with discovery on: the /proc scan, in slices (discovered-vms.ts). */
-  beforeSample(): Promise<void> | undefined {
-    return this.p.discovered?.scanInSlices(() => this.closed || this.restarting);
-  }
-
-  /** Each sample before the engine takes it: discovery classifies new threads from its stat lines. */
-  inspect(s: Sample): void {
-    this.p.discovered?.refine(s);
   }
 
   private connect(...[socket, peer, rest, hold]: Parameters<V2Handler>): void {
