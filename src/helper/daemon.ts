@@ -15,7 +15,7 @@ import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
 import { lateV2Handler } from './server/late-v2-handler.js';
 import { Notifier } from './lifecycle/systemd.js';
-import type { Inherited } from './lifecycle/inherited.js';
+import type { Inherited } from './handover/inherited.js';
 import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';

@@ -183,7 +183,7 @@ export async function startDaemonFromCli(
 ): Promise<void> {
   const [{ isDaemonChild, reportFailure, spawnDetached }, { takeInherited }] = await Promise.all([
     import('../../helper/lifecycle/daemonize.js'),
-    import('../../helper/lifecycle/inherited.js'),
+    import('../../helper/handover/inherited.js'),
   ]);
   let inherited;
   try {

@@ -19,7 +19,7 @@ import type { FrozenConnection, Restartable } from './frozen.js';
 import type { LegacyCounters } from '../legacy/legacy-service.js';
 import type { Opened } from '../lifecycle/startup.js';
 import { HANDOVER_NAMES } from './handed-over.js';
-import { inheritEnv, inheritedFds, type Inherited } from '../lifecycle/inherited.js';
+import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';

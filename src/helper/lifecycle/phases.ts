@@ -28,7 +28,7 @@ import { closeOpenInspector } from '../../os/inspector-guard.js';
 import { decodeHandedState, HANDOVER_NAMES, takeHandedOver, type HandedOver } from '../handover/handed-over.js';
 import type { RestartClock } from '../handover/restarter.js';
 import type { DaemonConfig } from './config.js';
-import { inheritFromEnvironment, type Inherited } from './inherited.js';
+import { inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
 import type { Notifier } from './systemd.js';
 

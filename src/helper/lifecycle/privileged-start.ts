@@ -2,11 +2,11 @@
  * As root, the start-up steps (startup.ts: checks, MSR devices, listening socket, pidfile, --record
  * files) run in the first image, and then the helper re-executes itself with dropped privileges
  * (os/privileges/reexec.ts), so that every thread of the new image holds only CAP_SYS_RAWIO. What the
- * steps opened crosses the exec as an Inherited (inherited.ts); the new image adopts it and runs the
+ * steps opened crosses the exec as an Inherited (handover/inherited.ts); the new image adopts it and runs the
  * same start-up, which finds every step done.
  */
 import type { DaemonConfig } from './config.js';
-import { inheritEnv, inheritedFds, inheritFromEnvironment, type Inherited } from './inherited.js';
+import { inheritEnv, inheritedFds, inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
 import { openStart } from './startup.js';
 import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
 import { reexecDropped } from '../../os/privileges/reexec.js';

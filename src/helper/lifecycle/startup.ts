@@ -14,7 +14,7 @@ import { removeOwnSocketFile } from '../server/socket-file.js';
 import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './startup-checks.js';
 import type { DaemonConfig } from './config.js';
-import type { Inherited, InheritedFrom } from './inherited.js';
+import type { Inherited, InheritedFrom } from '../handover/inherited.js';
 import { cannotError } from '../../common/errors.js';
 import { chooseEnergySource } from '../../energy/choose.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';

@@ -8,7 +8,7 @@
 import type { HostCpu, Vendor } from '../../ratio/types.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import type { SocketFile } from '../server/listener.js';
-import { activationFd, storedFds, takeActivation } from './systemd.js';
+import { activationFd, storedFds, takeActivation } from '../lifecycle/systemd.js';
 import { socketType, SOCK_STREAM } from '../../os/libc.js';
 import { cannot } from '../../common/errors.js';
 
