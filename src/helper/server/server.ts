@@ -1,7 +1,9 @@
 /**
- * The connections of the listening socket (listener.ts opens it): SO_PEERCRED at accept (close without it), protocol
- * chosen by the first 4 bytes, legacy sessions served in order. Each connection is independent:
- * whatever one client sends or does, only its own socket is closed.
+ * The connections of the listening socket (listener.ts opens it): SO_PEERCRED at accept (close without
+ * it), the connection limits (connection-seats.ts), the protocol chosen by the first 4 bytes
+ * (preamble.ts), then a v2 connection handed to the v2 handler and a legacy one served by its session
+ * (legacy/legacy-session.ts). Each connection is independent: whatever one client sends or does, only
+ * its own socket is closed. For a restart: freeze() and adopt() (handover/frozen.ts).
  */
 import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc.js';
@@ -123,8 +125,8 @@ export class HelperServer {
   /**
    * For a restart: connections accepted from now on are held unread, and every legacy connection and
    * every one whose protocol is not known yet stops reading. Returns each with the bytes it read and
-   * did not answer (handover/frozen.ts); `thaw()` serves them all again, as if nothing happened (the restart was
-   * called off). v2 connections are the v2 service's (it tells them the helper restarts).
+   * did not answer (handover/frozen.ts); `thaw()` serves them all again, as if nothing happened (the
+   * restart was called off). v2 connections are the v2 service's (it tells them the helper restarts).
    */
   freeze(): Frozen {
     this.o.listener.hold();
