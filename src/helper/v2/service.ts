@@ -1,6 +1,9 @@
 /**
- * The v2 service: the entry point the daemon wires in, and the composition root of its parts. The
- * daemon's server hands it every connection that starts with the v2 magic. The parts, each with one job:
+ * The v2 service (V2Service): the entry point the daemon wires in, and the owner of its parts, made
+ * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
+ * the sampling loop calls its per-sample flow (interval, then sampled) each tick; a restart asks it
+ * to freeze() and for its snapshot(), and the next process makes it from the snapshot
+ * (handover/restore.ts). The parts, each with one job:
  *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
  *   Clients (clients.ts)              the connections, their viewer and host subscription
  *   requests/ (table.ts, dispatch.ts) one handler per request type
@@ -8,6 +11,7 @@
  *   VmLifecycle (vm-lifecycle.ts)     drop, release, end, ended-discovered retention
  *   HostEnergy (host-energy.ts)       per-package energy and unattributed energy for HOST_UPDATE
  *   FanOut (fan-out.ts)               each sample's UPDATE/HOST_UPDATE frames, the failure notice
+ *   StatsFiles (stats-files.ts)       the statistics files STATS_FD hands out, written each sample
  * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
@@ -151,12 +155,14 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const parts = makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), restore?.plan ?? null);
   const service = new V2Service(o, parts, restore?.report ?? null);
   if (restore?.plan)
-    service.restoredWait = await restoreParts(restore.plan, {
-      ...parts,
-      ...(o.discovery ? { discovery: o.discovery } : {}),
-      log: o.log,
-      ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
-    });
+    service.restoredWaiting(
+      await restoreParts(restore.plan, {
+        ...parts,
+        ...(o.discovery ? { discovery: o.discovery } : {}),
+        log: o.log,
+        ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
+      }),
+    );
   if (o.deferDiscovery !== true) void service.startDiscovery();
   return service;
 }
@@ -240,7 +246,7 @@ export class V2Service {
   /** The server hands it every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
   /** The release of restored registrations still waiting for their connection (handover/restore.ts). */
-  restoredWait: NodeJS.Timeout | undefined;
+  private restoredWait: NodeJS.Timeout | undefined;
   private closed = false;
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */
   private restarting = false;
@@ -264,6 +270,11 @@ export class V2Service {
     // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
     this.listeners.add(p.sampling.onFailure((err) => p.fanOut.failed(err)));
     this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
+  }
+
+  /** Restored registrations wait for their connection until `timer` releases them (cleared at close). */
+  restoredWaiting(timer: NodeJS.Timeout | undefined): void {
+    this.restoredWait = timer;
   }
 
   /**
