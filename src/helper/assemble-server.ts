@@ -1,14 +1,16 @@
 /**
- * The server link of the service chain (helper/assemble.ts has the rest): legacy service -> server.
- * A module of its own, light, so the daemon serves QEMU before it loads the v2 service's modules
- * (docs/daemon.md "Where the time goes").
+ * The server link of the service chain (helper/assemble.ts has the rest): legacy service -> server,
+ * and the health figures the v2 service reads of them. A module of its own, light, so the daemon
+ * serves QEMU before it loads the v2 service's modules (docs/daemon.md "Where the time goes"). The
+ * daemon (lifecycle/phases.ts) and the tests' fake host build through it.
  */
 import type { Logger } from '../logging/logger.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import type { AmdSynthConfig } from '../msr/legacy-registers.js';
 import type { HostCpu, Vendor } from '../ratio/types.js';
-import { LegacyService, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
+import { LegacyService, newLegacyCounters, OnlineCpus, type LegacyCounters } from './legacy/legacy-service.js';
+import type { HealthSource } from './v2/host-stats.js';
 import { HelperServer, type HelperServerOptions, type V2Handler } from './server/server.js';
 import type { Listener } from './server/listener.js';
 import { readStarttime } from '../os/proc-starttime.js';
@@ -22,19 +24,27 @@ export interface ServerChainOptions {
   /** Online CPUs at start (sysfs is re-read for one not listed, at most once a second). */
   cpus: readonly HostCpu[];
   amd: AmdSynthConfig;
-  /** The listening socket (bound or adopted by the start-up, or by assembleChain). */
+  /** The listening socket (bound or adopted by the start-up, or by the tests' fake host). */
   listener: Listener;
   v2Handler?: V2Handler;
   /** Loggers by area ('legacy', 'server'). */
   area(name: string): Logger;
-  /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
+  /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures); default from 0. */
   counters?: LegacyCounters;
   /** The daemon's connection limits; the server's defaults otherwise. */
   server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer'>;
 }
 
+export interface ServerChain {
+  legacy: LegacyService;
+  server: HelperServer;
+  /** Legacy requests by result and open connections, for the v2 service's HOST_UPDATE: made here, once. */
+  health: HealthSource;
+}
+
 /** Legacy service -> server (which hands v2 connections to v2Handler). Not serving yet (server.serve()). */
-export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; server: HelperServer } {
+export function assembleServer(o: ServerChainOptions): ServerChain {
+  const counters = o.counters ?? newLegacyCounters();
   const legacy = new LegacyService({
     device: o.device,
     vendor: o.vendor,
@@ -46,7 +56,7 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     amd: o.amd,
     ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
     logger: o.area('legacy'),
-    ...(o.counters ? { counters: o.counters } : {}),
+    counters,
   });
   const server = new HelperServer({
     listener: o.listener,
@@ -56,5 +66,5 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     ...o.server,
     ...(o.v2Handler ? { v2Handler: o.v2Handler } : {}),
   });
-  return { legacy, server };
+  return { legacy, server, health: { legacy: counters, connections: () => server.connections } };
 }

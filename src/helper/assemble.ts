@@ -2,7 +2,7 @@
  * THE assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2
  * service -> legacy service -> server. Each link is built here and nowhere else (the last two in
  * assemble-server.ts, which the daemon loads before this module: it serves QEMU first); the daemon
- * (through its v2 plugin and runDaemon), the tests' harness and the bench all call these functions.
+ * (its start-v2 phase, lifecycle/phases.ts), the tests' fake host and the bench all call these functions.
  */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
@@ -21,12 +21,10 @@ import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
-import type { DaemonPlugin } from './lifecycle/config.js';
-import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
+import type { DaemonConfig } from './lifecycle/config.js';
+import type { Opened } from './lifecycle/startup.js';
+import type { FdBudget } from '../os/fd-budget.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
-import type { HelperServer } from './server/server.js';
-import { openListener, type ListenOptions, type ListenTarget } from './server/listener.js';
-import { assembleServer, type ServerChainOptions } from './assemble-server.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
@@ -157,49 +155,6 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
   };
 }
 
-export interface ChainOptions
-  extends Omit<V2ChainOptions, 'log' | 'health'>, Omit<ServerChainOptions, 'v2Handler' | 'cpus' | 'counters' | 'listener'> {
-  /** Where to listen: bound (or adopted) by openListener, the one bind. */
-  target: ListenTarget;
-  /** The socket file's mode and group (default 0600, unchanged group). */
-  socket?: Omit<ListenOptions, 'file'>;
-}
-
-export interface Chain extends V2Chain {
-  server: HelperServer;
-  legacy: LegacyService;
-  /** Closes the v2 service, then the server. */
-  close(): Promise<void>;
-}
-
-/** The whole chain, serving, as the daemon runs it minus its lifecycle (checks, privilege drop, signals). */
-export async function assembleChain(o: ChainOptions): Promise<Chain> {
-  const listener = await openListener(o.target, o.socket);
-  const counters: LegacyCounters = newLegacyCounters();
-  // Set once the server is made; the health source reads it later (0 connections before).
-  let server: HelperServer | undefined = undefined;
-  const health: HealthSource = { legacy: counters, connections: () => server?.connections ?? 0 };
-  let v2: V2Chain;
-  try {
-    v2 = await assembleV2({ ...o, log: o.area('v2'), health });
-  } catch (e) {
-    await listener.close(o.area('server'));
-    throw e;
-  }
-  const { legacy, server: made } = assembleServer({ ...o, listener, cpus: v2.host.cpus, v2Handler: v2.service.handler, counters });
-  server = made;
-  server.serve();
-  return {
-    ...v2,
-    legacy,
-    server,
-    async close() {
-      await v2.close();
-      await made.close();
-    },
-  };
-}
-
 /** What the daemon's command line decides for the v2 service. */
 export interface V2DaemonSettings {
   intervalMs: number;
@@ -217,118 +172,133 @@ export interface V2DaemonSettings {
   maxVmThreads?: number;
 }
 
+/** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
+export interface V2Start {
+  config: DaemonConfig;
+  /** What the start-up opened as root: MSR fds, powercap zones, the --record file. */
+  opened: Pick<Opened, 'vendor' | 'device' | 'energy' | 'powercap' | 'files'>;
+  /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
+  fds: FdBudget;
+  /** Legacy requests by result and open connections (assembleServer's). */
+  health: HealthSource;
+  /** The live state the previous process handed over, read and checked; absent at a fresh start. */
+  restored?: StateSnapshot;
+  /** This start follows a restart: the --record file goes on where the last process stopped. */
+  restarted: boolean;
+  area(name: string): Logger;
+}
+
+/** The daemon's v2 service, and what its start and stop do besides the service's own. */
+export interface DaemonV2 {
+  service: V2Service;
+  /** The first scan, with the privileges the daemon keeps: resolves once its first interval ran. */
+  ready(): Promise<void>;
+  close(): Promise<void>;
+}
+
 /**
- * The v2 service as a daemon plugin: host facts and package energy from the daemon's MSR fds (opened
- * before the privilege drop, as is the trace file), /proc from the configured root.
+ * The v2 service as the daemon runs it: host facts and package energy from the daemon's MSR fds
+ * (opened before the privilege drop, as is the trace file), /proc from the configured root.
  */
-export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
+export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
+  const log = start.area('v2');
+  const paths = start.config.hostPaths;
+  let trace: TraceWriter | undefined;
+  // Processes of root and of the socket's group are preferred by the per-uid shares (common/uid-share.ts).
+  const preferredGroups = start.config.socketGid !== undefined ? [start.config.socketGid] : [];
+  const shares = new VmFdShares({
+    budget: start.fds,
+    maxVmThreads: o.maxVmThreads ?? DEFAULT_MAX_VM_THREADS,
+    owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
+  });
+  const limiter = new LogLimiter(log);
+  const recordPath = o.recordPath;
+  const v2 = await assembleV2({
+    paths,
+    device: start.opened.device,
+    vendor: start.opened.vendor,
+    energySource: start.opened.energy,
+    openPowercap: (file) => {
+      const fd = start.opened.powercap.get(file);
+      if (fd === undefined) throw cannotError(`open ${file}`, 'the start-up did not open it as root', 'restart the daemon');
+      return fd;
+    },
+    ...(o.domains ? { domains: o.domains } : {}),
+    intervalMs: o.intervalMs,
+    limits: o.limits,
+    fds: shares,
+    ledger: shares,
+    log,
+    // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
+    // systemd restart into a restart loop.
+    trace: (host) => (recordPath === undefined ? undefined : (trace = openDaemonTrace(recordPath, host, o.intervalMs, start, log))),
+    discovery: o.discovery && {
+      ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
+      preferredGroups,
+      onFull: (f) => limiter.warn('discovery full', { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
+    },
+    deferDiscovery: true,
+    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    health: start.health,
+    ...(start.restored ? { restore: start.restored } : {}),
+  });
+  log.info(
+    {
+      intervalMs: o.intervalMs,
+      limits: o.limits,
+      // A setting not given is left out, not logged as null.
+      ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
+      discovery: o.discovery,
+      maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
+      maxVmThreads: shares.maxVmThreads,
+      ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    },
+    'v2 service ready',
+  );
   return {
-    name: 'v2',
-    async setup(ctx) {
-      const log = ctx.area('v2');
-      const paths = ctx.config.hostPaths;
-      const recordPath = o.recordPath;
-      let trace: TraceWriter | undefined;
-      const events = {
-        paused: (why: string) =>
-          log.warn(
-            { record: recordPath, err: why },
-            'recording paused: disk full; the trace ends on its last whole record, and each interval tries again',
-          ),
-        resumed: (lost: number, s: number) =>
-          log.info(
-            { record: recordPath, lostSamples: lost, pausedS: Math.round(s * 10) / 10 },
-            'recording resumed (a gap record marks the lost samples)',
-          ),
-      };
-      // Opened before the privilege drop and passed across the re-exec (helper/privileged-start). After
-      // a restart in place with its state, the trace goes on (docs/daemon.md "Restarts").
-      const openTrace = (path: string, host: HostInfo): TraceWriter => {
-        const fd = ctx.openedFile(path);
-        if (ctx.restarted && ctx.restored !== undefined && fd !== undefined) {
-          try {
-            const w = TraceWriter.resume(path, fd, { events });
-            log.info({ record: path }, 'recording goes on after the restart');
-            return w;
-          } catch (e) {
-            log.warn({ record: path, err: (e as Error).message }, 'cannot go on with the trace: a new one starts');
-          }
-        }
-        // A restart without the state starts the trace anew: what the last process wrote is cut off.
-        if (ctx.restarted && fd !== undefined) fs.ftruncateSync(fd, 0);
-        return TraceWriter.open(
-          path,
-          { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${o.intervalMs} ms)` },
-          { overwrite: true, fd, events },
-        );
-      };
-      // Processes of root and of the socket's group are preferred by the per-uid shares (common/uid-share.ts).
-      const preferredGroups = ctx.config.socketGid !== undefined ? [ctx.config.socketGid] : [];
-      const shares = new VmFdShares({
-        budget: ctx.fds,
-        maxVmThreads: o.maxVmThreads ?? DEFAULT_MAX_VM_THREADS,
-        owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
-      });
-      const limiter = new LogLimiter(log);
-      const v2 = await assembleV2({
-        paths,
-        device: ctx.device,
-        vendor: ctx.vendor,
-        energySource: ctx.energySource,
-        openPowercap: (file) => {
-          const fd = ctx.powercapFd(file);
-          if (fd === undefined) throw cannotError(`open ${file}`, 'the start-up did not open it as root', 'restart the daemon');
-          return fd;
-        },
-        ...(o.domains ? { domains: o.domains } : {}),
-        intervalMs: o.intervalMs,
-        limits: o.limits,
-        fds: shares,
-        ledger: shares,
-        log,
-        // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
-        // systemd restart into a restart loop.
-        trace: (host) => (recordPath === undefined ? undefined : (trace = openTrace(recordPath, host))),
-        discovery: o.discovery && {
-          ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
-          preferredGroups,
-          onFull: (f) => limiter.warn('discovery full', { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
-        },
-        deferDiscovery: true,
-        ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
-        health: ctx.health,
-        ...(ctx.restored ? { restore: ctx.restored } : {}),
-      });
-      const service = v2.service;
-      ctx.onRestart({
-        begin: () => service.restarting(),
-        get drained() {
-          return service.drained;
-        },
-        snapshot: () => service.snapshot(),
-        abort: () => service.restartAborted(),
-      });
-      // The first scan runs with the privileges the daemon keeps, not those it starts with.
-      ctx.onReady(() => v2.service.startDiscovery());
-      ctx.onShutdown(async () => {
-        await v2.close();
-        await trace?.close();
-        limiter.flush();
-      });
-      log.info(
-        {
-          intervalMs: o.intervalMs,
-          limits: o.limits,
-          // A setting not given is left out, not logged as null.
-          ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
-          discovery: o.discovery,
-          maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
-          maxVmThreads: shares.maxVmThreads,
-          ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
-        },
-        'v2 service ready',
-      );
-      return { v2Handler: v2.service.handler };
+    service: v2.service,
+    ready: () => v2.service.startDiscovery(),
+    async close() {
+      await v2.close();
+      await trace?.close();
+      limiter.flush();
     },
   };
+}
+
+/**
+ * The --record trace, on the file the start-up created before the privilege drop (passed across the
+ * re-exec: lifecycle/privileged-start.ts). After a restart in place with its state, the trace goes on
+ * (docs/daemon.md "Restarts"); a restart without the state starts it anew.
+ */
+function openDaemonTrace(path: string, host: HostInfo, intervalMs: number, start: V2Start, log: Logger): TraceWriter {
+  const events = {
+    paused: (why: string) =>
+      log.warn(
+        { record: path, err: why },
+        'recording paused: disk full; the trace ends on its last whole record, and each interval tries again',
+      ),
+    resumed: (lost: number, s: number) =>
+      log.info(
+        { record: path, lostSamples: lost, pausedS: Math.round(s * 10) / 10 },
+        'recording resumed (a gap record marks the lost samples)',
+      ),
+  };
+  const fd = start.opened.files.get(path);
+  if (start.restarted && start.restored !== undefined && fd !== undefined) {
+    try {
+      const w = TraceWriter.resume(path, fd, { events });
+      log.info({ record: path }, 'recording goes on after the restart');
+      return w;
+    } catch (e) {
+      log.warn({ record: path, err: (e as Error).message }, 'cannot go on with the trace: a new one starts');
+    }
+  }
+  // A restart without the state starts the trace anew: what the last process wrote is cut off.
+  if (start.restarted && fd !== undefined) fs.ftruncateSync(fd, 0);
+  return TraceWriter.open(
+    path,
+    { host, note: `recorded live by the vmsr-helper daemon (v2 service, interval ${intervalMs} ms)` },
+    { overwrite: true, fd, events },
+  );
 }

@@ -1,43 +1,51 @@
 /**
- * The daemon's life, one start-up path in one order (docs/daemon.md "Start-up, in order"): what is
- * inherited (Inherited: from systemd, from the image before the start-up re-exec) is adopted, the rest
- * opened (lifecycle/startup.ts: checks, MSR fds, listening socket, pidfile); then privileges dropped,
- * the service chain assembled with its plug-ins, served, READY. On SIGTERM/SIGINT: stop
- * accepting, close clients, run shutdown hooks, remove what we created. SIGHUP does not stop it
- * (os/sighup.ts).
+ * The daemon, the composition root: Daemon.start() runs the start's phases in order (each a function
+ * of lifecycle/phases.ts; docs/daemon.md "Start-up, in order"): inherit, open, drop privileges,
+ * budget fds, serve legacy, restore, start v2, READY. It holds what they made (the start-up's fds, the
+ * server, the v2 service), owns the restart contract over them (freeze, snapshot: handover/frozen.ts,
+ * Restartable), and stops them in order. On SIGTERM/SIGINT: stop accepting, close clients, the v2
+ * service, remove what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
+ * handover/restarter.ts).
  */
-import fs from 'node:fs';
 import { createLogger, type Logger } from '../logging/logger.js';
-import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
-import type { HelperServer, V2Handler } from './server/server.js';
-import { assembleServer } from './assemble-server.js';
-import { isPreferredPeer } from '../os/preferred-owner.js';
-import type { HealthSource } from './v2/service.js';
+import type { HelperServer } from './server/server.js';
+import type { ServerChain } from './assemble-server.js';
+import type { DaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
-import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from './server/incomplete-frames.js';
+import { cannot } from '../common/errors.js';
 import { lateV2Handler } from './server/late-v2-handler.js';
-import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../os/fd-budget.js';
 import { Notifier } from './lifecycle/systemd.js';
-import { inheritFromEnvironment, type Inherited } from './lifecycle/inherited.js';
-import { openStart, stepDone, type Opened, type StepDone } from './lifecycle/startup.js';
-import type { DaemonConfig, DaemonContext, DaemonPlugin, RestartParticipant, ShutdownHook } from './lifecycle/config.js';
-import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
-import { Restarter, takeRestartClock, wallMs } from './lifecycle/restart.js';
-import { dropPrivileges } from '../os/privileges/capabilities.js';
-import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
+import type { Inherited } from './handover/inherited.js';
+import type { Opened, StepDone } from './lifecycle/startup.js';
+import type { DaemonConfig } from './lifecycle/config.js';
+import type { Restartable } from './handover/frozen.js';
+import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
+import {
+  budgetFds,
+  drop,
+  inherit,
+  logRestartPhases,
+  open,
+  ready,
+  restore,
+  serveLegacy,
+  startV2,
+  type PhaseTimes,
+} from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './lifecycle/memory-settler.js';
 import { handleSighup } from '../os/sighup.js';
-import { closeOpenInspector } from '../os/inspector-guard.js';
+import type { StateSnapshot } from '../state/snapshot.js';
 
-/** Longest wait for the ready hooks' start-up work before the start-up memory settle runs anyway. */
+/** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
 export const STARTUP_SETTLE_WAIT_MS = 2000;
+/** Longest wait for the v2 service to close at a stop. */
+const V2_CLOSE_TIMEOUT_MS = 5000;
 
-export interface RunDaemonOptions {
-  v2Handler?: V2Handler;
-  onShutdown?: ShutdownHook[];
-  plugins?: DaemonPlugin[];
-  /** Default true: SIGTERM/SIGINT stop the daemon and exit the process with 0; SIGHUP is logged (os/sighup.ts). */
+export interface DaemonOptions {
+  /** The v2 service's settings (the command line's); absent: no v2 service, v2 connections are read as legacy. */
+  v2?: V2DaemonSettings;
+  /** Default true: SIGTERM/SIGINT stop the daemon and exit the process with 0; SIGHUP restarts it in place (os/sighup.ts). */
   handleSignals?: boolean;
   logger?: Logger;
   /** Why the helper did not re-execute itself to drop privileges ('re-executed' when it did). */
@@ -47,7 +55,7 @@ export interface RunDaemonOptions {
    * the exec). Default: what the environment passes (systemd socket activation), else nothing.
    */
   inherited?: Inherited;
-  /** Files plug-ins write (--record), created before the privilege drop (DaemonContext.openedFile). */
+  /** Files the v2 service writes (--record), created before the privilege drop. */
   files?: readonly string[];
 }
 
@@ -68,31 +76,162 @@ function escapeRe(s: string): string {
   return s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
 }
 
-export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {}): Promise<RunningDaemon> {
-  const enteredAt = wallMs();
-  const clock = takeRestartClock();
-  const logger = opts.logger ?? createLogger(config.logLevel);
-  const area = (name: string): Logger =>
-    areaMatches(config.traceAreas, name) && logger.levelVal > 20
-      ? logger.child({ area: name }, { level: 'debug' })
-      : logger.child({ area: name });
-  const hooks: ShutdownHook[] = [...(opts.onShutdown ?? [])];
-  const notifier = new Notifier(process.env, (e) => area('systemd').warn({ err: e.message }, 'sd_notify failed'));
-  let opened: Opened | undefined;
-  let server: HelperServer | undefined;
-  let legacy: LegacyService | undefined;
-  const signals = new DisposableStore();
-  let restarter: Restarter | undefined;
+/** Runs the daemon: `new Daemon(config, opts).start()`. */
+export function runDaemon(config: DaemonConfig, opts: DaemonOptions = {}): Promise<RunningDaemon> {
+  return new Daemon(config, opts).start();
+}
 
-  const cleanup = async () => {
+export class Daemon implements Restartable {
+  private readonly logger: Logger;
+  private readonly notifier: Notifier;
+  private readonly signals = new DisposableStore();
+  private opened: Opened | undefined;
+  private chain: ServerChain | undefined;
+  private v2: DaemonV2 | undefined;
+  private restarter: Restarter | undefined;
+  private running: RunningDaemon | undefined;
+  /** A signal that came during start-up: it stops the daemon right after it. */
+  private pendingSignal: NodeJS.Signals | undefined;
+  private stopping: Promise<void> | undefined;
+
+  constructor(
+    private readonly config: DaemonConfig,
+    private readonly opts: DaemonOptions = {},
+  ) {
+    this.logger = opts.logger ?? createLogger(config.logLevel);
+    this.notifier = new Notifier(process.env, (e) => this.area('systemd').warn({ err: e.message }, 'sd_notify failed'));
+  }
+
+  /** A logger for a named area, at debug level when -T matches it. */
+  readonly area = (name: string): Logger =>
+    areaMatches(this.config.traceAreas, name) && this.logger.levelVal > 20
+      ? this.logger.child({ area: name }, { level: 'debug' })
+      : this.logger.child({ area: name });
+
+  /** The start, phase by phase; on a failure everything made so far is closed and the error thrown. */
+  async start(): Promise<RunningDaemon> {
+    const entered = wallMs();
+    const clock = takeRestartClock();
+    const { config, area, logger, notifier } = this;
+    this.catchSignals();
+    try {
+      const inh = inherit(config, this.opts.inherited);
+      const { opened, handed } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
+      this.opened = opened;
+      const times: PhaseTimes = { entered, opened: wallMs(), handover: 0, serving: 0 };
+      const steps: StepDone[] = [...opened.steps];
+      drop(config, inh, steps, { area, ...(this.opts.reexec !== undefined ? { reexec: this.opts.reexec } : {}) });
+      const { fds, maxConnections } = budgetFds(config, () => this.chain?.server.connections ?? 0, logger);
+      times.handover = wallMs();
+      const late = this.opts.v2 ? lateV2Handler() : undefined;
+      this.chain = serveLegacy(config, opened, handed, { maxConnections, area, ...(late ? { late } : {}) });
+      times.serving = wallMs();
+      const restored = await restore(handed, area('restart'));
+      if (this.opts.v2) {
+        const restarted = inh.how === 'restart' || restored !== undefined;
+        this.v2 = await startV2(this.opts.v2, {
+          config,
+          opened,
+          fds,
+          health: this.chain.health,
+          restarted,
+          area,
+          ...(restored ? { restored } : {}),
+        });
+        late?.bind(this.v2.service.handler);
+      }
+      if (clock !== null && inh.how === 'restart') logRestartPhases(clock, times, wallMs(), area('restart'));
+      this.restarter = new Restarter({ daemon: this, opened, legacy: this.chain.legacy.counters, notifier, log: area('restart') });
+      ready(opened.listener.where, { logger, area, notifier });
+      return this.serving(steps);
+    } catch (e) {
+      await this.cleanup();
+      throw e;
+    }
+  }
+
+  /** The restart contract (Restartable): the server's connections stop being read, the v2 clients are told. */
+  freeze(): ReturnType<Restartable['freeze']> {
+    const server = this.chain!.server.freeze();
+    const v2 = this.v2?.service.freeze();
+    return {
+      connections: () => server.connections(),
+      get drained() {
+        return v2?.drained ?? true;
+      },
+      thaw: () => {
+        server.thaw();
+        v2?.thaw();
+      },
+    };
+  }
+
+  /** The live state to hand over (the v2 service's); throws without a v2 service. */
+  snapshot(): StateSnapshot {
+    if (this.v2 === undefined) throw new Error(cannot('restart', 'no part of the daemon gives its live state', 'report it'));
+    return this.v2.service.snapshot();
+  }
+
+  /** Serving: the handle the caller stops it with; the v2 service's first scan, then memory given back. */
+  private serving(steps: readonly StepDone[]): RunningDaemon {
+    const running: RunningDaemon = { server: this.chain!.server, steps, stop: (reason) => this.stop(reason) };
+    this.running = running;
+    const startupWork = this.v2 ? [this.v2.ready()] : [];
+    if (isDaemonChild()) reportReady();
+    settleAfterStartup(
+      startupWork,
+      () => this.stopping !== undefined,
+      (r) => this.area('memory').info(r, 'memory given back after start-up'),
+    );
+    if (this.pendingSignal) this.onSignal(this.pendingSignal);
+    return running;
+  }
+
+  private stop(reason = 'stop requested'): Promise<void> {
+    this.stopping ??= (async () => {
+      this.logger.info({ reason }, 'shutting down');
+      // Under systemd, what a restart carries goes to the fd store first (dropped by systemd on a plain stop).
+      if (reason === 'SIGTERM' || reason === 'SIGINT') await this.restarter?.toFdStore();
+      this.notifier.stopping();
+      await this.cleanup();
+      this.logger.info('stopped');
+    })();
+    return this.stopping;
+  }
+
+  /** Signals are caught from the start: one arriving during start-up stops the daemon right after it. */
+  private catchSignals(): void {
+    if (this.opts.handleSignals === false) return;
+    for (const sig of ['SIGTERM', 'SIGINT'] as const) this.signals.add(listen(process, sig, () => this.onSignal(sig)));
+    // SIGHUP restarts in place (handover/restarter.ts); during start-up there is nothing to hand over yet.
+    this.signals.add(
+      handleSighup(this.logger, undefined, () =>
+        this.restarter
+          ? void this.restarter.inPlace('SIGHUP')
+          : this.logger.warn('SIGHUP during start-up: no restart (the helper is not serving yet)'),
+      ),
+    );
+  }
+
+  private onSignal(sig: NodeJS.Signals): void {
+    if (!this.running) {
+      this.pendingSignal = sig;
+      return;
+    }
+    void this.running.stop(sig).then(() => process.exit(0));
+  }
+
+  /** Closes what the start made, in order: the server (or the listener alone), the v2 service, the start-up's fds. */
+  private async cleanup(): Promise<void> {
+    const { chain, opened, logger } = this;
     // The server closes the listener it serves; before serving, the listener is closed alone.
-    if (server) await server.close().catch(() => {});
+    if (chain) await chain.server.close().catch(() => {});
     else await opened?.listener.close(logger);
-    server?.limiter.flush();
-    legacy?.limiter.flush();
-    for (const h of hooks) {
+    chain?.server.limiter.flush();
+    chain?.legacy.limiter.flush();
+    if (this.v2) {
       try {
-        await withTimeout(Promise.resolve(h()), 5000);
+        await withTimeout(this.v2.close(), V2_CLOSE_TIMEOUT_MS);
       } catch (e) {
         logger.error({ err: (e as Error).message }, 'shutdown hook failed');
       }
@@ -100,260 +239,15 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     opened?.pidfile?.release();
     opened?.device.close();
     // Last, so a second signal during shutdown still finds our handler (stop is idempotent).
-    signals.dispose();
-  };
-
-  // Signals are caught from the start: one arriving during start-up stops the daemon right after it.
-  let current: RunningDaemon | undefined;
-  let pendingSignal: NodeJS.Signals | undefined;
-  const onSignal = (sig: NodeJS.Signals) => {
-    if (!current) {
-      pendingSignal = sig;
-      return;
-    }
-    void current.stop(sig).then(() => process.exit(0));
-  };
-  if (opts.handleSignals !== false) {
-    for (const sig of ['SIGTERM', 'SIGINT'] as const) signals.add(listen(process, sig, () => onSignal(sig)));
-    // SIGHUP restarts in place (lifecycle/restart.ts); during start-up there is nothing to hand over yet.
-    signals.add(
-      handleSighup(logger, undefined, () =>
-        restarter ? void restarter.inPlace('SIGHUP') : logger.warn('SIGHUP during start-up: no restart (the helper is not serving yet)'),
-      ),
-    );
-  }
-
-  try {
-    // Checks, MSR fds, listening socket, pidfile, plug-ins' files: each adopted when inherited, else opened.
-    const inh = opts.inherited ?? inheritFromEnvironment(config.socketPathGiven);
-    const startLog = area('startup');
-    opened = await openStart(config, inh, { files: opts.files ?? [], log: startLog });
-    const openedAt = wallMs();
-    const { vendor, cpus, device, listener, energy, energyWhy } = opened;
-    const steps: StepDone[] = [...opened.steps];
-    // What a restart handed over (connections, state, counters), each part checked; the rest closed.
-    const handed = takeHandedOver(inh.named, area('restart'));
-    // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
-    // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
-    if (inh.how !== 'restart' && inh.named && inh.named.size > 0)
-      for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
-    if (
-      notifier.socket !== undefined &&
-      process.env.FDSTORE !== '0' &&
-      inh.how !== 'restart' &&
-      !handed.state &&
-      !handed.connections.length
-    ) {
-      area('restart').info(
-        'a fresh start: systemd passed no restart state (its fd store is kept by systemctl restart, dropped by systemctl stop: ' +
-          'any QEMU connections of a stopped helper were lost with it)',
-      );
-    }
-    const openedWhat =
-      energy === 'msr'
-        ? 'MSR devices open'
-        : energy === 'powercap'
-          ? 'powercap zones open (no MSR device: legacy requests get 0)'
-          : 'no MSR device (synthetic energy: legacy requests get 0)';
-    logger.info(
-      { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size },
-      openedWhat,
-    );
-
-    // The privilege drop. Re-executed: done before the exec, on every thread (os/privileges/reexec.ts).
-    const privLog = area('privileges');
-    const report = inh.dropped
-      ? { skipped: [] }
-      : dropPrivileges({
-          ...(config.uid !== undefined ? { uid: config.uid } : {}),
-          ...(config.gid !== undefined ? { gid: config.gid } : {}),
-        });
-    stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, startLog);
-    const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
-    privLog.info(
-      {
-        uid: st.uid,
-        gid: st.gid,
-        groups: st.groups,
-        capEff: capHex(st.capEff),
-        capPrm: capHex(st.capPrm),
-        capBnd: capHex(st.capBnd),
-        noNewPrivs: st.noNewPrivs,
-        skipped: report.skipped,
-        ...(opts.reexec !== undefined ? { reexec: opts.reexec } : {}),
-      },
-      'privileges dropped (main thread, from /proc/self/status)',
-    );
-    // The re-exec (privileges.ts) gives every thread the main thread's capabilities; a thread that
-    // differs means it could not run (see reexec), and an operator should know which ones.
-    const threads = describeThreads();
-    const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
-    if (others.length)
-      privLog.warn(
-        { threads: others, ...(opts.reexec !== undefined ? { reexec: opts.reexec } : {}) },
-        'some threads hold other capabilities than the main thread (capabilities are per thread)',
-      );
-    else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
-
-    // Out of fds, accept() and /proc opens fail: use the whole hard limit, and budget it.
-    const nofile = raiseFdLimit();
-    const limit = nofile.after.soft === Infinity ? 1 << 20 : nofile.after.soft;
-    const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
-    const fds = new FdBudget({ limit, maxConnections, openConnections: () => server?.connections ?? 0 });
-    logger.info(
-      // Only a failure has an err: no `err: null` on every start.
-      {
-        before: nofile.before.soft,
-        limit,
-        hard: nofile.after.hard,
-        maxConnections,
-        ...(nofile.error !== undefined ? { err: nofile.error } : {}),
-      },
-      'open-file limit',
-    );
-    if (maxConnections < config.maxConnections) {
-      logger.warn(
-        { asked: config.maxConnections, maxConnections, limit },
-        `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`,
-      );
-    }
-
-    // The service chain: the legacy service and the server on the listener, serving at once (a
-    // restart's legacy connections need no v2 state); then the plug-ins (the v2 service, which restores
-    // the state), whose v2 handler is bound late: a v2 connection meanwhile waits (late-v2-handler.ts).
-    const late = opts.v2Handler || (opts.plugins ?? []).length > 0 ? lateV2Handler() : undefined;
-    const files = opened.files;
-    const openedFile = (p: string) => files.get(p);
-    const readyHooks: (() => void | Promise<void>)[] = [];
-    const legacyCounters: LegacyCounters = { ...newLegacyCounters(), ...handed.legacy };
-    const participants: RestartParticipant[] = [];
-    const health: HealthSource = { legacy: legacyCounters, connections: () => server?.connections ?? 0 };
-    const powercapFds = opened.powercap;
-    const pluginsAt = wallMs();
-    ({ legacy, server } = assembleServer({
-      paths: config.hostPaths,
-      device,
-      vendor,
-      cpus,
-      amd: config.amd,
-      ...(energy !== 'msr' ? { noMsrs: `the daemon reads energy from ${energy}, not from MSR devices` } : {}),
-      listener,
-      area,
-      counters: legacyCounters,
-      server: {
-        maxConnections,
-        // Root and the socket's group (every QEMU) are bound by --max-connections only; other users by their share.
-        preferredPeer: (peer) => isPreferredPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
-        incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
-      },
-      ...(late ? { v2Handler: late.handler } : {}),
-    }));
-    server.serve();
-    server.adopt(handed.connections);
-    const servingAt = wallMs();
-    // The requests that waited through a restart are read and answered first; then the state is decoded.
-    await afterIoPoll();
-    const restored = handed.state && decodeHandedState(handed.state, area('restart'));
-    const ctx: DaemonContext = {
-      config,
-      vendor,
-      cpus,
-      device,
-      energySource: energy,
-      powercapFd: (p) => powercapFds.get(p),
-      logger,
-      fds,
-      openedFile,
-      area,
-      onShutdown: (h) => hooks.push(h),
-      onReady: (h) => readyHooks.push(h),
-      health,
-      ...(restored ? { restored } : {}),
-      restarted: inh.how === 'restart' || restored !== undefined,
-      onRestart: (p) => void participants.push(p),
-    };
-    let v2Handler = opts.v2Handler;
-    for (const p of opts.plugins ?? []) {
-      const r = await p.setup(ctx);
-      if (r && r.v2Handler) v2Handler = v2Handler ?? r.v2Handler;
-    }
-    const v2Log = area('server');
-    late?.bind(
-      v2Handler ??
-        ((socket, peer) => {
-          v2Log.warn({ peer: peer.pid }, 'a v2 client, and no v2 service: closing the connection');
-          socket.destroy();
-        }),
-    );
-    if (clock !== null && inh.how === 'restart') {
-      // Where a restart in place spends its time, old image to serving (docs/daemon.md "Restarts").
-      const ms = (a: number, b: number) => Math.round((b - a) * 10) / 10;
-      const node = performance.nodeTiming;
-      area('restart').info(
-        {
-          checkMs: ms(clock.signalAt, clock.stoppedAt),
-          drainAndSaveMs: ms(clock.stoppedAt, clock.execAt),
-          execToNodeMs: ms(clock.execAt, performance.timeOrigin),
-          nodeBootMs: ms(0, node.bootstrapComplete),
-          modulesMs: ms(performance.timeOrigin + node.bootstrapComplete, enteredAt),
-          startupMs: ms(enteredAt, openedAt),
-          handoverMs: ms(openedAt, pluginsAt),
-          serveMs: ms(pluginsAt, servingAt),
-          stoppedToServingMs: ms(clock.stoppedAt, servingAt),
-          servicesMs: ms(servingAt, wallMs()),
-        },
-        'restart phases',
-      );
-    }
-    restarter = new Restarter({ server, opened, participants, legacy: legacyCounters, notifier, log: area('restart') });
-
-    const where = listener.where;
-    logger.info({ socket: where }, `Listening on ${where}`);
-    notifier.ready(`listening on ${where}`);
-    // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
-    const inspectorUrl = closeOpenInspector();
-    if (inspectorUrl !== null)
-      logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
-    const wd = notifier.startWatchdog();
-    if (wd !== null) area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
-
-    let stopping: Promise<void> | undefined;
-    const running: RunningDaemon = {
-      server,
-      steps,
-      stop(reason = 'stop requested') {
-        stopping ??= (async () => {
-          logger.info({ reason }, 'shutting down');
-          // Under systemd, what a restart carries goes to the fd store first (dropped by systemd on a plain stop).
-          if (reason === 'SIGTERM' || reason === 'SIGINT') await restarter?.toFdStore();
-          notifier.stopping();
-          await cleanup();
-          logger.info('stopped');
-        })();
-        return stopping;
-      },
-    };
-    current = running;
-    const startupWork = readyHooks.map((h) => h()).filter((w) => w instanceof Promise);
-    if (isDaemonChild()) reportReady();
-    settleAfterStartup(
-      startupWork,
-      () => stopping !== undefined,
-      (r) => area('memory').info(r, 'memory given back after start-up'),
-    );
-    if (pendingSignal) onSignal(pendingSignal);
-    return running;
-  } catch (e) {
-    await cleanup();
-    throw e;
+    this.signals.dispose();
   }
 }
 
 /**
  * What start-up ran and read (most of the node binary's pages, its garbage) is not needed again:
- * settled at once, and again when the ready hooks' start-up work (a first scan, which leaves its
- * own garbage and free heap) is done or STARTUP_SETTLE_WAIT_MS passed. Reports RSS before the first
- * pass and after the last.
+ * settled at once, and again when the start-up work (a first scan, which leaves its own garbage and
+ * free heap) is done or STARTUP_SETTLE_WAIT_MS passed. Reports RSS before the first pass and after
+ * the last.
  */
 function settleAfterStartup(
   work: Promise<void>[],
@@ -374,14 +268,6 @@ function settleAfterStartup(
       report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
     });
   }).unref();
-}
-
-/**
- * Resolves once the event loop has polled for I/O: an immediate set in the poll phase runs before the
- * next poll, so the second one runs after it.
- */
-function afterIoPoll(): Promise<void> {
-  return new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
 }
 
 function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {

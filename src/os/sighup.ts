@@ -1,7 +1,7 @@
 /**
  * What SIGHUP does, in one place for the daemon and the exporter. Node's default for SIGHUP is to
  * end the process, and QEMU does not reconnect to a helper that went away, so SIGHUP never stops
- * anything. The daemon restarts in place on it (helper/lifecycle/restart.ts: the installed binary
+ * anything. The daemon restarts in place on it (helper/handover/restarter.ts: the installed binary
  * executed again, every connection and the live state handed over; docs/daemon.md "Restarts"); the
  * exporter has nothing to reload and logs so (logs go to stderr or the journal: no file to reopen).
  */

@@ -70,14 +70,33 @@ export interface SamplingServiceOptions {
   clock?: () => bigint;
   /** Timers of the tick loop, for tests; default the real ones. */
   timers?: Timers;
-  /**
-   * Runs at the start of every tick, before the sample (discovery's /proc scan). When it returns a
-   * promise (a scan done in slices, clients served between them), the tick's sample is taken once it
-   * settles; a tick due while it is still pending samples without it.
-   */
-  prepare?: () => void | Promise<void>;
-  /** Sees each sample before the engine does (discovery classifies new threads from its stat lines). */
-  inspect?: (s: Sample) => void;
+  /** The consumer's per-sample flow (the v2 service's): what a tick runs; without one a tick only takes the sample. */
+  flow?: SampleFlow;
+}
+
+/**
+ * A consumer's per-sample flow: the ONE method a tick calls, interval(tick), in which the consumer does
+ * its work around the tick's steps. tick.take() takes the sample (in slices when the sampler can) and
+ * runs the engine and the trace; tick.after(work, then) runs `then` once `work` settles (a scan done in
+ * slices, clients served between them; a failure of it is logged and the tick goes on). A tick due
+ * while the previous one still works is skipped.
+ */
+export interface SampleFlow {
+  interval(tick: Tick): void;
+}
+
+/** One tick's steps, for SampleFlow.interval. */
+export interface Tick {
+  take(seen?: SampleSeen): void;
+  after(work: Promise<void> | undefined, then: () => void): void;
+}
+
+/** What the flow sees of the sample tick.take() takes. */
+export interface SampleSeen {
+  /** The sample before the engine takes it (discovery classifies new threads from its stat lines); a throw fails the sample. */
+  inspect?(s: Sample): void;
+  /** The sample taken by the engine, before the onSample listeners. */
+  sampled?(ev: SampleEvent): void;
 }
 
 export interface SampleEvent {
@@ -95,7 +114,7 @@ export interface SamplingStats {
   /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
   skippedTicks: number;
   /**
-   * Wall time of the last tick's work (prepare, sample, engine, listeners), ns: from the tick to its
+   * Wall time of the last tick's work (the flow's, sample, engine, listeners), ns: from the tick to its
    * end, the clients served between its slices included.
    */
   lastDurationNs: bigint;
@@ -110,7 +129,7 @@ export class SamplingService {
   /** Reasons to run with no live VM (discovery on): the loop runs while any is held. */
   private readonly holds = new Set<string>();
   private closed = false;
-  /** A tick works in slices (its prepare() or its sample is pending); a tick due meanwhile is skipped. */
+  /** A tick works in slices (its flow's work before the sample, or the sample, is pending); a tick due meanwhile is skipped. */
   private inTick = false;
   /** activePidSet() as last made; null when a register, unregister, restore or sample may have changed it. */
   private pidSet: ReadonlySet<number> | null = null;
@@ -267,30 +286,36 @@ export class SamplingService {
       return;
     }
     const began = monotonicNs();
-    let pending: Promise<void> | void = undefined;
+    if (this.o.flow === undefined) return this.sampleStep(t, began);
+    const tick: Tick = {
+      take: (seen) => this.sampleStep(t, began, seen),
+      after: (work, then) => {
+        if (work === undefined) return then();
+        this.inTick = true;
+        const go = () => {
+          this.inTick = false;
+          then();
+        };
+        work.then(go, (e: unknown) => {
+          this.prepareFailed(e);
+          go();
+        });
+      },
+    };
     try {
-      pending = this.o.prepare?.();
+      this.o.flow.interval(tick);
     } catch (e) {
       this.prepareFailed(e);
     }
-    if (pending === undefined) return this.sampleStep(t, began);
-    this.inTick = true;
-    pending.then(
-      () => this.sampleStep(t, began),
-      (e: unknown) => {
-        this.prepareFailed(e);
-        this.sampleStep(t, began);
-      },
-    );
   }
 
   private prepareFailed(e: unknown): void {
     this.o.log.error({ err: (e as Error).stack ?? String(e) }, 'sampling preparation (discovery) failed; sampling goes on');
   }
 
-  /** After prepare(): the sample, in slices when the sampler can (sampleSteps), then the engine. */
-  private sampleStep(t: TickInfo, began: bigint): void {
-    // Closed or gone idle while prepare() ran: no sample (what a tick of a stopped loop does).
+  /** The sample, in slices when the sampler can (sampleSteps), then the engine. */
+  private sampleStep(t: TickInfo, began: bigint, seen?: SampleSeen): void {
+    // Closed or gone idle while the flow's work before it ran: no sample (what a tick of a stopped loop does).
     if (this.closed || !this.loop.running) {
       this.inTick = false;
       return;
@@ -305,25 +330,25 @@ export class SamplingService {
       } catch (e) {
         this.fail(e instanceof Error ? e : new Error(String(e)));
       }
-      return this.finishTick(s, began);
+      return this.finishTick(s, began, seen);
     }
     this.inTick = true;
     this.sliceStartNs = this.clock();
     runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
-      (s) => this.finishTick(s, began),
+      (s) => this.finishTick(s, began, seen),
       (e: unknown) => {
         this.fail(e instanceof Error ? e : new Error(String(e)));
-        this.finishTick(undefined, began);
+        this.finishTick(undefined, began, seen);
       },
     );
   }
 
-  private finishTick(s: Sample | undefined, began: bigint): void {
+  private finishTick(s: Sample | undefined, began: bigint, seen?: SampleSeen): void {
     this.inTick = false;
     this.sliceStartNs = null;
     if (this.closed) return;
     try {
-      if (s !== undefined) this.tickBody(s);
+      if (s !== undefined) this.tickBody(s, seen);
     } finally {
       this.stats.lastDurationNs = monotonicNs() - began;
     }
@@ -342,11 +367,11 @@ export class SamplingService {
     return this.pidSet;
   }
 
-  /** The sample taken: the engine, the trace, the listeners (synchronously). */
-  private tickBody(s: Sample): void {
+  /** The sample taken: the engine, the trace, the flow's sampled, the listeners (synchronously). */
+  private tickBody(s: Sample, seen?: SampleSeen): void {
     let result: IntervalResult | null;
     try {
-      this.o.inspect?.(s);
+      seen?.inspect?.(s);
       result = this.engine.addSample(s);
     } catch (e) {
       this.fail(e instanceof Error ? e : new Error(String(e)));
@@ -370,6 +395,11 @@ export class SamplingService {
       }
     }
     const ev: SampleEvent = { tNs: s.tNs, result, ended };
+    try {
+      seen?.sampled?.(ev);
+    } catch (e) {
+      this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
+    }
     this.samples.fire(ev);
   }
 

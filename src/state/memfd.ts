@@ -1,7 +1,7 @@
 /**
  * Bytes in a sealed memfd: written once, then sealed so that neither this process nor the one it is
  * handed to (a re-exec, or systemd's fd store) can change, grow or shrink them; read back from an fd
- * only when it is such a memfd. The state snapshot (codec.ts) and the handover record (handover.ts)
+ * only when it is such a memfd. The state snapshot (codec.ts) and the handover record (helper/handover/record.ts)
  * travel this way.
  */
 import fs from 'node:fs';

@@ -8,12 +8,12 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/state/handover.js';
+import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/helper/handover/record.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
-import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/helper/lifecycle/handed-over.js';
+import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/helper/handover/handed-over.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
 import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';
-import { HANDOVER_MEMFD_NAME } from '../../src/helper/lifecycle/restart.js';
+import { HANDOVER_MEMFD_NAME } from '../../src/helper/handover/restarter.js';
 
 const record = (conns: HandoverRecord['connections']): HandoverRecord => ({
   writtenNs: 1000n,

@@ -1,6 +1,6 @@
 /** The old image's times carried across a restart's exec (RESTART_CLOCK_ENV), read once by the new image. */
 import { describe, expect, it } from 'vitest';
-import { RESTART_CLOCK_ENV, takeRestartClock } from '../../src/helper/lifecycle/restart.js';
+import { RESTART_CLOCK_ENV, takeRestartClock } from '../../src/helper/handover/restarter.js';
 
 describe('takeRestartClock', () => {
   it('reads the three times and removes the variable, so a later start does not see them', () => {

@@ -44,9 +44,12 @@ function serviceOn(time: ManualTime, prepare?: (s: SamplingService) => void) {
     log: pino({ level: 'silent' }),
     clock: time.clock,
     timers: time,
-    prepare: () => {
-      order.push('prepare');
-      prepare?.(svc);
+    flow: {
+      interval: (tick) => {
+        order.push('prepare');
+        prepare?.(svc);
+        tick.take();
+      },
     },
   });
   return { svc, sampled, order };
@@ -192,7 +195,7 @@ describe('SamplingService, a sample in slices', () => {
       log: pino({ level: 'silent' }),
       clock: time.clock,
       timers: time,
-      prepare: () => new Promise<void>((r) => (release = r)),
+      flow: { interval: (tick) => tick.after(new Promise<void>((r) => (release = r)), () => tick.take()) },
     });
     svc2.hold('discovery', true);
     time.fire(); // tick 0: prepare pending

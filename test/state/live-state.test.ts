@@ -18,14 +18,13 @@ import { closeFd } from '../../src/os/libc.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { HostInfo, Sample, VmSpec } from '../../src/ratio/types.js';
-import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/v2/live-state.js';
+import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/handover/live-state.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
-import type { Chain } from '../../src/helper/assemble.js';
 import { decodeState, encodeState } from '../../src/state/codec.js';
 import { readStateFd, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot, VmState } from '../../src/state/snapshot.js';
-import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';
+import { assembleOnFakeHost, FakeHost, type Chain } from '../support/fake-host.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { startChild, until, type TestChild } from '../v2/harness.js';
 

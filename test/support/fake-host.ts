@@ -10,7 +10,13 @@ import { msrPath, type HostPaths } from '../../src/msr/host-paths.js';
 import { MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import type { Vendor } from '../../src/ratio/types.js';
 import type { Logger } from 'pino';
-import { assembleChain, type Chain, type ChainOptions } from '../../src/helper/assemble.js';
+import { assembleV2, type V2Chain, type V2ChainOptions } from '../../src/helper/assemble.js';
+import { assembleServer } from '../../src/helper/assemble-server.js';
+import { openListener } from '../../src/helper/server/listener.js';
+import { lateV2Handler } from '../../src/helper/server/late-v2-handler.js';
+import { checkTopology } from '../../src/helper/lifecycle/startup-checks.js';
+import type { HelperServer } from '../../src/helper/server/server.js';
+import type { LegacyService } from '../../src/helper/legacy/legacy-service.js';
 import type { MsrDevice } from '../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
@@ -240,32 +246,72 @@ export class FakeHost {
   }
 }
 
+/** The whole chain on a fake host, serving: the v2 chain, the server and the legacy service. */
+export interface Chain extends V2Chain {
+  server: HelperServer;
+  legacy: LegacyService;
+  /** Closes the v2 service, then the server. */
+  close(): Promise<void>;
+}
+
 /**
- * The daemon's service chain (helper/assemble.ts) on a fake host, listening on `socketPath`: what the
- * v2 tests and the bench run in-process. Intel layout, real /proc.
+ * The daemon's service chain on a fake host, listening on `socketPath`, built as the daemon builds it
+ * (lifecycle/phases.ts): the topology checked, the server (assembleServer) serving with a late v2
+ * handler, then the v2 chain (assembleV2) on the server's health figures, its handler bound. What the
+ * v2 tests and the bench run in-process, minus the daemon's lifecycle (checks, privilege drop,
+ * signals). Intel layout, real /proc.
  */
-export function assembleOnFakeHost(
+export async function assembleOnFakeHost(
   fake: FakeHost,
   device: MsrDevice,
   o: { socketPath: string; intervalMs: number; limits: V2Limits; trace?: TraceSink; log: Logger } & Pick<
-    ChainOptions,
+    V2ChainOptions,
     'discovery' | 'observerGid' | 'fds' | 'restore' | 'restoreWaitMs'
   >,
 ): Promise<Chain> {
-  return assembleChain({
-    paths: fake.hostPaths(),
+  const paths = fake.hostPaths();
+  const listener = await openListener({ path: o.socketPath });
+  const late = lateV2Handler();
+  const { legacy, server, health } = assembleServer({
+    paths,
     device,
     vendor: 'intel',
     amd: DEFAULT_AMD_SYNTH,
-    target: { path: o.socketPath },
-    intervalMs: o.intervalMs,
-    limits: o.limits,
-    trace: () => o.trace,
+    cpus: checkTopology(paths.sysRoot),
+    listener,
     area: () => o.log,
-    ...(o.discovery !== undefined ? { discovery: o.discovery } : {}),
-    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
-    ...(o.fds ? { fds: o.fds } : {}),
-    ...(o.restore ? { restore: o.restore } : {}),
-    ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
+    v2Handler: late.handler,
   });
+  server.serve();
+  let v2: V2Chain;
+  try {
+    v2 = await assembleV2({
+      paths,
+      device,
+      vendor: 'intel',
+      intervalMs: o.intervalMs,
+      limits: o.limits,
+      trace: () => o.trace,
+      log: o.log,
+      health,
+      ...(o.discovery !== undefined ? { discovery: o.discovery } : {}),
+      ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+      ...(o.fds ? { fds: o.fds } : {}),
+      ...(o.restore ? { restore: o.restore } : {}),
+      ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
+    });
+  } catch (e) {
+    await server.close();
+    throw e;
+  }
+  late.bind(v2.service.handler);
+  return {
+    ...v2,
+    legacy,
+    server,
+    async close() {
+      await v2.close();
+      await server.close();
+    },
+  };
 }

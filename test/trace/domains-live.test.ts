@@ -187,7 +187,7 @@ describe('live traces with every RAPL domain', () => {
     cleanups.push(() => device.close());
     const tracePath = path.join(dir, 'daemon.jsonl');
     let trace: TraceWriter | undefined = undefined;
-    // The daemon opens its trace with the host its chain read (helper/assemble.ts, v2DaemonPlugin).
+    // The daemon opens its trace with the host its chain read (helper/assemble.ts, assembleDaemonV2).
     const sink = {
       register: (t: bigint, vm: VmSpec) => trace!.register(t, vm),
       sample: (s: Parameters<TraceWriter['sample']>[0]) => trace!.sample(s),

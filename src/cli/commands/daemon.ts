@@ -11,10 +11,10 @@ import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/server/incomplete-frames
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { createLogger, levelFromFlags, type Logger } from '../../logging/logger.js';
 import { ReportedError } from '../cli-errors.js';
-import { reexecBlocker, reexecDropped } from '../../os/privileges/reexec.js';
+import { reexecBlocker } from '../../os/privileges/reexec.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/socket-file.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
-import type { DaemonConfig, DaemonPlugin } from '../../helper/lifecycle/config.js';
+import type { DaemonConfig } from '../../helper/lifecycle/config.js';
 import {
   addHostOptions,
   addLogLevelOptions,
@@ -169,9 +169,9 @@ function defaultRead(f: string): string {
 
 /**
  * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
- * root, the start-up steps that need root run first (helper/lifecycle/privileged-start.ts), then the
- * helper drops privileges and re-executes itself (os/privileges/reexec.ts) so that every thread, not
- * only the main one, is dropped; the new image adopts what they opened (one start-up path,
+ * root, the start-up steps that need root run first and the helper re-executes itself with dropped
+ * privileges (helper/lifecycle/privileged-start.ts) so that every thread, not only the main one, is
+ * dropped; the new image adopts what they opened (one start-up path,
  * helper/lifecycle/startup.ts). The daemon's modules are imported only when needed, so the first image of
  * a non-root or -d foreground run stays small.
  */
@@ -181,8 +181,10 @@ async function startDaemonFromCli(
   logger?: () => Logger,
   logFile?: string,
 ): Promise<void> {
-  const [{ DAEMON_CHILD_ENV, isDaemonChild, reportFailure, spawnDetached }, { inheritEnv, inheritedFds, takeInherited }] =
-    await Promise.all([import('../../helper/lifecycle/daemonize.js'), import('../../helper/lifecycle/inherited.js')]);
+  const [{ isDaemonChild, reportFailure, spawnDetached }, { takeInherited }] = await Promise.all([
+    import('../../helper/lifecycle/daemonize.js'),
+    import('../../helper/handover/inherited.js'),
+  ]);
   let inherited;
   try {
     inherited = takeInherited();
@@ -205,39 +207,15 @@ async function startDaemonFromCli(
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
     if (inherited === null && blocker === null) {
-      // Only the first image as root runs the privileged steps: an image that inherits loads none of it.
-      const { openPrivileged } = await import('../../helper/lifecycle/privileged-start.js');
-      const { inherited: inh, undo } = await openPrivileged(config, files);
-      const keep = inheritedFds(inh);
-      const env = inheritEnv(inh);
-      // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
-      const channel = (process as { channel?: { fd?: number } }).channel?.fd;
-      if (channel !== undefined && channel >= 0) {
-        keep.push(channel);
-        env.NODE_CHANNEL_FD = String(channel);
-      }
-      // The re-exec passes only allowlisted variables (os/privileges/reexec.ts): -d's marker is named here.
-      if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
-      try {
-        reexecDropped(
-          { ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) },
-          keep,
-          env,
-        );
-      } catch (e) {
-        await undo();
-        throw new Error(cannot(`drop privileges`, (e as Error).message));
-      }
+      // Only the first image as root runs the privileged steps and re-executes itself: an image that
+      // inherits loads none of it.
+      await (await import('../../helper/lifecycle/privileged-start.js')).startPrivileged(config, files);
     }
-    const [{ runDaemon }, { loadedAtSetup }] = await Promise.all([
-      import('../../helper/daemon.js'),
-      import('../../helper/lifecycle/config.js'),
-    ]);
     // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
-    // modules load once the daemon serves QEMU.
-    const plugins: DaemonPlugin[] = [loadedAtSetup('v2', async () => (await import('../../helper/assemble.js')).v2DaemonPlugin(v2))];
+    // modules load once the daemon serves QEMU (lifecycle/phases.ts, startV2).
+    const { runDaemon } = await import('../../helper/daemon.js');
     await runDaemon(config, {
-      plugins,
+      v2,
       files,
       reexec: blocker ?? 're-executed',
       ...(inherited ? { inherited } : {}),

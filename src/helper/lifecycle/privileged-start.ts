@@ -1,12 +1,16 @@
 /**
  * As root, the start-up steps (startup.ts: checks, MSR devices, listening socket, pidfile, --record
- * files) run in the first image, before the helper re-executes itself with dropped privileges
- * (os/privileges/reexec.ts). What they opened crosses the exec as an Inherited (inherited.ts); the
- * new image adopts it and runs the same start-up, which finds every step done.
+ * files) run in the first image, and then the helper re-executes itself with dropped privileges
+ * (os/privileges/reexec.ts), so that every thread of the new image holds only CAP_SYS_RAWIO. What the
+ * steps opened crosses the exec as an Inherited (handover/inherited.ts); the new image adopts it and runs the
+ * same start-up, which finds every step done.
  */
 import type { DaemonConfig } from './config.js';
-import { inheritFromEnvironment, type Inherited } from './inherited.js';
+import { inheritEnv, inheritedFds, inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
 import { openStart } from './startup.js';
+import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
+import { reexecDropped } from '../../os/privileges/reexec.js';
+import { cannot } from '../../common/errors.js';
 
 /**
  * Runs the steps; on failure undoes what was done (the socket file, the pidfile) and throws the
@@ -20,4 +24,32 @@ export async function openPrivileged(
   const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
   // The exec that carries it is reexecDropped's: the new image starts with its privileges dropped.
   return { inherited: { ...opened.handover('reexec'), dropped: true }, undo: () => opened.close() };
+}
+
+/**
+ * The root image's start: the steps run as root, then the re-exec with dropped privileges and the
+ * opened fds. Returns only by throwing (the steps failed, or the exec did: what they opened undone).
+ */
+export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[]): Promise<never> {
+  const { inherited, undo } = await openPrivileged(config, writeFiles);
+  const keep = inheritedFds(inherited);
+  const env = inheritEnv(inherited);
+  // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
+  const channel = (process as { channel?: { fd?: number } }).channel?.fd;
+  if (channel !== undefined && channel >= 0) {
+    keep.push(channel);
+    env.NODE_CHANNEL_FD = String(channel);
+  }
+  // The re-exec passes only allowlisted variables (os/privileges/reexec.ts): -d's marker is named here.
+  if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
+  try {
+    reexecDropped(
+      { ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) },
+      keep,
+      env,
+    );
+  } catch (e) {
+    await undo();
+    throw new Error(cannot(`drop privileges`, (e as Error).message));
+  }
 }

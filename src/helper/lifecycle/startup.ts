@@ -1,6 +1,6 @@
 /**
  * THE start-up steps that open what the daemon holds, once each and in this order: the checks, the
- * MSR devices, the listening socket, the pidfile, the files plug-ins write. Each takes its part of
+ * MSR devices, the listening socket, the pidfile, the files the v2 service writes (--record). Each takes its part of
  * the Inherited when given (adopted, not redone) and runs otherwise. As root they run in the first
  * image (privileged-start.ts), whose fds then cross the re-exec; otherwise in the daemon itself
  * (daemon.ts), which goes on with the privilege drop, the service chain, serving and READY.
@@ -14,7 +14,7 @@ import { removeOwnSocketFile } from '../server/socket-file.js';
 import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
 import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './startup-checks.js';
 import type { DaemonConfig } from './config.js';
-import type { Inherited, InheritedFrom } from './inherited.js';
+import type { Inherited, InheritedFrom } from '../handover/inherited.js';
 import { cannotError } from '../../common/errors.js';
 import { chooseEnergySource } from '../../energy/choose.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
@@ -50,7 +50,7 @@ export interface Opened {
   powercap: ReadonlyMap<string, number>;
   listener: Listener;
   pidfile?: Pidfile;
-  /** [path, fd] of the files created for plug-ins (or adopted). */
+  /** [path, fd] of the files created for the v2 service (--record), or adopted. */
   files: ReadonlyMap<string, number>;
   /** Each step once, in order. */
   steps: StepDone[];
@@ -59,13 +59,13 @@ export interface Opened {
   /**
    * Undoes everything, for a start that does not go on (a failed exec): files created here and MSR
    * fds closed, pidfile and socket file removed (if still ours). A daemon that went on closes its
-   * parts itself, in its shutdown order (its plug-ins own the files by then).
+   * parts itself, in its shutdown order (its v2 service owns the files by then).
    */
   close(log?: Pick<Logger, 'warn'>): Promise<void>;
 }
 
 export interface StartOptions {
-  /** Files plug-ins write (--record), created now: before the privilege drop, as the socket. */
+  /** Files the v2 service writes (--record), created now: before the privilege drop, as the socket. */
   files?: readonly string[];
   /** Where each step is logged (debug), when given. */
   log?: Logger;
@@ -91,58 +91,15 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
   };
   try {
     // 1. The checks: CPU vendor, topology, the energy source (auto resolved), the right to read MSRs.
-    let vendor: Vendor;
-    let cpus: HostCpu[];
-    let energy: EnergySourceKind;
-    let energyWhy: string;
-    if (inh.checks) {
-      ({ vendor, cpus } = inh.checks);
-      energy = inh.checks.energy ?? 'msr';
-      energyWhy = inh.checks.energyWhy ?? 'adopted';
-      did('checks', 'adopted');
-    } else {
-      vendor = checkVendor(config.vendor, config.hostPaths.procRoot);
-      cpus = checkTopology(config.hostPaths.sysRoot);
-      const paths = config.hostPaths;
-      const chosen = chooseEnergySource(config.energySource, {
-        msrPathTemplate: paths.msrPathTemplate,
-        sysRoot: paths.sysRoot,
-        cpus,
-        vendor,
-      });
-      energy = chosen.kind;
-      energyWhy = chosen.why;
-      if (energy === 'msr') checkPermission(paths.msrPathTemplate);
-      did('checks', 'ran');
-    }
+    const checked = runChecks(config, inh);
+    did('checks', inh.checks ? 'adopted' : 'ran');
+    const { vendor, cpus, energy, energyWhy } = checked;
     // 2. The energy source's files: every online cpu's MSR device, or every powercap zone's
     // energy_uj (root-only since CVE-2020-8694), kept and reused.
-    if (inh.msr || inh.powercap) {
-      for (const [cpu, fd] of inh.msr ?? []) device.adopt(cpu, fd);
-      did('msr', 'adopted');
-    } else if (energy === 'msr') {
-      openMsrDevices(device, cpus);
-      did('msr', 'ran');
-    } else if (energy === 'powercap') {
-      openPowercapZones(powercap, config.hostPaths.sysRoot, vendor);
-      did('msr', 'ran');
-    } else {
-      did('msr', 'not asked');
-    }
+    did('msr', openEnergyFiles(config, inh, checked, device, powercap));
     // 3. The listening socket: bound here, or the one inherited adopted.
-    const l = inh.listener;
-    try {
-      listener = await openListener(l ? { fd: l.fd } : { path: config.socketPath }, {
-        mode: config.socketMode,
-        ...(config.socketGid !== undefined ? { gid: config.socketGid } : {}),
-        ...(l?.file ? { file: l.file } : {}),
-      });
-    } catch (e) {
-      // The socket file bound before the exec is ours even when its fd could not be adopted.
-      if (l?.file) removeOwnSocketFile(l.file, o.log);
-      throw e;
-    }
-    did('listen', l ? 'adopted' : 'ran');
+    listener = await listenStep(config, inh, o.log);
+    did('listen', inh.listener ? 'adopted' : 'ran');
     // 4. The pidfile (-f or -d).
     if (inh.pidfile !== undefined) {
       pidfile = pidfileOf(inh.pidfile);
@@ -153,53 +110,95 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
     } else {
       did('pidfile', 'not asked');
     }
-    // 5. The files plug-ins write, created while the helper may still create them anywhere.
-    const asked = o.files ?? [];
-    for (const f of asked) {
-      if (files.has(f)) continue;
-      try {
-        const fd = fs.openSync(f, 'w', 0o644);
-        created.push(fd);
-        files.set(f, fd);
-      } catch (e) {
-        throw cannotError(`create ${f}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, 'check the path');
-      }
-    }
-    const inherited = new Set((inh.files ?? []).map(([p]) => p));
-    did('files', asked.length === 0 ? 'not asked' : asked.every((f) => inherited.has(f)) ? 'adopted' : 'ran');
-    const opened: Opened = {
-      how: inh.how,
-      vendor,
-      cpus,
-      energy,
-      energyWhy,
-      device,
-      powercap,
-      listener,
-      ...(pidfile ? { pidfile } : {}),
-      files,
-      steps,
-      handover(how) {
-        const bound = listener!;
-        const next: Inherited = {
-          how,
-          checks: { vendor, cpus, energy, energyWhy },
-          msr: device.openFds(),
-          ...(powercap.size > 0 ? { powercap: [...powercap] } : {}),
-          listener: { fd: bound.fd, ...(bound.file ? { file: bound.file } : {}) },
-        };
-        if (pidfile) next.pidfile = pidfile.path;
-        if (files.size) next.files = [...files];
-        if (inh.named) next.named = inh.named;
-        return next;
-      },
-      close,
-    };
-    return opened;
+    // 5. The files the v2 service writes (--record), created while the helper may still create them anywhere.
+    did('files', createFiles(o.files ?? [], inh, files, created));
+    const bound = listener;
+    const handover = (how: InheritedFrom): Inherited => ({
+      how,
+      checks: { vendor, cpus, energy, energyWhy },
+      msr: device.openFds(),
+      ...(powercap.size > 0 ? { powercap: [...powercap] } : {}),
+      listener: { fd: bound.fd, ...(bound.file ? { file: bound.file } : {}) },
+      ...(pidfile ? { pidfile: pidfile.path } : {}),
+      ...(files.size ? { files: [...files] } : {}),
+      ...(inh.named ? { named: inh.named } : {}),
+    });
+    return { how: inh.how, ...checked, device, powercap, listener, ...(pidfile ? { pidfile } : {}), files, steps, handover, close };
   } catch (e) {
     await close(o.log);
     throw e;
   }
+}
+
+type Checked = Pick<Opened, 'vendor' | 'cpus' | 'energy' | 'energyWhy'>;
+
+/** The checks, or what the Inherited says they found. */
+function runChecks(config: DaemonConfig, inh: Inherited): Checked {
+  if (inh.checks) {
+    const { vendor, cpus } = inh.checks;
+    return { vendor, cpus, energy: inh.checks.energy ?? 'msr', energyWhy: inh.checks.energyWhy ?? 'adopted' };
+  }
+  const paths = config.hostPaths;
+  const vendor = checkVendor(config.vendor, paths.procRoot);
+  const cpus = checkTopology(paths.sysRoot);
+  const chosen = chooseEnergySource(config.energySource, { msrPathTemplate: paths.msrPathTemplate, sysRoot: paths.sysRoot, cpus, vendor });
+  if (chosen.kind === 'msr') checkPermission(paths.msrPathTemplate);
+  return { vendor, cpus, energy: chosen.kind, energyWhy: chosen.why };
+}
+
+/** The energy source's files: adopted, or opened (MSR devices, powercap zones), or none (synthetic). */
+function openEnergyFiles(
+  config: DaemonConfig,
+  inh: Inherited,
+  c: Checked,
+  device: MsrDevice,
+  powercap: Map<string, number>,
+): StepDone['done'] {
+  if (inh.msr || inh.powercap) {
+    for (const [cpu, fd] of inh.msr ?? []) device.adopt(cpu, fd);
+    return 'adopted';
+  }
+  if (c.energy === 'msr') {
+    openMsrDevices(device, c.cpus);
+    return 'ran';
+  }
+  if (c.energy === 'powercap') {
+    openPowercapZones(powercap, config.hostPaths.sysRoot, c.vendor);
+    return 'ran';
+  }
+  return 'not asked';
+}
+
+/** The listening socket, bound or adopted; the socket file bound before the exec is removed when its fd cannot be adopted. */
+async function listenStep(config: DaemonConfig, inh: Inherited, log: Logger | undefined): Promise<Listener> {
+  const l = inh.listener;
+  try {
+    return await openListener(l ? { fd: l.fd } : { path: config.socketPath }, {
+      mode: config.socketMode,
+      ...(config.socketGid !== undefined ? { gid: config.socketGid } : {}),
+      ...(l?.file ? { file: l.file } : {}),
+    });
+  } catch (e) {
+    // The socket file bound before the exec is ours even when its fd could not be adopted.
+    if (l?.file) removeOwnSocketFile(l.file, log);
+    throw e;
+  }
+}
+
+/** Creates each of `asked` not inherited into `files` (path -> fd), noting the fds it made in `created`. */
+function createFiles(asked: readonly string[], inh: Inherited, files: Map<string, number>, created: number[]): StepDone['done'] {
+  for (const f of asked) {
+    if (files.has(f)) continue;
+    try {
+      const fd = fs.openSync(f, 'w', 0o644);
+      created.push(fd);
+      files.set(f, fd);
+    } catch (e) {
+      throw cannotError(`create ${f}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, 'check the path');
+    }
+  }
+  const inherited = new Set((inh.files ?? []).map(([p]) => p));
+  return asked.length === 0 ? 'not asked' : asked.every((f) => inherited.has(f)) ? 'adopted' : 'ran';
 }
 
 /** Opens every powercap RAPL zone's energy_uj read-only into `into` (path -> fd), each failure naming its fix. */

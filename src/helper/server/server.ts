@@ -1,25 +1,26 @@
 /**
- * The connections of the listening socket (listener.ts opens it): SO_PEERCRED at accept (close without it), protocol
- * chosen by the first 4 bytes, legacy sessions served in order. Each connection is independent:
- * whatever one client sends or does, only its own socket is closed.
+ * The connections of the listening socket (listener.ts opens it): SO_PEERCRED at accept (close without
+ * it), the connection limits (connection-seats.ts), the protocol chosen by the first 4 bytes
+ * (preamble.ts), then a v2 connection handed to the v2 handler and a legacy one served by its session
+ * (legacy/legacy-session.ts). Each connection is independent: whatever one client sends or does, only
+ * its own socket is closed. For a restart: freeze() and adopt() (handover/frozen.ts).
  */
 import net from 'node:net';
-import { type PeerCredentials, peerHungUp } from '../../os/libc.js';
-import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../../protocol/legacy.js';
+import type { PeerCredentials } from '../../os/libc.js';
+import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
-import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
-import { sendReplies } from '../legacy/send-replies.js';
-import { takeOverLegacy } from '../legacy/legacy-reader.js';
+import { connectingProcessStart, peerOf } from '../../os/peer.js';
+import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';
 import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
-import { listen } from '../../common/disposable.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import { IncompleteFrames, type CutReason, type IncompleteHold } from './incomplete-frames.js';
-import { ConnectionSeats } from './connection-seats.js';
+import { IncompleteFrames, type CutReason, type IncompleteHold, type Unread } from './incomplete-frames.js';
+import { ConnectionSeats, type Seat } from './connection-seats.js';
 import type { ShareOwner } from '../../common/uid-share.js';
-import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from './frozen.js';
+import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
+import { Preamble } from './preamble.js';
 
 /**
  * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
@@ -33,6 +34,21 @@ const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
 
 /** Connections served at once by default (--max-connections); more are accepted and closed at once. */
 export const DEFAULT_MAX_CONNECTIONS = 4096;
+
+/** An admitted connection as the server tracks it until it closes. */
+interface Open {
+  /** The socket accepted (or adopted). */
+  socket: net.Socket;
+  /** The socket serving it now: the accepted one, or the one that took a legacy connection over. */
+  serving: net.Socket;
+  peer: PeerCredentials;
+  seat: Seat;
+  hold: IncompleteHold;
+  /** The connection as the incomplete-frame budget reads it, while its protocol is not known. */
+  unread: Unread | undefined;
+  /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
+  handOver(next: net.Socket): void;
+}
 
 export interface HelperServerOptions {
   /** The listening socket, bound or adopted by whoever started the helper (listener.ts, openListener). */
@@ -109,8 +125,8 @@ export class HelperServer {
   /**
    * For a restart: connections accepted from now on are held unread, and every legacy connection and
    * every one whose protocol is not known yet stops reading. Returns each with the bytes it read and
-   * did not answer (frozen.ts); `thaw()` serves them all again, as if nothing happened (the restart was
-   * called off). v2 connections are the v2 service's (it tells them the helper restarts).
+   * did not answer (handover/frozen.ts); `thaw()` serves them all again, as if nothing happened (the
+   * restart was called off). v2 connections are the v2 service's (it tells them the helper restarts).
    */
   freeze(): Frozen {
     this.o.listener.hold();
@@ -134,7 +150,7 @@ export class HelperServer {
   }
 
   /**
-   * Serves connections a restart handed over (frozen.ts: checked fds, with what the previous process
+   * Serves connections a restart handed over (handover/frozen.ts: checked fds, with what the previous process
    * read of them): a legacy one goes on from its pending bytes (a request cut by the restart is
    * answered once its rest arrives), one whose protocol was not known yet is read from its first byte.
    */
@@ -154,14 +170,53 @@ export class HelperServer {
     await closed;
   }
 
+  /**
+   * A connection accepted (or handed over): admitted within the connection limits, then read until
+   * its protocol is known (preamble.ts), or served as legacy at once when handed over as such.
+   */
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
+    const admitted = this.admit(socket);
+    if (admitted === null) return;
+    const c = this.open(socket, admitted, handed !== undefined);
+    if (handed?.kind === 'legacy') {
+      c.seat.decided();
+      this.serveLegacy(c, handed.pending);
+      return;
+    }
+    const preamble = new Preamble({
+      socket,
+      hold: c.hold,
+      overBudget: () => this.overBudget(socket, c.peer),
+      decided: (kind, head) => {
+        c.seat.decided();
+        this.freezable.delete(preamble);
+        if (kind === 'v2' && this.o.v2Handler) this.serveV2(c, head);
+        else this.serveLegacy(c, head);
+      },
+    });
+    c.unread = preamble;
+    this.freezable.add(preamble);
+    socket.once('close', () => this.freezable.delete(preamble));
+    if (handed !== undefined && handed.pending.length > 0) preamble.push(Buffer.from(handed.pending));
+    if (preamble.decided || !this.freezable.has(preamble)) return;
+    if (!this.incomplete.startReading(preamble, c.peer.uid)) {
+      this.limiter.warn(
+        'reading deferred',
+        { peer: c.peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
+        'incomplete frames of other clients fill the budget: this connection is read once they complete or time out',
+      );
+    }
+  }
+
+  /** The peer's credentials and share, or null when the connection is refused (and closed). */
+  private admit(socket: net.Socket): { peer: PeerCredentials; owner: ShareOwner } | null {
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer credentials; closing connection');
       socket.destroy();
-      return;
+      return null;
     }
     const owner: ShareOwner = { uid: peer.uid, preferred: this.o.preferredPeer?.(peer) ?? true };
     const share = this.users.room(owner);
@@ -175,7 +230,7 @@ export class HelperServer {
           : `connection refused: users that are neither root nor in --socket-group hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
       );
       socket.destroy();
-      return;
+      return null;
     }
     if (this.sockets.size >= this.maxConnections && !this.users.makeRoomFor(peer.uid)) {
       this.limiter.warn(
@@ -184,15 +239,20 @@ export class HelperServer {
         `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
       );
       socket.destroy();
-      return;
+      return null;
     }
     try {
       if (this.o.starttimeOf) peer.starttime = connectingProcessStart(socket, peer.pid, this.o.starttimeOf);
     } catch (e) {
       this.o.logger.warn({ err: (e as Error).message }, 'no peer start time; closing connection');
       socket.destroy();
-      return;
+      return null;
     }
+    return { peer, owner };
+  }
+
+  /** An admitted connection: its seat, its incomplete-frame account, and what its close releases. */
+  private open(socket: net.Socket, { peer, owner }: { peer: PeerCredentials; owner: ShareOwner }, handedOver: boolean): Open {
     this.sockets.add(socket);
     const seat = this.users.seat(owner, () => {
       this.limiter.warn(
@@ -204,112 +264,70 @@ export class HelperServer {
     });
     const log = this.o.logger;
     // A connection handed over by the previous image is the same client, not a new one.
-    log.debug({ peer: peer.pid, uid: peer.uid }, handed ? 'client connection handed over' : 'client connected');
-    /** The socket serving this connection: the accepted one, or the one that took a legacy connection over. */
-    let serving = socket;
-    const hold = this.incomplete.hold(
-      () => serving.destroy(),
-      peer.uid,
-      (why) => this.logCut(why, peer),
-    );
-    /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
-    let frozen = false;
-    let wasReading = false;
-    const unread = {
-      resume: () => (frozen ? (wasReading = true) : socket.resume()),
-      destroy: () => socket.destroy(),
-      get destroyed() {
-        return socket.destroyed;
-      },
-      hungUp: () => {
-        const fd = socketFd(socket);
-        return fd !== undefined && peerHungUp(fd);
+    log.debug({ peer: peer.pid, uid: peer.uid }, handedOver ? 'client connection handed over' : 'client connected');
+    const c: Open = {
+      socket,
+      serving: socket,
+      peer,
+      seat,
+      unread: undefined,
+      hold: this.incomplete.hold(
+        () => c.serving.destroy(),
+        peer.uid,
+        (why) => this.logCut(why, peer),
+      ),
+      handOver: (next) => {
+        socket.off('close', onClose);
+        this.sockets.delete(socket);
+        this.sockets.add(next);
+        c.serving = next;
+        next.on('close', onClose);
+        next.on('error', onError);
+        socket.destroy();
       },
     };
     const onClose = () => {
       seat.release();
-      this.incomplete.forget(unread, peer.uid);
+      if (c.unread) this.incomplete.forget(c.unread, peer.uid);
       this.memory.closed();
-      hold.release();
-      this.sockets.delete(serving);
+      c.hold.release();
+      this.sockets.delete(c.serving);
       log.debug({ peer: peer.pid }, 'client disconnected');
     };
     // A vanished client (EPIPE/ECONNRESET) is ordinary; it must never reach the process.
     const onError = (e: Error) => log.debug({ peer: peer.pid, err: e.message }, 'client socket error');
     socket.on('close', onClose);
     socket.on('error', onError);
-    /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
-    const handOver = (next: net.Socket) => {
-      socket.off('close', onClose);
-      this.sockets.delete(socket);
-      this.sockets.add(next);
-      serving = next;
-      next.on('close', onClose);
-      next.on('error', onError);
-      socket.destroy();
-    };
+    return c;
+  }
 
-    if (handed?.kind === 'legacy') {
-      seat.decided();
-      this.serveLegacy(socket, peer, handed.pending, hold, handOver);
-      return;
+  private serveV2(c: Open, head: Buffer): void {
+    try {
+      // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
+      this.o.v2Handler!(c.socket, c.peer, head.subarray(V2_MAGIC.length), c.hold);
+    } catch (e) {
+      this.o.logger.error({ peer: c.peer.pid, err: (e as Error).message }, 'v2 handler failed; closing connection');
+      c.socket.destroy();
     }
-    let head: Buffer = Buffer.alloc(0);
-    const onHead = (chunk: Buffer) => {
-      head = head.length === 0 ? chunk : Buffer.concat([head, chunk]);
-      const kind = classifyPreamble(head);
-      if (kind === 'need-more') {
-        if (!hold.set(head.length)) this.overBudget(socket, peer);
-        return;
-      }
-      hold.set(0);
-      preamble.dispose();
-      seat.decided();
-      this.freezable.delete(undecided);
-      if (kind === 'v2' && this.o.v2Handler) {
-        try {
-          // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
-          this.o.v2Handler(socket, peer, head.subarray(V2_MAGIC.length), hold);
-        } catch (e) {
-          log.error({ peer: peer.pid, err: (e as Error).message }, 'v2 handler failed; closing connection');
-          socket.destroy();
-        }
-        return;
-      }
-      this.serveLegacy(socket, peer, head, hold, handOver);
-    };
-    let preamble = listen(socket, 'data', onHead);
-    /** Read ahead by the stream after reading stopped for a restart (given back by thaw). */
-    let readAhead: Buffer[] = [];
-    const undecided: Freezable = {
-      kind: 'undecided',
-      socket: () => socket,
-      freeze: () => {
-        frozen = true;
-        preamble.dispose();
-        wasReading = socket.readableFlowing === true;
-        socket.pause();
-        readAhead = drainReadable(socket);
-        return Buffer.concat([head, ...readAhead]);
-      },
-      thaw: () => {
-        frozen = false;
-        preamble = listen(socket, 'data', onHead);
-        for (const c of readAhead.splice(0)) if (this.freezable.has(undecided)) onHead(c);
-        if (wasReading && this.freezable.has(undecided)) socket.resume();
-      },
-    };
-    this.freezable.add(undecided);
-    socket.once('close', () => this.freezable.delete(undecided));
-    if (handed !== undefined && handed.pending.length > 0) onHead(Buffer.from(handed.pending));
-    if (!this.freezable.has(undecided)) return;
-    if (!this.incomplete.startReading(unread, peer.uid)) {
-      this.limiter.warn(
-        'reading deferred',
-        { peer: peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
-        'incomplete frames of other clients fill the budget: this connection is read once they complete or time out',
-      );
-    }
+  }
+
+  /** A legacy connection, from its first bytes on (legacy/legacy-session.ts); handed over while it is served. */
+  private serveLegacy(c: Open, first: Buffer): void {
+    const session = new LegacySession({
+      accepted: c.socket,
+      first,
+      peer: c.peer,
+      legacy: this.o.legacy,
+      hold: c.hold,
+      replies: this.replies,
+      maxPendingReplyBytes: this.o.maxPendingReplyBytes ?? DEFAULT_MAX_PENDING_REPLY_BYTES,
+      handOver: c.handOver,
+      overBudget: (s) => this.overBudget(s, c.peer),
+      ended: (s) => this.freezable.delete(s),
+    });
+    if (!session.start()) return;
+    this.freezable.add(session);
+    session.socket().once('close', () => this.freezable.delete(session));
   }
 
   /** A connection's incomplete frame was cut (its deadline, or evicted for a user holding less): logged, rate-limited. */
@@ -336,106 +354,4 @@ export class HelperServer {
     );
     socket.destroy();
   }
-
-  private serveLegacy(
-    accepted: net.Socket,
-    peer: PeerCredentials,
-    first: Buffer,
-    hold: IncompleteHold,
-    handOver: (next: net.Socket) => void,
-  ): void {
-    const framer = new LegacyFramer();
-    let socket = accepted;
-    let stopReading = () => {};
-    const maxPending = this.o.maxPendingReplyBytes ?? 64 * 1024;
-    let closing = false;
-    /** Reading stopped for a restart: a drained backlog must not start it again (thaw does). */
-    let frozen = false;
-    const legacy = this.o.legacy;
-    const verdicts = legacy.verdictsFor(peer.pid);
-    const onData = (chunk: Buffer) => {
-      if (closing) return;
-      const reqs = framer.push(chunk);
-      if (reqs.length > 0) {
-        // The replies to one chunk's requests, sent at once from the shared scratch buffer.
-        const size = reqs.length * LEGACY_REPLY_SIZE;
-        const out = size <= this.replies.length ? this.replies : Buffer.allocUnsafe(size);
-        for (let i = 0; i < reqs.length; i++) {
-          if (legacy.answer(peer.pid, reqs[i]!, verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
-          closing = true;
-          this.freezable.delete(session);
-          stopReading();
-          if (i > 0) sendReplies(socket, out, i * LEGACY_REPLY_SIZE);
-          socket.end(); // replies already queued still go out, in order
-          setTimeout(() => socket.destroy(), 1000).unref();
-          return;
-        }
-        sendReplies(socket, out, size);
-      }
-      if (!hold.set(framer.buffered)) return this.overBudget(socket, peer);
-      // A client that pipelines without reading waits for itself, not the helper's memory.
-      if (socket.writableLength > maxPending && !socket.isPaused()) {
-        socket.pause();
-        socket.once('drain', () => frozen || socket.resume());
-      }
-    };
-    const session: Freezable = {
-      kind: 'legacy',
-      socket: () => socket,
-      freeze: () => Buffer.from(framer.incomplete),
-      thaw: () => {},
-    };
-    const legacyDone = () => this.freezable.delete(session);
-    onData(first);
-    if (closing) return;
-    // Bytes the accepted socket read past `first` and holds (none, usually) come before the rest.
-    accepted.pause();
-    for (let rest: Buffer | null; !closing && (rest = accepted.read() as Buffer | null) !== null;) onData(rest);
-    if (closing) return;
-    // Taken over only with nothing queued to write: destroying the accepted socket drops its queue.
-    const fast = accepted.writableLength === 0 ? takeOverLegacy(accepted, onData) : null;
-    if (fast !== null) {
-      socket = fast;
-      handOver(fast);
-      stopReading = () => fast.pause();
-      session.freeze = () => {
-        frozen = true;
-        fast.pause();
-        return Buffer.from(framer.incomplete);
-      };
-      session.thaw = () => {
-        frozen = false;
-        if (fast.writableLength <= maxPending) fast.resume();
-        else fast.once('drain', () => frozen || fast.resume());
-      };
-    } else {
-      // Out of fds for a duplicate, or replies queued: served through the stream, as it is.
-      let data = listen(accepted, 'data', onData);
-      accepted.resume();
-      stopReading = () => data.dispose();
-      let readAhead: Buffer[] = [];
-      session.freeze = () => {
-        frozen = true;
-        data.dispose();
-        accepted.pause();
-        readAhead = drainReadable(accepted);
-        return Buffer.concat([framer.incomplete, ...readAhead]);
-      };
-      session.thaw = () => {
-        frozen = false;
-        data = listen(accepted, 'data', onData);
-        for (const c of readAhead.splice(0)) if (!closing) onData(c);
-        if (!closing) accepted.resume();
-      };
-    }
-    this.freezable.add(session);
-    socket.once('close', legacyDone);
-  }
-}
-
-/** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */
-function drainReadable(socket: net.Socket): Buffer[] {
-  const out: Buffer[] = [];
-  for (let c: Buffer | null; (c = socket.read() as Buffer | null) !== null;) out.push(c);
-  return out;
 }

@@ -1,6 +1,9 @@
 /**
- * The v2 service: the entry point the daemon wires in, and the composition root of its parts. The
- * daemon's server hands it every connection that starts with the v2 magic. The parts, each with one job:
+ * The v2 service (V2Service): the entry point the daemon wires in, and the owner of its parts, made
+ * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
+ * the sampling loop calls its per-sample flow (interval, then sampled) each tick; a restart asks it
+ * to freeze() and for its snapshot(), and the next process makes it from the snapshot
+ * (handover/restore.ts). The parts, each with one job:
  *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
  *   Clients (clients.ts)              the connections, their viewer and host subscription
  *   requests/ (table.ts, dispatch.ts) one handler per request type
@@ -8,14 +11,22 @@
  *   VmLifecycle (vm-lifecycle.ts)     drop, release, end, ended-discovered retention
  *   HostEnergy (host-energy.ts)       per-package energy and unattributed energy for HOST_UPDATE
  *   FanOut (fan-out.ts)               each sample's UPDATE/HOST_UPDATE frames, the failure notice
+ *   StatsFiles (stats-files.ts)       the statistics files STATS_FD hands out, written each sample
  * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../ratio/types.js';
-import { SamplingService, type Engine, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
+import {
+  SamplingService,
+  type Engine,
+  type SampleEvent,
+  type SamplingServiceOptions,
+  type SamplingStats,
+  type Tick,
+} from '../../sampling/sampling-service.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './limits.js';
-import { E, encodeHostUpdate } from '../../protocol/v2/codec.js';
+import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
@@ -30,7 +41,6 @@ import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
-import { runInSlices } from '../../sampling/time-slices.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { NotWhole } from '../../os/proc-tasks.js';
@@ -39,17 +49,17 @@ import { dispatch } from './requests/dispatch.js';
 import { HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
-import { fail, ok, type Result } from '../../common/result.js';
-import { cannot } from '../../common/errors.js';
+import type { Result } from '../../common/result.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
+import { capture, type RestorePlan } from '../handover/live-state.js';
+import { restoreParts, restoreSampling, type RestoreReport } from '../handover/restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 
-export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds };
+export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds, RestoreReport };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'prepare' | 'inspect'> {
+export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow'> {
   host: HostInfo;
   /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
@@ -90,62 +100,37 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   restoreWaitMs?: number;
 }
 
-/** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
-export type RestoreReport = Pick<RestorePlan, 'ended' | 'rebaseline'>;
-
-export interface V2Service {
-  handler: V2Handler;
-  /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */
-  close(): Promise<void>;
-  readonly stats: SamplingStats;
-  /** The sampling loop has a tick pending (false while no registered VM is live). */
-  readonly running: boolean;
-  readonly connections: number;
-  /** Registered VMs (the --max-vms count). */
-  readonly vms: number;
-  /** Every VM known: registered and discovered, ended ones not yet dropped. */
-  readonly knownVms: number;
-  /**
-   * Starts the /proc scans of a service made with deferDiscovery. Resolves once the first interval
-   * with discovery on has run (its scan and its sample, or the sample's failure); at once when
-   * discovery is off or the service is closed.
-   */
-  startDiscovery(): Promise<void>;
-  /**
-   * The live state as one snapshot (VM ids, names, registrations, per-VM and host totals, discovery,
-   * the last sample), for the next process to restore. Taken between samples: a sample runs to its end
-   * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
-   */
-  snapshot(): StateSnapshot;
-  /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
-  readonly restored: Result<RestoreReport> | null;
-  /**
-   * The helper restarts (docs/daemon.md "Restarts"): every connection gets ERROR RESTARTING (request
-   * type 0) and is closed, and its registrations stay, to be saved in the snapshot and taken over by
-   * the client's REGISTER after the restart. New connections are closed at once.
-   */
-  restarting(): void;
-  /** Every connection told of the restart is closed (its ERROR sent, or the client gone). */
-  readonly drained: boolean;
-  /** The restart was called off: registrations of the connections closed by restarting() are released as at a close. */
-  restartAborted(): void;
-}
-
 /** The message of ERROR RESTARTING. */
 export const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
+/** The parts the service owns, each with one job (the list at the top of this file). */
+interface V2Parts {
+  engine: Engine;
+  registry: VmRegistry;
+  sampling: SamplingService;
+  clients: Clients<V2Connection>;
+  fanOut: FanOut<V2Connection>;
+  energy: HostEnergy;
+  lifecycle: VmLifecycle;
+  discovered?: DiscoveredVms;
+  whole?: WholeVms;
+  stats: StatsFiles;
+  requests: RequestParts;
+  /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
+  hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
+  limiter: LogLimiter;
+  vmLog: ReturnType<typeof vmLogLimiter>;
+}
+
 /**
- * The service, made and, with `restore`, restored: the restored discovered VMs' threads are read
- * again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms, and the daemon
- * serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes"). Nothing else sees
- * the service until it resolves.
+ * The service, made and, with `restore`, restored (handover/restore.ts): the restored discovered VMs'
+ * threads are read again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms,
+ * and the daemon serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes").
+ * Nothing else sees the service until it resolves.
  */
 export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const engine = o.engine ?? new RatioEngine(o.host);
   const proc = procView(o.procRoot);
-  const registry = new VmRegistry(o.limits, proc, o.fds);
-  let closed = false;
-
   const sampling: SamplingService = new SamplingService({
     engine,
     sampler: o.sampler,
@@ -154,28 +139,42 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     forgetPid: o.forgetPid,
     log: o.log,
     clock: o.clock,
-    // Called only once the service is made: `discovered` is set by then.
-    ...(o.discovery ? { prepare: () => discovered?.scanInSlices(() => closed || restarting), inspect: (s) => discovered?.refine(s) } : {}),
+    // Called only once the service is made (a tick comes after it).
+    flow: { interval: (tick) => service.interval(tick) },
   });
-  // A saved state: the engine first (it refuses inconsistent values before changing anything), then
-  // every other part starts from the plan; a refusal anywhere leaves every part fresh.
-  let restored: Result<RestoreReport> | null = null;
-  let from: RestorePlan | null = null;
-  if (o.restore !== undefined) {
-    const plan = planRestore(o.restore, o.host, { starttime: (pid) => proc.starttime(pid), nowNs: (o.clock ?? monotonicNs)() });
-    if (plan.ok) {
-      try {
-        sampling.restore(plan.value.sampling);
-        from = plan.value;
-        restored = ok({ ended: from.ended, rebaseline: from.rebaseline });
-      } catch (e) {
-        restored = fail(cannot('restore state', (e as Error).message, RESTORE_FIX));
-      }
-    } else {
-      restored = plan;
-    }
-    if (!restored.ok) o.log.warn({ err: restored.error }, 'saved state not restored: starting fresh');
-  }
+  const restore =
+    o.restore === undefined
+      ? null
+      : restoreSampling(o.restore, {
+          host: o.host,
+          sampling,
+          starttime: (pid) => proc.starttime(pid),
+          nowNs: (o.clock ?? monotonicNs)(),
+          log: o.log,
+        });
+  const parts = makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), restore?.plan ?? null);
+  const service = new V2Service(o, parts, restore?.report ?? null);
+  if (restore?.plan)
+    service.restoredWaiting(
+      await restoreParts(restore.plan, {
+        ...parts,
+        ...(o.discovery ? { discovery: o.discovery } : {}),
+        log: o.log,
+        ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
+      }),
+    );
+  if (o.deferDiscovery !== true) void service.startDiscovery();
+  return service;
+}
+
+/** Each part once, from the restore plan when there is one. */
+function makeParts(
+  o: V2ServiceOptions,
+  engine: Engine,
+  sampling: SamplingService,
+  registry: VmRegistry,
+  from: RestorePlan | null,
+): V2Parts {
   if (from !== null) registry.restore(from.registry);
   const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
   const fanOut = new FanOut(clients);
@@ -191,7 +190,8 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const vmLog = vmLogLimiter(o.log);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
   const limiter = new LogLimiter(o.log);
-  const discovered: DiscoveredVms | undefined = o.discovery
+  const changed = () => lifecycle.markChanged();
+  const discovered = o.discovery
     ? new DiscoveredVms({
         discovery: o.discovery,
         registry,
@@ -200,53 +200,12 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
         log: o.log,
         vmLog,
         ...(o.openPid ? { openPid: o.openPid } : {}),
-        changed: () => lifecycle.markChanged(),
+        changed,
       })
     : undefined;
-  const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed: () => lifecycle.markChanged() }) : undefined;
-
-  let waitTimer: NodeJS.Timeout | undefined;
-  if (from !== null) {
-    if (o.discovery) {
-      o.discovery.restore(from.knownPids);
-      const savedVcpus = new Map(from.sampling.engine.vms.map((v) => [v.id, JSON.stringify(v.vcpus)]));
-      const discovery = o.discovery;
-      // Each VM's threads are read again (a few reads a thread): in slices, clients served between.
-      await runInSlices(from.discovered.values(), (d) => {
-        if (!discovery.adopt(d.pid, d.starttime)) {
-          o.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
-          return;
-        }
-        // vCPU threads born, renamed or gone during the restart: the list as classified now (a registrant's stands).
-        const r = registry.get(d.hostVmId);
-        const c = discovery.current(d.pid);
-        if (r === undefined || r.owner !== null || c === null) return;
-        if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
-          sampling.updateVcpus(d.hostVmId, c.vcpus);
-          lifecycle.markChanged();
-        }
-        r.wholeVmOnly = c.wholeVmOnly;
-      });
-    }
-    for (const e of from.ended)
-      o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
-    if (from.rebaseline !== null) o.log.warn({ why: from.rebaseline }, 'restored totals kept, the restart gap is not attributed');
-    if (from.ended.length > 0) lifecycle.markChanged();
-    // Registrations whose connection did not come back are released as a closed connection's are.
-    if (registry.awaitingConnection().length > 0) {
-      waitTimer = setTimeout(() => {
-        for (const vmId of registry.awaitingConnection()) lifecycle.release(vmId);
-      }, o.restoreWaitMs ?? RESTORED_REGISTRATION_WAIT_MS);
-      waitTimer.unref();
-    }
-    o.log.info({ vms: registry.total, registered: registry.size, awaiting: registry.awaitingConnection().length }, 'live state restored');
-    // Every part restored: the first sample closes the interval from the old process's last.
-    sampling.resume();
-  }
-
+  const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total), domains);
-
   const stats = new StatsFiles({
     registry,
     sampling,
@@ -264,8 +223,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       fds: o.fds?.usage?.() ?? null,
     }),
   });
-
-  const parts: RequestParts = {
+  const requests: RequestParts = {
     registry,
     sampling,
     lifecycle,
@@ -276,9 +234,113 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     observerGid: o.observerGid,
     stats,
   };
+  return { engine, registry, sampling, clients, fanOut, energy, lifecycle, discovered, whole, stats, requests, hostValues, limiter, vmLog };
+}
 
-  const startDiscovery = (): Promise<void> => {
-    if (!o.discovery || closed) return Promise.resolve();
+/**
+ * The v2 service: its connections (the handler the server hands them to), its parts, the per-sample
+ * flow (sampled), and its part in a restart: freeze() (ERROR RESTARTING, registrations kept),
+ * snapshot() (the live state), and a service made from a snapshot (V2ServiceOptions.restore).
+ */
+export class V2Service {
+  /** The server hands it every connection that starts with the v2 magic. */
+  readonly handler: V2Handler;
+  /** The release of restored registrations still waiting for their connection (handover/restore.ts). */
+  private restoredWait: NodeJS.Timeout | undefined;
+  private closed = false;
+  /** While restarting: connections closed keep their registrations (the snapshot carries them). */
+  private restarting = false;
+  private readonly orphaned: number[] = [];
+  private readonly listeners = new DisposableStore();
+  private readonly connectionHost: ConnectionHost;
+
+  constructor(
+    private readonly o: V2ServiceOptions,
+    private readonly p: V2Parts,
+    /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
+    readonly restored: Result<RestoreReport> | null,
+  ) {
+    this.connectionHost = {
+      maxBacklogBytes: o.limits.maxBacklogBytes,
+      limiter: p.limiter,
+      ...(o.sendWithFds ? { sendWithFds: o.sendWithFds } : {}),
+      request: (conn, req) => dispatch(HANDLERS, req, conn, p.requests),
+      closed: (conn) => this.connectionClosed(conn),
+    };
+    // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
+    this.listeners.add(p.sampling.onFailure((err) => p.fanOut.failed(err)));
+    this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
+  }
+
+  /** Restored registrations wait for their connection until `timer` releases them (cleared at close). */
+  restoredWaiting(timer: NodeJS.Timeout | undefined): void {
+    this.restoredWait = timer;
+  }
+
+  /**
+   * The per-sample flow, the one method the sampling loop calls each tick (SampleFlow): discovery's
+   * /proc scan (in slices, clients served between them: discovered-vms.ts), then the sample, whose
+   * stat lines discovery reads before the engine takes it (new threads classified), then sampled().
+   */
+  interval(tick: Tick): void {
+    const discovered = this.p.discovered;
+    const take = () => tick.take({ inspect: (s) => discovered?.refine(s), sampled: (ev) => this.sampled(ev) });
+    tick.after(
+      discovered?.scanInSlices(() => this.closed || this.restarting),
+      take,
+    );
+  }
+
+  /**
+   * What each sample feeds, once the engine took it: host energy, VMs that ended, the fan-out of
+   * UPDATE/HOST_UPDATE frames, the statistics files. A new consumer of samples is one line here.
+   */
+  private sampled(ev: SampleEvent): void {
+    const { energy, lifecycle, whole, fanOut, stats, sampling } = this.p;
+    energy.add(ev.tNs, ev.result?.packages ?? []);
+    lifecycle.ended(ev.ended);
+    lifecycle.age();
+    whole?.check();
+    fanOut.sample({
+      update: (vmId) => currentUpdate(sampling, vmId),
+      host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
+    });
+    stats.sample(ev, lifecycle.changed);
+    lifecycle.clearChanged();
+  }
+
+  private connect(...[socket, peer, rest, hold]: Parameters<V2Handler>): void {
+    if (this.closed || this.restarting) {
+      socket.destroy();
+      return;
+    }
+    const o = this.o;
+    const conn = new V2Connection(this.p.clients.newId(), socket, peer, this.connectionHost, o.log, hold);
+    const seesAll = peer.uid === 0 || (o.observerGid !== undefined && peerInGroup(o.procRoot, peer, o.observerGid));
+    this.p.clients.add(conn, { connId: conn.id, uid: peer.uid, seesAll });
+    conn.start(rest);
+  }
+
+  private connectionClosed(conn: V2Connection): void {
+    this.p.clients.remove(conn);
+    if (this.restarting) {
+      this.orphaned.push(conn.id);
+      conn.log.debug('v2 connection closed for the restart; its registrations stay');
+      return;
+    }
+    const vms = this.p.registry.vmsOf(conn.id);
+    for (const vmId of vms) this.p.lifecycle.release(vmId);
+    conn.log.debug({ vms: vms.length }, 'v2 connection closed');
+  }
+
+  /**
+   * Starts the /proc scans of a service made with deferDiscovery. Resolves once the first interval
+   * with discovery on has run (its scan and its sample, or the sample's failure); at once when
+   * discovery is off or the service is closed.
+   */
+  startDiscovery(): Promise<void> {
+    const sampling = this.p.sampling;
+    if (!this.o.discovery || this.closed) return Promise.resolve();
     const firstInterval = new Promise<void>((resolve) => {
       const done = () => {
         sampled.dispose();
@@ -290,107 +352,81 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     });
     sampling.hold('discovery', true);
     return firstInterval;
-  };
-  if (o.deferDiscovery !== true) void startDiscovery();
+  }
 
-  /** While restarting: connections closed keep their registrations (the snapshot carries them). */
-  let restarting = false;
-  const orphaned: number[] = [];
-  const host: ConnectionHost = {
-    maxBacklogBytes: o.limits.maxBacklogBytes,
-    limiter,
-    ...(o.sendWithFds ? { sendWithFds: o.sendWithFds } : {}),
-    request: (conn, req) => dispatch(HANDLERS, req, conn, parts),
-    closed(conn) {
-      clients.remove(conn);
-      if (restarting) {
-        orphaned.push(conn.id);
-        conn.log.debug('v2 connection closed for the restart; its registrations stay');
-        return;
-      }
-      const vms = registry.vmsOf(conn.id);
-      for (const vmId of vms) lifecycle.release(vmId);
-      conn.log.debug({ vms: vms.length }, 'v2 connection closed');
-    },
-  };
+  /**
+   * The helper restarts (docs/daemon.md "Restarts"): every connection gets ERROR RESTARTING (request
+   * type 0) and is closed, and its registrations stay, to be saved in the snapshot and taken over by
+   * the client's REGISTER after the restart. New connections are closed at once. `drained`: every
+   * connection told is closed (its ERROR sent, or the client gone); `thaw()`: the restart was called
+   * off, the registrations of the connections closed for it are released as at a close.
+   */
+  freeze(): { readonly drained: boolean; thaw(): void } {
+    this.restarting = true;
+    for (const c of this.p.clients.connections()) c.fail(E.RESTARTING, 0, RESTARTING_MESSAGE);
+    const clients = this.p.clients;
+    return {
+      get drained() {
+        return clients.size === 0;
+      },
+      thaw: () => {
+        this.restarting = false;
+        for (const id of this.orphaned.splice(0)) for (const vmId of this.p.registry.vmsOf(id)) this.p.lifecycle.release(vmId);
+      },
+    };
+  }
 
-  const listeners = new DisposableStore();
-  listeners.add(
-    sampling.onSample((ev) => {
-      energy.add(ev.tNs, ev.result?.packages ?? []);
-      lifecycle.ended(ev.ended);
-      lifecycle.age();
-      whole?.check();
-      fanOut.sample({
-        update: (vmId) => currentUpdate(sampling, vmId),
-        host: (perPackage, domains) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage, domains)),
-      });
-      stats.sample(ev, lifecycle.changed);
-      lifecycle.clearChanged();
-    }),
-  );
-  // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
-  listeners.add(sampling.onFailure((err) => fanOut.failed(err)));
+  /**
+   * The live state as one snapshot (VM ids, names, registrations, per-VM and host totals, discovery,
+   * the last sample), for the next process to restore. Taken between samples: a sample runs to its end
+   * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
+   */
+  snapshot(): StateSnapshot {
+    const { registry, sampling, energy, engine } = this.p;
+    return capture({ registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) }, engine.guestPowerUnit);
+  }
 
-  const handler: V2Handler = (socket, peer, rest, hold) => {
-    if (closed || restarting) {
-      socket.destroy();
-      return;
-    }
-    const conn = new V2Connection(clients.newId(), socket, peer, host, o.log, hold);
-    const seesAll = peer.uid === 0 || (o.observerGid !== undefined && peerInGroup(o.procRoot, peer, o.observerGid));
-    clients.add(conn, { connId: conn.id, uid: peer.uid, seesAll });
-    conn.start(rest);
-  };
+  /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */
+  async close(): Promise<void> {
+    const p = this.p;
+    this.closed = true;
+    clearTimeout(this.restoredWait);
+    this.listeners.dispose();
+    p.sampling.close();
+    p.stats.close();
+    p.limiter.flush();
+    p.vmLog.flush();
+    const waits = p.clients.connections().map(
+      (c) =>
+        new Promise<void>((resolve) => {
+          if (c.socket.destroyed) return resolve();
+          c.socket.once('close', () => resolve());
+          c.destroy();
+        }),
+    );
+    await Promise.all(waits);
+  }
 
-  return {
-    handler,
-    async close() {
-      closed = true;
-      clearTimeout(waitTimer);
-      listeners.dispose();
-      sampling.close();
-      stats.close();
-      limiter.flush();
-      vmLog.flush();
-      const waits = clients.connections().map(
-        (c) =>
-          new Promise<void>((resolve) => {
-            if (c.socket.destroyed) return resolve();
-            c.socket.once('close', () => resolve());
-            c.destroy();
-          }),
-      );
-      await Promise.all(waits);
-    },
-    get stats() {
-      return sampling.stats;
-    },
-    get running() {
-      return sampling.running;
-    },
-    get connections() {
-      return clients.size;
-    },
-    get vms() {
-      return registry.size;
-    },
-    get knownVms() {
-      return registry.total;
-    },
-    startDiscovery,
-    restarting() {
-      restarting = true;
-      for (const c of clients.connections()) c.fail(E.RESTARTING, 0, RESTARTING_MESSAGE);
-    },
-    get drained() {
-      return clients.size === 0;
-    },
-    restartAborted() {
-      restarting = false;
-      for (const id of orphaned.splice(0)) for (const vmId of registry.vmsOf(id)) lifecycle.release(vmId);
-    },
-    snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
-    restored,
-  };
+  get stats(): SamplingStats {
+    return this.p.sampling.stats;
+  }
+
+  /** The sampling loop has a tick pending (false while no registered VM is live). */
+  get running(): boolean {
+    return this.p.sampling.running;
+  }
+
+  get connections(): number {
+    return this.p.clients.size;
+  }
+
+  /** Registered VMs (the --max-vms count). */
+  get vms(): number {
+    return this.p.registry.size;
+  }
+
+  /** Every VM known: registered and discovered, ended ones not yet dropped. */
+  get knownVms(): number {
+    return this.p.registry.total;
+  }
 }

@@ -72,7 +72,7 @@ const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'WATCHDOG_USEC',
   'WATCHDOG_PID',
   'JOURNAL_STREAM',
-  // systemd 254+: the unit's FileDescriptorStoreMax= (0: no fd store; helper/lifecycle/restart.ts).
+  // systemd 254+: the unit's FileDescriptorStoreMax= (0: no fd store; helper/handover/restarter.ts).
   'FDSTORE',
   'INVOCATION_ID',
 ];

@@ -1,6 +1,6 @@
 /**
- * The handover record, pure: what a restart hands over besides the state snapshot (codec.ts), in its
- * own sealed memfd (memfd.ts). For each connection handed over: the inode of its socket (how the
+ * The handover record, pure: what a restart hands over besides the state snapshot (state/codec.ts), in its
+ * own sealed memfd (state/memfd.ts). For each connection handed over: the inode of its socket (how the
  * next process pairs the record with the fd it got, whatever its number or order), what was read of
  * it and not answered yet (part of a legacy request, or fewer than 4 bytes of a connection whose
  * protocol is not known yet), and the legacy request counters. All little-endian:
@@ -13,8 +13,8 @@
  * an inode listed twice, an unknown kind or more than MAX_PENDING_BYTES refuse the whole record.
  */
 import zlib from 'node:zlib';
-import { cannot } from '../common/errors.js';
-import { fail, ok, type Result } from '../common/result.js';
+import { cannot } from '../../common/errors.js';
+import { fail, ok, type Result } from '../../common/result.js';
 
 const HANDOVER_MAGIC: Buffer = Buffer.from('VMSRHAND', 'latin1');
 const HANDOVER_FORMAT_VERSION = 1;

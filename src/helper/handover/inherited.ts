@@ -8,7 +8,7 @@
 import type { HostCpu, Vendor } from '../../ratio/types.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import type { SocketFile } from '../server/listener.js';
-import { activationFd, storedFds, takeActivation } from './systemd.js';
+import { activationFd, storedFds, takeActivation } from '../lifecycle/systemd.js';
 import { socketType, SOCK_STREAM } from '../../os/libc.js';
 import { cannot } from '../../common/errors.js';
 
@@ -38,7 +38,7 @@ export interface Inherited {
   listener?: InheritedListener;
   /** The pidfile written for this pid (which an exec keeps). */
   pidfile?: string;
-  /** [path, fd] of files plug-ins write (--record), created before the privilege drop. */
+  /** [path, fd] of files the v2 service writes (--record), created before the privilege drop. */
   files?: [string, number][];
   /** Privileges are dropped already, on every thread (the re-exec did it). */
   dropped?: boolean;

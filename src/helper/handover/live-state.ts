@@ -14,8 +14,8 @@ import type { SamplingState } from '../../sampling/sampling-service.js';
 import type { KnownProcessState } from '../../discovery/scanner.js';
 import { stateProblem } from '../../state/codec.js';
 import type { DomainsState, SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
-import type { HostEnergyState } from './host-energy.js';
-import type { VmRecord } from './vm-registry.js';
+import type { HostEnergyState } from '../v2/host-energy.js';
+import type { VmRecord } from '../v2/vm-registry.js';
 
 /**
  * The longest restart gap whose energy is attributed: past it the 32-bit package counter may have
@@ -149,21 +149,19 @@ export interface RestorePlan {
  * clock (its last sample is not in the future: the host did not reboot) and /proc, and plans each
  * part's restore. A refusal reads "cannot restore state: why; fix".
  */
-export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): Result<RestorePlan> {
-  const refuse = (why: string) => fail(cannot('restore state', why, FIX));
+/** Why `s` cannot be restored on this host now (planRestore), or null. */
+function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string | null {
   const problem = stateProblem(s);
-  if (problem !== null) return refuse(problem);
+  if (problem !== null) return problem;
   const hostPkgs = host.packages.map((p) => p.package).sort((a, b) => a - b);
   const savedPkgs = s.packages.map((p) => p.pkg).sort((a, b) => a - b);
   const last = s.lastSample;
   const samplePkgs = last?.packages.map((p) => p.pkg) ?? [];
   if (savedPkgs.join() !== hostPkgs.join() || samplePkgs.some((p) => !hostPkgs.includes(p))) {
-    return refuse(`it was saved on a host with packages ${savedPkgs.join(',') || 'none'}, this host has packages ${hostPkgs.join(',')}`);
+    return `it was saved on a host with packages ${savedPkgs.join(',') || 'none'}, this host has packages ${hostPkgs.join(',')}`;
   }
   if (last !== null && last.monotonicNs > probe.nowNs) {
-    return refuse(
-      `its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`,
-    );
+    return `its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`;
   }
   const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === hostPkgs[0]);
   const u = joulesPerCounterUnit(guest!.powerUnit);
@@ -171,13 +169,17 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     for (let g = 0; g < vm.vpkgs.length; g++) {
       const v = vm.vpkgs[g]!;
       if (BigInt(Math.floor(v.energyJ / u) % TWO_32) !== v.counter) {
-        return refuse(
-          `VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`,
-        );
+        return `VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`;
       }
     }
   }
+  return null;
+}
 
+export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): Result<RestorePlan> {
+  const refused = refusal(s, host, probe);
+  if (refused !== null) return fail(cannot('restore state', refused, FIX));
+  const last = s.lastSample;
   const ended: RestorePlan['ended'] = [];
   const vms = s.vms.map((vm) => {
     if (!vm.live) return vm;
@@ -200,26 +202,7 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     else threadsOf.set(t.pid, [t]);
   }
 
-  const engineVms: EngineVmState[] = vms.map((vm) => {
-    const e: EngineVmState = {
-      id: vm.hostVmId,
-      pid: vm.pid,
-      starttime: vm.starttime,
-      vcpus: vm.vcpus.map((v) => ({ ...v })),
-      phase: !vm.live ? 'ended' : vm.baseline && useLast ? 'active' : 'pending',
-      accJ: vm.vpkgs.map((v) => v.energyJ),
-      tNs: vm.valuesNs,
-      prev: [],
-    };
-    const domainAccJ = s.domains?.vms.filter((d) => d.hostVmId === vm.hostVmId).map((d) => ({ domain: d.domain, accJ: [...d.energyJ] }));
-    if (domainAccJ !== undefined && domainAccJ.length > 0) e.domainAccJ = domainAccJ;
-    if (vm.name !== null) e.name = vm.name;
-    if (!vm.live) e.endedBy = 'exit';
-    if (e.phase === 'active') {
-      e.prev = (threadsOf.get(vm.pid) ?? []).map((t) => ({ tid: t.tid, starttime: t.starttime, ticks: Number(t.ticks) }));
-    }
-    return e;
-  });
+  const engineVms = vms.map((vm) => engineVmOf(vm, s, useLast ? threadsOf : null));
   // The counters as the engine keeps them (mod each one's range): the engine checks them against its ranges.
   const counterValue = (raw: bigint): number => (raw > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(raw));
   const engine: EngineState = {
@@ -258,4 +241,29 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     ended,
     rebaseline,
   });
+}
+
+/**
+ * A VM of the snapshot as the engine takes it back. `last`: the last sample's threads by process, when
+ * that sample is used (null: every live VM takes a new baseline).
+ */
+function engineVmOf(vm: VmState, s: StateSnapshot, last: ReadonlyMap<number, SampledThread[]> | null): EngineVmState {
+  const e: EngineVmState = {
+    id: vm.hostVmId,
+    pid: vm.pid,
+    starttime: vm.starttime,
+    vcpus: vm.vcpus.map((v) => ({ ...v })),
+    phase: !vm.live ? 'ended' : vm.baseline && last !== null ? 'active' : 'pending',
+    accJ: vm.vpkgs.map((v) => v.energyJ),
+    tNs: vm.valuesNs,
+    prev: [],
+  };
+  const domainAccJ = s.domains?.vms.filter((d) => d.hostVmId === vm.hostVmId).map((d) => ({ domain: d.domain, accJ: [...d.energyJ] }));
+  if (domainAccJ !== undefined && domainAccJ.length > 0) e.domainAccJ = domainAccJ;
+  if (vm.name !== null) e.name = vm.name;
+  if (!vm.live) e.endedBy = 'exit';
+  if (e.phase === 'active') {
+    e.prev = (last?.get(vm.pid) ?? []).map((t) => ({ tid: t.tid, starttime: t.starttime, ticks: Number(t.ticks) }));
+  }
+  return e;
 }

@@ -4,7 +4,8 @@
  * the connection's fd with those bytes and serves it from there (HelperServer.adopt).
  */
 import type net from 'node:net';
-import type { HandedConnection } from '../../state/handover.js';
+import type { HandedConnection } from './record.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
 
 export type HandedKind = HandedConnection['kind'];
 
@@ -34,9 +35,31 @@ export interface Frozen {
   thaw(): void;
 }
 
+/**
+ * The one restart contract: what a restart (restarter.ts) asks of the running daemon (daemon.ts, which
+ * asks the server and the v2 service in turn). The next process adopts what it got: the server its
+ * connections (HelperServer.adopt), the v2 service the snapshot (handover/restore.ts).
+ */
+export interface Restartable {
+  /**
+   * Stops reading every connection that can be handed over (the server's), tells the others the
+   * helper restarts (the v2 service's: ERROR RESTARTING); `drained` once those are closed.
+   */
+  freeze(): Frozen & { readonly drained: boolean };
+  /** The live state to hand over, taken now, between samples; throws when it cannot be. */
+  snapshot(): StateSnapshot;
+}
+
 /** A connection handed over to this process: its fd (checked: a connected stream socket) and its bytes. */
 export interface HandedConnectionFd {
   fd: number;
   kind: HandedKind;
   pending: Buffer;
+}
+
+/** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */
+export function drainReadable(socket: net.Socket): Buffer[] {
+  const out: Buffer[] = [];
+  for (let c: Buffer | null; (c = socket.read() as Buffer | null) !== null;) out.push(c);
+  return out;
 }

@@ -10,9 +10,9 @@ import fs from 'node:fs';
 import { closeFd, getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc.js';
 import { readStateBytes, readSealedMemfd } from '../../state/memfd.js';
 import { decodeState } from '../../state/codec.js';
-import { decodeHandover, MAX_HANDOVER_BYTES, type HandoverRecord } from '../../state/handover.js';
+import { decodeHandover, MAX_HANDOVER_BYTES, type HandoverRecord } from './record.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import type { HandedConnectionFd } from '../server/frozen.js';
+import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 
 /** The fd names a restart hands over under (each starts with systemd.ts's STORED_FD_PREFIX). */

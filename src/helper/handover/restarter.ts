@@ -1,7 +1,7 @@
 /**
  * Restarts that QEMU does not see (docs/daemon.md "Restarts"). Both ways hand the next process the
  * same things: every legacy connection (and every one whose protocol is not known yet) with the bytes
- * read of it and not answered, the legacy counters (a handover record, handover.ts), and the live
+ * read of it and not answered, the legacy counters (a handover record, record.ts), and the live
  * state (the snapshot, codec.ts), each memfd sealed. v2 clients are told the helper restarts (ERROR
  * RESTARTING) and reconnect; their registrations wait for them in the state.
  *
@@ -15,18 +15,16 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
-import type { HelperServer } from '../server/server.js';
-import type { Frozen, FrozenConnection } from '../server/frozen.js';
+import type { FrozenConnection, Restartable } from './frozen.js';
 import type { LegacyCounters } from '../legacy/legacy-service.js';
-import type { RestartParticipant } from './config.js';
-import type { Opened } from './startup.js';
+import type { Opened } from '../lifecycle/startup.js';
 import { HANDOVER_NAMES } from './handed-over.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
-import type { Notifier } from './systemd.js';
+import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
-import { encodeHandover } from '../../state/handover.js';
+import { encodeHandover } from './record.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 
@@ -66,9 +64,9 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
 }
 
 export interface RestartParts {
-  server: HelperServer;
+  /** The running daemon: freeze() and snapshot(), the one restart contract. */
+  daemon: Restartable;
   opened: Opened;
-  participants: readonly RestartParticipant[];
   legacy: LegacyCounters;
   notifier: Notifier;
   log: Logger;
@@ -99,14 +97,10 @@ async function until(done: () => boolean, ms: number): Promise<void> {
  * memfds. Throws (everything read again) when the state cannot be taken.
  */
 async function prepare(p: RestartParts): Promise<Prepared> {
-  const frozen: Frozen = p.server.freeze();
-  for (const x of p.participants) x.begin();
+  const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
-  await until(() => p.participants.every((x) => x.drained) && !legacyQueued(), RESTART_DRAIN_MS);
-  const abort = () => {
-    frozen.thaw();
-    for (const x of p.participants) x.abort();
-  };
+  await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
+  const abort = () => frozen.thaw();
   let stateFd = -1;
   try {
     const connections = frozen.connections().filter((c) => {
@@ -119,9 +113,7 @@ async function prepare(p: RestartParts): Promise<Prepared> {
       return false;
     });
     const connFds = connections.map((c) => fdOf(c.socket)!);
-    const snapshot = p.participants[0]?.snapshot();
-    if (snapshot === undefined) throw new Error(cannot('restart', 'no part of the daemon gives its live state', 'report it'));
-    stateFd = writeStateMemfd(snapshot);
+    stateFd = writeStateMemfd(p.daemon.snapshot());
     const record = encodeHandover({
       writtenNs: monotonicNs(),
       legacy: { ok: p.legacy.ok, refused: p.legacy.refused, failed: p.legacy.failed },

@@ -1,0 +1,109 @@
+/**
+ * The v2 service's restore from a handed-over snapshot, in one place (docs/daemon.md "Restart
+ * state"): the snapshot is planned against this host (live-state.ts, planRestore), the sampling
+ * loop's engine takes it first (it refuses inconsistent values before changing anything), the parts
+ * are made from the plan (registry, connection ids, host energy: service.ts), then the rest here: the
+ * discovered VMs taken back in slices (clients served between them), the VMs that ended logged, the
+ * registrations that wait for their connection, and the loop resumed. A refusal anywhere leaves
+ * every part fresh.
+ */
+import type { Logger } from '../../logging/logger.js';
+import { cannot } from '../../common/errors.js';
+import { fail, ok, type Result } from '../../common/result.js';
+import type { HostInfo } from '../../ratio/types.js';
+import type { SamplingService } from '../../sampling/sampling-service.js';
+import { runInSlices } from '../../sampling/time-slices.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
+import type { Discovery } from '../v2/discovery.js';
+import type { VmLifecycle } from '../v2/vm-lifecycle.js';
+import type { VmRegistry } from '../v2/vm-registry.js';
+import { planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
+
+/** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
+export type RestoreReport = Pick<RestorePlan, 'ended' | 'rebaseline'>;
+
+export interface Restore {
+  /** What the restore kept aside, or why it was refused. */
+  report: Result<RestoreReport>;
+  /** The plan each part starts from; null when refused (every part fresh). */
+  plan: RestorePlan | null;
+}
+
+/** `snapshot` planned against this host and its processes, and the sampling loop restored from it. */
+export function restoreSampling(
+  snapshot: StateSnapshot,
+  o: { host: HostInfo; sampling: SamplingService; starttime(pid: number): number | null; nowNs: bigint; log: Logger },
+): Restore {
+  const planned = planRestore(snapshot, o.host, { starttime: o.starttime, nowNs: o.nowNs });
+  let r: Restore;
+  if (!planned.ok) r = { report: planned, plan: null };
+  else {
+    try {
+      o.sampling.restore(planned.value.sampling);
+      r = { report: ok({ ended: planned.value.ended, rebaseline: planned.value.rebaseline }), plan: planned.value };
+    } catch (e) {
+      r = { report: fail(cannot('restore state', (e as Error).message, RESTORE_FIX)), plan: null };
+    }
+  }
+  if (!r.report.ok) o.log.warn({ err: r.report.error }, 'saved state not restored: starting fresh');
+  return r;
+}
+
+/** The parts restoreParts takes back, made from the plan already (registry, clients, host energy). */
+export interface RestoredParts {
+  registry: VmRegistry;
+  sampling: SamplingService;
+  lifecycle: VmLifecycle;
+  discovery?: Discovery;
+  log: Logger;
+  /** How long a restored registration waits for its connection (default RESTORED_REGISTRATION_WAIT_MS). */
+  waitMs?: number;
+}
+
+/**
+ * The rest of the restore, once the parts are made from `plan`; then the loop resumes (the first
+ * sample closes the interval from the old process's last). Returns the timer that releases the
+ * registrations whose connection did not come back, when any wait.
+ */
+export async function restoreParts(plan: RestorePlan, p: RestoredParts): Promise<NodeJS.Timeout | undefined> {
+  if (p.discovery) await adoptDiscovered(plan, p, p.discovery);
+  for (const e of plan.ended)
+    p.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
+  if (plan.rebaseline !== null) p.log.warn({ why: plan.rebaseline }, 'restored totals kept, the restart gap is not attributed');
+  if (plan.ended.length > 0) p.lifecycle.markChanged();
+  // Registrations whose connection did not come back are released as a closed connection's are.
+  let waitTimer: NodeJS.Timeout | undefined;
+  if (p.registry.awaitingConnection().length > 0) {
+    waitTimer = setTimeout(() => {
+      for (const vmId of p.registry.awaitingConnection()) p.lifecycle.release(vmId);
+    }, p.waitMs ?? RESTORED_REGISTRATION_WAIT_MS);
+    waitTimer.unref();
+  }
+  p.log.info(
+    { vms: p.registry.total, registered: p.registry.size, awaiting: p.registry.awaitingConnection().length },
+    'live state restored',
+  );
+  p.sampling.resume();
+  return waitTimer;
+}
+
+/** Discovery takes its processes back; each VM's threads are read again (a few reads a thread), in slices. */
+async function adoptDiscovered(plan: RestorePlan, p: RestoredParts, discovery: Discovery): Promise<void> {
+  discovery.restore(plan.knownPids);
+  const savedVcpus = new Map(plan.sampling.engine.vms.map((v) => [v.id, JSON.stringify(v.vcpus)]));
+  await runInSlices(plan.discovered.values(), (d) => {
+    if (!discovery.adopt(d.pid, d.starttime)) {
+      p.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
+      return;
+    }
+    // vCPU threads born, renamed or gone during the restart: the list as classified now (a registrant's stands).
+    const r = p.registry.get(d.hostVmId);
+    const c = discovery.current(d.pid);
+    if (r === undefined || r.owner !== null || c === null) return;
+    if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
+      p.sampling.updateVcpus(d.hostVmId, c.vcpus);
+      p.lifecycle.markChanged();
+    }
+    r.wholeVmOnly = c.wholeVmOnly;
+  });
+}

@@ -1,0 +1,168 @@
+/**
+ * One legacy connection, served (docs/protocol.md): its requests framed, each answered by the legacy
+ * service (LegacyService.answer, the one place a register read is answered), the replies of one
+ * chunk sent at once. And its part in a restart, in one place: freeze() stops reading and gives the
+ * bytes read and not answered, thaw() reads again (the restart was called off).
+ *
+ * The connection is read without Node's stream layer when its fd can be duplicated (legacy-reader.ts),
+ * through the stream otherwise (out of fds, or replies already queued).
+ */
+import type net from 'node:net';
+import type { PeerCredentials } from '../../os/libc.js';
+import { LEGACY_REPLY_SIZE, LegacyFramer } from '../../protocol/legacy.js';
+import { listen } from '../../common/disposable.js';
+import type { IncompleteHold } from '../server/incomplete-frames.js';
+import { drainReadable, type Freezable } from '../handover/frozen.js';
+import type { LegacyService } from './legacy-service.js';
+import type { TidVerdicts } from './tid-verdicts.js';
+import { sendReplies } from './send-replies.js';
+import { takeOverLegacy } from './legacy-reader.js';
+
+/** A client that pipelines without reading is not read while this many reply bytes wait for it (default). */
+export const DEFAULT_MAX_PENDING_REPLY_BYTES = 64 * 1024;
+
+export interface LegacySessionOptions {
+  /** The connection as accepted (or adopted), and the bytes read of it so far (its first request's start). */
+  accepted: net.Socket;
+  first: Buffer;
+  peer: PeerCredentials;
+  legacy: LegacyService;
+  /** The connection's account of incomplete-frame bytes. */
+  hold: IncompleteHold;
+  /** Where replies are written before they are sent (shared: one connection at a time). */
+  replies: Buffer;
+  maxPendingReplyBytes: number;
+  /** The connection is served by `next` from now on (the accepted socket is closed, not the connection). */
+  handOver(next: net.Socket): void;
+  /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
+  overBudget(socket: net.Socket): void;
+  /** The session ended by a refused request: it is no longer one to hand over. */
+  ended(session: LegacySession): void;
+}
+
+/** How the session reads: its freeze/thaw for the way it reads. */
+interface Reading {
+  stop(): void;
+  freeze(): Buffer;
+  thaw(): void;
+}
+
+export class LegacySession implements Freezable {
+  readonly kind = 'legacy' as const;
+  private readonly framer = new LegacyFramer();
+  private readonly verdicts: TidVerdicts;
+  private serving: net.Socket;
+  private closing = false;
+  /** Reading stopped for a restart: a drained backlog must not start it again (thaw does). */
+  private frozen = false;
+  private reading: Reading | undefined;
+
+  constructor(private readonly o: LegacySessionOptions) {
+    this.serving = o.accepted;
+    this.verdicts = o.legacy.verdictsFor(o.peer.pid);
+  }
+
+  /** Serves the connection from its first bytes on; false when it ended at once (a refused request). */
+  start(): boolean {
+    const accepted = this.o.accepted;
+    this.onData(this.o.first);
+    if (this.closing) return false;
+    // Bytes the accepted socket read past `first` and holds (none, usually) come before the rest.
+    accepted.pause();
+    for (let rest: Buffer | null; !this.closing && (rest = accepted.read() as Buffer | null) !== null;) this.onData(rest);
+    if (this.closing) return false;
+    // Taken over only with nothing queued to write: destroying the accepted socket drops its queue.
+    const fast = accepted.writableLength === 0 ? takeOverLegacy(accepted, (c) => this.onData(c)) : null;
+    this.reading = fast !== null ? this.readFast(fast) : this.readStream(accepted);
+    return true;
+  }
+
+  socket(): net.Socket {
+    return this.serving;
+  }
+
+  freeze(): Buffer {
+    return this.reading?.freeze() ?? Buffer.from(this.framer.incomplete);
+  }
+
+  thaw(): void {
+    this.reading?.thaw();
+  }
+
+  /** Each chunk's requests answered, their replies sent at once from the shared scratch buffer. */
+  private onData(chunk: Buffer): void {
+    if (this.closing) return;
+    const socket = this.serving;
+    const reqs = this.framer.push(chunk);
+    if (reqs.length > 0) {
+      const size = reqs.length * LEGACY_REPLY_SIZE;
+      const out = size <= this.o.replies.length ? this.o.replies : Buffer.allocUnsafe(size);
+      for (let i = 0; i < reqs.length; i++) {
+        if (this.o.legacy.answer(this.o.peer.pid, reqs[i]!, this.verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
+        this.refused(socket, out, i * LEGACY_REPLY_SIZE);
+        return;
+      }
+      sendReplies(socket, out, size);
+    }
+    if (!this.o.hold.set(this.framer.buffered)) return this.o.overBudget(socket);
+    // A client that pipelines without reading waits for itself, not the helper's memory.
+    if (socket.writableLength > this.o.maxPendingReplyBytes && !socket.isPaused()) {
+      socket.pause();
+      socket.once('drain', () => this.frozen || socket.resume());
+    }
+  }
+
+  /** A request refused: the replies before it go out, then the connection closes. */
+  private refused(socket: net.Socket, out: Buffer, answered: number): void {
+    this.closing = true;
+    this.o.ended(this);
+    this.reading?.stop();
+    if (answered > 0) sendReplies(socket, out, answered);
+    socket.end(); // replies already queued still go out, in order
+    setTimeout(() => socket.destroy(), 1000).unref();
+  }
+
+  /** Read by the socket that took the connection over (legacy-reader.ts). */
+  private readFast(fast: net.Socket): Reading {
+    this.serving = fast;
+    this.o.handOver(fast);
+    const max = this.o.maxPendingReplyBytes;
+    return {
+      stop: () => fast.pause(),
+      freeze: () => {
+        this.frozen = true;
+        fast.pause();
+        return Buffer.from(this.framer.incomplete);
+      },
+      thaw: () => {
+        this.frozen = false;
+        if (fast.writableLength <= max) fast.resume();
+        else fast.once('drain', () => this.frozen || fast.resume());
+      },
+    };
+  }
+
+  /** Out of fds for a duplicate, or replies queued: served through the stream, as it is. */
+  private readStream(accepted: net.Socket): Reading {
+    const onData = (c: Buffer) => this.onData(c);
+    let data = listen(accepted, 'data', onData);
+    accepted.resume();
+    let readAhead: Buffer[] = [];
+    return {
+      stop: () => data.dispose(),
+      freeze: () => {
+        this.frozen = true;
+        data.dispose();
+        accepted.pause();
+        readAhead = drainReadable(accepted);
+        return Buffer.concat([this.framer.incomplete, ...readAhead]);
+      },
+      thaw: () => {
+        this.frozen = false;
+        data = listen(accepted, 'data', onData);
+        for (const c of readAhead.splice(0)) if (!this.closing) this.onData(c);
+        if (!this.closing) accepted.resume();
+      },
+    };
+  }
+}

@@ -1,0 +1,242 @@
+/**
+ * The phases of the daemon's start, each a function of its own, in the order Daemon.start (daemon.ts)
+ * runs them (docs/daemon.md "Start-up, in order"):
+ *
+ *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart)
+ *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), and what
+ *                a restart handed over (handover/handed-over.ts), each checked
+ *   drop         the privilege drop (done before the exec when re-executed), the per-thread audit
+ *   budgetFds    the open-file limit raised, and the connections it can hold
+ *   serveLegacy  the legacy service and the server, serving; handed-over connections adopted
+ *   restore      the handed-over state decoded, once the waiting requests are answered
+ *   startV2      the v2 service's modules loaded (only now: QEMU is served before), the service made
+ *   ready        READY to systemd, the watchdog, the inspector closed
+ */
+import fs from 'node:fs';
+import type { Logger } from '../../logging/logger.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
+import { newLegacyCounters } from '../legacy/legacy-service.js';
+import { assembleServer, type ServerChain } from '../assemble-server.js';
+import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
+import { isPreferredPeer } from '../../os/preferred-owner.js';
+import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
+import type { LateV2Handler } from '../server/late-v2-handler.js';
+import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../os/fd-budget.js';
+import { dropPrivileges } from '../../os/privileges/capabilities.js';
+import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
+import { closeOpenInspector } from '../../os/inspector-guard.js';
+import { decodeHandedState, HANDOVER_NAMES, takeHandedOver, type HandedOver } from '../handover/handed-over.js';
+import type { RestartClock } from '../handover/restarter.js';
+import type { DaemonConfig } from './config.js';
+import { inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
+import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
+import type { Notifier } from './systemd.js';
+
+/** A logger for a named area, at debug level when -T matches it. */
+export type Areas = (name: string) => Logger;
+
+/** What this start inherits: given (the re-executed image's), else what the environment passes (systemd), else nothing. */
+export function inherit(config: DaemonConfig, given?: Inherited): Inherited {
+  return given ?? inheritFromEnvironment(config.socketPathGiven);
+}
+
+/**
+ * The start-up steps (checks, MSR fds, listening socket, pidfile, --record files), each adopted when
+ * inherited, else opened; then what a restart handed over (connections, state, counters), each part
+ * checked, the rest closed.
+ */
+export async function open(
+  config: DaemonConfig,
+  inh: Inherited,
+  o: { files: readonly string[]; area: Areas; logger: Logger; notifier: Notifier },
+): Promise<{ opened: Opened; handed: HandedOver }> {
+  const opened = await openStart(config, inh, { files: o.files, log: o.area('startup') });
+  const handed = takeHandedOver(inh.named, o.area('restart'));
+  // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
+  // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
+  if (inh.how !== 'restart' && inh.named && inh.named.size > 0)
+    for (const name of Object.values(HANDOVER_NAMES)) o.notifier.removeStoredFds(name);
+  if (
+    o.notifier.socket !== undefined &&
+    process.env.FDSTORE !== '0' &&
+    inh.how !== 'restart' &&
+    !handed.state &&
+    !handed.connections.length
+  ) {
+    o.area('restart').info(
+      'a fresh start: systemd passed no restart state (its fd store is kept by systemctl restart, dropped by systemctl stop: ' +
+        'any QEMU connections of a stopped helper were lost with it)',
+    );
+  }
+  const { vendor, cpus, energy, energyWhy } = opened;
+  const openedWhat =
+    energy === 'msr'
+      ? 'MSR devices open'
+      : energy === 'powercap'
+        ? 'powercap zones open (no MSR device: legacy requests get 0)'
+        : 'no MSR device (synthetic energy: legacy requests get 0)';
+  o.logger.info(
+    { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size },
+    openedWhat,
+  );
+  return { opened, handed };
+}
+
+/**
+ * The privilege drop (re-executed: done before the exec, on every thread: os/privileges/reexec.ts),
+ * then what each thread holds, logged: a thread that differs from the main one means the re-exec could
+ * not run, and an operator should know which ones.
+ */
+export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o: { area: Areas; reexec?: string }): void {
+  const privLog = o.area('privileges');
+  const report = inh.dropped
+    ? { skipped: [] }
+    : dropPrivileges({
+        ...(config.uid !== undefined ? { uid: config.uid } : {}),
+        ...(config.gid !== undefined ? { gid: config.gid } : {}),
+      });
+  stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, o.area('startup'));
+  const reexec = o.reexec !== undefined ? { reexec: o.reexec } : {};
+  const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
+  privLog.info(
+    {
+      uid: st.uid,
+      gid: st.gid,
+      groups: st.groups,
+      capEff: capHex(st.capEff),
+      capPrm: capHex(st.capPrm),
+      capBnd: capHex(st.capBnd),
+      noNewPrivs: st.noNewPrivs,
+      skipped: report.skipped,
+      ...reexec,
+    },
+    'privileges dropped (main thread, from /proc/self/status)',
+  );
+  const threads = describeThreads();
+  const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
+  if (others.length)
+    privLog.warn({ threads: others, ...reexec }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
+  else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
+}
+
+/** Out of fds, accept() and /proc opens fail: the whole hard limit used, and budgeted. */
+export function budgetFds(config: DaemonConfig, openConnections: () => number, logger: Logger): { fds: FdBudget; maxConnections: number } {
+  const nofile = raiseFdLimit();
+  const limit = nofile.after.soft === Infinity ? 1 << 20 : nofile.after.soft;
+  const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
+  const fds = new FdBudget({ limit, maxConnections, openConnections });
+  logger.info(
+    // Only a failure has an err: no `err: null` on every start.
+    {
+      before: nofile.before.soft,
+      limit,
+      hard: nofile.after.hard,
+      maxConnections,
+      ...(nofile.error !== undefined ? { err: nofile.error } : {}),
+    },
+    'open-file limit',
+  );
+  if (maxConnections < config.maxConnections) {
+    logger.warn(
+      { asked: config.maxConnections, maxConnections, limit },
+      `--max-connections lowered to ${maxConnections}: the open-file limit (${limit}) cannot hold more beside the VMs' fds; raise LimitNOFILE / ulimit -n`,
+    );
+  }
+  return { fds, maxConnections };
+}
+
+/**
+ * The legacy service and the server on the listener, serving at once (a restart's legacy connections
+ * need no v2 state), the handed-over connections adopted; a v2 connection meanwhile waits for `late`
+ * (late-v2-handler.ts), bound once the v2 service is made.
+ */
+export function serveLegacy(
+  config: DaemonConfig,
+  opened: Opened,
+  handed: HandedOver,
+  o: { maxConnections: number; area: Areas; late?: LateV2Handler },
+): ServerChain {
+  const chain = assembleServer({
+    paths: config.hostPaths,
+    device: opened.device,
+    vendor: opened.vendor,
+    cpus: opened.cpus,
+    amd: config.amd,
+    ...(opened.energy !== 'msr' ? { noMsrs: `the daemon reads energy from ${opened.energy}, not from MSR devices` } : {}),
+    listener: opened.listener,
+    area: o.area,
+    counters: { ...newLegacyCounters(), ...handed.legacy },
+    server: {
+      maxConnections: o.maxConnections,
+      // Root and the socket's group (every QEMU) are bound by --max-connections only; other users by their share.
+      preferredPeer: (peer) => isPreferredPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
+      incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+    },
+    ...(o.late ? { v2Handler: o.late.handler } : {}),
+  });
+  chain.server.serve();
+  chain.server.adopt(handed.connections);
+  return chain;
+}
+
+/** The handed-over state, decoded once the requests that waited through a restart are read and answered. */
+export async function restore(handed: HandedOver, log: Logger): Promise<StateSnapshot | undefined> {
+  await afterIoPoll();
+  return handed.state && decodeHandedState(handed.state, log);
+}
+
+/** The v2 service, its modules loaded only now: QEMU's replies do not wait for them (docs/daemon.md "Where the time goes"). */
+export async function startV2(settings: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
+  const { assembleDaemonV2 } = await import('../assemble.js');
+  return assembleDaemonV2(settings, start);
+}
+
+/** Serving: said in the log and to systemd (READY, the watchdog); nothing may leave a debugger open. */
+export function ready(where: string, o: { logger: Logger; area: Areas; notifier: Notifier }): void {
+  o.logger.info({ socket: where }, `Listening on ${where}`);
+  o.notifier.ready(`listening on ${where}`);
+  // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
+  const inspectorUrl = closeOpenInspector();
+  if (inspectorUrl !== null)
+    o.logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
+  const wd = o.notifier.startWatchdog();
+  if (wd !== null) o.area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
+}
+
+/** Wall-clock times (ms) of the start's phases, for the restart's timing. */
+export interface PhaseTimes {
+  entered: number;
+  opened: number;
+  serving: number;
+  /** Before the server was made. */
+  handover: number;
+}
+
+/** Where a restart in place spends its time, old image to serving (docs/daemon.md "Restarts"). */
+export function logRestartPhases(clock: RestartClock, t: PhaseTimes, servicesDone: number, log: Logger): void {
+  const ms = (a: number, b: number) => Math.round((b - a) * 10) / 10;
+  const node = performance.nodeTiming;
+  log.info(
+    {
+      checkMs: ms(clock.signalAt, clock.stoppedAt),
+      drainAndSaveMs: ms(clock.stoppedAt, clock.execAt),
+      execToNodeMs: ms(clock.execAt, performance.timeOrigin),
+      nodeBootMs: ms(0, node.bootstrapComplete),
+      modulesMs: ms(performance.timeOrigin + node.bootstrapComplete, t.entered),
+      startupMs: ms(t.entered, t.opened),
+      handoverMs: ms(t.opened, t.handover),
+      serveMs: ms(t.handover, t.serving),
+      stoppedToServingMs: ms(clock.stoppedAt, t.serving),
+      servicesMs: ms(t.serving, servicesDone),
+    },
+    'restart phases',
+  );
+}
+
+/**
+ * Resolves once the event loop has polled for I/O: an immediate set in the poll phase runs before the
+ * next poll, so the second one runs after it.
+ */
+function afterIoPoll(): Promise<void> {
+  return new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+}

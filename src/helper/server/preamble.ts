@@ -1,0 +1,102 @@
+/**
+ * A connection whose protocol is not known yet: read until its first four bytes choose it
+ * (classifyPreamble: the v2 magic, or a legacy request). Its part in a restart in one place: freeze()
+ * stops reading and gives the bytes read so far (and what the stream read ahead), thaw() reads again.
+ * It is also the connection as the incomplete-frame budget sees it before it is read (Unread).
+ */
+import type net from 'node:net';
+import { peerHungUp } from '../../os/libc.js';
+import { socketFd } from '../../os/peer.js';
+import { classifyPreamble } from '../../protocol/legacy.js';
+import { listen, type Disposable } from '../../common/disposable.js';
+import { drainReadable, type Freezable } from '../handover/frozen.js';
+import type { IncompleteHold, Unread } from './incomplete-frames.js';
+
+export interface PreambleOptions {
+  socket: net.Socket;
+  hold: IncompleteHold;
+  /** The first bytes are over the incomplete-frame budget: closes the connection. */
+  overBudget(): void;
+  /** The protocol is known: `head` holds every byte read so far, the magic or a request's start first. */
+  decided(kind: 'v2' | 'legacy', head: Buffer): void;
+}
+
+export class Preamble implements Freezable, Unread {
+  readonly kind = 'undecided' as const;
+  private head: Buffer = Buffer.alloc(0);
+  private data: Disposable;
+  private done = false;
+  /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
+  private frozen = false;
+  private wasReading = false;
+  /** Read ahead by the stream after reading stopped for a restart (given back by thaw). */
+  private readAhead: Buffer[] = [];
+
+  constructor(private readonly o: PreambleOptions) {
+    this.data = listen(o.socket, 'data', (c: Buffer) => this.onHead(c));
+  }
+
+  /** The protocol is known (or the connection closed by its first bytes): no longer undecided. */
+  get decided(): boolean {
+    return this.done;
+  }
+
+  /** Reads bytes received before (a handed-over connection's), as if they arrived now. */
+  push(bytes: Buffer): void {
+    this.onHead(bytes);
+  }
+
+  socket(): net.Socket {
+    return this.o.socket;
+  }
+
+  freeze(): Buffer {
+    const socket = this.o.socket;
+    this.frozen = true;
+    this.data.dispose();
+    this.wasReading = socket.readableFlowing === true;
+    socket.pause();
+    this.readAhead = drainReadable(socket);
+    return Buffer.concat([this.head, ...this.readAhead]);
+  }
+
+  thaw(): void {
+    const socket = this.o.socket;
+    this.frozen = false;
+    this.data = listen(socket, 'data', (c: Buffer) => this.onHead(c));
+    for (const c of this.readAhead.splice(0)) if (!this.done) this.onHead(c);
+    if (this.wasReading && !this.done) socket.resume();
+  }
+
+  // Unread: the connection as the incomplete-frame budget starts and watches it.
+  resume(): void {
+    if (this.frozen) this.wasReading = true;
+    else this.o.socket.resume();
+  }
+
+  destroy(): void {
+    this.o.socket.destroy();
+  }
+
+  get destroyed(): boolean {
+    return this.o.socket.destroyed;
+  }
+
+  hungUp(): boolean {
+    const fd = socketFd(this.o.socket);
+    return fd !== undefined && peerHungUp(fd);
+  }
+
+  private onHead(chunk: Buffer): void {
+    this.head = this.head.length === 0 ? chunk : Buffer.concat([this.head, chunk]);
+    const kind = classifyPreamble(this.head);
+    if (kind === 'need-more') {
+      if (!this.o.hold.set(this.head.length)) this.o.overBudget();
+      return;
+    }
+    this.o.hold.set(0);
+    this.data.dispose();
+    this.done = true;
+    this.o.decided(kind, this.head);
+  }
+}
