@@ -10,8 +10,8 @@ import { renderBashCompletion } from '../cli/completion.js';
 import { renderManPage } from '../cli/man-page.js';
 import { VERSION } from '../cli/version.js';
 
-export const MAN_PAGE = 'man/man1/vmsr-helper.1';
-export const BASH_COMPLETION = 'bash-completion/completions/vmsr-helper';
+const MAN_PAGE = 'man/man1/vmsr-helper.1';
+const BASH_COMPLETION = 'bash-completion/completions/vmsr-helper';
 
 const dir = process.argv[2] ?? 'dist/share';
 const program = await buildCli(true);

@@ -11,7 +11,7 @@ import { TRY_WITHOUT_RAPL } from '../os/errno-hints.js';
 import type { Vendor } from '../ratio/types.js';
 import { POWERCAP_FIX } from './powercap-source.js';
 
-export interface NoSourceFacts {
+interface NoSourceFacts {
   /** The first online CPU's MSR device, and why it did not open (an errno code, or a message). */
   msrFile: string;
   msrWhy: string;

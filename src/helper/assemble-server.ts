@@ -15,7 +15,7 @@ import { HelperServer, type HelperServerOptions, type V2Handler } from './server
 import type { Listener } from './server/listener.js';
 import { readStarttime } from '../os/proc-starttime.js';
 
-export interface ServerChainOptions {
+interface ServerChainOptions {
   paths: HostPaths;
   device: MsrDevice;
   vendor: Vendor;

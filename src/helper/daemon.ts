@@ -38,11 +38,11 @@ import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 
 /** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
-export const STARTUP_SETTLE_WAIT_MS = 2000;
+const STARTUP_SETTLE_WAIT_MS = 2000;
 /** Longest wait for the v2 service to close at a stop. */
 const V2_CLOSE_TIMEOUT_MS = 5000;
 
-export interface DaemonOptions {
+interface DaemonOptions {
   /** The v2 service's settings (the command line's); absent: no v2 service, v2 connections are read as legacy. */
   v2?: V2DaemonSettings;
   /** Default true: SIGTERM/SIGINT stop the daemon and exit the process with 0; SIGHUP restarts it in place (os/sighup.ts). */
@@ -59,7 +59,7 @@ export interface DaemonOptions {
   files?: readonly string[];
 }
 
-export interface RunningDaemon {
+interface RunningDaemon {
   server: HelperServer;
   /** What each start-up step did (ran, adopted, not asked), once each, in order. */
   steps: readonly StepDone[];
@@ -81,7 +81,7 @@ export function runDaemon(config: DaemonConfig, opts: DaemonOptions = {}): Promi
   return new Daemon(config, opts).start();
 }
 
-export class Daemon implements Restartable {
+class Daemon implements Restartable {
   private readonly logger: Logger;
   private readonly notifier: Notifier;
   private readonly signals = new DisposableStore();

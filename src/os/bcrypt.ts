@@ -14,7 +14,7 @@ const CRYPT_DATA_SIZE = 32768;
 /** The bcrypt costs `bcryptHash` makes: libxcrypt takes 4..31; past 16 a check takes seconds. */
 export const BCRYPT_COST = { min: 4, max: 16, default: 10 } as const;
 /** bcrypt reads at most this many bytes of a password: a longer one would be checked on its start only. */
-export const BCRYPT_MAX_PASSWORD_BYTES = 72;
+const BCRYPT_MAX_PASSWORD_BYTES = 72;
 
 type CryptRn = KoffiFunc<(phrase: string, setting: string, data: Buffer, size: number) => string | null>;
 type CryptGensaltRn = KoffiFunc<(prefix: string, count: number, rbytes: null, nrbytes: number, out: Buffer, size: number) => string | null>;

@@ -6,7 +6,7 @@
 export const TRY_WITHOUT_RAPL =
   "to try vmsr-helper without RAPL: --energy-source synthetic (energy made up from CPU load, not a measurement) or 'vmsr-helper demo'";
 
-export interface ErrnoHint {
+interface ErrnoHint {
   why: string;
   fix: string;
 }

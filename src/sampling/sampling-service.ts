@@ -43,7 +43,7 @@ export interface SamplingState {
 /** CLOCK_REALTIME in ns (ms resolution is enough to tell a restart's gap). */
 const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
-export interface SampleSource {
+interface SampleSource {
   sample(pids: Iterable<number>): Sample;
   /**
    * The same sample one VM per step (Sampler.sampleSteps), run in slices with clients served between
@@ -81,7 +81,7 @@ export interface SamplingServiceOptions {
  * slices, clients served between them; a failure of it is logged and the tick goes on). A tick due
  * while the previous one still works is skipped.
  */
-export interface SampleFlow {
+interface SampleFlow {
   interval(tick: Tick): void;
 }
 
@@ -92,7 +92,7 @@ export interface Tick {
 }
 
 /** What the flow sees of the sample tick.take() takes. */
-export interface SampleSeen {
+interface SampleSeen {
   /** The sample before the engine takes it (discovery classifies new threads from its stat lines); a throw fails the sample. */
   inspect?(s: Sample): void;
   /** The sample taken by the engine, before the onSample listeners. */

@@ -31,7 +31,7 @@ import {
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
 
-export const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
+const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
 export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 

@@ -217,7 +217,7 @@ function banner(at: DemoPlace, daemonPid: number, url: string, vm: { pid: number
 }
 
 /** Runs the demo until a signal or --duration; the exit code. */
-export async function runDemo(o: DemoOptions): Promise<number> {
+async function runDemo(o: DemoOptions): Promise<number> {
   const script = process.argv[1]!;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-demo-'));
   const at: DemoPlace = { node: [process.execPath, script], dir, socket: path.join(dir, 'vmsr.sock') };

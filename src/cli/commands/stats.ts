@@ -97,7 +97,7 @@ function formatStatsTable(rows: readonly StatsRow[]): string[] {
 }
 
 /** One VM's JSON line; `energySource` is where the helper says its energy comes from (null: not said to this user). */
-export function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): string {
+function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): string {
   return JSON.stringify({
     type: 'vm',
     host_vm_id: r.hostVmId,
@@ -150,7 +150,7 @@ export function formatHostDomainTable(rows: readonly HostDomainRow[]): string[] 
   return ['', head, ...lines];
 }
 
-export function formatHostDomainJson(r: HostDomainRow, energySource: EnergySourceKind | null): string {
+function formatHostDomainJson(r: HostDomainRow, energySource: EnergySourceKind | null): string {
   return JSON.stringify({
     type: 'host_domain',
     package: r.pkg,

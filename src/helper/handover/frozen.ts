@@ -7,7 +7,7 @@ import type net from 'node:net';
 import type { HandedConnection } from './record.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 
-export type HandedKind = HandedConnection['kind'];
+type HandedKind = HandedConnection['kind'];
 
 /** One connection the server can stop reading and hand over. */
 export interface Freezable {

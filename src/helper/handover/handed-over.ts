@@ -30,7 +30,7 @@ export interface HandedOver {
   connections: HandedConnectionFd[];
 }
 
-export interface HandoverLog {
+interface HandoverLog {
   info(o: object, msg: string): void;
   warn(o: object, msg: string): void;
 }

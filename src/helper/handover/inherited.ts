@@ -17,7 +17,7 @@ export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 /** Where the inherited parts come from (for logs; what is adopted follows from which parts are present). */
 export type InheritedFrom = 'fresh' | 'systemd' | 'reexec' | 'restart';
 
-export interface InheritedListener {
+interface InheritedListener {
   /** The listening socket, already bound and listening. */
   fd: number;
   /** The socket file bound for it (ours to remove at close); absent for systemd's socket. */

@@ -33,7 +33,7 @@ const TWO_32 = 2 ** 32;
 const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 
 /** What the parts hold, for capture(). */
-export interface LiveParts {
+interface LiveParts {
   registry: { state(): VmRecord[] };
   sampling: { state(): SamplingState };
   energy: { state(): HostEnergyState };
@@ -121,7 +121,7 @@ function captureDomains(engine: EngineState, energy: HostEnergyState): DomainsSt
 }
 
 /** What /proc says now, for planRestore(). */
-export interface RestoreProbe {
+interface RestoreProbe {
   /** Field 22 of /proc/<pid>/stat, null when the process does not exist. */
   starttime(pid: number): number | null;
   /** CLOCK_MONOTONIC now, ns. */

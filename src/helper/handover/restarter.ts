@@ -33,9 +33,9 @@ import { cannot } from '../../common/errors.js';
  * go out. A legacy connection whose replies still wait after it (its client reads none of them) is
  * closed rather than handed over: the unsent part of a queued reply cannot be known.
  */
-export const RESTART_DRAIN_MS = 200;
+const RESTART_DRAIN_MS = 200;
 /** Longest the check of the installed binary (`--version`) may take before the restart is called off. */
-export const RESTART_CHECK_TIMEOUT_MS = 10_000;
+const RESTART_CHECK_TIMEOUT_MS = 10_000;
 export const HANDOVER_MEMFD_NAME = 'vmsr-helper-handover';
 /**
  * Carries the old image's times (wall-clock ms, sub-ms: performance.timeOrigin + now) across the exec,
@@ -63,7 +63,7 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   }
 }
 
-export interface RestartParts {
+interface RestartParts {
   /** The running daemon: freeze() and snapshot(), the one restart contract. */
   daemon: Restartable;
   opened: Opened;
@@ -139,7 +139,7 @@ async function prepare(p: RestartParts): Promise<Prepared> {
 }
 
 /** Runs `--version` of the installed binary as the exec would run it: null when it works, else why not. */
-export function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<string | null> {
+function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<string | null> {
   const script = process.argv[1];
   if (script === undefined) return Promise.resolve('process.argv has no script');
   try {

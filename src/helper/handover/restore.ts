@@ -22,7 +22,7 @@ import { planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePl
 /** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
 export type RestoreReport = Pick<RestorePlan, 'ended' | 'rebaseline'>;
 
-export interface Restore {
+interface Restore {
   /** What the restore kept aside, or why it was refused. */
   report: Result<RestoreReport>;
   /** The plan each part starts from; null when refused (every part fresh). */
@@ -50,7 +50,7 @@ export function restoreSampling(
 }
 
 /** The parts restoreParts takes back, made from the plan already (registry, clients, host energy). */
-export interface RestoredParts {
+interface RestoredParts {
   registry: VmRegistry;
   sampling: SamplingService;
   lifecycle: VmLifecycle;

@@ -48,7 +48,7 @@ export class OnlineCpus {
   }
 }
 
-export interface LegacyServiceOptions {
+interface LegacyServiceOptions {
   device: MsrDevice;
   vendor: Vendor;
   procRoot: string;

@@ -21,7 +21,7 @@ import { takeOverLegacy } from './legacy-reader.js';
 /** A client that pipelines without reading is not read while this many reply bytes wait for it (default). */
 export const DEFAULT_MAX_PENDING_REPLY_BYTES = 64 * 1024;
 
-export interface LegacySessionOptions {
+interface LegacySessionOptions {
   /** The connection as accepted (or adopted), and the bytes read of it so far (its first request's start). */
   accepted: net.Socket;
   first: Buffer;

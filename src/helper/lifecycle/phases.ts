@@ -33,7 +33,7 @@ import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
 import type { Notifier } from './systemd.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
-export type Areas = (name: string) => Logger;
+type Areas = (name: string) => Logger;
 
 /** What this start inherits: given (the re-executed image's), else what the environment passes (systemd), else nothing. */
 export function inherit(config: DaemonConfig, given?: Inherited): Inherited {

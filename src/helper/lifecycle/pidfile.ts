@@ -23,7 +23,7 @@ export function parsePidfile(text: string): number | null {
   return n > 0 && n <= MAX_TID ? n : null;
 }
 
-export function isAlive(pid: number): boolean {
+function isAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

@@ -17,7 +17,7 @@ import { cannot } from '../../common/errors.js';
  * step's error. `inherited` is for the re-executed image, whose privileges the exec drops; `undo` is
  * for a failure after this returns (the exec itself).
  */
-export async function openPrivileged(
+async function openPrivileged(
   config: DaemonConfig,
   writeFiles: readonly string[] = [],
 ): Promise<{ inherited: Inherited; undo(): Promise<void> }> {

@@ -23,7 +23,7 @@ import { scanPowercap } from '../../energy/powercap-zones.js';
 
 /** The start-up's steps, in their order (drop, serve and ready are the daemon's, after these). */
 export const START_STEPS = ['checks', 'msr', 'listen', 'pidfile', 'files', 'drop'] as const;
-export type StartStep = (typeof START_STEPS)[number];
+type StartStep = (typeof START_STEPS)[number];
 
 /** What became of a step: run here, adopted from the Inherited, or not asked for (no pidfile without -f/-d). */
 export interface StepDone {
@@ -64,7 +64,7 @@ export interface Opened {
   close(log?: Pick<Logger, 'warn'>): Promise<void>;
 }
 
-export interface StartOptions {
+interface StartOptions {
   /** Files the v2 service writes (--record), created now: before the privilege drop, as the socket. */
   files?: readonly string[];
   /** Where each step is logged (debug), when given. */

@@ -5,14 +5,14 @@
 import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
 import { cannot, cannotError } from '../../common/errors.js';
 
-export const FIRST_SOCKET_ACTIVATION_FD = 3;
+const FIRST_SOCKET_ACTIVATION_FD = 3;
 /**
  * Most fds accepted from LISTEN_FDS: systemd's own ceiling for a service's fd store
  * (FileDescriptorStoreMax=) is 4096, and sockets of a .socket unit come on top of it.
  */
-export const MAX_LISTEN_FDS = 8192;
+const MAX_LISTEN_FDS = 8192;
 /** Longest fd name (LISTEN_FDNAMES, FDNAME=): systemd's fdname_is_valid(). */
-export const MAX_FD_NAME_CHARS = 255;
+const MAX_FD_NAME_CHARS = 255;
 
 /**
  * An fd name as systemd accepts it: 1..255 printable ASCII characters (0x20..0x7e) other than ':',
@@ -26,7 +26,7 @@ export function fdNameProblem(name: string): string | null {
   return null;
 }
 
-export interface Activation {
+interface Activation {
   /** Number of fds passed, starting at fd 3. */
   fds: number;
   names: string[];
@@ -95,7 +95,7 @@ export function takeActivation(env: NodeJS.ProcessEnv = process.env, pid = proce
  * connections kept across a restart. Every passed fd with such a name is carried as a named fd; every
  * other one is a listening socket of the .socket unit (named after the unit, or FileDescriptorName=).
  */
-export const STORED_FD_PREFIX = 'vmsr-';
+const STORED_FD_PREFIX = 'vmsr-';
 
 /** The passed fds the helper stored itself (STORED_FD_PREFIX), by name. */
 export function storedFds(act: Activation): Map<string, number[]> {
@@ -128,8 +128,6 @@ export function parseWatchdogEnv(env: NodeJS.ProcessEnv, pid: number): number | 
   if (wpid !== undefined && (!/^\d+$/.test(wpid) || Number(wpid) !== pid)) return null;
   return Number(usec);
 }
-
-export type NotifySink = (state: string) => void;
 
 /** sd_notify: a no-op without NOTIFY_SOCKET; errors are reported, never thrown at the caller. */
 export class Notifier {

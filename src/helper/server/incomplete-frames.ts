@@ -22,7 +22,7 @@
 
 import { runInSlices } from '../../sampling/time-slices.js';
 
-export interface IncompleteFrameLimits {
+interface IncompleteFrameLimits {
   /** Bytes of incomplete frames held over all connections; a connection that would go past it is closed. */
   maxBytes: number;
   /** How long one frame or request may stay incomplete, from its first byte. */

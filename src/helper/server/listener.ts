@@ -18,7 +18,7 @@ import {
   type SocketFileOptions,
 } from './socket-file.js';
 
-export type ListenTarget = { path: string } | { fd: number };
+type ListenTarget = { path: string } | { fd: number };
 
 /** A socket file we bound, by path and inode: removed at close only while it is still that inode. */
 export interface SocketFile {
@@ -26,13 +26,13 @@ export interface SocketFile {
   ino: number;
 }
 
-export interface ListenOptions extends Partial<SocketFileOptions> {
+interface ListenOptions extends Partial<SocketFileOptions> {
   /** With an fd target: the socket file bound for it (before an exec), ours to remove at close. */
   file?: SocketFile;
 }
 
 /** listen() backlog: QEMU's connect() blocks while it is full. */
-export const LISTEN_BACKLOG = 4096;
+const LISTEN_BACKLOG = 4096;
 
 /** A listening socket, bound or adopted; connections are held until serve(). */
 export class Listener {
@@ -136,13 +136,13 @@ function serverFd(server: net.Server): number {
 }
 
 /** Before binding a path: its length, its directory, and a stale socket file (removed) or a live one (refused). */
-export async function prepareSocketPath(socketPath: string): Promise<void> {
+async function prepareSocketPath(socketPath: string): Promise<void> {
   checkSocketPathLength(socketPath);
   checkSocketDirectory(socketPath);
   await removeStaleSocket(socketPath);
 }
 
-export function listenError(t: ListenTarget, e: Error): Error {
+function listenError(t: ListenTarget, e: Error): Error {
   const err = e as NodeJS.ErrnoException;
   if ('fd' in t) return cannotError(`listen on the socket passed by systemd (fd ${t.fd})`, err.message, 'check the .socket unit');
   if (err.code === 'EACCES')
@@ -158,7 +158,7 @@ export function listenError(t: ListenTarget, e: Error): Error {
  * A socket file nobody listens on (a crashed helper's) is removed; a live one, or a file that is not
  * a socket, is left alone and reported.
  */
-export async function removeStaleSocket(socketPath: string): Promise<void> {
+async function removeStaleSocket(socketPath: string): Promise<void> {
   let st: fs.Stats;
   try {
     st = fs.lstatSync(socketPath);

@@ -12,7 +12,7 @@ import { listen, type Disposable } from '../../common/disposable.js';
 import { drainReadable, type Freezable } from '../handover/frozen.js';
 import type { IncompleteHold, Unread } from './incomplete-frames.js';
 
-export interface PreambleOptions {
+interface PreambleOptions {
   socket: net.Socket;
   hold: IncompleteHold;
   /** The first bytes are over the incomplete-frame budget: closes the connection. */

@@ -55,11 +55,11 @@ import { capture, type RestorePlan } from '../handover/live-state.js';
 import { restoreParts, restoreSampling, type RestoreReport } from '../handover/restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 
-export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds, RestoreReport };
+export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow'> {
+interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow'> {
   host: HostInfo;
   /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
@@ -101,7 +101,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
 }
 
 /** The message of ERROR RESTARTING. */
-export const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
+const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
 /** The parts the service owns, each with one job (the list at the top of this file). */
 interface V2Parts {
