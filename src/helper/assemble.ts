@@ -67,6 +67,8 @@ export interface V2ChainOptions {
   /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
   restore?: StateSnapshot;
   restoreWaitMs?: number;
+  /** --guest-dir (V2ServiceOptions.guestDir). */
+  guestDir?: string;
 }
 
 export interface V2Chain {
@@ -144,6 +146,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     sendWithFds: sendWithFdsOnSocket,
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
+    ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
   });
   return {
     host,
@@ -215,6 +218,8 @@ export interface V2DaemonSettings {
   maxDiscoveredVms?: number;
   /** --max-vm-threads (default DEFAULT_MAX_VM_THREADS). */
   maxVmThreads?: number;
+  /** --guest-dir (absent: --no-guest-dir). */
+  guestDir?: string;
 }
 
 /**
@@ -298,6 +303,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         health: ctx.health,
         ...(ctx.restored ? { restore: ctx.restored } : {}),
+        ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
       });
       const service = v2.service;
       ctx.onRestart({
@@ -324,6 +330,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
           discovery: o.discovery,
           maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
           maxVmThreads: shares.maxVmThreads,
+          ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
           ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         },
         'v2 service ready',

@@ -44,6 +44,8 @@ import { cannot } from '../../common/errors.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
+import { GuestDirs } from '../../guest-dir/guest-dirs.js';
+import { guestSource } from './guest-source.js';
 
 export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -88,6 +90,8 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
    * process) before it is released as if its connection had closed; default RESTORED_REGISTRATION_WAIT_MS.
    */
   restoreWaitMs?: number;
+  /** --guest-dir: each VM's powercap-shaped tree and statistics file in DIR/<uuid>/ (docs/guest.md); absent: none. */
+  guestDir?: string;
 }
 
 /** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
@@ -265,6 +269,9 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     }),
   });
 
+  const guests =
+    o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
+
   const parts: RequestParts = {
     registry,
     sampling,
@@ -326,6 +333,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
         host: (perPackage, domains) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage, domains)),
       });
       stats.sample(ev, lifecycle.changed);
+      guests?.sample();
       lifecycle.clearChanged();
     }),
   );
@@ -350,6 +358,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       clearTimeout(waitTimer);
       listeners.dispose();
       sampling.close();
+      guests?.close();
       stats.close();
       limiter.flush();
       vmLog.flush();
