@@ -101,7 +101,6 @@ const NAME_MAX_BYTES = 255;
 export function guestDirName(uuid: Uint8Array | null, name: string | null): string | null {
   if (uuid !== null && uuid.length === 16) return formatUuid(uuid);
   if (name === null || name === '' || name.startsWith('.') || name.includes('/')) return null;
-  // eslint-disable-next-line no-control-regex
   if (/[\x00-\x1f\x7f]/.test(name) || Buffer.byteLength(name) > NAME_MAX_BYTES) return null;
   return name;
 }
