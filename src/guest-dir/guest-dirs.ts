@@ -30,6 +30,8 @@ import {
 
 /** The default --guest-dir. */
 export const DEFAULT_GUEST_DIR = '/run/vmsr-helper/guests';
+/** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
+export const GUEST_LOG_BURST = 20;
 /** Samples between two full checks of every published directory, changed or not. */
 export const GUEST_AUDIT_EVERY = 60;
 
@@ -87,7 +89,8 @@ export class GuestDirs {
     private readonly source: GuestDirSource,
     private readonly log: Logger,
   ) {
-    this.limiter = new LogLimiter(log);
+    // One line per refused directory: as many as VM lines get (vm-log.ts) before the count line.
+    this.limiter = new LogLimiter(log, { burst: GUEST_LOG_BURST });
   }
 
   /** One sample: every VM with a directory, written. */
