@@ -2,6 +2,7 @@
  * contrib/systemd against what the kernel and systemd expect, without systemd as PID 1: device
  * group names from the kernel source, the socket's access for libvirt's QEMU.
  */
+import { DEFAULT_GUEST_DIR } from '../../src/guest-dir/guest-dirs.js';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
@@ -82,5 +83,9 @@ describe('contrib/systemd units', () => {
     expect(search).toEqual(expect.arrayContaining(['/usr/local/bin', '/usr/bin']));
     expect(unitValues(text, 'ProtectSystem')).toEqual(['strict']);
     expect(unitValues(text, 'StateDirectory')).toEqual(['vmsr-helper']);
+    // And --guest-dir's default, kept across stops for the libvirt hook (docs/guest.md).
+    expect(unitValues(text, 'RuntimeDirectory')).toEqual([`vmsr-helper vmsr-helper/guests`]);
+    expect(DEFAULT_GUEST_DIR).toBe('/run/vmsr-helper/guests');
+    expect(unitValues(text, 'RuntimeDirectoryPreserve')).toEqual(['yes']);
   });
 });
