@@ -15,18 +15,9 @@ import { errnoName, O_DIRECTORY, O_RDONLY, openAt, closeFd } from '../os/libc.js
 import { LogLimiter } from '../logging/log-limiter.js';
 import type { VmOutput } from '../ratio/types.js';
 import { SafeDir } from './safe-dir.js';
+import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { StatsMirror, type StatsSource } from './stats-mirror.js';
-import {
-  CLASS_DIR,
-  classLinkTarget,
-  energyText,
-  GUEST_STATS_FILE,
-  guestDirName,
-  guestZones,
-  POWERCAP_DIR,
-  ZONE_ENERGY_FILE,
-  zoneAttributes,
-} from './tree.js';
+import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
 /** The default --guest-dir. */
 export const DEFAULT_GUEST_DIR = '/run/vmsr-helper/guests';
@@ -259,7 +250,7 @@ export class GuestDirs {
       }
       const shown = s.base + z.energyUj - s.start;
       if (shown === s.shown) continue;
-      p.dir.write(z.id, ZONE_ENERGY_FILE, energyText(shown));
+      p.dir.write(z.id, ENERGY_UJ, energyText(shown));
       s.shown = shown;
     }
     const stats = this.source.statsFile(p.vmId);
@@ -276,8 +267,8 @@ export class GuestDirs {
   /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */
   private makeZone(dir: SafeDir, id: string, name: string, energyUj: bigint): ZoneState {
     for (const a of zoneAttributes({ name })) dir.write(id, a.file, a.text);
-    dir.link(`${CLASS_DIR}/${POWERCAP_DIR}`, id, classLinkTarget(id));
-    const held = dir.readCount(id, ZONE_ENERGY_FILE);
+    dir.link(POWERCAP_CLASS_DIR, id, classLinkTarget(id));
+    const held = dir.readCount(id, ENERGY_UJ);
     if (held === null) return { name, base: 0n, start: 0n, shown: -1n };
     return { name, base: held, start: energyUj, shown: held };
   }

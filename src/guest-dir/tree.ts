@@ -15,6 +15,7 @@
  */
 import type { VmOutput } from '../ratio/types.js';
 import { formatUuid } from '../common/uuid.js';
+import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
 
 /**
  * Every zone's max_energy_range_uj: what the kernel shows for a RAPL counter of 32 bits in units of
@@ -25,13 +26,10 @@ export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
 export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
 
 export const ZONE_NAME_FILE = 'name';
-export const ZONE_ENERGY_FILE = 'energy_uj';
-export const ZONE_MAX_FILE = 'max_energy_range_uj';
 /** The statistics file, beside the zones. */
 export const GUEST_STATS_FILE = 'stats';
-/** class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
-export const CLASS_DIR = 'class';
-export const POWERCAP_DIR = 'powercap';
+/** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
+const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
 
 /** A zone of the tree: its directory name, its `name` attribute, and the VM's energy it counts (µJ, not wrapped). */
 export interface GuestZone {
@@ -70,7 +68,7 @@ export function energyText(uj: bigint): string {
 export function zoneAttributes(z: Pick<GuestZone, 'name'>): { file: string; text: string }[] {
   return [
     { file: ZONE_NAME_FILE, text: `${z.name}\n` },
-    { file: ZONE_MAX_FILE, text: `${GUEST_MAX_ENERGY_RANGE_UJ}\n` },
+    { file: MAX_ENERGY_RANGE_UJ, text: `${GUEST_MAX_ENERGY_RANGE_UJ}\n` },
   ];
 }
 
@@ -78,9 +76,6 @@ export function zoneAttributes(z: Pick<GuestZone, 'name'>): { file: string; text
 export function classLinkTarget(id: string): string {
   return `../../${id}`;
 }
-
-/** A zone directory's name: intel-rapl:N or intel-rapl:N:M. */
-export const ZONE_ID = /^intel-rapl:\d+(?::\d+)?$/;
 
 /** Names the helper makes at the top of a guest directory (its temporary files start with '.vmsr-'). */
 export function isHelperEntry(name: string): boolean {

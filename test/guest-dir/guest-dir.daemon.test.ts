@@ -10,9 +10,8 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS, MSR_PP0_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
-import { FakeHost } from '../support/fake-host.js';
+import { countingHost } from './support.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { missing } from '../support/env.js';
 import { hostArgs, spawnHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
@@ -26,16 +25,7 @@ const NOBODY = 65534;
 
 /** A fake host counting every domain, a daemon on it publishing into a new guest directory. */
 async function guestDaemon(): Promise<{ helper: DaemonChild; dir: string }> {
-  const fake = new FakeHost({ packages: [0, 0] });
-  cleanups.push(() => fake.cleanup());
-  fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 1000 } });
-  const domains = [MSR_PP0_ENERGY_STATUS, MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS];
-  for (const msr of domains) fake.setCounter(fake.cpusOf(0), msr, 1000);
-  const pump = setInterval(() => {
-    fake.addEnergy(0, 1200);
-    for (const msr of domains) fake.addCounter(fake.cpusOf(0), msr, 400);
-  }, 20);
-  cleanups.push(() => clearInterval(pump));
+  const fake = countingHost(cleanups, 1200, 400);
   const tmp = tempDir('vmsr-guest-dir-');
   cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
   const dir = path.join(tmp, 'guests');

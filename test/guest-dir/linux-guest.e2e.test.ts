@@ -13,8 +13,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, type VmUpdate } from '../../src/client/v2-client.js';
-import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS, MSR_PP0_ENERGY_STATUS } from '../../src/msr/registers.js';
-import { FakeHost } from '../support/fake-host.js';
+import { countingHost } from './support.js';
 import { missing } from '../support/env.js';
 import { hostArgs, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 
@@ -46,16 +45,7 @@ describe('a real Linux guest', () => {
       return ctx.skip(`no Linux guest here: ${err}`);
     }
 
-    const fake = new FakeHost({ packages: [0, 0] });
-    cleanups.push(() => fake.cleanup());
-    fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 1000 } });
-    const domains = [MSR_PP0_ENERGY_STATUS, MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS];
-    for (const msr of domains) fake.setCounter(fake.cpusOf(0), msr, 1000);
-    const pump = setInterval(() => {
-      fake.addEnergy(0, 1500);
-      for (const msr of domains) fake.addCounter(fake.cpusOf(0), msr, 500);
-    }, 20);
-    cleanups.push(() => clearInterval(pump));
+    const fake = countingHost(cleanups, 1500, 500);
 
     const guests = path.join(tmp, 'guests');
     const uuid = crypto.randomUUID();
