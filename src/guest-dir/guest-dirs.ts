@@ -14,7 +14,7 @@ import { cannot } from '../common/errors.js';
 import { errnoName, O_DIRECTORY, O_RDONLY, openAt, closeFd } from '../os/libc.js';
 import { LogLimiter } from '../logging/log-limiter.js';
 import type { VmOutput } from '../ratio/types.js';
-import { SafeDir } from './safe-dir.js';
+import { SafeDir, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { StatsMirror, type StatsSource } from './stats-mirror.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
@@ -56,7 +56,7 @@ interface ZoneState {
 
 interface Published {
   vmId: number;
-  dir: SafeDir;
+  dir: GuestTree;
   zones: Map<string, ZoneState>;
   stats: StatsMirror | null;
   /** Written with the VM ended: nothing more changes. */
@@ -73,6 +73,8 @@ export class GuestDirs {
   /** Directories refused, by name: the signature they had, so they are checked again only once changed. */
   private readonly refused = new Map<string, string>();
   private readonly limiter: LogLimiter;
+  /** The helper's own uid: a directory it owns is as good as root's. */
+  private readonly euid = process.geteuid?.() ?? 0;
   private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
 
   constructor(
@@ -84,12 +86,16 @@ export class GuestDirs {
     this.limiter = new LogLimiter(log, { burst: GUEST_LOG_BURST });
   }
 
-  /** One sample: every VM with a directory, written. */
+  /** One sample: every VM with a directory, written. Never throws: the sample's other work goes on. */
   sample(): void {
-    if (!this.listRoot()) return;
-    const claims = this.claims();
-    for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
-    for (const [name, vms] of claims) this.publish(name, vms);
+    try {
+      if (!this.listRoot()) return;
+      const claims = this.claims();
+      for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
+      for (const [name, vms] of claims) this.publish(name, vms);
+    } catch (e) {
+      this.limiter.warn('guest dir', { guestDir: this.root, err: (e as Error).message }, 'guest directories not written this sample');
+    }
   }
 
   close(): void {
@@ -113,10 +119,12 @@ export class GuestDirs {
       this.rootFd = fd;
       this.rootSig = '';
     }
-    let st: fs.BigIntStats;
-    try {
-      st = fs.fstatSync(this.rootFd, { bigint: true });
-    } catch {
+    const st = fs.fstatSync(this.rootFd, { bigint: true });
+    if (st.nlink === 0n) {
+      // DIR itself was removed: let go of everything in it, and open DIR again at the next sample.
+      for (const name of [...this.published.keys()]) this.unpublish(name);
+      closeFd(this.rootFd);
+      this.rootFd = null;
       return false;
     }
     const sig = `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
@@ -185,7 +193,7 @@ export class GuestDirs {
 
   /** The one VM a directory owned by `owner` belongs to: the live one (of that owner, unless root's), else the one ended. */
   private owner(owner: number, vms: GuestVm[]): GuestVm | null {
-    const mine = owner === 0 ? vms : vms.filter((v) => v.uid === owner);
+    const mine = owner === 0 || owner === this.euid ? vms : vms.filter((v) => v.uid === owner);
     const live = mine.filter((v) => v.live);
     if (live.length > 1) return null;
     return live[0] ?? mine.at(-1) ?? null;
@@ -193,7 +201,7 @@ export class GuestDirs {
 
   private adopt(name: string, vms: GuestVm[]): Published | null {
     const root = this.rootFd!;
-    const opened = SafeDir.open(root, this.root, name, [0, ...new Set(vms.map((v) => v.uid)), process.geteuid?.() ?? 0]);
+    const opened = SafeDir.open(root, this.root, name, [0, this.euid, ...new Set(vms.map((v) => v.uid))]);
     if (!opened.ok) {
       if (opened.error !== null) this.refuse(name, opened.error, vms);
       return null;
@@ -265,7 +273,7 @@ export class GuestDirs {
   }
 
   /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */
-  private makeZone(dir: SafeDir, id: string, name: string, energyUj: bigint): ZoneState {
+  private makeZone(dir: GuestTree, id: string, name: string, energyUj: bigint): ZoneState {
     for (const a of zoneAttributes({ name })) dir.write(id, a.file, a.text);
     dir.link(POWERCAP_CLASS_DIR, id, classLinkTarget(id));
     const held = dir.readCount(id, ENERGY_UJ);

@@ -74,8 +74,30 @@ const nowNs = () => BigInt(Date.now()) * 1_000_000n;
 const needChmod = (process.umask() & FILE_MODE) !== 0;
 const textBuf = Buffer.alloc(64);
 
+/** What the publisher (guest-dirs.ts) does with one guest directory: the writer's whole interface. */
+export interface GuestTree {
+  readonly path: string;
+  /** Owner of the directory (a directory a VM's user owns belongs to that user's VMs only). */
+  readonly owner: number;
+  /** Whether it may have changed since the last audit(): cheap, each sample. */
+  changed(): boolean;
+  /** Why it is refused now, or null. */
+  audit(): string | null;
+  /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
+  write(rel: string, file: string, text: string): void;
+  /** A new top file of `bytes`, mapped shared and writable, renamed into place. */
+  mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint };
+  /** The µJ count a file of the helper's holds, or null. */
+  readCount(rel: string, file: string): bigint | null;
+  /** A symlink holding `target` in the helper's directory `rel`. */
+  link(rel: string, name: string, target: string): void;
+  /** The inode of a top entry, or null. */
+  inodeOf(name: string): bigint | null;
+  close(): void;
+}
+
 /** One VM's guest directory, opened and checked; the fds of the directories the helper made in it. */
-export class SafeDir {
+export class SafeDir implements GuestTree {
   private sig = '';
   private readonly euid = process.geteuid?.() ?? 0;
   /** Directories made by the helper in it (zones, class, class/powercap), by relative name. */
@@ -103,7 +125,7 @@ export class SafeDir {
     const uid = Number(st.uid);
     if (!owners.includes(uid)) {
       closeFd(fd);
-      return fail(`${where} is owned by uid ${uid}, not by root or the VM's user (uid ${owners.at(-1)})`);
+      return fail(`${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`);
     }
     return ok(new SafeDir(fd, where, uid));
   }

@@ -7,7 +7,7 @@
 import { decodeStatsLayout, type StatsLayout } from '../protocol/stats/layout.js';
 import { SampleBlock } from '../protocol/stats/sample-block.js';
 import type { SharedMapping } from '../os/libc.js';
-import type { SafeDir } from './safe-dir.js';
+import type { GuestTree } from './safe-dir.js';
 
 /** The daemon's file of a VM: its bytes (a mapping the daemon writes at each sample) and size. */
 export interface StatsSource {
@@ -32,7 +32,7 @@ export class StatsMirror {
   }
 
   /** The file `file` in `dir`, made from `source`'s bytes now (renamed over an older one). */
-  static create(dir: SafeDir, file: string, source: StatsSource): StatsMirror {
+  static create(dir: GuestTree, file: string, source: StatsSource): StatsMirror {
     const bytes = Buffer.from(new Uint8Array(source.memory, 0, source.size));
     const layout = decodeStatsLayout(bytes, source.size);
     if (!layout.ok) throw new Error(`the statistics file does not decode: ${layout.error}`);
