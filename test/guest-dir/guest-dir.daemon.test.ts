@@ -64,7 +64,7 @@ const refusals = (h: DaemonChild, d: string) =>
     .split('\n')
     .filter((l) => l.includes(`cannot publish into ${d}`));
 
-describe('--guest-dir', () => {
+describe('--guest-dir', { timeout: 240_000 }, () => {
   it('gives each VM its own tree: package, core, DRAM and PSYS zones that grow, class/powercap, the statistics file; a second VM gets nothing of the first', async (ctx) => {
     const why = missing({ root: true });
     if (why) return ctx.skip(why);
@@ -75,7 +75,7 @@ describe('--guest-dir', () => {
     for (const u of [busy.uuid, idle.uuid, unknown]) fs.mkdirSync(path.join(dir, u));
     const a = path.join(dir, busy.uuid);
     const b = path.join(dir, idle.uuid);
-    await waitFor(() => exists(path.join(a, 'stats')) && exists(path.join(b, 'stats')), 'both statistics files', helper, 15_000);
+    await waitFor(() => exists(path.join(a, 'stats')) && exists(path.join(b, 'stats')), 'both statistics files', helper, 60_000);
     expect(tree(a)).toEqual(
       [
         'class',
@@ -191,8 +191,8 @@ describe('--guest-dir', () => {
     // A control beside them: a clean directory is written (so the daemon did sample meanwhile).
     const clean = await vm();
     fs.mkdirSync(path.join(dir, clean.uuid));
-    await waitFor(() => cases.every((_, i) => refusals(helper, path.join(dir, vms[i]!.uuid)).length > 0), 'every refusal', helper, 15_000);
-    await waitFor(() => exists(path.join(dir, clean.uuid, 'stats')), 'the clean directory written', helper, 15_000);
+    await waitFor(() => cases.every((_, i) => refusals(helper, path.join(dir, vms[i]!.uuid)).length > 0), 'every refusal', helper, 60_000);
+    await waitFor(() => exists(path.join(dir, clean.uuid, 'stats')), 'the clean directory written', helper, 60_000);
     await new Promise((r) => setTimeout(r, 1500)); // 15 more samples: still one line each
     cases.forEach((c, i) => {
       const d = path.join(dir, vms[i]!.uuid);
@@ -208,7 +208,7 @@ describe('--guest-dir', () => {
     // Once the planted link is gone, the directory is written.
     const fixed = path.join(dir, vms[1]!.uuid);
     fs.unlinkSync(path.join(fixed, 'intel-rapl:0'));
-    await waitFor(() => exists(path.join(fixed, 'intel-rapl:0/energy_uj')), 'the fixed directory written', helper, 15_000);
+    await waitFor(() => exists(path.join(fixed, 'intel-rapl:0/energy_uj')), 'the fixed directory written', helper, 60_000);
   });
 
   it("writes a directory owned by the VM's user, and refuses it to a VM of another user", async (ctx) => {
@@ -223,8 +223,8 @@ describe('--guest-dir', () => {
       fs.chmodSync(d, 0o777);
       fs.chownSync(d, NOBODY, NOBODY);
     }
-    await waitFor(() => exists(path.join(dir, theirs.uuid, 'intel-rapl:0/energy_uj')), "the VM user's directory written", helper, 15_000);
-    await waitFor(() => refusals(helper, path.join(dir, mine.uuid)).length > 0, 'the refusal', helper, 15_000);
+    await waitFor(() => exists(path.join(dir, theirs.uuid, 'intel-rapl:0/energy_uj')), "the VM user's directory written", helper, 60_000);
+    await waitFor(() => refusals(helper, path.join(dir, mine.uuid)).length > 0, 'the refusal', helper, 60_000);
     expect(fs.readdirSync(path.join(dir, mine.uuid))).toEqual([]);
   });
 });

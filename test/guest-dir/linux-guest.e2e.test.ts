@@ -31,7 +31,7 @@ function parseLine(l: string): Map<string, bigint> {
   return new Map([...l.matchAll(/(\S+)=(\d+)/g)].filter((m) => m[1] !== 't').map((m) => [m[1]!, BigInt(m[2]!)]));
 }
 
-describe('a real Linux guest', () => {
+describe('a real Linux guest', { timeout: 300_000 }, () => {
   it("reads its package, core, DRAM and PSYS energy over 9p, growing, and its package energy over its window is the helper's for that VM", async (ctx) => {
     const why = missing({ root: true, qemu: true, command: 'cpio' });
     if (why) return ctx.skip(why);
