@@ -109,6 +109,12 @@ export class SafeDir implements GuestTree {
     readonly owner: number,
   ) {}
 
+  /** Refusal of a directory owned by `uid` when only `owners` may own it, or null. */
+  private static ownerRefusal(where: string, uid: number, owners: readonly number[]): string | null {
+    if (owners.includes(uid)) return null;
+    return `${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`;
+  }
+
   /**
    * `name` under the directory `rootFd` (its path `root`, for messages), when it is a directory owned
    * by one of `owners`; else why not (absent: null reason, nothing to say).
@@ -123,9 +129,10 @@ export class SafeDir implements GuestTree {
     }
     const st = fs.fstatSync(fd, { bigint: true });
     const uid = Number(st.uid);
-    if (!owners.includes(uid)) {
+    const refusal = SafeDir.ownerRefusal(where, uid, owners);
+    if (refusal !== null) {
       closeFd(fd);
-      return fail(`${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`);
+      return fail(refusal);
     }
     return ok(new SafeDir(fd, where, uid));
   }
@@ -152,6 +159,8 @@ export class SafeDir implements GuestTree {
    */
   audit(): string | null {
     const st = fs.fstatSync(this.fd, { bigint: true });
+    // Given to another user since it was opened: it no longer belongs to the VM it was opened for.
+    if (Number(st.uid) !== this.owner) return `${this.path} changed owner (uid ${this.owner} to ${st.uid})`;
     const names = fs.readdirSync(`/proc/self/fd/${this.fd}`);
     if (names.length > MAX_GUEST_DIR_ENTRIES) return `${this.path} holds ${names.length} entries, more than ${MAX_GUEST_DIR_ENTRIES}`;
     for (const name of names) {

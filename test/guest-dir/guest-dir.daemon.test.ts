@@ -12,6 +12,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { countingHost } from './support.js';
+import { TEMP_PREFIX } from '../../src/guest-dir/tree.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { missing } from '../support/env.js';
 import { hostArgs, spawnHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
@@ -50,13 +51,17 @@ const readUj = (f: string): bigint => BigInt(fs.readFileSync(f, 'utf8').trim());
 const exists = (f: string) => fs.existsSync(f);
 /** Every entry under `d`, relative, symlinks not followed. */
 function tree(d: string, rel = ''): string[] {
-  return fs
-    .readdirSync(path.join(d, rel), { withFileTypes: true })
-    .flatMap((e) => {
-      const r = rel === '' ? e.name : `${rel}/${e.name}`;
-      return e.isDirectory() ? [r, ...tree(d, r)] : [r];
-    })
-    .sort();
+  return (
+    fs
+      .readdirSync(path.join(d, rel), { withFileTypes: true })
+      .flatMap((e) => {
+        const r = rel === '' ? e.name : `${rel}/${e.name}`;
+        return e.isDirectory() ? [r, ...tree(d, r)] : [r];
+      })
+      // A file being written (created, then renamed into place) is left out.
+      .filter((r) => !path.basename(r).startsWith(TEMP_PREFIX))
+      .sort()
+  );
 }
 const refusals = (h: DaemonChild, d: string) =>
   h
@@ -187,11 +192,20 @@ describe('--guest-dir', { timeout: 240_000 }, () => {
       },
     ];
     const vms = await Promise.all(cases.map(() => vm()));
-    cases.forEach((c, i) => c.plant(path.join(dir, vms[i]!.uuid), vms[i]!.uuid));
+    // Each made whole beside DIR, then renamed in: the daemon never sees it half planted.
+    const stage = path.join(path.dirname(dir), 'stage');
+    fs.mkdirSync(stage);
+    cases.forEach((c, i) => {
+      c.plant(path.join(stage, vms[i]!.uuid), vms[i]!.uuid);
+      fs.renameSync(path.join(stage, vms[i]!.uuid), path.join(dir, vms[i]!.uuid));
+    });
     // A control beside them: a clean directory is written (so the daemon did sample meanwhile).
     const clean = await vm();
     fs.mkdirSync(path.join(dir, clean.uuid));
-    await waitFor(() => cases.every((_, i) => refusals(helper, path.join(dir, vms[i]!.uuid)).length > 0), 'every refusal', helper, 60_000);
+    const unrefused = () => cases.filter((_, i) => refusals(helper, path.join(dir, vms[i]!.uuid)).length === 0).map((c) => c.name);
+    await waitFor(() => unrefused().length === 0, 'every refusal', helper, 60_000).catch((e: Error) => {
+      throw new Error(`${e.message}; not refused: ${unrefused().join('; ')}\n${helper.stderr().slice(-3000)}`);
+    });
     await waitFor(() => exists(path.join(dir, clean.uuid, 'stats')), 'the clean directory written', helper, 60_000);
     await new Promise((r) => setTimeout(r, 1500)); // 15 more samples: still one line each
     cases.forEach((c, i) => {
@@ -218,10 +232,11 @@ describe('--guest-dir', { timeout: 240_000 }, () => {
     const theirs = await vm({ uid: NOBODY });
     const mine = await vm();
     for (const v of [theirs, mine]) {
-      const d = path.join(dir, v.uuid);
+      const d = path.join(path.dirname(dir), v.uuid);
       fs.mkdirSync(d, { mode: 0o777 });
       fs.chmodSync(d, 0o777);
       fs.chownSync(d, NOBODY, NOBODY);
+      fs.renameSync(d, path.join(dir, v.uuid));
     }
     await waitFor(() => exists(path.join(dir, theirs.uuid, 'intel-rapl:0/energy_uj')), "the VM user's directory written", helper, 60_000);
     await waitFor(() => refusals(helper, path.join(dir, mine.uuid)).length > 0, 'the refusal', helper, 60_000);
