@@ -3,9 +3,9 @@
  * the sampling interval and its bounds, the v2 limits, and the argument parsers. Each refuses bad
  * text with a message naming the flag.
  */
-import { DEFAULT_GUEST_DIR } from '../guest-dir/guest-dirs.js';
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
+import { DEFAULT_GUEST_DIR } from '../guest-dir/defaults.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
 import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';

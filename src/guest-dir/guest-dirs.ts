@@ -19,8 +19,6 @@ import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { StatsMirror, type StatsSource } from './stats-mirror.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
-/** The default --guest-dir. */
-export const DEFAULT_GUEST_DIR = '/run/vmsr-helper/guests';
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 export const GUEST_LOG_BURST = 20;
 /** Samples between two full checks of every published directory, changed or not. */

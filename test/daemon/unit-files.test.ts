@@ -2,11 +2,11 @@
  * contrib/systemd against what the kernel and systemd expect, without systemd as PID 1: device
  * group names from the kernel source, the socket's access for libvirt's QEMU.
  */
-import { DEFAULT_GUEST_DIR } from '../../src/guest-dir/guest-dirs.js';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { ROOT } from './support/daemon-process.js';
+import { DEFAULT_GUEST_DIR } from '../../src/guest-dir/defaults.js';
 
 const UNIT_DIR = path.join(ROOT, 'contrib/systemd');
 const KERNEL_FIXTURE = path.join(ROOT, 'test/fixtures/kernel/msr-register.c');
