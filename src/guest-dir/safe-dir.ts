@@ -13,6 +13,7 @@ import {
   closeFd,
   errnoName,
   fchmodFd,
+  fstatRaw,
   mapShared,
   mkdirAt,
   O_CREAT,
@@ -28,6 +29,8 @@ import {
   pread,
   readlinkAt,
   renameAt,
+  STAT_ATIME_AT,
+  STAT_SIZE,
   symlinkAt,
   unlinkAt,
   writeFd,
@@ -69,6 +72,16 @@ function lstatAt(dirFd: number, name: string): fs.BigIntStats | null {
 }
 
 const signature = (st: fs.BigIntStats) => `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
+const statNow = Buffer.alloc(STAT_SIZE);
+
+/**
+ * The directory's stat as raw bytes, its access time left out (reading it changes that, not what it
+ * holds): equal bytes, nothing in it changed. Null when fstat fails.
+ */
+function statBytes(fd: number): Buffer | null {
+  if (fstatRaw(fd, statNow) < 0) return null;
+  return statNow.fill(0, STAT_ATIME_AT, STAT_ATIME_AT + 16);
+}
 const nowNs = () => BigInt(Date.now()) * 1_000_000n;
 /** Whether files must be chmod'ed after creation: the process's umask takes bits of 0444. */
 const needChmod = (process.umask() & FILE_MODE) !== 0;
@@ -98,7 +111,8 @@ export interface GuestTree {
 
 /** One VM's guest directory, opened and checked; the fds of the directories the helper made in it. */
 export class SafeDir implements GuestTree {
-  private sig = '';
+  /** The stat bytes of the last audit that saw the directory settled, or null: audit again. */
+  private sig: Buffer | null = null;
   private readonly euid = process.geteuid?.() ?? 0;
   /** Directories made by the helper in it (zones, class, class/powercap), by relative name. */
   private readonly dirs = new Map<string, { fd: number; ino: bigint }>();
@@ -149,7 +163,8 @@ export class SafeDir implements GuestTree {
 
   /** Whether the directory may have changed since the last audit(): one fstat. */
   changed(): boolean {
-    return signature(fs.fstatSync(this.fd, { bigint: true })) !== this.sig;
+    const now = statBytes(this.fd);
+    return now === null || this.sig === null || !now.equals(this.sig);
   }
 
   /**
@@ -158,6 +173,9 @@ export class SafeDir implements GuestTree {
    * that the helper did not make (another owner or another kind); other files and directories are left alone.
    */
   audit(): string | null {
+    // Taken before the entries are read: a change made while they are read shows as a change next time.
+    const before = statBytes(this.fd);
+    const seen = before === null ? null : Buffer.from(before);
     const st = fs.fstatSync(this.fd, { bigint: true });
     // Given to another user since it was opened: it no longer belongs to the VM it was opened for.
     if (Number(st.uid) !== this.owner) return `${this.path} changed owner (uid ${this.owner} to ${st.uid})`;
@@ -175,7 +193,7 @@ export class SafeDir implements GuestTree {
       if (made !== undefined && made.ino !== e.ino) this.dropDir(name);
     }
     // Seen settled only when its last change is older than the file system's time granularity.
-    this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? signature(st) : '';
+    this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? seen : null;
     return null;
   }
 

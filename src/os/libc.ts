@@ -61,6 +61,7 @@ const fn = {
   readlinkat: libc.func('long readlinkat(int dirfd, const char *path, void *buf, size_t size)'),
   write: libc.func('long write(int fd, const void *buf, size_t count)'),
   fchmod: libc.func('int fchmod(int fd, uint32_t mode)'),
+  fstat: libc.func('int fstat(int fd, void *buf)'),
 };
 
 export const SOL_SOCKET = 1;
@@ -731,4 +732,19 @@ export function writeFd(fd: number, buf: Buffer, length: number): number {
 /** fchmod(2): 0 or -errno. */
 export function fchmodFd(fd: number, mode: number): number {
   return (fn.fchmod(fd, mode) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** Bytes of x86_64's struct stat (asm/stat.h): the buffer fstatRaw fills. */
+export const STAT_SIZE = 144;
+/** Where st_atim lies in it (16 bytes: seconds, then nanoseconds). */
+export const STAT_ATIME_AT = 72;
+
+/**
+ * fstat(2) into `buf` (at least STAT_SIZE bytes) as the kernel lays it out, without making a Stats
+ * object: 0 or -errno. For a check that runs for many fds each sample (guest-dir/): Node's fstatSync
+ * makes an object of BigInts each call, several microseconds.
+ */
+export function fstatRaw(fd: number, buf: Buffer): number {
+  if (buf.length < STAT_SIZE) throw new RangeError(`fstat: a buffer of ${buf.length} bytes is under ${STAT_SIZE}`);
+  return (fn.fstat(fd, buf) as number) === 0 ? 0 : -koffi.errno();
 }
