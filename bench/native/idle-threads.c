@@ -1,20 +1,27 @@
 /*
  * A stand-in for a QEMU process: THREADS threads that sleep (vCPUs), the main thread waiting for
- * stdin to close. Prints "ready" once every thread exists.   idle-threads THREADS
+ * stdin to close. Prints "ready" once every thread exists.   idle-threads THREADS [WAKE_MS [ARGS...]]
+ * With WAKE_MS > 0 each thread wakes that often (as an idle guest's timer does) and sleeps again;
+ * further ARGS are ignored (QEMU-like arguments, e.g. -name, for /proc/PID/cmdline).
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+static int wake_ms;
+
 static void *sleeper(void *arg) {
   (void)arg;
-  for (;;) pause();
+  if (wake_ms <= 0)
+    for (;;) pause();
+  for (;;) usleep((useconds_t)wake_ms * 1000);
   return NULL;
 }
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 8;
+  wake_ms = argc > 2 ? atoi(argv[2]) : 0;
   pthread_attr_t a;
   pthread_attr_init(&a);
   pthread_attr_setstacksize(&a, 64 * 1024);

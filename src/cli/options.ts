@@ -5,6 +5,7 @@
  */
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
+import { DEFAULT_GUEST_DIR } from '../guest-dir/defaults.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
 import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';
@@ -308,6 +309,13 @@ export function addV2Options(cmd: Command): void {
       ),
     )
     .addOption(
+      new Option(
+        '--guest-dir <dir>',
+        'each VM whose directory DIR/<uuid>/ (or DIR/<name>/) exists gets its RAPL energy there as a powercap tree, to share with its guest (docs/guest.md)',
+      ).default(DEFAULT_GUEST_DIR),
+    )
+    .addOption(new Option('--no-guest-dir', 'publish nothing into guest directories'))
+    .addOption(
       new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
         .argParser(positiveIntArg('--max-backlog', 1 << 30))
         .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
@@ -328,6 +336,8 @@ export interface V2CliOptions {
   domains?: EnergyDomain[];
   maxDiscoveredVms?: number;
   maxVmThreads?: number;
+  /** --guest-dir; false with --no-guest-dir. */
+  guestDir?: string | false;
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
@@ -342,6 +352,12 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
   if (opts.domains !== undefined) out.domains = opts.domains;
   if (opts.maxDiscoveredVms !== undefined) out.maxDiscoveredVms = opts.maxDiscoveredVms;
   if (opts.maxVmThreads !== undefined) out.maxVmThreads = opts.maxVmThreads;
+  if (opts.guestDir !== false) {
+    const dir = opts.guestDir ?? DEFAULT_GUEST_DIR;
+    if (!dir.startsWith('/'))
+      throw new UsageError(`--guest-dir: the directory must be absolute (got '${dir}'); e.g. --guest-dir ${DEFAULT_GUEST_DIR}`);
+    out.guestDir = dir;
+  }
   if (opts.observerGroup !== undefined) {
     try {
       out.observerGid = group(opts.observerGroup);

@@ -17,11 +17,11 @@ export const POWERCAP_CLASS_DIR = 'class/powercap';
  * Zones of the MSR interface: intel-rapl:N and intel-rapl:N:M. intel-rapl-mmio (the MMIO interface of
  * client parts) repeats the package zone for its power limits and is not read: it would count twice.
  */
-const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
+export const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
 
 /** A zone's energy attribute and its range: energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
-const ENERGY_UJ = 'energy_uj';
-const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
+export const ENERGY_UJ = 'energy_uj';
+export const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
 
 export interface PowercapZone {
   /** intel-rapl:N or intel-rapl:N:M */

@@ -65,6 +65,8 @@ export interface V2ChainOptions {
   /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
   restore?: StateSnapshot;
   restoreWaitMs?: number;
+  /** --guest-dir (V2ServiceOptions.guestDir). */
+  guestDir?: string;
 }
 
 export interface V2Chain {
@@ -142,6 +144,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     sendWithFds: sendWithFdsOnSocket,
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
+    ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
   });
   return {
     host,
@@ -170,6 +173,8 @@ export interface V2DaemonSettings {
   maxDiscoveredVms?: number;
   /** --max-vm-threads (default DEFAULT_MAX_VM_THREADS). */
   maxVmThreads?: number;
+  /** --guest-dir (absent: --no-guest-dir). */
+  guestDir?: string;
 }
 
 /** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
@@ -240,6 +245,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     deferDiscovery: true,
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     health: start.health,
+    ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
     ...(start.restored ? { restore: start.restored } : {}),
   });
   log.info(
@@ -251,6 +257,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       discovery: o.discovery,
       maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
       maxVmThreads: shares.maxVmThreads,
+      ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
       ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     },
     'v2 service ready',

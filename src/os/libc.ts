@@ -53,6 +53,15 @@ const fn = {
   mmap: libc.func('void *mmap(void *addr, size_t len, int prot, int flags, int fd, long off)'),
   munmap: libc.func('int munmap(void *addr, size_t len)'),
   syscall: libc.func('long syscall(long number, ...)'),
+  openat: libc.func('int openat(int dirfd, const char *path, int flags, uint32_t mode)'),
+  mkdirat: libc.func('int mkdirat(int dirfd, const char *path, uint32_t mode)'),
+  renameat: libc.func('int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)'),
+  unlinkat: libc.func('int unlinkat(int dirfd, const char *path, int flags)'),
+  symlinkat: libc.func('int symlinkat(const char *target, int dirfd, const char *path)'),
+  readlinkat: libc.func('long readlinkat(int dirfd, const char *path, void *buf, size_t size)'),
+  write: libc.func('long write(int fd, const void *buf, size_t count)'),
+  fchmod: libc.func('int fchmod(int fd, uint32_t mode)'),
+  fstat: libc.func('int fstat(int fd, void *buf)'),
 };
 
 const SOL_SOCKET = 1;
@@ -663,4 +672,79 @@ export function mapShared(fd: number, length: number, writable: boolean): Shared
       fn.munmap(ptr, length);
     },
   };
+}
+
+// ---- paths relative to a directory fd (guest-dir/: nothing followed) ----
+
+export const O_RDONLY = 0;
+export const O_WRONLY = 0o1;
+export const O_RDWR = 0o2;
+export const O_CREAT = 0o100;
+export const O_EXCL = 0o200;
+export const O_NONBLOCK = 0o4000;
+export const O_DIRECTORY = 0o200000;
+export const O_NOFOLLOW = 0o400000;
+export const O_CLOEXEC = 0o2000000;
+export const O_PATH = 0o10000000;
+export const AT_REMOVEDIR = 0x200;
+
+/** openat(2): an fd of `name` in the directory `dirFd` (O_CLOEXEC added), or -errno (ELOOP: a symlink under O_NOFOLLOW). */
+export function openAt(dirFd: number, name: string, flags: number, mode = 0): number {
+  const fd = fn.openat(dirFd, name, flags | O_CLOEXEC, mode) as number;
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/** mkdirat(2): 0, or -errno (EEXIST when the name is taken, by anything). */
+export function mkdirAt(dirFd: number, name: string, mode: number): number {
+  return (fn.mkdirat(dirFd, name, mode) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** renameat(2) of `from` to `to`, both in `dirFd`: replaces `to` at once (a reader opens the old file or the new one). 0 or -errno. */
+export function renameAt(dirFd: number, from: string, to: string): number {
+  return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** unlinkat(2) (AT_REMOVEDIR for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
+export function unlinkAt(dirFd: number, name: string, flags = 0): number {
+  return (fn.unlinkat(dirFd, name, flags) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** symlinkat(2): a symlink `name` in `dirFd` holding `target` (never resolved here). 0 or -errno. */
+export function symlinkAt(target: string, dirFd: number, name: string): number {
+  return (fn.symlinkat(target, dirFd, name) as number) === 0 ? 0 : -koffi.errno();
+}
+
+const linkBuf = Buffer.alloc(4096);
+
+/** readlinkat(2): the target a symlink holds, or -errno (EINVAL: not a symlink). */
+export function readlinkAt(dirFd: number, name: string): string | number {
+  const n = Number(fn.readlinkat(dirFd, name, linkBuf, linkBuf.length));
+  return n >= 0 ? linkBuf.toString('utf8', 0, n) : -koffi.errno();
+}
+
+/** write(2) of buf[0, length): the count written, or -errno. */
+export function writeFd(fd: number, buf: Buffer, length: number): number {
+  if (length > buf.length) throw new RangeError(`write: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.write(fd, buf, length));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** fchmod(2): 0 or -errno. */
+export function fchmodFd(fd: number, mode: number): number {
+  return (fn.fchmod(fd, mode) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** Bytes of x86_64's struct stat (asm/stat.h): the buffer fstatRaw fills. */
+export const STAT_SIZE = 144;
+/** Where st_atim lies in it (16 bytes: seconds, then nanoseconds). */
+export const STAT_ATIME_AT = 72;
+
+/**
+ * fstat(2) into `buf` (at least STAT_SIZE bytes) as the kernel lays it out, without making a Stats
+ * object: 0 or -errno. For a check that runs for many fds each sample (guest-dir/): Node's fstatSync
+ * makes an object of BigInts each call, several microseconds.
+ */
+export function fstatRaw(fd: number, buf: Buffer): number {
+  if (buf.length < STAT_SIZE) throw new RangeError(`fstat: a buffer of ${buf.length} bytes is under ${STAT_SIZE}`);
+  return (fn.fstat(fd, buf) as number) === 0 ? 0 : -koffi.errno();
 }

@@ -6,6 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { ROOT } from './support/daemon-process.js';
+import { DEFAULT_GUEST_DIR } from '../../src/guest-dir/defaults.js';
 
 const UNIT_DIR = path.join(ROOT, 'contrib/systemd');
 const KERNEL_FIXTURE = path.join(ROOT, 'test/fixtures/kernel/msr-register.c');
@@ -82,5 +83,9 @@ describe('contrib/systemd units', () => {
     expect(search).toEqual(expect.arrayContaining(['/usr/local/bin', '/usr/bin']));
     expect(unitValues(text, 'ProtectSystem')).toEqual(['strict']);
     expect(unitValues(text, 'StateDirectory')).toEqual(['vmsr-helper']);
+    // And --guest-dir's default, kept across stops for the libvirt hook (docs/guest.md).
+    expect(unitValues(text, 'RuntimeDirectory')).toEqual([`vmsr-helper vmsr-helper/guests`]);
+    expect(DEFAULT_GUEST_DIR).toBe('/run/vmsr-helper/guests');
+    expect(unitValues(text, 'RuntimeDirectoryPreserve')).toEqual(['yes']);
   });
 });

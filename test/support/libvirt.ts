@@ -65,9 +65,18 @@ export function guestKernelDir(): { dir: string; kernel: string; remove(): void 
   return { dir, kernel, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** A transient domain: `vcpus` vCPUs in `sockets` sockets, the spin guest in `mode`. */
-export function createDomain(o: { name: string; kernel: string; mode: GuestMode; vcpus: number; sockets: number; dir: string }): Domain {
-  const uuid = crypto.randomUUID();
+/** A transient domain: `vcpus` vCPUs in `sockets` sockets, the spin guest in `mode`; `devices` more device XML, `uuid` its UUID. */
+export function createDomain(o: {
+  name: string;
+  kernel: string;
+  mode: GuestMode;
+  vcpus: number;
+  sockets: number;
+  dir: string;
+  devices?: string;
+  uuid?: string;
+}): Domain {
+  const uuid = o.uuid ?? crypto.randomUUID();
   const cores = o.vcpus / o.sockets;
   const xml = `<domain type='${hasKvm() ? 'kvm' : 'qemu'}'>
   <name>${o.name}</name>
@@ -77,7 +86,7 @@ export function createDomain(o: { name: string; kernel: string; mode: GuestMode;
   <os><type arch='x86_64' machine='pc'>hvm</type><kernel>${o.kernel}</kernel><cmdline>mode=${o.mode}</cmdline></os>
   <cpu><topology sockets='${o.sockets}' dies='1' cores='${cores}' threads='1'/></cpu>
   <features><acpi/></features>
-  <devices><emulator>/usr/bin/qemu-system-x86_64</emulator></devices>
+  <devices><emulator>/usr/bin/qemu-system-x86_64</emulator>${o.devices ?? ''}</devices>
 </domain>
 `;
   const file = path.join(o.dir, `${o.name}.xml`);

@@ -54,6 +54,8 @@ import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, type RestorePlan } from '../handover/live-state.js';
 import { restoreParts, restoreSampling, type RestoreReport } from '../handover/restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
+import { GuestDirs } from '../../guest-dir/guest-dirs.js';
+import { guestSource } from './guest-source.js';
 
 export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -98,6 +100,8 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * process) before it is released as if its connection had closed; default RESTORED_REGISTRATION_WAIT_MS.
    */
   restoreWaitMs?: number;
+  /** --guest-dir: each VM's powercap-shaped tree and statistics file in DIR/<uuid>/ (docs/guest.md); absent: none. */
+  guestDir?: string;
 }
 
 /** The message of ERROR RESTARTING. */
@@ -115,6 +119,8 @@ interface V2Parts {
   discovered?: DiscoveredVms;
   whole?: WholeVms;
   stats: StatsFiles;
+  /** --guest-dir's trees (guest-dir/), when on. */
+  guests?: GuestDirs;
   requests: RequestParts;
   /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
   hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
@@ -223,6 +229,8 @@ function makeParts(
       fds: o.fds?.usage?.() ?? null,
     }),
   });
+  const guests =
+    o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
   const requests: RequestParts = {
     registry,
     sampling,
@@ -234,7 +242,23 @@ function makeParts(
     observerGid: o.observerGid,
     stats,
   };
-  return { engine, registry, sampling, clients, fanOut, energy, lifecycle, discovered, whole, stats, requests, hostValues, limiter, vmLog };
+  return {
+    engine,
+    registry,
+    sampling,
+    clients,
+    fanOut,
+    energy,
+    lifecycle,
+    discovered,
+    whole,
+    stats,
+    guests,
+    requests,
+    hostValues,
+    limiter,
+    vmLog,
+  };
 }
 
 /**
@@ -293,10 +317,10 @@ export class V2Service {
 
   /**
    * What each sample feeds, once the engine took it: host energy, VMs that ended, the fan-out of
-   * UPDATE/HOST_UPDATE frames, the statistics files. A new consumer of samples is one line here.
+   * UPDATE/HOST_UPDATE frames, the statistics files, the guest directories. A new consumer of samples is one line here.
    */
   private sampled(ev: SampleEvent): void {
-    const { energy, lifecycle, whole, fanOut, stats, sampling } = this.p;
+    const { energy, lifecycle, whole, fanOut, stats, guests, sampling } = this.p;
     energy.add(ev.tNs, ev.result?.packages ?? []);
     lifecycle.ended(ev.ended);
     lifecycle.age();
@@ -306,6 +330,7 @@ export class V2Service {
       host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
     });
     stats.sample(ev, lifecycle.changed);
+    guests?.sample();
     lifecycle.clearChanged();
   }
 
@@ -393,6 +418,7 @@ export class V2Service {
     clearTimeout(this.restoredWait);
     this.listeners.dispose();
     p.sampling.close();
+    p.guests?.close();
     p.stats.close();
     p.limiter.flush();
     p.vmLog.flush();

@@ -1,0 +1,304 @@
+/**
+ * --guest-dir (docs/guest.md): for every VM the helper knows whose directory DIR/<uuid>/ (or
+ * DIR/<name>/) exists, its powercap-shaped tree (tree.ts) and its statistics file, written once per
+ * sample. Which VM a directory belongs to, and when a directory is refused, are decided here; every
+ * file is written through SafeDir (safe-dir.ts), which follows nothing.
+ *
+ * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
+ * directory (checked again only when it changed), a new energy_uj (create, write, rename) for each
+ * zone whose value changed, and the statistics file copied into its mapping (no system call).
+ */
+import fs from 'node:fs';
+import type { Logger } from 'pino';
+import { cannot } from '../common/errors.js';
+import { errnoName, O_DIRECTORY, O_RDONLY, openAt, closeFd } from '../os/libc.js';
+import { LogLimiter } from '../logging/log-limiter.js';
+import type { VmOutput } from '../ratio/types.js';
+import { SafeDir, type GuestTree } from './safe-dir.js';
+import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
+import { StatsMirror, type StatsSource } from './stats-mirror.js';
+import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
+
+/** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
+export const GUEST_LOG_BURST = 20;
+/** Samples between two full checks of every published directory, changed or not. */
+export const GUEST_AUDIT_EVERY = 60;
+
+/** A VM as the guest directories see it. */
+export interface GuestVm {
+  vmId: number;
+  uuid: Uint8Array | null;
+  name: string | null;
+  /** Owner of its process: a directory it owns is its. */
+  uid: number;
+  live: boolean;
+}
+
+/** What the publisher reads of the daemon, each sample. */
+export interface GuestDirSource {
+  vms(): Iterable<GuestVm>;
+  output(vmId: number): VmOutput | undefined;
+  /** The VM's statistics file (made when it has none), or null when it cannot be. */
+  statsFile(vmId: number): StatsSource | null;
+  /** Whether `n` more fds fit the daemon's budget (absent: always). */
+  canOpen?(n: number, what: string): boolean;
+}
+
+/** A zone as written: the value it shows = base + (energy - start), base the count its file held. */
+interface ZoneState {
+  name: string;
+  base: bigint;
+  start: bigint;
+  shown: bigint;
+}
+
+interface Published {
+  vmId: number;
+  dir: GuestTree;
+  zones: Map<string, ZoneState>;
+  stats: StatsMirror | null;
+  /** Written with the VM ended: nothing more changes. */
+  final: boolean;
+  samples: number;
+}
+
+export class GuestDirs {
+  private rootFd: number | null = null;
+  private rootSig = '';
+  private rootMissingSaid = false;
+  private present = new Set<string>();
+  private readonly published = new Map<string, Published>();
+  /** Directories refused, by name: the signature they had, so they are checked again only once changed. */
+  private readonly refused = new Map<string, string>();
+  private readonly limiter: LogLimiter;
+  /** The helper's own uid: a directory it owns is as good as root's. */
+  private readonly euid = process.geteuid?.() ?? 0;
+  private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
+
+  constructor(
+    private readonly root: string,
+    private readonly source: GuestDirSource,
+    private readonly log: Logger,
+  ) {
+    // One line per refused directory: as many as VM lines get (vm-log.ts) before the count line.
+    this.limiter = new LogLimiter(log, { burst: GUEST_LOG_BURST });
+  }
+
+  /** One sample: every VM with a directory, written. Never throws: the sample's other work goes on. */
+  sample(): void {
+    try {
+      if (!this.listRoot()) return;
+      const claims = this.claims();
+      for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
+      for (const [name, vms] of claims) this.publish(name, vms);
+    } catch (e) {
+      this.limiter.warn('guest dir', { guestDir: this.root, err: (e as Error).message }, 'guest directories not written this sample');
+    }
+  }
+
+  close(): void {
+    for (const name of [...this.published.keys()]) this.unpublish(name);
+    if (this.rootFd !== null) closeFd(this.rootFd);
+    this.rootFd = null;
+    this.limiter.flush();
+  }
+
+  /** DIR opened and its names listed when it changed; false when it is not there (nothing to do). */
+  private listRoot(): boolean {
+    if (this.rootFd === null) {
+      const fd = openAt(-100, this.root, O_RDONLY | O_DIRECTORY);
+      if (fd < 0) {
+        // Said once: a host without guest directories (the default DIR absent) is not an error.
+        if (!this.rootMissingSaid)
+          this.log.info({ guestDir: this.root, err: errnoName(-fd) }, 'no guest directory: nothing is published into guests');
+        this.rootMissingSaid = true;
+        return false;
+      }
+      this.rootFd = fd;
+      this.rootSig = '';
+    }
+    const st = fs.fstatSync(this.rootFd, { bigint: true });
+    if (st.nlink === 0n) {
+      // DIR itself was removed: let go of everything in it, and open DIR again at the next sample.
+      for (const name of [...this.published.keys()]) this.unpublish(name);
+      closeFd(this.rootFd);
+      this.rootFd = null;
+      return false;
+    }
+    const sig = `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
+    if (sig === this.rootSig) return this.present.size > 0;
+    this.present = new Set(fs.readdirSync(`/proc/self/fd/${this.rootFd}`));
+    // A change within the file system's time granularity may hide another: settled only once older.
+    this.rootSig = st.mtimeNs < BigInt(Date.now() - 50) * 1_000_000n ? sig : '';
+    // A directory removed or replaced: let go of it (a new one is opened afresh).
+    for (const name of this.published.keys()) if (!this.present.has(name)) this.unpublish(name);
+    for (const name of this.refused.keys()) if (!this.present.has(name)) this.refused.delete(name);
+    return this.present.size > 0;
+  }
+
+  /** Directory name -> the VMs that name it, for the names present in DIR. */
+  private claims(): Map<string, GuestVm[]> {
+    const out = new Map<string, GuestVm[]>();
+    const seen = new Set<number>();
+    for (const vm of this.source.vms()) {
+      seen.add(vm.vmId);
+      const name = this.dirNameOf(vm);
+      if (name === null || !this.present.has(name)) continue;
+      const list = out.get(name);
+      if (list) list.push(vm);
+      else out.set(name, [vm]);
+    }
+    for (const id of this.names.keys()) if (!seen.has(id)) this.names.delete(id);
+    return out;
+  }
+
+  /** A VM's directory name, worked out once per UUID and name it has. */
+  private dirNameOf(vm: GuestVm): string | null {
+    const had = this.names.get(vm.vmId);
+    if (had && had.uuid === vm.uuid && had.name === vm.name) return had.dir;
+    const dir = guestDirName(vm.uuid, vm.name);
+    this.names.set(vm.vmId, { uuid: vm.uuid, name: vm.name, dir });
+    return dir;
+  }
+
+  /** The directory `name`'s VM this sample, written; or refused, or left alone. */
+  private publish(name: string, vms: GuestVm[]): void {
+    let p = this.published.get(name);
+    if (p === undefined) {
+      const opened = this.adopt(name, vms);
+      if (opened === null) return;
+      p = opened;
+    }
+    const vm = this.owner(p.dir.owner, vms);
+    if (vm === null) {
+      // Any local user can start a process with a VM's UUID: two live claimants, and neither is written.
+      const why = `${vms.filter((v) => v.live).length} live VMs name it (pids differ, same UUID or name)`;
+      this.limiter.warn(
+        'guest dir ambiguous',
+        { guestDir: p.dir.path, vm: vms.map((v) => v.vmId) },
+        cannot(`publish into ${p.dir.path}`, why, 'not written until one of them ends'),
+      );
+      return;
+    }
+    if (vm.vmId !== p.vmId) this.switchTo(p, vm.vmId);
+    try {
+      if ((++p.samples % GUEST_AUDIT_EVERY === 0 || p.dir.changed()) && !this.audit(name, p, vms)) return;
+      if (!p.final) this.write(p);
+    } catch (e) {
+      this.refuse(name, (e as Error).message, vms);
+    }
+  }
+
+  /** The one VM a directory owned by `owner` belongs to: the live one (of that owner, unless root's), else the one ended. */
+  private owner(owner: number, vms: GuestVm[]): GuestVm | null {
+    const mine = owner === 0 || owner === this.euid ? vms : vms.filter((v) => v.uid === owner);
+    const live = mine.filter((v) => v.live);
+    if (live.length > 1) return null;
+    return live[0] ?? mine.at(-1) ?? null;
+  }
+
+  private adopt(name: string, vms: GuestVm[]): Published | null {
+    const root = this.rootFd!;
+    const opened = SafeDir.open(root, this.root, name, [0, this.euid, ...new Set(vms.map((v) => v.uid))]);
+    if (!opened.ok) {
+      if (opened.error !== null) this.refuse(name, opened.error, vms);
+      return null;
+    }
+    const sig = this.refused.get(name);
+    const now = SafeDir.signatureOf(root, name);
+    if (sig !== undefined && sig === now) {
+      opened.value.close();
+      return null;
+    }
+    if (this.source.canOpen && !this.source.canOpen(8, `the guest directory ${opened.value.path}`)) {
+      opened.value.close();
+      this.limiter.warn(
+        'guest dir fds',
+        { guestDir: opened.value.path },
+        cannot(`publish into ${opened.value.path}`, 'no fds left in the budget', 'raise LimitNOFILE='),
+      );
+      return null;
+    }
+    const p: Published = { vmId: -1, dir: opened.value, zones: new Map(), stats: null, final: false, samples: 0 };
+    this.published.set(name, p);
+    this.refused.delete(name);
+    if (!this.audit(name, p, vms)) return null;
+    return p;
+  }
+
+  /** Checks the directory; refuses it (and returns false) when it holds something hostile. */
+  private audit(name: string, p: Published, vms: GuestVm[]): boolean {
+    const why = p.dir.audit();
+    if (why !== null) {
+      this.refuse(name, why, vms);
+      return false;
+    }
+    if (p.stats !== null && p.dir.inodeOf(GUEST_STATS_FILE) !== p.stats.ino) p.stats = p.stats.close();
+    return true;
+  }
+
+  /** Another VM takes the directory (a VM started again with the same UUID): its counters go on from the files' values. */
+  private switchTo(p: Published, vmId: number): void {
+    p.vmId = vmId;
+    p.zones.clear();
+    p.stats = p.stats?.close() ?? null;
+    p.final = false;
+  }
+
+  private write(p: Published): void {
+    const out = this.source.output(p.vmId);
+    if (out === undefined) return;
+    for (const z of guestZones(out)) {
+      let s = p.zones.get(z.id);
+      if (s === undefined || s.name !== z.name) {
+        s = this.makeZone(p.dir, z.id, z.name, z.energyUj);
+        p.zones.set(z.id, s);
+      }
+      const shown = s.base + z.energyUj - s.start;
+      if (shown === s.shown) continue;
+      p.dir.write(z.id, ENERGY_UJ, energyText(shown));
+      s.shown = shown;
+    }
+    const stats = this.source.statsFile(p.vmId);
+    if (stats !== null) {
+      if (p.stats === null || !p.stats.mirrors(stats)) {
+        p.stats?.close();
+        p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
+      }
+      p.stats.copy();
+    }
+    if (out.ended) p.final = true;
+  }
+
+  /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */
+  private makeZone(dir: GuestTree, id: string, name: string, energyUj: bigint): ZoneState {
+    for (const a of zoneAttributes({ name })) dir.write(id, a.file, a.text);
+    dir.link(POWERCAP_CLASS_DIR, id, classLinkTarget(id));
+    const held = dir.readCount(id, ENERGY_UJ);
+    if (held === null) return { name, base: 0n, start: 0n, shown: -1n };
+    return { name, base: held, start: energyUj, shown: held };
+  }
+
+  private unpublish(name: string): void {
+    const p = this.published.get(name);
+    if (!p) return;
+    p.stats?.close();
+    p.dir.close();
+    this.published.delete(name);
+  }
+
+  /** One log line (rate-limited), and nothing written there until the directory changes. */
+  private refuse(name: string, why: string, vms: GuestVm[]): void {
+    this.unpublish(name);
+    if (this.rootFd === null) return;
+    const sig = SafeDir.signatureOf(this.rootFd, name);
+    if (this.refused.get(name) === sig) return;
+    this.refused.set(name, sig);
+    this.limiter.warn(
+      'guest dir refused',
+      { guestDir: `${this.root}/${name}`, vm: vms.map((v) => v.vmId) },
+      cannot(`publish into ${this.root}/${name}`, why, 'nothing is written there until it is fixed (docs/guest.md)'),
+    );
+    this.log.debug({ name }, 'guest directory refused');
+  }
+}

@@ -1,0 +1,315 @@
+/**
+ * One guest directory, written by a process that may run as root into a directory another user may
+ * own (docs/guest.md "What the helper refuses"). Nothing in it is ever followed: the directory is
+ * opened with O_NOFOLLOW | O_DIRECTORY from the fd of --guest-dir, every file is made with
+ * O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper made and holds, and put in place with
+ * renameat within that fd, so a symlink, hard link, FIFO or device planted there is never opened or
+ * written through. The checks are made on what was opened (fstat of the fd), not on a path.
+ */
+import fs from 'node:fs';
+import { cannot } from '../common/errors.js';
+import { fail, ok, type Result } from '../common/result.js';
+import {
+  closeFd,
+  errnoName,
+  fchmodFd,
+  fstatRaw,
+  mapShared,
+  mkdirAt,
+  O_CREAT,
+  O_DIRECTORY,
+  O_EXCL,
+  O_NOFOLLOW,
+  O_NONBLOCK,
+  O_PATH,
+  O_RDONLY,
+  O_RDWR,
+  O_WRONLY,
+  openAt,
+  pread,
+  readlinkAt,
+  renameAt,
+  STAT_ATIME_AT,
+  STAT_SIZE,
+  symlinkAt,
+  unlinkAt,
+  writeFd,
+  type SharedMapping,
+} from '../os/libc.js';
+import { isHelperEntry, TEMP_PREFIX } from './tree.js';
+
+/** Entries a guest directory may hold before it is refused: checking each costs three calls. */
+export const MAX_GUEST_DIR_ENTRIES = 1000;
+/** A directory changed this recently may change again within the file system's time granularity: checked again. */
+const SETTLE_NS = 50_000_000n;
+const FILE_MODE = 0o444;
+const DIR_MODE = 0o755;
+const ENOENT = 2;
+const EEXIST = 17;
+
+/** What a directory is as lstat would say, from an fd opened O_PATH | O_NOFOLLOW. */
+function kindOf(st: fs.BigIntStats): string {
+  if (st.isSymbolicLink()) return 'a symlink';
+  if (st.isFIFO()) return 'a FIFO';
+  if (st.isCharacterDevice() || st.isBlockDevice()) return 'a device';
+  if (st.isSocket()) return 'a socket';
+  if (st.isDirectory()) return 'a directory';
+  return st.nlink > 1n ? 'a hard link' : 'a file';
+}
+
+/** fstat of `name` in `dirFd` without following it, or null when it is not there. */
+function lstatAt(dirFd: number, name: string): fs.BigIntStats | null {
+  const fd = openAt(dirFd, name, O_PATH | O_NOFOLLOW);
+  if (fd < 0) {
+    if (fd === -ENOENT) return null;
+    throw new Error(`${name}: ${errnoName(-fd)}`);
+  }
+  try {
+    return fs.fstatSync(fd, { bigint: true });
+  } finally {
+    closeFd(fd);
+  }
+}
+
+const signature = (st: fs.BigIntStats) => `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
+const statNow = Buffer.alloc(STAT_SIZE);
+
+/**
+ * The directory's stat as raw bytes, its access time left out (reading it changes that, not what it
+ * holds): equal bytes, nothing in it changed. Null when fstat fails.
+ */
+function statBytes(fd: number): Buffer | null {
+  if (fstatRaw(fd, statNow) < 0) return null;
+  return statNow.fill(0, STAT_ATIME_AT, STAT_ATIME_AT + 16);
+}
+const nowNs = () => BigInt(Date.now()) * 1_000_000n;
+/** Whether files must be chmod'ed after creation: the process's umask takes bits of 0444. */
+const needChmod = (process.umask() & FILE_MODE) !== 0;
+const textBuf = Buffer.alloc(64);
+
+/** What the publisher (guest-dirs.ts) does with one guest directory: the writer's whole interface. */
+export interface GuestTree {
+  readonly path: string;
+  /** Owner of the directory (a directory a VM's user owns belongs to that user's VMs only). */
+  readonly owner: number;
+  /** Whether it may have changed since the last audit(): cheap, each sample. */
+  changed(): boolean;
+  /** Why it is refused now, or null. */
+  audit(): string | null;
+  /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
+  write(rel: string, file: string, text: string): void;
+  /** A new top file of `bytes`, mapped shared and writable, renamed into place. */
+  mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint };
+  /** The µJ count a file of the helper's holds, or null. */
+  readCount(rel: string, file: string): bigint | null;
+  /** A symlink holding `target` in the helper's directory `rel`. */
+  link(rel: string, name: string, target: string): void;
+  /** The inode of a top entry, or null. */
+  inodeOf(name: string): bigint | null;
+  close(): void;
+}
+
+/** One VM's guest directory, opened and checked; the fds of the directories the helper made in it. */
+export class SafeDir implements GuestTree {
+  /** The stat bytes of the last audit that saw the directory settled, or null: audit again. */
+  private sig: Buffer | null = null;
+  private readonly euid = process.geteuid?.() ?? 0;
+  /** Directories made by the helper in it (zones, class, class/powercap), by relative name. */
+  private readonly dirs = new Map<string, { fd: number; ino: bigint }>();
+
+  private constructor(
+    private readonly fd: number,
+    readonly path: string,
+    readonly owner: number,
+  ) {}
+
+  /** Refusal of a directory owned by `uid` when only `owners` may own it, or null. */
+  private static ownerRefusal(where: string, uid: number, owners: readonly number[]): string | null {
+    if (owners.includes(uid)) return null;
+    return `${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`;
+  }
+
+  /**
+   * `name` under the directory `rootFd` (its path `root`, for messages), when it is a directory owned
+   * by one of `owners`; else why not (absent: null reason, nothing to say).
+   */
+  static open(rootFd: number, root: string, name: string, owners: readonly number[]): Result<SafeDir, string | null> {
+    const where = `${root}/${name}`;
+    const fd = openAt(rootFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (fd === -ENOENT) return fail(null);
+    if (fd < 0) {
+      const st = lstatAt(rootFd, name);
+      return fail(st === null ? null : `${where} is ${kindOf(st)}, not a directory`);
+    }
+    const st = fs.fstatSync(fd, { bigint: true });
+    const uid = Number(st.uid);
+    const refusal = SafeDir.ownerRefusal(where, uid, owners);
+    if (refusal !== null) {
+      closeFd(fd);
+      return fail(refusal);
+    }
+    return ok(new SafeDir(fd, where, uid));
+  }
+
+  /** What `name` in `rootFd` is now (inode, times, size, links), not followed; '' when it is not there. */
+  static signatureOf(rootFd: number, name: string): string {
+    try {
+      const st = lstatAt(rootFd, name);
+      return st === null ? '' : signature(st);
+    } catch {
+      return '';
+    }
+  }
+
+  /** Whether the directory may have changed since the last audit(): one fstat. */
+  changed(): boolean {
+    const now = statBytes(this.fd);
+    return now === null || this.sig === null || !now.equals(this.sig);
+  }
+
+  /**
+   * Every entry checked: the reason to refuse the directory, or null. A symlink, a hard link, a FIFO,
+   * a device or a socket anywhere at its top is refused, and so is an entry with a name the helper uses
+   * that the helper did not make (another owner or another kind); other files and directories are left alone.
+   */
+  audit(): string | null {
+    // Taken before the entries are read: a change made while they are read shows as a change next time.
+    const before = statBytes(this.fd);
+    const seen = before === null ? null : Buffer.from(before);
+    const st = fs.fstatSync(this.fd, { bigint: true });
+    // Given to another user since it was opened: it no longer belongs to the VM it was opened for.
+    if (Number(st.uid) !== this.owner) return `${this.path} changed owner (uid ${this.owner} to ${st.uid})`;
+    const names = fs.readdirSync(`/proc/self/fd/${this.fd}`);
+    if (names.length > MAX_GUEST_DIR_ENTRIES) return `${this.path} holds ${names.length} entries, more than ${MAX_GUEST_DIR_ENTRIES}`;
+    for (const name of names) {
+      const e = lstatAt(this.fd, name);
+      if (e === null) continue;
+      const kind = kindOf(e);
+      if (kind !== 'a file' && kind !== 'a directory') return `${this.path} holds ${kind}, ${JSON.stringify(name)}`;
+      if (isHelperEntry(name) && Number(e.uid) !== this.euid)
+        return `${this.path}/${name} was not made by the helper (owned by uid ${e.uid}, the helper is uid ${this.euid})`;
+      const made = this.dirs.get(name);
+      // One of the helper's directories moved away and something else put there: made again.
+      if (made !== undefined && made.ino !== e.ino) this.dropDir(name);
+    }
+    // Seen settled only when its last change is older than the file system's time granularity.
+    this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? seen : null;
+    return null;
+  }
+
+  /** The fd of the helper's directory `rel` ('a' or 'a/b', each made when missing, owned by the helper). */
+  dir(rel: string): number {
+    const have = this.dirs.get(rel);
+    if (have) return have.fd;
+    const slash = rel.lastIndexOf('/');
+    const parent = slash < 0 ? this.fd : this.dir(rel.slice(0, slash));
+    const name = rel.slice(slash + 1);
+    const made = mkdirAt(parent, name, DIR_MODE);
+    if (made < 0 && made !== -EEXIST) throw new Error(cannot(`make ${this.path}/${rel}`, errnoName(-made), this.fix()));
+    const fd = openAt(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (fd < 0) throw new Error(`${this.path}/${rel} is not a directory the helper can open (${errnoName(-fd)})`);
+    const st = fs.fstatSync(fd, { bigint: true });
+    if (Number(st.uid) !== this.euid) {
+      closeFd(fd);
+      throw new Error(`${this.path}/${rel} was not made by the helper (owned by uid ${st.uid})`);
+    }
+    if (made === 0) fchmodFd(fd, DIR_MODE);
+    this.dirs.set(rel, { fd, ino: st.ino });
+    return fd;
+  }
+
+  /** `text` as the file `file` of the helper's directory `rel` ('' the top): a new file renamed over the old one. */
+  write(rel: string, file: string, text: string): void {
+    const n = textBuf.write(text, 'latin1');
+    const dirFd = rel === '' ? this.fd : this.dir(rel);
+    const fd = this.create(dirFd, file, O_WRONLY);
+    try {
+      if (writeFd(fd, textBuf, n) !== n) throw new Error(cannot(`write ${this.path}/${rel}/${file}`, 'short write'));
+    } finally {
+      closeFd(fd);
+    }
+    this.rename(dirFd, file);
+  }
+
+  /**
+   * A new file `file` at the top holding `bytes`, mapped shared and writable, then renamed into place:
+   * stores into the mapping are its contents (docs/stats-fd.md's seqlock keeps readers whole). Its
+   * pages are written once here, so a store never needs a page of a full file system.
+   */
+  mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint } {
+    const fd = this.create(this.fd, file, O_RDWR);
+    try {
+      if (writeFd(fd, bytes, bytes.length) !== bytes.length) throw new Error(cannot(`write ${this.path}/${file}`, 'short write'));
+      const mapping = mapShared(fd, bytes.length, true);
+      const ino = fs.fstatSync(fd, { bigint: true }).ino;
+      this.rename(this.fd, file);
+      return { mapping, ino };
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** The µJ count a regular file of the helper's holds (energy_uj made by an earlier run), or null. */
+  readCount(rel: string, file: string): bigint | null {
+    const fd = openAt(this.dir(rel), file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return null;
+    try {
+      const st = fs.fstatSync(fd, { bigint: true });
+      if (!st.isFile() || st.nlink !== 1n || Number(st.uid) !== this.euid || st.size > 32n) return null;
+      const n = pread(fd, textBuf, 32, 0);
+      const m = n > 0 ? /^(\d{1,20})\n?$/.exec(textBuf.toString('latin1', 0, n)) : null;
+      return m ? BigInt(m[1]!) : null;
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** A symlink `name` holding `target` in the helper's directory `rel`, made (or made again) unless it holds that already. */
+  link(rel: string, name: string, target: string): void {
+    const dirFd = this.dir(rel);
+    if (readlinkAt(dirFd, name) === target) return;
+    unlinkAt(dirFd, name);
+    const r = symlinkAt(target, dirFd, name);
+    if (r < 0) throw new Error(cannot(`make the link ${this.path}/${rel}/${name}`, errnoName(-r), this.fix()));
+  }
+
+  /** Inode of the entry `name` at the top, or null when it is not there (the statistics file's check). */
+  inodeOf(name: string): bigint | null {
+    return lstatAt(this.fd, name)?.ino ?? null;
+  }
+
+  close(): void {
+    for (const rel of [...this.dirs.keys()]) this.dropDir(rel);
+    closeFd(this.fd);
+  }
+
+  private dropDir(rel: string): void {
+    for (const [k, d] of [...this.dirs]) {
+      if (k !== rel && !k.startsWith(`${rel}/`)) continue;
+      closeFd(d.fd);
+      this.dirs.delete(k);
+    }
+  }
+
+  /** An fd of a new temporary file for `file` in `dirFd` (one left by a crash is removed first). */
+  private create(dirFd: number, file: string, access: number): number {
+    const tmp = TEMP_PREFIX + file;
+    let fd = openAt(dirFd, tmp, access | O_CREAT | O_EXCL | O_NOFOLLOW, FILE_MODE);
+    if (fd === -EEXIST) {
+      unlinkAt(dirFd, tmp);
+      fd = openAt(dirFd, tmp, access | O_CREAT | O_EXCL | O_NOFOLLOW, FILE_MODE);
+    }
+    if (fd < 0) throw new Error(cannot(`write into ${this.path}`, errnoName(-fd), this.fix()));
+    if (needChmod) fchmodFd(fd, FILE_MODE);
+    return fd;
+  }
+
+  private rename(dirFd: number, file: string): void {
+    const r = renameAt(dirFd, TEMP_PREFIX + file, file);
+    if (r < 0) throw new Error(cannot(`put ${this.path}/${file} in place`, errnoName(-r), this.fix()));
+  }
+
+  private fix(): string {
+    return `the helper (uid ${this.euid}) must be able to write ${this.path}: its owner is uid ${this.owner}`;
+  }
+}

@@ -1,0 +1,58 @@
+/**
+ * A VM's statistics file (docs/stats-fd.md) mirrored into its guest directory: a regular file of the
+ * same bytes, mapped by the helper, whose values are copied from the daemon's own file after each
+ * sample under the same seqlock (SampleBlock.write: generation odd, values, generation even), so a
+ * reader there reads it exactly as it reads the fd STATS_FD hands out. No system call per sample.
+ */
+import { decodeStatsLayout, type StatsLayout } from '../protocol/stats/layout.js';
+import { SampleBlock } from '../protocol/stats/sample-block.js';
+import type { SharedMapping } from '../os/libc.js';
+import type { GuestTree } from './safe-dir.js';
+
+/** The daemon's file of a VM: its bytes (a mapping the daemon writes at each sample) and size. */
+export interface StatsSource {
+  readonly memory: ArrayBuffer;
+  readonly size: number;
+}
+
+export class StatsMirror {
+  private readonly block: SampleBlock;
+  private readonly from: BigUint64Array;
+  private readonly to: BigUint64Array;
+
+  private constructor(
+    private readonly source: StatsSource,
+    private readonly mapping: SharedMapping,
+    readonly ino: bigint,
+    layout: StatsLayout,
+  ) {
+    this.block = new SampleBlock(mapping.memory, layout);
+    this.from = new BigUint64Array(source.memory, layout.dataOffset, layout.dataSize / 8);
+    this.to = new BigUint64Array(mapping.memory, layout.dataOffset, layout.dataSize / 8);
+  }
+
+  /** The file `file` in `dir`, made from `source`'s bytes now (renamed over an older one). */
+  static create(dir: GuestTree, file: string, source: StatsSource): StatsMirror {
+    const bytes = Buffer.from(new Uint8Array(source.memory, 0, source.size));
+    const layout = decodeStatsLayout(bytes, source.size);
+    if (!layout.ok) throw new Error(`the statistics file does not decode: ${layout.error}`);
+    const made = dir.mapped(file, bytes);
+    return new StatsMirror(source, made.mapping, made.ino, layout.value);
+  }
+
+  /** Whether this mirrors `source` (the daemon makes a new file when a VM's vCPU list changes shape). */
+  mirrors(source: StatsSource): boolean {
+    return source === this.source;
+  }
+
+  /** The source's values now, every one but its generation, as one sample of this file. */
+  copy(): void {
+    this.block.write(() => this.to.set(this.from.subarray(1), 1));
+  }
+
+  /** Unmaps (the file stays, with its last values). Returns null, for `x = x.close()`. */
+  close(): null {
+    this.mapping.unmap();
+    return null;
+  }
+}

@@ -1,0 +1,101 @@
+/**
+ * What one VM's guest directory holds (docs/guest.md): a tree shaped like the kernel's powercap class
+ * (Documentation/power/powercap/powercap.rst, drivers/powercap/intel_rapl_common.c), so that tools
+ * reading /sys/class/powercap read it unchanged. For a VM of n virtual packages:
+ *
+ *   intel-rapl:<g>/        name "package-<g>", energy_uj, max_energy_range_uj    (g = 0 .. n-1)
+ *   intel-rapl:<g>:<i>/    name "core" | "uncore" | "dram": the other package domains the host reads,
+ *                          numbered in that order among those present (as the kernel numbers them)
+ *   intel-rapl:<n>/        name "psys": the VM's platform energy (every virtual package's), when read
+ *   class/powercap/<id>    a symlink "../../<id>" per zone: node_exporter's --path.sysfs=MOUNT reads
+ *                          MOUNT/class/powercap; Scaphandre's VM mode reads the zones at the top
+ *   stats                  the VM's statistics file (docs/stats-fd.md), written in place by its seqlock
+ *
+ * Values are µJ, counting 0 .. max_energy_range_uj and then from 0 again, as sysfs's do. Pure.
+ */
+import type { VmOutput } from '../ratio/types.js';
+import { formatUuid } from '../common/uuid.js';
+import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
+
+/**
+ * Every zone's max_energy_range_uj: what the kernel shows for a RAPL counter of 32 bits in units of
+ * 2^-14 J (Intel's usual energy status unit): 2^32 x 61.035... µJ. A guest's tool wraps as on such a host.
+ */
+export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
+/** The counter's range: energy_uj takes max_energy_range_uj itself before it wraps to 0. */
+export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
+
+export const ZONE_NAME_FILE = 'name';
+/** The statistics file, beside the zones. */
+export const GUEST_STATS_FILE = 'stats';
+/** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
+const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
+
+/** A zone of the tree: its directory name, its `name` attribute, and the VM's energy it counts (µJ, not wrapped). */
+export interface GuestZone {
+  id: string;
+  name: string;
+  energyUj: bigint;
+}
+
+/** The package sub-zone domains, in the kernel's order. */
+const SUB_ZONES = ['core', 'uncore', 'dram'] as const;
+
+/**
+ * The zones of a VM's tree from its output: a package zone per virtual package, its sub-zones for the
+ * other package domains the host reads, and psys (the VM's platform energy summed over its virtual
+ * packages) after the packages.
+ */
+export function guestZones(out: Pick<VmOutput, 'vpkgs' | 'domains'>): GuestZone[] {
+  const zones: GuestZone[] = [];
+  const domains = out.domains ?? [];
+  const subs = SUB_ZONES.map((name) => domains.find((d) => d.domain === name)).filter((d) => d !== undefined);
+  out.vpkgs.forEach((v, g) => {
+    zones.push({ id: `intel-rapl:${g}`, name: `package-${g}`, energyUj: v.energyUj });
+    subs.forEach((d, i) => zones.push({ id: `intel-rapl:${g}:${i}`, name: d.domain, energyUj: d.vpkgEnergyUj[g] ?? 0n }));
+  });
+  const psys = domains.find((d) => d.domain === 'psys');
+  if (psys) zones.push({ id: `intel-rapl:${out.vpkgs.length}`, name: 'psys', energyUj: psys.vpkgEnergyUj.reduce((s, x) => s + x, 0n) });
+  return zones;
+}
+
+/** energy_uj's text for a count of µJ: wrapped into the range, as sysfs shows it. */
+export function energyText(uj: bigint): string {
+  return `${uj % GUEST_ENERGY_RANGE}\n`;
+}
+
+/** A zone's fixed attributes, written once when it is made: name and max_energy_range_uj. */
+export function zoneAttributes(z: Pick<GuestZone, 'name'>): { file: string; text: string }[] {
+  return [
+    { file: ZONE_NAME_FILE, text: `${z.name}\n` },
+    { file: MAX_ENERGY_RANGE_UJ, text: `${GUEST_MAX_ENERGY_RANGE_UJ}\n` },
+  ];
+}
+
+/** The symlink class/powercap/<id> holds: the zone two levels up, inside the tree. */
+export function classLinkTarget(id: string): string {
+  return `../../${id}`;
+}
+
+/** Names the helper makes at the top of a guest directory (its temporary files start with '.vmsr-'). */
+export function isHelperEntry(name: string): boolean {
+  return ZONE_ID.test(name) || name === CLASS_DIR || name === GUEST_STATS_FILE || name.startsWith(TEMP_PREFIX);
+}
+
+/** Prefix of the temporary files renamed into place. */
+export const TEMP_PREFIX = '.vmsr-';
+
+/** The longest file name a directory takes (NAME_MAX). */
+const NAME_MAX_BYTES = 255;
+
+/**
+ * A VM's directory name under --guest-dir: its UUID (QEMU's -uuid, lowercase 8-4-4-4-12), else its
+ * name when that is one plain path component (no '/', not '.' or '..', not hidden, no control
+ * character, at most 255 bytes); null when it has neither (nothing is published for it).
+ */
+export function guestDirName(uuid: Uint8Array | null, name: string | null): string | null {
+  if (uuid !== null && uuid.length === 16) return formatUuid(uuid);
+  if (name === null || name === '' || name.startsWith('.') || name.includes('/')) return null;
+  if (/[\x00-\x1f\x7f]/.test(name) || Buffer.byteLength(name) > NAME_MAX_BYTES) return null;
+  return name;
+}

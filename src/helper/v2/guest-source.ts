@@ -1,0 +1,27 @@
+/**
+ * What the guest directories (src/guest-dir/, docs/guest.md) read of the v2 service: every VM known
+ * (registered or discovered) with its UUID, name and owner, its output, and its statistics file.
+ */
+import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
+import type { SamplingService } from '../../sampling/sampling-service.js';
+import type { StatsFiles } from './stats-files.js';
+import type { FdAdmitter, VmRegistry } from './vm-registry.js';
+
+export interface GuestSourceParts {
+  registry: Pick<VmRegistry, 'all'>;
+  sampling: Pick<SamplingService, 'output'>;
+  stats: Pick<StatsFiles, 'vm'>;
+  fds?: FdAdmitter;
+}
+
+export function guestSource(p: GuestSourceParts): GuestDirSource {
+  return {
+    vms: () => p.registry.all(),
+    output: (vmId) => p.sampling.output(vmId),
+    statsFile: (vmId) => {
+      const f = p.stats.vm(vmId);
+      return f.ok ? f.value : null;
+    },
+    canOpen: (n, what) => p.fds?.canOpen?.(n, what).ok ?? true,
+  };
+}
