@@ -150,7 +150,8 @@ describe('vmsr-helper record', () => {
       expect(ts[k]! > ts[k - 1]!).toBe(true);
       const dt = Number(ts[k]! - ts[k - 1]!) / 1e9;
       expect(dt).toBeGreaterThan(0.5);
-      expect(dt).toBeLessThan(1.5);
+      // At the 1 s interval: a tick late on a busy machine included, never a second one skipped.
+      expect(dt).toBeLessThan(1.9);
     }
     for (const s of samples) {
       expect(Object.keys(s.tasks as object).sort()).toEqual([String(a.pid), String(i.pid)].sort());
