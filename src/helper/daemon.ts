@@ -11,7 +11,7 @@ import { createLogger, type Logger } from '../logging/logger.js';
 import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
 import type { HelperServer, V2Handler } from './server/server.js';
 import { assembleServer } from './assemble-server.js';
-import { isPreferredPeer } from '../os/preferred-owner.js';
+import { isQemuPeer } from '../os/qemu-peer.js';
 import type { HealthSource } from './v2/service.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from './server/incomplete-frames.js';
@@ -242,8 +242,9 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       counters: legacyCounters,
       server: {
         maxConnections,
-        // Root and the socket's group (every QEMU) are bound by --max-connections only; other users by their share.
-        preferredPeer: (peer) => isPreferredPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
+        // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.
+        preferredPeer: (peer) => peer.uid === 0,
+        qemuPeer: (peer) => isQemuPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
         incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
       },
       ...(late ? { v2Handler: late.handler } : {}),

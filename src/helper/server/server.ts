@@ -54,6 +54,11 @@ export interface HelperServerOptions {
    * every peer is preferred.
    */
   preferredPeer?: (peer: PeerCredentials) => boolean;
+  /**
+   * Whether a peer is a QEMU process of the socket's group (os/qemu-peer.ts): its first connection
+   * is outside every share and gets a slot whoever holds them (connection-seats.ts). Default: none is.
+   */
+  qemuPeer?: (peer: PeerCredentials) => boolean;
   /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
   starttimeOf?: (pid: number) => number | null;
 }
@@ -164,8 +169,10 @@ export class HelperServer {
       return;
     }
     const owner: ShareOwner = { uid: peer.uid, preferred: this.o.preferredPeer?.(peer) ?? true };
+    // QEMU first (one connection per QEMU process): outside the shares, and it makes room when full.
+    const qemuPid = this.users.qemuFirst(peer.pid) && this.o.qemuPeer?.(peer) ? peer.pid : undefined;
     const share = this.users.room(owner);
-    if (share.room === 0 && share.bound !== 'capacity') {
+    if (qemuPid === undefined && share.room === 0 && share.bound !== 'capacity') {
       const mine = this.users.heldBy(peer.uid);
       this.limiter.warn(
         'refused connection',
@@ -177,7 +184,8 @@ export class HelperServer {
       socket.destroy();
       return;
     }
-    if (this.sockets.size >= this.maxConnections && !this.users.makeRoomFor(peer.uid)) {
+    const full = this.sockets.size >= this.maxConnections;
+    if (full && !(qemuPid !== undefined ? this.users.makeRoomForQemu() : this.users.makeRoomFor(peer.uid))) {
       this.limiter.warn(
         'refused connection',
         { limit: this.maxConnections, uid: peer.uid },
@@ -194,14 +202,18 @@ export class HelperServer {
       return;
     }
     this.sockets.add(socket);
-    const seat = this.users.seat(owner, () => {
-      this.limiter.warn(
-        'connection evicted',
-        { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
-        'closing a connection not read yet of the user holding the most connections: another user needed a slot (--max-connections)',
-      );
-      socket.destroy();
-    });
+    const seat = this.users.seat(
+      owner,
+      () => {
+        this.limiter.warn(
+          'connection evicted',
+          { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
+          'closing a connection of the user holding the most connections: QEMU, or another user, needed a slot (--max-connections)',
+        );
+        socket.destroy();
+      },
+      qemuPid,
+    );
     const log = this.o.logger;
     // A connection handed over by the previous image is the same client, not a new one.
     log.debug({ peer: peer.pid, uid: peer.uid }, handed ? 'client connection handed over' : 'client connected');

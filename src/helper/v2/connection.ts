@@ -80,8 +80,13 @@ export class V2Connection {
     this.socket.resume();
   }
 
+  /**
+   * The client can still be written to. A socket destroyed (the peer gone, EPIPE) closes only later:
+   * each write meanwhile made a Node error with its stack (1.4 s of CPU for a client pipelining
+   * thousands of requests and hanging up, docs/security.md "The socket's group locking QEMU out").
+   */
   get open(): boolean {
-    return !this.closing && !this.gone;
+    return !this.closing && !this.gone && !this.socket.destroyed;
   }
 
   /** Queues a frame; false when the client is gone or was just disconnected for its backlog. */
