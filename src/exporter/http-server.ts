@@ -110,12 +110,14 @@ function serveRequest(
 /**
  * The request listener: the file's headers, then basic authentication when it has users. A source
  * past its failed checks, or a queue of checks full, gets 429 at once (keep-alive: closing would
- * make both sides pay a TLS handshake, the exporter the dearer half of it).
+ * make both sides pay a TLS handshake, the exporter the dearer half of it). A refused connection
+ * is the first evicted when the slots are full (ConnectionSlots.markRefused).
  */
 function requestListener(
   web: WebConfigFile | null,
   auth: BasicAuth,
   serve: (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void,
+  refused: (socket: net.Socket) => void,
 ): http.RequestListener {
   return (req, res) => {
     const config = web?.current().config ?? null;
@@ -127,8 +129,12 @@ function requestListener(
     auth
       .verdict(config.basicAuthUsers, req.headers.authorization, sourceOf(req.socket.remoteAddress))
       .then((v) => {
-        if (v === 'ok') serve(req, res, true);
-        else if (v === 'limited')
+        if (v === 'ok') {
+          serve(req, res, true);
+          return;
+        }
+        refused(req.socket);
+        if (v === 'limited')
           res
             .writeHead(429, { 'Retry-After': '1', 'Content-Type': TEXT })
             .end('too many failed password checks from your address: try again later\n');
@@ -211,10 +217,10 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
       keepAliveTimeout: HTTP_IDLE_TIMEOUT_MS,
       connectionsCheckingInterval: 1_000,
     },
-    requestListener(web, new BasicAuth(), serve),
+    requestListener(web, new BasicAuth(), serve, (socket) => slots.markRefused(socket)),
   );
   // Not server.maxConnections: Node then refuses every new connection while the slots are full.
-  const slots = new ConnectionSlots(server, {
+  const slots: ConnectionSlots = new ConnectionSlots(server, {
     max: MAX_HTTP_CONNECTIONS,
     idleMs: HTTP_IDLE_TIMEOUT_MS,
     requestMs: HTTP_REQUEST_TIMEOUT_MS,

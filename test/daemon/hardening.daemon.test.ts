@@ -166,7 +166,10 @@ describe('connection cap', () => {
     }
     expect(served).toBe(true);
     expect(await child.stop()).toBe(0);
-    expect(child.stderr()).toContain("5 more 'refused connection' messages suppressed");
+    // The 10 refused above past the 5 logged, and any the loop above made before the helper saw b go (a busy machine).
+    const suppressed = /(\d+) more 'refused connection' messages suppressed/.exec(child.stderr());
+    expect(suppressed, 'the count line of the refusals held back').not.toBeNull();
+    expect(Number(suppressed![1])).toBeGreaterThanOrEqual(5);
   });
 });
 
