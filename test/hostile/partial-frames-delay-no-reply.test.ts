@@ -80,7 +80,7 @@ describe('a partial-frame flood', () => {
     const why = notRoot();
     if (why) return ctx.skip(why);
     // 1,000 slots against 1,500 connections (most of them waiting unread for the budget): the flood gets
-    // its share of the slots (a quarter: uid nobody is neither root nor in --socket-group), the rest refused at accept.
+    // its share of the slots (a quarter: uid nobody is not root), the rest refused at accept.
     const maxConnections = 1000;
     const { daemon, sock } = await startDaemonOpenToAll(['--max-connections', String(maxConnections)]);
     const flood = new PartialFrameFlood({ socketPath: sock, connections: 1500, bodyBytes: FLOOD.bodyBytes, uid: NOBODY });

@@ -178,8 +178,8 @@ export class HelperServer {
         'refused connection',
         { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
         share.bound === 'uid'
-          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for a user that is neither root nor in --socket-group)`
-          : `connection refused: users that are neither root nor in --socket-group hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
+          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for any user but root; a QEMU process's own connection is not counted)`
+          : `connection refused: users other than root hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
       );
       socket.destroy();
       return;
