@@ -1,18 +1,28 @@
 /**
  * HTTP basic authentication against the web configuration's bcrypt hashes. A user and password
  * that matched are remembered (a hash of user, stored hash and password; never the password) so
- * that a scraper pays bcrypt's cost once, not on every scrape; a wrong password pays it every time.
- * An unknown user is checked against a dummy hash of the same cost, so the time taken does not tell
- * whether a user exists. At most MAX_CONCURRENT_VERIFICATIONS hashes are computed at once: a client
- * sending wrong passwords in a loop takes that share of the CPU and no more.
+ * that a scraper pays bcrypt's cost once, not on every scrape, and never waits behind anyone: a
+ * remembered password is answered before any queue. A password not remembered costs a bcrypt hash
+ * (about 70 ms at cost 10), and wrong ones are what an attacker sends, so: each source has a budget
+ * of failed checks (auth-failures.ts; past it, 429 without a check); at most
+ * MAX_CONCURRENT_VERIFICATIONS hashes run at once and MAX_WAITING_VERIFICATIONS wait (more: 429),
+ * so requests waiting for a hash never hold the connection slots the scraper needs. An unknown user
+ * is checked against a dummy hash of the same cost, so the time taken does not tell whether a user
+ * exists.
  */
 import { createHash } from 'node:crypto';
 import { bcryptVerify } from '../os/bcrypt.js';
+import { FailedCheckBudget } from './auth-failures.js';
 
 /** Remembered good (user, hash, password) triples; the oldest is forgotten first. */
-const AUTH_CACHE_ENTRIES = 100;
-/** bcrypt computations at once; more requests wait their turn (the connection slots bound them). */
+export const AUTH_CACHE_ENTRIES = 100;
+/** bcrypt computations at once. */
 export const MAX_CONCURRENT_VERIFICATIONS = 2;
+/** Checks waiting for a turn; one more is answered 429 at once. */
+export const MAX_WAITING_VERIFICATIONS = 4;
+
+/** What a request's credentials are: right, wrong (or none), or not checked now (too many failed checks, or too many waiting). */
+export type AuthVerdict = 'ok' | 'refused' | 'limited';
 /** An Authorization header longer than this is refused unread. */
 export const MAX_AUTHORIZATION_BYTES = 1024;
 
@@ -34,22 +44,31 @@ export function parseBasicAuthorization(header: string | undefined): { user: str
 
 export class BasicAuth {
   private readonly good = new Set<string>();
+  private readonly failures = new FailedCheckBudget();
   private running = 0;
   private readonly waiting: (() => void)[] = [];
 
-  /** Whether `header` names a user of `users` with its password. */
-  async check(users: ReadonlyMap<string, string>, header: string | undefined): Promise<boolean> {
+  /** Whether `header` names a user of `users` with its password (checked as from one source). */
+  async check(users: ReadonlyMap<string, string>, header: string | undefined, source = 'local'): Promise<boolean> {
+    return (await this.verdict(users, header, source)) === 'ok';
+  }
+
+  /** The verdict on `header` from `source` (sourceOf of the client's address). */
+  async verdict(users: ReadonlyMap<string, string>, header: string | undefined, source: string): Promise<AuthVerdict> {
     const creds = parseBasicAuthorization(header);
-    if (creds === null) return false;
+    if (creds === null) return 'refused';
     const stored = users.get(creds.user);
     const hash = stored ?? DUMMY_HASH;
     const key = createHash('sha256').update(`${creds.user}\0${hash}\0${creds.password}`).digest('base64');
-    if (stored !== undefined && this.good.has(key)) return true;
-    const ok = await this.limited(() => bcryptVerify(creds.password, hash));
-    if (!ok || stored === undefined) return false;
+    if (stored !== undefined && this.good.has(key)) return 'ok';
+    if (this.running >= MAX_CONCURRENT_VERIFICATIONS && this.waiting.length >= MAX_WAITING_VERIFICATIONS) return 'limited';
+    if (!this.failures.take(source)) return 'limited';
+    const ok = (await this.limited(() => bcryptVerify(creds.password, hash))) && stored !== undefined;
+    if (!ok) return 'refused';
+    this.failures.refund(source);
     this.good.add(key);
     if (this.good.size > AUTH_CACHE_ENTRIES) this.good.delete(this.good.values().next().value!);
-    return true;
+    return 'ok';
   }
 
   private async limited<T>(f: () => Promise<T>): Promise<T> {

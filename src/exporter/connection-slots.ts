@@ -12,8 +12,10 @@
  *  - a request in progress (headers received, response not yet sent) is closed REQUEST_MS after its
  *    headers arrived, however slowly the client reads;
  *  - when every slot is taken, a new connection evicts the connection that has been without a
- *    request in progress the longest. Only when all slots have a request in progress is the new
- *    connection closed at once.
+ *    request in progress the longest, one that was refused its credentials (401, 429:
+ *    markRefused) first; with every slot busy, a refused one whose refusal is being written. Only
+ *    when all slots have a request in progress and none was refused is the new connection closed
+ *    at once.
  *
  * Prometheus connects, sends its request at once and is answered in milliseconds: it is only ever
  * evicted if more than `max` newer connections arrive between its connect and its request.
@@ -34,6 +36,8 @@ interface Slot {
   /** Requests received and not yet answered (pipelining can make it more than 1). */
   inProgress: number;
   timer: NodeJS.Timeout;
+  /** A request of it was refused its credentials: while idle, evicted before any other connection. */
+  refused: boolean;
 }
 
 export interface SlotStats {
@@ -71,13 +75,26 @@ export class ConnectionSlots {
     });
   }
 
+  /**
+   * The request on `socket` was refused its credentials (a wrong password, or too many failed checks
+   * from its source): while idle it is the first to make room, so a flood of wrong passwords over
+   * keep-alive connections evicts itself before a scraper that just connected.
+   */
+  markRefused(socket: Socket): void {
+    const slot = this.slots.get(socket);
+    if (slot) slot.refused = true;
+  }
+
   stats(): SlotStats {
     return { open: this.slots.size, ...this.counts };
   }
 
   private admit(socket: Socket): void {
     if (this.slots.size >= this.limits.max) {
-      const oldestIdle = [...this.slots].find(([, s]) => s.inProgress === 0);
+      const all = [...this.slots];
+      const idle = all.filter(([, s]) => s.inProgress === 0);
+      // A refused connection's request in progress is only its refusal being written: it may go too.
+      const oldestIdle = idle.find(([, s]) => s.refused) ?? idle[0] ?? all.find(([, s]) => s.refused);
       if (oldestIdle === undefined) {
         this.counts.refused++;
         socket.destroy();
@@ -86,7 +103,7 @@ export class ConnectionSlots {
       this.counts.evicted++;
       this.drop(oldestIdle[0]);
     }
-    const slot: Slot = { inProgress: 0, timer: setTimeout(() => {}, 0) };
+    const slot: Slot = { inProgress: 0, timer: setTimeout(() => {}, 0), refused: false };
     this.slots.set(socket, slot);
     this.arm(socket, slot, this.limits.idleMs);
     socket.once('close', () => this.drop(socket));

@@ -23,6 +23,7 @@ import type { TlsServerConfig } from './web-config.js';
 import { BasicAuth, WWW_AUTHENTICATE } from './basic-auth.js';
 import { DEFAULT_HOST_SERIES, showsHostSeries, type HostSeries } from './host-series.js';
 import { DEFAULT_METRICS_PATH } from './metrics-path.js';
+import { sourceOf } from './auth-failures.js';
 
 /** Concurrent HTTP connections; Prometheus uses one per target. Full: the oldest idle one makes room. */
 export const MAX_HTTP_CONNECTIONS = 32;
@@ -65,46 +66,21 @@ function clientCertAllowed(t: TlsServerConfig, socket: tls.TLSSocket): boolean {
   return true;
 }
 
-export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}): Promise<MetricsServer> {
-  const expositions = buildExpositions(book);
-  const web = opts.web ?? null;
-  const hostSeries = opts.hostSeries ?? DEFAULT_HOST_SERIES;
-  const metricsPath = opts.metricsPath ?? DEFAULT_METRICS_PATH;
-  const auth = new BasicAuth();
-  let lastRender: number | null = null;
-  let tlsFailures = 0;
-  // Node's own timeouts stay as a second line; ConnectionSlots enforces them per socket.
-  const server = http.createServer(
-    {
-      requestTimeout: HTTP_REQUEST_TIMEOUT_MS,
-      headersTimeout: HTTP_IDLE_TIMEOUT_MS,
-      keepAliveTimeout: HTTP_IDLE_TIMEOUT_MS,
-      connectionsCheckingInterval: 1_000,
-    },
-    (req, res) => {
-      const config = web?.current().config ?? null;
-      if (config !== null) for (const [name, value] of Object.entries(config.headers)) res.setHeader(name, value);
-      if (config === null || config.basicAuthUsers.size === 0) {
-        serve(req, res, false);
-        return;
-      }
-      auth
-        .check(config.basicAuthUsers, req.headers.authorization)
-        .then((ok) => {
-          if (ok) serve(req, res, true);
-          else
-            res.writeHead(401, { 'WWW-Authenticate': WWW_AUTHENTICATE, 'Content-Type': 'text/plain; charset=utf-8' }).end('Unauthorized\n');
-        })
-        .catch((e: Error) => {
-          res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`${cannot('check the password', e.message)}\n`);
-        });
-    },
-  );
-  const serve = (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean): void => {
+const TEXT = 'text/plain; charset=utf-8';
+
+/** Answers one request: / and the metrics path (what the view shows), 404 and 405 otherwise. */
+function serveRequest(
+  book: EnergyBook,
+  expositions: ReturnType<typeof buildExpositions>,
+  hostSeries: HostSeries,
+  metricsPath: string,
+  rendered: (s: number) => void,
+): (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void {
+  return (req, res, byPassword) => {
     const byCert = req.socket instanceof tls.TLSSocket && req.socket.authorized;
     const url = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') {
-      res.writeHead(405, { Allow: 'GET, HEAD', 'Content-Type': 'text/plain; charset=utf-8' }).end('method not allowed: use GET\n');
+      res.writeHead(405, { Allow: 'GET, HEAD', 'Content-Type': TEXT }).end('method not allowed: use GET\n');
       return;
     }
     if (url === '/') {
@@ -115,7 +91,7 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
       return;
     }
     if (url !== metricsPath) {
-      res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`not found: metrics are at ${metricsPath}\n`);
+      res.writeHead(404, { 'Content-Type': TEXT }).end(`not found: metrics are at ${metricsPath}\n`);
       return;
     }
     const view = showsHostSeries(hostSeries, byPassword || byCert) ? expositions.withHost : expositions.withoutHost;
@@ -124,24 +100,62 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     book
       .scrape(() => exposition.render())
       .then((body) => {
-        lastRender = Number(process.hrtime.bigint() - t0) / 1e9;
+        rendered(Number(process.hrtime.bigint() - t0) / 1e9);
         res.writeHead(200, { 'Content-Type': exposition.contentType, 'Content-Length': Buffer.byteLength(body) });
         res.end(req.method === 'HEAD' ? undefined : body);
       })
       .catch((e: Error) => {
-        res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`${cannot(`render metrics`, e.message)}\n`);
+        res.writeHead(500, { 'Content-Type': TEXT }).end(`${cannot(`render metrics`, e.message)}\n`);
       });
   };
-  // Not server.maxConnections: Node then refuses every new connection while the slots are full.
-  const slots = new ConnectionSlots(server, {
-    max: MAX_HTTP_CONNECTIONS,
-    idleMs: HTTP_IDLE_TIMEOUT_MS,
-    requestMs: HTTP_REQUEST_TIMEOUT_MS,
-  });
-  // With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made
-  // from the file as it is at that moment: a renewed certificate or a new client policy applies from
-  // the next connection. Node's TLS server verifies client certificates and times the handshake;
-  // what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
+}
+
+/**
+ * The request listener: the file's headers, then basic authentication when it has users. A source
+ * past its failed checks, or a queue of checks full, gets 429 at once (keep-alive: closing would
+ * make both sides pay a TLS handshake, the exporter the dearer half of it). A refused connection
+ * is the first evicted when the slots are full (ConnectionSlots.markRefused).
+ */
+function requestListener(
+  web: WebConfigFile | null,
+  auth: BasicAuth,
+  serve: (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void,
+  refused: (socket: net.Socket) => void,
+): http.RequestListener {
+  return (req, res) => {
+    const config = web?.current().config ?? null;
+    if (config !== null) for (const [name, value] of Object.entries(config.headers)) res.setHeader(name, value);
+    if (config === null || config.basicAuthUsers.size === 0) {
+      serve(req, res, false);
+      return;
+    }
+    auth
+      .verdict(config.basicAuthUsers, req.headers.authorization, sourceOf(req.socket.remoteAddress))
+      .then((v) => {
+        if (v === 'ok') {
+          serve(req, res, true);
+          return;
+        }
+        refused(req.socket);
+        if (v === 'limited')
+          res
+            .writeHead(429, { 'Retry-After': '1', 'Content-Type': TEXT })
+            .end('too many failed password checks from your address: try again later\n');
+        else res.writeHead(401, { 'WWW-Authenticate': WWW_AUTHENTICATE, 'Content-Type': TEXT }).end('Unauthorized\n');
+      })
+      .catch((e: Error) => {
+        res.writeHead(500, { 'Content-Type': TEXT }).end(`${cannot('check the password', e.message)}\n`);
+      });
+  };
+}
+
+/**
+ * With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made
+ * from the file as it is at that moment: a renewed certificate or a new client policy applies from
+ * the next connection. Node's TLS server verifies client certificates and times the handshake;
+ * what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
+ */
+function tlsFront(web: WebConfigFile, server: http.Server, failed: () => void): net.Server {
   const tlsServers = new WeakMap<LoadedWebConfig, tls.Server>();
   const tlsServerFor = (loaded: LoadedWebConfig): tls.Server | null => {
     const t = loaded.config.tls;
@@ -151,30 +165,31 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
       s = tls.createServer({ ...loaded.tlsOptions, ALPNProtocols: ['http/1.1'], handshakeTimeout: HTTP_IDLE_TIMEOUT_MS });
       s.on('secureConnection', (socket: tls.TLSSocket) => {
         if (!clientCertAllowed(t, socket)) {
-          tlsFailures++;
+          failed();
           socket.destroy();
           return;
         }
         server.emit('connection', socket);
       });
       s.on('tlsClientError', (_e, socket: tls.TLSSocket) => {
-        tlsFailures++;
+        failed();
         socket.destroy();
       });
       tlsServers.set(loaded, s);
     }
     return s;
   };
-  const withTls = web !== null && web.current().tlsOptions !== null;
-  const front: net.Server = withTls
-    ? net.createServer((raw) => {
-        const s = tlsServerFor(web.current());
-        if (s === null) raw.destroy();
-        else s.emit('connection', raw);
-      })
-    : server;
+  return net.createServer((raw) => {
+    const s = tlsServerFor(web.current());
+    if (s === null) raw.destroy();
+    else s.emit('connection', raw);
+  });
+}
+
+/** Listens on `listen`; a failure names the fix. */
+function listenOn(front: net.Server, listen: ListenAddress): Promise<void> {
   const where = formatListenAddress(listen);
-  await new Promise<void>((resolve, reject) => {
+  return new Promise<void>((resolve, reject) => {
     front.once('error', (e: NodeJS.ErrnoException) => {
       const fix =
         e.code === 'EADDRINUSE'
@@ -190,6 +205,38 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     if (listen.host === null) front.listen(listen.port, () => resolve());
     else front.listen(listen.port, listen.host, () => resolve());
   });
+}
+
+export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}): Promise<MetricsServer> {
+  const web = opts.web ?? null;
+  let lastRender: number | null = null;
+  let tlsFailures = 0;
+  const serve = serveRequest(
+    book,
+    buildExpositions(book),
+    opts.hostSeries ?? DEFAULT_HOST_SERIES,
+    opts.metricsPath ?? DEFAULT_METRICS_PATH,
+    (s) => (lastRender = s),
+  );
+  // Node's own timeouts stay as a second line; ConnectionSlots enforces them per socket.
+  const server = http.createServer(
+    {
+      requestTimeout: HTTP_REQUEST_TIMEOUT_MS,
+      headersTimeout: HTTP_IDLE_TIMEOUT_MS,
+      keepAliveTimeout: HTTP_IDLE_TIMEOUT_MS,
+      connectionsCheckingInterval: 1_000,
+    },
+    requestListener(web, new BasicAuth(), serve, (socket) => slots.markRefused(socket)),
+  );
+  // Not server.maxConnections: Node then refuses every new connection while the slots are full.
+  const slots: ConnectionSlots = new ConnectionSlots(server, {
+    max: MAX_HTTP_CONNECTIONS,
+    idleMs: HTTP_IDLE_TIMEOUT_MS,
+    requestMs: HTTP_REQUEST_TIMEOUT_MS,
+  });
+  const withTls = web !== null && web.current().tlsOptions !== null;
+  const front: net.Server = withTls ? tlsFront(web, server, () => tlsFailures++) : server;
+  await listenOn(front, listen);
   const a = front.address() as AddressInfo;
   return {
     address: { host: a.address, port: a.port },

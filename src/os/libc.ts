@@ -37,6 +37,7 @@ const fn = {
   getuid: libc.func('uint32_t getuid()'),
   gettid: libc.func('int gettid()'),
   execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
+  sigaction: libc.func('int sigaction(int sig, const void *act, void *oldact)'),
   fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
   dup2: libc.func('int dup2(int oldfd, int newfd)'),
   getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
@@ -324,6 +325,32 @@ export function execve(path: string, argv: readonly string[], env: NodeJS.Proces
     .map(([k, v]) => `${k}=${v}`);
   fn.execve(path, [...argv, null], [...envp, null]);
   throw errnoError(`execve(${path})`);
+}
+
+/**
+ * glibc's struct sigaction, large enough on x86_64 and aarch64 (handler 8, mask 128, flags 4 and
+ * padding, restorer 8: 152 bytes); kept opaque: only the handler at offset 0 is ever written.
+ */
+const SIGACTION_BYTES = 256;
+/** The handler value SIG_IGN. */
+const SIG_IGN = 1n;
+
+/**
+ * Sets the action of signal `sig` to SIG_IGN at the C level, behind Node's back (a disposition of
+ * SIG_IGN survives execve, a handler does not), and returns the previous action, opaque, for
+ * restoreSignalAction. Throws with errno.
+ */
+export function ignoreSignal(sig: number): Buffer {
+  const act = Buffer.alloc(SIGACTION_BYTES);
+  act.writeBigUInt64LE(SIG_IGN, 0);
+  const old = Buffer.alloc(SIGACTION_BYTES);
+  if ((fn.sigaction(sig, act, old) as number) < 0) throw errnoError(`sigaction(${sig}, SIG_IGN)`);
+  return old;
+}
+
+/** Puts back the action ignoreSignal returned (Node's own handler, or whatever it was). Throws with errno. */
+export function restoreSignalAction(sig: number, old: Buffer): void {
+  if ((fn.sigaction(sig, old, null) as number) < 0) throw errnoError(`sigaction(${sig})`);
 }
 
 export const RLIMIT_NOFILE = 7;

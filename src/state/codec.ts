@@ -68,7 +68,12 @@ const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
 const isPid = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TID;
 const isStarttime = (n: number) => Number.isSafeInteger(n) && n >= 0;
 /** A total in joules and the µJ published from it agree: µJ = floor(J * 1e6) (ratio.md "Outputs"). */
-const joulesMatch = (j: number, uj: bigint) => typeof j === 'number' && Number.isFinite(j) && j >= 0 && BigInt(Math.floor(j * 1e6)) === uj;
+const joulesMatch = (j: number, uj: bigint) => {
+  if (typeof j !== 'number' || !Number.isFinite(j) || j < 0) return false;
+  // Finite joules past 1.8e302 are infinite µJ, which BigInt() refuses by throwing: no µJ gives them.
+  const micro = Math.floor(j * 1e6);
+  return Number.isFinite(micro) && BigInt(micro) === uj;
+};
 
 function duplicate<T>(items: readonly T[], key: (t: T) => number): number | null {
   const seen = new Set<number>();
@@ -259,47 +264,43 @@ function checkedUint(v: number, max: number): number {
   return v;
 }
 
-/** The snapshot's bytes, header included. Throws a RangeError naming the rule a value breaks. */
-export function encodeState(s: StateSnapshot): Buffer {
-  const problem = stateProblem(s);
-  if (problem !== null) throw new RangeError(cannot('save state', problem));
-  const w = new Writer();
-  w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
-  w.u32(s.nextHostVmId);
-  w.u32(s.vms.length);
-  for (const vm of s.vms) {
-    const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
-    w.u32(vm.hostVmId);
-    w.u32(vm.pid);
-    w.u64(vm.starttime);
-    w.u32(vm.uid);
-    w.u32(vm.owner ?? NO_OWNER);
-    const flags =
-      (vm.discovered ? FLAG.DISCOVERED : 0) |
-      (vm.live ? FLAG.LIVE : 0) |
-      (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
-      (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
-      (name !== null ? FLAG.HAS_NAME : 0) |
-      (vm.baseline ? FLAG.BASELINE : 0);
-    w.u8(flags);
-    w.u8(0);
-    w.u16(name?.length ?? 0);
-    w.u32(vm.endedSamples);
-    if (vm.uuid !== null) w.bytes(vm.uuid);
-    if (name !== null) w.bytes(name);
-    w.u16(vm.vcpus.length);
-    for (const v of vm.vcpus) {
-      w.u32(v.tid);
-      w.u16(v.vpkg);
-    }
-    w.u16(vm.vpkgs.length);
-    for (const v of vm.vpkgs) {
-      w.u64(v.energyUj);
-      w.u32(Number(v.counter));
-      w.f64(v.energyJ);
-    }
-    w.u64(vm.valuesNs);
+/** One VM's entry (its layout in the header comment). */
+function writeVm(w: Writer, vm: VmState): void {
+  const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
+  w.u32(vm.hostVmId);
+  w.u32(vm.pid);
+  w.u64(vm.starttime);
+  w.u32(vm.uid);
+  w.u32(vm.owner ?? NO_OWNER);
+  const flags =
+    (vm.discovered ? FLAG.DISCOVERED : 0) |
+    (vm.live ? FLAG.LIVE : 0) |
+    (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
+    (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
+    (name !== null ? FLAG.HAS_NAME : 0) |
+    (vm.baseline ? FLAG.BASELINE : 0);
+  w.u8(flags);
+  w.u8(0);
+  w.u16(name?.length ?? 0);
+  w.u32(vm.endedSamples);
+  if (vm.uuid !== null) w.bytes(vm.uuid);
+  if (name !== null) w.bytes(name);
+  w.u16(vm.vcpus.length);
+  for (const v of vm.vcpus) {
+    w.u32(v.tid);
+    w.u16(v.vpkg);
   }
+  w.u16(vm.vpkgs.length);
+  for (const v of vm.vpkgs) {
+    w.u64(v.energyUj);
+    w.u32(Number(v.counter));
+    w.f64(v.energyJ);
+  }
+  w.u64(vm.valuesNs);
+}
+
+/** The packages' totals, the known processes and the last sample. */
+function writeHostParts(w: Writer, s: StateSnapshot): void {
   w.u32(s.packages.length);
   for (const k of s.packages) {
     w.u32(k.pkg);
@@ -315,23 +316,25 @@ export function encodeState(s: StateSnapshot): Buffer {
   }
   const t = s.lastSample;
   w.u8(t === null ? 0 : 1);
-  if (t !== null) {
-    w.u64(t.monotonicNs);
-    w.u64(t.realtimeNs);
-    w.u32(t.packages.length);
-    for (const k of t.packages) {
-      w.u32(k.pkg);
-      w.u64(k.raw);
-    }
-    w.u32(t.threads.length);
-    for (const th of t.threads) {
-      w.u32(th.pid);
-      w.u32(th.tid);
-      w.u64(th.starttime);
-      w.u64(th.ticks);
-    }
+  if (t === null) return;
+  w.u64(t.monotonicNs);
+  w.u64(t.realtimeNs);
+  w.u32(t.packages.length);
+  for (const k of t.packages) {
+    w.u32(k.pkg);
+    w.u64(k.raw);
   }
-  const d = s.domains ?? { vms: [], packages: [], counters: [] };
+  w.u32(t.threads.length);
+  for (const th of t.threads) {
+    w.u32(th.pid);
+    w.u32(th.tid);
+    w.u64(th.starttime);
+    w.u64(th.ticks);
+  }
+}
+
+/** The other RAPL domains' section (version 2 on). */
+function writeDomains(w: Writer, d: DomainsState): void {
   w.u32(d.vms.length);
   for (const v of d.vms) {
     w.u32(v.hostVmId);
@@ -358,6 +361,19 @@ export function encodeState(s: StateSnapshot): Buffer {
     key(k);
     w.u64(k.raw);
   }
+}
+
+/** The snapshot's bytes, header included. Throws a RangeError naming the rule a value breaks. */
+export function encodeState(s: StateSnapshot): Buffer {
+  const problem = stateProblem(s);
+  if (problem !== null) throw new RangeError(cannot('save state', problem));
+  const w = new Writer();
+  w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
+  w.u32(s.nextHostVmId);
+  w.u32(s.vms.length);
+  for (const vm of s.vms) writeVm(w, vm);
+  writeHostParts(w, s);
+  writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
   if (payloadLength > STATE_LIMITS.maxPayloadBytes)
@@ -579,15 +595,15 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
     return refuse(
       `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,
     );
-  const r = new Reader(payload);
-  let s: StateSnapshot;
+  // Every failure is a refusal: a check that threw instead of refusing (a bug) is one too, named as such.
   try {
-    s = readPayload(r, version);
+    const r = new Reader(payload);
+    const s = readPayload(r, version);
+    if (r.left !== 0) return refuse(`${r.left} bytes follow the last entry`);
+    const problem = stateProblem(s);
+    return problem === null ? ok(s) : refuse(problem);
   } catch (e) {
     if (e instanceof Refused) return refuse(e.message);
-    throw e;
+    return refuse(`reading it failed unexpectedly (${String(e)}); please report it`);
   }
-  if (r.left !== 0) return refuse(`${r.left} bytes follow the last entry`);
-  const problem = stateProblem(s);
-  return problem === null ? ok(s) : refuse(problem);
 }

@@ -326,7 +326,8 @@ describe('incomplete frames', () => {
     await partialLegacy.whenClosed(3000);
     await v2Closed;
     await slowClosed;
-    expect(Date.now() - started).toBeLessThan(2500);
+    // Closed at the deadline (0.5 s), not once the slow sender finished (i below); far above it for a busy machine.
+    expect(Date.now() - started, 'the partial ones closed at --frame-timeout 0.5').toBeLessThan(10_000);
     expect(i).toBeLessThan(frame.length); // cut off before it completed
     const reply = Buffer.concat(v2Bytes);
     expect(reply.readUInt16LE(0)).toBe(T.ERROR);

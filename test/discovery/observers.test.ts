@@ -56,19 +56,35 @@ await c.close();
     let err = '';
     p.stdout.on('data', (d) => (o += d));
     p.stderr.on('data', (d) => (err += d));
-    const t = setTimeout(() => p.kill('SIGKILL'), 10_000);
+    // Far above the child's few requests (a busy machine starts node slowly); its output says why when killed.
+    const t = setTimeout(() => p.kill('SIGKILL'), 40_000);
     p.on('exit', (code) => {
       clearTimeout(t);
-      code === 0 ? resolve(JSON.parse(o)) : reject(new Error(`observer child exited ${code}: ${err}`));
+      code === 0
+        ? resolve(JSON.parse(o))
+        : reject(
+            new Error(
+              `observer child exited ${code} (killed after 40 s without finishing its LIST, OBSERVEs and HOST_SUBSCRIBE when null): ${err}`,
+            ),
+          );
     });
   });
 }
 
+/**
+ * Longest wait for a VM to be listed (a scan every 100 ms finds it in well under a second; a busy
+ * machine took over 10 s): far above it, below the test's own timeout.
+ */
+const LISTED_DEADLINE_MS = 40_000;
+
 async function listed(c: V2Client, pid: number): Promise<VmInfo> {
   let vm: VmInfo | undefined;
-  const deadline = Date.now() + 10_000;
+  const deadline = Date.now() + LISTED_DEADLINE_MS;
   while (!(vm = (await c.list()).find((v) => v.pid === pid && !v.ended))) {
-    if (Date.now() > deadline) throw new Error(`pid ${pid} not listed`);
+    if (Date.now() > deadline)
+      throw new Error(
+        `pid ${pid} not listed by LIST within ${LISTED_DEADLINE_MS / 1000} s (waited for its REGISTER or discovery to show it)`,
+      );
     await new Promise((r) => setTimeout(r, 20));
   }
   return vm;

@@ -208,7 +208,8 @@ describe('trace reader: errors name the line', () => {
     const blanks = '\n'.repeat(900_000) + ' \t\r\n'.repeat(1000);
     const t = Date.now();
     const recs = await collect(readTrace(file(lines(HEADER) + blanks + lines(sampleRec(1)) + '\n\n')));
-    expect(Date.now() - t).toBeLessThan(3000);
+    // Linear, not per-line work that grows with the file: far under what a quadratic skip takes (the speed is bench's).
+    expect(Date.now() - t, 'reading 900,000 blank lines (a busy machine included)').toBeLessThan(30_000);
     expect(recs.map((r) => [r.type, r.line])).toEqual([
       ['header', 1],
       ['sample', 901_002],

@@ -34,6 +34,17 @@ function listenerPid(socketPath: string): Promise<number> {
   });
 }
 
+/** Why SIGHUP could not be sent to the daemon, and the fix (EPERM: it runs as another user). */
+export function signalRefused(pid: number, e: NodeJS.ErrnoException): string {
+  if (e.code === 'EPERM')
+    return cannot(
+      'reload',
+      `not allowed to signal the helper (pid ${pid}): it runs as another user, and only root or that user may restart it`,
+      'run it as root (sudo vmsr-helper reload), or systemctl reload qemu-vmsr-helper',
+    );
+  return cannot('reload', `cannot send SIGHUP to the helper (pid ${pid}): ${e.message}`, 'check that it still runs');
+}
+
 /** Sends the daemon at `socketPath` SIGHUP and resolves with the ms until a new connection is served by the new image. */
 async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): Promise<number> {
   const pid = await listenerPid(socketPath);
@@ -45,7 +56,12 @@ async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): 
   const watch = await V2Client.connect(socketPath);
   await watch.list();
   const t0 = Date.now();
-  process.kill(pid, 'SIGHUP');
+  try {
+    process.kill(pid, 'SIGHUP');
+  } catch (e) {
+    await watch.close();
+    throw new Error(signalRefused(pid, e as NodeJS.ErrnoException));
+  }
   const began = await Promise.race([
     watch.closed.then(() => true),
     new Promise<false>((r) => setTimeout(() => r(false), timeoutMs).unref()),

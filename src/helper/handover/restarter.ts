@@ -19,6 +19,7 @@ import type { FrozenConnection, Restartable } from './frozen.js';
 import type { LegacyCounters } from '../legacy/legacy-service.js';
 import type { Opened } from '../lifecycle/startup.js';
 import { HANDOVER_NAMES } from './handed-over.js';
+import { RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
@@ -170,6 +171,7 @@ function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<str
 
 export class Restarter {
   private running = false;
+  private readonly requests = new RestartRequests();
   /** Restarts in place so far, for logs. */
   count = 0;
 
@@ -182,11 +184,13 @@ export class Restarter {
   async inPlace(trigger: string): Promise<string> {
     const { log, notifier } = this.p;
     if (this.running) {
-      log.warn({ trigger }, 'restart asked while one runs: ignored');
+      this.requests.again();
       return 'a restart runs already';
     }
     this.running = true;
+    this.requests.first();
     try {
+      await this.requests.quiet();
       const t0 = process.hrtime.bigint();
       const signalAt = wallMs();
       log.info({ trigger }, 'restart in place: checking the installed binary');
@@ -196,6 +200,8 @@ export class Restarter {
         log.error({ trigger }, why);
         return why;
       }
+      const meanwhile = await this.requests.quiet();
+      if (meanwhile > 0) log.warn({ trigger, meanwhile }, 'restart asked again while one runs: one restart does for all, once they stop');
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
       let prepared: Prepared;
       const stoppedAt = wallMs();

@@ -18,7 +18,7 @@ import type { StateSnapshot } from '../../state/snapshot.js';
 import { newLegacyCounters } from '../legacy/legacy-service.js';
 import { assembleServer, type ServerChain } from '../assemble-server.js';
 import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
-import { isPreferredPeer } from '../../os/preferred-owner.js';
+import { isQemuPeer } from '../../os/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
 import type { LateV2Handler } from '../server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../os/fd-budget.js';
@@ -168,8 +168,9 @@ export function serveLegacy(
     counters: { ...newLegacyCounters(), ...handed.legacy },
     server: {
       maxConnections: o.maxConnections,
-      // Root and the socket's group (every QEMU) are bound by --max-connections only; other users by their share.
-      preferredPeer: (peer) => isPreferredPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
+      // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.
+      preferredPeer: (peer) => peer.uid === 0,
+      qemuPeer: (peer) => isQemuPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
       incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
     },
     ...(o.late ? { v2Handler: o.late.handler } : {}),

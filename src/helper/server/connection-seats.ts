@@ -1,10 +1,16 @@
 /**
  * The connection slots (--max-connections) shared between users (the peer's uid from SO_PEERCRED):
- * each connection holds one against its uid's share (common/uid-share.ts: a user that is neither root
- * nor in --socket-group holds at most a quarter, all such users half); when they are all taken and a user holding fewer connections than another needs one, a connection
- * of the user holding the most that has not been read yet (its protocol not known: waiting for the
- * incomplete-frame budget, or its first bytes not in) is closed, the oldest first. Connections being
- * served (QEMU's legacy session, a v2 client past its magic) are never closed for another user.
+ * each connection holds one against its uid's share (common/uid-share.ts: a user other than root
+ * holds at most a quarter, all such users half; the socket's group too, docs/security.md "The
+ * socket's group locking QEMU out"); when they are all taken and a user holding fewer connections
+ * than another needs one, a connection of the user holding the most that has not been read yet (its
+ * protocol not known: waiting for the incomplete-frame budget, or its first bytes not in) is closed,
+ * the oldest first. Connections being served (QEMU's legacy session, a v2 client past its magic) are
+ * not closed for another user, but for QEMU.
+ *
+ * QEMU first: a connection from a QEMU process (os/qemu-peer.ts; one per process) is outside every
+ * share, and when the slots are all taken it gets one by closing the oldest connection that is not
+ * QEMU's, of the user holding the most such connections, served or not.
  */
 
 import { UidShares, type ShareOwner, type ShareRoom } from '../../common/uid-share.js';
@@ -17,17 +23,27 @@ export interface Seat {
   release(): void;
 }
 
+/** A connection as the seats know it: how to close it, and whether it is QEMU's. */
+interface Held {
+  evict: () => void;
+  qemu: boolean;
+}
+
 export class ConnectionSeats {
-  /** The connections each uid holds, served ones too, against its share of the slots. */
+  /** The connections each uid holds, served ones too, against its share of the slots (QEMU's outside). */
   private readonly shares: UidShares;
   /** Per uid holding any: its connections not read yet, oldest first, each with how to close it. */
   private readonly undecided = new Map<number, Set<() => void>>();
+  /** Per uid holding any: every connection of it that is not QEMU's, oldest first (what a QEMU may close). */
+  private readonly notQemu = new Map<number, Set<() => void>>();
+  /** The QEMU processes holding their seat first in line. */
+  private readonly qemuPids = new Set<number>();
 
   constructor(readonly capacity: number) {
     this.shares = new UidShares(capacity);
   }
 
-  /** Connections of `uid` open now. */
+  /** Connections of `uid` open now, counted against its share (not QEMU's). */
   heldBy(uid: number): number {
     return this.shares.heldBy(uid);
   }
@@ -37,23 +53,37 @@ export class ConnectionSeats {
     return this.shares.room(owner);
   }
 
+  /** Whether a connection of QEMU process `pid` would be QEMU's first in line (it holds none yet). */
+  qemuFirst(pid: number): boolean {
+    return !this.qemuPids.has(pid);
+  }
+
   /**
    * A new connection of `owner`, counted against its share whatever room is left (the caller decided
-   * to serve it); `evict` closes it if another user needs its slot while it is not decided.
+   * to serve it); `evict` closes it if another user, or QEMU, needs its slot. `qemuPid`: the
+   * connection is that QEMU process's first (qemuFirst): outside the shares, never closed for another.
    */
-  seat(owner: ShareOwner, evict: () => void): Seat {
-    this.shares.take(owner, 1, 1);
-    const undecided = this.undecidedOf(owner.uid);
-    undecided.add(evict);
+  seat(owner: ShareOwner, evict: () => void, qemuPid?: number): Seat {
+    const held: Held = { evict, qemu: qemuPid !== undefined };
+    if (qemuPid !== undefined) this.qemuPids.add(qemuPid);
+    else {
+      this.shares.take(owner, 1, 1);
+      this.listOf(this.undecided, owner.uid).add(evict);
+      this.listOf(this.notQemu, owner.uid).add(evict);
+    }
     let released = false;
     return {
-      decided: () => void undecided.delete(evict),
+      decided: () => void this.undecided.get(owner.uid)?.delete(evict),
       release: () => {
         if (released) return;
         released = true;
-        undecided.delete(evict);
+        if (held.qemu) {
+          this.qemuPids.delete(qemuPid!);
+          return;
+        }
+        this.drop(this.undecided, owner.uid, evict);
+        this.drop(this.notQemu, owner.uid, evict);
         this.shares.give(owner, 1);
-        if (this.shares.heldBy(owner.uid) === 0) this.undecided.delete(owner.uid);
       },
     };
   }
@@ -74,13 +104,38 @@ export class ConnectionSeats {
     if (heaviest === undefined || heaviest.held <= wants) return false;
     const [oldest] = heaviest.undecided;
     heaviest.undecided.delete(oldest!);
+    for (const list of this.notQemu.values()) list.delete(oldest!);
     oldest!();
     return true;
   }
 
-  private undecidedOf(uid: number): Set<() => void> {
-    let u = this.undecided.get(uid);
-    if (u === undefined) this.undecided.set(uid, (u = new Set()));
+  /**
+   * All slots are taken and a QEMU process wants its first: closes the oldest connection that is not
+   * QEMU's of the user holding the most of them, served or not. False when every slot is QEMU's.
+   */
+  makeRoomForQemu(): boolean {
+    let heaviest: [number, Set<() => void>] | undefined;
+    for (const e of this.notQemu) if (heaviest === undefined || e[1].size > heaviest[1].size) heaviest = e;
+    if (heaviest === undefined) return false;
+    const [uid, list] = heaviest;
+    const [oldest] = list;
+    // Out of both lists now (its close releases it later): no second eviction picks it again.
+    this.drop(this.notQemu, uid, oldest!);
+    this.drop(this.undecided, uid, oldest!);
+    oldest!();
+    return true;
+  }
+
+  private listOf(lists: Map<number, Set<() => void>>, uid: number): Set<() => void> {
+    let u = lists.get(uid);
+    if (u === undefined) lists.set(uid, (u = new Set()));
     return u;
+  }
+
+  private drop(lists: Map<number, Set<() => void>>, uid: number, evict: () => void): void {
+    const u = lists.get(uid);
+    if (u === undefined) return;
+    u.delete(evict);
+    if (u.size === 0) lists.delete(uid);
   }
 }

@@ -70,8 +70,20 @@ export interface HelperServerOptions {
    * every peer is preferred.
    */
   preferredPeer?: (peer: PeerCredentials) => boolean;
+  /**
+   * Whether a peer is a QEMU process of the socket's group (os/qemu-peer.ts): its first connection
+   * is outside every share and gets a slot whoever holds them (connection-seats.ts). Default: none is.
+   */
+  qemuPeer?: (peer: PeerCredentials) => boolean;
   /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
   starttimeOf?: (pid: number) => number | null;
+}
+
+/** A connection let in: who it is, the share it counts in, and its pid when it is a QEMU's first connection (outside the shares). */
+interface Admitted {
+  peer: PeerCredentials;
+  owner: ShareOwner;
+  qemuPid: number | undefined;
 }
 
 export class HelperServer {
@@ -209,7 +221,7 @@ export class HelperServer {
   }
 
   /** The peer's credentials and share, or null when the connection is refused (and closed). */
-  private admit(socket: net.Socket): { peer: PeerCredentials; owner: ShareOwner } | null {
+  private admit(socket: net.Socket): Admitted | null {
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
@@ -219,20 +231,23 @@ export class HelperServer {
       return null;
     }
     const owner: ShareOwner = { uid: peer.uid, preferred: this.o.preferredPeer?.(peer) ?? true };
+    // QEMU first (one connection per QEMU process): outside the shares, and it makes room when full.
+    const qemuPid = this.users.qemuFirst(peer.pid) && this.o.qemuPeer?.(peer) ? peer.pid : undefined;
     const share = this.users.room(owner);
-    if (share.room === 0 && share.bound !== 'capacity') {
+    if (qemuPid === undefined && share.room === 0 && share.bound !== 'capacity') {
       const mine = this.users.heldBy(peer.uid);
       this.limiter.warn(
         'refused connection',
         { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
         share.bound === 'uid'
-          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for a user that is neither root nor in --socket-group)`
-          : `connection refused: users that are neither root nor in --socket-group hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
+          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for any user but root; a QEMU process's own connection is not counted)`
+          : `connection refused: users other than root hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
       );
       socket.destroy();
       return null;
     }
-    if (this.sockets.size >= this.maxConnections && !this.users.makeRoomFor(peer.uid)) {
+    const full = this.sockets.size >= this.maxConnections;
+    if (full && !(qemuPid !== undefined ? this.users.makeRoomForQemu() : this.users.makeRoomFor(peer.uid))) {
       this.limiter.warn(
         'refused connection',
         { limit: this.maxConnections, uid: peer.uid },
@@ -248,20 +263,24 @@ export class HelperServer {
       socket.destroy();
       return null;
     }
-    return { peer, owner };
+    return { peer, owner, qemuPid };
   }
 
   /** An admitted connection: its seat, its incomplete-frame account, and what its close releases. */
-  private open(socket: net.Socket, { peer, owner }: { peer: PeerCredentials; owner: ShareOwner }, handedOver: boolean): Open {
+  private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
     this.sockets.add(socket);
-    const seat = this.users.seat(owner, () => {
-      this.limiter.warn(
-        'connection evicted',
-        { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
-        'closing a connection not read yet of the user holding the most connections: another user needed a slot (--max-connections)',
-      );
-      socket.destroy();
-    });
+    const seat = this.users.seat(
+      owner,
+      () => {
+        this.limiter.warn(
+          'connection evicted',
+          { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
+          'closing a connection of the user holding the most connections: QEMU, or another user, needed a slot (--max-connections)',
+        );
+        socket.destroy();
+      },
+      qemuPid,
+    );
     const log = this.o.logger;
     // A connection handed over by the previous image is the same client, not a new one.
     log.debug({ peer: peer.pid, uid: peer.uid }, handedOver ? 'client connection handed over' : 'client connected');

@@ -173,6 +173,33 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   return service;
 }
 
+/** The statistics files (stats-files.ts): each VM's and the host's, written once per sample. */
+function makeStatsFiles(
+  o: V2ServiceOptions,
+  registry: VmRegistry,
+  sampling: SamplingService,
+  energy: HostEnergy,
+  hostValues: V2Parts['hostValues'],
+): StatsFiles {
+  return new StatsFiles({
+    registry,
+    sampling,
+    intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
+    clkTck: o.host.clkTck,
+    hostValues: () => hostValues(false, true),
+    hostDomains: () => energy.domainsUj(),
+    ...(o.fds ? { fds: o.fds } : {}),
+    log: o.log,
+    clock: o.clock ?? monotonicNs,
+    ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
+    capacity: () => ({
+      registered: { used: registry.size, max: o.limits.maxVms },
+      discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
+      fds: o.fds?.usage?.() ?? null,
+    }),
+  });
+}
+
 /** Each part once, from the restore plan when there is one. */
 function makeParts(
   o: V2ServiceOptions,
@@ -212,23 +239,7 @@ function makeParts(
   const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total), domains);
-  const stats = new StatsFiles({
-    registry,
-    sampling,
-    intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
-    clkTck: o.host.clkTck,
-    hostValues: () => hostValues(false, true),
-    hostDomains: () => energy.domainsUj(),
-    ...(o.fds ? { fds: o.fds } : {}),
-    log: o.log,
-    clock: o.clock ?? monotonicNs,
-    ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
-    capacity: () => ({
-      registered: { used: registry.size, max: o.limits.maxVms },
-      discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
-      fds: o.fds?.usage?.() ?? null,
-    }),
-  });
+  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues);
   const guests =
     o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
   const requests: RequestParts = {

@@ -6,7 +6,8 @@
  * (glibc broadcasts only set*id). exec replaces every thread with one that has the calling thread's
  * credentials, so everything is done on the main thread and then the same command is executed again.
  */
-import { capget, capset, execve, keepAcrossExec, prctl, PR_SET_NO_NEW_PRIVS } from '../libc.js';
+import { capget, capset, execve, ignoreSignal, keepAcrossExec, prctl, PR_SET_NO_NEW_PRIVS, restoreSignalAction } from '../libc.js';
+import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
 import {
   CAP_SETPCAP,
   CAP_SYS_RAWIO,
@@ -145,7 +146,25 @@ export function reexecDropped(
     }
   }
   // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
-  return execve(process.execPath, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
+  return execHoldingSighup(process.execPath, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
+}
+
+const SIGHUP = 1;
+
+/**
+ * execve with SIGHUP ignored across it (SIG_IGN survives execve, until Node's own start-up resets it)
+ * and the new image told to hold SIGHUP from its first module (SIGHUP_HELD_ENV, os/sighup-hold.ts):
+ * a SIGHUP during the exec does not end the daemon. An exec that fails puts SIGHUP's action back
+ * (Node's handler) and throws.
+ */
+function execHoldingSighup(path: string, argv: readonly string[], env: Record<string, string>): never {
+  const before = ignoreSignal(SIGHUP);
+  try {
+    return execve(path, argv, { ...env, [SIGHUP_HELD_ENV]: '1' });
+  } catch (e) {
+    restoreSignalAction(SIGHUP, before);
+    throw e;
+  }
 }
 
 /** The command line the daemon re-executes: node with the allowed flags, the installed script, the same arguments. */
@@ -170,5 +189,5 @@ export function reexecInPlace(keepFds: readonly number[], env: Record<string, st
       /* closed fd: the new image opens /dev/null in its place */
     }
   }
-  return execve(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
+  return execHoldingSighup(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
 }

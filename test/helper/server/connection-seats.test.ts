@@ -56,4 +56,26 @@ describe('ConnectionSeats', () => {
     a.release();
     expect(s.room(other)).toEqual({ room: 1, bound: 'uid' });
   });
+
+  it("gives a QEMU process's first connection a slot by closing the oldest connection that is not QEMU's of the user holding the most, served or not", () => {
+    const { s, closed, open } = seats();
+    for (let i = 0; i < 3; i++) open(1000, `served ${i}`).decided();
+    open(1001, 'other');
+    expect(s.qemuFirst(4242)).toBe(true);
+    const qemu = s.seat({ uid: 64055, preferred: false }, () => closed.push('qemu'), 4242);
+    // Outside the shares: the QEMU uid holds nothing against its quarter.
+    expect(s.heldBy(64055)).toBe(0);
+    expect(s.qemuFirst(4242)).toBe(false);
+    expect(s.makeRoomForQemu()).toBe(true);
+    expect(closed).toEqual(['served 0']);
+    // A QEMU's connection is never closed for QEMU or another user: with only QEMU's left, nothing is.
+    const only = new ConnectionSeats(2);
+    only.seat({ uid: 64055, preferred: false }, () => closed.push('q1'), 1);
+    only.seat({ uid: 64055, preferred: false }, () => closed.push('q2'), 2);
+    expect(only.makeRoomForQemu()).toBe(false);
+    expect(only.makeRoomFor(5)).toBe(false);
+    expect(closed).toEqual(['served 0']);
+    qemu.release();
+    expect(s.qemuFirst(4242)).toBe(true);
+  });
 });

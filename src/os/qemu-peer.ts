@@ -1,0 +1,25 @@
+/**
+ * Whether the process on the other end of a connection is a QEMU of the socket's group: the
+ * connections the helper exists for, served first whoever holds the slots (docs/security.md, "The
+ * socket's group locking QEMU out"). A QEMU peer is root's, or in one of the preferred groups (its
+ * primary gid from SO_PEERCRED, or /proc/<pid>/status: preferred-owner.ts), and its process is named
+ * as QEMU runs (discovery's rule, discovery/names.ts: `qemu-system-*`, `qemu-kvm`, `kvm`). A member of
+ * the group may name a process so; each such process still gets one connection first in line, not
+ * more (connection-seats.ts), so a user needs a process per connection, as QEMU has.
+ */
+import path from 'node:path';
+import { isQemuName } from '../discovery/names.js';
+import { readProcFile } from './proc-file.js';
+import { isPreferredPeer } from './preferred-owner.js';
+
+/** Whether `peer` is a QEMU process of root or of one of `groups` (false when it is gone). */
+export function isQemuPeer(procRoot: string, peer: { pid: number; uid: number; gid: number }, groups: readonly number[]): boolean {
+  if (peer.pid <= 0 || !isPreferredPeer(procRoot, peer, groups)) return false;
+  let comm: string;
+  try {
+    comm = readProcFile(path.join(procRoot, String(peer.pid), 'comm'), 'utf8').trimEnd();
+  } catch {
+    return false;
+  }
+  return isQemuName(comm);
+}

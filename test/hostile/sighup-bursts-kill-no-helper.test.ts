@@ -1,0 +1,75 @@
+/**
+ * A second SIGHUP 250 to 400 ms after the first killed the daemon and dropped every QEMU connection
+ * (100 SIGHUPs in 1 s: dead, no restart finished): execve resets a handled SIGHUP to its default
+ * (terminate), and the new image installed its listener only once Node had started and loaded the
+ * program. Any process of the daemon's -u user can send them (here: uid nobody, against the daemon
+ * dropped to -u nobody). Now SIGHUP is ignored across the exec, held from the new image's first
+ * module, and the exec waits until SIGHUPs stopped (RESTART_QUIET_MS): one restart, QEMU's
+ * connection kept, and the next SIGHUP restarts again.
+ */
+import { execFile } from 'node:child_process';
+import { describe, expect, test } from 'vitest';
+import { hostArgs, LegacyClient, startHelper, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { fakeHost, killAs, NOBODY, notRoot, onCleanup, sleep, track } from './support.js';
+
+/** Far above a restart (a check of the binary, the quiet second, a Node start): what the test waits for a restart's hand-over. */
+const RESTART_DEADLINE_MS = 60_000;
+/** After the restart: long enough for a SIGHUP that would kill to have killed (it is immediate). */
+const SETTLE_MS = 1500;
+
+const handedOver = (d: DaemonChild) => d.stderr().split('"msg":"handed over: 1 connections"').length - 1;
+const executed = (d: DaemonChild) => d.stderr().split('restart in place: executing the installed binary').length - 1;
+
+/** `count` SIGHUPs to `pid` over about `overMs`, from one shell running as uid `uid`. */
+function sighupBurst(uid: number, pid: number, count: number, overMs: number): Promise<void> {
+  const gap = (overMs / count / 1000).toFixed(3);
+  const script = `i=0; while [ $i -lt ${count} ]; do kill -HUP ${pid} || exit 1; sleep ${gap}; i=$((i+1)); done`;
+  return new Promise((resolve, reject) =>
+    execFile('sh', ['-c', script], { uid, gid: uid }, (err) => (err ? reject(new Error(`the burst failed: ${err.message}`)) : resolve())),
+  );
+}
+
+async function daemonWithQemu(): Promise<{ daemon: DaemonChild; qemu: LegacyClient }> {
+  const { host, sock } = fakeHost();
+  const daemon = track(await startHelper(['-k', sock, '-u', 'nobody', ...hostArgs(host)]));
+  const qemu = await LegacyClient.connect(sock);
+  onCleanup(() => qemu.close());
+  expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
+  return { daemon, qemu };
+}
+
+async function expectOneRestartServing(daemon: DaemonChild, qemu: LegacyClient, restarts: number): Promise<void> {
+  await waitFor(() => handedOver(daemon) >= restarts, `restart ${restarts} to hand QEMU's connection over`, daemon, RESTART_DEADLINE_MS);
+  await sleep(SETTLE_MS);
+  expect(daemon.proc.exitCode, daemon.stderr().slice(-2000)).toBeNull();
+  expect(daemon.proc.signalCode).toBeNull();
+  expect(executed(daemon)).toBe(restarts);
+  expect(qemu.closed).toBe(false);
+  expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
+}
+
+describe('SIGHUP bursts', () => {
+  test('kill -HUP; sleep 0.3; kill -HUP by uid nobody leaves one daemon serving, restarted once, with QEMU connected', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { daemon, qemu } = await daemonWithQemu();
+    const pid = daemon.proc.pid!;
+    expect(await killAs(NOBODY, 'HUP', pid)).toBe(0);
+    await sleep(300);
+    expect(await killAs(NOBODY, 'HUP', pid)).toBe(0);
+    await expectOneRestartServing(daemon, qemu, 1);
+    expect(daemon.stderr()).toMatch(/"meanwhile":1,"msg":"restart asked again while one runs/);
+  });
+
+  test('100 SIGHUPs in 1 s by uid nobody leave one daemon serving, restarted once, with QEMU connected; the next SIGHUP restarts again', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { daemon, qemu } = await daemonWithQemu();
+    const pid = daemon.proc.pid!;
+    await sighupBurst(NOBODY, pid, 100, 1000);
+    await expectOneRestartServing(daemon, qemu, 1);
+    // SIGHUP is not left ignored: the new image took it over and restarts on it.
+    expect(await killAs(NOBODY, 'HUP', pid)).toBe(0);
+    await expectOneRestartServing(daemon, qemu, 2);
+  });
+});
