@@ -30,7 +30,7 @@ export interface ServerChainOptions {
   /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
   counters?: LegacyCounters;
   /** The daemon's connection limits; the server's defaults otherwise. */
-  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer'>;
+  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer' | 'keep'>;
 }
 
 /** Legacy service -> server (which hands v2 connections to v2Handler). Not serving yet (server.serve()). */

@@ -307,6 +307,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         },
         snapshot: () => service.snapshot(),
         abort: () => service.restartAborted(),
+        onSampled: (cb) => service.onSample(cb),
       });
       // The first scan runs with the privileges the daemon keeps, not those it starts with.
       ctx.onReady(() => v2.service.startDiscovery());

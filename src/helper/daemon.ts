@@ -23,6 +23,7 @@ import { openStart, stepDone, type Opened, type StepDone } from './lifecycle/sta
 import type { DaemonConfig, DaemonContext, DaemonPlugin, RestartParticipant, ShutdownHook } from './lifecycle/config.js';
 import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from './lifecycle/handed-over.js';
 import { Restarter, takeRestartClock, wallMs } from './lifecycle/restart.js';
+import { CrashGuard } from './lifecycle/crash-guard.js';
 import { dropPrivileges } from '../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../os/privileges/proc-status.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
@@ -131,8 +132,10 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const openedAt = wallMs();
     const { vendor, cpus, device, listener, energy, energyWhy } = opened;
     const steps: StepDone[] = [...opened.steps];
-    // What a restart handed over (connections, state, counters), each part checked; the rest closed.
-    const handed = takeHandedOver(inh.named, area('restart'));
+    // What a crash left kept outside (lifecycle/crash-guard.ts), then what a restart handed over
+    // (connections, state, counters), each part checked; the rest closed.
+    const guard = CrashGuard.start(inh.named, notifier, area('restart'));
+    const handed = guard.merge(takeHandedOver(guard.named, area('restart')), listener);
     // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
     // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
     if (inh.how !== 'restart' && inh.named && inh.named.size > 0)
@@ -245,6 +248,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
         // Root and the socket's group (every QEMU) are bound by --max-connections only; other users by their share.
         preferredPeer: (peer) => isPreferredPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
         incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+        ...(guard.keep ? { keep: guard.keep } : {}),
       },
       ...(late ? { v2Handler: late.handler } : {}),
     }));
@@ -254,6 +258,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     // The requests that waited through a restart are read and answered first; then the state is decoded.
     await afterIoPoll();
     const restored = handed.state && decodeHandedState(handed.state, area('restart'));
+    guard.restored(restored || undefined);
     const ctx: DaemonContext = {
       config,
       vendor,
@@ -310,6 +315,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
     const where = listener.where;
     logger.info({ socket: where }, `Listening on ${where}`);
     notifier.ready(`listening on ${where}`);
+    guard.serving(participants[0]);
     // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
     const inspectorUrl = closeOpenInspector();
     if (inspectorUrl !== null)
@@ -324,6 +330,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       stop(reason = 'stop requested') {
         stopping ??= (async () => {
           logger.info({ reason }, 'shutting down');
+          guard.stopping();
           // Under systemd, what a restart carries goes to the fd store first (dropped by systemd on a plain stop).
           if (reason === 'SIGTERM' || reason === 'SIGINT') await restarter?.toFdStore();
           notifier.stopping();

@@ -55,6 +55,8 @@ export interface RestartParticipant {
   snapshot(): StateSnapshot;
   /** The restart was called off (the exec failed): go on as before. */
   abort(): void;
+  /** Calls `cb` after every sample (the checkpoints of lifecycle/outside-keep.ts); dispose to stop. */
+  onSampled?(cb: () => void): { dispose(): void };
 }
 
 /** What a plugin gets at start-up: after the checks, MSR opens, listening socket, pidfile and privilege drop, once the legacy requests are served. */

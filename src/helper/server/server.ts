@@ -8,6 +8,7 @@ import { type PeerCredentials, peerHungUp } from '../../os/libc.js';
 import { classifyPreamble, LEGACY_REPLY_SIZE, LegacyFramer, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
+import type { ConnectionKeep } from './connection-keep.js';
 import { sendReplies } from '../legacy/send-replies.js';
 import { takeOverLegacy } from '../legacy/legacy-reader.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';
@@ -56,6 +57,8 @@ export interface HelperServerOptions {
   preferredPeer?: (peer: PeerCredentials) => boolean;
   /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
   starttimeOf?: (pid: number) => number | null;
+  /** Holds each connection outside this process from its accept to its close, or until it is v2 (lifecycle/outside-keep.ts). */
+  keep?: ConnectionKeep;
 }
 
 export class HelperServer {
@@ -194,6 +197,9 @@ export class HelperServer {
       return;
     }
     this.sockets.add(socket);
+    // Outside this process from now on: a crash does not take the connection along (docs/daemon.md "Crashes").
+    let kept = this.o.keep?.held(socketFd(socket)) ?? null;
+    const unkeep = () => (this.o.keep?.released(kept), (kept = null));
     const seat = this.users.seat(owner, () => {
       this.limiter.warn(
         'connection evicted',
@@ -227,6 +233,7 @@ export class HelperServer {
       },
     };
     const onClose = () => {
+      unkeep();
       seat.release();
       this.incomplete.forget(unread, peer.uid);
       this.memory.closed();
@@ -267,6 +274,8 @@ export class HelperServer {
       seat.decided();
       this.freezable.delete(undecided);
       if (kind === 'v2' && this.o.v2Handler) {
+        // A v2 client reconnects after a crash: its connection must close with the process.
+        unkeep();
         try {
           // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
           this.o.v2Handler(socket, peer, head.subarray(V2_MAGIC.length), hold);

@@ -21,7 +21,7 @@ import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
-import { DisposableStore } from '../../common/disposable.js';
+import { DisposableStore, type Disposable } from '../../common/disposable.js';
 import type { Discovery } from './discovery.js';
 import { hostStats, type HealthSource } from './host-stats.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
@@ -117,6 +117,8 @@ export interface V2Service {
    * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
    */
   snapshot(): StateSnapshot;
+  /** Calls `cb` after every sample, once the service handled it (the daemon's checkpoints); dispose to stop. */
+  onSample(cb: () => void): Disposable;
   /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
   readonly restored: Result<RestoreReport> | null;
   /**
@@ -390,6 +392,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       restarting = false;
       for (const id of orphaned.splice(0)) for (const vmId of registry.vmsOf(id)) lifecycle.release(vmId);
     },
+    onSample: (cb) => sampling.onSample(() => cb()),
     snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
     restored,
   };
