@@ -15,7 +15,18 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
-import { capget, capset, closeFd, isListeningSocket, recvWithFds, socketpair, watchReadable, MSG_DONTWAIT, SOCK_SEQPACKET, type FdWatch } from '../os/libc.js';
+import {
+  capget,
+  capset,
+  closeFd,
+  isListeningSocket,
+  recvWithFds,
+  socketpair,
+  watchReadable,
+  MSG_DONTWAIT,
+  SOCK_SEQPACKET,
+  type FdWatch,
+} from '../os/libc.js';
 import { socketIno } from './link.js';
 import {
   decodeKeeperMessage,
@@ -115,10 +126,14 @@ class Keeper {
     const [mine, theirs] = socketpair(SOCK_SEQPACKET);
     const names: string[] = [];
     const fds: number[] = [];
-    if (this.listener !== null) (names.push(KEPT_NAMES.listener), fds.push(this.listener.fd));
-    if (this.checkpoint !== null) (names.push(`${KEPT_NAMES.checkpointPrefix}0`), fds.push(this.checkpoint));
+    const pass = (name: string, fd: number) => {
+      names.push(name);
+      fds.push(fd);
+    };
+    if (this.listener !== null) pass(KEPT_NAMES.listener, this.listener.fd);
+    if (this.checkpoint !== null) pass(`${KEPT_NAMES.checkpointPrefix}0`, this.checkpoint);
     this.checkpointGiven = this.checkpoint !== null;
-    for (const [ino, fd] of this.conns) (names.push(`${KEPT_NAMES.connectionPrefix}${ino}`), fds.push(fd));
+    for (const [ino, fd] of this.conns) pass(`${KEPT_NAMES.connectionPrefix}${ino}`, fd);
     const env: NodeJS.ProcessEnv = { ...this.o.env, [KEEPER_ENV.channel]: String(KEEPER_CHANNEL_FD) };
     if (names.length > 0) env[KEEPER_ENV.fdNames] = names.join(':');
     if (this.listener?.file) env[KEEPER_ENV.socketFile] = encodeSocketFile(this.listener.file);
@@ -162,7 +177,10 @@ class Keeper {
       case KEEPER_MESSAGE.drop: {
         const ino = /^\d{1,20}$/.test(m.text) ? BigInt(m.text) : -1n;
         const held = this.conns.get(ino);
-        if (held !== undefined) (closeFd(held), this.conns.delete(ino));
+        if (held !== undefined) {
+          closeFd(held);
+          this.conns.delete(ino);
+        }
         return false;
       }
       case KEEPER_MESSAGE.checkpoint:
@@ -173,7 +191,10 @@ class Keeper {
         return true;
       case KEEPER_MESSAGE.ready:
         this.readyAt = Date.now();
-        if (!this.everReady) (this.everReady = true), this.o.onReady?.();
+        if (!this.everReady) {
+          this.everReady = true;
+          this.o.onReady?.();
+        }
         return false;
     }
   }
@@ -235,7 +256,15 @@ class Keeper {
     }
     const delay = this.limits.backoffMs[Math.min(this.crashes - 1, this.limits.backoffMs.length - 1)] ?? 0;
     this.o.log.warn(
-      { pid: note.pid, how, crashes: this.crashes, max, restartInMs: delay, connections: this.conns.size, checkpoint: this.checkpoint !== null },
+      {
+        pid: note.pid,
+        how,
+        crashes: this.crashes,
+        max,
+        restartInMs: delay,
+        connections: this.conns.size,
+        checkpoint: this.checkpoint !== null,
+      },
       `keeper: the serving process died (${how}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
     );
     this.timer = setTimeout(() => this.spawn(note), delay);
@@ -265,4 +294,3 @@ function removeIfOurs(file: { ino: number; path: string }): void {
     /* gone already */
   }
 }
-

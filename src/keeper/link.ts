@@ -40,7 +40,8 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
   const names = text.split(':');
   const fix = 'it is set by the keeper for the process it starts, do not set it';
-  if (names.length > MAX_KEPT_FDS) throw new Error(`cannot read ${KEEPER_ENV.fdNames}: ${names.length} names, at most ${MAX_KEPT_FDS}; ${fix}`);
+  if (names.length > MAX_KEPT_FDS)
+    throw new Error(`cannot read ${KEEPER_ENV.fdNames}: ${names.length} names, at most ${MAX_KEPT_FDS}; ${fix}`);
   const named = new Map<string, number[]>();
   let listener: FromKeeper['listener'];
   names.forEach((name, i) => {

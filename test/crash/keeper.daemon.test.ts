@@ -54,7 +54,9 @@ function servingPid(keeper: number): number {
 
 /** A process that keeps a thread busy part of the time (a VM's vCPU, to the helper). */
 function busyProcess(): ChildProcess {
-  const p = spawn(process.execPath, ['-e', 'setInterval(() => { const t = Date.now(); while (Date.now() - t < 20); }, 50)'], { stdio: 'ignore' });
+  const p = spawn(process.execPath, ['-e', 'setInterval(() => { const t = Date.now(); while (Date.now() - t < 20); }, 50)'], {
+    stdio: 'ignore',
+  });
   cleanups.push(() => void p.kill('SIGKILL'));
   return p;
 }
@@ -75,7 +77,12 @@ async function killAndServe(h: DaemonChild, client: LegacyClient): Promise<{ ms:
   const t0 = performance.now();
   process.kill(pid, 'SIGKILL');
   // QEMU's request waits (it sets no timeout) until the next serving process answers it.
-  await waitFor(() => !fs.existsSync(`/proc/${pid}`) || fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]![0] === 'Z', 'the kill', h, 5000);
+  await waitFor(
+    () => !fs.existsSync(`/proc/${pid}`) || fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]![0] === 'Z',
+    'the kill',
+    h,
+    5000,
+  );
   const value = await client.request(0x611, 0, process.pid).catch((e) => {
     throw new Error(`${(e as Error).message}\n${h.stderr()}`);
   });
@@ -129,7 +136,9 @@ describe('the keeper', () => {
       `keeper: serving again after a SIGKILL in ${serving.map((x) => Math.round(x)).join(', ')} ms (goal under ${GOAL_MS} ms: ${Math.max(...serving) < GOAL_MS ? 'met' : 'NOT met'})`,
     );
     expect(qemu.closed, 'the QEMU-like connection stayed open').toBe(false);
-    expect(h.stderr()).toMatch(/"msg":"recovered from a crash: the serving process \(pid \d+\) died \(SIGKILL, crash 1 in a row\); 1 QEMU connections kept; state restored from the checkpoint/);
+    expect(h.stderr()).toMatch(
+      /"msg":"recovered from a crash: the serving process \(pid \d+\) died \(SIGKILL, crash 1 in a row\); 1 QEMU connections kept; state restored from the checkpoint/,
+    );
     // A stop on purpose stops the keeper too, and the socket file goes with it.
     expect(await h.stop('SIGTERM')).toBe(0);
     expect(fs.existsSync(sock)).toBe(false);
@@ -144,7 +153,11 @@ describe('the keeper', () => {
     const v2 = await ResumingV2Client.connect(sock);
     cleanups.push(() => v2.close());
     const { vmId } = await v2.register({ pid: vm.pid!, vcpus: [{ tid: vm.pid!, vpkg: 0 }] });
-    await pollFor(async () => ((await v2.read(vmId, 0)).energyUj > 0n ? true : undefined), 'the VM to be paid energy (and checkpointed)', h.stderr);
+    await pollFor(
+      async () => ((await v2.read(vmId, 0)).energyUj > 0n ? true : undefined),
+      'the VM to be paid energy (and checkpointed)',
+      h.stderr,
+    );
     const before = await qemu.request(0x611, 0, process.pid);
     process.kill(servingPid(h.proc.pid!), 'SIGKILL');
     // The next process crashes restoring the checkpoint (SIGABRT); the one after starts without it.
@@ -152,8 +165,13 @@ describe('the keeper', () => {
     const value = await qemu.request(0x611, 0, process.pid);
     expect(value).toBeGreaterThanOrEqual(before);
     await waitFor(() => count(h, 'recovered from a crash') >= 2, 'the fresh start', h, 30_000);
-    const lines = h.stderr().split('\n').filter((l) => l.includes('recovered from a crash'));
-    expect(lines[1]).toMatch(/crash 2 in a row.*no checkpoint restored \(the serving process \(pid \d+\) it was passed to died \(SIGABRT\) before it wrote one of its own/);
+    const lines = h
+      .stderr()
+      .split('\n')
+      .filter((l) => l.includes('recovered from a crash'));
+    expect(lines[1]).toMatch(
+      /crash 2 in a row.*no checkpoint restored \(the serving process \(pid \d+\) it was passed to died \(SIGABRT\) before it wrote one of its own/,
+    );
     expect(qemu.closed).toBe(false);
     expect(h.proc.exitCode, 'the keeper runs on').toBeNull();
   }, 120_000);
@@ -173,7 +191,9 @@ describe('the keeper', () => {
       if (i < KEEPER_LIMITS.maxCrashesInARow - 1) await waitFor(() => count(h, '"msg":"Listening on') > ready, `start ${i + 2}`, h, 30_000);
     }
     expect(await h.exited).toBe(1);
-    expect(h.stderr()).toMatch(new RegExp(`the serving process died ${KEEPER_LIMITS.maxCrashesInARow} times in a row \\(the last: SIGKILL\\): the keeper stops`));
+    expect(h.stderr()).toMatch(
+      new RegExp(`the serving process died ${KEEPER_LIMITS.maxCrashesInARow} times in a row \\(the last: SIGKILL\\): the keeper stops`),
+    );
     // It backed off: each wait before a restart as KEEPER_LIMITS.backoffMs says.
     const waits = [...h.stderr().matchAll(/"restartInMs":(\d+)/g)].map((m) => Number(m[1]));
     expect(waits).toEqual(KEEPER_LIMITS.backoffMs.slice(0, KEEPER_LIMITS.maxCrashesInARow - 1));

@@ -266,7 +266,10 @@ async function keeperRuns(logger?: () => Logger): Promise<boolean> {
   if (process.env[KEEPER_ENV.channel] !== undefined) return false;
   const log = (logger ?? (() => createLogger('info')))().child({ area: 'keeper' });
   if (process.env.NOTIFY_SOCKET !== undefined || process.env.LISTEN_FDS !== undefined) {
-    log.warn({}, '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it');
+    log.warn(
+      {},
+      '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it',
+    );
     return false;
   }
   const { runKeeper } = await import('../../keeper/keeper.js');
@@ -274,7 +277,12 @@ async function keeperRuns(logger?: () => Logger): Promise<boolean> {
   delete env[DAEMON_CHILD_ENV];
   const ready = isDaemonChild() ? reportReady : undefined;
   log.info({ pid: process.pid }, 'keeper: holding the socket and the connections; starting the serving process');
-  const code = await runKeeper({ command: [process.execPath, ...process.execArgv, ...process.argv.slice(1)], env, log, ...(ready ? { onReady: ready } : {}) });
+  const code = await runKeeper({
+    command: [process.execPath, ...process.execArgv, ...process.argv.slice(1)],
+    env,
+    log,
+    ...(ready ? { onReady: ready } : {}),
+  });
   process.exit(code);
 }
 

@@ -37,8 +37,10 @@ export function takeKept(named: ReadonlyMap<string, readonly number[]> | undefin
   for (const [name, fds] of named ?? []) {
     if (name.startsWith(KEPT_NAMES.connectionPrefix)) conns.push(...fds);
     else if (name.startsWith(KEPT_NAMES.checkpointPrefix)) for (const fd of fds) checkpoints.push([name, fd]);
-    else if (name === KEPT_NAMES.restoring) (restoringMark = true), fds.forEach(closeFd);
-    else rest.set(name, fds);
+    else if (name === KEPT_NAMES.restoring) {
+      restoringMark = true;
+      fds.forEach(closeFd);
+    } else rest.set(name, fds);
   }
   const checkpointNames = [...new Set(checkpoints.map(([n]) => n))];
   checkpoints.sort((a, b) => (seqOf(b[0]) > seqOf(a[0]) ? 1 : -1));
@@ -82,16 +84,28 @@ export interface CrashLog extends HandoverLog {
  * when the process died) or why none, and what that means for the energy. `restored` is the decoded
  * checkpoint, when it decoded.
  */
-export function reportCrash(crash: NonNullable<Kept['crash']>, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
+export function reportCrash(
+  crash: NonNullable<Kept['crash']>,
+  note: KeeperNote | null,
+  restored: StateSnapshot | undefined,
+  log: CrashLog,
+): void {
   const crashedAtNs = BigInt(Math.round(note?.atMs ?? Date.now())) * 1_000_000n;
   const lastNs = restored?.lastSample?.realtimeNs;
   const ageMs = lastNs !== undefined ? Number((crashedAtNs - lastNs) / 1_000_000n) : undefined;
-  const by = note ? `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)` : 'the last serving process ended without handing over (a crash)';
+  const by = note
+    ? `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`
+    : 'the last serving process ended without handing over (a crash)';
   const what =
     restored !== undefined
       ? `state restored from the checkpoint of its last sample${ageMs !== undefined ? ` (${ageMs} ms before it died)` : ''}: the energy since is split over the gap at the first sample, as after a restart (lost only if the gap passes 60 s: then the totals go on from the checkpoint and the gap is not attributed)`
       : `no checkpoint restored (${crash.checkpointDropped ?? (crash.state ? 'it did not decode' : 'none was kept')}): v2 totals start from 0`;
-  const fields = { connections: crash.connections.length, checkpoint: restored !== undefined, ...(ageMs !== undefined ? { checkpointAgeMs: ageMs } : {}), ...(note ? { crashed: note } : {}) };
+  const fields = {
+    connections: crash.connections.length,
+    checkpoint: restored !== undefined,
+    ...(ageMs !== undefined ? { checkpointAgeMs: ageMs } : {}),
+    ...(note ? { crashed: note } : {}),
+  };
   log.warn(fields, `recovered from a crash: ${by}; ${crash.connections.length} QEMU connections kept; ${what}`);
   const poison = Number(process.env[CRASH_ON_VM_PID_ENV] ?? 0);
   if (poison > 0 && restored?.vms.some((v) => v.pid === poison)) {

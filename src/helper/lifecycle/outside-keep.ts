@@ -15,7 +15,6 @@ import type { Notifier } from './systemd.js';
 import type { RestartParticipant } from './config.js';
 import type { ConnectionKeep } from '../server/connection-keep.js';
 
-
 export interface OutsideKeep extends ConnectionKeep {
   readonly holder: 'keeper' | 'fd store';
   /** The listening socket (the keeper holds it; systemd's .socket unit holds its own). */
@@ -105,7 +104,8 @@ class FdStoreKeep implements OutsideKeep {
     if (!stored) return;
     for (const old of this.checkpoints.splice(0)) this.notifier.removeStoredFds(old);
     this.checkpoints.push(name);
-    if (this.marked) (this.notifier.removeStoredFds(KEPT_NAMES.restoring), (this.marked = false));
+    if (this.marked) this.notifier.removeStoredFds(KEPT_NAMES.restoring);
+    this.marked = false;
   }
 
   restoring(): void {

@@ -23,6 +23,8 @@ export interface Units {
   execStart: string[];
   /** Where the service's stdout and stderr are appended. */
   log: string;
+  /** More lines for the service's [Service] section (e.g. Restart=on-failure). */
+  service?: string[];
 }
 
 /** Not starting with STORED_FD_PREFIX ('vmsr-'): the socket's fd is named after its unit. */
@@ -47,6 +49,7 @@ function unitFiles(u: Units): Record<string, string> {
       'TimeoutStopSec=10s',
       `StandardOutput=append:${u.log}`,
       `StandardError=append:${u.log}`,
+      ...(u.service ?? []),
       '',
     ].join('\n'),
   };

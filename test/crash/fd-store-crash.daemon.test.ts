@@ -1,0 +1,141 @@
+/**
+ * Crashes under systemd (docs/daemon.md "Crashes"), against the real systemd booted as PID 1 of a new
+ * PID namespace (test/restart/support/service-manager.ts): a .socket unit and a Type=notify service
+ * with FileDescriptorStoreMax= and Restart=on-failure, as the shipped unit has. The daemon stores
+ * each connection in the fd store at its accept (FDSTORE=1) and a checkpoint at every interval; its
+ * main process is killed with SIGKILL twice, 5 s apart, while a QEMU-like client (legacy-client.py,
+ * one request in one write every 50 ms, as QEMU writes them) waits for its replies: systemd starts the
+ * service again with the stored fds, every request is answered once, the counter never goes back,
+ * and the new start says what it kept. Where systemd cannot run here the test is skipped, saying why.
+ */
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { FakeHost } from '../support/fake-host.js';
+import { EnergyPump } from '../support/energy-pump.js';
+import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
+import { waitFor } from '../support/wait.js';
+import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const HANG_MS = 5000;
+/** The goal: serving again this soon after the kill (printed, not asserted: a matter of timing). */
+const GOAL_MS = 1000;
+
+interface Summary {
+  sent: number;
+  answered: number;
+  maxWaitMs: number;
+  backwards: number;
+  extraBytes: number;
+  first: number | null;
+  last: number | null;
+  error: string | null;
+}
+
+/** The QEMU-like client inside systemd's namespace, a whole request every 50 ms. */
+function legacyClient(m: RealSystemd, sock: string): { done(): Promise<Summary>; ready: Promise<void> } {
+  const [cmd, ...args] = m.inside(['python3', path.join(HERE, '../restart/legacy-client.py'), sock, '0.05', 'whole']);
+  const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stdin.on('error', () => {});
+  const ready = new Promise<void>((resolve, reject) => {
+    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
+    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
+  });
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  return {
+    ready,
+    async done() {
+      child.stdin.end();
+      await exited;
+      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
+    },
+  };
+}
+
+const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
+
+let manager: RealSystemd | null = null;
+let why = '';
+let host: FakeHost;
+let pump: EnergyPump;
+let sock: string;
+let logFile: string;
+const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
+
+beforeAll(async () => {
+  ensureBuilt();
+  host = new FakeHost({ packages: [0, 0], online: [0, 1] });
+  host.writePackageMsr(0, 0x606, 0xa1003n);
+  pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
+  pump.start();
+  const dir = tempDir('vmsr-fdstore-crash-');
+  sock = path.join(dir, 'helper.sock');
+  logFile = path.join(dir, 'helper.log');
+  try {
+    manager = await RealSystemd.boot(
+      {
+        socket: sock,
+        execStart: [process.execPath, BIN, ...hostArgs(host), '--interval', '0.1'],
+        log: logFile,
+        service: ['Restart=on-failure'],
+      },
+      dir,
+    );
+    why = `real systemd (${manager.version}) as PID 1 of a new PID namespace`;
+  } catch (e) {
+    why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
+  }
+  console.log(`fd-store crashes run under: ${why}`);
+}, 60_000);
+
+afterAll(async () => {
+  pump?.stop();
+  await manager?.close();
+  host?.cleanup();
+});
+
+describe('crashes under systemd, the connections in its fd store', () => {
+  test('the main process SIGKILLed twice 5 s apart: systemd starts it again with the stored connection, every request answered once, the counter never back', async (ctx) => {
+    if (manager === null) return ctx.skip(why);
+    const m = manager;
+    m.systemctl('start', `${UNIT}.service`);
+    await waitFor(() => count(log(), 'Listening on') > 0, 'the service to listen', undefined, 30_000);
+    const client = legacyClient(m, sock);
+    await client.ready;
+    // Held from its accept: the connection and the first checkpoint.
+    await waitFor(() => Number(m.show('NFileDescriptorStore')) >= 2, 'the connection and a checkpoint in the fd store', undefined, 10_000);
+    const serving: number[] = [];
+    for (let i = 0; i < 2; i++) {
+      await new Promise((r) => setTimeout(r, 5000));
+      const pid = m.show('MainPID');
+      const listening = count(log(), 'Listening on');
+      const t0 = performance.now();
+      m.systemctl('kill', '--signal=SIGKILL', `${UNIT}.service`);
+      await waitFor(() => count(log(), 'Listening on') > listening, `the start after kill ${i + 1}`, undefined, 30_000);
+      serving.push(performance.now() - t0);
+      expect(m.show('MainPID')).not.toBe(pid);
+    }
+    await new Promise((r) => setTimeout(r, 1000));
+    const s = await client.done();
+    const text = log();
+    console.log(
+      `${why}: 2 SIGKILLs; kill to serving (ms) ${serving.map((x) => Math.round(x)).join(', ')} (goal under ${GOAL_MS} ms: ` +
+        `${Math.max(...serving) < GOAL_MS ? 'met' : 'NOT met'}); longest request wait ${s.maxWaitMs.toFixed(1)} ms over ${s.sent} requests`,
+    );
+    expect(m.show('NRestarts')).toBe('2');
+    const recovered = text.split('\n').filter((l) => l.includes('recovered from a crash'));
+    expect(recovered).toHaveLength(2);
+    for (const l of recovered) expect(l).toMatch(/1 QEMU connections kept; state restored from the checkpoint/);
+    expect(s.error).toBeNull();
+    expect(s.answered).toBe(s.sent);
+    expect(s.extraBytes).toBe(0);
+    expect(s.backwards).toBe(0);
+    expect(s.last!).toBeGreaterThan(s.first!);
+    expect(s.maxWaitMs).toBeLessThan(HANG_MS);
+  }, 180_000);
+});
