@@ -197,8 +197,10 @@ export class HelperServer {
       return;
     }
     this.sockets.add(socket);
-    // Outside this process from now on: a crash does not take the connection along (docs/daemon.md "Crashes").
-    let kept = this.o.keep?.held(socketFd(socket)) ?? null;
+    // Outside this process from now on: a crash does not take the connection along (docs/daemon.md
+    // "Crashes"). Only a preferred peer's (root, the socket's group: every QEMU): another user's
+    // connections cost the keeper or PID 1 nothing, however many it opens.
+    let kept = owner.preferred ? (this.o.keep?.held(socketFd(socket)) ?? null) : null;
     const unkeep = () => (this.o.keep?.released(kept), (kept = null));
     const seat = this.users.seat(owner, () => {
       this.limiter.warn(
