@@ -245,7 +245,8 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       // a restart in place with its state, the trace goes on (docs/daemon.md "Restarts").
       const openTrace = (path: string, host: HostInfo): TraceWriter => {
         const fd = ctx.openedFile(path);
-        if (ctx.restarted && ctx.restored !== undefined && fd !== undefined) {
+        // A start that opened the file itself (from the fd store, after a crash) emptied it: a new trace, with its header.
+        if (ctx.restarted && ctx.restored !== undefined && fd !== undefined && fs.fstatSync(fd).size > 0) {
           try {
             const w = TraceWriter.resume(path, fd, { events });
             log.info({ record: path }, 'recording goes on after the restart');
