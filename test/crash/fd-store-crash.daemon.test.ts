@@ -8,54 +8,19 @@
  * service again with the stored fds, every request is answered once, the counter never goes back,
  * and the new start says what it kept. Where systemd cannot run here the test is skipped, saying why.
  */
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
 import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
+import { legacyClientProcess } from '../restart/support/legacy-client.js';
 
-const HERE = path.dirname(fileURLToPath(import.meta.url));
 const HANG_MS = 5000;
 /** The goal: serving again this soon after the kill (printed, not asserted: a matter of timing). */
 const GOAL_MS = 1000;
-
-interface Summary {
-  sent: number;
-  answered: number;
-  maxWaitMs: number;
-  backwards: number;
-  extraBytes: number;
-  first: number | null;
-  last: number | null;
-  error: string | null;
-}
-
-/** The QEMU-like client inside systemd's namespace, a whole request every 50 ms. */
-function legacyClient(m: RealSystemd, sock: string): { done(): Promise<Summary>; ready: Promise<void> } {
-  const [cmd, ...args] = m.inside(['python3', path.join(HERE, '../restart/legacy-client.py'), sock, '0.05', 'whole']);
-  const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stdin.on('error', () => {});
-  const ready = new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
-    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
-  });
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  return {
-    ready,
-    async done() {
-      child.stdin.end();
-      await exited;
-      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
-    },
-  };
-}
 
 const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
 
@@ -105,7 +70,7 @@ describe('crashes under systemd, the connections in its fd store', () => {
     const m = manager;
     m.systemctl('start', `${UNIT}.service`);
     await waitFor(() => count(log(), 'Listening on') > 0, 'the service to listen', undefined, 30_000);
-    const client = legacyClient(m, sock);
+    const client = legacyClientProcess(sock, { inside: (a) => m.inside(a), pauseS: 0.05, whole: true });
     await client.ready;
     // Held from its accept: the connection and the first checkpoint.
     await waitFor(() => Number(m.show('NFileDescriptorStore')) >= 2, 'the connection and a checkpoint in the fd store', undefined, 10_000);

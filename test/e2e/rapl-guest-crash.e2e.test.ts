@@ -16,16 +16,14 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { afterEach, describe, expect, test } from 'vitest';
-import { parseStatLine } from '../../src/ratio/stat.js';
+import { afterEach, describe, expect } from 'vitest';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import type { VmUpdate } from '../../src/client/v2-client.js';
-import { BIN, ensureBuilt, hostArgs, startHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { BIN, ensureBuilt, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
-import { EnergyPump } from '../support/energy-pump.js';
-import { raplFakeHost } from '../support/rapl-host.js';
-import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { pumpedRaplHost, raplTest, starttime } from './support.js';
+import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -41,12 +39,6 @@ const BASELINE_MS = 4000;
 const E0 = 0x2a00_0000;
 const RATE = 120_000;
 const LONG = 300_000;
-
-function starttime(pid: number): number {
-  const parsed = parseStatLine(fs.readFileSync(`/proc/${pid}/stat`, 'latin1'));
-  if (!parsed.ok) throw new Error(`cannot parse /proc/${pid}/stat: ${parsed.error}`);
-  return parsed.value.starttime;
-}
 
 const count = (text: string, needle: string) => text.split(needle).length - 1;
 
@@ -107,29 +99,6 @@ async function guestAcrossCrashes(c: Crashes, q: RaplQemu, peerPid: number): Pro
   expect(count(log, 'recovered from a crash'), 'each new process says what it kept').toBe(KILLS);
 }
 
-function raplTest(name: string, body: (skip: (why: string) => void) => Promise<void>): void {
-  test(
-    name,
-    async (ctx) => {
-      const why = raplQemuMissing();
-      if (why) return ctx.skip(why);
-      await body((w) => ctx.skip(w));
-    },
-    LONG,
-  );
-}
-
-function setup(): { host: ReturnType<typeof raplFakeHost>['host']; dir: string } {
-  const { host, energyMsr } = raplFakeHost('intel', E0);
-  cleanups.push(() => host.cleanup());
-  const pump = new EnergyPump(host, { msr: energyMsr, start: E0, unitsPerSecond: RATE });
-  pump.start();
-  cleanups.push(() => pump.stop());
-  const dir = tempDir('vmsr-rapl-crash-');
-  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
-  return { host, dir };
-}
-
 /** Waits until `log()` counts more "Listening on" than `before`; the ms since `t0`. */
 async function servingAgain(log: () => string, before: number, t0: number): Promise<number> {
   await waitFor(() => count(log(), '"msg":"Listening on') > before, 'the next serving process', undefined, 30_000);
@@ -140,7 +109,7 @@ describe('a real QEMU 10 guest across helper crashes', () => {
   raplTest(
     "under vmsr-helper --keeper, the serving process SIGKILLed twice 5 s apart: the guest's 0x611 never goes back and steps again, QEMU keeps its one connection, a v2 observer's totals go on from the checkpoint",
     async () => {
-      const { host, dir } = setup();
+      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-crash-' });
       const sock = path.join(dir, 'vmsr.sock');
       const h = await startHelper(['--keeper', '-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
       cleanups.push(() => h.stop());
@@ -174,13 +143,14 @@ describe('a real QEMU 10 guest across helper crashes', () => {
         expect(total(updates[k]!), `the observed total never goes back (update ${k})`).toBeGreaterThanOrEqual(total(updates[k - 1]!));
       expect(h.stderr()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept; state restored from the checkpoint/);
     },
+    LONG,
   );
 
   raplTest(
     "under the real systemd (fd store, Restart=on-failure), the main process SIGKILLed twice 5 s apart: the guest's 0x611 never goes back and steps again, QEMU keeps its one connection",
     async (skip) => {
       ensureBuilt();
-      const { host, dir } = setup();
+      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-crash-' });
       const sock = path.join(dir, 'vmsr.sock');
       const logFile = path.join(dir, 'helper.log');
       const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
@@ -221,5 +191,6 @@ describe('a real QEMU 10 guest across helper crashes', () => {
       );
       expect(m.show('NRestarts')).toBe(String(KILLS));
     },
+    LONG,
   );
 });

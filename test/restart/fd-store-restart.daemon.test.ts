@@ -8,56 +8,20 @@
  * daemon says it starts fresh. Which manager ran, and why, is printed; where systemd cannot run here
  * the tests are skipped with the reason printed.
  */
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
 import { legacyCounters } from './support/legacy-counters.js';
+import { legacyClientProcess } from './support/legacy-client.js';
 import { RealSystemd, UNIT } from './support/service-manager.js';
 
-const HERE = path.dirname(fileURLToPath(import.meta.url));
 /** A wait this long is a hang (a request lost in the handover), not a slow machine. */
 const HANG_MS = 5000;
 const RESTARTS = 5;
-
-interface Summary {
-  sent: number;
-  answered: number;
-  maxWaitMs: number;
-  backwards: number;
-  extraBytes: number;
-  first: number | null;
-  last: number | null;
-  error: string | null;
-}
-
-/** The QEMU-like client, run inside systemd's namespace as QEMU shares the helper's PID namespace. */
-function legacyClient(m: RealSystemd, sock: string): { done(): Promise<Summary>; ready: Promise<void>; exited: Promise<void> } {
-  const [cmd, ...args] = m.inside(['python3', path.join(HERE, 'legacy-client.py'), sock]);
-  const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stdin.on('error', () => {});
-  const ready = new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
-    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
-  });
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  return {
-    ready,
-    exited,
-    async done() {
-      child.stdin.end();
-      await exited;
-      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
-    },
-  };
-}
 
 const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
 
@@ -108,7 +72,7 @@ describe("restarts through systemd's fd store", () => {
     if (manager === null) return ctx.skip();
     const m = manager;
     await startService(m);
-    const client = legacyClient(m, sock);
+    const client = legacyClientProcess(sock, { inside: (a) => m.inside(a) });
     await client.ready;
     const waits: number[] = [];
     for (let i = 0; i < RESTARTS; i++) {
@@ -151,7 +115,7 @@ describe("restarts through systemd's fd store", () => {
     if (manager === null) return ctx.skip();
     const m = manager;
     if (m.show('ActiveState') !== 'active') await startService(m);
-    const client = legacyClient(m, sock);
+    const client = legacyClientProcess(sock, { inside: (a) => m.inside(a) });
     await client.ready;
     await new Promise((r) => setTimeout(r, 200));
     const stored = count(log(), 'handed over to the fd store (FDSTORE=1)');
