@@ -176,6 +176,22 @@ describe('the keeper', () => {
     expect(h.proc.exitCode, 'the keeper runs on').toBeNull();
   }, 120_000);
 
+  test('a restart in place (SIGHUP to the keeper, passed on) keeps the link to the keeper: a crash after it is recovered as before', async () => {
+    const { host } = fakeHost();
+    const { h, sock } = await startKeeper(tempDir('vmsr-keeper-'), host);
+    const qemu = await LegacyClient.connect(sock);
+    cleanups.push(() => qemu.close());
+    await qemu.request(0x611, 0, process.pid);
+    const pid = servingPid(h.proc.pid!);
+    h.proc.kill('SIGHUP');
+    await waitFor(() => count(h, '"msg":"handed over:') > 0, 'the restart in place', h, 30_000);
+    expect(servingPid(h.proc.pid!), 'the same process, executed again').toBe(pid);
+    await qemu.request(0x611, 0, process.pid);
+    await killAndServe(h, qemu);
+    expect(h.stderr()).not.toContain('the keeper is gone');
+    expect(h.stderr()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept; state restored from the checkpoint/);
+  }, 120_000);
+
   test(`stops after ${KEEPER_LIMITS.maxCrashesInARow} crashes in a row, backing off, saying why, and removes the socket file`, async () => {
     const { host } = fakeHost();
     const { h, sock } = await startKeeper(tempDir('vmsr-keeper-'), host);

@@ -30,6 +30,7 @@ import {
   type V2CliOptions,
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
+import { KEEPER_ENV } from '../../keeper/messages.js';
 
 export const DEFAULT_PIDFILE = '/var/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
@@ -193,8 +194,8 @@ export async function startDaemonFromCli(
     throw e;
   }
   // An image that inherits from an earlier one (the start-up re-exec, a restart in place) is the
-  // background daemon already: only the first -d image detaches.
-  if (config.daemonize && !isDaemonChild() && inherited === null) {
+  // background daemon already: only the first -d image detaches (with --keeper, the keeper does).
+  if (config.daemonize && !isDaemonChild() && inherited === null && process.env[KEEPER_ENV.channel] === undefined) {
     await spawnDetached(process.argv);
     return;
   }
@@ -259,10 +260,7 @@ export async function startDaemonFromCli(
  * systemd runs it: its fd store does the keeper's work).
  */
 async function keeperRuns(logger?: () => Logger): Promise<boolean> {
-  const [{ KEEPER_ENV }, { isDaemonChild, reportReady, DAEMON_CHILD_ENV }] = await Promise.all([
-    import('../../keeper/messages.js'),
-    import('../../helper/lifecycle/daemonize.js'),
-  ]);
+  const { isDaemonChild, reportReady, DAEMON_CHILD_ENV } = await import('../../helper/lifecycle/daemonize.js');
   if (process.env[KEEPER_ENV.channel] !== undefined) return false;
   const log = (logger ?? (() => createLogger('info')))().child({ area: 'keeper' });
   if (process.env.NOTIFY_SOCKET !== undefined || process.env.LISTEN_FDS !== undefined) {
