@@ -13,13 +13,22 @@
  * - Crashes in a row: the keeper backs off and stops after KEEPER_LIMITS.maxCrashesInARow, saying why,
  *   and removes the socket file.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
-import { hostArgs, LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+import {
+  BIN,
+  ensureBuilt,
+  hostArgs,
+  LegacyClient,
+  startHelper,
+  tempDir,
+  waitFor,
+  type DaemonChild,
+} from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import { CRASH_ON_VM_PID_ENV } from '../../src/helper/lifecycle/kept.js';
@@ -190,6 +199,39 @@ describe('the keeper', () => {
     await killAndServe(h, qemu);
     expect(h.stderr()).not.toContain('the keeper is gone');
     expect(h.stderr()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept; state restored from the checkpoint/);
+  }, 120_000);
+
+  test('with -d the background process is the keeper: ready once its serving process is, which writes the pidfile; a crash restarts it; SIGTERM to the keeper stops both', async () => {
+    ensureBuilt();
+    const { host } = fakeHost();
+    const dir = tempDir('vmsr-keeper-');
+    const [sock, pidfile, logFile] = ['h.sock', 'h.pid', 'h.log'].map((f) => path.join(dir, f)) as [string, string, string];
+    // The foreground exits 0 once the background helper serves.
+    execFileSync(process.execPath, [BIN, '--keeper', '-d', '-k', sock, '-f', pidfile, '--log-file', logFile, ...hostArgs(host)], {
+      timeout: 60_000,
+    });
+    const serving = Number(fs.readFileSync(pidfile, 'utf8'));
+    const keeper = Number(fs.readFileSync(`/proc/${serving}/stat`, 'utf8').split(') ')[1]!.split(' ')[1]);
+    cleanups.push(() => void (fs.existsSync(`/proc/${keeper}`) && process.kill(keeper, 'SIGKILL')));
+    expect(fs.readFileSync(`/proc/${keeper}/cmdline`, 'utf8')).toContain('--keeper');
+    const qemu = await LegacyClient.connect(sock);
+    cleanups.push(() => qemu.close());
+    await qemu.request(0x611, 0, process.pid);
+    process.kill(serving, 'SIGKILL');
+    await qemu.request(0x611, 0, process.pid);
+    const log = () => fs.readFileSync(logFile, 'utf8');
+    const watched = { proc: { exitCode: null } as ChildProcess, stderr: log };
+    await waitFor(
+      () => Number(fs.readFileSync(pidfile, 'utf8')) !== serving,
+      'the next serving process to write the pidfile',
+      watched,
+      10_000,
+    );
+    process.kill(keeper, 'SIGTERM');
+    await waitFor(() => !fs.existsSync(`/proc/${keeper}`), 'the keeper to stop', watched, 10_000);
+    expect(fs.existsSync(sock)).toBe(false);
+    expect(fs.existsSync(pidfile)).toBe(false);
+    expect(log()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept/);
   }, 120_000);
 
   test(`stops after ${KEEPER_LIMITS.maxCrashesInARow} crashes in a row, backing off, saying why, and removes the socket file`, async () => {

@@ -117,7 +117,10 @@ export interface V2Service {
    * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
    */
   snapshot(): StateSnapshot;
-  /** Calls `cb` after every sample, once the service handled it (the daemon's checkpoints); dispose to stop. */
+  /**
+   * Calls `cb` after every sample, once the state is whole and before any client is told of it (the
+   * daemon's checkpoints: a client never sees a value a crash would take back); dispose to stop.
+   */
   onSample(cb: () => void): Disposable;
   /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
   readonly restored: Result<RestoreReport> | null;
@@ -316,6 +319,8 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     },
   };
 
+  /** Called once a sample's state is whole, before any client is told of it (the daemon's checkpoints). */
+  const beforeTold = new Set<() => void>();
   const listeners = new DisposableStore();
   listeners.add(
     sampling.onSample((ev) => {
@@ -323,6 +328,8 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       lifecycle.ended(ev.ended);
       lifecycle.age();
       whole?.check();
+      // A crash from here on restores nothing older than what a client is told next.
+      for (const cb of beforeTold) cb();
       fanOut.sample({
         update: (vmId) => currentUpdate(sampling, vmId),
         host: (perPackage, domains) => encodeHostUpdate(hostValues(lifecycle.changed, perPackage, domains)),
@@ -392,7 +399,10 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       restarting = false;
       for (const id of orphaned.splice(0)) for (const vmId of registry.vmsOf(id)) lifecycle.release(vmId);
     },
-    onSample: (cb) => sampling.onSample(() => cb()),
+    onSample(cb) {
+      beforeTold.add(cb);
+      return { dispose: () => void beforeTold.delete(cb) };
+    },
     snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
     restored,
   };
