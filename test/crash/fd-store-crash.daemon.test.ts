@@ -10,10 +10,13 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { spawn } from 'node:child_process';
+import { pathToFileURL } from 'node:url';
+import { CRASH_ON_VM_PID_ENV } from '../../src/helper/lifecycle/kept.js';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
-import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
+import { BIN, ensureBuilt, hostArgs, ROOT, tempDir } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
 import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
 import { legacyClientProcess } from '../restart/support/legacy-client.js';
@@ -103,4 +106,60 @@ describe('crashes under systemd, the connections in its fd store', () => {
     expect(s.last!).toBeGreaterThan(s.first!);
     expect(s.maxWaitMs).toBeLessThan(HANG_MS);
   }, 180_000);
+
+  test('a checkpoint that crashes the process restoring it is not fed to the next one: the restoring mark in the fd store, then a fresh start that says why; the connection is still served', async (ctx) => {
+    if (manager === null) return ctx.skip(why);
+    const m = manager;
+    if (m.show('ActiveState') !== 'active') {
+      const before = count(log(), 'Listening on');
+      m.systemctl('start', `${UNIT}.service`);
+      await waitFor(() => count(log(), 'Listening on') > before, 'the service to listen', undefined, 30_000);
+    }
+    const client = legacyClientProcess(sock, { inside: (a) => m.inside(a), pauseS: 0.05, whole: true });
+    await client.ready;
+    // A busy process inside the namespace, registered over v2: the checkpoint holds it.
+    const [cmd, ...args] = m.inside([process.execPath, '--input-type=module', '-e', REGISTER(sock)]);
+    const vm = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    vm.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    const stopVm = () => void vm.kill('SIGKILL');
+    try {
+      await waitFor(() => /^registered \d+/m.test(out), 'the v2 registration', undefined, 30_000);
+      const pid = Number(/^registered (\d+)/m.exec(out)![1]);
+      m.systemctl('set-environment', `${CRASH_ON_VM_PID_ENV}=${pid}`);
+      await new Promise((r) => setTimeout(r, 1500));
+      const restarts = Number(m.show('NRestarts'));
+      m.systemctl('kill', '--signal=SIGKILL', `${UNIT}.service`);
+      await waitFor(
+        () => /no checkpoint restored \(the process before died while restoring it\)/.test(log()),
+        'the fresh start after the crashed restore',
+        undefined,
+        60_000,
+      );
+      expect(Number(m.show('NRestarts')), 'one restart for the kill, one for the restore that crashed').toBe(restarts + 2);
+      expect(log()).toContain(`${CRASH_ON_VM_PID_ENV}: crashing inside the restore, as asked`);
+    } finally {
+      m.systemctl('unset-environment', CRASH_ON_VM_PID_ENV);
+      stopVm();
+    }
+    await new Promise((r) => setTimeout(r, 1000));
+    const s = await client.done();
+    expect(s.error).toBeNull();
+    expect(s.answered).toBe(s.sent);
+    expect(s.backwards).toBe(0);
+  }, 180_000);
 });
+
+/** A v2 client that registers a busy child of its own, prints `registered <pid>` and stays. */
+function REGISTER(sock: string): string {
+  const client = pathToFileURL(path.join(ROOT, 'dist/src/client/v2-client.js')).href;
+  return `import { spawn } from 'node:child_process';
+const { V2Client } = await import(${JSON.stringify(client)});
+const child = spawn(process.execPath, ['-e', 'setInterval(() => { const t = Date.now(); while (Date.now() - t < 20); }, 50)'], { stdio: 'ignore' });
+process.on('exit', () => child.kill('SIGKILL'));
+process.on('SIGTERM', () => process.exit(0));
+const c = await V2Client.connect(${JSON.stringify(sock)});
+await c.register({ pid: child.pid, vcpus: [{ tid: child.pid, vpkg: 0 }] });
+console.log('registered ' + child.pid);
+setInterval(() => {}, 1000);`;
+}
