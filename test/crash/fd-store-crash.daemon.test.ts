@@ -14,11 +14,9 @@ import { spawn } from 'node:child_process';
 import { pathToFileURL } from 'node:url';
 import { CRASH_ON_VM_PID_ENV } from '../../src/helper/lifecycle/kept.js';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { FakeHost } from '../support/fake-host.js';
-import { EnergyPump } from '../support/energy-pump.js';
-import { BIN, ensureBuilt, hostArgs, ROOT, tempDir } from '../daemon/support/daemon-process.js';
+import { ROOT } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
-import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
+import { fdStoreBed, type RealSystemd, UNIT, type FdStoreBed } from '../restart/support/service-manager.js';
 import { legacyClientProcess } from '../restart/support/legacy-client.js';
 
 const HANG_MS = 5000;
@@ -27,44 +25,21 @@ const GOAL_MS = 1000;
 
 const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
 
+let bed: FdStoreBed | undefined;
 let manager: RealSystemd | null = null;
 let why = '';
-let host: FakeHost;
-let pump: EnergyPump;
-let sock: string;
-let logFile: string;
+let sock = '';
+let logFile = '';
 const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
 
 beforeAll(async () => {
-  ensureBuilt();
-  host = new FakeHost({ packages: [0, 0], online: [0, 1] });
-  host.writePackageMsr(0, 0x606, 0xa1003n);
-  pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
-  pump.start();
-  const dir = tempDir('vmsr-fdstore-crash-');
-  sock = path.join(dir, 'helper.sock');
-  logFile = path.join(dir, 'helper.log');
-  try {
-    manager = await RealSystemd.boot(
-      {
-        socket: sock,
-        execStart: [process.execPath, BIN, ...hostArgs(host), '--interval', '0.1'],
-        log: logFile,
-        service: ['Restart=on-failure'],
-      },
-      dir,
-    );
-    why = `real systemd (${manager.version}) as PID 1 of a new PID namespace`;
-  } catch (e) {
-    why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-  }
+  bed = await fdStoreBed('vmsr-fdstore-crash-', ['Restart=on-failure']);
+  ({ manager, why, sock, logFile } = bed);
   console.log(`fd-store crashes run under: ${why}`);
 }, 60_000);
 
 afterAll(async () => {
-  pump?.stop();
-  await manager?.close();
-  host?.cleanup();
+  await bed?.close();
 });
 
 describe('crashes under systemd, the connections in its fd store', () => {

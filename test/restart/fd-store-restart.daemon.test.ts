@@ -9,15 +9,11 @@
  * the tests are skipped with the reason printed.
  */
 import fs from 'node:fs';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { FakeHost } from '../support/fake-host.js';
-import { EnergyPump } from '../support/energy-pump.js';
-import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
 import { legacyCounters } from './support/legacy-counters.js';
 import { legacyClientProcess } from './support/legacy-client.js';
-import { RealSystemd, UNIT } from './support/service-manager.js';
+import { fdStoreBed, type RealSystemd, UNIT, type FdStoreBed } from './support/service-manager.js';
 
 /** A wait this long is a hang (a request lost in the handover), not a slow machine. */
 const HANG_MS = 5000;
@@ -25,40 +21,21 @@ const RESTARTS = 5;
 
 const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
 
+let bed: FdStoreBed | undefined;
 let manager: RealSystemd | null = null;
 let why = '';
-let host: FakeHost;
-let pump: EnergyPump;
-let dir: string;
-let sock: string;
-let logFile: string;
+let sock = '';
+let logFile = '';
 const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
 
 beforeAll(async () => {
-  ensureBuilt();
-  host = new FakeHost({ packages: [0, 0], online: [0, 1] });
-  host.writePackageMsr(0, 0x606, 0xa1003n);
-  pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
-  pump.start();
-  dir = tempDir('vmsr-fdstore-');
-  sock = path.join(dir, 'helper.sock');
-  logFile = path.join(dir, 'helper.log');
-  try {
-    manager = await RealSystemd.boot(
-      { socket: sock, execStart: [process.execPath, BIN, ...hostArgs(host), '--interval', '0.1'], log: logFile },
-      dir,
-    );
-    why = `real systemd (${manager.version}) as PID 1 of a new PID namespace`;
-  } catch (e) {
-    why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-  }
+  bed = await fdStoreBed('vmsr-fdstore-');
+  ({ manager, why, sock, logFile } = bed);
   console.log(`fd-store restarts run under: ${why}`);
 }, 60_000);
 
 afterAll(async () => {
-  pump?.stop();
-  await manager?.close();
-  host?.cleanup();
+  await bed?.close();
 });
 
 async function startService(m: RealSystemd): Promise<void> {
