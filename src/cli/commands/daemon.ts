@@ -274,7 +274,7 @@ async function keeperRuns(logger?: () => Logger): Promise<boolean> {
   const env = { ...process.env };
   delete env[DAEMON_CHILD_ENV];
   const ready = isDaemonChild() ? reportReady : undefined;
-  log.info({ pid: process.pid }, 'keeper: holding the socket and the connections; starting the serving process');
+  log.info({}, 'keeper: holding the socket and the connections; starting the serving process');
   const code = await runKeeper({
     command: [process.execPath, ...process.execArgv, ...process.argv.slice(1)],
     env,
