@@ -24,6 +24,7 @@ export const LAYER_RANK: Readonly<Record<string, number>> = {
   sampling: 6,
   client: 7,
   discovery: 8,
+  keeper: 8,
   helper: 9,
   exporter: 10,
   cli: 11,
