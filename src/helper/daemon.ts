@@ -4,8 +4,9 @@
  * budget fds, serve legacy, restore, start v2, READY. It holds what they made (the start-up's fds, the
  * server, the v2 service, the crash guard), owns the restart contract over them (freeze, snapshot:
  * handover/frozen.ts, Restartable), and stops them in order. What a crash must not take along
- * (connections from their accept, a checkpoint per sample) is kept outside by lifecycle/crash-guard.ts. On SIGTERM/SIGINT: stop accepting, close clients, the v2
- * service, remove what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
+ * (connections from their accept, a checkpoint per sample) is kept outside by
+ * lifecycle/crash-guard.ts. On SIGTERM/SIGINT: stop accepting, close clients, the v2 service, remove
+ * what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
  * handover/restarter.ts).
  */
 import { createLogger, type Logger } from '../logging/logger.js';

@@ -2,7 +2,8 @@
  * The phases of the daemon's start, each a function of its own, in the order Daemon.start (daemon.ts)
  * runs them (docs/daemon.md "Start-up, in order"):
  *
- *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart)
+ *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart,
+ *                what a keeper held after a crash)
  *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), what a
  *                crash left kept outside (crash-guard.ts) and what a restart handed over
  *                (handover/handed-over.ts), each checked
