@@ -28,8 +28,8 @@ const MSR_PKG_ENERGY_STATUS = 0x611;
 
 const goal = (ms: number) => `goal under ${QEMU_REPLY_WAIT_MS} ms: ${ms < QEMU_REPLY_WAIT_MS ? 'met' : 'NOT met'}`;
 
-/** One QEMU-like connection: a request, its reply, 2 ms, again; the longest wait since `reset()`. */
-class LegacyLoop {
+/** One QEMU-like connection: a request (one write), its reply, `pauseMs`, again; the longest wait since `reset()`. */
+export class LegacyLoop {
   private readonly s: net.Socket;
   private sentAt = 0;
   private buf = Buffer.alloc(0);
@@ -37,19 +37,25 @@ class LegacyLoop {
   /** When the longest wait began (performance.now()). */
   maxWaitFrom = 0;
   answered = 0;
+  /** performance.now() of the last reply. */
+  lastReply = 0;
   error: string | null = null;
   private stopped = false;
 
-  constructor(sock: string) {
+  constructor(
+    sock: string,
+    private readonly pauseMs = 2,
+  ) {
     this.s = net.connect(sock, () => this.send());
     this.s.on('data', (d: Buffer) => {
       this.buf = Buffer.concat([this.buf, d]);
       while (this.buf.length >= LEGACY_REPLY_SIZE) {
         this.buf = this.buf.subarray(LEGACY_REPLY_SIZE);
         this.answered++;
-        const waited = performance.now() - this.sentAt;
+        this.lastReply = performance.now();
+        const waited = this.lastReply - this.sentAt;
         if (waited > this.maxWaitMs) [this.maxWaitMs, this.maxWaitFrom] = [waited, this.sentAt];
-        if (!this.stopped) setTimeout(() => this.send(), 2);
+        if (!this.stopped) setTimeout(() => this.send(), this.pauseMs);
       }
     });
     this.s.on('error', (e) => (this.error ??= e.message));
@@ -66,6 +72,11 @@ class LegacyLoop {
     this.maxWaitMs = 0;
   }
 
+  /** How long the request in flight has waited (ms), or 0 when it was answered. */
+  waiting(now: number): number {
+    return this.lastReply >= this.sentAt ? 0 : now - this.sentAt;
+  }
+
   stop(): void {
     this.stopped = true;
     this.s.destroy();
@@ -73,7 +84,7 @@ class LegacyLoop {
 }
 
 /** Wall-clock ms of the first log line with `msg` at or after `since` (pino's ISO time), or NaN. */
-function logTime(stderr: string, msg: string, since: number): number {
+export function logTime(stderr: string, msg: string, since: number): number {
   for (const line of stderr.split('\n')) {
     if (!line.includes(`"msg":"${msg}`)) continue;
     const t = Date.parse((/"time":"([^"]+)"/.exec(line) ?? [])[1] ?? '');

@@ -32,7 +32,7 @@ interface ServerChainOptions {
   /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures); default from 0. */
   counters?: LegacyCounters;
   /** The daemon's connection limits; the server's defaults otherwise. */
-  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer' | 'qemuPeer'>;
+  server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer' | 'qemuPeer' | 'keep'>;
 }
 
 export interface ServerChain {

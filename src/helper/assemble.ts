@@ -292,7 +292,8 @@ function openDaemonTrace(path: string, host: HostInfo, intervalMs: number, start
       ),
   };
   const fd = start.opened.files.get(path);
-  if (start.restarted && start.restored !== undefined && fd !== undefined) {
+  // A start that opened the file itself (from the fd store, after a crash) emptied it: a new trace, with its header.
+  if (start.restarted && start.restored !== undefined && fd !== undefined && fs.fstatSync(fd).size > 0) {
     try {
       const w = TraceWriter.resume(path, fd, { events });
       log.info({ record: path }, 'recording goes on after the restart');

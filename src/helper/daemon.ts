@@ -2,9 +2,11 @@
  * The daemon, the composition root: Daemon.start() runs the start's phases in order (each a function
  * of lifecycle/phases.ts; docs/daemon.md "Start-up, in order"): inherit, open, drop privileges,
  * budget fds, serve legacy, restore, start v2, READY. It holds what they made (the start-up's fds, the
- * server, the v2 service), owns the restart contract over them (freeze, snapshot: handover/frozen.ts,
- * Restartable), and stops them in order. On SIGTERM/SIGINT: stop accepting, close clients, the v2
- * service, remove what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
+ * server, the v2 service, the crash guard), owns the restart contract over them (freeze, snapshot:
+ * handover/frozen.ts, Restartable), and stops them in order. What a crash must not take along
+ * (connections from their accept, a checkpoint per sample) is kept outside by
+ * lifecycle/crash-guard.ts. On SIGTERM/SIGINT: stop accepting, close clients, the v2 service, remove
+ * what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
  * handover/restarter.ts).
  */
 import { createLogger, type Logger } from '../logging/logger.js';
@@ -36,6 +38,7 @@ import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './lifecycle/memory-settler.js';
 import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';
+import type { CrashGuard } from './lifecycle/crash-guard.js';
 
 /** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
 const STARTUP_SETTLE_WAIT_MS = 2000;
@@ -89,6 +92,8 @@ class Daemon implements Restartable {
   private chain: ServerChain | undefined;
   private v2: DaemonV2 | undefined;
   private restarter: Restarter | undefined;
+  /** What is kept outside this process for a crash (lifecycle/crash-guard.ts), once opened. */
+  private guard: CrashGuard | undefined;
   private running: RunningDaemon | undefined;
   /** A signal that came during start-up: it stops the daemon right after it. */
   private pendingSignal: NodeJS.Signals | undefined;
@@ -116,17 +121,24 @@ class Daemon implements Restartable {
     this.catchSignals();
     try {
       const inh = inherit(config, this.opts.inherited);
-      const { opened, handed } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
+      const { opened, handed, guard } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
       this.opened = opened;
+      this.guard = guard;
       const times: PhaseTimes = { entered, opened: wallMs(), handover: 0, serving: 0 };
       const steps: StepDone[] = [...opened.steps];
       drop(config, inh, steps, { area, ...(this.opts.reexec !== undefined ? { reexec: this.opts.reexec } : {}) });
       const { fds, maxConnections } = budgetFds(config, () => this.chain?.server.connections ?? 0, logger);
       times.handover = wallMs();
       const late = this.opts.v2 ? lateV2Handler() : undefined;
-      this.chain = serveLegacy(config, opened, handed, { maxConnections, area, ...(late ? { late } : {}) });
+      this.chain = serveLegacy(config, opened, handed, {
+        maxConnections,
+        area,
+        ...(late ? { late } : {}),
+        ...(guard.keep ? { keep: guard.keep } : {}),
+      });
       times.serving = wallMs();
       const restored = await restore(handed, area('restart'));
+      guard.restored(restored);
       if (this.opts.v2) {
         const restarted = inh.how === 'restart' || restored !== undefined;
         this.v2 = await startV2(this.opts.v2, {
@@ -143,6 +155,8 @@ class Daemon implements Restartable {
       if (clock !== null && inh.how === 'restart') logRestartPhases(clock, times, wallMs(), area('restart'));
       this.restarter = new Restarter({ daemon: this, opened, legacy: this.chain.legacy.counters, notifier, log: area('restart') });
       ready(opened.listener.where, { logger, area, notifier });
+      // Checkpoints from now on, each written after its sample and before any client is told of it.
+      guard.serving(this.v2?.service);
       return this.serving(steps);
     } catch (e) {
       await this.cleanup();
@@ -190,6 +204,8 @@ class Daemon implements Restartable {
   private stop(reason = 'stop requested'): Promise<void> {
     this.stopping ??= (async () => {
       this.logger.info({ reason }, 'shutting down');
+      // Connections closed from now on stay held outside (the fd store's hand-over, a stop).
+      this.guard?.stopping();
       // Under systemd, what a restart carries goes to the fd store first (dropped by systemd on a plain stop).
       if (reason === 'SIGTERM' || reason === 'SIGINT') await this.restarter?.toFdStore();
       this.notifier.stopping();

@@ -73,6 +73,8 @@ export const SOCK_CLOEXEC = 0o2000000;
 const MSG_NOSIGNAL = 0x4000;
 export const MSG_DONTWAIT = 0x40;
 export const SOCK_STREAM = 1;
+/** Message boundaries on a connection (the keeper's channel). */
+export const SOCK_SEQPACKET = 5;
 const SC_CLK_TCK = 2;
 export const PR_SET_KEEPCAPS = 8;
 export const PR_CAPBSET_DROP = 24;

@@ -25,6 +25,7 @@ export const LAYER_RANK: Readonly<Record<string, number>> = {
   client: 7,
   discovery: 8,
   'guest-dir': 8,
+  keeper: 8,
   helper: 9,
   exporter: 10,
   cli: 11,

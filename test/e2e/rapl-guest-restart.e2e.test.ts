@@ -31,14 +31,12 @@ import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { afterEach, describe, expect, test } from 'vitest';
-import { parseStatLine } from '../../src/ratio/stat.js';
-import { BIN, ensureBuilt, hostArgs, startHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { afterEach, describe, expect } from 'vitest';
+import { BIN, ensureBuilt, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { legacyCounters, type LegacyCounters } from '../restart/support/legacy-counters.js';
 import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
-import { EnergyPump } from '../support/energy-pump.js';
-import { raplFakeHost } from '../support/rapl-host.js';
-import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { pumpedRaplHost, raplTest, starttime } from './support.js';
+import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -61,13 +59,6 @@ const BASELINE_MS = 6000;
 const E0 = 0x2a00_0000;
 const RATE = 120_000;
 const LONG = 300_000;
-
-/** The start time of a process (field 22 of its stat line): the same process when it does not change. */
-function starttime(pid: number): number {
-  const parsed = parseStatLine(fs.readFileSync(`/proc/${pid}/stat`, 'latin1'));
-  if (!parsed.ok) throw new Error(`cannot parse /proc/${pid}/stat: ${parsed.error}`);
-  return parsed.value.starttime;
-}
 
 /** How one way of restarting is driven and watched. */
 interface Restarts {
@@ -158,36 +149,11 @@ async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): P
   expect(qemuLines('client connection handed over'), "QEMU's connection adopted by each new image").toHaveLength(RESTARTS);
 }
 
-/** A test needing a RAPL QEMU: skipped with the reason when it cannot run here. */
-function raplTest(name: string, body: (skip: (why: string) => void) => Promise<void>): void {
-  test(
-    name,
-    async (ctx) => {
-      const why = raplQemuMissing();
-      if (why) return ctx.skip(why);
-      await body((w) => ctx.skip(w));
-    },
-    LONG,
-  );
-}
-
-/** The fake Intel package with its counter running, and a temp dir; cleaned up after the test. */
-function setup(): { host: ReturnType<typeof raplFakeHost>['host']; dir: string } {
-  const { host, energyMsr } = raplFakeHost('intel', E0);
-  cleanups.push(() => host.cleanup());
-  const pump = new EnergyPump(host, { msr: energyMsr, start: E0, unitsPerSecond: RATE });
-  pump.start();
-  cleanups.push(() => pump.stop());
-  const dir = tempDir('vmsr-rapl-restart-');
-  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
-  return { host, dir };
-}
-
 describe('a real QEMU 10 guest across helper restarts', () => {
   raplTest(
     "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted in place 5 times by SIGHUP and vmsr-helper reload",
     async () => {
-      const { host, dir } = setup();
+      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-restart-' });
       const sock = path.join(dir, 'vmsr.sock');
       // -T server: the connection log line names QEMU's pid.
       const h = await startHelper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
@@ -220,13 +186,14 @@ describe('a real QEMU 10 guest across helper restarts', () => {
         q.pid,
       );
     },
+    LONG,
   );
 
   raplTest(
     "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted 5 times by systemctl restart through systemd's fd store",
     async (skip) => {
       ensureBuilt();
-      const { host, dir } = setup();
+      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-restart-' });
       const sock = path.join(dir, 'vmsr.sock');
       const logFile = path.join(dir, 'helper.log');
       const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
@@ -267,5 +234,6 @@ describe('a real QEMU 10 guest across helper restarts', () => {
       );
       expect(count(log(), 'handed over to the fd store (FDSTORE=1)')).toBe(RESTARTS);
     },
+    LONG,
   );
 });

@@ -8,93 +8,34 @@
  * daemon says it starts fresh. Which manager ran, and why, is printed; where systemd cannot run here
  * the tests are skipped with the reason printed.
  */
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { FakeHost } from '../support/fake-host.js';
-import { EnergyPump } from '../support/energy-pump.js';
-import { BIN, ensureBuilt, hostArgs, tempDir } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';
 import { legacyCounters } from './support/legacy-counters.js';
-import { RealSystemd, UNIT } from './support/service-manager.js';
+import { legacyClientProcess } from './support/legacy-client.js';
+import { fdStoreBed, type RealSystemd, UNIT, type FdStoreBed } from './support/service-manager.js';
 
-const HERE = path.dirname(fileURLToPath(import.meta.url));
 /** A wait this long is a hang (a request lost in the handover), not a slow machine. */
 const HANG_MS = 5000;
 const RESTARTS = 5;
 
-interface Summary {
-  sent: number;
-  answered: number;
-  maxWaitMs: number;
-  backwards: number;
-  extraBytes: number;
-  first: number | null;
-  last: number | null;
-  error: string | null;
-}
-
-/** The QEMU-like client, run inside systemd's namespace as QEMU shares the helper's PID namespace. */
-function legacyClient(m: RealSystemd, sock: string): { done(): Promise<Summary>; ready: Promise<void>; exited: Promise<void> } {
-  const [cmd, ...args] = m.inside(['python3', path.join(HERE, 'legacy-client.py'), sock]);
-  const child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stdin.on('error', () => {});
-  const ready = new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
-    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
-  });
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  return {
-    ready,
-    exited,
-    async done() {
-      child.stdin.end();
-      await exited;
-      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
-    },
-  };
-}
-
 const count = (text: string, msg: string) => text.split(`"msg":"${msg}`).length - 1;
 
+let bed: FdStoreBed | undefined;
 let manager: RealSystemd | null = null;
 let why = '';
-let host: FakeHost;
-let pump: EnergyPump;
-let dir: string;
-let sock: string;
-let logFile: string;
+let sock = '';
+let logFile = '';
 const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
 
 beforeAll(async () => {
-  ensureBuilt();
-  host = new FakeHost({ packages: [0, 0], online: [0, 1] });
-  host.writePackageMsr(0, 0x606, 0xa1003n);
-  pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
-  pump.start();
-  dir = tempDir('vmsr-fdstore-');
-  sock = path.join(dir, 'helper.sock');
-  logFile = path.join(dir, 'helper.log');
-  try {
-    manager = await RealSystemd.boot(
-      { socket: sock, execStart: [process.execPath, BIN, ...hostArgs(host), '--interval', '0.1'], log: logFile },
-      dir,
-    );
-    why = `real systemd (${manager.version}) as PID 1 of a new PID namespace`;
-  } catch (e) {
-    why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-  }
+  bed = await fdStoreBed('vmsr-fdstore-');
+  ({ manager, why, sock, logFile } = bed);
   console.log(`fd-store restarts run under: ${why}`);
 }, 60_000);
 
 afterAll(async () => {
-  pump?.stop();
-  await manager?.close();
-  host?.cleanup();
+  await bed?.close();
 });
 
 async function startService(m: RealSystemd): Promise<void> {
@@ -108,7 +49,7 @@ describe("restarts through systemd's fd store", () => {
     if (manager === null) return ctx.skip();
     const m = manager;
     await startService(m);
-    const client = legacyClient(m, sock);
+    const client = legacyClientProcess(sock, { inside: (a) => m.inside(a) });
     await client.ready;
     const waits: number[] = [];
     for (let i = 0; i < RESTARTS; i++) {
@@ -119,8 +60,14 @@ describe("restarts through systemd's fd store", () => {
       await waitFor(() => count(log(), 'handed over:') > before, `restart ${i + 1} to serve again`, undefined, 30_000);
       waits.push(Date.now() - t0);
       expect(m.show('MainPID')).not.toBe(pidBefore);
-      // The new start took its fds back out of the store (FDSTOREREMOVE=1).
-      await waitFor(() => m.show('NFileDescriptorStore') === '0', 'the fd store to be emptied by the new start', undefined, 5000);
+      // The new start took the hand-over's fds back out of the store (FDSTOREREMOVE=1): what stays is
+      // what a crash would need (docs/daemon.md "Crashes"), the client's connection and the new start's checkpoint.
+      await waitFor(
+        () => m.show('NFileDescriptorStore') === '2',
+        'the fd store to hold the kept connection and one checkpoint',
+        undefined,
+        5000,
+      );
       await new Promise((r) => setTimeout(r, 300));
     }
     const s = await client.done();
@@ -145,7 +92,7 @@ describe("restarts through systemd's fd store", () => {
     if (manager === null) return ctx.skip();
     const m = manager;
     if (m.show('ActiveState') !== 'active') await startService(m);
-    const client = legacyClient(m, sock);
+    const client = legacyClientProcess(sock, { inside: (a) => m.inside(a) });
     await client.ready;
     await new Promise((r) => setTimeout(r, 200));
     const stored = count(log(), 'handed over to the fd store (FDSTORE=1)');

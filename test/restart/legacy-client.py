@@ -2,9 +2,14 @@
 # u32 tid, little-endian: docs/protocol.md), each waited for (8-byte reply, u64) as QEMU's vmsr thread
 # does; every third request is written in two parts 15 ms apart. Runs until stdin closes, then
 # checks that no reply is left over (a reply sent twice would be), and prints one JSON summary.
+# Optional arguments: the pause between requests in seconds (default 0.002), and 'whole' to write
+# each request in one write, as QEMU does (a crash test: bytes the helper read and did not answer
+# die with it).
 import json, os, socket, struct, sys, threading, time
 
 path = sys.argv[1]
+pause = float(sys.argv[2]) if len(sys.argv) > 2 else 0.002
+whole = len(sys.argv) > 3 and sys.argv[3] == 'whole'
 tid = os.getpid()  # a thread of the peer: the helper answers only the peer's own threads
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(path)
@@ -27,7 +32,7 @@ try:
     while not stop.is_set():
         req = struct.pack('<III', 0x611, 0, tid)
         t0 = time.monotonic()
-        if sent % 3 == 2:
+        if sent % 3 == 2 and not whole:
             s.sendall(req[:5]); time.sleep(0.015); s.sendall(req[5:])
         else:
             s.sendall(req)
@@ -38,7 +43,7 @@ try:
         if values and v < values[-1]:
             backwards += 1
         values.append(v)
-        time.sleep(0.002)
+        time.sleep(pause)
     s.setblocking(False)
     time.sleep(0.2)
     try:

@@ -7,50 +7,19 @@
  * (carried over every restart) count every request. The longest wait is printed against the 0.5 s goal:
  * a goal (docs/daemon.md "Restarts" says where it stands), checked by timing, so not asserted here.
  */
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { BIN, hostArgs, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { legacyCounters } from './support/legacy-counters.js';
+import { legacyClientProcess } from './support/legacy-client.js';
 
-const HERE = path.dirname(fileURLToPath(import.meta.url));
 /** The goal for the longest wait, printed: QEMU waits for a reply (no timeout), but a late one stretches its period. */
 const QEMU_REPLY_WAIT_MS = 500;
 /** A wait this long is a hang (a request lost in the handover), not a slow machine. */
 const HANG_MS = 5000;
-
-interface Summary {
-  sent: number;
-  answered: number;
-  maxWaitMs: number;
-  backwards: number;
-  extraBytes: number;
-  first: number | null;
-  last: number | null;
-  error: string | null;
-}
-
-function legacyClient(sock: string): { done(): Promise<Summary>; ready: Promise<void> } {
-  const child = spawn('python3', [path.join(HERE, 'legacy-client.py'), sock], { stdio: ['pipe', 'pipe', 'inherit'] });
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  const ready = new Promise<void>((resolve, reject) => {
-    const t = setInterval(() => out.startsWith('ready\n') && (clearInterval(t), resolve()), 5);
-    child.once('exit', () => (clearInterval(t), reject(new Error(`client exited: ${out}`))));
-  });
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  return {
-    ready,
-    async done() {
-      child.stdin.end();
-      await exited;
-      return JSON.parse(out.split('\n').filter(Boolean).pop()!) as Summary;
-    },
-  };
-}
 
 const restarts = (h: DaemonChild) => h.stderr().split('"msg":"handed over:').length - 1;
 
@@ -75,7 +44,7 @@ describe('restart in place with a QEMU-like client sending requests', () => {
   });
 
   test('every request is answered exactly once, none hangs, across 5 restarts by SIGHUP and 5 by vmsr-helper reload', async () => {
-    const client = legacyClient(sock);
+    const client = legacyClientProcess(sock);
     await client.ready;
     const waits: number[] = [];
     for (let i = 0; i < 10; i++) {

@@ -30,6 +30,7 @@ import {
   type V2CliOptions,
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
+import { KEEPER_ENV } from '../../keeper/messages.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
@@ -53,6 +54,7 @@ interface RawDaemonOptions extends RawHostOptions {
   socketMode?: string;
   socketGroup?: string;
   logFile?: string;
+  keeper?: boolean;
 }
 
 export interface IdLookups {
@@ -180,6 +182,7 @@ async function startDaemonFromCli(
   v2: ReturnType<typeof v2OptionsFrom>,
   logger?: () => Logger,
   logFile?: string,
+  keeper = false,
 ): Promise<void> {
   const [{ isDaemonChild, reportFailure, spawnDetached }, { takeInherited }] = await Promise.all([
     import('../../helper/lifecycle/daemonize.js'),
@@ -193,8 +196,8 @@ async function startDaemonFromCli(
     throw e;
   }
   // An image that inherits from an earlier one (the start-up re-exec, a restart in place) is the
-  // background daemon already: only the first -d image detaches.
-  if (config.daemonize && !isDaemonChild() && inherited === null) {
+  // background daemon already: only the first -d image detaches (with --keeper, the keeper does).
+  if (config.daemonize && !isDaemonChild() && inherited === null && process.env[KEEPER_ENV.channel] === undefined) {
     await spawnDetached(process.argv);
     return;
   }
@@ -203,6 +206,8 @@ async function startDaemonFromCli(
     // The first image opens the log file, as root, before anything logs; later images (the start-up
     // re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
     if (inherited === null && logFile !== undefined) (await import('../../os/log-file.js')).redirectStderrToFile(logFile);
+    // --keeper: this process becomes the keeper, and the serving process its child (docs/daemon.md "Crashes").
+    if (keeper && inherited === null && (await keeperRuns(logger))) return;
     const blocker = reexecBlocker();
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
@@ -227,6 +232,36 @@ async function startDaemonFromCli(
   }
 }
 
+/**
+ * --keeper, in the first image: runs the keeper (keeper/keeper.ts) until it ends, then exits with its
+ * code; false when this process is not to be one (it is the keeper's serving process already, or
+ * systemd runs it: its fd store does the keeper's work).
+ */
+async function keeperRuns(logger?: () => Logger): Promise<boolean> {
+  const { isDaemonChild, reportReady, DAEMON_CHILD_ENV } = await import('../../helper/lifecycle/daemonize.js');
+  if (process.env[KEEPER_ENV.channel] !== undefined) return false;
+  const log = (logger ?? (() => createLogger('info')))().child({ area: 'keeper' });
+  if (process.env.NOTIFY_SOCKET !== undefined || process.env.LISTEN_FDS !== undefined) {
+    log.warn(
+      {},
+      '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it',
+    );
+    return false;
+  }
+  const { runKeeper } = await import('../../keeper/keeper.js');
+  const env = { ...process.env };
+  delete env[DAEMON_CHILD_ENV];
+  const ready = isDaemonChild() ? reportReady : undefined;
+  log.info({}, 'keeper: holding the socket and the connections; starting the serving process');
+  const code = await runKeeper({
+    command: [process.execPath, ...process.execArgv, ...process.argv.slice(1)],
+    env,
+    log,
+    ...(ready ? { onReady: ready } : {}),
+  });
+  process.exit(code);
+}
+
 const collect = (v: string, prev: string[] = []) => [...prev, v];
 
 export function configureDaemonCommand(program: Command): void {
@@ -236,6 +271,10 @@ export function configureDaemonCommand(program: Command): void {
     .option('-f, --pidfile <path>', `PID file, written with -d or when given (default '${DEFAULT_PIDFILE}')`)
     .option('-d, --daemon', `run in the background (logs to --log-file, default '${DEFAULT_DAEMON_LOG_FILE}')`)
     .option('--log-file <path>', 'append the log to this file (JSON lines) instead of stderr; opened as root before the privilege drop')
+    .option(
+      '--keeper',
+      'without systemd: a small keeper process holds the socket, every QEMU connection and the latest checkpoint, and starts the helper again when it crashes',
+    )
     .option('-u, --user <user>', 'user (name or uid) to drop privileges to')
     .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)");
   addLogLevelOptions(program).option(
@@ -274,7 +313,7 @@ export function configureDaemonCommand(program: Command): void {
       let logger: Logger | undefined;
       const log = (): Logger => (logger ??= createLogger(levelFromFlags(raw)));
       try {
-        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log, logFileFrom(raw));
+        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log, logFileFrom(raw), raw.keeper === true);
       } catch (e) {
         log().fatal(cannot(`start`, (e as Error).message));
         throw new ReportedError((e as Error).message);

@@ -30,7 +30,7 @@ export interface HandedOver {
   connections: HandedConnectionFd[];
 }
 
-interface HandoverLog {
+export interface HandoverLog {
   info(o: object, msg: string): void;
   warn(o: object, msg: string): void;
 }
@@ -39,8 +39,8 @@ function closeAll(fds: readonly number[]): void {
   for (const fd of fds) closeFd(fd);
 }
 
-/** Why `fd` is not a connection to serve, or null; its inode when it is one. */
-function connectionProblem(fd: number): { ino: bigint } | { why: string } {
+/** Why `fd` is not a connection to serve, or its inode when it is one (a connected stream socket with a peer). */
+export function connectionProblem(fd: number): { ino: bigint } | { why: string } {
   let st: fs.BigIntStats;
   try {
     st = fs.fstatSync(fd, { bigint: true });

@@ -11,11 +11,12 @@ import type { SocketFile } from '../server/listener.js';
 import { activationFd, storedFds, takeActivation } from '../lifecycle/systemd.js';
 import { socketType, SOCK_STREAM } from '../../os/libc.js';
 import { cannot } from '../../common/errors.js';
+import { takeFromKeeper } from '../../keeper/link.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
 /** Where the inherited parts come from (for logs; what is adopted follows from which parts are present). */
-export type InheritedFrom = 'fresh' | 'systemd' | 'reexec' | 'restart';
+export type InheritedFrom = 'fresh' | 'systemd' | 'keeper' | 'reexec' | 'restart';
 
 interface InheritedListener {
   /** The listening socket, already bound and listening. */
@@ -53,6 +54,9 @@ export interface Inherited {
  * fds; else nothing.
  */
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
+  // Started by the keeper after a crash (docs/daemon.md "Crashes"): what it held, passed by name.
+  const kept = takeFromKeeper(env);
+  if (kept !== null) return { how: 'keeper', ...(kept.listener ? { listener: kept.listener } : {}), named: kept.named };
   const activation = takeActivation(env);
   if (activation === null) return { how: 'fresh' };
   const named = storedFds(activation);
@@ -101,7 +105,7 @@ type Encoded = Omit<Inherited, 'named'> & { named?: [string, number[]][] };
 function valid(v: Partial<Encoded>): v is Encoded {
   const c = v.checks;
   return (
-    (v.how === 'fresh' || v.how === 'systemd' || v.how === 'reexec' || v.how === 'restart') &&
+    (v.how === 'fresh' || v.how === 'systemd' || v.how === 'keeper' || v.how === 'reexec' || v.how === 'restart') &&
     (c === undefined ||
       ((c.vendor === 'intel' || c.vendor === 'amd') &&
         Array.isArray(c.cpus) &&

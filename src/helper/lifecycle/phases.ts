@@ -2,9 +2,11 @@
  * The phases of the daemon's start, each a function of its own, in the order Daemon.start (daemon.ts)
  * runs them (docs/daemon.md "Start-up, in order"):
  *
- *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart)
- *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), and what
- *                a restart handed over (handover/handed-over.ts), each checked
+ *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart,
+ *                what a keeper held after a crash)
+ *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), what a
+ *                crash left kept outside (crash-guard.ts) and what a restart handed over
+ *                (handover/handed-over.ts), each checked
  *   drop         the privilege drop (done before the exec when re-executed), the per-thread audit
  *   budgetFds    the open-file limit raised, and the connections it can hold
  *   serveLegacy  the legacy service and the server, serving; handed-over connections adopted
@@ -31,6 +33,8 @@ import type { DaemonConfig } from './config.js';
 import { inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
 import type { Notifier } from './systemd.js';
+import { CrashGuard } from './crash-guard.js';
+import type { ConnectionKeep } from '../server/connection-keep.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
@@ -42,16 +46,18 @@ export function inherit(config: DaemonConfig, given?: Inherited): Inherited {
 
 /**
  * The start-up steps (checks, MSR fds, listening socket, pidfile, --record files), each adopted when
- * inherited, else opened; then what a restart handed over (connections, state, counters), each part
- * checked, the rest closed.
+ * inherited, else opened; then what a crash left kept outside (crash-guard.ts, which holds what this
+ * process keeps outside from now on) and what a restart handed over (connections, state, counters),
+ * each part checked, the rest closed.
  */
 export async function open(
   config: DaemonConfig,
   inh: Inherited,
   o: { files: readonly string[]; area: Areas; logger: Logger; notifier: Notifier },
-): Promise<{ opened: Opened; handed: HandedOver }> {
+): Promise<{ opened: Opened; handed: HandedOver; guard: CrashGuard }> {
   const opened = await openStart(config, inh, { files: o.files, log: o.area('startup') });
-  const handed = takeHandedOver(inh.named, o.area('restart'));
+  const guard = CrashGuard.start(inh.named, o.notifier, o.area('restart'));
+  const handed = guard.merge(takeHandedOver(guard.named, o.area('restart')), opened.listener);
   // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
   // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
   if (inh.how !== 'restart' && inh.named && inh.named.size > 0)
@@ -79,7 +85,7 @@ export async function open(
     { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size },
     openedWhat,
   );
-  return { opened, handed };
+  return { opened, handed, guard };
 }
 
 /**
@@ -148,13 +154,14 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
 /**
  * The legacy service and the server on the listener, serving at once (a restart's legacy connections
  * need no v2 state), the handed-over connections adopted; a v2 connection meanwhile waits for `late`
- * (late-v2-handler.ts), bound once the v2 service is made.
+ * (late-v2-handler.ts), bound once the v2 service is made. `keep` holds each connection outside this
+ * process from its accept (crash-guard.ts).
  */
 export function serveLegacy(
   config: DaemonConfig,
   opened: Opened,
   handed: HandedOver,
-  o: { maxConnections: number; area: Areas; late?: LateV2Handler },
+  o: { maxConnections: number; area: Areas; late?: LateV2Handler; keep?: ConnectionKeep },
 ): ServerChain {
   const chain = assembleServer({
     paths: config.hostPaths,
@@ -172,6 +179,7 @@ export function serveLegacy(
       preferredPeer: (peer) => peer.uid === 0,
       qemuPeer: (peer) => isQemuPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
       incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+      ...(o.keep ? { keep: o.keep } : {}),
     },
     ...(o.late ? { v2Handler: o.late.handler } : {}),
   });

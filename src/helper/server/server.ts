@@ -9,7 +9,8 @@ import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
-import { connectingProcessStart, peerOf } from '../../os/peer.js';
+import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
+import type { ConnectionKeep } from './connection-keep.js';
 import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';
 import type { Listener } from './listener.js';
@@ -48,6 +49,8 @@ interface Open {
   unread: Unread | undefined;
   /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
   handOver(next: net.Socket): void;
+  /** The connection is no longer held outside this process (closed, or v2: ConnectionKeep). */
+  unkeep(): void;
 }
 
 export interface HelperServerOptions {
@@ -77,6 +80,8 @@ export interface HelperServerOptions {
   qemuPeer?: (peer: PeerCredentials) => boolean;
   /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
   starttimeOf?: (pid: number) => number | null;
+  /** Holds each connection outside this process from its accept to its close, or until it is v2 (lifecycle/outside-keep.ts). */
+  keep?: ConnectionKeep;
 }
 
 /** A connection let in: who it is, the share it counts in, and its pid when it is a QEMU's first connection (outside the shares). */
@@ -269,6 +274,10 @@ export class HelperServer {
   /** An admitted connection: its seat, its incomplete-frame account, and what its close releases. */
   private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
     this.sockets.add(socket);
+    // Outside this process from now on: a crash does not take the connection along (docs/daemon.md
+    // "Crashes"). Only root's and QEMU's (a QEMU process's own connection, qemu-peer.ts): another
+    // user's connections cost the keeper or PID 1 nothing, however many it opens.
+    let kept = owner.preferred || qemuPid !== undefined ? (this.o.keep?.held(socketFd(socket)) ?? null) : null;
     const seat = this.users.seat(
       owner,
       () => {
@@ -304,8 +313,13 @@ export class HelperServer {
         next.on('error', onError);
         socket.destroy();
       },
+      unkeep: () => {
+        this.o.keep?.released(kept);
+        kept = null;
+      },
     };
     const onClose = () => {
+      c.unkeep();
       seat.release();
       if (c.unread) this.incomplete.forget(c.unread, peer.uid);
       this.memory.closed();
@@ -321,6 +335,8 @@ export class HelperServer {
   }
 
   private serveV2(c: Open, head: Buffer): void {
+    // A v2 client reconnects after a crash: its connection must close with the process.
+    c.unkeep();
     try {
       // No copy: the v2 decoder copies what it keeps, and a refused chunk must not cost twice.
       this.o.v2Handler!(c.socket, c.peer, head.subarray(V2_MAGIC.length), c.hold);

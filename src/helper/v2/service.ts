@@ -32,7 +32,7 @@ import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
-import { DisposableStore } from '../../common/disposable.js';
+import { DisposableStore, type Disposable } from '../../common/disposable.js';
 import type { Discovery } from './discovery.js';
 import { hostStats, type HealthSource } from './host-stats.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
@@ -287,6 +287,8 @@ export class V2Service {
   private restarting = false;
   private readonly orphaned: number[] = [];
   private readonly listeners = new DisposableStore();
+  /** Called once a sample's state is whole, before any client is told of it (the daemon's checkpoints). */
+  private readonly beforeTold = new Set<() => void>();
   private readonly connectionHost: ConnectionHost;
 
   constructor(
@@ -336,6 +338,8 @@ export class V2Service {
     lifecycle.ended(ev.ended);
     lifecycle.age();
     whole?.check();
+    // A crash from here on restores nothing older than what a client is told next.
+    for (const cb of this.beforeTold) cb();
     fanOut.sample({
       update: (vmId) => currentUpdate(sampling, vmId),
       host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
@@ -420,6 +424,15 @@ export class V2Service {
   snapshot(): StateSnapshot {
     const { registry, sampling, energy, engine } = this.p;
     return capture({ registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) }, engine.guestPowerUnit);
+  }
+
+  /**
+   * Calls `cb` after every sample, once the state is whole and before any client is told of it (the
+   * daemon's checkpoints: a client never sees a value a crash would take back); dispose to stop.
+   */
+  onSample(cb: () => void): Disposable {
+    this.beforeTold.add(cb);
+    return { dispose: () => void this.beforeTold.delete(cb) };
   }
 
   /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */

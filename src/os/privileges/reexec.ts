@@ -76,6 +76,11 @@ const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   // systemd 254+: the unit's FileDescriptorStoreMax= (0: no fd store; helper/handover/restarter.ts).
   'FDSTORE',
   'INVOCATION_ID',
+  // The keeper's channel (an fd number) and its account of the crash before (keeper/messages.ts KEEPER_ENV).
+  'VMSR_HELPER_KEEPER',
+  'VMSR_HELPER_KEEPER_NOTE',
+  // Test hook: the restore crashes on a checkpoint with a VM of this pid (helper/lifecycle/kept.ts).
+  'VMSR_HELPER_TEST_CRASH_ON_VM_PID',
 ];
 
 /** The allowlisted variables of `env` (REEXEC_ENV_ALLOWLIST). */

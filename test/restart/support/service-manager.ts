@@ -11,6 +11,9 @@ import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_pro
 import fs from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { BIN, ensureBuilt, hostArgs, tempDir } from '../../daemon/support/daemon-process.js';
+import { EnergyPump } from '../../support/energy-pump.js';
+import { FakeHost } from '../../support/fake-host.js';
 
 export const SYSTEMD = '/lib/systemd/systemd';
 /** Longest wait for the booted systemd to answer systemctl. */
@@ -23,6 +26,8 @@ export interface Units {
   execStart: string[];
   /** Where the service's stdout and stderr are appended. */
   log: string;
+  /** More lines for the service's [Service] section (e.g. Restart=on-failure). */
+  service?: string[];
 }
 
 /** Not starting with STORED_FD_PREFIX ('vmsr-'): the socket's fd is named after its unit. */
@@ -47,6 +52,7 @@ function unitFiles(u: Units): Record<string, string> {
       'TimeoutStopSec=10s',
       `StandardOutput=append:${u.log}`,
       `StandardError=append:${u.log}`,
+      ...(u.service ?? []),
       '',
     ].join('\n'),
   };
@@ -153,4 +159,50 @@ export class RealSystemd {
     }
     await gone;
   }
+}
+
+/** A booted systemd (or why not) serving the daemon on a fake host with its package counter pumped; close() ends it all. */
+export interface FdStoreBed {
+  manager: RealSystemd | null;
+  why: string;
+  sock: string;
+  logFile: string;
+  close(): Promise<void>;
+}
+
+/**
+ * The bed of the fd-store tests: a FakeHost (one package, two cpus, its counter pumped), the daemon as
+ * the service (`--interval 0.1`, `service` lines added to its unit), systemd booted on it.
+ */
+export async function fdStoreBed(prefix: string, service: string[] = []): Promise<FdStoreBed> {
+  ensureBuilt();
+  const host = new FakeHost({ packages: [0, 0], online: [0, 1] });
+  host.writePackageMsr(0, 0x606, 0xa1003n);
+  const pump = new EnergyPump(host, { msr: 0x611, start: 0x1000, unitsPerSecond: 50_000 });
+  pump.start();
+  const dir = tempDir(prefix);
+  const sock = path.join(dir, 'helper.sock');
+  const logFile = path.join(dir, 'helper.log');
+  let manager: RealSystemd | null = null;
+  let why: string;
+  try {
+    manager = await RealSystemd.boot(
+      { socket: sock, execStart: [process.execPath, BIN, ...hostArgs(host), '--interval', '0.1'], log: logFile, service },
+      dir,
+    );
+    why = `real systemd (${manager.version}) as PID 1 of a new PID namespace`;
+  } catch (e) {
+    why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
+  }
+  return {
+    manager,
+    why,
+    sock,
+    logFile,
+    async close() {
+      pump.stop();
+      await manager?.close();
+      host.cleanup();
+    },
+  };
 }

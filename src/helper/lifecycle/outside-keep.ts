@@ -1,0 +1,148 @@
+/**
+ * What the serving process keeps outside itself so that a crash does not take it along (docs/daemon.md
+ * "Crashes"): every connection from its accept to its close (or until it turns out to be v2, whose
+ * clients reconnect), and a checkpoint of the live state at every interval. Two holders, one
+ * interface: systemd's fd store (FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close) when the
+ * daemon runs under a NOTIFY_SOCKET with a store, or the keeper (keeper/keeper.ts) that started it.
+ */
+import { closeFd } from '../../os/libc.js';
+import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
+import { KeeperLink, socketIno } from '../../keeper/link.js';
+import { KEPT_NAMES } from '../../keeper/messages.js';
+import { monotonicNs } from '../../sampling/tick-loop.js';
+import type { Notifier } from './systemd.js';
+import type { Disposable } from '../../common/disposable.js';
+import type { ConnectionKeep } from '../server/connection-keep.js';
+
+export interface OutsideKeep extends ConnectionKeep {
+  readonly holder: 'keeper' | 'fd store';
+  /** The listening socket (the keeper holds it; systemd's .socket unit holds its own). */
+  listening(fd: number, file?: { ino: number; path: string }): void;
+  /** The latest checkpoint: `s` in a sealed memfd, handed to the holder; the one before is let go. */
+  checkpoint(s: StateSnapshot): void;
+  /** A checkpoint is about to be restored: a process that dies before its own first checkpoint crashed in the restore. */
+  restoring(): void;
+  /** The start is over: serving. */
+  ready(): void;
+  /** From now on, closing connections (a stop, a hand-over) leaves them held: nothing more is sent. */
+  detach(): void;
+}
+
+interface KeepLog {
+  warn(o: object, msg: string): void;
+}
+
+/** The holder this process has (its keeper, else systemd's fd store), or null: then a crash loses the connections. */
+export function outsideKeep(
+  notifier: Notifier,
+  found: { checkpointNames: readonly string[]; restoringMark: boolean },
+  log: KeepLog,
+): OutsideKeep | null {
+  const link = KeeperLink.fromEnvironment(log);
+  if (link !== null) return keeperKeep(link);
+  if (notifier.socket === undefined || process.env.FDSTORE === '0') return null;
+  return new FdStoreKeep(notifier, found.checkpointNames, found.restoringMark);
+}
+
+function keeperKeep(link: KeeperLink): OutsideKeep {
+  let attached = true;
+  return {
+    holder: 'keeper',
+    held(fd) {
+      if (fd === undefined || !attached) return null;
+      link.hold(fd);
+      return socketIno(fd);
+    },
+    released(ino) {
+      if (ino !== null && attached) link.drop(ino);
+    },
+    listening: (fd, file) => link.listening(fd, file),
+    checkpoint: (s) => attached && link.checkpoint(writeStateMemfd(s)),
+    // The keeper drops a checkpoint it passed to a process that dies before sending its own.
+    restoring: () => {},
+    ready: () => link.ready(),
+    detach: () => void (attached = false),
+  };
+}
+
+class FdStoreKeep implements OutsideKeep {
+  readonly holder = 'fd store';
+  private attached = true;
+  /** Checkpoint names in the store, oldest first: the latest stays, the others are removed once it is stored. */
+  private readonly checkpoints: string[];
+
+  /** `found`: the checkpoints the store held at this start; `marked`: it held the restoring mark (removed with them). */
+  constructor(
+    private readonly notifier: Notifier,
+    found: readonly string[],
+    private marked: boolean,
+  ) {
+    this.checkpoints = [...found];
+  }
+
+  held(fd: number | undefined): bigint | null {
+    const ino = fd === undefined || !this.attached ? null : socketIno(fd);
+    if (ino !== null) this.notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd!]);
+    return ino;
+  }
+
+  released(ino: bigint | null): void {
+    if (ino !== null && this.attached) this.notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`);
+  }
+
+  listening(): void {}
+
+  checkpoint(s: StateSnapshot): void {
+    if (!this.attached) return;
+    const fd = writeStateMemfd(s);
+    // A name per checkpoint, ordered: FDSTOREREMOVE=1 removes every fd of a name, so the new one is
+    // stored before the old one goes, and a crash between the two leaves both (the next start takes the latest).
+    const name = `${KEPT_NAMES.checkpointPrefix}${monotonicNs()}`;
+    const stored = this.notifier.storeFds(name, [fd], { poll: false });
+    closeFd(fd);
+    if (!stored) return;
+    for (const old of this.checkpoints.splice(0)) this.notifier.removeStoredFds(old);
+    this.checkpoints.push(name);
+    if (this.marked) this.notifier.removeStoredFds(KEPT_NAMES.restoring);
+    this.marked = false;
+  }
+
+  restoring(): void {
+    const fd = writeSealedMemfd(KEPT_NAMES.restoring, Buffer.alloc(1));
+    this.marked = this.notifier.storeFds(KEPT_NAMES.restoring, [fd], { poll: false });
+    closeFd(fd);
+  }
+
+  ready(): void {}
+
+  detach(): void {
+    this.attached = false;
+  }
+}
+
+/** What is checkpointed (the v2 service, V2Service): its live state, and a call after every sample before any client is told of it. */
+export interface Checkpointed {
+  snapshot(): StateSnapshot;
+  onSample(cb: () => void): Disposable;
+}
+
+/**
+ * Checkpoints the live state of `live` now and after every sample. A snapshot that cannot be
+ * taken is logged once per run of failures; the last good checkpoint stays.
+ */
+export function keepCheckpoints(keep: OutsideKeep, live: Checkpointed | undefined, log: KeepLog): Disposable {
+  if (live === undefined) return { dispose: () => {} };
+  let failing = false;
+  const write = () => {
+    try {
+      keep.checkpoint(live.snapshot());
+      failing = false;
+    } catch (e) {
+      if (!failing) log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
+      failing = true;
+    }
+  };
+  write();
+  return live.onSample(write);
+}

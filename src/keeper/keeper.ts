@@ -1,0 +1,296 @@
+/**
+ * The keeper (docs/daemon.md "Crashes"): without systemd, `vmsr-helper --keeper` runs as this small
+ * process, which starts the serving process, holds what must outlive it (the listening socket, every
+ * QEMU connection from the moment it is accepted, the latest checkpoint) and starts it again, with all
+ * of it, when it dies. It reads nothing from clients and answers nothing: it only holds fds the serving
+ * process sends it over a private socketpair (messages.ts). Crash loops back off and end after
+ * KEEPER_LIMITS.maxCrashesInARow; a checkpoint the serving process died restoring is not passed on.
+ *
+ * Privileges: the serving process must start as root (it opens the MSR devices, binds the socket,
+ * then drops to CAP_SYS_RAWIO), so the keeper stays uid 0; of its own capabilities it keeps only
+ * CAP_KILL, to pass SIGTERM and SIGHUP on to a serving process that dropped to -u's user (capset on
+ * its main thread, the only one running its code).
+ * A root exec gives the serving process its capabilities back from the bounding set, which the
+ * keeper leaves as it found it; NO_NEW_PRIVS is not set here, as it would forbid exactly that.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import {
+  capget,
+  capset,
+  closeFd,
+  isListeningSocket,
+  recvWithFds,
+  socketpair,
+  watchReadable,
+  MSG_DONTWAIT,
+  SOCK_SEQPACKET,
+  type FdWatch,
+} from '../os/libc.js';
+import { socketIno } from './link.js';
+import {
+  decodeKeeperMessage,
+  decodeSocketFile,
+  encodeSocketFile,
+  KEEPER_CHANNEL_FD,
+  KEEPER_ENV,
+  KEEPER_MESSAGE,
+  KEPT_NAMES,
+  MAX_KEEPER_MESSAGE_BYTES,
+  type KeeperNote,
+} from './messages.js';
+
+/** CAP_KILL (5): the one capability the keeper keeps. */
+const CAP_KILL_MASK = 1n << 5n;
+
+export const KEEPER_LIMITS = {
+  /** The keeper stops after this many crashes in a row (the last one is not restarted). */
+  maxCrashesInARow: 5,
+  /** A serving process that served this long before it died ends the row: its crash is the first of a new one. */
+  stableMs: 10_000,
+  /** Wait before restarting after the 1st, 2nd, ... crash in a row (the last value for any later one). */
+  backoffMs: [0, 200, 1000, 3000] as readonly number[],
+  /** Most connections held (--max-connections is at most this; more are closed). */
+  maxConnections: 65_536,
+};
+
+interface KeeperLog {
+  info(o: object, msg: string): void;
+  warn(o: object, msg: string): void;
+  error(o: object, msg: string): void;
+}
+
+interface KeeperOptions {
+  /** The serving process: [node, ...flags, script, ...arguments]. */
+  command: readonly string[];
+  env: NodeJS.ProcessEnv;
+  log: KeeperLog;
+  limits?: Partial<typeof KEEPER_LIMITS>;
+  /** Called once, when the first serving process is ready (-d's report to the foreground). */
+  onReady?: () => void;
+}
+
+/**
+ * Runs the keeper until the serving process stops on purpose (its exit code), its first start fails
+ * (its exit code), or crashes come too often in a row (1). Signals: SIGTERM and SIGINT are passed on
+ * and stop the keeper once the serving process stopped; SIGHUP is passed on (a restart in place).
+ */
+export function runKeeper(o: KeeperOptions): Promise<number> {
+  const limits = { ...KEEPER_LIMITS, ...o.limits };
+  try {
+    const kill = capget().permitted & CAP_KILL_MASK;
+    capset({ effective: kill, permitted: kill, inheritable: 0n });
+  } catch (e) {
+    o.log.warn({ err: (e as Error).message }, 'keeper: cannot drop its capabilities; it goes on with them');
+  }
+  return new Promise<number>((resolve) => new Keeper(o, limits, resolve).start());
+}
+
+class Keeper {
+  private listener: { fd: number; file: { ino: number; path: string } | null } | null = null;
+  private readonly conns = new Map<bigint, number>();
+  private checkpoint: number | null = null;
+  /** The checkpoint was passed to the current serving process, which has not sent one of its own yet. */
+  private checkpointGiven = false;
+  private child: ChildProcess | null = null;
+  private channel: { fd: number; watch: FdWatch } | null = null;
+  private everReady = false;
+  private readyAt = 0;
+  private crashes = 0;
+  private stopping = false;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly signals: [NodeJS.Signals, () => void][] = [];
+
+  constructor(
+    private readonly o: KeeperOptions,
+    private readonly limits: typeof KEEPER_LIMITS,
+    private readonly done: (code: number) => void,
+  ) {}
+
+  start(): void {
+    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
+      const h = () => this.onSignal(sig);
+      process.on(sig, h);
+      this.signals.push([sig, h]);
+    }
+    this.spawn(null);
+  }
+
+  private onSignal(sig: NodeJS.Signals): void {
+    if (sig !== 'SIGHUP') this.stopping = true;
+    if (this.child !== null && this.child.exitCode === null && this.child.signalCode === null) this.child.kill(sig);
+    else if (sig !== 'SIGHUP') this.finish(0);
+  }
+
+  private spawn(note: KeeperNote | null): void {
+    const [mine, theirs] = socketpair(SOCK_SEQPACKET);
+    const names: string[] = [];
+    const fds: number[] = [];
+    const pass = (name: string, fd: number) => {
+      names.push(name);
+      fds.push(fd);
+    };
+    if (this.listener !== null) pass(KEPT_NAMES.listener, this.listener.fd);
+    if (this.checkpoint !== null) pass(`${KEPT_NAMES.checkpointPrefix}0`, this.checkpoint);
+    this.checkpointGiven = this.checkpoint !== null;
+    for (const [ino, fd] of this.conns) pass(`${KEPT_NAMES.connectionPrefix}${ino}`, fd);
+    const env: NodeJS.ProcessEnv = { ...this.o.env, [KEEPER_ENV.channel]: String(KEEPER_CHANNEL_FD) };
+    if (names.length > 0) env[KEEPER_ENV.fdNames] = names.join(':');
+    if (this.listener?.file) env[KEEPER_ENV.socketFile] = encodeSocketFile(this.listener.file);
+    if (note !== null) env[KEEPER_ENV.note] = JSON.stringify(note);
+    const [cmd, ...args] = this.o.command;
+    const child = spawn(cmd!, args, { stdio: ['inherit', 'inherit', 'inherit', theirs, ...fds], env });
+    closeFd(theirs);
+    this.child = child;
+    this.channel = { fd: mine, watch: watchReadable(mine, () => this.drain()) };
+    child.once('error', (e) => this.o.log.error({ err: e.message }, 'keeper: cannot start the serving process'));
+    child.once('exit', (code, sig) => this.onExit(child, code, sig));
+  }
+
+  /** Reads every message waiting on the channel; the fd of one it does not use is closed. */
+  private drain(): void {
+    const ch = this.channel;
+    if (ch === null) return;
+    for (;;) {
+      let r;
+      try {
+        r = recvWithFds(ch.fd, MAX_KEEPER_MESSAGE_BYTES + 1, 1, MSG_DONTWAIT);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EAGAIN') this.closeChannel();
+        return;
+      }
+      if (r.data.length === 0 && r.fds.length === 0) return this.closeChannel();
+      const fd = r.fds[0];
+      if (!this.take(r.data, fd) && fd !== undefined) closeFd(fd);
+    }
+  }
+
+  /** Acts on one message; true when it kept `fd`. */
+  private take(bytes: Buffer, fd: number | undefined): boolean {
+    const m = decodeKeeperMessage(bytes);
+    if (m === null) return false;
+    switch (m.type) {
+      case KEEPER_MESSAGE.listener:
+        return fd !== undefined && this.takeListener(fd, decodeSocketFile(m.text));
+      case KEEPER_MESSAGE.hold:
+        return fd !== undefined && this.hold(fd);
+      case KEEPER_MESSAGE.drop: {
+        const ino = /^\d{1,20}$/.test(m.text) ? BigInt(m.text) : -1n;
+        const held = this.conns.get(ino);
+        if (held !== undefined) {
+          closeFd(held);
+          this.conns.delete(ino);
+        }
+        return false;
+      }
+      case KEEPER_MESSAGE.checkpoint:
+        if (fd === undefined) return false;
+        if (this.checkpoint !== null) closeFd(this.checkpoint);
+        this.checkpoint = fd;
+        this.checkpointGiven = false;
+        return true;
+      case KEEPER_MESSAGE.ready:
+        this.readyAt = Date.now();
+        if (!this.everReady) {
+          this.everReady = true;
+          this.o.onReady?.();
+        }
+        return false;
+    }
+  }
+
+  private takeListener(fd: number, file: { ino: number; path: string } | null): boolean {
+    let ok = false;
+    try {
+      ok = isListeningSocket(fd);
+    } catch {
+      /* not a socket */
+    }
+    if (!ok) return false;
+    if (this.listener !== null && socketIno(this.listener.fd) === socketIno(fd)) return false;
+    if (this.listener !== null) closeFd(this.listener.fd);
+    this.listener = { fd, file };
+    return true;
+  }
+
+  private hold(fd: number): boolean {
+    const ino = socketIno(fd);
+    if (ino === null || this.conns.has(ino) || this.conns.size >= this.limits.maxConnections) return false;
+    this.conns.set(ino, fd);
+    return true;
+  }
+
+  private closeChannel(): void {
+    if (this.channel === null) return;
+    this.channel.watch.close();
+    closeFd(this.channel.fd);
+    this.channel = null;
+  }
+
+  private onExit(child: ChildProcess, code: number | null, sig: NodeJS.Signals | null): void {
+    this.drain();
+    this.closeChannel();
+    this.child = null;
+    const how = sig ?? `exit code ${code}`;
+    if (this.stopping || (code === 0 && sig === null)) return this.finish(code ?? 0);
+    if (!this.everReady) {
+      this.o.log.error({ pid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
+      return this.finish(code ?? 1);
+    }
+    const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
+    this.crashes = stable ? 1 : this.crashes + 1;
+    this.readyAt = 0;
+    const note: KeeperNote = { pid: child.pid ?? 0, how, atMs: Date.now(), crashes: this.crashes };
+    if (this.checkpointGiven && this.checkpoint !== null) {
+      closeFd(this.checkpoint);
+      this.checkpoint = null;
+      note.checkpointDropped = `the serving process (pid ${note.pid}) it was passed to died (${how}) before it wrote one of its own: it may be what crashed it`;
+    }
+    const max = this.limits.maxCrashesInARow;
+    if (this.crashes >= max) {
+      this.o.log.error(
+        { pid: note.pid, how, crashes: this.crashes },
+        `keeper: the serving process died ${this.crashes} times in a row (the last: ${how}): the keeper stops and closes every connection; see the log above for why, fix it and start the helper again`,
+      );
+      return this.finish(1);
+    }
+    const delay = this.limits.backoffMs[Math.min(this.crashes - 1, this.limits.backoffMs.length - 1)] ?? 0;
+    this.o.log.warn(
+      {
+        pid: note.pid,
+        how,
+        crashes: this.crashes,
+        max,
+        restartInMs: delay,
+        connections: this.conns.size,
+        checkpoint: this.checkpoint !== null,
+      },
+      `keeper: the serving process died (${how}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
+    );
+    this.timer = setTimeout(() => this.spawn(note), delay);
+  }
+
+  /** Closes what it holds (the socket file goes too, while it is still ours) and ends with `code`. */
+  private finish(code: number): void {
+    clearTimeout(this.timer);
+    for (const [sig, h] of this.signals) process.off(sig, h);
+    for (const fd of this.conns.values()) closeFd(fd);
+    this.conns.clear();
+    if (this.checkpoint !== null) closeFd(this.checkpoint);
+    const l = this.listener;
+    if (l !== null) {
+      closeFd(l.fd);
+      // The serving process removes its socket file when it stops; after a crash it is left to the keeper.
+      if (code !== 0 && l.file !== null) removeIfOurs(l.file);
+    }
+    this.done(code);
+  }
+}
+
+function removeIfOurs(file: { ino: number; path: string }): void {
+  try {
+    if (fs.lstatSync(file.path).ino === file.ino) fs.unlinkSync(file.path);
+  } catch {
+    /* gone already */
+  }
+}

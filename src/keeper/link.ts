@@ -1,0 +1,157 @@
+/**
+ * The serving process's side of the keeper (keeper.ts, docs/daemon.md "Crashes"): what the keeper
+ * passed at its start (the listening socket, the connections, the checkpoint, by name), and the link
+ * it sends the keeper what to hold over (messages.ts). A send that fails (the keeper is gone) is
+ * logged once and the daemon goes on serving, without a keeper.
+ */
+import fs from 'node:fs';
+import { closeFd, keepAcrossExec, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc.js';
+import {
+  decodeSocketFile,
+  encodeKeeperMessage,
+  encodeSocketFile,
+  KEEPER_ENV,
+  KEEPER_FIRST_FD,
+  KEEPER_MESSAGE,
+  KEPT_NAMES,
+  parseKeeperNote,
+  type KeeperMessageType,
+  type KeeperNote,
+} from './messages.js';
+
+/** What a keeper passed to this process: fds by name (KEPT_NAMES), and the listening socket's file. */
+interface FromKeeper {
+  named: Map<string, number[]>;
+  listener?: { fd: number; file?: { ino: number; path: string } };
+}
+
+const MAX_KEPT_FDS = 70_000;
+
+/**
+ * The fds a keeper passed (KEEPER_ENV.fdNames, read and removed), or null when none were. Names not
+ * of the keeper's, or a malformed list, are refused with the fix.
+ */
+export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper | null {
+  keepChannelAcrossExec(env);
+  const text = env[KEEPER_ENV.fdNames];
+  const file = env[KEEPER_ENV.socketFile];
+  delete env[KEEPER_ENV.fdNames];
+  delete env[KEEPER_ENV.socketFile];
+  if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
+  const names = text.split(':');
+  const fix = 'it is set by the keeper for the process it starts, do not set it';
+  if (names.length > MAX_KEPT_FDS)
+    throw new Error(`cannot read ${KEEPER_ENV.fdNames}: ${names.length} names, at most ${MAX_KEPT_FDS}; ${fix}`);
+  const named = new Map<string, number[]>();
+  let listener: FromKeeper['listener'];
+  names.forEach((name, i) => {
+    const fd = KEEPER_FIRST_FD + i;
+    if (!name.startsWith('vmsr-')) throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
+    if (name === KEPT_NAMES.listener) {
+      const f = file === undefined ? null : decodeSocketFile(file);
+      listener = { fd, ...(f ? { file: f } : {}) };
+      return;
+    }
+    named.set(name, [...(named.get(name) ?? []), fd]);
+  });
+  return { named, ...(listener ? { listener } : {}) };
+}
+
+/**
+ * Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every restart
+ * in place, so it is made to (a channel that is no socket is left alone: fromEnvironment refuses it).
+ */
+function keepChannelAcrossExec(env: NodeJS.ProcessEnv): void {
+  const fd = channelFd(env);
+  if (fd !== null) keepAcrossExec(fd);
+}
+
+/** The channel's fd when KEEPER_ENV.channel names a SOCK_SEQPACKET socket, else null. */
+function channelFd(env: NodeJS.ProcessEnv): number | null {
+  const text = env[KEEPER_ENV.channel];
+  const fd = text !== undefined && /^\d{1,7}$/.test(text) ? Number(text) : -1;
+  try {
+    return fd > 2 && socketType(fd) === SOCK_SEQPACKET ? fd : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The keeper's account of the crash before this start (KEEPER_ENV.note, read and removed), or null. */
+export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote | null {
+  const note = parseKeeperNote(env[KEEPER_ENV.note]);
+  delete env[KEEPER_ENV.note];
+  return note;
+}
+
+interface LinkLog {
+  warn(o: object, msg: string): void;
+}
+
+export class KeeperLink {
+  private gone = false;
+
+  private constructor(
+    private readonly fd: number,
+    private readonly log: LinkLog,
+  ) {}
+
+  /** The link to this process's keeper (KEEPER_ENV.channel), or null without one; a channel that is not one is refused, logged. */
+  static fromEnvironment(log: LinkLog, env: NodeJS.ProcessEnv = process.env): KeeperLink | null {
+    const text = env[KEEPER_ENV.channel];
+    if (text === undefined) return null;
+    const fd = channelFd(env);
+    if (fd === null) {
+      log.warn({ fd: text }, `${KEEPER_ENV.channel} names no keeper's channel: serving without a keeper`);
+      delete env[KEEPER_ENV.channel];
+      return null;
+    }
+    keepAcrossExec(fd);
+    return new KeeperLink(fd, log);
+  }
+
+  /** The listening socket, and its socket file when this process bound it. */
+  listening(fd: number, file?: { ino: number; path: string }): void {
+    this.send(KEEPER_MESSAGE.listener, file ? encodeSocketFile(file) : '', fd);
+  }
+
+  hold(fd: number): void {
+    this.send(KEEPER_MESSAGE.hold, '', fd);
+  }
+
+  drop(ino: bigint): void {
+    this.send(KEEPER_MESSAGE.drop, String(ino));
+  }
+
+  /** Hands over the latest checkpoint (a sealed memfd), which this process then closes. */
+  checkpoint(memfd: number): void {
+    this.send(KEEPER_MESSAGE.checkpoint, '', memfd);
+    closeFd(memfd);
+  }
+
+  ready(): void {
+    this.send(KEEPER_MESSAGE.ready);
+  }
+
+  private send(type: KeeperMessageType, text = '', fd?: number): void {
+    if (this.gone) return;
+    try {
+      sendFds(this.fd, encodeKeeperMessage(type, text), fd === undefined ? [] : [fd]);
+    } catch (e) {
+      this.gone = true;
+      this.log.warn(
+        { err: (e as Error).message },
+        'the keeper is gone: connections and checkpoints are no longer kept outside this process (a crash now loses them)',
+      );
+    }
+  }
+}
+
+/** The inode of a socket's fd (how the keeper and the fd store name a connection), or null when it is closed. */
+export function socketIno(fd: number): bigint | null {
+  try {
+    return fs.fstatSync(fd, { bigint: true }).ino;
+  } catch {
+    return null;
+  }
+}

@@ -1,0 +1,103 @@
+/**
+ * What the serving process tells its keeper (docs/daemon.md "Crashes"), one SOCK_SEQPACKET message
+ * each: a type byte, then its text. The keeper answers nothing. Pure: no socket here.
+ *
+ *   L  the listening socket (its fd attached); text: the socket file's inode and path, "ino:path", or empty
+ *   H  hold this connection (its fd attached); text: empty (the keeper takes the inode from the fd)
+ *   D  drop the connection of this inode; text: the inode in decimal
+ *   C  the latest checkpoint (a sealed memfd attached); text: empty
+ *   R  serving (the start is over)
+ */
+export const KEEPER_MESSAGE = { listener: 'L', hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R' } as const;
+export type KeeperMessageType = (typeof KEEPER_MESSAGE)[keyof typeof KEEPER_MESSAGE];
+
+/** Longest message: a type byte and a socket path (108 bytes) with its inode, with room to spare. */
+export const MAX_KEEPER_MESSAGE_BYTES = 512;
+
+interface KeeperMessage {
+  type: KeeperMessageType;
+  text: string;
+}
+
+export function encodeKeeperMessage(type: KeeperMessageType, text = ''): Buffer {
+  const b = Buffer.from(type + text, 'utf8');
+  if (b.length > MAX_KEEPER_MESSAGE_BYTES) throw new RangeError(`keeper message of ${b.length} bytes, at most ${MAX_KEEPER_MESSAGE_BYTES}`);
+  return b;
+}
+
+const TYPES = new Set<string>(Object.values(KEEPER_MESSAGE));
+
+/** The message in `bytes`, or null when it is none of ours (the keeper then closes its fds and goes on). */
+export function decodeKeeperMessage(bytes: Buffer): KeeperMessage | null {
+  if (bytes.length === 0 || bytes.length > MAX_KEEPER_MESSAGE_BYTES) return null;
+  const type = String.fromCharCode(bytes[0]!);
+  if (!TYPES.has(type)) return null;
+  return { type: type as KeeperMessageType, text: bytes.subarray(1).toString('utf8') };
+}
+
+/** "ino:path" of a socket file, and back (null when malformed). */
+export function encodeSocketFile(f: { ino: number; path: string }): string {
+  return `${f.ino}:${f.path}`;
+}
+export function decodeSocketFile(text: string): { ino: number; path: string } | null {
+  const m = /^(\d{1,20}):(\/.*)$/s.exec(text);
+  if (m === null || m[2]!.includes('\0')) return null;
+  const ino = Number(m[1]);
+  return Number.isSafeInteger(ino) ? { ino, path: m[2]! } : null;
+}
+
+/**
+ * The environment of a serving process started by a keeper: the channel's fd, the names of the fds it
+ * passes from fd KEEPER_FIRST_FD on (LISTEN_FDNAMES-style, ':'-separated), the listening socket's file,
+ * and a one-line account of the crash that came before (JSON, KeeperNote).
+ */
+export const KEEPER_ENV = {
+  channel: 'VMSR_HELPER_KEEPER',
+  fdNames: 'VMSR_HELPER_KEEPER_FDNAMES',
+  socketFile: 'VMSR_HELPER_KEEPER_SOCKET_FILE',
+  note: 'VMSR_HELPER_KEEPER_NOTE',
+} as const;
+/** The channel is fd 3 of a serving process; the fds the keeper holds follow it. */
+export const KEEPER_CHANNEL_FD = 3;
+export const KEEPER_FIRST_FD = 4;
+
+/** What the keeper tells a serving process it starts after a crash. */
+export interface KeeperNote {
+  /** The process that died, how (a signal name, or an exit code), and when (wall-clock ms). */
+  pid: number;
+  how: string;
+  atMs: number;
+  /** Crashes in a row so far, this one included. */
+  crashes: number;
+  /** Why the checkpoint was not passed on, when it was not. */
+  checkpointDropped?: string;
+}
+
+export function parseKeeperNote(text: string | undefined): KeeperNote | null {
+  if (text === undefined) return null;
+  try {
+    const v = JSON.parse(text) as Partial<KeeperNote>;
+    const ok =
+      Number.isInteger(v.pid) &&
+      typeof v.how === 'string' &&
+      Number.isFinite(v.atMs) &&
+      Number.isInteger(v.crashes) &&
+      (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string');
+    return ok ? (v as KeeperNote) : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Names of the fds kept outside the serving process, by the keeper or in systemd's fd store (each
+ * starts with systemd.ts's STORED_FD_PREFIX): a connection by its socket's inode, a checkpoint by a
+ * sequence number (the highest is the latest), the listening socket (keeper only), and the mark that a
+ * checkpoint is being restored (fd store only: a process that dies with it set crashed in the restore).
+ */
+export const KEPT_NAMES = {
+  connectionPrefix: 'vmsr-kept-',
+  checkpointPrefix: 'vmsr-ckpt-',
+  listener: 'vmsr-listen',
+  restoring: 'vmsr-restoring',
+} as const;

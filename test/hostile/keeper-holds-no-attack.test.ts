@@ -1,0 +1,63 @@
+/**
+ * The keeper under attack (docs/daemon.md "Crashes"): uid nobody floods the socket of a daemon run by
+ * `vmsr-helper --keeper` with thousands of connections holding half a v2 frame, reopening each when
+ * closed, and signals the keeper. The keeper reads nothing from any client and holds only the
+ * connections of preferred peers (root, the socket's group: QEMU), so the flood costs it not one fd;
+ * it keeps only CAP_KILL; another user cannot signal it; and when the serving process is killed in the
+ * middle of the flood, the keeper starts the next one, which answers the QEMU-like client's request.
+ */
+import fs from 'node:fs';
+import { describe, expect, test } from 'vitest';
+import { LegacyClient } from '../daemon/support/daemon-process.js';
+import { PartialFrameFlood } from '../support/partial-frame-flood.js';
+import { killAs, NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
+
+/** Sockets a process holds (from /proc/PID/fd). */
+function sockets(pid: number): number {
+  let n = 0;
+  for (const fd of fs.readdirSync(`/proc/${pid}/fd`)) {
+    try {
+      if (fs.readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith('socket:')) n++;
+    } catch {
+      /* closed meanwhile */
+    }
+  }
+  return n;
+}
+
+const status = (pid: number, field: string) =>
+  new RegExp(`^${field}:\\s*(\\S+)`, 'm').exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+
+describe('the keeper under a flood of another user', () => {
+  test('holds none of the flood, keeps only CAP_KILL, ignores its signals, and restarts a killed serving process mid-flood; QEMU is answered', async (ctx) => {
+    const why = notRoot();
+    if (why) return ctx.skip(why);
+    const { daemon, sock } = await startDaemonOpenToAll(['--keeper', '--frame-timeout', '3']);
+    const keeper = daemon.proc.pid!;
+    const serving = () => Number(fs.readFileSync(`/proc/${keeper}/task/${keeper}/children`, 'utf8').trim().split(/\s+/)[0]);
+    const qemu = await LegacyClient.connect(sock);
+    onCleanup(() => qemu.close());
+    expect(await qemu.request(0x606, 0, process.pid)).toBe(0xa1003n);
+    // What the keeper holds now (its stdio, the listening socket, its channel, QEMU's connection).
+    await sleep(500);
+    const held = sockets(keeper);
+    expect(status(keeper, 'CapEff'), 'the keeper keeps CAP_KILL alone').toBe('0000000000000020');
+    expect(status(keeper, 'CapPrm')).toBe('0000000000000020');
+
+    const flood = await new PartialFrameFlood({ socketPath: sock, connections: 2000, bodyBytes: 16 * 1024, uid: NOBODY }).ready();
+    onCleanup(() => flood.stop());
+    await sleep(2000);
+    expect(sockets(keeper), "the flood's connections are not the keeper's").toBe(held);
+    expect(await killAs(NOBODY, 'TERM', keeper), 'another user cannot signal the keeper').not.toBe(0);
+    expect(await killAs(NOBODY, 'KILL', keeper)).not.toBe(0);
+
+    const first = serving();
+    process.kill(first, 'SIGKILL');
+    expect(await qemu.request(0x611, 0, process.pid), 'QEMU is answered by the next serving process').toBe(0x1000n);
+    expect(serving()).not.toBe(first);
+    await sleep(2000);
+    expect(sockets(keeper), 'still only what it held before').toBe(held);
+    expect(daemon.proc.exitCode, 'the keeper runs on').toBeNull();
+    expect(daemon.stderr()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept/);
+  }, 120_000);
+});
