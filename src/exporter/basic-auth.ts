@@ -15,14 +15,14 @@ import { bcryptVerify } from '../os/bcrypt.js';
 import { FailedCheckBudget } from './auth-failures.js';
 
 /** Remembered good (user, hash, password) triples; the oldest is forgotten first. */
-export const AUTH_CACHE_ENTRIES = 100;
+const AUTH_CACHE_ENTRIES = 100;
 /** bcrypt computations at once. */
 export const MAX_CONCURRENT_VERIFICATIONS = 2;
 /** Checks waiting for a turn; one more is answered 429 at once. */
-export const MAX_WAITING_VERIFICATIONS = 4;
+const MAX_WAITING_VERIFICATIONS = 4;
 
 /** What a request's credentials are: right, wrong (or none), or not checked now (too many failed checks, or too many waiting). */
-export type AuthVerdict = 'ok' | 'refused' | 'limited';
+type AuthVerdict = 'ok' | 'refused' | 'limited';
 /** An Authorization header longer than this is refused unread. */
 export const MAX_AUTHORIZATION_BYTES = 1024;
 

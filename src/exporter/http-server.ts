@@ -30,7 +30,7 @@ export const MAX_HTTP_CONNECTIONS = 32;
 /** A connection without a request in progress (headers not yet whole, or idle after a response) lives this long. */
 export const HTTP_IDLE_TIMEOUT_MS = 5_000;
 /** A request must be answered and sent within this time of its headers. */
-export const HTTP_REQUEST_TIMEOUT_MS = 10_000;
+const HTTP_REQUEST_TIMEOUT_MS = 10_000;
 
 export interface MetricsServer {
   /** Where it listens (the real port when 0 was asked). */
@@ -44,7 +44,7 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
-export interface MetricsServerOptions {
+interface MetricsServerOptions {
   /** The --web.config.file, or null for plain HTTP without authentication. */
   web?: WebConfigFile | null;
   hostSeries?: HostSeries;

@@ -713,9 +713,8 @@ export const O_EXCL = 0o200;
 export const O_NONBLOCK = 0o4000;
 export const O_DIRECTORY = 0o200000;
 export const O_NOFOLLOW = 0o400000;
-export const O_CLOEXEC = 0o2000000;
+const O_CLOEXEC = 0o2000000;
 export const O_PATH = 0o10000000;
-export const AT_REMOVEDIR = 0x200;
 
 /** openat(2): an fd of `name` in the directory `dirFd` (O_CLOEXEC added), or -errno (ELOOP: a symlink under O_NOFOLLOW). */
 export function openAt(dirFd: number, name: string, flags: number, mode = 0): number {

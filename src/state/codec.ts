@@ -32,7 +32,7 @@ import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domain
 import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
 import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type DomainsState, type StateSnapshot, type VmState } from './snapshot.js';
 
-export const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
+const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
 export const STATE_FORMAT_VERSION = 2;
 /** Every version decodeState reads: 1 has no other-domains section. */
 const READABLE_VERSIONS: readonly number[] = [1, 2];

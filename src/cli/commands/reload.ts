@@ -35,7 +35,7 @@ function listenerPid(socketPath: string): Promise<number> {
 }
 
 /** Why SIGHUP could not be sent to the daemon, and the fix (EPERM: it runs as another user). */
-export function signalRefused(pid: number, e: NodeJS.ErrnoException): string {
+function signalRefused(pid: number, e: NodeJS.ErrnoException): string {
   if (e.code === 'EPERM')
     return cannot(
       'reload',

@@ -8,7 +8,7 @@
  */
 
 /** How long no restart may have been asked before the exec. */
-export const RESTART_QUIET_MS = 1000;
+const RESTART_QUIET_MS = 1000;
 
 export class RestartRequests {
   private lastAt = -Infinity;

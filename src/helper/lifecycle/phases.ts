@@ -20,7 +20,7 @@ import type { StateSnapshot } from '../../state/snapshot.js';
 import { newLegacyCounters } from '../legacy/legacy-service.js';
 import { assembleServer, type ServerChain } from '../assemble-server.js';
 import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
-import { isQemuPeer } from '../../os/qemu-peer.js';
+import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
 import type { LateV2Handler } from '../server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../os/fd-budget.js';

@@ -8,7 +8,7 @@
  * the oldest first. Connections being served (QEMU's legacy session, a v2 client past its magic) are
  * not closed for another user, but for QEMU.
  *
- * QEMU first: a connection from a QEMU process (os/qemu-peer.ts; one per process) is outside every
+ * QEMU first: a connection from a QEMU process (discovery/qemu-peer.ts; one per process) is outside every
  * share, and when the slots are all taken it gets one by closing the oldest connection that is not
  * QEMU's, of the user holding the most such connections, served or not.
  */

@@ -74,7 +74,7 @@ export interface HelperServerOptions {
    */
   preferredPeer?: (peer: PeerCredentials) => boolean;
   /**
-   * Whether a peer is a QEMU process of the socket's group (os/qemu-peer.ts): its first connection
+   * Whether a peer is a QEMU process of the socket's group (discovery/qemu-peer.ts): its first connection
    * is outside every share and gets a slot whoever holds them (connection-seats.ts). Default: none is.
    */
   qemuPeer?: (peer: PeerCredentials) => boolean;

@@ -9,7 +9,7 @@
  */
 
 /** v2 requests answered per turn of the event loop, all connections together. */
-export const V2_REQUESTS_PER_TURN = 256;
+const V2_REQUESTS_PER_TURN = 256;
 
 let spent = 0;
 let resetQueued = false;

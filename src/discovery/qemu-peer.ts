@@ -8,9 +8,9 @@
  * more (connection-seats.ts), so a user needs a process per connection, as QEMU has.
  */
 import path from 'node:path';
-import { isQemuName } from '../discovery/names.js';
-import { readProcFile } from './proc-file.js';
-import { isPreferredPeer } from './preferred-owner.js';
+import { isQemuName } from './names.js';
+import { readProcFile } from '../os/proc-file.js';
+import { isPreferredPeer } from '../os/preferred-owner.js';
 
 /** Whether `peer` is a QEMU process of root or of one of `groups` (false when it is gone). */
 export function isQemuPeer(procRoot: string, peer: { pid: number; uid: number; gid: number }, groups: readonly number[]): boolean {
