@@ -5,7 +5,20 @@
  */
 import { spawnSync } from 'node:child_process';
 
-const all = ['compare', 'sampling', 'domains', 'replay', 'service', 'discovery', 'latency', 'exporter', 'statsfd', 'restart', 'guestdir'];
+const all = [
+  'compare',
+  'sampling',
+  'domains',
+  'replay',
+  'service',
+  'discovery',
+  'latency',
+  'exporter',
+  'statsfd',
+  'restart',
+  'guestdir',
+  'guestdir-writer',
+];
 const wanted = process.argv.slice(2);
 const unknown = wanted.filter((w) => !all.includes(w));
 if (unknown.length) {
