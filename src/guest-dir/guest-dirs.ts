@@ -20,9 +20,9 @@ import { StatsMirror, type StatsSource } from './stats-mirror.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
-export const GUEST_LOG_BURST = 20;
+const GUEST_LOG_BURST = 20;
 /** Samples between two full checks of every published directory, changed or not. */
-export const GUEST_AUDIT_EVERY = 60;
+const GUEST_AUDIT_EVERY = 60;
 
 /** A VM as the guest directories see it. */
 export interface GuestVm {

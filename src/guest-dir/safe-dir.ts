@@ -39,7 +39,7 @@ import {
 import { isHelperEntry, TEMP_PREFIX } from './tree.js';
 
 /** Entries a guest directory may hold before it is refused: checking each costs three calls. */
-export const MAX_GUEST_DIR_ENTRIES = 1000;
+const MAX_GUEST_DIR_ENTRIES = 1000;
 /** A directory changed this recently may change again within the file system's time granularity: checked again. */
 const SETTLE_NS = 50_000_000n;
 const FILE_MODE = 0o444;

@@ -25,14 +25,14 @@ export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
 /** The counter's range: energy_uj takes max_energy_range_uj itself before it wraps to 0. */
 export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
 
-export const ZONE_NAME_FILE = 'name';
+const ZONE_NAME_FILE = 'name';
 /** The statistics file, beside the zones. */
 export const GUEST_STATS_FILE = 'stats';
 /** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
 const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
 
 /** A zone of the tree: its directory name, its `name` attribute, and the VM's energy it counts (µJ, not wrapped). */
-export interface GuestZone {
+interface GuestZone {
   id: string;
   name: string;
   energyUj: bigint;

@@ -684,9 +684,8 @@ export const O_EXCL = 0o200;
 export const O_NONBLOCK = 0o4000;
 export const O_DIRECTORY = 0o200000;
 export const O_NOFOLLOW = 0o400000;
-export const O_CLOEXEC = 0o2000000;
+const O_CLOEXEC = 0o2000000;
 export const O_PATH = 0o10000000;
-export const AT_REMOVEDIR = 0x200;
 
 /** openat(2): an fd of `name` in the directory `dirFd` (O_CLOEXEC added), or -errno (ELOOP: a symlink under O_NOFOLLOW). */
 export function openAt(dirFd: number, name: string, flags: number, mode = 0): number {
@@ -704,7 +703,7 @@ export function renameAt(dirFd: number, from: string, to: string): number {
   return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
 }
 
-/** unlinkat(2) (AT_REMOVEDIR for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
+/** unlinkat(2) (flag 0x200, AT_REMOVEDIR, for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
 export function unlinkAt(dirFd: number, name: string, flags = 0): number {
   return (fn.unlinkat(dirFd, name, flags) as number) === 0 ? 0 : -koffi.errno();
 }

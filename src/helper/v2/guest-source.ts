@@ -7,7 +7,7 @@ import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { StatsFiles } from './stats-files.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 
-export interface GuestSourceParts {
+interface GuestSourceParts {
   registry: Pick<VmRegistry, 'all'>;
   sampling: Pick<SamplingService, 'output'>;
   stats: Pick<StatsFiles, 'vm'>;
