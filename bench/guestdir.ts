@@ -3,8 +3,9 @@
  *
  * Real daemons (the built entry, discovery off) side by side on one fake host (its package, core, DRAM
  * and PSYS counters counting), each with the same 500 stand-in VMs registered over v2 (C processes,
- * bench/native/idle-threads.c, of 8 threads that wake 4 times a second as an idle guest's timer does,
- * so every VM's energy changes at every interval and each of its zones is written anew each time).
+ * bench/native/idle-threads.c, of 8 threads that wake 4 times a second as an idle guest's timer does;
+ * they take too little CPU to be given energy, so their energy_uj files stay 0 and are not written
+ * again: this suite measures the bookkeeping and the statistics files; guestdir-writer.ts the files).
  * Half publish, each into its own guest directory on tmpfs (/dev/shm, as /run is on a host) holding
  * one DIR/<name>/ per VM, the others are started with --no-guest-dir. Their CPU (every thread, from
  * /proc/<pid>/task/N/schedstat) is read over the same windows after a warm-up (V8 optimises an

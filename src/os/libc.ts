@@ -732,7 +732,7 @@ export function renameAt(dirFd: number, from: string, to: string): number {
   return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
 }
 
-/** unlinkat(2) (AT_REMOVEDIR for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
+/** unlinkat(2) (flag 0x200, AT_REMOVEDIR, for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
 export function unlinkAt(dirFd: number, name: string, flags = 0): number {
   return (fn.unlinkat(dirFd, name, flags) as number) === 0 ? 0 : -koffi.errno();
 }

@@ -1,0 +1,76 @@
+/**
+ * The publisher alone (src/guest-dir/), in this process: GuestDirs.sample() for 500 VMs of one virtual
+ * package with package, core, DRAM and PSYS zones, each zone's value changed at every sample (a busy
+ * host: the worst case, every energy_uj written anew) and each VM's statistics file mirrored, into
+ * directories on tmpfs. CPU of this process per sample (user + system), after a warm-up. The daemon
+ * suite (guestdir.ts) measures the whole daemon, whose stand-in VMs rarely gain energy; this one
+ * measures what writing the files costs when they do.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { GuestDirs, type GuestDirSource, type GuestVm } from '../src/guest-dir/guest-dirs.js';
+import { encodeStatsFile } from '../src/protocol/stats/layout.js';
+import { vmStatsLayout } from '../src/protocol/stats/vm-stats.js';
+import type { VmOutput } from '../src/ratio/types.js';
+
+const VMS = 500;
+const WARMUP = 200;
+const SAMPLES = 400;
+
+function source(vms: GuestVm[], outs: VmOutput[], stats: { memory: ArrayBuffer; size: number }): GuestDirSource {
+  return {
+    vms: () => vms,
+    output: (vmId) => outs[vmId],
+    statsFile: () => stats,
+  };
+}
+
+/** µs of CPU per sample for `n` samples, each moving every zone's energy when `busy`. */
+function measure(g: GuestDirs, outs: VmOutput[], n: number, busy: boolean): { total: number; sys: number } {
+  const c0 = process.cpuUsage();
+  for (let i = 0; i < n; i++) {
+    if (busy)
+      for (const o of outs) {
+        o.vpkgs[0]!.energyUj += 1000n;
+        for (const d of o.domains!) d.vpkgEnergyUj[0]! += 700n;
+      }
+    g.sample();
+  }
+  const c = process.cpuUsage(c0);
+  return { total: (c.user + c.system) / n, sys: c.system / n };
+}
+
+export function writerCost(busy: boolean): { total: number; sys: number } {
+  const shm = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
+  const root = fs.mkdtempSync(path.join(shm, 'vmsr-bench-writer-'));
+  const vms: GuestVm[] = [];
+  const outs: VmOutput[] = [];
+  for (let k = 0; k < VMS; k++) {
+    fs.mkdirSync(path.join(root, `vm-${k}`));
+    vms.push({ vmId: k, uuid: null, name: `vm-${k}`, uid: 0, live: true });
+    const domains = (['core', 'dram', 'psys'] as const).map((domain) => ({ domain, vpkgEnergyJ: [0], vpkgEnergyUj: [0n] }));
+    outs.push({ vmId: k, pid: 1, ended: false, tNs: 1n, vpkgs: [{ vpkg: 0, energyJ: 0, energyUj: 0n, counter: 0 }], domains });
+  }
+  const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 8, tickExponent: -2, domains: ['core', 'dram', 'psys'] });
+  const bytes = encodeStatsFile(layout);
+  const stats = { memory: bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer, size: bytes.length };
+  const g = new GuestDirs(root, source(vms, outs, stats), pino({ level: 'silent' }));
+  try {
+    measure(g, outs, WARMUP, busy);
+    return measure(g, outs, SAMPLES, busy);
+  } finally {
+    g.close();
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+}
+
+export function run(): void {
+  console.log(`\n== guestdir-writer: the publisher alone, ${VMS} VMs x 4 zones and a statistics file, CPU per sample`);
+  for (const busy of [true, false]) {
+    const r = writerCost(busy);
+    const what = busy ? 'every zone changed at every sample' : 'no zone changed (idle VMs)';
+    console.log(`${what}: ${r.total.toFixed(0)} us (${r.sys.toFixed(0)} in the kernel), ${(r.total / VMS).toFixed(1)} us per VM`);
+  }
+}
