@@ -25,7 +25,7 @@ const GUEST_LOG_BURST = 20;
 const GUEST_AUDIT_EVERY = 60;
 
 /** A VM as the guest directories see it. */
-interface GuestVm {
+export interface GuestVm {
   vmId: number;
   uuid: Uint8Array | null;
   name: string | null;
