@@ -18,6 +18,7 @@ import { parseListenAddress, type ListenAddress } from '../exporter/listen-addre
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
+import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
 import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
 
 /**
@@ -274,6 +275,14 @@ export function addV2Options(cmd: Command): void {
         .default(DEFAULT_V2_LIMITS.maxVcpus),
     )
     .addOption(domainsOption())
+    .addOption(
+      new Option(
+        '--guest-energy <mode>',
+        "what a rapl=true guest reads: raw (the package counter, as QEMU's helper) or exact (its own VM's energy)",
+      )
+        .choices(GUEST_ENERGY_MODES)
+        .default(DEFAULT_GUEST_ENERGY),
+    )
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
     .addOption(
       new Option(
@@ -318,6 +327,7 @@ export interface V2CliOptions {
   domains?: EnergyDomain[];
   maxDiscoveredVms?: number;
   maxVmThreads?: number;
+  guestEnergy?: GuestEnergyMode;
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
@@ -332,6 +342,7 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
   if (opts.domains !== undefined) out.domains = opts.domains;
   if (opts.maxDiscoveredVms !== undefined) out.maxDiscoveredVms = opts.maxDiscoveredVms;
   if (opts.maxVmThreads !== undefined) out.maxVmThreads = opts.maxVmThreads;
+  if (opts.guestEnergy !== undefined) out.guestEnergy = opts.guestEnergy;
   if (opts.observerGroup !== undefined) {
     try {
       out.observerGid = group(opts.observerGroup);

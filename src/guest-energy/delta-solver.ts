@@ -32,7 +32,7 @@ export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
  * e_delta of 0 keeps that out of its counters.
  */
 export function underflows(threads: readonly LoopThread[]): boolean {
-  return threads.some((t) => t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0);
+  return threads.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0));
 }
 
 /** The largest e_delta whose credit is at most the target (0 when nothing can be credited safely). */
@@ -41,11 +41,17 @@ export function solveDelta(pr: PackageProblem): bigint {
   let vcpuTicks = 0n;
   for (const t of pr.threads) if (t.vpkg !== undefined) vcpuTicks += deltaTicks(t);
   if (vcpuTicks === 0n) return 0n;
-  // Each vCPU is credited at least e x d / maxticks - 1/2, so this bound credits more than the target.
-  let hi = ((pr.target + BigInt(pr.threads.length)) * BigInt(pr.maxTicks)) / vcpuTicks + 2n;
-  let lo = 0n;
-  if (creditedFrom(pr, 0n) > pr.target) return 0n;
-  while (creditedFrom(pr, hi) <= pr.target) hi *= 2n;
+  // QEMU's credit is e x (vCPU ticks) / maxticks plus what does not grow with e, each vCPU rounding
+  // by at most 1/2: the answer is within a few units' worth of the linear estimate. Bracket it there.
+  const base = creditedFrom(pr, 0n);
+  if (base > pr.target) return 0n;
+  const guess = ((pr.target - base) * BigInt(pr.maxTicks)) / vcpuTicks;
+  // (QEMU's share of the non-vCPU threads also grows with e, so the estimate may be high: gallop.)
+  let step = (BigInt(pr.threads.length + 1) * BigInt(pr.maxTicks)) / vcpuTicks + 1n;
+  let lo = guess > step ? guess - step : 0n;
+  for (let s = step; lo > 0n && creditedFrom(pr, lo) > pr.target; s *= 2n) lo = lo > s ? lo - s : 0n;
+  let hi = guess + step;
+  for (; creditedFrom(pr, hi) <= pr.target; step *= 2n) hi += step;
   // Invariant: credit(lo) <= target < credit(hi).
   while (hi - lo > 1n) {
     const mid = (lo + hi) / 2n;

@@ -110,7 +110,9 @@ export function closeWindow(
   const ofPkg = (p: number) => threads.filter((t) => t.pkg === p);
   const maxTicks = (p: number) => o.maxTicks.get(p) ?? 1;
   // What QEMU credits from its carried non-vCPU share whatever it is given comes off the target first.
-  const base = new Map(pkgs.map((p) => [p, creditedFrom({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: 0n }, 0n)]));
+  const base = new Map(
+    pkgs.map((p) => [p, creditedFrom({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: 0n }, 0n)]),
+  );
   let baseSum = 0;
   for (const b of base.values()) baseSum += Number(b);
   const shares = splitTarget(Math.max(0, Math.floor(s.owedUnits) - baseSum), pkgs, threads);

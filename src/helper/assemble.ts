@@ -29,6 +29,10 @@ import { openListener, type ListenOptions, type ListenTarget } from './server/li
 import { assembleServer, type ServerChainOptions } from './assemble-server.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
+import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
+import { GuestEnergy } from './guest/guest-energy.js';
+import { joulesPerCounterUnit } from '../ratio/counter.js';
+import { monotonicNs } from '../sampling/tick-loop.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -215,6 +219,8 @@ export interface V2DaemonSettings {
   maxDiscoveredVms?: number;
   /** --max-vm-threads (default DEFAULT_MAX_VM_THREADS). */
   maxVmThreads?: number;
+  /** --guest-energy (default raw). */
+  guestEnergy?: GuestEnergyMode;
 }
 
 /**
@@ -300,6 +306,18 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         ...(ctx.restored ? { restore: ctx.restored } : {}),
       });
       const service = v2.service;
+      if (o.guestEnergy === 'exact') {
+        const guest = new GuestEnergy({
+          procRoot: paths.procRoot,
+          host: v2.host,
+          unitJ: joulesPerCounterUnit(service.guestPowerUnit),
+          find: (pid) => service.guestVm(pid),
+          log: ctx.area('guest'),
+          clock: monotonicNs,
+          maxThreads: shares.maxVmThreads,
+        });
+        ctx.answerEnergyStatus((pid, cpu) => guest.answer(pid, cpu));
+      }
       ctx.onRestart({
         begin: () => service.restarting(),
         get drained() {
@@ -324,6 +342,7 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
           discovery: o.discovery,
           maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
           maxVmThreads: shares.maxVmThreads,
+          guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
           ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         },
         'v2 service ready',

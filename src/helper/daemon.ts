@@ -271,6 +271,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       ...(restored ? { restored } : {}),
       restarted: inh.how === 'restart' || restored !== undefined,
       onRestart: (p) => void participants.push(p),
+      answerEnergyStatus: (hook) => legacy?.setEnergyStatus(hook),
     };
     let v2Handler = opts.v2Handler;
     for (const p of opts.plugins ?? []) {

@@ -32,7 +32,9 @@ const windowArb = (nthreads: number, npkg: number) =>
 
 const scenarioArb = fc
   .record({ nvcpu: fc.integer({ min: 1, max: 3 }), nother: fc.integer({ min: 1, max: 3 }), npkg: fc.integer({ min: 1, max: 2 }) })
-  .chain((c) => fc.record({ c: fc.constant(c), windows: fc.array(windowArb(c.nvcpu + c.nother, c.npkg), { minLength: 1, maxLength: 25 }) }));
+  .chain((c) =>
+    fc.record({ c: fc.constant(c), windows: fc.array(windowArb(c.nvcpu + c.nother, c.npkg), { minLength: 1, maxLength: 25 }) }),
+  );
 
 describe('guest counters in exact mode, against QEMU run on their answers', () => {
   it('QEMU credits what the counters say, which is the attributed energy minus what is carried; no counter goes back', () => {
@@ -84,7 +86,12 @@ describe('guest counters in exact mode, against QEMU run on their answers', () =
           pkgs.forEach((p, i) => {
             const st = counterStep(s, p, now);
             expect(st.kind).toBe('end');
-            const v = i === 0 ? closeWindow(s, vm, { pkg: p, end, exactJ: attributed, unitJ: UNIT_J, maxTicks }) : st.kind === 'end' && !st.first ? st.value : NaN;
+            const v =
+              i === 0
+                ? closeWindow(s, vm, { pkg: p, end, exactJ: attributed, unitJ: UNIT_J, maxTicks })
+                : st.kind === 'end' && !st.first
+                  ? st.value
+                  : NaN;
             eEnd.set(p, answer(p, v));
           });
           // QEMU, on what it was answered and what it reads of its threads.
@@ -95,7 +102,10 @@ describe('guest counters in exact mode, against QEMU run on their answers', () =
           });
           const eDelta = new Map(pkgs.map((p) => [p, qemuEnergyDelta(eStart.get(p)!, eEnd.get(p)!)]));
           const zero = copyLoopState(qemu);
-          const alone = runIteration(zero, { threads: seen, eDelta: new Map(pkgs.map((p) => [p, 0n])), maxTicks }).reduce((a, b) => a + b, 0n);
+          const alone = runIteration(zero, { threads: seen, eDelta: new Map(pkgs.map((p) => [p, 0n])), maxTicks }).reduce(
+            (a, b) => a + b,
+            0n,
+          );
           const credits = runIteration(qemu, { threads: seen, eDelta, maxTicks });
           const credited = credits.reduce((a, b) => a + b, 0n);
           expect(credited, 'QEMU credits what the model said').toBe(BigInt(s.creditedUnits - before));
@@ -104,7 +114,9 @@ describe('guest counters in exact mode, against QEMU run on their answers', () =
           expect(s.creditedUnits + s.owedUnits).toBeCloseTo(attributed / UNIT_J, 3);
           // What is carried: a window that could not be paid (an exit, no vCPU ticks) carries all,
           // otherwise less than one step of QEMU's rounding.
-          const vcpuTicks = seen.filter((t) => t.vpkg !== undefined && t.ticks1 !== null).reduce((a, t) => a + Math.max(0, t.ticks1! - t.ticks0), 0);
+          const vcpuTicks = seen
+            .filter((t) => t.vpkg !== undefined && t.ticks1 !== null)
+            .reduce((a, t) => a + Math.max(0, t.ticks1! - t.ticks0), 0);
           const underflow = seen.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0)) || (gone >= 0 && w.reuse);
           const slack = seen.length * 2 + seen.reduce((a, t) => a + Math.max(0, (t.ticks1 ?? 0) - t.ticks0), 0) / 200 + 2;
           if (!underflow && vcpuTicks > 0 && pkgs.length === 1) expect(s.owedUnits).toBeLessThan(slack * 2);

@@ -1,5 +1,12 @@
 import { describe, expect, it } from 'vitest';
-import { freshLoopState, lroundU64, qemuEnergyDelta, ratioUnits, runIteration, type LoopThread } from '../../src/guest-energy/qemu-vmsr-loop.js';
+import {
+  freshLoopState,
+  lroundU64,
+  qemuEnergyDelta,
+  ratioUnits,
+  runIteration,
+  type LoopThread,
+} from '../../src/guest-energy/qemu-vmsr-loop.js';
 
 const M = 200; // CLK_TCK 100 x 2 CPUs
 const maxTicks = new Map([[0, M]]);
@@ -23,9 +30,13 @@ describe("the model of QEMU's vmsr loop", () => {
     expect(qemuEnergyDelta(5n, 9n)).toBe(4n);
   });
 
-  it("keeps e_ratio and nb_vcpu from iteration to iteration: the non-vCPU share is divided by a count that only grows", () => {
+  it('keeps e_ratio and nb_vcpu from iteration to iteration: the non-vCPU share is divided by a count that only grows', () => {
     const s = freshLoopState(1);
-    const w = (k: number) => ({ threads: [vcpu(11, k * 50, k * 50 + 50), other(12, k * 10, k * 10 + 10)], eDelta: new Map([[0, 100_000n]]), maxTicks });
+    const w = (k: number) => ({
+      threads: [vcpu(11, k * 50, k * 50 + 50), other(12, k * 10, k * 10 + 10)],
+      eDelta: new Map([[0, 100_000n]]),
+      maxTicks,
+    });
     const credits = [0, 1, 2, 3].map((k) => runIteration(s, w(k))[0]);
     // vCPU: 100000 x 50 / 200 = 25000; other: 5000 added to e_ratio, then e_ratio / nb_vcpu (1, 2, 3, 4).
     expect(credits).toEqual([25_000n + 5_000n, 25_000n + 5_000n, 25_000n + 3_333n, 25_000n + 2_083n]);

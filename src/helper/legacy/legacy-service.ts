@@ -6,7 +6,7 @@
  */
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';
-import { LEGACY_ALLOWED_MSRS } from '../../msr/registers.js';
+import { LEGACY_ALLOWED_MSRS, MSR_PKG_ENERGY_STATUS } from '../../msr/registers.js';
 import type { Vendor } from '../../ratio/types.js';
 import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../../msr/legacy-registers.js';
 import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../../protocol/legacy.js';
@@ -85,9 +85,16 @@ export function newLegacyCounters(): LegacyCounters {
   return { ok: 0, refused: 0, failed: 0 };
 }
 
+/**
+ * Answers MSR_PKG_ENERGY_STATUS for a peer and cpu itself (--guest-energy exact), or returns
+ * undefined to leave the request raw.
+ */
+export type EnergyStatusHook = (peerPid: number, cpu: number) => bigint | undefined;
+
 export class LegacyService {
   /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
   private readonly plans = new Map<number, LegacyPlan>();
+  private energyStatus: EnergyStatusHook | undefined;
   readonly counters: LegacyCounters;
 
   readonly limiter: LogLimiter;
@@ -99,6 +106,11 @@ export class LegacyService {
       const plan = legacyPlan(o.vendor, msr);
       if (plan !== null) this.plans.set(msr, plan);
     }
+  }
+
+  /** Installs the guest-energy hook (set once the v2 service is up; QEMU is answered raw until then). */
+  setEnergyStatus(hook: EnergyStatusHook): void {
+    this.energyStatus = hook;
   }
 
   /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
@@ -136,6 +148,12 @@ export class LegacyService {
         `QEMU asked for an MSR, but ${this.o.noMsrs}; replying 0 (load msr and use --energy-source msr)`,
       );
       return zero(out, offset);
+    }
+    const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.(peerPid, req.cpu) : undefined;
+    if (own !== undefined) {
+      out.writeBigUInt64LE(own, offset);
+      c.ok++;
+      return true;
     }
     try {
       if (plan.kind === 'read') {

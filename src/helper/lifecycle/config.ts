@@ -6,6 +6,7 @@
 import type { MsrDevice } from '../../msr/device.js';
 import type { HostPaths } from '../../msr/host-paths.js';
 import type { AmdSynthConfig } from '../../msr/legacy-registers.js';
+import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 import type { HostCpu, Vendor } from '../../ratio/types.js';
 import type { Logger, LogLevel } from '../../logging/logger.js';
 import type { FdBudget } from '../../os/fd-budget.js';
@@ -89,6 +90,8 @@ export interface DaemonContext {
   restarted: boolean;
   /** Takes part in restarts: the state is taken from the first participant. */
   onRestart(p: RestartParticipant): void;
+  /** Answers QEMU's MSR_PKG_ENERGY_STATUS requests through `hook` from now on (--guest-energy exact). */
+  answerEnergyStatus(hook: EnergyStatusHook): void;
 }
 
 export interface DaemonPlugin {

@@ -44,6 +44,7 @@ import { cannot } from '../../common/errors.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
+import { guestVmOf, type GuestVmView } from '../guest/guest-vm.js';
 
 export type { FdAdmitter, V2Limits, V2Handler, Discovery, HealthSource, SendWithFds };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -119,6 +120,10 @@ export interface V2Service {
   snapshot(): StateSnapshot;
   /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
   readonly restored: Result<RestoreReport> | null;
+  /** The unit QEMU passes to its guests (package 0's MSR_RAPL_POWER_UNIT). */
+  readonly guestPowerUnit: bigint;
+  /** The live VM whose process is `pid`, as guest energy needs it (--guest-energy exact). */
+  guestVm(pid: number): GuestVmView | undefined;
   /**
    * The helper restarts (docs/daemon.md "Restarts"): every connection gets ERROR RESTARTING (request
    * type 0) and is closed, and its registrations stay, to be saved in the snapshot and taken over by
@@ -390,6 +395,10 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
       restarting = false;
       for (const id of orphaned.splice(0)) for (const vmId of registry.vmsOf(id)) lifecycle.release(vmId);
     },
+    get guestPowerUnit() {
+      return engine.guestPowerUnit;
+    },
+    guestVm: (pid) => guestVmOf(registry, sampling, pid),
     snapshot: () => capture({ registry, sampling, energy, ...(o.discovery ? { discovery: o.discovery } : {}) }, engine.guestPowerUnit),
     restored,
   };

@@ -1,0 +1,164 @@
+/**
+ * --guest-energy exact with a real QEMU 10: the guest's own MSR_PKG_ENERGY_STATUS (printed by the
+ * spin guest in mode s, one line per QEMU window) against the energy the helper attributed to the
+ * VM over the same windows. The helper logs each window it closed (-T guest: what its model of
+ * QEMU's loop says the guest's counter now is, and the attributed energy); the test finds every
+ * printed guest value in that list, which checks the model against the real QEMU, and takes
+ * guest / exact over spans of 20 windows (about 20 s).
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, test } from 'vitest';
+import { hostArgs, startHelper, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { EnergyPump } from '../support/energy-pump.js';
+import { raplFakeHost } from '../support/rapl-host.js';
+import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+
+const cleanups: (() => Promise<unknown> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+const E0 = 0x2a00_0000;
+const RATE = 120_000;
+const LONG = 400_000;
+
+/** One window the helper closed, as its debug log says (time: ms since the epoch). */
+interface HelperWindow {
+  window: number;
+  at: number;
+  credited: number;
+  exact: number;
+  guest: number[];
+}
+
+function helperWindows(h: DaemonChild): HelperWindow[] {
+  const out: HelperWindow[] = [];
+  for (const line of h.stderr().split('\n')) {
+    if (!line.includes('"msg":"guest window"')) continue;
+    const r = JSON.parse(line) as HelperWindow & { time: string };
+    out.push({ window: r.window, at: Date.parse(r.time), credited: r.credited, exact: r.exact, guest: r.guest });
+  }
+  return out;
+}
+
+export interface Run {
+  h: DaemonChild;
+  q: RaplQemu;
+  serial: GuestSerial;
+  pump: EnergyPump;
+  dir: string;
+}
+
+/** Helper in exact mode, a RAPL QEMU (mode s), the package counter running. */
+async function startRun(o: { name: string; qemuArgs?: string[]; helperArgs?: string[]; start?: number } = { name: 'exact' }): Promise<Run> {
+  const made = raplFakeHost('intel', o.start ?? E0);
+  cleanups.push(() => made.host.cleanup());
+  const dir = tempDir('vmsr-guest-');
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const sock = path.join(dir, 'vmsr.sock');
+  const h = await startHelper([
+    '-k',
+    sock,
+    ...hostArgs(made.host, 'intel'),
+    '--guest-energy',
+    'exact',
+    '-T',
+    'guest',
+    ...(o.helperArgs ?? []),
+  ]);
+  cleanups.push(() => h.stop());
+  const pump = new EnergyPump(made.host, { msr: made.energyMsr, start: o.start ?? E0, unitsPerSecond: RATE });
+  pump.start();
+  cleanups.push(() => pump.stop());
+  const q = await startRaplQemu({ socket: sock, dir, name: o.name, mode: 's', ...(o.qemuArgs ? { extraArgs: o.qemuArgs } : {}) });
+  cleanups.push(() => q.stop());
+  return { h, q, serial: new GuestSerial(q.serialPath), pump, dir };
+}
+
+/** Waits until the helper closed `n` windows in exact mode, following the guest's lines meanwhile. */
+async function windowsClosed(r: Run, n: number, ms = 200_000, during?: () => Promise<void> | void): Promise<void> {
+  const end = Date.now() + ms;
+  while (helperWindows(r.h).length < n) {
+    if (!r.q.alive()) throw new Error(`QEMU exited: ${r.q.stderr()}`);
+    if (Date.now() > end)
+      throw new Error(`the helper closed ${helperWindows(r.h).length} of ${n} exact windows in ${ms} ms:\n${r.h.stderr().slice(-3000)}`);
+    r.serial.poll();
+    await during?.();
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  r.serial.poll();
+}
+
+interface Measured {
+  printed: number;
+  /** Printed lines whose growth since the line before is what the helper's model said QEMU credited. */
+  modelExact: number;
+  modelChecked: number;
+  ratios: number[];
+}
+
+/**
+ * Each guest line (vpkg `vpkg`'s counter) goes with the helper's window closed last before the test
+ * saw it (QEMU prints within milliseconds of the window's end; lines are polled every 50 ms);
+ * guest / exact over every span of at least `span` windows between two such lines.
+ */
+function measure(r: Run, span = 20, vpkg = 0): Measured {
+  const wins = helperWindows(r.h);
+  const lines = r.serial.energy();
+  const paired = lines
+    .map((l) => ({ value: Number(l.value), w: wins.filter((w) => w.at <= l.seenAt + 5).at(-1) }))
+    .filter((p): p is { value: number; w: HelperWindow } => p.w !== undefined && p.w.window > 1);
+  let modelExact = 0;
+  let modelChecked = 0;
+  for (let i = 1; i < paired.length; i++) {
+    const a = paired[i - 1]!;
+    const b = paired[i]!;
+    if (b.w.window !== a.w.window + 1) continue;
+    modelChecked++;
+    if ((b.value - a.value + 2 ** 32) % 2 ** 32 === (b.w.guest[vpkg]! - a.w.guest[vpkg]! + 2 ** 32) % 2 ** 32) modelExact++;
+  }
+  const ratios: number[] = [];
+  for (const a of paired) {
+    const b = paired.find((p) => p.w.window >= a.w.window + span);
+    if (b === undefined) break;
+    ratios.push(((b.value - a.value + 2 ** 32) % 2 ** 32) / (b.w.exact - a.w.exact));
+  }
+  return { printed: lines.length, modelExact, modelChecked, ratios };
+}
+
+function report(label: string, m: Measured): { min: number; max: number } {
+  const min = Math.min(...m.ratios);
+  const max = Math.max(...m.ratios);
+  console.log(
+    `${label}: guest/exact over 20 windows ${min.toFixed(4)} - ${max.toFixed(4)} (${m.ratios.length} spans); ` +
+      `QEMU credited exactly what the helper's model said in ${m.modelExact} of ${m.modelChecked} windows (${m.printed} guest lines)`,
+  );
+  return { min, max };
+}
+
+function raplTest(name: string, body: () => Promise<void>): void {
+  test(
+    name,
+    async (ctx) => {
+      const why = raplQemuMissing();
+      if (why) return ctx.skip(why);
+      await body();
+    },
+    LONG,
+  );
+}
+
+describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy', () => {
+  raplTest('steady state: the guest reads the energy the helper attributed, within 0.995-1.005 over 20 s windows', async () => {
+    const r = await startRun({ name: 'steady' });
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    if (process.env.GE_DEBUG) fs.writeFileSync(process.env.GE_DEBUG, r.h.stderr());
+    const { min, max } = report('steady', m);
+    expect(m.ratios.length).toBeGreaterThan(5);
+    expect(m.modelExact, "QEMU's credit is the model's in most windows").toBeGreaterThanOrEqual(m.modelChecked * 0.7);
+    expect(min).toBeGreaterThanOrEqual(0.995);
+    expect(max).toBeLessThanOrEqual(1.005);
+  });
+});
