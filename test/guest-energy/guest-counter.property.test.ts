@@ -54,7 +54,7 @@ describe('guest counters in exact mode, against QEMU run on their answers', () =
         let now = 1_000_000_000n;
         let attributed = 0;
         let nextTid = 1000;
-        let lastAnswer = new Map<number, number>();
+        const lastAnswer = new Map<number, number>();
         const answer = (pkg: number, v: number) => {
           expect(v, 'a counter never goes back').toBeGreaterThanOrEqual(lastAnswer.get(pkg) ?? 0);
           lastAnswer.set(pkg, v);
@@ -75,7 +75,7 @@ describe('guest counters in exact mode, against QEMU run on their answers', () =
           // The window: ticks, an exit or a reused tid (never a vCPU), a new thread, energy attributed.
           const ended = threads.map((t, i) => ({ ...t, ticks: t.ticks + w.dticks[i % w.dticks.length]!, pkg: w.pkgs[i % w.pkgs.length]! }));
           const gone = w.exit >= c.nvcpu ? ended[w.exit]!.tid : -1;
-          let after = ended.filter((t) => t.tid !== gone);
+          const after = ended.filter((t) => t.tid !== gone);
           if (gone >= 0 && w.reuse) after.push({ tid: gone, starttime: 99, ticks: 3, pkg: 0 });
           after.push({ tid: nextTid++, starttime: 5, ticks: 1, pkg: 0 });
           attributed += w.energyJ;
