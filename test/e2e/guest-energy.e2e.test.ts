@@ -13,6 +13,9 @@ import { hostArgs, startHelper, tempDir, type DaemonChild } from '../daemon/supp
 import { EnergyPump } from '../support/energy-pump.js';
 import { raplFakeHost } from '../support/rapl-host.js';
 import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { spawn, spawnSync } from 'node:child_process';
+import { QmpClient } from '../../src/client/qmp.js';
+import { parseStatLine } from '../../src/ratio/stat.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -161,4 +164,85 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     expect(min).toBeGreaterThanOrEqual(0.995);
     expect(max).toBeLessThanOrEqual(1.005);
   });
+
+  raplTest('2 vCPUs in 2 guest sockets: the boot vCPU (virtual package 0) reads what the VM was attributed, within 0.98-1.02', async () => {
+    const r = await startRun({ name: 'two-sockets', qemuArgs: ['-smp', '2,sockets=2,cores=1'] });
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    const { min, max } = report('2 sockets (vpkg 0 against the VM)', m);
+    expect(m.ratios.length).toBeGreaterThan(5);
+    expect(min).toBeGreaterThanOrEqual(0.98);
+    expect(max).toBeLessThanOrEqual(1.02);
+  });
+
+  raplTest("a host hog on the vCPU's CPU: guest/exact within 0.98-1.02", async () => {
+    const r = await startRun({ name: 'hog' });
+    const vcpu = vcpuTid(r.q.pid);
+    // The vCPU and a busy loop share CPU 0.
+    spawnSync('taskset', ['-p', '-c', '0', String(vcpu)]);
+    const hog = spawn('taskset', ['-c', '0', 'sh', '-c', 'while :; do :; done'], { stdio: 'ignore' });
+    cleanups.push(() => void hog.kill('SIGKILL'));
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    const { min, max } = report('host hog', m);
+    expect(m.ratios.length).toBeGreaterThan(5);
+    expect(min).toBeGreaterThanOrEqual(0.98);
+    expect(max).toBeLessThanOrEqual(1.02);
+  });
+
+  raplTest('the package counter wraps during the run: guest/exact within 0.98-1.02 across the wrap', async () => {
+    // About 25 s before 2^32: the wrap falls in the middle of the measured windows.
+    const r = await startRun({ name: 'wrap', start: 2 ** 32 - RATE * 25 });
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    const { min, max } = report('wrap', m);
+    expect(m.ratios.length).toBeGreaterThan(5);
+    expect(min).toBeGreaterThanOrEqual(0.98);
+    expect(max).toBeLessThanOrEqual(1.02);
+  });
+
+  raplTest('thread churn (QMP migrate + migrate_cancel every 2 s): guest/exact within 0.98-1.02', async () => {
+    const r = await startRun({ name: 'churn', qemuArgs: ['-qmp', `unix:${path.join(tempDirOf(), 'churn.qmp')},server=on,wait=off`] });
+    const qmp = await QmpClient.connect(path.join(tempDirOf(), 'churn.qmp'));
+    cleanups.push(() => qmp.close());
+    // 1 MiB/s: a migration of the 64 MiB guest never finishes before it is cancelled (a finished one would pause the guest).
+    await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
+    let next = 0;
+    let cycles = 0;
+    await windowsClosed(r, 50, 300_000, async () => {
+      if (Date.now() < next) return;
+      next = Date.now() + 2000;
+      await qmp.execute('migrate', { uri: 'exec:cat > /dev/null' }).catch(() => undefined);
+      await new Promise((res) => setTimeout(res, 300));
+      await qmp.execute('migrate_cancel').catch(() => undefined);
+      await qmp.execute('cont').catch(() => undefined);
+      cycles++;
+    });
+    const m = measure(r);
+    const { min, max } = report(`churn (${cycles} migrations started and cancelled)`, m);
+    expect(cycles).toBeGreaterThan(10);
+    expect(m.ratios.length).toBeGreaterThan(5);
+    expect(min).toBeGreaterThanOrEqual(0.98);
+    expect(max).toBeLessThanOrEqual(1.02);
+  });
 });
+
+let qmpDir: string | undefined;
+/** A directory for a QMP socket, removed after the test. */
+function tempDirOf(): string {
+  if (qmpDir === undefined || !fs.existsSync(qmpDir)) {
+    const d = tempDir('vmsr-qmp-');
+    qmpDir = d;
+    cleanups.push(() => fs.rmSync(d, { recursive: true, force: true }));
+  }
+  return qmpDir;
+}
+
+/** The tid of QEMU's first vCPU thread ("CPU 0/KVM"). */
+function vcpuTid(pid: number): number {
+  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
+    const st = parseStatLine(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, 'latin1'));
+    if (st.ok && st.value.comm === 'CPU 0/KVM') return Number(t);
+  }
+  throw new Error(`QEMU ${pid} has no "CPU 0/KVM" thread`);
+}
