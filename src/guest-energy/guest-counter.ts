@@ -28,6 +28,8 @@ export interface GuestVm {
 
 /** Plain data: the whole state of one VM's guest counters (restart state). */
 export interface GuestCounterState {
+  /** The helper's id of the VM (host VM id). */
+  vmId: number;
   pid: number;
   starttime: number;
   /** Per host package: the counter answered (units of the guest's energy unit). */
@@ -53,8 +55,9 @@ export type CounterStep =
   | { kind: 'end'; first: true; needs: 'window' }
   | { kind: 'end'; first: false; value: number };
 
-export function freshGuestCounter(pid: number, starttime: number, nvpkg: number, exactJ: number): GuestCounterState {
+export function freshGuestCounter(vmId: number, pid: number, starttime: number, nvpkg: number, exactJ: number): GuestCounterState {
   return {
+    vmId,
     pid,
     starttime,
     counters: new Map(),

@@ -306,8 +306,9 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         ...(ctx.restored ? { restore: ctx.restored } : {}),
       });
       const service = v2.service;
+      let guest: GuestEnergy | undefined;
       if (o.guestEnergy === 'exact') {
-        const guest = new GuestEnergy({
+        guest = new GuestEnergy({
           procRoot: paths.procRoot,
           host: v2.host,
           unitJ: joulesPerCounterUnit(service.guestPowerUnit),
@@ -316,14 +317,16 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
           clock: monotonicNs,
           maxThreads: shares.maxVmThreads,
         });
-        ctx.answerEnergyStatus((pid, cpu) => guest.answer(pid, cpu));
+        if (ctx.restored?.guest) guest.restore(ctx.restored.guest);
+        const g = guest;
+        ctx.answerEnergyStatus((pid, cpu) => g.answer(pid, cpu));
       }
       ctx.onRestart({
         begin: () => service.restarting(),
         get drained() {
           return service.drained;
         },
-        snapshot: () => service.snapshot(),
+        snapshot: () => (guest ? { ...service.snapshot(), guest: guest.state() } : service.snapshot()),
         abort: () => service.restartAborted(),
       });
       // The first scan runs with the privileges the daemon keeps, not those it starts with.

@@ -49,7 +49,7 @@ describe('guest counters in exact mode, against QEMU run on their answers', () =
         ]);
         let threads: ThreadSpec[] = [];
         for (let i = 0; i < c.nvcpu + c.nother; i++) threads.push({ tid: PID + 1 + i, starttime: 1, ticks: 10, pkg: 0 });
-        const s = freshGuestCounter(PID, 1, 2, 0);
+        const s = freshGuestCounter(1, PID, 1, 2, 0);
         const qemu = freshLoopState(2);
         let now = 1_000_000_000n;
         let attributed = 0;

@@ -103,6 +103,21 @@ export class GuestEnergy {
     return undefined;
   }
 
+  /** Every exact-mode VM's counters, for the restart state. */
+  state(): GuestCounterState[] {
+    const out: GuestCounterState[] = [];
+    for (const p of this.peers.values()) if (p.counter !== undefined) out.push(p.counter);
+    return out;
+  }
+
+  /** Counters a previous process saved: their QEMUs go on with the same counters and model. */
+  restore(saved: readonly GuestCounterState[]): void {
+    for (const c of saved) {
+      this.peers.set(c.pid, { phases: c.phases, windowsSeen: c.windows, version: 'modelled', vmId: c.vmId, counter: c });
+    }
+    if (saved.length > 0) this.o.log.info({ vms: saved.length }, 'guest energy: counters restored');
+  }
+
   private peer(pid: number): Peer {
     let p = this.peers.get(pid);
     if (p === undefined) {
@@ -118,7 +133,7 @@ export class GuestEnergy {
     if (vm === undefined) return false;
     if (peer.version === 'unknown') this.readVersion(pid, peer, vm);
     if (peer.version !== 'modelled') return false;
-    const c = freshGuestCounter(pid, vm.starttime, vm.nvpkg, vm.exactJ);
+    const c = freshGuestCounter(vm.vmId, pid, vm.starttime, vm.nvpkg, vm.exactJ);
     c.phases = { ...peer.phases, pkgs: [...peer.phases.pkgs] };
     // The windows QEMU ran before: each counted its vCPUs into nb_vcpu (on the package they sit on now).
     const before = peer.windowsSeen - 1;
