@@ -21,7 +21,7 @@ import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
-import type { DaemonPlugin } from './lifecycle/config.js';
+import type { DaemonContext, DaemonPlugin } from './lifecycle/config.js';
 import { newLegacyCounters, type LegacyCounters, type LegacyService } from './legacy/legacy-service.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
 import type { HelperServer } from './server/server.js';
@@ -71,6 +71,8 @@ export interface V2ChainOptions {
   /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
   restore?: StateSnapshot;
   restoreWaitMs?: number;
+  /** --guest-energy exact: a VM's guest energy against its exact energy (V2ServiceOptions.guest). */
+  guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
 }
 
 export interface V2Chain {
@@ -148,6 +150,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     sendWithFds: sendWithFdsOnSocket,
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
+    ...(o.guest ? { guest: o.guest } : {}),
   });
   return {
     host,
@@ -276,6 +279,8 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
       });
       const limiter = new LogLimiter(log);
+      // Made once the service is (it finds VMs through it); the statistics files ask it from the start.
+      let guest: GuestEnergy | undefined;
       const v2 = await assembleV2({
         paths,
         device: ctx.device,
@@ -304,19 +309,11 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
         ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
         health: ctx.health,
         ...(ctx.restored ? { restore: ctx.restored } : {}),
+        ...(o.guestEnergy === 'exact' ? { guest: (vmId: number) => guest?.view(vmId) } : {}),
       });
       const service = v2.service;
-      let guest: GuestEnergy | undefined;
       if (o.guestEnergy === 'exact') {
-        guest = new GuestEnergy({
-          procRoot: paths.procRoot,
-          host: v2.host,
-          unitJ: joulesPerCounterUnit(service.guestPowerUnit),
-          find: (pid) => service.guestVm(pid),
-          log: ctx.area('guest'),
-          clock: monotonicNs,
-          maxThreads: shares.maxVmThreads,
-        });
+        guest = exactGuestEnergy(ctx, v2.host, service, shares.maxVmThreads);
         if (ctx.restored?.guest) guest.restore(ctx.restored.guest);
         const g = guest;
         ctx.answerEnergyStatus((pid, cpu) => g.answer(pid, cpu));
@@ -353,4 +350,20 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       return { v2Handler: v2.service.handler };
     },
   };
+}
+
+/**
+ * --guest-energy exact's answers (helper/guest/guest-energy.ts), on the host's topology and the
+ * guest's energy unit (the engine's: QEMU passes the host's unit to its guests).
+ */
+function exactGuestEnergy(ctx: DaemonContext, host: HostInfo, service: V2Service, maxThreads: number): GuestEnergy {
+  return new GuestEnergy({
+    procRoot: ctx.config.hostPaths.procRoot,
+    host,
+    unitJ: joulesPerCounterUnit(service.guestPowerUnit),
+    find: (pid) => service.guestVm(pid),
+    log: ctx.area('guest'),
+    clock: monotonicNs,
+    maxThreads,
+  });
 }

@@ -89,6 +89,8 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
    * process) before it is released as if its connection had closed; default RESTORED_REGISTRATION_WAIT_MS.
    */
   restoreWaitMs?: number;
+  /** --guest-energy exact: a VM's guest energy against its exact energy (statistics files). */
+  guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
 }
 
 /** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
@@ -263,6 +265,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     log: o.log,
     clock: o.clock ?? monotonicNs,
     ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
+    ...(o.guest ? { guest: o.guest } : {}),
     capacity: () => ({
       registered: { used: registry.size, max: o.limits.maxVms },
       discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
