@@ -5,7 +5,19 @@
  */
 import { spawnSync } from 'node:child_process';
 
-const all = ['compare', 'sampling', 'domains', 'replay', 'service', 'discovery', 'latency', 'exporter', 'statsfd', 'restart'];
+const all = [
+  'compare',
+  'sampling',
+  'domains',
+  'replay',
+  'service',
+  'discovery',
+  'latency',
+  'exporter',
+  'statsfd',
+  'restart',
+  'guest-energy',
+];
 const wanted = process.argv.slice(2);
 const unknown = wanted.filter((w) => !all.includes(w));
 if (unknown.length) {
