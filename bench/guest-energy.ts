@@ -4,7 +4,7 @@
  * sends them on a one-package host, a window's start read then its end read 1 s later (on a clock
  * the bench advances), so every request is one QEMU makes. The "VM" is this process (its threads
  * read from /proc as a QEMU's would be: about 10 here); raw reads the fake host's MSR file.
- * Goal (issue 29): exact costs at most 1.2x raw. Prints ratios; never fails on timing.
+ * Goal (docs/guest-energy.md): exact costs at most 1.2x raw. Prints ratios; never fails on timing.
  */
 import pino from 'pino';
 import { FakeHost } from '../test/support/fake-host.js';
