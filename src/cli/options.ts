@@ -18,7 +18,7 @@ import { parseListenAddress, type ListenAddress } from '../exporter/listen-addre
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
-import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
+import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
 import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
 
 /**
@@ -281,6 +281,7 @@ export function addV2Options(cmd: Command): void {
         "what a rapl=true guest reads: raw (the package counter, as QEMU's helper) or exact (its own VM's energy)",
       )
         .choices(GUEST_ENERGY_MODES)
+        .env(GUEST_ENERGY_ENV)
         .default(DEFAULT_GUEST_ENERGY),
     )
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))

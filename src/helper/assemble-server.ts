@@ -29,6 +29,8 @@ export interface ServerChainOptions {
   area(name: string): Logger;
   /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures). */
   counters?: LegacyCounters;
+  /** --guest-energy exact: hold MSR_PKG_ENERGY_STATUS at 0 until the guest-energy hook is set (LegacyServiceOptions). */
+  holdEnergyStatus?: boolean;
   /** The daemon's connection limits; the server's defaults otherwise. */
   server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer'>;
 }
@@ -47,6 +49,7 @@ export function assembleServer(o: ServerChainOptions): { legacy: LegacyService; 
     ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
     logger: o.area('legacy'),
     ...(o.counters ? { counters: o.counters } : {}),
+    ...(o.holdEnergyStatus === true ? { holdEnergyStatus: true } : {}),
   });
   const server = new HelperServer({
     listener: o.listener,

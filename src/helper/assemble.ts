@@ -314,9 +314,9 @@ export function v2DaemonPlugin(o: V2DaemonSettings): DaemonPlugin {
       const service = v2.service;
       if (o.guestEnergy === 'exact') {
         guest = exactGuestEnergy(ctx, v2.host, service, shares.maxVmThreads);
-        if (ctx.restored?.guest) guest.restore(ctx.restored.guest);
         const g = guest;
-        ctx.answerEnergyStatus((pid, cpu) => g.answer(pid, cpu));
+        const held = ctx.answerEnergyStatus((pid, cpu) => g.answer(pid, cpu));
+        g.restore(ctx.restored?.guest ?? [], held);
       }
       ctx.onRestart({
         begin: () => service.restarting(),

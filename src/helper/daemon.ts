@@ -240,6 +240,8 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       listener,
       area,
       counters: legacyCounters,
+      // Only a restart has QEMUs mid-window whose counters the state holds; a fresh start answers raw.
+      holdEnergyStatus: config.holdEnergyStatus === true && handed.state !== undefined,
       server: {
         maxConnections,
         // Root and the socket's group (every QEMU) are bound by --max-connections only; other users by their share.
@@ -271,7 +273,7 @@ export async function runDaemon(config: DaemonConfig, opts: RunDaemonOptions = {
       ...(restored ? { restored } : {}),
       restarted: inh.how === 'restart' || restored !== undefined,
       onRestart: (p) => void participants.push(p),
-      answerEnergyStatus: (hook) => legacy?.setEnergyStatus(hook),
+      answerEnergyStatus: (hook) => legacy?.setEnergyStatus(hook) ?? new Map(),
     };
     let v2Handler = opts.v2Handler;
     for (const p of opts.plugins ?? []) {

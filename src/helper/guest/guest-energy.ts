@@ -12,7 +12,7 @@
 import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
 import { closeWindow, counterStep, freshGuestCounter, type GuestCounterState, type GuestVm } from '../../guest-energy/guest-counter.js';
-import { freshPhases, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
+import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../ratio/types.js';
@@ -51,6 +51,11 @@ interface Peer {
   version: 'unknown' | 'reading' | 'modelled' | 'not modelled';
   vmId?: number;
   counter?: GuestCounterState;
+  /**
+   * Answered 0 since a restart (its QEMU may be in a window whose one side was 0): 0 again until a
+   * request comes soon after the last, which can only be a window's start; then as usual. The time of the last.
+   */
+  resyncNs?: bigint;
 }
 
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
@@ -80,6 +85,14 @@ export class GuestEnergy {
     if (pkg === undefined) return undefined;
     const now = this.o.clock();
     const peer = this.peer(peerPid);
+    if (peer.resyncNs !== undefined) {
+      const last = peer.resyncNs;
+      peer.resyncNs = now;
+      if (now - last >= MIN_SLEEP_NS) return 0n;
+      delete peer.resyncNs;
+      peer.phases = freshPhases();
+      if (peer.counter !== undefined) peer.counter.phases = freshPhases();
+    }
     if (peer.counter !== undefined) return BigInt(this.exactStep(peer, peer.counter, pkg, now));
     const step = nextPhase(peer.phases, pkg, now);
     if (step.kind !== 'start' || !step.first) return undefined;
@@ -110,12 +123,16 @@ export class GuestEnergy {
     return out;
   }
 
-  /** Counters a previous process saved: their QEMUs go on with the same counters and model. */
-  restore(saved: readonly GuestCounterState[]): void {
+  /**
+   * Counters a previous process saved: their QEMUs go on with the same counters and model. `held`:
+   * the peers answered 0 before this was set up (LegacyService's hold), resynchronised first.
+   */
+  restore(saved: readonly GuestCounterState[], held: ReadonlyMap<number, bigint> = new Map()): void {
     for (const c of saved) {
       this.peers.set(c.pid, { phases: c.phases, windowsSeen: c.windows, version: 'modelled', vmId: c.vmId, counter: c });
     }
-    if (saved.length > 0) this.o.log.info({ vms: saved.length }, 'guest energy: counters restored');
+    for (const [pid, at] of held) this.peer(pid).resyncNs = at;
+    if (saved.length + held.size > 0) this.o.log.info({ vms: saved.length, held: held.size }, 'guest energy: counters restored');
   }
 
   private peer(pid: number): Peer {

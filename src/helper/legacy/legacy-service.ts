@@ -64,6 +64,11 @@ export interface LegacyServiceOptions {
   noMsrs?: string;
   /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
   limiter?: LogLimiter;
+  /**
+   * --guest-energy exact after a restart: until setEnergyStatus, MSR_PKG_ENERGY_STATUS is answered 0
+   * (QEMU computes a zero delta from a 0 on either side of its window) and the peer is remembered.
+   */
+  holdEnergyStatus?: boolean;
 }
 
 /**
@@ -91,10 +96,17 @@ export function newLegacyCounters(): LegacyCounters {
  */
 export type EnergyStatusHook = (peerPid: number, cpu: number) => bigint | undefined;
 
+/** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
+export type HeldPeers = ReadonlyMap<number, bigint>;
+
+/** Peers held at most (a restart hands over at most --max-connections connections). */
+const MAX_HELD_PEERS = 65_536;
+
 export class LegacyService {
   /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
   private readonly plans = new Map<number, LegacyPlan>();
   private energyStatus: EnergyStatusHook | undefined;
+  private readonly held = new Map<number, bigint>();
   readonly counters: LegacyCounters;
 
   readonly limiter: LogLimiter;
@@ -108,9 +120,10 @@ export class LegacyService {
     }
   }
 
-  /** Installs the guest-energy hook (set once the v2 service is up; QEMU is answered raw until then). */
-  setEnergyStatus(hook: EnergyStatusHook): void {
+  /** Installs the guest-energy hook (once the v2 service is up); returns the peers held meanwhile. */
+  setEnergyStatus(hook: EnergyStatusHook): HeldPeers {
     this.energyStatus = hook;
+    return this.held;
   }
 
   /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
@@ -147,6 +160,11 @@ export class LegacyService {
         { peer: peerPid, cpu: req.cpu, msr: req.msr, why: this.o.noMsrs },
         `QEMU asked for an MSR, but ${this.o.noMsrs}; replying 0 (load msr and use --energy-source msr)`,
       );
+      return zero(out, offset);
+    }
+    if (req.msr === MSR_PKG_ENERGY_STATUS && this.energyStatus === undefined && this.o.holdEnergyStatus === true) {
+      if (this.held.size < MAX_HELD_PEERS || this.held.has(peerPid)) this.held.set(peerPid, process.hrtime.bigint());
+      c.ok++;
       return zero(out, offset);
     }
     const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.(peerPid, req.cpu) : undefined;

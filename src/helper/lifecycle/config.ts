@@ -6,7 +6,7 @@
 import type { MsrDevice } from '../../msr/device.js';
 import type { HostPaths } from '../../msr/host-paths.js';
 import type { AmdSynthConfig } from '../../msr/legacy-registers.js';
-import type { EnergyStatusHook } from '../legacy/legacy-service.js';
+import type { EnergyStatusHook, HeldPeers } from '../legacy/legacy-service.js';
 import type { HostCpu, Vendor } from '../../ratio/types.js';
 import type { Logger, LogLevel } from '../../logging/logger.js';
 import type { FdBudget } from '../../os/fd-budget.js';
@@ -38,6 +38,11 @@ export interface DaemonConfig {
   maxConnections: number;
   /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
   frameTimeoutMs: number;
+  /**
+   * --guest-energy exact: until the v2 plug-in answers MSR_PKG_ENERGY_STATUS, QEMUs of handed-over
+   * connections get 0 for it (a raw value would pair with a guest counter in QEMU's window).
+   */
+  holdEnergyStatus?: boolean;
   /** --socket-mode: permission bits of the socket file (default 0600). */
   socketMode: number;
   /** --socket-group: group of the socket file. */
@@ -90,8 +95,11 @@ export interface DaemonContext {
   restarted: boolean;
   /** Takes part in restarts: the state is taken from the first participant. */
   onRestart(p: RestartParticipant): void;
-  /** Answers QEMU's MSR_PKG_ENERGY_STATUS requests through `hook` from now on (--guest-energy exact). */
-  answerEnergyStatus(hook: EnergyStatusHook): void;
+  /**
+   * Answers QEMU's MSR_PKG_ENERGY_STATUS requests through `hook` from now on (--guest-energy exact);
+   * returns the peers answered 0 while the hook was not set (holdEnergyStatus), with their last request's time.
+   */
+  answerEnergyStatus(hook: EnergyStatusHook): HeldPeers;
 }
 
 export interface DaemonPlugin {
