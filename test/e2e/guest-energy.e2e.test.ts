@@ -9,11 +9,11 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { hostArgs, startHelper, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { BIN, hostArgs, startHelper, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { raplFakeHost } from '../support/rapl-host.js';
 import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
-import { spawn, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { QmpClient } from '../../src/client/qmp.js';
 import { parseStatLine } from '../../src/ratio/stat.js';
 
@@ -46,6 +46,7 @@ function helperWindows(h: DaemonChild): HelperWindow[] {
 }
 
 export interface Run {
+  sock: string;
   h: DaemonChild;
   q: RaplQemu;
   serial: GuestSerial;
@@ -76,7 +77,7 @@ async function startRun(o: { name: string; qemuArgs?: string[]; helperArgs?: str
   cleanups.push(() => pump.stop());
   const q = await startRaplQemu({ socket: sock, dir, name: o.name, mode: 's', ...(o.qemuArgs ? { extraArgs: o.qemuArgs } : {}) });
   cleanups.push(() => q.stop());
-  return { h, q, serial: new GuestSerial(q.serialPath), pump, dir };
+  return { sock, h, q, serial: new GuestSerial(q.serialPath), pump, dir };
 }
 
 /** Waits until the helper closed `n` windows in exact mode, following the guest's lines meanwhile. */
@@ -161,6 +162,17 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     const m = measure(r);
     if (process.env.GE_DEBUG) fs.writeFileSync(process.env.GE_DEBUG, r.h.stderr());
     const { min, max } = report('steady', m);
+    // The VM's statistics file (vmsr-helper stats) shows the guest's energy against the exact energy.
+    const stats = execFileSync(process.execPath, [BIN, 'stats', '-k', r.sock, '--once', '--json'], { encoding: 'utf8' });
+    const row = stats
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { pid: number; guest_energy_j?: number; guest_exact_energy_j?: number })
+      .find((v) => v.pid === r.q.pid);
+    console.log(`steady: vmsr-helper stats says guest ${row?.guest_energy_j} J of exact ${row?.guest_exact_energy_j} J`);
+    expect(row?.guest_energy_j).toBeGreaterThan(0);
+    expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeGreaterThan(0.95);
+    expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeLessThanOrEqual(1.0001);
     expect(m.ratios.length).toBeGreaterThan(5);
     expect(m.modelExact, "QEMU's credit is the model's in most windows").toBeGreaterThanOrEqual(m.modelChecked * 0.7);
     expect(min).toBeGreaterThanOrEqual(0.995);
