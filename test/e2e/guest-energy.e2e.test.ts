@@ -141,6 +141,14 @@ function report(label: string, m: Measured): { min: number; max: number } {
   return { min, max };
 }
 
+/** Prints the measure and checks guest / exact stayed within [lo, hi] over at least `spans` spans. */
+function expectWithin(label: string, m: Measured, lo: number, hi: number, spans = 5): void {
+  const { min, max } = report(label, m);
+  expect(m.ratios.length).toBeGreaterThanOrEqual(spans);
+  expect(min).toBeGreaterThanOrEqual(lo);
+  expect(max).toBeLessThanOrEqual(hi);
+}
+
 function raplTest(name: string, body: () => Promise<void>): void {
   test(
     name,
@@ -160,8 +168,8 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     const r = await startRun({ name: 'steady' });
     await windowsClosed(r, 45);
     const m = measure(r);
-    if (process.env.GE_DEBUG) fs.writeFileSync(process.env.GE_DEBUG, r.h.stderr());
-    const { min, max } = report('steady', m);
+    expect(m.modelExact, "QEMU's credit is the model's in most windows").toBeGreaterThanOrEqual(m.modelChecked * 0.7);
+    expectWithin('steady', m, 0.995, 1.01);
     // The VM's statistics file (vmsr-helper stats) shows the guest's energy against the exact energy.
     const stats = execFileSync(process.execPath, [BIN, 'stats', '-k', r.sock, '--once', '--json'], { encoding: 'utf8' });
     const row = stats
@@ -173,20 +181,13 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     expect(row?.guest_energy_j).toBeGreaterThan(0);
     expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeGreaterThan(0.95);
     expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeLessThanOrEqual(1.0001);
-    expect(m.ratios.length).toBeGreaterThan(5);
-    expect(m.modelExact, "QEMU's credit is the model's in most windows").toBeGreaterThanOrEqual(m.modelChecked * 0.7);
-    expect(min).toBeGreaterThanOrEqual(0.995);
-    expect(max).toBeLessThanOrEqual(1.01);
   });
 
   raplTest('2 vCPUs in 2 guest sockets: the boot vCPU (virtual package 0) reads what the VM was attributed, within 0.98-1.02', async () => {
     const r = await startRun({ name: 'two-sockets', qemuArgs: ['-smp', '2,sockets=2,cores=1'] });
     await windowsClosed(r, 45);
     const m = measure(r);
-    const { min, max } = report('2 sockets (vpkg 0 against the VM)', m);
-    expect(m.ratios.length).toBeGreaterThan(5);
-    expect(min).toBeGreaterThanOrEqual(0.98);
-    expect(max).toBeLessThanOrEqual(1.02);
+    expectWithin('2 sockets (vpkg 0 against the VM)', m, 0.98, 1.02, 6);
   });
 
   raplTest("a host hog on the vCPU's CPU: guest/exact within 0.98-1.02", async () => {
@@ -199,10 +200,7 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     // The starved guest prints fewer lines (its vCPU runs about half the time): more windows.
     await windowsClosed(r, 70);
     const m = measure(r);
-    const { min, max } = report('host hog', m);
-    expect(m.ratios.length).toBeGreaterThan(2);
-    expect(min).toBeGreaterThanOrEqual(0.98);
-    expect(max).toBeLessThanOrEqual(1.02);
+    expectWithin('host hog', m, 0.98, 1.02, 3);
   });
 
   raplTest('the package counter wraps during the run: guest/exact within 0.98-1.02 across the wrap', async () => {
@@ -210,10 +208,7 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     const r = await startRun({ name: 'wrap', start: 2 ** 32 - RATE * 25 });
     await windowsClosed(r, 45);
     const m = measure(r);
-    const { min, max } = report('wrap', m);
-    expect(m.ratios.length).toBeGreaterThan(5);
-    expect(min).toBeGreaterThanOrEqual(0.98);
-    expect(max).toBeLessThanOrEqual(1.02);
+    expectWithin('wrap', m, 0.98, 1.02, 6);
   });
 
   raplTest('thread churn (QMP migrate + migrate_cancel every 2 s): guest/exact within 0.98-1.02', async () => {
@@ -234,11 +229,8 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
       cycles++;
     });
     const m = measure(r);
-    const { min, max } = report(`churn (${cycles} migrations started and cancelled)`, m);
     expect(cycles).toBeGreaterThan(10);
-    expect(m.ratios.length).toBeGreaterThan(5);
-    expect(min).toBeGreaterThanOrEqual(0.98);
-    expect(max).toBeLessThanOrEqual(1.02);
+    expectWithin(`churn (${cycles} migrations started and cancelled)`, m, 0.98, 1.02);
   });
 
   raplTest('the helper restarted in place twice during the run: the counters go on, guest/exact within 0.98-1.02', async () => {
@@ -256,14 +248,11 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
       .split('\n')
       .filter((l) => l.includes('"msg":"guest energy: counters restored"')).length;
     const m = measure(r);
-    const { min, max } = report(`restart in place x${restarts} (counters restored ${restored} times)`, m);
     expect(restored, 'each new image took the guest counters over').toBe(2);
     const wins = helperWindows(r.h);
     for (let i = 1; i < wins.length; i++)
       expect(wins[i]!.credited, 'the credited total never goes back').toBeGreaterThanOrEqual(wins[i - 1]!.credited);
-    expect(m.ratios.length).toBeGreaterThan(5);
-    expect(min).toBeGreaterThanOrEqual(0.98);
-    expect(max).toBeLessThanOrEqual(1.02);
+    expectWithin(`restart in place x${restarts} (counters restored ${restored} times)`, m, 0.98, 1.02);
   });
 });
 

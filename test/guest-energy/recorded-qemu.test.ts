@@ -42,7 +42,7 @@ describe('the model of the vmsr loop against a recording of QEMU 10.0.2', () => 
     s.vpkgCounter[0] = rec.guestLines[at]!;
     const modelled: number[] = [];
     for (const w of windows) {
-      const before = s.vpkgCounter[0];
+      const before: number = s.vpkgCounter[0]!;
       runIteration(s, { ...w, maxTicks });
       if (s.vpkgCounter[0] !== before) modelled.push(s.vpkgCounter[0]!);
     }

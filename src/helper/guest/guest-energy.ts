@@ -138,8 +138,15 @@ export class GuestEnergy {
   private peer(pid: number): Peer {
     let p = this.peers.get(pid);
     if (p === undefined) {
-      if (this.peers.size >= MAX_GUEST_PEERS) this.peers.delete(this.peers.keys().next().value!);
-      this.peers.set(pid, (p = { phases: freshPhases(), windowsSeen: 0, version: 'unknown' }));
+      p = { phases: freshPhases(), windowsSeen: 0, version: 'unknown' };
+      // Full: the oldest peer that is not exact goes (an exact one's QEMU is mid-window on its counters);
+      // with none, this peer is not remembered and stays raw.
+      if (this.peers.size >= MAX_GUEST_PEERS) {
+        const raw = [...this.peers].find(([, q]) => q.counter === undefined);
+        if (raw === undefined) return p;
+        this.peers.delete(raw[0]);
+      }
+      this.peers.set(pid, p);
     }
     return p;
   }
