@@ -15,6 +15,7 @@ import { raplFakeHost } from '../support/rapl-host.js';
 import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { QmpClient } from '../../src/client/qmp.js';
+import { V2Client } from '../../src/client/v2-client.js';
 import { parseStatLine } from '../../src/ratio/stat.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
@@ -181,6 +182,11 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     expect(row?.guest_energy_j).toBeGreaterThan(0);
     expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeGreaterThan(0.95);
     expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeLessThanOrEqual(1.0001);
+    // LIST flags the VM GUEST_EXACT.
+    const c = await V2Client.connect(r.sock);
+    const listed = (await c.list()).find((v) => v.pid === r.q.pid);
+    c.close();
+    expect(listed?.guestExact, 'LIST flags the VM GUEST_EXACT').toBe(true);
   });
 
   raplTest('2 vCPUs in 2 guest sockets: the boot vCPU (virtual package 0) reads what the VM was attributed, within 0.98-1.02', async () => {

@@ -283,6 +283,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
     stats,
+    ...(o.guest ? { guest: o.guest } : {}),
   };
 
   const startDiscovery = (): Promise<void> => {
