@@ -185,7 +185,7 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     // LIST flags the VM GUEST_EXACT.
     const c = await V2Client.connect(r.sock);
     const listed = (await c.list()).find((v) => v.pid === r.q.pid);
-    c.close();
+    await c.close();
     expect(listed?.guestExact, 'LIST flags the VM GUEST_EXACT').toBe(true);
   });
 
