@@ -18,6 +18,7 @@ const all = [
   'restart',
   'guestdir',
   'crash',
+  'guest-energy',
 ];
 const wanted = process.argv.slice(2);
 const unknown = wanted.filter((w) => !all.includes(w));

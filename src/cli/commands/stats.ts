@@ -49,6 +49,8 @@ interface StatsRow {
   otherCpuS: number | null;
   /** Age of the sample at the read, s (null before the first). */
   ageS: number | null;
+  /** --guest-energy exact: energy QEMU was given to credit the guest, and the exact energy of the same windows (J); null otherwise. */
+  guest: { guestJ: number; exactJ: number } | null;
 }
 
 const num = (v: bigint | undefined) => Number(v ?? 0n);
@@ -83,14 +85,23 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     })),
     otherCpuS: other === undefined ? null : Number(other) * scale(r, 'other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
+    guest: guestOf(r, s),
   };
+}
+
+/** The guest energy values of a file made in exact mode, or null. */
+function guestOf(r: StatsReader, s: StatsSample): StatsRow['guest'] {
+  const g = r.value(s, 'guest_energy');
+  const x = r.value(s, 'guest_exact_energy');
+  if (g === undefined || x === undefined) return null;
+  return { guestJ: Number(g) * scale(r, 'guest_energy'), exactJ: Number(x) * scale(r, 'guest_exact_energy') };
 }
 
 function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
   const lines = rows.map((r) => {
     const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
-    const state = r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live';
+    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + guestNote(r.guest);
     return `${String(r.hostVmId).padStart(6)}  ${(r.name ?? '-').slice(0, 20).padEnd(20)} ${String(r.pid).padStart(8)} ${r.powerW.toFixed(2).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${String(r.vcpus.length).padStart(5)} ${cpu.padStart(11)}  ${state}`;
   });
   return [head, ...lines];
@@ -111,7 +122,14 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
     other_threads_cpu_s: r.otherCpuS,
     age_s: r.ageS,
     energy_source: energySource,
+    ...(r.guest ? { guest_energy_j: r.guest.guestJ, guest_exact_energy_j: r.guest.exactJ } : {}),
   });
+}
+
+/** ", guest 12.3 J of exact 12.4 J (0.992)" in exact mode, once QEMU was given anything. */
+function guestNote(g: StatsRow['guest']): string {
+  if (g === null || g.exactJ <= 0) return '';
+  return `, guest ${g.guestJ.toFixed(3)} J of exact ${g.exactJ.toFixed(3)} J (${(g.guestJ / g.exactJ).toFixed(4)})`;
 }
 
 /** One other RAPL domain of one host package, at a refresh. */
