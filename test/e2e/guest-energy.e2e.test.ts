@@ -187,6 +187,19 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
     const listed = (await c.list()).find((v) => v.pid === r.q.pid);
     await c.close();
     expect(listed?.guestExact, 'LIST flags the VM GUEST_EXACT').toBe(true);
+    // vmsr-helper watch shows it too, with each row.
+    const watched = execFileSync(process.execPath, [BIN, 'watch', String(r.q.pid), '-k', r.sock, '--count', '2', '--json'], {
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    const rows = watched
+      .split('\n')
+      .filter((l) => l.startsWith('{"type":"update"'))
+      .map((l) => JSON.parse(l) as { guest_energy_j?: number; guest_exact_energy_j?: number });
+    console.log(`steady: vmsr-helper watch says ${JSON.stringify(rows.at(-1))}`);
+    expect(rows.length).toBe(2);
+    expect(rows.at(-1)?.guest_energy_j).toBeGreaterThan(0);
+    expect(rows.at(-1)!.guest_energy_j! / rows.at(-1)!.guest_exact_energy_j!).toBeGreaterThan(0.95);
   });
 
   raplTest('2 vCPUs in 2 guest sockets: the boot vCPU (virtual package 0) reads what the VM was attributed, within 0.98-1.02', async () => {
