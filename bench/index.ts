@@ -19,6 +19,7 @@ const all = [
   'guestdir',
   'crash',
   'guestdir-writer',
+  'guest-energy',
 ];
 const wanted = process.argv.slice(2);
 const unknown = wanted.filter((w) => !all.includes(w));

@@ -20,6 +20,7 @@ import { checkMetricsPath } from '../exporter/metrics-path.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
+import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
 import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
 
 /**
@@ -285,6 +286,15 @@ export function addV2Options(cmd: Command): void {
         .default(DEFAULT_V2_LIMITS.maxVcpus),
     )
     .addOption(domainsOption())
+    .addOption(
+      new Option(
+        '--guest-energy <mode>',
+        "what a rapl=true guest reads: raw (the package counter, as QEMU's helper) or exact (its own VM's energy)",
+      )
+        .choices(GUEST_ENERGY_MODES)
+        .env(GUEST_ENERGY_ENV)
+        .default(DEFAULT_GUEST_ENERGY),
+    )
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
     .addOption(
       new Option(
@@ -338,6 +348,7 @@ export interface V2CliOptions {
   maxVmThreads?: number;
   /** --guest-dir; false with --no-guest-dir. */
   guestDir?: string | false;
+  guestEnergy?: GuestEnergyMode;
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
@@ -358,6 +369,7 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
       throw new UsageError(`--guest-dir: the directory must be absolute (got '${dir}'); e.g. --guest-dir ${DEFAULT_GUEST_DIR}`);
     out.guestDir = dir;
   }
+  if (opts.guestEnergy !== undefined) out.guestEnergy = opts.guestEnergy;
   if (opts.observerGroup !== undefined) {
     try {
       out.observerGid = group(opts.observerGroup);

@@ -125,6 +125,8 @@ export interface VmInfo {
   wholeVmOnly: boolean;
   /** Not every thread of its process is sampled (over its fd share, or out of fds): its energy is a lower bound. Absent = false. */
   notWhole?: boolean;
+  /** Its guest reads its own VM's energy (the helper's --guest-energy exact: LIST's GUEST_EXACT). Absent = false. */
+  guestExact?: boolean;
 }
 
 /** An OBSERVE update: the same values as a SUBSCRIBE update, named by host-wide id. */
@@ -159,6 +161,7 @@ function toVmInfo(e: VmEntry): VmInfo {
     ended: e.ended,
     wholeVmOnly: e.wholeVmOnly,
     notWhole: e.notWhole === true,
+    guestExact: e.guestExact === true,
   };
 }
 

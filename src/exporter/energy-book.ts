@@ -30,6 +30,12 @@ export interface VmDomainValues {
   powerW: readonly number[];
 }
 
+/** A VM's guest energy in one sample of its statistics file (`guest_energy`, `guest_exact_energy`, µJ). */
+export interface VmGuestValues {
+  guestUj: bigint;
+  exactUj: bigint;
+}
+
 /** One other domain's totals on one host package (the host file's `<domain>_energy`, `<domain>_unattributed_energy`). */
 export interface HostDomainValues {
   domain: OtherDomain;
@@ -83,6 +89,8 @@ export interface BookedVm {
   /** The other RAPL domains' totals and watts per vpkg (from the statistics files; empty when the host reads the package alone). */
   readonly domainEnergy: Map<OtherDomain, RunningTotal[]>;
   domainWatts: Map<OtherDomain, (number | null)[]>;
+  /** --guest-energy exact: what QEMU was given to credit the guest, and the exact energy of the same windows (statistics files only). */
+  guest: { guest: RunningTotal; exact: RunningTotal } | null;
   lastTNs: bigint | null;
   /** Exporter clock (ms) when the VM ended; null while it runs. */
   endedAtMs: number | null;
@@ -266,6 +274,7 @@ export class EnergyBook {
           energy: [],
           watts: [],
           domainEnergy: new Map(),
+          guest: null,
           domainWatts: new Map(),
           lastTNs: null,
           endedAtMs: null,
@@ -305,7 +314,7 @@ export class EnergyBook {
    * `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else
    * derived. `domains`: the other RAPL domains' values of the same sample (statistics files only).
    */
-  vmUpdate(u: VmUpdate, powerW?: readonly number[], domains: readonly VmDomainValues[] = []): void {
+  vmUpdate(u: VmUpdate, powerW?: readonly number[], domains: readonly VmDomainValues[] = [], guest?: VmGuestValues): void {
     const r = this.byHostId.get(u.hostVmId);
     if (!r) return;
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.
@@ -334,6 +343,11 @@ export class EnergyBook {
         watts.push(u.tNs !== 0n ? (d.powerW[g] ?? null) : null);
       }
       r.domainWatts.set(d.domain, watts);
+    }
+    if (guest !== undefined) {
+      r.guest ??= { guest: new RunningTotal(), exact: new RunningTotal() };
+      r.guest.guest.feed(guest.guestUj);
+      r.guest.exact.feed(guest.exactUj);
     }
     if (u.tNs !== 0n) r.lastTNs = u.tNs;
     if (u.ended) this.end(r);

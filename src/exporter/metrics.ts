@@ -26,6 +26,7 @@ export const METRIC = {
   vmEnergy: 'vmsr_vm_energy_joules_total',
   vmPower: 'vmsr_vm_power_watts',
   vmInfo: 'vmsr_vm_info',
+  vmGuestEnergy: 'vmsr_vm_guest_energy_joules_total',
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
@@ -42,7 +43,12 @@ export const METRIC = {
 } as const;
 
 /** The per-VM families: labels name, uuid, pid, uid, then vpkg and domain (energy, power) or source, whole_vm_only and sampled_whole (info). */
-export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily } = {
+export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily; guest: VmFamily } = {
+  guest: {
+    name: METRIC.vmGuestEnergy,
+    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by) and the energy the helper attributed to the VM over the same windows (of="exact"), in joules; only VMs in exact mode',
+    type: 'counter',
+  },
   energy: {
     name: METRIC.vmEnergy,
     help: 'Energy attributed to the VM\'s virtual package per RAPL domain (domain="package": the package\'s), in joules, accumulated by the exporter (never decreases within a series)',

@@ -6,7 +6,7 @@
  * scrapes nothing happens here: the helper sends this exporter nothing per sample.
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
-import type { EnergyBook, HostDomainValues, VmDomainValues } from './energy-book.js';
+import type { EnergyBook, HostDomainValues, VmDomainValues, VmGuestValues } from './energy-book.js';
 import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
 import { capacityFromFile } from './helper-capacity.js';
@@ -62,7 +62,7 @@ function vmUpdateFromFile(
   hostVmId: number,
   r: StatsReader,
   s: StatsSample,
-): { update: VmUpdate; powerW: number[]; domains: VmDomainValues[] } {
+): { update: VmUpdate; powerW: number[]; domains: VmDomainValues[]; guest?: VmGuestValues } {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];
@@ -72,8 +72,11 @@ function vmUpdateFromFile(
     const n = vmDomainNames(domain);
     return { domain, energyUj: r.values(s, n.energy) ?? [], powerW: watts(n.power) };
   });
+  const guestUj = r.value(s, 'guest_energy');
+  const exactUj = r.value(s, 'guest_exact_energy');
   return {
     domains,
+    ...(guestUj !== undefined && exactUj !== undefined ? { guest: { guestUj, exactUj } } : {}),
     update: {
       hostVmId,
       tNs: u64(r, s, 'sample_monotonic'),
@@ -126,8 +129,8 @@ export class StatsFdFeed {
   /** Reads every VM's file into the book; a VM whose file says it ended is fed once more and let go. */
   readVms(): void {
     for (const [id, r] of this.vms) {
-      const { update, powerW, domains } = vmUpdateFromFile(id, r, r.read());
-      this.book.vmUpdate(update, powerW, domains);
+      const { update, powerW, domains, guest } = vmUpdateFromFile(id, r, r.read());
+      this.book.vmUpdate(update, powerW, domains, guest);
       if (update.ended) {
         r.close();
         this.vms.delete(id);

@@ -58,7 +58,7 @@ export class VmExposition {
 
   constructor(
     private readonly book: EnergyBook,
-    private readonly families: { energy: VmFamily; power: VmFamily; info: VmFamily },
+    private readonly families: { energy: VmFamily; power: VmFamily; info: VmFamily; guest?: VmFamily },
   ) {}
 
   /**
@@ -102,6 +102,17 @@ export class VmExposition {
       for (const [domain, watts] of r.domainWatts) powerOf(t, domain, watts);
     }
     out.push(sep);
+    // Only with VMs in exact mode (a helper without --guest-energy exact gives none: no empty family).
+    const exact = vms.filter((r) => r.guest !== null);
+    if (this.families.guest !== undefined && exact.length > 0) {
+      const guestName = head(this.families.guest);
+      for (const r of exact) {
+        const t = this.textOf(r);
+        out.push(`\n${guestName}{${t.base},of="guest"} ${formatValue(ujToJoules(r.guest!.guest.total))}`);
+        out.push(`\n${guestName}{${t.base},of="exact"} ${formatValue(ujToJoules(r.guest!.exact.total))}`);
+      }
+      out.push(sep);
+    }
     const infoName = head(info);
     for (const r of vms) out.push(`\n${infoName}${this.infoText(r)}1`);
     return out.join('');

@@ -31,6 +31,8 @@ interface ServerChainOptions {
   area(name: string): Logger;
   /** Where the legacy service counts its requests by result (HOST_UPDATE's health figures); default from 0. */
   counters?: LegacyCounters;
+  /** --guest-energy exact: hold MSR_PKG_ENERGY_STATUS at 0 until the guest-energy hook is set (LegacyServiceOptions). */
+  holdEnergyStatus?: boolean;
   /** The daemon's connection limits; the server's defaults otherwise. */
   server?: Pick<HelperServerOptions, 'maxConnections' | 'incomplete' | 'preferredPeer' | 'qemuPeer' | 'keep'>;
 }
@@ -57,6 +59,7 @@ export function assembleServer(o: ServerChainOptions): ServerChain {
     ...(o.noMsrs !== undefined ? { noMsrs: o.noMsrs } : {}),
     logger: o.area('legacy'),
     counters,
+    ...(o.holdEnergyStatus === true ? { holdEnergyStatus: true } : {}),
   });
   const server = new HelperServer({
     listener: o.listener,

@@ -27,6 +27,8 @@ import type { FdBudget } from '../os/fd-budget.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
+import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
+import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -67,6 +69,8 @@ export interface V2ChainOptions {
   restoreWaitMs?: number;
   /** --guest-dir (V2ServiceOptions.guestDir). */
   guestDir?: string;
+  /** --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS from each VM's guest counters (V2ServiceOptions.guestEnergy). */
+  guestEnergy?: { maxThreads: number; log: Logger };
 }
 
 export interface V2Chain {
@@ -145,6 +149,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
+    ...(o.guestEnergy ? { guestEnergy: o.guestEnergy } : {}),
   });
   return {
     host,
@@ -175,6 +180,8 @@ export interface V2DaemonSettings {
   maxVmThreads?: number;
   /** --guest-dir (absent: --no-guest-dir). */
   guestDir?: string;
+  /** --guest-energy (default raw). */
+  guestEnergy?: GuestEnergyMode;
 }
 
 /** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
@@ -191,6 +198,12 @@ export interface V2Start {
   /** This start follows a restart: the --record file goes on where the last process stopped. */
   restarted: boolean;
   area(name: string): Logger;
+  /**
+   * Answers QEMU's MSR_PKG_ENERGY_STATUS requests through `hook` from now on (--guest-energy exact:
+   * LegacyService.setEnergyStatus); returns the peers answered 0 while the hook was not set
+   * (DaemonConfig.holdEnergyStatus), with their last request's time.
+   */
+  answerEnergyStatus(hook: EnergyStatusHook): HeldPeers;
 }
 
 /** The daemon's v2 service, and what its start and stop do besides the service's own. */
@@ -246,8 +259,10 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     health: start.health,
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
+    ...(o.guestEnergy === 'exact' ? { guestEnergy: { maxThreads: shares.maxVmThreads, log: start.area('guest') } } : {}),
     ...(start.restored ? { restore: start.restored } : {}),
   });
+  answerGuestEnergy(v2.service, start);
   log.info(
     {
       intervalMs: o.intervalMs,
@@ -258,6 +273,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
       maxVmThreads: shares.maxVmThreads,
       ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
+      guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
       ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     },
     'v2 service ready',
@@ -271,6 +287,18 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       limiter.flush();
     },
   };
+}
+
+/**
+ * --guest-energy exact: the legacy service answers MSR_PKG_ENERGY_STATUS from the service's guest
+ * counters from now on, restored from the handed-over state; the QEMUs answered 0 meanwhile (a
+ * restart's hold) are resynchronised first. Nothing in raw mode.
+ */
+function answerGuestEnergy(service: V2Service, start: V2Start): void {
+  const guest = service.guestEnergy;
+  if (guest === undefined) return;
+  const held = start.answerEnergyStatus((pid, cpu) => guest.answer(pid, cpu));
+  guest.restore(start.restored?.guest ?? [], held);
 }
 
 /**

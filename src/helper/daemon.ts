@@ -148,6 +148,7 @@ class Daemon implements Restartable {
           health: this.chain.health,
           restarted,
           area,
+          answerEnergyStatus: (hook) => this.chain!.legacy.setEnergyStatus(hook),
           ...(restored ? { restored } : {}),
         });
         late?.bind(this.v2.service.handler);

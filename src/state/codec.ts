@@ -17,6 +17,7 @@
  *           u32 count, each: u32 hostVmId | u8 d | u8 0 | u16 vpkg count, each f64 energyJ
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
+ *           (version 3 on) the guest counters (--guest-energy exact): guest-codec.ts
  *
  * A version 1 snapshot (written before the other domains were attributed) is read as one without them.
  *
@@ -30,13 +31,15 @@ import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus } from '../ratio/vcpus.js';
 import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domains.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
+import { Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
+export { STATE_HEADER_SIZE };
+import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
 import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type DomainsState, type StateSnapshot, type VmState } from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
-export const STATE_FORMAT_VERSION = 2;
-/** Every version decodeState reads: 1 has no other-domains section. */
-const READABLE_VERSIONS: readonly number[] = [1, 2];
-export const STATE_HEADER_SIZE = 24;
+export const STATE_FORMAT_VERSION = 3;
+/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters. */
+const READABLE_VERSIONS: readonly number[] = [1, 2, 3];
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
 
@@ -162,6 +165,8 @@ export function stateProblem(s: StateSnapshot): string | null {
     const dupTid = duplicate(t.threads, (th) => th.tid);
     if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
   }
+  const guest = guestCountersProblem(s.guest ?? []);
+  if (guest !== null) return guest;
   return s.domains === undefined ? null : domainsProblem(s.domains, s);
 }
 
@@ -201,68 +206,7 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
   return null;
 }
 
-// ---- encoding ----
-
-/**
- * Writes through a DataView: its setters are V8 built-ins, fast from the first call, where Buffer's
- * write methods are JavaScript that runs interpreted until warm, and a restart encodes once per
- * process (docs/daemon.md "Where the time goes").
- */
-class Writer {
-  private buf = Buffer.alloc(4096);
-  private view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
-  length = 0;
-
-  private room(n: number): number {
-    if (this.length + n > this.buf.length) {
-      const bigger = Buffer.alloc(Math.max(this.buf.length * 2, this.length + n));
-      this.buf.copy(bigger, 0, 0, this.length);
-      this.buf = bigger;
-      this.view = new DataView(bigger.buffer, bigger.byteOffset, bigger.byteLength);
-    }
-    const at = this.length;
-    this.length += n;
-    return at;
-  }
-
-  // room() first: it may replace this.buf and this.view, and `this.view.setUint8(this.room(n), v)`
-  // would take the old view before the call grows it (every snapshot past 4 KiB failed to encode).
-  u8(v: number): void {
-    const at = this.room(1);
-    this.view.setUint8(at, checkedUint(v, 0xff));
-  }
-  u16(v: number): void {
-    const at = this.room(2);
-    this.view.setUint16(at, checkedUint(v, 0xffff), true);
-  }
-  u32(v: number): void {
-    const at = this.room(4);
-    this.view.setUint32(at, checkedUint(v, 0xffffffff), true);
-  }
-  u64(v: bigint | number): void {
-    const big = BigInt(v);
-    if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
-    const at = this.room(8);
-    this.view.setBigUint64(at, big, true);
-  }
-  f64(v: number): void {
-    const at = this.room(8);
-    this.view.setFloat64(at, v, true);
-  }
-  bytes(b: Buffer): void {
-    const at = this.room(b.length);
-    b.copy(this.buf, at);
-  }
-  done(): Buffer {
-    return this.buf.subarray(0, this.length);
-  }
-}
-
-/** A whole number in 0..max, or a RangeError: Buffer's write methods refused a value out of range, a DataView wraps it. */
-function checkedUint(v: number, max: number): number {
-  if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${v} is out of range (0..${max})`);
-  return v;
-}
+// ---- encoding (the Writer, in byte-io.ts, writes through a DataView) ----
 
 /** One VM's entry (its layout in the header comment). */
 function writeVm(w: Writer, vm: VmState): void {
@@ -374,6 +318,7 @@ export function encodeState(s: StateSnapshot): Buffer {
   for (const vm of s.vms) writeVm(w, vm);
   writeHostParts(w, s);
   writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
+  writeGuestCounters(w, s.guest ?? []);
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
   if (payloadLength > STATE_LIMITS.maxPayloadBytes)
@@ -387,57 +332,6 @@ export function encodeState(s: StateSnapshot): Buffer {
 }
 
 // ---- decoding ----
-
-/** Thrown inside the decoder only, turned into its failure. */
-class Refused extends Error {}
-
-class Reader {
-  off = 0;
-  constructor(private readonly buf: Buffer) {}
-
-  private at(n: number, what: string): number {
-    if (this.off + n > this.buf.length)
-      throw new Refused(`it is cut off in ${what} (byte ${STATE_HEADER_SIZE + this.off} of ${STATE_HEADER_SIZE + this.buf.length})`);
-    const o = this.off;
-    this.off += n;
-    return o;
-  }
-  u8(what: string): number {
-    return this.buf.readUInt8(this.at(1, what));
-  }
-  u16(what: string): number {
-    return this.buf.readUInt16LE(this.at(2, what));
-  }
-  u32(what: string): number {
-    return this.buf.readUInt32LE(this.at(4, what));
-  }
-  u64(what: string): bigint {
-    return this.buf.readBigUInt64LE(this.at(8, what));
-  }
-  f64(what: string): number {
-    return this.buf.readDoubleLE(this.at(8, what));
-  }
-  /** A u64 that must be a safe integer (a starttime). */
-  safe(what: string): number {
-    const v = this.u64(what);
-    if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new Refused(`${what} ${v} is out of range`);
-    return Number(v);
-  }
-  bytes(n: number, what: string): Buffer {
-    const o = this.at(n, what);
-    return Buffer.from(this.buf.subarray(o, o + n));
-  }
-  /** A count of entries: within its bound, and small enough for its entries to fit the bytes left. */
-  count(width: 2 | 4, max: number, entrySize: number, what: string): number {
-    const n = width === 2 ? this.u16(`the count of ${what}`) : this.u32(`the count of ${what}`);
-    if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);
-    if (n * entrySize > this.buf.length - this.off) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
-    return n;
-  }
-  get left(): number {
-    return this.buf.length - this.off;
-  }
-}
 
 function readVm(r: Reader): VmState {
   const hostVmId = r.u32('a VM id');
@@ -524,6 +418,10 @@ function readPayload(r: Reader, version: number): StateSnapshot {
     const d = readDomains(r);
     if (d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
   }
+  if (version >= 3) {
+    const guest = readGuestCounters(r);
+    if (guest.length > 0) out.guest = guest;
+  }
   return out;
 }
 
@@ -582,7 +480,10 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   if (!bytes.subarray(0, 8).equals(STATE_MAGIC)) return refuse('it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot');
   const version = bytes.readUInt32LE(8);
   if (!READABLE_VERSIONS.includes(version))
-    return refuse(`it is format version ${version}, this vmsr-helper reads versions ${READABLE_VERSIONS.join(' and ')}`, VERSION_FIX);
+    return refuse(
+      `it is format version ${version}, this vmsr-helper reads versions ${READABLE_VERSIONS.slice(0, -1).join(', ')} and ${READABLE_VERSIONS.at(-1)}`,
+      VERSION_FIX,
+    );
   const length = bytes.readUInt32LE(12);
   if (length > STATE_LIMITS.maxPayloadBytes) return refuse(`its header announces ${length} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`);
   const have = bytes.length - STATE_HEADER_SIZE;

@@ -3,6 +3,7 @@
  * data, with the bounds a snapshot must keep. No I/O. Filling it from the live objects and restoring
  * them from it is the daemon's business; the codec (codec.ts) only checks and carries it.
  */
+import type { GuestCounterState } from '../guest-energy/guest-counter.js';
 import type { OtherDomain } from '../ratio/domains.js';
 import { MAX_VMS, type VcpuSpec } from '../ratio/types.js';
 
@@ -22,6 +23,8 @@ export const STATE_LIMITS = {
   maxThreads: 4_000_000,
   /** Entries of the other-domains section: a VM's, a package's or a counter's per domain (4 other domains). */
   maxDomainEntries: 4 * MAX_VMS,
+  /** VMs with guest counters. */
+  maxGuestCounters: MAX_VMS,
 } as const;
 
 /** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
@@ -132,4 +135,6 @@ export interface StateSnapshot {
   lastSample: SampleState | null;
   /** The other RAPL domains (absent in a version 1 snapshot, and when none is read). */
   domains?: DomainsState;
+  /** Each exact-mode VM's guest counters (--guest-energy exact; absent before version 3 and in raw mode). */
+  guest?: GuestCounterState[];
 }

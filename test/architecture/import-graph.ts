@@ -14,6 +14,7 @@ import ts from 'typescript';
 export const LAYER_RANK: Readonly<Record<string, number>> = {
   common: 0,
   ratio: 1,
+  'guest-energy': 2,
   protocol: 2,
   trace: 2,
   os: 3,
@@ -170,6 +171,7 @@ export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Rec
 export const PURE_FOLDERS: Readonly<Record<string, readonly string[]>> = {
   common: ['common'],
   ratio: ['ratio', 'common'],
+  'guest-energy': ['guest-energy', 'ratio', 'common'],
 };
 
 /** Imports by a pure folder of anything it may not import (no fs, net, processes, packages). */

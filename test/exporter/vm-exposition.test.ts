@@ -30,6 +30,16 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
     labelNames: [...vmLabels, 'vpkg', 'domain'],
     registers,
   });
+  // Only when a VM is in exact mode (--guest-energy exact): between power and info.
+  const exact = book.exposed().filter((r) => r.guest !== null);
+  const guest =
+    exact.length > 0
+      ? new Counter({ name: VM_FAMILIES.guest.name, help: VM_FAMILIES.guest.help, labelNames: [...vmLabels, 'of'], registers })
+      : null;
+  for (const r of exact) {
+    guest!.inc({ ...r.labels, of: 'guest' }, ujToJoules(r.guest!.guest.total));
+    guest!.inc({ ...r.labels, of: 'exact' }, ujToJoules(r.guest!.exact.total));
+  }
   const info = new Gauge({
     name: VM_FAMILIES.info.name,
     help: VM_FAMILIES.info.help,
@@ -136,5 +146,15 @@ describe('per-VM families rendered from cached label text', () => {
     // VM 3 ended (the LIST no longer names it): its domains' power goes with its package's, their energy stays.
     expect(x.render('prometheus')).not.toMatch(/vmsr_vm_power_watts\{[^}]*pid="4003"/);
     expect(x.render('prometheus')).toMatch(/vmsr_vm_energy_joules_total\{[^}]*pid="4003",uid="0",vpkg="1",domain="dram"\} 0.000004/);
+  });
+
+  test('has the guest energy family, only for VMs in exact mode, as prom-client renders it', async () => {
+    const book = hostileBook();
+    book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], { guestUj: 4_990_000n, exactUj: 5_000_000n });
+    const x = new VmExposition(book, VM_FAMILIES);
+    for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="guest"\} 4.99\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="exact"\} 5\n/);
+    expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4002"/);
   });
 });

@@ -20,6 +20,7 @@ import { monotonicNs } from '../../src/sampling/tick-loop.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { MAX_TID } from '../../src/ratio/types.js';
 import { FakeHost } from '../support/fake-host.js';
+import { freshGuestCounter, type GuestCounterState } from '../../src/guest-energy/guest-counter.js';
 
 const POWER_UNIT = 0xa0e03n; // ESU 14: a counter unit is 2^-14 J
 const UNIT_J = 2 ** -14;
@@ -42,6 +43,40 @@ const joules = fc.double({ min: 0, max: 1e9, noNaN: true, noDefaultInfinity: tru
 const pid = fc.integer({ min: 1, max: MAX_TID });
 /** Totals as this host's engine keeps them: the counter follows from the joules at its unit. */
 const totals = joules.map((energyJ) => ({ energyJ, energyUj: uj(energyJ), counter: BigInt(Math.floor(energyJ / UNIT_J) % 2 ** 32) }));
+
+/** One VM's guest counters (--guest-energy exact, state version 3), in a window with its start read. */
+const guestCounter: fc.Arbitrary<GuestCounterState> = fc
+  .record({
+    vmId: fc.integer({ min: 1, max: 50 }),
+    pid,
+    starttime: fc.nat({ max: 2 ** 40 }),
+    counter: fc.nat({ max: 2 ** 40 }),
+    eRatio: fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }),
+    nbVcpu: fc.nat({ max: 0xffffffff }),
+    vpkg: fc.nat({ max: 0xffffffff }),
+    owed: fc.double({ min: -1e6, max: 1e9, noNaN: true, noDefaultInfinity: true }),
+    credited: joules,
+    windows: fc.nat({ max: 1e6 }),
+    start: fc.option(
+      fc.record({ tid: pid, ticks: fc.nat({ max: 2 ** 40 }), starttime: fc.nat({ max: 2 ** 40 }), pkg: fc.integer({ min: -1, max: 3 }) }),
+      {
+        nil: null,
+      },
+    ),
+  })
+  .map((r) => {
+    const g = freshGuestCounter(r.vmId, r.pid, r.starttime, 1, r.credited);
+    g.counters.set(0, r.counter);
+    g.loop.eRatio.set(0, r.eRatio);
+    g.loop.nbVcpu.set(0, r.nbVcpu);
+    g.loop.vpkgCounter = [r.vpkg];
+    g.phases = { kind: 'start', startNs: 1_000_000n, pkgs: [0], asked: 1 };
+    g.start = r.start === null ? null : new Map([[r.start.tid, r.start]]);
+    g.owedUnits = r.owed;
+    g.creditedUnits = r.credited;
+    g.windows = r.windows;
+    return g;
+  });
 
 /** A state this host restores: its packages, a last sample not in the future, counters at its unit. */
 function restorable(nowNs: bigint): fc.Arbitrary<StateSnapshot> {
@@ -83,8 +118,9 @@ function restorable(nowNs: bigint): fc.Arbitrary<StateSnapshot> {
           },
         ),
         dram: fc.option(joules, { nil: null }),
+        guest: fc.array(guestCounter, { maxLength: 2 }),
       })
-      .map(({ vms, pkg, knownPids, raw, threads, dram }): StateSnapshot => {
+      .map(({ vms, pkg, knownPids, raw, threads, dram, guest }): StateSnapshot => {
         const s: StateSnapshot = {
           nextHostVmId: 51,
           vms: vms.map((v) => ({ ...v, baseline: v.baseline && v.live })),
@@ -98,6 +134,7 @@ function restorable(nowNs: bigint): fc.Arbitrary<StateSnapshot> {
             packages: [{ pkg: 0, domain: 'dram', energyJ: dram, unattributedJ: 0 }],
             counters: [{ pkg: 0, domain: 'dram', raw }],
           };
+        if (guest.length > 0) s.guest = guest;
         return s;
       }),
   );
@@ -186,7 +223,10 @@ describe('mutated restart states', () => {
           deferDiscovery: true,
           restore: s,
           restoreWaitMs: 60_000,
+          guestEnergy: { maxThreads: 64, log },
         });
+        // --guest-energy exact's counters, as the startV2 phase restores them (assemble.ts).
+        chain.service.guestEnergy!.restore(s.guest ?? []);
         // Restored, or refused by name as a whole (a check of this host's counters, clock or /proc): the service starts fresh.
         const why = chain.service.restored;
         if (why === null) throw new Error('the service was given a state and says it was not');

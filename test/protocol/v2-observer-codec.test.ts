@@ -48,6 +48,7 @@ const vm = (id: number, name: string | null, extra: Partial<VmEntry> = {}): VmEn
   discovered: true,
   wholeVmOnly: false,
   notWhole: false,
+  guestExact: false,
   name,
   uuid: null,
   ...extra,
@@ -123,6 +124,7 @@ describe('VM_LIST', () => {
       vm(2, null, { uuid, discovered: false, ended: true }),
       vm(3, 'ünïcode ☃', { wholeVmOnly: true }),
       vm(4, 'big', { notWhole: true }),
+      vm(5, 'exact', { guestExact: true }),
     ];
     const m = reply(encodeVmList(entries));
     if (m.type !== T.VM_LIST) throw new Error('not a VM_LIST');
@@ -135,6 +137,11 @@ describe('VM_LIST', () => {
     const p = encodeVmList([vm(1, null, { discovered: false, notWhole: true })]);
     // One nameless entry: the last VM_ENTRY_FIXED bytes of the frame.
     expect(p.readUInt16LE(p.length - VM_ENTRY_FIXED + 24)).toBe(0x10);
+  });
+
+  it("GUEST_EXACT is bit 5 of an entry's flags, alone when nothing else is set", () => {
+    const p = encodeVmList([vm(1, null, { discovered: false, guestExact: true })]);
+    expect(p.readUInt16LE(p.length - VM_ENTRY_FIXED + 24)).toBe(0x20);
   });
 
   it('cuts a long name at a character boundary within 255 bytes', () => {

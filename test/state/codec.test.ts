@@ -2,6 +2,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import zlib from 'node:zlib';
+import { freshGuestCounter } from '../../src/guest-energy/guest-counter.js';
 import { decodeState, encodeState, STATE_FORMAT_VERSION, STATE_HEADER_SIZE, stateProblem } from '../../src/state/codec.js';
 import { STATE_LIMITS, type StateSnapshot, type VmState } from '../../src/state/snapshot.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../../src/ratio/types.js';
@@ -140,10 +141,20 @@ function resum(bytes: Buffer): Buffer {
 
 /** The other-domains section of a snapshot that has none: three empty counts. */
 const EMPTY_DOMAINS_BYTES = 12;
+/** The guest counters' section of a snapshot that has none: one empty count. */
+const EMPTY_GUEST_BYTES = 4;
+
+/** The bytes a version 2 writer gave for a snapshot without guest counters: no guest section. */
+function asVersion2(v3: Buffer): Buffer {
+  const v2 = Buffer.from(v3.subarray(0, v3.length - EMPTY_GUEST_BYTES));
+  v2.writeUInt32LE(2, 8);
+  v2.writeUInt32LE(v2.length - STATE_HEADER_SIZE, 12);
+  return resum(v2);
+}
 
 /** The bytes a version 1 writer gave for a snapshot without other domains: no domains section. */
-function asVersion1(v2: Buffer): Buffer {
-  const v1 = Buffer.from(v2.subarray(0, v2.length - EMPTY_DOMAINS_BYTES));
+function asVersion1(v3: Buffer): Buffer {
+  const v1 = Buffer.from(v3.subarray(0, v3.length - EMPTY_GUEST_BYTES - EMPTY_DOMAINS_BYTES));
   v1.writeUInt32LE(1, 8);
   v1.writeUInt32LE(v1.length - STATE_HEADER_SIZE, 12);
   return resum(v1);
@@ -204,8 +215,10 @@ describe('state snapshot codec', () => {
       /^cannot restore state: it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot; start without the saved state/,
     );
     const version = encodeState(sample());
-    version.writeUInt32LE(3, 8);
-    expect(refusal(version)).toMatch(/it is format version 3, this vmsr-helper reads versions 1 and 2; run the vmsr-helper that wrote it/);
+    version.writeUInt32LE(4, 8);
+    expect(refusal(version)).toMatch(
+      /it is format version 4, this vmsr-helper reads versions 1, 2 and 3; run the vmsr-helper that wrote it/,
+    );
     const damaged = encodeState(sample());
     damaged[damaged.length - 1]! ^= 1;
     expect(refusal(damaged)).toMatch(/its checksum does not match .*: it was damaged/);
@@ -330,7 +343,7 @@ describe('state snapshot codec, other RAPL domains', () => {
     const bytes = encodeState(s);
     // The domains section is the end: three counts, 2 VM entries of one vpkg (16 bytes each), 2 package
     // entries (24), 2 counters (16). The first VM entry starts after the first count.
-    const at = bytes.length - (4 + 16 * 2 + 4 + 24 * 2 + 4 + 16 * 2) + 4;
+    const at = bytes.length - EMPTY_GUEST_BYTES - (4 + 16 * 2 + 4 + 24 * 2 + 4 + 16 * 2) + 4;
     const code = Buffer.from(bytes);
     code.writeUInt8(0, at + 4); // 'package'
     expect(refusal(resum(code))).toMatch(/domain code 0, not a RAPL domain besides the package/);
@@ -345,5 +358,42 @@ describe('state snapshot codec, other RAPL domains', () => {
     const wide = withDomains();
     wide.domains!.vms[0]!.energyJ = [1, 2, 3, 4, 5, 6];
     expect(stateProblem(wide)).toMatch(/6 dram totals for \d+ virtual packages/);
+  });
+});
+
+describe('state snapshot codec, guest counters (--guest-energy exact)', () => {
+  const withGuest = (): StateSnapshot => {
+    const s = sample();
+    const g = freshGuestCounter(1, 4242, 123456, 2, 3.5);
+    g.counters.set(0, 123_456_789);
+    g.loop.eRatio.set(0, 1n << 63n);
+    g.loop.nbVcpu.set(0, 4000);
+    g.loop.vpkgCounter = [0xffff_fff0, 7];
+    g.phases = { kind: 'start', startNs: 987_654_321_000n, pkgs: [0, 1], asked: 0 };
+    g.start = new Map([[4243, { tid: 4243, ticks: 1234, starttime: 123460, pkg: -1 }]]);
+    g.owedUnits = -2.5;
+    g.creditedUnits = 5e9;
+    g.windows = 77;
+    g.carriedWindows = 3;
+    s.guest = [g, freshGuestCounter(2, 4300, 5, 1, 0)];
+    return s;
+  };
+
+  it('round-trips every field of the guest counters, and reads a version 2 snapshot as one without them', () => {
+    const s = withGuest();
+    const r = decodeState(encodeState(s));
+    expect(r.ok && r.value.guest).toEqual(s.guest);
+    const plain = sample();
+    const v2 = decodeState(asVersion2(encodeState(plain)));
+    expect(v2.ok && v2.value).toEqual(plain);
+  });
+
+  it('refuses a guest counter that is not a whole number or a number that is not finite, before writing it', () => {
+    const s = withGuest();
+    s.guest![0]!.counters.set(0, 1.5);
+    expect(stateProblem(s)).toMatch(/VM 1: a guest counter 1.5 is out of range/);
+    const t = withGuest();
+    t.guest![1]!.owedUnits = NaN;
+    expect(stateProblem(t)).toMatch(/VM 2: a guest counter holds a number that is not finite/);
   });
 });

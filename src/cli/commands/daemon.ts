@@ -38,6 +38,8 @@ export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 
 interface RawDaemonOptions extends RawHostOptions {
   energySource?: string;
+  /** --guest-energy (defined with the v2 options; the start-up holds QEMU's answers for it too). */
+  guestEnergy?: string;
   socket?: string;
   pidfile?: string;
   daemon?: boolean;
@@ -143,6 +145,7 @@ export function parseDaemonOptions(
     socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
     ...(raw.socketGroup !== undefined ? { socketGid: flagged('--socket-group', () => ids.group(raw.socketGroup!)) } : {}),
     frameTimeoutMs: Math.round((raw.frameTimeout ?? DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000) * 1000),
+    ...(raw.guestEnergy === 'exact' ? { holdEnergyStatus: true } : {}),
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
       tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),

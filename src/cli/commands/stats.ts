@@ -20,6 +20,7 @@ import { statedEnergySource } from '../../client/stated-energy-source.js';
 import { energyNotice } from '../energy-notice.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
+import { guestEnergyJson, guestEnergyNote, guestEnergyOf, statsScale, type GuestEnergyJ } from '../guest-energy-note.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -49,20 +50,16 @@ interface StatsRow {
   otherCpuS: number | null;
   /** Age of the sample at the read, s (null before the first). */
   ageS: number | null;
+  /** --guest-energy exact: energy QEMU was given to credit the guest, and the exact energy of the same windows (J); null otherwise. */
+  guest: GuestEnergyJ | null;
 }
 
 const num = (v: bigint | undefined) => Number(v ?? 0n);
 
-/** The scale of `name`'s values into its unit (10^exponent), 1 when absent. */
-function scale(r: StatsReader, name: string): number {
-  const d = r.descriptor(name);
-  return d ? 10 ** d.exponent : 1;
-}
-
 function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
-  const ej = scale(r, 'energy');
+  const ej = statsScale(r, 'energy');
   const energy = (r.values(s, 'energy') ?? []).map((v) => Number(v) * ej);
-  const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * scale(r, 'power'));
+  const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * statsScale(r, 'power'));
   const tids = r.values(s, 'vcpu_tid') ?? [];
   const ve = r.values(s, 'vcpu_energy') ?? [];
   const vt = r.values(s, 'vcpu_cpu_time');
@@ -78,11 +75,12 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     vpkgEnergyJ: energy,
     vcpus: tids.map((tid, i) => ({
       tid: Number(tid),
-      energyJ: num(ve[i]) * scale(r, 'vcpu_energy'),
-      cpuS: vt ? num(vt[i]) * scale(r, 'vcpu_cpu_time') : null,
+      energyJ: num(ve[i]) * statsScale(r, 'vcpu_energy'),
+      cpuS: vt ? num(vt[i]) * statsScale(r, 'vcpu_cpu_time') : null,
     })),
-    otherCpuS: other === undefined ? null : Number(other) * scale(r, 'other_threads_cpu_time'),
+    otherCpuS: other === undefined ? null : Number(other) * statsScale(r, 'other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
+    guest: guestEnergyOf(r, s),
   };
 }
 
@@ -90,7 +88,7 @@ function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
   const lines = rows.map((r) => {
     const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
-    const state = r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live';
+    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + guestEnergyNote(r.guest);
     return `${String(r.hostVmId).padStart(6)}  ${(r.name ?? '-').slice(0, 20).padEnd(20)} ${String(r.pid).padStart(8)} ${r.powerW.toFixed(2).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${String(r.vcpus.length).padStart(5)} ${cpu.padStart(11)}  ${state}`;
   });
   return [head, ...lines];
@@ -111,6 +109,7 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
     other_threads_cpu_s: r.otherCpuS,
     age_s: r.ageS,
     energy_source: energySource,
+    ...guestEnergyJson(r.guest),
   });
 }
 

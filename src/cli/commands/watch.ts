@@ -21,6 +21,8 @@ import { UsageError } from '../cli-errors.js';
 import { statedEnergySource } from '../../client/stated-energy-source.js';
 import { energyNotice } from '../energy-notice.js';
 import { wattsOver } from '../../common/watts.js';
+import { StatsReader } from '../../client/stats-reader.js';
+import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
 
 interface WatchOptions {
   socket: string;
@@ -96,22 +98,28 @@ const fmtW = (w: number | null | undefined): string => (w === null || w === unde
  * One row per UPDATE: power from the energy delta over the time delta since `base`, and the running
  * energy. Time is counted from `originNs` (the first sample watched); t_ns itself is the helper's
  * monotonic clock, which means nothing to a reader. An UPDATE from before the first interval (t_ns 0)
- * shows "-".
+ * shows "-". `guest`: the VM's guest energy (--guest-energy exact), shown after the row.
  */
-export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs): string {
+export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs, guest: GuestEnergyJ | null = null): string {
   const p = powers(base, u);
   const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
   parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
-  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${guestEnergyNote(guest, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
 /**
  * `watch --json`: one object per UPDATE. t_ns is the helper's CLOCK_MONOTONIC as a bare integer (as in
  * traces); energy_uj a decimal string (exact past 2^53, like replay --json); power_w a float, null
- * when there is no interval yet.
+ * when there is no interval yet. In exact mode, guest_energy_j and guest_exact_energy_j (`guest`).
  */
-export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs, vm?: VmIdentity): string {
+export function formatJsonUpdate(
+  base: PowerBase | null,
+  u: Update,
+  originNs: bigint = u.tNs,
+  vm?: VmIdentity,
+  guest: GuestEnergyJ | null = null,
+): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
     (v, g) => `{"vpkg":${g},"power_w":${p[g] ?? null},"energy_uj":"${v.energyUj}","counter":"0x${v.counter.toString(16)}"}`,
@@ -126,7 +134,8 @@ export function formatJsonUpdate(base: PowerBase | null, u: Update, originNs: bi
         .join(',')}]}`,
   );
   const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
-  return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}}`;
+  const g = JSON.stringify(guestEnergyJson(guest)).slice(1, -1);
+  return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}${g ? `,${g}` : ''}}`;
 }
 
 /** What every --json line says of the VM, so a line read alone names it. */
@@ -219,10 +228,47 @@ export async function runWatch(
 }
 
 /** A connection that follows the helper across its restarts (the same VM, its updates going on), saying so. */
-function resumingClient(o: WatchOptions, warn: (line: string) => void): Promise<ResumingV2Client> {
+function resumingClient(o: WatchOptions, warn: (line: string) => void, resumed?: () => void): Promise<ResumingV2Client> {
   return ResumingV2Client.connect(o.socket, {
-    onResumed: (r) => warn(`note: the helper restarted; following the VM again after ${r.awayMs} ms`),
+    onResumed: (r) => {
+      warn(`note: the helper restarted; following the VM again after ${r.awayMs} ms`);
+      resumed?.();
+    },
   });
+}
+
+/**
+ * A VM's statistics file, for its guest energy in exact mode (read at each row); reopened after a
+ * helper restart (the old image's file keeps its last values). Nothing in raw mode, or when the
+ * helper does not give the file (a VM that ended, STATS_FD refused): the rows are as without it.
+ */
+class GuestEnergyFile {
+  private r: StatsReader | null = null;
+
+  constructor(
+    private readonly client: ResumingV2Client,
+    private readonly hostVmId: number,
+  ) {}
+
+  async reopen(): Promise<void> {
+    this.close();
+    try {
+      const r = StatsReader.open((await this.client.statsFd(this.hostVmId)).fd);
+      if (r.descriptor('guest_energy') === undefined) r.close();
+      else this.r = r;
+    } catch {
+      // No guest column: the energy rows do not depend on it.
+    }
+  }
+
+  read(): GuestEnergyJ | null {
+    return this.r === null ? null : guestEnergyOf(this.r, this.r.read());
+  }
+
+  close(): void {
+    this.r?.close();
+    this.r = null;
+  }
 }
 
 /** `watch NAME|UUID|PID`: the VM from the helper's LIST, OBSERVEd (nothing registered, nothing to undo). */
@@ -233,9 +279,12 @@ async function observeVm(
   signal: AbortSignal | undefined,
   warn: (line: string) => void,
 ): Promise<void> {
-  const client = await resumingClient(o, warn);
+  let guest: GuestEnergyFile | undefined;
+  const client = await resumingClient(o, warn, () => void guest?.reopen());
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
+    guest = new GuestEnergyFile(client, vm.hostVmId);
+    await guest.reopen();
     const source = await statedEnergySource(client);
     if (o.json) out(formatJsonVm(vm, source));
     else {
@@ -243,9 +292,11 @@ async function observeVm(
       const notice = energyNotice(source);
       if (notice !== null) out(notice);
     }
+    const file = guest;
     await follow(o, out, signal, warn, client, {
       vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
       nvpkg: vm.nvpkg,
+      guest: () => file.read(),
       // An observed VM's energy counts from its discovery: power is measured from the values now.
       start: async (onUpdate, onError) => {
         const now = fromObserved(await client.observe(vm.hostVmId, (u) => onUpdate(fromObserved(u)), onError, { domains: true }));
@@ -253,6 +304,7 @@ async function observeVm(
       },
     });
   } finally {
+    guest?.close();
     await client.close();
   }
 }
@@ -265,6 +317,8 @@ interface Follow {
   vm: VmIdentity;
   /** Virtual packages: the table's columns. */
   nvpkg: number;
+  /** The VM's guest energy now (--guest-energy exact), shown with each row; absent or null: none. */
+  guest?: () => GuestEnergyJ | null;
   /**
    * Starts the updates; resolves with the acknowledging update (its domains name the table's domain
    * columns) and the values power is measured from (null: the baseline, energy 0).
@@ -307,7 +361,8 @@ async function follow(
         return;
       }
       origin ??= u.tNs;
-      out(o.json ? formatJsonUpdate(base, u, origin, f.vm) : formatUpdate(base, u, origin));
+      const guest = f.guest?.() ?? null;
+      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, guest) : formatUpdate(base, u, origin, guest));
       if (u.tNs !== 0n) base = u;
       if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
     };

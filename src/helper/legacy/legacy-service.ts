@@ -6,7 +6,7 @@
  */
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';
-import { LEGACY_ALLOWED_MSRS } from '../../msr/registers.js';
+import { LEGACY_ALLOWED_MSRS, MSR_PKG_ENERGY_STATUS } from '../../msr/registers.js';
 import type { Vendor } from '../../ratio/types.js';
 import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../../msr/legacy-registers.js';
 import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../../protocol/legacy.js';
@@ -64,6 +64,11 @@ interface LegacyServiceOptions {
   noMsrs?: string;
   /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
   limiter?: LogLimiter;
+  /**
+   * --guest-energy exact after a restart: until setEnergyStatus, MSR_PKG_ENERGY_STATUS is answered 0
+   * (QEMU computes a zero delta from a 0 on either side of its window) and the peer is remembered.
+   */
+  holdEnergyStatus?: boolean;
 }
 
 /**
@@ -85,9 +90,23 @@ export function newLegacyCounters(): LegacyCounters {
   return { ok: 0, refused: 0, failed: 0 };
 }
 
+/**
+ * Answers MSR_PKG_ENERGY_STATUS for a peer and cpu itself (--guest-energy exact), or returns
+ * undefined to leave the request raw.
+ */
+export type EnergyStatusHook = (peerPid: number, cpu: number) => bigint | undefined;
+
+/** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
+export type HeldPeers = ReadonlyMap<number, bigint>;
+
+/** Peers held at most (a restart hands over at most --max-connections connections). */
+const MAX_HELD_PEERS = 65_536;
+
 export class LegacyService {
   /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
   private readonly plans = new Map<number, LegacyPlan>();
+  private energyStatus: EnergyStatusHook | undefined;
+  private readonly held = new Map<number, bigint>();
   readonly counters: LegacyCounters;
 
   readonly limiter: LogLimiter;
@@ -99,6 +118,12 @@ export class LegacyService {
       const plan = legacyPlan(o.vendor, msr);
       if (plan !== null) this.plans.set(msr, plan);
     }
+  }
+
+  /** Installs the guest-energy hook (once the v2 service is up); returns the peers held meanwhile. */
+  setEnergyStatus(hook: EnergyStatusHook): HeldPeers {
+    this.energyStatus = hook;
+    return this.held;
   }
 
   /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
@@ -136,6 +161,17 @@ export class LegacyService {
         `QEMU asked for an MSR, but ${this.o.noMsrs}; replying 0 (load msr and use --energy-source msr)`,
       );
       return zero(out, offset);
+    }
+    if (req.msr === MSR_PKG_ENERGY_STATUS && this.energyStatus === undefined && this.o.holdEnergyStatus === true) {
+      if (this.held.size < MAX_HELD_PEERS || this.held.has(peerPid)) this.held.set(peerPid, process.hrtime.bigint());
+      c.ok++;
+      return zero(out, offset);
+    }
+    const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.(peerPid, req.cpu) : undefined;
+    if (own !== undefined) {
+      out.writeBigUInt64LE(own, offset);
+      c.ok++;
+      return true;
     }
     try {
       if (plan.kind === 'read') {

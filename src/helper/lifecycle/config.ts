@@ -31,6 +31,11 @@ export interface DaemonConfig {
   maxConnections: number;
   /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
   frameTimeoutMs: number;
+  /**
+   * --guest-energy exact: until the startV2 phase answers MSR_PKG_ENERGY_STATUS, QEMUs of handed-over
+   * connections get 0 for it (a raw value would pair with a guest counter in QEMU's window).
+   */
+  holdEnergyStatus?: boolean;
   /** --socket-mode: permission bits of the socket file (default 0600). */
   socketMode: number;
   /** --socket-group: group of the socket file. */

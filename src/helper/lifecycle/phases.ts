@@ -173,6 +173,8 @@ export function serveLegacy(
     listener: opened.listener,
     area: o.area,
     counters: { ...newLegacyCounters(), ...handed.legacy },
+    // Only a restart (or a crash's checkpoint) has QEMUs mid-window whose counters the state holds; a fresh start answers raw.
+    holdEnergyStatus: config.holdEnergyStatus === true && handed.state !== undefined,
     server: {
       maxConnections: o.maxConnections,
       // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.

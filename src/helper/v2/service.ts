@@ -30,6 +30,7 @@ import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
+import type { Logger } from '../../logging/logger.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import { DisposableStore, type Disposable } from '../../common/disposable.js';
@@ -56,6 +57,9 @@ import { restoreParts, restoreSampling, type RestoreReport } from '../handover/r
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
+import { guestVmOf } from '../guest/guest-vm.js';
+import { GuestEnergy } from '../guest/guest-energy.js';
+import { joulesPerCounterUnit } from '../../ratio/counter.js';
 
 export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -102,6 +106,11 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
   restoreWaitMs?: number;
   /** --guest-dir: each VM's powercap-shaped tree and statistics file in DIR/<uuid>/ (docs/guest.md); absent: none. */
   guestDir?: string;
+  /**
+   * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
+   * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
+   */
+  guestEnergy?: { maxThreads: number; log: Logger };
 }
 
 /** The message of ERROR RESTARTING. */
@@ -121,6 +130,8 @@ interface V2Parts {
   stats: StatsFiles;
   /** --guest-dir's trees (guest-dir/), when on. */
   guests?: GuestDirs;
+  /** --guest-energy exact's guest counters, when on. */
+  guestEnergy?: GuestEnergy;
   requests: RequestParts;
   /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
   hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
@@ -180,6 +191,7 @@ function makeStatsFiles(
   sampling: SamplingService,
   energy: HostEnergy,
   hostValues: V2Parts['hostValues'],
+  guestEnergy: GuestEnergy | undefined,
 ): StatsFiles {
   return new StatsFiles({
     registry,
@@ -192,11 +204,35 @@ function makeStatsFiles(
     log: o.log,
     clock: o.clock ?? monotonicNs,
     ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
+    ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
     capacity: () => ({
       registered: { used: registry.size, max: o.limits.maxVms },
       discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
       fds: o.fds?.usage?.() ?? null,
     }),
+  });
+}
+
+/**
+ * --guest-energy exact's answers (helper/guest/guest-energy.ts), on the host's topology and the
+ * guest's energy unit (the engine's: QEMU passes the host's unit to its guests); VMs found by their
+ * process in the registry.
+ */
+function exactGuestEnergy(
+  o: V2ServiceOptions,
+  g: NonNullable<V2ServiceOptions['guestEnergy']>,
+  engine: Engine,
+  registry: VmRegistry,
+  sampling: SamplingService,
+): GuestEnergy {
+  return new GuestEnergy({
+    procRoot: o.procRoot,
+    host: o.host,
+    unitJ: joulesPerCounterUnit(engine.guestPowerUnit),
+    find: (pid) => guestVmOf(registry, sampling, pid),
+    log: g.log,
+    clock: monotonicNs,
+    maxThreads: g.maxThreads,
   });
 }
 
@@ -239,7 +275,8 @@ function makeParts(
   const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total), domains);
-  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues);
+  const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, engine, registry, sampling);
+  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy);
   const guests =
     o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
   const requests: RequestParts = {
@@ -252,6 +289,7 @@ function makeParts(
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
     stats,
+    ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
   };
   return {
     engine,
@@ -265,6 +303,7 @@ function makeParts(
     whole,
     stats,
     guests,
+    guestEnergy,
     requests,
     hostValues,
     limiter,
@@ -422,8 +461,17 @@ export class V2Service {
    * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
    */
   snapshot(): StateSnapshot {
-    const { registry, sampling, energy, engine } = this.p;
-    return capture({ registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) }, engine.guestPowerUnit);
+    const { registry, sampling, energy, engine, guestEnergy } = this.p;
+    const state = capture(
+      { registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) },
+      engine.guestPowerUnit,
+    );
+    return guestEnergy ? { ...state, guest: guestEnergy.state() } : state;
+  }
+
+  /** --guest-energy exact's guest counters (the legacy service's MSR_PKG_ENERGY_STATUS answers); undefined in raw mode. */
+  get guestEnergy(): GuestEnergy | undefined {
+    return this.p.guestEnergy;
   }
 
   /**

@@ -51,6 +51,8 @@ interface StatsFilesParts {
    * from the start (the host file is laid out with the ones there when it is made). Absent: none.
    */
   hostDomains?: () => NonNullable<HostStatsValues['domains']>;
+  /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
+  guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
 }
 
 /** A refusal, with the v2 error code it is answered with. */
@@ -202,6 +204,7 @@ export class StatsFiles {
       nvcpu: Math.max(1, threads?.vcpus.length ?? 1),
       tickExponent: tickExponent(this.p.clkTck),
       domains: (out?.domains ?? []).map((d) => d.domain),
+      guest: this.p.guest !== undefined,
     };
   }
 
@@ -255,6 +258,7 @@ export class StatsFiles {
           energyUj: d.vpkgEnergyUj,
           powerUw: out.ended ? [] : (f.domainPowerUw.get(d.domain) ?? []),
         })),
+        ...guestValues(this.p.guest?.(vmId)),
       }),
     );
     if (out.ended) f.final = true;
@@ -293,4 +297,9 @@ export class StatsFiles {
     };
     h.block.write((b) => writeHostStats(b, values, h.domains));
   }
+}
+
+/** A VM's guest energy in the file's µJ, when it has some. */
+function guestValues(g: { guestJ: number; exactJ: number } | undefined): { guest?: { guestUj: number; exactUj: number } } {
+  return g === undefined ? {} : { guest: { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 } };
 }

@@ -25,6 +25,11 @@ export interface VmStatsShape {
    * `<domain>_energy` and `<domain>_power` per virtual package; empty when only the package is read.
    */
   domains: readonly OtherDomain[];
+  /**
+   * The daemon runs --guest-energy exact: `guest_energy` (what QEMU was given to credit the guest)
+   * and `guest_exact_energy` (what the helper attributed over the same windows), both cumulative µJ.
+   */
+  guest?: boolean;
 }
 
 /** The names of one other domain's values in a VM's file (docs/stats-fd.md "A VM's file"). */
@@ -66,6 +71,10 @@ function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
     out.push({ name: n.energy, flags: C | UJ, exponent: -6, size: s.nvpkg });
     out.push({ name: n.power, flags: I | STATS_UNIT.WATTS | STATS_BASE.POW10, exponent: -6, size: s.nvpkg });
   }
+  if (s.guest === true) {
+    out.push(one('guest_energy', C | UJ, -6));
+    out.push(one('guest_exact_energy', C | UJ, -6));
+  }
   return out;
 }
 
@@ -93,6 +102,8 @@ interface VmStatsValues extends SampleTimes {
   otherTicks: number;
   /** Per other domain of the file: cumulative µJ and power over the last interval (µW), per virtual package. */
   domains?: readonly { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
+  /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
+  guest?: { guestUj: number; exactUj: number };
 }
 
 /** The word index of every value of a VM's file, resolved once. */
@@ -110,6 +121,8 @@ export class VmStatsSlots {
   readonly otherTicks: number | null;
   /** Per other domain of the file: the word index of its energy and power. */
   readonly domains = new Map<OtherDomain, { energy: number; power: number }>();
+  readonly guestEnergy: number | null;
+  readonly guestExact: number | null;
 
   constructor(
     b: SampleBlock,
@@ -130,6 +143,8 @@ export class VmStatsSlots {
       const n = vmDomainNames(d);
       this.domains.set(d, { energy: b.slot(n.energy), power: b.slot(n.power) });
     }
+    this.guestEnergy = b.has('guest_energy') ? b.slot('guest_energy') : null;
+    this.guestExact = b.has('guest_exact_energy') ? b.slot('guest_exact_energy') : null;
   }
 }
 
@@ -161,6 +176,10 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
       b.setBig(at.energy + g, d.energyUj[g]!);
       b.setNumber(at.power + g, d.powerUw[g] ?? 0);
     }
+  }
+  if (v.guest !== undefined && slots.guestEnergy !== null && slots.guestExact !== null) {
+    b.setNumber(slots.guestEnergy, Math.floor(v.guest.guestUj));
+    b.setNumber(slots.guestExact, Math.floor(v.guest.exactUj));
   }
 }
 

@@ -129,6 +129,8 @@ export const VM_FLAG = {
   HAS_UUID: 0x8,
   /** Not every thread of the process is sampled (over its fd share, or out of fds): its energy is a lower bound. */
   NOT_WHOLE: 0x10,
+  /** Its guest reads its own VM's energy (--guest-energy exact, a modelled QEMU, its counters begun). */
+  GUEST_EXACT: 0x20,
 } as const;
 
 /** Bytes a VM name may take in a VM_LIST entry (UTF-8, cut at a character boundary). */
@@ -394,6 +396,8 @@ export interface VmEntry {
   wholeVmOnly: boolean;
   /** Not every thread of its process is sampled (VM_FLAG.NOT_WHOLE); absent = false. */
   notWhole?: boolean;
+  /** The guest reads its own VM's energy (VM_FLAG.GUEST_EXACT); absent = false. */
+  guestExact?: boolean;
   name: string | null;
   uuid: Buffer | null;
 }
@@ -426,6 +430,7 @@ function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   if (e.wholeVmOnly) flags |= VM_FLAG.WHOLE_VM_ONLY;
   if (e.uuid !== null) flags |= VM_FLAG.HAS_UUID;
   if (e.notWhole === true) flags |= VM_FLAG.NOT_WHOLE;
+  if (e.guestExact === true) flags |= VM_FLAG.GUEST_EXACT;
   p.writeUInt16LE(flags, off + 24);
   p.writeUInt8(name.length, off + 26);
   p.writeUInt8(0, off + 27);

@@ -332,6 +332,7 @@ function parseVmList(p: Buffer): Result<HelperMessage> {
       discovered: (flags & VM_FLAG.DISCOVERED) !== 0,
       wholeVmOnly: (flags & VM_FLAG.WHOLE_VM_ONLY) !== 0,
       notWhole: (flags & VM_FLAG.NOT_WHOLE) !== 0,
+      guestExact: (flags & VM_FLAG.GUEST_EXACT) !== 0,
       uuid: (flags & VM_FLAG.HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
       name: nameLen > 0 ? p.subarray(off + VM_ENTRY_FIXED, off + VM_ENTRY_FIXED + nameLen).toString('utf8') : null,
     });

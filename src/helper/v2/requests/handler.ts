@@ -34,6 +34,8 @@ export interface RequestParts {
   stats: StatsFiles;
   /** --observer-group, for the advice of a refused HOST_SUBSCRIBE. */
   observerGid?: number;
+  /** --guest-energy exact: a VM's guest energy, undefined while it is not exact (LIST's GUEST_EXACT). */
+  guest?: (vmId: number) => unknown;
 }
 
 export type Handler<K extends RequestType, C = V2Connection, P = RequestParts> = (req: RequestOf<K>, conn: C, parts: P) => Reply;

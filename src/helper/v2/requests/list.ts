@@ -15,6 +15,7 @@ export const list: Handler<typeof T.LIST> = (req, conn, p) => {
     discovered: r.owner === null,
     wholeVmOnly: r.wholeVmOnly,
     notWhole: r.notWhole === true,
+    guestExact: p.guest?.(r.vmId) !== undefined,
     name: r.name,
     uuid: r.uuid,
   });

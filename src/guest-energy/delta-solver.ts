@@ -1,0 +1,62 @@
+/**
+ * The e_delta to give QEMU for one host package so that its unmodified arithmetic (qemu-vmsr-loop.ts)
+ * credits the VM's virtual packages at most `target` units in total, and as close to it as QEMU's
+ * rounding allows. What QEMU credits from package p depends only on p's e_delta (every thread's
+ * share is taken at the price of the package it sat on), and grows with it: a binary search over
+ * e_delta on a copy of QEMU's state finds the largest that does not pass the target.
+ */
+import { copyLoopState, deltaTicks, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+
+/** A window's threads on package p, and QEMU's state before it. */
+interface PackageProblem {
+  state: LoopState;
+  pkg: number;
+  threads: readonly LoopThread[];
+  maxTicks: number;
+  /** Units the VM should be credited from this package in this window (>= 0). */
+  target: bigint;
+}
+
+/** What QEMU would credit in total (every virtual package) from package p given e_delta = e. */
+export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
+  const s = copyLoopState(pr.state);
+  const credits = runIteration(s, { threads: pr.threads, eDelta: new Map([[pr.pkg, e]]), maxTicks: new Map([[pr.pkg, pr.maxTicks]]) });
+  let sum = 0n;
+  for (const c of credits) sum += c;
+  return sum;
+}
+
+/**
+ * Whether QEMU can be given any energy on this package at all: a thread whose end read fails or
+ * whose ticks went back (an exit, a reused tid) makes QEMU's u64 tick delta underflow, and only an
+ * e_delta of 0 keeps that out of its counters.
+ */
+function underflows(threads: readonly LoopThread[]): boolean {
+  return threads.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0));
+}
+
+/** The largest e_delta whose credit is at most the target (0 when nothing can be credited safely). */
+export function solveDelta(pr: PackageProblem): bigint {
+  if (pr.target <= 0n || underflows(pr.threads)) return 0n;
+  let vcpuTicks = 0n;
+  for (const t of pr.threads) if (t.vpkg !== undefined) vcpuTicks += deltaTicks(t);
+  if (vcpuTicks === 0n) return 0n;
+  // QEMU's credit is e x (vCPU ticks) / maxticks plus what does not grow with e, each vCPU rounding
+  // by at most 1/2: the answer is within a few units' worth of the linear estimate. Bracket it there.
+  const base = creditedFrom(pr, 0n);
+  if (base > pr.target) return 0n;
+  const guess = ((pr.target - base) * BigInt(pr.maxTicks)) / vcpuTicks;
+  // (QEMU's share of the non-vCPU threads also grows with e, so the estimate may be high: gallop.)
+  let step = (BigInt(pr.threads.length + 1) * BigInt(pr.maxTicks)) / vcpuTicks + 1n;
+  let lo = guess > step ? guess - step : 0n;
+  for (let s = step; lo > 0n && creditedFrom(pr, lo) > pr.target; s *= 2n) lo = lo > s ? lo - s : 0n;
+  let hi = guess + step;
+  for (; creditedFrom(pr, hi) <= pr.target; step *= 2n) hi += step;
+  // Invariant: credit(lo) <= target < credit(hi).
+  while (hi - lo > 1n) {
+    const mid = (lo + hi) / 2n;
+    if (creditedFrom(pr, mid) <= pr.target) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}

@@ -1,0 +1,160 @@
+/**
+ * One VM's guest energy counters in exact mode (docs/guest-energy.md): a 64-bit counter per host
+ * package that the helper answers QEMU's MSR_PKG_ENERGY_STATUS requests with, and the model of
+ * QEMU's vmsr loop that says what QEMU will credit. At each window's end (QEMU's e_end) the energy
+ * the helper attributed to the VM since the last window, plus what was carried, becomes a target;
+ * each package's counter advances by the e_delta that makes QEMU credit at most that target
+ * (delta-solver.ts), and what QEMU could not be given is carried to the next window:
+ *
+ * - a thread that exited, or whose tid now names another thread, would make QEMU's tick delta
+ *   underflow: its package answers a zero delta and carries the energy;
+ * - a window in which no vCPU ran (QEMU credits nothing) carries it too;
+ * - QEMU's never-reset non-vCPU share and its nominal 1 s are part of the model, so compensated.
+ *
+ * Pure: the caller reads the threads and the time, and gives the attributed energy.
+ */
+import { creditedFrom, solveDelta } from './delta-solver.js';
+import { freshPhases, nextPhase, type PhaseState } from './window-phases.js';
+import { freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+import type { ThreadSnapshot } from './thread-snapshot.js';
+
+/** What a VM is, for its counters. */
+export interface GuestVm {
+  pid: number;
+  /** vCPU tid -> virtual package. */
+  vcpus: ReadonlyMap<number, number>;
+  nvpkg: number;
+}
+
+/** Plain data: the whole state of one VM's guest counters (restart state). */
+export interface GuestCounterState {
+  /** The helper's id of the VM (host VM id). */
+  vmId: number;
+  pid: number;
+  starttime: number;
+  /** Per host package: the counter answered (units of the guest's energy unit). */
+  counters: Map<number, number>;
+  loop: LoopState;
+  phases: PhaseState;
+  /** The threads read at the current window's start, when one is open. */
+  start: ThreadSnapshot | null;
+  /** Attributed, not yet credited (units; may be slightly below 0 when QEMU's carried share credited more). */
+  owedUnits: number;
+  /** What QEMU was given to credit since the counters began (units). */
+  creditedUnits: number;
+  /** The VM's attributed energy (J) at the last window's end. */
+  lastExactJ: number;
+  /** Windows closed, and those that carried their energy because a thread underflowed or no vCPU ran. */
+  windows: number;
+  carriedWindows: number;
+}
+
+/** What one request needs answered, and what the caller must read before the next. */
+type CounterStep =
+  | { kind: 'start'; first: boolean; value: number }
+  | { kind: 'end'; first: true; needs: 'window' }
+  | { kind: 'end'; first: false; value: number };
+
+export function freshGuestCounter(vmId: number, pid: number, starttime: number, nvpkg: number, exactJ: number): GuestCounterState {
+  return {
+    vmId,
+    pid,
+    starttime,
+    counters: new Map(),
+    loop: freshLoopState(nvpkg),
+    phases: freshPhases(),
+    start: null,
+    owedUnits: 0,
+    creditedUnits: 0,
+    lastExactJ: exactJ,
+    windows: 0,
+    carriedWindows: 0,
+  };
+}
+
+/** Classifies a request for package `pkg`: a start read or a later end read is answered at once. */
+export function counterStep(s: GuestCounterState, pkg: number, nowNs: bigint): CounterStep {
+  const p = nextPhase(s.phases, pkg, nowNs);
+  if (p.kind === 'end' && p.first) return { kind: 'end', first: true, needs: 'window' };
+  if (p.kind === 'start' && p.first) s.start = null;
+  return { kind: p.kind, first: p.first, value: s.counters.get(pkg) ?? 0 } as CounterStep;
+}
+
+/** The threads as QEMU saw them over the window: start reads, and the end read of the same thread. */
+function windowThreads(vm: GuestVm, start: ThreadSnapshot, end: ThreadSnapshot): { threads: LoopThread[]; replaced: Set<number> } {
+  const threads: LoopThread[] = [];
+  const replaced = new Set<number>();
+  for (const a of start.values()) {
+    if (a.tid === vm.pid) continue;
+    const b = end.get(a.tid);
+    if (b !== undefined && b.starttime !== a.starttime) replaced.add(a.pkg);
+    const vpkg = vm.vcpus.get(a.tid);
+    threads.push({ tid: a.tid, pkg: a.pkg, ticks0: a.ticks, ticks1: b?.ticks ?? null, ...(vpkg !== undefined ? { vpkg } : {}) });
+  }
+  return { threads, replaced };
+}
+
+/**
+ * Closes the window at its first end read: `end` is the threads read now, `exactJ` the VM's
+ * attributed energy now, `unitJ` the guest's energy unit. Advances the counters and returns the
+ * value to answer for `pkg`.
+ */
+export function closeWindow(
+  s: GuestCounterState,
+  vm: GuestVm,
+  o: { pkg: number; end: ThreadSnapshot; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number> },
+): number {
+  s.owedUnits += Math.max(0, o.exactJ - s.lastExactJ) / o.unitJ;
+  s.lastExactJ = Math.max(s.lastExactJ, o.exactJ);
+  s.windows++;
+  const pkgs = s.phases.pkgs;
+  // Without a start read (the counters began mid-window) the end read stands in for it: no ticks, nothing credited.
+  const { threads, replaced } = windowThreads(vm, s.start ?? o.end, o.end);
+  const ofPkg = (p: number) => threads.filter((t) => t.pkg === p);
+  const maxTicks = (p: number) => o.maxTicks.get(p) ?? 1;
+  // What QEMU credits from its carried non-vCPU share whatever it is given comes off the target first.
+  const base = new Map(
+    pkgs.map((p) => [p, creditedFrom({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: 0n }, 0n)]),
+  );
+  let baseSum = 0;
+  for (const b of base.values()) baseSum += Number(b);
+  const shares = splitTarget(Math.max(0, Math.floor(s.owedUnits) - baseSum), pkgs, threads);
+  const eDelta = new Map<number, bigint>();
+  for (const p of pkgs) {
+    const paid = replaced.has(p) || s.start === null ? 0 : (shares.get(p) ?? 0);
+    eDelta.set(p, solveDelta({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: base.get(p)! + BigInt(paid) }));
+  }
+  const credits = runIteration(s.loop, { threads, eDelta, maxTicks: o.maxTicks });
+  let credited = 0;
+  for (const c of credits) credited += Number(c);
+  if (credited === 0 && s.owedUnits >= 1) s.carriedWindows++;
+  s.creditedUnits += credited;
+  s.owedUnits -= credited;
+  for (const [p, e] of eDelta) s.counters.set(p, (s.counters.get(p) ?? 0) + Number(e));
+  s.start = null;
+  return s.counters.get(o.pkg) ?? 0;
+}
+
+/**
+ * The window's target split over the host packages QEMU asked, in proportion to the vCPU ticks
+ * QEMU will see on each (the only way it credits a package); the last package gets the remainder.
+ */
+function splitTarget(target: number, pkgs: readonly number[], threads: readonly LoopThread[]): Map<number, number> {
+  const ticks = new Map<number, number>();
+  let all = 0;
+  for (const t of threads) {
+    if (t.vpkg === undefined || t.ticks1 === null || t.ticks1 <= t.ticks0) continue;
+    ticks.set(t.pkg, (ticks.get(t.pkg) ?? 0) + t.ticks1 - t.ticks0);
+    all += t.ticks1 - t.ticks0;
+  }
+  const out = new Map<number, number>();
+  if (all === 0) return out;
+  let left = target;
+  const paid = pkgs.filter((p) => (ticks.get(p) ?? 0) > 0);
+  paid.forEach((p, i) => {
+    const share = i === paid.length - 1 ? left : Math.floor((target * ticks.get(p)!) / all);
+    out.set(p, share);
+    left -= share;
+  });
+  return out;
+}

@@ -1,0 +1,224 @@
+/**
+ * `--guest-energy exact` (docs/guest-energy.md): QEMU's MSR_PKG_ENERGY_STATUS requests from a VM
+ * the helper knows are answered from that VM's own guest counters (src/guest-energy/), so that
+ * QEMU's unmodified vmsr loop credits the guest the energy the helper attributed to it. Everything
+ * else (other registers, other peers, unknown VMs, a QEMU version not modelled, mode raw) is
+ * answered raw by the legacy service.
+ *
+ * A VM switches to exact only at the start of one of QEMU's windows (a switch mid-window would give
+ * QEMU one garbage delta), once its QEMU's version is known to be modelled; the windows QEMU ran
+ * before it are counted, so the model's vCPU count (nb_vcpu) starts right.
+ */
+import type { Logger } from '../../logging/logger.js';
+import { exeVersionText } from '../../os/exe-version.js';
+import { closeWindow, counterStep, freshGuestCounter, type GuestCounterState, type GuestVm } from '../../guest-energy/guest-counter.js';
+import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
+import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
+import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
+import type { HostInfo } from '../../ratio/types.js';
+import { readThreads } from './thread-reads.js';
+import type { GuestEnergyMode } from '../../guest-energy/modes.js';
+
+/** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
+const MAX_GUEST_PEERS = 4096;
+
+/** What the helper knows of a VM, for its guest counters. */
+export interface GuestVmView extends GuestVm {
+  vmId: number;
+  starttime: number;
+  /** Its attributed energy now, all virtual packages (J). */
+  exactJ: number;
+}
+
+interface GuestEnergyOptions {
+  procRoot: string;
+  host: HostInfo;
+  /** Joules per unit of the guest's MSR_PKG_ENERGY_STATUS (the unit QEMU passes to the guest). */
+  unitJ: number;
+  /** The live VM whose process is `pid`, if the helper knows one. */
+  find(pid: number): GuestVmView | undefined;
+  log: Logger;
+  clock: () => bigint;
+  maxThreads: number;
+  /** QEMU's version of a process ("10.0.2"), or null; default: read from its executable. */
+  versionOf?: (pid: number) => Promise<string | null>;
+}
+
+/** One peer asking for the counter: its windows seen, and its counters once exact. */
+interface Peer {
+  phases: PhaseState;
+  windowsSeen: number;
+  version: 'unknown' | 'reading' | 'modelled' | 'not modelled';
+  vmId?: number;
+  counter?: GuestCounterState;
+  /**
+   * Answered 0 since a restart (its QEMU may be in a window whose one side was 0): 0 again until a
+   * request comes soon after the last, which can only be a window's start; then as usual. The time of the last.
+   */
+  resyncNs?: bigint;
+}
+
+/** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
+interface GuestEnergyView {
+  mode: GuestEnergyMode;
+  /** Energy QEMU was given to credit the guest since exact began (J). */
+  guestJ: number;
+  /** Energy the helper attributed to the VM over the same windows (J). */
+  exactJ: number;
+  windows: number;
+}
+
+export class GuestEnergy {
+  private readonly peers = new Map<number, Peer>();
+  private readonly pkgOfCpu: Map<number, number>;
+  private readonly maxTicks: Map<number, number>;
+
+  constructor(private readonly o: GuestEnergyOptions) {
+    this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.package]));
+    this.maxTicks = new Map();
+    for (const c of o.host.cpus) this.maxTicks.set(c.package, (this.maxTicks.get(c.package) ?? 0) + o.host.clkTck);
+  }
+
+  /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */
+  answer(peerPid: number, cpu: number): bigint | undefined {
+    const pkg = this.pkgOfCpu.get(cpu);
+    if (pkg === undefined) return undefined;
+    const now = this.o.clock();
+    const peer = this.peer(peerPid);
+    if (peer.resyncNs !== undefined) {
+      const last = peer.resyncNs;
+      peer.resyncNs = now;
+      if (now - last >= MIN_SLEEP_NS) return 0n;
+      delete peer.resyncNs;
+      peer.phases = freshPhases();
+      if (peer.counter !== undefined) peer.counter.phases = freshPhases();
+    }
+    if (peer.counter !== undefined) return BigInt(this.exactStep(peer, peer.counter, pkg, now));
+    const step = nextPhase(peer.phases, pkg, now);
+    if (step.kind !== 'start' || !step.first) return undefined;
+    peer.windowsSeen++;
+    if (!this.begin(peerPid, peer)) return undefined;
+    return BigInt(this.afterStart(peer.counter!, 0));
+  }
+
+  /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
+  view(vmId: number): GuestEnergyView | undefined {
+    for (const p of this.peers.values()) {
+      const c = p.counter;
+      if (p.vmId !== vmId || c === undefined) continue;
+      return {
+        mode: 'exact',
+        guestJ: c.creditedUnits * this.o.unitJ,
+        exactJ: (c.creditedUnits + c.owedUnits) * this.o.unitJ,
+        windows: c.windows,
+      };
+    }
+    return undefined;
+  }
+
+  /** Every exact-mode VM's counters, for the restart state. */
+  state(): GuestCounterState[] {
+    const out: GuestCounterState[] = [];
+    for (const p of this.peers.values()) if (p.counter !== undefined) out.push(p.counter);
+    return out;
+  }
+
+  /**
+   * Counters a previous process saved: their QEMUs go on with the same counters and model. `held`:
+   * the peers answered 0 before this was set up (LegacyService's hold), resynchronised first.
+   */
+  restore(saved: readonly GuestCounterState[], held: ReadonlyMap<number, bigint> = new Map()): void {
+    for (const c of saved) {
+      this.peers.set(c.pid, { phases: c.phases, windowsSeen: c.windows, version: 'modelled', vmId: c.vmId, counter: c });
+    }
+    for (const [pid, at] of held) this.peer(pid).resyncNs = at;
+    if (saved.length + held.size > 0) this.o.log.info({ vms: saved.length, held: held.size }, 'guest energy: counters restored');
+  }
+
+  private peer(pid: number): Peer {
+    let p = this.peers.get(pid);
+    if (p === undefined) {
+      p = { phases: freshPhases(), windowsSeen: 0, version: 'unknown' };
+      // Full: the oldest peer that is not exact goes (an exact one's QEMU is mid-window on its counters);
+      // with none, this peer is not remembered and stays raw.
+      if (this.peers.size >= MAX_GUEST_PEERS) {
+        const raw = [...this.peers].find(([, q]) => q.counter === undefined);
+        if (raw === undefined) return p;
+        this.peers.delete(raw[0]);
+      }
+      this.peers.set(pid, p);
+    }
+    return p;
+  }
+
+  /** At a window's start: turns the peer's counters on when its VM is known and its QEMU modelled. */
+  private begin(pid: number, peer: Peer): boolean {
+    const vm = this.o.find(pid);
+    if (vm === undefined) return false;
+    if (peer.version === 'unknown') this.readVersion(pid, peer, vm);
+    if (peer.version !== 'modelled') return false;
+    const c = freshGuestCounter(vm.vmId, pid, vm.starttime, vm.nvpkg, vm.exactJ);
+    c.phases = { ...peer.phases, pkgs: [...peer.phases.pkgs] };
+    // The windows QEMU ran before: each counted its vCPUs into nb_vcpu (on the package they sit on now).
+    const before = peer.windowsSeen - 1;
+    const now = readThreads(this.o.procRoot, pid, this.pkgOfCpu, this.o.maxThreads);
+    for (const tid of vm.vcpus.keys()) {
+      const pkg = now?.get(tid)?.pkg ?? this.pkgOfCpu.values().next().value!;
+      c.loop.nbVcpu.set(pkg, (c.loop.nbVcpu.get(pkg) ?? 0) + before);
+    }
+    peer.counter = c;
+    peer.vmId = vm.vmId;
+    this.o.log.info({ vm: vm.vmId, pid, windowsBefore: before }, 'guest energy: exact for this VM from this window on');
+    return true;
+  }
+
+  private readVersion(pid: number, peer: Peer, vm: GuestVmView): void {
+    peer.version = 'reading';
+    const read =
+      this.o.versionOf ??
+      ((p: number) => exeVersionText(this.o.procRoot, p, QEMU_VERSION_MARK).then((t) => (t === null ? null : parseQemuVersion(t))));
+    void read(pid).then(
+      (v) => {
+        peer.version = v !== null && isModelled(v) ? 'modelled' : 'not modelled';
+        if (peer.version === 'not modelled')
+          this.o.log.warn(
+            { vm: vm.vmId, pid, qemu: v ?? 'unknown' },
+            `guest energy: raw for this VM: QEMU ${v ?? '(version not found in its executable)'} is not a version whose vmsr loop the helper models (docs/guest-energy.md)`,
+          );
+      },
+      () => (peer.version = 'not modelled'),
+    );
+  }
+
+  private exactStep(peer: Peer, c: GuestCounterState, pkg: number, now: bigint): number {
+    const step = counterStep(c, pkg, now);
+    if (step.kind === 'start') return step.first ? this.afterStart(c, step.value) : step.value;
+    if (!step.first) return step.value;
+    const vm = this.o.find(c.pid);
+    const end: ThreadSnapshot = readThreads(this.o.procRoot, c.pid, this.pkgOfCpu, this.o.maxThreads) ?? new Map();
+    const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
+    const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
+    const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+    this.o.log.debug(
+      {
+        vm: peer.vmId,
+        pid: c.pid,
+        window: c.windows,
+        credited: c.creditedUnits,
+        exact: Math.round(c.creditedUnits + c.owedUnits),
+        guest: c.loop.vpkgCounter,
+      },
+      'guest window',
+    );
+    return value;
+  }
+
+  /**
+   * A window began: QEMU read its threads just before asking, so they are read now, before the reply
+   * (a read after it, even one event-loop turn later, saw a tick QEMU had not in about 1 window in 10).
+   */
+  private afterStart(c: GuestCounterState, value: number): number {
+    c.start = readThreads(this.o.procRoot, c.pid, this.pkgOfCpu, this.o.maxThreads);
+    return value;
+  }
+}

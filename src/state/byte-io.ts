@@ -1,0 +1,120 @@
+/**
+ * Little-endian bytes for the state codec: a growing writer whose setters refuse a value out of
+ * range, and a reader that refuses (Refused) anything cut off or past its bound.
+ */
+import { MAX_U64 } from './snapshot.js';
+
+/** The header before the payload (magic, version, length, CRC, 0): offsets in errors count it. */
+export const STATE_HEADER_SIZE = 24;
+
+/**
+ * Writes through a DataView: its setters are V8 built-ins, fast from the first call, where Buffer's
+ * write methods are JavaScript that runs interpreted until warm, and a restart encodes once per
+ * process (docs/daemon.md "Where the time goes").
+ */
+export class Writer {
+  private buf = Buffer.alloc(4096);
+  private view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
+  length = 0;
+
+  private room(n: number): number {
+    if (this.length + n > this.buf.length) {
+      const bigger = Buffer.alloc(Math.max(this.buf.length * 2, this.length + n));
+      this.buf.copy(bigger, 0, 0, this.length);
+      this.buf = bigger;
+      this.view = new DataView(bigger.buffer, bigger.byteOffset, bigger.byteLength);
+    }
+    const at = this.length;
+    this.length += n;
+    return at;
+  }
+
+  // room() first: it may replace this.buf and this.view, and `this.view.setUint8(this.room(n), v)`
+  // would take the old view before the call grows it (every snapshot past 4 KiB failed to encode).
+  u8(v: number): void {
+    const at = this.room(1);
+    this.view.setUint8(at, checkedUint(v, 0xff));
+  }
+  u16(v: number): void {
+    const at = this.room(2);
+    this.view.setUint16(at, checkedUint(v, 0xffff), true);
+  }
+  u32(v: number): void {
+    const at = this.room(4);
+    this.view.setUint32(at, checkedUint(v, 0xffffffff), true);
+  }
+  u64(v: bigint | number): void {
+    const big = BigInt(v);
+    if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
+    const at = this.room(8);
+    this.view.setBigUint64(at, big, true);
+  }
+  f64(v: number): void {
+    const at = this.room(8);
+    this.view.setFloat64(at, v, true);
+  }
+  bytes(b: Buffer): void {
+    const at = this.room(b.length);
+    b.copy(this.buf, at);
+  }
+  done(): Buffer {
+    return this.buf.subarray(0, this.length);
+  }
+}
+
+/** A whole number in 0..max, or a RangeError: Buffer's write methods refused a value out of range, a DataView wraps it. */
+function checkedUint(v: number, max: number): number {
+  if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${v} is out of range (0..${max})`);
+  return v;
+}
+
+/** Thrown inside the decoder only, turned into its failure. */
+export class Refused extends Error {}
+
+export class Reader {
+  off = 0;
+  constructor(private readonly buf: Buffer) {}
+
+  private at(n: number, what: string): number {
+    if (this.off + n > this.buf.length)
+      throw new Refused(`it is cut off in ${what} (byte ${STATE_HEADER_SIZE + this.off} of ${STATE_HEADER_SIZE + this.buf.length})`);
+    const o = this.off;
+    this.off += n;
+    return o;
+  }
+  u8(what: string): number {
+    return this.buf.readUInt8(this.at(1, what));
+  }
+  u16(what: string): number {
+    return this.buf.readUInt16LE(this.at(2, what));
+  }
+  u32(what: string): number {
+    return this.buf.readUInt32LE(this.at(4, what));
+  }
+  u64(what: string): bigint {
+    return this.buf.readBigUInt64LE(this.at(8, what));
+  }
+  f64(what: string): number {
+    return this.buf.readDoubleLE(this.at(8, what));
+  }
+  /** A u64 that must be a safe integer (a starttime). */
+  safe(what: string): number {
+    const v = this.u64(what);
+    if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new Refused(`${what} ${v} is out of range`);
+    return Number(v);
+  }
+  bytes(n: number, what: string): Buffer {
+    const o = this.at(n, what);
+    return Buffer.from(this.buf.subarray(o, o + n));
+  }
+  /** A count of entries: within its bound, and small enough for its entries to fit the bytes left. */
+  count(width: 2 | 4, max: number, entrySize: number, what: string): number {
+    const n = width === 2 ? this.u16(`the count of ${what}`) : this.u32(`the count of ${what}`);
+    if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);
+    if (n * entrySize > this.buf.length - this.off) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
+    return n;
+  }
+  get left(): number {
+    return this.buf.length - this.off;
+  }
+}

