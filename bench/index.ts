@@ -16,8 +16,8 @@ const all = [
   'exporter',
   'statsfd',
   'restart',
-  'guestdir',
   'crash',
+  'guestdir',
   'guestdir-writer',
   'guest-energy',
 ];
