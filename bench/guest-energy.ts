@@ -40,10 +40,10 @@ export async function run(): Promise<void> {
       vendor: 'intel',
       clkTck: 100,
       cpus: [
-        { cpu: 0, package: 0 },
-        { cpu: 1, package: 0 },
+        { cpu: 0, pkg: 0 },
+        { cpu: 1, pkg: 0 },
       ],
-      packages: [{ package: 0, powerUnit: 0xa0e03n }],
+      packages: [{ pkg: 0, powerUnit: 0xa0e03n }],
     },
     unitJ: 2 ** -14,
     find: (pid) =>

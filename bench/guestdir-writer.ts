@@ -12,8 +12,8 @@ import path from 'node:path';
 import pino from 'pino';
 import { GuestDirs, type GuestDirSource, type GuestVm } from '../src/guest-dir/guest-dirs.js';
 import { encodeStatsFile } from '../src/protocol/stats/layout.js';
-import { vmStatsLayout } from '../src/protocol/stats/vm-stats.js';
-import type { VmOutput } from '../src/ratio/types.js';
+import { vmStatsLayout } from '../src/protocol/stats/vm-file.js';
+import type { VmOutput } from '../src/ratio/outputs.js';
 
 const VMS = 500;
 const WARMUP = 200;

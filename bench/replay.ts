@@ -4,7 +4,7 @@
  * second; never fails on timing.
  */
 import { RatioEngine } from '../src/ratio/attribution.js';
-import { replayRecords } from '../src/ratio/replay.js';
+import { replayRecords } from '../src/ratio/trace-replay.js';
 import { readTraceStream } from '../src/trace/reader.js';
 import { type TraceRecord } from '../src/ratio/trace-records.js';
 

@@ -20,8 +20,8 @@ const reader = new ProcTaskReader('/proc', { relistEvery: 1_000_000, gate: !ever
 const engine = new RatioEngine({
   vendor: 'intel',
   clkTck: 100,
-  cpus: os.cpus().map((_, cpu) => ({ cpu, package: 0 })),
-  packages: [{ package: 0, powerUnit: 0xa0e03n }],
+  cpus: os.cpus().map((_, cpu) => ({ cpu, pkg: 0 })),
+  packages: [{ pkg: 0, powerUnit: 0xa0e03n }],
 });
 let threads = 0;
 for (const pid of pids) {

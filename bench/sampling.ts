@@ -5,7 +5,7 @@
  * that ran), and the first-sample (listing) cost.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { raiseFdLimit } from '../src/os/fd-budget.js';
+import { raiseFdLimit } from '../src/budget/fd-budget.js';
 import { ProcTaskReader } from '../src/os/proc-tasks.js';
 
 const THREADS_PER_PROC = 500;

@@ -12,7 +12,7 @@ import { V2Client } from '../src/client/v2-client.js';
 import { DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
 import { assembleOnFakeHost, FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
-import type { VcpuSpec } from '../src/ratio/types.js';
+import type { VcpuSpec } from '../src/model/vcpus.js';
 
 const INTERVAL_MS = 1000;
 

@@ -20,7 +20,7 @@ import { pino } from 'pino';
 import { V2Client } from '../src/client/v2-client.js';
 import { StatsReader } from '../src/client/stats-reader.js';
 import { DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
-import { startExporter } from '../src/exporter/exporter.js';
+import { startExporter } from '../src/exporter/exporter-process.js';
 import type { ObserverClient } from '../src/exporter/observer-api.js';
 import { assembleOnFakeHost, FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';

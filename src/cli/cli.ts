@@ -4,7 +4,7 @@
  */
 import { Command, CommanderError } from 'commander';
 import { helpHint, ReportedError, UsageError } from './cli-errors.js';
-import { configureDaemonCommand } from './commands/daemon.js';
+import { configureDaemonCommand } from './commands/start-daemon.js';
 import { VERSION } from './version.js';
 import { configureHelpLayout } from './help.js';
 

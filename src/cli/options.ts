@@ -9,19 +9,18 @@ import { DEFAULT_GUEST_DIR } from '../guest-dir/defaults.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
 import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';
-import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/limits.js';
+import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/v2-limits.js';
 import type { V2DaemonSettings } from '../helper/assemble.js';
 import { resolveGroup } from '../os/privileges/accounts.js';
-import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
-import { parseVcpuList } from '../ratio/vcpus.js';
+import { MAX_TID, MAX_VCPUS, type VcpuSpec, parseVcpuList } from '../model/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 import { checkMetricsPath } from '../exporter/metrics-path.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
-import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
-import { DEFAULT_MAX_VM_THREADS } from '../os/vm-fd-shares.js';
+import { DEFAULT_MAX_VM_THREADS } from '../budget/vm-fd-shares.js';
 
 /**
  * The longest sampling interval we accept. A package's 32-bit energy counter wraps every

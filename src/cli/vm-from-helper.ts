@@ -7,7 +7,7 @@
 import { V2Client } from '../client/v2-client.js';
 import { findVm } from '../client/find-vm.js';
 import { ProcScanner } from '../discovery/scanner.js';
-import type { VmSpec } from '../ratio/types.js';
+import type { VmSpec } from '../model/vm.js';
 import { cannotError } from '../common/errors.js';
 
 export async function vmSpecsFromHelper(

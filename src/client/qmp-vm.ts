@@ -2,8 +2,8 @@
 import { QmpClient, type QmpConnectOptions } from './qmp.js';
 import { checkThreadsOf } from '../os/vm-threads.js';
 import { readStarttime } from '../os/proc-starttime.js';
-import type { VcpuSpec, VmSpec } from '../ratio/types.js';
-import { checkVcpus } from '../ratio/vcpus.js';
+import { type VcpuSpec, checkVcpus } from '../model/vcpus.js';
+import type { VmSpec } from '../model/vm.js';
 
 /**
  * Asks QEMU over QMP: vCPU threads (query-cpus-fast thread-id, socket-id as vpkg), name (query-name),

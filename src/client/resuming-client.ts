@@ -14,7 +14,7 @@
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
-import type { VcpuSpec } from '../ratio/types.js';
+import type { VcpuSpec } from '../model/vcpus.js';
 import {
   V2Client,
   V2ConnectionError,

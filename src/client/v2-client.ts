@@ -44,7 +44,7 @@ import {
   type VpkgValue,
 } from '../protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
-import type { VcpuSpec } from '../ratio/types.js';
+import type { VcpuSpec } from '../model/vcpus.js';
 import { cannot } from '../common/errors.js';
 import { formatUuid } from '../common/uuid.js';
 import { closeFd, dupCloexec, MSG_DONTWAIT, recvWithFds, watchReadable, type FdWatch } from '../os/libc.js';

@@ -4,7 +4,7 @@
  * input: arguments are bounded, every number is checked, and anything not understood is ignored
  * (the VM is still attributed, with the defaults docs/discovery.md states).
  */
-import { MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
+import { MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 
 /** Bytes of /proc/<pid>/cmdline looked at; a longer command line is cut (its last argument dropped). */
 export const MAX_CMDLINE_BYTES = 128 * 1024;

@@ -10,7 +10,7 @@
 import path from 'node:path';
 import { isQemuName } from './names.js';
 import { readProcFile } from '../os/proc-file.js';
-import { isPreferredPeer } from '../os/preferred-owner.js';
+import { isPreferredPeer } from '../budget/preferred-owner.js';
 
 /** Whether `peer` is a QEMU process of root or of one of `groups` (false when it is gone). */
 export function isQemuPeer(procRoot: string, peer: { pid: number; uid: number; gid: number }, groups: readonly number[]): boolean {

@@ -10,14 +10,14 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { readProcFile } from '../os/proc-file.js';
-import { isPreferredOwner } from '../os/preferred-owner.js';
-import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../common/uid-share.js';
-import { MAX_VCPUS, type VcpuSpec } from '../ratio/types.js';
+import { isPreferredOwner } from '../budget/preferred-owner.js';
+import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../budget/uid-share.js';
+import { MAX_VCPUS, type VcpuSpec } from '../model/vcpus.js';
 import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
 import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, socketOf, type SmpTopology } from './qemu-cmdline.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
-import { DEFAULT_MAX_DISCOVERED_VMS } from './limits.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from './discovery-limits.js';
 
 /**
  * At most this many pids handed out since the last scan are looked up one by one (about 3 us for a
@@ -49,7 +49,7 @@ export interface ScannerOptions {
   maxThreadsProbed?: number;
   /**
    * VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS); one uid that is not a
-   * preferred owner tracks at most its share of them (common/uid-share.ts); more are not tracked,
+   * preferred owner tracks at most its share of them (budget/uid-share.ts); more are not tracked,
    * and onFull says so.
    */
   maxDiscoveredVms?: number;
@@ -501,7 +501,7 @@ export class ProcScanner {
 /**
  * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0.
  * At most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and the vCPU
- * rule (ratio/vcpus.ts) the engine applies allows no more. Each vCPU's virtual package is its guest
+ * rule (model/vcpus.ts) the engine applies allows no more. Each vCPU's virtual package is its guest
  * socket's number among the sockets that hold vCPU threads (vpkg-numbering.ts), never a socket the
  * command line merely claims.
  */

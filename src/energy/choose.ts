@@ -6,7 +6,7 @@
  */
 import fs from 'node:fs';
 import { msrPath } from '../msr/host-paths.js';
-import type { HostCpu, Vendor } from '../ratio/types.js';
+import type { HostCpu, Vendor } from '../model/host.js';
 import type { EnergySourceChoice, EnergySourceKind } from './kinds.js';
 import { noEnergySourceMessage, noRaplReason } from './no-energy-source.js';
 import { scanPowercap } from './powercap-zones.js';
@@ -50,8 +50,8 @@ function powercapFails(o: ChooseOptions): string | undefined {
   } catch (e) {
     return `${o.sysRoot}/class/powercap: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`;
   }
-  for (const pkg of new Set(o.cpus.map((c) => c.package))) {
-    const zone = zones.find((z) => z.domain === 'package' && z.package === pkg);
+  for (const pkg of new Set(o.cpus.map((c) => c.pkg))) {
+    const zone = zones.find((z) => z.domain === 'package' && z.pkg === pkg);
     if (zone === undefined) return `no package-${pkg} zone in ${o.sysRoot}/class/powercap`;
     const why = openFails(zone.energyPath);
     if (why !== undefined) return why;

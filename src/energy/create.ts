@@ -6,7 +6,7 @@ import { readCpuModel, type CpuModel } from '../msr/cpu-model.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { readHostInfo, type ReadHostInfoOptions } from '../msr/host-info.js';
-import type { HostInfo } from '../ratio/types.js';
+import type { HostInfo } from '../model/host.js';
 import type { EnergyDomain, EnergySource } from './energy-source.js';
 import type { EnergySourceKind } from './kinds.js';
 import { MsrEnergySource } from './msr-source.js';
@@ -72,7 +72,7 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
         return; // the source, made next, says why
       }
       for (const p of host.packages) {
-        const z = zones.find((x) => x.domain === 'package' && x.package === p.package);
+        const z = zones.find((x) => x.domain === 'package' && x.pkg === p.pkg);
         if (z) p.counter = { range: z.maxEnergyRangeUj + 1n, unitJ: POWERCAP_UNIT_J };
       }
     },

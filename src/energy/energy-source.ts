@@ -5,12 +5,13 @@
  * of the package's ESU), so they stay exact; a source without MSRs (powercap's energy_uj, wrapping at
  * max_energy_range_uj) describes its own counter rather than pretending to be an MSR.
  */
-import { PLATFORM_DOMAINS, type EnergyDomain } from '../ratio/domains.js';
+import { PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
 import { cannot } from '../common/errors.js';
-import type { DomainCounter, DomainReading } from '../ratio/types.js';
+import type { DomainCounter } from '../model/host.js';
+import type { DomainReading } from '../model/sample.js';
 import type { EnergySourceKind } from './kinds.js';
 
-export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain } from '../ratio/domains.js';
+export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
 
 /** [package, domain] of every reading a source of these packages and domains gives, in read() order. */
 export function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {
@@ -28,7 +29,7 @@ export interface EnergyCounter {
 }
 
 export interface EnergyReading {
-  readonly package: number;
+  readonly pkg: number;
   readonly domain: EnergyDomain;
   /**
    * µJ counted from the counter's zero before the source's first read: the counter's value at that
@@ -108,13 +109,13 @@ export function partialReadError(
 /** The counters of the domains other than the package, as a Sample and a trace carry them. */
 export function domainReadings(readings: readonly EnergyReading[]): DomainReading[] {
   const out: DomainReading[] = [];
-  for (const r of readings) if (r.domain !== 'package') out.push({ package: r.package, domain: r.domain, raw: r.counter.raw });
+  for (const r of readings) if (r.domain !== 'package') out.push({ pkg: r.pkg, domain: r.domain, raw: r.counter.raw });
   return out;
 }
 
 /** The package domain's counter per package, as a Sample and a trace carry it. */
 export function packageCounters(readings: readonly EnergyReading[]): Map<number, bigint> {
   const out = new Map<number, bigint>();
-  for (const r of readings) if (r.domain === 'package') out.set(r.package, r.counter.raw);
+  for (const r of readings) if (r.domain === 'package') out.set(r.pkg, r.counter.raw);
   return out;
 }

@@ -13,7 +13,7 @@ import {
   MSR_PP0_ENERGY_STATUS,
   MSR_PP1_ENERGY_STATUS,
 } from '../msr/registers.js';
-import type { Vendor } from '../ratio/types.js';
+import type { Vendor } from '../model/host.js';
 import type { EnergyDomain } from './energy-source.js';
 
 /** package: one register per package; core: one per physical core (summed per package); platform: one for the host. */

@@ -9,7 +9,7 @@ import type { MsrDevice } from '../msr/device.js';
 import { powerUnitMsr } from '../msr/registers.js';
 import { firstCpuPerCore, firstCpuPerPackage } from '../msr/topology.js';
 import { energyCounterBits, formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
-import type { DomainCounter, HostCpu, Vendor } from '../ratio/types.js';
+import type { DomainCounter, HostCpu, Vendor } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
@@ -45,7 +45,7 @@ interface DomainPlan {
 
 /** One counter read() reads: a domain on one package, in read order. */
 interface ReadSlot {
-  package: number;
+  pkg: number;
   plan: DomainPlan;
   unitJ: number;
   /** The CPUs its register is read through (several: per-core registers, summed). */
@@ -108,11 +108,11 @@ export class MsrEnergySource implements EnergySource {
     this.slots = this.packages.flatMap((pkg) =>
       this.plans.flatMap((plan) => {
         const unitJ = plan.unitJ.get(pkg);
-        return unitJ === undefined ? [] : [{ package: pkg, plan, unitJ, cpus: plan.cpus.get(pkg)!, key: `${plan.domain} ${pkg}` }];
+        return unitJ === undefined ? [] : [{ pkg, plan, unitJ, cpus: plan.cpus.get(pkg)!, key: `${plan.domain} ${pkg}` }];
       }),
     );
     this.domainCounters = this.plans.flatMap(({ domain, unitJ }) =>
-      domain === 'package' ? [] : [...unitJ].map(([pkg, u]) => ({ package: pkg, domain, range: RAPL_COUNTER_RANGE, unitJ: u })),
+      domain === 'package' ? [] : [...unitJ].map(([pkg, u]) => ({ pkg, domain, range: RAPL_COUNTER_RANGE, unitJ: u })),
     );
   }
 
@@ -173,7 +173,7 @@ export class MsrEnergySource implements EnergySource {
       raw = sum % RAPL_COUNTER_RANGE;
     }
     const counter = { raw, range: RAPL_COUNTER_RANGE, unitJ: slot.unitJ };
-    return { package: slot.package, domain: plan.domain, energyUj: this.unwrap.energyUj(slot.key, counter), counter };
+    return { pkg: slot.pkg, domain: plan.domain, energyUj: this.unwrap.energyUj(slot.key, counter), counter };
   }
 
   /** The domains read, each with its unit (µJ per count, package 0's), and the domains not read with why. */

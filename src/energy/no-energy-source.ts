@@ -7,8 +7,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { cannot } from '../common/errors.js';
-import { TRY_WITHOUT_RAPL } from '../os/errno-hints.js';
-import type { Vendor } from '../ratio/types.js';
+import { TRY_WITHOUT_RAPL } from '../msr/errno-hints.js';
+import type { Vendor } from '../model/host.js';
 import { POWERCAP_FIX } from './powercap-source.js';
 
 interface NoSourceFacts {

@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { errnoName, pread } from '../os/libc.js';
-import type { DomainCounter, HostCpu, Vendor } from '../ratio/types.js';
+import type { DomainCounter, HostCpu, Vendor } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
@@ -44,7 +44,7 @@ export interface PowercapSourceOptions {
  * than one range between reads (the bound every counter already has).
  */
 interface OpenZone {
-  package: number;
+  pkg: number;
   domain: EnergyDomain;
   /** The zone ids, joined with '+' for several dies. */
   id: string;
@@ -81,7 +81,7 @@ export class PowercapEnergySource implements EnergySource {
    */
   constructor(o: PowercapSourceOptions) {
     this.dir = `${o.sysRoot}/${POWERCAP_CLASS_DIR}`;
-    this.packages = [...new Set(o.cpus.map((c) => c.package))].sort((a, b) => a - b);
+    this.packages = [...new Set(o.cpus.map((c) => c.pkg))].sort((a, b) => a - b);
     let scan;
     try {
       scan = scanPowercap(o.sysRoot, o.vendor);
@@ -95,7 +95,7 @@ export class PowercapEnergySource implements EnergySource {
       for (const pkg of this.packages) {
         for (const domain of ENERGY_DOMAINS) {
           if (PLATFORM_DOMAINS.has(domain) && pkg !== this.packages[0]) continue;
-          const zones = scan.zones.filter((z) => z.domain === domain && z.package === (PLATFORM_DOMAINS.has(domain) ? undefined : pkg));
+          const zones = scan.zones.filter((z) => z.domain === domain && z.pkg === (PLATFORM_DOMAINS.has(domain) ? undefined : pkg));
           this.add(o, zones, pkg, domain, open);
         }
       }
@@ -106,7 +106,7 @@ export class PowercapEnergySource implements EnergySource {
     const found = new Set(this.zones.map((z) => z.domain));
     this.domains = ENERGY_DOMAINS.filter((d) => found.has(d));
     this.domainCounters = this.zones.flatMap((z) =>
-      z.domain === 'package' ? [] : [{ package: z.package!, domain: z.domain, range: z.range, unitJ: POWERCAP_UNIT_J }],
+      z.domain === 'package' ? [] : [{ pkg: z.pkg!, domain: z.domain, range: z.range, unitJ: POWERCAP_UNIT_J }],
     );
   }
 
@@ -131,7 +131,7 @@ export class PowercapEnergySource implements EnergySource {
       }
     }
     if (why === undefined) {
-      this.zones.push({ package: pkg, domain, id: zones.map((z) => z.id).join('+'), parts, range: zones[0]!.maxEnergyRangeUj + 1n });
+      this.zones.push({ pkg, domain, id: zones.map((z) => z.id).join('+'), parts, range: zones[0]!.maxEnergyRangeUj + 1n });
       return;
     }
     for (const p of parts) fs.closeSync(p.fd);
@@ -158,7 +158,7 @@ export class PowercapEnergySource implements EnergySource {
         continue;
       }
       const counter = { raw, range: z.range, unitJ: POWERCAP_UNIT_J };
-      out.push({ package: z.package!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter });
+      out.push({ pkg: z.pkg!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter });
     }
     if (failed.length > 0) throw partialReadError(this.kind, failed, out);
     return out;

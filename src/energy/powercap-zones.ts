@@ -7,7 +7,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Vendor } from '../ratio/types.js';
+import type { Vendor } from '../model/host.js';
 import { isEnergyDomain, type EnergyDomain } from './energy-source.js';
 
 /** Where the zones are linked, under the sysfs root. */
@@ -30,7 +30,7 @@ export interface PowercapZone {
   name: string;
   domain: EnergyDomain;
   /** The host package (physical_package_id) the zone counts; undefined for a platform zone (psys). */
-  package: number | undefined;
+  pkg: number | undefined;
   /**
    * The die of a multi-die package (zone name package-N-die-M, and its sub-zones): a package has one
    * zone per die and per domain, whose counters add up to the package's.
@@ -51,8 +51,8 @@ interface PowercapScan {
 /** A package zone's name: package-N, or package-N-die-M on a multi-die part (Linux names them so when a package has several dies). */
 const PACKAGE_ZONE_NAME = /^package-(\d+)(?:-die-(\d+))?$/;
 
-function packageOf(m: RegExpExecArray): { package: number; die?: number } {
-  return m[2] === undefined ? { package: Number(m[1]) } : { package: Number(m[1]), die: Number(m[2]) };
+function packageOf(m: RegExpExecArray): { pkg: number; die?: number } {
+  return m[2] === undefined ? { pkg: Number(m[1]) } : { pkg: Number(m[1]), die: Number(m[2]) };
 }
 
 function readAttr(dir: string, attr: string): string {
@@ -92,7 +92,7 @@ export function scanPowercap(sysRoot: string, vendor: Vendor): PowercapScan {
     if (m[2] === undefined) {
       const pkg = PACKAGE_ZONE_NAME.exec(name);
       if (pkg) out.zones.push({ ...zone, domain: 'package', ...packageOf(pkg) });
-      else if (name === 'psys') out.zones.push({ ...zone, domain: 'psys', package: undefined });
+      else if (name === 'psys') out.zones.push({ ...zone, domain: 'psys', pkg: undefined });
       else out.skipped.push({ id, why: `zone ${JSON.stringify(name)} is neither package-N, package-N-die-M nor psys` });
       continue;
     }

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { cannot } from '../common/errors.js';
 import { formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RANGE } from '../ratio/counter.js';
-import type { DomainCounter, HostCpu } from '../ratio/types.js';
+import type { DomainCounter, HostCpu } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import { EnergyReadError, type EnergyDomain, type EnergyReading, type EnergySource } from './energy-source.js';
 
@@ -79,9 +79,9 @@ export class SyntheticEnergySource implements EnergySource {
     this.powerUnit = o.powerUnit ?? SYNTHETIC_DEFAULTS.powerUnit;
     this.unitJ = joulesPerCounterUnit(this.powerUnit);
     for (const c of o.cpus) {
-      const list = this.cpusOf.get(c.package) ?? [];
+      const list = this.cpusOf.get(c.pkg) ?? [];
       list.push(c.cpu);
-      this.cpusOf.set(c.package, list);
+      this.cpusOf.set(c.pkg, list);
     }
     this.packages = [...this.cpusOf.keys()].sort((a, b) => a - b);
     this.statPath = path.join(o.procRoot, 'stat');
@@ -117,7 +117,7 @@ export class SyntheticEnergySource implements EnergySource {
       const units = (this.perPackage.get(pkg)! + joules / this.unitJ) % 2 ** 32;
       this.perPackage.set(pkg, units);
       const counter = { raw: BigInt(Math.floor(units)), range: RAPL_COUNTER_RANGE, unitJ: this.unitJ };
-      out.push({ package: pkg, domain: 'package', energyUj: this.unwrap.energyUj(`package ${pkg}`, counter), counter });
+      out.push({ pkg, domain: 'package', energyUj: this.unwrap.energyUj(`package ${pkg}`, counter), counter });
     }
     this.lastT = t;
     this.lastTimes = times;

@@ -12,19 +12,20 @@
  */
 import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
 import { RunningTotal } from './running-total.js';
-import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
-import { DEFAULT_V2_LIMITS } from '../helper/v2/limits.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
+import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { HelperCapacity } from './helper-capacity.js';
-import type { OtherDomain } from '../ratio/domains.js';
+import type { OtherDomain } from '../model/domains.js';
 import { wattsOver } from '../common/watts.js';
+import type { HostDomainValues } from '../protocol/v2/codec.js';
 
 /**
  * A VM's energy of the RAPL domains other than the package, in one sample (the helper's statistics
  * file: `<domain>_energy`, `<domain>_power`): per virtual package, cumulative µJ and the power of the
  * helper's last interval (W).
  */
-export interface VmDomainValues {
+export interface VmDomainStats {
   domain: OtherDomain;
   energyUj: readonly bigint[];
   powerW: readonly number[];
@@ -34,14 +35,6 @@ export interface VmDomainValues {
 export interface VmGuestValues {
   guestUj: bigint;
   exactUj: bigint;
-}
-
-/** One other domain's totals on one host package (the host file's `<domain>_energy`, `<domain>_unattributed_energy`). */
-export interface HostDomainValues {
-  domain: OtherDomain;
-  pkg: number;
-  energyUj: bigint;
-  unattributedUj: bigint;
 }
 
 interface BookLimits {
@@ -314,7 +307,7 @@ export class EnergyBook {
    * `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else
    * derived. `domains`: the other RAPL domains' values of the same sample (statistics files only).
    */
-  vmUpdate(u: VmUpdate, powerW?: readonly number[], domains: readonly VmDomainValues[] = [], guest?: VmGuestValues): void {
+  vmUpdate(u: VmUpdate, powerW?: readonly number[], domains: readonly VmDomainStats[] = [], guest?: VmGuestValues): void {
     const r = this.byHostId.get(u.hostVmId);
     if (!r) return;
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.

@@ -6,13 +6,14 @@
  * scrapes nothing happens here: the helper sends this exporter nothing per sample.
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
-import type { EnergyBook, HostDomainValues, VmDomainValues, VmGuestValues } from './energy-book.js';
+import type { EnergyBook, VmDomainStats, VmGuestValues } from './energy-book.js';
+import type { HostDomainValues } from '../protocol/v2/codec.js';
 import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
 import { capacityFromFile } from './helper-capacity.js';
-import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domains.js';
-import { vmDomainNames } from '../protocol/stats/vm-stats.js';
-import { hostDomainNames } from '../protocol/stats/host-stats.js';
+import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
+import { vmDomainNames } from '../protocol/stats/vm-file.js';
+import { hostDomainNames } from '../protocol/stats/host-file.js';
 
 const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
 
@@ -62,7 +63,7 @@ function vmUpdateFromFile(
   hostVmId: number,
   r: StatsReader,
   s: StatsSample,
-): { update: VmUpdate; powerW: number[]; domains: VmDomainValues[]; guest?: VmGuestValues } {
+): { update: VmUpdate; powerW: number[]; domains: VmDomainStats[]; guest?: VmGuestValues } {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];

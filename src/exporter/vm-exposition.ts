@@ -13,7 +13,7 @@
  */
 import type { EnergyBook, VmLabels, BookedVm } from './energy-book.js';
 import { ujToJoules, type RunningTotal } from './running-total.js';
-import type { EnergyDomain } from '../ratio/domains.js';
+import type { EnergyDomain } from '../model/domains.js';
 
 export type ExpositionFormat = 'prometheus' | 'openmetrics';
 

@@ -13,7 +13,7 @@ import type { Logger } from 'pino';
 import { cannot } from '../common/errors.js';
 import { errnoName, O_DIRECTORY, O_RDONLY, openAt, closeFd } from '../os/libc.js';
 import { LogLimiter } from '../logging/log-limiter.js';
-import type { VmOutput } from '../ratio/types.js';
+import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { StatsMirror, type StatsSource } from './stats-mirror.js';

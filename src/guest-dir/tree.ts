@@ -13,7 +13,7 @@
  *
  * Values are µJ, counting 0 .. max_energy_range_uj and then from 0 again, as sysfs's do. Pure.
  */
-import type { VmOutput } from '../ratio/types.js';
+import type { VmOutput } from '../ratio/outputs.js';
 import { formatUuid } from '../common/uuid.js';
 import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
 

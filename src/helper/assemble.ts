@@ -14,16 +14,16 @@ import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/ki
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { ProcTaskReader, type KeptFdLedger } from '../os/proc-tasks.js';
-import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../os/vm-fd-shares.js';
-import { shareOwnerOf } from '../os/preferred-owner.js';
-import type { HostInfo, Vendor } from '../ratio/types.js';
+import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../budget/vm-fd-shares.js';
+import { shareOwnerOf } from '../budget/preferred-owner.js';
+import type { HostInfo, Vendor } from '../model/host.js';
 import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
-import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/limits.js';
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Opened } from './lifecycle/startup.js';
-import type { FdBudget } from '../os/fd-budget.js';
+import type { FdBudget } from '../budget/fd-budget.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
@@ -222,7 +222,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
   const log = start.area('v2');
   const paths = start.config.hostPaths;
   let trace: TraceWriter | undefined;
-  // Processes of root and of the socket's group are preferred by the per-uid shares (common/uid-share.ts).
+  // Processes of root and of the socket's group are preferred by the per-uid shares (budget/uid-share.ts).
   const preferredGroups = start.config.socketGid !== undefined ? [start.config.socketGid] : [];
   const shares = new VmFdShares({
     budget: start.fds,

@@ -4,7 +4,7 @@
  */
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
-import { msrErrnoHint } from '../os/errno-hints.js';
+import { msrErrnoHint } from './errno-hints.js';
 import { errnoName, pread } from '../os/libc.js';
 import { cannot } from '../common/errors.js';
 import { describeMsr } from './registers.js';
@@ -131,7 +131,7 @@ export class MsrDevice {
 }
 
 /**
- * An MSR error rewritten to name the fix (os/errno-hints.ts), and `alternative` after it when the
+ * An MSR error rewritten to name the fix (msr/errno-hints.ts), and `alternative` after it when the
  * caller has one (record: a synthetic energy source). The MSR error may be the error itself or its
  * cause (an energy source's read error wraps the MsrReadError it met).
  */

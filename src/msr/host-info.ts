@@ -2,7 +2,7 @@
  * What the engine and traces need to know about the host: vendor, CLK_TCK, CPUs and packages, and each
  * package's RAPL unit (plus Intel's power limit/info when readable).
  */
-import type { HostInfo, HostPackage, Vendor } from '../ratio/types.js';
+import type { HostInfo, HostPackage, Vendor } from '../model/host.js';
 import { clockTicksPerSecond } from '../os/libc.js';
 import type { MsrDevice } from './device.js';
 import type { HostPaths } from './host-paths.js';
@@ -29,12 +29,12 @@ export function readHostInfo(o: ReadHostInfoOptions): HostInfo {
   const packages: HostPackage[] = [];
   for (const [pkg, cpu] of [...firstCpuPerPackage(cpus)].sort((a, b) => a[0] - b[0])) {
     if (o.powerUnit !== undefined) {
-      packages.push({ package: pkg, powerUnit: o.powerUnit });
+      packages.push({ pkg, powerUnit: o.powerUnit });
       continue;
     }
     // An MsrReadError here goes to the caller as it is: msrErrorWithHint adds the fix it can offer.
     const powerUnit = o.device.read(cpu, powerUnitMsr(vendor));
-    const p: HostPackage = { package: pkg, powerUnit };
+    const p: HostPackage = { pkg, powerUnit };
     if (vendor === 'intel') {
       // Optional registers: some CPUs or hypervisors do not expose them.
       try {

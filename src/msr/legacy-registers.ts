@@ -13,7 +13,7 @@ import {
   MSR_PKG_POWER_LIMIT,
   MSR_RAPL_POWER_UNIT,
 } from './registers.js';
-import { type Vendor } from '../ratio/types.js';
+import type { Vendor } from '../model/host.js';
 
 export interface AmdSynthConfig {
   /** Package power limit PL1 reported in MSR_PKG_POWER_LIMIT, watts. */

@@ -1,5 +1,5 @@
 /** MSR numbers and the bit layouts this project relies on. */
-import type { Vendor } from '../ratio/types.js';
+import type { Vendor } from '../model/host.js';
 
 export const MSR_RAPL_POWER_UNIT = 0x606;
 export const MSR_PKG_POWER_LIMIT = 0x610;

@@ -1,7 +1,7 @@
 /** Host CPU topology from sysfs: which CPUs are online and which package each belongs to. */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { HostCpu } from '../ratio/types.js';
+import type { HostCpu } from '../model/host.js';
 
 /** Parses a sysfs CPU list such as "0-3,8,10-11". Throws on anything else. */
 function parseCpuList(text: string): number[] {
@@ -31,14 +31,14 @@ export function readHostCpus(sysRoot: string): HostCpu[] {
     const text = fs.readFileSync(file, 'utf8').trim();
     const pkg = Number(text);
     if (!/^-?\d+$/.test(text) || pkg < 0) throw new Error(`${file}: bad package id ${JSON.stringify(text)}`);
-    return { cpu, package: pkg };
+    return { cpu, pkg };
   });
 }
 
 /** The lowest-numbered online CPU of each package: the one its package MSRs are read through. */
 export function firstCpuPerPackage(cpus: readonly HostCpu[]): Map<number, number> {
   const m = new Map<number, number>();
-  for (const c of [...cpus].sort((a, b) => a.cpu - b.cpu)) if (!m.has(c.package)) m.set(c.package, c.cpu);
+  for (const c of [...cpus].sort((a, b) => a.cpu - b.cpu)) if (!m.has(c.pkg)) m.set(c.pkg, c.cpu);
   return m;
 }
 
@@ -53,10 +53,10 @@ export function firstCpuPerCore(sysRoot: string, cpus: readonly HostCpu[]): Map<
   for (const c of [...cpus].sort((a, b) => a.cpu - b.cpu)) {
     const text = fs.readFileSync(path.join(sysRoot, `devices/system/cpu/cpu${c.cpu}/topology/core_id`), 'utf8').trim();
     if (!/^\d+$/.test(text)) throw new Error(`cpu${c.cpu}/topology/core_id: bad core id ${JSON.stringify(text)}`);
-    const key = `${c.package}:${text}`;
+    const key = `${c.pkg}:${text}`;
     if (seen.has(key)) continue;
     seen.add(key);
-    out.set(c.package, [...(out.get(c.package) ?? []), c.cpu]);
+    out.set(c.pkg, [...(out.get(c.pkg) ?? []), c.cpu]);
   }
   return out;
 }

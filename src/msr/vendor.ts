@@ -1,7 +1,7 @@
 /** CPU vendor from /proc/cpuinfo: decides which registers hold package energy. */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Vendor } from '../ratio/types.js';
+import type { Vendor } from '../model/host.js';
 import { cannotError } from '../common/errors.js';
 
 function parseVendor(cpuinfo: string): Vendor | { unsupported: string } {

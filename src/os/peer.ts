@@ -4,7 +4,7 @@ import path from 'node:path';
 import type net from 'node:net';
 import os from 'node:os';
 import { closeFd, getPeerCredentials, peerPidfd, pidfdAlive, type PeerCredentials } from './libc.js';
-import { MAX_TID } from '../ratio/types.js';
+import { MAX_TID } from '../model/vcpus.js';
 import { parseProcStatus } from './privileges/proc-status.js';
 import { readProcFile } from './proc-file.js';
 

@@ -15,7 +15,7 @@
  * (not sampled whole this time, see notWhole(), and tried again at the next read); only a process
  * never read gets a TaskReadError, for the caller to refuse or put off that one VM.
  * How many fds one process may keep is a KeptFdLedger's to say (the daemon's: per VM, per uid, in
- * all, os/vm-fd-shares.ts): a process that has more threads than it may keep is sampled from the
+ * all, budget/vm-fd-shares.ts): a process that has more threads than it may keep is sampled from the
  * threads it kept (its main thread always, then ascending tid), and from then on no thread of it is
  * added (a thread added later would bring the CPU time of its whole life into one interval): it is
  * not sampled whole until it is forgotten. docs/daemon.md, "File descriptors".
@@ -145,7 +145,7 @@ interface PidState {
 }
 
 /**
- * Who says how many fds a process may keep (os/vm-fd-shares.ts). Every fd the reader keeps is
+ * Who says how many fds a process may keep (budget/vm-fd-shares.ts). Every fd the reader keeps is
  * granted first and released when closed.
  */
 export interface KeptFdLedger {

@@ -6,7 +6,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { tidBelongsTo } from './peer.js';
 import { readStarttime } from './proc-starttime.js';
-import type { VcpuSpec, VmSpec } from '../ratio/types.js';
+import type { VcpuSpec } from '../model/vcpus.js';
+import type { VmSpec } from '../model/vm.js';
 
 /** Tgid (process id) of a thread, from /proc/<tid>/status; null when it does not exist. */
 export function threadGroupOf(procRoot: string, tid: number): number | null {

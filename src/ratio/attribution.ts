@@ -7,31 +7,19 @@
 import { joulesPerCounterUnit, packageCounter } from './counter.js';
 import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
-import { validVcpus } from './vcpus.js';
+import { validVcpus, MAX_TID, type VcpuSpec } from '../model/vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
-import { PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from './domains.js';
+import { PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from '../model/domains.js';
 import { domainCounterProblem } from './domain-counters.js';
-import {
-  MAX_TID,
-  type DomainCounter,
-  type DomainInterval,
-  type HostInfo,
-  type IntervalResult,
-  type PackageInterval,
-  type Sample,
-  type VcpuSpec,
-  type VmInterval,
-  type VmOutput,
-  type VmDomainEnergy,
-  type VmSpec,
-  type VpkgOutput,
-  type CounterSpec,
-} from './types.js';
+import type { DomainCounter, HostInfo, CounterSpec } from '../model/host.js';
+import type { DomainInterval, IntervalResult, PackageInterval, VmInterval, VmOutput, VmDomainEnergy, VpkgOutput } from './outputs.js';
+import type { Sample } from '../model/sample.js';
+import type { VmSpec } from '../model/vm.js';
 
 const TWO_32 = 2 ** 32;
 
 /**
- * tid -> vpkg of a vCPU list, by the one vCPU-list rule (ratio/vcpus.ts); throws its message. The
+ * tid -> vpkg of a vCPU list, by the one vCPU-list rule (model/vcpus.ts); throws its message. The
  * engine alone takes an empty list: a VM none of whose vCPU threads is known gets no energy until
  * updateVcpus names some. Every way a VM arrives from outside (v2 REGISTER, --vcpus, a trace)
  * refuses an empty list before it gets here.
@@ -67,7 +55,7 @@ interface ParsedLine {
 
 type Phase = 'pending' | 'active' | 'ended';
 
-interface VmState {
+interface EngineVm {
   id: number;
   spec: VmSpec;
   /** Registered vCPU tid -> vpkg. */
@@ -110,7 +98,7 @@ interface ThreadNow {
 
 /** An active VM in the current sample: its threads, or null when none of its lines changed (idle). */
 interface LiveVm {
-  vm: VmState;
+  vm: EngineVm;
   threads: ThreadNow[] | null;
 }
 
@@ -120,7 +108,7 @@ interface LiveVm {
  * NaN where there is none.
  */
 interface CounterSlot {
-  package: number;
+  pkg: number;
   range: bigint;
   unitJ: number;
   /** This sample's value; NaN when the sample lacks it. */
@@ -170,7 +158,7 @@ function newPlane<D extends EnergyDomain>(domain: D, slots: number): Plane<D> {
 }
 
 function counterSlot(pkg: number, c: CounterSpec): CounterSlot {
-  return { package: pkg, range: c.range, unitJ: c.unitJ, now: NaN, last: NaN };
+  return { pkg, range: c.range, unitJ: c.unitJ, now: NaN, last: NaN };
 }
 
 export class RatioEngine {
@@ -185,7 +173,7 @@ export class RatioEngine {
   private readonly cpuSlot = new Map<number, number>();
   /** n_p: online CPUs per package (by index). */
   private readonly cpusPerPackage: number[];
-  private readonly vms = new Map<number, VmState>();
+  private readonly vms = new Map<number, EngineVm>();
   private nextId = 1;
   private prevT: bigint | undefined;
   /** The package domain: each package's counter, its energy of the interval and its pay. */
@@ -209,8 +197,8 @@ export class RatioEngine {
     this.clkTck = host.clkTck;
     const counters = new Map<number, CounterSpec>();
     for (const p of host.packages) {
-      if (counters.has(p.package)) throw new Error(`package ${p.package} is listed twice`);
-      counters.set(p.package, packageCounter(p));
+      if (counters.has(p.pkg)) throw new Error(`package ${p.pkg} is listed twice`);
+      counters.set(p.pkg, packageCounter(p));
     }
     this.packageIds = [...counters.keys()].sort((a, b) => a - b);
     this.packageIds.forEach((pkg, i) => this.pkgIndex.set(pkg, i));
@@ -218,8 +206,8 @@ export class RatioEngine {
     this.claimed = this.packageIds.map(() => 0);
     for (const c of host.cpus) {
       if (this.cpuSlot.has(c.cpu)) throw new Error(`cpu ${c.cpu} is listed twice`);
-      const i = this.pkgIndex.get(c.package);
-      if (i === undefined) throw new Error(`cpu ${c.cpu} is in package ${c.package}, which is not among the host's packages`);
+      const i = this.pkgIndex.get(c.pkg);
+      if (i === undefined) throw new Error(`cpu ${c.cpu} is in package ${c.pkg}, which is not among the host's packages`);
       this.cpuSlot.set(c.cpu, i);
       this.cpusPerPackage[i]!++;
     }
@@ -228,7 +216,7 @@ export class RatioEngine {
     const domains = host.domains ?? [];
     domains.forEach((d, i) => this.addDomainCounter(d, domains.slice(0, i)));
     this.allPlanes = [this.pkgPlane, ...this.planes];
-    const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === this.packageIds[0]);
+    const guest = host.packages.find((p) => p.pkg === 0) ?? host.packages.find((p) => p.pkg === this.packageIds[0]);
     this.guestPowerUnit = guest!.powerUnit;
     this.uGuest = joulesPerCounterUnit(this.guestPowerUnit);
   }
@@ -243,7 +231,7 @@ export class RatioEngine {
       this.planes.push(newPlane(d.domain, PLATFORM_DOMAINS.has(d.domain) ? 1 : this.packageIds.length));
     }
     const plane = this.planes[i]!;
-    plane.counters[plane.platform ? 0 : this.pkgIndex.get(d.package)!] = counterSlot(d.package, d);
+    plane.counters[plane.platform ? 0 : this.pkgIndex.get(d.pkg)!] = counterSlot(d.pkg, d);
   }
 
   /** The counter of `domain` (one other than the package) read on `pkg`, or undefined when the host does not read it. */
@@ -253,7 +241,7 @@ export class RatioEngine {
     const plane = this.planes[i]!;
     const k = plane.platform ? 0 : this.pkgIndex.get(pkg);
     const c = k === undefined ? undefined : plane.counters[k];
-    return c?.package === pkg ? c : undefined;
+    return c?.pkg === pkg ? c : undefined;
   }
 
   /** The other domains the host reads, in the order they are attributed. */
@@ -349,7 +337,7 @@ export class RatioEngine {
   }
 
   /** Adds one interval's energy (vCPUs: share + extra) and ticks to each thread's totals. */
-  private addThreadTotals(vm: VmState, threads: readonly ThreadNow[], es: readonly number[], extra: number): void {
+  private addThreadTotals(vm: EngineVm, threads: readonly ThreadNow[], es: readonly number[], extra: number): void {
     const totals = (vm.threads ??= new Map());
     for (let i = 0; i < threads.length; i++) {
       const th = threads[i]!;
@@ -400,8 +388,8 @@ export class RatioEngine {
     let lastSample: EngineState['lastSample'] = null;
     if (this.prevT !== undefined) {
       const kept = (p: Plane) => p.counters.filter((c): c is CounterSlot => c !== undefined && !Number.isNaN(c.last));
-      lastSample = { tNs: this.prevT, energy: kept(this.pkgPlane).map((c) => ({ pkg: c.package, raw: c.last })) };
-      const domains = this.planes.flatMap((p) => kept(p).map((c) => ({ domain: p.domain, pkg: c.package, raw: c.last })));
+      lastSample = { tNs: this.prevT, energy: kept(this.pkgPlane).map((c) => ({ pkg: c.pkg, raw: c.last })) };
+      const domains = this.planes.flatMap((p) => kept(p).map((c) => ({ domain: p.domain, pkg: c.pkg, raw: c.last })));
       if (domains.length > 0) lastSample.domains = domains;
     }
     return { nextId: this.nextId, lastSample, vms };
@@ -420,7 +408,7 @@ export class RatioEngine {
     for (const v of s.vms) {
       const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus.map((c) => ({ ...c })) };
       if (v.name !== undefined) spec.name = v.name;
-      const vm: VmState = {
+      const vm: EngineVm = {
         id: v.id,
         spec,
         vcpuVpkg: checkedVcpus(v.vcpus),
@@ -562,18 +550,18 @@ export class RatioEngine {
       const c = pkgs[k]!;
       c.now = Number(raw % c.range);
     }
-    for (const c of pkgs) if (Number.isNaN(c!.now)) problems.push(`no energy value for package ${c!.package} in this sample`);
+    for (const c of pkgs) if (Number.isNaN(c!.now)) problems.push(`no energy value for package ${c!.pkg} in this sample`);
     for (const r of s.domains ?? []) {
-      const c = this.counterOf(r.domain, r.package);
+      const c = this.counterOf(r.domain, r.pkg);
       if (c === undefined) {
-        problems.push(`${String(r.domain)} energy given for package ${r.package}, which the host does not read: ignored`);
+        problems.push(`${String(r.domain)} energy given for package ${r.pkg}, which the host does not read: ignored`);
         continue;
       }
       c.now = Number(r.raw % c.range);
     }
     for (const p of this.planes)
       for (const c of p.counters)
-        if (c !== undefined && Number.isNaN(c.now)) problems.push(`no ${p.domain} energy value for package ${c.package} in this sample`);
+        if (c !== undefined && Number.isNaN(c.now)) problems.push(`no ${p.domain} energy value for package ${c.pkg} in this sample`);
   }
 
   private interval(s: Sample, prevT: bigint, problems: string[], ended: number[]): IntervalResult {
@@ -642,14 +630,14 @@ export class RatioEngine {
   }
 
   /** A VM none of whose lines changed: 0 on every virtual package and domain. */
-  private idleVmInterval(vm: VmState): VmInterval {
+  private idleVmInterval(vm: EngineVm): VmInterval {
     const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
     if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
     return out;
   }
 
   /** Pass 2 for one VM: its threads' shares of each plane's paid energy, per virtual package, added to its totals. */
-  private vmInterval(vm: VmState, threads: ThreadNow[]): VmInterval {
+  private vmInterval(vm: EngineVm, threads: ThreadNow[]): VmInterval {
     const es: number[] = new Array<number>(threads.length);
     const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
     this.addThreadTotals(vm, threads, es, pkgSplit.extra);
@@ -679,14 +667,14 @@ export class RatioEngine {
       const e = pkgEnergy[k]!;
       if (Number.isNaN(e)) continue;
       const pkg = this.packageIds[k]!;
-      const out: PackageInterval = { package: pkg, energyJ: e, attributedJ: this.pkgPlane.attributed[k]! };
+      const out: PackageInterval = { pkg, energyJ: e, attributedJ: this.pkgPlane.attributed[k]! };
       if (this.planes.length > 0) {
         const domains: DomainInterval[] = [];
         for (const d of this.planes) {
           // A platform domain is reported under the package its one counter is read on.
           const slot = d.platform ? 0 : k;
           const de = d.energy[slot]!;
-          if (d.counters[slot]?.package === pkg && !Number.isNaN(de))
+          if (d.counters[slot]?.pkg === pkg && !Number.isNaN(de))
             domains.push({ domain: d.domain, energyJ: de, attributedJ: d.attributed[slot]! });
         }
         if (domains.length > 0) out.domains = domains;
@@ -713,7 +701,7 @@ export class RatioEngine {
    * find), and the full pass is skipped. Idle VMs are most VMs, and the sampler hands an idle
    * thread's line back unchanged.
    */
-  private unchanged(vm: VmState, s: Sample): boolean {
+  private unchanged(vm: EngineVm, s: Sample): boolean {
     const lines = s.tasks.get(vm.spec.pid);
     if (lines === undefined || lines.size !== vm.parsed.size || lines.size !== vm.prev.size) return false;
     for (const [tid, line] of lines) {
@@ -727,7 +715,7 @@ export class RatioEngine {
    * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
    * thread's starttime is not the registered one). Bad lines are reported and left out.
    */
-  private aliveThreads(vm: VmState, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
+  private aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
     const pid = vm.spec.pid;
     const lines = s.tasks.get(pid);
     if (lines === undefined) return null;
@@ -749,14 +737,14 @@ export class RatioEngine {
     return out;
   }
 
-  private end(vm: VmState, by: 'exit' | 'unregister' = 'exit'): void {
+  private end(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
     vm.phase = 'ended';
     vm.endedBy = by;
     vm.prev = new Map();
     vm.parsed = new Map();
   }
 
-  private publish(vm: VmState): VmOutput {
+  private publish(vm: EngineVm): VmOutput {
     const vpkgs: VpkgOutput[] = vm.acc.map((a, g) => ({
       vpkg: g,
       energyJ: a,
@@ -802,13 +790,13 @@ function payPlane(p: Plane, packageIds: readonly number[], capacity: readonly nu
     p.platform
       ? [
           {
-            package: p.counters[0]!.package,
+            pkg: p.counters[0]!.pkg,
             energyJ: energyJ(0),
             capacity: capacity.reduce((sum, c) => sum + c, 0),
             claimed: claimed.reduce((sum, t) => sum + t, 0),
           },
         ]
-      : capacity.map((c, k) => ({ package: packageIds[k]!, energyJ: energyJ(k), capacity: c, claimed: claimed[k]! })),
+      : capacity.map((c, k) => ({ pkg: packageIds[k]!, energyJ: energyJ(k), capacity: c, claimed: claimed[k]! })),
   );
 }
 

@@ -1,5 +1,5 @@
 /** RAPL energy counter arithmetic: the 32-bit counter, the energy status unit, hex text of MSR values. */
-import type { CounterSpec, HostPackage } from './types.js';
+import type { CounterSpec, HostPackage } from '../model/host.js';
 
 /** Energy status unit (bits 12:8 of MSR_RAPL_POWER_UNIT): one counter unit is 2^-ESU joules. */
 function energyStatusUnitBits(powerUnit: bigint): number {

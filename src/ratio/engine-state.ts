@@ -3,7 +3,7 @@
  * carries so that the first interval after it spans the gap from the last sample the old process took
  * and attributes it as if no restart happened (docs/ratio.md, "Restart"). Pure data, no I/O.
  */
-import type { VcpuSpec } from './types.js';
+import type { VcpuSpec } from '../model/vcpus.js';
 
 /** pending: registered since the last sample (the next one is its baseline); active; ended: frozen. */
 type EnginePhase = 'pending' | 'active' | 'ended';

@@ -7,7 +7,7 @@
 
 /** One package's interval, as the engine sees it. */
 interface PackageClaims {
-  package: number;
+  pkg: number;
   /** dE_p, joules; undefined when the interval has no energy for the package (nothing is paid there). */
   energyJ: number | undefined;
   /** cap_p = CLK_TCK * dt * n_p, ticks. */

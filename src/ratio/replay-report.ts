@@ -3,8 +3,8 @@
  * Formatting only; the numbers come from replay.ts.
  */
 import { formatMsrHex } from './counter.js';
-import type { ReplaySummary } from './replay.js';
-import type { IntervalResult, VmOutput } from './types.js';
+import type { ReplaySummary } from './trace-replay.js';
+import type { IntervalResult, VmOutput } from './outputs.js';
 
 /**
  * Per domain name, the fields `f` gives (a trace with other domains only: docs/trace-format.md
@@ -23,7 +23,7 @@ function intervalRecord(r: IntervalResult): Record<string, unknown> {
     t_ns: r.tNs,
     dt_s: r.dtS,
     packages: r.packages.map((p) => ({
-      package: p.package,
+      package: p.pkg,
       energy_j: p.energyJ,
       attributed_j: p.attributedJ,
       domains: byDomain(p.domains, (d) => ({ energy_j: d.energyJ, attributed_j: d.attributedJ })),

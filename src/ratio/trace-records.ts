@@ -1,5 +1,6 @@
 /** The records of a vmsr-trace, parsed: what the replay engine consumes, and the error naming their line. */
-import type { Sample, TraceHeader, VmSpec } from './types.js';
+import type { Sample, TraceHeader } from '../model/sample.js';
+import type { VmSpec } from '../model/vm.js';
 
 export class TraceError extends Error {
   /** 1-based line number, when the problem belongs to a line. */

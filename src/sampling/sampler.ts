@@ -1,7 +1,7 @@
 /** One sample S(i): package energy first, then the stat lines of every registered VM's threads. */
 import { domainReadings, EnergyReadError, packageCounters, type EnergyReading, type EnergySource } from '../energy/energy-source.js';
 import { TaskReadError, type ProcTaskReader } from '../os/proc-tasks.js';
-import type { Sample } from '../ratio/types.js';
+import type { Sample } from '../model/sample.js';
 import { monotonicNs } from './tick-loop.js';
 
 export class Sampler {

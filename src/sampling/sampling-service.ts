@@ -6,7 +6,9 @@
  * pile-up).
  */
 import type { Logger } from 'pino';
-import type { IntervalResult, Sample, VmOutput, VmSpec } from '../ratio/types.js';
+import type { IntervalResult, VmOutput } from '../ratio/outputs.js';
+import type { Sample } from '../model/sample.js';
+import type { VmSpec } from '../model/vm.js';
 import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import { Emitter, type Disposable } from '../common/disposable.js';

@@ -1,13 +1,13 @@
 /**
  * Bytes in a sealed memfd: written once, then sealed so that neither this process nor the one it is
  * handed to (a re-exec, or systemd's fd store) can change, grow or shrink them; read back from an fd
- * only when it is such a memfd. The state snapshot (codec.ts) and the handover record (helper/handover/record.ts)
+ * only when it is such a memfd. The state snapshot (codec.ts) and the handover record (helper/handover/handover-record.ts)
  * travel this way.
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate, closeFd } from '../os/libc.js';
-import { decodeState, encodeState, MAX_STATE_BYTES } from './codec.js';
+import { decodeState, encodeState, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { StateSnapshot } from './snapshot.js';
 
 /** The seals a state memfd carries: no write, no grow, no shrink, and no seal removed or added. */

@@ -4,8 +4,9 @@
  * them from it is the daemon's business; the codec (codec.ts) only checks and carries it.
  */
 import type { GuestCounterState } from '../guest-energy/guest-counter.js';
-import type { OtherDomain } from '../ratio/domains.js';
-import { MAX_VMS, type VcpuSpec } from '../ratio/types.js';
+import type { OtherDomain } from '../model/domains.js';
+import { MAX_VMS } from '../model/vm.js';
+import type { VcpuSpec } from '../model/vcpus.js';
 
 /** Each limit a snapshot must keep, checked on encode and on decode (docs/daemon.md "Restart state"). */
 export const STATE_LIMITS = {
@@ -67,13 +68,13 @@ export interface VmState {
   valuesNs: bigint;
   /** Samples since it ended (a discovered VM is dropped after a few). */
   endedSamples: number;
-  /** vCPU thread -> virtual package (the vCPU rule of ratio/vcpus.ts; may be empty for a discovered VM). */
+  /** vCPU thread -> virtual package (the vCPU rule of model/vcpus.ts; may be empty for a discovered VM). */
   vcpus: VcpuSpec[];
   /** Index = virtual package; 1..MAX_VPKG+1 entries. */
   vpkgs: VpkgTotals[];
 }
 
-interface PackageTotals {
+interface HostPackageState {
   pkg: number;
   /** The same two totals in joules (float64), as they accumulate. */
   energyJ: number;
@@ -128,7 +129,7 @@ export interface StateSnapshot {
   /** The next host VM id to give: above every id in `vms`. */
   nextHostVmId: number;
   vms: VmState[];
-  packages: PackageTotals[];
+  packages: HostPackageState[];
   /** Processes discovery has already looked at (alive at the last scan). */
   knownPids: KnownProcess[];
   /** The last sample, to compute the first interval after the restart; null before the first. */

@@ -9,22 +9,12 @@ import type { Readable } from 'node:stream';
 import zlib from 'node:zlib';
 import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
-import { checkVcpus } from '../ratio/vcpus.js';
+import { checkVcpus, MAX_TID, type VcpuSpec } from '../model/vcpus.js';
 import { domainCounterProblem } from '../ratio/domain-counters.js';
-import { isOtherDomain, OTHER_DOMAINS } from '../ratio/domains.js';
-import {
-  MAX_TID,
-  type CounterSpec,
-  type DomainCounter,
-  type DomainReading,
-  type HostCpu,
-  type HostPackage,
-  type Sample,
-  type TraceHeader,
-  type VcpuSpec,
-  type Vendor,
-  type VmSpec,
-} from '../ratio/types.js';
+import { isOtherDomain, OTHER_DOMAINS } from '../model/domains.js';
+import type { CounterSpec, DomainCounter, HostCpu, HostPackage, Vendor } from '../model/host.js';
+import type { DomainReading, Sample, TraceHeader } from '../model/sample.js';
+import type { VmSpec } from '../model/vm.js';
 import { cannot } from '../common/errors.js';
 
 /** 32 MiB: a sample line holds every stat line of every VM (~350 bytes a thread); far above any real host. */
@@ -167,7 +157,7 @@ export class TraceParser {
       const range = this.hex(d.range, `${what}.range`);
       const unitJ = d.unit_j;
       if (typeof unitJ !== 'number') this.fail(`header: ${what}.unit_j must be joules per count (a number), got ${describe(unitJ)}`);
-      const counter: DomainCounter = { package: pkg, domain: d.domain, range, unitJ };
+      const counter: DomainCounter = { pkg, domain: d.domain, range, unitJ };
       const problem = domainCounterProblem(counter, pkgIds, out);
       if (problem !== undefined) this.fail(`header: ${what}: ${problem}`);
       out.push(counter);
@@ -195,7 +185,7 @@ export class TraceParser {
       const id = this.uint(p.package, `host.packages[${i}].package`);
       if (pkgIds.has(id)) this.fail(`header: package ${id} is listed twice`);
       pkgIds.add(id);
-      const pkg: HostPackage = { package: id, powerUnit: this.hex(p.power_unit, `host.packages[${i}].power_unit`) };
+      const pkg: HostPackage = { pkg: id, powerUnit: this.hex(p.power_unit, `host.packages[${i}].power_unit`) };
       if (p.power_limit !== undefined) pkg.powerLimit = this.hex(p.power_limit, `host.packages[${i}].power_limit`);
       if (p.power_info !== undefined) pkg.powerInfo = this.hex(p.power_info, `host.packages[${i}].power_info`);
       // Added later (powercap): absent, the counter is a RAPL MSR's.
@@ -212,7 +202,7 @@ export class TraceParser {
       if (cpuIds.has(cpu)) this.fail(`header: cpu ${cpu} is listed twice`);
       if (!pkgIds.has(pkg)) this.fail(`header: cpu ${cpu} is in package ${pkg}, which host.packages does not list`);
       cpuIds.add(cpu);
-      cpus.push({ cpu, package: pkg });
+      cpus.push({ cpu, pkg });
     });
     const header: TraceHeader = { host: { vendor, clkTck, cpus, packages } };
     // Added later (other RAPL domains): absent, only the package is read, as in every older trace.
@@ -307,7 +297,7 @@ export class TraceParser {
       if (!isOtherDomain(domain)) this.fail(`sample: domains: key ${describe(domain)} is not one of ${OTHER_DOMAINS.join(', ')}`);
       if (!isObject(byPkg)) this.fail(`sample: domains["${domain}"] must be an object {package id: "0x..."}`);
       for (const [k, raw] of Object.entries(byPkg))
-        out.push({ domain, package: this.key(k, `domains["${domain}"]`), raw: this.hex(raw, `domains["${domain}"]["${k}"]`) });
+        out.push({ domain, pkg: this.key(k, `domains["${domain}"]`), raw: this.hex(raw, `domains["${domain}"]["${k}"]`) });
     }
     return out;
   }

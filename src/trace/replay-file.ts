@@ -1,6 +1,6 @@
 /** Replays a trace file: the reader's records through the replay engine. */
-import { replayRecords, type ReplaySummary } from '../ratio/replay.js';
-import type { IntervalResult } from '../ratio/types.js';
+import { replayRecords, type ReplaySummary } from '../ratio/trace-replay.js';
+import type { IntervalResult } from '../ratio/outputs.js';
 import { TraceError } from '../ratio/trace-records.js';
 import { readTrace, type ReadOptions } from './reader.js';
 

@@ -14,7 +14,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
-import type { DomainReading, Sample, TraceHeader, VmSpec } from '../ratio/types.js';
+import type { DomainReading, Sample, TraceHeader } from '../model/sample.js';
+import type { VmSpec } from '../model/vm.js';
 import { cannot } from '../common/errors.js';
 
 export function headerRecord(h: TraceHeader): Record<string, unknown> {
@@ -25,9 +26,9 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
     clk_tck: h.host.clkTck,
     host: {
       vendor: h.host.vendor,
-      cpus: h.host.cpus.map((c) => ({ cpu: c.cpu, package: c.package })),
+      cpus: h.host.cpus.map((c) => ({ cpu: c.cpu, package: c.pkg })),
       packages: h.host.packages.map((p) => {
-        const o: Record<string, unknown> = { package: p.package, power_unit: formatMsrHex(p.powerUnit) };
+        const o: Record<string, unknown> = { package: p.pkg, power_unit: formatMsrHex(p.powerUnit) };
         if (p.powerLimit !== undefined) o.power_limit = formatMsrHex(p.powerLimit);
         if (p.powerInfo !== undefined) o.power_info = formatMsrHex(p.powerInfo);
         // Only when the counter is not a RAPL MSR's: a trace of MSRs stays as it always was.
@@ -38,7 +39,7 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
       domains:
         h.host.domains === undefined || h.host.domains.length === 0
           ? undefined
-          : h.host.domains.map((d) => ({ package: d.package, domain: d.domain, range: formatMsrHex(d.range), unit_j: d.unitJ })),
+          : h.host.domains.map((d) => ({ package: d.pkg, domain: d.domain, range: formatMsrHex(d.range), unit_j: d.unitJ })),
     },
     note: h.note, // JSON.stringify leaves it out when undefined
     start_time: h.startTime,
@@ -99,7 +100,7 @@ export function sampleLine(s: Sample): string {
 /** A sample's other domains as the trace holds them: raw counter hex by domain, then package id. */
 function domainsObject(readings: readonly DomainReading[]): Record<string, Record<string, string>> {
   const out: Record<string, Record<string, string>> = {};
-  for (const r of readings) (out[r.domain] ??= {})[String(r.package)] = formatMsrHex(r.raw);
+  for (const r of readings) (out[r.domain] ??= {})[String(r.pkg)] = formatMsrHex(r.raw);
   return out;
 }
 

@@ -13,24 +13,26 @@ import ts from 'typescript';
  */
 export const LAYER_RANK: Readonly<Record<string, number>> = {
   common: 0,
-  ratio: 1,
+  model: 1,
+  ratio: 2,
   'guest-energy': 2,
-  protocol: 2,
-  trace: 2,
-  os: 3,
-  logging: 3,
-  msr: 4,
-  state: 4,
-  energy: 5,
-  sampling: 6,
-  client: 7,
-  discovery: 8,
+  protocol: 3,
+  trace: 3,
+  os: 4,
+  logging: 4,
+  msr: 5,
+  state: 5,
+  budget: 5,
+  energy: 6,
+  sampling: 7,
+  client: 8,
+  discovery: 9,
   'guest-dir': 8,
-  keeper: 8,
-  helper: 9,
-  exporter: 10,
-  cli: 11,
-  bin: 12,
+  keeper: 9,
+  helper: 10,
+  exporter: 11,
+  cli: 12,
+  bin: 13,
 };
 
 export interface ImportEdge {
@@ -170,8 +172,9 @@ export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Rec
  */
 export const PURE_FOLDERS: Readonly<Record<string, readonly string[]>> = {
   common: ['common'],
-  ratio: ['ratio', 'common'],
+  ratio: ['model', 'ratio', 'common'],
   'guest-energy': ['guest-energy', 'ratio', 'common'],
+  model: ['model', 'common'],
 };
 
 /** Imports by a pure folder of anything it may not import (no fs, net, processes, packages). */

@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'vitest';
-import { OTHERS_SHARE, shareOf, UID_SHARE, UidShares } from '../../src/common/uid-share.js';
+import { OTHERS_SHARE, shareOf, UID_SHARE, UidShares } from '../../src/budget/uid-share.js';
 
 const nobody = { uid: 65534, preferred: false };
 const alice = { uid: 1000, preferred: false };

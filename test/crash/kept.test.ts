@@ -24,7 +24,7 @@ import { HANDOVER_NAMES } from '../../src/helper/handover/handed-over.js';
 import { Notifier } from '../../src/helper/lifecycle/systemd.js';
 import { closeFd, memfdCreate, socketpair } from '../../src/os/libc.js';
 import { writeStateMemfd } from '../../src/state/memfd.js';
-import { decodeState } from '../../src/state/codec.js';
+import { decodeState } from '../../src/state/snapshot-codec.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
 
 const snapshot = (nextHostVmId: number): StateSnapshot => ({ nextHostVmId, vms: [], packages: [], knownPids: [], lastSample: null });

@@ -70,7 +70,7 @@ describe('signals', () => {
     // in a child: runDaemon drops privileges of the process it runs in
     const script = `
       const { runDaemon } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/helper/daemon.js'))});
-      const { parseDaemonOptions } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/cli/commands/daemon.js'))});
+      const { parseDaemonOptions } = await import(${JSON.stringify(path.join(ROOT, 'dist/src/cli/commands/start-daemon.js'))});
       const count = () => ['SIGTERM', 'SIGINT', 'SIGHUP'].map((s) => process.listenerCount(s)).join(',');
       const before = count();
       const d = await runDaemon(parseDaemonOptions(${JSON.stringify({ socket: sock, msrPath: host.msrPathTemplate, sysRoot: host.sysRoot, vendor: 'intel', quiet: true })}));

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { BIN, ensureBuilt, hostArgs, LegacyClient, tempDir, waitFor } from './support/daemon-process.js';
-import { DEFAULT_DAEMON_LOG_FILE, logFileFrom } from '../../src/cli/commands/daemon.js';
+import { DEFAULT_DAEMON_LOG_FILE, logFileFrom } from '../../src/cli/commands/start-daemon.js';
 import { isRoot } from '../support/env.js';
 
 const cleanups: (() => unknown)[] = [];

@@ -5,7 +5,7 @@ import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
 import { legacyPlan, synthPowerInfo, synthPowerLimit, wattsToPowerField } from '../../src/msr/legacy-registers.js';
-import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/daemon.js';
+import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/start-daemon.js';
 import {
   activationFd,
   activationFdsByName,

@@ -12,7 +12,7 @@ import { parseProcessStat } from '../../src/discovery/process-stat.js';
 import { MAX_PIDS_PROBED, ProcScanner } from '../../src/discovery/scanner.js';
 import { ThreadedProcess } from '../support/threads.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import { MAX_VCPUS } from '../../src/ratio/types.js';
+import { MAX_VCPUS } from '../../src/model/vcpus.js';
 import { host } from '../ratio/helpers.js';
 
 const dirs: string[] = [];

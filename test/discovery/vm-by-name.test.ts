@@ -16,7 +16,7 @@ import { V2Client } from '../../src/client/v2-client.js';
 import { isRoot, which } from '../support/env.js';
 import { groupNameOf } from '../../src/os/privileges/accounts.js';
 import { readTrace } from '../../src/trace/reader.js';
-import type { VmSpec } from '../../src/ratio/types.js';
+import type { VmSpec } from '../../src/model/vm.js';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {

@@ -12,7 +12,7 @@ import { StatsReader } from '../../src/client/stats-reader.js';
 import { EnergyBook } from '../../src/exporter/energy-book.js';
 import { CAPACITY_METRIC, capacityFromFile } from '../../src/exporter/helper-capacity.js';
 import { startMetricsServer, type MetricsServer } from '../../src/exporter/http-server.js';
-import { hostStatsLayout, writeHostStats, type HostCapacity, type HostStatsValues } from '../../src/protocol/stats/host-stats.js';
+import { hostStatsLayout, writeHostStats, type HostCapacity, type HostStatsValues } from '../../src/protocol/stats/host-file.js';
 import { encodeStatsFile, planStatsLayout, type StatsLayout } from '../../src/protocol/stats/layout.js';
 import { SampleBlock } from '../../src/protocol/stats/sample-block.js';
 import { tempDir } from '../daemon/support/daemon-process.js';

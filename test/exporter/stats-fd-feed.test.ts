@@ -9,7 +9,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { V2Client } from '../../src/client/v2-client.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
-import { startExporter } from '../../src/exporter/exporter.js';
+import { startExporter } from '../../src/exporter/exporter-process.js';
 import { startChild, startHarness, threadsOf, until } from '../v2/harness.js';
 
 const cleanups: (() => unknown)[] = [];

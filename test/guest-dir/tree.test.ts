@@ -58,7 +58,7 @@ describe('guest tree', () => {
       }
       const scan = scanPowercap(sys, 'intel');
       expect(scan.skipped).toEqual([]);
-      expect(scan.zones.map((z) => [z.id, z.domain, z.package, z.maxEnergyRangeUj])).toEqual([
+      expect(scan.zones.map((z) => [z.id, z.domain, z.pkg, z.maxEnergyRangeUj])).toEqual([
         ['intel-rapl:0', 'package', 0, GUEST_MAX_ENERGY_RANGE_UJ],
         ['intel-rapl:0:0', 'core', 0, GUEST_MAX_ENERGY_RANGE_UJ],
         ['intel-rapl:0:1', 'dram', 0, GUEST_MAX_ENERGY_RANGE_UJ],

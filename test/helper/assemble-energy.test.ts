@@ -3,7 +3,7 @@ import { pino } from 'pino';
 import { afterEach, describe, expect, test } from 'vitest';
 import type { EnergySourceKind } from '../../src/energy/kinds.js';
 import { assembleV2, type V2Chain } from '../../src/helper/assemble.js';
-import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/limits.js';
+import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/v2-limits.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { FakeHost } from '../support/fake-host.js';
 
@@ -40,7 +40,7 @@ describe('assembleV2 energy source', () => {
   test('reads each package power unit from the RAPL MSRs when no source is named', async () => {
     const { fake, device } = setup();
     fake.writeRapl({ powerUnit: 0xa1003n });
-    expect((await chain(fake, device)).host.packages.map((p) => [p.package, p.powerUnit])).toEqual([
+    expect((await chain(fake, device)).host.packages.map((p) => [p.pkg, p.powerUnit])).toEqual([
       [0, 0xa1003n],
       [1, 0xa1003n],
     ]);
@@ -55,8 +55,8 @@ describe('assembleV2 energy source', () => {
     const { fake, device } = setup();
     const c = await chain(fake, device, 'synthetic');
     expect(c.host.packages).toEqual([
-      { package: 0, powerUnit: 0xa0e03n },
-      { package: 1, powerUnit: 0xa0e03n },
+      { pkg: 0, powerUnit: 0xa0e03n },
+      { pkg: 1, powerUnit: 0xa0e03n },
     ]);
     expect(device.openFds()).toEqual([]);
   });

@@ -10,7 +10,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
 import { ensureBuilt, ROOT, tempDir } from '../daemon/support/daemon-process.js';
-import { parseDaemonOptions } from '../../src/cli/commands/daemon.js';
+import { parseDaemonOptions } from '../../src/cli/commands/start-daemon.js';
 import type { DaemonConfig } from '../../src/helper/lifecycle/config.js';
 import { openStart, START_STEPS, type Opened } from '../../src/helper/lifecycle/startup.js';
 import { INHERIT_ENV, inheritEnv, inheritedFds, takeInherited, type Inherited } from '../../src/helper/handover/inherited.js';
@@ -56,8 +56,8 @@ describe('openStart', () => {
     expect([opened.vendor, opened.cpus]).toEqual([
       'intel',
       [
-        { cpu: 0, package: 0 },
-        { cpu: 1, package: 0 },
+        { cpu: 0, pkg: 0 },
+        { cpu: 1, pkg: 0 },
       ],
     ]);
     expect(opened.device.openFds().map(([cpu]) => cpu)).toEqual([0, 1]);
@@ -230,8 +230,8 @@ describe('Inherited across an exec', () => {
       checks: {
         vendor: 'amd',
         cpus: [
-          { cpu: 0, package: 0 },
-          { cpu: 1, package: 1 },
+          { cpu: 0, pkg: 0 },
+          { cpu: 1, pkg: 1 },
         ],
         energy: 'powercap',
         energyWhy: 'asked for',

@@ -10,8 +10,8 @@
  */
 import { describe, expect, test } from 'vitest';
 import { V2Client, type Update, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
-import { shareOf, UID_SHARE } from '../../src/common/uid-share.js';
-import { FD_RESERVE } from '../../src/os/fd-budget.js';
+import { shareOf, UID_SHARE } from '../../src/budget/uid-share.js';
+import { FD_RESERVE } from '../../src/budget/fd-budget.js';
 import { BIN, hostArgs, startHelper } from '../daemon/support/daemon-process.js';
 import { FakeQemu, FakeQemuFarm } from '../support/fake-qemu.js';
 import { waitFor } from '../support/wait.js';

@@ -6,7 +6,7 @@
  */
 import { spawn } from 'node:child_process';
 import { describe, expect, test } from 'vitest';
-import { shareOf, UID_SHARE } from '../../src/common/uid-share.js';
+import { shareOf, UID_SHARE } from '../../src/budget/uid-share.js';
 import { LegacyClient } from '../daemon/support/daemon-process.js';
 import { PYTHON } from '../support/fake-qemu.js';
 import { waitFor } from '../support/wait.js';

@@ -15,7 +15,7 @@ import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { V2Client, type Update } from '../../src/client/v2-client.js';
 import { parseStatLine } from '../../src/ratio/stat.js';
-import type { Sample } from '../../src/ratio/types.js';
+import type { Sample } from '../../src/model/sample.js';
 import { readTrace } from '../../src/trace/reader.js';
 import { FakeHost } from '../support/fake-host.js';
 import { PYTHON } from '../support/fake-qemu.js';

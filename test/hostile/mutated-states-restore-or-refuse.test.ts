@@ -13,12 +13,12 @@ import zlib from 'node:zlib';
 import { pino } from 'pino';
 import { afterAll, describe, expect, it } from 'vitest';
 import { assembleV2, type V2Chain } from '../../src/helper/assemble.js';
-import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/limits.js';
-import { decodeState, encodeState, STATE_HEADER_SIZE } from '../../src/state/codec.js';
+import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/v2-limits.js';
+import { decodeState, encodeState, STATE_HEADER_SIZE } from '../../src/state/snapshot-codec.js';
 import type { StateSnapshot, VmState } from '../../src/state/snapshot.js';
 import { monotonicNs } from '../../src/sampling/tick-loop.js';
 import { MsrDevice } from '../../src/msr/device.js';
-import { MAX_TID } from '../../src/ratio/types.js';
+import { MAX_TID } from '../../src/model/vcpus.js';
 import { FakeHost } from '../support/fake-host.js';
 import { freshGuestCounter, type GuestCounterState } from '../../src/guest-energy/guest-counter.js';
 

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { chooseEnergySource, type ChooseOptions } from '../../src/energy/choose.js';
 import { noEnergySourceMessage } from '../../src/energy/no-energy-source.js';
-import { TRY_WITHOUT_RAPL } from '../../src/os/errno-hints.js';
+import { TRY_WITHOUT_RAPL } from '../../src/msr/errno-hints.js';
 import { readHostCpus } from '../../src/msr/topology.js';
 import { FakeHost } from '../support/fake-host.js';
 

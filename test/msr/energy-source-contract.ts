@@ -39,8 +39,8 @@ const delta = (a: EnergyReading, b: EnergyReading): number => {
 };
 
 /** "package domain" -> its reading. */
-const byPackage = (rs: EnergyReading[]): Map<string, EnergyReading> => new Map(rs.map((r) => [`${r.package} ${r.domain}`, r]));
-const pkgIds = (rs: EnergyReading[]): number[] => rs.filter((r) => r.domain === 'package').map((r) => r.package);
+const byPackage = (rs: EnergyReading[]): Map<string, EnergyReading> => new Map(rs.map((r) => [`${r.pkg} ${r.domain}`, r]));
+const pkgIds = (rs: EnergyReading[]): number[] => rs.filter((r) => r.domain === 'package').map((r) => r.pkg);
 
 /** µJ of `units` counter units, and how far a reading may be off: the source's rounding plus 1 µJ of flooring. */
 const uj = (r: EnergyReading, units: number): number => units * r.counter.unitJ * 1e6;
@@ -72,7 +72,7 @@ export function energySourceContract(name: string, make: () => SourceUnderTest):
       expect(s.source.domains).toEqual(ENERGY_DOMAINS.filter((d) => s.source.domains.includes(d)));
       expect(s.source.domains).toEqual(s.domains);
       const expected = readingSlots(s.packages, s.source.domains);
-      expect(s.source.read().map((r) => [r.package, r.domain])).toEqual(expected);
+      expect(s.source.read().map((r) => [r.pkg, r.domain])).toEqual(expected);
       expect(s.source.describe()).toMatch(/^\S.*\S$/);
       expect(s.source.describe()).not.toContain('\n');
     });
@@ -104,7 +104,7 @@ export function energySourceContract(name: string, make: () => SourceUnderTest):
       for (const [k, r] of still) expect(delta(a.get(k)!, r)).toBeLessThanOrEqual(s.tolerance);
       s.advance(1000);
       const b = s.source.read();
-      for (const r of b) expect(Math.abs(delta(still.get(`${r.package} ${r.domain}`)!, r) - 1000)).toBeLessThanOrEqual(s.tolerance);
+      for (const r of b) expect(Math.abs(delta(still.get(`${r.pkg} ${r.domain}`)!, r) - 1000)).toBeLessThanOrEqual(s.tolerance);
       for (const [k, r] of byPackage(b)) {
         const before = still.get(k)!;
         expect(Math.abs(Number(r.energyUj - before.energyUj) - uj(r, 1000))).toBeLessThanOrEqual(ujTolerance(r, s));

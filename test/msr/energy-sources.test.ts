@@ -20,7 +20,7 @@ import {
   MSR_PP1_ENERGY_STATUS,
 } from '../../src/msr/registers.js';
 import { readHostCpus } from '../../src/msr/topology.js';
-import type { Vendor } from '../../src/ratio/types.js';
+import type { Vendor } from '../../src/model/host.js';
 import { FakeHost, TWO_PACKAGE_ZONES } from '../support/fake-host.js';
 import { energySourceContract, START_COUNTER, type SourceUnderTest } from './energy-source-contract.js';
 

@@ -59,9 +59,9 @@ describe('MsrEnergySource', () => {
 
   test('a missing device throws (the caller names the fix)', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
-    expect(() =>
-      new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, package: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }).read(),
-    ).toThrow(/cannot open/);
+    expect(() => new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, pkg: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }).read()).toThrow(
+      /cannot open/,
+    );
   });
 });
 
@@ -75,13 +75,13 @@ describe('createEnergySource', () => {
     expect(src).toBeInstanceOf(MsrEnergySource);
     expect(src.read()).toEqual([
       {
-        package: 0,
+        pkg: 0,
         domain: 'package',
         energyUj: (0x100n * 1_000_000n) >> 16n,
         counter: { raw: 0x100n, range: 1n << 32n, unitJ: 2 ** -16 },
       },
       {
-        package: 1,
+        pkg: 1,
         domain: 'package',
         energyUj: (0x200n * 1_000_000n) >> 16n,
         counter: { raw: 0x200n, range: 1n << 32n, unitJ: 2 ** -16 },
@@ -101,7 +101,7 @@ describe('createEnergySource', () => {
     const src = createEnergySource('synthetic', { host, paths: p, device: dev });
     expect(src).toBeInstanceOf(SyntheticEnergySource);
     expect((src as SyntheticEnergySource).powerUnit).toBe(0xa0e03n);
-    expect(src.read().map((r) => [r.package, r.counter.unitJ])).toEqual([
+    expect(src.read().map((r) => [r.pkg, r.counter.unitJ])).toEqual([
       [0, 2 ** -14],
       [1, 2 ** -14],
     ]);
@@ -117,7 +117,7 @@ describe('createEnergySource', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     let err: unknown;
     try {
-      new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, package: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }).read();
+      new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, pkg: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }).read();
     } catch (e) {
       err = e;
     }
@@ -141,10 +141,10 @@ describe('readHostInfo', () => {
     const info = readHostInfo({ paths: paths(h), device: dev, vendor: 'intel' });
     expect(info.clkTck).toBeGreaterThan(0);
     expect(info.cpus).toEqual([
-      { cpu: 0, package: 0 },
-      { cpu: 1, package: 1 },
+      { cpu: 0, pkg: 0 },
+      { cpu: 1, pkg: 1 },
     ]);
-    expect(info.packages[0]).toMatchObject({ package: 0, powerUnit: 0xa0e03n, powerLimit: 0x1e0_00fe8078n, powerInfo: 0x1e0n });
+    expect(info.packages[0]).toMatchObject({ pkg: 0, powerUnit: 0xa0e03n, powerLimit: 0x1e0_00fe8078n, powerInfo: 0x1e0n });
     expect(info.packages[1]!.powerUnit).toBe(0xa1003n);
     dev.close();
   });
@@ -155,7 +155,7 @@ describe('readHostInfo', () => {
     h.writeMsr(0, 0x606, 0xffffn);
     const dev = new MsrDevice(h.msrPathTemplate);
     const info = readHostInfo({ paths: paths(h), device: dev, vendor: 'amd' });
-    expect(info.packages).toEqual([{ package: 0, powerUnit: 0xa1003n }]);
+    expect(info.packages).toEqual([{ pkg: 0, powerUnit: 0xa1003n }]);
     dev.close();
   });
 
@@ -163,9 +163,7 @@ describe('readHostInfo', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     const h = fake([0, 0]);
     const p = { ...paths(h), msrPathTemplate: '/nonexistent/%u/msr' };
-    expect(readHostInfoFor('synthetic', { paths: p, device: dev, vendor: 'intel' }).packages).toEqual([
-      { package: 0, powerUnit: 0xa0e03n },
-    ]);
+    expect(readHostInfoFor('synthetic', { paths: p, device: dev, vendor: 'intel' }).packages).toEqual([{ pkg: 0, powerUnit: 0xa0e03n }]);
     let err: unknown;
     try {
       readHostInfo({ paths: p, device: dev, vendor: 'intel' });
@@ -173,7 +171,7 @@ describe('readHostInfo', () => {
       err = e;
     }
     expect(err).toBeInstanceOf(MsrReadError);
-    // The caller adds the fix (os/errno-hints.ts) and its own alternative.
+    // The caller adds the fix (msr/errno-hints.ts) and its own alternative.
     expect(msrErrorWithHint(err, 'use --energy-source synthetic').message).toMatch(
       /^cannot open \/nonexistent\/0\/msr: ENOENT: the MSR device does not exist; load the msr driver with 'modprobe msr'.*, or use --energy-source synthetic$/,
     );
@@ -191,7 +189,7 @@ describe('SyntheticEnergySource', () => {
     let t = 0n;
     const src = new SyntheticEnergySource({
       procRoot: '/proc',
-      cpus: [{ cpu: 0, package: 0 }],
+      cpus: [{ cpu: 0, pkg: 0 }],
       idleW: 10,
       busyW: 0,
       start: 0xffffff00,
@@ -255,10 +253,9 @@ describe('Sampler', () => {
     const dev = new MsrDevice('/nonexistent/%u/msr');
     const tasks = new ProcTaskReader('/proc');
     expect(() =>
-      new Sampler(
-        new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, package: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }),
-        tasks,
-      ).sample([process.pid]),
+      new Sampler(new MsrEnergySource({ device: dev, cpus: [{ cpu: 0, pkg: 0 }], vendor: 'intel', sysRoot: '/nonexistent' }), tasks).sample(
+        [process.pid],
+      ),
     ).toThrow();
     expect(tasks.openFds).toBe(0);
   });

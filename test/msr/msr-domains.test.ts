@@ -42,7 +42,7 @@ function source(h: FakeHost, o: Partial<MsrSourceOptions> = {}): MsrEnergySource
 }
 
 const slot = (rs: readonly EnergyReading[], pkg: number, domain: string): EnergyReading | undefined =>
-  rs.find((r) => r.package === pkg && r.domain === domain);
+  rs.find((r) => r.pkg === pkg && r.domain === domain);
 
 describe('MSR energy domains', () => {
   test('probing finds the domains whose registers count and leaves out one that reads 0 and one past the end of the registers', () => {
@@ -57,7 +57,7 @@ describe('MSR energy domains', () => {
       'energy counters read from RAPL MSRs: package 0x611 (61.04 µJ), core 0x639 (61.04 µJ), uncore 0x641 (61.04 µJ); ' +
         `not read: dram: ${s.absent[0]!.why}, psys: ${s.absent[1]!.why}`,
     );
-    expect(s.read().map((r) => `${r.package} ${r.domain}`)).toEqual(['0 package', '0 core', '0 uncore', '1 package', '1 core', '1 uncore']);
+    expect(s.read().map((r) => `${r.pkg} ${r.domain}`)).toEqual(['0 package', '0 core', '0 uncore', '1 package', '1 core', '1 uncore']);
   });
 
   test('--domains reads the package and the domains named, and refuses a domain the host does not have', () => {
@@ -91,7 +91,7 @@ describe('MSR energy domains', () => {
   test('PSYS, platform-wide, is read once, under the lowest package', () => {
     const h = intelHost([MSR_PLATFORM_ENERGY_STATUS]);
     const rs = source(h).read();
-    expect(rs.map((r) => `${r.package} ${r.domain}`)).toEqual(['0 package', '0 psys', '1 package']);
+    expect(rs.map((r) => `${r.pkg} ${r.domain}`)).toEqual(['0 package', '0 psys', '1 package']);
   });
 
   test('a domain that fails mid-run throws an EnergyReadError naming it that carries every other reading, and its energy across the gap counts once it is back', () => {
@@ -115,7 +115,7 @@ describe('MSR energy domains', () => {
       /^cannot read the core domain: cannot read MSR 0x639 on CPU 2: short read \(1 bytes\): .*MSR 0x639 \(Intel core \(PP0\) energy status\); .*; the package and other domains go on$/,
     );
     expect(e.domains).toEqual(['core']);
-    expect(e.readings!.map((r) => `${r.package} ${r.domain}`)).toEqual(['0 package', '0 core', '0 psys', '1 package']);
+    expect(e.readings!.map((r) => `${r.pkg} ${r.domain}`)).toEqual(['0 package', '0 core', '0 psys', '1 package']);
     expect(slot(e.readings!, 1, 'package')!.counter.raw).toBe(1007n);
     fs.writeFileSync(file, saved);
     h.addCounter(h.cpusOf(1), MSR_PP0_ENERGY_STATUS, 0x1000); // it counted on while it could not be read

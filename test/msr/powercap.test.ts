@@ -38,9 +38,9 @@ function source(h: FakeHost, o: Partial<PowercapSourceOptions> = {}): PowercapEn
   return s;
 }
 
-const slots = (rs: readonly EnergyReading[]): string[] => rs.map((r) => `${r.package} ${r.domain}`);
+const slots = (rs: readonly EnergyReading[]): string[] => rs.map((r) => `${r.pkg} ${r.domain}`);
 const slot = (rs: readonly EnergyReading[], pkg: number, domain: string): EnergyReading =>
-  rs.find((r) => r.package === pkg && r.domain === domain)!;
+  rs.find((r) => r.pkg === pkg && r.domain === domain)!;
 
 const TWO_PACKAGES: Zone[] = [
   { id: '0', name: 'package-0' },
@@ -207,7 +207,7 @@ describe('powercap energy source', () => {
     const h = host(TWO_PACKAGES);
     const device = new MsrDevice(h.msrPathTemplate);
     const info = readHostInfoFor('powercap', { paths: h.hostPaths(), device, vendor: 'intel' });
-    expect(info.packages.map((p) => [p.package, p.counter])).toEqual([
+    expect(info.packages.map((p) => [p.pkg, p.counter])).toEqual([
       [0, { range: MAX + 1n, unitJ: 1e-6 }],
       [1, { range: MAX + 1n, unitJ: 1e-6 }],
     ]);
@@ -232,7 +232,7 @@ describe('powercap energy source', () => {
     expect(s.packages).toEqual([0]);
     expect(s.domains).toEqual(['package', 'dram']);
     expect(s.describe()).toMatch(/package \(intel-rapl:0\+intel-rapl:1\), dram \(intel-rapl:0:0\+intel-rapl:1:0\)/);
-    expect(s.domainCounters).toEqual([{ package: 0, domain: 'dram', range: MAX + 1n, unitJ: 1e-6 }]);
+    expect(s.domainCounters).toEqual([{ pkg: 0, domain: 'dram', range: MAX + 1n, unitJ: 1e-6 }]);
     const a = s.read();
     expect(slot(a, 0, 'package').counter.raw).toBe(MAX - 100n + 500n - (MAX + 1n)); // the sum, wrapped at the shared range
     expect(slot(a, 0, 'dram').counter.raw).toBe(30n);

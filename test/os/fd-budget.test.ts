@@ -1,6 +1,6 @@
 import fs from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { countOpenFds, effectiveMaxConnections, FD_RESERVE, FdBudget, vmFds } from '../../src/os/fd-budget.js';
+import { countOpenFds, effectiveMaxConnections, FD_RESERVE, FdBudget, vmFds } from '../../src/budget/fd-budget.js';
 
 describe('FdBudget', () => {
   it('admits a VM only when its threads fit beside open fds, free connection slots and the reserve', () => {

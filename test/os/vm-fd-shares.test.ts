@@ -1,9 +1,9 @@
 import { afterEach, describe, expect, test } from 'vitest';
-import { shareOf, UID_SHARE } from '../../src/common/uid-share.js';
-import { countOpenFds, FD_RESERVE, FdBudget, vmFds } from '../../src/os/fd-budget.js';
-import { shareOwnerOf } from '../../src/os/preferred-owner.js';
+import { shareOf, UID_SHARE } from '../../src/budget/uid-share.js';
+import { countOpenFds, FD_RESERVE, FdBudget, vmFds } from '../../src/budget/fd-budget.js';
+import { shareOwnerOf } from '../../src/budget/preferred-owner.js';
 import { keptFds, ProcTaskReader } from '../../src/os/proc-tasks.js';
-import { VmFdShares } from '../../src/os/vm-fd-shares.js';
+import { VmFdShares } from '../../src/budget/vm-fd-shares.js';
 import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc.js';
 import { ThreadedProcess, openFdCount } from '../support/threads.js';
 

@@ -4,10 +4,10 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { afterEach, describe, expect, test } from 'vitest';
 import { vmSpecFromArgs } from '../../src/os/vm-threads.js';
-import { parseVcpuList } from '../../src/ratio/vcpus.js';
+import { parseVcpuList } from '../../src/model/vcpus.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { TraceWriter } from '../../src/trace/writer.js';
-import type { HostInfo } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
 import { parseStatLine } from '../../src/ratio/stat.js';
 import { ThreadedProcess } from '../support/threads.js';
 
@@ -85,12 +85,12 @@ const host: HostInfo = {
   vendor: 'intel',
   clkTck: 100,
   cpus: [
-    { cpu: 0, package: 0 },
-    { cpu: 1, package: 1 },
+    { cpu: 0, pkg: 0 },
+    { cpu: 1, pkg: 1 },
   ],
   packages: [
-    { package: 0, powerUnit: 0xa0e03n, powerLimit: 0x42817000fe8078n, powerInfo: 0x1e0n },
-    { package: 1, powerUnit: 0xa0e03n },
+    { pkg: 0, powerUnit: 0xa0e03n, powerLimit: 0x42817000fe8078n, powerInfo: 0x1e0n },
+    { pkg: 1, powerUnit: 0xa0e03n },
   ],
 };
 

@@ -20,7 +20,7 @@ import {
   type HostValues,
 } from '../../src/protocol/v2/codec.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
-import { ENERGY_DOMAINS } from '../../src/ratio/domains.js';
+import { ENERGY_DOMAINS } from '../../src/model/domains.js';
 
 const STATS = {
   legacyOk: 1n,

@@ -13,7 +13,9 @@ import { runRecord } from '../../src/cli/commands/record.js';
 import { DEFAULT_HOST_PATHS } from '../../src/msr/host-paths.js';
 import { parseMsrHex } from '../../src/ratio/counter.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { HostInfo, Sample, VmSpec } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
+import type { Sample } from '../../src/model/sample.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { FakeHost } from '../support/fake-host.js';
 import { qemuMissing, startQemu, vcpuThreads, waitSettled, type QemuGuest } from '../support/qemu.js';
 
@@ -52,8 +54,8 @@ function hostOf(h: Rec): HostInfo {
   return {
     vendor: host.vendor,
     clkTck: h.clk_tck as number,
-    cpus: host.cpus,
-    packages: host.packages.map((p) => ({ package: p.package, powerUnit: parseMsrHex(p.power_unit, 'power_unit') })),
+    cpus: host.cpus.map((c) => ({ cpu: c.cpu, pkg: c.package })),
+    packages: host.packages.map((p) => ({ pkg: p.package, powerUnit: parseMsrHex(p.power_unit, 'power_unit') })),
   };
 }
 
@@ -160,7 +162,7 @@ describe('vmsr-helper record', () => {
       // QEMU names a vCPU thread after its accelerator: CPU n/KVM, or CPU n/TCG where /dev/kvm is not usable.
       const accel = a.accel.toUpperCase();
       for (const tid of ta) expect(lines[String(tid)]).toMatch(new RegExp(`^${tid} \\(CPU \\d/${accel}\\) `));
-      expect(Object.keys(s.energy as object)).toEqual(hostOf(header!).packages.map((p) => String(p.package)));
+      expect(Object.keys(s.energy as object)).toEqual(hostOf(header!).packages.map((p) => String(p.pkg)));
     }
 
     const engine = new RatioEngine(hostOf(header!));

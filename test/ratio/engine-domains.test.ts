@@ -5,7 +5,9 @@
  */
 import { describe, expect, test } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { DomainCounter, HostInfo, Sample, VmOutput } from '../../src/ratio/types.js';
+import type { DomainCounter, HostInfo } from '../../src/model/host.js';
+import type { Sample } from '../../src/model/sample.js';
+import type { VmOutput } from '../../src/ratio/outputs.js';
 import { host, sample, units, type ThreadAt } from './helpers.js';
 
 const UJ = 1e-6;
@@ -26,7 +28,7 @@ function sampleWith(
   const s = sample(seconds, energy, tasks);
   s.domains = Object.entries(domains).map(([k, raw]) => {
     const [domain, pkg] = k.split(' ');
-    return { domain: domain as DomainCounter['domain'], package: Number(pkg), raw };
+    return { domain: domain as DomainCounter['domain'], pkg: Number(pkg), raw };
   });
   return s;
 }
@@ -39,7 +41,7 @@ const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 
 describe('RatioEngine with other RAPL domains', () => {
   test('a package-scoped domain is shared by the same CPU-time fractions as the package, with its own energy and books', () => {
-    const e = new RatioEngine(hostWith([2], [{ domain: 'dram', package: 0 }]));
+    const e = new RatioEngine(hostWith([2], [{ domain: 'dram', pkg: 0 }]));
     const a = e.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 11, vpkg: 0 }] });
     const b = e.register({ pid: 20, starttime: 1000, vcpus: [{ tid: 21, vpkg: 0 }] });
     const threads = (t: number) => ({
@@ -67,7 +69,7 @@ describe('RatioEngine with other RAPL domains', () => {
 
   test('a domain counter that wraps gives the energy across the wrap', () => {
     const range = 1_000_000_000n; // powercap: max_energy_range_uj + 1
-    const e = new RatioEngine(hostWith([1], [{ domain: 'core', package: 0 }], range));
+    const e = new RatioEngine(hostWith([1], [{ domain: 'core', pkg: 0 }], range));
     const vm = e.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 10, vpkg: 0 }] });
     e.addSample(sampleWith(0, { 0: units(0) }, { 'core 0': range - 2_000_000n }, { 10: [{ tid: 10, ticks: 0 }] }));
     e.addSample(sampleWith(1, { 0: units(10) }, { 'core 0': 3_000_000n }, { 10: [{ tid: 10, ticks: 100 }] }));
@@ -75,7 +77,7 @@ describe('RatioEngine with other RAPL domains', () => {
   });
 
   test('a domain missing from a sample gives nothing that interval, and its next value brings the whole gap at once', () => {
-    const e = new RatioEngine(hostWith([1], [{ domain: 'dram', package: 0 }]));
+    const e = new RatioEngine(hostWith([1], [{ domain: 'dram', pkg: 0 }]));
     const vm = e.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 10, vpkg: 0 }] });
     const t = (k: number) => ({ 10: [{ tid: 10, ticks: 50 * k }] });
     e.addSample(sampleWith(0, { 0: units(0) }, { 'dram 0': 0n }, t(0)));
@@ -89,7 +91,7 @@ describe('RatioEngine with other RAPL domains', () => {
   });
 
   test('psys is shared across every package by CPU time over every CPU, and reported under the package it is read on', () => {
-    const e = new RatioEngine(hostWith([1, 1], [{ domain: 'psys', package: 0 }]));
+    const e = new RatioEngine(hostWith([1, 1], [{ domain: 'psys', pkg: 0 }]));
     const a = e.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 10, vpkg: 0 }] });
     const b = e.register({ pid: 20, starttime: 1000, vcpus: [{ tid: 20, vpkg: 0 }] });
     const t = (k: number) => ({ 10: [{ tid: 10, ticks: 100 * k, cpu: 0 }], 20: [{ tid: 20, ticks: 50 * k, cpu: 1 }] });
@@ -103,7 +105,7 @@ describe('RatioEngine with other RAPL domains', () => {
   });
 
   test('non-vCPU threads give their domain energy to the vCPUs, per domain as for the package', () => {
-    const e = new RatioEngine(hostWith([1], [{ domain: 'uncore', package: 0 }]));
+    const e = new RatioEngine(hostWith([1], [{ domain: 'uncore', pkg: 0 }]));
     const vm = e.register({
       pid: 10,
       starttime: 1000,
@@ -139,7 +141,7 @@ describe('RatioEngine with other RAPL domains', () => {
   });
 
   test('domain readings the host does not read are reported and ignored', () => {
-    const e = new RatioEngine(hostWith([1], [{ domain: 'dram', package: 0 }]));
+    const e = new RatioEngine(hostWith([1], [{ domain: 'dram', pkg: 0 }]));
     e.addSample(sampleWith(0, { 0: units(0) }, { 'dram 0': 0n, 'core 0': 5n, 'dram 3': 1n }, {}));
     expect(e.lastProblems).toEqual([
       'core energy given for package 0, which the host does not read: ignored',
@@ -148,18 +150,18 @@ describe('RatioEngine with other RAPL domains', () => {
   });
 
   test('the constructor refuses a domain counter that is not a domain, off the host, listed twice, or a second psys', () => {
-    expect(() => new RatioEngine(hostWith([1], [{ domain: 'package' as 'dram', package: 0 }]))).toThrow(
+    expect(() => new RatioEngine(hostWith([1], [{ domain: 'package' as 'dram', pkg: 0 }]))).toThrow(
       /not a RAPL domain besides the package/,
     );
-    expect(() => new RatioEngine(hostWith([1], [{ domain: 'dram', package: 2 }]))).toThrow(/package 2 is not among the host's packages/);
+    expect(() => new RatioEngine(hostWith([1], [{ domain: 'dram', pkg: 2 }]))).toThrow(/package 2 is not among the host's packages/);
     expect(
       () =>
         new RatioEngine(
           hostWith(
             [1],
             [
-              { domain: 'dram', package: 0 },
-              { domain: 'dram', package: 0 },
+              { domain: 'dram', pkg: 0 },
+              { domain: 'dram', pkg: 0 },
             ],
           ),
         ),
@@ -170,17 +172,17 @@ describe('RatioEngine with other RAPL domains', () => {
           hostWith(
             [1, 1],
             [
-              { domain: 'psys', package: 0 },
-              { domain: 'psys', package: 1 },
+              { domain: 'psys', pkg: 0 },
+              { domain: 'psys', pkg: 1 },
             ],
           ),
         ),
     ).toThrow(/counts the whole platform/);
-    expect(() => new RatioEngine(hostWith([1], [{ domain: 'dram', package: 0 }], 1n << 60n))).toThrow(/out of 2\.\.2\^53/);
+    expect(() => new RatioEngine(hostWith([1], [{ domain: 'dram', pkg: 0 }], 1n << 60n))).toThrow(/out of 2\.\.2\^53/);
   });
 
   test('state() and restore() carry the domain totals and counters: the interval after a restart spans the gap', () => {
-    const h = hostWith([1], [{ domain: 'dram', package: 0 }]);
+    const h = hostWith([1], [{ domain: 'dram', pkg: 0 }]);
     const t = (k: number) => ({ 10: [{ tid: 10, ticks: 50 * k }] });
     const live = new RatioEngine(h);
     const vm = live.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 10, vpkg: 0 }] });
@@ -194,11 +196,11 @@ describe('RatioEngine with other RAPL domains', () => {
   });
 
   test('restore() into an engine reading other domains starts the new ones at 0 and drops the ones it does not read', () => {
-    const live = new RatioEngine(hostWith([1], [{ domain: 'dram', package: 0 }]));
+    const live = new RatioEngine(hostWith([1], [{ domain: 'dram', pkg: 0 }]));
     const vm = live.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 10, vpkg: 0 }] });
     live.addSample(sampleWith(0, { 0: units(0) }, { 'dram 0': 0n }, { 10: [{ tid: 10, ticks: 0 }] }));
     live.addSample(sampleWith(1, { 0: units(10) }, { 'dram 0': 4_000_000n }, { 10: [{ tid: 10, ticks: 100 }] }));
-    const other = new RatioEngine(hostWith([1], [{ domain: 'core', package: 0 }]));
+    const other = new RatioEngine(hostWith([1], [{ domain: 'core', pkg: 0 }]));
     other.restore(live.state());
     expect(other.output(vm)!.domains).toEqual([{ domain: 'core', vpkgEnergyJ: [0], vpkgEnergyUj: [0n] }]);
     expect(other.output(vm)!.vpkgs[0]!.energyJ).toBeCloseTo(10, 9);

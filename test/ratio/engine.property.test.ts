@@ -7,7 +7,9 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { IntervalResult, Sample, VmOutput, VmSpec } from '../../src/ratio/types.js';
+import type { IntervalResult, VmOutput } from '../../src/ratio/outputs.js';
+import type { Sample } from '../../src/model/sample.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { host, sample, type ThreadAt } from './helpers.js';
 
 interface ThreadStep {

@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { VmSpec } from '../../src/ratio/types.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { host, PU_ESU14, sample, statLine, units } from './helpers.js';
 
 const PID = 500;
@@ -48,7 +48,7 @@ describe('RatioEngine: ratio.md rules', () => {
       ),
     )!;
     expect(r.dtS).toBe(1);
-    expect(r.packages).toEqual([{ package: 0, energyJ: 100, attributedJ: 25 }]);
+    expect(r.packages).toEqual([{ pkg: 0, energyJ: 100, attributedJ: 25 }]);
     expect(r.vms).toEqual([{ vmId: id, pid: PID, vpkgEnergyJ: [25, 0] }]);
     expect(e.output(id)!.vpkgs.map((v) => v.energyJ)).toEqual([25, 0]);
   });
@@ -156,8 +156,8 @@ describe('RatioEngine: ratio.md rules', () => {
     // On pkg 1: 40 * 50 / 200 = 10 J (it would be 25 J if the old CPU's package were used).
     expect(r.vms[0]!.vpkgEnergyJ).toEqual([10, 0]);
     expect(r.packages).toEqual([
-      { package: 0, energyJ: 100, attributedJ: 0 },
-      { package: 1, energyJ: 40, attributedJ: 10 },
+      { pkg: 0, energyJ: 100, attributedJ: 0 },
+      { pkg: 1, energyJ: 40, attributedJ: 10 },
     ]);
   });
 
@@ -434,15 +434,15 @@ describe('RatioEngine: ratio.md rules', () => {
     e.register(VM);
     e.addSample(sample(10, { 0: 0n, 1: 0n }, { [PID]: [{ tid: 501, ticks: 0, cpu: 2 }] }));
     const r1 = e.addSample(sample(11, { 0: units(100), 5: 7n }, { [PID]: [{ tid: 501, ticks: 50, cpu: 2 }] }))!;
-    expect(r1.packages.map((p) => p.package)).toEqual([0]);
+    expect(r1.packages.map((p) => p.pkg)).toEqual([0]);
     expect(r1.vms[0]!.vpkgEnergyJ).toEqual([0, 0]);
     expect(r1.problems.join('\n')).toMatch(/package 5/);
     expect(r1.problems.join('\n')).toMatch(/no energy value for package 1/);
     // pkg 1 comes back at 1000 J: a new baseline, so this interval has no pkg-1 energy either.
     const r2 = e.addSample(sample(12, { 0: units(200), 1: units(1000) }, { [PID]: [{ tid: 501, ticks: 100, cpu: 2 }] }))!;
-    expect(r2.packages.map((p) => p.package)).toEqual([0]);
+    expect(r2.packages.map((p) => p.pkg)).toEqual([0]);
     const r3 = e.addSample(sample(13, { 0: units(300), 1: units(1040) }, { [PID]: [{ tid: 501, ticks: 150, cpu: 2 }] }))!;
-    expect(r3.packages[1]).toEqual({ package: 1, energyJ: 40, attributedJ: 10 });
+    expect(r3.packages[1]).toEqual({ pkg: 1, energyJ: 40, attributedJ: 10 });
   });
 
   it('the first sample returns null; an interval with no VM lists none', () => {
@@ -450,13 +450,13 @@ describe('RatioEngine: ratio.md rules', () => {
     expect(e.addSample(sample(1, { 0: 0n }))).toBeNull();
     const r = e.addSample(sample(2, { 0: units(60) }))!;
     expect(r).toMatchObject({ vms: [], ended: [], problems: [] });
-    expect(r.packages).toEqual([{ package: 0, energyJ: 60, attributedJ: 0 }]);
+    expect(r.packages).toEqual([{ pkg: 0, energyJ: 60, attributedJ: 0 }]);
   });
 
   it('refuses an inconsistent host and bad registrations with clear errors', () => {
     expect(() => new RatioEngine({ ...host(), clkTck: 0 })).toThrow(/CLK_TCK/);
     expect(() => new RatioEngine({ ...host(), packages: [] })).toThrow(/no packages/);
-    expect(() => new RatioEngine({ ...host(), cpus: [{ cpu: 0, package: 3 }] })).toThrow(/package 3/);
+    expect(() => new RatioEngine({ ...host(), cpus: [{ cpu: 0, pkg: 3 }] })).toThrow(/package 3/);
     const e = new RatioEngine(host());
     expect(() => e.register({ pid: 1, starttime: 1, vcpus: [{ tid: 2, vpkg: 256 }] })).toThrow(/0..255/);
     expect(() =>

@@ -1,5 +1,6 @@
 /** Builders for engine tests: stat lines as the kernel prints them, hosts and samples. */
-import type { HostInfo, Sample } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
+import type { Sample } from '../../src/model/sample.js';
 
 export interface StatFields {
   tid: number;
@@ -36,9 +37,9 @@ export function host(cpusPerPackage: number[] = [2], powerUnit: bigint = PU_ESU1
   const cpus: HostInfo['cpus'] = [];
   let cpu = 0;
   cpusPerPackage.forEach((n, p) => {
-    for (let i = 0; i < n; i++) cpus.push({ cpu: cpu++, package: p });
+    for (let i = 0; i < n; i++) cpus.push({ cpu: cpu++, pkg: p });
   });
-  return { vendor: 'intel', clkTck: 100, cpus, packages: cpusPerPackage.map((_, p) => ({ package: p, powerUnit })) };
+  return { vendor: 'intel', clkTck: 100, cpus, packages: cpusPerPackage.map((_, p) => ({ pkg: p, powerUnit })) };
 }
 
 /** Joules -> counter units at ESU 14. */

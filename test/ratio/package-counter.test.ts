@@ -9,7 +9,7 @@ import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import { packageCounter } from '../../src/ratio/counter.js';
-import type { HostInfo } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
 import { readTrace } from '../../src/trace/reader.js';
 import { replayFile } from '../../src/trace/replay-file.js';
 import { headerLine, headerRecord, registerLine, sampleLine } from '../../src/trace/writer.js';
@@ -27,8 +27,8 @@ afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
 describe('package counter description', () => {
   test('is a RAPL MSR counter (2^32 counts of the ESU) when host info gives none', () => {
-    expect(packageCounter({ package: 0, powerUnit: 0xa1003n })).toEqual({ range: 1n << 32n, unitJ: 2 ** -16 });
-    expect(packageCounter({ package: 0, powerUnit: 0xa1003n, counter: { range: 10n, unitJ: 1e-6 } })).toEqual({ range: 10n, unitJ: 1e-6 });
+    expect(packageCounter({ pkg: 0, powerUnit: 0xa1003n })).toEqual({ range: 1n << 32n, unitJ: 2 ** -16 });
+    expect(packageCounter({ pkg: 0, powerUnit: 0xa1003n, counter: { range: 10n, unitJ: 1e-6 } })).toEqual({ range: 10n, unitJ: 1e-6 });
   });
 
   test('the engine wraps a described counter at its range and counts in its unit', () => {
@@ -63,7 +63,7 @@ describe('package counter description', () => {
     const first = (await readTrace(file).next()).value;
     expect(first).toMatchObject({
       type: 'header',
-      header: { host: { packages: [{ package: 0, counter: { range: 1_000_000n, unitJ: 1e-6 } }] } },
+      header: { host: { packages: [{ pkg: 0, counter: { range: 1_000_000n, unitJ: 1e-6 } }] } },
     });
     const summary = await replayFile(file);
     expect(summary.vms[0]!.output.vpkgs[0]!.energyJ).toBeCloseTo(0.0025, 12);

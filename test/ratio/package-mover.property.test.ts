@@ -9,7 +9,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { IntervalResult } from '../../src/ratio/types.js';
+import type { IntervalResult } from '../../src/ratio/outputs.js';
 import { host, sample, units, type ThreadAt } from './helpers.js';
 
 const CLK_TCK = 100;
@@ -139,7 +139,7 @@ describe('a VM that moves between packages in step with sampling', () => {
         // no VM got in the honest run: it comes out of no VM.
         const priced = attack.results.reduce((a, r, i) => {
           const ticks = s.steps[i]!.attacker.reduce((x, y) => x + y, 0);
-          const pkg1 = r.packages.find((p) => p.package === 1)!;
+          const pkg1 = r.packages.find((p) => p.pkg === 1)!;
           return a + (pkg1.energyJ * ticks) / (CLK_TCK * r.dtS * s.cpusPerPackage[1]!);
         }, 0);
         expect(attack.attackerJ).toBeLessThanOrEqual(priced * (1 + 1e-9) + 1e-9);
@@ -161,17 +161,17 @@ describe('a VM that moves between packages in step with sampling', () => {
           const cap1 = CLK_TCK * r.dtS * s.cpusPerPackage[1]!;
           const v = st.victim.reduce((a, b) => a + b, 0);
           const claimed = v + st.attacker.reduce((a, b) => a + b, 0);
-          const e1 = r.packages.find((p) => p.package === 1)!.energyJ;
+          const e1 = r.packages.find((p) => p.pkg === 1)!.energyJ;
           if (claimed <= cap1) return;
           // Every claim on package 1 at its price, and what the other packages had left (no VM is seen there).
           const excessJ = ((claimed - cap1) * e1) / cap1;
-          const leftoverJ = r.packages.filter((p) => p.package !== 1).reduce((a, p) => a + p.energyJ, 0);
+          const leftoverJ = r.packages.filter((p) => p.pkg !== 1).reduce((a, p) => a + p.energyJ, 0);
           maxLossJ += (Math.max(0, excessJ - leftoverJ) * v) / claimed;
           clampLossJ += (e1 * v) / cap1 - (e1 * v) / claimed;
         });
         // Where the package it ran on is at least as dear per tick as the one it is seen on, moving gains the attacker nothing.
         const dearerWhereRan = attack.results.every((r) => {
-          const price = (p: number) => r.packages.find((x) => x.package === p)!.energyJ / s.cpusPerPackage[p]!;
+          const price = (p: number) => r.packages.find((x) => x.pkg === p)!.energyJ / s.cpusPerPackage[p]!;
           return price(0) >= price(1);
         });
         if (dearerWhereRan) expect(attack.attackerJ).toBeLessThanOrEqual(honest.attackerJ * (1 + 1e-9) + 1e-9);

@@ -1,10 +1,10 @@
 /** Replay bookkeeping around the engine: unregister by pid, problems, attributed time, table text. */
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import { KEPT_PROBLEMS, Replay, replayRecords } from '../../src/ratio/replay.js';
+import { KEPT_PROBLEMS, Replay, replayRecords } from '../../src/ratio/trace-replay.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
 import type { TraceRecord } from '../../src/ratio/trace-records.js';
-import type { IntervalResult } from '../../src/ratio/types.js';
+import type { IntervalResult } from '../../src/ratio/outputs.js';
 import { host, sample, units } from './helpers.js';
 
 const header: TraceRecord = { type: 'header', line: 1, header: { host: host(), note: 'unit' } };
@@ -96,17 +96,17 @@ describe('replay', () => {
   it('u_guest is the unit of package 0, or of the lowest package when there is no 0', () => {
     const h = host([1, 1]);
     h.packages = [
-      { package: 1, powerUnit: 0xa1003n },
-      { package: 0, powerUnit: 0xa0e03n },
+      { pkg: 1, powerUnit: 0xa1003n },
+      { pkg: 0, powerUnit: 0xa0e03n },
     ];
     expect(new RatioEngine(h).guestPowerUnit).toBe(0xa0e03n);
     h.packages = [
-      { package: 3, powerUnit: 0xa1003n },
-      { package: 2, powerUnit: 0xa0f03n },
+      { pkg: 3, powerUnit: 0xa1003n },
+      { pkg: 2, powerUnit: 0xa0f03n },
     ];
     h.cpus = [
-      { cpu: 0, package: 2 },
-      { cpu: 1, package: 3 },
+      { cpu: 0, pkg: 2 },
+      { cpu: 1, pkg: 3 },
     ];
     expect(new RatioEngine(h).guestPowerUnit).toBe(0xa0f03n);
   });

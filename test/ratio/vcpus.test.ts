@@ -1,11 +1,10 @@
 /**
- * The vCPU-list rule is written once (src/ratio/vcpus.ts); every way a VM arrives applies it, so the
+ * The vCPU-list rule is written once (src/model/vcpus.ts); every way a VM arrives applies it, so the
  * same bad list gets the same answer from the v2 parser, the --vcpus parser, the trace reader and
  * the engine.
  */
 import { describe, expect, test } from 'vitest';
-import { checkVcpus, parseVcpuList } from '../../src/ratio/vcpus.js';
-import { MAX_TID, type VcpuSpec } from '../../src/ratio/types.js';
+import { checkVcpus, parseVcpuList, MAX_TID, type VcpuSpec } from '../../src/model/vcpus.js';
 import { parseClientFrame } from '../../src/protocol/v2/messages.js';
 import { TraceParser } from '../../src/trace/reader.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';

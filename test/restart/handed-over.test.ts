@@ -8,7 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/helper/handover/record.js';
+import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/helper/handover/handover-record.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
 import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/helper/handover/handed-over.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';

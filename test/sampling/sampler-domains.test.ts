@@ -49,7 +49,7 @@ describe('Sampler with RAPL domains', () => {
     const { sampler } = setup(true);
     const s = sampler.sample([]);
     expect(s.energy).toEqual(new Map([[0, 100n]]));
-    expect(s.domains).toEqual([{ package: 0, domain: 'dram', raw: 200n }]);
+    expect(s.domains).toEqual([{ pkg: 0, domain: 'dram', raw: 200n }]);
     expect(setup(false).sampler.sample([]).domains).toBeUndefined();
   });
 

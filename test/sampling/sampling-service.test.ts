@@ -8,7 +8,7 @@ import { pino } from 'pino';
 import { describe, expect, test } from 'vitest';
 import { SamplingService } from '../../src/sampling/sampling-service.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { VmSpec } from '../../src/ratio/types.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { host, sample, units } from '../ratio/helpers.js';
 import { ManualTime } from '../support/manual-time.js';
 

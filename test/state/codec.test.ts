@@ -3,9 +3,9 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import zlib from 'node:zlib';
 import { freshGuestCounter } from '../../src/guest-energy/guest-counter.js';
-import { decodeState, encodeState, STATE_FORMAT_VERSION, STATE_HEADER_SIZE, stateProblem } from '../../src/state/codec.js';
+import { decodeState, encodeState, STATE_FORMAT_VERSION, STATE_HEADER_SIZE, stateProblem } from '../../src/state/snapshot-codec.js';
 import { STATE_LIMITS, type StateSnapshot, type VmState } from '../../src/state/snapshot.js';
-import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../../src/ratio/types.js';
+import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../../src/model/vcpus.js';
 
 const u64 = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n });
 const pid = fc.integer({ min: 1, max: MAX_TID });

@@ -17,11 +17,13 @@ import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS } from '../../src/ms
 import { closeFd } from '../../src/os/libc.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { HostInfo, Sample, VmSpec } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
+import type { Sample } from '../../src/model/sample.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/handover/live-state.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
-import { decodeState, encodeState } from '../../src/state/codec.js';
+import { decodeState, encodeState } from '../../src/state/snapshot-codec.js';
 import { readStateFd, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot, VmState } from '../../src/state/snapshot.js';
 import { assembleOnFakeHost, FakeHost, type Chain } from '../support/fake-host.js';

@@ -12,7 +12,7 @@ import {
   sendFds,
   socketpair,
 } from '../../src/os/libc.js';
-import { encodeState } from '../../src/state/codec.js';
+import { encodeState } from '../../src/state/snapshot-codec.js';
 import { readStateFd, STATE_SEALS, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
 

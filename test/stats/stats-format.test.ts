@@ -10,8 +10,8 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from '../../src/protocol/stats/fla
 import { decodeStatsLayout, encodeStatsFile, planStatsLayout } from '../../src/protocol/stats/layout.js';
 import { SampleBlock, readConsistent } from '../../src/protocol/stats/sample-block.js';
 import { decodeStatsValues, describeDescriptor } from '../../src/protocol/stats/values.js';
-import { vmStatsLayout, tickExponent, VmStatsSlots, writeVmStats } from '../../src/protocol/stats/vm-stats.js';
-import { hostDomainShapes, hostStatsLayout, writeHostStats } from '../../src/protocol/stats/host-stats.js';
+import { vmStatsLayout, tickExponent, VmStatsSlots, writeVmStats } from '../../src/protocol/stats/vm-file.js';
+import { hostDomainShapes, hostStatsLayout, writeHostStats } from '../../src/protocol/stats/host-file.js';
 
 const hex = (text: string): Buffer => Buffer.from(text.replace(/\s+/g, ''), 'hex');
 const oneFrame = (bytes: Buffer, types: ReadonlySet<number>) => {

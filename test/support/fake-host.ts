@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { msrPath, type HostPaths } from '../../src/msr/host-paths.js';
 import { MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
-import type { Vendor } from '../../src/ratio/types.js';
+import type { Vendor } from '../../src/model/host.js';
 import type { Logger } from 'pino';
 import { assembleV2, type V2Chain, type V2ChainOptions } from '../../src/helper/assemble.js';
 import { assembleServer } from '../../src/helper/assemble-server.js';

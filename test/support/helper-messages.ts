@@ -1,7 +1,6 @@
 /** The helper's v2 messages in a buffer of whole frames, for tests that read a socket's bytes; a bad frame throws. */
-import { FrameDecoder, HELPER_TYPES } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder, HELPER_TYPES, type DaemonCounters } from '../../src/protocol/v2/codec.js';
 import { parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
-import type { HostStats } from '../../src/helper/v2/host-energy.js';
 
 export function helperMessages(buf: Buffer): HelperMessage[] {
   return new FrameDecoder(HELPER_TYPES).push(buf).map((f) => {
@@ -13,7 +12,7 @@ export function helperMessages(buf: Buffer): HelperMessage[] {
 }
 
 /** HOST_UPDATE's daemon counters, every one 0 but those given. */
-export function hostStats(some: Partial<HostStats> = {}): HostStats {
+export function hostStats(some: Partial<DaemonCounters> = {}): DaemonCounters {
   return {
     legacyOk: 0n,
     legacyRefused: 0n,

@@ -19,7 +19,8 @@ import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS, MSR_PP0_ENERGY_STAT
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { ProcTaskReader } from '../../src/os/proc-tasks.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
-import type { HostInfo, VmSpec } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { Sampler } from '../../src/sampling/sampler.js';
 import { SamplingService } from '../../src/sampling/sampling-service.js';
 import { replayFile } from '../../src/trace/replay-file.js';
@@ -162,7 +163,7 @@ describe('live traces with every RAPL domain', () => {
 
     const summary = await replayFile(tracePath);
     expect(summary.header.host.domains).toEqual(host.domains);
-    expect(host.domains!.map((d) => `${d.domain} ${d.package} ${d.unitJ}`)).toEqual([
+    expect(host.domains!.map((d) => `${d.domain} ${d.pkg} ${d.unitJ}`)).toEqual([
       `core 0 ${2 ** -14}`,
       `core 1 ${2 ** -14}`,
       'dram 0 0.0000153',

@@ -8,20 +8,22 @@ import { Readable } from 'node:stream';
 import { describe, expect, test } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import { formatTable, intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
-import { replayRecords } from '../../src/ratio/replay.js';
+import { replayRecords } from '../../src/ratio/trace-replay.js';
 import { TraceError, type TraceRecord } from '../../src/ratio/trace-records.js';
-import type { DomainCounter, HostInfo, Sample, TraceHeader, VmSpec } from '../../src/ratio/types.js';
+import type { DomainCounter, HostInfo } from '../../src/model/host.js';
+import type { Sample, TraceHeader } from '../../src/model/sample.js';
+import type { VmSpec } from '../../src/model/vm.js';
 import { readTraceStream } from '../../src/trace/reader.js';
 import { headerLine, registerLine, sampleLine } from '../../src/trace/writer.js';
 import { host, statLine, units } from '../ratio/helpers.js';
 
 /** Two packages of one CPU each, with core and DRAM on both and psys under package 0. */
 const COUNTERS: DomainCounter[] = [
-  { package: 0, domain: 'core', range: 1n << 32n, unitJ: 2 ** -14 },
-  { package: 1, domain: 'core', range: 1n << 32n, unitJ: 2 ** -14 },
-  { package: 0, domain: 'dram', range: 1n << 32n, unitJ: 15.3e-6 },
-  { package: 1, domain: 'dram', range: 1n << 32n, unitJ: 15.3e-6 },
-  { package: 0, domain: 'psys', range: 262_143_328_851n, unitJ: 1e-6 },
+  { pkg: 0, domain: 'core', range: 1n << 32n, unitJ: 2 ** -14 },
+  { pkg: 1, domain: 'core', range: 1n << 32n, unitJ: 2 ** -14 },
+  { pkg: 0, domain: 'dram', range: 1n << 32n, unitJ: 15.3e-6 },
+  { pkg: 1, domain: 'dram', range: 1n << 32n, unitJ: 15.3e-6 },
+  { pkg: 0, domain: 'psys', range: 262_143_328_851n, unitJ: 1e-6 },
 ];
 const HOST: HostInfo = { ...host([1, 1]), domains: COUNTERS };
 
@@ -78,7 +80,7 @@ function sampleAt(k: number, drop: string[] = []): Sample {
       .filter(([key]) => !drop.includes(key))
       .map(([key, v]) => {
         const [domain, pkg] = key.split(' ');
-        return { domain: domain as DomainCounter['domain'], package: Number(pkg), raw: v };
+        return { domain: domain as DomainCounter['domain'], pkg: Number(pkg), raw: v };
       }),
   };
 }
@@ -161,8 +163,8 @@ describe('trace domains: written and read', () => {
     const h = recs[0]!;
     expect(h.type === 'header' && h.header.host).toEqual(HOST);
     const samples = recs.filter((r) => r.type === 'sample').map((r) => (r.type === 'sample' ? r.sample : null));
-    expect(samples.map((s) => new Set(s!.domains!.map((d) => `${d.domain} ${d.package} ${d.raw}`)))).toEqual(
-      SAMPLES.map((s) => new Set(s.domains!.map((d) => `${d.domain} ${d.package} ${d.raw}`))),
+    expect(samples.map((s) => new Set(s!.domains!.map((d) => `${d.domain} ${d.pkg} ${d.raw}`)))).toEqual(
+      SAMPLES.map((s) => new Set(s.domains!.map((d) => `${d.domain} ${d.pkg} ${d.raw}`))),
     );
   });
 
@@ -344,7 +346,7 @@ describe('trace domains: hostile fields are refused with their line', () => {
   for (const [name, text, message] of cases) test(`${name}`, async () => expect(await refusal(text)).toMatch(message));
 
   test('a header given to replay without the reader (records made in code) is refused by the engine, naming its line', async () => {
-    const bad: TraceRecord = { type: 'header', line: 1, header: { host: { ...host([1]), domains: [{ ...COUNTERS[0]!, package: 3 }] } } };
+    const bad: TraceRecord = { type: 'header', line: 1, header: { host: { ...host([1]), domains: [{ ...COUNTERS[0]!, pkg: 3 }] } } };
     await expect(replayRecords([bad])).rejects.toThrow(
       /^line 1: header: the core counter of package 3: package 3 is not among the host's packages$/,
     );

@@ -9,7 +9,7 @@ import { TraceWriter } from '../../src/trace/writer.js';
 import { replayFile } from '../../src/trace/replay-file.js';
 import { formatTable, stateOf, totalJsonLine } from '../../src/ratio/replay-report.js';
 import { qemuNameFromCmdline } from '../../src/discovery/qemu-name.js';
-import type { HostInfo } from '../../src/ratio/types.js';
+import type { HostInfo } from '../../src/model/host.js';
 
 const OLD_TRACE = path.resolve(import.meta.dirname, '../fixtures/traces/three-vms.jsonl');
 
@@ -30,7 +30,7 @@ async function records(file: string): Promise<TraceRecord[]> {
   return out;
 }
 
-const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, package: 0 }], packages: [{ package: 0, powerUnit: 0xa0e03n }] };
+const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, pkg: 0 }], packages: [{ pkg: 0, powerUnit: 0xa0e03n }] };
 
 function headerText(extra: string): string {
   return `{"type":"header","format":"vmsr-trace","version":1,"clk_tck":100,"host":{"vendor":"intel","cpus":[{"cpu":0,"package":0}],"packages":[{"package":0,"power_unit":"0xa0e03"}]}${extra}}\n`;

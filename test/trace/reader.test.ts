@@ -82,10 +82,10 @@ describe('trace reader: good traces', () => {
         vendor: 'intel',
         clkTck: 100,
         cpus: [
-          { cpu: 0, package: 0 },
-          { cpu: 1, package: 0 },
+          { cpu: 0, pkg: 0 },
+          { cpu: 1, pkg: 0 },
         ],
-        packages: [{ package: 0, powerUnit: 0xa0e03n }],
+        packages: [{ pkg: 0, powerUnit: 0xa0e03n }],
       },
     });
     const s = recs[2]!;

@@ -4,7 +4,7 @@
  */
 import { Option, type Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
-import { startExporter } from '../../exporter/exporter.js';
+import { startExporter } from '../../exporter/exporter-process.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
 import { DEFAULT_HOST_SERIES, HOST_SERIES_CHOICES, type HostSeries } from '../../exporter/host-series.js';
@@ -13,7 +13,7 @@ import { DEFAULT_METRICS_PATH } from '../../exporter/metrics-path.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { MAX_VMS } from '../../ratio/types.js';
+import { MAX_VMS } from '../../model/vm.js';
 import { handleSighup } from '../../os/sighup.js';
 import { closeOpenInspector } from '../../os/inspector-guard.js';
 

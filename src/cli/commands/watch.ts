@@ -14,7 +14,7 @@ import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import { QmpError } from '../../client/qmp.js';
-import type { VcpuSpec } from '../../ratio/types.js';
+import type { VcpuSpec } from '../../model/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';

@@ -15,7 +15,7 @@ import { closeWindow, counterStep, freshGuestCounter, type GuestCounterState, ty
 import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
-import type { HostInfo } from '../../ratio/types.js';
+import type { HostInfo } from '../../model/host.js';
 import { readThreads } from './thread-reads.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 
@@ -74,9 +74,9 @@ export class GuestEnergy {
   private readonly maxTicks: Map<number, number>;
 
   constructor(private readonly o: GuestEnergyOptions) {
-    this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.package]));
+    this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
     this.maxTicks = new Map();
-    for (const c of o.host.cpus) this.maxTicks.set(c.package, (this.maxTicks.get(c.package) ?? 0) + o.host.clkTck);
+    for (const c of o.host.cpus) this.maxTicks.set(c.pkg, (this.maxTicks.get(c.pkg) ?? 0) + o.host.clkTck);
   }
 
   /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */

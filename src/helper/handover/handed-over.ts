@@ -9,8 +9,8 @@
 import fs from 'node:fs';
 import { closeFd, getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc.js';
 import { readStateBytes, readSealedMemfd } from '../../state/memfd.js';
-import { decodeState } from '../../state/codec.js';
-import { decodeHandover, MAX_HANDOVER_BYTES, type HandoverRecord } from './record.js';
+import { decodeState } from '../../state/snapshot-codec.js';
+import { decodeHandover, MAX_HANDOVER_BYTES, type HandoverRecord } from './handover-record.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';

@@ -5,7 +5,7 @@
  * each part given and runs the step itself for each part missing. Across an exec it travels in
  * INHERIT_ENV as JSON; its fds survive the exec by number.
  */
-import type { HostCpu, Vendor } from '../../ratio/types.js';
+import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import type { SocketFile } from '../server/listener.js';
 import { activationFd, storedFds, takeActivation } from '../lifecycle/systemd.js';
@@ -89,8 +89,13 @@ export function inheritedFds(i: Inherited): number[] {
 
 /** The environment that carries `i` across an exec (takeInherited reads it back). */
 export function inheritEnv(i: Inherited): Record<string, string> {
-  const { named, ...rest } = i;
-  return { [INHERIT_ENV]: JSON.stringify({ ...rest, ...(named ? { named: [...named] } : {}) }) };
+  const { named, checks, ...rest } = i;
+  const encoded = {
+    ...rest,
+    ...(checks ? { checks: { ...checks, cpus: checks.cpus.map((c) => ({ cpu: c.cpu, package: c.pkg })) } } : {}),
+    ...(named ? { named: [...named] } : {}),
+  };
+  return { [INHERIT_ENV]: JSON.stringify(encoded) };
 }
 
 const isFd = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 20;
@@ -100,7 +105,14 @@ const isPair = <A, B>(e: unknown, a: (v: unknown) => v is A, b: (v: unknown) => 
 const isString = (v: unknown): v is string => typeof v === 'string';
 const isFdList = (v: unknown): v is number[] => Array.isArray(v) && v.every(isFd);
 
-type Encoded = Omit<Inherited, 'named'> & { named?: [string, number[]][] };
+/**
+ * Inherited as the environment carries it. A cpu's package id keeps its JSON key `package` (what an
+ * older image writes and reads), so an image of either version takes the other's across a restart.
+ */
+type Encoded = Omit<Inherited, 'named' | 'checks'> & {
+  checks?: Omit<NonNullable<Inherited['checks']>, 'cpus'> & { cpus: { cpu: number; package: number }[] };
+  named?: [string, number[]][];
+};
 
 function valid(v: Partial<Encoded>): v is Encoded {
   const c = v.checks;
@@ -137,6 +149,10 @@ export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited |
     throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is not valid JSON', fix));
   }
   if (v === null || typeof v !== 'object' || !valid(v)) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is malformed', fix));
-  const { named, ...rest } = v;
-  return { ...rest, ...(named ? { named: new Map(named) } : {}) };
+  const { named, checks, ...rest } = v;
+  return {
+    ...rest,
+    ...(checks ? { checks: { ...checks, cpus: checks.cpus.map((c) => ({ cpu: c.cpu, pkg: c.package })) } } : {}),
+    ...(named ? { named: new Map(named) } : {}),
+  };
 }

@@ -7,12 +7,12 @@
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
-import { isOtherDomain } from '../../ratio/domains.js';
+import { isOtherDomain } from '../../model/domains.js';
 import type { EngineState, EngineVmState } from '../../ratio/engine-state.js';
-import type { HostInfo } from '../../ratio/types.js';
+import type { HostInfo } from '../../model/host.js';
 import type { SamplingState } from '../../sampling/sampling-service.js';
 import type { KnownProcessState } from '../../discovery/scanner.js';
-import { stateProblem } from '../../state/codec.js';
+import { stateProblem } from '../../state/snapshot-codec.js';
 import type { DomainsState, SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
 import type { HostEnergyState } from '../v2/host-energy.js';
 import type { VmRecord } from '../v2/vm-registry.js';
@@ -153,7 +153,7 @@ export interface RestorePlan {
 function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string | null {
   const problem = stateProblem(s);
   if (problem !== null) return problem;
-  const hostPkgs = host.packages.map((p) => p.package).sort((a, b) => a - b);
+  const hostPkgs = host.packages.map((p) => p.pkg).sort((a, b) => a - b);
   const savedPkgs = s.packages.map((p) => p.pkg).sort((a, b) => a - b);
   const last = s.lastSample;
   const samplePkgs = last?.packages.map((p) => p.pkg) ?? [];
@@ -163,7 +163,7 @@ function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string 
   if (last !== null && last.monotonicNs > probe.nowNs) {
     return `its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`;
   }
-  const guest = host.packages.find((p) => p.package === 0) ?? host.packages.find((p) => p.package === hostPkgs[0]);
+  const guest = host.packages.find((p) => p.pkg === 0) ?? host.packages.find((p) => p.pkg === hostPkgs[0]);
   const u = joulesPerCounterUnit(guest!.powerUnit);
   for (const vm of s.vms) {
     for (let g = 0; g < vm.vpkgs.length; g++) {

@@ -25,7 +25,7 @@ import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
-import { encodeHandover } from './record.js';
+import { encodeHandover } from './handover-record.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 

@@ -10,7 +10,7 @@
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
-import type { HostInfo } from '../../ratio/types.js';
+import type { HostInfo } from '../../model/host.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import { runInSlices } from '../../sampling/time-slices.js';
 import type { StateSnapshot } from '../../state/snapshot.js';

@@ -7,7 +7,7 @@
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';
 import { LEGACY_ALLOWED_MSRS, MSR_PKG_ENERGY_STATUS } from '../../msr/registers.js';
-import type { Vendor } from '../../ratio/types.js';
+import type { Vendor } from '../../model/host.js';
 import { legacyPlan, synthValue, type AmdSynthConfig, type LegacyPlan } from '../../msr/legacy-registers.js';
 import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../../protocol/legacy.js';
 import { TidVerdicts } from './tid-verdicts.js';

@@ -1,5 +1,5 @@
 /**
- * The daemon's configuration, in a file of its own: the command line (cli/commands/daemon.ts) makes a
+ * The daemon's configuration, in a file of its own: the command line (cli/commands/start-daemon.ts) makes a
  * DaemonConfig, the start-up (startup.ts, privileged-start.ts, phases.ts) and the daemon (daemon.ts)
  * read it.
  */

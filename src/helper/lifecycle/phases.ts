@@ -23,7 +23,7 @@ import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
 import type { LateV2Handler } from '../server/late-v2-handler.js';
-import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../os/fd-budget.js';
+import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../budget/fd-budget.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
 import { closeOpenInspector } from '../../os/inspector-guard.js';
@@ -82,7 +82,7 @@ export async function open(
         ? 'powercap zones open (no MSR device: legacy requests get 0)'
         : 'no MSR device (synthetic energy: legacy requests get 0)';
   o.logger.info(
-    { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.package)).size },
+    { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.pkg)).size },
     openedWhat,
   );
   return { opened, handed, guard };

@@ -7,7 +7,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { MAX_TID } from '../../ratio/types.js';
+import { MAX_TID } from '../../model/vcpus.js';
 import { cannotError } from '../../common/errors.js';
 
 export interface Pidfile {

@@ -7,10 +7,10 @@ import { capget } from '../../os/libc.js';
 import { DEFAULT_HOST_PATHS } from '../../msr/host-paths.js';
 import { readHostCpus } from '../../msr/topology.js';
 import type { MsrDevice } from '../../msr/device.js';
-import type { HostCpu, Vendor } from '../../ratio/types.js';
+import type { HostCpu, Vendor } from '../../model/host.js';
 import { readVendor } from '../../msr/vendor.js';
 import { RAWIO_MASK } from '../../os/privileges/capabilities.js';
-import { msrErrnoHint } from '../../os/errno-hints.js';
+import { msrErrnoHint } from '../../msr/errno-hints.js';
 import { cannotError } from '../../common/errors.js';
 
 export type VendorChoice = 'auto' | Vendor;

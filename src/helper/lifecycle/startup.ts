@@ -7,7 +7,7 @@
  */
 import fs from 'node:fs';
 import { MsrDevice } from '../../msr/device.js';
-import type { HostCpu, Vendor } from '../../ratio/types.js';
+import type { HostCpu, Vendor } from '../../model/host.js';
 import type { Logger } from '../../logging/logger.js';
 import { openListener, type Listener } from '../server/listener.js';
 import { removeOwnSocketFile } from '../server/socket-file.js';

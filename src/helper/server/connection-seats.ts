@@ -1,6 +1,6 @@
 /**
  * The connection slots (--max-connections) shared between users (the peer's uid from SO_PEERCRED):
- * each connection holds one against its uid's share (common/uid-share.ts: a user other than root
+ * each connection holds one against its uid's share (budget/uid-share.ts: a user other than root
  * holds at most a quarter, all such users half; the socket's group too, docs/security.md "The
  * socket's group locking QEMU out"); when they are all taken and a user holding fewer connections
  * than another needs one, a connection of the user holding the most that has not been read yet (its
@@ -13,7 +13,7 @@
  * QEMU's, of the user holding the most such connections, served or not.
  */
 
-import { UidShares, type ShareOwner, type ShareRoom } from '../../common/uid-share.js';
+import { UidShares, type ShareOwner, type ShareRoom } from '../../budget/uid-share.js';
 
 /** One connection's slot: told when its protocol is known, released at close. */
 export interface Seat {

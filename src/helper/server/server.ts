@@ -19,7 +19,7 @@ import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type CutReason, type IncompleteHold, type Unread } from './incomplete-frames.js';
 import { ConnectionSeats, type Seat } from './connection-seats.js';
-import type { ShareOwner } from '../../common/uid-share.js';
+import type { ShareOwner } from '../../budget/uid-share.js';
 import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
 import { Preamble } from './preamble.js';
 
@@ -69,7 +69,7 @@ export interface HelperServerOptions {
   limiter?: LogLimiter;
   /**
    * Whether a peer is a preferred owner (root, or the socket's group: every QEMU), bound only by
-   * --max-connections; any other uid holds at most its share of them (common/uid-share.ts). Default:
+   * --max-connections; any other uid holds at most its share of them (budget/uid-share.ts). Default:
    * every peer is preferred.
    */
   preferredPeer?: (peer: PeerCredentials) => boolean;

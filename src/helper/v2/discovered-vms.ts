@@ -7,7 +7,7 @@
  */
 import type { Logger } from 'pino';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
-import type { Sample } from '../../ratio/types.js';
+import type { Sample } from '../../model/sample.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import { runInSlices } from '../../sampling/time-slices.js';

@@ -1,6 +1,6 @@
 /** What the v2 service needs from discovery (ProcScanner implements it). */
 import type { DiscoveredVm, KnownProcessState } from '../../discovery/scanner.js';
-import type { VcpuSpec } from '../../ratio/types.js';
+import type { VcpuSpec } from '../../model/vcpus.js';
 
 export interface Discovery {
   /** VM processes tracked now, and the most it tracks (--max-discovered-vms): the host statistics file states both. */

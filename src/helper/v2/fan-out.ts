@@ -6,12 +6,12 @@
  */
 import { E, T, encodeError } from '../../protocol/v2/codec.js';
 import { unwatch, type Clients, type Subscriber } from './clients.js';
-import type { VmUpdate } from './vm-update.js';
+import type { VmUpdateFrame } from './vm-update-frame.js';
 
 /** How this sample's frames are made (each called at most once per key and sample). */
 export interface SampleFrames {
   /** VM `vmId`'s UPDATE, or null when it has no output (gone). */
-  update(vmId: number): VmUpdate | null;
+  update(vmId: number): VmUpdateFrame | null;
   /** HOST_UPDATE in one layout (with or without per-package unattributed energy, with or without the other domains). */
   host(perPackage: boolean, domains: boolean): Buffer;
 }
@@ -41,7 +41,7 @@ export class FanOut<C extends Subscriber> {
   }
 
   /** A VM is dropped: whoever still watches it gets `last` (its UPDATE with ENDED, in its layout) and stops watching. */
-  dropped(vmId: number, last: VmUpdate): void {
+  dropped(vmId: number, last: VmUpdateFrame): void {
     for (const { conn } of this.clients) {
       const domains = conn.domainSubscriptions.has(vmId);
       if (unwatch(conn, vmId)) conn.send(last.frame(domains));

@@ -3,9 +3,9 @@
  * part of it attributed to no VM, and the time of the last sample. Plain numbers in, plain data out:
  * state() is what a restart would carry, and a HostEnergy made with it goes on from there.
  */
-import type { HostValues } from '../../protocol/v2/codec.js';
-import type { OtherDomain } from '../../ratio/domains.js';
-import type { DomainInterval } from '../../ratio/types.js';
+import type { HostValues, DaemonCounters } from '../../protocol/v2/codec.js';
+import type { OtherDomain } from '../../model/domains.js';
+import type { PackageInterval } from '../../ratio/outputs.js';
 
 /** One package's totals since sampling started (J). */
 interface PackageTotals {
@@ -30,17 +30,6 @@ export interface HostEnergyState {
   domains?: DomainTotals[];
 }
 
-/** One package's energy in one interval and the part of it given to VMs (IntervalResult.packages). */
-interface PackageInterval {
-  package: number;
-  energyJ: number;
-  attributedJ: number;
-  domains?: readonly DomainInterval[];
-}
-
-/** The daemon-wide counters HOST_UPDATE carries beside the energy. */
-export type HostStats = HostValues['stats'];
-
 const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 
 export class HostEnergy {
@@ -56,9 +45,9 @@ export class HostEnergy {
    * zero (HOST_UPDATE lists each from the start), or where `from` left off. A domain of `from` the host
    * no longer reads is dropped.
    */
-  constructor(packages: readonly number[], from?: HostEnergyState, domains: readonly { package: number; domain: OtherDomain }[] = []) {
+  constructor(packages: readonly number[], from?: HostEnergyState, domains: readonly { pkg: number; domain: OtherDomain }[] = []) {
     for (const pkg of packages) this.totals.set(pkg, { energyJ: 0, unattributedJ: 0 });
-    for (const d of domains) this.domainTotalsOf(d.package, d.domain);
+    for (const d of domains) this.domainTotalsOf(d.pkg, d.domain);
     if (from === undefined) return;
     this.tNs = from.tNs;
     for (const p of from.packages) this.totals.set(p.pkg, { energyJ: p.energyJ, unattributedJ: p.unattributedJ });
@@ -72,10 +61,10 @@ export class HostEnergy {
   add(tNs: bigint, packages: readonly PackageInterval[]): void {
     this.tNs = tNs;
     for (const p of packages) {
-      let k = this.totals.get(p.package);
-      if (!k) this.totals.set(p.package, (k = { energyJ: 0, unattributedJ: 0 }));
+      let k = this.totals.get(p.pkg);
+      if (!k) this.totals.set(p.pkg, (k = { energyJ: 0, unattributedJ: 0 }));
       addInterval(k, p);
-      if (p.domains !== undefined) for (const d of p.domains) addInterval(this.domainTotalsOf(p.package, d.domain), d);
+      if (p.domains !== undefined) for (const d of p.domains) addInterval(this.domainTotalsOf(p.pkg, d.domain), d);
     }
   }
 
@@ -110,7 +99,7 @@ export class HostEnergy {
    * HOST_UPDATE's values; per-package unattributed energy only when `perPackage`, the other domains'
    * totals (µJ) only when `domains` (then always, empty when the host reads only the package).
    */
-  values(vmsChanged: boolean, perPackage: boolean, stats: HostStats, domains = false): HostValues {
+  values(vmsChanged: boolean, perPackage: boolean, stats: DaemonCounters, domains = false): HostValues {
     let unattributedJ = 0;
     for (const k of this.totals.values()) unattributedJ += k.unattributedJ;
     const out: HostValues = {

@@ -15,7 +15,7 @@
  * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
-import type { HostInfo } from '../../ratio/types.js';
+import type { HostInfo } from '../../model/host.js';
 import {
   SamplingService,
   type Engine,
@@ -25,7 +25,7 @@ import {
   type Tick,
 } from '../../sampling/sampling-service.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
-import { DEFAULT_V2_LIMITS, type V2Limits } from './limits.js';
+import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
@@ -35,7 +35,7 @@ import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import { DisposableStore, type Disposable } from '../../common/disposable.js';
 import type { Discovery } from './discovery.js';
-import { hostStats, type HealthSource } from './host-stats.js';
+import { daemonCounters, type HealthSource } from './daemon-counters.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
 import { HostEnergy } from './host-energy.js';
 import { Clients } from './clients.js';
@@ -45,7 +45,7 @@ import { monotonicNs } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { NotWhole } from '../../os/proc-tasks.js';
-import { currentUpdate, type VmUpdate } from './vm-update.js';
+import { currentUpdate, type VmUpdateFrame } from './vm-update-frame.js';
 import { dispatch } from './requests/dispatch.js';
 import { HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
@@ -248,11 +248,11 @@ function makeParts(
   const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
   const fanOut = new FanOut(clients);
   const energy = new HostEnergy(
-    o.host.packages.map((p) => p.package),
+    o.host.packages.map((p) => p.pkg),
     from?.energy,
     o.host.domains,
   );
-  const lastUpdate = (vmId: number, last: VmUpdate) => {
+  const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
     fanOut.dropped(vmId, last);
     stats.dropped(vmId);
   };
@@ -274,7 +274,7 @@ function makeParts(
     : undefined;
   const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
-    energy.values(changed, perPackage, hostStats(o.health, sampling.stats, clients.size, registry.total), domains);
+    energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
   const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, engine, registry, sampling);
   const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy);
   const guests =

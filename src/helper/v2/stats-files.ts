@@ -21,11 +21,11 @@ import {
   type HostCapacity,
   type HostDomainShape,
   type HostStatsValues,
-} from '../../protocol/stats/host-stats.js';
-import { tickExponent, vmStatsLayout, VmStatsSlots, writeVmStats, type VmStatsShape } from '../../protocol/stats/vm-stats.js';
+} from '../../protocol/stats/host-file.js';
+import { tickExponent, vmStatsLayout, VmStatsSlots, writeVmStats, type VmStatsShape } from '../../protocol/stats/vm-file.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
-import type { VmInterval } from '../../ratio/types.js';
+import type { VmInterval } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 
 /** What the files read of the sampling loop. */

@@ -7,7 +7,7 @@
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import type { VmRegistry } from './vm-registry.js';
-import { vmUpdate, type VmUpdate } from './vm-update.js';
+import { vmUpdate, type VmUpdateFrame } from './vm-update-frame.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogFields } from './vm-log.js';
 
@@ -22,7 +22,7 @@ interface VmLifecycleParts {
   sampling: LifecycleSampling;
   discovery?: Pick<Discovery, 'forget' | 'current'>;
   /** Sends a dropped VM's last UPDATE to whoever watches it (FanOut.dropped). */
-  lastUpdate(vmId: number, last: VmUpdate): void;
+  lastUpdate(vmId: number, last: VmUpdateFrame): void;
   /** Where "VM ended" goes (vm-log.ts); not logged without. */
   vmLog?: LogLimiter;
 }

@@ -5,15 +5,16 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { fail, ok, type Result } from '../../common/result.js';
-import type { VcpuSpec, VmSpec } from '../../ratio/types.js';
+import type { VcpuSpec } from '../../model/vcpus.js';
+import type { VmSpec } from '../../model/vm.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
 import { tidBelongsTo } from '../../os/peer.js';
 import { statNumThreads } from '../../ratio/stat.js';
-import type { FdAdmission, FdUsage } from '../../os/fd-budget.js';
+import type { FdAdmission, FdUsage } from '../../budget/fd-budget.js';
 import { cannot } from '../../common/errors.js';
-import type { V2Limits } from './limits.js';
+import type { V2Limits } from './v2-limits.js';
 
 /** What the rule needs from /proc. */
 interface ProcView {
@@ -30,7 +31,7 @@ interface ProcView {
 
 /** Whether a VM of so many threads still fits in the helper's file descriptors (VmFdShares, FdBudget). */
 export interface FdAdmitter {
-  /** `pid`: the VM's process, whose owner's share is checked too (os/vm-fd-shares.ts). */
+  /** `pid`: the VM's process, whose owner's share is checked too (budget/vm-fd-shares.ts). */
   canAdmit(threads: number, pid?: number): FdAdmission;
   /** Whether `n` more fds for `what` fit (statistics files); absent = always. */
   canOpen?(n: number, what: string): FdAdmission;

@@ -10,7 +10,7 @@
  */
 import { fail, ok, type Result } from '../../common/result.js';
 import { utf8Cut } from '../v2/codec.js';
-import { MAX_VCPUS } from '../../ratio/types.js';
+import { MAX_VCPUS } from '../../model/vcpus.js';
 import { STATS_BASE_MASK, STATS_TYPE_MASK, STATS_UNIT_MASK } from './flags.js';
 
 const STATS_HEADER_SIZE = 24;

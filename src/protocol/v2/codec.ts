@@ -6,8 +6,8 @@
 
 // "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
 export { V2_MAGIC } from '../legacy.js';
-import type { VcpuSpec } from '../../ratio/types.js';
-import { ENERGY_DOMAINS, type OtherDomain } from '../../ratio/domains.js';
+import type { VcpuSpec } from '../../model/vcpus.js';
+import { ENERGY_DOMAINS, type OtherDomain } from '../../model/domains.js';
 import { fail, ok, type Result } from '../../common/result.js';
 
 export const HEADER_SIZE = 8;
@@ -460,7 +460,7 @@ export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   return encodeFrame(T.VM_LIST, 0, p);
 }
 
-interface HostStats {
+export interface DaemonCounters {
   legacyOk: bigint;
   legacyRefused: bigint;
   legacyFailed: bigint;
@@ -509,7 +509,7 @@ export interface HostValues {
   /** Package energy attributed to no VM, summed over packages, µJ. */
   unattributedUj: bigint;
   vmsChanged: boolean;
-  stats: HostStats;
+  stats: DaemonCounters;
 }
 
 /**

@@ -35,10 +35,9 @@ import {
   type VpkgValue,
   typeName,
 } from './codec.js';
-import { ENERGY_DOMAINS } from '../../ratio/domains.js';
-import { checkVcpus } from '../../ratio/vcpus.js';
+import { ENERGY_DOMAINS } from '../../model/domains.js';
+import { checkVcpus, MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../model/vcpus.js';
 import { fail, ok, type Result } from '../../common/result.js';
-import { MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../ratio/types.js';
 
 interface PayloadError {
   code: number;

@@ -6,15 +6,16 @@ import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { RatioEngine } from '../../../src/ratio/attribution.js';
-import type { HostInfo, VcpuSpec } from '../../../src/ratio/types.js';
+import type { HostInfo } from '../../../src/model/host.js';
+import type { VcpuSpec } from '../../../src/model/vcpus.js';
 import { VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
-import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/limits.js';
+import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/v2-limits.js';
 import { DiscoveredVms } from '../../../src/helper/v2/discovered-vms.js';
 import type { Discovery } from '../../../src/helper/v2/discovery.js';
 import type { DiscoveredVm } from '../../../src/discovery/scanner.js';
 import { fail, ok } from '../../../src/common/result.js';
 
-const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, package: 0 }], packages: [{ package: 0, powerUnit: 0xa0e03n }] };
+const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, pkg: 0 }], packages: [{ pkg: 0, powerUnit: 0xa0e03n }] };
 
 function found(pid: number, o: Partial<DiscoveredVm> = {}): DiscoveredVm {
   const topology = { cpus: 1, maxcpus: 1, sockets: 1, perSocket: 1 };

@@ -7,7 +7,7 @@ import { Clients, watch, type Subscriber } from '../../../src/helper/v2/clients.
 import { FanOut, type SampleFrames } from '../../../src/helper/v2/fan-out.js';
 import { E, FrameDecoder, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
 import { parseHelperFrame } from '../../../src/protocol/v2/messages.js';
-import type { VmUpdate } from '../../../src/helper/v2/vm-update.js';
+import type { VmUpdateFrame } from '../../../src/helper/v2/vm-update-frame.js';
 
 class Recorder implements Subscriber {
   readonly subscriptions = new Set<number>();
@@ -51,7 +51,7 @@ function frames(ended: ReadonlySet<number> = new Set()): SampleFrames & { made: 
   const made: string[] = [];
   return {
     made,
-    update(vmId): VmUpdate | null {
+    update(vmId): VmUpdateFrame | null {
       made.push(`vm${vmId}`);
       return vmId >= 100 ? null : { frame: (d) => Buffer.from(`vm${vmId}${d ? 'd' : ''}`), ended: ended.has(vmId) };
     },

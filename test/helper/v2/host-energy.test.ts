@@ -1,9 +1,15 @@
 /** HostEnergy: per-package totals for HOST_UPDATE, plain numbers in and out, no sockets. */
 import { describe, expect, it } from 'vitest';
-import { HostEnergy, type HostStats } from '../../../src/helper/v2/host-energy.js';
-import { hostStats } from '../../../src/helper/v2/host-stats.js';
+import { HostEnergy } from '../../../src/helper/v2/host-energy.js';
+import type { DaemonCounters } from '../../../src/protocol/v2/codec.js';
+import { daemonCounters } from '../../../src/helper/v2/daemon-counters.js';
 
-const stats: HostStats = hostStats(undefined, { samples: 3, failures: 1, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 42n }, 2, 5);
+const stats: DaemonCounters = daemonCounters(
+  undefined,
+  { samples: 3, failures: 1, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 42n },
+  2,
+  5,
+);
 
 describe('HostEnergy', () => {
   it('lists every host package at zero before the first sample, with time 0', () => {
@@ -19,10 +25,10 @@ describe('HostEnergy', () => {
   it('adds each sample to its packages: energy, and the part attributed to no VM, summed over packages', () => {
     const h = new HostEnergy([0, 1]);
     h.add(10n, [
-      { package: 0, energyJ: 2, attributedJ: 0.5 },
-      { package: 1, energyJ: 1, attributedJ: 1 },
+      { pkg: 0, energyJ: 2, attributedJ: 0.5 },
+      { pkg: 1, energyJ: 1, attributedJ: 1 },
     ]);
-    h.add(20n, [{ package: 0, energyJ: 3, attributedJ: 1 }]);
+    h.add(20n, [{ pkg: 0, energyJ: 3, attributedJ: 1 }]);
     const v = h.values(true, true, stats);
     expect(v.tNs).toBe(20n);
     expect(v.packages).toEqual([
@@ -36,14 +42,14 @@ describe('HostEnergy', () => {
 
   it('never lets the unattributed energy go back when VMs were given more than the package by rounding', () => {
     const h = new HostEnergy([0]);
-    h.add(1n, [{ package: 0, energyJ: 1, attributedJ: 0.25 }]);
-    h.add(2n, [{ package: 0, energyJ: 1, attributedJ: 1.000001 }]);
+    h.add(1n, [{ pkg: 0, energyJ: 1, attributedJ: 0.25 }]);
+    h.add(2n, [{ pkg: 0, energyJ: 1, attributedJ: 1.000001 }]);
     expect(h.values(false, true, stats).packages[0]!.unattributedUj).toBe(750_000n);
   });
 
   it('leaves per-package unattributed energy out of the layout that did not ask for it', () => {
     const h = new HostEnergy([0]);
-    h.add(1n, [{ package: 0, energyJ: 1, attributedJ: 0 }]);
+    h.add(1n, [{ pkg: 0, energyJ: 1, attributedJ: 0 }]);
     const v = h.values(false, false, stats);
     expect(v.packages).toEqual([{ pkg: 0, energyUj: 1_000_000n, unattributedUj: null }]);
     expect(v.unattributedUj).toBe(1_000_000n);
@@ -51,13 +57,13 @@ describe('HostEnergy', () => {
 
   it('gives the other domains per package in µJ only to the layout that asked, empty on a host that reads only the package', () => {
     const h = new HostEnergy([0, 1], undefined, [
-      { package: 0, domain: 'dram' },
-      { package: 1, domain: 'dram' },
-      { package: 0, domain: 'psys' },
+      { pkg: 0, domain: 'dram' },
+      { pkg: 1, domain: 'dram' },
+      { pkg: 0, domain: 'psys' },
     ]);
     h.add(1n, [
       {
-        package: 0,
+        pkg: 0,
         energyJ: 4,
         attributedJ: 1,
         domains: [
@@ -65,7 +71,7 @@ describe('HostEnergy', () => {
           { domain: 'psys', energyJ: 9, attributedJ: 3 },
         ],
       },
-      { package: 1, energyJ: 2, attributedJ: 0, domains: [{ domain: 'dram', energyJ: 0.25, attributedJ: 0.3 }] },
+      { pkg: 1, energyJ: 2, attributedJ: 0, domains: [{ domain: 'dram', energyJ: 0.25, attributedJ: 0.3 }] },
     ]);
     expect(h.values(false, false, stats).domains).toBeUndefined();
     expect(h.values(false, true, stats, true).domains).toEqual([
@@ -84,7 +90,7 @@ describe('HostEnergy', () => {
 
   it('gives its state as plain data, and one made from that state goes on from there', () => {
     const h = new HostEnergy([0, 1]);
-    h.add(10n, [{ package: 1, energyJ: 2, attributedJ: 1 }]);
+    h.add(10n, [{ pkg: 1, energyJ: 2, attributedJ: 1 }]);
     const state = h.state();
     expect(state).toEqual({
       tNs: 10n,
@@ -94,13 +100,13 @@ describe('HostEnergy', () => {
       ],
     });
     const again = new HostEnergy([0, 1], structuredClone(state));
-    again.add(20n, [{ package: 1, energyJ: 1, attributedJ: 0 }]);
-    h.add(20n, [{ package: 1, energyJ: 1, attributedJ: 0 }]);
+    again.add(20n, [{ pkg: 1, energyJ: 1, attributedJ: 0 }]);
+    h.add(20n, [{ pkg: 1, energyJ: 1, attributedJ: 0 }]);
     expect(again.values(false, true, stats)).toEqual(h.values(false, true, stats));
   });
 });
 
-describe('hostStats', () => {
+describe('daemonCounters', () => {
   it('counts the v2 connections and no legacy requests without a health source, the daemon-wide ones with it', () => {
     expect(stats).toEqual({
       legacyOk: 0n,
@@ -113,7 +119,9 @@ describe('hostStats', () => {
       vms: 5,
     });
     const health = { legacy: { ok: 7, refused: 2, failed: 1 }, connections: () => 11 };
-    expect(hostStats(health, { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n }, 2, 0)).toMatchObject({
+    expect(
+      daemonCounters(health, { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n }, 2, 0),
+    ).toMatchObject({
       legacyOk: 7n,
       legacyRefused: 2n,
       legacyFailed: 1n,

@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { assembleV2, type V2Chain } from '../../../src/helper/assemble.js';
 import { createV2Service, type V2Service } from '../../../src/helper/v2/service.js';
-import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/limits.js';
+import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/v2-limits.js';
 import { ProcScanner } from '../../../src/discovery/scanner.js';
 import { createEnergySource } from '../../../src/energy/create.js';
 import { ProcTaskReader } from '../../../src/os/proc-tasks.js';

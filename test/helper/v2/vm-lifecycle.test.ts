@@ -5,14 +5,15 @@
  */
 import { describe, expect, it } from 'vitest';
 import { RatioEngine } from '../../../src/ratio/attribution.js';
-import type { HostInfo, VcpuSpec } from '../../../src/ratio/types.js';
+import type { HostInfo } from '../../../src/model/host.js';
+import type { VcpuSpec } from '../../../src/model/vcpus.js';
 import { VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
-import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/limits.js';
+import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/v2-limits.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from '../../../src/helper/v2/vm-lifecycle.js';
 import { FrameDecoder, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
 import { parseHelperFrame } from '../../../src/protocol/v2/messages.js';
 
-const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, package: 0 }], packages: [{ package: 0, powerUnit: 0xa0e03n }] };
+const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, pkg: 0 }], packages: [{ pkg: 0, powerUnit: 0xa0e03n }] };
 const meta = { name: null, uuid: null, wholeVmOnly: false };
 
 function setup(current: { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null = null) {

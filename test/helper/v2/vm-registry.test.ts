@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
 import { VmRegistry, procView, type Admission, type Admitted, type Refusal } from '../../../src/helper/v2/vm-registry.js';
-import { DEFAULT_V2_LIMITS, type V2Limits } from '../../../src/helper/v2/limits.js';
+import { DEFAULT_V2_LIMITS, type V2Limits } from '../../../src/helper/v2/v2-limits.js';
 import { fail } from '../../../src/common/result.js';
 import { startChild, threadsOf, type TestChild } from '../../v2/harness.js';
 import { isRoot } from '../../support/env.js';

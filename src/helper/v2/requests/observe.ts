@@ -2,7 +2,7 @@
 import { E, T, encodeError } from '../../../protocol/v2/codec.js';
 import { watch } from '../clients.js';
 import { frameReply } from '../reply.js';
-import { currentUpdate } from '../vm-update.js';
+import { currentUpdate } from '../vm-update-frame.js';
 import type { Handler } from './handler.js';
 
 export const observe: Handler<typeof T.OBSERVE> = (req, conn, p) => {

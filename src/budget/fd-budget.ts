@@ -11,8 +11,8 @@
  *    sample fails (ERROR 5 to v2 clients, logged) and the VM stays live.
  */
 import fs from 'node:fs';
-import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from './libc.js';
-import { keptFds } from './proc-tasks.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from '../os/libc.js';
+import { keptFds } from '../os/proc-tasks.js';
 import { fail, ok, type Result } from '../common/result.js';
 
 /** fds kept free for what is opened briefly: a /proc listing, a pidfile, a log, an MSR device of a new CPU. */

@@ -3,7 +3,7 @@
  * applies them without loading the service, which the daemon loads once it serves QEMU (docs/daemon.md
  * "Where the time goes").
  */
-import { MAX_VCPUS } from '../../ratio/types.js';
+import { MAX_VCPUS } from '../../model/vcpus.js';
 
 export interface V2Limits {
   /** VMs registered by one connection at once. */

@@ -1,5 +1,5 @@
 /**
- * The handover record, pure: what a restart hands over besides the state snapshot (state/codec.ts), in its
+ * The handover record, pure: what a restart hands over besides the state snapshot (state/snapshot-codec.ts), in its
  * own sealed memfd (state/memfd.ts). For each connection handed over: the inode of its socket (how the
  * next process pairs the record with the fd it got, whatever its number or order), what was read of
  * it and not answered yet (part of a legacy request, or fewer than 4 bytes of a connection whose

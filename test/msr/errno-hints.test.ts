@@ -1,9 +1,9 @@
-/** The one MSR errno -> fix map (src/os/errno-hints.ts), as the daemon's startup check and record use it. */
+/** The one MSR errno -> fix map (src/msr/errno-hints.ts), as the daemon's startup check and record use it. */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { expect, test } from 'vitest';
-import { TRY_WITHOUT_RAPL, msrErrnoHint } from '../../src/os/errno-hints.js';
+import { TRY_WITHOUT_RAPL, msrErrnoHint } from '../../src/msr/errno-hints.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { openMsrDevices } from '../../src/helper/lifecycle/startup-checks.js';
 
@@ -27,7 +27,7 @@ test('the daemon start-up check words a missing device as "cannot open P: why; f
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-errno-'));
   try {
     const device = new MsrDevice(path.join(dir, '%u/msr'));
-    expect(() => openMsrDevices(device, [{ cpu: 3, package: 0 }])).toThrow(
+    expect(() => openMsrDevices(device, [{ cpu: 3, pkg: 0 }])).toThrow(
       `cannot open ${path.join(dir, '3/msr')}: the MSR device does not exist; load the msr driver with 'modprobe msr' (or point --msr-path at the devices)`,
     );
   } finally {

@@ -7,7 +7,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
-import { ENERGY_DOMAINS, type OtherDomain } from '../../ratio/domains.js';
+import { ENERGY_DOMAINS, type OtherDomain } from '../../model/domains.js';
 
 const C = STATS_TYPE.CUMULATIVE;
 const I = STATS_TYPE.INSTANT;
@@ -32,7 +32,7 @@ function hostStatsId(daemonPid: number): string {
 
 /**
  * What the daemon may admit, and how much of it is taken: its VM caps (--max-vms for registrations,
- * --max-discovered-vms for discovery) and its fd budget (os/fd-budget.ts). Each part is null when the
+ * --max-discovered-vms for discovery) and its fd budget (budget/fd-budget.ts). Each part is null when the
  * daemon has none (discovery off; no fd budget, as in a v2 service alone): its descriptors are then
  * left out of the file.
  */

@@ -4,18 +4,18 @@
  * discovery). Three bounds, each from one place:
  *  - one VM keeps the fds of at most --max-vm-threads threads (DEFAULT_MAX_VM_THREADS): one
  *    process that grows threads cannot take the fds every other VM is sampled with;
- *  - one uid that is not a preferred owner (os/preferred-owner.ts) holds at most its share of the
- *    VMs' fds, and all such uids together theirs (common/uid-share.ts);
- *  - all of them fit in the fd budget (os/fd-budget.ts): the open-file limit beside every
+ *  - one uid that is not a preferred owner (budget/preferred-owner.ts) holds at most its share of the
+ *    VMs' fds, and all such uids together theirs (budget/uid-share.ts);
+ *  - all of them fit in the fd budget (budget/fd-budget.ts): the open-file limit beside every
  *    connection slot and the reserve.
  * A process over a bound is sampled from the threads it keeps (not whole); a new VM that would not
  * fit whole is not admitted, with a message that names the fix.
  */
 import { fail } from '../common/result.js';
-import { UID_SHARE, UidShares, shareOf, type ShareOwner } from '../common/uid-share.js';
-import { MAX_VCPUS } from '../ratio/types.js';
+import { UID_SHARE, UidShares, shareOf, type ShareOwner } from './uid-share.js';
+import { MAX_VCPUS } from '../model/vcpus.js';
 import type { FdAdmission, FdBudget, FdUsage } from './fd-budget.js';
-import { keptFds, type KeptFdLedger } from './proc-tasks.js';
+import { keptFds, type KeptFdLedger } from '../os/proc-tasks.js';
 
 /** Threads of one VM whose fds are kept, by default: the most vCPUs a VM may have, and room for QEMU's other threads. */
 export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;

@@ -1,8 +1,8 @@
 /** A VM's UPDATE frame from its published output (the one encoding of it: fan-out, SUBSCRIBE, OBSERVE, drop). */
 import { encodeUpdate } from '../../protocol/v2/codec.js';
-import type { VmOutput } from '../../ratio/types.js';
+import type { VmOutput } from '../../ratio/outputs.js';
 
-export interface VmUpdate {
+export interface VmUpdateFrame {
   /**
    * The UPDATE frame: with the domain block (FLAG_DOMAINS) for a client that asked for it, the original
    * layout otherwise. Each layout is encoded at most once.
@@ -13,7 +13,7 @@ export interface VmUpdate {
 }
 
 /** VM `vmId`'s UPDATE from `out`; `ended` overrides the output's flag (a VM being dropped gets a last UPDATE with ENDED). */
-export function vmUpdate(vmId: number, out: VmOutput, ended = out.ended): VmUpdate {
+export function vmUpdate(vmId: number, out: VmOutput, ended = out.ended): VmUpdateFrame {
   const values = out.vpkgs.map((v) => ({ counter: BigInt(v.counter), energyUj: v.energyUj }));
   const made: { plain?: Buffer; domains?: Buffer } = {};
   return {
@@ -27,7 +27,7 @@ export function vmUpdate(vmId: number, out: VmOutput, ended = out.ended): VmUpda
 }
 
 /** VM `vmId`'s UPDATE now, or null when the loop has no such VM. */
-export function currentUpdate(sampling: { output(vmId: number): VmOutput | undefined }, vmId: number): VmUpdate | null {
+export function currentUpdate(sampling: { output(vmId: number): VmOutput | undefined }, vmId: number): VmUpdateFrame | null {
   const out = sampling.output(vmId);
   return out ? vmUpdate(vmId, out) : null;
 }

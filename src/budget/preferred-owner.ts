@@ -1,5 +1,5 @@
 /**
- * Who the share rule (common/uid-share.ts) prefers: root's processes, and processes in one of the
+ * Who the share rule (budget/uid-share.ts) prefers: root's processes, and processes in one of the
  * preferred groups (the daemon's --socket-group: the group every QEMU that may ask the daemon runs
  * in, e.g. kvm or libvirt-qemu), by their real, effective or supplementary groups in
  * /proc/<pid>/status. A process cannot join a group it is not given, so a local user cannot make its
@@ -7,9 +7,9 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { readProcFile } from './proc-file.js';
-import { parseProcStatus } from './privileges/proc-status.js';
-import type { ShareOwner } from '../common/uid-share.js';
+import { readProcFile } from '../os/proc-file.js';
+import { parseProcStatus } from '../os/privileges/proc-status.js';
+import type { ShareOwner } from './uid-share.js';
 
 /** Whether the process `pid`, owned by `uid`, is a preferred owner. */
 export function isPreferredOwner(procRoot: string, pid: number, uid: number, groups: readonly number[]): boolean {

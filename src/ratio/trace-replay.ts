@@ -4,7 +4,9 @@
  */
 import { RatioEngine } from './attribution.js';
 import { TraceError, type TraceRecord } from './trace-records.js';
-import { MAX_VMS, type IntervalResult, type TraceHeader, type VmOutput } from './types.js';
+import { MAX_VMS } from '../model/vm.js';
+import type { IntervalResult, VmOutput } from './outputs.js';
+import type { TraceHeader } from '../model/sample.js';
 
 /** Problems are counted; only the first few are kept, so a bad trace cannot grow memory. */
 export const KEPT_PROBLEMS = 10;

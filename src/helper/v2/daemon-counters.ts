@@ -1,7 +1,7 @@
 /** The daemon-wide health counters HOST_UPDATE carries: legacy requests, connections, samples, VMs. */
 import type { LegacyCounters } from '../legacy/legacy-service.js';
 import type { SamplingStats } from '../../sampling/sampling-service.js';
-import type { HostStats } from './host-energy.js';
+import type { DaemonCounters } from '../../protocol/v2/codec.js';
 
 /** Daemon-wide health counters HOST_UPDATE carries (legacy requests, connections). */
 export interface HealthSource {
@@ -13,7 +13,12 @@ export interface HealthSource {
  * HOST_UPDATE's stats. Without a health source (the v2 service alone) the legacy counts are 0 and
  * the connections are the v2 ones, `v2Connections`.
  */
-export function hostStats(health: HealthSource | undefined, sampling: SamplingStats, v2Connections: number, vms: number): HostStats {
+export function daemonCounters(
+  health: HealthSource | undefined,
+  sampling: SamplingStats,
+  v2Connections: number,
+  vms: number,
+): DaemonCounters {
   return {
     legacyOk: BigInt(health?.legacy.ok ?? 0),
     legacyRefused: BigInt(health?.legacy.refused ?? 0),

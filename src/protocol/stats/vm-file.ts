@@ -7,7 +7,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
-import type { OtherDomain } from '../../ratio/domains.js';
+import type { OtherDomain } from '../../model/domains.js';
 
 export interface VmStatsShape {
   hostVmId: number;

@@ -6,7 +6,19 @@
  * entry point refuses an empty list.
  */
 import { fail, ok, type Result } from '../common/result.js';
-import { MAX_TID, MAX_VCPUS, MAX_VPKG, type VcpuSpec } from './types.js';
+
+/** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */
+export const MAX_VCPUS = 4096;
+export const MAX_VPKG = 255;
+
+/** Highest process or thread id accepted anywhere (pid_t is a signed 32-bit int; Linux's own limit is 2^22). */
+export const MAX_TID = 0x7fffffff;
+
+export interface VcpuSpec {
+  tid: number;
+  /** Virtual package (socket) of this vCPU in the guest, 0..255. */
+  vpkg: number;
+}
 
 interface VcpuRuleOptions {
   /** Accept a list of no entries (the engine only); default false. */

@@ -28,9 +28,8 @@
 import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
-import { checkVcpus } from '../ratio/vcpus.js';
-import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../ratio/domains.js';
-import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../ratio/types.js';
+import { checkVcpus, MAX_TID, MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
+import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
 import { Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
 export { STATE_HEADER_SIZE };
 import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';

@@ -1,0 +1,84 @@
+/**
+ * What the ratio engine gives: each interval's energy per package and VM, and each VM's published
+ * totals (docs/ratio.md "Outputs"). Pure data.
+ */
+import type { OtherDomain } from '../model/domains.js';
+
+export interface PackageInterval {
+  pkg: number;
+  energyJ: number;
+  attributedJ: number;
+  /** The other domains of this package that have an energy for the interval (psys under the lowest package). */
+  domains?: DomainInterval[];
+}
+
+/** One RAPL domain's energy on a package over an interval, and what of it went to VMs. */
+export interface DomainInterval {
+  domain: OtherDomain;
+  energyJ: number;
+  attributedJ: number;
+}
+
+/** A VM's energy of one RAPL domain other than the package, per virtual package. */
+export interface VmDomainEnergy {
+  domain: OtherDomain;
+  /** Joules per vpkg, index = vpkg, length = nvpkg. */
+  vpkgEnergyJ: number[];
+}
+
+export interface VmInterval {
+  /** Engine-assigned id of the registration (the v2 vm_id). */
+  vmId: number;
+  pid: number;
+  /** energyJ per vpkg, index = vpkg, length = nvpkg. */
+  vpkgEnergyJ: number[];
+  /** The same for every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order; an idle VM's is shared (read only). */
+  domains?: VmDomainEnergy[];
+}
+
+export interface IntervalResult {
+  tNs: bigint;
+  dtS: number;
+  packages: PackageInterval[];
+  vms: VmInterval[];
+  /** vmIds that ended with this sample (process gone or pid reused): frozen from now on. */
+  ended: number[];
+  /** Stat lines the engine could not parse in this sample (treated as absent threads). */
+  problems: string[];
+}
+
+/** Published per-virtual-package values (ratio.md "Outputs"). */
+export interface VpkgOutput {
+  vpkg: number;
+  /** Accumulated joules (float64). */
+  energyJ: number;
+  /** floor(A * 1e6). */
+  energyUj: bigint;
+  /** floor(A / u_guest) mod 2^32. */
+  counter: number;
+}
+
+export interface VmOutput {
+  vmId: number;
+  pid: number;
+  name?: string;
+  /** Process ended (absent or pid reused) or unregistered: values are frozen. */
+  ended: boolean;
+  /** Why it ended, when it did: its process went away, or its client unregistered it. */
+  endedBy?: 'exit' | 'unregister';
+  /** Monotonic time of the sample the values come from (0n before the first interval). */
+  tNs: bigint;
+  vpkgs: VpkgOutput[];
+  /**
+   * Accumulated energy of every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order,
+   * per virtual package: `vpkgEnergyJ[g]` joules (float64) and `vpkgEnergyUj[g]` = floor(x 1e6). Absent
+   * when only the package is read.
+   */
+  domains?: VmDomainTotals[];
+}
+
+interface VmDomainTotals {
+  domain: OtherDomain;
+  vpkgEnergyJ: number[];
+  vpkgEnergyUj: bigint[];
+}
