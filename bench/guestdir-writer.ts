@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
-import { GuestDirs, type GuestDirSource, type GuestVm } from '../src/guest-dir/guest-dirs.js';
+import { GuestDirs, type GuestDirSource, type GuestDirVm } from '../src/guest-dir/guest-dirs.js';
 import { encodeStatsFile } from '../src/protocol/stats/layout.js';
 import { vmStatsLayout } from '../src/protocol/stats/vm-file.js';
 import type { VmOutput } from '../src/ratio/outputs.js';
@@ -19,7 +19,7 @@ const VMS = 500;
 const WARMUP = 200;
 const SAMPLES = 400;
 
-function source(vms: GuestVm[], outs: VmOutput[], stats: { memory: ArrayBuffer; size: number }): GuestDirSource {
+function source(vms: GuestDirVm[], outs: VmOutput[], stats: { memory: ArrayBuffer; size: number }): GuestDirSource {
   return {
     vms: () => vms,
     output: (vmId) => outs[vmId],
@@ -45,7 +45,7 @@ function measure(g: GuestDirs, outs: VmOutput[], n: number, busy: boolean): { to
 export function writerCost(busy: boolean): { total: number; sys: number } {
   const shm = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
   const root = fs.mkdtempSync(path.join(shm, 'vmsr-bench-writer-'));
-  const vms: GuestVm[] = [];
+  const vms: GuestDirVm[] = [];
   const outs: VmOutput[] = [];
   for (let k = 0; k < VMS; k++) {
     fs.mkdirSync(path.join(root, `vm-${k}`));

@@ -25,7 +25,7 @@ const GUEST_LOG_BURST = 20;
 const GUEST_AUDIT_EVERY = 60;
 
 /** A VM as the guest directories see it. */
-export interface GuestVm {
+export interface GuestDirVm {
   vmId: number;
   uuid: Uint8Array | null;
   name: string | null;
@@ -36,7 +36,7 @@ export interface GuestVm {
 
 /** What the publisher reads of the daemon, each sample. */
 export interface GuestDirSource {
-  vms(): Iterable<GuestVm>;
+  vms(): Iterable<GuestDirVm>;
   output(vmId: number): VmOutput | undefined;
   /** The VM's statistics file (made when it has none), or null when it cannot be. */
   statsFile(vmId: number): StatsSource | null;
@@ -137,8 +137,8 @@ export class GuestDirs {
   }
 
   /** Directory name -> the VMs that name it, for the names present in DIR. */
-  private claims(): Map<string, GuestVm[]> {
-    const out = new Map<string, GuestVm[]>();
+  private claims(): Map<string, GuestDirVm[]> {
+    const out = new Map<string, GuestDirVm[]>();
     const seen = new Set<number>();
     for (const vm of this.source.vms()) {
       seen.add(vm.vmId);
@@ -153,7 +153,7 @@ export class GuestDirs {
   }
 
   /** A VM's directory name, worked out once per UUID and name it has. */
-  private dirNameOf(vm: GuestVm): string | null {
+  private dirNameOf(vm: GuestDirVm): string | null {
     const had = this.names.get(vm.vmId);
     if (had && had.uuid === vm.uuid && had.name === vm.name) return had.dir;
     const dir = guestDirName(vm.uuid, vm.name);
@@ -162,7 +162,7 @@ export class GuestDirs {
   }
 
   /** The directory `name`'s VM this sample, written; or refused, or left alone. */
-  private publish(name: string, vms: GuestVm[]): void {
+  private publish(name: string, vms: GuestDirVm[]): void {
     let p = this.published.get(name);
     if (p === undefined) {
       const opened = this.adopt(name, vms);
@@ -190,14 +190,14 @@ export class GuestDirs {
   }
 
   /** The one VM a directory owned by `owner` belongs to: the live one (of that owner, unless root's), else the one ended. */
-  private owner(owner: number, vms: GuestVm[]): GuestVm | null {
+  private owner(owner: number, vms: GuestDirVm[]): GuestDirVm | null {
     const mine = owner === 0 || owner === this.euid ? vms : vms.filter((v) => v.uid === owner);
     const live = mine.filter((v) => v.live);
     if (live.length > 1) return null;
     return live[0] ?? mine.at(-1) ?? null;
   }
 
-  private adopt(name: string, vms: GuestVm[]): Published | null {
+  private adopt(name: string, vms: GuestDirVm[]): Published | null {
     const root = this.rootFd!;
     const opened = SafeDir.open(root, this.root, name, [0, this.euid, ...new Set(vms.map((v) => v.uid))]);
     if (!opened.ok) {
@@ -227,7 +227,7 @@ export class GuestDirs {
   }
 
   /** Checks the directory; refuses it (and returns false) when it holds something hostile. */
-  private audit(name: string, p: Published, vms: GuestVm[]): boolean {
+  private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
     const why = p.dir.audit();
     if (why !== null) {
       this.refuse(name, why, vms);
@@ -288,7 +288,7 @@ export class GuestDirs {
   }
 
   /** One log line (rate-limited), and nothing written there until the directory changes. */
-  private refuse(name: string, why: string, vms: GuestVm[]): void {
+  private refuse(name: string, why: string, vms: GuestDirVm[]): void {
     this.unpublish(name);
     if (this.rootFd === null) return;
     const sig = SafeDir.signatureOf(this.rootFd, name);

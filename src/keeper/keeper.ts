@@ -3,7 +3,7 @@
  * process, which starts the serving process, holds what must outlive it (the listening socket, every
  * QEMU connection from the moment it is accepted, the latest checkpoint) and starts it again, with all
  * of it, when it dies. It reads nothing from clients and answers nothing: it only holds fds the serving
- * process sends it over a private socketpair (messages.ts). Crash loops back off and end after
+ * process sends it over a private socketpair (keeper-messages.ts). Crash loops back off and end after
  * KEEPER_LIMITS.maxCrashesInARow; a checkpoint the serving process died restoring is not passed on.
  *
  * Privileges: the serving process must start as root (it opens the MSR devices, binds the socket,
@@ -38,7 +38,7 @@ import {
   KEPT_NAMES,
   MAX_KEEPER_MESSAGE_BYTES,
   type KeeperNote,
-} from './messages.js';
+} from './keeper-messages.js';
 
 /** CAP_KILL (5): the one capability the keeper keeps. */
 const CAP_KILL_MASK = 1n << 5n;

@@ -1,7 +1,7 @@
 /**
  * The serving process's side of the keeper (keeper.ts, docs/daemon.md "Crashes"): what the keeper
  * passed at its start (the listening socket, the connections, the checkpoint, by name), and the link
- * it sends the keeper what to hold over (messages.ts). A send that fails (the keeper is gone) is
+ * it sends the keeper what to hold over (keeper-messages.ts). A send that fails (the keeper is gone) is
  * logged once and the daemon goes on serving, without a keeper.
  */
 import fs from 'node:fs';
@@ -17,7 +17,7 @@ import {
   parseKeeperNote,
   type KeeperMessageType,
   type KeeperNote,
-} from './messages.js';
+} from './keeper-messages.js';
 
 /** What a keeper passed to this process: fds by name (KEPT_NAMES), and the listening socket's file. */
 interface FromKeeper {

@@ -16,7 +16,7 @@ import {
   KEEPER_FIRST_FD,
   KEPT_NAMES,
   parseKeeperNote,
-} from '../../src/keeper/messages.js';
+} from '../../src/keeper/keeper-messages.js';
 import { takeFromKeeper } from '../../src/keeper/link.js';
 import { takeKept } from '../../src/helper/lifecycle/kept.js';
 import { outsideKeep } from '../../src/helper/lifecycle/outside-keep.js';

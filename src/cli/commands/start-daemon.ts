@@ -30,7 +30,7 @@ import {
   type V2CliOptions,
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
-import { KEEPER_ENV } from '../../keeper/messages.js';
+import { KEEPER_ENV } from '../../keeper/keeper-messages.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */

@@ -5,7 +5,7 @@
  * stops. The daemon calls, in order: start, merge, restored, serving, stopping.
  */
 import type { StateSnapshot } from '../../state/snapshot.js';
-import type { KeeperNote } from '../../keeper/messages.js';
+import type { KeeperNote } from '../../keeper/keeper-messages.js';
 import { takeKeeperNote } from '../../keeper/link.js';
 import type { ConnectionKeep } from '../server/connection-keep.js';
 import type { Listener } from '../server/listener.js';

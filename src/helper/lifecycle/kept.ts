@@ -8,7 +8,7 @@
 import { closeFd } from '../../os/libc.js';
 import { readStateBytes } from '../../state/memfd.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import { KEPT_NAMES, type KeeperNote } from '../../keeper/messages.js';
+import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from '../handover/frozen.js';
 import { connectionProblem, HANDOVER_NAMES, type HandoverLog } from '../handover/handed-over.js';
 

@@ -9,7 +9,7 @@ import { closeFd } from '../../os/libc.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { KeeperLink, socketIno } from '../../keeper/link.js';
-import { KEPT_NAMES } from '../../keeper/messages.js';
+import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { Notifier } from './systemd.js';
 import type { Disposable } from '../../common/disposable.js';

@@ -76,7 +76,7 @@ const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   // systemd 254+: the unit's FileDescriptorStoreMax= (0: no fd store; helper/handover/restarter.ts).
   'FDSTORE',
   'INVOCATION_ID',
-  // The keeper's channel (an fd number) and its account of the crash before (keeper/messages.ts KEEPER_ENV).
+  // The keeper's channel (an fd number) and its account of the crash before (keeper/keeper-messages.ts KEEPER_ENV).
   'VMSR_HELPER_KEEPER',
   'VMSR_HELPER_KEEPER_NOTE',
   // Test hook: the restore crashes on a checkpoint with a VM of this pid (helper/lifecycle/kept.ts).
