@@ -281,7 +281,9 @@ describe('vmsr-helper record', () => {
       'intel',
     ]);
     expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/modprobe msr.*--energy-source synthetic/);
+    // What this host lacks leads (docs/install.md): both fixes are named, in the order that fits the host.
+    expect(r.stderr).toMatch(/modprobe msr/);
+    expect(r.stderr).toMatch(/--energy-source synthetic/);
     expect(fs.existsSync(out)).toBe(false); // nothing half-written
     r = await runCli(['record', '-o', out]);
     expect(r.stderr).toMatch(/nothing to record/);
