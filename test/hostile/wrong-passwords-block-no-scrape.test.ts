@@ -81,8 +81,11 @@ describe('wrong passwords in a loop', () => {
     onCleanup(() => void attacker.kill('SIGKILL'));
     let out = '';
     attacker.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    const attackStart = performance.now();
     await sleep(1_500);
 
+    const lastTries = () => [...out.matchAll(/tries (\d+) statuses (\{[^}]*\})/g)].at(-1);
+    const tries0 = Number(lastTries()?.[1] ?? 0);
     const cpu0 = cpuSeconds(pid);
     const wall0 = performance.now();
     const rss: number[] = [];
@@ -95,10 +98,13 @@ describe('wrong passwords in a loop', () => {
       rss.push(rssMb(pid));
       await sleep(200);
     }
-    const cpuShare = (cpuSeconds(pid) - cpu0) / ((performance.now() - wall0) / 1000);
+    const cpuUsed = cpuSeconds(pid) - cpu0;
+    const cpuShare = cpuUsed / ((performance.now() - wall0) / 1000);
+    const attackS = (performance.now() - attackStart) / 1000;
     const rssAfter = rssMb(pid);
-    const last = [...out.matchAll(/tries (\d+) statuses (\{[^}]*\})/g)].at(-1);
+    const last = lastTries();
     const tries = last ? Number(last[1]) : 0;
+    const checked = Number((JSON.parse(last?.[2] ?? '{}') as Record<string, number>)['401'] ?? 0);
     console.log(
       `attacker: ${tries} tries, ${last?.[2] ?? '{}'}; scrapes ${Math.max(...took).toFixed(0)} ms at most; exporter CPU ${(cpuShare * 100).toFixed(0)} % of a core; RSS ${rssBefore.toFixed(0)} -> ${rss.map((r) => r.toFixed(0)).join(' ')} MB`,
     );
@@ -110,8 +116,13 @@ describe('wrong passwords in a loop', () => {
       took.filter((ms) => !(ms < SCRAPE_WITHIN_MS)),
       `scrapes slower than ${SCRAPE_WITHIN_MS} ms`,
     ).toEqual([]);
-    // Its cost is bounded: a hash a second for the one source, TLS handshakes and 429s; before, 77 % of a core.
-    expect(cpuShare).toBeLessThan(0.5);
+    // A wrong password costs the exporter a bcrypt hash only within the source's budget: 5, then one
+    // a second; every other try is a 429 without a hash. (Its CPU share follows the attacker's request
+    // rate, not bcrypt: printed above, not asserted, as it depends on how fast this machine lets the
+    // attacker send.)
+    expect(checked, 'wrong passwords checked with bcrypt').toBeLessThanOrEqual(5 + Math.ceil(attackS) + 1);
+    // So each try costs the exporter far less than one bcrypt hash at cost 10 (tens of ms).
+    expect(cpuUsed / Math.max(1, tries - tries0), "the exporter's CPU seconds per wrong try").toBeLessThan(0.005);
     // Memory stays bounded: garbage collected in a saw-tooth (104 to 124 MB over 40 s of this attack here), far
     // under the unit's MemoryMax=512M; the figures are printed above.
     expect(rssAfter).toBeLessThan(200);
