@@ -19,10 +19,10 @@ import path from 'node:path';
 import { afterEach, describe, expect } from 'vitest';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import type { VmUpdate } from '../../src/client/v2-client.js';
-import { BIN, ensureBuilt, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
+import { hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
-import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
-import { pumpedRaplHost, raplTest, starttime } from './support.js';
+import { UNIT } from '../restart/support/service-manager.js';
+import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime } from './support.js';
 import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
@@ -149,30 +149,15 @@ describe('a real QEMU 10 guest across helper crashes', () => {
   raplTest(
     "under the real systemd (fd store, Restart=on-failure), the main process SIGKILLed twice 5 s apart: the guest's 0x611 never goes back and steps again, QEMU keeps its one connection",
     async (skip) => {
-      ensureBuilt();
-      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-crash-' });
-      const sock = path.join(dir, 'vmsr.sock');
-      const logFile = path.join(dir, 'helper.log');
-      const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
-      let m: RealSystemd;
-      try {
-        m = await RealSystemd.boot(
-          {
-            socket: sock,
-            execStart: [process.execPath, BIN, ...hostArgs(host, 'intel'), '-T', 'server'],
-            log: logFile,
-            service: ['Restart=on-failure'],
-          },
-          dir,
-        );
-      } catch (e) {
-        const why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-        console.log(`fd-store crashes under a real guest: skipped, ${why}`);
-        return skip(why);
-      }
-      cleanups.push(() => m.close());
-      m.systemctl('start', `${UNIT}.service`);
-      await waitFor(() => log().includes('"msg":"Listening on'), 'the service to listen', undefined, 30_000);
+      const s = await raplUnderSystemd(cleanups, skip, {
+        start: E0,
+        rate: RATE,
+        prefix: 'vmsr-rapl-crash-',
+        what: 'fd-store crashes under a real guest',
+        service: ['Restart=on-failure'],
+      });
+      if (!s) return;
+      const { m, dir, sock, log } = s;
       const q = await startRaplQemu({ socket: sock, dir, name: 'rapl-fd-store-crash', mode: 's', inside: (a) => m.inside(a) });
       cleanups.push(() => q.stop());
       await guestAcrossCrashes(

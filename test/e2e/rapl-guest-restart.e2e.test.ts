@@ -28,14 +28,13 @@
  * it does not on a heavily loaded 2-core machine (docs/daemon.md "Restarts" has the figures).
  */
 import { execFile } from 'node:child_process';
-import fs from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect } from 'vitest';
-import { BIN, ensureBuilt, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
+import { BIN, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { legacyCounters, type LegacyCounters } from '../restart/support/legacy-counters.js';
-import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
-import { pumpedRaplHost, raplTest, starttime } from './support.js';
+import { UNIT } from '../restart/support/service-manager.js';
+import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime } from './support.js';
 import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
@@ -192,26 +191,15 @@ describe('a real QEMU 10 guest across helper restarts', () => {
   raplTest(
     "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted 5 times by systemctl restart through systemd's fd store",
     async (skip) => {
-      ensureBuilt();
-      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-restart-' });
-      const sock = path.join(dir, 'vmsr.sock');
-      const logFile = path.join(dir, 'helper.log');
-      const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
-      let m: RealSystemd;
-      try {
-        m = await RealSystemd.boot(
-          { socket: sock, execStart: [process.execPath, BIN, ...hostArgs(host, 'intel'), '-T', 'server'], log: logFile },
-          dir,
-        );
-      } catch (e) {
-        const why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-        console.log(`fd-store restarts under a real guest: skipped, ${why}`);
-        return skip(why);
-      }
-      cleanups.push(() => m.close());
+      const s = await raplUnderSystemd(cleanups, skip, {
+        start: E0,
+        rate: RATE,
+        prefix: 'vmsr-rapl-restart-',
+        what: 'fd-store restarts under a real guest',
+      });
+      if (!s) return;
+      const { m, dir, sock, log } = s;
       console.log(`fd-store restarts under a real guest run under: real systemd (${m.version}) as PID 1 of a new PID namespace`);
-      m.systemctl('start', `${UNIT}.service`);
-      await waitFor(() => log().includes('"msg":"Listening on'), 'the service to listen', undefined, 30_000);
       // QEMU shares the helper's PID namespace (the helper refuses a peer it sees as pid 0).
       const q = await startRaplQemu({ socket: sock, dir, name: 'rapl-fd-store', mode: 's', inside: (a) => m.inside(a) });
       cleanups.push(() => q.stop());
