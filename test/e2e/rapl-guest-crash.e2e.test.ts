@@ -22,8 +22,8 @@ import type { VmUpdate } from '../../src/client/v2-client.js';
 import { hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { UNIT } from '../restart/support/service-manager.js';
-import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime } from './support.js';
-import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime, steppingGuest } from './support.js';
+import { startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -50,13 +50,8 @@ interface Crashes {
 }
 
 async function guestAcrossCrashes(c: Crashes, q: RaplQemu, peerPid: number): Promise<void> {
-  const serial = new GuestSerial(q.serialPath);
-  const poller = setInterval(() => serial.poll(), 20);
-  cleanups.push(() => clearInterval(poller));
   const qemuStart = starttime(q.pid);
-  await serial.waitFor(() => serial.first(0x606) !== undefined, 'the guest to print 0x606', 60_000, q);
-  const steps = () => serial.energy().length;
-  await serial.waitFor(() => steps() >= 3, 'the guest 0x611 to step up twice', 60_000, q);
+  const { serial, steps, stop } = await steppingGuest(q, cleanups);
   const t = Date.now();
   await serial.waitFor(() => Date.now() > t + BASELINE_MS, 'the baseline', 30_000, q);
   const base = serial.energy().slice(1);
@@ -76,8 +71,7 @@ async function guestAcrossCrashes(c: Crashes, q: RaplQemu, peerPid: number): Pro
     afterKill.push(next()!.seenAt - killedAt);
     await serial.waitFor(() => steps() >= at + 2, `a second step after kill ${i + 1}`, 30_000, q);
   }
-  clearInterval(poller);
-  serial.poll();
+  stop();
   const lines = serial.energy();
   console.log(
     `${c.label}: ${KILLS} SIGKILLs ${APART_MS / 1000} s apart; serving again after (ms) ${serving.map(Math.round).join(', ')} ` +

@@ -34,8 +34,8 @@ import { afterEach, describe, expect } from 'vitest';
 import { BIN, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { legacyCounters, type LegacyCounters } from '../restart/support/legacy-counters.js';
 import { UNIT } from '../restart/support/service-manager.js';
-import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime } from './support.js';
-import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime, steppingGuest } from './support.js';
+import { startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -79,15 +79,8 @@ const count = (text: string, needle: string) => text.split(needle).length - 1;
  * hold. `peerPid` is QEMU's pid as the daemon sees it.
  */
 async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): Promise<void> {
-  const serial = new GuestSerial(q.serialPath);
-  // Polled on a timer of its own, so each line's time is when it appeared, whatever the test awaits.
-  const poller = setInterval(() => serial.poll(), 20);
-  cleanups.push(() => clearInterval(poller));
   const qemuStart = starttime(q.pid);
-
-  await serial.waitFor(() => serial.first(0x606) !== undefined, 'the guest to print 0x606', 60_000, q);
-  const steps = () => serial.energy().length;
-  await serial.waitFor(() => steps() >= 3, 'the guest 0x611 to step up twice', 60_000, q);
+  const { serial, steps, stop } = await steppingGuest(q, cleanups);
   const baselineFrom = steps() - 1;
   await new Promise((res) => setTimeout(res, BASELINE_MS));
   const baselineTo = steps();
@@ -105,8 +98,7 @@ async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): P
   }
   const tailFrom = Date.now();
   await serial.waitFor(() => Date.now() > tailFrom + 3000, 'three more seconds of the guest', 30_000, q);
-  clearInterval(poller);
-  serial.poll();
+  stop();
   const endedAt = Date.now();
 
   // Each line is a step (mode s): the first was printed at the guest's start, not at a step.
