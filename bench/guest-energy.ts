@@ -7,10 +7,8 @@
  * Goal (docs/guest-energy.md): exact costs at most 1.2x raw. Prints ratios; never fails on timing.
  */
 import pino from 'pino';
-import { FakeHost } from '../test/support/fake-host.js';
+import { FakeHost, legacyOnFakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
-import { LegacyService, OnlineCpus } from '../src/helper/legacy/legacy-service.js';
-import { DEFAULT_AMD_SYNTH } from '../src/msr/legacy-registers.js';
 import { GuestEnergy } from '../src/helper/guest/guest-energy.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import type { LegacyRequest } from '../src/protocol/legacy.js';
@@ -22,14 +20,7 @@ export async function run(): Promise<void> {
   const fake = new FakeHost({ packages: [0, 0] });
   const log = pino({ level: 'silent' });
   const device = new MsrDevice(fake.msrPathTemplate);
-  const legacy = new LegacyService({
-    device,
-    vendor: 'intel',
-    procRoot: '/proc',
-    cpus: new OnlineCpus(fake.sysRoot, [0, 1]),
-    amd: DEFAULT_AMD_SYNTH,
-    logger: log,
-  });
+  const legacy = legacyOnFakeHost(fake, device, log);
   const verdicts = legacy.verdictsFor(process.pid);
   const req: LegacyRequest = { msr: MSR_PKG_ENERGY_STATUS, cpu: 0, tid: process.pid };
   const out = Buffer.alloc(8);

@@ -34,15 +34,6 @@ function quietLog(): { warn: (o: object, m: string) => void; info: () => void; l
   return { lines, warn: (_o, m) => void lines.push(m), info: () => {} };
 }
 
-const isOpen = (fd: number) => {
-  try {
-    fs.fstatSync(fd);
-    return true;
-  } catch {
-    return false;
-  }
-};
-
 describe("the keeper's messages", () => {
   it('round-trip, and anything else is refused (an unknown type, an empty or over-long message, a bad socket file or note)', () => {
     expect(decodeKeeperMessage(encodeKeeperMessage('D', '1234'))).toEqual({ type: 'D', text: '1234' });
@@ -158,6 +149,7 @@ try:
 except socket.timeout:
     pass
 `;
+import { isOpen } from '../support/fds.js';
 
 describe("the fd store's bookkeeping", () => {
   it('stores a connection at hold and removes it by name at release; stores each checkpoint before removing the one before, and the restoring mark with it; sends nothing once detached', async () => {

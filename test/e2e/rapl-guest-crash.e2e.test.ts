@@ -19,11 +19,11 @@ import path from 'node:path';
 import { afterEach, describe, expect } from 'vitest';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import type { VmUpdate } from '../../src/client/v2-client.js';
-import { BIN, ensureBuilt, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
+import { hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
-import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
-import { pumpedRaplHost, raplTest, starttime } from './support.js';
-import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { UNIT } from '../restart/support/service-manager.js';
+import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime, steppingGuest } from './support.js';
+import { startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -50,13 +50,8 @@ interface Crashes {
 }
 
 async function guestAcrossCrashes(c: Crashes, q: RaplQemu, peerPid: number): Promise<void> {
-  const serial = new GuestSerial(q.serialPath);
-  const poller = setInterval(() => serial.poll(), 20);
-  cleanups.push(() => clearInterval(poller));
   const qemuStart = starttime(q.pid);
-  await serial.waitFor(() => serial.first(0x606) !== undefined, 'the guest to print 0x606', 60_000, q);
-  const steps = () => serial.energy().length;
-  await serial.waitFor(() => steps() >= 3, 'the guest 0x611 to step up twice', 60_000, q);
+  const { serial, steps, stop } = await steppingGuest(q, cleanups);
   const t = Date.now();
   await serial.waitFor(() => Date.now() > t + BASELINE_MS, 'the baseline', 30_000, q);
   const base = serial.energy().slice(1);
@@ -76,8 +71,7 @@ async function guestAcrossCrashes(c: Crashes, q: RaplQemu, peerPid: number): Pro
     afterKill.push(next()!.seenAt - killedAt);
     await serial.waitFor(() => steps() >= at + 2, `a second step after kill ${i + 1}`, 30_000, q);
   }
-  clearInterval(poller);
-  serial.poll();
+  stop();
   const lines = serial.energy();
   console.log(
     `${c.label}: ${KILLS} SIGKILLs ${APART_MS / 1000} s apart; serving again after (ms) ${serving.map(Math.round).join(', ')} ` +
@@ -149,30 +143,15 @@ describe('a real QEMU 10 guest across helper crashes', () => {
   raplTest(
     "under the real systemd (fd store, Restart=on-failure), the main process SIGKILLed twice 5 s apart: the guest's 0x611 never goes back and steps again, QEMU keeps its one connection",
     async (skip) => {
-      ensureBuilt();
-      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-crash-' });
-      const sock = path.join(dir, 'vmsr.sock');
-      const logFile = path.join(dir, 'helper.log');
-      const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
-      let m: RealSystemd;
-      try {
-        m = await RealSystemd.boot(
-          {
-            socket: sock,
-            execStart: [process.execPath, BIN, ...hostArgs(host, 'intel'), '-T', 'server'],
-            log: logFile,
-            service: ['Restart=on-failure'],
-          },
-          dir,
-        );
-      } catch (e) {
-        const why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-        console.log(`fd-store crashes under a real guest: skipped, ${why}`);
-        return skip(why);
-      }
-      cleanups.push(() => m.close());
-      m.systemctl('start', `${UNIT}.service`);
-      await waitFor(() => log().includes('"msg":"Listening on'), 'the service to listen', undefined, 30_000);
+      const s = await raplUnderSystemd(cleanups, skip, {
+        start: E0,
+        rate: RATE,
+        prefix: 'vmsr-rapl-crash-',
+        what: 'fd-store crashes under a real guest',
+        service: ['Restart=on-failure'],
+      });
+      if (!s) return;
+      const { m, dir, sock, log } = s;
       const q = await startRaplQemu({ socket: sock, dir, name: 'rapl-fd-store-crash', mode: 's', inside: (a) => m.inside(a) });
       cleanups.push(() => q.stop());
       await guestAcrossCrashes(

@@ -28,15 +28,14 @@
  * it does not on a heavily loaded 2-core machine (docs/daemon.md "Restarts" has the figures).
  */
 import { execFile } from 'node:child_process';
-import fs from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect } from 'vitest';
-import { BIN, ensureBuilt, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
+import { BIN, hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { legacyCounters, type LegacyCounters } from '../restart/support/legacy-counters.js';
-import { RealSystemd, UNIT } from '../restart/support/service-manager.js';
-import { pumpedRaplHost, raplTest, starttime } from './support.js';
-import { GuestSerial, startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
+import { UNIT } from '../restart/support/service-manager.js';
+import { pumpedRaplHost, raplTest, raplUnderSystemd, starttime, steppingGuest } from './support.js';
+import { startRaplQemu, type RaplQemu } from '../support/rapl-qemu.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -80,15 +79,8 @@ const count = (text: string, needle: string) => text.split(needle).length - 1;
  * hold. `peerPid` is QEMU's pid as the daemon sees it.
  */
 async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): Promise<void> {
-  const serial = new GuestSerial(q.serialPath);
-  // Polled on a timer of its own, so each line's time is when it appeared, whatever the test awaits.
-  const poller = setInterval(() => serial.poll(), 20);
-  cleanups.push(() => clearInterval(poller));
   const qemuStart = starttime(q.pid);
-
-  await serial.waitFor(() => serial.first(0x606) !== undefined, 'the guest to print 0x606', 60_000, q);
-  const steps = () => serial.energy().length;
-  await serial.waitFor(() => steps() >= 3, 'the guest 0x611 to step up twice', 60_000, q);
+  const { serial, steps, stop } = await steppingGuest(q, cleanups);
   const baselineFrom = steps() - 1;
   await new Promise((res) => setTimeout(res, BASELINE_MS));
   const baselineTo = steps();
@@ -106,8 +98,7 @@ async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): P
   }
   const tailFrom = Date.now();
   await serial.waitFor(() => Date.now() > tailFrom + 3000, 'three more seconds of the guest', 30_000, q);
-  clearInterval(poller);
-  serial.poll();
+  stop();
   const endedAt = Date.now();
 
   // Each line is a step (mode s): the first was printed at the guest's start, not at a step.
@@ -192,26 +183,15 @@ describe('a real QEMU 10 guest across helper restarts', () => {
   raplTest(
     "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted 5 times by systemctl restart through systemd's fd store",
     async (skip) => {
-      ensureBuilt();
-      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-restart-' });
-      const sock = path.join(dir, 'vmsr.sock');
-      const logFile = path.join(dir, 'helper.log');
-      const log = () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : '');
-      let m: RealSystemd;
-      try {
-        m = await RealSystemd.boot(
-          { socket: sock, execStart: [process.execPath, BIN, ...hostArgs(host, 'intel'), '-T', 'server'], log: logFile },
-          dir,
-        );
-      } catch (e) {
-        const why = `systemd cannot run here: ${(e as Error).message.split('\n')[0]}`;
-        console.log(`fd-store restarts under a real guest: skipped, ${why}`);
-        return skip(why);
-      }
-      cleanups.push(() => m.close());
+      const s = await raplUnderSystemd(cleanups, skip, {
+        start: E0,
+        rate: RATE,
+        prefix: 'vmsr-rapl-restart-',
+        what: 'fd-store restarts under a real guest',
+      });
+      if (!s) return;
+      const { m, dir, sock, log } = s;
       console.log(`fd-store restarts under a real guest run under: real systemd (${m.version}) as PID 1 of a new PID namespace`);
-      m.systemctl('start', `${UNIT}.service`);
-      await waitFor(() => log().includes('"msg":"Listening on'), 'the service to listen', undefined, 30_000);
       // QEMU shares the helper's PID namespace (the helper refuses a peer it sees as pid 0).
       const q = await startRaplQemu({ socket: sock, dir, name: 'rapl-fd-store', mode: 's', inside: (a) => m.inside(a) });
       cleanups.push(() => q.stop());

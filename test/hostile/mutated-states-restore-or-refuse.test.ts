@@ -20,6 +20,7 @@ import { monotonicNs } from '../../src/sampling/tick-loop.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { MAX_TID } from '../../src/model/vcpus.js';
 import { FakeHost } from '../support/fake-host.js';
+import { vmOwnershipArbitraries } from '../support/state-arbitraries.js';
 import { freshGuestCounter, type GuestCounterState } from '../../src/guest-energy/guest-counter.js';
 
 const POWER_UNIT = 0xa0e03n; // ESU 14: a counter unit is 2^-14 J
@@ -86,17 +87,8 @@ function restorable(nowNs: bigint): fc.Arbitrary<StateSnapshot> {
         .record({
           pid,
           starttime: fc.nat({ max: 2 ** 40 }),
-          uid: fc.nat({ max: 0xffffffff }),
-          owner: fc.option(fc.nat({ max: 0xfffffffe }), { nil: null }),
-          discovered: fc.boolean(),
+          ...vmOwnershipArbitraries,
           name: fc.option(fc.string({ maxLength: 20 }), { nil: null }),
-          uuid: fc.option(
-            fc.uint8Array({ minLength: 16, maxLength: 16 }).map((a) => Buffer.from(a)),
-            { nil: null },
-          ),
-          wholeVmOnly: fc.boolean(),
-          live: fc.boolean(),
-          baseline: fc.boolean(),
           endedSamples: fc.nat({ max: 100 }),
           vcpus: fc.uniqueArray(fc.record({ tid: pid, vpkg: fc.nat({ max: n - 1 }) }), { selector: (v) => v.tid, maxLength: 4 }),
           vpkgs: fc.array(totals, { minLength: n, maxLength: n }),

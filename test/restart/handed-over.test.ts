@@ -14,6 +14,7 @@ import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/hel
 import type { StateSnapshot } from '../../src/state/snapshot.js';
 import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';
 import { HANDOVER_MEMFD_NAME } from '../../src/helper/handover/restarter.js';
+import { isOpen } from '../support/fds.js';
 
 const record = (conns: HandoverRecord['connections']): HandoverRecord => ({
   writtenNs: 1000n,
@@ -21,14 +22,6 @@ const record = (conns: HandoverRecord['connections']): HandoverRecord => ({
   connections: conns,
 });
 const inode = (fd: number) => fs.fstatSync(fd, { bigint: true }).ino;
-const isOpen = (fd: number) => {
-  try {
-    fs.fstatSync(fd);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 function logs() {
   const lines: string[] = [];

@@ -6,6 +6,7 @@ import { freshGuestCounter } from '../../src/guest-energy/guest-counter.js';
 import { decodeState, encodeState, STATE_FORMAT_VERSION, STATE_HEADER_SIZE, stateProblem } from '../../src/state/snapshot-codec.js';
 import { STATE_LIMITS, type StateSnapshot, type VmState } from '../../src/state/snapshot.js';
 import { MAX_TID, MAX_VCPUS, MAX_VPKG } from '../../src/model/vcpus.js';
+import { vmOwnershipArbitraries } from '../support/state-arbitraries.js';
 
 const u64 = fc.bigInt({ min: 0n, max: (1n << 64n) - 1n });
 const pid = fc.integer({ min: 1, max: MAX_TID });
@@ -24,17 +25,8 @@ const vm = (hostVmId: number): fc.Arbitrary<VmState> =>
         hostVmId: fc.constant(hostVmId),
         pid,
         starttime,
-        uid: fc.nat({ max: 0xffffffff }),
-        owner: fc.option(fc.nat({ max: 0xfffffffe }), { nil: null }),
-        discovered: fc.boolean(),
+        ...vmOwnershipArbitraries,
         name: fc.option(fc.string({ maxLength: 40, unit: 'binary' }), { nil: null }),
-        uuid: fc.option(
-          fc.uint8Array({ minLength: 16, maxLength: 16 }).map((a) => Buffer.from(a)),
-          { nil: null },
-        ),
-        wholeVmOnly: fc.boolean(),
-        live: fc.boolean(),
-        baseline: fc.boolean(),
         valuesNs: u64,
         endedSamples: fc.nat({ max: 0xffffffff }),
         vcpus: fc.uniqueArray(fc.record({ tid: pid, vpkg: fc.nat({ max: nvpkg - 1 }) }), { selector: (v) => v.tid, maxLength: 8 }),

@@ -16,7 +16,7 @@ import { openListener } from '../../src/helper/server/listener.js';
 import { lateV2Handler } from '../../src/helper/server/late-v2-handler.js';
 import { checkTopology } from '../../src/helper/lifecycle/startup-checks.js';
 import type { HelperServer } from '../../src/helper/server/server.js';
-import type { LegacyService } from '../../src/helper/legacy/legacy-service.js';
+import { LegacyService, OnlineCpus } from '../../src/helper/legacy/legacy-service.js';
 import type { MsrDevice } from '../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
@@ -244,6 +244,21 @@ export class FakeHost {
   cleanup(): void {
     fs.rmSync(this.dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * The legacy service alone on a fake host (Intel, CPUs 0 and 1 online, the real /proc), reading its
+ * MSR files through `device`: what the server's tests and the legacy bench answer requests with.
+ */
+export function legacyOnFakeHost(fake: FakeHost, device: MsrDevice, logger: Logger): LegacyService {
+  return new LegacyService({
+    device,
+    vendor: 'intel',
+    procRoot: '/proc',
+    cpus: new OnlineCpus(fake.sysRoot, [0, 1]),
+    amd: DEFAULT_AMD_SYNTH,
+    logger,
+  });
 }
 
 /** The whole chain on a fake host, serving: the v2 chain, the server and the legacy service. */

@@ -11,13 +11,11 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { HelperServer, type HelperServerOptions } from '../../../src/helper/server/server.js';
 import { openListener } from '../../../src/helper/server/listener.js';
-import { LegacyService, OnlineCpus } from '../../../src/helper/legacy/legacy-service.js';
 import { MsrDevice } from '../../../src/msr/device.js';
-import { DEFAULT_AMD_SYNTH } from '../../../src/msr/legacy-registers.js';
 import { MSR_RAPL_POWER_UNIT } from '../../../src/msr/registers.js';
 import { encodeLegacyRequest, LEGACY_REPLY_SIZE, V2_MAGIC } from '../../../src/protocol/legacy.js';
 import type { PeerCredentials } from '../../../src/os/libc.js';
-import { FakeHost } from '../../support/fake-host.js';
+import { FakeHost, legacyOnFakeHost } from '../../support/fake-host.js';
 import { waitFor } from '../../support/wait.js';
 import { lateV2Handler } from '../../../src/helper/server/late-v2-handler.js';
 
@@ -37,14 +35,7 @@ async function serve(
   const device = new MsrDevice(fake.msrPathTemplate);
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-server-'));
   const socketPath = path.join(dir, 'helper.sock');
-  const legacy = new LegacyService({
-    device,
-    vendor: 'intel',
-    procRoot: '/proc',
-    cpus: new OnlineCpus(fake.sysRoot, [0, 1]),
-    amd: DEFAULT_AMD_SYNTH,
-    logger: log,
-  });
+  const legacy = legacyOnFakeHost(fake, device, log);
   const listener = await openListener({ path: socketPath });
   const server = new HelperServer({ listener, legacy, logger: log, ...o });
   server.serve();

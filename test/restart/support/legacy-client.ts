@@ -8,6 +8,7 @@
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { expect } from 'vitest';
 
 const SCRIPT = path.join(path.dirname(fileURLToPath(import.meta.url)), '../legacy-client.py');
 
@@ -20,6 +21,22 @@ export interface LegacyClientSummary {
   first: number | null;
   last: number | null;
   error: string | null;
+}
+
+/** A wait this long is a hang (a request lost in a handover or a crash), not a slow machine. */
+const HANG_MS = 5000;
+
+/**
+ * The client's run went through whole: no error, every request answered once with no extra bytes,
+ * the counter never back and moving, no wait as long as a hang.
+ */
+export function expectEveryRequestAnsweredOnce(s: LegacyClientSummary): void {
+  expect(s.error).toBeNull();
+  expect(s.answered).toBe(s.sent);
+  expect(s.extraBytes).toBe(0);
+  expect(s.backwards).toBe(0);
+  expect(s.last!).toBeGreaterThan(s.first!);
+  expect(s.maxWaitMs).toBeLessThan(HANG_MS);
 }
 
 export interface LegacyClientProcess {

@@ -11,6 +11,7 @@ import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_pro
 import fs from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { afterAll, beforeAll } from 'vitest';
 import { BIN, ensureBuilt, hostArgs, tempDir } from '../../daemon/support/daemon-process.js';
 import { EnergyPump } from '../../support/energy-pump.js';
 import { FakeHost } from '../../support/fake-host.js';
@@ -205,4 +206,40 @@ export async function fdStoreBed(prefix: string, service: string[] = []): Promis
       host.cleanup();
     },
   };
+}
+
+/** How many log lines so far have the message starting with `msg` (the daemon logs JSON lines). */
+export const countMsg = (text: string, msg: string): number => text.split(`"msg":"${msg}`).length - 1;
+
+/** A file's fd-store bed, filled in before its tests run: `manager` is null (with `why`) where systemd cannot run. */
+export interface FileFdStoreBed {
+  manager: RealSystemd | null;
+  why: string;
+  sock: string;
+  /** The service's log so far. */
+  log(): string;
+}
+
+/**
+ * The fd-store bed (fdStoreBed) booted before the tests of this file and closed after them, printing
+ * which manager `what` runs under.
+ */
+export function fdStoreBedForFile(prefix: string, what: string, service: string[] = []): FileFdStoreBed {
+  const f: FileFdStoreBed = { manager: null, why: '', sock: '', log: () => '' };
+  let bed: FdStoreBed | undefined;
+  beforeAll(async () => {
+    bed = await fdStoreBed(prefix, service);
+    const { logFile } = bed;
+    Object.assign(f, {
+      manager: bed.manager,
+      why: bed.why,
+      sock: bed.sock,
+      log: () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : ''),
+    });
+    console.log(`${what} run under: ${f.why}`);
+  }, 60_000);
+  afterAll(async () => {
+    await bed?.close();
+  });
+  return f;
 }
