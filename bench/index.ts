@@ -4,6 +4,7 @@
  * own and not what an earlier suite left on the heap. `npm run bench -- replay` runs one suite.
  */
 import { spawnSync } from 'node:child_process';
+import { NO_KEEPER_ENV } from '../src/keeper/keeper-messages.js';
 
 const all = [
   'compare',
@@ -28,9 +29,12 @@ if (unknown.length) {
   process.exit(2);
 }
 
+// The suites time and weigh the serving process, so they start it without the keeper (the default
+// outside systemd); `crash` asks for the keeper with --keeper, which wins over this.
+const env = { ...process.env, [NO_KEEPER_ENV]: '1' };
 for (const suite of wanted.length ? wanted : all) {
   const url = new URL(`./${suite}.js`, import.meta.url).href;
   const script = `const m = await import(${JSON.stringify(url)}); if (typeof m.run === 'function') await m.run();`;
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { stdio: 'inherit' });
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { stdio: 'inherit', env });
   if (r.status !== 0) console.log(`\n== ${suite}: could not run here (exit ${r.status ?? r.signal}); see its output above`);
 }

@@ -57,6 +57,9 @@ export const KEEPER_ENV = {
   socketFile: 'VMSR_HELPER_KEEPER_SOCKET_FILE',
   note: 'VMSR_HELPER_KEEPER_NOTE',
 } as const;
+/** Set (to anything) in the environment of a start, as --no-keeper: no keeper (docs/daemon.md "Crashes"). */
+export const NO_KEEPER_ENV = 'VMSR_HELPER_NO_KEEPER';
+
 /** The channel is fd 3 of a serving process; the fds the keeper holds follow it. */
 export const KEEPER_CHANNEL_FD = 3;
 export const KEEPER_FIRST_FD = 4;

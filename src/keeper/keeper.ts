@@ -98,6 +98,8 @@ class Keeper {
   private readyAt = 0;
   private crashes = 0;
   private stopping = false;
+  /** A SIGHUP came while no serving process was ready: passed on once one is. */
+  private hupWaiting = false;
   private timer: NodeJS.Timeout | undefined;
   private readonly signals: [NodeJS.Signals, () => void][] = [];
 
@@ -117,9 +119,17 @@ class Keeper {
   }
 
   private onSignal(sig: NodeJS.Signals): void {
-    if (sig !== 'SIGHUP') this.stopping = true;
-    if (this.child !== null && this.child.exitCode === null && this.child.signalCode === null) this.child.kill(sig);
-    else if (sig !== 'SIGHUP') this.finish(0);
+    const running = this.child !== null && this.child.exitCode === null && this.child.signalCode === null;
+    if (sig === 'SIGHUP') {
+      // Passed on only to a serving process that said it is ready: before, a SIGHUP would end it
+      // (Node's start puts SIGHUP back to its default). One waiting is enough: restarts coalesce.
+      if (running && this.readyAt > 0) this.child!.kill(sig);
+      else this.hupWaiting = true;
+      return;
+    }
+    this.stopping = true;
+    if (running) this.child!.kill(sig);
+    else this.finish(0);
   }
 
   private spawn(note: KeeperNote | null): void {
@@ -195,6 +205,10 @@ class Keeper {
           this.everReady = true;
           this.o.onReady?.();
         }
+        if (this.hupWaiting) {
+          this.hupWaiting = false;
+          this.child?.kill('SIGHUP');
+        }
         return false;
     }
   }
@@ -237,6 +251,7 @@ class Keeper {
       this.o.log.error({ pid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
       return this.finish(code ?? 1);
     }
+    if (sig === 'SIGHUP') return this.restartAfterHangup(child);
     const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
     this.crashes = stable ? 1 : this.crashes + 1;
     this.readyAt = 0;
@@ -268,6 +283,22 @@ class Keeper {
       `keeper: the serving process died (${how}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
     );
     this.timer = setTimeout(() => this.spawn(note), delay);
+  }
+
+  /**
+   * The serving process was ended by a SIGHUP it could not take yet (one that reached it while Node
+   * started, in the window after a restart's exec: docs/security.md "A second SIGHUP during a
+   * restart"). That is a restart asked for, not a crash: it starts again at once, with the
+   * connections and the checkpoint, and the row of crashes is left as it was.
+   */
+  private restartAfterHangup(child: ChildProcess): void {
+    this.readyAt = 0;
+    const note: KeeperNote = { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes };
+    this.o.log.warn(
+      { pid: note.pid, connections: this.conns.size, checkpoint: this.checkpoint !== null },
+      'keeper: the serving process was ended by a SIGHUP that came before it could take one (a restart asked for while Node started): starting it again at once with its connections; not counted as a crash',
+    );
+    this.spawn(note);
   }
 
   /** Closes what it holds (the socket file goes too, while it is still ours) and ends with `code`. */

@@ -92,9 +92,16 @@ describe('vmsr-helper demo', () => {
       expect(once.split('\n')[0]).toBe('energy: SYNTHETIC (the helper runs with --energy-source synthetic): not a measurement');
       expect(once).toMatch(/demo-vm/);
       const json = run(`${printed('watch')} --count 1 --json`);
-      expect(JSON.parse(json.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
+      // Discovery sees every QEMU on the host (another test's may run meanwhile): the demo VM's line, wherever it is.
+      const demoLine = (text: string) =>
+        text
+          .split('\n')
+          .filter((l) => l.startsWith('{'))
+          .map((l) => JSON.parse(l) as Record<string, unknown>)
+          .find((o) => o.name === DEMO_VM.name);
+      expect(demoLine(json)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
       const statsJson = run(`${printed('stats')} --once --json`);
-      expect(JSON.parse(statsJson.split('\n')[0]!)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
+      expect(demoLine(statsJson)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
       expect(await demo.stop('SIGTERM')).toBe(0);
       expect(demo.stderr()).toMatch(/vmsr-helper demo: stopping \(SIGTERM received\)/);
       // No leftovers: its directory is gone, and so are the daemon, the VM and the exporter.

@@ -8,6 +8,7 @@
  * service again with the stored fds, every request is answered once, the counter never goes back,
  * and the new start says what it kept. Where systemd cannot run here the test is skipped, saying why.
  */
+import fs from 'node:fs';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { pathToFileURL } from 'node:url';
@@ -21,7 +22,15 @@ import { expectEveryRequestAnsweredOnce, legacyClientProcess } from '../restart/
 /** The goal: serving again this soon after the kill (printed, not asserted: a matter of timing). */
 const GOAL_MS = 1000;
 
-const bed = fdStoreBedForFile('vmsr-fdstore-crash-', 'fd-store crashes', ['Restart=on-failure']);
+/** The shipped unit's lines that say when systemd starts the helper again (Restart=, RestartForceExitStatus=). */
+function shippedRestartLines(): string[] {
+  const unit = fs.readFileSync(path.join(ROOT, 'contrib/systemd/qemu-vmsr-helper.service'), 'utf8');
+  return unit.split('\n').filter((l) => /^(Restart|RestartForceExitStatus)=/.test(l));
+}
+
+const bed = fdStoreBedForFile('vmsr-fdstore-crash-', 'fd-store crashes', shippedRestartLines());
+/** Restarts the SIGHUP test may take to land one in the window after the exec. */
+const WINDOW_TRIES = 8;
 
 describe('crashes under systemd, the connections in its fd store', () => {
   test('the main process SIGKILLed twice 5 s apart: systemd starts it again with the stored connection, every request answered once, the counter never back', async (ctx) => {
@@ -99,6 +108,40 @@ describe('crashes under systemd, the connections in its fd store', () => {
     expect(s.answered).toBe(s.sent);
     expect(s.backwards).toBe(0);
   }, 180_000);
+
+  test('a SIGHUP in the window after a restart exec ends the main process, and systemd starts it again with the stored connection (the shipped unit forces a restart on SIGHUP)', async (ctx) => {
+    if (bed.manager === null) return ctx.skip(bed.why);
+    const m = bed.manager;
+    expect(shippedRestartLines()).toContain('RestartForceExitStatus=SIGHUP');
+    if (m.show('ActiveState') !== 'active') {
+      const before = countMsg(bed.log(), 'Listening on');
+      m.systemctl('start', `${UNIT}.service`);
+      await waitFor(() => countMsg(bed.log(), 'Listening on') > before, 'the service to listen', undefined, 30_000);
+    }
+    const client = legacyClientProcess(bed.sock, { inside: (a) => m.inside(a), pauseS: 0.05, whole: true });
+    await client.ready;
+    const restarts = Number(m.show('NRestarts'));
+    const hup = () => m.systemctl('kill', '--signal=SIGHUP', '--kill-whom=main', `${UNIT}.service`);
+    const executing = () => countMsg(bed.log(), 'restart in place: executing the installed binary');
+    for (let attempt = 1; attempt <= WINDOW_TRIES && Number(m.show('NRestarts')) === restarts; attempt++) {
+      const before = executing();
+      const handed = countMsg(bed.log(), 'handed over:');
+      hup();
+      await waitFor(() => executing() > before, `restart ${attempt} to execute`, undefined, 60_000);
+      hup();
+      await waitFor(
+        () => Number(m.show('NRestarts')) > restarts || countMsg(bed.log(), 'handed over:') > handed,
+        `restart ${attempt} to end: handed over, or systemd restarting the service the SIGHUP ended`,
+        undefined,
+        60_000,
+      );
+    }
+    expect(Number(m.show('NRestarts')), `a SIGHUP landing in the exec window within ${WINDOW_TRIES} tries`).toBe(restarts + 1);
+    await waitFor(() => m.show('ActiveState') === 'active', 'the service started again', undefined, 60_000);
+    await new Promise((r) => setTimeout(r, 1000));
+    const s = await client.done();
+    expectEveryRequestAnsweredOnce(s);
+  }, 600_000);
 });
 
 /** A v2 client that registers a busy child of its own, prints `registered <pid>` and stays. */

@@ -21,9 +21,12 @@ import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import {
   BIN,
+  defaultKeeperEnv,
   ensureBuilt,
   hostArgs,
   LegacyClient,
+  servingPid,
+  spawnHelper,
   startHelper,
   tempDir,
   waitFor,
@@ -52,13 +55,6 @@ function fakeHost(): { host: FakeHost; pump: EnergyPump } {
   pump.start();
   cleanups.push(() => (pump.stop(), host.cleanup()));
   return { host, pump };
-}
-
-/** The keeper's one child: the serving process. */
-function servingPid(keeper: number): number {
-  const kids = fs.readFileSync(`/proc/${keeper}/task/${keeper}/children`, 'utf8').trim().split(/\s+/).filter(Boolean);
-  if (kids.length !== 1) throw new Error(`the keeper has ${kids.length} children, one expected`);
-  return Number(kids[0]);
 }
 
 /** A process that keeps a thread busy part of the time (a VM's vCPU, to the helper). */
@@ -257,5 +253,59 @@ describe('the keeper', () => {
     expect(waits).toEqual(KEEPER_LIMITS.backoffMs.slice(0, KEEPER_LIMITS.maxCrashesInARow - 1));
     await qemu.whenClosed(5000);
     expect(fs.existsSync(sock)).toBe(false);
+  }, 120_000);
+
+  test('the helper started alone runs under its keeper by default; --no-keeper and VMSR_HELPER_NO_KEEPER run it without one', async () => {
+    const { host } = fakeHost();
+    const dir = tempDir('vmsr-keeper-');
+    const start = async (name: string, extra: string[], env: NodeJS.ProcessEnv) => {
+      const h = await startHelper([...extra, '-k', path.join(dir, name), ...hostArgs(host), '--interval', '0.2'], { env });
+      cleanups.push(() => h.stop());
+      return h;
+    };
+    const children = (pid: number) => fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim();
+    const byDefault = await start('default.sock', [], defaultKeeperEnv());
+    expect(byDefault.stderr()).toContain('keeper: holding the socket and the connections');
+    const qemu = await LegacyClient.connect(path.join(dir, 'default.sock'));
+    cleanups.push(() => qemu.close());
+    await qemu.request(0x611, 0, process.pid);
+    const { pid } = await killAndServe(byDefault, qemu);
+    expect(pid).not.toBe(byDefault.proc.pid);
+    const flag = await start('flag.sock', ['--no-keeper'], defaultKeeperEnv());
+    const variable = await start('env.sock', [], { ...defaultKeeperEnv(), VMSR_HELPER_NO_KEEPER: '1' });
+    for (const h of [flag, variable]) {
+      expect(children(h.proc.pid!), 'no serving child: the process started serves').toBe('');
+      expect(h.stderr()).not.toContain('keeper:');
+    }
+  }, 120_000);
+
+  test('a SIGHUP to the keeper before its serving process is ready is passed on once it is: one restart in place, nothing ended', async () => {
+    const { host } = fakeHost();
+    const dir = tempDir('vmsr-keeper-');
+    const sock = path.join(dir, 'helper.sock');
+    const h = spawnHelper(['--keeper', '-k', sock, ...hostArgs(host), '--interval', '0.2']);
+    cleanups.push(() => h.stop());
+    // The keeper listens for signals before it starts its child: a child means the SIGHUP is the keeper's to take.
+    const kids = `/proc/${h.proc.pid}/task/${h.proc.pid}/children`;
+    await waitFor(
+      () => fs.existsSync(kids) && fs.readFileSync(kids, 'utf8').trim() !== '',
+      'the keeper to start its serving process',
+      h,
+      30_000,
+    );
+    const serving = servingPid(h.proc.pid!);
+    h.proc.kill('SIGHUP');
+    await waitFor(
+      () => count(h, '"msg":"handed over:') > 0,
+      'the restart in place the SIGHUP asked for, once the serving process is ready',
+      h,
+      60_000,
+    );
+    expect(servingPid(h.proc.pid!), 'the same serving process, executed again').toBe(serving);
+    expect(h.stderr()).not.toContain('ended by a SIGHUP');
+    expect(h.stderr()).not.toContain('recovered from a crash');
+    const qemu = await LegacyClient.connect(sock);
+    cleanups.push(() => qemu.close());
+    await qemu.request(0x611, 0, process.pid);
   }, 120_000);
 });

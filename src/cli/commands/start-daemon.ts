@@ -30,7 +30,7 @@ import {
   type V2CliOptions,
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
-import { KEEPER_ENV } from '../../keeper/keeper-messages.js';
+import { KEEPER_ENV, NO_KEEPER_ENV } from '../../keeper/keeper-messages.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
@@ -56,6 +56,7 @@ interface RawDaemonOptions extends RawHostOptions {
   socketMode?: string;
   socketGroup?: string;
   logFile?: string;
+  /** --keeper (true), --no-keeper or VMSR_HELPER_NO_KEEPER (false), neither (undefined: the keeper, outside systemd). */
   keeper?: boolean;
 }
 
@@ -185,7 +186,7 @@ async function startDaemonFromCli(
   v2: ReturnType<typeof v2OptionsFrom>,
   logger?: () => Logger,
   logFile?: string,
-  keeper = false,
+  keeper?: boolean,
 ): Promise<void> {
   const [{ isDaemonChild, reportFailure, spawnDetached }, { takeInherited }] = await Promise.all([
     import('../../helper/lifecycle/daemonize.js'),
@@ -209,8 +210,9 @@ async function startDaemonFromCli(
     // The first image opens the log file, as root, before anything logs; later images (the start-up
     // re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
     if (inherited === null && logFile !== undefined) (await import('../../os/log-file.js')).redirectStderrToFile(logFile);
-    // --keeper: this process becomes the keeper, and the serving process its child (docs/daemon.md "Crashes").
-    if (keeper && inherited === null && (await keeperRuns(logger))) return;
+    // Outside systemd this process becomes the keeper, and the serving process its child, unless
+    // --no-keeper (docs/daemon.md "Crashes").
+    if (keeper !== false && inherited === null && (await keeperRuns(keeper === true, logger))) return;
     const blocker = reexecBlocker();
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
@@ -236,15 +238,17 @@ async function startDaemonFromCli(
 }
 
 /**
- * --keeper, in the first image: runs the keeper (keeper/keeper.ts) until it ends, then exits with its
- * code; false when this process is not to be one (it is the keeper's serving process already, or
- * systemd runs it: its fd store does the keeper's work).
+ * In the first image, unless --no-keeper: runs the keeper (keeper/keeper.ts) until it ends, then exits
+ * with its code; false when this process is not to be one (it is the keeper's serving process already,
+ * or systemd runs it: its fd store does the keeper's work; `asked`: --keeper was given, which is then
+ * said).
  */
-async function keeperRuns(logger?: () => Logger): Promise<boolean> {
+async function keeperRuns(asked: boolean, logger?: () => Logger): Promise<boolean> {
   const { isDaemonChild, reportReady, DAEMON_CHILD_ENV } = await import('../../helper/lifecycle/daemonize.js');
   if (process.env[KEEPER_ENV.channel] !== undefined) return false;
   const log = (logger ?? (() => createLogger('info')))().child({ area: 'keeper' });
   if (process.env.NOTIFY_SOCKET !== undefined || process.env.LISTEN_FDS !== undefined) {
+    if (!asked) return false;
     log.warn(
       {},
       '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it',
@@ -276,7 +280,12 @@ export function configureDaemonCommand(program: Command): void {
     .option('--log-file <path>', 'append the log to this file (JSON lines) instead of stderr; opened as root before the privilege drop')
     .option(
       '--keeper',
-      'without systemd: a small keeper process holds the socket, every QEMU connection and the latest checkpoint, and starts the helper again when it crashes',
+      'the default without systemd: a small keeper process holds the socket, every QEMU connection and the latest checkpoint, and starts the helper again when it crashes',
+    )
+    .addOption(
+      new Option('--no-keeper', 'run without the keeper: the process started serves, and a crash loses the connections and the state').env(
+        NO_KEEPER_ENV,
+      ),
     )
     .option('-u, --user <user>', 'user (name or uid) to drop privileges to')
     .option('-g, --group <group>', "group (name or gid) to drop privileges to (default: the user's primary group)");
@@ -316,7 +325,7 @@ export function configureDaemonCommand(program: Command): void {
       let logger: Logger | undefined;
       const log = (): Logger => (logger ??= createLogger(levelFromFlags(raw)));
       try {
-        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log, logFileFrom(raw), raw.keeper === true);
+        await startDaemonFromCli(parseDaemonOptions(raw), v2OptionsFrom(raw), log, logFileFrom(raw), raw.keeper);
       } catch (e) {
         log().fatal(cannot(`start`, (e as Error).message));
         throw new ReportedError((e as Error).message);

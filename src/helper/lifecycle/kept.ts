@@ -84,6 +84,13 @@ export interface CrashLog extends HandoverLog {
  * when the process died) or why none, and what that means for the energy. `restored` is the decoded
  * checkpoint, when it decoded.
  */
+function diedHow(note: KeeperNote): string {
+  // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).
+  if (note.how === 'SIGHUP')
+    return `the serving process (pid ${note.pid}) was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
+  return `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`;
+}
+
 export function reportCrash(
   crash: NonNullable<Kept['crash']>,
   note: KeeperNote | null,
@@ -93,9 +100,7 @@ export function reportCrash(
   const crashedAtNs = BigInt(Math.round(note?.atMs ?? Date.now())) * 1_000_000n;
   const lastNs = restored?.lastSample?.realtimeNs;
   const ageMs = lastNs !== undefined ? Number((crashedAtNs - lastNs) / 1_000_000n) : undefined;
-  const by = note
-    ? `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`
-    : 'the last serving process ended without handing over (a crash)';
+  const by = note === null ? 'the last serving process ended without handing over (a crash)' : diedHow(note);
   const what =
     restored !== undefined
       ? `state restored from the checkpoint of its last sample${ageMs !== undefined ? ` (${ageMs} ms before it died)` : ''}: the energy since is split over the gap at the first sample, as after a restart (lost only if the gap passes 60 s: then the totals go on from the checkpoint and the gap is not attributed)`

@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { encodeLegacyRequest } from '../../../src/protocol/legacy.js';
+import { NO_KEEPER_ENV } from '../../../src/keeper/keeper-messages.js';
 import { waitFor } from '../../support/wait.js';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -40,6 +41,23 @@ export function ensureBuilt(): void {
   if (!fs.existsSync(man) || fs.statSync(man).mtimeMs < fs.statSync(BIN).mtimeMs)
     execFileSync(process.execPath, [path.join(ROOT, 'dist/src/bin/make-docs.js'), path.join(ROOT, 'dist/share')], { stdio: 'ignore' });
   built = true;
+}
+
+/**
+ * The environment of a start as users make it: the test suite's config turns the keeper off
+ * (vitest.config.ts); this puts the default back, so the helper started alone runs under its keeper.
+ */
+export function defaultKeeperEnv(env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+  const out = { ...env };
+  delete out[NO_KEEPER_ENV];
+  return out;
+}
+
+/** The keeper's one child: the serving process (throws unless there is exactly one). */
+export function servingPid(keeper: number): number {
+  const kids = fs.readFileSync(`/proc/${keeper}/task/${keeper}/children`, 'utf8').trim().split(/\s+/).filter(Boolean);
+  if (kids.length !== 1) throw new Error(`the keeper (pid ${keeper}) has ${kids.length} children, one expected`);
+  return Number(kids[0]);
 }
 
 export function tempDir(prefix = 'vmsr-daemon-'): string {
