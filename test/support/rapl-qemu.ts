@@ -201,9 +201,10 @@ export interface RaplQemuOptions {
   name: string;
   /**
    * The guest's mode (test/fixtures/guest): 'r' (default) prints 0x611 again and again, 's' each time
-   * it changed (a line per step of QEMU's counter, seen within milliseconds).
+   * it changed (a line per step of QEMU's counter, seen within milliseconds), 't' as s on the boot
+   * vCPU and on the second vCPU, whose lines go to COM2 (`serial2Path`; give -smp 2,sockets=2).
    */
-  mode?: 'r' | 's';
+  mode?: 'r' | 's' | 't';
   /** Run QEMU as this uid/gid (no supplementary groups), from exec on. */
   user?: { uid: number; gid: number };
   /** More QEMU arguments (e.g. -run-with). */
@@ -224,6 +225,8 @@ export interface RaplQemu {
   /** QEMU's pid in its own PID namespace (what a helper there sees); `pid` without `inside`. */
   nsPid: number;
   serialPath: string;
+  /** COM2's file: the second vCPU's lines in mode t. */
+  serial2Path: string;
   /** QEMU's stderr (it inherits gdb's). */
   stderr(): string;
   alive(): boolean;
@@ -236,6 +239,7 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
   const why = raplQemuMissing();
   if (why) throw new Error(why);
   const serialPath = path.join(o.dir, `${o.name}.com1`);
+  const serial2Path = path.join(o.dir, `${o.name}.com2`);
   const pidPath = path.join(o.dir, `${o.name}.pid`);
   const qemu = [
     'qemu-system-x86_64',
@@ -254,6 +258,7 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
     `mode=${o.mode ?? 'r'}`,
     '-serial',
     `file:${serialPath}`,
+    ...(o.mode === 't' ? ['-serial', `file:${serial2Path}`] : []),
     '-pidfile',
     pidPath,
     '-name',
@@ -281,6 +286,7 @@ export async function startRaplQemu(o: RaplQemuOptions): Promise<RaplQemu> {
     pid,
     nsPid,
     serialPath,
+    serial2Path,
     stderr: run.stderr,
     alive: () => alive(pid),
     async stop() {
