@@ -70,13 +70,7 @@ describe('crashes under systemd, the connections in its fd store', () => {
   test('a checkpoint that crashes the process restoring it is not fed to the next one: the restoring mark in the fd store, then a fresh start that says why; the connection is still served', async (ctx) => {
     if (bed.manager === null) return ctx.skip(bed.why);
     const m = bed.manager;
-    if (m.show('ActiveState') !== 'active') {
-      const before = countMsg(bed.log(), 'Listening on');
-      m.systemctl('start', `${UNIT}.service`);
-      await waitFor(() => countMsg(bed.log(), 'Listening on') > before, 'the service to listen', undefined, 30_000);
-    }
-    const client = legacyClientProcess(bed.sock, { inside: (a) => m.inside(a), pauseS: 0.05, whole: true });
-    await client.ready;
+    const client = await activeWithClient(m);
     // A busy process inside the namespace, registered over v2: the checkpoint holds it.
     const [cmd, ...args] = m.inside([process.execPath, '--input-type=module', '-e', REGISTER(bed.sock)]);
     const vm = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -113,13 +107,7 @@ describe('crashes under systemd, the connections in its fd store', () => {
     if (bed.manager === null) return ctx.skip(bed.why);
     const m = bed.manager;
     expect(shippedRestartLines()).toContain('RestartForceExitStatus=SIGHUP');
-    if (m.show('ActiveState') !== 'active') {
-      const before = countMsg(bed.log(), 'Listening on');
-      m.systemctl('start', `${UNIT}.service`);
-      await waitFor(() => countMsg(bed.log(), 'Listening on') > before, 'the service to listen', undefined, 30_000);
-    }
-    const client = legacyClientProcess(bed.sock, { inside: (a) => m.inside(a), pauseS: 0.05, whole: true });
-    await client.ready;
+    const client = await activeWithClient(m);
     const restarts = Number(m.show('NRestarts'));
     const hup = () => m.systemctl('kill', '--signal=SIGHUP', '--kill-whom=main', `${UNIT}.service`);
     const executing = () => countMsg(bed.log(), 'restart in place: executing the installed binary');
@@ -143,6 +131,18 @@ describe('crashes under systemd, the connections in its fd store', () => {
     expectEveryRequestAnsweredOnce(s);
   }, 600_000);
 });
+
+/** The service active (started when an earlier test left it stopped), and a QEMU-like client connected to it. */
+async function activeWithClient(m: NonNullable<typeof bed.manager>): Promise<ReturnType<typeof legacyClientProcess>> {
+  if (m.show('ActiveState') !== 'active') {
+    const before = countMsg(bed.log(), 'Listening on');
+    m.systemctl('start', `${UNIT}.service`);
+    await waitFor(() => countMsg(bed.log(), 'Listening on') > before, 'the service to listen', undefined, 30_000);
+  }
+  const client = legacyClientProcess(bed.sock, { inside: (a) => m.inside(a), pauseS: 0.05, whole: true });
+  await client.ready;
+  return client;
+}
 
 /** A v2 client that registers a busy child of its own, prints `registered <pid>` and stays. */
 function REGISTER(sock: string): string {
