@@ -15,7 +15,7 @@ import { FakeHost } from '../test/support/fake-host.js';
 import { percentile } from '../test/support/legacy-latency.js';
 import { FLOODS, floodDaemonArgs, floodUnavailable, SocketGroupFlood, type FloodMode } from '../test/support/socket-group-flood.js';
 import { QEMU_REPLY_WAIT_MS } from './latency.js';
-import { startOurs } from './ours.js';
+import { startOurs, type Ours } from './ours.js';
 import { printTable } from './stats.js';
 import { HELPER_BIN } from './tools.js';
 
@@ -33,9 +33,10 @@ async function measure(mode: FloodMode, n: number): Promise<string[]> {
   fs.chmodSync(host.dir, 0o755); // readable by the dropped uid, like /sys
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-floods-'));
   fs.chmodSync(dir, 0o755); // the attacker and QEMU, other uids, reach the socket
-  const daemon = await startOurs(path.join(dir, 'h.sock'), host.cliArgs('intel'), floodDaemonArgs());
+  let daemon: Ours | undefined;
   let flood: SocketGroupFlood | undefined;
   try {
+    daemon = await startOurs(path.join(dir, 'h.sock'), host.cliArgs('intel'), floodDaemonArgs());
     flood = await SocketGroupFlood.start(daemon.socket, mode, n);
     const waits = await flood.newQemuWaits(NEW_QEMUS, REPLY_DEADLINE_MS);
     const within = waits.filter((w) => w < QEMU_REPLY_WAIT_MS).length;
@@ -50,7 +51,7 @@ async function measure(mode: FloodMode, n: number): Promise<string[]> {
     ];
   } finally {
     flood?.stop();
-    await daemon.stop();
+    await daemon?.stop();
     host.cleanup();
     fs.rmSync(dir, { recursive: true, force: true });
   }
