@@ -14,6 +14,7 @@ const all = [
   'service',
   'discovery',
   'latency',
+  'floods',
   'exporter',
   'statsfd',
   'restart',

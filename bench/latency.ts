@@ -26,7 +26,7 @@ const NOBODY = 65534;
 const MEASURE_MS = 15_000;
 const WARMUP_MS = 3_000;
 /** QEMU's vmsr thread waits this long for a reply. */
-const QEMU_REPLY_WAIT_MS = 500;
+export const QEMU_REPLY_WAIT_MS = 500;
 const STORM = { perSecond: 200, lifeMs: 500, vcpus: 2 };
 const FLOOD = { connections: 3000, bodyBytes: 32 * 1024 };
 const NEW_CONNECTION_EVERY_MS = 250;
