@@ -112,6 +112,289 @@ async function holdConnections(tools: Tools, socket: string, n: number): Promise
   return c;
 }
 
+/** What every phase needs, and what the end of the run stops and removes whatever happened. */
+interface Ctx {
+  tools: Tools;
+  host: FakeHost;
+  /** Our helper's flags for the fake host. */
+  hostArgs: string[];
+  /** Sockets and round-trip files. */
+  dir: string;
+  /** Whether the C helper runs here, and whether it needs the gdb work-around for its vendor check. */
+  withC: boolean;
+  gdb: boolean;
+  /** Helpers and clients to stop at the end, in reverse order. */
+  started: { stop(): unknown }[];
+  /** Processes to kill at the end. */
+  kids: ChildProcess[];
+}
+
+/** Exec → listening figures (ms and CPU ms) per repeat: ours, the C helper's, and `node -e 0`'s. */
+type StartTimes = Record<'ours' | 'c' | 'node', { ms: number[]; cpu: number[] }>;
+
+/** Per-repeat figures of the sampling probe, ns per thread per interval. */
+interface SamplingFigures {
+  /** The C pread+parse floor. */
+  floorNs: number[];
+  /** Ours with its gates, on idle threads. */
+  probeNs: number[];
+  /** Ours reading and parsing every line (threads that ran). */
+  everyLineNs: number[];
+}
+
+/** Per-repeat figures with 500 VMs: our daemon's CPU per interval, and both helpers' RSS. */
+interface At500Figures {
+  daemonMs: number[];
+  rss: Record<Side, number[]>;
+  anon: Record<Side, number[]>;
+}
+
+/** Per-repeat legacy load per client count (indexed as CLIENTS), and idle memory, of both helpers. */
+interface LoadFigures {
+  load: Record<Side, Load[][]>;
+  idle: Record<Side, number[]>;
+  idleAnon: Record<Side, number[]>;
+}
+
+type Figures = LoadFigures & { start: StartTimes; sampling: SamplingFigures; at500: At500Figures };
+
+/** The fake host both helpers read: two packages, with RAPL units, power limit and energy set. */
+function fakeHost(): FakeHost {
+  const host = new FakeHost({ packages: [0, 0] });
+  host.writePackageMsr(0, 0x606, 0xa0e03n);
+  host.writePackageMsr(0, 0x610, 0x8000_0078_83c0n);
+  host.writePackageMsr(0, 0x614, 0x3c0n);
+  host.writePackageMsr(0, 0x611, 0x1234_5678n);
+  return host;
+}
+
+/**
+ * Legacy load and idle memory, with fresh helpers each repeat: idle RSS once past start-up, then
+ * each client count in SLICES slices alternating between the helpers (which goes first alternates
+ * with the repeat).
+ */
+async function legacyLoadAndIdle(ctx: Ctx): Promise<LoadFigures> {
+  const { tools, dir, started } = ctx;
+  const f: LoadFigures = {
+    load: { ours: CLIENTS.map(() => []), c: CLIENTS.map(() => []) },
+    idle: { ours: [], c: [] },
+    idleAnon: { ours: [], c: [] },
+  };
+  for (let r = 0; r < REPEATS; r++) {
+    const ours = await startOurs(path.join(dir, `ours-${r}.sock`), ctx.hostArgs);
+    started.push(ours);
+    let c: Anchor | undefined;
+    if (ctx.withC) {
+      c = await startAnchor(path.join(ctx.host.dir, 'dev/cpu'), path.join(dir, `c-${r}.sock`), ctx.gdb);
+      started.push(c);
+    }
+    // Past start-up: ours gives memory back once it listens and again after discovery's first
+    // scan of /proc (at most 2 s in); load measured during that would time our start-up, not a request.
+    await sleep(3000);
+    f.idle.ours.push(rssMiB(ours.pid));
+    f.idleAnon.ours.push(rssMiB(ours.pid, 'RssAnon'));
+    if (c) {
+      f.idle.c.push(rssMiB(c.pid));
+      f.idleAnon.c.push(rssMiB(c.pid, 'RssAnon'));
+    }
+    const order: [Side, Ours | Anchor][] = [['ours', ours]];
+    if (c) order[r % 2 ? 'push' : 'unshift'](['c', c]);
+    // Unmeasured, the same for both: each client count once. Ours faults back in the code pages
+    // its start-up settling took out of its page tables (about 3000 minor faults here); measured
+    // at once, they land in the first slice of the first client count.
+    for (const n of CLIENTS)
+      for (const [, h] of order) runTool(tools['legacy-load'], [h.socket, String(n), String(WARMUP_S), '0', String(h.pid)]);
+    CLIENTS.forEach((n, i) => {
+      const parts: Record<Side, Record<string, number>[]> = { ours: [], c: [] };
+      const latFile = (side: Side) => path.join(dir, `trips-${side}-${n}-${r}`);
+      for (let s = 0; s < SLICES; s++)
+        for (const [side, h] of s % 2 ? [...order].reverse() : order) parts[side].push(slice(tools, h.socket, h.pid, n, latFile(side)));
+      for (const [side] of order) {
+        f.load[side][i]!.push(combine(parts[side], readLatencies(latFile(side))));
+      }
+    });
+    await ours.stop();
+    c?.stop();
+  }
+  return f;
+}
+
+/** Exec → listening (ours, as root: re-exec included); the C helper's exec → its vendor refusal; `node -e 0`. */
+function execToListening(ctx: Ctx): StartTimes {
+  const start: StartTimes = {
+    ours: { ms: [], cpu: [] },
+    c: { ms: [], cpu: [] },
+    node: { ms: [], cpu: [] },
+  };
+  const timed = (who: keyof StartTimes, args: string[]) => {
+    const f = runTool(ctx.tools['exec-to-listen'], args);
+    start[who].ms.push(f.ms!);
+    start[who].cpu.push(f.cpu_ms!);
+  };
+  for (let r = 0; r < REPEATS; r++) {
+    const sock = path.join(ctx.dir, `start-${r}.sock`);
+    timed('ours', [sock, '20000', process.execPath, HELPER_BIN, '-k', sock, ...ctx.hostArgs, '-q']);
+    timed('node', ['-', '20000', process.execPath, '-e', '0']);
+    if (fs.existsSync(C_HELPER)) timed('c', ['-', '20000', C_HELPER, '-V']);
+  }
+  return start;
+}
+
+/**
+ * The sampling probe over `pids` (the 500 stand-ins'): ours (sampling-probe.ts, with its gates
+ * and reading every line) against the C pread+parse floor (stat-floor), which goes first alternating.
+ */
+function samplingProbe(ctx: Ctx, pids: string[]): SamplingFigures {
+  const f: SamplingFigures = { floorNs: [], probeNs: [], everyLineNs: [] };
+  const probe = fileURLToPath(new URL('./sampling-probe.js', import.meta.url));
+  for (let r = 0; r < REPEATS; r++) {
+    const runFloor = () => f.floorNs.push(runTool(ctx.tools['stat-floor'], [SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
+    const runProbe = () => {
+      f.probeNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
+      f.everyLineNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, '--every-line', SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
+    };
+    if (r % 2) {
+      runFloor();
+      runProbe();
+    } else {
+      runProbe();
+      runFloor();
+    }
+  }
+  return f;
+}
+
+/**
+ * With 500 VMs: our daemon with the stand-ins `vms` registered (every thread a vCPU) and 500 legacy
+ * connections held, its CPU per interval and RSS in steady state; then the C helper's RSS with 500
+ * legacy connections held (it has no VMs to know of).
+ */
+async function daemonAt500Vms(ctx: Ctx, vms: ChildProcess[]): Promise<At500Figures> {
+  const { tools, started, kids } = ctx;
+  const f: At500Figures = { daemonMs: [], rss: { ours: [], c: [] }, anon: { ours: [], c: [] } };
+  const ours = await startOurs(path.join(ctx.dir, 'ours-vms.sock'), ctx.hostArgs, ['--max-vms-per-connection', String(VMS)]);
+  started.push(ours);
+  const client = await V2Client.connect(ours.socket);
+  started.push({ stop: () => client.close() });
+  for (const k of vms) {
+    const tids = fs
+      .readdirSync(`/proc/${k.pid}/task`)
+      .map(Number)
+      .filter((t) => t !== k.pid);
+    await client.register({ pid: k.pid!, vcpus: tids.map((tid, i) => ({ tid, vpkg: i % 2 })) });
+  }
+  const held = await holdConnections(tools, ours.socket, VMS);
+  kids.push(held);
+  // Steady state: the first samples open and read every thread (and the gates learn what is idle),
+  // the first seconds also hold start-up garbage and compilation, and 10 to 15 s after the
+  // registrations and connections V8's memory reducer shrinks the heap they grew (about 100 ms of
+  // CPU, once); measured from 20 s on.
+  await sleep(20_000);
+  for (let r = 0; r < REPEATS; r++) {
+    const c0 = cpuSeconds(ours.pid);
+    const w0 = performance.now();
+    await sleep(2000);
+    f.daemonMs.push(((cpuSeconds(ours.pid) - c0) * 1e3) / ((performance.now() - w0) / 1000));
+    f.rss.ours.push(rssMiB(ours.pid));
+    f.anon.ours.push(rssMiB(ours.pid, 'RssAnon'));
+  }
+  held.stdin!.end();
+  await client.close();
+  await ours.stop();
+  if (ctx.withC) {
+    const c = await startAnchor(path.join(ctx.host.dir, 'dev/cpu'), path.join(ctx.dir, 'c-vms.sock'), ctx.gdb);
+    started.push(c);
+    const heldC = await holdConnections(tools, c.socket, VMS);
+    kids.push(heldC);
+    for (let r = 0; r < REPEATS; r++) {
+      await sleep(300);
+      f.rss.c.push(rssMiB(c.pid));
+      f.anon.c.push(rssMiB(c.pid, 'RssAnon'));
+    }
+    heldC.stdin!.end();
+    c.stop();
+  }
+  return f;
+}
+
+/** The legacy-load rows: req/s, CPU per request and p99 for each client count, ours beside the C helper's. */
+function loadRows(withC: boolean, load: Record<Side, Load[][]>): string[][] {
+  const C = (xs: number[], d: number) => (withC ? spreadText(xs, d) : 'n/a');
+  const R = (o: number[], c: number[]) => (withC ? ratioText(o, c) : 'n/a');
+  const col = (side: Side, i: number, k: keyof Load) => load[side][i]!.map((x) => x[k]);
+  const rows: string[][] = [];
+  const figure = (label: string, k: keyof Load, d: number, goal: string) =>
+    CLIENTS.forEach((n, i) =>
+      rows.push([
+        `${label}, ${n} client${n > 1 ? 's' : ''}`,
+        spreadText(col('ours', i, k), d),
+        C(col('c', i, k), d),
+        R(col('ours', i, k), col('c', i, k)),
+        goal,
+      ]),
+    );
+  figure('legacy req/s', 'rps', 0, '≥ 1.0');
+  figure('legacy CPU µs/request', 'cpuPerReqUs', 2, '≤ 1.0');
+  // Each repeat's p99 is that of the round trips of its slices; like every other row, the median
+  // over the repeats, and the median of the per-repeat ratios (both helpers ran the same seconds).
+  figure('legacy p99 µs', 'p99', 0, '≤ 1.0');
+  return rows;
+}
+
+/** The rest of the table's rows: sampling, daemon CPU, memory idle and with 500 VMs, start-up. */
+function otherRows(withC: boolean, f: Figures): string[][] {
+  const C = (xs: number[]) => (withC ? spreadText(xs) : 'n/a');
+  const R = (o: number[], c: number[]) => (withC ? ratioText(o, c) : 'n/a');
+  const { floorNs, probeNs, everyLineNs } = f.sampling;
+  const { idle, idleAnon, start } = f;
+  const { rss, anon } = f.at500;
+  const cStart = (xs: number[]) => (xs.length ? spreadText(xs) : 'n/a');
+  return [
+    [
+      'sampling ns/thread/interval, idle threads (gates; C: pread+parse floor)',
+      spreadText(probeNs, 0),
+      spreadText(floorNs, 0),
+      ratioText(probeNs, floorNs),
+      '≤ 1.2',
+    ],
+    [
+      '  every line read and parsed (threads that ran)',
+      spreadText(everyLineNs, 0),
+      spreadText(floorNs, 0),
+      ratioText(everyLineNs, floorNs),
+      '',
+    ],
+    [`daemon CPU ms per 1 s interval, ${VMS} VMs × ${VCPUS} vCPUs`, spreadText(f.at500.daemonMs, 1), '—', '—', '≤ 20 ms'],
+    ['idle RSS MiB', spreadText(idle.ours), C(idle.c), R(idle.ours, idle.c), '≤ 45 MB'],
+    [
+      '  of it anonymous (RssAnon: heap, malloc; not shared file pages)',
+      spreadText(idleAnon.ours),
+      C(idleAnon.c),
+      R(idleAnon.ours, idleAnon.c),
+      '',
+    ],
+    [`RSS MiB, ${VMS} VMs (C: ${VMS} legacy connections)`, spreadText(rss.ours), C(rss.c), R(rss.ours, rss.c), '≤ 70 MB'],
+    ['  of it anonymous', spreadText(anon.ours), C(anon.c), R(anon.ours, anon.c), ''],
+    ['exec → listening ms (root, re-exec included)', spreadText(start.ours.ms), cStart(start.c.ms), '—', '≤ 200 ms'],
+    ['  its CPU ms (user + system, to exit)', spreadText(start.ours.cpu), cStart(start.c.cpu), '—', ''],
+  ];
+}
+
+/** The table, then what the load generator cost, the C start-up column's meaning and how long the suite took (since `t0`). */
+function printFigures(withC: boolean, f: Figures, t0: number): void {
+  const header = ['figure', 'ours', 'C helper', 'ours ÷ C', 'goal'];
+  console.log();
+  printTable([header, ...loadRows(withC, f.load), ...otherRows(withC, f)]);
+  const maxShare = Math.max(...(['ours', 'c'] as const).flatMap((s) => f.load[s].flat().map((x) => x.clientShare)));
+  console.log(
+    `\n  Load generator: one C process (bench/native/legacy-load.c) for both, at most ${(maxShare * 100).toFixed(0)} % of a core. ` +
+      `C start-up column: exec → its vendor refusal (-V), a lower bound of its exec → listening; node -e 0 takes ${median(f.start.node.ms).toFixed(0)} ms (${median(f.start.node.cpu).toFixed(0)} ms CPU) here.`,
+  );
+  console.log(
+    `  ${REPEATS} repeats, ${LOAD_S} s of load per helper and client count in each (${LOAD_S_ONE_CLIENT} s with one client), in ${SLICES} alternating slices; this suite took ${((Date.now() - t0) / 1000).toFixed(0)} s.`,
+  );
+}
+
 export async function run(): Promise<void> {
   console.log('\n== performance table: ours ÷ QEMU 10.0.2 C qemu-vmsr-helper (median of 5 repeats, alternating; (min–max))');
   const tools = buildTools();
@@ -121,230 +404,34 @@ export async function run(): Promise<void> {
   }
   const a = anchorProblem();
   if ('problem' in a) console.log(`  anchor unavailable: ${a.problem}; only our own figures are printed`);
-  const withC = !('problem' in a);
-  const host = new FakeHost({ packages: [0, 0] });
-  host.writePackageMsr(0, 0x606, 0xa0e03n);
-  host.writePackageMsr(0, 0x610, 0x8000_0078_83c0n);
-  host.writePackageMsr(0, 0x614, 0x3c0n);
-  host.writePackageMsr(0, 0x611, 0x1234_5678n);
-  const hostArgs = ['--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot, '--vendor', 'intel'];
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-cmp-'));
-  const started: { stop(): unknown }[] = [];
-  const kids: ChildProcess[] = [];
+  const host = fakeHost();
+  const ctx: Ctx = {
+    tools,
+    host,
+    hostArgs: ['--msr-path', host.msrPathTemplate, '--sys-root', host.sysRoot, '--vendor', 'intel'],
+    dir: fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-cmp-')),
+    withC: !('problem' in a),
+    gdb: 'gdb' in a && a.gdb,
+    started: [],
+    kids: [],
+  };
   const t0 = Date.now();
   try {
-    // ---- legacy load and idle memory, fresh helpers each repeat
-    const L: Record<Side, Load[][]> = { ours: CLIENTS.map(() => []), c: CLIENTS.map(() => []) };
-    const idle: Record<Side, number[]> = { ours: [], c: [] };
-    const idleAnon: Record<Side, number[]> = { ours: [], c: [] };
-    for (let r = 0; r < REPEATS; r++) {
-      const ours = await startOurs(path.join(dir, `ours-${r}.sock`), hostArgs);
-      started.push(ours);
-      let c: Anchor | undefined;
-      if (withC) {
-        c = await startAnchor(path.join(host.dir, 'dev/cpu'), path.join(dir, `c-${r}.sock`), a.gdb);
-        started.push(c);
-      }
-      // Past start-up: ours gives memory back once it listens and again after discovery's first
-      // scan of /proc (at most 2 s in); load measured during that would time our start-up, not a request.
-      await sleep(3000);
-      idle.ours.push(rssMiB(ours.pid));
-      idleAnon.ours.push(rssMiB(ours.pid, 'RssAnon'));
-      if (c) {
-        idle.c.push(rssMiB(c.pid));
-        idleAnon.c.push(rssMiB(c.pid, 'RssAnon'));
-      }
-      const order: [Side, Ours | Anchor][] = [['ours', ours]];
-      if (c) order[r % 2 ? 'push' : 'unshift'](['c', c]);
-      // Unmeasured, the same for both: each client count once. Ours faults back in the code pages
-      // its start-up settling took out of its page tables (about 3000 minor faults here); measured
-      // at once, they land in the first slice of the first client count.
-      for (const n of CLIENTS)
-        for (const [, h] of order) runTool(tools['legacy-load'], [h.socket, String(n), String(WARMUP_S), '0', String(h.pid)]);
-      CLIENTS.forEach((n, i) => {
-        const parts: Record<Side, Record<string, number>[]> = { ours: [], c: [] };
-        const latFile = (side: Side) => path.join(dir, `trips-${side}-${n}-${r}`);
-        for (let s = 0; s < SLICES; s++)
-          for (const [side, h] of s % 2 ? [...order].reverse() : order) parts[side].push(slice(tools, h.socket, h.pid, n, latFile(side)));
-        for (const [side] of order) {
-          L[side][i]!.push(combine(parts[side], readLatencies(latFile(side))));
-        }
-      });
-      await ours.stop();
-      c?.stop();
-    }
-
-    // ---- exec -> listening (ours, as root: re-exec included); the C helper's exec -> its vendor refusal
-    const start: Record<'ours' | 'c' | 'node', { ms: number[]; cpu: number[] }> = {
-      ours: { ms: [], cpu: [] },
-      c: { ms: [], cpu: [] },
-      node: { ms: [], cpu: [] },
-    };
-    const timed = (who: keyof typeof start, args: string[]) => {
-      const f = runTool(tools['exec-to-listen'], args);
-      start[who].ms.push(f.ms!);
-      start[who].cpu.push(f.cpu_ms!);
-    };
-    for (let r = 0; r < REPEATS; r++) {
-      const sock = path.join(dir, `start-${r}.sock`);
-      timed('ours', [sock, '20000', process.execPath, HELPER_BIN, '-k', sock, ...hostArgs, '-q']);
-      timed('node', ['-', '20000', process.execPath, '-e', '0']);
-      if (fs.existsSync(C_HELPER)) timed('c', ['-', '20000', C_HELPER, '-V']);
-    }
-
-    // ---- 500 VMs x 8 vCPU threads
-    kids.push(...(await standIns(tools, VMS, VCPUS)));
-    const pids = kids.map((k) => String(k.pid!));
-    const floorNs: number[] = [];
-    const probeNs: number[] = [];
-    const everyLineNs: number[] = [];
-    const probe = fileURLToPath(new URL('./sampling-probe.js', import.meta.url));
-    for (let r = 0; r < REPEATS; r++) {
-      const runFloor = () => floorNs.push(runTool(tools['stat-floor'], [SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
-      const runProbe = () => {
-        probeNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
-        everyLineNs.push(runTool(process.execPath, [...DAEMON_NODE_FLAGS, probe, '--every-line', SAMPLING_ROUNDS, ...pids]).ns_per_thread!);
-      };
-      if (r % 2) {
-        runFloor();
-        runProbe();
-      } else {
-        runProbe();
-        runFloor();
-      }
-    }
-
-    const ours = await startOurs(path.join(dir, 'ours-vms.sock'), hostArgs, ['--max-vms-per-connection', String(VMS)]);
-    started.push(ours);
-    const client = await V2Client.connect(ours.socket);
-    started.push({ stop: () => client.close() });
-    for (const k of kids) {
-      const tids = fs
-        .readdirSync(`/proc/${k.pid}/task`)
-        .map(Number)
-        .filter((t) => t !== k.pid);
-      await client.register({ pid: k.pid!, vcpus: tids.map((tid, i) => ({ tid, vpkg: i % 2 })) });
-    }
-    const held = await holdConnections(tools, ours.socket, VMS);
-    kids.push(held);
-    // Steady state: the first samples open and read every thread (and the gates learn what is idle),
-    // the first seconds also hold start-up garbage and compilation, and 10 to 15 s after the
-    // registrations and connections V8's memory reducer shrinks the heap they grew (about 100 ms of
-    // CPU, once); measured from 20 s on.
-    await sleep(20_000);
-    const daemonMs: number[] = [];
-    const rss500: Record<Side, number[]> = { ours: [], c: [] };
-    const anon500: Record<Side, number[]> = { ours: [], c: [] };
-    for (let r = 0; r < REPEATS; r++) {
-      const c0 = cpuSeconds(ours.pid);
-      const w0 = performance.now();
-      await sleep(2000);
-      daemonMs.push(((cpuSeconds(ours.pid) - c0) * 1e3) / ((performance.now() - w0) / 1000));
-      rss500.ours.push(rssMiB(ours.pid));
-      anon500.ours.push(rssMiB(ours.pid, 'RssAnon'));
-    }
-    held.stdin!.end();
-    await client.close();
-    await ours.stop();
-    if (withC) {
-      const c = await startAnchor(path.join(host.dir, 'dev/cpu'), path.join(dir, 'c-vms.sock'), a.gdb);
-      started.push(c);
-      const heldC = await holdConnections(tools, c.socket, VMS);
-      kids.push(heldC);
-      for (let r = 0; r < REPEATS; r++) {
-        await sleep(300);
-        rss500.c.push(rssMiB(c.pid));
-        anon500.c.push(rssMiB(c.pid, 'RssAnon'));
-      }
-      heldC.stdin!.end();
-      c.stop();
-    }
-
-    // ---- the table
-    const C = (xs: number[], d = 1) => (withC ? spreadText(xs, d) : 'n/a');
-    const R = (o: number[], c: number[]) => (withC ? ratioText(o, c) : 'n/a');
-    const col = (side: Side, i: number, k: keyof Load) => L[side][i]!.map((x) => x[k]);
-    const rows: string[][] = [['figure', 'ours', 'C helper', 'ours ÷ C', 'goal']];
-    CLIENTS.forEach((n, i) =>
-      rows.push([
-        `legacy req/s, ${n} client${n > 1 ? 's' : ''}`,
-        spreadText(col('ours', i, 'rps'), 0),
-        C(col('c', i, 'rps'), 0),
-        R(col('ours', i, 'rps'), col('c', i, 'rps')),
-        '≥ 1.0',
-      ]),
-    );
-    CLIENTS.forEach((n, i) =>
-      rows.push([
-        `legacy CPU µs/request, ${n} client${n > 1 ? 's' : ''}`,
-        spreadText(col('ours', i, 'cpuPerReqUs'), 2),
-        C(col('c', i, 'cpuPerReqUs'), 2),
-        R(col('ours', i, 'cpuPerReqUs'), col('c', i, 'cpuPerReqUs')),
-        '≤ 1.0',
-      ]),
-    );
-    // Each repeat's p99 is that of the round trips of its slices; like every other row, the median
-    // over the repeats, and the median of the per-repeat ratios (both helpers ran the same seconds).
-    CLIENTS.forEach((n, i) =>
-      rows.push([
-        `legacy p99 µs, ${n} client${n > 1 ? 's' : ''}`,
-        spreadText(col('ours', i, 'p99'), 0),
-        C(col('c', i, 'p99'), 0),
-        R(col('ours', i, 'p99'), col('c', i, 'p99')),
-        '≤ 1.0',
-      ]),
-    );
-    rows.push([
-      'sampling ns/thread/interval, idle threads (gates; C: pread+parse floor)',
-      spreadText(probeNs, 0),
-      spreadText(floorNs, 0),
-      ratioText(probeNs, floorNs),
-      '≤ 1.2',
-    ]);
-    rows.push([
-      '  every line read and parsed (threads that ran)',
-      spreadText(everyLineNs, 0),
-      spreadText(floorNs, 0),
-      ratioText(everyLineNs, floorNs),
-      '',
-    ]);
-    rows.push([`daemon CPU ms per 1 s interval, ${VMS} VMs × ${VCPUS} vCPUs`, spreadText(daemonMs, 1), '—', '—', '≤ 20 ms']);
-    rows.push(['idle RSS MiB', spreadText(idle.ours), C(idle.c), R(idle.ours, idle.c), '≤ 45 MB']);
-    rows.push([
-      '  of it anonymous (RssAnon: heap, malloc; not shared file pages)',
-      spreadText(idleAnon.ours),
-      C(idleAnon.c),
-      R(idleAnon.ours, idleAnon.c),
-      '',
-    ]);
-    rows.push([
-      `RSS MiB, ${VMS} VMs (C: ${VMS} legacy connections)`,
-      spreadText(rss500.ours),
-      C(rss500.c),
-      R(rss500.ours, rss500.c),
-      '≤ 70 MB',
-    ]);
-    rows.push(['  of it anonymous', spreadText(anon500.ours), C(anon500.c), R(anon500.ours, anon500.c), '']);
-    const cStart = (xs: number[]) => (xs.length ? spreadText(xs) : 'n/a');
-    rows.push(['exec → listening ms (root, re-exec included)', spreadText(start.ours.ms), cStart(start.c.ms), '—', '≤ 200 ms']);
-    rows.push(['  its CPU ms (user + system, to exit)', spreadText(start.ours.cpu), cStart(start.c.cpu), '—', '']);
-    console.log();
-    printTable(rows);
-    const maxShare = Math.max(...(['ours', 'c'] as const).flatMap((s) => L[s].flat().map((x) => x.clientShare)));
-    console.log(
-      `\n  Load generator: one C process (bench/native/legacy-load.c) for both, at most ${(maxShare * 100).toFixed(0)} % of a core. ` +
-        `C start-up column: exec → its vendor refusal (-V), a lower bound of its exec → listening; node -e 0 takes ${median(start.node.ms).toFixed(0)} ms (${median(start.node.cpu).toFixed(0)} ms CPU) here.`,
-    );
-    console.log(
-      `  ${REPEATS} repeats, ${LOAD_S} s of load per helper and client count in each (${LOAD_S_ONE_CLIENT} s with one client), in ${SLICES} alternating slices; this suite took ${((Date.now() - t0) / 1000).toFixed(0)} s.`,
-    );
+    const loadAndIdle = await legacyLoadAndIdle(ctx);
+    const start = execToListening(ctx);
+    const vms = await standIns(tools, VMS, VCPUS);
+    ctx.kids.push(...vms);
+    const pids = vms.map((k) => String(k.pid!));
+    const sampling = samplingProbe(ctx, pids);
+    const at500 = await daemonAt500Vms(ctx, vms);
+    printFigures(ctx.withC, { ...loadAndIdle, start, sampling, at500 }, t0);
   } catch (e) {
     console.log(`  could not finish: ${(e as Error).message}`);
   } finally {
-    for (const s of started.reverse()) await Promise.resolve(s.stop()).catch(() => {});
-    for (const k of kids) k.kill('SIGKILL');
+    for (const s of ctx.started.reverse()) await Promise.resolve(s.stop()).catch(() => {});
+    for (const k of ctx.kids) k.kill('SIGKILL');
     host.cleanup();
-    fs.rmSync(dir, { recursive: true, force: true });
+    fs.rmSync(ctx.dir, { recursive: true, force: true });
     fs.rmSync(tools.dir, { recursive: true, force: true });
   }
 }

@@ -7,7 +7,7 @@
  * of the installed binary runs first, while serving) and to the v2 service set up (the new image's
  * `Listening on` line), and the phases from the daemon's own `restart phases` line. Never fails on timing.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -93,6 +93,78 @@ export function logTime(stderr: string, msg: string, since: number): number {
   return NaN;
 }
 
+/** The daemon under test and its log. */
+interface Daemon {
+  proc: ChildProcess;
+  sock: string;
+  /** Its stderr (pino's JSON lines) so far. */
+  stderr(): string;
+}
+
+/** Waits until the daemon listens and its v2 list holds every one of `pids` as a VM of its own (60 s at most). */
+async function untilDiscovered(d: Daemon, pids: Set<number>): Promise<void> {
+  const end = Date.now() + 60_000;
+  while (!d.stderr().includes('"msg":"Listening on')) {
+    if (Date.now() > end || d.proc.exitCode !== null) throw new Error(`the daemon did not listen: ${d.stderr().slice(-2000)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const c = await V2Client.connect(d.sock);
+  for (;;) {
+    const found = (await c.list()).filter((v) => pids.has(v.pid) && !v.wholeVmOnly).length;
+    if (found === VMS) break;
+    if (Date.now() > end) throw new Error(`only ${found} of ${VMS} fake VMs discovered in 60 s`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  await c.close();
+}
+
+/**
+ * Restart number `n` (from 1) under the loops' load: SIGHUP, wait until the new image serves and 2 s
+ * more, then print its figures and phases. Returns its stopped-to-serving time and longest wait (ms).
+ */
+async function restartOnce(d: Daemon, loops: LegacyLoop[], n: number): Promise<{ stoppedMs: number; longest: number }> {
+  for (const l of loops) l.reset();
+  const t0 = Date.now();
+  const signalled = performance.now();
+  d.proc.kill('SIGHUP');
+  while (Number.isNaN(logTime(d.stderr(), 'Listening on', t0))) {
+    if (Date.now() - t0 > 30_000 || d.proc.exitCode !== null)
+      throw new Error(`restart ${n} did not serve again: ${d.stderr().slice(-2000)}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  await new Promise((r) => setTimeout(r, 2000));
+  const stderr = d.stderr();
+  const ready = logTime(stderr, 'Listening on', t0) - t0;
+  const worst = loops.reduce((a, b) => (b.maxWaitMs > a.maxWaitMs ? b : a));
+  const longest = worst.maxWaitMs;
+  const worstFrom = worst.maxWaitFrom - signalled;
+  const line = stderr.split('\n').findLast((l) => l.includes('"msg":"restart phases"'));
+  const rec = line ? (JSON.parse(line) as Record<string, unknown>) : {};
+  const checkMs = Number(rec.checkMs);
+  const stoppedMs = Number(rec.stoppedToServingMs);
+  const phases = Object.entries(rec)
+    .filter(([k]) => k.endsWith('Ms'))
+    .map(([k, v]) => `${k.slice(0, -2)} ${String(v)}`)
+    .join(', ');
+  console.log(
+    `  restart ${n}: stopped to serving QEMU ${stoppedMs.toFixed(0)} ms (${goal(stoppedMs)}); ` +
+      `longest request wait ${longest.toFixed(0)} ms, sent ${worstFrom.toFixed(0)} ms after the signal (${goal(longest)}); ` +
+      `signal to serving QEMU ${(checkMs + stoppedMs).toFixed(0)} ms (check ${checkMs.toFixed(0)} ms, while serving), to the v2 service set up ${ready} ms` +
+      (phases ? `\n    phases (ms): ${phases}` : ''),
+  );
+  return { stoppedMs, longest };
+}
+
+/** The range over the restarts of both times, and the replies and lost connections of the whole run. */
+function printSummary(stopped: number[], waits: number[], loops: LegacyLoop[]): void {
+  const range = (xs: number[]) => `${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)} ms`;
+  console.log(`  over ${RESTARTS} restarts: stopped to serving QEMU ${range(stopped)}, longest request wait ${range(waits)}`);
+  const errors = loops.filter((l) => l.error !== null);
+  console.log(
+    `  ${loops.reduce((n, l) => n + l.answered, 0)} replies; ${errors.length} of ${LEGACY_CLIENTS} connections lost${errors[0] ? ` (${errors[0].error})` : ''}`,
+  );
+}
+
 export async function run(): Promise<void> {
   console.log(`\n== restart (SIGHUP under load: ${LEGACY_CLIENTS} legacy clients, ${VMS} discovered VMs of ${VCPUS} vCPUs)`);
   if (process.getuid?.() !== 0) return console.log('  skipped: needs root (the daemon is started as it is in production)');
@@ -107,64 +179,20 @@ export async function run(): Promise<void> {
   });
   let stderr = '';
   daemon.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const d: Daemon = { proc: daemon, sock, stderr: () => stderr };
   const loops: LegacyLoop[] = [];
   try {
-    const pids = new Set(await farm.ready());
-    const end = Date.now() + 60_000;
-    while (!stderr.includes('"msg":"Listening on')) {
-      if (Date.now() > end || daemon.exitCode !== null) throw new Error(`the daemon did not listen: ${stderr.slice(-2000)}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
-    const c = await V2Client.connect(sock);
-    for (;;) {
-      const found = (await c.list()).filter((v) => pids.has(v.pid) && !v.wholeVmOnly).length;
-      if (found === VMS) break;
-      if (Date.now() > end) throw new Error(`only ${found} of ${VMS} fake VMs discovered in 60 s`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
-    await c.close();
+    await untilDiscovered(d, new Set(await farm.ready()));
     for (let i = 0; i < LEGACY_CLIENTS; i++) loops.push(new LegacyLoop(sock));
     await new Promise((r) => setTimeout(r, 2000));
     const stopped: number[] = [];
     const waits: number[] = [];
     for (let i = 0; i < RESTARTS; i++) {
-      for (const l of loops) l.reset();
-      const t0 = Date.now();
-      const signalled = performance.now();
-      daemon.kill('SIGHUP');
-      while (Number.isNaN(logTime(stderr, 'Listening on', t0))) {
-        if (Date.now() - t0 > 30_000 || daemon.exitCode !== null)
-          throw new Error(`restart ${i + 1} did not serve again: ${stderr.slice(-2000)}`);
-        await new Promise((r) => setTimeout(r, 10));
-      }
-      await new Promise((r) => setTimeout(r, 2000));
-      const ready = logTime(stderr, 'Listening on', t0) - t0;
-      const worst = loops.reduce((a, b) => (b.maxWaitMs > a.maxWaitMs ? b : a));
-      const longest = worst.maxWaitMs;
-      const worstFrom = worst.maxWaitFrom - signalled;
-      const line = stderr.split('\n').findLast((l) => l.includes('"msg":"restart phases"'));
-      const rec = line ? (JSON.parse(line) as Record<string, unknown>) : {};
-      const checkMs = Number(rec.checkMs);
-      const stoppedMs = Number(rec.stoppedToServingMs);
+      const { stoppedMs, longest } = await restartOnce(d, loops, i + 1);
       stopped.push(stoppedMs);
       waits.push(longest);
-      const phases = Object.entries(rec)
-        .filter(([k]) => k.endsWith('Ms'))
-        .map(([k, v]) => `${k.slice(0, -2)} ${String(v)}`)
-        .join(', ');
-      console.log(
-        `  restart ${i + 1}: stopped to serving QEMU ${stoppedMs.toFixed(0)} ms (${goal(stoppedMs)}); ` +
-          `longest request wait ${longest.toFixed(0)} ms, sent ${worstFrom.toFixed(0)} ms after the signal (${goal(longest)}); ` +
-          `signal to serving QEMU ${(checkMs + stoppedMs).toFixed(0)} ms (check ${checkMs.toFixed(0)} ms, while serving), to the v2 service set up ${ready} ms` +
-          (phases ? `\n    phases (ms): ${phases}` : ''),
-      );
     }
-    const range = (xs: number[]) => `${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)} ms`;
-    console.log(`  over ${RESTARTS} restarts: stopped to serving QEMU ${range(stopped)}, longest request wait ${range(waits)}`);
-    const errors = loops.filter((l) => l.error !== null);
-    console.log(
-      `  ${loops.reduce((n, l) => n + l.answered, 0)} replies; ${errors.length} of ${LEGACY_CLIENTS} connections lost${errors[0] ? ` (${errors[0].error})` : ''}`,
-    );
+    printSummary(stopped, waits, loops);
   } finally {
     for (const l of loops) l.stop();
     daemon.kill('SIGTERM');
