@@ -28,7 +28,7 @@ import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snaps
 export type HeldFds = (pid: number, tid: number) => { stat: number; schedstat: number } | undefined;
 
 /** A window's start read: the threads, and per thread the run time read just before its line (null: not known, or R). */
-export interface StartRead {
+interface StartRead {
   threads: ThreadSnapshot;
   runTimes: Map<number, string | null>;
 }
