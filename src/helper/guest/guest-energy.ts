@@ -17,6 +17,9 @@ import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-ene
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
 import { ThreadReads, type HeldFds } from './thread-reads.js';
+
+/** What ThreadReads reads at a window's start (its readStart's result). */
+type StartRead = NonNullable<ReturnType<ThreadReads['readStart']>>;
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 
@@ -61,6 +64,8 @@ interface Peer {
   resyncNs?: bigint;
   /** The run time of each thread read just before its start line (ThreadReads.readStart), for the end read. */
   runTimes?: Map<number, string | null>;
+  /** A window's vCPU threads, read before its start reply (the rest are read after it). */
+  early?: StartRead;
 }
 
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
@@ -113,15 +118,18 @@ export class GuestEnergy implements EnergyStatusHook {
 
   /**
    * After the replies of a chunk left: the start reads of the windows they began. QEMU read its
-   * threads just before asking and the start value does not depend on them, so they are read right
-   * after the reply, in the same turn of the event loop (a read one turn later saw a tick QEMU had
-   * not in about 1 window in 10), off the request's latency. Also run before the next request.
+   * threads just before asking and the start value does not depend on them, so the threads that
+   * move (the vCPUs) were read before the reply and the others (idle mostly: a later read sees the
+   * same ticks) are read right after it, in the same turn of the event loop, off the request's
+   * latency (the vCPUs read after it, even in the same turn, could be read after QEMU's vmsr thread
+   * and whatever else ran once the reply woke it). Also run before the next request.
    */
   afterReplies(): void {
     for (const peer of this.starting.splice(0)) {
       const c = peer.counter;
       if (c === undefined || c.start !== null) continue;
-      const read = this.reads.readStart(c.pid);
+      const read = this.reads.readStart(c.pid, peer.early);
+      delete peer.early;
       c.start = read?.threads ?? null;
       peer.runTimes = read?.runTimes;
     }
@@ -245,10 +253,12 @@ export class GuestEnergy implements EnergyStatusHook {
     return value;
   }
 
-  /** A window began: its threads are read once the reply has left (afterReplies). */
+  /** A window began: its vCPU threads are read now, the others once the reply has left (afterReplies). */
   private afterStart(peer: Peer, value: number): number {
-    peer.counter!.start = null;
+    const c = peer.counter!;
+    c.start = null;
     delete peer.runTimes;
+    peer.early = this.reads.readEarly(c.pid, this.o.find(c.pid)?.vcpus.keys() ?? []);
     this.starting.push(peer);
     return value;
   }

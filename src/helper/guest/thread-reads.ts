@@ -5,7 +5,8 @@
  * absent; a process with more than `maxThreads` threads gives null (exact mode then answers raw).
  *
  * - At a window's start (`readStart`): /proc/<pid>/task listed, as QEMU lists it, and every thread
- *   read; with each line, the thread's run time (schedstat field 1) read just before it.
+ *   read; with each line, the thread's run time (schedstat field 1) read just before it. Threads
+ *   read earlier (`readEarly`: the vCPUs, before the reply) keep that read.
  * - At its end (`readEnd`): only the threads listed at the start (QEMU reads no other), each
  *   through the fds the sampler keeps open (one pread, no open/close; ProcTaskReader.heldFds). A
  *   thread whose run time has not moved since its start line was printed has that line's ticks
@@ -49,8 +50,18 @@ export class ThreadReads {
     private readonly held: HeldFds = () => undefined,
   ) {}
 
-  /** Every thread of `pid` (but its main one), as QEMU reads them at a window's start; null: no such process, or too many threads. */
-  readStart(pid: number): StartRead | null {
+  /** The threads `tids` of `pid` now (those gone or unreadable left out), for readStart to keep. */
+  readEarly(pid: number, tids: Iterable<number>): StartRead {
+    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    for (const tid of tids) if (tid !== pid) this.readInto(out, pid, tid);
+    return out;
+  }
+
+  /**
+   * Every thread of `pid` (but its main one), as QEMU reads them at a window's start, those of
+   * `early` as read then; null: no such process, or too many threads.
+   */
+  readStart(pid: number, early?: StartRead): StartRead | null {
     let tids: string[];
     try {
       tids = fs.readdirSync(`${this.procRoot}/${pid}/task`);
@@ -58,19 +69,28 @@ export class ThreadReads {
       return null;
     }
     if (tids.length > this.maxThreads) return null;
-    const threads = new Map<number, ThreadRead>();
-    const runTimes = new Map<number, string | null>();
+    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
     for (const name of tids) {
       const tid = Number(name);
       if (!Number.isSafeInteger(tid) || tid === pid) continue;
-      const fds = this.held(pid, tid);
-      const runTime = fds !== undefined ? this.runTime(fds.schedstat) : null;
-      const read = this.readThread(pid, tid, fds?.stat ?? -1);
-      if (read === null) continue;
-      threads.set(tid, read.thread);
-      runTimes.set(tid, read.running ? null : runTime);
+      const before = early?.threads.get(tid);
+      if (before === undefined) this.readInto(out, pid, tid);
+      else {
+        out.threads.set(tid, before);
+        out.runTimes.set(tid, early!.runTimes.get(tid) ?? null);
+      }
     }
-    return { threads, runTimes };
+    return out;
+  }
+
+  /** One thread's line and the run time read just before it, into `out` (nothing when it is gone). */
+  private readInto(out: { threads: Map<number, ThreadRead>; runTimes: Map<number, string | null> }, pid: number, tid: number): void {
+    const fds = this.held(pid, tid);
+    const runTime = fds !== undefined ? this.runTime(fds.schedstat) : null;
+    const read = this.readThread(pid, tid, fds?.stat ?? -1);
+    if (read === null) return;
+    out.threads.set(tid, read.thread);
+    out.runTimes.set(tid, read.running ? null : runTime);
   }
 
   /** The threads of a window's start read, as QEMU reads them at its end (absent: exited). */

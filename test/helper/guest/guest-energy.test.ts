@@ -2,6 +2,7 @@
  * GuestEnergy (helper/guest/guest-energy.ts) on a real process as the VM: when a window's threads
  * are read against its requests (the start read after the reply, the end read before it).
  */
+import os from 'node:os';
 import pino from 'pino';
 import { afterEach, describe, expect, test } from 'vitest';
 import { GuestEnergy } from '../../../src/helper/guest/guest-energy.js';
@@ -31,7 +32,13 @@ async function setup() {
   let exactJ = 0;
   const guest = new GuestEnergy({
     procRoot: '/proc',
-    host: { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, pkg: 0 }], packages: [{ pkg: 0, powerUnit: 0xa0e03n }] },
+    // Every CPU of this machine in package 0, so that the threads' CPUs all map to it.
+    host: {
+      vendor: 'intel',
+      clkTck: 100,
+      cpus: os.cpus().map((_c, cpu) => ({ cpu, pkg: 0 })),
+      packages: [{ pkg: 0, powerUnit: 0xa0e03n }],
+    },
     unitJ: 2 ** -14,
     find: (pid) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined),
     log: pino({ level: 'silent' }),

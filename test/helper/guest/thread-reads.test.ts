@@ -102,6 +102,24 @@ describe('ThreadReads', () => {
     expect(end.has(b!)).toBe(false);
   });
 
+  test('readStart keeps what readEarly read of a thread that ran in between, and reads the others', async () => {
+    const p = await proc();
+    await p.cmd('start 2');
+    const before = p.tids();
+    await p.cmd('burner');
+    const burner = p.tids().find((t) => !before.includes(t))!;
+    const tasks = sampler(p.pid);
+    const reads = new ThreadReads('/proc', PKG_OF_CPU, 64, (pid, tid) => tasks.heldFds(pid, tid));
+    const early = reads.readEarly(p.pid, [burner, p.pid]);
+    expect([...early.threads.keys()]).toEqual([burner]); // the main thread is never read
+    await p.cmd('burn');
+    const start = reads.readStart(p.pid, early)!;
+    expect(start.threads.get(burner)).toBe(early.threads.get(burner));
+    expect(start.threads.size).toBe(p.tids().length - 1);
+    const fresh = new ThreadReads('/proc', PKG_OF_CPU, 64).readStart(p.pid)!.threads;
+    expect(fresh.get(burner)!.ticks).toBeGreaterThan(start.threads.get(burner)!.ticks);
+  });
+
   test('readStart gives null when the process has more threads than allowed or is gone', async () => {
     const p = await proc();
     await p.cmd('start 4');
