@@ -17,11 +17,11 @@ import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-ene
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
 import { ThreadReads, type HeldFds } from './thread-reads.js';
+import type { GuestEnergyMode } from '../../guest-energy/modes.js';
+import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 
 /** What ThreadReads reads at a window's start (its readStart's result). */
 type StartRead = NonNullable<ReturnType<ThreadReads['readStart']>>;
-import type { GuestEnergyMode } from '../../guest-energy/modes.js';
-import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 
 /** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
 const MAX_GUEST_PEERS = 4096;
