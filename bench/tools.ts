@@ -15,7 +15,7 @@ export const BENCH_SRC = path.resolve(path.dirname(fileURLToPath(import.meta.url
 /** The helper's entry point as built by npm run build. */
 export const HELPER_BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../src/bin/vmsr-helper.js');
 
-export const TOOLS = ['legacy-load', 'stat-floor', 'idle-threads', 'exec-to-listen'] as const;
+export const TOOLS = ['legacy-load', 'stat-floor', 'idle-threads', 'exec-to-listen', 'vmsr-thread'] as const;
 export type Tools = Record<(typeof TOOLS)[number], string> & { dir: string };
 
 /** Builds every tool, or says why it cannot (no compiler, a compile error). */

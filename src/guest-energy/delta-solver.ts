@@ -5,7 +5,7 @@
  * share is taken at the price of the package it sat on), and grows with it: a binary search over
  * e_delta on a copy of QEMU's state finds the largest that does not pass the target.
  */
-import { copyLoopState, deltaTicks, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+import { deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 
 /** A window's threads on package p, and QEMU's state before it. */
 interface PackageProblem {
@@ -19,11 +19,38 @@ interface PackageProblem {
 
 /** What QEMU would credit in total (every virtual package) from package p given e_delta = e. */
 export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
-  const s = copyLoopState(pr.state);
-  const credits = runIteration(s, { threads: pr.threads, eDelta: new Map([[pr.pkg, e]]), maxTicks: new Map([[pr.pkg, pr.maxTicks]]) });
-  let sum = 0n;
-  for (const c of credits) sum += c;
-  return sum;
+  return creditOf(pr)(e);
+}
+
+const U64 = (1n << 64n) - 1n;
+
+/**
+ * creditedFrom for one problem as a function of e, with what does not depend on e worked out once:
+ * runIteration's arithmetic for package p's threads alone (the credit from p depends on nothing
+ * else), on no copy of the state. The search calls it a dozen times per package and window, in the
+ * reply to QEMU's end request.
+ */
+function creditOf(pr: PackageProblem): (e: bigint) => bigint {
+  const others: bigint[] = [];
+  const vcpus: bigint[] = [];
+  let nb = pr.state.nbVcpu.get(pr.pkg) ?? 0;
+  const nvpkg = pr.state.vpkgCounter.length;
+  for (const t of pr.threads) if (t.vpkg !== undefined) nb = (nb + 1) >>> 0;
+  for (const t of pr.threads) {
+    const d = deltaTicks(t);
+    if (d === 0n) continue;
+    if (t.vpkg === undefined) others.push(d);
+    else if (t.vpkg < nvpkg) vcpus.push(d);
+  }
+  const carried = pr.state.eRatio.get(pr.pkg) ?? 0n;
+  return (e) => {
+    let ratio = carried;
+    for (const d of others) ratio = (ratio + ratioUnits(e, d, pr.maxTicks)) & U64;
+    if (nb > 0) ratio /= BigInt(nb);
+    let sum = 0n;
+    for (const d of vcpus) sum += ratioUnits(e, d, pr.maxTicks) + ratio;
+    return sum;
+  };
 }
 
 /**
@@ -43,19 +70,20 @@ export function solveDelta(pr: PackageProblem): bigint {
   if (vcpuTicks === 0n) return 0n;
   // QEMU's credit is e x (vCPU ticks) / maxticks plus what does not grow with e, each vCPU rounding
   // by at most 1/2: the answer is within a few units' worth of the linear estimate. Bracket it there.
-  const base = creditedFrom(pr, 0n);
+  const creditedFrom = creditOf(pr);
+  const base = creditedFrom(0n);
   if (base > pr.target) return 0n;
   const guess = ((pr.target - base) * BigInt(pr.maxTicks)) / vcpuTicks;
   // (QEMU's share of the non-vCPU threads also grows with e, so the estimate may be high: gallop.)
   let step = (BigInt(pr.threads.length + 1) * BigInt(pr.maxTicks)) / vcpuTicks + 1n;
   let lo = guess > step ? guess - step : 0n;
-  for (let s = step; lo > 0n && creditedFrom(pr, lo) > pr.target; s *= 2n) lo = lo > s ? lo - s : 0n;
+  for (let s = step; lo > 0n && creditedFrom(lo) > pr.target; s *= 2n) lo = lo > s ? lo - s : 0n;
   let hi = guess + step;
-  for (; creditedFrom(pr, hi) <= pr.target; step *= 2n) hi += step;
+  for (; creditedFrom(hi) <= pr.target; step *= 2n) hi += step;
   // Invariant: credit(lo) <= target < credit(hi).
   while (hi - lo > 1n) {
     const mid = (lo + hi) / 2n;
-    if (creditedFrom(pr, mid) <= pr.target) lo = mid;
+    if (creditedFrom(mid) <= pr.target) lo = mid;
     else hi = mid;
   }
   return lo;

@@ -149,7 +149,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-    ...(o.guestEnergy ? { guestEnergy: o.guestEnergy } : {}),
+    ...(o.guestEnergy ? { guestEnergy: { ...o.guestEnergy, heldFds: (pid: number, tid: number) => tasks.heldFds(pid, tid) } } : {}),
   });
   return {
     host,
@@ -297,7 +297,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
 function answerGuestEnergy(service: V2Service, start: V2Start): void {
   const guest = service.guestEnergy;
   if (guest === undefined) return;
-  const held = start.answerEnergyStatus((pid, cpu) => guest.answer(pid, cpu));
+  const held = start.answerEnergyStatus(guest);
   guest.restore(start.restored?.guest ?? [], held);
 }
 

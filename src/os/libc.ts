@@ -139,6 +139,15 @@ export function processCpuTimeNs(pid: number): bigint {
   return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
 }
 
+/** CLOCK_THREAD_CPUTIME_ID: the calling thread's run time. */
+const CLOCK_THREAD_CPUTIME_ID = 3;
+
+/** CPU time of the calling thread, in ns (what it ran, not what it waited: for measures on a busy host). */
+export function threadCpuTimeNs(): bigint {
+  if (fn.clock_gettime(CLOCK_THREAD_CPUTIME_ID, timespec) !== 0) throw errnoError('clock_gettime(CLOCK_THREAD_CPUTIME_ID)');
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+}
+
 export interface PeerCredentials {
   pid: number;
   uid: number;

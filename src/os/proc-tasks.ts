@@ -331,6 +331,16 @@ export class ProcTaskReader {
     return null; // not reached
   }
 
+  /**
+   * The stat and schedstat fds (-1: none) it keeps open for a thread, for someone else's pread now
+   * (the guest energy's window reads, helper/guest/thread-reads.ts); undefined when it keeps none.
+   * Valid only in this turn of the event loop: a later read may close them and the numbers be reused.
+   */
+  heldFds(pid: number, tid: number): { stat: number; schedstat: number } | undefined {
+    const t = this.pids.get(pid)?.threads.get(tid);
+    return t === undefined ? undefined : { stat: t.fd, schedstat: t.sfd };
+  }
+
   /** Closes the fds of `pid`; the next read starts afresh. */
   forget(pid: number): void {
     const st = this.pids.get(pid);

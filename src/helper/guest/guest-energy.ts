@@ -16,8 +16,12 @@ import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../gue
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
-import { readThreads } from './thread-reads.js';
+import { ThreadReads, type HeldFds } from './thread-reads.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
+import type { EnergyStatusHook } from '../legacy/legacy-service.js';
+
+/** What ThreadReads reads at a window's start (its readStart's result). */
+type StartRead = NonNullable<ReturnType<ThreadReads['readStart']>>;
 
 /** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
 const MAX_GUEST_PEERS = 4096;
@@ -40,6 +44,8 @@ interface GuestEnergyOptions {
   log: Logger;
   clock: () => bigint;
   maxThreads: number;
+  /** The stat fds the sampler keeps open (ProcTaskReader.heldFds); default: none, every stat opened by path. */
+  heldFds?: HeldFds;
   /** QEMU's version of a process ("10.0.2"), or null; default: read from its executable. */
   versionOf?: (pid: number) => Promise<string | null>;
 }
@@ -56,6 +62,10 @@ interface Peer {
    * request comes soon after the last, which can only be a window's start; then as usual. The time of the last.
    */
   resyncNs?: bigint;
+  /** The run time of each thread read just before its start line (ThreadReads.readStart), for the end read. */
+  runTimes?: Map<number, string | null>;
+  /** A window's vCPU threads, read before its start reply (the rest are read after it). */
+  early?: StartRead;
 }
 
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
@@ -68,19 +78,24 @@ interface GuestEnergyView {
   windows: number;
 }
 
-export class GuestEnergy {
+export class GuestEnergy implements EnergyStatusHook {
   private readonly peers = new Map<number, Peer>();
   private readonly pkgOfCpu: Map<number, number>;
   private readonly maxTicks: Map<number, number>;
+  private readonly reads: ThreadReads;
+  /** Windows begun whose start read waits for the reply to leave (afterReplies). */
+  private readonly starting: Peer[] = [];
 
   constructor(private readonly o: GuestEnergyOptions) {
     this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
     this.maxTicks = new Map();
     for (const c of o.host.cpus) this.maxTicks.set(c.pkg, (this.maxTicks.get(c.pkg) ?? 0) + o.host.clkTck);
+    this.reads = new ThreadReads(o.procRoot, this.pkgOfCpu, o.maxThreads, o.heldFds);
   }
 
   /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */
   answer(peerPid: number, cpu: number): bigint | undefined {
+    if (this.starting.length > 0) this.afterReplies();
     const pkg = this.pkgOfCpu.get(cpu);
     if (pkg === undefined) return undefined;
     const now = this.o.clock();
@@ -98,7 +113,26 @@ export class GuestEnergy {
     if (step.kind !== 'start' || !step.first) return undefined;
     peer.windowsSeen++;
     if (!this.begin(peerPid, peer)) return undefined;
-    return BigInt(this.afterStart(peer.counter!, 0));
+    return BigInt(this.afterStart(peer, 0));
+  }
+
+  /**
+   * After the replies of a chunk left: the start reads of the windows they began. QEMU read its
+   * threads just before asking and the start value does not depend on them, so the threads that
+   * move (the vCPUs) were read before the reply and the others (idle mostly: a later read sees the
+   * same ticks) are read right after it, in the same turn of the event loop, off the request's
+   * latency (the vCPUs read after it, even in the same turn, could be read after QEMU's vmsr thread
+   * and whatever else ran once the reply woke it). Also run before the next request.
+   */
+  afterReplies(): void {
+    for (const peer of this.starting.splice(0)) {
+      const c = peer.counter;
+      if (c === undefined || c.start !== null) continue;
+      const read = this.reads.readStart(c.pid, peer.early);
+      delete peer.early;
+      c.start = read?.threads ?? null;
+      peer.runTimes = read?.runTimes;
+    }
   }
 
   /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
@@ -161,7 +195,7 @@ export class GuestEnergy {
     c.phases = { ...peer.phases, pkgs: [...peer.phases.pkgs] };
     // The windows QEMU ran before: each counted its vCPUs into nb_vcpu (on the package they sit on now).
     const before = peer.windowsSeen - 1;
-    const now = readThreads(this.o.procRoot, pid, this.pkgOfCpu, this.o.maxThreads);
+    const now = this.reads.readStart(pid)?.threads;
     for (const tid of vm.vcpus.keys()) {
       const pkg = now?.get(tid)?.pkg ?? this.pkgOfCpu.values().next().value!;
       c.loop.nbVcpu.set(pkg, (c.loop.nbVcpu.get(pkg) ?? 0) + before);
@@ -192,10 +226,16 @@ export class GuestEnergy {
 
   private exactStep(peer: Peer, c: GuestCounterState, pkg: number, now: bigint): number {
     const step = counterStep(c, pkg, now);
-    if (step.kind === 'start') return step.first ? this.afterStart(c, step.value) : step.value;
+    if (step.kind === 'start') return step.first ? this.afterStart(peer, step.value) : step.value;
     if (!step.first) return step.value;
     const vm = this.o.find(c.pid);
-    const end: ThreadSnapshot = readThreads(this.o.procRoot, c.pid, this.pkgOfCpu, this.o.maxThreads) ?? new Map();
+    // QEMU reads, at the end, the threads it listed at the start; without a start read (a restart
+    // mid-window, a process gone), every thread, for the model's count of vCPUs.
+    const end: ThreadSnapshot =
+      c.start !== null
+        ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() })
+        : (this.reads.readStart(c.pid)?.threads ?? new Map());
+    delete peer.runTimes;
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
@@ -213,12 +253,13 @@ export class GuestEnergy {
     return value;
   }
 
-  /**
-   * A window began: QEMU read its threads just before asking, so they are read now, before the reply
-   * (a read after it, even one event-loop turn later, saw a tick QEMU had not in about 1 window in 10).
-   */
-  private afterStart(c: GuestCounterState, value: number): number {
-    c.start = readThreads(this.o.procRoot, c.pid, this.pkgOfCpu, this.o.maxThreads);
+  /** A window began: its vCPU threads are read now, the others once the reply has left (afterReplies). */
+  private afterStart(peer: Peer, value: number): number {
+    const c = peer.counter!;
+    c.start = null;
+    delete peer.runTimes;
+    peer.early = this.reads.readEarly(c.pid, this.o.find(c.pid)?.vcpus.keys() ?? []);
+    this.starting.push(peer);
     return value;
   }
 }

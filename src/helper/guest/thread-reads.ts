@@ -1,41 +1,141 @@
 /**
- * A VM's threads as QEMU's vmsr thread reads them at a window's edge: /proc/<pid>/task listed, each
- * thread's stat read (utime + stime, starttime, the CPU it last ran on, as its package). The main
+ * A VM's threads as QEMU's vmsr thread reads them at a window's edges (docs/guest-energy.md, "Cost"):
+ * each thread's stat (utime + stime, starttime, the CPU it last ran on, as its package). The main
  * thread is left out, as QEMU leaves it out. A thread that is gone, or whose line does not parse, is
  * absent; a process with more than `maxThreads` threads gives null (exact mode then answers raw).
+ *
+ * - At a window's start (`readStart`): /proc/<pid>/task listed, as QEMU lists it, and every thread
+ *   read; with each line, the thread's run time (schedstat field 1) read just before it. Threads
+ *   read earlier (`readEarly`: the vCPUs, before the reply) keep that read.
+ * - At its end (`readEnd`): only the threads listed at the start (QEMU reads no other), each
+ *   through the fds the sampler keeps open (one pread, no open/close; ProcTaskReader.heldFds). A
+ *   thread whose run time has not moved since its start line was printed has that line's ticks
+ *   still (the rule ProcTaskReader's thread gate rests on: utime and stime are cputime_adjust() of
+ *   that run time, unchanged while it is): its start read stands for it, with no stat read. A line
+ *   that said R (running) is read again whatever its run time says (nohz_full may lag it).
+ *   A held fd that fails is a thread that exited (the fd is bound to the task): the stat is then
+ *   opened by its path, as QEMU opens it, which gives another thread that took the tid, or nothing.
  */
 import fs from 'node:fs';
+import { pread } from '../../os/libc.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { parseStatLine } from '../../ratio/stat.js';
 import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 
-export function readThreads(
-  procRoot: string,
-  pid: number,
-  pkgOfCpu: ReadonlyMap<number, number>,
-  maxThreads: number,
-): ThreadSnapshot | null {
-  let tids: string[];
-  try {
-    tids = fs.readdirSync(`${procRoot}/${pid}/task`);
-  } catch {
-    return null;
+/**
+ * The stat and schedstat fds (-1: none) the sampler keeps open for a thread (ProcTaskReader.heldFds),
+ * or undefined. Valid only in the turn of the event loop that asked: a later sample may close them.
+ */
+export type HeldFds = (pid: number, tid: number) => { stat: number; schedstat: number } | undefined;
+
+/** A window's start read: the threads, and per thread the run time read just before its line (null: not known, or R). */
+interface StartRead {
+  threads: ThreadSnapshot;
+  runTimes: Map<number, string | null>;
+}
+
+/** Upper bound of a stat line (as the sampler's); a schedstat line is three u64. */
+const STAT_BYTES = 4096;
+const SCHEDSTAT_BYTES = 128;
+const SPACE = 0x20;
+
+export class ThreadReads {
+  private readonly stat = Buffer.alloc(STAT_BYTES);
+  private readonly sched = Buffer.alloc(SCHEDSTAT_BYTES);
+
+  constructor(
+    private readonly procRoot: string,
+    private readonly pkgOfCpu: ReadonlyMap<number, number>,
+    private readonly maxThreads: number,
+    private readonly held: HeldFds = () => undefined,
+  ) {}
+
+  /** The threads `tids` of `pid` now (those gone or unreadable left out), for readStart to keep. */
+  readEarly(pid: number, tids: Iterable<number>): StartRead {
+    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    for (const tid of tids) if (tid !== pid) this.readInto(out, pid, tid);
+    return out;
   }
-  if (tids.length > maxThreads) return null;
-  const out = new Map<number, ThreadRead>();
-  for (const name of tids) {
-    const tid = Number(name);
-    if (!Number.isSafeInteger(tid) || tid === pid) continue;
-    let line: string;
+
+  /**
+   * Every thread of `pid` (but its main one), as QEMU reads them at a window's start, those of
+   * `early` as read then; null: no such process, or too many threads.
+   */
+  readStart(pid: number, early?: StartRead): StartRead | null {
+    let tids: string[];
     try {
-      line = readProcFile(`${procRoot}/${pid}/task/${name}/stat`);
+      tids = fs.readdirSync(`${this.procRoot}/${pid}/task`);
     } catch {
-      continue;
+      return null;
+    }
+    if (tids.length > this.maxThreads) return null;
+    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    for (const name of tids) {
+      const tid = Number(name);
+      if (!Number.isSafeInteger(tid) || tid === pid) continue;
+      const before = early?.threads.get(tid);
+      if (before === undefined) this.readInto(out, pid, tid);
+      else {
+        out.threads.set(tid, before);
+        out.runTimes.set(tid, early!.runTimes.get(tid) ?? null);
+      }
+    }
+    return out;
+  }
+
+  /** One thread's line and the run time read just before it, into `out` (nothing when it is gone). */
+  private readInto(out: { threads: Map<number, ThreadRead>; runTimes: Map<number, string | null> }, pid: number, tid: number): void {
+    const fds = this.held(pid, tid);
+    const runTime = fds !== undefined ? this.runTime(fds.schedstat) : null;
+    const read = this.readThread(pid, tid, fds?.stat ?? -1);
+    if (read === null) return;
+    out.threads.set(tid, read.thread);
+    out.runTimes.set(tid, read.running ? null : runTime);
+  }
+
+  /** The threads of a window's start read, as QEMU reads them at its end (absent: exited). */
+  readEnd(pid: number, start: StartRead): ThreadSnapshot {
+    const out = new Map<number, ThreadRead>();
+    for (const a of start.threads.values()) {
+      const fds = this.held(pid, a.tid);
+      const before = start.runTimes.get(a.tid) ?? null;
+      if (fds !== undefined && before !== null && this.runTime(fds.schedstat) === before) {
+        out.set(a.tid, a);
+        continue;
+      }
+      const read = this.readThread(pid, a.tid, fds?.stat ?? -1);
+      if (read !== null) out.set(a.tid, read.thread);
+    }
+    return out;
+  }
+
+  /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read. */
+  private runTime(fd: number): string | null {
+    if (fd < 0) return null;
+    const n = pread(fd, this.sched, SCHEDSTAT_BYTES, 0);
+    if (n <= 0) return null;
+    const end = this.sched.indexOf(SPACE);
+    return end > 0 && end < n ? this.sched.toString('latin1', 0, end) : null;
+  }
+
+  /** One thread's stat: through its held fd, else (none, or it failed) by path as QEMU opens it; null: gone or unparsable. */
+  private readThread(pid: number, tid: number, fd: number): { thread: ThreadRead; running: boolean } | null {
+    let line: string | null = null;
+    if (fd >= 0) {
+      const n = pread(fd, this.stat, STAT_BYTES, 0);
+      if (n > 0 && n < STAT_BYTES) line = this.stat.toString('latin1', 0, n);
+    }
+    if (line === null) {
+      try {
+        line = readProcFile(`${this.procRoot}/${pid}/task/${tid}/stat`);
+      } catch {
+        return null;
+      }
     }
     const st = parseStatLine(line.trimEnd());
-    if (!st.ok || st.value.tid !== tid) continue;
+    if (!st.ok || st.value.tid !== tid) return null;
     const v = st.value;
-    out.set(tid, { tid, ticks: v.utime + v.stime, starttime: v.starttime, pkg: pkgOfCpu.get(v.processor) ?? -1 });
+    const thread = { tid, ticks: v.utime + v.stime, starttime: v.starttime, pkg: this.pkgOfCpu.get(v.processor) ?? -1 };
+    return { thread, running: v.state === 'R' };
   }
-  return out;
 }

@@ -90,11 +90,13 @@ export function newLegacyCounters(): LegacyCounters {
   return { ok: 0, refused: 0, failed: 0 };
 }
 
-/**
- * Answers MSR_PKG_ENERGY_STATUS for a peer and cpu itself (--guest-energy exact), or returns
- * undefined to leave the request raw.
- */
-export type EnergyStatusHook = (peerPid: number, cpu: number) => bigint | undefined;
+/** MSR_PKG_ENERGY_STATUS answered by someone else (--guest-energy exact: GuestEnergy). */
+export interface EnergyStatusHook {
+  /** The value for a peer and cpu, or undefined to leave the request raw. */
+  answer(peerPid: number, cpu: number): bigint | undefined;
+  /** Called once the replies of a chunk were sent: work the replies need not wait for. */
+  afterReplies(): void;
+}
 
 /** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
 export type HeldPeers = ReadonlyMap<number, bigint>;
@@ -124,6 +126,11 @@ export class LegacyService {
   setEnergyStatus(hook: EnergyStatusHook): HeldPeers {
     this.energyStatus = hook;
     return this.held;
+  }
+
+  /** The replies of a chunk were sent (LegacySession): the hook's work that could wait for them. */
+  afterReplies(): void {
+    this.energyStatus?.afterReplies();
   }
 
   /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
@@ -167,7 +174,7 @@ export class LegacyService {
       c.ok++;
       return zero(out, offset);
     }
-    const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.(peerPid, req.cpu) : undefined;
+    const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.answer(peerPid, req.cpu) : undefined;
     if (own !== undefined) {
       out.writeBigUInt64LE(own, offset);
       c.ok++;

@@ -103,6 +103,7 @@ export class LegacySession implements Freezable {
         return;
       }
       sendReplies(socket, out, size);
+      this.o.legacy.afterReplies();
     }
     if (!this.o.hold.set(this.framer.buffered)) return this.o.overBudget(socket);
     // A client that pipelines without reading waits for itself, not the helper's memory.
@@ -118,6 +119,7 @@ export class LegacySession implements Freezable {
     this.o.ended(this);
     this.reading?.stop();
     if (answered > 0) sendReplies(socket, out, answered);
+    this.o.legacy.afterReplies();
     socket.end(); // replies already queued still go out, in order
     setTimeout(() => socket.destroy(), 1000).unref();
   }

@@ -59,6 +59,7 @@ import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
 import { guestVmOf } from '../guest/guest-vm.js';
 import { GuestEnergy } from '../guest/guest-energy.js';
+import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
 
 export type { FdAdmitter, V2Limits, HealthSource };
@@ -110,7 +111,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
-  guestEnergy?: { maxThreads: number; log: Logger };
+  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds };
 }
 
 /** The message of ERROR RESTARTING. */
@@ -233,6 +234,7 @@ function exactGuestEnergy(
     log: g.log,
     clock: monotonicNs,
     maxThreads: g.maxThreads,
+    ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
   });
 }
 

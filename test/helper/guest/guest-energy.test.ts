@@ -1,0 +1,91 @@
+/**
+ * GuestEnergy (helper/guest/guest-energy.ts) on a real process as the VM: when a window's threads
+ * are read against its requests (the start read after the reply, the end read before it).
+ */
+import os from 'node:os';
+import pino from 'pino';
+import { afterEach, describe, expect, test } from 'vitest';
+import { GuestEnergy } from '../../../src/helper/guest/guest-energy.js';
+import { ProcTaskReader } from '../../../src/os/proc-tasks.js';
+import { ThreadedProcess } from '../../support/threads.js';
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+const S = 1_000_000_000n;
+
+/** A process whose burner thread is its vCPU, and GuestEnergy over it on a clock the test moves. */
+async function setup() {
+  const p = new ThreadedProcess();
+  cleanups.push(() => p.kill());
+  await p.ready();
+  await p.cmd('start 2');
+  const before = p.tids();
+  await p.cmd('burner');
+  const vcpu = p.tids().find((t) => !before.includes(t))!;
+  const tasks = new ProcTaskReader('/proc');
+  cleanups.push(() => tasks.close());
+  tasks.read(p.pid);
+  const clock = { now: 10n * S };
+  let exactJ = 0;
+  const guest = new GuestEnergy({
+    procRoot: '/proc',
+    // Every CPU of this machine in package 0, so that the threads' CPUs all map to it.
+    host: {
+      vendor: 'intel',
+      clkTck: 100,
+      cpus: os.cpus().map((_c, cpu) => ({ cpu, pkg: 0 })),
+      packages: [{ pkg: 0, powerUnit: 0xa0e03n }],
+    },
+    unitJ: 2 ** -14,
+    find: (pid) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined),
+    log: pino({ level: 'silent' }),
+    clock: () => clock.now,
+    maxThreads: 64,
+    heldFds: (pid, tid) => tasks.heldFds(pid, tid),
+    versionOf: () => Promise.resolve('10.0.2'),
+  });
+  // The first window finds the version unknown (read asynchronously) and stays raw.
+  expect(guest.answer(p.pid, 0)).toBeUndefined();
+  await new Promise((r) => setTimeout(r, 10));
+  clock.now += S;
+  guest.answer(p.pid, 0);
+  clock.now += S / 100n;
+  return { p, guest, clock, addJ: (j: number) => (exactJ += j) };
+}
+
+describe('GuestEnergy', () => {
+  test('a window start is answered before its threads are read, and they are read by afterReplies', async () => {
+    const { p, guest } = await setup();
+    expect(guest.answer(p.pid, 0)).toBe(0n);
+    expect(guest.state()[0]!.start).toBeNull();
+    guest.afterReplies();
+    const start = guest.state()[0]!.start!;
+    expect([...start.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
+  });
+
+  test('the vCPU ticks after the start reply are credited at the window end when afterReplies read the start', async () => {
+    const { p, guest, clock, addJ } = await setup();
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    await p.cmd('burn'); // the vCPU runs 50 ms (5 ticks at 100 Hz)
+    addJ(2);
+    clock.now += S;
+    expect(guest.answer(p.pid, 0)!).toBeGreaterThan(0n);
+    const v = guest.view(7)!;
+    expect(v.windows).toBe(1);
+    expect(v.guestJ).toBeGreaterThan(1.9); // all of it but QEMU's rounding
+    expect(v.guestJ).toBeLessThanOrEqual(2);
+  });
+
+  test('a window start is read at the next request when afterReplies was not called', async () => {
+    const { p, guest, clock } = await setup();
+    guest.answer(p.pid, 0); // the start, its read pending
+    clock.now += S;
+    guest.answer(p.pid, 0); // the end: the start read runs first, so the window closes with threads
+    expect(guest.view(7)!.windows).toBe(1);
+    expect(guest.state()[0]!.loop.nbVcpu.size).toBe(1); // QEMU's vCPU count saw the vCPU thread
+  });
+});
