@@ -120,17 +120,27 @@ interface MeasureOptions {
 }
 
 /**
- * Each guest line (vpkg `vpkg`'s counter) goes with the helper's window closed last before the test
- * saw it (QEMU prints within milliseconds of the window's end; lines are polled every 50 ms);
+ * Each guest line (vpkg `vpkg`'s counter) goes with one of the helper's windows closed before the test
+ * saw it (QEMU prints within milliseconds of the window's end; lines are polled every 50 ms): of the
+ * last three, the one whose growth in the model since the previous line's window is the line's own
+ * growth, else the last one (on a loaded machine a line can be seen after the next window closed,
+ * or several at once after a stall, and pairing by time alone shifts a span by one window);
  * guest / exact over every span of at least `span` windows between two such lines.
  */
 function measure(r: Run, o: MeasureOptions = {}): Measured {
   const { span = 20, vpkg = 0, serial = r.serial, shareOf = () => 1 } = o;
   const wins = helperWindows(r.h);
   const lines = serial.energy();
-  const paired = lines
-    .map((l) => ({ value: Number(l.value), w: wins.filter((w) => w.at <= l.seenAt + 5).at(-1) }))
-    .filter((p): p is { value: number; w: HelperWindow } => p.w !== undefined && p.w.window > 1);
+  const growth = (a: number, b: number) => (b - a + 2 ** 32) % 2 ** 32;
+  const paired: { value: number; w: HelperWindow }[] = [];
+  for (const l of lines) {
+    const value = Number(l.value);
+    const prev = paired.at(-1);
+    const before = wins.filter((w) => w.at <= l.seenAt + 5 && (prev === undefined || w.window > prev.w.window));
+    const candidates = before.slice(-3).reverse();
+    const w = (prev && candidates.find((c) => growth(prev.value, value) === growth(prev.w.guest[vpkg]!, c.guest[vpkg]!))) ?? candidates[0];
+    if (w !== undefined && w.window > 1) paired.push({ value, w });
+  }
   let modelExact = 0;
   let modelChecked = 0;
   for (let i = 1; i < paired.length; i++) {
@@ -138,13 +148,13 @@ function measure(r: Run, o: MeasureOptions = {}): Measured {
     const b = paired[i]!;
     if (b.w.window !== a.w.window + 1) continue;
     modelChecked++;
-    if ((b.value - a.value + 2 ** 32) % 2 ** 32 === (b.w.guest[vpkg]! - a.w.guest[vpkg]! + 2 ** 32) % 2 ** 32) modelExact++;
+    if (growth(a.value, b.value) === growth(a.w.guest[vpkg]!, b.w.guest[vpkg]!)) modelExact++;
   }
   const ratios: number[] = [];
   for (const a of paired) {
     const b = paired.find((p) => p.w.window >= a.w.window + span);
     if (b === undefined) break;
-    ratios.push(((b.value - a.value + 2 ** 32) % 2 ** 32) / ((b.w.exact - a.w.exact) * shareOf(a.w, b.w)));
+    ratios.push(growth(a.value, b.value) / ((b.w.exact - a.w.exact) * shareOf(a.w, b.w)));
   }
   return { printed: lines.length, modelExact, modelChecked, ratios };
 }
@@ -250,7 +260,7 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
 
   raplTest("a host hog on the vCPU's CPU: guest/exact within 0.98-1.02", async () => {
     const r = await startRun({ name: 'hog' });
-    const vcpu = vcpuTid(r.q.pid);
+    const vcpu = await vcpuTid(r.q.pid);
     // The vCPU and a busy loop share CPU 0.
     spawnSync('taskset', ['-p', '-c', '0', String(vcpu)]);
     const hog = spawn('taskset', ['-c', '0', 'sh', '-c', 'while :; do :; done'], { stdio: 'ignore' });
@@ -341,10 +351,15 @@ function tempDirOf(): string {
 }
 
 /** The tid of QEMU's first vCPU thread ("CPU 0/KVM"). */
-function vcpuTid(pid: number): number {
-  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
-    const st = parseStatLine(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, 'latin1'));
-    if (st.ok && st.value.comm === 'CPU 0/KVM') return Number(t);
+/** The tid of QEMU's "CPU 0/KVM" thread (named by the thread itself once it runs: waited for, up to 30 s). */
+async function vcpuTid(pid: number): Promise<number> {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
+      const st = parseStatLine(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, 'latin1'));
+      if (st.ok && st.value.comm === 'CPU 0/KVM') return Number(t);
+    }
+    if (Date.now() > deadline) throw new Error(`QEMU ${pid} named no thread "CPU 0/KVM" within 30 s`);
+    await new Promise((r) => setTimeout(r, 100));
   }
-  throw new Error(`QEMU ${pid} has no "CPU 0/KVM" thread`);
 }
