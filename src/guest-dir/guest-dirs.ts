@@ -5,8 +5,9 @@
  * file is written through SafeDir (safe-dir.ts), which follows nothing.
  *
  * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
- * directory (checked again only when it changed), a new energy_uj (create, write, rename) for each
- * zone whose value changed, and the statistics file copied into its mapping (no system call).
+ * directory (checked again only when it changed), energy_uj updated for each zone whose value changed
+ * (its spare rewritten under a lease and swapped in: four calls, no new file; safe-dir.ts update()),
+ * and the statistics file copied into its mapping (no system call).
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -21,6 +22,12 @@ import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 const GUEST_LOG_BURST = 20;
+/**
+ * Fds a directory is asked for in the budget: its own, the ones the helper makes in it (a zone per
+ * domain, class, class/powercap) and two per energy_uj (the file shown and its spare, safe-dir.ts
+ * update()): 15 for one virtual package with package, core, DRAM and PSYS.
+ */
+const GUEST_DIR_FDS = 16;
 /** Samples between two full checks of every published directory, changed or not. */
 const GUEST_AUDIT_EVERY = 60;
 
@@ -210,7 +217,7 @@ export class GuestDirs {
       opened.value.close();
       return null;
     }
-    if (this.source.canOpen && !this.source.canOpen(8, `the guest directory ${opened.value.path}`)) {
+    if (this.source.canOpen && !this.source.canOpen(GUEST_DIR_FDS, `the guest directory ${opened.value.path}`)) {
       opened.value.close();
       this.limiter.warn(
         'guest dir fds',
@@ -256,7 +263,7 @@ export class GuestDirs {
       }
       const shown = s.base + z.energyUj - s.start;
       if (shown === s.shown) continue;
-      p.dir.write(z.id, ENERGY_UJ, energyText(shown));
+      p.dir.update(z.id, ENERGY_UJ, energyText(shown));
       s.shown = shown;
     }
     const stats = this.source.statsFile(p.vmId);
