@@ -257,7 +257,8 @@ export class GuestDirs {
     if (out === undefined) return;
     for (const z of guestZones(out)) {
       let s = p.zones.get(z.id);
-      if (s === undefined || s.name !== z.name) {
+      // A zone new, renamed, or its directory moved away (let go at the audit): made (again).
+      if (s === undefined || s.name !== z.name || !p.dir.holds(z.id)) {
         s = this.makeZone(p.dir, z.id, z.name, z.energyUj);
         p.zones.set(z.id, s);
       }

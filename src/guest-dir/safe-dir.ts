@@ -3,8 +3,12 @@
  * own (docs/guest.md "What the helper refuses"). Nothing in it is ever followed: the directory is
  * opened with O_NOFOLLOW | O_DIRECTORY from the fd of --guest-dir, every file is made with
  * O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper made and holds, and put in place with
- * renameat within that fd, so a symlink, hard link, FIFO or device planted there is never opened or
- * written through. The checks are made on what was opened (fstat of the fd), not on a path.
+ * renameat (or renameat2 RENAME_EXCHANGE) within that fd, so a symlink, hard link, FIFO or device
+ * planted there is never opened or written through. The checks are made on what was opened (fstat
+ * of the fd), not on a path. A file update() rewrites is written only through the fd the helper got
+ * when it made it, never reopened by name, so it needs no check per sample; a directory of the
+ * helper's moved away (by the owner of the guest directory) is let go with its files at the audit
+ * that sees it gone or replaced, and until then is still the helper's own directory.
  */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
@@ -128,6 +132,8 @@ export interface GuestTree {
   link(rel: string, name: string, target: string): void;
   /** The inode of a top entry, or null. */
   inodeOf(name: string): bigint | null;
+  /** Whether the helper holds its directory `rel` now (one moved away is let go at the audit that sees it). */
+  holds(rel: string): boolean;
   close(): void;
 }
 
@@ -218,6 +224,9 @@ export class SafeDir implements GuestTree {
       // One of the helper's directories moved away and something else put there: made again.
       if (made !== undefined && made.ino !== e.ino) this.dropDir(name);
     }
+    // Moved away with nothing in its place: let go too (made again when next written).
+    const listed = new Set(names);
+    for (const rel of [...this.dirs.keys()]) if (!rel.includes('/') && !listed.has(rel)) this.dropDir(rel);
     // Seen settled only when its last change is older than the file system's time granularity.
     this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? seen : null;
     return null;
@@ -377,6 +386,10 @@ export class SafeDir implements GuestTree {
     unlinkAt(dirFd, name);
     const r = symlinkAt(target, dirFd, name);
     if (r < 0) throw new Error(cannot(`make the link ${this.path}/${rel}/${name}`, errnoName(-r), this.fix()));
+  }
+
+  holds(rel: string): boolean {
+    return this.dirs.has(rel);
   }
 
   /** Inode of the entry `name` at the top, or null when it is not there (the statistics file's check). */

@@ -76,6 +76,18 @@ describe('SafeDir.update', () => {
     expect(fs.readFileSync(file, 'latin1')).toBe('6\n');
   });
 
+  it('lets go of a zone directory and makes it again when the owner of the guest directory moved it away', () => {
+    const { dir, file } = openTree();
+    dir.update(ZONE, 'energy_uj', '100\n');
+    const zone = path.dirname(file);
+    fs.renameSync(zone, `${zone}-moved`);
+    expect(dir.audit()).toBeNull();
+    expect(dir.holds(ZONE)).toBe(false);
+    dir.update(ZONE, 'energy_uj', '200\n');
+    expect(fs.readFileSync(file, 'latin1')).toBe('200\n');
+    expect(fs.readFileSync(path.join(`${zone}-moved`, 'energy_uj'), 'latin1')).toBe('100\n');
+  });
+
   it('shows readers in another process whole values that never go back when values change as fast as they can be written', async () => {
     const { dir, file } = openTree();
     dir.update(ZONE, 'energy_uj', '0\n');
