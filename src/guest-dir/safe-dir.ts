@@ -282,11 +282,12 @@ export class SafeDir implements GuestTree {
     const key = `${rel}/${file}`;
     const pair = this.pairs.get(key);
     if (pair?.spare) {
-      if (this.rewriteSpare(pair.spare, n)) return this.exchange(key, pair, file, pair.spare);
-      if (pair.spare) closeFd(pair.spare.fd);
+      if (this.rewriteSpare(pair.spare, n)) return this.exchange(pair, file, pair.spare);
+      // No leases here: its files were let go.
+      if (!this.swapping) return this.write(rel, file, text);
+      closeFd(pair.spare.fd);
       pair.spare = null;
     }
-    if (!this.swapping) return this.write(rel, file, text);
     const dirFd = rel === '' ? this.fd : this.dir(rel);
     const fd = this.create(dirFd, file, O_WRONLY);
     try {
@@ -304,7 +305,7 @@ export class SafeDir implements GuestTree {
     if (pair === undefined) {
       this.rename(dirFd, file);
       this.pairs.set(key, { dirFd, shown: made, spare: null });
-    } else this.exchange(key, pair, file, made);
+    } else this.exchange(pair, file, made);
   }
 
   /** The spare holding textBuf[0, n), rewritten under a lease; false when someone holds it (or leases fail here). */
@@ -327,7 +328,7 @@ export class SafeDir implements GuestTree {
   }
 
   /** `next` (at the temporary name, whole) exchanged with the shown file, which becomes the spare. */
-  private exchange(key: string, pair: FilePair, file: string, next: { fd: number; len: number }): void {
+  private exchange(pair: FilePair, file: string, next: { fd: number; len: number }): void {
     const r = exchangeAt(pair.dirFd, TEMP_PREFIX + file, file);
     if (r === 0) {
       pair.spare = pair.shown;
@@ -336,7 +337,7 @@ export class SafeDir implements GuestTree {
     }
     // A file system that cannot exchange: put the new file in place as write() does, and stop swapping.
     this.rename(pair.dirFd, file);
-    closeFd(next.fd);
+    if (next !== pair.spare) closeFd(next.fd);
     this.stopSwapping();
   }
 
