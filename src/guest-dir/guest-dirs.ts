@@ -252,30 +252,43 @@ export class GuestDirs {
     p.final = false;
   }
 
+  /**
+   * The VM's tree and statistics file now. Its zones' values are read from the daemon's statistics
+   * file of the VM (written this sample, before the guest directories), so no output is built again;
+   * from its output only when it has no such file (the daemon's fd budget is spent).
+   */
   private write(p: Published): void {
+    const stats = this.source.statsFile(p.vmId);
+    if (stats === null) return this.writeFromOutput(p);
+    if (p.stats === null || !p.stats.mirrors(stats)) {
+      p.stats?.close();
+      p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
+    }
+    const mirror = p.stats;
+    for (const z of mirror.zones) this.show(p, z.id, z.name, mirror.energyOf(z));
+    mirror.copy();
+    if (mirror.ended) p.final = true;
+  }
+
+  private writeFromOutput(p: Published): void {
     const out = this.source.output(p.vmId);
     if (out === undefined) return;
-    for (const z of guestZones(out)) {
-      let s = p.zones.get(z.id);
-      // A zone new, renamed, or its directory moved away (let go at the audit): made (again).
-      if (s === undefined || s.name !== z.name || !p.dir.holds(z.id)) {
-        s = this.makeZone(p.dir, z.id, z.name, z.energyUj);
-        p.zones.set(z.id, s);
-      }
-      const shown = s.base + z.energyUj - s.start;
-      if (shown === s.shown) continue;
-      p.dir.update(z.id, ENERGY_UJ, energyText(shown));
-      s.shown = shown;
-    }
-    const stats = this.source.statsFile(p.vmId);
-    if (stats !== null) {
-      if (p.stats === null || !p.stats.mirrors(stats)) {
-        p.stats?.close();
-        p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
-      }
-      p.stats.copy();
-    }
+    for (const z of guestZones(out)) this.show(p, z.id, z.name, z.energyUj);
     if (out.ended) p.final = true;
+  }
+
+  /** A zone's energy_uj showing `energyUj` (the VM's, µJ) from where its count goes on; written only when it changed. */
+  private show(p: Published, id: string, name: string, energyUj: bigint): void {
+    let s = p.zones.get(id);
+    // A zone new, renamed, or its directory moved away (let go at the audit): made (again).
+    if (s === undefined || s.name !== name || !p.dir.holds(id)) {
+      s = this.makeZone(p.dir, id, name, energyUj);
+      p.zones.set(id, s);
+    }
+    const shown = s.base + energyUj - s.start;
+    if (shown === s.shown) return;
+    p.dir.update(id, ENERGY_UJ, energyText(shown));
+    s.shown = shown;
   }
 
   /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */
