@@ -3,6 +3,8 @@
  * same bytes, mapped by the helper, whose values are copied from the daemon's own file after each
  * sample under the same seqlock (SampleBlock.write: generation odd, values, generation even), so a
  * reader there reads it exactly as it reads the fd STATS_FD hands out. No system call per sample.
+ * The tree's zones (tree.ts) read their values from the daemon's file too (energy, <domain>_energy):
+ * the VM's output is not built a second time for them.
  */
 import { decodeStatsLayout, type StatsLayout } from '../protocol/stats/layout.js';
 import { SampleBlock } from '../protocol/stats/sample-block.js';

@@ -42,7 +42,7 @@ interface GuestZone {
 const SUB_ZONES = ['core', 'uncore', 'dram'] as const;
 
 /** A zone of the tree as laid out: its directory, its `name`, and the VM's energy it sums (a domain's, over some virtual packages). */
-export interface ZoneShape {
+interface ZoneShape {
   id: string;
   name: string;
   domain: string;
