@@ -4,13 +4,13 @@
  * holds open is never rewritten, a shorter value is cut to its length, and readers in another process
  * opening and reading while values change see whole values that never go back.
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SafeDir } from '../../src/guest-dir/safe-dir.js';
-import { closeFd, O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc.js';
+import { closeFd, dropLease, O_DIRECTORY, O_RDONLY, O_WRONLY, openAt, signalLeaseBreaks, takeWriteLease } from '../../src/os/libc.js';
 
 const ZONE = 'intel-rapl:0';
 const cleanups: (() => void)[] = [];
@@ -86,6 +86,25 @@ describe('SafeDir.update', () => {
     dir.update(ZONE, 'energy_uj', '200\n');
     expect(fs.readFileSync(file, 'latin1')).toBe('200\n');
     expect(fs.readFileSync(path.join(`${zone}-moved`, 'energy_uj'), 'latin1')).toBe('100\n');
+  });
+
+  it('keeps the process alive and fails a non-blocking open with EAGAIN when another process opens a file under its write lease', () => {
+    const { file } = openTree();
+    fs.mkdirSync(path.dirname(file));
+    fs.writeFileSync(file, '1\n');
+    const fd = openAt(-100, file, O_WRONLY);
+    cleanups.push(() => closeFd(fd));
+    expect(signalLeaseBreaks(fd)).toBe(0);
+    expect(takeWriteLease(fd)).toBe(0);
+    // The opener breaks the lease: this process is signalled (SIGURG, ignored; SIGIO would end it).
+    const script = `try { require('fs').openSync(process.argv[1], require('fs').constants.O_RDONLY | require('fs').constants.O_NONBLOCK); console.log('opened'); } catch (e) { console.log(e.code); }`;
+    const opener = spawnSync(process.execPath, ['-e', script, file], { encoding: 'utf8', timeout: 30_000 });
+    expect(opener.stdout.trim()).toBe('EAGAIN');
+    expect(dropLease(fd)).toBe(0);
+    // Let go: the file opens again, and a held file gets no lease.
+    const held = fs.openSync(file, 'r');
+    cleanups.push(() => fs.closeSync(held));
+    expect(takeWriteLease(fd)).toBe(-11);
   });
 
   it('shows readers in another process whole values that never go back when values change as fast as they can be written', async () => {
