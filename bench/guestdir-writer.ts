@@ -1,10 +1,11 @@
 /**
  * The publisher alone (src/guest-dir/), in this process: GuestDirs.sample() for 500 VMs of one virtual
- * package with package, core, DRAM and PSYS zones, each zone's value changed at every sample (a busy
- * host: the worst case, every energy_uj written anew) and each VM's statistics file mirrored, into
- * directories on tmpfs. CPU of this process per sample (user + system), after a warm-up. The daemon
- * suite (guestdir.ts) measures the whole daemon, whose stand-in VMs rarely gain energy; this one
- * measures what writing the files costs when they do.
+ * package with package, core, DRAM and PSYS zones (or the package alone), each zone's value changed at
+ * every sample (a busy host: the worst case, every energy_uj written anew) and each VM's statistics
+ * file mirrored, into directories on tmpfs. CPU of this process per sample (user + system), after a
+ * warm-up. The daemon suite (guestdir.ts) measures the whole daemon, whose stand-in VMs gain no energy;
+ * this one measures what writing the files costs when they do (the daemon suite adds it to its own).
+ * VMSR_GUEST_DIR_SWAP=0 measures the writer that makes a new file at every update (safe-dir.ts).
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -19,47 +20,57 @@ const VMS = 500;
 const WARMUP = 200;
 const SAMPLES = 400;
 
-function source(vms: GuestDirVm[], outs: VmOutput[], stats: { memory: ArrayBuffer; size: number }): GuestDirSource {
+/** A VM's statistics file as the daemon keeps it: its bytes, and its data block's words. */
+interface BenchStats {
+  memory: ArrayBuffer;
+  size: number;
+  words: BigUint64Array;
+}
+
+function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats[]): GuestDirSource {
   return {
     vms: () => vms,
     output: (vmId) => outs[vmId],
-    statsFile: () => stats,
+    statsFile: (vmId) => stats[vmId]!,
   };
 }
 
-/** µs of CPU per sample for `n` samples, each moving every zone's energy when `busy`. */
-function measure(g: GuestDirs, outs: VmOutput[], n: number, busy: boolean): { total: number; sys: number } {
+/** µs of CPU per sample for `n` samples, each moving every zone's energy when `busy` (in each VM's statistics file, as the daemon writes it). */
+function measure(g: GuestDirs, stats: BenchStats[], energyWords: number[], n: number, busy: boolean): { total: number; sys: number } {
   const c0 = process.cpuUsage();
   for (let i = 0; i < n; i++) {
-    if (busy)
-      for (const o of outs) {
-        o.vpkgs[0]!.energyUj += 1000n;
-        for (const d of o.domains!) d.vpkgEnergyUj[0]! += 700n;
-      }
+    if (busy) for (const f of stats) for (const w of energyWords) f.words[w]! += 1000n;
     g.sample();
   }
   const c = process.cpuUsage(c0);
   return { total: (c.user + c.system) / n, sys: c.system / n };
 }
 
-export function writerCost(busy: boolean): { total: number; sys: number } {
+/** The publisher's CPU per sample (µs), every zone changing (`busy`) or none, with every domain or the package alone. */
+export function writerCost(busy: boolean, allDomains = true): { total: number; sys: number } {
   const shm = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
   const root = fs.mkdtempSync(path.join(shm, 'vmsr-bench-writer-'));
   const vms: GuestDirVm[] = [];
   const outs: VmOutput[] = [];
+  const domainNames = allDomains ? (['core', 'dram', 'psys'] as const) : [];
   for (let k = 0; k < VMS; k++) {
     fs.mkdirSync(path.join(root, `vm-${k}`));
     vms.push({ vmId: k, uuid: null, name: `vm-${k}`, uid: 0, live: true });
-    const domains = (['core', 'dram', 'psys'] as const).map((domain) => ({ domain, vpkgEnergyJ: [0], vpkgEnergyUj: [0n] }));
+    const domains = domainNames.map((domain) => ({ domain, vpkgEnergyJ: [0], vpkgEnergyUj: [0n] }));
     outs.push({ vmId: k, pid: 1, ended: false, tNs: 1n, vpkgs: [{ vpkg: 0, energyJ: 0, energyUj: 0n, counter: 0 }], domains });
   }
-  const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 8, tickExponent: -2, domains: ['core', 'dram', 'psys'] });
-  const bytes = encodeStatsFile(layout);
-  const stats = { memory: bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer, size: bytes.length };
+  const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 8, tickExponent: -2, domains: [...domainNames] });
+  const stats = vms.map(() => {
+    const bytes = encodeStatsFile(layout);
+    const memory = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer;
+    return { memory, size: bytes.length, words: new BigUint64Array(memory, layout.dataOffset, layout.dataSize / 8) };
+  });
+  const energyNames = ['energy', ...domainNames.map((d) => `${d}_energy`)];
+  const energyWords = layout.descriptors.filter((d) => energyNames.includes(d.name)).map((d) => d.offset / 8);
   const g = new GuestDirs(root, source(vms, outs, stats), pino({ level: 'silent' }));
   try {
-    measure(g, outs, WARMUP, busy);
-    return measure(g, outs, SAMPLES, busy);
+    measure(g, stats, energyWords, WARMUP, busy);
+    return measure(g, stats, energyWords, SAMPLES, busy);
   } finally {
     g.close();
     fs.rmSync(root, { recursive: true, force: true });
@@ -67,10 +78,14 @@ export function writerCost(busy: boolean): { total: number; sys: number } {
 }
 
 export function run(): void {
-  console.log(`\n== guestdir-writer: the publisher alone, ${VMS} VMs x 4 zones and a statistics file, CPU per sample`);
-  for (const busy of [true, false]) {
-    const r = writerCost(busy);
-    const what = busy ? 'every zone changed at every sample' : 'no zone changed (idle VMs)';
-    console.log(`${what}: ${r.total.toFixed(0)} us (${r.sys.toFixed(0)} in the kernel), ${(r.total / VMS).toFixed(1)} us per VM`);
-  }
+  console.log(`\n== guestdir-writer: the publisher alone, ${VMS} VMs and a statistics file each, CPU per sample`);
+  for (const allDomains of [true, false])
+    for (const busy of [true, false]) {
+      const r = writerCost(busy, allDomains);
+      const zones = allDomains ? '4 zones' : 'the package zone';
+      const what = busy ? 'every zone changed at every sample' : 'no zone changed (idle VMs)';
+      console.log(
+        `${zones}, ${what}: ${r.total.toFixed(0)} us (${r.sys.toFixed(0)} in the kernel), ${(r.total / VMS).toFixed(1)} us per VM`,
+      );
+    }
 }

@@ -5,8 +5,9 @@
  * file is written through SafeDir (safe-dir.ts), which follows nothing.
  *
  * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
- * directory (checked again only when it changed), a new energy_uj (create, write, rename) for each
- * zone whose value changed, and the statistics file copied into its mapping (no system call).
+ * directory (checked again only when it changed), energy_uj updated for each zone whose value changed
+ * (its spare rewritten under a lease and swapped in: four calls, no new file; safe-dir.ts update()),
+ * and the statistics file copied into its mapping (no system call).
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -21,6 +22,12 @@ import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 const GUEST_LOG_BURST = 20;
+/**
+ * Fds a directory is asked for in the budget: its own, the ones the helper makes in it (a zone per
+ * domain, class, class/powercap) and two per energy_uj (the file shown and its spare, safe-dir.ts
+ * update()): 15 for one virtual package with package, core, DRAM and PSYS.
+ */
+const GUEST_DIR_FDS = 16;
 /** Samples between two full checks of every published directory, changed or not. */
 const GUEST_AUDIT_EVERY = 60;
 
@@ -210,7 +217,7 @@ export class GuestDirs {
       opened.value.close();
       return null;
     }
-    if (this.source.canOpen && !this.source.canOpen(8, `the guest directory ${opened.value.path}`)) {
+    if (this.source.canOpen && !this.source.canOpen(GUEST_DIR_FDS, `the guest directory ${opened.value.path}`)) {
       opened.value.close();
       this.limiter.warn(
         'guest dir fds',
@@ -245,29 +252,43 @@ export class GuestDirs {
     p.final = false;
   }
 
+  /**
+   * The VM's tree and statistics file now. Its zones' values are read from the daemon's statistics
+   * file of the VM (written this sample, before the guest directories), so no output is built again;
+   * from its output only when it has no such file (the daemon's fd budget is spent).
+   */
   private write(p: Published): void {
+    const stats = this.source.statsFile(p.vmId);
+    if (stats === null) return this.writeFromOutput(p);
+    if (p.stats === null || !p.stats.mirrors(stats)) {
+      p.stats?.close();
+      p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
+    }
+    const mirror = p.stats;
+    for (const z of mirror.zones) this.show(p, z.id, z.name, mirror.energyOf(z));
+    mirror.copy();
+    if (mirror.ended) p.final = true;
+  }
+
+  private writeFromOutput(p: Published): void {
     const out = this.source.output(p.vmId);
     if (out === undefined) return;
-    for (const z of guestZones(out)) {
-      let s = p.zones.get(z.id);
-      if (s === undefined || s.name !== z.name) {
-        s = this.makeZone(p.dir, z.id, z.name, z.energyUj);
-        p.zones.set(z.id, s);
-      }
-      const shown = s.base + z.energyUj - s.start;
-      if (shown === s.shown) continue;
-      p.dir.write(z.id, ENERGY_UJ, energyText(shown));
-      s.shown = shown;
-    }
-    const stats = this.source.statsFile(p.vmId);
-    if (stats !== null) {
-      if (p.stats === null || !p.stats.mirrors(stats)) {
-        p.stats?.close();
-        p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
-      }
-      p.stats.copy();
-    }
+    for (const z of guestZones(out)) this.show(p, z.id, z.name, z.energyUj);
     if (out.ended) p.final = true;
+  }
+
+  /** A zone's energy_uj showing `energyUj` (the VM's, µJ) from where its count goes on; written only when it changed. */
+  private show(p: Published, id: string, name: string, energyUj: bigint): void {
+    let s = p.zones.get(id);
+    // A zone new, renamed, or its directory moved away (let go at the audit): made (again).
+    if (s === undefined || s.name !== name || !p.dir.holds(id)) {
+      s = this.makeZone(p.dir, id, name, energyUj);
+      p.zones.set(id, s);
+    }
+    const shown = s.base + energyUj - s.start;
+    if (shown === s.shown) return;
+    p.dir.update(id, ENERGY_UJ, energyText(shown));
+    s.shown = shown;
   }
 
   /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */

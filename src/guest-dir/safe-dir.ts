@@ -3,15 +3,21 @@
  * own (docs/guest.md "What the helper refuses"). Nothing in it is ever followed: the directory is
  * opened with O_NOFOLLOW | O_DIRECTORY from the fd of --guest-dir, every file is made with
  * O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper made and holds, and put in place with
- * renameat within that fd, so a symlink, hard link, FIFO or device planted there is never opened or
- * written through. The checks are made on what was opened (fstat of the fd), not on a path.
+ * renameat (or renameat2 RENAME_EXCHANGE) within that fd, so a symlink, hard link, FIFO or device
+ * planted there is never opened or written through. The checks are made on what was opened (fstat
+ * of the fd), not on a path. A file update() rewrites is written only through the fd the helper got
+ * when it made it, never reopened by name, so it needs no check per sample; a directory of the
+ * helper's moved away (by the owner of the guest directory) is let go with its files at the audit
+ * that sees it gone or replaced, and until then is still the helper's own directory.
  */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 import {
   closeFd,
+  dropLease,
   errnoName,
+  exchangeAt,
   fchmodFd,
   fstatRaw,
   mapShared,
@@ -27,11 +33,15 @@ import {
   O_WRONLY,
   openAt,
   pread,
+  pwriteFd,
   readlinkAt,
   renameAt,
+  signalLeaseBreaks,
   STAT_ATIME_AT,
   STAT_SIZE,
   symlinkAt,
+  takeWriteLease,
+  truncateFd,
   unlinkAt,
   writeFd,
   type SharedMapping,
@@ -45,6 +55,7 @@ const SETTLE_NS = 50_000_000n;
 const FILE_MODE = 0o444;
 const DIR_MODE = 0o755;
 const ENOENT = 2;
+const EAGAIN = 11;
 const EEXIST = 17;
 
 /** What a directory is as lstat would say, from an fd opened O_PATH | O_NOFOLLOW. */
@@ -87,6 +98,19 @@ const nowNs = () => BigInt(Date.now()) * 1_000_000n;
 const needChmod = (process.umask() & FILE_MODE) !== 0;
 const textBuf = Buffer.alloc(64);
 
+/**
+ * A file that update() rewrites at every sample: `shown` is the file at its name, `spare` the one at
+ * its temporary name (the value before, swapped out at the last update), each held open with its length.
+ */
+interface FilePair {
+  dirFd: number;
+  shown: { fd: number; len: number };
+  spare: { fd: number; len: number } | null;
+}
+
+/** Whether update() swaps files (VMSR_GUEST_DIR_SWAP=0 turns it off, for the bench's comparison). */
+const swapDefault = process.env.VMSR_GUEST_DIR_SWAP !== '0';
+
 /** What the publisher (guest-dirs.ts) does with one guest directory: the writer's whole interface. */
 export interface GuestTree {
   readonly path: string;
@@ -98,6 +122,8 @@ export interface GuestTree {
   audit(): string | null;
   /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
   write(rel: string, file: string, text: string): void;
+  /** The same for a file rewritten at every sample (energy_uj): readers see the same, at a third of the cost. */
+  update(rel: string, file: string, text: string): void;
   /** A new top file of `bytes`, mapped shared and writable, renamed into place. */
   mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint };
   /** The µJ count a file of the helper's holds, or null. */
@@ -106,6 +132,8 @@ export interface GuestTree {
   link(rel: string, name: string, target: string): void;
   /** The inode of a top entry, or null. */
   inodeOf(name: string): bigint | null;
+  /** Whether the helper holds its directory `rel` now (one moved away is let go at the audit that sees it). */
+  holds(rel: string): boolean;
   close(): void;
 }
 
@@ -116,6 +144,10 @@ export class SafeDir implements GuestTree {
   private readonly euid = process.geteuid?.() ?? 0;
   /** Directories made by the helper in it (zones, class, class/powercap), by relative name. */
   private readonly dirs = new Map<string, { fd: number; ino: bigint }>();
+  /** Files of update(), by "rel/file": the one readers see and its spare, both held open. */
+  private readonly pairs = new Map<string, FilePair>();
+  /** False once leases or RENAME_EXCHANGE failed here (a file system without them): update() is write(). */
+  private swapping = swapDefault;
 
   private constructor(
     private readonly fd: number,
@@ -192,6 +224,9 @@ export class SafeDir implements GuestTree {
       // One of the helper's directories moved away and something else put there: made again.
       if (made !== undefined && made.ino !== e.ino) this.dropDir(name);
     }
+    // Moved away with nothing in its place: let go too (made again when next written).
+    const listed = new Set(names);
+    for (const rel of [...this.dirs.keys()]) if (!rel.includes('/') && !listed.has(rel)) this.dropDir(rel);
     // Seen settled only when its last change is older than the file system's time granularity.
     this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? seen : null;
     return null;
@@ -229,6 +264,87 @@ export class SafeDir implements GuestTree {
       closeFd(fd);
     }
     this.rename(dirFd, file);
+  }
+
+  /**
+   * `text` as `file` of the helper's directory `rel`, for a file rewritten at every sample, with
+   * write()'s guarantee (a reader opens the old value or the new one, whole, and a file it holds open
+   * keeps its value) at a third of its cost. Two files take turns: the spare (last sample's file, at
+   * the temporary name) is rewritten in place under a write lease, which the kernel grants only while
+   * no one else has that file open (a reader that opened it before it was swapped out, any process,
+   * a 9p server's fid, a mapping): then nobody can see the rewrite, and no open can start during it (it
+   * waits for the lease). Then the two names are exchanged (renameat2 RENAME_EXCHANGE: at once). A spare
+   * someone holds is let go (unlinked; its reader keeps it) and a new file made, as write() does.
+   */
+  update(rel: string, file: string, text: string): void {
+    if (!this.swapping) return this.write(rel, file, text);
+    const n = textBuf.write(text, 'latin1');
+    const key = `${rel}/${file}`;
+    const pair = this.pairs.get(key);
+    if (pair?.spare) {
+      if (this.rewriteSpare(pair.spare, n)) return this.exchange(pair, file, pair.spare);
+      // No leases here: its files were let go.
+      if (!this.swapping) return this.write(rel, file, text);
+      closeFd(pair.spare.fd);
+      pair.spare = null;
+    }
+    const dirFd = rel === '' ? this.fd : this.dir(rel);
+    const fd = this.create(dirFd, file, O_WRONLY);
+    try {
+      if (writeFd(fd, textBuf, n) !== n) throw new Error(cannot(`write ${this.path}/${rel}/${file}`, 'short write'));
+    } catch (e) {
+      closeFd(fd);
+      throw e;
+    }
+    const made = { fd, len: n };
+    if (signalLeaseBreaks(fd) < 0) {
+      this.rename(dirFd, file);
+      closeFd(fd);
+      return this.stopSwapping();
+    }
+    if (pair === undefined) {
+      this.rename(dirFd, file);
+      this.pairs.set(key, { dirFd, shown: made, spare: null });
+    } else this.exchange(pair, file, made);
+  }
+
+  /** The spare holding textBuf[0, n), rewritten under a lease; false when someone holds it (or leases fail here). */
+  private rewriteSpare(spare: { fd: number; len: number }, n: number): boolean {
+    const leased = takeWriteLease(spare.fd);
+    if (leased < 0) {
+      // EAGAIN: a reader has it open. Anything else: no leases here; files are made anew from now on.
+      if (leased !== -EAGAIN) this.stopSwapping();
+      return false;
+    }
+    try {
+      if (pwriteFd(spare.fd, textBuf, n, 0) !== n) throw new Error(cannot(`write into ${this.path}`, 'short write'));
+      // A value after the wrap is shorter: the old digits cut off before anyone can open it.
+      if (n < spare.len && truncateFd(spare.fd, n) < 0) throw new Error(cannot(`write into ${this.path}`, 'ftruncate failed'));
+      spare.len = n;
+    } finally {
+      dropLease(spare.fd);
+    }
+    return true;
+  }
+
+  /** `next` (at the temporary name, whole) exchanged with the shown file, which becomes the spare. */
+  private exchange(pair: FilePair, file: string, next: { fd: number; len: number }): void {
+    const r = exchangeAt(pair.dirFd, TEMP_PREFIX + file, file);
+    if (r === 0) {
+      pair.spare = pair.shown;
+      pair.shown = next;
+      return;
+    }
+    // A file system that cannot exchange: put the new file in place as write() does, and stop swapping.
+    this.rename(pair.dirFd, file);
+    if (next !== pair.spare) closeFd(next.fd);
+    this.stopSwapping();
+  }
+
+  /** update() is write() from now on: the files it held are let go (they stay, with their values). */
+  private stopSwapping(): void {
+    this.swapping = false;
+    for (const [k, pair] of [...this.pairs]) this.dropPair(k, pair);
   }
 
   /**
@@ -273,17 +389,29 @@ export class SafeDir implements GuestTree {
     if (r < 0) throw new Error(cannot(`make the link ${this.path}/${rel}/${name}`, errnoName(-r), this.fix()));
   }
 
+  holds(rel: string): boolean {
+    return this.dirs.has(rel);
+  }
+
   /** Inode of the entry `name` at the top, or null when it is not there (the statistics file's check). */
   inodeOf(name: string): bigint | null {
     return lstatAt(this.fd, name)?.ino ?? null;
   }
 
   close(): void {
+    for (const [k, pair] of [...this.pairs]) this.dropPair(k, pair);
     for (const rel of [...this.dirs.keys()]) this.dropDir(rel);
     closeFd(this.fd);
   }
 
+  private dropPair(key: string, pair: FilePair): void {
+    closeFd(pair.shown.fd);
+    if (pair.spare) closeFd(pair.spare.fd);
+    this.pairs.delete(key);
+  }
+
   private dropDir(rel: string): void {
+    for (const [k, pair] of [...this.pairs]) if (k.startsWith(`${rel}/`)) this.dropPair(k, pair);
     for (const [k, d] of [...this.dirs]) {
       if (k !== rel && !k.startsWith(`${rel}/`)) continue;
       closeFd(d.fd);

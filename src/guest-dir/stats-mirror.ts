@@ -3,11 +3,23 @@
  * same bytes, mapped by the helper, whose values are copied from the daemon's own file after each
  * sample under the same seqlock (SampleBlock.write: generation odd, values, generation even), so a
  * reader there reads it exactly as it reads the fd STATS_FD hands out. No system call per sample.
+ * The tree's zones (tree.ts) read their values from the daemon's file too (energy, <domain>_energy):
+ * the VM's output is not built a second time for them.
  */
 import { decodeStatsLayout, type StatsLayout } from '../protocol/stats/layout.js';
 import { SampleBlock } from '../protocol/stats/sample-block.js';
 import type { SharedMapping } from '../os/libc.js';
 import type { GuestTree } from './safe-dir.js';
+import { guestZoneShapes } from './tree.js';
+import { vmDomainNames } from '../protocol/stats/vm-file.js';
+import { isOtherDomain } from '../model/domains.js';
+
+/** A zone of the tree, read from the file: the words of the data block whose values it sums. */
+interface MirroredZone {
+  id: string;
+  name: string;
+  words: number[];
+}
 
 /** The daemon's file of a VM: its bytes (a mapping the daemon writes at each sample) and size. */
 export interface StatsSource {
@@ -19,6 +31,11 @@ export class StatsMirror {
   private readonly block: SampleBlock;
   private readonly from: BigUint64Array;
   private readonly to: BigUint64Array;
+  private readonly fromValues: BigUint64Array;
+  private readonly copyValues = () => this.to.set(this.fromValues, 1);
+  private readonly endedWord: number;
+  /** The VM's zones (tree.ts), read from the daemon's file: no output built again per sample. */
+  readonly zones: readonly MirroredZone[];
 
   private constructor(
     private readonly source: StatsSource,
@@ -29,6 +46,31 @@ export class StatsMirror {
     this.block = new SampleBlock(mapping.memory, layout);
     this.from = new BigUint64Array(source.memory, layout.dataOffset, layout.dataSize / 8);
     this.to = new BigUint64Array(mapping.memory, layout.dataOffset, layout.dataSize / 8);
+    this.fromValues = this.from.subarray(1);
+    const word = (name: string) => {
+      const d = layout.descriptors.find((x) => x.name === name);
+      if (d === undefined) throw new Error(`the statistics file has no ${name}`);
+      return d.offset / 8;
+    };
+    this.endedWord = word('ended');
+    const nvpkg = layout.descriptors.find((d) => d.name === 'energy')?.size ?? 0;
+    const domains = layout.descriptors.map((d) => d.name.replace(/_energy$/, '')).filter((d) => isOtherDomain(d));
+    this.zones = guestZoneShapes(nvpkg, domains).map((z) => {
+      const at = word(isOtherDomain(z.domain) ? vmDomainNames(z.domain).energy : 'energy');
+      return { id: z.id, name: z.name, words: z.vpkgs.map((g) => at + g) };
+    });
+  }
+
+  /** The energy a zone counts now, µJ (the daemon's file, written this sample). */
+  energyOf(z: MirroredZone): bigint {
+    let sum = 0n;
+    for (const w of z.words) sum += this.from[w]!;
+    return sum;
+  }
+
+  /** Whether the daemon's file says the VM ended. */
+  get ended(): boolean {
+    return this.from[this.endedWord] !== 0n;
   }
 
   /** The file `file` in `dir`, made from `source`'s bytes now (renamed over an older one). */
@@ -47,7 +89,7 @@ export class StatsMirror {
 
   /** The source's values now, every one but its generation, as one sample of this file. */
   copy(): void {
-    this.block.write(() => this.to.set(this.from.subarray(1), 1));
+    this.block.write(this.copyValues);
   }
 
   /** Unmaps (the file stays, with its last values). Returns null, for `x = x.close()`. */

@@ -41,22 +41,41 @@ interface GuestZone {
 /** The package sub-zone domains, in the kernel's order. */
 const SUB_ZONES = ['core', 'uncore', 'dram'] as const;
 
+/** A zone of the tree as laid out: its directory, its `name`, and the VM's energy it sums (a domain's, over some virtual packages). */
+interface ZoneShape {
+  id: string;
+  name: string;
+  domain: string;
+  vpkgs: number[];
+}
+
 /**
- * The zones of a VM's tree from its output: a package zone per virtual package, its sub-zones for the
- * other package domains the host reads, and psys (the VM's platform energy summed over its virtual
- * packages) after the packages.
+ * The zones of a VM of `nvpkg` virtual packages whose host reads `domains` (besides the package): a
+ * package zone per virtual package, its sub-zones for the other package domains, and psys (the VM's
+ * platform energy summed over its virtual packages) after the packages.
  */
-export function guestZones(out: Pick<VmOutput, 'vpkgs' | 'domains'>): GuestZone[] {
-  const zones: GuestZone[] = [];
-  const domains = out.domains ?? [];
-  const subs = SUB_ZONES.map((name) => domains.find((d) => d.domain === name)).filter((d) => d !== undefined);
-  out.vpkgs.forEach((v, g) => {
-    zones.push({ id: `intel-rapl:${g}`, name: `package-${g}`, energyUj: v.energyUj });
-    subs.forEach((d, i) => zones.push({ id: `intel-rapl:${g}:${i}`, name: d.domain, energyUj: d.vpkgEnergyUj[g] ?? 0n }));
-  });
-  const psys = domains.find((d) => d.domain === 'psys');
-  if (psys) zones.push({ id: `intel-rapl:${out.vpkgs.length}`, name: 'psys', energyUj: psys.vpkgEnergyUj.reduce((s, x) => s + x, 0n) });
+export function guestZoneShapes(nvpkg: number, domains: readonly string[]): ZoneShape[] {
+  const zones: ZoneShape[] = [];
+  const subs = SUB_ZONES.filter((d) => domains.includes(d));
+  for (let g = 0; g < nvpkg; g++) {
+    zones.push({ id: `intel-rapl:${g}`, name: `package-${g}`, domain: 'package', vpkgs: [g] });
+    subs.forEach((d, i) => zones.push({ id: `intel-rapl:${g}:${i}`, name: d, domain: d, vpkgs: [g] }));
+  }
+  if (domains.includes('psys')) zones.push({ id: `intel-rapl:${nvpkg}`, name: 'psys', domain: 'psys', vpkgs: [...Array(nvpkg).keys()] });
   return zones;
+}
+
+/** The zones of a VM's tree from its output (guestZoneShapes), with the energy each counts. */
+export function guestZones(out: Pick<VmOutput, 'vpkgs' | 'domains'>): GuestZone[] {
+  const domains = out.domains ?? [];
+  return guestZoneShapes(
+    out.vpkgs.length,
+    domains.map((d) => d.domain),
+  ).map((z) => {
+    const of = (g: number) =>
+      z.domain === 'package' ? out.vpkgs[g]!.energyUj : (domains.find((d) => d.domain === z.domain)?.vpkgEnergyUj[g] ?? 0n);
+    return { id: z.id, name: z.name, energyUj: z.vpkgs.reduce((sum, g) => sum + of(g), 0n) };
+  });
 }
 
 /** energy_uj's text for a count of µJ: wrapped into the range, as sysfs shows it. */

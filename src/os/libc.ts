@@ -57,6 +57,9 @@ const fn = {
   openat: libc.func('int openat(int dirfd, const char *path, int flags, uint32_t mode)'),
   mkdirat: libc.func('int mkdirat(int dirfd, const char *path, uint32_t mode)'),
   renameat: libc.func('int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)'),
+  renameat2: libc.func('int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)'),
+  pwrite: libc.func('long pwrite(int fd, const void *buf, size_t count, long offset)'),
+  ftruncate: libc.func('int ftruncate(int fd, long length)'),
   unlinkat: libc.func('int unlinkat(int dirfd, const char *path, int flags)'),
   symlinkat: libc.func('int symlinkat(const char *target, int dirfd, const char *path)'),
   readlinkat: libc.func('long readlinkat(int dirfd, const char *path, void *buf, size_t size)'),
@@ -739,6 +742,60 @@ export function mkdirAt(dirFd: number, name: string, mode: number): number {
 /** renameat(2) of `from` to `to`, both in `dirFd`: replaces `to` at once (a reader opens the old file or the new one). 0 or -errno. */
 export function renameAt(dirFd: number, from: string, to: string): number {
   return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
+}
+
+const RENAME_EXCHANGE = 2;
+
+/**
+ * renameat2(2) with RENAME_EXCHANGE of `a` and `b`, both in `dirFd`: each name now holds the other's
+ * file, at once (a reader opens one file or the other, never neither). 0 or -errno (EINVAL where the
+ * file system cannot exchange).
+ */
+export function exchangeAt(dirFd: number, a: string, b: string): number {
+  return (fn.renameat2(dirFd, a, dirFd, b, RENAME_EXCHANGE) as number) === 0 ? 0 : -koffi.errno();
+}
+
+const F_SETSIG = 10;
+const F_SETLEASE = 1024;
+const F_WRLCK = 1;
+const F_UNLCK = 2;
+/** SIGURG: ignored unless handled. */
+const LEASE_BREAK_SIGNAL = 23;
+
+/**
+ * fcntl(F_SETSIG, SIGURG) on `fd`, once before takeWriteLease: a lease on it broken by an opener is
+ * then signalled with SIGURG, ignored unless handled, not SIGIO, whose default ends the process. 0 or -errno.
+ */
+export function signalLeaseBreaks(fd: number): number {
+  return (fn.fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/**
+ * fcntl(F_SETLEASE, F_WRLCK) on `fd` (signalLeaseBreaks called on it first): 0 once the process holds
+ * a write lease on its file, which the kernel grants only while no other open file (any process's, a
+ * mapping's) refers to it; -EAGAIN when one does; another -errno where leases cannot be had
+ * (leases-enable 0, a file system without them). While it is held, an open of the file waits
+ * (EWOULDBLOCK with O_NONBLOCK) until the lease goes.
+ */
+export function takeWriteLease(fd: number): number {
+  return (fn.fcntl(fd, F_SETLEASE, 'int', F_WRLCK) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** fcntl(F_SETLEASE, F_UNLCK): the lease of takeWriteLease let go. 0 or -errno. */
+export function dropLease(fd: number): number {
+  return (fn.fcntl(fd, F_SETLEASE, 'int', F_UNLCK) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** pwrite(2) of buf[0, length) at `offset`: the count written, or -errno. */
+export function pwriteFd(fd: number, buf: Buffer, length: number, offset: number): number {
+  if (length > buf.length) throw new RangeError(`pwrite: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.pwrite(fd, buf, length, offset));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** ftruncate(2): 0 or -errno. */
+export function truncateFd(fd: number, length: number): number {
+  return (fn.ftruncate(fd, length) as number) === 0 ? 0 : -koffi.errno();
 }
 
 /** unlinkat(2) (flag 0x200, AT_REMOVEDIR, for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
