@@ -152,8 +152,8 @@ describe('vmsr-helper record', () => {
     for (let k = 1; k < ts.length; k++) {
       expect(ts[k]! > ts[k - 1]!).toBe(true);
       const dt = Number(ts[k]! - ts[k - 1]!) / 1e9;
-      expect(dt).toBeGreaterThan(0.5);
-      // At the 1 s interval: a tick late on a busy machine included, never a second one skipped.
+      // At the 1 s interval: a tick late on a busy machine included (the next one keeps to the grid,
+      // so it may come sooner after it; the count above says none was added), never a second one skipped.
       expect(dt).toBeLessThan(1.9);
     }
     for (const s of samples) {
