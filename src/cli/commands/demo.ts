@@ -249,11 +249,13 @@ async function runDemo(o: DemoOptions): Promise<number> {
       code = 1;
     }
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
-    // The exporter first (it would log the daemon's going), then the VM, then the daemon.
+    // The exporter first (it would log the daemon's going), then the VM, then the daemon. The signal
+    // handlers stay until the directory is gone: a second Ctrl-C (or a SIGTERM sent to the process and
+    // its group, as timeout(1) does) would otherwise end the demo mid-way and leave it behind.
     for (const c of [...children].reverse()) await c.stop();
     fs.rmSync(dir, { recursive: true, force: true });
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
   }
   return code;
 }
