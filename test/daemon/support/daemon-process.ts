@@ -72,6 +72,23 @@ export interface DaemonChild {
   stop(signal?: NodeJS.Signals): Promise<number | string>;
 }
 
+/** The children of `pid` now (a keeper's: its serving process), from /proc. */
+function childPids(pid: number | undefined): number[] {
+  try {
+    return fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+function killIfAlive(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    /* gone already */
+  }
+}
+
 export function spawnHelper(
   args: string[],
   opts: { env?: NodeJS.ProcessEnv; command?: string[]; uid?: number; gid?: number } = {},
@@ -93,10 +110,13 @@ export function spawnHelper(
     stderr: () => err,
     exited,
     async stop(signal: NodeJS.Signals = 'SIGTERM') {
+      // A keeper killed outright leaves its serving process running (docs/daemon.md "Crashes"): it goes too.
+      const kids = childPids(proc.pid);
       if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
       const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
       const r = await exited;
       clearTimeout(t);
+      if (r === 'SIGKILL') for (const k of kids) killIfAlive(k);
       return r;
     },
   };
