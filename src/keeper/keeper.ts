@@ -247,11 +247,13 @@ class Keeper {
     this.child = null;
     const how = sig ?? `exit code ${code}`;
     if (this.stopping || (code === 0 && sig === null)) return this.finish(code ?? 0);
+    // Before the first ready too: the start re-executes itself dropped to -u's user, whose processes
+    // may signal it while Node starts.
+    if (sig === 'SIGHUP') return this.restartAfterHangup(child);
     if (!this.everReady) {
       this.o.log.error({ pid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
       return this.finish(code ?? 1);
     }
-    if (sig === 'SIGHUP') return this.restartAfterHangup(child);
     const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
     this.crashes = stable ? 1 : this.crashes + 1;
     this.readyAt = 0;
