@@ -1,12 +1,13 @@
 /**
- * How long a new QEMU waits while a second uid of `--socket-group` floods the helper (issue 31; the
- * goal: answered within QEMU's 0.5 s under every flood): the real daemon dropped to -u nobody,
- * socket root:kvm 0660, --max-connections 300, and each flood of test/support/socket-group-flood.ts
- * in turn (350 legacy connections held, 350 idle v2 connections, 400 reconnecting connections
- * pipelining unread STATS_FD requests). Per flood, NEW_QEMUS new QEMUs (each a new process of
- * another uid of kvm, named as QEMU) one after the other, each timed from connect() to its first
- * reply: median, p90, max and how many within the goal. test/hostile/socket-group-locks-out-no-qemu.test.ts
- * checks that each is answered at all. Never fails on timing.
+ * How long a new QEMU waits while a second uid of `--socket-group` floods the helper (the goal:
+ * answered within QEMU's 0.5 s under every flood; docs/security.md, "The socket's group locking QEMU
+ * out"): the real daemon dropped to -u nobody, socket root:kvm 0660, --max-connections 300, and each
+ * flood of test/support/socket-group-flood.ts in turn (350 legacy connections held, 350 idle v2
+ * connections, 400 reconnecting connections pipelining unread STATS_FD requests). Per flood, NEW_QEMUS
+ * new QEMUs (each a new process of another uid of kvm, named as QEMU) one after the other, each timed
+ * from connect() to its first reply: median, p90, max and how many within the goal.
+ * test/hostile/socket-group-locks-out-no-qemu.test.ts checks that each is answered at all. Never fails
+ * on timing.
  */
 import fs from 'node:fs';
 import os from 'node:os';

@@ -1,6 +1,6 @@
 /**
  * A second uid of `--socket-group` flooding the helper's connection slots while new QEMUs connect
- * (issue 31): the daemon's options (dropped to -u nobody, socket root:kvm 0660, --max-connections
+ * (docs/security.md, "The socket's group locking QEMU out"): the daemon's options (dropped to -u nobody, socket root:kvm 0660, --max-connections
  * 300), the three floods, the attacker (a real python3 process of uid 65533 in kvm) and the new QEMUs
  * (real processes of uid 65532 in kvm named qemu-system-x86_64, as discovery and the daemon recognise
  * QEMU, a new one for each connection). test/hostile/socket-group-locks-out-no-qemu.test.ts checks

@@ -44,8 +44,9 @@ function readHiddenLines(prompts: readonly string[]): Promise<string[]> {
         else text += ch;
       }
     };
-    process.stderr.write(prompts[0]!);
+    // Echo off before the prompt: what is typed as soon as it shows is never echoed.
     stdin.setRawMode(true);
+    process.stderr.write(prompts[0]!);
     stdin.setEncoding('utf8');
     stdin.on('data', onData);
     stdin.resume();
