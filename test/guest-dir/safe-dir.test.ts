@@ -10,7 +10,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SafeDir } from '../../src/guest-dir/safe-dir.js';
-import { closeFd, dropLease, O_DIRECTORY, O_RDONLY, O_WRONLY, openAt, signalLeaseBreaks, takeWriteLease } from '../../src/os/libc.js';
+import { pathToFileURL } from 'node:url';
+import { closeFd, O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc.js';
+import { ensureBuilt, ROOT } from '../daemon/support/daemon-process.js';
 
 const ZONE = 'intel-rapl:0';
 const cleanups: (() => void)[] = [];
@@ -92,19 +94,16 @@ describe('SafeDir.update', () => {
     const { file } = openTree();
     fs.mkdirSync(path.dirname(file));
     fs.writeFileSync(file, '1\n');
-    const fd = openAt(-100, file, O_WRONLY);
-    cleanups.push(() => closeFd(fd));
-    expect(signalLeaseBreaks(fd)).toBe(0);
-    expect(takeWriteLease(fd)).toBe(0);
-    // The opener breaks the lease: this process is signalled (SIGURG, ignored; SIGIO would end it).
-    const script = `try { require('fs').openSync(process.argv[1], require('fs').constants.O_RDONLY | require('fs').constants.O_NONBLOCK); console.log('opened'); } catch (e) { console.log(e.code); }`;
-    const opener = spawnSync(process.execPath, ['-e', script, file], { encoding: 'utf8', timeout: 30_000 });
-    expect(opener.stdout.trim()).toBe('EAGAIN');
-    expect(dropLease(fd)).toBe(0);
-    // Let go: the file opens again, and a held file gets no lease.
-    const held = fs.openSync(file, 'r');
-    cleanups.push(() => fs.closeSync(held));
-    expect(takeWriteLease(fd)).toBe(-11);
+    // In a process of its own, so that a lease break signal that ended it would fail this test by
+    // name (the signal), not the test runner's worker.
+    ensureBuilt();
+    const holder = spawnSync(process.execPath, ['--input-type=module', '-e', LEASE_HOLDER, file], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    expect(holder.signal, `the lease holder ended by a signal: ${holder.stderr}`).toBeNull();
+    expect(holder.stderr).toBe('');
+    expect(JSON.parse(holder.stdout.trim())).toEqual({ setsig: 0, leased: 0, opener: 'EAGAIN', dropped: 0, heldLease: -11 });
   });
 
   it('shows readers in another process whole values that never go back when values change as fast as they can be written', async () => {
@@ -135,6 +134,31 @@ describe('SafeDir.update', () => {
     expect(r.changed).toBe(0);
   });
 });
+
+/**
+ * The lease holder (argv: the file): F_SETSIG then a write lease on it, another process's
+ * non-blocking open (which breaks the lease: this process is signalled, SIGURG, ignored; SIGIO would
+ * end it), the lease let go, then a lease refused while the file is held open. Prints what each gave.
+ */
+const LEASE_HOLDER = `
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+const { closeFd, dropLease, O_WRONLY, openAt, signalLeaseBreaks, takeWriteLease } = await import(${JSON.stringify(
+  pathToFileURL(path.join(ROOT, 'dist/src/os/libc.js')).href,
+)});
+const file = process.argv[1];
+const fd = openAt(-100, file, O_WRONLY);
+const setsig = signalLeaseBreaks(fd);
+const leased = takeWriteLease(fd);
+const script = "try { require('fs').openSync(process.argv[1], require('fs').constants.O_RDONLY | require('fs').constants.O_NONBLOCK); console.log('opened'); } catch (e) { console.log(e.code); }";
+const opener = spawnSync(process.execPath, ['-e', script, file], { encoding: 'utf8', timeout: 30_000 }).stdout.trim();
+const dropped = dropLease(fd);
+const held = fs.openSync(file, 'r');
+const heldLease = takeWriteLease(fd);
+fs.closeSync(held);
+closeFd(fd);
+console.log(JSON.stringify({ setsig, leased, opener, dropped, heldLease }));
+`;
 
 /**
  * The reader process: argv file, stop, ready. Prints {reads, held, bad (texts not a whole value), back
