@@ -4,11 +4,10 @@
  * the old one, so a reader sees whole values and a file it holds never changes.
  */
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
+import { openGuestTree } from './guest-tree.js';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { SafeDir as SafeDirType } from '../../src/guest-dir/safe-dir.js';
-import { closeFd, O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc.js';
 
 const ZONE = 'intel-rapl:0';
 const cleanups: (() => void)[] = [];
@@ -23,20 +22,7 @@ beforeAll(async () => {
   ({ SafeDir } = await import('../../src/guest-dir/safe-dir.js'));
 });
 
-function openTree(): { dir: SafeDirType; file: string } {
-  const shm = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
-  const root = fs.mkdtempSync(path.join(shm, 'vmsr-safe-dir-'));
-  fs.mkdirSync(path.join(root, 'vm'));
-  const rootFd = openAt(-100, root, O_RDONLY | O_DIRECTORY);
-  const opened = SafeDir.open(rootFd, root, 'vm', [process.geteuid?.() ?? 0]);
-  if (!opened.ok) throw new Error(`cannot open the test's guest directory: ${opened.error}`);
-  cleanups.push(() => {
-    opened.value.close();
-    closeFd(rootFd);
-    fs.rmSync(root, { recursive: true, force: true });
-  });
-  return { dir: opened.value, file: path.join(root, 'vm', ZONE, 'energy_uj') };
-}
+const openTree = () => openGuestTree((...a) => SafeDir.open(...a), ZONE, cleanups);
 
 describe('SafeDir.update without taking turns', () => {
   it('writes each value as a new file renamed over the old one: a held file keeps its value, the name the new one', () => {

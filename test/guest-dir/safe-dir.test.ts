@@ -6,12 +6,11 @@
  */
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
+import { openGuestTree } from './guest-tree.js';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SafeDir } from '../../src/guest-dir/safe-dir.js';
 import { pathToFileURL } from 'node:url';
-import { closeFd, O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc.js';
 import { ensureBuilt, ROOT } from '../daemon/support/daemon-process.js';
 
 const ZONE = 'intel-rapl:0';
@@ -20,21 +19,7 @@ afterEach(() => {
   for (const c of cleanups.splice(0).reverse()) c();
 });
 
-/** A guest directory `vm` in a new DIR on tmpfs (where the host puts it), opened as the publisher opens it. */
-function openTree(): { dir: SafeDir; file: string } {
-  const shm = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
-  const root = fs.mkdtempSync(path.join(shm, 'vmsr-safe-dir-'));
-  fs.mkdirSync(path.join(root, 'vm'));
-  const rootFd = openAt(-100, root, O_RDONLY | O_DIRECTORY);
-  const opened = SafeDir.open(rootFd, root, 'vm', [process.geteuid?.() ?? 0]);
-  if (!opened.ok) throw new Error(`cannot open the test's guest directory: ${opened.error}`);
-  cleanups.push(() => {
-    opened.value.close();
-    closeFd(rootFd);
-    fs.rmSync(root, { recursive: true, force: true });
-  });
-  return { dir: opened.value, file: path.join(root, 'vm', ZONE, 'energy_uj') };
-}
+const openTree = () => openGuestTree(SafeDir.open, ZONE, cleanups);
 
 const inode = (file: string) => fs.statSync(file).ino;
 
