@@ -72,13 +72,19 @@ export interface DaemonChild {
   stop(signal?: NodeJS.Signals): Promise<number | string>;
 }
 
-/** The children of `pid` now (a keeper's: its serving process), from /proc. */
-function childPids(pid: number | undefined): number[] {
-  try {
-    return fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number);
-  } catch {
-    return [];
+/** Processes whose command line ends with `args` (the script and its arguments), from /proc. */
+function sameCommandLine(args: readonly string[]): number[] {
+  const tail = args.join('\0');
+  const out: number[] = [];
+  for (const name of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (fs.readFileSync(`/proc/${name}/cmdline`, 'utf8').replace(/\0$/, '').endsWith(tail)) out.push(Number(name));
+    } catch {
+      /* gone */
+    }
   }
+  return out;
 }
 
 function killIfAlive(pid: number): void {
@@ -110,13 +116,13 @@ export function spawnHelper(
     stderr: () => err,
     exited,
     async stop(signal: NodeJS.Signals = 'SIGTERM') {
-      // A keeper killed outright leaves its serving process running (docs/daemon.md "Crashes"): it goes too.
-      const kids = childPids(proc.pid);
       if (proc.exitCode === null && proc.signalCode === null) proc.kill(signal);
       const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
       const r = await exited;
       clearTimeout(t);
-      if (r === 'SIGKILL') for (const k of kids) killIfAlive(k);
+      // A keeper killed outright leaves its serving process running (docs/daemon.md "Crashes"): it goes
+      // too, found by its command line (the keeper's own), whenever the keeper started it.
+      if (r === 'SIGKILL') for (const k of sameCommandLine(proc.spawnargs.slice(1))) killIfAlive(k);
       return r;
     },
   };
