@@ -11,14 +11,17 @@
  *    between keep-alive requests) is closed IDLE_MS after it opened or after its last response;
  *  - a request in progress (headers received, response not yet sent) is closed REQUEST_MS after its
  *    headers arrived, however slowly the client reads;
- *  - when every slot is taken, a new connection evicts the connection that has been without a
- *    request in progress the longest, one that was refused its credentials (401, 429:
- *    markRefused) first; with every slot busy, a refused one whose refusal is being written. Only
- *    when all slots have a request in progress and none was refused is the new connection closed
- *    at once.
+ *  - when every slot is taken, a new connection makes room. Its owner is counted with the slots it
+ *    holds, and goes: a connection refused its credentials (401, 429: markRefused) and idle; else
+ *    the connection idle the longest of an owner holding more (the most first), of the new
+ *    connection's own owner, or of an owner holding as many; else a refused one whose refusal is
+ *    being written; else the oldest request in progress of the owner holding the most, when it
+ *    holds more than the new connection's owner. Otherwise the new connection is closed at once.
  *
- * Prometheus connects, sends its request at once and is answered in milliseconds: it is only ever
- * evicted if more than `max` newer connections arrive between its connect and its request.
+ * An owner (connection-owner.ts) is the local user at the other end, or the remote source address:
+ * on loopback every local user has the same address, and one user reopening each connection it
+ * loses would otherwise evict everyone else's, the scraper's between its connect and its request.
+ * Prometheus holds one connection per target: it is evicted only when its own user holds the most.
  */
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
@@ -32,12 +35,16 @@ interface SlotLimits {
   requestMs: number;
 }
 
+/** Who a connection belongs to, for the share of the slots (connection-owner.ts). */
+export type OwnerOf = (socket: Socket) => string;
+
 interface Slot {
   /** Requests received and not yet answered (pipelining can make it more than 1). */
   inProgress: number;
   timer: NodeJS.Timeout;
   /** A request of it was refused its credentials: while idle, evicted before any other connection. */
   refused: boolean;
+  owner: string;
 }
 
 export interface SlotStats {
@@ -58,6 +65,7 @@ export class ConnectionSlots {
   constructor(
     server: Server,
     private readonly limits: SlotLimits,
+    private readonly ownerOf: OwnerOf,
   ) {
     server.on('connection', (socket: Socket) => this.admit(socket));
     server.on('request', (req: { socket: Socket }, res: { once(e: 'close', f: () => void): unknown }) => {
@@ -90,23 +98,45 @@ export class ConnectionSlots {
   }
 
   private admit(socket: Socket): void {
+    const owner = this.ownerOf(socket);
     if (this.slots.size >= this.limits.max) {
-      const all = [...this.slots];
-      const idle = all.filter(([, s]) => s.inProgress === 0);
-      // A refused connection's request in progress is only its refusal being written: it may go too.
-      const oldestIdle = idle.find(([, s]) => s.refused) ?? idle[0] ?? all.find(([, s]) => s.refused);
-      if (oldestIdle === undefined) {
+      const victim = this.victimFor(owner);
+      if (victim === undefined) {
         this.counts.refused++;
         socket.destroy();
         return;
       }
       this.counts.evicted++;
-      this.drop(oldestIdle[0]);
+      this.drop(victim);
     }
-    const slot: Slot = { inProgress: 0, timer: setTimeout(() => {}, 0), refused: false };
+    const slot: Slot = { inProgress: 0, timer: setTimeout(() => {}, 0), refused: false, owner };
     this.slots.set(socket, slot);
     this.arm(socket, slot, this.limits.idleMs);
     socket.once('close', () => this.drop(socket));
+  }
+
+  /**
+   * The connection that makes room for a new one of `owner`, or undefined (the rule in the header):
+   * a refused idle one; the oldest idle one of an owner holding more, of `owner` itself, of an owner
+   * holding as many; a refused one being answered; the oldest request of the owner holding the most.
+   */
+  private victimFor(owner: string): Socket | undefined {
+    const all = [...this.slots];
+    const held = new Map<string, number>([[owner, 1]]);
+    for (const [, s] of all) held.set(s.owner, (held.get(s.owner) ?? 0) + 1);
+    const mine = held.get(owner)!;
+    // Most first; among equals, the one idle the longest (the table's order).
+    const others = [...held.keys()].filter((o) => o !== owner).sort((a, b) => held.get(b)! - held.get(a)!);
+    const more = others.filter((o) => held.get(o)! > mine);
+    const asMany = others.filter((o) => held.get(o)! === mine);
+    const oldest = (o: string, idle: boolean) => all.find(([, s]) => s.owner === o && (!idle || s.inProgress === 0));
+    const victim =
+      all.find(([, s]) => s.refused && s.inProgress === 0) ??
+      [...more, owner, ...asMany].map((o) => oldest(o, true)).find((e) => e !== undefined) ??
+      // A refused connection's request in progress is only its refusal being written: it may go too.
+      all.find(([, s]) => s.refused) ??
+      (more.length > 0 ? oldest(more[0]!, false) : undefined);
+    return victim?.[0];
   }
 
   private arm(socket: Socket, slot: Slot, ms: number): void {

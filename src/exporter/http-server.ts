@@ -18,6 +18,7 @@ import { buildExpositions, negotiateFormat } from './metrics.js';
 import { formatListenAddress, type ListenAddress } from './listen-address.js';
 import { cannot } from '../common/errors.js';
 import { ConnectionSlots, type SlotStats } from './connection-slots.js';
+import { ConnectionOwners } from './connection-owner.js';
 import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
 import type { TlsServerConfig } from './web-config.js';
 import { BasicAuth, WWW_AUTHENTICATE } from './basic-auth.js';
@@ -229,11 +230,12 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     requestListener(web, new BasicAuth(), serve, (socket) => slots.markRefused(socket)),
   );
   // Not server.maxConnections: Node then refuses every new connection while the slots are full.
-  const slots: ConnectionSlots = new ConnectionSlots(server, {
-    max: MAX_HTTP_CONNECTIONS,
-    idleMs: HTTP_IDLE_TIMEOUT_MS,
-    requestMs: HTTP_REQUEST_TIMEOUT_MS,
-  });
+  const owners = new ConnectionOwners();
+  const slots: ConnectionSlots = new ConnectionSlots(
+    server,
+    { max: MAX_HTTP_CONNECTIONS, idleMs: HTTP_IDLE_TIMEOUT_MS, requestMs: HTTP_REQUEST_TIMEOUT_MS },
+    owners.ownerOf,
+  );
   const withTls = web !== null && web.current().tlsOptions !== null;
   const front: net.Server = withTls ? tlsFront(web, server, () => tlsFailures++) : server;
   await listenOn(front, listen);
@@ -246,7 +248,10 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     close: () =>
       new Promise<void>((resolve) => {
         if (front !== server) front.close();
-        server.close(() => resolve());
+        server.close(() => {
+          owners.close();
+          resolve();
+        });
         server.closeAllConnections();
       }),
   };

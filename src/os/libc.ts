@@ -24,6 +24,7 @@ const fn = {
   getsockopt: libc.func('int getsockopt(int fd, int level, int optname, void *optval, void *optlen)'),
   socket: libc.func('int socket(int domain, int type, int protocol)'),
   send: libc.func('long send(int fd, const void *buf, size_t len, int flags)'),
+  recv: libc.func('long recv(int fd, void *buf, size_t len, int flags)'),
   sendto: libc.func('long sendto(int fd, const void *buf, size_t len, int flags, const void *addr, uint32_t addrlen)'),
   close: libc.func('int close(int fd)'),
   capget: libc.func('int capget(void *hdr, void *data)'),
@@ -118,6 +119,19 @@ export function sendNow(fd: number, buf: Buffer, length: number): number {
   if (length > buf.length) throw new RangeError(`send: ${length} bytes exceed a buffer of ${buf.length}`);
   const n = Number(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
   return n >= 0 ? n : -koffi.errno();
+}
+
+/** recv(2) into buf, never blocking: the count received, or -errno (EAGAIN: nothing queued). */
+export function recvNow(fd: number, buf: Buffer): number {
+  const n = Number(fn.recv(fd, buf, buf.length, MSG_DONTWAIT));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** socket(2) with SOCK_CLOEXEC: the fd; throws (errno named) when it cannot be made. */
+export function openSocket(domain: number, type: number, protocol: number): number {
+  const fd = fn.socket(domain, type | SOCK_CLOEXEC, protocol) as number;
+  if (fd < 0) throw errnoError(`socket(${domain}, ${type}, ${protocol})`);
+  return fd;
 }
 
 const timespec = Buffer.alloc(16);

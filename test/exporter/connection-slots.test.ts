@@ -1,12 +1,15 @@
 /**
- * ConnectionSlots on a real node:http server and real sockets: the oldest idle connection makes
- * room, and a new connection is closed at once only when every slot has a request in progress.
+ * ConnectionSlots on a real node:http server and real sockets: the oldest idle connection of the
+ * owner holding the most slots makes room, and a new connection is closed at once only when its own
+ * owner holds the most and has every slot busy. Owners here are source addresses (ownerBySource):
+ * each client connects from an address of its own in 127.0.0.0/8.
  * The attack itself runs against the real exporter in test/hostile/idle-connections-block-no-scrape.test.ts.
  */
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, test } from 'vitest';
 import { ConnectionSlots } from '../../src/exporter/connection-slots.js';
+import { ownerBySource } from '../../src/exporter/connection-owner.js';
 
 const MAX = 3;
 const cleanups: (() => void)[] = [];
@@ -23,7 +26,7 @@ async function server(limits = { max: MAX, idleMs: 10_000, requestMs: 10_000 }):
     if (req.url === '/refused-hang') slots.markRefused(req.socket);
     else if (req.url !== '/hang') res.end('ok');
   });
-  const slots: ConnectionSlots = new ConnectionSlots(s, limits);
+  const slots: ConnectionSlots = new ConnectionSlots(s, limits, ownerBySource);
   await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
   cleanups.push(() => {
     s.closeAllConnections();
@@ -32,9 +35,10 @@ async function server(limits = { max: MAX, idleMs: 10_000, requestMs: 10_000 }):
   return { port: (s.address() as AddressInfo).port, slots };
 }
 
-function connect(port: number): Promise<net.Socket & { closedAt?: number }> {
+/** A client connected from `from` (an address of the loopback network: its owner). */
+function connect(port: number, from = '127.0.0.1'): Promise<net.Socket & { closedAt?: number }> {
   return new Promise((resolve) => {
-    const c: net.Socket & { closedAt?: number } = net.connect(port, '127.0.0.1', () => resolve(c));
+    const c: net.Socket & { closedAt?: number } = net.connect({ port, host: '127.0.0.1', localAddress: from }, () => resolve(c));
     c.on('error', () => {});
     c.on('close', () => (c.closedAt = Date.now()));
     cleanups.push(() => c.destroy());
@@ -106,5 +110,50 @@ describe('ConnectionSlots', () => {
     await settle();
     expect([busy, refused, first, second].map((c) => c.closedAt !== undefined)).toEqual([false, true, false, false]);
     expect(slots.stats()).toMatchObject({ open: MAX, evicted: 2, refused: 0 });
+  });
+
+  test('a new connection evicts the idle connection of the owner holding the most slots, not an older idle one of another owner', async () => {
+    const { port, slots } = await server();
+    const a = await connect(port, '127.0.0.2');
+    await settle();
+    const b = [await connect(port, '127.0.0.3'), await connect(port, '127.0.0.3')];
+    await settle();
+    const fresh = await connect(port, '127.0.0.4');
+    await settle();
+    expect([a, ...b, fresh].map((c) => c.closedAt !== undefined)).toEqual([false, true, false, false]);
+    expect(slots.stats()).toMatchObject({ open: MAX, evicted: 1, refused: 0 });
+  });
+
+  test("an owner holding more slots than the new connection's loses its oldest request in progress when it has none idle", async () => {
+    const { port, slots } = await server();
+    const hog = [];
+    for (let i = 0; i < MAX; i++) {
+      const c = await connect(port, '127.0.0.3');
+      c.write('GET /hang HTTP/1.1\r\nHost: x\r\n\r\n');
+      hog.push(c);
+      await settle();
+    }
+    const fresh = await connect(port, '127.0.0.2');
+    await settle();
+    expect([...hog, fresh].map((c) => c.closedAt !== undefined)).toEqual([true, false, false, false]);
+    // The hog's next connection, its owner holding the most and none idle, is closed at once.
+    const more = await connect(port, '127.0.0.3');
+    await settle();
+    expect(more.closedAt).toBeDefined();
+    expect(slots.stats()).toMatchObject({ open: MAX, evicted: 1, refused: 1 });
+  });
+
+  test('an owner reopening every connection it loses evicts only its own while another owner waits to send its request', async () => {
+    const { port } = await server();
+    const scraper = await connect(port, '127.0.0.2');
+    let reopened = 0;
+    const hold = (): void => {
+      void connect(port, '127.0.0.3').then((c) => c.once('close', () => reopened++ < 200 && hold()));
+    };
+    for (let i = 0; i < MAX + 2; i++) hold();
+    const deadline = Date.now() + 30_000;
+    while (reopened < 200 && Date.now() < deadline) await settle();
+    expect(reopened, 'the hoarder to have lost and reopened 200 connections').toBeGreaterThanOrEqual(200);
+    expect(scraper.closedAt).toBeUndefined();
   });
 });

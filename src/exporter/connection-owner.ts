@@ -1,0 +1,37 @@
+/**
+ * Whose a connection to the exporter is, for its share of the connection slots (connection-slots.ts):
+ * the user holding the other end when it is on this host (sock_diag, src/os/tcp-peer-uid.ts), else
+ * the source address as the failed-password limits count it (an IPv4 address, an IPv6 /64). Where
+ * the kernel refuses sock_diag (a sandbox without netlink), every connection counts by its source.
+ */
+import type { Socket } from 'node:net';
+import { TcpPeerUids } from '../os/tcp-peer-uid.js';
+import { sourceOf } from './auth-failures.js';
+import type { OwnerOf } from './connection-slots.js';
+
+/** An owner by source address only: what the slots fall back to, and what a test without users uses. */
+export const ownerBySource: OwnerOf = (socket) => `source ${sourceOf(socket.remoteAddress)}`;
+
+export class ConnectionOwners {
+  private readonly uids = new TcpPeerUids();
+  private usable = true;
+
+  readonly ownerOf: OwnerOf = (socket: Socket) => {
+    const uid = this.usable ? this.localUid(socket) : null;
+    return uid === null ? ownerBySource(socket) : `uid ${uid}`;
+  };
+
+  close(): void {
+    this.uids.close();
+  }
+
+  private localUid(socket: Socket): number | null {
+    try {
+      return this.uids.uidOf(socket);
+    } catch {
+      // No netlink socket for this process: by source from now on.
+      this.usable = false;
+      return null;
+    }
+  }
+}
