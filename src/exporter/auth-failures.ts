@@ -6,6 +6,7 @@
  * 429 without a check. A check that succeeds costs nothing. The table holds at most MAX_SOURCES
  * sources (the one unseen the longest is forgotten first), so memory does not grow with sources.
  */
+import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
 
 /** Failed checks a source may have in a row before it waits. */
 export const FAILED_CHECKS_BURST = 5;
@@ -17,18 +18,11 @@ export const MAX_SOURCES = 4096;
 /** The key a client's address is limited under: an IPv4 address (also IPv4-mapped IPv6), an IPv6 /64. */
 export function sourceOf(address: string | undefined): string {
   if (address === undefined) return '?';
-  const v4 = /^(?:::ffff:)?(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
-  if (v4) return v4[1]!;
+  const v4 = ipv4Octets(address);
+  if (v4) return v4.join('.');
   // One host, or one user, commonly has a whole /64.
-  const full = address.includes('::') ? expandIpv6(address) : address.split(':');
-  return full.slice(0, 4).join(':').toLowerCase();
-}
-
-function expandIpv6(a: string): string[] {
-  const [head, tail] = a.split('::') as [string, string];
-  const h = head === '' ? [] : head.split(':');
-  const t = tail === '' ? [] : tail.split(':');
-  return [...h, ...Array<string>(Math.max(0, 8 - h.length - t.length)).fill('0'), ...t];
+  const groups = ipv6Groups(address);
+  return groups === null ? address.toLowerCase() : groups.slice(0, 4).join(':').toLowerCase();
 }
 
 interface Bucket {

@@ -8,6 +8,7 @@
  * within the send, so the reply is read without waiting. A peer that is not on this host, or a
  * lookup that fails, gives null.
  */
+import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
 import { closeFd, openSocket, recvNow, sendNow, SOCK_DGRAM } from './libc.js';
 
 const AF_INET = 2;
@@ -37,19 +38,15 @@ export interface TcpEnds {
 
 /** An address as sock_diag wants it: its family and 16 bytes (an IPv4-mapped IPv6 address is IPv4). */
 function encodeAddress(address: string): { family: number; bytes: Buffer } | null {
-  const v4 = /^(?:::ffff:)?(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/i.exec(address);
   const bytes = Buffer.alloc(16);
+  const v4 = ipv4Octets(address);
   if (v4) {
-    for (let i = 0; i < 4; i++) bytes[i] = Number(v4[i + 1]);
+    v4.forEach((o, i) => (bytes[i] = o));
     return { family: AF_INET, bytes };
   }
-  if (!address.includes(':') || address.includes('.') || address.includes('%')) return null;
-  const [head, tail = ''] = address.split('::') as [string, string?];
-  const h = head === '' ? [] : head.split(':');
-  const t = tail === '' ? [] : tail.split(':');
-  const groups = address.includes('::') ? [...h, ...Array<string>(8 - h.length - t.length).fill('0'), ...t] : h;
-  if (groups.length !== 8 || groups.some((g) => !/^[0-9a-f]{1,4}$/i.test(g))) return null;
-  groups.forEach((g, i) => bytes.writeUInt16BE(parseInt(g, 16), 2 * i));
+  const v6 = ipv6Groups(address);
+  if (v6 === null) return null;
+  v6.forEach((g, i) => bytes.writeUInt16BE(parseInt(g, 16), 2 * i));
   return { family: AF_INET6, bytes };
 }
 
