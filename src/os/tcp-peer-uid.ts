@@ -29,7 +29,7 @@ const REPLY = { type: 4, seq: 8, state: 17, sport: 20, dport: 22, uid: 80, bytes
 const MAX_STALE_REPLIES = 8;
 
 /** The two ends of a connection as the accepting side sees them (net.Socket's own fields). */
-export interface TcpEnds {
+interface TcpEnds {
   remoteAddress?: string;
   remotePort?: number;
   localAddress?: string;

@@ -71,7 +71,15 @@ describe('observers on the daemon', () => {
     }
     const host: HostUpdate[] = [];
     await c.subscribeHost((u) => host.push(u));
-    await waitFor(() => host.length >= 15, '15 host updates', helper);
+    // Windows where both VMs published at both ends and both packages' counters moved: the test's
+    // pumps are timers of this process, which a loaded machine can hold past a sample.
+    const measured = () =>
+      host.slice(1).filter((u1, i) => {
+        const u0 = host[i]!;
+        const published = energy.every((m) => m.has(u0.tNs) && m.has(u1.tNs));
+        return published && u1.packages.every((p, k) => p.energyUj > u0.packages[k]!.energyUj);
+      }).length;
+    await waitFor(() => host.length >= 15 && measured() >= 8, '8 sample windows in which both packages moved', helper, 60_000);
 
     let checked = 0;
     for (let i = 0; i + 1 < host.length; i++) {
@@ -95,13 +103,13 @@ describe('observers on the daemon', () => {
         const vmDelta = Number(energy[pkg]!.get(u1.tNs)! - energy[pkg]!.get(u0.tNs)!);
         const pkgDelta = Number(u1.packages[pkg]!.energyUj - u0.packages[pkg]!.energyUj);
         const unDelta = Number(u1.packages[pkg]!.unattributedUj! - u0.packages[pkg]!.unattributedUj!);
-        expect(pkgDelta).toBeGreaterThan(0);
+        expect(pkgDelta).toBeGreaterThanOrEqual(0);
         // floor() to whole µJ on three sides: at most a few µJ apart.
         expect(Math.abs(pkgDelta - vmDelta - unDelta), `package ${pkg}: ${pkgDelta} = ${vmDelta} + ${unDelta}?`).toBeLessThanOrEqual(3);
       }
       checked++;
     }
-    expect(checked).toBeGreaterThanOrEqual(8);
+    expect(checked).toBeGreaterThanOrEqual(measured());
     // Both VMs got energy on their own package, and neither package was all theirs.
     const last = host.at(-1)!;
     for (const pkg of [0, 1]) {
