@@ -109,6 +109,24 @@ export class ThreadReads {
     return out;
   }
 
+  /**
+   * A thread's run time (schedstat field 1, ns) through the fd the sampler holds for it, with no
+   * string made: null when none is held or the read fails (the thread exited). For the end's forecast.
+   */
+  runTimeNs(pid: number, tid: number): number | null {
+    const fd = this.held(pid, tid)?.schedstat ?? -1;
+    if (fd < 0) return null;
+    const n = pread(fd, this.sched, SCHEDSTAT_BYTES, 0);
+    let v = 0;
+    let i = 0;
+    for (; i < n; i++) {
+      const d = this.sched[i]! - 0x30;
+      if (d < 0 || d > 9) break;
+      v = v * 10 + d;
+    }
+    return i > 0 && i < n && this.sched[i] === SPACE ? v : null;
+  }
+
   /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read. */
   private runTime(fd: number): string | null {
     if (fd < 0) return null;
