@@ -7,7 +7,10 @@
  * - each vCPU's ticks at the end: its run time (schedstat field 1, read just before the reply) in
  *   clock ticks. utime + stime are the kernel's split of that run time, each truncated to ticks,
  *   so they never pass it: the forecast is an upper bound, and the credit errs low;
- * - the non-vCPU threads' ticks (QEMU's never-reset share): those of the last window settled;
+ * - the non-vCPU threads' ticks (QEMU's never-reset share, which grows with e_delta too): an upper
+ *   bound of them all, the process's CPU time over the window less its vCPUs' (with its main
+ *   thread's, which QEMU leaves out), given to every package (QEMU takes a thread's share on its
+ *   own package alone);
  * - QEMU's carried share and vCPU count: the model's state.
  *
  * Once the reply has left, the threads are read and settleWindow (guest-counter.ts) runs QEMU's
@@ -27,6 +30,8 @@ interface ForecastInput {
   /** The package of the request being answered. */
   pkg: number;
   vcpus: readonly VcpuForecast[];
+  /** At least the ticks of the non-vCPU threads QEMU listed, over the window. */
+  otherTicks: number;
   exactJ: number;
   unitJ: number;
   maxTicks: ReadonlyMap<number, number>;
@@ -71,7 +76,7 @@ export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
     const f = fc.get(p);
     if (f === undefined || f.ran === 0) continue;
     const nb = (s.loop.nbVcpu.get(p) ?? 0) + f.vcpus;
-    const others = s.otherTicks?.get(p) ?? 0;
+    const others = o.otherTicks;
     base += f.ran * Math.floor(Number(s.loop.eRatio.get(p) ?? 0n) / nb);
     slope.set(p, (f.ticks + (f.ran * others) / nb) / (o.maxTicks.get(p) ?? 1));
     ticks += f.ticks;

@@ -52,8 +52,6 @@ export interface GuestCounterState {
    * e_delta QEMU was answered per package.
    */
   answered?: Map<number, bigint>;
-  /** Per host package, the non-vCPU threads' ticks of the last window settled (not saved: a guess for the next forecast). */
-  otherTicks?: Map<number, number>;
 }
 
 /** What one request needs answered, and what the caller must read before the next. */
@@ -170,10 +168,7 @@ function solveWindow(
   return eDelta;
 }
 
-/**
- * QEMU's iteration run on the window's threads with the e_delta it was answered: what it credits
- * leaves what is owed. Also keeps each package's non-vCPU ticks, the next forecast's guess of them.
- */
+/** QEMU's iteration run on the window's threads with the e_delta it was answered: what it credits leaves what is owed. */
 function credit(
   s: GuestCounterState,
   threads: readonly LoopThread[],
@@ -186,12 +181,6 @@ function credit(
   if (credited === 0 && s.owedUnits >= 1) s.carriedWindows++;
   s.creditedUnits += credited;
   s.owedUnits -= credited;
-  const others = new Map<number, number>();
-  for (const t of threads) {
-    if (t.vpkg !== undefined || t.ticks1 === null || t.ticks1 < t.ticks0) continue;
-    others.set(t.pkg, (others.get(t.pkg) ?? 0) + t.ticks1 - t.ticks0);
-  }
-  s.otherTicks = others;
   s.start = null;
   delete s.answered;
 }

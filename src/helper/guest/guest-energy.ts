@@ -11,6 +11,7 @@
  */
 import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
+import { processCpuTimeNs } from '../../os/libc.js';
 import {
   closeWindow,
   counterStep,
@@ -82,6 +83,8 @@ interface Peer {
   vcpuTids?: number[];
   /** The task directory, held from the window's start read to its end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
+  /** At the window's start read: the run time (ns) of its threads but the main one and the vCPUs, for the end's forecast. */
+  othersNs?: number;
   /** The VM as found for the end answered from a forecast, until the window is settled. */
   closing?: GuestVm;
 }
@@ -160,6 +163,7 @@ export class GuestEnergy implements EnergyStatusHook {
       this.release(peer);
       // Counted before the list is read: a thread that comes or goes in between fails the end's check.
       const count = TaskCount.open(this.o.procRoot, c.pid);
+      peer.othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) ?? undefined;
       const read = this.reads.readStart(c.pid, peer.early);
       delete peer.early;
       c.start = read?.threads ?? null;
@@ -266,12 +270,12 @@ export class GuestEnergy implements EnergyStatusHook {
     const vm = this.o.find(c.pid);
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
-    const vcpus = this.forecast(peer, c);
-    if (vcpus !== null) {
+    const fc = this.forecast(peer, c);
+    if (fc !== null) {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
       peer.closing = shape;
       this.settling.push(peer);
-      return answerForecast(c, { pkg, vcpus, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+      return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
     }
     // No forecast (a thread came or went, no start read, no held fd): the threads are read before
     // the reply, and the e_delta solved on them. QEMU reads, at the end, the threads it listed at
@@ -294,17 +298,45 @@ export class GuestEnergy implements EnergyStatusHook {
    * came or went (the task directory's count moved; QEMU's tick delta of an exited thread
    * underflows unless answered a zero delta), or a vCPU's run time cannot be read.
    */
-  private forecast(peer: Peer, c: GuestCounterState): VcpuForecast[] | null {
-    if (c.start === null || peer.vcpuTids === undefined || peer.taskCount?.same() !== true) return null;
-    const out: VcpuForecast[] = [];
+  private forecast(peer: Peer, c: GuestCounterState): { vcpus: VcpuForecast[]; otherTicks: number } | null {
+    if (c.start === null || peer.vcpuTids === undefined || peer.othersNs === undefined || peer.taskCount?.same() !== true) return null;
+    const vcpus: VcpuForecast[] = [];
+    let vcpuNs = 0;
     for (const tid of peer.vcpuTids) {
-      const a = c.start.get(tid);
-      if (a === undefined) continue;
       const ns = this.reads.runTimeNs(c.pid, tid);
       if (ns === null) return null;
-      out.push({ pkg: a.pkg, ticks0: a.ticks, ticks1: Math.max(a.ticks, Math.floor(ns / this.nsPerTick)) });
+      vcpuNs += ns;
+      const a = c.start.get(tid);
+      if (a !== undefined) vcpus.push({ pkg: a.pkg, ticks0: a.ticks, ticks1: Math.max(a.ticks, Math.floor(ns / this.nsPerTick)) });
     }
-    return out;
+    const others = this.othersNs(c.pid, 'end', () => vcpuNs);
+    if (others === null) return null;
+    return { vcpus, otherTicks: Math.max(0, Math.ceil((others - peer.othersNs) / this.nsPerTick)) };
+  }
+
+  /**
+   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpuNs`: read at the start, read before at the end): its process
+   * CPU clock less theirs; null when one cannot be read. It counts the main thread too, which QEMU
+   * leaves out (the sampler holds no schedstat fd for it): the forecast errs low by its share. Read
+   * so that an end's less a start's errs high: the clock first at the start, last at the end.
+   */
+  private othersNs(pid: number, edge: 'start' | 'end', vcpuNs: () => number | null): number | null {
+    const first = edge === 'start' ? processCpuTimeNs(pid) : 0n;
+    const vcpus = vcpuNs();
+    if (vcpus === null) return null;
+    const total = edge === 'end' ? processCpuTimeNs(pid) : first;
+    return total < 0n ? null : Number(total) - vcpus;
+  }
+
+  /** The sum of the run times of `tids` (ns), or null when one cannot be read. */
+  private runTimesNs(pid: number, tids: readonly number[]): number | null {
+    let sum = 0;
+    for (const tid of tids) {
+      const ns = this.reads.runTimeNs(pid, tid);
+      if (ns === null) return null;
+      sum += ns;
+    }
+    return sum;
   }
 
   /** After a forecast's reply: the threads QEMU listed read as QEMU reads them now, and the window settled on them. */
