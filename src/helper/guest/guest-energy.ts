@@ -25,13 +25,10 @@ import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../gue
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
-import { ThreadReads, type HeldFds } from './thread-reads.js';
+import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
-
-/** What ThreadReads reads at a window's start (its readStart's result). */
-type StartRead = NonNullable<ReturnType<ThreadReads['readStart']>>;
 
 /** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
 const MAX_GUEST_PEERS = 4096;
@@ -77,6 +74,8 @@ interface Peer {
   resyncNs?: bigint;
   /** The run time of each thread read just before its start line (ThreadReads.readStart), for the end read. */
   runTimes?: Map<number, string | null>;
+  /** The last window's end read, for the next start's (ThreadReads.readStart). */
+  lastRead?: StartRead;
   /** A window's vCPU threads, read before its start reply (the rest are read after it). */
   early?: StartRead;
   /** The VM's vCPU threads at the window's start, for the end's forecast. */
@@ -164,8 +163,10 @@ export class GuestEnergy implements EnergyStatusHook {
       // Counted before the list is read: a thread that comes or goes in between fails the end's check.
       const count = TaskCount.open(this.o.procRoot, c.pid);
       peer.othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) ?? undefined;
-      const read = this.reads.readStart(c.pid, peer.early);
+      const last = peer.lastRead !== undefined && count !== null ? { read: peer.lastRead, count: count.first } : undefined;
+      const read = this.reads.readStart(c.pid, peer.early, last);
       delete peer.early;
+      delete peer.lastRead;
       c.start = read?.threads ?? null;
       peer.runTimes = read?.runTimes;
       if (count !== null) this.hold(peer, count, now);
@@ -281,11 +282,10 @@ export class GuestEnergy implements EnergyStatusHook {
     // the reply, and the e_delta solved on them. QEMU reads, at the end, the threads it listed at
     // the start; without a start read (a restart mid-window, a process gone), every thread, for the
     // model's count of vCPUs.
-    const end: ThreadSnapshot =
-      c.start !== null
-        ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() })
-        : (this.reads.readStart(c.pid)?.threads ?? new Map());
+    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
+    const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     delete peer.runTimes;
+    if (read !== null) peer.lastRead = read;
     this.release(peer);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
     this.logWindow(peer, c);
@@ -343,8 +343,10 @@ export class GuestEnergy implements EnergyStatusHook {
   private settle(peer: Peer): void {
     const c = peer.counter;
     if (c === undefined || c.answered === undefined) return;
-    const end = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : new Map();
+    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
+    const end: ThreadSnapshot = read?.threads ?? new Map();
     delete peer.runTimes;
+    if (read !== null) peer.lastRead = read;
     this.release(peer);
     settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
     delete peer.closing;

@@ -14,7 +14,7 @@ export class TaskCount {
   private static readonly buf = Buffer.alloc(STAT_SIZE);
 
   /** The count when it was opened. */
-  private first = -1;
+  first = -1;
 
   private constructor(private fd: number) {}
 
