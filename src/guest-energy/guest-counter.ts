@@ -17,6 +17,7 @@ import { creditedFrom, solveDelta } from './delta-solver.js';
 import { freshPhases, nextPhase, type PhaseState } from './window-phases.js';
 import { freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 import type { ThreadSnapshot } from './thread-snapshot.js';
+import { garbageGone, shadowCredit, shadowFor } from './garbage-shadow.js';
 
 /** What a VM is, for its counters. */
 export interface GuestVm {
@@ -52,6 +53,13 @@ export interface GuestCounterState {
    * e_delta QEMU was answered per package.
    */
   answered?: Map<number, bigint>;
+  /**
+   * Units QEMU credited from its garbage (garbage-shadow.ts; not saved): not taken back, so the
+   * exact energy is creditedUnits + owedUnits - excessUnits.
+   */
+  excessUnits?: number;
+  /** While QEMU's carried share holds garbage: its loop without it (garbage-shadow.ts; not saved). */
+  shadow?: LoopState;
 }
 
 /** What one request needs answered, and what the caller must read before the next. */
@@ -175,12 +183,21 @@ function credit(
   eDelta: ReadonlyMap<number, bigint>,
   maxTicks: ReadonlyMap<number, number>,
 ): void {
+  const shadow = shadowFor(s.loop, s.shadow, threads, eDelta);
   const credits = runIteration(s.loop, { threads, eDelta, maxTicks });
+  // What the guest's 32-bit counters show (all of it but with garbage).
   let credited = 0;
-  for (const c of credits) credited += Number(c);
+  for (const c of credits) credited += Number(BigInt.asUintN(32, c));
+  let paid = credited;
+  if (shadow !== undefined) {
+    paid = Math.min(credited, shadowCredit(shadow, { threads, eDelta, maxTicks }));
+    s.excessUnits = (s.excessUnits ?? 0) + credited - paid;
+    if (garbageGone(s.loop, shadow)) delete s.shadow;
+    else s.shadow = shadow;
+  }
   if (credited === 0 && s.owedUnits >= 1) s.carriedWindows++;
   s.creditedUnits += credited;
-  s.owedUnits -= credited;
+  s.owedUnits -= paid;
   s.start = null;
   delete s.answered;
 }

@@ -82,7 +82,7 @@ interface Peer {
   vcpuTids?: number[];
   /** The task directory, held from the window's start read to its end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
-  /** At the window's start read: the run time (ns) of its threads but the main one and the vCPUs, for the end's forecast. */
+  /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
   othersNs?: number;
   /** The VM as found for the end answered from a forecast, until the window is settled. */
   closing?: GuestVm;
@@ -182,7 +182,7 @@ export class GuestEnergy implements EnergyStatusHook {
       return {
         mode: 'exact',
         guestJ: c.creditedUnits * this.o.unitJ,
-        exactJ: (c.creditedUnits + c.owedUnits) * this.o.unitJ,
+        exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
         windows: c.windows,
       };
     }
@@ -315,8 +315,8 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /**
-   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpuNs`: read at the start, read before at the end): its process
-   * CPU clock less theirs; null when one cannot be read. It counts the main thread too, which QEMU
+   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpuNs`: read after the clock at the
+   * start, before it at the end): its process CPU clock less theirs; null when one cannot be read. It counts the main thread too, which QEMU
    * leaves out (the sampler holds no schedstat fd for it): the forecast errs low by its share. Read
    * so that an end's less a start's errs high: the clock first at the start, last at the end.
    */
@@ -354,13 +354,14 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   private logWindow(peer: Peer, c: GuestCounterState): void {
+    if (!this.o.log.isLevelEnabled('debug')) return;
     this.o.log.debug(
       {
         vm: peer.vmId,
         pid: c.pid,
         window: c.windows,
         credited: c.creditedUnits,
-        exact: Math.round(c.creditedUnits + c.owedUnits),
+        exact: Math.round(c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)),
         guest: c.loop.vpkgCounter,
       },
       'guest window',
