@@ -288,7 +288,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (read !== null) peer.lastRead = read;
     this.release(peer);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
-    this.logWindow(peer, c);
+    this.logWindow(peer, c, false);
     return value;
   }
 
@@ -350,10 +350,11 @@ export class GuestEnergy implements EnergyStatusHook {
     this.release(peer);
     settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
     delete peer.closing;
-    this.logWindow(peer, c);
+    this.logWindow(peer, c, true);
   }
 
-  private logWindow(peer: Peer, c: GuestCounterState): void {
+  /** The debug line of a window closed (`forecast`: answered from a forecast, else from the reads before the reply). */
+  private logWindow(peer: Peer, c: GuestCounterState, forecast: boolean): void {
     if (!this.o.log.isLevelEnabled('debug')) return;
     this.o.log.debug(
       {
@@ -363,6 +364,7 @@ export class GuestEnergy implements EnergyStatusHook {
         credited: c.creditedUnits,
         exact: Math.round(c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)),
         guest: c.loop.vpkgCounter,
+        forecast,
       },
       'guest window',
     );
