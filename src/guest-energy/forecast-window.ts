@@ -76,9 +76,8 @@ export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
     const f = fc.get(p);
     if (f === undefined || f.ran === 0) continue;
     const nb = (s.loop.nbVcpu.get(p) ?? 0) + f.vcpus;
-    const others = o.otherTicks;
     base += f.ran * Math.floor(Number(s.loop.eRatio.get(p) ?? 0n) / nb);
-    slope.set(p, (f.ticks + (f.ran * others) / nb) / (o.maxTicks.get(p) ?? 1));
+    slope.set(p, (f.ticks + (f.ran * o.otherTicks) / nb) / (o.maxTicks.get(p) ?? 1));
     ticks += f.ticks;
   }
   // The target less the carried share, split between the packages by their vCPU ticks (solveWindow's rule).

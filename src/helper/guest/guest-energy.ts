@@ -80,6 +80,8 @@ interface Peer {
   early?: StartRead;
   /** The VM's vCPU threads at the window's start, for the end's forecast. */
   vcpuTids?: number[];
+  /** The VM's vCPU threads as found at the last window's end, milliseconds before the next start: that start's. */
+  nextVcpuTids?: number[];
   /** The task directory, held from the window's start read to its end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
   /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
@@ -271,6 +273,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const vm = this.o.find(c.pid);
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
+    if (vm !== undefined) peer.nextVcpuTids = [...vm.vcpus.keys()];
     const fc = this.forecast(peer, c);
     if (fc !== null) {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
@@ -388,7 +391,8 @@ export class GuestEnergy implements EnergyStatusHook {
     const c = peer.counter!;
     c.start = null;
     delete peer.runTimes;
-    peer.vcpuTids = [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
+    peer.vcpuTids = peer.nextVcpuTids ?? [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
+    delete peer.nextVcpuTids;
     peer.early = this.reads.readEarly(c.pid, peer.vcpuTids);
     this.starting.push(peer);
     return value;
