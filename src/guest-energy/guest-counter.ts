@@ -17,6 +17,7 @@ import { creditedFrom, solveDelta } from './delta-solver.js';
 import { freshPhases, nextPhase, type PhaseState } from './window-phases.js';
 import { freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 import type { ThreadSnapshot } from './thread-snapshot.js';
+import { garbageGone, shadowCredit, shadowFor } from './garbage-shadow.js';
 
 /** What a VM is, for its counters. */
 export interface GuestVm {
@@ -47,6 +48,18 @@ export interface GuestCounterState {
   /** Windows closed, and those that carried their energy because a thread underflowed or no vCPU ran. */
   windows: number;
   carriedWindows: number;
+  /**
+   * Between a forecast answer and its settling (the same turn of the event loop; not saved): the
+   * e_delta QEMU was answered per package.
+   */
+  answered?: Map<number, bigint>;
+  /**
+   * Units QEMU credited from its garbage (garbage-shadow.ts; not saved): not taken back, so the
+   * exact energy is creditedUnits + owedUnits - excessUnits.
+   */
+  excessUnits?: number;
+  /** While QEMU's carried share holds garbage: its loop without it (garbage-shadow.ts; not saved). */
+  shadow?: LoopState;
 }
 
 /** What one request needs answered, and what the caller must read before the next. */
@@ -94,24 +107,60 @@ function windowThreads(vm: GuestVm, start: ThreadSnapshot, end: ThreadSnapshot):
   return { threads, replaced };
 }
 
+/** The energy attributed to the VM since the last window's end joins what is owed: the window's target. */
+export function takeAttributed(s: GuestCounterState, exactJ: number, unitJ: number): void {
+  s.owedUnits += Math.max(0, exactJ - s.lastExactJ) / unitJ;
+  s.lastExactJ = Math.max(s.lastExactJ, exactJ);
+  s.windows++;
+}
+
+/** Each package's counter advances by its e_delta (never back: e_delta >= 0). */
+export function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number, bigint>): void {
+  for (const [p, e] of eDelta) s.counters.set(p, (s.counters.get(p) ?? 0) + Number(e));
+}
+
 /**
- * Closes the window at its first end read: `end` is the threads read now, `exactJ` the VM's
- * attributed energy now, `unitJ` the guest's energy unit. Advances the counters and returns the
- * value to answer for `pkg`.
+ * Closes the window at its first end read, the threads read before the reply: `end` is the threads
+ * read now, `exactJ` the VM's attributed energy now, `unitJ` the guest's energy unit. Advances the
+ * counters by the e_delta solved on those reads, settles the window on them and returns the value
+ * to answer for `pkg`.
  */
 export function closeWindow(
   s: GuestCounterState,
   vm: GuestVm,
   o: { pkg: number; end: ThreadSnapshot; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number> },
 ): number {
-  s.owedUnits += Math.max(0, o.exactJ - s.lastExactJ) / o.unitJ;
-  s.lastExactJ = Math.max(s.lastExactJ, o.exactJ);
-  s.windows++;
-  const pkgs = s.phases.pkgs;
+  takeAttributed(s, o.exactJ, o.unitJ);
   // Without a start read (the counters began mid-window) the end read stands in for it: no ticks, nothing credited.
   const { threads, replaced } = windowThreads(vm, s.start ?? o.end, o.end);
+  const eDelta = solveWindow(s, threads, replaced, o.maxTicks);
+  advanceCounters(s, eDelta);
+  credit(s, threads, eDelta, o.maxTicks);
+  return s.counters.get(o.pkg) ?? 0;
+}
+
+/**
+ * Settles a window whose end was answered from a forecast (forecast-window.ts) before its threads
+ * were read: `end` is the threads read right after that reply, as QEMU reads them. What QEMU
+ * credits on them with the e_delta it was answered is taken off what is owed; the rest, above or
+ * below, is carried into the next window's target.
+ */
+export function settleWindow(s: GuestCounterState, vm: GuestVm, o: { end: ThreadSnapshot; maxTicks: ReadonlyMap<number, number> }): void {
+  const eDelta = s.answered ?? new Map<number, bigint>();
+  const { threads } = windowThreads(vm, s.start ?? o.end, o.end);
+  credit(s, threads, eDelta, o.maxTicks);
+}
+
+/** Per package, the largest e_delta whose credit does not pass the package's part of the target. */
+function solveWindow(
+  s: GuestCounterState,
+  threads: readonly LoopThread[],
+  replaced: ReadonlySet<number>,
+  allTicks: ReadonlyMap<number, number>,
+): Map<number, bigint> {
+  const pkgs = s.phases.pkgs;
   const ofPkg = (p: number) => threads.filter((t) => t.pkg === p);
-  const maxTicks = (p: number) => o.maxTicks.get(p) ?? 1;
+  const maxTicks = (p: number) => allTicks.get(p) ?? 1;
   // What QEMU credits from its carried non-vCPU share whatever it is given comes off the target first.
   const base = new Map(
     pkgs.map((p) => [p, creditedFrom({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: 0n }, 0n)]),
@@ -124,15 +173,33 @@ export function closeWindow(
     const paid = replaced.has(p) || s.start === null ? 0 : (shares.get(p) ?? 0);
     eDelta.set(p, solveDelta({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: base.get(p)! + BigInt(paid) }));
   }
-  const credits = runIteration(s.loop, { threads, eDelta, maxTicks: o.maxTicks });
+  return eDelta;
+}
+
+/** QEMU's iteration run on the window's threads with the e_delta it was answered: what it credits leaves what is owed. */
+function credit(
+  s: GuestCounterState,
+  threads: readonly LoopThread[],
+  eDelta: ReadonlyMap<number, bigint>,
+  maxTicks: ReadonlyMap<number, number>,
+): void {
+  const shadow = shadowFor(s.loop, s.shadow, threads, eDelta);
+  const credits = runIteration(s.loop, { threads, eDelta, maxTicks });
+  // What the guest's 32-bit counters show (all of it but with garbage).
   let credited = 0;
-  for (const c of credits) credited += Number(c);
+  for (const c of credits) credited += Number(BigInt.asUintN(32, c));
+  let paid = credited;
+  if (shadow !== undefined) {
+    paid = Math.min(credited, shadowCredit(shadow, { threads, eDelta, maxTicks }));
+    s.excessUnits = (s.excessUnits ?? 0) + credited - paid;
+    if (garbageGone(s.loop, shadow)) delete s.shadow;
+    else s.shadow = shadow;
+  }
   if (credited === 0 && s.owedUnits >= 1) s.carriedWindows++;
   s.creditedUnits += credited;
-  s.owedUnits -= credited;
-  for (const [p, e] of eDelta) s.counters.set(p, (s.counters.get(p) ?? 0) + Number(e));
+  s.owedUnits -= paid;
   s.start = null;
-  return s.counters.get(o.pkg) ?? 0;
+  delete s.answered;
 }
 
 /**

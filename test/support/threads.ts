@@ -1,6 +1,6 @@
 /**
  * A real python3 process whose threads the test starts and stops through stdin: `start N` / `stop N`
- * sleeping threads, `spin` (a thread that never sleeps), `burner` (a thread that sleeps until each
+ * sleeping threads (`start N busy`: each uses 30 ms of CPU first, so that it has ticks), `spin` (a thread that never sleeps), `burner` (a thread that sleeps until each
  * `burn`, then uses 50 ms of CPU; `burn` answers once /proc shows it asleep again).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -21,7 +21,10 @@ def burner():
         end = time.thread_time() + 0.05
         while time.thread_time() < end: pass
         burn_done.set()
-def worker(ev):
+def worker(ev, busy, burnt):
+    end = time.thread_time() + busy
+    while time.thread_time() < end: pass
+    burnt.set()
     ev.wait()
 print("ready", flush=True)
 for line in sys.stdin:
@@ -29,7 +32,8 @@ for line in sys.stdin:
     if not cmd: continue
     if cmd[0] == "start":
         for _ in range(int(cmd[1])):
-            ev = threading.Event(); t = threading.Thread(target=worker, args=(ev,)); t.start(); evs.append((ev, t))
+            ev = threading.Event(); burnt = threading.Event()
+            t = threading.Thread(target=worker, args=(ev, 0.03 if cmd[2:] == ["busy"] else 0, burnt)); t.start(); evs.append((ev, t)); burnt.wait()
     elif cmd[0] == "stop":
         for _ in range(int(cmd[1])):
             ev, t = evs.pop(); ev.set(); t.join()

@@ -11,20 +11,30 @@
  */
 import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
-import { closeWindow, counterStep, freshGuestCounter, type GuestCounterState, type GuestVm } from '../../guest-energy/guest-counter.js';
+import { processCpuTimeNs } from '../../os/libc.js';
+import {
+  closeWindow,
+  counterStep,
+  freshGuestCounter,
+  settleWindow,
+  type GuestCounterState,
+  type GuestVm,
+} from '../../guest-energy/guest-counter.js';
+import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
 import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
-import { ThreadReads, type HeldFds } from './thread-reads.js';
+import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
+import { TaskCount } from './task-count.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 
-/** What ThreadReads reads at a window's start (its readStart's result). */
-type StartRead = NonNullable<ReturnType<ThreadReads['readStart']>>;
-
 /** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
 const MAX_GUEST_PEERS = 4096;
+
+/** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
+const HOLD_LIMIT_NS = 10_000_000_000n;
 
 /** What the helper knows of a VM, for its guest counters. */
 export interface GuestVmView extends GuestVm {
@@ -64,8 +74,20 @@ interface Peer {
   resyncNs?: bigint;
   /** The run time of each thread read just before its start line (ThreadReads.readStart), for the end read. */
   runTimes?: Map<number, string | null>;
+  /** The last window's end read, for the next start's (ThreadReads.readStart). */
+  lastRead?: StartRead;
   /** A window's vCPU threads, read before its start reply (the rest are read after it). */
   early?: StartRead;
+  /** The VM's vCPU threads at the window's start, for the end's forecast. */
+  vcpuTids?: number[];
+  /** The VM's vCPU threads as found at the last window's end, milliseconds before the next start: that start's. */
+  nextVcpuTids?: number[];
+  /** The task directory, held from the window's start read to its end: the forecast's check that no thread came or went. */
+  taskCount?: TaskCount;
+  /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
+  othersNs?: number;
+  /** The VM as found for the end answered from a forecast, until the window is settled. */
+  closing?: GuestVm;
 }
 
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
@@ -85,17 +107,24 @@ export class GuestEnergy implements EnergyStatusHook {
   private readonly reads: ThreadReads;
   /** Windows begun whose start read waits for the reply to leave (afterReplies). */
   private readonly starting: Peer[] = [];
+  /** Windows whose end was answered from a forecast, to settle once the reply has left (afterReplies). */
+  private readonly settling: Peer[] = [];
+  /** Peers holding a task directory (TaskCount). */
+  private readonly holding = new Set<Peer>();
+  /** Nanoseconds of run time a clock tick (utime and stime are counted in CLK_TCK). */
+  private readonly nsPerTick: number;
 
   constructor(private readonly o: GuestEnergyOptions) {
     this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
     this.maxTicks = new Map();
     for (const c of o.host.cpus) this.maxTicks.set(c.pkg, (this.maxTicks.get(c.pkg) ?? 0) + o.host.clkTck);
     this.reads = new ThreadReads(o.procRoot, this.pkgOfCpu, o.maxThreads, o.heldFds);
+    this.nsPerTick = 1e9 / o.host.clkTck;
   }
 
   /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */
   answer(peerPid: number, cpu: number): bigint | undefined {
-    if (this.starting.length > 0) this.afterReplies();
+    if (this.starting.length + this.settling.length > 0) this.afterReplies();
     const pkg = this.pkgOfCpu.get(cpu);
     if (pkg === undefined) return undefined;
     const now = this.o.clock();
@@ -122,28 +151,40 @@ export class GuestEnergy implements EnergyStatusHook {
    * move (the vCPUs) were read before the reply and the others (idle mostly: a later read sees the
    * same ticks) are read right after it, in the same turn of the event loop, off the request's
    * latency (the vCPUs read after it, even in the same turn, could be read after QEMU's vmsr thread
-   * and whatever else ran once the reply woke it). Also run before the next request.
+   * and whatever else ran once the reply woke it). And the windows whose end was answered from a
+   * forecast are settled on the threads read now, as QEMU reads them once it has the reply. Also
+   * run before the next request.
    */
   afterReplies(): void {
+    for (const peer of this.settling.splice(0)) this.settle(peer);
+    const now = this.starting.length > 0 ? this.o.clock() : 0n;
     for (const peer of this.starting.splice(0)) {
       const c = peer.counter;
       if (c === undefined || c.start !== null) continue;
-      const read = this.reads.readStart(c.pid, peer.early);
+      this.release(peer);
+      // Counted before the list is read: a thread that comes or goes in between fails the end's check.
+      const count = TaskCount.open(this.o.procRoot, c.pid);
+      peer.othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) ?? undefined;
+      const last = peer.lastRead !== undefined && count !== null ? { read: peer.lastRead, count: count.first } : undefined;
+      const read = this.reads.readStart(c.pid, peer.early, last);
       delete peer.early;
+      delete peer.lastRead;
       c.start = read?.threads ?? null;
       peer.runTimes = read?.runTimes;
+      if (count !== null) this.hold(peer, count, now);
     }
   }
 
   /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
   view(vmId: number): GuestEnergyView | undefined {
+    for (const peer of this.settling.splice(0)) this.settle(peer);
     for (const p of this.peers.values()) {
       const c = p.counter;
       if (p.vmId !== vmId || c === undefined) continue;
       return {
         mode: 'exact',
         guestJ: c.creditedUnits * this.o.unitJ,
-        exactJ: (c.creditedUnits + c.owedUnits) * this.o.unitJ,
+        exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
         windows: c.windows,
       };
     }
@@ -152,6 +193,7 @@ export class GuestEnergy implements EnergyStatusHook {
 
   /** Every exact-mode VM's counters, for the restart state. */
   state(): GuestCounterState[] {
+    for (const peer of this.settling.splice(0)) this.settle(peer);
     const out: GuestCounterState[] = [];
     for (const p of this.peers.values()) if (p.counter !== undefined) out.push(p.counter);
     return out;
@@ -229,28 +271,119 @@ export class GuestEnergy implements EnergyStatusHook {
     if (step.kind === 'start') return step.first ? this.afterStart(peer, step.value) : step.value;
     if (!step.first) return step.value;
     const vm = this.o.find(c.pid);
-    // QEMU reads, at the end, the threads it listed at the start; without a start read (a restart
-    // mid-window, a process gone), every thread, for the model's count of vCPUs.
-    const end: ThreadSnapshot =
-      c.start !== null
-        ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() })
-        : (this.reads.readStart(c.pid)?.threads ?? new Map());
-    delete peer.runTimes;
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
+    if (vm !== undefined) peer.nextVcpuTids = [...vm.vcpus.keys()];
+    const fc = this.forecast(peer, c);
+    if (fc !== null) {
+      // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
+      peer.closing = shape;
+      this.settling.push(peer);
+      return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+    }
+    // No forecast (a thread came or went, no start read, no held fd): the threads are read before
+    // the reply, and the e_delta solved on them. QEMU reads, at the end, the threads it listed at
+    // the start; without a start read (a restart mid-window, a process gone), every thread, for the
+    // model's count of vCPUs.
+    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
+    const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
+    delete peer.runTimes;
+    if (read !== null) peer.lastRead = read;
+    this.release(peer);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+    this.logWindow(peer, c, false);
+    return value;
+  }
+
+  /**
+   * The vCPUs' end ticks, forecast from their run times (one schedstat pread each, through the
+   * sampler's fds), or null when the window must be read before the reply: no start read, a thread
+   * came or went (the task directory's count moved; QEMU's tick delta of an exited thread
+   * underflows unless answered a zero delta), or a vCPU's run time cannot be read.
+   */
+  private forecast(peer: Peer, c: GuestCounterState): { vcpus: VcpuForecast[]; otherTicks: number } | null {
+    if (c.start === null || peer.vcpuTids === undefined || peer.othersNs === undefined || peer.taskCount?.same() !== true) return null;
+    const vcpus: VcpuForecast[] = [];
+    let vcpuNs = 0;
+    for (const tid of peer.vcpuTids) {
+      const ns = this.reads.runTimeNs(c.pid, tid);
+      if (ns === null) return null;
+      vcpuNs += ns;
+      const a = c.start.get(tid);
+      if (a !== undefined) vcpus.push({ pkg: a.pkg, ticks0: a.ticks, ticks1: Math.max(a.ticks, Math.floor(ns / this.nsPerTick)) });
+    }
+    const others = this.othersNs(c.pid, 'end', () => vcpuNs);
+    if (others === null) return null;
+    return { vcpus, otherTicks: Math.max(0, Math.ceil((others - peer.othersNs) / this.nsPerTick)) };
+  }
+
+  /**
+   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpuNs`: read after the clock at the
+   * start, before it at the end): its process CPU clock less theirs; null when one cannot be read. It counts the main thread too, which QEMU
+   * leaves out (the sampler holds no schedstat fd for it): the forecast errs low by its share. Read
+   * so that an end's less a start's errs high: the clock first at the start, last at the end.
+   */
+  private othersNs(pid: number, edge: 'start' | 'end', vcpuNs: () => number | null): number | null {
+    const first = edge === 'start' ? processCpuTimeNs(pid) : 0n;
+    const vcpus = vcpuNs();
+    if (vcpus === null) return null;
+    const total = edge === 'end' ? processCpuTimeNs(pid) : first;
+    return total < 0n ? null : Number(total) - vcpus;
+  }
+
+  /** The sum of the run times of `tids` (ns), or null when one cannot be read. */
+  private runTimesNs(pid: number, tids: readonly number[]): number | null {
+    let sum = 0;
+    for (const tid of tids) {
+      const ns = this.reads.runTimeNs(pid, tid);
+      if (ns === null) return null;
+      sum += ns;
+    }
+    return sum;
+  }
+
+  /** After a forecast's reply: the threads QEMU listed read as QEMU reads them now, and the window settled on them. */
+  private settle(peer: Peer): void {
+    const c = peer.counter;
+    if (c === undefined || c.answered === undefined) return;
+    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
+    const end: ThreadSnapshot = read?.threads ?? new Map();
+    delete peer.runTimes;
+    if (read !== null) peer.lastRead = read;
+    this.release(peer);
+    settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
+    delete peer.closing;
+    this.logWindow(peer, c, true);
+  }
+
+  /** The debug line of a window closed (`forecast`: answered from a forecast, else from the reads before the reply). */
+  private logWindow(peer: Peer, c: GuestCounterState, forecast: boolean): void {
+    if (!this.o.log.isLevelEnabled('debug')) return;
     this.o.log.debug(
       {
         vm: peer.vmId,
         pid: c.pid,
         window: c.windows,
         credited: c.creditedUnits,
-        exact: Math.round(c.creditedUnits + c.owedUnits),
+        exact: Math.round(c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)),
         guest: c.loop.vpkgCounter,
+        forecast,
       },
       'guest window',
     );
-    return value;
+  }
+
+  /** Holds the window's task directory; lets go of those held past HOLD_LIMIT_NS (their QEMU stopped mid-window). */
+  private hold(peer: Peer, count: TaskCount, now: bigint): void {
+    for (const p of this.holding) if (now - (p.counter?.phases.startNs ?? 0n) > HOLD_LIMIT_NS) this.release(p);
+    peer.taskCount = count;
+    this.holding.add(peer);
+  }
+
+  private release(peer: Peer): void {
+    peer.taskCount?.close();
+    delete peer.taskCount;
+    this.holding.delete(peer);
   }
 
   /** A window began: its vCPU threads are read now, the others once the reply has left (afterReplies). */
@@ -258,7 +391,9 @@ export class GuestEnergy implements EnergyStatusHook {
     const c = peer.counter!;
     c.start = null;
     delete peer.runTimes;
-    peer.early = this.reads.readEarly(c.pid, this.o.find(c.pid)?.vcpus.keys() ?? []);
+    peer.vcpuTids = peer.nextVcpuTids ?? [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
+    delete peer.nextVcpuTids;
+    peer.early = this.reads.readEarly(c.pid, peer.vcpuTids);
     this.starting.push(peer);
     return value;
   }

@@ -6,7 +6,9 @@
  *
  * - At a window's start (`readStart`): /proc/<pid>/task listed, as QEMU lists it, and every thread
  *   read; with each line, the thread's run time (schedstat field 1) read just before it. Threads
- *   read earlier (`readEarly`: the vCPUs, before the reply) keep that read.
+ *   read earlier (`readEarly`: the vCPUs, before the reply) keep that read. When the process has
+ *   as many threads as the last end read saw and each of those is still there, the directory is
+ *   not listed, and a thread whose run time has not moved since that read keeps its line.
  * - At its end (`readEnd`): only the threads listed at the start (QEMU reads no other), each
  *   through the fds the sampler keeps open (one pread, no open/close; ProcTaskReader.heldFds). A
  *   thread whose run time has not moved since its start line was printed has that line's ticks
@@ -28,8 +30,8 @@ import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snaps
  */
 export type HeldFds = (pid: number, tid: number) => { stat: number; schedstat: number } | undefined;
 
-/** A window's start read: the threads, and per thread the run time read just before its line (null: not known, or R). */
-interface StartRead {
+/** A window's edge read: the threads, and per thread the run time read just before its line (null: not known, or R). */
+export interface StartRead {
   threads: ThreadSnapshot;
   runTimes: Map<number, string | null>;
 }
@@ -59,9 +61,15 @@ export class ThreadReads {
 
   /**
    * Every thread of `pid` (but its main one), as QEMU reads them at a window's start, those of
-   * `early` as read then; null: no such process, or too many threads.
+   * `early` as read then; null: no such process, or too many threads. With `last` (the last end
+   * read) and `count` (the process's threads now, TaskCount) saying it has the same threads, no
+   * listing, and each whose run time has not moved keeps its line (rereadStart).
    */
-  readStart(pid: number, early?: StartRead): StartRead | null {
+  readStart(pid: number, early?: StartRead, last?: { read: StartRead; count: number }): StartRead | null {
+    if (last !== undefined && last.count === last.read.threads.size + 1) {
+      const again = this.rereadStart(pid, early, last.read);
+      if (again !== null) return again;
+    }
     let tids: string[];
     try {
       tids = fs.readdirSync(`${this.procRoot}/${pid}/task`);
@@ -83,6 +91,38 @@ export class ThreadReads {
     return out;
   }
 
+  /**
+   * The threads of `last` again, when the process has as many threads as `last` has plus its main
+   * one: if every one of them is still there (its held schedstat fd, bound to the thread, reads),
+   * those are all its threads. A thread whose run time equals the one read before its line in
+   * `last` has not run since: the line stands. Null when one is gone or has no held fds (then list).
+   */
+  private rereadStart(pid: number, early: StartRead | undefined, last: StartRead): StartRead | null {
+    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    if (early !== undefined) for (const tid of early.threads.keys()) if (!last.threads.has(tid)) return null;
+    for (const [tid, a] of last.threads) {
+      const e = early?.threads.get(tid);
+      if (e !== undefined) {
+        out.threads.set(tid, e);
+        out.runTimes.set(tid, early!.runTimes.get(tid) ?? null);
+        continue;
+      }
+      const fds = this.held(pid, tid);
+      const now = fds !== undefined ? this.runTime(fds.schedstat) : null;
+      if (now === null) return null;
+      if (now === last.runTimes.get(tid)) {
+        out.threads.set(tid, a);
+        out.runTimes.set(tid, now);
+        continue;
+      }
+      const read = this.readThread(pid, tid, fds!.stat);
+      if (read === null) return null;
+      out.threads.set(tid, read.thread);
+      out.runTimes.set(tid, read.running ? null : now);
+    }
+    return out;
+  }
+
   /** One thread's line and the run time read just before it, into `out` (nothing when it is gone). */
   private readInto(out: { threads: Map<number, ThreadRead>; runTimes: Map<number, string | null> }, pid: number, tid: number): void {
     const fds = this.held(pid, tid);
@@ -93,20 +133,45 @@ export class ThreadReads {
     out.runTimes.set(tid, read.running ? null : runTime);
   }
 
-  /** The threads of a window's start read, as QEMU reads them at its end (absent: exited). */
-  readEnd(pid: number, start: StartRead): ThreadSnapshot {
-    const out = new Map<number, ThreadRead>();
+  /**
+   * The threads of a window's start read, as QEMU reads them at its end (absent: exited), with the
+   * run time read before each line (for the next start's rereadStart).
+   */
+  readEnd(pid: number, start: StartRead): StartRead {
+    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
     for (const a of start.threads.values()) {
       const fds = this.held(pid, a.tid);
       const before = start.runTimes.get(a.tid) ?? null;
-      if (fds !== undefined && before !== null && this.runTime(fds.schedstat) === before) {
-        out.set(a.tid, a);
+      const now = fds !== undefined ? this.runTime(fds.schedstat) : null;
+      if (now !== null && now === before) {
+        out.threads.set(a.tid, a);
+        out.runTimes.set(a.tid, now);
         continue;
       }
       const read = this.readThread(pid, a.tid, fds?.stat ?? -1);
-      if (read !== null) out.set(a.tid, read.thread);
+      if (read === null) continue;
+      out.threads.set(a.tid, read.thread);
+      out.runTimes.set(a.tid, read.running ? null : now);
     }
     return out;
+  }
+
+  /**
+   * A thread's run time (schedstat field 1, ns) through the fd the sampler holds for it, with no
+   * string made: null when none is held or the read fails (the thread exited). For the end's forecast.
+   */
+  runTimeNs(pid: number, tid: number): number | null {
+    const fd = this.held(pid, tid)?.schedstat ?? -1;
+    if (fd < 0) return null;
+    const n = pread(fd, this.sched, SCHEDSTAT_BYTES, 0);
+    let v = 0;
+    let i = 0;
+    for (; i < n; i++) {
+      const d = this.sched[i]! - 0x30;
+      if (d < 0 || d > 9) break;
+      v = v * 10 + d;
+    }
+    return i > 0 && i < n && this.sched[i] === SPACE ? v : null;
   }
 
   /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read. */

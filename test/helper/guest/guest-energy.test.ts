@@ -21,7 +21,7 @@ async function setup() {
   const p = new ThreadedProcess();
   cleanups.push(() => p.kill());
   await p.ready();
-  await p.cmd('start 2');
+  await p.cmd('start 2 busy');
   const before = p.tids();
   await p.cmd('burner');
   const vcpu = p.tids().find((t) => !before.includes(t))!;
@@ -30,6 +30,12 @@ async function setup() {
   tasks.read(p.pid);
   const clock = { now: 10n * S };
   let exactJ = 0;
+  // The debug lines of the windows closed: whether each was answered from a forecast.
+  const windows: boolean[] = [];
+  const log = pino(
+    { level: 'debug' },
+    { write: (l: string) => void (l.includes('"guest window"') && windows.push(l.includes('"forecast":true'))) },
+  );
   const guest = new GuestEnergy({
     procRoot: '/proc',
     // Every CPU of this machine in package 0, so that the threads' CPUs all map to it.
@@ -41,7 +47,7 @@ async function setup() {
     },
     unitJ: 2 ** -14,
     find: (pid) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined),
-    log: pino({ level: 'silent' }),
+    log,
     clock: () => clock.now,
     maxThreads: 64,
     heldFds: (pid, tid) => tasks.heldFds(pid, tid),
@@ -53,7 +59,7 @@ async function setup() {
   clock.now += S;
   guest.answer(p.pid, 0);
   clock.now += S / 100n;
-  return { p, guest, clock, addJ: (j: number) => (exactJ += j) };
+  return { p, guest, clock, windows, addJ: (j: number) => (exactJ += j) };
 }
 
 describe('GuestEnergy', () => {
@@ -74,10 +80,69 @@ describe('GuestEnergy', () => {
     addJ(2);
     clock.now += S;
     expect(guest.answer(p.pid, 0)!).toBeGreaterThan(0n);
+    guest.afterReplies(); // the window settled on the threads read after the reply
     const v = guest.view(7)!;
     expect(v.windows).toBe(1);
-    expect(v.guestJ).toBeGreaterThan(1.9); // all of it but QEMU's rounding
+    // The end was answered from the vCPU's run time, an upper bound of its ticks (4-5 here, the
+    // forecast 5-6): QEMU credited at least 4/6 of it, and the rest is carried, nothing lost.
+    expect(v.guestJ).toBeGreaterThan(1.3);
     expect(v.guestJ).toBeLessThanOrEqual(2);
+    expect(v.exactJ).toBe(2);
+    expect(guest.state()[0]!.owedUnits * 2 ** -14).toBeCloseTo(2 - v.guestJ, 9);
+  });
+
+  test('an end whose window lost a thread is answered a zero delta from the reads before the reply, its energy carried', async () => {
+    const { p, guest, clock, addJ } = await setup();
+    const start = guest.answer(p.pid, 0)!;
+    guest.afterReplies();
+    await p.cmd('burn');
+    await p.cmd('stop 1'); // a thread QEMU listed exits: its tick delta would underflow
+    addJ(2);
+    clock.now += S;
+    expect(guest.answer(p.pid, 0)).toBe(start);
+    guest.afterReplies();
+    const v = guest.view(7)!;
+    expect(v.guestJ).toBe(0);
+    expect(v.exactJ).toBe(2);
+    expect(guest.state()[0]!.carriedWindows).toBe(1);
+  });
+
+  test('an end with the same threads is answered from a forecast and settled once the reply has left', async () => {
+    const { p, guest, clock, windows, addJ } = await setup();
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    await p.cmd('burn');
+    addJ(2);
+    clock.now += S;
+    const end = guest.answer(p.pid, 0)!;
+    expect(windows, 'nothing settled before the reply left').toEqual([]);
+    guest.afterReplies();
+    expect(windows).toEqual([true]);
+    // The next window: its start read needs no listing, and its end is again a forecast.
+    clock.now += S / 100n;
+    expect(guest.answer(p.pid, 0)).toBe(end);
+    guest.afterReplies();
+    await p.cmd('burn');
+    addJ(2);
+    clock.now += S;
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    expect(windows).toEqual([true, true]);
+    // Two windows of 2 J: what the first forecast carried is paid in the second, but the second's own error.
+    expect(guest.view(7)!.guestJ).toBeGreaterThan(3.3);
+  });
+
+  test('an end whose window gained a thread is answered from the reads before the reply', async () => {
+    const { p, guest, clock, windows, addJ } = await setup();
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    await p.cmd('start 1');
+    await p.cmd('burn');
+    addJ(2);
+    clock.now += S;
+    guest.answer(p.pid, 0);
+    expect(windows).toEqual([false]);
+    expect(guest.view(7)!.guestJ).toBeGreaterThan(1.9); // solved on the ticks read: all of it but QEMU's rounding
   });
 
   test('a window start is read at the next request when afterReplies was not called', async () => {

@@ -1,11 +1,14 @@
 /**
  * ThreadReads (helper/guest/thread-reads.ts) on a real process: a window's end read through the
  * sampler's held fds (a real ProcTaskReader) gives what a fresh read of every stat file gives, leaves
- * out a thread that exited, and falls back to the path QEMU opens when a held fd fails.
+ * out a thread that exited, and falls back to the path QEMU opens when a held fd fails; the next
+ * window's start read after it lists nothing while the threads are the same, and lists again when
+ * one is gone.
  */
 import fs from 'node:fs';
 import { afterEach, describe, expect, test } from 'vitest';
 import { ThreadReads } from '../../../src/helper/guest/thread-reads.js';
+import { TaskCount } from '../../../src/helper/guest/task-count.js';
 import { ProcTaskReader } from '../../../src/os/proc-tasks.js';
 import { ThreadedProcess } from '../../support/threads.js';
 
@@ -43,7 +46,7 @@ describe('ThreadReads', () => {
     expect(start.threads.size).toBe(p.tids().length - 1); // the main thread is left out, as QEMU leaves it out
     expect(start.threads.has(p.pid)).toBe(false);
     await p.cmd('burn'); // the burner runs 50 ms of CPU, then sleeps
-    const end = reads.readEnd(p.pid, start);
+    const end = reads.readEnd(p.pid, start).threads;
     const fresh = new ThreadReads('/proc', PKG_OF_CPU, 64).readStart(p.pid)!.threads;
     expect(ticksOf(end)).toEqual(ticksOf(fresh));
     const moved = [...end.values()].filter((t) => t.ticks > start.threads.get(t.tid)!.ticks);
@@ -61,9 +64,47 @@ describe('ThreadReads', () => {
     await p.cmd('burn');
     // No /proc under this root: a thread read by path would be missing.
     const held = new ThreadReads('/nonexistent-proc', PKG_OF_CPU, 64, (pid, tid) => tasks.heldFds(pid, tid));
-    const end = held.readEnd(p.pid, start);
+    const end = held.readEnd(p.pid, start).threads;
     expect([...end.keys()].sort()).toEqual([...start.threads.keys()].sort());
     expect(ticksOf(end)).toEqual(ticksOf(new ThreadReads('/proc', PKG_OF_CPU, 64).readStart(p.pid)!.threads));
+  });
+
+  test('readStart after an end read with the same threads lists nothing, and reads again only the thread that ran', async () => {
+    const p = await proc();
+    await p.cmd('start 3');
+    await p.cmd('burner');
+    const tasks = sampler(p.pid);
+    const held = (root: string) => new ThreadReads(root, PKG_OF_CPU, 64, (pid, tid) => tasks.heldFds(pid, tid));
+    const end = held('/proc').readEnd(p.pid, held('/proc').readStart(p.pid)!);
+    await p.cmd('burn');
+    const count = TaskCount.open('/proc', p.pid)!;
+    cleanups.push(() => count.close());
+    // No /proc under this root: a listing would fail (null).
+    const next = held('/nonexistent-proc').readStart(p.pid, undefined, { read: end, count: count.first })!;
+    expect(next).not.toBeNull();
+    expect(ticksOf(next.threads)).toEqual(ticksOf(new ThreadReads('/proc', PKG_OF_CPU, 64).readStart(p.pid)!.threads));
+    const moved = [...next.threads.values()].filter((t) => t !== end.threads.get(t.tid));
+    expect(moved.length).toBe(1); // the burner
+  });
+
+  test('readStart lists the threads again when one of the last read is gone, even with as many threads', async () => {
+    const p = await proc();
+    await p.cmd('start 2');
+    const tasks = sampler(p.pid);
+    const reads = new ThreadReads('/proc', PKG_OF_CPU, 64, (pid, tid) => tasks.heldFds(pid, tid));
+    const end = reads.readEnd(p.pid, reads.readStart(p.pid)!);
+    await p.cmd('stop 1');
+    await p.cmd('start 1'); // one gone, one new: the count is the same
+    const count = TaskCount.open('/proc', p.pid)!;
+    cleanups.push(() => count.close());
+    expect(count.first).toBe(end.threads.size + 1);
+    const next = reads.readStart(p.pid, undefined, { read: end, count: count.first })!;
+    expect([...next.threads.keys()].sort()).toEqual(
+      p
+        .tids()
+        .filter((t) => t !== p.pid)
+        .sort(),
+    );
   });
 
   test('readEnd leaves out a thread that exited during the window', async () => {
@@ -76,7 +117,7 @@ describe('ThreadReads', () => {
     await p.cmd('stop 1');
     const gone = before.filter((t) => !p.tids().includes(t));
     expect(gone.length).toBe(1);
-    const end = reads.readEnd(p.pid, start);
+    const end = reads.readEnd(p.pid, start).threads;
     expect(end.has(gone[0]!)).toBe(false);
     expect(end.size).toBe(start.threads.size - 1);
   });
@@ -97,7 +138,7 @@ describe('ThreadReads', () => {
     expect(p.tids()).not.toContain(b);
     // Thread a's "held" fds: b's dead stat fd and no schedstat.
     const reads = new ThreadReads('/proc', PKG_OF_CPU, 64, (_pid, tid) => (tid === a ? { stat: dead, schedstat: -1 } : undefined));
-    const end = reads.readEnd(p.pid, start);
+    const end = reads.readEnd(p.pid, start).threads;
     expect(end.get(a!)).toEqual(start.threads.get(a!));
     expect(end.has(b!)).toBe(false);
   });

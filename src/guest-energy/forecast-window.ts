@@ -1,0 +1,94 @@
+/**
+ * A window's end answered from a forecast, before its threads are read (docs/guest-energy.md, "Cost"):
+ * QEMU reads its threads' ticks only after the end reply, so the helper's reads can only approximate
+ * QEMU's anyway. The answer's e_delta is worked out from what costs almost nothing, in plain
+ * floating point, with no search:
+ *
+ * - each vCPU's ticks at the end: its run time (schedstat field 1, read just before the reply) in
+ *   clock ticks. utime + stime are the kernel's split of that run time, each truncated to ticks,
+ *   so they never pass it: the forecast is an upper bound, and the credit errs low;
+ * - the non-vCPU threads' ticks (QEMU's never-reset share, which grows with e_delta too): an upper
+ *   bound of them all, the process's CPU time over the window less its vCPUs' (with its main
+ *   thread's, which QEMU leaves out), given to every package (QEMU takes a thread's share on its
+ *   own package alone);
+ * - QEMU's carried share and vCPU count: the model's state.
+ *
+ * Once the reply has left, the threads are read and settleWindow (guest-counter.ts) runs QEMU's
+ * loop on them with the e_delta answered: what QEMU credited comes off what is owed, and the
+ * forecast's error, either way, is carried into the next window's target. Pure.
+ */
+import { advanceCounters, takeAttributed, type GuestCounterState } from './guest-counter.js';
+
+/** One vCPU thread as the forecast sees it: its package and ticks at the start, its forecast ticks at the end. */
+export interface VcpuForecast {
+  pkg: number;
+  ticks0: number;
+  ticks1: number;
+}
+
+interface ForecastInput {
+  /** The package of the request being answered. */
+  pkg: number;
+  vcpus: readonly VcpuForecast[];
+  /** At least the ticks of the non-vCPU threads QEMU listed, over the window. */
+  otherTicks: number;
+  exactJ: number;
+  unitJ: number;
+  maxTicks: ReadonlyMap<number, number>;
+}
+
+/** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
+interface PackageForecast {
+  ticks: number;
+  ran: number;
+  vcpus: number;
+}
+
+function perPackage(vcpus: readonly VcpuForecast[]): Map<number, PackageForecast> {
+  const out = new Map<number, PackageForecast>();
+  for (const v of vcpus) {
+    let f = out.get(v.pkg);
+    if (f === undefined) out.set(v.pkg, (f = { ticks: 0, ran: 0, vcpus: 0 }));
+    f.vcpus++;
+    const d = v.ticks1 - v.ticks0;
+    if (d > 0) {
+      f.ticks += d;
+      f.ran++;
+    }
+  }
+  return out;
+}
+
+/**
+ * Closes the window at its first end read from a forecast: takes the attributed energy into the
+ * target, advances every package's counter by its forecast e_delta (kept in `s.answered` for
+ * settleWindow) and returns the value to answer for `o.pkg`.
+ */
+export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
+  takeAttributed(s, o.exactJ, o.unitJ);
+  const fc = perPackage(o.vcpus);
+  // QEMU's credit from package p, linear in e: e x (V + ran x O / nb) / maxticks + ran x C / nb, with
+  // V the vCPU ticks, O the non-vCPU ticks, C the carried share and nb the vCPU count after this window.
+  const slope = new Map<number, number>();
+  let base = 0;
+  let ticks = 0;
+  for (const p of s.phases.pkgs) {
+    const f = fc.get(p);
+    if (f === undefined || f.ran === 0) continue;
+    const nb = (s.loop.nbVcpu.get(p) ?? 0) + f.vcpus;
+    base += f.ran * Math.floor(Number(s.loop.eRatio.get(p) ?? 0n) / nb);
+    slope.set(p, (f.ticks + (f.ran * o.otherTicks) / nb) / (o.maxTicks.get(p) ?? 1));
+    ticks += f.ticks;
+  }
+  // The target less the carried share, split between the packages by their vCPU ticks (solveWindow's rule).
+  const target = Math.max(0, Math.floor(s.owedUnits) - base);
+  const eDelta = new Map<number, bigint>();
+  for (const p of s.phases.pkgs) {
+    const k = slope.get(p);
+    const e = k === undefined || s.start === null ? 0 : Math.floor((target * fc.get(p)!.ticks) / ticks / k);
+    eDelta.set(p, BigInt(Math.max(0, e)));
+  }
+  advanceCounters(s, eDelta);
+  s.answered = eDelta;
+  return s.counters.get(o.pkg) ?? 0;
+}
