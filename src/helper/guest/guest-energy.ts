@@ -42,6 +42,8 @@ export interface GuestVmView extends GuestVm {
   starttime: number;
   /** Its attributed energy now, all virtual packages (J). */
   exactJ: number;
+  /** The same per virtual package (J), for the debug window line. */
+  vpkgJ?: readonly number[];
 }
 
 interface GuestEnergyOptions {
@@ -88,6 +90,8 @@ interface Peer {
   othersNs?: number;
   /** The VM as found for the end answered from a forecast, until the window is settled. */
   closing?: GuestVm;
+  /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
+  closedVpkgJ?: readonly number[];
 }
 
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
@@ -274,6 +278,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
     if (vm !== undefined) peer.nextVcpuTids = [...vm.vcpus.keys()];
+    peer.closedVpkgJ = vm !== undefined && vm.starttime === c.starttime ? vm.vpkgJ : undefined;
     const fc = this.forecast(peer, c);
     if (fc !== null) {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
@@ -368,6 +373,8 @@ export class GuestEnergy implements EnergyStatusHook {
         exact: Math.round(c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)),
         guest: c.loop.vpkgCounter,
         forecast,
+        // What the helper attributed to each virtual package when it took `exact` (µJ).
+        exact_vpkg_uj: peer.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
       },
       'guest window',
     );

@@ -19,6 +19,7 @@ export function guestVmOf(registry: VmRegistry, sampling: SamplingService, pid: 
       vcpus: new Map(threads.vcpus.map((v) => [v.tid, v.vpkg])),
       nvpkg: out.vpkgs.length,
       exactJ,
+      vpkgJ: out.vpkgs.map((v) => v.energyJ),
     };
   }
   return undefined;
