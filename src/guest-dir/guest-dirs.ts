@@ -18,6 +18,7 @@ import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { StatsMirror, type StatsSource } from './stats-mirror.js';
+import { DirWatch } from './dir-watch.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
@@ -81,6 +82,8 @@ export class GuestDirs {
   /** The helper's own uid: a directory it owns is as good as root's. */
   private readonly euid = process.geteuid?.() ?? 0;
   private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
+  /** One inotify queue telling which published directories changed (null: each is fstat'ed per sample). */
+  private watch: DirWatch | null | undefined;
 
   constructor(
     private readonly root: string,
@@ -95,6 +98,7 @@ export class GuestDirs {
   sample(): void {
     try {
       if (!this.listRoot()) return;
+      this.watchOpened()?.drain();
       const claims = this.claims();
       for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
       for (const [name, vms] of claims) this.publish(name, vms);
@@ -107,7 +111,17 @@ export class GuestDirs {
     for (const name of [...this.published.keys()]) this.unpublish(name);
     if (this.rootFd !== null) closeFd(this.rootFd);
     this.rootFd = null;
+    this.watch?.close();
+    this.watch = undefined;
     this.limiter.flush();
+  }
+
+  /** The inotify queue, made at the first sample with directories (one fd, from the daemon's budget); null without one. */
+  private watchOpened(): DirWatch | null {
+    if (this.watch !== undefined) return this.watch;
+    const fits = this.source.canOpen?.(1, "the guest directories' inotify queue") ?? true;
+    this.watch = fits ? DirWatch.open() : null;
+    return this.watch;
   }
 
   /** DIR opened and its names listed when it changed; false when it is not there (nothing to do). */
@@ -229,6 +243,8 @@ export class GuestDirs {
     const p: Published = { vmId: -1, dir: opened.value, zones: new Map(), stats: null, final: false, samples: 0 };
     this.published.set(name, p);
     this.refused.delete(name);
+    // Watched before its first check: whatever changes after it is told.
+    if (this.watch) p.dir.watchWith(this.watch);
     if (!this.audit(name, p, vms)) return null;
     return p;
   }
