@@ -119,8 +119,8 @@ export interface GuestTree {
   readonly owner: number;
   /** Whether it may have changed since the last audit(): cheap, each sample. */
   changed(): boolean;
-  /** Its changes told by `watch` (one inotify queue for every directory) instead of an fstat each sample, where it can. */
-  watchWith(watch: DirWatch): void;
+  /** Its changes told by `watch` (one inotify queue for every directory) instead of an fstat each sample, where it can: whether they are. */
+  watchWith(watch: DirWatch): boolean;
   /** Why it is refused now, or null. */
   audit(): string | null;
   /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
@@ -198,10 +198,11 @@ export class SafeDir implements GuestTree {
     }
   }
 
-  watchWith(watch: DirWatch): void {
-    if (this.watched !== null) return;
+  watchWith(watch: DirWatch): boolean {
+    if (this.watched !== null) return true;
     const wd = watch.add(this.fd);
     if (wd !== null) this.watched = { watch, wd };
+    return wd !== null;
   }
 
   /** Whether the directory may have changed since the last audit(): its watch's events, else one fstat. */
