@@ -75,7 +75,7 @@ async function windows(h: FakeHost, kids: ChildProcess[], guests: string, domain
       args.push('--no-discovery', '--interval', String(INTERVAL_S), '--max-vms', String(VMS * 2), '--max-vms-per-connection', String(VMS));
       args.push(...(on ? ['--guest-dir', path.join(guests, String(i))] : ['--no-guest-dir']), ...(domains ? [] : ['--domains', 'package']));
       daemons.push(spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'inherit'] }));
-      await waitConnectable(socket, Date.now() + 20_000);
+      await waitConnectable(socket, Date.now() + 60_000);
       const c = await V2Client.connect(socket);
       clients.push(c);
       for (const k of kids) await c.register({ pid: k.pid!, vcpus: threadsOf(k.pid!) });

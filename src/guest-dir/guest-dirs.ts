@@ -18,6 +18,7 @@ import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { StatsMirror, type StatsSource } from './stats-mirror.js';
+import { DirWatch } from './dir-watch.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
@@ -28,8 +29,14 @@ const GUEST_LOG_BURST = 20;
  * update()): 15 for one virtual package with package, core, DRAM and PSYS.
  */
 const GUEST_DIR_FDS = 16;
-/** Samples between two full checks of every published directory, changed or not. */
+/**
+ * Samples between two full checks of a published directory, changed or not: for what its change
+ * check cannot see (a hard link to one of its entries made from another directory). An fstat per
+ * sample misses a change within the file system's time granularity too; an inotify watch misses
+ * nothing else, so a watched directory is checked in full ten times less often.
+ */
 const GUEST_AUDIT_EVERY = 60;
+const GUEST_AUDIT_EVERY_WATCHED = 600;
 
 /** A VM as the guest directories see it. */
 export interface GuestDirVm {
@@ -67,6 +74,8 @@ interface Published {
   /** Written with the VM ended: nothing more changes. */
   final: boolean;
   samples: number;
+  /** Its changes told by the inotify queue (else an fstat per sample). */
+  watched: boolean;
 }
 
 export class GuestDirs {
@@ -81,6 +90,8 @@ export class GuestDirs {
   /** The helper's own uid: a directory it owns is as good as root's. */
   private readonly euid = process.geteuid?.() ?? 0;
   private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
+  /** One inotify queue telling which published directories changed (null: each is fstat'ed per sample). */
+  private watch: DirWatch | null | undefined;
 
   constructor(
     private readonly root: string,
@@ -95,6 +106,7 @@ export class GuestDirs {
   sample(): void {
     try {
       if (!this.listRoot()) return;
+      this.watchOpened()?.drain();
       const claims = this.claims();
       for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
       for (const [name, vms] of claims) this.publish(name, vms);
@@ -107,7 +119,17 @@ export class GuestDirs {
     for (const name of [...this.published.keys()]) this.unpublish(name);
     if (this.rootFd !== null) closeFd(this.rootFd);
     this.rootFd = null;
+    this.watch?.close();
+    this.watch = undefined;
     this.limiter.flush();
+  }
+
+  /** The inotify queue, made at the first sample with directories (one fd, from the daemon's budget); null without one. */
+  private watchOpened(): DirWatch | null {
+    if (this.watch !== undefined) return this.watch;
+    const fits = this.source.canOpen?.(1, "the guest directories' inotify queue") ?? true;
+    this.watch = fits ? DirWatch.open() : null;
+    return this.watch;
   }
 
   /** DIR opened and its names listed when it changed; false when it is not there (nothing to do). */
@@ -189,7 +211,8 @@ export class GuestDirs {
     }
     if (vm.vmId !== p.vmId) this.switchTo(p, vm.vmId);
     try {
-      if ((++p.samples % GUEST_AUDIT_EVERY === 0 || p.dir.changed()) && !this.audit(name, p, vms)) return;
+      const every = p.watched ? GUEST_AUDIT_EVERY_WATCHED : GUEST_AUDIT_EVERY;
+      if ((++p.samples % every === 0 || p.dir.changed()) && !this.audit(name, p, vms)) return;
       if (!p.final) this.write(p);
     } catch (e) {
       this.refuse(name, (e as Error).message, vms);
@@ -198,6 +221,8 @@ export class GuestDirs {
 
   /** The one VM a directory owned by `owner` belongs to: the live one (of that owner, unless root's), else the one ended. */
   private owner(owner: number, vms: GuestDirVm[]): GuestDirVm | null {
+    // The usual case, one VM naming it, decided without arrays.
+    if (vms.length === 1) return owner === 0 || owner === this.euid || vms[0]!.uid === owner ? vms[0]! : null;
     const mine = owner === 0 || owner === this.euid ? vms : vms.filter((v) => v.uid === owner);
     const live = mine.filter((v) => v.live);
     if (live.length > 1) return null;
@@ -226,9 +251,11 @@ export class GuestDirs {
       );
       return null;
     }
-    const p: Published = { vmId: -1, dir: opened.value, zones: new Map(), stats: null, final: false, samples: 0 };
+    const p: Published = { vmId: -1, dir: opened.value, zones: new Map(), stats: null, final: false, samples: 0, watched: false };
     this.published.set(name, p);
     this.refused.delete(name);
+    // Watched before its first check: whatever changes after it is told.
+    if (this.watch) p.watched = p.dir.watchWith(this.watch);
     if (!this.audit(name, p, vms)) return null;
     return p;
   }
@@ -260,12 +287,17 @@ export class GuestDirs {
   private write(p: Published): void {
     const stats = this.source.statsFile(p.vmId);
     if (stats === null) return this.writeFromOutput(p);
-    if (p.stats === null || !p.stats.mirrors(stats)) {
+    const fresh = p.stats === null || !p.stats.mirrors(stats);
+    if (fresh) {
       p.stats?.close();
       p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
     }
-    const mirror = p.stats;
-    for (const z of mirror.zones) this.show(p, z.id, z.name, mirror.energyOf(z));
+    const mirror = p.stats!;
+    for (const z of mirror.zones) {
+      // Its energy as at the last copy and its file shown: nothing to work out (an idle VM's zones cost no BigInt).
+      if (!fresh && mirror.unchanged(z) && this.shows(p, z)) continue;
+      this.show(p, z.id, z.name, mirror.energyOf(z));
+    }
     mirror.copy();
     if (mirror.ended) p.final = true;
   }
@@ -275,6 +307,12 @@ export class GuestDirs {
     if (out === undefined) return;
     for (const z of guestZones(out)) this.show(p, z.id, z.name, z.energyUj);
     if (out.ended) p.final = true;
+  }
+
+  /** Whether the zone is made, under that name, in a directory the helper holds. */
+  private shows(p: Published, z: { id: string; name: string }): boolean {
+    const s = p.zones.get(z.id);
+    return s !== undefined && s.name === z.name && p.dir.holds(z.id);
   }
 
   /** A zone's energy_uj showing `energyUj` (the VM's, µJ) from where its count goes on; written only when it changed. */

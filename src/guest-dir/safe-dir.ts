@@ -47,6 +47,7 @@ import {
   type SharedMapping,
 } from '../os/libc.js';
 import { isHelperEntry, TEMP_PREFIX } from './tree.js';
+import type { DirWatch } from './dir-watch.js';
 
 /** Entries a guest directory may hold before it is refused: checking each costs three calls. */
 const MAX_GUEST_DIR_ENTRIES = 1000;
@@ -118,6 +119,8 @@ export interface GuestTree {
   readonly owner: number;
   /** Whether it may have changed since the last audit(): cheap, each sample. */
   changed(): boolean;
+  /** Its changes told by `watch` (one inotify queue for every directory) instead of an fstat each sample, where it can: whether they are. */
+  watchWith(watch: DirWatch): boolean;
   /** Why it is refused now, or null. */
   audit(): string | null;
   /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
@@ -148,6 +151,8 @@ export class SafeDir implements GuestTree {
   private readonly pairs = new Map<string, FilePair>();
   /** False once leases or RENAME_EXCHANGE failed here (a file system without them): update() is write(). */
   private swapping = swapDefault;
+  /** The inotify watch telling its changes, when it has one. */
+  private watched: { watch: DirWatch; wd: number } | null = null;
 
   private constructor(
     private readonly fd: number,
@@ -193,8 +198,16 @@ export class SafeDir implements GuestTree {
     }
   }
 
-  /** Whether the directory may have changed since the last audit(): one fstat. */
+  watchWith(watch: DirWatch): boolean {
+    if (this.watched !== null) return true;
+    const wd = watch.add(this.fd);
+    if (wd !== null) this.watched = { watch, wd };
+    return wd !== null;
+  }
+
+  /** Whether the directory may have changed since the last audit(): its watch's events, else one fstat. */
   changed(): boolean {
+    if (this.watched !== null) return this.sig === null || this.watched.watch.changed(this.watched.wd);
     const now = statBytes(this.fd);
     return now === null || this.sig === null || !now.equals(this.sig);
   }
@@ -206,6 +219,7 @@ export class SafeDir implements GuestTree {
    */
   audit(): string | null {
     // Taken before the entries are read: a change made while they are read shows as a change next time.
+    this.watched?.watch.checked(this.watched.wd);
     const before = statBytes(this.fd);
     const seen = before === null ? null : Buffer.from(before);
     const st = fs.fstatSync(this.fd, { bigint: true });
@@ -399,6 +413,8 @@ export class SafeDir implements GuestTree {
   }
 
   close(): void {
+    if (this.watched !== null) this.watched.watch.remove(this.watched.wd);
+    this.watched = null;
     for (const [k, pair] of [...this.pairs]) this.dropPair(k, pair);
     for (const rel of [...this.dirs.keys()]) this.dropDir(rel);
     closeFd(this.fd);

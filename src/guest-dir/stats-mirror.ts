@@ -32,6 +32,9 @@ export class StatsMirror {
   private readonly from: BigUint64Array;
   private readonly to: BigUint64Array;
   private readonly fromValues: BigUint64Array;
+  /** The same data blocks as 32-bit halves: compared without making a BigInt per word. */
+  private readonly fromHalves: Uint32Array;
+  private readonly toHalves: Uint32Array;
   private readonly copyValues = () => this.to.set(this.fromValues, 1);
   private readonly endedWord: number;
   /** The VM's zones (tree.ts), read from the daemon's file: no output built again per sample. */
@@ -47,6 +50,8 @@ export class StatsMirror {
     this.from = new BigUint64Array(source.memory, layout.dataOffset, layout.dataSize / 8);
     this.to = new BigUint64Array(mapping.memory, layout.dataOffset, layout.dataSize / 8);
     this.fromValues = this.from.subarray(1);
+    this.fromHalves = new Uint32Array(source.memory, layout.dataOffset, layout.dataSize / 4);
+    this.toHalves = new Uint32Array(mapping.memory, layout.dataOffset, layout.dataSize / 4);
     const word = (name: string) => {
       const d = layout.descriptors.find((x) => x.name === name);
       if (d === undefined) throw new Error(`the statistics file has no ${name}`);
@@ -66,6 +71,13 @@ export class StatsMirror {
     let sum = 0n;
     for (const w of z.words) sum += this.from[w]!;
     return sum;
+  }
+
+  /** Whether a zone's words in the daemon's file are what the last copy() took: its energy did not change since. */
+  unchanged(z: MirroredZone): boolean {
+    for (const w of z.words)
+      if (this.fromHalves[2 * w] !== this.toHalves[2 * w] || this.fromHalves[2 * w + 1] !== this.toHalves[2 * w + 1]) return false;
+    return true;
   }
 
   /** Whether the daemon's file says the VM ended. */

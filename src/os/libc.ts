@@ -67,6 +67,10 @@ const fn = {
   write: libc.func('long write(int fd, const void *buf, size_t count)'),
   fchmod: libc.func('int fchmod(int fd, uint32_t mode)'),
   fstat: libc.func('int fstat(int fd, void *buf)'),
+  read: libc.func('long read(int fd, void *buf, size_t count)'),
+  inotify_init1: libc.func('int inotify_init1(int flags)'),
+  inotify_add_watch: libc.func('int inotify_add_watch(int fd, const char *path, uint32_t mask)'),
+  inotify_rm_watch: libc.func('int inotify_rm_watch(int fd, int wd)'),
 };
 
 const SOL_SOCKET = 1;
@@ -855,4 +859,45 @@ export const STAT_ATIME_AT = 72;
 export function fstatRaw(fd: number, buf: Buffer): number {
   if (buf.length < STAT_SIZE) throw new RangeError(`fstat: a buffer of ${buf.length} bytes is under ${STAT_SIZE}`);
   return (fn.fstat(fd, buf) as number) === 0 ? 0 : -koffi.errno();
+}
+
+// ---- inotify ----
+
+/** inotify(7) event bits (sys/inotify.h). */
+export const IN_ATTRIB = 0x4;
+export const IN_MOVED_FROM = 0x40;
+export const IN_MOVED_TO = 0x80;
+export const IN_CREATE = 0x100;
+export const IN_DELETE = 0x200;
+export const IN_DELETE_SELF = 0x400;
+export const IN_MOVE_SELF = 0x800;
+export const IN_Q_OVERFLOW = 0x4000;
+const IN_ONLYDIR = 0x01000000;
+
+/** inotify_init1(2), non-blocking and close-on-exec: an fd, or -errno. */
+export function inotifyInit(): number {
+  const fd = fn.inotify_init1(O_NONBLOCK | O_CLOEXEC) as number;
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/**
+ * inotify_add_watch(2) of the directory open as `dirFd` (through /proc/self/fd, which names that
+ * open directory itself, never a path looked up again): a watch descriptor, or -errno (ENOSPC: the
+ * user's max_user_watches reached).
+ */
+export function inotifyWatchFd(inotifyFd: number, dirFd: number, mask: number): number {
+  const wd = fn.inotify_add_watch(inotifyFd, `/proc/self/fd/${dirFd}`, mask | IN_ONLYDIR) as number;
+  return wd >= 0 ? wd : -koffi.errno();
+}
+
+/** inotify_rm_watch(2): 0 or -errno. */
+export function inotifyUnwatch(inotifyFd: number, wd: number): number {
+  return (fn.inotify_rm_watch(inotifyFd, wd) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** read(2) into buf[0, length): the count read, or -errno (EAGAIN: nothing to read on a non-blocking fd). */
+export function readFd(fd: number, buf: Buffer, length: number): number {
+  if (length > buf.length) throw new RangeError(`read: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.read(fd, buf, length));
+  return n >= 0 ? n : -koffi.errno();
 }

@@ -22,10 +22,20 @@ import {
   type HostDomainShape,
   type HostStatsValues,
 } from '../../protocol/stats/host-file.js';
-import { tickExponent, vmStatsLayout, VmStatsSlots, writeVmStats, type VmStatsShape } from '../../protocol/stats/vm-file.js';
+import {
+  tickExponent,
+  vmStatsLayout,
+  VmStatsSlots,
+  writeVmStats,
+  type VcpuTotals,
+  type VmStatsShape,
+  type VmStatsValues,
+} from '../../protocol/stats/vm-file.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
-import type { VmInterval } from '../../ratio/outputs.js';
+import type { VmInterval, VmOutput } from '../../ratio/outputs.js';
+import type { ThreadTotals } from '../../ratio/attribution.js';
+import type { OtherDomain } from '../../model/domains.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 
 /** What the files read of the sampling loop. */
@@ -61,10 +71,31 @@ interface StatsRefusal {
   message: string;
 }
 
+/** A VM's values as written, refilled in place at each sample (writeVm). */
+interface VmValues extends VmStatsValues {
+  energyUj: bigint[];
+  counter: number[];
+  vcpus: VcpuTotals[];
+  domains: { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
+}
+
+const NONE: readonly never[] = [];
+
+/** `a` cut to `n` items when longer (an array's length set only when it changes: setting it is a slow call in V8). */
+function fit(a: unknown[], n: number): void {
+  if (a.length > n) a.length = n;
+}
+
 interface VmFile {
   file: PublishedFile;
   block: SampleBlock;
   slots: VmStatsSlots;
+  /**
+   * Its values and their writing (writeVmStats of them), made once: every VM's file is written at
+   * every interval (each VM with a guest directory has one), so nothing is allocated for it per sample.
+   */
+  values: VmValues;
+  fill: (b: SampleBlock) => void;
   /** Written with ended = 1: nothing more changes. */
   final: boolean;
   /** Power per vpkg over the last interval, µW (0 until the file's first interval). */
@@ -106,10 +137,27 @@ export class StatsFiles {
     const made = this.make(`vmsr-vm-${vmId}`, vmStatsLayout(shape), `the statistics file of VM ${vmId}`);
     if (!made.ok) return made;
     const block = new SampleBlock(made.value.memory, vmStatsLayout(shape));
+    const slots = new VmStatsSlots(block, shape);
+    const values: VmValues = {
+      monotonicNs: 0n,
+      realtimeNs: 0n,
+      nextMonotonicNs: 0n,
+      intervalNs: 0n,
+      ended: false,
+      energyUj: [],
+      counter: [],
+      powerUw: [],
+      vcpus: [],
+      otherTicks: 0,
+      domains: [],
+      guest: undefined,
+    };
     const f: VmFile = {
       file: made.value,
       block,
-      slots: new VmStatsSlots(block, shape),
+      slots,
+      values,
+      fill: (b) => writeVmStats(b, slots, values),
       final: false,
       powerUw: [],
       domainPowerUw: new Map(),
@@ -163,9 +211,18 @@ export class StatsFiles {
 
   /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
   private setInterval(f: VmFile, v: VmInterval, dtS: number): void {
-    const uw = (vpkgEnergyJ: readonly number[]) => vpkgEnergyJ.map((j) => (dtS > 0 ? (j / dtS) * 1e6 : 0));
-    f.powerUw = uw(v.vpkgEnergyJ);
-    for (const d of v.domains ?? []) f.domainPowerUw.set(d.domain, uw(d.vpkgEnergyJ));
+    // In place: the arrays of the last interval take this one's values.
+    const uw = (to: number[], vpkgEnergyJ: readonly number[]) => {
+      fit(to, vpkgEnergyJ.length);
+      for (let g = 0; g < vpkgEnergyJ.length; g++) to[g] = dtS > 0 ? (vpkgEnergyJ[g]! / dtS) * 1e6 : 0;
+      return to;
+    };
+    uw(f.powerUw, v.vpkgEnergyJ);
+    for (const d of v.domains ?? []) {
+      const to = f.domainPowerUw.get(d.domain);
+      if (to === undefined) f.domainPowerUw.set(d.domain, uw([], d.vpkgEnergyJ));
+      else uw(to, d.vpkgEnergyJ);
+    }
     f.intervalNs = BigInt(Math.round(dtS * 1e9));
   }
 
@@ -235,33 +292,48 @@ export class StatsFiles {
       this.vms.delete(vmId);
       return;
     }
-    const ticking = this.p.sampling.running && !out.ended;
-    f.block.write((b) =>
-      writeVmStats(b, f.slots, {
-        monotonicNs: out.tNs,
-        realtimeNs:
-          out.tNs === 0n
-            ? 0n
-            : out.tNs === this.lastTimes.monotonicNs
-              ? this.lastTimes.realtimeNs
-              : out.tNs + (realtimeNs() - this.p.clock()),
-        nextMonotonicNs: ticking && out.tNs > 0n ? out.tNs + this.p.intervalNs : 0n,
-        intervalNs: f.intervalNs,
-        ended: out.ended,
-        energyUj: out.vpkgs.map((v) => v.energyUj),
-        counter: out.vpkgs.map((v) => v.counter),
-        powerUw: out.ended ? [] : f.powerUw,
-        vcpus: (threads?.vcpus ?? []).map((c) => ({ tid: c.tid, energyUj: c.energyJ * 1e6, ticks: c.ticks })),
-        otherTicks: threads?.otherTicks ?? 0,
-        domains: (out.domains ?? []).map((d) => ({
-          domain: d.domain,
-          energyUj: d.vpkgEnergyUj,
-          powerUw: out.ended ? [] : (f.domainPowerUw.get(d.domain) ?? []),
-        })),
-        ...guestValues(this.p.guest?.(vmId)),
-      }),
-    );
+    this.refill(vmId, f, out, threads);
+    f.block.write(f.fill);
     if (out.ended) f.final = true;
+  }
+
+  /** The file's values now, into its values in place (the arrays and objects of the last sample reused). */
+  private refill(vmId: number, f: VmFile, out: VmOutput, threads: ThreadTotals | undefined): void {
+    const v = f.values;
+    v.monotonicNs = out.tNs;
+    v.realtimeNs =
+      out.tNs === 0n ? 0n : out.tNs === this.lastTimes.monotonicNs ? this.lastTimes.realtimeNs : out.tNs + (realtimeNs() - this.p.clock());
+    v.nextMonotonicNs = this.p.sampling.running && !out.ended && out.tNs > 0n ? out.tNs + this.p.intervalNs : 0n;
+    v.intervalNs = f.intervalNs;
+    v.ended = out.ended;
+    const vpkgs = out.vpkgs;
+    fit(v.energyUj, vpkgs.length);
+    fit(v.counter, vpkgs.length);
+    for (let g = 0; g < vpkgs.length; g++) {
+      v.energyUj[g] = vpkgs[g]!.energyUj;
+      v.counter[g] = vpkgs[g]!.counter;
+    }
+    v.powerUw = out.ended ? NONE : f.powerUw;
+    const vcpus = threads?.vcpus ?? NONE;
+    fit(v.vcpus, vcpus.length);
+    for (let i = 0; i < vcpus.length; i++) {
+      const to = (v.vcpus[i] ??= { tid: 0, energyUj: 0, ticks: 0 });
+      to.tid = vcpus[i]!.tid;
+      to.energyUj = vcpus[i]!.energyJ * 1e6;
+      to.ticks = vcpus[i]!.ticks;
+    }
+    v.otherTicks = threads?.otherTicks ?? 0;
+    const domains = out.domains ?? NONE;
+    fit(v.domains, domains.length);
+    for (let i = 0; i < domains.length; i++) {
+      const d = domains[i]!;
+      const to = (v.domains[i] ??= { domain: d.domain, energyUj: NONE, powerUw: NONE });
+      to.domain = d.domain;
+      to.energyUj = d.vpkgEnergyUj;
+      to.powerUw = out.ended ? NONE : (f.domainPowerUw.get(d.domain) ?? NONE);
+    }
+    const g = this.p.guest?.(vmId);
+    v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
   }
 
   private finish(f: VmFile, why: 'ended' | 'replaced' | 'stopped'): void {
@@ -297,9 +369,4 @@ export class StatsFiles {
     };
     h.block.write((b) => writeHostStats(b, values, h.domains));
   }
-}
-
-/** A VM's guest energy in the file's µJ, when it has some. */
-function guestValues(g: { guestJ: number; exactJ: number } | undefined): { guest?: { guestUj: number; exactUj: number } } {
-  return g === undefined ? {} : { guest: { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 } };
 }

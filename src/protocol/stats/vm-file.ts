@@ -83,14 +83,14 @@ export function vmStatsLayout(s: VmStatsShape): StatsLayout {
 }
 
 /** One vCPU's totals since the VM's baseline. */
-interface VcpuTotals {
+export interface VcpuTotals {
   tid: number;
   energyUj: number;
   /** CPU time in clock ticks (utime + stime deltas). */
   ticks: number;
 }
 
-interface VmStatsValues extends SampleTimes {
+export interface VmStatsValues extends SampleTimes {
   ended: boolean;
   /** Per virtual package: cumulative µJ, the MSR-format counter, power over the last interval (µW). */
   energyUj: readonly bigint[];
