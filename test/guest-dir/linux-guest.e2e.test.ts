@@ -87,12 +87,17 @@ describe('a real Linux guest', { timeout: 300_000 }, () => {
     }
     let latest: VmUpdate | null = null;
     latest = await c.observe(vmId, (u) => (latest = u));
-    const seen: { guest: Map<string, bigint>; helper: bigint }[] = [];
+    const seen: { guest: Map<string, bigint>; helper: bigint; line: string }[] = [];
     let taken = 0;
     await waitFor(
       () => {
-        const lines = serial.split('\n').filter((l) => l.includes('GUEST t='));
-        for (; taken < lines.length; taken++) seen.push({ guest: parseLine(lines[taken]!), helper: latest!.vpkgs[0]!.energyUj });
+        // Whole lines only: the console's last line may still be arriving (a part of it has fewer zones).
+        const lines = serial
+          .slice(0, serial.lastIndexOf('\n') + 1)
+          .split('\n')
+          .filter((l) => l.includes('GUEST t='));
+        for (; taken < lines.length; taken++)
+          seen.push({ guest: parseLine(lines[taken]!), helper: latest!.vpkgs[0]!.energyUj, line: lines[taken]! });
         return serial.includes('GUEST done') || qemu.exitCode !== null;
       },
       'the guest to read its zones for its window',
@@ -107,7 +112,12 @@ describe('a real Linux guest', { timeout: 300_000 }, () => {
     const first = seen[2]!;
     const last = seen.at(-1)!;
     for (const zone of ['package-0', 'core', 'dram', 'psys']) {
-      expect(last.guest.get(zone)!, zone).toBeGreaterThan(first.guest.get(zone)!);
+      const said = `${zone}, from "${first.line}" to "${last.line}"; the guest's other lines: ${serial
+        .split('\n')
+        .filter((l) => !l.includes('GUEST t='))
+        .slice(-30)
+        .join(' | ')}`;
+      expect(last.guest.get(zone)!, said).toBeGreaterThan(first.guest.get(zone)!);
     }
     const guestDelta = Number(last.guest.get('package-0')! - first.guest.get('package-0')!);
     const helperDelta = Number(last.helper - first.helper);
