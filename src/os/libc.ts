@@ -131,10 +131,10 @@ export function recvNow(fd: number, buf: Buffer): number {
   return n >= 0 ? n : -koffi.errno();
 }
 
-/** socket(2) with SOCK_CLOEXEC: the fd; throws (errno named) when it cannot be made. */
-export function openSocket(domain: number, type: number, protocol: number): number {
+/** socket(2) with SOCK_CLOEXEC: the fd; throws (errno named, the call as `call` says it) when it cannot be made. */
+export function openSocket(domain: number, type: number, protocol: number, call = `socket(${domain}, ${type}, ${protocol})`): number {
   const fd = fn.socket(domain, type | SOCK_CLOEXEC, protocol) as number;
-  if (fd < 0) throw errnoError(`socket(${domain}, ${type}, ${protocol})`);
+  if (fd < 0) throw errnoError(call);
   return fd;
 }
 
@@ -230,8 +230,7 @@ export function sockaddrUn(name: string): { addr: Buffer; len: number } {
 /** One AF_UNIX datagram to `name` (a path or '@abstract'), from a fresh socket closed right after. */
 export function sendUnixDatagram(name: string, payload: Buffer): void {
   const { addr, len } = sockaddrUn(name);
-  const fd = fn.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) as number;
-  if (fd < 0) throw errnoError('socket(AF_UNIX, SOCK_DGRAM)');
+  const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
   try {
     const n = Number(fn.sendto(fd, payload, payload.length, MSG_NOSIGNAL, addr, len));
     if (n < 0) throw errnoError(`sendto(${name})`);
@@ -569,8 +568,7 @@ export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags 
 /** One AF_UNIX datagram to `name` (a path or '@abstract') with `fds` attached, from a fresh socket closed right after. */
 export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[]): void {
   const addr = sockaddrUn(name);
-  const fd = fn.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0) as number;
-  if (fd < 0) throw errnoError('socket(AF_UNIX, SOCK_DGRAM)');
+  const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
   try {
     sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, `sendmsg(${name})`);
   } finally {

@@ -99,7 +99,7 @@ export class TcpPeerUids {
     const seq = (this.seq = (this.seq + 1) >>> 0);
     const req = encodeRequest(all, seq);
     if (req === null) return null;
-    this.fd ??= openSocket(AF_NETLINK, SOCK_DGRAM, NETLINK_SOCK_DIAG);
+    this.fd ??= openSocket(AF_NETLINK, SOCK_DGRAM, NETLINK_SOCK_DIAG, 'socket(AF_NETLINK, SOCK_DGRAM, NETLINK_SOCK_DIAG)');
     if (sendNow(this.fd, req, req.length) !== req.length) return null;
     for (let i = 0; i <= MAX_STALE_REPLIES; i++) {
       const n = recvNow(this.fd, this.reply);
