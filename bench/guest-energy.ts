@@ -15,7 +15,9 @@
  *    a spinning "CPU 0/KVM" thread, IDLE_THREADS sleeping ones) asks as QEMU's vmsr thread asks (1 s
  *    windows) and prints each request's latency (send to reply) and the daemon main thread's run
  *    time over it (from asleep before it to asleep after the reply). Medians over the windows after
- *    the warm-up (the VM becomes exact at a window's start once discovered).
+ *    the warm-up (the VM becomes exact at a window's start once discovered). And each daemon's whole
+ *    CPU a window over the same windows (every thread, from /proc/PID/task/N/schedstat: its
+ *    sampling, the same in both modes, is included, and so is work done at other times).
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -30,7 +32,7 @@ import { ProcTaskReader } from '../src/os/proc-tasks.js';
 import { threadCpuTimeNs } from '../src/os/libc.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import type { LegacyRequest } from '../src/protocol/legacy.js';
-import { buildTools, HELPER_BIN, waitConnectable } from './tools.js';
+import { buildTools, cpuSeconds, HELPER_BIN, waitConnectable } from './tools.js';
 
 const PAIRS = 3000;
 const ROUNDS = 3;
@@ -163,11 +165,17 @@ async function startHelper(mode: 'raw' | 'exact'): Promise<Helper> {
   return { pid: daemon.pid!, sock, log: () => log, stop };
 }
 
+/** Per helper (0 raw, 1 exact): per kind, its figures after the warm-up; and its whole CPU a window (µs, every thread). */
+interface StandInFigures {
+  requests: Record<'start' | 'end', Figures>[];
+  wholeCpu: number[];
+}
+
 /**
- * The stand-in QEMU asking a raw and an exact daemon in turn, window by window; per helper (0 raw,
- * 1 exact) and kind, its figures after the warm-up; null with the reason printed.
+ * The stand-in QEMU asking a raw and an exact daemon in turn, window by window; per helper its
+ * figures after the warm-up; null with the reason printed.
  */
-async function standIn(tool: string, helpers: readonly Helper[]): Promise<Record<'start' | 'end', Figures>[] | null> {
+async function standIn(tool: string, helpers: readonly Helper[]): Promise<StandInFigures | null> {
   // Named and started as libvirt starts QEMU (an absolute argv[0]): the helper may read the
   // version from argv[0] when /proc/PID/exe is not its to read (it runs as another user).
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-qemu-'));
@@ -179,8 +187,15 @@ async function standIn(tool: string, helpers: readonly Helper[]): Promise<Record
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   let text = '';
-  qemu.stdout!.on('data', (d: Buffer) => (text += d.toString()));
+  // Each daemon's whole CPU (every thread: sampling, timers, the work after replies) over the windows measured.
+  let cpu0: number[] | undefined;
+  const warmLines = 2 * helpers.length * WARMUP_WINDOWS;
+  qemu.stdout!.on('data', (d: Buffer) => {
+    text += d.toString();
+    if (cpu0 === undefined && text.split('\n').length > warmLines) cpu0 = helpers.map((h) => cpuSeconds(h.pid));
+  });
   const code = await new Promise<number | null>((r) => qemu.once('exit', r));
+  const cpu1 = helpers.map((h) => cpuSeconds(h.pid));
   fs.rmSync(dir, { recursive: true, force: true });
   if (code !== 0) {
     console.log(`  cannot measure: the stand-in QEMU exited ${code}`);
@@ -196,7 +211,8 @@ async function standIn(tool: string, helpers: readonly Helper[]): Promise<Record
       out[Number(who)]![kind].latency.push(Number(lat) / 1000);
       out[Number(who)]![kind].cpu.push(Number(cpu) / 1000);
     });
-  return out;
+  const windows = WINDOWS - WARMUP_WINDOWS;
+  return { requests: out, wholeCpu: cpu1.map((c, i) => ((c - (cpu0?.[i] ?? NaN)) * 1e6) / windows) };
 }
 
 const median = (xs: readonly number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
@@ -221,7 +237,7 @@ async function overSocket(): Promise<void> {
       console.log(`  cannot measure: the exact daemon never answered this VM exact (its log: ${helpers[1]!.log().slice(-400)})`);
       return;
     }
-    const [raw, exact] = figures as [Record<'start' | 'end', Figures>, Record<'start' | 'end', Figures>];
+    const [raw, exact] = figures.requests as [Record<'start' | 'end', Figures>, Record<'start' | 'end', Figures>];
     for (const what of ['latency', 'cpu'] as const) {
       const label = what === 'latency' ? 'latency (send to reply)' : "daemon's CPU (main thread)";
       const r = [median(raw.start[what]), median(raw.end[what])] as const;
@@ -231,6 +247,11 @@ async function overSocket(): Promise<void> {
           `end ${e[1].toFixed(1)} (${ratio(e[1], r[1])}); a request on average ${ratio(e[0] + e[1], r[0] + r[1])} (goal ${GOAL}x)`,
       );
     }
+    const [wr, we] = figures.wholeCpu as [number, number];
+    console.log(
+      `  daemon's whole CPU a window (every thread; its sampling, the same in both, included): raw ${wr.toFixed(0)}, ` +
+        `exact ${we.toFixed(0)} (${ratio(we, wr)}); exact's extra, a request: ${((we - wr) / 2).toFixed(0)}`,
+    );
   } finally {
     for (const h of helpers) await h.stop();
     fs.rmSync(tools.dir, { recursive: true, force: true });
