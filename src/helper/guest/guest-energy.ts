@@ -33,6 +33,12 @@ import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 /** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
 const MAX_GUEST_PEERS = 4096;
 
+/**
+ * A window's start this soon after the last window was settled, with the same threads, takes the
+ * settling's read as its own (QEMU's own end and start reads are a fraction of a millisecond apart).
+ */
+const SETTLED_START_NS = 20_000_000n;
+
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
 const HOLD_LIMIT_NS = 10_000_000_000n;
 
@@ -78,6 +84,11 @@ interface Peer {
   runTimes?: Map<number, string | null>;
   /** The last window's end read, for the next start's (ThreadReads.readStart). */
   lastRead?: StartRead;
+  /**
+   * The settling's read of the last window's end (its time, and the run time of the threads but the
+   * next window's vCPUs then), for the next start to take as its own (startFromSettled).
+   */
+  settled?: { read: StartRead; atNs: bigint; othersNs: number };
   /** A window's vCPU threads, read before its start reply (the rest are read after it). */
   early?: StartRead;
   /** The VM's vCPU threads at the window's start, for the end's forecast. */
@@ -355,7 +366,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const end: ThreadSnapshot = read?.threads ?? new Map();
     delete peer.runTimes;
     if (read !== null) peer.lastRead = read;
-    this.release(peer);
+    this.keepForStart(peer, c.pid, read);
     settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
     delete peer.closing;
     this.logWindow(peer, c, true);
@@ -400,8 +411,43 @@ export class GuestEnergy implements EnergyStatusHook {
     delete peer.runTimes;
     peer.vcpuTids = peer.nextVcpuTids ?? [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
     delete peer.nextVcpuTids;
+    if (this.startFromSettled(peer, c)) return value;
     peer.early = this.reads.readEarly(c.pid, peer.vcpuTids);
     this.starting.push(peer);
     return value;
+  }
+
+  /**
+   * After a settling's read: the task directory stays held and the read is kept, with the other
+   * threads' run time, for the next window's start (startFromSettled); without a read, let go.
+   */
+  private keepForStart(peer: Peer, pid: number, read: StartRead | null): void {
+    delete peer.settled;
+    const vcpus = peer.nextVcpuTids;
+    const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, 'start', () => this.runTimesNs(pid, vcpus));
+    if (read === null || othersNs === null || peer.taskCount === undefined) return this.release(peer);
+    peer.settled = { read, atNs: this.o.clock(), othersNs };
+  }
+
+  /**
+   * A window's start takes the last settling's read as its own when it comes within
+   * SETTLED_START_NS of it and the process has exactly the threads that read found (one fstat of the
+   * held task directory): nothing is read for it, before the reply or after. The boundary between
+   * two windows is then one read, so whatever QEMU's reads are apart from it, a tick counted late at
+   * one window's end is counted early at the next one's start, never twice and never lost.
+   */
+  private startFromSettled(peer: Peer, c: GuestCounterState): boolean {
+    const s = peer.settled;
+    delete peer.settled;
+    const count = peer.taskCount;
+    if (s === undefined || count === undefined || this.o.clock() - s.atNs > SETTLED_START_NS) return false;
+    const now = count.now();
+    if (now !== s.read.threads.size + 1) return false;
+    count.first = now;
+    c.start = s.read.threads;
+    peer.runTimes = s.read.runTimes;
+    peer.othersNs = s.othersNs;
+    delete peer.lastRead;
+    return true;
   }
 }

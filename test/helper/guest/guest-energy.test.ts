@@ -153,4 +153,54 @@ describe('GuestEnergy', () => {
     expect(guest.view(7)!.windows).toBe(1);
     expect(guest.state()[0]!.loop.nbVcpu.size).toBe(1); // QEMU's vCPU count saw the vCPU thread
   });
+
+  /** A window closed from a forecast and settled; the clock then at its end. */
+  async function settledWindow() {
+    const t = await setup();
+    t.guest.answer(t.p.pid, 0);
+    t.guest.afterReplies();
+    await t.p.cmd('burn');
+    t.addJ(2);
+    t.clock.now += S;
+    t.guest.answer(t.p.pid, 0);
+    t.guest.afterReplies();
+    expect(t.windows).toEqual([true]);
+    return t;
+  }
+
+  test('a window start soon after the last settling, with the same threads, takes its read and reads nothing', async () => {
+    const { p, guest, clock, windows, addJ } = await settledWindow();
+    clock.now += S / 1000n;
+    guest.answer(p.pid, 0);
+    const start = guest.state()[0]!.start;
+    expect(start, 'the start read is there before any afterReplies').not.toBeNull();
+    expect([...start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
+    // Its end is again answered from a forecast on it, and the two windows' energy is credited but a forecast's error.
+    await p.cmd('burn');
+    addJ(2);
+    clock.now += S;
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    expect(windows).toEqual([true, true]);
+    expect(guest.view(7)!.guestJ).toBeGreaterThan(3.3);
+  });
+
+  test('a window start after a thread started is read as usual, the new thread with it', async () => {
+    const { p, guest, clock } = await settledWindow();
+    await p.cmd('start 1');
+    clock.now += S / 1000n;
+    guest.answer(p.pid, 0);
+    expect(guest.state()[0]!.start).toBeNull();
+    guest.afterReplies();
+    expect([...guest.state()[0]!.start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
+  });
+
+  test('a window start more than 20 ms after the last settling is read as usual', async () => {
+    const { p, guest, clock } = await settledWindow();
+    clock.now += (S * 3n) / 100n;
+    guest.answer(p.pid, 0);
+    expect(guest.state()[0]!.start).toBeNull();
+    guest.afterReplies();
+    expect(guest.state()[0]!.start).not.toBeNull();
+  });
 });
