@@ -108,28 +108,7 @@ describe('GuestEnergy', () => {
   });
 
   test('an end with the same threads is answered from a forecast and settled once the reply has left', async () => {
-    const { p, guest, clock, windows, addJ } = await setup();
-    guest.answer(p.pid, 0);
-    guest.afterReplies();
-    await p.cmd('burn');
-    addJ(2);
-    clock.now += S;
-    const end = guest.answer(p.pid, 0)!;
-    expect(windows, 'nothing settled before the reply left').toEqual([]);
-    guest.afterReplies();
-    expect(windows).toEqual([true]);
-    // The next window: its start read needs no listing, and its end is again a forecast.
-    clock.now += S / 100n;
-    expect(guest.answer(p.pid, 0)).toBe(end);
-    guest.afterReplies();
-    await p.cmd('burn');
-    addJ(2);
-    clock.now += S;
-    guest.answer(p.pid, 0);
-    guest.afterReplies();
-    expect(windows).toEqual([true, true]);
-    // Two windows of 2 J: what the first forecast carried is paid in the second, but the second's own error.
-    expect(guest.view(7)!.guestJ).toBeGreaterThan(3.3);
+    await settledWindow(); // its checks
   });
 
   test('an end whose window gained a thread is answered from the reads before the reply', async () => {
@@ -154,7 +133,7 @@ describe('GuestEnergy', () => {
     expect(guest.state()[0]!.loop.nbVcpu.size).toBe(1); // QEMU's vCPU count saw the vCPU thread
   });
 
-  /** A window closed from a forecast and settled; the clock then at its end. */
+  /** A window closed from a forecast and settled once its reply left; the clock then at its end. */
   async function settledWindow() {
     const t = await setup();
     t.guest.answer(t.p.pid, 0);
@@ -163,6 +142,7 @@ describe('GuestEnergy', () => {
     t.addJ(2);
     t.clock.now += S;
     t.guest.answer(t.p.pid, 0);
+    expect(t.windows, 'nothing settled before the reply left').toEqual([]);
     t.guest.afterReplies();
     expect(t.windows).toEqual([true]);
     return t;
@@ -175,7 +155,8 @@ describe('GuestEnergy', () => {
     const start = guest.state()[0]!.start;
     expect(start, 'the start read is there before any afterReplies').not.toBeNull();
     expect([...start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
-    // Its end is again answered from a forecast on it, and the two windows' energy is credited but a forecast's error.
+    // Its end is again answered from a forecast on it. Two windows of 2 J: what the first forecast
+    // carried is paid in the second, but the second's own error.
     await p.cmd('burn');
     addJ(2);
     clock.now += S;
