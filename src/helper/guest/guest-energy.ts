@@ -59,6 +59,8 @@ interface GuestEnergyOptions {
   unitJ: number;
   /** The live VM whose process is `pid`, if the helper knows one. */
   find(pid: number): GuestVmView | undefined;
+  /** find() for each of `pids` at once (after each sample: sampled()); default: none kept, find() at each window's end. */
+  findAll?(pids: ReadonlySet<number>): ReadonlyMap<number, GuestVmView>;
   log: Logger;
   clock: () => bigint;
   maxThreads: number;
@@ -128,6 +130,8 @@ export class GuestEnergy implements EnergyStatusHook {
   private readonly holding = new Set<Peer>();
   /** Nanoseconds of run time a clock tick (utime and stime are counted in CLK_TCK). */
   private readonly nsPerTick: number;
+  /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
+  private views: ReadonlyMap<number, GuestVmView> = new Map();
 
   constructor(private readonly o: GuestEnergyOptions) {
     this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
@@ -188,6 +192,17 @@ export class GuestEnergy implements EnergyStatusHook {
       peer.runTimes = read?.runTimes;
       if (count !== null) this.hold(peer, count, now);
     }
+  }
+
+  /**
+   * A sample was taken: the exact VMs are looked up now, in one walk, so that a window's end (until
+   * the next sample) finds its VM as find() would then, without the lookup on the request's path.
+   */
+  sampled(): void {
+    if (this.o.findAll === undefined) return;
+    const pids = new Set<number>();
+    for (const p of this.peers.values()) if (p.counter !== undefined) pids.add(p.counter.pid);
+    this.views = pids.size > 0 ? this.o.findAll(pids) : new Map();
   }
 
   /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
@@ -285,7 +300,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const step = counterStep(c, pkg, now);
     if (step.kind === 'start') return step.first ? this.afterStart(peer, step.value) : step.value;
     if (!step.first) return step.value;
-    const vm = this.o.find(c.pid);
+    const vm = this.views.get(c.pid) ?? this.o.find(c.pid);
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
     if (vm !== undefined) peer.nextVcpuTids = [...vm.vcpus.keys()];

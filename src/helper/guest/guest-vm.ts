@@ -1,26 +1,44 @@
 /** A live VM as guest energy needs it: found by its process, with its vCPUs and attributed energy. */
 import type { SamplingService } from '../../sampling/sampling-service.js';
-import type { VmRegistry } from '../v2/vm-registry.js';
+import type { VmRecord, VmRegistry } from '../v2/vm-registry.js';
 import type { GuestVmView } from './guest-energy.js';
+
+/** The view of a registered VM, or undefined when it is not live, not sampled yet, or ended. */
+function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined {
+  if (!r.live) return undefined;
+  const out = sampling.output(r.vmId);
+  const threads = sampling.threadTotals(r.vmId);
+  if (out === undefined || out.ended || threads === undefined) return undefined;
+  let exactJ = 0;
+  for (const v of out.vpkgs) exactJ += v.energyJ;
+  return {
+    vmId: r.vmId,
+    pid: r.pid,
+    starttime: r.starttime,
+    vcpus: new Map(threads.vcpus.map((v) => [v.tid, v.vpkg])),
+    nvpkg: out.vpkgs.length,
+    exactJ,
+    vpkgJ: out.vpkgs.map((v) => v.energyJ),
+  };
+}
 
 /** The live, sampled VM whose process is `pid` (the first registered if several), or undefined. */
 export function guestVmOf(registry: VmRegistry, sampling: SamplingService, pid: number): GuestVmView | undefined {
   for (const r of registry.all()) {
-    if (r.pid !== pid || !r.live) continue;
-    const out = sampling.output(r.vmId);
-    const threads = sampling.threadTotals(r.vmId);
-    if (out === undefined || out.ended || threads === undefined) continue;
-    let exactJ = 0;
-    for (const v of out.vpkgs) exactJ += v.energyJ;
-    return {
-      vmId: r.vmId,
-      pid,
-      starttime: r.starttime,
-      vcpus: new Map(threads.vcpus.map((v) => [v.tid, v.vpkg])),
-      nvpkg: out.vpkgs.length,
-      exactJ,
-      vpkgJ: out.vpkgs.map((v) => v.energyJ),
-    };
+    if (r.pid !== pid) continue;
+    const v = viewOf(r, sampling);
+    if (v !== undefined) return v;
   }
   return undefined;
+}
+
+/** guestVmOf for each of `pids`, in one walk of the registry. */
+export function guestVmsOf(registry: VmRegistry, sampling: SamplingService, pids: ReadonlySet<number>): Map<number, GuestVmView> {
+  const out = new Map<number, GuestVmView>();
+  for (const r of registry.all()) {
+    if (!pids.has(r.pid) || out.has(r.pid)) continue;
+    const v = viewOf(r, sampling);
+    if (v !== undefined) out.set(r.pid, v);
+  }
+  return out;
 }

@@ -57,7 +57,7 @@ import { restoreParts, restoreSampling, type RestoreReport } from '../handover/r
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
-import { guestVmOf } from '../guest/guest-vm.js';
+import { guestVmOf, guestVmsOf } from '../guest/guest-vm.js';
 import { GuestEnergy } from '../guest/guest-energy.js';
 import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
@@ -231,6 +231,7 @@ function exactGuestEnergy(
     host: o.host,
     unitJ: joulesPerCounterUnit(engine.guestPowerUnit),
     find: (pid) => guestVmOf(registry, sampling, pid),
+    findAll: (pids) => guestVmsOf(registry, sampling, pids),
     log: g.log,
     clock: monotonicNs,
     maxThreads: g.maxThreads,
@@ -374,7 +375,7 @@ export class V2Service {
    * UPDATE/HOST_UPDATE frames, the statistics files, the guest directories. A new consumer of samples is one line here.
    */
   private sampled(ev: SampleEvent): void {
-    const { energy, lifecycle, whole, fanOut, stats, guests, sampling } = this.p;
+    const { energy, lifecycle, whole, fanOut, stats, guests, sampling, guestEnergy } = this.p;
     energy.add(ev.tNs, ev.result?.packages ?? []);
     lifecycle.ended(ev.ended);
     lifecycle.age();
@@ -387,6 +388,7 @@ export class V2Service {
     });
     stats.sample(ev, lifecycle.changed);
     guests?.sample();
+    guestEnergy?.sampled();
     lifecycle.clearChanged();
   }
 

@@ -30,6 +30,7 @@ async function setup() {
   tasks.read(p.pid);
   const clock = { now: 10n * S };
   let exactJ = 0;
+  const find = (pid: number) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined);
   // The debug lines of the windows closed: whether each was answered from a forecast.
   const windows: boolean[] = [];
   const log = pino(
@@ -46,7 +47,8 @@ async function setup() {
       packages: [{ pkg: 0, powerUnit: 0xa0e03n }],
     },
     unitJ: 2 ** -14,
-    find: (pid) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined),
+    find,
+    findAll: (pids) => new Map([...pids].flatMap((pid) => (find(pid) ? [[pid, find(pid)!] as const] : []))),
     log,
     clock: () => clock.now,
     maxThreads: 64,
@@ -183,5 +185,19 @@ describe('GuestEnergy', () => {
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     expect(guest.state()[0]!.start).not.toBeNull();
+  });
+
+  test("a window's end takes its VM as the last sample left it (sampled), not as looked up at the request", async () => {
+    const { p, guest, clock, addJ } = await setup();
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    await p.cmd('burn');
+    addJ(2);
+    guest.sampled(); // the last sample before the end: 2 J attributed
+    addJ(5); // not sampled yet when the end comes
+    clock.now += S;
+    guest.answer(p.pid, 0);
+    guest.afterReplies();
+    expect(guest.view(7)!.exactJ).toBe(2);
   });
 });
