@@ -7,7 +7,8 @@
  * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
  * directory (checked again only when it changed), energy_uj updated for each zone whose value changed
  * (its spare rewritten under a lease and swapped in: four calls, no new file; safe-dir.ts update()),
- * and the statistics file copied into its mapping (no system call).
+ * and the statistics file written into its mapping by the daemon's writer of the VM's statistics (no
+ * system call).
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -17,7 +18,7 @@ import { LogLimiter } from '../logging/log-limiter.js';
 import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
-import { StatsMirror, type StatsSource } from './stats-mirror.js';
+import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
@@ -52,8 +53,11 @@ export interface GuestDirVm {
 export interface GuestDirSource {
   vms(): Iterable<GuestDirVm>;
   output(vmId: number): VmOutput | undefined;
-  /** The VM's statistics file (made when it has none), or null when it cannot be. */
-  statsFile(vmId: number): StatsSource | null;
+  /**
+   * The VM's statistics written from now on at each sample into the memory `map` returns (the guest's
+   * statistics file, mapped; `map` is given its bytes now), or null for no such VM.
+   */
+  statsCopy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): StatsCopy | null;
   /** Whether `n` more fds fit the daemon's budget (absent: always). */
   canOpen?(n: number, what: string): boolean;
 }
@@ -70,7 +74,7 @@ interface Published {
   vmId: number;
   dir: GuestTree;
   zones: Map<string, ZoneState>;
-  stats: StatsMirror | null;
+  stats: GuestStatsFile | null;
   /** Written with the VM ended: nothing more changes. */
   final: boolean;
   samples: number;
@@ -280,26 +284,22 @@ export class GuestDirs {
   }
 
   /**
-   * The VM's tree and statistics file now. Its zones' values are read from the daemon's statistics
-   * file of the VM (written this sample, before the guest directories), so no output is built again;
-   * from its output only when it has no such file (the daemon's fd budget is spent).
+   * The VM's tree now. Its zones' values are read from its statistics file in the directory (written
+   * this sample by the daemon, before the guest directories), so no output is built again; from its
+   * output only when it has no such file.
    */
   private write(p: Published): void {
-    const stats = this.source.statsFile(p.vmId);
-    if (stats === null) return this.writeFromOutput(p);
-    const fresh = p.stats === null || !p.stats.mirrors(stats);
-    if (fresh) {
-      p.stats?.close();
-      p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
+    if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
+    const fresh = p.stats === null;
+    if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
+    const file = p.stats;
+    if (file === null) return this.writeFromOutput(p);
+    for (const z of file.zones) {
+      // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
+      if (!fresh && file.unchanged(z) && this.shows(p, z)) continue;
+      this.show(p, z.id, z.name, file.energyOf(z));
     }
-    const mirror = p.stats!;
-    for (const z of mirror.zones) {
-      // Its energy as at the last copy and its file shown: nothing to work out (an idle VM's zones cost no BigInt).
-      if (!fresh && mirror.unchanged(z) && this.shows(p, z)) continue;
-      this.show(p, z.id, z.name, mirror.energyOf(z));
-    }
-    mirror.copy();
-    if (mirror.ended) p.final = true;
+    if (file.ended) p.final = true;
   }
 
   private writeFromOutput(p: Published): void {

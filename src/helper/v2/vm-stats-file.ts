@@ -1,0 +1,241 @@
+/**
+ * One VM's statistics file (docs/stats-fd.md "A VM's file") as the daemon writes it: its values,
+ * refilled in place at each sample (nothing allocated per VM and sample), written through the seqlock
+ * of SampleBlock into every copy of the file there is: the sealed memfd STATS_FD hands out (made at
+ * the VM's first STATS_FD) and the guest's file in its directory (docs/guest.md, mapped by the guest
+ * directories and written here directly: one page per VM and sample, no second file copied from).
+ * Every copy has the same layout and gets the same values and the same sequence of writes.
+ */
+import type { PublishedFile } from '../../os/published-file.js';
+import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';
+import { SampleBlock } from '../../protocol/stats/sample-block.js';
+import {
+  vmStatsLayout,
+  VmStatsSlots,
+  writeVmStats,
+  type VcpuTotals,
+  type VmStatsShape,
+  type VmStatsValues,
+} from '../../protocol/stats/vm-file.js';
+import type { SamplingService } from '../../sampling/sampling-service.js';
+import type { VmInterval, VmOutput } from '../../ratio/outputs.js';
+import type { ThreadTotals } from '../../ratio/attribution.js';
+import type { OtherDomain } from '../../model/domains.js';
+
+/** What a VM's file reads of the daemon. */
+export interface VmStatsReads {
+  sampling: Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
+  intervalNs: bigint;
+  /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
+  realtimeOf(tNs: bigint): bigint;
+  /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
+  guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
+}
+
+/** A VM's values as written, refilled in place at each sample. */
+interface VmValues extends VmStatsValues {
+  energyUj: bigint[];
+  counter: number[];
+  vcpus: VcpuTotals[];
+  domains: { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
+}
+
+/** Why a file is written for the last time. */
+export type FinishCause = 'ended' | 'replaced' | 'stopped';
+
+const NONE: readonly never[] = [];
+
+/** `a` cut to `n` items when longer (an array's length set only when it changes: setting it is a slow call in V8). */
+function fit(a: unknown[], n: number): void {
+  if (a.length > n) a.length = n;
+}
+
+/** A copy of the file in memory the caller mapped (the guest's file): written at each sample while `current`. */
+export class VmStatsCopy {
+  /** Written at each sample; false once closed, or once the daemon stopped writing the VM's file (dropped, replaced). */
+  current = true;
+
+  constructor(
+    readonly layout: StatsLayout,
+    readonly block: SampleBlock,
+    private readonly onClose: (c: VmStatsCopy) => void,
+  ) {}
+
+  /** Never written again (call it before unmapping the memory). */
+  close(): void {
+    if (!this.current) return;
+    this.current = false;
+    this.onClose(this);
+  }
+}
+
+export class VmStatsFile {
+  readonly layout: StatsLayout;
+  readonly slots: VmStatsSlots;
+  private readonly values: VmValues = {
+    monotonicNs: 0n,
+    realtimeNs: 0n,
+    nextMonotonicNs: 0n,
+    intervalNs: 0n,
+    ended: false,
+    energyUj: [],
+    counter: [],
+    powerUw: [],
+    vcpus: [],
+    otherTicks: 0,
+    domains: [],
+    guest: undefined,
+  };
+  private readonly fill = (b: SampleBlock) => writeVmStats(b, this.slots, this.values);
+  /** Written with ended = 1 (or for the last time): nothing more changes. */
+  final = false;
+  /** Power per vpkg over the last interval, µW (0 until the file's first interval), and the same per other domain. */
+  private readonly powerUw: number[] = [];
+  private readonly domainPowerUw = new Map<string, number[]>();
+  private intervalNs = 0n;
+  /** The memfd STATS_FD hands out; null until a reader asked. */
+  file: PublishedFile | null = null;
+  /** Every copy written at a sample: the memfd's block (once made) and the guests' copies' blocks. */
+  private readonly blocks: SampleBlock[] = [];
+  private readonly copies: VmStatsCopy[] = [];
+
+  constructor(
+    readonly vmId: number,
+    shape: VmStatsShape,
+    private readonly p: VmStatsReads,
+  ) {
+    this.layout = vmStatsLayout(shape);
+    this.slots = new VmStatsSlots(new SampleBlock(new ArrayBuffer(this.layout.fileSize), this.layout), shape);
+  }
+
+  /** Neither a memfd nor a guest's copy: nothing to write. */
+  get unused(): boolean {
+    return this.file === null && this.copies.length === 0;
+  }
+
+  /** The whole file with the values now (a new copy's first contents: a reader never sees it empty). */
+  bytesNow(): Buffer {
+    const memory = new ArrayBuffer(this.layout.fileSize);
+    new Uint8Array(memory).set(encodeStatsFile(this.layout));
+    const out = this.p.sampling.output(this.vmId);
+    if (out !== undefined) this.refill(out, this.p.sampling.threadTotals(this.vmId));
+    new SampleBlock(memory, this.layout).write(this.fill);
+    return Buffer.from(memory);
+  }
+
+  /** The memfd made of bytesNow(), written from now on. */
+  addFile(file: PublishedFile): void {
+    this.file = file;
+    this.blocks.push(new SampleBlock(file.memory, this.layout));
+  }
+
+  /** A copy in `memory` (made of bytesNow()), written from now on; `closed` is told when it is closed. */
+  addCopy(memory: ArrayBuffer, closed: () => void): VmStatsCopy {
+    const c = new VmStatsCopy(this.layout, new SampleBlock(memory, this.layout), (gone) => {
+      this.copies.splice(this.copies.indexOf(gone), 1);
+      this.blocks.splice(this.blocks.indexOf(gone.block), 1);
+      closed();
+    });
+    this.copies.push(c);
+    this.blocks.push(c.block);
+    return c;
+  }
+
+  /** Whether the VM's vCPU list still has the file's shape (count of vCPUs and virtual packages). */
+  fits(out: VmOutput, threads: ThreadTotals | undefined): boolean {
+    const shape = this.slots.shape;
+    return out.vpkgs.length === shape.nvpkg && (threads === undefined || threads.vcpus.length === shape.nvcpu);
+  }
+
+  /** One sample's values into every copy. */
+  write(out: VmOutput, threads: ThreadTotals | undefined): void {
+    this.refill(out, threads);
+    for (let i = 0; i < this.blocks.length; i++) this.blocks[i]!.write(this.fill);
+    if (out.ended) this.final = true;
+  }
+
+  /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
+  setInterval(v: VmInterval, dtS: number): void {
+    // In place: the arrays of the last interval take this one's values.
+    const uw = (to: number[], vpkgEnergyJ: readonly number[]) => {
+      fit(to, vpkgEnergyJ.length);
+      for (let g = 0; g < vpkgEnergyJ.length; g++) to[g] = dtS > 0 ? (vpkgEnergyJ[g]! / dtS) * 1e6 : 0;
+      return to;
+    };
+    uw(this.powerUw, v.vpkgEnergyJ);
+    for (const d of v.domains ?? []) {
+      const to = this.domainPowerUw.get(d.domain);
+      if (to === undefined) this.domainPowerUw.set(d.domain, uw([], d.vpkgEnergyJ));
+      else uw(to, d.vpkgEnergyJ);
+    }
+    this.intervalNs = BigInt(Math.round(dtS * 1e9));
+  }
+
+  /** Every copy written a last time (`ended` set for an ended VM, `replaced` for a new shape); nothing more is written. */
+  finish(why: FinishCause): void {
+    const s = this.slots;
+    const last = (b: SampleBlock) => {
+      b.setNumber(s.ended, why === 'ended' ? 1 : Number(b.get(s.ended)));
+      if (why === 'replaced') b.setNumber(s.replaced, 1);
+      b.setNumber(b.slot('next_sample_monotonic'), 0);
+      for (let g = 0; g < s.shape.nvpkg; g++) {
+        b.setNumber(s.power + g, 0);
+        for (const at of s.domains.values()) b.setNumber(at.power + g, 0);
+      }
+    };
+    for (const b of this.blocks) b.write(last);
+    this.final = true;
+  }
+
+  /** The daemon lets go: its memfd closed (readers keep theirs), the guests' copies written no more. */
+  close(): void {
+    this.file?.close();
+    this.file = null;
+    for (const c of this.copies) c.current = false;
+    this.copies.length = 0;
+    this.blocks.length = 0;
+  }
+
+  /** The file's values now, into its values in place (the arrays and objects of the last sample reused). */
+  private refill(out: VmOutput, threads: ThreadTotals | undefined): void {
+    const v = this.values;
+    v.monotonicNs = out.tNs;
+    v.realtimeNs = this.p.realtimeOf(out.tNs);
+    v.nextMonotonicNs = this.p.sampling.running && !out.ended && out.tNs > 0n ? out.tNs + this.p.intervalNs : 0n;
+    v.intervalNs = this.intervalNs;
+    v.ended = out.ended;
+    const vpkgs = out.vpkgs;
+    fit(v.energyUj, vpkgs.length);
+    fit(v.counter, vpkgs.length);
+    for (let g = 0; g < vpkgs.length; g++) {
+      v.energyUj[g] = vpkgs[g]!.energyUj;
+      v.counter[g] = vpkgs[g]!.counter;
+    }
+    v.powerUw = out.ended ? NONE : this.powerUw;
+    const vcpus = threads?.vcpus ?? NONE;
+    fit(v.vcpus, vcpus.length);
+    for (let i = 0; i < vcpus.length; i++) {
+      const to = (v.vcpus[i] ??= { tid: 0, energyUj: 0, ticks: 0 });
+      to.tid = vcpus[i]!.tid;
+      to.energyUj = vcpus[i]!.energyJ * 1e6;
+      to.ticks = vcpus[i]!.ticks;
+    }
+    v.otherTicks = threads?.otherTicks ?? 0;
+    this.refillDomains(out);
+    const g = this.p.guest?.(this.vmId);
+    v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
+  }
+
+  private refillDomains(out: VmOutput): void {
+    const v = this.values;
+    const domains = out.domains ?? NONE;
+    fit(v.domains, domains.length);
+    for (let i = 0; i < domains.length; i++) {
+      const d = domains[i]!;
+      const to = (v.domains[i] ??= { domain: d.domain, energyUj: NONE, powerUw: NONE });
+      to.domain = d.domain;
+      to.energyUj = d.vpkgEnergyUj;
+      to.powerUw = out.ended ? NONE : (this.domainPowerUw.get(d.domain) ?? NONE);
+    }
+  }
+}
