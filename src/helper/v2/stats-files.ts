@@ -27,11 +27,12 @@ import {
 import { tickExponent, type VmStatsShape } from '../../protocol/stats/vm-file.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
+import { emptyVmTotals, type VmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { VmStatsFile, type FinishCause, type VmStatsCopy } from './vm-stats-file.js';
 
 /** What the files read of the sampling loop. */
-type StatsSampling = Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
+type StatsSampling = Pick<SamplingService, 'totalsInto' | 'running'>;
 
 interface StatsFilesParts {
   registry: Pick<VmRegistry, 'get'>;
@@ -179,9 +180,9 @@ export class StatsFiles {
     const have = this.vms.get(vmId);
     if (have) return have;
     const r = this.p.registry.get(vmId);
-    const out = this.p.sampling.output(vmId);
-    if (!r || !out) return null;
-    const f = new VmStatsFile(vmId, this.shapeOf(vmId, r.pid, r.name), {
+    const now = emptyVmTotals();
+    if (!r || !this.p.sampling.totalsInto(vmId, now)) return null;
+    const f = new VmStatsFile(vmId, this.shapeOf(vmId, r.pid, r.name, now), {
       sampling: this.p.sampling,
       intervalNs: this.p.intervalNs,
       realtimeOf: (tNs) => this.realtimeOf(tNs),
@@ -206,17 +207,16 @@ export class StatsFiles {
     if (this.vms.get(f.vmId) === f) this.vms.delete(f.vmId);
   }
 
-  private shapeOf(vmId: number, pid: number, name: string | null): VmStatsShape {
-    const out = this.p.sampling.output(vmId);
-    const threads = this.p.sampling.threadTotals(vmId);
+  /** The file's shape for a VM whose totals are `now`. */
+  private shapeOf(vmId: number, pid: number, name: string | null, now: VmTotals): VmStatsShape {
     return {
       hostVmId: vmId,
       pid,
       name,
-      nvpkg: Math.max(1, out?.vpkgs.length ?? 1),
-      nvcpu: Math.max(1, threads?.vcpus.length ?? 1),
+      nvpkg: Math.max(1, now.energyUj.length),
+      nvcpu: Math.max(1, now.vcpus.length),
       tickExponent: tickExponent(this.p.clkTck),
-      domains: (out?.domains ?? []).map((d) => d.domain),
+      domains: now.domains.map((d) => d.domain),
       guest: this.p.guest !== undefined,
     };
   }
@@ -237,12 +237,10 @@ export class StatsFiles {
   }
 
   private writeVm(f: VmStatsFile): void {
-    const out = this.p.sampling.output(f.vmId);
-    const threads = this.p.sampling.threadTotals(f.vmId);
-    if (!out) return;
+    if (!f.read()) return;
     // The vCPU list changed shape: this file stops here; the next STATS_FD (or guest copy) makes one that fits.
-    if (!f.fits(out, threads)) return this.let(f, 'replaced');
-    f.write(out, threads);
+    if (!f.fits) return this.let(f, 'replaced');
+    f.write();
   }
 
   private writeHost(): void {

@@ -6,6 +6,7 @@
  * directories and written here directly: one page per VM and sample, no second file copied from).
  * Every copy has the same layout and gets the same values and the same sequence of writes.
  */
+import { fitLength } from '../../common/fit-length.js';
 import type { PublishedFile } from '../../os/published-file.js';
 import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';
 import { SampleBlock } from '../../protocol/stats/sample-block.js';
@@ -18,13 +19,12 @@ import {
   type VmStatsValues,
 } from '../../protocol/stats/vm-file.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
-import type { VmInterval, VmOutput } from '../../ratio/outputs.js';
-import type { ThreadTotals } from '../../ratio/attribution.js';
+import { emptyVmTotals, type VmInterval, type VmTotals } from '../../ratio/outputs.js';
 import type { OtherDomain } from '../../model/domains.js';
 
 /** What a VM's file reads of the daemon. */
 export interface VmStatsReads {
-  sampling: Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
+  sampling: Pick<SamplingService, 'totalsInto' | 'running'>;
   intervalNs: bigint;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
   realtimeOf(tNs: bigint): bigint;
@@ -34,21 +34,14 @@ export interface VmStatsReads {
 
 /** A VM's values as written, refilled in place at each sample. */
 interface VmValues extends VmStatsValues {
-  energyUj: bigint[];
-  counter: number[];
   vcpus: VcpuTotals[];
-  domains: { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
+  domains: { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
 }
 
 /** Why a file is written for the last time. */
 export type FinishCause = 'ended' | 'replaced' | 'stopped';
 
 const NONE: readonly never[] = [];
-
-/** `a` cut to `n` items when longer (an array's length set only when it changes: setting it is a slow call in V8). */
-function fit(a: unknown[], n: number): void {
-  if (a.length > n) a.length = n;
-}
 
 /** A copy of the file in memory the caller mapped (the guest's file): written at each sample while `current`. */
 export class VmStatsCopy {
@@ -87,6 +80,8 @@ export class VmStatsFile {
     guest: undefined,
   };
   private readonly fill = (b: SampleBlock) => writeVmStats(b, this.slots, this.values);
+  /** The engine's totals of the VM, refilled in place by it at each sample (RatioEngine.totalsInto). */
+  private readonly totals: VmTotals = emptyVmTotals();
   /** Written with ended = 1 (or for the last time): nothing more changes. */
   final = false;
   /** Power per vpkg over the last interval, µW (0 until the file's first interval), and the same per other domain. */
@@ -117,8 +112,7 @@ export class VmStatsFile {
   bytesNow(): Buffer {
     const memory = new ArrayBuffer(this.layout.fileSize);
     new Uint8Array(memory).set(encodeStatsFile(this.layout));
-    const out = this.p.sampling.output(this.vmId);
-    if (out !== undefined) this.refill(out, this.p.sampling.threadTotals(this.vmId));
+    if (this.p.sampling.totalsInto(this.vmId, this.totals)) this.refill();
     new SampleBlock(memory, this.layout).write(this.fill);
     return Buffer.from(memory);
   }
@@ -141,24 +135,29 @@ export class VmStatsFile {
     return c;
   }
 
-  /** Whether the VM's vCPU list still has the file's shape (count of vCPUs and virtual packages). */
-  fits(out: VmOutput, threads: ThreadTotals | undefined): boolean {
-    const shape = this.slots.shape;
-    return out.vpkgs.length === shape.nvpkg && (threads === undefined || threads.vcpus.length === shape.nvcpu);
+  /** The VM's totals now, read from the engine in place; false when the engine has no such VM. */
+  read(): boolean {
+    return this.p.sampling.totalsInto(this.vmId, this.totals);
   }
 
-  /** One sample's values into every copy. */
-  write(out: VmOutput, threads: ThreadTotals | undefined): void {
-    this.refill(out, threads);
+  /** Whether the totals read() last read have the file's shape (count of vCPUs and virtual packages). */
+  get fits(): boolean {
+    const shape = this.slots.shape;
+    return this.totals.energyUj.length === shape.nvpkg && this.totals.vcpus.length === shape.nvcpu;
+  }
+
+  /** One sample's values (read() just before) into every copy. */
+  write(): void {
+    this.refill();
     for (let i = 0; i < this.blocks.length; i++) this.blocks[i]!.write(this.fill);
-    if (out.ended) this.final = true;
+    if (this.totals.ended) this.final = true;
   }
 
   /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
   setInterval(v: VmInterval, dtS: number): void {
     // In place: the arrays of the last interval take this one's values.
     const uw = (to: number[], vpkgEnergyJ: readonly number[]) => {
-      fit(to, vpkgEnergyJ.length);
+      fitLength(to, vpkgEnergyJ.length);
       for (let g = 0; g < vpkgEnergyJ.length; g++) to[g] = dtS > 0 ? (vpkgEnergyJ[g]! / dtS) * 1e6 : 0;
       return to;
     };
@@ -196,46 +195,36 @@ export class VmStatsFile {
     this.blocks.length = 0;
   }
 
-  /** The file's values now, into its values in place (the arrays and objects of the last sample reused). */
-  private refill(out: VmOutput, threads: ThreadTotals | undefined): void {
+  /** The file's values from the engine's totals (read() just before), in place (the arrays and objects of the last sample reused). */
+  private refill(): void {
     const v = this.values;
-    v.monotonicNs = out.tNs;
-    v.realtimeNs = this.p.realtimeOf(out.tNs);
-    v.nextMonotonicNs = this.p.sampling.running && !out.ended && out.tNs > 0n ? out.tNs + this.p.intervalNs : 0n;
+    const t = this.totals;
+    v.monotonicNs = t.tNs;
+    v.realtimeNs = this.p.realtimeOf(t.tNs);
+    v.nextMonotonicNs = this.p.sampling.running && !t.ended && t.tNs > 0n ? t.tNs + this.p.intervalNs : 0n;
     v.intervalNs = this.intervalNs;
-    v.ended = out.ended;
-    const vpkgs = out.vpkgs;
-    fit(v.energyUj, vpkgs.length);
-    fit(v.counter, vpkgs.length);
-    for (let g = 0; g < vpkgs.length; g++) {
-      v.energyUj[g] = vpkgs[g]!.energyUj;
-      v.counter[g] = vpkgs[g]!.counter;
-    }
-    v.powerUw = out.ended ? NONE : this.powerUw;
-    const vcpus = threads?.vcpus ?? NONE;
-    fit(v.vcpus, vcpus.length);
-    for (let i = 0; i < vcpus.length; i++) {
+    v.ended = t.ended;
+    // The engine's arrays, refilled by it in place.
+    v.energyUj = t.energyUj;
+    v.counter = t.counter;
+    v.powerUw = t.ended ? NONE : this.powerUw;
+    fitLength(v.vcpus, t.vcpus.length);
+    for (let i = 0; i < t.vcpus.length; i++) {
       const to = (v.vcpus[i] ??= { tid: 0, energyUj: 0, ticks: 0 });
-      to.tid = vcpus[i]!.tid;
-      to.energyUj = vcpus[i]!.energyJ * 1e6;
-      to.ticks = vcpus[i]!.ticks;
+      to.tid = t.vcpus[i]!.tid;
+      to.energyUj = t.vcpus[i]!.energyJ * 1e6;
+      to.ticks = t.vcpus[i]!.ticks;
     }
-    v.otherTicks = threads?.otherTicks ?? 0;
-    this.refillDomains(out);
-    const g = this.p.guest?.(this.vmId);
-    v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
-  }
-
-  private refillDomains(out: VmOutput): void {
-    const v = this.values;
-    const domains = out.domains ?? NONE;
-    fit(v.domains, domains.length);
-    for (let i = 0; i < domains.length; i++) {
-      const d = domains[i]!;
+    v.otherTicks = t.otherTicks;
+    fitLength(v.domains, t.domains.length);
+    for (let i = 0; i < t.domains.length; i++) {
+      const d = t.domains[i]!;
       const to = (v.domains[i] ??= { domain: d.domain, energyUj: NONE, powerUw: NONE });
       to.domain = d.domain;
-      to.energyUj = d.vpkgEnergyUj;
-      to.powerUw = out.ended ? NONE : (this.domainPowerUw.get(d.domain) ?? NONE);
+      to.energyUj = d.energyUj;
+      to.powerUw = t.ended ? NONE : (this.domainPowerUw.get(d.domain) ?? NONE);
     }
+    const g = this.p.guest?.(this.vmId);
+    v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
   }
 }

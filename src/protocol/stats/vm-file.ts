@@ -92,8 +92,8 @@ export interface VcpuTotals {
 
 export interface VmStatsValues extends SampleTimes {
   ended: boolean;
-  /** Per virtual package: cumulative µJ, the MSR-format counter, power over the last interval (µW). */
-  energyUj: readonly bigint[];
+  /** Per virtual package: cumulative µJ (an integer), the MSR-format counter, power over the last interval (µW). */
+  energyUj: readonly number[];
   counter: readonly number[];
   powerUw: readonly number[];
   /** Per vCPU, in the order of the VM's vCPU list. */
@@ -101,7 +101,7 @@ export interface VmStatsValues extends SampleTimes {
   /** Ticks of the VM's threads that are not vCPUs. */
   otherTicks: number;
   /** Per other domain of the file: cumulative µJ and power over the last interval (µW), per virtual package. */
-  domains?: readonly { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
+  domains?: readonly { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
   /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
   guest?: { guestUj: number; exactUj: number };
 }
@@ -156,7 +156,7 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
   b.setNumber(slots.ended, v.ended ? 1 : 0);
   const np = Math.min(slots.shape.nvpkg, v.energyUj.length);
   for (let g = 0; g < np; g++) {
-    b.setBig(slots.energy + g, v.energyUj[g]!);
+    b.setNumber(slots.energy + g, v.energyUj[g]!);
     b.setNumber(slots.counter + g, v.counter[g] ?? 0);
     b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
   }
@@ -173,7 +173,7 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
     if (!at) continue;
     const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
     for (let g = 0; g < n; g++) {
-      b.setBig(at.energy + g, d.energyUj[g]!);
+      b.setNumber(at.energy + g, d.energyUj[g]!);
       b.setNumber(at.power + g, d.powerUw[g] ?? 0);
     }
   }
