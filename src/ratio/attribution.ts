@@ -79,6 +79,8 @@ interface EngineVm {
   parsed: Map<number, ParsedLine>;
   /** A(v,g), joules. */
   acc: number[];
+  /** Counts the changes of its totals but the sample time (acc, domainAcc, threads, vCPU list, ended): totalsInto skips what did not move. */
+  changes: number;
   /** A(v,g) of each other domain the host reads (DomainPlane order), joules. */
   domainAcc: number[][];
   /** Sample time of the published values; 0n before the first interval. */
@@ -274,6 +276,7 @@ export class RatioEngine {
       prev: new Map(),
       parsed: new Map(),
       acc: new Array<number>(nvpkg).fill(0),
+      changes: 0,
       domainAcc: this.planes.map(() => new Array<number>(nvpkg).fill(0)),
       tNs: 0n,
     });
@@ -292,6 +295,7 @@ export class RatioEngine {
     let nvpkg = vm.nvpkg;
     for (const g of vcpuVpkg.values()) nvpkg = Math.max(nvpkg, g + 1);
     vm.vcpuVpkg = vcpuVpkg;
+    vm.changes++;
     vm.spec = { ...vm.spec, vcpus: vcpus.map((v) => ({ ...v })) };
     while (vm.acc.length < nvpkg) vm.acc.push(0);
     for (const a of vm.domainAcc) while (a.length < nvpkg) a.push(0);
@@ -341,12 +345,17 @@ export class RatioEngine {
 
   /**
    * A VM's totals (its output's and its threads') into `into`, in place: its arrays keep their items
-   * (nothing is allocated once they have the VM's lengths). False for no such VM.
+   * (nothing is allocated once they have the VM's lengths), and when nothing but the sample time
+   * changed since `into` was last filled for this VM (an idle interval), only `tNs` is set. False for
+   * no such VM.
    */
   totalsInto(vmId: number, into: VmTotals): boolean {
     const vm = this.vms.get(vmId);
     if (!vm) return false;
     into.tNs = vm.tNs;
+    if (into.vmId === vmId && into.changes === vm.changes) return true;
+    into.vmId = vmId;
+    into.changes = vm.changes;
     into.ended = vm.phase === 'ended';
     const n = vm.acc.length;
     fitLength(into.energyUj, n);
@@ -456,6 +465,7 @@ export class RatioEngine {
         prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
         parsed: new Map(),
         acc: [...v.accJ],
+        changes: 0,
         // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
         domainAcc: this.planes.map((p) => {
           const acc = v.domainAccJ?.find((d) => d.domain === p.domain)?.accJ ?? [];
@@ -679,6 +689,7 @@ export class RatioEngine {
   private vmInterval(vm: EngineVm, threads: ThreadNow[]): VmInterval {
     const es: number[] = new Array<number>(threads.length);
     const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
+    vm.changes++;
     this.addThreadTotals(vm, threads, es, pkgSplit.extra);
     // With no vCPU present, W is dropped and nothing is attributed on any package.
     for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
@@ -778,6 +789,7 @@ export class RatioEngine {
 
   private end(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
     vm.phase = 'ended';
+    vm.changes++;
     vm.endedBy = by;
     vm.prev = new Map();
     vm.parsed = new Map();

@@ -82,6 +82,9 @@ export interface VmOutput {
  * the caller's object at each sample instead of built anew as VmOutput and ThreadTotals are.
  */
 export interface VmTotals {
+  /** The VM they are of, and the engine's count of its changes when they were filled (-1: never). */
+  vmId: number;
+  changes: number;
   tNs: bigint;
   ended: boolean;
   /** Per vpkg: floor(A x 1e6) µJ (VpkgOutput.energyUj as a number, exact below 2^53) and the counter (VpkgOutput.counter). */
@@ -97,7 +100,7 @@ export interface VmTotals {
 
 /** Empty totals, for RatioEngine.totalsInto to fill. */
 export function emptyVmTotals(): VmTotals {
-  return { tNs: 0n, ended: false, energyUj: [], counter: [], domains: [], vcpus: [], otherTicks: 0 };
+  return { vmId: -1, changes: -1, tNs: 0n, ended: false, energyUj: [], counter: [], domains: [], vcpus: [], otherTicks: 0 };
 }
 
 /** A published µJ count: floor(J x 1e6) (VpkgOutput.energyUj, VmOutput.domains' vpkgEnergyUj). */

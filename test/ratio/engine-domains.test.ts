@@ -81,6 +81,8 @@ describe('RatioEngine with other RAPL domains', () => {
       const out = e.output(vm)!;
       const tt = e.threadTotals(vm)!;
       expect(into).toEqual({
+        vmId: vm,
+        changes: expect.any(Number),
         tNs: out.tNs,
         ended: out.ended,
         energyUj: out.vpkgs.map((v) => Number(v.energyUj)),
@@ -95,6 +97,20 @@ describe('RatioEngine with other RAPL domains', () => {
     }
     expect(into.energyUj[0]).toBeGreaterThan(0);
     expect(into.vcpus[0]!.ticks).toBeGreaterThan(0);
+    // An idle interval (no line changed): only the sample time is set, the rest is what the object holds.
+    const energy = into.energyUj[0]!;
+    into.energyUj[0] = -1;
+    e.addSample(sampleWith(4, { 0: units(500), 1: units(250) }, { 'dram 0': 99_000_000n, 'psys 0': 99_000_000n }, threads(3)));
+    e.totalsInto(vm, into);
+    expect([into.tNs, into.energyUj[0]]).toEqual([4_000_000_000n, -1]);
+    // Anything else that changes them (a new vCPU list, a VM ended) fills them again.
+    e.updateVcpus(vm, [{ tid: 11, vpkg: 0 }]);
+    e.totalsInto(vm, into);
+    expect([into.energyUj[0], into.vcpus.length]).toEqual([energy, 1]);
+    into.energyUj[0] = -1;
+    e.unregister(vm);
+    e.totalsInto(vm, into);
+    expect([into.energyUj[0], into.ended]).toEqual([energy, true]);
   });
 
   test('a package-scoped domain is shared by the same CPU-time fractions as the package, with its own energy and books', () => {

@@ -13,6 +13,7 @@ import { SampleBlock } from '../../protocol/stats/sample-block.js';
 import {
   vmStatsLayout,
   VmStatsSlots,
+  writeVmInterval,
   writeVmStats,
   type VcpuTotals,
   type VmStatsShape,
@@ -80,6 +81,9 @@ export class VmStatsFile {
     guest: undefined,
   };
   private readonly fill = (b: SampleBlock) => writeVmStats(b, this.slots, this.values);
+  private readonly fillInterval = (b: SampleBlock) => writeVmInterval(b, this.slots, this.values);
+  /** The engine's count of the VM's changes every copy's values were last written with (-1: none yet). */
+  private writtenAt = -1;
   /** The engine's totals of the VM, refilled in place by it at each sample (RatioEngine.totalsInto). */
   private readonly totals: VmTotals = emptyVmTotals();
   /** Written with ended = 1 (or for the last time): nothing more changes. */
@@ -146,10 +150,18 @@ export class VmStatsFile {
     return this.totals.energyUj.length === shape.nvpkg && this.totals.vcpus.length === shape.nvcpu;
   }
 
-  /** One sample's values (read() just before) into every copy. */
+  /**
+   * One sample's values (read() just before) into every copy: the whole sample, or, when the VM's
+   * totals did not change since every copy was written (an idle interval), its times and power alone
+   * (the rest of the file holds them already). Exact mode's guest energy moves on its own: always whole.
+   */
   write(): void {
-    this.refill();
-    for (let i = 0; i < this.blocks.length; i++) this.blocks[i]!.write(this.fill);
+    const whole = this.totals.changes !== this.writtenAt || this.p.guest !== undefined;
+    if (whole) this.refill();
+    else this.refillTimes();
+    const fill = whole ? this.fill : this.fillInterval;
+    for (let i = 0; i < this.blocks.length; i++) this.blocks[i]!.write(fill);
+    this.writtenAt = this.totals.changes;
     if (this.totals.ended) this.final = true;
   }
 
@@ -199,10 +211,7 @@ export class VmStatsFile {
   private refill(): void {
     const v = this.values;
     const t = this.totals;
-    v.monotonicNs = t.tNs;
-    v.realtimeNs = this.p.realtimeOf(t.tNs);
-    v.nextMonotonicNs = this.p.sampling.running && !t.ended && t.tNs > 0n ? t.tNs + this.p.intervalNs : 0n;
-    v.intervalNs = this.intervalNs;
+    this.refillTimes();
     v.ended = t.ended;
     // The engine's arrays, refilled by it in place.
     v.energyUj = t.energyUj;
@@ -226,5 +235,15 @@ export class VmStatsFile {
     }
     const g = this.p.guest?.(this.vmId);
     v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
+  }
+
+  /** The sample's times and the interval's length (the power arrays are refilled in place by setInterval). */
+  private refillTimes(): void {
+    const v = this.values;
+    const t = this.totals;
+    v.monotonicNs = t.tNs;
+    v.realtimeNs = this.p.realtimeOf(t.tNs);
+    v.nextMonotonicNs = this.p.sampling.running && !t.ended && t.tNs > 0n ? t.tNs + this.p.intervalNs : 0n;
+    v.intervalNs = this.intervalNs;
   }
 }

@@ -150,7 +150,7 @@ export class VmStatsSlots {
 
 /** One sample's values into the block (inside SampleBlock.write). Arrays longer than the file's are cut, shorter ones leave 0. */
 export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
-  writeSampleTimes(b, v);
+  writeVmInterval(b, slots, v);
   b.setNumber(slots.hostVmId, slots.shape.hostVmId);
   b.setNumber(slots.pid, slots.shape.pid);
   b.setNumber(slots.ended, v.ended ? 1 : 0);
@@ -158,7 +158,6 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
   for (let g = 0; g < np; g++) {
     b.setNumber(slots.energy + g, v.energyUj[g]!);
     b.setNumber(slots.counter + g, v.counter[g] ?? 0);
-    b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
   }
   const nc = Math.min(slots.shape.nvcpu, v.vcpus.length);
   for (let i = 0; i < nc; i++) {
@@ -172,14 +171,27 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
     const at = slots.domains.get(d.domain);
     if (!at) continue;
     const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
-    for (let g = 0; g < n; g++) {
-      b.setNumber(at.energy + g, d.energyUj[g]!);
-      b.setNumber(at.power + g, d.powerUw[g] ?? 0);
-    }
+    for (let g = 0; g < n; g++) b.setNumber(at.energy + g, d.energyUj[g]!);
   }
   if (v.guest !== undefined && slots.guestEnergy !== null && slots.guestExact !== null) {
     b.setNumber(slots.guestEnergy, Math.floor(v.guest.guestUj));
     b.setNumber(slots.guestExact, Math.floor(v.guest.exactUj));
+  }
+}
+
+/**
+ * The part of writeVmStats that moves at every sample even when the VM's totals did not (an idle
+ * interval): the sample's times, the interval, and the power over it (per virtual package and domain).
+ */
+export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
+  writeSampleTimes(b, v);
+  const np = Math.min(slots.shape.nvpkg, v.energyUj.length);
+  for (let g = 0; g < np; g++) b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
+  for (const d of v.domains ?? []) {
+    const at = slots.domains.get(d.domain);
+    if (!at) continue;
+    const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
+    for (let g = 0; g < n; g++) b.setNumber(at.power + g, d.powerUw[g] ?? 0);
   }
 }
 
