@@ -20,16 +20,17 @@ const VMS = 500;
 const WARMUP = 200;
 const SAMPLES = 400;
 
-/** Each VM's statistics file in its guest directory: its data block's words, as the daemon's writer sees them (null: not made). */
-type BenchStats = (BigUint64Array | null)[];
+/** Each VM's statistics file in its guest directory: its data block's words, as the daemon's writer sees them (null: not made), and its copy. */
+type BenchStats = ({ words: BigUint64Array; copy: { valuesWritten: number } } | null)[];
 
 function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats, layout: StatsLayout): GuestDirSource {
   return {
     vms: () => vms,
     output: (vmId) => outs[vmId],
     statsCopy: (vmId, map) => {
-      stats[vmId] = new BigUint64Array(map(encodeStatsFile(layout)), layout.dataOffset, layout.dataSize / 8);
-      return { layout, current: true, close: () => (stats[vmId] = null) };
+      const copy = { layout, current: true, valuesWritten: 0, close: () => (stats[vmId] = null) };
+      stats[vmId] = { words: new BigUint64Array(map(encodeStatsFile(layout)), layout.dataOffset, layout.dataSize / 8), copy };
+      return copy;
     },
   };
 }
@@ -38,7 +39,12 @@ function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats, layout: 
 function measure(g: GuestDirs, stats: BenchStats, energyWords: number[], n: number, busy: boolean): { total: number; sys: number } {
   const c0 = process.cpuUsage();
   for (let i = 0; i < n; i++) {
-    if (busy) for (const f of stats) if (f) for (const w of energyWords) f[w]! += 1000n;
+    if (busy)
+      for (const f of stats) {
+        if (!f) continue;
+        for (const w of energyWords) f.words[w]! += 1000n;
+        f.copy.valuesWritten++;
+      }
     g.sample();
   }
   const c = process.cpuUsage(c0);

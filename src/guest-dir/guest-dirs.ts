@@ -294,9 +294,11 @@ export class GuestDirs {
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
     if (file === null) return this.writeFromOutput(p);
+    // No value written since the last sample (an idle VM): no zone's words to compare.
+    const quiet = !file.valuesMoved() && !fresh;
     for (const z of file.zones) {
       // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
-      if (!fresh && file.unchanged(z) && this.shows(p, z)) continue;
+      if (!fresh && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
       this.show(p, z.id, z.name, file.energyOf(z));
     }
     if (file.ended) p.final = true;

@@ -27,6 +27,8 @@ export interface StatsCopy {
   readonly layout: StatsLayout;
   /** Written at each sample; false once the daemon writes it no more (the VM dropped, or its file replaced by one of a new shape). */
   readonly current: boolean;
+  /** Samples written with the VM's values (the others moved its times and power alone): while it stays, no value moved. */
+  readonly valuesWritten: number;
   /** Never written again. */
   close(): void;
 }
@@ -38,6 +40,8 @@ export class GuestStatsFile {
   private readonly words: BigUint64Array;
   private readonly halves: Uint32Array;
   private readonly endedWord: number;
+  /** copy.valuesWritten when valuesMoved() last looked. */
+  private valuesSeen = -1;
   /** The VM's zones (tree.ts), read from this file. */
   readonly zones: readonly FileZone[];
 
@@ -82,6 +86,13 @@ export class GuestStatsFile {
       if (this.halves[2 * w] !== z.seen[2 * i] || this.halves[2 * w + 1] !== z.seen[2 * i + 1]) return false;
     }
     return true;
+  }
+
+  /** Whether the daemon wrote the VM's values (not only the times of an idle interval) since the last call. */
+  valuesMoved(): boolean {
+    const moved = this.copy.valuesWritten !== this.valuesSeen;
+    this.valuesSeen = this.copy.valuesWritten;
+    return moved;
   }
 
   /** Whether the file says the VM ended. */

@@ -101,7 +101,7 @@ describe('GuestDirs with the inotify queue', () => {
       output: () => undefined,
       statsCopy: (_vmId, map) => {
         map(encodeStatsFile(layout));
-        return { layout, current: true, close: () => {} };
+        return { layout, current: true, valuesWritten: 0, close: () => {} };
       },
     };
     let logged = '';

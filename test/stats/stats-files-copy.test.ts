@@ -119,7 +119,10 @@ describe('StatsFiles.copy', () => {
     at(2, 200);
     const busy = g.values();
     expect(busy.get('power')![0]).toBeGreaterThan(0n);
+    // The guest's zones are passed over while no value was written (guest-stats-file.ts valuesMoved).
+    const written = g.copy.valuesWritten;
     at(3, 200);
+    expect(g.copy.valuesWritten).toBe(written);
     const idle = g.values();
     expect(idle.get('sample_monotonic')).toEqual([3_000_000_000n]);
     expect(idle.get('next_sample_monotonic')).toEqual([4_000_000_000n]);
@@ -128,6 +131,9 @@ describe('StatsFiles.copy', () => {
       expect(idle.get(name), name).toEqual(busy.get(name));
     const out = engine.output(vm)!;
     expect(idle.get('energy')).toEqual([out.vpkgs[0]!.energyUj]);
+    at(4, 300);
+    expect(g.copy.valuesWritten).toBe(written + 1);
+    expect(g.values().get('energy')![0]).toBeGreaterThan(idle.get('energy')![0]!);
   });
 
   it('marks the copy replaced at the next sample when the vCPU list changes shape while the VM is idle, and makes a new one on asking', () => {

@@ -44,10 +44,19 @@ export type FinishCause = 'ended' | 'replaced' | 'stopped';
 
 const NONE: readonly never[] = [];
 
+/** Power per virtual package over an interval of `dtS` seconds, µW, into `to` (0 for an interval of no length). */
+function powerInto(to: number[], vpkgEnergyJ: readonly number[], dtS: number): number[] {
+  fitLength(to, vpkgEnergyJ.length);
+  for (let g = 0; g < vpkgEnergyJ.length; g++) to[g] = dtS > 0 ? (vpkgEnergyJ[g]! / dtS) * 1e6 : 0;
+  return to;
+}
+
 /** A copy of the file in memory the caller mapped (the guest's file): written at each sample while `current`. */
 export class VmStatsCopy {
   /** Written at each sample; false once closed, or once the daemon stopped writing the VM's file (dropped, replaced). */
   current = true;
+  /** Samples written whole (the VM's totals, not only the times and power of an idle interval): unchanged, nothing moved. */
+  valuesWritten = 0;
 
   constructor(
     readonly layout: StatsLayout,
@@ -161,6 +170,7 @@ export class VmStatsFile {
     else this.refillTimes();
     const fill = whole ? this.fill : this.fillInterval;
     for (let i = 0; i < this.blocks.length; i++) this.blocks[i]!.write(fill);
+    if (whole) for (const c of this.copies) c.valuesWritten++;
     this.writtenAt = this.totals.changes;
     if (this.totals.ended) this.final = true;
   }
@@ -168,16 +178,11 @@ export class VmStatsFile {
   /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
   setInterval(v: VmInterval, dtS: number): void {
     // In place: the arrays of the last interval take this one's values.
-    const uw = (to: number[], vpkgEnergyJ: readonly number[]) => {
-      fitLength(to, vpkgEnergyJ.length);
-      for (let g = 0; g < vpkgEnergyJ.length; g++) to[g] = dtS > 0 ? (vpkgEnergyJ[g]! / dtS) * 1e6 : 0;
-      return to;
-    };
-    uw(this.powerUw, v.vpkgEnergyJ);
+    powerInto(this.powerUw, v.vpkgEnergyJ, dtS);
     for (const d of v.domains ?? []) {
       const to = this.domainPowerUw.get(d.domain);
-      if (to === undefined) this.domainPowerUw.set(d.domain, uw([], d.vpkgEnergyJ));
-      else uw(to, d.vpkgEnergyJ);
+      if (to === undefined) this.domainPowerUw.set(d.domain, powerInto([], d.vpkgEnergyJ, dtS));
+      else powerInto(to, d.vpkgEnergyJ, dtS);
     }
     this.intervalNs = BigInt(Math.round(dtS * 1e9));
   }

@@ -5,7 +5,7 @@
  */
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
-import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
+import { COMMON_STATS, sampleTimeSlots, writeSampleTimes, type SampleTimes, type SampleTimeSlots } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
 import type { OtherDomain } from '../../model/domains.js';
 
@@ -108,6 +108,7 @@ export interface VmStatsValues extends SampleTimes {
 
 /** The word index of every value of a VM's file, resolved once. */
 export class VmStatsSlots {
+  readonly times: SampleTimeSlots;
   readonly hostVmId: number;
   readonly pid: number;
   readonly ended: number;
@@ -128,6 +129,7 @@ export class VmStatsSlots {
     b: SampleBlock,
     readonly shape: VmStatsShape,
   ) {
+    this.times = sampleTimeSlots(b);
     this.hostVmId = b.slot('host_vm_id');
     this.pid = b.slot('pid');
     this.ended = b.slot('ended');
@@ -184,7 +186,7 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
  * interval): the sample's times, the interval, and the power over it (per virtual package and domain).
  */
 export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
-  writeSampleTimes(b, v);
+  writeSampleTimes(b, v, slots.times);
   const np = Math.min(slots.shape.nvpkg, v.energyUj.length);
   for (let g = 0; g < np; g++) b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
   for (const d of v.domains ?? []) {
