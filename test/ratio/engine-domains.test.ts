@@ -61,8 +61,8 @@ describe('RatioEngine with other RAPL domains', () => {
     const threads = (t: number) => ({
       10: [
         { tid: 10, ticks: 5 * t },
-        { tid: 11, ticks: 60 * t, processor: 0 },
-        { tid: 12, ticks: 30 * t, processor: 2 },
+        { tid: 11, ticks: 60 * t, cpu: 0 },
+        { tid: 12, ticks: 30 * t, cpu: 2 },
       ],
     });
     const into = emptyVmTotals();
