@@ -77,6 +77,8 @@ interface Published {
   stats: GuestStatsFile | null;
   /** Written with the VM ended: nothing more changes. */
   final: boolean;
+  /** Every zone shown, under its name, since the directory's last audit (false: check each one). */
+  settled: boolean;
   samples: number;
   /** Its changes told by the inotify queue (else an fstat per sample). */
   watched: boolean;
@@ -93,7 +95,9 @@ export class GuestDirs {
   private readonly limiter: LogLimiter;
   /** The helper's own uid: a directory it owns is as good as root's. */
   private readonly euid = process.geteuid?.() ?? 0;
-  private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
+  private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null; round: number }>();
+  /** Counts claims() passes: a VM whose name entry was not seen in the last one is gone. */
+  private round = 0;
   /** One inotify queue telling which published directories changed (null: each is fstat'ed per sample). */
   private watch: DirWatch | null | undefined;
 
@@ -112,7 +116,8 @@ export class GuestDirs {
       if (!this.listRoot()) return;
       this.watchOpened()?.drain();
       const claims = this.claims();
-      for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
+      // (Deleting the entry being visited is safe in a Map's iteration.)
+      for (const name of this.published.keys()) if (!claims.has(name)) this.unpublish(name);
       for (const [name, vms] of claims) this.publish(name, vms);
     } catch (e) {
       this.limiter.warn('guest dir', { guestDir: this.root, err: (e as Error).message }, 'guest directories not written this sample');
@@ -172,25 +177,27 @@ export class GuestDirs {
   /** Directory name -> the VMs that name it, for the names present in DIR. */
   private claims(): Map<string, GuestDirVm[]> {
     const out = new Map<string, GuestDirVm[]>();
-    const seen = new Set<number>();
+    const round = ++this.round;
     for (const vm of this.source.vms()) {
-      seen.add(vm.vmId);
-      const name = this.dirNameOf(vm);
+      const name = this.dirNameOf(vm, round);
       if (name === null || !this.present.has(name)) continue;
       const list = out.get(name);
       if (list) list.push(vm);
       else out.set(name, [vm]);
     }
-    for (const id of this.names.keys()) if (!seen.has(id)) this.names.delete(id);
+    for (const [id, n] of this.names) if (n.round !== round) this.names.delete(id);
     return out;
   }
 
-  /** A VM's directory name, worked out once per UUID and name it has. */
-  private dirNameOf(vm: GuestDirVm): string | null {
+  /** A VM's directory name, worked out once per UUID and name it has; its entry marked seen in `round`. */
+  private dirNameOf(vm: GuestDirVm, round: number): string | null {
     const had = this.names.get(vm.vmId);
-    if (had && had.uuid === vm.uuid && had.name === vm.name) return had.dir;
+    if (had && had.uuid === vm.uuid && had.name === vm.name) {
+      had.round = round;
+      return had.dir;
+    }
     const dir = guestDirName(vm.uuid, vm.name);
-    this.names.set(vm.vmId, { uuid: vm.uuid, name: vm.name, dir });
+    this.names.set(vm.vmId, { uuid: vm.uuid, name: vm.name, dir, round });
     return dir;
   }
 
@@ -255,7 +262,16 @@ export class GuestDirs {
       );
       return null;
     }
-    const p: Published = { vmId: -1, dir: opened.value, zones: new Map(), stats: null, final: false, samples: 0, watched: false };
+    const p: Published = {
+      vmId: -1,
+      dir: opened.value,
+      zones: new Map(),
+      stats: null,
+      final: false,
+      settled: false,
+      samples: 0,
+      watched: false,
+    };
     this.published.set(name, p);
     this.refused.delete(name);
     // Watched before its first check: whatever changes after it is told.
@@ -266,6 +282,7 @@ export class GuestDirs {
 
   /** Checks the directory; refuses it (and returns false) when it holds something hostile. */
   private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
+    p.settled = false;
     const why = p.dir.audit();
     if (why !== null) {
       this.refuse(name, why, vms);
@@ -281,6 +298,7 @@ export class GuestDirs {
     p.zones.clear();
     p.stats = p.stats?.close() ?? null;
     p.final = false;
+    p.settled = false;
   }
 
   /**
@@ -294,13 +312,16 @@ export class GuestDirs {
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
     if (file === null) return this.writeFromOutput(p);
-    // No value written since the last sample (an idle VM): no zone's words to compare.
+    // No value written since the last sample (an idle VM): no zone's words to compare, and nothing to
+    // do at all when every zone was shown since the directory's last audit (which may let one go).
     const quiet = !file.valuesMoved() && !fresh;
+    if (quiet && p.settled) return;
     for (const z of file.zones) {
       // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
       if (!fresh && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
       this.show(p, z.id, z.name, file.energyOf(z));
     }
+    p.settled = true;
     if (file.ended) p.final = true;
   }
 

@@ -97,7 +97,7 @@ export class GuestStatsFile {
 
   /** Whether the file says the VM ended. */
   get ended(): boolean {
-    return this.words[this.endedWord] !== 0n;
+    return this.halves[2 * this.endedWord] !== 0 || this.halves[2 * this.endedWord + 1] !== 0;
   }
 
   /** Whether the daemon still writes it (false: a new file is to be made, of the VM's new shape). */

@@ -73,7 +73,8 @@ interface HostFile {
 export class StatsFiles {
   private readonly vms = new Map<number, VmStatsFile>();
   private host: HostFile | null = null;
-  private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n };
+  /** The last sample's times (worked out once for every file written with it). */
+  private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n, nextNs: 0n };
   /** The last sample's interval, so that a file made between samples has its power and interval at once. */
   private lastResult: SampleEvent['result'] = null;
   private vmChanges = 0n;
@@ -148,10 +149,11 @@ export class StatsFiles {
   sample(ev: SampleEvent, vmsChanged = false): void {
     if (vmsChanged) this.vmChanges++;
     const dtNs = ev.result ? BigInt(Math.round(ev.result.dtS * 1e9)) : 0n;
-    this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: ev.tNs + (realtimeNs() - this.p.clock()), intervalNs: dtNs };
+    const realtime = ev.tNs + (realtimeNs() - this.p.clock());
+    this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: realtime, intervalNs: dtNs, nextNs: ev.tNs + this.p.intervalNs };
     this.lastResult = ev.result;
     if (ev.result && this.vms.size > 0) {
-      for (const v of ev.result.vms) this.vms.get(v.vmId)?.setInterval(v, ev.result.dtS);
+      for (const v of ev.result.vms) this.vms.get(v.vmId)?.setInterval(v, ev.result.dtS, dtNs);
     }
     for (const f of this.vms.values()) if (!f.final) this.writeVm(f);
     if (this.host) this.writeHost();
@@ -184,12 +186,12 @@ export class StatsFiles {
     if (!r || !this.p.sampling.totalsInto(vmId, now)) return null;
     const f = new VmStatsFile(vmId, this.shapeOf(vmId, r.pid, r.name, now), {
       sampling: this.p.sampling,
-      intervalNs: this.p.intervalNs,
       realtimeOf: (tNs) => this.realtimeOf(tNs),
+      nextOf: (tNs) => this.nextOf(tNs),
       ...(this.p.guest ? { guest: this.p.guest } : {}),
     });
     const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
-    if (last && this.lastResult) f.setInterval(last, this.lastResult.dtS);
+    if (last && this.lastResult) f.setInterval(last, this.lastResult.dtS, this.lastTimes.intervalNs);
     this.vms.set(vmId, f);
     return f;
   }
@@ -198,6 +200,12 @@ export class StatsFiles {
   private realtimeOf(tNs: bigint): bigint {
     if (tNs === 0n) return 0n;
     return tNs === this.lastTimes.monotonicNs ? this.lastTimes.realtimeNs : tNs + (realtimeNs() - this.p.clock());
+  }
+
+  /** CLOCK_MONOTONIC at which the sample after the one taken at `tNs` is expected; 0 when none is (the loop idle, no sample yet). */
+  private nextOf(tNs: bigint): bigint {
+    if (!this.p.sampling.running || tNs === 0n) return 0n;
+    return tNs === this.lastTimes.monotonicNs ? this.lastTimes.nextNs : tNs + this.p.intervalNs;
   }
 
   /** A file written a last time (unless it was) and let go: its memfd closed, its guests' copies no longer written. */
@@ -250,7 +258,7 @@ export class StatsFiles {
     const values: HostStatsValues = {
       monotonicNs: v.tNs,
       realtimeNs: this.realtimeOf(v.tNs),
-      nextMonotonicNs: this.p.sampling.running && v.tNs > 0n ? v.tNs + this.p.intervalNs : 0n,
+      nextMonotonicNs: this.nextOf(v.tNs),
       intervalNs: this.lastTimes.intervalNs,
       packages: v.packages.map((k) => ({ pkg: k.pkg, energyUj: k.energyUj, unattributedUj: k.unattributedUj ?? 0n })),
       unattributedUj: v.unattributedUj,

@@ -25,10 +25,11 @@ import type { OtherDomain } from '../../model/domains.js';
 
 /** What a VM's file reads of the daemon. */
 export interface VmStatsReads {
-  sampling: Pick<SamplingService, 'totalsInto' | 'running'>;
-  intervalNs: bigint;
+  sampling: Pick<SamplingService, 'totalsInto'>;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
   realtimeOf(tNs: bigint): bigint;
+  /** CLOCK_MONOTONIC at which the sample after the one at `tNs` is expected (0: none is). */
+  nextOf(tNs: bigint): bigint;
   /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
 }
@@ -176,7 +177,7 @@ export class VmStatsFile {
   }
 
   /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
-  setInterval(v: VmInterval, dtS: number): void {
+  setInterval(v: VmInterval, dtS: number, dtNs: bigint): void {
     // In place: the arrays of the last interval take this one's values.
     powerInto(this.powerUw, v.vpkgEnergyJ, dtS);
     for (const d of v.domains ?? []) {
@@ -184,7 +185,7 @@ export class VmStatsFile {
       if (to === undefined) this.domainPowerUw.set(d.domain, powerInto([], d.vpkgEnergyJ, dtS));
       else powerInto(to, d.vpkgEnergyJ, dtS);
     }
-    this.intervalNs = BigInt(Math.round(dtS * 1e9));
+    this.intervalNs = dtNs;
   }
 
   /** Every copy written a last time (`ended` set for an ended VM, `replaced` for a new shape); nothing more is written. */
@@ -248,7 +249,7 @@ export class VmStatsFile {
     const t = this.totals;
     v.monotonicNs = t.tNs;
     v.realtimeNs = this.p.realtimeOf(t.tNs);
-    v.nextMonotonicNs = this.p.sampling.running && !t.ended && t.tNs > 0n ? t.tNs + this.p.intervalNs : 0n;
+    v.nextMonotonicNs = t.ended ? 0n : this.p.nextOf(t.tNs);
     v.intervalNs = this.intervalNs;
   }
 }
