@@ -689,10 +689,14 @@ export class RatioEngine {
   private vmInterval(vm: EngineVm, threads: ThreadNow[]): VmInterval {
     const es: number[] = new Array<number>(threads.length);
     const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
-    vm.changes++;
+    // A line may change with no tick and no energy (a thread moved to another CPU): its totals did not.
+    let moved = pkgSplit.extra !== 0 || threads.some((th, i) => th.dticks !== 0 || es[i] !== 0);
     this.addThreadTotals(vm, threads, es, pkgSplit.extra);
     // With no vCPU present, W is dropped and nothing is attributed on any package.
-    for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
+    for (let g = 0; g < vm.nvpkg; g++) {
+      vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
+      moved ||= pkgSplit.vpkg[g] !== 0;
+    }
     const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
     if (this.planes.length > 0) {
       const domains: VmDomainEnergy[] = [];
@@ -700,11 +704,15 @@ export class RatioEngine {
         const plane = this.planes[i]!;
         const { vpkg } = split(plane, vm.nvpkg, threads, es);
         const acc = vm.domainAcc[i]!;
-        for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
+        for (let g = 0; g < vm.nvpkg; g++) {
+          acc[g] = acc[g]! + vpkg[g]!;
+          moved ||= vpkg[g] !== 0;
+        }
         domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
       }
       out.domains = domains;
     }
+    if (moved) vm.changes++;
     return out;
   }
 

@@ -103,6 +103,12 @@ describe('RatioEngine with other RAPL domains', () => {
     e.addSample(sampleWith(4, { 0: units(500), 1: units(250) }, { 'dram 0': 99_000_000n, 'psys 0': 99_000_000n }, threads(3)));
     e.totalsInto(vm, into);
     expect([into.tNs, into.energyUj[0]]).toEqual([4_000_000_000n, -1]);
+    // A line that changed with no tick (the thread ran on another CPU): the same.
+    const moved = threads(3);
+    moved[10][1]!.cpu = 1;
+    e.addSample(sampleWith(5, { 0: units(600), 1: units(300) }, { 'dram 0': 109_000_000n, 'psys 0': 109_000_000n }, moved));
+    e.totalsInto(vm, into);
+    expect([into.tNs, into.energyUj[0]]).toEqual([5_000_000_000n, -1]);
     // Anything else that changes them (a new vCPU list, a VM ended) fills them again.
     e.updateVcpus(vm, [{ tid: 11, vpkg: 0 }]);
     e.totalsInto(vm, into);
