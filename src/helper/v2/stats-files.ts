@@ -163,7 +163,7 @@ export class StatsFiles {
   dropped(vmId: number): void {
     const f = this.vms.get(vmId);
     if (!f) return;
-    this.let(f, 'ended');
+    this.release(f, 'ended');
   }
 
   /**
@@ -171,7 +171,7 @@ export class StatsFiles {
    * coming) and let go. `ended` is not set: the VMs did not end, the helper did.
    */
   close(): void {
-    for (const f of [...this.vms.values()]) this.let(f, 'stopped');
+    for (const f of [...this.vms.values()]) this.release(f, 'stopped');
     if (this.host) this.host.block.write((b) => b.setNumber(b.slot('next_sample_monotonic'), 0));
     this.host?.file.close();
     this.host = null;
@@ -209,7 +209,7 @@ export class StatsFiles {
   }
 
   /** A file written a last time (unless it was) and let go: its memfd closed, its guests' copies no longer written. */
-  private let(f: VmStatsFile, why: FinishCause): void {
+  private release(f: VmStatsFile, why: FinishCause): void {
     if (!f.final) f.finish(why);
     f.close();
     if (this.vms.get(f.vmId) === f) this.vms.delete(f.vmId);
@@ -247,7 +247,7 @@ export class StatsFiles {
   private writeVm(f: VmStatsFile): void {
     if (!f.read()) return;
     // The vCPU list changed shape: this file stops here; the next STATS_FD (or guest copy) makes one that fits.
-    if (!f.fits) return this.let(f, 'replaced');
+    if (!f.fits) return this.release(f, 'replaced');
     f.write();
   }
 
