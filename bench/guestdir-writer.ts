@@ -1,8 +1,8 @@
 /**
  * The publisher alone (src/guest-dir/), in this process: GuestDirs.sample() for 500 VMs of one virtual
  * package with package, core, DRAM and PSYS zones (or the package alone), each zone's value changed at
- * every sample (a busy host: the worst case, every energy_uj written anew) and each VM's statistics
- * file mirrored, into directories on tmpfs. CPU of this process per sample (user + system), after a
+ * every sample (a busy host: the worst case, every energy_uj written anew) in each VM's statistics
+ * file (its energy words moved here, as the daemon's writer moves them), into directories on tmpfs. CPU of this process per sample (user + system), after a
  * warm-up. The daemon suite (guestdir.ts) measures the whole daemon, whose stand-in VMs gain no energy;
  * this one measures what writing the files costs when they do (the daemon suite adds it to its own).
  * VMSR_GUEST_DIR_SWAP=0 measures the writer that makes a new file at every update (safe-dir.ts).
@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { GuestDirs, type GuestDirSource, type GuestDirVm } from '../src/guest-dir/guest-dirs.js';
-import { encodeStatsFile } from '../src/protocol/stats/layout.js';
+import { encodeStatsFile, type StatsLayout } from '../src/protocol/stats/layout.js';
 import { vmStatsLayout } from '../src/protocol/stats/vm-file.js';
 import type { VmOutput } from '../src/ratio/outputs.js';
 
@@ -20,26 +20,31 @@ const VMS = 500;
 const WARMUP = 200;
 const SAMPLES = 400;
 
-/** A VM's statistics file as the daemon keeps it: its bytes, and its data block's words. */
-interface BenchStats {
-  memory: ArrayBuffer;
-  size: number;
-  words: BigUint64Array;
-}
+/** Each VM's statistics file in its guest directory: its data block's words, as the daemon's writer sees them (null: not made), and its copy. */
+type BenchStats = ({ words: BigUint64Array; copy: { valuesWritten: number } } | null)[];
 
-function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats[]): GuestDirSource {
+function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats, layout: StatsLayout): GuestDirSource {
   return {
     vms: () => vms,
     output: (vmId) => outs[vmId],
-    statsFile: (vmId) => stats[vmId]!,
+    statsCopy: (vmId, map) => {
+      const copy = { layout, current: true, valuesWritten: 0, close: () => (stats[vmId] = null) };
+      stats[vmId] = { words: new BigUint64Array(map(encodeStatsFile(layout)), layout.dataOffset, layout.dataSize / 8), copy };
+      return copy;
+    },
   };
 }
 
 /** µs of CPU per sample for `n` samples, each moving every zone's energy when `busy` (in each VM's statistics file, as the daemon writes it). */
-function measure(g: GuestDirs, stats: BenchStats[], energyWords: number[], n: number, busy: boolean): { total: number; sys: number } {
+function measure(g: GuestDirs, stats: BenchStats, energyWords: number[], n: number, busy: boolean): { total: number; sys: number } {
   const c0 = process.cpuUsage();
   for (let i = 0; i < n; i++) {
-    if (busy) for (const f of stats) for (const w of energyWords) f.words[w]! += 1000n;
+    if (busy)
+      for (const f of stats) {
+        if (!f) continue;
+        for (const w of energyWords) f.words[w]! += 1000n;
+        f.copy.valuesWritten++;
+      }
     g.sample();
   }
   const c = process.cpuUsage(c0);
@@ -60,14 +65,10 @@ export function writerCost(busy: boolean, allDomains = true): { total: number; s
     outs.push({ vmId: k, pid: 1, ended: false, tNs: 1n, vpkgs: [{ vpkg: 0, energyJ: 0, energyUj: 0n, counter: 0 }], domains });
   }
   const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 8, tickExponent: -2, domains: [...domainNames] });
-  const stats = vms.map(() => {
-    const bytes = encodeStatsFile(layout);
-    const memory = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer;
-    return { memory, size: bytes.length, words: new BigUint64Array(memory, layout.dataOffset, layout.dataSize / 8) };
-  });
+  const stats: BenchStats = vms.map(() => null);
   const energyNames = ['energy', ...domainNames.map((d) => `${d}_energy`)];
   const energyWords = layout.descriptors.filter((d) => energyNames.includes(d.name)).map((d) => d.offset / 8);
-  const g = new GuestDirs(root, source(vms, outs, stats), pino({ level: 'silent' }));
+  const g = new GuestDirs(root, source(vms, outs, stats, layout), pino({ level: 'silent' }));
   try {
     measure(g, stats, energyWords, WARMUP, busy);
     return measure(g, stats, energyWords, SAMPLES, busy);

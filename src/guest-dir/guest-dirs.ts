@@ -7,7 +7,8 @@
  * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
  * directory (checked again only when it changed), energy_uj updated for each zone whose value changed
  * (its spare rewritten under a lease and swapped in: four calls, no new file; safe-dir.ts update()),
- * and the statistics file copied into its mapping (no system call).
+ * and the statistics file written into its mapping by the daemon's writer of the VM's statistics (no
+ * system call).
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -17,7 +18,7 @@ import { LogLimiter } from '../logging/log-limiter.js';
 import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
-import { StatsMirror, type StatsSource } from './stats-mirror.js';
+import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
 import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
 
@@ -52,8 +53,11 @@ export interface GuestDirVm {
 export interface GuestDirSource {
   vms(): Iterable<GuestDirVm>;
   output(vmId: number): VmOutput | undefined;
-  /** The VM's statistics file (made when it has none), or null when it cannot be. */
-  statsFile(vmId: number): StatsSource | null;
+  /**
+   * The VM's statistics written from now on at each sample into the memory `map` returns (the guest's
+   * statistics file, mapped; `map` is given its bytes now), or null for no such VM.
+   */
+  statsCopy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): StatsCopy | null;
   /** Whether `n` more fds fit the daemon's budget (absent: always). */
   canOpen?(n: number, what: string): boolean;
 }
@@ -70,9 +74,11 @@ interface Published {
   vmId: number;
   dir: GuestTree;
   zones: Map<string, ZoneState>;
-  stats: StatsMirror | null;
+  stats: GuestStatsFile | null;
   /** Written with the VM ended: nothing more changes. */
   final: boolean;
+  /** Every zone shown, under its name, since the directory's last audit (false: check each one). */
+  settled: boolean;
   samples: number;
   /** Its changes told by the inotify queue (else an fstat per sample). */
   watched: boolean;
@@ -89,7 +95,9 @@ export class GuestDirs {
   private readonly limiter: LogLimiter;
   /** The helper's own uid: a directory it owns is as good as root's. */
   private readonly euid = process.geteuid?.() ?? 0;
-  private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
+  private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null; round: number }>();
+  /** Counts claims() passes: a VM whose name entry was not seen in the last one is gone. */
+  private round = 0;
   /** One inotify queue telling which published directories changed (null: each is fstat'ed per sample). */
   private watch: DirWatch | null | undefined;
 
@@ -108,7 +116,8 @@ export class GuestDirs {
       if (!this.listRoot()) return;
       this.watchOpened()?.drain();
       const claims = this.claims();
-      for (const name of [...this.published.keys()]) if (!claims.has(name)) this.unpublish(name);
+      // (Deleting the entry being visited is safe in a Map's iteration.)
+      for (const name of this.published.keys()) if (!claims.has(name)) this.unpublish(name);
       for (const [name, vms] of claims) this.publish(name, vms);
     } catch (e) {
       this.limiter.warn('guest dir', { guestDir: this.root, err: (e as Error).message }, 'guest directories not written this sample');
@@ -168,25 +177,27 @@ export class GuestDirs {
   /** Directory name -> the VMs that name it, for the names present in DIR. */
   private claims(): Map<string, GuestDirVm[]> {
     const out = new Map<string, GuestDirVm[]>();
-    const seen = new Set<number>();
+    const round = ++this.round;
     for (const vm of this.source.vms()) {
-      seen.add(vm.vmId);
-      const name = this.dirNameOf(vm);
+      const name = this.dirNameOf(vm, round);
       if (name === null || !this.present.has(name)) continue;
       const list = out.get(name);
       if (list) list.push(vm);
       else out.set(name, [vm]);
     }
-    for (const id of this.names.keys()) if (!seen.has(id)) this.names.delete(id);
+    for (const [id, n] of this.names) if (n.round !== round) this.names.delete(id);
     return out;
   }
 
-  /** A VM's directory name, worked out once per UUID and name it has. */
-  private dirNameOf(vm: GuestDirVm): string | null {
+  /** A VM's directory name, worked out once per UUID and name it has; its entry marked seen in `round`. */
+  private dirNameOf(vm: GuestDirVm, round: number): string | null {
     const had = this.names.get(vm.vmId);
-    if (had && had.uuid === vm.uuid && had.name === vm.name) return had.dir;
+    if (had && had.uuid === vm.uuid && had.name === vm.name) {
+      had.round = round;
+      return had.dir;
+    }
     const dir = guestDirName(vm.uuid, vm.name);
-    this.names.set(vm.vmId, { uuid: vm.uuid, name: vm.name, dir });
+    this.names.set(vm.vmId, { uuid: vm.uuid, name: vm.name, dir, round });
     return dir;
   }
 
@@ -251,7 +262,16 @@ export class GuestDirs {
       );
       return null;
     }
-    const p: Published = { vmId: -1, dir: opened.value, zones: new Map(), stats: null, final: false, samples: 0, watched: false };
+    const p: Published = {
+      vmId: -1,
+      dir: opened.value,
+      zones: new Map(),
+      stats: null,
+      final: false,
+      settled: false,
+      samples: 0,
+      watched: false,
+    };
     this.published.set(name, p);
     this.refused.delete(name);
     // Watched before its first check: whatever changes after it is told.
@@ -262,6 +282,7 @@ export class GuestDirs {
 
   /** Checks the directory; refuses it (and returns false) when it holds something hostile. */
   private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
+    p.settled = false;
     const why = p.dir.audit();
     if (why !== null) {
       this.refuse(name, why, vms);
@@ -277,29 +298,31 @@ export class GuestDirs {
     p.zones.clear();
     p.stats = p.stats?.close() ?? null;
     p.final = false;
+    p.settled = false;
   }
 
   /**
-   * The VM's tree and statistics file now. Its zones' values are read from the daemon's statistics
-   * file of the VM (written this sample, before the guest directories), so no output is built again;
-   * from its output only when it has no such file (the daemon's fd budget is spent).
+   * The VM's tree now. Its zones' values are read from its statistics file in the directory (written
+   * this sample by the daemon, before the guest directories), so no output is built again; from its
+   * output only when it has no such file.
    */
   private write(p: Published): void {
-    const stats = this.source.statsFile(p.vmId);
-    if (stats === null) return this.writeFromOutput(p);
-    const fresh = p.stats === null || !p.stats.mirrors(stats);
-    if (fresh) {
-      p.stats?.close();
-      p.stats = StatsMirror.create(p.dir, GUEST_STATS_FILE, stats);
+    if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
+    const fresh = p.stats === null;
+    if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
+    const file = p.stats;
+    if (file === null) return this.writeFromOutput(p);
+    // No value written since the last sample (an idle VM): no zone's words to compare, and nothing to
+    // do at all when every zone was shown since the directory's last audit (which may let one go).
+    const quiet = !file.valuesMoved() && !fresh;
+    if (quiet && p.settled) return;
+    for (const z of file.zones) {
+      // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
+      if (!fresh && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
+      this.show(p, z.id, z.name, file.energyOf(z));
     }
-    const mirror = p.stats!;
-    for (const z of mirror.zones) {
-      // Its energy as at the last copy and its file shown: nothing to work out (an idle VM's zones cost no BigInt).
-      if (!fresh && mirror.unchanged(z) && this.shows(p, z)) continue;
-      this.show(p, z.id, z.name, mirror.energyOf(z));
-    }
-    mirror.copy();
-    if (mirror.ended) p.final = true;
+    p.settled = true;
+    if (file.ended) p.final = true;
   }
 
   private writeFromOutput(p: Published): void {

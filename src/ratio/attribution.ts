@@ -7,12 +7,23 @@
 import { joulesPerCounterUnit, packageCounter } from './counter.js';
 import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
+import { fitLength } from '../common/fit-length.js';
 import { validVcpus, MAX_TID, type VcpuSpec } from '../model/vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
 import { PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from '../model/domains.js';
 import { domainCounterProblem } from './domain-counters.js';
 import type { DomainCounter, HostInfo, CounterSpec } from '../model/host.js';
-import type { DomainInterval, IntervalResult, PackageInterval, VmInterval, VmOutput, VmDomainEnergy, VpkgOutput } from './outputs.js';
+import {
+  microjoules,
+  type DomainInterval,
+  type IntervalResult,
+  type PackageInterval,
+  type VmInterval,
+  type VmOutput,
+  type VmDomainEnergy,
+  type VmTotals,
+  type VpkgOutput,
+} from './outputs.js';
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
@@ -68,6 +79,8 @@ interface EngineVm {
   parsed: Map<number, ParsedLine>;
   /** A(v,g), joules. */
   acc: number[];
+  /** Counts the changes of its totals but the sample time (acc, domainAcc, threads, vCPU list, ended): totalsInto skips what did not move. */
+  changes: number;
   /** A(v,g) of each other domain the host reads (DomainPlane order), joules. */
   domainAcc: number[][];
   /** Sample time of the published values; 0n before the first interval. */
@@ -263,6 +276,7 @@ export class RatioEngine {
       prev: new Map(),
       parsed: new Map(),
       acc: new Array<number>(nvpkg).fill(0),
+      changes: 0,
       domainAcc: this.planes.map(() => new Array<number>(nvpkg).fill(0)),
       tNs: 0n,
     });
@@ -281,6 +295,7 @@ export class RatioEngine {
     let nvpkg = vm.nvpkg;
     for (const g of vcpuVpkg.values()) nvpkg = Math.max(nvpkg, g + 1);
     vm.vcpuVpkg = vcpuVpkg;
+    vm.changes++;
     vm.spec = { ...vm.spec, vcpus: vcpus.map((v) => ({ ...v })) };
     while (vm.acc.length < nvpkg) vm.acc.push(0);
     for (const a of vm.domainAcc) while (a.length < nvpkg) a.push(0);
@@ -324,16 +339,49 @@ export class RatioEngine {
   threadTotals(vmId: number): ThreadTotals | undefined {
     const vm = this.vms.get(vmId);
     if (!vm) return undefined;
-    const t = vm.threads;
-    let vcpuTicks = 0;
-    const vcpus = vm.spec.vcpus.map((v) => {
-      const k = t?.get(v.tid);
-      vcpuTicks += k?.ticks ?? 0;
-      return { tid: v.tid, vpkg: v.vpkg, energyJ: k?.energyJ ?? 0, ticks: k?.ticks ?? 0 };
-    });
-    let all = 0;
-    if (t) for (const k of t.values()) all += k.ticks;
-    return { vcpus, otherTicks: Math.max(0, all - vcpuTicks) };
+    const vcpus = vm.spec.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg, energyJ: 0, ticks: 0 }));
+    return { vcpus, otherTicks: fillThreadTotals(vm, vcpus) };
+  }
+
+  /**
+   * A VM's totals (its output's and its threads') into `into`, in place: its arrays keep their items
+   * (nothing is allocated once they have the VM's lengths), and when nothing but the sample time
+   * changed since `into` was last filled for this VM (an idle interval), only `tNs` is set. False for
+   * no such VM.
+   */
+  totalsInto(vmId: number, into: VmTotals): boolean {
+    const vm = this.vms.get(vmId);
+    if (!vm) return false;
+    into.tNs = vm.tNs;
+    if (into.vmId === vmId && into.changes === vm.changes) return true;
+    into.vmId = vmId;
+    into.changes = vm.changes;
+    into.ended = vm.phase === 'ended';
+    const n = vm.acc.length;
+    fitLength(into.energyUj, n);
+    fitLength(into.counter, n);
+    for (let g = 0; g < n; g++) {
+      into.energyUj[g] = microjoules(vm.acc[g]!);
+      into.counter[g] = this.guestCounter(vm.acc[g]!);
+    }
+    fitLength(into.domains, this.planes.length);
+    for (let i = 0; i < this.planes.length; i++) {
+      const d = (into.domains[i] ??= { domain: this.planes[i]!.domain, energyUj: [] });
+      const acc = vm.domainAcc[i]!;
+      d.domain = this.planes[i]!.domain;
+      fitLength(d.energyUj, acc.length);
+      for (let g = 0; g < acc.length; g++) d.energyUj[g] = microjoules(acc[g]!);
+    }
+    const spec = vm.spec.vcpus;
+    fitLength(into.vcpus, spec.length);
+    for (let i = 0; i < spec.length; i++) (into.vcpus[i] ??= { tid: 0, energyJ: 0, ticks: 0 }).tid = spec[i]!.tid;
+    into.otherTicks = fillThreadTotals(vm, into.vcpus);
+    return true;
+  }
+
+  /** The MSR-format counter of A joules: floor(A / u_guest) mod 2^32 (VpkgOutput.counter). */
+  private guestCounter(aJ: number): number {
+    return Math.floor(aJ / this.uGuest) % TWO_32;
   }
 
   /** Adds one interval's energy (vCPUs: share + extra) and ticks to each thread's totals. */
@@ -417,6 +465,7 @@ export class RatioEngine {
         prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
         parsed: new Map(),
         acc: [...v.accJ],
+        changes: 0,
         // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
         domainAcc: this.planes.map((p) => {
           const acc = v.domainAccJ?.find((d) => d.domain === p.domain)?.accJ ?? [];
@@ -640,9 +689,14 @@ export class RatioEngine {
   private vmInterval(vm: EngineVm, threads: ThreadNow[]): VmInterval {
     const es: number[] = new Array<number>(threads.length);
     const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
+    // A line may change with no tick and no energy (a thread moved to another CPU): its totals did not.
+    let moved = pkgSplit.extra !== 0 || threads.some((th, i) => th.dticks !== 0 || es[i] !== 0);
     this.addThreadTotals(vm, threads, es, pkgSplit.extra);
     // With no vCPU present, W is dropped and nothing is attributed on any package.
-    for (let g = 0; g < vm.nvpkg; g++) vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
+    for (let g = 0; g < vm.nvpkg; g++) {
+      vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
+      moved ||= pkgSplit.vpkg[g] !== 0;
+    }
     const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
     if (this.planes.length > 0) {
       const domains: VmDomainEnergy[] = [];
@@ -650,11 +704,15 @@ export class RatioEngine {
         const plane = this.planes[i]!;
         const { vpkg } = split(plane, vm.nvpkg, threads, es);
         const acc = vm.domainAcc[i]!;
-        for (let g = 0; g < vm.nvpkg; g++) acc[g] = acc[g]! + vpkg[g]!;
+        for (let g = 0; g < vm.nvpkg; g++) {
+          acc[g] = acc[g]! + vpkg[g]!;
+          moved ||= vpkg[g] !== 0;
+        }
         domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
       }
       out.domains = domains;
     }
+    if (moved) vm.changes++;
     return out;
   }
 
@@ -739,6 +797,7 @@ export class RatioEngine {
 
   private end(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
     vm.phase = 'ended';
+    vm.changes++;
     vm.endedBy = by;
     vm.prev = new Map();
     vm.parsed = new Map();
@@ -748,20 +807,38 @@ export class RatioEngine {
     const vpkgs: VpkgOutput[] = vm.acc.map((a, g) => ({
       vpkg: g,
       energyJ: a,
-      energyUj: BigInt(Math.floor(a * 1e6)),
-      counter: Math.floor(a / this.uGuest) % TWO_32,
+      energyUj: BigInt(microjoules(a)),
+      counter: this.guestCounter(a),
     }));
     const out: VmOutput = { vmId: vm.id, pid: vm.spec.pid, ended: vm.phase === 'ended', tNs: vm.tNs, vpkgs };
     if (this.planes.length > 0)
       out.domains = this.planes.map((p, i) => ({
         domain: p.domain,
         vpkgEnergyJ: [...vm.domainAcc[i]!],
-        vpkgEnergyUj: vm.domainAcc[i]!.map((a) => BigInt(Math.floor(a * 1e6))),
+        vpkgEnergyUj: vm.domainAcc[i]!.map((a) => BigInt(microjoules(a))),
       }));
     if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
     if (vm.spec.name !== undefined) out.name = vm.spec.name;
     return out;
   }
+}
+
+/**
+ * Each vCPU's energy and ticks since the VM's baseline into `vcpus` (their tids set, in the order of
+ * the VM's vCPU list; a vCPU not yet seen has 0); returns the ticks of the threads that are not vCPUs.
+ */
+function fillThreadTotals(vm: EngineVm, vcpus: { tid: number; energyJ: number; ticks: number }[]): number {
+  const t = vm.threads;
+  let vcpuTicks = 0;
+  for (const v of vcpus) {
+    const k = t?.get(v.tid);
+    v.energyJ = k?.energyJ ?? 0;
+    v.ticks = k?.ticks ?? 0;
+    vcpuTicks += v.ticks;
+  }
+  let all = 0;
+  if (t) for (const k of t.values()) all += k.ticks;
+  return Math.max(0, all - vcpuTicks);
 }
 
 /** The plane's energy of the interval per slot: where both samples have the counter, its distance (one wrap at most) times its unit. */

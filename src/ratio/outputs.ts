@@ -77,6 +77,37 @@ export interface VmOutput {
   domains?: VmDomainTotals[];
 }
 
+/**
+ * A VM's totals read in place (RatioEngine.totalsInto): what its statistics file shows, refilled into
+ * the caller's object at each sample instead of built anew as VmOutput and ThreadTotals are.
+ */
+export interface VmTotals {
+  /** The VM they are of, and the engine's count of its changes when they were filled (-1: never). */
+  vmId: number;
+  changes: number;
+  tNs: bigint;
+  ended: boolean;
+  /** Per vpkg: floor(A x 1e6) µJ (VpkgOutput.energyUj as a number, exact below 2^53) and the counter (VpkgOutput.counter). */
+  energyUj: number[];
+  counter: number[];
+  /** Per other domain, in VmOutput.domains' order: floor(x 1e6) µJ per vpkg. */
+  domains: { domain: OtherDomain; energyUj: number[] }[];
+  /** Per vCPU, in the order of the VM's vCPU list (ThreadTotals.vcpus without the vpkg). */
+  vcpus: { tid: number; energyJ: number; ticks: number }[];
+  /** ThreadTotals.otherTicks. */
+  otherTicks: number;
+}
+
+/** Empty totals, for RatioEngine.totalsInto to fill. */
+export function emptyVmTotals(): VmTotals {
+  return { vmId: -1, changes: -1, tNs: 0n, ended: false, energyUj: [], counter: [], domains: [], vcpus: [], otherTicks: 0 };
+}
+
+/** A published µJ count: floor(J x 1e6) (VpkgOutput.energyUj, VmOutput.domains' vpkgEnergyUj). */
+export function microjoules(j: number): number {
+  return Math.floor(j * 1e6);
+}
+
 interface VmDomainTotals {
   domain: OtherDomain;
   vpkgEnergyJ: number[];

@@ -6,7 +6,7 @@
  * pile-up).
  */
 import type { Logger } from 'pino';
-import type { IntervalResult, VmOutput } from '../ratio/outputs.js';
+import type { IntervalResult, VmOutput, VmTotals } from '../ratio/outputs.js';
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 import type { EngineState } from '../ratio/engine-state.js';
@@ -33,6 +33,8 @@ export interface Engine {
   readonly guestPowerUnit: bigint;
   /** Per-thread totals of a VM (RatioEngine.threadTotals), for the statistics fd; optional. */
   threadTotals?(vmId: number): ThreadTotals | undefined;
+  /** A VM's totals into the caller's object, in place (RatioEngine.totalsInto), for the statistics files; false for no such VM. */
+  totalsInto(vmId: number, into: VmTotals): boolean;
 }
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
@@ -239,6 +241,11 @@ export class SamplingService {
   /** A VM's per-thread totals (vCPU energy and ticks, other threads' ticks); undefined when the engine has none. */
   threadTotals(vmId: number): ThreadTotals | undefined {
     return this.engine.threadTotals?.(vmId);
+  }
+
+  /** A VM's totals into `into`, in place (RatioEngine.totalsInto: nothing allocated per sample); false for no such VM. */
+  totalsInto(vmId: number, into: VmTotals): boolean {
+    return this.engine.totalsInto(vmId, into);
   }
 
   /** A VM's vCPU list changed (see RatioEngine.updateVcpus); counted from the next sample. */

@@ -96,12 +96,13 @@ describe('GuestDirs with the inotify queue', () => {
     const vmDir = path.join(root, 'vm-0');
     fs.mkdirSync(vmDir);
     const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 1, tickExponent: -2, domains: [] });
-    const bytes = encodeStatsFile(layout);
-    const stats = { memory: bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer, size: bytes.length };
     const source: GuestDirSource = {
       vms: () => [{ vmId: 0, uuid: null, name: 'vm-0', uid: process.geteuid?.() ?? 0, live: true }],
       output: () => undefined,
-      statsFile: () => stats,
+      statsCopy: (_vmId, map) => {
+        map(encodeStatsFile(layout));
+        return { layout, current: true, valuesWritten: 0, close: () => {} };
+      },
     };
     let logged = '';
     const log = pino(

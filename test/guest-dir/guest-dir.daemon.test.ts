@@ -11,6 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { StatsReader } from '../../src/client/stats-reader.js';
+import { V2Client } from '../../src/client/v2-client.js';
 import { countingHost } from './support.js';
 import { TEMP_PREFIX } from '../../src/guest-dir/tree.js';
 import { FakeQemu } from '../support/fake-qemu.js';
@@ -25,16 +26,17 @@ afterEach(async () => {
 const NOBODY = 65534;
 
 /** A fake host counting every domain, a daemon on it publishing into a new guest directory. */
-async function guestDaemon(): Promise<{ helper: DaemonChild; dir: string }> {
+async function guestDaemon(): Promise<{ helper: DaemonChild; dir: string; socket: string }> {
   const fake = countingHost(cleanups, 1200, 400);
   const tmp = tempDir('vmsr-guest-dir-');
   cleanups.push(() => fs.rmSync(tmp, { recursive: true, force: true }));
   const dir = path.join(tmp, 'guests');
   fs.mkdirSync(dir);
-  const helper = spawnHelper(['-k', path.join(tmp, 'h.sock'), ...hostArgs(fake), '--interval', '0.1', '--guest-dir', dir]);
+  const socket = path.join(tmp, 'h.sock');
+  const helper = spawnHelper(['-k', socket, ...hostArgs(fake), '--interval', '0.1', '--guest-dir', dir]);
   cleanups.push(() => helper.stop('SIGKILL'));
   await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
-  return { helper, dir };
+  return { helper, dir, socket };
 }
 
 /** A fake QEMU with a fresh -uuid (its vCPU spinning unless `idle`); its UUID is its directory's name. */
@@ -63,6 +65,29 @@ function tree(d: string, rel = ''): string[] {
       .sort()
   );
 }
+/** The statistics memfds of VMs held by the daemon serving `socket` (its process found by its command line). */
+function vmMemfds(socket: string): string[] {
+  const out: string[] = [];
+  for (const pid of fs.readdirSync('/proc').filter((n) => /^\d+$/.test(n))) {
+    try {
+      if (!fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes(socket)) continue;
+      for (const fd of fs.readdirSync(`/proc/${pid}/fd`)) {
+        const link = fs.readlinkSync(`/proc/${pid}/fd/${fd}`);
+        if (link.startsWith('/memfd:vmsr-vm-')) out.push(`${pid}/${fd} ${link}`);
+      }
+    } catch {
+      // A process that ended meanwhile.
+    }
+  }
+  return out;
+}
+
+/** Every value of one sample of `r`, by descriptor name (generation left out: each file counts its own). */
+function sampleOf(r: StatsReader): Map<string, bigint[]> {
+  const s = r.read();
+  return new Map(r.descriptors.filter((d) => d.name !== 'generation').map((d) => [d.name, r.values(s, d.name)!]));
+}
+
 const refusals = (h: DaemonChild, d: string) =>
   h
     .stderr()
@@ -144,6 +169,53 @@ describe('--guest-dir', { timeout: 240_000 }, () => {
     fs.rmSync(a, { recursive: true });
     await new Promise((r) => setTimeout(r, 500));
     expect(exists(a)).toBe(false);
+  });
+
+  it("keeps no memfd for a published VM until a reader asks STATS_FD, whose file then holds the guest's file's values, sample for sample, in the same layout", async (ctx) => {
+    const why = missing({ root: true });
+    if (why) return ctx.skip(why);
+    const { helper, dir, socket } = await guestDaemon();
+    const busy = await vm();
+    const d = path.join(dir, busy.uuid);
+    fs.mkdirSync(d);
+    await waitFor(() => exists(path.join(d, 'stats')), 'the statistics file', helper, 60_000);
+    // Published over several samples: the guest's file is written, and the daemon holds no file of its own for it.
+    await new Promise((r) => setTimeout(r, 500));
+    expect(vmMemfds(socket)).toEqual([]);
+
+    const c = await V2Client.connect(socket);
+    cleanups.push(() => c.close());
+    const vmId = (await c.list()).find((v) => v.pid === busy.qemu.pid)!.hostVmId;
+    const { fd } = await c.statsFd(vmId);
+    const fromFd = StatsReader.open(fd);
+    cleanups.push(() => fromFd.close());
+    const guestFd = fs.openSync(path.join(d, 'stats'), 'r');
+    const fromGuest = StatsReader.open(guestFd);
+    cleanups.push(() => fromGuest.close());
+    // Its own file, once the reader's copy it sent is closed.
+    await waitFor(() => vmMemfds(socket).length === 1, "one memfd in the daemon: the VM's statistics file", helper);
+    expect(vmMemfds(socket)).toEqual([expect.stringMatching(new RegExp(`/memfd:vmsr-vm-${vmId} `))]);
+    // The same header, id string and descriptors, byte for byte.
+    const head = (f: number) => {
+      const b = Buffer.alloc(fromFd.layout.dataOffset);
+      fs.readSync(f, b, 0, b.length, 0);
+      return b;
+    };
+    expect(fromGuest.layout.fileSize).toBe(fromFd.layout.fileSize);
+    expect(head(guestFd).equals(head(fd))).toBe(true);
+    // Both are written in the same sample: read until one sample is seen in both (a sample may fall between the reads).
+    let same = 0;
+    for (const deadline = Date.now() + 30_000; same < 3 && Date.now() < deadline;) {
+      const g = sampleOf(fromGuest);
+      const f = sampleOf(fromFd);
+      if (sampleOf(fromGuest).get('sample_monotonic')![0] !== g.get('sample_monotonic')![0]) continue;
+      if (f.get('sample_monotonic')![0] !== g.get('sample_monotonic')![0]) continue;
+      expect(f).toEqual(g);
+      same++;
+      await new Promise((r) => setTimeout(r, 150));
+    }
+    expect(same, 'samples seen whole in both files').toBe(3);
+    expect(fromFd.value(fromFd.read(), 'pid')).toBe(BigInt(busy.qemu.pid));
   });
 
   it('refuses every hostile directory with one log line and writes nothing through it', async (ctx) => {

@@ -7,7 +7,7 @@ import { describe, expect, test } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { DomainCounter, HostInfo } from '../../src/model/host.js';
 import type { Sample } from '../../src/model/sample.js';
-import type { VmOutput } from '../../src/ratio/outputs.js';
+import { emptyVmTotals, type VmOutput } from '../../src/ratio/outputs.js';
 import { host, sample, units, type ThreadAt } from './helpers.js';
 
 const UJ = 1e-6;
@@ -40,6 +40,85 @@ function domainJ(out: VmOutput | undefined, domain: string): number[] {
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 
 describe('RatioEngine with other RAPL domains', () => {
+  test("totalsInto gives a VM's output and thread totals in the caller's object, reusing its arrays from one sample to the next", () => {
+    const e = new RatioEngine(
+      hostWith(
+        [2, 2],
+        [
+          { domain: 'dram', pkg: 0 },
+          { domain: 'psys', pkg: 0 },
+        ],
+      ),
+    );
+    const vm = e.register({
+      pid: 10,
+      starttime: 1000,
+      vcpus: [
+        { tid: 11, vpkg: 0 },
+        { tid: 12, vpkg: 1 },
+      ],
+    });
+    const threads = (t: number) => ({
+      10: [
+        { tid: 10, ticks: 5 * t },
+        { tid: 11, ticks: 60 * t, cpu: 0 },
+        { tid: 12, ticks: 30 * t, cpu: 2 },
+      ],
+    });
+    const into = emptyVmTotals();
+    expect(e.totalsInto(99, into)).toBe(false);
+    let arrays: unknown[] = [];
+    for (let t = 0; t < 4; t++) {
+      e.addSample(
+        sampleWith(
+          t,
+          { 0: units(100 * t), 1: units(50 * t) },
+          { 'dram 0': BigInt(1_000_000 + 7_777_777 * t), 'psys 0': BigInt(9_999_999 * t) },
+          threads(t),
+        ),
+      );
+      expect(e.totalsInto(vm, into)).toBe(true);
+      const out = e.output(vm)!;
+      const tt = e.threadTotals(vm)!;
+      expect(into).toEqual({
+        vmId: vm,
+        changes: expect.any(Number),
+        tNs: out.tNs,
+        ended: out.ended,
+        energyUj: out.vpkgs.map((v) => Number(v.energyUj)),
+        counter: out.vpkgs.map((v) => v.counter),
+        domains: out.domains!.map((d) => ({ domain: d.domain, energyUj: d.vpkgEnergyUj.map(Number) })),
+        vcpus: tt.vcpus.map((v) => ({ tid: v.tid, energyJ: v.energyJ, ticks: v.ticks })),
+        otherTicks: tt.otherTicks,
+      });
+      const now = [into.energyUj, into.counter, into.vcpus, into.domains, ...into.vcpus, ...into.domains];
+      if (t > 1) expect(now.every((a, i) => a === arrays[i])).toBe(true);
+      arrays = now;
+    }
+    expect(into.energyUj[0]).toBeGreaterThan(0);
+    expect(into.vcpus[0]!.ticks).toBeGreaterThan(0);
+    // An idle interval (no line changed): only the sample time is set, the rest is what the object holds.
+    const energy = into.energyUj[0]!;
+    into.energyUj[0] = -1;
+    e.addSample(sampleWith(4, { 0: units(500), 1: units(250) }, { 'dram 0': 99_000_000n, 'psys 0': 99_000_000n }, threads(3)));
+    e.totalsInto(vm, into);
+    expect([into.tNs, into.energyUj[0]]).toEqual([4_000_000_000n, -1]);
+    // A line that changed with no tick (the thread ran on another CPU): the same.
+    const moved = threads(3);
+    moved[10][1]!.cpu = 1;
+    e.addSample(sampleWith(5, { 0: units(600), 1: units(300) }, { 'dram 0': 109_000_000n, 'psys 0': 109_000_000n }, moved));
+    e.totalsInto(vm, into);
+    expect([into.tNs, into.energyUj[0]]).toEqual([5_000_000_000n, -1]);
+    // Anything else that changes them (a new vCPU list, a VM ended) fills them again.
+    e.updateVcpus(vm, [{ tid: 11, vpkg: 0 }]);
+    e.totalsInto(vm, into);
+    expect([into.energyUj[0], into.vcpus.length]).toEqual([energy, 1]);
+    into.energyUj[0] = -1;
+    e.unregister(vm);
+    e.totalsInto(vm, into);
+    expect([into.energyUj[0], into.ended]).toEqual([energy, true]);
+  });
+
   test('a package-scoped domain is shared by the same CPU-time fractions as the package, with its own energy and books', () => {
     const e = new RatioEngine(hostWith([2], [{ domain: 'dram', pkg: 0 }]));
     const a = e.register({ pid: 10, starttime: 1000, vcpus: [{ tid: 11, vpkg: 0 }] });

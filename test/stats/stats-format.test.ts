@@ -146,14 +146,14 @@ describe('the other RAPL domains in the files', () => {
         nextMonotonicNs: 3n,
         intervalNs: 4n,
         ended: false,
-        energyUj: [10n, 20n],
+        energyUj: [10, 20],
         counter: [1, 2],
         powerUw: [5, 6],
         vcpus: [],
         otherTicks: 0,
         domains: [
-          { domain: 'dram', energyUj: [7n, 8n], powerUw: [1.9, 2] },
-          { domain: 'uncore', energyUj: [99n, 99n], powerUw: [9, 9] }, // not in this file: left out
+          { domain: 'dram', energyUj: [7, 8], powerUw: [1.9, 2] },
+          { domain: 'uncore', energyUj: [99, 99], powerUw: [9, 9] }, // not in this file: left out
         ],
       }),
     );

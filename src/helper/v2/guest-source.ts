@@ -1,6 +1,7 @@
 /**
  * What the guest directories (src/guest-dir/, docs/guest.md) read of the v2 service: every VM known
- * (registered or discovered) with its UUID, name and owner, its output, and its statistics file.
+ * (registered or discovered) with its UUID, name and owner, its output, and its statistics written
+ * into the guest's file.
  */
 import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
@@ -10,7 +11,7 @@ import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 interface GuestSourceParts {
   registry: Pick<VmRegistry, 'all'>;
   sampling: Pick<SamplingService, 'output'>;
-  stats: Pick<StatsFiles, 'vm'>;
+  stats: Pick<StatsFiles, 'copy'>;
   fds?: FdAdmitter;
 }
 
@@ -18,10 +19,7 @@ export function guestSource(p: GuestSourceParts): GuestDirSource {
   return {
     vms: () => p.registry.all(),
     output: (vmId) => p.sampling.output(vmId),
-    statsFile: (vmId) => {
-      const f = p.stats.vm(vmId);
-      return f.ok ? f.value : null;
-    },
+    statsCopy: (vmId, map) => p.stats.copy(vmId, map),
     canOpen: (n, what) => p.fds?.canOpen?.(n, what).ok ?? true,
   };
 }

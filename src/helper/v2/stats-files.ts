@@ -6,13 +6,15 @@
  * more; when the VM is dropped the daemon closes its own fd and mapping, and readers keep theirs.
  * When a VM's vCPU list changes shape (count of vCPUs or virtual packages), its file is written a
  * last time with replaced = 1 and a new one is made for the next STATS_FD.
+ * A VM's file is also written straight into its guest's statistics file (copy(), docs/guest.md) with
+ * the same values in the same sample: a published VM nobody asked STATS_FD of has no memfd.
  */
 import type { Logger } from 'pino';
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { PublishedFile } from '../../os/published-file.js';
 import { realtimeNs } from '../../os/libc.js';
-import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';
+import { encodeStatsFile } from '../../protocol/stats/layout.js';
 import { SampleBlock } from '../../protocol/stats/sample-block.js';
 import {
   hostDomainShapes,
@@ -22,24 +24,15 @@ import {
   type HostDomainShape,
   type HostStatsValues,
 } from '../../protocol/stats/host-file.js';
-import {
-  tickExponent,
-  vmStatsLayout,
-  VmStatsSlots,
-  writeVmStats,
-  type VcpuTotals,
-  type VmStatsShape,
-  type VmStatsValues,
-} from '../../protocol/stats/vm-file.js';
+import { tickExponent, type VmStatsShape } from '../../protocol/stats/vm-file.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
-import type { VmInterval, VmOutput } from '../../ratio/outputs.js';
-import type { ThreadTotals } from '../../ratio/attribution.js';
-import type { OtherDomain } from '../../model/domains.js';
+import { emptyVmTotals, type VmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
+import { VmStatsFile, type FinishCause, type VmStatsCopy } from './vm-stats-file.js';
 
 /** What the files read of the sampling loop. */
-type StatsSampling = Pick<SamplingService, 'output' | 'threadTotals' | 'running'>;
+type StatsSampling = Pick<SamplingService, 'totalsInto' | 'running'>;
 
 interface StatsFilesParts {
   registry: Pick<VmRegistry, 'get'>;
@@ -71,40 +64,6 @@ interface StatsRefusal {
   message: string;
 }
 
-/** A VM's values as written, refilled in place at each sample (writeVm). */
-interface VmValues extends VmStatsValues {
-  energyUj: bigint[];
-  counter: number[];
-  vcpus: VcpuTotals[];
-  domains: { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
-}
-
-const NONE: readonly never[] = [];
-
-/** `a` cut to `n` items when longer (an array's length set only when it changes: setting it is a slow call in V8). */
-function fit(a: unknown[], n: number): void {
-  if (a.length > n) a.length = n;
-}
-
-interface VmFile {
-  file: PublishedFile;
-  block: SampleBlock;
-  slots: VmStatsSlots;
-  /**
-   * Its values and their writing (writeVmStats of them), made once: every VM's file is written at
-   * every interval (each VM with a guest directory has one), so nothing is allocated for it per sample.
-   */
-  values: VmValues;
-  fill: (b: SampleBlock) => void;
-  /** Written with ended = 1: nothing more changes. */
-  final: boolean;
-  /** Power per vpkg over the last interval, µW (0 until the file's first interval). */
-  powerUw: number[];
-  /** The same per other domain of the file. */
-  domainPowerUw: Map<string, number[]>;
-  intervalNs: bigint;
-}
-
 interface HostFile {
   file: PublishedFile;
   block: SampleBlock;
@@ -112,62 +71,55 @@ interface HostFile {
 }
 
 export class StatsFiles {
-  private readonly vms = new Map<number, VmFile>();
+  private readonly vms = new Map<number, VmStatsFile>();
   private host: HostFile | null = null;
-  private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n };
+  /** The last sample's times (worked out once for every file written with it). */
+  private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n, nextNs: 0n };
   /** The last sample's interval, so that a file made between samples has its power and interval at once. */
   private lastResult: SampleEvent['result'] = null;
   private vmChanges = 0n;
 
   constructor(private readonly p: StatsFilesParts) {}
 
-  /** Files the daemon holds open now (one fd each). */
+  /** Files the daemon holds open now (one fd each: the guests' copies hold none). */
   get open(): number {
-    return this.vms.size + (this.host ? 1 : 0);
+    let n = this.host ? 1 : 0;
+    for (const f of this.vms.values()) if (f.file !== null) n++;
+    return n;
   }
 
-  /** VM `vmId`'s file, made now if it has none; the caller checked the peer may see it. */
+  /** VM `vmId`'s memfd (STATS_FD), made now if it has none; the caller checked the peer may see it. */
   vm(vmId: number): Result<PublishedFile, StatsRefusal> {
-    const have = this.vms.get(vmId);
-    if (have) return ok(have.file);
-    const r = this.p.registry.get(vmId);
-    const out = this.p.sampling.output(vmId);
-    if (!r || !out) return fail({ code: E.NO_SUCH, message: `no VM ${vmId}` });
-    const shape = this.shapeOf(vmId, r.pid, r.name);
-    const made = this.make(`vmsr-vm-${vmId}`, vmStatsLayout(shape), `the statistics file of VM ${vmId}`);
-    if (!made.ok) return made;
-    const block = new SampleBlock(made.value.memory, vmStatsLayout(shape));
-    const slots = new VmStatsSlots(block, shape);
-    const values: VmValues = {
-      monotonicNs: 0n,
-      realtimeNs: 0n,
-      nextMonotonicNs: 0n,
-      intervalNs: 0n,
-      ended: false,
-      energyUj: [],
-      counter: [],
-      powerUw: [],
-      vcpus: [],
-      otherTicks: 0,
-      domains: [],
-      guest: undefined,
-    };
-    const f: VmFile = {
-      file: made.value,
-      block,
-      slots,
-      values,
-      fill: (b) => writeVmStats(b, slots, values),
-      final: false,
-      powerUw: [],
-      domainPowerUw: new Map(),
-      intervalNs: 0n,
-    };
-    const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
-    if (last && this.lastResult) this.setInterval(f, last, this.lastResult.dtS);
-    this.vms.set(vmId, f);
-    this.writeVm(vmId, f);
-    return ok(f.file);
+    const f = this.vmFile(vmId);
+    if (f === null) return fail({ code: E.NO_SUCH, message: `no VM ${vmId}` });
+    if (f.file !== null) return ok(f.file);
+    const made = this.make(`vmsr-vm-${vmId}`, () => f.bytesNow(), `the statistics file of VM ${vmId}`);
+    if (!made.ok) {
+      if (f.unused) this.vms.delete(vmId);
+      return made;
+    }
+    f.addFile(made.value);
+    return ok(made.value);
+  }
+
+  /**
+   * VM `vmId`'s file written straight into memory the caller maps (the guest's statistics file,
+   * docs/guest.md): `map` gets the file's bytes now and returns its writable shared mapping, written
+   * at each sample from then on, with the memfd when a reader asked for one. Null for no such VM.
+   */
+  copy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): VmStatsCopy | null {
+    const f = this.vmFile(vmId);
+    if (f === null) return null;
+    let memory: ArrayBuffer;
+    try {
+      memory = map(f.bytesNow());
+    } catch (e) {
+      if (f.unused) this.vms.delete(vmId);
+      throw e;
+    }
+    return f.addCopy(memory, () => {
+      if (f.unused && this.vms.get(vmId) === f) this.vms.delete(vmId);
+    });
   }
 
   /** The host's file, made now if there is none. */
@@ -179,7 +131,7 @@ export class StatsFiles {
       capacity: { discovered: (c?.discovered ?? null) !== null, fds: (c?.fds ?? null) !== null },
       domains,
     });
-    const made = this.make('vmsr-host', layout, "the host's statistics file");
+    const made = this.make('vmsr-host', () => encodeStatsFile(layout), "the host's statistics file");
     if (!made.ok) return made;
     this.host = { file: made.value, block: new SampleBlock(made.value.memory, layout), domains };
     this.writeHost();
@@ -197,42 +149,21 @@ export class StatsFiles {
   sample(ev: SampleEvent, vmsChanged = false): void {
     if (vmsChanged) this.vmChanges++;
     const dtNs = ev.result ? BigInt(Math.round(ev.result.dtS * 1e9)) : 0n;
-    this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: ev.tNs + (realtimeNs() - this.p.clock()), intervalNs: dtNs };
+    const realtime = ev.tNs + (realtimeNs() - this.p.clock());
+    this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: realtime, intervalNs: dtNs, nextNs: ev.tNs + this.p.intervalNs };
     this.lastResult = ev.result;
     if (ev.result && this.vms.size > 0) {
-      for (const v of ev.result.vms) {
-        const f = this.vms.get(v.vmId);
-        if (f) this.setInterval(f, v, ev.result.dtS);
-      }
+      for (const v of ev.result.vms) this.vms.get(v.vmId)?.setInterval(v, ev.result.dtS, dtNs);
     }
-    for (const [vmId, f] of this.vms) if (!f.final) this.writeVm(vmId, f);
+    for (const f of this.vms.values()) if (!f.final) this.writeVm(f);
     if (this.host) this.writeHost();
-  }
-
-  /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */
-  private setInterval(f: VmFile, v: VmInterval, dtS: number): void {
-    // In place: the arrays of the last interval take this one's values.
-    const uw = (to: number[], vpkgEnergyJ: readonly number[]) => {
-      fit(to, vpkgEnergyJ.length);
-      for (let g = 0; g < vpkgEnergyJ.length; g++) to[g] = dtS > 0 ? (vpkgEnergyJ[g]! / dtS) * 1e6 : 0;
-      return to;
-    };
-    uw(f.powerUw, v.vpkgEnergyJ);
-    for (const d of v.domains ?? []) {
-      const to = f.domainPowerUw.get(d.domain);
-      if (to === undefined) f.domainPowerUw.set(d.domain, uw([], d.vpkgEnergyJ));
-      else uw(to, d.vpkgEnergyJ);
-    }
-    f.intervalNs = BigInt(Math.round(dtS * 1e9));
   }
 
   /** The VM is gone from the daemon: its file was written for the last time; the daemon lets go of it. */
   dropped(vmId: number): void {
     const f = this.vms.get(vmId);
     if (!f) return;
-    if (!f.final) this.finish(f, 'ended');
-    f.file.close();
-    this.vms.delete(vmId);
+    this.release(f, 'ended');
   }
 
   /**
@@ -240,37 +171,70 @@ export class StatsFiles {
    * coming) and let go. `ended` is not set: the VMs did not end, the helper did.
    */
   close(): void {
-    for (const f of this.vms.values()) {
-      if (!f.final) this.finish(f, 'stopped');
-      f.file.close();
-    }
-    this.vms.clear();
+    for (const f of [...this.vms.values()]) this.release(f, 'stopped');
     if (this.host) this.host.block.write((b) => b.setNumber(b.slot('next_sample_monotonic'), 0));
     this.host?.file.close();
     this.host = null;
   }
 
-  private shapeOf(vmId: number, pid: number, name: string | null): VmStatsShape {
-    const out = this.p.sampling.output(vmId);
-    const threads = this.p.sampling.threadTotals(vmId);
+  /** The VM's file, its values kept from now on (made if it has none), or null for no such VM. */
+  private vmFile(vmId: number): VmStatsFile | null {
+    const have = this.vms.get(vmId);
+    if (have) return have;
+    const r = this.p.registry.get(vmId);
+    const now = emptyVmTotals();
+    if (!r || !this.p.sampling.totalsInto(vmId, now)) return null;
+    const f = new VmStatsFile(vmId, this.shapeOf(vmId, r.pid, r.name, now), {
+      sampling: this.p.sampling,
+      realtimeOf: (tNs) => this.realtimeOf(tNs),
+      nextOf: (tNs) => this.nextOf(tNs),
+      ...(this.p.guest ? { guest: this.p.guest } : {}),
+    });
+    const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
+    if (last && this.lastResult) f.setInterval(last, this.lastResult.dtS, this.lastTimes.intervalNs);
+    this.vms.set(vmId, f);
+    return f;
+  }
+
+  /** CLOCK_REALTIME of the sample taken at CLOCK_MONOTONIC `tNs` (0 for none). */
+  private realtimeOf(tNs: bigint): bigint {
+    if (tNs === 0n) return 0n;
+    return tNs === this.lastTimes.monotonicNs ? this.lastTimes.realtimeNs : tNs + (realtimeNs() - this.p.clock());
+  }
+
+  /** CLOCK_MONOTONIC at which the sample after the one taken at `tNs` is expected; 0 when none is (the loop idle, no sample yet). */
+  private nextOf(tNs: bigint): bigint {
+    if (!this.p.sampling.running || tNs === 0n) return 0n;
+    return tNs === this.lastTimes.monotonicNs ? this.lastTimes.nextNs : tNs + this.p.intervalNs;
+  }
+
+  /** A file written a last time (unless it was) and let go: its memfd closed, its guests' copies no longer written. */
+  private release(f: VmStatsFile, why: FinishCause): void {
+    if (!f.final) f.finish(why);
+    f.close();
+    if (this.vms.get(f.vmId) === f) this.vms.delete(f.vmId);
+  }
+
+  /** The file's shape for a VM whose totals are `now`. */
+  private shapeOf(vmId: number, pid: number, name: string | null, now: VmTotals): VmStatsShape {
     return {
       hostVmId: vmId,
       pid,
       name,
-      nvpkg: Math.max(1, out?.vpkgs.length ?? 1),
-      nvcpu: Math.max(1, threads?.vcpus.length ?? 1),
+      nvpkg: Math.max(1, now.energyUj.length),
+      nvcpu: Math.max(1, now.vcpus.length),
       tickExponent: tickExponent(this.p.clkTck),
-      domains: (out?.domains ?? []).map((d) => d.domain),
+      domains: now.domains.map((d) => d.domain),
       guest: this.p.guest !== undefined,
     };
   }
 
-  private make(name: string, layout: StatsLayout, what: string): Result<PublishedFile, StatsRefusal> {
+  private make(name: string, bytes: () => Buffer, what: string): Result<PublishedFile, StatsRefusal> {
     // Its own fd, and the reader's copy until the reply went out.
     const fit = this.p.fds?.canOpen?.(2, what);
     if (fit && !fit.ok) return fail({ code: E.LIMIT, message: cannot(`make ${what}`, fit.error) });
     try {
-      return ok(PublishedFile.create(name, encodeStatsFile(layout)));
+      return ok(PublishedFile.create(name, bytes()));
     } catch (e) {
       this.p.log.warn({ err: (e as Error).message }, 'statistics file not made');
       return fail({
@@ -280,73 +244,11 @@ export class StatsFiles {
     }
   }
 
-  private writeVm(vmId: number, f: VmFile): void {
-    const out = this.p.sampling.output(vmId);
-    const threads = this.p.sampling.threadTotals(vmId);
-    if (!out) return;
-    const shape = f.slots.shape;
-    if (out.vpkgs.length !== shape.nvpkg || (threads !== undefined && threads.vcpus.length !== shape.nvcpu)) {
-      // The vCPU list changed shape: this file stops here; the next STATS_FD makes one that fits.
-      this.finish(f, 'replaced');
-      f.file.close();
-      this.vms.delete(vmId);
-      return;
-    }
-    this.refill(vmId, f, out, threads);
-    f.block.write(f.fill);
-    if (out.ended) f.final = true;
-  }
-
-  /** The file's values now, into its values in place (the arrays and objects of the last sample reused). */
-  private refill(vmId: number, f: VmFile, out: VmOutput, threads: ThreadTotals | undefined): void {
-    const v = f.values;
-    v.monotonicNs = out.tNs;
-    v.realtimeNs =
-      out.tNs === 0n ? 0n : out.tNs === this.lastTimes.monotonicNs ? this.lastTimes.realtimeNs : out.tNs + (realtimeNs() - this.p.clock());
-    v.nextMonotonicNs = this.p.sampling.running && !out.ended && out.tNs > 0n ? out.tNs + this.p.intervalNs : 0n;
-    v.intervalNs = f.intervalNs;
-    v.ended = out.ended;
-    const vpkgs = out.vpkgs;
-    fit(v.energyUj, vpkgs.length);
-    fit(v.counter, vpkgs.length);
-    for (let g = 0; g < vpkgs.length; g++) {
-      v.energyUj[g] = vpkgs[g]!.energyUj;
-      v.counter[g] = vpkgs[g]!.counter;
-    }
-    v.powerUw = out.ended ? NONE : f.powerUw;
-    const vcpus = threads?.vcpus ?? NONE;
-    fit(v.vcpus, vcpus.length);
-    for (let i = 0; i < vcpus.length; i++) {
-      const to = (v.vcpus[i] ??= { tid: 0, energyUj: 0, ticks: 0 });
-      to.tid = vcpus[i]!.tid;
-      to.energyUj = vcpus[i]!.energyJ * 1e6;
-      to.ticks = vcpus[i]!.ticks;
-    }
-    v.otherTicks = threads?.otherTicks ?? 0;
-    const domains = out.domains ?? NONE;
-    fit(v.domains, domains.length);
-    for (let i = 0; i < domains.length; i++) {
-      const d = domains[i]!;
-      const to = (v.domains[i] ??= { domain: d.domain, energyUj: NONE, powerUw: NONE });
-      to.domain = d.domain;
-      to.energyUj = d.vpkgEnergyUj;
-      to.powerUw = out.ended ? NONE : (f.domainPowerUw.get(d.domain) ?? NONE);
-    }
-    const g = this.p.guest?.(vmId);
-    v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
-  }
-
-  private finish(f: VmFile, why: 'ended' | 'replaced' | 'stopped'): void {
-    f.block.write((b) => {
-      b.setNumber(f.slots.ended, why === 'ended' ? 1 : Number(b.get(f.slots.ended)));
-      if (why === 'replaced') b.setNumber(f.slots.replaced, 1);
-      b.setNumber(b.slot('next_sample_monotonic'), 0);
-      for (let g = 0; g < f.slots.shape.nvpkg; g++) {
-        b.setNumber(f.slots.power + g, 0);
-        for (const at of f.slots.domains.values()) b.setNumber(at.power + g, 0);
-      }
-    });
-    f.final = true;
+  private writeVm(f: VmStatsFile): void {
+    if (!f.read()) return;
+    // The vCPU list changed shape: this file stops here; the next STATS_FD (or guest copy) makes one that fits.
+    if (!f.fits) return this.release(f, 'replaced');
+    f.write();
   }
 
   private writeHost(): void {
@@ -355,9 +257,8 @@ export class StatsFiles {
     const v = this.p.hostValues();
     const values: HostStatsValues = {
       monotonicNs: v.tNs,
-      realtimeNs:
-        v.tNs === 0n ? 0n : v.tNs === this.lastTimes.monotonicNs ? this.lastTimes.realtimeNs : v.tNs + (realtimeNs() - this.p.clock()),
-      nextMonotonicNs: this.p.sampling.running && v.tNs > 0n ? v.tNs + this.p.intervalNs : 0n,
+      realtimeNs: this.realtimeOf(v.tNs),
+      nextMonotonicNs: this.nextOf(v.tNs),
       intervalNs: this.lastTimes.intervalNs,
       packages: v.packages.map((k) => ({ pkg: k.pkg, energyUj: k.energyUj, unattributedUj: k.unattributedUj ?? 0n })),
       unattributedUj: v.unattributedUj,

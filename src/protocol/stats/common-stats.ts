@@ -29,9 +29,27 @@ export interface SampleTimes {
   intervalNs: bigint;
 }
 
-export function writeSampleTimes(b: SampleBlock, t: SampleTimes): void {
-  b.setBig(b.slot('sample_monotonic'), t.monotonicNs);
-  b.setBig(b.slot('sample_realtime'), t.realtimeNs);
-  b.setBig(b.slot('next_sample_monotonic'), t.nextMonotonicNs);
-  b.setBig(b.slot('interval'), t.intervalNs);
+/** The word index of each sample time in a file, resolved once (sampleTimeSlots). */
+export interface SampleTimeSlots {
+  monotonic: number;
+  realtime: number;
+  next: number;
+  interval: number;
+}
+
+export function sampleTimeSlots(b: SampleBlock): SampleTimeSlots {
+  return {
+    monotonic: b.slot('sample_monotonic'),
+    realtime: b.slot('sample_realtime'),
+    next: b.slot('next_sample_monotonic'),
+    interval: b.slot('interval'),
+  };
+}
+
+/** The sample's times into the block; `at` resolved once by a writer that writes often. */
+export function writeSampleTimes(b: SampleBlock, t: SampleTimes, at: SampleTimeSlots = sampleTimeSlots(b)): void {
+  b.setBig(at.monotonic, t.monotonicNs);
+  b.setBig(at.realtime, t.realtimeNs);
+  b.setBig(at.next, t.nextMonotonicNs);
+  b.setBig(at.interval, t.intervalNs);
 }

@@ -5,7 +5,7 @@
  */
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
-import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
+import { COMMON_STATS, sampleTimeSlots, writeSampleTimes, type SampleTimes, type SampleTimeSlots } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
 import type { OtherDomain } from '../../model/domains.js';
 
@@ -92,8 +92,8 @@ export interface VcpuTotals {
 
 export interface VmStatsValues extends SampleTimes {
   ended: boolean;
-  /** Per virtual package: cumulative µJ, the MSR-format counter, power over the last interval (µW). */
-  energyUj: readonly bigint[];
+  /** Per virtual package: cumulative µJ (an integer), the MSR-format counter, power over the last interval (µW). */
+  energyUj: readonly number[];
   counter: readonly number[];
   powerUw: readonly number[];
   /** Per vCPU, in the order of the VM's vCPU list. */
@@ -101,13 +101,14 @@ export interface VmStatsValues extends SampleTimes {
   /** Ticks of the VM's threads that are not vCPUs. */
   otherTicks: number;
   /** Per other domain of the file: cumulative µJ and power over the last interval (µW), per virtual package. */
-  domains?: readonly { domain: OtherDomain; energyUj: readonly bigint[]; powerUw: readonly number[] }[];
+  domains?: readonly { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
   /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
   guest?: { guestUj: number; exactUj: number };
 }
 
 /** The word index of every value of a VM's file, resolved once. */
 export class VmStatsSlots {
+  readonly times: SampleTimeSlots;
   readonly hostVmId: number;
   readonly pid: number;
   readonly ended: number;
@@ -128,6 +129,7 @@ export class VmStatsSlots {
     b: SampleBlock,
     readonly shape: VmStatsShape,
   ) {
+    this.times = sampleTimeSlots(b);
     this.hostVmId = b.slot('host_vm_id');
     this.pid = b.slot('pid');
     this.ended = b.slot('ended');
@@ -150,15 +152,14 @@ export class VmStatsSlots {
 
 /** One sample's values into the block (inside SampleBlock.write). Arrays longer than the file's are cut, shorter ones leave 0. */
 export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
-  writeSampleTimes(b, v);
+  writeVmInterval(b, slots, v);
   b.setNumber(slots.hostVmId, slots.shape.hostVmId);
   b.setNumber(slots.pid, slots.shape.pid);
   b.setNumber(slots.ended, v.ended ? 1 : 0);
   const np = Math.min(slots.shape.nvpkg, v.energyUj.length);
   for (let g = 0; g < np; g++) {
-    b.setBig(slots.energy + g, v.energyUj[g]!);
+    b.setNumber(slots.energy + g, v.energyUj[g]!);
     b.setNumber(slots.counter + g, v.counter[g] ?? 0);
-    b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
   }
   const nc = Math.min(slots.shape.nvcpu, v.vcpus.length);
   for (let i = 0; i < nc; i++) {
@@ -172,14 +173,27 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
     const at = slots.domains.get(d.domain);
     if (!at) continue;
     const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
-    for (let g = 0; g < n; g++) {
-      b.setBig(at.energy + g, d.energyUj[g]!);
-      b.setNumber(at.power + g, d.powerUw[g] ?? 0);
-    }
+    for (let g = 0; g < n; g++) b.setNumber(at.energy + g, d.energyUj[g]!);
   }
   if (v.guest !== undefined && slots.guestEnergy !== null && slots.guestExact !== null) {
     b.setNumber(slots.guestEnergy, Math.floor(v.guest.guestUj));
     b.setNumber(slots.guestExact, Math.floor(v.guest.exactUj));
+  }
+}
+
+/**
+ * The part of writeVmStats that moves at every sample even when the VM's totals did not (an idle
+ * interval): the sample's times, the interval, and the power over it (per virtual package and domain).
+ */
+export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
+  writeSampleTimes(b, v, slots.times);
+  const np = Math.min(slots.shape.nvpkg, v.energyUj.length);
+  for (let g = 0; g < np; g++) b.setNumber(slots.power + g, v.powerUw[g] ?? 0);
+  for (const d of v.domains ?? []) {
+    const at = slots.domains.get(d.domain);
+    if (!at) continue;
+    const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
+    for (let g = 0; g < n; g++) b.setNumber(at.power + g, d.powerUw[g] ?? 0);
   }
 }
 
