@@ -39,6 +39,17 @@ function domainJ(out: VmOutput | undefined, domain: string): number[] {
 
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 
+/** VM pid 10 with vCPU thread 11 in virtual package 0 and 12 in virtual package 1. */
+const twoSocketVm = (e: RatioEngine) =>
+  e.register({
+    pid: 10,
+    starttime: 1000,
+    vcpus: [
+      { tid: 11, vpkg: 0 },
+      { tid: 12, vpkg: 1 },
+    ],
+  });
+
 describe('RatioEngine with other RAPL domains', () => {
   test("totalsInto gives a VM's output and thread totals in the caller's object, reusing its arrays from one sample to the next", () => {
     const e = new RatioEngine(
@@ -50,14 +61,7 @@ describe('RatioEngine with other RAPL domains', () => {
         ],
       ),
     );
-    const vm = e.register({
-      pid: 10,
-      starttime: 1000,
-      vcpus: [
-        { tid: 11, vpkg: 0 },
-        { tid: 12, vpkg: 1 },
-      ],
-    });
+    const vm = twoSocketVm(e);
     const threads = (t: number) => ({
       10: [
         { tid: 10, ticks: 5 * t },
@@ -185,14 +189,7 @@ describe('RatioEngine with other RAPL domains', () => {
 
   test('non-vCPU threads give their domain energy to the vCPUs, per domain as for the package', () => {
     const e = new RatioEngine(hostWith([1], [{ domain: 'uncore', pkg: 0 }]));
-    const vm = e.register({
-      pid: 10,
-      starttime: 1000,
-      vcpus: [
-        { tid: 11, vpkg: 0 },
-        { tid: 12, vpkg: 1 },
-      ],
-    });
+    const vm = twoSocketVm(e);
     const t = (k: number) => ({
       10: [
         { tid: 10, ticks: 20 * k },
