@@ -34,7 +34,7 @@ export interface StatsCopy {
 }
 
 /** Makes the daemon write a VM's statistics into the memory `map` returns, given the file's bytes now; null when it cannot. */
-export type OpenStatsCopy = (map: (bytes: Buffer) => ArrayBuffer) => StatsCopy | null;
+type OpenStatsCopy = (map: (bytes: Buffer) => ArrayBuffer) => StatsCopy | null;
 
 export class GuestStatsFile {
   private readonly words: BigUint64Array;

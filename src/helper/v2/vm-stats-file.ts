@@ -24,7 +24,7 @@ import { emptyVmTotals, type VmInterval, type VmTotals } from '../../ratio/outpu
 import type { OtherDomain } from '../../model/domains.js';
 
 /** What a VM's file reads of the daemon. */
-export interface VmStatsReads {
+interface VmStatsReads {
   sampling: Pick<SamplingService, 'totalsInto'>;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
   realtimeOf(tNs: bigint): bigint;
