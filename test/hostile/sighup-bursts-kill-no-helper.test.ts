@@ -18,6 +18,7 @@ import {
   defaultKeeperEnv,
   hostArgs,
   LegacyClient,
+  listenings,
   servingPid,
   startHelper,
   waitFor,
@@ -55,6 +56,7 @@ async function daemonWithQemu(env: NodeJS.ProcessEnv = process.env): Promise<{ d
 
 async function expectOneRestartServing(daemon: DaemonChild, qemu: LegacyClient, restarts: number): Promise<void> {
   await waitFor(() => handedOver(daemon) >= restarts, `restart ${restarts} to hand QEMU's connection over`, daemon, RESTART_DEADLINE_MS);
+  await waitFor(() => listenings(daemon) > restarts, `restart ${restarts} to take the next restart`, daemon, RESTART_DEADLINE_MS);
   await sleep(SETTLE_MS);
   expect(daemon.proc.exitCode, daemon.stderr().slice(-2000)).toBeNull();
   expect(daemon.proc.signalCode).toBeNull();

@@ -9,7 +9,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { missing } from '../support/env.js';
-import { tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { listenings, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { MovingHost, startDaemon, startExporterChild, startPrometheus } from '../exporter/support/stack.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -63,7 +63,7 @@ describe('the exporter across restarts in place', () => {
 
     for (let i = 1; i <= 2; i++) {
       daemon.proc.kill('SIGHUP');
-      await waitFor(() => daemon.stderr().split('"msg":"handed over:').length - 1 >= i, `restart ${i}`, daemon, 20_000);
+      await waitFor(() => listenings(daemon) > i, `restart ${i} to take the next restart`, daemon, 20_000);
       await new Promise((r) => setTimeout(r, 3_000));
     }
     const afterRestarts = Number(await energy());

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { EnergyPump } from '../support/energy-pump.js';
-import { BIN, hostArgs, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { BIN, hostArgs, listenings, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { legacyCounters } from './support/legacy-counters.js';
 import { expectEveryRequestAnsweredOnce, legacyClientProcess } from './support/legacy-client.js';
 
@@ -46,11 +46,13 @@ describe('restart in place with a QEMU-like client sending requests', () => {
     const waits: number[] = [];
     for (let i = 0; i < 10; i++) {
       const before = restarts(helper);
+      const listened = listenings(helper);
       const t0 = Date.now();
       if (i < 5) helper.proc.kill('SIGHUP');
       else execFileSync(process.execPath, [BIN, 'reload', '-k', sock], { stdio: 'pipe' });
       await waitFor(() => restarts(helper) > before, `restart ${i + 1} to serve again`, helper, 30_000);
       waits.push(Date.now() - t0);
+      await waitFor(() => listenings(helper) > listened, `restart ${i + 1} to take the next restart`, helper, 30_000);
       await new Promise((r) => setTimeout(r, 300));
     }
     const s = await client.done();

@@ -130,9 +130,18 @@ export function spawnHelper(
 
 export { waitFor };
 
+/**
+ * How many times the daemon said "Listening on": its start, and each restart in place once its new
+ * image may restart again (a SIGHUP before is ignored by design: docs/security.md, "A second SIGHUP
+ * during a restart"). "handed over" comes earlier, when QEMU's connections are served again.
+ */
+export function listenings(d: Pick<DaemonChild, 'stderr'>): number {
+  return d.stderr().split('"msg":"Listening on').length - 1;
+}
+
 export async function startHelper(args: string[], opts: { env?: NodeJS.ProcessEnv; command?: string[] } = {}): Promise<DaemonChild> {
   const child = spawnHelper(args, opts);
-  await waitFor(() => child.stderr().includes('"msg":"Listening on'), 'the helper to listen', child);
+  await waitFor(() => listenings(child) > 0, 'the helper to listen', child);
   return child;
 }
 
