@@ -18,8 +18,11 @@
  *    the warm-up (the VM becomes exact at a window's start once discovered). And each daemon's whole
  *    CPU a window over the same windows (every thread, from /proc/PID/task/N/schedstat: its
  *    sampling, the same in both modes, is included, and so is work done at other times).
+ * 3. The same once more with the daemons pinned to one CPU and the stand-in to another (taskset):
+ *    on a host with cores to spare, the work a daemon does right after a reply does not keep the
+ *    woken vmsr thread waiting for the CPU, as it can on a 2-core machine.
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -45,7 +48,31 @@ const ratio = (a: number, b: number) => `${(a / b).toFixed(2)}x`;
 
 export async function run(): Promise<void> {
   await codePath();
-  await overSocket();
+  await overSocket(null);
+  // Once more with the daemons and the stand-in on CPUs of their own: what is left when the work a
+  // daemon does right after a reply does not keep the woken vmsr thread off the CPU.
+  const pins = pinning();
+  if ('why' in pins) console.log(`guest energy, pinned: not measured: ${pins.why}`);
+  else await overSocket(pins);
+}
+
+/** CPUs for the pinned pass (the daemons on one, the stand-in QEMU on another), or why there is none. */
+interface Pins {
+  daemons: number;
+  qemu: number;
+}
+
+function pinning(): Pins | { why: string } {
+  const cpus = os.availableParallelism();
+  if (cpus < 2) return { why: `${cpus} CPU available, 2 needed` };
+  const r = spawnSync('taskset', ['--version'], { stdio: 'ignore' });
+  if (r.status !== 0) return { why: 'taskset (util-linux) is not installed' };
+  return { daemons: 1, qemu: 0 };
+}
+
+/** `argv` run on `cpu` (taskset executes it: the pid is the command's), or as it is. */
+function pinned(cpu: number | undefined, argv: readonly string[]): [string, string[]] {
+  return cpu === undefined ? [argv[0]!, argv.slice(1)] : ['taskset', ['-c', String(cpu), ...argv]];
 }
 
 /** A worker thread that spins until terminated (the busy vCPU); its tid. */
@@ -140,13 +167,13 @@ interface Helper {
 }
 
 /** The real daemon in `mode` on a fake host of its own, listening. */
-async function startHelper(mode: 'raw' | 'exact'): Promise<Helper> {
+async function startHelper(mode: 'raw' | 'exact', cpu?: number): Promise<Helper> {
   const fake = new FakeHost({ packages: [0, 0] });
   const stopPump = fake.pumpEnergy({ units: 5000, everyMs: 100 });
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `vmsr-bench-guest-${mode}-`));
   const sock = path.join(dir, 'helper.sock');
   const args = [HELPER_BIN, '-k', sock, ...fake.cliArgs('intel'), '--interval', '1', '--guest-energy', mode];
-  const daemon = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const daemon = spawn(...pinned(cpu, [process.execPath, ...args]), { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   daemon.stderr!.on('data', (d: Buffer) => (log = (log + d.toString()).slice(-20_000)));
   const stop = async () => {
@@ -175,7 +202,7 @@ interface StandInFigures {
  * The stand-in QEMU asking a raw and an exact daemon in turn, window by window; per helper its
  * figures after the warm-up; null with the reason printed.
  */
-async function standIn(tool: string, helpers: readonly Helper[]): Promise<StandInFigures | null> {
+async function standIn(tool: string, helpers: readonly Helper[], cpu?: number): Promise<StandInFigures | null> {
   // Named and started as libvirt starts QEMU (an absolute argv[0]): the helper may read the
   // version from argv[0] when /proc/PID/exe is not its to read (it runs as another user).
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-bench-qemu-'));
@@ -183,7 +210,8 @@ async function standIn(tool: string, helpers: readonly Helper[]): Promise<StandI
   fs.copyFileSync(tool, exe);
   fs.chmodSync(exe, 0o755);
   fs.chmodSync(dir, 0o755);
-  const qemu = spawn(exe, [String(WINDOWS), String(IDLE_THREADS), ...helpers.flatMap((h) => [h.sock, String(h.pid)])], {
+  const argv = [exe, String(WINDOWS), String(IDLE_THREADS), ...helpers.flatMap((h) => [h.sock, String(h.pid)])];
+  const qemu = spawn(...pinned(cpu, argv), {
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   let text = '';
@@ -217,10 +245,12 @@ async function standIn(tool: string, helpers: readonly Helper[]): Promise<StandI
 
 const median = (xs: readonly number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 
-async function overSocket(): Promise<void> {
+/** The real daemons asked by the stand-in QEMU; `pins`: each on its own CPU (null: where the scheduler puts them). */
+async function overSocket(pins: Pins | null): Promise<void> {
   const windows = WINDOWS - WARMUP_WINDOWS;
+  const where = pins === null ? '' : `, pinned: the daemons on CPU ${pins.daemons}, the stand-in on CPU ${pins.qemu}`;
   console.log(
-    `guest energy, the whole request to the real daemon over its socket: µs, medians of ${windows} windows, ` +
+    `guest energy, the whole request to the real daemon over its socket${where}: µs, medians of ${windows} windows, ` +
       `a stand-in QEMU of ${IDLE_THREADS + 2} threads (one spinning vCPU) asking a raw and an exact daemon in turn`,
   );
   const tools = buildTools();
@@ -230,8 +260,8 @@ async function overSocket(): Promise<void> {
   }
   const helpers: Helper[] = [];
   try {
-    helpers.push(await startHelper('raw'), await startHelper('exact'));
-    const figures = await standIn(tools['vmsr-thread'], helpers);
+    helpers.push(await startHelper('raw', pins?.daemons), await startHelper('exact', pins?.daemons));
+    const figures = await standIn(tools['vmsr-thread'], helpers, pins?.qemu);
     if (figures === null) return;
     if (!helpers[1]!.log().includes('exact for this VM')) {
       console.log(`  cannot measure: the exact daemon never answered this VM exact (its log: ${helpers[1]!.log().slice(-400)})`);
