@@ -56,12 +56,13 @@ export async function run(): Promise<void> {
   else await overSocket(pins);
 }
 
-/** CPUs for the pinned pass (the daemons on one, the stand-in QEMU on another), or why there is none. */
+/** The CPUs of the pinned pass: the daemons on one, the stand-in QEMU on another. */
 interface Pins {
   daemons: number;
   qemu: number;
 }
 
+/** The pinned pass's CPUs, or why there is none (fewer than 2 CPUs, no taskset). */
 function pinning(): Pins | { why: string } {
   const cpus = os.availableParallelism();
   if (cpus < 2) return { why: `${cpus} CPU available, 2 needed` };
