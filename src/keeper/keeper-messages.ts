@@ -1,17 +1,17 @@
 /**
  * What the serving process tells its keeper (docs/daemon.md "Crashes"), one SOCK_SEQPACKET message
- * each: a type byte, then its text. The keeper answers nothing. Pure: no socket here.
+ * each: a type byte, then its text. The keeper answers nothing, and trusts nothing in a message but
+ * its type and the fd attached, each checked (keeper.ts): no text is ever a path. Pure: no socket here.
  *
- *   L  the listening socket (its fd attached); text: the socket file's inode and path, "ino:path", or empty
  *   H  hold this connection (its fd attached); text: empty (the keeper takes the inode from the fd)
  *   D  drop the connection of this inode; text: the inode in decimal
  *   C  the latest checkpoint (a sealed memfd attached); text: empty
  *   R  serving (the start is over)
  */
-export const KEEPER_MESSAGE = { listener: 'L', hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R' } as const;
+export const KEEPER_MESSAGE = { hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R' } as const;
 export type KeeperMessageType = (typeof KEEPER_MESSAGE)[keyof typeof KEEPER_MESSAGE];
 
-/** Longest message: a type byte and a socket path (108 bytes) with its inode, with room to spare. */
+/** Longest message: a type byte and an inode in decimal, with room to spare. */
 export const MAX_KEEPER_MESSAGE_BYTES = 512;
 
 interface KeeperMessage {
@@ -35,27 +35,17 @@ export function decodeKeeperMessage(bytes: Buffer): KeeperMessage | null {
   return { type: type as KeeperMessageType, text: bytes.subarray(1).toString('utf8') };
 }
 
-/** "ino:path" of a socket file, and back (null when malformed). */
-export function encodeSocketFile(f: { ino: number; path: string }): string {
-  return `${f.ino}:${f.path}`;
-}
-export function decodeSocketFile(text: string): { ino: number; path: string } | null {
-  const m = /^(\d{1,20}):(\/.*)$/s.exec(text);
-  if (m === null || m[2]!.includes('\0')) return null;
-  const ino = Number(m[1]);
-  return Number.isSafeInteger(ino) ? { ino, path: m[2]! } : null;
-}
-
 /**
  * The environment of a serving process started by a keeper: the channel's fd, the names of the fds it
- * passes from fd KEEPER_FIRST_FD on (LISTEN_FDNAMES-style, ':'-separated), the listening socket's file,
- * and a one-line account of the crash that came before (JSON, KeeperNote).
+ * passes from fd KEEPER_FIRST_FD on (LISTEN_FDNAMES-style, ':'-separated), and a one-line account of
+ * the crash that came before (JSON, KeeperNote). `image`: set by the root start in the keeper's own
+ * image (what it opened, for the keeper to hold and pass on; cli/commands/start-daemon.ts).
  */
 export const KEEPER_ENV = {
   channel: 'VMSR_HELPER_KEEPER',
   fdNames: 'VMSR_HELPER_KEEPER_FDNAMES',
-  socketFile: 'VMSR_HELPER_KEEPER_SOCKET_FILE',
   note: 'VMSR_HELPER_KEEPER_NOTE',
+  image: 'VMSR_HELPER_KEEPER_IMAGE',
 } as const;
 /** Set (to anything) in the environment of a start, as --no-keeper: no keeper (docs/daemon.md "Crashes"). */
 export const NO_KEEPER_ENV = 'VMSR_HELPER_NO_KEEPER';
@@ -74,6 +64,8 @@ export interface KeeperNote {
   crashes: number;
   /** Why the checkpoint was not passed on, when it was not. */
   checkpointDropped?: string;
+  /** Ended by a signal from another process (keeper/deaths.ts): not counted in `crashes`. */
+  fromOutside?: boolean;
 }
 
 export function parseKeeperNote(text: string | undefined): KeeperNote | null {
@@ -85,7 +77,8 @@ export function parseKeeperNote(text: string | undefined): KeeperNote | null {
       typeof v.how === 'string' &&
       Number.isFinite(v.atMs) &&
       Number.isInteger(v.crashes) &&
-      (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string');
+      (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string') &&
+      (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
     return ok ? (v as KeeperNote) : null;
   } catch {
     return null;
@@ -95,12 +88,13 @@ export function parseKeeperNote(text: string | undefined): KeeperNote | null {
 /**
  * Names of the fds kept outside the serving process, by the keeper or in systemd's fd store (each
  * starts with systemd.ts's STORED_FD_PREFIX): a connection by its socket's inode, a checkpoint by a
- * sequence number (the highest is the latest), the listening socket (keeper only), and the mark that a
- * checkpoint is being restored (fd store only: a process that dies with it set crashed in the restore).
+ * sequence number (the highest is the latest), what the start opened (keeper only: the devices, the
+ * socket, the --record files, which INHERIT_ENV describes by number), and the mark that a checkpoint
+ * is being restored (fd store only: a process that dies with it set crashed in the restore).
  */
 export const KEPT_NAMES = {
   connectionPrefix: 'vmsr-kept-',
   checkpointPrefix: 'vmsr-ckpt-',
-  listener: 'vmsr-listen',
+  start: 'vmsr-start',
   restoring: 'vmsr-restoring',
 } as const;

@@ -1,37 +1,41 @@
 /**
  * The keeper (docs/daemon.md "Crashes"): without systemd, `vmsr-helper --keeper` runs as this small
- * process, which starts the serving process, holds what must outlive it (the listening socket, every
- * QEMU connection from the moment it is accepted, the latest checkpoint) and starts it again, with all
- * of it, when it dies. It reads nothing from clients and answers nothing: it only holds fds the serving
- * process sends it over a private socketpair (keeper-messages.ts). Crash loops back off and end after
- * KEEPER_LIMITS.maxCrashesInARow; a checkpoint the serving process died restoring is not passed on.
+ * process, which starts the serving process, holds what must outlive it (what the start opened: the
+ * devices, the listening socket, the --record files; every QEMU connection from the moment it is
+ * accepted; the latest checkpoint) and starts it again, with all of it, when it dies. It reads
+ * nothing from clients and answers nothing: it only holds fds the serving process sends it over a
+ * private socketpair (keeper-messages.ts), each checked for what it must be. Crash loops back off and
+ * end after KEEPER_LIMITS.maxCrashesInARow; a checkpoint the serving process died restoring is not
+ * passed on.
  *
- * Privileges: the serving process must start as root (it opens the MSR devices, binds the socket,
- * then drops to CAP_SYS_RAWIO), so the keeper stays uid 0; of its own capabilities it keeps only
- * CAP_KILL, to pass SIGTERM and SIGHUP on to a serving process that dropped to -u's user (capset on
- * its main thread, the only one running its code).
- * A root exec gives the serving process its capabilities back from the bounding set, which the
- * keeper leaves as it found it; NO_NEW_PRIVS is not set here, as it would forbid exactly that.
+ * Privileges: none. The start opened everything as root and executed the keeper with every
+ * capability dropped on every thread (os/privileges/reexec.ts), as -u's user; the serving processes
+ * it starts inherit exactly that, and it signals them as their own user. It never opens, unlinks or
+ * executes a path a serving process names: the command, the socket file and the pidfile are the
+ * start's (KeeperOptions).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import {
-  capget,
-  capset,
   closeFd,
+  closeOnExec,
+  getSeals,
   isListeningSocket,
   recvWithFds,
   socketpair,
+  socketType,
   watchReadable,
+  F_SEAL_GROW,
+  F_SEAL_SHRINK,
+  F_SEAL_WRITE,
   MSG_DONTWAIT,
   SOCK_SEQPACKET,
+  SOCK_STREAM,
   type FdWatch,
 } from '../os/libc.js';
 import { socketIno } from './link.js';
 import {
   decodeKeeperMessage,
-  decodeSocketFile,
-  encodeSocketFile,
   KEEPER_CHANNEL_FD,
   KEEPER_ENV,
   KEEPER_MESSAGE,
@@ -39,16 +43,17 @@ import {
   MAX_KEEPER_MESSAGE_BYTES,
   type KeeperNote,
 } from './keeper-messages.js';
-
-/** CAP_KILL (5): the one capability the keeper keeps. */
-const CAP_KILL_MASK = 1n << 5n;
+import { endedFromOutside, oomKills } from './deaths.js';
 
 export const KEEPER_LIMITS = {
   /** The keeper stops after this many crashes in a row (the last one is not restarted). */
   maxCrashesInARow: 5,
   /** A serving process that served this long before it died ends the row: its crash is the first of a new one. */
   stableMs: 10_000,
-  /** Wait before restarting after the 1st, 2nd, ... crash in a row (the last value for any later one). */
+  /**
+   * Wait before restarting after the 1st, 2nd, ... crash in a row (the last value for any later one);
+   * also after the 1st, 2nd, ... end from outside in a row (deaths.ts), which never stop the keeper.
+   */
   backoffMs: [0, 200, 1000, 3000] as readonly number[],
   /** Most connections held (--max-connections is at most this; more are closed). */
   maxConnections: 65_536,
@@ -68,6 +73,16 @@ interface KeeperOptions {
   limits?: Partial<typeof KEEPER_LIMITS>;
   /** Called once, when the first serving process is ready (-d's report to the foreground). */
   onReady?: () => void;
+  /**
+   * What the start opened as root (the devices, the listening socket, the --record files): held for
+   * the keeper's life and passed to every serving process as fds KEEPER_FIRST_FD on, in this order
+   * (`env` says what they are).
+   */
+  startFds?: readonly number[];
+  /** The socket file the start bound, removed (while still that inode) when the keeper stops after crashes. */
+  socketFile?: { ino: number; path: string };
+  /** The pidfile the start wrote with the keeper's pid, removed (while it still holds it) when the keeper ends. */
+  pidfile?: string;
 }
 
 /**
@@ -77,17 +92,12 @@ interface KeeperOptions {
  */
 export function runKeeper(o: KeeperOptions): Promise<number> {
   const limits = { ...KEEPER_LIMITS, ...o.limits };
-  try {
-    const kill = capget().permitted & CAP_KILL_MASK;
-    capset({ effective: kill, permitted: kill, inheritable: 0n });
-  } catch (e) {
-    o.log.warn({ err: (e as Error).message }, 'keeper: cannot drop its capabilities; it goes on with them');
-  }
+  // Placed by each spawn at KEEPER_FIRST_FD on: never also at their own numbers.
+  for (const fd of o.startFds ?? []) closeOnExec(fd);
   return new Promise<number>((resolve) => new Keeper(o, limits, resolve).start());
 }
 
 class Keeper {
-  private listener: { fd: number; file: { ino: number; path: string } | null } | null = null;
   private readonly conns = new Map<bigint, number>();
   private checkpoint: number | null = null;
   /** The checkpoint was passed to the current serving process, which has not sent one of its own yet. */
@@ -97,6 +107,10 @@ class Keeper {
   private everReady = false;
   private readyAt = 0;
   private crashes = 0;
+  /** Ends from outside in a row (deaths.ts): backed off, never a reason to stop. */
+  private killed = 0;
+  /** The host's OOM kills when the serving process was started (deaths.ts). */
+  private oomAtSpawn = 0;
   private stopping = false;
   /** A SIGHUP came while no serving process was ready: passed on once one is. */
   private hupWaiting = false;
@@ -140,18 +154,18 @@ class Keeper {
       names.push(name);
       fds.push(fd);
     };
-    if (this.listener !== null) pass(KEPT_NAMES.listener, this.listener.fd);
+    for (const fd of this.o.startFds ?? []) pass(KEPT_NAMES.start, fd);
     if (this.checkpoint !== null) pass(`${KEPT_NAMES.checkpointPrefix}0`, this.checkpoint);
     this.checkpointGiven = this.checkpoint !== null;
     for (const [ino, fd] of this.conns) pass(`${KEPT_NAMES.connectionPrefix}${ino}`, fd);
     const env: NodeJS.ProcessEnv = { ...this.o.env, [KEEPER_ENV.channel]: String(KEEPER_CHANNEL_FD) };
     if (names.length > 0) env[KEEPER_ENV.fdNames] = names.join(':');
-    if (this.listener?.file) env[KEEPER_ENV.socketFile] = encodeSocketFile(this.listener.file);
     if (note !== null) env[KEEPER_ENV.note] = JSON.stringify(note);
     const [cmd, ...args] = this.o.command;
     const child = spawn(cmd!, args, { stdio: ['inherit', 'inherit', 'inherit', theirs, ...fds], env });
     closeFd(theirs);
     this.child = child;
+    this.oomAtSpawn = oomKills();
     this.channel = { fd: mine, watch: watchReadable(mine, () => this.drain()) };
     child.once('error', (e) => this.o.log.error({ err: e.message }, 'keeper: cannot start the serving process'));
     child.once('exit', (code, sig) => this.onExit(child, code, sig));
@@ -175,13 +189,15 @@ class Keeper {
     }
   }
 
-  /** Acts on one message; true when it kept `fd`. */
+  /**
+   * Acts on one message; true when it kept `fd`. Nothing in a message is a path or a command: a
+   * connection must be a connected stream socket, a checkpoint a sealed memfd, a drop names an inode
+   * held; anything else is closed and forgotten.
+   */
   private take(bytes: Buffer, fd: number | undefined): boolean {
     const m = decodeKeeperMessage(bytes);
     if (m === null) return false;
     switch (m.type) {
-      case KEEPER_MESSAGE.listener:
-        return fd !== undefined && this.takeListener(fd, decodeSocketFile(m.text));
       case KEEPER_MESSAGE.hold:
         return fd !== undefined && this.hold(fd);
       case KEEPER_MESSAGE.drop: {
@@ -194,7 +210,7 @@ class Keeper {
         return false;
       }
       case KEEPER_MESSAGE.checkpoint:
-        if (fd === undefined) return false;
+        if (fd === undefined || !isSealedMemfd(fd)) return false;
         if (this.checkpoint !== null) closeFd(this.checkpoint);
         this.checkpoint = fd;
         this.checkpointGiven = false;
@@ -213,21 +229,8 @@ class Keeper {
     }
   }
 
-  private takeListener(fd: number, file: { ino: number; path: string } | null): boolean {
-    let ok = false;
-    try {
-      ok = isListeningSocket(fd);
-    } catch {
-      /* not a socket */
-    }
-    if (!ok) return false;
-    if (this.listener !== null && socketIno(this.listener.fd) === socketIno(fd)) return false;
-    if (this.listener !== null) closeFd(this.listener.fd);
-    this.listener = { fd, file };
-    return true;
-  }
-
   private hold(fd: number): boolean {
+    if (!isConnection(fd)) return false;
     const ino = socketIno(fd);
     if (ino === null || this.conns.has(ino) || this.conns.size >= this.limits.maxConnections) return false;
     this.conns.set(ino, fd);
@@ -255,14 +258,10 @@ class Keeper {
       return this.finish(code ?? 1);
     }
     const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
+    if (sig !== null && endedFromOutside(sig, this.oomAtSpawn)) return this.restartAfterKill(child, sig, stable);
     this.crashes = stable ? 1 : this.crashes + 1;
     this.readyAt = 0;
-    const note: KeeperNote = { pid: child.pid ?? 0, how, atMs: Date.now(), crashes: this.crashes };
-    if (this.checkpointGiven && this.checkpoint !== null) {
-      closeFd(this.checkpoint);
-      this.checkpoint = null;
-      note.checkpointDropped = `the serving process (pid ${note.pid}) it was passed to died (${how}) before it wrote one of its own: it may be what crashed it`;
-    }
+    const note = this.noteOf(child, how);
     const max = this.limits.maxCrashesInARow;
     if (this.crashes >= max) {
       this.o.log.error(
@@ -271,7 +270,7 @@ class Keeper {
       );
       return this.finish(1);
     }
-    const delay = this.limits.backoffMs[Math.min(this.crashes - 1, this.limits.backoffMs.length - 1)] ?? 0;
+    const delay = this.backoff(this.crashes);
     this.o.log.warn(
       {
         pid: note.pid,
@@ -283,6 +282,40 @@ class Keeper {
         checkpoint: this.checkpoint !== null,
       },
       `keeper: the serving process died (${how}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
+    );
+    this.timer = setTimeout(() => this.spawn(note), delay);
+  }
+
+  private backoff(inARow: number): number {
+    return this.limits.backoffMs[Math.min(inARow - 1, this.limits.backoffMs.length - 1)] ?? 0;
+  }
+
+  /** The account for the next serving process; a checkpoint the dead one had not replaced yet is dropped (it may be what killed it). */
+  private noteOf(child: ChildProcess, how: string): KeeperNote {
+    const note: KeeperNote = { pid: child.pid ?? 0, how, atMs: Date.now(), crashes: this.crashes };
+    if (this.checkpointGiven && this.checkpoint !== null) {
+      closeFd(this.checkpoint);
+      this.checkpoint = null;
+      note.checkpointDropped = `the serving process (pid ${note.pid}) it was passed to died (${how}) before it wrote one of its own: it may be what crashed it`;
+    }
+    return note;
+  }
+
+  /**
+   * The serving process was ended by a signal another process sent (deaths.ts: a SIGKILL or SIGTERM
+   * from outside, not a fault and not the OOM killer): no fault of the helper's, so not a crash in
+   * the row that stops the keeper (the -u user, who may signal it, cannot end the service that way).
+   * Started again with everything, backed off as crashes are (at most one start per 3 s under a
+   * killing loop).
+   */
+  private restartAfterKill(child: ChildProcess, sig: NodeJS.Signals, stable: boolean): void {
+    this.killed = stable ? 1 : this.killed + 1;
+    this.readyAt = 0;
+    const note = { ...this.noteOf(child, sig), fromOutside: true };
+    const delay = this.backoff(this.killed);
+    this.o.log.warn(
+      { pid: note.pid, how: sig, killedInARow: this.killed, restartInMs: delay, connections: this.conns.size },
+      `keeper: the serving process was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
     );
     this.timer = setTimeout(() => this.spawn(note), delay);
   }
@@ -303,27 +336,49 @@ class Keeper {
     this.spawn(note);
   }
 
-  /** Closes what it holds (the socket file goes too, while it is still ours) and ends with `code`. */
+  /**
+   * Closes what it holds and ends with `code`. The start's socket file goes after crashes (the
+   * serving process removes it when it stops), while it is still that inode; the start's pidfile
+   * while it still holds this pid. Both paths are the start's, never a serving process's.
+   */
   private finish(code: number): void {
     clearTimeout(this.timer);
     for (const [sig, h] of this.signals) process.off(sig, h);
     for (const fd of this.conns.values()) closeFd(fd);
     this.conns.clear();
     if (this.checkpoint !== null) closeFd(this.checkpoint);
-    const l = this.listener;
-    if (l !== null) {
-      closeFd(l.fd);
-      // The serving process removes its socket file when it stops; after a crash it is left to the keeper.
-      if (code !== 0 && l.file !== null) removeIfOurs(l.file);
-    }
+    for (const fd of this.o.startFds ?? []) closeFd(fd);
+    const file = this.o.socketFile;
+    if (code !== 0 && file !== undefined) removeIf(file.path, () => fs.lstatSync(file.path).ino === file.ino);
+    const pidfile = this.o.pidfile;
+    if (pidfile !== undefined) removeIf(pidfile, () => fs.readFileSync(pidfile, 'utf8').trim() === String(process.pid));
     this.done(code);
   }
 }
 
-function removeIfOurs(file: { ino: number; path: string }): void {
+function removeIf(path: string, ours: () => boolean): void {
   try {
-    if (fs.lstatSync(file.path).ino === file.ino) fs.unlinkSync(file.path);
+    if (ours()) fs.unlinkSync(path);
   } catch {
-    /* gone already */
+    /* gone already, or not ours to remove (-u's user in a root directory: the next start replaces it) */
+  }
+}
+
+/** A connection the serving process accepted: a stream socket that is not listening. */
+function isConnection(fd: number): boolean {
+  try {
+    return socketType(fd) === SOCK_STREAM && !isListeningSocket(fd);
+  } catch {
+    return false;
+  }
+}
+
+/** A checkpoint as outside-keep.ts writes it: a memfd sealed against writes, growth and shrinking. */
+function isSealedMemfd(fd: number): boolean {
+  const needed = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+  try {
+    return (getSeals(fd) & needed) === needed;
+  } catch {
+    return false;
   }
 }

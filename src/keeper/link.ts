@@ -5,11 +5,9 @@
  * logged once and the daemon goes on serving, without a keeper.
  */
 import fs from 'node:fs';
-import { closeFd, keepAcrossExec, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc.js';
+import { closeFd, keepAcrossExec, peerHungUp, prctl, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc.js';
 import {
-  decodeSocketFile,
   encodeKeeperMessage,
-  encodeSocketFile,
   KEEPER_ENV,
   KEEPER_FIRST_FD,
   KEEPER_MESSAGE,
@@ -19,42 +17,36 @@ import {
   type KeeperNote,
 } from './keeper-messages.js';
 
-/** What a keeper passed to this process: fds by name (KEPT_NAMES), and the listening socket's file. */
+/** What a keeper passed to this process: fds by name (KEPT_NAMES; what the start opened is described by INHERIT_ENV). */
 interface FromKeeper {
   named: Map<string, number[]>;
-  listener?: { fd: number; file?: { ino: number; path: string } };
 }
 
 const MAX_KEPT_FDS = 70_000;
+const PR_SET_PDEATHSIG = 1;
+const SIGTERM = 15;
 
 /**
  * The fds a keeper passed (KEEPER_ENV.fdNames, read and removed), or null when none were. Names not
- * of the keeper's, or a malformed list, are refused with the fix.
+ * of the keeper's, or a malformed list, are refused with the fix; the start's (KEPT_NAMES.start) are
+ * left to INHERIT_ENV.
  */
 export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper | null {
   keepChannelAcrossExec(env);
   const text = env[KEEPER_ENV.fdNames];
-  const file = env[KEEPER_ENV.socketFile];
   delete env[KEEPER_ENV.fdNames];
-  delete env[KEEPER_ENV.socketFile];
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
   const names = text.split(':');
   const fix = 'it is set by the keeper for the process it starts, do not set it';
   if (names.length > MAX_KEPT_FDS)
     throw new Error(`cannot read ${KEEPER_ENV.fdNames}: ${names.length} names, at most ${MAX_KEPT_FDS}; ${fix}`);
   const named = new Map<string, number[]>();
-  let listener: FromKeeper['listener'];
   names.forEach((name, i) => {
     const fd = KEEPER_FIRST_FD + i;
     if (!name.startsWith('vmsr-')) throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
-    if (name === KEPT_NAMES.listener) {
-      const f = file === undefined ? null : decodeSocketFile(file);
-      listener = { fd, ...(f ? { file: f } : {}) };
-      return;
-    }
-    named.set(name, [...(named.get(name) ?? []), fd]);
+    if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
   });
-  return { named, ...(listener ? { listener } : {}) };
+  return { named };
 }
 
 /**
@@ -110,9 +102,17 @@ export class KeeperLink {
     return new KeeperLink(fd, log);
   }
 
-  /** The listening socket, and its socket file when this process bound it. */
-  listening(fd: number, file?: { ino: number; path: string }): void {
-    this.send(KEEPER_MESSAGE.listener, file ? encodeSocketFile(file) : '', fd);
+  /**
+   * Nothing left behind (docs/daemon.md "Crashes"): this process is sent SIGTERM (a clean stop) when
+   * its keeper dies, and stops now if the keeper died before it could ask (the channel's end hung
+   * up). PR_SET_PDEATHSIG survives a restart in place's exec (no credential changes); set again at
+   * every image's start anyway. Returns false when the keeper is gone already.
+   */
+  static endWithKeeper(env: NodeJS.ProcessEnv = process.env): boolean {
+    const fd = channelFd(env);
+    if (fd === null) return true;
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    return !peerHungUp(fd);
   }
 
   hold(fd: number): void {

@@ -84,7 +84,6 @@ export const SOCK_STREAM = 1;
 /** Message boundaries on a connection (the keeper's channel). */
 export const SOCK_SEQPACKET = 5;
 const SC_CLK_TCK = 2;
-export const PR_SET_KEEPCAPS = 8;
 export const PR_CAPBSET_DROP = 24;
 export const PR_SET_NO_NEW_PRIVS = 38;
 const LINUX_CAPABILITY_VERSION_3 = 0x20080522;

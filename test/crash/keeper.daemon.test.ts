@@ -10,7 +10,8 @@
  *   answer is printed against the 1 s goal.
  * - A checkpoint that crashes the process restoring it (the test hook CRASH_ON_VM_PID_ENV) is not
  *   passed on: the next process starts fresh and says why; the connection is still served.
- * - Crashes in a row: the keeper backs off and stops after KEEPER_LIMITS.maxCrashesInARow, saying why,
+ * - SIGKILLs from outside (the -u user may send them) never stop the keeper; crashes in a row (SIGABRT)
+ *   do: the keeper backs off and stops after KEEPER_LIMITS.maxCrashesInARow, saying why,
  *   and removes the socket file.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
@@ -142,7 +143,7 @@ describe('the keeper', () => {
     );
     expect(qemu.closed, 'the QEMU-like connection stayed open').toBe(false);
     expect(h.stderr()).toMatch(
-      /"msg":"recovered from a crash: the serving process \(pid \d+\) died \(SIGKILL, crash 1 in a row\); 1 QEMU connections kept; state restored from the checkpoint/,
+      /"msg":"recovered from a crash: the serving process \(pid \d+\) was ended by SIGKILL from another process \(not counted as a crash\); 1 QEMU connections kept; state restored from the checkpoint/,
     );
     // A stop on purpose stops the keeper too, and the socket file goes with it.
     expect(await h.stop('SIGTERM')).toBe(0);
@@ -175,7 +176,7 @@ describe('the keeper', () => {
       .split('\n')
       .filter((l) => l.includes('recovered from a crash'));
     expect(lines[1]).toMatch(
-      /crash 2 in a row.*no checkpoint restored \(the serving process \(pid \d+\) it was passed to died \(SIGABRT\) before it wrote one of its own/,
+      /crash 1 in a row.*no checkpoint restored \(the serving process \(pid \d+\) it was passed to died \(SIGABRT\) before it wrote one of its own/,
     );
     expect(qemu.closed).toBe(false);
     expect(h.proc.exitCode, 'the keeper runs on').toBeNull();
@@ -197,7 +198,7 @@ describe('the keeper', () => {
     expect(h.stderr()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept; state restored from the checkpoint/);
   }, 120_000);
 
-  test('with -d the background process is the keeper: ready once its serving process is, which writes the pidfile; a crash restarts it; SIGTERM to the keeper stops both', async () => {
+  test('with -d the background process is the keeper, named by the pidfile: ready once its serving process is; a crash restarts it; SIGTERM to the keeper stops both and removes the pidfile', async () => {
     ensureBuilt();
     const { host } = fakeHost();
     const dir = tempDir('vmsr-keeper-');
@@ -206,8 +207,8 @@ describe('the keeper', () => {
     execFileSync(process.execPath, [BIN, '--keeper', '-d', '-k', sock, '-f', pidfile, '--log-file', logFile, ...hostArgs(host)], {
       timeout: 60_000,
     });
-    const serving = Number(fs.readFileSync(pidfile, 'utf8'));
-    const keeper = Number(fs.readFileSync(`/proc/${serving}/stat`, 'utf8').split(') ')[1]!.split(' ')[1]);
+    const keeper = Number(fs.readFileSync(pidfile, 'utf8'));
+    const serving = servingPid(keeper);
     cleanups.push(() => void (fs.existsSync(`/proc/${keeper}`) && process.kill(keeper, 'SIGKILL')));
     expect(fs.readFileSync(`/proc/${keeper}/cmdline`, 'utf8')).toContain('--keeper');
     const qemu = await LegacyClient.connect(sock);
@@ -217,12 +218,8 @@ describe('the keeper', () => {
     await qemu.request(0x611, 0, process.pid);
     const log = () => fs.readFileSync(logFile, 'utf8');
     const watched = { proc: { exitCode: null } as ChildProcess, stderr: log };
-    await waitFor(
-      () => Number(fs.readFileSync(pidfile, 'utf8')) !== serving,
-      'the next serving process to write the pidfile',
-      watched,
-      10_000,
-    );
+    await waitFor(() => /recovered from a crash/.test(log()), 'the next serving process', watched, 10_000);
+    expect(Number(fs.readFileSync(pidfile, 'utf8')), 'the pidfile names the keeper still').toBe(keeper);
     process.kill(keeper, 'SIGTERM');
     await waitFor(() => !fs.existsSync(`/proc/${keeper}`), 'the keeper to stop', watched, 10_000);
     expect(fs.existsSync(sock)).toBe(false);
@@ -230,30 +227,33 @@ describe('the keeper', () => {
     expect(log()).toMatch(/recovered from a crash: [^"]*1 QEMU connections kept/);
   }, 120_000);
 
-  test(`stops after ${KEEPER_LIMITS.maxCrashesInARow} crashes in a row, backing off, saying why, and removes the socket file`, async () => {
+  test(`SIGKILLs from outside never stop it (backed off); ${KEEPER_LIMITS.maxCrashesInARow} crashes in a row (SIGABRT) do, saying why, and the socket file goes`, async () => {
     const { host } = fakeHost();
     const { h, sock } = await startKeeper(tempDir('vmsr-keeper-'), host);
     const qemu = await LegacyClient.connect(sock);
     cleanups.push(() => qemu.close());
     await qemu.request(0x611, 0, process.pid);
-    const starts: number[] = [];
-    for (let i = 0; i < KEEPER_LIMITS.maxCrashesInARow; i++) {
+    const kill = async (sig: NodeJS.Signals, last: boolean) => {
       const ready = count(h, '"msg":"Listening on');
-      await waitFor(() => count(h, '"msg":"Listening on') >= ready, 'serving', h, 30_000);
-      process.kill(servingPid(h.proc.pid!), 'SIGKILL');
-      starts.push(performance.now());
-      if (i < KEEPER_LIMITS.maxCrashesInARow - 1) await waitFor(() => count(h, '"msg":"Listening on') > ready, `start ${i + 2}`, h, 30_000);
-    }
+      process.kill(servingPid(h.proc.pid!), sig);
+      if (!last) await waitFor(() => count(h, '"msg":"Listening on') > ready, `the start after a ${sig}`, h, 30_000);
+    };
+    // The -u user may SIGKILL the serving process (its own uid): one more than the crash limit.
+    for (let i = 0; i <= KEEPER_LIMITS.maxCrashesInARow; i++) await kill('SIGKILL', false);
+    expect(h.proc.exitCode, 'the keeper runs on after SIGKILLs from outside').toBeNull();
+    expect(await qemu.request(0x611, 0, process.pid)).toBeGreaterThan(0n);
+    for (let i = 0; i < KEEPER_LIMITS.maxCrashesInARow; i++) await kill('SIGABRT', i === KEEPER_LIMITS.maxCrashesInARow - 1);
     expect(await h.exited).toBe(1);
     expect(h.stderr()).toMatch(
-      new RegExp(`the serving process died ${KEEPER_LIMITS.maxCrashesInARow} times in a row \\(the last: SIGKILL\\): the keeper stops`),
+      new RegExp(`the serving process died ${KEEPER_LIMITS.maxCrashesInARow} times in a row \\(the last: SIGABRT\\): the keeper stops`),
     );
-    // It backed off: each wait before a restart as KEEPER_LIMITS.backoffMs says.
+    // It backed off: each wait before a restart as KEEPER_LIMITS.backoffMs says, kills and crashes each in their row.
     const waits = [...h.stderr().matchAll(/"restartInMs":(\d+)/g)].map((m) => Number(m[1]));
-    expect(waits).toEqual(KEEPER_LIMITS.backoffMs.slice(0, KEEPER_LIMITS.maxCrashesInARow - 1));
+    const row = (n: number) => Array.from({ length: n }, (_, i) => KEEPER_LIMITS.backoffMs[Math.min(i, KEEPER_LIMITS.backoffMs.length - 1)]);
+    expect(waits).toEqual([...row(KEEPER_LIMITS.maxCrashesInARow + 1), ...row(KEEPER_LIMITS.maxCrashesInARow - 1)]);
     await qemu.whenClosed(5000);
     expect(fs.existsSync(sock)).toBe(false);
-  }, 120_000);
+  }, 180_000);
 
   test('the helper started alone runs under its keeper by default; --no-keeper and VMSR_HELPER_NO_KEEPER run it without one', async () => {
     const { host } = fakeHost();

@@ -31,6 +31,8 @@ import {
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
 import { KEEPER_ENV, NO_KEEPER_ENV } from '../../keeper/keeper-messages.js';
+import { KeeperLink } from '../../keeper/link.js';
+import { INHERIT_ENV } from '../../helper/handover/inherited.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
@@ -207,19 +209,23 @@ async function startDaemonFromCli(
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    // The first image opens the log file, as root, before anything logs; later images (the start-up
-    // re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
+    // The keeper's image: the root start opened everything and executed it with nothing left (docs/daemon.md "Crashes").
+    if (await keeperImageRuns(logger)) return;
+    // The first image opens the log file, as root, before anything logs; later images (the keeper,
+    // the start-up re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
     if (inherited === null && logFile !== undefined) (await import('../../os/log-file.js')).redirectStderrToFile(logFile);
-    // Outside systemd this process becomes the keeper, and the serving process its child, unless
-    // --no-keeper (docs/daemon.md "Crashes").
-    if (keeper !== false && inherited === null && (await keeperRuns(keeper === true, logger))) return;
     const blocker = reexecBlocker();
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
-    if (inherited === null && blocker === null) {
-      // Only the first image as root runs the privileged steps and re-executes itself: an image that
-      // inherits loads none of it.
-      await (await import('../../helper/lifecycle/privileged-start.js')).startPrivileged(config, files);
+    // Outside systemd this process opens what needs root and executes the keeper, whose child serves,
+    // unless --no-keeper (docs/daemon.md "Crashes"). Only the first image runs the privileged steps
+    // and re-executes itself: an image that inherits loads none of it.
+    const keeps = keeper !== false && inherited === null && keeperWanted(keeper === true, logger);
+    if (inherited === null && (blocker === null || keeps))
+      await (await import('../../helper/lifecycle/privileged-start.js')).startPrivileged(config, files, keeps);
+    if (process.env[KEEPER_ENV.channel] !== undefined && !KeeperLink.endWithKeeper()) {
+      (logger ?? (() => createLogger('info')))().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
+      return;
     }
     // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
     // modules load once the daemon serves QEMU (lifecycle/phases.ts, startV2).
@@ -238,25 +244,30 @@ async function startDaemonFromCli(
 }
 
 /**
- * In the first image, unless --no-keeper: runs the keeper (keeper/keeper.ts) until it ends, then exits
- * with its code; false when this process is not to be one (it is the keeper's serving process already,
- * or systemd runs it: its fd store does the keeper's work; `asked`: --keeper was given, which is then
- * said).
+ * Whether the first image is to start a keeper: not under systemd, whose fd store does the keeper's
+ * work (`asked`: --keeper was given, which is then said).
  */
-async function keeperRuns(asked: boolean, logger?: () => Logger): Promise<boolean> {
+function keeperWanted(asked: boolean, logger?: () => Logger): boolean {
+  if (process.env.NOTIFY_SOCKET === undefined && process.env.LISTEN_FDS === undefined) return true;
+  if (asked)
+    (logger ?? (() => createLogger('info')))()
+      .child({ area: 'keeper' })
+      .warn({}, '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it');
+  return false;
+}
+
+/**
+ * In the keeper's image (KEEPER_ENV.image, set by the start that opened what it holds): runs the
+ * keeper (keeper/keeper.ts) until it ends, then exits with its code; false in any other image.
+ */
+async function keeperImageRuns(logger?: () => Logger): Promise<boolean> {
+  const { takeKeeperImage } = await import('../../helper/lifecycle/privileged-start.js');
+  const image = takeKeeperImage();
+  if (image === null) return false;
   const { isDaemonChild, reportReady, DAEMON_CHILD_ENV } = await import('../../helper/lifecycle/daemonize.js');
-  if (process.env[KEEPER_ENV.channel] !== undefined) return false;
   const log = (logger ?? (() => createLogger('info')))().child({ area: 'keeper' });
-  if (process.env.NOTIFY_SOCKET !== undefined || process.env.LISTEN_FDS !== undefined) {
-    if (!asked) return false;
-    log.warn(
-      {},
-      '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it',
-    );
-    return false;
-  }
   const { runKeeper } = await import('../../keeper/keeper.js');
-  const env = { ...process.env };
+  const env: NodeJS.ProcessEnv = { ...process.env, [INHERIT_ENV]: image.inherit };
   delete env[DAEMON_CHILD_ENV];
   const ready = isDaemonChild() ? reportReady : undefined;
   log.info({}, 'keeper: holding the socket and the connections; starting the serving process');
@@ -264,6 +275,9 @@ async function keeperRuns(asked: boolean, logger?: () => Logger): Promise<boolea
     command: [process.execPath, ...process.execArgv, ...process.argv.slice(1)],
     env,
     log,
+    startFds: image.fds,
+    ...(image.socketFile ? { socketFile: image.socketFile } : {}),
+    ...(image.pidfile !== undefined ? { pidfile: image.pidfile } : {}),
     ...(ready ? { onReady: ready } : {}),
   });
   process.exit(code);

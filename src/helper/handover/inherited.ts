@@ -54,9 +54,6 @@ export interface Inherited {
  * fds; else nothing.
  */
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
-  // Started by the keeper after a crash (docs/daemon.md "Crashes"): what it held, passed by name.
-  const kept = takeFromKeeper(env);
-  if (kept !== null) return { how: 'keeper', ...(kept.listener ? { listener: kept.listener } : {}), named: kept.named };
   const activation = takeActivation(env);
   if (activation === null) return { how: 'fresh' };
   const named = storedFds(activation);
@@ -85,6 +82,24 @@ export function inheritedFds(i: Inherited): number[] {
     ...(i.files ?? []).map(([, fd]) => fd),
     ...[...(i.named?.values() ?? [])].flat(),
   ];
+}
+
+/**
+ * `i` with every fd renumbered: the one at place n of inheritedFds(i) becomes `first + n` (how the
+ * keeper passes what the start opened to each serving process). The pidfile stays named: it holds
+ * the keeper's pid, so the serving process adopts it and never removes it.
+ */
+export function renumbered(i: Inherited, first: number): Inherited {
+  const order = new Map(inheritedFds(i).map((fd, n) => [fd, first + n]));
+  const to = (fd: number) => order.get(fd)!;
+  return {
+    ...i,
+    ...(i.msr ? { msr: i.msr.map(([cpu, fd]) => [cpu, to(fd)]) } : {}),
+    ...(i.powercap ? { powercap: i.powercap.map(([p, fd]) => [p, to(fd)]) } : {}),
+    ...(i.listener ? { listener: { ...i.listener, fd: to(i.listener.fd) } } : {}),
+    ...(i.files ? { files: i.files.map(([p, fd]) => [p, to(fd)]) } : {}),
+    ...(i.named ? { named: new Map([...i.named].map(([n, fds]) => [n, fds.map(to)])) } : {}),
+  };
 }
 
 /** The environment that carries `i` across an exec (takeInherited reads it back). */
@@ -136,7 +151,10 @@ function valid(v: Partial<Encoded>): v is Encoded {
   );
 }
 
-/** The Inherited left by the image before the exec (removed from the environment), or null. */
+/**
+ * The Inherited left by the image before the exec (removed from the environment), or null. Started
+ * by a keeper (docs/daemon.md "Crashes"), what it held after a crash is added by name.
+ */
 export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited | null {
   const text = env[INHERIT_ENV];
   if (text === undefined) return null;
@@ -150,9 +168,12 @@ export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited |
   }
   if (v === null || typeof v !== 'object' || !valid(v)) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is malformed', fix));
   const { named, checks, ...rest } = v;
+  const kept = takeFromKeeper(env);
+  const all = new Map([...(named ?? []), ...(kept?.named ?? [])]);
   return {
     ...rest,
+    ...(kept ? { how: 'keeper' as const } : {}),
     ...(checks ? { checks: { ...checks, cpus: checks.cpus.map((c) => ({ cpu: c.cpu, pkg: c.package })) } } : {}),
-    ...(named ? { named: new Map(named) } : {}),
+    ...(all.size > 0 ? { named: all } : {}),
   };
 }

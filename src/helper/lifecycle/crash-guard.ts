@@ -8,7 +8,6 @@ import type { StateSnapshot } from '../../state/snapshot.js';
 import type { KeeperNote } from '../../keeper/keeper-messages.js';
 import { takeKeeperNote } from '../../keeper/link.js';
 import type { ConnectionKeep } from '../server/connection-keep.js';
-import type { Listener } from '../server/listener.js';
 import type { HandedOver } from '../handover/handed-over.js';
 import { reportCrash, takeKept, type CrashLog, type Kept } from './kept.js';
 import { keepCheckpoints, outsideKeep, type Checkpointed, type OutsideKeep } from './outside-keep.js';
@@ -40,8 +39,8 @@ export class CrashGuard {
     return this.outside ?? undefined;
   }
 
-  /** Adds a crash's kept connections and checkpoint to what a restart handed over; the holder gets the listening socket. */
-  merge(handed: HandedOver, listener: Listener): HandedOver {
+  /** Adds a crash's kept connections and checkpoint to what a restart handed over. */
+  merge(handed: HandedOver): HandedOver {
     const crash = this.kept.crash;
     if (crash !== null) {
       handed.connections.push(...crash.connections);
@@ -50,7 +49,6 @@ export class CrashGuard {
         this.outside?.restoring();
       }
     }
-    this.outside?.listening(listener.fd, listener.file);
     return handed;
   }
 

@@ -88,6 +88,8 @@ function diedHow(note: KeeperNote): string {
   // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).
   if (note.how === 'SIGHUP')
     return `the serving process (pid ${note.pid}) was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
+  if (note.fromOutside)
+    return `the serving process (pid ${note.pid}) was ended by ${note.how} from another process (not counted as a crash)`;
   return `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`;
 }
 

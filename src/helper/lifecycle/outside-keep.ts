@@ -17,8 +17,6 @@ import type { ConnectionKeep } from '../server/connection-keep.js';
 
 export interface OutsideKeep extends ConnectionKeep {
   readonly holder: 'keeper' | 'fd store';
-  /** The listening socket (the keeper holds it; systemd's .socket unit holds its own). */
-  listening(fd: number, file?: { ino: number; path: string }): void;
   /** The latest checkpoint: `s` in a sealed memfd, handed to the holder; the one before is let go. */
   checkpoint(s: StateSnapshot): void;
   /** A checkpoint is about to be restored: a process that dies before its own first checkpoint crashed in the restore. */
@@ -57,7 +55,6 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
     released(ino) {
       if (ino !== null && attached) link.drop(ino);
     },
-    listening: (fd, file) => link.listening(fd, file),
     checkpoint: (s) => attached && link.checkpoint(writeStateMemfd(s)),
     // The keeper drops a checkpoint it passed to a process that dies before sending its own.
     restoring: () => {},
@@ -90,8 +87,6 @@ class FdStoreKeep implements OutsideKeep {
   released(ino: bigint | null): void {
     if (ino !== null && this.attached) this.notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`);
   }
-
-  listening(): void {}
 
   checkpoint(s: StateSnapshot): void {
     if (!this.attached) return;

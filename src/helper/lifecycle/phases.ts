@@ -57,7 +57,7 @@ export async function open(
 ): Promise<{ opened: Opened; handed: HandedOver; guard: CrashGuard }> {
   const opened = await openStart(config, inh, { files: o.files, log: o.area('startup') });
   const guard = CrashGuard.start(inh.named, o.notifier, o.area('restart'));
-  const handed = guard.merge(takeHandedOver(guard.named, o.area('restart')), opened.listener);
+  const handed = guard.merge(takeHandedOver(guard.named, o.area('restart')));
   // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
   // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
   if (inh.how !== 'restart' && inh.named && inh.named.size > 0)

@@ -1,12 +1,14 @@
 /**
  * As root, the start-up steps (startup.ts: checks, MSR devices, listening socket, pidfile, --record
- * files) run in the first image, and then the helper re-executes itself with dropped privileges
- * (os/privileges/reexec.ts), so that every thread of the new image holds only CAP_SYS_RAWIO. What the
- * steps opened crosses the exec as an Inherited (handover/inherited.ts); the new image adopts it and runs the
- * same start-up, which finds every step done.
+ * files) run in the first image, and then the helper re-executes itself with every privilege dropped
+ * (os/privileges/reexec.ts), so that no thread of the new image holds any capability. What the steps
+ * opened crosses the exec as an Inherited (handover/inherited.ts); the new image adopts it and runs
+ * the same start-up, which finds every step done. With a keeper, the new image is the keeper, which
+ * passes the same to every serving process it starts (keeperImage).
  */
 import type { DaemonConfig } from './config.js';
-import { inheritEnv, inheritedFds, inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
+import { INHERIT_ENV, inheritEnv, inheritedFds, inheritFromEnvironment, renumbered, type Inherited } from '../handover/inherited.js';
+import { KEEPER_ENV, KEEPER_FIRST_FD } from '../../keeper/keeper-messages.js';
 import { openStart } from './startup.js';
 import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
 import { reexecDropped } from '../../os/privileges/reexec.js';
@@ -26,14 +28,46 @@ async function openPrivileged(
   return { inherited: { ...opened.handover('reexec'), dropped: true }, undo: () => opened.close() };
 }
 
+/** What the keeper's image is given (KEEPER_ENV.image): what to hold and how its serving processes find it. */
+export interface KeeperImage {
+  /** The start's fds in the keeper's image, passed to each serving process from KEEPER_FIRST_FD on. */
+  fds: number[];
+  /** INHERIT_ENV for each serving process: the Inherited with those fds renumbered. */
+  inherit: string;
+  socketFile?: { ino: number; path: string };
+  pidfile?: string;
+}
+
+/** KEEPER_ENV.image's value (read and removed), or null outside the keeper's image. */
+export function takeKeeperImage(env: NodeJS.ProcessEnv = process.env): KeeperImage | null {
+  const text = env[KEEPER_ENV.image];
+  delete env[KEEPER_ENV.image];
+  if (text === undefined) return null;
+  const v = JSON.parse(text) as KeeperImage;
+  if (!Array.isArray(v.fds) || !v.fds.every((fd) => Number.isInteger(fd) && fd > 2) || typeof v.inherit !== 'string')
+    throw new Error(cannot(`read ${KEEPER_ENV.image}`, 'it is malformed', 'it is set by the helper for itself, do not set it'));
+  return v;
+}
+
+function keeperImageEnv(inherited: Inherited): Record<string, string> {
+  const image: KeeperImage = {
+    fds: inheritedFds(inherited),
+    inherit: inheritEnv(renumbered(inherited, KEEPER_FIRST_FD))[INHERIT_ENV]!,
+    ...(inherited.listener?.file ? { socketFile: inherited.listener.file } : {}),
+    ...(inherited.pidfile !== undefined ? { pidfile: inherited.pidfile } : {}),
+  };
+  return { [KEEPER_ENV.image]: JSON.stringify(image) };
+}
+
 /**
- * The root image's start: the steps run as root, then the re-exec with dropped privileges and the
- * opened fds. Returns only by throwing (the steps failed, or the exec did: what they opened undone).
+ * The first image's start: the steps run (as root: what needs root), then the re-exec with every
+ * privilege dropped and the opened fds, into the daemon or, with `keeper`, into the keeper
+ * (KEEPER_ENV.image). Returns only by throwing (the steps failed, or the exec did: what they opened undone).
  */
-export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[]): Promise<never> {
+export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper = false): Promise<never> {
   const { inherited, undo } = await openPrivileged(config, writeFiles);
   const keep = inheritedFds(inherited);
-  const env = inheritEnv(inherited);
+  const env = keeper ? keeperImageEnv(inherited) : inheritEnv(inherited);
   // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
   const channel = (process as { channel?: { fd?: number } }).channel?.fd;
   if (channel !== undefined && channel >= 0) {

@@ -1,22 +1,32 @@
 /**
- * Dropping to CAP_SYS_RAWIO only (and to -u/-g), after the MSR fds and the socket are open.
+ * Dropping every capability (and to -u/-g), after the MSR fds, the socket and the pidfile are open.
+ *
+ * Linux's msr driver checks CAP_SYS_RAWIO in open(2) only, and powercap's energy_uj is a root-only
+ * file checked at open too: reads of an fd opened before need nothing. So once the start has opened
+ * them the helper holds no capability at all (docs/security.md "Privileges, per process and phase").
  *
  * Linux credentials are per thread and Node has several (libuv pool, V8 platform workers). glibc
- * broadcasts set*id calls to every thread, but capset, PR_CAPBSET_DROP and PR_SET_NO_NEW_PRIVS act
- * on the calling thread only. So as root the helper drops on the main thread and re-executes itself
- * (reexec.ts): every thread of the new image has the dropped credentials. Only when it cannot (not
- * root, no CAP_SETPCAP) does dropPrivileges() drop in process, main thread first; describeThreads()
- * reports each thread's result.
+ * broadcasts set*id calls to every thread, but capset, PR_CAPBSET_DROP, the securebits and
+ * PR_SET_NO_NEW_PRIVS act on the calling thread only. So as root the helper drops on the main thread
+ * and re-executes itself (reexec.ts): every thread of the new image starts with nothing. Only when it
+ * cannot (not root, no CAP_SETPCAP) does dropPrivileges() drop in process, main thread first;
+ * describeThreads() reports each thread's result.
  */
 import fs from 'node:fs';
-import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc.js';
-import { parseProcStatus } from './proc-status.js';
+import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc.js';
 
 export const CAP_SETPCAP = 8;
 export const CAP_SYS_RAWIO = 17;
 export const RAWIO_MASK = 1n << BigInt(CAP_SYS_RAWIO);
-export const PR_CAP_AMBIENT = 47;
-export const PR_CAP_AMBIENT_CLEAR_ALL = 4;
+const PR_CAP_AMBIENT = 47;
+const PR_CAP_AMBIENT_CLEAR_ALL = 4;
+const PR_SET_SECUREBITS = 28;
+/**
+ * SECBIT_NOROOT and SECBIT_NO_CAP_AMBIENT_RAISE, each with its lock: an exec by uid 0 gets no
+ * capability from the (already empty) bounding set, no ambient capability can be raised, and neither
+ * can be undone. KEEP_CAPS is locked off too.
+ */
+const LOCKED_SECUREBITS = 0x01 | 0x02 | 0x20 | 0x40 | 0x80;
 
 export interface DropOptions {
   uid?: number;
@@ -37,10 +47,10 @@ function lastCap(): number {
   }
 }
 
-export function dropBoundingSet(keep: readonly number[] = [CAP_SYS_RAWIO]): void {
+/** Empties the calling thread's bounding set (needs CAP_SETPCAP). */
+function dropBoundingSet(): void {
   const last = lastCap();
   for (let cap = 0; cap <= last; cap++) {
-    if (keep.includes(cap)) continue;
     try {
       prctl(PR_CAPBSET_DROP, cap);
     } catch (e) {
@@ -49,43 +59,33 @@ export function dropBoundingSet(keep: readonly number[] = [CAP_SYS_RAWIO]): void
   }
 }
 
-/** -g/-u on every thread (glibc broadcasts set*id); the calling thread keeps its permitted set. */
-export function changeIds(o: DropOptions): void {
+/**
+ * The calling thread's credentials down to nothing: the bounding set emptied and the securebits
+ * locked (with CAP_SETPCAP; `skipped` says so without it), the ambient set cleared, -g/-u set (glibc
+ * broadcasts set*id to every thread), every capability set 0, NO_NEW_PRIVS. The re-exec
+ * (reexec.ts) calls it on the main thread before its exec; the in-process drop, when the helper could
+ * not re-execute itself (not root, or no CAP_SETPCAP), leaves Node's other threads as they were.
+ */
+export function dropPrivileges(o: DropOptions): DropReport {
+  const skipped: string[] = [];
+  if ((capget().effective & (1n << BigInt(CAP_SETPCAP))) !== 0n) {
+    dropBoundingSet();
+    prctl(PR_SET_SECUREBITS, LOCKED_SECUREBITS);
+  } else skipped.push('bounding set and securebits (no CAP_SETPCAP)');
+  try {
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL);
+  } catch {
+    skipped.push('ambient set');
+  }
   if (o.gid !== undefined) {
     setgroups([o.gid]);
     setresgid(o.gid);
   } else if (o.uid !== undefined) {
     setgroups([]); // never carry root's supplementary groups to another user
   }
-  if (o.uid !== undefined) {
-    prctl(PR_SET_KEEPCAPS, 1); // keep the permitted set across the uid change (calling thread)
-    setresuid(o.uid);
-    prctl(PR_SET_KEEPCAPS, 0);
-  }
-}
-
-/**
- * The in-process drop, when the helper could not re-execute itself (not root, or no CAP_SETPCAP):
- * everything but CAP_SYS_RAWIO on the calling (main) thread, and to uid/gid when given.
- */
-export function dropPrivileges(o: DropOptions): DropReport {
-  const skipped: string[] = [];
-  const start = capget();
-  const canSetpcap = (start.effective & (1n << BigInt(CAP_SETPCAP))) !== 0n;
-  const bounding = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8')).capBnd;
-  // Bounding set first: dropping needs CAP_SETPCAP, which the steps below remove.
-  if (bounding !== RAWIO_MASK) {
-    if (canSetpcap) dropBoundingSet();
-    else skipped.push('bounding set (no CAP_SETPCAP)');
-  }
-  try {
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL);
-  } catch {
-    skipped.push('ambient set');
-  }
-  changeIds(o);
-  const keep = capget().permitted & RAWIO_MASK;
-  capset({ effective: keep, permitted: keep, inheritable: 0n });
+  if (o.uid !== undefined) setresuid(o.uid);
+  capset({ effective: 0n, permitted: 0n, inheritable: 0n });
   prctl(PR_SET_NO_NEW_PRIVS, 1);
   return { skipped };
 }
+

@@ -6,18 +6,9 @@
  * (glibc broadcasts only set*id). exec replaces every thread with one that has the calling thread's
  * credentials, so everything is done on the main thread and then the same command is executed again.
  */
-import { capget, capset, execve, ignoreSignal, keepAcrossExec, prctl, PR_SET_NO_NEW_PRIVS, restoreSignalAction } from '../libc.js';
+import { capget, execve, ignoreSignal, keepAcrossExec, restoreSignalAction } from '../libc.js';
 import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
-import {
-  CAP_SETPCAP,
-  CAP_SYS_RAWIO,
-  changeIds,
-  dropBoundingSet,
-  PR_CAP_AMBIENT,
-  PR_CAP_AMBIENT_CLEAR_ALL,
-  RAWIO_MASK,
-  type DropOptions,
-} from './capabilities.js';
+import { CAP_SETPCAP, dropPrivileges, type DropOptions } from './capabilities.js';
 
 /**
  * Node flags the re-executed daemon starts with (measured with npm run bench, see docs/performance.md,
@@ -34,7 +25,7 @@ export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', 
  * The only Node flags the re-executed image may be given (as `--flag=value`): memory and thread
  * sizes. An allowlist, not a blocklist: a flag that starts a debugger (--inspect*, --debug*), loads
  * code (--require, --import, --loader, --experimental-loader, -r) or changes what is trusted must
- * never reach the image that keeps CAP_SYS_RAWIO and the MSR fds, whatever the first image was given.
+ * never reach the image that holds the MSR fds and the socket, whatever the first image was given.
  */
 const ALLOWED_NODE_FLAGS: readonly string[] = ['--max-semi-space-size', '--max-old-space-size', '--v8-pool-size', '--stack-size'];
 
@@ -95,10 +86,9 @@ export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, strin
 
 /** Set in the environment of the image re-executed by reexecDropped, so it never loops. */
 const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
-const PR_CAP_AMBIENT_RAISE = 2;
 
 /**
- * Whether the helper can drop to CAP_SYS_RAWIO by re-executing itself (reexecDropped): null when it
+ * Whether the helper can drop every privilege by re-executing itself (reexecDropped): null when it
  * can, else why not (the in-process drop, dropPrivileges(), then does what it can). Consumes the
  * marker of an image that was re-executed already ('re-executed').
  */
@@ -108,22 +98,18 @@ export function reexecBlocker(): string | null {
     return 're-executed';
   }
   if (process.getuid?.() !== 0) return 'not root';
-  if ((capget().effective & (1n << BigInt(CAP_SETPCAP))) === 0n) return 'no CAP_SETPCAP to shrink the bounding set';
+  if ((capget().effective & (1n << BigInt(CAP_SETPCAP))) === 0n) return 'no CAP_SETPCAP to empty the bounding set';
   return null;
 }
 
 /**
- * On the main thread, then exec:
- *  1. the bounding set drops to CAP_SYS_RAWIO (needs CAP_SETPCAP: first); the ambient set is cleared;
- *  2. -g/-u: setgroups, setresgid, then setresuid with PR_SET_KEEPCAPS so the permitted set stays;
- *  3. permitted = effective = CAP_SYS_RAWIO; for a non-root uid also inheritable and ambient, the
- *     only way a capability crosses exec to a non-root program (root gets it from the bounding set);
- *  4. PR_SET_NO_NEW_PRIVS.
- * Every thread of the new image then has CapEff = CapPrm = CapBnd = CAP_SYS_RAWIO, NoNewPrivs 1 and
- * the asked uid/gid. `keepFds` (beside stdio) survive the exec. The new image's environment is the
- * allowlisted part of ours (allowedEnvironment) plus `env`; its Node flags the allowlisted part of
- * ours (allowedExecArgv) plus DAEMON_NODE_FLAGS: no NODE_OPTIONS, --inspect, --require, --import or
- * --loader crosses. Returns only by throwing.
+ * On the main thread, dropPrivileges (capabilities.ts: the bounding set emptied, the securebits
+ * locked, -g/-u, every capability set 0, NO_NEW_PRIVS), then exec: every thread of the new image has
+ * CapEff = CapPrm = CapBnd = CapAmb = CapInh = 0, NoNewPrivs 1 and the asked uid/gid. `keepFds`
+ * (beside stdio) survive the exec. The new image's environment is the allowlisted part of ours
+ * (allowedEnvironment) plus `env`; its Node flags the allowlisted part of ours (allowedExecArgv) plus
+ * DAEMON_NODE_FLAGS: no NODE_OPTIONS, --inspect, --require, --import or --loader crosses. Returns
+ * only by throwing.
  */
 export function reexecDropped(
   o: DropOptions,
@@ -131,18 +117,7 @@ export function reexecDropped(
   env: Record<string, string>,
   argv: readonly string[] = [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)],
 ): never {
-  const nonRoot = o.uid !== undefined && o.uid !== 0;
-  dropBoundingSet();
-  try {
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL);
-  } catch {
-    /* kernel without ambient capabilities */
-  }
-  changeIds(o);
-  const keep = capget().permitted & RAWIO_MASK;
-  capset({ effective: keep, permitted: keep, inheritable: nonRoot ? keep : 0n });
-  if (nonRoot && keep !== 0n) prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_SYS_RAWIO);
-  prctl(PR_SET_NO_NEW_PRIVS, 1);
+  dropPrivileges(o);
   for (const fd of new Set([0, 1, 2, ...keepFds])) {
     try {
       keepAcrossExec(fd);
@@ -180,9 +155,8 @@ export function daemonArgv(): string[] {
 /**
  * A restart in place (docs/daemon.md "Restarts"): the daemon, privileges already dropped on every
  * thread, executes itself again with nothing changed about them. What it holds crosses the exec
- * unchanged: the uid, the bounding set (CAP_SYS_RAWIO), NO_NEW_PRIVS, and CAP_SYS_RAWIO itself (root
- * gets it back from the bounding set; a -u user from the ambient set, kept across an exec of a
- * program without file capabilities). So the new image holds what the old one held, never more.
+ * unchanged: the uid, the empty bounding set, the locked securebits (no capability for uid 0 at
+ * exec), NO_NEW_PRIVS. So the new image holds no capability either; the MSR fds cross as fds.
  * `keepFds` (beside stdio) survive; the environment is the allowlisted part of ours plus `env`.
  * Returns only by throwing (then the fds are still kept across exec: see undoKeepAcrossExec).
  */
