@@ -10,7 +10,6 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import {
   decodeKeeperMessage,
-  decodeSocketFile,
   encodeKeeperMessage,
   KEEPER_ENV,
   KEEPER_FIRST_FD,
@@ -18,6 +17,7 @@ import {
   parseKeeperNote,
 } from '../../src/keeper/keeper-messages.js';
 import { takeFromKeeper } from '../../src/keeper/link.js';
+import { endedFromOutside, oomKills } from '../../src/keeper/deaths.js';
 import { takeKept } from '../../src/helper/lifecycle/kept.js';
 import { outsideKeep } from '../../src/helper/lifecycle/outside-keep.js';
 import { HANDOVER_NAMES } from '../../src/helper/handover/handed-over.js';
@@ -35,33 +35,30 @@ function quietLog(): { warn: (o: object, m: string) => void; info: () => void; l
 }
 
 describe("the keeper's messages", () => {
-  it('round-trip, and anything else is refused (an unknown type, an empty or over-long message, a bad socket file or note)', () => {
+  it('round-trip, and anything else is refused (an unknown type, the listener message that named a path, an empty or over-long message, a bad note)', () => {
     expect(decodeKeeperMessage(encodeKeeperMessage('D', '1234'))).toEqual({ type: 'D', text: '1234' });
     expect(decodeKeeperMessage(Buffer.from('X'))).toBeNull();
+    expect(decodeKeeperMessage(Buffer.from('L42:/run/h.sock')), 'no message carries a path any more').toBeNull();
     expect(decodeKeeperMessage(Buffer.alloc(0))).toBeNull();
     expect(decodeKeeperMessage(Buffer.alloc(600, 0x4c))).toBeNull();
-    expect(() => encodeKeeperMessage('L', 'x'.repeat(600))).toThrow(RangeError);
-    expect(decodeSocketFile('42:/run/h.sock')).toEqual({ ino: 42, path: '/run/h.sock' });
-    expect(decodeSocketFile('42:relative')).toBeNull();
-    expect(decodeSocketFile('x:/a')).toBeNull();
-    expect(decodeSocketFile('1:/a\0b')).toBeNull();
+    expect(() => encodeKeeperMessage('D', 'x'.repeat(600))).toThrow(RangeError);
     expect(parseKeeperNote('{"pid":1,"how":"SIGKILL","atMs":5,"crashes":1}')).toEqual({ pid: 1, how: 'SIGKILL', atMs: 5, crashes: 1 });
+    expect(parseKeeperNote('{"pid":1,"how":"SIGKILL","atMs":5,"crashes":0,"fromOutside":true}')).toMatchObject({ fromOutside: true });
+    expect(parseKeeperNote('{"pid":1,"how":"SIGKILL","atMs":5,"crashes":0,"fromOutside":"yes"}')).toBeNull();
     expect(parseKeeperNote('{"pid":"1"}')).toBeNull();
     expect(parseKeeperNote('not json')).toBeNull();
   });
 
-  it('the names the keeper passes become named fds from fd 4 on, the listener apart; a name not of ours is refused with the fix', () => {
+  it("the names the keeper passes become named fds from fd 4 on, the start's apart (INHERIT_ENV says what they are); a name not of ours is refused with the fix", () => {
     const env: NodeJS.ProcessEnv = {
       [KEEPER_ENV.channel]: '3',
-      [KEEPER_ENV.fdNames]: `${KEPT_NAMES.listener}:${KEPT_NAMES.checkpointPrefix}0:${KEPT_NAMES.connectionPrefix}7:${KEPT_NAMES.connectionPrefix}9`,
-      [KEEPER_ENV.socketFile]: '5:/run/h.sock',
+      [KEEPER_ENV.fdNames]: `${KEPT_NAMES.start}:${KEPT_NAMES.start}:${KEPT_NAMES.checkpointPrefix}0:${KEPT_NAMES.connectionPrefix}7:${KEPT_NAMES.connectionPrefix}9`,
     };
     const got = takeFromKeeper(env)!;
-    expect(got.listener).toEqual({ fd: KEEPER_FIRST_FD, file: { ino: 5, path: '/run/h.sock' } });
     expect([...got.named]).toEqual([
-      [`${KEPT_NAMES.checkpointPrefix}0`, [KEEPER_FIRST_FD + 1]],
-      [`${KEPT_NAMES.connectionPrefix}7`, [KEEPER_FIRST_FD + 2]],
-      [`${KEPT_NAMES.connectionPrefix}9`, [KEEPER_FIRST_FD + 3]],
+      [`${KEPT_NAMES.checkpointPrefix}0`, [KEEPER_FIRST_FD + 2]],
+      [`${KEPT_NAMES.connectionPrefix}7`, [KEEPER_FIRST_FD + 3]],
+      [`${KEPT_NAMES.connectionPrefix}9`, [KEEPER_FIRST_FD + 4]],
     ]);
     expect(env[KEEPER_ENV.fdNames], 'read and removed').toBeUndefined();
     expect(takeFromKeeper({})).toBeNull();
@@ -195,4 +192,18 @@ describe("the fd store's bookkeeping", () => {
     closeFd(b);
     fs.rmSync(dir, { recursive: true, force: true });
   }, 20_000);
+});
+
+describe('how the keeper counts a death (keeper/deaths.ts)', () => {
+  it('a fault, SIGABRT, or a SIGKILL while the host counted an OOM kill is a crash; any other signal came from outside', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-deaths-'));
+    const vmstat = path.join(dir, 'vmstat');
+    fs.writeFileSync(vmstat, 'pgfault 10\noom_kill 7\nother 1\n');
+    expect(oomKills(vmstat)).toBe(7);
+    for (const sig of ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGABRT', 'SIGSYS']) expect(endedFromOutside(sig, 7, vmstat), sig).toBe(false);
+    for (const sig of ['SIGKILL', 'SIGTERM', 'SIGUSR2', 'SIGQUIT']) expect(endedFromOutside(sig, 7, vmstat), sig).toBe(true);
+    expect(endedFromOutside('SIGKILL', 6, vmstat), 'an OOM kill since the start: the OOM killer may have sent it').toBe(false);
+    expect(oomKills(path.join(dir, 'missing')), 'unknown: 0').toBe(0);
+    fs.rmSync(dir, { recursive: true });
+  });
 });

@@ -273,7 +273,7 @@ describe('-d', () => {
 });
 
 describe('privileges', () => {
-  test('-u nobody: uid/gid 65534, CapEff = CapPrm = CapBnd = CAP_SYS_RAWIO, NoNewPrivs; still serving', async (ctx) => {
+  test('-u nobody: uid/gid 65534, every capability set 0 and NoNewPrivs on every thread; still serving from the fds opened before', async (ctx) => {
     const why = missing({ root: true });
     if (why) return ctx.skip(why);
     const { host, sock } = setup();
@@ -283,27 +283,15 @@ describe('privileges', () => {
     expect(st.uid).toEqual([65534, 65534, 65534, 65534]);
     expect(st.gid).toEqual([65534, 65534, 65534, 65534]);
     expect(st.groups).toEqual([65534]);
-    expect(st.capEff).toBe(1n << 17n);
-    expect(st.capPrm).toBe(1n << 17n);
-    expect(st.capBnd).toBe(1n << 17n);
-    expect(st.noNewPrivs).toBe(1);
+    expect([st.capEff, st.capPrm, st.capBnd, st.noNewPrivs]).toEqual([0n, 0n, 0n, 1]);
     // The helper dropped on its main thread and re-executed itself, so every thread (Node's V8 and
-    // libuv threads included) has the same credentials. CAP_SYS_RAWIO crossed the exec to uid 65534
-    // as an ambient capability, which needs it in the inheritable set too.
+    // libuv threads included) has the same credentials: nothing.
     const tids = fs.readdirSync(`/proc/${child.proc.pid}/task`);
     expect(tids.length).toBeGreaterThan(1);
     for (const tid of tids) {
       const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
       expect([tid, t.uid, t.gid, t.groups]).toEqual([tid, [65534, 65534, 65534, 65534], [65534, 65534, 65534, 65534], [65534]]);
-      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([
-        tid,
-        1n << 17n,
-        1n << 17n,
-        1n << 17n,
-        1n << 17n,
-        1n << 17n,
-        1,
-      ]);
+      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([tid, 0n, 0n, 0n, 0n, 0n, 1]);
     }
     expect(child.stderr()).toContain('"reexec":"re-executed');
     const c = await LegacyClient.connect(sock);
@@ -311,30 +299,21 @@ describe('privileges', () => {
     c.close();
   });
 
-  test('without -u: still root, and every thread (not only the main one) has only CAP_SYS_RAWIO', async (ctx) => {
+  test('without -u: still uid 0, and every thread (not only the main one) holds no capability', async (ctx) => {
     const why = missing({ root: true });
     if (why) return ctx.skip(why);
     const { host, sock } = setup();
     const child = track(await startHelper(['-k', sock, ...hostArgs(host)]));
     const st = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/status`, 'utf8'));
     expect(st.uid[1]).toBe(0);
-    expect(st.capEff).toBe(1n << 17n);
-    expect(st.capBnd).toBe(1n << 17n);
-    // The helper re-executed itself (same pid) after shrinking the bounding set, so the threads Node
+    expect([st.capEff, st.capBnd]).toEqual([0n, 0n]);
+    // The helper re-executed itself (same pid) after emptying the bounding set, so the threads Node
     // starts (V8 workers, the libuv pool) never had root's capabilities.
     const tids = fs.readdirSync(`/proc/${child.proc.pid}/task`);
     expect(tids.length).toBeGreaterThan(1);
     for (const tid of tids) {
       const t = parseProcStatus(fs.readFileSync(`/proc/${child.proc.pid}/task/${tid}/status`, 'utf8'));
-      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([
-        tid,
-        1n << 17n,
-        1n << 17n,
-        1n << 17n,
-        0n,
-        0n,
-        1,
-      ]);
+      expect([tid, t.capEff, t.capPrm, t.capBnd, t.capInh, t.capAmb, t.noNewPrivs]).toEqual([tid, 0n, 0n, 0n, 0n, 0n, 1]);
     }
     expect(child.stderr()).toContain('privileges dropped');
     expect(child.stderr()).toContain('"reexec":"re-executed');
@@ -447,7 +426,7 @@ describe('contrib/systemd units', () => {
     const svc = fs.readFileSync(path.join(dir, 'qemu-vmsr-helper.service'), 'utf8');
     for (const k of [
       'Type=notify',
-      'CapabilityBoundingSet=CAP_SYS_RAWIO',
+      'CapabilityBoundingSet=CAP_SYS_RAWIO CAP_SETPCAP',
       'DeviceAllow=char-cpu/msr r',
       'StateDirectory=vmsr-helper',
       'ProtectSystem=strict',

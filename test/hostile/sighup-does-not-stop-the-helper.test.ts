@@ -24,7 +24,7 @@ describe('SIGHUP', () => {
     expect(child.proc.exitCode).toBeNull();
     expect(c.closed).toBe(false);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
-    // The re-executed image holds what the old one held: uid nobody, CAP_SYS_RAWIO only, NoNewPrivs.
+    // The re-executed image holds what the old one held: uid nobody, no capability, NoNewPrivs.
     const privileges = child
       .stderr()
       .split('\n')
@@ -34,9 +34,9 @@ describe('SIGHUP', () => {
     const after = privileges[privileges.length - 1]!;
     expect(after).toMatchObject({
       uid: [NOBODY, NOBODY, NOBODY, NOBODY],
-      capEff: '0000000000020000',
-      capPrm: '0000000000020000',
-      capBnd: '0000000000020000',
+      capEff: '0000000000000000',
+      capPrm: '0000000000000000',
+      capBnd: '0000000000000000',
       noNewPrivs: 1,
     });
     // SIGTERM still stops it cleanly.
