@@ -109,6 +109,8 @@ export class LegacyService {
   private readonly plans = new Map<number, LegacyPlan>();
   private energyStatus: EnergyStatusHook | undefined;
   private readonly held = new Map<number, bigint>();
+  /** Online CPUs whose device could not be opened for want of privilege, each said once (at most the host's CPUs: offline ones never get here). */
+  private readonly unopenable = new Set<number>();
   readonly counters: LegacyCounters;
 
   readonly limiter: LogLimiter;
@@ -194,9 +196,23 @@ export class LegacyService {
       if (!(e instanceof MsrReadError)) throw e;
       c.failed++;
       this.o.cpus.invalidate();
+      this.saidUnopenable(e);
       this.limiter.warn('failed MSR read', { peer: peerPid, cpu: req.cpu, msr: req.msr, err: e.message }, 'MSR read failed; replying 0');
       return zero(out, offset);
     }
+  }
+
+  /**
+   * A CPU brought online after the start: its device is opened only by the next start (the helper
+   * holds no privilege once started: docs/security.md "Privileges, per process and phase"). Said once per CPU.
+   */
+  private saidUnopenable(e: MsrReadError): void {
+    if ((e.code !== 'EACCES' && e.code !== 'EPERM') || this.o.device.isOpen(e.cpu) || this.unopenable.has(e.cpu)) return;
+    this.unopenable.add(e.cpu);
+    this.o.logger.warn(
+      { cpu: e.cpu, err: e.code },
+      `cannot open the MSR device of CPU ${e.cpu}: it came online after the start, and the helper holds no privilege to open it since; its registers read as 0; fix: start the helper again (systemctl restart qemu-vmsr-helper, or stop and start it: a restart in place with SIGHUP opens nothing)`,
+    );
   }
 }
 
