@@ -4,6 +4,9 @@
 // guard ran: a static import would be loaded and linked (some 55 modules, 0.1 to 0.4 s on a busy
 // host) before the guard is evaluated, and a SIGHUP meanwhile ends the process.
 import './guard.js';
+import { KEEPER_ENV } from '../keeper/keeper-messages.js';
 
+// The keeper's image, executed by the root start (docs/daemon.md "Crashes"), loads only the keeper.
+if (process.env[KEEPER_ENV.image] !== undefined) await (await import('./keeper-image.js')).runKeeperImage();
 const { main } = await import('../cli/cli.js');
 await main(process.argv);

@@ -255,6 +255,17 @@ describe('the keeper', () => {
     expect(fs.existsSync(sock)).toBe(false);
   }, 180_000);
 
+  test('the keeper and its serving process together stay at most 45 MB PSS when idle (the keeper loads only itself)', async () => {
+    const { host } = fakeHost();
+    const { h } = await startKeeper(tempDir('vmsr-keeper-'), host);
+    await waitFor(() => count(h, 'memory given back after start-up') > 0, 'the serving process to settle its memory', h, 30_000);
+    const pss = (pid: number) => Number(/^Pss:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))![1]) / 1024;
+    const keeper = pss(h.proc.pid!);
+    const serving = pss(servingPid(h.proc.pid!));
+    console.log(`keeper PSS ${keeper.toFixed(1)} MB, serving process PSS ${serving.toFixed(1)} MB, together ${(keeper + serving).toFixed(1)} MB`);
+    expect(keeper + serving).toBeLessThanOrEqual(45);
+  }, 60_000);
+
   test('the helper started alone runs under its keeper by default; --no-keeper and VMSR_HELPER_NO_KEEPER run it without one', async () => {
     const { host } = fakeHost();
     const dir = tempDir('vmsr-keeper-');

@@ -32,7 +32,6 @@ import {
 import { cannot } from '../../common/errors.js';
 import { KEEPER_ENV, NO_KEEPER_ENV } from '../../keeper/keeper-messages.js';
 import { KeeperLink } from '../../keeper/link.js';
-import { INHERIT_ENV } from '../../helper/handover/inherited.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
@@ -209,8 +208,6 @@ async function startDaemonFromCli(
   }
   if (isDaemonChild()) process.chdir('/');
   try {
-    // The keeper's image: the root start opened everything and executed it with nothing left (docs/daemon.md "Crashes").
-    if (await keeperImageRuns(logger)) return;
     // The first image opens the log file, as root, before anything logs; later images (the keeper,
     // the start-up re-exec, a restart in place) have it as their stderr already (os/log-file.ts).
     if (inherited === null && logFile !== undefined) (await import('../../os/log-file.js')).redirectStderrToFile(logFile);
@@ -222,7 +219,11 @@ async function startDaemonFromCli(
     // and re-executes itself: an image that inherits loads none of it.
     const keeps = keeper !== false && inherited === null && keeperWanted(keeper === true, logger);
     if (inherited === null && (blocker === null || keeps))
-      await (await import('../../helper/lifecycle/privileged-start.js')).startPrivileged(config, files, keeps);
+      await (await import('../../helper/lifecycle/privileged-start.js')).startPrivileged(
+        config,
+        files,
+        keeps ? { level: (logger ?? (() => createLogger('info')))().level } : undefined,
+      );
     if (process.env[KEEPER_ENV.channel] !== undefined && !KeeperLink.endWithKeeper()) {
       (logger ?? (() => createLogger('info')))().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
       return;
@@ -254,33 +255,6 @@ function keeperWanted(asked: boolean, logger?: () => Logger): boolean {
       .child({ area: 'keeper' })
       .warn({}, '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it');
   return false;
-}
-
-/**
- * In the keeper's image (KEEPER_ENV.image, set by the start that opened what it holds): runs the
- * keeper (keeper/keeper.ts) until it ends, then exits with its code; false in any other image.
- */
-async function keeperImageRuns(logger?: () => Logger): Promise<boolean> {
-  const { takeKeeperImage } = await import('../../helper/lifecycle/privileged-start.js');
-  const image = takeKeeperImage();
-  if (image === null) return false;
-  const { isDaemonChild, reportReady, DAEMON_CHILD_ENV } = await import('../../helper/lifecycle/daemonize.js');
-  const log = (logger ?? (() => createLogger('info')))().child({ area: 'keeper' });
-  const { runKeeper } = await import('../../keeper/keeper.js');
-  const env: NodeJS.ProcessEnv = { ...process.env, [INHERIT_ENV]: image.inherit };
-  delete env[DAEMON_CHILD_ENV];
-  const ready = isDaemonChild() ? reportReady : undefined;
-  log.info({}, 'keeper: holding the socket and the connections; starting the serving process');
-  const code = await runKeeper({
-    command: [process.execPath, ...process.execArgv, ...process.argv.slice(1)],
-    env,
-    log,
-    startFds: image.fds,
-    ...(image.socketFile ? { socketFile: image.socketFile } : {}),
-    ...(image.pidfile !== undefined ? { pidfile: image.pidfile } : {}),
-    ...(ready ? { onReady: ready } : {}),
-  });
-  process.exit(code);
 }
 
 const collect = (v: string, prev: string[] = []) => [...prev, v];

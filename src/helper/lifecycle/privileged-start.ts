@@ -7,11 +7,12 @@
  * passes the same to every serving process it starts (keeperImage).
  */
 import type { DaemonConfig } from './config.js';
-import { INHERIT_ENV, inheritEnv, inheritedFds, inheritFromEnvironment, renumbered, type Inherited } from '../handover/inherited.js';
+import { inheritEnv, inheritedFds, inheritFromEnvironment, renumbered, type Inherited } from '../handover/inherited.js';
 import { KEEPER_ENV, KEEPER_FIRST_FD } from '../../keeper/keeper-messages.js';
+import type { KeeperImage } from '../../keeper/keeper-image.js';
 import { openStart } from './startup.js';
 import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
-import { reexecDropped } from '../../os/privileges/reexec.js';
+import { daemonArgv, reexecDropped } from '../../os/privileges/reexec.js';
 import { cannot } from '../../common/errors.js';
 
 /**
@@ -28,31 +29,13 @@ async function openPrivileged(
   return { inherited: { ...opened.handover('reexec'), dropped: true }, undo: () => opened.close() };
 }
 
-/** What the keeper's image is given (KEEPER_ENV.image): what to hold and how its serving processes find it. */
-export interface KeeperImage {
-  /** The start's fds in the keeper's image, passed to each serving process from KEEPER_FIRST_FD on. */
-  fds: number[];
-  /** INHERIT_ENV for each serving process: the Inherited with those fds renumbered. */
-  inherit: string;
-  socketFile?: { ino: number; path: string };
-  pidfile?: string;
-}
-
-/** KEEPER_ENV.image's value (read and removed), or null outside the keeper's image. */
-export function takeKeeperImage(env: NodeJS.ProcessEnv = process.env): KeeperImage | null {
-  const text = env[KEEPER_ENV.image];
-  delete env[KEEPER_ENV.image];
-  if (text === undefined) return null;
-  const v = JSON.parse(text) as KeeperImage;
-  if (!Array.isArray(v.fds) || !v.fds.every((fd) => Number.isInteger(fd) && fd > 2) || typeof v.inherit !== 'string')
-    throw new Error(cannot(`read ${KEEPER_ENV.image}`, 'it is malformed', 'it is set by the helper for itself, do not set it'));
-  return v;
-}
-
-function keeperImageEnv(inherited: Inherited): Record<string, string> {
+/** KEEPER_ENV.image for the keeper's image: what the start opened, and how each serving process finds it. */
+function keeperImageEnv(inherited: Inherited, level: string): Record<string, string> {
   const image: KeeperImage = {
+    command: daemonArgv(),
     fds: inheritedFds(inherited),
-    inherit: inheritEnv(renumbered(inherited, KEEPER_FIRST_FD))[INHERIT_ENV]!,
+    env: inheritEnv(renumbered(inherited, KEEPER_FIRST_FD)),
+    level,
     ...(inherited.listener?.file ? { socketFile: inherited.listener.file } : {}),
     ...(inherited.pidfile !== undefined ? { pidfile: inherited.pidfile } : {}),
   };
@@ -62,12 +45,16 @@ function keeperImageEnv(inherited: Inherited): Record<string, string> {
 /**
  * The first image's start: the steps run (as root: what needs root), then the re-exec with every
  * privilege dropped and the opened fds, into the daemon or, with `keeper`, into the keeper
- * (KEEPER_ENV.image). Returns only by throwing (the steps failed, or the exec did: what they opened undone).
+ * (KEEPER_ENV.image, keeper/keeper-image.ts). Returns only by throwing (the steps failed, or the exec did: what they opened undone).
  */
-export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper = false): Promise<never> {
+export async function startPrivileged(
+  config: DaemonConfig,
+  writeFiles: readonly string[],
+  keeper?: { level: string },
+): Promise<never> {
   const { inherited, undo } = await openPrivileged(config, writeFiles);
   const keep = inheritedFds(inherited);
-  const env = keeper ? keeperImageEnv(inherited) : inheritEnv(inherited);
+  const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);
   // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
   const channel = (process as { channel?: { fd?: number } }).channel?.fd;
   if (channel !== undefined && channel >= 0) {

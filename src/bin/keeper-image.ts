@@ -1,0 +1,27 @@
+/**
+ * The keeper's image (docs/daemon.md "Crashes"): executed by the root start with every privilege
+ * dropped, it loads only the keeper, the logger and -d's report, not the command line parser or the
+ * daemon (docs/performance.md, "Memory": the keeper's own pages), and runs the keeper until it ends.
+ */
+import { takeKeeperImage, type KeeperImage } from '../keeper/keeper-image.js';
+import { runKeeper } from '../keeper/keeper.js';
+import { createLogger, type LogLevel } from '../logging/logger.js';
+import { DAEMON_CHILD_ENV, isDaemonChild, reportReady } from '../helper/lifecycle/daemonize.js';
+
+export async function runKeeperImage(): Promise<never> {
+  const image: KeeperImage = takeKeeperImage()!;
+  const log = createLogger(image.level as LogLevel).child({ area: 'keeper' });
+  const env: NodeJS.ProcessEnv = { ...process.env, ...image.env };
+  delete env[DAEMON_CHILD_ENV];
+  log.info({}, 'keeper: holding the socket and the connections; starting the serving process');
+  const code = await runKeeper({
+    command: image.command,
+    env,
+    log,
+    startFds: image.fds,
+    ...(image.socketFile ? { socketFile: image.socketFile } : {}),
+    ...(image.pidfile !== undefined ? { pidfile: image.pidfile } : {}),
+    ...(isDaemonChild() ? { onReady: reportReady } : {}),
+  });
+  process.exit(code);
+}

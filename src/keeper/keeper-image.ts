@@ -1,0 +1,44 @@
+/**
+ * What the root start gives the keeper's image (docs/daemon.md "Crashes"), in KEEPER_ENV.image: the
+ * fds it opened (held for the keeper's life, passed to each serving process from KEEPER_FIRST_FD on),
+ * how each serving process finds them (its environment: INHERIT_ENV), the command each serving process runs, the
+ * socket file and pidfile the start made (the only paths the keeper removes), and the log level.
+ * Set by the start, never by a serving process.
+ */
+import { KEEPER_ENV } from './keeper-messages.js';
+
+export interface KeeperImage {
+  command: string[];
+  fds: number[];
+  /** Added to each serving process's environment: INHERIT_ENV, the start's Inherited with its fds renumbered. */
+  env: Record<string, string>;
+  socketFile?: { ino: number; path: string };
+  pidfile?: string;
+  level: string;
+}
+
+/** KEEPER_ENV.image's value (read and removed), or null outside the keeper's image. */
+export function takeKeeperImage(env: NodeJS.ProcessEnv = process.env): KeeperImage | null {
+  const text = env[KEEPER_ENV.image];
+  delete env[KEEPER_ENV.image];
+  if (text === undefined) return null;
+  let v: Partial<KeeperImage> | null = null;
+  try {
+    v = JSON.parse(text) as Partial<KeeperImage>;
+  } catch {
+    /* refused below */
+  }
+  const ok =
+    v !== null &&
+    Array.isArray(v.command) &&
+    v.command.length > 0 &&
+    v.command.every((a) => typeof a === 'string') &&
+    Array.isArray(v.fds) &&
+    v.fds.every((fd) => Number.isInteger(fd) && fd > 2) &&
+    typeof v.env === 'object' &&
+    v.env !== null &&
+    Object.values(v.env).every((x) => typeof x === 'string') &&
+    typeof v.level === 'string';
+  if (!ok) throw new Error(`cannot read ${KEEPER_ENV.image}: it is malformed; it is set by the helper for itself, do not set it`);
+  return v as KeeperImage;
+}
