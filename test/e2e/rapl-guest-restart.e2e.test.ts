@@ -140,43 +140,52 @@ async function guestAcrossRestarts(r: Restarts, q: RaplQemu, peerPid: number): P
   expect(qemuLines('client connection handed over'), "QEMU's connection adopted by each new image").toHaveLength(RESTARTS);
 }
 
+/** 5 restarts in place (SIGHUP to the process started, and `vmsr-helper reload`) of a helper started with `args`. */
+async function inPlace(label: string, name: string, args: string[]): Promise<void> {
+  const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-restart-' });
+  const sock = path.join(dir, 'vmsr.sock');
+  // -T server: the connection log line names QEMU's pid.
+  const h = await startHelper([...args, '-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
+  cleanups.push(() => h.stop());
+  const q = await startRaplQemu({ socket: sock, dir, name, mode: 's' });
+  cleanups.push(() => q.stop());
+  const run = promisify(execFile);
+  const phases = () =>
+    h
+      .stderr()
+      .split('\n')
+      .filter((l) => l.includes('"msg":"restart phases"'))
+      .map((l) => JSON.parse(l) as { stoppedToServingMs: number; servicesMs: number });
+  await guestAcrossRestarts(
+    {
+      label,
+      async restart(i) {
+        if (i % 2 === 0) h.proc.kill('SIGHUP');
+        else await run(process.execPath, [BIN, 'reload', '-k', sock], { timeout: 30_000 });
+        // The new image logs its phases once its services are set up: stopped reading to serving,
+        // then the services' set-up, which holds the first replies (docs/daemon.md "Restarts").
+        await waitFor(() => phases().length > i, `restart ${i + 1} to serve again`, h, 30_000);
+        const p = phases()[i]!;
+        return p.stoppedToServingMs + p.servicesMs;
+      },
+      counters: () => legacyCounters(sock),
+      log: () => h.stderr(),
+    },
+    q,
+    q.pid,
+  );
+}
+
 describe('a real QEMU 10 guest across helper restarts', () => {
   raplTest(
     "the guest's 0x611 keeps stepping up (never still longer than a QEMU period plus the time the helper did not serve, never back) and QEMU keeps its one connection, when the helper is restarted in place 5 times by SIGHUP and vmsr-helper reload",
-    async () => {
-      const { host, dir } = pumpedRaplHost((c) => cleanups.push(c), { start: E0, rate: RATE, prefix: 'vmsr-rapl-restart-' });
-      const sock = path.join(dir, 'vmsr.sock');
-      // -T server: the connection log line names QEMU's pid.
-      const h = await startHelper(['-k', sock, ...hostArgs(host, 'intel'), '-T', 'server']);
-      cleanups.push(() => h.stop());
-      const q = await startRaplQemu({ socket: sock, dir, name: 'rapl-in-place', mode: 's' });
-      cleanups.push(() => q.stop());
-      const run = promisify(execFile);
-      const phases = () =>
-        h
-          .stderr()
-          .split('\n')
-          .filter((l) => l.includes('"msg":"restart phases"'))
-          .map((l) => JSON.parse(l) as { stoppedToServingMs: number; servicesMs: number });
-      await guestAcrossRestarts(
-        {
-          label: 'in place (SIGHUP, reload, SIGHUP, reload, SIGHUP)',
-          async restart(i) {
-            if (i % 2 === 0) h.proc.kill('SIGHUP');
-            else await run(process.execPath, [BIN, 'reload', '-k', sock], { timeout: 30_000 });
-            // The new image logs its phases once its services are set up: stopped reading to serving,
-            // then the services' set-up, which holds the first replies (docs/daemon.md "Restarts").
-            await waitFor(() => phases().length > i, `restart ${i + 1} to serve again`, h, 30_000);
-            const p = phases()[i]!;
-            return p.stoppedToServingMs + p.servicesMs;
-          },
-          counters: () => legacyCounters(sock),
-          log: () => h.stderr(),
-        },
-        q,
-        q.pid,
-      );
-    },
+    () => inPlace('in place (SIGHUP, reload, SIGHUP, reload, SIGHUP)', 'rapl-in-place', []),
+    LONG,
+  );
+
+  raplTest(
+    "the same under the keeper, every process without privilege: SIGHUP and vmsr-helper reload reach the keeper, which passes them on; the guest steps on and QEMU keeps its one connection",
+    () => inPlace('in place under the keeper (SIGHUP, reload, ... to the keeper)', 'rapl-in-place-keeper', ['--keeper']),
     LONG,
   );
 
