@@ -7,6 +7,6 @@ import './guard.js';
 import { KEEPER_ENV } from '../keeper/keeper-messages.js';
 
 // The keeper's image, executed by the root start (docs/daemon.md "Crashes"), loads only the keeper.
-if (process.env[KEEPER_ENV.image] !== undefined) await (await import('./keeper-image.js')).runKeeperImage();
+if (process.env[KEEPER_ENV.image] !== undefined) await (await import('./run-keeper.js')).runKeeperImage();
 const { main } = await import('../cli/cli.js');
 await main(process.argv);

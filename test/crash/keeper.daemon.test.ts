@@ -249,7 +249,8 @@ describe('the keeper', () => {
     );
     // It backed off: each wait before a restart as KEEPER_LIMITS.backoffMs says, kills and crashes each in their row.
     const waits = [...h.stderr().matchAll(/"restartInMs":(\d+)/g)].map((m) => Number(m[1]));
-    const row = (n: number) => Array.from({ length: n }, (_, i) => KEEPER_LIMITS.backoffMs[Math.min(i, KEEPER_LIMITS.backoffMs.length - 1)]);
+    const row = (n: number) =>
+      Array.from({ length: n }, (_, i) => KEEPER_LIMITS.backoffMs[Math.min(i, KEEPER_LIMITS.backoffMs.length - 1)]);
     expect(waits).toEqual([...row(KEEPER_LIMITS.maxCrashesInARow + 1), ...row(KEEPER_LIMITS.maxCrashesInARow - 1)]);
     await qemu.whenClosed(5000);
     expect(fs.existsSync(sock)).toBe(false);
@@ -262,7 +263,9 @@ describe('the keeper', () => {
     const pss = (pid: number) => Number(/^Pss:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'))![1]) / 1024;
     const keeper = pss(h.proc.pid!);
     const serving = pss(servingPid(h.proc.pid!));
-    console.log(`keeper PSS ${keeper.toFixed(1)} MB, serving process PSS ${serving.toFixed(1)} MB, together ${(keeper + serving).toFixed(1)} MB`);
+    console.log(
+      `keeper PSS ${keeper.toFixed(1)} MB, serving process PSS ${serving.toFixed(1)} MB, together ${(keeper + serving).toFixed(1)} MB`,
+    );
     expect(keeper + serving).toBeLessThanOrEqual(45);
   }, 60_000);
 

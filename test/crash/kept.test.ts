@@ -200,7 +200,8 @@ describe('how the keeper counts a death (keeper/deaths.ts)', () => {
     const vmstat = path.join(dir, 'vmstat');
     fs.writeFileSync(vmstat, 'pgfault 10\noom_kill 7\nother 1\n');
     expect(oomKills(vmstat)).toBe(7);
-    for (const sig of ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGABRT', 'SIGSYS']) expect(endedFromOutside(sig, 7, vmstat), sig).toBe(false);
+    for (const sig of ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGABRT', 'SIGSYS'])
+      expect(endedFromOutside(sig, 7, vmstat), sig).toBe(false);
     for (const sig of ['SIGKILL', 'SIGTERM', 'SIGUSR2', 'SIGQUIT']) expect(endedFromOutside(sig, 7, vmstat), sig).toBe(true);
     expect(endedFromOutside('SIGKILL', 6, vmstat), 'an OOM kill since the start: the OOM killer may have sent it').toBe(false);
     expect(oomKills(path.join(dir, 'missing')), 'unknown: 0').toBe(0);

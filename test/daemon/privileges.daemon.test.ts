@@ -13,7 +13,16 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
-import { defaultKeeperEnv, hostArgs, LegacyClient, servingPid, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
+import {
+  defaultKeeperEnv,
+  hostArgs,
+  LegacyClient,
+  servingPid,
+  startHelper,
+  tempDir,
+  waitFor,
+  type DaemonChild,
+} from './support/daemon-process.js';
 
 const cleanups: (() => void | Promise<unknown>)[] = [];
 afterEach(async () => {

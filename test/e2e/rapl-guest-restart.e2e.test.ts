@@ -184,7 +184,7 @@ describe('a real QEMU 10 guest across helper restarts', () => {
   );
 
   raplTest(
-    "the same under the keeper, every process without privilege: SIGHUP and vmsr-helper reload reach the keeper, which passes them on; the guest steps on and QEMU keeps its one connection",
+    'the same under the keeper, every process without privilege: SIGHUP and vmsr-helper reload reach the keeper, which passes them on; the guest steps on and QEMU keeps its one connection',
     () => inPlace('in place under the keeper (SIGHUP, reload, ... to the keeper)', 'rapl-in-place-keeper', ['--keeper']),
     LONG,
   );

@@ -1,5 +1,5 @@
 /**
- * A compromised serving process against its keeper (issue 41, finding 6; docs/security.md "A serving
+ * A compromised serving process against its keeper (docs/security.md "A serving
  * process that turns on its keeper"). The real keeper (runKeeper) starts a stand-in serving process
  * that sends every message kind with hostile contents over the real channel: paths in every text
  * field (the old listener message named a socket file the keeper unlinked as root), fds of the wrong
@@ -62,7 +62,11 @@ if (process.env.VMSR_HELPER_KEEPER_NOTE === undefined) {
 `;
 
 const logs: string[] = [];
-const log = { info: (_o: object, m: string) => logs.push(m), warn: (_o: object, m: string) => logs.push(m), error: (_o: object, m: string) => logs.push(m) };
+const log = {
+  info: (_o: object, m: string) => logs.push(m),
+  warn: (_o: object, m: string) => logs.push(m),
+  error: (_o: object, m: string) => logs.push(m),
+};
 
 afterEach(() => void logs.splice(0));
 
@@ -95,7 +99,10 @@ describe('the keeper against a hostile serving process', () => {
     expect(got.names).toMatch(/^vmsr-kept-\d+$/);
     const sockets = Object.keys(got.fds).filter((fd) => got.fds[fd]!.startsWith('socket:'));
     expect(sockets.sort(), 'the channel and the one kept connection: the only sockets').toEqual(['3', '4']);
-    expect(Object.values(got.fds).some((l) => l.includes(victim) || l.startsWith('/memfd:')), 'no file or memfd passed on').toBe(false);
+    expect(
+      Object.values(got.fds).some((l) => l.includes(victim) || l.startsWith('/memfd:')),
+      'no file or memfd passed on',
+    ).toBe(false);
     expect(got.argv, 'its own command, started again').toEqual(command.slice(1));
     expect(fs.readFileSync(victim, 'utf8'), 'the file named in every message is untouched').toBe('precious');
     expect(fs.existsSync(startSock), "the start's socket file is removed after the crash loop").toBe(false);

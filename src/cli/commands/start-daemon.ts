@@ -219,13 +219,14 @@ async function startDaemonFromCli(
     // and re-executes itself: an image that inherits loads none of it.
     const keeps = keeper !== false && inherited === null && keeperWanted(keeper === true, logger);
     if (inherited === null && (blocker === null || keeps))
-      await (await import('../../helper/lifecycle/privileged-start.js')).startPrivileged(
-        config,
-        files,
-        keeps ? { level: (logger ?? (() => createLogger('info')))().level } : undefined,
-      );
+      await (
+        await import('../../helper/lifecycle/privileged-start.js')
+      ).startPrivileged(config, files, keeps ? { level: (logger ?? (() => createLogger('info')))().level } : undefined);
     if (process.env[KEEPER_ENV.channel] !== undefined && !KeeperLink.endWithKeeper()) {
-      (logger ?? (() => createLogger('info')))().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
+      (logger ?? (() => createLogger('info')))().warn(
+        {},
+        'the keeper that started this process is gone: stopping (nothing is left behind)',
+      );
       return;
     }
     // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
@@ -253,7 +254,10 @@ function keeperWanted(asked: boolean, logger?: () => Logger): boolean {
   if (asked)
     (logger ?? (() => createLogger('info')))()
       .child({ area: 'keeper' })
-      .warn({}, '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it');
+      .warn(
+        {},
+        '--keeper under systemd: not needed (the fd store holds the connections, Restart= starts the helper again); running without it',
+      );
   return false;
 }
 

@@ -47,11 +47,7 @@ function keeperImageEnv(inherited: Inherited, level: string): Record<string, str
  * privilege dropped and the opened fds, into the daemon or, with `keeper`, into the keeper
  * (KEEPER_ENV.image, keeper/keeper-image.ts). Returns only by throwing (the steps failed, or the exec did: what they opened undone).
  */
-export async function startPrivileged(
-  config: DaemonConfig,
-  writeFiles: readonly string[],
-  keeper?: { level: string },
-): Promise<never> {
+export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
   const { inherited, undo } = await openPrivileged(config, writeFiles);
   const keep = inheritedFds(inherited);
   const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);

@@ -16,7 +16,7 @@ import fs from 'node:fs';
 import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc.js';
 
 export const CAP_SETPCAP = 8;
-export const CAP_SYS_RAWIO = 17;
+const CAP_SYS_RAWIO = 17;
 export const RAWIO_MASK = 1n << BigInt(CAP_SYS_RAWIO);
 const PR_CAP_AMBIENT = 47;
 const PR_CAP_AMBIENT_CLEAR_ALL = 4;
@@ -88,4 +88,3 @@ export function dropPrivileges(o: DropOptions): DropReport {
   prctl(PR_SET_NO_NEW_PRIVS, 1);
   return { skipped };
 }
-
