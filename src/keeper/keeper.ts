@@ -251,7 +251,7 @@ class Keeper {
     // may signal it while Node starts.
     if (sig === 'SIGHUP') return this.restartAfterHangup(child);
     if (!this.everReady) {
-      this.o.log.error({ pid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
+      this.o.log.error({ servingPid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
       return this.finish(code ?? 1);
     }
     const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
@@ -266,7 +266,7 @@ class Keeper {
     const max = this.limits.maxCrashesInARow;
     if (this.crashes >= max) {
       this.o.log.error(
-        { pid: note.pid, how, crashes: this.crashes },
+        { servingPid: note.pid, how, crashes: this.crashes },
         `keeper: the serving process died ${this.crashes} times in a row (the last: ${how}): the keeper stops and closes every connection; see the log above for why, fix it and start the helper again`,
       );
       return this.finish(1);
@@ -274,7 +274,7 @@ class Keeper {
     const delay = this.limits.backoffMs[Math.min(this.crashes - 1, this.limits.backoffMs.length - 1)] ?? 0;
     this.o.log.warn(
       {
-        pid: note.pid,
+        servingPid: note.pid,
         how,
         crashes: this.crashes,
         max,
@@ -297,7 +297,7 @@ class Keeper {
     this.readyAt = 0;
     const note: KeeperNote = { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes };
     this.o.log.warn(
-      { pid: note.pid, connections: this.conns.size, checkpoint: this.checkpoint !== null },
+      { servingPid: note.pid, connections: this.conns.size, checkpoint: this.checkpoint !== null },
       'keeper: the serving process was ended by a SIGHUP that came before it could take one (a restart asked for while Node started): starting it again at once with its connections; not counted as a crash',
     );
     this.spawn(note);

@@ -251,6 +251,14 @@ describe('the keeper', () => {
     // It backed off: each wait before a restart as KEEPER_LIMITS.backoffMs says.
     const waits = [...h.stderr().matchAll(/"restartInMs":(\d+)/g)].map((m) => Number(m[1]));
     expect(waits).toEqual(KEEPER_LIMITS.backoffMs.slice(0, KEEPER_LIMITS.maxCrashesInARow - 1));
+    // Each of its lines names each key once (the keeper's pid, the serving process's servingPid): JSON with a key twice is ambiguous.
+    for (const line of h
+      .stderr()
+      .split('\n')
+      .filter((l) => l.includes('keeper: the serving process died'))) {
+      expect(line.match(/"pid":/g), line).toHaveLength(1);
+      expect(JSON.parse(line), line).toHaveProperty('servingPid');
+    }
     await qemu.whenClosed(5000);
     expect(fs.existsSync(sock)).toBe(false);
   }, 120_000);
