@@ -83,7 +83,7 @@ const CLOSED_PIPE_STATUS = 141;
  * Every command ends quietly when its stdout closes (`vmsr-helper watch VM | head -1`), as `cat` does:
  * no stack trace, status 141. Node ignores SIGPIPE, so the write fails with EPIPE instead. A command
  * that runs until a signal (watch, stats, demo, record, the exporter, the daemon) is stopped as by
- * SIGTERM, so it cleans up (the demo stops its children); any other exits at once. Returns whether
+ * SIGTERM (its handler told SIGPIPE), so it cleans up (the demo stops its children); any other exits at once. Returns whether
  * the pipe closed, for the status at the end. Any other write error ends the command with status 1.
  */
 function endQuietlyOnClosedStdout(): () => boolean {
@@ -96,7 +96,7 @@ function endQuietlyOnClosedStdout(): () => boolean {
     if (closed) return;
     closed = true;
     process.exitCode = CLOSED_PIPE_STATUS;
-    if (process.listenerCount('SIGTERM') > 0) process.emit('SIGTERM', 'SIGTERM');
+    if (process.listenerCount('SIGTERM') > 0) process.emit('SIGTERM', 'SIGPIPE');
     else process.exit(CLOSED_PIPE_STATUS);
   });
   return () => closed;
