@@ -94,7 +94,7 @@ export function addRecordCommand(program: Command): void {
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
-    .addOption(energySourceOption())
+    .addOption(energySourceOption('with --vm, the source the helper states; else msr when an MSR device opens, else powercap'))
     .addOption(domainsOption());
   addHostOptions(addClientSocketOption(record))
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
