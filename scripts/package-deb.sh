@@ -46,6 +46,13 @@ rm -f "$LIB/package-lock.json" "$LIB/node_modules/.package-lock.json"
 # HTML page that loads scripts from CDNs, koffi's musl build (this is a glibc system) and its build tool.
 find "$LIB/node_modules" \( -name .npmignore -o -name .gitattributes -o -name .gitignore -o -name '*.html' \) -type f -delete
 find "$LIB/node_modules" -type d -name 'musl_*' -prune -exec rm -rf {} +
+# The modules' own tests, benchmarks, examples and CI files (at each module's top), TypeScript
+# declarations and source maps: nothing the program runs (about 300 test files otherwise).
+for m in "$LIB"/node_modules/[!@.]* "$LIB"/node_modules/@*/*; do
+  for d in test tests __tests__ benchmarks bench examples example .github; do rm -rf "${m:?}/$d"; done
+done
+find "$LIB/node_modules" -type f \( -name '*.ts' -o -name '*.mts' -o -name '*.cts' -o -name '*.map' \) -delete
+find "$LIB/node_modules" -type d -empty -delete
 # koffi's install script (it builds from source when no prebuilt part fits; never run, --ignore-scripts).
 rm -f "$LIB/node_modules/koffi/cnoke.cjs"
 # The maintainer scripts run from DEBIAN/ only; the Debian files are not the program's.

@@ -76,8 +76,43 @@ function commandPath(cmd: Command): string {
   return names.join(' ');
 }
 
+/** The exit status of a command whose output pipe closed: 128 + SIGPIPE, what a shell shows for `cat`. */
+const CLOSED_PIPE_STATUS = 141;
+
+/**
+ * Every command ends quietly when its stdout closes (`vmsr-helper watch VM | head -1`), as `cat` does:
+ * no stack trace, status 141. Node ignores SIGPIPE, so the write fails with EPIPE instead. A command
+ * that runs until a signal (watch, stats, demo, record, the exporter, the daemon) is stopped as by
+ * SIGTERM (its handler told SIGPIPE), so it cleans up (the demo stops its children); any other exits at once. Returns whether
+ * the pipe closed, for the status at the end. Any other write error ends the command with status 1.
+ */
+function endQuietlyOnClosedStdout(): () => boolean {
+  let closed = false;
+  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EPIPE') {
+      process.stderr.write(`vmsr-helper: cannot write the output: ${err.message}\n`);
+      process.exit(1);
+    }
+    if (closed) return;
+    closed = true;
+    process.exitCode = CLOSED_PIPE_STATUS;
+    if (process.listenerCount('SIGTERM') > 0) process.emit('SIGTERM', 'SIGPIPE');
+    else process.exit(CLOSED_PIPE_STATUS);
+  });
+  return () => closed;
+}
+
 /** Runs the CLI; a usage error exits 1 with commander's message, any other error prints it and exits 1. */
-export async function main(argv: string[], everyCommand = false): Promise<void> {
+export async function main(argv: string[]): Promise<void> {
+  const closed = endQuietlyOnClosedStdout();
+  try {
+    await parseAndRun(argv);
+  } finally {
+    if (closed()) process.exitCode = CLOSED_PIPE_STATUS;
+  }
+}
+
+async function parseAndRun(argv: string[], everyCommand = false): Promise<void> {
   const slim = !everyCommand && !mayNeedSubcommands(argv.slice(2));
   const program = await buildCli(!slim);
   program.exitOverride();
@@ -95,7 +130,7 @@ export async function main(argv: string[], everyCommand = false): Promise<void> 
     await program.parseAsync(argv);
   } catch (e) {
     if (e instanceof CommanderError) {
-      if (slim && e.exitCode !== 0) return main(argv, true);
+      if (slim && e.exitCode !== 0) return parseAndRun(argv, true);
       process.stderr.write(held);
       process.exitCode = e.exitCode;
       return;

@@ -219,11 +219,11 @@ export function addHostOptions(cmd: Command): Command {
  * --energy-source: where energy comes from, one of ENERGY_SOURCE_CHOICES (energy/kinds.ts): a source
  * kind, or auto (energy/choose.ts), the default. On the daemon and record; energySourceFrom reads it.
  */
-export function energySourceOption(): Option {
+export function energySourceOption(auto = 'msr when an MSR device opens, else powercap'): Option {
   return new Option(
     '--energy-source <source>',
     'energy from the RAPL MSRs, the kernel powercap zones (no MSR: QEMU legacy requests then get 0), or synthesised from /proc/stat load; ' +
-      'auto: msr when an MSR device opens, else powercap',
+      `auto: ${auto}`,
   )
     .choices(ENERGY_SOURCE_CHOICES)
     .default(DEFAULT_ENERGY_SOURCE);

@@ -2,31 +2,36 @@
  * `record --vm NAME|UUID|PID`: the VM as the helper's discovery lists it (client/find-vm.ts picks
  * it), and its vCPU threads as discovery reads them here from /proc (thread names `CPU <n>/KVM` and
  * `-smp`), since record samples on its own. The process found here must be the one the helper
- * listed (same pid and start time), so a pid reused in between is refused.
+ * listed (same pid and start time), so a pid reused in between is refused. Also where the helper
+ * says its energy comes from (null: not said to this user), which record then reads too.
  */
 import { V2Client } from '../client/v2-client.js';
 import { findVm } from '../client/find-vm.js';
 import { ProcScanner } from '../discovery/scanner.js';
 import type { VmSpec } from '../model/vm.js';
 import { cannotError } from '../common/errors.js';
+import { statedHost } from '../client/stated-energy-source.js';
+import type { EnergySourceKind } from '../energy/kinds.js';
 
 export async function vmSpecsFromHelper(
   socketPath: string,
   targets: readonly string[],
   procRoot: string,
   clkTck: number,
-): Promise<VmSpec[]> {
-  if (targets.length === 0) return [];
+): Promise<{ vms: VmSpec[]; energySource: EnergySourceKind | null }> {
+  if (targets.length === 0) return { vms: [], energySource: null };
   const client = await V2Client.connect(socketPath);
   let listed;
+  let energySource;
   try {
     listed = await client.list();
+    energySource = (await statedHost(client)).energySource;
   } finally {
     await client.close();
   }
   const picked = targets.map((t) => ({ target: t, vm: findVm(listed, t, 'vmsr-helper record --vm') }));
   const found = new ProcScanner(procRoot, { clkTck }).scan();
-  return picked.map(({ target, vm }) => {
+  const vms = picked.map(({ target, vm }) => {
     const d = found.find((f) => f.pid === vm.pid && BigInt(f.starttime) === vm.starttime);
     if (d === undefined) {
       throw cannotError(
@@ -39,4 +44,5 @@ export async function vmSpecsFromHelper(
     }
     return { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
   });
+  return { vms, energySource };
 }

@@ -1,23 +1,35 @@
 /**
- * Where the helper says its energy comes from: the `energy_source` of its host statistics file
- * (docs/stats-fd.md), read once through STATS_FD. The host's file is for root and the observer group:
- * for anyone else, and for a helper that predates the value, the answer is null ("not said").
+ * What the helper states of itself in its host statistics file (docs/stats-fd.md), read once through
+ * STATS_FD: where its energy comes from (`energy_source`) and the RAPL domains it reads (the package,
+ * and each `<domain>_energy` the file has). The host's file is for root and the observer group: for
+ * anyone else, and for a helper that predates the values, the answers are null ("not said").
  */
 import { energySourceOfCode, type EnergySourceKind } from '../energy/kinds.js';
+import { OTHER_DOMAINS, type EnergyDomain } from '../model/domains.js';
 import { StatsReader } from './stats-reader.js';
 import type { V2Client } from './v2-client.js';
 
-export async function statedEnergySource(client: Pick<V2Client, 'statsFd'>): Promise<EnergySourceKind | null> {
+export interface StatedHost {
+  energySource: EnergySourceKind | null;
+  domains: EnergyDomain[] | null;
+}
+
+export async function statedHost(client: Pick<V2Client, 'statsFd'>): Promise<StatedHost> {
   let reader: StatsReader;
   try {
     reader = StatsReader.open((await client.statsFd(0)).fd);
   } catch {
-    return null; // refused (not root, not in the observer group) or not offered by this helper
+    return { energySource: null, domains: null }; // refused (not root, not in the observer group) or not offered by this helper
   }
   try {
-    return energySourceOfCode(reader.value(reader.read(), 'energy_source'));
-  } catch {
-    return null;
+    const domains: EnergyDomain[] = ['package', ...OTHER_DOMAINS.filter((d) => reader.descriptor(`${d}_energy`) !== undefined)];
+    let energySource: EnergySourceKind | null = null;
+    try {
+      energySource = energySourceOfCode(reader.value(reader.read(), 'energy_source'));
+    } catch {
+      /* not stated */
+    }
+    return { energySource, domains };
   } finally {
     reader.close();
   }

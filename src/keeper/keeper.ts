@@ -254,7 +254,7 @@ class Keeper {
     // may signal it while Node starts.
     if (sig === 'SIGHUP') return this.restartAfterHangup(child);
     if (!this.everReady) {
-      this.o.log.error({ pid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
+      this.o.log.error({ servingPid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
       return this.finish(code ?? 1);
     }
     const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
@@ -265,7 +265,7 @@ class Keeper {
     const max = this.limits.maxCrashesInARow;
     if (this.crashes >= max) {
       this.o.log.error(
-        { pid: note.pid, how, crashes: this.crashes },
+        { servingPid: note.pid, how, crashes: this.crashes },
         `keeper: the serving process died ${this.crashes} times in a row (the last: ${how}): the keeper stops and closes every connection; see the log above for why, fix it and start the helper again`,
       );
       return this.finish(1);
@@ -273,7 +273,7 @@ class Keeper {
     const delay = this.backoff(this.crashes);
     this.o.log.warn(
       {
-        pid: note.pid,
+        servingPid: note.pid,
         how,
         crashes: this.crashes,
         max,
@@ -314,7 +314,7 @@ class Keeper {
     const note = { ...this.noteOf(child, sig), fromOutside: true };
     const delay = this.backoff(this.killed);
     this.o.log.warn(
-      { pid: note.pid, how: sig, killedInARow: this.killed, restartInMs: delay, connections: this.conns.size },
+      { servingPid: note.pid, how: sig, killedInARow: this.killed, restartInMs: delay, connections: this.conns.size },
       `keeper: the serving process was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
     );
     this.timer = setTimeout(() => this.spawn(note), delay);
@@ -330,7 +330,7 @@ class Keeper {
     this.readyAt = 0;
     const note: KeeperNote = { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes };
     this.o.log.warn(
-      { pid: note.pid, connections: this.conns.size, checkpoint: this.checkpoint !== null },
+      { servingPid: note.pid, connections: this.conns.size, checkpoint: this.checkpoint !== null },
       'keeper: the serving process was ended by a SIGHUP that came before it could take one (a restart asked for while Node started): starting it again at once with its connections; not counted as a crash',
     );
     this.spawn(note);

@@ -12,6 +12,16 @@ import { describe, expect, test } from 'vitest';
 import { DEMO_VM, selfCommand } from '../../src/cli/commands/demo.js';
 import { BIN, ROOT, spawnHelper, tempDir, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { StatsReader } from '../../src/client/stats-reader.js';
+
+/** A folder whose `vmsr-helper` is the built script, for doc lines written as installed. */
+function shim(dir: string): string {
+  const bin = path.join(dir, 'bin');
+  fs.mkdirSync(bin, { recursive: true });
+  if (!fs.existsSync(path.join(bin, 'vmsr-helper'))) fs.symlinkSync(BIN, path.join(bin, 'vmsr-helper'));
+  return bin;
+}
 
 function alive(pid: number): boolean {
   try {
@@ -23,7 +33,7 @@ function alive(pid: number): boolean {
 }
 
 describe('the commands the demo prints', () => {
-  test('selfCommand says vmsr-helper where that name on PATH runs the script, else node and its path, never through npx or npm run', () => {
+  test('selfCommand says vmsr-helper where that name on PATH runs the script, else node and its path (relative in a clone only), never through npx or npm run', () => {
     const dir = fs.realpathSync(tempDir('vmsr-self-'));
     try {
       const script = path.join(dir, 'clone/dist/src/bin/vmsr-helper.js');
@@ -38,6 +48,11 @@ describe('the commands the demo prints', () => {
       expect(selfCommand(script, path.join(dir, 'clone'), `${npx}:/usr/bin:/bin`)).toMatch(node('dist/src/bin/vmsr-helper.js'));
       // Outside the clone: the absolute path.
       expect(selfCommand(script, bin, `${npx}:/usr/bin:/bin`)).toMatch(node(script));
+      // Installed into a project (npm install ./vmsr-helper-*.tgz, run with npx from the project): the absolute path too.
+      const installed = path.join(dir, 'project/node_modules/vmsr-helper/dist/src/bin/vmsr-helper.js');
+      fs.mkdirSync(path.dirname(installed), { recursive: true });
+      fs.writeFileSync(installed, '');
+      expect(selfCommand(installed, path.join(dir, 'project'), '/usr/bin:/bin')).toMatch(node(installed));
       // Installed: vmsr-helper on PATH is this very script.
       fs.symlinkSync(script, path.join(bin, 'vmsr-helper'));
       expect(selfCommand(path.join(bin, 'vmsr-helper'), bin, `${bin}:/usr/bin`)).toBe('vmsr-helper');
@@ -102,6 +117,27 @@ describe('vmsr-helper demo', () => {
       expect(demoLine(json)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
       const statsJson = run(`${printed('stats')} --once --json`);
       expect(demoLine(statsJson)).toMatchObject({ type: 'vm', name: 'demo-vm', energy_source: 'synthetic' });
+      // Each --json output starts with the daemon's record: its socket, its source, its domains.
+      for (const text of [json, statsJson])
+        expect(JSON.parse(text.split('\n')[0]!)).toEqual({ type: 'daemon', socket, energy_source: 'synthetic', domains: ['package'] });
+      // docs/try-it.md's record block, as printed with this demo's socket: record --vm takes the source the daemon states.
+      const doc = fs.readFileSync(path.join(ROOT, 'docs/try-it.md'), 'utf8');
+      const recordBlock = /```sh\n(vmsr-helper record --vm demo-vm [\s\S]*?)```/
+        .exec(doc)![1]!
+        .replaceAll('/tmp/vmsr-demo-XXXXXX/vmsr.sock', socket);
+      const work = tempDir('vmsr-demo-record-');
+      try {
+        const recorded = execFileSync('sh', ['-ec', recordBlock], {
+          cwd: work,
+          encoding: 'utf8',
+          timeout: 60_000,
+          env: { ...process.env, PATH: `${shim(work)}:${process.env.PATH}` },
+        });
+        expect(recorded).toMatch(/^demo-vm .* running /m);
+        expect(recorded).toMatch(/synthe/i);
+      } finally {
+        fs.rmSync(work, { recursive: true, force: true });
+      }
       expect(await demo.stop('SIGTERM')).toBe(0);
       expect(demo.stderr()).toMatch(/vmsr-helper demo: stopping \(SIGTERM received\)/);
       // No leftovers: its directory is gone, and so are the daemon, the VM and the exporter.
@@ -162,34 +198,83 @@ describe('vmsr-helper demo', () => {
     expect(err).not.toMatch(/SYNTHETIC/);
   });
 
-  test('the fake MSR tree recipe of docs/try-it.md builds a tree the daemon starts on with --vendor amd', async () => {
+  test('the fake MSR tree recipe of docs/try-it.md, run as printed, gives the right energy in every domain the daemon turns on', async () => {
     const doc = fs.readFileSync(path.join(ROOT, 'docs/try-it.md'), 'utf8');
     const section = doc.slice(doc.indexOf('## A fake MSR tree'));
-    const block = /```sh\n([\s\S]*?)```/.exec(section)![1]!;
-    const lines = block.trimEnd().split('\n');
+    const [tree, flow] = [...section.matchAll(/```sh\n([\s\S]*?)```/g)].map((m) => m[1]!);
+    const lines = tree!.trimEnd().split('\n');
     const start = lines.pop()!;
-    expect(start).toMatch(/^vmsr-helper --msr-path "\$D\/dev\/cpu\/%u\/msr" --sys-root \$D\/sys --vendor amd /);
+    expect(start).toBe(
+      'vmsr-helper --msr-path "$D/dev/cpu/%u/msr" --sys-root $D/sys --vendor intel -k /tmp/vmsr-fake.sock -f /tmp/vmsr-fake.pid',
+    );
     const dir = tempDir();
     try {
       execFileSync('sh', ['-ec', lines.join('\n')], { cwd: dir });
-      const msr = path.join(dir, 'fake/dev/cpu/1/msr');
-      expect(fs.statSync(msr).size).toBe(0xc001029b + 8);
       const D = path.join(dir, 'fake');
-      const child = spawnHelper([
+      // The daemon as printed, with this test's own socket and pid file.
+      const args = [
         '--msr-path',
         `${D}/dev/cpu/%u/msr`,
         '--sys-root',
         `${D}/sys`,
         '--vendor',
-        'amd',
+        'intel',
         '-k',
         `${dir}/s.sock`,
         '-f',
         `${dir}/pid`,
-      ]);
+      ];
+      const child = spawnHelper(args);
       try {
         await waitFor(() => /Listening on/.test(child.stderr()), 'the daemon listening', child, 30_000);
-        expect(child.stderr()).toMatch(/energy counters read from RAPL MSRs: package 0xc001029b \(15\.26 µJ\)/);
+        // Every domain it turns on is one the recipe wrote: the package and the core, nothing read from another's bytes.
+        expect(child.stderr()).toMatch(
+          /energy counters read from RAPL MSRs: package 0x611 \(61\.04 µJ\), core 0x639 \(61\.04 µJ\); not read: uncore: MSR 0x641 reads 0 on package 0 \(not counting\), dram: [^,]*, psys: MSR 0x64d reads 0 on package 0 \(not counting\)"/,
+        );
+        // The next block as printed (its own socket): the core 8 J since the start, the package 16 J.
+        const printed = flow!.replaceAll('/tmp/vmsr-fake.sock', `${dir}/s.sock`);
+        expect(printed).not.toBe(flow);
+        const host = async () => {
+          const c = await V2Client.connect(`${dir}/s.sock`);
+          try {
+            const r = StatsReader.open((await c.statsFd(0)).fd);
+            const s = r.read();
+            const out = {
+              samples: Number(r.value(s, 'samples')),
+              pkg: Number(r.values(s, 'package_energy')![0]),
+              core: Number(r.values(s, 'core_energy')![0]),
+            };
+            r.close();
+            return out;
+          } finally {
+            await c.close();
+          }
+        };
+        // Written after the daemon's first sample, its baseline (a user types it in another terminal).
+        await pollFor(
+          async () => ((await host()).samples > 0 ? true : undefined),
+          "the daemon's first sample",
+          () => child.stderr(),
+          30_000,
+        );
+        // The daemon samples once a second: the block sleeps 2 s; a loaded machine may take longer.
+        let out = '';
+        await pollFor(
+          async () => {
+            out = execFileSync('sh', ['-ec', printed], {
+              cwd: dir,
+              encoding: 'utf8',
+              env: { ...process.env, PATH: `${shim(dir)}:${process.env.PATH}` },
+            });
+            const h = await host();
+            return h.pkg === 16_000_000 && h.core === 8_000_000 ? h : undefined;
+          },
+          'the package at 16 J and the core at 8 J in the host statistics file',
+          () => child.stderr() + out,
+          60_000,
+        );
+        expect(out).toMatch(/^\s+0 {2}core\s+\S+\s+8\.000\s/m);
+        expect(out).not.toMatch(/4096/);
         expect(await child.stop('SIGTERM')).toBe(0);
       } finally {
         await child.stop('SIGKILL');
@@ -197,5 +282,5 @@ describe('vmsr-helper demo', () => {
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
-  }, 60_000);
+  }, 150_000);
 });

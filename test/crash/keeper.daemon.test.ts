@@ -252,6 +252,14 @@ describe('the keeper', () => {
     const row = (n: number) =>
       Array.from({ length: n }, (_, i) => KEEPER_LIMITS.backoffMs[Math.min(i, KEEPER_LIMITS.backoffMs.length - 1)]);
     expect(waits).toEqual([...row(KEEPER_LIMITS.maxCrashesInARow + 1), ...row(KEEPER_LIMITS.maxCrashesInARow - 1)]);
+    // Each of its lines names each key once (the keeper's pid, the serving process's servingPid): JSON with a key twice is ambiguous.
+    for (const line of h
+      .stderr()
+      .split('\n')
+      .filter((l) => l.includes('keeper: the serving process died'))) {
+      expect(line.match(/"pid":/g), line).toHaveLength(1);
+      expect(JSON.parse(line), line).toHaveProperty('servingPid');
+    }
     await qemu.whenClosed(5000);
     expect(fs.existsSync(sock)).toBe(false);
   }, 180_000);

@@ -142,10 +142,14 @@ describe('statistics fds on the daemon', () => {
     cleanups.push(() => r.close());
     await waitFor(() => r.value(r.read(), 'energy')! > 0n, 'energy');
     const out = execFileSync(process.execPath, [BIN, 'stats', '-k', sock, '--once', '--json', '--vm', String(vmId)], { encoding: 'utf8' });
-    const rows = out
+    const [first, ...rows] = out
       .trim()
       .split('\n')
-      .map((l) => JSON.parse(l) as { host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[]; energy_source: string });
+      .map(
+        (l) =>
+          JSON.parse(l) as { type: string; host_vm_id: number; pid: number; energy_j: number; vcpus: unknown[]; energy_source: string },
+      );
+    expect(first).toMatchObject({ type: 'daemon', socket: sock, energy_source: 'msr' });
     expect(rows).toHaveLength(1);
     // energy_source: where the helper says its energy comes from (this fake host's MSR files), on every row.
     expect(rows[0]).toMatchObject({ host_vm_id: vmId, pid: vmProc.pid, energy_source: 'msr' });
@@ -173,7 +177,7 @@ describe('statistics fds on the daemon', () => {
     const rows = () =>
       out
         .split('\n')
-        .filter((l) => l.startsWith('{'))
+        .filter((l) => l.startsWith('{"type":"vm"'))
         .map((l) => JSON.parse(l) as { host_vm_id: number; energy_j: number });
     await waitFor(() => rows().length >= 3 && rows().at(-1)!.energy_j > 0, 'stats rows before the restart');
     helper.proc.kill('SIGHUP');

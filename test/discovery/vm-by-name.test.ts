@@ -91,16 +91,17 @@ describe('watch NAME|UUID|PID', () => {
     }
   });
 
-  it('watch --json names the VM on its first line and on every update', async () => {
+  it('watch --json names the daemon, then the VM on its next line and on every update', async () => {
     const sock = await daemon();
     const q = await fakeVm('nbvm1');
     await listed(sock, 1);
     const r = await watch(['-k', sock, 'nbvm1', '--json', '--count', '2']);
     expect(r.code).toBe(0);
-    const recs = r.stdout
+    const [daemonRec, ...recs] = r.stdout
       .trimEnd()
       .split('\n')
       .map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(daemonRec).toEqual({ type: 'daemon', socket: sock, energy_source: 'msr', domains: ['package'] });
     expect(recs[0]).toEqual({
       type: 'vm',
       vm_id: expect.any(Number),

@@ -2,7 +2,7 @@
  * The packed npm tarball installs with no build step and no dev dependency, runs, and carries
  * LICENSE and docs/ (which the README links to) but neither the tests nor the TypeScript sources.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -99,6 +99,46 @@ describe('the npm package', () => {
     expect(help).toContain('exporter');
     expect(help).toContain('demo');
   });
+
+  test('npm install -g links the man page where man finds it, and the completion recipe of docs/install.md, run as printed, gives bash the completion', (ctx) => {
+    if (why) return ctx.skip(why);
+    const noMan = missing({ command: 'man' });
+    if (noMan) return ctx.skip(noMan);
+    expect((pkg as unknown as { man: string[] }).man).toEqual(['./dist/share/man/man1/vmsr-helper.1']);
+    const prefix = path.join(dir, 'global');
+    const env = { ...process.env, npm_config_prefix: prefix };
+    // A global install resolves the dependencies from the registry's metadata: the npm cache's, else the registry's.
+    const install = (mode: string) =>
+      spawnSync('npm', ['install', '-g', mode, '--no-audit', '--no-fund', '--loglevel=error', tarball], {
+        env,
+        encoding: 'utf8',
+        timeout: 240_000,
+      });
+    let r = install('--offline');
+    if (r.status !== 0) r = install('--prefer-offline');
+    if (r.status !== 0)
+      return ctx.skip(`npm install -g could not get the dependencies' metadata (no cache, no registry): ${r.stderr.trim()}`);
+    const page = path.join(prefix, 'share/man/man1/vmsr-helper.1');
+    expect(fs.realpathSync(page)).toBe(
+      fs.realpathSync(path.join(prefix, 'lib/node_modules/vmsr-helper/dist/share/man/man1/vmsr-helper.1')),
+    );
+    const man = spawnSync('man', ['vmsr-helper'], {
+      env: { ...env, MANPATH: path.join(prefix, 'share/man'), MANPAGER: 'cat', PAGER: 'cat' },
+      encoding: 'utf8',
+    });
+    expect(man.status, man.stderr).toBe(0);
+    expect(man.stdout).toMatch(/VMSR-HELPER\(1\)/);
+    // The recipe, as printed, in a home of its own.
+    const doc = fs.readFileSync(path.join(ROOT, 'docs/install.md'), 'utf8');
+    const block = /```sh\n(mkdir -p ~\/\.local\/share\/bash-completion[\s\S]*?)```/.exec(doc.replace(/^ {2}/gm, ''))![1]!;
+    const home = path.join(dir, 'home');
+    fs.mkdirSync(home);
+    const run = spawnSync('sh', ['-ec', block], { env: { ...env, HOME: home }, encoding: 'utf8' });
+    expect(run.status, run.stderr).toBe(0);
+    const linked = path.join(home, '.local/share/bash-completion/completions/vmsr-helper');
+    const complete = spawnSync('bash', ['-c', `source "$1" && complete -p vmsr-helper`, 'bash', linked], { encoding: 'utf8' });
+    expect(complete.stdout, complete.stderr).toMatch(/^complete .* vmsr-helper$/m);
+  }, 300_000);
 
   test('the README and docs/install.md say which Node it needs, as package.json does, and where Debian, Ubuntu and RHEL get it', () => {
     expect(pkg.engines.node).toBe('>=20');

@@ -268,9 +268,10 @@ describe('watch', () => {
     await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
   });
 
-  it('runWatch --json prints a registered record then update records, every one with a power', async () => {
+  it('runWatch --json prints the daemon record, a registered record, then update records, every one with a power', async () => {
     const { h, spin, lines } = await watchSpinner({ count: 3, json: true });
-    const recs = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+    const [daemon, ...recs] = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(daemon).toMatchObject({ type: 'daemon', socket: h.socketPath });
     expect(recs[0]).toMatchObject({ type: 'registered', pid: spin.pid, nvpkg: 1, name: null });
     expect(recs.slice(1).map((r) => r.type)).toEqual(['update', 'update', 'update']);
     for (const r of recs.slice(1) as { vpkgs: { power_w: unknown; energy_uj: unknown }[] }[]) {

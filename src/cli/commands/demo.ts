@@ -141,7 +141,8 @@ export function selfCommand(script: string, cwd = process.cwd(), searchPath = pr
   const dirs = searchPath.split(':').filter((d) => d !== '' && !d.includes('/_npx/') && !d.includes('node_modules/.bin'));
   if (dirs.some((d) => realpathOr(path.join(d, 'vmsr-helper')) === real)) return 'vmsr-helper';
   const rel = path.relative(cwd, real);
-  const shown = rel.startsWith('..') || path.isAbsolute(rel) ? real : rel;
+  // Relative only in a clone (the script under this directory): an install (node_modules) gets its absolute path.
+  const shown = rel.startsWith('..') || path.isAbsolute(rel) || rel.split(path.sep).includes('node_modules') ? real : rel;
   const nodeOnPath = dirs.some((d) => realpathOr(path.join(d, 'node')) === realpathOr(process.execPath));
   return `${nodeOnPath ? 'node' : process.execPath} ${shown}`;
 }

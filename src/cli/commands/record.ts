@@ -8,7 +8,7 @@ import { type Command } from 'commander';
 import { MsrDevice, msrErrorWithHint } from '../../msr/device.js';
 import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
 import { createEnergySource, readHostInfoFor, readsMsrs, withDomainCounters } from '../../energy/create.js';
-import type { EnergySourceChoice } from '../../energy/kinds.js';
+import type { EnergySourceChoice, EnergySourceKind } from '../../energy/kinds.js';
 import { chooseEnergySource } from '../../energy/choose.js';
 import { readHostCpus } from '../../msr/topology.js';
 import { readVendor } from '../../msr/vendor.js';
@@ -94,7 +94,7 @@ export function addRecordCommand(program: Command): void {
     // At least 10 ms, as the daemon's --interval: a period that rounds to 0 ns would never advance the deadline.
     .option('--interval <seconds>', 'time between samples', intervalArg('--interval'), 1)
     .option('--duration <seconds>', 'stop after this long (default: until SIGINT/SIGTERM)', secondsArg('--duration', { max: 366 * 86400 }))
-    .addOption(energySourceOption())
+    .addOption(energySourceOption('with --vm, the source the helper states; else msr when an MSR device opens, else powercap'))
     .addOption(domainsOption());
   addHostOptions(addClientSocketOption(record))
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
@@ -120,13 +120,15 @@ export function addRecordCommand(program: Command): void {
     });
 }
 
-async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
+/** The VMs to record, and the energy source the helper states when --vm asked it (null: not asked or not said). */
+async function collectVms(o: RecordOptions): Promise<{ vms: VmSpec[]; stated: EnergySourceKind | null }> {
   if (o.pid.length !== o.vcpus.length)
     throw new UsageError(`every --pid needs its --vcpus (got ${o.pid.length} --pid and ${o.vcpus.length} --vcpus)`);
   const targets = o.vm ?? [];
   if (targets.length === 0 && o.qmp.length === 0 && o.pid.length === 0)
     throw new UsageError('nothing to record: give --vm NAME|UUID|PID, --qmp PATH or --pid PID --vcpus TID:VPKG,...');
-  const vms: VmSpec[] = await vmSpecsFromHelper(o.socket ?? DEFAULT_HELPER_SOCKET, targets, o.paths.procRoot, clockTicksPerSecond());
+  const fromHelper = await vmSpecsFromHelper(o.socket ?? DEFAULT_HELPER_SOCKET, targets, o.paths.procRoot, clockTicksPerSecond());
+  const vms = fromHelper.vms;
   for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
   o.pid.forEach((pid, i) => {
     try {
@@ -140,7 +142,7 @@ async function collectVms(o: RecordOptions): Promise<VmSpec[]> {
     if (seen.has(vm.pid)) throw new Error(`process ${vm.pid} is given twice (same VM through two options?)`);
     seen.add(vm.pid);
   }
-  return vms;
+  return { vms, stated: fromHelper.energySource };
 }
 
 function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): string {
@@ -151,7 +153,9 @@ function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): str
 /** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
 export async function runRecord(o: RecordOptions): Promise<void> {
   checkInterval(o.interval);
-  const vms = await collectVms(o);
+  const { vms, stated } = await collectVms(o);
+  // auto beside a helper that states its source (--vm): the same energy as the helper reads, synthetic included.
+  if (o.energySource === 'auto' && stated !== null) o = { ...o, energySource: stated };
   const device = new MsrDevice(o.paths.msrPathTemplate);
   const tasks = new ProcTaskReader(o.paths.procRoot);
   let energy: EnergySource | null = null;

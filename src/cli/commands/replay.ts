@@ -63,12 +63,6 @@ function writer(): { write(line: string): void; flush(): Promise<void> } {
 
 async function runReplay(trace: string | undefined, opts: { json?: boolean }): Promise<void> {
   const file = trace ?? bundledTracePath();
-  // `replay --json | head`: a closed stdout ends the replay quietly, not with a stack trace.
-  process.stdout.on('error', (err: NodeJS.ErrnoException) => {
-    if (err.code === 'EPIPE') process.exit(0);
-    process.stderr.write(`vmsr-helper: cannot write the output: ${err.message}\n`);
-    process.exit(1);
-  });
   const out = writer();
   const progress = replayProgress(file);
   let summary;

@@ -2,11 +2,13 @@
  * `vmsr-helper stats`: a live table of every VM the caller may see, in the spirit of kvm_stat, read
  * through the statistics fds (docs/stats-fd.md): the VMs are listed over v2 and each one's fd asked
  * once; every refresh is then one read per VM (three preads), with no request to the helper but a
- * LIST to find VMs that came or went. --once prints one table, --json one object per VM per refresh.
+ * LIST to find VMs that came or went. --once prints one table; --json, per refresh, a record naming the
+ * daemon (its energy source and domains), then one object per VM (docs/guide.md "JSON output").
  * When the host reads other RAPL domains than the package and the caller may see the host's energy
  * (root, the observer group), a second table gives each package's domains: their power, energy and
  * the part no VM got (from HOST_UPDATE, docs/protocol-v2.md "Other RAPL domains").
  */
+import path from 'node:path';
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
@@ -16,8 +18,8 @@ import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
-import { statedEnergySource } from '../../client/stated-energy-source.js';
-import { energyNotice } from '../energy-notice.js';
+import { statedHost } from '../../client/stated-energy-source.js';
+import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
 import { guestEnergyJson, guestEnergyNote, guestEnergyOf, statsScale, type GuestEnergyJ } from '../guest-energy-note.js';
@@ -193,7 +195,8 @@ export async function runStats(
   const client = await ResumingV2Client.connect(o.socket, { onResumed: () => (resumed = true) });
   const readers = new Map<number, { vm: VmInfo; r: StatsReader }>();
   try {
-    const source = await statedEnergySource(client);
+    const stated = await statedHost(client);
+    const source = stated.energySource;
     const notice = o.json ? null : energyNotice(source);
     if (notice !== null) out(notice);
     const host = await hostDomains(client);
@@ -229,6 +232,7 @@ export async function runStats(
       const domainRows = hostNow ? hostDomainRows(hostBefore, hostNow) : [];
       hostBefore = hostNow;
       if (o.json) {
+        out(daemonJsonRecord(o.socket, stated));
         for (const r of rows) out(formatStatsJson(r, source));
         for (const r of domainRows) out(formatHostDomainJson(r, source));
       } else for (const l of [...formatStatsTable(rows), ...formatHostDomainTable(domainRows)]) out(l);
@@ -253,11 +257,11 @@ export function addStatsCommand(program: Command): void {
     .option('--vm <name|id>', 'only this VM (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
     .option('--interval <s>', `refresh every S seconds (default ${STATS_REFRESH_S.default})`, secondsArg('--interval', STATS_REFRESH_S))
     .option('--once', 'print one table and exit')
-    .option('--json', 'one JSON object per VM per refresh')
+    .option('--json', 'per refresh, a JSON record of the daemon (energy source, domains), then one per VM')
     .action(async (_o: unknown, cmd: Command) => {
       const all = cmd.optsWithGlobals<{ socket?: string; vm?: string[]; interval?: number; once?: boolean; json?: boolean }>();
       const opts: StatsOptions = {
-        socket: all.socket ?? DEFAULT_HELPER_SOCKET,
+        socket: path.resolve(all.socket ?? DEFAULT_HELPER_SOCKET),
         intervalS: all.interval ?? STATS_REFRESH_S.default,
         ...(all.vm ? { vm: all.vm } : {}),
         once: all.once === true,

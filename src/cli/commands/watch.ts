@@ -6,6 +6,7 @@
  * the VM's owner, root and the observer group. --qmp PATH or --pid/--vcpus REGISTER a VM instead
  * (any VMM, no discovery needed; the caller must own the process).
  */
+import path from 'node:path';
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
@@ -18,8 +19,8 @@ import type { VcpuSpec } from '../../model/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
-import { statedEnergySource } from '../../client/stated-energy-source.js';
-import { energyNotice } from '../energy-notice.js';
+import { statedHost } from '../../client/stated-energy-source.js';
+import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
 import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
@@ -204,9 +205,11 @@ export async function runWatch(
   const client = await resumingClient(o, warn);
   try {
     // Asked before REGISTER: between REGISTER and SUBSCRIBE a round trip would move the first row's baseline.
-    const source = await statedEnergySource(client);
+    const stated = await statedHost(client);
+    const source = stated.energySource;
     const reg = await client.register({ pid, vcpus });
     if (o.json) {
+      out(daemonJsonRecord(o.socket, stated));
       out(
         `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
       );
@@ -285,9 +288,12 @@ async function observeVm(
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
     guest = new GuestEnergyFile(client, vm.hostVmId);
     await guest.reopen();
-    const source = await statedEnergySource(client);
-    if (o.json) out(formatJsonVm(vm, source));
-    else {
+    const stated = await statedHost(client);
+    const source = stated.energySource;
+    if (o.json) {
+      out(daemonJsonRecord(o.socket, stated));
+      out(formatJsonVm(vm, source));
+    } else {
       out(formatVmLine(vm));
       const notice = energyNotice(source);
       if (notice !== null) out(notice);
@@ -400,11 +406,11 @@ export function addWatchCommand(program: Command): void {
     .option('--pid <pid>', 'the VM process (with --vcpus)', pidArg)
     .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpuListArg)
     .option('--count <n>', 'stop after N updates', positiveIntArg('--count'))
-    .option('--json', 'one JSON object per line (a "vm" or "registered" record, then one "update" per sample) for scripts')
+    .option('--json', 'one JSON object per line (a "daemon" record, a "vm" or "registered" one, then one "update" per sample) for scripts')
     .action(async (vm: string | undefined, _o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
       const all = commandOptions<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>(cmd);
-      const opts = { ...all, socket: all.socket ?? DEFAULT_HELPER_SOCKET, ...(vm !== undefined ? { vm } : {}) };
+      const opts = { ...all, socket: path.resolve(all.socket ?? DEFAULT_HELPER_SOCKET), ...(vm !== undefined ? { vm } : {}) };
       const ways = [vm !== undefined, opts.qmp !== undefined, opts.pid !== undefined].filter(Boolean).length;
       if (ways !== 1) throw new UsageError('give one of: a VM (NAME, UUID or PID), --qmp PATH, or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new UsageError('--pid needs --vcpus TID:VPKG,...');
