@@ -28,6 +28,7 @@ import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
+import type { PeerCredentials } from '../../os/libc.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import type { Logger } from '../../logging/logger.js';
@@ -61,6 +62,8 @@ import { guestVmOf, guestVmsOf } from '../guest/guest-vm.js';
 import { GuestEnergy } from '../guest/guest-energy.js';
 import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
+import { PowerLimiter } from '../../power-limit/limiter.js';
+import type { BandwidthOpener } from '../../power-limit/cpu-bandwidth.js';
 
 export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -112,6 +115,8 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
   guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds };
+  /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
+  powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
 
 /** The message of ERROR RESTARTING. */
@@ -133,6 +138,7 @@ interface V2Parts {
   guests?: GuestDirs;
   /** --guest-energy exact's guest counters, when on. */
   guestEnergy?: GuestEnergy;
+  powerLimits?: PowerLimiter;
   requests: RequestParts;
   /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
   hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
@@ -239,6 +245,18 @@ function exactGuestEnergy(
   });
 }
 
+/** The power limiter on the engine's totals, and LIMIT's rule: root and --socket-group may set limits. */
+function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['powerLimits']>, sampling: SamplingService) {
+  const limiter = new PowerLimiter({
+    open: pl.open,
+    log: o.log,
+    clkTck: o.host.clkTck,
+    totalsInto: (vmId, into) => sampling.totalsInto(vmId, into),
+  });
+  const mayLimit = (peer: PeerCredentials) => peer.uid === 0 || (pl.adminGid !== undefined && peerInGroup(o.procRoot, peer, pl.adminGid));
+  return { limiter, mayLimit };
+}
+
 /** Each part once, from the restore plan when there is one. */
 function makeParts(
   o: V2ServiceOptions,
@@ -282,6 +300,7 @@ function makeParts(
   const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy);
   const guests =
     o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
+  const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
   const requests: RequestParts = {
     registry,
     sampling,
@@ -293,6 +312,7 @@ function makeParts(
     observerGid: o.observerGid,
     stats,
     ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
+    ...(limits ? { limits } : {}),
   };
   return {
     engine,
@@ -307,6 +327,7 @@ function makeParts(
     stats,
     guests,
     guestEnergy,
+    ...(limits ? { powerLimits: limits.limiter } : {}),
     requests,
     hostValues,
     limiter,
@@ -380,6 +401,7 @@ export class V2Service {
     lifecycle.ended(ev.ended);
     lifecycle.age();
     whole?.check();
+    this.p.powerLimits?.sample(ev.result, ev.ended);
     // A crash from here on restores nothing older than what a client is told next.
     for (const cb of this.beforeTold) cb();
     fanOut.sample({
@@ -494,6 +516,7 @@ export class V2Service {
     clearTimeout(this.restoredWait);
     this.listeners.dispose();
     p.sampling.close();
+    p.powerLimits?.close();
     p.guests?.close();
     p.stats.close();
     p.limiter.flush();
