@@ -152,6 +152,13 @@ function openQuota(dir: string, v: CgroupVersion, vcpus: number): Held {
   }
 }
 
+/** Writes a whole quota file through its fd (a cgroup file takes each write whole; a plain file, in tests, is cut to it). */
+function writeFd(fd: number, text: string | Buffer): void {
+  const b = typeof text === 'string' ? Buffer.from(text, 'latin1') : text;
+  fs.writeSync(fd, b, 0, b.length, 0);
+  if (fs.fstatSync(fd).isFile() && fs.fstatSync(fd).size > b.length) fs.ftruncateSync(fd, b.length);
+}
+
 function readFd(fd: number): Buffer {
   const b = Buffer.alloc(64);
   return Buffer.from(b.subarray(0, fs.readSync(fd, b, 0, b.length, 0)));
@@ -170,7 +177,7 @@ function moveBack(tids: readonly number[], backFd: number): void {
 /** Gives a group back its quota, byte for byte, and its threads their old group. */
 function giveBack(h: Held): void {
   try {
-    fs.writeSync(h.fd, h.saved, 0, h.saved.length, 0);
+    writeFd(h.fd, h.saved);
   } finally {
     fs.closeSync(h.fd);
     if (h.made) {
@@ -200,7 +207,7 @@ function bandwidthOf(held: Held[], nvcpu: number): VmBandwidth {
         }
         const us = groupQuotaUs(cpus, h.vcpus, nvcpu, h.quota);
         h.written = formatQuota(h.version, us, h.quota.periodUs);
-        fs.writeSync(h.fd, h.written, 0);
+        writeFd(h.fd, h.written);
         quotaUs += Math.max(1000, us);
       }
       return { quotaUs, periodUs: held[0]?.quota.periodUs ?? 100000 };

@@ -17,7 +17,7 @@ export const POWER_CONTROL = {
   /** Relative errors smaller than this change nothing (the noise of a busy host's attribution). */
   deadband: 0.02,
   /** The floor: this many CPUs per vCPU are never taken away (docs/power-limits.md "The floor"). */
-  floorPerVcpu: 0.1,
+  floorPerVcpu: 0.05,
 } as const;
 
 /** What one step is given. */

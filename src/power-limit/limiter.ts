@@ -66,7 +66,9 @@ export class PowerLimiter {
       return null;
     }
     if (this.vms.size >= MAX_POWER_LIMITS) return `the helper holds ${MAX_POWER_LIMITS} limits, its most`;
-    this.vms.set(vmId, { pid, limitW: watts, bw: null, quotaCpus: null, inForce: null, limitedS: 0, lastTicks: null });
+    // The totals are the last sample's: the next sample's usage is measured over exactly its interval.
+    const lastTicks = this.o.totalsInto(vmId, this.totals) ? this.totals.vcpus.reduce((s, v) => s + v.ticks, 0) : null;
+    this.vms.set(vmId, { pid, limitW: watts, bw: null, quotaCpus: null, inForce: null, limitedS: 0, lastTicks });
     this.o.log.info({ vm: { id: vmId, pid }, limitW: watts }, `power limit of VM ${vmId} set to ${watts} W`);
     return null;
   }
@@ -83,6 +85,12 @@ export class PowerLimiter {
     };
   }
 
+  /** The VM is gone from the helper (unregistered, dropped): its limit goes, its quota is given back. */
+  forget(vmId: number): void {
+    const e = this.vms.get(vmId);
+    if (e) this.drop(vmId, e, 'the VM is gone');
+  }
+
   /** The VMs with a limit. */
   limited(): number[] {
     return [...this.vms.keys()];
@@ -95,8 +103,6 @@ export class PowerLimiter {
       if (e) this.drop(vmId, e, 'the VM ended');
     }
     if (result === null || !(result.dtS > 0)) return;
-    // A VM the engine no longer knows (unregistered, dropped) is let go.
-    for (const [vmId, e] of this.vms) if (!this.o.totalsInto(vmId, this.totals)) this.drop(vmId, e, 'the VM is gone');
     for (const vm of result.vms) {
       const e = this.vms.get(vm.vmId);
       if (!e || !this.o.totalsInto(vm.vmId, this.totals)) continue;
@@ -127,6 +133,7 @@ export class PowerLimiter {
       }
       e.quotaCpus = next;
       e.inForce = e.bw.set(next);
+      this.o.log.debug({ vm: { id: vmId }, powerW: round(m.powerW), usedCpus: round(m.usedCpus), quotaCpus: round(next) }, 'power limit step');
     } catch (err) {
       e.problem = (err as Error).message;
       this.o.log.warn({ vm: { id: vmId, pid: e.pid }, err: e.problem }, `cannot apply the power limit of VM ${vmId}`);

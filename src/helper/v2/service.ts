@@ -273,9 +273,11 @@ function makeParts(
     from?.energy,
     o.host.domains,
   );
+  const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
     fanOut.dropped(vmId, last);
     stats.dropped(vmId);
+    limits?.limiter.forget(vmId);
   };
   const vmLog = vmLogLimiter(o.log);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
@@ -300,7 +302,6 @@ function makeParts(
   const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy);
   const guests =
     o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
-  const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
   const requests: RequestParts = {
     registry,
     sampling,
