@@ -266,7 +266,10 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
     ...(o.guestEnergy === 'exact' ? { guestEnergy: { maxThreads: shares.maxVmThreads, log: start.area('guest') } } : {}),
     ...(start.restored ? { restore: start.restored } : {}),
-    powerLimits: { open: cgroupBandwidth(paths.procRoot), ...(start.config.socketGid !== undefined ? { adminGid: start.config.socketGid } : {}) },
+    powerLimits: {
+      open: cgroupBandwidth(paths.procRoot),
+      ...(start.config.socketGid !== undefined ? { adminGid: start.config.socketGid } : {}),
+    },
   });
   answerGuestEnergy(v2.service, start);
   log.info(

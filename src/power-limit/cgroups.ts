@@ -23,7 +23,7 @@ import {
 } from './cpu-bandwidth.js';
 
 /** Where the cpu hierarchies are mounted (from /proc/self/mountinfo). */
-export interface CpuMounts {
+interface CpuMounts {
   v1?: string;
   v2?: string;
 }
@@ -80,7 +80,11 @@ function openVm(procRoot: string, mounts: CpuMounts, pid: number, tids: readonly
   for (const tid of tids) {
     const g = cpuGroupOf(readProcFile(path.join(procRoot, String(pid), 'task', String(tid), 'cgroup'), 'utf8'), mounts);
     if (g === null || g.rel.split('/').includes('..'))
-      throw cannotError(what(pid), `thread ${tid} is in no cgroup of the cpu controller`, 'mount the cpu controller (cgroup v1) or cgroup2');
+      throw cannotError(
+        what(pid),
+        `thread ${tid} is in no cgroup of the cpu controller`,
+        'mount the cpu controller (cgroup v1) or cgroup2',
+      );
     const dir = path.join(g.version === 1 ? mounts.v1! : mounts.v2!, g.rel);
     const e = byDir.get(dir) ?? { version: g.version, root: g.rel === '/', tids: [] };
     e.tids.push(tid);

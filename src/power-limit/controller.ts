@@ -21,7 +21,7 @@ export const POWER_CONTROL = {
 } as const;
 
 /** What one step is given. */
-export interface ControlInput {
+interface ControlInput {
   limitW: number;
   /** The VM's attributed package power over the last interval. */
   powerW: number;

@@ -10,9 +10,9 @@ import { nextQuota } from './controller.js';
 import type { BandwidthOpener, VmBandwidth } from './cpu-bandwidth.js';
 
 /** The most limits one helper holds (a bound on what clients can make it keep). */
-export const MAX_POWER_LIMITS = 4096;
+const MAX_POWER_LIMITS = 4096;
 /** The highest limit a client may set, in watts (u32 milliwatts on the wire). */
-export const MAX_LIMIT_W = 4_000_000;
+const MAX_LIMIT_W = 4_000_000;
 
 /** One VM's limit as `stats`, `watch`, the statistics file and LIMIT's reply show it. */
 export interface PowerLimitView {
@@ -37,7 +37,7 @@ interface Entry {
   problem?: string;
 }
 
-export interface PowerLimiterOptions {
+interface PowerLimiterOptions {
   open: BandwidthOpener;
   log: Logger;
   /** CLK_TCK: ticks per second of CPU time. */
@@ -133,7 +133,10 @@ export class PowerLimiter {
       }
       e.quotaCpus = next;
       e.inForce = e.bw.set(next);
-      this.o.log.debug({ vm: { id: vmId }, powerW: round(m.powerW), usedCpus: round(m.usedCpus), quotaCpus: round(next) }, 'power limit step');
+      this.o.log.debug(
+        { vm: { id: vmId }, powerW: round(m.powerW), usedCpus: round(m.usedCpus), quotaCpus: round(next) },
+        'power limit step',
+      );
     } catch (err) {
       e.problem = (err as Error).message;
       this.o.log.warn({ vm: { id: vmId, pid: e.pid }, err: e.problem }, `cannot apply the power limit of VM ${vmId}`);

@@ -30,7 +30,11 @@ const NOBODY = 65534;
 const OBSERVER = { name: 'users', gid: 100 };
 
 function why(): string | null {
-  return missing({ root: true }) ?? qemuMissing() ?? (V1 === undefined ? 'needs the cgroup v1 cpu hierarchy (this project\'s hosts run it)' : null);
+  return (
+    missing({ root: true }) ??
+    qemuMissing() ??
+    (V1 === undefined ? "needs the cgroup v1 cpu hierarchy (this project's hosts run it)" : null)
+  );
 }
 
 /** A VM's power over each interval its UPDATEs span: [end time s, watts]. */
@@ -108,8 +112,7 @@ function cli(args: string[], prefix: string[] = []): Promise<{ code: number; std
   );
 }
 
-const cpuGroupOfTid = (pid: number, tid: number) =>
-  /^\d+:cpu:(.*)$/m.exec(fs.readFileSync(`/proc/${pid}/task/${tid}/cgroup`, 'utf8'))?.[1];
+const cpuGroupOfTid = (pid: number, tid: number) => /^\d+:cpu:(.*)$/m.exec(fs.readFileSync(`/proc/${pid}/task/${tid}/cgroup`, 'utf8'))?.[1];
 
 /** The figures of one limited stretch: settling time, the error held over `holdS`, the overshoot. */
 function figures(log: PowerLog, t0: number, limit: number, holdS: number, from = Infinity) {

@@ -124,7 +124,10 @@ function fakeV2(groups: Record<string, { max: string; threads: number[] }>, thre
 describe('cgroup bandwidth (v2, a tree in a temp dir)', () => {
   it("splits the quota over libvirt's vcpuN groups by their vCPUs, never above theirs, and gives cpu.max back byte for byte", () => {
     const { proc, cg } = fakeV2(
-      { '/m.scope/libvirt/vcpu0': { max: 'max 100000\n', threads: [11] }, '/m.scope/libvirt/vcpu1': { max: '40000 100000\n', threads: [12] } },
+      {
+        '/m.scope/libvirt/vcpu0': { max: 'max 100000\n', threads: [11] },
+        '/m.scope/libvirt/vcpu1': { max: '40000 100000\n', threads: [12] },
+      },
       { 11: '/m.scope/libvirt/vcpu0', 12: '/m.scope/libvirt/vcpu1' },
       10,
     );
@@ -139,7 +142,9 @@ describe('cgroup bandwidth (v2, a tree in a temp dir)', () => {
 
   it('refuses, saying how to give the VM a group of its own, when its vCPU threads share a v2 group with another process', () => {
     const { proc } = fakeV2({ '/user.slice': { max: 'max 100000\n', threads: [11, 99] } }, { 11: '/user.slice' }, 10);
-    expect(() => cgroupBandwidth(proc)(10, [11])).toThrow(/cannot limit the power of the VM of pid 10: .*share the cgroup .* with other processes; run the VM in a cgroup of its own/);
+    expect(() => cgroupBandwidth(proc)(10, [11])).toThrow(
+      /cannot limit the power of the VM of pid 10: .*share the cgroup .* with other processes; run the VM in a cgroup of its own/,
+    );
   });
 
   it('refuses a quota file that holds no quota, naming it', () => {

@@ -31,7 +31,7 @@ interface Plant {
 /** The attributed power of a VM running `c` CPUs: its share of the package times the package's power (20 W idle + 40 W busy). */
 function powerOf(p: Plant, c: number): number {
   const cpus = 2 * p.nvcpu;
-  return (c / cpus) * (20 * cpus / 2 + (40 * (cpus / 2) * Math.min(cpus, c + p.other)) / cpus);
+  return (c / cpus) * ((20 * cpus) / 2 + (40 * (cpus / 2) * Math.min(cpus, c + p.other)) / cpus);
 }
 
 /** Runs the loop for `steps` intervals from unlimited; the powers measured each interval and the quotas set. */
@@ -125,7 +125,6 @@ describe('power limit controller', () => {
   });
 
   it('keeps its quota when the power is unknown or not positive', () => {
-    for (const powerW of [0, NaN, -3, Infinity])
-      expect(nextQuota({ limitW: 10, powerW, usedCpus: 1, nvcpu: 2, quotaCpus: 0.7 })).toBe(0.7);
+    for (const powerW of [0, NaN, -3, Infinity]) expect(nextQuota({ limitW: 10, powerW, usedCpus: 1, nvcpu: 2, quotaCpus: 0.7 })).toBe(0.7);
   });
 });

@@ -3,7 +3,7 @@ import fs from 'node:fs';
 
 /** Removes `dir` once its last task has left (a killed process leaves it when the kernel reaps it), within 10 s. */
 export function removeGroup(dir: string): void {
-  for (const end = Date.now() + 10_000; ; ) {
+  for (const end = Date.now() + 10_000; ;) {
     try {
       return fs.rmdirSync(dir);
     } catch (e) {

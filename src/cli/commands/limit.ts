@@ -15,7 +15,10 @@ import { addClientSocketOption, commandOptions } from '../options.js';
 function parseWatts(text: string): number | null {
   if (text === 'off') return null;
   const w = /^\d{1,7}(\.\d{1,3})?$/.test(text) ? Number(text) : NaN;
-  if (!(w > 0)) throw new Error(cannot(`set the limit ${JSON.stringify(text)}`, 'it is not a number of watts above 0', "give watts (e.g. 35 or 12.5) or 'off'"));
+  if (!(w > 0))
+    throw new Error(
+      cannot(`set the limit ${JSON.stringify(text)}`, 'it is not a number of watts above 0', "give watts (e.g. 35 or 12.5) or 'off'"),
+    );
   return w;
 }
 

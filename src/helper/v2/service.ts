@@ -199,6 +199,7 @@ function makeStatsFiles(
   energy: HostEnergy,
   hostValues: V2Parts['hostValues'],
   guestEnergy: GuestEnergy | undefined,
+  limits: PowerLimiter | undefined,
 ): StatsFiles {
   return new StatsFiles({
     registry,
@@ -212,6 +213,7 @@ function makeStatsFiles(
     clock: o.clock ?? monotonicNs,
     ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
     ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
+    ...(limits ? { powerLimit: (vmId: number) => limits.view(vmId) } : {}),
     capacity: () => ({
       registered: { used: registry.size, max: o.limits.maxVms },
       discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
@@ -299,7 +301,7 @@ function makeParts(
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
   const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, engine, registry, sampling);
-  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy);
+  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy, limits?.limiter);
   const guests =
     o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
   const requests: RequestParts = {

@@ -2,7 +2,7 @@
 import { T } from '../../../protocol/v2/codec.js';
 import type { HandlerTable } from './handler.js';
 import { hostSubscribe } from './host-subscribe.js';
-import { limit } from './limit.js';
+import { limit } from './power-limit.js';
 import { list } from './list.js';
 import { observe } from './observe.js';
 import { read } from './read.js';
