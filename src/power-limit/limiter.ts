@@ -162,7 +162,7 @@ export class PowerLimiter {
     this.o.log.info({ vm: { id: vmId, pid: e.pid } }, `power limit of VM ${vmId} ${why === 'removed' ? 'removed' : `dropped: ${why}`}`);
   }
 
-  /** Gives back every quota the helper set (the helper stops). */
+  /** Gives back every quota the helper set (the helper stops or restarts); the limits stay, taken up again by the next sample. */
   close(): void {
     for (const [vmId, e] of this.vms) this.letGo(vmId, e, 'the helper stops');
   }

@@ -12,6 +12,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client, type Update } from '../../src/client/v2-client.js';
 import { vmSpecFromQmp } from '../../src/client/qmp-vm.js';
+import { StatsReader } from '../../src/client/stats-reader.js';
 import { cpuMounts } from '../../src/power-limit/cgroups.js';
 import { missing, which } from '../support/env.js';
 import { removeGroup } from '../support/cgroup.js';
@@ -166,6 +167,13 @@ describe('power limits on real QEMU guests', () => {
     const inForce = Number(fs.readFileSync(quotaFile, 'utf8'));
     expect(inForce).toBeLessThan(190000);
     expect((await c.limit(vmId)).quotaUs).toBe(inForce);
+    // The VM's statistics file says the same: the limit (mW), the quota (thousandths of a CPU), the time limited (ms).
+    const stats = StatsReader.open((await c.statsFd(vmId)).fd);
+    cleanups.push(() => stats.close());
+    const s = stats.read();
+    expect(stats.value(s, 'power_limit')).toBe(BigInt(Math.round(limit * 1000)));
+    expect(Number(stats.value(s, 'power_limit_cpu_quota'))).toBeGreaterThan(0);
+    expect(Number(stats.value(s, 'power_limited_time'))).toBeGreaterThan(25_000);
 
     // An observer (uid nobody, in --observer-group) sees the VM but may not limit it.
     const nobody = ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, `--groups=${OBSERVER.gid}`, '--'];

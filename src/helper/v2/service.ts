@@ -471,6 +471,9 @@ export class V2Service {
    */
   freeze(): { readonly drained: boolean; thaw(): void } {
     this.restarting = true;
+    // Power limits are not in the snapshot yet: every quota goes back before the next image (a restart
+    // called off takes them up again at the next sample: the limits stay).
+    this.p.powerLimits?.close();
     for (const c of this.p.clients.connections()) c.fail(E.RESTARTING, 0, RESTARTING_MESSAGE);
     const clients = this.p.clients;
     return {
