@@ -22,7 +22,13 @@ import { startOpenDaemon } from '../daemon/support/open-daemon.js';
 
 const cleanups: (() => Promise<unknown> | unknown)[] = [];
 afterEach(async () => {
-  for (const c of cleanups.splice(0).reverse()) await c();
+  // Every cleanup runs, whichever fails: a spinning guest left behind would load the host for good.
+  const failed: unknown[] = [];
+  for (const c of cleanups.splice(0).reverse())
+    await Promise.resolve()
+      .then(c)
+      .catch((e: unknown) => failed.push(e));
+  if (failed.length > 0) throw failed[0];
 });
 
 const V1 = cpuMounts(fs.readFileSync('/proc/self/mountinfo', 'utf8')).v1;
