@@ -18,6 +18,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   watch: async () => (await import('./commands/watch.js')).addWatchCommand,
   exporter: async () => (await import('./commands/exporter.js')).addExporterCommand,
   reload: async () => (await import('./commands/reload.js')).addReloadCommand,
+  limit: async () => (await import('./commands/limit.js')).addLimitCommand,
   stats: async () => (await import('./commands/stats.js')).addStatsCommand,
   demo: async () => (await import('./commands/demo.js')).addDemoCommand,
   'hash-password': async () => (await import('./commands/hash-password.js')).addHashPasswordCommand,

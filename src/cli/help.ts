@@ -13,6 +13,7 @@ export const COMMAND_EXAMPLES: Readonly<Record<string, string>> = {
   watch: 'vmsr-helper watch web01',
   exporter: 'vmsr-helper exporter --web.listen-address 127.0.0.1:8677',
   reload: 'vmsr-helper reload',
+  limit: 'vmsr-helper limit web01 35',
   stats: 'vmsr-helper stats --once',
   demo: 'vmsr-helper demo',
   'hash-password': 'vmsr-helper hash-password < password.txt',

@@ -33,6 +33,8 @@ import {
   encodeRead,
   encodeRegister,
   encodeStatsFd,
+  encodeLimit,
+  type LimitState,
   encodeSubscribe,
   encodeUnobserve,
   encodeUnregister,
@@ -195,6 +197,7 @@ const REPLY_OF: Record<number, readonly number[]> = {
   [T.OK]: [T.UNREGISTER, T.UNOBSERVE],
   [T.VM_LIST]: [T.LIST],
   [T.STATS_FD_REPLY]: [T.STATS_FD],
+  [T.LIMIT_STATE]: [T.LIMIT],
 };
 
 /** Pages one list() may read: 2^32 ids at one VM a page cannot loop forever on a lying helper. */
@@ -407,6 +410,18 @@ export class V2Client {
       throw new V2ConnectionError(`the helper answered STATS_FD ${hostVmId} with ${typeName(reply.type)}`);
     }
     return { fd, fileSize: reply.fileSize };
+  }
+
+  /**
+   * VM `hostVmId`'s power limit (docs/power-limits.md): with `watts` sets it (null removes it; root and
+   * the helper's --socket-group only), without reads it.
+   */
+  async limit(hostVmId: number, watts?: number | null): Promise<LimitState> {
+    const mw = watts === undefined ? undefined : watts === null ? 0 : Math.max(1, Math.round(watts * 1000));
+    const m = await this.call(T.LIMIT, encodeLimit(hostVmId, mw), hostVmId);
+    if (m.type !== T.LIMIT_STATE) throw this.unexpected(m);
+    const { type: _t, ...state } = m;
+    return state;
   }
 
   async unregister(vmId: number): Promise<void> {

@@ -37,6 +37,12 @@ export interface VmGuestValues {
   exactUj: bigint;
 }
 
+/** A VM's power limit in one sample of its statistics file (`power_limit` mW, `power_limited_time` ms). */
+export interface VmLimitValues {
+  limitMw: bigint;
+  limitedMs: bigint;
+}
+
 interface BookLimits {
   /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
   maxExportedVms: number;
@@ -84,6 +90,8 @@ export interface BookedVm {
   domainWatts: Map<OtherDomain, (number | null)[]>;
   /** --guest-energy exact: what QEMU was given to credit the guest, and the exact energy of the same windows (statistics files only). */
   guest: { guest: RunningTotal; exact: RunningTotal } | null;
+  /** Power limits: the limit in force (W, 0 = none) and the time limited (ms, accumulated); null until a file says. */
+  limit: { watts: number; limitedMs: RunningTotal } | null;
   lastTNs: bigint | null;
   /** Exporter clock (ms) when the VM ended; null while it runs. */
   endedAtMs: number | null;
@@ -268,6 +276,7 @@ export class EnergyBook {
           watts: [],
           domainEnergy: new Map(),
           guest: null,
+          limit: null,
           domainWatts: new Map(),
           lastTNs: null,
           endedAtMs: null,
@@ -307,7 +316,13 @@ export class EnergyBook {
    * `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else
    * derived. `domains`: the other RAPL domains' values of the same sample (statistics files only).
    */
-  vmUpdate(u: VmUpdate, powerW?: readonly number[], domains: readonly VmDomainStats[] = [], guest?: VmGuestValues): void {
+  vmUpdate(
+    u: VmUpdate,
+    powerW?: readonly number[],
+    domains: readonly VmDomainStats[] = [],
+    guest?: VmGuestValues,
+    limit?: VmLimitValues,
+  ): void {
     const r = this.byHostId.get(u.hostVmId);
     if (!r) return;
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.
@@ -341,6 +356,11 @@ export class EnergyBook {
       r.guest ??= { guest: new RunningTotal(), exact: new RunningTotal() };
       r.guest.guest.feed(guest.guestUj);
       r.guest.exact.feed(guest.exactUj);
+    }
+    if (limit !== undefined && (r.limit !== null || limit.limitMw > 0n)) {
+      r.limit ??= { watts: 0, limitedMs: new RunningTotal() };
+      r.limit.watts = Number(limit.limitMw) / 1000;
+      r.limit.limitedMs.feed(limit.limitedMs);
     }
     if (u.tNs !== 0n) r.lastTNs = u.tNs;
     if (u.ended) this.end(r);

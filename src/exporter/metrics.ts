@@ -27,6 +27,8 @@ export const METRIC = {
   vmPower: 'vmsr_vm_power_watts',
   vmInfo: 'vmsr_vm_info',
   vmGuestEnergy: 'vmsr_vm_guest_energy_joules_total',
+  vmPowerLimit: 'vmsr_vm_power_limit_watts',
+  vmPowerLimited: 'vmsr_vm_power_limited_seconds_total',
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
@@ -43,7 +45,24 @@ export const METRIC = {
 } as const;
 
 /** The per-VM families: labels name, uuid, pid, uid, then vpkg and domain (energy, power) or source, whole_vm_only and sampled_whole (info). */
-export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily; guest: VmFamily } = {
+export const VM_FAMILIES: {
+  energy: VmFamily;
+  power: VmFamily;
+  info: VmFamily;
+  guest: VmFamily;
+  limit: VmFamily;
+  limited: VmFamily;
+} = {
+  limit: {
+    name: METRIC.vmPowerLimit,
+    help: "The VM's power limit on its package power, in watts (docs/power-limits.md); 0 once removed; only VMs that had one",
+    type: 'gauge',
+  },
+  limited: {
+    name: METRIC.vmPowerLimited,
+    help: "Time the helper's CPU quota held the VM to its power limit, in seconds, accumulated by the exporter; only VMs that had a limit",
+    type: 'counter',
+  },
   guest: {
     name: METRIC.vmGuestEnergy,
     help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by) and the energy the helper attributed to the VM over the same windows (of="exact"), in joules; only VMs in exact mode',

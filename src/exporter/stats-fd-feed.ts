@@ -6,7 +6,7 @@
  * scrapes nothing happens here: the helper sends this exporter nothing per sample.
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
-import type { EnergyBook, VmDomainStats, VmGuestValues } from './energy-book.js';
+import type { EnergyBook, VmDomainStats, VmGuestValues, VmLimitValues } from './energy-book.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
@@ -63,7 +63,7 @@ function vmUpdateFromFile(
   hostVmId: number,
   r: StatsReader,
   s: StatsSample,
-): { update: VmUpdate; powerW: number[]; domains: VmDomainStats[]; guest?: VmGuestValues } {
+): { update: VmUpdate; powerW: number[]; domains: VmDomainStats[]; guest?: VmGuestValues; limit?: VmLimitValues } {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];
@@ -75,8 +75,11 @@ function vmUpdateFromFile(
   });
   const guestUj = r.value(s, 'guest_energy');
   const exactUj = r.value(s, 'guest_exact_energy');
+  const limitMw = r.value(s, 'power_limit');
+  const limitedMs = r.value(s, 'power_limited_time');
   return {
     domains,
+    ...(limitMw !== undefined && limitedMs !== undefined ? { limit: { limitMw, limitedMs } } : {}),
     ...(guestUj !== undefined && exactUj !== undefined ? { guest: { guestUj, exactUj } } : {}),
     update: {
       hostVmId,
@@ -130,8 +133,8 @@ export class StatsFdFeed {
   /** Reads every VM's file into the book; a VM whose file says it ended is fed once more and let go. */
   readVms(): void {
     for (const [id, r] of this.vms) {
-      const { update, powerW, domains, guest } = vmUpdateFromFile(id, r, r.read());
-      this.book.vmUpdate(update, powerW, domains, guest);
+      const { update, powerW, domains, guest, limit } = vmUpdateFromFile(id, r, r.read());
+      this.book.vmUpdate(update, powerW, domains, guest, limit);
       if (update.ended) {
         r.close();
         this.vms.delete(id);

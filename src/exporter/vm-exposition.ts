@@ -58,7 +58,14 @@ export class VmExposition {
 
   constructor(
     private readonly book: EnergyBook,
-    private readonly families: { energy: VmFamily; power: VmFamily; info: VmFamily; guest?: VmFamily },
+    private readonly families: {
+      energy: VmFamily;
+      power: VmFamily;
+      info: VmFamily;
+      guest?: VmFamily;
+      limit?: VmFamily;
+      limited?: VmFamily;
+    },
   ) {}
 
   /**
@@ -113,9 +120,23 @@ export class VmExposition {
       }
       out.push(sep);
     }
+    this.renderLimits(vms, head, sep, out);
     const infoName = head(info);
     for (const r of vms) out.push(`\n${infoName}${this.infoText(r)}1`);
     return out.join('');
+  }
+
+  /** Only VMs that had a power limit (a helper that never limited gives none: no empty family). */
+  private renderLimits(vms: readonly BookedVm[], head: (f: VmFamily) => string, sep: string, out: string[]): void {
+    const limited = vms.filter((r) => r.limit !== null);
+    const { limit, limited: time } = this.families;
+    if (limit === undefined || time === undefined || limited.length === 0) return;
+    const limitName = head(limit);
+    for (const r of limited) out.push(`\n${limitName}{${this.textOf(r).base}} ${formatValue(r.limit!.watts)}`);
+    out.push(sep);
+    const timeName = head(time);
+    for (const r of limited) out.push(`\n${timeName}{${this.textOf(r).base}} ${formatValue(Number(r.limit!.limitedMs.total) / 1000)}`);
+    out.push(sep);
   }
 
   private textOf(r: BookedVm): VmText {

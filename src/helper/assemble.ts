@@ -29,6 +29,8 @@ import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
 import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
+import type { BandwidthOpener } from '../power-limit/cpu-bandwidth.js';
+import { cgroupBandwidth } from '../power-limit/cgroups.js';
 import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
 
 export interface V2ChainOptions {
@@ -71,6 +73,8 @@ export interface V2ChainOptions {
   guestDir?: string;
   /** --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS from each VM's guest counters (V2ServiceOptions.guestEnergy). */
   guestEnergy?: { maxThreads: number; log: Logger };
+  /** Power limits (V2ServiceOptions.powerLimits). */
+  powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
 
 export interface V2Chain {
@@ -149,6 +153,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
+    ...(o.powerLimits ? { powerLimits: o.powerLimits } : {}),
     ...(o.guestEnergy ? { guestEnergy: { ...o.guestEnergy, heldFds: (pid: number, tid: number) => tasks.heldFds(pid, tid) } } : {}),
   });
   return {
@@ -261,6 +266,10 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
     ...(o.guestEnergy === 'exact' ? { guestEnergy: { maxThreads: shares.maxVmThreads, log: start.area('guest') } } : {}),
     ...(start.restored ? { restore: start.restored } : {}),
+    powerLimits: {
+      open: cgroupBandwidth(paths.procRoot),
+      ...(start.config.socketGid !== undefined ? { adminGid: start.config.socketGid } : {}),
+    },
   });
   answerGuestEnergy(v2.service, start);
   log.info(

@@ -29,6 +29,7 @@ export const LAYER_RANK: Readonly<Record<string, number>> = {
   discovery: 9,
   'guest-dir': 8,
   keeper: 9,
+  'power-limit': 9,
   helper: 10,
   exporter: 11,
   cli: 12,

@@ -40,6 +40,14 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
     guest!.inc({ ...r.labels, of: 'guest' }, ujToJoules(r.guest!.guest.total));
     guest!.inc({ ...r.labels, of: 'exact' }, ujToJoules(r.guest!.exact.total));
   }
+  // Only for VMs that had a power limit: after the guest energy, before info.
+  const limited = book.exposed().filter((r) => r.limit !== null);
+  if (limited.length > 0) {
+    const limit = new Gauge({ name: VM_FAMILIES.limit.name, help: VM_FAMILIES.limit.help, labelNames: vmLabels, registers });
+    const time = new Counter({ name: VM_FAMILIES.limited.name, help: VM_FAMILIES.limited.help, labelNames: vmLabels, registers });
+    for (const r of limited) limit.set(r.labels, r.limit!.watts);
+    for (const r of limited) time.inc(r.labels, Number(r.limit!.limitedMs.total) / 1000);
+  }
   const info = new Gauge({
     name: VM_FAMILIES.info.name,
     help: VM_FAMILIES.info.help,
@@ -156,5 +164,16 @@ describe('per-VM families rendered from cached label text', () => {
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="guest"\} 4.99\n/);
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="exact"\} 5\n/);
     expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4002"/);
+  });
+
+  test('has the power limit families, only for VMs that had a limit, as prom-client renders them', async () => {
+    const book = hostileBook();
+    book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], undefined, { limitMw: 35_500n, limitedMs: 12_250n });
+    book.vmUpdate(upd(2, 4, [1_000_000n]), undefined, [], undefined, { limitMw: 0n, limitedMs: 0n });
+    const x = new VmExposition(book, VM_FAMILIES);
+    for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4001",uid="0"\} 35.5\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limited_seconds_total\{[^}]*pid="4001",uid="0"\} 12.25\n/);
+    expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4002"/);
   });
 });

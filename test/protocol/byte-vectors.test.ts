@@ -13,6 +13,8 @@ import {
   encodeError,
   encodeHostSubscribe,
   encodeHostUpdate,
+  encodeLimit,
+  encodeLimitState,
   encodeList,
   encodeObserve,
   encodeOk,
@@ -167,6 +169,21 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
       ok: true,
       value: { type: 0x08, perPackage: false, domains: false },
     });
+  });
+
+  it('LIMIT of vm 7 to 35.5 W sets flags bit 0; LIMIT read of vm 7 has flags 0; LIMIT_STATE carries the limit, quota, period and time limited', () => {
+    // type 0x000a, flags 1, length 8; vm 7, 35500 mW.
+    const set = hex('0a00 0100 08000000 07000000 ac8a0000');
+    expect(encodeLimit(7, 35500).equals(set)).toBe(true);
+    expect(parseClientFrame(oneFrame(set, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x0a, vmId: 7, milliwatts: 35500 } });
+    const read = hex('0a00 0000 08000000 07000000 00000000');
+    expect(encodeLimit(7).equals(read)).toBe(true);
+    expect(parseClientFrame(oneFrame(read, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x0a, vmId: 7, milliwatts: null } });
+    // type 0x0088, length 24: vm 7, 35500 mW, quota 50000 us, period 100000 us, 3 s limited.
+    const state = hex('8800 0000 18000000 07000000 ac8a0000 50c30000 a0860100 005ed0b200000000');
+    const value = { vmId: 7, limitMw: 35500, quotaUs: 50000, periodUs: 100000, limitedNs: 3_000_000_000n };
+    expect(encodeLimitState(value).equals(state)).toBe(true);
+    expect(parseHelperFrame(oneFrame(state, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x88, ...value } });
   });
 
   it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {

@@ -28,6 +28,7 @@ import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
+import type { PeerCredentials } from '../../os/libc.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import type { Logger } from '../../logging/logger.js';
@@ -61,6 +62,8 @@ import { guestVmOf, guestVmsOf } from '../guest/guest-vm.js';
 import { GuestEnergy } from '../guest/guest-energy.js';
 import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
+import { PowerLimiter } from '../../power-limit/limiter.js';
+import type { BandwidthOpener } from '../../power-limit/cpu-bandwidth.js';
 
 export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
@@ -112,6 +115,8 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
   guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds };
+  /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
+  powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
 
 /** The message of ERROR RESTARTING. */
@@ -133,6 +138,7 @@ interface V2Parts {
   guests?: GuestDirs;
   /** --guest-energy exact's guest counters, when on. */
   guestEnergy?: GuestEnergy;
+  powerLimits?: PowerLimiter;
   requests: RequestParts;
   /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
   hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
@@ -193,6 +199,7 @@ function makeStatsFiles(
   energy: HostEnergy,
   hostValues: V2Parts['hostValues'],
   guestEnergy: GuestEnergy | undefined,
+  limits: PowerLimiter | undefined,
 ): StatsFiles {
   return new StatsFiles({
     registry,
@@ -206,6 +213,7 @@ function makeStatsFiles(
     clock: o.clock ?? monotonicNs,
     ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
     ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
+    ...(limits ? { powerLimit: (vmId: number) => limits.view(vmId) } : {}),
     capacity: () => ({
       registered: { used: registry.size, max: o.limits.maxVms },
       discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
@@ -239,6 +247,18 @@ function exactGuestEnergy(
   });
 }
 
+/** The power limiter on the engine's totals, and LIMIT's rule: root and --socket-group may set limits. */
+function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['powerLimits']>, sampling: SamplingService) {
+  const limiter = new PowerLimiter({
+    open: pl.open,
+    log: o.log,
+    clkTck: o.host.clkTck,
+    totalsInto: (vmId, into) => sampling.totalsInto(vmId, into),
+  });
+  const mayLimit = (peer: PeerCredentials) => peer.uid === 0 || (pl.adminGid !== undefined && peerInGroup(o.procRoot, peer, pl.adminGid));
+  return { limiter, mayLimit };
+}
+
 /** Each part once, from the restore plan when there is one. */
 function makeParts(
   o: V2ServiceOptions,
@@ -255,9 +275,11 @@ function makeParts(
     from?.energy,
     o.host.domains,
   );
+  const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
     fanOut.dropped(vmId, last);
     stats.dropped(vmId);
+    limits?.limiter.forget(vmId);
   };
   const vmLog = vmLogLimiter(o.log);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
@@ -279,7 +301,7 @@ function makeParts(
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
   const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, engine, registry, sampling);
-  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy);
+  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy, limits?.limiter);
   const guests =
     o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
   const requests: RequestParts = {
@@ -293,6 +315,7 @@ function makeParts(
     observerGid: o.observerGid,
     stats,
     ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
+    ...(limits ? { limits } : {}),
   };
   return {
     engine,
@@ -307,6 +330,7 @@ function makeParts(
     stats,
     guests,
     guestEnergy,
+    ...(limits ? { powerLimits: limits.limiter } : {}),
     requests,
     hostValues,
     limiter,
@@ -380,6 +404,7 @@ export class V2Service {
     lifecycle.ended(ev.ended);
     lifecycle.age();
     whole?.check();
+    this.p.powerLimits?.sample(ev.result, ev.ended);
     // A crash from here on restores nothing older than what a client is told next.
     for (const cb of this.beforeTold) cb();
     fanOut.sample({
@@ -446,6 +471,9 @@ export class V2Service {
    */
   freeze(): { readonly drained: boolean; thaw(): void } {
     this.restarting = true;
+    // Power limits are not in the snapshot yet: every quota goes back before the next image (a restart
+    // called off takes them up again at the next sample: the limits stay).
+    this.p.powerLimits?.close();
     for (const c of this.p.clients.connections()) c.fail(E.RESTARTING, 0, RESTARTING_MESSAGE);
     const clients = this.p.clients;
     return {
@@ -494,6 +522,7 @@ export class V2Service {
     clearTimeout(this.restoredWait);
     this.listeners.dispose();
     p.sampling.close();
+    p.powerLimits?.close();
     p.guests?.close();
     p.stats.close();
     p.limiter.flush();

@@ -9,6 +9,7 @@
  * A VM's file is also written straight into its guest's statistics file (copy(), docs/guest.md) with
  * the same values in the same sample: a published VM nobody asked STATS_FD of has no memfd.
  */
+import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { Logger } from 'pino';
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
@@ -56,6 +57,8 @@ interface StatsFilesParts {
   hostDomains?: () => NonNullable<HostStatsValues['domains']>;
   /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
+  /** Power limits (VmStatsReads.powerLimit): absent, the files have no power limit descriptors. */
+  powerLimit?: (vmId: number) => PowerLimitView | undefined;
 }
 
 /** A refusal, with the v2 error code it is answered with. */
@@ -189,6 +192,7 @@ export class StatsFiles {
       realtimeOf: (tNs) => this.realtimeOf(tNs),
       nextOf: (tNs) => this.nextOf(tNs),
       ...(this.p.guest ? { guest: this.p.guest } : {}),
+      ...(this.p.powerLimit ? { powerLimit: this.p.powerLimit } : {}),
     });
     const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
     if (last && this.lastResult) f.setInterval(last, this.lastResult.dtS, this.lastTimes.intervalNs);
@@ -226,6 +230,7 @@ export class StatsFiles {
       tickExponent: tickExponent(this.p.clkTck),
       domains: now.domains.map((d) => d.domain),
       guest: this.p.guest !== undefined,
+      powerLimit: this.p.powerLimit !== undefined,
     };
   }
 

@@ -21,6 +21,7 @@ import {
 } from '../../protocol/stats/vm-file.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import { emptyVmTotals, type VmInterval, type VmTotals } from '../../ratio/outputs.js';
+import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { OtherDomain } from '../../model/domains.js';
 
 /** What a VM's file reads of the daemon. */
@@ -32,6 +33,8 @@ interface VmStatsReads {
   nextOf(tNs: bigint): bigint;
   /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
+  /** Power limits: a VM's limit, undefined when it has none. */
+  powerLimit?: (vmId: number) => PowerLimitView | undefined;
 }
 
 /** A VM's values as written, refilled in place at each sample. */
@@ -251,5 +254,14 @@ export class VmStatsFile {
     v.realtimeNs = this.p.realtimeOf(t.tNs);
     v.nextMonotonicNs = t.ended ? 0n : this.p.nextOf(t.tNs);
     v.intervalNs = this.intervalNs;
+    const l = this.p.powerLimit?.(this.vmId);
+    v.powerLimit =
+      l === undefined
+        ? undefined
+        : {
+            limitMw: Math.round(l.limitW * 1000),
+            quotaMilliCpus: l.quotaUs === null ? 0 : Math.round((l.quotaUs / l.periodUs) * 1000),
+            limitedMs: Math.round(l.limitedS * 1000),
+          };
   }
 }

@@ -30,6 +30,12 @@ export interface VmStatsShape {
    * and `guest_exact_energy` (what the helper attributed over the same windows), both cumulative µJ.
    */
   guest?: boolean;
+  /**
+   * The daemon runs with power limits (docs/power-limits.md): `power_limit` (W, 0 = none),
+   * `power_limit_cpu_quota` (CPUs of bandwidth the helper's quota gives, 0 = none set) and
+   * `power_limited_time` (seconds the quota was in force).
+   */
+  powerLimit?: boolean;
 }
 
 /** The names of one other domain's values in a VM's file (docs/stats-fd.md "A VM's file"). */
@@ -75,6 +81,11 @@ function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
     out.push(one('guest_energy', C | UJ, -6));
     out.push(one('guest_exact_energy', C | UJ, -6));
   }
+  if (s.powerLimit === true) {
+    out.push(one('power_limit', I | STATS_UNIT.WATTS | STATS_BASE.POW10, -3));
+    out.push(one('power_limit_cpu_quota', I | STATS_UNIT.NONE, -3));
+    out.push(one('power_limited_time', C | STATS_UNIT.SECONDS | STATS_BASE.POW10, -3));
+  }
   return out;
 }
 
@@ -104,6 +115,8 @@ export interface VmStatsValues extends SampleTimes {
   domains?: readonly { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
   /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
   guest?: { guestUj: number; exactUj: number };
+  /** Power limits: the limit (mW, 0 = none), the quota in force (thousandths of a CPU, 0 = none), ms limited. */
+  powerLimit?: { limitMw: number; quotaMilliCpus: number; limitedMs: number };
 }
 
 /** The word index of every value of a VM's file, resolved once. */
@@ -124,6 +137,8 @@ export class VmStatsSlots {
   readonly domains = new Map<OtherDomain, { energy: number; power: number }>();
   readonly guestEnergy: number | null;
   readonly guestExact: number | null;
+  /** The word index of power_limit; power_limit_cpu_quota and power_limited_time follow it. */
+  readonly powerLimit: number | null;
 
   constructor(
     b: SampleBlock,
@@ -147,6 +162,7 @@ export class VmStatsSlots {
     }
     this.guestEnergy = b.has('guest_energy') ? b.slot('guest_energy') : null;
     this.guestExact = b.has('guest_exact_energy') ? b.slot('guest_exact_energy') : null;
+    this.powerLimit = b.has('power_limit') ? b.slot('power_limit') : null;
   }
 }
 
@@ -194,6 +210,12 @@ export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsV
     if (!at) continue;
     const n = Math.min(slots.shape.nvpkg, d.energyUj.length);
     for (let g = 0; g < n; g++) b.setNumber(at.power + g, d.powerUw[g] ?? 0);
+  }
+  if (slots.powerLimit !== null) {
+    const p = v.powerLimit ?? { limitMw: 0, quotaMilliCpus: 0, limitedMs: 0 };
+    b.setNumber(slots.powerLimit, p.limitMw);
+    b.setNumber(slots.powerLimit + 1, p.quotaMilliCpus);
+    b.setNumber(slots.powerLimit + 2, p.limitedMs);
   }
 }
 

@@ -25,6 +25,8 @@ export const T = {
   HOST_SUBSCRIBE: 0x08,
   // Statistics through a file descriptor (docs/stats-fd.md): the reply carries one fd (SCM_RIGHTS).
   STATS_FD: 0x09,
+  // Power limits (docs/power-limits.md): set (flag LIMIT_SET) or read one VM's limit.
+  LIMIT: 0x0a,
   REGISTERED: 0x81,
   VALUE: 0x82,
   UPDATE: 0x83,
@@ -32,6 +34,7 @@ export const T = {
   VM_LIST: 0x85,
   HOST_UPDATE: 0x86,
   STATS_FD_REPLY: 0x87,
+  LIMIT_STATE: 0x88,
   ERROR: 0xff,
 } as const;
 
@@ -45,6 +48,7 @@ export const CLIENT_TYPES: ReadonlySet<number> = new Set([
   T.UNOBSERVE,
   T.HOST_SUBSCRIBE,
   T.STATS_FD,
+  T.LIMIT,
 ]);
 export const HELPER_TYPES: ReadonlySet<number> = new Set([
   T.REGISTERED,
@@ -54,6 +58,7 @@ export const HELPER_TYPES: ReadonlySet<number> = new Set([
   T.VM_LIST,
   T.HOST_UPDATE,
   T.STATS_FD_REPLY,
+  T.LIMIT_STATE,
   T.ERROR,
 ]);
 
@@ -98,6 +103,11 @@ export const WATCH_DOMAINS = 0x1;
 export const FLAG_HOST_DOMAINS = 0x4;
 /** Bit 1 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_HOST_DOMAINS. */
 export const HOST_SUBSCRIBE_DOMAINS = 0x2;
+/** Bit 0 of flags on LIMIT: set the limit to its milliwatts (0 = remove it); clear: only read it. */
+export const LIMIT_SET = 0x1;
+/** LIMIT_STATE's payload: u32 vm_id, u32 limit_mw, u32 quota_us, u32 period_us, u64 limited_ns. */
+export const LIMIT_STATE_SIZE = 24;
+
 /** The domain block's header (u32 count, u32 reserved), on UPDATE and HOST_UPDATE. */
 export const DOMAIN_BLOCK_HEADER = 8;
 /** An UPDATE domain entry without its values: u32 domain code, u32 reserved; then nvpkg x u64 energy_uj. */
@@ -566,6 +576,25 @@ export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
   return encodeFrame(T.STATS_FD_REPLY, 0, p);
 }
 
+/** A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the helper now). */
+export interface LimitState {
+  vmId: number;
+  limitMw: number;
+  quotaUs: number;
+  periodUs: number;
+  limitedNs: bigint;
+}
+
+export function encodeLimitState(s: LimitState): Buffer {
+  const p = Buffer.alloc(LIMIT_STATE_SIZE);
+  p.writeUInt32LE(s.vmId, 0);
+  p.writeUInt32LE(s.limitMw, 4);
+  p.writeUInt32LE(s.quotaUs, 8);
+  p.writeUInt32LE(s.periodUs, 12);
+  p.writeBigUInt64LE(s.limitedNs, 16);
+  return encodeFrame(T.LIMIT_STATE, 0, p);
+}
+
 /** Messages are cut (at a character boundary) so the frame stays within MAX_PAYLOAD. */
 export function encodeError(code: number, requestType: number, message: string): Buffer {
   const text = utf8Cut(message, MAX_PAYLOAD - 8);
@@ -627,6 +656,14 @@ export function encodeUnobserve(hostVmId: number): Buffer {
 /** STATS_FD of VM `hostVmId`, or of the host (0). */
 export function encodeStatsFd(hostVmId: number): Buffer {
   return encodeU32Frame(T.STATS_FD, hostVmId);
+}
+
+/** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it. */
+export function encodeLimit(hostVmId: number, milliwatts?: number): Buffer {
+  const p = Buffer.alloc(8);
+  p.writeUInt32LE(hostVmId, 0);
+  p.writeUInt32LE(milliwatts ?? 0, 4);
+  return encodeFrame(T.LIMIT, milliwatts === undefined ? 0 : LIMIT_SET, p);
 }
 
 /**

@@ -18,6 +18,9 @@ import {
   HOST_PKG_SIZE_PER_PACKAGE,
   HOST_SUBSCRIBE_DOMAINS,
   HOST_SUBSCRIBE_PER_PACKAGE,
+  LIMIT_SET,
+  LIMIT_STATE_SIZE,
+  type LimitState,
   HOST_UPDATE_FIXED,
   T,
   VM_DOMAIN_FIXED,
@@ -58,7 +61,9 @@ export type ClientRequest =
   /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE, each package's unattributed energy wanted; domains: HOST_SUBSCRIBE_DOMAINS. */
   | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean; domains: boolean }
   /** vmId 0 = the host's file. */
-  | { type: typeof T.STATS_FD; vmId: number };
+  | { type: typeof T.STATS_FD; vmId: number }
+  /** milliwatts: the limit to set (0 = remove), null = only read it. */
+  | { type: typeof T.LIMIT; vmId: number; milliwatts: number | null };
 
 type ClientParse = Result<ClientRequest, PayloadError>;
 
@@ -106,6 +111,10 @@ export function parseClientFrame(f: Frame): ClientParse {
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
       return ok({ type: f.type, vmId: p.readUInt32LE(0) });
+    case T.LIMIT:
+      if (p.length !== 8) return wrongSize(f.type, p.length, '8');
+      if ((f.flags & ~LIMIT_SET) !== 0) return bad(`flags must be 0 or 0x${LIMIT_SET.toString(16)} (set), got 0x${f.flags.toString(16)}`);
+      return ok({ type: T.LIMIT, vmId: p.readUInt32LE(0), milliwatts: (f.flags & LIMIT_SET) !== 0 ? p.readUInt32LE(4) : null });
     case T.LIST:
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
@@ -137,6 +146,7 @@ export type HelperMessage =
   | { type: typeof T.VM_LIST; entries: VmEntry[]; nextId: number }
   | ({ type: typeof T.HOST_UPDATE } & HostValues)
   | { type: typeof T.STATS_FD_REPLY; vmId: number; fileSize: number }
+  | ({ type: typeof T.LIMIT_STATE } & LimitState)
   | { type: typeof T.ERROR; code: number; requestType: number; message: string };
 
 /** A helper's reply; a failure describes a reply the client cannot trust (the client then closes). */
@@ -169,6 +179,16 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
     case T.STATS_FD_REPLY:
       if (p.length !== 8) return wrongLength(f, 8);
       return ok({ type: T.STATS_FD_REPLY, vmId: p.readUInt32LE(0), fileSize: p.readUInt32LE(4) });
+    case T.LIMIT_STATE:
+      if (p.length !== LIMIT_STATE_SIZE) return wrongLength(f, LIMIT_STATE_SIZE);
+      return ok({
+        type: T.LIMIT_STATE,
+        vmId: p.readUInt32LE(0),
+        limitMw: p.readUInt32LE(4),
+        quotaUs: p.readUInt32LE(8),
+        periodUs: p.readUInt32LE(12),
+        limitedNs: p.readBigUInt64LE(16),
+      });
     case T.ERROR:
       if (p.length < 8) return fail(`ERROR payload is ${p.length} bytes, expected at least 8`);
       return ok({ type: T.ERROR, code: p.readUInt32LE(0), requestType: p.readUInt32LE(4), message: p.subarray(8).toString('utf8') });

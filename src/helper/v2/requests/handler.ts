@@ -12,6 +12,8 @@ import type { Reply } from '../reply.js';
 import type { VmLifecycle } from '../vm-lifecycle.js';
 import type { VmRegistry } from '../vm-registry.js';
 import type { StatsFiles } from '../stats-files.js';
+import type { PowerLimiter } from '../../../power-limit/limiter.js';
+import type { PeerCredentials } from '../../../os/libc.js';
 
 export type RequestType = ClientRequest['type'];
 
@@ -36,6 +38,8 @@ export interface RequestParts {
   observerGid?: number;
   /** --guest-energy exact: a VM's guest energy, undefined while it is not exact (LIST's GUEST_EXACT). */
   guest?: (vmId: number) => unknown;
+  /** The power limits (LIMIT), and who may set them; absent: the service runs without. */
+  limits?: { limiter: PowerLimiter; mayLimit(peer: PeerCredentials): boolean };
 }
 
 export type Handler<K extends RequestType, C = V2Connection, P = RequestParts> = (req: RequestOf<K>, conn: C, parts: P) => Reply;

@@ -2,6 +2,7 @@
 import { T } from '../../../protocol/v2/codec.js';
 import type { HandlerTable } from './handler.js';
 import { hostSubscribe } from './host-subscribe.js';
+import { limit } from './power-limit.js';
 import { list } from './list.js';
 import { observe } from './observe.js';
 import { read } from './read.js';
@@ -21,4 +22,5 @@ export const HANDLERS: HandlerTable = {
   [T.UNOBSERVE]: unobserve,
   [T.HOST_SUBSCRIBE]: hostSubscribe,
   [T.STATS_FD]: statsFd,
+  [T.LIMIT]: limit,
 };

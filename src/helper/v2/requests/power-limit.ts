@@ -1,0 +1,33 @@
+/**
+ * LIMIT: a VM's power limit read (anyone who may see the VM), or set and removed (flag LIMIT_SET: root
+ * and the socket's group only; observers are refused, ERROR 2). docs/power-limits.md.
+ */
+import { E, T, encodeError, encodeLimitState } from '../../../protocol/v2/codec.js';
+import { frameReply } from '../reply.js';
+import type { Handler } from './handler.js';
+
+export const limit: Handler<typeof T.LIMIT> = (req, conn, p) => {
+  const refuse = (code: number, message: string) => frameReply(encodeError(code, T.LIMIT, message));
+  const limits = p.limits;
+  if (limits === undefined) return refuse(E.NOT_PERMITTED, 'this helper runs without power limits');
+  if (!p.registry.canSee(p.clients.viewerOf(conn), req.vmId)) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);
+  const vm = p.registry.get(req.vmId);
+  if (vm === undefined) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);
+  if (req.milliwatts !== null) {
+    if (!limits.mayLimit(conn.peer))
+      return refuse(E.NOT_PERMITTED, "power limits are set by root and the helper's --socket-group; ask an administrator");
+    if (req.milliwatts !== 0 && p.sampling.output(req.vmId)?.ended !== false) return refuse(E.PROCESS_GONE, `VM ${req.vmId} has ended`);
+    const why = limits.limiter.set(req.vmId, vm.pid, req.milliwatts === 0 ? null : req.milliwatts / 1000);
+    if (why !== null) return refuse(E.LIMIT, why);
+  }
+  const v = limits.limiter.view(req.vmId);
+  return frameReply(
+    encodeLimitState({
+      vmId: req.vmId,
+      limitMw: v === undefined ? 0 : Math.round(v.limitW * 1000),
+      quotaUs: v?.quotaUs ?? 0,
+      periodUs: v?.periodUs ?? 0,
+      limitedNs: BigInt(Math.round((v?.limitedS ?? 0) * 1e9)),
+    }),
+  );
+};

@@ -1,0 +1,106 @@
+/**
+ * The limit table and per-sample loop (src/power-limit/limiter.ts) on a bandwidth stand-in that records
+ * what it is told (the interface the cgroups sit behind): nothing is opened for a VM under its limit,
+ * the log says when a limit starts and stops biting, and every way a limit ends gives the quota back.
+ */
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
+import { describe, expect, it } from 'vitest';
+import { PowerLimiter } from '../../src/power-limit/limiter.js';
+import type { BandwidthOpener } from '../../src/power-limit/cpu-bandwidth.js';
+import type { IntervalResult, VmTotals } from '../../src/ratio/outputs.js';
+
+/** A VM of one vCPU (tid 11) whose ticks grow by `cpu` x 100 per 1 s interval, drawing `watts`. */
+function world(vms: Map<number, { ticks: number }>) {
+  const opened: number[] = [];
+  const sets: number[] = [];
+  let released = 0;
+  const open: BandwidthOpener = (pid) => {
+    opened.push(pid);
+    return {
+      groups: [`/g${pid}`],
+      set: (cpus) => (sets.push(cpus), { quotaUs: cpus * 100000, periodUs: 100000 }),
+      release: () => void released++,
+    };
+  };
+  const lines: string[] = [];
+  const log = pino(
+    { level: 'info' },
+    new Writable({ write: (c: Buffer, _e, cb) => (lines.push(String(JSON.parse(String(c)).msg)), cb()) }),
+  );
+  const limiter = new PowerLimiter({
+    open,
+    log,
+    clkTck: 100,
+    totalsInto: (vmId: number, into: VmTotals) => {
+      const v = vms.get(vmId);
+      if (!v) return false;
+      into.vcpus = [{ tid: 11, energyJ: 0, ticks: v.ticks }];
+      return true;
+    },
+  });
+  const sample = (vmId: number, watts: number, cpu: number, ended: number[] = []) => {
+    vms.get(vmId)!.ticks += cpu * 100;
+    const r: IntervalResult = {
+      tNs: 0n,
+      dtS: 1,
+      packages: [],
+      vms: [{ vmId, pid: 100 + vmId, vpkgEnergyJ: [watts] }],
+      ended: [],
+      problems: [],
+    };
+    limiter.sample(r, ended);
+  };
+  return { limiter, sample, opened, sets, lines, released: () => released };
+}
+
+describe('power limiter', () => {
+  it('opens nothing for a VM that stays under its limit, and starts and stops biting with a log line each time when it goes over and back', () => {
+    const w = world(new Map([[1, { ticks: 0 }]]));
+    expect(w.limiter.set(1, 101, 30)).toBeNull();
+    for (let i = 0; i < 5; i++) w.sample(1, 20, 1);
+    expect(w.opened).toEqual([]);
+    expect(w.limiter.view(1)).toEqual({ limitW: 30, quotaUs: null, periodUs: 0, limitedS: 0 });
+    w.sample(1, 60, 1);
+    expect(w.opened).toEqual([101]);
+    expect(w.lines.some((l) => l === 'power limit of VM 1 starts biting: 60.0 W over 30 W')).toBe(true);
+    // The guest goes idle: the quota climbs back to the whole vCPU and is let go.
+    for (let i = 0; i < 10 && w.released() === 0; i++) w.sample(1, 5, 0.1);
+    expect(w.released()).toBe(1);
+    expect(w.lines.some((l) => l.startsWith('power limit of VM 1 stops biting: power 5.0 W stays under the limit of 30 W'))).toBe(true);
+    expect(w.limiter.view(1)!.quotaUs).toBeNull();
+    expect(w.limiter.view(1)!.limitedS).toBeGreaterThan(0);
+  });
+
+  for (const end of ['removed', 'ended', 'forgotten', 'closed'] as const)
+    it(`gives the quota back when the limit is ${end}`, () => {
+      const w = world(new Map([[1, { ticks: 0 }]]));
+      w.limiter.set(1, 101, 30);
+      w.sample(1, 60, 1);
+      expect(w.sets).toHaveLength(1);
+      if (end === 'removed') w.limiter.set(1, 101, null);
+      if (end === 'ended') w.sample(1, 60, 1, [1]);
+      if (end === 'forgotten') w.limiter.forget(1);
+      if (end === 'closed') w.limiter.close();
+      expect(w.released()).toBe(1);
+      expect(w.limiter.view(1) === undefined).toBe(end !== 'closed');
+    });
+
+  it('refuses limits that are not above 0 W or past the bound, and says once why a limit cannot be applied', () => {
+    const w = world(new Map([[1, { ticks: 0 }]]));
+    for (const bad of [0, -1, NaN, 5e6]) expect(w.limiter.set(1, 101, bad)).toMatch(/a limit is more than 0 and at most 4000000 W/);
+    const failing = new PowerLimiter({
+      open: () => {
+        throw new Error('cannot limit the power of the VM of pid 101: EACCES');
+      },
+      log: pino({ level: 'silent' }),
+      clkTck: 100,
+      totalsInto: (_id: number, into: VmTotals) => ((into.vcpus = [{ tid: 11, energyJ: 0, ticks: 0 }]), true),
+    });
+    failing.set(1, 101, 10);
+    const r: IntervalResult = { tNs: 0n, dtS: 1, packages: [], vms: [{ vmId: 1, pid: 101, vpkgEnergyJ: [50] }], ended: [], problems: [] };
+    failing.sample(r, []);
+    failing.sample(r, []);
+    expect(failing.view(1)!.problem).toBe('cannot limit the power of the VM of pid 101: EACCES');
+  });
+});
