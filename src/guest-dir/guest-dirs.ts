@@ -333,6 +333,10 @@ export class GuestDirs {
   private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
     p.settled = false;
     const why = p.dir.audit();
+    if (p.dir.movedAside.length > 0) {
+      const moved = p.dir.movedAside.splice(0);
+      this.limiter.warn('guest dir planted', { guestDir: p.dir.path, moved }, `entries planted in ${p.dir.path} while others could write it moved aside: ${moved.join(', ')}`);
+    }
     if (why !== null) {
       this.refuse(name, why, vms);
       return false;

@@ -174,6 +174,8 @@ export interface GuestTree {
   watchWith(watch: DirWatch): boolean;
   /** Why it is refused now, or null. */
   audit(): string | null;
+  /** Entries planted with the helper's names that audit() moved aside while the directory was open to others. */
+  readonly movedAside: string[];
   /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
   write(rel: string, file: string, text: string): void;
   /** The same for a file rewritten at every sample (energy_uj): readers see the same, at a third of the cost. */
@@ -207,6 +209,8 @@ export class SafeDir implements GuestTree {
 
   /** Planted entries with the helper's names are moved aside at the next audit (the directory was open to others). */
   private clearPlanted = false;
+  /** Entries the last audit moved aside, as `name -> new name` (the publisher says so). */
+  readonly movedAside: string[] = [];
 
   private constructor(
     private readonly fd: number,
@@ -323,8 +327,13 @@ export class SafeDir implements GuestTree {
 
   /** A planted entry at one of the helper's names renamed to PLANTED_PREFIX + its name (+ its inode when that is taken): whether it moved. */
   private moveAside(name: string): boolean {
-    if (renameAt(this.fd, name, PLANTED_PREFIX + name) === 0) return true;
-    return renameAt(this.fd, name, `${PLANTED_PREFIX}${name}.${lstatAt(this.fd, name)?.ino ?? 0}`) === 0;
+    let to = PLANTED_PREFIX + name;
+    if (renameAt(this.fd, name, to) !== 0) {
+      to = `${to}.${lstatAt(this.fd, name)?.ino ?? 0}`;
+      if (renameAt(this.fd, name, to) !== 0) return false;
+    }
+    this.movedAside.push(`${name} -> ${to}`);
+    return true;
   }
 
   /** The fd of the helper's directory `rel` ('a' or 'a/b', each made when missing, owned by the helper). */
