@@ -30,3 +30,20 @@ export async function pollFor<T>(check: () => Promise<T | undefined>, what: stri
     await new Promise((r) => setTimeout(r, 200));
   }
 }
+
+/**
+ * A count that other processes move for a while (sockets closing, fds of a takeover), read once it
+ * held the same value for `holdMs`: that value. Throws naming `what` after `ms`.
+ */
+export async function steady(read: () => number, what: string, holdMs = 500, ms = 30_000): Promise<number> {
+  const end = Date.now() + ms;
+  let value = read();
+  let since = Date.now();
+  for (;;) {
+    await new Promise((r) => setTimeout(r, 50));
+    const now = read();
+    if (now !== value) [value, since] = [now, Date.now()];
+    else if (Date.now() - since >= holdMs) return value;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}: still moving, last ${value}`);
+  }
+}
