@@ -226,7 +226,12 @@ export class GuestDirs {
     const vm = this.owner(p, vms);
     if (typeof vm === 'string') {
       // Said once while the same processes claim it.
-      if (vm !== p.unbound) this.limiter.warn('guest dir unbound', { guestDir: p.dir.path, vm: vms.map((v) => v.vmId) }, cannot(`publish into ${p.dir.path}`, vm));
+      if (vm !== p.unbound)
+        this.limiter.warn(
+          'guest dir unbound',
+          { guestDir: p.dir.path, vm: vms.map((v) => v.vmId) },
+          cannot(`publish into ${p.dir.path}`, vm),
+        );
       p.unbound = vm;
       return;
     }
@@ -254,10 +259,14 @@ export class GuestDirs {
     const mine = vms.filter((v) => this.bound(p, v));
     const live = mine.filter((v) => v.live);
     // Any local user can start a process with a VM's UUID: two live claimants, and neither is written.
-    if (live.length > 1) return `${live.length} live VMs bound to it name it (pids ${live.map((v) => v.pid).join(', ')}); not written until one of them ends`;
+    if (live.length > 1)
+      return `${live.length} live VMs bound to it name it (pids ${live.map((v) => v.pid).join(', ')}); not written until one of them ends`;
     const vm = live[0] ?? mine.at(-1);
     if (vm !== undefined) return vm;
-    const by = p.dir.owner === 0 || p.dir.owner === this.euid ? `in its group (gid ${p.dir.group}) or run by root` : `run by its owner (uid ${p.dir.owner})`;
+    const by =
+      p.dir.owner === 0 || p.dir.owner === this.euid
+        ? `in its group (gid ${p.dir.group}) or run by root`
+        : `run by its owner (uid ${p.dir.owner})`;
     const pids = vms.map((v) => `${v.pid} (uid ${v.uid})`).join(', ');
     return `the processes naming it, ${pids}, are not ${by}: not written for them; give the directory to the VM's group (chgrp) or its user`;
   }
@@ -335,7 +344,11 @@ export class GuestDirs {
     const why = p.dir.audit();
     if (p.dir.movedAside.length > 0) {
       const moved = p.dir.movedAside.splice(0);
-      this.limiter.warn('guest dir planted', { guestDir: p.dir.path, moved }, `entries planted in ${p.dir.path} while others could write it moved aside: ${moved.join(', ')}`);
+      this.limiter.warn(
+        'guest dir planted',
+        { guestDir: p.dir.path, moved },
+        `entries planted in ${p.dir.path} while others could write it moved aside: ${moved.join(', ')}`,
+      );
     }
     if (why !== null) {
       this.refuse(name, why, vms);

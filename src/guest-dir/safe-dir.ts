@@ -263,7 +263,8 @@ export class SafeDir implements GuestTree {
     // Open to others until now: whatever they planted with the helper's names goes aside at the audit.
     if ((st.mode & OTHERS_WRITE) !== 0n) this.clearPlanted = true;
     const r = fsetxattrFd(this.fd, 'system.posix_acl_access', readersAcl(this.owner, readers));
-    if (r < 0) return cannot(`let only the VM's user and the observers read ${this.path}`, `its ACL: ${errnoName(-r)}`, 'put --guest-dir on tmpfs');
+    if (r < 0)
+      return cannot(`let only the VM's user and the observers read ${this.path}`, `its ACL: ${errnoName(-r)}`, 'put --guest-dir on tmpfs');
     return null;
   }
 
@@ -316,7 +317,8 @@ export class SafeDir implements GuestTree {
       // One of the helper's directories moved away and something else put there: made again.
       if (made !== undefined && made.ino !== e.ino) this.dropDir(name);
     }
-    if (open) return `${this.path} is writable by others than its owner (mode ${(st.mode & 0o7777n).toString(8)}): entries planted with the helper's names are moved aside (${PLANTED_PREFIX}<name>)`;
+    if (open)
+      return `${this.path} is writable by others than its owner (mode ${(st.mode & 0o7777n).toString(8)}): entries planted with the helper's names are moved aside (${PLANTED_PREFIX}<name>)`;
     // Moved away with nothing in its place: let go too (made again when next written).
     const listed = new Set(names);
     for (const rel of [...this.dirs.keys()]) if (!rel.includes('/') && !listed.has(rel)) this.dropDir(rel);

@@ -57,7 +57,12 @@ describe.each([
     const fake = await new FakeQemu({ vcpus: 1, args: args(id) }, { uid: NOBODY, gid: NOBODY }).ready();
     onCleanup(() => fake.kill());
     await fake.cmd('spin 0');
-    await waitFor(() => guestDirLines(daemon, d).some((l) => l.includes(`${fake.pid} (uid ${NOBODY})`)), 'the look-alike refused', daemon, 60_000);
+    await waitFor(
+      () => guestDirLines(daemon, d).some((l) => l.includes(`${fake.pid} (uid ${NOBODY})`)),
+      'the look-alike refused',
+      daemon,
+      60_000,
+    );
     await sleep(1000); // 10 samples
     expect(fs.readdirSync(d), 'nothing written for the look-alike').toEqual([]);
     expect(guestDirLines(daemon, d), 'said once').toHaveLength(1);
@@ -66,7 +71,12 @@ describe.each([
     const real = await new FakeQemu({ vcpus: 1, args: args(id) }, VM).ready();
     onCleanup(() => real.kill());
     await real.cmd('spin 0');
-    await waitFor(() => fs.existsSync(path.join(d, 'stats')) && fs.existsSync(path.join(d, 'intel-rapl:0/energy_uj')), "the real VM's tree", daemon, 60_000);
+    await waitFor(
+      () => fs.existsSync(path.join(d, 'stats')) && fs.existsSync(path.join(d, 'intel-rapl:0/energy_uj')),
+      "the real VM's tree",
+      daemon,
+      60_000,
+    );
     await sleep(500);
     const w = written(d);
     expect(w.pid).toBe(BigInt(real.pid));
@@ -74,7 +84,11 @@ describe.each([
 
     // The real VM ends, the look-alike lives on: the directory keeps the real VM's last values.
     await real.kill();
-    await waitFor(() => daemon.stderr().includes(`"pid":${real.pid},"uid":${VM.uid}},"source":"discovered","cause":"VM ended"`), 'the VM ended', daemon);
+    await waitFor(
+      () => daemon.stderr().includes(`"pid":${real.pid},"uid":${VM.uid}},"source":"discovered","cause":"VM ended"`),
+      'the VM ended',
+      daemon,
+    );
     await sleep(500);
     const kept = written(d);
     await sleep(1000);

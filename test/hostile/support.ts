@@ -172,7 +172,9 @@ export function taskRoom(): { tasks: number; pidMax: number } {
 export async function startGuestDirDaemon(guestDir: string, extra: string[] = [], env?: NodeJS.ProcessEnv): Promise<DaemonChild> {
   const { host, sock } = fakeHost();
   onCleanup(host.pumpEnergy({ units: 4096, everyMs: 20 }));
-  const daemon = track(spawnHelper(['-k', sock, ...hostArgs(host), '--interval', '0.1', '--guest-dir', guestDir, ...extra], env ? { env } : {}));
+  const daemon = track(
+    spawnHelper(['-k', sock, ...hostArgs(host), '--interval', '0.1', '--guest-dir', guestDir, ...extra], env ? { env } : {}),
+  );
   await waitFor(() => daemon.stderr().includes('"msg":"Listening on'), 'the helper to listen', daemon);
   return daemon;
 }
