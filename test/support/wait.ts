@@ -7,8 +7,12 @@ export interface WatchedChild {
   stderr(): string;
 }
 
-/** Waits until `cond` holds (polling every 20 ms), or throws naming `what`, with the child's log. */
-export async function waitFor(cond: () => boolean, what: string, child?: WatchedChild, ms = 10_000): Promise<void> {
+/**
+ * Waits until `cond` holds (polling every 20 ms), or throws naming `what`, with the child's log. The
+ * default deadline is far above what a start or a few samples take on an idle machine (under a
+ * second): the suite runs beside other users' processes and busy loops.
+ */
+export async function waitFor(cond: () => boolean, what: string, child?: WatchedChild, ms = 30_000): Promise<void> {
   const end = Date.now() + ms;
   while (!cond()) {
     if (child && child.proc.exitCode !== null) throw new Error(`${what}: helper exited ${child.proc.exitCode}\n${child.stderr()}`);
