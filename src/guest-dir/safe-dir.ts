@@ -89,7 +89,7 @@ export interface GuestReaders {
  * The access ACL (system.posix_acl_access, version 2) of a directory its owner may enter and write,
  * `readers` list and enter, and nobody else: entries (tag, permission, id) in the kernel's order.
  */
-export function readersAcl(owner: number, readers: GuestReaders): Buffer {
+function readersAcl(owner: number, readers: GuestReaders): Buffer {
   const NONE = 0xffffffff;
   const entries: [number, number, number][] = [[0x01, 7, NONE]];
   if (readers.uid !== owner && readers.uid !== 0) entries.push([0x02, 5, readers.uid]);

@@ -193,7 +193,7 @@ export async function waitSettled(
 ): Promise<boolean> {
   const procRoot = o.procRoot ?? '/proc';
   const windowMs = o.windowMs ?? 1000;
-  const deadline = Date.now() + (o.timeoutMs ?? 30_000);
+  const deadline = Date.now() + (o.timeoutMs ?? 90_000);
   const tids = vcpuThreads(g.pid, procRoot);
   const busy = tids.map((_, i) => mode === 'a' || (mode === 'b' && i === 0) || (mode === 'p' && i > 0));
   // A busy vCPU gets a third of a CPU on a quiet host, a few hundredths beside two busy loops and other
