@@ -12,10 +12,10 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { waitFor } from '../daemon/support/daemon-process.js';
 import { missing } from '../support/env.js';
 import { FakeQemu } from '../support/fake-qemu.js';
-import { NOBODY, notRoot, onCleanup, startGuestDirDaemon } from './support.js';
+import { NOBODY, notRoot, guestRoot, onCleanup, startGuestDirDaemon } from './support.js';
 
 /** The observer group (Debian's adm, gid 4) and the VMs' group (daemon, gid 1). */
 const OBSERVERS = 4;
@@ -36,11 +36,7 @@ describe("a VM's guest tree", () => {
     async (ctx) => {
       const why = notRoot() ?? missing({ command: 'setpriv' });
       if (why) return ctx.skip(why);
-      const root = tempDir('vmsr-guest-readers-');
-      onCleanup(() => fs.rmSync(root, { recursive: true, force: true }));
-      fs.chmodSync(root, 0o755);
-      const dir = path.join(root, 'guests');
-      fs.mkdirSync(dir, { mode: 0o755 });
+      const dir = guestRoot();
       const daemon = await startGuestDirDaemon(dir, ['--observer-group', String(OBSERVERS)]);
       const uuid = crypto.randomUUID();
       const d = path.join(dir, uuid);

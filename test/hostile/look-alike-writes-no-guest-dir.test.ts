@@ -13,9 +13,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { StatsReader } from '../../src/client/stats-reader.js';
-import { tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { waitFor } from '../daemon/support/daemon-process.js';
 import { FakeQemu } from '../support/fake-qemu.js';
-import { guestDirLines, NOBODY, notRoot, onCleanup, sleep, startGuestDirDaemon } from './support.js';
+import { guestDirLines, NOBODY, notRoot, guestRoot, onCleanup, sleep, startGuestDirDaemon } from './support.js';
 
 /** The real VM runs as uid 1 in group 1 (daemon), the group of its directory. */
 const VM = { uid: 1, gid: 1 };
@@ -43,11 +43,7 @@ describe.each([
   it("never has the VM's directory written with its values, before, beside or after the real VM", { timeout: 120_000 }, async (ctx) => {
     const why = notRoot();
     if (why) return ctx.skip(why);
-    const root = tempDir('vmsr-look-alike-');
-    onCleanup(() => fs.rmSync(root, { recursive: true, force: true }));
-    fs.chmodSync(root, 0o755);
-    const dir = path.join(root, 'guests');
-    fs.mkdirSync(dir, { mode: 0o755 });
+    const dir = guestRoot();
     const daemon = await startGuestDirDaemon(dir);
     const id = _flag === '-uuid' ? crypto.randomUUID() : `la-${crypto.randomBytes(4).toString('hex')}`;
     const d = path.join(dir, id);

@@ -12,9 +12,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { StatsReader } from '../../src/client/stats-reader.js';
-import { tempDir, waitFor } from '../daemon/support/daemon-process.js';
+import { waitFor } from '../daemon/support/daemon-process.js';
 import { FakeQemu } from '../support/fake-qemu.js';
-import { guestDirLines, NOBODY, notRoot, onCleanup, sleep, startGuestDirDaemon } from './support.js';
+import { guestDirLines, NOBODY, notRoot, guestRoot, onCleanup, sleep, startGuestDirDaemon } from './support.js';
 
 /** The planter: uid 1 (`daemon`), neither the helper, nor the VM's user, nor root. */
 const PLANTER = 1;
@@ -35,15 +35,6 @@ function plant(d: string, uid: number): void {
 /** Whether `uid` can make an entry in `d` (a real process of that uid tries). */
 const canWrite = (d: string, uid: number) => spawnSync('sh', ['-c', 'touch "$1/x"', 'w', d], { uid, gid: uid }).status === 0;
 
-async function guestSetup(): Promise<{ dir: string }> {
-  const root = tempDir('vmsr-open-guest-');
-  onCleanup(() => fs.rmSync(root, { recursive: true, force: true }));
-  fs.chmodSync(root, 0o755);
-  const dir = path.join(root, 'guests');
-  fs.mkdirSync(dir, { mode: 0o755 });
-  return { dir };
-}
-
 describe('a VM directory others can write', () => {
   it(
     "is made the helper's own when it is the helper's: the planted tree moved aside, no one else can write it, the VM's own tree written",
@@ -51,7 +42,7 @@ describe('a VM directory others can write', () => {
     async (ctx) => {
       const why = notRoot();
       if (why) return ctx.skip(why);
-      const { dir } = await guestSetup();
+      const dir = guestRoot();
       const uuid = crypto.randomUUID();
       const d = path.join(dir, uuid);
       fs.mkdirSync(d);
@@ -99,7 +90,7 @@ describe('a VM directory others can write', () => {
     async (ctx) => {
       const why = notRoot();
       if (why) return ctx.skip(why);
-      const { dir } = await guestSetup();
+      const dir = guestRoot();
       const daemon = await startGuestDirDaemon(dir);
       const uuid = crypto.randomUUID();
       const qemu = await new FakeQemu({ vcpus: 1, args: ['-uuid', uuid] }, { uid: NOBODY, gid: NOBODY }).ready();

@@ -186,3 +186,13 @@ export function guestDirLines(daemon: DaemonChild, dir: string): string[] {
     .split('\n')
     .filter((l) => l.includes(`cannot publish into ${dir}`) || l.includes(`cannot write into ${dir}`) || l.includes(`cannot write ${dir}`));
 }
+
+/** A new --guest-dir (a directory `guests` in a new temp directory, both 0755), removed after the test. */
+export function guestRoot(): string {
+  const root = tempDir('vmsr-guests-');
+  onCleanup(() => fs.rmSync(root, { recursive: true, force: true }));
+  fs.chmodSync(root, 0o755);
+  const dir = path.join(root, 'guests');
+  fs.mkdirSync(dir, { mode: 0o755 });
+  return dir;
+}
