@@ -254,7 +254,8 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
       preferredGroups,
       // Rate-limited per bound: other uids' refusals (their shares) never hide that the cap itself is full.
-      onFull: (f) => limiter.warn(`discovery full: ${f.bound}`, { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
+      onFull: (f) =>
+        limiter.warn(`discovery full: ${f.bound}`, { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
     },
     deferDiscovery: true,
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),

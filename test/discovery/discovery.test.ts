@@ -67,7 +67,7 @@ describe('discovery', { timeout: 180_000 }, () => {
     const before = h.service.stats.samples;
     let late = 0;
     let vm: VmInfo | undefined;
-    for (const deadline = Date.now() + 60_000; vm === undefined && Date.now() < deadline; ) {
+    for (const deadline = Date.now() + 60_000; vm === undefined && Date.now() < deadline;) {
       const at = h.service.stats.samples;
       vm = (await c.list()).find((v) => v.pid === q.pid && !v.ended);
       if (vm === undefined && at - before > 2) late = at - before;
