@@ -32,6 +32,8 @@ function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats, layout: 
       stats[vmId] = { words: new BigUint64Array(map(encodeStatsFile(layout)), layout.dataOffset, layout.dataSize / 8), copy };
       return copy;
     },
+    inGroup: () => false,
+    readers: (uid) => ({ uid, gid: null }),
   };
 }
 
@@ -60,7 +62,7 @@ export function writerCost(busy: boolean, allDomains = true): { total: number; s
   const domainNames = allDomains ? (['core', 'dram', 'psys'] as const) : [];
   for (let k = 0; k < VMS; k++) {
     fs.mkdirSync(path.join(root, `vm-${k}`));
-    vms.push({ vmId: k, uuid: null, name: `vm-${k}`, uid: 0, live: true });
+    vms.push({ vmId: k, uuid: null, name: `vm-${k}`, pid: 1, uid: 0, live: true });
     const domains = domainNames.map((domain) => ({ domain, vpkgEnergyJ: [0], vpkgEnergyUj: [0n] }));
     outs.push({ vmId: k, pid: 1, ended: false, tNs: 1n, vpkgs: [{ vpkg: 0, energyJ: 0, energyUj: 0n, counter: 0 }], domains });
   }

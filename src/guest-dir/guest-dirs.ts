@@ -16,7 +16,7 @@ import { cannot } from '../common/errors.js';
 import { errnoName, O_DIRECTORY, O_RDONLY, openAt, closeFd } from '../os/libc.js';
 import { LogLimiter } from '../logging/log-limiter.js';
 import type { VmOutput } from '../ratio/outputs.js';
-import { SafeDir, type GuestTree } from './safe-dir.js';
+import { SafeDir, WriteFailure, type GuestReaders, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
@@ -44,6 +44,8 @@ export interface GuestDirVm {
   vmId: number;
   uuid: Uint8Array | null;
   name: string | null;
+  /** Its process (with `uid`, whether it is in a directory's group: GuestDirSource.inGroup). */
+  pid: number;
   /** Owner of its process: a directory it owns is its. */
   uid: number;
   live: boolean;
@@ -60,6 +62,10 @@ export interface GuestDirSource {
   statsCopy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): StatsCopy | null;
   /** Whether `n` more fds fit the daemon's budget (absent: always). */
   canOpen?(n: number, what: string): boolean;
+  /** Whether the VM's process is in group `gid` (its gid or a supplementary group). */
+  inGroup(vm: GuestDirVm, gid: number): boolean;
+  /** Who may read the tree of a VM run by `uid` besides root and the helper: who may see the VM (its statistics fd's rule). */
+  readers(uid: number): GuestReaders;
 }
 
 /** A zone as written: the value it shows = base + (energy - start), base the count its file held. */
@@ -82,6 +88,14 @@ interface Published {
   samples: number;
   /** Its changes told by the inotify queue (else an fstat per sample). */
   watched: boolean;
+  /** A write failed (a full file system): every zone is written again at the next sample. */
+  failed: boolean;
+  /** Whether a VM (by vmId) may have it: bound() asked once per VM. */
+  bound: Map<number, boolean>;
+  /** The uid its readers were set for (restrict), -1 before. */
+  readersOf: number;
+  /** Why no VM naming it may have it, as last said ('' when one may). */
+  unbound: string;
 }
 
 export class GuestDirs {
@@ -209,35 +223,68 @@ export class GuestDirs {
       if (opened === null) return;
       p = opened;
     }
-    const vm = this.owner(p.dir.owner, vms);
-    if (vm === null) {
-      // Any local user can start a process with a VM's UUID: two live claimants, and neither is written.
-      const why = `${vms.filter((v) => v.live).length} live VMs name it (pids differ, same UUID or name)`;
-      this.limiter.warn(
-        'guest dir ambiguous',
-        { guestDir: p.dir.path, vm: vms.map((v) => v.vmId) },
-        cannot(`publish into ${p.dir.path}`, why, 'not written until one of them ends'),
-      );
+    const vm = this.owner(p, vms);
+    if (typeof vm === 'string') {
+      // Said once while the same processes claim it.
+      if (vm !== p.unbound)
+        this.limiter.warn(
+          'guest dir unbound',
+          { guestDir: p.dir.path, vm: vms.map((v) => v.vmId) },
+          cannot(`publish into ${p.dir.path}`, vm),
+        );
+      p.unbound = vm;
       return;
     }
-    if (vm.vmId !== p.vmId) this.switchTo(p, vm.vmId);
+    p.unbound = '';
     try {
+      if (vm.vmId !== p.vmId) this.switchTo(p, vm);
       const every = p.watched ? GUEST_AUDIT_EVERY_WATCHED : GUEST_AUDIT_EVERY;
       if ((++p.samples % every === 0 || p.dir.changed()) && !this.audit(name, p, vms)) return;
       if (!p.final) this.write(p);
     } catch (e) {
-      this.refuse(name, (e as Error).message, vms);
+      if (!(e instanceof WriteFailure)) return this.refuse(name, (e as Error).message, vms);
+      // A full file system: nothing refused, every zone written again at the next sample.
+      p.failed = true;
+      this.limiter.warn('guest dir write', { guestDir: p.dir.path }, `${e.message}; tried again at the next sample`);
     }
   }
 
-  /** The one VM a directory owned by `owner` belongs to: the live one (of that owner, unless root's), else the one ended. */
-  private owner(owner: number, vms: GuestDirVm[]): GuestDirVm | null {
+  /**
+   * The one VM the directory belongs to (docs/guest.md "Which VM a directory is bound to"): of the VMs
+   * naming it, those bound to it, the live one, else the one ended; or why none.
+   */
+  private owner(p: Published, vms: GuestDirVm[]): GuestDirVm | string {
     // The usual case, one VM naming it, decided without arrays.
-    if (vms.length === 1) return owner === 0 || owner === this.euid || vms[0]!.uid === owner ? vms[0]! : null;
-    const mine = owner === 0 || owner === this.euid ? vms : vms.filter((v) => v.uid === owner);
+    if (vms.length === 1 && this.bound(p, vms[0]!)) return vms[0]!;
+    const mine = vms.filter((v) => this.bound(p, v));
     const live = mine.filter((v) => v.live);
-    if (live.length > 1) return null;
-    return live[0] ?? mine.at(-1) ?? null;
+    // Any local user can start a process with a VM's UUID: two live claimants, and neither is written.
+    if (live.length > 1)
+      return `${live.length} live VMs bound to it name it (pids ${live.map((v) => v.pid).join(', ')}); not written until one of them ends`;
+    const vm = live[0] ?? mine.at(-1);
+    if (vm !== undefined) return vm;
+    const by =
+      p.dir.owner === 0 || p.dir.owner === this.euid
+        ? `in its group (gid ${p.dir.group}) or run by root`
+        : `run by its owner (uid ${p.dir.owner})`;
+    const pids = vms.map((v) => `${v.pid} (uid ${v.uid})`).join(', ');
+    return `the processes naming it, ${pids}, are not ${by}: not written for them; give the directory to the VM's group (chgrp) or its user`;
+  }
+
+  /**
+   * Whether `vm` may have the directory: one owned by a user other than root and the helper is its
+   * owner's VMs' alone; one of root's or the helper's is root's, the helper's and its group's VMs'.
+   * Asked of /proc once per VM and directory.
+   */
+  private bound(p: Published, vm: GuestDirVm): boolean {
+    let b = p.bound.get(vm.vmId);
+    if (b !== undefined) return b;
+    const ours = p.dir.owner === 0 || p.dir.owner === this.euid;
+    b = ours ? vm.uid === 0 || vm.uid === this.euid || this.source.inGroup(vm, p.dir.group) : vm.uid === p.dir.owner;
+    // Bounded by the VMs that name it; forgotten whole past that (asked again).
+    if (p.bound.size >= 64) p.bound.clear();
+    p.bound.set(vm.vmId, b);
+    return b;
   }
 
   private adopt(name: string, vms: GuestDirVm[]): Published | null {
@@ -271,11 +318,22 @@ export class GuestDirs {
       settled: false,
       samples: 0,
       watched: false,
+      failed: false,
+      bound: new Map(),
+      readersOf: -1,
+      unbound: '',
     };
     this.published.set(name, p);
     this.refused.delete(name);
     // Watched before its first check: whatever changes after it is told.
     if (this.watch) p.watched = p.dir.watchWith(this.watch);
+    // The helper's directory: made its own (no one else writes or reads it) before it is checked.
+    const closed = p.dir.restrict(this.source.readers(p.dir.owner));
+    if (closed !== null) {
+      this.refuse(name, closed, vms);
+      return null;
+    }
+    p.readersOf = p.dir.owner;
     if (!this.audit(name, p, vms)) return null;
     return p;
   }
@@ -284,6 +342,14 @@ export class GuestDirs {
   private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
     p.settled = false;
     const why = p.dir.audit();
+    if (p.dir.movedAside.length > 0) {
+      const moved = p.dir.movedAside.splice(0);
+      this.limiter.warn(
+        'guest dir planted',
+        { guestDir: p.dir.path, moved },
+        `entries planted in ${p.dir.path} while others could write it moved aside: ${moved.join(', ')}`,
+      );
+    }
     if (why !== null) {
       this.refuse(name, why, vms);
       return false;
@@ -293,8 +359,14 @@ export class GuestDirs {
   }
 
   /** Another VM takes the directory (a VM started again with the same UUID): its counters go on from the files' values. */
-  private switchTo(p: Published, vmId: number): void {
-    p.vmId = vmId;
+  private switchTo(p: Published, vm: GuestDirVm): void {
+    // Readable by the new VM's user (and no longer by the last one's) before anything of it is written.
+    if (vm.uid !== p.readersOf) {
+      const why = p.dir.restrict(this.source.readers(vm.uid));
+      if (why !== null) throw new Error(why);
+      p.readersOf = vm.uid;
+    }
+    p.vmId = vm.vmId;
     p.zones.clear();
     p.stats = p.stats?.close() ?? null;
     p.final = false;
@@ -314,11 +386,14 @@ export class GuestDirs {
     if (file === null) return this.writeFromOutput(p);
     // No value written since the last sample (an idle VM): no zone's words to compare, and nothing to
     // do at all when every zone was shown since the directory's last audit (which may let one go).
-    const quiet = !file.valuesMoved() && !fresh;
+    // After a failed write every zone is written again (its words may have moved with no file written).
+    const again = fresh || p.failed;
+    p.failed = false;
+    const quiet = !file.valuesMoved() && !again;
     if (quiet && p.settled) return;
     for (const z of file.zones) {
       // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
-      if (!fresh && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
+      if (!again && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
       this.show(p, z.id, z.name, file.energyOf(z));
     }
     p.settled = true;

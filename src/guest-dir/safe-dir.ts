@@ -19,6 +19,7 @@ import {
   errnoName,
   exchangeAt,
   fchmodFd,
+  fsetxattrFd,
   fstatRaw,
   mapShared,
   mkdirAt,
@@ -58,6 +59,52 @@ const DIR_MODE = 0o755;
 const ENOENT = 2;
 const EAGAIN = 11;
 const EEXIST = 17;
+/** Bits of a directory's mode that let its group or anyone else add, remove or rename entries. */
+const OTHERS_WRITE = 0o022n;
+/** Where a planted entry with one of the helper's names is moved, in its directory: no zone's name, no `.vmsr-` name. */
+const PLANTED_PREFIX = '.planted-';
+/**
+ * errnos a write meets on a sound directory that may pass (a full or over-quota file system, no
+ * memory, no fd): the write is tried again at the next sample (WriteFailure), the directory is not refused.
+ */
+const PASSING = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'ENOMEM', 'EMFILE', 'ENFILE', 'EINTR']);
+
+/** A write into a sound directory that failed for a reason that may pass (PASSING, a short write): try again. */
+export class WriteFailure extends Error {}
+
+/** The error of a write of `what` that returned `r` (-errno, or fewer bytes than asked): a WriteFailure when it may pass. */
+function writeError(what: string, r: number, fix?: string): Error {
+  const why = r >= 0 ? 'short write' : errnoName(-r);
+  const message = cannot(what, why, fix);
+  return r >= 0 || PASSING.has(why) ? new WriteFailure(message) : new Error(message);
+}
+
+/** Who may read a VM's directory besides its owner: the VM's uid and a group (docs/guest.md "Who reads it"). */
+export interface GuestReaders {
+  uid: number;
+  gid: number | null;
+}
+
+/**
+ * The access ACL (system.posix_acl_access, version 2) of a directory its owner may enter and write,
+ * `readers` list and enter, and nobody else: entries (tag, permission, id) in the kernel's order.
+ */
+function readersAcl(owner: number, readers: GuestReaders): Buffer {
+  const NONE = 0xffffffff;
+  const entries: [number, number, number][] = [[0x01, 7, NONE]];
+  if (readers.uid !== owner && readers.uid !== 0) entries.push([0x02, 5, readers.uid]);
+  entries.push([0x04, 0, NONE]);
+  if (readers.gid !== null) entries.push([0x08, 5, readers.gid]);
+  entries.push([0x10, 5, NONE], [0x20, 0, NONE]);
+  const b = Buffer.alloc(4 + 8 * entries.length);
+  b.writeUInt32LE(2, 0);
+  entries.forEach(([tag, perm, id], i) => {
+    b.writeUInt16LE(tag, 4 + 8 * i);
+    b.writeUInt16LE(perm, 6 + 8 * i);
+    b.writeUInt32LE(id, 8 + 8 * i);
+  });
+  return b;
+}
 
 /** What a directory is as lstat would say, from an fd opened O_PATH | O_NOFOLLOW. */
 function kindOf(st: fs.BigIntStats): string {
@@ -117,12 +164,18 @@ export interface GuestTree {
   readonly path: string;
   /** Owner of the directory (a directory a VM's user owns belongs to that user's VMs only). */
   readonly owner: number;
+  /** Its group (a directory of root's or the helper's belongs to the VMs in it: guest-dirs.ts). */
+  readonly group: number;
+  /** Made readable by its owner and `readers` alone (the helper's directory: an ACL); why it cannot be, or null. */
+  restrict(readers: GuestReaders): string | null;
   /** Whether it may have changed since the last audit(): cheap, each sample. */
   changed(): boolean;
   /** Its changes told by `watch` (one inotify queue for every directory) instead of an fstat each sample, where it can: whether they are. */
   watchWith(watch: DirWatch): boolean;
   /** Why it is refused now, or null. */
   audit(): string | null;
+  /** Entries planted with the helper's names that audit() moved aside while the directory was open to others. */
+  readonly movedAside: string[];
   /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
   write(rel: string, file: string, text: string): void;
   /** The same for a file rewritten at every sample (energy_uj): readers see the same, at a third of the cost. */
@@ -154,10 +207,16 @@ export class SafeDir implements GuestTree {
   /** The inotify watch telling its changes, when it has one. */
   private watched: { watch: DirWatch; wd: number } | null = null;
 
+  /** Planted entries with the helper's names are moved aside at the next audit (the directory was open to others). */
+  private clearPlanted = false;
+  /** Entries the last audit moved aside, as `name -> new name` (the publisher says so). */
+  readonly movedAside: string[] = [];
+
   private constructor(
     private readonly fd: number,
     readonly path: string,
     readonly owner: number,
+    readonly group: number,
   ) {}
 
   /** Refusal of a directory owned by `uid` when only `owners` may own it, or null. */
@@ -185,7 +244,7 @@ export class SafeDir implements GuestTree {
       closeFd(fd);
       return fail(refusal);
     }
-    return ok(new SafeDir(fd, where, uid));
+    return ok(new SafeDir(fd, where, uid, Number(st.gid)));
   }
 
   /** What `name` in `rootFd` is now (inode, times, size, links), not followed; '' when it is not there. */
@@ -196,6 +255,17 @@ export class SafeDir implements GuestTree {
     } catch {
       return '';
     }
+  }
+
+  restrict(readers: GuestReaders): string | null {
+    if (this.owner !== this.euid) return null;
+    const st = fs.fstatSync(this.fd, { bigint: true });
+    // Open to others until now: whatever they planted with the helper's names goes aside at the audit.
+    if ((st.mode & OTHERS_WRITE) !== 0n) this.clearPlanted = true;
+    const r = fsetxattrFd(this.fd, 'system.posix_acl_access', readersAcl(this.owner, readers));
+    if (r < 0)
+      return cannot(`let only the VM's user and the observers read ${this.path}`, `its ACL: ${errnoName(-r)}`, 'put --guest-dir on tmpfs');
+    return null;
   }
 
   watchWith(watch: DirWatch): boolean {
@@ -225,25 +295,47 @@ export class SafeDir implements GuestTree {
     const st = fs.fstatSync(this.fd, { bigint: true });
     // Given to another user since it was opened: it no longer belongs to the VM it was opened for.
     if (Number(st.uid) !== this.owner) return `${this.path} changed owner (uid ${this.owner} to ${st.uid})`;
+    if (Number(st.gid) !== this.group) return `${this.path} changed group (gid ${this.group} to ${st.gid})`;
+    const open = (st.mode & OTHERS_WRITE) !== 0n;
+    const aside = open || this.clearPlanted;
+    this.clearPlanted = false;
     const names = fs.readdirSync(`/proc/self/fd/${this.fd}`);
     if (names.length > MAX_GUEST_DIR_ENTRIES) return `${this.path} holds ${names.length} entries, more than ${MAX_GUEST_DIR_ENTRIES}`;
     for (const name of names) {
       const e = lstatAt(this.fd, name);
       if (e === null) continue;
       const kind = kindOf(e);
-      if (kind !== 'a file' && kind !== 'a directory') return `${this.path} holds ${kind}, ${JSON.stringify(name)}`;
-      if (isHelperEntry(name) && Number(e.uid) !== this.euid)
+      if (kind !== 'a file' && kind !== 'a directory' && !(aside && isHelperEntry(name) && this.moveAside(name)))
+        return `${this.path} holds ${kind}, ${JSON.stringify(name)}`;
+      if (kind !== 'a file' && kind !== 'a directory') continue;
+      if (isHelperEntry(name) && Number(e.uid) !== this.euid) {
+        // Planted by another user while others could write here: no longer at a name the guest reads as the helper's.
+        if (aside && this.moveAside(name)) continue;
         return `${this.path}/${name} was not made by the helper (owned by uid ${e.uid}, the helper is uid ${this.euid})`;
+      }
       const made = this.dirs.get(name);
       // One of the helper's directories moved away and something else put there: made again.
       if (made !== undefined && made.ino !== e.ino) this.dropDir(name);
     }
+    if (open)
+      return `${this.path} is writable by others than its owner (mode ${(st.mode & 0o7777n).toString(8)}): entries planted with the helper's names are moved aside (${PLANTED_PREFIX}<name>)`;
     // Moved away with nothing in its place: let go too (made again when next written).
     const listed = new Set(names);
     for (const rel of [...this.dirs.keys()]) if (!rel.includes('/') && !listed.has(rel)) this.dropDir(rel);
     // Seen settled only when its last change is older than the file system's time granularity.
     this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? seen : null;
     return null;
+  }
+
+  /** A planted entry at one of the helper's names renamed to PLANTED_PREFIX + its name (+ its inode when that is taken): whether it moved. */
+  private moveAside(name: string): boolean {
+    let to = PLANTED_PREFIX + name;
+    if (renameAt(this.fd, name, to) !== 0) {
+      to = `${to}.${lstatAt(this.fd, name)?.ino ?? 0}`;
+      if (renameAt(this.fd, name, to) !== 0) return false;
+    }
+    this.movedAside.push(`${name} -> ${to}`);
+    return true;
   }
 
   /** The fd of the helper's directory `rel` ('a' or 'a/b', each made when missing, owned by the helper). */
@@ -254,7 +346,7 @@ export class SafeDir implements GuestTree {
     const parent = slash < 0 ? this.fd : this.dir(rel.slice(0, slash));
     const name = rel.slice(slash + 1);
     const made = mkdirAt(parent, name, DIR_MODE);
-    if (made < 0 && made !== -EEXIST) throw new Error(cannot(`make ${this.path}/${rel}`, errnoName(-made), this.fix()));
+    if (made < 0 && made !== -EEXIST) throw writeError(`make ${this.path}/${rel}`, made, this.fix());
     const fd = openAt(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) throw new Error(`${this.path}/${rel} is not a directory the helper can open (${errnoName(-fd)})`);
     const st = fs.fstatSync(fd, { bigint: true });
@@ -273,7 +365,8 @@ export class SafeDir implements GuestTree {
     const dirFd = rel === '' ? this.fd : this.dir(rel);
     const fd = this.create(dirFd, file, O_WRONLY);
     try {
-      if (writeFd(fd, textBuf, n) !== n) throw new Error(cannot(`write ${this.path}/${rel}/${file}`, 'short write'));
+      const w = writeFd(fd, textBuf, n);
+      if (w !== n) throw writeError(`write ${this.path}/${rel}/${file}`, w);
     } finally {
       closeFd(fd);
     }
@@ -305,7 +398,8 @@ export class SafeDir implements GuestTree {
     const dirFd = rel === '' ? this.fd : this.dir(rel);
     const fd = this.create(dirFd, file, O_WRONLY);
     try {
-      if (writeFd(fd, textBuf, n) !== n) throw new Error(cannot(`write ${this.path}/${rel}/${file}`, 'short write'));
+      const w = writeFd(fd, textBuf, n);
+      if (w !== n) throw writeError(`write ${this.path}/${rel}/${file}`, w);
     } catch (e) {
       closeFd(fd);
       throw e;
@@ -331,9 +425,11 @@ export class SafeDir implements GuestTree {
       return false;
     }
     try {
-      if (pwriteFd(spare.fd, textBuf, n, 0) !== n) throw new Error(cannot(`write into ${this.path}`, 'short write'));
+      const w = pwriteFd(spare.fd, textBuf, n, 0);
+      if (w !== n) throw writeError(`write into ${this.path}`, w);
       // A value after the wrap is shorter: the old digits cut off before anyone can open it.
-      if (n < spare.len && truncateFd(spare.fd, n) < 0) throw new Error(cannot(`write into ${this.path}`, 'ftruncate failed'));
+      const t = n < spare.len ? truncateFd(spare.fd, n) : 0;
+      if (t < 0) throw writeError(`cut ${this.path}'s value short`, t);
       spare.len = n;
     } finally {
       dropLease(spare.fd);
@@ -369,7 +465,8 @@ export class SafeDir implements GuestTree {
   mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint } {
     const fd = this.create(this.fd, file, O_RDWR);
     try {
-      if (writeFd(fd, bytes, bytes.length) !== bytes.length) throw new Error(cannot(`write ${this.path}/${file}`, 'short write'));
+      const w = writeFd(fd, bytes, bytes.length);
+      if (w !== bytes.length) throw writeError(`write ${this.path}/${file}`, w);
       const mapping = mapShared(fd, bytes.length, true);
       const ino = fs.fstatSync(fd, { bigint: true }).ino;
       this.rename(this.fd, file);
@@ -400,7 +497,7 @@ export class SafeDir implements GuestTree {
     if (readlinkAt(dirFd, name) === target) return;
     unlinkAt(dirFd, name);
     const r = symlinkAt(target, dirFd, name);
-    if (r < 0) throw new Error(cannot(`make the link ${this.path}/${rel}/${name}`, errnoName(-r), this.fix()));
+    if (r < 0) throw writeError(`make the link ${this.path}/${rel}/${name}`, r, this.fix());
   }
 
   holds(rel: string): boolean {
@@ -443,14 +540,14 @@ export class SafeDir implements GuestTree {
       unlinkAt(dirFd, tmp);
       fd = openAt(dirFd, tmp, access | O_CREAT | O_EXCL | O_NOFOLLOW, FILE_MODE);
     }
-    if (fd < 0) throw new Error(cannot(`write into ${this.path}`, errnoName(-fd), this.fix()));
+    if (fd < 0) throw writeError(`write into ${this.path}`, fd, this.fix());
     if (needChmod) fchmodFd(fd, FILE_MODE);
     return fd;
   }
 
   private rename(dirFd: number, file: string): void {
     const r = renameAt(dirFd, TEMP_PREFIX + file, file);
-    if (r < 0) throw new Error(cannot(`put ${this.path}/${file} in place`, errnoName(-r), this.fix()));
+    if (r < 0) throw writeError(`put ${this.path}/${file} in place`, r, this.fix());
   }
 
   private fix(): string {

@@ -258,7 +258,9 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     discovery: o.discovery && {
       ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
       preferredGroups,
-      onFull: (f) => limiter.warn('discovery full', { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
+      // Rate-limited per bound: other uids' refusals (their shares) never hide that the cap itself is full.
+      onFull: (f) =>
+        limiter.warn(`discovery full: ${f.bound}`, { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
     },
     deferDiscovery: true,
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),

@@ -66,6 +66,7 @@ const fn = {
   readlinkat: libc.func('long readlinkat(int dirfd, const char *path, void *buf, size_t size)'),
   write: libc.func('long write(int fd, const void *buf, size_t count)'),
   fchmod: libc.func('int fchmod(int fd, uint32_t mode)'),
+  fsetxattr: libc.func('int fsetxattr(int fd, const char *name, const void *value, size_t size, int flags)'),
   fstat: libc.func('int fstat(int fd, void *buf)'),
   read: libc.func('long read(int fd, void *buf, size_t count)'),
   inotify_init1: libc.func('int inotify_init1(int flags)'),
@@ -841,6 +842,11 @@ export function writeFd(fd: number, buf: Buffer, length: number): number {
 /** fchmod(2): 0 or -errno. */
 export function fchmodFd(fd: number, mode: number): number {
   return (fn.fchmod(fd, mode) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** fsetxattr(2) of `name` to `value`: 0 or -errno. */
+export function fsetxattrFd(fd: number, name: string, value: Buffer): number {
+  return (fn.fsetxattr(fd, name, value, value.length, 0) as number) === 0 ? 0 : -koffi.errno();
 }
 
 /** Bytes of x86_64's struct stat (asm/stat.h): the buffer fstatRaw fills. */

@@ -89,5 +89,5 @@ export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number
   }
   const st = parseProcStatus(text);
   if (st.uid[0] !== peer.uid || st.uid[1] !== peer.uid) return false;
-  return st.groups.includes(gid);
+  return st.gid[1] === gid || st.groups.includes(gid);
 }

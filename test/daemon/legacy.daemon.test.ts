@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { hostArgs, LegacyClient, req, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
 import { synthPowerInfo, synthPowerLimit } from '../../src/msr/legacy-registers.js';
+import { steady } from '../support/wait.js';
 
 /**
  * The 8 bytes at file offset = MSR, what the kernel's msr driver would return. Neighbouring MSR
@@ -176,12 +177,15 @@ describe('legacy protocol (Intel host, real daemon)', () => {
           return false;
         }
       }).length;
-    const before = fds();
+    // Counted once the earlier tests' connections are gone: the same count over half a second.
+    const before = await steady(fds, 'the socket count to settle before the connections');
     const clients = await Promise.all(Array.from({ length: 20 }, () => LegacyClient.connect(sock)));
     for (const c of clients) expect(await c.request(0x611, 0, process.pid)).toBe(E0);
-    expect(fds() - before).toBe(20);
+    // The takeover of each accepted socket happens after its first reply: waited for, not read once.
+    await waitFor(() => fds() - before === 20, `the helper to hold 20 sockets more than ${before}`, undefined, 30_000);
+    expect(await steady(fds, 'the socket count to settle with the 20 connections')).toBe(before + 20);
     for (const c of clients) c.close();
-    await waitFor(() => fds() === before, 'the helper to close the 20 connections');
+    await waitFor(() => fds() === before, 'the helper to close the 20 connections', undefined, 30_000);
   });
 
   test('a failed MSR read replies 0; the cpu is fine again once readable', async () => {

@@ -42,7 +42,7 @@ async function client(): Promise<V2Client> {
   return c;
 }
 
-async function listed(c: V2Client, pid: number, timeoutMs = 5000): Promise<VmInfo> {
+async function listed(c: V2Client, pid: number, timeoutMs = 60_000): Promise<VmInfo> {
   let vm: VmInfo | undefined;
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
@@ -55,16 +55,26 @@ async function listed(c: V2Client, pid: number, timeoutMs = 5000): Promise<VmInf
 
 const sum = (u: VmUpdate) => u.vpkgs.map((v) => Number(v.energyUj));
 
-describe('discovery', () => {
+describe('discovery', { timeout: 180_000 }, () => {
   it('finds a QEMU-like process within 2 samples, with name, UUID and virtual packages from -smp', async () => {
     const c = await client();
     const q = await fake({
       vcpus: 4,
       args: ['-name', 'guest=fake-one,debug-threads=on', '-uuid', '5c6e8a2e-1b0f-4d1c-9a57-0e9a3f0c1d2e', '-smp', '4,sockets=2'],
     });
+    // Late only when a LIST sent after 2 more samples still did not show it: a test process slowed
+    // by a busy host polls late, which says nothing of the daemon.
     const before = h.service.stats.samples;
-    const vm = await listed(c, q.pid);
-    expect(h.service.stats.samples - before).toBeLessThanOrEqual(2);
+    let late = 0;
+    let vm: VmInfo | undefined;
+    for (const deadline = Date.now() + 60_000; vm === undefined && Date.now() < deadline;) {
+      const at = h.service.stats.samples;
+      vm = (await c.list()).find((v) => v.pid === q.pid && !v.ended);
+      if (vm === undefined && at - before > 2) late = at - before;
+      if (vm === undefined) await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(vm, `pid ${q.pid} listed`).toBeDefined();
+    expect(late, 'samples after its start at which a LIST still did not show it').toBe(0);
     expect(vm).toMatchObject({
       name: 'fake-one',
       uuid: '5c6e8a2e-1b0f-4d1c-9a57-0e9a3f0c1d2e',
@@ -83,7 +93,7 @@ describe('discovery', () => {
     const vm = await listed(c, q.pid);
     let last: VmUpdate | undefined;
     await c.observe(vm.hostVmId, (u) => (last = u));
-    await until(() => last !== undefined && Number(last.vpkgs[1]!.energyUj) > 200_000, 10_000, 'vpkg 1 energy');
+    await until(() => last !== undefined && Number(last.vpkgs[1]!.energyUj) > 200_000, 60_000, 'vpkg 1 energy');
     const [e0, e1] = sum(last!);
     expect(e1).toBeGreaterThan(10 * e0!);
   });
@@ -99,7 +109,7 @@ describe('discovery', () => {
     await c.observe(vm.hostVmId, (u) => (last = u));
     await until(
       () => last !== undefined && last.vpkgs.length === 2 && Number(last.vpkgs[1]!.energyUj) > 200_000,
-      10_000,
+      60_000,
       'vpkg 1 after hotplug',
     );
     expect((await listed(c, q.pid)).nvpkg).toBe(2);
@@ -131,10 +141,10 @@ describe('discovery', () => {
     const updates: VmUpdate[] = [];
     await c.observe(vm.hostVmId, (u) => updates.push(u));
     await q.kill();
-    await until(() => updates.some((u) => u.ended), 5000, 'ended update');
+    await until(() => updates.some((u) => u.ended), 60_000, 'ended update');
     const samplesAtEnd = h.service.stats.samples;
     expect((await c.list()).find((v) => v.hostVmId === vm.hostVmId)?.ended).toBe(true);
-    await until(() => h.service.stats.samples > samplesAtEnd + ENDED_DISCOVERED_KEPT_SAMPLES + 1, 5000, 'samples');
+    await until(() => h.service.stats.samples > samplesAtEnd + ENDED_DISCOVERED_KEPT_SAMPLES + 1, 60_000, 'samples');
     expect((await c.list()).some((v) => v.hostVmId === vm.hostVmId)).toBe(false);
   });
 
@@ -171,7 +181,7 @@ describe('discovery within the fd budget', () => {
         await new Promise((r) => setTimeout(r, 400));
         expect((await c.list()).some((v) => v.pid === q.pid)).toBe(false);
         room = 1000;
-        expect((await listed(c, q.pid, 3000)).name).toBe('too-big');
+        expect((await listed(c, q.pid, 30_000)).name).toBe('too-big');
       } finally {
         await c.close();
       }

@@ -56,7 +56,7 @@ describe.skipIf(why !== null)('discovery of real QEMU', () => {
     });
     let last: VmUpdate | undefined;
     await c.observe(vm.hostVmId, (u) => (last = u));
-    await until(() => last !== undefined && Number(last.vpkgs[0]!.energyUj) > 100_000, 15_000, 'whole-VM energy');
+    await until(() => last !== undefined && Number(last.vpkgs[0]!.energyUj) > 100_000, 60_000, 'whole-VM energy');
     expect(last!.vpkgs).toHaveLength(1);
     await g.stop();
   }, 120_000);
@@ -76,11 +76,11 @@ describe.skipIf(why !== null)('discovery of real QEMU', () => {
       first ??= u;
       last = u;
     });
-    await until(() => last !== undefined && Number(last.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj) > 300_000, 15_000, 'vpkg 1 energy');
+    await until(() => last !== undefined && Number(last.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj) > 300_000, 60_000, 'vpkg 1 energy');
     const d0 = Number(last!.vpkgs[0]!.energyUj - first!.vpkgs[0]!.energyUj);
     const d1 = Number(last!.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj);
     expect(d1).toBeGreaterThan(5 * d0);
-  }, 60_000);
+  }, 180_000);
 });
 
 describe.skipIf(why !== null)('discovery of real QEMU on a host with other RAPL domains', () => {
@@ -123,7 +123,7 @@ describe.skipIf(why !== null)('discovery of real QEMU on a host with other RAPL 
     );
     await until(
       () => last !== undefined && Number(last.vpkgs[1]!.energyUj - first!.vpkgs[1]!.energyUj) > 1_000_000,
-      20_000,
+      60_000,
       'vpkg 1 energy',
     );
     const dram = (u: VmUpdate) => u.domains!.find((d) => d.domain === 'dram')!.vpkgEnergyUj;
@@ -137,5 +137,5 @@ describe.skipIf(why !== null)('discovery of real QEMU on a host with other RAPL 
       expect(dr / pkg).toBeGreaterThan(DRAM_SHARE * 0.9);
       expect(dr / pkg).toBeLessThan(DRAM_SHARE * 1.1);
     }
-  }, 60_000);
+  }, 180_000);
 });

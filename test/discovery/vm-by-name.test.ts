@@ -72,7 +72,7 @@ function cli(args: string[], prefix: string[] = []): Promise<{ code: number; std
   );
 }
 
-describe('watch NAME|UUID|PID', () => {
+describe('watch NAME|UUID|PID', { timeout: 240_000 }, () => {
   it('watch finds a discovered VM by name, UUID and pid and prints it, its header and rows when given --count', async () => {
     const sock = await daemon();
     const q = await fakeVm('nbvm1');
@@ -173,11 +173,13 @@ describe('watch NAME|UUID|PID', () => {
       ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--'],
     );
     expect(stranger.code).toBe(1);
-    expect(stranger.stderr).toContain('cannot find the VM "nbvm1": no VM has that pid, UUID or name (the helper lists no VM you may see)');
+    // Other processes of uid nobody that look like QEMU may run on this host: the stranger may see those, never nbvm1.
+    expect(stranger.stderr).toContain('cannot find the VM "nbvm1": no VM has that pid, UUID or name (the ');
+    expect(stranger.stderr).not.toMatch(/you may see are [^)]*"nbvm1"/);
   });
 });
 
-describe('record --vm NAME|UUID|PID', () => {
+describe('record --vm NAME|UUID|PID', { timeout: 240_000 }, () => {
   it("record --vm takes a discovered VM's pid, name and vCPU threads from the helper and this host's /proc", async () => {
     const { sock, fake, dir } = await daemonOnFakeHost();
     const q = await fakeVm('nbvm1');
@@ -222,10 +224,10 @@ describe('record --vm NAME|UUID|PID', () => {
         .filter((l) => l.includes('"type":"update"'))
         .map((l) => JSON.parse(l) as { vm_id: number; vpkgs: { energy_uj: string }[] });
     const total = (u: { vpkgs: { energy_uj: string }[] }) => u.vpkgs.reduce((a, v) => a + BigInt(v.energy_uj), 0n);
-    await waitFor(() => updates().length >= 3, 'watch rows before the restart');
+    await waitFor(() => updates().length >= 3, 'watch rows before the restart', undefined, 90_000);
     helper.proc.kill('SIGHUP');
-    await waitFor(() => helper.stderr().includes('"msg":"handed over:'), 'the restart', helper, 20_000);
-    await waitFor(() => err.includes('note: the helper restarted'), 'watch to follow the restart', undefined, 20_000);
+    await waitFor(() => helper.stderr().includes('"msg":"handed over:'), 'the restart', helper, 60_000);
+    await waitFor(() => err.includes('note: the helper restarted'), 'watch to follow the restart', undefined, 60_000);
     const before = updates().length;
     await waitFor(() => updates().length >= before + 3, 'watch rows after the restart', undefined, 15_000);
     const all = updates();

@@ -97,12 +97,14 @@ describe('GuestDirs with the inotify queue', () => {
     fs.mkdirSync(vmDir);
     const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 1, tickExponent: -2, domains: [] });
     const source: GuestDirSource = {
-      vms: () => [{ vmId: 0, uuid: null, name: 'vm-0', uid: process.geteuid?.() ?? 0, live: true }],
+      vms: () => [{ vmId: 0, uuid: null, name: 'vm-0', pid: process.pid, uid: process.geteuid?.() ?? 0, live: true }],
       output: () => undefined,
       statsCopy: (_vmId, map) => {
         map(encodeStatsFile(layout));
         return { layout, current: true, valuesWritten: 0, close: () => {} };
       },
+      inGroup: () => false,
+      readers: (uid) => ({ uid, gid: null }),
     };
     let logged = '';
     const log = pino(

@@ -194,7 +194,8 @@ describe('--guest-dir', { timeout: 240_000 }, () => {
     cleanups.push(() => fromGuest.close());
     // Its own file, once the reader's copy it sent is closed.
     await waitFor(() => vmMemfds(socket).length === 1, "one memfd in the daemon: the VM's statistics file", helper);
-    expect(vmMemfds(socket)).toEqual([expect.stringMatching(new RegExp(`/memfd:vmsr-vm-${vmId} `))]);
+    const own = new RegExp(`/memfd:vmsr-vm-${vmId} `);
+    await waitFor(() => vmMemfds(socket).length === 1 && own.test(vmMemfds(socket)[0]!), `the one memfd to be VM ${vmId}'s`, helper);
     // The same header, id string and descriptors, byte for byte.
     const head = (f: number) => {
       const b = Buffer.alloc(fromFd.layout.dataOffset);
@@ -297,21 +298,25 @@ describe('--guest-dir', { timeout: 240_000 }, () => {
     await waitFor(() => exists(path.join(fixed, 'intel-rapl:0/energy_uj')), 'the fixed directory written', helper, 60_000);
   });
 
-  it("writes a directory owned by the VM's user, and refuses it to a VM of another user", async (ctx) => {
+  it("writes root's directory of a VM's group for that VM, and nothing for a VM of another user", async (ctx) => {
     const why = missing({ root: true });
     if (why) return ctx.skip(why);
     const { helper, dir } = await guestDaemon();
     const theirs = await vm({ uid: NOBODY });
-    const mine = await vm();
-    for (const v of [theirs, mine]) {
+    const mine = await vm({ uid: NOBODY });
+    // Both root's (the helper's: it runs as root), one of nobody's group, one of root's.
+    for (const [v, gid] of [
+      [theirs, NOBODY],
+      [mine, 0],
+    ] as const) {
       const d = path.join(path.dirname(dir), v.uuid);
-      fs.mkdirSync(d, { mode: 0o777 });
-      fs.chmodSync(d, 0o777);
-      fs.chownSync(d, NOBODY, NOBODY);
+      fs.mkdirSync(d, { mode: 0o755 });
+      fs.chownSync(d, 0, gid);
       fs.renameSync(d, path.join(dir, v.uuid));
     }
-    await waitFor(() => exists(path.join(dir, theirs.uuid, 'intel-rapl:0/energy_uj')), "the VM user's directory written", helper, 60_000);
+    await waitFor(() => exists(path.join(dir, theirs.uuid, 'intel-rapl:0/energy_uj')), "the VM group's directory written", helper, 60_000);
     await waitFor(() => refusals(helper, path.join(dir, mine.uuid)).length > 0, 'the refusal', helper, 60_000);
+    expect(refusals(helper, path.join(dir, mine.uuid))[0]).toContain(`${mine.qemu.pid} (uid ${NOBODY})`);
     expect(fs.readdirSync(path.join(dir, mine.uuid))).toEqual([]);
   });
 });

@@ -60,7 +60,7 @@ describe('a real Linux guest', { timeout: 300_000 }, () => {
       [
         ...['-accel', 'tcg', '-m', '256', '-smp', '1', '-nographic', '-no-reboot', '-nodefaults', '-serial', 'stdio'],
         ...['-name', 'guest=vmsr-linux-guest,debug-threads=on', '-uuid', uuid],
-        ...['-kernel', kernel, '-initrd', path.join(tmp, 'initramfs.gz'), '-append', 'console=ttyS0 quiet panic=-1'],
+        ...['-kernel', kernel, '-initrd', path.join(tmp, 'initramfs.gz'), '-append', 'console=ttyS0 quiet panic=-1 no_timer_check'],
         ...['-virtfs', `local,path=${path.join(guests, uuid)},mount_tag=vmsr,security_model=none,readonly=on`],
       ],
       { stdio: ['ignore', 'pipe', 'pipe'] },

@@ -164,3 +164,35 @@ export function taskRoom(): { tasks: number; pidMax: number } {
   const tasks = Number(fs.readFileSync('/proc/loadavg', 'utf8').split(' ')[3]!.split('/')[1]);
   return { tasks, pidMax };
 }
+
+/**
+ * The real daemon (root, every capability but CAP_SYS_RAWIO dropped, as the unit starts it) on a
+ * fake host whose package counts, publishing into `guestDir` at 0.1 s; `extra` after its options.
+ */
+export async function startGuestDirDaemon(guestDir: string, extra: string[] = [], env?: NodeJS.ProcessEnv): Promise<DaemonChild> {
+  const { host, sock } = fakeHost();
+  onCleanup(host.pumpEnergy({ units: 4096, everyMs: 20 }));
+  const daemon = track(
+    spawnHelper(['-k', sock, ...hostArgs(host), '--interval', '0.1', '--guest-dir', guestDir, ...extra], env ? { env } : {}),
+  );
+  await waitFor(() => daemon.stderr().includes('"msg":"Listening on'), 'the helper to listen', daemon);
+  return daemon;
+}
+
+/** The daemon's lines saying it cannot publish into `dir`. */
+export function guestDirLines(daemon: DaemonChild, dir: string): string[] {
+  return daemon
+    .stderr()
+    .split('\n')
+    .filter((l) => l.includes(`cannot publish into ${dir}`) || l.includes(`cannot write into ${dir}`) || l.includes(`cannot write ${dir}`));
+}
+
+/** A new --guest-dir (a directory `guests` in a new temp directory, both 0755), removed after the test. */
+export function guestRoot(): string {
+  const root = tempDir('vmsr-guests-');
+  onCleanup(() => fs.rmSync(root, { recursive: true, force: true }));
+  fs.chmodSync(root, 0o755);
+  const dir = path.join(root, 'guests');
+  fs.mkdirSync(dir, { mode: 0o755 });
+  return dir;
+}

@@ -7,8 +7,12 @@ export interface WatchedChild {
   stderr(): string;
 }
 
-/** Waits until `cond` holds (polling every 20 ms), or throws naming `what`, with the child's log. */
-export async function waitFor(cond: () => boolean, what: string, child?: WatchedChild, ms = 10_000): Promise<void> {
+/**
+ * Waits until `cond` holds (polling every 20 ms), or throws naming `what`, with the child's log. The
+ * default deadline is far above what a start or a few samples take on an idle machine (under a
+ * second): the suite runs beside other users' processes and busy loops.
+ */
+export async function waitFor(cond: () => boolean, what: string, child?: WatchedChild, ms = 30_000): Promise<void> {
   const end = Date.now() + ms;
   while (!cond()) {
     if (child && child.proc.exitCode !== null) throw new Error(`${what}: helper exited ${child.proc.exitCode}\n${child.stderr()}`);
@@ -28,5 +32,22 @@ export async function pollFor<T>(check: () => Promise<T | undefined>, what: stri
     if (v !== undefined) return v;
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n${log()}`);
     await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/**
+ * A count that other processes move for a while (sockets closing, fds of a takeover), read once it
+ * held the same value for `holdMs`: that value. Throws naming `what` after `ms`.
+ */
+export async function steady(read: () => number, what: string, holdMs = 500, ms = 30_000): Promise<number> {
+  const end = Date.now() + ms;
+  let value = read();
+  let since = Date.now();
+  for (;;) {
+    await new Promise((r) => setTimeout(r, 50));
+    const now = read();
+    if (now !== value) [value, since] = [now, Date.now()];
+    else if (Date.now() - since >= holdMs) return value;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}: still moving, last ${value}`);
   }
 }

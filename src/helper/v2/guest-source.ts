@@ -7,12 +7,16 @@ import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { StatsFiles } from './stats-files.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
+import { peerInGroup } from '../../os/peer.js';
 
 interface GuestSourceParts {
   registry: Pick<VmRegistry, 'all'>;
   sampling: Pick<SamplingService, 'output'>;
   stats: Pick<StatsFiles, 'copy'>;
   fds?: FdAdmitter;
+  procRoot: string;
+  /** --observer-group: its members see every VM. */
+  observerGid?: number;
 }
 
 export function guestSource(p: GuestSourceParts): GuestDirSource {
@@ -21,5 +25,8 @@ export function guestSource(p: GuestSourceParts): GuestDirSource {
     output: (vmId) => p.sampling.output(vmId),
     statsCopy: (vmId, map) => p.stats.copy(vmId, map),
     canOpen: (n, what) => p.fds?.canOpen?.(n, what).ok ?? true,
+    inGroup: (vm, gid) => peerInGroup(p.procRoot, { pid: vm.pid, uid: vm.uid, gid: -1 }, gid),
+    // Who may see a VM (VmRegistry.canSee: root, the observer group, the VM's uid) as a file's readers.
+    readers: (uid) => ({ uid, gid: p.observerGid ?? null }),
   };
 }

@@ -303,7 +303,13 @@ function makeParts(
   const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, engine, registry, sampling);
   const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy, limits?.limiter);
   const guests =
-    o.guestDir === undefined ? undefined : new GuestDirs(o.guestDir, guestSource({ registry, sampling, stats, fds: o.fds }), o.log);
+    o.guestDir === undefined
+      ? undefined
+      : new GuestDirs(
+          o.guestDir,
+          guestSource({ registry, sampling, stats, fds: o.fds, procRoot: o.procRoot, observerGid: o.observerGid }),
+          o.log,
+        );
   const requests: RequestParts = {
     registry,
     sampling,
