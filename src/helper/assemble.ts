@@ -149,7 +149,15 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     ...(o.restore ? { restore: o.restore } : {}),
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-    ...(o.guestEnergy ? { guestEnergy: { ...o.guestEnergy, heldFds: (pid: number, tid: number) => tasks.heldFds(pid, tid) } } : {}),
+    ...(o.guestEnergy
+      ? {
+          guestEnergy: {
+            ...o.guestEnergy,
+            heldFds: (pid: number, tid: number) => tasks.heldFds(pid, tid),
+            ...(o.ledger ? { ledger: o.ledger } : {}),
+          },
+        }
+      : {}),
   });
   return {
     host,
