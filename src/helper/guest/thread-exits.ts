@@ -19,7 +19,7 @@
  * exited before its start read is missed, and harmless when the two reads are less than a clock tick
  * apart (QEMU read 0 ticks of it, and 0 - 0 does not underflow): when they are not, or there is no
  * last read, the window counts as one with an exit. The property test runs this on a simulated
- * thread table (test/guest-energy/thread-exits.property.test.ts).
+ * thread table (test/helper/guest/thread-exits.property.test.ts).
  */
 import fs from 'node:fs';
 import { closeFd, epollAdd, epollCreate, epollReadyNow, gettid, pidfdOpenThread } from '../../os/libc.js';
