@@ -35,6 +35,9 @@ export interface VmDomainStats {
 export interface VmGuestValues {
   guestUj: bigint;
   exactUj: bigint;
+  /** `guest_garbage_windows` and `guest_garbage_energy` (µJ), absent from files of older daemons. */
+  garbageWindows?: bigint;
+  garbageUj?: bigint;
 }
 
 interface BookLimits {
@@ -83,7 +86,7 @@ export interface BookedVm {
   readonly domainEnergy: Map<OtherDomain, RunningTotal[]>;
   domainWatts: Map<OtherDomain, (number | null)[]>;
   /** --guest-energy exact: what QEMU was given to credit the guest, and the exact energy of the same windows (statistics files only). */
-  guest: { guest: RunningTotal; exact: RunningTotal } | null;
+  guest: { guest: RunningTotal; exact: RunningTotal; garbage: RunningTotal; garbageWindows: RunningTotal } | null;
   lastTNs: bigint | null;
   /** Exporter clock (ms) when the VM ended; null while it runs. */
   endedAtMs: number | null;
@@ -338,9 +341,11 @@ export class EnergyBook {
       r.domainWatts.set(d.domain, watts);
     }
     if (guest !== undefined) {
-      r.guest ??= { guest: new RunningTotal(), exact: new RunningTotal() };
+      r.guest ??= { guest: new RunningTotal(), exact: new RunningTotal(), garbage: new RunningTotal(), garbageWindows: new RunningTotal() };
       r.guest.guest.feed(guest.guestUj);
       r.guest.exact.feed(guest.exactUj);
+      r.guest.garbage.feed(guest.garbageUj ?? 0n);
+      r.guest.garbageWindows.feed(guest.garbageWindows ?? 0n);
     }
     if (u.tNs !== 0n) r.lastTNs = u.tNs;
     if (u.ended) this.end(r);

@@ -27,6 +27,7 @@ export const METRIC = {
   vmPower: 'vmsr_vm_power_watts',
   vmInfo: 'vmsr_vm_info',
   vmGuestEnergy: 'vmsr_vm_guest_energy_joules_total',
+  vmGuestGarbage: 'vmsr_vm_guest_garbage_windows_total',
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
@@ -43,10 +44,15 @@ export const METRIC = {
 } as const;
 
 /** The per-VM families: labels name, uuid, pid, uid, then vpkg and domain (energy, power) or source, whole_vm_only and sampled_whole (info). */
-export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily; guest: VmFamily } = {
+export const VM_FAMILIES: { energy: VmFamily; power: VmFamily; info: VmFamily; guest: VmFamily; garbage: VmFamily } = {
   guest: {
     name: METRIC.vmGuestEnergy,
-    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by) and the energy the helper attributed to the VM over the same windows (of="exact"), in joules; only VMs in exact mode',
+    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by), the energy the helper attributed to the VM over the same windows (of="exact"), and the energy QEMU\'s arithmetic credited otherwise than it would have without garbage (of="garbage"), in joules; only VMs in exact mode',
+    type: 'counter',
+  },
+  garbage: {
+    name: METRIC.vmGuestGarbage,
+    help: "With the helper's --guest-energy exact: windows in which QEMU's arithmetic turned the VM's delta into garbage (a thread it listed exited after the reply): the guest's counter is off; only VMs in exact mode",
     type: 'counter',
   },
   energy: {

@@ -58,7 +58,7 @@ export class VmExposition {
 
   constructor(
     private readonly book: EnergyBook,
-    private readonly families: { energy: VmFamily; power: VmFamily; info: VmFamily; guest?: VmFamily },
+    private readonly families: { energy: VmFamily; power: VmFamily; info: VmFamily; guest?: VmFamily; garbage?: VmFamily },
   ) {}
 
   /**
@@ -110,8 +110,14 @@ export class VmExposition {
         const t = this.textOf(r);
         out.push(`\n${guestName}{${t.base},of="guest"} ${formatValue(ujToJoules(r.guest!.guest.total))}`);
         out.push(`\n${guestName}{${t.base},of="exact"} ${formatValue(ujToJoules(r.guest!.exact.total))}`);
+        out.push(`\n${guestName}{${t.base},of="garbage"} ${formatValue(ujToJoules(r.guest!.garbage.total))}`);
       }
       out.push(sep);
+      if (this.families.garbage !== undefined) {
+        const garbageName = head(this.families.garbage);
+        for (const r of exact) out.push(`\n${garbageName}{${this.textOf(r).base}} ${formatValue(Number(r.guest!.garbageWindows.total))}`);
+        out.push(sep);
+      }
     }
     const infoName = head(info);
     for (const r of vms) out.push(`\n${infoName}${this.infoText(r)}1`);

@@ -231,7 +231,6 @@ export function pidfdOpenThread(tid: number): number {
 
 const EPOLL_CLOEXEC = 0o2000000;
 const EPOLL_CTL_ADD = 1;
-const EPOLL_CTL_DEL = 2;
 const EPOLLIN = 1;
 /** x86_64's struct epoll_event is packed: u32 events, u64 data. */
 const EPOLL_EVENT_SIZE = 12;
@@ -248,11 +247,6 @@ export function epollAdd(epfd: number, fd: number, data: number): number {
   epollEvent.writeUInt32LE(EPOLLIN, 0);
   epollEvent.writeBigUInt64LE(BigInt(data >>> 0), 4);
   return (fn.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, epollEvent) as number) === 0 ? 0 : -koffi.errno();
-}
-
-/** Stops watching `fd` in `epfd` (closing `fd` does it too). */
-export function epollDel(epfd: number, fd: number): void {
-  fn.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, epollEvent);
 }
 
 /**

@@ -71,7 +71,7 @@ export function exitProbeKind(os: Pick<ExitOs, 'pidfdOpenThread' | 'close'> = { 
 }
 
 /** What a window's start read says against the helper's last read of the VM's threads. */
-export interface WatchStart {
+interface WatchStart {
   /** The threads of the start read (QEMU's list as near as the helper sees it). */
   tids: Iterable<number>;
   /** The threads of the helper's read before it (the last window's end read), if any. */
