@@ -56,7 +56,7 @@ function helperWindows(h: DaemonChild): HelperWindow[] {
   return out;
 }
 
-export interface Run {
+interface Run {
   sock: string;
   h: DaemonChild;
   q: RaplQemu;
@@ -215,6 +215,16 @@ function raplTest(name: string, body: () => Promise<void>): void {
   );
 }
 
+/**
+ * The part of the VM's energy between two windows' closes that the helper gave a virtual package,
+ * from the same sample as the window's `exact` (the debug window line carries both).
+ */
+const shareOf = (vpkg: number) => (a: HelperWindow, b: HelperWindow) => {
+  const sum = (w: HelperWindow) => w.vpkgUj.reduce((x, y) => x + y, 0);
+  const vm = sum(b) - sum(a);
+  return vm > 0 && a.vpkgUj.length > vpkg && b.vpkgUj.length > vpkg ? (b.vpkgUj[vpkg]! - a.vpkgUj[vpkg]!) / vm : NaN;
+};
+
 describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy', () => {
   raplTest('steady state: the guest reads the energy the helper attributed, within 0.995-1.005 over 20 s windows', async () => {
     const r = await startRun({ name: 'steady' });
@@ -263,13 +273,6 @@ describe('--guest-energy exact: a real QEMU 10 guest reads its own VM’s energy
       helperArgs: ['--interval', '0.25'],
     });
     await windowsClosed(r, 45);
-    // The part of the VM's energy between two windows' closes that the helper gave a virtual package,
-    // from the same sample as the window's `exact` (the debug window line carries both).
-    const shareOf = (vpkg: number) => (a: HelperWindow, b: HelperWindow) => {
-      const sum = (w: HelperWindow) => w.vpkgUj.reduce((x, y) => x + y, 0);
-      const vm = sum(b) - sum(a);
-      return vm > 0 && a.vpkgUj.length > vpkg && b.vpkgUj.length > vpkg ? (b.vpkgUj[vpkg]! - a.vpkgUj[vpkg]!) / vm : NaN;
-    };
     await enoughSpans(r, 6, { vpkg: 0, shareOf: shareOf(0) });
     await enoughSpans(r, 6, { vpkg: 1, serial: r.serial2!, shareOf: shareOf(1) });
     const m0 = measure(r, { vpkg: 0, shareOf: shareOf(0) });
@@ -378,3 +381,137 @@ async function vcpuTid(pid: number): Promise<number> {
     await new Promise((r) => setTimeout(r, 100));
   }
 }
+
+/** A small seeded generator (its seed printed), so that a failing churn can be told apart from the next. */
+function seeded(seed: number): () => number {
+  let x = seed >>> 0 || 1;
+  return () => (x = (Math.imul(x, 1_103_515_245) + 12_345) >>> 0) / 2 ** 32;
+}
+
+/** One way a user churns a VM's threads with QEMU's own commands (issue 39): a step run while the windows are counted. */
+interface Churn {
+  name: string;
+  qemuArgs?: string[];
+  mode?: 's' | 't';
+  /** One churn step (awaited between windows); returns what it did, for the count. */
+  step(qmp: QmpClient, rnd: () => number): Promise<string>;
+}
+
+const sleep = (ms: number) => new Promise((res) => setTimeout(res, ms));
+
+/** A migration to nowhere, cancelled after `ms`; a guest a finished one left in postmigrate is resumed with `cont` (as libvirt does). */
+async function migrateCancel(qmp: QmpClient, ms: number): Promise<string> {
+  await qmp.execute('migrate', { uri: 'exec:cat > /dev/null' }).catch(() => undefined);
+  await sleep(ms);
+  const status = ((await qmp.execute('query-migrate').catch(() => ({}))) as { status?: string }).status;
+  await qmp.execute('migrate_cancel').catch(() => undefined);
+  await qmp.execute('cont').catch(() => undefined);
+  return status === 'completed' ? 'completed+cont' : 'cancelled';
+}
+
+const CHURNS: Churn[] = [
+  {
+    name: 'migrations of a 1 GiB guest cancelled after 0.2-3 s',
+    qemuArgs: ['-m', '1024'],
+    async step(qmp, rnd) {
+      await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
+      const done = await migrateCancel(qmp, 200 + rnd() * 2800);
+      await sleep(200 + rnd() * 400);
+      return done;
+    },
+  },
+  {
+    name: 'migrations of a 1 GiB guest that complete, resumed with cont',
+    qemuArgs: ['-m', '1024'],
+    async step(qmp, rnd) {
+      // Zero pages go fast: at full speed most migrations complete within the wait.
+      await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 30 });
+      const done = await migrateCancel(qmp, 900 + rnd() * 1300);
+      await sleep(200 + rnd() * 400);
+      return done;
+    },
+  },
+  {
+    name: 'iothreads added and removed (object-add/object-del)',
+    async step(qmp, rnd) {
+      const ids = ['io0', 'io1', 'io2'].slice(0, 1 + Math.floor(rnd() * 3));
+      for (const id of ids) await qmp.execute('object-add', { 'qom-type': 'iothread', id });
+      await sleep(100 + rnd() * 900);
+      for (const id of ids) await qmp.execute('object-del', { id });
+      await sleep(100 + rnd() * 900);
+      return `iothreads x${ids.length}`;
+    },
+  },
+  {
+    name: 'system_reset',
+    async step(qmp, rnd) {
+      await sleep(2000 + rnd() * 2000);
+      await qmp.execute('system_reset');
+      return 'reset';
+    },
+  },
+  {
+    name: '2 guest sockets under migrations cancelled after 0.2-3 s',
+    qemuArgs: ['-smp', '2,sockets=2,cores=1', '-m', '1024'],
+    mode: 't',
+    async step(qmp, rnd) {
+      await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
+      const done = await migrateCancel(qmp, 200 + rnd() * 2800);
+      await sleep(200 + rnd() * 400);
+      return done;
+    },
+  },
+];
+
+describe('--guest-energy exact under thread churn a user makes with QEMU commands (issue 39)', () => {
+  for (const churn of CHURNS)
+    raplTest(`${churn.name}: guest/exact within 0.98-1.02 over 20 windows, and no garbage`, async () => {
+      const qmpPath = path.join(tempDirOf(), 'churn.qmp');
+      const r = await startRun({
+        name: 'churn',
+        qemuArgs: [...(churn.qemuArgs ?? []), '-qmp', `unix:${qmpPath},server=on,wait=off`],
+        ...(churn.mode ? { mode: churn.mode, helperArgs: ['--interval', '0.25'] } : {}),
+      });
+      const qmp = await QmpClient.connect(qmpPath);
+      cleanups.push(() => qmp.close());
+      const seed = Date.now() % 1_000_000;
+      const rnd = seeded(seed);
+      const did = new Map<string, number>();
+      let busy = false;
+      // One step at a time, in the background: the windows are counted meanwhile.
+      const during = () => {
+        if (busy) return;
+        busy = true;
+        void churn.step(qmp, rnd).then(
+          (what) => ((busy = false), did.set(what, (did.get(what) ?? 0) + 1)),
+          () => (busy = false),
+        );
+      };
+      await windowsClosed(r, 45, 400_000, during);
+      const opts =
+        churn.mode === 't'
+          ? [
+              { vpkg: 0, shareOf: shareOf(0) },
+              { vpkg: 1, serial: r.serial2!, shareOf: shareOf(1) },
+            ]
+          : [{}];
+      for (const o of opts) await enoughSpans(r, 5, o, during, 300_000);
+      const label = `${churn.name} (seed ${seed}; ${[...did].map(([k, n]) => `${k} x${n}`).join(', ')})`;
+      const last =
+        r.h
+          .stderr()
+          .split('\n')
+          .filter((l) => l.includes('"msg":"guest window"'))
+          .at(-1) ?? '{}';
+      const w = JSON.parse(last) as { window?: number; exit_windows?: number; late_exits?: number; garbage_windows?: number };
+      console.log(
+        `${label}: ${w.window} windows, ${w.exit_windows} answered a zero delta for a possible exit, ${w.late_exits} with an exit seen right after a non-zero one, ${w.garbage_windows} garbage`,
+      );
+      expect(
+        [...did.values()].reduce((a, b) => a + b, 0),
+        'the churn ran',
+      ).toBeGreaterThan(5);
+      opts.forEach((o, i) => expectWithin(`${label}, vpkg ${i}`, measure(r, o), 0.98, 1.02, 5));
+      expect(w.garbage_windows, "no window QEMU's arithmetic turned into garbage").toBe(0);
+    });
+});

@@ -493,6 +493,10 @@ export class GuestEnergy implements EnergyStatusHook {
         forecast,
         // What the helper attributed to each virtual package when it took `exact` (µJ).
         exact_vpkg_uj: peer.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
+        // Windows answered a zero delta for a possible thread exit, those with an exit seen right after a non-zero one, and garbage.
+        exit_windows: peer.exitWindows,
+        late_exits: peer.lateExits,
+        garbage_windows: c.garbageWindows ?? 0,
       },
       'guest window',
     );
