@@ -134,8 +134,10 @@ export class ExitWatch {
 
   /** The pidfds of `tids` (those of threads no longer listed closed): false when the VM's fd share cannot hold them. */
   private watchAll(tids: ReadonlySet<number>): boolean {
+    // A pidfd readable now is of a thread that exited: closed, and opened again if its tid was read again (another thread).
+    const exited = new Set(this.epfd >= 0 ? this.o.os.epollReadyNow(this.epfd) : []);
     for (const [tid, fd] of this.fds) {
-      if (tids.has(tid)) continue;
+      if (tids.has(tid) && !exited.has(tid)) continue;
       this.o.os.close(fd);
       this.fds.delete(tid);
       this.o.ledger?.release(this.pid, 1);
