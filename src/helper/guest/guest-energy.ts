@@ -108,6 +108,8 @@ interface Peer {
   taskCount?: TaskCount;
   /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
   othersNs?: number;
+  /** The same at lastRead (the settling's read), for the next start's ExitWatch. */
+  lastOthersNs?: number;
   /** The VM as found for the end answered from a forecast, until the window is settled. */
   closing?: GuestVm;
   /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
@@ -116,8 +118,9 @@ interface Peer {
   lastReadNs?: bigint;
   /** The window's threads watched for an exit (thread-exits.ts), from its start read on. */
   exits?: ExitWatch;
-  /** Windows answered a zero delta because a listed thread may have exited before the reply. */
+  /** Windows answered a zero delta because a listed thread may have exited before the reply (and why, per cause: ExitWatch.cause). */
   exitWindows: number;
+  exitCauses?: Record<string, number>;
   /** Windows answered a non-zero delta in which a listed thread was seen gone right after the reply (the race left). */
   lateExits: number;
 }
@@ -219,7 +222,8 @@ export class GuestEnergy implements EnergyStatusHook {
       delete peer.early;
       delete peer.lastRead;
       c.start = read?.threads ?? null;
-      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n));
+      const cpuNs = peer.othersNs !== undefined && peer.lastOthersNs !== undefined ? peer.othersNs - peer.lastOthersNs : undefined;
+      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), cpuNs);
       peer.runTimes = read?.runTimes;
       if (count !== null) this.hold(peer, count, now);
     }
@@ -367,6 +371,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     delete peer.runTimes;
     if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
+    delete peer.lastOthersNs;
     this.release(peer);
     const zero = this.exitBefore(peer);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
@@ -448,19 +453,28 @@ export class GuestEnergy implements EnergyStatusHook {
    */
   private exitBefore(peer: Peer): boolean {
     const exit = peer.exits?.exited() ?? true;
-    if (exit) peer.exitWindows++;
+    if (exit) {
+      peer.exitWindows++;
+      const cause = peer.exits?.cause ?? 'no start read';
+      (peer.exitCauses ??= {})[cause] = (peer.exitCauses[cause] ?? 0) + 1;
+    }
     return exit;
   }
 
   /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
-  private watch(peer: Peer, tids: Iterable<number>, before: ReadonlySet<number> | undefined, gapNs: bigint): void {
+  private watch(peer: Peer, tids: Iterable<number>, before: ReadonlySet<number> | undefined, gapNs: bigint, cpuNs?: number): void {
     const c = peer.counter!;
     peer.exits ??= new ExitWatch(c.pid, this.exitKind, {
       os: this.exitOs,
       tickNs: this.nsPerTick,
       ...(this.o.ledger !== undefined ? { ledger: this.o.ledger } : {}),
     });
-    peer.exits.begin({ tids, ...(before !== undefined ? { before } : {}), gapNs: Number(gapNs) });
+    peer.exits.begin({
+      tids,
+      ...(before !== undefined ? { before } : {}),
+      gapNs: Number(gapNs),
+      ...(cpuNs !== undefined ? { cpuNs } : {}),
+    });
     this.watching.add(peer);
   }
 
@@ -495,6 +509,7 @@ export class GuestEnergy implements EnergyStatusHook {
         exact_vpkg_uj: peer.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
         // Windows answered a zero delta for a possible thread exit, those with an exit seen right after a non-zero one, and garbage.
         exit_windows: peer.exitWindows,
+        exit_causes: peer.exitCauses,
         late_exits: peer.lateExits,
         garbage_windows: c.garbageWindows ?? 0,
       },
@@ -543,6 +558,8 @@ export class GuestEnergy implements EnergyStatusHook {
     delete peer.settled;
     const vcpus = peer.nextVcpuTids;
     const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, 'start', () => this.runTimesNs(pid, vcpus));
+    if (othersNs !== null) peer.lastOthersNs = othersNs;
+    else delete peer.lastOthersNs;
     if (read === null || othersNs === null || peer.taskCount === undefined) return this.release(peer);
     peer.settled = { read, atNs: this.o.clock(), othersNs };
   }
@@ -563,7 +580,10 @@ export class GuestEnergy implements EnergyStatusHook {
     if (now !== s.read.threads.size + 1) return false;
     count.first = now;
     c.start = s.read.threads;
-    this.watch(peer, c.start.keys(), new Set(c.start.keys()), this.o.clock() - s.atNs);
+    // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
+    const gapNs = this.o.clock() - s.atNs;
+    const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) : null;
+    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, others === null ? undefined : others - s.othersNs);
     peer.runTimes = s.read.runTimes;
     peer.othersNs = s.othersNs;
     delete peer.lastRead;

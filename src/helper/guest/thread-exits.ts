@@ -16,9 +16,11 @@
  * Either way QEMU's own list is not seen: it was made just before its start request, apart from the
  * helper's start read. A thread of the helper's last read that is not in the start read may be one
  * QEMU listed and read: an exit. A thread QEMU listed that started after the helper's last read and
- * exited before its start read is missed, and harmless when the two reads are less than a clock tick
- * apart (QEMU read 0 ticks of it, and 0 - 0 does not underflow): when they are not, or there is no
- * last read, the window counts as one with an exit. The property test runs this on a simulated
+ * exited before its start read is missed, and harmless when it ran less than a clock tick (QEMU
+ * read 0 ticks of it, and 0 - 0 does not underflow), which it did when the two reads are less than
+ * a tick apart, or when the process's threads but its vCPUs ran less than a tick between them (its
+ * CPU clock less the vCPUs' run times): else, or with no last read, the window counts as one with
+ * an exit. The property test runs this on a simulated
  * thread table (test/helper/guest/thread-exits.property.test.ts).
  */
 import fs from 'node:fs';
@@ -78,6 +80,8 @@ interface WatchStart {
   before?: ReadonlySet<number>;
   /** How far apart the two reads are (ns). */
   gapNs: number;
+  /** The CPU time of the process's threads but its vCPUs between the two reads (ns), when known. */
+  cpuNs?: number;
 }
 
 export class ExitWatch {
@@ -87,6 +91,8 @@ export class ExitWatch {
   private listed: number[] = [];
   /** An exit known (or not excludable) since the window began. */
   private exit = false;
+  /** Why (for the debug window line): no read before, reads a tick apart, a thread of the read before gone, gone at open, a pidfd readable, not listed. */
+  cause: 'no read before' | 'reads a tick apart' | 'gone since the read before' | 'gone at open' | 'pidfd' | 'not listed' | null = null;
   private kind: ExitProbeKind;
 
   constructor(
@@ -105,8 +111,12 @@ export class ExitWatch {
   /** A window began with `w.tids` read: watched from now on. */
   begin(w: WatchStart): void {
     const tids = new Set(w.tids);
-    this.exit = w.before === undefined || w.gapNs >= this.o.tickNs;
-    if (w.before !== undefined) for (const t of w.before) if (!tids.has(t)) this.exit = true;
+    // A thread unseen between the reads ran less than the time between them, and less than the CPU time all the
+    // threads but the vCPUs had then: under a tick, QEMU read 0 ticks of it.
+    const apart = w.gapNs >= this.o.tickNs && !(w.cpuNs !== undefined && w.cpuNs < this.o.tickNs);
+    this.cause = w.before === undefined ? 'no read before' : apart ? 'reads a tick apart' : null;
+    if (w.before !== undefined) for (const t of w.before) if (!tids.has(t)) this.cause ??= 'gone since the read before';
+    this.exit = this.cause !== null;
     if (this.kind === 'pidfd' && this.watchAll(tids)) return;
     this.listed = [...tids];
   }
@@ -119,6 +129,7 @@ export class ExitWatch {
       const now = this.o.os.listTasks(this.pid);
       this.exit = now === null || this.listed.some((t) => !now.has(t));
     }
+    if (this.exit) this.cause = this.epfd >= 0 ? 'pidfd' : 'not listed';
     return this.exit;
   }
 
@@ -161,7 +172,7 @@ export class ExitWatch {
       if (fd >= 0) this.o.os.close(fd);
       this.o.ledger?.release(this.pid, 1);
       // Gone before it could be watched: an exit. Any other failure (out of fds): the task directory.
-      if (fd === -ESRCH) this.exit = true;
+      if (fd === -ESRCH) [this.exit, this.cause] = [true, this.cause ?? 'gone at open'];
       else return this.fallBack(add.length - i - 1);
     }
     return true;

@@ -26,6 +26,8 @@ interface Thread {
   tid: number;
   born: number;
   died: number;
+  /** The share of a CPU it runs while alive. */
+  rate: number;
 }
 
 /** The kernel as ExitWatch sees it, over the simulated threads at time `now`. */
@@ -93,9 +95,18 @@ const windowArb = fc.record({
   /** Threads alive since long before the window (ticks at QEMU's read). */
   old: fc.array(fc.option(fc.integer({ min: 1, max: SPAN }), { nil: Infinity }), { minLength: 1, maxLength: 6 }),
   /** Threads started in the window: [born, lifetime]. */
-  young: fc.array(fc.tuple(fc.integer({ min: 1, max: SPAN }), fc.option(fc.integer({ min: 0, max: SPAN }), { nil: Infinity })), {
-    maxLength: 5,
-  }),
+  young: fc.array(
+    fc.tuple(
+      fc.integer({ min: 1, max: SPAN }),
+      fc.option(fc.integer({ min: 0, max: SPAN }), { nil: Infinity }),
+      fc.constantFrom(0, 0.01, 0.3, 1),
+    ),
+    { maxLength: 5 },
+  ),
+  /** The share of a CPU the old threads run. */
+  oldRate: fc.constantFrom(0, 0.05, 1),
+  /** Whether the helper knows the CPU time of the threads between its reads (the process clock). */
+  cpuKnown: fc.boolean(),
   /** QEMU's listing, then its start request a little later. */
   listAt: fc.integer({ min: 1, max: SPAN / 2 }),
   request: fc.integer({ min: 0, max: 200 }),
@@ -115,9 +126,12 @@ describe('thread exits known by identity', () => {
     fc.assert(
       fc.property(windowArb, (w) => {
         const threads: Thread[] = [
-          ...w.old.map((died, i) => ({ tid: 1000 + i, born: -10 * TICK, died })),
-          ...w.young.map(([born, life], i) => ({ tid: 2000 + i, born, died: born + life })),
+          ...w.old.map((died, i) => ({ tid: 1000 + i, born: -10 * TICK, died, rate: w.oldRate })),
+          ...w.young.map(([born, life, rate], i) => ({ tid: 2000 + i, born, died: born + life, rate })),
         ];
+        // The CPU time of every thread between two instants (the process's clock; no vCPU here).
+        const cpu = (from: number, to: number) =>
+          threads.reduce((sum, t) => sum + t.rate * Math.max(0, Math.min(t.died, to) - Math.max(t.born, from)), 0);
         const os = new SimOs(threads);
         const ledger = ledgerOf(w.room);
         const watch = new ExitWatch(PID, w.probe, { os, tickNs: TICK, ledger });
@@ -129,12 +143,13 @@ describe('thread exits known by identity', () => {
         const startAt = settled ? requestAt : requestAt + w.readAfter;
         const start = settled ? [...before] : os.aliveAt(startAt).map((t) => t.tid);
         os.now = startAt;
-        watch.begin({ tids: start, before, gapNs: settled ? requestAt : startAt });
+        const gapNs = settled ? requestAt : startAt;
+        watch.begin({ tids: start, before, gapNs, ...(w.cpuKnown ? { cpuNs: cpu(0, gapNs) } : {}) });
         const replyAt = startAt + w.replyAfter;
         os.now = replyAt;
         const exit = watch.exited();
         // QEMU read ticks of a thread (it had run a tick by its listing) that exited before the reply.
-        const harmful = listed.some((t) => w.listAt - t.born >= TICK && t.died <= replyAt);
+        const harmful = listed.some((t) => (t.born < 0 || t.rate * (w.listAt - t.born) >= TICK) && t.died <= replyAt);
         if (harmful) expect(exit).toBe(true);
         // And it is not a verdict of every window: none exited, the reads less than a tick apart: no exit.
         const quiet = threads.every((t) => t.died > replyAt) && (settled ? requestAt : startAt) < TICK;
@@ -159,7 +174,28 @@ describe('thread exits known by identity', () => {
         expect(ledger.held, 'every fd granted given back').toBe(0);
         expect([...os.open.keys()], 'every fd closed').toEqual([]);
       }),
-      { numRuns: 3000 },
+      {
+        numRuns: 3000,
+        // A thread that ran 15 ms, listed by QEMU, gone before the start read 200 µs later: the CPU clock tells.
+        examples: [
+          [
+            {
+              old: [Infinity],
+              young: [[1, 15_100, 1]],
+              listAt: 15_000,
+              request: 100,
+              readAfter: 100,
+              settled: false,
+              replyAfter: 1000,
+              probe: 'pidfd',
+              room: 16,
+              forecast: true,
+              oldRate: 0,
+              cpuKnown: true,
+            },
+          ],
+        ],
+      },
     );
   });
 });
