@@ -1,5 +1,5 @@
 /**
- * The soak of `--guest-energy exact` (issue 39, docs/guest-energy.md "Measured"): a real QEMU 10
+ * The soak of `--guest-energy exact` (docs/guest-energy.md, "Thread exits"): a real QEMU 10
  * under a random mix of the churns a user makes with QEMU's commands (migrations cancelled or
  * completed and resumed, iothreads added and removed, system_reset) for VMSR_GUEST_SOAK_MINUTES
  * (default 10) minutes; every 20-window span, each single window and the garbage counter. It is the

@@ -247,7 +247,7 @@ async function standIn(tool: string, helpers: readonly Helper[], cpu?: number): 
 const median = (xs: readonly number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 /** The p-th percentile (nearest rank): of 20 windows, p99 is the slowest. */
 const percentile = (xs: readonly number[], p: number) => [...xs].sort((a, b) => a - b)[Math.ceil((p / 100) * xs.length) - 1] ?? NaN;
-/** The goals of issue 39 (docs/guest-energy.md, "Cost"): the daemon's whole CPU a window, and a window's end answered within 1 ms at p99. */
+/** The cost goals (docs/guest-energy.md, "Cost"): the daemon's whole CPU a window, and a window's end answered within 1 ms at p99. */
 const END_P99_GOAL_US = 1000;
 
 /** The real daemons asked by the stand-in QEMU; `pins`: each on its own CPU (null: where the scheduler puts them). */

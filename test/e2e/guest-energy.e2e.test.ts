@@ -392,7 +392,7 @@ function seeded(seed: number): () => number {
   return () => (x = (Math.imul(x, 1_103_515_245) + 12_345) >>> 0) / 2 ** 32;
 }
 
-/** One way a user churns a VM's threads with QEMU's own commands (issue 39): a step run while the windows are counted. */
+/** One way a user churns a VM's threads with QEMU's own commands: a step run while the windows are counted. */
 interface Churn {
   name: string;
   qemuArgs?: string[];
@@ -468,7 +468,7 @@ const CHURNS: Churn[] = [
   },
 ];
 
-describe('--guest-energy exact under thread churn a user makes with QEMU commands (issue 39)', () => {
+describe('--guest-energy exact under thread churn a user makes with QEMU commands', () => {
   for (const churn of CHURNS)
     raplTest(`${churn.name}: guest/exact within 0.98-1.02 over 20 windows, and no garbage`, async () => {
       const qmpPath = path.join(tempDirOf(), 'churn.qmp');
@@ -530,7 +530,7 @@ describe('--guest-energy exact under thread churn a user makes with QEMU command
 /** The soak's length (minutes), from VMSR_GUEST_SOAK_MINUTES; 0: not run (`npm run bench -- guest-energy-soak` sets it). */
 const SOAK_MINUTES = Number(process.env.VMSR_GUEST_SOAK_MINUTES ?? 0);
 
-describe('--guest-energy exact soak: a random mix of the churns for minutes (issue 39; outside npm test)', () => {
+describe('--guest-energy exact soak: a random mix of the churns for minutes (outside npm test)', () => {
   test(
     'every 20-window span within 0.98-1.02, no single window above 2x, and no garbage',
     async (ctx) => {
