@@ -9,6 +9,9 @@ import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 export interface GuestEnergyJ {
   guestJ: number;
   exactJ: number;
+  /** Windows QEMU's arithmetic turned into garbage, and the energy it credited otherwise (J); 0 from an older daemon's file. */
+  garbageWindows: number;
+  garbageJ: number;
 }
 
 /** The scale of `name`'s values into its unit (10^exponent), 1 when absent. */
@@ -22,16 +25,30 @@ export function guestEnergyOf(r: StatsReader, s: StatsSample): GuestEnergyJ | nu
   const g = r.value(s, 'guest_energy');
   const x = r.value(s, 'guest_exact_energy');
   if (g === undefined || x === undefined) return null;
-  return { guestJ: Number(g) * statsScale(r, 'guest_energy'), exactJ: Number(x) * statsScale(r, 'guest_exact_energy') };
+  return {
+    guestJ: Number(g) * statsScale(r, 'guest_energy'),
+    exactJ: Number(x) * statsScale(r, 'guest_exact_energy'),
+    garbageWindows: Number(r.value(s, 'guest_garbage_windows') ?? 0n),
+    garbageJ: Number(r.value(s, 'guest_garbage_energy') ?? 0n) * statsScale(r, 'guest_garbage_energy'),
+  };
 }
 
 /** ", guest 12.3 J of exact 12.4 J (0.992)" in exact mode, once QEMU was given anything; '' otherwise. */
 export function guestEnergyNote(g: GuestEnergyJ | null, lead = ', '): string {
   if (g === null || g.exactJ <= 0) return '';
-  return `${lead}guest ${g.guestJ.toFixed(3)} J of exact ${g.exactJ.toFixed(3)} J (${(g.guestJ / g.exactJ).toFixed(4)})`;
+  // A poisoned guest is named, so that an operator sees it without reading the guest.
+  const garbage = g.garbageWindows > 0 ? `, GARBAGE in ${g.garbageWindows} windows (${g.garbageJ.toFixed(3)} J)` : '';
+  return `${lead}guest ${g.guestJ.toFixed(3)} J of exact ${g.exactJ.toFixed(3)} J (${(g.guestJ / g.exactJ).toFixed(4)})${garbage}`;
 }
 
-/** The --json fields: guest_energy_j and guest_exact_energy_j, none outside exact mode. */
-export function guestEnergyJson(g: GuestEnergyJ | null): { guest_energy_j?: number; guest_exact_energy_j?: number } {
-  return g ? { guest_energy_j: g.guestJ, guest_exact_energy_j: g.exactJ } : {};
+/** The --json fields: guest_energy_j, guest_exact_energy_j, guest_garbage_windows and guest_garbage_j, none outside exact mode. */
+export function guestEnergyJson(g: GuestEnergyJ | null): {
+  guest_energy_j?: number;
+  guest_exact_energy_j?: number;
+  guest_garbage_windows?: number;
+  guest_garbage_j?: number;
+} {
+  return g
+    ? { guest_energy_j: g.guestJ, guest_exact_energy_j: g.exactJ, guest_garbage_windows: g.garbageWindows, guest_garbage_j: g.garbageJ }
+    : {};
 }

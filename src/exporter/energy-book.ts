@@ -35,6 +35,9 @@ export interface VmDomainStats {
 export interface VmGuestValues {
   guestUj: bigint;
   exactUj: bigint;
+  /** `guest_garbage_windows` and `guest_garbage_energy` (µJ), absent from files of older daemons. */
+  garbageWindows?: bigint;
+  garbageUj?: bigint;
 }
 
 /** A VM's power limit in one sample of its statistics file (`power_limit` mW, `power_limited_time` ms). */
@@ -89,7 +92,7 @@ export interface BookedVm {
   readonly domainEnergy: Map<OtherDomain, RunningTotal[]>;
   domainWatts: Map<OtherDomain, (number | null)[]>;
   /** --guest-energy exact: what QEMU was given to credit the guest, and the exact energy of the same windows (statistics files only). */
-  guest: { guest: RunningTotal; exact: RunningTotal } | null;
+  guest: { guest: RunningTotal; exact: RunningTotal; garbage: RunningTotal; garbageWindows: RunningTotal } | null;
   /** Power limits: the limit in force (W, 0 = none) and the time limited (ms, accumulated); null until a file says. */
   limit: { watts: number; limitedMs: RunningTotal } | null;
   lastTNs: bigint | null;
@@ -353,9 +356,11 @@ export class EnergyBook {
       r.domainWatts.set(d.domain, watts);
     }
     if (guest !== undefined) {
-      r.guest ??= { guest: new RunningTotal(), exact: new RunningTotal() };
+      r.guest ??= { guest: new RunningTotal(), exact: new RunningTotal(), garbage: new RunningTotal(), garbageWindows: new RunningTotal() };
       r.guest.guest.feed(guest.guestUj);
       r.guest.exact.feed(guest.exactUj);
+      r.guest.garbage.feed(guest.garbageUj ?? 0n);
+      r.guest.garbageWindows.feed(guest.garbageWindows ?? 0n);
     }
     if (limit !== undefined && (r.limit !== null || limit.limitMw > 0n)) {
       r.limit ??= { watts: 0, limitedMs: new RunningTotal() };

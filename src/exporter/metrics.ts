@@ -29,6 +29,7 @@ export const METRIC = {
   vmGuestEnergy: 'vmsr_vm_guest_energy_joules_total',
   vmPowerLimit: 'vmsr_vm_power_limit_watts',
   vmPowerLimited: 'vmsr_vm_power_limited_seconds_total',
+  vmGuestGarbage: 'vmsr_vm_guest_garbage_windows_total',
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
@@ -52,6 +53,7 @@ export const VM_FAMILIES: {
   guest: VmFamily;
   limit: VmFamily;
   limited: VmFamily;
+  garbage: VmFamily;
 } = {
   limit: {
     name: METRIC.vmPowerLimit,
@@ -65,7 +67,12 @@ export const VM_FAMILIES: {
   },
   guest: {
     name: METRIC.vmGuestEnergy,
-    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by) and the energy the helper attributed to the VM over the same windows (of="exact"), in joules; only VMs in exact mode',
+    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by), the energy the helper attributed to the VM over the same windows (of="exact"), and the energy QEMU\'s arithmetic credited otherwise than it would have without garbage (of="garbage"), in joules; only VMs in exact mode',
+    type: 'counter',
+  },
+  garbage: {
+    name: METRIC.vmGuestGarbage,
+    help: "With the helper's --guest-energy exact: windows in which QEMU's arithmetic turned the VM's delta into garbage (a thread it listed exited after the reply): the guest's counter is off; only VMs in exact mode",
     type: 'counter',
   },
   energy: {

@@ -75,12 +75,13 @@ function vmUpdateFromFile(
   });
   const guestUj = r.value(s, 'guest_energy');
   const exactUj = r.value(s, 'guest_exact_energy');
+  const garbage = { garbageWindows: r.value(s, 'guest_garbage_windows') ?? 0n, garbageUj: r.value(s, 'guest_garbage_energy') ?? 0n };
   const limitMw = r.value(s, 'power_limit');
   const limitedMs = r.value(s, 'power_limited_time');
   return {
     domains,
     ...(limitMw !== undefined && limitedMs !== undefined ? { limit: { limitMw, limitedMs } } : {}),
-    ...(guestUj !== undefined && exactUj !== undefined ? { guest: { guestUj, exactUj } } : {}),
+    ...(guestUj !== undefined && exactUj !== undefined ? { guest: { guestUj, exactUj, ...garbage } } : {}),
     update: {
       hostVmId,
       tNs: u64(r, s, 'sample_monotonic'),

@@ -65,6 +65,7 @@ export class VmExposition {
       guest?: VmFamily;
       limit?: VmFamily;
       limited?: VmFamily;
+      garbage?: VmFamily;
     },
   ) {}
 
@@ -117,8 +118,14 @@ export class VmExposition {
         const t = this.textOf(r);
         out.push(`\n${guestName}{${t.base},of="guest"} ${formatValue(ujToJoules(r.guest!.guest.total))}`);
         out.push(`\n${guestName}{${t.base},of="exact"} ${formatValue(ujToJoules(r.guest!.exact.total))}`);
+        out.push(`\n${guestName}{${t.base},of="garbage"} ${formatValue(ujToJoules(r.guest!.garbage.total))}`);
       }
       out.push(sep);
+      if (this.families.garbage !== undefined) {
+        const garbageName = head(this.families.garbage);
+        for (const r of exact) out.push(`\n${garbageName}{${this.textOf(r).base}} ${formatValue(Number(r.guest!.garbageWindows.total))}`);
+        out.push(sep);
+      }
     }
     this.renderLimits(vms, head, sep, out);
     const infoName = head(info);

@@ -35,6 +35,8 @@ interface ForecastInput {
   exactJ: number;
   unitJ: number;
   maxTicks: ReadonlyMap<number, number>;
+  /** A thread listed at the start may have exited (thread-exits.ts): every package a zero delta. */
+  zero?: boolean;
 }
 
 /** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
@@ -85,7 +87,7 @@ export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
   const eDelta = new Map<number, bigint>();
   for (const p of s.phases.pkgs) {
     const k = slope.get(p);
-    const e = k === undefined || s.start === null ? 0 : Math.floor((target * fc.get(p)!.ticks) / ticks / k);
+    const e = k === undefined || s.start === null || o.zero === true ? 0 : Math.floor((target * fc.get(p)!.ticks) / ticks / k);
     eDelta.set(p, BigInt(Math.max(0, e)));
   }
   advanceCounters(s, eDelta);

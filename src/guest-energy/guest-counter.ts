@@ -60,6 +60,9 @@ export interface GuestCounterState {
   excessUnits?: number;
   /** While QEMU's carried share holds garbage: its loop without it (garbage-shadow.ts; not saved). */
   shadow?: LoopState;
+  /** Windows in which QEMU credited other than its loop without the garbage would have, and those units (not saved). */
+  garbageWindows?: number;
+  garbageUnits?: number;
 }
 
 /** What one request needs answered, and what the caller must read before the next. */
@@ -128,12 +131,13 @@ export function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number
 export function closeWindow(
   s: GuestCounterState,
   vm: GuestVm,
-  o: { pkg: number; end: ThreadSnapshot; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number> },
+  o: { pkg: number; end: ThreadSnapshot; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number>; zero?: boolean },
 ): number {
   takeAttributed(s, o.exactJ, o.unitJ);
   // Without a start read (the counters began mid-window) the end read stands in for it: no ticks, nothing credited.
   const { threads, replaced } = windowThreads(vm, s.start ?? o.end, o.end);
-  const eDelta = solveWindow(s, threads, replaced, o.maxTicks);
+  // `zero`: a thread listed at the start may have exited (thread-exits.ts): every package a zero delta.
+  const eDelta = o.zero === true ? new Map(s.phases.pkgs.map((p) => [p, 0n])) : solveWindow(s, threads, replaced, o.maxTicks);
   advanceCounters(s, eDelta);
   credit(s, threads, eDelta, o.maxTicks);
   return s.counters.get(o.pkg) ?? 0;
@@ -190,7 +194,12 @@ function credit(
   for (const c of credits) credited += Number(BigInt.asUintN(32, c));
   let paid = credited;
   if (shadow !== undefined) {
-    paid = Math.min(credited, shadowCredit(shadow, { threads, eDelta, maxTicks }));
+    const clean = shadowCredit(shadow, { threads, eDelta, maxTicks });
+    paid = Math.min(credited, clean);
+    if (clean !== credited) {
+      s.garbageWindows = (s.garbageWindows ?? 0) + 1;
+      s.garbageUnits = (s.garbageUnits ?? 0) + Math.abs(credited - clean);
+    }
     s.excessUnits = (s.excessUnits ?? 0) + credited - paid;
     if (garbageGone(s.loop, shadow)) delete s.shadow;
     else s.shadow = shadow;

@@ -14,6 +14,7 @@ import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/ki
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { ProcTaskReader, type KeptFdLedger } from '../os/proc-tasks.js';
+import type { HeldFds } from './guest/thread-reads.js';
 import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../budget/vm-fd-shares.js';
 import { shareOwnerOf } from '../budget/preferred-owner.js';
 import type { HostInfo, Vendor } from '../model/host.js';
@@ -85,6 +86,11 @@ export interface V2Chain {
   close(): Promise<void>;
 }
 
+/** What guest energy reads through: the sampler's held fds, and the VMs' fd shares for its pidfds. */
+function guestFds(tasks: ProcTaskReader, ledger: KeptFdLedger | undefined): { heldFds: HeldFds; ledger?: KeptFdLedger } {
+  return { heldFds: (pid, tid) => tasks.heldFds(pid, tid), ...(ledger ? { ledger } : {}) };
+}
+
 /** Host info -> energy source -> /proc task reader -> sampler -> v2 service (restored in slices: createV2Service). */
 export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
   const kind = o.energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
@@ -154,7 +160,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
     ...(o.powerLimits ? { powerLimits: o.powerLimits } : {}),
-    ...(o.guestEnergy ? { guestEnergy: { ...o.guestEnergy, heldFds: (pid: number, tid: number) => tasks.heldFds(pid, tid) } } : {}),
+    ...(o.guestEnergy ? { guestEnergy: { ...o.guestEnergy, ...guestFds(tasks, o.ledger) } } : {}),
   });
   return {
     host,

@@ -55,6 +55,9 @@ const fn = {
   mmap: libc.func('void *mmap(void *addr, size_t len, int prot, int flags, int fd, long off)'),
   munmap: libc.func('int munmap(void *addr, size_t len)'),
   syscall: libc.func('long syscall(long number, ...)'),
+  epoll_create1: libc.func('int epoll_create1(int flags)'),
+  epoll_ctl: libc.func('int epoll_ctl(int epfd, int op, int fd, void *event)'),
+  epoll_wait: libc.func('int epoll_wait(int epfd, void *events, int maxevents, int timeout)'),
   openat: libc.func('int openat(int dirfd, const char *path, int flags, uint32_t mode)'),
   mkdirat: libc.func('int mkdirat(int dirfd, const char *path, uint32_t mode)'),
   renameat: libc.func('int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)'),
@@ -210,6 +213,52 @@ export function peerPidfd(fd: number): number {
 /** Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing). */
 export function pidfdAlive(pidfd: number): boolean {
   return Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0;
+}
+
+const SYS_PIDFD_OPEN = 434;
+/** pidfd_open's flag for a pidfd of one thread (Linux 6.9+; the value of O_EXCL). */
+const PIDFD_THREAD = 0o200;
+
+/**
+ * A pidfd (close-on-exec, as every pidfd) of thread `tid` alone (PIDFD_THREAD, Linux 6.9+): it turns
+ * readable when that thread exits, and never names another thread. -errno (ESRCH: no such thread;
+ * EINVAL: a kernel without PIDFD_THREAD; EMFILE: out of fds).
+ */
+export function pidfdOpenThread(tid: number): number {
+  const fd = Number(fn.syscall(SYS_PIDFD_OPEN, 'int', tid, 'unsigned int', PIDFD_THREAD));
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+const EPOLL_CLOEXEC = 0o2000000;
+const EPOLL_CTL_ADD = 1;
+const EPOLLIN = 1;
+/** x86_64's struct epoll_event is packed: u32 events, u64 data. */
+const EPOLL_EVENT_SIZE = 12;
+const epollEvent = Buffer.alloc(EPOLL_EVENT_SIZE);
+
+/** A new epoll set (close-on-exec): its fd, or -errno. */
+export function epollCreate(): number {
+  const fd = fn.epoll_create1(EPOLL_CLOEXEC) as number;
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/** Watches `fd` for reading in the set `epfd`, with `data` (a u32) handed back when it is ready: 0, or -errno. */
+export function epollAdd(epfd: number, fd: number, data: number): number {
+  epollEvent.writeUInt32LE(EPOLLIN, 0);
+  epollEvent.writeBigUInt64LE(BigInt(data >>> 0), 4);
+  return (fn.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, epollEvent) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/**
+ * The data of the fds of `epfd` ready now, at most `buf.length / 12` (epoll_wait with a zero
+ * timeout: never blocks); -errno as the only element when it fails.
+ */
+export function epollReadyNow(epfd: number, buf: Buffer): number[] {
+  const n = fn.epoll_wait(epfd, buf, Math.floor(buf.length / EPOLL_EVENT_SIZE), 0) as number;
+  if (n < 0) return [-koffi.errno()];
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) out.push(Number(buf.readBigUInt64LE(i * EPOLL_EVENT_SIZE + 4)));
+  return out;
 }
 
 /** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */

@@ -36,9 +36,15 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
     exact.length > 0
       ? new Counter({ name: VM_FAMILIES.guest.name, help: VM_FAMILIES.guest.help, labelNames: [...vmLabels, 'of'], registers })
       : null;
+  const garbage =
+    exact.length > 0
+      ? new Counter({ name: VM_FAMILIES.garbage.name, help: VM_FAMILIES.garbage.help, labelNames: [...vmLabels], registers })
+      : null;
   for (const r of exact) {
     guest!.inc({ ...r.labels, of: 'guest' }, ujToJoules(r.guest!.guest.total));
     guest!.inc({ ...r.labels, of: 'exact' }, ujToJoules(r.guest!.exact.total));
+    guest!.inc({ ...r.labels, of: 'garbage' }, ujToJoules(r.guest!.garbage.total));
+    garbage!.inc({ ...r.labels }, Number(r.guest!.garbageWindows.total));
   }
   // Only for VMs that had a power limit: after the guest energy, before info.
   const limited = book.exposed().filter((r) => r.limit !== null);
@@ -158,11 +164,14 @@ describe('per-VM families rendered from cached label text', () => {
 
   test('has the guest energy family, only for VMs in exact mode, as prom-client renders it', async () => {
     const book = hostileBook();
-    book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], { guestUj: 4_990_000n, exactUj: 5_000_000n });
+    const garbage = { garbageWindows: 3n, garbageUj: 1_250_000n };
+    book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], { guestUj: 4_990_000n, exactUj: 5_000_000n, ...garbage });
     const x = new VmExposition(book, VM_FAMILIES);
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="guest"\} 4.99\n/);
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="exact"\} 5\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="garbage"\} 1.25\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_garbage_windows_total\{[^}]*pid="4001",uid="0"\} 3\n/);
     expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4002"/);
   });
 

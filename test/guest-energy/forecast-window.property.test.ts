@@ -196,5 +196,11 @@ describe('window ends answered from a forecast, settled after the reply', () => 
     }
     expect(sim.s.shadow, 'the garbage is gone').toBeUndefined();
     expect(sim.s.owedUnits).toBeLessThan(10);
+    // The windows whose credit the garbage changed (the guest's 32-bit counter shows it) are counted, with their energy.
+    const counted = sim.s.garbageWindows!;
+    expect(counted).toBeGreaterThanOrEqual(1);
+    expect(sim.s.garbageUnits!).toBeGreaterThan(0);
+    sim.window(threads, threads, 5, { vcpus: [0], others: 0 });
+    expect(sim.s.garbageWindows, 'and no window counted once it is gone').toBe(counted);
   });
 });

@@ -135,11 +135,18 @@ describe('watch', () => {
   it("shows a VM's guest energy against its exact energy after the row in exact mode, and nothing in raw mode", () => {
     const a: Update = { vmId: 1, tNs: 1_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 1_000_000n }], ended: false };
     const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: false };
-    const guest = { guestJ: 19.5, exactJ: 20 };
+    const guest = { guestJ: 19.5, exactJ: 20, garbageWindows: 0, garbageJ: 0 };
     expect(formatUpdate(a, b, a.tNs, guest)).toBe(`${formatUpdate(a, b, a.tNs)}  guest 19.500 J of exact 20.000 J (0.9750)`);
     expect(formatUpdate(a, b, a.tNs, null)).toBe(formatUpdate(a, b, a.tNs));
     // Before QEMU was given anything there is no ratio to show.
-    expect(formatUpdate(a, b, a.tNs, { guestJ: 0, exactJ: 0 })).toBe(formatUpdate(a, b, a.tNs));
+    expect(formatUpdate(a, b, a.tNs, { ...guest, guestJ: 0, exactJ: 0 })).toBe(formatUpdate(a, b, a.tNs));
+    // A guest QEMU gave garbage is named on the row.
+    const poisoned = { ...guest, garbageWindows: 3, garbageJ: 1.5 };
+    expect(formatUpdate(a, b, a.tNs, poisoned)).toBe(`${formatUpdate(a, b, a.tNs, guest)}, GARBAGE in 3 windows (1.500 J)`);
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, poisoned))).toMatchObject({
+      guest_garbage_windows: 3,
+      guest_garbage_j: 1.5,
+    });
     const json = JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, guest)) as Record<string, unknown>;
     expect(json).toMatchObject({ type: 'update', guest_energy_j: 19.5, guest_exact_energy_j: 20 });
     expect(formatJsonUpdate(a, b, a.tNs)).not.toContain('guest');

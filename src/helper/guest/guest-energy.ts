@@ -27,6 +27,9 @@ import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
+import { ExitWatch, exitProbeKind, realExitOs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
+import type { KeptFdLedger } from '../../os/proc-tasks.js';
+import { LogLimiter } from '../../logging/log-limiter.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 
@@ -68,6 +71,10 @@ interface GuestEnergyOptions {
   heldFds?: HeldFds;
   /** QEMU's version of a process ("10.0.2"), or null; default: read from its executable. */
   versionOf?: (pid: number) => Promise<string | null>;
+  /** The VMs' fd shares, for the pidfds that tell thread exits (thread-exits.ts); default: not counted. */
+  ledger?: KeptFdLedger;
+  /** How thread exits are told; default: pidfds where the kernel has them (exitProbeKind). */
+  exitProbe?: ExitProbeKind;
 }
 
 /** One peer asking for the counter: its windows seen, and its counters once exact. */
@@ -101,10 +108,21 @@ interface Peer {
   taskCount?: TaskCount;
   /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
   othersNs?: number;
+  /** The same at lastRead (the settling's read), for the next start's ExitWatch. */
+  lastOthersNs?: number;
   /** The VM as found for the end answered from a forecast, until the window is settled. */
   closing?: GuestVm;
   /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
   closedVpkgJ?: readonly number[];
+  /** When lastRead (or the settling's read) was read, for the next start's ExitWatch. */
+  lastReadNs?: bigint;
+  /** The window's threads watched for an exit (thread-exits.ts), from its start read on. */
+  exits?: ExitWatch;
+  /** Windows answered a zero delta because a listed thread may have exited before the reply (and why, per cause: ExitWatch.cause). */
+  exitWindows: number;
+  exitCauses?: Record<string, number>;
+  /** Windows answered a non-zero delta in which a listed thread was seen gone right after the reply (the race left). */
+  lateExits: number;
 }
 
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
@@ -115,6 +133,12 @@ interface GuestEnergyView {
   /** Energy the helper attributed to the VM over the same windows (J). */
   exactJ: number;
   windows: number;
+  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and the energy it credited otherwise than owed (J). */
+  garbageWindows: number;
+  garbageJ: number;
+  /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
+  exitWindows: number;
+  lateExits: number;
 }
 
 export class GuestEnergy implements EnergyStatusHook {
@@ -132,6 +156,11 @@ export class GuestEnergy implements EnergyStatusHook {
   private readonly nsPerTick: number;
   /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
   private views: ReadonlyMap<number, GuestVmView> = new Map();
+  private readonly exitKind: ExitProbeKind;
+  private readonly exitOs: ExitOs;
+  /** Peers whose threads are watched (ExitWatch): let go with their task directory's hold. */
+  private readonly watching = new Set<Peer>();
+  private readonly limiter: LogLimiter;
 
   constructor(private readonly o: GuestEnergyOptions) {
     this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
@@ -139,6 +168,9 @@ export class GuestEnergy implements EnergyStatusHook {
     for (const c of o.host.cpus) this.maxTicks.set(c.pkg, (this.maxTicks.get(c.pkg) ?? 0) + o.host.clkTck);
     this.reads = new ThreadReads(o.procRoot, this.pkgOfCpu, o.maxThreads, o.heldFds);
     this.nsPerTick = 1e9 / o.host.clkTck;
+    this.exitKind = o.exitProbe ?? exitProbeKind();
+    this.exitOs = realExitOs(o.procRoot);
+    this.limiter = new LogLimiter(o.log);
   }
 
   /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */
@@ -186,9 +218,12 @@ export class GuestEnergy implements EnergyStatusHook {
       peer.othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) ?? undefined;
       const last = peer.lastRead !== undefined && count !== null ? { read: peer.lastRead, count: count.first } : undefined;
       const read = this.reads.readStart(c.pid, peer.early, last);
+      const before = peer.lastRead !== undefined ? new Set(peer.lastRead.threads.keys()) : undefined;
       delete peer.early;
       delete peer.lastRead;
       c.start = read?.threads ?? null;
+      const cpuNs = peer.othersNs !== undefined && peer.lastOthersNs !== undefined ? peer.othersNs - peer.lastOthersNs : undefined;
+      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), cpuNs);
       peer.runTimes = read?.runTimes;
       if (count !== null) this.hold(peer, count, now);
     }
@@ -216,6 +251,10 @@ export class GuestEnergy implements EnergyStatusHook {
         guestJ: c.creditedUnits * this.o.unitJ,
         exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
         windows: c.windows,
+        garbageWindows: c.garbageWindows ?? 0,
+        garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
+        exitWindows: p.exitWindows,
+        lateExits: p.lateExits,
       };
     }
     return undefined;
@@ -235,7 +274,15 @@ export class GuestEnergy implements EnergyStatusHook {
    */
   restore(saved: readonly GuestCounterState[], held: ReadonlyMap<number, bigint> = new Map()): void {
     for (const c of saved) {
-      this.peers.set(c.pid, { phases: c.phases, windowsSeen: c.windows, version: 'modelled', vmId: c.vmId, counter: c });
+      this.peers.set(c.pid, {
+        phases: c.phases,
+        windowsSeen: c.windows,
+        version: 'modelled',
+        vmId: c.vmId,
+        counter: c,
+        exitWindows: 0,
+        lateExits: 0,
+      });
     }
     for (const [pid, at] of held) this.peer(pid).resyncNs = at;
     if (saved.length + held.size > 0) this.o.log.info({ vms: saved.length, held: held.size }, 'guest energy: counters restored');
@@ -244,7 +291,7 @@ export class GuestEnergy implements EnergyStatusHook {
   private peer(pid: number): Peer {
     let p = this.peers.get(pid);
     if (p === undefined) {
-      p = { phases: freshPhases(), windowsSeen: 0, version: 'unknown' };
+      p = { phases: freshPhases(), windowsSeen: 0, version: 'unknown', exitWindows: 0, lateExits: 0 };
       // Full: the oldest peer that is not exact goes (an exact one's QEMU is mid-window on its counters);
       // with none, this peer is not remembered and stays raw.
       if (this.peers.size >= MAX_GUEST_PEERS) {
@@ -267,7 +314,10 @@ export class GuestEnergy implements EnergyStatusHook {
     c.phases = { ...peer.phases, pkgs: [...peer.phases.pkgs] };
     // The windows QEMU ran before: each counted its vCPUs into nb_vcpu (on the package they sit on now).
     const before = peer.windowsSeen - 1;
-    const now = this.reads.readStart(pid)?.threads;
+    const read = this.reads.readStart(pid);
+    const now = read?.threads;
+    // The threads as QEMU listed them, near enough: the first start read's ExitWatch is checked against them.
+    if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
     for (const tid of vm.vcpus.keys()) {
       const pkg = now?.get(tid)?.pkg ?? this.pkgOfCpu.values().next().value!;
       c.loop.nbVcpu.set(pkg, (c.loop.nbVcpu.get(pkg) ?? 0) + before);
@@ -310,7 +360,8 @@ export class GuestEnergy implements EnergyStatusHook {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
       peer.closing = shape;
       this.settling.push(peer);
-      return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+      const zero = this.exitBefore(peer);
+      return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
     }
     // No forecast (a thread came or went, no start read, no held fd): the threads are read before
     // the reply, and the e_delta solved on them. QEMU reads, at the end, the threads it listed at
@@ -319,9 +370,11 @@ export class GuestEnergy implements EnergyStatusHook {
     const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     delete peer.runTimes;
-    if (read !== null) peer.lastRead = read;
+    if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
+    delete peer.lastOthersNs;
     this.release(peer);
-    const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+    const zero = this.exitBefore(peer);
+    const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
     this.logWindow(peer, c, false);
     return value;
   }
@@ -380,11 +433,64 @@ export class GuestEnergy implements EnergyStatusHook {
     const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? new Map();
     delete peer.runTimes;
-    if (read !== null) peer.lastRead = read;
+    if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
+    // The race left (docs/guest-energy.md, "Thread exits"): a listed thread gone now, after a non-zero delta left.
+    let answered = 0n;
+    for (const e of c.answered?.values() ?? []) answered += e;
+    if (answered > 0n && peer.exits?.exited() === true) peer.lateExits++;
     this.keepForStart(peer, c.pid, read);
+    const garbage = c.garbageWindows ?? 0;
     settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
     delete peer.closing;
+    if ((c.garbageWindows ?? 0) > garbage) this.warnGarbage(peer, c);
     this.logWindow(peer, c, true);
+  }
+
+  /**
+   * At a window's end, just before its reply: whether a thread QEMU listed at its start may have
+   * exited (ExitWatch; no watch: no start read, already a zero delta). Such a window is answered a
+   * zero delta: QEMU's tick delta of the exited thread would underflow.
+   */
+  private exitBefore(peer: Peer): boolean {
+    const exit = peer.exits?.exited() ?? true;
+    if (exit) {
+      peer.exitWindows++;
+      const cause = peer.exits?.cause ?? 'no start read';
+      (peer.exitCauses ??= {})[cause] = (peer.exitCauses[cause] ?? 0) + 1;
+    }
+    return exit;
+  }
+
+  /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
+  private watch(peer: Peer, tids: Iterable<number>, before: ReadonlySet<number> | undefined, gapNs: bigint, cpuNs?: number): void {
+    const c = peer.counter!;
+    peer.exits ??= new ExitWatch(c.pid, this.exitKind, {
+      os: this.exitOs,
+      tickNs: this.nsPerTick,
+      ...(this.o.ledger !== undefined ? { ledger: this.o.ledger } : {}),
+    });
+    peer.exits.begin({
+      tids,
+      ...(before !== undefined ? { before } : {}),
+      gapNs: Number(gapNs),
+      ...(cpuNs !== undefined ? { cpuNs } : {}),
+    });
+    this.watching.add(peer);
+  }
+
+  /** QEMU was given garbage (garbage-shadow.ts): a warning, at most a few a minute. */
+  private warnGarbage(peer: Peer, c: GuestCounterState): void {
+    this.limiter.warn(
+      'guest garbage',
+      {
+        vm: peer.vmId,
+        pid: c.pid,
+        garbageWindows: c.garbageWindows,
+        garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
+        probe: peer.exits?.probe,
+      },
+      "guest energy: QEMU's arithmetic turned a window's delta into garbage (a thread exited after the reply): the guest's counter is off by garbageJ; docs/guest-energy.md \"Thread exits\"",
+    );
   }
 
   /** The debug line of a window closed (`forecast`: answered from a forecast, else from the reads before the reply). */
@@ -401,6 +507,11 @@ export class GuestEnergy implements EnergyStatusHook {
         forecast,
         // What the helper attributed to each virtual package when it took `exact` (µJ).
         exact_vpkg_uj: peer.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
+        // Windows answered a zero delta for a possible thread exit, those with an exit seen right after a non-zero one, and garbage.
+        exit_windows: peer.exitWindows,
+        exit_causes: peer.exitCauses,
+        late_exits: peer.lateExits,
+        garbage_windows: c.garbageWindows ?? 0,
       },
       'guest window',
     );
@@ -409,8 +520,15 @@ export class GuestEnergy implements EnergyStatusHook {
   /** Holds the window's task directory; lets go of those held past HOLD_LIMIT_NS (their QEMU stopped mid-window). */
   private hold(peer: Peer, count: TaskCount, now: bigint): void {
     for (const p of this.holding) if (now - (p.counter?.phases.startNs ?? 0n) > HOLD_LIMIT_NS) this.release(p);
+    for (const p of this.watching) if (now - (p.counter?.phases.startNs ?? 0n) > HOLD_LIMIT_NS) this.unwatch(p);
     peer.taskCount = count;
     this.holding.add(peer);
+  }
+
+  private unwatch(peer: Peer): void {
+    peer.exits?.close();
+    delete peer.exits;
+    this.watching.delete(peer);
   }
 
   private release(peer: Peer): void {
@@ -440,6 +558,8 @@ export class GuestEnergy implements EnergyStatusHook {
     delete peer.settled;
     const vcpus = peer.nextVcpuTids;
     const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, 'start', () => this.runTimesNs(pid, vcpus));
+    if (othersNs !== null) peer.lastOthersNs = othersNs;
+    else delete peer.lastOthersNs;
     if (read === null || othersNs === null || peer.taskCount === undefined) return this.release(peer);
     peer.settled = { read, atNs: this.o.clock(), othersNs };
   }
@@ -460,6 +580,10 @@ export class GuestEnergy implements EnergyStatusHook {
     if (now !== s.read.threads.size + 1) return false;
     count.first = now;
     c.start = s.read.threads;
+    // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
+    const gapNs = this.o.clock() - s.atNs;
+    const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) : null;
+    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, others === null ? undefined : others - s.othersNs);
     peer.runTimes = s.read.runTimes;
     peer.othersNs = s.othersNs;
     delete peer.lastRead;

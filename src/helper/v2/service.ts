@@ -45,7 +45,7 @@ import { StatsFiles } from './stats-files.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
-import type { NotWhole } from '../../os/proc-tasks.js';
+import type { KeptFdLedger, NotWhole } from '../../os/proc-tasks.js';
 import { currentUpdate, type VmUpdateFrame } from './vm-update-frame.js';
 import { dispatch } from './requests/dispatch.js';
 import { HANDLERS } from './requests/table.js';
@@ -114,7 +114,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
-  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds };
+  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds; ledger?: KeptFdLedger };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
@@ -244,6 +244,7 @@ function exactGuestEnergy(
     clock: monotonicNs,
     maxThreads: g.maxThreads,
     ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
+    ...(g.ledger !== undefined ? { ledger: g.ledger } : {}),
   });
 }
 

@@ -55,8 +55,8 @@ interface StatsFilesParts {
    * from the start (the host file is laid out with the ones there when it is made). Absent: none.
    */
   hostDomains?: () => NonNullable<HostStatsValues['domains']>;
-  /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
-  guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
+  /** --guest-energy exact: a VM's guest energy against its exact energy, and its garbage (J), undefined while it is not exact. */
+  guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
   /** Power limits (VmStatsReads.powerLimit): absent, the files have no power limit descriptors. */
   powerLimit?: (vmId: number) => PowerLimitView | undefined;
 }

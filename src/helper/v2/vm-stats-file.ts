@@ -31,8 +31,8 @@ interface VmStatsReads {
   realtimeOf(tNs: bigint): bigint;
   /** CLOCK_MONOTONIC at which the sample after the one at `tNs` is expected (0: none is). */
   nextOf(tNs: bigint): bigint;
-  /** --guest-energy exact: a VM's guest energy against its exact energy (J), undefined while it is not exact. */
-  guest?: (vmId: number) => { guestJ: number; exactJ: number } | undefined;
+  /** --guest-energy exact: a VM's guest energy against its exact energy, and its garbage (J), undefined while it is not exact. */
+  guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
   /** Power limits: a VM's limit, undefined when it has none. */
   powerLimit?: (vmId: number) => PowerLimitView | undefined;
 }
@@ -243,7 +243,10 @@ export class VmStatsFile {
       to.powerUw = t.ended ? NONE : (this.domainPowerUw.get(d.domain) ?? NONE);
     }
     const g = this.p.guest?.(this.vmId);
-    v.guest = g === undefined ? undefined : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6 };
+    v.guest =
+      g === undefined
+        ? undefined
+        : { guestUj: g.guestJ * 1e6, exactUj: g.exactJ * 1e6, garbageWindows: g.garbageWindows, garbageUj: g.garbageJ * 1e6 };
   }
 
   /** The sample's times and the interval's length (the power arrays are refilled in place by setInterval). */

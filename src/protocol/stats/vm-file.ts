@@ -27,7 +27,9 @@ export interface VmStatsShape {
   domains: readonly OtherDomain[];
   /**
    * The daemon runs --guest-energy exact: `guest_energy` (what QEMU was given to credit the guest)
-   * and `guest_exact_energy` (what the helper attributed over the same windows), both cumulative µJ.
+   * and `guest_exact_energy` (what the helper attributed over the same windows), both cumulative µJ,
+   * `guest_garbage_windows` and `guest_garbage_energy` (windows QEMU's arithmetic turned into garbage,
+   * and the µJ it credited otherwise than it would have without it).
    */
   guest?: boolean;
   /**
@@ -80,6 +82,8 @@ function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
   if (s.guest === true) {
     out.push(one('guest_energy', C | UJ, -6));
     out.push(one('guest_exact_energy', C | UJ, -6));
+    out.push(one('guest_garbage_windows', C | STATS_UNIT.NONE));
+    out.push(one('guest_garbage_energy', C | UJ, -6));
   }
   if (s.powerLimit === true) {
     out.push(one('power_limit', I | STATS_UNIT.WATTS | STATS_BASE.POW10, -3));
@@ -114,7 +118,7 @@ export interface VmStatsValues extends SampleTimes {
   /** Per other domain of the file: cumulative µJ and power over the last interval (µW), per virtual package. */
   domains?: readonly { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
   /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
-  guest?: { guestUj: number; exactUj: number };
+  guest?: { guestUj: number; exactUj: number; garbageWindows: number; garbageUj: number };
   /** Power limits: the limit (mW, 0 = none), the quota in force (thousandths of a CPU, 0 = none), ms limited. */
   powerLimit?: { limitMw: number; quotaMilliCpus: number; limitedMs: number };
 }
@@ -139,6 +143,8 @@ export class VmStatsSlots {
   readonly guestExact: number | null;
   /** The word index of power_limit; power_limit_cpu_quota and power_limited_time follow it. */
   readonly powerLimit: number | null;
+  readonly guestGarbage: number | null;
+  readonly guestGarbageUj: number | null;
 
   constructor(
     b: SampleBlock,
@@ -163,6 +169,8 @@ export class VmStatsSlots {
     this.guestEnergy = b.has('guest_energy') ? b.slot('guest_energy') : null;
     this.guestExact = b.has('guest_exact_energy') ? b.slot('guest_exact_energy') : null;
     this.powerLimit = b.has('power_limit') ? b.slot('power_limit') : null;
+    this.guestGarbage = b.has('guest_garbage_windows') ? b.slot('guest_garbage_windows') : null;
+    this.guestGarbageUj = b.has('guest_garbage_energy') ? b.slot('guest_garbage_energy') : null;
   }
 }
 
@@ -194,6 +202,8 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
   if (v.guest !== undefined && slots.guestEnergy !== null && slots.guestExact !== null) {
     b.setNumber(slots.guestEnergy, Math.floor(v.guest.guestUj));
     b.setNumber(slots.guestExact, Math.floor(v.guest.exactUj));
+    if (slots.guestGarbage !== null) b.setNumber(slots.guestGarbage, v.guest.garbageWindows);
+    if (slots.guestGarbageUj !== null) b.setNumber(slots.guestGarbageUj, Math.floor(v.guest.garbageUj));
   }
 }
 

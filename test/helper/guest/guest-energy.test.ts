@@ -6,7 +6,8 @@ import os from 'node:os';
 import pino from 'pino';
 import { afterEach, describe, expect, test } from 'vitest';
 import { GuestEnergy } from '../../../src/helper/guest/guest-energy.js';
-import { ProcTaskReader } from '../../../src/os/proc-tasks.js';
+import { ProcTaskReader, type KeptFdLedger } from '../../../src/os/proc-tasks.js';
+import { exitProbeKind, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
 import { ThreadedProcess } from '../../support/threads.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -17,7 +18,7 @@ afterEach(async () => {
 const S = 1_000_000_000n;
 
 /** A process whose burner thread is its vCPU, and GuestEnergy over it on a clock the test moves. */
-async function setup() {
+async function setup(o: { exitProbe?: ExitProbeKind; ledger?: KeptFdLedger } = {}) {
   const p = new ThreadedProcess();
   cleanups.push(() => p.kill());
   await p.ready();
@@ -54,6 +55,7 @@ async function setup() {
     maxThreads: 64,
     heldFds: (pid, tid) => tasks.heldFds(pid, tid),
     versionOf: () => Promise.resolve('10.0.2'),
+    ...o,
   });
   // The first window finds the version unknown (read asynchronously) and stays raw.
   expect(guest.answer(p.pid, 0)).toBeUndefined();
@@ -107,6 +109,57 @@ describe('GuestEnergy', () => {
     expect(v.guestJ).toBe(0);
     expect(v.exactJ).toBe(2);
     expect(guest.state()[0]!.carriedWindows).toBe(1);
+  });
+
+  // pidfds where the kernel has PIDFD_THREAD (6.9+), the task directory's entries everywhere.
+  const probes: ExitProbeKind[] = exitProbeKind() === 'pidfd' ? ['pidfd', 'tasks'] : ['tasks'];
+  test.each(probes)(
+    'an end whose window lost a thread and gained another (the same count) is answered a zero delta, with exits told by %s',
+    async (exitProbe) => {
+      const { p, guest, clock, windows, addJ } = await setup({ exitProbe });
+      const start = guest.answer(p.pid, 0)!;
+      guest.afterReplies();
+      await p.cmd('burn');
+      await p.cmd('stop 1'); // a thread QEMU listed exits: its tick delta would underflow
+      await p.cmd('start 1 busy'); // and another starts: the task directory's count is as at the start
+      addJ(2);
+      clock.now += S;
+      expect(guest.answer(p.pid, 0), 'a zero delta').toBe(start);
+      guest.afterReplies();
+      expect(windows, 'answered from a forecast: the count did not move').toEqual([true]);
+      const v = guest.view(7)!;
+      expect(v.guestJ).toBe(0);
+      expect(v.exitWindows).toBe(1);
+      expect(v.garbageWindows).toBe(0);
+      // The energy is carried: the next window, with no exit, pays it.
+      clock.now += S / 1000n;
+      guest.answer(p.pid, 0);
+      guest.afterReplies();
+      await p.cmd('burn');
+      addJ(2);
+      clock.now += S;
+      expect(guest.answer(p.pid, 0)!).toBeGreaterThan(start);
+      guest.afterReplies();
+      expect(guest.view(7)!.guestJ).toBeGreaterThan(2.6);
+    },
+  );
+
+  test('exits are told by the task directory when the VM fd share has no room for the pidfds, and the fds granted are given back', async () => {
+    // A share with no room: nothing granted, so nothing may be given back either.
+    const held = { fds: 0 };
+    const ledger: KeptFdLedger = { grant: () => 0, release: (_pid, n) => void (held.fds -= n) };
+    const { p, guest, clock, addJ } = await setup({ ledger });
+    const start = guest.answer(p.pid, 0)!;
+    guest.afterReplies();
+    await p.cmd('burn');
+    await p.cmd('stop 1');
+    await p.cmd('start 1 busy');
+    addJ(2);
+    clock.now += S;
+    expect(guest.answer(p.pid, 0), 'a zero delta all the same').toBe(start);
+    guest.afterReplies();
+    expect(guest.view(7)!.exitWindows).toBe(1);
+    expect(held.fds).toBe(0);
   });
 
   test('an end with the same threads is answered from a forecast and settled once the reply has left', async () => {

@@ -1,0 +1,188 @@
+/**
+ * Whether a thread QEMU listed at a window's start may have exited, known by identity, not by count
+ * (docs/guest-energy.md, "Thread exits"). QEMU's tick delta of a thread that exited underflows, so a
+ * window's end may be answered a non-zero delta only when every thread listed at its start is known
+ * to be alive when the reply leaves. Per VM, one ExitWatch:
+ *
+ * - `pidfd` (Linux 6.9+): a pidfd of each thread of the window's start read (PIDFD_THREAD: it
+ *   names that thread alone, and turns readable when it exits), in one epoll set, polled with a
+ *   zero timeout at the window's end. A thread already gone when its pidfd is opened counts as an
+ *   exit. The pidfds are kept across windows (opened for new threads, closed for threads no longer
+ *   listed) and taken from the VM's fd share (KeptFdLedger); a VM that cannot have them all is
+ *   watched as below.
+ * - `tasks` (older kernels, or no fds): the task directory listed at the window's end, every thread
+ *   of the start read looked for in it.
+ *
+ * Either way QEMU's own list is not seen: it was made just before its start request, apart from the
+ * helper's start read. A thread of the helper's last read that is not in the start read may be one
+ * QEMU listed and read: an exit. A thread QEMU listed that started after the helper's last read and
+ * exited before its start read is missed, and harmless when it ran less than a clock tick (QEMU
+ * read 0 ticks of it, and 0 - 0 does not underflow), which it did when the two reads are less than
+ * a tick apart, or when the process's threads but its vCPUs ran less than a tick between them (its
+ * CPU clock less the vCPUs' run times): else, or with no last read, the window counts as one with
+ * an exit. The property test runs this on a simulated
+ * thread table (test/helper/guest/thread-exits.property.test.ts).
+ */
+import fs from 'node:fs';
+import { closeFd, epollAdd, epollCreate, epollReadyNow, gettid, pidfdOpenThread } from '../../os/libc.js';
+import type { KeptFdLedger } from '../../os/proc-tasks.js';
+
+/** How exits are told: the kernel's pidfds, or the task directory's entries. */
+export type ExitProbeKind = 'pidfd' | 'tasks';
+
+/** The calls an ExitWatch makes (the real ones: realExitOs). */
+export interface ExitOs {
+  /** A pidfd of thread `tid` (PIDFD_THREAD), or -errno (ESRCH: gone). */
+  pidfdOpenThread(tid: number): number;
+  epollCreate(): number;
+  epollAdd(epfd: number, fd: number, data: number): number;
+  /** The data of the ready fds of `epfd` (a zero timeout). */
+  epollReadyNow(epfd: number): number[];
+  close(fd: number): void;
+  /** The tids in /proc/<pid>/task now, or null. */
+  listTasks(pid: number): ReadonlySet<number> | null;
+}
+
+const ESRCH = 3;
+/** Ready pidfds read at once (any one is enough to say a thread exited). */
+const READY_BUF = Buffer.alloc(12 * 16);
+
+export function realExitOs(procRoot: string): ExitOs {
+  return {
+    pidfdOpenThread,
+    epollCreate,
+    epollAdd,
+    epollReadyNow: (epfd) => epollReadyNow(epfd, READY_BUF),
+    close: closeFd,
+    listTasks(pid) {
+      try {
+        return new Set(fs.readdirSync(`${procRoot}/${pid}/task`).map(Number));
+      } catch {
+        return null;
+      }
+    },
+  };
+}
+
+/** `pidfd` when this kernel gives pidfds of threads (Linux 6.9+), else `tasks`: asked once, of this thread. */
+export function exitProbeKind(os: Pick<ExitOs, 'pidfdOpenThread' | 'close'> = { pidfdOpenThread, close: closeFd }): ExitProbeKind {
+  const fd = os.pidfdOpenThread(gettid());
+  if (fd < 0) return 'tasks';
+  os.close(fd);
+  return 'pidfd';
+}
+
+/** What a window's start read says against the helper's last read of the VM's threads. */
+interface WatchStart {
+  /** The threads of the start read (QEMU's list as near as the helper sees it). */
+  tids: Iterable<number>;
+  /** The threads of the helper's read before it (the last window's end read), if any. */
+  before?: ReadonlySet<number>;
+  /** How far apart the two reads are (ns). */
+  gapNs: number;
+  /** The CPU time of the process's threads but its vCPUs between the two reads (ns), when known. */
+  cpuNs?: number;
+}
+
+export class ExitWatch {
+  private readonly fds = new Map<number, number>();
+  private epfd = -1;
+  /** The window's threads, when watched through the task directory. */
+  private listed: number[] = [];
+  /** An exit known (or not excludable) since the window began. */
+  private exit = false;
+  /** Why (for the debug window line): no read before, reads a tick apart, a thread of the read before gone, gone at open, a pidfd readable, not listed. */
+  cause: 'no read before' | 'reads a tick apart' | 'gone since the read before' | 'gone at open' | 'pidfd' | 'not listed' | null = null;
+  private kind: ExitProbeKind;
+
+  constructor(
+    private readonly pid: number,
+    kind: ExitProbeKind,
+    private readonly o: { os: ExitOs; tickNs: number; ledger?: KeptFdLedger },
+  ) {
+    this.kind = kind;
+  }
+
+  /** How exits are told now for this VM (`tasks` when its fds could not be had). */
+  get probe(): ExitProbeKind {
+    return this.kind;
+  }
+
+  /** A window began with `w.tids` read: watched from now on. */
+  begin(w: WatchStart): void {
+    const tids = new Set(w.tids);
+    // A thread unseen between the reads ran less than the time between them, and less than the CPU time all the
+    // threads but the vCPUs had then: under a tick, QEMU read 0 ticks of it.
+    const apart = w.gapNs >= this.o.tickNs && !(w.cpuNs !== undefined && w.cpuNs < this.o.tickNs);
+    this.cause = w.before === undefined ? 'no read before' : apart ? 'reads a tick apart' : null;
+    if (w.before !== undefined) for (const t of w.before) if (!tids.has(t)) this.cause ??= 'gone since the read before';
+    this.exit = this.cause !== null;
+    if (this.kind === 'pidfd' && this.watchAll(tids)) return;
+    this.listed = [...tids];
+  }
+
+  /** Whether a thread of the window's start read may have exited by now (one epoll_wait, or one listing). */
+  exited(): boolean {
+    if (this.exit) return true;
+    if (this.epfd >= 0) this.exit = this.o.os.epollReadyNow(this.epfd).length > 0;
+    else {
+      const now = this.o.os.listTasks(this.pid);
+      this.exit = now === null || this.listed.some((t) => !now.has(t));
+    }
+    if (this.exit) this.cause = this.epfd >= 0 ? 'pidfd' : 'not listed';
+    return this.exit;
+  }
+
+  /** Every fd let go (the VM ended, or its QEMU stopped asking). */
+  close(): void {
+    for (const fd of this.fds.values()) this.o.os.close(fd);
+    const n = this.fds.size + (this.epfd >= 0 ? 1 : 0);
+    this.fds.clear();
+    if (this.epfd >= 0) this.o.os.close(this.epfd);
+    this.epfd = -1;
+    if (n > 0) this.o.ledger?.release(this.pid, n);
+  }
+
+  /** The pidfds of `tids` (those of threads no longer listed closed): false when the VM's fd share cannot hold them. */
+  private watchAll(tids: ReadonlySet<number>): boolean {
+    // A pidfd readable now is of a thread that exited: closed, and opened again if its tid was read again (another thread).
+    const exited = new Set(this.epfd >= 0 ? this.o.os.epollReadyNow(this.epfd) : []);
+    for (const [tid, fd] of this.fds) {
+      if (tids.has(tid) && !exited.has(tid)) continue;
+      this.o.os.close(fd);
+      this.fds.delete(tid);
+      this.o.ledger?.release(this.pid, 1);
+    }
+    const add = [...tids].filter((t) => !this.fds.has(t));
+    const need = add.length + (this.epfd < 0 ? 1 : 0);
+    if (need === 0) return true;
+    const got = this.o.ledger === undefined ? need : this.o.ledger.grant(this.pid, need, 0);
+    if (got < need) {
+      if (got > 0) this.o.ledger!.release(this.pid, got);
+      return this.fallBack();
+    }
+    if (this.epfd < 0 && (this.epfd = this.o.os.epollCreate()) < 0) return this.fallBack(need);
+    for (let i = 0; i < add.length; i++) {
+      const tid = add[i]!;
+      const fd = this.o.os.pidfdOpenThread(tid);
+      if (fd >= 0 && this.o.os.epollAdd(this.epfd, fd, tid) === 0) {
+        this.fds.set(tid, fd);
+        continue;
+      }
+      if (fd >= 0) this.o.os.close(fd);
+      this.o.ledger?.release(this.pid, 1);
+      // Gone before it could be watched: an exit. Any other failure (out of fds): the task directory.
+      if (fd === -ESRCH) [this.exit, this.cause] = [true, this.cause ?? 'gone at open'];
+      else return this.fallBack(add.length - i - 1);
+    }
+    return true;
+  }
+
+  /** Watched through the task directory from now on: every fd let go (`granted`: fds granted, not opened). */
+  private fallBack(granted = 0): false {
+    if (granted > 0) this.o.ledger?.release(this.pid, granted);
+    this.close();
+    this.kind = 'tasks';
+    return false;
+  }
+}
