@@ -60,6 +60,8 @@ export interface GuestCounterState {
   excessUnits?: number;
   /** While QEMU's carried share holds garbage: its loop without it (garbage-shadow.ts; not saved). */
   shadow?: LoopState;
+  /** Packages answered 0 because the delta search met its bound (delta-solver.ts; not saved): the caller logs it once. */
+  bounded?: number;
 }
 
 /** What one request needs answered, and what the caller must read before the next. */
@@ -171,7 +173,9 @@ function solveWindow(
   const eDelta = new Map<number, bigint>();
   for (const p of pkgs) {
     const paid = replaced.has(p) || s.start === null ? 0 : (shares.get(p) ?? 0);
-    eDelta.set(p, solveDelta({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: base.get(p)! + BigInt(paid) }));
+    const e = solveDelta({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: base.get(p)! + BigInt(paid) });
+    if (e === null) s.bounded = (s.bounded ?? 0) + 1;
+    eDelta.set(p, e ?? 0n);
   }
   return eDelta;
 }

@@ -132,6 +132,8 @@ export class GuestEnergy implements EnergyStatusHook {
   private readonly nsPerTick: number;
   /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
   private views: ReadonlyMap<number, GuestVmView> = new Map();
+  /** A delta search met its bound once already (logBounded). */
+  private boundLogged = false;
 
   constructor(private readonly o: GuestEnergyOptions) {
     this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
@@ -322,6 +324,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (read !== null) peer.lastRead = read;
     this.release(peer);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks });
+    if (c.bounded !== undefined) this.logBounded(peer, c);
     this.logWindow(peer, c, false);
     return value;
   }
@@ -385,6 +388,17 @@ export class GuestEnergy implements EnergyStatusHook {
     settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
     delete peer.closing;
     this.logWindow(peer, c, true);
+  }
+
+  /** A window's delta search met its bound (delta-solver.ts): answered 0, its energy carried; said once per process. */
+  private logBounded(peer: Peer, c: GuestCounterState): void {
+    delete c.bounded;
+    if (this.boundLogged) return;
+    this.boundLogged = true;
+    this.o.log.warn(
+      { vm: peer.vmId, pid: c.pid },
+      "guest energy: a window's e_delta search met its bound (its threads give no credit QEMU's u64 can reach); answered 0 and carried, said once",
+    );
   }
 
   /** The debug line of a window closed (`forecast`: answered from a forecast, else from the reads before the reply). */
