@@ -16,8 +16,6 @@
  * package's CPUs (the nominal 1 s, never the measured sleep). The guest reads vpkg[g] as its
  * MSR_PKG_ENERGY_STATUS. Everything here is integer-exact against the C (BigInt where C has u64).
  */
-import { MAX_VPKG } from '../model/vcpus.js';
-
 
 /** One thread as QEMU saw it in one iteration. */
 export interface LoopThread {
@@ -65,10 +63,11 @@ export function copyLoopState(s: LoopState): LoopState {
 
 /**
  * Whether QEMU credits this thread as a vCPU of a virtual package: QEMU's counters cover every
- * virtual package of the VM (its -smp sockets) from its start, so any vpkg the vCPU rule allows.
+ * virtual package of the VM (its -smp sockets) from its start, so every vCPU (its vpkg within the
+ * vCPU rule's bound, model/vcpus.ts, checked where the VM came in).
  */
 export function creditedVcpu(t: LoopThread): t is LoopThread & { vpkg: number } {
-  return t.vpkg !== undefined && t.vpkg <= MAX_VPKG;
+  return t.vpkg !== undefined;
 }
 
 /**

@@ -28,6 +28,7 @@ import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
+import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import type { Logger } from '../../logging/logger.js';
@@ -111,7 +112,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
-  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds };
+  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds; preferredGroups?: readonly number[] };
 }
 
 /** The message of ERROR RESTARTING. */
@@ -236,6 +237,11 @@ function exactGuestEnergy(
     clock: monotonicNs,
     maxThreads: g.maxThreads,
     ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
+    // The share rule of discovery: root and the socket's group are preferred (budget/uid-share.ts).
+    owner: (pid, peer) =>
+      peer === undefined
+        ? shareOwnerOf(o.procRoot, pid, g.preferredGroups ?? [])
+        : { uid: peer.uid, preferred: isPreferredPeer(o.procRoot, peer, g.preferredGroups ?? []) },
   });
 }
 

@@ -7,6 +7,7 @@ import pino from 'pino';
 import { afterEach, describe, expect, test } from 'vitest';
 import { GuestEnergy } from '../../../src/helper/guest/guest-energy.js';
 import { ProcTaskReader } from '../../../src/os/proc-tasks.js';
+import { readStarttime } from '../../../src/os/proc-starttime.js';
 import { ThreadedProcess } from '../../support/threads.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -15,6 +16,11 @@ afterEach(async () => {
 });
 
 const S = 1_000_000_000n;
+
+/** The process as the legacy session gives it: its connection's credentials and start time. */
+function peerOf(p: ThreadedProcess) {
+  return { pid: p.pid, uid: 0, gid: 0, starttime: readStarttime('/proc', p.pid)! };
+}
 
 /** A process whose burner thread is its vCPU, and GuestEnergy over it on a clock the test moves. */
 async function setup() {
@@ -30,7 +36,7 @@ async function setup() {
   tasks.read(p.pid);
   const clock = { now: 10n * S };
   let exactJ = 0;
-  const find = (pid: number) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined);
+  const find = (pid: number) => (pid === p.pid ? { vmId: 7, pid, starttime: peerOf(p).starttime, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined);
   // The debug lines of the windows closed: whether each was answered from a forecast.
   const windows: boolean[] = [];
   const log = pino(
@@ -56,10 +62,10 @@ async function setup() {
     versionOf: () => Promise.resolve('10.0.2'),
   });
   // The first window finds the version unknown (read asynchronously) and stays raw.
-  expect(guest.answer(p.pid, 0)).toBeUndefined();
+  expect(guest.answer(peerOf(p), 0)).toBeUndefined();
   await new Promise((r) => setTimeout(r, 10));
   clock.now += S;
-  guest.answer(p.pid, 0);
+  guest.answer(peerOf(p), 0);
   clock.now += S / 100n;
   return { p, guest, clock, windows, addJ: (j: number) => (exactJ += j) };
 }
@@ -67,7 +73,7 @@ async function setup() {
 describe('GuestEnergy', () => {
   test('a window start is answered before its threads are read, and they are read by afterReplies', async () => {
     const { p, guest } = await setup();
-    expect(guest.answer(p.pid, 0)).toBe(0n);
+    expect(guest.answer(peerOf(p), 0)).toBe(0n);
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     const start = guest.state()[0]!.start!;
@@ -76,12 +82,12 @@ describe('GuestEnergy', () => {
 
   test('the vCPU ticks after the start reply are credited at the window end when afterReplies read the start', async () => {
     const { p, guest, clock, addJ } = await setup();
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     await p.cmd('burn'); // the vCPU runs 50 ms (5 ticks at 100 Hz)
     addJ(2);
     clock.now += S;
-    expect(guest.answer(p.pid, 0)!).toBeGreaterThan(0n);
+    expect(guest.answer(peerOf(p), 0)!).toBeGreaterThan(0n);
     guest.afterReplies(); // the window settled on the threads read after the reply
     const v = guest.view(7)!;
     expect(v.windows).toBe(1);
@@ -95,13 +101,13 @@ describe('GuestEnergy', () => {
 
   test('an end whose window lost a thread is answered a zero delta from the reads before the reply, its energy carried', async () => {
     const { p, guest, clock, addJ } = await setup();
-    const start = guest.answer(p.pid, 0)!;
+    const start = guest.answer(peerOf(p), 0)!;
     guest.afterReplies();
     await p.cmd('burn');
     await p.cmd('stop 1'); // a thread QEMU listed exits: its tick delta would underflow
     addJ(2);
     clock.now += S;
-    expect(guest.answer(p.pid, 0)).toBe(start);
+    expect(guest.answer(peerOf(p), 0)).toBe(start);
     guest.afterReplies();
     const v = guest.view(7)!;
     expect(v.guestJ).toBe(0);
@@ -115,22 +121,22 @@ describe('GuestEnergy', () => {
 
   test('an end whose window gained a thread is answered from the reads before the reply', async () => {
     const { p, guest, clock, windows, addJ } = await setup();
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     await p.cmd('start 1');
     await p.cmd('burn');
     addJ(2);
     clock.now += S;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     expect(windows).toEqual([false]);
     expect(guest.view(7)!.guestJ).toBeGreaterThan(1.9); // solved on the ticks read: all of it but QEMU's rounding
   });
 
   test('a window start is read at the next request when afterReplies was not called', async () => {
     const { p, guest, clock } = await setup();
-    guest.answer(p.pid, 0); // the start, its read pending
+    guest.answer(peerOf(p), 0); // the start, its read pending
     clock.now += S;
-    guest.answer(p.pid, 0); // the end: the start read runs first, so the window closes with threads
+    guest.answer(peerOf(p), 0); // the end: the start read runs first, so the window closes with threads
     expect(guest.view(7)!.windows).toBe(1);
     expect(guest.state()[0]!.loop.nbVcpu.size).toBe(1); // QEMU's vCPU count saw the vCPU thread
   });
@@ -138,12 +144,12 @@ describe('GuestEnergy', () => {
   /** A window closed from a forecast and settled once its reply left; the clock then at its end. */
   async function settledWindow() {
     const t = await setup();
-    t.guest.answer(t.p.pid, 0);
+    t.guest.answer(peerOf(t.p), 0);
     t.guest.afterReplies();
     await t.p.cmd('burn');
     t.addJ(2);
     t.clock.now += S;
-    t.guest.answer(t.p.pid, 0);
+    t.guest.answer(peerOf(t.p), 0);
     expect(t.windows, 'nothing settled before the reply left').toEqual([]);
     t.guest.afterReplies();
     expect(t.windows).toEqual([true]);
@@ -153,7 +159,7 @@ describe('GuestEnergy', () => {
   test('a window start soon after the last settling, with the same threads, takes its read and reads nothing', async () => {
     const { p, guest, clock, windows, addJ } = await settledWindow();
     clock.now += S / 1000n;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     const start = guest.state()[0]!.start;
     expect(start, 'the start read is there before any afterReplies').not.toBeNull();
     expect([...start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
@@ -162,7 +168,7 @@ describe('GuestEnergy', () => {
     await p.cmd('burn');
     addJ(2);
     clock.now += S;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     expect(windows).toEqual([true, true]);
     expect(guest.view(7)!.guestJ).toBeGreaterThan(3.3);
@@ -172,7 +178,7 @@ describe('GuestEnergy', () => {
     const { p, guest, clock } = await settledWindow();
     await p.cmd('start 1');
     clock.now += S / 1000n;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     expect([...guest.state()[0]!.start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
@@ -181,7 +187,7 @@ describe('GuestEnergy', () => {
   test('a window start more than 20 ms after the last settling is read as usual', async () => {
     const { p, guest, clock } = await settledWindow();
     clock.now += (S * 3n) / 100n;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     expect(guest.state()[0]!.start).not.toBeNull();
@@ -189,14 +195,14 @@ describe('GuestEnergy', () => {
 
   test("a window's end takes its VM as the last sample left it (sampled), not as looked up at the request", async () => {
     const { p, guest, clock, addJ } = await setup();
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     await p.cmd('burn');
     addJ(2);
     guest.sampled(); // the last sample before the end: 2 J attributed
     addJ(5); // not sampled yet when the end comes
     clock.now += S;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     expect(guest.view(7)!.exactJ).toBe(2);
   });
