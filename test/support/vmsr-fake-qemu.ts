@@ -18,6 +18,7 @@ import ctypes, math, os, socket, struct, sys, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
 def setname(n): libc.prctl(15, ctypes.c_char_p(n.encode()[:15]), 0, 0, 0)
 setname("qemu-system-x86")
+if os.environ.get("FAKE_UNDUMPABLE") == "1": libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: /proc/<pid>/exe closed to its own uid too
 CLK = os.sysconf("SC_CLK_TCK")
 SOCKETS = int(os.environ["FAKE_SOCKETS"]); PER = int(os.environ["FAKE_PER_SOCKET"])
 PKG = {}
@@ -127,7 +128,18 @@ export class VmsrFakeQemu {
   private out = '';
 
   /** `exe` from markedQemuExe; `sockets` x `perSocket` vCPUs in -smp, `vcpus` of them started; as `uid` when given. */
-  constructor(o: { exe: string; socket: string; logDir: string; sockets: number; perSocket: number; vcpus: number; uid?: number; argv0?: string }) {
+  /** `undumpable`: its /proc/<pid>/exe closed to every other process but root's. */
+  constructor(o: {
+    exe: string;
+    socket: string;
+    logDir: string;
+    sockets: number;
+    perSocket: number;
+    vcpus: number;
+    uid?: number;
+    argv0?: string;
+    undumpable?: boolean;
+  }) {
     this.log = path.join(o.logDir, `vmsr-${Date.now()}-${Math.random().toString(36).slice(2)}.log`);
     fs.writeFileSync(this.log, '');
     fs.chmodSync(this.log, 0o666);
@@ -143,6 +155,7 @@ export class VmsrFakeQemu {
         FAKE_VCPUS: String(o.vcpus),
         FAKE_VMSR_SOCKET: o.socket,
         FAKE_VMSR_LOG: this.log,
+        FAKE_UNDUMPABLE: o.undumpable === true ? '1' : '0',
       },
       ...(o.uid !== undefined ? { uid: o.uid, gid: o.uid } : {}),
     });
