@@ -107,9 +107,7 @@ async function codePath(): Promise<void> {
     host: { vendor: 'intel', clkTck: 100, cpus: [0, 1].map((cpu) => ({ cpu, pkg: 0 })), packages: [{ pkg: 0, powerUnit: 0xa0e03n }] },
     unitJ: 2 ** -14,
     find: (pid) =>
-      pid === process.pid
-        ? { vmId: 1, pid, starttime, vcpus: new Map([[vcpu.tid, 0]]), nvpkg: 1, exactJ: Number(now) / 1e9 }
-        : undefined,
+      pid === process.pid ? { vmId: 1, pid, starttime, vcpus: new Map([[vcpu.tid, 0]]), nvpkg: 1, exactJ: Number(now) / 1e9 } : undefined,
     log,
     clock: () => now,
     maxThreads: 4608,

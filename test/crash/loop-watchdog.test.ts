@@ -12,7 +12,11 @@ const MODULE = pathToFileURL(path.resolve('dist/src/helper/lifecycle/loop-watchd
 const STALL_S = 2;
 
 /** A Node process with the watchdog (STALL_S) and a SIGTERM handler; `hang`: its loop then never turns again. */
-function child(hang: boolean): { done: Promise<{ code: number | null; signal: NodeJS.Signals | null; ms: number }>; armed: Promise<void>; pid: number } {
+function child(hang: boolean): {
+  done: Promise<{ code: number | null; signal: NodeJS.Signals | null; ms: number }>;
+  armed: Promise<void>;
+  pid: number;
+} {
   const script = `
     const { startLoopWatchdog } = await import(${JSON.stringify(MODULE)});
     startLoopWatchdog(${STALL_S});

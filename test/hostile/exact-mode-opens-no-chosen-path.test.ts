@@ -1,5 +1,5 @@
 /**
- * Issue 41, finding 5: exact mode opened whatever path a process put in its argv[0], as the helper's
+ * Exact mode once opened whatever path a process put in its argv[0], as the helper's
  * user, to read QEMU's version: a device (a watchdog arms when opened) or a FIFO (its blocked writer
  * goes on). Here a fake QEMU of the helper's uid, not dumpable (its /proc/<pid>/exe closed to the helper), names a FIFO
  * as its argv[0], and a writer waits on that FIFO: the real daemon (-u nobody) decides the VM's
@@ -15,7 +15,7 @@ import { PYTHON } from '../support/fake-qemu.js';
 
 const why = notRoot();
 
-describe.skipIf(why !== null)("exact mode and a peer's argv[0] (issue 41, 5)", () => {
+describe.skipIf(why !== null)("exact mode and a peer's argv[0]", () => {
   if (why !== null) console.log(`skipped: ${why}`);
 
   test('a FIFO named by a peer as its argv[0] is never opened to read its version', async () => {

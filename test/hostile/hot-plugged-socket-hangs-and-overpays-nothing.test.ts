@@ -1,5 +1,5 @@
 /**
- * Issue 41, findings 1 and 2: a QEMU-named process with `-smp 2,sockets=2` starts the second
+ * A QEMU-named process with `-smp 2,sockets=2` starts the second
  * socket's vCPU after exact mode began for it (the model made with one virtual package), then
  * starts and ends short-lived threads. The delta search credited nothing for the new socket's vCPU
  * and never ended: the serving process hung for good. Without the threads it paid the new socket
@@ -9,9 +9,8 @@
 import { describe, expect, test } from 'vitest';
 import { onCleanup, notRoot, NOBODY, said, startExactDaemon } from './support.js';
 import { VmsrFakeQemu, type FakeWindow } from '../support/vmsr-fake-qemu.js';
-import { LegacyClient } from '../daemon/support/daemon-process.js';
+import { LegacyClient, type DaemonChild } from '../daemon/support/daemon-process.js';
 import net from 'node:net';
-import type { DaemonChild } from '../daemon/support/daemon-process.js';
 
 const why = notRoot();
 
@@ -44,7 +43,7 @@ async function answersWithin(sock: string, ms: number): Promise<void> {
   expect(reply, `a request answered within ${ms} ms (took ${Date.now() - started} ms)`).not.toBeNull();
 }
 
-describe.skipIf(why !== null)('exact mode and a socket whose vCPU starts late (issue 41, 1 and 2)', () => {
+describe.skipIf(why !== null)('exact mode and a socket whose vCPU starts late', () => {
   if (why !== null) console.log(`skipped: ${why}`);
 
   test('a hot-plugged socket with short-lived threads in its windows hangs no serving process', async () => {

@@ -1,5 +1,5 @@
 /**
- * Issue 41, finding 4: a new VM on the pid of an exact-mode VM that ended inherited the dead VM's
+ * A new VM on the pid of an exact-mode VM that ended inherited the dead VM's
  * counter, frozen: it started at the old value and gained nothing for 8 busy windows. Exact mode now
  * names a process by (pid, start time): here the real daemon (-u nobody) sees fake QEMU B come up
  * on A's pid (reused for real, through ns_last_pid) and counts B afresh: B's guest gains energy.
@@ -12,7 +12,7 @@ import { VmsrFakeQemu } from '../support/vmsr-fake-qemu.js';
 const NS_LAST_PID = '/proc/sys/kernel/ns_last_pid';
 const why = notRoot() ?? (fs.existsSync(NS_LAST_PID) ? null : `${NS_LAST_PID} is missing: a pid cannot be reused on purpose`);
 
-describe.skipIf(why !== null)('exact mode and a reused pid (issue 41, 4)', () => {
+describe.skipIf(why !== null)('exact mode and a reused pid', () => {
   if (why !== null) console.log(`skipped: ${why}`);
 
   test('a new VM on an exact VM’s reused pid starts fresh counters and is credited', async () => {

@@ -11,7 +11,7 @@
  */
 import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
-import { processCpuTimeNs } from '../../os/libc.js';
+import { processCpuTimeNs, type PeerCredentials } from '../../os/libc.js';
 import {
   closeWindow,
   counterStep,
@@ -28,7 +28,6 @@ import type { HostInfo } from '../../model/host.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
-import type { PeerCredentials } from '../../os/libc.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import type { ShareOwner } from '../../budget/uid-share.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';

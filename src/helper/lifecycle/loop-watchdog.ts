@@ -11,7 +11,7 @@
 import { alarm } from '../../os/libc.js';
 
 /** Seconds the event loop may stall before the process is ended. */
-export const LOOP_STALL_S = 10;
+const LOOP_STALL_S = 10;
 
 let beat: NodeJS.Timeout | undefined;
 

@@ -36,7 +36,8 @@ async function setup() {
   tasks.read(p.pid);
   const clock = { now: 10n * S };
   let exactJ = 0;
-  const find = (pid: number) => (pid === p.pid ? { vmId: 7, pid, starttime: peerOf(p).starttime, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined);
+  const find = (pid: number) =>
+    pid === p.pid ? { vmId: 7, pid, starttime: peerOf(p).starttime, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined;
   // The debug lines of the windows closed: whether each was answered from a forecast.
   const windows: boolean[] = [];
   const log = pino(
