@@ -35,6 +35,7 @@ import { ProcTaskReader } from '../src/os/proc-tasks.js';
 import { threadCpuTimeNs } from '../src/os/libc.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import type { LegacyRequest } from '../src/protocol/legacy.js';
+import { readStarttime } from '../src/os/proc-starttime.js';
 import { buildTools, cpuSeconds, HELPER_BIN, waitConnectable } from './tools.js';
 
 const PAIRS = 3000;
@@ -94,6 +95,8 @@ async function codePath(): Promise<void> {
   const legacy = legacyOnFakeHost(fake, device, log);
   const verdicts = legacy.verdictsFor(process.pid);
   const req: LegacyRequest = { msr: MSR_PKG_ENERGY_STATUS, cpu: 0, tid: process.pid };
+  const starttime = readStarttime('/proc', process.pid)!;
+  const me = { pid: process.pid, uid: process.getuid!(), gid: process.getgid!(), starttime };
   const out = Buffer.alloc(8);
   const vcpu = await spinner();
   const tasks = new ProcTaskReader('/proc');
@@ -104,9 +107,7 @@ async function codePath(): Promise<void> {
     host: { vendor: 'intel', clkTck: 100, cpus: [0, 1].map((cpu) => ({ cpu, pkg: 0 })), packages: [{ pkg: 0, powerUnit: 0xa0e03n }] },
     unitJ: 2 ** -14,
     find: (pid) =>
-      pid === process.pid
-        ? { vmId: 1, pid, starttime: 1, vcpus: new Map([[vcpu.tid, 0]]), nvpkg: 1, exactJ: Number(now) / 1e9 }
-        : undefined,
+      pid === process.pid ? { vmId: 1, pid, starttime, vcpus: new Map([[vcpu.tid, 0]]), nvpkg: 1, exactJ: Number(now) / 1e9 } : undefined,
     log,
     clock: () => now,
     maxThreads: 4608,
@@ -120,7 +121,7 @@ async function codePath(): Promise<void> {
     for (let i = 0; i < n; i++) {
       for (const k of [0, 1]) {
         const t0 = threadCpuTimeNs();
-        legacy.answer(process.pid, req, verdicts, out, 0);
+        legacy.answer(me, req, verdicts, out, 0);
         const t1 = threadCpuTimeNs();
         legacy.afterReplies();
         ns[k]! += (what === 'reply' ? t1 : threadCpuTimeNs()) - t0;
@@ -134,7 +135,7 @@ async function codePath(): Promise<void> {
     `start ${x[0].toFixed(1)} end ${x[1].toFixed(1)}, a request ${avg(x).toFixed(1)} (${ratio(avg(x), avg(raw))})`;
   const threads = fs.readdirSync(`/proc/${process.pid}/task`).length;
   console.log(`guest energy, the daemon's code path: µs a request, ${PAIRS} windows a round, this process (${threads} threads) as the VM`);
-  legacy.answer(process.pid, { ...req, msr: MSR_RAPL_POWER_UNIT }, verdicts, out, 0);
+  legacy.answer(me, { ...req, msr: MSR_RAPL_POWER_UNIT }, verdicts, out, 0);
   for (let round = 1; round <= ROUNDS; round++) {
     legacy.setEnergyStatus({ answer: () => undefined, afterReplies: () => undefined });
     time(100, 'all');

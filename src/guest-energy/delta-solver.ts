@@ -3,9 +3,11 @@
  * credits the VM's virtual packages at most `target` units in total, and as close to it as QEMU's
  * rounding allows. What QEMU credits from package p depends only on p's e_delta (every thread's
  * share is taken at the price of the package it sat on), and grows with it: a binary search over
- * e_delta on a copy of QEMU's state finds the largest that does not pass the target.
+ * e_delta on a copy of QEMU's state finds the largest that does not pass the target. The search is
+ * bounded whatever the threads (a client's): e_delta is QEMU's u64, and at most MAX_SOLVER_STEPS
+ * credits are worked out; past it there is no answer (null), and the caller gives 0 and carries.
  */
-import { deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+import { creditedVcpu, deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 
 /** A window's threads on package p, and QEMU's state before it. */
 interface PackageProblem {
@@ -34,13 +36,12 @@ function creditOf(pr: PackageProblem): (e: bigint) => bigint {
   const others: bigint[] = [];
   const vcpus: bigint[] = [];
   let nb = pr.state.nbVcpu.get(pr.pkg) ?? 0;
-  const nvpkg = pr.state.vpkgCounter.length;
   for (const t of pr.threads) if (t.vpkg !== undefined) nb = (nb + 1) >>> 0;
   for (const t of pr.threads) {
     const d = deltaTicks(t);
     if (d === 0n) continue;
     if (t.vpkg === undefined) others.push(d);
-    else if (t.vpkg < nvpkg) vcpus.push(d);
+    else if (creditedVcpu(t)) vcpus.push(d);
   }
   const carried = pr.state.eRatio.get(pr.pkg) ?? 0n;
   return (e) => {
@@ -62,29 +63,56 @@ function underflows(threads: readonly LoopThread[]): boolean {
   return threads.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0));
 }
 
-/** The largest e_delta whose credit is at most the target (0 when nothing can be credited safely). */
-export function solveDelta(pr: PackageProblem): bigint {
+/** Credits worked out at most per search: the gallops and the bisection over u64 need about 200. */
+export const MAX_SOLVER_STEPS = 400;
+
+/**
+ * The largest e_delta whose credit is at most the target (0 when nothing can be credited safely);
+ * null when the search met its bound (no e_delta in u64 passes the target: the credit does not
+ * grow with it).
+ */
+export function solveDelta(pr: PackageProblem): bigint | null {
   if (pr.target <= 0n || underflows(pr.threads)) return 0n;
   let vcpuTicks = 0n;
-  for (const t of pr.threads) if (t.vpkg !== undefined) vcpuTicks += deltaTicks(t);
+  for (const t of pr.threads) if (creditedVcpu(t)) vcpuTicks += deltaTicks(t);
   if (vcpuTicks === 0n) return 0n;
+  let steps = 0;
+  const credit = creditOf(pr);
+  const creditedFrom = (e: bigint) => (++steps > MAX_SOLVER_STEPS ? null : credit(e));
   // QEMU's credit is e x (vCPU ticks) / maxticks plus what does not grow with e, each vCPU rounding
   // by at most 1/2: the answer is within a few units' worth of the linear estimate. Bracket it there.
-  const creditedFrom = creditOf(pr);
-  const base = creditedFrom(0n);
+  const base = credit(0n);
   if (base > pr.target) return 0n;
-  const guess = ((pr.target - base) * BigInt(pr.maxTicks)) / vcpuTicks;
+  const guess = min(U64, ((pr.target - base) * BigInt(pr.maxTicks)) / vcpuTicks);
   // (QEMU's share of the non-vCPU threads also grows with e, so the estimate may be high: gallop.)
   let step = (BigInt(pr.threads.length + 1) * BigInt(pr.maxTicks)) / vcpuTicks + 1n;
   let lo = guess > step ? guess - step : 0n;
-  for (let s = step; lo > 0n && creditedFrom(lo) > pr.target; s *= 2n) lo = lo > s ? lo - s : 0n;
-  let hi = guess + step;
-  for (; creditedFrom(hi) <= pr.target; step *= 2n) hi += step;
+  for (let s = step; lo > 0n; s *= 2n) {
+    const c = creditedFrom(lo);
+    if (c === null) return null;
+    if (c <= pr.target) break;
+    lo = lo > s ? lo - s : 0n;
+  }
+  let hi = min(U64, guess + step);
+  for (;;) {
+    const c = creditedFrom(hi);
+    if (c === null || (c <= pr.target && hi === U64)) return null;
+    if (c > pr.target) break;
+    lo = hi;
+    hi = min(U64, hi + step);
+    step *= 2n;
+  }
   // Invariant: credit(lo) <= target < credit(hi).
   while (hi - lo > 1n) {
     const mid = (lo + hi) / 2n;
-    if (creditedFrom(mid) <= pr.target) lo = mid;
+    const c = creditedFrom(mid);
+    if (c === null) return null;
+    if (c <= pr.target) lo = mid;
     else hi = mid;
   }
   return lo;
+}
+
+function min(a: bigint, b: bigint): bigint {
+  return a < b ? a : b;
 }

@@ -63,6 +63,8 @@ export interface GuestCounterState {
   /** Windows in which QEMU credited other than its loop without the garbage would have, and those units (not saved). */
   garbageWindows?: number;
   garbageUnits?: number;
+  /** Packages answered 0 because the delta search met its bound (delta-solver.ts; not saved): the caller logs it once. */
+  bounded?: number;
 }
 
 /** What one request needs answered, and what the caller must read before the next. */
@@ -175,7 +177,9 @@ function solveWindow(
   const eDelta = new Map<number, bigint>();
   for (const p of pkgs) {
     const paid = replaced.has(p) || s.start === null ? 0 : (shares.get(p) ?? 0);
-    eDelta.set(p, solveDelta({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: base.get(p)! + BigInt(paid) }));
+    const e = solveDelta({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: base.get(p)! + BigInt(paid) });
+    if (e === null) s.bounded = (s.bounded ?? 0) + 1;
+    eDelta.set(p, e ?? 0n);
   }
   return eDelta;
 }

@@ -61,6 +61,23 @@ export function copyLoopState(s: LoopState): LoopState {
   return { eRatio: new Map(s.eRatio), nbVcpu: new Map(s.nbVcpu), vpkgCounter: [...s.vpkgCounter] };
 }
 
+/**
+ * Whether QEMU credits this thread as a vCPU of a virtual package: QEMU's counters cover every
+ * virtual package of the VM (its -smp sockets) from its start, so every vCPU (its vpkg within the
+ * vCPU rule's bound, model/vcpus.ts, checked where the VM came in).
+ */
+export function creditedVcpu(t: LoopThread): t is LoopThread & { vpkg: number } {
+  return t.vpkg !== undefined;
+}
+
+/**
+ * The model's counters cover the virtual package of every vCPU in `threads`: one met for the first
+ * time (a socket whose vCPU started after the model began) was at 0 in QEMU all along.
+ */
+function coverVpkgs(s: LoopState, threads: readonly LoopThread[]): void {
+  for (const t of threads) if (creditedVcpu(t)) while (s.vpkgCounter.length <= t.vpkg) s.vpkgCounter.push(0);
+}
+
 /** QEMU's delta_ticks: u64 arithmetic, an unreadable end read counting as 0. */
 export function deltaTicks(t: LoopThread): bigint {
   return BigInt.asUintN(64, BigInt(t.ticks1 ?? 0) - BigInt(t.ticks0));
@@ -84,6 +101,7 @@ export function lroundU64(x: number): bigint {
  * (the sum added, before the u32 wrap of the guest's counter).
  */
 export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
+  coverVpkgs(s, w.threads);
   const credits = s.vpkgCounter.map(() => 0n);
   const deltas = w.threads.map(deltaTicks);
   const eDelta = (p: number) => w.eDelta.get(p) ?? 0n;
@@ -96,7 +114,7 @@ export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
   });
   for (const [p, nb] of s.nbVcpu) if (nb > 0) s.eRatio.set(p, (s.eRatio.get(p) ?? 0n) / BigInt(nb));
   w.threads.forEach((t, i) => {
-    if (t.vpkg === undefined || deltas[i] === 0n || t.vpkg >= credits.length) return;
+    if (!creditedVcpu(t) || deltas[i] === 0n) return;
     const add = ratioUnits(eDelta(t.pkg), deltas[i]!, maxTicks(t.pkg)) + (s.eRatio.get(t.pkg) ?? 0n);
     credits[t.vpkg] = credits[t.vpkg]! + add;
     s.vpkgCounter[t.vpkg] = Number(BigInt.asUintN(32, BigInt(s.vpkgCounter[t.vpkg]!) + add)) % U32;

@@ -1,10 +1,13 @@
 /**
  * The QEMU version of a process, read from its executable: the text after "QEMU emulator version "
- * in the binary (QEMU's --version string is one literal in it). The executable is /proc/<pid>/exe
- * when the helper may open it, else the absolute argv[0]. Both are a local process's choice, so the
- * file must be a regular file (opened without blocking, checked with fstat), at most
- * MAX_EXE_BYTES are scanned, and each executable (device, inode, size, mtime) is scanned once.
- * Asynchronous, in 1 MiB reads: nothing waits on it.
+ * in the binary (QEMU's --version string is one literal in it). No path a process chose is opened
+ * (docs/security.md, "Exact mode's peers"): every file is first only looked up (O_PATH: no
+ * driver's open runs, a device or FIFO is never opened) and checked with fstat, then read through
+ * the fd of that lookup. The executable is the kernel's own link, /proc/<pid>/exe, when the helper
+ * may follow it (the same uid); else an absolute argv[0], read only when it is an installed
+ * program: a regular file owned by root that no one else may write, executable, of at least
+ * MIN_EXE_BYTES (no /proc, /sys or user's file). At most MAX_EXE_BYTES are scanned, and each
+ * executable (device, inode, size, mtime) once. Asynchronous, in 1 MiB reads: nothing waits on it.
  */
 import fs from 'node:fs';
 
@@ -12,39 +15,67 @@ import fs from 'node:fs';
 const MAX_EXE_BYTES = 256 << 20;
 const CHUNK = 1 << 20;
 
+/** Executables whose text is kept (the oldest forgotten past it): processes choose their executables. */
+const MAX_CACHED = 64;
 const cache = new Map<string, string | null>();
 
 /** The text following `mark` (up to 64 bytes, to the first NUL or newline) in the process's executable, or null. */
 export async function exeVersionText(procRoot: string, pid: number, mark: string): Promise<string | null> {
-  for (const file of await candidates(procRoot, pid)) {
-    let fh: fs.promises.FileHandle;
-    try {
-      fh = await fs.promises.open(file, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
-    } catch {
-      continue;
+  const exe = await openChecked(`${procRoot}/${pid}/exe`, false);
+  const file = exe ?? (await openChecked(await absoluteArgv0(procRoot, pid), true));
+  if (file === null) return null;
+  try {
+    const key = `${file.st.dev}:${file.st.ino}:${file.st.size}:${file.st.mtimeMs}`;
+    if (!cache.has(key)) {
+      const text = await scan(file.fh, file.st.size, Buffer.from(mark, 'latin1'));
+      if (cache.size >= MAX_CACHED) cache.delete(cache.keys().next().value!);
+      cache.set(key, text);
     }
-    try {
-      const st = await fh.stat();
-      if (!st.isFile() || st.size > MAX_EXE_BYTES) return null;
-      const key = `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}`;
-      if (!cache.has(key)) cache.set(key, await scan(fh, st.size, Buffer.from(mark, 'latin1')));
-      return cache.get(key)!;
-    } finally {
-      await fh.close();
-    }
+    return cache.get(key)!;
+  } finally {
+    await file.fh.close();
   }
-  return null;
 }
 
-async function candidates(procRoot: string, pid: number): Promise<string[]> {
-  const out = [`${procRoot}/${pid}/exe`];
+/** O_PATH (Linux): a lookup that opens nothing; fstat works on it. */
+const O_PATH = 0o10000000;
+/** An installed QEMU is tens of MB; a file of /proc or /sys says 0 or 4096. */
+const MIN_EXE_BYTES = 1 << 20;
+
+/**
+ * `file` opened for reading only once its lookup (O_PATH) is a regular file within the size bounds
+ * (and, for a path a process chose, an installed program: see the header); null otherwise.
+ */
+async function openChecked(file: string | null, chosen: boolean): Promise<{ fh: fs.promises.FileHandle; st: fs.Stats } | null> {
+  if (file === null) return null;
+  let lookup: fs.promises.FileHandle;
+  try {
+    lookup = await fs.promises.open(file, O_PATH);
+  } catch {
+    return null;
+  }
+  try {
+    const st = await lookup.stat();
+    if (!st.isFile() || st.size > MAX_EXE_BYTES) return null;
+    if (chosen && (st.uid !== 0 || (st.mode & 0o022) !== 0 || (st.mode & 0o111) === 0 || st.size < MIN_EXE_BYTES)) return null;
+    const { O_RDONLY, O_NONBLOCK, O_NOCTTY } = fs.constants;
+    const fh = await fs.promises.open(`/proc/self/fd/${lookup.fd}`, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    return { fh, st };
+  } catch {
+    return null;
+  } finally {
+    await lookup.close();
+  }
+}
+
+/** argv[0] of the process when it is an absolute path, else null. */
+async function absoluteArgv0(procRoot: string, pid: number): Promise<string | null> {
   try {
     const argv0 = (await fs.promises.readFile(`${procRoot}/${pid}/cmdline`, 'latin1')).split('\0')[0] ?? '';
-    if (argv0.startsWith('/')) out.push(argv0);
+    return argv0.startsWith('/') ? argv0 : null;
   } catch {
-    /* gone */
+    return null; // gone
   }
-  return out;
 }
 
 async function scan(fh: fs.promises.FileHandle, size: number, mark: Buffer): Promise<string | null> {

@@ -39,6 +39,7 @@ const fn = {
   gettid: libc.func('int gettid()'),
   execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
   sigaction: libc.func('int sigaction(int sig, const void *act, void *oldact)'),
+  alarm: libc.func('unsigned int alarm(unsigned int seconds)'),
   fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
   dup2: libc.func('int dup2(int oldfd, int newfd)'),
   getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
@@ -431,6 +432,11 @@ export function ignoreSignal(sig: number): Buffer {
 /** Puts back the action ignoreSignal returned (Node's own handler, or whatever it was). Throws with errno. */
 export function restoreSignalAction(sig: number, old: Buffer): void {
   if ((fn.sigaction(sig, old, null) as number) < 0) throw errnoError(`sigaction(${sig})`);
+}
+
+/** alarm(2): SIGALRM in `seconds` (0: none), replacing the one pending; it survives execve. */
+export function alarm(seconds: number): void {
+  fn.alarm(seconds);
 }
 
 export const RLIMIT_NOFILE = 7;

@@ -8,6 +8,9 @@ import path from 'node:path';
 import { afterEach } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { hostArgs, spawnHelper, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
+import { EnergyPump } from '../support/energy-pump.js';
+import { raplFakeHost } from '../support/rapl-host.js';
+import { markedQemuExe } from '../support/vmsr-fake-qemu.js';
 
 /** The unprivileged attacker: this machine's `nobody`. */
 export const NOBODY = 65534;
@@ -195,4 +198,32 @@ export function guestRoot(): string {
   const dir = path.join(root, 'guests');
   fs.mkdirSync(dir, { mode: 0o755 });
   return dir;
+}
+
+/**
+ * The real daemon in exact mode (`--guest-energy exact -T guest`, dropped to -u nobody, its socket
+ * open to all) on a RAPL package whose counter runs (an EnergyPump), and a directory readable by
+ * nobody holding QEMU-marked executables (markedQemuExe) and the fakes' logs.
+ */
+export async function startExactDaemon(extra: string[] = []): Promise<{ daemon: DaemonChild; sock: string; dir: string; exe: string }> {
+  const made = raplFakeHost('intel', 0x2a00_0000);
+  fs.chmodSync(made.host.dir, 0o755);
+  const pump = new EnergyPump(made.host, { msr: made.energyMsr, start: 0x2a00_0000, unitsPerSecond: 120_000 });
+  pump.start();
+  const dir = tempDir('vmsr-exact-');
+  fs.chmodSync(dir, 0o755);
+  onCleanup(() => {
+    pump.stop();
+    made.host.cleanup();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  const sock = path.join(dir, 'h.sock');
+  const args = ['-k', sock, '-u', 'nobody', '--socket-mode', '0666', '--guest-energy', 'exact', '-T', 'guest', ...extra];
+  const daemon = track(await startHelper([...args, ...hostArgs(made.host, 'intel')]));
+  return { daemon, sock, dir, exe: markedQemuExe(dir) };
+}
+
+/** Waits until the daemon said `text` `count` times in all (up to `ms`, far above what it takes). */
+export async function said(daemon: DaemonChild, text: string, count = 1, ms = 120_000): Promise<void> {
+  await waitFor(() => daemon.stderr().split(text).length - 1 >= count, `the daemon to say "${text}" ${count} time(s)`, daemon, ms);
 }

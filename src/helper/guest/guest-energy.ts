@@ -11,7 +11,7 @@
  */
 import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
-import { processCpuTimeNs } from '../../os/libc.js';
+import { processCpuTimeNs, type PeerCredentials } from '../../os/libc.js';
 import {
   closeWindow,
   counterStep,
@@ -30,11 +30,11 @@ import { TaskCount } from './task-count.js';
 import { ExitWatch, exitProbeKind, realExitOs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
+import { GuestPeers, type ProcessKey } from './guest-peers.js';
+import { readStarttime } from '../../os/proc-starttime.js';
+import type { ShareOwner } from '../../budget/uid-share.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
-
-/** Peers remembered at once (each a QEMU that asked for the counter); the oldest is forgotten past it. */
-const MAX_GUEST_PEERS = 4096;
 
 /**
  * A window's start this soon after the last window was settled, with the same threads, takes the
@@ -75,10 +75,15 @@ interface GuestEnergyOptions {
   ledger?: KeptFdLedger;
   /** How thread exits are told; default: pidfds where the kernel has them (exitProbeKind). */
   exitProbe?: ExitProbeKind;
+  /** Who holds a peer's place, for the share rule (the connection's credentials when it asks; by pid at a restore); default: its uid, preferred. */
+  owner?: (pid: number, peer?: PeerCredentials) => ShareOwner | null;
+  /** Processes remembered at once (GuestPeers); default: as many as discovery tracks. */
+  maxPeers?: number;
 }
 
 /** One peer asking for the counter: its windows seen, and its counters once exact. */
 interface Peer {
+  key: ProcessKey;
   phases: PhaseState;
   windowsSeen: number;
   version: 'unknown' | 'reading' | 'modelled' | 'not modelled';
@@ -142,7 +147,7 @@ interface GuestEnergyView {
 }
 
 export class GuestEnergy implements EnergyStatusHook {
-  private readonly peers = new Map<number, Peer>();
+  private readonly peers: GuestPeers<Peer>;
   private readonly pkgOfCpu: Map<number, number>;
   private readonly maxTicks: Map<number, number>;
   private readonly reads: ThreadReads;
@@ -161,6 +166,8 @@ export class GuestEnergy implements EnergyStatusHook {
   /** Peers whose threads are watched (ExitWatch): let go with their task directory's hold. */
   private readonly watching = new Set<Peer>();
   private readonly limiter: LogLimiter;
+  /** A delta search met its bound once already (logBounded). */
+  private boundLogged = false;
 
   constructor(private readonly o: GuestEnergyOptions) {
     this.pkgOfCpu = new Map(o.host.cpus.map((c) => [c.cpu, c.pkg]));
@@ -171,15 +178,24 @@ export class GuestEnergy implements EnergyStatusHook {
     this.exitKind = o.exitProbe ?? exitProbeKind();
     this.exitOs = realExitOs(o.procRoot);
     this.limiter = new LogLimiter(o.log);
+    this.peers = new GuestPeers<Peer>({
+      log: o.log,
+      alive: (k) => readStarttime(o.procRoot, k.pid) === k.starttime,
+      droppable: (p) => p.counter === undefined,
+      forgotten: (p) => this.release(p),
+      ...(o.maxPeers !== undefined ? { capacity: o.maxPeers } : {}),
+    });
   }
 
   /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */
-  answer(peerPid: number, cpu: number): bigint | undefined {
+  answer(from: PeerCredentials, cpu: number): bigint | undefined {
     if (this.starting.length + this.settling.length > 0) this.afterReplies();
     const pkg = this.pkgOfCpu.get(cpu);
     if (pkg === undefined) return undefined;
     const now = this.o.clock();
-    const peer = this.peer(peerPid);
+    const peer = this.peer(from, now);
+    if (peer === undefined) return undefined;
+    const peerPid = from.pid;
     if (peer.resyncNs !== undefined) {
       const last = peer.resyncNs;
       peer.resyncNs = now;
@@ -235,6 +251,7 @@ export class GuestEnergy implements EnergyStatusHook {
    */
   sampled(): void {
     if (this.o.findAll === undefined) return;
+    this.peers.sweep(this.o.clock());
     const pids = new Set<number>();
     for (const p of this.peers.values()) if (p.counter !== undefined) pids.add(p.counter.pid);
     this.views = pids.size > 0 ? this.o.findAll(pids) : new Map();
@@ -273,41 +290,50 @@ export class GuestEnergy implements EnergyStatusHook {
    * the peers answered 0 before this was set up (LegacyService's hold), resynchronised first.
    */
   restore(saved: readonly GuestCounterState[], held: ReadonlyMap<number, bigint> = new Map()): void {
+    const now = this.o.clock();
+    let kept = 0;
     for (const c of saved) {
-      this.peers.set(c.pid, {
-        phases: c.phases,
-        windowsSeen: c.windows,
-        version: 'modelled',
-        vmId: c.vmId,
-        counter: c,
-        exitWindows: 0,
-        lateExits: 0,
-      });
+      // A process that ended meanwhile is forgotten; one on its pid since is another process.
+      const key = { pid: c.pid, starttime: c.starttime };
+      if (readStarttime(this.o.procRoot, c.pid) !== c.starttime) continue;
+      const made = () => ({ key, phases: c.phases, windowsSeen: c.windows, version: 'modelled' as const, vmId: c.vmId, counter: c, exitWindows: 0, lateExits: 0 });
+      if (this.remember(key, c.pid, now, made) !== undefined) kept++;
     }
-    for (const [pid, at] of held) this.peer(pid).resyncNs = at;
-    if (saved.length + held.size > 0) this.o.log.info({ vms: saved.length, held: held.size }, 'guest energy: counters restored');
+    for (const [pid, at] of held) {
+      const starttime = readStarttime(this.o.procRoot, pid);
+      if (starttime === null) continue;
+      const key = { pid, starttime };
+      const peer = this.remember(key, pid, now, () => this.freshPeer(key));
+      if (peer !== undefined) peer.resyncNs = at;
+    }
+    if (saved.length + held.size > 0)
+      this.o.log.info({ vms: kept, ended: saved.length - kept, held: held.size }, 'guest energy: counters restored');
   }
 
-  private peer(pid: number): Peer {
-    let p = this.peers.get(pid);
-    if (p === undefined) {
-      p = { phases: freshPhases(), windowsSeen: 0, version: 'unknown', exitWindows: 0, lateExits: 0 };
-      // Full: the oldest peer that is not exact goes (an exact one's QEMU is mid-window on its counters);
-      // with none, this peer is not remembered and stays raw.
-      if (this.peers.size >= MAX_GUEST_PEERS) {
-        const raw = [...this.peers].find(([, q]) => q.counter === undefined);
-        if (raw === undefined) return p;
-        this.peers.delete(raw[0]);
-      }
-      this.peers.set(pid, p);
-    }
-    return p;
+  /** The peer of a connection's process, or undefined: left raw (its start time unknown, or no room for it). */
+  private peer(from: PeerCredentials, now: bigint): Peer | undefined {
+    const starttime = from.starttime === undefined ? readStarttime(this.o.procRoot, from.pid) : from.starttime;
+    if (starttime === null) return undefined;
+    const key = { pid: from.pid, starttime };
+    return this.remember(key, from, now, () => this.freshPeer(key));
+  }
+
+  /** The peer of `key`, remembered if there is room for its owner (the connection `from`, or the process by its pid). */
+  private remember(key: ProcessKey, from: PeerCredentials | number, now: bigint, make: () => Peer): Peer | undefined {
+    const pid = typeof from === 'number' ? from : from.pid;
+    const conn = typeof from === 'number' ? undefined : from;
+    const owner = () => (this.o.owner === undefined ? { uid: conn?.uid ?? 0, preferred: true } : this.o.owner(pid, conn));
+    return this.peers.get(key, owner, now, make);
+  }
+
+  private freshPeer(key: ProcessKey): Peer {
+    return { key, phases: freshPhases(), windowsSeen: 0, version: 'unknown', exitWindows: 0, lateExits: 0 };
   }
 
   /** At a window's start: turns the peer's counters on when its VM is known and its QEMU modelled. */
   private begin(pid: number, peer: Peer): boolean {
     const vm = this.o.find(pid);
-    if (vm === undefined) return false;
+    if (vm === undefined || vm.starttime !== peer.key.starttime) return false;
     if (peer.version === 'unknown') this.readVersion(pid, peer, vm);
     if (peer.version !== 'modelled') return false;
     const c = freshGuestCounter(vm.vmId, pid, vm.starttime, vm.nvpkg, vm.exactJ);
@@ -375,6 +401,7 @@ export class GuestEnergy implements EnergyStatusHook {
     this.release(peer);
     const zero = this.exitBefore(peer);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
+    if (c.bounded !== undefined) this.logBounded(peer, c);
     this.logWindow(peer, c, false);
     return value;
   }
@@ -490,6 +517,17 @@ export class GuestEnergy implements EnergyStatusHook {
         probe: peer.exits?.probe,
       },
       "guest energy: QEMU's arithmetic turned a window's delta into garbage (a thread exited after the reply): the guest's counter is off by garbageJ; docs/guest-energy.md \"Thread exits\"",
+    );
+  }
+
+  /** A window's delta search met its bound (delta-solver.ts): answered 0, its energy carried; said once per process. */
+  private logBounded(peer: Peer, c: GuestCounterState): void {
+    delete c.bounded;
+    if (this.boundLogged) return;
+    this.boundLogged = true;
+    this.o.log.warn(
+      { vm: peer.vmId, pid: c.pid },
+      "guest energy: a window's e_delta search met its bound (its threads give no credit QEMU's u64 can reach); answered 0 and carried, said once",
     );
   }
 

@@ -12,6 +12,7 @@
  *  - Through systemd's fd store (a stop under a NOTIFY_SOCKET): the same parts are stored with
  *    FDSTORE=1 under HANDOVER_NAMES, and the next start of the service gets them in LISTEN_FDS.
  */
+import { disarmLoopWatchdog, startLoopWatchdog } from '../lifecycle/loop-watchdog.js';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
@@ -230,6 +231,7 @@ export class Restarter {
       );
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
+        disarmLoopWatchdog();
         reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) }, daemonArgv());
       } catch (e) {
         for (const fd of keep) {
@@ -240,6 +242,7 @@ export class Restarter {
           }
         }
         prepared.undo();
+        startLoopWatchdog();
         const why = cannot('restart', `exec failed: ${(e as Error).message}`, 'this helper goes on serving');
         log.error({ trigger }, why);
         notifier.ready('serving (the restart was called off)');

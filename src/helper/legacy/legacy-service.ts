@@ -13,6 +13,7 @@ import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../../protocol/legacy.js'
 import { TidVerdicts } from './tid-verdicts.js';
 import type { Logger } from '../../logging/logger.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
+import type { PeerCredentials } from '../../os/libc.js';
 
 /** The set of online CPUs, re-read from sysfs (at most once a second) when asked about a new one. */
 export class OnlineCpus {
@@ -92,8 +93,8 @@ export function newLegacyCounters(): LegacyCounters {
 
 /** MSR_PKG_ENERGY_STATUS answered by someone else (--guest-energy exact: GuestEnergy). */
 export interface EnergyStatusHook {
-  /** The value for a peer and cpu, or undefined to leave the request raw. */
-  answer(peerPid: number, cpu: number): bigint | undefined;
+  /** The value for a peer (the connection's process: its pid and start time name it) and cpu, or undefined to leave the request raw. */
+  answer(peer: PeerCredentials, cpu: number): bigint | undefined;
   /** Called once the replies of a chunk were sent: work the replies need not wait for. */
   afterReplies(): void;
 }
@@ -144,8 +145,9 @@ export class LegacyService {
    * Writes the 8-byte reply to `req` at out[offset] and returns true, or returns false when the
    * connection must close without a reply (not an allowed MSR, as in the reference helper).
    */
-  answer(peerPid: number, req: LegacyRequest, verdicts: TidVerdicts, out: Buffer, offset: number): boolean {
+  answer(peer: PeerCredentials, req: LegacyRequest, verdicts: TidVerdicts, out: Buffer, offset: number): boolean {
     const c = this.counters;
+    const peerPid = peer.pid;
     const plan = this.plans.get(req.msr);
     if (plan === undefined) {
       c.refused++;
@@ -176,7 +178,7 @@ export class LegacyService {
       c.ok++;
       return zero(out, offset);
     }
-    const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.answer(peerPid, req.cpu) : undefined;
+    const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.answer(peer, req.cpu) : undefined;
     if (own !== undefined) {
       out.writeBigUInt64LE(own, offset);
       c.ok++;

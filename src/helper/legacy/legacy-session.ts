@@ -98,7 +98,7 @@ export class LegacySession implements Freezable {
       const size = reqs.length * LEGACY_REPLY_SIZE;
       const out = size <= this.o.replies.length ? this.o.replies : Buffer.allocUnsafe(size);
       for (let i = 0; i < reqs.length; i++) {
-        if (this.o.legacy.answer(this.o.peer.pid, reqs[i]!, this.verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
+        if (this.o.legacy.answer(this.o.peer, reqs[i]!, this.verdicts, out, i * LEGACY_REPLY_SIZE)) continue;
         this.refused(socket, out, i * LEGACY_REPLY_SIZE);
         return;
       }

@@ -29,6 +29,7 @@ import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import type { PeerCredentials } from '../../os/libc.js';
+import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import type { Logger } from '../../logging/logger.js';
@@ -114,7 +115,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
-  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds; ledger?: KeptFdLedger };
+  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds; ledger?: KeptFdLedger; preferredGroups?: readonly number[] };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
@@ -245,6 +246,11 @@ function exactGuestEnergy(
     maxThreads: g.maxThreads,
     ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
     ...(g.ledger !== undefined ? { ledger: g.ledger } : {}),
+    // The share rule of discovery: root and the socket's group are preferred (budget/uid-share.ts).
+    owner: (pid, peer) =>
+      peer === undefined
+        ? shareOwnerOf(o.procRoot, pid, g.preferredGroups ?? [])
+        : { uid: peer.uid, preferred: isPreferredPeer(o.procRoot, peer, g.preferredGroups ?? []) },
   });
 }
 

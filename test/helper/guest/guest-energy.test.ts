@@ -8,6 +8,7 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { GuestEnergy } from '../../../src/helper/guest/guest-energy.js';
 import { ProcTaskReader, type KeptFdLedger } from '../../../src/os/proc-tasks.js';
 import { exitProbeKind, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
+import { readStarttime } from '../../../src/os/proc-starttime.js';
 import { ThreadedProcess } from '../../support/threads.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -16,6 +17,11 @@ afterEach(async () => {
 });
 
 const S = 1_000_000_000n;
+
+/** The process as the legacy session gives it: its connection's credentials and start time. */
+function peerOf(p: ThreadedProcess) {
+  return { pid: p.pid, uid: 0, gid: 0, starttime: readStarttime('/proc', p.pid)! };
+}
 
 /** A process whose burner thread is its vCPU, and GuestEnergy over it on a clock the test moves. */
 async function setup(o: { exitProbe?: ExitProbeKind; ledger?: KeptFdLedger } = {}) {
@@ -31,7 +37,8 @@ async function setup(o: { exitProbe?: ExitProbeKind; ledger?: KeptFdLedger } = {
   tasks.read(p.pid);
   const clock = { now: 10n * S };
   let exactJ = 0;
-  const find = (pid: number) => (pid === p.pid ? { vmId: 7, pid, starttime: 1, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined);
+  const find = (pid: number) =>
+    pid === p.pid ? { vmId: 7, pid, starttime: peerOf(p).starttime, vcpus: new Map([[vcpu, 0]]), nvpkg: 1, exactJ } : undefined;
   // The debug lines of the windows closed: whether each was answered from a forecast.
   const windows: boolean[] = [];
   const log = pino(
@@ -58,10 +65,10 @@ async function setup(o: { exitProbe?: ExitProbeKind; ledger?: KeptFdLedger } = {
     ...o,
   });
   // The first window finds the version unknown (read asynchronously) and stays raw.
-  expect(guest.answer(p.pid, 0)).toBeUndefined();
+  expect(guest.answer(peerOf(p), 0)).toBeUndefined();
   await new Promise((r) => setTimeout(r, 10));
   clock.now += S;
-  guest.answer(p.pid, 0);
+  guest.answer(peerOf(p), 0);
   clock.now += S / 100n;
   return { p, guest, clock, windows, addJ: (j: number) => (exactJ += j) };
 }
@@ -69,7 +76,7 @@ async function setup(o: { exitProbe?: ExitProbeKind; ledger?: KeptFdLedger } = {
 describe('GuestEnergy', () => {
   test('a window start is answered before its threads are read, and they are read by afterReplies', async () => {
     const { p, guest } = await setup();
-    expect(guest.answer(p.pid, 0)).toBe(0n);
+    expect(guest.answer(peerOf(p), 0)).toBe(0n);
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     const start = guest.state()[0]!.start!;
@@ -78,12 +85,12 @@ describe('GuestEnergy', () => {
 
   test('the vCPU ticks after the start reply are credited at the window end when afterReplies read the start', async () => {
     const { p, guest, clock, addJ } = await setup();
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     await p.cmd('burn'); // the vCPU runs 50 ms (5 ticks at 100 Hz)
     addJ(2);
     clock.now += S;
-    expect(guest.answer(p.pid, 0)!).toBeGreaterThan(0n);
+    expect(guest.answer(peerOf(p), 0)!).toBeGreaterThan(0n);
     guest.afterReplies(); // the window settled on the threads read after the reply
     const v = guest.view(7)!;
     expect(v.windows).toBe(1);
@@ -97,13 +104,13 @@ describe('GuestEnergy', () => {
 
   test('an end whose window lost a thread is answered a zero delta from the reads before the reply, its energy carried', async () => {
     const { p, guest, clock, addJ } = await setup();
-    const start = guest.answer(p.pid, 0)!;
+    const start = guest.answer(peerOf(p), 0)!;
     guest.afterReplies();
     await p.cmd('burn');
     await p.cmd('stop 1'); // a thread QEMU listed exits: its tick delta would underflow
     addJ(2);
     clock.now += S;
-    expect(guest.answer(p.pid, 0)).toBe(start);
+    expect(guest.answer(peerOf(p), 0)).toBe(start);
     guest.afterReplies();
     const v = guest.view(7)!;
     expect(v.guestJ).toBe(0);
@@ -117,14 +124,14 @@ describe('GuestEnergy', () => {
     'an end whose window lost a thread and gained another (the same count) is answered a zero delta, with exits told by %s',
     async (exitProbe) => {
       const { p, guest, clock, windows, addJ } = await setup({ exitProbe });
-      const start = guest.answer(p.pid, 0)!;
+      const start = guest.answer(peerOf(p), 0)!;
       guest.afterReplies();
       await p.cmd('burn');
       await p.cmd('stop 1'); // a thread QEMU listed exits: its tick delta would underflow
       await p.cmd('start 1 busy'); // and another starts: the task directory's count is as at the start
       addJ(2);
       clock.now += S;
-      expect(guest.answer(p.pid, 0), 'a zero delta').toBe(start);
+      expect(guest.answer(peerOf(p), 0), 'a zero delta').toBe(start);
       guest.afterReplies();
       expect(windows, 'answered from a forecast: the count did not move').toEqual([true]);
       const v = guest.view(7)!;
@@ -133,12 +140,12 @@ describe('GuestEnergy', () => {
       expect(v.garbageWindows).toBe(0);
       // The energy is carried: the next window, with no exit, pays it.
       clock.now += S / 1000n;
-      guest.answer(p.pid, 0);
+      guest.answer(peerOf(p), 0);
       guest.afterReplies();
       await p.cmd('burn');
       addJ(2);
       clock.now += S;
-      expect(guest.answer(p.pid, 0)!).toBeGreaterThan(start);
+      expect(guest.answer(peerOf(p), 0)!).toBeGreaterThan(start);
       guest.afterReplies();
       expect(guest.view(7)!.guestJ).toBeGreaterThan(2.6);
     },
@@ -149,14 +156,14 @@ describe('GuestEnergy', () => {
     const held = { fds: 0 };
     const ledger: KeptFdLedger = { grant: () => 0, release: (_pid, n) => void (held.fds -= n) };
     const { p, guest, clock, addJ } = await setup({ ledger });
-    const start = guest.answer(p.pid, 0)!;
+    const start = guest.answer(peerOf(p), 0)!;
     guest.afterReplies();
     await p.cmd('burn');
     await p.cmd('stop 1');
     await p.cmd('start 1 busy');
     addJ(2);
     clock.now += S;
-    expect(guest.answer(p.pid, 0), 'a zero delta all the same').toBe(start);
+    expect(guest.answer(peerOf(p), 0), 'a zero delta all the same').toBe(start);
     guest.afterReplies();
     expect(guest.view(7)!.exitWindows).toBe(1);
     expect(held.fds).toBe(0);
@@ -168,22 +175,22 @@ describe('GuestEnergy', () => {
 
   test('an end whose window gained a thread is answered from the reads before the reply', async () => {
     const { p, guest, clock, windows, addJ } = await setup();
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     await p.cmd('start 1');
     await p.cmd('burn');
     addJ(2);
     clock.now += S;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     expect(windows).toEqual([false]);
     expect(guest.view(7)!.guestJ).toBeGreaterThan(1.9); // solved on the ticks read: all of it but QEMU's rounding
   });
 
   test('a window start is read at the next request when afterReplies was not called', async () => {
     const { p, guest, clock } = await setup();
-    guest.answer(p.pid, 0); // the start, its read pending
+    guest.answer(peerOf(p), 0); // the start, its read pending
     clock.now += S;
-    guest.answer(p.pid, 0); // the end: the start read runs first, so the window closes with threads
+    guest.answer(peerOf(p), 0); // the end: the start read runs first, so the window closes with threads
     expect(guest.view(7)!.windows).toBe(1);
     expect(guest.state()[0]!.loop.nbVcpu.size).toBe(1); // QEMU's vCPU count saw the vCPU thread
   });
@@ -191,12 +198,12 @@ describe('GuestEnergy', () => {
   /** A window closed from a forecast and settled once its reply left; the clock then at its end. */
   async function settledWindow() {
     const t = await setup();
-    t.guest.answer(t.p.pid, 0);
+    t.guest.answer(peerOf(t.p), 0);
     t.guest.afterReplies();
     await t.p.cmd('burn');
     t.addJ(2);
     t.clock.now += S;
-    t.guest.answer(t.p.pid, 0);
+    t.guest.answer(peerOf(t.p), 0);
     expect(t.windows, 'nothing settled before the reply left').toEqual([]);
     t.guest.afterReplies();
     expect(t.windows).toEqual([true]);
@@ -206,7 +213,7 @@ describe('GuestEnergy', () => {
   test('a window start soon after the last settling, with the same threads, takes its read and reads nothing', async () => {
     const { p, guest, clock, windows, addJ } = await settledWindow();
     clock.now += S / 1000n;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     const start = guest.state()[0]!.start;
     expect(start, 'the start read is there before any afterReplies').not.toBeNull();
     expect([...start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
@@ -215,7 +222,7 @@ describe('GuestEnergy', () => {
     await p.cmd('burn');
     addJ(2);
     clock.now += S;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     expect(windows).toEqual([true, true]);
     expect(guest.view(7)!.guestJ).toBeGreaterThan(3.3);
@@ -225,7 +232,7 @@ describe('GuestEnergy', () => {
     const { p, guest, clock } = await settledWindow();
     await p.cmd('start 1');
     clock.now += S / 1000n;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     expect([...guest.state()[0]!.start!.keys()].sort()).toEqual(p.tids().filter((t) => t !== p.pid));
@@ -234,7 +241,7 @@ describe('GuestEnergy', () => {
   test('a window start more than 20 ms after the last settling is read as usual', async () => {
     const { p, guest, clock } = await settledWindow();
     clock.now += (S * 3n) / 100n;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     expect(guest.state()[0]!.start).toBeNull();
     guest.afterReplies();
     expect(guest.state()[0]!.start).not.toBeNull();
@@ -242,14 +249,14 @@ describe('GuestEnergy', () => {
 
   test("a window's end takes its VM as the last sample left it (sampled), not as looked up at the request", async () => {
     const { p, guest, clock, addJ } = await setup();
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     await p.cmd('burn');
     addJ(2);
     guest.sampled(); // the last sample before the end: 2 J attributed
     addJ(5); // not sampled yet when the end comes
     clock.now += S;
-    guest.answer(p.pid, 0);
+    guest.answer(peerOf(p), 0);
     guest.afterReplies();
     expect(guest.view(7)!.exactJ).toBe(2);
   });

@@ -1,0 +1,114 @@
+/**
+ * The processes exact mode remembers (docs/guest-energy.md, docs/security.md "Exact mode's peers"):
+ * each by (pid, start time), so that a new process on a reused pid starts afresh; bounded as
+ * discovery is, by the one share rule (budget/uid-share.ts: a uid that is not root or the socket's
+ * group holds at most its share); forgotten once their process has ended (looked at after a few
+ * seconds without a request, at most once every few seconds each). A bound met is logged once.
+ */
+import { DEFAULT_MAX_DISCOVERED_VMS } from '../../discovery/discovery-limits.js';
+import { UidShares, type ShareOwner } from '../../budget/uid-share.js';
+import type { Logger } from '../../logging/logger.js';
+
+/** Processes remembered at once: as many as discovery tracks. */
+const MAX_GUEST_PEERS = DEFAULT_MAX_DISCOVERED_VMS;
+
+/** A process not heard from for this long is looked at: forgotten when it ended. */
+const IDLE_NS = 3_000_000_000n;
+
+/** One process: its pid and start time (/proc/<pid>/stat field 22). */
+export interface ProcessKey {
+  pid: number;
+  starttime: number;
+}
+
+interface Entry<P> {
+  key: ProcessKey;
+  owner: ShareOwner;
+  /** The last request, or the last look that found the process alive. */
+  seenNs: bigint;
+  peer: P;
+}
+
+interface GuestPeersOptions<P> {
+  log: Logger;
+  /** Whether the process is still the one remembered (its start time at that pid). */
+  alive(key: ProcessKey): boolean;
+  /** Whether a peer may be dropped to make room (it holds no exact counters). */
+  droppable(peer: P): boolean;
+  /** Called for a peer forgotten (its held resources let go). */
+  forgotten(peer: P): void;
+  capacity?: number;
+}
+
+export class GuestPeers<P> {
+  private readonly byKey = new Map<string, Entry<P>>();
+  private readonly shares: UidShares;
+  private fullSaid = false;
+  private sweptNs = -IDLE_NS;
+
+  constructor(private readonly o: GuestPeersOptions<P>) {
+    this.shares = new UidShares(o.capacity ?? MAX_GUEST_PEERS);
+  }
+
+  /**
+   * The peer of process `key`, made by `make` if new (its owner asked of `ownerOf` then); undefined
+   * when it cannot be remembered (left raw).
+   */
+  get(key: ProcessKey, ownerOf: () => ShareOwner | null, nowNs: bigint, make: () => P): P | undefined {
+    const e = this.byKey.get(keyOf(key));
+    if (e !== undefined) {
+      e.seenNs = nowNs;
+      return e.peer;
+    }
+    const owner = ownerOf();
+    if (owner === null || !this.room(owner, nowNs)) return undefined;
+    const peer = make();
+    this.shares.take(owner, 1);
+    this.byKey.set(keyOf(key), { key, owner, seenNs: nowNs, peer });
+    return peer;
+  }
+
+  *values(): IterableIterator<P> {
+    for (const e of this.byKey.values()) yield e.peer;
+  }
+
+  /** Forgets the peers whose process ended (not heard from for IDLE_NS, and gone or another process now). */
+  sweep(nowNs: bigint): void {
+    this.sweptNs = nowNs;
+    for (const [k, e] of this.byKey) {
+      if (nowNs - e.seenNs < IDLE_NS) continue;
+      if (this.o.alive(e.key)) e.seenNs = nowNs;
+      else this.forget(k, e);
+    }
+  }
+
+  private forget(k: string, e: Entry<P>): void {
+    this.byKey.delete(k);
+    this.shares.give(e.owner, 1);
+    this.o.forgotten(e.peer);
+  }
+
+  /** Whether `owner` may have one more: after forgetting ended processes, and a droppable peer of its own (or anyone's, at the capacity). */
+  private room(owner: ShareOwner, nowNs: bigint): boolean {
+    if (this.shares.room(owner).room > 0) return true;
+    if (nowNs - this.sweptNs >= IDLE_NS) this.sweep(nowNs);
+    let r = this.shares.room(owner);
+    if (r.room === 0) {
+      const victim = [...this.byKey].find(([, e]) => (r.bound === 'capacity' || e.owner.uid === owner.uid) && this.o.droppable(e.peer));
+      if (victim !== undefined) this.forget(...victim);
+      r = this.shares.room(owner);
+    }
+    if (r.room > 0) return true;
+    if (!this.fullSaid)
+      this.o.log.warn(
+        { uid: owner.uid, bound: r.bound, held: this.shares.heldBy(owner.uid), capacity: this.shares.capacity },
+        `guest energy: cannot count a new QEMU process exactly: the ${r.bound === 'capacity' ? 'table of processes' : `share of ${r.bound === 'uid' ? 'this uid' : 'uids other than root and --socket-group'}`} is full of live processes; it is answered raw (said once; docs/security.md)`,
+      );
+    this.fullSaid = true;
+    return false;
+  }
+}
+
+function keyOf(k: ProcessKey): string {
+  return `${k.pid}:${k.starttime}`;
+}

@@ -1,0 +1,31 @@
+/**
+ * The serving process's own watchdog (docs/daemon.md "Crashes"): an event loop stalled for
+ * LOOP_STALL_S seconds is a crash. alarm(2) is armed LOOP_STALL_S ahead and armed again every
+ * second from the event loop; a loop that stops turning (a computation that never ends, a
+ * synchronous call that never returns) does not re-arm it, and SIGALRM, which nothing in the
+ * process handles, ends it: the keeper (or systemd) starts it again and its crash restore brings
+ * every connection back. A hung loop runs no SIGTERM handler either: the watchdog ends it all the
+ * same. No thread, one system call a second. An alarm survives execve: a restart in place disarms
+ * it first (disarmLoopWatchdog).
+ */
+import { alarm } from '../../os/libc.js';
+
+/** Seconds the event loop may stall before the process is ended. */
+const LOOP_STALL_S = 10;
+
+let beat: NodeJS.Timeout | undefined;
+
+/** Starts the watchdog (again: the last one's timer replaced); `stallS` for tests. */
+export function startLoopWatchdog(stallS = LOOP_STALL_S): void {
+  disarmLoopWatchdog();
+  alarm(stallS);
+  beat = setInterval(() => alarm(stallS), 1000);
+  beat.unref();
+}
+
+/** No SIGALRM from here on (before an exec, which would carry it). */
+export function disarmLoopWatchdog(): void {
+  if (beat !== undefined) clearInterval(beat);
+  beat = undefined;
+  alarm(0);
+}
