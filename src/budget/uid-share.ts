@@ -5,6 +5,11 @@
  * capacity; any other uid may hold at most UID_SHARE of it, and all such uids together at most
  * OTHERS_SHARE, so preferred owners always find at least the rest. docs/security.md, "Fakes filling
  * the discovery cap and the fd budget".
+ *
+ * And when a capacity shared by owners is full, who gives way (ownerToEvict): the owner holding the
+ * most, its oldest item that may go, and only while it holds more than the asker would with the room
+ * (max-min fairness). The daemon's connection seats and incomplete-frame budget and the exporter's
+ * connection slots evict by this rule.
  */
 
 /** The part of a capacity one uid that is not a preferred owner may hold. */
@@ -30,6 +35,23 @@ export interface ShareRoom {
 /** What one uid, or every uid that is not a preferred owner, may hold of `capacity` (at least 1 when capacity > 0). */
 export function shareOf(capacity: number, part: number): number {
   return capacity <= 0 ? 0 : Math.max(1, Math.floor(capacity * part));
+}
+
+/**
+ * The owner that gives way for `asker`, who would hold `wants` with the room it asks for: of the
+ * `candidates` (owners holding something that may go), the one holding the most (by `held`; among
+ * equals, the first), if it holds more than `wants`; else undefined (no one holds more: no eviction).
+ * The caller then evicts that owner's oldest item.
+ */
+export function ownerToEvict<K>(candidates: Iterable<K>, held: (owner: K) => number, asker: K | null, wants: number): K | undefined {
+  let most: K | undefined;
+  let mostHeld = -Infinity;
+  for (const k of candidates) {
+    if (k === asker) continue;
+    const h = held(k);
+    if (h > mostHeld) [most, mostHeld] = [k, h];
+  }
+  return mostHeld > wants ? most : undefined;
 }
 
 /** What is held, and by whom: a tally per uid. Holds only uids holding something (no growth past the holders). */

@@ -14,22 +14,16 @@ export interface GuestEnergyJ {
   garbageJ: number;
 }
 
-/** The scale of `name`'s values into its unit (10^exponent), 1 when absent. */
-export function statsScale(r: StatsReader, name: string): number {
-  const d = r.descriptor(name);
-  return d ? 10 ** d.exponent : 1;
-}
-
 /** The guest energy of a file made in exact mode, or null (raw mode: the file has no such values). */
 export function guestEnergyOf(r: StatsReader, s: StatsSample): GuestEnergyJ | null {
   const g = r.value(s, 'guest_energy');
   const x = r.value(s, 'guest_exact_energy');
   if (g === undefined || x === undefined) return null;
   return {
-    guestJ: Number(g) * statsScale(r, 'guest_energy'),
-    exactJ: Number(x) * statsScale(r, 'guest_exact_energy'),
+    guestJ: Number(g) * r.scale('guest_energy'),
+    exactJ: Number(x) * r.scale('guest_exact_energy'),
     garbageWindows: Number(r.value(s, 'guest_garbage_windows') ?? 0n),
-    garbageJ: Number(r.value(s, 'guest_garbage_energy') ?? 0n) * statsScale(r, 'guest_garbage_energy'),
+    garbageJ: Number(r.value(s, 'guest_garbage_energy') ?? 0n) * r.scale('guest_garbage_energy'),
   };
 }
 

@@ -12,6 +12,7 @@ import { closeFd, mapShared, pread, type SharedMapping } from '../os/libc.js';
 import { decodeStatsLayout, MAX_STATS_FILE_BYTES, type PlacedDescriptor, type StatsLayout } from '../protocol/stats/layout.js';
 import { GENERATION, readConsistent } from '../protocol/stats/sample-block.js';
 import { descriptorValues } from '../protocol/stats/values.js';
+import { statsScale } from '../protocol/stats/flags.js';
 
 /**
  * How a read retries while the helper writes: STATS_SPIN_TRIES at once, then one every
@@ -92,6 +93,12 @@ export class StatsReader {
 
   descriptor(name: string): PlacedDescriptor | undefined {
     return this.byName.get(name);
+  }
+
+  /** The factor `name`'s raw values are multiplied by to get its unit (its base and exponent); 1 when absent. */
+  scale(name: string): number {
+    const d = this.byName.get(name);
+    return d ? statsScale(d.flags, d.exponent) : 1;
   }
 
   /**

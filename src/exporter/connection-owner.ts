@@ -1,10 +1,12 @@
 /**
  * Whose a connection to the exporter is, for its share of the connection slots (connection-slots.ts):
  * the user holding the other end when it is on this host (sock_diag, src/os/tcp-peer-uid.ts), else
- * the source address as the failed-password limits count it (an IPv4 address, an IPv6 /64). Where
+ * the source address as the failed-password limits count it (an IPv4 address, an IPv6 /64). A user's
+ * subordinate uids (/etc/subuid, src/os/subordinate-uids.ts) are that user: one owner. Where
  * the kernel refuses sock_diag (a sandbox without netlink), every connection counts by its source.
  */
 import type { Socket } from 'node:net';
+import { SubordinateUids } from '../os/subordinate-uids.js';
 import { TcpPeerUids } from '../os/tcp-peer-uid.js';
 import { sourceOf } from './auth-failures.js';
 import type { OwnerOf } from './connection-slots.js';
@@ -14,11 +16,12 @@ export const ownerBySource: OwnerOf = (socket) => `source ${sourceOf(socket.remo
 
 export class ConnectionOwners {
   private readonly uids = new TcpPeerUids();
+  private readonly subordinates = new SubordinateUids();
   private usable = true;
 
   readonly ownerOf: OwnerOf = (socket: Socket) => {
     const uid = this.usable ? this.localUid(socket) : null;
-    return uid === null ? ownerBySource(socket) : `uid ${uid}`;
+    return uid === null ? ownerBySource(socket) : `uid ${this.subordinates.ownerOf(uid)}`;
   };
 
   close(): void {

@@ -1,8 +1,8 @@
 /**
- * Keeps the exporter connected to the helper daemon and the book fed: connect, subscribe to the
- * host, LIST, OBSERVE every VM; LIST again when a host update says VMs changed; when the connection
- * ends (the daemon restarted or stopped), reconnect with exponential backoff, logging the outage once
- * and the recovery.
+ * Keeps the exporter connected to the helper daemon and the book fed: connect, take the host's
+ * statistics fd (STATS_FD 0), LIST, take every VM's; at each scrape read them, and LIST again when
+ * the host's file says VMs changed; when the connection ends (the daemon restarted or stopped),
+ * reconnect with exponential backoff, logging the outage once and the recovery.
  */
 import type { Logger } from 'pino';
 import { V2Error } from '../client/v2-client.js';
@@ -45,10 +45,8 @@ export class ObserverSession {
   private relist = false;
   /** Skipped-VM count last logged, so a steady state is logged once, not at every LIST. */
   private skippedLogged = 0;
-  /** The values read from the helper's statistics fds at scrape time, while connected to a helper that has them. */
+  /** The values read from the helper's statistics fds at scrape time, while connected. */
   private feed: StatsFdFeed | null = null;
-  /** The helper refused STATS_FD as unknown (it predates it): OBSERVE and HOST_SUBSCRIBE as before. */
-  private fdsUnsupported = false;
 
   constructor(private readonly o: SessionOptions) {
     this.done = this.run();
@@ -77,13 +75,7 @@ export class ObserverSession {
       /** This attempt was refused (not in the observer group): the next one comes after backoff.maxMs, as logged. */
       let refused = false;
       try {
-        if (!(await this.observe(client, st))) {
-          // An older helper answered STATS_FD with ERROR 1 and closed: reconnect without it.
-          await client.close().catch(() => {});
-          this.client = null;
-          this.o.book.connectionLost();
-          continue;
-        }
+        await this.observe(client, st);
       } catch (e) {
         refused = this.failed(e as Error, st, backoff);
         await client.close().catch(() => {});
@@ -116,44 +108,16 @@ export class ObserverSession {
     }
   }
 
-  /**
-   * Observes the helper over `client` until the connection ends: through the statistics fds when the
-   * helper has them (then throws ConnectionDone), else through HOST_SUBSCRIBE and OBSERVE. False when
-   * the helper turned out not to know STATS_FD.
-   */
-  private async observe(client: ObserverClient, st: Attempts): Promise<boolean> {
+  /** Observes the helper through its statistics fds until the connection ends (logged: a reconnection with the outage's length). */
+  private async observe(client: ObserverClient, st: Attempts): Promise<void> {
     const { book, log } = this.o;
-    if (client.statsFd && !this.fdsUnsupported) {
-      if ((await this.startFeed(client)) === null) return false;
-      await this.requestList(client);
-      await this.observing(client, st, 'statistics fds');
-      throw new ConnectionDone();
-    }
-    await client.subscribeHost(
-      (h) => {
-        book.hostUpdate(h);
-        if (h.vmsChanged) {
-          this.requestList(client).catch((e: Error) => {
-            if (!this.stopped && this.client === client) log.warn({ err: e.message }, cannot(`LIST the helper's VMs`, e.message));
-          });
-        }
-      },
-      (e) => log.warn({ err: e.message }, `helper: ${e.message}`),
-    );
+    this.startFeed(client, await client.statsFd(0));
     await this.requestList(client);
-    await this.observing(client, st);
-    return true;
-  }
-
-  /** Connected and listed: logged (a reconnection with the outage's length), then waits for the connection to end. */
-  private async observing(client: ObserverClient, st: Attempts, via?: string): Promise<void> {
-    const { book, log } = this.o;
     st.failures = 0;
     log.info(
       {
         socket: this.o.socketPath,
         vms: book.size,
-        ...(via !== undefined ? { via } : {}),
         downMs: st.downSince === null ? undefined : Date.now() - st.downSince,
       },
       st.downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
@@ -167,10 +131,6 @@ export class ObserverSession {
   /** Logs why a connection ended; true when the helper refused this exporter (the next attempt waits backoff.maxMs). */
   private failed(err: Error, st: Attempts, backoff: Backoff): boolean {
     const { log } = this.o;
-    if (err instanceof ConnectionDone) {
-      // The fd-reading connection ended; already logged.
-      return false;
-    }
     if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
       // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
       // The helper's message says which group (by name); the unit's setting is added here.
@@ -187,24 +147,9 @@ export class ObserverSession {
     return false;
   }
 
-  /**
-   * The host's statistics fd, and the scrape hook that reads it and every VM's: null when the helper
-   * does not know STATS_FD (ERROR 1). A refusal (ERROR 2: not in the observer group) is thrown like
-   * HOST_SUBSCRIBE's.
-   */
-  private async startFeed(client: ObserverClient): Promise<StatsFdFeed | null> {
-    let fd: number;
-    try {
-      fd = (await client.statsFd!(0)).fd;
-    } catch (e) {
-      if (e instanceof V2Error && e.code === E.MALFORMED) {
-        this.fdsUnsupported = true;
-        this.o.log.info('the helper has no statistics fds (STATS_FD): observing over v2 instead');
-        return null;
-      }
-      throw e;
-    }
-    const feed = new StatsFdFeed(this.o.book, StatsReader.open(fd));
+  /** The host's statistics fd into a feed, and the scrape hook that reads it and every VM's. */
+  private startFeed(client: ObserverClient, host: { fd: number }): void {
+    const feed = new StatsFdFeed(this.o.book, StatsReader.open(host.fd));
     this.feed = feed;
     this.o.book.beforeScrape = async () => {
       if (this.feed !== feed) return;
@@ -215,7 +160,6 @@ export class ObserverSession {
         this.o.log.warn({ err: (e as Error).message }, cannot("read the helper's statistics fds", (e as Error).message));
       }
     };
-    return feed;
   }
 
   private stopFeed(): void {
@@ -252,35 +196,16 @@ export class ObserverSession {
         );
       this.skippedLogged = skipped.length;
       const feed = this.feed;
-      if (feed !== null) {
-        await Promise.all(observe.map((vm) => this.openVmFile(client, feed, vm)));
-        if (observe.length) log.debug({ read: observe.length }, 'reading new VMs through their statistics fds');
-        continue;
-      }
-      await Promise.all(
-        observe.map((vm) =>
-          client
-            .observe(
-              vm.hostVmId,
-              (u) => book.vmUpdate(u),
-              (e) => log.debug({ vm: vm.hostVmId, err: e.message }, 'observe notice'),
-            )
-            .then((first) => book.vmUpdate(first))
-            .catch((e: Error) => {
-              // Ended between LIST and OBSERVE, or not ours to see: not exported, logged for the curious.
-              book.unobserved(vm.hostVmId);
-              log.debug({ vm: describe(vm), err: e.message }, 'cannot observe VM');
-            }),
-        ),
-      );
-      if (observe.length) log.debug({ observed: observe.length }, 'observing new VMs');
+      if (feed === null) return;
+      await Promise.all(observe.map((vm) => this.openVmFile(client, feed, vm)));
+      if (observe.length) log.debug({ read: observe.length }, 'reading new VMs through their statistics fds');
     } while (this.relist && this.client === client);
   }
 
   /** One VM's statistics fd into the feed, its values in the book at once. */
   private async openVmFile(client: ObserverClient, feed: StatsFdFeed, vm: VmInfo): Promise<void> {
     try {
-      const r = StatsReader.open((await client.statsFd!(vm.hostVmId)).fd);
+      const r = StatsReader.open((await client.statsFd(vm.hostVmId)).fd);
       if (this.feed !== feed) return r.close();
       feed.add(vm.hostVmId, r);
     } catch (e) {
@@ -304,9 +229,6 @@ export class ObserverSession {
     });
   }
 }
-
-/** The fd-reading connection ended (logged where it ended). */
-class ConnectionDone extends Error {}
 
 /** The reconnect loop's memory across attempts. */
 interface Attempts {

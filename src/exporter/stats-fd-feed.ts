@@ -67,8 +67,8 @@ function vmUpdateFromFile(
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];
-  const scale = 10 ** (r.descriptor('power')?.exponent ?? 0);
-  const watts = (name: string) => (r.values(s, name) ?? []).map((p) => Number(p) * 10 ** (r.descriptor(name)?.exponent ?? 0));
+  const scale = r.scale('power');
+  const watts = (name: string) => (r.values(s, name) ?? []).map((p) => Number(p) * r.scale(name));
   const domains = domainsIn(r, (d) => vmDomainNames(d).energy).map((domain) => {
     const n = vmDomainNames(domain);
     return { domain, energyUj: r.values(s, n.energy) ?? [], powerW: watts(n.power) };

@@ -1,5 +1,5 @@
 /**
- * The --web.config.file on disk: read, parsed (yaml-subset.ts), checked (web-config.ts), its PEM
+ * The --web.config.file on disk: read, parsed and checked (web-config.ts), its PEM
  * files read and turned into a TLS context. current() looks at the file and the files it names on
  * every new connection (one stat each) and reads them again when one changed, so a renewed
  * certificate or a new password applies from the next connection without a restart. A change that
@@ -10,8 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
 import { cannot } from '../common/errors.js';
-import { parseYamlSubset } from './yaml-subset.js';
-import { checkWebConfig, type PemSource, type TlsServerConfig, type WebConfig } from './web-config.js';
+import { parseWebConfig, type PemSource, type TlsServerConfig, type WebConfig } from './web-config.js';
 
 /** The web configuration file and each PEM file it names may hold this much. */
 const MAX_WEB_CONFIG_FILE_BYTES = 1024 * 1024;
@@ -79,8 +78,7 @@ function tlsOptionsOf(t: TlsServerConfig, source: string): tls.TlsOptions {
 
 /** Reads, checks and loads `file` now; throws naming the key and the fix. */
 export function loadWebConfigFile(file: string): LoadedWebConfig {
-  const doc = parseYamlSubset(readBounded(file, 'the web configuration file'), file);
-  const config = checkWebConfig(doc, file, path.dirname(path.resolve(file)));
+  const config = parseWebConfig(readBounded(file, 'the web configuration file'), file, path.dirname(path.resolve(file)));
   return { config, tlsOptions: config.tls === null ? null : tlsOptionsOf(config.tls, file) };
 }
 

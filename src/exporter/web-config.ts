@@ -2,11 +2,17 @@
  * The web configuration file Prometheus exporters share (--web.config.file), checked: from the
  * parsed document to a WebConfig, or an error naming the key, why, and the fix. The keys are the
  * exporter toolkit's; what Node's TLS cannot do as Go does is refused by name, never ignored.
+ * The text is YAML 1.2 read by the `yaml` package (core schema, as Go's yaml.v2/v3 read the file);
+ * what it reports, errors and warnings alike (duplicate keys, tabs, unknown tags, several
+ * documents), refuses the file with its line number.
  * docs/exporter.md "Web configuration file" lists each key and what the exporter makes of it.
  */
 import path from 'node:path';
+import { parseDocument } from 'yaml';
 import { cannot } from '../common/errors.js';
-import type { YamlValue } from './yaml-subset.js';
+
+/** What the core schema gives: aliases resolve to copies, tags beyond it stay unresolved (refused). */
+type YamlValue = string | number | boolean | null | YamlValue[] | { [key: string]: YamlValue };
 
 /** Go's crypto/tls client authentication policies, as the file names them. */
 const CLIENT_AUTH_TYPES = [
@@ -244,9 +250,22 @@ function checkHttp(c: Checker, v: YamlValue | undefined): Record<string, string>
   return out;
 }
 
-/** Checks a parsed web configuration file; `source` names it in errors, `dir` resolves its relative paths. */
-export function checkWebConfig(doc: YamlValue, source: string, dir: string): WebConfig {
+/** The YAML text as data, or an error with the line of the first thing the parser reports. */
+function parseYaml(text: string, source: string): YamlValue {
+  const doc = parseDocument(text, { version: '1.2', schema: 'core', uniqueKeys: true, resolveKnownTags: false, logLevel: 'error' });
+  const problem = doc.errors[0] ?? doc.warnings[0];
+  if (problem !== undefined) {
+    const why = problem.message.replace(/ at line \d+, column \d+:?\n[\s\S]*$/, '');
+    const line = problem.linePos?.[0].line ?? 1;
+    throw new Error(cannot(`read ${source}`, `line ${line}: ${why}`, 'write it as YAML (see docs/exporter.md "Web configuration file")'));
+  }
+  return doc.toJS({ maxAliasCount: 100 }) as YamlValue;
+}
+
+/** Parses and checks a web configuration file's text; `source` names it in errors, `dir` resolves its relative paths. */
+export function parseWebConfig(text: string, source: string, dir: string): WebConfig {
   const c = new Checker(source, dir);
+  const doc = parseYaml(text, source);
   const top = c.mapping(doc, '', ['tls_server_config', 'http_server_config', 'basic_auth_users', 'rate_limit']);
   if (top.rate_limit !== undefined)
     c.fail(

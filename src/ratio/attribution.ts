@@ -5,12 +5,22 @@
  * and records the decisions where those rules are silent.
  */
 import { joulesPerCounterUnit, packageCounter } from './counter.js';
-import { payClaims, type PackagePay } from './overclaim.js';
 import { parseStatLine } from './stat.js';
 import { fitLength } from '../common/fit-length.js';
 import { validVcpus, MAX_TID, type VcpuSpec } from '../model/vcpus.js';
 import type { EngineState, EngineVmState } from './engine-state.js';
-import { PLATFORM_DOMAINS, type EnergyDomain, type OtherDomain } from '../model/domains.js';
+import { PLATFORM_DOMAINS, type OtherDomain } from '../model/domains.js';
+import {
+  closeCounters,
+  counterSlot,
+  newPlane,
+  payPlane,
+  settleLent,
+  split,
+  type CounterSlot,
+  type Plane,
+  type ThreadNow,
+} from './plane.js';
 import { domainCounterProblem } from './domain-counters.js';
 import type { DomainCounter, HostInfo, CounterSpec } from '../model/host.js';
 import {
@@ -99,79 +109,10 @@ export interface ThreadTotals {
   otherTicks: number;
 }
 
-/** A thread of an active VM in the current sample, after parsing. */
-interface ThreadNow {
-  tid: number;
-  dticks: number;
-  /** Index of the host package of `processor` among the packages (ascending ids); -1 when the CPU is not in the host map. */
-  pk: number;
-  /** vpkg when this tid is a registered vCPU. */
-  vpkg: number | undefined;
-}
-
 /** An active VM in the current sample: its threads, or null when none of its lines changed (idle). */
 interface LiveVm {
   vm: EngineVm;
   threads: ThreadNow[] | null;
-}
-
-/**
- * One energy counter the engine reads: a package's, or another domain's on one package (a platform
- * domain's once). Values are the counter mod its range as float64 (exact: a range is at most 2^53),
- * NaN where there is none.
- */
-interface CounterSlot {
-  pkg: number;
-  range: bigint;
-  unitJ: number;
-  /** This sample's value; NaN when the sample lacks it. */
-  now: number;
-  /** The value the next interval starts from; NaN when there is none (a first sample, a gap, a package value missing). */
-  last: number;
-}
-
-/**
- * A RAPL domain as the engine attributes it, the package's or another's (docs/ratio.md, "Other RAPL
- * domains"): per slot (a package, in ascending id order; a platform domain has one slot, holding every
- * CPU and every claim) its counter and how the interval's energy there is paid (ratio/overclaim.ts).
- * Made once: an interval overwrites its values, so it allocates nothing for a domain where nobody ran.
- */
-interface Plane<D extends EnergyDomain = EnergyDomain> {
-  domain: D;
-  /** Counted once for the host, shared across every package's VMs (psys). */
-  platform: boolean;
-  /** A value missing from a sample keeps the last one, so the next value spans the gap (every domain but the package). */
-  keepsLast: boolean;
-  /** Per slot its counter; undefined where the package does not have the domain. */
-  counters: (CounterSlot | undefined)[];
-  /** The interval's energy per slot, J; NaN where either sample lacks the counter. */
-  energy: number[];
-  /** Per slot how its claims are paid; empty in an interval with no claim. */
-  pay: readonly PackagePay[];
-  /** Energy given to claims per slot. */
-  attributed: number[];
-  /** Energy paid to claims beyond their package's capacity out of the other packages' leftover. */
-  lent: number;
-}
-
-/** The pay of an interval where no thread claimed anything: nothing in it, never written. */
-const NO_PAY: readonly PackagePay[] = [];
-
-function newPlane<D extends EnergyDomain>(domain: D, slots: number): Plane<D> {
-  return {
-    domain,
-    platform: PLATFORM_DOMAINS.has(domain),
-    keepsLast: domain !== 'package',
-    counters: new Array<CounterSlot | undefined>(slots).fill(undefined),
-    energy: new Array<number>(slots).fill(NaN),
-    pay: NO_PAY,
-    attributed: new Array<number>(slots).fill(0),
-    lent: 0,
-  };
-}
-
-function counterSlot(pkg: number, c: CounterSpec): CounterSlot {
-  return { pkg, range: c.range, unitJ: c.unitJ, now: NaN, last: NaN };
 }
 
 export class RatioEngine {
@@ -839,88 +780,6 @@ function fillThreadTotals(vm: EngineVm, vcpus: { tid: number; energyJ: number; t
   let all = 0;
   if (t) for (const k of t.values()) all += k.ticks;
   return Math.max(0, all - vcpuTicks);
-}
-
-/** The plane's energy of the interval per slot: where both samples have the counter, its distance (one wrap at most) times its unit. */
-function closeCounters(p: Plane): void {
-  for (let k = 0; k < p.counters.length; k++) {
-    const c = p.counters[k];
-    if (c === undefined || Number.isNaN(c.now) || Number.isNaN(c.last)) p.energy[k] = NaN;
-    else p.energy[k] = (c.now >= c.last ? c.now - c.last : c.now - c.last + Number(c.range)) * c.unitJ;
-  }
-}
-
-/**
- * How the plane's energy of the interval is paid (payClaims): per package by its claims, or, for a
- * platform domain, as one package (the one its counter is read on) holding every CPU and every claim. `capacity` per package index,
- * null when no thread was seen on any package (nothing to pay: split() reads `pay` only for such a thread).
- */
-function payPlane(p: Plane, packageIds: readonly number[], capacity: readonly number[] | null, claimed: readonly number[]): void {
-  p.attributed.fill(0);
-  p.lent = 0;
-  if (capacity === null) {
-    p.pay = NO_PAY;
-    return;
-  }
-  const energyJ = (k: number): number | undefined => (Number.isNaN(p.energy[k]!) ? undefined : p.energy[k]);
-  p.pay = payClaims(
-    p.platform
-      ? [
-          {
-            pkg: p.counters[0]!.pkg,
-            energyJ: energyJ(0),
-            capacity: capacity.reduce((sum, c) => sum + c, 0),
-            claimed: claimed.reduce((sum, t) => sum + t, 0),
-          },
-        ]
-      : capacity.map((c, k) => ({ pkg: packageIds[k]!, energyJ: energyJ(k), capacity: c, claimed: claimed[k]! })),
-  );
-}
-
-/**
- * One VM's energy of one domain over the interval, per virtual package: each thread's share e_k
- * (written to `es`), W (the non-vCPU threads' shares) spread evenly over the present vCPUs, and what
- * that gives each package's attributed total (the plane's `attributed` and `lent`).
- */
-function split(plane: Plane, nvpkg: number, threads: readonly ThreadNow[], es: number[]): { vpkg: number[]; extra: number } {
-  let w = 0;
-  let nv = 0;
-  for (let i = 0; i < threads.length; i++) {
-    const t = threads[i]!;
-    let e = 0;
-    if (t.pk >= 0 && t.dticks !== 0) {
-      const k = plane.platform ? 0 : t.pk;
-      const de = plane.energy[k]!;
-      if (!Number.isNaN(de)) e = (de * t.dticks) / plane.pay[k]!.divisor;
-    }
-    es[i] = e;
-    if (t.vpkg === undefined) w += e;
-    else nv++;
-  }
-  const vpkg = new Array<number>(nvpkg).fill(0);
-  if (nv === 0) return { vpkg, extra: 0 };
-  const extra = w / nv;
-  for (let i = 0; i < threads.length; i++) {
-    const t = threads[i]!;
-    const e = es[i]!;
-    if (t.pk >= 0 && e > 0) {
-      const k = plane.platform ? 0 : t.pk;
-      const p = plane.pay[k]!;
-      plane.attributed[k] = plane.attributed[k]! + (p.borrowedShare === 0 ? e : e * p.ownShare);
-      plane.lent += e * p.borrowedShare;
-    }
-    if (t.vpkg !== undefined) vpkg[t.vpkg] = vpkg[t.vpkg]! + e + extra;
-  }
-  return { vpkg, extra };
-}
-
-/** Adds what each package lent to claims beyond another's capacity to its attributed energy. */
-function settleLent(plane: Plane): void {
-  if (plane.lent <= 0) return;
-  for (let k = 0; k < plane.pay.length; k++) {
-    const p = plane.pay[k]!;
-    if (p.lendShare > 0) plane.attributed[k] = plane.attributed[k]! + plane.lent * p.lendShare;
-  }
 }
 
 /** A thread's stat line parsed for the rules (docs/ratio.md, "Reading a stat line"), or why it counts as absent. */

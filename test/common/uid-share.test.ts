@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'vitest';
-import { OTHERS_SHARE, shareOf, UID_SHARE, UidShares } from '../../src/budget/uid-share.js';
+import { OTHERS_SHARE, ownerToEvict, shareOf, UID_SHARE, UidShares } from '../../src/budget/uid-share.js';
 
 const nobody = { uid: 65534, preferred: false };
 const alice = { uid: 1000, preferred: false };
@@ -57,5 +57,26 @@ describe('the per-uid share', () => {
     expect(shareOf(3, UID_SHARE)).toBe(1);
     expect(new UidShares(0).take(root, 1)).toBe(0);
     expect(() => new UidShares(-1)).toThrow(/capacity must be a whole number/);
+  });
+});
+
+describe('who gives way when a shared capacity is full', () => {
+  test('the owner holding the most, only while it holds more than the asker would; never the asker; the first among equals', () => {
+    for (let most = 0; most <= 6; most++)
+      for (let wants = 0; wants <= 6; wants++) {
+        const held = new Map([
+          ['a', most],
+          ['b', Math.min(most, 2)],
+          ['asker', 99],
+        ]);
+        const got = ownerToEvict(held.keys(), (o) => held.get(o)!, 'asker', wants);
+        expect(got, `most ${most}, wants ${wants}`).toBe(most > wants ? 'a' : undefined);
+      }
+    const tie = new Map([
+      ['x', 3],
+      ['y', 3],
+    ]);
+    expect(ownerToEvict(tie.keys(), (o) => tie.get(o)!, null, 0)).toBe('x');
+    expect(ownerToEvict([], () => 1, null, 0)).toBeUndefined();
   });
 });

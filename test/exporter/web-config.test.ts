@@ -1,13 +1,12 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { checkWebConfig, requiresAuthentication } from '../../src/exporter/web-config.js';
+import { parseWebConfig, requiresAuthentication } from '../../src/exporter/web-config.js';
 import { loadWebConfigFile, WebConfigFile } from '../../src/exporter/web-config-file.js';
-import { parseYamlSubset } from '../../src/exporter/yaml-subset.js';
 import { tempDir } from '../daemon/support/daemon-process.js';
 import { makeTlsFiles, PASSWORD_HASH, type TlsFiles } from './support/tls-files.js';
 
-const check = (yaml: string, dir = '/etc/vmsr') => checkWebConfig(parseYamlSubset(yaml, 'web.yml'), 'web.yml', dir);
+const check = (yaml: string, dir = '/etc/vmsr') => parseWebConfig(yaml, 'web.yml', dir);
 
 let files: TlsFiles;
 beforeAll(() => {
@@ -110,6 +109,75 @@ describe('web configuration: what it means', () => {
       ['- a', /: is not a mapping of keys to values/],
     ];
     for (const [text, why] of cases) expect(() => check(text), text).toThrow(why);
+  });
+});
+
+describe('web configuration: the file as YAML', () => {
+  const HASH = '$2y$10$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze';
+
+  test('comments, quoted and plain scalars, block and flow lists, --- and an inline PEM block read as YAML 1.2 does', () => {
+    const pem = '-----BEGIN CERTIFICATE-----\nMIIB # not a comment\n-----END CERTIFICATE-----';
+    const c = check(
+      [
+        '---',
+        '# a comment',
+        'tls_server_config:',
+        '  cert: |',
+        ...pem.split('\n').map((l) => `    ${l}`),
+        "  key_file: '/etc/vmsr/it''s.key'   # trailing comment",
+        '  min_version: "TLS12"',
+        '  prefer_server_cipher_suites: false',
+        '  cipher_suites:',
+        '    - TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256',
+        '    - "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384"',
+        '  curve_preferences: [X25519, "CurveP256"]',
+        'basic_auth_users:',
+        `  "bob smith": ${HASH}`,
+        'http_server_config:',
+        '  headers:',
+        '    Content-Security-Policy: "default-src \\u0027none\\u0027"',
+        '    X-XSS-Protection: ~',
+      ].join('\n'),
+    );
+    expect(c.tls).toMatchObject({
+      cert: { inline: `${pem}\n` },
+      key: { file: "/etc/vmsr/it's.key" },
+      minVersion: 'TLSv1.2',
+      honorCipherOrder: false,
+      ciphers: 'ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384',
+      ecdhCurve: 'X25519:P-256',
+    });
+    expect([...c.basicAuthUsers]).toEqual([['bob smith', HASH]]);
+    expect(c.headers).toEqual({ 'Content-Security-Policy': "default-src 'none'" });
+    expect(check('---\n# nothing\n').tls).toBeNull();
+  });
+
+  test('an alias reads as a copy of its anchor', () => {
+    const c = check(`basic_auth_users:\n  alice: &h ${HASH}\n  bob: *h\n`);
+    expect([...c.basicAuthUsers.values()]).toEqual([HASH, HASH]);
+  });
+
+  test('text that is not one clean YAML document is refused with its line number and a fix', () => {
+    const cases: [string, RegExp][] = [
+      [`basic_auth_users:\n  a: ${HASH}\n  a: ${HASH}`, /line 3: Map keys must be unique/],
+      ['tls_server_config:\n\tcert_file: x', /line 2: Tabs are not allowed/],
+      ['basic_auth_users: !!binary aGVsbG8=', /line 1: .*tag/i],
+      ['tls_server_config: cert_file: x', /line 1: Nested mappings are not allowed/],
+      ['http_server_config:\n  headers:\n    X-XSS-Protection: "open', /line 3: .*quote/i],
+      ['http_server_config: {}\n---\nbasic_auth_users: {}', /line 2: Source contains multiple documents/],
+      ['http_server_config:\n  headers:\n    X-XSS-Protection: "\\q"', /line 3: Invalid escape sequence/],
+    ];
+    for (const [text, why] of cases) {
+      expect(() => check(text), text).toThrow(why);
+      expect(() => check(text), text).toThrow(/^cannot read web\.yml: line \d+: .*; write it as YAML/);
+    }
+  });
+
+  test('a key named __proto__ is data: refused as an unknown key, no prototype touched', () => {
+    expect(() => check('__proto__:\n  polluted: 1\n')).toThrow(/__proto__: is not a key of the web configuration file/);
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+    const c = check(`basic_auth_users:\n  __proto__: ${HASH}\n`);
+    expect([...c.basicAuthUsers.keys()]).toEqual(['__proto__']);
   });
 });
 

@@ -171,7 +171,7 @@ describe('the Debian package', () => {
     for (const dev of ['typescript', 'vitest', 'eslint', 'prettier', 'fast-check', '@types/node']) {
       expect(byName.has(`${LIB}/node_modules/${dev}/`), dev).toBe(false);
     }
-    for (const dep of ['koffi', 'pino', 'commander', 'prom-client'])
+    for (const dep of ['koffi', 'pino', 'commander', 'prom-client', 'yaml'])
       expect(byName.has(`${LIB}/node_modules/${dep}/package.json`), dep).toBe(true);
   });
 

@@ -3,7 +3,11 @@
  * docs/stats-fd.md (little-endian, 8-byte aligned blocks), both ways: the encoder must give exactly
  * these bytes, the decoder must read them back; and the decoder refuses what a hostile file could say.
  */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { StatsReader } from '../../src/client/stats-reader.js';
 import { CLIENT_TYPES, FrameDecoder, HELPER_TYPES, encodeStatsFd, encodeStatsFdReply } from '../../src/protocol/v2/codec.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from '../../src/protocol/stats/flags.js';
@@ -279,5 +283,30 @@ describe('the generation', () => {
     ).toEqual({ generation: 8n, values: 'w' });
     // The retry is preceded by a pause (a reader backs off instead of spinning on a preempted writer).
     expect(pauses).toEqual([1]);
+  });
+});
+
+describe('the scale of a value', () => {
+  it('is its base to the power of its exponent, 2 or 10 as its flags say, whatever the exponent', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-stats-scale-'));
+    try {
+      for (const exponent of [-20, -6, -1, 0, 3]) {
+        const layout = planStatsLayout('x', [
+          { name: 'generation', flags: 0x1, exponent: 0, size: 1 },
+          { name: 'two', flags: STATS_TYPE.CUMULATIVE | STATS_UNIT.JOULES | STATS_BASE.POW2, exponent, size: 1 },
+          { name: 'ten', flags: STATS_TYPE.CUMULATIVE | STATS_UNIT.JOULES | STATS_BASE.POW10, exponent, size: 1 },
+        ]);
+        const file = path.join(dir, `e${exponent}`);
+        fs.writeFileSync(file, encodeStatsFile(layout));
+        const r = StatsReader.open(fs.openSync(file, 'r'));
+        try {
+          expect([r.scale('two'), r.scale('ten'), r.scale('absent')]).toEqual([2 ** exponent, 10 ** exponent, 1]);
+        } finally {
+          r.close();
+        }
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

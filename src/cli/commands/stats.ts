@@ -22,7 +22,7 @@ import { statedHost } from '../../client/stated-energy-source.js';
 import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
-import { guestEnergyJson, guestEnergyNote, guestEnergyOf, statsScale, type GuestEnergyJ } from '../guest-energy-note.js';
+import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -59,9 +59,9 @@ interface StatsRow {
 const num = (v: bigint | undefined) => Number(v ?? 0n);
 
 function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
-  const ej = statsScale(r, 'energy');
+  const ej = r.scale('energy');
   const energy = (r.values(s, 'energy') ?? []).map((v) => Number(v) * ej);
-  const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * statsScale(r, 'power'));
+  const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * r.scale('power'));
   const tids = r.values(s, 'vcpu_tid') ?? [];
   const ve = r.values(s, 'vcpu_energy') ?? [];
   const vt = r.values(s, 'vcpu_cpu_time');
@@ -77,10 +77,10 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     vpkgEnergyJ: energy,
     vcpus: tids.map((tid, i) => ({
       tid: Number(tid),
-      energyJ: num(ve[i]) * statsScale(r, 'vcpu_energy'),
-      cpuS: vt ? num(vt[i]) * statsScale(r, 'vcpu_cpu_time') : null,
+      energyJ: num(ve[i]) * r.scale('vcpu_energy'),
+      cpuS: vt ? num(vt[i]) * r.scale('vcpu_cpu_time') : null,
     })),
-    otherCpuS: other === undefined ? null : Number(other) * statsScale(r, 'other_threads_cpu_time'),
+    otherCpuS: other === undefined ? null : Number(other) * r.scale('other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
     guest: guestEnergyOf(r, s),
   };

@@ -2,7 +2,7 @@
  * One legacy request -> the 8-byte value to reply, as the reference helper would, but stricter:
  * the tid is checked before anything is read, an offline or nonexistent cpu gets 0 without opening
  * anything, and any read failure is 0. Everything here runs synchronously on the main thread, whose
- * capabilities are the ones that were dropped to CAP_SYS_RAWIO (see privileges.ts).
+ * capabilities are the ones that were dropped to CAP_SYS_RAWIO (see src/os/privileges/capabilities.ts).
  */
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';

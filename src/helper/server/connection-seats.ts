@@ -13,7 +13,7 @@
  * QEMU's, of the user holding the most such connections, served or not.
  */
 
-import { UidShares, type ShareOwner, type ShareRoom } from '../../budget/uid-share.js';
+import { ownerToEvict, UidShares, type ShareOwner, type ShareRoom } from '../../budget/uid-share.js';
 
 /** One connection's slot: told when its protocol is known, released at close. */
 export interface Seat {
@@ -94,16 +94,12 @@ export class ConnectionSeats {
    * was closed (its slot frees at its close, so the new one may be served meanwhile).
    */
   makeRoomFor(uid: number): boolean {
-    const wants = this.heldBy(uid) + 1;
-    let heaviest: { held: number; undecided: Set<() => void> } | undefined;
-    for (const [other, undecided] of this.undecided) {
-      if (other === uid || undecided.size === 0) continue;
-      const held = this.heldBy(other);
-      if (heaviest === undefined || held > heaviest.held) heaviest = { held, undecided };
-    }
-    if (heaviest === undefined || heaviest.held <= wants) return false;
-    const [oldest] = heaviest.undecided;
-    heaviest.undecided.delete(oldest!);
+    const candidates = [...this.undecided].filter(([, undecided]) => undecided.size > 0).map(([other]) => other);
+    const heaviest = ownerToEvict(candidates, (other) => this.heldBy(other), uid, this.heldBy(uid) + 1);
+    if (heaviest === undefined) return false;
+    const undecided = this.undecided.get(heaviest)!;
+    const [oldest] = undecided;
+    undecided.delete(oldest!);
     for (const list of this.notQemu.values()) list.delete(oldest!);
     oldest!();
     return true;
@@ -114,11 +110,9 @@ export class ConnectionSeats {
    * QEMU's of the user holding the most of them, served or not. False when every slot is QEMU's.
    */
   makeRoomForQemu(): boolean {
-    let heaviest: [number, Set<() => void>] | undefined;
-    for (const e of this.notQemu) if (heaviest === undefined || e[1].size > heaviest[1].size) heaviest = e;
-    if (heaviest === undefined) return false;
-    const [uid, list] = heaviest;
-    const [oldest] = list;
+    const uid = ownerToEvict(this.notQemu.keys(), (u) => this.notQemu.get(u)!.size, null, 0);
+    if (uid === undefined) return false;
+    const [oldest] = this.notQemu.get(uid)!;
     // Out of both lists now (its close releases it later): no second eviction picks it again.
     this.drop(this.notQemu, uid, oldest!);
     this.drop(this.undecided, uid, oldest!);

@@ -20,6 +20,7 @@
  * cuts only its own connections; QEMU, of another uid, is read at once.
  */
 
+import { ownerToEvict } from '../../budget/uid-share.js';
 import { runInSlices } from '../../sampling/time-slices.js';
 
 interface IncompleteFrameLimits {
@@ -177,13 +178,9 @@ export class IncompleteFrames {
     this.makingRoom = true;
     try {
       while (this.room() < need) {
-        const wants = this.heldBy(uid) + need;
-        let heaviest: UserAccount | undefined;
-        for (const [other, acc] of this.users) {
-          if (other === uid || acc.holds.size === 0) continue;
-          if (heaviest === undefined || acc.bytes > heaviest.bytes) heaviest = acc;
-        }
-        if (heaviest === undefined || heaviest.bytes <= wants) break;
+        const holders = [...this.users.values()].filter((acc) => acc.holds.size > 0);
+        const heaviest = ownerToEvict(holders, (acc) => acc.bytes, this.users.get(uid) ?? null, this.heldBy(uid) + need);
+        if (heaviest === undefined) break;
         const [oldest] = heaviest.holds;
         oldest!.cut('evicted');
       }

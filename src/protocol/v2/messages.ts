@@ -1,6 +1,6 @@
 /**
  * Payload validation per frame type, both directions. Pure; each parser returns the one Result
- * shape (ratio/result.ts). Two kinds of refusal of a client's payload, because the protocol closes
+ * shape (common/result.ts). Two kinds of refusal of a client's payload, because the protocol closes
  * the connection only for a broken frame:
  * - `fatal`: the payload has the wrong size for its type (ERROR 1, then close);
  * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
