@@ -296,7 +296,16 @@ export class GuestEnergy implements EnergyStatusHook {
       // A process that ended meanwhile is forgotten; one on its pid since is another process.
       const key = { pid: c.pid, starttime: c.starttime };
       if (readStarttime(this.o.procRoot, c.pid) !== c.starttime) continue;
-      const made = () => ({ key, phases: c.phases, windowsSeen: c.windows, version: 'modelled' as const, vmId: c.vmId, counter: c, exitWindows: 0, lateExits: 0 });
+      const made = () => ({
+        key,
+        phases: c.phases,
+        windowsSeen: c.windows,
+        version: 'modelled' as const,
+        vmId: c.vmId,
+        counter: c,
+        exitWindows: 0,
+        lateExits: 0,
+      });
       if (this.remember(key, c.pid, now, made) !== undefined) kept++;
     }
     for (const [pid, at] of held) {
