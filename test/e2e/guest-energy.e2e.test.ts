@@ -413,16 +413,19 @@ async function migrateCancel(qmp: QmpClient, ms: number): Promise<string> {
   return status === 'completed' ? 'completed+cont' : 'cancelled';
 }
 
+/** A migration at 1 MiB/s cancelled after 0.2-3 s, then 0.2-0.6 s of rest. */
+async function cancelledMigration(qmp: QmpClient, rnd: () => number): Promise<string> {
+  await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
+  const done = await migrateCancel(qmp, 200 + rnd() * 2800);
+  await sleep(200 + rnd() * 400);
+  return done;
+}
+
 const CHURNS: Churn[] = [
   {
     name: 'migrations of a 1 GiB guest cancelled after 0.2-3 s',
     qemuArgs: ['-m', '1024'],
-    async step(qmp, rnd) {
-      await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
-      const done = await migrateCancel(qmp, 200 + rnd() * 2800);
-      await sleep(200 + rnd() * 400);
-      return done;
-    },
+    step: cancelledMigration,
   },
   {
     name: 'migrations of a 1 GiB guest that complete, resumed with cont',
@@ -459,12 +462,7 @@ const CHURNS: Churn[] = [
     name: '2 guest sockets under migrations cancelled after 0.2-3 s',
     qemuArgs: ['-smp', '2,sockets=2,cores=1', '-m', '1024'],
     mode: 't',
-    async step(qmp, rnd) {
-      await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 1 << 20 });
-      const done = await migrateCancel(qmp, 200 + rnd() * 2800);
-      await sleep(200 + rnd() * 400);
-      return done;
-    },
+    step: cancelledMigration,
   },
 ];
 
