@@ -30,22 +30,30 @@ const problemArb = fc.integer({ min: 1, max: 3 }).chain((nvpkg) =>
   }),
 );
 
+type Problem = typeof problemArb extends fc.Arbitrary<infer P> ? P : never;
+
+/** The problem's threads as QEMU's loop reads them, the i-th on package `pkgOf(i)`. */
+function threadsOf(p: Problem, pkgOf: (i: number) => number): LoopThread[] {
+  return p.threads.map((t, i) => ({
+    tid: 10 + i,
+    pkg: pkgOf(i),
+    ticks0: t.ticks0,
+    ticks1: t.gone ? null : t.ticks0 + t.dticks,
+    ...(t.vpkg !== undefined ? { vpkg: t.vpkg } : {}),
+  }));
+}
+
+/** QEMU's loop state on PKG, its counters made for `nvpkg` virtual packages. */
+function stateOf(p: Problem, nvpkg: number): LoopState {
+  return { eRatio: new Map([[PKG, p.eRatio]]), nbVcpu: new Map([[PKG, p.nbVcpu]]), vpkgCounter: new Array<number>(nvpkg).fill(0) };
+}
+
 describe('the delta solver', () => {
   it('credits what a whole iteration of the model credits from the package, for any state, threads and e_delta', () => {
     fc.assert(
       fc.property(problemArb, (p) => {
-        const threads: LoopThread[] = p.threads.map((t, i) => ({
-          tid: 10 + i,
-          pkg: PKG,
-          ticks0: t.ticks0,
-          ticks1: t.gone ? null : t.ticks0 + t.dticks,
-          ...(t.vpkg !== undefined ? { vpkg: t.vpkg } : {}),
-        }));
-        const state: LoopState = {
-          eRatio: new Map([[PKG, p.eRatio]]),
-          nbVcpu: new Map([[PKG, p.nbVcpu]]),
-          vpkgCounter: new Array<number>(p.nvpkg).fill(0),
-        };
+        const threads = threadsOf(p, () => PKG);
+        const state = stateOf(p, p.nvpkg);
         const credits = runIteration(copyLoopState(state), {
           threads,
           eDelta: new Map([[PKG, p.e]]),
@@ -69,20 +77,10 @@ describe('the delta solver', () => {
         fc.integer({ min: 0, max: 3 }),
         fc.nat({ max: 3 }),
         (p, target, metVpkgs, pkg) => {
-          const threads: LoopThread[] = p.threads.map((t, i) => ({
-            tid: 10 + i,
-            // Threads on other packages than the one solved are the caller's to leave out; some here anyway.
-            pkg: i % 3 === 0 ? pkg : PKG,
-            ticks0: t.ticks0,
-            ticks1: t.gone ? null : t.ticks0 + t.dticks,
-            ...(t.vpkg !== undefined ? { vpkg: t.vpkg } : {}),
-          }));
+          // Threads on other packages than the one solved are the caller's to leave out; some here anyway.
+          const threads = threadsOf(p, (i) => (i % 3 === 0 ? pkg : PKG));
           // The model may have met fewer virtual packages than the threads' (its counters began before a socket's vCPU).
-          const state: LoopState = {
-            eRatio: new Map([[PKG, p.eRatio]]),
-            nbVcpu: new Map([[PKG, p.nbVcpu]]),
-            vpkgCounter: new Array<number>(metVpkgs).fill(0),
-          };
+          const state = stateOf(p, metVpkgs);
           const pr = { state, pkg: PKG, threads: threads.filter((t) => t.pkg === PKG), maxTicks: p.maxTicks, target };
           const started = Date.now();
           const e = solveDelta(pr);

@@ -35,70 +35,29 @@ describe('GuestPeers', () => {
     const attacker = { uid: 1234, preferred: false };
     const [a, b, c] = [sleeper(), sleeper(), sleeper()];
     let now = 10n * S;
-    expect(
+    // One process asking, as the owner `who`, with `made` its peer if it is new.
+    const ask = (key: { pid: number; starttime: number }, who: { uid: number; preferred: boolean }, made: string) =>
       peers.get(
-        a.key,
-        () => attacker,
+        key,
+        () => who,
         now,
-        () => 'a',
-      ),
-    ).toBe('a');
-    expect(
-      peers.get(
-        b.key,
-        () => attacker,
-        now,
-        () => 'b',
-      ),
-    ).toBe('b');
+        () => made,
+      );
+    expect(ask(a.key, attacker, 'a')).toBe('a');
+    expect(ask(b.key, attacker, 'b')).toBe('b');
     // A quarter of 8: the third is not remembered (left raw), and that is said once.
-    expect(
-      peers.get(
-        c.key,
-        () => attacker,
-        now,
-        () => 'c',
-      ),
-    ).toBeUndefined();
-    expect(
-      peers.get(
-        c.key,
-        () => attacker,
-        now,
-        () => 'c',
-      ),
-    ).toBeUndefined();
+    expect(ask(c.key, attacker, 'c')).toBeUndefined();
+    expect(ask(c.key, attacker, 'c')).toBeUndefined();
     expect(lines.filter((l) => l.includes('cannot count a new QEMU process exactly'))).toHaveLength(1);
     // The same pid with another start time is another process.
-    expect(
-      peers.get(
-        { ...a.key, starttime: a.key.starttime + 1 },
-        () => ({ uid: 0, preferred: true }),
-        now,
-        () => 'a2',
-      ),
-    ).toBe('a2');
-    expect(
-      peers.get(
-        a.key,
-        () => attacker,
-        now,
-        () => 'again',
-      ),
-    ).toBe('a');
+    expect(ask({ ...a.key, starttime: a.key.starttime + 1 }, { uid: 0, preferred: true }, 'a2')).toBe('a2');
+    expect(ask(a.key, attacker, 'again')).toBe('a');
     // a ends; once it has not asked for a while its place is free.
     const gone = new Promise((r) => a.child.once('exit', r));
     a.child.kill('SIGKILL');
     await gone;
     now += 4n * S;
-    expect(
-      peers.get(
-        c.key,
-        () => attacker,
-        now,
-        () => 'c',
-      ),
-    ).toBe('c');
+    expect(ask(c.key, attacker, 'c')).toBe('c');
     // (a2 named no live process: forgotten too.)
     expect(forgotten.sort()).toEqual(['a', 'a2']);
     expect([...peers.values()].sort()).toEqual(['b', 'c']);
