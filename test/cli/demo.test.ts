@@ -4,7 +4,7 @@
  * all three and leaves nothing behind. And the fake MSR tree recipe of docs/try-it.md, run as it is
  * written, is one the daemon starts on.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -22,6 +22,9 @@ function shim(dir: string): string {
   if (!fs.existsSync(path.join(bin, 'vmsr-helper'))) fs.symlinkSync(BIN, path.join(bin, 'vmsr-helper'));
   return bin;
 }
+
+/** The built demo VM, which demo.ts starts for the demo. */
+const DEMO_VM_SCRIPT = path.join(ROOT, 'dist/src/cli/demo/demo-vm.js');
 
 function alive(pid: number): boolean {
   try {
@@ -122,11 +125,22 @@ describe('vmsr-helper demo', () => {
         expect(JSON.parse(text.split('\n')[0]!)).toEqual({ type: 'daemon', socket, energy_source: 'synthetic', domains: ['package'] });
       // docs/try-it.md's record block, as printed with this demo's socket: record --vm takes the source the daemon states.
       const doc = fs.readFileSync(path.join(ROOT, 'docs/try-it.md'), 'utf8');
-      const recordBlock = /```sh\n(vmsr-helper record --vm demo-vm [\s\S]*?)```/
+      const recordBlock = /```sh\n(vmsr-helper record --vm [\s\S]*?)```/
         .exec(doc)![1]!
-        .replaceAll('/tmp/vmsr-demo-XXXXXX/vmsr.sock', socket);
+        .replaceAll('/tmp/vmsr-demo-XXXXXX', path.dirname(socket));
       const work = tempDir('vmsr-demo-record-');
+      // Another demo's VM on the host (same name, same UUID): the printed block still names this demo's.
+      const neighbour = spawn(process.execPath, [DEMO_VM_SCRIPT, '-name', DEMO_VM.name, '-uuid', DEMO_VM.uuid, '-smp', '1'], {
+        stdio: ['ignore', 'pipe', 'ignore'],
+      });
       try {
+        let out = '';
+        neighbour.stdout.on('data', (b: Buffer) => (out += b.toString()));
+        await pollFor(
+          async () => (out.startsWith('ready') ? true : undefined),
+          'the neighbour demo VM to name its threads',
+          () => out,
+        );
         const recorded = execFileSync('sh', ['-ec', recordBlock], {
           cwd: work,
           encoding: 'utf8',
@@ -136,6 +150,7 @@ describe('vmsr-helper demo', () => {
         expect(recorded).toMatch(/^demo-vm .* running /m);
         expect(recorded).toMatch(/synthe/i);
       } finally {
+        neighbour.kill('SIGKILL');
         fs.rmSync(work, { recursive: true, force: true });
       }
       expect(await demo.stop('SIGTERM')).toBe(0);

@@ -6,7 +6,7 @@
  *   <!-- runnable: until Ctrl-C -->     each line a command that runs until stopped: started, given
  *                                       SIGINT once it printed on stdout, must end with status 0
  *   <!-- runnable: beside the demo -->  run while `vmsr-helper demo` runs, its socket in place of the
- *                                       docs' /tmp/vmsr-demo-XXXXXX/vmsr.sock; must exit 0
+ *                                       docs' /tmp/vmsr-demo-XXXXXX (its directory); must exit 0
  *   <!-- runnable: needs X -->          as `runnable`, skipped with the reason when X (root, or a
  *                                       command) is missing
  *   <!-- not runnable: REASON -->       never run; the reason says why (and where it is tested)
@@ -25,7 +25,7 @@ import { isRoot, which } from '../support/env.js';
 import { installAsConsumer, packTarball } from './support/packed.js';
 
 const DOCS = ['README.md', 'docs/try-it.md', 'docs/guide.md', 'docs/guest-operator.md'];
-const DEMO_SOCKET = '/tmp/vmsr-demo-XXXXXX/vmsr.sock';
+const DEMO_DIR = '/tmp/vmsr-demo-XXXXXX';
 /** The most a runnable block may take, and a long-running one to print its first line. */
 const BLOCK_TIMEOUT_MS = 120_000;
 
@@ -175,7 +175,7 @@ describe('the command blocks of the docs', () => {
           }
           continue;
         }
-        const text = b.marker === 'runnable: beside the demo' ? b.text.replaceAll(DEMO_SOCKET, demoSocket) : b.text;
+        const text = b.marker === 'runnable: beside the demo' ? b.text.replaceAll(DEMO_DIR, path.dirname(demoSocket)) : b.text;
         const r = spawnSync('sh', ['-e', '-c', text], { cwd, env, encoding: 'utf8', timeout: BLOCK_TIMEOUT_MS });
         expect(r.status, `${where}\n${text}\n${r.stdout}${r.stderr}`).toBe(0);
         ran.push(where);

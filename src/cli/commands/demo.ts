@@ -211,6 +211,7 @@ function banner(at: DemoPlace, daemonPid: number, url: string, vm: { pid: number
     'Look at it from another terminal (in this directory):',
     `  ${me} stats -k ${at.socket}`,
     ...(vm ? [`  ${me} watch -k ${at.socket} ${vm.pid}`] : []),
+    ...(vm ? [`  ${me} record --vm "$(cat ${at.dir}/vm.pid)" -k ${at.socket} -o demo.jsonl.gz --duration 3`] : []),
     `  curl -s ${url} | grep -E '^vmsr_(energy_source_info|vm_power_watts|host_package_energy)'`,
     `Ctrl-C (or SIGTERM to pid ${process.pid}) stops all three and removes ${at.dir}.`,
     '',
@@ -235,6 +236,8 @@ async function runDemo(o: DemoOptions): Promise<number> {
     );
     const daemon = await startDaemon(at, children, stopped);
     const vm = o.vm ? await startDemoVm(children) : null;
+    // Its pid names it for --vm even when another demo's VM (same name, same UUID) runs on this host.
+    if (vm) fs.writeFileSync(path.join(dir, 'vm.pid'), `${vm.pid}\n`);
     const url = await startDemoExporter(at, o.listen ?? parseListenAddress(DEFAULT_LISTEN), children);
     process.stdout.write(banner(at, daemon.proc.pid!, url, vm, selfCommand(script)).join('\n') + '\n');
 
