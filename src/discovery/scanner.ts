@@ -197,7 +197,7 @@ export class ProcScanner {
       if (this.vms.has(pid)) continue;
       const other = this.others.get(pid);
       if (other !== undefined && !other.young && !full && !fresh(pid)) continue;
-      yield this.examine(pid, other, now);
+      yield this.examine(pid, other, now, full);
     }
     for (const pid of this.others.keys()) if (!present.has(pid)) this.others.delete(pid);
   }
@@ -316,7 +316,12 @@ export class ProcScanner {
     return r;
   }
 
-  private examine(pid: number, before: Other | undefined, now: number): DiscoveredVm | null {
+  /**
+   * On a full recheck (`full`) a QEMU-named process with threads is read in depth again even when
+   * nothing in its stat line changed: its threads may have been named `CPU <n>/KVM` since, a rename
+   * no stat field shows (seen between a thread's start and its naming, it would stay a non-VM).
+   */
+  private examine(pid: number, before: Other | undefined, now: number, full = false): DiscoveredVm | null {
     const st = this.readStat(pid);
     if (st === null || st.exitSignal === -1) {
       // Gone, or a thread looked up by its tid (not a process).
@@ -334,7 +339,8 @@ export class ProcScanner {
       !before.retry &&
       before.starttime === st.starttime &&
       before.comm === st.comm &&
-      before.numThreads === st.numThreads
+      before.numThreads === st.numThreads &&
+      !(full && st.numThreads > 1 && isQemuName(st.comm))
     ) {
       before.young = this.isYoung(st, now);
       return null;

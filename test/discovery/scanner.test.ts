@@ -79,6 +79,23 @@ describe('ProcScanner', () => {
     expect(found.map((v) => [v.pid, v.name, v.vcpus.map((c) => c.vpkg)])).toEqual([[500, 'reused', [0, 1]]]);
   });
 
+  it('finds at the full recheck a QEMU-named process whose vCPU threads were named after it was first looked at (no stat field changed)', () => {
+    const p = new FakeProc();
+    // Seen between its vCPU thread's start and that thread's naming, its executable not QEMU's (a look-alike, or a QEMU under another name).
+    const starting = { ...qemu('late'), starttime: 1000, threads: ['qemu-system-x86', 'qemu-system-x86', 'qemu-system-x86'] };
+    p.process(600, starting);
+    fs.symlinkSync('/usr/bin/python3', path.join(p.root, '600', 'exe'));
+    p.lastPid(610);
+    const fullEvery = 5;
+    const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: fullEvery, youngSeconds: 0 });
+    expect(s.scan()).toEqual([]);
+    for (const [i, name] of ['CPU 0/KVM', 'CPU 1/KVM'].entries()) fs.writeFileSync(path.join(p.root, '600', 'task', String(601 + i), 'comm'), `${name}\n`);
+    const found: string[] = [];
+    for (let scan = 2; scan < fullEvery; scan++) found.push(...s.scan().map((v) => `${v.pid} ${v.name}`));
+    expect(found, 'between full rechecks nothing is read beyond the stat line').toEqual([]);
+    expect(s.scan().map((v) => [v.pid, v.name, v.vcpus.map((c) => c.vpkg)])).toEqual([[600, 'late', [0, 1]]]);
+  });
+
   it('a scanner restored from state() reads only the stat line of a known process, and examines a pid reused during the restart as new', () => {
     const p = new FakeProc();
     // Multithreaded: a scan that does not know them reads their thread names, looking for vCPUs.

@@ -22,7 +22,6 @@ const VM_SCRIPT =
   COMMON +
   String.raw`
 comm = os.environ.get("FAKE_COMM", "")
-if comm: setname(comm)
 named = os.environ.get("FAKE_VCPU_NAMES", "1") == "1"
 vcpus = {}
 class Vcpu:
@@ -32,6 +31,7 @@ class Vcpu:
         self.t = threading.Thread(target=self.run, daemon=True); self.t.start(); self.ready.wait()
     def run(self):
         if named: setname("CPU %d/KVM" % self.i)
+        elif comm: setname(comm)
         self.tid = threading.get_native_id(); self.ready.set()
         while not self.stop:
             if self.spin:
@@ -40,6 +40,9 @@ class Vcpu:
             else:
                 self.wake.wait(); self.wake.clear()
 for i in range(int(os.environ.get("FAKE_VCPUS", "0"))): vcpus[i] = Vcpu(i)
+# QEMU's name once the vCPU threads carry theirs: discovery never sees a QEMU-named python with its
+# vCPU threads not yet named (its executable is not QEMU's, so it would be judged not a VM).
+if comm: setname(comm)
 print("ready", flush=True)
 for line in sys.stdin:
     cmd = line.split()
@@ -134,13 +137,14 @@ for k in range(n):
     pid = os.fork()
     if pid == 0:
         os.close(w)
-        setname("qemu-system-x86")
         evs = []
-        def vcpu(i, ev):
-            setname("CPU %d/KVM" % i)
+        def vcpu(i, ev, named):
+            setname("CPU %d/KVM" % i); named.set()
             while not ev.wait(wake): pass
         for i in range(first, first + nv):
-            ev = threading.Event(); threading.Thread(target=vcpu, args=(i, ev), daemon=True).start(); evs.append(ev)
+            ev = threading.Event(); named = threading.Event()
+            threading.Thread(target=vcpu, args=(i, ev, named), daemon=True).start(); evs.append(ev); named.wait()
+        setname("qemu-system-x86")  # once the vCPU threads carry their names (as in the VM script)
         os.read(r, 1)  # returns when the farm's parent dies
         os._exit(0)
     pids.append(pid)
@@ -191,11 +195,11 @@ export class FakeQemuFarm {
       this.child.once('exit', () => reject(new Error('fake QEMU farm exited')));
     });
     this.pids = line.split(' ').map(Number);
-    // Every child has named all its threads once it lists count + 1 tasks.
+    // A child has named all its threads once it carries QEMU's name (it takes it last).
     const deadline = Date.now() + timeoutMs;
     for (const pid of this.pids) {
-      while (fs.readdirSync(`/proc/${pid}/task`).length < this.vcpus + 1) {
-        if (Date.now() > deadline) throw new Error(`farm child ${pid} did not start its threads`);
+      while (fs.readFileSync(`/proc/${pid}/comm`, 'utf8').trimEnd() !== 'qemu-system-x86') {
+        if (Date.now() > deadline) throw new Error(`farm child ${pid} did not name its vCPU threads and itself qemu-system-x86 in time`);
         await new Promise((r) => setTimeout(r, 10));
       }
     }
