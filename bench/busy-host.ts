@@ -6,6 +6,7 @@
  *
  *   node dist/bench/busy-host.js                 # until Ctrl-C / SIGTERM
  *   node dist/bench/busy-host.js -- npx vitest run test/discovery/observers.test.ts
+ *   node dist/bench/busy-host.js --loops 5 -- ...  # a busier host: 5 loops
  *
  * With a command: starts the neighbours, runs it, stops them and exits with its code. Needs root (other uids).
  */
@@ -14,21 +15,22 @@ import { FakeQemuFarm, PYTHON } from '../test/support/fake-qemu.js';
 
 const FIRST_UID = 2001;
 const VMS = 10;
+/** Busy loops by default; --loops N for more. */
 const LOOPS = 2;
 
 /** A busy loop that the kernel kills when its parent (this process) dies. */
 const LOOP = 'import ctypes; ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\nwhile True: pass';
 
-async function start(): Promise<{ farms: FakeQemuFarm[]; loops: ChildProcess[] }> {
+async function start(nLoops: number): Promise<{ farms: FakeQemuFarm[]; loops: ChildProcess[] }> {
   const farms: FakeQemuFarm[] = [];
   for (let i = 0; i < VMS; i++) {
     const uid = FIRST_UID + i;
     farms.push(new FakeQemuFarm(1, 2, { uid, args: ['-name', `guest=neighbour-${uid}`, '-smp', '2'], wakeEveryMs: 100 }));
   }
-  const loops = Array.from({ length: LOOPS }, () => spawn(PYTHON, ['-c', LOOP], { stdio: 'ignore' }));
+  const loops = Array.from({ length: nLoops }, () => spawn(PYTHON, ['-c', LOOP], { stdio: 'ignore' }));
   const pids = (await Promise.all(farms.map((f) => f.ready()))).flat();
   console.log(`busy-host: ${VMS} QEMU-like processes of uids ${FIRST_UID}..${FIRST_UID + VMS - 1} (pids ${pids.join(' ')}),`);
-  console.log(`busy-host: ${LOOPS} busy loops (pids ${loops.map((l) => l.pid).join(' ')})`);
+  console.log(`busy-host: ${nLoops} busy loops (pids ${loops.map((l) => l.pid).join(' ')})`);
   return { farms, loops };
 }
 
@@ -39,7 +41,13 @@ async function main(): Promise<void> {
   }
   const sep = process.argv.indexOf('--');
   const command = sep >= 0 ? process.argv.slice(sep + 1) : [];
-  const { farms, loops } = await start();
+  const own = sep >= 0 ? process.argv.slice(2, sep) : process.argv.slice(2);
+  const nLoops = own[0] === '--loops' ? Number(own[1]) : LOOPS;
+  if (!Number.isSafeInteger(nLoops) || nLoops < 0 || nLoops > 64 || (own.length && own[0] !== '--loops')) {
+    console.error(`cannot start the neighbours: usage: busy-host [--loops N (0..64)] [-- command ...]; got ${own.join(' ')}`);
+    process.exit(2);
+  }
+  const { farms, loops } = await start(nLoops);
   const stop = async (code: number): Promise<never> => {
     for (const l of loops) l.kill('SIGKILL');
     await Promise.all(farms.map((f) => f.kill()));
