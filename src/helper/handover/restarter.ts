@@ -36,8 +36,11 @@ import { cannot } from '../../common/errors.js';
  * closed rather than handed over: the unsent part of a queued reply cannot be known.
  */
 const RESTART_DRAIN_MS = 200;
-/** Longest the check of the installed binary (`--version`) may take before the restart is called off. */
-const RESTART_CHECK_TIMEOUT_MS = 10_000;
+/**
+ * Longest the check of the installed binary (`--version`) may take before the restart is called off:
+ * far above its second or two, as a host busy with other users' work took over 10 s.
+ */
+const RESTART_CHECK_TIMEOUT_MS = 30_000;
 export const HANDOVER_MEMFD_NAME = 'vmsr-helper-handover';
 /**
  * Carries the old image's times (wall-clock ms, sub-ms: performance.timeOrigin + now) across the exec,
@@ -157,15 +160,17 @@ function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<str
     });
     let err = '';
     child.stderr.on('data', (d: Buffer) => (err += d.toString()).length > 4096 && (err = err.slice(-4096)));
-    const t = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    let late = false;
+    const t = setTimeout(() => ((late = true), child.kill('SIGKILL')), timeoutMs);
     child.on('error', (e) => (clearTimeout(t), resolve(e.message)));
     child.on('exit', (code, sig) => {
       clearTimeout(t);
-      resolve(
-        code === 0
-          ? null
-          : `${script} --version ${sig ? `was killed (${sig})` : `exited ${code}`}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`,
-      );
+      const how = late
+        ? `did not finish within ${timeoutMs / 1000} s (a hung binary, or a host too busy)`
+        : sig
+          ? `was killed (${sig})`
+          : `exited ${code}`;
+      resolve(code === 0 ? null : `${script} --version ${how}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`);
     });
   });
 }
