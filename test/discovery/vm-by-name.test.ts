@@ -5,6 +5,7 @@
  * user (uid nobody) in the observer group watches a root-owned VM, and without the group sees none.
  */
 import { execFile, spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
@@ -16,6 +17,7 @@ import { V2Client } from '../../src/client/v2-client.js';
 import { isRoot, which } from '../support/env.js';
 import { groupNameOf } from '../../src/os/privileges/accounts.js';
 import { readTrace } from '../../src/trace/reader.js';
+import { MAX_NAMES_SHOWN } from '../../src/client/find-vm.js';
 import type { VmSpec } from '../../src/model/vm.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -27,7 +29,14 @@ const NOBODY = 65534;
 /** An existing named group (Debian's `users`, gid 100) stands for vmsr-observers: nothing to create. */
 const OBSERVER_GROUP = 'users';
 const OBSERVER_GID = 100;
-const UUID = '5e1f0a3c-1d2e-4f60-8a9b-0c1d2e3f4a5b';
+/**
+ * This run's VM name and UUID: discovery sees the whole host, where other tests (and other runs of
+ * this one) may run a fake QEMU named nbvm1 or with a fixed UUID meanwhile.
+ */
+const NAME = `nbvm1-${process.pid}`;
+/** Far above discovery's 2 intervals, for a busy host. */
+const LISTED_DEADLINE_MS = 60_000;
+const UUID = randomUUID();
 
 async function daemon(extra: string[] = []): Promise<string> {
   return (await daemonOnFakeHost(extra)).sock;
@@ -45,13 +54,17 @@ async function fakeVm(name: string, uuid = UUID): Promise<FakeQemu> {
   return q;
 }
 
-/** Waits until the helper lists `n` live VMs. */
-async function listed(sock: string, n: number): Promise<void> {
+/** Waits until the helper lists these VMs, live (other VMs of the host may be listed too). */
+async function listed(sock: string, ...vms: FakeQemu[]): Promise<void> {
   const c = await V2Client.connect(sock);
   try {
-    const deadline = Date.now() + 15_000;
-    while ((await c.list()).filter((v) => !v.ended).length < n) {
-      if (Date.now() > deadline) throw new Error(`the helper did not list ${n} VMs`);
+    const deadline = Date.now() + LISTED_DEADLINE_MS;
+    for (;;) {
+      const live = new Set((await c.list()).filter((v) => !v.ended).map((v) => v.pid));
+      const missing = vms.filter((q) => !live.has(q.pid)).map((q) => q.pid);
+      if (missing.length === 0) return;
+      if (Date.now() > deadline)
+        throw new Error(`the helper did not list pid(s) ${missing.join(', ')} within ${LISTED_DEADLINE_MS / 1000} s`);
       await new Promise((r) => setTimeout(r, 50));
     }
   } finally {
@@ -75,10 +88,10 @@ function cli(args: string[], prefix: string[] = []): Promise<{ code: number; std
 describe('watch NAME|UUID|PID', { timeout: 240_000 }, () => {
   it('watch finds a discovered VM by name, UUID and pid and prints it, its header and rows when given --count', async () => {
     const sock = await daemon();
-    const q = await fakeVm('nbvm1');
-    await listed(sock, 1);
-    const line = new RegExp(`^VM "nbvm1" pid ${q.pid} uid 0 uuid ${UUID} discovered, 2 virtual package\\(s\\)$`);
-    for (const target of ['nbvm1', UUID.toUpperCase(), String(q.pid)]) {
+    const q = await fakeVm(NAME);
+    await listed(sock, q);
+    const line = new RegExp(`^VM "${NAME}" pid ${q.pid} uid 0 uuid ${UUID} discovered, 2 virtual package\\(s\\)$`);
+    for (const target of [NAME, UUID.toUpperCase(), String(q.pid)]) {
       const r = await watch(['-k', sock, target, '--count', '2']);
       expect(r.stderr).toBe('');
       expect(r.code).toBe(0);
@@ -93,9 +106,9 @@ describe('watch NAME|UUID|PID', { timeout: 240_000 }, () => {
 
   it('watch --json names the daemon, then the VM on its next line and on every update', async () => {
     const sock = await daemon();
-    const q = await fakeVm('nbvm1');
-    await listed(sock, 1);
-    const r = await watch(['-k', sock, 'nbvm1', '--json', '--count', '2']);
+    const q = await fakeVm(NAME);
+    await listed(sock, q);
+    const r = await watch(['-k', sock, NAME, '--json', '--count', '2']);
     expect(r.code).toBe(0);
     const [daemonRec, ...recs] = r.stdout
       .trimEnd()
@@ -105,7 +118,7 @@ describe('watch NAME|UUID|PID', { timeout: 240_000 }, () => {
     expect(recs[0]).toEqual({
       type: 'vm',
       vm_id: expect.any(Number),
-      name: 'nbvm1',
+      name: NAME,
       uuid: UUID,
       pid: q.pid,
       uid: 0,
@@ -116,42 +129,46 @@ describe('watch NAME|UUID|PID', { timeout: 240_000 }, () => {
     });
     expect(recs).toHaveLength(3);
     for (const u of recs.slice(1)) {
-      expect(u).toMatchObject({ type: 'update', vm_id: recs[0]!.vm_id, name: 'nbvm1', uuid: UUID, pid: q.pid });
+      expect(u).toMatchObject({ type: 'update', vm_id: recs[0]!.vm_id, name: NAME, uuid: UUID, pid: q.pid });
       expect(typeof (u.vpkgs as { power_w: unknown }[])[0]!.power_w).toBe('number');
     }
   });
 
   it('watch refuses a name two VMs wear, listing both with pid, uid and uuid, and then watches the one picked by pid', async () => {
     const sock = await daemon();
-    const real = await fakeVm('nbvm1');
+    const real = await fakeVm(NAME);
     // A copy wearing the real VM's name and UUID: only its pid tells it apart.
-    const copy = await fakeVm('nbvm1');
-    await listed(sock, 2);
-    for (const target of ['nbvm1', UUID]) {
+    const copy = await fakeVm(NAME);
+    await listed(sock, real, copy);
+    for (const target of [NAME, UUID]) {
       const r = await watch(['-k', sock, target, '--count', '1']);
       expect(r.code).toBe(1);
       expect(r.stdout).toBe('');
       expect(r.stderr).toContain(`vmsr-helper watch: cannot find the VM "${target}": 2 VMs match; pick one by its PID`);
-      for (const q of [real, copy]) expect(r.stderr).toMatch(new RegExp(`\n  "nbvm1" pid ${q.pid} uid 0 uuid ${UUID} discovered\n`));
+      for (const q of [real, copy]) expect(r.stderr).toMatch(new RegExp(`\n  "${NAME}" pid ${q.pid} uid 0 uuid ${UUID} discovered\n`));
       expect(r.stderr).toMatch(/pick one by its PID \(vmsr-helper watch \d+\);/);
       // The UUIDs are the same: picking by UUID is not suggested.
       expect(r.stderr).not.toContain('or its UUID');
     }
     const one = await watch(['-k', sock, String(real.pid), '--count', '1']);
     expect(one.code).toBe(0);
-    expect(one.stdout).toMatch(new RegExp(`^VM "nbvm1" pid ${real.pid} `));
+    expect(one.stdout).toMatch(new RegExp(`^VM "${NAME}" pid ${real.pid} `));
   });
 
   it('watch of a name no VM has says so and names the VMs there are', async () => {
     const sock = await daemon();
-    await fakeVm('nbvm1');
-    await listed(sock, 1);
+    await listed(sock, await fakeVm(NAME));
     const r = await watch(['-k', sock, 'nbvm2']);
     expect(r.code).toBe(1);
-    // Discovery is host-wide: VMs of other tests running meanwhile may be listed beside nbvm1.
-    expect(r.stderr).toMatch(
-      /cannot find the VM "nbvm2": no VM has that pid, UUID or name \(the VMs you may see are [^)]*"nbvm1"[^)]*\); give a name/,
-    );
+    // Discovery is host-wide: VMs of other users and tests may be listed beside this one; past
+    // MAX_NAMES_SHOWN of them, the rest are counted, this one maybe among them.
+    const m =
+      /cannot find the VM "nbvm2": no VM has that pid, UUID or name \(the VMs you may see are (.*?)( and \d+ more)?\); give a name/.exec(
+        r.stderr,
+      );
+    expect(m, r.stderr).not.toBeNull();
+    if (m![2] === undefined) expect(m![1]).toContain(`"${NAME}"`);
+    else expect(m![1]!.split(', ')).toHaveLength(MAX_NAMES_SHOWN);
   });
 
   it('a monitoring user in the observer group watches a root-owned VM by name; without the group it sees none', async (ctx) => {
@@ -159,39 +176,38 @@ describe('watch NAME|UUID|PID', { timeout: 240_000 }, () => {
     if (!which('setpriv')) return ctx.skip('needs setpriv (util-linux) to give uid nobody a supplementary group');
     if (groupNameOf(OBSERVER_GID) !== OBSERVER_GROUP) return ctx.skip(`needs group ${OBSERVER_GROUP} with gid ${OBSERVER_GID} (Debian's)`);
     const sock = await daemon(['--observer-group', OBSERVER_GROUP]);
-    await fakeVm('nbvm1');
-    await listed(sock, 1);
+    await listed(sock, await fakeVm(NAME));
     const member = await watch(
-      ['-k', sock, 'nbvm1', '--count', '1'],
+      ['-k', sock, NAME, '--count', '1'],
       ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, `--groups=${OBSERVER_GID}`, '--'],
     );
     expect(member.stderr).toBe('');
     expect(member.code).toBe(0);
-    expect(member.stdout).toMatch(/^VM "nbvm1" pid \d+ uid 0 /);
+    expect(member.stdout).toMatch(new RegExp(`^VM "${NAME}" pid \\d+ uid 0 `));
     const stranger = await watch(
-      ['-k', sock, 'nbvm1', '--count', '1'],
+      ['-k', sock, NAME, '--count', '1'],
       ['setpriv', `--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--'],
     );
     expect(stranger.code).toBe(1);
     // Other processes of uid nobody that look like QEMU may run on this host: the stranger may see those, never nbvm1.
-    expect(stranger.stderr).toContain('cannot find the VM "nbvm1": no VM has that pid, UUID or name (the ');
-    expect(stranger.stderr).not.toMatch(/you may see are [^)]*"nbvm1"/);
+    expect(stranger.stderr).toContain(`cannot find the VM "${NAME}": no VM has that pid, UUID or name (the `);
+    expect(stranger.stderr).not.toMatch(new RegExp(`you may see are [^)]*"${NAME}"`));
   });
 });
 
 describe('record --vm NAME|UUID|PID', { timeout: 240_000 }, () => {
   it("record --vm takes a discovered VM's pid, name and vCPU threads from the helper and this host's /proc", async () => {
     const { sock, fake, dir } = await daemonOnFakeHost();
-    const q = await fakeVm('nbvm1');
-    await listed(sock, 1);
+    const q = await fakeVm(NAME);
+    await listed(sock, q);
     const out = path.join(dir, 'vm.jsonl');
     const common = ['-k', sock, '--energy-source', 'synthetic', '--sys-root', fake.sysRoot, '--duration', '0.3', '--interval', '0.1'];
-    const r = await cli(['record', '--vm', 'nbvm1', ...common, '-o', out]);
+    const r = await cli(['record', '--vm', NAME, ...common, '-o', out]);
     expect(r.code, r.stderr).toBe(0);
     const registered: VmSpec[] = [];
     for await (const rec of readTrace(out)) if (rec.type === 'register') registered.push(rec.vm);
     expect(registered).toHaveLength(1);
-    expect(registered[0]).toMatchObject({ pid: q.pid, name: 'nbvm1' });
+    expect(registered[0]).toMatchObject({ pid: q.pid, name: NAME });
     // -smp 2,sockets=2: CPU 0/KVM in virtual package 0, CPU 1/KVM in 1.
     const expected = [0, 1].map((i) => ({ tid: q.vcpuTids.get(i)!, vpkg: i })).sort((a, b) => a.tid - b.tid);
     expect(registered[0]!.vcpus).toEqual(expected);
@@ -210,9 +226,8 @@ describe('record --vm NAME|UUID|PID', { timeout: 240_000 }, () => {
     const helper = spawnHelper(['-k', sock, ...hostArgs(fake), '--interval', '0.2']);
     cleanups.push(() => helper.stop('SIGKILL'));
     await waitFor(() => helper.stderr().includes('"msg":"Listening on'), 'the helper to listen', helper);
-    await fakeVm('nbvm1');
-    await listed(sock, 1);
-    const w = spawn(process.execPath, [BIN, 'watch', 'nbvm1', '-k', sock, '--json'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    await listed(sock, await fakeVm(NAME));
+    const w = spawn(process.execPath, [BIN, 'watch', NAME, '-k', sock, '--json'], { stdio: ['ignore', 'pipe', 'pipe'] });
     cleanups.push(() => w.kill('SIGKILL'));
     let out = '';
     let err = '';
