@@ -89,7 +89,8 @@ describe('ProcScanner', () => {
     const fullEvery = 5;
     const s = new ProcScanner(p.root, { clkTck: 100, fullRecheckEvery: fullEvery, youngSeconds: 0 });
     expect(s.scan()).toEqual([]);
-    for (const [i, name] of ['CPU 0/KVM', 'CPU 1/KVM'].entries()) fs.writeFileSync(path.join(p.root, '600', 'task', String(601 + i), 'comm'), `${name}\n`);
+    for (const [i, name] of ['CPU 0/KVM', 'CPU 1/KVM'].entries())
+      fs.writeFileSync(path.join(p.root, '600', 'task', String(601 + i), 'comm'), `${name}\n`);
     const found: string[] = [];
     for (let scan = 2; scan < fullEvery; scan++) found.push(...s.scan().map((v) => `${v.pid} ${v.name}`));
     expect(found, 'between full rechecks nothing is read beyond the stat line').toEqual([]);
