@@ -6,11 +6,12 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { describe, expect, test } from 'vitest';
+import { LineReader } from '../support/line-reader.js';
 import { SIGUSR1_MESSAGE } from '../../src/os/inspector-guard.js';
 import { hostArgs, LegacyClient, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { fakeHost, killAs, NOBODY, notRoot, onCleanup, sleep, startExporterProcess, tcpListeningPorts, track } from './support.js';
 
-/** How long a listener has to appear after the signal (Node opens the inspector within milliseconds). */
+/** How long a listener has to appear after the signal was taken (Node opens the inspector within milliseconds). */
 const INSPECTOR_WAIT_MS = 1500;
 
 describe('SIGUSR1 from a process of the same uid', () => {
@@ -18,13 +19,14 @@ describe('SIGUSR1 from a process of the same uid', () => {
     const why = notRoot();
     if (why) return ctx.skip(why);
     // Port 0: an inspector on a free port, so another process holding 9229 does not hide it.
-    const bare = spawn(process.execPath, ['--inspect-port=0', '-e', 'setInterval(() => {}, 1000)'], {
+    const bare = spawn(process.execPath, ['--inspect-port=0', '-e', 'setInterval(() => {}, 1000); console.log("ready")'], {
       uid: NOBODY,
       gid: NOBODY,
-      stdio: 'ignore',
+      stdio: ['ignore', 'pipe', 'ignore'],
     });
     onCleanup(() => void bare.kill('SIGKILL'));
-    await sleep(300);
+    // Running its script: Node's SIGUSR1 handling is in place (before it, SIGUSR1 would end it).
+    expect(await new LineReader(bare).next()).toBe('ready');
     expect(tcpListeningPorts(bare.pid!)).toEqual([]);
     expect(await killAs(NOBODY, 'USR1', bare.pid!)).toBe(0);
     await waitFor(() => tcpListeningPorts(bare.pid!).length === 1, 'the unguarded node to open its inspector');
@@ -40,6 +42,8 @@ describe('SIGUSR1 from a process of the same uid', () => {
     onCleanup(() => c.close());
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     for (let i = 0; i < 3; i++) expect(await killAs(NOBODY, 'USR1', pid)).toBe(0);
+    // Its warning says the signal was taken (a busy host may take seconds); then the time an inspector would take.
+    await waitFor(() => child.stderr().includes(SIGUSR1_MESSAGE), 'the daemon to warn of the SIGUSR1', child);
     await sleep(INSPECTOR_WAIT_MS);
     expect(tcpListeningPorts(pid)).toEqual([]);
     expect(child.proc.exitCode).toBeNull();
@@ -61,9 +65,9 @@ describe('SIGUSR1 from a process of the same uid', () => {
     const pid = child.proc.pid!;
     expect(tcpListeningPorts(pid)).toEqual([port]);
     expect(await killAs(NOBODY, 'USR1', pid)).toBe(0);
+    await waitFor(() => child.stderr().includes(SIGUSR1_MESSAGE), 'the exporter to warn of the SIGUSR1', child);
     await sleep(INSPECTOR_WAIT_MS);
     expect(tcpListeningPorts(pid)).toEqual([port]);
-    expect(child.stderr()).toContain(SIGUSR1_MESSAGE);
     const res = await fetch(url);
     expect(res.status).toBe(200);
     expect(await res.text()).toContain('vmsr_exporter_helper_connected 0');
