@@ -181,7 +181,12 @@ describe('statistics fds on the daemon', () => {
         .map((l) => JSON.parse(l) as { host_vm_id: number; energy_j: number });
     await waitFor(() => rows().length >= 3 && rows().at(-1)!.energy_j > 0, 'stats rows before the restart');
     helper.proc.kill('SIGHUP');
-    await waitFor(() => helper.stderr().includes('"msg":"handed over:'), 'the restart', helper, 20_000);
+    await waitFor(
+      () => helper.stderr().includes('"msg":"handed over:'),
+      'the restart (its binary check may take 30 s on a busy host)',
+      helper,
+      60_000,
+    );
     const before = rows().length;
     const lastBefore = rows().at(-1)!.energy_j;
     // Rows read from the new image's file: energy beyond what the old image last wrote.

@@ -20,7 +20,12 @@ describe('SIGHUP', () => {
     onCleanup(() => c.close());
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     expect(await killAs(NOBODY, 'HUP', child.proc.pid!)).toBe(0);
-    await waitFor(() => child.stderr().includes('"msg":"handed over: 1 connections"'), 'the restart in place', child, 20_000);
+    await waitFor(
+      () => child.stderr().includes('"msg":"handed over: 1 connections"'),
+      'the restart in place (its binary check may take 30 s on a busy host)',
+      child,
+      60_000,
+    );
     expect(child.proc.exitCode).toBeNull();
     expect(c.closed).toBe(false);
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
