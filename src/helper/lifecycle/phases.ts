@@ -14,7 +14,7 @@
  *   startV2      the v2 service's modules loaded (only now: QEMU is served before), the service made
  *   ready        READY to systemd, the watchdog, the inspector closed
  */
-import { startLoopWatchdog } from './loop-watchdog.js';
+import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
@@ -211,6 +211,7 @@ export function ready(where: string, o: { logger: Logger; area: Areas; notifier:
   const inspectorUrl = closeOpenInspector();
   if (inspectorUrl !== null)
     o.logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
+  ignoreSentFaults();
   startLoopWatchdog();
   const wd = o.notifier.startWatchdog();
   if (wd !== null) o.area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
