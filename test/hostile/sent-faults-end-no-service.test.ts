@@ -5,13 +5,15 @@
  * ignores the signals of a fault that another process sends (a real fault is forced by the kernel,
  * which puts the default action back, and still ends it). Here uid nobody sends each of them, five
  * times over, to the real daemon's serving process (-u nobody, its keeper): nothing dies, nothing is
- * restarted, and QEMU's connection is answered.
+ * restarted, and QEMU's connection is answered. And since every process of that user can still
+ * stop the service (SIGTERM), the start says when the user runs other processes than the helper's.
  */
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import { describe, expect, test } from 'vitest';
 import { LegacyClient, servingPid } from '../daemon/support/daemon-process.js';
-import { killAs, NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
+import { killAs, logLines, NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
 const why = notRoot();
 const FAULTS = ['SEGV', 'BUS', 'ILL', 'FPE', 'TRAP', 'SYS'] as const;
@@ -44,4 +46,14 @@ describe.skipIf(why !== null)('fault signals sent by the -u user', () => {
     expect(await qemu.request(0x606, 0, process.pid), 'QEMU is answered on its connection').toBe(0xa1003n);
     expect(daemon.proc.exitCode).toBeNull();
   }, 120_000);
+
+  test('the start says so when other processes share the helper’s user, naming one', async () => {
+    const other = spawn('sleep', ['60'], { uid: NOBODY, gid: NOBODY, stdio: 'ignore' });
+    onCleanup(() => void other.kill('SIGKILL'));
+    const { daemon } = await startDaemonOpenToAll(['--keeper']);
+    const line = logLines(daemon.stderr()).find((l) => typeof l.msg === 'string' && l.msg.startsWith("the helper's user (uid 65534) runs"));
+    expect(line, 'the warning').toBeDefined();
+    expect(line!.processes as number).toBeGreaterThanOrEqual(1);
+    expect(line!.msg).toContain('give the helper a user of its own');
+  }, 60_000);
 });
