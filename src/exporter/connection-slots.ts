@@ -11,7 +11,8 @@
  *    between keep-alive requests) is closed IDLE_MS after it opened or after its last response;
  *  - a request in progress (headers received, response not yet sent) is closed REQUEST_MS after its
  *    headers arrived, however slowly the client reads;
- *  - a request sent before the last one was answered (pipelining) closes the connection, unserved:
+ *  - a request sent before the last one was answered (pipelining) closes the connection, that request
+ *    and the ones after it unserved:
  *    one read can carry thousands of them, each a render written to a client that reads nothing,
  *    which kept every scrape waiting (Prometheus sends one request at a time);
  *  - when every slot is taken, a new connection makes room. Its owner is counted with the slots it
@@ -80,7 +81,7 @@ export class ConnectionSlots {
       if (!slot) return;
       if (slot.inProgress > 0) {
         // Pipelined: one chunk read can hold thousands of requests, each a render, that the client
-        // never needs to read (Prometheus waits for each response). Closed before any is served.
+        // never needs to read (Prometheus waits for each response): none of them is served.
         this.counts.pipelined++;
         this.drop(req.socket);
         return;
