@@ -298,7 +298,7 @@ export function addV2Options(cmd: Command): void {
     .addOption(
       new Option(
         '--max-discovered-vms <n>',
-        'VM processes discovery tracks at once; a uid other than root or --socket-group gets a quarter, all such uids half',
+        'VM processes discovery tracks at once, and QEMU processes --guest-energy exact counts; a uid other than root or --socket-group gets a quarter, all such uids half',
       )
         .argParser(positiveIntArg('--max-discovered-vms', 1 << 20))
         .default(DEFAULT_MAX_DISCOVERED_VMS),

@@ -11,6 +11,10 @@
  *    between keep-alive requests) is closed IDLE_MS after it opened or after its last response;
  *  - a request in progress (headers received, response not yet sent) is closed REQUEST_MS after its
  *    headers arrived, however slowly the client reads;
+ *  - a request sent before the last one was answered (pipelining) closes the connection, that request
+ *    and the ones after it unserved:
+ *    one read can carry thousands of them, each a render written to a client that reads nothing,
+ *    which kept every scrape waiting (Prometheus sends one request at a time);
  *  - when every slot is taken, a new connection makes room. Its owner is counted with the slots it
  *    holds, and goes: a connection refused its credentials (401, 429: markRefused) and idle; else
  *    the connection idle the longest of an owner holding more (the most first), of the new
@@ -40,7 +44,7 @@ interface SlotLimits {
 export type OwnerOf = (socket: Socket) => string;
 
 interface Slot {
-  /** Requests received and not yet answered (pipelining can make it more than 1). */
+  /** Requests received and not yet answered (0 or 1: a connection that pipelines is closed). */
   inProgress: number;
   timer: NodeJS.Timeout;
   /** A request of it was refused its credentials: while idle, evicted before any other connection. */
@@ -56,12 +60,14 @@ export interface SlotStats {
   refused: number;
   /** Connections closed by the idle or request timer. */
   timedOut: number;
+  /** Connections closed for sending a request before the last one was answered. */
+  pipelined: number;
 }
 
 export class ConnectionSlots {
   /** Insertion order is the order in which connections last became idle: the first idle one is the oldest. */
   private readonly slots = new Map<Socket, Slot>();
-  private readonly counts = { evicted: 0, refused: 0, timedOut: 0 };
+  private readonly counts = { evicted: 0, refused: 0, timedOut: 0, pipelined: 0 };
 
   constructor(
     server: Server,
@@ -69,9 +75,17 @@ export class ConnectionSlots {
     private readonly ownerOf: OwnerOf,
   ) {
     server.on('connection', (socket: Socket) => this.admit(socket));
-    server.on('request', (req: { socket: Socket }, res: { once(e: 'close', f: () => void): unknown }) => {
+    // Before the request listener, which serves nothing on a socket closed here.
+    server.prependListener('request', (req: { socket: Socket }, res: { once(e: 'close', f: () => void): unknown }) => {
       const slot = this.slots.get(req.socket);
       if (!slot) return;
+      if (slot.inProgress > 0) {
+        // Pipelined: one chunk read can hold thousands of requests, each a render, that the client
+        // never needs to read (Prometheus waits for each response): none of them is served.
+        this.counts.pipelined++;
+        this.drop(req.socket);
+        return;
+      }
       slot.inProgress++;
       this.arm(req.socket, slot, limits.requestMs);
       res.once('close', () => {

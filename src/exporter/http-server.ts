@@ -124,6 +124,8 @@ function requestListener(
   refused: (socket: net.Socket) => void,
 ): http.RequestListener {
   return (req, res) => {
+    // Closed by the connection slots (a pipelined request): nothing to serve.
+    if (req.socket.destroyed) return;
     const config = web?.current().config ?? null;
     if (config !== null) for (const [name, value] of Object.entries(config.headers)) res.setHeader(name, value);
     if (config === null || config.basicAuthUsers.size === 0) {

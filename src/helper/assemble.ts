@@ -73,7 +73,7 @@ export interface V2ChainOptions {
   /** --guest-dir (V2ServiceOptions.guestDir). */
   guestDir?: string;
   /** --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS from each VM's guest counters (V2ServiceOptions.guestEnergy). */
-  guestEnergy?: { maxThreads: number; log: Logger; preferredGroups?: readonly number[] };
+  guestEnergy?: { maxThreads: number; log: Logger; preferredGroups?: readonly number[]; maxPeers?: number | undefined };
   /** Power limits (V2ServiceOptions.powerLimits). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
@@ -272,7 +272,9 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
     health: start.health,
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-    ...(o.guestEnergy === 'exact' ? { guestEnergy: { maxThreads: shares.maxVmThreads, log: start.area('guest'), preferredGroups } } : {}),
+    ...(o.guestEnergy === 'exact'
+      ? { guestEnergy: { maxThreads: shares.maxVmThreads, log: start.area('guest'), preferredGroups, maxPeers: o.maxDiscoveredVms } }
+      : {}),
     ...(start.restored ? { restore: start.restored } : {}),
     powerLimits: {
       open: cgroupBandwidth(paths.procRoot),

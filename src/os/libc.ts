@@ -211,9 +211,13 @@ export function peerPidfd(fd: number): number {
   return v.readInt32LE(0);
 }
 
-/** Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing). */
+/**
+ * Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing).
+ * EPERM says it runs as a user this process may not signal (a QEMU of another uid): alive all the same.
+ */
 export function pidfdAlive(pidfd: number): boolean {
-  return Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0;
+  if (Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0) return true;
+  return koffi.errno() === os.constants.errno.EPERM;
 }
 
 const SYS_PIDFD_OPEN = 434;

@@ -48,6 +48,30 @@ function connect(port: number, from = '127.0.0.1'): Promise<net.Socket & { close
 const settle = () => new Promise((r) => setTimeout(r, 100));
 
 describe('ConnectionSlots', () => {
+  test.each([2, 10, 2000])(
+    'a connection pipelining %i requests is closed, at most its first served; one sending them one at a time is served each',
+    async (n) => {
+      const { port, slots } = await server();
+      const piped = await connect(port);
+      let got = '';
+      piped.on('data', (d: Buffer) => (got += d.toString()));
+      piped.write('GET / HTTP/1.1\r\nHost: x\r\n\r\n'.repeat(n));
+      const end = Date.now() + 10_000;
+      while (piped.closedAt === undefined && Date.now() < end) await settle();
+      expect(piped.closedAt, 'the pipelining connection closed').toBeDefined();
+      expect(got.split('HTTP/1.1 200').length - 1).toBeLessThanOrEqual(1);
+      expect(slots.stats()).toMatchObject({ pipelined: 1 });
+      const polite = await connect(port);
+      for (let i = 0; i < 5; i++) {
+        const reply = new Promise<string>((r) => polite.once('data', (d: Buffer) => r(d.toString())));
+        polite.write('GET / HTTP/1.1\r\nHost: x\r\n\r\n');
+        expect(await reply).toMatch(/^HTTP\/1\.1 200[\s\S]*ok$/);
+      }
+      expect(polite.closedAt).toBeUndefined();
+      expect(slots.stats()).toMatchObject({ pipelined: 1 });
+    },
+  );
+
   test('a new connection evicts the connection idle the longest when the slots are full', async () => {
     const { port, slots } = await server();
     const idle = [];

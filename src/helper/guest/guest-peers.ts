@@ -9,7 +9,7 @@ import { DEFAULT_MAX_DISCOVERED_VMS } from '../../discovery/discovery-limits.js'
 import { UidShares, type ShareOwner } from '../../budget/uid-share.js';
 import type { Logger } from '../../logging/logger.js';
 
-/** Processes remembered at once: as many as discovery tracks. */
+/** Processes remembered at once by default: as many as discovery tracks (the daemon passes --max-discovered-vms). */
 const MAX_GUEST_PEERS = DEFAULT_MAX_DISCOVERED_VMS;
 
 /** A process not heard from for this long is looked at: forgotten when it ended. */

@@ -8,7 +8,8 @@
  * same. No thread, one system call a second. An alarm survives execve: a restart in place disarms
  * it first (disarmLoopWatchdog).
  */
-import { alarm } from '../../os/libc.js';
+import os from 'node:os';
+import { alarm, ignoreSignal } from '../../os/libc.js';
 
 /** Seconds the event loop may stall before the process is ended. */
 const LOOP_STALL_S = 10;
@@ -28,4 +29,18 @@ export function disarmLoopWatchdog(): void {
   if (beat !== undefined) clearInterval(beat);
   beat = undefined;
   alarm(0);
+}
+
+/**
+ * The signals of a fault (docs/security.md "The -u user ending the service"): the kernel forces them
+ * on the thread that faulted, putting back the default action if they are ignored, so a real fault
+ * still ends the process with its signal (and the keeper counts it); the same signal sent by another
+ * process (`kill -SEGV`, which any process of -u's user may send) is ignored. SIGABRT is not among
+ * them: Node's fatal errors raise it and the keeper counts it (an outside one too).
+ */
+const FORCED_FAULTS = ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGTRAP', 'SIGSYS'] as const;
+
+/** Ignores FORCED_FAULTS sent from outside, from now on (Node's start put them back to their default). */
+export function ignoreSentFaults(): void {
+  for (const sig of FORCED_FAULTS) ignoreSignal(os.constants.signals[sig]);
 }

@@ -14,7 +14,7 @@
  *   startV2      the v2 service's modules loaded (only now: QEMU is served before), the service made
  *   ready        READY to systemd, the watchdog, the inspector closed
  */
-import { startLoopWatchdog } from './loop-watchdog.js';
+import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
@@ -119,11 +119,40 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
     },
     'privileges dropped (main thread, from /proc/self/status)',
   );
+  if (config.uid !== undefined && config.uid !== 0) warnSharedUid(config.uid, privLog);
   const threads = describeThreads();
   const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
   if (others.length)
     privLog.warn({ threads: others, ...reexec }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
   else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
+}
+
+/**
+ * Any process of -u's user may signal the helper's processes and stop the service (docs/security.md
+ * "The -u user ending the service"): said at the start when other processes than the helper's own
+ * (this one, its keeper) run as that uid, naming one.
+ */
+function warnSharedUid(uid: number, log: Logger): void {
+  let count = 0;
+  let example: { pid: number; comm: string } | undefined;
+  for (const name of fs.readdirSync('/proc')) {
+    const pid = Number(name);
+    if (!Number.isInteger(pid) || pid === process.pid || pid === process.ppid) continue;
+    try {
+      const st = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+      const ids = /^Uid:\s+(\d+)\s+(\d+)/m.exec(st);
+      if (ids === null || (Number(ids[1]) !== uid && Number(ids[2]) !== uid)) continue;
+      count++;
+      example ??= { pid, comm: /^Name:\s*(.*)$/m.exec(st)?.[1] ?? '?' };
+    } catch {
+      /* gone */
+    }
+  }
+  if (count > 0)
+    log.warn(
+      { uid, processes: count, example },
+      `the helper's user (uid ${uid}) runs ${count} other process(es), e.g. ${example!.comm} (pid ${example!.pid}): any of them may signal the helper and stop it; fix: give the helper a user of its own (-u)`,
+    );
 }
 
 /** Out of fds, accept() and /proc opens fail: the whole hard limit used, and budgeted. */
@@ -211,6 +240,7 @@ export function ready(where: string, o: { logger: Logger; area: Areas; notifier:
   const inspectorUrl = closeOpenInspector();
   if (inspectorUrl !== null)
     o.logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
+  ignoreSentFaults();
   startLoopWatchdog();
   const wd = o.notifier.startWatchdog();
   if (wd !== null) o.area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');

@@ -115,7 +115,15 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
    * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
    */
-  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds; ledger?: KeptFdLedger; preferredGroups?: readonly number[] };
+  guestEnergy?: {
+    maxThreads: number;
+    log: Logger;
+    heldFds?: HeldFds;
+    ledger?: KeptFdLedger;
+    preferredGroups?: readonly number[];
+    /** QEMU processes exact mode counts at once: --max-discovered-vms (GuestPeers). */
+    maxPeers?: number | undefined;
+  };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
@@ -246,6 +254,7 @@ function exactGuestEnergy(
     maxThreads: g.maxThreads,
     ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
     ...(g.ledger !== undefined ? { ledger: g.ledger } : {}),
+    ...(g.maxPeers !== undefined ? { maxPeers: g.maxPeers } : {}),
     // The share rule of discovery: root and the socket's group are preferred (budget/uid-share.ts).
     owner: (pid, peer) =>
       peer === undefined
