@@ -27,7 +27,7 @@ import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
-import { ExitWatch, exitProbeKind, realExitOs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
+import { ExitWatch, exitProbeKind, idleAtList, realExitOs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
@@ -239,7 +239,9 @@ export class GuestEnergy implements EnergyStatusHook {
       delete peer.lastRead;
       c.start = read?.threads ?? null;
       const cpuNs = peer.othersNs !== undefined && peer.lastOthersNs !== undefined ? peer.othersNs - peer.lastOthersNs : undefined;
-      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), cpuNs);
+      // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
+      const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
+      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), { cpuNs, idle });
       peer.runTimes = read?.runTimes;
       if (count !== null) this.hold(peer, count, now);
     }
@@ -498,7 +500,13 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
-  private watch(peer: Peer, tids: Iterable<number>, before: ReadonlySet<number> | undefined, gapNs: bigint, cpuNs?: number): void {
+  private watch(
+    peer: Peer,
+    tids: Iterable<number>,
+    before: ReadonlySet<number> | undefined,
+    gapNs: bigint,
+    o: { cpuNs: number | undefined; idle: ReadonlySet<number> | undefined },
+  ): void {
     const c = peer.counter!;
     peer.exits ??= new ExitWatch(c.pid, this.exitKind, {
       os: this.exitOs,
@@ -509,7 +517,8 @@ export class GuestEnergy implements EnergyStatusHook {
       tids,
       ...(before !== undefined ? { before } : {}),
       gapNs: Number(gapNs),
-      ...(cpuNs !== undefined ? { cpuNs } : {}),
+      ...(o.cpuNs !== undefined ? { cpuNs: o.cpuNs } : {}),
+      ...(o.idle !== undefined ? { idle: o.idle } : {}),
     });
     this.watching.add(peer);
   }
@@ -630,7 +639,8 @@ export class GuestEnergy implements EnergyStatusHook {
     // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
     const gapNs = this.o.clock() - s.atNs;
     const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) : null;
-    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, others === null ? undefined : others - s.othersNs);
+    const idle = idleAtList(s.read, Math.max(1, Number(gapNs)), this.nsPerTick);
+    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, { cpuNs: others === null ? undefined : others - s.othersNs, idle });
     peer.runTimes = s.read.runTimes;
     peer.othersNs = s.othersNs;
     delete peer.lastRead;
