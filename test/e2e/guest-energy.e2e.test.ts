@@ -450,6 +450,19 @@ const CHURNS: Churn[] = [
     },
   },
   {
+    // Under KVM QEMU 10 plugs a vCPU into a free socket (-smp 1,maxcpus=N); unplugging needs the guest's ACPI, which the spin guest has not.
+    name: 'vCPUs hot-plugged (device_add) into free sockets',
+    qemuArgs: ['-smp', '1,sockets=6,cores=1,maxcpus=6'],
+    async step(qmp, rnd) {
+      await sleep(1500 + rnd() * 2500);
+      const slots = (await qmp.execute('query-hotpluggable-cpus')) as { props: Record<string, number>; 'qom-path'?: string }[];
+      const free = slots.find((x) => x['qom-path'] === undefined);
+      if (free === undefined) return 'all plugged';
+      await qmp.execute('device_add', { driver: 'qemu64-x86_64-cpu', id: `cpu${free.props['socket-id']}`, ...free.props });
+      return 'vCPU plugged';
+    },
+  },
+  {
     name: 'system_reset',
     async step(qmp, rnd) {
       // The guest boots again and prints after a few windows: a reset every 8-15 s.

@@ -39,7 +39,7 @@ const windowArb = fc.record({
 });
 
 /** Runs a churn; per window: the guest's counters, the VM's exact energy per virtual package (units), what was carried, a zero delta. */
-function run(sockets: 1 | 2, windows: fc.RecordValue<typeof windowArb>[]) {
+function run(sockets: 1 | 2, windows: (typeof windowArb extends fc.Arbitrary<infer W> ? W : never)[]) {
   const vcpus = new Map<number, number>(
     sockets === 2
       ? [

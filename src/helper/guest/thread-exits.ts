@@ -90,6 +90,25 @@ interface WatchStart {
 }
 
 /**
+ * The CPU time (ns) a thread that started after the helper's last read and exited before its next
+ * one can have run between them: what the process's threads but its vCPUs ran (`others`, at the
+ * last read and now: its CPU clock less the vCPUs' run times), less what its main thread ran (QEMU
+ * never lists it: the QMP monitor's work is not an unseen thread's). The main thread's run time is
+ * read after the clock at the last read and before it now, so that what comes off is never more
+ * than it ran. Undefined when a read is missing.
+ */
+export function unseenCpuNs(
+  othersNow: number | undefined,
+  othersThen: number | undefined,
+  mainNow: number | null,
+  mainThen: number | null | undefined,
+): number | undefined {
+  if (othersNow === undefined || othersThen === undefined) return undefined;
+  const main = mainNow !== null && mainThen != null ? Math.max(0, mainNow - mainThen) : 0;
+  return othersNow - othersThen - main;
+}
+
+/**
  * The threads of a start read that QEMU read 0 ticks of when it listed them: its delta of such a
  * thread is 0 - 0 even if it exits, so that exit needs no zero delta. Ticks only grow, and utime +
  * stime never pass the run time (cputime_adjust splits it): a read after QEMU's listing (`leadNs`

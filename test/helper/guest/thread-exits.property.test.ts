@@ -11,7 +11,7 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { ExitWatch, idleAtList, type ExitOs, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
+import { ExitWatch, idleAtList, unseenCpuNs, type ExitOs, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
 import { answerForecast } from '../../../src/guest-energy/forecast-window.js';
 import { closeWindow, freshGuestCounter } from '../../../src/guest-energy/guest-counter.js';
 import type { KeptFdLedger } from '../../../src/os/proc-tasks.js';
@@ -119,6 +119,9 @@ const windowArb = fc.record({
   oldRate: fc.constantFrom(0, 0.05, 1),
   /** Whether the helper knows the CPU time of the threads between its reads (the process clock). */
   cpuKnown: fc.boolean(),
+  /** The share of a CPU QEMU's main thread runs (its QMP monitor; never listed), and whether its run time was read. */
+  mainRate: fc.constantFrom(0, 0.5, 1),
+  mainRead: fc.boolean(),
   /** QEMU's listing, then its start request a little later. */
   listAt: fc.integer({ min: 1, max: SPAN / 2 }),
   request: fc.integer({ min: 0, max: 200 }),
@@ -164,7 +167,10 @@ describe('thread exits known by identity', () => {
           runTimes: new Map(startThreads.map((t) => [t.tid, t.rate === 1 ? null : String(runTime(t, readAt))])),
         };
         const idle = idleAtList(read, settled ? gapNs : 0, TICK);
-        watch.begin({ tids: start, before, gapNs, ...(w.cpuKnown ? { cpuNs: cpu(0, gapNs) } : {}), idle });
+        // The process clock counts the main thread too; its run time, when read, comes off (unseenCpuNs).
+        const main = w.mainRead ? [w.mainRate * gapNs, 0] : [null, null];
+        const cpuNs = unseenCpuNs(cpu(0, gapNs) + w.mainRate * gapNs, 0, main[0]!, main[1]);
+        watch.begin({ tids: start, before, gapNs, ...(w.cpuKnown ? { cpuNs } : {}), idle });
         const replyAt = startAt + w.replyAfter;
         os.now = replyAt;
         const exit = watch.exited();
@@ -222,6 +228,8 @@ describe('thread exits known by identity', () => {
               oldRate: 0,
               oldRan: 0,
               cpuKnown: true,
+              mainRate: 1,
+              mainRead: true,
             },
           ],
         ],
