@@ -397,8 +397,8 @@ interface Churn {
   name: string;
   qemuArgs?: string[];
   mode?: 's' | 't';
-  /** One churn step (awaited between windows); returns what it did, for the count. */
-  step(qmp: QmpClient, rnd: () => number): Promise<string>;
+  /** One churn step (awaited between windows; `serial`: the guest's lines); returns what it did, for the count. */
+  step(qmp: QmpClient, rnd: () => number, serial: GuestSerial): Promise<string>;
 }
 
 const sleep = (ms: number) => new Promise((res) => setTimeout(res, ms));
@@ -464,9 +464,21 @@ const CHURNS: Churn[] = [
   },
   {
     name: 'system_reset',
-    async step(qmp, rnd) {
-      // The guest boots again and prints after a few windows: a reset every 8-15 s.
-      await sleep(8000 + rnd() * 7000);
+    async step(qmp, rnd, serial) {
+      // Only a guest that booted since the last reset (its 0x606 line, then a 0x611 one) is reset, after 10-20 s more:
+      // a boot takes seconds of the vCPU's CPU, many more of wall time on a loaded machine (reset every 8-15 s, the
+      // guest never got to print).
+      const booted = () => {
+        const from = serial.lines.findLastIndex((l) => l.msr === 0x606);
+        return from >= 0 && serial.lines.slice(from + 1).some((l) => l.msr === 0x611);
+      };
+      const deadline = Date.now() + 180_000;
+      while (!booted()) {
+        if (Date.now() > deadline) return 'no boot within 180 s';
+        serial.poll();
+        await sleep(200);
+      }
+      await sleep(10_000 + rnd() * 10_000);
       await qmp.execute('system_reset');
       return 'reset';
     },
@@ -512,7 +524,7 @@ describe('--guest-energy exact under thread churn a user makes with QEMU command
       const during = () => {
         if (busy) return;
         busy = true;
-        void churn.step(qmp, rnd).then(
+        void churn.step(qmp, rnd, r.serial).then(
           (what) => ((busy = false), did.set(what, (did.get(what) ?? 0) + 1)),
           () => (busy = false),
         );
@@ -574,7 +586,7 @@ describe('--guest-energy exact soak: a random mix of the churns for minutes (out
       const during = () => {
         if (busy) return;
         busy = true;
-        void mix[Math.floor(rnd() * mix.length)]!.step(qmp, rnd).then(
+        void mix[Math.floor(rnd() * mix.length)]!.step(qmp, rnd, r.serial).then(
           (what) => ((busy = false), did.set(what, (did.get(what) ?? 0) + 1)),
           () => (busy = false),
         );
