@@ -397,8 +397,10 @@ interface Churn {
   name: string;
   qemuArgs?: string[];
   mode?: 's' | 't';
-  /** One churn step (awaited between windows; `serial`: the guest's lines); returns what it did, for the count. */
-  step(qmp: QmpClient, rnd: () => number, serial: GuestSerial): Promise<string>;
+  /** Why the guest's counter cannot be measured under this churn (no span is checked then: no garbage only). */
+  unmeasured?: string;
+  /** One churn step (awaited between windows); returns what it did, for the count. */
+  step(qmp: QmpClient, rnd: () => number): Promise<string>;
 }
 
 const sleep = (ms: number) => new Promise((res) => setTimeout(res, ms));
@@ -464,21 +466,11 @@ const CHURNS: Churn[] = [
   },
   {
     name: 'system_reset',
-    async step(qmp, rnd, serial) {
-      // Only a guest that booted since the last reset (its 0x606 line, then a 0x611 one) is reset, after 10-20 s more:
-      // a boot takes seconds of the vCPU's CPU, many more of wall time on a loaded machine (reset every 8-15 s, the
-      // guest never got to print).
-      const booted = () => {
-        const from = serial.lines.findLastIndex((l) => l.msr === 0x606);
-        return from >= 0 && serial.lines.slice(from + 1).some((l) => l.msr === 0x611);
-      };
-      const deadline = Date.now() + 180_000;
-      while (!booted()) {
-        if (Date.now() > deadline) return 'no boot within 180 s';
-        serial.poll();
-        await sleep(200);
-      }
-      await sleep(10_000 + rnd() * 10_000);
+    // QEMU 10.0.2's SeaBIOS does not boot the multiboot spin guest again after a reset (with rapl=true or not, pc or
+    // q35): the boot vCPU runs zeros at f000:feb9 (docs/guest-energy.md "Thread exits"). The guest prints nothing more.
+    unmeasured: 'the spin guest does not boot again after system_reset (SeaBIOS stops at f000:feb9)',
+    async step(qmp, rnd) {
+      await sleep(8000 + rnd() * 7000);
       await qmp.execute('system_reset');
       return 'reset';
     },
@@ -524,7 +516,7 @@ describe('--guest-energy exact under thread churn a user makes with QEMU command
       const during = () => {
         if (busy) return;
         busy = true;
-        void churn.step(qmp, rnd, r.serial).then(
+        void churn.step(qmp, rnd).then(
           (what) => ((busy = false), did.set(what, (did.get(what) ?? 0) + 1)),
           () => (busy = false),
         );
@@ -537,8 +529,9 @@ describe('--guest-energy exact under thread churn a user makes with QEMU command
               { vpkg: 1, serial: r.serial2!, shareOf: shareOf(1) },
             ]
           : [{}];
-      for (const o of opts) await enoughSpans(r, 5, o, during, 300_000);
-      const label = `${churn.name} (seed ${seed}; ${[...did].map(([k, n]) => `${k} x${n}`).join(', ')})`;
+      if (churn.unmeasured === undefined) for (const o of opts) await enoughSpans(r, 5, o, during, 300_000);
+      const printed = (msr: number) => r.serial.lines.filter((l) => l.msr === msr).length;
+      const label = `${churn.name} (seed ${seed}; ${[...did].map(([k, n]) => `${k} x${n}`).join(', ')}; guest lines: 0x606 x${printed(0x606)}, 0x611 x${printed(0x611)}; load average ${os.loadavg()[0]!.toFixed(0)})`;
       const last =
         r.h
           .stderr()
@@ -559,7 +552,8 @@ describe('--guest-energy exact under thread churn a user makes with QEMU command
         [...did.values()].reduce((a, b) => a + b, 0),
         'the churn ran',
       ).toBeGreaterThan(5);
-      opts.forEach((o, i) => expectWithin(`${label}, vpkg ${i}`, measure(r, o), ...CHURN_BOUNDS, 5));
+      if (churn.unmeasured !== undefined) console.log(`${label}: guest/exact not measured: ${churn.unmeasured}`);
+      else opts.forEach((o, i) => expectWithin(`${label}, vpkg ${i}`, measure(r, o), ...CHURN_BOUNDS, 5));
       expect(w.garbage_windows, "no window QEMU's arithmetic turned into garbage").toBe(0);
     });
 });
@@ -580,13 +574,13 @@ describe('--guest-energy exact soak: a random mix of the churns for minutes (out
       cleanups.push(() => qmp.close());
       const seed = Date.now() % 1_000_000;
       const rnd = seeded(seed);
-      const mix = CHURNS.filter((c) => c.mode === undefined);
+      const mix = CHURNS.filter((c) => c.mode === undefined && c.unmeasured === undefined);
       const did = new Map<string, number>();
       let busy = false;
       const during = () => {
         if (busy) return;
         busy = true;
-        void mix[Math.floor(rnd() * mix.length)]!.step(qmp, rnd, r.serial).then(
+        void mix[Math.floor(rnd() * mix.length)]!.step(qmp, rnd).then(
           (what) => ((busy = false), did.set(what, (did.get(what) ?? 0) + 1)),
           () => (busy = false),
         );
