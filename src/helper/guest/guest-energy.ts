@@ -27,7 +27,7 @@ import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import type { HostInfo } from '../../model/host.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
-import { ExitWatch, exitProbeKind, realExitOs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
+import { ExitWatch, exitProbeKind, idleAtList, realExitOs, unseenCpuNs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
@@ -102,7 +102,7 @@ interface Peer {
    * The settling's read of the last window's end (its time, and the run time of the threads but the
    * next window's vCPUs then), for the next start to take as its own (startFromSettled).
    */
-  settled?: { read: StartRead; atNs: bigint; othersNs: number };
+  settled?: { read: StartRead; atNs: bigint; othersNs: number; mainNs: number | null };
   /** A window's vCPU threads, read before its start reply (the rest are read after it). */
   early?: StartRead;
   /** The VM's vCPU threads at the window's start, for the end's forecast. */
@@ -113,8 +113,9 @@ interface Peer {
   taskCount?: TaskCount;
   /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
   othersNs?: number;
-  /** The same at lastRead (the settling's read), for the next start's ExitWatch. */
+  /** The same at lastRead (the settling's read), for the next start's ExitWatch, and the main thread's run time read after it. */
   lastOthersNs?: number;
+  lastMainNs?: number | null;
   /** The VM as found for the end answered from a forecast, until the window is settled. */
   closing?: GuestVm;
   /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
@@ -231,6 +232,7 @@ export class GuestEnergy implements EnergyStatusHook {
       this.release(peer);
       // Counted before the list is read: a thread that comes or goes in between fails the end's check.
       const count = TaskCount.open(this.o.procRoot, c.pid);
+      const mainNs = this.reads.mainRunNs(c.pid);
       peer.othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) ?? undefined;
       const last = peer.lastRead !== undefined && count !== null ? { read: peer.lastRead, count: count.first } : undefined;
       const read = this.reads.readStart(c.pid, peer.early, last);
@@ -238,8 +240,10 @@ export class GuestEnergy implements EnergyStatusHook {
       delete peer.early;
       delete peer.lastRead;
       c.start = read?.threads ?? null;
-      const cpuNs = peer.othersNs !== undefined && peer.lastOthersNs !== undefined ? peer.othersNs - peer.lastOthersNs : undefined;
-      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), cpuNs);
+      const cpuNs = unseenCpuNs(peer.othersNs, peer.lastOthersNs, mainNs, peer.lastMainNs);
+      // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
+      const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
+      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), { cpuNs, idle });
       peer.runTimes = read?.runTimes;
       if (count !== null) this.hold(peer, count, now);
     }
@@ -498,7 +502,13 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
-  private watch(peer: Peer, tids: Iterable<number>, before: ReadonlySet<number> | undefined, gapNs: bigint, cpuNs?: number): void {
+  private watch(
+    peer: Peer,
+    tids: Iterable<number>,
+    before: ReadonlySet<number> | undefined,
+    gapNs: bigint,
+    o: { cpuNs: number | undefined; idle: ReadonlySet<number> | undefined },
+  ): void {
     const c = peer.counter!;
     peer.exits ??= new ExitWatch(c.pid, this.exitKind, {
       os: this.exitOs,
@@ -509,7 +519,8 @@ export class GuestEnergy implements EnergyStatusHook {
       tids,
       ...(before !== undefined ? { before } : {}),
       gapNs: Number(gapNs),
-      ...(cpuNs !== undefined ? { cpuNs } : {}),
+      ...(o.cpuNs !== undefined ? { cpuNs: o.cpuNs } : {}),
+      ...(o.idle !== undefined ? { idle: o.idle } : {}),
     });
     this.watching.add(peer);
   }
@@ -605,10 +616,12 @@ export class GuestEnergy implements EnergyStatusHook {
     delete peer.settled;
     const vcpus = peer.nextVcpuTids;
     const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, 'start', () => this.runTimesNs(pid, vcpus));
-    if (othersNs !== null) peer.lastOthersNs = othersNs;
+    // The main thread's run time read after the clock: what it ran since comes off what an unseen thread may have run (unseenCpuNs).
+    const mainNs = othersNs !== null ? this.reads.mainRunNs(pid) : null;
+    if (othersNs !== null) [peer.lastOthersNs, peer.lastMainNs] = [othersNs, mainNs];
     else delete peer.lastOthersNs;
     if (read === null || othersNs === null || peer.taskCount === undefined) return this.release(peer);
-    peer.settled = { read, atNs: this.o.clock(), othersNs };
+    peer.settled = { read, atNs: this.o.clock(), othersNs, mainNs };
   }
 
   /**
@@ -629,8 +642,13 @@ export class GuestEnergy implements EnergyStatusHook {
     c.start = s.read.threads;
     // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
     const gapNs = this.o.clock() - s.atNs;
+    const mainNs = gapNs >= this.nsPerTick ? this.reads.mainRunNs(c.pid) : null;
     const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) : null;
-    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, others === null ? undefined : others - s.othersNs);
+    const idle = idleAtList(s.read, Math.max(1, Number(gapNs)), this.nsPerTick);
+    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, {
+      cpuNs: unseenCpuNs(others ?? undefined, s.othersNs, mainNs, s.mainNs),
+      idle,
+    });
     peer.runTimes = s.read.runTimes;
     peer.othersNs = s.othersNs;
     delete peer.lastRead;

@@ -20,12 +20,14 @@
  * read 0 ticks of it, and 0 - 0 does not underflow), which it did when the two reads are less than
  * a tick apart, or when the process's threads but its vCPUs ran less than a tick between them (its
  * CPU clock less the vCPUs' run times): else, or with no last read, the window counts as one with
- * an exit. The property test runs this on a simulated
- * thread table (test/helper/guest/thread-exits.property.test.ts).
+ * an exit. The same holds of a listed thread that exits: one QEMU read 0 ticks of (`idleAtList`)
+ * is no exit. The property test runs this on a simulated thread table
+ * (test/helper/guest/thread-exits.property.test.ts).
  */
 import fs from 'node:fs';
 import { closeFd, epollAdd, epollCreate, epollReadyNow, gettid, pidfdOpenThread } from '../../os/libc.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
+import type { StartRead } from './thread-reads.js';
 
 /** How exits are told: the kernel's pidfds, or the task directory's entries. */
 export type ExitProbeKind = 'pidfd' | 'tasks';
@@ -44,8 +46,9 @@ export interface ExitOs {
 }
 
 const ESRCH = 3;
-/** Ready pidfds read at once (any one is enough to say a thread exited). */
-const READY_BUF = Buffer.alloc(12 * 16);
+/** Ready pidfds read at once: a full read may leave out an exit behind idle ones (idleAtList), so it counts as one. */
+const READY_MAX = 16;
+const READY_BUF = Buffer.alloc(12 * READY_MAX);
 
 export function realExitOs(procRoot: string): ExitOs {
   return {
@@ -82,6 +85,44 @@ interface WatchStart {
   gapNs: number;
   /** The CPU time of the process's threads but its vCPUs between the two reads (ns), when known. */
   cpuNs?: number;
+  /** Threads QEMU read 0 ticks of at its listing (idleAtList): their exit cannot underflow its tick delta. */
+  idle?: ReadonlySet<number>;
+}
+
+/**
+ * The CPU time (ns) a thread that started after the helper's last read and exited before its next
+ * one can have run between them: what the process's threads but its vCPUs ran (`others`, at the
+ * last read and now: its CPU clock less the vCPUs' run times), less what its main thread ran (QEMU
+ * never lists it: the QMP monitor's work is not an unseen thread's). The main thread's run time is
+ * read after the clock at the last read and before it now, so that what comes off is never more
+ * than it ran. Undefined when a read is missing.
+ */
+export function unseenCpuNs(
+  othersNow: number | undefined,
+  othersThen: number | undefined,
+  mainNow: number | null,
+  mainThen: number | null | undefined,
+): number | undefined {
+  if (othersNow === undefined || othersThen === undefined) return undefined;
+  const main = mainNow !== null && mainThen != null ? Math.max(0, mainNow - mainThen) : 0;
+  return othersNow - othersThen - main;
+}
+
+/**
+ * The threads of a start read that QEMU read 0 ticks of when it listed them: its delta of such a
+ * thread is 0 - 0 even if it exits, so that exit needs no zero delta. Ticks only grow, and utime +
+ * stime never pass the run time (cputime_adjust splits it): a read after QEMU's listing (`leadNs`
+ * 0) that says 0 ticks, or one `leadNs` before it of a thread not running then whose run time plus
+ * `leadNs` is under a tick.
+ */
+export function idleAtList(read: StartRead, leadNs: number, tickNs: number): Set<number> {
+  const idle = new Set<number>();
+  for (const t of read.threads.values()) {
+    if (t.ticks !== 0) continue;
+    const run = read.runTimes.get(t.tid);
+    if (leadNs <= 0 || (run != null && Number(run) + leadNs < tickNs)) idle.add(t.tid);
+  }
+  return idle;
 }
 
 export class ExitWatch {
@@ -91,6 +132,7 @@ export class ExitWatch {
   private listed: number[] = [];
   /** An exit known (or not excludable) since the window began. */
   private exit = false;
+  private idle: ReadonlySet<number> = new Set();
   /** Why (for the debug window line): no read before, reads a tick apart, a thread of the read before gone, gone at open, a pidfd readable, not listed. */
   cause: 'no read before' | 'reads a tick apart' | 'gone since the read before' | 'gone at open' | 'pidfd' | 'not listed' | null = null;
   private kind: ExitProbeKind;
@@ -111,6 +153,7 @@ export class ExitWatch {
   /** A window began with `w.tids` read: watched from now on. */
   begin(w: WatchStart): void {
     const tids = new Set(w.tids);
+    this.idle = w.idle ?? new Set();
     // A thread unseen between the reads ran less than the time between them, and less than the CPU time all the
     // threads but the vCPUs had then: under a tick, QEMU read 0 ticks of it.
     const apart = w.gapNs >= this.o.tickNs && !(w.cpuNs !== undefined && w.cpuNs < this.o.tickNs);
@@ -124,10 +167,12 @@ export class ExitWatch {
   /** Whether a thread of the window's start read may have exited by now (one epoll_wait, or one listing). */
   exited(): boolean {
     if (this.exit) return true;
-    if (this.epfd >= 0) this.exit = this.o.os.epollReadyNow(this.epfd).length > 0;
-    else {
+    if (this.epfd >= 0) {
+      const ready = this.o.os.epollReadyNow(this.epfd);
+      this.exit = ready.length >= READY_MAX || ready.some((t) => !this.idle.has(t));
+    } else {
       const now = this.o.os.listTasks(this.pid);
-      this.exit = now === null || this.listed.some((t) => !now.has(t));
+      this.exit = now === null || this.listed.some((t) => !now.has(t) && !this.idle.has(t));
     }
     if (this.exit) this.cause = this.epfd >= 0 ? 'pidfd' : 'not listed';
     return this.exit;
@@ -172,7 +217,8 @@ export class ExitWatch {
       if (fd >= 0) this.o.os.close(fd);
       this.o.ledger?.release(this.pid, 1);
       // Gone before it could be watched: an exit. Any other failure (out of fds): the task directory.
-      if (fd === -ESRCH) [this.exit, this.cause] = [true, this.cause ?? 'gone at open'];
+      if (fd === -ESRCH && !this.idle.has(tid)) [this.exit, this.cause] = [true, this.cause ?? 'gone at open'];
+      else if (fd === -ESRCH) continue;
       else return this.fallBack(add.length - i - 1);
     }
     return true;

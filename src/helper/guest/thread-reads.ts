@@ -174,6 +174,22 @@ export class ThreadReads {
     return i > 0 && i < n && this.sched[i] === SPACE ? v : null;
   }
 
+  /**
+   * The run time (ns, schedstat field 1) of `pid`'s main thread, which QEMU never lists (read by
+   * path: no fd held); null when unreadable or running (its line says R: a running thread's run
+   * time lags until the scheduler's next update).
+   */
+  mainRunNs(pid: number): number | null {
+    try {
+      const st = parseStatLine(readProcFile(`${this.procRoot}/${pid}/task/${pid}/stat`).trimEnd());
+      if (!st.ok || st.value.state === 'R') return null;
+      const m = /^(\d+) /.exec(readProcFile(`${this.procRoot}/${pid}/task/${pid}/schedstat`));
+      return m !== null ? Number(m[1]) : null;
+    } catch {
+      return null;
+    }
+  }
+
   /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read. */
   private runTime(fd: number): string | null {
     if (fd < 0) return null;

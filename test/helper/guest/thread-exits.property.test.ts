@@ -5,11 +5,13 @@
  * the helper's start read, by the settling's read or after the start reply, and the end's reply),
  * either probe (pidfds or the task directory) and any room in the VM's fd share, the helper never
  * answers a non-zero delta for a window in which a thread QEMU listed, with ticks QEMU read at the
- * start, exited before the reply. (A thread QEMU read 0 ticks of cannot underflow: 0 - 0.)
+ * start, exited before the reply. (A thread QEMU read 0 ticks of cannot underflow: 0 - 0; and a
+ * window whose only exits are of threads the helper's reads show QEMU read at 0 ticks is not
+ * answered as one with an exit.)
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { ExitWatch, type ExitOs, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
+import { ExitWatch, idleAtList, unseenCpuNs, type ExitOs, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
 import { answerForecast } from '../../../src/guest-energy/forecast-window.js';
 import { closeWindow, freshGuestCounter } from '../../../src/guest-energy/guest-counter.js';
 import type { KeptFdLedger } from '../../../src/os/proc-tasks.js';
@@ -28,7 +30,15 @@ interface Thread {
   died: number;
   /** The share of a CPU it runs while alive. */
   rate: number;
+  /** Its run time when born (µs): an old thread may have run before the window. */
+  ran0: number;
 }
+
+/** A thread's run time at `at` (µs), and its ticks then (utime + stime never pass the run time). */
+function runTime(t: Thread, at: number): number {
+  return t.ran0 + t.rate * Math.max(0, Math.min(t.died, at) - t.born);
+}
+const ticksAt = (t: Thread, at: number) => Math.floor(runTime(t, at) / TICK);
 
 /** The kernel as ExitWatch sees it, over the simulated threads at time `now`. */
 class SimOs implements ExitOs {
@@ -94,6 +104,8 @@ function ledgerOf(room: number): KeptFdLedger & { held: number } {
 const windowArb = fc.record({
   /** Threads alive since long before the window (ticks at QEMU's read). */
   old: fc.array(fc.option(fc.integer({ min: 1, max: SPAN }), { nil: Infinity }), { minLength: 1, maxLength: 6 }),
+  /** Their run time before the window: none (QEMU reads 0 ticks of them), or some. */
+  oldRan: fc.constantFrom(0, 2_000, 5 * TICK),
   /** Threads started in the window: [born, lifetime]. */
   young: fc.array(
     fc.tuple(
@@ -107,6 +119,9 @@ const windowArb = fc.record({
   oldRate: fc.constantFrom(0, 0.05, 1),
   /** Whether the helper knows the CPU time of the threads between its reads (the process clock). */
   cpuKnown: fc.boolean(),
+  /** The share of a CPU QEMU's main thread runs (its QMP monitor; never listed), and whether its run time was read. */
+  mainRate: fc.constantFrom(0, 0.5, 1),
+  mainRead: fc.boolean(),
   /** QEMU's listing, then its start request a little later. */
   listAt: fc.integer({ min: 1, max: SPAN / 2 }),
   request: fc.integer({ min: 0, max: 200 }),
@@ -126,8 +141,8 @@ describe('thread exits known by identity', () => {
     fc.assert(
       fc.property(windowArb, (w) => {
         const threads: Thread[] = [
-          ...w.old.map((died, i) => ({ tid: 1000 + i, born: -10 * TICK, died, rate: w.oldRate })),
-          ...w.young.map(([born, life, rate], i) => ({ tid: 2000 + i, born, died: born + life, rate })),
+          ...w.old.map((died, i) => ({ tid: 1000 + i, born: 0, died, rate: w.oldRate, ran0: w.oldRan })),
+          ...w.young.map(([born, life, rate], i) => ({ tid: 2000 + i, born, died: born + life, rate, ran0: 0 })),
         ];
         // The CPU time of every thread between two instants (the process's clock; no vCPU here).
         const cpu = (from: number, to: number) =>
@@ -141,19 +156,39 @@ describe('thread exits known by identity', () => {
         // GuestEnergy.startFromSettled: the settling's read stands when the count is as it found.
         const settled = w.settled && os.aliveAt(requestAt).length === before.size;
         const startAt = settled ? requestAt : requestAt + w.readAfter;
-        const start = settled ? [...before] : os.aliveAt(startAt).map((t) => t.tid);
+        const readAt = settled ? 0 : startAt;
+        const startThreads = os.aliveAt(readAt);
+        const start = startThreads.map((t) => t.tid);
         os.now = startAt;
         const gapNs = settled ? requestAt : startAt;
-        watch.begin({ tids: start, before, gapNs, ...(w.cpuKnown ? { cpuNs: cpu(0, gapNs) } : {}) });
+        // The helper's start read (a settling's read stands `gapNs` before the start; a thread at full rate reads R).
+        const read = {
+          threads: new Map(startThreads.map((t) => [t.tid, { tid: t.tid, ticks: ticksAt(t, readAt), starttime: 1, pkg: 0 }])),
+          runTimes: new Map(startThreads.map((t) => [t.tid, t.rate === 1 ? null : String(runTime(t, readAt))])),
+        };
+        const idle = idleAtList(read, settled ? gapNs : 0, TICK);
+        // The process clock counts the main thread too; its run time, when read, comes off (unseenCpuNs).
+        const main = w.mainRead ? [w.mainRate * gapNs, 0] : [null, null];
+        const cpuNs = unseenCpuNs(cpu(0, gapNs) + w.mainRate * gapNs, 0, main[0]!, main[1]);
+        watch.begin({ tids: start, before, gapNs, ...(w.cpuKnown ? { cpuNs } : {}), idle });
         const replyAt = startAt + w.replyAfter;
         os.now = replyAt;
         const exit = watch.exited();
         // QEMU read ticks of a thread (it had run a tick by its listing) that exited before the reply.
-        const harmful = listed.some((t) => (t.born < 0 || t.rate * (w.listAt - t.born) >= TICK) && t.died <= replyAt);
+        const harmful = listed.some((t) => ticksAt(t, w.listAt) > 0 && t.died <= replyAt);
         if (harmful) expect(exit).toBe(true);
-        // And it is not a verdict of every window: none exited, the reads less than a tick apart: no exit.
-        const quiet = threads.every((t) => t.died > replyAt) && (settled ? requestAt : startAt) < TICK;
+        // And it is not a verdict of every window: the reads less than a tick apart, and every thread gone by the
+        // reply one the start read saw that QEMU read at 0 ticks: no exit.
+        const quiet = gapNs < TICK && threads.every((t) => t.died > replyAt || (start.includes(t.tid) && idle.has(t.tid)));
         if (quiet) expect(exit).toBe(false);
+        for (const tid of idle)
+          expect(
+            ticksAt(
+              threads.find((t) => t.tid === tid)!,
+              w.listAt,
+            ),
+            'idle: QEMU read 0 ticks',
+          ).toBe(0);
         // The model's answer with that verdict: a zero delta on every package.
         const c = freshGuestCounter(1, PID, 1, 1, 0);
         c.phases.pkgs = [0];
@@ -191,7 +226,10 @@ describe('thread exits known by identity', () => {
               room: 16,
               forecast: true,
               oldRate: 0,
+              oldRan: 0,
               cpuKnown: true,
+              mainRate: 1,
+              mainRead: true,
             },
           ],
         ],
