@@ -154,7 +154,14 @@ class Daemon implements Restartable {
         late?.bind(this.v2.service.handler);
       }
       if (clock !== null && inh.how === 'restart') logRestartPhases(clock, times, wallMs(), area('restart'));
-      this.restarter = new Restarter({ daemon: this, opened, legacy: this.chain.legacy.counters, notifier, log: area('restart') });
+      this.restarter = new Restarter({
+        daemon: this,
+        opened,
+        legacy: this.chain.legacy.counters,
+        notifier,
+        ...(guard.keep ? { keep: guard.keep } : {}),
+        log: area('restart'),
+      });
       ready(opened.listener.where, { logger, area, notifier });
       // Checkpoints from now on, each written after its sample and before any client is told of it.
       guard.serving(this.v2?.service);

@@ -4,8 +4,7 @@
  * the connection's fd with those bytes and serves it from there (HelperServer.adopt).
  */
 import type net from 'node:net';
-import type { HandedConnection } from './handover-record.js';
-import type { StateSnapshot } from '../../state/snapshot.js';
+import type { HandedConnection, StateSnapshot } from '../../state/snapshot.js';
 
 type HandedKind = HandedConnection['kind'];
 

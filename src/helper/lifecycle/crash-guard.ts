@@ -2,13 +2,11 @@
  * The daemon's hooks for crashes, in one place (docs/daemon.md "Crashes"): at the start, what was kept
  * outside the last process (kept.ts) and who holds it from now on (outside-keep.ts); at every accept
  * and close, through the server's ConnectionKeep; checkpoints from serving on; nothing more once it
- * stops. The daemon calls, in order: start, merge, restored, serving, stopping.
+ * stops. The daemon calls, in order: start, restored, serving, stopping.
  */
 import type { StateSnapshot } from '../../state/snapshot.js';
 import type { KeeperNote } from '../../keeper/keeper-messages.js';
 import { takeKeeperNote } from '../../keeper/link.js';
-import type { ConnectionKeep } from '../server/connection-keep.js';
-import type { HandedOver } from '../handover/handed-over.js';
 import { reportCrash, takeKept, type CrashLog, type Kept } from './kept.js';
 import { keepCheckpoints, outsideKeep, type Checkpointed, type OutsideKeep } from './outside-keep.js';
 import type { Notifier } from './systemd.js';
@@ -17,44 +15,31 @@ export class CrashGuard {
   private checkpoints: { dispose(): void } | undefined;
 
   private constructor(
-    private readonly kept: Kept,
+    /** What the start found kept: the record's bytes, the legacy counters, the connections to serve. */
+    readonly kept: Kept,
     private readonly note: KeeperNote | null,
     private readonly outside: OutsideKeep | null,
     private readonly log: CrashLog,
   ) {}
 
-  /** Takes the kept parts out of the inherited named fds; `named` is what is left for takeHandedOver. */
+  /** Takes what the process before kept (a restart's hand-over or a crash's leftovers) out of the inherited named fds. */
   static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: Notifier, log: CrashLog): CrashGuard {
     const note = takeKeeperNote();
     const kept = takeKept(named, note, log);
-    return new CrashGuard(kept, note, outsideKeep(notifier, kept, log), log);
+    const outside = outsideKeep(notifier, kept, log);
+    // A process that dies before its own first checkpoint crashed restoring this one.
+    if (kept.crash !== null && kept.state !== undefined) outside?.restoring();
+    return new CrashGuard(kept, note, outside, log);
   }
 
-  get named(): ReadonlyMap<string, readonly number[]> {
-    return this.kept.named;
-  }
-
-  /** For the server: every connection held outside from its accept (undefined: nobody holds them). */
-  get keep(): ConnectionKeep | undefined {
+  /** Who holds every connection outside this process from its accept, and the checkpoints (undefined: nobody). */
+  get keep(): OutsideKeep | undefined {
     return this.outside ?? undefined;
-  }
-
-  /** Adds a crash's kept connections and checkpoint to what a restart handed over. */
-  merge(handed: HandedOver): HandedOver {
-    const crash = this.kept.crash;
-    if (crash !== null) {
-      handed.connections.push(...crash.connections);
-      if (handed.state === undefined && crash.state !== undefined) {
-        handed.state = crash.state;
-        this.outside?.restoring();
-      }
-    }
-    return handed;
   }
 
   /** The state decoded (or not): after a crash, the one line that says what was kept and lost. */
   restored(state: StateSnapshot | undefined): void {
-    if (this.kept.crash !== null) reportCrash(this.kept.crash, this.note, state, this.log);
+    reportCrash(this.kept, this.note, state, this.log);
   }
 
   /** Serving: checkpoints of `live` (the v2 service, when it runs) now and after every sample; the keeper learns the start is over. */
@@ -64,7 +49,7 @@ export class CrashGuard {
     this.outside.ready();
   }
 
-  /** A stop or a hand-over to the fd store: connections closed from now on stay held by whoever holds them. */
+  /** A stop or a hand-over to the fd store: no more checkpoints, and connections closed from now on stay held by whoever holds them. */
   stopping(): void {
     this.checkpoints?.dispose();
     this.outside?.detach();
