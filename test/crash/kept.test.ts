@@ -18,8 +18,8 @@ import {
 } from '../../src/keeper/keeper-messages.js';
 import { takeFromKeeper } from '../../src/keeper/link.js';
 import { endedFromOutside, oomKills } from '../../src/keeper/deaths.js';
-import { takeKept } from '../../src/helper/lifecycle/kept.js';
-import { outsideKeep } from '../../src/helper/lifecycle/outside-keep.js';
+import { takeKept } from '../../src/helper/handover/kept.js';
+import { outsideKeep } from '../../src/helper/handover/outside-keep.js';
 import { Notifier } from '../../src/helper/lifecycle/systemd.js';
 import { closeFd, memfdCreate, socketpair } from '../../src/os/libc.js';
 import { writeStateMemfd } from '../../src/state/memfd.js';

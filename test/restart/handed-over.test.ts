@@ -10,7 +10,7 @@ import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 import { decodeHandover, decodeState, encodeState } from '../../src/state/snapshot-codec.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
-import { decodeKeptState, takeKept } from '../../src/helper/lifecycle/kept.js';
+import { decodeKeptState, takeKept } from '../../src/helper/handover/kept.js';
 import { KEPT_NAMES } from '../../src/keeper/keeper-messages.js';
 import type { Handover, StateSnapshot } from '../../src/state/snapshot.js';
 import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';

@@ -37,7 +37,7 @@ export interface Frozen {
 /**
  * The one restart contract: what a restart (restarter.ts) asks of the running daemon (daemon.ts, which
  * asks the server and the v2 service in turn). The next process adopts what it got: the server its
- * connections (HelperServer.adopt), the v2 service the snapshot (handover/restore.ts).
+ * connections (HelperServer.adopt), the v2 service the snapshot (v2/restore.ts).
  */
 export interface Restartable {
   /**
@@ -54,6 +54,18 @@ export interface HandedConnectionFd {
   fd: number;
   kind: HandedKind;
   pending: Buffer;
+}
+
+/**
+ * How the server holds each connection outside its process (docs/daemon.md "Crashes"): from its accept
+ * until its close, or until it turns out to be v2 (a v2 client reconnects after a crash). The holder,
+ * the keeper or systemd's fd store, is outside-keep.ts.
+ */
+export interface ConnectionKeep {
+  /** The connection of socket fd `fd` is accepted (or adopted): held from now on. Returns what names it for released(). */
+  held(fd: number | undefined): bigint | null;
+  /** The connection closed or is v2: no longer held. */
+  released(ino: bigint | null): void;
 }
 
 /** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */

@@ -14,22 +14,18 @@
  *    checkpoint (the store holds every connection from its accept already), and the next start of
  *    the service gets them all in LISTEN_FDS.
  */
-import { disarmLoopWatchdog, startLoopWatchdog } from '../lifecycle/loop-watchdog.js';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { FrozenConnection, Restartable } from './frozen.js';
-import type { LegacyCounters } from '../legacy/legacy-service.js';
-import type { Opened } from '../lifecycle/startup.js';
 import { RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
-import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec } from '../../os/libc.js';
 import { writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
-import type { OutsideKeep } from '../lifecycle/outside-keep.js';
+import type { OutsideKeep } from './outside-keep.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 
@@ -67,13 +63,19 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   }
 }
 
+/** What a restart needs of the daemon, each through the smallest interface (the daemon passes them: daemon.ts). */
 interface RestartParts {
   /** The running daemon: freeze() and snapshot(), the one restart contract. */
   daemon: Restartable;
-  opened: Opened;
-  legacy: LegacyCounters;
-  notifier: Notifier;
-  /** Who holds the connections and checkpoints outside this process, if anyone (lifecycle/outside-keep.ts). */
+  /** What the start opened, as the exec hands it on (lifecycle/startup.ts's Opened). */
+  opened: { handover(how: 'restart'): Inherited };
+  /** The legacy request counters (legacy/legacy-service.ts), carried in the hand-over. */
+  legacy: Readonly<Handover['legacy']>;
+  /** Tells systemd (lifecycle/systemd.ts's Notifier). */
+  notifier: { notify(state: string): void; ready(status: string): void };
+  /** The event loop's watchdog (lifecycle/loop-watchdog.ts): an alarm survives the exec. */
+  watchdog: { disarm(): void; start(): void };
+  /** Who holds the connections and checkpoints outside this process, if anyone (handover/outside-keep.ts). */
   keep?: OutsideKeep;
   log: Logger;
 }
@@ -225,7 +227,7 @@ export class Restarter {
       );
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
-        disarmLoopWatchdog();
+        this.p.watchdog.disarm();
         reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) }, daemonArgv());
       } catch (e) {
         for (const fd of keep) {
@@ -237,7 +239,7 @@ export class Restarter {
         }
         closeFd(recordFd);
         prepared.undo();
-        startLoopWatchdog();
+        this.p.watchdog.start();
         const why = cannot('restart', `exec failed: ${(e as Error).message}`, 'this helper goes on serving');
         log.error({ trigger }, why);
         notifier.ready('serving (the restart was called off)');

@@ -30,12 +30,12 @@ import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/pr
 import { closeOpenInspector } from '../../os/inspector-guard.js';
 import type { RestartClock } from '../handover/restarter.js';
 import type { DaemonConfig } from './config.js';
-import { inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
+import type { Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
-import type { Notifier } from './systemd.js';
-import { CrashGuard } from './crash-guard.js';
-import { decodeKeptState, type Kept } from './kept.js';
-import type { ConnectionKeep } from '../server/connection-keep.js';
+import { inheritFromEnvironment, type Notifier } from './systemd.js';
+import { CrashGuard } from '../handover/crash-guard.js';
+import { decodeKeptState, type Kept } from '../handover/kept.js';
+import type { ConnectionKeep } from '../handover/frozen.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;

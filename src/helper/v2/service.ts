@@ -3,7 +3,7 @@
  * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
  * the sampling loop calls its per-sample flow (interval, then sampled) each tick; a restart asks it
  * to freeze() and for its snapshot(), and the next process makes it from the snapshot
- * (handover/restore.ts). The parts, each with one job:
+ * (restore.ts). The parts, each with one job:
  *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
  *   Clients (clients.ts)              the connections, their viewer and host subscription
  *   requests/ (table.ts, dispatch.ts) one handler per request type
@@ -54,8 +54,8 @@ import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
 import type { Result } from '../../common/result.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import { capture, type RestorePlan } from '../handover/live-state.js';
-import { restoreParts, restoreSampling, type RestoreReport } from '../handover/restore.js';
+import { capture, type RestorePlan } from './live-state.js';
+import { restoreParts, restoreSampling, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
@@ -148,7 +148,7 @@ interface V2Parts {
 }
 
 /**
- * The service, made and, with `restore`, restored (handover/restore.ts): the restored discovered VMs'
+ * The service, made and, with `restore`, restored (restore.ts): the restored discovered VMs'
  * threads are read again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms,
  * and the daemon serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes").
  * Nothing else sees the service until it resolves.
@@ -361,7 +361,7 @@ function makeParts(
 export class V2Service {
   /** The server hands it every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
-  /** The release of restored registrations still waiting for their connection (handover/restore.ts). */
+  /** The release of restored registrations still waiting for their connection (restore.ts). */
   private restoredWait: NodeJS.Timeout | undefined;
   private closed = false;
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */

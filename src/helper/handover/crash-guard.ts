@@ -8,8 +8,7 @@ import type { StateSnapshot } from '../../state/snapshot.js';
 import type { KeeperNote } from '../../keeper/keeper-messages.js';
 import { takeKeeperNote } from '../../keeper/link.js';
 import { reportCrash, takeKept, type CrashLog, type Kept } from './kept.js';
-import { keepCheckpoints, outsideKeep, type Checkpointed, type OutsideKeep } from './outside-keep.js';
-import type { Notifier } from './systemd.js';
+import { keepCheckpoints, outsideKeep, type Checkpointed, type OutsideKeep, type StoreNotifier } from './outside-keep.js';
 
 export class CrashGuard {
   private checkpoints: { dispose(): void } | undefined;
@@ -23,7 +22,7 @@ export class CrashGuard {
   ) {}
 
   /** Takes what the process before kept (a restart's hand-over or a crash's leftovers) out of the inherited named fds. */
-  static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: Notifier, log: CrashLog): CrashGuard {
+  static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
     const note = takeKeeperNote();
     const kept = takeKept(named, note, log);
     const outside = outsideKeep(notifier, kept, log);

@@ -14,9 +14,9 @@ import type { HostInfo } from '../../model/host.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import { runInSlices } from '../../sampling/time-slices.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import type { Discovery } from '../v2/discovery.js';
-import type { VmLifecycle } from '../v2/vm-lifecycle.js';
-import type { VmRegistry } from '../v2/vm-registry.js';
+import type { Discovery } from './discovery.js';
+import type { VmLifecycle } from './vm-lifecycle.js';
+import type { VmRegistry } from './vm-registry.js';
 import { planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 
 /** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */

@@ -14,7 +14,7 @@ import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
-import type { HandedConnectionFd } from '../handover/frozen.js';
+import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 
 /** Test hook: a restore of a checkpoint holding a VM of this pid crashes (SIGABRT), as a bug in the restore would. */

@@ -11,9 +11,15 @@ import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KeeperLink, socketIno } from '../../keeper/link.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
-import type { Notifier } from './systemd.js';
 import type { Disposable } from '../../common/disposable.js';
-import type { ConnectionKeep } from '../server/connection-keep.js';
+import type { ConnectionKeep } from './frozen.js';
+
+/** What the fd store is reached through (lifecycle/systemd.ts's Notifier). */
+export interface StoreNotifier {
+  readonly socket: string | undefined;
+  storeFds(name: string, fds: readonly number[], opts?: { poll?: boolean }): boolean;
+  removeStoredFds(name: string): void;
+}
 
 export interface OutsideKeep extends ConnectionKeep {
   readonly holder: 'keeper' | 'fd store';
@@ -36,7 +42,7 @@ interface KeepLog {
 
 /** The holder this process has (its keeper, else systemd's fd store), or null: then a crash loses the connections. */
 export function outsideKeep(
-  notifier: Notifier,
+  notifier: StoreNotifier,
   found: { checkpointNames: readonly string[]; restoringMark: boolean },
   log: KeepLog,
 ): OutsideKeep | null {
@@ -74,7 +80,7 @@ class FdStoreKeep implements OutsideKeep {
 
   /** `found`: the checkpoints the store held at this start; `marked`: it held the restoring mark (removed with them). */
   constructor(
-    private readonly notifier: Notifier,
+    private readonly notifier: StoreNotifier,
     found: readonly string[],
     private marked: boolean,
   ) {
