@@ -55,7 +55,7 @@ import type { SendWithFds } from './reply.js';
 import type { Result } from '../../common/result.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, type RestorePlan } from './live-state.js';
-import { restoreParts, restoreSampling, type RestoreReport } from './restore.js';
+import { restoreFrom, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
@@ -113,9 +113,18 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
   guestDir?: string;
   /**
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
-   * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
+   * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads;
+   * `answer` binds QEMU's requests to them and says which QEMUs were answered 0 meanwhile (the
+   * restore then resynchronises those). Absent: raw.
    */
-  guestEnergy?: { maxThreads: number; log: Logger; heldFds?: HeldFds; ledger?: KeptFdLedger; preferredGroups?: readonly number[] };
+  guestEnergy?: {
+    maxThreads: number;
+    log: Logger;
+    heldFds?: HeldFds;
+    ledger?: KeptFdLedger;
+    preferredGroups?: readonly number[];
+    answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
+  };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
@@ -167,27 +176,19 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     // Called only once the service is made (a tick comes after it).
     flow: { interval: (tick) => service.interval(tick) },
   });
-  const restore =
-    o.restore === undefined
-      ? null
-      : restoreSampling(o.restore, {
-          host: o.host,
-          sampling,
-          starttime: (pid) => proc.starttime(pid),
-          nowNs: (o.clock ?? monotonicNs)(),
-          log: o.log,
-        });
-  const parts = makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), restore?.plan ?? null);
-  const service = new V2Service(o, parts, restore?.report ?? null);
-  if (restore?.plan)
-    service.restoredWaiting(
-      await restoreParts(restore.plan, {
-        ...parts,
-        ...(o.discovery ? { discovery: o.discovery } : {}),
-        log: o.log,
-        ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
-      }),
-    );
+  const { parts, report, waiting } = await restoreFrom(o.restore, {
+    host: o.host,
+    sampling,
+    starttime: (pid) => proc.starttime(pid),
+    nowNs: (o.clock ?? monotonicNs)(),
+    log: o.log,
+    ...(o.discovery ? { discovery: o.discovery } : {}),
+    ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
+    build: (plan) => makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), plan),
+    ...(o.guestEnergy?.answer ? { answerGuestEnergy: o.guestEnergy.answer } : {}),
+  });
+  const service = new V2Service(o, parts, report);
+  service.restoredWaiting(waiting);
   if (o.deferDiscovery !== true) void service.startDiscovery();
   return service;
 }
