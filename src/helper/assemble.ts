@@ -15,6 +15,7 @@ import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { ProcTaskReader, type KeptFdLedger } from '../os/proc-tasks.js';
 import type { HeldFds } from './guest/thread-reads.js';
+import type { GuestEnergy } from './guest/guest-energy.js';
 import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../budget/vm-fd-shares.js';
 import { shareOwnerOf } from '../budget/preferred-owner.js';
 import type { HostInfo, Vendor } from '../model/host.js';
@@ -73,7 +74,13 @@ export interface V2ChainOptions {
   /** --guest-dir (V2ServiceOptions.guestDir). */
   guestDir?: string;
   /** --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS from each VM's guest counters (V2ServiceOptions.guestEnergy). */
-  guestEnergy?: { maxThreads: number; log: Logger; preferredGroups?: readonly number[]; maxPeers?: number | undefined };
+  guestEnergy?: {
+    maxThreads: number;
+    log: Logger;
+    preferredGroups?: readonly number[];
+    maxPeers?: number | undefined;
+    answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
+  };
   /** Power limits (V2ServiceOptions.powerLimits). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
 }
@@ -273,7 +280,16 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     health: start.health,
     ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
     ...(o.guestEnergy === 'exact'
-      ? { guestEnergy: { maxThreads: shares.maxVmThreads, log: start.area('guest'), preferredGroups, maxPeers: o.maxDiscoveredVms } }
+      ? {
+          guestEnergy: {
+            maxThreads: shares.maxVmThreads,
+            log: start.area('guest'),
+            preferredGroups,
+            maxPeers: o.maxDiscoveredVms,
+            // QEMU's MSR_PKG_ENERGY_STATUS from the guest counters from now on; the restore resynchronises the QEMUs answered 0 meanwhile.
+            answer: (guest) => start.answerEnergyStatus(guest),
+          },
+        }
       : {}),
     ...(start.restored ? { restore: start.restored } : {}),
     powerLimits: {
@@ -281,7 +297,6 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       ...(start.config.socketGid !== undefined ? { adminGid: start.config.socketGid } : {}),
     },
   });
-  answerGuestEnergy(v2.service, start);
   log.info(
     {
       intervalMs: o.intervalMs,
@@ -306,18 +321,6 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       limiter.flush();
     },
   };
-}
-
-/**
- * --guest-energy exact: the legacy service answers MSR_PKG_ENERGY_STATUS from the service's guest
- * counters from now on, restored from the handed-over state; the QEMUs answered 0 meanwhile (a
- * restart's hold) are resynchronised first. Nothing in raw mode.
- */
-function answerGuestEnergy(service: V2Service, start: V2Start): void {
-  const guest = service.guestEnergy;
-  if (guest === undefined) return;
-  const held = start.answerEnergyStatus(guest);
-  guest.restore(start.restored?.guest ?? [], held);
 }
 
 /**

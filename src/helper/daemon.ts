@@ -5,7 +5,7 @@
  * server, the v2 service, the crash guard), owns the restart contract over them (freeze, snapshot:
  * handover/frozen.ts, Restartable), and stops them in order. What a crash must not take along
  * (connections from their accept, a checkpoint per sample) is kept outside by
- * lifecycle/crash-guard.ts. On SIGTERM/SIGINT: stop accepting, close clients, the v2 service, remove
+ * handover/crash-guard.ts. On SIGTERM/SIGINT: stop accepting, close clients, the v2 service, remove
  * what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
  * handover/restarter.ts).
  */
@@ -36,9 +36,10 @@ import {
 } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './lifecycle/memory-settler.js';
+import { disarmLoopWatchdog, startLoopWatchdog } from './lifecycle/loop-watchdog.js';
 import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';
-import type { CrashGuard } from './lifecycle/crash-guard.js';
+import type { CrashGuard } from './handover/crash-guard.js';
 
 /** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
 const STARTUP_SETTLE_WAIT_MS = 2000;
@@ -92,7 +93,7 @@ class Daemon implements Restartable {
   private chain: ServerChain | undefined;
   private v2: DaemonV2 | undefined;
   private restarter: Restarter | undefined;
-  /** What is kept outside this process for a crash (lifecycle/crash-guard.ts), once opened. */
+  /** What is kept outside this process for a crash (handover/crash-guard.ts), once opened. */
   private guard: CrashGuard | undefined;
   private running: RunningDaemon | undefined;
   /** A signal that came during start-up: it stops the daemon right after it. */
@@ -154,7 +155,15 @@ class Daemon implements Restartable {
         late?.bind(this.v2.service.handler);
       }
       if (clock !== null && inh.how === 'restart') logRestartPhases(clock, times, wallMs(), area('restart'));
-      this.restarter = new Restarter({ daemon: this, opened, legacy: this.chain.legacy.counters, notifier, log: area('restart') });
+      this.restarter = new Restarter({
+        daemon: this,
+        opened,
+        legacy: this.chain.legacy.counters,
+        notifier,
+        watchdog: { disarm: disarmLoopWatchdog, start: startLoopWatchdog },
+        ...(guard.keep ? { keep: guard.keep } : {}),
+        log: area('restart'),
+      });
       ready(opened.listener.where, { logger, area, notifier });
       // Checkpoints from now on, each written after its sample and before any client is told of it.
       guard.serving(this.v2?.service);

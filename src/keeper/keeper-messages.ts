@@ -86,11 +86,13 @@ export function parseKeeperNote(text: string | undefined): KeeperNote | null {
 }
 
 /**
- * Names of the fds kept outside the serving process, by the keeper or in systemd's fd store (each
- * starts with systemd.ts's STORED_FD_PREFIX): a connection by its socket's inode, a checkpoint by a
- * sequence number (the highest is the latest), what the start opened (keeper only: the devices, the
- * socket, the --record files, which INHERIT_ENV describes by number), and the mark that a checkpoint
- * is being restored (fd store only: a process that dies with it set crashed in the restore).
+ * The one set of names of the fds the next process takes (each starts with systemd.ts's
+ * STORED_FD_PREFIX), whoever holds them: the keeper, systemd's fd store, or the exec of a restart in
+ * place. A connection by its socket's inode (a restart in place passes them all under the bare
+ * prefix), a record by a sequence number (the highest is the latest; a restart's carries its
+ * hand-over), what the start opened (keeper only: the devices, the socket, the --record files, which
+ * INHERIT_ENV describes by number), and the mark that a checkpoint is being restored (fd store only:
+ * a process that dies with it set crashed in the restore).
  */
 export const KEPT_NAMES = {
   connectionPrefix: 'vmsr-kept-',

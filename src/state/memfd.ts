@@ -1,14 +1,13 @@
 /**
  * Bytes in a sealed memfd: written once, then sealed so that neither this process nor the one it is
- * handed to (a re-exec, or systemd's fd store) can change, grow or shrink them; read back from an fd
- * only when it is such a memfd. The state snapshot (codec.ts) and the handover record (helper/handover/handover-record.ts)
- * travel this way.
+ * handed to (a re-exec, systemd's fd store, the keeper) can change, grow or shrink them; read back
+ * from an fd only when it is such a memfd. The continuity record (snapshot-codec.ts) travels this way.
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate, closeFd } from '../os/libc.js';
 import { decodeState, encodeState, MAX_STATE_BYTES } from './snapshot-codec.js';
-import type { StateSnapshot } from './snapshot.js';
+import type { Handover, StateSnapshot } from './snapshot.js';
 
 /** The seals a state memfd carries: no write, no grow, no shrink, and no seal removed or added. */
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
@@ -28,39 +27,9 @@ export function writeSealedMemfd(name: string, bytes: Buffer): number {
   }
 }
 
-/**
- * The bytes of the memfd `fd` (which stays open: the caller closes it). Refused with "cannot `what`:
- * why; `fix`" when the fd is not a memfd sealed with STATE_SEALS (someone could still change it) or
- * holds more than `maxBytes`.
- */
-export function readSealedMemfd(fd: number, maxBytes: number, what: string, fix: string): Buffer {
-  let seals: number;
-  try {
-    seals = getSeals(fd);
-  } catch (e) {
-    throw cannotError(what, `fd ${fd} is not a memfd (${(e as Error).message})`, fix);
-  }
-  if ((seals & STATE_SEALS) !== STATE_SEALS) {
-    throw cannotError(
-      what,
-      `the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`,
-      fix,
-    );
-  }
-  const size = fs.fstatSync(fd).size;
-  if (size > maxBytes) throw cannotError(what, `the memfd holds ${size} bytes, at most ${maxBytes} expected`, fix);
-  const bytes = Buffer.alloc(size);
-  for (let off = 0; off < size;) {
-    const n = fs.readSync(fd, bytes, off, size - off, off);
-    if (n === 0) break;
-    off += n;
-  }
-  return bytes;
-}
-
-/** Writes the snapshot into a new memfd, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
-export function writeStateMemfd(s: StateSnapshot): number {
-  return writeSealedMemfd(STATE_MEMFD_NAME, encodeState(s));
+/** Writes the record (the snapshot, and what a planned restart hands over) into a new memfd, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
+export function writeStateMemfd(s: StateSnapshot, handover?: Handover): number {
+  return writeSealedMemfd(STATE_MEMFD_NAME, encodeState(s, handover));
 }
 
 /**
@@ -69,7 +38,24 @@ export function writeStateMemfd(s: StateSnapshot): number {
  * (someone could still change it) or is larger than any snapshot.
  */
 export function readStateBytes(fd: number): Buffer {
-  return readSealedMemfd(fd, MAX_STATE_BYTES, 'restore state', FIX);
+  const refuse = (why: string) => cannotError('restore state', why, FIX);
+  let seals: number;
+  try {
+    seals = getSeals(fd);
+  } catch (e) {
+    throw refuse(`fd ${fd} is not a memfd (${(e as Error).message})`);
+  }
+  if ((seals & STATE_SEALS) !== STATE_SEALS)
+    throw refuse(`the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`);
+  const size = fs.fstatSync(fd).size;
+  if (size > MAX_STATE_BYTES) throw refuse(`the memfd holds ${size} bytes, at most ${MAX_STATE_BYTES} expected`);
+  const bytes = Buffer.alloc(size);
+  for (let off = 0; off < size;) {
+    const n = fs.readSync(fd, bytes, off, size - off, off);
+    if (n === 0) break;
+    off += n;
+  }
+  return bytes;
 }
 
 /** The snapshot in the memfd `fd` (which stays open): readStateBytes, decoded; refused as it and decodeState say. */

@@ -1,8 +1,10 @@
 /**
- * The state snapshot on the wire, pure: encodeState and decodeState (layout in docs/daemon.md
- * "Restart state"). All little-endian:
+ * The continuity record on the wire, pure: the one format a restart in place, a stop into systemd's
+ * fd store and every checkpoint a crash may fall back on are written in (encodeState; read back by
+ * decodeState and decodeHandover; layout in docs/daemon.md "Restart state"). All little-endian:
  *
- *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload | u32 0
+ *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload
+ *           | u32 hand-over length (version 4 on; 0 before, and in a checkpoint)
  *   payload u32 nextHostVmId
  *           u32 VM count, each: u32 hostVmId | u32 pid | u64 starttime | u32 uid | u32 owner (0xffffffff: none)
  *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name, 32 baseline) | u8 0
@@ -18,6 +20,7 @@
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
  *           (version 3 on) the guest counters (--guest-energy exact): guest-codec.ts
+ *           (version 4 on) the hand-over, the header's last field long: handover-codec.ts
  *
  * A version 1 snapshot (written before the other domains were attributed) is read as one without them.
  *
@@ -33,12 +36,22 @@ import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domain
 import { Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
 export { STATE_HEADER_SIZE };
 import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
-import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type DomainsState, type StateSnapshot, type VmState } from './snapshot.js';
+import { handoverProblem, readHandover, writeHandover } from './handover-codec.js';
+import {
+  MAX_HOST_VM_ID,
+  MAX_MSR_COUNTER,
+  MAX_U64,
+  STATE_LIMITS,
+  type DomainsState,
+  type Handover,
+  type StateSnapshot,
+  type VmState,
+} from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
-export const STATE_FORMAT_VERSION = 3;
-/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters. */
-const READABLE_VERSIONS: readonly number[] = [1, 2, 3];
+export const STATE_FORMAT_VERSION = 4;
+/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters, 3 no hand-over. */
+const READABLE_VERSIONS: readonly number[] = [1, 2, 3, 4];
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
 
@@ -306,9 +319,12 @@ function writeDomains(w: Writer, d: DomainsState): void {
   }
 }
 
-/** The snapshot's bytes, header included. Throws a RangeError naming the rule a value breaks. */
-export function encodeState(s: StateSnapshot): Buffer {
-  const problem = stateProblem(s);
+/**
+ * The record's bytes, header included: the snapshot, and after it what a planned restart hands over
+ * (none in a checkpoint). Throws a RangeError naming the rule a value breaks.
+ */
+export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
+  const problem = stateProblem(s) ?? (handover ? handoverProblem(handover) : null);
   if (problem !== null) throw new RangeError(cannot('save state', problem));
   const w = new Writer();
   w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
@@ -318,6 +334,8 @@ export function encodeState(s: StateSnapshot): Buffer {
   writeHostParts(w, s);
   writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
   writeGuestCounters(w, s.guest ?? []);
+  const stateEnd = w.length;
+  if (handover) writeHandover(w, handover);
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
   if (payloadLength > STATE_LIMITS.maxPayloadBytes)
@@ -326,7 +344,7 @@ export function encodeState(s: StateSnapshot): Buffer {
   out.writeUInt32LE(STATE_FORMAT_VERSION, 8);
   out.writeUInt32LE(payloadLength, 12);
   out.writeUInt32LE(zlib.crc32(out.subarray(STATE_HEADER_SIZE)), 16);
-  out.writeUInt32LE(0, 20);
+  out.writeUInt32LE(out.length - stateEnd, 20);
   return out;
 }
 
@@ -467,43 +485,79 @@ function readDomains(r: Reader): DomainsState {
   return d;
 }
 
-/**
- * The snapshot in `bytes`, or why it cannot be restored ("cannot restore state: why; fix"): a wrong
- * magic, an unknown version, a length that disagrees with the bytes (cut off, or bytes after it), a
- * bad checksum, a count past its bound, a value out of range, an id twice.
- */
-export function decodeState(bytes: Buffer): Result<StateSnapshot> {
-  const refuse = (why: string, fix = FIX) => fail(cannot('restore state', why, fix));
+/** The record's payload and version once its header and checksum hold, and the length of its hand-over; else why not. */
+function openRecord(bytes: Buffer): { version: number; payload: Buffer; handover: number } | { why: string; fix?: string } {
   if (bytes.length < STATE_HEADER_SIZE)
-    return refuse(`the snapshot is ${bytes.length} bytes, shorter than its ${STATE_HEADER_SIZE}-byte header`);
-  if (!bytes.subarray(0, 8).equals(STATE_MAGIC)) return refuse('it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot');
+    return { why: `the snapshot is ${bytes.length} bytes, shorter than its ${STATE_HEADER_SIZE}-byte header` };
+  if (!bytes.subarray(0, 8).equals(STATE_MAGIC)) return { why: 'it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot' };
   const version = bytes.readUInt32LE(8);
   if (!READABLE_VERSIONS.includes(version))
-    return refuse(
-      `it is format version ${version}, this vmsr-helper reads versions ${READABLE_VERSIONS.slice(0, -1).join(', ')} and ${READABLE_VERSIONS.at(-1)}`,
-      VERSION_FIX,
-    );
+    return {
+      why: `it is format version ${version}, this vmsr-helper reads versions ${READABLE_VERSIONS.slice(0, -1).join(', ')} and ${READABLE_VERSIONS.at(-1)}`,
+      fix: VERSION_FIX,
+    };
   const length = bytes.readUInt32LE(12);
-  if (length > STATE_LIMITS.maxPayloadBytes) return refuse(`its header announces ${length} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`);
+  if (length > STATE_LIMITS.maxPayloadBytes)
+    return { why: `its header announces ${length} bytes, at most ${STATE_LIMITS.maxPayloadBytes}` };
   const have = bytes.length - STATE_HEADER_SIZE;
-  if (have < length) return refuse(`it is cut off: ${have} of the ${length} bytes its header announces`);
-  if (have > length) return refuse(`${have - length} bytes follow the ${length} its header announces`);
-  if (bytes.readUInt32LE(20) !== 0) return refuse('its reserved header field is not 0');
+  if (have < length) return { why: `it is cut off: ${have} of the ${length} bytes its header announces` };
+  if (have > length) return { why: `${have - length} bytes follow the ${length} its header announces` };
+  const handover = bytes.readUInt32LE(20);
+  if (version < 4 && handover !== 0) return { why: 'its reserved header field is not 0' };
+  if (handover > length) return { why: `its hand-over of ${handover} bytes is longer than its ${length}-byte payload` };
   const payload = bytes.subarray(STATE_HEADER_SIZE);
   const sum = zlib.crc32(payload);
   if (sum !== bytes.readUInt32LE(16))
-    return refuse(
-      `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,
-    );
-  // Every failure is a refusal: a check that threw instead of refusing (a bug) is one too, named as such.
+    return {
+      why: `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,
+    };
+  return { version, payload, handover };
+}
+
+/** `read` over `bytes`, every failure a refusal: a check that threw instead of refusing (a bug) is one too, named as such. */
+function readChecked<T>(bytes: Buffer, what: string, fix: string, read: (r: Reader) => string | T): Result<T> {
+  const refuse = (why: string) => fail(cannot(what, why, fix));
   try {
-    const r = new Reader(payload);
-    const s = readPayload(r, version);
+    const r = new Reader(bytes);
+    const v = read(r);
+    if (typeof v === 'string') return refuse(v);
     if (r.left !== 0) return refuse(`${r.left} bytes follow the last entry`);
-    const problem = stateProblem(s);
-    return problem === null ? ok(s) : refuse(problem);
+    return ok(v);
   } catch (e) {
     if (e instanceof Refused) return refuse(e.message);
     return refuse(`reading it failed unexpectedly (${String(e)}); please report it`);
   }
+}
+
+/**
+ * The snapshot in the record `bytes`, or why it cannot be restored ("cannot restore state: why; fix"):
+ * a wrong magic, an unknown version, a length that disagrees with the bytes (cut off, or bytes after
+ * it), a bad checksum, a count past its bound, a value out of range, an id twice.
+ */
+export function decodeState(bytes: Buffer): Result<StateSnapshot> {
+  const rec = openRecord(bytes);
+  if ('why' in rec) return fail(cannot('restore state', rec.why, rec.fix ?? FIX));
+  const state = rec.payload.subarray(0, rec.payload.length - rec.handover);
+  return readChecked(state, 'restore state', FIX, (r) => {
+    const s = readPayload(r, rec.version);
+    return stateProblem(s) ?? s;
+  });
+}
+
+const HANDOVER_FIX = 'the connections it lists are closed; the restart was made by another vmsr-helper or the record was damaged';
+
+/**
+ * What the record `bytes` hands over (null: it is a checkpoint, which hands nothing over), or "cannot
+ * use the handover record: why; fix". Reads only the header and the hand-over, not the state.
+ * `nowNs` refuses a record from the future (another boot).
+ */
+export function decodeHandover(bytes: Buffer, nowNs: bigint): Result<Handover | null> {
+  const rec = openRecord(bytes);
+  if ('why' in rec) return fail(cannot('use the handover record', rec.why, HANDOVER_FIX));
+  if (rec.handover === 0) return ok(null);
+  return readChecked(rec.payload.subarray(rec.payload.length - rec.handover), 'use the handover record', HANDOVER_FIX, (r) => {
+    const h = readHandover(r);
+    if (h.writtenNs > nowNs) return 'it was written after now on the monotonic clock (another boot)';
+    return handoverProblem(h) ?? h;
+  });
 }

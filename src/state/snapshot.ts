@@ -1,7 +1,8 @@
 /**
- * What the daemon carries across a restart (a re-exec, or systemd's fd store): its live state as plain
- * data, with the bounds a snapshot must keep. No I/O. Filling it from the live objects and restoring
- * them from it is the daemon's business; the codec (codec.ts) only checks and carries it.
+ * What the daemon carries across a restart or a crash (the continuity record: a re-exec, systemd's fd
+ * store, the keeper): its live state as plain data, with the bounds a snapshot must keep, and what a
+ * planned restart hands over besides (Handover). No I/O. Filling it from the live objects and
+ * restoring them from it is the daemon's business; the codec (snapshot-codec.ts) only checks and carries it.
  */
 import type { GuestCounterState } from '../guest-energy/guest-counter.js';
 import type { OtherDomain } from '../model/domains.js';
@@ -138,4 +139,21 @@ export interface StateSnapshot {
   domains?: DomainsState;
   /** Each exact-mode VM's guest counters (--guest-energy exact; absent before version 3 and in raw mode). */
   guest?: GuestCounterState[];
+}
+
+/** A connection a planned restart hands over: its socket's inode, and what was read of it and not answered. */
+export interface HandedConnection {
+  /** st_ino of the connection's socket: pairs the record with the fd handed over. */
+  ino: bigint;
+  /** 'legacy': a QEMU connection; 'undecided': its protocol is not known yet (fewer than 4 bytes read when reading stopped). */
+  kind: 'legacy' | 'undecided';
+  pending: Buffer;
+}
+
+/** What a planned restart carries besides the state (absent from a checkpoint, which a crash leaves). */
+export interface Handover {
+  /** CLOCK_MONOTONIC when written: a record from after now is from another boot. */
+  writtenNs: bigint;
+  legacy: { ok: number; refused: number; failed: number };
+  connections: HandedConnection[];
 }

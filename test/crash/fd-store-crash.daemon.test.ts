@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { pathToFileURL } from 'node:url';
-import { CRASH_ON_VM_PID_ENV } from '../../src/helper/lifecycle/kept.js';
+import { CRASH_ON_VM_PID_ENV } from '../../src/helper/handover/kept.js';
 import { describe, expect, test } from 'vitest';
 import { ROOT } from '../daemon/support/daemon-process.js';
 import { waitFor } from '../support/wait.js';

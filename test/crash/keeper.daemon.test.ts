@@ -35,7 +35,7 @@ import {
 } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
-import { CRASH_ON_VM_PID_ENV } from '../../src/helper/lifecycle/kept.js';
+import { CRASH_ON_VM_PID_ENV } from '../../src/helper/handover/kept.js';
 import { KEEPER_LIMITS } from '../../src/keeper/keeper.js';
 
 const cleanups: (() => Promise<unknown> | void)[] = [];

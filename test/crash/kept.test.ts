@@ -18,9 +18,8 @@ import {
 } from '../../src/keeper/keeper-messages.js';
 import { takeFromKeeper } from '../../src/keeper/link.js';
 import { endedFromOutside, oomKills } from '../../src/keeper/deaths.js';
-import { takeKept } from '../../src/helper/lifecycle/kept.js';
-import { outsideKeep } from '../../src/helper/lifecycle/outside-keep.js';
-import { HANDOVER_NAMES } from '../../src/helper/handover/handed-over.js';
+import { takeKept } from '../../src/helper/handover/kept.js';
+import { outsideKeep } from '../../src/helper/handover/outside-keep.js';
 import { Notifier } from '../../src/helper/lifecycle/systemd.js';
 import { closeFd, memfdCreate, socketpair } from '../../src/os/libc.js';
 import { writeStateMemfd } from '../../src/state/memfd.js';
@@ -85,9 +84,10 @@ describe('what a start takes from the kept fds', () => {
       null,
       log,
     );
-    expect(kept.crash!.connections.map((c) => c.fd)).toEqual([a]);
-    expect(kept.crash!.connections[0]).toMatchObject({ kind: 'undecided', pending: Buffer.alloc(0) });
-    const state = decodeState(kept.crash!.state!);
+    expect(kept.connections.map((c) => c.fd)).toEqual([a]);
+    expect(kept.connections[0]).toMatchObject({ kind: 'undecided', pending: Buffer.alloc(0) });
+    expect(kept.crash).toEqual({});
+    const state = decodeState(kept.state!);
     expect(state.ok && state.value.nextHostVmId).toBe(9);
     expect(kept.checkpointNames.sort()).toEqual([`${KEPT_NAMES.checkpointPrefix}100`, `${KEPT_NAMES.checkpointPrefix}200`]);
     expect(log.lines).toEqual(['kept fd is not a connection to serve: closed']);
@@ -107,29 +107,10 @@ describe('what a start takes from the kept fds', () => {
       null,
       quietLog(),
     );
-    expect(kept.crash!.state).toBeUndefined();
+    expect(kept.state).toBeUndefined();
     expect(kept.crash!.checkpointDropped).toBe('the process before died while restoring it');
     expect(kept.restoringMark).toBe(true);
     expect(isOpen(ckpt) || isOpen(mark)).toBe(false);
-  });
-
-  it("after a planned restart (a record came): the kept connections join the hand-over's, the checkpoint is closed", () => {
-    const [a, b] = socketpair();
-    const ckpt = writeStateMemfd(snapshot(2));
-    const kept = takeKept(
-      new Map([
-        [HANDOVER_NAMES.record, [100]],
-        [`${KEPT_NAMES.connectionPrefix}1`, [a]],
-        [`${KEPT_NAMES.checkpointPrefix}1`, [ckpt]],
-      ]),
-      null,
-      quietLog(),
-    );
-    expect(kept.crash).toBeNull();
-    expect(kept.named.get(HANDOVER_NAMES.connections)).toEqual([a]);
-    expect(isOpen(ckpt)).toBe(false);
-    closeFd(a);
-    closeFd(b);
   });
 });
 
@@ -149,7 +130,7 @@ except socket.timeout:
 import { isOpen } from '../support/fds.js';
 
 describe("the fd store's bookkeeping", () => {
-  it('stores a connection at hold and removes it by name at release; stores each checkpoint before removing the one before, and the restoring mark with it; sends nothing once detached', async () => {
+  it('stores a connection at hold and removes it by name at release; stores each checkpoint before removing the one before, and the restoring mark with it; releases nothing once detached, and stores the last record (the hand-over of a stop) even then', async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-kept-'));
     const socket = path.join(dir, 'notify');
     const child = spawn('python3', ['-c', MANAGER, socket], { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -185,6 +166,8 @@ describe("the fd store's bookkeeping", () => {
       'FDSTOREREMOVE=1 vmsr-ckpt-1 0',
       'FDSTOREREMOVE=1 vmsr-restoring 0',
       `FDSTOREREMOVE=1 vmsr-kept-${ino} 0`,
+      `FDSTORE=1 ${name(got[5]!.text)} 1`,
+      `FDSTOREREMOVE=1 ${name(got[1]!.text)} 0`,
     ]);
     expect(name(got[1]!.text)).toMatch(/^vmsr-ckpt-\d+$/);
     expect(got[1]!.text).toContain('FDPOLL=0');

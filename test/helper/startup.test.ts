@@ -144,7 +144,7 @@ describe('openStart', () => {
     // In the child: the listening fd at 3 with LISTEN_PID/LISTEN_FDS, as systemd passes it.
     const script = `
       const { openStart } = await import(${dist('helper/lifecycle/startup.js')});
-      const { inheritFromEnvironment } = await import(${dist('helper/handover/inherited.js')});
+      const { inheritFromEnvironment } = await import(${dist('helper/lifecycle/systemd.js')});
       const config = { ...${JSON.stringify(config({ socket: notBound }))}, socketPathGiven: false };
       const opened = await openStart(config, inheritFromEnvironment(false));
       opened.listener.serve((s) => s.end('served by fd ' + opened.listener.fd), (e) => { throw e; });
@@ -173,7 +173,7 @@ os.execv(sys.argv[2], [sys.argv[2], '--input-type=module', '-e', sys.argv[3]])`;
     if (why) return ctx.skip(why);
     const { dir } = setup();
     ensureBuilt();
-    const inherited = JSON.stringify(path.join(ROOT, 'dist/src/helper/handover/inherited.js'));
+    const inherited = JSON.stringify(path.join(ROOT, 'dist/src/helper/lifecycle/systemd.js'));
     const script = `
       const { inheritFromEnvironment } = await import(${inherited});
       try {

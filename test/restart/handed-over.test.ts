@@ -1,6 +1,6 @@
 /**
  * What a restart hands over is checked before it is trusted (docs/daemon.md "Restarts"): real memfds,
- * real socket pairs and a real listening socket, the handover record's codec on corrupt, cut and
+ * real socket pairs and a real listening socket, the continuity record's hand-over on corrupt, cut and
  * foreign bytes.
  */
 import fs from 'node:fs';
@@ -8,20 +8,22 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/helper/handover/handover-record.js';
+import { decodeHandover, decodeState, encodeState } from '../../src/state/snapshot-codec.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
-import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/helper/handover/handed-over.js';
-import type { StateSnapshot } from '../../src/state/snapshot.js';
+import { decodeKeptState, takeKept } from '../../src/helper/handover/kept.js';
+import { KEPT_NAMES } from '../../src/keeper/keeper-messages.js';
+import type { Handover, StateSnapshot } from '../../src/state/snapshot.js';
 import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';
-import { HANDOVER_MEMFD_NAME } from '../../src/helper/handover/restarter.js';
 import { isOpen } from '../support/fds.js';
 
-const record = (conns: HandoverRecord['connections']): HandoverRecord => ({
+const state: StateSnapshot = { nextHostVmId: 1, vms: [], packages: [], knownPids: [], lastSample: null };
+const handover = (conns: Handover['connections']): Handover => ({
   writtenNs: 1000n,
   legacy: { ok: 7, refused: 1, failed: 0 },
   connections: conns,
 });
 const inode = (fd: number) => fs.fstatSync(fd, { bigint: true }).ino;
+const RECORD = `${KEPT_NAMES.checkpointPrefix}1000`;
 
 function logs() {
   const lines: string[] = [];
@@ -34,28 +36,33 @@ function logs() {
   };
 }
 
-describe('the handover record', () => {
-  test('decodes what it encoded, pending bytes included', () => {
-    const r = record([
+describe("the continuity record's hand-over", () => {
+  test('decodes what it encoded, pending bytes included, beside the state; a checkpoint hands nothing over', () => {
+    const h = handover([
       { ino: 42n, kind: 'legacy', pending: Buffer.from([1, 2, 3, 4, 5]) },
       { ino: 43n, kind: 'undecided', pending: Buffer.alloc(0) },
     ]);
-    const back = decodeHandover(encodeHandover(r), 2000n);
-    expect(back).toEqual({ ok: true, value: r });
+    const bytes = encodeState(state, h);
+    expect(decodeHandover(bytes, 2000n)).toEqual({ ok: true, value: h });
+    expect(decodeState(bytes)).toEqual({ ok: true, value: state });
+    expect(decodeHandover(encodeState(state), 2000n)).toEqual({ ok: true, value: null });
   });
 
   test('refuses corrupt, cut, foreign, future and newer-format bytes, saying why', () => {
-    const b = encodeHandover(record([{ ino: 42n, kind: 'legacy', pending: Buffer.from([1, 2, 3]) }]));
+    const b = encodeState(state, handover([{ ino: 42n, kind: 'legacy', pending: Buffer.from([1, 2, 3]) }]));
     const flipped = Buffer.from(b);
     flipped[flipped.length - 1]! ^= 1;
     const newer = Buffer.from(b);
-    newer.writeUInt32LE(2, 8);
+    newer.writeUInt32LE(9, 8);
+    const longer = Buffer.from(b);
+    longer.writeUInt32LE(b.length, 20);
     const cases: [Buffer, RegExp][] = [
       [flipped, /checksum does not match/],
-      [b.subarray(0, b.length - 2), /header says .* payload bytes/],
+      [b.subarray(0, b.length - 2), /it is cut off/],
       [b.subarray(0, 10), /shorter than its 24-byte header/],
-      [Buffer.concat([Buffer.from('VMSRSTAT'), b.subarray(8)]), /does not start with VMSRHAND/],
-      [newer, /format version is 2, this helper reads 1/],
+      [Buffer.concat([Buffer.from('VMSRHAND'), b.subarray(8)]), /does not start with VMSRSTAT/],
+      [newer, /format version 9, this vmsr-helper reads versions 1, 2, 3 and 4/],
+      [longer, /its hand-over of \d+ bytes is longer than its \d+-byte payload/],
     ];
     for (const [bytes, why] of cases) {
       const r = decodeHandover(bytes, 2000n);
@@ -65,61 +72,58 @@ describe('the handover record', () => {
     }
     const future = decodeHandover(b, 999n);
     expect(!future.ok && future.error).toMatch(/written after now on the monotonic clock/);
-    expect(() =>
-      encodeHandover(
-        record([
-          { ino: 1n, kind: 'legacy', pending: Buffer.alloc(0) },
-          { ino: 1n, kind: 'legacy', pending: Buffer.alloc(0) },
-        ]),
-      ),
-    ).toThrow(/listed twice/);
+    const twice = handover([
+      { ino: 1n, kind: 'legacy', pending: Buffer.alloc(0) },
+      { ino: 1n, kind: 'legacy', pending: Buffer.alloc(0) },
+    ]);
+    expect(() => encodeState(state, twice)).toThrow(/listed twice/);
   });
 });
 
-describe('takeHandedOver', () => {
-  test('serves a listed connection, closes an unlisted one, a listening socket, a non-socket and an unexpected name', async () => {
+describe('what a start takes after a planned restart', () => {
+  test('serves a listed connection, closes an unlisted one, a listening socket, a non-socket and an unexpected name; older records closed', async () => {
     const [a, peerA] = socketpair();
     const [b, peerB] = socketpair();
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-handed-'));
     const server = net.createServer().listen(path.join(dir, 's'));
     await new Promise((r) => server.once('listening', r));
     const listening = (server as unknown as { _handle: { fd: number } })._handle.fd;
-    const listeningDup = fs.openSync('/dev/null', 'r'); // any file that is not a socket
-    const recordFd = writeSealedMemfd(
-      HANDOVER_MEMFD_NAME,
-      encodeHandover(record([{ ino: inode(a), kind: 'legacy', pending: Buffer.from([9, 9]) }])),
-    );
+    const notSocket = fs.openSync('/dev/null', 'r');
+    const recordFd = writeStateMemfd(state, handover([{ ino: inode(a), kind: 'legacy', pending: Buffer.from([9, 9]) }]));
+    const older = writeStateMemfd(state);
     const stray = memfdCreate('stray');
     const { lines, log } = logs();
     try {
-      const got = takeHandedOver(
+      const got = takeKept(
         new Map([
-          [HANDOVER_NAMES.record, [recordFd]],
-          [HANDOVER_NAMES.connections, [a, b, listeningDup]],
+          [RECORD, [recordFd]],
+          [`${KEPT_NAMES.checkpointPrefix}10`, [older]],
+          [KEPT_NAMES.connectionPrefix, [a, b, notSocket]],
           ['vmsr-something-else', [stray]],
         ]),
+        null,
         log,
         2000n,
       );
       expect(got.connections).toEqual([{ fd: a, kind: 'legacy', pending: Buffer.from([9, 9]) }]);
       expect(got.legacy).toEqual({ ok: 7, refused: 1, failed: 0 });
-      expect(got.state).toBeUndefined();
-      expect([isOpen(b), isOpen(listeningDup), isOpen(stray), isOpen(recordFd)]).toEqual([false, false, false, false]);
+      expect(got.crash).toBeNull();
+      expect(decodeKeptState(got.state!, log)).toEqual(state);
+      expect([b, notSocket, stray, recordFd, older].map(isOpen)).toEqual([false, false, false, false, false]);
       expect(lines.join('\n')).toMatch(/unexpected fds handed over as 'vmsr-something-else': closed/);
       expect(lines.join('\n')).toMatch(/the handover record does not list it/);
       expect(lines.join('\n')).toMatch(/it is not a socket/);
+      expect(lines.join('\n')).toMatch(/info handed over: 1 connections/);
       // A listening socket is never taken for a connection, even when the record lists it.
       const dup = dupCloexec(listening);
-      const rec2 = writeSealedMemfd(
-        HANDOVER_MEMFD_NAME,
-        encodeHandover(record([{ ino: inode(dup), kind: 'undecided', pending: Buffer.alloc(0) }])),
-      );
+      const rec2 = writeStateMemfd(state, handover([{ ino: inode(dup), kind: 'undecided', pending: Buffer.alloc(0) }]));
       const again = logs();
-      const got2 = takeHandedOver(
+      const got2 = takeKept(
         new Map([
-          [HANDOVER_NAMES.record, [rec2]],
-          [HANDOVER_NAMES.connections, [dup]],
+          [RECORD, [rec2]],
+          [`${KEPT_NAMES.connectionPrefix}7`, [dup]],
         ]),
+        null,
         again.log,
         2000n,
       );
@@ -133,53 +137,28 @@ describe('takeHandedOver', () => {
     }
   });
 
-  test('a corrupt state or record is refused and logged: no state, and the connections are closed', () => {
+  test('a record that is not sealed, or does not decode, is refused and logged: no state, the connections served as after a crash', () => {
     const [a, peerA] = socketpair();
     const unsealed = memfdCreate('not-sealed');
     fs.writeSync(unsealed, Buffer.from('VMSRSTAT garbage'));
-    const badRecord = writeSealedMemfd(HANDOVER_MEMFD_NAME, Buffer.from('VMSRHAND cut'));
-    const { lines, log } = logs();
-    try {
-      const got = takeHandedOver(
-        new Map([
-          [HANDOVER_NAMES.state, [unsealed]],
-          [HANDOVER_NAMES.record, [badRecord]],
-          [HANDOVER_NAMES.connections, [a]],
-        ]),
-        log,
-        2000n,
-      );
-      expect(got).toEqual({ connections: [] });
-      expect(isOpen(a)).toBe(false);
-      const text = lines.join('\n');
-      expect(text).toMatch(/saved state not restored: starting fresh .*cannot restore state: the memfd has seals 0x0/);
-      expect(text).toMatch(/handover record refused/);
-      expect(text).toMatch(/connections handed over without a usable handover record: closed/);
-    } finally {
-      closeFd(peerA);
-    }
-  });
-
-  test('a sealed state is taken as its bytes and decoded once asked; one that does not decode is refused then and logged', () => {
-    const state: StateSnapshot = { nextHostVmId: 1, vms: [], packages: [], knownPids: [], lastSample: null };
-    const good = writeStateMemfd(state);
     const garbage = writeSealedMemfd('vmsr-helper-state', Buffer.from('VMSRSTAT garbage'));
-    for (const [fd, decoded, logged] of [
-      [good, state, []],
-      [
-        garbage,
-        undefined,
-        [expect.stringMatching(/^warn saved state not restored: starting fresh .*cannot restore state: the snapshot is/)],
-      ],
-    ] as const) {
-      const taken = logs();
-      const got = takeHandedOver(new Map([[HANDOVER_NAMES.state, [fd]]]), taken.log, 2000n);
-      expect(isOpen(fd)).toBe(false);
-      expect(got.state).toBeInstanceOf(Buffer);
-      expect(taken.lines.filter((l) => l.startsWith('warn'))).toEqual([]);
-      const later = logs();
-      expect(decodeHandedState(got.state!, later.log)).toEqual(decoded);
-      expect(later.lines).toEqual(logged);
+    try {
+      for (const fd of [unsealed, garbage]) {
+        const { lines, log } = logs();
+        const got = takeKept(new Map([[RECORD, [fd]]]), null, log, 2000n);
+        expect(isOpen(fd)).toBe(false);
+        expect(got.crash).not.toBeNull();
+        const decoded = got.state === undefined ? undefined : decodeKeptState(got.state, log);
+        expect(decoded).toBeUndefined();
+        expect(lines.join('\n')).toMatch(fd === unsealed ? /^$/ : /handover record refused.*the snapshot is|saved state not restored/);
+        if (fd === unsealed) expect(got.crash!.checkpointDropped).toMatch(/cannot restore state: the memfd has seals 0x0/);
+      }
+      const { log } = logs();
+      const got = takeKept(new Map([[`${KEPT_NAMES.connectionPrefix}1`, [a]]]), null, log, 2000n);
+      expect(got.connections).toEqual([{ fd: a, kind: 'undecided', pending: Buffer.alloc(0) }]);
+    } finally {
+      closeFd(a);
+      closeFd(peerA);
     }
   });
 });

@@ -207,9 +207,9 @@ describe('state snapshot codec', () => {
       /^cannot restore state: it does not start with VMSRSTAT: it is not a vmsr-helper state snapshot; start without the saved state/,
     );
     const version = encodeState(sample());
-    version.writeUInt32LE(4, 8);
+    version.writeUInt32LE(5, 8);
     expect(refusal(version)).toMatch(
-      /it is format version 4, this vmsr-helper reads versions 1, 2 and 3; run the vmsr-helper that wrote it/,
+      /it is format version 5, this vmsr-helper reads versions 1, 2, 3 and 4; run the vmsr-helper that wrote it/,
     );
     const damaged = encodeState(sample());
     damaged[damaged.length - 1]! ^= 1;

@@ -20,7 +20,7 @@ import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { HostInfo } from '../../src/model/host.js';
 import type { Sample } from '../../src/model/sample.js';
 import type { VmSpec } from '../../src/model/vm.js';
-import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/handover/live-state.js';
+import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/v2/live-state.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
 import { decodeState, encodeState } from '../../src/state/snapshot-codec.js';

@@ -4,8 +4,7 @@
  * the connection's fd with those bytes and serves it from there (HelperServer.adopt).
  */
 import type net from 'node:net';
-import type { HandedConnection } from './handover-record.js';
-import type { StateSnapshot } from '../../state/snapshot.js';
+import type { HandedConnection, StateSnapshot } from '../../state/snapshot.js';
 
 type HandedKind = HandedConnection['kind'];
 
@@ -38,7 +37,7 @@ export interface Frozen {
 /**
  * The one restart contract: what a restart (restarter.ts) asks of the running daemon (daemon.ts, which
  * asks the server and the v2 service in turn). The next process adopts what it got: the server its
- * connections (HelperServer.adopt), the v2 service the snapshot (handover/restore.ts).
+ * connections (HelperServer.adopt), the v2 service the snapshot (v2/restore.ts).
  */
 export interface Restartable {
   /**
@@ -55,6 +54,18 @@ export interface HandedConnectionFd {
   fd: number;
   kind: HandedKind;
   pending: Buffer;
+}
+
+/**
+ * How the server holds each connection outside its process (docs/daemon.md "Crashes"): from its accept
+ * until its close, or until it turns out to be v2 (a v2 client reconnects after a crash). The holder,
+ * the keeper or systemd's fd store, is outside-keep.ts.
+ */
+export interface ConnectionKeep {
+  /** The connection of socket fd `fd` is accepted (or adopted): held from now on. Returns what names it for released(). */
+  held(fd: number | undefined): bigint | null;
+  /** The connection closed or is v2: no longer held. */
+  released(ino: bigint | null): void;
 }
 
 /** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */

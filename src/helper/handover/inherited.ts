@@ -1,15 +1,13 @@
 /**
  * What a start inherits instead of opening it itself, as one value: from systemd socket activation
  * (the listening socket), from the image before the start-up re-exec (everything the root-only steps
- * opened, privileges dropped), and later from a restart handover. The start-up (startup.ts) adopts
+ * opened, privileges dropped), and later from a restart handover (systemd's part: inheritFromEnvironment
+ * in lifecycle/systemd.ts). The start-up (startup.ts) adopts
  * each part given and runs the step itself for each part missing. Across an exec it travels in
  * INHERIT_ENV as JSON; its fds survive the exec by number.
  */
 import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
-import type { SocketFile } from '../server/listener.js';
-import { activationFd, storedFds, takeActivation } from '../lifecycle/systemd.js';
-import { socketType, SOCK_STREAM } from '../../os/libc.js';
 import { cannot } from '../../common/errors.js';
 import { takeFromKeeper } from '../../keeper/link.js';
 
@@ -21,8 +19,8 @@ export type InheritedFrom = 'fresh' | 'systemd' | 'keeper' | 'reexec' | 'restart
 interface InheritedListener {
   /** The listening socket, already bound and listening. */
   fd: number;
-  /** The socket file bound for it (ours to remove at close); absent for systemd's socket. */
-  file?: SocketFile;
+  /** The socket file bound for it (ours to remove at close: server/listener.ts's SocketFile); absent for systemd's socket. */
+  file?: { path: string; ino: number };
 }
 
 export interface Inherited {
@@ -45,32 +43,6 @@ export interface Inherited {
   dropped?: boolean;
   /** Further fds by name (systemd LISTEN_FDNAMES or fd store, a restart handover); carried, not used yet. */
   named?: ReadonlyMap<string, readonly number[]>;
-}
-
-/**
- * What this process inherits from its environment: systemd's listening socket when socket-activated
- * (the activation variables read and removed; -k with it, several listening sockets, or an fd that is
- * not a stream socket refused), with the fds the helper stored itself in systemd's fd store as named
- * fds; else nothing.
- */
-export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
-  const activation = takeActivation(env);
-  if (activation === null) return { how: 'fresh' };
-  const named = storedFds(activation);
-  // Only fds the helper stored (a service without a .socket unit): it binds its socket itself.
-  if ([...named.values()].flat().length === activation.fds) return { how: 'systemd', named };
-  const fd = activationFd(activation, socketPathGiven);
-  let type: number;
-  try {
-    type = socketType(fd);
-  } catch (e) {
-    throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)'));
-  }
-  if (type !== SOCK_STREAM)
-    throw new Error(
-      cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'),
-    );
-  return { how: 'systemd', listener: { fd }, ...(named.size > 0 ? { named } : {}) };
 }
 
 /** Every fd an Inherited holds (to keep across an exec). */

@@ -1,32 +1,31 @@
 /**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"). Both ways hand the next process the
- * same things: every legacy connection (and every one whose protocol is not known yet) with the bytes
- * read of it and not answered, the legacy counters (a handover record, record.ts), and the live
- * state (the snapshot, codec.ts), each memfd sealed. v2 clients are told the helper restarts (ERROR
- * RESTARTING) and reconnect; their registrations wait for them in the state.
+ * Restarts that QEMU does not see (docs/daemon.md "Restarts"): a planned crash. Both ways freeze the
+ * daemon and write the last checkpoint, the one continuity record (state/snapshot-codec.ts) with a
+ * hand-over: every legacy connection (and every one whose protocol is not known yet) with the bytes
+ * read of it and not answered, and the legacy counters; then hand it to the holder. v2 clients are
+ * told the helper restarts (ERROR RESTARTING) and reconnect; their registrations wait for them in the state.
  *
  *  - In place (SIGHUP, `vmsr-helper reload`): the installed binary is checked (it must run
  *    `--version`), then the daemon stops reading, hands over and executes it again in this process,
- *    as the start-up re-exec does; the listening socket, MSR fds and pidfile cross as at start-up. A
- *    failed check or exec leaves this process serving, every connection read again.
- *  - Through systemd's fd store (a stop under a NOTIFY_SOCKET): the same parts are stored with
- *    FDSTORE=1 under HANDOVER_NAMES, and the next start of the service gets them in LISTEN_FDS.
+ *    as the start-up re-exec does; the listening socket, MSR fds and pidfile cross as at start-up, the
+ *    record and the connections under KEPT_NAMES. A failed check or exec leaves this process
+ *    serving, every connection read again.
+ *  - Through systemd's fd store (a stop under a NOTIFY_SOCKET): the record is stored as the latest
+ *    checkpoint (the store holds every connection from its accept already), and the next start of
+ *    the service gets them all in LISTEN_FDS.
  */
-import { disarmLoopWatchdog, startLoopWatchdog } from '../lifecycle/loop-watchdog.js';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { FrozenConnection, Restartable } from './frozen.js';
-import type { LegacyCounters } from '../legacy/legacy-service.js';
-import type { Opened } from '../lifecycle/startup.js';
-import { HANDOVER_NAMES } from './handed-over.js';
 import { RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
-import type { Notifier } from '../lifecycle/systemd.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
-import { closeFd, closeOnExec, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
-import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
-import { encodeHandover } from './handover-record.js';
+import { closeFd, closeOnExec } from '../../os/libc.js';
+import { writeStateMemfd } from '../../state/memfd.js';
+import type { Handover, StateSnapshot } from '../../state/snapshot.js';
+import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
+import type { OutsideKeep } from './outside-keep.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 
@@ -41,7 +40,6 @@ const RESTART_DRAIN_MS = 200;
  * far above its second or two, as a host busy with other users' work took over 10 s.
  */
 const RESTART_CHECK_TIMEOUT_MS = 30_000;
-export const HANDOVER_MEMFD_NAME = 'vmsr-helper-handover';
 /**
  * Carries the old image's times (wall-clock ms, sub-ms: performance.timeOrigin + now) across the exec,
  * as JSON `{ signalAt, stoppedAt, execAt }`, for the new image's `restart phases` log line.
@@ -68,20 +66,27 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   }
 }
 
+/** What a restart needs of the daemon, each through the smallest interface (the daemon passes them: daemon.ts). */
 interface RestartParts {
   /** The running daemon: freeze() and snapshot(), the one restart contract. */
   daemon: Restartable;
-  opened: Opened;
-  legacy: LegacyCounters;
-  notifier: Notifier;
+  /** What the start opened, as the exec hands it on (lifecycle/startup.ts's Opened). */
+  opened: { handover(how: 'restart'): Inherited };
+  /** The legacy request counters (legacy/legacy-service.ts), carried in the hand-over. */
+  legacy: Readonly<Handover['legacy']>;
+  /** Tells systemd (lifecycle/systemd.ts's Notifier). */
+  notifier: { notify(state: string): void; ready(status: string): void };
+  /** The event loop's watchdog (lifecycle/loop-watchdog.ts): an alarm survives the exec. */
+  watchdog: { disarm(): void; start(): void };
+  /** Who holds the connections and checkpoints outside this process, if anyone (handover/outside-keep.ts). */
+  keep?: OutsideKeep;
   log: Logger;
 }
 
-/** What is handed over, ready: the memfds and the connections' fds; `undo` closes the memfds and reads again. */
+/** What is handed over, ready: the state, the hand-over and the connections' fds; `undo` reads again. */
 interface Prepared {
-  stateFd: number;
-  recordFd: number;
-  connections: FrozenConnection[];
+  state: StateSnapshot;
+  handover: Handover;
   connFds: number[];
   undo(): void;
 }
@@ -98,15 +103,13 @@ async function until(done: () => boolean, ms: number): Promise<void> {
 
 /**
  * Stops reading, tells v2 clients, waits (at most RESTART_DRAIN_MS) for queued replies, then, with
- * no turn of the event loop until the caller execs or stores: the state and the record in sealed
- * memfds. Throws (everything read again) when the state cannot be taken.
+ * no turn of the event loop until the caller execs or stores: the state and the hand-over. Throws
+ * (everything read again) when the state cannot be taken.
  */
 async function prepare(p: RestartParts): Promise<Prepared> {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
   await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
-  const abort = () => frozen.thaw();
-  let stateFd = -1;
   try {
     const connections = frozen.connections().filter((c) => {
       if (c.kind !== 'legacy' || c.socket.writableLength === 0) return fdOf(c.socket) !== undefined;
@@ -118,27 +121,14 @@ async function prepare(p: RestartParts): Promise<Prepared> {
       return false;
     });
     const connFds = connections.map((c) => fdOf(c.socket)!);
-    stateFd = writeStateMemfd(p.daemon.snapshot());
-    const record = encodeHandover({
+    const handover: Handover = {
       writtenNs: monotonicNs(),
       legacy: { ok: p.legacy.ok, refused: p.legacy.refused, failed: p.legacy.failed },
       connections: connections.map((c, i) => ({ ino: fs.fstatSync(connFds[i]!, { bigint: true }).ino, kind: c.kind, pending: c.pending })),
-    });
-    const recordFd = writeSealedMemfd(HANDOVER_MEMFD_NAME, record);
-    const memfds = [stateFd, recordFd];
-    return {
-      stateFd,
-      recordFd,
-      connections,
-      connFds,
-      undo: () => {
-        for (const fd of memfds) closeFd(fd);
-        abort();
-      },
     };
+    return { state: p.daemon.snapshot(), handover, connFds, undo: () => frozen.thaw() };
   } catch (e) {
-    if (stateFd >= 0) closeFd(stateFd);
-    abort();
+    frozen.thaw();
     throw e;
   }
 }
@@ -210,9 +200,16 @@ export class Restarter {
       if (meanwhile > 0) log.warn({ trigger, meanwhile }, 'restart asked again while one runs: one restart does for all, once they stop');
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
       let prepared: Prepared;
+      let recordFd: number;
       const stoppedAt = wallMs();
       try {
         prepared = await prepare(this.p);
+        try {
+          recordFd = writeStateMemfd(prepared.state, prepared.handover);
+        } catch (e) {
+          prepared.undo();
+          throw e;
+        }
       } catch (e) {
         const why = cannot('restart', (e as Error).message, 'this helper goes on serving');
         log.error({ trigger }, why);
@@ -223,9 +220,8 @@ export class Restarter {
         ...this.p.opened.handover('restart'),
         dropped: true,
         named: new Map([
-          [HANDOVER_NAMES.state, [prepared.stateFd]],
-          [HANDOVER_NAMES.record, [prepared.recordFd]],
-          [HANDOVER_NAMES.connections, prepared.connFds],
+          [`${KEPT_NAMES.checkpointPrefix}${prepared.handover.writtenNs}`, [recordFd]],
+          [KEPT_NAMES.connectionPrefix, prepared.connFds],
         ]),
       };
       const keep = inheritedFds(inherited);
@@ -236,7 +232,7 @@ export class Restarter {
       );
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
-        disarmLoopWatchdog();
+        this.p.watchdog.disarm();
         reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) }, daemonArgv());
       } catch (e) {
         for (const fd of keep) {
@@ -246,8 +242,9 @@ export class Restarter {
             /* closed meanwhile */
           }
         }
+        closeFd(recordFd);
         prepared.undo();
-        startLoopWatchdog();
+        this.p.watchdog.start();
         const why = cannot('restart', `exec failed: ${(e as Error).message}`, 'this helper goes on serving');
         log.error({ trigger }, why);
         notifier.ready('serving (the restart was called off)');
@@ -259,29 +256,23 @@ export class Restarter {
   }
 
   /**
-   * The stop of a systemd service: the parts are stored in systemd's fd store for the next start
-   * (they are dropped by systemd when it does not restart the service, or keeps no fds). Returns
-   * false when nothing was stored (no NOTIFY_SOCKET, FDSTORE=0, or the state could not be taken).
+   * The stop of a systemd service: the record, with its hand-over, is stored in systemd's fd store as
+   * the latest checkpoint, beside the connections the store holds since their accept (systemd drops
+   * them when it does not restart the service). Returns false when nothing was stored (no fd store,
+   * or the state could not be taken).
    */
   async toFdStore(): Promise<boolean> {
-    const { log, notifier } = this.p;
-    const max = process.env.FDSTORE;
-    if (notifier.socket === undefined || max === '0') return false;
+    const { log, keep } = this.p;
+    if (keep?.holder !== 'fd store') return false;
     let prepared: Prepared;
+    let stored: boolean;
     try {
       prepared = await prepare(this.p);
+      stored = keep.checkpoint(prepared.state, prepared.handover);
     } catch (e) {
       log.error({ err: (e as Error).message }, 'cannot hand over to the fd store: the next start begins fresh');
       return false;
     }
-    for (const name of Object.values(HANDOVER_NAMES)) notifier.removeStoredFds(name);
-    let stored = notifier.storeFds(HANDOVER_NAMES.state, [prepared.stateFd], { poll: false });
-    stored = notifier.storeFds(HANDOVER_NAMES.record, [prepared.recordFd], { poll: false }) && stored;
-    for (let i = 0; i < prepared.connFds.length; i += MAX_FDS_PER_MESSAGE) {
-      stored = notifier.storeFds(HANDOVER_NAMES.connections, prepared.connFds.slice(i, i + MAX_FDS_PER_MESSAGE)) && stored;
-    }
-    closeFd(prepared.stateFd);
-    closeFd(prepared.recordFd);
     log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
     return stored;
   }

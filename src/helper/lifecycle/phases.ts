@@ -4,9 +4,9 @@
  *
  *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart,
  *                what a keeper held after a crash)
- *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), what a
- *                crash left kept outside (crash-guard.ts) and what a restart handed over
- *                (handover/handed-over.ts), each checked
+ *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), and what
+ *                the process before kept, a restart's hand-over or a crash's leftovers (crash-guard.ts,
+ *                kept.ts), each checked
  *   drop         the privilege drop (done before the exec when re-executed), the per-thread audit
  *   budgetFds    the open-file limit raised, and the connections it can hold
  *   serveLegacy  the legacy service and the server, serving; handed-over connections adopted
@@ -28,14 +28,14 @@ import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '.
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
 import { closeOpenInspector } from '../../os/inspector-guard.js';
-import { decodeHandedState, HANDOVER_NAMES, takeHandedOver, type HandedOver } from '../handover/handed-over.js';
 import type { RestartClock } from '../handover/restarter.js';
 import type { DaemonConfig } from './config.js';
-import { inheritFromEnvironment, type Inherited } from '../handover/inherited.js';
+import type { Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
-import type { Notifier } from './systemd.js';
-import { CrashGuard } from './crash-guard.js';
-import type { ConnectionKeep } from '../server/connection-keep.js';
+import { inheritFromEnvironment, type Notifier } from './systemd.js';
+import { CrashGuard } from '../handover/crash-guard.js';
+import { decodeKeptState, type Kept } from '../handover/kept.js';
+import type { ConnectionKeep } from '../handover/frozen.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
@@ -47,22 +47,17 @@ export function inherit(config: DaemonConfig, given?: Inherited): Inherited {
 
 /**
  * The start-up steps (checks, MSR fds, listening socket, pidfile, --record files), each adopted when
- * inherited, else opened; then what a crash left kept outside (crash-guard.ts, which holds what this
- * process keeps outside from now on) and what a restart handed over (connections, state, counters),
- * each part checked, the rest closed.
+ * inherited, else opened; then what the process before kept (crash-guard.ts, which holds what this
+ * process keeps outside from now on): connections, state, counters, each part checked, the rest closed.
  */
 export async function open(
   config: DaemonConfig,
   inh: Inherited,
   o: { files: readonly string[]; area: Areas; logger: Logger; notifier: Notifier },
-): Promise<{ opened: Opened; handed: HandedOver; guard: CrashGuard }> {
+): Promise<{ opened: Opened; handed: Kept; guard: CrashGuard }> {
   const opened = await openStart(config, inh, { files: o.files, log: o.area('startup') });
   const guard = CrashGuard.start(inh.named, o.notifier, o.area('restart'));
-  const handed = guard.merge(takeHandedOver(guard.named, o.area('restart')));
-  // Named fds not from a restart in place came from systemd's fd store (as root through the start-up
-  // re-exec, whose `how` is 'reexec'): taken, they leave the store, or systemd would hold them open.
-  if (inh.how !== 'restart' && inh.named && inh.named.size > 0)
-    for (const name of Object.values(HANDOVER_NAMES)) o.notifier.removeStoredFds(name);
+  const handed = guard.kept;
   if (
     o.notifier.socket !== undefined &&
     process.env.FDSTORE !== '0' &&
@@ -190,7 +185,7 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
 export function serveLegacy(
   config: DaemonConfig,
   opened: Opened,
-  handed: HandedOver,
+  handed: Kept,
   o: { maxConnections: number; area: Areas; late?: LateV2Handler; keep?: ConnectionKeep },
 ): ServerChain {
   const chain = assembleServer({
@@ -221,9 +216,9 @@ export function serveLegacy(
 }
 
 /** The handed-over state, decoded once the requests that waited through a restart are read and answered. */
-export async function restore(handed: HandedOver, log: Logger): Promise<StateSnapshot | undefined> {
+export async function restore(handed: Kept, log: Logger): Promise<StateSnapshot | undefined> {
   await afterIoPoll();
-  return handed.state && decodeHandedState(handed.state, log);
+  return handed.state && decodeKeptState(handed.state, log);
 }
 
 /** The v2 service, its modules loaded only now: QEMU's replies do not wait for them (docs/daemon.md "Where the time goes"). */

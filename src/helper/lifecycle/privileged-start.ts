@@ -7,7 +7,8 @@
  * passes the same to every serving process it starts (keeperImage).
  */
 import type { DaemonConfig } from './config.js';
-import { inheritEnv, inheritedFds, inheritFromEnvironment, renumbered, type Inherited } from '../handover/inherited.js';
+import { inheritEnv, inheritedFds, renumbered, type Inherited } from '../handover/inherited.js';
+import { inheritFromEnvironment } from './systemd.js';
 import { KEEPER_ENV, KEEPER_FIRST_FD } from '../../keeper/keeper-messages.js';
 import type { KeeperImage } from '../../keeper/keeper-image.js';
 import { openStart } from './startup.js';

@@ -2,8 +2,9 @@
  * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
  * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
  */
-import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE } from '../../os/libc.js';
+import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc.js';
 import { cannot, cannotError } from '../../common/errors.js';
+import type { Inherited } from '../handover/inherited.js';
 
 const FIRST_SOCKET_ACTIVATION_FD = 3;
 /**
@@ -209,4 +210,30 @@ export class Notifier {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
   }
+}
+
+/**
+ * What this process inherits from its environment: systemd's listening socket when socket-activated
+ * (the activation variables read and removed; -k with it, several listening sockets, or an fd that is
+ * not a stream socket refused), with the fds the helper stored itself in systemd's fd store as named
+ * fds; else nothing.
+ */
+export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
+  const activation = takeActivation(env);
+  if (activation === null) return { how: 'fresh' };
+  const named = storedFds(activation);
+  // Only fds the helper stored (a service without a .socket unit): it binds its socket itself.
+  if ([...named.values()].flat().length === activation.fds) return { how: 'systemd', named };
+  const fd = activationFd(activation, socketPathGiven);
+  let type: number;
+  try {
+    type = socketType(fd);
+  } catch (e) {
+    throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)'));
+  }
+  if (type !== SOCK_STREAM)
+    throw new Error(
+      cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'),
+    );
+  return { how: 'systemd', listener: { fd }, ...(named.size > 0 ? { named } : {}) };
 }

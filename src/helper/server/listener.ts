@@ -21,7 +21,7 @@ import {
 type ListenTarget = { path: string } | { fd: number };
 
 /** A socket file we bound, by path and inode: removed at close only while it is still that inode. */
-export interface SocketFile {
+interface SocketFile {
   path: string;
   ino: number;
 }

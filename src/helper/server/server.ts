@@ -10,7 +10,6 @@ import type { PeerCredentials } from '../../os/libc.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
-import type { ConnectionKeep } from './connection-keep.js';
 import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from '../lifecycle/memory-settler.js';
 import type { Listener } from './listener.js';
@@ -20,7 +19,7 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import { IncompleteFrames, type CutReason, type IncompleteHold, type Unread } from './incomplete-frames.js';
 import { ConnectionSeats, type Seat } from './connection-seats.js';
 import type { ShareOwner } from '../../budget/uid-share.js';
-import type { FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
+import type { ConnectionKeep, FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
 import { Preamble } from './preamble.js';
 
 /**
@@ -80,7 +79,7 @@ export interface HelperServerOptions {
   qemuPeer?: (peer: PeerCredentials) => boolean;
   /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
   starttimeOf?: (pid: number) => number | null;
-  /** Holds each connection outside this process from its accept to its close, or until it is v2 (lifecycle/outside-keep.ts). */
+  /** Holds each connection outside this process from its accept to its close, or until it is v2 (handover/outside-keep.ts). */
   keep?: ConnectionKeep;
 }
 

@@ -3,7 +3,7 @@
  * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
  * the sampling loop calls its per-sample flow (interval, then sampled) each tick; a restart asks it
  * to freeze() and for its snapshot(), and the next process makes it from the snapshot
- * (handover/restore.ts). The parts, each with one job:
+ * (restore.ts). The parts, each with one job:
  *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
  *   Clients (clients.ts)              the connections, their viewer and host subscription
  *   requests/ (table.ts, dispatch.ts) one handler per request type
@@ -54,8 +54,8 @@ import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
 import type { Result } from '../../common/result.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import { capture, type RestorePlan } from '../handover/live-state.js';
-import { restoreParts, restoreSampling, type RestoreReport } from '../handover/restore.js';
+import { capture, type RestorePlan } from './live-state.js';
+import { restoreFrom, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
@@ -113,7 +113,9 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
   guestDir?: string;
   /**
    * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
-   * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads. Absent: raw.
+   * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads;
+   * `answer` binds QEMU's requests to them and says which QEMUs were answered 0 meanwhile (the
+   * restore then resynchronises those). Absent: raw.
    */
   guestEnergy?: {
     maxThreads: number;
@@ -123,6 +125,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
     preferredGroups?: readonly number[];
     /** QEMU processes exact mode counts at once: --max-discovered-vms (GuestPeers). */
     maxPeers?: number | undefined;
+    answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
   };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
   powerLimits?: { open: BandwidthOpener; adminGid?: number };
@@ -156,7 +159,7 @@ interface V2Parts {
 }
 
 /**
- * The service, made and, with `restore`, restored (handover/restore.ts): the restored discovered VMs'
+ * The service, made and, with `restore`, restored (restore.ts): the restored discovered VMs'
  * threads are read again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms,
  * and the daemon serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes").
  * Nothing else sees the service until it resolves.
@@ -175,27 +178,19 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     // Called only once the service is made (a tick comes after it).
     flow: { interval: (tick) => service.interval(tick) },
   });
-  const restore =
-    o.restore === undefined
-      ? null
-      : restoreSampling(o.restore, {
-          host: o.host,
-          sampling,
-          starttime: (pid) => proc.starttime(pid),
-          nowNs: (o.clock ?? monotonicNs)(),
-          log: o.log,
-        });
-  const parts = makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), restore?.plan ?? null);
-  const service = new V2Service(o, parts, restore?.report ?? null);
-  if (restore?.plan)
-    service.restoredWaiting(
-      await restoreParts(restore.plan, {
-        ...parts,
-        ...(o.discovery ? { discovery: o.discovery } : {}),
-        log: o.log,
-        ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
-      }),
-    );
+  const { parts, report, waiting } = await restoreFrom(o.restore, {
+    host: o.host,
+    sampling,
+    starttime: (pid) => proc.starttime(pid),
+    nowNs: (o.clock ?? monotonicNs)(),
+    log: o.log,
+    ...(o.discovery ? { discovery: o.discovery } : {}),
+    ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
+    build: (plan) => makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), plan),
+    ...(o.guestEnergy?.answer ? { answerGuestEnergy: o.guestEnergy.answer } : {}),
+  });
+  const service = new V2Service(o, parts, report);
+  service.restoredWaiting(waiting);
   if (o.deferDiscovery !== true) void service.startDiscovery();
   return service;
 }
@@ -370,7 +365,7 @@ function makeParts(
 export class V2Service {
   /** The server hands it every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
-  /** The release of restored registrations still waiting for their connection (handover/restore.ts). */
+  /** The release of restored registrations still waiting for their connection (restore.ts). */
   private restoredWait: NodeJS.Timeout | undefined;
   private closed = false;
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */

@@ -70,7 +70,7 @@ const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   // The keeper's channel (an fd number) and its account of the crash before (keeper/keeper-messages.ts KEEPER_ENV).
   'VMSR_HELPER_KEEPER',
   'VMSR_HELPER_KEEPER_NOTE',
-  // Test hook: the restore crashes on a checkpoint with a VM of this pid (helper/lifecycle/kept.ts).
+  // Test hook: the restore crashes on a checkpoint with a VM of this pid (helper/handover/kept.ts).
   'VMSR_HELPER_TEST_CRASH_ON_VM_PID',
 ];
 

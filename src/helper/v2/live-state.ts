@@ -14,8 +14,8 @@ import type { SamplingState } from '../../sampling/sampling-service.js';
 import type { KnownProcessState } from '../../discovery/scanner.js';
 import { stateProblem } from '../../state/snapshot-codec.js';
 import type { DomainsState, SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
-import type { HostEnergyState } from '../v2/host-energy.js';
-import type { VmRecord } from '../v2/vm-registry.js';
+import type { HostEnergyState } from './host-energy.js';
+import type { VmRecord } from './vm-registry.js';
 
 /**
  * The longest restart gap whose energy is attributed: past it the 32-bit package counter may have

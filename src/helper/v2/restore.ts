@@ -1,11 +1,12 @@
 /**
- * The v2 service's restore from a handed-over snapshot, in one place (docs/daemon.md "Restart
- * state"): the snapshot is planned against this host (live-state.ts, planRestore), the sampling
- * loop's engine takes it first (it refuses inconsistent values before changing anything), the parts
- * are made from the plan (registry, connection ids, host energy: service.ts), then the rest here: the
- * discovered VMs taken back in slices (clients served between them), the VMs that ended logged, the
- * registrations that wait for their connection, and the loop resumed. A refusal anywhere leaves
- * every part fresh.
+ * The restore from what the process before kept, in one call (restoreFrom; docs/daemon.md "Restart
+ * state"; journald's server_restore_streams is the model): the snapshot is planned against this host
+ * (live-state.ts, planRestore), the sampling loop's engine takes it first (it refuses inconsistent
+ * values before changing anything), the parts are made from the plan (registry, connection ids, host
+ * energy: service.ts's `build`), then the discovered VMs taken back in slices (clients served between
+ * them), the VMs that ended logged, the registrations that wait for their connection, the loop
+ * resumed, and the guest counters (--guest-energy exact) with the QEMUs answered 0 meanwhile. A
+ * refusal anywhere leaves every part fresh.
  */
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
@@ -14,9 +15,10 @@ import type { HostInfo } from '../../model/host.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import { runInSlices } from '../../sampling/time-slices.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
-import type { Discovery } from '../v2/discovery.js';
-import type { VmLifecycle } from '../v2/vm-lifecycle.js';
-import type { VmRegistry } from '../v2/vm-registry.js';
+import type { Discovery } from './discovery.js';
+import type { GuestEnergy } from '../guest/guest-energy.js';
+import type { VmLifecycle } from './vm-lifecycle.js';
+import type { VmRegistry } from './vm-registry.js';
 import { planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 
 /** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
@@ -30,7 +32,7 @@ interface Restore {
 }
 
 /** `snapshot` planned against this host and its processes, and the sampling loop restored from it. */
-export function restoreSampling(
+function restoreSampling(
   snapshot: StateSnapshot,
   o: { host: HostInfo; sampling: SamplingService; starttime(pid: number): number | null; nowNs: bigint; log: Logger },
 ): Restore {
@@ -60,12 +62,56 @@ interface RestoredParts {
   waitMs?: number;
 }
 
+interface RestoreFrom<P> {
+  host: HostInfo;
+  sampling: SamplingService;
+  starttime(pid: number): number | null;
+  nowNs: bigint;
+  log: Logger;
+  discovery?: Discovery;
+  waitMs?: number;
+  /** Makes the service's parts, from the plan when the snapshot was taken (null: fresh). */
+  build(plan: RestorePlan | null): P;
+  /**
+   * --guest-energy exact: binds the legacy service's answers to the guest counters and says which
+   * QEMUs it answered 0 meanwhile (assemble.ts: the legacy service's setEnergyStatus).
+   */
+  answerGuestEnergy?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
+}
+
+/** What restoreFrom made: the parts, what the restore kept aside or why it was refused (null: nothing kept), the registrations' wait. */
+interface Restored<P> {
+  parts: P;
+  report: Result<RestoreReport> | null;
+  waiting: NodeJS.Timeout | undefined;
+}
+
+/** Everything restored from `kept` (undefined: a fresh start), in order; see the head of this file. */
+export async function restoreFrom<P extends Omit<RestoredParts, 'log' | 'waitMs' | 'discovery'> & { guestEnergy?: GuestEnergy }>(
+  kept: StateSnapshot | undefined,
+  o: RestoreFrom<P>,
+): Promise<Restored<P>> {
+  const r = kept === undefined ? null : restoreSampling(kept, o);
+  const parts = o.build(r?.plan ?? null);
+  let waiting: NodeJS.Timeout | undefined;
+  if (r?.plan)
+    waiting = await restoreParts(r.plan, {
+      ...parts,
+      ...(o.discovery ? { discovery: o.discovery } : {}),
+      log: o.log,
+      ...(o.waitMs !== undefined ? { waitMs: o.waitMs } : {}),
+    });
+  const guest = parts.guestEnergy;
+  if (guest !== undefined && o.answerGuestEnergy !== undefined) guest.restore(kept?.guest ?? [], o.answerGuestEnergy(guest));
+  return { parts, report: r?.report ?? null, waiting };
+}
+
 /**
  * The rest of the restore, once the parts are made from `plan`; then the loop resumes (the first
  * sample closes the interval from the old process's last). Returns the timer that releases the
  * registrations whose connection did not come back, when any wait.
  */
-export async function restoreParts(plan: RestorePlan, p: RestoredParts): Promise<NodeJS.Timeout | undefined> {
+async function restoreParts(plan: RestorePlan, p: RestoredParts): Promise<NodeJS.Timeout | undefined> {
   if (p.discovery) await adoptDiscovered(plan, p, p.discovery);
   for (const e of plan.ended)
     p.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');

@@ -7,23 +7,32 @@
  */
 import { closeFd } from '../../os/libc.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
-import type { StateSnapshot } from '../../state/snapshot.js';
+import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KeeperLink, socketIno } from '../../keeper/link.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
-import type { Notifier } from './systemd.js';
 import type { Disposable } from '../../common/disposable.js';
-import type { ConnectionKeep } from '../server/connection-keep.js';
+import type { ConnectionKeep } from './frozen.js';
+
+/** What the fd store is reached through (lifecycle/systemd.ts's Notifier). */
+export interface StoreNotifier {
+  readonly socket: string | undefined;
+  storeFds(name: string, fds: readonly number[], opts?: { poll?: boolean }): boolean;
+  removeStoredFds(name: string): void;
+}
 
 export interface OutsideKeep extends ConnectionKeep {
   readonly holder: 'keeper' | 'fd store';
-  /** The latest checkpoint: `s` in a sealed memfd, handed to the holder; the one before is let go. */
-  checkpoint(s: StateSnapshot): void;
+  /**
+   * The latest record: `s` (and, at a stop into the fd store, what the next start takes over) in a
+   * sealed memfd, handed to the holder; the one before is let go. False when the holder did not take it.
+   */
+  checkpoint(s: StateSnapshot, handover?: Handover): boolean;
   /** A checkpoint is about to be restored: a process that dies before its own first checkpoint crashed in the restore. */
   restoring(): void;
   /** The start is over: serving. */
   ready(): void;
-  /** From now on, closing connections (a stop, a hand-over) leaves them held: nothing more is sent. */
+  /** From now on, closing connections (a stop, a hand-over) leaves them held: no more is released. */
   detach(): void;
 }
 
@@ -33,7 +42,7 @@ interface KeepLog {
 
 /** The holder this process has (its keeper, else systemd's fd store), or null: then a crash loses the connections. */
 export function outsideKeep(
-  notifier: Notifier,
+  notifier: StoreNotifier,
   found: { checkpointNames: readonly string[]; restoringMark: boolean },
   log: KeepLog,
 ): OutsideKeep | null {
@@ -55,7 +64,7 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
     released(ino) {
       if (ino !== null && attached) link.drop(ino);
     },
-    checkpoint: (s) => attached && link.checkpoint(writeStateMemfd(s)),
+    checkpoint: (s, handover) => (link.checkpoint(writeStateMemfd(s, handover)), true),
     // The keeper drops a checkpoint it passed to a process that dies before sending its own.
     restoring: () => {},
     ready: () => link.ready(),
@@ -71,7 +80,7 @@ class FdStoreKeep implements OutsideKeep {
 
   /** `found`: the checkpoints the store held at this start; `marked`: it held the restoring mark (removed with them). */
   constructor(
-    private readonly notifier: Notifier,
+    private readonly notifier: StoreNotifier,
     found: readonly string[],
     private marked: boolean,
   ) {
@@ -88,19 +97,19 @@ class FdStoreKeep implements OutsideKeep {
     if (ino !== null && this.attached) this.notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`);
   }
 
-  checkpoint(s: StateSnapshot): void {
-    if (!this.attached) return;
-    const fd = writeStateMemfd(s);
+  checkpoint(s: StateSnapshot, handover?: Handover): boolean {
+    const fd = writeStateMemfd(s, handover);
     // A name per checkpoint, ordered: FDSTOREREMOVE=1 removes every fd of a name, so the new one is
     // stored before the old one goes, and a crash between the two leaves both (the next start takes the latest).
     const name = `${KEPT_NAMES.checkpointPrefix}${monotonicNs()}`;
     const stored = this.notifier.storeFds(name, [fd], { poll: false });
     closeFd(fd);
-    if (!stored) return;
+    if (!stored) return false;
     for (const old of this.checkpoints.splice(0)) this.notifier.removeStoredFds(old);
     this.checkpoints.push(name);
     if (this.marked) this.notifier.removeStoredFds(KEPT_NAMES.restoring);
     this.marked = false;
+    return true;
   }
 
   restoring(): void {

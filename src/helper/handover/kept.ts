@@ -1,0 +1,194 @@
+/**
+ * What a start finds kept from the process before it (docs/daemon.md "Restarts" and "Crashes"), under
+ * the one set of names (KEPT_NAMES) whoever held it: the exec of a restart in place, systemd's fd store
+ * or the keeper. The latest record (the highest checkpoint number) and every kept connection, each
+ * checked before it is trusted. A record with a hand-over (a planned restart, a stop into the fd store)
+ * says what each connection is: one it lists is served from its pending bytes, one it does not list is
+ * closed. A record without one is a checkpoint (a crash): each kept connection is served from its next
+ * byte, and the checkpoint is the state unless the last process died restoring it. Anything else is
+ * closed and logged.
+ */
+import fs from 'node:fs';
+import { closeFd, getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc.js';
+import { readStateBytes } from '../../state/memfd.js';
+import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
+import type { Handover, StateSnapshot } from '../../state/snapshot.js';
+import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
+import type { HandedConnectionFd } from './frozen.js';
+import { monotonicNs } from '../../sampling/tick-loop.js';
+
+/** Test hook: a restore of a checkpoint holding a VM of this pid crashes (SIGABRT), as a bug in the restore would. */
+export const CRASH_ON_VM_PID_ENV = 'VMSR_HELPER_TEST_CRASH_ON_VM_PID';
+
+export interface Kept {
+  /** The record's bytes, from a memfd sealed as it must be; decodeKeptState decodes them once the daemon serves. */
+  state?: Buffer;
+  /** The legacy request counters of the previous process (a planned restart). */
+  legacy?: Handover['legacy'];
+  /** Connections to serve, with what the previous process read of them. */
+  connections: HandedConnectionFd[];
+  /** A crash (no hand-over): why the checkpoint was not used, when it was not. */
+  crash: { checkpointDropped?: string } | null;
+  /** The checkpoint names found (the fd store removes them once this process wrote its own). */
+  checkpointNames: string[];
+  /** The fd store held the mark that a checkpoint was being restored. */
+  restoringMark: boolean;
+}
+
+interface KeptLog {
+  info(o: object, msg: string): void;
+  warn(o: object, msg: string): void;
+}
+
+/** Why `fd` is not a connection to serve, or its inode when it is one (a connected stream socket with a peer). */
+function connectionProblem(fd: number): { ino: bigint } | { why: string } {
+  let st: fs.BigIntStats;
+  try {
+    st = fs.fstatSync(fd, { bigint: true });
+  } catch (e) {
+    return { why: `fstat failed (${(e as Error).message})` };
+  }
+  if (!st.isSocket()) return { why: 'it is not a socket' };
+  try {
+    if (socketType(fd) !== SOCK_STREAM) return { why: 'it is not a stream socket' };
+    if (isListeningSocket(fd)) return { why: 'it is a listening socket, not a connection' };
+    if (getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
+  } catch (e) {
+    return { why: (e as Error).message };
+  }
+  return { ino: st.ino };
+}
+
+/** The kept state's snapshot, decoded and checked by the codec (planRestore checks it against the host later); undefined, and logged, when it does not decode. */
+export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | undefined {
+  const r = decodeState(bytes);
+  if (r.ok) return r.value;
+  log.warn({ err: r.error }, 'saved state not restored: starting fresh');
+  return undefined;
+}
+
+const seqOf = (name: string) => BigInt(name.slice(KEPT_NAMES.checkpointPrefix.length).replace(/\D/g, '') || '0');
+
+/** The kept fds by what they are; a name not of ours is closed and logged. */
+function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: KeptLog) {
+  const conns: number[] = [];
+  const checkpoints: [string, number][] = [];
+  let restoringMark = false;
+  for (const [name, fds] of named ?? []) {
+    if (name.startsWith(KEPT_NAMES.connectionPrefix)) conns.push(...fds);
+    else if (name.startsWith(KEPT_NAMES.checkpointPrefix)) for (const fd of fds) checkpoints.push([name, fd]);
+    else {
+      if (name === KEPT_NAMES.restoring) restoringMark = true;
+      else log.warn({ name, fds: fds.length }, `unexpected fds handed over as '${name}': closed`);
+      fds.forEach(closeFd);
+    }
+  }
+  checkpoints.sort((a, b) => (seqOf(b[0]) > seqOf(a[0]) ? 1 : -1));
+  return { conns, checkpoints, restoringMark, checkpointNames: [...new Set(checkpoints.map(([n]) => n))] };
+}
+
+/** The latest record's bytes and its hand-over (null: a checkpoint, or none); every record fd is closed. */
+function latestRecord(checkpoints: [string, number][], dropped: string | undefined, nowNs: bigint, log: KeptLog) {
+  let bytes: Buffer | undefined;
+  let why = dropped;
+  let handover: Handover | null = null;
+  for (const [i, [, fd]] of checkpoints.entries()) {
+    try {
+      if (i === 0 && dropped === undefined) bytes = readStateBytes(fd);
+    } catch (e) {
+      why = (e as Error).message;
+    }
+    closeFd(fd);
+  }
+  if (bytes !== undefined) {
+    const h = decodeHandover(bytes, nowNs);
+    if (h.ok) handover = h.value;
+    else log.warn({ err: h.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
+  }
+  return { bytes, handover, why };
+}
+
+/**
+ * Takes the kept parts out of `named` (the Inherited's named fds), checking each; every fd not used
+ * is closed. `note`: the keeper's account of a crash before this start. Never throws.
+ */
+export function takeKept(
+  named: ReadonlyMap<string, readonly number[]> | undefined,
+  note: KeeperNote | null,
+  log: KeptLog,
+  nowNs: bigint = monotonicNs(),
+): Kept {
+  const { conns, checkpoints, restoringMark, checkpointNames } = sort(named, log);
+  const dropped = note?.checkpointDropped ?? (restoringMark ? 'the process before died while restoring it' : undefined);
+  const record = latestRecord(checkpoints, dropped, nowNs, log);
+  const h = record.handover;
+  const out: Kept = { connections: [], crash: null, checkpointNames, restoringMark };
+  if (h === null && (conns.length > 0 || checkpoints.length > 0 || note !== null))
+    out.crash = record.why !== undefined ? { checkpointDropped: record.why } : {};
+  if (record.bytes !== undefined) out.state = record.bytes;
+  if (h !== null) out.legacy = h.legacy;
+  const listed = new Map(h?.connections.map((c) => [c.ino, c]));
+  for (const fd of conns) {
+    const c = connectionProblem(fd);
+    const entry = 'ino' in c ? listed.get(c.ino) : undefined;
+    if ('ino' in c && h === null) out.connections.push({ fd, kind: 'undecided', pending: Buffer.alloc(0) });
+    else if (entry !== undefined) {
+      listed.delete(entry.ino);
+      out.connections.push({ fd, kind: entry.kind, pending: entry.pending });
+    } else {
+      log.warn({ fd, why: 'why' in c ? c.why : 'the handover record does not list it' }, 'kept fd is not a connection to serve: closed');
+      closeFd(fd);
+    }
+  }
+  if (h !== null)
+    log.info(
+      { connections: out.connections.length, gone: listed.size, state: out.state !== undefined },
+      `handed over: ${out.connections.length} connections${listed.size > 0 ? ` (${listed.size} closed by their client meanwhile)` : ''}`,
+    );
+  return out;
+}
+
+export interface CrashLog extends KeptLog {
+  error(o: object, msg: string): void;
+}
+
+/** How the process before ended, as the keeper told it. */
+function diedHow(note: KeeperNote): string {
+  // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).
+  if (note.how === 'SIGHUP')
+    return `the serving process (pid ${note.pid}) was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
+  if (note.fromOutside)
+    return `the serving process (pid ${note.pid}) was ended by ${note.how} from another process (not counted as a crash)`;
+  return `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`;
+}
+
+/**
+ * The one line a start after a crash logs: what was kept, the checkpoint restored (and how old it was
+ * when the process died) or why none, and what that means for the energy. `restored` is the decoded
+ * checkpoint, when it decoded.
+ */
+export function reportCrash(kept: Kept, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
+  const crash = kept.crash;
+  if (crash === null) return;
+  const crashedAtNs = BigInt(Math.round(note?.atMs ?? Date.now())) * 1_000_000n;
+  const lastNs = restored?.lastSample?.realtimeNs;
+  const ageMs = lastNs !== undefined ? Number((crashedAtNs - lastNs) / 1_000_000n) : undefined;
+  const by = note === null ? 'the last serving process ended without handing over (a crash)' : diedHow(note);
+  const what =
+    restored !== undefined
+      ? `state restored from the checkpoint of its last sample${ageMs !== undefined ? ` (${ageMs} ms before it died)` : ''}: the energy since is split over the gap at the first sample, as after a restart (lost only if the gap passes 60 s: then the totals go on from the checkpoint and the gap is not attributed)`
+      : `no checkpoint restored (${crash.checkpointDropped ?? (kept.state ? 'it did not decode' : 'none was kept')}): v2 totals start from 0`;
+  const n = kept.connections.length;
+  const fields = {
+    connections: n,
+    checkpoint: restored !== undefined,
+    ...(ageMs !== undefined ? { checkpointAgeMs: ageMs } : {}),
+    ...(note ? { crashed: note } : {}),
+  };
+  log.warn(fields, `recovered from a crash: ${by}; ${n} QEMU connections kept; ${what}`);
+  const poison = Number(process.env[CRASH_ON_VM_PID_ENV] ?? 0);
+  if (poison > 0 && restored?.vms.some((v) => v.pid === poison)) {
+    log.error({ pid: poison }, `${CRASH_ON_VM_PID_ENV}: crashing inside the restore, as asked`);
+    process.abort();
+  }
+}

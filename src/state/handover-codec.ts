@@ -1,0 +1,75 @@
+/**
+ * The hand-over section of the continuity record (format version 4 on; docs/daemon.md "Restart
+ * state"): what a planned restart carries besides the state, at the end of the payload, its length in
+ * the header's last field (0: a checkpoint, which a crash leaves). For each connection handed over:
+ * its socket's inode (how the next process pairs it with the fd it got, whatever its number or
+ * name), what was read of it and not answered yet, and the legacy request counters:
+ *
+ *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
+ *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
+ */
+import { Refused, type Reader, type Writer } from './byte-io.js';
+import { MAX_U64, type Handover } from './snapshot.js';
+
+/** Connections one record may list (the daemon's --max-connections bound). */
+const MAX_HANDED_CONNECTIONS = 1 << 20;
+/**
+ * Bytes read and not answered, per connection: the start of a request, and what the stream had read
+ * ahead before reading stopped (Node's stream reads ahead up to 64 KiB).
+ */
+const MAX_PENDING_BYTES = 256 * 1024;
+const KINDS = [null, 'legacy', 'undecided'] as const;
+const ENTRY_MIN = 13;
+
+/** Why a hand-over cannot be written or used, or null. */
+export function handoverProblem(h: Handover): string | null {
+  for (const [k, v] of Object.entries(h.legacy))
+    if (!Number.isSafeInteger(v) || v < 0) return `the legacy ${k} counter ${v} is out of range`;
+  if (typeof h.writtenNs !== 'bigint' || h.writtenNs < 0n || h.writtenNs > MAX_U64) return `its time ${h.writtenNs} is out of range`;
+  if (h.connections.length > MAX_HANDED_CONNECTIONS) return `${h.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;
+  const seen = new Set<bigint>();
+  for (const c of h.connections) {
+    if (c.ino <= 0n || c.ino > MAX_U64) return `socket inode ${c.ino} is out of range`;
+    if (seen.has(c.ino)) return `socket inode ${c.ino} is listed twice`;
+    seen.add(c.ino);
+    if (KINDS.indexOf(c.kind) < 1) return `connection ${c.ino} has an unknown kind`;
+    if (c.pending.length > MAX_PENDING_BYTES)
+      return `connection ${c.ino} holds ${c.pending.length} pending bytes, at most ${MAX_PENDING_BYTES}`;
+  }
+  return null;
+}
+
+export function writeHandover(w: Writer, h: Handover): void {
+  w.u64(h.writtenNs);
+  w.u64(h.legacy.ok);
+  w.u64(h.legacy.refused);
+  w.u64(h.legacy.failed);
+  w.u32(h.connections.length);
+  for (const c of h.connections) {
+    w.u64(c.ino);
+    w.u8(KINDS.indexOf(c.kind));
+    w.u32(c.pending.length);
+    w.bytes(c.pending);
+  }
+}
+
+export function readHandover(r: Reader): Handover {
+  const at = 'the hand-over';
+  const writtenNs = r.u64(at);
+  const legacy = {
+    ok: r.safe('the legacy ok counter'),
+    refused: r.safe('the legacy refused counter'),
+    failed: r.safe('the legacy failed counter'),
+  };
+  const n = r.count(4, MAX_HANDED_CONNECTIONS, ENTRY_MIN, 'handed-over connections');
+  const connections: Handover['connections'] = [];
+  for (let i = 0; i < n; i++) {
+    const ino = r.u64(at);
+    const kind = KINDS[r.u8(at)];
+    if (kind === undefined || kind === null) throw new Refused(`handed-over connection ${i} has an unknown kind`);
+    const bytes = r.u32(at);
+    if (bytes > MAX_PENDING_BYTES) throw new Refused(`connection ${ino} holds ${bytes} pending bytes, at most ${MAX_PENDING_BYTES}`);
+    connections.push({ ino, kind, pending: r.bytes(bytes, at) });
+  }
+  return { writtenNs, legacy, connections };
+}
