@@ -18,6 +18,7 @@
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
  *           (version 3 on) the guest counters (--guest-energy exact): guest-codec.ts
+ *           (version 4 on) the power limits: limit-codec.ts
  *
  * A version 1 snapshot (written before the other domains were attributed) is read as one without them.
  *
@@ -33,12 +34,13 @@ import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domain
 import { Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
 export { STATE_HEADER_SIZE };
 import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
+import { powerLimitsProblem, readPowerLimits, writePowerLimits } from './limit-codec.js';
 import { MAX_HOST_VM_ID, MAX_MSR_COUNTER, MAX_U64, STATE_LIMITS, type DomainsState, type StateSnapshot, type VmState } from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
-export const STATE_FORMAT_VERSION = 3;
-/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters. */
-const READABLE_VERSIONS: readonly number[] = [1, 2, 3];
+export const STATE_FORMAT_VERSION = 4;
+/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters, 3 no power limits. */
+const READABLE_VERSIONS: readonly number[] = [1, 2, 3, 4];
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
 
@@ -164,7 +166,7 @@ export function stateProblem(s: StateSnapshot): string | null {
     const dupTid = duplicate(t.threads, (th) => th.tid);
     if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
   }
-  const guest = guestCountersProblem(s.guest ?? []);
+  const guest = guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []);
   if (guest !== null) return guest;
   return s.domains === undefined ? null : domainsProblem(s.domains, s);
 }
@@ -318,6 +320,7 @@ export function encodeState(s: StateSnapshot): Buffer {
   writeHostParts(w, s);
   writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
   writeGuestCounters(w, s.guest ?? []);
+  writePowerLimits(w, s.limits ?? []);
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
   if (payloadLength > STATE_LIMITS.maxPayloadBytes)
@@ -420,6 +423,10 @@ function readPayload(r: Reader, version: number): StateSnapshot {
   if (version >= 3) {
     const guest = readGuestCounters(r);
     if (guest.length > 0) out.guest = guest;
+  }
+  if (version >= 4) {
+    const limits = readPowerLimits(r);
+    if (limits.length > 0) out.limits = limits;
   }
   return out;
 }
