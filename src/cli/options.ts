@@ -325,7 +325,10 @@ export function addV2Options(cmd: Command): void {
     )
     .addOption(new Option('--no-guest-dir', 'publish nothing into guest directories'))
     .addOption(
-      new Option('--power-limits <file>', "per-VM power limits, one 'VM WATTS' a line, read at the start and at each reload (docs/power-limits.md)"),
+      new Option(
+        '--power-limits <file>',
+        "per-VM power limits, one 'VM WATTS' a line, read at the start and at each reload (docs/power-limits.md)",
+      ),
     )
     .addOption(
       new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
@@ -375,7 +378,9 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
   if (opts.guestEnergy !== undefined) out.guestEnergy = opts.guestEnergy;
   if (opts.powerLimits !== undefined) {
     if (!opts.powerLimits.startsWith('/'))
-      throw new UsageError(`--power-limits: the file must be absolute (got '${opts.powerLimits}'); e.g. --power-limits /etc/vmsr-helper/limits`);
+      throw new UsageError(
+        `--power-limits: the file must be absolute (got '${opts.powerLimits}'); e.g. --power-limits /etc/vmsr-helper/limits`,
+      );
     out.powerLimitsFile = opts.powerLimits;
   }
   if (opts.observerGroup !== undefined) {

@@ -77,7 +77,13 @@ export function cgroupBandwidth(procRoot: string): BandwidthOpener {
     openVm(procRoot, (mounts ??= cpuMounts(readProcFile(path.join(procRoot, 'self/mountinfo'), 'utf8'))), pid, tids, carried);
 }
 
-function openVm(procRoot: string, mounts: CpuMounts, pid: number, tids: readonly number[], carried: readonly HeldGroupState[]): VmBandwidth {
+function openVm(
+  procRoot: string,
+  mounts: CpuMounts,
+  pid: number,
+  tids: readonly number[],
+  carried: readonly HeldGroupState[],
+): VmBandwidth {
   const byDir = new Map<string, { version: CgroupVersion; root: boolean; tids: number[] }>();
   for (const tid of tids) {
     const g = cpuGroupOf(readProcFile(path.join(procRoot, String(pid), 'task', String(tid), 'cgroup'), 'utf8'), mounts);

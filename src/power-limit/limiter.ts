@@ -121,7 +121,16 @@ export class PowerLimiter {
     for (const s of saved) {
       if (this.vms.size >= MAX_POWER_LIMITS || !this.o.totalsInto(s.vmId, this.totals)) continue;
       const tids = this.totals.vcpus.map((v) => v.tid);
-      const e: Entry = { pid: s.pid, limitW: s.limitW, bw: null, quotaCpus: null, inForce: null, limitedS: s.limitedS, lastTicks: null, fromFile: s.fromFile };
+      const e: Entry = {
+        pid: s.pid,
+        limitW: s.limitW,
+        bw: null,
+        quotaCpus: null,
+        inForce: null,
+        limitedS: s.limitedS,
+        lastTicks: null,
+        fromFile: s.fromFile,
+      };
       e.lastTicks = this.totals.vcpus.reduce((sum, v) => sum + v.ticks, 0);
       this.vms.set(s.vmId, e);
       if (s.groups.length === 0 || s.quotaCpus === null) continue;
@@ -131,7 +140,10 @@ export class PowerLimiter {
         e.inForce = e.bw.set(s.quotaCpus);
       } catch (err) {
         e.problem = (err as Error).message;
-        this.o.log.warn({ vm: { id: s.vmId, pid: s.pid }, err: e.problem }, `cannot take up the power limit of VM ${s.vmId} where the last process left it`);
+        this.o.log.warn(
+          { vm: { id: s.vmId, pid: s.pid }, err: e.problem },
+          `cannot take up the power limit of VM ${s.vmId} where the last process left it`,
+        );
       }
     }
     if (saved.length > 0) this.o.log.info({ limits: this.vms.size }, `power limits taken up: ${this.vms.size} of ${saved.length}`);

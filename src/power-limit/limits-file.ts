@@ -55,14 +55,18 @@ export function readLimitsFile(file: string): LimitsFile {
     if (!st.isFile() || st.size > MAX_FILE_BYTES) throw new Error(`it is not a regular file of at most ${MAX_FILE_BYTES} bytes`);
     return parseLimitsFile(fs.readFileSync(file, 'utf8').slice(0, MAX_FILE_BYTES), file);
   } catch (e) {
-    const fix = 'make it a regular file the helper can read (as its -u user), one \'VM WATTS\' a line';
+    const fix = "make it a regular file the helper can read (as its -u user), one 'VM WATTS' a line";
     return { byKey: new Map(), problems: [cannot(`read the limits file ${file}`, (e as Error).message, fix)] };
   }
 }
 
 /** The file's limit of a VM: by its pid, else its UUID, else its name (find-vm.ts's order). */
 function limitOf(f: LimitsFile, vm: { pid: number; uuid: Uint8Array | null; name: string | null }): number | undefined {
-  return f.byKey.get(String(vm.pid)) ?? (vm.uuid ? f.byKey.get(formatUuid(vm.uuid)) : undefined) ?? (vm.name !== null ? f.byKey.get(vm.name) : undefined);
+  return (
+    f.byKey.get(String(vm.pid)) ??
+    (vm.uuid ? f.byKey.get(formatUuid(vm.uuid)) : undefined) ??
+    (vm.name !== null ? f.byKey.get(vm.name) : undefined)
+  );
 }
 
 /**

@@ -5,8 +5,7 @@
  *     | u8 flags (1 fromFile) | u8 0 | u16 group count, each:
  *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
  */
-import type { HeldGroupState, PowerLimitState } from './snapshot.js';
-import { STATE_LIMITS } from './snapshot.js';
+import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
 import { Refused, type Reader, type Writer } from './byte-io.js';
 
 /** A quota file's bytes (a cgroup's is a few), and a group's path. */
@@ -76,10 +75,12 @@ export function powerLimitsProblem(list: readonly PowerLimitState[]): string | n
     seen.add(l.vmId);
     if (!(l.limitW > 0 && Number.isFinite(l.limitW)) || !(l.limitedS >= 0 && Number.isFinite(l.limitedS)))
       return `${at}: its limit or time limited is not a finite number above 0`;
-    if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus))) return `${at}: its quota is not a finite number above 0`;
+    if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus)))
+      return `${at}: its quota is not a finite number above 0`;
     if (l.groups.length > MAX_GROUPS) return `${at}: ${l.groups.length} groups, at most ${MAX_GROUPS}`;
     for (const g of l.groups) {
-      if (Buffer.byteLength(g.dir) > MAX_DIR_BYTES || !g.dir.startsWith('/')) return `${at}: a group's path is not absolute or over ${MAX_DIR_BYTES} bytes`;
+      if (Buffer.byteLength(g.dir) > MAX_DIR_BYTES || !g.dir.startsWith('/'))
+        return `${at}: a group's path is not absolute or over ${MAX_DIR_BYTES} bytes`;
       if (!quotaText(g.saved) || (g.written !== null && !quotaText(g.written)))
         return `${at}: a quota file's bytes are not printable or over ${MAX_QUOTA_BYTES}`;
     }
