@@ -325,6 +325,12 @@ export function addV2Options(cmd: Command): void {
     )
     .addOption(new Option('--no-guest-dir', 'publish nothing into guest directories'))
     .addOption(
+      new Option(
+        '--power-limits <file>',
+        "per-VM power limits, one 'VM WATTS' a line, read at the start and at each reload (docs/power-limits.md)",
+      ),
+    )
+    .addOption(
       new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
         .argParser(positiveIntArg('--max-backlog', 1 << 30))
         .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
@@ -348,6 +354,7 @@ export interface V2CliOptions {
   /** --guest-dir; false with --no-guest-dir. */
   guestDir?: string | false;
   guestEnergy?: GuestEnergyMode;
+  powerLimits?: string;
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
@@ -369,6 +376,13 @@ export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => numbe
     out.guestDir = dir;
   }
   if (opts.guestEnergy !== undefined) out.guestEnergy = opts.guestEnergy;
+  if (opts.powerLimits !== undefined) {
+    if (!opts.powerLimits.startsWith('/'))
+      throw new UsageError(
+        `--power-limits: the file must be absolute (got '${opts.powerLimits}'); e.g. --power-limits /etc/vmsr-helper/limits`,
+      );
+    out.powerLimitsFile = opts.powerLimits;
+  }
   if (opts.observerGroup !== undefined) {
     try {
       out.observerGid = group(opts.observerGroup);

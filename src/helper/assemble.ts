@@ -200,6 +200,8 @@ export interface V2DaemonSettings {
   guestDir?: string;
   /** --guest-energy (default raw). */
   guestEnergy?: GuestEnergyMode;
+  /** --power-limits FILE (docs/power-limits.md "The limits file"). */
+  powerLimitsFile?: string;
 }
 
 /** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
@@ -295,6 +297,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     powerLimits: {
       open: cgroupBandwidth(paths.procRoot),
       ...(start.config.socketGid !== undefined ? { adminGid: start.config.socketGid } : {}),
+      ...(o.powerLimitsFile !== undefined ? { file: o.powerLimitsFile } : {}),
     },
   });
   log.info(

@@ -21,6 +21,7 @@ import {
   type Quota,
   type VmBandwidth,
 } from './cpu-bandwidth.js';
+import type { HeldGroupState } from '../state/snapshot.js';
 
 /** Where the cpu hierarchies are mounted (from /proc/self/mountinfo). */
 interface CpuMounts {
@@ -72,10 +73,17 @@ const what = (pid: number) => `limit the power of the VM of pid ${pid}`;
 /** The bandwidth opener of this host: cgroups under the mounts of `procRoot`/self/mountinfo. */
 export function cgroupBandwidth(procRoot: string): BandwidthOpener {
   let mounts: CpuMounts | null = null;
-  return (pid, tids) => openVm(procRoot, (mounts ??= cpuMounts(readProcFile(path.join(procRoot, 'self/mountinfo'), 'utf8'))), pid, tids);
+  return (pid, tids, carried = []) =>
+    openVm(procRoot, (mounts ??= cpuMounts(readProcFile(path.join(procRoot, 'self/mountinfo'), 'utf8'))), pid, tids, carried);
 }
 
-function openVm(procRoot: string, mounts: CpuMounts, pid: number, tids: readonly number[]): VmBandwidth {
+function openVm(
+  procRoot: string,
+  mounts: CpuMounts,
+  pid: number,
+  tids: readonly number[],
+  carried: readonly HeldGroupState[],
+): VmBandwidth {
   const byDir = new Map<string, { version: CgroupVersion; root: boolean; tids: number[] }>();
   for (const tid of tids) {
     const g = cpuGroupOf(readProcFile(path.join(procRoot, String(pid), 'task', String(tid), 'cgroup'), 'utf8'), mounts);
@@ -92,7 +100,10 @@ function openVm(procRoot: string, mounts: CpuMounts, pid: number, tids: readonly
   }
   const held: Held[] = [];
   try {
-    for (const [dir, g] of byDir) held.push(holdGroup(procRoot, pid, dir, g));
+    for (const [dir, g] of byDir) {
+      const c = carried.find((x) => x.dir === dir);
+      held.push(c ? adoptGroup(pid, dir, g, c) : holdGroup(procRoot, pid, dir, g));
+    }
   } catch (err) {
     for (const h of held) giveBack(h);
     throw err;
@@ -142,10 +153,22 @@ function holdGroup(procRoot: string, pid: number, dir: string, g: { version: Cgr
   }
 }
 
-function openQuota(dir: string, v: CgroupVersion, vcpus: number): Held {
+/**
+ * A group a previous process held (the checkpoint): its bytes before that process, its last write; a
+ * group it made (named for this VM, as holdGroup names it) has the VM's threads moved back when let go.
+ */
+function adoptGroup(pid: number, dir: string, g: { version: CgroupVersion; tids: number[] }, c: HeldGroupState): Held {
+  const made = c.made && path.basename(dir) === `vmsr-helper-vm-${pid}` && g.version === 1;
+  const h = openQuota(dir, g.version, g.tids.length, Buffer.from(c.saved, 'latin1'));
+  h.written = c.written;
+  if (made) h.made = { tids: g.tids, backFd: fs.openSync(path.join(path.dirname(dir), 'tasks'), 'w') };
+  return h;
+}
+
+function openQuota(dir: string, v: CgroupVersion, vcpus: number, carried?: Buffer): Held {
   const fd = fs.openSync(path.join(dir, quotaFile(v)), 'r+');
   try {
-    const saved = readFd(fd);
+    const saved = carried ?? readFd(fd);
     const period = v === 1 ? fs.readFileSync(path.join(dir, 'cpu.cfs_period_us'), 'utf8') : undefined;
     const quota = parseQuota(v, saved.toString('latin1'), period);
     if (quota === null) throw new Error(`${path.join(dir, quotaFile(v))} holds ${JSON.stringify(saved.toString('latin1'))}, not a quota`);
@@ -221,5 +244,6 @@ function bandwidthOf(held: Held[], nvcpu: number): VmBandwidth {
       released = true;
       for (const h of held) giveBack(h);
     },
+    state: () => held.map((h) => ({ dir: h.dir, saved: h.saved.toString('latin1'), written: h.written, made: h.made !== undefined })),
   };
 }

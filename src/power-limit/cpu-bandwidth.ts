@@ -4,6 +4,7 @@
  * formats behind it, pure: v1's `cpu.cfs_quota_us` ("-1" or µs; the period in `cpu.cfs_period_us`)
  * and v2's `cpu.max` ("max 100000" or "50000 100000").
  */
+import type { HeldGroupState } from '../state/snapshot.js';
 
 /** The bandwidth of one VM's vCPU threads, across the cgroups that hold them. */
 export interface VmBandwidth {
@@ -17,10 +18,16 @@ export interface VmBandwidth {
   set(cpus: number): { quotaUs: number; periodUs: number };
   /** Gives every group back the quota it had, byte for byte, and every moved thread its group; idempotent. */
   release(): void;
+  /** What a restart or a crash carries of each group (the checkpoint): the next process goes on from it. */
+  state(): HeldGroupState[];
 }
 
-/** Opens a VM's bandwidth from its vCPU threads; throws a "cannot" error saying why and the fix. */
-export type BandwidthOpener = (pid: number, vcpuTids: readonly number[]) => VmBandwidth;
+/**
+ * Opens a VM's bandwidth from its vCPU threads; throws a "cannot" error saying why and the fix.
+ * `carried`: the groups a previous process held (its checkpoint), taken over with the bytes they held
+ * before it: a group found again from /proc whose path is one of them is adopted, not opened anew.
+ */
+export type BandwidthOpener = (pid: number, vcpuTids: readonly number[], carried?: readonly HeldGroupState[]) => VmBandwidth;
 
 export type CgroupVersion = 1 | 2;
 

@@ -8,9 +8,10 @@ import type { Logger } from '../logging/logger.js';
 import { emptyVmTotals, type IntervalResult, type VmTotals } from '../ratio/outputs.js';
 import { nextQuota } from './controller.js';
 import type { BandwidthOpener, VmBandwidth } from './cpu-bandwidth.js';
+import { STATE_LIMITS, type PowerLimitState } from '../state/snapshot.js';
 
 /** The most limits one helper holds (a bound on what clients can make it keep). */
-const MAX_POWER_LIMITS = 4096;
+const MAX_POWER_LIMITS = STATE_LIMITS.maxPowerLimits;
 /** The highest limit a client may set, in watts (u32 milliwatts on the wire). */
 const MAX_LIMIT_W = 4_000_000;
 
@@ -34,6 +35,7 @@ interface Entry {
   inForce: { quotaUs: number; periodUs: number } | null;
   limitedS: number;
   lastTicks: number | null;
+  fromFile: boolean;
   problem?: string;
 }
 
@@ -52,8 +54,8 @@ export class PowerLimiter {
 
   constructor(private readonly o: PowerLimiterOptions) {}
 
-  /** Sets (watts) or removes (null) the limit of a VM; a string says why it was refused. */
-  set(vmId: number, pid: number, watts: number | null): string | null {
+  /** Sets (watts) or removes (null) the limit of a VM; a string says why it was refused. `fromFile`: the limits file sets it. */
+  set(vmId: number, pid: number, watts: number | null, fromFile = false): string | null {
     const e = this.vms.get(vmId);
     if (watts === null) {
       if (e) this.drop(vmId, e, 'removed');
@@ -62,13 +64,14 @@ export class PowerLimiter {
     if (!(watts > 0 && watts <= MAX_LIMIT_W)) return `a limit is more than 0 and at most ${MAX_LIMIT_W} W`;
     if (e) {
       e.limitW = watts;
+      e.fromFile = fromFile;
       delete e.problem;
       return null;
     }
     if (this.vms.size >= MAX_POWER_LIMITS) return `the helper holds ${MAX_POWER_LIMITS} limits, its most`;
     // The totals are the last sample's: the next sample's usage is measured over exactly its interval.
     const lastTicks = this.o.totalsInto(vmId, this.totals) ? this.totals.vcpus.reduce((s, v) => s + v.ticks, 0) : null;
-    this.vms.set(vmId, { pid, limitW: watts, bw: null, quotaCpus: null, inForce: null, limitedS: 0, lastTicks });
+    this.vms.set(vmId, { pid, limitW: watts, bw: null, quotaCpus: null, inForce: null, limitedS: 0, lastTicks, fromFile });
     this.o.log.info({ vm: { id: vmId, pid }, limitW: watts }, `power limit of VM ${vmId} set to ${watts} W`);
     return null;
   }
@@ -91,9 +94,59 @@ export class PowerLimiter {
     if (e) this.drop(vmId, e, 'the VM is gone');
   }
 
-  /** The VMs with a limit. */
-  limited(): number[] {
-    return [...this.vms.keys()];
+  /** The VMs with a limit; `fromFile`: only those the limits file set. */
+  limited(fromFile?: boolean): number[] {
+    return [...this.vms].filter(([, e]) => fromFile === undefined || e.fromFile === fromFile).map(([id]) => id);
+  }
+
+  /** Every limit and the quota files it holds, for the checkpoint and a restart (restore() takes them up). */
+  state(): PowerLimitState[] {
+    return [...this.vms].map(([vmId, e]) => ({
+      vmId,
+      pid: e.pid,
+      limitW: e.limitW,
+      limitedS: e.limitedS,
+      quotaCpus: e.quotaCpus,
+      fromFile: e.fromFile,
+      groups: e.bw?.state() ?? [],
+    }));
+  }
+
+  /**
+   * The limits a previous process held (a restart, or a crash's checkpoint), for the VMs this one knows
+   * again: each goes on from the quota files that process held, their bytes before it kept. A VM not
+   * known again is left (its threads are gone, or its registration was refused).
+   */
+  restore(saved: readonly PowerLimitState[]): void {
+    for (const s of saved) {
+      if (this.vms.size >= MAX_POWER_LIMITS || !this.o.totalsInto(s.vmId, this.totals)) continue;
+      const tids = this.totals.vcpus.map((v) => v.tid);
+      const e: Entry = {
+        pid: s.pid,
+        limitW: s.limitW,
+        bw: null,
+        quotaCpus: null,
+        inForce: null,
+        limitedS: s.limitedS,
+        lastTicks: null,
+        fromFile: s.fromFile,
+      };
+      e.lastTicks = this.totals.vcpus.reduce((sum, v) => sum + v.ticks, 0);
+      this.vms.set(s.vmId, e);
+      if (s.groups.length === 0 || s.quotaCpus === null) continue;
+      try {
+        e.bw = this.o.open(s.pid, tids, s.groups);
+        e.quotaCpus = s.quotaCpus;
+        e.inForce = e.bw.set(s.quotaCpus);
+      } catch (err) {
+        e.problem = (err as Error).message;
+        this.o.log.warn(
+          { vm: { id: s.vmId, pid: s.pid }, err: e.problem },
+          `cannot take up the power limit of VM ${s.vmId} where the last process left it`,
+        );
+      }
+    }
+    if (saved.length > 0) this.o.log.info({ limits: this.vms.size }, `power limits taken up: ${this.vms.size} of ${saved.length}`);
   }
 
   /** One step of every limited VM's loop, on the interval the engine just measured. */
@@ -162,7 +215,7 @@ export class PowerLimiter {
     this.o.log.info({ vm: { id: vmId, pid: e.pid } }, `power limit of VM ${vmId} ${why === 'removed' ? 'removed' : `dropped: ${why}`}`);
   }
 
-  /** Gives back every quota the helper set (the helper stops or restarts); the limits stay, taken up again by the next sample. */
+  /** Gives back every quota the helper set (the helper stops); the limits stay, taken up again by the next sample. */
   close(): void {
     for (const [vmId, e] of this.vms) this.letGo(vmId, e, 'the helper stops');
   }

@@ -20,6 +20,7 @@
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
  *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
  *           (version 3 on) the guest counters (--guest-energy exact): guest-codec.ts
+ *           (version 4 on) the power limits: limit-codec.ts
  *           (version 4 on) the hand-over, the header's last field long: handover-codec.ts
  *
  * A version 1 snapshot (written before the other domains were attributed) is read as one without them.
@@ -36,6 +37,7 @@ import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domain
 import { Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
 export { STATE_HEADER_SIZE };
 import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
+import { powerLimitsProblem, readPowerLimits, writePowerLimits } from './limit-codec.js';
 import { handoverProblem, readHandover, writeHandover } from './handover-codec.js';
 import {
   MAX_HOST_VM_ID,
@@ -50,7 +52,7 @@ import {
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
 export const STATE_FORMAT_VERSION = 4;
-/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters, 3 no hand-over. */
+/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters, 3 no power limits and no hand-over. */
 const READABLE_VERSIONS: readonly number[] = [1, 2, 3, 4];
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
@@ -177,7 +179,7 @@ export function stateProblem(s: StateSnapshot): string | null {
     const dupTid = duplicate(t.threads, (th) => th.tid);
     if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
   }
-  const guest = guestCountersProblem(s.guest ?? []);
+  const guest = guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []);
   if (guest !== null) return guest;
   return s.domains === undefined ? null : domainsProblem(s.domains, s);
 }
@@ -334,6 +336,7 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   writeHostParts(w, s);
   writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
   writeGuestCounters(w, s.guest ?? []);
+  writePowerLimits(w, s.limits ?? []);
   const stateEnd = w.length;
   if (handover) writeHandover(w, handover);
   const out = w.done();
@@ -438,6 +441,10 @@ function readPayload(r: Reader, version: number): StateSnapshot {
   if (version >= 3) {
     const guest = readGuestCounters(r);
     if (guest.length > 0) out.guest = guest;
+  }
+  if (version >= 4) {
+    const limits = readPowerLimits(r);
+    if (limits.length > 0) out.limits = limits;
   }
   return out;
 }

@@ -27,6 +27,8 @@ export const STATE_LIMITS = {
   maxDomainEntries: 4 * MAX_VMS,
   /** VMs with guest counters. */
   maxGuestCounters: MAX_VMS,
+  /** Power limits (docs/power-limits.md): the most one helper holds. */
+  maxPowerLimits: 4096,
 } as const;
 
 /** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
@@ -139,6 +141,33 @@ export interface StateSnapshot {
   domains?: DomainsState;
   /** Each exact-mode VM's guest counters (--guest-energy exact; absent before version 3 and in raw mode). */
   guest?: GuestCounterState[];
+  /** The power limits and the quota files they hold (absent before version 4 and when none is set). */
+  limits?: PowerLimitState[];
+}
+
+/**
+ * A VM's power limit across a restart or a crash (docs/power-limits.md "Restarts and crashes"): the
+ * limit, and each quota file the helper wrote with the bytes it held before, to go on or give back.
+ */
+export interface PowerLimitState {
+  vmId: number;
+  pid: number;
+  limitW: number;
+  limitedS: number;
+  /** The CPUs the loop last gave the VM; null while it sets no quota. */
+  quotaCpus: number | null;
+  /** Set by the limits file (--limits), not over v2: the next reading of the file replaces it. */
+  fromFile: boolean;
+  groups: HeldGroupState[];
+}
+
+/** A quota file the helper writes: its group (a key to match the group found again, never opened as it is), its bytes before, the helper's last write. */
+export interface HeldGroupState {
+  dir: string;
+  saved: string;
+  written: string | null;
+  /** The helper made the group and moved the VM's threads into it. */
+  made: boolean;
 }
 
 /** A connection a planned restart hands over: its socket's inode, and what was read of it and not answered. */

@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
 import { tempDir } from '../daemon/support/daemon-process.js';
+import { V2Client } from '../../src/client/v2-client.js';
 import { missing } from '../support/env.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { pollFor } from '../support/wait.js';
@@ -58,6 +59,11 @@ function liveStack(): Promise<Stack> {
     cleanups.push(() => vm.kill());
     await vm.cmd('spin 0');
     await vm.cmd('spin 1');
+    // A power limit far above what it draws (nothing throttled, no cgroup touched): the limit panel has its series.
+    const c = await V2Client.connect(sock);
+    const listed = await pollFor(async () => (await c.list()).find((v) => v.pid === vm.pid), 'discovery to list our VM', daemon.stderr);
+    await c.limit(listed.hostVmId, 1000);
+    await c.close();
     const exporter = await startExporterChild(sock);
     cleanups.push(() => exporter.stop());
     return {
@@ -125,6 +131,8 @@ describe('the Grafana dashboard and the shipped rules', () => {
       'vmsr_helper_vm_cap_used',
       'vmsr_helper_fds_available',
       'vmsr_energy_source_info',
+      'vmsr_vm_power_limit_watts',
+      'vmsr_vm_power_limited_seconds_total',
     ]) {
       expect(
         exprs.some((e) => e.includes(family)),

@@ -82,6 +82,40 @@ describe('cgroup bandwidth (v1, this host)', () => {
       bw.release();
     });
 
+  for (const kind of ['own', 'made'] as const)
+    it(`takes over the ${kind === 'own' ? "VM's own group" : 'group it made'} from what a previous process carried, giving back the bytes from before that process, not what the file holds`, (ctx) => {
+      const why = v1Missing();
+      if (why) return ctx.skip(why);
+      const dir = path.join(V1!, `vmsr-test-carried-${kind}-${process.pid}`);
+      fs.mkdirSync(dir);
+      cleanups.push(() => removeGroup(dir));
+      fs.writeFileSync(path.join(dir, 'cpu.cfs_quota_us'), '150000\n');
+      const c = child();
+      const pid = c.pid!;
+      fs.writeFileSync(path.join(dir, 'tasks'), `${pid}\n`);
+      // Shared with the test runner: the helper makes a group of its own for the VM.
+      if (kind === 'made') fs.writeFileSync(path.join(dir, 'tasks'), `${process.pid}\n`);
+      cleanups.push(() => fs.writeFileSync(path.join(V1!, 'tasks'), `${process.pid}\n`));
+      cleanups.push(() => fs.writeFileSync(path.join(V1!, 'tasks'), `${pid}\n`));
+      const first = cgroupBandwidth('/proc')(pid, [pid]);
+      first.set(0.25);
+      // The first process dies here (its fds go with it): what its checkpoint carried.
+      const carried = first.state();
+      const held = first.groups[0]!;
+      expect(carried).toEqual([{ dir: held, saved: kind === 'own' ? '150000\n' : '-1\n', written: '25000\n', made: kind === 'made' }]);
+      // A carried quota that is no quota is refused, not written.
+      expect(() => cgroupBandwidth('/proc')(pid, [pid], [{ ...carried[0]!, saved: 'junk' }])).toThrow(/holds "junk", not a quota/);
+      const next = cgroupBandwidth('/proc')(pid, [pid], carried);
+      expect(next.groups).toEqual([held]);
+      expect(next.set(0.5).quotaUs).toBe(50000);
+      next.release();
+      expect(fs.readFileSync(path.join(dir, 'cpu.cfs_quota_us'), 'utf8')).toBe('150000\n');
+      if (kind === 'made') {
+        expect(fs.existsSync(held)).toBe(false);
+        expect(groupOf(pid)).toBe(`/${path.basename(dir)}`);
+      }
+    });
+
   it('gives the quota back byte for byte when the limit never saw another writer', (ctx) => {
     const why = v1Missing();
     if (why) return ctx.skip(why);

@@ -8,19 +8,24 @@ import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { PowerLimiter } from '../../src/power-limit/limiter.js';
 import type { BandwidthOpener } from '../../src/power-limit/cpu-bandwidth.js';
+import type { HeldGroupState } from '../../src/state/snapshot.js';
 import type { IntervalResult, VmTotals } from '../../src/ratio/outputs.js';
 
 /** A VM of one vCPU (tid 11) whose ticks grow by `cpu` x 100 per 1 s interval, drawing `watts`. */
 function world(vms: Map<number, { ticks: number }>) {
   const opened: number[] = [];
+  const carried: (readonly HeldGroupState[] | undefined)[] = [];
   const sets: number[] = [];
   let released = 0;
-  const open: BandwidthOpener = (pid) => {
+  const open: BandwidthOpener = (pid, _tids, from) => {
     opened.push(pid);
+    carried.push(from);
+    let written: string | null = null;
     return {
       groups: [`/g${pid}`],
-      set: (cpus) => (sets.push(cpus), { quotaUs: cpus * 100000, periodUs: 100000 }),
+      set: (cpus) => (sets.push(cpus), (written = `${Math.round(cpus * 100000)}\n`), { quotaUs: cpus * 100000, periodUs: 100000 }),
       release: () => void released++,
+      state: () => [{ dir: `/g${pid}`, saved: '-1\n', written, made: false }],
     };
   };
   const lines: string[] = [];
@@ -51,7 +56,7 @@ function world(vms: Map<number, { ticks: number }>) {
     };
     limiter.sample(r, ended);
   };
-  return { limiter, sample, opened, sets, lines, released: () => released };
+  return { limiter, sample, opened, carried, sets, lines, released: () => released, open };
 }
 
 describe('power limiter', () => {
@@ -102,5 +107,33 @@ describe('power limiter', () => {
     failing.sample(r, []);
     failing.sample(r, []);
     expect(failing.view(1)!.problem).toBe('cannot limit the power of the VM of pid 101: EACCES');
+  });
+
+  it('goes on after a restart or a crash from the state it carried: the same limits, the quota in force where it was, its groups adopted with their bytes from before', () => {
+    const vms = new Map([
+      [1, { ticks: 0 }],
+      [2, { ticks: 0 }],
+    ]);
+    const w = world(vms);
+    w.limiter.set(1, 101, 30);
+    w.limiter.set(2, 102, 50, true);
+    for (let i = 0; i < 3; i++) w.sample(1, 60, 1);
+    const saved = w.limiter.state();
+    expect(saved.map((s) => [s.vmId, s.limitW, s.fromFile, s.groups.length])).toEqual([
+      [1, 30, false, 1],
+      [2, 50, true, 0],
+    ]);
+    const quota = w.limiter.view(1)!.quotaUs;
+    // The next process: the same VMs known again (and one that is not: left).
+    const next = world(vms);
+    next.limiter.restore([...saved, { ...saved[1]!, vmId: 3 }]);
+    expect(next.limiter.limited()).toEqual([1, 2]);
+    expect(next.limiter.limited(true)).toEqual([2]);
+    expect(next.carried).toEqual([saved[0]!.groups]);
+    expect(next.limiter.view(1)).toMatchObject({ limitW: 30, quotaUs: quota });
+    expect(next.limiter.view(1)!.limitedS).toBe(w.limiter.view(1)!.limitedS);
+    expect(next.released()).toBe(0);
+    next.limiter.set(1, 101, null);
+    expect(next.released()).toBe(1);
   });
 });

@@ -131,26 +131,20 @@ function resum(bytes: Buffer): Buffer {
   return bytes;
 }
 
-/** The other-domains section of a snapshot that has none: three empty counts. */
-const EMPTY_DOMAINS_BYTES = 12;
-/** The guest counters' section of a snapshot that has none: one empty count. */
-const EMPTY_GUEST_BYTES = 4;
+/** What each older writer did not write, at the end of a snapshot with none of it: the power limits (one empty count) before version 4, the guest counters (one) before 3, the other domains (three) before 2. */
+const EMPTY_SINCE: Record<number, number> = { 4: 4, 3: 4, 2: 12 };
 
-/** The bytes a version 2 writer gave for a snapshot without guest counters: no guest section. */
-function asVersion2(v3: Buffer): Buffer {
-  const v2 = Buffer.from(v3.subarray(0, v3.length - EMPTY_GUEST_BYTES));
-  v2.writeUInt32LE(2, 8);
-  v2.writeUInt32LE(v2.length - STATE_HEADER_SIZE, 12);
-  return resum(v2);
+/** The bytes a version `v` writer gave for a snapshot without the sections added after it. */
+function asVersion(v: number, current: Buffer): Buffer {
+  let cut = 0;
+  for (let k = v + 1; k <= STATE_FORMAT_VERSION; k++) cut += EMPTY_SINCE[k]!;
+  const old = Buffer.from(current.subarray(0, current.length - cut));
+  old.writeUInt32LE(v, 8);
+  old.writeUInt32LE(old.length - STATE_HEADER_SIZE, 12);
+  return resum(old);
 }
-
-/** The bytes a version 1 writer gave for a snapshot without other domains: no domains section. */
-function asVersion1(v3: Buffer): Buffer {
-  const v1 = Buffer.from(v3.subarray(0, v3.length - EMPTY_GUEST_BYTES - EMPTY_DOMAINS_BYTES));
-  v1.writeUInt32LE(1, 8);
-  v1.writeUInt32LE(v1.length - STATE_HEADER_SIZE, 12);
-  return resum(v1);
-}
+const asVersion2 = (b: Buffer) => asVersion(2, b);
+const asVersion1 = (b: Buffer) => asVersion(1, b);
 
 /** sample() with other-domain totals and counters: DRAM for both VMs' first vpkg and package 0, psys. */
 function withDomains(): StateSnapshot {
@@ -335,7 +329,7 @@ describe('state snapshot codec, other RAPL domains', () => {
     const bytes = encodeState(s);
     // The domains section is the end: three counts, 2 VM entries of one vpkg (16 bytes each), 2 package
     // entries (24), 2 counters (16). The first VM entry starts after the first count.
-    const at = bytes.length - EMPTY_GUEST_BYTES - (4 + 16 * 2 + 4 + 24 * 2 + 4 + 16 * 2) + 4;
+    const at = bytes.length - EMPTY_SINCE[4]! - EMPTY_SINCE[3]! - (4 + 16 * 2 + 4 + 24 * 2 + 4 + 16 * 2) + 4;
     const code = Buffer.from(bytes);
     code.writeUInt8(0, at + 4); // 'package'
     expect(refusal(resum(code))).toMatch(/domain code 0, not a RAPL domain besides the package/);
@@ -387,5 +381,53 @@ describe('state snapshot codec, guest counters (--guest-energy exact)', () => {
     const t = withGuest();
     t.guest![1]!.owedUnits = NaN;
     expect(stateProblem(t)).toMatch(/VM 2: a guest counter holds a number that is not finite/);
+  });
+});
+
+describe('state snapshot codec, power limits', () => {
+  const withLimits = (): StateSnapshot => {
+    const s = sample();
+    s.limits = [
+      {
+        vmId: 1,
+        pid: 4242,
+        limitW: 21.5,
+        limitedS: 33.25,
+        quotaCpus: 0.62,
+        fromFile: true,
+        groups: [
+          { dir: '/sys/fs/cgroup/cpu/machine/vcpu0', saved: '-1\n', written: '31000\n', made: false },
+          { dir: '/sys/fs/cgroup/cpu/vmsr-helper-vm-4242', saved: '150000\n', written: null, made: true },
+        ],
+      },
+      { vmId: 2, pid: 4300, limitW: 4_000_000, limitedS: 0, quotaCpus: null, fromFile: false, groups: [] },
+    ];
+    return s;
+  };
+
+  it('round-trips every field of the power limits, and reads a version 3 snapshot as one without them', () => {
+    const s = withLimits();
+    const r = decodeState(encodeState(s));
+    expect(r.ok && r.value.limits).toEqual(s.limits);
+    const plain = sample();
+    const v3 = decodeState(asVersion(3, encodeState(plain)));
+    expect(v3.ok && v3.value).toEqual(plain);
+  });
+
+  it('refuses a limit that is not a finite number above 0, a VM twice, a relative group path or unprintable quota bytes, before writing it', () => {
+    const edits: [(s: StateSnapshot) => void, RegExp][] = [
+      [(s) => (s.limits![0]!.limitW = NaN), /the power limit of VM 1: its limit or time limited is not a finite number above 0/],
+      [(s) => (s.limits![1]!.quotaCpus = -1), /the power limit of VM 2: its quota is not a finite number above 0/],
+      [(s) => (s.limits![1]!.vmId = 1), /the power limit of VM 1 appears twice/],
+      [(s) => (s.limits![0]!.groups[0]!.dir = 'machine/vcpu0'), /a group's path is not absolute/],
+      [(s) => (s.limits![0]!.groups[1]!.saved = '1\u0000'), /a quota file's bytes are not printable or over 64/],
+      [(s) => (s.limits![0]!.groups[0]!.written = 'x'.repeat(65)), /a quota file's bytes are not printable or over 64/],
+    ];
+    for (const [edit, msg] of edits) {
+      const s = withLimits();
+      edit(s);
+      expect(stateProblem(s)).toMatch(msg);
+      expect(() => encodeState(s)).toThrow(msg);
+    }
   });
 });

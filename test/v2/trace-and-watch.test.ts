@@ -152,6 +152,23 @@ describe('watch', () => {
     expect(formatJsonUpdate(a, b, a.tNs)).not.toContain('guest');
   });
 
+  it("shows a VM's power limit after the row, throttled with its quota or ok, and the same in JSON; nothing without a limit", () => {
+    const a: Update = { vmId: 1, tNs: 1_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 1_000_000n }], ended: false };
+    const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: false };
+    const biting = { limitW: 21.5, quotaCpus: 0.482, limitedS: 33.4 };
+    expect(formatUpdate(a, b, a.tNs, null, biting)).toBe(
+      `${formatUpdate(a, b, a.tNs)}  limit 21.5 W throttled (quota 0.48 CPU, 33 s limited)`,
+    );
+    expect(formatUpdate(a, b, a.tNs, null, { ...biting, quotaCpus: 0 })).toBe(`${formatUpdate(a, b, a.tNs)}  limit 21.5 W ok`);
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, biting))).toMatchObject({
+      power_limit_w: 21.5,
+      power_limit_state: 'throttled',
+      power_limit_cpu_quota: 0.482,
+      power_limited_s: 33.4,
+    });
+    expect(formatJsonUpdate(a, b, a.tNs, undefined, null, null)).not.toContain('power_limit');
+  });
+
   it('adds a power column per other RAPL domain, summed over vpkgs and lined up under its label, and none when the update has no domains', () => {
     const a: Update = {
       vmId: 1,

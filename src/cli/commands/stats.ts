@@ -23,6 +23,7 @@ import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
 import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
+import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } from '../power-limit-note.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -54,6 +55,8 @@ interface StatsRow {
   ageS: number | null;
   /** --guest-energy exact: energy QEMU was given to credit the guest, and the exact energy of the same windows (J); null otherwise. */
   guest: GuestEnergyJ | null;
+  /** Its power limit and whether it bites now; null without one. */
+  limit: PowerLimitNote | null;
 }
 
 const num = (v: bigint | undefined) => Number(v ?? 0n);
@@ -83,6 +86,7 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     otherCpuS: other === undefined ? null : Number(other) * r.scale('other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
     guest: guestEnergyOf(r, s),
+    limit: powerLimitOf(r, s),
   };
 }
 
@@ -90,7 +94,7 @@ function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
   const lines = rows.map((r) => {
     const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
-    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + guestEnergyNote(r.guest);
+    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + guestEnergyNote(r.guest) + powerLimitNote(r.limit);
     return `${String(r.hostVmId).padStart(6)}  ${(r.name ?? '-').slice(0, 20).padEnd(20)} ${String(r.pid).padStart(8)} ${r.powerW.toFixed(2).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${String(r.vcpus.length).padStart(5)} ${cpu.padStart(11)}  ${state}`;
   });
   return [head, ...lines];
@@ -112,6 +116,7 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
     age_s: r.ageS,
     energy_source: energySource,
     ...guestEnergyJson(r.guest),
+    ...powerLimitJson(r.limit),
   });
 }
 

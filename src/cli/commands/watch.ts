@@ -24,6 +24,7 @@ import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
 import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
+import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } from '../power-limit-note.js';
 
 interface WatchOptions {
   socket: string;
@@ -99,20 +100,27 @@ const fmtW = (w: number | null | undefined): string => (w === null || w === unde
  * One row per UPDATE: power from the energy delta over the time delta since `base`, and the running
  * energy. Time is counted from `originNs` (the first sample watched); t_ns itself is the helper's
  * monotonic clock, which means nothing to a reader. An UPDATE from before the first interval (t_ns 0)
- * shows "-". `guest`: the VM's guest energy (--guest-energy exact), shown after the row.
+ * shows "-". `guest`: the VM's guest energy (--guest-energy exact), `limit` its power limit, shown after the row.
  */
-export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs, guest: GuestEnergyJ | null = null): string {
+export function formatUpdate(
+  base: PowerBase | null,
+  u: Update,
+  originNs: bigint = u.tNs,
+  guest: GuestEnergyJ | null = null,
+  limit: PowerLimitNote | null = null,
+): string {
   const p = powers(base, u);
   const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
   parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
-  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${guestEnergyNote(guest, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${guestEnergyNote(guest, '  ')}${powerLimitNote(limit, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
 /**
  * `watch --json`: one object per UPDATE. t_ns is the helper's CLOCK_MONOTONIC as a bare integer (as in
  * traces); energy_uj a decimal string (exact past 2^53, like replay --json); power_w a float, null
- * when there is no interval yet. In exact mode, guest_energy_j and guest_exact_energy_j (`guest`).
+ * when there is no interval yet. In exact mode, guest_energy_j and guest_exact_energy_j (`guest`); with a
+ * power limit, power_limit_w, power_limit_state and the rest of powerLimitJson (`limit`).
  */
 export function formatJsonUpdate(
   base: PowerBase | null,
@@ -120,6 +128,7 @@ export function formatJsonUpdate(
   originNs: bigint = u.tNs,
   vm?: VmIdentity,
   guest: GuestEnergyJ | null = null,
+  limit: PowerLimitNote | null = null,
 ): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
@@ -135,7 +144,7 @@ export function formatJsonUpdate(
         .join(',')}]}`,
   );
   const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
-  const g = JSON.stringify(guestEnergyJson(guest)).slice(1, -1);
+  const g = JSON.stringify({ ...guestEnergyJson(guest), ...powerLimitJson(limit) }).slice(1, -1);
   return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}${g ? `,${g}` : ''}}`;
 }
 
@@ -241,11 +250,11 @@ function resumingClient(o: WatchOptions, warn: (line: string) => void, resumed?:
 }
 
 /**
- * A VM's statistics file, for its guest energy in exact mode (read at each row); reopened after a
- * helper restart (the old image's file keeps its last values). Nothing in raw mode, or when the
- * helper does not give the file (a VM that ended, STATS_FD refused): the rows are as without it.
+ * A VM's statistics file, for its guest energy in exact mode and its power limit (read at each row);
+ * reopened after a helper restart (the old image's file keeps its last values). Nothing when the file
+ * has neither, or the helper does not give it (a VM that ended, STATS_FD refused): the rows are as without it.
  */
-class GuestEnergyFile {
+class VmFileNotes {
   private r: StatsReader | null = null;
 
   constructor(
@@ -257,15 +266,17 @@ class GuestEnergyFile {
     this.close();
     try {
       const r = StatsReader.open((await this.client.statsFd(this.hostVmId)).fd);
-      if (r.descriptor('guest_energy') === undefined) r.close();
+      if (r.descriptor('guest_energy') === undefined && r.descriptor('power_limit') === undefined) r.close();
       else this.r = r;
     } catch {
       // No guest column: the energy rows do not depend on it.
     }
   }
 
-  read(): GuestEnergyJ | null {
-    return this.r === null ? null : guestEnergyOf(this.r, this.r.read());
+  read(): { guest: GuestEnergyJ | null; limit: PowerLimitNote | null } {
+    if (this.r === null) return { guest: null, limit: null };
+    const s = this.r.read();
+    return { guest: guestEnergyOf(this.r, s), limit: powerLimitOf(this.r, s) };
   }
 
   close(): void {
@@ -282,11 +293,11 @@ async function observeVm(
   signal: AbortSignal | undefined,
   warn: (line: string) => void,
 ): Promise<void> {
-  let guest: GuestEnergyFile | undefined;
+  let guest: VmFileNotes | undefined;
   const client = await resumingClient(o, warn, () => void guest?.reopen());
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
-    guest = new GuestEnergyFile(client, vm.hostVmId);
+    guest = new VmFileNotes(client, vm.hostVmId);
     await guest.reopen();
     const stated = await statedHost(client);
     const source = stated.energySource;
@@ -302,7 +313,7 @@ async function observeVm(
     await follow(o, out, signal, warn, client, {
       vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
       nvpkg: vm.nvpkg,
-      guest: () => file.read(),
+      notes: () => file.read(),
       // An observed VM's energy counts from its discovery: power is measured from the values now.
       start: async (onUpdate, onError) => {
         const now = fromObserved(await client.observe(vm.hostVmId, (u) => onUpdate(fromObserved(u)), onError, { domains: true }));
@@ -323,8 +334,8 @@ interface Follow {
   vm: VmIdentity;
   /** Virtual packages: the table's columns. */
   nvpkg: number;
-  /** The VM's guest energy now (--guest-energy exact), shown with each row; absent or null: none. */
-  guest?: () => GuestEnergyJ | null;
+  /** The VM's guest energy now (--guest-energy exact) and its power limit, shown with each row; absent or null: none. */
+  notes?: () => { guest: GuestEnergyJ | null; limit: PowerLimitNote | null };
   /**
    * Starts the updates; resolves with the acknowledging update (its domains name the table's domain
    * columns) and the values power is measured from (null: the baseline, energy 0).
@@ -367,8 +378,8 @@ async function follow(
         return;
       }
       origin ??= u.tNs;
-      const guest = f.guest?.() ?? null;
-      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, guest) : formatUpdate(base, u, origin, guest));
+      const { guest, limit } = f.notes?.() ?? { guest: null, limit: null };
+      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, guest, limit) : formatUpdate(base, u, origin, guest, limit));
       if (u.tNs !== 0n) base = u;
       if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
     };

@@ -14,7 +14,7 @@ import { fail, ok, type Result } from '../../common/result.js';
 import type { HostInfo } from '../../model/host.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import { runInSlices } from '../../sampling/time-slices.js';
-import type { StateSnapshot } from '../../state/snapshot.js';
+import type { PowerLimitState, StateSnapshot } from '../../state/snapshot.js';
 import type { Discovery } from './discovery.js';
 import type { GuestEnergy } from '../guest/guest-energy.js';
 import type { VmLifecycle } from './vm-lifecycle.js';
@@ -87,7 +87,12 @@ interface Restored<P> {
 }
 
 /** Everything restored from `kept` (undefined: a fresh start), in order; see the head of this file. */
-export async function restoreFrom<P extends Omit<RestoredParts, 'log' | 'waitMs' | 'discovery'> & { guestEnergy?: GuestEnergy }>(
+export async function restoreFrom<
+  P extends Omit<RestoredParts, 'log' | 'waitMs' | 'discovery'> & {
+    guestEnergy?: GuestEnergy;
+    powerLimits?: { restore(saved: readonly PowerLimitState[]): void } | undefined;
+  },
+>(
   kept: StateSnapshot | undefined,
   o: RestoreFrom<P>,
 ): Promise<Restored<P>> {
@@ -101,6 +106,7 @@ export async function restoreFrom<P extends Omit<RestoredParts, 'log' | 'waitMs'
       log: o.log,
       ...(o.waitMs !== undefined ? { waitMs: o.waitMs } : {}),
     });
+  if (r?.plan) parts.powerLimits?.restore(kept?.limits ?? []);
   const guest = parts.guestEnergy;
   if (guest !== undefined && o.answerGuestEnergy !== undefined) guest.restore(kept?.guest ?? [], o.answerGuestEnergy(guest));
   return { parts, report: r?.report ?? null, waiting };

@@ -64,6 +64,7 @@ import { GuestEnergy } from '../guest/guest-energy.js';
 import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
 import { PowerLimiter } from '../../power-limit/limiter.js';
+import { applyLimitsFile, readLimitsFile, type LimitsFile } from '../../power-limit/limits-file.js';
 import type { BandwidthOpener } from '../../power-limit/cpu-bandwidth.js';
 
 export type { FdAdmitter, V2Limits, HealthSource };
@@ -127,8 +128,8 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
     maxPeers?: number | undefined;
     answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
   };
-  /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, and who besides root may set them (--socket-group). */
-  powerLimits?: { open: BandwidthOpener; adminGid?: number };
+  /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, who besides root may set them (--socket-group), --power-limits FILE. */
+  powerLimits?: { open: BandwidthOpener; adminGid?: number; file?: string };
 }
 
 /** The message of ERROR RESTARTING. */
@@ -151,6 +152,8 @@ interface V2Parts {
   /** --guest-energy exact's guest counters, when on. */
   guestEnergy?: GuestEnergy;
   powerLimits?: PowerLimiter;
+  /** --power-limits FILE, as read at this start. */
+  limitsFile?: LimitsFile;
   requests: RequestParts;
   /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
   hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
@@ -191,6 +194,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   });
   const service = new V2Service(o, parts, report);
   service.restoredWaiting(waiting);
+  service.applyLimitsFile();
   if (o.deferDiscovery !== true) void service.startDiscovery();
   return service;
 }
@@ -300,6 +304,8 @@ function makeParts(
     o.host.domains,
   );
   const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
+  const limitsFile = o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file);
+  for (const p of limitsFile?.problems ?? []) o.log.warn({ powerLimits: o.powerLimits?.file }, p);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
     fanOut.dropped(vmId, last);
     stats.dropped(vmId);
@@ -350,6 +356,7 @@ function makeParts(
     guests,
     guestEnergy,
     ...(limits ? { powerLimits: limits.limiter } : {}),
+    ...(limitsFile ? { limitsFile } : {}),
     requests,
     hostValues,
     limiter,
@@ -423,6 +430,7 @@ export class V2Service {
     lifecycle.ended(ev.ended);
     lifecycle.age();
     whole?.check();
+    if (lifecycle.changed) this.applyLimitsFile();
     this.p.powerLimits?.sample(ev.result, ev.ended);
     // A crash from here on restores nothing older than what a client is told next.
     for (const cb of this.beforeTold) cb();
@@ -434,6 +442,11 @@ export class V2Service {
     guests?.sample();
     guestEnergy?.sampled();
     lifecycle.clearChanged();
+  }
+
+  /** --power-limits FILE's limits on the live VMs (at the start, and when VMs come or change). */
+  applyLimitsFile(): void {
+    if (this.p.limitsFile && this.p.powerLimits) applyLimitsFile(this.p.limitsFile, this.p.registry.all(), this.p.powerLimits);
   }
 
   private connect(...[socket, peer, rest, hold]: Parameters<V2Handler>): void {
@@ -490,9 +503,6 @@ export class V2Service {
    */
   freeze(): { readonly drained: boolean; thaw(): void } {
     this.restarting = true;
-    // Power limits are not in the snapshot yet: every quota goes back before the next image (a restart
-    // called off takes them up again at the next sample: the limits stay).
-    this.p.powerLimits?.close();
     for (const c of this.p.clients.connections()) c.fail(E.RESTARTING, 0, RESTARTING_MESSAGE);
     const clients = this.p.clients;
     return {
@@ -512,12 +522,13 @@ export class V2Service {
    * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
    */
   snapshot(): StateSnapshot {
-    const { registry, sampling, energy, engine, guestEnergy } = this.p;
+    const { registry, sampling, energy, engine, guestEnergy, powerLimits } = this.p;
     const state = capture(
       { registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) },
       engine.guestPowerUnit,
     );
-    return guestEnergy ? { ...state, guest: guestEnergy.state() } : state;
+    const limits = powerLimits?.state() ?? [];
+    return { ...state, ...(guestEnergy ? { guest: guestEnergy.state() } : {}), ...(limits.length > 0 ? { limits } : {}) };
   }
 
   /** --guest-energy exact's guest counters (the legacy service's MSR_PKG_ENERGY_STATUS answers); undefined in raw mode. */

@@ -1,0 +1,89 @@
+/**
+ * The power limits' section of the state snapshot (version 4 on; docs/power-limits.md "Restarts and crashes"):
+ *
+ *   u32 count, each: u32 vmId | u32 pid | f64 limitW | f64 limitedS | f64 quotaCpus (0: none)
+ *     | u8 flags (1 fromFile) | u8 0 | u16 group count, each:
+ *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
+ */
+import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
+import { Refused, type Reader, type Writer } from './byte-io.js';
+
+/** A quota file's bytes (a cgroup's is a few), and a group's path. */
+const MAX_QUOTA_BYTES = 64;
+const MAX_DIR_BYTES = 4096;
+const MAX_GROUPS = 1024;
+const NONE = 255;
+const MIN_ENTRY = 4 + 4 + 24 + 4;
+const MIN_GROUP = 6;
+
+export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): void {
+  w.u32(list.length);
+  for (const l of list) {
+    w.u32(l.vmId);
+    w.u32(l.pid);
+    w.f64(l.limitW);
+    w.f64(l.limitedS);
+    w.f64(l.quotaCpus ?? 0);
+    w.u8(l.fromFile ? 1 : 0);
+    w.u8(0);
+    w.u16(l.groups.length);
+    for (const g of l.groups) {
+      const [dir, saved, written] = [Buffer.from(g.dir, 'utf8'), Buffer.from(g.saved, 'latin1'), g.written ?? ''];
+      w.u8(g.made ? 1 : 0);
+      w.u8(saved.length);
+      w.u8(g.written === null ? NONE : written.length);
+      w.u8(0);
+      w.u16(dir.length);
+      w.bytes(dir);
+      w.bytes(saved);
+      w.bytes(Buffer.from(written, 'latin1'));
+    }
+  }
+}
+
+export function readPowerLimits(r: Reader): PowerLimitState[] {
+  const at = 'power limits';
+  const out: PowerLimitState[] = [];
+  for (let n = r.count(4, STATE_LIMITS.maxPowerLimits, MIN_ENTRY, at); n > 0; n--) {
+    const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
+    r.u8(at);
+    const groups: HeldGroupState[] = [];
+    for (let k = r.count(2, MAX_GROUPS, MIN_GROUP, at); k > 0; k--) {
+      const [made, savedLen, writtenLen] = [r.u8(at), r.u8(at), r.u8(at)];
+      r.u8(at);
+      const dir = r.bytes(r.u16(at), at).toString('utf8');
+      const saved = r.bytes(savedLen, at).toString('latin1');
+      const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
+      groups.push({ dir, saved, written, made: made === 1 });
+    }
+    out.push({ vmId, pid, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups });
+  }
+  const problem = powerLimitsProblem(out);
+  if (problem !== null) throw new Refused(problem);
+  return out;
+}
+
+const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.test(s);
+
+/** Why the power limits break a rule, or null (what the encoder writes, the decoder accepts). */
+export function powerLimitsProblem(list: readonly PowerLimitState[]): string | null {
+  if (list.length > STATE_LIMITS.maxPowerLimits) return `${list.length} power limits, at most ${STATE_LIMITS.maxPowerLimits}`;
+  const seen = new Set<number>();
+  for (const l of list) {
+    const at = `the power limit of VM ${l.vmId}`;
+    if (seen.has(l.vmId)) return `${at} appears twice`;
+    seen.add(l.vmId);
+    if (!(l.limitW > 0 && Number.isFinite(l.limitW)) || !(l.limitedS >= 0 && Number.isFinite(l.limitedS)))
+      return `${at}: its limit or time limited is not a finite number above 0`;
+    if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus)))
+      return `${at}: its quota is not a finite number above 0`;
+    if (l.groups.length > MAX_GROUPS) return `${at}: ${l.groups.length} groups, at most ${MAX_GROUPS}`;
+    for (const g of l.groups) {
+      if (Buffer.byteLength(g.dir) > MAX_DIR_BYTES || !g.dir.startsWith('/'))
+        return `${at}: a group's path is not absolute or over ${MAX_DIR_BYTES} bytes`;
+      if (!quotaText(g.saved) || (g.written !== null && !quotaText(g.written)))
+        return `${at}: a quota file's bytes are not printable or over ${MAX_QUOTA_BYTES}`;
+    }
+  }
+  return null;
+}
