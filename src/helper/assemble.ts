@@ -300,21 +300,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       ...(o.powerLimitsFile !== undefined ? { file: o.powerLimitsFile } : {}),
     },
   });
-  log.info(
-    {
-      intervalMs: o.intervalMs,
-      limits: o.limits,
-      // A setting not given is left out, not logged as null.
-      ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
-      discovery: o.discovery,
-      maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
-      maxVmThreads: shares.maxVmThreads,
-      ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-      guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
-      ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
-    },
-    'v2 service ready',
-  );
+  logReady(log, o, shares.maxVmThreads);
   return {
     service: v2.service,
     ready: () => v2.service.startDiscovery(),
@@ -324,6 +310,24 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       limiter.flush();
     },
   };
+}
+
+/** The v2 chain's settings, once it is made (a setting not given is left out, not logged as null). */
+function logReady(log: Logger, o: V2DaemonSettings, maxVmThreads: number): void {
+  log.info(
+    {
+      intervalMs: o.intervalMs,
+      limits: o.limits,
+      ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
+      discovery: o.discovery,
+      maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
+      maxVmThreads,
+      ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
+      guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
+      ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    },
+    'v2 service ready',
+  );
 }
 
 /**
