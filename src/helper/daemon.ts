@@ -35,7 +35,7 @@ import {
   type PhaseTimes,
 } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
-import { settleOnce } from './lifecycle/memory-settler.js';
+import { settleOnce } from './server/memory-settler.js';
 import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import type { CrashGuard } from './lifecycle/crash-guard.js';

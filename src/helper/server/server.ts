@@ -12,7 +12,7 @@ import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
 import type { ConnectionKeep } from './connection-keep.js';
 import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
-import { MemorySettler } from '../lifecycle/memory-settler.js';
+import { MemorySettler } from './memory-settler.js';
 import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';

@@ -59,7 +59,7 @@ import { restoreParts, restoreSampling, type RestoreReport } from '../handover/r
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource } from './guest-source.js';
-import { guestVmOf, guestVmsOf } from '../guest/guest-vm.js';
+import { guestVmOf, guestVmsOf } from './guest-vm.js';
 import { GuestEnergy } from '../guest/guest-energy.js';
 import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
