@@ -49,7 +49,8 @@ import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js
 import type { VcpuSpec } from '../model/vcpus.js';
 import { cannot } from '../common/errors.js';
 import { formatUuid } from '../common/uuid.js';
-import { closeFd, dupCloexec, MSG_DONTWAIT, recvWithFds, watchReadable, type FdWatch } from '../os/libc.js';
+import { closeFd, dupCloexec, watchReadable, type FdWatch } from '../os/libc/fds.js';
+import { MSG_DONTWAIT, recvWithFds } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 

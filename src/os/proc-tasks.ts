@@ -25,7 +25,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
 import { cannot } from '../common/errors.js';
-import { errnoName, pread, processCpuTimeNs } from './libc.js';
+import { errnoName } from './libc/errno.js';
+import { pread } from './libc/fds.js';
+import { processCpuTimeNs } from './libc/processes.js';
 
 /** A /proc read that failed for a reason other than the thread or process being gone. */
 export class TaskReadError extends Error {

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client, V2Error, type Update } from '../../src/client/v2-client.js';
 import { E, HEADER_SIZE, T, V2_MAGIC } from '../../src/protocol/v2/codec.js';
-import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc/processes.js';
 import { FakeHost } from '../support/fake-host.js';
 import { ThreadedProcess } from '../support/threads.js';
 import { spawn } from 'node:child_process';

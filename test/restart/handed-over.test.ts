@@ -12,7 +12,9 @@ import { decodeHandover, encodeHandover, type HandoverRecord } from '../../src/h
 import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
 import { decodeHandedState, HANDOVER_NAMES, takeHandedOver } from '../../src/helper/handover/handed-over.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
-import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';
+import { closeFd, dupCloexec } from '../../src/os/libc/fds.js';
+import { memfdCreate } from '../../src/os/libc/memfd-mmap.js';
+import { socketpair } from '../../src/os/libc/sockets.js';
 import { HANDOVER_MEMFD_NAME } from '../../src/helper/handover/restarter.js';
 import { isOpen } from '../support/fds.js';
 

@@ -11,7 +11,8 @@
  */
 import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
-import { processCpuTimeNs, type PeerCredentials } from '../../os/libc.js';
+import { processCpuTimeNs } from '../../os/libc/processes.js';
+import { type PeerCredentials } from '../../os/libc/sockets.js';
 import {
   closeWindow,
   counterStep,

@@ -24,7 +24,8 @@
  * thread table (test/helper/guest/thread-exits.property.test.ts).
  */
 import fs from 'node:fs';
-import { closeFd, epollAdd, epollCreate, epollReadyNow, gettid, pidfdOpenThread } from '../../os/libc.js';
+import { closeFd, epollAdd, epollCreate, epollReadyNow } from '../../os/libc/fds.js';
+import { gettid, pidfdOpenThread } from '../../os/libc/processes.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 
 /** How exits are told: the kernel's pidfds, or the task directory's entries. */

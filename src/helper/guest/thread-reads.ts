@@ -19,7 +19,7 @@
  *   opened by its path, as QEMU opens it, which gives another thread that took the tid, or nothing.
  */
 import fs from 'node:fs';
-import { pread } from '../../os/libc.js';
+import { pread } from '../../os/libc/fds.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { parseStatLine } from '../../ratio/stat.js';
 import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';

@@ -7,7 +7,8 @@
  * the record does not list: closed and logged, and the daemon goes on without it.
  */
 import fs from 'node:fs';
-import { closeFd, getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc.js';
+import { closeFd } from '../../os/libc/fds.js';
+import { getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { readStateBytes, readSealedMemfd } from '../../state/memfd.js';
 import { decodeState } from '../../state/snapshot-codec.js';
 import { decodeHandover, MAX_HANDOVER_BYTES, type HandoverRecord } from './handover-record.js';

@@ -9,7 +9,7 @@ import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import type { SocketFile } from '../server/listener.js';
 import { activationFd, storedFds, takeActivation } from '../lifecycle/systemd.js';
-import { socketType, SOCK_STREAM } from '../../os/libc.js';
+import { socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { cannot } from '../../common/errors.js';
 import { takeFromKeeper } from '../../keeper/link.js';
 

@@ -8,7 +8,7 @@
  * through the stream otherwise (out of fds, or replies already queued).
  */
 import type net from 'node:net';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, LegacyFramer } from '../../protocol/legacy.js';
 import { listen } from '../../common/disposable.js';
 import { drainReadable, type Freezable } from '../handover/frozen.js';

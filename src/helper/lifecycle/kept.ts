@@ -5,7 +5,7 @@
  * ones); after a crash there is none: each kept connection is served from its next byte, and the
  * checkpoint is the state, unless the last process died restoring it.
  */
-import { closeFd } from '../../os/libc.js';
+import { closeFd } from '../../os/libc/fds.js';
 import { readStateBytes } from '../../state/memfd.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';

@@ -8,7 +8,7 @@
  * same. No thread, one system call a second. An alarm survives execve: a restart in place disarms
  * it first (disarmLoopWatchdog).
  */
-import { alarm } from '../../os/libc.js';
+import { alarm } from '../../os/libc/processes.js';
 
 /** Seconds the event loop may stall before the process is ended. */
 const LOOP_STALL_S = 10;

@@ -6,7 +6,7 @@
  * its own socket is closed. For a restart: freeze() and adopt() (handover/frozen.ts).
  */
 import net from 'node:net';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';

@@ -14,7 +14,7 @@
  */
 import type net from 'node:net';
 import type { Logger } from 'pino';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { CLIENT_TYPES, E, FrameDecoder, encodeError, type DecodeResult } from '../../protocol/v2/codec.js';
 import { takeRequestTurn } from './request-turns.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';

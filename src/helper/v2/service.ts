@@ -28,7 +28,7 @@ import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
