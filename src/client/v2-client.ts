@@ -23,7 +23,6 @@ import fs from 'node:fs';
 import net from 'node:net';
 import {
   E,
-  FrameDecoder,
   HELPER_TYPES,
   T,
   V2_MAGIC,
@@ -45,6 +44,7 @@ import {
   type VmEntry,
   type VpkgValue,
 } from '../protocol/v2/codec.js';
+import { FrameDecoder } from '../protocol/v2/frame-decoder.js';
 import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js';
 import type { VcpuSpec } from '../model/vcpus.js';
 import { cannot } from '../common/errors.js';

@@ -13,7 +13,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client, type HostUpdate } from '../../src/client/v2-client.js';
-import { CLIENT_TYPES, E, FrameDecoder, T, V2_MAGIC, encodeError, encodeHostUpdate, encodeUpdate } from '../../src/protocol/v2/codec.js';
+import { CLIENT_TYPES, E, T, V2_MAGIC, encodeError, encodeHostUpdate, encodeUpdate } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { hostStats } from '../support/helper-messages.js';
 
 const cleanups: (() => unknown)[] = [];
