@@ -19,7 +19,7 @@ import {
 } from '../../src/protocol/v2/codec.js';
 import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
-import { formatUuid } from '../../src/client/v2-client.js';
+import { formatUuid } from '../../src/common/uuid.js';
 import { hostStats } from '../support/helper-messages.js';
 
 function one(bytes: Buffer, types: ReadonlySet<number>): Frame {
