@@ -4,6 +4,7 @@
  */
 import koffi from 'koffi';
 import { errnoError, libc } from './errno.js';
+import { closeFd } from './fds.js';
 
 /** struct iovec and struct msghdr of x86_64 (anonymous koffi types: this module may be loaded twice in a process). */
 const iovecType = koffi.struct({ iov_base: 'void *', iov_len: 'size_t' });
@@ -23,7 +24,6 @@ const fn = {
   send: libc.func('long send(int fd, const void *buf, size_t len, int flags)'),
   recv: libc.func('long recv(int fd, void *buf, size_t len, int flags)'),
   sendto: libc.func('long sendto(int fd, const void *buf, size_t len, int flags, const void *addr, uint32_t addrlen)'),
-  close: libc.func('int close(int fd)'),
   poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
   sendmsg: libc.func('sendmsg', 'long', ['int', koffi.pointer(msghdrType), 'int']),
   recvmsg: libc.func('recvmsg', 'long', ['int', koffi.inout(koffi.pointer(msghdrType)), 'int']),
@@ -122,7 +122,7 @@ export function sendUnixDatagram(name: string, payload: Buffer): void {
     const n = Number(fn.sendto(fd, payload, payload.length, MSG_NOSIGNAL, addr, len));
     if (n < 0) throw errnoError(`sendto(${name})`);
   } finally {
-    fn.close(fd);
+    closeFd(fd);
   }
 }
 
@@ -270,7 +270,7 @@ export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: read
   try {
     sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, `sendmsg(${name})`);
   } finally {
-    fn.close(fd);
+    closeFd(fd);
   }
 }
 
@@ -315,7 +315,7 @@ export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags 
   // CMSG_SPACE pads to 8 bytes, so room for an odd number of fds holds one more: the kernel installs
   // it, and it is closed here. This process never holds more than maxFds from one call.
   const extra = fds.splice(maxFds);
-  for (const fd of extra) fn.close(fd);
+  for (const fd of extra) closeFd(fd);
   const cut = (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) !== 0 || extra.length > 0;
   return { data: data.subarray(0, n), fds, truncated: cut };
 }
