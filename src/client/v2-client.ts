@@ -21,11 +21,11 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
+import { V2_MAGIC } from '../protocol/legacy.js';
 import {
   E,
   HELPER_TYPES,
   T,
-  V2_MAGIC,
   encodeHostSubscribe,
   encodeList,
   encodeObserve,

@@ -1,11 +1,9 @@
 /**
  * v2 framing (docs/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian:
  * the types, flags, error codes and sizes, and the pure encoders of each frame (the decoder is
- * frame-decoder.ts). Pure: no sockets.
+ * frame-decoder.ts). Pure: no sockets. Its magic "VMS2" is protocol/legacy.ts's V2_MAGIC, beside the
+ * preamble check that picks the protocol for a connection.
  */
-
-// "VMS2" is defined once, beside the preamble check that picks the protocol for a connection.
-export { V2_MAGIC } from '../legacy.js';
 import type { VcpuSpec } from '../../model/vcpus.js';
 import { ENERGY_DOMAINS, type OtherDomain } from '../../model/domains.js';
 
