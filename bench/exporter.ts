@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { V2Client } from '../src/client/v2-client.js';
-import { clockTicksPerSecond } from '../src/os/libc.js';
+import { clockTicksPerSecond } from '../src/os/libc/processes.js';
 import { FakeHost } from '../test/support/fake-host.js';
 import { pollFor } from '../test/support/wait.js';
 import { startVms, vcpusOf } from './service.js';

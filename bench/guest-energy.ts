@@ -32,7 +32,7 @@ import { FakeHost, legacyOnFakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
 import { GuestEnergy } from '../src/helper/guest/guest-energy.js';
 import { ProcTaskReader } from '../src/os/proc-tasks.js';
-import { threadCpuTimeNs } from '../src/os/libc.js';
+import { threadCpuTimeNs } from '../src/os/libc/processes.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../src/msr/registers.js';
 import type { LegacyRequest } from '../src/protocol/legacy.js';
 import { readStarttime } from '../src/os/proc-starttime.js';

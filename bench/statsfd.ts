@@ -41,7 +41,7 @@ function readerProc(sock: string, ids: number[], readers: number): { proc: Child
   const body = `
     const { V2Client } = await import(${url('../src/client/v2-client.js')});
     const { StatsReader } = await import(${url('../src/client/stats-reader.js')});
-    const { dupCloexec } = await import(${url('../src/os/libc.js')});
+    const { dupCloexec } = await import(${url('../src/os/libc/fds.js')});
     const ids = ${JSON.stringify(ids)};
     const c = await V2Client.connect(${JSON.stringify(sock)});
     const rs = []; for (const id of ids) rs.push(StatsReader.open((await c.statsFd(id)).fd));

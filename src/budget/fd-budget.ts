@@ -11,7 +11,7 @@
  *    sample fails (ERROR 5 to v2 clients, logged) and the VM stays live.
  */
 import fs from 'node:fs';
-import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from '../os/libc.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from '../os/libc/processes.js';
 import { keptFds } from '../os/proc-tasks.js';
 import { fail, ok, type Result } from '../common/result.js';
 

@@ -15,7 +15,7 @@
  * process named like a real VM), pids cannot.
  */
 import { cannotError } from '../common/errors.js';
-import type { VmInfo } from './v2-client.js';
+import type { VmInfo } from './v2-replies.js';
 
 /** Candidates an ambiguity error lists; the rest are counted. */
 export const MAX_CANDIDATES_SHOWN = 10;

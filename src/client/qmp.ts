@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import net from 'node:net';
-import { getPeerCredentials } from '../os/libc.js';
+import { getPeerCredentials } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
 
 /** Longest line accepted from the monitor; query-cpus-fast of 4096 vCPUs stays far below it. */

@@ -15,8 +15,8 @@
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
 import type { VcpuSpec } from '../model/vcpus.js';
+import { V2Client } from './v2-client.js';
 import {
-  V2Client,
   V2ConnectionError,
   V2Error,
   type HostUpdate,
@@ -26,7 +26,7 @@ import {
   type Value,
   type VmInfo,
   type VmUpdate,
-} from './v2-client.js';
+} from './v2-replies.js';
 
 interface ResumingOptions {
   /** How long to keep trying to connect again after the connection closed (default RESUME_FOR_MS). */

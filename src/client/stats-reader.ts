@@ -8,7 +8,8 @@
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
-import { closeFd, mapShared, pread, type SharedMapping } from '../os/libc.js';
+import { closeFd, pread } from '../os/libc/fds.js';
+import { mapShared, type SharedMapping } from '../os/libc/memfd-mmap.js';
 import { decodeStatsLayout, MAX_STATS_FILE_BYTES, type PlacedDescriptor, type StatsLayout } from '../protocol/stats/layout.js';
 import { GENERATION, readConsistent } from '../protocol/stats/sample-block.js';
 import { descriptorValues } from '../protocol/stats/values.js';

@@ -6,7 +6,8 @@
  */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
-import { errnoName, pread } from '../os/libc.js';
+import { errnoName } from '../os/libc/errno.js';
+import { pread } from '../os/libc/fds.js';
 import type { DomainCounter, HostCpu, Vendor } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {

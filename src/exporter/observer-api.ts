@@ -3,7 +3,7 @@
  * VM by host-wide VM id (docs/stats-fd.md). V2Client has this shape; the exporter receives it behind
  * this interface, so its core is the same whatever carries the frames.
  */
-import type { HostUpdate, VmInfo, VmUpdate } from '../client/v2-client.js';
+import type { HostUpdate, VmInfo, VmUpdate } from '../client/v2-replies.js';
 
 export type { HostUpdate, VmInfo, VmUpdate };
 

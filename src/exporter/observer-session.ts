@@ -5,7 +5,7 @@
  * reconnect with exponential backoff, logging the outage once and the recovery.
  */
 import type { Logger } from 'pino';
-import { V2Error } from '../client/v2-client.js';
+import { V2Error } from '../client/v2-replies.js';
 import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import type { ObserverClient, VmInfo } from './observer-api.js';

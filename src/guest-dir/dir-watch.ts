@@ -9,7 +9,6 @@
  * max_user_watches), SafeDir.changed() falls back to its fstat.
  */
 import {
-  closeFd,
   IN_ATTRIB,
   IN_CREATE,
   IN_DELETE,
@@ -21,8 +20,8 @@ import {
   inotifyInit,
   inotifyUnwatch,
   inotifyWatchFd,
-  readFd,
-} from '../os/libc.js';
+} from '../os/libc/dir-fd.js';
+import { closeFd, readFd } from '../os/libc/fds.js';
 
 /** What a directory is watched for: anything that changes its entries, their kinds or owners, or its own. */
 const WATCH_MASK = IN_ATTRIB | IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF;

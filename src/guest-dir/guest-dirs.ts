@@ -13,7 +13,9 @@
 import fs from 'node:fs';
 import type { Logger } from 'pino';
 import { cannot } from '../common/errors.js';
-import { errnoName, O_DIRECTORY, O_RDONLY, openAt, closeFd } from '../os/libc.js';
+import { O_DIRECTORY, O_RDONLY, openAt } from '../os/libc/dir-fd.js';
+import { errnoName } from '../os/libc/errno.js';
+import { closeFd } from '../os/libc/fds.js';
 import { LogLimiter } from '../logging/log-limiter.js';
 import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, WriteFailure, type GuestReaders, type GuestTree } from './safe-dir.js';

@@ -7,7 +7,7 @@
  * <domain>_energy): the VM's output is not built a second time for them.
  */
 import type { StatsLayout } from '../protocol/stats/layout.js';
-import type { SharedMapping } from '../os/libc.js';
+import type { SharedMapping } from '../os/libc/memfd-mmap.js';
 import type { GuestTree } from './safe-dir.js';
 import { guestZoneShapes } from './tree.js';
 import { vmDomainNames } from '../protocol/stats/vm-file.js';

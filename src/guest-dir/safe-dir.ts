@@ -14,14 +14,8 @@ import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 import {
-  closeFd,
   dropLease,
-  errnoName,
   exchangeAt,
-  fchmodFd,
-  fsetxattrFd,
-  fstatRaw,
-  mapShared,
   mkdirAt,
   O_CREAT,
   O_DIRECTORY,
@@ -33,20 +27,27 @@ import {
   O_RDWR,
   O_WRONLY,
   openAt,
-  pread,
-  pwriteFd,
   readlinkAt,
   renameAt,
   signalLeaseBreaks,
-  STAT_ATIME_AT,
-  STAT_SIZE,
   symlinkAt,
   takeWriteLease,
-  truncateFd,
   unlinkAt,
+} from '../os/libc/dir-fd.js';
+import { errnoName } from '../os/libc/errno.js';
+import {
+  closeFd,
+  fchmodFd,
+  fsetxattrFd,
+  fstatRaw,
+  pread,
+  pwriteFd,
+  STAT_ATIME_AT,
+  STAT_SIZE,
+  truncateFd,
   writeFd,
-  type SharedMapping,
-} from '../os/libc.js';
+} from '../os/libc/fds.js';
+import { mapShared, type SharedMapping } from '../os/libc/memfd-mmap.js';
 import { isHelperEntry, TEMP_PREFIX } from './tree.js';
 import type { DirWatch } from './dir-watch.js';
 

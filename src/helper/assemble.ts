@@ -23,8 +23,6 @@ import { Sampler } from '../sampling/sampler.js';
 import { TraceWriter } from '../trace/writer.js';
 import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
-import type { DaemonConfig } from './lifecycle/config.js';
-import type { Opened } from './lifecycle/startup.js';
 import type { FdBudget } from '../budget/fd-budget.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
 import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
@@ -206,9 +204,19 @@ export interface V2DaemonSettings {
 
 /** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
 export interface V2Start {
-  config: DaemonConfig;
-  /** What the start-up opened as root: MSR fds, powercap zones, the --record file. */
-  opened: Pick<Opened, 'vendor' | 'device' | 'energy' | 'powercap' | 'files'>;
+  /** Of the daemon's configuration (lifecycle/config.ts): the /proc and /sys roots, --socket-group. */
+  config: { hostPaths: HostPaths; socketGid?: number };
+  /**
+   * What the start-up opened as root (lifecycle/startup.ts): the vendor and energy source its checks
+   * chose, MSR fds, [energy_uj path, fd] of the powercap zones, [path, fd] of the --record file.
+   */
+  opened: {
+    vendor: Vendor;
+    device: MsrDevice;
+    energy: EnergySourceKind;
+    powercap: ReadonlyMap<string, number>;
+    files: ReadonlyMap<string, number>;
+  };
   /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
   fds: FdBudget;
   /** Legacy requests by result and open connections (assembleServer's). */

@@ -35,7 +35,7 @@ import {
   type PhaseTimes,
 } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
-import { settleOnce } from './lifecycle/memory-settler.js';
+import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog } from './lifecycle/loop-watchdog.js';
 import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';

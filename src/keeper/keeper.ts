@@ -16,23 +16,9 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
-import {
-  closeFd,
-  closeOnExec,
-  getSeals,
-  isListeningSocket,
-  recvWithFds,
-  socketpair,
-  socketType,
-  watchReadable,
-  F_SEAL_GROW,
-  F_SEAL_SHRINK,
-  F_SEAL_WRITE,
-  MSG_DONTWAIT,
-  SOCK_SEQPACKET,
-  SOCK_STREAM,
-  type FdWatch,
-} from '../os/libc.js';
+import { closeFd, closeOnExec, watchReadable, type FdWatch } from '../os/libc/fds.js';
+import { getSeals, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE } from '../os/libc/memfd-mmap.js';
+import { isListeningSocket, recvWithFds, socketpair, socketType, MSG_DONTWAIT, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
 import { socketIno } from './link.js';
 import {
   decodeKeeperMessage,

@@ -5,7 +5,9 @@
  * logged once and the daemon goes on serving, without a keeper.
  */
 import fs from 'node:fs';
-import { closeFd, keepAcrossExec, peerHungUp, prctl, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc.js';
+import { prctl } from '../os/libc/capability-calls.js';
+import { closeFd, keepAcrossExec } from '../os/libc/fds.js';
+import { peerHungUp, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc/sockets.js';
 import {
   encodeKeeperMessage,
   KEEPER_ENV,

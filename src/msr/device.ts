@@ -5,7 +5,8 @@
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from './errno-hints.js';
-import { errnoName, pread } from '../os/libc.js';
+import { errnoName } from '../os/libc/errno.js';
+import { pread } from '../os/libc/fds.js';
 import { cannot } from '../common/errors.js';
 import { describeMsr } from './registers.js';
 

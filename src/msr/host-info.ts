@@ -3,7 +3,7 @@
  * package's RAPL unit (plus Intel's power limit/info when readable).
  */
 import type { HostInfo, HostPackage, Vendor } from '../model/host.js';
-import { clockTicksPerSecond } from '../os/libc.js';
+import { clockTicksPerSecond } from '../os/libc/processes.js';
 import type { MsrDevice } from './device.js';
 import type { HostPaths } from './host-paths.js';
 import { MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, powerUnitMsr } from './registers.js';

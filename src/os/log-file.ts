@@ -9,7 +9,7 @@
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
-import { dup2 } from './libc.js';
+import { dup2 } from './libc/fds.js';
 
 export function redirectStderrToFile(path: string): void {
   let fd: number;

@@ -15,7 +15,7 @@
  * that does not read as expected is left alone.
  */
 import fs from 'node:fs';
-import { dropMappedPages } from './libc.js';
+import { dropMappedPages } from './libc/memfd-mmap.js';
 
 export interface Mapping {
   start: bigint;

@@ -25,7 +25,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { statNumThreads } from '../ratio/stat.js';
 import { cannot } from '../common/errors.js';
-import { errnoName, pread, processCpuTimeNs } from './libc.js';
+import { errnoName } from './libc/errno.js';
+import { closeFd, pread } from './libc/fds.js';
+import { processCpuTimeNs } from './libc/processes.js';
+import { digits, readRunTime, SCHEDSTAT_BYTES } from './schedstat-gate.js';
 
 /** A /proc read that failed for a reason other than the thread or process being gone. */
 export class TaskReadError extends Error {
@@ -36,7 +39,7 @@ export class TaskReadError extends Error {
     super(
       cannot(
         `read ${file}`,
-        `${code}${code === 'EMFILE' || code === 'ENFILE' ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`,
+        `${code}${outOfFds(code) ? ' (out of file descriptors; the VM stays registered and sampling resumes once fds are free)' : ''}`,
       ),
     );
     this.name = 'TaskReadError';
@@ -44,6 +47,7 @@ export class TaskReadError extends Error {
 }
 
 const { ENOENT, ESRCH } = os.constants.errno;
+const outOfFds = (code: string | undefined): boolean => code === 'EMFILE' || code === 'ENFILE';
 
 /** errno codes that mean "this thread or process no longer exists". */
 function isGone(e: unknown): boolean {
@@ -57,10 +61,6 @@ function codeOf(e: unknown): string {
 
 /** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
 const BUF_SIZE = 4096;
-/** A schedstat line: three u64 in decimal. */
-const SCHED_BUF_SIZE = 128;
-/** Digits of a u64: a longer first schedstat field is not a run time. */
-const RUNTIME_DIGITS = 20;
 
 /**
  * A line answered from the gate this many times in a row is read anyway: it bounds how old the
@@ -77,18 +77,12 @@ const BUSY_PROBES = 2;
 const DIRECT_READS = 14;
 
 const CLOSE_PAREN = 0x29;
-const SPACE = 0x20;
 const RUNNING = 0x52; // 'R'
 
 /**
  * One thread of a sampled process. Its line is served again without reading it when its schedstat
- * run time equals `runtime`, the run time read just BEFORE that line was: the line was printed at a
- * run time at least that large, and the run time has not moved since, so the thread has not run
- * since the line was printed. Why that keeps the fields the engine uses (kernel/sched/cputime.c):
- * utime and stime are cputime_adjust() of the same sum_exec_runtime schedstat prints, and it returns
- * the previous split unchanged while that sum has not grown; starttime is the task's, and the fds
- * are bound to the task (a reused tid is another task, on which they fail); processor only changes
- * when the thread is moved, and a thread that did not run has dticks = 0 whatever its package.
+ * run time equals `runtimeHi`/`runtimeLo`, the run time read just before that line was (the thread
+ * gate, os/schedstat-gate.ts).
  */
 interface ThreadState {
   /** fd of its stat file. */
@@ -197,7 +191,7 @@ export class ProcTaskReader {
   /** Where the next process's and thread's count of gated reads starts (see MAX_GATED_READS). */
   private phase = 0;
   private readonly buf = Buffer.alloc(BUF_SIZE);
-  private readonly sbuf = Buffer.alloc(SCHED_BUF_SIZE);
+  private readonly sbuf = Buffer.alloc(SCHEDSTAT_BYTES);
   private readonly relistEvery: number;
   private readonly gate: boolean;
   /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
@@ -371,13 +365,12 @@ export class ProcTaskReader {
       return this.readLine(st, tid, t);
     }
     this.cost.probes++;
-    const n = pread(t.sfd, this.sbuf, SCHED_BUF_SIZE, 0);
-    if (n < 0) {
-      this.failed(st, tid, 'schedstat', -n);
+    const len = readRunTime(t.sfd, this.sbuf);
+    if (len < 0) {
+      this.failed(st, tid, 'schedstat', -len);
       this.drop(st, tid, t);
       return null;
     }
-    const len = runtimeLength(this.sbuf, n);
     const hi = len > 9 ? digits(this.sbuf, 0, len - 9) : 0;
     const lo = len > 0 ? digits(this.sbuf, Math.max(0, len - 9), len) : 0;
     const same = len > 0 && hi === t.runtimeHi && lo === t.runtimeLo;
@@ -441,8 +434,8 @@ export class ProcTaskReader {
   }
 
   private closeThread(pid: number, t: ThreadState): void {
-    closeQuietly(t.fd);
-    if (t.sfd >= 0) closeQuietly(t.sfd);
+    closeFd(t.fd);
+    if (t.sfd >= 0) closeFd(t.sfd);
     this.ledger?.release(pid, t.sfd >= 0 ? 2 : 1);
   }
 
@@ -581,15 +574,15 @@ function isRunning(b: Buffer, end: number): boolean {
   return false;
 }
 
-/**
- * fd of a thread's schedstat, or -1 when this kernel has none (no CONFIG_SCHED_INFO): that thread's
- * stat is then read every time. Throws what open throws otherwise (the thread gone, out of fds).
- */
 /** A thread just opened: its stat fd, nothing read yet. */
 function newThread(fd: number): ThreadState {
   return { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
 }
 
+/**
+ * fd of a thread's schedstat, or -1 when this kernel has none (no CONFIG_SCHED_INFO): that thread's
+ * stat is then read every time. Throws what open throws otherwise (the thread gone, out of fds).
+ */
 function openSchedstat(file: string): number {
   try {
     return fs.openSync(file, fs.constants.O_RDONLY);
@@ -599,38 +592,7 @@ function openSchedstat(file: string): number {
   }
 }
 
-/**
- * Length of schedstat's first field (the run time, ns), or 0 when it cannot serve as a gate: not
- * digits, longer than a u64, or "0" (a kernel with sched_info off prints "0 0 0" for every thread).
- */
-function runtimeLength(b: Buffer, n: number): number {
-  let i = 0;
-  while (i < n && b[i] !== SPACE) {
-    const c = b[i]!;
-    if (c < 0x30 || c > 0x39) return 0;
-    i++;
-  }
-  if (i === 0 || i > RUNTIME_DIGITS || i === n || (i === 1 && b[0] === 0x30)) return 0;
-  return i;
-}
-
-/** The decimal digits b[from, to) (at most 15: exact in a double). */
-function digits(b: Buffer, from: number, to: number): number {
-  let v = 0;
-  for (let i = from; i < to; i++) v = v * 10 + (b[i]! - 0x30);
-  return v;
-}
-
 /** EMFILE or ENFILE: this helper, or the whole system, is out of file descriptors. */
 function isOutOfFds(e: unknown): boolean {
-  const code = (e as NodeJS.ErrnoException).code;
-  return code === 'EMFILE' || code === 'ENFILE';
-}
-
-function closeQuietly(fd: number): void {
-  try {
-    fs.closeSync(fd);
-  } catch {
-    /* already closed */
-  }
+  return outOfFds((e as NodeJS.ErrnoException).code);
 }

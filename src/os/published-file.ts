@@ -8,9 +8,9 @@
  * file lives until its last fd is closed, whatever this process does with its own.
  */
 import fs from 'node:fs';
+import { closeFd } from './libc/fds.js';
 import {
   addSeals,
-  closeFd,
   F_SEAL_FUTURE_WRITE,
   F_SEAL_GROW,
   F_SEAL_SEAL,
@@ -18,7 +18,7 @@ import {
   mapShared,
   memfdCreate,
   type SharedMapping,
-} from './libc.js';
+} from './libc/memfd-mmap.js';
 
 const PUBLISHED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
 /** Mode of a published file: readable by whoever holds an fd of it, written by nobody through one. */

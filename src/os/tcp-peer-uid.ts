@@ -9,7 +9,8 @@
  * lookup that fails, gives null.
  */
 import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
-import { closeFd, openSocket, recvNow, sendNow, SOCK_DGRAM } from './libc.js';
+import { closeFd } from './libc/fds.js';
+import { openSocket, recvNow, sendNow, SOCK_DGRAM } from './libc/sockets.js';
 
 const AF_INET = 2;
 const AF_INET6 = 10;

@@ -5,10 +5,21 @@
  * and records the decisions where those rules are silent.
  */
 import { joulesPerCounterUnit, packageCounter } from './counter.js';
-import { parseStatLine } from './stat.js';
 import { fitLength } from '../common/fit-length.js';
-import { validVcpus, MAX_TID, type VcpuSpec } from '../model/vcpus.js';
-import type { EngineState, EngineVmState } from './engine-state.js';
+import type { VcpuSpec } from '../model/vcpus.js';
+import {
+  aliveThreads,
+  checkedVcpus,
+  endVm,
+  fillThreadTotals,
+  newEngineVm,
+  nvpkgOf,
+  vmFromState,
+  vmState,
+  type EngineVm,
+  type ThreadMark,
+} from './engine-vm.js';
+import { engineStateProblem, type EngineState } from './engine-state.js';
 import { PLATFORM_DOMAINS, type OtherDomain } from '../model/domains.js';
 import {
   closeCounters,
@@ -38,68 +49,6 @@ import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
 const TWO_32 = 2 ** 32;
-
-/**
- * tid -> vpkg of a vCPU list, by the one vCPU-list rule (model/vcpus.ts); throws its message. The
- * engine alone takes an empty list: a VM none of whose vCPU threads is known gets no energy until
- * updateVcpus names some. Every way a VM arrives from outside (v2 REGISTER, --vcpus, a trace)
- * refuses an empty list before it gets here.
- */
-function checkedVcpus(vcpus: readonly VcpuSpec[]): Map<number, number> {
-  const out = new Map<number, number>();
-  for (const v of validVcpus(vcpus, { allowEmpty: true })) out.set(v.tid, v.vpkg);
-  return out;
-}
-
-/** What the previous sample said about one thread; (tid, starttime) is its identity. */
-interface ThreadMark {
-  starttime: number;
-  ticks: number;
-}
-
-/** The fields of a stat line the rules use. */
-interface ThreadStat extends ThreadMark {
-  processor: number;
-}
-
-/**
- * A thread's line as last parsed, reused while the sampler hands the same line again (an idle
- * thread's line does not change): parsing is a pure function of the line, so this changes nothing
- * but the cost.
- */
-interface ParsedLine {
-  line: string;
-  /** null: the line counts as absent, for `problem`. */
-  stat: ThreadStat | null;
-  problem: string;
-}
-
-type Phase = 'pending' | 'active' | 'ended';
-
-interface EngineVm {
-  id: number;
-  spec: VmSpec;
-  /** Registered vCPU tid -> vpkg. */
-  vcpuVpkg: Map<number, number>;
-  nvpkg: number;
-  phase: Phase;
-  /** Threads seen in the previous sample (active VMs only). */
-  prev: Map<number, ThreadMark>;
-  /** tid -> its last line, parsed (live VMs only). */
-  parsed: Map<number, ParsedLine>;
-  /** A(v,g), joules. */
-  acc: number[];
-  /** Counts the changes of its totals but the sample time (acc, domainAcc, threads, vCPU list, ended): totalsInto skips what did not move. */
-  changes: number;
-  /** A(v,g) of each other domain the host reads (DomainPlane order), joules. */
-  domainAcc: number[][];
-  /** Sample time of the published values; 0n before the first interval. */
-  tNs: bigint;
-  /** Set when phase becomes 'ended'. */
-  endedBy?: 'exit' | 'unregister';
-  /** Per thread since the baseline: energy given to it as a vCPU (its share and its part of W), J, and its ticks. */
-  threads?: Map<number, { energyJ: number; ticks: number }>;
-}
 
 /** A VM's per-thread totals since its baseline (RatioEngine.threadTotals). */
 export interface ThreadTotals {
@@ -204,23 +153,8 @@ export class RatioEngine {
   }
 
   register(vm: VmSpec): number {
-    const vcpuVpkg = checkedVcpus(vm.vcpus);
-    let nvpkg = 0;
-    for (const g of vcpuVpkg.values()) nvpkg = Math.max(nvpkg, g + 1);
     const id = this.nextId++;
-    this.vms.set(id, {
-      id,
-      spec: { ...vm, vcpus: vm.vcpus.map((v) => ({ ...v })) },
-      vcpuVpkg,
-      nvpkg,
-      phase: 'pending',
-      prev: new Map(),
-      parsed: new Map(),
-      acc: new Array<number>(nvpkg).fill(0),
-      changes: 0,
-      domainAcc: this.planes.map(() => new Array<number>(nvpkg).fill(0)),
-      tNs: 0n,
-    });
+    this.vms.set(id, newEngineVm(id, vm, this.planes.length));
     return id;
   }
 
@@ -233,8 +167,7 @@ export class RatioEngine {
     const vm = this.vms.get(vmId);
     if (!vm) throw new Error(`no VM ${vmId}`);
     const vcpuVpkg = checkedVcpus(vcpus);
-    let nvpkg = vm.nvpkg;
-    for (const g of vcpuVpkg.values()) nvpkg = Math.max(nvpkg, g + 1);
+    const nvpkg = nvpkgOf(vcpuVpkg, vm.nvpkg);
     vm.vcpuVpkg = vcpuVpkg;
     vm.changes++;
     vm.spec = { ...vm.spec, vcpus: vcpus.map((v) => ({ ...v })) };
@@ -245,7 +178,7 @@ export class RatioEngine {
 
   unregister(vmId: number): void {
     const vm = this.vms.get(vmId);
-    if (vm && vm.phase !== 'ended') this.end(vm, 'unregister');
+    if (vm && vm.phase !== 'ended') endVm(vm, 'unregister');
   }
 
   forget(vmId: number): void {
@@ -358,22 +291,7 @@ export class RatioEngine {
    * last sample's time and counters. restore() on a new engine of the same host takes it back.
    */
   state(): EngineState {
-    const vms: EngineVmState[] = [...this.vms.values()].map((vm) => {
-      const out: EngineVmState = {
-        id: vm.id,
-        pid: vm.spec.pid,
-        starttime: vm.spec.starttime,
-        vcpus: vm.spec.vcpus.map((v) => ({ ...v })),
-        phase: vm.phase,
-        accJ: [...vm.acc],
-        tNs: vm.tNs,
-        prev: [...vm.prev].map(([tid, m]) => ({ tid, starttime: m.starttime, ticks: m.ticks })),
-      };
-      if (this.planes.length > 0) out.domainAccJ = this.planes.map((p, i) => ({ domain: p.domain, accJ: [...vm.domainAcc[i]!] }));
-      if (vm.spec.name !== undefined) out.name = vm.spec.name;
-      if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
-      return out;
-    });
+    const vms = [...this.vms.values()].map((vm) => vmState(vm, this.domains()));
     let lastSample: EngineState['lastSample'] = null;
     if (this.prevT !== undefined) {
       const kept = (p: Plane) => p.counters.filter((c): c is CounterSlot => c !== undefined && !Number.isNaN(c.last));
@@ -392,31 +310,11 @@ export class RatioEngine {
   restore(s: EngineState): void {
     if (this.vms.size > 0 || this.prevT !== undefined || this.nextId !== 1)
       throw new Error('only an engine with no VM and no sample can be restored');
-    const problem = this.restoreProblem(s);
+    const problem = engineStateProblem(s, (domain, pkg) =>
+      domain === 'package' ? this.pkgPlane.counters[this.pkgIndex.get(pkg) ?? -1]?.range : this.counterOf(domain, pkg)?.range,
+    );
     if (problem !== null) throw new Error(problem);
-    for (const v of s.vms) {
-      const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus.map((c) => ({ ...c })) };
-      if (v.name !== undefined) spec.name = v.name;
-      const vm: EngineVm = {
-        id: v.id,
-        spec,
-        vcpuVpkg: checkedVcpus(v.vcpus),
-        nvpkg: v.accJ.length,
-        phase: v.phase,
-        prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
-        parsed: new Map(),
-        acc: [...v.accJ],
-        changes: 0,
-        // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
-        domainAcc: this.planes.map((p) => {
-          const acc = v.domainAccJ?.find((d) => d.domain === p.domain)?.accJ ?? [];
-          return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
-        }),
-        tNs: v.tNs,
-      };
-      if (v.phase === 'ended') vm.endedBy = v.endedBy ?? 'exit';
-      this.vms.set(v.id, vm);
-    }
+    for (const v of s.vms) this.vms.set(v.id, vmFromState(v, this.domains()));
     this.nextId = s.nextId;
     if (s.lastSample !== null) {
       this.prevT = s.lastSample.tNs;
@@ -426,64 +324,6 @@ export class RatioEngine {
         if (c !== undefined) c.last = d.raw;
       }
     }
-  }
-
-  private restoreProblem(s: EngineState): string | null {
-    if (!Number.isSafeInteger(s.nextId) || s.nextId < 1) return `the next VM id ${s.nextId} is not a positive integer`;
-    const last = s.lastSample;
-    if (last !== null) {
-      if (last.tNs < 0n) return `the last sample's time ${last.tNs} ns is negative`;
-      const seen = new Set<number>();
-      for (const e of last.energy) {
-        const k = this.pkgIndex.get(e.pkg);
-        if (k === undefined) return `the last sample has a counter for package ${e.pkg}, which the host does not have`;
-        if (seen.has(e.pkg)) return `the last sample has package ${e.pkg} twice`;
-        seen.add(e.pkg);
-        const range = this.pkgPlane.counters[k]!.range;
-        if (!Number.isSafeInteger(e.raw) || e.raw < 0 || e.raw >= Number(range))
-          return `package ${e.pkg}'s counter ${e.raw} is out of its range (0..${range - 1n})`;
-      }
-      for (const d of last.domains ?? []) {
-        const c = this.counterOf(d.domain, d.pkg);
-        // A domain this engine does not read is ignored; one it reads must fit its counter.
-        if (c !== undefined && (!Number.isSafeInteger(d.raw) || d.raw < 0 || d.raw >= Number(c.range)))
-          return `the ${d.domain} counter ${d.raw} of package ${d.pkg} is out of its range`;
-      }
-    }
-    const ids = new Set<number>();
-    for (const v of s.vms) {
-      const at = `VM ${v.id}`;
-      if (!Number.isSafeInteger(v.id) || v.id < 1 || v.id >= s.nextId) return `VM id ${v.id} is out of range (1..${s.nextId - 1})`;
-      if (ids.has(v.id)) return `VM id ${v.id} appears twice`;
-      ids.add(v.id);
-      if (!Number.isInteger(v.pid) || v.pid < 1 || v.pid > MAX_TID) return `${at}: pid ${v.pid} is out of range`;
-      if (!Number.isSafeInteger(v.starttime) || v.starttime < 0) return `${at}: starttime ${v.starttime} is not a whole number of ticks`;
-      let nvpkg = 0;
-      try {
-        for (const g of checkedVcpus(v.vcpus).values()) nvpkg = Math.max(nvpkg, g + 1);
-      } catch (e) {
-        return `${at}: ${(e as Error).message}`;
-      }
-      if (v.accJ.length < nvpkg) return `${at}: ${v.accJ.length} energy totals for ${nvpkg} virtual packages`;
-      if (v.accJ.some((a) => !Number.isFinite(a) || a < 0)) return `${at}: an energy total is not a finite number of joules >= 0`;
-      for (const d of v.domainAccJ ?? []) {
-        if (d.accJ.length > v.accJ.length) return `${at}: ${d.accJ.length} ${d.domain} totals for ${v.accJ.length} virtual packages`;
-        if (d.accJ.some((a) => !Number.isFinite(a) || a < 0))
-          return `${at}: a ${d.domain} energy total is not a finite number of joules >= 0`;
-      }
-      if (v.tNs < 0n || (last !== null && v.tNs > last.tNs)) return `${at}: its values' time ${v.tNs} ns is after the last sample`;
-      if (v.phase !== 'pending' && v.phase !== 'active' && v.phase !== 'ended') return `${at}: unknown phase ${String(v.phase)}`;
-      if (v.phase === 'active' && last === null) return `${at} has had its baseline sample, but there is no last sample`;
-      if (v.phase !== 'active' && v.prev.length > 0) return `${at} is ${v.phase} but has thread marks`;
-      const tids = new Set<number>();
-      for (const m of v.prev) {
-        if (tids.has(m.tid)) return `${at}: thread ${m.tid} is marked twice`;
-        tids.add(m.tid);
-        if (!Number.isSafeInteger(m.ticks) || m.ticks < 0 || !Number.isSafeInteger(m.starttime) || m.starttime < 0)
-          return `${at}: thread ${m.tid}'s mark is out of range`;
-      }
-    }
-    return null;
   }
 
   addSample(s: Sample): IntervalResult | null {
@@ -509,9 +349,9 @@ export class RatioEngine {
     // VMs registered since the previous sample take this one as their baseline.
     for (const vm of this.vms.values()) {
       if (vm.phase !== 'pending') continue;
-      const threads = this.aliveThreads(vm, s, problems);
+      const threads = aliveThreads(vm, s, problems);
       if (threads === null) {
-        this.end(vm);
+        endVm(vm);
         ended.push(vm.id);
         continue;
       }
@@ -589,9 +429,9 @@ export class RatioEngine {
         live.push({ vm, threads: null });
         continue;
       }
-      const now = this.aliveThreads(vm, s, problems);
+      const now = aliveThreads(vm, s, problems);
       if (now === null) {
-        this.end(vm);
+        endVm(vm);
         ended.push(vm.id);
         continue;
       }
@@ -710,40 +550,6 @@ export class RatioEngine {
     return true;
   }
 
-  /**
-   * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
-   * thread's starttime is not the registered one). Bad lines are reported and left out.
-   */
-  private aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
-    const pid = vm.spec.pid;
-    const lines = s.tasks.get(pid);
-    if (lines === undefined) return null;
-    const cache = vm.parsed;
-    const out = new Map<number, ThreadStat>();
-    for (const [tid, line] of lines) {
-      let c = cache.get(tid);
-      if (c === undefined || c.line !== line) {
-        c = parseThread(pid, tid, line);
-        cache.set(tid, c);
-      }
-      if (c.stat === null) problems.push(c.problem);
-      else out.set(tid, c.stat);
-    }
-    if (cache.size > lines.size) for (const tid of cache.keys()) if (!lines.has(tid)) cache.delete(tid);
-    // A missing or unreadable main-thread line cannot prove the pid was reused: the VM stays.
-    const main = out.get(pid);
-    if (main !== undefined && main.starttime !== vm.spec.starttime) return null;
-    return out;
-  }
-
-  private end(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
-    vm.phase = 'ended';
-    vm.changes++;
-    vm.endedBy = by;
-    vm.prev = new Map();
-    vm.parsed = new Map();
-  }
-
   private publish(vm: EngineVm): VmOutput {
     const vpkgs: VpkgOutput[] = vm.acc.map((a, g) => ({
       vpkg: g,
@@ -762,32 +568,4 @@ export class RatioEngine {
     if (vm.spec.name !== undefined) out.name = vm.spec.name;
     return out;
   }
-}
-
-/**
- * Each vCPU's energy and ticks since the VM's baseline into `vcpus` (their tids set, in the order of
- * the VM's vCPU list; a vCPU not yet seen has 0); returns the ticks of the threads that are not vCPUs.
- */
-function fillThreadTotals(vm: EngineVm, vcpus: { tid: number; energyJ: number; ticks: number }[]): number {
-  const t = vm.threads;
-  let vcpuTicks = 0;
-  for (const v of vcpus) {
-    const k = t?.get(v.tid);
-    v.energyJ = k?.energyJ ?? 0;
-    v.ticks = k?.ticks ?? 0;
-    vcpuTicks += v.ticks;
-  }
-  let all = 0;
-  if (t) for (const k of t.values()) all += k.ticks;
-  return Math.max(0, all - vcpuTicks);
-}
-
-/** A thread's stat line parsed for the rules (docs/ratio.md, "Reading a stat line"), or why it counts as absent. */
-function parseThread(pid: number, tid: number, line: string): ParsedLine {
-  const parsed = parseStatLine(line);
-  if (!parsed.ok)
-    return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent` };
-  const st = parsed.value;
-  if (st.tid !== tid) return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent` };
-  return { line, stat: { starttime: st.starttime, ticks: st.utime + st.stime, processor: st.processor }, problem: '' };
 }

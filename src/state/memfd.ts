@@ -5,7 +5,8 @@
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
-import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate, closeFd } from '../os/libc.js';
+import { closeFd } from '../os/libc/fds.js';
+import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate } from '../os/libc/memfd-mmap.js';
 import { decodeState, encodeState, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { Handover, StateSnapshot } from './snapshot.js';
 

@@ -11,6 +11,8 @@ import {
   fileGraph,
   folderCycles,
   folderGraph,
+  HELPER_RANK,
+  helperPartEdges,
   importEdges,
   impureCoreImports,
   layerViolations,
@@ -52,6 +54,23 @@ describe('src/ folder layering', () => {
   });
 });
 
+describe('src/helper/ part layering', () => {
+  const parts = helperPartEdges(edges);
+
+  it('reads the imports between the parts of src/helper/ (the graph is not empty)', () => {
+    expect(parts.some((e) => e.from === 'helper/daemon.ts' && e.to === 'helper/lifecycle')).toBe(true);
+  });
+
+  it('has no two parts of src/helper/ that import each other (but the pairs fixed on the continuity branch)', () => {
+    const g = folderGraph(parts);
+    expect(folderCycles(g).map((c) => describeCycle(g, c))).toEqual([]);
+  });
+
+  it('has every import between parts of src/helper/ go to a lower rank, and every part ranked', () => {
+    expect(layerViolations(parts, HELPER_RANK)).toEqual([]);
+  });
+});
+
 describe('the layering checks', () => {
   it('folderCycles finds a two-folder cycle and names the files that make it', () => {
     const g = folderGraph([edge('msr', 'ratio'), edge('ratio', 'msr'), edge('helper', 'msr')]);
@@ -77,6 +96,26 @@ describe('the layering checks', () => {
   it('impureCoreImports refuses node:fs, a package and another folder from src/ratio, and src/ratio from src/common', () => {
     const bad = [edge('ratio', null, 'node:fs'), edge('ratio', null, 'pino'), edge('ratio', 'msr'), edge('common', 'ratio')];
     expect(impureCoreImports([...bad, edge('ratio', 'ratio', './types.js'), edge('ratio', 'common')])).toHaveLength(4);
+  });
+
+  it('helperPartEdges names helper/ parts, leaves out imports inside one part or outside helper/, and the exempt pairs', () => {
+    const e = (file: string, target: string): ImportEdge => ({ file, specifier: 'x', from: 'helper', to: 'helper', target });
+    const all = [
+      e('src/helper/server/server.ts', 'src/helper/legacy/legacy-session.ts'),
+      e('src/helper/legacy/legacy-session.ts', 'src/helper/server/incomplete-frames.ts'),
+      e('src/helper/server/server.ts', 'src/helper/server/listener.ts'),
+      e('src/helper/daemon.ts', 'src/os/libc.ts'),
+    ];
+    const parts = helperPartEdges(all, []);
+    expect(parts.map((p) => [p.from, p.to])).toEqual([
+      ['helper/server', 'helper/legacy'],
+      ['helper/legacy', 'helper/server'],
+    ]);
+    expect(folderCycles(folderGraph(parts))).toEqual([['helper/legacy', 'helper/server']]);
+    expect(layerViolations(parts, HELPER_RANK)).toEqual([
+      expect.stringContaining('src/helper/legacy (layer 0) may import only lower layers'),
+    ]);
+    expect(helperPartEdges(all, [['helper/server', 'helper/legacy']])).toEqual([]);
   });
 
   it('fileGraph with folderCycles finds two files of one folder that import each other', () => {

@@ -9,9 +9,13 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { V2Client, V2ConnectionError } from '../../src/client/v2-client.js';
-import { CLIENT_TYPES, encodeList, encodeUpdate, encodeVmList, FrameDecoder, T, type Frame } from '../../src/protocol/v2/codec.js';
-import { closeFd, memfdCreate, sendFds } from '../../src/os/libc.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { V2ConnectionError } from '../../src/client/v2-replies.js';
+import { CLIENT_TYPES, encodeList, encodeUpdate, encodeVmList, T } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';
+import { closeFd } from '../../src/os/libc/fds.js';
+import { memfdCreate } from '../../src/os/libc/memfd-mmap.js';
+import { sendFds } from '../../src/os/libc/sockets.js';
 import { socketFd } from '../../src/os/peer.js';
 
 const cleanups: (() => unknown)[] = [];

@@ -1,7 +1,7 @@
 /** The rule that turns `watch NAME|UUID|PID` into one listed VM (src/client/find-vm.ts), on LIST entries. */
 import { describe, expect, it } from 'vitest';
 import { findVm, matchVms, MAX_CANDIDATES_SHOWN, MAX_NAMES_SHOWN } from '../../src/client/find-vm.js';
-import type { VmInfo } from '../../src/client/v2-client.js';
+import type { VmInfo } from '../../src/client/v2-replies.js';
 
 const UUID_A = '5e1f0a3c-1d2e-4f60-8a9b-0c1d2e3f4a5b';
 const UUID_B = '00000000-1111-4222-8333-444444444444';

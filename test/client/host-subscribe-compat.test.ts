@@ -12,8 +12,11 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { V2Client, type HostUpdate } from '../../src/client/v2-client.js';
-import { CLIENT_TYPES, E, FrameDecoder, T, V2_MAGIC, encodeError, encodeHostUpdate, encodeUpdate } from '../../src/protocol/v2/codec.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type HostUpdate } from '../../src/client/v2-replies.js';
+import { V2_MAGIC } from '../../src/protocol/legacy.js';
+import { CLIENT_TYPES, E, T, encodeError, encodeHostUpdate, encodeUpdate } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { hostStats } from '../support/helper-messages.js';
 
 const cleanups: (() => unknown)[] = [];

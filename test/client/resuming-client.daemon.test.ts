@@ -7,7 +7,7 @@
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
-import type { HostUpdate, Update, VmUpdate } from '../../src/client/v2-client.js';
+import type { HostUpdate, Update, VmUpdate } from '../../src/client/v2-replies.js';
 import { E } from '../../src/protocol/v2/codec.js';
 import { EnergyPump } from '../support/energy-pump.js';
 import { FakeHost } from '../support/fake-host.js';

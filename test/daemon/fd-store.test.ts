@@ -9,7 +9,8 @@ import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { Notifier } from '../../src/helper/lifecycle/systemd.js';
-import { closeFd, socketpair } from '../../src/os/libc.js';
+import { closeFd } from '../../src/os/libc/fds.js';
+import { socketpair } from '../../src/os/libc/sockets.js';
 
 const MANAGER = `
 import socket, sys, os, json

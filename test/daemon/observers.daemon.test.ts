@@ -7,8 +7,10 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { V2Client, type HostUpdate } from '../../src/client/v2-client.js';
-import { E, FrameDecoder, HELPER_TYPES, T, encodeFrame, encodeHostSubscribe } from '../../src/protocol/v2/codec.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type HostUpdate } from '../../src/client/v2-replies.js';
+import { E, HELPER_TYPES, T, encodeFrame, encodeHostSubscribe } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { FakeHost } from '../support/fake-host.js';

@@ -7,7 +7,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { V2Client, type HostUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type HostUpdate } from '../../src/client/v2-replies.js';
 import { MSR_PKG_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { FakeHost } from '../support/fake-host.js';
 import { LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';

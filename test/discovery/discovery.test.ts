@@ -4,7 +4,8 @@
  * Other QEMUs running on the machine are discovered too; every check filters by our pids.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type VmInfo, type VmUpdate } from '../../src/client/v2-replies.js';
 import { startHarness, until, type Harness } from '../v2/harness.js';
 import { FakeQemu } from '../support/fake-qemu.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES } from '../../src/helper/v2/service.js';

@@ -3,7 +3,8 @@
  * the real /proc; package energy from FakeHost's MSR files.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type VmInfo, type VmUpdate } from '../../src/client/v2-replies.js';
 import { MSR_DRAM_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { startHarness, until, type Harness } from '../v2/harness.js';
 import { qemuMissing, startQemu, waitSettled, type QemuGuest } from '../support/qemu.js';

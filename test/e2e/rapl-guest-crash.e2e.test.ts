@@ -18,7 +18,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect } from 'vitest';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
-import type { VmUpdate } from '../../src/client/v2-client.js';
+import type { VmUpdate } from '../../src/client/v2-replies.js';
 import { hostArgs, startHelper, waitFor } from '../daemon/support/daemon-process.js';
 import { pollFor } from '../support/wait.js';
 import { UNIT } from '../restart/support/service-manager.js';

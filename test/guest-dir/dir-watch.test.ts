@@ -12,7 +12,8 @@ import pino from 'pino';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DirWatch } from '../../src/guest-dir/dir-watch.js';
 import { GuestDirs, type GuestDirSource } from '../../src/guest-dir/guest-dirs.js';
-import { closeFd, O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc.js';
+import { O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc/dir-fd.js';
+import { closeFd } from '../../src/os/libc/fds.js';
 import { encodeStatsFile } from '../../src/protocol/stats/layout.js';
 import { vmStatsLayout } from '../../src/protocol/stats/vm-file.js';
 

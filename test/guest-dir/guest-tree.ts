@@ -6,7 +6,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { SafeDir } from '../../src/guest-dir/safe-dir.js';
-import { closeFd, O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc.js';
+import { O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc/dir-fd.js';
+import { closeFd } from '../../src/os/libc/fds.js';
 
 /**
  * A guest directory `vm` in a new DIR on tmpfs (where the host puts it), opened with `open`

@@ -128,8 +128,9 @@ describe('SafeDir.update', () => {
 const LEASE_HOLDER = `
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-const { closeFd, dropLease, O_WRONLY, openAt, signalLeaseBreaks, takeWriteLease } = await import(${JSON.stringify(
-  pathToFileURL(path.join(ROOT, 'dist/src/os/libc.js')).href,
+const { closeFd } = await import(${JSON.stringify(pathToFileURL(path.join(ROOT, 'dist/src/os/libc/fds.js')).href)});
+const { dropLease, O_WRONLY, openAt, signalLeaseBreaks, takeWriteLease } = await import(${JSON.stringify(
+  pathToFileURL(path.join(ROOT, 'dist/src/os/libc/dir-fd.js')).href,
 )});
 const file = process.argv[1];
 const fd = openAt(-100, file, O_WRONLY);

@@ -9,7 +9,8 @@
  * cap (--max-discovered-vms) or the open-file limit, keeping the attack's ratio.
  */
 import { describe, expect, test } from 'vitest';
-import { V2Client, type Update, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type Update, type VmInfo, type VmUpdate } from '../../src/client/v2-replies.js';
 import { shareOf, UID_SHARE } from '../../src/budget/uid-share.js';
 import { FD_RESERVE } from '../../src/budget/fd-budget.js';
 import { BIN, hostArgs, startHelper } from '../daemon/support/daemon-process.js';

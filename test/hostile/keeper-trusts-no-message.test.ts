@@ -15,13 +15,14 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { runKeeper } from '../../src/keeper/keeper.js';
 import { ensureBuilt, tempDir } from '../daemon/support/daemon-process.js';
 
-const LIBC = path.resolve('dist/src/os/libc.js');
+const LIBC = path.resolve('dist/src/os/libc');
 
 /** The stand-in: the first start sends the hostile messages then crashes; the next reports what it was given, then crashes too. */
 const STAND_IN = `
 import fs from 'node:fs';
 import net from 'node:net';
-import { memfdCreate, sendFds, socketpair, SOCK_STREAM } from ${JSON.stringify(LIBC)};
+import { memfdCreate } from ${JSON.stringify(`${LIBC}/memfd-mmap.js`)};
+import { sendFds, socketpair, SOCK_STREAM } from ${JSON.stringify(`${LIBC}/sockets.js`)};
 const [victim, report] = process.argv.slice(2);
 const send = (text, fds = []) => { try { sendFds(3, Buffer.from(text, 'latin1'), fds); } catch {} };
 if (process.env.VMSR_HELPER_KEEPER_NOTE === undefined) {

@@ -12,7 +12,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import { describe, expect, test } from 'vitest';
-import { V2Client, type HostUpdate, type VmUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type HostUpdate, type VmUpdate } from '../../src/client/v2-replies.js';
 import { shareOf, UID_SHARE } from '../../src/budget/uid-share.js';
 import { FD_RESERVE } from '../../src/budget/fd-budget.js';
 import { hostArgs, startHelper } from '../daemon/support/daemon-process.js';

@@ -7,7 +7,8 @@
  */
 import fs from 'node:fs';
 import { describe, expect, test } from 'vitest';
-import { V2Client, type VmUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type VmUpdate } from '../../src/client/v2-replies.js';
 import { METRIC } from '../../src/exporter/metrics.js';
 import { hostArgs, startHelper } from '../daemon/support/daemon-process.js';
 import { FakeQemuFarm } from '../support/fake-qemu.js';

@@ -6,7 +6,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { V2Client, type VmInfo, type VmUpdate } from '../../src/client/v2-client.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { type VmInfo, type VmUpdate } from '../../src/client/v2-replies.js';
 import { FakeHost } from '../support/fake-host.js';
 import { createDomain, ensureLibvirtd, guestKernelDir, libvirtMissing, type Domain } from '../support/libvirt.js';
 import { waitSettled, type QemuGuest } from '../support/qemu.js';

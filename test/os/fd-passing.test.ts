@@ -1,29 +1,22 @@
 /**
- * fds over real AF_UNIX socket pairs (SCM_RIGHTS), and sealed memfds: the libc.ts calls the
+ * fds over real AF_UNIX socket pairs (SCM_RIGHTS), and sealed memfds: the os/libc/ calls the
  * statistics fd and the restart state are handed over with.
  */
 import fs from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
+import { closeFd, isCloseOnExec } from '../../src/os/libc/fds.js';
+import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate } from '../../src/os/libc/memfd-mmap.js';
 import {
-  addSeals,
-  closeFd,
   cmsgLenForFds,
   cmsgSpaceForFds,
   decodeScmRights,
   encodeScmRights,
-  F_SEAL_GROW,
-  F_SEAL_SEAL,
-  F_SEAL_SHRINK,
-  F_SEAL_WRITE,
-  getSeals,
-  isCloseOnExec,
   MSG_DONTWAIT,
-  memfdCreate,
   recvWithFds,
   sendFds,
   socketpair,
   SOCK_DGRAM,
-} from '../../src/os/libc.js';
+} from '../../src/os/libc/sockets.js';
 
 const opened: number[] = [];
 function track<T extends number[]>(fds: T): T {

@@ -1,5 +1,5 @@
 /**
- * SIGHUP across the daemon's exec (os/sighup-hold.ts, ignoreSignal in os/libc.ts): what the kernel
+ * SIGHUP across the daemon's exec (os/sighup-hold.ts, ignoreSignal in os/libc/processes.ts): what the kernel
  * and Node do with it, checked on real processes, and the hold's count. The restart itself is
  * attacked in test/hostile/sighup-bursts-kill-no-helper.test.ts.
  */
@@ -7,7 +7,7 @@ import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ignoreSignal, restoreSignalAction } from '../../src/os/libc.js';
+import { ignoreSignal, restoreSignalAction } from '../../src/os/libc/processes.js';
 import { SIGHUP_HELD_ENV } from '../../src/os/sighup-hold.js';
 import { ensureBuilt, ROOT } from '../daemon/support/daemon-process.js';
 import { RestartRequests } from '../../src/helper/handover/restart-requests.js';

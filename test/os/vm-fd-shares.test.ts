@@ -4,7 +4,7 @@ import { countOpenFds, FD_RESERVE, FdBudget, vmFds } from '../../src/budget/fd-b
 import { shareOwnerOf } from '../../src/budget/preferred-owner.js';
 import { keptFds, ProcTaskReader } from '../../src/os/proc-tasks.js';
 import { VmFdShares } from '../../src/budget/vm-fd-shares.js';
-import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../../src/os/libc/processes.js';
 import { ThreadedProcess, openFdCount } from '../support/threads.js';
 
 const procs: ThreadedProcess[] = [];

@@ -8,7 +8,6 @@
 import { describe, expect, it } from 'vitest';
 import {
   CLIENT_TYPES,
-  FrameDecoder,
   HELPER_TYPES,
   encodeError,
   encodeHostSubscribe,
@@ -28,6 +27,7 @@ import {
   encodeValue,
   encodeVmList,
 } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { classifyPreamble, encodeLegacyReply, encodeLegacyRequest, LegacyFramer, V2_MAGIC } from '../../src/protocol/legacy.js';
 

@@ -3,7 +3,6 @@ import fc from 'fast-check';
 import {
   CLIENT_TYPES,
   E,
-  FrameDecoder,
   HELPER_TYPES,
   MAX_PAYLOAD,
   T,
@@ -17,9 +16,8 @@ import {
   encodeUnregister,
   encodeUpdate,
   encodeValue,
-  type DecodeResult,
-  type Frame,
 } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder, type DecodeResult, type Frame } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 
 function frames(rs: DecodeResult[]): Frame[] {

@@ -6,7 +6,6 @@
 import { describe, expect, it } from 'vitest';
 import {
   CLIENT_TYPES,
-  FrameDecoder,
   HELPER_TYPES,
   T,
   domainCode,
@@ -16,9 +15,9 @@ import {
   encodeObserve,
   encodeSubscribe,
   encodeUpdate,
-  type Frame,
   type HostValues,
 } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { ENERGY_DOMAINS } from '../../src/model/domains.js';
 

@@ -1,7 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import {
   CLIENT_TYPES,
-  FrameDecoder,
   HELPER_TYPES,
   MAX_NAME_BYTES,
   MAX_PAYLOAD,
@@ -15,12 +14,12 @@ import {
   encodeVmList,
   utf8Cut,
   VM_ENTRY_FIXED,
-  type Frame,
   type HostValues,
   type VmEntry,
 } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
-import { formatUuid } from '../../src/client/v2-client.js';
+import { formatUuid } from '../../src/common/uuid.js';
 import { hostStats } from '../support/helper-messages.js';
 
 function one(bytes: Buffer, types: ReadonlySet<number>): Frame {

@@ -13,7 +13,9 @@ import { writeSealedMemfd, writeStateMemfd } from '../../src/state/memfd.js';
 import { decodeKeptState, takeKept } from '../../src/helper/handover/kept.js';
 import { KEPT_NAMES } from '../../src/keeper/keeper-messages.js';
 import type { Handover, StateSnapshot } from '../../src/state/snapshot.js';
-import { closeFd, dupCloexec, memfdCreate, socketpair } from '../../src/os/libc.js';
+import { closeFd, dupCloexec } from '../../src/os/libc/fds.js';
+import { memfdCreate } from '../../src/os/libc/memfd-mmap.js';
+import { socketpair } from '../../src/os/libc/sockets.js';
 import { isOpen } from '../support/fds.js';
 
 const state: StateSnapshot = { nextHostVmId: 1, vms: [], packages: [], knownPids: [], lastSample: null };

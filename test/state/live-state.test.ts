@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS } from '../../src/msr/registers.js';
-import { closeFd } from '../../src/os/libc.js';
+import { closeFd } from '../../src/os/libc/fds.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { HostInfo } from '../../src/model/host.js';

@@ -1,17 +1,9 @@
 /** A state snapshot in a real sealed memfd: written, sealed, read back; any other fd is refused. */
 import fs from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
-import {
-  addSeals,
-  closeFd,
-  F_SEAL_GROW,
-  F_SEAL_SHRINK,
-  getSeals,
-  memfdCreate,
-  recvWithFds,
-  sendFds,
-  socketpair,
-} from '../../src/os/libc.js';
+import { closeFd } from '../../src/os/libc/fds.js';
+import { addSeals, F_SEAL_GROW, F_SEAL_SHRINK, getSeals, memfdCreate } from '../../src/os/libc/memfd-mmap.js';
+import { recvWithFds, sendFds, socketpair } from '../../src/os/libc/sockets.js';
 import { encodeState } from '../../src/state/snapshot-codec.js';
 import { readStateFd, STATE_SEALS, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';

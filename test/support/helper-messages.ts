@@ -1,5 +1,6 @@
 /** The helper's v2 messages in a buffer of whole frames, for tests that read a socket's bytes; a bad frame throws. */
-import { FrameDecoder, HELPER_TYPES, type DaemonCounters } from '../../src/protocol/v2/codec.js';
+import { HELPER_TYPES, type DaemonCounters } from '../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { parseHelperFrame, type HelperMessage } from '../../src/protocol/v2/messages.js';
 
 export function helperMessages(buf: Buffer): HelperMessage[] {

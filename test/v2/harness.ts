@@ -12,7 +12,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { MsrDevice } from '../../src/msr/device.js';
 import type { HostInfo } from '../../src/model/host.js';
-import { V2_MAGIC } from '../../src/protocol/v2/codec.js';
+import { V2_MAGIC } from '../../src/protocol/legacy.js';
 import { DEFAULT_V2_LIMITS, type FdAdmitter, type V2Limits, type V2Service } from '../../src/helper/v2/service.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import type { ScannerOptions } from '../../src/discovery/scanner.js';

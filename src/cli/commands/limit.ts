@@ -4,7 +4,8 @@
  * and the helper's --socket-group.
  */
 import type { Command } from 'commander';
-import { V2Client, type VmInfo } from '../../client/v2-client.js';
+import { V2Client } from '../../client/v2-client.js';
+import { type VmInfo } from '../../client/v2-replies.js';
 import { findVm } from '../../client/find-vm.js';
 import { cannot } from '../../common/errors.js';
 import type { LimitState } from '../../protocol/v2/codec.js';

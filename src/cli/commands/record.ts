@@ -23,7 +23,7 @@ import { DisposableStore, listen } from '../../common/disposable.js';
 import { TraceWriter } from '../../trace/writer.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
-import { clockTicksPerSecond } from '../../os/libc.js';
+import { clockTicksPerSecond } from '../../os/libc/processes.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { vmSpecsFromHelper } from '../vm-from-helper.js';
 import {

@@ -12,7 +12,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
-import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-client.js';
+import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-replies.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';

@@ -10,7 +10,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
-import { V2ConnectionError, V2Error, type Update, type VmInfo, type VmUpdate } from '../../client/v2-client.js';
+import { V2ConnectionError, V2Error, type Update, type VmInfo, type VmUpdate } from '../../client/v2-replies.js';
 import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';

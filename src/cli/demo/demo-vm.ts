@@ -7,7 +7,7 @@
  * Run by `vmsr-helper demo` (demo.ts) as `node demo-vm.js -name NAME -uuid UUID -smp N`.
  */
 import { isMainThread, parentPort, Worker, workerData } from 'node:worker_threads';
-import { gettid, setThreadName } from '../../os/libc.js';
+import { gettid, setThreadName } from '../../os/libc/processes.js';
 
 /** Of each period, a busy vCPU spins this long and sleeps the rest. */
 const PERIOD_MS = 100;

@@ -9,9 +9,9 @@
  * QEMU one garbage delta), once its QEMU's version is known to be modelled; the windows QEMU ran
  * before it are counted, so the model's vCPU count (nb_vcpu) starts right.
  */
-import type { Logger } from '../../logging/logger.js';
 import { exeVersionText } from '../../os/exe-version.js';
-import { processCpuTimeNs, type PeerCredentials } from '../../os/libc.js';
+import { processCpuTimeNs } from '../../os/libc/processes.js';
+import { type PeerCredentials } from '../../os/libc/sockets.js';
 import {
   closeWindow,
   counterStep,
@@ -24,17 +24,14 @@ import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-w
 import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
-import type { HostInfo } from '../../model/host.js';
-import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
+import { ThreadReads, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import { ExitWatch, exitProbeKind, idleAtList, realExitOs, unseenCpuNs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
-import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
 import { readStarttime } from '../../os/proc-starttime.js';
-import type { ShareOwner } from '../../budget/uid-share.js';
-import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
+import type { GuestEnergyOptions, GuestEnergyView, GuestVmView } from './guest-energy-options.js';
 
 /**
  * A window's start this soon after the last window was settled, with the same threads, takes the
@@ -44,42 +41,6 @@ const SETTLED_START_NS = 20_000_000n;
 
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
 const HOLD_LIMIT_NS = 10_000_000_000n;
-
-/** What the helper knows of a VM, for its guest counters. */
-export interface GuestVmView extends GuestVm {
-  vmId: number;
-  starttime: number;
-  /** Its attributed energy now, all virtual packages (J). */
-  exactJ: number;
-  /** The same per virtual package (J), for the debug window line. */
-  vpkgJ?: readonly number[];
-}
-
-interface GuestEnergyOptions {
-  procRoot: string;
-  host: HostInfo;
-  /** Joules per unit of the guest's MSR_PKG_ENERGY_STATUS (the unit QEMU passes to the guest). */
-  unitJ: number;
-  /** The live VM whose process is `pid`, if the helper knows one. */
-  find(pid: number): GuestVmView | undefined;
-  /** find() for each of `pids` at once (after each sample: sampled()); default: none kept, find() at each window's end. */
-  findAll?(pids: ReadonlySet<number>): ReadonlyMap<number, GuestVmView>;
-  log: Logger;
-  clock: () => bigint;
-  maxThreads: number;
-  /** The stat fds the sampler keeps open (ProcTaskReader.heldFds); default: none, every stat opened by path. */
-  heldFds?: HeldFds;
-  /** QEMU's version of a process ("10.0.2"), or null; default: read from its executable. */
-  versionOf?: (pid: number) => Promise<string | null>;
-  /** The VMs' fd shares, for the pidfds that tell thread exits (thread-exits.ts); default: not counted. */
-  ledger?: KeptFdLedger;
-  /** How thread exits are told; default: pidfds where the kernel has them (exitProbeKind). */
-  exitProbe?: ExitProbeKind;
-  /** Who holds a peer's place, for the share rule (the connection's credentials when it asks; by pid at a restore); default: its uid, preferred. */
-  owner?: (pid: number, peer?: PeerCredentials) => ShareOwner | null;
-  /** Processes remembered at once (GuestPeers); default: as many as discovery tracks. */
-  maxPeers?: number;
-}
 
 /** One peer asking for the counter: its windows seen, and its counters once exact. */
 interface Peer {
@@ -128,22 +89,6 @@ interface Peer {
   exitWindows: number;
   exitCauses?: Record<string, number>;
   /** Windows answered a non-zero delta in which a listed thread was seen gone right after the reply (the race left). */
-  lateExits: number;
-}
-
-/** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
-interface GuestEnergyView {
-  mode: GuestEnergyMode;
-  /** Energy QEMU was given to credit the guest since exact began (J). */
-  guestJ: number;
-  /** Energy the helper attributed to the VM over the same windows (J). */
-  exactJ: number;
-  windows: number;
-  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and the energy it credited otherwise than owed (J). */
-  garbageWindows: number;
-  garbageJ: number;
-  /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
-  exitWindows: number;
   lateExits: number;
 }
 

@@ -5,7 +5,7 @@
  * energy holds one per exact VM for the length of one of QEMU's windows (docs/guest-energy.md, "Cost").
  */
 import fs from 'node:fs';
-import { fstatRaw, STAT_SIZE } from '../../os/libc.js';
+import { fstatRaw, STAT_SIZE } from '../../os/libc/fds.js';
 
 /** Where st_nlink lies in x86_64's struct stat (after st_dev and st_ino). */
 const NLINK_AT = 16;

@@ -25,7 +25,8 @@
  * (test/helper/guest/thread-exits.property.test.ts).
  */
 import fs from 'node:fs';
-import { closeFd, epollAdd, epollCreate, epollReadyNow, gettid, pidfdOpenThread } from '../../os/libc.js';
+import { closeFd, epollAdd, epollCreate, epollReadyNow } from '../../os/libc/fds.js';
+import { gettid, pidfdOpenThread } from '../../os/libc/processes.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import type { StartRead } from './thread-reads.js';
 

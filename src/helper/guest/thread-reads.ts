@@ -11,16 +11,15 @@
  *   not listed, and a thread whose run time has not moved since that read keeps its line.
  * - At its end (`readEnd`): only the threads listed at the start (QEMU reads no other), each
  *   through the fds the sampler keeps open (one pread, no open/close; ProcTaskReader.heldFds). A
- *   thread whose run time has not moved since its start line was printed has that line's ticks
- *   still (the rule ProcTaskReader's thread gate rests on: utime and stime are cputime_adjust() of
- *   that run time, unchanged while it is): its start read stands for it, with no stat read. A line
- *   that said R (running) is read again whatever its run time says (nohz_full may lag it).
+ *   thread whose run time has not moved since its start line was printed keeps that line, with no
+ *   stat read, and a line that said R is read again (the thread gate, os/schedstat-gate.ts).
  *   A held fd that fails is a thread that exited (the fd is bound to the task): the stat is then
  *   opened by its path, as QEMU opens it, which gives another thread that took the tid, or nothing.
  */
 import fs from 'node:fs';
-import { pread } from '../../os/libc.js';
+import { pread } from '../../os/libc/fds.js';
 import { readProcFile } from '../../os/proc-file.js';
+import { digits, readRunTime, SCHEDSTAT_BYTES } from '../../os/schedstat-gate.js';
 import { parseStatLine } from '../../ratio/stat.js';
 import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 
@@ -36,10 +35,8 @@ export interface StartRead {
   runTimes: Map<number, string | null>;
 }
 
-/** Upper bound of a stat line (as the sampler's); a schedstat line is three u64. */
+/** Upper bound of a stat line (as the sampler's). */
 const STAT_BYTES = 4096;
-const SCHEDSTAT_BYTES = 128;
-const SPACE = 0x20;
 
 export class ThreadReads {
   private readonly stat = Buffer.alloc(STAT_BYTES);
@@ -162,16 +159,8 @@ export class ThreadReads {
    */
   runTimeNs(pid: number, tid: number): number | null {
     const fd = this.held(pid, tid)?.schedstat ?? -1;
-    if (fd < 0) return null;
-    const n = pread(fd, this.sched, SCHEDSTAT_BYTES, 0);
-    let v = 0;
-    let i = 0;
-    for (; i < n; i++) {
-      const d = this.sched[i]! - 0x30;
-      if (d < 0 || d > 9) break;
-      v = v * 10 + d;
-    }
-    return i > 0 && i < n && this.sched[i] === SPACE ? v : null;
+    const len = fd >= 0 ? readRunTime(fd, this.sched) : 0;
+    return len > 0 ? digits(this.sched, 0, len) : null;
   }
 
   /**
@@ -190,13 +179,10 @@ export class ThreadReads {
     }
   }
 
-  /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read. */
+  /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read or cannot gate. */
   private runTime(fd: number): string | null {
-    if (fd < 0) return null;
-    const n = pread(fd, this.sched, SCHEDSTAT_BYTES, 0);
-    if (n <= 0) return null;
-    const end = this.sched.indexOf(SPACE);
-    return end > 0 && end < n ? this.sched.toString('latin1', 0, end) : null;
+    const len = fd >= 0 ? readRunTime(fd, this.sched) : 0;
+    return len > 0 ? this.sched.toString('latin1', 0, len) : null;
   }
 
   /** One thread's stat: through its held fd, else (none, or it failed) by path as QEMU opens it; null: gone or unparsable. */

@@ -9,7 +9,8 @@
  * closed and logged.
  */
 import fs from 'node:fs';
-import { closeFd, getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc.js';
+import { closeFd } from '../../os/libc/fds.js';
+import { getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';

@@ -5,7 +5,7 @@
  * interface: systemd's fd store (FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close) when the
  * daemon runs under a NOTIFY_SOCKET with a store, or the keeper (keeper/keeper.ts) that started it.
  */
-import { closeFd } from '../../os/libc.js';
+import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KeeperLink, socketIno } from '../../keeper/link.js';

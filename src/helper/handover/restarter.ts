@@ -21,7 +21,7 @@ import type { FrozenConnection, Restartable } from './frozen.js';
 import { RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
-import { closeFd, closeOnExec } from '../../os/libc.js';
+import { closeFd, closeOnExec } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';

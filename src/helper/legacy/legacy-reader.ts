@@ -8,7 +8,7 @@
  * stays open through the duplicate).
  */
 import net from 'node:net';
-import { dupCloexec } from '../../os/libc.js';
+import { dupCloexec } from '../../os/libc/fds.js';
 import { socketFd } from '../../os/peer.js';
 
 /**

@@ -13,7 +13,7 @@ import { LEGACY_REPLY_SIZE, type LegacyRequest } from '../../protocol/legacy.js'
 import { TidVerdicts } from './tid-verdicts.js';
 import type { Logger } from '../../logging/logger.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 
 /** The set of online CPUs, re-read from sysfs (at most once a second) when asked about a new one. */
 export class OnlineCpus {

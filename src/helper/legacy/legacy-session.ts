@@ -8,10 +8,9 @@
  * through the stream otherwise (out of fds, or replies already queued).
  */
 import type net from 'node:net';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, LegacyFramer } from '../../protocol/legacy.js';
 import { listen } from '../../common/disposable.js';
-import type { IncompleteHold } from '../server/incomplete-frames.js';
 import { drainReadable, type Freezable } from '../handover/frozen.js';
 import type { LegacyService } from './legacy-service.js';
 import type { TidVerdicts } from './tid-verdicts.js';
@@ -27,8 +26,11 @@ interface LegacySessionOptions {
   first: Buffer;
   peer: PeerCredentials;
   legacy: LegacyService;
-  /** The connection's account of incomplete-frame bytes. */
-  hold: IncompleteHold;
+  /**
+   * The connection's account of incomplete-frame bytes (the server's IncompleteHold): set(bytes) is
+   * false when the total over all connections is past the budget.
+   */
+  hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
   maxPendingReplyBytes: number;

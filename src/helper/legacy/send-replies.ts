@@ -4,7 +4,8 @@
  */
 import os from 'node:os';
 import type net from 'node:net';
-import { errnoError, sendNow } from '../../os/libc.js';
+import { errnoError } from '../../os/libc/errno.js';
+import { sendNow } from '../../os/libc/sockets.js';
 import { socketFd } from '../../os/peer.js';
 
 const { EAGAIN } = os.constants.errno;

@@ -9,7 +9,7 @@
  * it first (disarmLoopWatchdog).
  */
 import os from 'node:os';
-import { alarm, ignoreSignal } from '../../os/libc.js';
+import { alarm, ignoreSignal } from '../../os/libc/processes.js';
 
 /** Seconds the event loop may stall before the process is ended. */
 const LOOP_STALL_S = 10;

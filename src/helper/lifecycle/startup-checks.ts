@@ -3,7 +3,7 @@
  * MSR devices present, and the right to read them.
  */
 import path from 'node:path';
-import { capget } from '../../os/libc.js';
+import { capget } from '../../os/libc/capability-calls.js';
 import { DEFAULT_HOST_PATHS } from '../../msr/host-paths.js';
 import { readHostCpus } from '../../msr/topology.js';
 import type { MsrDevice } from '../../msr/device.js';

@@ -2,7 +2,7 @@
  * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
  * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
  */
-import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc.js';
+import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { cannot, cannotError } from '../../common/errors.js';
 import type { Inherited } from '../handover/inherited.js';
 

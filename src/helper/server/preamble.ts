@@ -5,7 +5,7 @@
  * It is also the connection as the incomplete-frame budget sees it before it is read (Unread).
  */
 import type net from 'node:net';
-import { peerHungUp } from '../../os/libc.js';
+import { peerHungUp } from '../../os/libc/sockets.js';
 import { socketFd } from '../../os/peer.js';
 import { classifyPreamble } from '../../protocol/legacy.js';
 import { listen, type Disposable } from '../../common/disposable.js';

@@ -6,12 +6,12 @@
  * its own socket is closed. For a restart: freeze() and adopt() (handover/frozen.ts).
  */
 import net from 'node:net';
-import type { PeerCredentials } from '../../os/libc.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
 import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
-import { MemorySettler } from '../lifecycle/memory-settler.js';
+import { MemorySettler } from './memory-settler.js';
 import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';

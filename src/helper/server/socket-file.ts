@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { MAX_UNIX_PATH_BYTES } from '../../os/libc.js';
+import { MAX_UNIX_PATH_BYTES } from '../../os/libc/sockets.js';
 import { cannot } from '../../common/errors.js';
 
 export const DEFAULT_SOCKET_MODE = 0o600;

@@ -14,8 +14,9 @@
  */
 import type net from 'node:net';
 import type { Logger } from 'pino';
-import type { PeerCredentials } from '../../os/libc.js';
-import { CLIENT_TYPES, E, FrameDecoder, encodeError, type DecodeResult } from '../../protocol/v2/codec.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
+import { CLIENT_TYPES, E, encodeError } from '../../protocol/v2/codec.js';
+import { FrameDecoder, type DecodeResult } from '../../protocol/v2/frame-decoder.js';
 import { takeRequestTurn } from './request-turns.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 import { CUT_REASON, type IncompleteHold } from '../server/incomplete-frames.js';

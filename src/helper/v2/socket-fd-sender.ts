@@ -3,7 +3,7 @@
  * fd with the reply's fds in SCM_RIGHTS, non-blocking, so a client that does not read never blocks the
  * event loop (EAGAIN throws, and the connection drops that client as it drops any that does not read).
  */
-import { MSG_DONTWAIT, sendFds } from '../../os/libc.js';
+import { MSG_DONTWAIT, sendFds } from '../../os/libc/sockets.js';
 import { socketFd } from '../../os/peer.js';
 import type { SendWithFds } from './reply.js';
 

@@ -14,7 +14,7 @@ import type { Logger } from 'pino';
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { PublishedFile } from '../../os/published-file.js';
-import { realtimeNs } from '../../os/libc.js';
+import { realtimeNs } from '../../os/libc/processes.js';
 import { encodeStatsFile } from '../../protocol/stats/layout.js';
 import { SampleBlock } from '../../protocol/stats/sample-block.js';
 import {

@@ -13,7 +13,7 @@
  * describeThreads() reports each thread's result.
  */
 import fs from 'node:fs';
-import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc.js';
+import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc/capability-calls.js';
 
 export const CAP_SETPCAP = 8;
 const CAP_SYS_RAWIO = 17;

@@ -6,7 +6,9 @@
  * (glibc broadcasts only set*id). exec replaces every thread with one that has the calling thread's
  * credentials, so everything is done on the main thread and then the same command is executed again.
  */
-import { capget, execve, ignoreSignal, keepAcrossExec, restoreSignalAction } from '../libc.js';
+import { capget } from '../libc/capability-calls.js';
+import { keepAcrossExec } from '../libc/fds.js';
+import { execve, ignoreSignal, restoreSignalAction } from '../libc/processes.js';
 import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
 import { CAP_SETPCAP, dropPrivileges, type DropOptions } from './capabilities.js';
 

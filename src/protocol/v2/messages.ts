@@ -29,7 +29,6 @@ import {
   VM_LIST_HEADER,
   WATCH_DOMAINS,
   domainOfCode,
-  type Frame,
   type HostDomainValues,
   type HostPackageValues,
   type HostValues,
@@ -38,6 +37,7 @@ import {
   type VpkgValue,
   typeName,
 } from './codec.js';
+import { type Frame } from './frame-decoder.js';
 import { ENERGY_DOMAINS } from '../../model/domains.js';
 import { checkVcpus, MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../model/vcpus.js';
 import { fail, ok, type Result } from '../../common/result.js';

@@ -3,7 +3,7 @@
  * NOTIFY_SOCKET. Node has no Unix datagram sockets, so this binds one through libc.
  */
 import koffi from 'koffi';
-import { sockaddrUn, AF_UNIX, SOCK_DGRAM, SOCK_CLOEXEC } from '../../../src/os/libc.js';
+import { sockaddrUn, AF_UNIX, SOCK_DGRAM, SOCK_CLOEXEC } from '../../../src/os/libc/sockets.js';
 
 const libc = koffi.load('libc.so.6');
 const socketFn = libc.func('int socket(int domain, int type, int protocol)');

@@ -14,7 +14,7 @@ import { openListener } from '../../../src/helper/server/listener.js';
 import { MsrDevice } from '../../../src/msr/device.js';
 import { MSR_RAPL_POWER_UNIT } from '../../../src/msr/registers.js';
 import { encodeLegacyRequest, LEGACY_REPLY_SIZE, V2_MAGIC } from '../../../src/protocol/legacy.js';
-import type { PeerCredentials } from '../../../src/os/libc.js';
+import type { PeerCredentials } from '../../../src/os/libc/sockets.js';
 import { FakeHost, legacyOnFakeHost } from '../../support/fake-host.js';
 import { waitFor } from '../../support/wait.js';
 import { lateV2Handler } from '../../../src/helper/server/late-v2-handler.js';

@@ -5,7 +5,8 @@
 import { describe, expect, it } from 'vitest';
 import { Clients, watch, type Subscriber } from '../../../src/helper/v2/clients.js';
 import { FanOut, type SampleFrames } from '../../../src/helper/v2/fan-out.js';
-import { E, FrameDecoder, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
+import { E, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../../src/protocol/v2/frame-decoder.js';
 import { parseHelperFrame } from '../../../src/protocol/v2/messages.js';
 import type { VmUpdateFrame } from '../../../src/helper/v2/vm-update-frame.js';
 

@@ -10,7 +10,8 @@ import type { VcpuSpec } from '../../../src/model/vcpus.js';
 import { VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
 import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/v2-limits.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from '../../../src/helper/v2/vm-lifecycle.js';
-import { FrameDecoder, HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
+import { HELPER_TYPES, T } from '../../../src/protocol/v2/codec.js';
+import { FrameDecoder } from '../../../src/protocol/v2/frame-decoder.js';
 import { parseHelperFrame } from '../../../src/protocol/v2/messages.js';
 
 const host: HostInfo = { vendor: 'intel', clkTck: 100, cpus: [{ cpu: 0, pkg: 0 }], packages: [{ pkg: 0, powerUnit: 0xa0e03n }] };

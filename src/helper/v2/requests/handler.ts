@@ -13,7 +13,7 @@ import type { VmLifecycle } from '../vm-lifecycle.js';
 import type { VmRegistry } from '../vm-registry.js';
 import type { StatsFiles } from '../stats-files.js';
 import type { PowerLimiter } from '../../../power-limit/limiter.js';
-import type { PeerCredentials } from '../../../os/libc.js';
+import type { PeerCredentials } from '../../../os/libc/sockets.js';
 
 export type RequestType = ClientRequest['type'];
 

@@ -4,7 +4,7 @@
  * ERROR 3 for a VM the peer may not see as for none); the host's follows HOST_SUBSCRIBE (ERROR 2).
  */
 import { cannot } from '../../../common/errors.js';
-import { closeFd } from '../../../os/libc.js';
+import { closeFd } from '../../../os/libc/fds.js';
 import { E, T, encodeError, encodeStatsFdReply } from '../../../protocol/v2/codec.js';
 import { frameReply, type Reply } from '../reply.js';
 import type { Handler } from './handler.js';

@@ -11,7 +11,7 @@
  */
 import v8 from 'node:v8';
 import vm from 'node:vm';
-import { mallocTrim } from '../../os/libc.js';
+import { mallocTrim } from '../../os/libc/memfd-mmap.js';
 import { dropCleanFilePages } from '../../os/mapped-files.js';
 
 let gcFn: (() => void) | null | undefined;

@@ -1,7 +1,7 @@
 /** A live VM as guest energy needs it: found by its process, with its vCPUs and attributed energy. */
 import type { SamplingService } from '../../sampling/sampling-service.js';
-import type { VmRecord, VmRegistry } from '../v2/vm-registry.js';
-import type { GuestVmView } from './guest-energy.js';
+import type { VmRecord, VmRegistry } from './vm-registry.js';
+import type { GuestVmView } from '../guest/guest-energy-options.js';
 
 /** The view of a registered VM, or undefined when it is not live, not sampled yet, or ended. */
 function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined {

@@ -1,0 +1,139 @@
+/**
+ * Paths relative to a directory fd (guest-dir/: nothing followed): open, mkdir, rename and exchange,
+ * unlink, symlinks, leases, inotify.
+ */
+import koffi from 'koffi';
+import { libc } from './errno.js';
+
+const fn = {
+  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
+  openat: libc.func('int openat(int dirfd, const char *path, int flags, uint32_t mode)'),
+  mkdirat: libc.func('int mkdirat(int dirfd, const char *path, uint32_t mode)'),
+  renameat: libc.func('int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)'),
+  renameat2: libc.func('int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)'),
+  unlinkat: libc.func('int unlinkat(int dirfd, const char *path, int flags)'),
+  symlinkat: libc.func('int symlinkat(const char *target, int dirfd, const char *path)'),
+  readlinkat: libc.func('long readlinkat(int dirfd, const char *path, void *buf, size_t size)'),
+  inotify_init1: libc.func('int inotify_init1(int flags)'),
+  inotify_add_watch: libc.func('int inotify_add_watch(int fd, const char *path, uint32_t mask)'),
+  inotify_rm_watch: libc.func('int inotify_rm_watch(int fd, int wd)'),
+};
+
+export const O_RDONLY = 0;
+export const O_WRONLY = 0o1;
+export const O_RDWR = 0o2;
+export const O_CREAT = 0o100;
+export const O_EXCL = 0o200;
+export const O_NONBLOCK = 0o4000;
+export const O_DIRECTORY = 0o200000;
+export const O_NOFOLLOW = 0o400000;
+const O_CLOEXEC = 0o2000000;
+export const O_PATH = 0o10000000;
+
+/** openat(2): an fd of `name` in the directory `dirFd` (O_CLOEXEC added), or -errno (ELOOP: a symlink under O_NOFOLLOW). */
+export function openAt(dirFd: number, name: string, flags: number, mode = 0): number {
+  const fd = fn.openat(dirFd, name, flags | O_CLOEXEC, mode) as number;
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/** mkdirat(2): 0, or -errno (EEXIST when the name is taken, by anything). */
+export function mkdirAt(dirFd: number, name: string, mode: number): number {
+  return (fn.mkdirat(dirFd, name, mode) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** renameat(2) of `from` to `to`, both in `dirFd`: replaces `to` at once (a reader opens the old file or the new one). 0 or -errno. */
+export function renameAt(dirFd: number, from: string, to: string): number {
+  return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
+}
+
+const RENAME_EXCHANGE = 2;
+
+/**
+ * renameat2(2) with RENAME_EXCHANGE of `a` and `b`, both in `dirFd`: each name now holds the other's
+ * file, at once (a reader opens one file or the other, never neither). 0 or -errno (EINVAL where the
+ * file system cannot exchange).
+ */
+export function exchangeAt(dirFd: number, a: string, b: string): number {
+  return (fn.renameat2(dirFd, a, dirFd, b, RENAME_EXCHANGE) as number) === 0 ? 0 : -koffi.errno();
+}
+
+const F_SETSIG = 10;
+const F_SETLEASE = 1024;
+const F_WRLCK = 1;
+const F_UNLCK = 2;
+/** SIGURG: ignored unless handled. */
+const LEASE_BREAK_SIGNAL = 23;
+
+/**
+ * fcntl(F_SETSIG, SIGURG) on `fd`, once before takeWriteLease: a lease on it broken by an opener is
+ * then signalled with SIGURG, ignored unless handled, not SIGIO, whose default ends the process. 0 or -errno.
+ */
+export function signalLeaseBreaks(fd: number): number {
+  return (fn.fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/**
+ * fcntl(F_SETLEASE, F_WRLCK) on `fd` (signalLeaseBreaks called on it first): 0 once the process holds
+ * a write lease on its file, which the kernel grants only while no other open file (any process's, a
+ * mapping's) refers to it; -EAGAIN when one does; another -errno where leases cannot be had
+ * (leases-enable 0, a file system without them). While it is held, an open of the file waits
+ * (EWOULDBLOCK with O_NONBLOCK) until the lease goes.
+ */
+export function takeWriteLease(fd: number): number {
+  return (fn.fcntl(fd, F_SETLEASE, 'int', F_WRLCK) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** fcntl(F_SETLEASE, F_UNLCK): the lease of takeWriteLease let go. 0 or -errno. */
+export function dropLease(fd: number): number {
+  return (fn.fcntl(fd, F_SETLEASE, 'int', F_UNLCK) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** unlinkat(2) (flag 0x200, AT_REMOVEDIR, for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
+export function unlinkAt(dirFd: number, name: string, flags = 0): number {
+  return (fn.unlinkat(dirFd, name, flags) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** symlinkat(2): a symlink `name` in `dirFd` holding `target` (never resolved here). 0 or -errno. */
+export function symlinkAt(target: string, dirFd: number, name: string): number {
+  return (fn.symlinkat(target, dirFd, name) as number) === 0 ? 0 : -koffi.errno();
+}
+
+const linkBuf = Buffer.alloc(4096);
+
+/** readlinkat(2): the target a symlink holds, or -errno (EINVAL: not a symlink). */
+export function readlinkAt(dirFd: number, name: string): string | number {
+  const n = Number(fn.readlinkat(dirFd, name, linkBuf, linkBuf.length));
+  return n >= 0 ? linkBuf.toString('utf8', 0, n) : -koffi.errno();
+}
+
+/** inotify(7) event bits (sys/inotify.h). */
+export const IN_ATTRIB = 0x4;
+export const IN_MOVED_FROM = 0x40;
+export const IN_MOVED_TO = 0x80;
+export const IN_CREATE = 0x100;
+export const IN_DELETE = 0x200;
+export const IN_DELETE_SELF = 0x400;
+export const IN_MOVE_SELF = 0x800;
+export const IN_Q_OVERFLOW = 0x4000;
+const IN_ONLYDIR = 0x01000000;
+
+/** inotify_init1(2), non-blocking and close-on-exec: an fd, or -errno. */
+export function inotifyInit(): number {
+  const fd = fn.inotify_init1(O_NONBLOCK | O_CLOEXEC) as number;
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/**
+ * inotify_add_watch(2) of the directory open as `dirFd` (through /proc/self/fd, which names that
+ * open directory itself, never a path looked up again): a watch descriptor, or -errno (ENOSPC: the
+ * user's max_user_watches reached).
+ */
+export function inotifyWatchFd(inotifyFd: number, dirFd: number, mask: number): number {
+  const wd = fn.inotify_add_watch(inotifyFd, `/proc/self/fd/${dirFd}`, mask | IN_ONLYDIR) as number;
+  return wd >= 0 ? wd : -koffi.errno();
+}
+
+/** inotify_rm_watch(2): 0 or -errno. */
+export function inotifyUnwatch(inotifyFd: number, wd: number): number {
+  return (fn.inotify_rm_watch(inotifyFd, wd) as number) === 0 ? 0 : -koffi.errno();
+}

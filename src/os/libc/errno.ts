@@ -1,0 +1,25 @@
+/**
+ * The libc calls Node does not expose, through koffi, one file per concern; this one loads libc and
+ * names errno.
+ * Every pointer argument is a Buffer, so no native memory is ever owned by JS; functions return -1
+ * (or -errno) like libc, and errnoError() turns that into an Error.
+ */
+import koffi from 'koffi';
+import os from 'node:os';
+
+export const libc = koffi.load('libc.so.6');
+
+/** Error carrying errno, with the libc call named, e.g. "capset: EPERM (Operation not permitted)". */
+export function errnoError(call: string, errno = koffi.errno()): NodeJS.ErrnoException {
+  const name = errnoName(errno);
+  const err: NodeJS.ErrnoException = new Error(`${call}: ${name}`);
+  err.errno = errno;
+  err.code = name;
+  err.syscall = call;
+  return err;
+}
+
+/** The symbolic name of an errno value ("ESRCH"), or "errno N" when Node does not know it. */
+export function errnoName(errno: number): string {
+  return Object.entries(os.constants.errno).find(([, v]) => v === errno)?.[0] ?? `errno ${errno}`;
+}

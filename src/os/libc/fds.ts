@@ -1,0 +1,177 @@
+/**
+ * Calls on an fd: pread/pwrite/read/write without Node's fs, dup and close-on-exec, close, readable
+ * watches and epoll, truncate, chmod, xattr, fstat.
+ */
+import koffi from 'koffi';
+import { errnoError, libc } from './errno.js';
+
+const fn = {
+  close: libc.func('int close(int fd)'),
+  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
+  dup2: libc.func('int dup2(int oldfd, int newfd)'),
+  pread: libc.func('long pread(int fd, void *buf, size_t count, long offset)'),
+  epoll_create1: libc.func('int epoll_create1(int flags)'),
+  epoll_ctl: libc.func('int epoll_ctl(int epfd, int op, int fd, void *event)'),
+  epoll_wait: libc.func('int epoll_wait(int epfd, void *events, int maxevents, int timeout)'),
+  pwrite: libc.func('long pwrite(int fd, const void *buf, size_t count, long offset)'),
+  ftruncate: libc.func('int ftruncate(int fd, long length)'),
+  write: libc.func('long write(int fd, const void *buf, size_t count)'),
+  fchmod: libc.func('int fchmod(int fd, uint32_t mode)'),
+  fsetxattr: libc.func('int fsetxattr(int fd, const char *name, const void *value, size_t size, int flags)'),
+  fstat: libc.func('int fstat(int fd, void *buf)'),
+  read: libc.func('long read(int fd, void *buf, size_t count)'),
+};
+
+/**
+ * pread(2) of up to `length` bytes at `offset` into `buf`: the count read, or -errno. No exception
+ * and no Node fs binding on this path: the sampler reads thousands of /proc files per interval, and
+ * a thread that exited (ESRCH) is routine there, not exceptional.
+ */
+export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
+  if (length > buf.length) throw new RangeError(`pread: ${length} bytes do not fit a buffer of ${buf.length}`);
+  const n = Number(fn.pread(fd, buf, length, offset));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+const EPOLL_CLOEXEC = 0o2000000;
+const EPOLL_CTL_ADD = 1;
+const EPOLLIN = 1;
+/** x86_64's struct epoll_event is packed: u32 events, u64 data. */
+const EPOLL_EVENT_SIZE = 12;
+const epollEvent = Buffer.alloc(EPOLL_EVENT_SIZE);
+
+/** A new epoll set (close-on-exec): its fd, or -errno. */
+export function epollCreate(): number {
+  const fd = fn.epoll_create1(EPOLL_CLOEXEC) as number;
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/** Watches `fd` for reading in the set `epfd`, with `data` (a u32) handed back when it is ready: 0, or -errno. */
+export function epollAdd(epfd: number, fd: number, data: number): number {
+  epollEvent.writeUInt32LE(EPOLLIN, 0);
+  epollEvent.writeBigUInt64LE(BigInt(data >>> 0), 4);
+  return (fn.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, epollEvent) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/**
+ * The data of the fds of `epfd` ready now, at most `buf.length / 12` (epoll_wait with a zero
+ * timeout: never blocks); -errno as the only element when it fails.
+ */
+export function epollReadyNow(epfd: number, buf: Buffer): number[] {
+  const n = fn.epoll_wait(epfd, buf, Math.floor(buf.length / EPOLL_EVENT_SIZE), 0) as number;
+  if (n < 0) return [-koffi.errno()];
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) out.push(Number(buf.readBigUInt64LE(i * EPOLL_EVENT_SIZE + 4)));
+  return out;
+}
+
+const F_GETFD = 1;
+const F_SETFD = 2;
+const FD_CLOEXEC = 1;
+const F_DUPFD_CLOEXEC = 1030;
+
+/** A second fd for the file description of `fd` (close-on-exec), or -errno (EMFILE when out of fds). */
+export function dupCloexec(fd: number): number {
+  const n = fn.fcntl(fd, F_DUPFD_CLOEXEC, 'int', 0) as number;
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** Makes `newfd` a copy of `oldfd` (closing what `newfd` was); the copy survives execve. Throws with errno. */
+export function dup2(oldfd: number, newfd: number): void {
+  if ((fn.dup2(oldfd, newfd) as number) < 0) throw errnoError(`dup2(${oldfd}, ${newfd})`);
+}
+
+/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
+export function keepAcrossExec(fd: number): void {
+  const flags = fn.fcntl(fd, F_GETFD) as number;
+  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
+  if ((flags & FD_CLOEXEC) !== 0 && (fn.fcntl(fd, F_SETFD, 'int', flags & ~FD_CLOEXEC) as number) < 0)
+    throw errnoError(`fcntl(${fd}, F_SETFD)`);
+}
+
+/** Makes `fd` close-on-exec again (undoes keepAcrossExec after an exec that failed). */
+export function closeOnExec(fd: number): void {
+  const flags = fn.fcntl(fd, F_GETFD) as number;
+  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
+  if ((flags & FD_CLOEXEC) === 0 && (fn.fcntl(fd, F_SETFD, 'int', flags | FD_CLOEXEC) as number) < 0)
+    throw errnoError(`fcntl(${fd}, F_SETFD)`);
+}
+
+/** close(2) of an fd this process owns; errors (EBADF) are ignored, as after close nothing is left to do. */
+export function closeFd(fd: number): void {
+  fn.close(fd);
+}
+
+/** Whether `fd` is close-on-exec (FD_CLOEXEC). */
+export function isCloseOnExec(fd: number): boolean {
+  const flags = fn.fcntl(fd, F_GETFD) as number;
+  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
+  return (flags & FD_CLOEXEC) !== 0;
+}
+
+/** A watch on an fd, from watchReadable. */
+export interface FdWatch {
+  close(): void;
+}
+
+/**
+ * Calls `onReadable` from the event loop whenever `fd` has something to read (bytes, end of stream,
+ * or an error a read will report): a libuv poll handle, through koffi. Level-triggered: it fires
+ * again while something is left unread. Never an fd a net.Socket watches itself (libuv keeps one
+ * watcher per fd number): give it a duplicate (dupCloexec).
+ */
+export function watchReadable(fd: number, onReadable: () => void): FdWatch {
+  const handle = koffi.node.poll(fd, { readable: true, disconnect: true }, () => onReadable());
+  return { close: () => handle.close() };
+}
+
+/** pwrite(2) of buf[0, length) at `offset`: the count written, or -errno. */
+export function pwriteFd(fd: number, buf: Buffer, length: number, offset: number): number {
+  if (length > buf.length) throw new RangeError(`pwrite: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.pwrite(fd, buf, length, offset));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** ftruncate(2): 0 or -errno. */
+export function truncateFd(fd: number, length: number): number {
+  return (fn.ftruncate(fd, length) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** write(2) of buf[0, length): the count written, or -errno. */
+export function writeFd(fd: number, buf: Buffer, length: number): number {
+  if (length > buf.length) throw new RangeError(`write: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.write(fd, buf, length));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** fchmod(2): 0 or -errno. */
+export function fchmodFd(fd: number, mode: number): number {
+  return (fn.fchmod(fd, mode) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** fsetxattr(2) of `name` to `value`: 0 or -errno. */
+export function fsetxattrFd(fd: number, name: string, value: Buffer): number {
+  return (fn.fsetxattr(fd, name, value, value.length, 0) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** Bytes of x86_64's struct stat (asm/stat.h): the buffer fstatRaw fills. */
+export const STAT_SIZE = 144;
+/** Where st_atim lies in it (16 bytes: seconds, then nanoseconds). */
+export const STAT_ATIME_AT = 72;
+
+/**
+ * fstat(2) into `buf` (at least STAT_SIZE bytes) as the kernel lays it out, without making a Stats
+ * object: 0 or -errno. For a check that runs for many fds each sample (guest-dir/): Node's fstatSync
+ * makes an object of BigInts each call, several microseconds.
+ */
+export function fstatRaw(fd: number, buf: Buffer): number {
+  if (buf.length < STAT_SIZE) throw new RangeError(`fstat: a buffer of ${buf.length} bytes is under ${STAT_SIZE}`);
+  return (fn.fstat(fd, buf) as number) === 0 ? 0 : -koffi.errno();
+}
+
+/** read(2) into buf[0, length): the count read, or -errno (EAGAIN: nothing to read on a non-blocking fd). */
+export function readFd(fd: number, buf: Buffer, length: number): number {
+  if (length > buf.length) throw new RangeError(`read: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.read(fd, buf, length));
+  return n >= 0 ? n : -koffi.errno();
+}

@@ -1,0 +1,166 @@
+/**
+ * Process and thread calls: clocks (real time, a process's and this thread's CPU time), pidfds, the tid,
+ * exec, signal actions, alarm, resource limits, the thread name.
+ */
+import os from 'node:os';
+import koffi from 'koffi';
+import { errnoError, libc } from './errno.js';
+
+const fn = {
+  prctlName: libc.func('prctl', 'int', ['int', 'str', 'ulong', 'ulong', 'ulong']),
+  sysconf: libc.func('long sysconf(int name)'),
+  gettid: libc.func('int gettid()'),
+  execve: libc.func('int execve(const char *path, const char **argv, const char **envp)'),
+  sigaction: libc.func('int sigaction(int sig, const void *act, void *oldact)'),
+  alarm: libc.func('unsigned int alarm(unsigned int seconds)'),
+  getrlimit: libc.func('int getrlimit(int resource, void *rlim)'),
+  clock_gettime: libc.func('int clock_gettime(int clk, void *ts)'),
+  setrlimit: libc.func('int setrlimit(int resource, const void *rlim)'),
+  syscall: libc.func('long syscall(long number, ...)'),
+};
+
+const SC_CLK_TCK = 2;
+const timespec = Buffer.alloc(16);
+const CLOCK_REALTIME = 0;
+
+/** CLOCK_REALTIME now, ns since the epoch (full resolution, unlike Date.now()). */
+export function realtimeNs(): bigint {
+  if (fn.clock_gettime(CLOCK_REALTIME, timespec) !== 0) throw errnoError('clock_gettime(CLOCK_REALTIME)');
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+}
+
+/** CPUCLOCK_SCHED of a process clock (include/linux/posix-timers.h): the scheduler's run time, in ns. */
+const CPUCLOCK_SCHED = 2;
+
+/**
+ * CPU time of a whole process (every thread, live and exited), in ns: clock_gettime of its process
+ * CPU clock (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), what clock_getcpuclockid gives), which the
+ * kernel sums from each thread's sum_exec_runtime. Any process may read any other's. -1n when it
+ * cannot be read (no such process).
+ */
+export function processCpuTimeNs(pid: number): bigint {
+  if (fn.clock_gettime((~pid << 3) | CPUCLOCK_SCHED, timespec) !== 0) return -1n;
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+}
+
+/** CLOCK_THREAD_CPUTIME_ID: the calling thread's run time. */
+const CLOCK_THREAD_CPUTIME_ID = 3;
+
+/** CPU time of the calling thread, in ns (what it ran, not what it waited: for measures on a busy host). */
+export function threadCpuTimeNs(): bigint {
+  if (fn.clock_gettime(CLOCK_THREAD_CPUTIME_ID, timespec) !== 0) throw errnoError('clock_gettime(CLOCK_THREAD_CPUTIME_ID)');
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+}
+
+const SYS_PIDFD_SEND_SIGNAL = 424;
+
+/**
+ * Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing).
+ * EPERM says it runs as a user this process may not signal (a QEMU of another uid): alive all the same.
+ */
+export function pidfdAlive(pidfd: number): boolean {
+  if (Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0) return true;
+  return koffi.errno() === os.constants.errno.EPERM;
+}
+
+const SYS_PIDFD_OPEN = 434;
+/** pidfd_open's flag for a pidfd of one thread (Linux 6.9+; the value of O_EXCL). */
+const PIDFD_THREAD = 0o200;
+
+/**
+ * A pidfd (close-on-exec, as every pidfd) of thread `tid` alone (PIDFD_THREAD, Linux 6.9+): it turns
+ * readable when that thread exits, and never names another thread. -errno (ESRCH: no such thread;
+ * EINVAL: a kernel without PIDFD_THREAD; EMFILE: out of fds).
+ */
+export function pidfdOpenThread(tid: number): number {
+  const fd = Number(fn.syscall(SYS_PIDFD_OPEN, 'int', tid, 'unsigned int', PIDFD_THREAD));
+  return fd >= 0 ? fd : -koffi.errno();
+}
+
+/** prctl(PR_SET_NAME): the calling thread's name (comm), cut to 15 bytes by the kernel. */
+export function setThreadName(name: string): void {
+  if ((fn.prctlName(15, name, 0, 0, 0) as number) < 0) throw errnoError('prctl(PR_SET_NAME)');
+}
+
+function sysconf(name: number): number {
+  const v = Number(fn.sysconf(name));
+  if (v < 0) throw errnoError(`sysconf(${name})`);
+  return v;
+}
+
+export function clockTicksPerSecond(): number {
+  return sysconf(SC_CLK_TCK);
+}
+
+export function gettid(): number {
+  return fn.gettid() as number;
+}
+
+/**
+ * Replaces the whole process (every thread) with `path`; the pid, the environment given and the fds
+ * without FD_CLOEXEC carry over (see keepAcrossExec). Returns only by throwing.
+ */
+export function execve(path: string, argv: readonly string[], env: NodeJS.ProcessEnv): never {
+  const envp = Object.entries(env)
+    .filter((e): e is [string, string] => e[1] !== undefined)
+    .map(([k, v]) => `${k}=${v}`);
+  fn.execve(path, [...argv, null], [...envp, null]);
+  throw errnoError(`execve(${path})`);
+}
+
+/**
+ * glibc's struct sigaction, large enough on x86_64 and aarch64 (handler 8, mask 128, flags 4 and
+ * padding, restorer 8: 152 bytes); kept opaque: only the handler at offset 0 is ever written.
+ */
+const SIGACTION_BYTES = 256;
+/** The handler value SIG_IGN. */
+const SIG_IGN = 1n;
+
+/**
+ * Sets the action of signal `sig` to SIG_IGN at the C level, behind Node's back (a disposition of
+ * SIG_IGN survives execve, a handler does not), and returns the previous action, opaque, for
+ * restoreSignalAction. Throws with errno.
+ */
+export function ignoreSignal(sig: number): Buffer {
+  const act = Buffer.alloc(SIGACTION_BYTES);
+  act.writeBigUInt64LE(SIG_IGN, 0);
+  const old = Buffer.alloc(SIGACTION_BYTES);
+  if ((fn.sigaction(sig, act, old) as number) < 0) throw errnoError(`sigaction(${sig}, SIG_IGN)`);
+  return old;
+}
+
+/** Puts back the action ignoreSignal returned (Node's own handler, or whatever it was). Throws with errno. */
+export function restoreSignalAction(sig: number, old: Buffer): void {
+  if ((fn.sigaction(sig, old, null) as number) < 0) throw errnoError(`sigaction(${sig})`);
+}
+
+/** alarm(2): SIGALRM in `seconds` (0: none), replacing the one pending; it survives execve. */
+export function alarm(seconds: number): void {
+  fn.alarm(seconds);
+}
+
+export const RLIMIT_NOFILE = 7;
+
+export interface Rlimit {
+  soft: number;
+  hard: number;
+}
+
+/** RLIM_INFINITY (all ones) reads as Infinity. */
+export function getrlimit(resource: number): Rlimit {
+  const buf = Buffer.alloc(16);
+  if (fn.getrlimit(resource, buf) !== 0) throw errnoError(`getrlimit(${resource})`);
+  const v = (o: number) => {
+    const x = buf.readBigUInt64LE(o);
+    return x === 0xffffffffffffffffn ? Infinity : Number(x);
+  };
+  return { soft: v(0), hard: v(8) };
+}
+
+export function setrlimit(resource: number, l: Rlimit): void {
+  const buf = Buffer.alloc(16);
+  const w = (o: number, x: number) => buf.writeBigUInt64LE(x === Infinity ? 0xffffffffffffffffn : BigInt(x), o);
+  w(0, l.soft);
+  w(8, l.hard);
+  if (fn.setrlimit(resource, buf) !== 0) throw errnoError(`setrlimit(${resource})`);
+}

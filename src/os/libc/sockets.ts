@@ -1,0 +1,328 @@
+/**
+ * Socket calls Node does not expose: non-blocking send and recv, peer credentials and pidfd, Unix
+ * datagrams, fds passed over AF_UNIX sockets (SCM_RIGHTS), socket types, socketpair.
+ */
+import koffi from 'koffi';
+import { errnoError, libc } from './errno.js';
+import { closeFd } from './fds.js';
+
+/** struct iovec and struct msghdr of x86_64 (anonymous koffi types: this module may be loaded twice in a process). */
+const iovecType = koffi.struct({ iov_base: 'void *', iov_len: 'size_t' });
+const msghdrType = koffi.struct({
+  msg_name: 'void *',
+  msg_namelen: 'uint32_t',
+  msg_iov: koffi.pointer(iovecType),
+  msg_iovlen: 'size_t',
+  msg_control: 'void *',
+  msg_controllen: 'size_t',
+  msg_flags: 'int',
+});
+
+const fn = {
+  getsockopt: libc.func('int getsockopt(int fd, int level, int optname, void *optval, void *optlen)'),
+  socket: libc.func('int socket(int domain, int type, int protocol)'),
+  send: libc.func('long send(int fd, const void *buf, size_t len, int flags)'),
+  recv: libc.func('long recv(int fd, void *buf, size_t len, int flags)'),
+  sendto: libc.func('long sendto(int fd, const void *buf, size_t len, int flags, const void *addr, uint32_t addrlen)'),
+  poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
+  sendmsg: libc.func('sendmsg', 'long', ['int', koffi.pointer(msghdrType), 'int']),
+  recvmsg: libc.func('recvmsg', 'long', ['int', koffi.inout(koffi.pointer(msghdrType)), 'int']),
+  socketpair: libc.func('int socketpair(int domain, int type, int protocol, _Out_ int *sv)'),
+};
+
+const SOL_SOCKET = 1;
+const SO_PEERCRED = 17;
+export const AF_UNIX = 1;
+export const SOCK_DGRAM = 2;
+export const SOCK_CLOEXEC = 0o2000000;
+const MSG_NOSIGNAL = 0x4000;
+export const MSG_DONTWAIT = 0x40;
+export const SOCK_STREAM = 1;
+/** Message boundaries on a connection (the keeper's channel). */
+export const SOCK_SEQPACKET = 5;
+/**
+ * send(2) of buf[0, length) on a stream socket, never blocking and never raising SIGPIPE: the count
+ * sent, or -errno (EAGAIN: its send buffer is full; EPIPE/ECONNRESET: the peer is gone).
+ */
+export function sendNow(fd: number, buf: Buffer, length: number): number {
+  if (length > buf.length) throw new RangeError(`send: ${length} bytes exceed a buffer of ${buf.length}`);
+  const n = Number(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** recv(2) into buf, never blocking: the count received, or -errno (EAGAIN: nothing queued). */
+export function recvNow(fd: number, buf: Buffer): number {
+  const n = Number(fn.recv(fd, buf, buf.length, MSG_DONTWAIT));
+  return n >= 0 ? n : -koffi.errno();
+}
+
+/** socket(2) with SOCK_CLOEXEC: the fd; throws (errno named, the call as `call` says it) when it cannot be made. */
+export function openSocket(domain: number, type: number, protocol: number, call = `socket(${domain}, ${type}, ${protocol})`): number {
+  const fd = fn.socket(domain, type | SOCK_CLOEXEC, protocol) as number;
+  if (fd < 0) throw errnoError(call);
+  return fd;
+}
+
+export interface PeerCredentials {
+  pid: number;
+  uid: number;
+  gid: number;
+  /**
+   * The start time (/proc/<pid>/stat field 22) of the process that connected, read at accept: with the
+   * pid it names that very process, which the connection can outlive (its pid then reused by another).
+   * null: it was gone by then; absent: not read (a client's view of its peer).
+   */
+  starttime?: number | null;
+}
+
+/** SO_PEERCRED of a connected AF_UNIX socket: the peer's pid/uid/gid at connect() time. */
+export function getPeerCredentials(fd: number): PeerCredentials {
+  const cred = Buffer.alloc(12);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(12, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, len) !== 0) throw errnoError('getsockopt(SO_PEERCRED)');
+  return { pid: cred.readInt32LE(0), uid: cred.readUInt32LE(4), gid: cred.readUInt32LE(8) };
+}
+
+/** getsockopt option: a pidfd of the process that called connect() (Linux 6.5+). */
+const SO_PEERPIDFD = 77;
+/**
+ * A pidfd (close-on-exec) of the very process that connected on the AF_UNIX socket `fd`, taken by
+ * the kernel at connect(): it never names another process, whatever happens to the pid. -errno when
+ * the kernel has none to give (ENOPROTOOPT before Linux 6.5, ESRCH when that process is gone).
+ */
+export function peerPidfd(fd: number): number {
+  const v = Buffer.alloc(4);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(4, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, v, len) !== 0) return -koffi.errno();
+  return v.readInt32LE(0);
+}
+
+/** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */
+export const MAX_UNIX_PATH_BYTES = 107;
+
+/** sockaddr_un for a path, or an abstract name when it starts with '@' (leading NUL, no terminator). */
+export function sockaddrUn(name: string): { addr: Buffer; len: number } {
+  const abstract = name.startsWith('@');
+  const bytes = Buffer.from(abstract ? name.slice(1) : name, 'utf8');
+  const max = MAX_UNIX_PATH_BYTES;
+  if (bytes.length > max) throw new Error(`unix socket address too long (${bytes.length} bytes, at most ${max}): ${name}`);
+  const addr = Buffer.alloc(110);
+  addr.writeUInt16LE(AF_UNIX, 0);
+  bytes.copy(addr, abstract ? 3 : 2);
+  return { addr, len: abstract ? 3 + bytes.length : 2 + bytes.length + 1 };
+}
+
+/** One AF_UNIX datagram to `name` (a path or '@abstract'), from a fresh socket closed right after. */
+export function sendUnixDatagram(name: string, payload: Buffer): void {
+  const { addr, len } = sockaddrUn(name);
+  const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
+  try {
+    const n = Number(fn.sendto(fd, payload, payload.length, MSG_NOSIGNAL, addr, len));
+    if (n < 0) throw errnoError(`sendto(${name})`);
+  } finally {
+    closeFd(fd);
+  }
+}
+
+const POLLHUP = 0x10;
+const POLLRDHUP = 0x2000;
+
+/** Whether the peer of a stream socket has closed (or shut down writing), without reading from it. */
+export function peerHungUp(fd: number): boolean {
+  const pfd = Buffer.alloc(8);
+  pfd.writeInt32LE(fd, 0);
+  pfd.writeInt16LE(POLLRDHUP, 4);
+  if ((fn.poll(pfd, 1, 0) as number) <= 0) return false;
+  return (pfd.readInt16LE(6) & (POLLRDHUP | POLLHUP)) !== 0;
+}
+
+const SCM_RIGHTS = 1;
+const MSG_TRUNC = 0x20;
+const MSG_CTRUNC = 0x8;
+const MSG_CMSG_CLOEXEC = 0x40000000;
+/** sizeof(struct cmsghdr) on x86_64: size_t cmsg_len, int cmsg_level, int cmsg_type. */
+const CMSGHDR_SIZE = 16;
+/** Most fds one message may carry (SCM_MAX_FD, include/net/scm.h): the kernel refuses more with EINVAL. */
+export const MAX_FDS_PER_MESSAGE = 253;
+
+/** CMSG_ALIGN: control data is aligned to sizeof(size_t), 8 on x86_64. */
+function cmsgAlign(n: number): number {
+  return (n + 7) & ~7;
+}
+
+/** CMSG_LEN(n * sizeof(int)): the cmsg_len of an SCM_RIGHTS message with n fds (no trailing padding). */
+export function cmsgLenForFds(n: number): number {
+  return CMSGHDR_SIZE + 4 * n;
+}
+
+/** CMSG_SPACE(n * sizeof(int)): the control buffer an SCM_RIGHTS message with n fds takes, padding included. */
+export function cmsgSpaceForFds(n: number): number {
+  return CMSGHDR_SIZE + cmsgAlign(4 * n);
+}
+
+/** The control buffer of one SCM_RIGHTS message carrying `fds`. */
+export function encodeScmRights(fds: readonly number[]): Buffer {
+  const c = Buffer.alloc(cmsgSpaceForFds(fds.length));
+  c.writeBigUInt64LE(BigInt(cmsgLenForFds(fds.length)), 0);
+  c.writeInt32LE(SOL_SOCKET, 8);
+  c.writeInt32LE(SCM_RIGHTS, 12);
+  fds.forEach((fd, i) => c.writeInt32LE(fd, CMSGHDR_SIZE + 4 * i));
+  return c;
+}
+
+/**
+ * The fds of every SCM_RIGHTS message in the first `length` bytes of a control buffer the kernel
+ * filled (CMSG_FIRSTHDR/CMSG_NXTHDR). Any other message (SCM_CREDENTIALS) is skipped; a header that
+ * does not fit ends the walk.
+ */
+export function decodeScmRights(control: Buffer, length: number): number[] {
+  const fds: number[] = [];
+  const end = Math.min(length, control.length);
+  let off = 0;
+  while (off + CMSGHDR_SIZE <= end) {
+    const len = Number(control.readBigUInt64LE(off));
+    if (len < CMSGHDR_SIZE || off + len > end) break;
+    if (control.readInt32LE(off + 8) === SOL_SOCKET && control.readInt32LE(off + 12) === SCM_RIGHTS) {
+      for (let p = off + CMSGHDR_SIZE; p + 4 <= off + len; p += 4) fds.push(control.readInt32LE(p));
+    }
+    off += cmsgAlign(len);
+  }
+  return fds;
+}
+
+const SO_TYPE = 3;
+
+/** SO_TYPE of a socket: SOCK_STREAM, SOCK_DGRAM, ... */
+export function socketType(fd: number): number {
+  const v = Buffer.alloc(4);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(4, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_TYPE, v, len) !== 0) throw errnoError('getsockopt(SO_TYPE)');
+  return v.readInt32LE(0);
+}
+
+const SO_ACCEPTCONN = 30;
+
+/** SO_ACCEPTCONN: whether the socket `fd` is listening (a connection is not). */
+export function isListeningSocket(fd: number): boolean {
+  const v = Buffer.alloc(4);
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(4, 0);
+  if (fn.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, v, len) !== 0) throw errnoError('getsockopt(SO_ACCEPTCONN)');
+  return v.readInt32LE(0) !== 0;
+}
+
+function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {
+  const err = errnoError(call, errno);
+  if (err.code === 'EAGAIN') err.message = `${call}: EAGAIN (the socket's send buffer is full; send again once it is writable)`;
+  return err;
+}
+
+function sendmsgTo(
+  fd: number,
+  data: Buffer,
+  fds: readonly number[],
+  flags: number,
+  addr: { addr: Buffer; len: number } | null,
+  call: string,
+): number {
+  if (fds.length > MAX_FDS_PER_MESSAGE) throw new RangeError(`${call}: ${fds.length} fds, at most ${MAX_FDS_PER_MESSAGE} fit one message`);
+  const control = fds.length > 0 ? encodeScmRights(fds) : null;
+  const n = Number(
+    fn.sendmsg(
+      fd,
+      {
+        msg_name: addr?.addr ?? null,
+        msg_namelen: addr?.len ?? 0,
+        msg_iov: [{ iov_base: data, iov_len: data.length }],
+        msg_iovlen: 1,
+        msg_control: control,
+        msg_controllen: control?.length ?? 0,
+        msg_flags: 0,
+      },
+      flags,
+    ),
+  );
+  if (n < 0) throw sendmsgError(call, koffi.errno());
+  return n;
+}
+
+/**
+ * sendmsg(2) of `data` with `fds` attached (SCM_RIGHTS) on a connected AF_UNIX socket: the bytes sent,
+ * which on a stream socket may be fewer than data.length (the fds went with the first byte; send the
+ * rest without them). Throws an errno error; on EAGAIN (MSG_DONTWAIT given, or a non-blocking socket
+ * whose buffer is full) its message says so. On a stream socket fds need at least one byte to ride
+ * on (the kernel would drop them silently), so `data` may be empty there only without fds; a
+ * datagram may carry fds alone. Never raises SIGPIPE.
+ */
+export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
+  if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM)
+    throw new RangeError('sendmsg: on a stream socket fds need at least one byte of data to go with');
+  return sendmsgTo(fd, data, fds, flags | MSG_NOSIGNAL, null, 'sendmsg');
+}
+
+/** One AF_UNIX datagram to `name` (a path or '@abstract') with `fds` attached, from a fresh socket closed right after. */
+export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[]): void {
+  const addr = sockaddrUn(name);
+  const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
+  try {
+    sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, `sendmsg(${name})`);
+  } finally {
+    closeFd(fd);
+  }
+}
+
+interface ReceivedWithFds {
+  /** The bytes read; empty at end of stream (or for an empty datagram). */
+  data: Buffer;
+  /** The fds that came with them, close-on-exec, now owned by the caller. */
+  fds: number[];
+  /**
+   * More fds came than were allowed (the kernel closed the excess: MSG_CTRUNC), or a datagram was
+   * longer than maxBytes (its tail is lost: MSG_TRUNC).
+   */
+  truncated: boolean;
+}
+
+/**
+ * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds (SCM_RIGHTS), the fds opened close-on-exec
+ * (MSG_CMSG_CLOEXEC). The control buffer has room for maxFds fds only: the kernel closes the ones a
+ * sender attached beyond that and reports MSG_CTRUNC (one more fits the alignment padding when
+ * maxFds is odd: it is closed here), so a hostile sender cannot make this process hold more fds than
+ * it asked for. Throws an errno error (EAGAIN: nothing to read on a non-blocking
+ * socket or with MSG_DONTWAIT).
+ */
+export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
+  if (!Number.isInteger(maxBytes) || maxBytes < 0) throw new RangeError(`recvmsg: maxBytes ${maxBytes} is not a size`);
+  if (!Number.isInteger(maxFds) || maxFds < 0 || maxFds > MAX_FDS_PER_MESSAGE)
+    throw new RangeError(`recvmsg: maxFds ${maxFds} is not 0..${MAX_FDS_PER_MESSAGE}`);
+  const data = Buffer.alloc(maxBytes);
+  const control = Buffer.alloc(maxFds > 0 ? cmsgSpaceForFds(maxFds) : 0);
+  const msg = {
+    msg_name: null,
+    msg_namelen: 0,
+    msg_iov: [{ iov_base: data, iov_len: maxBytes }],
+    msg_iovlen: 1,
+    msg_control: maxFds > 0 ? control : null,
+    msg_controllen: control.length,
+    msg_flags: 0,
+  };
+  const n = Number(fn.recvmsg(fd, msg, flags | MSG_CMSG_CLOEXEC));
+  if (n < 0) throw errnoError('recvmsg', koffi.errno());
+  const fds = decodeScmRights(control, Number(msg.msg_controllen));
+  // CMSG_SPACE pads to 8 bytes, so room for an odd number of fds holds one more: the kernel installs
+  // it, and it is closed here. This process never holds more than maxFds from one call.
+  const extra = fds.splice(maxFds);
+  for (const fd of extra) closeFd(fd);
+  const cut = (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) !== 0 || extra.length > 0;
+  return { data: data.subarray(0, n), fds, truncated: cut };
+}
+
+/** A connected pair of AF_UNIX sockets (SOCK_STREAM or SOCK_DGRAM), close-on-exec. */
+export function socketpair(type: number = SOCK_STREAM): [number, number] {
+  const sv = new Int32Array(2);
+  if ((fn.socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) as number) !== 0) throw errnoError('socketpair(AF_UNIX)');
+  return [sv[0]!, sv[1]!];
+}

@@ -1,0 +1,123 @@
+/**
+ * The v2 frame decoder (docs/protocol.md "v2"). Pure: no sockets. It takes bytes as they arrive
+ * (split anywhere, or pipelined) and never buffers more than one frame, so a hostile peer cannot make
+ * it grow past MAX_PAYLOAD + header.
+ */
+import { fail, ok, type Result } from '../../common/result.js';
+import { HEADER_SIZE, MAX_PAYLOAD, typeName } from './codec.js';
+
+export interface Frame {
+  type: number;
+  flags: number;
+  payload: Buffer;
+}
+
+/** A frame header the decoder refuses; after it the stream cannot be resynchronised. */
+interface FrameError {
+  message: string;
+  /** Type field of the offending header (0 when unknown). */
+  type: number;
+}
+
+export type DecodeResult = Result<Frame, FrameError>;
+
+/**
+ * Incremental decoder. `push` returns every frame completed by the new bytes; it stops at (and
+ * returns) the first header error, after which the decoder is dead: the protocol closes the connection (docs/protocol.md).
+ * `allowedTypes` rejects unknown types as soon as the header is in, before waiting for its payload.
+ */
+export class FrameDecoder {
+  private chunks: Buffer[] = [];
+  private buffered = 0;
+  private header: { type: number; flags: number; length: number } | null = null;
+  private dead = false;
+
+  constructor(private readonly allowedTypes: ReadonlySet<number>) {}
+
+  /** Payload bytes held, waiting for the rest of a frame (at most MAX_PAYLOAD). */
+  get pending(): number {
+    return this.buffered;
+  }
+
+  /** Bytes of the incomplete frame received so far, header included; 0 exactly between frames. */
+  get incompleteBytes(): number {
+    return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
+  }
+
+  /**
+   * Bytes still to come before the current frame is complete, never more: the rest of the header
+   * when it is not in yet (then its payload is unknown), else the rest of the payload. A reader that
+   * asks for no more than this sees every frame start at the start of a read (how the client pairs
+   * fds with the frame they came with).
+   */
+  get bytesToFrameEnd(): number {
+    return this.header === null ? HEADER_SIZE - this.buffered : this.header.length - this.buffered;
+  }
+
+  get failed(): boolean {
+    return this.dead;
+  }
+
+  push(data: Buffer): DecodeResult[] {
+    if (this.dead) return [];
+    const out: DecodeResult[] = [];
+    let buf = data;
+    while (buf.length > 0 || this.ready()) {
+      if (this.header === null) {
+        const need = HEADER_SIZE - this.buffered;
+        if (buf.length < need) {
+          this.keep(buf);
+          return out;
+        }
+        const head = this.take(buf.subarray(0, need));
+        buf = buf.subarray(need);
+        const type = head.readUInt16LE(0);
+        const flags = head.readUInt16LE(2);
+        const length = head.readUInt32LE(4);
+        if (!this.allowedTypes.has(type)) {
+          this.dead = true;
+          out.push(fail({ message: `unknown frame type ${typeName(type)}`, type }));
+          return out;
+        }
+        if (length > MAX_PAYLOAD) {
+          this.dead = true;
+          out.push(fail({ message: `frame length ${length} is over the maximum of ${MAX_PAYLOAD}`, type }));
+          return out;
+        }
+        this.header = { type, flags, length };
+      }
+      const h = this.header;
+      const need = h.length - this.buffered;
+      if (buf.length < need) {
+        this.keep(buf);
+        return out;
+      }
+      const payload = this.take(buf.subarray(0, need));
+      buf = buf.subarray(need);
+      this.header = null;
+      out.push(ok({ type: h.type, flags: h.flags, payload }));
+    }
+    return out;
+  }
+
+  // A zero-length frame completes as soon as its header is in.
+  private ready(): boolean {
+    return this.header !== null && this.header.length === 0;
+  }
+
+  private keep(buf: Buffer): void {
+    if (buf.length === 0) return;
+    // Copy: the caller's buffer may be reused (net sockets hand out fresh ones, but be safe).
+    this.chunks.push(Buffer.from(buf));
+    this.buffered += buf.length;
+  }
+
+  /** Joins what is kept with `tail` into one buffer and empties the store. */
+  private take(tail: Buffer): Buffer {
+    if (this.buffered === 0) return Buffer.from(tail);
+    const all = Buffer.concat([...this.chunks, tail]);
+    this.chunks = [];
+    this.buffered = 0;
+    return all;
+  }
+}

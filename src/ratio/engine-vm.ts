@@ -1,0 +1,202 @@
+/**
+ * A VM as the ratio engine keeps it (EngineVm): made at register() or from a restart's state, read
+ * from each sample (its threads' lines parsed, once per line), ended, and given back as state.
+ * Pure, like the engine.
+ */
+import { parseStatLine } from './stat.js';
+import { validVcpus, type VcpuSpec } from '../model/vcpus.js';
+import type { EnginePhase, EngineVmState } from './engine-state.js';
+import type { Sample } from '../model/sample.js';
+import type { VmSpec } from '../model/vm.js';
+
+/**
+ * tid -> vpkg of a vCPU list, by the one vCPU-list rule (model/vcpus.ts); throws its message. The
+ * engine alone takes an empty list: a VM none of whose vCPU threads is known gets no energy until
+ * updateVcpus names some. Every way a VM arrives from outside (v2 REGISTER, --vcpus, a trace)
+ * refuses an empty list before it gets here.
+ */
+export function checkedVcpus(vcpus: readonly VcpuSpec[]): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const v of validVcpus(vcpus, { allowEmpty: true })) out.set(v.tid, v.vpkg);
+  return out;
+}
+
+/** What the previous sample said about one thread; (tid, starttime) is its identity. */
+export interface ThreadMark {
+  starttime: number;
+  ticks: number;
+}
+
+/** The fields of a stat line the rules use. */
+interface ThreadStat extends ThreadMark {
+  processor: number;
+}
+
+/**
+ * A thread's line as last parsed, reused while the sampler hands the same line again (an idle
+ * thread's line does not change): parsing is a pure function of the line, so this changes nothing
+ * but the cost.
+ */
+interface ParsedLine {
+  line: string;
+  /** null: the line counts as absent, for `problem`. */
+  stat: ThreadStat | null;
+  problem: string;
+}
+
+export interface EngineVm {
+  id: number;
+  spec: VmSpec;
+  /** Registered vCPU tid -> vpkg. */
+  vcpuVpkg: Map<number, number>;
+  nvpkg: number;
+  phase: EnginePhase;
+  /** Threads seen in the previous sample (active VMs only). */
+  prev: Map<number, ThreadMark>;
+  /** tid -> its last line, parsed (live VMs only). */
+  parsed: Map<number, ParsedLine>;
+  /** A(v,g), joules. */
+  acc: number[];
+  /** Counts the changes of its totals but the sample time (acc, domainAcc, threads, vCPU list, ended): totalsInto skips what did not move. */
+  changes: number;
+  /** A(v,g) of each other domain the host reads (DomainPlane order), joules. */
+  domainAcc: number[][];
+  /** Sample time of the published values; 0n before the first interval. */
+  tNs: bigint;
+  /** Set when phase becomes 'ended'. */
+  endedBy?: 'exit' | 'unregister';
+  /** Per thread since the baseline: energy given to it as a vCPU (its share and its part of W), J, and its ticks. */
+  threads?: Map<number, { energyJ: number; ticks: number }>;
+}
+
+/** Virtual packages of a vCPU map: one past the highest vpkg (at least `atLeast`). */
+export function nvpkgOf(vcpuVpkg: ReadonlyMap<number, number>, atLeast = 0): number {
+  let n = atLeast;
+  for (const g of vcpuVpkg.values()) n = Math.max(n, g + 1);
+  return n;
+}
+
+/** A VM just registered (pending), with `domains` other domains' totals at 0. */
+export function newEngineVm(id: number, vm: VmSpec, domains: number): EngineVm {
+  const vcpuVpkg = checkedVcpus(vm.vcpus);
+  const nvpkg = nvpkgOf(vcpuVpkg);
+  return {
+    id,
+    spec: { ...vm, vcpus: vm.vcpus.map((v) => ({ ...v })) },
+    vcpuVpkg,
+    nvpkg,
+    phase: 'pending',
+    prev: new Map(),
+    parsed: new Map(),
+    acc: new Array<number>(nvpkg).fill(0),
+    changes: 0,
+    domainAcc: Array.from({ length: domains }, () => new Array<number>(nvpkg).fill(0)),
+    tNs: 0n,
+  };
+}
+
+/** A VM as plain data (copies), its other domains' totals named by `domains` (the engine's order). */
+export function vmState(vm: EngineVm, domains: readonly string[]): EngineVmState {
+  const out: EngineVmState = {
+    id: vm.id,
+    pid: vm.spec.pid,
+    starttime: vm.spec.starttime,
+    vcpus: vm.spec.vcpus.map((v) => ({ ...v })),
+    phase: vm.phase,
+    accJ: [...vm.acc],
+    tNs: vm.tNs,
+    prev: [...vm.prev].map(([tid, m]) => ({ tid, starttime: m.starttime, ticks: m.ticks })),
+  };
+  if (domains.length > 0) out.domainAccJ = domains.map((domain, i) => ({ domain, accJ: [...vm.domainAcc[i]!] }));
+  if (vm.spec.name !== undefined) out.name = vm.spec.name;
+  if (vm.endedBy !== undefined) out.endedBy = vm.endedBy;
+  return out;
+}
+
+/** vmState's VM back (checked by engineStateProblem first), with the engine's other `domains`. */
+export function vmFromState(v: EngineVmState, domains: readonly string[]): EngineVm {
+  const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus.map((c) => ({ ...c })) };
+  if (v.name !== undefined) spec.name = v.name;
+  const vm: EngineVm = {
+    id: v.id,
+    spec,
+    vcpuVpkg: checkedVcpus(v.vcpus),
+    nvpkg: v.accJ.length,
+    phase: v.phase,
+    prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
+    parsed: new Map(),
+    acc: [...v.accJ],
+    changes: 0,
+    // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
+    domainAcc: domains.map((domain) => {
+      const acc = v.domainAccJ?.find((d) => d.domain === domain)?.accJ ?? [];
+      return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
+    }),
+    tNs: v.tNs,
+  };
+  if (v.phase === 'ended') vm.endedBy = v.endedBy ?? 'exit';
+  return vm;
+}
+
+/** The VM ends (its process exited, or it was unregistered): its totals stay, its marks go. */
+export function endVm(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
+  vm.phase = 'ended';
+  vm.changes++;
+  vm.endedBy = by;
+  vm.prev = new Map();
+  vm.parsed = new Map();
+}
+
+/**
+ * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
+ * thread's starttime is not the registered one). Bad lines are reported and left out.
+ */
+export function aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
+  const pid = vm.spec.pid;
+  const lines = s.tasks.get(pid);
+  if (lines === undefined) return null;
+  const cache = vm.parsed;
+  const out = new Map<number, ThreadStat>();
+  for (const [tid, line] of lines) {
+    let c = cache.get(tid);
+    if (c === undefined || c.line !== line) {
+      c = parseThread(pid, tid, line);
+      cache.set(tid, c);
+    }
+    if (c.stat === null) problems.push(c.problem);
+    else out.set(tid, c.stat);
+  }
+  if (cache.size > lines.size) for (const tid of cache.keys()) if (!lines.has(tid)) cache.delete(tid);
+  // A missing or unreadable main-thread line cannot prove the pid was reused: the VM stays.
+  const main = out.get(pid);
+  if (main !== undefined && main.starttime !== vm.spec.starttime) return null;
+  return out;
+}
+
+/**
+ * Each vCPU's energy and ticks since the VM's baseline into `vcpus` (their tids set, in the order of
+ * the VM's vCPU list; a vCPU not yet seen has 0); returns the ticks of the threads that are not vCPUs.
+ */
+export function fillThreadTotals(vm: EngineVm, vcpus: { tid: number; energyJ: number; ticks: number }[]): number {
+  const t = vm.threads;
+  let vcpuTicks = 0;
+  for (const v of vcpus) {
+    const k = t?.get(v.tid);
+    v.energyJ = k?.energyJ ?? 0;
+    v.ticks = k?.ticks ?? 0;
+    vcpuTicks += v.ticks;
+  }
+  let all = 0;
+  if (t) for (const k of t.values()) all += k.ticks;
+  return Math.max(0, all - vcpuTicks);
+}
+
+/** A thread's stat line parsed for the rules (docs/ratio.md, "Reading a stat line"), or why it counts as absent. */
+function parseThread(pid: number, tid: number, line: string): ParsedLine {
+  const parsed = parseStatLine(line);
+  if (!parsed.ok)
+    return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line not understood (${parsed.error}): treated as absent` };
+  const st = parsed.value;
+  if (st.tid !== tid) return { line, stat: null, problem: `pid ${pid} tid ${tid}: stat line is for tid ${st.tid}: treated as absent` };
+  return { line, stat: { starttime: st.starttime, ticks: st.utime + st.stime, processor: st.processor }, problem: '' };
+}
