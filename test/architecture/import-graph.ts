@@ -172,28 +172,16 @@ export function layerViolations(edges: readonly ImportEdge[], rank: Readonly<Rec
  * the folders of src/: a part may import only parts of a lower rank, so no two import each other.
  */
 export const HELPER_RANK: Readonly<Record<string, number>> = {
-  'helper/legacy': 0,
-  'helper/guest': 1,
-  'helper/server': 1,
-  'helper/v2': 2,
-  'helper/handover': 3,
-  'helper/assemble.ts': 3,
-  'helper/assemble-server.ts': 3,
-  'helper/lifecycle': 4,
-  'helper/daemon.ts': 5,
+  'helper/handover': 0,
+  'helper/legacy': 1,
+  'helper/guest': 2,
+  'helper/server': 2,
+  'helper/v2': 3,
+  'helper/assemble.ts': 4,
+  'helper/assemble-server.ts': 4,
+  'helper/lifecycle': 5,
+  'helper/daemon.ts': 6,
 };
-
-/**
- * TEMPORARY: pairs of helper/ parts that still import each other, fixed on the continuity branch (issue
- * 42: the crash and restart code in one folder). Their imports, both ways, are exempt from the helper
- * ranking; the lead removes this set once that branch is merged.
- */
-export const HELPER_PAIRS_FIXED_ON_CONTINUITY: readonly (readonly [string, string])[] = [
-  ['helper/handover', 'helper/legacy'],
-  ['helper/handover', 'helper/lifecycle'],
-  ['helper/handover', 'helper/server'],
-  ['helper/handover', 'helper/v2'],
-];
 
 function helperPart(file: string): string | null {
   const rel = path.posix.relative('src/helper', file.split(path.sep).join('/'));
@@ -202,18 +190,14 @@ function helperPart(file: string): string | null {
 
 /**
  * The imports between two parts of src/helper/, with `from` and `to` the parts (as HELPER_RANK names
- * them), so layerViolations and folderGraph rank them; imports between an `exempt` pair are left out.
+ * them), so layerViolations and folderGraph rank them.
  */
-export function helperPartEdges(
-  edges: readonly ImportEdge[],
-  exempt: readonly (readonly [string, string])[] = HELPER_PAIRS_FIXED_ON_CONTINUITY,
-): ImportEdge[] {
+export function helperPartEdges(edges: readonly ImportEdge[]): ImportEdge[] {
   const out: ImportEdge[] = [];
   for (const e of edges) {
     const from = helperPart(e.file);
     const to = e.target ? helperPart(e.target) : null;
     if (from === null || to === null || from === to) continue;
-    if (exempt.some(([a, b]) => (a === from && b === to) || (a === to && b === from))) continue;
     out.push({ ...e, from, to });
   }
   return out;

@@ -92,10 +92,7 @@ export async function restoreFrom<
     guestEnergy?: GuestEnergy;
     powerLimits?: { restore(saved: readonly PowerLimitState[]): void } | undefined;
   },
->(
-  kept: StateSnapshot | undefined,
-  o: RestoreFrom<P>,
-): Promise<Restored<P>> {
+>(kept: StateSnapshot | undefined, o: RestoreFrom<P>): Promise<Restored<P>> {
   const r = kept === undefined ? null : restoreSampling(kept, o);
   const parts = o.build(r?.plan ?? null);
   let waiting: NodeJS.Timeout | undefined;
