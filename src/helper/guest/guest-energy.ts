@@ -42,18 +42,19 @@ const SETTLED_START_NS = 20_000_000n;
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
 const HOLD_LIMIT_NS = 10_000_000_000n;
 
-/** Where an exact VM's window is, and what the helper read of it so far. */
+type RunTimes = Map<number, string | null> | undefined;
+
+/**
+ * Where an exact VM's window is: its start answered and its vCPUs read (`early`), the other threads
+ * read once the reply has left (afterReplies); open, with the run time of each thread read just
+ * before its start line (for the end read) and of its threads but the vCPUs (for the end's
+ * forecast); its end answered from a forecast, settled once the reply has left (settleAll); closed
+ * (between windows, or restored mid-window: its end read without the start's run times).
+ */
 type Edge =
-  /** Its start answered, its vCPUs read (`early`); the other threads are read once the reply has left (drain). */
   | { at: 'starting'; vcpuTids: number[]; early: StartRead }
-  /**
-   * Its start read: the run time of each thread read just before its start line (ThreadReads.readStart),
-   * for the end read, and of its threads but the vCPUs (othersNs), for the end's forecast.
-   */
-  | { at: 'open'; vcpuTids: number[]; runTimes?: Map<number, string | null>; othersNs?: number }
-  /** Its end answered from a forecast (the VM as found then): settled once the reply has left (drain). */
-  | { at: 'settling'; runTimes?: Map<number, string | null>; closing: GuestVm }
-  /** Between windows, or restored mid-window (its end read without the start's run times). */
+  | { at: 'open'; vcpuTids: number[]; runTimes: RunTimes; othersNs: number | undefined }
+  | { at: 'settling'; runTimes: RunTimes; closing: GuestVm }
   | { at: 'closed' };
 
 /**
@@ -104,16 +105,12 @@ export class GuestEnergy implements EnergyStatusHook {
   private readonly reads: ThreadReads;
   /** The VMs whose window is starting or settling: read once the replies have left (drain). */
   private pending: ExactVm[] = [];
-  /** VMs holding a task directory (TaskCount). */
-  private readonly holding = new Set<ExactVm>();
   /** Nanoseconds of run time a clock tick (utime and stime are counted in CLK_TCK). */
   private readonly nsPerTick: number;
   /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
   private views: ReadonlyMap<number, GuestVmView> = new Map();
   private readonly exitKind: ExitProbeKind;
   private readonly exitOs: ExitOs;
-  /** VMs whose threads are watched (ExitWatch): let go with their task directory's hold. */
-  private readonly watching = new Set<ExactVm>();
   private readonly limiter: LogLimiter;
   /** A delta search met its bound once already (logBounded). */
   private boundLogged = false;
@@ -131,7 +128,7 @@ export class GuestEnergy implements EnergyStatusHook {
       log: o.log,
       alive: (k) => readStarttime(o.procRoot, k.pid) === k.starttime,
       droppable: (p) => p.phase.at === 'listening',
-      forgotten: (p) => p.phase.at === 'exact' && this.release(p.phase),
+      forgotten: (p) => p.phase.at === 'exact' && this.release(p.phase, true),
       ...(o.maxPeers !== undefined ? { capacity: o.maxPeers } : {}),
     });
   }
@@ -313,13 +310,8 @@ export class GuestEnergy implements EnergyStatusHook {
     c.start = null;
     const vcpuTids = x.nextVcpuTids ?? [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
     delete x.nextVcpuTids;
-    const settled = x.last?.settledNs !== undefined ? this.startFromSettled(x, c, vcpuTids) : undefined;
-    if (x.last !== undefined) delete x.last.settledNs;
-    if (settled !== undefined) x.edge = settled;
-    else {
-      x.edge = { at: 'starting', vcpuTids, early: this.reads.readEarly(c.pid, vcpuTids) };
-      this.pending.push(x);
-    }
+    x.edge = this.startFromSettled(x, c, vcpuTids) ?? { at: 'starting', vcpuTids, early: this.reads.readEarly(c.pid, vcpuTids) };
+    if (x.edge.at === 'starting') this.pending.push(x);
     return value;
   }
 
@@ -333,11 +325,15 @@ export class GuestEnergy implements EnergyStatusHook {
     const mainNs = this.reads.mainRunNs(c.pid);
     const othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, w.vcpuTids)) ?? undefined;
     const last = x.last;
-    const read = this.reads.readStart(c.pid, w.early, last !== undefined && count !== null ? { read: last.read, count: count.first } : undefined);
+    const read = this.reads.readStart(
+      c.pid,
+      w.early,
+      last !== undefined && count !== null ? { read: last.read, count: count.first } : undefined,
+    );
     const before = last !== undefined ? new Set(last.read.threads.keys()) : undefined;
     delete x.last;
     c.start = read?.threads ?? null;
-    x.edge = { at: 'open', vcpuTids: w.vcpuTids, ...(read !== null ? { runTimes: read.runTimes } : {}), ...(othersNs !== undefined ? { othersNs } : {}) };
+    x.edge = { at: 'open', vcpuTids: w.vcpuTids, runTimes: read?.runTimes, othersNs };
     const cpuNs = unseenCpuNs(othersNs, last?.othersNs, mainNs, last?.mainNs);
     // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
     const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
@@ -360,7 +356,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const fc = w.at === 'open' ? this.forecast(x, c, w) : null;
     if (fc !== null) {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
-      x.edge = { at: 'settling', closing: shape, ...(runTimes !== undefined ? { runTimes } : {}) };
+      x.edge = { at: 'settling', closing: shape, runTimes };
       this.pending.push(x);
       const zero = this.exitBefore(x);
       return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
@@ -388,7 +384,11 @@ export class GuestEnergy implements EnergyStatusHook {
    * came or went (the task directory's count moved; QEMU's tick delta of an exited thread
    * underflows unless answered a zero delta), or a vCPU's run time cannot be read.
    */
-  private forecast(x: ExactVm, c: GuestCounterState, w: Extract<Edge, { at: 'open' }>): { vcpus: VcpuForecast[]; otherTicks: number } | null {
+  private forecast(
+    x: ExactVm,
+    c: GuestCounterState,
+    w: Extract<Edge, { at: 'open' }>,
+  ): { vcpus: VcpuForecast[]; otherTicks: number } | null {
     const othersNs = w.othersNs;
     if (c.start === null || othersNs === undefined || x.taskCount?.same() !== true) return null;
     const vcpus: VcpuForecast[] = [];
@@ -484,7 +484,6 @@ export class GuestEnergy implements EnergyStatusHook {
       ...(o.cpuNs !== undefined ? { cpuNs: o.cpuNs } : {}),
       ...(o.idle !== undefined ? { idle: o.idle } : {}),
     });
-    this.watching.add(x);
   }
 
   /** QEMU was given garbage (garbage-shadow.ts): a warning, at most a few a minute. */
@@ -539,22 +538,16 @@ export class GuestEnergy implements EnergyStatusHook {
 
   /** Holds the window's task directory; lets go of those held past HOLD_LIMIT_NS (their QEMU stopped mid-window). */
   private hold(x: ExactVm, count: TaskCount, now: bigint): void {
-    for (const p of this.holding) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p);
-    for (const p of this.watching) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.unwatch(p);
+    for (const p of this.exact()) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p, true);
     x.taskCount = count;
-    this.holding.add(x);
   }
 
-  private unwatch(x: ExactVm): void {
-    x.exits?.close();
-    delete x.exits;
-    this.watching.delete(x);
-  }
-
-  private release(x: ExactVm): void {
+  /** Lets go of the VM's task directory (and with `exits`, of its thread watch). */
+  private release(x: ExactVm, exits = false): void {
     x.taskCount?.close();
     delete x.taskCount;
-    this.holding.delete(x);
+    if (exits) x.exits?.close();
+    if (exits) delete x.exits;
   }
 
   /**
@@ -579,15 +572,17 @@ export class GuestEnergy implements EnergyStatusHook {
    * one window's end is counted early at the next one's start, never twice and never lost.
    */
   private startFromSettled(x: ExactVm, c: GuestCounterState, vcpuTids: number[]): Edge | undefined {
-    const s = x.last!;
+    const s = x.last;
+    const atNs = s?.settledNs;
+    if (s !== undefined) delete s.settledNs;
     const count = x.taskCount;
-    if (count === undefined || this.o.clock() - s.settledNs! > SETTLED_START_NS) return undefined;
+    if (s === undefined || atNs === undefined || count === undefined || this.o.clock() - atNs > SETTLED_START_NS) return undefined;
     const now = count.now();
     if (now !== s.read.threads.size + 1) return undefined;
     count.first = now;
     c.start = s.read.threads;
     // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
-    const gapNs = this.o.clock() - s.settledNs!;
+    const gapNs = this.o.clock() - atNs;
     const mainNs = gapNs >= this.nsPerTick ? this.reads.mainRunNs(c.pid) : null;
     const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, vcpuTids)) : null;
     const idle = idleAtList(s.read, Math.max(1, Number(gapNs)), this.nsPerTick);
@@ -596,6 +591,6 @@ export class GuestEnergy implements EnergyStatusHook {
       idle,
     });
     delete x.last;
-    return { at: 'open', vcpuTids, runTimes: s.read.runTimes, ...(s.othersNs !== undefined ? { othersNs: s.othersNs } : {}) };
+    return { at: 'open', vcpuTids, runTimes: s.read.runTimes, othersNs: s.othersNs };
   }
 }
