@@ -21,12 +21,22 @@ import {
   type GuestVm,
 } from '../../guest-energy/guest-counter.js';
 import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
-import { listening, requestStep, type Exact, type PeerPhase } from '../../guest-energy/peer-phase.js';
+import { requestStep, type Exact, type PeerPhase } from '../../guest-energy/peer-phase.js';
+import { freshPhases } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import { ThreadReads, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
-import { ExitWatch, exitProbeKind, idleAtList, realExitOs, unseenCpuNs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
+import {
+  ExitWatch,
+  exitProbeKind,
+  idleAtList,
+  realExitOs,
+  unseenCpuNs,
+  type ExitOs,
+  type ExitProbeKind,
+  type WatchStart,
+} from './thread-exits.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
 import { readStarttime } from '../../os/proc-starttime.js';
@@ -167,7 +177,6 @@ export class GuestEnergy implements EnergyStatusHook {
 
   /** The windows whose end was answered from a forecast, settled: first thing, wherever the counters are looked at. */
   private settleAll(): void {
-    if (!this.pending.some((x) => x.edge.at === 'settling')) return;
     for (const x of this.pending) if (x.edge.at === 'settling') this.settle(x, x.edge);
     this.pending = this.pending.filter((x) => x.edge.at === 'starting');
   }
@@ -260,7 +269,7 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   private freshPeer(key: ProcessKey): Peer {
-    return { key, version: 'unknown', phase: listening() };
+    return { key, version: 'unknown', phase: { at: 'listening', phases: freshPhases(), windowsSeen: 0 } };
   }
 
   /** At a window's start: turns the peer's counters on when its VM is known and its QEMU modelled. */
@@ -323,7 +332,7 @@ export class GuestEnergy implements EnergyStatusHook {
     // Counted before the list is read: a thread that comes or goes in between fails the end's check.
     const count = TaskCount.open(this.o.procRoot, c.pid);
     const mainNs = this.reads.mainRunNs(c.pid);
-    const othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, w.vcpuTids)) ?? undefined;
+    const othersNs = this.othersNs(c.pid, w.vcpuTids) ?? undefined;
     const last = x.last;
     const read = this.reads.readStart(
       c.pid,
@@ -337,7 +346,8 @@ export class GuestEnergy implements EnergyStatusHook {
     const cpuNs = unseenCpuNs(othersNs, last?.othersNs, mainNs, last?.mainNs);
     // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
     const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
-    if (c.start !== null) this.watch(x, c.start.keys(), before, this.o.clock() - (last?.atNs ?? 0n), { cpuNs, idle });
+    const gapNs = () => Number(this.o.clock() - (last?.atNs ?? 0n));
+    if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: gapNs(), cpuNs, idle });
     if (count !== null) this.hold(x, count, now);
   }
 
@@ -400,34 +410,29 @@ export class GuestEnergy implements EnergyStatusHook {
       const a = c.start.get(tid);
       if (a !== undefined) vcpus.push({ pkg: a.pkg, ticks0: a.ticks, ticks1: Math.max(a.ticks, Math.floor(ns / this.nsPerTick)) });
     }
-    const others = this.othersNs(c.pid, 'end', () => vcpuNs);
+    const others = this.othersNs(c.pid, vcpuNs);
     if (others === null) return null;
     return { vcpus, otherTicks: Math.max(0, Math.ceil((others - othersNs) / this.nsPerTick)) };
   }
 
   /**
-   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpuNs`: read after the clock at the
-   * start, before it at the end): its process CPU clock less theirs; null when one cannot be read. It counts the main thread too, which QEMU
-   * leaves out (the sampler holds no schedstat fd for it): the forecast errs low by its share. Read
-   * so that an end's less a start's errs high: the clock first at the start, last at the end.
+   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpus`: at the start, their tids, read after
+   * the clock; at the end, their run time, read before it): its process CPU clock less theirs; null
+   * when one cannot be read. It counts the main thread too, which QEMU leaves out (the sampler holds
+   * no schedstat fd for it): the forecast errs low by its share. Read so that an end's less a
+   * start's errs high.
    */
-  private othersNs(pid: number, edge: 'start' | 'end', vcpuNs: () => number | null): number | null {
-    const first = edge === 'start' ? processCpuTimeNs(pid) : 0n;
-    const vcpus = vcpuNs();
-    if (vcpus === null) return null;
-    const total = edge === 'end' ? processCpuTimeNs(pid) : first;
-    return total < 0n ? null : Number(total) - vcpus;
-  }
-
-  /** The sum of the run times of `tids` (ns), or null when one cannot be read. */
-  private runTimesNs(pid: number, tids: readonly number[]): number | null {
-    let sum = 0;
-    for (const tid of tids) {
+  private othersNs(pid: number, vcpus: readonly number[] | number): number | null {
+    const start = typeof vcpus !== 'number';
+    const first = start ? processCpuTimeNs(pid) : 0n;
+    let vcpuNs = start ? 0 : vcpus;
+    for (const tid of start ? vcpus : []) {
       const ns = this.reads.runTimeNs(pid, tid);
       if (ns === null) return null;
-      sum += ns;
+      vcpuNs += ns;
     }
-    return sum;
+    const total = start ? first : processCpuTimeNs(pid);
+    return total < 0n ? null : Number(total) - vcpuNs;
   }
 
   /** After a forecast's reply: the threads QEMU listed read as QEMU reads them now, and the window settled on them. */
@@ -465,25 +470,9 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
-  private watch(
-    x: ExactVm,
-    tids: Iterable<number>,
-    before: ReadonlySet<number> | undefined,
-    gapNs: bigint,
-    o: { cpuNs: number | undefined; idle: ReadonlySet<number> | undefined },
-  ): void {
-    x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, {
-      os: this.exitOs,
-      tickNs: this.nsPerTick,
-      ...(this.o.ledger !== undefined ? { ledger: this.o.ledger } : {}),
-    });
-    x.exits.begin({
-      tids,
-      ...(before !== undefined ? { before } : {}),
-      gapNs: Number(gapNs),
-      ...(o.cpuNs !== undefined ? { cpuNs: o.cpuNs } : {}),
-      ...(o.idle !== undefined ? { idle: o.idle } : {}),
-    });
+  private watch(x: ExactVm, w: WatchStart): void {
+    x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, { os: this.exitOs, tickNs: this.nsPerTick, ledger: this.o.ledger });
+    x.exits.begin(w);
   }
 
   /** QEMU was given garbage (garbage-shadow.ts): a warning, at most a few a minute. */
@@ -556,7 +545,7 @@ export class GuestEnergy implements EnergyStatusHook {
    */
   private keepForStart(x: ExactVm, pid: number, read: StartRead | null): void {
     const vcpus = x.nextVcpuTids;
-    const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, 'start', () => this.runTimesNs(pid, vcpus));
+    const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, vcpus);
     if (othersNs === null || x.last === undefined) return this.release(x);
     // The main thread's run time read after the clock: what it ran since comes off what an unseen thread may have run (unseenCpuNs).
     [x.last.othersNs, x.last.mainNs] = [othersNs, this.reads.mainRunNs(pid)];
@@ -584,12 +573,10 @@ export class GuestEnergy implements EnergyStatusHook {
     // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
     const gapNs = this.o.clock() - atNs;
     const mainNs = gapNs >= this.nsPerTick ? this.reads.mainRunNs(c.pid) : null;
-    const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, vcpuTids)) : null;
+    const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, vcpuTids) : null;
     const idle = idleAtList(s.read, Math.max(1, Number(gapNs)), this.nsPerTick);
-    this.watch(x, c.start.keys(), new Set(c.start.keys()), gapNs, {
-      cpuNs: unseenCpuNs(others ?? undefined, s.othersNs, mainNs, s.mainNs),
-      idle,
-    });
+    const cpuNs = unseenCpuNs(others ?? undefined, s.othersNs, mainNs, s.mainNs);
+    this.watch(x, { tids: c.start.keys(), before: new Set(c.start.keys()), gapNs: Number(gapNs), cpuNs, idle });
     delete x.last;
     return { at: 'open', vcpuTids, runTimes: s.read.runTimes, othersNs: s.othersNs };
   }
