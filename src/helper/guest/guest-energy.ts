@@ -149,7 +149,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const pkg = this.pkgOfCpu.get(cpu);
     if (pkg === undefined) return undefined;
     const now = this.o.clock();
-    const peer = this.peer(from, now);
+    const peer = this.remember(from.pid, from.starttime, now, from);
     if (peer === undefined) return undefined;
     const step = requestStep(peer, pkg, now);
     if (step === 'zero') return 0n;
@@ -228,16 +228,12 @@ export class GuestEnergy implements EnergyStatusHook {
     let kept = 0;
     for (const c of saved) {
       // A process that ended meanwhile is forgotten; one on its pid since is another process.
-      const key = { pid: c.pid, starttime: c.starttime };
       if (readStarttime(this.o.procRoot, c.pid) !== c.starttime) continue;
-      const made = (): Peer => ({ key, version: 'modelled', phase: this.exactVm(c, c.vmId) });
-      if (this.remember(key, c.pid, now, made) !== undefined) kept++;
+      const made = (key: ProcessKey): Peer => ({ key, version: 'modelled', phase: this.exactVm(c, c.vmId) });
+      if (this.remember(c.pid, c.starttime, now, undefined, made) !== undefined) kept++;
     }
     for (const [pid, at] of held) {
-      const starttime = readStarttime(this.o.procRoot, pid);
-      if (starttime === null) continue;
-      const key = { pid, starttime };
-      const peer = this.remember(key, pid, now, () => this.freshPeer(key));
+      const peer = this.remember(pid, undefined, now);
       if (peer !== undefined) peer.resyncNs = at;
     }
     if (saved.length + held.size > 0)
@@ -252,24 +248,23 @@ export class GuestEnergy implements EnergyStatusHook {
     return { at: 'exact', counter, vmId, edge: { at: 'closed' }, exitWindows: 0, lateExits: 0 };
   }
 
-  /** The peer of a connection's process, or undefined: left raw (its start time unknown, or no room for it). */
-  private peer(from: PeerCredentials, now: bigint): Peer | undefined {
-    const starttime = from.starttime === undefined ? readStarttime(this.o.procRoot, from.pid) : from.starttime;
-    if (starttime === null) return undefined;
-    const key = { pid: from.pid, starttime };
-    return this.remember(key, from, now, () => this.freshPeer(key));
-  }
-
-  /** The peer of `key`, remembered if there is room for its owner (the connection `from`, or the process by its pid). */
-  private remember(key: ProcessKey, from: PeerCredentials | number, now: bigint, make: () => Peer): Peer | undefined {
-    const pid = typeof from === 'number' ? from : from.pid;
-    const conn = typeof from === 'number' ? undefined : from;
+  /**
+   * The peer of process `pid` (`starttime`: its start time, read when undefined, null when unknown), remembered if there is room
+   * for its owner (the connection `conn`, else the process by its pid; docs/security.md), made by
+   * `made` if new (default: listening); undefined: left raw (its start time unknown, or no room).
+   */
+  private remember(
+    pid: number,
+    starttime: number | null | undefined,
+    now: bigint,
+    conn?: PeerCredentials,
+    made = (key: ProcessKey): Peer => ({ key, version: 'unknown', phase: { at: 'listening', phases: freshPhases(), windowsSeen: 0 } }),
+  ): Peer | undefined {
+    const st = starttime === undefined ? readStarttime(this.o.procRoot, pid) : starttime;
+    if (st === null) return undefined;
+    const key = { pid, starttime: st };
     const owner = () => (this.o.owner === undefined ? { uid: conn?.uid ?? 0, preferred: true } : this.o.owner(pid, conn));
-    return this.peers.get(key, owner, now, make);
-  }
-
-  private freshPeer(key: ProcessKey): Peer {
-    return { key, version: 'unknown', phase: { at: 'listening', phases: freshPhases(), windowsSeen: 0 } };
+    return this.peers.get(key, owner, now, () => made(key));
   }
 
   /** At a window's start: turns the peer's counters on when its VM is known and its QEMU modelled. */
