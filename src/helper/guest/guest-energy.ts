@@ -196,21 +196,19 @@ export class GuestEnergy implements EnergyStatusHook {
   /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
   view(vmId: number): GuestEnergyView | undefined {
     this.settleAll();
-    for (const x of this.exact()) {
-      const c = x.counter;
-      if (x.vmId !== vmId) continue;
-      return {
-        mode: 'exact',
-        guestJ: c.creditedUnits * this.o.unitJ,
-        exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
-        windows: c.windows,
-        garbageWindows: c.garbageWindows ?? 0,
-        garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
-        exitWindows: x.exitWindows,
-        lateExits: x.lateExits,
-      };
-    }
-    return undefined;
+    const x = [...this.exact()].find((e) => e.vmId === vmId);
+    if (x === undefined) return undefined;
+    const c = x.counter;
+    return {
+      mode: 'exact',
+      guestJ: c.creditedUnits * this.o.unitJ,
+      exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
+      windows: c.windows,
+      garbageWindows: c.garbageWindows ?? 0,
+      garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
+      exitWindows: x.exitWindows,
+      lateExits: x.lateExits,
+    };
   }
 
   /** Every exact-mode VM's counters, for the restart state. */
@@ -329,11 +327,8 @@ export class GuestEnergy implements EnergyStatusHook {
     const mainNs = this.reads.mainRunNs(c.pid);
     const othersNs = this.othersNs(c.pid, w.vcpuTids) ?? undefined;
     const last = x.last;
-    const read = this.reads.readStart(
-      c.pid,
-      w.early,
-      last !== undefined && count !== null ? { read: last.read, count: count.first } : undefined,
-    );
+    const same = last !== undefined && count !== null ? { read: last.read, count: count.first } : undefined;
+    const read = this.reads.readStart(c.pid, w.early, same);
     const before = last !== undefined ? new Set(last.read.threads.keys()) : undefined;
     delete x.last;
     c.start = read?.threads ?? null;
@@ -343,7 +338,10 @@ export class GuestEnergy implements EnergyStatusHook {
     const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
     const gapNs = () => Number(this.o.clock() - (last?.atNs ?? 0n));
     if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: gapNs(), cpuNs, idle });
-    if (count !== null) this.hold(x, count, now);
+    if (count === null) return;
+    // Its task directory held; those held past HOLD_LIMIT_NS let go (their QEMU stopped mid-window).
+    for (const p of this.exact()) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p, true);
+    x.taskCount = count;
   }
 
   private exactStep(x: ExactVm, pkg: number, now: bigint): number {
@@ -358,7 +356,7 @@ export class GuestEnergy implements EnergyStatusHook {
     x.closedVpkgJ = vm !== undefined && vm.starttime === c.starttime ? vm.vpkgJ : undefined;
     const w = x.edge;
     const runTimes = w.at === 'open' ? w.runTimes : undefined;
-    const fc = w.at === 'open' ? this.forecast(x, c, w) : null;
+    const fc = w.at === 'open' ? this.forecast(x, w) : null;
     if (fc !== null) {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
       x.edge = { at: 'settling', closing: shape, runTimes };
@@ -374,7 +372,6 @@ export class GuestEnergy implements EnergyStatusHook {
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     x.edge = { at: 'closed' };
     if (read !== null) x.last = { read, atNs: this.o.clock() };
-    else if (x.last !== undefined) delete x.last.othersNs;
     this.release(x);
     const zero = this.exitBefore(x);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
@@ -389,11 +386,8 @@ export class GuestEnergy implements EnergyStatusHook {
    * came or went (the task directory's count moved; QEMU's tick delta of an exited thread
    * underflows unless answered a zero delta), or a vCPU's run time cannot be read.
    */
-  private forecast(
-    x: ExactVm,
-    c: GuestCounterState,
-    w: Extract<Edge, { at: 'open' }>,
-  ): { vcpus: VcpuForecast[]; otherTicks: number } | null {
+  private forecast(x: ExactVm, w: Extract<Edge, { at: 'open' }>): { vcpus: VcpuForecast[]; otherTicks: number } | null {
+    const c = x.counter;
     const othersNs = w.othersNs;
     if (c.start === null || othersNs === undefined || x.taskCount?.same() !== true) return null;
     const vcpus: VcpuForecast[] = [];
@@ -439,9 +433,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const end: ThreadSnapshot = read?.threads ?? new Map();
     if (read !== null) x.last = { read, atNs: this.o.clock() };
     // The race left (docs/guest-energy.md, "Thread exits"): a listed thread gone now, after a non-zero delta left.
-    let answered = 0n;
-    for (const e of c.answered.values()) answered += e;
-    if (answered > 0n && x.exits?.exited() === true) x.lateExits++;
+    if ([...c.answered.values()].some((e) => e > 0n) && x.exits?.exited() === true) x.lateExits++;
     this.keepForStart(x, c.pid, read);
     const garbage = c.garbageWindows ?? 0;
     settleWindow(c, w.closing, { end, maxTicks: this.maxTicks });
@@ -466,8 +458,7 @@ export class GuestEnergy implements EnergyStatusHook {
 
   /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
   private watch(x: ExactVm, w: WatchStart): void {
-    x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, { os: this.exitOs, tickNs: this.nsPerTick, ledger: this.o.ledger });
-    x.exits.begin(w);
+    (x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, { os: this.exitOs, tickNs: this.nsPerTick, ledger: this.o.ledger })).begin(w);
   }
 
   /** QEMU was given garbage (garbage-shadow.ts): a warning, at most a few a minute. */
@@ -520,12 +511,6 @@ export class GuestEnergy implements EnergyStatusHook {
     );
   }
 
-  /** Holds the window's task directory; lets go of those held past HOLD_LIMIT_NS (their QEMU stopped mid-window). */
-  private hold(x: ExactVm, count: TaskCount, now: bigint): void {
-    for (const p of this.exact()) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p, true);
-    x.taskCount = count;
-  }
-
   /** Lets go of the VM's task directory (and with `exits`, of its thread watch). */
   private release(x: ExactVm, exits = false): void {
     x.taskCount?.close();
@@ -544,8 +529,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (othersNs === null || x.last === undefined) return this.release(x);
     // The main thread's run time read after the clock: what it ran since comes off what an unseen thread may have run (unseenCpuNs).
     [x.last.othersNs, x.last.mainNs] = [othersNs, this.reads.mainRunNs(pid)];
-    if (x.taskCount === undefined) return this.release(x);
-    x.last.settledNs = this.o.clock();
+    if (x.taskCount !== undefined) x.last.settledNs = this.o.clock();
   }
 
   /**
