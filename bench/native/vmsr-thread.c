@@ -5,10 +5,11 @@
  * QEMU's vmsr thread asks: per window, one MSR_PKG_ENERGY_STATUS request (e_start), a 1 s sleep,
  * another (e_end), for WINDOWS windows; the helpers are asked in turn, in the same window (the
  * order reversed every window, each helper first woken by a request not measured), so they are
- * measured under the same load. Per request it prints "HELPER start|end LATENCY_NS DAEMON_CPU_NS"
- * (HELPER: its index): send to reply, and the run time of the helper's main thread
- * (/proc/DAEMON_PID/schedstat field 1) from before the request (the thread
- * asleep) to when it sleeps again after the reply (what it does right after replying counts; a
+ * measured under the same load. Per request it prints "HELPER start|end LATENCY_NS DAEMON_CPU_NS
+ * DAEMON_WAIT_NS OWN_WAIT_NS" (HELPER: its index): send to reply; the run time of the helper's main
+ * thread (/proc/DAEMON_PID/schedstat field 1) and its time runnable but waiting for a CPU (field 2),
+ * from before the request (the thread asleep) to when it sleeps again after the reply; this
+ * thread's own wait for a CPU from the send to the reply read. (What it does right after replying counts; a
  * request that finds it busy waits, up to 100 ms, so other work is not counted). The literal below is what
  * QEMU's --version prints: the helper reads a peer's QEMU version from its executable.
  *   vmsr-thread WINDOWS IDLE SOCKET DAEMON_PID [SOCKET DAEMON_PID]...
@@ -49,13 +50,14 @@ static int64_t now_ns(void) {
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static int64_t run_ns(const char *path) {
-  char buf[128];
+/* A thread's schedstat: field 1 (run time) and field 2 (time waiting for a CPU, runnable), ns. */
+static void sched_ns(const char *path, int64_t v[2]) {
+  char buf[128], *end = buf;
   FILE *f = fopen(path, "r");
-  if (f == NULL) return -1;
-  int64_t v = fgets(buf, sizeof buf, f) != NULL ? strtoll(buf, NULL, 10) : -1;
+  v[0] = v[1] = -1;
+  if (f == NULL) return;
+  if (fgets(buf, sizeof buf, f) != NULL) v[0] = strtoll(buf, &end, 10), v[1] = strtoll(end, NULL, 10);
   fclose(f);
-  return v;
 }
 
 /* Waits (up to 100 ms) until the thread whose stat file is `stat` sleeps (state S). */
@@ -92,15 +94,21 @@ static void wake(struct helper *h) {
 static void ask(int who, struct helper *h, const char *kind) {
   uint32_t req[3] = {0x611, 0, (uint32_t)vcpu_tid};
   uint64_t reply;
+  int64_t d0[2], d1[2], s0[2], s1[2];
   wait_asleep(h->stat);
-  int64_t c0 = run_ns(h->sched), t0 = now_ns();
+  sched_ns(h->sched, d0);
+  sched_ns("/proc/thread-self/schedstat", s0);
+  int64_t t0 = now_ns();
   if (write(h->fd, req, sizeof req) != sizeof req || read(h->fd, &reply, sizeof reply) != sizeof reply) {
     perror("request");
     exit(2);
   }
   int64_t t1 = now_ns();
+  sched_ns("/proc/thread-self/schedstat", s1);
   wait_asleep(h->stat);
-  printf("%d %s %lld %lld\n", who, kind, (long long)(t1 - t0), (long long)(run_ns(h->sched) - c0));
+  sched_ns(h->sched, d1);
+  printf("%d %s %lld %lld %lld %lld\n", who, kind, (long long)(t1 - t0), (long long)(d1[0] - d0[0]), (long long)(d1[1] - d0[1]),
+         (long long)(s1[1] - s0[1]));
   fflush(stdout);
 }
 
