@@ -20,7 +20,7 @@ import type { Logger } from '../../logging/logger.js';
 import type { FrozenConnection, Restartable } from './frozen.js';
 import { RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
-import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
+import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
@@ -234,7 +234,7 @@ export class Restarter {
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
         this.p.watchdog.disarm();
-        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) }, daemonArgv());
+        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
       } catch (e) {
         for (const fd of keep) {
           try {
