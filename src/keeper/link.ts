@@ -5,6 +5,7 @@
  * logged once and the daemon goes on serving, without a keeper.
  */
 import fs from 'node:fs';
+import type { LogSink } from '../logging/logger.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { closeFd, keepAcrossExec } from '../os/libc/fds.js';
 import { peerHungUp, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc/sockets.js';
@@ -78,20 +79,16 @@ export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote
   return note;
 }
 
-interface LinkLog {
-  warn(o: object, msg: string): void;
-}
-
 export class KeeperLink {
   private gone = false;
 
   private constructor(
     private readonly fd: number,
-    private readonly log: LinkLog,
+    private readonly log: LogSink<'warn'>,
   ) {}
 
   /** The link to this process's keeper (KEEPER_ENV.channel), or null without one; a channel that is not one is refused, logged. */
-  static fromEnvironment(log: LinkLog, env: NodeJS.ProcessEnv = process.env): KeeperLink | null {
+  static fromEnvironment(log: LogSink<'warn'>, env: NodeJS.ProcessEnv = process.env): KeeperLink | null {
     const text = env[KEEPER_ENV.channel];
     if (text === undefined) return null;
     const fd = channelFd(env);
