@@ -35,7 +35,10 @@ const SIGTERM = 15;
  * left to INHERIT_ENV.
  */
 export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper | null {
-  keepChannelAcrossExec(env);
+  // Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every
+  // restart in place (a channel that is no socket is left alone: fromEnvironment refuses it).
+  const channel = channelFd(env);
+  if (channel !== null) keepAcrossExec(channel);
   const text = env[KEEPER_ENV.fdNames];
   delete env[KEEPER_ENV.fdNames];
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
@@ -50,15 +53,6 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper
     if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
   });
   return { named };
-}
-
-/**
- * Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every restart
- * in place, so it is made to (a channel that is no socket is left alone: fromEnvironment refuses it).
- */
-function keepChannelAcrossExec(env: NodeJS.ProcessEnv): void {
-  const fd = channelFd(env);
-  if (fd !== null) keepAcrossExec(fd);
 }
 
 /** The channel's fd when KEEPER_ENV.channel names a SOCK_SEQPACKET socket, else null. */
