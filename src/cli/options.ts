@@ -82,32 +82,23 @@ export function pidArg(text: string): number {
   return Number(text);
 }
 
+/** `parse` as an argument parser: what it throws becomes commander's InvalidArgumentError. */
+function argOf<T>(parse: (text: string) => T): (text: string) => T {
+  return (text) => {
+    try {
+      return parse(text);
+    } catch (e) {
+      throw new InvalidArgumentError((e as Error).message);
+    }
+  };
+}
+
 /** "TID:VPKG,TID:VPKG,..." as vCPU specs. */
-export function vcpuListArg(text: string): VcpuSpec[] {
-  try {
-    return parseVcpuList(text);
-  } catch (e) {
-    throw new InvalidArgumentError((e as Error).message);
-  }
-}
-
+export const vcpuListArg: (text: string) => VcpuSpec[] = argOf(parseVcpuList);
 /** --listen HOST:PORT (the exporter's HTTP address). */
-export function listenAddressArg(text: string): ListenAddress {
-  try {
-    return parseListenAddress(text);
-  } catch (e) {
-    throw new InvalidArgumentError((e as Error).message);
-  }
-}
-
+export const listenAddressArg: (text: string) => ListenAddress = argOf(parseListenAddress);
 /** --web.telemetry-path (the exporter's metrics path). */
-export function metricsPathArg(text: string): string {
-  try {
-    return checkMetricsPath(text);
-  } catch (e) {
-    throw new InvalidArgumentError((e as Error).message);
-  }
-}
+export const metricsPathArg: (text: string) => string = argOf(checkMetricsPath);
 
 /**
  * A subcommand's options merged with its ancestors', for its action: for each option, the value of the
@@ -264,26 +255,19 @@ export function collect<T>(parse: (text: string) => T) {
   return (text: string, prev: T[] = []): T[] => [...prev, parse(text)];
 }
 
+/** An option taking a whole number in 1..max, with its default. */
+function countOption(flags: string, description: string, dflt: number, max?: number): Option {
+  return new Option(flags, description).argParser(positiveIntArg(flags.split(' ')[0]!, max)).default(dflt);
+}
+
 /** v2 options on the daemon command. */
 export function addV2Options(cmd: Command): void {
   cmd
     .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))
     .addOption(new Option('--record <trace>', 'write a vmsr-trace of what the v2 service samples (.jsonl or .jsonl.gz)'))
-    .addOption(
-      new Option('--max-vms <n>', 'v2 VMs registered at once, all clients')
-        .argParser(positiveIntArg('--max-vms'))
-        .default(DEFAULT_V2_LIMITS.maxVms),
-    )
-    .addOption(
-      new Option('--max-vms-per-connection <n>', 'v2 VMs one connection may register')
-        .argParser(positiveIntArg('--max-vms-per-connection'))
-        .default(DEFAULT_V2_LIMITS.maxVmsPerConnection),
-    )
-    .addOption(
-      new Option('--max-vcpus <n>', 'vCPUs in one v2 VM')
-        .argParser(positiveIntArg('--max-vcpus', MAX_VCPUS))
-        .default(DEFAULT_V2_LIMITS.maxVcpus),
-    )
+    .addOption(countOption('--max-vms <n>', 'v2 VMs registered at once, all clients', DEFAULT_V2_LIMITS.maxVms))
+    .addOption(countOption('--max-vms-per-connection <n>', 'v2 VMs one connection may register', DEFAULT_V2_LIMITS.maxVmsPerConnection))
+    .addOption(countOption('--max-vcpus <n>', 'vCPUs in one v2 VM', DEFAULT_V2_LIMITS.maxVcpus, MAX_VCPUS))
     .addOption(domainsOption())
     .addOption(
       new Option(
@@ -296,20 +280,20 @@ export function addV2Options(cmd: Command): void {
     )
     .addOption(new Option('--no-discovery', 'do not look for QEMU/KVM processes in /proc (only registered VMs are attributed)'))
     .addOption(
-      new Option(
+      countOption(
         '--max-discovered-vms <n>',
         'VM processes discovery tracks at once, and QEMU processes --guest-energy exact counts; a uid other than root or --socket-group gets a quarter, all such uids half',
-      )
-        .argParser(positiveIntArg('--max-discovered-vms', 1 << 20))
-        .default(DEFAULT_MAX_DISCOVERED_VMS),
+        DEFAULT_MAX_DISCOVERED_VMS,
+        1 << 20,
+      ),
     )
     .addOption(
-      new Option(
+      countOption(
         '--max-vm-threads <n>',
         'threads of one VM the sampler keeps files open for; a VM with more is sampled from these (not whole)',
-      )
-        .argParser(positiveIntArg('--max-vm-threads', 1 << 22))
-        .default(DEFAULT_MAX_VM_THREADS),
+        DEFAULT_MAX_VM_THREADS,
+        1 << 22,
+      ),
     )
     .addOption(
       new Option(
@@ -331,9 +315,12 @@ export function addV2Options(cmd: Command): void {
       ),
     )
     .addOption(
-      new Option('--max-backlog <bytes>', 'unread bytes queued to a v2 client before it is disconnected')
-        .argParser(positiveIntArg('--max-backlog', 1 << 30))
-        .default(DEFAULT_V2_LIMITS.maxBacklogBytes),
+      countOption(
+        '--max-backlog <bytes>',
+        'unread bytes queued to a v2 client before it is disconnected',
+        DEFAULT_V2_LIMITS.maxBacklogBytes,
+        1 << 30,
+      ),
     );
 }
 

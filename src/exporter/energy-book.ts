@@ -197,14 +197,9 @@ export class EnergyBook {
 
   /** A new connection: VM ids of the old one mean nothing now; the next LIST re-binds them. */
   connectionStarted(): void {
+    this.connectionLost();
     this.health.connected = true;
     this.health.connects++;
-    this.byHostId.clear();
-    for (const r of this.vms.values()) {
-      r.hostVmId = null;
-      r.lastTNs = null;
-      noWatts(r);
-    }
   }
 
   connectionLost(): void {

@@ -11,6 +11,7 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { cannot } from '../common/errors.js';
 import { parseWebConfig, type PemSource, type TlsServerConfig, type WebConfig } from './web-config.js';
+import type { LogSink } from '../logging/logger.js';
 
 /** The web configuration file and each PEM file it names may hold this much. */
 const MAX_WEB_CONFIG_FILE_BYTES = 1024 * 1024;
@@ -98,11 +99,6 @@ function filesOf(file: string, c: WebConfig): string[] {
   return out;
 }
 
-interface ReloadLog {
-  info(o: object, msg: string): void;
-  error(o: object, msg: string): void;
-}
-
 /** The file as it is now; checked on each connection, loaded again when it or a file it names changed. */
 export class WebConfigFile {
   private loaded: LoadedWebConfig;
@@ -112,7 +108,7 @@ export class WebConfigFile {
 
   constructor(
     readonly file: string,
-    private readonly log: ReloadLog,
+    private readonly log: LogSink<'info' | 'error'>,
   ) {
     this.loaded = loadWebConfigFile(file);
     this.signatures = this.currentSignatures(filesOf(file, this.loaded.config));

@@ -19,6 +19,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
+import type { LogSink } from '../logging/logger.js';
 import { closeFd, closeOnExec, watchReadable, type FdWatch } from '../os/libc/fds.js';
 import { getSeals, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE } from '../os/libc/memfd-mmap.js';
 import { isListeningSocket, recvWithFds, socketpair, socketType, MSG_DONTWAIT, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
@@ -48,17 +49,11 @@ export const KEEPER_LIMITS = {
   maxConnections: 65_536,
 };
 
-interface KeeperLog {
-  info(o: object, msg: string): void;
-  warn(o: object, msg: string): void;
-  error(o: object, msg: string): void;
-}
-
 interface KeeperOptions {
   /** The serving process: [node, ...flags, script, ...arguments]. */
   command: readonly string[];
   env: NodeJS.ProcessEnv;
-  log: KeeperLog;
+  log: LogSink<'info' | 'warn' | 'error'>;
   limits?: Partial<typeof KEEPER_LIMITS>;
   /** Called once, when the first serving process is ready (-d's report to the foreground). */
   onReady?: () => void;

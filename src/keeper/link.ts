@@ -5,6 +5,7 @@
  * logged once and the daemon goes on serving, without a keeper.
  */
 import fs from 'node:fs';
+import type { LogSink } from '../logging/logger.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { closeFd, keepAcrossExec } from '../os/libc/fds.js';
 import { peerHungUp, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc/sockets.js';
@@ -34,7 +35,10 @@ const SIGTERM = 15;
  * left to INHERIT_ENV.
  */
 export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper | null {
-  keepChannelAcrossExec(env);
+  // Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every
+  // restart in place (a channel that is no socket is left alone: fromEnvironment refuses it).
+  const channel = channelFd(env);
+  if (channel !== null) keepAcrossExec(channel);
   const text = env[KEEPER_ENV.fdNames];
   delete env[KEEPER_ENV.fdNames];
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
@@ -49,15 +53,6 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper
     if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
   });
   return { named };
-}
-
-/**
- * Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every restart
- * in place, so it is made to (a channel that is no socket is left alone: fromEnvironment refuses it).
- */
-function keepChannelAcrossExec(env: NodeJS.ProcessEnv): void {
-  const fd = channelFd(env);
-  if (fd !== null) keepAcrossExec(fd);
 }
 
 /** The channel's fd when KEEPER_ENV.channel names a SOCK_SEQPACKET socket, else null. */
@@ -78,20 +73,16 @@ export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote
   return note;
 }
 
-interface LinkLog {
-  warn(o: object, msg: string): void;
-}
-
 export class KeeperLink {
   private gone = false;
 
   private constructor(
     private readonly fd: number,
-    private readonly log: LinkLog,
+    private readonly log: LogSink<'warn'>,
   ) {}
 
   /** The link to this process's keeper (KEEPER_ENV.channel), or null without one; a channel that is not one is refused, logged. */
-  static fromEnvironment(log: LinkLog, env: NodeJS.ProcessEnv = process.env): KeeperLink | null {
+  static fromEnvironment(log: LogSink<'warn'>, env: NodeJS.ProcessEnv = process.env): KeeperLink | null {
     const text = env[KEEPER_ENV.channel];
     if (text === undefined) return null;
     const fd = channelFd(env);

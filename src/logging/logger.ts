@@ -15,6 +15,9 @@ import type * as Pino from 'pino';
 
 export type { Logger };
 
+/** The levels of a logger a part logs at, each as (fields, message): a pino Logger is one, a test passes a fake. */
+export type LogSink<L extends 'info' | 'warn' | 'error'> = Record<L, (o: object, msg: string) => void>;
+
 export type LogLevel = 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 
 type LogFormat = 'journal' | 'pretty' | 'json';

@@ -57,6 +57,12 @@ export class Writer {
     const at = this.room(b.length);
     b.copy(this.buf, at);
   }
+  /** A count (u16 or u32) and each item, written by `entry`. */
+  list<T>(width: 2 | 4, items: readonly T[], entry: (t: T) => void): void {
+    if (width === 2) this.u16(items.length);
+    else this.u32(items.length);
+    items.forEach(entry);
+  }
   done(): Buffer {
     return this.buf.subarray(0, this.length);
   }
@@ -113,6 +119,12 @@ export class Reader {
     if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);
     if (n * entrySize > this.buf.length - this.off) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
     return n;
+  }
+  /** A count (count()) and that many entries, each read by `entry`. */
+  list<T>(width: 2 | 4, max: number, entrySize: number, what: string, entry: () => T): T[] {
+    const out: T[] = [];
+    for (let n = this.count(width, max, entrySize, what); n > 0; n--) out.push(entry());
+    return out;
   }
   get left(): number {
     return this.buf.length - this.off;

@@ -20,8 +20,7 @@ const MAX_VPKGS = 256;
 const MIN_ENTRY = 4 + 4 + 8 + 4 + 4 + 24 + 4 + 8 + 2 * 4;
 
 export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]): void {
-  w.u32(list.length);
-  for (const g of list) {
+  w.list(4, list, (g) => {
     w.u32(g.vmId);
     w.u32(g.pid);
     w.u64(g.starttime);
@@ -34,38 +33,29 @@ export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]
     w.u8(g.start !== null ? 1 : 0);
     w.u16(g.phases.asked);
     w.u64(g.phases.startNs);
-    w.u16(g.phases.pkgs.length);
-    for (const p of g.phases.pkgs) w.u32(p);
-    w.u16(g.counters.size);
-    for (const [p, v] of g.counters) {
+    w.list(2, g.phases.pkgs, (p) => w.u32(p));
+    w.list(2, [...g.counters], ([p, v]) => {
       w.u32(p);
       w.f64(v);
-    }
-    const pkgs = new Set([...g.loop.eRatio.keys(), ...g.loop.nbVcpu.keys()]);
-    w.u16(pkgs.size);
-    for (const p of pkgs) {
+    });
+    w.list(2, [...new Set([...g.loop.eRatio.keys(), ...g.loop.nbVcpu.keys()])], (p) => {
       w.u32(p);
       w.u64(g.loop.eRatio.get(p) ?? 0n);
       w.u32(g.loop.nbVcpu.get(p) ?? 0);
-    }
-    w.u16(g.loop.vpkgCounter.length);
-    for (const v of g.loop.vpkgCounter) w.u32(v);
-    if (g.start === null) continue;
-    w.u32(g.start.size);
-    for (const t of g.start.values()) {
+    });
+    w.list(2, g.loop.vpkgCounter, (v) => w.u32(v));
+    if (g.start === null) return;
+    w.list(4, [...g.start.values()], (t) => {
       w.u32(t.tid);
       w.u64(t.ticks);
       w.u64(t.starttime);
       w.u32(t.pkg + 1);
-    }
-  }
+    });
+  });
 }
 
 export function readGuestCounters(r: Reader): GuestCounterState[] {
-  const n = r.count(4, STATE_LIMITS.maxGuestCounters, MIN_ENTRY, 'guest counters');
-  const out: GuestCounterState[] = [];
-  for (let i = 0; i < n; i++) out.push(readOne(r));
-  return out;
+  return r.list(4, STATE_LIMITS.maxGuestCounters, MIN_ENTRY, 'guest counters', () => readOne(r));
 }
 
 function readOne(r: Reader): GuestCounterState {
@@ -83,8 +73,7 @@ function readOne(r: Reader): GuestCounterState {
   const hasStart = r.u8(at);
   const asked = r.u16(at);
   const startNs = r.u64(at);
-  const pkgs: number[] = [];
-  for (let k = r.count(2, STATE_LIMITS.maxPackages, 4, at); k > 0; k--) pkgs.push(r.u32(at));
+  const pkgs = r.list(2, STATE_LIMITS.maxPackages, 4, at, () => r.u32(at));
   const counters = new Map<number, number>();
   for (let k = r.count(2, STATE_LIMITS.maxPackages, 12, at); k > 0; k--) counters.set(r.u32(at), finite(r.f64(at)));
   const eRatio = new Map<number, bigint>();
@@ -94,8 +83,7 @@ function readOne(r: Reader): GuestCounterState {
     eRatio.set(p, r.u64(at));
     nbVcpu.set(p, r.u32(at));
   }
-  const vpkgCounter: number[] = [];
-  for (let k = r.count(2, MAX_VPKGS, 4, at); k > 0; k--) vpkgCounter.push(r.u32(at));
+  const vpkgCounter = r.list(2, MAX_VPKGS, 4, at, () => r.u32(at));
   let start: Map<number, ThreadRead> | null = null;
   if (hasStart === 1) {
     start = new Map();

@@ -44,13 +44,12 @@ export function writeHandover(w: Writer, h: Handover): void {
   w.u64(h.legacy.ok);
   w.u64(h.legacy.refused);
   w.u64(h.legacy.failed);
-  w.u32(h.connections.length);
-  for (const c of h.connections) {
+  w.list(4, h.connections, (c) => {
     w.u64(c.ino);
     w.u8(KINDS.indexOf(c.kind));
     w.u32(c.pending.length);
     w.bytes(c.pending);
-  }
+  });
 }
 
 export function readHandover(r: Reader): Handover {

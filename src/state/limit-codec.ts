@@ -17,8 +17,7 @@ const MIN_ENTRY = 4 + 4 + 24 + 4;
 const MIN_GROUP = 6;
 
 export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): void {
-  w.u32(list.length);
-  for (const l of list) {
+  w.list(4, list, (l) => {
     w.u32(l.vmId);
     w.u32(l.pid);
     w.f64(l.limitW);
@@ -26,8 +25,7 @@ export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): v
     w.f64(l.quotaCpus ?? 0);
     w.u8(l.fromFile ? 1 : 0);
     w.u8(0);
-    w.u16(l.groups.length);
-    for (const g of l.groups) {
+    w.list(2, l.groups, (g) => {
       const [dir, saved, written] = [Buffer.from(g.dir, 'utf8'), Buffer.from(g.saved, 'latin1'), g.written ?? ''];
       w.u8(g.made ? 1 : 0);
       w.u8(saved.length);
@@ -37,8 +35,8 @@ export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): v
       w.bytes(dir);
       w.bytes(saved);
       w.bytes(Buffer.from(written, 'latin1'));
-    }
-  }
+    });
+  });
 }
 
 export function readPowerLimits(r: Reader): PowerLimitState[] {

@@ -243,64 +243,56 @@ function writeVm(w: Writer, vm: VmState): void {
   w.u32(vm.endedSamples);
   if (vm.uuid !== null) w.bytes(vm.uuid);
   if (name !== null) w.bytes(name);
-  w.u16(vm.vcpus.length);
-  for (const v of vm.vcpus) {
+  w.list(2, vm.vcpus, (v) => {
     w.u32(v.tid);
     w.u16(v.vpkg);
-  }
-  w.u16(vm.vpkgs.length);
-  for (const v of vm.vpkgs) {
+  });
+  w.list(2, vm.vpkgs, (v) => {
     w.u64(v.energyUj);
     w.u32(Number(v.counter));
     w.f64(v.energyJ);
-  }
+  });
   w.u64(vm.valuesNs);
 }
 
 /** The packages' totals, the known processes and the last sample. */
 function writeHostParts(w: Writer, s: StateSnapshot): void {
-  w.u32(s.packages.length);
-  for (const k of s.packages) {
+  w.list(4, s.packages, (k) => {
     w.u32(k.pkg);
     w.u64(k.energyUj);
     w.u64(k.unattributedUj);
     w.f64(k.energyJ);
     w.f64(k.unattributedJ);
-  }
-  w.u32(s.knownPids.length);
-  for (const k of s.knownPids) {
+  });
+  w.list(4, s.knownPids, (k) => {
     w.u32(k.pid);
     w.u64(k.starttime);
-  }
+  });
   const t = s.lastSample;
   w.u8(t === null ? 0 : 1);
   if (t === null) return;
   w.u64(t.monotonicNs);
   w.u64(t.realtimeNs);
-  w.u32(t.packages.length);
-  for (const k of t.packages) {
+  w.list(4, t.packages, (k) => {
     w.u32(k.pkg);
     w.u64(k.raw);
-  }
-  w.u32(t.threads.length);
-  for (const th of t.threads) {
+  });
+  w.list(4, t.threads, (th) => {
     w.u32(th.pid);
     w.u32(th.tid);
     w.u64(th.starttime);
     w.u64(th.ticks);
-  }
+  });
 }
 
 /** The other RAPL domains' section (version 2 on). */
 function writeDomains(w: Writer, d: DomainsState): void {
-  w.u32(d.vms.length);
-  for (const v of d.vms) {
+  w.list(4, d.vms, (v) => {
     w.u32(v.hostVmId);
     w.u8(ENERGY_DOMAINS.indexOf(v.domain));
     w.u8(0);
-    w.u16(v.energyJ.length);
-    for (const j of v.energyJ) w.f64(j);
-  }
+    w.list(2, v.energyJ, (j) => w.f64(j));
+  });
   /** A package entry's key: u32 pkg | u8 d | u8 0 | u16 0. */
   const key = (k: { pkg: number; domain: OtherDomain }) => {
     w.u32(k.pkg);
@@ -308,17 +300,15 @@ function writeDomains(w: Writer, d: DomainsState): void {
     w.u8(0);
     w.u16(0);
   };
-  w.u32(d.packages.length);
-  for (const k of d.packages) {
+  w.list(4, d.packages, (k) => {
     key(k);
     w.f64(k.energyJ);
     w.f64(k.unattributedJ);
-  }
-  w.u32(d.counters.length);
-  for (const k of d.counters) {
+  });
+  w.list(4, d.counters, (k) => {
     key(k);
     w.u64(k.raw);
-  }
+  });
 }
 
 /**
@@ -331,8 +321,7 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   const w = new Writer();
   w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
   w.u32(s.nextHostVmId);
-  w.u32(s.vms.length);
-  for (const vm of s.vms) writeVm(w, vm);
+  w.list(4, s.vms, (vm) => writeVm(w, vm));
   writeHostParts(w, s);
   writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
   writeGuestCounters(w, s.guest ?? []);
@@ -375,13 +364,15 @@ function readVm(r: Reader): VmState {
     name = raw.toString('utf8');
     if (!Buffer.from(name, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
   }
-  const nvcpu = r.count(2, MAX_VCPUS, MIN_SIZE.vcpu, `vCPUs of ${at}`);
-  const vcpus = [];
-  for (let i = 0; i < nvcpu; i++) vcpus.push({ tid: r.u32(`${at}'s vCPUs`), vpkg: r.u16(`${at}'s vCPUs`) });
-  const nvpkg = r.count(2, MAX_VPKG + 1, MIN_SIZE.vpkg, `virtual packages of ${at}`);
-  const vpkgs = [];
-  for (let i = 0; i < nvpkg; i++)
-    vpkgs.push({ energyUj: r.u64(`${at}'s totals`), counter: BigInt(r.u32(`${at}'s totals`)), energyJ: r.f64(`${at}'s totals`) });
+  const vcpus = r.list(2, MAX_VCPUS, MIN_SIZE.vcpu, `vCPUs of ${at}`, () => ({
+    tid: r.u32(`${at}'s vCPUs`),
+    vpkg: r.u16(`${at}'s vCPUs`),
+  }));
+  const vpkgs = r.list(2, MAX_VPKG + 1, MIN_SIZE.vpkg, `virtual packages of ${at}`, () => ({
+    energyUj: r.u64(`${at}'s totals`),
+    counter: BigInt(r.u32(`${at}'s totals`)),
+    energyJ: r.f64(`${at}'s totals`),
+  }));
   const valuesNs = r.u64(`${at}'s values' time`);
   return {
     hostVmId,
@@ -405,32 +396,33 @@ function readVm(r: Reader): VmState {
 function readPayload(r: Reader, version: number): StateSnapshot {
   const L = STATE_LIMITS;
   const nextHostVmId = r.u32('the next VM id');
-  const nvm = r.count(4, L.maxVms, MIN_SIZE.vm, 'VMs');
-  const vms: VmState[] = [];
-  for (let i = 0; i < nvm; i++) vms.push(readVm(r));
-  const npkg = r.count(4, L.maxPackages, MIN_SIZE.pkg, 'packages');
-  const packages = [];
-  for (let i = 0; i < npkg; i++) {
-    const at = 'package totals';
-    packages.push({ pkg: r.u32(at), energyUj: r.u64(at), unattributedUj: r.u64(at), energyJ: r.f64(at), unattributedJ: r.f64(at) });
-  }
-  const nknown = r.count(4, L.maxKnownPids, MIN_SIZE.known, 'known processes');
-  const knownPids = [];
-  for (let i = 0; i < nknown; i++) knownPids.push({ pid: r.u32('known processes'), starttime: r.safe("a known process's starttime") });
+  const vms = r.list(4, L.maxVms, MIN_SIZE.vm, 'VMs', () => readVm(r));
+  const at = 'package totals';
+  const packages = r.list(4, L.maxPackages, MIN_SIZE.pkg, 'packages', () => ({
+    pkg: r.u32(at),
+    energyUj: r.u64(at),
+    unattributedUj: r.u64(at),
+    energyJ: r.f64(at),
+    unattributedJ: r.f64(at),
+  }));
+  const knownPids = r.list(4, L.maxKnownPids, MIN_SIZE.known, 'known processes', () => ({
+    pid: r.u32('known processes'),
+    starttime: r.safe("a known process's starttime"),
+  }));
   const has = r.u8('the last sample flag');
   if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
   let lastSample: StateSnapshot['lastSample'] = null;
   if (has === 1) {
     const monotonicNs = r.u64('the last sample');
     const realtimeNs = r.u64('the last sample');
-    const nraw = r.count(4, L.maxPackages, MIN_SIZE.raw, 'sampled packages');
-    const raws = [];
-    for (let i = 0; i < nraw; i++) raws.push({ pkg: r.u32('the last sample'), raw: r.u64('the last sample') });
-    const nth = r.count(4, L.maxThreads, MIN_SIZE.thread, 'sampled threads');
-    const threads = [];
     const at = 'the last sample';
-    for (let i = 0; i < nth; i++)
-      threads.push({ pid: r.u32(at), tid: r.u32(at), starttime: r.safe("a sampled thread's starttime"), ticks: r.u64(at) });
+    const raws = r.list(4, L.maxPackages, MIN_SIZE.raw, 'sampled packages', () => ({ pkg: r.u32(at), raw: r.u64(at) }));
+    const threads = r.list(4, L.maxThreads, MIN_SIZE.thread, 'sampled threads', () => ({
+      pid: r.u32(at),
+      tid: r.u32(at),
+      starttime: r.safe("a sampled thread's starttime"),
+      ticks: r.u64(at),
+    }));
     lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
   }
   const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
@@ -469,27 +461,21 @@ function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDo
 
 function readDomains(r: Reader): DomainsState {
   const max = STATE_LIMITS.maxDomainEntries;
-  const d: DomainsState = { vms: [], packages: [], counters: [] };
-  const nvm = r.count(4, max, MIN_SIZE.domainVm, "VMs' other-domain totals");
-  for (let i = 0; i < nvm; i++) {
+  const vms = r.list(4, max, MIN_SIZE.domainVm, "VMs' other-domain totals", () => {
     const hostVmId = r.u32("a VM's other-domain totals");
     const domain = readDomain(r, `VM ${hostVmId}'s other-domain totals`);
-    const n = r.count(2, MAX_VPKG + 1, 8, `virtual packages of VM ${hostVmId}'s ${domain} totals`);
-    const energyJ: number[] = [];
-    for (let g = 0; g < n; g++) energyJ.push(r.f64(`VM ${hostVmId}'s ${domain} totals`));
-    d.vms.push({ hostVmId, domain, energyJ });
-  }
-  const npkg = r.count(4, max, MIN_SIZE.domainPkg, "packages' other-domain totals");
-  for (let i = 0; i < npkg; i++) {
+    const what = `VM ${hostVmId}'s ${domain} totals`;
+    return { hostVmId, domain, energyJ: r.list(2, MAX_VPKG + 1, 8, `virtual packages of ${what}`, () => r.f64(what)) };
+  });
+  const packages = r.list(4, max, MIN_SIZE.domainPkg, "packages' other-domain totals", () => {
     const { pkg, domain, at } = readPackageKey(r, 'totals');
-    d.packages.push({ pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) });
-  }
-  const nraw = r.count(4, max, MIN_SIZE.domainRaw, 'other-domain counters');
-  for (let i = 0; i < nraw; i++) {
+    return { pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) };
+  });
+  const counters = r.list(4, max, MIN_SIZE.domainRaw, 'other-domain counters', () => {
     const { pkg, domain, at } = readPackageKey(r, 'counter');
-    d.counters.push({ pkg, domain, raw: r.u64(at) });
-  }
-  return d;
+    return { pkg, domain, raw: r.u64(at) };
+  });
+  return { vms, packages, counters };
 }
 
 /** The record's payload and version once its header and checksum hold, and the length of its hand-over; else why not. */

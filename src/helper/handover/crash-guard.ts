@@ -17,7 +17,8 @@ export class CrashGuard {
     /** What the start found kept: the record's bytes, the legacy counters, the connections to serve. */
     readonly kept: Kept,
     private readonly note: KeeperNote | null,
-    private readonly outside: OutsideKeep | null,
+    /** Who holds every connection outside this process from its accept, and the checkpoints (undefined: nobody). */
+    readonly keep: OutsideKeep | undefined,
     private readonly log: CrashLog,
   ) {}
 
@@ -25,15 +26,10 @@ export class CrashGuard {
   static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
     const note = takeKeeperNote();
     const kept = takeKept(named, note, log);
-    const outside = outsideKeep(notifier, kept, log);
+    const outside = outsideKeep(notifier, kept, log) ?? undefined;
     // A process that dies before its own first checkpoint crashed restoring this one.
     if (kept.crash !== null && kept.state !== undefined) outside?.restoring();
     return new CrashGuard(kept, note, outside, log);
-  }
-
-  /** Who holds every connection outside this process from its accept, and the checkpoints (undefined: nobody). */
-  get keep(): OutsideKeep | undefined {
-    return this.outside ?? undefined;
   }
 
   /** The state decoded (or not): after a crash, the one line that says what was kept and lost. */
@@ -43,14 +39,14 @@ export class CrashGuard {
 
   /** Serving: checkpoints of `live` (the v2 service, when it runs) now and after every sample; the keeper learns the start is over. */
   serving(live: Checkpointed | undefined): void {
-    if (this.outside === null) return;
-    this.checkpoints = keepCheckpoints(this.outside, live, this.log);
-    this.outside.ready();
+    if (this.keep === undefined) return;
+    this.checkpoints = keepCheckpoints(this.keep, live, this.log);
+    this.keep.ready();
   }
 
   /** A stop or a hand-over to the fd store: no more checkpoints, and connections closed from now on stay held by whoever holds them. */
   stopping(): void {
     this.checkpoints?.dispose();
-    this.outside?.detach();
+    this.keep?.detach();
   }
 }

@@ -17,6 +17,7 @@ import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
+import type { LogSink } from '../../logging/logger.js';
 
 /** Test hook: a restore of a checkpoint holding a VM of this pid crashes (SIGABRT), as a bug in the restore would. */
 export const CRASH_ON_VM_PID_ENV = 'VMSR_HELPER_TEST_CRASH_ON_VM_PID';
@@ -36,10 +37,7 @@ export interface Kept {
   restoringMark: boolean;
 }
 
-interface KeptLog {
-  info(o: object, msg: string): void;
-  warn(o: object, msg: string): void;
-}
+type KeptLog = LogSink<'info' | 'warn'>;
 
 /** Why `fd` is not a connection to serve, or its inode when it is one (a connected stream socket with a peer). */
 function connectionProblem(fd: number): { ino: bigint } | { why: string } {
@@ -159,9 +157,7 @@ export function takeKept(
   return out;
 }
 
-export interface CrashLog extends KeptLog {
-  error(o: object, msg: string): void;
-}
+export type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
 /** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {

@@ -13,6 +13,7 @@ import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { Disposable } from '../../common/disposable.js';
 import type { ConnectionKeep } from './frozen.js';
+import type { LogSink } from '../../logging/logger.js';
 
 /** What the fd store is reached through (lifecycle/systemd.ts's Notifier). */
 export interface StoreNotifier {
@@ -38,15 +39,11 @@ export interface OutsideKeep extends ConnectionKeep {
   detach(): void;
 }
 
-interface KeepLog {
-  warn(o: object, msg: string): void;
-}
-
 /** The holder this process has (its keeper, else systemd's fd store), or null: then a crash loses the connections. */
 export function outsideKeep(
   notifier: StoreNotifier,
   found: { checkpointNames: readonly string[]; restoringMark: boolean },
-  log: KeepLog,
+  log: LogSink<'warn'>,
 ): OutsideKeep | null {
   const link = KeeperLink.fromEnvironment(log);
   if (link !== null) return keeperKeep(link);
@@ -139,7 +136,7 @@ export interface Checkpointed {
  * Checkpoints the live state of `live` now and after every sample. A snapshot that cannot be
  * taken is logged once per run of failures; the last good checkpoint stays.
  */
-export function keepCheckpoints(keep: OutsideKeep, live: Checkpointed | undefined, log: KeepLog): Disposable {
+export function keepCheckpoints(keep: OutsideKeep, live: Checkpointed | undefined, log: LogSink<'warn'>): Disposable {
   if (live === undefined) return { dispose: () => {} };
   let failing = false;
   const write = () => {

@@ -20,7 +20,7 @@ import type { Logger } from '../../logging/logger.js';
 import type { FrozenConnection, Restartable } from './frozen.js';
 import { RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
-import { allowedEnvironment, daemonArgv, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
+import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
@@ -179,6 +179,13 @@ export class Restarter {
    */
   async inPlace(trigger: string): Promise<string> {
     const { log, notifier } = this.p;
+    /** Logs why the restart did not happen and returns it; `told`: systemd heard RELOADING=1 and hears it serves again. */
+    const calledOff = (why: string, fix: string, told: boolean) => {
+      const text = cannot('restart', why, fix);
+      log.error({ trigger }, text);
+      if (told) notifier.ready('serving (the restart was called off)');
+      return text;
+    };
     if (this.running) {
       this.requests.again();
       return 'a restart runs already';
@@ -191,11 +198,8 @@ export class Restarter {
       const signalAt = wallMs();
       log.info({ trigger }, 'restart in place: checking the installed binary');
       const bad = await checkInstalledBinary();
-      if (bad !== null) {
-        const why = cannot('restart', `the installed binary does not run: ${bad}`, 'fix the installation; this helper goes on serving');
-        log.error({ trigger }, why);
-        return why;
-      }
+      if (bad !== null)
+        return calledOff(`the installed binary does not run: ${bad}`, 'fix the installation; this helper goes on serving', false);
       const meanwhile = await this.requests.quiet();
       if (meanwhile > 0) log.warn({ trigger, meanwhile }, 'restart asked again while one runs: one restart does for all, once they stop');
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
@@ -211,10 +215,7 @@ export class Restarter {
           throw e;
         }
       } catch (e) {
-        const why = cannot('restart', (e as Error).message, 'this helper goes on serving');
-        log.error({ trigger }, why);
-        notifier.ready('serving (the restart was called off)');
-        return why;
+        return calledOff((e as Error).message, 'this helper goes on serving', true);
       }
       const inherited: Inherited = {
         ...this.p.opened.handover('restart'),
@@ -233,7 +234,7 @@ export class Restarter {
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
         this.p.watchdog.disarm();
-        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) }, daemonArgv());
+        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
       } catch (e) {
         for (const fd of keep) {
           try {
@@ -245,10 +246,7 @@ export class Restarter {
         closeFd(recordFd);
         prepared.undo();
         this.p.watchdog.start();
-        const why = cannot('restart', `exec failed: ${(e as Error).message}`, 'this helper goes on serving');
-        log.error({ trigger }, why);
-        notifier.ready('serving (the restart was called off)');
-        return why;
+        return calledOff(`exec failed: ${(e as Error).message}`, 'this helper goes on serving', true);
       }
     } finally {
       this.running = false;

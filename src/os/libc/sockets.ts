@@ -92,11 +92,15 @@ const SO_PEERPIDFD = 77;
  * the kernel has none to give (ENOPROTOOPT before Linux 6.5, ESRCH when that process is gone).
  */
 export function peerPidfd(fd: number): number {
+  return intOption(fd, SO_PEERPIDFD) ?? -koffi.errno();
+}
+
+/** An int socket option (SOL_SOCKET level) of `fd`; null when getsockopt fails (errno says why). */
+function intOption(fd: number, option: number): number | null {
   const v = Buffer.alloc(4);
   const len = Buffer.alloc(4);
   len.writeUInt32LE(4, 0);
-  if (fn.getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, v, len) !== 0) return -koffi.errno();
-  return v.readInt32LE(0);
+  return fn.getsockopt(fd, SOL_SOCKET, option, v, len) === 0 ? v.readInt32LE(0) : null;
 }
 
 /** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */
@@ -196,22 +200,18 @@ const SO_TYPE = 3;
 
 /** SO_TYPE of a socket: SOCK_STREAM, SOCK_DGRAM, ... */
 export function socketType(fd: number): number {
-  const v = Buffer.alloc(4);
-  const len = Buffer.alloc(4);
-  len.writeUInt32LE(4, 0);
-  if (fn.getsockopt(fd, SOL_SOCKET, SO_TYPE, v, len) !== 0) throw errnoError('getsockopt(SO_TYPE)');
-  return v.readInt32LE(0);
+  const v = intOption(fd, SO_TYPE);
+  if (v === null) throw errnoError('getsockopt(SO_TYPE)');
+  return v;
 }
 
 const SO_ACCEPTCONN = 30;
 
 /** SO_ACCEPTCONN: whether the socket `fd` is listening (a connection is not). */
 export function isListeningSocket(fd: number): boolean {
-  const v = Buffer.alloc(4);
-  const len = Buffer.alloc(4);
-  len.writeUInt32LE(4, 0);
-  if (fn.getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, v, len) !== 0) throw errnoError('getsockopt(SO_ACCEPTCONN)');
-  return v.readInt32LE(0) !== 0;
+  const v = intOption(fd, SO_ACCEPTCONN);
+  if (v === null) throw errnoError('getsockopt(SO_ACCEPTCONN)');
+  return v !== 0;
 }
 
 function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {

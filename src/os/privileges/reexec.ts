@@ -113,22 +113,9 @@ export function reexecBlocker(): string | null {
  * DAEMON_NODE_FLAGS: no NODE_OPTIONS, --inspect, --require, --import or --loader crosses. Returns
  * only by throwing.
  */
-export function reexecDropped(
-  o: DropOptions,
-  keepFds: readonly number[],
-  env: Record<string, string>,
-  argv: readonly string[] = [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)],
-): never {
+export function reexecDropped(o: DropOptions, keepFds: readonly number[], env: Record<string, string>): never {
   dropPrivileges(o);
-  for (const fd of new Set([0, 1, 2, ...keepFds])) {
-    try {
-      keepAcrossExec(fd);
-    } catch {
-      /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
-    }
-  }
-  // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
-  return execHoldingSighup(process.execPath, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
+  return reexecInPlace(keepFds, env);
 }
 
 const SIGHUP = 1;
@@ -167,8 +154,9 @@ export function reexecInPlace(keepFds: readonly number[], env: Record<string, st
     try {
       keepAcrossExec(fd);
     } catch {
-      /* closed fd: the new image opens /dev/null in its place */
+      /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
   }
+  // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
   return execHoldingSighup(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
 }

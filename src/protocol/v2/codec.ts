@@ -35,29 +35,9 @@ export const T = {
   ERROR: 0xff,
 } as const;
 
-export const CLIENT_TYPES: ReadonlySet<number> = new Set([
-  T.REGISTER,
-  T.READ,
-  T.SUBSCRIBE,
-  T.UNREGISTER,
-  T.LIST,
-  T.OBSERVE,
-  T.UNOBSERVE,
-  T.HOST_SUBSCRIBE,
-  T.STATS_FD,
-  T.LIMIT,
-]);
-export const HELPER_TYPES: ReadonlySet<number> = new Set([
-  T.REGISTERED,
-  T.VALUE,
-  T.UPDATE,
-  T.OK,
-  T.VM_LIST,
-  T.HOST_UPDATE,
-  T.STATS_FD_REPLY,
-  T.LIMIT_STATE,
-  T.ERROR,
-]);
+/** What a client sends (each request's type is below 0x80) and what the helper sends (each reply's above). */
+export const CLIENT_TYPES: ReadonlySet<number> = new Set(Object.values(T).filter((t) => t < 0x80));
+export const HELPER_TYPES: ReadonlySet<number> = new Set(Object.values(T).filter((t) => t > 0x80));
 
 export const E = {
   MALFORMED: 1,
@@ -151,26 +131,19 @@ export const HOST_UPDATE_FIXED = 80;
 export const HOST_PKG_SIZE = 16;
 export const HOST_PKG_SIZE_PER_PACKAGE = 24;
 
+const ERROR_NAMES: Readonly<Record<number, string>> = {
+  [E.MALFORMED]: 'malformed request',
+  [E.NOT_PERMITTED]: 'not permitted',
+  [E.NO_SUCH]: 'no such VM or virtual package',
+  [E.LIMIT]: 'limit reached',
+  [E.ENERGY_SOURCE]: 'energy source failed',
+  [E.PROCESS_GONE]: 'process gone',
+  [E.RESTARTING]: 'helper restarting',
+};
+
 /** Error codes in words, for logs and the CLI. */
 export function errorCodeName(code: number): string {
-  switch (code) {
-    case E.MALFORMED:
-      return 'malformed request';
-    case E.NOT_PERMITTED:
-      return 'not permitted';
-    case E.NO_SUCH:
-      return 'no such VM or virtual package';
-    case E.LIMIT:
-      return 'limit reached';
-    case E.ENERGY_SOURCE:
-      return 'energy source failed';
-    case E.PROCESS_GONE:
-      return 'process gone';
-    case E.RESTARTING:
-      return 'helper restarting';
-    default:
-      return `unknown error code ${code}`;
-  }
+  return ERROR_NAMES[code] ?? `unknown error code ${code}`;
 }
 
 export function typeName(type: number): string {
