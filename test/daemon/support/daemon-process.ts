@@ -111,7 +111,7 @@ export function spawnHelper(
   proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
   proc.stdout!.on('data', (d: Buffer) => (err += d.toString()));
   const exited = new Promise<number | string>((resolve) => proc.on('exit', (code, sig) => resolve(code ?? sig ?? -1)));
-  return {
+  const child: DaemonChild = {
     proc,
     stderr: () => err,
     exited,
@@ -126,6 +126,20 @@ export function spawnHelper(
       return r;
     },
   };
+  running.add(child);
+  void exited.then(() => running.delete(child));
+  return child;
+}
+
+/** Every helper this test file started that has not ended yet. */
+const running = new Set<DaemonChild>();
+
+/**
+ * Ends the helpers a test file left running: one whose start outlived its hook's timeout was never
+ * handed to the file's afterAll (test/support/leftover-helpers.ts runs this after every file).
+ */
+export async function stopLeftHelpers(): Promise<void> {
+  await Promise.all([...running].map((d) => d.stop('SIGKILL')));
 }
 
 export { waitFor };
