@@ -255,7 +255,7 @@ describe('power limits on real QEMU guests', () => {
     }
     // The command line lists it (root).
     const listed = await cli(['limit', '-k', sock]);
-    expect(listed.stdout).toMatch(new RegExp(`^"plvm1" pid ${q.pid}: limit ${limit} W, quota \\d+ % of a CPU, limited \\d+ s$`, 'm'));
+    expect(listed.stdout).toMatch(new RegExp(`^"plvm1" pid ${q.pid}: package limit ${limit} W, quota \\d+ % of a CPU, limited \\d+ s$`, 'm'));
 
     // Raised to 0.6 of the unlimited power, then lowered to 1/3: each holds as the first did, or, when
     // the host's other work leaves the VM under a raised limit, the helper lets go (nothing done to a VM
@@ -373,7 +373,7 @@ describe('power limits on real QEMU guests', () => {
       const mean = log.mean(t + 4, t + 14);
       console.log(`power limit across ${what}: limit ${l} W, mean ${mean.toFixed(2)} W over the 10 s after`);
       expect(Math.abs(mean / l - 1), `held within 5 % after ${what}`).toBeLessThanOrEqual(0.05);
-      expect((await cli(['limit', '-k', sock])).stdout).toMatch(new RegExp(`^"plvmk" pid ${q.pid}: limit ${l} W, quota \\d+ %`, 'm'));
+      expect((await cli(['limit', '-k', sock])).stdout).toMatch(new RegExp(`^"plvmk" pid ${q.pid}: package limit ${l} W, quota \\d+ %`, 'm'));
     };
     // stats and watch show the limit and that it bites, in their tables and their JSON records.
     const statsJson = (await cli(['stats', '--once', '--json', '--vm', 'plvmk', '-k', sock])).stdout
