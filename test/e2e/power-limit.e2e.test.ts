@@ -13,7 +13,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { type Update } from '../../src/client/v2-replies.js';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
-import { MSR_PKG_ENERGY_STATUS } from '../../src/msr/registers.js';
+import { MSR_DRAM_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS } from '../../src/msr/registers.js';
+import type { EnergyDomain } from '../../src/model/domains.js';
 import { vmSpecFromQmp } from '../../src/client/qmp-vm.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { cpuMounts } from '../../src/power-limit/cgroups.js';
@@ -58,12 +59,17 @@ function why(): string | null {
   );
 }
 
-/** A VM's power over each interval its UPDATEs span: [end time s, watts]. */
+/** A VM's power of one domain (the package unless named) over each interval its UPDATEs span: [end time s, watts]. */
 class PowerLog {
   readonly points: { t: number; w: number }[] = [];
   private last: Update | null = null;
+  constructor(private readonly domain: EnergyDomain = 'package') {}
   add(u: Update): void {
-    const e = (x: Update) => Number(x.vpkgs.reduce((s, v) => s + v.energyUj, 0n)) / 1e6;
+    const uj = (x: Update) =>
+      this.domain === 'package'
+        ? x.vpkgs.map((v) => v.energyUj)
+        : (x.domains?.find((d) => d.domain === this.domain)?.vpkgEnergyUj ?? []);
+    const e = (x: Update) => Number(uj(x).reduce((s, v) => s + v, 0n)) / 1e6;
     if (this.last !== null && u.tNs > this.last.tNs)
       this.points.push({ t: Number(u.tNs) / 1e9, w: (e(u) - e(this.last)) / (Number(u.tNs - this.last.tNs) / 1e9) });
     this.last = u;
@@ -120,9 +126,10 @@ async function spinningGuest(name: string, smp: number, dir: string): Promise<Qe
  * source's rule (20 W + 40 W x the busy share, dist/'s SyntheticEnergySource) written into the MSR
  * files every 20 ms by a child process in a group with the test's high shares (in the test's own
  * process the host's load stalls the writes, and each stall is an interval's error). It ends with
- * the test, or on its own once its parent is gone.
+ * the test, or on its own once its parent is gone. With `dram`, the DRAM register follows the same
+ * rule with a fifth of the watts (4 W + 8 W x the busy share), so the helper reads and attributes it.
  */
-function loadFollowingMsr(fake: FakeHost): void {
+function loadFollowingMsr(fake: FakeHost, dram = false): void {
   const source = path.resolve('dist/src/energy/synthetic-source.js');
   const script = `
     import fs from 'node:fs';
@@ -132,9 +139,15 @@ function loadFollowingMsr(fake: FakeHost): void {
     const b = Buffer.alloc(4);
     setInterval(() => {
       if (process.ppid !== ${process.pid}) process.exit(0);
-      b.writeUInt32LE(Number(load.read()[0].counter.raw) >>> 0);
+      const raw = Number(load.read()[0].counter.raw);
+      b.writeUInt32LE(raw >>> 0);
       for (const fd of fds) fs.writeSync(fd, b, 0, 4, ${MSR_PKG_ENERGY_STATUS});
+      if (!${dram}) return;
+      b.writeUInt32LE(Math.floor(raw / 5) >>> 0);
+      for (const fd of fds) fs.writeSync(fd, b, 0, 4, ${MSR_DRAM_ENERGY_STATUS});
     }, 20);`;
+  // Counting before the helper probes it (a register reading 0 is a domain the host does not have).
+  if (dram) fake.setCounter([0, 1], MSR_DRAM_ENERGY_STATUS, 1);
   const group = testGroup('plpump');
   const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
   cleanups.push(() => child.kill('SIGKILL'));
@@ -147,11 +160,14 @@ const SOURCES = ['synthetic', 'fake MSR'] as const;
  * The daemon under its keeper (interval 1 s, no discovery, a limits file with no limit yet) on the
  * synthetic source, or on the fake MSR device following the CPU load (loadFollowingMsr).
  */
-async function limitDaemon(source: (typeof SOURCES)[number]): Promise<{ sock: string; h: DaemonChild; limitsFile: string }> {
+async function limitDaemon(
+  source: (typeof SOURCES)[number],
+  dram = false,
+): Promise<{ sock: string; h: DaemonChild; limitsFile: string }> {
   const fake = new FakeHost({ packages: [0, 0] });
   cleanups.push(() => fake.cleanup());
   fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 0 } });
-  if (source === 'fake MSR') loadFollowingMsr(fake);
+  if (source === 'fake MSR') loadFollowingMsr(fake, dram);
   const dir = tempDir('vmsr-plimit-');
   cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
   const sock = path.join(dir, 'helper.sock');
@@ -165,11 +181,15 @@ async function limitDaemon(source: (typeof SOURCES)[number]): Promise<{ sock: st
   return { sock, h, limitsFile };
 }
 
-async function registered(c: Pick<V2Client, 'register' | 'subscribe'>, q: QemuGuest): Promise<{ vmId: number; log: PowerLog }> {
+async function registered(
+  c: Pick<V2Client, 'register' | 'subscribe'>,
+  q: QemuGuest,
+  dram?: PowerLog,
+): Promise<{ vmId: number; log: PowerLog }> {
   const spec = await vmSpecFromQmp(q.qmpPath, '/proc');
   const { vmId } = await c.register({ pid: spec.pid, vcpus: spec.vcpus });
   const log = new PowerLog();
-  await c.subscribe(vmId, (u) => log.add(u));
+  await c.subscribe(vmId, (u) => (log.add(u), dram?.add(u)), undefined, { domains: dram !== undefined });
   await waitFor(() => log.points.length >= 2, `two intervals of ${q.name} measured`, undefined, 30_000);
   return { vmId, log };
 }
@@ -381,10 +401,10 @@ describe('power limits on real QEMU guests', () => {
       .filter((l) => l.includes('"type":"vm"'));
     expect(JSON.parse(statsJson[0]!)).toMatchObject({ name: 'plvmk', power_limit_w: limit, power_limit_state: 'throttled' });
     expect((await cli(['stats', '--once', '--vm', 'plvmk', '-k', sock])).stdout).toMatch(
-      new RegExp(`plvmk .* live, limit ${limit} W throttled \\(quota 0\\.\\d\\d CPU, \\d+ s limited\\)`),
+      new RegExp(`plvmk .* live, package limit ${limit} W throttled \\(quota 0\\.\\d\\d CPU, \\d+ s limited\\)`),
     );
     const watched = await cli(['watch', 'plvmk', '--count', '2', '-k', sock]);
-    expect(watched.stdout).toMatch(new RegExp(`  limit ${limit} W throttled`));
+    expect(watched.stdout).toMatch(new RegExp(`  package limit ${limit} W throttled`));
     const watchedJson = (await cli(['watch', 'plvmk', '--count', '2', '--json', '-k', sock])).stdout
       .split('\n')
       .filter((l) => l.includes('"type":"update"'));
@@ -421,4 +441,60 @@ describe('power limits on real QEMU guests', () => {
     expect(await h.stop('SIGTERM')).toBe(0);
     expect(fs.readFileSync(quotaFile)).toEqual(before);
   }, 400_000);
+
+  it("on the fake MSR device whose DRAM counter follows the load too, a limit on the VM's DRAM power holds it there beside a package limit it undercuts, and a domain the helper does not attribute is refused", async (ctx) => {
+    const skip = why();
+    if (skip) return ctx.skip(skip);
+    const { sock } = await limitDaemon('fake MSR', true);
+    const group = testGroup('plvmd', '-1\n');
+    const q = await spinningGuest('plvmd', 2, group);
+    const quotaFile = path.join(group, 'cpu.cfs_quota_us');
+    const before = fs.readFileSync(quotaFile);
+    const c = await V2Client.connect(sock);
+    cleanups.push(() => c.close());
+    const dram = new PowerLog('dram');
+    const { vmId, log } = await registered(c, q, dram);
+    await until(dram, dram.now, 6, 'six intervals of unlimited DRAM power');
+    const [fullDram, fullPkg] = [dram.mean(dram.now - 5, dram.now), log.mean(log.now - 5, log.now)];
+    expect(fullDram, `unlimited DRAM power (${JSON.stringify(dram.points)})`).toBeGreaterThan(0.1);
+    // The package limit at 80 % of its power, the DRAM limit at half of its: the DRAM one asks the lower quota.
+    const [limitPkg, limitDram] = [Math.round(fullPkg * 0.8 * 10) / 10, Math.round(fullDram * 0.5 * 100) / 100];
+    expect((await cli(['limit', 'plvmd', String(limitPkg), '-k', sock])).code).toBe(0);
+    const t0 = dram.now;
+    const set = await cli(['limit', 'plvmd', String(limitDram), '--domain', 'dram', '-k', sock]);
+    expect(set.stdout).toMatch(new RegExp(`^"plvmd" pid ${q.pid}: dram limit ${limitDram} W, `, 'm'));
+    await until(dram, t0, 36, 'the DRAM-limited VM over 36 s');
+    const f = figures(dram, t0, limitDram, 30);
+    const pkgHeld = log.mean(t0 + 5, t0 + 35);
+    console.log(
+      `power limit on DRAM (fake MSR): unlimited ${fullDram.toFixed(2)} W DRAM / ${fullPkg.toFixed(1)} W package, limits ${limitDram} W DRAM / ${limitPkg} W package, package held at ${pkgHeld.toFixed(1)} W:`,
+      JSON.stringify(f),
+    );
+    expect(f.settleS).toBeLessThanOrEqual(5);
+    expect(Math.abs(f.meanErr)).toBeLessThanOrEqual(0.05);
+    expect(f.overshoot).toBeLessThanOrEqual(0.1);
+    expect(pkgHeld).toBeLessThan(limitPkg * 0.95);
+    expect(await c.limit(vmId, undefined, 'dram')).toMatchObject({ domain: 'dram', limitMw: Math.round(limitDram * 1000) });
+    // The listing, stats, the statistics file name each limit with its domain.
+    const listed = (await cli(['limit', '-k', sock])).stdout;
+    expect(listed).toMatch(new RegExp(`^"plvmd" pid ${q.pid}: package limit ${limitPkg} W, quota \\d+ %`, 'm'));
+    expect(listed).toMatch(new RegExp(`^"plvmd" pid ${q.pid}: dram limit ${limitDram} W, quota \\d+ %`, 'm'));
+    expect((await cli(['stats', '--once', '--vm', 'plvmd', '-k', sock])).stdout).toMatch(
+      new RegExp(`plvmd .* live, package limit ${limitPkg} W, dram limit ${limitDram} W throttled`),
+    );
+    const stats = StatsReader.open((await c.statsFd(vmId)).fd);
+    cleanups.push(() => stats.close());
+    expect(stats.value(stats.read(), 'dram_power_limit')).toBe(BigInt(Math.round(limitDram * 1000)));
+    // psys is not read on this host: refused with the domains it attributes.
+    const psys = await cli(['limit', 'plvmd', '5', '--domain', 'psys', '-k', sock]);
+    expect(psys.code).toBe(1);
+    expect(psys.stderr).toContain(
+      `cannot limit the psys power of VM ${vmId}: this host's helper does not attribute psys power (it attributes package, dram); limit one of those`,
+    );
+    // Both removed: the quota file holds what it held before, byte for byte.
+    expect((await cli(['limit', 'plvmd', 'off', '--domain', 'dram', '-k', sock])).code).toBe(0);
+    expect((await c.limit(vmId)).limitMw).toBe(Math.round(limitPkg * 1000));
+    expect((await cli(['limit', 'plvmd', 'off', '-k', sock])).code).toBe(0);
+    expect(fs.readFileSync(quotaFile)).toEqual(before);
+  }, 300_000);
 });
