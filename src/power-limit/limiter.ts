@@ -282,5 +282,8 @@ const round = (w: number) => Math.round(w * 10) / 10;
 /** A VM's attributed power of each domain over the interval, summed over its virtual packages. */
 function domainPowers(vm: IntervalResult['vms'][number], dtS: number): Map<EnergyDomain, number> {
   const sum = (j: readonly number[]) => j.reduce((s, x) => s + x, 0) / dtS;
-  return new Map<EnergyDomain, number>([['package', sum(vm.vpkgEnergyJ)], ...(vm.domains ?? []).map((d): [EnergyDomain, number] => [d.domain, sum(d.vpkgEnergyJ)])]);
+  return new Map<EnergyDomain, number>([
+    ['package', sum(vm.vpkgEnergyJ)],
+    ...(vm.domains ?? []).map((d): [EnergyDomain, number] => [d.domain, sum(d.vpkgEnergyJ)]),
+  ]);
 }

@@ -35,7 +35,10 @@ export function parseLimitsFile(text: string, file: string, domainProblem: (d: E
     const refuse = (why: string, fix: string) => problems.push(cannot(`read line ${i + 1} of the limits file ${file}`, why, fix));
     const m = /^(\S+)\s+(\S+)(?:\s+(\S+))?$/.exec(line);
     if (!m) {
-      refuse('it is not a VM and a number of watts', "write 'VM WATTS [DOMAIN]', e.g. 'web1 35' (a name as 'virsh list' shows it, a UUID or a pid)");
+      refuse(
+        'it is not a VM and a number of watts',
+        "write 'VM WATTS [DOMAIN]', e.g. 'web1 35' (a name as 'virsh list' shows it, a UUID or a pid)",
+      );
       continue;
     }
     const w = WATTS_RE.test(m[2]!) ? Number(m[2]) : NaN;
@@ -44,10 +47,14 @@ export function parseLimitsFile(text: string, file: string, domainProblem: (d: E
     if (!(w > 0)) refuse(`${JSON.stringify(m[2])} is not a number of watts above 0`, 'give watts, e.g. 35 or 12.5');
     else if (!isEnergyDomain(domain)) refuse(`${JSON.stringify(domain)} is not a RAPL domain`, `name one of ${ENERGY_DOMAINS.join(', ')}`);
     else if (domainProblem(domain) !== null) refuse(domainProblem(domain)!, 'remove the line or name a domain the helper attributes');
-    else if (limits.has(domain)) refuse(`${JSON.stringify(m[1])} has a ${domain} limit on an earlier line`, 'keep one line per VM and domain');
+    else if (limits.has(domain))
+      refuse(`${JSON.stringify(m[1])} has a ${domain} limit on an earlier line`, 'keep one line per VM and domain');
     else if (count >= STATE_LIMITS.maxPowerLimits)
       refuse(`the file has more than ${STATE_LIMITS.maxPowerLimits} limits, the most the helper holds`, 'limit fewer VMs');
-    else byKey.set(key(m[1]!), limits.set(domain, w)), count++;
+    else {
+      byKey.set(key(m[1]!), limits.set(domain, w));
+      count++;
+    }
   }
   return { byKey, problems };
 }

@@ -66,9 +66,7 @@ class PowerLog {
   constructor(private readonly domain: EnergyDomain = 'package') {}
   add(u: Update): void {
     const uj = (x: Update) =>
-      this.domain === 'package'
-        ? x.vpkgs.map((v) => v.energyUj)
-        : (x.domains?.find((d) => d.domain === this.domain)?.vpkgEnergyUj ?? []);
+      this.domain === 'package' ? x.vpkgs.map((v) => v.energyUj) : (x.domains?.find((d) => d.domain === this.domain)?.vpkgEnergyUj ?? []);
     const e = (x: Update) => Number(uj(x).reduce((s, v) => s + v, 0n)) / 1e6;
     if (this.last !== null && u.tNs > this.last.tNs)
       this.points.push({ t: Number(u.tNs) / 1e9, w: (e(u) - e(this.last)) / (Number(u.tNs - this.last.tNs) / 1e9) });
@@ -160,10 +158,7 @@ const SOURCES = ['synthetic', 'fake MSR'] as const;
  * The daemon under its keeper (interval 1 s, no discovery, a limits file with no limit yet) on the
  * synthetic source, or on the fake MSR device following the CPU load (loadFollowingMsr).
  */
-async function limitDaemon(
-  source: (typeof SOURCES)[number],
-  dram = false,
-): Promise<{ sock: string; h: DaemonChild; limitsFile: string }> {
+async function limitDaemon(source: (typeof SOURCES)[number], dram = false): Promise<{ sock: string; h: DaemonChild; limitsFile: string }> {
   const fake = new FakeHost({ packages: [0, 0] });
   cleanups.push(() => fake.cleanup());
   fake.writeRapl({ powerUnit: 0xa0e03n, energy: { 0: 0 } });
@@ -275,7 +270,9 @@ describe('power limits on real QEMU guests', () => {
     }
     // The command line lists it (root).
     const listed = await cli(['limit', '-k', sock]);
-    expect(listed.stdout).toMatch(new RegExp(`^"plvm1" pid ${q.pid}: package limit ${limit} W, quota \\d+ % of a CPU, limited \\d+ s$`, 'm'));
+    expect(listed.stdout).toMatch(
+      new RegExp(`^"plvm1" pid ${q.pid}: package limit ${limit} W, quota \\d+ % of a CPU, limited \\d+ s$`, 'm'),
+    );
 
     // Raised to 0.6 of the unlimited power, then lowered to 1/3: each holds as the first did, or, when
     // the host's other work leaves the VM under a raised limit, the helper lets go (nothing done to a VM
@@ -393,7 +390,9 @@ describe('power limits on real QEMU guests', () => {
       const mean = log.mean(t + 4, t + 14);
       console.log(`power limit across ${what}: limit ${l} W, mean ${mean.toFixed(2)} W over the 10 s after`);
       expect(Math.abs(mean / l - 1), `held within 5 % after ${what}`).toBeLessThanOrEqual(0.05);
-      expect((await cli(['limit', '-k', sock])).stdout).toMatch(new RegExp(`^"plvmk" pid ${q.pid}: package limit ${l} W, quota \\d+ %`, 'm'));
+      expect((await cli(['limit', '-k', sock])).stdout).toMatch(
+        new RegExp(`^"plvmk" pid ${q.pid}: package limit ${l} W, quota \\d+ %`, 'm'),
+      );
     };
     // stats and watch show the limit and that it bites, in their tables and their JSON records.
     const statsJson = (await cli(['stats', '--once', '--json', '--vm', 'plvmk', '-k', sock])).stdout

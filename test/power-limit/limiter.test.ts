@@ -75,7 +75,9 @@ describe('power limiter', () => {
     // The guest goes idle: the quota climbs back to the whole vCPU and is let go.
     for (let i = 0; i < 10 && w.released() === 0; i++) w.sample(1, 5, 0.1);
     expect(w.released()).toBe(1);
-    expect(w.lines.some((l) => l.startsWith('power limit of VM 1 stops biting: package power 5.0 W stays under the limit of 30 W'))).toBe(true);
+    expect(w.lines.some((l) => l.startsWith('power limit of VM 1 stops biting: package power 5.0 W stays under the limit of 30 W'))).toBe(
+      true,
+    );
     expect(w.limiter.view(1)!.quotaUs).toBeNull();
     expect(w.limiter.view(1)!.limitedS).toBeGreaterThan(0);
   });

@@ -54,7 +54,9 @@ describe('limits file', () => {
       ['4242', { package: 7 }],
     ]);
     expect(f.problems).toEqual([
-      expect.stringMatching(/^cannot read line 6 of the limits file \/etc\/limits: it is not a VM and a number of watts; write 'VM WATTS \[DOMAIN\]'/),
+      expect.stringMatching(
+        /^cannot read line 6 of the limits file \/etc\/limits: it is not a VM and a number of watts; write 'VM WATTS \[DOMAIN\]'/,
+      ),
       expect.stringMatching(/^cannot read line 7 .*: "-3" is not a number of watts above 0; give watts/),
       expect.stringMatching(/^cannot read line 8 .*: "1e3" is not a number of watts above 0/),
       expect.stringMatching(/^cannot read line 9 .*: "web1" has a package limit on an earlier line; keep one line per VM and domain/),

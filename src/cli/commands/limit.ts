@@ -35,7 +35,8 @@ function line(vm: VmInfo, s: LimitState): string {
   const name = vm.name === null ? `pid ${vm.pid}` : `${JSON.stringify(vm.name)} pid ${vm.pid}`;
   const quota = s.quotaUs === 0 ? 'not biting' : `quota ${((s.quotaUs / s.periodUs) * 100).toFixed(0)} % of a CPU`;
   const on = s.domain ?? 'package';
-  const limit = s.limitMw === 0 ? `no ${on} limit` : `${on} limit ${s.limitMw / 1000} W, ${quota}, limited ${(Number(s.limitedNs) / 1e9).toFixed(0)} s`;
+  const limit =
+    s.limitMw === 0 ? `no ${on} limit` : `${on} limit ${s.limitMw / 1000} W, ${quota}, limited ${(Number(s.limitedNs) / 1e9).toFixed(0)} s`;
   return `${name}: ${limit}\n`;
 }
 
@@ -73,7 +74,10 @@ export function addLimitCommand(program: Command): void {
     try {
       const vms = await client.list();
       if (target === undefined) {
-        const limited = await listLimits(client, vms.filter((v) => !v.ended));
+        const limited = await listLimits(
+          client,
+          vms.filter((v) => !v.ended),
+        );
         process.stdout.write(limited.length === 0 ? 'no VM has a power limit\n' : limited.join(''));
         return;
       }

@@ -305,7 +305,8 @@ function makeParts(
     o.host.domains,
   );
   const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
-  const limitsFile = o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file, (d) => limits!.limiter.domainProblem(d));
+  const limitsFile =
+    o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file, (d) => limits!.limiter.domainProblem(d));
   for (const p of limitsFile?.problems ?? []) o.log.warn({ powerLimits: o.powerLimits?.file }, p);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
     fanOut.dropped(vmId, last);

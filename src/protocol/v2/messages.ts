@@ -360,7 +360,9 @@ function parseLimit(f: Frame): ClientParse {
   const withDomain = (f.flags & LIMIT_DOMAIN) !== 0;
   if (p.length !== (withDomain ? 12 : 8)) return wrongSize(f.type, p.length, withDomain ? '12' : '8');
   if ((f.flags & ~(LIMIT_SET | LIMIT_DOMAIN)) !== 0)
-    return bad(`flags must be 0 or a mix of 0x${LIMIT_SET.toString(16)} (set) and 0x${LIMIT_DOMAIN.toString(16)} (domain), got 0x${f.flags.toString(16)}`);
+    return bad(
+      `flags must be 0 or a mix of 0x${LIMIT_SET.toString(16)} (set) and 0x${LIMIT_DOMAIN.toString(16)} (domain), got 0x${f.flags.toString(16)}`,
+    );
   const domain = withDomain ? ENERGY_DOMAINS[p.readUInt32LE(8)] : undefined;
   if (withDomain && domain === undefined)
     return bad(`domain code ${p.readUInt32LE(8)} names no RAPL domain (0 to ${ENERGY_DOMAINS.length - 1}: ${ENERGY_DOMAINS.join(', ')})`);
