@@ -422,6 +422,7 @@ describe('power limits on real QEMU guests', () => {
     fs.writeFileSync(limitsFile, `plvmk ${fileLimit}\nplvmk-typo twelve\n`);
     const serving = listenings(h);
     const reload = await cli(['reload', '-k', sock]);
+    if (reload.code !== 0) console.log('DEBUG reload', JSON.stringify(reload), h.stderr().split('\n').slice(-40).join('\n'));
     expect(reload.code, reload.stderr).toBe(0);
     await waitFor(() => listenings(h) > serving, 'the serving process after the reload', h, 60_000);
     // From the new process's first sample, where the file's limit starts (the interval before it spans the restart).
