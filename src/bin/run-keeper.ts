@@ -5,10 +5,13 @@
  */
 import { takeKeeperImage, type KeeperImage } from '../keeper/keeper-image.js';
 import { runKeeper } from '../keeper/keeper.js';
+import { savedUidRoot } from '../os/privileges/capabilities.js';
 import { createLogger, type LogLevel } from '../logging/logger.js';
 import { DAEMON_CHILD_ENV, isDaemonChild, reportReady } from '../helper/lifecycle/daemonize.js';
 
 export async function runKeeperImage(): Promise<never> {
+  // Before anything else: from here on no process of -u's user may signal the keeper.
+  savedUidRoot();
   const image: KeeperImage = takeKeeperImage()!;
   const log = createLogger(image.level as LogLevel).child({ area: 'keeper' });
   const env: NodeJS.ProcessEnv = { ...process.env, ...image.env };

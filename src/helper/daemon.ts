@@ -36,7 +36,7 @@ import {
 } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
-import { disarmLoopWatchdog, startLoopWatchdog } from './lifecycle/loop-watchdog.js';
+import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
 import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import type { CrashGuard } from './handover/crash-guard.js';
@@ -164,6 +164,7 @@ class Daemon implements Restartable {
         ...(guard.keep ? { keep: guard.keep } : {}),
         log: area('restart'),
       });
+      if (guard.keep) tellLoopBeats(() => guard.keep!.beat());
       ready(opened.listener.where, { logger, area, notifier });
       // Checkpoints from now on, each written after its sample and before any client is told of it.
       guard.serving(this.v2?.service);

@@ -3,7 +3,7 @@
  * "The -u user ending the service"). A fault is the helper's own: a signal the kernel sends a process
  * for what it did (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGTRAP, SIGXCPU, SIGXFSZ), SIGABRT
  * (raised by the process itself: Node's fatal errors, abort()), an exit code, or a SIGKILL while the
- * host's OOM kill counter moved. Any other signal came from another process (a SIGKILL or SIGTERM of
+ * host's OOM kill counter moved, or a SIGALRM of its own loop watchdog. Any other signal came from another process (a SIGKILL or SIGTERM of
  * the -u user, an operator): the keeper restarts it, backed off, without counting it toward the
  * crashes in a row that stop it.
  */
@@ -32,10 +32,28 @@ export function oomKills(vmstat = '/proc/vmstat'): number {
 }
 
 /**
- * Whether a death by `sig` came from another process: not a fault, and for SIGKILL no OOM kill on
- * the host since `oomBefore` (then the OOM killer may have sent it: counted as a crash).
+ * A serving process's event loop tells the keeper it turns once a second (lifecycle/loop-watchdog.ts,
+ * whose alarm ends a loop stalled for 10 s): silent for this long before a SIGALRM death, its loop
+ * had stopped, and the alarm was its own watchdog's.
  */
-export function endedFromOutside(sig: string, oomBefore: number, vmstat?: string): boolean {
+export const WATCHDOG_SILENCE_MS = 5000;
+
+/** What the keeper knew of the serving process when it died. */
+interface DeathContext {
+  /** The host's OOM kills when it was started (oomKills). */
+  oomBefore: number;
+  /** Milliseconds since the keeper last heard from it. */
+  silentMs: number;
+}
+
+/**
+ * Whether a death by `sig` came from another process: not a fault; for SIGKILL no OOM kill on the
+ * host since it started (then the OOM killer may have sent it: counted as a crash); for SIGALRM a
+ * loop that still turned (a silent one was ended by its own watchdog: a crash, a hang at every start
+ * must reach the limit).
+ */
+export function endedFromOutside(sig: string, at: DeathContext, vmstat?: string): boolean {
   if (FAULTS.has(sig)) return false;
-  return sig !== 'SIGKILL' || oomKills(vmstat) === oomBefore;
+  if (sig === 'SIGALRM') return at.silentMs < WATCHDOG_SILENCE_MS;
+  return sig !== 'SIGKILL' || oomKills(vmstat) === at.oomBefore;
 }

@@ -7,8 +7,9 @@
  *   D  drop the connection of this inode; text: the inode in decimal
  *   C  the latest checkpoint (a sealed memfd attached); text: empty
  *   R  serving (the start is over)
+ *   B  the event loop turns (once a second from ready on: keeper/deaths.ts tells a hung loop's watchdog from a sent SIGALRM)
  */
-export const KEEPER_MESSAGE = { hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R' } as const;
+export const KEEPER_MESSAGE = { hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R', beat: 'B' } as const;
 export type KeeperMessageType = (typeof KEEPER_MESSAGE)[keyof typeof KEEPER_MESSAGE];
 
 /** Longest message: a type byte and an inode in decimal, with room to spare. */

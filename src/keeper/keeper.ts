@@ -9,8 +9,11 @@
  * passed on.
  *
  * Privileges: none. The start opened everything as root and executed the keeper with every
- * capability dropped on every thread (os/privileges/reexec.ts), as -u's user; the serving processes
- * it starts inherit exactly that, and it signals them as their own user. It never opens, unlinks or
+ * capability dropped on every thread (os/privileges/reexec.ts), with -u's user as its effective uid
+ * and 0 as its real and saved ones: no process of -u's user may signal it (kill(2)), and 0 brings no
+ * capability (empty bounding set, SECBIT_NOROOT locked, NO_NEW_PRIVS). The serving processes it
+ * starts inherit that and take -u's uid as all three first thing (takeOwnUid); it may signal them
+ * either way. It never opens, unlinks or
  * executes a path a serving process names: the command, the socket file and the pidfile are the
  * start's (KeeperOptions).
  */
@@ -34,7 +37,7 @@ import { endedFromOutside, oomKills } from './deaths.js';
 export const KEEPER_LIMITS = {
   /** The keeper stops after this many crashes in a row (the last one is not restarted). */
   maxCrashesInARow: 5,
-  /** A serving process that served this long before it died ends the row: its crash is the first of a new one. */
+  /** A serving process heard from (keeper-messages.ts) this long after it was ready ends the row: its crash is the first of a new one. */
   stableMs: 10_000,
   /**
    * Wait before restarting after the 1st, 2nd, ... crash in a row (the last value for any later one);
@@ -72,9 +75,10 @@ interface KeeperOptions {
 }
 
 /**
- * Runs the keeper until the serving process stops on purpose (its exit code), its first start fails
- * (its exit code), or crashes come too often in a row (1). Signals: SIGTERM and SIGINT are passed on
- * and stop the keeper once the serving process stopped; SIGHUP is passed on (a restart in place).
+ * Runs the keeper until it is stopped (the serving process's exit code), the first start fails (its
+ * exit code), or crashes come too often in a row (1). Signals: SIGTERM and SIGINT are passed on and
+ * stop the keeper once the serving process stopped (a serving process that stops without them came
+ * from outside: started again); SIGHUP is passed on (a restart in place).
  */
 export function runKeeper(o: KeeperOptions): Promise<number> {
   const limits = { ...KEEPER_LIMITS, ...o.limits };
@@ -92,6 +96,8 @@ class Keeper {
   private channel: { fd: number; watch: FdWatch } | null = null;
   private everReady = false;
   private readyAt = 0;
+  /** When the serving process last sent a message (its loop beats once a second: deaths.ts). */
+  private lastHeard = 0;
   private crashes = 0;
   /** Ends from outside in a row (deaths.ts): backed off, never a reason to stop. */
   private killed = 0;
@@ -152,6 +158,7 @@ class Keeper {
     closeFd(theirs);
     this.child = child;
     this.oomAtSpawn = oomKills();
+    this.lastHeard = Date.now();
     this.channel = { fd: mine, watch: watchReadable(mine, () => this.drain()) };
     child.once('error', (e) => this.o.log.error({ err: e.message }, 'keeper: cannot start the serving process'));
     child.once('exit', (code, sig) => this.onExit(child, code, sig));
@@ -170,6 +177,7 @@ class Keeper {
         return;
       }
       if (r.data.length === 0 && r.fds.length === 0) return this.closeChannel();
+      this.lastHeard = Date.now();
       const fd = r.fds[0];
       if (!this.take(r.data, fd) && fd !== undefined) closeFd(fd);
     }
@@ -212,6 +220,8 @@ class Keeper {
           this.child?.kill('SIGHUP');
         }
         return false;
+      case KEEPER_MESSAGE.beat: // heard (drain): a SIGALRM now came from outside, not from a hung loop's watchdog
+        return false;
     }
   }
 
@@ -235,7 +245,7 @@ class Keeper {
     this.closeChannel();
     this.child = null;
     const how = sig ?? `exit code ${code}`;
-    if (this.stopping || (code === 0 && sig === null)) return this.finish(code ?? 0);
+    if (this.stopping) return this.finish(code ?? 0);
     // Before the first ready too: the start re-executes itself dropped to -u's user, whose processes
     // may signal it while Node starts.
     if (sig === 'SIGHUP') return this.restartAfterHangup(child);
@@ -243,8 +253,12 @@ class Keeper {
       this.o.log.error({ servingPid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
       return this.finish(code ?? 1);
     }
-    const stable = this.readyAt > 0 && Date.now() - this.readyAt >= this.limits.stableMs;
-    if (sig !== null && endedFromOutside(sig, this.oomAtSpawn)) return this.restartAfterKill(child, sig, stable);
+    // Served until last heard from: a loop its watchdog ended had stopped serving 10 s before.
+    const stable = this.readyAt > 0 && this.lastHeard - this.readyAt >= this.limits.stableMs;
+    // A clean stop (exit code 0) the keeper did not ask for: a SIGTERM or SIGINT from another process.
+    if (code === 0 && sig === null) return this.restartAfterKill(child, 'a SIGTERM or SIGINT', stable);
+    const at = { oomBefore: this.oomAtSpawn, silentMs: Date.now() - this.lastHeard };
+    if (sig !== null && endedFromOutside(sig, at)) return this.restartAfterKill(child, sig, stable);
     this.crashes = stable ? 1 : this.crashes + 1;
     this.readyAt = 0;
     const note = this.noteOf(child, how);
@@ -294,14 +308,14 @@ class Keeper {
    * Started again with everything, backed off as crashes are (at most one start per 3 s under a
    * killing loop).
    */
-  private restartAfterKill(child: ChildProcess, sig: NodeJS.Signals, stable: boolean): void {
+  private restartAfterKill(child: ChildProcess, sig: string, stable: boolean): void {
     this.killed = stable ? 1 : this.killed + 1;
     this.readyAt = 0;
     const note = { ...this.noteOf(child, sig), fromOutside: true };
     const delay = this.backoff(this.killed);
     this.o.log.warn(
       { servingPid: note.pid, how: sig, killedInARow: this.killed, restartInMs: delay, connections: this.conns.size },
-      `keeper: the serving process was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
+      `keeper: the serving process was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper; to stop the helper, signal the keeper, pid ${process.pid}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
     );
     this.timer = setTimeout(() => this.spawn(note), delay);
   }

@@ -135,6 +135,10 @@ export class KeeperLink {
     this.send(KEEPER_MESSAGE.ready);
   }
 
+  beat(): void {
+    this.send(KEEPER_MESSAGE.beat);
+  }
+
   private send(type: KeeperMessageType, text = '', fd?: number): void {
     if (this.gone) return;
     try {

@@ -14,6 +14,8 @@
 export const POWER_CONTROL = {
   /** The assumed local exponent of power over CPU time (1/A is the step's exponent). */
   exponent: 1.5,
+  /** A step whose power is off the limit by more than this factor is taken with the exponent 2 (stepExponent). */
+  largeStep: 1.25,
   /** Relative errors smaller than this change nothing (the noise of a busy host's attribution). */
   deadband: 0.02,
   /** The floor: this many CPUs per vCPU are never taken away (docs/power-limits.md "The floor"). */
@@ -47,14 +49,23 @@ export function nextQuota(i: ControlInput): number | null {
   const ratio = i.limitW / i.powerW;
   if (i.quotaCpus === null) {
     if (ratio >= 1) return null;
-    return clamp(Math.max(i.usedCpus, floorCpus(i.nvcpu)) * ratio ** (1 / POWER_CONTROL.exponent), i.nvcpu);
+    return clamp(Math.max(i.usedCpus, floorCpus(i.nvcpu)) * ratio ** (1 / stepExponent(ratio)), i.nvcpu);
   }
   if (Math.abs(Math.log(ratio)) < POWER_CONTROL.deadband) return i.quotaCpus;
   // A VM that used far less than its quota (it went idle, or the host kept it from running) is
   // steered from what it used, so the quota does not wind up where it has no effect.
   const base = ratio > 1 ? i.quotaCpus : Math.min(i.quotaCpus, Math.max(i.usedCpus, floorCpus(i.nvcpu)));
-  const next = base * ratio ** (1 / POWER_CONTROL.exponent);
+  const next = base * ratio ** (1 / stepExponent(ratio));
   return next >= full ? null : clamp(next, i.nvcpu);
+}
+
+/**
+ * The exponent of one step: A, or for a large step (power more than a quarter off the limit) the top
+ * of the range, 2, so that a VM whose power grows like c^2 is not carried past the limit (at A = 1.5 a
+ * step to half its power would land 18 % below); the next, smaller step then lands with A.
+ */
+function stepExponent(ratio: number): number {
+  return Math.abs(Math.log(ratio)) > Math.log(POWER_CONTROL.largeStep) ? 2 : POWER_CONTROL.exponent;
 }
 
 function clamp(cpus: number, nvcpu: number): number {

@@ -17,7 +17,7 @@ import {
   parseKeeperNote,
 } from '../../src/keeper/keeper-messages.js';
 import { takeFromKeeper } from '../../src/keeper/link.js';
-import { endedFromOutside, oomKills } from '../../src/keeper/deaths.js';
+import { endedFromOutside, oomKills, WATCHDOG_SILENCE_MS } from '../../src/keeper/deaths.js';
 import { takeKept } from '../../src/helper/handover/kept.js';
 import { outsideKeep } from '../../src/helper/handover/outside-keep.js';
 import { Notifier } from '../../src/helper/lifecycle/systemd.js';
@@ -180,15 +180,24 @@ describe("the fd store's bookkeeping", () => {
 });
 
 describe('how the keeper counts a death (keeper/deaths.ts)', () => {
-  it('a fault, SIGABRT, or a SIGKILL while the host counted an OOM kill is a crash; any other signal came from outside', () => {
+  it('a fault, SIGABRT, a SIGKILL while the host counted an OOM kill, or a SIGALRM after a silent loop is a crash; any other signal came from outside', () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-deaths-'));
     const vmstat = path.join(dir, 'vmstat');
     fs.writeFileSync(vmstat, 'pgfault 10\noom_kill 7\nother 1\n');
     expect(oomKills(vmstat)).toBe(7);
     for (const sig of ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGABRT', 'SIGSYS'])
-      expect(endedFromOutside(sig, 7, vmstat), sig).toBe(false);
-    for (const sig of ['SIGKILL', 'SIGTERM', 'SIGUSR2', 'SIGQUIT']) expect(endedFromOutside(sig, 7, vmstat), sig).toBe(true);
-    expect(endedFromOutside('SIGKILL', 6, vmstat), 'an OOM kill since the start: the OOM killer may have sent it').toBe(false);
+      expect(endedFromOutside(sig, { oomBefore: 7, silentMs: 0 }, vmstat), sig).toBe(false);
+    for (const sig of ['SIGKILL', 'SIGTERM', 'SIGUSR2', 'SIGQUIT', 'SIGALRM'])
+      expect(endedFromOutside(sig, { oomBefore: 7, silentMs: 900 }, vmstat), sig).toBe(true);
+    expect(
+      endedFromOutside('SIGKILL', { oomBefore: 6, silentMs: 0 }, vmstat),
+      'an OOM kill since the start: the OOM killer may have sent it',
+    ).toBe(false);
+    for (const silentMs of [WATCHDOG_SILENCE_MS, 10_000, 60_000])
+      expect(endedFromOutside('SIGALRM', { oomBefore: 7, silentMs }, vmstat), `the loop silent ${silentMs} ms: its own watchdog`).toBe(
+        false,
+      );
+    expect(endedFromOutside('SIGTERM', { oomBefore: 7, silentMs: 60_000 }, vmstat), 'silence makes only SIGALRM a crash').toBe(true);
     expect(oomKills(path.join(dir, 'missing')), 'unknown: 0').toBe(0);
     fs.rmSync(dir, { recursive: true });
   });

@@ -110,6 +110,18 @@ function testGroup(name: string, quota = '-1\n'): string {
   return dir;
 }
 
+/** The share of the CFS periods of the group `dir` in which it was throttled, over `ms` from now. */
+async function throttledShare(dir: string, ms: number): Promise<number> {
+  const read = () => {
+    const t = fs.readFileSync(path.join(dir, 'cpu.stat'), 'utf8');
+    return { periods: Number(/^nr_periods (\d+)$/m.exec(t)![1]), throttled: Number(/^nr_throttled (\d+)$/m.exec(t)![1]) };
+  };
+  const a = read();
+  await sleep(ms);
+  const b = read();
+  return b.periods === a.periods ? 0 : (b.throttled - a.throttled) / (b.periods - a.periods);
+}
+
 /** A guest spinning every vCPU, every thread of it moved into the group `dir`. */
 async function spinningGuest(name: string, smp: number, dir: string): Promise<QemuGuest> {
   const q = await startQemu({ mode: 'a', smp, sockets: 1, name });
@@ -288,7 +300,11 @@ describe('power limits on real QEMU guests', () => {
       previous = l;
       console.log(`power limit, one VM, limit moved to ${l} W:`, JSON.stringify(g));
       expect(g.meanErr).toBeLessThanOrEqual(0.05);
-      if (g.meanErr < -0.05) expect((await c.limit(vmId)).quotaUs, 'under its limit only when let go').toBe(0);
+      // Under a raised limit because the host's other work keeps it there, not the helper: let go, or
+      // a quota the spinning VM no longer runs into (throttled in few periods; a quota holding it
+      // under would throttle it in nearly every one).
+      if (g.meanErr < -0.05 && (await c.limit(vmId)).quotaUs !== 0)
+        expect(await throttledShare(dir, 3_000), 'under its limit only when its quota does not hold it there').toBeLessThan(0.25);
       expect(g.overshoot).toBeLessThanOrEqual(0.1);
     }
     // Removed: the quota file holds what it held before, byte for byte, and the power comes back.
@@ -400,7 +416,7 @@ describe('power limits on real QEMU guests', () => {
       .filter((l) => l.includes('"type":"vm"'));
     expect(JSON.parse(statsJson[0]!)).toMatchObject({ name: 'plvmk', power_limit_w: limit, power_limit_state: 'throttled' });
     expect((await cli(['stats', '--once', '--vm', 'plvmk', '-k', sock])).stdout).toMatch(
-      new RegExp(`plvmk .* live, package limit ${limit} W throttled \\(quota 0\\.\\d\\d CPU, \\d+ s limited\\)`),
+      new RegExp(`plvmk .* live, package limit ${limit} W throttled \\(quota \\d+\\.\\d\\d CPU, \\d+ s limited\\)`),
     );
     const watched = await cli(['watch', 'plvmk', '--count', '2', '-k', sock]);
     expect(watched.stdout).toMatch(new RegExp(`  package limit ${limit} W throttled`));

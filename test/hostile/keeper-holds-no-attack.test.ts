@@ -50,7 +50,7 @@ describe('the keeper under a flood of another user', () => {
     onCleanup(() => flood.stop());
     await sleep(2000);
     expect(sockets(keeper), "the flood's connections are not the keeper's").toBe(held);
-    // The keeper runs as -u's user (nobody): a uid of its own is what keeps others from signalling it.
+    // The keeper's real and saved uid are 0 (its effective uid -u's): neither another user nor -u's may signal it.
     expect(await killAs(OTHER, 'TERM', keeper), 'another user cannot signal the keeper').not.toBe(0);
     expect(await killAs(OTHER, 'KILL', keeper)).not.toBe(0);
 

@@ -79,6 +79,16 @@ describe('power limit controller', () => {
     }
   });
 
+  it('goes below a lowered limit by at most 10 % and settles within 5 intervals when the limit is lowered from 0.6 to a third', () => {
+    for (const p of family) {
+      const full = powerOf(p, p.nvcpu);
+      const { power } = run(p, (i) => (i < 15 ? 0.6 * full : full / 3), 40);
+      const after = power.slice(16);
+      expect(Math.min(...after) / (full / 3), `powers ${after.map((w) => w.toFixed(1)).join(' ')}`).toBeGreaterThanOrEqual(0.9);
+      expect(after.slice(5).every((w) => Math.abs(w / (full / 3) - 1) <= 0.05)).toBe(true);
+    }
+  });
+
   it('holds within 5 % on average and does not oscillate when the measured power has 5 % noise', () => {
     for (const p of family)
       for (const seed of [1, 2, 3]) {

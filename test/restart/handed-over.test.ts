@@ -139,6 +139,32 @@ describe('what a start takes after a planned restart', () => {
     }
   });
 
+  test("an older image's hand-over (vmsr-state, vmsr-handover, vmsr-conn) restores its state and serves its connections from their next byte", () => {
+    const [a, peerA] = socketpair();
+    const stateFd = writeStateMemfd(state);
+    const oldRecord = writeSealedMemfd('vmsr-helper-handover', Buffer.from('VMSRHAND an older record'));
+    const { lines, log } = logs();
+    try {
+      const got = takeKept(
+        new Map([
+          ['vmsr-state', [stateFd]],
+          ['vmsr-handover', [oldRecord]],
+          ['vmsr-conn', [a]],
+        ]),
+        null,
+        log,
+        2000n,
+      );
+      expect(decodeKeptState(got.state!, log)).toEqual(state);
+      expect(got.connections).toEqual([{ fd: a, kind: 'undecided', pending: Buffer.alloc(0) }]);
+      expect([stateFd, oldRecord].map(isOpen)).toEqual([false, false]);
+      expect(lines.join('\n')).toMatch(/unexpected fds handed over as 'vmsr-handover': closed/);
+    } finally {
+      closeFd(a);
+      closeFd(peerA);
+    }
+  });
+
   test('a record that is not sealed, or does not decode, is refused and logged: no state, the connections served as after a crash', () => {
     const [a, peerA] = socketpair();
     const unsealed = memfdCreate('not-sealed');

@@ -39,7 +39,7 @@ function signalRefused(pid: number, e: NodeJS.ErrnoException): string {
   if (e.code === 'EPERM')
     return cannot(
       'reload',
-      `not allowed to signal the helper (pid ${pid}): it runs as another user, and only root or that user may restart it`,
+      `not allowed to signal the helper (pid ${pid}): it runs as another user, and only root or that user (with a keeper, root alone) may restart it`,
       'run it as root (sudo vmsr-helper reload), or systemctl reload qemu-vmsr-helper',
     );
   return cannot('reload', `cannot send SIGHUP to the helper (pid ${pid}): ${e.message}`, 'check that it still runs');

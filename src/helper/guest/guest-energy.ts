@@ -21,12 +21,22 @@ import {
   type GuestVm,
 } from '../../guest-energy/guest-counter.js';
 import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
-import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from '../../guest-energy/window-phases.js';
+import { requestStep, type Exact, type PeerPhase } from '../../guest-energy/peer-phase.js';
+import { freshPhases } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import { ThreadReads, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
-import { ExitWatch, exitProbeKind, idleAtList, realExitOs, unseenCpuNs, type ExitOs, type ExitProbeKind } from './thread-exits.js';
+import {
+  ExitWatch,
+  exitProbeKind,
+  idleAtList,
+  realExitOs,
+  unseenCpuNs,
+  type ExitOs,
+  type ExitProbeKind,
+  type WatchStart,
+} from './thread-exits.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
 import { readStarttime } from '../../os/proc-starttime.js';
@@ -42,47 +52,45 @@ const SETTLED_START_NS = 20_000_000n;
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
 const HOLD_LIMIT_NS = 10_000_000_000n;
 
-/** One peer asking for the counter: its windows seen, and its counters once exact. */
-interface Peer {
-  key: ProcessKey;
-  phases: PhaseState;
-  windowsSeen: number;
-  version: 'unknown' | 'reading' | 'modelled' | 'not modelled';
-  vmId?: number;
-  counter?: GuestCounterState;
-  /**
-   * Answered 0 since a restart (its QEMU may be in a window whose one side was 0): 0 again until a
-   * request comes soon after the last, which can only be a window's start; then as usual. The time of the last.
-   */
-  resyncNs?: bigint;
-  /** The run time of each thread read just before its start line (ThreadReads.readStart), for the end read. */
-  runTimes?: Map<number, string | null>;
-  /** The last window's end read, for the next start's (ThreadReads.readStart). */
-  lastRead?: StartRead;
-  /**
-   * The settling's read of the last window's end (its time, and the run time of the threads but the
-   * next window's vCPUs then), for the next start to take as its own (startFromSettled).
-   */
-  settled?: { read: StartRead; atNs: bigint; othersNs: number; mainNs: number | null };
-  /** A window's vCPU threads, read before its start reply (the rest are read after it). */
-  early?: StartRead;
-  /** The VM's vCPU threads at the window's start, for the end's forecast. */
-  vcpuTids?: number[];
+type RunTimes = Map<number, string | null> | undefined;
+
+/**
+ * Where an exact VM's window is: its start answered and its vCPUs read (`early`), the other threads
+ * read once the reply has left (afterReplies); open, with the run time of each thread read just
+ * before its start line (for the end read) and of its threads but the vCPUs (for the end's
+ * forecast); its end answered from a forecast, settled once the reply has left (settleAll); closed
+ * (between windows, or restored mid-window: its end read without the start's run times).
+ */
+type Edge =
+  | { at: 'starting'; vcpuTids: number[]; early: StartRead }
+  | { at: 'open'; vcpuTids: number[]; runTimes: RunTimes; othersNs: number | undefined }
+  | { at: 'settling'; runTimes: RunTimes; closing: GuestVm }
+  | { at: 'closed' };
+
+/**
+ * The last window's end read (or the read when exact began), for the next start: its time, and at a
+ * settling's, the run time of the threads but the next window's vCPUs and then of the main thread
+ * (for the next start's ExitWatch); `settledNs`: kept whole for the next start (startFromSettled).
+ */
+interface LastRead {
+  read: StartRead;
+  atNs: bigint;
+  othersNs?: number;
+  mainNs?: number | null;
+  settledNs?: bigint;
+}
+
+/** What the helper keeps of an exact VM beside its counters. */
+interface ExactIo {
+  vmId: number;
+  edge: Edge;
+  last?: LastRead;
   /** The VM's vCPU threads as found at the last window's end, milliseconds before the next start: that start's. */
   nextVcpuTids?: number[];
   /** The task directory, held from the window's start read to its end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
-  /** At the window's start read: the run time (ns) of its threads but the vCPUs (othersNs), for the end's forecast. */
-  othersNs?: number;
-  /** The same at lastRead (the settling's read), for the next start's ExitWatch, and the main thread's run time read after it. */
-  lastOthersNs?: number;
-  lastMainNs?: number | null;
-  /** The VM as found for the end answered from a forecast, until the window is settled. */
-  closing?: GuestVm;
   /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
   closedVpkgJ?: readonly number[];
-  /** When lastRead (or the settling's read) was read, for the next start's ExitWatch. */
-  lastReadNs?: bigint;
   /** The window's threads watched for an exit (thread-exits.ts), from its start read on. */
   exits?: ExitWatch;
   /** Windows answered a zero delta because a listed thread may have exited before the reply (and why, per cause: ExitWatch.cause). */
@@ -92,25 +100,27 @@ interface Peer {
   lateExits: number;
 }
 
+type ExactVm = Exact<ExactIo>;
+
+/** One peer asking for the counter (peer-phase.ts), and its QEMU's version. */
+interface Peer extends PeerPhase<ExactIo> {
+  key: ProcessKey;
+  version: 'unknown' | 'reading' | 'modelled' | 'not modelled';
+}
+
 export class GuestEnergy implements EnergyStatusHook {
   private readonly peers: GuestPeers<Peer>;
   private readonly pkgOfCpu: Map<number, number>;
   private readonly maxTicks: Map<number, number>;
   private readonly reads: ThreadReads;
-  /** Windows begun whose start read waits for the reply to leave (afterReplies). */
-  private readonly starting: Peer[] = [];
-  /** Windows whose end was answered from a forecast, to settle once the reply has left (afterReplies). */
-  private readonly settling: Peer[] = [];
-  /** Peers holding a task directory (TaskCount). */
-  private readonly holding = new Set<Peer>();
+  /** The VMs whose window is starting or settling: read once the replies have left (drain). */
+  private pending: ExactVm[] = [];
   /** Nanoseconds of run time a clock tick (utime and stime are counted in CLK_TCK). */
   private readonly nsPerTick: number;
   /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
   private views: ReadonlyMap<number, GuestVmView> = new Map();
   private readonly exitKind: ExitProbeKind;
   private readonly exitOs: ExitOs;
-  /** Peers whose threads are watched (ExitWatch): let go with their task directory's hold. */
-  private readonly watching = new Set<Peer>();
   private readonly limiter: LogLimiter;
   /** A delta search met its bound once already (logBounded). */
   private boundLogged = false;
@@ -127,71 +137,48 @@ export class GuestEnergy implements EnergyStatusHook {
     this.peers = new GuestPeers<Peer>({
       log: o.log,
       alive: (k) => readStarttime(o.procRoot, k.pid) === k.starttime,
-      droppable: (p) => p.counter === undefined,
-      forgotten: (p) => this.release(p),
+      droppable: (p) => p.phase.at === 'listening',
+      forgotten: (p) => p.phase.at === 'exact' && this.release(p.phase, true),
       ...(o.maxPeers !== undefined ? { capacity: o.maxPeers } : {}),
     });
   }
 
   /** The value to answer an MSR_PKG_ENERGY_STATUS request with, or undefined: answer it raw. */
   answer(from: PeerCredentials, cpu: number): bigint | undefined {
-    if (this.starting.length + this.settling.length > 0) this.afterReplies();
+    this.afterReplies();
     const pkg = this.pkgOfCpu.get(cpu);
     if (pkg === undefined) return undefined;
     const now = this.o.clock();
-    const peer = this.peer(from, now);
+    const peer = this.remember(from.pid, from.starttime, now, from);
     if (peer === undefined) return undefined;
-    const peerPid = from.pid;
-    if (peer.resyncNs !== undefined) {
-      const last = peer.resyncNs;
-      peer.resyncNs = now;
-      if (now - last >= MIN_SLEEP_NS) return 0n;
-      delete peer.resyncNs;
-      peer.phases = freshPhases();
-      if (peer.counter !== undefined) peer.counter.phases = freshPhases();
-    }
-    if (peer.counter !== undefined) return BigInt(this.exactStep(peer, peer.counter, pkg, now));
-    const step = nextPhase(peer.phases, pkg, now);
-    if (step.kind !== 'start' || !step.first) return undefined;
-    peer.windowsSeen++;
-    if (!this.begin(peerPid, peer)) return undefined;
-    return BigInt(this.afterStart(peer, 0));
+    const step = requestStep(peer, pkg, now);
+    if (step === 'zero') return 0n;
+    if (peer.phase.at === 'exact') return BigInt(this.exactStep(peer.phase, pkg, now));
+    if (step !== 'begin') return undefined;
+    const x = this.begin(from.pid, peer);
+    return x === undefined ? undefined : BigInt(this.afterStart(x, 0));
   }
 
   /**
-   * After the replies of a chunk left: the start reads of the windows they began. QEMU read its
-   * threads just before asking and the start value does not depend on them, so the threads that
-   * move (the vCPUs) were read before the reply and the others (idle mostly: a later read sees the
-   * same ticks) are read right after it, in the same turn of the event loop, off the request's
-   * latency (the vCPUs read after it, even in the same turn, could be read after QEMU's vmsr thread
-   * and whatever else ran once the reply woke it). And the windows whose end was answered from a
-   * forecast are settled on the threads read now, as QEMU reads them once it has the reply. Also
-   * run before the next request.
+   * After the replies of a chunk left, and before anything else looks at the VMs: the windows whose
+   * end was answered from a forecast are settled on the threads read now, as QEMU reads them once it
+   * has the reply; then the start reads of the windows they began. QEMU read its threads just
+   * before asking and the start value does not depend on them, so the threads that move (the
+   * vCPUs) were read before the reply and the others (idle mostly: a later read sees the same
+   * ticks) are read right after it, in the same turn of the event loop, off the request's latency
+   * (the vCPUs read after it, even in the same turn, could be read after QEMU's vmsr thread and
+   * whatever else ran once the reply woke it).
    */
   afterReplies(): void {
-    for (const peer of this.settling.splice(0)) this.settle(peer);
-    const now = this.starting.length > 0 ? this.o.clock() : 0n;
-    for (const peer of this.starting.splice(0)) {
-      const c = peer.counter;
-      if (c === undefined || c.start !== null) continue;
-      this.release(peer);
-      // Counted before the list is read: a thread that comes or goes in between fails the end's check.
-      const count = TaskCount.open(this.o.procRoot, c.pid);
-      const mainNs = this.reads.mainRunNs(c.pid);
-      peer.othersNs = this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) ?? undefined;
-      const last = peer.lastRead !== undefined && count !== null ? { read: peer.lastRead, count: count.first } : undefined;
-      const read = this.reads.readStart(c.pid, peer.early, last);
-      const before = peer.lastRead !== undefined ? new Set(peer.lastRead.threads.keys()) : undefined;
-      delete peer.early;
-      delete peer.lastRead;
-      c.start = read?.threads ?? null;
-      const cpuNs = unseenCpuNs(peer.othersNs, peer.lastOthersNs, mainNs, peer.lastMainNs);
-      // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
-      const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
-      if (c.start !== null) this.watch(peer, c.start.keys(), before, this.o.clock() - (peer.lastReadNs ?? 0n), { cpuNs, idle });
-      peer.runTimes = read?.runTimes;
-      if (count !== null) this.hold(peer, count, now);
-    }
+    this.settleAll();
+    const now = this.pending.length > 0 ? this.o.clock() : 0n;
+    for (const x of this.pending.splice(0)) if (x.edge.at === 'starting') this.readStart(x, x.edge, now);
+  }
+
+  /** The windows whose end was answered from a forecast, settled: first thing, wherever the counters are looked at. */
+  private settleAll(): void {
+    for (const x of this.pending) if (x.edge.at === 'settling') this.settle(x, x.edge);
+    this.pending = this.pending.filter((x) => x.edge.at === 'starting');
   }
 
   /**
@@ -202,36 +189,32 @@ export class GuestEnergy implements EnergyStatusHook {
     if (this.o.findAll === undefined) return;
     this.peers.sweep(this.o.clock());
     const pids = new Set<number>();
-    for (const p of this.peers.values()) if (p.counter !== undefined) pids.add(p.counter.pid);
+    for (const x of this.exact()) pids.add(x.counter.pid);
     this.views = pids.size > 0 ? this.o.findAll(pids) : new Map();
   }
 
   /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
   view(vmId: number): GuestEnergyView | undefined {
-    for (const peer of this.settling.splice(0)) this.settle(peer);
-    for (const p of this.peers.values()) {
-      const c = p.counter;
-      if (p.vmId !== vmId || c === undefined) continue;
-      return {
-        mode: 'exact',
-        guestJ: c.creditedUnits * this.o.unitJ,
-        exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
-        windows: c.windows,
-        garbageWindows: c.garbageWindows ?? 0,
-        garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
-        exitWindows: p.exitWindows,
-        lateExits: p.lateExits,
-      };
-    }
-    return undefined;
+    this.settleAll();
+    const x = [...this.exact()].find((e) => e.vmId === vmId);
+    if (x === undefined) return undefined;
+    const c = x.counter;
+    return {
+      mode: 'exact',
+      guestJ: c.creditedUnits * this.o.unitJ,
+      exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
+      windows: c.windows,
+      garbageWindows: c.garbageWindows ?? 0,
+      garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
+      exitWindows: x.exitWindows,
+      lateExits: x.lateExits,
+    };
   }
 
   /** Every exact-mode VM's counters, for the restart state. */
   state(): GuestCounterState[] {
-    for (const peer of this.settling.splice(0)) this.settle(peer);
-    const out: GuestCounterState[] = [];
-    for (const p of this.peers.values()) if (p.counter !== undefined) out.push(p.counter);
-    return out;
+    this.settleAll();
+    return [...this.exact()].map((x) => x.counter);
   }
 
   /**
@@ -243,73 +226,66 @@ export class GuestEnergy implements EnergyStatusHook {
     let kept = 0;
     for (const c of saved) {
       // A process that ended meanwhile is forgotten; one on its pid since is another process.
-      const key = { pid: c.pid, starttime: c.starttime };
       if (readStarttime(this.o.procRoot, c.pid) !== c.starttime) continue;
-      const made = () => ({
-        key,
-        phases: c.phases,
-        windowsSeen: c.windows,
-        version: 'modelled' as const,
-        vmId: c.vmId,
-        counter: c,
-        exitWindows: 0,
-        lateExits: 0,
-      });
-      if (this.remember(key, c.pid, now, made) !== undefined) kept++;
+      const made = (key: ProcessKey): Peer => ({ key, version: 'modelled', phase: this.exactVm(c, c.vmId) });
+      if (this.remember(c.pid, c.starttime, now, undefined, made) !== undefined) kept++;
     }
     for (const [pid, at] of held) {
-      const starttime = readStarttime(this.o.procRoot, pid);
-      if (starttime === null) continue;
-      const key = { pid, starttime };
-      const peer = this.remember(key, pid, now, () => this.freshPeer(key));
+      const peer = this.remember(pid, undefined, now);
       if (peer !== undefined) peer.resyncNs = at;
     }
     if (saved.length + held.size > 0)
       this.o.log.info({ vms: kept, ended: saved.length - kept, held: held.size }, 'guest energy: counters restored');
   }
 
-  /** The peer of a connection's process, or undefined: left raw (its start time unknown, or no room for it). */
-  private peer(from: PeerCredentials, now: bigint): Peer | undefined {
-    const starttime = from.starttime === undefined ? readStarttime(this.o.procRoot, from.pid) : from.starttime;
-    if (starttime === null) return undefined;
-    const key = { pid: from.pid, starttime };
-    return this.remember(key, from, now, () => this.freshPeer(key));
+  private *exact(): IterableIterator<ExactVm> {
+    for (const p of this.peers.values()) if (p.phase.at === 'exact') yield p.phase;
   }
 
-  /** The peer of `key`, remembered if there is room for its owner (the connection `from`, or the process by its pid). */
-  private remember(key: ProcessKey, from: PeerCredentials | number, now: bigint, make: () => Peer): Peer | undefined {
-    const pid = typeof from === 'number' ? from : from.pid;
-    const conn = typeof from === 'number' ? undefined : from;
+  private exactVm(counter: GuestCounterState, vmId: number): ExactVm {
+    return { at: 'exact', counter, vmId, edge: { at: 'closed' }, exitWindows: 0, lateExits: 0 };
+  }
+
+  /**
+   * The peer of process `pid` (`starttime`: its start time, read when undefined, null when unknown), remembered if there is room
+   * for its owner (the connection `conn`, else the process by its pid; docs/security.md), made by
+   * `made` if new (default: listening); undefined: left raw (its start time unknown, or no room).
+   */
+  private remember(
+    pid: number,
+    starttime: number | null | undefined,
+    now: bigint,
+    conn?: PeerCredentials,
+    made = (key: ProcessKey): Peer => ({ key, version: 'unknown', phase: { at: 'listening', phases: freshPhases(), windowsSeen: 0 } }),
+  ): Peer | undefined {
+    const st = starttime === undefined ? readStarttime(this.o.procRoot, pid) : starttime;
+    if (st === null) return undefined;
+    const key = { pid, starttime: st };
     const owner = () => (this.o.owner === undefined ? { uid: conn?.uid ?? 0, preferred: true } : this.o.owner(pid, conn));
-    return this.peers.get(key, owner, now, make);
-  }
-
-  private freshPeer(key: ProcessKey): Peer {
-    return { key, phases: freshPhases(), windowsSeen: 0, version: 'unknown', exitWindows: 0, lateExits: 0 };
+    return this.peers.get(key, owner, now, () => made(key));
   }
 
   /** At a window's start: turns the peer's counters on when its VM is known and its QEMU modelled. */
-  private begin(pid: number, peer: Peer): boolean {
+  private begin(pid: number, peer: Peer): ExactVm | undefined {
     const vm = this.o.find(pid);
-    if (vm === undefined || vm.starttime !== peer.key.starttime) return false;
+    if (vm === undefined || vm.starttime !== peer.key.starttime || peer.phase.at !== 'listening') return undefined;
     if (peer.version === 'unknown') this.readVersion(pid, peer, vm);
-    if (peer.version !== 'modelled') return false;
+    if (peer.version !== 'modelled') return undefined;
     const c = freshGuestCounter(vm.vmId, pid, vm.starttime, vm.nvpkg, vm.exactJ);
-    c.phases = { ...peer.phases, pkgs: [...peer.phases.pkgs] };
+    const seen = peer.phase;
+    c.phases = { ...seen.phases, pkgs: [...seen.phases.pkgs] };
     // The windows QEMU ran before: each counted its vCPUs into nb_vcpu (on the package they sit on now).
-    const before = peer.windowsSeen - 1;
+    const before = seen.windowsSeen - 1;
     const read = this.reads.readStart(pid);
-    const now = read?.threads;
+    const x = (peer.phase = this.exactVm(c, vm.vmId));
     // The threads as QEMU listed them, near enough: the first start read's ExitWatch is checked against them.
-    if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
+    if (read !== null) x.last = { read, atNs: this.o.clock() };
     for (const tid of vm.vcpus.keys()) {
-      const pkg = now?.get(tid)?.pkg ?? this.pkgOfCpu.values().next().value!;
+      const pkg = read?.threads.get(tid)?.pkg ?? this.pkgOfCpu.values().next().value!;
       c.loop.nbVcpu.set(pkg, (c.loop.nbVcpu.get(pkg) ?? 0) + before);
     }
-    peer.counter = c;
-    peer.vmId = vm.vmId;
     this.o.log.info({ vm: vm.vmId, pid, windowsBefore: before }, 'guest energy: exact for this VM from this window on');
-    return true;
+    return x;
   }
 
   private readVersion(pid: number, peer: Peer, vm: GuestVmView): void {
@@ -330,37 +306,77 @@ export class GuestEnergy implements EnergyStatusHook {
     );
   }
 
-  private exactStep(peer: Peer, c: GuestCounterState, pkg: number, now: bigint): number {
+  /** A window began: its vCPU threads are read now, the others once the reply has left (afterReplies). */
+  private afterStart(x: ExactVm, value: number): number {
+    const c = x.counter;
+    c.start = null;
+    const vcpuTids = x.nextVcpuTids ?? [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
+    delete x.nextVcpuTids;
+    x.edge = this.startFromSettled(x, c, vcpuTids) ?? { at: 'starting', vcpuTids, early: this.reads.readEarly(c.pid, vcpuTids) };
+    if (x.edge.at === 'starting') this.pending.push(x);
+    return value;
+  }
+
+  /** A window's start read, once its reply has left: the threads but its vCPUs (read before the reply). */
+  private readStart(x: ExactVm, w: Extract<Edge, { at: 'starting' }>, now: bigint): void {
+    const c = x.counter;
+    if (c.start !== null) return;
+    this.release(x);
+    // Counted before the list is read: a thread that comes or goes in between fails the end's check.
+    const count = TaskCount.open(this.o.procRoot, c.pid);
+    const mainNs = this.reads.mainRunNs(c.pid);
+    const othersNs = this.othersNs(c.pid, w.vcpuTids) ?? undefined;
+    const last = x.last;
+    const same = last !== undefined && count !== null ? { read: last.read, count: count.first } : undefined;
+    const read = this.reads.readStart(c.pid, w.early, same);
+    const before = last !== undefined ? new Set(last.read.threads.keys()) : undefined;
+    delete x.last;
+    c.start = read?.threads ?? null;
+    x.edge = { at: 'open', vcpuTids: w.vcpuTids, runTimes: read?.runTimes, othersNs };
+    const cpuNs = unseenCpuNs(othersNs, last?.othersNs, mainNs, last?.mainNs);
+    // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
+    const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
+    const gapNs = () => Number(this.o.clock() - (last?.atNs ?? 0n));
+    if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: gapNs(), cpuNs, idle });
+    if (count === null) return;
+    // Its task directory held; those held past HOLD_LIMIT_NS let go (their QEMU stopped mid-window).
+    for (const p of this.exact()) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p, true);
+    x.taskCount = count;
+  }
+
+  private exactStep(x: ExactVm, pkg: number, now: bigint): number {
+    const c = x.counter;
     const step = counterStep(c, pkg, now);
-    if (step.kind === 'start') return step.first ? this.afterStart(peer, step.value) : step.value;
+    if (step.kind === 'start') return step.first ? this.afterStart(x, step.value) : step.value;
     if (!step.first) return step.value;
     const vm = this.views.get(c.pid) ?? this.o.find(c.pid);
     const exactJ = vm !== undefined && vm.starttime === c.starttime ? vm.exactJ : c.lastExactJ;
     const shape: GuestVm = vm ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length };
-    if (vm !== undefined) peer.nextVcpuTids = [...vm.vcpus.keys()];
-    peer.closedVpkgJ = vm !== undefined && vm.starttime === c.starttime ? vm.vpkgJ : undefined;
-    const fc = this.forecast(peer, c);
+    if (vm !== undefined) x.nextVcpuTids = [...vm.vcpus.keys()];
+    x.closedVpkgJ = vm !== undefined && vm.starttime === c.starttime ? vm.vpkgJ : undefined;
+    const w = x.edge;
+    const runTimes = w.at === 'open' ? w.runTimes : undefined;
+    const fc = w.at === 'open' ? this.forecast(x, w) : null;
     if (fc !== null) {
       // The reply leaves now; the threads are read and the window settled right after it (afterReplies).
-      peer.closing = shape;
-      this.settling.push(peer);
-      const zero = this.exitBefore(peer);
+      x.edge = { at: 'settling', closing: shape, runTimes };
+      this.pending.push(x);
+      const zero = this.exitBefore(x);
       return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
     }
     // No forecast (a thread came or went, no start read, no held fd): the threads are read before
     // the reply, and the e_delta solved on them. QEMU reads, at the end, the threads it listed at
     // the start; without a start read (a restart mid-window, a process gone), every thread, for the
     // model's count of vCPUs.
-    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
+    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
-    delete peer.runTimes;
-    if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
-    delete peer.lastOthersNs;
-    this.release(peer);
-    const zero = this.exitBefore(peer);
+    x.edge = { at: 'closed' };
+    if (read !== null) x.last = { read, atNs: this.o.clock() };
+    this.release(x);
+    const zero = this.exitBefore(x);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
-    if (c.bounded !== undefined) this.logBounded(peer, c);
-    this.logWindow(peer, c, false);
+    if (c.bounded !== undefined) this.logBounded(x, c);
+    this.logWindow(x, c, false);
     return value;
   }
 
@@ -370,65 +386,59 @@ export class GuestEnergy implements EnergyStatusHook {
    * came or went (the task directory's count moved; QEMU's tick delta of an exited thread
    * underflows unless answered a zero delta), or a vCPU's run time cannot be read.
    */
-  private forecast(peer: Peer, c: GuestCounterState): { vcpus: VcpuForecast[]; otherTicks: number } | null {
-    if (c.start === null || peer.vcpuTids === undefined || peer.othersNs === undefined || peer.taskCount?.same() !== true) return null;
+  private forecast(x: ExactVm, w: Extract<Edge, { at: 'open' }>): { vcpus: VcpuForecast[]; otherTicks: number } | null {
+    const c = x.counter;
+    const othersNs = w.othersNs;
+    if (c.start === null || othersNs === undefined || x.taskCount?.same() !== true) return null;
     const vcpus: VcpuForecast[] = [];
     let vcpuNs = 0;
-    for (const tid of peer.vcpuTids) {
+    for (const tid of w.vcpuTids) {
       const ns = this.reads.runTimeNs(c.pid, tid);
       if (ns === null) return null;
       vcpuNs += ns;
       const a = c.start.get(tid);
       if (a !== undefined) vcpus.push({ pkg: a.pkg, ticks0: a.ticks, ticks1: Math.max(a.ticks, Math.floor(ns / this.nsPerTick)) });
     }
-    const others = this.othersNs(c.pid, 'end', () => vcpuNs);
+    const others = this.othersNs(c.pid, vcpuNs);
     if (others === null) return null;
-    return { vcpus, otherTicks: Math.max(0, Math.ceil((others - peer.othersNs) / this.nsPerTick)) };
+    return { vcpus, otherTicks: Math.max(0, Math.ceil((others - othersNs) / this.nsPerTick)) };
   }
 
   /**
-   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpuNs`: read after the clock at the
-   * start, before it at the end): its process CPU clock less theirs; null when one cannot be read. It counts the main thread too, which QEMU
-   * leaves out (the sampler holds no schedstat fd for it): the forecast errs low by its share. Read
-   * so that an end's less a start's errs high: the clock first at the start, last at the end.
+   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpus`: at the start, their tids, read after
+   * the clock; at the end, their run time, read before it): its process CPU clock less theirs; null
+   * when one cannot be read. It counts the main thread too, which QEMU leaves out (the sampler holds
+   * no schedstat fd for it): the forecast errs low by its share. Read so that an end's less a
+   * start's errs high.
    */
-  private othersNs(pid: number, edge: 'start' | 'end', vcpuNs: () => number | null): number | null {
-    const first = edge === 'start' ? processCpuTimeNs(pid) : 0n;
-    const vcpus = vcpuNs();
-    if (vcpus === null) return null;
-    const total = edge === 'end' ? processCpuTimeNs(pid) : first;
-    return total < 0n ? null : Number(total) - vcpus;
-  }
-
-  /** The sum of the run times of `tids` (ns), or null when one cannot be read. */
-  private runTimesNs(pid: number, tids: readonly number[]): number | null {
-    let sum = 0;
-    for (const tid of tids) {
+  private othersNs(pid: number, vcpus: readonly number[] | number): number | null {
+    const start = typeof vcpus !== 'number';
+    const first = start ? processCpuTimeNs(pid) : 0n;
+    let vcpuNs = start ? 0 : vcpus;
+    for (const tid of start ? vcpus : []) {
       const ns = this.reads.runTimeNs(pid, tid);
       if (ns === null) return null;
-      sum += ns;
+      vcpuNs += ns;
     }
-    return sum;
+    const total = start ? first : processCpuTimeNs(pid);
+    return total < 0n ? null : Number(total) - vcpuNs;
   }
 
   /** After a forecast's reply: the threads QEMU listed read as QEMU reads them now, and the window settled on them. */
-  private settle(peer: Peer): void {
-    const c = peer.counter;
-    if (c === undefined || c.answered === undefined) return;
-    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: peer.runTimes ?? new Map() }) : null;
+  private settle(x: ExactVm, w: Extract<Edge, { at: 'settling' }>): void {
+    const c = x.counter;
+    x.edge = { at: 'closed' };
+    if (c.answered === undefined) return;
+    const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: w.runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? new Map();
-    delete peer.runTimes;
-    if (read !== null) [peer.lastRead, peer.lastReadNs] = [read, this.o.clock()];
+    if (read !== null) x.last = { read, atNs: this.o.clock() };
     // The race left (docs/guest-energy.md, "Thread exits"): a listed thread gone now, after a non-zero delta left.
-    let answered = 0n;
-    for (const e of c.answered?.values() ?? []) answered += e;
-    if (answered > 0n && peer.exits?.exited() === true) peer.lateExits++;
-    this.keepForStart(peer, c.pid, read);
+    if ([...c.answered.values()].some((e) => e > 0n) && x.exits?.exited() === true) x.lateExits++;
+    this.keepForStart(x, c.pid, read);
     const garbage = c.garbageWindows ?? 0;
-    settleWindow(c, peer.closing ?? { pid: c.pid, vcpus: new Map(), nvpkg: c.loop.vpkgCounter.length }, { end, maxTicks: this.maxTicks });
-    delete peer.closing;
-    if ((c.garbageWindows ?? 0) > garbage) this.warnGarbage(peer, c);
-    this.logWindow(peer, c, true);
+    settleWindow(c, w.closing, { end, maxTicks: this.maxTicks });
+    if ((c.garbageWindows ?? 0) > garbage) this.warnGarbage(x, c);
+    this.logWindow(x, c, true);
   }
 
   /**
@@ -436,72 +446,53 @@ export class GuestEnergy implements EnergyStatusHook {
    * exited (ExitWatch; no watch: no start read, already a zero delta). Such a window is answered a
    * zero delta: QEMU's tick delta of the exited thread would underflow.
    */
-  private exitBefore(peer: Peer): boolean {
-    const exit = peer.exits?.exited() ?? true;
+  private exitBefore(x: ExactVm): boolean {
+    const exit = x.exits?.exited() ?? true;
     if (exit) {
-      peer.exitWindows++;
-      const cause = peer.exits?.cause ?? 'no start read';
-      (peer.exitCauses ??= {})[cause] = (peer.exitCauses[cause] ?? 0) + 1;
+      x.exitWindows++;
+      const cause = x.exits?.cause ?? 'no start read';
+      (x.exitCauses ??= {})[cause] = (x.exitCauses[cause] ?? 0) + 1;
     }
     return exit;
   }
 
   /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
-  private watch(
-    peer: Peer,
-    tids: Iterable<number>,
-    before: ReadonlySet<number> | undefined,
-    gapNs: bigint,
-    o: { cpuNs: number | undefined; idle: ReadonlySet<number> | undefined },
-  ): void {
-    const c = peer.counter!;
-    peer.exits ??= new ExitWatch(c.pid, this.exitKind, {
-      os: this.exitOs,
-      tickNs: this.nsPerTick,
-      ...(this.o.ledger !== undefined ? { ledger: this.o.ledger } : {}),
-    });
-    peer.exits.begin({
-      tids,
-      ...(before !== undefined ? { before } : {}),
-      gapNs: Number(gapNs),
-      ...(o.cpuNs !== undefined ? { cpuNs: o.cpuNs } : {}),
-      ...(o.idle !== undefined ? { idle: o.idle } : {}),
-    });
-    this.watching.add(peer);
+  private watch(x: ExactVm, w: WatchStart): void {
+    (x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, { os: this.exitOs, tickNs: this.nsPerTick, ledger: this.o.ledger })).begin(w);
   }
 
   /** QEMU was given garbage (garbage-shadow.ts): a warning, at most a few a minute. */
-  private warnGarbage(peer: Peer, c: GuestCounterState): void {
+  private warnGarbage(x: ExactVm, c: GuestCounterState): void {
     this.limiter.warn(
       'guest garbage',
       {
-        vm: peer.vmId,
+        vm: x.vmId,
         pid: c.pid,
         garbageWindows: c.garbageWindows,
         garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
-        probe: peer.exits?.probe,
+        probe: x.exits?.probe,
       },
       "guest energy: QEMU's arithmetic turned a window's delta into garbage (a thread exited after the reply): the guest's counter is off by garbageJ; docs/guest-energy.md \"Thread exits\"",
     );
   }
 
   /** A window's delta search met its bound (delta-solver.ts): answered 0, its energy carried; said once per process. */
-  private logBounded(peer: Peer, c: GuestCounterState): void {
+  private logBounded(x: ExactVm, c: GuestCounterState): void {
     delete c.bounded;
     if (this.boundLogged) return;
     this.boundLogged = true;
     this.o.log.warn(
-      { vm: peer.vmId, pid: c.pid },
+      { vm: x.vmId, pid: c.pid },
       "guest energy: a window's e_delta search met its bound (its threads give no credit QEMU's u64 can reach); answered 0 and carried, said once",
     );
   }
 
   /** The debug line of a window closed (`forecast`: answered from a forecast, else from the reads before the reply). */
-  private logWindow(peer: Peer, c: GuestCounterState, forecast: boolean): void {
+  private logWindow(x: ExactVm, c: GuestCounterState, forecast: boolean): void {
     if (!this.o.log.isLevelEnabled('debug')) return;
     this.o.log.debug(
       {
-        vm: peer.vmId,
+        vm: x.vmId,
         pid: c.pid,
         window: c.windows,
         credited: c.creditedUnits,
@@ -509,64 +500,36 @@ export class GuestEnergy implements EnergyStatusHook {
         guest: c.loop.vpkgCounter,
         forecast,
         // What the helper attributed to each virtual package when it took `exact` (µJ).
-        exact_vpkg_uj: peer.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
+        exact_vpkg_uj: x.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
         // Windows answered a zero delta for a possible thread exit, those with an exit seen right after a non-zero one, and garbage.
-        exit_windows: peer.exitWindows,
-        exit_causes: peer.exitCauses,
-        late_exits: peer.lateExits,
+        exit_windows: x.exitWindows,
+        exit_causes: x.exitCauses,
+        late_exits: x.lateExits,
         garbage_windows: c.garbageWindows ?? 0,
       },
       'guest window',
     );
   }
 
-  /** Holds the window's task directory; lets go of those held past HOLD_LIMIT_NS (their QEMU stopped mid-window). */
-  private hold(peer: Peer, count: TaskCount, now: bigint): void {
-    for (const p of this.holding) if (now - (p.counter?.phases.startNs ?? 0n) > HOLD_LIMIT_NS) this.release(p);
-    for (const p of this.watching) if (now - (p.counter?.phases.startNs ?? 0n) > HOLD_LIMIT_NS) this.unwatch(p);
-    peer.taskCount = count;
-    this.holding.add(peer);
-  }
-
-  private unwatch(peer: Peer): void {
-    peer.exits?.close();
-    delete peer.exits;
-    this.watching.delete(peer);
-  }
-
-  private release(peer: Peer): void {
-    peer.taskCount?.close();
-    delete peer.taskCount;
-    this.holding.delete(peer);
-  }
-
-  /** A window began: its vCPU threads are read now, the others once the reply has left (afterReplies). */
-  private afterStart(peer: Peer, value: number): number {
-    const c = peer.counter!;
-    c.start = null;
-    delete peer.runTimes;
-    peer.vcpuTids = peer.nextVcpuTids ?? [...(this.o.find(c.pid)?.vcpus.keys() ?? [])];
-    delete peer.nextVcpuTids;
-    if (this.startFromSettled(peer, c)) return value;
-    peer.early = this.reads.readEarly(c.pid, peer.vcpuTids);
-    this.starting.push(peer);
-    return value;
+  /** Lets go of the VM's task directory (and with `exits`, of its thread watch). */
+  private release(x: ExactVm, exits = false): void {
+    x.taskCount?.close();
+    delete x.taskCount;
+    if (exits) x.exits?.close();
+    if (exits) delete x.exits;
   }
 
   /**
    * After a settling's read: the task directory stays held and the read is kept, with the other
    * threads' run time, for the next window's start (startFromSettled); without a read, let go.
    */
-  private keepForStart(peer: Peer, pid: number, read: StartRead | null): void {
-    delete peer.settled;
-    const vcpus = peer.nextVcpuTids;
-    const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, 'start', () => this.runTimesNs(pid, vcpus));
+  private keepForStart(x: ExactVm, pid: number, read: StartRead | null): void {
+    const vcpus = x.nextVcpuTids;
+    const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, vcpus);
+    if (othersNs === null || x.last === undefined) return this.release(x);
     // The main thread's run time read after the clock: what it ran since comes off what an unseen thread may have run (unseenCpuNs).
-    const mainNs = othersNs !== null ? this.reads.mainRunNs(pid) : null;
-    if (othersNs !== null) [peer.lastOthersNs, peer.lastMainNs] = [othersNs, mainNs];
-    else delete peer.lastOthersNs;
-    if (read === null || othersNs === null || peer.taskCount === undefined) return this.release(peer);
-    peer.settled = { read, atNs: this.o.clock(), othersNs, mainNs };
+    [x.last.othersNs, x.last.mainNs] = [othersNs, this.reads.mainRunNs(pid)];
+    if (x.taskCount !== undefined) x.last.settledNs = this.o.clock();
   }
 
   /**
@@ -576,27 +539,24 @@ export class GuestEnergy implements EnergyStatusHook {
    * two windows is then one read, so whatever QEMU's reads are apart from it, a tick counted late at
    * one window's end is counted early at the next one's start, never twice and never lost.
    */
-  private startFromSettled(peer: Peer, c: GuestCounterState): boolean {
-    const s = peer.settled;
-    delete peer.settled;
-    const count = peer.taskCount;
-    if (s === undefined || count === undefined || this.o.clock() - s.atNs > SETTLED_START_NS) return false;
+  private startFromSettled(x: ExactVm, c: GuestCounterState, vcpuTids: number[]): Edge | undefined {
+    const s = x.last;
+    const atNs = s?.settledNs;
+    if (s !== undefined) delete s.settledNs;
+    const count = x.taskCount;
+    if (s === undefined || atNs === undefined || count === undefined || this.o.clock() - atNs > SETTLED_START_NS) return undefined;
     const now = count.now();
-    if (now !== s.read.threads.size + 1) return false;
+    if (now !== s.read.threads.size + 1) return undefined;
     count.first = now;
     c.start = s.read.threads;
     // Reads a tick apart (a loaded host): what the threads but the vCPUs ran meanwhile says whether one could have gone unseen.
-    const gapNs = this.o.clock() - s.atNs;
+    const gapNs = this.o.clock() - atNs;
     const mainNs = gapNs >= this.nsPerTick ? this.reads.mainRunNs(c.pid) : null;
-    const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, 'start', () => this.runTimesNs(c.pid, peer.vcpuTids ?? [])) : null;
+    const others = gapNs >= this.nsPerTick ? this.othersNs(c.pid, vcpuTids) : null;
     const idle = idleAtList(s.read, Math.max(1, Number(gapNs)), this.nsPerTick);
-    this.watch(peer, c.start.keys(), new Set(c.start.keys()), gapNs, {
-      cpuNs: unseenCpuNs(others ?? undefined, s.othersNs, mainNs, s.mainNs),
-      idle,
-    });
-    peer.runTimes = s.read.runTimes;
-    peer.othersNs = s.othersNs;
-    delete peer.lastRead;
-    return true;
+    const cpuNs = unseenCpuNs(others ?? undefined, s.othersNs, mainNs, s.mainNs);
+    this.watch(x, { tids: c.start.keys(), before: new Set(c.start.keys()), gapNs: Number(gapNs), cpuNs, idle });
+    delete x.last;
+    return { at: 'open', vcpuTids, runTimes: s.read.runTimes, othersNs: s.othersNs };
   }
 }

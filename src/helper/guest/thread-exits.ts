@@ -77,17 +77,17 @@ export function exitProbeKind(os: Pick<ExitOs, 'pidfdOpenThread' | 'close'> = { 
 }
 
 /** What a window's start read says against the helper's last read of the VM's threads. */
-interface WatchStart {
+export interface WatchStart {
   /** The threads of the start read (QEMU's list as near as the helper sees it). */
   tids: Iterable<number>;
   /** The threads of the helper's read before it (the last window's end read), if any. */
-  before?: ReadonlySet<number>;
+  before?: ReadonlySet<number> | undefined;
   /** How far apart the two reads are (ns). */
   gapNs: number;
   /** The CPU time of the process's threads but its vCPUs between the two reads (ns), when known. */
-  cpuNs?: number;
+  cpuNs?: number | undefined;
   /** Threads QEMU read 0 ticks of at its listing (idleAtList): their exit cannot underflow its tick delta. */
-  idle?: ReadonlySet<number>;
+  idle?: ReadonlySet<number> | undefined;
 }
 
 /**
@@ -141,7 +141,7 @@ export class ExitWatch {
   constructor(
     private readonly pid: number,
     kind: ExitProbeKind,
-    private readonly o: { os: ExitOs; tickNs: number; ledger?: KeptFdLedger },
+    private readonly o: { os: ExitOs; tickNs: number; ledger?: KeptFdLedger | undefined },
   ) {
     this.kind = kind;
   }

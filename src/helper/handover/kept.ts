@@ -68,6 +68,15 @@ export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | un
   return undefined;
 }
 
+/**
+ * The names an image from before the one continuity record handed over with (an upgrade by a restart
+ * in place): its state, a snapshot of format version 3 at most, is read as the oldest checkpoint, and
+ * its connections are served from their next byte, as after a crash (its hand-over record, pending
+ * bytes included, is not read: closed as an unexpected name). QEMU never reconnects, so closing them would end
+ * every guest's energy until its VM restarts.
+ */
+const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
+
 const seqOf = (name: string) => BigInt(name.slice(KEPT_NAMES.checkpointPrefix.length).replace(/\D/g, '') || '0');
 
 /** The kept fds by what they are; a name not of ours is closed and logged. */
@@ -76,8 +85,9 @@ function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: Ke
   const checkpoints: [string, number][] = [];
   let restoringMark = false;
   for (const [name, fds] of named ?? []) {
-    if (name.startsWith(KEPT_NAMES.connectionPrefix)) conns.push(...fds);
-    else if (name.startsWith(KEPT_NAMES.checkpointPrefix)) for (const fd of fds) checkpoints.push([name, fd]);
+    if (name.startsWith(KEPT_NAMES.connectionPrefix) || name === PRE_RECORD_NAMES.connections) conns.push(...fds);
+    else if (name.startsWith(KEPT_NAMES.checkpointPrefix) || name === PRE_RECORD_NAMES.state)
+      for (const fd of fds) checkpoints.push([name, fd]);
     else {
       if (name === KEPT_NAMES.restoring) restoringMark = true;
       else log.warn({ name, fds: fds.length }, `unexpected fds handed over as '${name}': closed`);

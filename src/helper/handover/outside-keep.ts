@@ -32,6 +32,8 @@ export interface OutsideKeep extends ConnectionKeep {
   restoring(): void;
   /** The start is over: serving. */
   ready(): void;
+  /** The event loop turns (each beat of lifecycle/loop-watchdog.ts). */
+  beat(): void;
   /** From now on, closing connections (a stop, a hand-over) leaves them held: no more is released. */
   detach(): void;
 }
@@ -68,6 +70,7 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
     // The keeper drops a checkpoint it passed to a process that dies before sending its own.
     restoring: () => {},
     ready: () => link.ready(),
+    beat: () => link.beat(),
     detach: () => void (attached = false),
   };
 }
@@ -119,6 +122,7 @@ class FdStoreKeep implements OutsideKeep {
   }
 
   ready(): void {}
+  beat(): void {}
 
   detach(): void {
     this.attached = false;

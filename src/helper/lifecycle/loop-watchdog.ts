@@ -5,7 +5,7 @@
  * synchronous call that never returns) does not re-arm it, and SIGALRM, which nothing in the
  * process handles, ends it: the keeper (or systemd) starts it again and its crash restore brings
  * every connection back. A hung loop runs no SIGTERM handler either: the watchdog ends it all the
- * same. No thread, one system call a second. An alarm survives execve: a restart in place disarms
+ * same. No thread, one system call a second (and a beat to the keeper: keeper/deaths.ts). An alarm survives execve: a restart in place disarms
  * it first (disarmLoopWatchdog).
  */
 import os from 'node:os';
@@ -15,13 +15,23 @@ import { alarm, ignoreSignal } from '../../os/libc/processes.js';
 const LOOP_STALL_S = 10;
 
 let beat: NodeJS.Timeout | undefined;
+/** Told at every beat (the keeper's, handover/outside-keep.ts: a SIGALRM from a silent loop is this watchdog's). */
+let onBeat: () => void = () => {};
 
 /** Starts the watchdog (again: the last one's timer replaced); `stallS` for tests. */
 export function startLoopWatchdog(stallS = LOOP_STALL_S): void {
   disarmLoopWatchdog();
   alarm(stallS);
-  beat = setInterval(() => alarm(stallS), 1000);
+  beat = setInterval(() => {
+    alarm(stallS);
+    onBeat();
+  }, 1000);
   beat.unref();
+}
+
+/** `tell` is called at every beat of this watchdog, started or started again. */
+export function tellLoopBeats(tell: () => void): void {
+  onBeat = tell;
 }
 
 /** No SIGALRM from here on (before an exec, which would carry it). */

@@ -123,8 +123,8 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
 }
 
 /**
- * Any process of -u's user may signal the helper's processes and stop the service (docs/security.md
- * "The -u user ending the service"): said at the start when other processes than the helper's own
+ * Any process of -u's user may signal the serving process (docs/security.md "The -u user ending
+ * the service"): said at the start when other processes than the helper's own
  * (this one, its keeper) run as that uid, naming one.
  */
 function warnSharedUid(uid: number, log: Logger): void {
@@ -146,7 +146,7 @@ function warnSharedUid(uid: number, log: Logger): void {
   if (count > 0)
     log.warn(
       { uid, processes: count, example },
-      `the helper's user (uid ${uid}) runs ${count} other process(es), e.g. ${example!.comm} (pid ${example!.pid}): any of them may signal the helper and stop it; fix: give the helper a user of its own (-u)`,
+      `the helper's user (uid ${uid}) runs ${count} other process(es), e.g. ${example!.comm} (pid ${example!.pid}): any of them may signal the serving process and end it (a restart; five SIGABRTs in a row stop the keeper); fix: give the helper a user of its own (-u)`,
     );
 }
 

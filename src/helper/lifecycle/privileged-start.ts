@@ -62,7 +62,10 @@ export async function startPrivileged(config: DaemonConfig, writeFiles: readonly
   if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
   try {
     reexecDropped(
-      { ...(config.uid !== undefined ? { uid: config.uid } : {}), ...(config.gid !== undefined ? { gid: config.gid } : {}) },
+      {
+        ...(config.uid !== undefined ? { uid: config.uid, realUidRoot: keeper !== undefined } : {}),
+        ...(config.gid !== undefined ? { gid: config.gid } : {}),
+      },
       keep,
       env,
     );

@@ -58,8 +58,8 @@ export function prctl(option: number, arg2 = 0, arg3 = 0, arg4 = 0, arg5 = 0): n
 }
 
 /** glibc broadcasts set*id to every thread of the process, so these change the whole process. */
-export function setresuid(uid: number): void {
-  if (fn.setresuid(uid, uid, uid) !== 0) throw errnoError(`setresuid(${uid})`);
+export function setresuid(uid: number, realAndSaved = uid): void {
+  if (fn.setresuid(realAndSaved, uid, realAndSaved) !== 0) throw errnoError(`setresuid(${realAndSaved}, ${uid}, ${realAndSaved})`);
 }
 
 export function setresgid(gid: number): void {

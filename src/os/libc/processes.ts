@@ -23,10 +23,17 @@ const SC_CLK_TCK = 2;
 const timespec = Buffer.alloc(16);
 const CLOCK_REALTIME = 0;
 
+/** clock_gettime of `clock`, in ns; null when it fails (errno says why). */
+function clockNs(clock: number): bigint | null {
+  if (fn.clock_gettime(clock, timespec) !== 0) return null;
+  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+}
+
 /** CLOCK_REALTIME now, ns since the epoch (full resolution, unlike Date.now()). */
 export function realtimeNs(): bigint {
-  if (fn.clock_gettime(CLOCK_REALTIME, timespec) !== 0) throw errnoError('clock_gettime(CLOCK_REALTIME)');
-  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+  const ns = clockNs(CLOCK_REALTIME);
+  if (ns === null) throw errnoError('clock_gettime(CLOCK_REALTIME)');
+  return ns;
 }
 
 /** CPUCLOCK_SCHED of a process clock (include/linux/posix-timers.h): the scheduler's run time, in ns. */
@@ -39,8 +46,7 @@ const CPUCLOCK_SCHED = 2;
  * cannot be read (no such process).
  */
 export function processCpuTimeNs(pid: number): bigint {
-  if (fn.clock_gettime((~pid << 3) | CPUCLOCK_SCHED, timespec) !== 0) return -1n;
-  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+  return clockNs((~pid << 3) | CPUCLOCK_SCHED) ?? -1n;
 }
 
 /** CLOCK_THREAD_CPUTIME_ID: the calling thread's run time. */
@@ -48,8 +54,9 @@ const CLOCK_THREAD_CPUTIME_ID = 3;
 
 /** CPU time of the calling thread, in ns (what it ran, not what it waited: for measures on a busy host). */
 export function threadCpuTimeNs(): bigint {
-  if (fn.clock_gettime(CLOCK_THREAD_CPUTIME_ID, timespec) !== 0) throw errnoError('clock_gettime(CLOCK_THREAD_CPUTIME_ID)');
-  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+  const ns = clockNs(CLOCK_THREAD_CPUTIME_ID);
+  if (ns === null) throw errnoError('clock_gettime(CLOCK_THREAD_CPUTIME_ID)');
+  return ns;
 }
 
 const SYS_PIDFD_SEND_SIGNAL = 424;

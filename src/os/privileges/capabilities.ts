@@ -31,6 +31,12 @@ const LOCKED_SECUREBITS = 0x01 | 0x02 | 0x20 | 0x40 | 0x80;
 export interface DropOptions {
   uid?: number;
   gid?: number;
+  /**
+   * With `uid`: it becomes the effective uid only, the real and saved uids stay 0 (the keeper's, so
+   * that no process of `uid` may signal it: kill(2) needs the sender's real or effective uid to be
+   * the target's real or saved one). No capability comes with uid 0: see takeOwnUid.
+   */
+  realUidRoot?: boolean;
 }
 
 interface DropReport {
@@ -83,8 +89,29 @@ export function dropPrivileges(o: DropOptions): DropReport {
   } else if (o.uid !== undefined) {
     setgroups([]); // never carry root's supplementary groups to another user
   }
-  if (o.uid !== undefined) setresuid(o.uid);
+  if (o.uid !== undefined) setresuid(o.uid, o.realUidRoot ? 0 : o.uid);
   capset({ effective: 0n, permitted: 0n, inheritable: 0n });
   prctl(PR_SET_NO_NEW_PRIVS, 1);
   return { skipped };
+}
+
+/**
+ * The keeper's image, first thing: execve made its saved uid its effective one (-u's), which any
+ * process of that uid may then signal; its real uid is still 0 (DropOptions.realUidRoot), and an
+ * unprivileged setresuid may set the saved uid to it. No capability comes with it.
+ */
+export function savedUidRoot(): void {
+  const euid = process.geteuid?.();
+  if (euid !== undefined && euid !== 0 && process.getuid?.() === 0) setresuid(euid, 0);
+}
+
+/**
+ * A process whose real uid is not its effective one (a serving process the keeper started: it
+ * inherits the keeper's real and saved uid 0, DropOptions.realUidRoot) takes its effective uid as
+ * all three, first thing, so that the keeper stays the only process with real uid 0. Every thread:
+ * glibc broadcasts set*id.
+ */
+export function takeOwnUid(): void {
+  const euid = process.geteuid?.();
+  if (euid !== undefined && process.getuid?.() !== euid) setresuid(euid);
 }

@@ -1,0 +1,37 @@
+/**
+ * A QEMU process asking for MSR_PKG_ENERGY_STATUS, as exact mode sees it (docs/guest-energy.md):
+ * listening (its windows counted, so that the model's vCPU count starts right; answered raw) until
+ * its VM is known and its QEMU modelled, then exact (answered from its counters, `W`: what the
+ * caller keeps beside them). Either may be resynchronising after a restart (`resyncNs`: answered
+ * 0 until a request comes soon after the last, which can only be a window's start). Pure.
+ */
+import type { GuestCounterState } from './guest-counter.js';
+import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from './window-phases.js';
+
+export type Exact<W> = { at: 'exact'; counter: GuestCounterState } & W;
+
+export interface PeerPhase<W> {
+  phase: { at: 'listening'; phases: PhaseState; windowsSeen: number } | Exact<W>;
+  resyncNs?: bigint;
+}
+
+/**
+ * What to do with a request for host package `pkg` at `nowNs` (updating `p`): answer 0, answer
+ * raw, try exact from this window on (the first request of a window), or the counters' step.
+ */
+export function requestStep<W>(p: PeerPhase<W>, pkg: number, nowNs: bigint): 'zero' | 'raw' | 'begin' | 'exact' {
+  const s = p.phase;
+  if (p.resyncNs !== undefined) {
+    const last = p.resyncNs;
+    p.resyncNs = nowNs;
+    if (nowNs - last >= MIN_SLEEP_NS) return 'zero';
+    delete p.resyncNs;
+    if (s.at === 'exact') s.counter.phases = freshPhases();
+    else s.phases = freshPhases();
+  }
+  if (s.at === 'exact') return 'exact';
+  const step = nextPhase(s.phases, pkg, nowNs);
+  if (step.kind !== 'start' || !step.first) return 'raw';
+  s.windowsSeen++;
+  return 'begin';
+}
