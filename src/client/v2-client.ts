@@ -19,6 +19,7 @@
  * or with bytes that do not start a frame, is closed and the connection dropped as broken; fds that
  * arrive while Node reads are closed by the kernel unseen (a helper sending one unasked loses it).
  */
+import type { EnergyDomain } from '../model/domains.js';
 import fs from 'node:fs';
 import net from 'node:net';
 import { V2_MAGIC } from '../protocol/legacy.js';
@@ -308,11 +309,12 @@ export class V2Client {
 
   /**
    * VM `hostVmId`'s power limit (docs/power-limits.md): with `watts` sets it (null removes it; root and
-   * the helper's --socket-group only), without reads it.
+   * the helper's --socket-group only), without reads it; on `domain`'s power (the package when absent:
+   * the first layout, which a helper from before domains understands).
    */
-  async limit(hostVmId: number, watts?: number | null): Promise<LimitState> {
+  async limit(hostVmId: number, watts?: number | null, domain?: EnergyDomain): Promise<LimitState> {
     const mw = watts === undefined ? undefined : watts === null ? 0 : Math.max(1, Math.round(watts * 1000));
-    const m = await this.call(T.LIMIT, encodeLimit(hostVmId, mw), hostVmId);
+    const m = await this.call(T.LIMIT, encodeLimit(hostVmId, mw, domain), hostVmId);
     if (m.type !== T.LIMIT_STATE) throw this.unexpected(m);
     const { type: _t, ...state } = m;
     return state;

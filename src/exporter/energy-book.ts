@@ -16,7 +16,7 @@ import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { HelperCapacity } from './helper-capacity.js';
-import type { OtherDomain } from '../model/domains.js';
+import type { EnergyDomain, OtherDomain } from '../model/domains.js';
 import { wattsOver } from '../common/watts.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 
@@ -40,9 +40,9 @@ export interface VmGuestValues {
   garbageUj?: bigint;
 }
 
-/** A VM's power limit in one sample of its statistics file (`power_limit` mW, `power_limited_time` ms). */
+/** A VM's power limits in one sample of its statistics file (`power_limit`, `<domain>_power_limit` mW; `power_limited_time` ms). */
 export interface VmLimitValues {
-  limitMw: bigint;
+  limitsMw: ReadonlyMap<EnergyDomain, bigint>;
   limitedMs: bigint;
 }
 
@@ -93,8 +93,8 @@ export interface BookedVm {
   domainWatts: Map<OtherDomain, (number | null)[]>;
   /** --guest-energy exact: what QEMU was given to credit the guest, and the exact energy of the same windows (statistics files only). */
   guest: { guest: RunningTotal; exact: RunningTotal; garbage: RunningTotal; garbageWindows: RunningTotal } | null;
-  /** Power limits: the limit in force (W, 0 = none) and the time limited (ms, accumulated); null until a file says. */
-  limit: { watts: number; limitedMs: RunningTotal } | null;
+  /** Power limits: each domain's limit that was ever set (W, 0 once removed) and the time limited (ms, accumulated); null until one is set. */
+  limit: { watts: Map<EnergyDomain, number>; limitedMs: RunningTotal } | null;
   lastTNs: bigint | null;
   /** Exporter clock (ms) when the VM ended; null while it runs. */
   endedAtMs: number | null;
@@ -357,13 +357,19 @@ export class EnergyBook {
       r.guest.garbage.feed(guest.garbageUj ?? 0n);
       r.guest.garbageWindows.feed(guest.garbageWindows ?? 0n);
     }
-    if (limit !== undefined && (r.limit !== null || limit.limitMw > 0n)) {
-      r.limit ??= { watts: 0, limitedMs: new RunningTotal() };
-      r.limit.watts = Number(limit.limitMw) / 1000;
-      r.limit.limitedMs.feed(limit.limitedMs);
-    }
+    if (limit !== undefined) this.limitUpdate(r, limit);
     if (u.tNs !== 0n) r.lastTNs = u.tNs;
     if (u.ended) this.end(r);
+  }
+
+  /** A VM's limits: only once one was set; a domain's limit that went stays, at 0. */
+  private limitUpdate(r: BookedVm, limit: VmLimitValues): void {
+    const set = [...limit.limitsMw].filter(([, mw]) => mw > 0n);
+    if (r.limit === null && set.length === 0) return;
+    r.limit ??= { watts: new Map(), limitedMs: new RunningTotal() };
+    for (const d of r.limit.watts.keys()) r.limit.watts.set(d, 0);
+    for (const [d, mw] of set) r.limit.watts.set(d, Number(mw) / 1000);
+    r.limit.limitedMs.feed(limit.limitedMs);
   }
 
   /** `domains`: the other RAPL domains' totals per package of the same sample (statistics files only). */

@@ -57,7 +57,7 @@ export const VM_FAMILIES: {
 } = {
   limit: {
     name: METRIC.vmPowerLimit,
-    help: "The VM's power limit on its package power, in watts (docs/power-limits.md); 0 once removed; only VMs that had one",
+    help: "The VM's power limit on the attributed power of a RAPL domain (label domain: package, core, uncore, dram, psys), in watts (docs/power-limits.md); 0 once removed; only VMs and domains that had one",
     type: 'gauge',
   },
   limited: {

@@ -11,7 +11,7 @@ import type { HostDomainValues } from '../protocol/v2/codec.js';
 import { energySourceOfCode } from '../energy/kinds.js';
 import type { HostUpdate, VmUpdate } from './observer-api.js';
 import { capacityFromFile } from './helper-capacity.js';
-import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
+import { ENERGY_DOMAINS, isOtherDomain, type EnergyDomain, type OtherDomain } from '../model/domains.js';
 import { vmDomainNames } from '../protocol/stats/vm-file.js';
 import { hostDomainNames } from '../protocol/stats/host-file.js';
 
@@ -76,11 +76,12 @@ function vmUpdateFromFile(
   const guestUj = r.value(s, 'guest_energy');
   const exactUj = r.value(s, 'guest_exact_energy');
   const garbage = { garbageWindows: r.value(s, 'guest_garbage_windows') ?? 0n, garbageUj: r.value(s, 'guest_garbage_energy') ?? 0n };
-  const limitMw = r.value(s, 'power_limit');
   const limitedMs = r.value(s, 'power_limited_time');
+  const limitsMw = new Map<EnergyDomain, bigint>([['package', r.value(s, 'power_limit') ?? 0n]]);
+  for (const d of domainsIn(r, (x) => vmDomainNames(x).limit)) limitsMw.set(d, r.value(s, vmDomainNames(d).limit) ?? 0n);
   return {
     domains,
-    ...(limitMw !== undefined && limitedMs !== undefined ? { limit: { limitMw, limitedMs } } : {}),
+    ...(r.descriptor('power_limit') !== undefined && limitedMs !== undefined ? { limit: { limitsMw, limitedMs } } : {}),
     ...(guestUj !== undefined && exactUj !== undefined ? { guest: { guestUj, exactUj, ...garbage } } : {}),
     update: {
       hostVmId,

@@ -139,7 +139,8 @@ export class VmExposition {
     const { limit, limited: time } = this.families;
     if (limit === undefined || time === undefined || limited.length === 0) return;
     const limitName = head(limit);
-    for (const r of limited) out.push(`\n${limitName}{${this.textOf(r).base}} ${formatValue(r.limit!.watts)}`);
+    for (const r of limited)
+      for (const [d, w] of r.limit!.watts) out.push(`\n${limitName}{${this.textOf(r).base},domain="${d}"} ${formatValue(w)}`);
     out.push(sep);
     const timeName = head(time);
     for (const r of limited) out.push(`\n${timeName}{${this.textOf(r).base}} ${formatValue(Number(r.limit!.limitedMs.total) / 1000)}`);

@@ -2,11 +2,13 @@
  * The power limits' section of the state snapshot (version 4 on; docs/power-limits.md "Restarts and crashes"):
  *
  *   u32 count, each: u32 vmId | u32 pid | f64 limitW | f64 limitedS | f64 quotaCpus (0: none)
- *     | u8 flags (1 fromFile) | u8 0 | u16 group count, each:
+ *     | u8 flags (1 fromFile) | u8 domain (ENERGY_DOMAINS index; 0, the package, in the layout before
+ *     domains, where the byte was 0) | u16 group count, each:
  *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
  */
 import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
 import { Refused, type Reader, type Writer } from './byte-io.js';
+import { ENERGY_DOMAINS } from '../model/domains.js';
 
 /** A quota file's bytes (a cgroup's is a few), and a group's path. */
 const MAX_QUOTA_BYTES = 64;
@@ -24,7 +26,7 @@ export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): v
     w.f64(l.limitedS);
     w.f64(l.quotaCpus ?? 0);
     w.u8(l.fromFile ? 1 : 0);
-    w.u8(0);
+    w.u8(ENERGY_DOMAINS.indexOf(l.domain));
     w.list(2, l.groups, (g) => {
       const [dir, saved, written] = [Buffer.from(g.dir, 'utf8'), Buffer.from(g.saved, 'latin1'), g.written ?? ''];
       w.u8(g.made ? 1 : 0);
@@ -44,7 +46,8 @@ export function readPowerLimits(r: Reader): PowerLimitState[] {
   const out: PowerLimitState[] = [];
   for (let n = r.count(4, STATE_LIMITS.maxPowerLimits, MIN_ENTRY, at); n > 0; n--) {
     const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
-    r.u8(at);
+    const domain = ENERGY_DOMAINS[r.u8(at)];
+    if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
     const groups: HeldGroupState[] = [];
     for (let k = r.count(2, MAX_GROUPS, MIN_GROUP, at); k > 0; k--) {
       const [made, savedLen, writtenLen] = [r.u8(at), r.u8(at), r.u8(at)];
@@ -54,7 +57,7 @@ export function readPowerLimits(r: Reader): PowerLimitState[] {
       const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
       groups.push({ dir, saved, written, made: made === 1 });
     }
-    out.push({ vmId, pid, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups });
+    out.push({ vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups });
   }
   const problem = powerLimitsProblem(out);
   if (problem !== null) throw new Refused(problem);
@@ -66,11 +69,11 @@ const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.tes
 /** Why the power limits break a rule, or null (what the encoder writes, the decoder accepts). */
 export function powerLimitsProblem(list: readonly PowerLimitState[]): string | null {
   if (list.length > STATE_LIMITS.maxPowerLimits) return `${list.length} power limits, at most ${STATE_LIMITS.maxPowerLimits}`;
-  const seen = new Set<number>();
+  const seen = new Set<string>();
   for (const l of list) {
-    const at = `the power limit of VM ${l.vmId}`;
-    if (seen.has(l.vmId)) return `${at} appears twice`;
-    seen.add(l.vmId);
+    const at = `the ${l.domain} power limit of VM ${l.vmId}`;
+    if (seen.has(`${l.vmId} ${l.domain}`)) return `${at} appears twice`;
+    seen.add(`${l.vmId} ${l.domain}`);
     if (!(l.limitW > 0 && Number.isFinite(l.limitW)) || !(l.limitedS >= 0 && Number.isFinite(l.limitedS)))
       return `${at}: its limit or time limited is not a finite number above 0`;
     if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus)))

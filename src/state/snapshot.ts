@@ -5,7 +5,7 @@
  * restoring them from it is the daemon's business; the codec (snapshot-codec.ts) only checks and carries it.
  */
 import type { GuestCounterState } from '../guest-energy/guest-counter.js';
-import type { OtherDomain } from '../model/domains.js';
+import type { EnergyDomain, OtherDomain } from '../model/domains.js';
 import { MAX_VMS } from '../model/vm.js';
 import type { VcpuSpec } from '../model/vcpus.js';
 
@@ -152,9 +152,11 @@ export interface StateSnapshot {
 export interface PowerLimitState {
   vmId: number;
   pid: number;
+  /** The domain whose attributed power the limit is on (one record per VM and domain; the package before domains came). */
+  domain: EnergyDomain;
   limitW: number;
   limitedS: number;
-  /** The CPUs the loop last gave the VM; null while it sets no quota. */
+  /** The CPUs the loop last gave the VM; null while it sets no quota (or on a VM's records after its first). */
   quotaCpus: number | null;
   /** Set by the limits file (--limits), not over v2: the next reading of the file replaces it. */
   fromFile: boolean;

@@ -49,9 +49,9 @@ async function reference(book: EnergyBook, format: ExpositionFormat): Promise<st
   // Only for VMs that had a power limit: after the guest energy, before info.
   const limited = book.exposed().filter((r) => r.limit !== null);
   if (limited.length > 0) {
-    const limit = new Gauge({ name: VM_FAMILIES.limit.name, help: VM_FAMILIES.limit.help, labelNames: vmLabels, registers });
+    const limit = new Gauge({ name: VM_FAMILIES.limit.name, help: VM_FAMILIES.limit.help, labelNames: [...vmLabels, 'domain'], registers });
     const time = new Counter({ name: VM_FAMILIES.limited.name, help: VM_FAMILIES.limited.help, labelNames: vmLabels, registers });
-    for (const r of limited) limit.set(r.labels, r.limit!.watts);
+    for (const r of limited) for (const [domain, w] of r.limit!.watts) limit.set({ ...r.labels, domain }, w);
     for (const r of limited) time.inc(r.labels, Number(r.limit!.limitedMs.total) / 1000);
   }
   const info = new Gauge({
@@ -175,13 +175,18 @@ describe('per-VM families rendered from cached label text', () => {
     expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4002"/);
   });
 
-  test('has the power limit families, only for VMs that had a limit, as prom-client renders them', async () => {
+  test('has the power limit families with each limited domain, only for VMs and domains that had a limit, as prom-client renders them', async () => {
     const book = hostileBook();
-    book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], undefined, { limitMw: 35_500n, limitedMs: 12_250n });
-    book.vmUpdate(upd(2, 4, [1_000_000n]), undefined, [], undefined, { limitMw: 0n, limitedMs: 0n });
+    const limits = (pkg: bigint, dram: bigint) => new Map([['package', pkg] as const, ['dram', dram] as const]);
+    book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], undefined, { limitsMw: limits(35_500n, 4_000n), limitedMs: 12_250n });
+    book.vmUpdate(upd(2, 4, [1_000_000n]), undefined, [], undefined, { limitsMw: limits(0n, 0n), limitedMs: 0n });
+    book.vmUpdate(upd(3, 4, [1_000_000n]), undefined, [], undefined, { limitsMw: limits(0n, 2_500n), limitedMs: 0n });
     const x = new VmExposition(book, VM_FAMILIES);
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
-    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4001",uid="0"\} 35.5\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4001",uid="0",domain="package"\} 35.5\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4001",uid="0",domain="dram"\} 4\n/);
+    expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4003",uid="0",domain="dram"\} 2.5\n/);
+    expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4003",uid="0",domain="package"/);
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limited_seconds_total\{[^}]*pid="4001",uid="0"\} 12.25\n/);
     expect(ours(x, 'prometheus')).not.toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4002"/);
   });

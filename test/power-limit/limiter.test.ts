@@ -37,6 +37,7 @@ function world(vms: Map<number, { ticks: number }>) {
     open,
     log,
     clkTck: 100,
+    domains: ['package', 'dram'],
     totalsInto: (vmId: number, into: VmTotals) => {
       const v = vms.get(vmId);
       if (!v) return false;
@@ -44,13 +45,15 @@ function world(vms: Map<number, { ticks: number }>) {
       return true;
     },
   });
-  const sample = (vmId: number, watts: number, cpu: number, ended: number[] = []) => {
+  /** One 1 s interval of a VM drawing `watts` of package power (and `dramW` of DRAM power, when given) at `cpu` CPUs. */
+  const sample = (vmId: number, watts: number, cpu: number, ended: number[] = [], dramW?: number) => {
     vms.get(vmId)!.ticks += cpu * 100;
+    const domains = dramW === undefined ? {} : { domains: [{ domain: 'dram' as const, vpkgEnergyJ: [dramW / 2, dramW / 2] }] };
     const r: IntervalResult = {
       tNs: 0n,
       dtS: 1,
       packages: [],
-      vms: [{ vmId, pid: 100 + vmId, vpkgEnergyJ: [watts] }],
+      vms: [{ vmId, pid: 100 + vmId, vpkgEnergyJ: [watts], ...domains }],
       ended: [],
       problems: [],
     };
@@ -65,14 +68,16 @@ describe('power limiter', () => {
     expect(w.limiter.set(1, 101, 30)).toBeNull();
     for (let i = 0; i < 5; i++) w.sample(1, 20, 1);
     expect(w.opened).toEqual([]);
-    expect(w.limiter.view(1)).toEqual({ limitW: 30, quotaUs: null, periodUs: 0, limitedS: 0 });
+    expect(w.limiter.view(1)).toEqual({ domain: 'package', limitW: 30, quotaUs: null, periodUs: 0, limitedS: 0 });
     w.sample(1, 60, 1);
     expect(w.opened).toEqual([101]);
-    expect(w.lines.some((l) => l === 'power limit of VM 1 starts biting: 60.0 W over 30 W')).toBe(true);
+    expect(w.lines.some((l) => l === 'power limit of VM 1 starts biting: package power 60.0 W over 30 W')).toBe(true);
     // The guest goes idle: the quota climbs back to the whole vCPU and is let go.
     for (let i = 0; i < 10 && w.released() === 0; i++) w.sample(1, 5, 0.1);
     expect(w.released()).toBe(1);
-    expect(w.lines.some((l) => l.startsWith('power limit of VM 1 stops biting: power 5.0 W stays under the limit of 30 W'))).toBe(true);
+    expect(w.lines.some((l) => l.startsWith('power limit of VM 1 stops biting: package power 5.0 W stays under the limit of 30 W'))).toBe(
+      true,
+    );
     expect(w.limiter.view(1)!.quotaUs).toBeNull();
     expect(w.limiter.view(1)!.limitedS).toBeGreaterThan(0);
   });
@@ -100,6 +105,7 @@ describe('power limiter', () => {
       },
       log: pino({ level: 'silent' }),
       clkTck: 100,
+      domains: ['package', 'dram'],
       totalsInto: (_id: number, into: VmTotals) => ((into.vcpus = [{ tid: 11, energyJ: 0, ticks: 0 }]), true),
     });
     failing.set(1, 101, 10);
@@ -116,24 +122,79 @@ describe('power limiter', () => {
     ]);
     const w = world(vms);
     w.limiter.set(1, 101, 30);
+    w.limiter.set(1, 101, 8, true, 'dram');
     w.limiter.set(2, 102, 50, true);
-    for (let i = 0; i < 3; i++) w.sample(1, 60, 1);
+    for (let i = 0; i < 3; i++) w.sample(1, 60, 1, [], 4);
     const saved = w.limiter.state();
-    expect(saved.map((s) => [s.vmId, s.limitW, s.fromFile, s.groups.length])).toEqual([
-      [1, 30, false, 1],
-      [2, 50, true, 0],
+    expect(saved.map((s) => [s.vmId, s.domain, s.limitW, s.fromFile, s.groups.length])).toEqual([
+      [1, 'package', 30, false, 1],
+      [1, 'dram', 8, true, 0],
+      [2, 'package', 50, true, 0],
     ]);
     const quota = w.limiter.view(1)!.quotaUs;
     // The next process: the same VMs known again (and one that is not: left).
     const next = world(vms);
-    next.limiter.restore([...saved, { ...saved[1]!, vmId: 3 }]);
-    expect(next.limiter.limited()).toEqual([1, 2]);
-    expect(next.limiter.limited(true)).toEqual([2]);
+    next.limiter.restore([...saved, { ...saved[2]!, vmId: 3 }]);
+    expect(next.limiter.limited()).toEqual([
+      [1, 'package'],
+      [1, 'dram'],
+      [2, 'package'],
+    ]);
+    expect(next.limiter.limited(true)).toEqual([
+      [1, 'dram'],
+      [2, 'package'],
+    ]);
     expect(next.carried).toEqual([saved[0]!.groups]);
     expect(next.limiter.view(1)).toMatchObject({ limitW: 30, quotaUs: quota });
     expect(next.limiter.view(1)!.limitedS).toBe(w.limiter.view(1)!.limitedS);
     expect(next.released()).toBe(0);
+    next.limiter.set(1, 101, null, false, 'dram');
     next.limiter.set(1, 101, null);
     expect(next.released()).toBe(1);
+  });
+
+  it("steers the quota on a named domain's attributed power, and with two limits on one VM the lower quota wins, whichever domain asks it", () => {
+    // The family: a VM whose package power (p W per CPU) and DRAM power (d W per CPU) follow its CPU
+    // time; limits on one or both domains at several levels. Held, the VM settles where the binding one says.
+    for (const [pkgPerCpu, dramPerCpu, pkgLimit, dramLimit] of [
+      [60, 10, null, 5],
+      [60, 10, 40, 5],
+      [60, 10, 20, 8],
+      [40, 20, 35, 6],
+    ] as const) {
+      const w = world(new Map([[1, { ticks: 0 }]]));
+      if (pkgLimit !== null) expect(w.limiter.set(1, 101, pkgLimit)).toBeNull();
+      expect(w.limiter.set(1, 101, dramLimit, false, 'dram')).toBeNull();
+      let cpu = 1;
+      for (let i = 0; i < 30; i++) {
+        w.sample(1, pkgPerCpu * cpu, cpu, [], dramPerCpu * cpu);
+        cpu = Math.min(1, w.limiter.view(1, 'dram')!.quotaUs === null ? 1 : w.limiter.view(1, 'dram')!.quotaUs! / 100000);
+      }
+      // The quota each limit alone would hold (power follows CPU time linearly here).
+      const want = Math.min(dramLimit / dramPerCpu, pkgLimit === null ? 1 : pkgLimit / pkgPerCpu);
+      expect(cpu).toBeGreaterThan(want * 0.95);
+      expect(cpu).toBeLessThan(want * 1.05);
+      const binding = pkgLimit !== null && pkgLimit / pkgPerCpu < dramLimit / dramPerCpu ? 'package' : 'dram';
+      expect(w.lines.some((l) => l.startsWith(`power limit of VM 1 starts biting: ${binding} power`))).toBe(true);
+      expect(w.limiter.views(1).map((v) => v.domain)).toEqual(pkgLimit === null ? ['dram'] : ['package', 'dram']);
+      // Removing the binding limit leaves the other in force (the VM is not let go while it is over it).
+      w.limiter.set(1, 101, null, false, binding);
+      expect(w.limiter.views(1)).toHaveLength(pkgLimit === null ? 0 : 1);
+    }
+  });
+
+  it('refuses a limit on a domain the helper does not attribute, saying which it does, and counts each VM and domain against the bound', () => {
+    const w = world(new Map([[1, { ticks: 0 }]]));
+    for (const d of ['core', 'uncore', 'psys'] as const)
+      expect(w.limiter.set(1, 101, 5, false, d)).toBe(
+        `this host's helper does not attribute ${d} power (it attributes package, dram); limit one of those`,
+      );
+    expect(w.limiter.views(1)).toEqual([]);
+    expect(w.limiter.set(1, 101, 5, false, 'dram')).toBeNull();
+    expect(w.limiter.set(1, 101, 50)).toBeNull();
+    expect(w.limiter.limited()).toEqual([
+      [1, 'dram'],
+      [1, 'package'],
+    ]);
   });
 });

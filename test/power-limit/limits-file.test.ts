@@ -21,12 +21,13 @@ function limiter(): PowerLimiter {
     },
     log: pino({ level: 'silent' }),
     clkTck: 100,
+    domains: ['package', 'dram'],
     totalsInto: () => false,
   });
 }
 
 describe('limits file', () => {
-  it('reads VM and watts a line, comments and blank lines aside, and refuses each bad line with its reason and fix while the rest apply', () => {
+  it('reads VM, watts and a domain (the package when left out) a line, comments and blank lines aside, and refuses each bad line with its reason and fix while the rest apply', () => {
     const f = parseLimitsFile(
       [
         '# standing limits',
@@ -38,21 +39,31 @@ describe('limits file', () => {
         'web3 -3',
         'web4 1e3',
         'web1 40',
-        'a b c',
+        'a b c d',
+        'web1 4 dram',
+        'web1 5 package',
+        'web2 3 pp9',
+        'web2 3 psys',
       ].join('\n'),
       '/etc/limits',
+      (d) => (d === 'psys' ? 'this host does not attribute psys' : null),
     );
-    expect([...f.byKey]).toEqual([
-      ['web1', 35],
-      [UUID, 12.5],
-      ['4242', 7],
+    expect([...f.byKey].map(([k, m]) => [k, Object.fromEntries(m)])).toEqual([
+      ['web1', { package: 35, dram: 4 }],
+      [UUID, { package: 12.5 }],
+      ['4242', { package: 7 }],
     ]);
     expect(f.problems).toEqual([
-      expect.stringMatching(/^cannot read line 6 of the limits file \/etc\/limits: it is not a VM and a number of watts; write 'VM WATTS'/),
+      expect.stringMatching(
+        /^cannot read line 6 of the limits file \/etc\/limits: it is not a VM and a number of watts; write 'VM WATTS \[DOMAIN\]'/,
+      ),
       expect.stringMatching(/^cannot read line 7 .*: "-3" is not a number of watts above 0; give watts/),
       expect.stringMatching(/^cannot read line 8 .*: "1e3" is not a number of watts above 0/),
-      expect.stringMatching(/^cannot read line 9 .*: "web1" has a limit on an earlier line; keep one line per VM/),
+      expect.stringMatching(/^cannot read line 9 .*: "web1" has a package limit on an earlier line; keep one line per VM and domain/),
       expect.stringMatching(/^cannot read line 10 .*: it is not a VM and a number of watts/),
+      expect.stringMatching(/^cannot read line 12 .*: "web1" has a package limit on an earlier line/),
+      expect.stringMatching(/^cannot read line 13 .*: "pp9" is not a RAPL domain; name one of package, core, uncore, dram, psys/),
+      expect.stringMatching(/^cannot read line 14 .*: this host does not attribute psys; remove the line or name a domain/),
     ]);
   });
 
@@ -86,11 +97,17 @@ describe('limits file', () => {
     });
     const vms = [vm(1, 4242, 'x'), vm(2, 500, 'other', uuidBytes), vm(3, 501, 'web1'), vm(4, 502, 'web1', null, false), vm(5, 503, 'web9')];
     l.set(5, 503, 99);
-    applyLimitsFile(parseLimitsFile(`4242 7\n${UUID} 12.5\nweb1 35\nweb9 1\n`, 'f'), vms, l);
+    applyLimitsFile(parseLimitsFile(`4242 7\n${UUID} 12.5\nweb1 35\nweb1 3 dram\nweb9 1\n`, 'f'), vms, l);
     expect([1, 2, 3, 4, 5].map((id) => l.view(id)?.limitW)).toEqual([7, 12.5, 35, undefined, 99]);
-    // The file changed and was read again: web1 gone, the uuid's limit changed.
-    applyLimitsFile(parseLimitsFile(`4242 7\n${UUID} 20\n`, 'f'), vms, l);
+    expect(l.view(3, 'dram')?.limitW).toBe(3);
+    // The file changed and was read again: web1's package limit gone (its dram limit now 2), the uuid's limit changed.
+    applyLimitsFile(parseLimitsFile(`4242 7\n${UUID} 20\nweb1 2 dram\n`, 'f'), vms, l);
     expect([1, 2, 3, 5].map((id) => l.view(id)?.limitW)).toEqual([7, 20, undefined, 99]);
-    expect(l.limited(true)).toEqual([1, 2]);
+    expect(l.view(3, 'dram')?.limitW).toBe(2);
+    expect(l.limited(true)).toEqual([
+      [1, 'package'],
+      [2, 'package'],
+      [3, 'dram'],
+    ]);
   });
 });

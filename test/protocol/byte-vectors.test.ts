@@ -186,6 +186,45 @@ describe('v2 client -> helper frames match hand-written bytes', () => {
     expect(parseHelperFrame(oneFrame(state, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x88, ...value } });
   });
 
+  it('LIMIT naming a domain sets flags bit 1 and carries its code after the milliwatts; LIMIT_STATE then sets bit 0 and names it; a code past the list is refused', () => {
+    // type 0x000a, flags 3 (set, domain), length 12; vm 7, 4500 mW, domain 3 (dram).
+    const set = hex('0a00 0300 0c000000 07000000 94110000 03000000');
+    expect(encodeLimit(7, 4500, 'dram').equals(set)).toBe(true);
+    expect(parseClientFrame(oneFrame(set, CLIENT_TYPES))).toEqual({
+      ok: true,
+      value: { type: 0x0a, vmId: 7, milliwatts: 4500, domain: 'dram' },
+    });
+    // A read of vm 7's core limit (domain 1): flags 2; the package named explicitly is code 0.
+    for (const [code, domain] of [
+      [1, 'core'],
+      [0, 'package'],
+      [4, 'psys'],
+    ] as const) {
+      const read = hex(`0a00 0200 0c000000 07000000 00000000 0${code}000000`);
+      expect(encodeLimit(7, undefined, domain).equals(read)).toBe(true);
+      expect(parseClientFrame(oneFrame(read, CLIENT_TYPES))).toEqual({
+        ok: true,
+        value: { type: 0x0a, vmId: 7, milliwatts: null, domain },
+      });
+    }
+    for (const bad of [
+      '0a00 0200 0c000000 07000000 00000000 05000000',
+      '0a00 0200 08000000 07000000 00000000',
+      '0a00 0400 08000000 07000000 00000000',
+    ]) {
+      const r = parseClientFrame(oneFrame(hex(bad), CLIENT_TYPES));
+      expect(r.ok).toBe(false);
+    }
+    // type 0x0088, flags 1, length 32: vm 7, 4500 mW, quota 50000 us, period 100000 us, 3 s limited, domain 3, reserved 0.
+    const state = hex('8800 0100 20000000 07000000 94110000 50c30000 a0860100 005ed0b200000000 03000000 00000000');
+    const value = { vmId: 7, limitMw: 4500, quotaUs: 50000, periodUs: 100000, limitedNs: 3_000_000_000n, domain: 'dram' as const };
+    expect(encodeLimitState(value).equals(state)).toBe(true);
+    expect(parseHelperFrame(oneFrame(state, HELPER_TYPES))).toEqual({ ok: true, value: { type: 0x88, ...value } });
+    expect(
+      parseHelperFrame(oneFrame(hex('8800 0100 18000000 07000000 94110000 50c30000 a0860100 005ed0b200000000'), HELPER_TYPES)).ok,
+    ).toBe(false);
+  });
+
   it('the connection starts with the magic 56 4D 53 32 ("VMS2")', () => {
     expect(V2_MAGIC.equals(hex('564d5332'))).toBe(true);
     expect(classifyPreamble(hex('564d5332'))).toBe('v2');

@@ -391,6 +391,7 @@ describe('state snapshot codec, power limits', () => {
       {
         vmId: 1,
         pid: 4242,
+        domain: 'package',
         limitW: 21.5,
         limitedS: 33.25,
         quotaCpus: 0.62,
@@ -400,7 +401,8 @@ describe('state snapshot codec, power limits', () => {
           { dir: '/sys/fs/cgroup/cpu/vmsr-helper-vm-4242', saved: '150000\n', written: null, made: true },
         ],
       },
-      { vmId: 2, pid: 4300, limitW: 4_000_000, limitedS: 0, quotaCpus: null, fromFile: false, groups: [] },
+      { vmId: 2, pid: 4300, domain: 'package', limitW: 4_000_000, limitedS: 0, quotaCpus: null, fromFile: false, groups: [] },
+      { vmId: 1, pid: 4242, domain: 'dram', limitW: 3.5, limitedS: 33.25, quotaCpus: null, fromFile: false, groups: [] },
     ];
     return s;
   };
@@ -414,11 +416,12 @@ describe('state snapshot codec, power limits', () => {
     expect(v3.ok && v3.value).toEqual(plain);
   });
 
-  it('refuses a limit that is not a finite number above 0, a VM twice, a relative group path or unprintable quota bytes, before writing it', () => {
+  it('refuses a limit that is not a finite number above 0, a VM and domain twice, a relative group path or unprintable quota bytes, before writing it', () => {
     const edits: [(s: StateSnapshot) => void, RegExp][] = [
-      [(s) => (s.limits![0]!.limitW = NaN), /the power limit of VM 1: its limit or time limited is not a finite number above 0/],
-      [(s) => (s.limits![1]!.quotaCpus = -1), /the power limit of VM 2: its quota is not a finite number above 0/],
-      [(s) => (s.limits![1]!.vmId = 1), /the power limit of VM 1 appears twice/],
+      [(s) => (s.limits![0]!.limitW = NaN), /the package power limit of VM 1: its limit or time limited is not a finite number above 0/],
+      [(s) => (s.limits![1]!.quotaCpus = -1), /the package power limit of VM 2: its quota is not a finite number above 0/],
+      [(s) => (s.limits![1]!.vmId = 1), /the package power limit of VM 1 appears twice/],
+      [(s) => (s.limits![2]!.domain = 'package'), /the package power limit of VM 1 appears twice/],
       [(s) => (s.limits![0]!.groups[0]!.dir = 'machine/vcpu0'), /a group's path is not absolute/],
       [(s) => (s.limits![0]!.groups[1]!.saved = '1\u0000'), /a quota file's bytes are not printable or over 64/],
       [(s) => (s.limits![0]!.groups[0]!.written = 'x'.repeat(65)), /a quota file's bytes are not printable or over 64/],

@@ -156,12 +156,18 @@ describe('watch', () => {
   it("shows a VM's power limit after the row, throttled with its quota or ok, and the same in JSON; nothing without a limit", () => {
     const a: Update = { vmId: 1, tNs: 1_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 1_000_000n }], ended: false };
     const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: false };
-    const biting = { limitW: 21.5, quotaCpus: 0.482, limitedS: 33.4 };
+    const biting = { limits: [{ domain: 'package' as const, limitW: 21.5 }], quotaCpus: 0.482, limitedS: 33.4 };
     expect(formatUpdate(a, b, a.tNs, null, biting)).toBe(
-      `${formatUpdate(a, b, a.tNs)}  limit 21.5 W throttled (quota 0.48 CPU, 33 s limited)`,
+      `${formatUpdate(a, b, a.tNs)}  package limit 21.5 W throttled (quota 0.48 CPU, 33 s limited)`,
     );
-    expect(formatUpdate(a, b, a.tNs, null, { ...biting, quotaCpus: 0 })).toBe(`${formatUpdate(a, b, a.tNs)}  limit 21.5 W ok`);
+    expect(formatUpdate(a, b, a.tNs, null, { ...biting, quotaCpus: 0 })).toBe(`${formatUpdate(a, b, a.tNs)}  package limit 21.5 W ok`);
+    const both = { ...biting, limits: [...biting.limits, { domain: 'dram' as const, limitW: 3 }] };
+    expect(formatUpdate(a, b, a.tNs, null, both)).toMatch(/ {2}package limit 21.5 W, dram limit 3 W throttled \(quota 0.48 CPU/);
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, both))).toMatchObject({ power_limits: { package: 21.5, dram: 3 } });
+    const dramOnly = { ...biting, limits: [{ domain: 'dram' as const, limitW: 3 }] };
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, dramOnly))).not.toHaveProperty('power_limit_w');
     expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, biting))).toMatchObject({
+      power_limits: { package: 21.5 },
       power_limit_w: 21.5,
       power_limit_state: 'throttled',
       power_limit_cpu_quota: 0.482,

@@ -5,6 +5,7 @@
  * refused: use `systemctl reload` (ExecReload= sends the daemon SIGHUP) or `systemctl restart`.
  */
 import net from 'node:net';
+import os from 'node:os';
 import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
@@ -12,9 +13,16 @@ import { peerOf } from '../../os/peer.js';
 import { isHelperProcess } from '../../helper/lifecycle/pidfile.js';
 import { addClientSocketOption, commandOptions } from '../options.js';
 import { cannot } from '../../common/errors.js';
+import { RESTART_CHECK_TIMEOUT_MS, RESTART_QUIET_MS } from '../../helper/handover/restart-requests.js';
 
-/** Longest wait for the daemon to begin the restart (its check of the binary included), then to serve again. */
-const RELOAD_TIMEOUT_MS = 30_000;
+/**
+ * Longest wait, from the signal, for the daemon to begin the restart: it first waits until no restart
+ * was asked for RESTART_QUIET_MS, then checks the installed binary for up to RESTART_CHECK_TIMEOUT_MS;
+ * 30 s more for its own turns on a host busy with other work (a starved daemon took 9 s to check).
+ */
+const BEGIN_TIMEOUT_MS = RESTART_QUIET_MS + RESTART_CHECK_TIMEOUT_MS + 30_000;
+/** Longest wait, once the old image let go, for the new one to serve (its start took 10 s on a starved host). */
+const SERVE_TIMEOUT_MS = 60_000;
 
 function listenerPid(socketPath: string): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -45,8 +53,40 @@ function signalRefused(pid: number, e: NodeJS.ErrnoException): string {
   return cannot('reload', `cannot send SIGHUP to the helper (pid ${pid}): ${e.message}`, 'check that it still runs');
 }
 
+/** Where a reload is, for what it says when it is stopped or gives up. */
+interface Progress {
+  pid: number | null;
+  /** Date.now() at the SIGHUP, or null before it. */
+  signalledAt: number | null;
+  waitingFor: string;
+}
+
+/**
+ * A reload stopped by SIGTERM or SIGINT says where it was (an exit with no word left the caller
+ * guessing whether the helper was signalled) and exits 128 + the signal's number.
+ */
+function sayWhereWhenStopped(socketPath: string, p: Progress): () => void {
+  const handlers = (['SIGTERM', 'SIGINT'] as const).map((sig) => {
+    const h = () => {
+      const why =
+        p.signalledAt === null
+          ? `stopped by ${sig} before the helper was signalled`
+          : `stopped by ${sig} while waiting for the helper (pid ${p.pid}) to ${p.waitingFor}, ${((Date.now() - p.signalledAt) / 1000).toFixed(1)} s after its SIGHUP`;
+      const fix =
+        p.signalledAt === null
+          ? 'nothing was restarted: run it again'
+          : `the helper goes on with the restart: its log says how it ended, and vmsr-helper stats --once -k ${socketPath} whether it serves`;
+      process.stderr.write(`vmsr-helper reload: ${cannot('reload', why, fix)}\n`);
+      process.exit(128 + os.constants.signals[sig]);
+    };
+    process.on(sig, h);
+    return [sig, h] as const;
+  });
+  return () => handlers.forEach(([sig, h]) => process.off(sig, h));
+}
+
 /** Sends the daemon at `socketPath` SIGHUP and resolves with the ms until a new connection is served by the new image. */
-async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): Promise<number> {
+async function reloadDaemon(socketPath: string, p: Progress): Promise<number> {
   const pid = await listenerPid(socketPath);
   if (pid === 1)
     throw new Error(cannot('reload', `${socketPath} is systemd's socket`, 'run systemctl reload qemu-vmsr-helper (or restart)'));
@@ -55,28 +95,26 @@ async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): 
   // A v2 connection is told when the restart begins (ERROR RESTARTING, then closed).
   const watch = await V2Client.connect(socketPath);
   await watch.list();
-  const t0 = Date.now();
+  p.pid = pid;
   try {
     process.kill(pid, 'SIGHUP');
   } catch (e) {
     await watch.close();
     throw new Error(signalRefused(pid, e as NodeJS.ErrnoException));
   }
+  const t0 = (p.signalledAt = Date.now());
+  p.waitingFor = 'begin the restart';
   const began = await Promise.race([
     watch.closed.then(() => true),
-    new Promise<false>((r) => setTimeout(() => r(false), timeoutMs).unref()),
+    new Promise<false>((r) => setTimeout(() => r(false), BEGIN_TIMEOUT_MS).unref()),
   ]);
   if (!began) {
     await watch.close();
-    throw new Error(
-      cannot(
-        'reload',
-        `the helper (pid ${pid}) did not begin the restart within ${timeoutMs / 1000} s`,
-        'its log says why (journalctl or its stderr)',
-      ),
-    );
+    const why = `the helper (pid ${pid}) did not begin the restart within ${BEGIN_TIMEOUT_MS / 1000} s of its SIGHUP`;
+    throw new Error(cannot('reload', why, 'its log says why (journalctl or its stderr)'));
   }
-  for (const end = Date.now() + timeoutMs; Date.now() < end;) {
+  p.waitingFor = 'serve again (its new image starting)';
+  for (const end = Date.now() + SERVE_TIMEOUT_MS; Date.now() < end;) {
     try {
       const c = await V2Client.connect(socketPath, { timeoutMs: 1000 });
       await c.list();
@@ -86,7 +124,8 @@ async function reloadDaemon(socketPath: string, timeoutMs = RELOAD_TIMEOUT_MS): 
       await new Promise((r) => setTimeout(r, 20));
     }
   }
-  throw new Error(cannot('reload', `the helper did not serve again within ${timeoutMs / 1000} s`, 'its log says why'));
+  const why = `the helper (pid ${pid}) began the restart but did not serve again within ${SERVE_TIMEOUT_MS / 1000} s`;
+  throw new Error(cannot('reload', why, 'its log says why (journalctl or its stderr)'));
 }
 
 export function addReloadCommand(program: Command): void {
@@ -95,7 +134,10 @@ export function addReloadCommand(program: Command): void {
     .description('restart the daemon in place (as SIGHUP): every QEMU connection and all counters carried over');
   addClientSocketOption(cmd).action(async () => {
     const o = commandOptions<{ socket?: string }>(cmd);
-    const ms = await reloadDaemon(o.socket ?? DEFAULT_HELPER_SOCKET);
+    const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
+    const progress: Progress = { pid: null, signalledAt: null, waitingFor: '' };
+    const unhook = sayWhereWhenStopped(socketPath, progress);
+    const ms = await reloadDaemon(socketPath, progress).finally(unhook);
     process.stdout.write(`restarted in place; serving again ${ms} ms after the signal\n`);
   });
 }

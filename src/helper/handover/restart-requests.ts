@@ -8,7 +8,12 @@
  */
 
 /** How long no restart may have been asked before the exec. */
-const RESTART_QUIET_MS = 1000;
+export const RESTART_QUIET_MS = 1000;
+/**
+ * Longest the check of the installed binary (`--version`) may take before the restart is called off:
+ * far above its second or two, as a host busy with other users' work took over 10 s.
+ */
+export const RESTART_CHECK_TIMEOUT_MS = 30_000;
 
 export class RestartRequests {
   private lastAt = -Infinity;

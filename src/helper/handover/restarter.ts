@@ -18,7 +18,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { FrozenConnection, Restartable } from './frozen.js';
-import { RestartRequests } from './restart-requests.js';
+import { RESTART_CHECK_TIMEOUT_MS, RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec } from '../../os/libc/fds.js';
@@ -35,11 +35,6 @@ import { cannot } from '../../common/errors.js';
  * closed rather than handed over: the unsent part of a queued reply cannot be known.
  */
 const RESTART_DRAIN_MS = 200;
-/**
- * Longest the check of the installed binary (`--version`) may take before the restart is called off:
- * far above its second or two, as a host busy with other users' work took over 10 s.
- */
-const RESTART_CHECK_TIMEOUT_MS = 30_000;
 /**
  * Carries the old image's times (wall-clock ms, sub-ms: performance.timeOrigin + now) across the exec,
  * as JSON `{ signalAt, stoppedAt, execAt }`, for the new image's `restart phases` log line.

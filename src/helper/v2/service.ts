@@ -221,7 +221,7 @@ function makeStatsFiles(
     clock: o.clock ?? monotonicNs,
     ...(o.energySource !== undefined ? { energySourceCode: ENERGY_SOURCE_CODE[o.energySource] } : {}),
     ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
-    ...(limits ? { powerLimit: (vmId: number) => limits.view(vmId) } : {}),
+    ...(limits ? { powerLimit: (vmId: number) => limits.views(vmId) } : {}),
     capacity: () => ({
       registered: { used: registry.size, max: o.limits.maxVms },
       discovered: o.discovery ? { used: o.discovery.trackedVms, max: o.discovery.maxVms } : null,
@@ -269,6 +269,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
     log: o.log,
     clkTck: o.host.clkTck,
     totalsInto: (vmId, into) => sampling.totalsInto(vmId, into),
+    domains: ['package', ...new Set((o.host.domains ?? []).map((c) => c.domain))],
   });
   const mayLimit = (peer: PeerCredentials) => peer.uid === 0 || (pl.adminGid !== undefined && peerInGroup(o.procRoot, peer, pl.adminGid));
   return { limiter, mayLimit };
@@ -304,7 +305,8 @@ function makeParts(
     o.host.domains,
   );
   const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
-  const limitsFile = o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file);
+  const limitsFile =
+    o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file, (d) => limits!.limiter.domainProblem(d));
   for (const p of limitsFile?.problems ?? []) o.log.warn({ powerLimits: o.powerLimits?.file }, p);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
     fanOut.dropped(vmId, last);

@@ -58,7 +58,7 @@ interface StatsFilesParts {
   /** --guest-energy exact: a VM's guest energy against its exact energy, and its garbage (J), undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
   /** Power limits (VmStatsReads.powerLimit): absent, the files have no power limit descriptors. */
-  powerLimit?: (vmId: number) => PowerLimitView | undefined;
+  powerLimit?: (vmId: number) => PowerLimitView[];
 }
 
 /** A refusal, with the v2 error code it is answered with. */

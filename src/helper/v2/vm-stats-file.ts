@@ -33,8 +33,8 @@ interface VmStatsReads {
   nextOf(tNs: bigint): bigint;
   /** --guest-energy exact: a VM's guest energy against its exact energy, and its garbage (J), undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
-  /** Power limits: a VM's limit, undefined when it has none. */
-  powerLimit?: (vmId: number) => PowerLimitView | undefined;
+  /** Power limits: a VM's limits (one per domain), empty when it has none. */
+  powerLimit?: (vmId: number) => PowerLimitView[];
 }
 
 /** A VM's values as written, refilled in place at each sample. */
@@ -257,12 +257,13 @@ export class VmStatsFile {
     v.realtimeNs = this.p.realtimeOf(t.tNs);
     v.nextMonotonicNs = t.ended ? 0n : this.p.nextOf(t.tNs);
     v.intervalNs = this.intervalNs;
-    const l = this.p.powerLimit?.(this.vmId);
+    const limits = this.p.powerLimit?.(this.vmId) ?? [];
+    const l = limits[0];
     v.powerLimit =
       l === undefined
         ? undefined
         : {
-            limitMw: Math.round(l.limitW * 1000),
+            limitsMw: new Map(limits.map((x) => [x.domain, Math.round(x.limitW * 1000)])),
             quotaMilliCpus: l.quotaUs === null ? 0 : Math.round((l.quotaUs / l.periodUs) * 1000),
             limitedMs: Math.round(l.limitedS * 1000),
           };

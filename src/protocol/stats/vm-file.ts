@@ -7,7 +7,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, sampleTimeSlots, writeSampleTimes, type SampleTimes, type SampleTimeSlots } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
-import type { OtherDomain } from '../../model/domains.js';
+import type { EnergyDomain, OtherDomain } from '../../model/domains.js';
 
 export interface VmStatsShape {
   hostVmId: number;
@@ -33,7 +33,8 @@ export interface VmStatsShape {
    */
   guest?: boolean;
   /**
-   * The daemon runs with power limits (docs/power-limits.md): `power_limit` (W, 0 = none),
+   * The daemon runs with power limits (docs/power-limits.md): `power_limit` (W, 0 = none; on the
+   * package; each other domain of the file's own in `<domain>_power_limit`, after the others),
    * `power_limit_cpu_quota` (CPUs of bandwidth the helper's quota gives, 0 = none set) and
    * `power_limited_time` (seconds the quota was in force).
    */
@@ -41,8 +42,8 @@ export interface VmStatsShape {
 }
 
 /** The names of one other domain's values in a VM's file (docs/stats-fd.md "A VM's file"). */
-export function vmDomainNames(domain: OtherDomain): { energy: string; power: string } {
-  return { energy: `${domain}_energy`, power: `${domain}_power` };
+export function vmDomainNames(domain: OtherDomain): { energy: string; power: string; limit: string } {
+  return { energy: `${domain}_energy`, power: `${domain}_power`, limit: `${domain}_power_limit` };
 }
 
 /** The id string of a VM's file: "vmsr-vm-<host VM id>/pid-<pid>[/<name>]" (cut to the name size). */
@@ -89,6 +90,7 @@ function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
     out.push(one('power_limit', I | STATS_UNIT.WATTS | STATS_BASE.POW10, -3));
     out.push(one('power_limit_cpu_quota', I | STATS_UNIT.NONE, -3));
     out.push(one('power_limited_time', C | STATS_UNIT.SECONDS | STATS_BASE.POW10, -3));
+    for (const d of s.domains) out.push(one(vmDomainNames(d).limit, I | STATS_UNIT.WATTS | STATS_BASE.POW10, -3));
   }
   return out;
 }
@@ -119,8 +121,8 @@ export interface VmStatsValues extends SampleTimes {
   domains?: readonly { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
   /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
   guest?: { guestUj: number; exactUj: number; garbageWindows: number; garbageUj: number };
-  /** Power limits: the limit (mW, 0 = none), the quota in force (thousandths of a CPU, 0 = none), ms limited. */
-  powerLimit?: { limitMw: number; quotaMilliCpus: number; limitedMs: number };
+  /** Power limits: each domain's limit (mW, none: 0), the quota in force (thousandths of a CPU, 0 = none), ms limited. */
+  powerLimit?: { limitsMw: ReadonlyMap<EnergyDomain, number>; quotaMilliCpus: number; limitedMs: number };
 }
 
 /** The word index of every value of a VM's file, resolved once. */
@@ -143,6 +145,8 @@ export class VmStatsSlots {
   readonly guestExact: number | null;
   /** The word index of power_limit; power_limit_cpu_quota and power_limited_time follow it. */
   readonly powerLimit: number | null;
+  /** Per other domain of the file, the word index of its `<domain>_power_limit`. */
+  readonly domainLimits = new Map<OtherDomain, number>();
   readonly guestGarbage: number | null;
   readonly guestGarbageUj: number | null;
 
@@ -169,6 +173,7 @@ export class VmStatsSlots {
     this.guestEnergy = b.has('guest_energy') ? b.slot('guest_energy') : null;
     this.guestExact = b.has('guest_exact_energy') ? b.slot('guest_exact_energy') : null;
     this.powerLimit = b.has('power_limit') ? b.slot('power_limit') : null;
+    for (const d of this.powerLimit === null ? [] : shape.domains) this.domainLimits.set(d, b.slot(vmDomainNames(d).limit));
     this.guestGarbage = b.has('guest_garbage_windows') ? b.slot('guest_garbage_windows') : null;
     this.guestGarbageUj = b.has('guest_garbage_energy') ? b.slot('guest_garbage_energy') : null;
   }
@@ -222,8 +227,9 @@ export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsV
     for (let g = 0; g < n; g++) b.setNumber(at.power + g, d.powerUw[g] ?? 0);
   }
   if (slots.powerLimit !== null) {
-    const p = v.powerLimit ?? { limitMw: 0, quotaMilliCpus: 0, limitedMs: 0 };
-    b.setNumber(slots.powerLimit, p.limitMw);
+    const p = v.powerLimit ?? { limitsMw: new Map<EnergyDomain, number>(), quotaMilliCpus: 0, limitedMs: 0 };
+    b.setNumber(slots.powerLimit, p.limitsMw.get('package') ?? 0);
+    for (const [d, at] of slots.domainLimits) b.setNumber(at, p.limitsMw.get(d) ?? 0);
     b.setNumber(slots.powerLimit + 1, p.quotaMilliCpus);
     b.setNumber(slots.powerLimit + 2, p.limitedMs);
   }

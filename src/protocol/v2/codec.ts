@@ -5,7 +5,7 @@
  * preamble check that picks the protocol for a connection.
  */
 import type { VcpuSpec } from '../../model/vcpus.js';
-import { ENERGY_DOMAINS, type OtherDomain } from '../../model/domains.js';
+import { ENERGY_DOMAINS, type EnergyDomain, type OtherDomain } from '../../model/domains.js';
 
 export const HEADER_SIZE = 8;
 export const MAX_PAYLOAD = 65536;
@@ -82,8 +82,12 @@ export const FLAG_HOST_DOMAINS = 0x4;
 export const HOST_SUBSCRIBE_DOMAINS = 0x2;
 /** Bit 0 of flags on LIMIT: set the limit to its milliwatts (0 = remove it); clear: only read it. */
 export const LIMIT_SET = 0x1;
+/** Bit 1 of flags on LIMIT: the payload carries a u32 domain code after the milliwatts (absent: the package). */
+export const LIMIT_DOMAIN = 0x2;
 /** LIMIT_STATE's payload: u32 vm_id, u32 limit_mw, u32 quota_us, u32 period_us, u64 limited_ns. */
 export const LIMIT_STATE_SIZE = 24;
+/** Bit 0 of flags on LIMIT_STATE (the reply to a LIMIT with LIMIT_DOMAIN): u32 domain code, u32 reserved follow. */
+export const LIMIT_STATE_DOMAIN = 0x1;
 
 /** The domain block's header (u32 count, u32 reserved), on UPDATE and HOST_UPDATE. */
 export const DOMAIN_BLOCK_HEADER = 8;
@@ -437,16 +441,19 @@ export interface LimitState {
   quotaUs: number;
   periodUs: number;
   limitedNs: bigint;
+  /** The limit's domain, when the request named one (LIMIT_DOMAIN); absent: the package, in the first layout. */
+  domain?: EnergyDomain;
 }
 
 export function encodeLimitState(s: LimitState): Buffer {
-  const p = Buffer.alloc(LIMIT_STATE_SIZE);
+  const p = Buffer.alloc(LIMIT_STATE_SIZE + (s.domain === undefined ? 0 : 8));
   p.writeUInt32LE(s.vmId, 0);
   p.writeUInt32LE(s.limitMw, 4);
   p.writeUInt32LE(s.quotaUs, 8);
   p.writeUInt32LE(s.periodUs, 12);
   p.writeBigUInt64LE(s.limitedNs, 16);
-  return encodeFrame(T.LIMIT_STATE, 0, p);
+  if (s.domain !== undefined) p.writeUInt32LE(ENERGY_DOMAINS.indexOf(s.domain), LIMIT_STATE_SIZE);
+  return encodeFrame(T.LIMIT_STATE, s.domain === undefined ? 0 : LIMIT_STATE_DOMAIN, p);
 }
 
 /** Messages are cut (at a character boundary) so the frame stays within MAX_PAYLOAD. */
@@ -512,12 +519,13 @@ export function encodeStatsFd(hostVmId: number): Buffer {
   return encodeU32Frame(T.STATS_FD, hostVmId);
 }
 
-/** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it. */
-export function encodeLimit(hostVmId: number, milliwatts?: number): Buffer {
-  const p = Buffer.alloc(8);
+/** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it; with `domain`, the first layout's package. */
+export function encodeLimit(hostVmId: number, milliwatts?: number, domain?: EnergyDomain): Buffer {
+  const p = Buffer.alloc(domain === undefined ? 8 : 12);
   p.writeUInt32LE(hostVmId, 0);
   p.writeUInt32LE(milliwatts ?? 0, 4);
-  return encodeFrame(T.LIMIT, milliwatts === undefined ? 0 : LIMIT_SET, p);
+  if (domain !== undefined) p.writeUInt32LE(ENERGY_DOMAINS.indexOf(domain), 8);
+  return encodeFrame(T.LIMIT, (milliwatts === undefined ? 0 : LIMIT_SET) | (domain === undefined ? 0 : LIMIT_DOMAIN), p);
 }
 
 /**

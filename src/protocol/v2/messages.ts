@@ -18,7 +18,9 @@ import {
   HOST_PKG_SIZE_PER_PACKAGE,
   HOST_SUBSCRIBE_DOMAINS,
   HOST_SUBSCRIBE_PER_PACKAGE,
+  LIMIT_DOMAIN,
   LIMIT_SET,
+  LIMIT_STATE_DOMAIN,
   LIMIT_STATE_SIZE,
   type LimitState,
   HOST_UPDATE_FIXED,
@@ -38,7 +40,7 @@ import {
   typeName,
 } from './codec.js';
 import { type Frame } from './frame-decoder.js';
-import { ENERGY_DOMAINS } from '../../model/domains.js';
+import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
 import { checkVcpus, MAX_TID, MAX_VCPUS, type VcpuSpec } from '../../model/vcpus.js';
 import { fail, ok, type Result } from '../../common/result.js';
 
@@ -63,7 +65,8 @@ export type ClientRequest =
   /** vmId 0 = the host's file. */
   | { type: typeof T.STATS_FD; vmId: number }
   /** milliwatts: the limit to set (0 = remove), null = only read it. */
-  | { type: typeof T.LIMIT; vmId: number; milliwatts: number | null };
+  /** domain: present when the request names one (LIMIT_DOMAIN); the reply then names it too. */
+  | { type: typeof T.LIMIT; vmId: number; milliwatts: number | null; domain?: EnergyDomain };
 
 type ClientParse = Result<ClientRequest, PayloadError>;
 
@@ -112,9 +115,7 @@ export function parseClientFrame(f: Frame): ClientParse {
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
       return ok({ type: f.type, vmId: p.readUInt32LE(0) });
     case T.LIMIT:
-      if (p.length !== 8) return wrongSize(f.type, p.length, '8');
-      if ((f.flags & ~LIMIT_SET) !== 0) return bad(`flags must be 0 or 0x${LIMIT_SET.toString(16)} (set), got 0x${f.flags.toString(16)}`);
-      return ok({ type: T.LIMIT, vmId: p.readUInt32LE(0), milliwatts: (f.flags & LIMIT_SET) !== 0 ? p.readUInt32LE(4) : null });
+      return parseLimit(f);
     case T.LIST:
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
       if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
@@ -180,15 +181,7 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
       if (p.length !== 8) return wrongLength(f, 8);
       return ok({ type: T.STATS_FD_REPLY, vmId: p.readUInt32LE(0), fileSize: p.readUInt32LE(4) });
     case T.LIMIT_STATE:
-      if (p.length !== LIMIT_STATE_SIZE) return wrongLength(f, LIMIT_STATE_SIZE);
-      return ok({
-        type: T.LIMIT_STATE,
-        vmId: p.readUInt32LE(0),
-        limitMw: p.readUInt32LE(4),
-        quotaUs: p.readUInt32LE(8),
-        periodUs: p.readUInt32LE(12),
-        limitedNs: p.readBigUInt64LE(16),
-      });
+      return parseLimitState(f);
     case T.ERROR:
       if (p.length < 8) return fail(`ERROR payload is ${p.length} bytes, expected at least 8`);
       return ok({ type: T.ERROR, code: p.readUInt32LE(0), requestType: p.readUInt32LE(4), message: p.subarray(8).toString('utf8') });
@@ -359,4 +352,39 @@ function parseVmList(p: Buffer): Result<HelperMessage> {
   }
   if (off !== p.length) return fail(`VM_LIST payload has ${p.length - off} bytes after its ${count} entries`);
   return ok({ type: T.VM_LIST, entries, nextId });
+}
+
+/** LIMIT: 8 bytes, or 12 with LIMIT_DOMAIN (the domain code after the milliwatts). */
+function parseLimit(f: Frame): ClientParse {
+  const p = f.payload;
+  const withDomain = (f.flags & LIMIT_DOMAIN) !== 0;
+  if (p.length !== (withDomain ? 12 : 8)) return wrongSize(f.type, p.length, withDomain ? '12' : '8');
+  if ((f.flags & ~(LIMIT_SET | LIMIT_DOMAIN)) !== 0)
+    return bad(
+      `flags must be 0 or a mix of 0x${LIMIT_SET.toString(16)} (set) and 0x${LIMIT_DOMAIN.toString(16)} (domain), got 0x${f.flags.toString(16)}`,
+    );
+  const domain = withDomain ? ENERGY_DOMAINS[p.readUInt32LE(8)] : undefined;
+  if (withDomain && domain === undefined)
+    return bad(`domain code ${p.readUInt32LE(8)} names no RAPL domain (0 to ${ENERGY_DOMAINS.length - 1}: ${ENERGY_DOMAINS.join(', ')})`);
+  const milliwatts = (f.flags & LIMIT_SET) !== 0 ? p.readUInt32LE(4) : null;
+  return ok({ type: T.LIMIT, vmId: p.readUInt32LE(0), milliwatts, ...(domain !== undefined ? { domain } : {}) });
+}
+
+/** LIMIT_STATE: 24 bytes, or 32 with LIMIT_STATE_DOMAIN (u32 domain code, u32 reserved). */
+function parseLimitState(f: Frame): Result<HelperMessage> {
+  const p = f.payload;
+  const withDomain = (f.flags & LIMIT_STATE_DOMAIN) !== 0;
+  const size = LIMIT_STATE_SIZE + (withDomain ? 8 : 0);
+  if (p.length !== size) return wrongLength(f, size);
+  const domain = withDomain ? ENERGY_DOMAINS[p.readUInt32LE(LIMIT_STATE_SIZE)] : undefined;
+  if (withDomain && domain === undefined) return fail(`LIMIT_STATE names domain code ${p.readUInt32LE(LIMIT_STATE_SIZE)}, no RAPL domain`);
+  return ok({
+    type: T.LIMIT_STATE,
+    vmId: p.readUInt32LE(0),
+    limitMw: p.readUInt32LE(4),
+    quotaUs: p.readUInt32LE(8),
+    periodUs: p.readUInt32LE(12),
+    limitedNs: p.readBigUInt64LE(16),
+    ...(domain !== undefined ? { domain } : {}),
+  });
 }
