@@ -1,8 +1,8 @@
 /**
  * The v2 service (V2Service): the entry point the daemon wires in, and the owner of its parts, made
  * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
- * the sampling loop calls its per-sample flow (interval, then sampled) each tick; a restart asks it
- * to freeze() and for its snapshot(), and the next process makes it from the snapshot
+ * the sampling loop's ticks run its interval(), which calls every step of a sample down in order; a
+ * restart asks it to freeze() and for its snapshot(), and the next process makes it from the snapshot
  * (restore.ts). The parts, each with one job:
  *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
  *   Clients (clients.ts)              the connections, their viewer and host subscription
@@ -22,8 +22,8 @@ import {
   type SampleEvent,
   type SamplingServiceOptions,
   type SamplingStats,
-  type Tick,
 } from '../../sampling/sampling-service.js';
+import { settled } from '../../sampling/time-slices.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
@@ -35,7 +35,6 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import type { Logger } from '../../logging/logger.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
-import { DisposableStore, type Disposable } from '../../common/disposable.js';
 import type { Discovery } from './discovery.js';
 import { daemonCounters, type HealthSource } from './daemon-counters.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
@@ -43,7 +42,7 @@ import { HostEnergy } from './host-energy.js';
 import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
-import { monotonicNs } from '../../sampling/tick-loop.js';
+import { monotonicNs, type TickInfo } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { KeptFdLedger, NotWhole } from '../../os/proc-tasks.js';
@@ -53,6 +52,7 @@ import { HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
 import type { Result } from '../../common/result.js';
+import type { Sample } from '../../model/sample.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, type RestorePlan } from './live-state.js';
 import { restoreFrom, type RestoreReport } from './restore.js';
@@ -71,7 +71,7 @@ export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow'> {
+interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'interval'> {
   host: HostInfo;
   /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
@@ -179,7 +179,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     log: o.log,
     clock: o.clock,
     // Called only once the service is made (a tick comes after it).
-    flow: { interval: (tick) => service.interval(tick) },
+    interval: (t) => service.interval(t),
   });
   const { parts, report, waiting } = await restoreFrom(o.restore, {
     host: o.host,
@@ -378,9 +378,10 @@ export class V2Service {
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */
   private restarting = false;
   private readonly orphaned: number[] = [];
-  private readonly listeners = new DisposableStore();
-  /** Called once a sample's state is whole, before any client is told of it (the daemon's checkpoints). */
-  private readonly beforeTold = new Set<() => void>();
+  /** The interval's checkpoint step: where the live state goes (checkpointTo); null: nowhere. */
+  private checkpoint: ((state: StateSnapshot | Error) => void) | null = null;
+  /** startDiscovery()'s waits for the end of an interval. */
+  private readonly intervalWaits: (() => void)[] = [];
   private readonly connectionHost: ConnectionHost;
 
   constructor(
@@ -396,8 +397,6 @@ export class V2Service {
       request: (conn, req) => dispatch(HANDLERS, req, conn, p.requests),
       closed: (conn) => this.connectionClosed(conn),
     };
-    // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
-    this.listeners.add(p.sampling.onFailure((err) => p.fanOut.failed(err)));
     this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
   }
 
@@ -407,41 +406,75 @@ export class V2Service {
   }
 
   /**
-   * The per-sample flow, the one method the sampling loop calls each tick (SampleFlow): discovery's
-   * /proc scan (in slices, clients served between them: discovered-vms.ts), then the sample, whose
-   * stat lines discovery reads before the engine takes it (new threads classified), then sampled().
+   * One interval: every step called from here, in order (docs/architecture.md "One interval"): the
+   * /proc scan (in slices, clients served between them: discovered-vms.ts), the sample (in slices),
+   * discovery's refine of its stat lines (new threads classified before the engine takes them; a throw
+   * fails the sample), the engine's attribution, the trace, then the consumers and the checkpoint.
    */
-  interval(tick: Tick): void {
-    const discovered = this.p.discovered;
-    const take = () => tick.take({ inspect: (s) => discovered?.refine(s), sampled: (ev) => this.sampled(ev) });
-    tick.after(
-      discovered?.scanInSlices(() => this.closed || this.restarting),
-      take,
+  interval(t: TickInfo): void {
+    const { sampling, discovered, fanOut } = this.p;
+    if (!sampling.begin()) return;
+    const failedBefore = sampling.failed;
+    const scan = discovered
+      ?.scanInSlices(() => this.closed || this.restarting)
+      .catch((e: unknown) => {
+        this.o.log.error({ err: (e as Error).stack ?? String(e) }, 'sampling preparation (discovery) failed; sampling goes on');
+      });
+    settled(scan, () =>
+      settled(sampling.take(t), (s) => {
+        try {
+          const ev = s !== undefined && !this.closed && this.refine(s) ? sampling.attribute(s) : null;
+          if (ev !== null) {
+            sampling.trace(s!);
+            this.consume(ev);
+          }
+        } finally {
+          sampling.end();
+          // A new outage: each subscriber gets one notice (failed stays the same error while it lasts).
+          if (sampling.failed !== null && sampling.failed !== failedBefore) fanOut.failed(sampling.failed);
+          for (const done of this.intervalWaits.splice(0)) done();
+        }
+      }),
     );
   }
 
+  /** Discovery's refine of the sample's stat lines; false when it threw (the sample failed). */
+  private refine(s: Sample): boolean {
+    try {
+      this.p.discovered?.refine(s);
+      return true;
+    } catch (e) {
+      return this.p.sampling.fail(e) ?? false;
+    }
+  }
+
   /**
-   * What each sample feeds, once the engine took it: host energy, VMs that ended, the fan-out of
-   * UPDATE/HOST_UPDATE frames, the statistics files, the guest directories. A new consumer of samples is one line here.
+   * The consumers of a sample the engine took, in order: host energy, VMs that ended, power limits,
+   * the checkpoint (before any client is told), the fan-out of UPDATE/HOST_UPDATE frames, the
+   * statistics files, the guest directories, exact mode's counters. A new consumer is one line here.
    */
-  private sampled(ev: SampleEvent): void {
+  private consume(ev: SampleEvent): void {
     const { energy, lifecycle, whole, fanOut, stats, guests, sampling, guestEnergy } = this.p;
-    energy.add(ev.tNs, ev.result?.packages ?? []);
-    lifecycle.ended(ev.ended);
-    lifecycle.age();
-    whole?.check();
-    if (lifecycle.changed) this.applyLimitsFile();
-    this.p.powerLimits?.sample(ev.result, ev.ended);
-    // A crash from here on restores nothing older than what a client is told next.
-    for (const cb of this.beforeTold) cb();
-    fanOut.sample({
-      update: (vmId) => currentUpdate(sampling, vmId),
-      host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
-    });
-    stats.sample(ev, lifecycle.changed);
-    guests?.sample();
-    guestEnergy?.sampled();
-    lifecycle.clearChanged();
+    try {
+      energy.add(ev.tNs, ev.result?.packages ?? []);
+      lifecycle.ended(ev.ended);
+      lifecycle.age();
+      whole?.check();
+      if (lifecycle.changed) this.applyLimitsFile();
+      this.p.powerLimits?.sample(ev.result, ev.ended);
+      // A crash from here on restores nothing older than what a client is told next.
+      this.checkpoint?.(this.liveState());
+      fanOut.sample({
+        update: (vmId) => currentUpdate(sampling, vmId),
+        host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
+      });
+      stats.sample(ev, lifecycle.changed);
+      guests?.sample();
+      guestEnergy?.sampled();
+      lifecycle.clearChanged();
+    } catch (e) {
+      this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
+    }
   }
 
   /** --power-limits FILE's limits on the live VMs (at the start, and when VMs come or change). */
@@ -481,15 +514,7 @@ export class V2Service {
   startDiscovery(): Promise<void> {
     const sampling = this.p.sampling;
     if (!this.o.discovery || this.closed) return Promise.resolve();
-    const firstInterval = new Promise<void>((resolve) => {
-      const done = () => {
-        sampled.dispose();
-        failed.dispose();
-        resolve();
-      };
-      const sampled = sampling.onSample(done);
-      const failed = sampling.onFailure(done);
-    });
+    const firstInterval = new Promise<void>((resolve) => this.intervalWaits.push(resolve));
     sampling.hold('discovery', true);
     return firstInterval;
   }
@@ -537,12 +562,23 @@ export class V2Service {
   }
 
   /**
-   * Calls `cb` after every sample, once the state is whole and before any client is told of it (the
-   * daemon's checkpoints: a client never sees a value a crash would take back); dispose to stop.
+   * The interval's checkpoint step from now on (null: none): after every sample, once the state is
+   * whole and before any client is told of it, `to` gets the live state, or why it cannot be taken
+   * (the crash keep: handover/outside-keep.ts; a client never sees a value a crash would take back).
+   * The first is given now.
    */
-  onSample(cb: () => void): Disposable {
-    this.beforeTold.add(cb);
-    return { dispose: () => void this.beforeTold.delete(cb) };
+  checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void {
+    this.checkpoint = to;
+    to?.(this.liveState());
+  }
+
+  /** snapshot(), or why it cannot be taken. */
+  private liveState(): StateSnapshot | Error {
+    try {
+      return this.snapshot();
+    } catch (e) {
+      return e instanceof Error ? e : new Error(String(e));
+    }
   }
 
   /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */
@@ -550,7 +586,6 @@ export class V2Service {
     const p = this.p;
     this.closed = true;
     clearTimeout(this.restoredWait);
-    this.listeners.dispose();
     p.sampling.close();
     p.powerLimits?.close();
     p.guests?.close();
