@@ -324,11 +324,7 @@ function makeParts(
   const guests =
     o.guestDir === undefined
       ? undefined
-      : new GuestDirs(
-          o.guestDir,
-          guestSource({ registry, sampling, stats, fds: o.fds, procRoot: o.procRoot, observerGid: o.observerGid }),
-          o.log,
-        );
+      : new GuestDirs(o.guestDir, guestSource({ registry, stats, fds: o.fds, procRoot: o.procRoot, observerGid: o.observerGid }), o.log);
   const requests: RequestParts = {
     registry,
     sampling,
