@@ -3,15 +3,7 @@
  * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
  * the sampling loop's ticks run its interval(), which calls every step of a sample down in order; a
  * restart asks it to freeze() and for its snapshot(), and the next process makes it from the snapshot
- * (restore.ts). The parts, each with one job:
- *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
- *   Clients (clients.ts)              the connections, their viewer and host subscription
- *   requests/ (table.ts, dispatch.ts) one handler per request type
- *   DiscoveredVms (discovered-vms.ts) the /proc scan's VMs admitted, refined, deferred
- *   VmLifecycle (vm-lifecycle.ts)     drop, release, end, ended-discovered retention
- *   HostEnergy (host-energy.ts)       per-package energy and unattributed energy for HOST_UPDATE
- *   FanOut (fan-out.ts)               each sample's UPDATE/HOST_UPDATE frames, the failure notice
- *   StatsFiles (stats-files.ts)       the statistics files STATS_FD hands out, written each sample
+ * (restore.ts). Its parts, each with one job, are listed in docs/daemon.md "Inside the v2 service".
  * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
@@ -52,7 +44,6 @@ import { HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
 import type { Result } from '../../common/result.js';
-import type { Sample } from '../../model/sample.js';
 import type { StateSnapshot } from '../../state/snapshot.js';
 import { capture, type RestorePlan } from './live-state.js';
 import { restoreFrom, type RestoreReport } from './restore.js';
@@ -135,7 +126,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'inte
 /** The message of ERROR RESTARTING. */
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
-/** The parts the service owns, each with one job (the list at the top of this file). */
+/** The parts the service owns, each with one job (docs/daemon.md "Inside the v2 service"). */
 interface V2Parts {
   engine: Engine;
   registry: VmRegistry;
@@ -192,8 +183,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     build: (plan) => makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), plan),
     ...(o.guestEnergy?.answer ? { answerGuestEnergy: o.guestEnergy.answer } : {}),
   });
-  const service = new V2Service(o, parts, report);
-  service.restoredWaiting(waiting);
+  const service = new V2Service(o, parts, report, waiting);
   service.applyLimitsFile();
   if (o.deferDiscovery !== true) void service.startDiscovery();
   return service;
@@ -368,8 +358,6 @@ function makeParts(
 export class V2Service {
   /** The server hands it every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
-  /** The release of restored registrations still waiting for their connection (restore.ts). */
-  private restoredWait: NodeJS.Timeout | undefined;
   private closed = false;
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */
   private restarting = false;
@@ -385,6 +373,8 @@ export class V2Service {
     private readonly p: V2Parts,
     /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
     readonly restored: Result<RestoreReport> | null,
+    /** The release of restored registrations still waiting for their connection (restore.ts; cleared at close). */
+    private readonly restoredWait?: NodeJS.Timeout,
   ) {
     this.connectionHost = {
       maxBacklogBytes: o.limits.maxBacklogBytes,
@@ -396,13 +386,8 @@ export class V2Service {
     this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
   }
 
-  /** Restored registrations wait for their connection until `timer` releases them (cleared at close). */
-  restoredWaiting(timer: NodeJS.Timeout | undefined): void {
-    this.restoredWait = timer;
-  }
-
   /**
-   * One interval: every step called from here, in order (docs/architecture.md "One interval"): the
+   * One interval: every step called from here, in order (docs/architecture.md "Following a sample"): the
    * /proc scan (in slices, clients served between them: discovered-vms.ts), the sample (in slices),
    * discovery's refine of its stat lines (new threads classified before the engine takes them; a throw
    * fails the sample), the engine's attribution, the trace, then the consumers and the checkpoint.
@@ -419,11 +404,15 @@ export class V2Service {
     settled(scan, () =>
       settled(sampling.take(t), (s) => {
         try {
-          const ev = s !== undefined && !this.closed && this.refine(s) ? sampling.attribute(s) : null;
-          if (ev !== null) {
-            sampling.trace(s!);
-            this.consume(ev);
-          }
+          if (s === undefined || this.closed) return;
+          discovered?.refine(s);
+          const ev = sampling.attribute(s);
+          if (ev === null) return;
+          sampling.trace(s);
+          this.consume(ev);
+        } catch (e) {
+          // Only the refine throws (the engine and the consumers catch their own): the sample failed.
+          sampling.fail(e);
         } finally {
           sampling.end();
           // A new outage: each subscriber gets one notice (failed stays the same error while it lasts).
@@ -434,20 +423,9 @@ export class V2Service {
     );
   }
 
-  /** Discovery's refine of the sample's stat lines; false when it threw (the sample failed). */
-  private refine(s: Sample): boolean {
-    try {
-      this.p.discovered?.refine(s);
-      return true;
-    } catch (e) {
-      return this.p.sampling.fail(e) ?? false;
-    }
-  }
-
   /**
-   * The consumers of a sample the engine took, in order: host energy, VMs that ended, power limits,
-   * the checkpoint (before any client is told), the fan-out of UPDATE/HOST_UPDATE frames, the
-   * statistics files, the guest directories, exact mode's counters. A new consumer is one line here.
+   * The consumers of a sample the engine took, in order (a crash restores nothing older than what a
+   * client is told next: the checkpoint before the fan-out). A new consumer is one line here.
    */
   private consume(ev: SampleEvent): void {
     const { energy, lifecycle, whole, fanOut, stats, guests, sampling, guestEnergy } = this.p;
@@ -458,7 +436,6 @@ export class V2Service {
       whole?.check();
       if (lifecycle.changed) this.applyLimitsFile();
       this.p.powerLimits?.sample(ev.result, ev.ended);
-      // A crash from here on restores nothing older than what a client is told next.
       this.checkpoint?.(this.liveState());
       fanOut.sample({
         update: (vmId) => currentUpdate(sampling, vmId),
@@ -508,10 +485,9 @@ export class V2Service {
    * discovery is off or the service is closed.
    */
   startDiscovery(): Promise<void> {
-    const sampling = this.p.sampling;
     if (!this.o.discovery || this.closed) return Promise.resolve();
     const firstInterval = new Promise<void>((resolve) => this.intervalWaits.push(resolve));
-    sampling.hold('discovery', true);
+    this.p.sampling.hold('discovery', true);
     return firstInterval;
   }
 
@@ -558,10 +534,8 @@ export class V2Service {
   }
 
   /**
-   * The interval's checkpoint step from now on (null: none): after every sample, once the state is
-   * whole and before any client is told of it, `to` gets the live state, or why it cannot be taken
-   * (the crash keep: handover/outside-keep.ts; a client never sees a value a crash would take back).
-   * The first is given now.
+   * The interval's checkpoint step (null: none): `to` (the crash keep, handover/outside-keep.ts) gets the
+   * live state, or why it cannot be taken, now and after every sample before any client is told of it.
    */
   checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void {
     this.checkpoint = to;
