@@ -1,8 +1,8 @@
 /**
  * The publisher alone (src/guest-dir/), in this process: GuestDirs.sample() for 500 VMs of one virtual
  * package with package, core, DRAM and PSYS zones (or the package alone), each zone's value changed at
- * every sample (a busy host: the worst case, every energy_uj written anew) in each VM's statistics
- * file (its energy words moved here, as the daemon's writer moves them), into directories on tmpfs. CPU of this process per sample (user + system), after a
+ * every sample (a busy host: the worst case, every energy_uj written anew) in each VM's totals (moved
+ * here, as the engine moves them for the daemon's writer), into directories on tmpfs. CPU of this process per sample (user + system), after a
  * warm-up. The daemon suite (guestdir.ts) measures the whole daemon, whose stand-in VMs gain no energy;
  * this one measures what writing the files costs when they do (the daemon suite adds it to its own).
  * VMSR_GUEST_DIR_SWAP=0 measures the writer that makes a new file at every update (safe-dir.ts).
@@ -12,24 +12,28 @@ import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { GuestDirs, type GuestDirSource, type GuestDirVm } from '../src/guest-dir/guest-dirs.js';
-import { encodeStatsFile, type StatsLayout } from '../src/protocol/stats/layout.js';
-import { vmStatsLayout } from '../src/protocol/stats/vm-file.js';
-import type { VmOutput } from '../src/ratio/outputs.js';
+import { encodeStatsFile } from '../src/protocol/stats/layout.js';
+import { vmStatsLayout, type VmStatsShape } from '../src/protocol/stats/vm-file.js';
+import { emptyVmTotals, type VmTotals } from '../src/ratio/outputs.js';
 
 const VMS = 500;
 const WARMUP = 200;
 const SAMPLES = 400;
 
-/** Each VM's statistics file in its guest directory: its data block's words, as the daemon's writer sees them (null: not made), and its copy. */
-type BenchStats = ({ words: BigUint64Array; copy: { valuesWritten: number } } | null)[];
+/** Each VM's statistics file in its guest directory: the totals it is written from (null: not made), and its copy. */
+type BenchStats = ({ totals: VmTotals; copy: { valuesWritten: number } } | null)[];
 
-function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats, layout: StatsLayout): GuestDirSource {
+function source(vms: GuestDirVm[], stats: BenchStats, shape: VmStatsShape): GuestDirSource {
+  const layout = vmStatsLayout(shape);
   return {
     vms: () => vms,
-    output: (vmId) => outs[vmId],
     statsCopy: (vmId, map) => {
-      const copy = { layout, current: true, valuesWritten: 0, close: () => (stats[vmId] = null) };
-      stats[vmId] = { words: new BigUint64Array(map(encodeStatsFile(layout)), layout.dataOffset, layout.dataSize / 8), copy };
+      map(encodeStatsFile(layout));
+      const totals = emptyVmTotals();
+      totals.energyUj = [0];
+      totals.domains = shape.domains.map((domain) => ({ domain, energyUj: [0] }));
+      const copy = { shape, totals, current: true, valuesWritten: 0, close: () => (stats[vmId] = null) };
+      stats[vmId] = { totals, copy };
       return copy;
     },
     inGroup: () => false,
@@ -38,13 +42,14 @@ function source(vms: GuestDirVm[], outs: VmOutput[], stats: BenchStats, layout: 
 }
 
 /** µs of CPU per sample for `n` samples, each moving every zone's energy when `busy` (in each VM's statistics file, as the daemon writes it). */
-function measure(g: GuestDirs, stats: BenchStats, energyWords: number[], n: number, busy: boolean): { total: number; sys: number } {
+function measure(g: GuestDirs, stats: BenchStats, n: number, busy: boolean): { total: number; sys: number } {
   const c0 = process.cpuUsage();
   for (let i = 0; i < n; i++) {
     if (busy)
       for (const f of stats) {
         if (!f) continue;
-        for (const w of energyWords) f.words[w]! += 1000n;
+        f.totals.energyUj[0]! += 1000;
+        for (const d of f.totals.domains) d.energyUj[0]! += 1000;
         f.copy.valuesWritten++;
       }
     g.sample();
@@ -58,22 +63,17 @@ export function writerCost(busy: boolean, allDomains = true): { total: number; s
   const shm = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
   const root = fs.mkdtempSync(path.join(shm, 'vmsr-bench-writer-'));
   const vms: GuestDirVm[] = [];
-  const outs: VmOutput[] = [];
   const domainNames = allDomains ? (['core', 'dram', 'psys'] as const) : [];
   for (let k = 0; k < VMS; k++) {
     fs.mkdirSync(path.join(root, `vm-${k}`));
     vms.push({ vmId: k, uuid: null, name: `vm-${k}`, pid: 1, uid: 0, live: true });
-    const domains = domainNames.map((domain) => ({ domain, vpkgEnergyJ: [0], vpkgEnergyUj: [0n] }));
-    outs.push({ vmId: k, pid: 1, ended: false, tNs: 1n, vpkgs: [{ vpkg: 0, energyJ: 0, energyUj: 0n, counter: 0 }], domains });
   }
-  const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 8, tickExponent: -2, domains: [...domainNames] });
+  const shape = { hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 8, tickExponent: -2, domains: [...domainNames] };
   const stats: BenchStats = vms.map(() => null);
-  const energyNames = ['energy', ...domainNames.map((d) => `${d}_energy`)];
-  const energyWords = layout.descriptors.filter((d) => energyNames.includes(d.name)).map((d) => d.offset / 8);
-  const g = new GuestDirs(root, source(vms, outs, stats, layout), pino({ level: 'silent' }));
+  const g = new GuestDirs(root, source(vms, stats, shape), pino({ level: 'silent' }));
   try {
-    measure(g, stats, energyWords, WARMUP, busy);
-    return measure(g, stats, energyWords, SAMPLES, busy);
+    measure(g, stats, WARMUP, busy);
+    return measure(g, stats, SAMPLES, busy);
   } finally {
     g.close();
     fs.rmSync(root, { recursive: true, force: true });

@@ -17,12 +17,11 @@ import { O_DIRECTORY, O_RDONLY, openAt } from '../os/libc/dir-fd.js';
 import { errnoName } from '../os/libc/errno.js';
 import { closeFd } from '../os/libc/fds.js';
 import { LogLimiter } from '../logging/log-limiter.js';
-import type { VmOutput } from '../ratio/outputs.js';
 import { SafeDir, WriteFailure, type GuestReaders, type GuestTree } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
-import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, guestZones, zoneAttributes } from './tree.js';
+import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, zoneAttributes } from './tree.js';
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 const GUEST_LOG_BURST = 20;
@@ -56,7 +55,6 @@ export interface GuestDirVm {
 /** What the publisher reads of the daemon, each sample. */
 export interface GuestDirSource {
   vms(): Iterable<GuestDirVm>;
-  output(vmId: number): VmOutput | undefined;
   /**
    * The VM's statistics written from now on at each sample into the memory `map` returns (the guest's
    * statistics file, mapped; `map` is given its bytes now), or null for no such VM.
@@ -376,16 +374,16 @@ export class GuestDirs {
   }
 
   /**
-   * The VM's tree now. Its zones' values are read from its statistics file in the directory (written
-   * this sample by the daemon, before the guest directories), so no output is built again; from its
-   * output only when it has no such file.
+   * The VM's tree now. Its zones' values are those its statistics file in the directory was written
+   * with this sample (the VM's totals: GuestStatsFile), so no output is built again; nothing when the
+   * VM has no such file (it is gone).
    */
   private write(p: Published): void {
     if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
     const fresh = p.stats === null;
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
-    if (file === null) return this.writeFromOutput(p);
+    if (file === null) return;
     // No value written since the last sample (an idle VM): no zone's words to compare, and nothing to
     // do at all when every zone was shown since the directory's last audit (which may let one go).
     // After a failed write every zone is written again (its words may have moved with no file written).
@@ -400,13 +398,6 @@ export class GuestDirs {
     }
     p.settled = true;
     if (file.ended) p.final = true;
-  }
-
-  private writeFromOutput(p: Published): void {
-    const out = this.source.output(p.vmId);
-    if (out === undefined) return;
-    for (const z of guestZones(out)) this.show(p, z.id, z.name, z.energyUj);
-    if (out.ended) p.final = true;
   }
 
   /** Whether the zone is made, under that name, in a directory the helper holds. */

@@ -3,28 +3,32 @@
  * as the fd STATS_FD hands out, mapped by the helper and written at each sample by the daemon's own
  * writer of the VM's statistics (its StatsCopy) under the same seqlock (generation odd, values,
  * generation even), so a reader there reads it exactly as it reads that fd. No system call and no
- * copy per sample. The tree's zones (tree.ts) read their values from this file (energy,
- * <domain>_energy): the VM's output is not built a second time for them.
+ * copy per sample. The tree's zones (tree.ts) take their values where the file's writer takes them,
+ * the VM's totals of the sample (StatsCopy.totals): neither read back out of the mapping nor built
+ * again from the VM's output.
  */
-import type { StatsLayout } from '../protocol/stats/layout.js';
 import type { SharedMapping } from '../os/libc/memfd-mmap.js';
+import type { VmStatsShape } from '../protocol/stats/vm-file.js';
+import type { VmTotals } from '../ratio/outputs.js';
 import type { GuestTree } from './safe-dir.js';
 import { guestZoneShapes } from './tree.js';
-import { vmDomainNames } from '../protocol/stats/vm-file.js';
-import { isOtherDomain } from '../model/domains.js';
 
-/** A zone of the tree, read from the file: the words of the data block whose values it sums. */
+/** A zone of the tree: the VM's counts it sums (its domain's, over some virtual packages). */
 interface FileZone {
   id: string;
   name: string;
-  words: number[];
-  /** Its words' halves when last read (energyOf): compared without making a BigInt per word. */
-  seen: Uint32Array;
+  domain: string;
+  vpkgs: number[];
+  /** Its counts when last read (energyOf): compared without making a BigInt. */
+  seen: number[];
 }
 
 /** The daemon's writer of a VM's statistics into memory the guest directory mapped (StatsFiles.copy). */
 export interface StatsCopy {
-  readonly layout: StatsLayout;
+  /** The file's virtual packages and other domains. */
+  readonly shape: Pick<VmStatsShape, 'nvpkg' | 'domains'>;
+  /** The VM's totals the file is written from, refilled in place at each sample. */
+  readonly totals: VmTotals;
   /** Written at each sample; false once the daemon writes it no more (the VM dropped, or its file replaced by one of a new shape). */
   readonly current: boolean;
   /** Samples written with the VM's values (the others moved its times and power alone): while it stays, no value moved. */
@@ -36,13 +40,13 @@ export interface StatsCopy {
 /** Makes the daemon write a VM's statistics into the memory `map` returns, given the file's bytes now; null when it cannot. */
 type OpenStatsCopy = (map: (bytes: Buffer) => ArrayBuffer) => StatsCopy | null;
 
+/** A count as the file holds it (SampleBlock.setNumber: floored, at least 0). */
+const held = (v: number) => BigInt(v > 0 ? Math.floor(v) : 0);
+
 export class GuestStatsFile {
-  private readonly words: BigUint64Array;
-  private readonly halves: Uint32Array;
-  private readonly endedWord: number;
   /** copy.valuesWritten when valuesMoved() last looked. */
   private valuesSeen = -1;
-  /** The VM's zones (tree.ts), read from this file. */
+  /** The VM's zones (tree.ts), of the file's shape. */
   readonly zones: readonly FileZone[];
 
   private constructor(
@@ -50,41 +54,30 @@ export class GuestStatsFile {
     private readonly mapping: SharedMapping,
     readonly ino: bigint,
   ) {
-    const layout = copy.layout;
-    this.words = new BigUint64Array(mapping.memory, layout.dataOffset, layout.dataSize / 8);
-    this.halves = new Uint32Array(mapping.memory, layout.dataOffset, layout.dataSize / 4);
-    const word = (name: string) => {
-      const d = layout.descriptors.find((x) => x.name === name);
-      if (d === undefined) throw new Error(`the statistics file has no ${name}`);
-      return d.offset / 8;
-    };
-    this.endedWord = word('ended');
-    const nvpkg = layout.descriptors.find((d) => d.name === 'energy')?.size ?? 0;
-    const domains = layout.descriptors.map((d) => d.name.replace(/_energy$/, '')).filter((d) => isOtherDomain(d));
-    this.zones = guestZoneShapes(nvpkg, domains).map((z) => {
-      const at = word(isOtherDomain(z.domain) ? vmDomainNames(z.domain).energy : 'energy');
-      return { id: z.id, name: z.name, words: z.vpkgs.map((g) => at + g), seen: new Uint32Array(2 * z.vpkgs.length) };
-    });
+    this.zones = guestZoneShapes(copy.shape.nvpkg, copy.shape.domains).map((z) => ({ ...z, seen: z.vpkgs.map(() => 0) }));
   }
 
-  /** The energy a zone counts now, µJ (written this sample), remembered as seen. */
+  /** The counts a zone sums now; undefined when the totals lack its domain (the file keeps its last). */
+  private counts(z: FileZone): readonly number[] | undefined {
+    const t = this.copy.totals;
+    return z.domain === 'package' ? t.energyUj : t.domains.find((d) => d.domain === z.domain)?.energyUj;
+  }
+
+  /** The energy a zone counts now, µJ (as the file holds it this sample), remembered as seen. */
   energyOf(z: FileZone): bigint {
+    const c = this.counts(z);
     let sum = 0n;
-    for (let i = 0; i < z.words.length; i++) {
-      const w = z.words[i]!;
-      z.seen[2 * i] = this.halves[2 * w]!;
-      z.seen[2 * i + 1] = this.halves[2 * w + 1]!;
-      sum += this.words[w]!;
+    for (let i = 0; i < z.vpkgs.length; i++) {
+      z.seen[i] = c?.[z.vpkgs[i]!] ?? z.seen[i]!;
+      sum += held(z.seen[i]!);
     }
     return sum;
   }
 
-  /** Whether a zone's words are what energyOf() last read: its energy did not change since. */
+  /** Whether a zone's counts are what energyOf() last read: its energy did not change since. */
   unchanged(z: FileZone): boolean {
-    for (let i = 0; i < z.words.length; i++) {
-      const w = z.words[i]!;
-      if (this.halves[2 * w] !== z.seen[2 * i] || this.halves[2 * w + 1] !== z.seen[2 * i + 1]) return false;
-    }
+    const c = this.counts(z);
+    for (let i = 0; i < z.vpkgs.length; i++) if ((c?.[z.vpkgs[i]!] ?? z.seen[i]) !== z.seen[i]) return false;
     return true;
   }
 
@@ -95,9 +88,9 @@ export class GuestStatsFile {
     return moved;
   }
 
-  /** Whether the file says the VM ended. */
+  /** Whether the VM ended (the file says so). */
   get ended(): boolean {
-    return this.halves[2 * this.endedWord] !== 0 || this.halves[2 * this.endedWord + 1] !== 0;
+    return this.copy.totals.ended;
   }
 
   /** Whether the daemon still writes it (false: a new file is to be made, of the VM's new shape). */

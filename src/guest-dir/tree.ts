@@ -13,7 +13,6 @@
  *
  * Values are µJ, counting 0 .. max_energy_range_uj and then from 0 again, as sysfs's do. Pure.
  */
-import type { VmOutput } from '../ratio/outputs.js';
 import { formatUuid } from '../common/uuid.js';
 import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
 
@@ -30,13 +29,6 @@ const ZONE_NAME_FILE = 'name';
 export const GUEST_STATS_FILE = 'stats';
 /** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
 const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
-
-/** A zone of the tree: its directory name, its `name` attribute, and the VM's energy it counts (µJ, not wrapped). */
-interface GuestZone {
-  id: string;
-  name: string;
-  energyUj: bigint;
-}
 
 /** The package sub-zone domains, in the kernel's order. */
 const SUB_ZONES = ['core', 'uncore', 'dram'] as const;
@@ -65,26 +57,13 @@ export function guestZoneShapes(nvpkg: number, domains: readonly string[]): Zone
   return zones;
 }
 
-/** The zones of a VM's tree from its output (guestZoneShapes), with the energy each counts. */
-export function guestZones(out: Pick<VmOutput, 'vpkgs' | 'domains'>): GuestZone[] {
-  const domains = out.domains ?? [];
-  return guestZoneShapes(
-    out.vpkgs.length,
-    domains.map((d) => d.domain),
-  ).map((z) => {
-    const of = (g: number) =>
-      z.domain === 'package' ? out.vpkgs[g]!.energyUj : (domains.find((d) => d.domain === z.domain)?.vpkgEnergyUj[g] ?? 0n);
-    return { id: z.id, name: z.name, energyUj: z.vpkgs.reduce((sum, g) => sum + of(g), 0n) };
-  });
-}
-
 /** energy_uj's text for a count of µJ: wrapped into the range, as sysfs shows it. */
 export function energyText(uj: bigint): string {
   return `${uj % GUEST_ENERGY_RANGE}\n`;
 }
 
 /** A zone's fixed attributes, written once when it is made: name and max_energy_range_uj. */
-export function zoneAttributes(z: Pick<GuestZone, 'name'>): { file: string; text: string }[] {
+export function zoneAttributes(z: { name: string }): { file: string; text: string }[] {
   return [
     { file: ZONE_NAME_FILE, text: `${z.name}\n` },
     { file: MAX_ENERGY_RANGE_UJ, text: `${GUEST_MAX_ENERGY_RANGE_UJ}\n` },

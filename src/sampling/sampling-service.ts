@@ -1,9 +1,10 @@
 /**
- * The sampling loop behind v2: one sample every `intervalMs` while at least one registered VM is
- * live or a hold is taken (discovery on, see hold()), fed to the ratio engine (and the trace, when
- * recording). The loop is sampling/tick-loop.ts: ticks at origin + k x interval on the monotonic
- * clock, so a late tick does not push the next one back (no drift) and missed ticks are skipped (no
- * pile-up).
+ * The sampling loop behind v2: one tick every `intervalMs` while at least one registered VM is live
+ * or a hold is taken (discovery on, see hold()), and the steps an interval calls in order: begin(),
+ * take() (the sample), attribute() (the ratio engine), trace(), end(). The owner's interval() calls
+ * them (V2Service.interval, docs/architecture.md "One interval"); nothing here calls back up. The
+ * loop is sampling/tick-loop.ts: ticks at origin + k x interval on the monotonic clock, so a late
+ * tick does not push the next one back (no drift) and missed ticks are skipped (no pile-up).
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, VmOutput, VmTotals } from '../ratio/outputs.js';
@@ -11,9 +12,8 @@ import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
-import { Emitter, type Disposable } from '../common/disposable.js';
 import type { ThreadTotals } from '../ratio/attribution.js';
-import { runInSlices } from './time-slices.js';
+import { runInSlices, settled } from './time-slices.js';
 
 /** The engine surface the loop uses (RatioEngine implements it). */
 export interface Engine {
@@ -74,33 +74,8 @@ export interface SamplingServiceOptions {
   clock?: () => bigint;
   /** Timers of the tick loop, for tests; default the real ones. */
   timers?: Timers;
-  /** The consumer's per-sample flow (the v2 service's): what a tick runs; without one a tick only takes the sample. */
-  flow?: SampleFlow;
-}
-
-/**
- * A consumer's per-sample flow: the ONE method a tick calls, interval(tick), in which the consumer does
- * its work around the tick's steps. tick.take() takes the sample (in slices when the sampler can) and
- * runs the engine and the trace; tick.after(work, then) runs `then` once `work` settles (a scan done in
- * slices, clients served between them; a failure of it is logged and the tick goes on). A tick due
- * while the previous one still works is skipped.
- */
-interface SampleFlow {
-  interval(tick: Tick): void;
-}
-
-/** One tick's steps, for SampleFlow.interval. */
-export interface Tick {
-  take(seen?: SampleSeen): void;
-  after(work: Promise<void> | undefined, then: () => void): void;
-}
-
-/** What the flow sees of the sample tick.take() takes. */
-interface SampleSeen {
-  /** The sample before the engine takes it (discovery classifies new threads from its stat lines); a throw fails the sample. */
-  inspect?(s: Sample): void;
-  /** The sample taken by the engine, before the onSample listeners. */
-  sampled?(ev: SampleEvent): void;
+  /** What each tick runs: the owner's interval(), which calls this service's steps in order (V2Service.interval); absent: the sample, the engine and the trace. */
+  interval?: (t: TickInfo) => void;
 }
 
 export interface SampleEvent {
@@ -118,8 +93,8 @@ export interface SamplingStats {
   /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
   skippedTicks: number;
   /**
-   * Wall time of the last tick's work (the flow's, sample, engine, listeners), ns: from the tick to its
-   * end, the clients served between its slices included.
+   * Wall time of the last interval (its scan, sample, engine, consumers), ns: from begin() to end(),
+   * the clients served between its slices included.
    */
   lastDurationNs: bigint;
 }
@@ -133,7 +108,7 @@ export class SamplingService {
   /** Reasons to run with no live VM (discovery on): the loop runs while any is held. */
   private readonly holds = new Set<string>();
   private closed = false;
-  /** A tick works in slices (its flow's work before the sample, or the sample, is pending); a tick due meanwhile is skipped. */
+  /** An interval runs (between begin() and end(); in slices, a scan or the sample pending): a tick due meanwhile is skipped. */
   private inTick = false;
   /** activePidSet() as last made; null when a register, unregister, restore or sample may have changed it. */
   private pidSet: ReadonlySet<number> | null = null;
@@ -146,20 +121,18 @@ export class SamplingService {
    */
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
-  private readonly samples: Emitter<SampleEvent>;
-  private readonly failures: Emitter<Error>;
+  /** When the running interval began (monotonicNs). */
+  private began = 0n;
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
 
   constructor(private readonly o: SamplingServiceOptions) {
     if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs))
       throw new RangeError(`interval must be a positive number of ms, got ${o.intervalMs}`);
     this.engine = o.engine;
-    this.samples = new Emitter((e) => o.log.error({ err: (e as Error).message }, 'sample listener failed'));
-    this.failures = new Emitter((e) => o.log.error({ err: (e as Error).message }, 'failure listener failed'));
     this.clock = o.clock ?? monotonicNs;
     this.loop = new TickLoop({
       intervalNs: BigInt(Math.round(o.intervalMs * 1e6)),
-      tick: (t) => this.tick(t),
+      tick: o.interval ?? ((t) => this.alone(t)),
       clock: this.clock,
       timers: o.timers,
     });
@@ -193,16 +166,6 @@ export class SamplingService {
 
   get guestPowerUnit(): bigint {
     return this.engine.guestPowerUnit;
-  }
-
-  /** Every sample, after the engine took it; dispose the result to stop listening. */
-  onSample(cb: (e: SampleEvent) => void): Disposable {
-    return this.samples.event(cb);
-  }
-
-  /** Called once when sampling starts failing (not on every failing tick); dispose to stop listening. */
-  onFailure(cb: (err: Error) => void): Disposable {
-    return this.failures.event(cb);
   }
 
   /** Registers a VM; the next sample is its baseline. Starts the loop with a sample now if it was idle. */
@@ -283,86 +246,68 @@ export class SamplingService {
   close(): void {
     this.closed = true;
     this.loop.stop();
-    this.samples.dispose();
-    this.failures.dispose();
   }
 
-  private tick(t: TickInfo): void {
-    if (this.closed) return;
+  /** A tick without an owner's interval: the sample, the engine, the trace. */
+  private alone(t: TickInfo): void {
+    if (!this.begin()) return;
+    settled(this.take(t), (s) => {
+      if (s !== undefined && this.attribute(s) !== null) this.trace(s);
+      this.end();
+    });
+  }
+
+  /**
+   * An interval's first step: false when there is none (closed, or the previous interval still works
+   * in slices: this tick is skipped, and counted). An interval begun is closed by end().
+   */
+  begin(): boolean {
+    if (this.closed) return false;
     if (this.inTick) {
-      // The previous tick still works in slices (a storm of processes): this one is skipped.
       this.stats.skippedTicks++;
-      return;
+      return false;
     }
-    const began = monotonicNs();
-    if (this.o.flow === undefined) return this.sampleStep(t, began);
-    const tick: Tick = {
-      take: (seen) => this.sampleStep(t, began, seen),
-      after: (work, then) => {
-        if (work === undefined) return then();
-        this.inTick = true;
-        const go = () => {
-          this.inTick = false;
-          then();
-        };
-        work.then(go, (e: unknown) => {
-          this.prepareFailed(e);
-          go();
-        });
-      },
-    };
-    try {
-      this.o.flow.interval(tick);
-    } catch (e) {
-      this.prepareFailed(e);
-    }
+    this.inTick = true;
+    this.began = monotonicNs();
+    return true;
   }
 
-  private prepareFailed(e: unknown): void {
-    this.o.log.error({ err: (e as Error).stack ?? String(e) }, 'sampling preparation (discovery) failed; sampling goes on');
-  }
-
-  /** The sample, in slices when the sampler can (sampleSteps), then the engine. */
-  private sampleStep(t: TickInfo, began: bigint, seen?: SampleSeen): void {
-    // Closed or gone idle while the flow's work before it ran: no sample (what a tick of a stopped loop does).
-    if (this.closed || !this.loop.running) {
-      this.inTick = false;
-      return;
-    }
+  /**
+   * The sample of tick `t`, in slices when the sampler can (sampleSteps: a promise then, which never
+   * rejects); undefined when there is none (closed or gone idle meanwhile) or it failed (fail()).
+   */
+  take(t: TickInfo): Sample | undefined | Promise<Sample | undefined> {
+    // Closed or gone idle while the interval's scan ran: no sample (what a tick of a stopped loop does).
+    if (this.closed || !this.loop.running) return undefined;
     this.stats.lastLatenessNs = t.latenessNs;
     this.stats.skippedTicks += t.skipped;
     const steps = this.o.sampler.sampleSteps?.(() => this.activePidSet());
     if (steps === undefined) {
-      let s: Sample | undefined;
       try {
-        s = this.o.sampler.sample(this.engine.activePids());
+        return this.o.sampler.sample(this.engine.activePids());
       } catch (e) {
-        this.fail(e instanceof Error ? e : new Error(String(e)));
+        return this.fail(e);
       }
-      return this.finishTick(s, began, seen);
     }
-    this.inTick = true;
     this.sliceStartNs = this.clock();
-    runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
-      (s) => this.finishTick(s, began, seen),
+    return runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
+      (s) => {
+        this.sliceStartNs = null;
+        return s;
+      },
       (e: unknown) => {
-        this.fail(e instanceof Error ? e : new Error(String(e)));
-        this.finishTick(undefined, began, seen);
+        this.sliceStartNs = null;
+        return this.fail(e);
       },
     );
   }
 
-  private finishTick(s: Sample | undefined, began: bigint, seen?: SampleSeen): void {
+  /** An interval's last step: its duration, and the loop stopped when nothing keeps it running. */
+  end(): void {
     this.inTick = false;
-    this.sliceStartNs = null;
-    if (this.closed) return;
-    try {
-      if (s !== undefined) this.tickBody(s, seen);
-    } finally {
-      this.stats.lastDurationNs = monotonicNs() - began;
-    }
+    this.stats.lastDurationNs = monotonicNs() - this.began;
     // A tick is pending only while the loop should run: unregister(), hold() and this stop it.
-    if (!this.shouldRun()) this.loop.stop();
+    if (!this.closed && !this.shouldRun()) this.loop.stop();
   }
 
   /** The time of a registration's or an unregistration's trace record (see sliceStartNs). */
@@ -376,20 +321,18 @@ export class SamplingService {
     return this.pidSet;
   }
 
-  /** The sample taken: the engine, the trace, the flow's sampled, the listeners (synchronously). */
-  private tickBody(s: Sample, seen?: SampleSeen): void {
+  /** The sample into the engine (its attribution): what it brought, or null when there is none (closed, or the engine refused it: fail()). */
+  attribute(s: Sample): SampleEvent | null {
+    if (this.closed) return null;
     let result: IntervalResult | null;
     try {
-      seen?.inspect?.(s);
       result = this.engine.addSample(s);
     } catch (e) {
-      this.fail(e instanceof Error ? e : new Error(String(e)));
-      return;
+      return this.fail(e) ?? null;
     }
     // The engine may have ended VMs: their pids leave the set.
     this.pidSet = null;
     this.lastRealtimeNs = realtimeNs();
-    this.traced(() => this.o.trace?.sample(s));
     this.stats.samples++;
     if (this.failure) {
       this.o.log.info({ err: this.failure.message }, 'energy source recovered');
@@ -403,13 +346,12 @@ export class SamplingService {
         if (!this.engine.activePids().includes(pid)) this.o.forgetPid?.(pid);
       }
     }
-    const ev: SampleEvent = { tNs: s.tNs, result, ended };
-    try {
-      seen?.sampled?.(ev);
-    } catch (e) {
-      this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
-    }
-    this.samples.fire(ev);
+    return { tNs: s.tNs, result, ended };
+  }
+
+  /** The sample the engine took into the trace, when recording. */
+  trace(s: Sample): void {
+    this.traced(() => this.o.trace?.sample(s));
   }
 
   /** A trace that cannot be written stops recording; the service itself goes on. */
@@ -423,11 +365,11 @@ export class SamplingService {
     }
   }
 
-  private fail(err: Error): void {
+  /** The sample failed (the energy source, the engine, or the owner's refine before it): counted, and said once per outage (see failed). */
+  fail(e: unknown): undefined {
     this.stats.failures++;
     if (this.failure) return;
-    this.failure = err;
-    this.o.log.error({ err: err.message }, 'sampling failed; v2 clients get ERROR 5 until it recovers');
-    this.failures.fire(err);
+    this.failure = e instanceof Error ? e : new Error(String(e));
+    this.o.log.error({ err: this.failure.message }, 'sampling failed; v2 clients get ERROR 5 until it recovers');
   }
 }

@@ -42,3 +42,9 @@ export function runInSlices<T, R>(steps: Iterator<T, R>, each: (v: T) => void, o
     slice();
   });
 }
+
+/** `then(v)` at once when `v` is at hand, once it resolves when it is a promise (one that never rejects): an interval stays synchronous when nothing is sliced. */
+export function settled<T>(v: T | Promise<T>, then: (v: T) => void): void {
+  if (v instanceof Promise) void v.then(then);
+  else then(v);
+}

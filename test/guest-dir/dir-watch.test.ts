@@ -16,6 +16,7 @@ import { O_DIRECTORY, O_RDONLY, openAt } from '../../src/os/libc/dir-fd.js';
 import { closeFd } from '../../src/os/libc/fds.js';
 import { encodeStatsFile } from '../../src/protocol/stats/layout.js';
 import { vmStatsLayout } from '../../src/protocol/stats/vm-file.js';
+import { emptyVmTotals } from '../../src/ratio/outputs.js';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {
@@ -96,13 +97,12 @@ describe('GuestDirs with the inotify queue', () => {
     const root = tmpRoot();
     const vmDir = path.join(root, 'vm-0');
     fs.mkdirSync(vmDir);
-    const layout = vmStatsLayout({ hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 1, tickExponent: -2, domains: [] });
+    const shape = { hostVmId: 1, pid: 1, name: 'x', nvpkg: 1, nvcpu: 1, tickExponent: -2, domains: [] };
     const source: GuestDirSource = {
       vms: () => [{ vmId: 0, uuid: null, name: 'vm-0', pid: process.pid, uid: process.geteuid?.() ?? 0, live: true }],
-      output: () => undefined,
       statsCopy: (_vmId, map) => {
-        map(encodeStatsFile(layout));
-        return { layout, current: true, valuesWritten: 0, close: () => {} };
+        map(encodeStatsFile(vmStatsLayout(shape)));
+        return { shape, totals: { ...emptyVmTotals(), energyUj: [0] }, current: true, valuesWritten: 0, close: () => {} };
       },
       inGroup: () => false,
       readers: (uid) => ({ uid, gid: null }),

@@ -11,28 +11,29 @@ import {
   GUEST_ENERGY_RANGE,
   GUEST_MAX_ENERGY_RANGE_UJ,
   guestDirName,
-  guestZones,
+  guestZoneShapes,
   zoneAttributes,
 } from '../../src/guest-dir/tree.js';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-const out = {
-  vpkgs: [
-    { vpkg: 0, energyJ: 5, energyUj: 5_000_000n, counter: 0 },
-    { vpkg: 1, energyJ: 7, energyUj: 7_000_000n, counter: 0 },
-  ],
-  domains: [
-    { domain: 'core' as const, vpkgEnergyJ: [2, 3], vpkgEnergyUj: [2_000_000n, 3_000_000n] },
-    { domain: 'dram' as const, vpkgEnergyJ: [1, 1.5], vpkgEnergyUj: [1_000_000n, 1_500_000n] },
-    { domain: 'psys' as const, vpkgEnergyJ: [4, 6], vpkgEnergyUj: [4_000_000n, 6_000_000n] },
-  ],
+/** A VM of two virtual packages whose host reads core, DRAM and PSYS besides the package, and the energy of each domain per vpkg (µJ). */
+const energy: Record<string, bigint[]> = {
+  package: [5_000_000n, 7_000_000n],
+  core: [2_000_000n, 3_000_000n],
+  dram: [1_000_000n, 1_500_000n],
+  psys: [4_000_000n, 6_000_000n],
 };
+const zones = guestZoneShapes(2, ['core', 'dram', 'psys']).map((z) => ({
+  id: z.id,
+  name: z.name,
+  energyUj: z.vpkgs.reduce((sum, g) => sum + energy[z.domain]![g]!, 0n),
+}));
 
 describe('guest tree', () => {
   it('names zones as the kernel does: a package zone per vpkg, its sub-zones in core, uncore, dram order, psys after the packages', () => {
-    expect(guestZones(out).map((z) => [z.id, z.name, z.energyUj])).toEqual([
+    expect(zones.map((z) => [z.id, z.name, z.energyUj])).toEqual([
       ['intel-rapl:0', 'package-0', 5_000_000n],
       ['intel-rapl:0:0', 'core', 2_000_000n],
       ['intel-rapl:0:1', 'dram', 1_000_000n],
@@ -41,7 +42,7 @@ describe('guest tree', () => {
       ['intel-rapl:1:1', 'dram', 1_500_000n],
       ['intel-rapl:2', 'psys', 10_000_000n],
     ]);
-    expect(guestZones({ vpkgs: out.vpkgs }).map((z) => z.id)).toEqual(['intel-rapl:0', 'intel-rapl:1']);
+    expect(guestZoneShapes(2, []).map((z) => z.id)).toEqual(['intel-rapl:0', 'intel-rapl:1']);
   });
 
   it("reads back through the helper's own powercap scanner as the kernel's tree does (names, files, µJ, range)", () => {
@@ -49,7 +50,7 @@ describe('guest tree', () => {
     try {
       const cls = path.join(sys, 'class/powercap');
       fs.mkdirSync(cls, { recursive: true });
-      for (const z of guestZones(out)) {
+      for (const z of zones) {
         const d = path.join(sys, z.id);
         fs.mkdirSync(d);
         for (const a of zoneAttributes(z)) fs.writeFileSync(path.join(d, a.file), a.text);

@@ -7,6 +7,7 @@
 import { pino } from 'pino';
 import { describe, expect, test } from 'vitest';
 import { SamplingService } from '../../src/sampling/sampling-service.js';
+import { settled } from '../../src/sampling/time-slices.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { VmSpec } from '../../src/model/vm.js';
 import { host, sample, units } from '../ratio/helpers.js';
@@ -44,12 +45,14 @@ function serviceOn(time: ManualTime, prepare?: (s: SamplingService) => void) {
     log: pino({ level: 'silent' }),
     clock: time.clock,
     timers: time,
-    flow: {
-      interval: (tick) => {
-        order.push('prepare');
-        prepare?.(svc);
-        tick.take();
-      },
+    interval: (t) => {
+      if (!svc.begin()) return;
+      order.push('prepare');
+      prepare?.(svc);
+      settled(svc.take(t), (s) => {
+        if (s !== undefined) svc.attribute(s);
+        svc.end();
+      });
     },
   });
   return { svc, sampled, order };
@@ -188,14 +191,23 @@ describe('SamplingService, a sample in slices', () => {
   test('a tick due while the previous one still works in slices is skipped and counted', async () => {
     const time = new ManualTime();
     let release: (() => void) | undefined;
-    const svc2 = new SamplingService({
+    const svc2: SamplingService = new SamplingService({
       engine: new RatioEngine(host()),
       sampler: { sample: () => sample(1, { 0: units(1) }) },
       intervalMs: 1000,
       log: pino({ level: 'silent' }),
       clock: time.clock,
       timers: time,
-      flow: { interval: (tick) => tick.after(new Promise<void>((r) => (release = r)), () => tick.take()) },
+      // An interval whose scan is pending until released.
+      interval: (t) => {
+        if (!svc2.begin()) return;
+        void new Promise<void>((r) => (release = r)).then(() =>
+          settled(svc2.take(t), (s) => {
+            if (s !== undefined) svc2.attribute(s);
+            svc2.end();
+          }),
+        );
+      },
     });
     svc2.hold('discovery', true);
     time.fire(); // tick 0: prepare pending

@@ -147,16 +147,15 @@ describe('live traces with every RAPL domain', () => {
       log: pino({ level: 'silent' }),
     });
     cleanups.push(() => svc.close());
-    let samples = 0;
-    svc.onSample(() => samples++);
+    const samples = () => svc.stats.samples;
     const ids = [await spinningVm(), sleepingVm()].map((vm) => svc.register(vm));
-    await until(() => samples >= 12, 20_000, 'samples before the cut');
+    await until(() => samples() >= 12, 20_000, 'samples before the cut');
     cut();
-    const cutFrom = samples;
-    await until(() => samples >= cutFrom + 5, 20_000, 'samples while package 1 DRAM and core are unreadable');
+    const cutFrom = samples();
+    await until(() => samples() >= cutFrom + 5, 20_000, 'samples while package 1 DRAM and core are unreadable');
     mend();
-    const mendAt = samples;
-    await until(() => samples >= mendAt + 12, 20_000, 'samples after');
+    const mendAt = samples();
+    await until(() => samples() >= mendAt + 12, 20_000, 'samples after');
     svc.close();
     await trace.close();
     const live = ids.map((id) => engine.output(id)!);

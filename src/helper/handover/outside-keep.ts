@@ -126,10 +126,9 @@ class FdStoreKeep implements OutsideKeep {
   }
 }
 
-/** What is checkpointed (the v2 service, V2Service): its live state, and a call after every sample before any client is told of it. */
+/** What is checkpointed (the v2 service, V2Service): its interval's checkpoint step, given the live state after every sample before any client is told of it. */
 export interface Checkpointed {
-  snapshot(): StateSnapshot;
-  onSample(cb: () => void): Disposable;
+  checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void;
 }
 
 /**
@@ -139,15 +138,15 @@ export interface Checkpointed {
 export function keepCheckpoints(keep: OutsideKeep, live: Checkpointed | undefined, log: LogSink<'warn'>): Disposable {
   if (live === undefined) return { dispose: () => {} };
   let failing = false;
-  const write = () => {
+  live.checkpointTo((state) => {
     try {
-      keep.checkpoint(live.snapshot());
+      if (state instanceof Error) throw state;
+      keep.checkpoint(state);
       failing = false;
     } catch (e) {
       if (!failing) log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
       failing = true;
     }
-  };
-  write();
-  return live.onSample(write);
+  });
+  return { dispose: () => live.checkpointTo(null) };
 }

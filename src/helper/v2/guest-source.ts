@@ -1,17 +1,15 @@
 /**
  * What the guest directories (src/guest-dir/, docs/guest.md) read of the v2 service: every VM known
- * (registered or discovered) with its UUID, name and owner, its output, and its statistics written
+ * (registered or discovered) with its UUID, name and owner, and its statistics written
  * into the guest's file.
  */
 import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
-import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { StatsFiles } from './stats-files.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { peerInGroup } from '../../os/peer.js';
 
 interface GuestSourceParts {
   registry: Pick<VmRegistry, 'all'>;
-  sampling: Pick<SamplingService, 'output'>;
   stats: Pick<StatsFiles, 'copy'>;
   fds?: FdAdmitter;
   procRoot: string;
@@ -22,7 +20,6 @@ interface GuestSourceParts {
 export function guestSource(p: GuestSourceParts): GuestDirSource {
   return {
     vms: () => p.registry.all(),
-    output: (vmId) => p.sampling.output(vmId),
     statsCopy: (vmId, map) => p.stats.copy(vmId, map),
     canOpen: (n, what) => p.fds?.canOpen?.(n, what).ok ?? true,
     inGroup: (vm, gid) => peerInGroup(p.procRoot, { pid: vm.pid, uid: vm.uid, gid: -1 }, gid),

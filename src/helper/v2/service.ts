@@ -1,17 +1,9 @@
 /**
  * The v2 service (V2Service): the entry point the daemon wires in, and the owner of its parts, made
  * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
- * the sampling loop calls its per-sample flow (interval, then sampled) each tick; a restart asks it
- * to freeze() and for its snapshot(), and the next process makes it from the snapshot
- * (restore.ts). The parts, each with one job:
- *   VmRegistry (vm-registry.ts)       who may register and see which VM, and the limits
- *   Clients (clients.ts)              the connections, their viewer and host subscription
- *   requests/ (table.ts, dispatch.ts) one handler per request type
- *   DiscoveredVms (discovered-vms.ts) the /proc scan's VMs admitted, refined, deferred
- *   VmLifecycle (vm-lifecycle.ts)     drop, release, end, ended-discovered retention
- *   HostEnergy (host-energy.ts)       per-package energy and unattributed energy for HOST_UPDATE
- *   FanOut (fan-out.ts)               each sample's UPDATE/HOST_UPDATE frames, the failure notice
- *   StatsFiles (stats-files.ts)       the statistics files STATS_FD hands out, written each sample
+ * the sampling loop's ticks run its interval(), which calls every step of a sample down in order; a
+ * restart asks it to freeze() and for its snapshot(), and the next process makes it from the snapshot
+ * (restore.ts). Its parts, each with one job, are listed in docs/daemon.md "Inside the v2 service".
  * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
@@ -22,8 +14,8 @@ import {
   type SampleEvent,
   type SamplingServiceOptions,
   type SamplingStats,
-  type Tick,
 } from '../../sampling/sampling-service.js';
+import { settled } from '../../sampling/time-slices.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
@@ -35,7 +27,6 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import type { Logger } from '../../logging/logger.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
-import { DisposableStore, type Disposable } from '../../common/disposable.js';
 import type { Discovery } from './discovery.js';
 import { daemonCounters, type HealthSource } from './daemon-counters.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
@@ -43,7 +34,7 @@ import { HostEnergy } from './host-energy.js';
 import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
-import { monotonicNs } from '../../sampling/tick-loop.js';
+import { monotonicNs, type TickInfo } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { KeptFdLedger, NotWhole } from '../../os/proc-tasks.js';
@@ -71,7 +62,7 @@ export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow'> {
+interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'interval'> {
   host: HostInfo;
   /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
@@ -135,7 +126,7 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'flow
 /** The message of ERROR RESTARTING. */
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
-/** The parts the service owns, each with one job (the list at the top of this file). */
+/** The parts the service owns, each with one job (docs/daemon.md "Inside the v2 service"). */
 interface V2Parts {
   engine: Engine;
   registry: VmRegistry;
@@ -179,7 +170,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     log: o.log,
     clock: o.clock,
     // Called only once the service is made (a tick comes after it).
-    flow: { interval: (tick) => service.interval(tick) },
+    interval: (t) => service.interval(t),
   });
   const { parts, report, waiting } = await restoreFrom(o.restore, {
     host: o.host,
@@ -192,8 +183,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     build: (plan) => makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), plan),
     ...(o.guestEnergy?.answer ? { answerGuestEnergy: o.guestEnergy.answer } : {}),
   });
-  const service = new V2Service(o, parts, report);
-  service.restoredWaiting(waiting);
+  const service = new V2Service(o, parts, report, waiting);
   service.applyLimitsFile();
   if (o.deferDiscovery !== true) void service.startDiscovery();
   return service;
@@ -326,11 +316,7 @@ function makeParts(
   const guests =
     o.guestDir === undefined
       ? undefined
-      : new GuestDirs(
-          o.guestDir,
-          guestSource({ registry, sampling, stats, fds: o.fds, procRoot: o.procRoot, observerGid: o.observerGid }),
-          o.log,
-        );
+      : new GuestDirs(o.guestDir, guestSource({ registry, stats, fds: o.fds, procRoot: o.procRoot, observerGid: o.observerGid }), o.log);
   const requests: RequestParts = {
     registry,
     sampling,
@@ -374,15 +360,14 @@ function makeParts(
 export class V2Service {
   /** The server hands it every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
-  /** The release of restored registrations still waiting for their connection (restore.ts). */
-  private restoredWait: NodeJS.Timeout | undefined;
   private closed = false;
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */
   private restarting = false;
   private readonly orphaned: number[] = [];
-  private readonly listeners = new DisposableStore();
-  /** Called once a sample's state is whole, before any client is told of it (the daemon's checkpoints). */
-  private readonly beforeTold = new Set<() => void>();
+  /** The interval's checkpoint step: where the live state goes (checkpointTo); null: nowhere. */
+  private checkpoint: ((state: StateSnapshot | Error) => void) | null = null;
+  /** startDiscovery()'s waits for the end of an interval. */
+  private readonly intervalWaits: (() => void)[] = [];
   private readonly connectionHost: ConnectionHost;
 
   constructor(
@@ -390,6 +375,8 @@ export class V2Service {
     private readonly p: V2Parts,
     /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
     readonly restored: Result<RestoreReport> | null,
+    /** The release of restored registrations still waiting for their connection (restore.ts; cleared at close). */
+    private readonly restoredWait?: NodeJS.Timeout,
   ) {
     this.connectionHost = {
       maxBacklogBytes: o.limits.maxBacklogBytes,
@@ -398,52 +385,71 @@ export class V2Service {
       request: (conn, req) => dispatch(HANDLERS, req, conn, p.requests),
       closed: (conn) => this.connectionClosed(conn),
     };
-    // onFailure fires once per outage (SamplingService.fail), so each subscriber gets one notice.
-    this.listeners.add(p.sampling.onFailure((err) => p.fanOut.failed(err)));
     this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
   }
 
-  /** Restored registrations wait for their connection until `timer` releases them (cleared at close). */
-  restoredWaiting(timer: NodeJS.Timeout | undefined): void {
-    this.restoredWait = timer;
-  }
-
   /**
-   * The per-sample flow, the one method the sampling loop calls each tick (SampleFlow): discovery's
-   * /proc scan (in slices, clients served between them: discovered-vms.ts), then the sample, whose
-   * stat lines discovery reads before the engine takes it (new threads classified), then sampled().
+   * One interval: every step called from here, in order (docs/architecture.md "Following a sample"): the
+   * /proc scan (in slices, clients served between them: discovered-vms.ts), the sample (in slices),
+   * discovery's refine of its stat lines (new threads classified before the engine takes them; a throw
+   * fails the sample), the engine's attribution, the trace, then the consumers and the checkpoint.
    */
-  interval(tick: Tick): void {
-    const discovered = this.p.discovered;
-    const take = () => tick.take({ inspect: (s) => discovered?.refine(s), sampled: (ev) => this.sampled(ev) });
-    tick.after(
-      discovered?.scanInSlices(() => this.closed || this.restarting),
-      take,
+  interval(t: TickInfo): void {
+    const { sampling, discovered, fanOut } = this.p;
+    if (!sampling.begin()) return;
+    const failedBefore = sampling.failed;
+    const scan = discovered
+      ?.scanInSlices(() => this.closed || this.restarting)
+      .catch((e: unknown) => {
+        this.o.log.error({ err: (e as Error).stack ?? String(e) }, 'sampling preparation (discovery) failed; sampling goes on');
+      });
+    settled(scan, () =>
+      settled(sampling.take(t), (s) => {
+        try {
+          if (s === undefined || this.closed) return;
+          discovered?.refine(s);
+          const ev = sampling.attribute(s);
+          if (ev === null) return;
+          sampling.trace(s);
+          this.consume(ev);
+        } catch (e) {
+          // Only the refine throws (the engine and the consumers catch their own): the sample failed.
+          sampling.fail(e);
+        } finally {
+          sampling.end();
+          // A new outage: each subscriber gets one notice (failed stays the same error while it lasts).
+          if (sampling.failed !== null && sampling.failed !== failedBefore) fanOut.failed(sampling.failed);
+          for (const done of this.intervalWaits.splice(0)) done();
+        }
+      }),
     );
   }
 
   /**
-   * What each sample feeds, once the engine took it: host energy, VMs that ended, the fan-out of
-   * UPDATE/HOST_UPDATE frames, the statistics files, the guest directories. A new consumer of samples is one line here.
+   * The consumers of a sample the engine took, in order (a crash restores nothing older than what a
+   * client is told next: the checkpoint before the fan-out). A new consumer is one line here.
    */
-  private sampled(ev: SampleEvent): void {
+  private consume(ev: SampleEvent): void {
     const { energy, lifecycle, whole, fanOut, stats, guests, sampling, guestEnergy } = this.p;
-    energy.add(ev.tNs, ev.result?.packages ?? []);
-    lifecycle.ended(ev.ended);
-    lifecycle.age();
-    whole?.check();
-    if (lifecycle.changed) this.applyLimitsFile();
-    this.p.powerLimits?.sample(ev.result, ev.ended);
-    // A crash from here on restores nothing older than what a client is told next.
-    for (const cb of this.beforeTold) cb();
-    fanOut.sample({
-      update: (vmId) => currentUpdate(sampling, vmId),
-      host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
-    });
-    stats.sample(ev, lifecycle.changed);
-    guests?.sample();
-    guestEnergy?.sampled();
-    lifecycle.clearChanged();
+    try {
+      energy.add(ev.tNs, ev.result?.packages ?? []);
+      lifecycle.ended(ev.ended);
+      lifecycle.age();
+      whole?.check();
+      if (lifecycle.changed) this.applyLimitsFile();
+      this.p.powerLimits?.sample(ev.result, ev.ended);
+      this.checkpoint?.(this.liveState());
+      fanOut.sample({
+        update: (vmId) => currentUpdate(sampling, vmId),
+        host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
+      });
+      stats.sample(ev, lifecycle.changed);
+      guests?.sample();
+      guestEnergy?.sampled();
+      lifecycle.clearChanged();
+    } catch (e) {
+      this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
+    }
   }
 
   /** --power-limits FILE's limits on the live VMs (at the start, and when VMs come or change). */
@@ -481,18 +487,9 @@ export class V2Service {
    * discovery is off or the service is closed.
    */
   startDiscovery(): Promise<void> {
-    const sampling = this.p.sampling;
     if (!this.o.discovery || this.closed) return Promise.resolve();
-    const firstInterval = new Promise<void>((resolve) => {
-      const done = () => {
-        sampled.dispose();
-        failed.dispose();
-        resolve();
-      };
-      const sampled = sampling.onSample(done);
-      const failed = sampling.onFailure(done);
-    });
-    sampling.hold('discovery', true);
+    const firstInterval = new Promise<void>((resolve) => this.intervalWaits.push(resolve));
+    this.p.sampling.hold('discovery', true);
     return firstInterval;
   }
 
@@ -539,12 +536,21 @@ export class V2Service {
   }
 
   /**
-   * Calls `cb` after every sample, once the state is whole and before any client is told of it (the
-   * daemon's checkpoints: a client never sees a value a crash would take back); dispose to stop.
+   * The interval's checkpoint step (null: none): `to` (the crash keep, handover/outside-keep.ts) gets the
+   * live state, or why it cannot be taken, now and after every sample before any client is told of it.
    */
-  onSample(cb: () => void): Disposable {
-    this.beforeTold.add(cb);
-    return { dispose: () => void this.beforeTold.delete(cb) };
+  checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void {
+    this.checkpoint = to;
+    to?.(this.liveState());
+  }
+
+  /** snapshot(), or why it cannot be taken. */
+  private liveState(): StateSnapshot | Error {
+    try {
+      return this.snapshot();
+    } catch (e) {
+      return e instanceof Error ? e : new Error(String(e));
+    }
   }
 
   /** Disconnects every v2 client (their VMs are unregistered) and stops the loop. */
@@ -552,7 +558,6 @@ export class V2Service {
     const p = this.p;
     this.closed = true;
     clearTimeout(this.restoredWait);
-    this.listeners.dispose();
     p.sampling.close();
     p.powerLimits?.close();
     p.guests?.close();

@@ -63,7 +63,9 @@ export class VmStatsCopy {
   valuesWritten = 0;
 
   constructor(
-    readonly layout: StatsLayout,
+    readonly shape: VmStatsShape,
+    /** The file's values are written from these (VmStatsFile's, refilled in place at each sample): the guest's tree takes its own from them. */
+    readonly totals: VmTotals,
     readonly block: SampleBlock,
     private readonly onClose: (c: VmStatsCopy) => void,
   ) {}
@@ -142,7 +144,7 @@ export class VmStatsFile {
 
   /** A copy in `memory` (made of bytesNow()), written from now on; `closed` is told when it is closed. */
   addCopy(memory: ArrayBuffer, closed: () => void): VmStatsCopy {
-    const c = new VmStatsCopy(this.layout, new SampleBlock(memory, this.layout), (gone) => {
+    const c = new VmStatsCopy(this.slots.shape, this.totals, new SampleBlock(memory, this.layout), (gone) => {
       this.copies.splice(this.copies.indexOf(gone), 1);
       this.blocks.splice(this.blocks.indexOf(gone.block), 1);
       closed();
