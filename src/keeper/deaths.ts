@@ -3,7 +3,8 @@
  * "The -u user ending the service"). A fault is the helper's own: a signal the kernel sends a process
  * for what it did (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGTRAP, SIGXCPU, SIGXFSZ), SIGABRT
  * (raised by the process itself: Node's fatal errors, abort()), an exit code, or a SIGKILL while the
- * host's OOM kill counter moved, or a SIGALRM of its own loop watchdog. Any other signal came from another process (a SIGKILL or SIGTERM of
+ * host's OOM kill counter moved, or a SIGALRM of its own loop watchdog (a SIGABRT or fault signal sent by
+ * another process is ignored by the serving process: lifecycle/loop-watchdog.ts, ignoreSentFaults). Any other signal came from another process (a SIGKILL or SIGTERM of
  * the -u user, an operator): the keeper restarts it, backed off, without counting it toward the
  * crashes in a row that stop it.
  */
