@@ -246,7 +246,9 @@ describe('the keeper', () => {
     // the host's CPUs gone, every start after the last SIGKILL fails (an exit code), in a row.
     const sysRoot = host.cliArgs()[host.cliArgs().indexOf('--sys-root') + 1]!;
     fs.renameSync(sysRoot, `${sysRoot}.gone`);
-    cleanups.push(() => fs.existsSync(`${sysRoot}.gone`) && fs.renameSync(`${sysRoot}.gone`, sysRoot));
+    cleanups.push(() => {
+      if (fs.existsSync(`${sysRoot}.gone`)) fs.renameSync(`${sysRoot}.gone`, sysRoot);
+    });
     await kill(true);
     expect(await h.exited).toBe(1);
     expect(h.stderr()).toMatch(

@@ -39,7 +39,7 @@ describe('replies left unread', () => {
         if (why) return ctx.skip(why);
         const { daemon, sock } = await startDaemonOpenToAll();
         const client = net.connect({ path: sock });
-        onCleanup(() => client.destroy());
+        onCleanup(() => void client.destroy());
         client.on('error', () => {});
         await new Promise<void>((r, j) => client.once('connect', r).once('error', j));
         client.pause();
