@@ -58,3 +58,20 @@ export function endedFromOutside(sig: string, at: DeathContext, vmstat?: string)
   if (sig === 'SIGALRM') return at.silentMs < WATCHDOG_SILENCE_MS;
   return sig !== 'SIGKILL' || oomKills(vmstat) === at.oomBefore;
 }
+
+/**
+ * A serving process silent for this long is looked at (/proc/<pid>/stat): stopped (state T: a
+ * SIGSTOP or SIGTSTP, which any process of -u's user may send) it is continued, so its watchdog's
+ * alarm (10 s) does not end it for a hang it did not have.
+ */
+export const STOPPED_CHECK_AFTER_MS = 2000;
+
+/** Whether `pid` is stopped by a signal (state T of /proc/<pid>/stat; not t, a debugger's: root only). */
+export function stoppedBySignal(pid: number, proc = '/proc'): boolean {
+  try {
+    const stat = fs.readFileSync(`${proc}/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) === 'T';
+  } catch {
+    return false;
+  }
+}
