@@ -3,7 +3,8 @@
  * "The -u user ending the service"). A fault is the helper's own: a signal the kernel sends a process
  * for what it did (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGTRAP, SIGXCPU, SIGXFSZ), SIGABRT
  * (raised by the process itself: Node's fatal errors, abort()), an exit code, or a SIGKILL while the
- * host's OOM kill counter moved, or a SIGALRM of its own loop watchdog. Any other signal came from another process (a SIGKILL or SIGTERM of
+ * host's OOM kill counter moved, or a SIGALRM of its own loop watchdog (a SIGABRT or fault signal sent by
+ * another process is ignored by the serving process: lifecycle/loop-watchdog.ts, ignoreSentFaults). Any other signal came from another process (a SIGKILL or SIGTERM of
  * the -u user, an operator): the keeper restarts it, backed off, without counting it toward the
  * crashes in a row that stop it.
  */
@@ -56,4 +57,21 @@ export function endedFromOutside(sig: string, at: DeathContext, vmstat?: string)
   if (FAULTS.has(sig)) return false;
   if (sig === 'SIGALRM') return at.silentMs < WATCHDOG_SILENCE_MS;
   return sig !== 'SIGKILL' || oomKills(vmstat) === at.oomBefore;
+}
+
+/**
+ * A serving process silent for this long is looked at (/proc/<pid>/stat): stopped (state T: a
+ * SIGSTOP or SIGTSTP, which any process of -u's user may send) it is continued, so its watchdog's
+ * alarm (10 s) does not end it for a hang it did not have.
+ */
+export const STOPPED_CHECK_AFTER_MS = 2000;
+
+/** Whether `pid` is stopped by a signal (state T of /proc/<pid>/stat; not t, a debugger's: root only). */
+export function stoppedBySignal(pid: number, proc = '/proc'): boolean {
+  try {
+    const stat = fs.readFileSync(`${proc}/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) === 'T';
+  } catch {
+    return false;
+  }
 }

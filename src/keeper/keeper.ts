@@ -33,7 +33,7 @@ import {
   MAX_KEEPER_MESSAGE_BYTES,
   type KeeperNote,
 } from './keeper-messages.js';
-import { endedFromOutside, oomKills } from './deaths.js';
+import { endedFromOutside, oomKills, STOPPED_CHECK_AFTER_MS, stoppedBySignal } from './deaths.js';
 
 export const KEEPER_LIMITS = {
   /** The keeper stops after this many crashes in a row (the last one is not restarted). */
@@ -98,6 +98,8 @@ class Keeper {
   private killed = 0;
   /** The host's OOM kills when the serving process was started (deaths.ts). */
   private oomAtSpawn = 0;
+  /** When the serving process was last found stopped by a signal and continued (0: never). */
+  private continuedAt = 0;
   private stopping = false;
   /** A SIGHUP came while no serving process was ready: passed on once one is. */
   private hupWaiting = false;
@@ -156,7 +158,26 @@ class Keeper {
     this.lastHeard = Date.now();
     this.channel = { fd: mine, watch: watchReadable(mine, () => this.drain()) };
     child.once('error', (e) => this.o.log.error({ err: e.message }, 'keeper: cannot start the serving process'));
-    child.once('exit', (code, sig) => this.onExit(child, code, sig));
+    const stops = setInterval(() => this.continueIfStopped(child), 1000);
+    child.once('exit', (code, sig) => {
+      clearInterval(stops);
+      this.onExit(child, code, sig);
+    });
+  }
+
+  /**
+   * A silent serving process stopped by a signal (SIGSTOP of -u's user) is continued: stopped past
+   * its watchdog's 10 s it would die by its alarm, counted as a hang (docs/security.md "The -u user
+   * ending the service"). Logged at each stop.
+   */
+  private continueIfStopped(child: ChildProcess): void {
+    if (child.pid === undefined || Date.now() - this.lastHeard < STOPPED_CHECK_AFTER_MS || !stoppedBySignal(child.pid)) return;
+    child.kill('SIGCONT');
+    this.continuedAt = Date.now();
+    this.o.log.warn(
+      { servingPid: child.pid, silentMs: Date.now() - this.lastHeard },
+      'keeper: the serving process was stopped by a signal from another process (SIGSTOP): continued',
+    );
   }
 
   /** Reads every message waiting on the channel; the fd of one it does not use is closed. */
@@ -252,7 +273,9 @@ class Keeper {
     const stable = this.readyAt > 0 && this.lastHeard - this.readyAt >= this.limits.stableMs;
     // A clean stop (exit code 0) the keeper did not ask for: a SIGTERM or SIGINT from another process.
     if (code === 0 && sig === null) return this.restartAfterKill(child, 'a SIGTERM or SIGINT', stable);
-    const at = { oomBefore: this.oomAtSpawn, silentMs: Date.now() - this.lastHeard };
+    // Silent since it was found stopped and continued: its alarm fired while it was stopped, not a hang.
+    const silentMs = this.continuedAt > this.lastHeard ? 0 : Date.now() - this.lastHeard;
+    const at = { oomBefore: this.oomAtSpawn, silentMs };
     if (sig !== null && endedFromOutside(sig, at)) return this.restartAfterKill(child, sig, stable);
     this.crashes = stable ? 1 : this.crashes + 1;
     this.readyAt = 0;

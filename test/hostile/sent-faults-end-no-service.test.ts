@@ -5,18 +5,23 @@
  * ignores the signals of a fault that another process sends (a real fault is forced by the kernel,
  * which puts the default action back, and still ends it). Here uid nobody sends each of them, five
  * times over, to the real daemon's serving process (-u nobody, its keeper): nothing dies, nothing is
- * restarted, and QEMU's connection is answered. And since every process of that user can still
+ * restarted, and QEMU's connection is answered. SIGABRT too (it counted as a crash until the third
+ * round: five `kill -ABRT` stopped the keeper): the process's own abort() still ends it with it (below).
+ * And since every process of that user can still
  * stop the service (SIGTERM), the start says when the user runs other processes than the helper's.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
+import path from 'node:path';
 import { describe, expect, test } from 'vitest';
-import { LegacyClient, servingPid } from '../daemon/support/daemon-process.js';
+import { ensureBuilt, LegacyClient, servingPid } from '../daemon/support/daemon-process.js';
 import { killAs, logLines, NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
 const why = notRoot();
-const FAULTS = ['SEGV', 'BUS', 'ILL', 'FPE', 'TRAP', 'SYS'] as const;
+/** The built watchdog module the serving process runs (its ignoreSentFaults). */
+const WATCHDOG = path.resolve('dist/src/helper/lifecycle/loop-watchdog.js');
+const FAULTS = ['SEGV', 'BUS', 'ILL', 'FPE', 'TRAP', 'SYS', 'ABRT'] as const;
 const ROUNDS = 5;
 
 /** The signals `pid` ignores (SigIgn of /proc/PID/status). */
@@ -46,6 +51,21 @@ describe.skipIf(why !== null)('fault signals sent by the -u user', () => {
     expect(await qemu.request(0x606, 0, process.pid), 'QEMU is answered on its connection').toBe(0xa1003n);
     expect(daemon.proc.exitCode).toBeNull();
   }, 120_000);
+
+  test('an abort of its own still ends a process that ignores the fault signals sent to it, with SIGABRT', async () => {
+    ensureBuilt();
+    // ignoreSentFaults as the serving process calls it, then a SIGABRT sent to itself (ignored), then process.abort() (Node's fatal path).
+    const code = `import { ignoreSentFaults } from ${JSON.stringify(WATCHDOG)};
+      ignoreSentFaults();
+      process.kill(process.pid, 'SIGABRT');
+      setTimeout(() => { console.log('alive after a sent SIGABRT'); process.abort(); }, 200);`;
+    const p = spawn(process.execPath, ['--input-type=module', '-e', code], { stdio: ['ignore', 'pipe', 'ignore'] });
+    let out = '';
+    p.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    const [, signal] = await new Promise<[number | null, string | null]>((r) => p.on('exit', (c, s) => r([c, s])));
+    expect(out).toContain('alive after a sent SIGABRT');
+    expect(signal).toBe('SIGABRT');
+  }, 60_000);
 
   test('the start says so when other processes share the helper’s user, naming one', async () => {
     const other = spawn('sleep', ['60'], { uid: NOBODY, gid: NOBODY, stdio: 'ignore' });

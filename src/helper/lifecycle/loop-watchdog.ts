@@ -45,10 +45,12 @@ export function disarmLoopWatchdog(): void {
  * The signals of a fault (docs/security.md "The -u user ending the service"): the kernel forces them
  * on the thread that faulted, putting back the default action if they are ignored, so a real fault
  * still ends the process with its signal (and the keeper counts it); the same signal sent by another
- * process (`kill -SEGV`, which any process of -u's user may send) is ignored. SIGABRT is not among
- * them: Node's fatal errors raise it and the keeper counts it (an outside one too).
+ * process (`kill -SEGV`, which any process of -u's user may send) is ignored. SIGABRT the same way:
+ * the process's own (Node's fatal errors, process.abort()) comes from the C library's abort(), which
+ * puts the default action back and raises it again when it is ignored, so it still ends the process
+ * with SIGABRT; a `kill -ABRT` from another process is ignored.
  */
-const FORCED_FAULTS = ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGTRAP', 'SIGSYS'] as const;
+const FORCED_FAULTS = ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGTRAP', 'SIGSYS', 'SIGABRT'] as const;
 
 /** Ignores FORCED_FAULTS sent from outside, from now on (Node's start put them back to their default). */
 export function ignoreSentFaults(): void {

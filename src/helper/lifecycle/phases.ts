@@ -146,7 +146,7 @@ function warnSharedUid(uid: number, log: Logger): void {
   if (count > 0)
     log.warn(
       { uid, processes: count, example },
-      `the helper's user (uid ${uid}) runs ${count} other process(es), e.g. ${example!.comm} (pid ${example!.pid}): any of them may signal the serving process and end it (a restart; five SIGABRTs in a row stop the keeper); fix: give the helper a user of its own (-u)`,
+      `the helper's user (uid ${uid}) runs ${count} other process(es), e.g. ${example!.comm} (pid ${example!.pid}): any of them may signal the serving process and end it (a restart); fix: give the helper a user of its own (-u)`,
     );
 }
 

@@ -18,6 +18,7 @@ import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { CLIENT_TYPES, E, encodeError } from '../../protocol/v2/codec.js';
 import { FrameDecoder, type DecodeResult } from '../../protocol/v2/frame-decoder.js';
 import { takeRequestTurn } from './request-turns.js';
+import { DEFAULT_MAX_PENDING_REPLY_BYTES } from '../legacy/legacy-session.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 import { CUT_REASON, type IncompleteHold } from '../server/incomplete-frames.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
@@ -26,6 +27,8 @@ import type { Reply, SendWithFds } from './reply.js';
 
 export interface ConnectionHost {
   readonly maxBacklogBytes: number;
+  /** Replies unsent past which the client's requests wait, unread (default DEFAULT_MAX_PENDING_REPLY_BYTES, as legacy's). */
+  readonly maxPendingReplyBytes?: number;
   /** The reply to a valid request (one frame, and maybe fds). */
   request(conn: V2Connection, req: ClientRequest): Reply;
   /** Sends a reply that carries fds; without it such a reply closes the connection. */
@@ -44,10 +47,15 @@ const NOTHING = Buffer.alloc(0);
 
 export class V2Connection {
   private readonly decoder = new FrameDecoder(CLIENT_TYPES);
-  /** Frames decoded and not handled yet (this turn's budget was spent: request-turns.ts), and the next one's index. */
-  private queued: DecodeResult[] = [];
-  private next = 0;
-  /** The socket is paused until the queued frames are handled. */
+  /**
+   * Bytes read and not decoded yet (this turn's budget was spent: request-turns.ts), from `offset`:
+   * frames are decoded one at a time as they are handled, so a read of thousands of pipelined
+   * requests is not made thousands of objects at once (one read's bytes at most, as the socket is
+   * paused until they are all handled).
+   */
+  private unparsed: Buffer = NOTHING;
+  private offset = 0;
+  /** The socket is paused until the bytes read are handled. */
   private paused = false;
   /** VMs this client subscribed to and that have not ended. */
   readonly subscriptions = new Set<number>();
@@ -179,32 +187,54 @@ export class V2Connection {
     if (!this.open) return;
     // Checked before the decoder copies anything: a refused chunk is never kept.
     if (this.hold && !this.hold.fits(this.decoder.incompleteBytes + data.length)) return this.overBudget();
-    const frames = this.decoder.push(data);
-    if (this.next < this.queued.length) this.queued.push(...frames);
-    else {
-      this.queued = frames;
-      this.next = 0;
-    }
+    this.unparsed = this.offset < this.unparsed.length ? Buffer.concat([this.unparsed.subarray(this.offset), data]) : data;
+    this.offset = 0;
     this.drain();
-    if (this.open && this.hold && !this.hold.set(this.decoder.incompleteBytes)) this.overBudget();
   }
 
-  /** Handles the queued frames within the turn's budget (request-turns.ts), the socket paused until all are handled. */
+  /**
+   * Handles the queued frames within the turn's budget (request-turns.ts), the socket paused until
+   * all are handled. A client that pipelines requests without reading their replies waits for
+   * itself: past maxPendingReplyBytes unsent, nothing more of it is handled (nor read)
+   * until the stream drains, as for legacy clients. Before, it was answered up to its backlog limit,
+   * then disconnected with thousands of small writes queued (one Node error each at the close), and
+   * reconnected to do it again: seconds of the loop a new QEMU waited behind (docs/security.md,
+   * "The socket's group locking QEMU out").
+   */
   private drain(): void {
-    while (this.next < this.queued.length) {
+    while (this.offset < this.unparsed.length) {
       if (!this.open) return;
-      if (!takeRequestTurn()) {
+      const unread = this.socket.writableLength > (this.host.maxPendingReplyBytes ?? DEFAULT_MAX_PENDING_REPLY_BYTES);
+      if (unread || !takeRequestTurn()) {
         if (!this.paused) this.socket.pause();
         this.paused = true;
-        setImmediate(() => this.drain());
+        if (unread) this.socket.once('drain', () => this.drain());
+        else setImmediate(() => this.drain());
         return;
       }
-      if (!this.handle(this.queued[this.next++]!)) return;
+      const f = this.nextFrame();
+      if (f !== null && !this.handle(f)) return;
     }
-    this.queued = [];
-    this.next = 0;
-    if (this.paused && this.open) this.socket.resume();
+    this.unparsed = NOTHING;
+    this.offset = 0;
+    if (!this.open) return;
+    if (this.hold && !this.hold.set(this.decoder.incompleteBytes)) return this.overBudget();
+    if (this.paused) this.socket.resume();
     this.paused = false;
+  }
+
+  /**
+   * The next whole frame of the bytes read, or null when they end inside one (the decoder keeps it):
+   * the decoder is given no more than the rest of the frame it is in, so it completes one at a time.
+   */
+  private nextFrame(): DecodeResult | null {
+    while (this.offset < this.unparsed.length) {
+      const n = Math.min(this.decoder.bytesToFrameEnd, this.unparsed.length - this.offset);
+      const frames = this.decoder.push(this.unparsed.subarray(this.offset, this.offset + n));
+      this.offset += n;
+      if (frames.length > 0) return frames[0]!;
+    }
+    return null;
   }
 
   /** One decoded frame: its request answered; false when the connection failed on it. */

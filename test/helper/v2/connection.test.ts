@@ -123,9 +123,38 @@ describe('V2Connection', () => {
     ]);
   });
 
+  it('stops reading the requests of a client that does not read its replies once they pass maxPendingReplyBytes, and answers the rest once it reads', async () => {
+    for (const pending of [16 * 1024, 64 * 1024, 256 * 1024]) {
+      let n = 0;
+      const s = await connect(
+        { maxBacklogBytes: 1 << 20, maxPendingReplyBytes: pending, request: () => ({ frame: big(n++) }) },
+        { paused: true },
+      );
+      s.client.write(Buffer.concat(Array.from({ length: 200 }, () => encodeRead(1, 0))));
+      // The kernel's buffer, then `pending` bytes on the stream, then nothing more is answered.
+      // Waited for: the replies made to stop growing for 300 ms (20 s at most).
+      let before = -1;
+      for (const end = Date.now() + 20_000; (n === 0 || n !== before) && Date.now() < end;) {
+        before = n;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+      expect(n, 'replies made while the client did not read').toBeLessThan(200);
+      expect(s.conn.open).toBe(true);
+      expect(s.closedCalls).toBe(0);
+      s.client.resume();
+      await waitFor(() => s.received().length === 200 * big(0).length, 'every reply once the client reads', undefined, 20_000);
+      expect(messages(s.received()).map((m) => (m.type === T.ERROR ? Number(m.message.split(':')[0]) : -1))).toEqual([
+        ...Array(200).keys(),
+      ]);
+    }
+  });
+
   it('disconnects a client that does not read once its replies pass maxBacklogBytes, and reports the close once', async () => {
     let n = 0;
-    const s = await connect({ maxBacklogBytes: 256 * 1024, request: () => ({ frame: big(n++) }) }, { paused: true });
+    const s = await connect(
+      { maxBacklogBytes: 256 * 1024, maxPendingReplyBytes: 8 << 20, request: () => ({ frame: big(n++) }) },
+      { paused: true },
+    );
     const clientClosed = new Promise<void>((r) => s.client.once('close', () => r()));
     s.client.write(Buffer.concat(Array.from({ length: 200 }, () => encodeRead(1, 0))));
     await waitFor(() => s.closedCalls === 1, 'connection closed for its backlog');
@@ -172,7 +201,10 @@ describe('V2Connection', () => {
 
   it("disconnects a client whose replies between samples pass maxBacklogBytes plus the last sample's burst", async () => {
     let n = 0;
-    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: big(n++) }) }, { paused: true });
+    const s = await connect(
+      { maxBacklogBytes: LIMIT, maxPendingReplyBytes: 8 << 20, request: () => ({ frame: big(n++) }) },
+      { paused: true },
+    );
     s.conn.batch(() => s.conn.send(big(1000))); // a sample of 32 KiB
     s.client.write(Buffer.concat(Array.from({ length: 200 }, () => encodeRead(1, 0))));
     await waitFor(() => s.closedCalls === 1, 'connection closed for its backlog');
@@ -200,6 +232,7 @@ describe('V2Connection', () => {
     const s = await connect(
       {
         maxBacklogBytes: 8 << 20,
+        maxPendingReplyBytes: 8 << 20,
         sendWithFds: fdWriter(calls),
         request: (_c, req) => {
           if (req.type !== T.READ) throw new Error('READ only');
@@ -281,6 +314,7 @@ describe('V2Connection', () => {
     const s = await connect(
       {
         maxBacklogBytes: 8 << 20,
+        maxPendingReplyBytes: 8 << 20,
         sendWithFds: fdWriter(calls),
         request: (_c, req) =>
           req.type === T.READ && req.vmId === 99
