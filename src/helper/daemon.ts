@@ -29,7 +29,6 @@ import {
   logRestartPhases,
   open,
   ready,
-  restore,
   serveLegacy,
   startV2,
   type PhaseTimes,
@@ -138,8 +137,7 @@ class Daemon implements Restartable {
         ...(guard.keep ? { keep: guard.keep } : {}),
       });
       times.serving = wallMs();
-      const restored = await restore(handed, area('restart'));
-      guard.restored(restored);
+      const restored = await guard.restore();
       if (this.opts.v2) {
         const restarted = inh.how === 'restart' || restored !== undefined;
         this.v2 = await startV2(this.opts.v2, {

@@ -6,6 +6,7 @@
  * Set by the start, never by a serving process.
  */
 import { KEEPER_ENV } from './keeper-messages.js';
+import { takeEnvJson } from '../common/env-json.js';
 
 export interface KeeperImage {
   command: string[];
@@ -19,26 +20,18 @@ export interface KeeperImage {
 
 /** KEEPER_ENV.image's value (read and removed), or null outside the keeper's image. */
 export function takeKeeperImage(env: NodeJS.ProcessEnv = process.env): KeeperImage | null {
-  const text = env[KEEPER_ENV.image];
-  delete env[KEEPER_ENV.image];
-  if (text === undefined) return null;
-  let v: Partial<KeeperImage> | null = null;
-  try {
-    v = JSON.parse(text) as Partial<KeeperImage>;
-  } catch {
-    /* refused below */
-  }
-  const ok =
-    v !== null &&
-    Array.isArray(v.command) &&
-    v.command.length > 0 &&
-    v.command.every((a) => typeof a === 'string') &&
-    Array.isArray(v.fds) &&
-    v.fds.every((fd) => Number.isInteger(fd) && fd > 2) &&
-    typeof v.env === 'object' &&
-    v.env !== null &&
-    Object.values(v.env).every((x) => typeof x === 'string') &&
-    typeof v.level === 'string';
-  if (!ok) throw new Error(`cannot read ${KEEPER_ENV.image}: it is malformed; it is set by the helper for itself, do not set it`);
-  return v as KeeperImage;
+  const v = takeEnvJson<KeeperImage>(KEEPER_ENV.image, valid, env);
+  if (v === null) throw new Error(`cannot read ${KEEPER_ENV.image}: it is malformed; it is set by the helper for itself, do not set it`);
+  return v ?? null;
 }
+
+const valid = (v: Partial<KeeperImage>): boolean =>
+  Array.isArray(v.command) &&
+  v.command.length > 0 &&
+  v.command.every((a) => typeof a === 'string') &&
+  Array.isArray(v.fds) &&
+  v.fds.every((fd) => Number.isInteger(fd) && fd > 2) &&
+  typeof v.env === 'object' &&
+  v.env !== null &&
+  Object.values(v.env).every((x) => typeof x === 'string') &&
+  typeof v.level === 'string';

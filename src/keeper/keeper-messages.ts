@@ -69,22 +69,14 @@ export interface KeeperNote {
   fromOutside?: boolean;
 }
 
-export function parseKeeperNote(text: string | undefined): KeeperNote | null {
-  if (text === undefined) return null;
-  try {
-    const v = JSON.parse(text) as Partial<KeeperNote>;
-    const ok =
-      Number.isInteger(v.pid) &&
-      typeof v.how === 'string' &&
-      Number.isFinite(v.atMs) &&
-      Number.isInteger(v.crashes) &&
-      (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string') &&
-      (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
-    return ok ? (v as KeeperNote) : null;
-  } catch {
-    return null;
-  }
-}
+/** Whether a parsed KEEPER_ENV.note is a KeeperNote (link.ts's takeKeeperNote). */
+export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
+  Number.isInteger(v.pid) &&
+  typeof v.how === 'string' &&
+  Number.isFinite(v.atMs) &&
+  Number.isInteger(v.crashes) &&
+  (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string') &&
+  (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
 
 /**
  * The one set of names of the fds the next process takes (each starts with systemd.ts's

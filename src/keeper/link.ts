@@ -6,16 +6,16 @@
  */
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
+import { takeEnvJson } from '../common/env-json.js';
 import { prctl } from '../os/libc/capability-calls.js';
-import { closeFd, keepAcrossExec } from '../os/libc/fds.js';
+import { keepAcrossExec } from '../os/libc/fds.js';
 import { peerHungUp, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc/sockets.js';
 import {
   encodeKeeperMessage,
   KEEPER_ENV,
   KEEPER_FIRST_FD,
-  KEEPER_MESSAGE,
   KEPT_NAMES,
-  parseKeeperNote,
+  isKeeperNote,
   type KeeperMessageType,
   type KeeperNote,
 } from './keeper-messages.js';
@@ -68,9 +68,7 @@ function channelFd(env: NodeJS.ProcessEnv): number | null {
 
 /** The keeper's account of the crash before this start (KEEPER_ENV.note, read and removed), or null. */
 export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote | null {
-  const note = parseKeeperNote(env[KEEPER_ENV.note]);
-  delete env[KEEPER_ENV.note];
-  return note;
+  return takeEnvJson(KEEPER_ENV.note, isKeeperNote, env) ?? null;
 }
 
 export class KeeperLink {
@@ -108,29 +106,8 @@ export class KeeperLink {
     return !peerHungUp(fd);
   }
 
-  hold(fd: number): void {
-    this.send(KEEPER_MESSAGE.hold, '', fd);
-  }
-
-  drop(ino: bigint): void {
-    this.send(KEEPER_MESSAGE.drop, String(ino));
-  }
-
-  /** Hands over the latest checkpoint (a sealed memfd), which this process then closes. */
-  checkpoint(memfd: number): void {
-    this.send(KEEPER_MESSAGE.checkpoint, '', memfd);
-    closeFd(memfd);
-  }
-
-  ready(): void {
-    this.send(KEEPER_MESSAGE.ready);
-  }
-
-  beat(): void {
-    this.send(KEEPER_MESSAGE.beat);
-  }
-
-  private send(type: KeeperMessageType, text = '', fd?: number): void {
+  /** Sends one message (keeper-messages.ts), with `fd` attached (the caller closes it). */
+  send(type: KeeperMessageType, text = '', fd?: number): void {
     if (this.gone) return;
     try {
       sendFds(this.fd, encodeKeeperMessage(type, text), fd === undefined ? [] : [fd]);

@@ -14,9 +14,10 @@ import {
   KEEPER_ENV,
   KEEPER_FIRST_FD,
   KEPT_NAMES,
-  parseKeeperNote,
 } from '../../src/keeper/keeper-messages.js';
-import { takeFromKeeper } from '../../src/keeper/link.js';
+import { takeFromKeeper, takeKeeperNote } from '../../src/keeper/link.js';
+
+const parseKeeperNote = (text: string) => takeKeeperNote({ [KEEPER_ENV.note]: text });
 import { endedFromOutside, oomKills, WATCHDOG_SILENCE_MS } from '../../src/keeper/deaths.js';
 import { takeKept } from '../../src/helper/handover/kept.js';
 import { outsideKeep } from '../../src/helper/handover/outside-keep.js';

@@ -6,11 +6,9 @@
 import type net from 'node:net';
 import type { HandedConnection, StateSnapshot } from '../../state/snapshot.js';
 
-type HandedKind = HandedConnection['kind'];
-
 /** One connection the server can stop reading and hand over. */
 export interface Freezable {
-  readonly kind: HandedKind;
+  readonly kind: HandedConnection['kind'];
   /** The socket serving it now. */
   socket(): net.Socket;
   /** Stops reading; returns the bytes read and not answered (the start of a request, what the stream read ahead). */
@@ -20,11 +18,7 @@ export interface Freezable {
 }
 
 /** A connection whose reading stopped, and the bytes read of it that were not answered. */
-export interface FrozenConnection {
-  socket: net.Socket;
-  kind: HandedKind;
-  pending: Buffer;
-}
+export type FrozenConnection = Omit<HandedConnection, 'ino'> & { socket: net.Socket };
 
 /** What HelperServer.freeze() gives: the connections to hand over as they are now, and the way back. */
 export interface Frozen {
@@ -50,11 +44,7 @@ export interface Restartable {
 }
 
 /** A connection handed over to this process: its fd (checked: a connected stream socket) and its bytes. */
-export interface HandedConnectionFd {
-  fd: number;
-  kind: HandedKind;
-  pending: Buffer;
-}
+export type HandedConnectionFd = Omit<HandedConnection, 'ino'> & { fd: number };
 
 /**
  * How the server holds each connection outside its process (docs/daemon.md "Crashes"): from its accept

@@ -9,9 +9,8 @@ import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KeeperLink, socketIno } from '../../keeper/link.js';
-import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
+import { KEEPER_MESSAGE, KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
-import type { Disposable } from '../../common/disposable.js';
 import type { ConnectionKeep } from './frozen.js';
 import type { LogSink } from '../../logging/logger.js';
 
@@ -57,17 +56,22 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
     holder: 'keeper',
     held(fd) {
       if (fd === undefined || !attached) return null;
-      link.hold(fd);
+      link.send(KEEPER_MESSAGE.hold, '', fd);
       return socketIno(fd);
     },
     released(ino) {
-      if (ino !== null && attached) link.drop(ino);
+      if (ino !== null && attached) link.send(KEEPER_MESSAGE.drop, String(ino));
     },
-    checkpoint: (s, handover) => (link.checkpoint(writeStateMemfd(s, handover)), true),
+    checkpoint(s, handover) {
+      const fd = writeStateMemfd(s, handover);
+      link.send(KEEPER_MESSAGE.checkpoint, '', fd);
+      closeFd(fd);
+      return true;
+    },
     // The keeper drops a checkpoint it passed to a process that dies before sending its own.
     restoring: () => {},
-    ready: () => link.ready(),
-    beat: () => link.beat(),
+    ready: () => link.send(KEEPER_MESSAGE.ready),
+    beat: () => link.send(KEEPER_MESSAGE.beat),
     detach: () => void (attached = false),
   };
 }
@@ -124,29 +128,4 @@ class FdStoreKeep implements OutsideKeep {
   detach(): void {
     this.attached = false;
   }
-}
-
-/** What is checkpointed (the v2 service, V2Service): its interval's checkpoint step, given the live state after every sample before any client is told of it. */
-export interface Checkpointed {
-  checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void;
-}
-
-/**
- * Checkpoints the live state of `live` now and after every sample. A snapshot that cannot be
- * taken is logged once per run of failures; the last good checkpoint stays.
- */
-export function keepCheckpoints(keep: OutsideKeep, live: Checkpointed | undefined, log: LogSink<'warn'>): Disposable {
-  if (live === undefined) return { dispose: () => {} };
-  let failing = false;
-  live.checkpointTo((state) => {
-    try {
-      if (state instanceof Error) throw state;
-      keep.checkpoint(state);
-      failing = false;
-    } catch (e) {
-      if (!failing) log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
-      failing = true;
-    }
-  });
-  return { dispose: () => live.checkpointTo(null) };
 }

@@ -28,6 +28,7 @@ import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import type { OutsideKeep } from './outside-keep.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
+import { takeEnvJson } from '../../common/env-json.js';
 
 /**
  * Longest wait, once reading stopped, for replies already queued and for v2 clients' last frames to
@@ -49,16 +50,8 @@ export const wallMs = (): number => performance.timeOrigin + performance.now();
 
 /** The old image's times the exec carried (removed from the environment), or null. */
 export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartClock | null {
-  const text = env[RESTART_CLOCK_ENV];
-  delete env[RESTART_CLOCK_ENV];
-  if (text === undefined) return null;
-  try {
-    const v = JSON.parse(text) as Partial<RestartClock>;
-    const ok = [v.signalAt, v.stoppedAt, v.execAt].every((x) => typeof x === 'number' && Number.isFinite(x));
-    return ok ? (v as RestartClock) : null;
-  } catch {
-    return null;
-  }
+  const valid = (v: Partial<RestartClock>) => [v.signalAt, v.stoppedAt, v.execAt].every((x) => typeof x === 'number' && Number.isFinite(x));
+  return takeEnvJson(RESTART_CLOCK_ENV, valid, env) ?? null;
 }
 
 /** What a restart needs of the daemon, each through the smallest interface (the daemon passes them: daemon.ts). */

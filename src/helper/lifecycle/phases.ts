@@ -10,14 +10,13 @@
  *   drop         the privilege drop (done before the exec when re-executed), the per-thread audit
  *   budgetFds    the open-file limit raised, and the connections it can hold
  *   serveLegacy  the legacy service and the server, serving; handed-over connections adopted
- *   restore      the handed-over state decoded, once the waiting requests are answered
+ *   restore      the handed-over state decoded, once the waiting requests are answered (CrashGuard.restore)
  *   startV2      the v2 service's modules loaded (only now: QEMU is served before), the service made
  *   ready        READY to systemd, the watchdog, the inspector closed
  */
 import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
-import type { StateSnapshot } from '../../state/snapshot.js';
 import { newLegacyCounters } from '../legacy/legacy-service.js';
 import { assembleServer, type ServerChain } from '../assemble-server.js';
 import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
@@ -34,7 +33,7 @@ import type { Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
 import { inheritFromEnvironment, type Notifier } from './systemd.js';
 import { CrashGuard } from '../handover/crash-guard.js';
-import { decodeKeptState, type Kept } from '../handover/kept.js';
+import type { Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
@@ -215,12 +214,6 @@ export function serveLegacy(
   return chain;
 }
 
-/** The handed-over state, decoded once the requests that waited through a restart are read and answered. */
-export async function restore(handed: Kept, log: Logger): Promise<StateSnapshot | undefined> {
-  await afterIoPoll();
-  return handed.state && decodeKeptState(handed.state, log);
-}
-
 /** The v2 service, its modules loaded only now: QEMU's replies do not wait for them (docs/daemon.md "Where the time goes"). */
 export async function startV2(settings: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
   const { assembleDaemonV2 } = await import('../assemble.js');
@@ -269,12 +262,4 @@ export function logRestartPhases(clock: RestartClock, t: PhaseTimes, servicesDon
     },
     'restart phases',
   );
-}
-
-/**
- * Resolves once the event loop has polled for I/O: an immediate set in the poll phase runs before the
- * next poll, so the second one runs after it.
- */
-function afterIoPoll(): Promise<void> {
-  return new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
 }
