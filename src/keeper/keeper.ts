@@ -22,8 +22,8 @@ import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
 import { closeFd, closeOnExec, watchReadable, type FdWatch } from '../os/libc/fds.js';
 import { getSeals, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE } from '../os/libc/memfd-mmap.js';
-import { isListeningSocket, recvWithFds, socketpair, socketType, MSG_DONTWAIT, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
-import { socketIno } from './link.js';
+import { recvWithFds, socketpair, MSG_DONTWAIT, SOCK_SEQPACKET } from '../os/libc/sockets.js';
+import { connectionIno } from './link.js';
 import {
   decodeKeeperMessage,
   KEEPER_CHANNEL_FD,
@@ -242,8 +242,8 @@ class Keeper {
   }
 
   private hold(fd: number): boolean {
-    if (!isConnection(fd)) return false;
-    const ino = socketIno(fd);
+    const c = connectionIno(fd);
+    const ino = 'ino' in c ? c.ino : null;
     if (ino === null || this.conns.has(ino) || this.conns.size >= this.limits.maxConnections) return false;
     this.conns.set(ino, fd);
     return true;
@@ -379,15 +379,6 @@ function removeIf(path: string, ours: () => boolean): void {
     if (ours()) fs.unlinkSync(path);
   } catch {
     /* gone already, or not ours to remove (-u's user in a root directory: the next start replaces it) */
-  }
-}
-
-/** A connection the serving process accepted: a stream socket that is not listening. */
-function isConnection(fd: number): boolean {
-  try {
-    return socketType(fd) === SOCK_STREAM && !isListeningSocket(fd);
-  } catch {
-    return false;
   }
 }
 

@@ -9,7 +9,7 @@ import type { LogSink } from '../logging/logger.js';
 import { takeEnvJson } from '../common/env-json.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { keepAcrossExec } from '../os/libc/fds.js';
-import { peerHungUp, sendFds, socketType, SOCK_SEQPACKET } from '../os/libc/sockets.js';
+import { isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
 import {
   encodeKeeperMessage,
   KEEPER_ENV,
@@ -128,4 +128,22 @@ export function socketIno(fd: number): bigint | null {
   } catch {
     return null;
   }
+}
+
+/** The inode of `fd` when it is a connection (a stream socket, not listening), else why it is not one. */
+export function connectionIno(fd: number): { ino: bigint } | { why: string } {
+  let st: fs.BigIntStats;
+  try {
+    st = fs.fstatSync(fd, { bigint: true });
+  } catch (e) {
+    return { why: `fstat failed (${(e as Error).message})` };
+  }
+  if (!st.isSocket()) return { why: 'it is not a socket' };
+  try {
+    if (socketType(fd) !== SOCK_STREAM) return { why: 'it is not a stream socket' };
+    if (isListeningSocket(fd)) return { why: 'it is a listening socket, not a connection' };
+  } catch (e) {
+    return { why: (e as Error).message };
+  }
+  return { ino: st.ino };
 }

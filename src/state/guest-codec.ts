@@ -74,24 +74,13 @@ function readOne(r: Reader): GuestCounterState {
   const asked = r.u16(at);
   const startNs = r.u64(at);
   const pkgs = r.list(2, STATE_LIMITS.maxPackages, 4, at, () => r.u32(at));
-  const counters = new Map<number, number>();
-  for (let k = r.count(2, STATE_LIMITS.maxPackages, 12, at); k > 0; k--) counters.set(r.u32(at), finite(r.f64(at)));
-  const eRatio = new Map<number, bigint>();
-  const nbVcpu = new Map<number, number>();
-  for (let k = r.count(2, STATE_LIMITS.maxPackages, 16, at); k > 0; k--) {
-    const p = r.u32(at);
-    eRatio.set(p, r.u64(at));
-    nbVcpu.set(p, r.u32(at));
-  }
+  const counters = new Map(r.list(2, STATE_LIMITS.maxPackages, 12, at, () => [r.u32(at), finite(r.f64(at))] as const));
+  const loops = r.list(2, STATE_LIMITS.maxPackages, 16, at, () => [r.u32(at), r.u64(at), r.u32(at)] as const);
+  const eRatio = new Map(loops.map(([p, e]) => [p, e]));
+  const nbVcpu = new Map(loops.map(([p, , n]) => [p, n]));
   const vpkgCounter = r.list(2, MAX_VPKGS, 4, at, () => r.u32(at));
-  let start: Map<number, ThreadRead> | null = null;
-  if (hasStart === 1) {
-    start = new Map();
-    for (let k = r.count(4, STATE_LIMITS.maxThreads, 24, at); k > 0; k--) {
-      const tid = r.u32(at);
-      start.set(tid, { tid, ticks: r.safe(at), starttime: r.safe(at), pkg: r.u32(at) - 1 });
-    }
-  }
+  const reads = (): ThreadRead => ({ tid: r.u32(at), ticks: r.safe(at), starttime: r.safe(at), pkg: r.u32(at) - 1 });
+  const start = hasStart === 1 ? new Map(r.list(4, STATE_LIMITS.maxThreads, 24, at, reads).map((t) => [t.tid, t])) : null;
   return {
     vmId,
     pid,

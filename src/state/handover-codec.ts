@@ -60,15 +60,15 @@ export function readHandover(r: Reader): Handover {
     refused: r.safe('the legacy refused counter'),
     failed: r.safe('the legacy failed counter'),
   };
-  const n = r.count(4, MAX_HANDED_CONNECTIONS, ENTRY_MIN, 'handed-over connections');
-  const connections: Handover['connections'] = [];
-  for (let i = 0; i < n; i++) {
+  let i = 0;
+  const connections = r.list(4, MAX_HANDED_CONNECTIONS, ENTRY_MIN, 'handed-over connections', () => {
     const ino = r.u64(at);
     const kind = KINDS[r.u8(at)];
     if (kind === undefined || kind === null) throw new Refused(`handed-over connection ${i} has an unknown kind`);
+    i++;
     const bytes = r.u32(at);
     if (bytes > MAX_PENDING_BYTES) throw new Refused(`connection ${ino} holds ${bytes} pending bytes, at most ${MAX_PENDING_BYTES}`);
-    connections.push({ ino, kind, pending: r.bytes(bytes, at) });
-  }
+    return { ino, kind, pending: r.bytes(bytes, at) };
+  });
   return { writtenNs, legacy, connections };
 }

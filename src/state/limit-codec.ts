@@ -43,22 +43,21 @@ export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): v
 
 export function readPowerLimits(r: Reader): PowerLimitState[] {
   const at = 'power limits';
-  const out: PowerLimitState[] = [];
-  for (let n = r.count(4, STATE_LIMITS.maxPowerLimits, MIN_ENTRY, at); n > 0; n--) {
+  const group = (): HeldGroupState => {
+    const [made, savedLen, writtenLen] = [r.u8(at), r.u8(at), r.u8(at)];
+    r.u8(at);
+    const dir = r.bytes(r.u16(at), at).toString('utf8');
+    const saved = r.bytes(savedLen, at).toString('latin1');
+    const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
+    return { dir, saved, written, made: made === 1 };
+  };
+  const out = r.list(4, STATE_LIMITS.maxPowerLimits, MIN_ENTRY, at, (): PowerLimitState => {
     const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
     const domain = ENERGY_DOMAINS[r.u8(at)];
     if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
-    const groups: HeldGroupState[] = [];
-    for (let k = r.count(2, MAX_GROUPS, MIN_GROUP, at); k > 0; k--) {
-      const [made, savedLen, writtenLen] = [r.u8(at), r.u8(at), r.u8(at)];
-      r.u8(at);
-      const dir = r.bytes(r.u16(at), at).toString('utf8');
-      const saved = r.bytes(savedLen, at).toString('latin1');
-      const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
-      groups.push({ dir, saved, written, made: made === 1 });
-    }
-    out.push({ vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups });
-  }
+    const groups = r.list(2, MAX_GROUPS, MIN_GROUP, at, group);
+    return { vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups };
+  });
   const problem = powerLimitsProblem(out);
   if (problem !== null) throw new Refused(problem);
   return out;

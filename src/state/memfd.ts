@@ -7,13 +7,12 @@ import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { closeFd } from '../os/libc/fds.js';
 import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate } from '../os/libc/memfd-mmap.js';
-import { decodeState, encodeState, MAX_STATE_BYTES } from './snapshot-codec.js';
+import { decodeState, encodeState, FIX, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { Handover, StateSnapshot } from './snapshot.js';
 
 /** The seals a state memfd carries: no write, no grow, no shrink, and no seal removed or added. */
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 const STATE_MEMFD_NAME = 'vmsr-helper-state';
-const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 
 /** Writes `bytes` into a new memfd named `name`, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
 export function writeSealedMemfd(name: string, bytes: Buffer): number {

@@ -75,7 +75,8 @@ const MIN_SIZE = {
   domainRaw: 16,
 } as const;
 
-const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
+/** How to go on when a saved state cannot be restored (memfd.ts says it too). */
+export const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 const VERSION_FIX = `run the vmsr-helper that wrote it, or ${FIX}`;
 
 // ---- the rules, shared by both directions ----

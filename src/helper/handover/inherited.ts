@@ -45,25 +45,8 @@ export interface Inherited {
   named?: ReadonlyMap<string, readonly number[]>;
 }
 
-/** Every fd an Inherited holds (to keep across an exec). */
-export function inheritedFds(i: Inherited): number[] {
-  return [
-    ...(i.msr ?? []).map(([, fd]) => fd),
-    ...(i.powercap ?? []).map(([, fd]) => fd),
-    ...(i.listener ? [i.listener.fd] : []),
-    ...(i.files ?? []).map(([, fd]) => fd),
-    ...[...(i.named?.values() ?? [])].flat(),
-  ];
-}
-
-/**
- * `i` with every fd renumbered: the one at place n of inheritedFds(i) becomes `first + n` (how the
- * keeper passes what the start opened to each serving process). The pidfile stays named: it holds
- * the keeper's pid, so the serving process adopts it and never removes it.
- */
-export function renumbered(i: Inherited, first: number): Inherited {
-  const order = new Map(inheritedFds(i).map((fd, n) => [fd, first + n]));
-  const to = (fd: number) => order.get(fd)!;
+/** `i` with each fd replaced by `to(fd)`, called in one order: the MSR devices, powercap, the listener, the files, the named. */
+function mapFds(i: Inherited, to: (fd: number) => number): Inherited {
   return {
     ...i,
     ...(i.msr ? { msr: i.msr.map(([cpu, fd]) => [cpu, to(fd)]) } : {}),
@@ -72,6 +55,23 @@ export function renumbered(i: Inherited, first: number): Inherited {
     ...(i.files ? { files: i.files.map(([p, fd]) => [p, to(fd)]) } : {}),
     ...(i.named ? { named: new Map([...i.named].map(([n, fds]) => [n, fds.map(to)])) } : {}),
   };
+}
+
+/** Every fd an Inherited holds (to keep across an exec). */
+export function inheritedFds(i: Inherited): number[] {
+  const fds: number[] = [];
+  mapFds(i, (fd) => (fds.push(fd), fd));
+  return fds;
+}
+
+/**
+ * `i` with every fd renumbered: the one at place n of inheritedFds(i) becomes `first + n` (how the
+ * keeper passes what the start opened to each serving process). The pidfile stays named: it holds
+ * the keeper's pid, so the serving process adopts it and never removes it.
+ */
+export function renumbered(i: Inherited, first: number): Inherited {
+  let next = first;
+  return mapFds(i, () => next++);
 }
 
 /** The environment that carries `i` across an exec (takeInherited reads it back). */

@@ -8,9 +8,9 @@
  * byte, and the checkpoint is the state unless the last process died restoring it. Anything else is
  * closed and logged.
  */
-import fs from 'node:fs';
 import { closeFd } from '../../os/libc/fds.js';
-import { getPeerCredentials, isListeningSocket, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
+import { getPeerCredentials } from '../../os/libc/sockets.js';
+import { connectionIno } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
@@ -41,21 +41,13 @@ type KeptLog = LogSink<'info' | 'warn'>;
 
 /** Why `fd` is not a connection to serve, or its inode when it is one (a connected stream socket with a peer). */
 function connectionProblem(fd: number): { ino: bigint } | { why: string } {
-  let st: fs.BigIntStats;
+  const c = connectionIno(fd);
   try {
-    st = fs.fstatSync(fd, { bigint: true });
-  } catch (e) {
-    return { why: `fstat failed (${(e as Error).message})` };
-  }
-  if (!st.isSocket()) return { why: 'it is not a socket' };
-  try {
-    if (socketType(fd) !== SOCK_STREAM) return { why: 'it is not a stream socket' };
-    if (isListeningSocket(fd)) return { why: 'it is a listening socket, not a connection' };
-    if (getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
+    if ('ino' in c && getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
   } catch (e) {
     return { why: (e as Error).message };
   }
-  return { ino: st.ino };
+  return c;
 }
 
 /** The kept state's snapshot, decoded and checked by the codec (planRestore checks it against the host later); undefined, and logged, when it does not decode. */

@@ -156,8 +156,6 @@ function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<str
 export class Restarter {
   private running = false;
   private readonly requests = new RestartRequests();
-  /** Restarts in place so far, for logs. */
-  count = 0;
 
   constructor(private readonly p: RestartParts) {}
 
