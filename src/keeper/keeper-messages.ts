@@ -79,8 +79,8 @@ export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
   (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
 
 /**
- * The one set of names of the fds the next process takes (each starts with systemd.ts's
- * STORED_FD_PREFIX), whoever holds them: the keeper, systemd's fd store, or the exec of a restart in
+ * The one set of names of the fds the next process takes (each starts with `prefix`, which tells
+ * them from the .socket unit's in systemd's LISTEN_FDNAMES), whoever holds them: the keeper, systemd's fd store, or the exec of a restart in
  * place. A connection by its socket's inode (a restart in place passes them all under the bare
  * prefix), a record by a sequence number (the highest is the latest; a restart's carries its
  * hand-over), what the start opened (keeper only: the devices, the socket, the --record files, which
@@ -88,6 +88,7 @@ export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
  * a process that dies with it set crashed in the restore).
  */
 export const KEPT_NAMES = {
+  prefix: 'vmsr-',
   connectionPrefix: 'vmsr-kept-',
   checkpointPrefix: 'vmsr-ckpt-',
   start: 'vmsr-start',

@@ -20,21 +20,16 @@ import {
   type KeeperNote,
 } from './keeper-messages.js';
 
-/** What a keeper passed to this process: fds by name (KEPT_NAMES; what the start opened is described by INHERIT_ENV). */
-interface FromKeeper {
-  named: Map<string, number[]>;
-}
-
 const MAX_KEPT_FDS = 70_000;
 const PR_SET_PDEATHSIG = 1;
 const SIGTERM = 15;
 
 /**
- * The fds a keeper passed (KEEPER_ENV.fdNames, read and removed), or null when none were. Names not
+ * The fds a keeper passed, by name (KEEPER_ENV.fdNames, read and removed), or null when none were. Names not
  * of the keeper's, or a malformed list, are refused with the fix; the start's (KEPT_NAMES.start) are
  * left to INHERIT_ENV.
  */
-export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper | null {
+export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string, number[]> | null {
   // Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every
   // restart in place (a channel that is no socket is left alone: fromEnvironment refuses it).
   const channel = channelFd(env);
@@ -49,10 +44,10 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): FromKeeper
   const named = new Map<string, number[]>();
   names.forEach((name, i) => {
     const fd = KEEPER_FIRST_FD + i;
-    if (!name.startsWith('vmsr-')) throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
+    if (!name.startsWith(KEPT_NAMES.prefix)) throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
     if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
   });
-  return { named };
+  return named;
 }
 
 /** The channel's fd when KEEPER_ENV.channel names a SOCK_SEQPACKET socket, else null. */

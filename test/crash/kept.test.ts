@@ -16,8 +16,6 @@ import {
   KEPT_NAMES,
 } from '../../src/keeper/keeper-messages.js';
 import { takeFromKeeper, takeKeeperNote } from '../../src/keeper/link.js';
-
-const parseKeeperNote = (text: string) => takeKeeperNote({ [KEEPER_ENV.note]: text });
 import { endedFromOutside, oomKills, WATCHDOG_SILENCE_MS } from '../../src/keeper/deaths.js';
 import { takeKept } from '../../src/helper/handover/kept.js';
 import { outsideKeep } from '../../src/helper/handover/outside-keep.js';
@@ -28,6 +26,8 @@ import { socketpair } from '../../src/os/libc/sockets.js';
 import { writeStateMemfd } from '../../src/state/memfd.js';
 import { decodeState } from '../../src/state/snapshot-codec.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
+
+const parseKeeperNote = (text: string) => takeKeeperNote({ [KEEPER_ENV.note]: text });
 
 const snapshot = (nextHostVmId: number): StateSnapshot => ({ nextHostVmId, vms: [], packages: [], knownPids: [], lastSample: null });
 
@@ -57,7 +57,7 @@ describe("the keeper's messages", () => {
       [KEEPER_ENV.fdNames]: `${KEPT_NAMES.start}:${KEPT_NAMES.start}:${KEPT_NAMES.checkpointPrefix}0:${KEPT_NAMES.connectionPrefix}7:${KEPT_NAMES.connectionPrefix}9`,
     };
     const got = takeFromKeeper(env)!;
-    expect([...got.named]).toEqual([
+    expect([...got]).toEqual([
       [`${KEPT_NAMES.checkpointPrefix}0`, [KEEPER_FIRST_FD + 2]],
       [`${KEPT_NAMES.connectionPrefix}7`, [KEEPER_FIRST_FD + 3]],
       [`${KEPT_NAMES.connectionPrefix}9`, [KEEPER_FIRST_FD + 4]],

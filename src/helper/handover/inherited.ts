@@ -141,7 +141,7 @@ export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited |
   if (v === null || typeof v !== 'object' || !valid(v)) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is malformed', fix));
   const { named, checks, ...rest } = v;
   const kept = takeFromKeeper(env);
-  const all = new Map([...(named ?? []), ...(kept?.named ?? [])]);
+  const all = new Map([...(named ?? []), ...(kept ?? [])]);
   return {
     ...rest,
     ...(kept ? { how: 'keeper' as const } : {}),

@@ -17,7 +17,8 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
-import type { FrozenConnection, Restartable } from './frozen.js';
+import type { Restartable } from './frozen.js';
+import { socketFd } from '../../os/peer.js';
 import { RESTART_CHECK_TIMEOUT_MS, RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
@@ -79,11 +80,6 @@ interface Prepared {
   undo(): void;
 }
 
-function fdOf(s: FrozenConnection['socket']): number | undefined {
-  const fd = (s as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
-  return typeof fd === 'number' && fd >= 0 ? fd : undefined;
-}
-
 async function until(done: () => boolean, ms: number): Promise<void> {
   const end = Date.now() + ms;
   while (!done() && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
@@ -100,7 +96,7 @@ async function prepare(p: RestartParts): Promise<Prepared> {
   await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
   try {
     const connections = frozen.connections().filter((c) => {
-      if (c.kind !== 'legacy' || c.socket.writableLength === 0) return fdOf(c.socket) !== undefined;
+      if (c.kind !== 'legacy' || c.socket.writableLength === 0) return socketFd(c.socket) !== undefined;
       p.log.warn(
         { queuedBytes: c.socket.writableLength },
         'a legacy client reads none of its replies: its connection is closed, not handed over',
@@ -108,7 +104,7 @@ async function prepare(p: RestartParts): Promise<Prepared> {
       c.socket.destroy();
       return false;
     });
-    const connFds = connections.map((c) => fdOf(c.socket)!);
+    const connFds = connections.map((c) => socketFd(c.socket)!);
     const handover: Handover = {
       writtenNs: monotonicNs(),
       legacy: { ok: p.legacy.ok, refused: p.legacy.refused, failed: p.legacy.failed },

@@ -5,6 +5,7 @@
 import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { cannot, cannotError } from '../../common/errors.js';
 import type { Inherited } from '../handover/inherited.js';
+import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 
 const FIRST_SOCKET_ACTIVATION_FD = 3;
 /**
@@ -96,7 +97,7 @@ export function takeActivation(env: NodeJS.ProcessEnv = process.env, pid = proce
  * connections kept across a restart. Every passed fd with such a name is carried as a named fd; every
  * other one is a listening socket of the .socket unit (named after the unit, or FileDescriptorName=).
  */
-const STORED_FD_PREFIX = 'vmsr-';
+const STORED_FD_PREFIX = KEPT_NAMES.prefix;
 
 /** The passed fds the helper stored itself (STORED_FD_PREFIX), by name. */
 export function storedFds(act: Activation): Map<string, number[]> {
