@@ -10,7 +10,8 @@ export const STATE_HEADER_SIZE = 24;
 /**
  * Writes through a DataView: its setters are V8 built-ins, fast from the first call, where Buffer's
  * write methods are JavaScript that runs interpreted until warm, and a restart encodes once per
- * process (docs/daemon.md "Where the time goes").
+ * process (docs/daemon.md "Where the time goes"). Each setter returns the writer: an entry's fields
+ * are one chain, in the order of the layout.
  */
 export class Writer {
   private buf = Buffer.alloc(4096);
@@ -31,37 +32,44 @@ export class Writer {
 
   // room() first: it may replace this.buf and this.view, and `this.view.setUint8(this.room(n), v)`
   // would take the old view before the call grows it (every snapshot past 4 KiB failed to encode).
-  u8(v: number): void {
+  u8(v: number): this {
     const at = this.room(1);
     this.view.setUint8(at, checkedUint(v, 0xff));
+    return this;
   }
-  u16(v: number): void {
+  u16(v: number): this {
     const at = this.room(2);
     this.view.setUint16(at, checkedUint(v, 0xffff), true);
+    return this;
   }
-  u32(v: number): void {
+  u32(v: number): this {
     const at = this.room(4);
     this.view.setUint32(at, checkedUint(v, 0xffffffff), true);
+    return this;
   }
-  u64(v: bigint | number): void {
+  u64(v: bigint | number): this {
     const big = BigInt(v);
     if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
     const at = this.room(8);
     this.view.setBigUint64(at, big, true);
+    return this;
   }
-  f64(v: number): void {
+  f64(v: number): this {
     const at = this.room(8);
     this.view.setFloat64(at, v, true);
+    return this;
   }
-  bytes(b: Buffer): void {
+  bytes(b: Buffer): this {
     const at = this.room(b.length);
     b.copy(this.buf, at);
+    return this;
   }
   /** A count (u16 or u32) and each item, written by `entry`. */
-  list<T>(width: 2 | 4, items: readonly T[], entry: (t: T) => void): void {
+  list<T>(width: 2 | 4, items: readonly T[], entry: (t: T) => unknown): this {
     if (width === 2) this.u16(items.length);
     else this.u32(items.length);
-    items.forEach(entry);
+    for (const it of items) entry(it);
+    return this;
   }
   done(): Buffer {
     return this.buf.subarray(0, this.length);

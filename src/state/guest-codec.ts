@@ -21,34 +21,21 @@ const MIN_ENTRY = 4 + 4 + 8 + 4 + 4 + 24 + 4 + 8 + 2 * 4;
 
 export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]): void {
   w.list(4, list, (g) => {
-    w.u32(g.vmId);
-    w.u32(g.pid);
-    w.u64(g.starttime);
-    w.u32(g.windows);
-    w.u32(g.carriedWindows);
-    w.f64(g.owedUnits);
-    w.f64(g.creditedUnits);
-    w.f64(g.lastExactJ);
-    w.u8(PHASES.indexOf(g.phases.kind));
-    w.u8(g.start !== null ? 1 : 0);
-    w.u16(g.phases.asked);
-    w.u64(g.phases.startNs);
+    w.u32(g.vmId).u32(g.pid).u64(g.starttime).u32(g.windows).u32(g.carriedWindows);
+    w.f64(g.owedUnits).f64(g.creditedUnits).f64(g.lastExactJ);
+    w.u8(PHASES.indexOf(g.phases.kind)).u8(g.start !== null ? 1 : 0);
+    w.u16(g.phases.asked).u64(g.phases.startNs);
     w.list(2, g.phases.pkgs, (p) => w.u32(p));
-    w.list(2, [...g.counters], ([p, v]) => {
-      w.u32(p);
-      w.f64(v);
-    });
-    w.list(2, [...new Set([...g.loop.eRatio.keys(), ...g.loop.nbVcpu.keys()])], (p) => {
-      w.u32(p);
-      w.u64(g.loop.eRatio.get(p) ?? 0n);
+    w.list(2, [...g.counters], ([p, v]) => w.u32(p).f64(v));
+    const loopPkgs = [...new Set([...g.loop.eRatio.keys(), ...g.loop.nbVcpu.keys()])];
+    w.list(2, loopPkgs, (p) => {
+      w.u32(p).u64(g.loop.eRatio.get(p) ?? 0n);
       w.u32(g.loop.nbVcpu.get(p) ?? 0);
     });
     w.list(2, g.loop.vpkgCounter, (v) => w.u32(v));
     if (g.start === null) return;
     w.list(4, [...g.start.values()], (t) => {
-      w.u32(t.tid);
-      w.u64(t.ticks);
-      w.u64(t.starttime);
+      w.u32(t.tid).u64(t.ticks).u64(t.starttime);
       w.u32(t.pkg + 1);
     });
   });

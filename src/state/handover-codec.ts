@@ -40,16 +40,8 @@ export function handoverProblem(h: Handover): string | null {
 }
 
 export function writeHandover(w: Writer, h: Handover): void {
-  w.u64(h.writtenNs);
-  w.u64(h.legacy.ok);
-  w.u64(h.legacy.refused);
-  w.u64(h.legacy.failed);
-  w.list(4, h.connections, (c) => {
-    w.u64(c.ino);
-    w.u8(KINDS.indexOf(c.kind));
-    w.u32(c.pending.length);
-    w.bytes(c.pending);
-  });
+  w.u64(h.writtenNs).u64(h.legacy.ok).u64(h.legacy.refused).u64(h.legacy.failed);
+  w.list(4, h.connections, (c) => w.u64(c.ino).u8(KINDS.indexOf(c.kind)).u32(c.pending.length).bytes(c.pending));
 }
 
 export function readHandover(r: Reader): Handover {

@@ -20,22 +20,14 @@ const MIN_GROUP = 6;
 
 export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): void {
   w.list(4, list, (l) => {
-    w.u32(l.vmId);
-    w.u32(l.pid);
-    w.f64(l.limitW);
-    w.f64(l.limitedS);
-    w.f64(l.quotaCpus ?? 0);
-    w.u8(l.fromFile ? 1 : 0);
+    w.u32(l.vmId).u32(l.pid).f64(l.limitW).f64(l.limitedS);
+    w.f64(l.quotaCpus ?? 0).u8(l.fromFile ? 1 : 0);
     w.u8(ENERGY_DOMAINS.indexOf(l.domain));
     w.list(2, l.groups, (g) => {
       const [dir, saved, written] = [Buffer.from(g.dir, 'utf8'), Buffer.from(g.saved, 'latin1'), g.written ?? ''];
-      w.u8(g.made ? 1 : 0);
-      w.u8(saved.length);
-      w.u8(g.written === null ? NONE : written.length);
-      w.u8(0);
-      w.u16(dir.length);
-      w.bytes(dir);
-      w.bytes(saved);
+      w.u8(g.made ? 1 : 0).u8(saved.length);
+      w.u8(g.written === null ? NONE : written.length).u8(0);
+      w.u16(dir.length).bytes(dir).bytes(saved);
       w.bytes(Buffer.from(written, 'latin1'));
     });
   });

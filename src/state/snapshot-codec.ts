@@ -226,11 +226,6 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
 /** One VM's entry (its layout in the header comment). */
 function writeVm(w: Writer, vm: VmState): void {
   const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
-  w.u32(vm.hostVmId);
-  w.u32(vm.pid);
-  w.u64(vm.starttime);
-  w.u32(vm.uid);
-  w.u32(vm.owner ?? NO_OWNER);
   const flags =
     (vm.discovered ? FLAG.DISCOVERED : 0) |
     (vm.live ? FLAG.LIVE : 0) |
@@ -238,78 +233,39 @@ function writeVm(w: Writer, vm: VmState): void {
     (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
     (name !== null ? FLAG.HAS_NAME : 0) |
     (vm.baseline ? FLAG.BASELINE : 0);
-  w.u8(flags);
-  w.u8(0);
-  w.u16(name?.length ?? 0);
+  w.u32(vm.hostVmId).u32(vm.pid).u64(vm.starttime).u32(vm.uid);
+  w.u32(vm.owner ?? NO_OWNER).u8(flags);
+  w.u8(0).u16(name?.length ?? 0);
   w.u32(vm.endedSamples);
   if (vm.uuid !== null) w.bytes(vm.uuid);
   if (name !== null) w.bytes(name);
-  w.list(2, vm.vcpus, (v) => {
-    w.u32(v.tid);
-    w.u16(v.vpkg);
-  });
-  w.list(2, vm.vpkgs, (v) => {
-    w.u64(v.energyUj);
-    w.u32(Number(v.counter));
-    w.f64(v.energyJ);
-  });
+  w.list(2, vm.vcpus, (v) => w.u32(v.tid).u16(v.vpkg));
+  w.list(2, vm.vpkgs, (v) => w.u64(v.energyUj).u32(Number(v.counter)).f64(v.energyJ));
   w.u64(vm.valuesNs);
 }
 
 /** The packages' totals, the known processes and the last sample. */
 function writeHostParts(w: Writer, s: StateSnapshot): void {
-  w.list(4, s.packages, (k) => {
-    w.u32(k.pkg);
-    w.u64(k.energyUj);
-    w.u64(k.unattributedUj);
-    w.f64(k.energyJ);
-    w.f64(k.unattributedJ);
-  });
-  w.list(4, s.knownPids, (k) => {
-    w.u32(k.pid);
-    w.u64(k.starttime);
-  });
+  w.list(4, s.packages, (k) => w.u32(k.pkg).u64(k.energyUj).u64(k.unattributedUj).f64(k.energyJ).f64(k.unattributedJ));
+  w.list(4, s.knownPids, (k) => w.u32(k.pid).u64(k.starttime));
   const t = s.lastSample;
   w.u8(t === null ? 0 : 1);
   if (t === null) return;
-  w.u64(t.monotonicNs);
-  w.u64(t.realtimeNs);
-  w.list(4, t.packages, (k) => {
-    w.u32(k.pkg);
-    w.u64(k.raw);
-  });
-  w.list(4, t.threads, (th) => {
-    w.u32(th.pid);
-    w.u32(th.tid);
-    w.u64(th.starttime);
-    w.u64(th.ticks);
-  });
+  w.u64(t.monotonicNs).u64(t.realtimeNs);
+  w.list(4, t.packages, (k) => w.u32(k.pkg).u64(k.raw));
+  w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
 }
 
 /** The other RAPL domains' section (version 2 on). */
 function writeDomains(w: Writer, d: DomainsState): void {
   w.list(4, d.vms, (v) => {
-    w.u32(v.hostVmId);
-    w.u8(ENERGY_DOMAINS.indexOf(v.domain));
-    w.u8(0);
-    w.list(2, v.energyJ, (j) => w.f64(j));
+    w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain));
+    w.u8(0).list(2, v.energyJ, (j) => w.f64(j));
   });
   /** A package entry's key: u32 pkg | u8 d | u8 0 | u16 0. */
-  const key = (k: { pkg: number; domain: OtherDomain }) => {
-    w.u32(k.pkg);
-    w.u8(ENERGY_DOMAINS.indexOf(k.domain));
-    w.u8(0);
-    w.u16(0);
-  };
-  w.list(4, d.packages, (k) => {
-    key(k);
-    w.f64(k.energyJ);
-    w.f64(k.unattributedJ);
-  });
-  w.list(4, d.counters, (k) => {
-    key(k);
-    w.u64(k.raw);
-  });
+  const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
+  w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
+  w.list(4, d.counters, (k) => key(k).u64(k.raw));
 }
 
 /**
