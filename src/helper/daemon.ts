@@ -22,17 +22,7 @@ import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import {
-  budgetFds,
-  drop,
-  inherit,
-  logRestartPhases,
-  open,
-  ready,
-  serveLegacy,
-  startV2,
-  type PhaseTimes,
-} from './lifecycle/phases.js';
+import { budgetFds, drop, inherit, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';

@@ -44,7 +44,8 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   const named = new Map<string, number[]>();
   names.forEach((name, i) => {
     const fd = KEEPER_FIRST_FD + i;
-    if (!name.startsWith(KEPT_NAMES.prefix)) throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
+    if (!name.startsWith(KEPT_NAMES.prefix))
+      throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
     if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
   });
   return named;

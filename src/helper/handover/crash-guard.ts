@@ -64,7 +64,8 @@ export class CrashGuard {
         keep.checkpoint(state);
         failing = false;
       } catch (e) {
-        if (!failing) this.log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
+        if (!failing)
+          this.log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
         failing = true;
       }
     });
