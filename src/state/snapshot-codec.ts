@@ -383,18 +383,13 @@ function readPayload(r: Reader, version: number): StateSnapshot {
     lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
   }
   const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
-  if (version >= 2) {
-    const d = readDomains(r);
-    if (d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
-  }
-  if (version >= 3) {
-    const guest = readGuestCounters(r);
-    if (guest.length > 0) out.guest = guest;
-  }
-  if (version >= 4) {
-    const limits = readPowerLimits(r);
-    if (limits.length > 0) out.limits = limits;
-  }
+  // Each section a version before it did not write is read as empty, and an empty one is left out.
+  const d = version >= 2 ? readDomains(r) : null;
+  if (d !== null && d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
+  const guest = version >= 3 ? readGuestCounters(r) : [];
+  if (guest.length > 0) out.guest = guest;
+  const limits = version >= 4 ? readPowerLimits(r) : [];
+  if (limits.length > 0) out.limits = limits;
   return out;
 }
 

@@ -9,6 +9,7 @@
 import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import { cannot } from '../../common/errors.js';
+import { takeEnvJson } from '../../common/env-json.js';
 import { takeFromKeeper } from '../../keeper/link.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
@@ -128,17 +129,10 @@ function valid(v: Partial<Encoded>): v is Encoded {
  * by a keeper (docs/daemon.md "Crashes"), what it held after a crash is added by name.
  */
 export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited | null {
-  const text = env[INHERIT_ENV];
-  if (text === undefined) return null;
-  delete env[INHERIT_ENV];
+  const v = takeEnvJson<Encoded>(INHERIT_ENV, valid, env);
+  if (v === undefined) return null;
   const fix = 'it is set by the helper for itself, do not set it';
-  let v: Partial<Encoded>;
-  try {
-    v = JSON.parse(text) as Partial<Encoded>;
-  } catch {
-    throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is not valid JSON', fix));
-  }
-  if (v === null || typeof v !== 'object' || !valid(v)) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is malformed', fix));
+  if (v === null) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is not JSON or is malformed', fix));
   const { named, checks, ...rest } = v;
   const kept = takeFromKeeper(env);
   const all = new Map([...(named ?? []), ...(kept ?? [])]);
