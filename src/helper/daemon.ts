@@ -111,7 +111,7 @@ class Daemon implements Restartable {
     this.catchSignals();
     try {
       const inh = inherit(config, this.opts.inherited);
-      const { opened, handed, guard } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
+      const { opened, guard } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
       this.opened = opened;
       this.guard = guard;
       const times: PhaseTimes = { entered, opened: wallMs(), handover: 0, serving: 0 };
@@ -120,7 +120,7 @@ class Daemon implements Restartable {
       const { fds, maxConnections } = budgetFds(config, () => this.chain?.server.connections ?? 0, logger);
       times.handover = wallMs();
       const late = this.opts.v2 ? lateV2Handler() : undefined;
-      this.chain = serveLegacy(config, opened, handed, {
+      this.chain = serveLegacy(config, opened, guard.kept, {
         maxConnections,
         area,
         ...(late ? { late } : {}),

@@ -53,17 +53,11 @@ export async function open(
   config: DaemonConfig,
   inh: Inherited,
   o: { files: readonly string[]; area: Areas; logger: Logger; notifier: Notifier },
-): Promise<{ opened: Opened; handed: Kept; guard: CrashGuard }> {
+): Promise<{ opened: Opened; guard: CrashGuard }> {
   const opened = await openStart(config, inh, { files: o.files, log: o.area('startup') });
   const guard = CrashGuard.start(inh.named, o.notifier, o.area('restart'));
   const handed = guard.kept;
-  if (
-    o.notifier.socket !== undefined &&
-    process.env.FDSTORE !== '0' &&
-    inh.how !== 'restart' &&
-    !handed.state &&
-    !handed.connections.length
-  ) {
+  if (guard.keep?.holder === 'fd store' && inh.how !== 'restart' && !handed.state && !handed.connections.length) {
     o.area('restart').info(
       'a fresh start: systemd passed no restart state (its fd store is kept by systemctl restart, dropped by systemctl stop: ' +
         'any QEMU connections of a stopped helper were lost with it)',
@@ -80,7 +74,7 @@ export async function open(
     { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.pkg)).size },
     openedWhat,
   );
-  return { opened, handed, guard };
+  return { opened, guard };
 }
 
 /**
