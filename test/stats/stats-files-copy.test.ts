@@ -35,7 +35,7 @@ function setup() {
   const registry = { get: (id: number) => (id === vm ? { pid, name: 'vm-a' } : undefined) } as unknown as Pick<VmRegistry, 'get'>;
   const files = new StatsFiles({
     registry,
-    sampling: { totalsInto: (id, into) => engine.totalsInto(id, into), running: true },
+    sampling: { engine, running: true },
     intervalNs: 1_000_000_000n,
     clkTck: 100,
     hostValues: () => ({ tNs: 0n, packages: [], unattributedUj: 0n, stats: {} }) as never,

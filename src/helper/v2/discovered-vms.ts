@@ -18,7 +18,7 @@ import { vmLogFields, vmLogLimiter } from './vm-log.js';
 interface DiscoveredVmsParts {
   discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'>;
   registry: VmRegistry;
-  sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
+  sampling: Pick<SamplingService, 'register' | 'engine'>;
   fds?: FdAdmitter;
   /** Opens what sampling the pid needs (ProcTaskReader.read); throws when it cannot (the VM is deferred). */
   openPid?: (pid: number) => void;
@@ -82,7 +82,7 @@ export class DiscoveredVms {
     const vmId = sampling.register(spec);
     registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
     this.p.changed();
-    const seen = { vmId, vm: vmLogFields(d), vcpus: d.vcpus.length, nvpkg: sampling.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly };
+    const seen = { vmId, vm: vmLogFields(d), vcpus: d.vcpus.length, nvpkg: sampling.engine.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly };
     this.vmLog.info('VM discovered', d.problems.length > 0 ? { ...seen, problems: d.problems } : seen, 'VM discovered');
   }
 
@@ -94,7 +94,7 @@ export class DiscoveredVms {
       const c = this.p.discovery.refine(r.pid, lines);
       // A registrant's vCPU list stands while it holds the VM.
       if (c === null || r.owner !== null) continue;
-      this.p.sampling.updateVcpus(r.vmId, c.vcpus);
+      this.p.sampling.engine.updateVcpus(r.vmId, c.vcpus);
       if (r.wholeVmOnly !== c.wholeVmOnly) this.p.changed();
       r.wholeVmOnly = c.wholeVmOnly;
     }

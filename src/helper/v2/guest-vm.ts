@@ -6,8 +6,8 @@ import type { GuestVmView } from '../guest/guest-energy-options.js';
 /** The view of a registered VM, or undefined when it is not live, not sampled yet, or ended. */
 function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined {
   if (!r.live) return undefined;
-  const out = sampling.output(r.vmId);
-  const threads = sampling.threadTotals(r.vmId);
+  const out = sampling.engine.output(r.vmId);
+  const threads = sampling.engine.threadTotals?.(r.vmId);
   if (out === undefined || out.ended || threads === undefined) return undefined;
   let exactJ = 0;
   for (const v of out.vpkgs) exactJ += v.energyJ;

@@ -258,7 +258,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
     open: pl.open,
     log: o.log,
     clkTck: o.host.clkTck,
-    totalsInto: (vmId, into) => sampling.totalsInto(vmId, into),
+    totalsInto: (vmId, into) => sampling.engine.totalsInto(vmId, into),
     domains: ['package', ...new Set((o.host.domains ?? []).map((c) => c.domain))],
   });
   const mayLimit = (peer: PeerCredentials) => peer.uid === 0 || (pl.adminGid !== undefined && peerInGroup(o.procRoot, peer, pl.adminGid));
@@ -440,7 +440,7 @@ export class V2Service {
       this.p.powerLimits?.sample(ev.result, ev.ended);
       this.checkpoint?.(this.liveState());
       fanOut.sample({
-        update: (vmId) => currentUpdate(sampling, vmId),
+        update: (vmId) => currentUpdate(sampling.engine, vmId),
         host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
       });
       stats.sample(ev, lifecycle.changed);

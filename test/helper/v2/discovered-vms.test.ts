@@ -60,7 +60,7 @@ function setup(room = true) {
   const vms = new DiscoveredVms({
     discovery,
     registry,
-    sampling: engine,
+    sampling: { engine, register: (spec) => engine.register(spec) },
     fds: { canAdmit: () => (room ? ok(undefined) : fail('no fds left')) },
     log,
     changed: () => changes++,

@@ -24,7 +24,7 @@ function setup(current: { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null = nul
   const last: [number, Buffer][] = [];
   const lifecycle = new VmLifecycle({
     registry,
-    sampling: engine,
+    sampling: { engine, unregister: (vmId) => engine.unregister(vmId) },
     discovery: { forget: (pid) => forgotten.push(pid), current: () => current },
     lastUpdate: (vmId, u) => last.push([vmId, u.frame(false)]),
   });

@@ -23,7 +23,7 @@ type RequestOf<K extends RequestType> = Extract<ClientRequest, { type: K }>;
 /** The parts of the service the handlers use. */
 export interface RequestParts {
   registry: VmRegistry;
-  sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg' | 'output' | 'failed' | 'guestPowerUnit'>;
+  sampling: Pick<SamplingService, 'register' | 'engine' | 'failed'>;
   lifecycle: VmLifecycle;
   clients: Clients<V2Connection>;
   /** HOST_UPDATE's values now, VMs changed or not (HOST_SUBSCRIBE's acknowledgment says not). */
