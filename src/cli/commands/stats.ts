@@ -10,7 +10,6 @@
  */
 import path from 'node:path';
 import type { Command } from 'commander';
-import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
 import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-replies.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
@@ -18,6 +17,7 @@ import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
+import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
 import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
@@ -272,18 +272,6 @@ export function addStatsCommand(program: Command): void {
         once: all.once === true,
         json: all.json === true,
       };
-      const ac = new AbortController();
-      const signals = new DisposableStore();
-      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
-      try {
-        await runStats(
-          opts,
-          (l) => process.stdout.write(`${l}\n`),
-          ac.signal,
-          (l) => process.stderr.write(`${l}\n`),
-        );
-      } finally {
-        signals.dispose();
-      }
+      await runUntilStopped((out, signal, warn) => runStats(opts, out, signal, warn));
     });
 }

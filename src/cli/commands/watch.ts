@@ -8,7 +8,7 @@
  */
 import path from 'node:path';
 import type { Command } from 'commander';
-import { DisposableStore, listen } from '../../common/disposable.js';
+import { runUntilStopped } from '../stop-signals.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
 import { V2ConnectionError, V2Error, type Update, type VmInfo, type VmUpdate } from '../../client/v2-replies.js';
 import { describeVm, findVm } from '../../client/find-vm.js';
@@ -428,21 +428,11 @@ export function addWatchCommand(program: Command): void {
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
       if (opts.qmp !== undefined && opts.vcpus !== undefined)
         throw new UsageError('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
-      const ac = new AbortController();
-      const signals = new DisposableStore();
-      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
       try {
-        await runWatch(
-          opts,
-          (l) => process.stdout.write(`${l}\n`),
-          ac.signal,
-          (l) => process.stderr.write(`${l}\n`),
-        );
+        await runUntilStopped((out, signal, warn) => runWatch(opts, out, signal, warn));
       } catch (e) {
         if (e instanceof UsageError) throw e;
         throw new Error(describeError(e));
-      } finally {
-        signals.dispose();
       }
     });
 }
