@@ -1,6 +1,13 @@
-/** A live VM as guest energy needs it: found by its process, with its vCPUs and attributed energy. */
+/**
+ * What the guest side reads of the v2 service: a live VM as guest energy needs it (found by its
+ * process, with its vCPUs and attributed energy), and what the guest directories (src/guest-dir/,
+ * docs/guest.md) read: every VM known with its UUID, name and owner, and its statistics copy.
+ */
+import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
+import { peerInGroup } from '../../os/peer.js';
+import type { StatsFiles } from './stats-files.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
-import type { VmRecord, VmRegistry } from './vm-registry.js';
+import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
 import type { GuestVmView } from '../guest/guest-energy-options.js';
 
 /** The view of a registered VM, or undefined when it is not live, not sampled yet, or ended. */
@@ -41,4 +48,24 @@ export function guestVmsOf(registry: VmRegistry, sampling: SamplingService, pids
     if (v !== undefined) out.set(r.pid, v);
   }
   return out;
+}
+
+interface GuestSourceParts {
+  registry: Pick<VmRegistry, 'all'>;
+  stats: Pick<StatsFiles, 'copy'>;
+  fds?: FdAdmitter;
+  procRoot: string;
+  /** --observer-group: its members see every VM. */
+  observerGid?: number;
+}
+
+export function guestSource(p: GuestSourceParts): GuestDirSource {
+  return {
+    vms: () => p.registry.all(),
+    statsCopy: (vmId, map) => p.stats.copy(vmId, map),
+    canOpen: (n, what) => p.fds?.canOpen?.(n, what).ok ?? true,
+    inGroup: (vm, gid) => peerInGroup(p.procRoot, { pid: vm.pid, uid: vm.uid, gid: -1 }, gid),
+    // Who may see a VM (VmRegistry.canSee: root, the observer group, the VM's uid) as a file's readers.
+    readers: (uid) => ({ uid, gid: p.observerGid ?? null }),
+  };
 }
