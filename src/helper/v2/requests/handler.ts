@@ -1,6 +1,6 @@
 /**
  * A v2 request handler: one function per request type, given the request, the connection it came on
- * and the service's parts, returning the reply. The table of them is table.ts; dispatch.ts picks one.
+ * and the service's parts, returning the reply. The table of them, and the dispatch that picks one, is table.ts.
  * A new request = a handler file, its table entry, and its codec entries.
  */
 import type { ClientRequest } from '../../../protocol/v2/messages.js';
