@@ -5,18 +5,13 @@
  * of the package's ESU), so they stay exact; a source without MSRs (powercap's energy_uj, wrapping at
  * max_energy_range_uj) describes its own counter rather than pretending to be an MSR.
  */
-import { PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
+import type { EnergyDomain } from '../model/domains.js';
 import { cannot } from '../common/errors.js';
 import type { DomainCounter } from '../model/host.js';
 import type { DomainReading } from '../model/sample.js';
 import type { EnergySourceKind } from './kinds.js';
 
 export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
-
-/** [package, domain] of every reading a source of these packages and domains gives, in read() order. */
-export function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {
-  return packages.flatMap((p, i) => domains.filter((d) => i === 0 || !PLATFORM_DOMAINS.has(d)).map((d): [number, EnergyDomain] => [p, d]));
-}
 
 /** A hardware (or kernel) energy counter at one read. */
 export interface EnergyCounter {

@@ -12,7 +12,7 @@ import { StatsFiles } from '../../src/helper/v2/stats-files.js';
 import type { VmRegistry } from '../../src/helper/v2/vm-registry.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { decodeStatsLayout } from '../../src/protocol/stats/layout.js';
-import { decodeStatsValues } from '../../src/protocol/stats/values.js';
+import { decodeStatsValues } from '../support/stats-values.js';
 import { host, sample, units } from '../ratio/helpers.js';
 
 const cleanups: (() => void)[] = [];
