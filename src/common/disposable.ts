@@ -37,10 +37,6 @@ export class DisposableStore implements Disposable {
   private items: Disposable[] = [];
   private disposed = false;
 
-  get isDisposed(): boolean {
-    return this.disposed;
-  }
-
   add<T extends Disposable>(d: T): T {
     if (this.disposed) d.dispose();
     else this.items.push(d);

@@ -274,11 +274,6 @@ export class RatioEngine {
     for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
   }
 
-  /** The last sample's time, for callers that want to check ordering themselves. */
-  lastSampleNs(): bigint | undefined {
-    return this.prevT;
-  }
-
   /**
    * The whole state as plain data (copies): every VM's registration, phase, A(v,g) and last marks, the
    * last sample's time and counters. restore() on a new engine of the same host takes it back.
