@@ -15,7 +15,7 @@ import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-replies.j
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { addClientSocketOption, secondsArg } from '../options.js';
+import { addClientSocketOption, collect, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
@@ -259,7 +259,7 @@ export function addStatsCommand(program: Command): void {
   addClientSocketOption(
     program.command('stats').description("a live table of every VM's energy, power and CPU time, read through the helper's statistics fds"),
   )
-    .option('--vm <name|id>', 'only this VM (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
+    .option('--vm <name|id>', 'only this VM (repeatable)', collect(String))
     .option('--interval <s>', `refresh every S seconds (default ${STATS_REFRESH_S.default})`, secondsArg('--interval', STATS_REFRESH_S))
     .option('--once', 'print one table and exit')
     .option('--json', 'per refresh, a JSON record of the daemon (energy source, domains), then one per VM')
