@@ -16,7 +16,7 @@ import type { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogFields, vmLogLimiter } from './vm-log.js';
 
 interface DiscoveredVmsParts {
-  discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'>;
+  discovery: Pick<Discovery, 'scanSteps' | 'refine' | 'defer'>;
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'engine'>;
   fds?: FdAdmitter;
@@ -36,11 +36,6 @@ export class DiscoveredVms {
 
   constructor(private readonly p: DiscoveredVmsParts) {
     this.vmLog = p.vmLog ?? vmLogLimiter(p.log);
-  }
-
-  /** Admits what a scan finds, all at once. */
-  scan(): void {
-    for (const d of this.p.discovery.scan()) this.admit(d);
   }
 
   /**
