@@ -31,12 +31,7 @@ function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined
 
 /** The live, sampled VM whose process is `pid` (the first registered if several), or undefined. */
 export function guestVmOf(registry: VmRegistry, sampling: SamplingService, pid: number): GuestVmView | undefined {
-  for (const r of registry.all()) {
-    if (r.pid !== pid) continue;
-    const v = viewOf(r, sampling);
-    if (v !== undefined) return v;
-  }
-  return undefined;
+  return guestVmsOf(registry, sampling, new Set([pid])).get(pid);
 }
 
 /** guestVmOf for each of `pids`, in one walk of the registry. */
