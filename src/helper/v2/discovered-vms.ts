@@ -95,10 +95,6 @@ export class DiscoveredVms {
     }
   }
 
-  state(): { deferred: number[] } {
-    return { deferred: [...this.deferred] };
-  }
-
   private liveDiscovered(): VmRecord[] {
     const out: VmRecord[] = [];
     for (const r of this.p.registry.all()) if (r.discovered && r.live) out.push(r);

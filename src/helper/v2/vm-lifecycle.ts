@@ -95,8 +95,4 @@ export class VmLifecycle {
       if (++r.endedSamples > ENDED_DISCOVERED_KEPT_SAMPLES) this.drop(r.vmId);
     }
   }
-
-  state(): { vmsChanged: boolean } {
-    return { vmsChanged: this.vmsChanged };
-  }
 }

@@ -96,7 +96,7 @@ describe('VmLifecycle', () => {
     const s = setup();
     expect(s.lifecycle.changed).toBe(false);
     s.lifecycle.markChanged();
-    expect(s.lifecycle.state()).toEqual({ vmsChanged: true });
+    expect(s.lifecycle.changed).toBe(true);
     s.lifecycle.clearChanged();
     expect(s.lifecycle.changed).toBe(false);
   });
