@@ -127,10 +127,6 @@ export class FdBudget {
     return this.o.limit;
   }
 
-  get maxConnections(): number {
-    return this.o.maxConnections;
-  }
-
   /**
    * Fds open, the limit, and room(): what the host statistics file states at every sample. The
    * count is this turn's, or the last one if it is under FD_USAGE_MAX_AGE_MS old (what was admitted

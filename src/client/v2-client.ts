@@ -95,6 +95,12 @@ const REPLY_OF: Record<number, readonly number[]> = {
   [T.LIMIT_STATE]: [T.LIMIT],
 };
 
+/** `m` as the reply of type `type`; anything else is a broken helper. */
+function replyOf<K extends HelperMessage['type']>(m: HelperMessage, type: K): Extract<HelperMessage, { type: K }> {
+  if (m.type !== type) throw new V2ConnectionError(`unexpected ${typeName(m.type)} from the helper`);
+  return m as Extract<HelperMessage, { type: K }>;
+}
+
 /** Pages one list() may read: 2^32 ids at one VM a page cannot loop forever on a lying helper. */
 const MAX_LIST_PAGES = 100_000;
 
@@ -172,14 +178,12 @@ export class V2Client {
   }
 
   async register(o: { pid?: number; vcpus: readonly VcpuSpec[] }): Promise<Registered> {
-    const m = await this.call(T.REGISTER, encodeRegister({ pid: o.pid ?? 0, vcpus: o.vcpus }));
-    if (m.type !== T.REGISTERED) throw this.unexpected(m);
+    const m = replyOf(await this.call(T.REGISTER, encodeRegister({ pid: o.pid ?? 0, vcpus: o.vcpus })), T.REGISTERED);
     return { vmId: m.vmId, nvpkg: m.nvpkg, powerUnit: m.powerUnit };
   }
 
   async read(vmId: number, vpkg: number): Promise<Value> {
-    const m = await this.call(T.READ, encodeRead(vmId, vpkg), vmId);
-    if (m.type !== T.VALUE) throw this.unexpected(m);
+    const m = replyOf(await this.call(T.READ, encodeRead(vmId, vpkg), vmId), T.VALUE);
     const { type: _t, ...v } = m;
     return v;
   }
@@ -190,15 +194,7 @@ export class V2Client {
    * connection closes. `onError` gets ERROR 5 notices while the helper's energy source fails.
    */
   async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<Update> {
-    this.subs.set(vmId, { onUpdate, onError });
-    try {
-      const m = await this.withFallback(T.SUBSCRIBE, vmId, o.domains === true, (domains) => encodeSubscribe(vmId, { domains }));
-      if (m.type !== T.UPDATE) throw this.unexpected(m);
-      return toUpdate(m);
-    } catch (e) {
-      this.subs.delete(vmId);
-      throw e;
-    }
+    return this.follow(T.SUBSCRIBE, vmId, { onUpdate, onError }, o, (domains) => encodeSubscribe(vmId, { domains }));
   }
 
   /** Every VM this peer may see (all pages), ascending host id. */
@@ -206,8 +202,7 @@ export class V2Client {
     const out: VmInfo[] = [];
     let from = 0;
     for (let page = 0; page < MAX_LIST_PAGES; page++) {
-      const m = await this.call(T.LIST, encodeList(from));
-      if (m.type !== T.VM_LIST) throw this.unexpected(m);
+      const m = replyOf(await this.call(T.LIST, encodeList(from)), T.VM_LIST);
       for (const e of m.entries) out.push(toVmInfo(e));
       if (m.nextId === 0) return out;
       if (m.nextId <= from) throw new V2ConnectionError(`helper sent VM_LIST next_id ${m.nextId}, not after ${from}`);
@@ -228,13 +223,23 @@ export class V2Client {
     o: SubscribeOptions = {},
   ): Promise<VmUpdate> {
     const toVm = ({ vmId, ...u }: Update): VmUpdate => ({ hostVmId: vmId, ...u });
-    this.subs.set(hostVmId, { onUpdate: (u) => onUpdate(toVm(u)), onError });
+    const sub = { onUpdate: (u: Update) => onUpdate(toVm(u)), onError };
+    return toVm(await this.follow(T.OBSERVE, hostVmId, sub, o, (domains) => encodeObserve(hostVmId, { domains })));
+  }
+
+  /** SUBSCRIBE or OBSERVE: `sub` gets the VM's UPDATEs from now on; the immediate one, or the refusal (then `sub` is dropped). */
+  private async follow(
+    type: number,
+    vmId: number,
+    sub: Subscription,
+    o: SubscribeOptions,
+    frame: (domains: boolean) => Buffer,
+  ): Promise<Update> {
+    this.subs.set(vmId, sub);
     try {
-      const m = await this.withFallback(T.OBSERVE, hostVmId, o.domains === true, (domains) => encodeObserve(hostVmId, { domains }));
-      if (m.type !== T.UPDATE) throw this.unexpected(m);
-      return toVm(toUpdate(m));
+      return toUpdate(replyOf(await this.withFallback(type, vmId, o.domains === true, frame), T.UPDATE));
     } catch (e) {
-      this.subs.delete(hostVmId);
+      this.subs.delete(vmId);
       throw e;
     }
   }
@@ -254,8 +259,7 @@ export class V2Client {
   }
 
   async unobserve(hostVmId: number): Promise<void> {
-    const m = await this.call(T.UNOBSERVE, encodeUnobserve(hostVmId), hostVmId);
-    if (m.type !== T.OK) throw this.unexpected(m);
+    replyOf(await this.call(T.UNOBSERVE, encodeUnobserve(hostVmId), hostVmId), T.OK);
     this.subs.delete(hostVmId);
   }
 
@@ -284,8 +288,7 @@ export class V2Client {
           if (!refused || i === tries.length - 1) throw e;
         }
       }
-      if (m?.type !== T.HOST_UPDATE) throw this.unexpected(m!);
-      const { type: _t, ...u } = m;
+      const { type: _t, ...u } = replyOf(m!, T.HOST_UPDATE);
       return u;
     } catch (e) {
       this.hostSub = null;
@@ -314,15 +317,12 @@ export class V2Client {
    */
   async limit(hostVmId: number, watts?: number | null, domain?: EnergyDomain): Promise<LimitState> {
     const mw = watts === undefined ? undefined : watts === null ? 0 : Math.max(1, Math.round(watts * 1000));
-    const m = await this.call(T.LIMIT, encodeLimit(hostVmId, mw, domain), hostVmId);
-    if (m.type !== T.LIMIT_STATE) throw this.unexpected(m);
-    const { type: _t, ...state } = m;
+    const { type: _t, ...state } = replyOf(await this.call(T.LIMIT, encodeLimit(hostVmId, mw, domain), hostVmId), T.LIMIT_STATE);
     return state;
   }
 
   async unregister(vmId: number): Promise<void> {
-    const m = await this.call(T.UNREGISTER, encodeUnregister(vmId), vmId);
-    if (m.type !== T.OK) throw this.unexpected(m);
+    replyOf(await this.call(T.UNREGISTER, encodeUnregister(vmId), vmId), T.OK);
     this.subs.delete(vmId);
   }
 
@@ -447,10 +447,6 @@ export class V2Client {
       this.outbox = [];
       if (!this.socket.destroyed) this.socket.write(batch.length === 1 ? batch[0]! : Buffer.concat(batch));
     });
-  }
-
-  private unexpected(m: HelperMessage): Error {
-    return new V2ConnectionError(`unexpected ${typeName(m.type)} from the helper`);
   }
 
   private onData(data: Buffer): void {

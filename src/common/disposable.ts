@@ -37,10 +37,6 @@ export class DisposableStore implements Disposable {
   private items: Disposable[] = [];
   private disposed = false;
 
-  get isDisposed(): boolean {
-    return this.disposed;
-  }
-
   add<T extends Disposable>(d: T): T {
     if (this.disposed) d.dispose();
     else this.items.push(d);
@@ -62,40 +58,5 @@ export class DisposableStore implements Disposable {
       }
     }
     if (first !== undefined) throw first;
-  }
-}
-
-/**
- * A typed event: `event(listener)` subscribes and returns the Disposable that unsubscribes. A
- * listener that throws does not keep the others from running; `onListenerError` hears about it.
- */
-export class Emitter<T> implements Disposable {
-  private listeners = new Set<(value: T) => void>();
-
-  constructor(private readonly onListenerError: (err: unknown) => void = () => {}) {}
-
-  event(listener: (value: T) => void): Disposable {
-    // Wrapped so the same function subscribed twice is two subscriptions, each removable.
-    const entry = (v: T) => listener(v);
-    this.listeners.add(entry);
-    return toDisposable(() => this.listeners.delete(entry));
-  }
-
-  get size(): number {
-    return this.listeners.size;
-  }
-
-  fire(value: T): void {
-    for (const l of [...this.listeners]) {
-      try {
-        l(value);
-      } catch (e) {
-        this.onListenerError(e);
-      }
-    }
-  }
-
-  dispose(): void {
-    this.listeners.clear();
   }
 }

@@ -5,18 +5,13 @@
  * of the package's ESU), so they stay exact; a source without MSRs (powercap's energy_uj, wrapping at
  * max_energy_range_uj) describes its own counter rather than pretending to be an MSR.
  */
-import { PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
+import type { EnergyDomain } from '../model/domains.js';
 import { cannot } from '../common/errors.js';
 import type { DomainCounter } from '../model/host.js';
 import type { DomainReading } from '../model/sample.js';
 import type { EnergySourceKind } from './kinds.js';
 
 export { ENERGY_DOMAINS, isEnergyDomain, PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
-
-/** [package, domain] of every reading a source of these packages and domains gives, in read() order. */
-export function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {
-  return packages.flatMap((p, i) => domains.filter((d) => i === 0 || !PLATFORM_DOMAINS.has(d)).map((d): [number, EnergyDomain] => [p, d]));
-}
 
 /** A hardware (or kernel) energy counter at one read. */
 export interface EnergyCounter {
@@ -88,14 +83,27 @@ export class EnergyReadError extends Error {
 }
 
 /**
- * The error of a read where domains other than the package failed (each with its error, in read
- * order): it names them and carries the readings that were read, so a sampler goes on with those.
+ * One read of a source: `read` of each of `counters` in order. The package's failing fails the read;
+ * other domains failing (each with its error, in read order) give an EnergyReadError that names them
+ * and carries the readings that were read, so a sampler goes on with those.
  */
-export function partialReadError(
+export function readEach<C>(
   kind: EnergySourceKind,
-  failed: readonly { domain: EnergyDomain; error: unknown }[],
-  readings: readonly EnergyReading[],
-): EnergyReadError {
+  counters: readonly C[],
+  domainOf: (c: C) => EnergyDomain,
+  read: (c: C) => EnergyReading,
+): EnergyReading[] {
+  const readings: EnergyReading[] = [];
+  const failed: { domain: EnergyDomain; error: unknown }[] = [];
+  for (const c of counters) {
+    try {
+      readings.push(read(c));
+    } catch (e) {
+      if (domainOf(c) === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), kind, { cause: e });
+      failed.push({ domain: domainOf(c), error: e });
+    }
+  }
+  if (failed.length === 0) return readings;
   const domains = [...new Set(failed.map((f) => f.domain))];
   const why = failed.map((f) => (f.error instanceof Error ? f.error.message : String(f.error))).join('; ');
   const message = cannot(
@@ -103,7 +111,7 @@ export function partialReadError(
     why,
     'the package and other domains go on',
   );
-  return new EnergyReadError(message, kind, { cause: failed[0]!.error, partial: { domains, readings } });
+  throw new EnergyReadError(message, kind, { cause: failed[0]!.error, partial: { domains, readings } });
 }
 
 /** The counters of the domains other than the package, as a Sample and a trace carry them. */

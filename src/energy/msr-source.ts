@@ -14,7 +14,7 @@ import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
   EnergyReadError,
-  partialReadError,
+  readEach,
   PLATFORM_DOMAINS,
   type EnergyDomain,
   type EnergyReading,
@@ -141,19 +141,12 @@ export class MsrEnergySource implements EnergySource {
    * EnergyReadError naming it that carries the other readings (energy-source.ts).
    */
   read(): EnergyReading[] {
-    const out: EnergyReading[] = [];
-    const failed: { domain: EnergyDomain; error: unknown }[] = [];
-    for (let i = 0; i < this.slots.length; i++) {
-      const slot = this.slots[i]!;
-      try {
-        out.push(this.readSlot(slot));
-      } catch (e) {
-        if (slot.plan.domain === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), this.kind, { cause: e });
-        failed.push({ domain: slot.plan.domain, error: e });
-      }
-    }
-    if (failed.length > 0) throw partialReadError(this.kind, failed, out);
-    return out;
+    return readEach(
+      this.kind,
+      this.slots,
+      (s) => s.plan.domain,
+      (s) => this.readSlot(s),
+    );
   }
 
   /**

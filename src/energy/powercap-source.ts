@@ -13,7 +13,7 @@ import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
   ENERGY_DOMAINS,
   EnergyReadError,
-  partialReadError,
+  readEach,
   PLATFORM_DOMAINS,
   type EnergyDomain,
   type EnergyReading,
@@ -147,22 +147,15 @@ export class PowercapEnergySource implements EnergySource {
    * naming its domain that carries the other readings (energy-source.ts).
    */
   read(): EnergyReading[] {
-    const out: EnergyReading[] = [];
-    const failed: { domain: EnergyDomain; error: unknown }[] = [];
-    for (const z of this.zones) {
-      let raw: bigint;
-      try {
-        raw = this.readZone(z);
-      } catch (e) {
-        if (z.domain === 'package') throw new EnergyReadError((e as Error).message, this.kind, { cause: e });
-        failed.push({ domain: z.domain, error: e });
-        continue;
-      }
-      const counter = { raw, range: z.range, unitJ: POWERCAP_UNIT_J };
-      out.push({ pkg: z.pkg!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter });
-    }
-    if (failed.length > 0) throw partialReadError(this.kind, failed, out);
-    return out;
+    return readEach(
+      this.kind,
+      this.zones,
+      (z) => z.domain,
+      (z) => {
+        const counter = { raw: this.readZone(z), range: z.range, unitJ: POWERCAP_UNIT_J };
+        return { pkg: z.pkg!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter };
+      },
+    );
   }
 
   /** The zone's counter now: its energy_uj, or its dies' summed mod the range (OpenZone). */

@@ -364,14 +364,21 @@ export class SafeDir implements GuestTree {
   write(rel: string, file: string, text: string): void {
     const n = textBuf.write(text, 'latin1');
     const dirFd = rel === '' ? this.fd : this.dir(rel);
+    closeFd(this.created(dirFd, rel, file, n));
+    this.rename(dirFd, file);
+  }
+
+  /** A new file `file` (at the temporary name) of `dirFd` (the directory `rel`) holding textBuf[0, n): its fd. */
+  private created(dirFd: number, rel: string, file: string, n: number): number {
     const fd = this.create(dirFd, file, O_WRONLY);
     try {
       const w = writeFd(fd, textBuf, n);
       if (w !== n) throw writeError(`write ${this.path}/${rel}/${file}`, w);
-    } finally {
+    } catch (e) {
       closeFd(fd);
+      throw e;
     }
-    this.rename(dirFd, file);
+    return fd;
   }
 
   /**
@@ -397,14 +404,7 @@ export class SafeDir implements GuestTree {
       pair.spare = null;
     }
     const dirFd = rel === '' ? this.fd : this.dir(rel);
-    const fd = this.create(dirFd, file, O_WRONLY);
-    try {
-      const w = writeFd(fd, textBuf, n);
-      if (w !== n) throw writeError(`write ${this.path}/${rel}/${file}`, w);
-    } catch (e) {
-      closeFd(fd);
-      throw e;
-    }
+    const fd = this.created(dirFd, rel, file, n);
     const made = { fd, len: n };
     if (signalLeaseBreaks(fd) < 0) {
       this.rename(dirFd, file);

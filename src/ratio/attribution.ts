@@ -4,7 +4,7 @@
  * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
  * and records the decisions where those rules are silent.
  */
-import { joulesPerCounterUnit, packageCounter } from './counter.js';
+import { counterOfJoules, joulesPerCounterUnit, packageCounter } from './counter.js';
 import { fitLength } from '../common/fit-length.js';
 import type { VcpuSpec } from '../model/vcpus.js';
 import {
@@ -47,8 +47,6 @@ import {
 } from './outputs.js';
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
-
-const TWO_32 = 2 ** 32;
 
 /** A VM's per-thread totals since its baseline (RatioEngine.threadTotals). */
 export interface ThreadTotals {
@@ -236,7 +234,7 @@ export class RatioEngine {
     fitLength(into.counter, n);
     for (let g = 0; g < n; g++) {
       into.energyUj[g] = microjoules(vm.acc[g]!);
-      into.counter[g] = this.guestCounter(vm.acc[g]!);
+      into.counter[g] = counterOfJoules(vm.acc[g]!, this.uGuest);
     }
     fitLength(into.domains, this.planes.length);
     for (let i = 0; i < this.planes.length; i++) {
@@ -251,11 +249,6 @@ export class RatioEngine {
     for (let i = 0; i < spec.length; i++) (into.vcpus[i] ??= { tid: 0, energyJ: 0, ticks: 0 }).tid = spec[i]!.tid;
     into.otherTicks = fillThreadTotals(vm, into.vcpus);
     return true;
-  }
-
-  /** The MSR-format counter of A joules: floor(A / u_guest) mod 2^32 (VpkgOutput.counter). */
-  private guestCounter(aJ: number): number {
-    return Math.floor(aJ / this.uGuest) % TWO_32;
   }
 
   /** Adds one interval's energy (vCPUs: share + extra) and ticks to each thread's totals. */
@@ -279,11 +272,6 @@ export class RatioEngine {
     this.prevT = undefined;
     for (const p of this.allPlanes) for (const c of p.counters) if (c !== undefined) c.last = NaN;
     for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
-  }
-
-  /** The last sample's time, for callers that want to check ordering themselves. */
-  lastSampleNs(): bigint | undefined {
-    return this.prevT;
   }
 
   /**
@@ -555,7 +543,7 @@ export class RatioEngine {
       vpkg: g,
       energyJ: a,
       energyUj: BigInt(microjoules(a)),
-      counter: this.guestCounter(a),
+      counter: counterOfJoules(a, this.uGuest),
     }));
     const out: VmOutput = { vmId: vm.id, pid: vm.spec.pid, ended: vm.phase === 'ended', tNs: vm.tNs, vpkgs };
     if (this.planes.length > 0)

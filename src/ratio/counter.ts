@@ -18,6 +18,11 @@ export function packageCounter(p: HostPackage): CounterSpec {
   return p.counter ?? { range: RAPL_COUNTER_RANGE, unitJ: joulesPerCounterUnit(p.powerUnit) };
 }
 
+/** The MSR-format counter of `j` joules at `unitJ` J a count: floor(j / unitJ) mod 2^32 (VpkgOutput.counter). */
+export function counterOfJoules(j: number, unitJ: number): number {
+  return Math.floor(j / unitJ) % 2 ** 32;
+}
+
 /** Only bits 31:0 of MSR_PKG_ENERGY_STATUS count; the rest is reserved. */
 export function energyCounterBits(raw: bigint): number {
   return Number(raw & 0xffffffffn);

@@ -100,7 +100,8 @@ export interface SamplingStats {
 }
 
 export class SamplingService {
-  private readonly engine: Engine;
+  /** The engine the samples go into: what a VM was attributed is read from it (output, totalsInto, ...). */
+  readonly engine: Engine;
   private readonly clock: () => bigint;
   private readonly loop: TickLoop;
   /** Registered VMs whose process has not ended: the loop runs while this is not empty (or a hold is taken). */
@@ -164,10 +165,6 @@ export class SamplingService {
     return this.failure;
   }
 
-  get guestPowerUnit(): bigint {
-    return this.engine.guestPowerUnit;
-  }
-
   /** Registers a VM; the next sample is its baseline. Starts the loop with a sample now if it was idle. */
   register(spec: VmSpec): number {
     if (this.closed) throw new Error('the sampling service is closed');
@@ -191,29 +188,6 @@ export class SamplingService {
     if (!this.shouldRun()) this.loop.stop();
     if (!this.closed) this.traced(() => this.o.trace?.unregister(this.traceNow(), out.pid));
     if (!this.engine.activePids().includes(out.pid)) this.o.forgetPid?.(out.pid);
-  }
-
-  output(vmId: number): VmOutput | undefined {
-    return this.engine.output(vmId);
-  }
-
-  nvpkg(vmId: number): number {
-    return this.engine.nvpkg(vmId);
-  }
-
-  /** A VM's per-thread totals (vCPU energy and ticks, other threads' ticks); undefined when the engine has none. */
-  threadTotals(vmId: number): ThreadTotals | undefined {
-    return this.engine.threadTotals?.(vmId);
-  }
-
-  /** A VM's totals into `into`, in place (RatioEngine.totalsInto: nothing allocated per sample); false for no such VM. */
-  totalsInto(vmId: number, into: VmTotals): boolean {
-    return this.engine.totalsInto(vmId, into);
-  }
-
-  /** A VM's vCPU list changed (see RatioEngine.updateVcpus); counted from the next sample. */
-  updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void {
-    this.engine.updateVcpus(vmId, vcpus);
   }
 
   /** The loop's state between samples (every call is: a tick runs to its end before anything else). */

@@ -1,7 +1,7 @@
 /** Listener lifetimes (src/common/disposable.ts): every listener added through them can be removed. */
 import { EventEmitter } from 'node:events';
 import { describe, expect, test } from 'vitest';
-import { DisposableStore, Emitter, listen, toDisposable } from '../../src/common/disposable.js';
+import { DisposableStore, listen, toDisposable } from '../../src/common/disposable.js';
 
 describe('disposables', () => {
   test('listen adds one listener to a real EventEmitter and dispose removes exactly it', () => {
@@ -29,7 +29,6 @@ describe('disposables', () => {
     expect(order).toEqual(['b', 'a']);
     store.add(toDisposable(() => order.push('late')));
     expect(order).toEqual(['b', 'a', 'late']);
-    expect(store.isDisposed).toBe(true);
   });
 
   test('a store disposes every item even when one throws, then rethrows the first error', () => {
@@ -44,26 +43,5 @@ describe('disposables', () => {
     store.add(toDisposable(() => done.push('last')));
     expect(() => store.dispose()).toThrow('boom');
     expect(done).toEqual(['last', 'first']);
-  });
-
-  test('an Emitter subscription is removable, and a throwing listener does not stop the others', () => {
-    const errors: unknown[] = [];
-    const e = new Emitter<number>((err) => errors.push(err));
-    const got: number[] = [];
-    const f = (v: number) => got.push(v);
-    const a = e.event(f);
-    e.event(f); // the same function twice: two subscriptions
-    e.event(() => {
-      throw new Error('listener bug');
-    });
-    e.fire(1);
-    a.dispose();
-    e.fire(2);
-    expect(got).toEqual([1, 1, 2]);
-    expect(errors).toHaveLength(2);
-    expect(e.size).toBe(2);
-    e.dispose();
-    e.fire(3);
-    expect(got).toEqual([1, 1, 2]);
   });
 });

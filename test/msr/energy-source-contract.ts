@@ -7,8 +7,20 @@
  * every domain the source reads.
  */
 import { afterEach, describe, expect, test } from 'vitest';
-import { ENERGY_DOMAINS, EnergyReadError, readingSlots, type EnergyReading, type EnergySource } from '../../src/energy/energy-source.js';
+import {
+  ENERGY_DOMAINS,
+  EnergyReadError,
+  PLATFORM_DOMAINS,
+  type EnergyDomain,
+  type EnergyReading,
+  type EnergySource,
+} from '../../src/energy/energy-source.js';
 import { ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
+
+/** [package, domain] of every reading a source of these packages and domains gives, in read() order (psys on the first package only). */
+function readingSlots(packages: readonly number[], domains: readonly EnergyDomain[]): [number, EnergyDomain][] {
+  return packages.flatMap((p, i) => domains.filter((d) => i === 0 || !PLATFORM_DOMAINS.has(d)).map((d): [number, EnergyDomain] => [p, d]));
+}
 
 export interface SourceUnderTest {
   source: EnergySource;

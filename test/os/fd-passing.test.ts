@@ -4,7 +4,8 @@
  */
 import fs from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
-import { closeFd, isCloseOnExec } from '../../src/os/libc/fds.js';
+import { closeFd } from '../../src/os/libc/fds.js';
+import { isCloseOnExec } from '../support/fds.js';
 import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate } from '../../src/os/libc/memfd-mmap.js';
 import {
   cmsgLenForFds,

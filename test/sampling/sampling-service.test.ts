@@ -106,7 +106,7 @@ describe('SamplingService', () => {
     // Ticks 0, 1, 2 of one loop: a restart inside tick 0 would have fired tick 1 at the origin.
     expect(time.now - origin).toBe(2_000_000_000n);
     expect(time.pending).toBe(1);
-    expect(svc.output(vmId!)!.vpkgs[0]!.energyUj).toBeGreaterThan(0n);
+    expect(svc.engine.output(vmId!)!.vpkgs[0]!.energyUj).toBeGreaterThan(0n);
   });
 });
 
@@ -169,10 +169,10 @@ describe('SamplingService, a sample in slices', () => {
     time.fire();
     await sampled(svc, 1);
     expect(read[0]).toEqual([100, 200]);
-    expect(svc.output(late!)!.ended).toBe(false);
+    expect(svc.engine.output(late!)!.ended).toBe(false);
     time.fire();
     await sampled(svc, 2);
-    expect(svc.output(late!)!.ended).toBe(false);
+    expect(svc.engine.output(late!)!.ended).toBe(false);
   });
 
   test('a VM unregistered between the slices of a sample is not read', async () => {

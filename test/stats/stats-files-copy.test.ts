@@ -12,7 +12,7 @@ import { StatsFiles } from '../../src/helper/v2/stats-files.js';
 import type { VmRegistry } from '../../src/helper/v2/vm-registry.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { decodeStatsLayout } from '../../src/protocol/stats/layout.js';
-import { decodeStatsValues } from '../../src/protocol/stats/values.js';
+import { decodeStatsValues } from '../support/stats-values.js';
 import { host, sample, units } from '../ratio/helpers.js';
 
 const cleanups: (() => void)[] = [];
@@ -35,7 +35,7 @@ function setup() {
   const registry = { get: (id: number) => (id === vm ? { pid, name: 'vm-a' } : undefined) } as unknown as Pick<VmRegistry, 'get'>;
   const files = new StatsFiles({
     registry,
-    sampling: { totalsInto: (id, into) => engine.totalsInto(id, into), running: true },
+    sampling: { engine, running: true },
     intervalNs: 1_000_000_000n,
     clkTck: 100,
     hostValues: () => ({ tNs: 0n, packages: [], unattributedUj: 0n, stats: {} }) as never,

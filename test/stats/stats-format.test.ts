@@ -14,7 +14,7 @@ import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messag
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from '../../src/protocol/stats/flags.js';
 import { decodeStatsLayout, encodeStatsFile, planStatsLayout } from '../../src/protocol/stats/layout.js';
 import { SampleBlock, readConsistent } from '../../src/protocol/stats/sample-block.js';
-import { decodeStatsValues, describeDescriptor } from '../../src/protocol/stats/values.js';
+import { decodeStatsValues, describeDescriptor } from '../support/stats-values.js';
 import { vmStatsLayout, tickExponent, VmStatsSlots, writeVmStats } from '../../src/protocol/stats/vm-file.js';
 import { hostDomainShapes, hostStatsLayout, writeHostStats } from '../../src/protocol/stats/host-file.js';
 

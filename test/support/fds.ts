@@ -10,3 +10,10 @@ export function isOpen(fd: number): boolean {
     return false;
   }
 }
+
+/** Whether `fd` is close-on-exec: O_CLOEXEC (02000000) in the flags of /proc/self/fdinfo/<fd>. */
+export function isCloseOnExec(fd: number): boolean {
+  const flags = /^flags:\s*([0-7]+)$/m.exec(fs.readFileSync(`/proc/self/fdinfo/${fd}`, 'utf8'));
+  if (!flags) throw new Error(`no flags in /proc/self/fdinfo/${fd}`);
+  return (parseInt(flags[1]!, 8) & 0o2000000) !== 0;
+}

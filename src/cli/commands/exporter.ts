@@ -11,7 +11,8 @@ import { DEFAULT_HOST_SERIES, HOST_SERIES_CHOICES, type HostSeries } from '../..
 import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, metricsPathArg, positiveIntArg } from '../options.js';
 import { DEFAULT_METRICS_PATH } from '../../exporter/metrics-path.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
-import { DisposableStore, listen } from '../../common/disposable.js';
+import { DisposableStore } from '../../common/disposable.js';
+import { onStopSignals } from '../stop-signals.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { MAX_VMS } from '../../model/vm.js';
 import { handleSighup } from '../../os/sighup.js';
@@ -78,9 +79,7 @@ export function addExporterCommand(program: Command): void {
     const inspectorUrl = closeOpenInspector();
     if (inspectorUrl !== null)
       log.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the exporter)");
-    await new Promise<void>((resolve) => {
-      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => resolve()));
-    });
+    await new Promise<void>((resolve) => signals.add(onStopSignals(resolve)));
     signals.dispose();
     log.info('stopping');
     await exporter.stop();

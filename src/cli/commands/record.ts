@@ -19,7 +19,8 @@ import type { VmSpec } from '../../model/vm.js';
 import { ProcTaskReader } from '../../os/proc-tasks.js';
 import { Sampler } from '../../sampling/sampler.js';
 import { monotonicNs, TickLoop } from '../../sampling/tick-loop.js';
-import { DisposableStore, listen } from '../../common/disposable.js';
+import { DisposableStore } from '../../common/disposable.js';
+import { onStopSignals } from '../stop-signals.js';
 import { TraceWriter } from '../../trace/writer.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
@@ -257,7 +258,7 @@ function sampleUntilStopped(o: RecordOptions, signals: DisposableStore, tick: ()
       if (e) reject(e);
       else resolve();
     };
-    for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => finish()));
+    signals.add(onStopSignals(() => finish()));
     const start = monotonicNs();
     const endNs = o.duration === undefined ? undefined : start + BigInt(Math.round(o.duration * 1e9));
     loop.start({ ...(endNs !== undefined ? { endNs } : {}), onEnd: () => finish() });

@@ -19,6 +19,7 @@ import {
   addHostOptions,
   addLogLevelOptions,
   addV2Options,
+  collect,
   energySourceFrom,
   energySourceOption,
   hostOptionsFrom,
@@ -261,8 +262,6 @@ function keeperWanted(asked: boolean, logger?: () => Logger): boolean {
   return false;
 }
 
-const collect = (v: string, prev: string[] = []) => [...prev, v];
-
 export function configureDaemonCommand(program: Command): void {
   program
     .description('Virtual RAPL MSR helper for QEMU (drop-in qemu-vmsr-helper): serves rapl-helper-socket clients')
@@ -284,7 +283,7 @@ export function configureDaemonCommand(program: Command): void {
   addLogLevelOptions(program).option(
     '-T, --trace <spec>',
     '[[enable=]PATTERN][,events=FILE]: debug logging for areas matching PATTERN (legacy, server, privileges, systemd, v2; * wildcard)',
-    collect,
+    collect(String),
   );
   addHostOptions(program)
     .addOption(energySourceOption())

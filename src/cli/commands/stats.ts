@@ -10,14 +10,14 @@
  */
 import path from 'node:path';
 import type { Command } from 'commander';
-import { DisposableStore, listen } from '../../common/disposable.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
 import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-replies.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { addClientSocketOption, secondsArg } from '../options.js';
+import { addClientSocketOption, collect, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
+import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
 import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
@@ -259,7 +259,7 @@ export function addStatsCommand(program: Command): void {
   addClientSocketOption(
     program.command('stats').description("a live table of every VM's energy, power and CPU time, read through the helper's statistics fds"),
   )
-    .option('--vm <name|id>', 'only this VM (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
+    .option('--vm <name|id>', 'only this VM (repeatable)', collect(String))
     .option('--interval <s>', `refresh every S seconds (default ${STATS_REFRESH_S.default})`, secondsArg('--interval', STATS_REFRESH_S))
     .option('--once', 'print one table and exit')
     .option('--json', 'per refresh, a JSON record of the daemon (energy source, domains), then one per VM')
@@ -272,18 +272,6 @@ export function addStatsCommand(program: Command): void {
         once: all.once === true,
         json: all.json === true,
       };
-      const ac = new AbortController();
-      const signals = new DisposableStore();
-      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
-      try {
-        await runStats(
-          opts,
-          (l) => process.stdout.write(`${l}\n`),
-          ac.signal,
-          (l) => process.stderr.write(`${l}\n`),
-        );
-      } finally {
-        signals.dispose();
-      }
+      await runUntilStopped((out, signal, warn) => runStats(opts, out, signal, warn));
     });
 }

@@ -8,7 +8,7 @@
  */
 import path from 'node:path';
 import type { Command } from 'commander';
-import { DisposableStore, listen } from '../../common/disposable.js';
+import { runUntilStopped } from '../stop-signals.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
 import { V2ConnectionError, V2Error, type Update, type VmInfo, type VmUpdate } from '../../client/v2-replies.js';
 import { describeVm, findVm } from '../../client/find-vm.js';
@@ -19,7 +19,7 @@ import type { VcpuSpec } from '../../model/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
-import { statedHost } from '../../client/stated-energy-source.js';
+import { statedHost, type StatedHost } from '../../client/stated-energy-source.js';
 import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
@@ -217,16 +217,13 @@ export async function runWatch(
     const stated = await statedHost(client);
     const source = stated.energySource;
     const reg = await client.register({ pid, vcpus });
-    if (o.json) {
-      out(daemonJsonRecord(o.socket, stated));
-      out(
-        `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
-      );
-    } else {
-      out(`registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`);
-      const notice = energyNotice(source);
-      if (notice !== null) out(notice);
-    }
+    heading(
+      o,
+      out,
+      stated,
+      `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
+      `registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`,
+    );
     await follow(o, out, signal, warn, client, {
       vm: { name: name ?? null, uuid: null, pid },
       nvpkg: reg.nvpkg,
@@ -237,6 +234,12 @@ export async function runWatch(
   } finally {
     await client.close();
   }
+}
+
+/** The lines before the rows: with --json the daemon's record then `json`; else `text`, then the energy notice, if any. */
+function heading(o: WatchOptions, out: (line: string) => void, stated: StatedHost, json: string, text: string): void {
+  const lines = o.json ? [daemonJsonRecord(o.socket, stated), json] : [text, energyNotice(stated.energySource)];
+  for (const l of lines) if (l !== null) out(l);
 }
 
 /** A connection that follows the helper across its restarts (the same VM, its updates going on), saying so. */
@@ -300,15 +303,7 @@ async function observeVm(
     guest = new VmFileNotes(client, vm.hostVmId);
     await guest.reopen();
     const stated = await statedHost(client);
-    const source = stated.energySource;
-    if (o.json) {
-      out(daemonJsonRecord(o.socket, stated));
-      out(formatJsonVm(vm, source));
-    } else {
-      out(formatVmLine(vm));
-      const notice = energyNotice(source);
-      if (notice !== null) out(notice);
-    }
+    heading(o, out, stated, formatJsonVm(vm, stated.energySource), formatVmLine(vm));
     const file = guest;
     await follow(o, out, signal, warn, client, {
       vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
@@ -428,21 +423,11 @@ export function addWatchCommand(program: Command): void {
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
       if (opts.qmp !== undefined && opts.vcpus !== undefined)
         throw new UsageError('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
-      const ac = new AbortController();
-      const signals = new DisposableStore();
-      for (const sig of ['SIGINT', 'SIGTERM']) signals.add(listen(process, sig, () => ac.abort()));
       try {
-        await runWatch(
-          opts,
-          (l) => process.stdout.write(`${l}\n`),
-          ac.signal,
-          (l) => process.stderr.write(`${l}\n`),
-        );
+        await runUntilStopped((out, signal, warn) => runWatch(opts, out, signal, warn));
       } catch (e) {
         if (e instanceof UsageError) throw e;
         throw new Error(describeError(e));
-      } finally {
-        signals.dispose();
       }
     });
 }

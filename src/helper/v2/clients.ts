@@ -40,18 +40,6 @@ export function unwatch(conn: Subscriber, vmId: number): boolean {
   return conn.subscriptions.delete(vmId);
 }
 
-/** A connection's state as plain data (what a restart would carry). */
-interface ClientState {
-  connId: number;
-  viewer: Viewer;
-  subscriptions: number[];
-  hostPerPackage: boolean | undefined;
-  /** Present (true) only when its HOST_SUBSCRIBE asked for the other RAPL domains. */
-  hostDomains?: true;
-  /** Present only when some of its subscriptions carry the other RAPL domains. */
-  domainSubscriptions?: number[];
-}
-
 export class Clients<C extends Subscriber> {
   private readonly byConn = new Map<C, Client<C>>();
   private hostSubscribers = 0;
@@ -97,10 +85,6 @@ export class Clients<C extends Subscriber> {
     c.hostDomains = domains;
   }
 
-  isHostSubscriber(conn: C): boolean {
-    return this.byConn.get(conn)?.hostPerPackage !== undefined;
-  }
-
   get size(): number {
     return this.byConn.size;
   }
@@ -111,20 +95,5 @@ export class Clients<C extends Subscriber> {
 
   connections(): C[] {
     return [...this.byConn.keys()];
-  }
-
-  state(): { nextConnId: number; clients: ClientState[] } {
-    const clients = [...this.byConn.values()].map((c) => {
-      const s: ClientState = {
-        connId: c.conn.id,
-        viewer: { ...c.viewer },
-        subscriptions: [...c.conn.subscriptions],
-        hostPerPackage: c.hostPerPackage,
-      };
-      if (c.hostDomains) s.hostDomains = true;
-      if (c.conn.domainSubscriptions.size > 0) s.domainSubscriptions = [...c.conn.domainSubscriptions];
-      return s;
-    });
-    return { nextConnId: this.nextConnId, clients };
   }
 }

@@ -16,9 +16,9 @@ import type { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogFields, vmLogLimiter } from './vm-log.js';
 
 interface DiscoveredVmsParts {
-  discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'>;
+  discovery: Pick<Discovery, 'scanSteps' | 'refine' | 'defer'>;
   registry: VmRegistry;
-  sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg'>;
+  sampling: Pick<SamplingService, 'register' | 'engine'>;
   fds?: FdAdmitter;
   /** Opens what sampling the pid needs (ProcTaskReader.read); throws when it cannot (the VM is deferred). */
   openPid?: (pid: number) => void;
@@ -36,11 +36,6 @@ export class DiscoveredVms {
 
   constructor(private readonly p: DiscoveredVmsParts) {
     this.vmLog = p.vmLog ?? vmLogLimiter(p.log);
-  }
-
-  /** Admits what a scan finds, all at once. */
-  scan(): void {
-    for (const d of this.p.discovery.scan()) this.admit(d);
   }
 
   /**
@@ -82,7 +77,7 @@ export class DiscoveredVms {
     const vmId = sampling.register(spec);
     registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
     this.p.changed();
-    const seen = { vmId, vm: vmLogFields(d), vcpus: d.vcpus.length, nvpkg: sampling.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly };
+    const seen = { vmId, vm: vmLogFields(d), vcpus: d.vcpus.length, nvpkg: sampling.engine.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly };
     this.vmLog.info('VM discovered', d.problems.length > 0 ? { ...seen, problems: d.problems } : seen, 'VM discovered');
   }
 
@@ -94,14 +89,10 @@ export class DiscoveredVms {
       const c = this.p.discovery.refine(r.pid, lines);
       // A registrant's vCPU list stands while it holds the VM.
       if (c === null || r.owner !== null) continue;
-      this.p.sampling.updateVcpus(r.vmId, c.vcpus);
+      this.p.sampling.engine.updateVcpus(r.vmId, c.vcpus);
       if (r.wholeVmOnly !== c.wholeVmOnly) this.p.changed();
       r.wholeVmOnly = c.wholeVmOnly;
     }
-  }
-
-  state(): { deferred: number[] } {
-    return { deferred: [...this.deferred] };
   }
 
   private liveDiscovered(): VmRecord[] {

@@ -6,9 +6,7 @@ export interface Discovery {
   /** VM processes tracked now, and the most it tracks (--max-discovered-vms): the host statistics file states both. */
   readonly trackedVms: number;
   readonly maxVms: number;
-  /** VM processes that appeared since the last scan. */
-  scan(): DiscoveredVm[];
-  /** The same scan one pid per step (a VM found, or null), to be run in slices. */
+  /** The VM processes that appeared since the last scan, one pid per step (a VM found, or null), to be run in slices. */
   scanSteps(): Iterator<DiscoveredVm | null>;
   /** New vCPU list of a discovered VM from this sample's stat lines, null when unchanged. */
   refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null;

@@ -1,13 +1,20 @@
-/** A live VM as guest energy needs it: found by its process, with its vCPUs and attributed energy. */
+/**
+ * What the guest side reads of the v2 service: a live VM as guest energy needs it (found by its
+ * process, with its vCPUs and attributed energy), and what the guest directories (src/guest-dir/,
+ * docs/guest.md) read: every VM known with its UUID, name and owner, and its statistics copy.
+ */
+import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
+import { peerInGroup } from '../../os/peer.js';
+import type { StatsFiles } from './stats-files.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
-import type { VmRecord, VmRegistry } from './vm-registry.js';
+import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
 import type { GuestVmView } from '../guest/guest-energy-options.js';
 
 /** The view of a registered VM, or undefined when it is not live, not sampled yet, or ended. */
 function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined {
   if (!r.live) return undefined;
-  const out = sampling.output(r.vmId);
-  const threads = sampling.threadTotals(r.vmId);
+  const out = sampling.engine.output(r.vmId);
+  const threads = sampling.engine.threadTotals?.(r.vmId);
   if (out === undefined || out.ended || threads === undefined) return undefined;
   let exactJ = 0;
   for (const v of out.vpkgs) exactJ += v.energyJ;
@@ -24,12 +31,7 @@ function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined
 
 /** The live, sampled VM whose process is `pid` (the first registered if several), or undefined. */
 export function guestVmOf(registry: VmRegistry, sampling: SamplingService, pid: number): GuestVmView | undefined {
-  for (const r of registry.all()) {
-    if (r.pid !== pid) continue;
-    const v = viewOf(r, sampling);
-    if (v !== undefined) return v;
-  }
-  return undefined;
+  return guestVmsOf(registry, sampling, new Set([pid])).get(pid);
 }
 
 /** guestVmOf for each of `pids`, in one walk of the registry. */
@@ -41,4 +43,24 @@ export function guestVmsOf(registry: VmRegistry, sampling: SamplingService, pids
     if (v !== undefined) out.set(r.pid, v);
   }
   return out;
+}
+
+interface GuestSourceParts {
+  registry: Pick<VmRegistry, 'all'>;
+  stats: Pick<StatsFiles, 'copy'>;
+  fds?: FdAdmitter;
+  procRoot: string;
+  /** --observer-group: its members see every VM. */
+  observerGid?: number;
+}
+
+export function guestSource(p: GuestSourceParts): GuestDirSource {
+  return {
+    vms: () => p.registry.all(),
+    statsCopy: (vmId, map) => p.stats.copy(vmId, map),
+    canOpen: (n, what) => p.fds?.canOpen?.(n, what).ok ?? true,
+    inGroup: (vm, gid) => peerInGroup(p.procRoot, { pid: vm.pid, uid: vm.uid, gid: -1 }, gid),
+    // Who may see a VM (VmRegistry.canSee: root, the observer group, the VM's uid) as a file's readers.
+    readers: (uid) => ({ uid, gid: p.observerGid ?? null }),
+  };
 }

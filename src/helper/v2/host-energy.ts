@@ -5,7 +5,7 @@
  */
 import type { HostValues, DaemonCounters } from '../../protocol/v2/codec.js';
 import type { OtherDomain } from '../../model/domains.js';
-import type { PackageInterval } from '../../ratio/outputs.js';
+import { microjoules, type PackageInterval } from '../../ratio/outputs.js';
 
 /** One package's totals since sampling started (J). */
 interface PackageTotals {
@@ -29,8 +29,6 @@ export interface HostEnergyState {
   /** The other domains' totals (absent: only the package is read). */
   domains?: DomainTotals[];
 }
-
-const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 
 export class HostEnergy {
   private readonly totals = new Map<number, { energyJ: number; unattributedJ: number }>();
@@ -90,8 +88,8 @@ export class HostEnergy {
     return this.domainTotals.map((d) => ({
       pkg: d.pkg,
       domain: d.domain,
-      energyUj: uj(d.energyJ),
-      unattributedUj: uj(d.unattributedJ),
+      energyUj: BigInt(microjoules(d.energyJ)),
+      unattributedUj: BigInt(microjoules(d.unattributedJ)),
     }));
   }
 
@@ -106,10 +104,10 @@ export class HostEnergy {
       tNs: this.tNs,
       packages: [...this.totals].map(([pkg, k]) => ({
         pkg,
-        energyUj: uj(k.energyJ),
-        unattributedUj: perPackage ? uj(k.unattributedJ) : null,
+        energyUj: BigInt(microjoules(k.energyJ)),
+        unattributedUj: perPackage ? BigInt(microjoules(k.unattributedJ)) : null,
       })),
-      unattributedUj: uj(unattributedJ),
+      unattributedUj: BigInt(microjoules(unattributedJ)),
       vmsChanged,
       stats,
     };

@@ -6,7 +6,8 @@
  */
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
-import { joulesPerCounterUnit } from '../../ratio/counter.js';
+import { counterOfJoules, joulesPerCounterUnit } from '../../ratio/counter.js';
+import { microjoules } from '../../ratio/outputs.js';
 import { isOtherDomain } from '../../model/domains.js';
 import type { EngineState, EngineVmState } from '../../ratio/engine-state.js';
 import type { HostInfo } from '../../model/host.js';
@@ -29,8 +30,6 @@ export const RESTORED_REGISTRATION_WAIT_MS = 30_000;
 
 export const RESTORE_FIX = 'the daemon starts without it (registered VMs register again, discovery finds the rest)';
 const FIX = RESTORE_FIX;
-const TWO_32 = 2 ** 32;
-const uj = (j: number): bigint => BigInt(Math.floor(j * 1e6));
 
 /** What the parts hold, for capture(). */
 interface LiveParts {
@@ -66,7 +65,7 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
       valuesNs: e.tNs,
       endedSamples: r.endedSamples,
       vcpus: e.vcpus.map((v) => ({ ...v })),
-      vpkgs: e.accJ.map((a) => ({ energyJ: a, energyUj: uj(a), counter: BigInt(Math.floor(a / u) % TWO_32) })),
+      vpkgs: e.accJ.map((a) => ({ energyJ: a, energyUj: BigInt(microjoules(a)), counter: BigInt(counterOfJoules(a, u)) })),
     };
   });
   const threads: SampledThread[] = [];
@@ -87,8 +86,8 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
       pkg: k.pkg,
       energyJ: k.energyJ,
       unattributedJ: k.unattributedJ,
-      energyUj: uj(k.energyJ),
-      unattributedUj: uj(k.unattributedJ),
+      energyUj: BigInt(microjoules(k.energyJ)),
+      unattributedUj: BigInt(microjoules(k.unattributedJ)),
     })),
     knownPids: p.discovery?.state() ?? [],
     lastSample:
@@ -168,7 +167,7 @@ function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string 
   for (const vm of s.vms) {
     for (let g = 0; g < vm.vpkgs.length; g++) {
       const v = vm.vpkgs[g]!;
-      if (BigInt(Math.floor(v.energyJ / u) % TWO_32) !== v.counter) {
+      if (BigInt(counterOfJoules(v.energyJ, u)) !== v.counter) {
         return `VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`;
       }
     }

@@ -150,7 +150,7 @@ async function adoptDiscovered(plan: RestorePlan, p: RestoredParts, discovery: D
     const c = discovery.current(d.pid);
     if (r === undefined || r.owner !== null || c === null) return;
     if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
-      p.sampling.updateVcpus(d.hostVmId, c.vcpus);
+      p.sampling.engine.updateVcpus(d.hostVmId, c.vcpus);
       p.lifecycle.markChanged();
     }
     r.wholeVmOnly = c.wholeVmOnly;

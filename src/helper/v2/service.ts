@@ -39,8 +39,7 @@ import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
 import type { KeptFdLedger, NotWhole } from '../../os/proc-tasks.js';
 import { currentUpdate, type VmUpdateFrame } from './vm-update-frame.js';
-import { dispatch } from './requests/dispatch.js';
-import { HANDLERS } from './requests/table.js';
+import { dispatch, HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
 import type { SendWithFds } from './reply.js';
 import type { Result } from '../../common/result.js';
@@ -49,8 +48,7 @@ import { capture, type RestorePlan } from './live-state.js';
 import { restoreFrom, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
-import { guestSource } from './guest-source.js';
-import { guestVmOf, guestVmsOf } from './guest-vm.js';
+import { guestSource, guestVmOf, guestVmsOf } from './guest-vm.js';
 import { GuestEnergy } from '../guest/guest-energy.js';
 import type { HeldFds } from '../guest/thread-reads.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
@@ -258,7 +256,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
     open: pl.open,
     log: o.log,
     clkTck: o.host.clkTck,
-    totalsInto: (vmId, into) => sampling.totalsInto(vmId, into),
+    totalsInto: (vmId, into) => sampling.engine.totalsInto(vmId, into),
     domains: ['package', ...new Set((o.host.domains ?? []).map((c) => c.domain))],
   });
   const mayLimit = (peer: PeerCredentials) => peer.uid === 0 || (pl.adminGid !== undefined && peerInGroup(o.procRoot, peer, pl.adminGid));
@@ -440,7 +438,7 @@ export class V2Service {
       this.p.powerLimits?.sample(ev.result, ev.ended);
       this.checkpoint?.(this.liveState());
       fanOut.sample({
-        update: (vmId) => currentUpdate(sampling, vmId),
+        update: (vmId) => currentUpdate(sampling.engine, vmId),
         host: (perPackage, domains) => encodeHostUpdate(this.p.hostValues(lifecycle.changed, perPackage, domains)),
       });
       stats.sample(ev, lifecycle.changed);

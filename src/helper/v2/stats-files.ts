@@ -33,7 +33,7 @@ import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { VmStatsFile, type FinishCause, type VmStatsCopy } from './vm-stats-file.js';
 
 /** What the files read of the sampling loop. */
-type StatsSampling = Pick<SamplingService, 'totalsInto' | 'running'>;
+type StatsSampling = Pick<SamplingService, 'engine' | 'running'>;
 
 interface StatsFilesParts {
   registry: Pick<VmRegistry, 'get'>;
@@ -186,7 +186,7 @@ export class StatsFiles {
     if (have) return have;
     const r = this.p.registry.get(vmId);
     const now = emptyVmTotals();
-    if (!r || !this.p.sampling.totalsInto(vmId, now)) return null;
+    if (!r || !this.p.sampling.engine.totalsInto(vmId, now)) return null;
     const f = new VmStatsFile(vmId, this.shapeOf(vmId, r.pid, r.name, now), {
       sampling: this.p.sampling,
       realtimeOf: (tNs) => this.realtimeOf(tNs),

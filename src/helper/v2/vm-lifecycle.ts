@@ -15,7 +15,7 @@ import { vmLogFields } from './vm-log.js';
 export const ENDED_DISCOVERED_KEPT_SAMPLES = 5;
 
 /** What the lifecycle needs of the sampling loop. */
-type LifecycleSampling = Pick<SamplingService, 'output' | 'unregister' | 'updateVcpus'>;
+type LifecycleSampling = Pick<SamplingService, 'engine' | 'unregister'>;
 
 interface VmLifecycleParts {
   registry: VmRegistry;
@@ -50,7 +50,7 @@ export class VmLifecycle {
   /** Drops a VM; whoever still watches it gets a last UPDATE with ENDED. */
   drop(vmId: number): void {
     const { registry, sampling } = this.p;
-    const out = sampling.output(vmId);
+    const out = sampling.engine.output(vmId);
     if (out) this.p.lastUpdate(vmId, vmUpdate(vmId, out, true));
     const r = registry.get(vmId);
     sampling.unregister(vmId);
@@ -65,7 +65,7 @@ export class VmLifecycle {
     if (r && this.p.registry.release(vmId)) {
       const c = this.p.discovery?.current(r.pid);
       if (c) {
-        this.p.sampling.updateVcpus(vmId, c.vcpus);
+        this.p.sampling.engine.updateVcpus(vmId, c.vcpus);
         r.wholeVmOnly = c.wholeVmOnly;
       }
       this.vmsChanged = true;
@@ -94,9 +94,5 @@ export class VmLifecycle {
       if (r.live || r.owner !== null || !r.discovered) continue;
       if (++r.endedSamples > ENDED_DISCOVERED_KEPT_SAMPLES) this.drop(r.vmId);
     }
-  }
-
-  state(): { vmsChanged: boolean } {
-    return { vmsChanged: this.vmsChanged };
   }
 }

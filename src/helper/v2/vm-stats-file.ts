@@ -26,7 +26,7 @@ import type { OtherDomain } from '../../model/domains.js';
 
 /** What a VM's file reads of the daemon. */
 interface VmStatsReads {
-  sampling: Pick<SamplingService, 'totalsInto'>;
+  sampling: Pick<SamplingService, 'engine'>;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
   realtimeOf(tNs: bigint): bigint;
   /** CLOCK_MONOTONIC at which the sample after the one at `tNs` is expected (0: none is). */
@@ -131,7 +131,7 @@ export class VmStatsFile {
   bytesNow(): Buffer {
     const memory = new ArrayBuffer(this.layout.fileSize);
     new Uint8Array(memory).set(encodeStatsFile(this.layout));
-    if (this.p.sampling.totalsInto(this.vmId, this.totals)) this.refill();
+    if (this.p.sampling.engine.totalsInto(this.vmId, this.totals)) this.refill();
     new SampleBlock(memory, this.layout).write(this.fill);
     return Buffer.from(memory);
   }
@@ -156,7 +156,7 @@ export class VmStatsFile {
 
   /** The VM's totals now, read from the engine in place; false when the engine has no such VM. */
   read(): boolean {
-    return this.p.sampling.totalsInto(this.vmId, this.totals);
+    return this.p.sampling.engine.totalsInto(this.vmId, this.totals);
   }
 
   /** Whether the totals read() last read have the file's shape (count of vCPUs and virtual packages). */

@@ -27,7 +27,7 @@ export function vmUpdate(vmId: number, out: VmOutput, ended = out.ended): VmUpda
 }
 
 /** VM `vmId`'s UPDATE now, or null when the loop has no such VM. */
-export function currentUpdate(sampling: { output(vmId: number): VmOutput | undefined }, vmId: number): VmUpdateFrame | null {
-  const out = sampling.output(vmId);
+export function currentUpdate(engine: { output(vmId: number): VmOutput | undefined }, vmId: number): VmUpdateFrame | null {
+  const out = engine.output(vmId);
   return out ? vmUpdate(vmId, out) : null;
 }

@@ -102,13 +102,6 @@ export function closeFd(fd: number): void {
   fn.close(fd);
 }
 
-/** Whether `fd` is close-on-exec (FD_CLOEXEC). */
-export function isCloseOnExec(fd: number): boolean {
-  const flags = fn.fcntl(fd, F_GETFD) as number;
-  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
-  return (flags & FD_CLOEXEC) !== 0;
-}
-
 /** A watch on an fd, from watchReadable. */
 export interface FdWatch {
   close(): void;

@@ -41,33 +41,6 @@ export const STATS_BASE = {
   POW2: 0x1 << STATS_BASE_SHIFT,
 } as const;
 
-const TYPE_NAMES: Readonly<Record<number, string>> = {
-  [STATS_TYPE.CUMULATIVE]: 'cumulative',
-  [STATS_TYPE.INSTANT]: 'instant',
-  [STATS_TYPE.PEAK]: 'peak',
-};
-const UNIT_NAMES: Readonly<Record<number, string>> = {
-  [STATS_UNIT.NONE]: '',
-  [STATS_UNIT.BYTES]: 'B',
-  [STATS_UNIT.SECONDS]: 's',
-  [STATS_UNIT.CYCLES]: 'cycles',
-  [STATS_UNIT.BOOLEAN]: 'bool',
-  [STATS_UNIT.JOULES]: 'J',
-  [STATS_UNIT.WATTS]: 'W',
-};
-
-/** "cumulative", "instant", "peak", or "type N" for a code this reader does not know. */
-export function statsTypeName(flags: number): string {
-  const t = flags & STATS_TYPE_MASK;
-  return TYPE_NAMES[t] ?? `type ${t >> STATS_TYPE_SHIFT}`;
-}
-
-/** "J", "W", "s", ... ("" for NONE), or "unit N" for a code this reader does not know. */
-export function statsUnitName(flags: number): string {
-  const u = flags & STATS_UNIT_MASK;
-  return UNIT_NAMES[u] ?? `unit ${u >> STATS_UNIT_SHIFT}`;
-}
-
 /** The factor a raw value is multiplied by to get the unit: 10^exponent or 2^exponent. */
 export function statsScale(flags: number, exponent: number): number {
   return (flags & STATS_BASE_MASK) === STATS_BASE.POW2 ? 2 ** exponent : 10 ** exponent;

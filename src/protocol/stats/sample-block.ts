@@ -69,10 +69,6 @@ export class SampleBlock {
   get(at: number): bigint {
     return this.words[at]!;
   }
-
-  get currentGeneration(): bigint {
-    return this.generation;
-  }
 }
 
 /** How readConsistent retries. */

@@ -1,6 +1,6 @@
 /**
  * DiscoveredVms with a real registry and a real ratio engine, no sockets. Discovery is a recorder:
- * scan() gives the VMs a test puts in, refine() the vCPU list it sets, and it notes what is deferred.
+ * scanSteps() gives the VMs a test puts in, refine() the vCPU list it sets, and it notes what is deferred.
  */
 import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
@@ -50,8 +50,7 @@ function setup(room = true) {
   const scan: DiscoveredVm[] = [];
   const deferred: number[] = [];
   let refined: { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null = null;
-  const discovery: Pick<Discovery, 'scan' | 'scanSteps' | 'refine' | 'defer'> = {
-    scan: () => scan.splice(0),
+  const discovery: Pick<Discovery, 'scanSteps' | 'refine' | 'defer'> = {
     scanSteps: () => scan.splice(0)[Symbol.iterator](),
     refine: () => refined,
     defer: (pid) => deferred.push(pid),
@@ -60,7 +59,7 @@ function setup(room = true) {
   const vms = new DiscoveredVms({
     discovery,
     registry,
-    sampling: engine,
+    sampling: { engine, register: (spec) => engine.register(spec) },
     fds: { canAdmit: () => (room ? ok(undefined) : fail('no fds left')) },
     log,
     changed: () => changes++,
@@ -80,43 +79,42 @@ function setup(room = true) {
 const sample = (pid: number) => ({ tNs: 1n, energy: new Map(), tasks: new Map([[pid, new Map([[pid, 'stat']])]]) });
 
 describe('DiscoveredVms', () => {
-  it('admits what the scan found: sampled, listed as discovered with its name, a change noted', () => {
+  it('admits what the scan found: sampled, listed as discovered with its name, a change noted', async () => {
     const s = setup();
     s.scan.push(found(601));
-    s.vms.scan();
+    await s.vms.scanInSlices(() => false);
     const [r] = [...s.registry.all()];
     expect(r).toMatchObject({ pid: 601, owner: null, discovered: true, name: 'vm601', live: true });
     expect(s.engine.activePids()).toEqual([601]);
     expect(s.changes()).toBe(1);
   });
 
-  it('gives a process a client registered already only its name and UUID: one process, one VM', () => {
+  it('gives a process a client registered already only its name and UUID: one process, one VM', async () => {
     const s = setup();
     const vmId = s.engine.register({ pid: 602, starttime: 1, vcpus: [{ tid: 602, vpkg: 0 }] });
     s.registry.add(1, vmId, { pid: 602, starttime: 1, vcpus: [] }, 0);
     s.scan.push(found(602, { uuid: Buffer.from([7]) }));
-    s.vms.scan();
+    await s.vms.scanInSlices(() => false);
     expect(s.registry.total).toBe(1);
     expect(s.registry.get(vmId)).toMatchObject({ owner: 1, discovered: true, name: 'vm602', uuid: Buffer.from([7]) });
     expect(s.changes()).toBe(0);
   });
 
-  it('defers a VM whose threads do not fit the fd budget, warning once however often it is found', () => {
+  it('defers a VM whose threads do not fit the fd budget, warning once however often it is found', async () => {
     const s = setup(false);
     for (let i = 0; i < 3; i++) {
       s.scan.push(found(603));
-      s.vms.scan();
+      await s.vms.scanInSlices(() => false);
     }
     expect(s.registry.total).toBe(0);
     expect(s.deferred).toEqual([603, 603, 603]);
     expect(s.lines.filter((l) => l.includes('VM discovered but not sampled'))).toHaveLength(1);
-    expect(s.vms.state()).toEqual({ deferred: [603] });
   });
 
-  it("takes a discovered VM's refined vCPU list, noting a change of whole-VM-only, unless a registrant holds it", () => {
+  it("takes a discovered VM's refined vCPU list, noting a change of whole-VM-only, unless a registrant holds it", async () => {
     const s = setup();
     s.scan.push(found(604));
-    s.vms.scan();
+    await s.vms.scanInSlices(() => false);
     const [r] = [...s.registry.all()];
     s.refineTo({ vcpus: [{ tid: 604, vpkg: 0 }], wholeVmOnly: true });
     s.vms.refine(sample(604));

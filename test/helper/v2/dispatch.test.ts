@@ -1,7 +1,6 @@
 /** The request table and dispatch, without sockets: one handler per request type, the right one called. */
 import { describe, expect, it } from 'vitest';
-import { dispatch } from '../../../src/helper/v2/requests/dispatch.js';
-import { HANDLERS } from '../../../src/helper/v2/requests/table.js';
+import { dispatch, HANDLERS } from '../../../src/helper/v2/requests/table.js';
 import type { HandlerTable, RequestType } from '../../../src/helper/v2/requests/handler.js';
 import { CLIENT_TYPES, T, encodeOk } from '../../../src/protocol/v2/codec.js';
 import type { ClientRequest } from '../../../src/protocol/v2/messages.js';

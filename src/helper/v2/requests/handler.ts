@@ -1,6 +1,6 @@
 /**
  * A v2 request handler: one function per request type, given the request, the connection it came on
- * and the service's parts, returning the reply. The table of them is table.ts; dispatch.ts picks one.
+ * and the service's parts, returning the reply. The table of them, and the dispatch that picks one, is table.ts.
  * A new request = a handler file, its table entry, and its codec entries.
  */
 import type { ClientRequest } from '../../../protocol/v2/messages.js';
@@ -23,7 +23,7 @@ type RequestOf<K extends RequestType> = Extract<ClientRequest, { type: K }>;
 /** The parts of the service the handlers use. */
 export interface RequestParts {
   registry: VmRegistry;
-  sampling: Pick<SamplingService, 'register' | 'updateVcpus' | 'nvpkg' | 'output' | 'failed' | 'guestPowerUnit'>;
+  sampling: Pick<SamplingService, 'register' | 'engine' | 'failed'>;
   lifecycle: VmLifecycle;
   clients: Clients<V2Connection>;
   /** HOST_UPDATE's values now, VMs changed or not (HOST_SUBSCRIBE's acknowledgment says not). */

@@ -9,7 +9,7 @@ export const list: Handler<typeof T.LIST> = (req, conn, p) => {
     hostVmId: r.vmId,
     pid: r.pid,
     uid: r.uid,
-    nvpkg: p.sampling.nvpkg(r.vmId),
+    nvpkg: p.sampling.engine.nvpkg(r.vmId),
     starttime: BigInt(r.starttime),
     ended: !r.live,
     discovered: r.owner === null,

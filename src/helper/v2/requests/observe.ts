@@ -7,7 +7,7 @@ import type { Handler } from './handler.js';
 
 export const observe: Handler<typeof T.OBSERVE> = (req, conn, p) => {
   // A VM the peer may not see is answered exactly like one that does not exist.
-  const u = p.registry.canSee(p.clients.viewerOf(conn), req.vmId) ? currentUpdate(p.sampling, req.vmId) : null;
+  const u = p.registry.canSee(p.clients.viewerOf(conn), req.vmId) ? currentUpdate(p.sampling.engine, req.vmId) : null;
   if (!u) return frameReply(encodeError(E.NO_SUCH, T.OBSERVE, `no VM ${req.vmId}`));
   if (!u.ended) watch(conn, req.vmId, req.domains);
   return frameReply(u.frame(req.domains));

@@ -21,7 +21,8 @@ export const limit: Handler<typeof T.LIMIT> = (req, conn, p) => {
   if (req.milliwatts !== null) {
     if (!limits.mayLimit(conn.peer))
       return refuse(E.NOT_PERMITTED, "power limits are set by root and the helper's --socket-group; ask an administrator");
-    if (req.milliwatts !== 0 && p.sampling.output(req.vmId)?.ended !== false) return refuse(E.PROCESS_GONE, `VM ${req.vmId} has ended`);
+    if (req.milliwatts !== 0 && p.sampling.engine.output(req.vmId)?.ended !== false)
+      return refuse(E.PROCESS_GONE, `VM ${req.vmId} has ended`);
     const why = limits.limiter.set(req.vmId, vm.pid, req.milliwatts === 0 ? null : req.milliwatts / 1000, false, domain);
     if (why !== null) return refuse(E.LIMIT, why);
   }

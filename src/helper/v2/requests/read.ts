@@ -6,7 +6,7 @@ import type { Handler } from './handler.js';
 export const read: Handler<typeof T.READ> = (req, conn, p) => {
   const no = (message: string) => frameReply(encodeError(E.NO_SUCH, T.READ, message));
   if (!p.registry.owns(conn.id, req.vmId)) return no(`no VM ${req.vmId} on this connection`);
-  const out = p.sampling.output(req.vmId);
+  const out = p.sampling.engine.output(req.vmId);
   const v = out?.vpkgs[req.vpkg];
   if (!out || !v) return no(`VM ${req.vmId} has no virtual package ${req.vpkg} (it has ${out?.vpkgs.length ?? 0})`);
   const failed = p.sampling.failed;

@@ -20,7 +20,7 @@ export const register: Handler<typeof T.REGISTER> = (req, conn, p) => {
   if (attachTo !== undefined) {
     // The discovered VM of this very process: one VM, its energy goes on; the client's vCPU list now stands.
     vmId = attachTo;
-    p.sampling.updateVcpus(vmId, spec.vcpus);
+    p.sampling.engine.updateVcpus(vmId, spec.vcpus);
   } else {
     try {
       p.openPid?.(spec.pid);
@@ -33,5 +33,5 @@ export const register: Handler<typeof T.REGISTER> = (req, conn, p) => {
   p.registry.add(conn.id, vmId, spec, uid);
   p.lifecycle.markChanged();
   conn.log.info({ vmId, pid: spec.pid, vcpus: spec.vcpus.length, wasDiscovered: attachTo !== undefined }, 'v2 VM registered');
-  return frameReply(encodeRegistered(vmId, p.sampling.nvpkg(vmId), p.sampling.guestPowerUnit));
+  return frameReply(encodeRegistered(vmId, p.sampling.engine.nvpkg(vmId), p.sampling.engine.guestPowerUnit));
 };

@@ -7,7 +7,7 @@ import type { Handler } from './handler.js';
 
 export const subscribe: Handler<typeof T.SUBSCRIBE> = (req, conn, p) => {
   if (!p.registry.owns(conn.id, req.vmId)) return frameReply(encodeError(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId} on this connection`));
-  const u = currentUpdate(p.sampling, req.vmId);
+  const u = currentUpdate(p.sampling.engine, req.vmId);
   if (!u) return frameReply(encodeError(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId}`));
   // The immediate UPDATE is the acknowledgment; an ended VM gets only this one.
   if (!u.ended) watch(conn, req.vmId, req.domains);

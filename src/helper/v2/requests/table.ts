@@ -1,6 +1,8 @@
-/** The v2 requests and their handlers (docs/protocol.md, docs/protocol-v2.md). */
+/** The v2 requests and their handlers (docs/protocol.md, docs/protocol-v2.md), and the dispatch of a request to its handler. */
 import { T } from '../../../protocol/v2/codec.js';
-import type { HandlerTable } from './handler.js';
+import type { ClientRequest } from '../../../protocol/v2/messages.js';
+import type { Reply } from '../reply.js';
+import type { Handler, HandlerTable, RequestType } from './handler.js';
 import { hostSubscribe } from './host-subscribe.js';
 import { limit } from './power-limit.js';
 import { list } from './list.js';
@@ -24,3 +26,9 @@ export const HANDLERS: HandlerTable = {
   [T.STATS_FD]: statsFd,
   [T.LIMIT]: limit,
 };
+
+export function dispatch<C, P>(table: HandlerTable<C, P>, req: ClientRequest, conn: C, parts: P): Reply {
+  // The table is keyed by type, so the handler found takes exactly this request.
+  const handler = table[req.type] as Handler<RequestType, C, P>;
+  return handler(req as never, conn, parts);
+}
