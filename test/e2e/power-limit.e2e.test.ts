@@ -238,20 +238,57 @@ async function reloaded(h: DaemonChild, sock: string): Promise<void> {
 
 const cpuGroupOfTid = (pid: number, tid: number) => /^\d+:cpu:(.*)$/m.exec(fs.readFileSync(`/proc/${pid}/task/${tid}/cgroup`, 'utf8'))?.[1];
 
-/** The figures of one limited stretch: settling time, the error held over `holdS`, the overshoot. */
+/** How far a 3-interval mean may be off the limit and still count as held. */
+const BAND = 0.05;
+/** How late a sample may come on a loaded host (timer slack, a busy event loop) without counting as an interval later. */
+const SAMPLE_SLACK_S = 0.25;
+
+/**
+ * The figures of one limited stretch, from t0 (the limit set). On a host shared with other work the
+ * package's power, and so the VM's share of it, moves under the loop (docs/power-limits.md "Accuracy"):
+ * a disturbance is the host's, its correction the loop's. So: `settleS`, the time until the 3-interval
+ * mean first comes within 5 % of the limit; `excursionS`, the longest stretch after that with it
+ * outside 5 % (how long the loop takes to correct a disturbance); the mean error over the `holdS`
+ * seconds from t0 + 5 s; the worst single interval; the overshoot of the step (the first 10 s: how far
+ * power went past the limit on the far side, below it when coming down from `from`); and the 3-interval
+ * means themselves, for the log.
+ */
 function figures(log: PowerLog, t0: number, limit: number, holdS: number, from = Infinity) {
   const after = log.points.filter((x) => x.t > t0 + 1.5);
-  // Settled: from the first interval after which every 3-interval mean stays within 5 %.
   const avg3 = after.map((_, i) => (i < 2 ? NaN : (after[i]!.w + after[i - 1]!.w + after[i - 2]!.w) / 3));
-  const firstOk = avg3.findIndex((_, i) => avg3.slice(i).every((a, j) => Number.isNaN(a) || Math.abs(a / limit - 1) <= 0.05 || i + j < 2));
-  const settleS = firstOk < 0 ? Infinity : after[Math.max(0, firstOk - 2)]!.t - t0;
+  const inBand = (a: number) => Math.abs(a / limit - 1) <= BAND;
+  const first = avg3.findIndex(inBand);
+  const settleS = first < 0 ? Infinity : after[Math.max(0, first - 2)]!.t - t0;
+  let excursionS = 0;
+  for (let i = Math.max(first, 0), out = -1; first >= 0 && i < avg3.length; i++) {
+    if (inBand(avg3[i]!)) out = -1;
+    else if (out < 0) out = i;
+    if (out >= 0) excursionS = Math.max(excursionS, after[i]!.t - after[out - 1]!.t);
+  }
   const hold = log.points.filter((x) => x.t > t0 + 5 && x.t <= t0 + 5 + holdS);
-  const mean = hold.reduce((s, x) => s + x.w, 0) / hold.length;
+  const mean = hold.reduce((sum, x) => sum + x.w, 0) / hold.length;
   const worst = Math.max(...hold.map((x) => Math.abs(x.w / limit - 1)));
-  // Overshoot: how far power went past the limit on the far side (below it when coming down from `from`).
-  const w = after.map((x) => x.w);
-  const overshoot = from > limit ? Math.max(0, 1 - Math.min(...w) / limit) : Math.max(0, Math.max(...w) / limit - 1);
-  return { settleS, meanErr: mean / limit - 1, worstInterval: worst, overshoot, intervals: hold.length };
+  const step = after.filter((x) => x.t <= t0 + 10).map((x) => x.w);
+  const overshoot = from > limit ? Math.max(0, 1 - Math.min(...step) / limit) : Math.max(0, Math.max(...step) / limit - 1);
+  const means = avg3.filter((x) => !Number.isNaN(x)).map((x) => (x / limit).toFixed(2));
+  return {
+    settleS,
+    excursionS,
+    meanErr: mean / limit - 1,
+    worstInterval: worst,
+    overshoot,
+    intervals: hold.length,
+    means: means.join(' '),
+  };
+}
+
+/** Checks a stretch's figures: settled within 5 s, every disturbance corrected within 5 s, the mean within 5 %, the step's overshoot at most `overshoot`. */
+function expectHeld(f: ReturnType<typeof figures>, overshoot = 0.1): void {
+  // The samples come about 1 s apart: a loaded host's timer slack puts the fifth a few ms past 5 s.
+  expect(f.settleS, 'the 3-interval mean within 5 % of the limit by 5 s').toBeLessThanOrEqual(5 + SAMPLE_SLACK_S);
+  expect(f.excursionS, 'every stretch outside 5 % corrected within 5 s').toBeLessThanOrEqual(5 + SAMPLE_SLACK_S);
+  expect(Math.abs(f.meanErr), 'the mean held within 5 %').toBeLessThanOrEqual(BAND);
+  expect(f.overshoot, "the step's overshoot").toBeLessThanOrEqual(overshoot);
 }
 
 describe('power limits on real QEMU guests', () => {
@@ -283,9 +320,7 @@ describe('power limits on real QEMU guests', () => {
     await until(log, t0, 36, 'the limited VM over 36 s');
     const f = figures(log, t0, limit, 30);
     console.log(`power limit, one VM: unlimited ${full.toFixed(1)} W, limit ${limit} W:`, JSON.stringify(f));
-    expect(f.settleS).toBeLessThanOrEqual(5);
-    expect(Math.abs(f.meanErr)).toBeLessThanOrEqual(0.05);
-    expect(f.overshoot).toBeLessThanOrEqual(0.1);
+    expectHeld(f);
     // The helper wrote its quota in the VM's own group, below the 1.9 CPUs set before it.
     const inForce = Number(fs.readFileSync(quotaFile, 'utf8'));
     expect(inForce).toBeLessThan(190000);
@@ -370,11 +405,7 @@ describe('power limits on real QEMU guests', () => {
       const fb = figures(b.log, t0, limitB, 30);
       console.log(`power limit (${source}), VM A of three: unlimited ${fullA.toFixed(1)} W, limit ${limitA} W:`, JSON.stringify(fa));
       console.log(`power limit (${source}), VM B of three: unlimited ${fullB.toFixed(1)} W, limit ${limitB} W:`, JSON.stringify(fb));
-      for (const f of [fa, fb]) {
-        expect(f.settleS).toBeLessThanOrEqual(5);
-        expect(Math.abs(f.meanErr)).toBeLessThanOrEqual(0.05);
-        expect(f.overshoot).toBeLessThanOrEqual(0.1);
-      }
+      for (const f of [fa, fb]) expectHeld(f);
       // The third has no limit: its threads stay in the group QEMU started them in, and nothing was made for it.
       const [qa, , qc] = guests as [QemuGuest, QemuGuest, QemuGuest];
       expect((await c.limit(third.vmId)).limitMw).toBe(0);
@@ -417,9 +448,7 @@ describe('power limits on real QEMU guests', () => {
     await until(log, t0, 36, 'the limited VM over 36 s');
     const f = figures(log, t0, limit, 30);
     console.log(`power limit on the fake MSR, one VM: unlimited ${full.toFixed(1)} W, limit ${limit} W:`, JSON.stringify(f));
-    expect(f.settleS).toBeLessThanOrEqual(5);
-    expect(Math.abs(f.meanErr)).toBeLessThanOrEqual(0.05);
-    expect(f.overshoot).toBeLessThanOrEqual(0.1);
+    expectHeld(f);
 
     /** The limit goes on across what `restart` does: never given back meanwhile, held within 5 % over the 10 s after. */
     const holdsAcross = async (what: string, restart: () => unknown, l: number) => {
@@ -473,8 +502,8 @@ describe('power limits on real QEMU guests', () => {
     await until(log, t1, 16, 'the VM limited by the file over 16 s');
     const g = figures(log, t1, fileLimit, 10);
     console.log(`power limit from the limits file: limit ${fileLimit} W:`, JSON.stringify(g));
-    expect(g.settleS).toBeLessThanOrEqual(5);
-    expect(Math.abs(g.meanErr)).toBeLessThanOrEqual(0.05);
+    // The new process starts from the limit the file set: the step is the reload's, not measured.
+    expectHeld(g, Infinity);
     // The helper stops: every quota goes back as it found it.
     expect(fs.readFileSync(quotaFile).equals(before)).toBe(false);
     await c.close();
@@ -513,9 +542,7 @@ describe('power limits on real QEMU guests', () => {
       `power limit on DRAM (fake MSR): unlimited ${fullDram.toFixed(2)} W DRAM / ${fullPkg.toFixed(1)} W package, limits ${limitDram} W DRAM / ${limitPkg} W package, package held at ${pkgHeld.toFixed(1)} W:`,
       JSON.stringify(f),
     );
-    expect(f.settleS).toBeLessThanOrEqual(5);
-    expect(Math.abs(f.meanErr)).toBeLessThanOrEqual(0.05);
-    expect(f.overshoot).toBeLessThanOrEqual(0.1);
+    expectHeld(f);
     expect(pkgHeld).toBeLessThan(limitPkg * 0.95);
     expect(await c.limit(vmId, undefined, 'dram')).toMatchObject({ domain: 'dram', limitMw: Math.round(limitDram * 1000) });
     // The listing, stats, the statistics file name each limit with its domain.
