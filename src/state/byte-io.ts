@@ -8,10 +8,8 @@ import { MAX_U64 } from './snapshot.js';
 export const STATE_HEADER_SIZE = 24;
 
 /**
- * Writes through a DataView: its setters are V8 built-ins, fast from the first call, where Buffer's
- * write methods are JavaScript that runs interpreted until warm, and a restart encodes once per
- * process (docs/daemon.md "Where the time goes"). Each setter returns the writer: an entry's fields
- * are one chain, in the order of the layout.
+ * Writes through a DataView, whose setters are fast from the first call where Buffer's run
+ * interpreted until warm, and a restart encodes once per process (docs/daemon.md "Where the time goes").
  */
 export class Writer {
   private buf = Buffer.alloc(4096);
@@ -30,22 +28,24 @@ export class Writer {
     return at;
   }
 
-  // room() first: it may replace this.buf and this.view, and `this.view.setUint8(this.room(n), v)`
-  // would take the old view before the call grows it (every snapshot past 4 KiB failed to encode).
-  u8(v: number): this {
-    const at = this.room(1);
-    this.view.setUint8(at, checkedUint(v, 0xff));
+  /** A whole number in 0..max, or a RangeError: a DataView would wrap it. */
+  private uint(n: 1 | 2 | 4, v: number, max: number): this {
+    if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${v} is out of range (0..${max})`);
+    // room() first: it may replace this.view (`this.view.setX(this.room(n), v)` would write the old one).
+    const at = this.room(n);
+    if (n === 1) this.view.setUint8(at, v);
+    else if (n === 2) this.view.setUint16(at, v, true);
+    else this.view.setUint32(at, v, true);
     return this;
+  }
+  u8(v: number): this {
+    return this.uint(1, v, 0xff);
   }
   u16(v: number): this {
-    const at = this.room(2);
-    this.view.setUint16(at, checkedUint(v, 0xffff), true);
-    return this;
+    return this.uint(2, v, 0xffff);
   }
   u32(v: number): this {
-    const at = this.room(4);
-    this.view.setUint32(at, checkedUint(v, 0xffffffff), true);
-    return this;
+    return this.uint(4, v, 0xffffffff);
   }
   u64(v: bigint | number): this {
     const big = BigInt(v);
@@ -74,12 +74,6 @@ export class Writer {
   done(): Buffer {
     return this.buf.subarray(0, this.length);
   }
-}
-
-/** A whole number in 0..max, or a RangeError: Buffer's write methods refused a value out of range, a DataView wraps it. */
-function checkedUint(v: number, max: number): number {
-  if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${v} is out of range (0..${max})`);
-  return v;
 }
 
 /** Thrown inside the decoder only, turned into its failure. */

@@ -89,7 +89,7 @@ function finite(x: number): number {
   return x;
 }
 
-/** Why the guest counters break a rule, or null (what the encoder writes, the decoder accepts). */
+/** Why the guest counters break a rule, or null. */
 export function guestCountersProblem(list: readonly GuestCounterState[]): string | null {
   if (list.length > STATE_LIMITS.maxGuestCounters) return `${list.length} guest counters, at most ${STATE_LIMITS.maxGuestCounters}`;
   for (const g of list) {

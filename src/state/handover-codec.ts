@@ -1,9 +1,6 @@
 /**
- * The hand-over section of the continuity record (format version 4 on; docs/daemon.md "Restart
- * state"): what a planned restart carries besides the state, at the end of the payload, its length in
- * the header's last field (0: a checkpoint, which a crash leaves). For each connection handed over:
- * its socket's inode (how the next process pairs it with the fd it got, whatever its number or
- * name), what was read of it and not answered yet, and the legacy request counters:
+ * The hand-over section (format version 4 on), at the end of the payload, its length in the
+ * header's last field (0: a checkpoint):
  *
  *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
  *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
@@ -13,10 +10,7 @@ import { MAX_U64, type Handover } from './snapshot.js';
 
 /** Connections one record may list (the daemon's --max-connections bound). */
 const MAX_HANDED_CONNECTIONS = 1 << 20;
-/**
- * Bytes read and not answered, per connection: the start of a request, and what the stream had read
- * ahead before reading stopped (Node's stream reads ahead up to 64 KiB).
- */
+/** Bytes read and not answered, per connection: the start of a request and what Node's stream read ahead (up to 64 KiB). */
 const MAX_PENDING_BYTES = 256 * 1024;
 const KINDS = [null, 'legacy', 'undecided'] as const;
 const ENTRY_MIN = 13;

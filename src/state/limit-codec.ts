@@ -57,7 +57,7 @@ export function readPowerLimits(r: Reader): PowerLimitState[] {
 
 const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.test(s);
 
-/** Why the power limits break a rule, or null (what the encoder writes, the decoder accepts). */
+/** Why the power limits break a rule, or null. */
 export function powerLimitsProblem(list: readonly PowerLimitState[]): string | null {
   if (list.length > STATE_LIMITS.maxPowerLimits) return `${list.length} power limits, at most ${STATE_LIMITS.maxPowerLimits}`;
   const seen = new Set<string>();

@@ -1,8 +1,4 @@
-/**
- * Bytes in a sealed memfd: written once, then sealed so that neither this process nor the one it is
- * handed to (a re-exec, systemd's fd store, the keeper) can change, grow or shrink them; read back
- * from an fd only when it is such a memfd. The continuity record (snapshot-codec.ts) travels this way.
- */
+/** The continuity record in a memfd sealed so that neither this process nor the one it is handed to can change it. */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { closeFd } from '../os/libc/fds.js';
@@ -10,11 +6,10 @@ import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSea
 import { decodeState, encodeState, FIX, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { Handover, StateSnapshot } from './snapshot.js';
 
-/** The seals a state memfd carries: no write, no grow, no shrink, and no seal removed or added. */
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 const STATE_MEMFD_NAME = 'vmsr-helper-state';
 
-/** Writes `bytes` into a new memfd named `name`, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
+/** A new memfd named `name` holding `bytes`, sealed (STATE_SEALS); close-on-exec. */
 export function writeSealedMemfd(name: string, bytes: Buffer): number {
   const fd = memfdCreate(name);
   try {
@@ -27,16 +22,12 @@ export function writeSealedMemfd(name: string, bytes: Buffer): number {
   }
 }
 
-/** Writes the record (the snapshot, and what a planned restart hands over) into a new memfd, seals it (STATE_SEALS) and returns its fd (close-on-exec). */
+/** The record of `s` and `handover` in a new sealed memfd (writeSealedMemfd). */
 export function writeStateMemfd(s: StateSnapshot, handover?: Handover): number {
   return writeSealedMemfd(STATE_MEMFD_NAME, encodeState(s, handover));
 }
 
-/**
- * The bytes of the state memfd `fd` (which stays open: the caller closes it), for decodeState.
- * Refused, with "cannot restore state: why; fix", when the fd is not a memfd sealed with STATE_SEALS
- * (someone could still change it) or is larger than any snapshot.
- */
+/** The bytes of the state memfd `fd` (left open); refused when it is not sealed with STATE_SEALS or is larger than any record. */
 export function readStateBytes(fd: number): Buffer {
   const refuse = (why: string) => cannotError('restore state', why, FIX);
   let seals: number;
@@ -58,7 +49,7 @@ export function readStateBytes(fd: number): Buffer {
   return bytes;
 }
 
-/** The snapshot in the memfd `fd` (which stays open): readStateBytes, decoded; refused as it and decodeState say. */
+/** The snapshot in the memfd `fd` (left open), or thrown why not. */
 export function readStateFd(fd: number): StateSnapshot {
   const r = decodeState(readStateBytes(fd));
   if (!r.ok) throw new Error(r.error);

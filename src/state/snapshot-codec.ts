@@ -1,7 +1,6 @@
 /**
- * The continuity record on the wire, pure: the one format a restart in place, a stop into systemd's
- * fd store and every checkpoint a crash may fall back on are written in (encodeState; read back by
- * decodeState and decodeHandover; layout in docs/daemon.md "Restart state"). All little-endian:
+ * The continuity record on the wire, pure: a restart's, a stop into systemd's fd store's and every
+ * checkpoint's (docs/daemon.md "Restart state"). All little-endian:
  *
  *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload
  *           | u32 hand-over length (version 4 on; 0 before, and in a checkpoint)
@@ -23,11 +22,9 @@
  *           (version 4 on) the power limits: limit-codec.ts
  *           (version 4 on) the hand-over, the header's last field long: handover-codec.ts
  *
- * A version 1 snapshot (written before the other domains were attributed) is read as one without them.
- *
  * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
- * against the bytes left before anything is allocated for it, and the decoded value passes the same
- * check (stateProblem) the encoder applies, so what one refuses the other never writes.
+ * against the bytes left before anything is allocated for it, and the decoded value passes the
+ * encoder's check (stateProblem).
  */
 import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
@@ -52,7 +49,7 @@ import {
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
 export const STATE_FORMAT_VERSION = 4;
-/** Every version decodeState reads: 1 has no other-domains section, 2 no guest counters, 3 no power limits and no hand-over. */
+/** 1 has no other-domains section, 2 no guest counters, 3 no power limits and no hand-over. */
 const READABLE_VERSIONS: readonly number[] = [1, 2, 3, 4];
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
@@ -75,11 +72,8 @@ const MIN_SIZE = {
   domainRaw: 16,
 } as const;
 
-/** How to go on when a saved state cannot be restored (memfd.ts says it too). */
 export const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 const VERSION_FIX = `run the vmsr-helper that wrote it, or ${FIX}`;
-
-// ---- the rules, shared by both directions ----
 
 const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
 const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
@@ -221,9 +215,6 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
   return null;
 }
 
-// ---- encoding (the Writer, in byte-io.ts, writes through a DataView) ----
-
-/** One VM's entry (its layout in the header comment). */
 function writeVm(w: Writer, vm: VmState): void {
   const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
   const flags =
@@ -244,7 +235,6 @@ function writeVm(w: Writer, vm: VmState): void {
   w.u64(vm.valuesNs);
 }
 
-/** The packages' totals, the known processes and the last sample. */
 function writeHostParts(w: Writer, s: StateSnapshot): void {
   w.list(4, s.packages, (k) => w.u32(k.pkg).u64(k.energyUj).u64(k.unattributedUj).f64(k.energyJ).f64(k.unattributedJ));
   w.list(4, s.knownPids, (k) => w.u32(k.pid).u64(k.starttime));
@@ -256,22 +246,17 @@ function writeHostParts(w: Writer, s: StateSnapshot): void {
   w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
 }
 
-/** The other RAPL domains' section (version 2 on). */
 function writeDomains(w: Writer, d: DomainsState): void {
   w.list(4, d.vms, (v) => {
     w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain));
     w.u8(0).list(2, v.energyJ, (j) => w.f64(j));
   });
-  /** A package entry's key: u32 pkg | u8 d | u8 0 | u16 0. */
   const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
   w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
   w.list(4, d.counters, (k) => key(k).u64(k.raw));
 }
 
-/**
- * The record's bytes, header included: the snapshot, and after it what a planned restart hands over
- * (none in a checkpoint). Throws a RangeError naming the rule a value breaks.
- */
+/** The record's bytes: the snapshot, and what a planned restart hands over. Throws a RangeError naming the rule a value breaks. */
 export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   const problem = stateProblem(s) ?? (handover ? handoverProblem(handover) : null);
   if (problem !== null) throw new RangeError(cannot('save state', problem));
@@ -296,8 +281,6 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   out.writeUInt32LE(out.length - stateEnd, 20);
   return out;
 }
-
-// ---- decoding ----
 
 function readVm(r: Reader): VmState {
   const hostVmId = r.u32('a VM id');
@@ -393,7 +376,6 @@ function readPayload(r: Reader, version: number): StateSnapshot {
   return out;
 }
 
-/** A domain code: a domain's index in ENERGY_DOMAINS, the package excluded. */
 function readDomain(r: Reader, what: string): OtherDomain {
   const code = r.u8(what);
   const d = ENERGY_DOMAINS[code];
@@ -402,7 +384,7 @@ function readDomain(r: Reader, what: string): OtherDomain {
   return d;
 }
 
-/** A package entry's key (u32 pkg | u8 d | u8 0 | u16 0), and what to call the rest of the entry in a refusal. */
+/** A package entry's key, and what to call the rest of the entry in a refusal. */
 function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDomain; at: string } {
   const pkg = r.u32(`a package's other-domain ${what}`);
   const domain = readDomain(r, `package ${pkg}'s other-domain ${what}`);
@@ -459,7 +441,7 @@ function openRecord(bytes: Buffer): { version: number; payload: Buffer; handover
   return { version, payload, handover };
 }
 
-/** `read` over `bytes`, every failure a refusal: a check that threw instead of refusing (a bug) is one too, named as such. */
+/** `read` over `bytes`, every failure a refusal (a check that threw instead: a bug, named as such). */
 function readChecked<T>(bytes: Buffer, what: string, fix: string, read: (r: Reader) => string | T): Result<T> {
   const refuse = (why: string) => fail(cannot(what, why, fix));
   try {
@@ -474,11 +456,7 @@ function readChecked<T>(bytes: Buffer, what: string, fix: string, read: (r: Read
   }
 }
 
-/**
- * The snapshot in the record `bytes`, or why it cannot be restored ("cannot restore state: why; fix"):
- * a wrong magic, an unknown version, a length that disagrees with the bytes (cut off, or bytes after
- * it), a bad checksum, a count past its bound, a value out of range, an id twice.
- */
+/** The snapshot in the record `bytes`, or "cannot restore state: why; fix". */
 export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   const rec = openRecord(bytes);
   if ('why' in rec) return fail(cannot('restore state', rec.why, rec.fix ?? FIX));
@@ -492,9 +470,8 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
 const HANDOVER_FIX = 'the connections it lists are closed; the restart was made by another vmsr-helper or the record was damaged';
 
 /**
- * What the record `bytes` hands over (null: it is a checkpoint, which hands nothing over), or "cannot
- * use the handover record: why; fix". Reads only the header and the hand-over, not the state.
- * `nowNs` refuses a record from the future (another boot).
+ * What the record `bytes` hands over (null: a checkpoint), or "cannot use the handover record: why;
+ * fix"; reads the header and the hand-over only. `nowNs` refuses a record from another boot.
  */
 export function decodeHandover(bytes: Buffer, nowNs: bigint): Result<Handover | null> {
   const rec = openRecord(bytes);

@@ -1,8 +1,6 @@
 /**
- * What the daemon carries across a restart or a crash (the continuity record: a re-exec, systemd's fd
- * store, the keeper): its live state as plain data, with the bounds a snapshot must keep, and what a
- * planned restart hands over besides (Handover). No I/O. Filling it from the live objects and
- * restoring them from it is the daemon's business; the codec (snapshot-codec.ts) only checks and carries it.
+ * What the daemon carries across a restart or a crash, as plain data with the bounds a snapshot must
+ * keep, and what a planned restart hands over besides (Handover). No I/O.
  */
 import type { GuestCounterState } from '../guest-energy/guest-counter.js';
 import type { EnergyDomain, OtherDomain } from '../model/domains.js';
@@ -11,29 +9,22 @@ import type { VcpuSpec } from '../model/vcpus.js';
 
 /** Each limit a snapshot must keep, checked on encode and on decode (docs/daemon.md "Restart state"). */
 export const STATE_LIMITS = {
-  /** Whole encoded payload, bytes. */
   maxPayloadBytes: 64 * 1024 * 1024,
-  /** VMs (registered, discovered, ended not yet dropped). */
   maxVms: MAX_VMS,
   /** A VM's name, UTF-8 bytes. */
   maxNameBytes: 1024,
-  /** Host packages, in the totals and in the last sample. */
   maxPackages: 4096,
-  /** Processes discovery knows. */
   maxKnownPids: 1_000_000,
-  /** Threads with cumulative ticks in the last sample. */
   maxThreads: 4_000_000,
   /** Entries of the other-domains section: a VM's, a package's or a counter's per domain (4 other domains). */
   maxDomainEntries: 4 * MAX_VMS,
-  /** VMs with guest counters. */
   maxGuestCounters: MAX_VMS,
-  /** Power limits (docs/power-limits.md): the most one helper holds. */
   maxPowerLimits: 4096,
 } as const;
 
 /** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
 export const MAX_HOST_VM_ID = 0xffffffff;
-/** Counters and µJ are u64; the MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
+/** The MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
 export const MAX_U64 = (1n << 64n) - 1n;
 export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
 
@@ -50,16 +41,14 @@ export interface VmState {
   /** Host-wide id (OBSERVE, LIST; for a registered VM also its vm_id), 1..2^32-1, unique. */
   hostVmId: number;
   pid: number;
-  /** Field 22 of /proc/<pid>/stat at registration: (pid, starttime) names the process. */
+  /** Field 22 of /proc/<pid>/stat: (pid, starttime) names the process. */
   starttime: number;
   /** Owner of /proc/<pid>. */
   uid: number;
   /** The connection that registered it, as the daemon numbers its connections; null when only discovered. */
   owner: number | null;
-  /** The /proc scan found this process (alone, or besides a registration). */
   discovered: boolean;
   name: string | null;
-  /** The 16 bytes of the VM's -uuid. */
   uuid: Buffer | null;
   /** The vCPU threads could not be told apart: vpkg 0 holds the whole VM's energy. */
   wholeVmOnly: boolean;
@@ -69,9 +58,8 @@ export interface VmState {
   baseline: boolean;
   /** Sample time (monotonic ns) of its totals; 0 before its first interval. */
   valuesNs: bigint;
-  /** Samples since it ended (a discovered VM is dropped after a few). */
   endedSamples: number;
-  /** vCPU thread -> virtual package (the vCPU rule of model/vcpus.ts; may be empty for a discovered VM). */
+  /** May be empty for a discovered VM. */
   vcpus: VcpuSpec[];
   /** Index = virtual package; 1..MAX_VPKG+1 entries. */
   vpkgs: VpkgTotals[];
@@ -79,12 +67,10 @@ export interface VmState {
 
 interface HostPackageState {
   pkg: number;
-  /** The same two totals in joules (float64), as they accumulate. */
+  /** Since sampling started, in J as they accumulate, and in µJ; unattributed: the part of no VM. */
   energyJ: number;
   unattributedJ: number;
-  /** Energy of the package since sampling started, µJ. */
   energyUj: bigint;
-  /** The part attributed to no VM, µJ. */
   unattributedUj: bigint;
 }
 
@@ -101,58 +87,43 @@ export interface SampledThread {
 }
 
 interface SampleState {
-  /** CLOCK_MONOTONIC of the sample, ns. */
   monotonicNs: bigint;
   /** CLOCK_REALTIME at the same moment, ns: after a reboot-free restart the monotonic clock goes on, this tells the gap otherwise. */
   realtimeNs: bigint;
-  /** Raw MSR_PKG_ENERGY_STATUS (or another source's raw counter) per package. */
   packages: { pkg: number; raw: bigint }[];
-  /**
-   * Each thread of each VM that had its baseline, as the last sample saw it: its process, its identity
-   * (tid, starttime) and its cumulative utime+stime ticks.
-   */
+  /** Each thread of each VM that had its baseline, with its cumulative utime+stime ticks. */
   threads: SampledThread[];
 }
 
-/**
- * The RAPL domains other than the package (format version 2 on; a version 1 snapshot has none): what
- * the engine and the host totals hold of each, so their intervals go on across a restart as the
- * package's do.
- */
+/** The RAPL domains other than the package (format version 2 on), as the engine and the host totals hold them. */
 export interface DomainsState {
   /** Per VM (by host VM id) and domain: A(v,g) of that domain, joules, index = virtual package. */
   vms: { hostVmId: number; domain: OtherDomain; energyJ: number[] }[];
   /** Per package and domain: the host totals since sampling started, joules. */
   packages: { pkg: number; domain: OtherDomain; energyJ: number; unattributedJ: number }[];
-  /** Per package and domain: its counter (mod its range) as last read; empty without a last sample. */
+  /** Per package and domain: its counter as last read; empty without a last sample. */
   counters: { pkg: number; domain: OtherDomain; raw: bigint }[];
 }
 
 export interface StateSnapshot {
-  /** The next host VM id to give: above every id in `vms`. */
   nextHostVmId: number;
   vms: VmState[];
   packages: HostPackageState[];
-  /** Processes discovery has already looked at (alive at the last scan). */
+  /** Processes discovery has looked at (alive at the last scan). */
   knownPids: KnownProcess[];
-  /** The last sample, to compute the first interval after the restart; null before the first. */
   lastSample: SampleState | null;
-  /** The other RAPL domains (absent in a version 1 snapshot, and when none is read). */
+  /** Each absent when empty (and before the version that added it). */
   domains?: DomainsState;
-  /** Each exact-mode VM's guest counters (--guest-energy exact; absent before version 3 and in raw mode). */
+  /** --guest-energy exact. */
   guest?: GuestCounterState[];
-  /** The power limits and the quota files they hold (absent before version 4 and when none is set). */
   limits?: PowerLimitState[];
 }
 
-/**
- * A VM's power limit across a restart or a crash (docs/power-limits.md "Restarts and crashes"): the
- * limit, and each quota file the helper wrote with the bytes it held before, to go on or give back.
- */
+/** A VM's power limit and each quota file it wrote, with the bytes before (docs/power-limits.md "Restarts and crashes"). */
 export interface PowerLimitState {
   vmId: number;
   pid: number;
-  /** The domain whose attributed power the limit is on (one record per VM and domain; the package before domains came). */
+  /** One record per VM and domain. */
   domain: EnergyDomain;
   limitW: number;
   limitedS: number;
@@ -163,7 +134,7 @@ export interface PowerLimitState {
   groups: HeldGroupState[];
 }
 
-/** A quota file the helper writes: its group (a key to match the group found again, never opened as it is), its bytes before, the helper's last write. */
+/** A quota file: its group (a key to match the group found again, never opened as it is), its bytes before, the helper's last write. */
 export interface HeldGroupState {
   dir: string;
   saved: string;
@@ -172,16 +143,17 @@ export interface HeldGroupState {
   made: boolean;
 }
 
-/** A connection a planned restart hands over: its socket's inode, and what was read of it and not answered. */
+/** A connection a planned restart hands over. */
 export interface HandedConnection {
-  /** st_ino of the connection's socket: pairs the record with the fd handed over. */
+  /** st_ino of its socket: pairs the record with the fd handed over. */
   ino: bigint;
-  /** 'legacy': a QEMU connection; 'undecided': its protocol is not known yet (fewer than 4 bytes read when reading stopped). */
+  /** 'undecided': fewer than 4 bytes read when reading stopped. */
   kind: 'legacy' | 'undecided';
+  /** Read and not answered. */
   pending: Buffer;
 }
 
-/** What a planned restart carries besides the state (absent from a checkpoint, which a crash leaves). */
+/** What a planned restart carries besides the state (absent from a checkpoint). */
 export interface Handover {
   /** CLOCK_MONOTONIC when written: a record from after now is from another boot. */
   writtenNs: bigint;
