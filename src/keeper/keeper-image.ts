@@ -1,9 +1,7 @@
 /**
- * What the root start gives the keeper's image (docs/daemon.md "Crashes"), in KEEPER_ENV.image: the
- * fds it opened (held for the keeper's life, passed to each serving process from KEEPER_FIRST_FD on),
- * how each serving process finds them (its environment: INHERIT_ENV), the command each serving process runs, the
- * socket file and pidfile the start made (the only paths the keeper removes), and the log level.
- * Set by the start, never by a serving process.
+ * What the root start gives the keeper's image in KEEPER_ENV.image (never set by a serving process):
+ * the fds it opened, the command each serving process runs, the socket file and pidfile (the only
+ * paths the keeper removes), the log level.
  */
 import { KEEPER_ENV } from './keeper-messages.js';
 import { takeEnvJson } from '../common/env-json.js';

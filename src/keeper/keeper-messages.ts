@@ -1,13 +1,12 @@
 /**
- * What the serving process tells its keeper (docs/daemon.md "Crashes"), one SOCK_SEQPACKET message
- * each: a type byte, then its text. The keeper answers nothing, and trusts nothing in a message but
- * its type and the fd attached, each checked (keeper.ts): no text is ever a path. Pure: no socket here.
+ * What the serving process tells its keeper, one SOCK_SEQPACKET message each: a type byte, then its
+ * text. The keeper trusts nothing in a message but its type and the fd attached; no text is a path.
  *
  *   H  hold this connection (its fd attached); text: empty (the keeper takes the inode from the fd)
  *   D  drop the connection of this inode; text: the inode in decimal
  *   C  the latest checkpoint (a sealed memfd attached); text: empty
  *   R  serving (the start is over)
- *   B  the event loop turns (once a second from ready on: keeper/deaths.ts tells a hung loop's watchdog from a sent SIGALRM)
+ *   B  the event loop turns (once a second from ready on: deaths.ts)
  */
 export const KEEPER_MESSAGE = { hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R', beat: 'B' } as const;
 export type KeeperMessageType = (typeof KEEPER_MESSAGE)[keyof typeof KEEPER_MESSAGE];
@@ -28,7 +27,7 @@ export function encodeKeeperMessage(type: KeeperMessageType, text = ''): Buffer 
 
 const TYPES = new Set<string>(Object.values(KEEPER_MESSAGE));
 
-/** The message in `bytes`, or null when it is none of ours (the keeper then closes its fds and goes on). */
+/** The message in `bytes`, or null when it is none of ours. */
 export function decodeKeeperMessage(bytes: Buffer): KeeperMessage | null {
   if (bytes.length === 0 || bytes.length > MAX_KEEPER_MESSAGE_BYTES) return null;
   const type = String.fromCharCode(bytes[0]!);
@@ -37,10 +36,8 @@ export function decodeKeeperMessage(bytes: Buffer): KeeperMessage | null {
 }
 
 /**
- * The environment of a serving process started by a keeper: the channel's fd, the names of the fds it
- * passes from fd KEEPER_FIRST_FD on (LISTEN_FDNAMES-style, ':'-separated), and a one-line account of
- * the crash that came before (JSON, KeeperNote). `image`: set by the root start in the keeper's own
- * image (what it opened, for the keeper to hold and pass on; cli/commands/start-daemon.ts).
+ * A serving process's environment from its keeper: the channel's fd, the ':'-separated names of the
+ * fds from KEEPER_FIRST_FD on, the crash before (KeeperNote). `image`: the keeper's own (keeper-image.ts).
  */
 export const KEEPER_ENV = {
   channel: 'VMSR_HELPER_KEEPER',
@@ -48,7 +45,7 @@ export const KEEPER_ENV = {
   note: 'VMSR_HELPER_KEEPER_NOTE',
   image: 'VMSR_HELPER_KEEPER_IMAGE',
 } as const;
-/** Set (to anything) in the environment of a start, as --no-keeper: no keeper (docs/daemon.md "Crashes"). */
+/** Set (to anything) in the environment of a start, as --no-keeper. */
 export const NO_KEEPER_ENV = 'VMSR_HELPER_NO_KEEPER';
 
 /** The channel is fd 3 of a serving process; the fds the keeper holds follow it. */
@@ -57,7 +54,7 @@ export const KEEPER_FIRST_FD = 4;
 
 /** What the keeper tells a serving process it starts after a crash. */
 export interface KeeperNote {
-  /** The process that died, how (a signal name, or an exit code), and when (wall-clock ms). */
+  /** The process that died, how (a signal name or an exit code), and when (wall-clock ms). */
   pid: number;
   how: string;
   atMs: number;
@@ -65,11 +62,11 @@ export interface KeeperNote {
   crashes: number;
   /** Why the checkpoint was not passed on, when it was not. */
   checkpointDropped?: string;
-  /** Ended by a signal from another process (keeper/deaths.ts): not counted in `crashes`. */
+  /** Ended by a signal from another process: not counted in `crashes`. */
   fromOutside?: boolean;
 }
 
-/** Whether a parsed KEEPER_ENV.note is a KeeperNote (link.ts's takeKeeperNote). */
+/** Whether a parsed KEEPER_ENV.note is a KeeperNote. */
 export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
   Number.isInteger(v.pid) &&
   typeof v.how === 'string' &&
@@ -79,13 +76,11 @@ export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
   (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
 
 /**
- * The one set of names of the fds the next process takes (each starts with `prefix`, which tells
- * them from the .socket unit's in systemd's LISTEN_FDNAMES), whoever holds them: the keeper, systemd's fd store, or the exec of a restart in
- * place. A connection by its socket's inode (a restart in place passes them all under the bare
- * prefix), a record by a sequence number (the highest is the latest; a restart's carries its
- * hand-over), what the start opened (keeper only: the devices, the socket, the --record files, which
- * INHERIT_ENV describes by number), and the mark that a checkpoint is being restored (fd store only:
- * a process that dies with it set crashed in the restore).
+ * The names of the fds the next process takes, whoever holds them (`prefix` tells them from the
+ * .socket unit's): a connection by its socket's inode (a restart in place passes them all under the
+ * bare prefix), a record by a sequence number (the highest is the latest), what the start opened
+ * (keeper only; INHERIT_ENV describes them), and the mark that a checkpoint is being restored (fd
+ * store only: a process that dies with it set crashed in the restore).
  */
 export const KEPT_NAMES = {
   prefix: 'vmsr-',

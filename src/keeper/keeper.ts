@@ -1,21 +1,13 @@
 /**
- * The keeper (docs/daemon.md "Crashes"): without systemd, `vmsr-helper --keeper` runs as this small
- * process, which starts the serving process, holds what must outlive it (what the start opened: the
- * devices, the listening socket, the --record files; every QEMU connection from the moment it is
- * accepted; the latest checkpoint) and starts it again, with all of it, when it dies. It reads
- * nothing from clients and answers nothing: it only holds fds the serving process sends it over a
- * private socketpair (keeper-messages.ts), each checked for what it must be. Crash loops back off and
- * end after KEEPER_LIMITS.maxCrashesInARow; a checkpoint the serving process died restoring is not
- * passed on.
+ * The keeper (docs/daemon.md "Crashes"): without systemd, it starts the serving process, holds what
+ * must outlive it (what the start opened, every QEMU connection from its accept, the latest
+ * checkpoint) and starts it again with all of it when it dies. It reads nothing from clients: it
+ * only holds fds the serving process sends it (keeper-messages.ts), each checked for what it must be.
  *
- * Privileges: none. The start opened everything as root and executed the keeper with every
- * capability dropped on every thread (os/privileges/reexec.ts), with -u's user as its effective uid
- * and 0 as its real and saved ones: no process of -u's user may signal it (kill(2)), and 0 brings no
- * capability (empty bounding set, SECBIT_NOROOT locked, NO_NEW_PRIVS). The serving processes it
- * starts inherit that and take -u's uid as all three first thing (takeOwnUid); it may signal them
- * either way. It never opens, unlinks or
- * executes a path a serving process names: the command, the socket file and the pidfile are the
- * start's (KeeperOptions).
+ * Privileges: none. It runs with every capability dropped, -u's user as its effective uid and 0 as
+ * its real and saved ones, so no process of -u's user may signal it (kill(2)), and 0 brings no
+ * capability (empty bounding set, SECBIT_NOROOT locked, NO_NEW_PRIVS). It never opens, unlinks or
+ * executes a path a serving process names: the command, the socket file and the pidfile are the start's.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
@@ -38,12 +30,9 @@ import { endedFromOutside, oomKills, STOPPED_CHECK_AFTER_MS, stoppedBySignal } f
 export const KEEPER_LIMITS = {
   /** The keeper stops after this many crashes in a row (the last one is not restarted). */
   maxCrashesInARow: 5,
-  /** A serving process heard from (keeper-messages.ts) this long after it was ready ends the row: its crash is the first of a new one. */
+  /** A serving process heard from this long after it was ready ends the row: its crash is the first of a new one. */
   stableMs: 10_000,
-  /**
-   * Wait before restarting after the 1st, 2nd, ... crash in a row (the last value for any later one);
-   * also after the 1st, 2nd, ... end from outside in a row (deaths.ts), which never stop the keeper.
-   */
+  /** Wait before restarting after the 1st, 2nd, ... crash (or end from outside: deaths.ts) in a row; the last for any later one. */
   backoffMs: [0, 200, 1000, 3000] as readonly number[],
   /** Most connections held (--max-connections is at most this; more are closed). */
   maxConnections: 65_536,
@@ -55,25 +44,19 @@ interface KeeperOptions {
   env: NodeJS.ProcessEnv;
   log: LogSink<'info' | 'warn' | 'error'>;
   limits?: Partial<typeof KEEPER_LIMITS>;
-  /** Called once, when the first serving process is ready (-d's report to the foreground). */
+  /** Called once, when the first serving process is ready. */
   onReady?: () => void;
-  /**
-   * What the start opened as root (the devices, the listening socket, the --record files): held for
-   * the keeper's life and passed to every serving process as fds KEEPER_FIRST_FD on, in this order
-   * (`env` says what they are).
-   */
+  /** What the start opened as root: held for the keeper's life, passed to every serving process from KEEPER_FIRST_FD on (`env` says what they are). */
   startFds?: readonly number[];
-  /** The socket file the start bound, removed (while still that inode) when the keeper stops after crashes. */
+  /** The start's socket file (removed after crashes while still that inode) and pidfile (removed while it holds this pid). */
   socketFile?: { ino: number; path: string };
-  /** The pidfile the start wrote with the keeper's pid, removed (while it still holds it) when the keeper ends. */
   pidfile?: string;
 }
 
 /**
  * Runs the keeper until it is stopped (the serving process's exit code), the first start fails (its
- * exit code), or crashes come too often in a row (1). Signals: SIGTERM and SIGINT are passed on and
- * stop the keeper once the serving process stopped (a serving process that stops without them came
- * from outside: started again); SIGHUP is passed on (a restart in place).
+ * exit code), or crashes come too often in a row (1). SIGTERM and SIGINT are passed on and stop the
+ * keeper once the serving process stopped; SIGHUP is passed on (a restart in place).
  */
 export function runKeeper(o: KeeperOptions): Promise<number> {
   const limits = { ...KEEPER_LIMITS, ...o.limits };
@@ -85,20 +68,19 @@ export function runKeeper(o: KeeperOptions): Promise<number> {
 class Keeper {
   private readonly conns = new Map<bigint, number>();
   private checkpoint: number | null = null;
-  /** The checkpoint was passed to the current serving process, which has not sent one of its own yet. */
+  /** Passed to the current serving process, which has not sent one of its own yet. */
   private checkpointGiven = false;
   private child: ChildProcess | null = null;
   private channel: { fd: number; watch: FdWatch } | null = null;
   private everReady = false;
   private readyAt = 0;
-  /** When the serving process last sent a message (its loop beats once a second: deaths.ts). */
+  /** When the serving process last sent a message (its loop beats once a second). */
   private lastHeard = 0;
   private crashes = 0;
   /** Ends from outside in a row (deaths.ts): backed off, never a reason to stop. */
   private killed = 0;
-  /** The host's OOM kills when the serving process was started (deaths.ts). */
   private oomAtSpawn = 0;
-  /** When the serving process was last found stopped by a signal and continued (0: never). */
+  /** When the serving process was last found stopped and continued (0: never). */
   private continuedAt = 0;
   private stopping = false;
   /** A SIGHUP came while no serving process was ready: passed on once one is. */
@@ -165,11 +147,7 @@ class Keeper {
     });
   }
 
-  /**
-   * A silent serving process stopped by a signal (SIGSTOP of -u's user) is continued: stopped past
-   * its watchdog's 10 s it would die by its alarm, counted as a hang (docs/security.md "The -u user
-   * ending the service"). Logged at each stop.
-   */
+  /** A silent serving process stopped by a signal is continued: past its watchdog's 10 s it would die, counted as a hang (docs/security.md "The -u user ending the service"). */
   private continueIfStopped(child: ChildProcess): void {
     if (child.pid === undefined || Date.now() - this.lastHeard < STOPPED_CHECK_AFTER_MS || !stoppedBySignal(child.pid)) return;
     child.kill('SIGCONT');
@@ -199,11 +177,7 @@ class Keeper {
     }
   }
 
-  /**
-   * Acts on one message; true when it kept `fd`. Nothing in a message is a path or a command: a
-   * connection must be a connected stream socket, a checkpoint a sealed memfd, a drop names an inode
-   * held; anything else is closed and forgotten.
-   */
+  /** Acts on one message; true when it kept `fd`. A connection must be a connected stream socket, a checkpoint a sealed memfd. */
   private take(bytes: Buffer, fd: number | undefined): boolean {
     const m = decodeKeeperMessage(bytes);
     if (m === null) return false;
@@ -236,7 +210,7 @@ class Keeper {
           this.child?.kill('SIGHUP');
         }
         return false;
-      case KEEPER_MESSAGE.beat: // heard (drain): a SIGALRM now came from outside, not from a hung loop's watchdog
+      case KEEPER_MESSAGE.beat: // heard (drain): a SIGALRM now came from outside
         return false;
     }
   }
@@ -278,7 +252,6 @@ class Keeper {
     const at = { oomBefore: this.oomAtSpawn, silentMs };
     if (sig !== null && endedFromOutside(sig, at)) return this.restartAfterKill(child, sig, stable);
     this.crashes = stable ? 1 : this.crashes + 1;
-    this.readyAt = 0;
     const note = this.noteOf(child, how);
     const max = this.limits.maxCrashesInARow;
     if (this.crashes >= max) {
@@ -289,26 +262,26 @@ class Keeper {
       return this.finish(1);
     }
     const delay = this.backoff(this.crashes);
+    this.startAgain(note, delay, { how, crashes: this.crashes, max, checkpoint: this.checkpoint !== null }, `died (${how})`);
+  }
+
+  /** Logs why and starts a serving process again, with everything held, after `delay` ms (null: now). */
+  private startAgain(note: KeeperNote, delay: number | null, fields: object, why: string, after = ''): void {
+    this.readyAt = 0;
+    const when = delay === null ? ' at once' : delay > 0 ? ` in ${delay} ms` : '';
     this.o.log.warn(
-      {
-        servingPid: note.pid,
-        how,
-        crashes: this.crashes,
-        max,
-        restartInMs: delay,
-        connections: this.conns.size,
-        checkpoint: this.checkpoint !== null,
-      },
-      `keeper: the serving process died (${how}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
+      { servingPid: note.pid, ...fields, ...(delay !== null ? { restartInMs: delay } : {}), connections: this.conns.size },
+      `keeper: the serving process ${why}: starting it again${when} with its connections${after}`,
     );
-    this.timer = setTimeout(() => this.spawn(note), delay);
+    if (delay === null) this.spawn(note);
+    else this.timer = setTimeout(() => this.spawn(note), delay);
   }
 
   private backoff(inARow: number): number {
     return this.limits.backoffMs[Math.min(inARow - 1, this.limits.backoffMs.length - 1)] ?? 0;
   }
 
-  /** The account for the next serving process; a checkpoint the dead one had not replaced yet is dropped (it may be what killed it). */
+  /** The account for the next serving process; a checkpoint the dead one had not replaced is dropped (it may be what killed it). */
   private noteOf(child: ChildProcess, how: string): KeeperNote {
     const note: KeeperNote = { pid: child.pid ?? 0, how, atMs: Date.now(), crashes: this.crashes };
     if (this.checkpointGiven && this.checkpoint !== null) {
@@ -320,45 +293,34 @@ class Keeper {
   }
 
   /**
-   * The serving process was ended by a signal another process sent (deaths.ts: a SIGKILL or SIGTERM
-   * from outside, not a fault and not the OOM killer): no fault of the helper's, so not a crash in
-   * the row that stops the keeper (the -u user, who may signal it, cannot end the service that way).
-   * Started again with everything, backed off as crashes are (at most one start per 3 s under a
-   * killing loop).
+   * Ended by a signal another process sent (deaths.ts): not a crash in the row that stops the keeper
+   * (the -u user, who may signal it, cannot end the service that way); backed off as crashes are.
    */
   private restartAfterKill(child: ChildProcess, sig: string, stable: boolean): void {
     this.killed = stable ? 1 : this.killed + 1;
-    this.readyAt = 0;
-    const note = { ...this.noteOf(child, sig), fromOutside: true };
-    const delay = this.backoff(this.killed);
-    this.o.log.warn(
-      { servingPid: note.pid, how: sig, killedInARow: this.killed, restartInMs: delay, connections: this.conns.size },
-      `keeper: the serving process was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper; to stop the helper, signal the keeper, pid ${process.pid}): starting it again${delay > 0 ? ` in ${delay} ms` : ''} with its connections`,
+    this.startAgain(
+      { ...this.noteOf(child, sig), fromOutside: true },
+      this.backoff(this.killed),
+      { how: sig, killedInARow: this.killed },
+      `was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper; to stop the helper, signal the keeper, pid ${process.pid})`,
     );
-    this.timer = setTimeout(() => this.spawn(note), delay);
   }
 
   /**
-   * The serving process was ended by a SIGHUP it could not take yet (one that reached it while Node
-   * started, in the window after a restart's exec: docs/security.md "A second SIGHUP during a
-   * restart"). That is a restart asked for, not a crash: it starts again at once, with the
-   * connections and the checkpoint, and the row of crashes is left as it was.
+   * Ended by a SIGHUP that came while Node started (docs/security.md "A second SIGHUP during a
+   * restart"): a restart asked for, not a crash, started again at once.
    */
   private restartAfterHangup(child: ChildProcess): void {
-    this.readyAt = 0;
-    const note: KeeperNote = { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes };
-    this.o.log.warn(
-      { servingPid: note.pid, connections: this.conns.size, checkpoint: this.checkpoint !== null },
-      'keeper: the serving process was ended by a SIGHUP that came before it could take one (a restart asked for while Node started): starting it again at once with its connections; not counted as a crash',
+    this.startAgain(
+      { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },
+      null,
+      { checkpoint: this.checkpoint !== null },
+      'was ended by a SIGHUP that came before it could take one (a restart asked for while Node started)',
+      '; not counted as a crash',
     );
-    this.spawn(note);
   }
 
-  /**
-   * Closes what it holds and ends with `code`. The start's socket file goes after crashes (the
-   * serving process removes it when it stops), while it is still that inode; the start's pidfile
-   * while it still holds this pid. Both paths are the start's, never a serving process's.
-   */
+  /** Closes what it holds and ends with `code`; the socket file goes only after crashes (a stopping serving process removes it). */
   private finish(code: number): void {
     clearTimeout(this.timer);
     for (const [sig, h] of this.signals) process.off(sig, h);

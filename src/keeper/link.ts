@@ -1,8 +1,6 @@
 /**
- * The serving process's side of the keeper (keeper.ts, docs/daemon.md "Crashes"): what the keeper
- * passed at its start (the listening socket, the connections, the checkpoint, by name), and the link
- * it sends the keeper what to hold over (keeper-messages.ts). A send that fails (the keeper is gone) is
- * logged once and the daemon goes on serving, without a keeper.
+ * The serving process's side of the keeper: what the keeper passed at its start, by name, and the
+ * link it sends the keeper what to hold over. A send that fails is logged once; serving goes on.
  */
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
@@ -24,11 +22,7 @@ const MAX_KEPT_FDS = 70_000;
 const PR_SET_PDEATHSIG = 1;
 const SIGTERM = 15;
 
-/**
- * The fds a keeper passed, by name (KEEPER_ENV.fdNames, read and removed), or null when none were. Names not
- * of the keeper's, or a malformed list, are refused with the fix; the start's (KEPT_NAMES.start) are
- * left to INHERIT_ENV.
- */
+/** The fds a keeper passed, by name (KEEPER_ENV.fdNames, read and removed), or null; the start's are left to INHERIT_ENV. */
 export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string, number[]> | null {
   // Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every
   // restart in place (a channel that is no socket is left alone: fromEnvironment refuses it).
@@ -89,12 +83,7 @@ export class KeeperLink {
     return new KeeperLink(fd, log);
   }
 
-  /**
-   * Nothing left behind (docs/daemon.md "Crashes"): this process is sent SIGTERM (a clean stop) when
-   * its keeper dies, and stops now if the keeper died before it could ask (the channel's end hung
-   * up). PR_SET_PDEATHSIG survives a restart in place's exec (no credential changes); set again at
-   * every image's start anyway. Returns false when the keeper is gone already.
-   */
+  /** SIGTERM (a clean stop) when the keeper dies (PR_SET_PDEATHSIG); false when it is gone already (the channel hung up). */
   static endWithKeeper(env: NodeJS.ProcessEnv = process.env): boolean {
     const fd = channelFd(env);
     if (fd === null) return true;
@@ -117,7 +106,7 @@ export class KeeperLink {
   }
 }
 
-/** The inode of a socket's fd (how the keeper and the fd store name a connection), or null when it is closed. */
+/** The inode of a socket's fd (how a connection is named), or null when it is closed. */
 export function socketIno(fd: number): bigint | null {
   try {
     return fs.fstatSync(fd, { bigint: true }).ino;

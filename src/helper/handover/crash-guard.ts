@@ -1,8 +1,6 @@
 /**
- * The daemon's hooks for crashes, in one place (docs/daemon.md "Crashes"): at the start, what was kept
- * outside the last process (kept.ts) and who holds it from now on (outside-keep.ts); at every accept
- * and close, through the server's ConnectionKeep; checkpoints from serving on; nothing more once it
- * stops. The daemon calls, in order: start, restore, serving, stopping.
+ * The daemon's hooks for crashes (docs/daemon.md "Crashes"), called in order: start (what was kept,
+ * and who holds it from now on), restore, serving (checkpoints), stopping.
  */
 import type { StateSnapshot } from '../../state/snapshot.js';
 import type { KeeperNote } from '../../keeper/keeper-messages.js';
@@ -10,7 +8,7 @@ import { takeKeeperNote } from '../../keeper/link.js';
 import { decodeKeptState, reportCrash, takeKept, type CrashLog, type Kept } from './kept.js';
 import { outsideKeep, type OutsideKeep, type StoreNotifier } from './outside-keep.js';
 
-/** What is checkpointed (the v2 service, V2Service): its interval's checkpoint step, given the live state after every sample before any client is told of it. */
+/** The v2 service: given the live state after every sample, before any client is told of it. */
 interface Checkpointed {
   checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void;
 }
@@ -19,15 +17,14 @@ export class CrashGuard {
   private checkpointed: Checkpointed | undefined;
 
   private constructor(
-    /** What the start found kept: the record's bytes, the legacy counters, the connections to serve. */
     readonly kept: Kept,
     private readonly note: KeeperNote | null,
-    /** Who holds every connection outside this process from its accept, and the checkpoints (undefined: nobody). */
+    /** Undefined: nobody holds anything outside this process. */
     readonly keep: OutsideKeep | undefined,
     private readonly log: CrashLog,
   ) {}
 
-  /** Takes what the process before kept (a restart's hand-over or a crash's leftovers) out of the inherited named fds. */
+  /** Takes what the process before kept out of the inherited named fds. */
   static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
     const note = takeKeeperNote();
     const kept = takeKept(named, note, log);
@@ -38,9 +35,9 @@ export class CrashGuard {
   }
 
   /**
-   * The kept state, decoded once the requests that waited through a restart are read and answered
-   * (the event loop polled for I/O: an immediate set in the poll phase runs before the next poll, so
-   * the second one runs after it); after a crash, the one line that says what was kept and lost.
+   * The kept state, decoded once the requests that waited through a restart are answered (an
+   * immediate set in the poll phase runs before the next poll, so the second one runs after it);
+   * after a crash, the one line that says what was kept and lost.
    */
   async restore(): Promise<StateSnapshot | undefined> {
     await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
@@ -49,11 +46,7 @@ export class CrashGuard {
     return state;
   }
 
-  /**
-   * Serving: checkpoints of `live` (the v2 service, when it runs) now and after every sample; the
-   * keeper learns the start is over. A snapshot that cannot be taken is logged once per run of
-   * failures; the last good checkpoint stays.
-   */
+  /** Checkpoints of `live` after every sample (a failure logged once per run of them; the last good one stays). */
   serving(live: Checkpointed | undefined): void {
     const keep = this.keep;
     if (keep === undefined) return;
@@ -73,7 +66,7 @@ export class CrashGuard {
     keep.ready();
   }
 
-  /** A stop or a hand-over to the fd store: no more checkpoints, and connections closed from now on stay held by whoever holds them. */
+  /** No more checkpoints; connections closed from now on stay held. */
   stopping(): void {
     this.checkpointed?.checkpointTo(null);
     this.keep?.detach();

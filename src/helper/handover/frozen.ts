@@ -1,15 +1,10 @@
-/**
- * Connections as a restart sees them (docs/daemon.md "Restarts"): the server stops reading each one
- * it can hand over (freeze), and says what it read of it and did not answer; the next process gets
- * the connection's fd with those bytes and serves it from there (HelperServer.adopt).
- */
+/** Connections as a restart sees them (docs/daemon.md "Restarts"): frozen, handed over with the bytes read and not answered. */
 import type net from 'node:net';
 import type { HandedConnection, StateSnapshot } from '../../state/snapshot.js';
 
 /** One connection the server can stop reading and hand over. */
 export interface Freezable {
   readonly kind: HandedConnection['kind'];
-  /** The socket serving it now. */
   socket(): net.Socket;
   /** Stops reading; returns the bytes read and not answered (the start of a request, what the stream read ahead). */
   freeze(): Buffer;
@@ -17,7 +12,6 @@ export interface Freezable {
   thaw(): void;
 }
 
-/** A connection whose reading stopped, and the bytes read of it that were not answered. */
 export type FrozenConnection = Omit<HandedConnection, 'ino'> & { socket: net.Socket };
 
 /** What HelperServer.freeze() gives: the connections to hand over as they are now, and the way back. */
@@ -28,11 +22,7 @@ export interface Frozen {
   thaw(): void;
 }
 
-/**
- * The one restart contract: what a restart (restarter.ts) asks of the running daemon (daemon.ts, which
- * asks the server and the v2 service in turn). The next process adopts what it got: the server its
- * connections (HelperServer.adopt), the v2 service the snapshot (v2/restore.ts).
- */
+/** What a restart (restarter.ts) asks of the running daemon. */
 export interface Restartable {
   /**
    * Stops reading every connection that can be handed over (the server's), tells the others the
@@ -43,14 +33,10 @@ export interface Restartable {
   snapshot(): StateSnapshot;
 }
 
-/** A connection handed over to this process: its fd (checked: a connected stream socket) and its bytes. */
+/** A connection handed over to this process: its fd (a connected stream socket) and its bytes. */
 export type HandedConnectionFd = Omit<HandedConnection, 'ino'> & { fd: number };
 
-/**
- * How the server holds each connection outside its process (docs/daemon.md "Crashes"): from its accept
- * until its close, or until it turns out to be v2 (a v2 client reconnects after a crash). The holder,
- * the keeper or systemd's fd store, is outside-keep.ts.
- */
+/** How the server holds each connection outside its process (outside-keep.ts), from its accept until its close or it turns out v2. */
 export interface ConnectionKeep {
   /** The connection of socket fd `fd` is accepted (or adopted): held from now on. Returns what names it for released(). */
   held(fd: number | undefined): bigint | null;

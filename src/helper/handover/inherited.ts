@@ -1,10 +1,7 @@
 /**
- * What a start inherits instead of opening it itself, as one value: from systemd socket activation
- * (the listening socket), from the image before the start-up re-exec (everything the root-only steps
- * opened, privileges dropped), and later from a restart handover (systemd's part: inheritFromEnvironment
- * in lifecycle/systemd.ts). The start-up (startup.ts) adopts
- * each part given and runs the step itself for each part missing. Across an exec it travels in
- * INHERIT_ENV as JSON; its fds survive the exec by number.
+ * What a start inherits instead of opening it itself, as one value (from systemd, the keeper, the
+ * image before an exec); the start-up adopts each part given and runs the step for each one missing.
+ * Across an exec it travels in INHERIT_ENV as JSON; its fds survive by number.
  */
 import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
@@ -14,11 +11,10 @@ import { takeFromKeeper } from '../../keeper/link.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
-/** Where the inherited parts come from (for logs; what is adopted follows from which parts are present). */
+/** Where the inherited parts come from (for logs). */
 export type InheritedFrom = 'fresh' | 'systemd' | 'keeper' | 'reexec' | 'restart';
 
 interface InheritedListener {
-  /** The listening socket, already bound and listening. */
   fd: number;
   /** The socket file bound for it (ours to remove at close: server/listener.ts's SocketFile); absent for systemd's socket. */
   file?: { path: string; ino: number };
@@ -26,10 +22,7 @@ interface InheritedListener {
 
 export interface Inherited {
   how: InheritedFrom;
-  /**
-   * The checks' results (vendor, online cpus, the energy source chosen and why; absent: msr): the
-   * checks ran before (root or CAP_SYS_RAWIO included).
-   */
+  /** The checks' results, from a run with root (energy absent: msr). */
   checks?: { vendor: Vendor; cpus: HostCpu[]; energy?: EnergySourceKind; energyWhy?: string };
   /** [cpu, fd] of each MSR device, opened as root. Needs `checks` (the cpus they belong to). */
   msr?: [number, number][];
@@ -42,7 +35,7 @@ export interface Inherited {
   files?: [string, number][];
   /** Privileges are dropped already, on every thread (the re-exec did it). */
   dropped?: boolean;
-  /** Further fds by name (systemd LISTEN_FDNAMES or fd store, a restart handover); carried, not used yet. */
+  /** Further fds by name (LISTEN_FDNAMES, the keeper's, a restart's). */
   named?: ReadonlyMap<string, readonly number[]>;
 }
 
@@ -58,18 +51,14 @@ function mapFds(i: Inherited, to: (fd: number) => number): Inherited {
   };
 }
 
-/** Every fd an Inherited holds (to keep across an exec). */
+/** Every fd an Inherited holds. */
 export function inheritedFds(i: Inherited): number[] {
   const fds: number[] = [];
   mapFds(i, (fd) => (fds.push(fd), fd));
   return fds;
 }
 
-/**
- * `i` with every fd renumbered: the one at place n of inheritedFds(i) becomes `first + n` (how the
- * keeper passes what the start opened to each serving process). The pidfile stays named: it holds
- * the keeper's pid, so the serving process adopts it and never removes it.
- */
+/** `i` with the fd at place n of inheritedFds(i) as `first + n` (how the keeper passes them on). */
 export function renumbered(i: Inherited, first: number): Inherited {
   let next = first;
   return mapFds(i, () => next++);
@@ -93,10 +82,7 @@ const isPair = <A, B>(e: unknown, a: (v: unknown) => v is A, b: (v: unknown) => 
 const isString = (v: unknown): v is string => typeof v === 'string';
 const isFdList = (v: unknown): v is number[] => Array.isArray(v) && v.every(isFd);
 
-/**
- * Inherited as the environment carries it. A cpu's package id keeps its JSON key `package` (what an
- * older image writes and reads), so an image of either version takes the other's across a restart.
- */
+/** Inherited as the environment carries it; a cpu's package id keeps the key `package` an older image reads. */
 type Encoded = Omit<Inherited, 'named' | 'checks'> & {
   checks?: Omit<NonNullable<Inherited['checks']>, 'cpus'> & { cpus: { cpu: number; package: number }[] };
   named?: [string, number[]][];
@@ -124,10 +110,7 @@ function valid(v: Partial<Encoded>): v is Encoded {
   );
 }
 
-/**
- * The Inherited left by the image before the exec (removed from the environment), or null. Started
- * by a keeper (docs/daemon.md "Crashes"), what it held after a crash is added by name.
- */
+/** The Inherited left by the image before the exec (removed from the environment), or null; what a keeper held is added by name. */
 export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited | null {
   const v = takeEnvJson<Encoded>(INHERIT_ENV, valid, env);
   if (v === undefined) return null;

@@ -1,12 +1,8 @@
 /**
  * What a start finds kept from the process before it (docs/daemon.md "Restarts" and "Crashes"), under
- * the one set of names (KEPT_NAMES) whoever held it: the exec of a restart in place, systemd's fd store
- * or the keeper. The latest record (the highest checkpoint number) and every kept connection, each
- * checked before it is trusted. A record with a hand-over (a planned restart, a stop into the fd store)
- * says what each connection is: one it lists is served from its pending bytes, one it does not list is
- * closed. A record without one is a checkpoint (a crash): each kept connection is served from its next
- * byte, and the checkpoint is the state unless the last process died restoring it. Anything else is
- * closed and logged.
+ * KEPT_NAMES, each part checked. A record with a hand-over says what each connection is (one it does
+ * not list is closed); without one it is a checkpoint (a crash): each connection is served from its
+ * next byte, and the checkpoint is the state unless the last process died restoring it.
  */
 import { closeFd } from '../../os/libc/fds.js';
 import { getPeerCredentials } from '../../os/libc/sockets.js';
@@ -23,11 +19,9 @@ import type { LogSink } from '../../logging/logger.js';
 export const CRASH_ON_VM_PID_ENV = 'VMSR_HELPER_TEST_CRASH_ON_VM_PID';
 
 export interface Kept {
-  /** The record's bytes, from a memfd sealed as it must be; decodeKeptState decodes them once the daemon serves. */
+  /** The record's bytes, decoded once the daemon serves (decodeKeptState). */
   state?: Buffer;
-  /** The legacy request counters of the previous process (a planned restart). */
   legacy?: Handover['legacy'];
-  /** Connections to serve, with what the previous process read of them. */
   connections: HandedConnectionFd[];
   /** A crash (no hand-over): why the checkpoint was not used, when it was not. */
   crash: { checkpointDropped?: string } | null;
@@ -39,7 +33,7 @@ export interface Kept {
 
 type KeptLog = LogSink<'info' | 'warn'>;
 
-/** Why `fd` is not a connection to serve, or its inode when it is one (a connected stream socket with a peer). */
+/** Why `fd` is not a connection to serve (a connected stream socket with a peer), or its inode. */
 function connectionProblem(fd: number): { ino: bigint } | { why: string } {
   const c = connectionIno(fd);
   try {
@@ -50,7 +44,7 @@ function connectionProblem(fd: number): { ino: bigint } | { why: string } {
   return c;
 }
 
-/** The kept state's snapshot, decoded and checked by the codec (planRestore checks it against the host later); undefined, and logged, when it does not decode. */
+/** The kept state's snapshot; undefined, and logged, when it does not decode. */
 export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | undefined {
   const r = decodeState(bytes);
   if (r.ok) return r.value;
@@ -59,11 +53,9 @@ export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | un
 }
 
 /**
- * The names an image from before the one continuity record handed over with (an upgrade by a restart
- * in place): its state, a snapshot of format version 3 at most, is read as the oldest checkpoint, and
- * its connections are served from their next byte, as after a crash (its hand-over record, pending
- * bytes included, is not read: closed as an unexpected name). QEMU never reconnects, so closing them would end
- * every guest's energy until its VM restarts.
+ * The names an image from before the one record handed over with: its state is read as the oldest
+ * checkpoint, its connections served from their next byte (its hand-over is closed as an unexpected
+ * name). QEMU never reconnects: closing them would end every guest's energy until its VM restarts.
  */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
@@ -109,10 +101,7 @@ function latestRecord(checkpoints: [string, number][], dropped: string | undefin
   return { bytes, handover, why };
 }
 
-/**
- * Takes the kept parts out of `named` (the Inherited's named fds), checking each; every fd not used
- * is closed. `note`: the keeper's account of a crash before this start. Never throws.
- */
+/** Takes the kept parts out of `named`, checking each; every fd not used is closed. Never throws. */
 export function takeKept(
   named: ReadonlyMap<string, readonly number[]> | undefined,
   note: KeeperNote | null,
@@ -161,11 +150,7 @@ function diedHow(note: KeeperNote): string {
   return `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`;
 }
 
-/**
- * The one line a start after a crash logs: what was kept, the checkpoint restored (and how old it was
- * when the process died) or why none, and what that means for the energy. `restored` is the decoded
- * checkpoint, when it decoded.
- */
+/** The one line a start after a crash logs: what was kept, the checkpoint restored (and its age) or why none. */
 export function reportCrash(kept: Kept, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
   const crash = kept.crash;
   if (crash === null) return;

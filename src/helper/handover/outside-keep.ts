@@ -1,9 +1,7 @@
 /**
  * What the serving process keeps outside itself so that a crash does not take it along (docs/daemon.md
- * "Crashes"): every connection from its accept to its close (or until it turns out to be v2, whose
- * clients reconnect), and a checkpoint of the live state at every interval. Two holders, one
- * interface: systemd's fd store (FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close) when the
- * daemon runs under a NOTIFY_SOCKET with a store, or the keeper (keeper/keeper.ts) that started it.
+ * "Crashes"): every connection from its accept to its close (or until it turns out to be v2), and a
+ * checkpoint at every interval. Two holders, one interface: the keeper, or systemd's fd store.
  */
 import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
@@ -23,18 +21,15 @@ export interface StoreNotifier {
 
 export interface OutsideKeep extends ConnectionKeep {
   readonly holder: 'keeper' | 'fd store';
-  /**
-   * The latest record: `s` (and, at a stop into the fd store, what the next start takes over) in a
-   * sealed memfd, handed to the holder; the one before is let go. False when the holder did not take it.
-   */
+  /** Hands the holder the latest record (the one before is let go); false when it did not take it. */
   checkpoint(s: StateSnapshot, handover?: Handover): boolean;
   /** A checkpoint is about to be restored: a process that dies before its own first checkpoint crashed in the restore. */
   restoring(): void;
   /** The start is over: serving. */
   ready(): void;
-  /** The event loop turns (each beat of lifecycle/loop-watchdog.ts). */
+  /** The event loop turns (lifecycle/loop-watchdog.ts). */
   beat(): void;
-  /** From now on, closing connections (a stop, a hand-over) leaves them held: no more is released. */
+  /** From now on, closing connections (a stop, a hand-over) leaves them held. */
   detach(): void;
 }
 
@@ -47,7 +42,7 @@ export function outsideKeep(
   const link = KeeperLink.fromEnvironment(log);
   if (link !== null) return keeperKeep(link);
   if (notifier.socket === undefined || process.env.FDSTORE === '0') return null;
-  return new FdStoreKeep(notifier, found.checkpointNames, found.restoringMark);
+  return fdStoreKeep(notifier, found.checkpointNames, found.restoringMark);
 }
 
 function keeperKeep(link: KeeperLink): OutsideKeep {
@@ -76,56 +71,42 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
   };
 }
 
-class FdStoreKeep implements OutsideKeep {
-  readonly holder = 'fd store';
-  private attached = true;
-  /** Checkpoint names in the store, oldest first: the latest stays, the others are removed once it is stored. */
-  private readonly checkpoints: string[];
-
-  /** `found`: the checkpoints the store held at this start; `marked`: it held the restoring mark (removed with them). */
-  constructor(
-    private readonly notifier: StoreNotifier,
-    found: readonly string[],
-    private marked: boolean,
-  ) {
-    this.checkpoints = [...found];
-  }
-
-  held(fd: number | undefined): bigint | null {
-    const ino = fd === undefined || !this.attached ? null : socketIno(fd);
-    if (ino !== null) this.notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd!]);
-    return ino;
-  }
-
-  released(ino: bigint | null): void {
-    if (ino !== null && this.attached) this.notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`);
-  }
-
-  checkpoint(s: StateSnapshot, handover?: Handover): boolean {
-    const fd = writeStateMemfd(s, handover);
-    // A name per checkpoint, ordered: FDSTOREREMOVE=1 removes every fd of a name, so the new one is
-    // stored before the old one goes, and a crash between the two leaves both (the next start takes the latest).
-    const name = `${KEPT_NAMES.checkpointPrefix}${monotonicNs()}`;
-    const stored = this.notifier.storeFds(name, [fd], { poll: false });
-    closeFd(fd);
-    if (!stored) return false;
-    for (const old of this.checkpoints.splice(0)) this.notifier.removeStoredFds(old);
-    this.checkpoints.push(name);
-    if (this.marked) this.notifier.removeStoredFds(KEPT_NAMES.restoring);
-    this.marked = false;
-    return true;
-  }
-
-  restoring(): void {
-    const fd = writeSealedMemfd(KEPT_NAMES.restoring, Buffer.alloc(1));
-    this.marked = this.notifier.storeFds(KEPT_NAMES.restoring, [fd], { poll: false });
-    closeFd(fd);
-  }
-
-  ready(): void {}
-  beat(): void {}
-
-  detach(): void {
-    this.attached = false;
-  }
+/** The fd store: FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close. `found`: the checkpoints it held at this start; `marked`: the restoring mark too. */
+function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: boolean): OutsideKeep {
+  let attached = true;
+  /** Oldest first: the latest stays, the others are removed once it is stored. */
+  const checkpoints = [...found];
+  return {
+    holder: 'fd store',
+    held(fd) {
+      const ino = fd === undefined || !attached ? null : socketIno(fd);
+      if (ino !== null) notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd!]);
+      return ino;
+    },
+    released(ino) {
+      if (ino !== null && attached) notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`);
+    },
+    checkpoint(s, handover) {
+      const fd = writeStateMemfd(s, handover);
+      // A name per checkpoint, ordered: FDSTOREREMOVE=1 removes every fd of a name, so the new one is
+      // stored before the old one goes, and a crash between the two leaves both (the next start takes the latest).
+      const name = `${KEPT_NAMES.checkpointPrefix}${monotonicNs()}`;
+      const stored = notifier.storeFds(name, [fd], { poll: false });
+      closeFd(fd);
+      if (!stored) return false;
+      for (const old of checkpoints.splice(0)) notifier.removeStoredFds(old);
+      checkpoints.push(name);
+      if (marked) notifier.removeStoredFds(KEPT_NAMES.restoring);
+      marked = false;
+      return true;
+    },
+    restoring() {
+      const fd = writeSealedMemfd(KEPT_NAMES.restoring, Buffer.alloc(1));
+      marked = notifier.storeFds(KEPT_NAMES.restoring, [fd], { poll: false });
+      closeFd(fd);
+    },
+    ready: () => {},
+    beat: () => {},
+    detach: () => void (attached = false),
+  };
 }

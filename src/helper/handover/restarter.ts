@@ -1,18 +1,9 @@
 /**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"): a planned crash. Both ways freeze the
- * daemon and write the last checkpoint, the one continuity record (state/snapshot-codec.ts) with a
- * hand-over: every legacy connection (and every one whose protocol is not known yet) with the bytes
- * read of it and not answered, and the legacy counters; then hand it to the holder. v2 clients are
- * told the helper restarts (ERROR RESTARTING) and reconnect; their registrations wait for them in the state.
- *
- *  - In place (SIGHUP, `vmsr-helper reload`): the installed binary is checked (it must run
- *    `--version`), then the daemon stops reading, hands over and executes it again in this process,
- *    as the start-up re-exec does; the listening socket, MSR fds and pidfile cross as at start-up, the
- *    record and the connections under KEPT_NAMES. A failed check or exec leaves this process
- *    serving, every connection read again.
- *  - Through systemd's fd store (a stop under a NOTIFY_SOCKET): the record is stored as the latest
- *    checkpoint (the store holds every connection from its accept already), and the next start of
- *    the service gets them all in LISTEN_FDS.
+ * Restarts that QEMU does not see (docs/daemon.md "Restarts"): both freeze the daemon and write the
+ * last checkpoint with a hand-over (every legacy or undecided connection with the bytes read and not
+ * answered, the legacy counters); v2 clients are told ERROR RESTARTING and reconnect. In place
+ * (SIGHUP, `vmsr-helper reload`), the installed binary is checked and executed in this process (a
+ * failed check or exec leaves it serving); at a stop under systemd, the record goes to the fd store.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -32,15 +23,11 @@ import { cannot } from '../../common/errors.js';
 import { takeEnvJson } from '../../common/env-json.js';
 
 /**
- * Longest wait, once reading stopped, for replies already queued and for v2 clients' last frames to
- * go out. A legacy connection whose replies still wait after it (its client reads none of them) is
- * closed rather than handed over: the unsent part of a queued reply cannot be known.
+ * Longest wait, once reading stopped, for queued replies and v2 clients' last frames. A legacy
+ * connection whose replies still wait is closed, not handed over: the unsent part cannot be known.
  */
 const RESTART_DRAIN_MS = 200;
-/**
- * Carries the old image's times (wall-clock ms, sub-ms: performance.timeOrigin + now) across the exec,
- * as JSON `{ signalAt, stoppedAt, execAt }`, for the new image's `restart phases` log line.
- */
+/** The old image's times (wall-clock ms) across the exec, as JSON, for the new image's `restart phases` log line. */
 export const RESTART_CLOCK_ENV = 'VMSR_HELPER_RESTART_CLOCK';
 export interface RestartClock {
   signalAt: number;
@@ -55,24 +42,20 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   return takeEnvJson(RESTART_CLOCK_ENV, valid, env) ?? null;
 }
 
-/** What a restart needs of the daemon, each through the smallest interface (the daemon passes them: daemon.ts). */
+/** What a restart needs of the daemon, each through the smallest interface. */
 interface RestartParts {
-  /** The running daemon: freeze() and snapshot(), the one restart contract. */
   daemon: Restartable;
-  /** What the start opened, as the exec hands it on (lifecycle/startup.ts's Opened). */
+  /** What the start opened, as the exec hands it on. */
   opened: { handover(how: 'restart'): Inherited };
-  /** The legacy request counters (legacy/legacy-service.ts), carried in the hand-over. */
   legacy: Readonly<Handover['legacy']>;
-  /** Tells systemd (lifecycle/systemd.ts's Notifier). */
   notifier: { notify(state: string): void; ready(status: string): void };
-  /** The event loop's watchdog (lifecycle/loop-watchdog.ts): an alarm survives the exec. */
+  /** An alarm survives the exec. */
   watchdog: { disarm(): void; start(): void };
-  /** Who holds the connections and checkpoints outside this process, if anyone (handover/outside-keep.ts). */
   keep?: OutsideKeep;
   log: Logger;
 }
 
-/** What is handed over, ready: the state, the hand-over and the connections' fds; `undo` reads again. */
+/** What is handed over; `undo` reads again. */
 interface Prepared {
   state: StateSnapshot;
   handover: Handover;
@@ -86,9 +69,8 @@ async function until(done: () => boolean, ms: number): Promise<void> {
 }
 
 /**
- * Stops reading, tells v2 clients, waits (at most RESTART_DRAIN_MS) for queued replies, then, with
- * no turn of the event loop until the caller execs or stores: the state and the hand-over. Throws
- * (everything read again) when the state cannot be taken.
+ * Stops reading, waits (at most RESTART_DRAIN_MS) for queued replies, then, with no turn of the event
+ * loop until the caller execs or stores, the state and the hand-over. Throws (read again) when the state cannot be taken.
  */
 async function prepare(p: RestartParts): Promise<Prepared> {
   const frozen = p.daemon.freeze();
@@ -155,13 +137,10 @@ export class Restarter {
 
   constructor(private readonly p: RestartParts) {}
 
-  /**
-   * The restart in place. Resolves only when it did not happen (the check or the exec failed, or one
-   * runs already), with why; a restart that happens never returns (the process is the new image).
-   */
+  /** The restart in place; resolves, with why, only when it did not happen. */
   async inPlace(trigger: string): Promise<string> {
     const { log, notifier } = this.p;
-    /** Logs why the restart did not happen and returns it; `told`: systemd heard RELOADING=1 and hears it serves again. */
+    /** `told`: systemd heard RELOADING=1 and hears it serves again. */
     const calledOff = (why: string, fix: string, told: boolean) => {
       const text = cannot('restart', why, fix);
       log.error({ trigger }, text);
@@ -235,12 +214,7 @@ export class Restarter {
     }
   }
 
-  /**
-   * The stop of a systemd service: the record, with its hand-over, is stored in systemd's fd store as
-   * the latest checkpoint, beside the connections the store holds since their accept (systemd drops
-   * them when it does not restart the service). Returns false when nothing was stored (no fd store,
-   * or the state could not be taken).
-   */
+  /** The stop of a systemd service: the record, with its hand-over, as the fd store's latest checkpoint; false when nothing was stored. */
   async toFdStore(): Promise<boolean> {
     const { log, keep } = this.p;
     if (keep?.holder !== 'fd store') return false;

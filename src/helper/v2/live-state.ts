@@ -1,8 +1,7 @@
 /**
- * The v2 service's live state and the snapshot (src/state/snapshot.ts), both ways: capture() gathers
- * it from the parts that own it (registry, sampling loop and its engine, host energy, discovery);
- * planRestore() checks a snapshot against this host and its processes and says what each part starts
- * from, or why the snapshot cannot be used (the daemon then starts fresh). docs/daemon.md "Restart state".
+ * The v2 service's live state and the snapshot, both ways (docs/daemon.md "Restart state"): capture()
+ * gathers it from the parts that own it; planRestore() checks a snapshot against this host and its
+ * processes and says what each part starts from.
  */
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
@@ -25,13 +24,12 @@ import type { VmRecord } from './vm-registry.js';
  */
 export const MAX_RESTORE_GAP_NS = 60_000_000_000n;
 
-/** How long a restored registration waits for a connection to take it over before it is released. */
+/** How long a restored registration waits for a connection to take it over. */
 export const RESTORED_REGISTRATION_WAIT_MS = 30_000;
 
 export const RESTORE_FIX = 'the daemon starts without it (registered VMs register again, discovery finds the rest)';
 const FIX = RESTORE_FIX;
 
-/** What the parts hold, for capture(). */
 interface LiveParts {
   registry: { state(): VmRecord[] };
   sampling: { state(): SamplingState };
@@ -39,10 +37,7 @@ interface LiveParts {
   discovery?: { state(): KnownProcessState[] };
 }
 
-/**
- * The service's state as one snapshot, the counters at the guest energy unit `guestPowerUnit`
- * (MSR_RAPL_POWER_UNIT of package 0). Throws when the parts disagree (a VM the engine does not have).
- */
+/** The service's state as one snapshot, the counters at the guest energy unit `guestPowerUnit`; throws when the parts disagree. */
 export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
   const u = joulesPerCounterUnit(guestPowerUnit);
   const { engine, realtimeNs } = p.sampling.state();
@@ -119,11 +114,9 @@ function captureDomains(engine: EngineState, energy: HostEnergyState): DomainsSt
   return d.vms.length + d.packages.length + d.counters.length === 0 ? null : d;
 }
 
-/** What /proc says now, for planRestore(). */
 interface RestoreProbe {
   /** Field 22 of /proc/<pid>/stat, null when the process does not exist. */
   starttime(pid: number): number | null;
-  /** CLOCK_MONOTONIC now, ns. */
   nowNs: bigint;
 }
 
@@ -133,9 +126,8 @@ export interface RestorePlan {
   registry: VmRecord[];
   energy: HostEnergyState;
   knownPids: KnownProcessState[];
-  /** Live VMs that discovery had found: discovery takes them back (adopt). */
+  /** Live VMs discovery had found, to adopt again. */
   discovered: { hostVmId: number; pid: number; starttime: number }[];
-  /** The connection ids of the old process: a new connection takes the next one. */
   nextConnId: number;
   /** VMs whose process is gone or is another process now: restored ended, with their totals frozen. */
   ended: { hostVmId: number; pid: number; why: string }[];
@@ -143,12 +135,7 @@ export interface RestorePlan {
   rebaseline: string | null;
 }
 
-/**
- * Checks `s` against this host (the same packages, the same guest energy unit for the counters), the
- * clock (its last sample is not in the future: the host did not reboot) and /proc, and plans each
- * part's restore. A refusal reads "cannot restore state: why; fix".
- */
-/** Why `s` cannot be restored on this host now (planRestore), or null. */
+/** Why `s` cannot be restored on this host now: other packages, a reboot, another guest energy unit; or null. */
 function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string | null {
   const problem = stateProblem(s);
   if (problem !== null) return problem;
@@ -175,6 +162,7 @@ function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string 
   return null;
 }
 
+/** What each part starts from `s`, or "cannot restore state: why; fix". */
 export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): Result<RestorePlan> {
   const refused = refusal(s, host, probe);
   if (refused !== null) return fail(cannot('restore state', refused, FIX));
@@ -242,10 +230,7 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
   });
 }
 
-/**
- * A VM of the snapshot as the engine takes it back. `last`: the last sample's threads by process, when
- * that sample is used (null: every live VM takes a new baseline).
- */
+/** A VM as the engine takes it back. `last`: the last sample's threads by process, when it is used. */
 function engineVmOf(vm: VmState, s: StateSnapshot, last: ReadonlyMap<number, SampledThread[]> | null): EngineVmState {
   const e: EngineVmState = {
     id: vm.hostVmId,

@@ -1,11 +1,8 @@
 /**
  * The restore from what the process before kept, in one call (restoreFrom; docs/daemon.md "Restart
- * state"; journald's server_restore_streams is the model): the snapshot is planned against this host
- * (live-state.ts, planRestore), the sampling loop's engine takes it first (it refuses inconsistent
- * values before changing anything), the parts are made from the plan (registry, connection ids, host
- * energy: service.ts's `build`), then the discovered VMs taken back in slices (clients served between
- * them), the VMs that ended logged, the registrations that wait for their connection, the loop
- * resumed, and the guest counters (--guest-energy exact) with the QEMUs answered 0 meanwhile. A
+ * state"): the snapshot is planned against this host, the engine takes it first (it refuses
+ * inconsistent values before changing anything), the parts are made from the plan, then the
+ * discovered VMs are taken back in slices, the loop resumed, and the guest counters restored. A
  * refusal anywhere leaves every part fresh.
  */
 import type { Logger } from '../../logging/logger.js';
@@ -21,13 +18,12 @@ import type { VmLifecycle } from './vm-lifecycle.js';
 import type { VmRegistry } from './vm-registry.js';
 import { planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
 
-/** What a restore kept aside: VMs restored ended, and why the last sample was not used (or null). */
+/** What a restore kept aside: VMs restored ended, and why the last sample was not used. */
 export type RestoreReport = Pick<RestorePlan, 'ended' | 'rebaseline'>;
 
 interface Restore {
-  /** What the restore kept aside, or why it was refused. */
   report: Result<RestoreReport>;
-  /** The plan each part starts from; null when refused (every part fresh). */
+  /** Null when refused (every part fresh). */
   plan: RestorePlan | null;
 }
 
@@ -51,14 +47,14 @@ function restoreSampling(
   return r;
 }
 
-/** The parts restoreParts takes back, made from the plan already (registry, clients, host energy). */
+/** The parts restoreParts takes back, made from the plan already. */
 interface RestoredParts {
   registry: VmRegistry;
   sampling: SamplingService;
   lifecycle: VmLifecycle;
   discovery?: Discovery;
   log: Logger;
-  /** How long a restored registration waits for its connection (default RESTORED_REGISTRATION_WAIT_MS). */
+  /** Default RESTORED_REGISTRATION_WAIT_MS. */
   waitMs?: number;
 }
 
@@ -70,23 +66,20 @@ interface RestoreFrom<P> {
   log: Logger;
   discovery?: Discovery;
   waitMs?: number;
-  /** Makes the service's parts, from the plan when the snapshot was taken (null: fresh). */
+  /** Makes the service's parts from the plan (null: fresh). */
   build(plan: RestorePlan | null): P;
-  /**
-   * --guest-energy exact: binds the legacy service's answers to the guest counters and says which
-   * QEMUs it answered 0 meanwhile (assemble.ts: the legacy service's setEnergyStatus).
-   */
+  /** --guest-energy exact: binds the legacy service's answers to the guest counters; which QEMUs it answered 0 meanwhile. */
   answerGuestEnergy?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
 }
 
-/** What restoreFrom made: the parts, what the restore kept aside or why it was refused (null: nothing kept), the registrations' wait. */
+/** What restoreFrom made (report null: nothing kept). */
 interface Restored<P> {
   parts: P;
   report: Result<RestoreReport> | null;
   waiting: NodeJS.Timeout | undefined;
 }
 
-/** Everything restored from `kept` (undefined: a fresh start), in order; see the head of this file. */
+/** Everything restored from `kept` (undefined: a fresh start). */
 export async function restoreFrom<
   P extends Omit<RestoredParts, 'log' | 'waitMs' | 'discovery'> & {
     guestEnergy?: GuestEnergy;
@@ -109,18 +102,13 @@ export async function restoreFrom<
   return { parts, report: r?.report ?? null, waiting };
 }
 
-/**
- * The rest of the restore, once the parts are made from `plan`; then the loop resumes (the first
- * sample closes the interval from the old process's last). Returns the timer that releases the
- * registrations whose connection did not come back, when any wait.
- */
+/** The rest of the restore, then the loop resumes; returns the timer that releases registrations whose connection did not come back. */
 async function restoreParts(plan: RestorePlan, p: RestoredParts): Promise<NodeJS.Timeout | undefined> {
   if (p.discovery) await adoptDiscovered(plan, p, p.discovery);
   for (const e of plan.ended)
     p.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
   if (plan.rebaseline !== null) p.log.warn({ why: plan.rebaseline }, 'restored totals kept, the restart gap is not attributed');
   if (plan.ended.length > 0) p.lifecycle.markChanged();
-  // Registrations whose connection did not come back are released as a closed connection's are.
   let waitTimer: NodeJS.Timeout | undefined;
   if (p.registry.awaitingConnection().length > 0) {
     waitTimer = setTimeout(() => {
