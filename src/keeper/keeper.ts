@@ -119,21 +119,15 @@ class Keeper {
 
   private spawn(note: KeeperNote | null): void {
     const [mine, theirs] = socketpair(SOCK_SEQPACKET);
-    const names: string[] = [];
-    const fds: number[] = [];
-    const pass = (name: string, fd: number) => {
-      names.push(name);
-      fds.push(fd);
-    };
-    for (const fd of this.o.startFds ?? []) pass(KEPT_NAMES.start, fd);
-    if (this.checkpoint !== null) pass(`${KEPT_NAMES.checkpointPrefix}0`, this.checkpoint);
+    const passed = (this.o.startFds ?? []).map((fd): [string, number] => [KEPT_NAMES.start, fd]);
+    if (this.checkpoint !== null) passed.push([`${KEPT_NAMES.checkpointPrefix}0`, this.checkpoint]);
     this.checkpointGiven = this.checkpoint !== null;
-    for (const [ino, fd] of this.conns) pass(`${KEPT_NAMES.connectionPrefix}${ino}`, fd);
+    for (const [ino, fd] of this.conns) passed.push([`${KEPT_NAMES.connectionPrefix}${ino}`, fd]);
     const env: NodeJS.ProcessEnv = { ...this.o.env, [KEEPER_ENV.channel]: String(KEEPER_CHANNEL_FD) };
-    if (names.length > 0) env[KEEPER_ENV.fdNames] = names.join(':');
+    if (passed.length > 0) env[KEEPER_ENV.fdNames] = passed.map(([name]) => name).join(':');
     if (note !== null) env[KEEPER_ENV.note] = JSON.stringify(note);
     const [cmd, ...args] = this.o.command;
-    const child = spawn(cmd!, args, { stdio: ['inherit', 'inherit', 'inherit', theirs, ...fds], env });
+    const child = spawn(cmd!, args, { stdio: ['inherit', 'inherit', 'inherit', theirs, ...passed.map(([, fd]) => fd)], env });
     closeFd(theirs);
     this.child = child;
     this.oomAtSpawn = oomKills();

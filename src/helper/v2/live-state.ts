@@ -28,7 +28,6 @@ export const MAX_RESTORE_GAP_NS = 60_000_000_000n;
 export const RESTORED_REGISTRATION_WAIT_MS = 30_000;
 
 export const RESTORE_FIX = 'the daemon starts without it (registered VMs register again, discovery finds the rest)';
-const FIX = RESTORE_FIX;
 
 interface LiveParts {
   registry: { state(): VmRecord[] };
@@ -165,7 +164,7 @@ function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string 
 /** What each part starts from `s`, or "cannot restore state: why; fix". */
 export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): Result<RestorePlan> {
   const refused = refusal(s, host, probe);
-  if (refused !== null) return fail(cannot('restore state', refused, FIX));
+  if (refused !== null) return fail(cannot('restore state', refused, RESTORE_FIX));
   const last = s.lastSample;
   const ended: RestorePlan['ended'] = [];
   const vms = s.vms.map((vm) => {

@@ -52,10 +52,6 @@ interface RestoredParts {
   registry: VmRegistry;
   sampling: SamplingService;
   lifecycle: VmLifecycle;
-  discovery?: Discovery;
-  log: Logger;
-  /** Default RESTORED_REGISTRATION_WAIT_MS. */
-  waitMs?: number;
 }
 
 interface RestoreFrom<P> {
@@ -65,6 +61,7 @@ interface RestoreFrom<P> {
   nowNs: bigint;
   log: Logger;
   discovery?: Discovery;
+  /** How long a restored registration waits for its connection (default RESTORED_REGISTRATION_WAIT_MS). */
   waitMs?: number;
   /** Makes the service's parts from the plan (null: fresh). */
   build(plan: RestorePlan | null): P;
@@ -81,7 +78,7 @@ interface Restored<P> {
 
 /** Everything restored from `kept` (undefined: a fresh start). */
 export async function restoreFrom<
-  P extends Omit<RestoredParts, 'log' | 'waitMs' | 'discovery'> & {
+  P extends RestoredParts & {
     guestEnergy?: GuestEnergy;
     powerLimits?: { restore(saved: readonly PowerLimitState[]): void } | undefined;
   },
@@ -89,34 +86,34 @@ export async function restoreFrom<
   const r = kept === undefined ? null : restoreSampling(kept, o);
   const parts = o.build(r?.plan ?? null);
   let waiting: NodeJS.Timeout | undefined;
-  if (r?.plan)
-    waiting = await restoreParts(r.plan, {
-      ...parts,
-      ...(o.discovery ? { discovery: o.discovery } : {}),
-      log: o.log,
-      ...(o.waitMs !== undefined ? { waitMs: o.waitMs } : {}),
-    });
-  if (r?.plan) parts.powerLimits?.restore(kept?.limits ?? []);
+  if (r?.plan) {
+    waiting = await restoreParts(r.plan, parts, o);
+    parts.powerLimits?.restore(kept?.limits ?? []);
+  }
   const guest = parts.guestEnergy;
   if (guest !== undefined && o.answerGuestEnergy !== undefined) guest.restore(kept?.guest ?? [], o.answerGuestEnergy(guest));
   return { parts, report: r?.report ?? null, waiting };
 }
 
 /** The rest of the restore, then the loop resumes; returns the timer that releases registrations whose connection did not come back. */
-async function restoreParts(plan: RestorePlan, p: RestoredParts): Promise<NodeJS.Timeout | undefined> {
-  if (p.discovery) await adoptDiscovered(plan, p, p.discovery);
+async function restoreParts(
+  plan: RestorePlan,
+  p: RestoredParts,
+  o: Pick<RestoreFrom<unknown>, 'log' | 'discovery' | 'waitMs'>,
+): Promise<NodeJS.Timeout | undefined> {
+  if (o.discovery) await adoptDiscovered(plan, p, o.discovery, o.log);
   for (const e of plan.ended)
-    p.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
-  if (plan.rebaseline !== null) p.log.warn({ why: plan.rebaseline }, 'restored totals kept, the restart gap is not attributed');
+    o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
+  if (plan.rebaseline !== null) o.log.warn({ why: plan.rebaseline }, 'restored totals kept, the restart gap is not attributed');
   if (plan.ended.length > 0) p.lifecycle.markChanged();
   let waitTimer: NodeJS.Timeout | undefined;
   if (p.registry.awaitingConnection().length > 0) {
     waitTimer = setTimeout(() => {
       for (const vmId of p.registry.awaitingConnection()) p.lifecycle.release(vmId);
-    }, p.waitMs ?? RESTORED_REGISTRATION_WAIT_MS);
+    }, o.waitMs ?? RESTORED_REGISTRATION_WAIT_MS);
     waitTimer.unref();
   }
-  p.log.info(
+  o.log.info(
     { vms: p.registry.total, registered: p.registry.size, awaiting: p.registry.awaitingConnection().length },
     'live state restored',
   );
@@ -125,12 +122,12 @@ async function restoreParts(plan: RestorePlan, p: RestoredParts): Promise<NodeJS
 }
 
 /** Discovery takes its processes back; each VM's threads are read again (a few reads a thread), in slices. */
-async function adoptDiscovered(plan: RestorePlan, p: RestoredParts, discovery: Discovery): Promise<void> {
+async function adoptDiscovered(plan: RestorePlan, p: RestoredParts, discovery: Discovery, log: Logger): Promise<void> {
   discovery.restore(plan.knownPids);
   const savedVcpus = new Map(plan.sampling.engine.vms.map((v) => [v.id, JSON.stringify(v.vcpus)]));
   await runInSlices(plan.discovered.values(), (d) => {
     if (!discovery.adopt(d.pid, d.starttime)) {
-      p.log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
+      log.warn({ pid: d.pid }, 'restored discovered VM is not a VM discovery recognises now; kept as saved');
       return;
     }
     // vCPU threads born, renamed or gone during the restart: the list as classified now (a registrant's stands).
