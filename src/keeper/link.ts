@@ -7,7 +7,7 @@ import type { LogSink } from '../logging/logger.js';
 import { takeEnvJson } from '../common/env-json.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { keepAcrossExec } from '../os/libc/fds.js';
-import { isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
+import { getPeerCredentials, isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
 import {
   encodeKeeperMessage,
   KEEPER_ENV,
@@ -115,8 +115,8 @@ export function socketIno(fd: number): bigint | null {
   }
 }
 
-/** The inode of `fd` when it is a connection (a stream socket, not listening), else why it is not one. */
-export function connectionIno(fd: number): { ino: bigint } | { why: string } {
+/** The inode of `fd` when it is a connection (a stream socket, not listening; `peer`: with a peer process), else why not. */
+export function connectionIno(fd: number, peer = false): { ino: bigint } | { why: string } {
   let st: fs.BigIntStats;
   try {
     st = fs.fstatSync(fd, { bigint: true });
@@ -127,6 +127,7 @@ export function connectionIno(fd: number): { ino: bigint } | { why: string } {
   try {
     if (socketType(fd) !== SOCK_STREAM) return { why: 'it is not a stream socket' };
     if (isListeningSocket(fd)) return { why: 'it is a listening socket, not a connection' };
+    if (peer && getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
   } catch (e) {
     return { why: (e as Error).message };
   }

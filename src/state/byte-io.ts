@@ -66,8 +66,7 @@ export class Writer {
   }
   /** A count (u16 or u32) and each item, written by `entry`. */
   list<T>(width: 2 | 4, items: readonly T[], entry: (t: T) => unknown): this {
-    if (width === 2) this.u16(items.length);
-    else this.u32(items.length);
+    this.uint(width, items.length, width === 2 ? 0xffff : 0xffffffff);
     for (const it of items) entry(it);
     return this;
   }

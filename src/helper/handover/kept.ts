@@ -5,7 +5,6 @@
  * next byte, and the checkpoint is the state unless the last process died restoring it.
  */
 import { closeFd } from '../../os/libc/fds.js';
-import { getPeerCredentials } from '../../os/libc/sockets.js';
 import { connectionIno } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
@@ -32,17 +31,6 @@ export interface Kept {
 }
 
 type KeptLog = LogSink<'info' | 'warn'>;
-
-/** Why `fd` is not a connection to serve (a connected stream socket with a peer), or its inode. */
-function connectionProblem(fd: number): { ino: bigint } | { why: string } {
-  const c = connectionIno(fd);
-  try {
-    if ('ino' in c && getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
-  } catch (e) {
-    return { why: (e as Error).message };
-  }
-  return c;
-}
 
 /** The kept state's snapshot; undefined, and logged, when it does not decode. */
 export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | undefined {
@@ -119,7 +107,7 @@ export function takeKept(
   if (h !== null) out.legacy = h.legacy;
   const listed = new Map(h?.connections.map((c) => [c.ino, c]));
   for (const fd of conns) {
-    const c = connectionProblem(fd);
+    const c = connectionIno(fd, true);
     const entry = 'ino' in c ? listed.get(c.ino) : undefined;
     if ('ino' in c && h === null) out.connections.push({ fd, kind: 'undecided', pending: Buffer.alloc(0) });
     else if (entry !== undefined) {

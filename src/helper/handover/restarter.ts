@@ -155,7 +155,6 @@ export class Restarter {
     this.requests.first();
     try {
       await this.requests.quiet();
-      const t0 = process.hrtime.bigint();
       const signalAt = wallMs();
       log.info({ trigger }, 'restart in place: checking the installed binary');
       const bad = await checkInstalledBinary();
@@ -187,9 +186,8 @@ export class Restarter {
         ]),
       };
       const keep = inheritedFds(inherited);
-      const stoppedMs = Number(process.hrtime.bigint() - t0) / 1e6;
       log.info(
-        { connections: prepared.connFds.length, preparedMs: Math.round(stoppedMs) },
+        { connections: prepared.connFds.length, preparedMs: Math.round(wallMs() - signalAt) },
         'restart in place: executing the installed binary',
       );
       try {
