@@ -5,7 +5,6 @@
 
 export interface ProcessStat {
   comm: string;
-  /** PF_* flags (field 9). */
   flags: number;
   numThreads: number;
   /** Field 22, clock ticks after boot. */

@@ -1,11 +1,9 @@
 /**
  * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
- * every sampling interval: only pids not seen before are read (stat, and for candidates cmdline, exe
- * and thread names). The pids handed out since the last scan are known (/proc/loadavg): none, and
- * nothing is listed; up to MAX_PIDS_PROBED, and each is looked up directly; more, and /proc is
- * listed. Pids known not to be VMs are kept with their starttime and looked at again only when
- * young (a process may exec QEMU just after fork: libvirt does) or on a periodic full recheck.
- * Rules and limits: docs/discovery.md.
+ * every sampling interval: only pids not seen before are read, and /proc is listed only when more than
+ * MAX_PIDS_PROBED pids were handed out since the last scan (/proc/loadavg). Pids known not to be VMs
+ * are looked at again only when young (a process may exec QEMU just after fork: libvirt does) or on a
+ * periodic full recheck. Rules and limits: docs/discovery.md.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -15,7 +13,8 @@ import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type Shar
 import { MAX_VCPUS, type VcpuSpec } from '../model/vcpus.js';
 import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
-import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { MAX_CMDLINE_BYTES, parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { readCmdline } from './qemu-name.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from './discovery-limits.js';
 
@@ -67,10 +66,8 @@ interface DiscoveryFull {
   pid: number;
   uid: number;
   bound: ShareBound;
-  /** VMs tracked now, and by this uid. */
+  /** VMs tracked now. */
   tracked: number;
-  trackedByUid: number;
-  /** What the message says to do. */
   message: string;
 }
 
@@ -116,7 +113,7 @@ export class ProcScanner {
   private readonly uptime: () => number;
   private readonly cmdBuf = Buffer.alloc(MAX_CMDLINE_BYTES + 1);
   /** Counters for tests and the bench: what the last scans cost. */
-  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, overLimit: 0, quietScans: 0, probeScans: 0, listings: 0 };
+  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, quietScans: 0, probeScans: 0, listings: 0 };
   private lastPid: number | null = null;
 
   constructor(
@@ -143,9 +140,8 @@ export class ProcScanner {
   }
 
   /**
-   * The same scan one process at a time: each step looks at one pid (or lists /proc) and yields the
-   * VM it found, or null. The caller may stop between steps and go on later (the daemon serves its
-   * clients between slices of steps: src/sampling/time-slices.ts); the scan's state is kept as it goes.
+   * The same scan one process at a time: each step looks at one pid (or lists /proc) and yields the VM
+   * it found, or null; the caller may stop between steps and go on later (sampling/time-slices.ts).
    */
   *scanSteps(): Generator<DiscoveredVm | null, void, undefined> {
     this.scans++;
@@ -280,10 +276,8 @@ export class ProcScanner {
   }
 
   /**
-   * vCPU threads of a discovered VM from this sample's stat lines (comm is in each line: no extra
-   * read). Returns the new vCPU list when threads were born, renamed or gone (hotplug, tid reuse),
-   * null when nothing changed. Lines of threads already classified are not parsed again unless
-   * their comm changed.
+   * vCPU threads of a discovered VM from this sample's stat lines (comm is in each line: no extra read):
+   * the new vCPU list when threads were born, renamed or gone (hotplug, tid reuse), null when nothing changed.
    */
   refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
     const k = this.vms.get(pid);
@@ -356,7 +350,8 @@ export class ProcScanner {
     const threads = this.readThreads(pid, named ? Infinity : this.maxProbe);
     const hasVcpu = [...threads.values()].some((c) => vcpuIndexOf(c) !== null);
     if (!named && !hasVcpu) return notVm();
-    const args = this.readCmdline(pid);
+    this.cost.cmdlineReads++;
+    const args = readCmdline(this.procRoot, pid, this.cmdBuf);
     if (args === null || args.length === 0) return notVm();
     if (!hasVcpu) {
       // Named like QEMU but no vCPU thread names: trust the executable when it can be read.
@@ -369,7 +364,6 @@ export class ProcScanner {
     const owner: ShareOwner = { uid, preferred: isPreferredOwner(this.procRoot, pid, uid, this.o.preferredGroups ?? []) };
     const slot = this.slots.room(owner);
     if (slot.room < 1) {
-      this.cost.overLimit++;
       this.o.onFull?.(this.full(pid, owner, slot.bound));
       // Examined in full again at the next full recheck: a slot may be free by then.
       this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false, retry: true });
@@ -418,7 +412,7 @@ export class ProcScanner {
             `(processes of root and --socket-group are not bound by it); ${grow}`
           : `cannot track VM process ${pid}: uids other than root and --socket-group have ${this.slots.others} VMs tracked, ` +
             `the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together; ${grow}`;
-    return { pid, uid: owner.uid, bound, tracked: this.vms.size, trackedByUid: byUid, message };
+    return { pid, uid: owner.uid, bound, tracked: this.vms.size, message };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {
@@ -435,30 +429,6 @@ export class ProcScanner {
     }
     this.cost.statReads++;
     return parseProcessStat(line);
-  }
-
-  private readCmdline(pid: number): string[] | null {
-    this.cost.cmdlineReads++;
-    let fd: number;
-    try {
-      fd = fs.openSync(path.join(this.procRoot, String(pid), 'cmdline'), 'r');
-    } catch {
-      return null;
-    }
-    try {
-      // Bounded: at most MAX_CMDLINE_BYTES + 1 bytes (the extra byte tells a cut command line).
-      let n = 0;
-      while (n < this.cmdBuf.length) {
-        const got = fs.readSync(fd, this.cmdBuf, n, this.cmdBuf.length - n, null);
-        if (got <= 0) break;
-        n += got;
-      }
-      return splitCmdline(this.cmdBuf.subarray(0, n));
-    } catch {
-      return null;
-    } finally {
-      fs.closeSync(fd);
-    }
   }
 
   private readExe(pid: number): string | null {
@@ -505,11 +475,9 @@ export class ProcScanner {
 }
 
 /**
- * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0.
- * At most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and the vCPU
- * rule (model/vcpus.ts) the engine applies allows no more. Each vCPU's virtual package is its guest
- * socket's number among the sockets that hold vCPU threads (vpkg-numbering.ts), never a socket the
- * command line merely claims.
+ * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0. At
+ * most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and model/vcpus.ts's rule
+ * allows no more. A vCPU's virtual package numbers its guest socket among those holding vCPU threads.
  */
 function vcpusFrom(
   pid: number,

@@ -2,13 +2,9 @@
  * --guest-dir (docs/guest.md): for every VM the helper knows whose directory DIR/<uuid>/ (or
  * DIR/<name>/) exists, its powercap-shaped tree (tree.ts) and its statistics file, written once per
  * sample. Which VM a directory belongs to, and when a directory is refused, are decided here; every
- * file is written through SafeDir (safe-dir.ts), which follows nothing.
- *
- * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
- * directory (checked again only when it changed), energy_uj updated for each zone whose value changed
- * (its spare rewritten under a lease and swapped in: four calls, no new file; safe-dir.ts update()),
- * and the statistics file written into its mapping by the daemon's writer of the VM's statistics (no
- * system call).
+ * file is written through SafeDir (safe-dir.ts), which follows nothing. Per sample: an fstat of DIR
+ * and of each published directory (each listed or checked again only when changed), and energy_uj
+ * updated for each zone whose value changed.
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -17,7 +13,7 @@ import { O_DIRECTORY, O_RDONLY, openAt } from '../os/libc/dir-fd.js';
 import { errnoName } from '../os/libc/errno.js';
 import { closeFd } from '../os/libc/fds.js';
 import { LogLimiter } from '../logging/log-limiter.js';
-import { SafeDir, WriteFailure, type GuestReaders, type GuestTree } from './safe-dir.js';
+import { SafeDir, WriteFailure, type GuestReaders } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
@@ -32,10 +28,9 @@ const GUEST_LOG_BURST = 20;
  */
 const GUEST_DIR_FDS = 16;
 /**
- * Samples between two full checks of a published directory, changed or not: for what its change
- * check cannot see (a hard link to one of its entries made from another directory). An fstat per
- * sample misses a change within the file system's time granularity too; an inotify watch misses
- * nothing else, so a watched directory is checked in full ten times less often.
+ * Samples between two full checks of a published directory, changed or not: for what its change check
+ * cannot see (a hard link to one of its entries made from another directory, a change within the file
+ * system's time granularity); an inotify watch misses only the first, so it is checked less often.
  */
 const GUEST_AUDIT_EVERY = 60;
 const GUEST_AUDIT_EVERY_WATCHED = 600;
@@ -78,7 +73,7 @@ interface ZoneState {
 
 interface Published {
   vmId: number;
-  dir: GuestTree;
+  dir: SafeDir;
   zones: Map<string, ZoneState>;
   stats: GuestStatsFile | null;
   /** Written with the VM ended: nothing more changes. */
@@ -86,7 +81,6 @@ interface Published {
   /** Every zone shown, under its name, since the directory's last audit (false: check each one). */
   settled: boolean;
   samples: number;
-  /** Its changes told by the inotify queue (else an fstat per sample). */
   watched: boolean;
   /** A write failed (a full file system): every zone is written again at the next sample. */
   failed: boolean;
@@ -130,7 +124,6 @@ export class GuestDirs {
       if (!this.listRoot()) return;
       this.watchOpened()?.drain();
       const claims = this.claims();
-      // (Deleting the entry being visited is safe in a Map's iteration.)
       for (const name of this.published.keys()) if (!claims.has(name)) this.unpublish(name);
       for (const [name, vms] of claims) this.publish(name, vms);
     } catch (e) {
@@ -338,7 +331,7 @@ export class GuestDirs {
     return p;
   }
 
-  /** Checks the directory; refuses it (and returns false) when it holds something hostile. */
+  /** Checks the directory; refuses it (false) when it holds something hostile. */
   private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
     p.settled = false;
     const why = p.dir.audit();
@@ -373,26 +366,19 @@ export class GuestDirs {
     p.settled = false;
   }
 
-  /**
-   * The VM's tree now. Its zones' values are those its statistics file in the directory was written
-   * with this sample (the VM's totals: GuestStatsFile), so no output is built again; nothing when the
-   * VM has no such file (it is gone).
-   */
+  /** The VM's tree now, its zones' values from its statistics file's this sample (nothing when the VM is gone). */
   private write(p: Published): void {
     if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
     const fresh = p.stats === null;
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
     if (file === null) return;
-    // No value written since the last sample (an idle VM): no zone's words to compare, and nothing to
-    // do at all when every zone was shown since the directory's last audit (which may let one go).
     // After a failed write every zone is written again (its words may have moved with no file written).
     const again = fresh || p.failed;
     p.failed = false;
     const quiet = !file.valuesMoved() && !again;
     if (quiet && p.settled) return;
     for (const z of file.zones) {
-      // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
       if (!again && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
       this.show(p, z.id, z.name, file.energyOf(z));
     }
@@ -421,7 +407,7 @@ export class GuestDirs {
   }
 
   /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */
-  private makeZone(dir: GuestTree, id: string, name: string, energyUj: bigint): ZoneState {
+  private makeZone(dir: SafeDir, id: string, name: string, energyUj: bigint): ZoneState {
     for (const a of zoneAttributes({ name })) dir.write(id, a.file, a.text);
     dir.link(POWERCAP_CLASS_DIR, id, classLinkTarget(id));
     const held = dir.readCount(id, ENERGY_UJ);

@@ -1,17 +1,7 @@
 /**
- * What one VM's guest directory holds (docs/guest.md): a tree shaped like the kernel's powercap class
- * (Documentation/power/powercap/powercap.rst, drivers/powercap/intel_rapl_common.c), so that tools
- * reading /sys/class/powercap read it unchanged. For a VM of n virtual packages:
- *
- *   intel-rapl:<g>/        name "package-<g>", energy_uj, max_energy_range_uj    (g = 0 .. n-1)
- *   intel-rapl:<g>:<i>/    name "core" | "uncore" | "dram": the other package domains the host reads,
- *                          numbered in that order among those present (as the kernel numbers them)
- *   intel-rapl:<n>/        name "psys": the VM's platform energy (every virtual package's), when read
- *   class/powercap/<id>    a symlink "../../<id>" per zone: node_exporter's --path.sysfs=MOUNT reads
- *                          MOUNT/class/powercap; Scaphandre's VM mode reads the zones at the top
- *   stats                  the VM's statistics file (docs/stats-fd.md), written in place by its seqlock
- *
- * Values are µJ, counting 0 .. max_energy_range_uj and then from 0 again, as sysfs's do. Pure.
+ * What one VM's guest directory holds, laid out in docs/guest.md: a tree shaped like the kernel's
+ * powercap class (Documentation/power/powercap/powercap.rst, drivers/powercap/intel_rapl_common.c), so
+ * that tools reading /sys/class/powercap read it unchanged. Values are µJ, wrapping as sysfs's do. Pure.
  */
 import { formatUuid } from '../common/uuid.js';
 import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
@@ -25,16 +15,15 @@ export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
 export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
 
 const ZONE_NAME_FILE = 'name';
-/** The statistics file, beside the zones. */
 export const GUEST_STATS_FILE = 'stats';
 /** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
 const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
 
-/** The package sub-zone domains, in the kernel's order. */
+/** The package sub-zone domains, numbered in the kernel's order among those present. */
 const SUB_ZONES = ['core', 'uncore', 'dram'] as const;
 
 /** A zone of the tree as laid out: its directory, its `name`, and the VM's energy it sums (a domain's, over some virtual packages). */
-interface ZoneShape {
+export interface ZoneShape {
   id: string;
   name: string;
   domain: string;
