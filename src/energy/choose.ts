@@ -1,8 +1,8 @@
 /**
  * THE rule of --energy-source auto: the RAPL MSRs when an MSR device opens (they also answer QEMU's
- * legacy requests), else the kernel's powercap zones when a package zone's energy_uj opens, else a
- * failure saying what the host has and lacks (energy/no-energy-source.ts). Run where the opens will be made for real (the daemon: as root, before
- * its privilege drop).
+ * legacy requests), else the powercap zones when every package zone's energy_uj opens, else a failure
+ * saying what the host lacks (no-energy-source.ts). Run where the opens are made for real (the daemon:
+ * as root, before its privilege drop).
  */
 import fs from 'node:fs';
 import { msrPath } from '../msr/host-paths.js';
@@ -22,7 +22,7 @@ export interface ChooseOptions {
 
 interface Chosen {
   kind: EnergySourceKind;
-  /** Why: "asked for", or what auto found. */
+  /** "asked for", or what auto found. */
   why: string;
 }
 
@@ -36,12 +36,6 @@ function openError(file: string): string | undefined {
   }
 }
 
-/** Why `file` does not open read-only, naming it, or undefined when it does. */
-function openFails(file: string): string | undefined {
-  const why = openError(file);
-  return why === undefined ? undefined : `${file}: ${why}`;
-}
-
 /** Why the powercap zones cannot give package energy, or undefined when every package's zone opens. */
 function powercapFails(o: ChooseOptions): string | undefined {
   let zones;
@@ -53,8 +47,8 @@ function powercapFails(o: ChooseOptions): string | undefined {
   for (const pkg of new Set(o.cpus.map((c) => c.pkg))) {
     const zone = zones.find((z) => z.domain === 'package' && z.pkg === pkg);
     if (zone === undefined) return `no package-${pkg} zone in ${o.sysRoot}/class/powercap`;
-    const why = openFails(zone.energyPath);
-    if (why !== undefined) return why;
+    const why = openError(zone.energyPath);
+    if (why !== undefined) return `${zone.energyPath}: ${why}`;
   }
   return undefined;
 }

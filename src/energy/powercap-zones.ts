@@ -10,7 +10,6 @@ import path from 'node:path';
 import type { Vendor } from '../model/host.js';
 import { isEnergyDomain, type EnergyDomain } from './energy-source.js';
 
-/** Where the zones are linked, under the sysfs root. */
 export const POWERCAP_CLASS_DIR = 'class/powercap';
 
 /**
@@ -26,7 +25,6 @@ export const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
 export interface PowercapZone {
   /** intel-rapl:N or intel-rapl:N:M */
   id: string;
-  /** The zone's `name` attribute. */
   name: string;
   domain: EnergyDomain;
   /** The host package (physical_package_id) the zone counts; undefined for a platform zone (psys). */
@@ -36,9 +34,7 @@ export interface PowercapZone {
    * zone per die and per domain, whose counters add up to the package's.
    */
   die?: number;
-  /** Its energy_uj file. */
   energyPath: string;
-  /** max_energy_range_uj. */
   maxEnergyRangeUj: bigint;
 }
 

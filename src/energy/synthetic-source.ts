@@ -42,7 +42,6 @@ interface SyntheticEnergyOptions {
   powerUnit?: bigint;
   /** Counter value at start (32 bits); default 0xffc00000, so a wrap comes within minutes, as on real hosts. */
   start?: number;
-  /** Monotonic clock in ns; default process.hrtime.bigint. */
   clock?: () => bigint;
 }
 
@@ -92,7 +91,6 @@ export class SyntheticEnergySource implements EnergySource {
     this.lastTimes = this.readStat();
   }
 
-  /** One line for trace notes and logs. */
   describe(): string {
     return `energy counters SYNTHESISED (no RAPL read): per package ${this.idleW} W idle + ${this.busyW} W x busy share of its CPUs from /proc/stat, power unit ${formatMsrHex(this.powerUnit)}`;
   }

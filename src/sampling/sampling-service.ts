@@ -1,10 +1,8 @@
 /**
- * The sampling loop behind v2: one tick every `intervalMs` while at least one registered VM is live
- * or a hold is taken (discovery on, see hold()), and the steps an interval calls in order: begin(),
- * take() (the sample), attribute() (the ratio engine), trace(), end(). The owner's interval() calls
- * them (V2Service.interval, docs/architecture.md "One interval"); nothing here calls back up. The
- * loop is sampling/tick-loop.ts: ticks at origin + k x interval on the monotonic clock, so a late
- * tick does not push the next one back (no drift) and missed ticks are skipped (no pile-up).
+ * The sampling loop behind v2: one tick every `intervalMs` (tick-loop.ts) while a registered VM is
+ * live or a hold is taken (discovery on), and the steps an interval calls in order: begin(), take()
+ * (the sample), attribute() (the ratio engine), trace(), end(). The owner's interval() calls them
+ * (V2Service.interval, docs/architecture.md "One interval"); nothing here calls back up.
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, VmOutput, VmTotals } from '../ratio/outputs.js';
@@ -27,13 +25,11 @@ export interface Engine {
   nvpkg(vmId: number): number;
   activePids(): number[];
   updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
-  /** The whole state as plain data, and its restore on an engine that has not started (RatioEngine). */
   state(): EngineState;
   restore(s: EngineState): void;
   readonly guestPowerUnit: bigint;
-  /** Per-thread totals of a VM (RatioEngine.threadTotals), for the statistics fd; optional. */
   threadTotals?(vmId: number): ThreadTotals | undefined;
-  /** A VM's totals into the caller's object, in place (RatioEngine.totalsInto), for the statistics files; false for no such VM. */
+  /** A VM's totals into the caller's object, in place; false for no such VM. */
   totalsInto(vmId: number, into: VmTotals): boolean;
 }
 
@@ -72,9 +68,8 @@ export interface SamplingServiceOptions {
   log: Logger;
   /** CLOCK_MONOTONIC in ns; the sampler must use the same clock. */
   clock?: () => bigint;
-  /** Timers of the tick loop, for tests; default the real ones. */
   timers?: Timers;
-  /** What each tick runs: the owner's interval(), which calls this service's steps in order (V2Service.interval); absent: the sample, the engine and the trace. */
+  /** What each tick runs: the owner's interval(), which calls this service's steps in order; absent: the sample, the engine and the trace. */
   interval?: (t: TickInfo) => void;
 }
 
@@ -92,15 +87,11 @@ export interface SamplingStats {
   lastLatenessNs: bigint;
   /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
   skippedTicks: number;
-  /**
-   * Wall time of the last interval (its scan, sample, engine, consumers), ns: from begin() to end(),
-   * the clients served between its slices included.
-   */
+  /** Wall time of the last interval from begin() to end(), ns, the clients served between its slices included. */
   lastDurationNs: bigint;
 }
 
 export class SamplingService {
-  /** The engine the samples go into: what a VM was attributed is read from it (output, totalsInto, ...). */
   readonly engine: Engine;
   private readonly clock: () => bigint;
   private readonly loop: TickLoop;
@@ -122,7 +113,6 @@ export class SamplingService {
    */
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
-  /** When the running interval began (monotonicNs). */
   private began = 0n;
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
 
@@ -148,12 +138,8 @@ export class SamplingService {
     if (on) this.holds.add(reason);
     else this.holds.delete(reason);
     if (this.closed) return;
-    if (this.shouldRun()) {
-      // A baseline right away, as for a first registration.
-      if (!this.loop.running) this.loop.start({ immediate: true });
-    } else {
-      this.loop.stop();
-    }
+    if (this.shouldRun()) this.resume();
+    else this.loop.stop();
   }
 
   private shouldRun(): boolean {
@@ -209,8 +195,8 @@ export class SamplingService {
   }
 
   /**
-   * After restore() and the owner's own restore: samples at once when any VM is live, and runs on.
-   * That sample closes the interval from the last one the old process took.
+   * After restore() and the owner's own restore (or a hold taken): a baseline sample at once when the
+   * loop should run and is idle. After a restore, it closes the interval from the old process's last.
    */
   resume(): void {
     if (this.closed) return;

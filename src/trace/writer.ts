@@ -1,14 +1,10 @@
 /**
  * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz.
- *
  * The file is a whole trace after every record, even on a full disk (docs/recording.md, "A full
- * disk"): each record is written synchronously at the file's end, and for .gz as a deflate segment
- * of its own (compressed with the 32 KiB before it as dictionary and sync-flushed, so the segments
- * form one deflate stream) followed by the gzip end (an empty final block, CRC-32 and length), which
- * the next record overwrites. A write that fails with ENOSPC or EDQUOT is undone (the file is cut
- * back to the last whole record and its gzip end written again), and the writer pauses: samples are
- * dropped, other records kept in order, and each later sample tries again; on success a `gap`
- * record says where samples are missing, so replay takes the next sample as a new baseline.
+ * disk"): for .gz each record is a sync-flushed deflate segment of its own (the 32 KiB before it as
+ * dictionary, so the segments form one stream) followed by the gzip end, which the next record
+ * overwrites. A write that fails with ENOSPC or EDQUOT is undone and the writer pauses, dropping
+ * samples until one can be written after a `gap` record.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -51,16 +47,6 @@ export function headerRecord(h: TraceHeader): Record<string, unknown> {
 export function headerLine(h: TraceHeader): string {
   const json = JSON.stringify(headerRecord(h));
   return h.startNs === undefined ? `${json}\n` : `${json.slice(0, -1)},"start_t_ns":${h.startNs.toString()}}\n`;
-}
-
-/**
- * Where and when a recording starts: wall clock, CLOCK_MONOTONIC at that moment (process.hrtime, the
- * sampler's clock), host name.
- */
-function recordingStart(
-  clockNs: () => bigint = () => process.hrtime.bigint(),
-): Required<Pick<TraceHeader, 'startTime' | 'startNs' | 'hostname'>> {
-  return { startNs: clockNs(), startTime: new Date().toISOString(), hostname: os.hostname() };
 }
 
 interface OpenOptions {
@@ -173,8 +159,7 @@ export class TraceWriter {
   /**
    * Creates the file and writes the header (with the start time and host name added when the caller
    * did not give them). Throws at once if the file cannot be created, or exists and `overwrite` is
-   * not set. `o.fd`: the file already opened for writing (by the daemon as root, before its
-   * privilege drop): used as is. A disk already full leaves the file empty and the writer paused.
+   * not set. A disk already full leaves the file empty and the writer paused.
    */
   static open(path: string, header: TraceHeader, o: OpenOptions = {}): TraceWriter {
     // Opening synchronously surfaces ENOENT/EACCES/EEXIST here, with the path, not later from a stream.
@@ -188,7 +173,9 @@ export class TraceWriter {
       throw new Error(cannot(`write trace ${path}`, err.message));
     }
     const w = new TraceWriter(path, fd, path.endsWith('.gz'), o.events ?? stderrEvents(path));
-    w.write(headerLine({ ...recordingStart(), ...header }));
+    // Where and when the recording starts; startNs is CLOCK_MONOTONIC, the sampler's clock.
+    const start = { startNs: process.hrtime.bigint(), startTime: new Date().toISOString(), hostname: os.hostname() };
+    w.write(headerLine({ ...start, ...header }));
     return w;
   }
 
@@ -355,10 +342,7 @@ export class TraceWriter {
       });
       crc = zlib.crc32(text, crc);
       size = (size + text.length) >>> 0;
-      const trailer = Buffer.alloc(10);
-      trailer[0] = 0x03; // an empty final block (fixed Huffman: BFINAL, BTYPE 01, end-of-block)
-      trailer.writeUInt32LE(crc >>> 0, 2);
-      trailer.writeUInt32LE(size, 6);
+      const trailer = gzipEnd(crc, size);
       data = Buffer.concat(start === 0 ? [GZIP_HEADER, seg, trailer] : [seg, trailer]);
     } else data = text;
     try {
@@ -390,17 +374,22 @@ export class TraceWriter {
       if (!fs.fstatSync(this.fd).isFile()) return;
       if (!this.gzip || this.end === 0) return void fs.ftruncateSync(this.fd, this.end);
       fs.ftruncateSync(this.fd, this.end + 10);
-      const trailer = Buffer.alloc(10);
-      trailer[0] = 0x03;
-      trailer.writeUInt32LE(this.crc >>> 0, 2);
-      trailer.writeUInt32LE(this.size, 6);
       // Bytes inside the file's size: their blocks are still allocated, this needs no space.
-      writeAllAt(this.fd, trailer, this.end);
+      writeAllAt(this.fd, gzipEnd(this.crc, this.size), this.end);
     } catch (e) {
       this.error = new Error(cannot(`cut trace ${this.path} back to its last whole record`, (e as Error).message));
       throw this.error;
     }
   }
+}
+
+/** The gzip end after a record: an empty final block (fixed Huffman: BFINAL, BTYPE 01, end-of-block), CRC-32 and length. */
+function gzipEnd(crc: number, size: number): Buffer {
+  const b = Buffer.alloc(10);
+  b[0] = 0x03;
+  b.writeUInt32LE(crc >>> 0, 2);
+  b.writeUInt32LE(size, 6);
+  return b;
 }
 
 function writeAllAt(fd: number, data: Buffer, position: number): void {
