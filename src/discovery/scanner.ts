@@ -46,11 +46,7 @@ export interface ScannerOptions {
   fullRecheckEvery?: number;
   /** Thread names read from a multithreaded process not named like QEMU, looking for vCPU threads. */
   maxThreadsProbed?: number;
-  /**
-   * VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS); one uid that is not a
-   * preferred owner tracks at most its share of them (budget/uid-share.ts); more are not tracked,
-   * and onFull says so.
-   */
+  /** VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS), one uid's at most its share (budget/uid-share.ts). */
   maxDiscoveredVms?: number;
   /** Groups whose processes are preferred owners besides root's (the daemon's --socket-group). */
   preferredGroups?: readonly number[];
@@ -147,8 +143,7 @@ export class ProcScanner {
     this.scans++;
     const full = this.scans % this.fullEvery === 0;
     const now = this.uptime();
-    // No task was created since the last scan (the last pid handed out is the same): nothing new
-    // can be in /proc, so only the young processes (which may still exec QEMU) are looked at again.
+    // The last pid handed out is the same: nothing new can be in /proc, only the young are looked at again.
     const lastPid = readLastPid(this.procRoot);
     const prevPid = this.lastPid;
     const quiet = !full && lastPid !== null && lastPid === prevPid;
@@ -206,32 +201,21 @@ export class ProcScanner {
     }
   }
 
-  /**
-   * The processes looked at and found not to be VMs, as plain data (a VM deferred for fds is left out:
-   * it is examined again). The VMs tracked are not in it: a restart hands them back with adopt().
-   */
+  /** The processes found not to be VMs, as plain data (not a deferred VM, nor the tracked ones: a restart adopt()s those). */
   state(): KnownProcessState[] {
     const out: KnownProcessState[] = [];
     for (const [pid, o] of this.others) if (o.retry !== true) out.push({ pid, starttime: o.starttime });
     return out;
   }
 
-  /**
-   * Takes back what state() gave, before the first scan: a known process with the same starttime and
-   * not young is not read beyond its stat line again (unless the periodic full recheck comes); one
-   * whose pid now names another process is examined as new.
-   */
+  /** Takes back what state() gave, before the first scan: a process with the same starttime is known again. */
   restore(known: readonly KnownProcessState[]): void {
     for (const k of known) {
       if (!this.vms.has(k.pid)) this.others.set(k.pid, { starttime: k.starttime, comm: '', numThreads: -1, young: false, restored: true });
     }
   }
 
-  /**
-   * A VM a restart hands back (its snapshot knew it as discovered): tracked again, its threads
-   * classified afresh, as scan() would have. False when the pid no longer names that process or it is
-   * not a VM now; the caller then knows it only as its snapshot says.
-   */
+  /** A discovered VM a restart hands back, tracked again as scan() would; false when the pid no longer names that VM process. */
   adopt(pid: number, starttime: number): boolean {
     const st = this.readStat(pid);
     if (st === null || st.starttime !== starttime) return false;
@@ -259,10 +243,7 @@ export class ProcScanner {
     return k;
   }
 
-  /**
-   * A VM found by scan() that the caller could not admit (no fds left): it is not tracked, and is
-   * examined again at the next full recheck.
-   */
+  /** A VM found by scan() that the caller could not admit (no fds left): examined again at the next full recheck. */
   defer(pid: number): void {
     const k = this.untrack(pid);
     if (k === undefined) return;
@@ -311,9 +292,8 @@ export class ProcScanner {
   }
 
   /**
-   * On a full recheck (`full`) a QEMU-named process with threads is read in depth again even when
-   * nothing in its stat line changed: its threads may have been named `CPU <n>/KVM` since, a rename
-   * no stat field shows (seen between a thread's start and its naming, it would stay a non-VM).
+   * On a full recheck (`full`) a QEMU-named process with threads is read in depth again: its threads
+   * may have been named `CPU <n>/KVM` since it was seen, a rename no stat field shows.
    */
   private examine(pid: number, before: Other | undefined, now: number, full = false): DiscoveredVm | null {
     const st = this.readStat(pid);

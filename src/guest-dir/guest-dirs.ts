@@ -21,11 +21,7 @@ import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, zoneAttrib
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 const GUEST_LOG_BURST = 20;
-/**
- * Fds a directory is asked for in the budget: its own, the ones the helper makes in it (a zone per
- * domain, class, class/powercap) and two per energy_uj (the file shown and its spare, safe-dir.ts
- * update()): 15 for one virtual package with package, core, DRAM and PSYS.
- */
+/** Fds a directory is asked for in the budget (docs/guest.md): 15 for one virtual package with package, core, DRAM and PSYS. */
 const GUEST_DIR_FDS = 16;
 /**
  * Samples between two full checks of a published directory, changed or not: for what its change check
@@ -40,9 +36,7 @@ export interface GuestDirVm {
   vmId: number;
   uuid: Uint8Array | null;
   name: string | null;
-  /** Its process (with `uid`, whether it is in a directory's group: GuestDirSource.inGroup). */
   pid: number;
-  /** Owner of its process: a directory it owns is its. */
   uid: number;
   live: boolean;
 }
@@ -50,10 +44,7 @@ export interface GuestDirVm {
 /** What the publisher reads of the daemon, each sample. */
 export interface GuestDirSource {
   vms(): Iterable<GuestDirVm>;
-  /**
-   * The VM's statistics written from now on at each sample into the memory `map` returns (the guest's
-   * statistics file, mapped; `map` is given its bytes now), or null for no such VM.
-   */
+  /** The VM's statistics written from now on at each sample into the memory `map` returns (given its bytes now); null for no such VM. */
   statsCopy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): StatsCopy | null;
   /** Whether `n` more fds fit the daemon's budget (absent: always). */
   canOpen?(n: number, what: string): boolean;
@@ -264,11 +255,7 @@ export class GuestDirs {
     return `the processes naming it, ${pids}, are not ${by}: not written for them; give the directory to the VM's group (chgrp) or its user`;
   }
 
-  /**
-   * Whether `vm` may have the directory: one owned by a user other than root and the helper is its
-   * owner's VMs' alone; one of root's or the helper's is root's, the helper's and its group's VMs'.
-   * Asked of /proc once per VM and directory.
-   */
+  /** Whether `vm` may have the directory (docs/guest.md "Which VM a directory is bound to"), asked of /proc once per VM. */
   private bound(p: Published, vm: GuestDirVm): boolean {
     let b = p.bound.get(vm.vmId);
     if (b !== undefined) return b;

@@ -45,10 +45,7 @@ const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
 interface SampleSource {
   sample(pids: Iterable<number>): Sample;
-  /**
-   * The same sample one VM per step (Sampler.sampleSteps), run in slices with clients served between
-   * them; `pids` is asked again before each read. Optional: a source without it is sampled at once.
-   */
+  /** The same sample one VM per step (Sampler.sampleSteps), run in slices; a source without it is sampled at once. */
   sampleSteps?(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
 }
 
@@ -107,9 +104,8 @@ export class SamplingService {
   private failure: Error | null = null;
   private traceBroken = false;
   /**
-   * While a sample is taken in slices: a time no later than its t_ns (taken just before it began).
-   * A VM registered or unregistered meanwhile is in the engine before that sample is added, so its
-   * trace record comes before the sample's, stamped with this time: the trace's times never go back.
+   * While a sample is taken in slices: a time no later than its t_ns, stamped on the trace records of
+   * VMs registered or unregistered meanwhile (they come before the sample's): trace times never go back.
    */
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
@@ -181,11 +177,7 @@ export class SamplingService {
     return { engine: this.engine.state(), realtimeNs: this.lastRealtimeNs };
   }
 
-  /**
-   * Restores the engine (a new one: see RatioEngine.restore, which throws on inconsistent values) and
-   * the live VMs. Nothing is sampled until resume(): the owner restores its other parts first (in
-   * slices, the event loop turning meanwhile), and the first sample must see them restored.
-   */
+  /** Restores a new engine and the live VMs; nothing is sampled until resume(), after the owner's own restore. */
   restore(s: SamplingState): void {
     if (this.closed) throw new Error('the sampling service is closed');
     this.engine.restore(s.engine);
@@ -217,10 +209,7 @@ export class SamplingService {
     });
   }
 
-  /**
-   * An interval's first step: false when there is none (closed, or the previous interval still works
-   * in slices: this tick is skipped, and counted). An interval begun is closed by end().
-   */
+  /** An interval's first step: false when there is none (closed, or the previous interval still works in slices: skipped, counted). */
   begin(): boolean {
     if (this.closed) return false;
     if (this.inTick) {
@@ -232,10 +221,7 @@ export class SamplingService {
     return true;
   }
 
-  /**
-   * The sample of tick `t`, in slices when the sampler can (sampleSteps: a promise then, which never
-   * rejects); undefined when there is none (closed or gone idle meanwhile) or it failed (fail()).
-   */
+  /** The sample of tick `t`, in slices when the sampler can (a promise then, which never rejects); undefined when none or failed. */
   take(t: TickInfo): Sample | undefined | Promise<Sample | undefined> {
     // Closed or gone idle while the interval's scan ran: no sample (what a tick of a stopped loop does).
     if (this.closed || !this.loop.running) return undefined;
@@ -250,16 +236,11 @@ export class SamplingService {
       }
     }
     this.sliceStartNs = this.clock();
-    return runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
-      (s) => {
+    return runInSlices(steps, () => {}, { stopped: () => this.closed })
+      .catch((e: unknown) => this.fail(e))
+      .finally(() => {
         this.sliceStartNs = null;
-        return s;
-      },
-      (e: unknown) => {
-        this.sliceStartNs = null;
-        return this.fail(e);
-      },
-    );
+      });
   }
 
   /** An interval's last step: its duration, and the loop stopped when nothing keeps it running. */

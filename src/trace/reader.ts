@@ -138,10 +138,7 @@ export class TraceParser {
     return { range, unitJ };
   }
 
-  /**
-   * host.domains: [{"package":0,"domain":"dram","range":"0x100000000","unit_j":1.53e-5}, ...], each
-   * checked by the engine's own rule (ratio/domain-counters.ts).
-   */
+  /** host.domains, each checked by the engine's own rule (ratio/domain-counters.ts). */
   private domainCounters(list: unknown, pkgIds: ReadonlySet<number>): DomainCounter[] {
     if (!Array.isArray(list))
       this.fail('header: host.domains must be an array like [{"package":0,"domain":"dram","range":"0x100000000","unit_j":0.0000153}]');
@@ -283,11 +280,7 @@ export class TraceParser {
     return out;
   }
 
-  /**
-   * A sample's other domains: {"dram":{"0":"0x1234","1":"0x5678"},"psys":{"0":"0x99"}}, raw counters by
-   * domain and package. A reading the header does not describe is kept: the engine ignores it and
-   * says so (a problem of the replay, not fatal).
-   */
+  /** A sample's other domains, {"dram":{"0":"0x1234"}}; one the header does not describe is kept (the engine says so, not fatal). */
   private domainReadings(v: unknown): DomainReading[] {
     if (!isObject(v)) this.fail('sample: domains must be an object {domain: {package id: "0x..."}}');
     const out: DomainReading[] = [];

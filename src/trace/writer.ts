@@ -132,7 +132,7 @@ export class TraceWriter {
   private lastSampleT: bigint | null = null;
   private closed: Promise<void> | null = null;
   private error: Error | null = null;
-  /** Records written so far (header included). */
+  /** Header included. */
   records = 0;
   samples = 0;
   /** Samples dropped while the disk was full, over the whole recording. */
@@ -180,10 +180,9 @@ export class TraceWriter {
   }
 
   /**
-   * Goes on with a trace this daemon wrote before a restart (docs/daemon.md "Restarts"): no header,
-   * records appended after the last whole one. `fd` is the file as the previous process had it open
-   * for writing; a .gz trace is read back through `path` for its checksum, length and window, and
-   * goes on in the same gzip stream. Throws when the file does not end on a whole record.
+   * Goes on with a trace this daemon wrote before a restart (docs/daemon.md "Restarts") through the
+   * previous process's `fd`, a .gz trace in the same gzip stream (read back through `path` for its
+   * checksum, length and window). Throws when the file does not end on a whole record.
    */
   static resume(path: string, fd: number, o: Pick<OpenOptions, 'events'> = {}): TraceWriter {
     const gzip = path.endsWith('.gz');
@@ -246,9 +245,8 @@ export class TraceWriter {
   }
 
   /**
-   * Writes what is held back if it can, and closes the file. Resolves when the file is closed;
-   * rejects with the first write error that stopped the recording, or, when the disk was still
-   * full, saying how much is missing at the end (the file still ends on a whole record). Idempotent.
+   * Writes what is held back if it can, and closes the file; rejects with the error that stopped the
+   * recording, or, when the disk is still full, saying how much is missing at the end. Idempotent.
    */
   close(): Promise<void> {
     this.closed ??= (async () => {
@@ -325,10 +323,7 @@ export class TraceWriter {
     }
   }
 
-  /**
-   * Writes `lines` as whole records at the end of the file, or nothing: returns null, or the error
-   * code after undoing a write the disk could not hold. Any other error stops the recording (thrown).
-   */
+  /** Writes `lines` as whole records at the end of the file, or nothing: null, or the code of a PAUSING_ERRORS write undone. */
   private append(lines: string[]): string | null {
     const text = Buffer.from(lines.join(''));
     let data: Buffer;
@@ -364,11 +359,7 @@ export class TraceWriter {
     return null;
   }
 
-  /**
-   * Cuts the file back to its last whole record and, for .gz, writes that record's gzip end again. A
-   * file that is not a regular file (a device such as /dev/full, a pipe) has nothing to cut: a failed
-   * write left nothing in it to keep whole.
-   */
+  /** Cuts the file back to its last whole record and, for .gz, writes its gzip end again (not a device or pipe: nothing to cut). */
   private undo(): void {
     try {
       if (!fs.fstatSync(this.fd).isFile()) return;
