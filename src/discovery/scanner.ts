@@ -304,7 +304,7 @@ export class ProcScanner {
     }
     // Carried over a restart and still the same process (not young, so not about to exec QEMU): known.
     if (before?.restored === true && before.starttime === st.starttime && !this.isYoung(st, now)) {
-      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false });
+      this.others.set(pid, otherOf(st, false));
       return null;
     }
     // Same process, nothing that could have changed what it is: skip the deeper reads.
@@ -320,7 +320,7 @@ export class ProcScanner {
       return null;
     }
     const notVm = (): null => {
-      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: this.isYoung(st, now) });
+      this.others.set(pid, otherOf(st, this.isYoung(st, now)));
       return null;
     };
     if ((st.flags & PF_KTHREAD) !== 0) return notVm();
@@ -346,7 +346,7 @@ export class ProcScanner {
     if (slot.room < 1) {
       this.o.onFull?.(this.full(pid, owner, slot.bound));
       // Examined in full again at the next full recheck: a slot may be free by then.
-      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false, retry: true });
+      this.others.set(pid, { ...otherOf(st, false), retry: true });
       return null;
     }
     this.slots.take(owner, 1);
@@ -470,6 +470,10 @@ function vcpusFrom(
   if (found.length > MAX_VCPUS) found.length = MAX_VCPUS;
   const vpkgOfSocket = k.numbering.number(found.map((f) => f.socket));
   return { vcpus: found.map((f) => ({ tid: f.tid, vpkg: vpkgOfSocket.get(f.socket)! })), wholeVmOnly: false };
+}
+
+function otherOf(st: ProcessStat, young: boolean): Other {
+  return { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young };
 }
 
 /** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */

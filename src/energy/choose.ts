@@ -81,9 +81,7 @@ interface NoSourceFacts {
   /** The first online CPU's MSR device, and why it did not open (an errno code, or a message). */
   msrFile: string;
   msrWhy: string;
-  /** Whether the msr driver is loaded (SYSROOT/module/msr). */
   msrDriverLoaded: boolean;
-  /** Why the powercap zones give no package energy. */
   powercapWhy: string;
   /** Why this host surely has no RAPL registers (a VM, an AMD CPU without the flag), or null when it may. */
   noRapl: string | null;

@@ -39,11 +39,7 @@ export interface EnergySource {
   readonly packages: readonly number[];
   /** The domains each read reports for every package, in ENERGY_DOMAINS order. */
   readonly domains: readonly EnergyDomain[];
-  /**
-   * The counter of every domain but the package, per package (a platform domain once), in read()
-   * order: what the engine and traces need to turn their readings' `counter.raw` into energy
-   * (HostInfo.domains). Empty when only the package is read.
-   */
+  /** The counter of every domain but the package, in read() order (HostInfo.domains); empty when only the package is read. */
   readonly domainCounters: readonly DomainCounter[];
   /**
    * One reading per package and domain (a platform domain once), packages ascending, domains in order.
@@ -78,8 +74,7 @@ export class EnergyReadError extends Error {
 
 /**
  * One read of a source: `read` of each of `counters` in order. The package's failing fails the read;
- * other domains failing (each with its error, in read order) give an EnergyReadError that names them
- * and carries the readings that were read, so a sampler goes on with those.
+ * other domains failing give an EnergyReadError that names them and carries the readings that were read.
  */
 export function readEach<C>(
   kind: EnergySourceKind,

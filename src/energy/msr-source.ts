@@ -67,10 +67,9 @@ export class MsrEnergySource implements EnergySource {
   private readonly unwrap = new CounterUnwrapper();
 
   /**
-   * Probes every domain of the vendor: present when its register reads on every package (each core)
-   * and counts (a counter still at 0 is absent, as Linux's intel_rapl decides). Throws an
-   * EnergyReadError when a package's power unit cannot be read, an Error when a domain asked for by
-   * `domains` is absent.
+   * Probes every domain of the vendor: present when its register reads on every package (each core) and
+   * counts (one still at 0 is absent, as Linux's intel_rapl decides). Throws an EnergyReadError when a
+   * package's power unit cannot be read, an Error when a domain `domains` asks for is absent.
    */
   constructor(private readonly o: MsrSourceOptions) {
     const cpuOf = firstCpuPerPackage(o.cpus);

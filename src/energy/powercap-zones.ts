@@ -1,9 +1,7 @@
 /**
- * The kernel's powercap RAPL zones (Documentation/power/powercap/powercap.rst): each zone of the
- * intel-rapl control type is linked from /sys/class/powercap as intel-rapl:N (a package, named
- * package-N after its physical_package_id, or the platform, named psys) and intel-rapl:N:M (a
- * sub-zone of zone N, named core, uncore or dram), with energy_uj counting µJ and wrapping after
- * max_energy_range_uj. AMD Zen has them too (intel_rapl_msr). docs/energy-domains.md.
+ * The kernel's powercap RAPL zones (Documentation/power/powercap/powercap.rst; docs/energy-domains.md):
+ * intel-rapl:N (package-N or psys) and its sub-zones intel-rapl:N:M (core, uncore, dram), energy_uj
+ * counting µJ and wrapping after max_energy_range_uj. AMD Zen has them too (intel_rapl_msr).
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -18,7 +16,7 @@ export const POWERCAP_CLASS_DIR = 'class/powercap';
  */
 export const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
 
-/** A zone's energy attribute and its range: energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
+/** energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
 export const ENERGY_UJ = 'energy_uj';
 export const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
 

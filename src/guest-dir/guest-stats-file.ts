@@ -15,7 +15,6 @@ type FileZone = ZoneShape & { seen: number[] };
 
 /** The daemon's writer of a VM's statistics into memory the guest directory mapped (StatsFiles.copy). */
 export interface StatsCopy {
-  /** The file's virtual packages and other domains. */
   readonly shape: Pick<VmStatsShape, 'nvpkg' | 'domains'>;
   /** The VM's totals the file is written from, refilled in place at each sample. */
   readonly totals: VmTotals;

@@ -61,10 +61,7 @@ const EEXIST = 17;
 const OTHERS_WRITE = 0o022n;
 /** Where a planted entry with one of the helper's names is moved, in its directory: no zone's name, no `.vmsr-` name. */
 const PLANTED_PREFIX = '.planted-';
-/**
- * errnos a write meets on a sound directory that may pass (a full or over-quota file system, no
- * memory, no fd): the write is tried again at the next sample (WriteFailure), the directory is not refused.
- */
+/** errnos a write meets on a sound directory that may pass: tried again at the next sample (WriteFailure), not refused. */
 const PASSING = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'ENOMEM', 'EMFILE', 'ENFILE', 'EINTR']);
 
 /** A write into a sound directory that failed for a reason that may pass (PASSING, a short write): try again. */
@@ -144,10 +141,7 @@ const nowNs = () => BigInt(Date.now()) * 1_000_000n;
 const needChmod = (process.umask() & FILE_MODE) !== 0;
 const textBuf = Buffer.alloc(64);
 
-/**
- * A file that update() rewrites at every sample: `shown` is the file at its name, `spare` the one at
- * its temporary name (the value before, swapped out at the last update), each held open with its length.
- */
+/** A file update() rewrites: `shown` at its name, `spare` (the last value) at its temporary name, each held open with its length. */
 interface FilePair {
   dirFd: number;
   shown: { fd: number; len: number };
@@ -190,10 +184,7 @@ export class SafeDir {
     return `${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`;
   }
 
-  /**
-   * `name` under the directory `rootFd` (its path `root`, for messages), when it is a directory owned
-   * by one of `owners`; else why not (absent: null reason, nothing to say).
-   */
+  /** `name` under `rootFd` (its path `root`) when it is a directory owned by one of `owners`; else why not (null: absent). */
   static open(rootFd: number, root: string, name: string, owners: readonly number[]): Result<SafeDir, string | null> {
     const where = `${root}/${name}`;
     const fd = openAt(rootFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
@@ -423,9 +414,8 @@ export class SafeDir {
   }
 
   /**
-   * A new file `file` at the top holding `bytes`, mapped shared and writable, then renamed into place:
-   * stores into the mapping are its contents (docs/stats-fd.md's seqlock keeps readers whole). Its
-   * pages are written once here, so a store never needs a page of a full file system.
+   * A new top file holding `bytes`, mapped shared and writable, renamed into place. Its pages are
+   * written once here, so a store never needs a page of a full file system.
    */
   mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint } {
     const fd = this.create(this.fd, file, O_RDWR);

@@ -6,12 +6,9 @@
 import { formatUuid } from '../common/uuid.js';
 import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
 
-/**
- * Every zone's max_energy_range_uj: what the kernel shows for a RAPL counter of 32 bits in units of
- * 2^-14 J (Intel's usual energy status unit): 2^32 x 61.035... µJ. A guest's tool wraps as on such a host.
- */
+/** Every zone's max_energy_range_uj: the kernel's for a 32-bit RAPL counter in 2^-14 J (docs/guest.md). */
 export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
-/** The counter's range: energy_uj takes max_energy_range_uj itself before it wraps to 0. */
+/** energy_uj takes max_energy_range_uj itself before it wraps to 0. */
 export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
 
 const ZONE_NAME_FILE = 'name';
@@ -30,11 +27,7 @@ export interface ZoneShape {
   vpkgs: number[];
 }
 
-/**
- * The zones of a VM of `nvpkg` virtual packages whose host reads `domains` (besides the package): a
- * package zone per virtual package, its sub-zones for the other package domains, and psys (the VM's
- * platform energy summed over its virtual packages) after the packages.
- */
+/** The zones of a VM of `nvpkg` virtual packages whose host reads `domains` besides the package (psys summed over them all). */
 export function guestZoneShapes(nvpkg: number, domains: readonly string[]): ZoneShape[] {
   const zones: ZoneShape[] = [];
   const subs = SUB_ZONES.filter((d) => domains.includes(d));
@@ -75,11 +68,7 @@ export const TEMP_PREFIX = '.vmsr-';
 /** The longest file name a directory takes (NAME_MAX). */
 const NAME_MAX_BYTES = 255;
 
-/**
- * A VM's directory name under --guest-dir: its UUID (QEMU's -uuid, lowercase 8-4-4-4-12), else its
- * name when that is one plain path component (no '/', not '.' or '..', not hidden, no control
- * character, at most 255 bytes); null when it has neither (nothing is published for it).
- */
+/** A VM's directory name under --guest-dir: its UUID, else its name when that is one plain, visible path component; or null. */
 export function guestDirName(uuid: Uint8Array | null, name: string | null): string | null {
   if (uuid !== null && uuid.length === 16) return formatUuid(uuid);
   if (name === null || name === '' || name.startsWith('.') || name.includes('/')) return null;

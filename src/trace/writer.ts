@@ -90,10 +90,6 @@ function domainsObject(readings: readonly DomainReading[]): Record<string, Recor
   return out;
 }
 
-function unregisterLine(tNs: bigint, pid: number): string {
-  return withTime('unregister', tNs, `,"pid":${pid}`);
-}
-
 /** Samples are missing from `tNs` (the first lost one) on: `lost` of them. */
 export function gapLine(tNs: bigint, lost: number): string {
   return withTime('gap', tNs, `,"lost_samples":${lost}`);
@@ -241,7 +237,7 @@ export class TraceWriter {
   }
 
   unregister(tNs: bigint, pid: number): void {
-    this.write(unregisterLine(tNs, pid));
+    this.write(withTime('unregister', tNs, `,"pid":${pid}`));
   }
 
   /**
