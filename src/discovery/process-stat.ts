@@ -5,7 +5,6 @@
 
 export interface ProcessStat {
   comm: string;
-  /** PF_* flags (field 9). */
   flags: number;
   numThreads: number;
   /** Field 22, clock ticks after boot. */
@@ -36,13 +35,7 @@ export function parseProcessStat(line: string): ProcessStat | null {
   const numThreads = num(f[F_NUM_THREADS]);
   const starttime = num(f[F_STARTTIME]);
   const exitSignal = f[F_EXIT_SIGNAL] === '-1' ? -1 : num(f[F_EXIT_SIGNAL]);
-  if (
-    !Number.isSafeInteger(flags) ||
-    !Number.isSafeInteger(numThreads) ||
-    !Number.isSafeInteger(starttime) ||
-    !Number.isSafeInteger(exitSignal)
-  )
-    return null;
+  if (![flags, numThreads, starttime, exitSignal].every(Number.isSafeInteger)) return null;
   return { comm: line.slice(open + 2, close), flags, numThreads, starttime, exitSignal };
 }
 

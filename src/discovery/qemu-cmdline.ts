@@ -21,8 +21,6 @@ export interface SmpTopology {
 }
 
 interface QemuCommandLine {
-  /** argv[0] as given (may be a path, may be anything). */
-  argv0: string;
   name: string | null;
   /** 16 bytes, or null when absent or not a UUID. */
   uuid: Buffer | null;
@@ -88,7 +86,6 @@ export function guestNameOf(args: readonly string[]): string | null {
   const opt = lastOption(args, '-name');
   if (opt === null) return null;
   const g = parseQemuOpts(opt, 'guest').get('guest');
-
   if (g === undefined || g === '' || g.length > MAX_VM_NAME || /[\u0000-\u001f\u007f-\u009f]/.test(g)) return null;
   return g;
 }
@@ -107,12 +104,9 @@ type SmpKey = (typeof SMP_KEYS)[number];
 const SINGLE: SmpTopology = { cpus: 1, maxcpus: 1, sockets: 1, perSocket: 1 };
 
 /**
- * -smp as QEMU 10's machine_parse_smp_config computes it. Omitted members: dies/clusters/modules/
- * drawers/books are 1; with neither cpus nor maxcpus, omitted sockets/cores/threads are 1; otherwise
- * maxcpus defaults to cpus and the machine's preference fills the rest: since machine types 6.2 QEMU
- * prefers cores (cores = maxcpus / (sockets x ... x threads), sockets and threads default 1), before
- * 6.2 sockets; threads are computed last. cpus defaults to maxcpus. A topology QEMU would refuse
- * (product != maxcpus, maxcpus < cpus, a zero) gives an error and the caller's fallback.
+ * -smp as QEMU 10's machine_parse_smp_config computes it: omitted members are 1, or, given cpus or
+ * maxcpus, filled from maxcpus by the machine's preference (cores since machine types 6.2, sockets
+ * before; threads last). A topology QEMU would refuse gives an error and the caller's fallback.
  */
 export function parseSmp(text: string, preferSockets: boolean): SmpTopology | { error: string } {
   const o = parseQemuOpts(text, 'cpus');
@@ -210,14 +204,10 @@ export function parseQemuCommandLine(args: readonly string[]): QemuCommandLine {
     if ('error' in t) problems.push(`${t.error}; every vCPU is put in virtual package 0`);
     else topology = t;
   }
-  return { argv0: args[0] ?? '', name, uuid, topology, problems };
+  return { name, uuid, topology, problems };
 }
 
-/**
- * The guest socket of vCPU `index` (cpu_index, as in the thread name `CPU <index>/KVM`), as the
- * command line's topology places it (at most MAX_VPKG). Which virtual package that socket becomes is
- * the threads' say, not the command line's (vpkg-numbering.ts).
- */
+/** The guest socket of vCPU `index` (cpu_index, as in `CPU <index>/KVM`) in the command line's topology, at most MAX_VPKG. */
 export function socketOf(topology: SmpTopology, index: number): number {
   const g = Math.floor(index / topology.perSocket);
   return g > MAX_VPKG ? MAX_VPKG : g;

@@ -1,11 +1,8 @@
 /**
- * Whether the process on the other end of a connection is a QEMU of the socket's group: the
- * connections the helper exists for, served first whoever holds the slots (docs/security.md, "The
- * socket's group locking QEMU out"). A QEMU peer is root's, or in one of the preferred groups (its
- * primary gid from SO_PEERCRED, or /proc/<pid>/status: preferred-owner.ts), and its process is named
- * as QEMU runs (discovery's rule, discovery/names.ts: `qemu-system-*`, `qemu-kvm`, `kvm`). A member of
- * the group may name a process so; each such process still gets one connection first in line, not
- * more (connection-seats.ts), so a user needs a process per connection, as QEMU has.
+ * Whether the process on the other end of a connection is a QEMU of the socket's group, served first
+ * whoever holds the slots (docs/security.md, "The socket's group locking QEMU out"). A member of the
+ * group may name a process so; each such process still gets only one connection first in line
+ * (connection-seats.ts).
  */
 import path from 'node:path';
 import { isQemuName } from './names.js';

@@ -1,11 +1,9 @@
 /**
  * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
- * every sampling interval: only pids not seen before are read (stat, and for candidates cmdline, exe
- * and thread names). The pids handed out since the last scan are known (/proc/loadavg): none, and
- * nothing is listed; up to MAX_PIDS_PROBED, and each is looked up directly; more, and /proc is
- * listed. Pids known not to be VMs are kept with their starttime and looked at again only when
- * young (a process may exec QEMU just after fork: libvirt does) or on a periodic full recheck.
- * Rules and limits: docs/discovery.md.
+ * every sampling interval: only pids not seen before are read, and /proc is listed only when more than
+ * MAX_PIDS_PROBED pids were handed out since the last scan (/proc/loadavg). Pids known not to be VMs
+ * are looked at again only when young (a process may exec QEMU just after fork: libvirt does) or on a
+ * periodic full recheck. Rules and limits: docs/discovery.md.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -15,7 +13,8 @@ import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type Shar
 import { MAX_VCPUS, type VcpuSpec } from '../model/vcpus.js';
 import { baseName, isQemuName, vcpuIndexOf } from './names.js';
 import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
-import { MAX_CMDLINE_BYTES, parseQemuCommandLine, splitCmdline, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { MAX_CMDLINE_BYTES, parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { readCmdline } from './qemu-name.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from './discovery-limits.js';
 
@@ -47,11 +46,7 @@ export interface ScannerOptions {
   fullRecheckEvery?: number;
   /** Thread names read from a multithreaded process not named like QEMU, looking for vCPU threads. */
   maxThreadsProbed?: number;
-  /**
-   * VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS); one uid that is not a
-   * preferred owner tracks at most its share of them (budget/uid-share.ts); more are not tracked,
-   * and onFull says so.
-   */
+  /** VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS), one uid's at most its share (budget/uid-share.ts). */
   maxDiscoveredVms?: number;
   /** Groups whose processes are preferred owners besides root's (the daemon's --socket-group). */
   preferredGroups?: readonly number[];
@@ -67,10 +62,8 @@ interface DiscoveryFull {
   pid: number;
   uid: number;
   bound: ShareBound;
-  /** VMs tracked now, and by this uid. */
+  /** VMs tracked now. */
   tracked: number;
-  trackedByUid: number;
-  /** What the message says to do. */
   message: string;
 }
 
@@ -116,7 +109,7 @@ export class ProcScanner {
   private readonly uptime: () => number;
   private readonly cmdBuf = Buffer.alloc(MAX_CMDLINE_BYTES + 1);
   /** Counters for tests and the bench: what the last scans cost. */
-  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, overLimit: 0, quietScans: 0, probeScans: 0, listings: 0 };
+  readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, quietScans: 0, probeScans: 0, listings: 0 };
   private lastPid: number | null = null;
 
   constructor(
@@ -143,16 +136,14 @@ export class ProcScanner {
   }
 
   /**
-   * The same scan one process at a time: each step looks at one pid (or lists /proc) and yields the
-   * VM it found, or null. The caller may stop between steps and go on later (the daemon serves its
-   * clients between slices of steps: src/sampling/time-slices.ts); the scan's state is kept as it goes.
+   * The same scan one process at a time: each step looks at one pid (or lists /proc) and yields the VM
+   * it found, or null; the caller may stop between steps and go on later (sampling/time-slices.ts).
    */
   *scanSteps(): Generator<DiscoveredVm | null, void, undefined> {
     this.scans++;
     const full = this.scans % this.fullEvery === 0;
     const now = this.uptime();
-    // No task was created since the last scan (the last pid handed out is the same): nothing new
-    // can be in /proc, so only the young processes (which may still exec QEMU) are looked at again.
+    // The last pid handed out is the same: nothing new can be in /proc, only the young are looked at again.
     const lastPid = readLastPid(this.procRoot);
     const prevPid = this.lastPid;
     const quiet = !full && lastPid !== null && lastPid === prevPid;
@@ -210,32 +201,21 @@ export class ProcScanner {
     }
   }
 
-  /**
-   * The processes looked at and found not to be VMs, as plain data (a VM deferred for fds is left out:
-   * it is examined again). The VMs tracked are not in it: a restart hands them back with adopt().
-   */
+  /** The processes found not to be VMs, as plain data (not a deferred VM, nor the tracked ones: a restart adopt()s those). */
   state(): KnownProcessState[] {
     const out: KnownProcessState[] = [];
     for (const [pid, o] of this.others) if (o.retry !== true) out.push({ pid, starttime: o.starttime });
     return out;
   }
 
-  /**
-   * Takes back what state() gave, before the first scan: a known process with the same starttime and
-   * not young is not read beyond its stat line again (unless the periodic full recheck comes); one
-   * whose pid now names another process is examined as new.
-   */
+  /** Takes back what state() gave, before the first scan: a process with the same starttime is known again. */
   restore(known: readonly KnownProcessState[]): void {
     for (const k of known) {
       if (!this.vms.has(k.pid)) this.others.set(k.pid, { starttime: k.starttime, comm: '', numThreads: -1, young: false, restored: true });
     }
   }
 
-  /**
-   * A VM a restart hands back (its snapshot knew it as discovered): tracked again, its threads
-   * classified afresh, as scan() would have. False when the pid no longer names that process or it is
-   * not a VM now; the caller then knows it only as its snapshot says.
-   */
+  /** A discovered VM a restart hands back, tracked again as scan() would; false when the pid no longer names that VM process. */
   adopt(pid: number, starttime: number): boolean {
     const st = this.readStat(pid);
     if (st === null || st.starttime !== starttime) return false;
@@ -263,10 +243,7 @@ export class ProcScanner {
     return k;
   }
 
-  /**
-   * A VM found by scan() that the caller could not admit (no fds left): it is not tracked, and is
-   * examined again at the next full recheck.
-   */
+  /** A VM found by scan() that the caller could not admit (no fds left): examined again at the next full recheck. */
   defer(pid: number): void {
     const k = this.untrack(pid);
     if (k === undefined) return;
@@ -280,10 +257,8 @@ export class ProcScanner {
   }
 
   /**
-   * vCPU threads of a discovered VM from this sample's stat lines (comm is in each line: no extra
-   * read). Returns the new vCPU list when threads were born, renamed or gone (hotplug, tid reuse),
-   * null when nothing changed. Lines of threads already classified are not parsed again unless
-   * their comm changed.
+   * vCPU threads of a discovered VM from this sample's stat lines (comm is in each line: no extra read):
+   * the new vCPU list when threads were born, renamed or gone (hotplug, tid reuse), null when nothing changed.
    */
   refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
     const k = this.vms.get(pid);
@@ -317,9 +292,8 @@ export class ProcScanner {
   }
 
   /**
-   * On a full recheck (`full`) a QEMU-named process with threads is read in depth again even when
-   * nothing in its stat line changed: its threads may have been named `CPU <n>/KVM` since, a rename
-   * no stat field shows (seen between a thread's start and its naming, it would stay a non-VM).
+   * On a full recheck (`full`) a QEMU-named process with threads is read in depth again: its threads
+   * may have been named `CPU <n>/KVM` since it was seen, a rename no stat field shows.
    */
   private examine(pid: number, before: Other | undefined, now: number, full = false): DiscoveredVm | null {
     const st = this.readStat(pid);
@@ -330,7 +304,7 @@ export class ProcScanner {
     }
     // Carried over a restart and still the same process (not young, so not about to exec QEMU): known.
     if (before?.restored === true && before.starttime === st.starttime && !this.isYoung(st, now)) {
-      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false });
+      this.others.set(pid, otherOf(st, false));
       return null;
     }
     // Same process, nothing that could have changed what it is: skip the deeper reads.
@@ -346,7 +320,7 @@ export class ProcScanner {
       return null;
     }
     const notVm = (): null => {
-      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: this.isYoung(st, now) });
+      this.others.set(pid, otherOf(st, this.isYoung(st, now)));
       return null;
     };
     if ((st.flags & PF_KTHREAD) !== 0) return notVm();
@@ -356,7 +330,8 @@ export class ProcScanner {
     const threads = this.readThreads(pid, named ? Infinity : this.maxProbe);
     const hasVcpu = [...threads.values()].some((c) => vcpuIndexOf(c) !== null);
     if (!named && !hasVcpu) return notVm();
-    const args = this.readCmdline(pid);
+    this.cost.cmdlineReads++;
+    const args = readCmdline(this.procRoot, pid, this.cmdBuf);
     if (args === null || args.length === 0) return notVm();
     if (!hasVcpu) {
       // Named like QEMU but no vCPU thread names: trust the executable when it can be read.
@@ -369,10 +344,9 @@ export class ProcScanner {
     const owner: ShareOwner = { uid, preferred: isPreferredOwner(this.procRoot, pid, uid, this.o.preferredGroups ?? []) };
     const slot = this.slots.room(owner);
     if (slot.room < 1) {
-      this.cost.overLimit++;
       this.o.onFull?.(this.full(pid, owner, slot.bound));
       // Examined in full again at the next full recheck: a slot may be free by then.
-      this.others.set(pid, { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young: false, retry: true });
+      this.others.set(pid, { ...otherOf(st, false), retry: true });
       return null;
     }
     this.slots.take(owner, 1);
@@ -418,7 +392,7 @@ export class ProcScanner {
             `(processes of root and --socket-group are not bound by it); ${grow}`
           : `cannot track VM process ${pid}: uids other than root and --socket-group have ${this.slots.others} VMs tracked, ` +
             `the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together; ${grow}`;
-    return { pid, uid: owner.uid, bound, tracked: this.vms.size, trackedByUid: byUid, message };
+    return { pid, uid: owner.uid, bound, tracked: this.vms.size, message };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {
@@ -435,30 +409,6 @@ export class ProcScanner {
     }
     this.cost.statReads++;
     return parseProcessStat(line);
-  }
-
-  private readCmdline(pid: number): string[] | null {
-    this.cost.cmdlineReads++;
-    let fd: number;
-    try {
-      fd = fs.openSync(path.join(this.procRoot, String(pid), 'cmdline'), 'r');
-    } catch {
-      return null;
-    }
-    try {
-      // Bounded: at most MAX_CMDLINE_BYTES + 1 bytes (the extra byte tells a cut command line).
-      let n = 0;
-      while (n < this.cmdBuf.length) {
-        const got = fs.readSync(fd, this.cmdBuf, n, this.cmdBuf.length - n, null);
-        if (got <= 0) break;
-        n += got;
-      }
-      return splitCmdline(this.cmdBuf.subarray(0, n));
-    } catch {
-      return null;
-    } finally {
-      fs.closeSync(fd);
-    }
   }
 
   private readExe(pid: number): string | null {
@@ -505,11 +455,9 @@ export class ProcScanner {
 }
 
 /**
- * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0.
- * At most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and the vCPU
- * rule (model/vcpus.ts) the engine applies allows no more. Each vCPU's virtual package is its guest
- * socket's number among the sockets that hold vCPU threads (vpkg-numbering.ts), never a socket the
- * command line merely claims.
+ * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0. At
+ * most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and model/vcpus.ts's rule
+ * allows no more. A vCPU's virtual package numbers its guest socket among those holding vCPU threads.
  */
 function vcpusFrom(
   pid: number,
@@ -522,6 +470,10 @@ function vcpusFrom(
   if (found.length > MAX_VCPUS) found.length = MAX_VCPUS;
   const vpkgOfSocket = k.numbering.number(found.map((f) => f.socket));
   return { vcpus: found.map((f) => ({ tid: f.tid, vpkg: vpkgOfSocket.get(f.socket)! })), wholeVmOnly: false };
+}
+
+function otherOf(st: ProcessStat, young: boolean): Other {
+  return { starttime: st.starttime, comm: st.comm, numThreads: st.numThreads, young };
 }
 
 /** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */

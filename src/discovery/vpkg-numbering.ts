@@ -1,22 +1,12 @@
 /**
- * A discovered VM's virtual packages come from its vCPU threads, not from its command line's claim:
- * a process may say `-smp sockets=256` and name one thread `CPU 255/KVM`, and each virtual package
- * is two series in every exporter and 16 bytes of every UPDATE. So only a guest socket that holds a
- * vCPU thread gets a virtual package, and the VM never has more virtual packages than the most
- * guest sockets its threads have been in at once. Pure. Rule: docs/discovery.md, "Virtual packages
- * are what the threads show".
- *
- * Numbering: at discovery, the sockets in use get 0, 1, 2, ... in socket order, so a VM whose
- * sockets all hold vCPUs (every VM started without CPU hotplug) has vpkg n = guest socket n. A
- * socket seen later gets the next number; a number is never taken back from a socket that still
- * has threads, so a virtual package's counter keeps meaning the same socket. When there are as
- * many numbers as the most sockets ever in use at once, a new socket takes the lowest number of a
- * socket that no longer has a vCPU thread (its energy goes on from that counter).
+ * A discovered VM's virtual packages come from its vCPU threads, not its command line's claim (a
+ * process may say `-smp sockets=256`, and each virtual package costs series and UPDATE bytes): only a
+ * guest socket holding a vCPU thread gets one, never more than the most sockets in use at once. Pure.
+ * The numbering rule: docs/discovery.md, "Virtual packages are what the threads show".
  */
 export class VpkgNumbering {
   /** Guest socket -> virtual package; the values are 0..size-1, each once. */
   private readonly bySocket = new Map<number, number>();
-  /** The most sockets in use at once. */
   private peak = 0;
 
   /** Virtual packages given out so far (the VM's nvpkg as discovery sees it). */

@@ -1,14 +1,18 @@
 /**
  * THE rule of --energy-source auto: the RAPL MSRs when an MSR device opens (they also answer QEMU's
- * legacy requests), else the kernel's powercap zones when a package zone's energy_uj opens, else a
- * failure saying what the host has and lacks (energy/no-energy-source.ts). Run where the opens will be made for real (the daemon: as root, before
- * its privilege drop).
+ * legacy requests), else the powercap zones when every package zone's energy_uj opens, else THE words
+ * of "cannot find an energy source": what the host has and lacks, in the order a user checks it, the
+ * fix that fits first, and always the way to try vmsr-helper without RAPL (docs/try-it.md). Run where
+ * the opens are made for real (the daemon: as root, before its privilege drop).
  */
 import fs from 'node:fs';
+import path from 'node:path';
+import { cannot } from '../common/errors.js';
+import { TRY_WITHOUT_RAPL } from '../msr/errno-hints.js';
 import { msrPath } from '../msr/host-paths.js';
 import type { HostCpu, Vendor } from '../model/host.js';
 import type { EnergySourceChoice, EnergySourceKind } from './kinds.js';
-import { noEnergySourceMessage, noRaplReason } from './no-energy-source.js';
+import { POWERCAP_FIX } from './powercap-source.js';
 import { scanPowercap } from './powercap-zones.js';
 
 export interface ChooseOptions {
@@ -22,7 +26,7 @@ export interface ChooseOptions {
 
 interface Chosen {
   kind: EnergySourceKind;
-  /** Why: "asked for", or what auto found. */
+  /** "asked for", or what auto found. */
   why: string;
 }
 
@@ -36,12 +40,6 @@ function openError(file: string): string | undefined {
   }
 }
 
-/** Why `file` does not open read-only, naming it, or undefined when it does. */
-function openFails(file: string): string | undefined {
-  const why = openError(file);
-  return why === undefined ? undefined : `${file}: ${why}`;
-}
-
 /** Why the powercap zones cannot give package energy, or undefined when every package's zone opens. */
 function powercapFails(o: ChooseOptions): string | undefined {
   let zones;
@@ -53,8 +51,8 @@ function powercapFails(o: ChooseOptions): string | undefined {
   for (const pkg of new Set(o.cpus.map((c) => c.pkg))) {
     const zone = zones.find((z) => z.domain === 'package' && z.pkg === pkg);
     if (zone === undefined) return `no package-${pkg} zone in ${o.sysRoot}/class/powercap`;
-    const why = openFails(zone.energyPath);
-    if (why !== undefined) return why;
+    const why = openError(zone.energyPath);
+    if (why !== undefined) return `${zone.energyPath}: ${why}`;
   }
   return undefined;
 }
@@ -77,4 +75,46 @@ export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions)
       noRapl: noRaplReason(o.procRoot ?? '/proc', o.vendor),
     }),
   );
+}
+
+interface NoSourceFacts {
+  /** The first online CPU's MSR device, and why it did not open (an errno code, or a message). */
+  msrFile: string;
+  msrWhy: string;
+  msrDriverLoaded: boolean;
+  powercapWhy: string;
+  /** Why this host surely has no RAPL registers (a VM, an AMD CPU without the flag), or null when it may. */
+  noRapl: string | null;
+}
+
+/** Why /proc/cpuinfo says this CPU has no RAPL registers, or null when it may have them. */
+function noRaplReason(procRoot: string, vendor: Vendor): string | null {
+  let flags: string[];
+  try {
+    const line = /^flags\s*:(.*)$/m.exec(fs.readFileSync(path.join(procRoot, 'cpuinfo'), 'utf8'));
+    if (!line) return null;
+    flags = line[1]!.trim().split(/\s+/);
+  } catch {
+    return null;
+  }
+  if (flags.includes('hypervisor'))
+    return `this host is a virtual machine (flag 'hypervisor' in ${procRoot}/cpuinfo), and hypervisors give their guests no RAPL registers unless asked (QEMU's rapl=true)`;
+  if (vendor === 'amd' && !flags.includes('rapl')) return `this AMD CPU has no RAPL (no flag 'rapl' in ${procRoot}/cpuinfo)`;
+  return null;
+}
+
+/** The error message, from the facts: what the host has and lacks, then the fixes, the fitting one first. */
+export function noEnergySourceMessage(f: NoSourceFacts): string {
+  const denied = /^(EACCES|EPERM)$/.test(f.msrWhy);
+  const msrFact = denied
+    ? `the msr driver is loaded but this user may not open ${f.msrFile} (${f.msrWhy})`
+    : f.msrDriverLoaded
+      ? `the msr driver is loaded but ${f.msrFile} does not open (${f.msrWhy})`
+      : `the msr driver is not loaded (${f.msrFile}: ${f.msrWhy})`;
+  const facts = [...(f.noRapl ? [f.noRapl] : []), msrFact, `no powercap RAPL zone opens (${f.powercapWhy})`];
+  const withRapl = denied
+    ? 'run as root (or with CAP_SYS_RAWIO)'
+    : `load the msr driver with 'modprobe msr', or ${POWERCAP_FIX}, and run as root`;
+  const fixes = f.noRapl ? `${TRY_WITHOUT_RAPL}; on a host with RAPL, ${withRapl}` : `${withRapl}; or, ${TRY_WITHOUT_RAPL}`;
+  return cannot('find an energy source', facts.join('; '), fixes);
 }

@@ -28,13 +28,6 @@ interface EnergySourceContext {
   openPowercap?: (file: string) => number;
 }
 
-/**
- * The power unit host info records for every package of a powercap host: the guest-facing unit of
- * its VMs' counters (ESU 14, 61 µJ, as the synthetic source's). The package counters themselves are
- * described by HostPackage.counter (µJ, wrapping after max_energy_range_uj).
- */
-const POWERCAP_POWER_UNIT = SYNTHETIC_DEFAULTS.powerUnit;
-
 interface EnergySourceDefinition {
   /**
    * Whether it reads the RAPL MSRs: then host info reads each package's power unit (and Intel's limit
@@ -63,7 +56,8 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
   },
   powercap: {
     readsMsrs: false,
-    powerUnit: POWERCAP_POWER_UNIT,
+    // The guest-facing unit of its VMs' counters (ESU 14, as the synthetic source's); the package counters are HostPackage.counter.
+    powerUnit: SYNTHETIC_DEFAULTS.powerUnit,
     describeCounters: (host, paths) => {
       let zones: PowercapZone[] = [];
       try {

@@ -1,9 +1,8 @@
 /**
- * What an energy source gives: per package and RAPL domain, the energy counted so far in µJ (never going
- * back: the source adds each wrap of its counter) and the counter behind it, as the hardware or the
- * kernel gives it. The ratio engine and traces work on that counter (a RAPL MSR's bits 31:0 in units
- * of the package's ESU), so they stay exact; a source without MSRs (powercap's energy_uj, wrapping at
- * max_energy_range_uj) describes its own counter rather than pretending to be an MSR.
+ * What an energy source gives: per package and RAPL domain, the energy counted so far in µJ and the
+ * counter behind it, as the hardware or the kernel gives it. The ratio engine and traces work on that
+ * counter, so they stay exact; a source without MSRs (powercap) describes its own counter rather than
+ * pretending to be an MSR.
  */
 import type { EnergyDomain } from '../model/domains.js';
 import { cannot } from '../common/errors.js';
@@ -27,9 +26,8 @@ export interface EnergyReading {
   readonly pkg: number;
   readonly domain: EnergyDomain;
   /**
-   * µJ counted from the counter's zero before the source's first read: the counter's value at that
-   * read, plus every count since, wraps added (CounterUnwrapper, counter-unwrapper.ts). Never goes back,
-   * as long as the source is read at least once per wrap (the interval bounds in cli/options.ts).
+   * µJ counted from the counter's zero before the source's first read, wraps added (CounterUnwrapper).
+   * Never goes back, as long as the source is read at least once per wrap (the interval bounds in cli/options.ts).
    */
   readonly energyUj: bigint;
   readonly counter: EnergyCounter;
@@ -41,17 +39,12 @@ export interface EnergySource {
   readonly packages: readonly number[];
   /** The domains each read reports for every package, in ENERGY_DOMAINS order. */
   readonly domains: readonly EnergyDomain[];
-  /**
-   * The counter of every domain but the package, per package (a platform domain once), in read()
-   * order: what the engine and traces need to turn their readings' `counter.raw` into energy
-   * (HostInfo.domains). Empty when only the package is read.
-   */
+  /** The counter of every domain but the package, in read() order (HostInfo.domains); empty when only the package is read. */
   readonly domainCounters: readonly DomainCounter[];
   /**
-   * One reading per package and domain (readingSlots: a platform domain once), packages ascending,
-   * domains in order. Throws an EnergyReadError when one cannot be read. When only domains other
-   * than the package failed, the error names them (`domains`) and carries every reading that was
-   * read (`readings`, package domain included), so a sampler can go on with those.
+   * One reading per package and domain (a platform domain once), packages ascending, domains in order.
+   * Throws an EnergyReadError when one cannot be read (readEach: with the other readings when only
+   * domains other than the package failed).
    */
   read(): EnergyReading[];
   /** One line for trace notes and logs: where the numbers come from. */
@@ -60,10 +53,7 @@ export interface EnergySource {
   close(): void;
 }
 
-/**
- * A read of an energy source failed; `cause` is the underlying error (an MsrReadError, a file system
- * error). With `readings`: only the domains named in `domains` failed, the rest was read.
- */
+/** A read of an energy source failed. With `readings`: only the domains named in `domains` failed, the rest was read. */
 export class EnergyReadError extends Error {
   readonly domains?: readonly EnergyDomain[];
   readonly readings?: readonly EnergyReading[];
@@ -84,8 +74,7 @@ export class EnergyReadError extends Error {
 
 /**
  * One read of a source: `read` of each of `counters` in order. The package's failing fails the read;
- * other domains failing (each with its error, in read order) give an EnergyReadError that names them
- * and carries the readings that were read, so a sampler goes on with those.
+ * other domains failing give an EnergyReadError that names them and carries the readings that were read.
  */
 export function readEach<C>(
   kind: EnergySourceKind,

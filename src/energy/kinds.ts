@@ -1,8 +1,4 @@
-/**
- * THE names of the energy sources: every option, type and table of sources takes them from here, so a
- * new source is one more name here and one more entry in the table of create.ts, which the compiler
- * then asks for.
- */
+/** THE names of the energy sources: a new source is one more name here and one more entry in create.ts's table. */
 export const ENERGY_SOURCE_KINDS = ['msr', 'powercap', 'synthetic'] as const;
 
 export type EnergySourceKind = (typeof ENERGY_SOURCE_KINDS)[number];

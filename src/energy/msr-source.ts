@@ -50,7 +50,7 @@ interface ReadSlot {
   unitJ: number;
   /** The CPUs its register is read through (several: per-core registers, summed). */
   cpus: readonly number[];
-  /** The counter's name for the unwrapper ("dram 0"). */
+  /** Its name for the unwrapper ("dram 0"). */
   key: string;
 }
 
@@ -67,10 +67,9 @@ export class MsrEnergySource implements EnergySource {
   private readonly unwrap = new CounterUnwrapper();
 
   /**
-   * Probes every domain of the vendor: present when its register reads on every package (each core)
-   * and counts (a counter still at 0 is absent, as Linux's intel_rapl decides). Throws an
-   * EnergyReadError when a package's power unit cannot be read, an Error when a domain asked for by
-   * `domains` is absent.
+   * Probes every domain of the vendor: present when its register reads on every package (each core) and
+   * counts (one still at 0 is absent, as Linux's intel_rapl decides). Throws an EnergyReadError when a
+   * package's power unit cannot be read, an Error when a domain `domains` asks for is absent.
    */
   constructor(private readonly o: MsrSourceOptions) {
     const cpuOf = firstCpuPerPackage(o.cpus);
@@ -135,11 +134,7 @@ export class MsrEnergySource implements EnergySource {
     return anyCounts ? undefined : `MSR ${hex} reads 0 on every core (not counting)`;
   }
 
-  /**
-   * The package domain failing fails the read (an EnergyReadError whose message is the MsrReadError's,
-   * the MsrReadError as its cause: msrErrorWithHint reads it). Another domain failing gives an
-   * EnergyReadError naming it that carries the other readings (energy-source.ts).
-   */
+  /** readEach: a failing package domain's EnergyReadError has the MsrReadError as its cause (msrErrorWithHint reads it). */
   read(): EnergyReading[] {
     return readEach(
       this.kind,
@@ -150,11 +145,9 @@ export class MsrEnergySource implements EnergySource {
   }
 
   /**
-   * One counter. Per-core registers: the counter is the sum of the cores' bits 31:0, mod 2^32. It wraps
-   * as one RAPL counter does: the distance between two reads (mod 2^32) is the sum of the cores'
-   * distances as long as the package's cores count fewer than 2^32 units between reads, which the
-   * package counter's own read-once-per-wrap bound already asks. Being a function of the registers
-   * alone, it needs no memory of earlier reads: a restarted daemon or a trace goes on from it exactly.
+   * One counter. Per-core registers: the sum of the cores' bits 31:0, mod 2^32, which wraps as one RAPL
+   * counter does under the package counter's read-once-per-wrap bound. A function of the registers
+   * alone, a restarted daemon or a trace goes on from it exactly.
    */
   private readSlot(slot: ReadSlot): EnergyReading {
     const { plan, cpus } = slot;

@@ -40,9 +40,8 @@ export interface PowercapSourceOptions {
 
 /**
  * One domain of one package (or the platform) as read: its zone, or on a multi-die package one zone
- * per die. The counter is the zones' energy_uj summed mod the range they share: it wraps as one zone's
- * does, and the distance between two reads is the sum of the dies' as long as the package counts less
- * than one range between reads (the bound every counter already has).
+ * per die, whose energy_uj summed mod the range they share wraps as one zone's does (under the bound
+ * every counter already has: read at least once per range).
  */
 interface OpenZone {
   pkg: number;
@@ -142,10 +141,6 @@ export class PowercapEnergySource implements EnergySource {
     this.absent.push({ domain, why });
   }
 
-  /**
-   * A zone of the package domain failing fails the read; another failing gives an EnergyReadError
-   * naming its domain that carries the other readings (energy-source.ts).
-   */
   read(): EnergyReading[] {
     return readEach(
       this.kind,

@@ -1,16 +1,13 @@
 /**
- * The kernel's powercap RAPL zones (Documentation/power/powercap/powercap.rst): each zone of the
- * intel-rapl control type is linked from /sys/class/powercap as intel-rapl:N (a package, named
- * package-N after its physical_package_id, or the platform, named psys) and intel-rapl:N:M (a
- * sub-zone of zone N, named core, uncore or dram), with energy_uj counting µJ and wrapping after
- * max_energy_range_uj. AMD Zen has them too (intel_rapl_msr). docs/energy-domains.md.
+ * The kernel's powercap RAPL zones (Documentation/power/powercap/powercap.rst; docs/energy-domains.md):
+ * intel-rapl:N (package-N or psys) and its sub-zones intel-rapl:N:M (core, uncore, dram), energy_uj
+ * counting µJ and wrapping after max_energy_range_uj. AMD Zen has them too (intel_rapl_msr).
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Vendor } from '../model/host.js';
 import { isEnergyDomain, type EnergyDomain } from './energy-source.js';
 
-/** Where the zones are linked, under the sysfs root. */
 export const POWERCAP_CLASS_DIR = 'class/powercap';
 
 /**
@@ -19,14 +16,13 @@ export const POWERCAP_CLASS_DIR = 'class/powercap';
  */
 export const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
 
-/** A zone's energy attribute and its range: energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
+/** energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
 export const ENERGY_UJ = 'energy_uj';
 export const MAX_ENERGY_RANGE_UJ = 'max_energy_range_uj';
 
 export interface PowercapZone {
   /** intel-rapl:N or intel-rapl:N:M */
   id: string;
-  /** The zone's `name` attribute. */
   name: string;
   domain: EnergyDomain;
   /** The host package (physical_package_id) the zone counts; undefined for a platform zone (psys). */
@@ -36,9 +32,7 @@ export interface PowercapZone {
    * zone per die and per domain, whose counters add up to the package's.
    */
   die?: number;
-  /** Its energy_uj file. */
   energyPath: string;
-  /** max_energy_range_uj. */
   maxEnergyRangeUj: bigint;
 }
 

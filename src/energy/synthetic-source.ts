@@ -34,25 +34,21 @@ export function parseProcStat(text: string): Map<number, CpuTimes> {
 interface SyntheticEnergyOptions {
   procRoot: string;
   cpus: readonly HostCpu[];
-  /** Watts per package when idle; default 20. */
+  /** Watts per package when idle. */
   idleW?: number;
-  /** Extra watts per package at 100 % busy; default 40. */
+  /** Extra watts per package at 100 % busy. */
   busyW?: number;
-  /** MSR_RAPL_POWER_UNIT whose ESU (bits 12:8) sets the counter unit; default 0xa0e03 (ESU 14, 61 uJ). */
+  /** MSR_RAPL_POWER_UNIT whose ESU (bits 12:8) sets the counter unit. */
   powerUnit?: bigint;
-  /** Counter value at start (32 bits); default 0xffc00000, so a wrap comes within minutes, as on real hosts. */
+  /** Counter value at start (32 bits). */
   start?: number;
-  /** Monotonic clock in ns; default process.hrtime.bigint. */
   clock?: () => bigint;
 }
 
+/** ESU 14 (61 µJ); a start near the top, so a wrap comes within minutes, as on real hosts. */
 export const SYNTHETIC_DEFAULTS = { idleW: 20, busyW: 40, powerUnit: 0xa0e03n, start: 0xffc00000 } as const;
 
-/**
- * Per package `idleW + busyW x busy share of its CPUs` (from /proc/stat), integrated over the measured
- * time into a 32-bit counter in units of the configured power unit, so it wraps like a real one. For
- * hosts without RAPL; traces made with it say so (see describe()).
- */
+/** Per package `idleW + busyW x busy share of its CPUs`, integrated into a 32-bit counter that wraps like a real one. */
 export class SyntheticEnergySource implements EnergySource {
   readonly kind = 'synthetic';
   readonly packages: number[];
@@ -92,7 +88,6 @@ export class SyntheticEnergySource implements EnergySource {
     this.lastTimes = this.readStat();
   }
 
-  /** One line for trace notes and logs. */
   describe(): string {
     return `energy counters SYNTHESISED (no RAPL read): per package ${this.idleW} W idle + ${this.busyW} W x busy share of its CPUs from /proc/stat, power unit ${formatMsrHex(this.powerUnit)}`;
   }

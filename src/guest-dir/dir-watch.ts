@@ -1,12 +1,9 @@
 /**
  * Which published guest directories changed since they were last checked, from one inotify instance
- * (docs/guest.md "What the helper refuses"): instead of an fstat of each directory at every sample,
- * one read of the instance's queue per sample for all of them. A directory is watched through the fd
- * the helper opened it with (never a path looked up again) for what changes what it holds or who owns
- * it: an entry made, removed or renamed in or out, an entry's or its own attributes (owner, mode,
- * links), itself moved or removed. A queue that overflowed, or more events than one sample reads,
- * marks every directory changed. Where inotify cannot be had (no instance, a watch refused:
- * max_user_watches), SafeDir.changed() falls back to its fstat.
+ * (docs/guest.md "What the helper refuses"): one read of its queue per sample instead of an fstat of
+ * each directory. A directory is watched through the fd the helper opened it with, never a path. A
+ * queue that overflowed, or more events than one sample reads, marks every directory changed. Where
+ * inotify cannot be had (max_user_watches), SafeDir.changed() falls back to its fstat.
  */
 import {
   IN_ATTRIB,

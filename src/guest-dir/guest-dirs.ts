@@ -2,13 +2,9 @@
  * --guest-dir (docs/guest.md): for every VM the helper knows whose directory DIR/<uuid>/ (or
  * DIR/<name>/) exists, its powercap-shaped tree (tree.ts) and its statistics file, written once per
  * sample. Which VM a directory belongs to, and when a directory is refused, are decided here; every
- * file is written through SafeDir (safe-dir.ts), which follows nothing.
- *
- * Per sample: one fstat of DIR (listed again only when it changed), one fstat of each published
- * directory (checked again only when it changed), energy_uj updated for each zone whose value changed
- * (its spare rewritten under a lease and swapped in: four calls, no new file; safe-dir.ts update()),
- * and the statistics file written into its mapping by the daemon's writer of the VM's statistics (no
- * system call).
+ * file is written through SafeDir (safe-dir.ts), which follows nothing. Per sample: an fstat of DIR
+ * and of each published directory (each listed or checked again only when changed), and energy_uj
+ * updated for each zone whose value changed.
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -17,7 +13,7 @@ import { O_DIRECTORY, O_RDONLY, openAt } from '../os/libc/dir-fd.js';
 import { errnoName } from '../os/libc/errno.js';
 import { closeFd } from '../os/libc/fds.js';
 import { LogLimiter } from '../logging/log-limiter.js';
-import { SafeDir, WriteFailure, type GuestReaders, type GuestTree } from './safe-dir.js';
+import { SafeDir, WriteFailure, type GuestReaders } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
@@ -25,17 +21,12 @@ import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, zoneAttrib
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 const GUEST_LOG_BURST = 20;
-/**
- * Fds a directory is asked for in the budget: its own, the ones the helper makes in it (a zone per
- * domain, class, class/powercap) and two per energy_uj (the file shown and its spare, safe-dir.ts
- * update()): 15 for one virtual package with package, core, DRAM and PSYS.
- */
+/** Fds a directory is asked for in the budget (docs/guest.md): 15 for one virtual package with package, core, DRAM and PSYS. */
 const GUEST_DIR_FDS = 16;
 /**
- * Samples between two full checks of a published directory, changed or not: for what its change
- * check cannot see (a hard link to one of its entries made from another directory). An fstat per
- * sample misses a change within the file system's time granularity too; an inotify watch misses
- * nothing else, so a watched directory is checked in full ten times less often.
+ * Samples between two full checks of a published directory, changed or not: for what its change check
+ * cannot see (a hard link to one of its entries made from another directory, a change within the file
+ * system's time granularity); an inotify watch misses only the first, so it is checked less often.
  */
 const GUEST_AUDIT_EVERY = 60;
 const GUEST_AUDIT_EVERY_WATCHED = 600;
@@ -45,9 +36,7 @@ export interface GuestDirVm {
   vmId: number;
   uuid: Uint8Array | null;
   name: string | null;
-  /** Its process (with `uid`, whether it is in a directory's group: GuestDirSource.inGroup). */
   pid: number;
-  /** Owner of its process: a directory it owns is its. */
   uid: number;
   live: boolean;
 }
@@ -55,10 +44,7 @@ export interface GuestDirVm {
 /** What the publisher reads of the daemon, each sample. */
 export interface GuestDirSource {
   vms(): Iterable<GuestDirVm>;
-  /**
-   * The VM's statistics written from now on at each sample into the memory `map` returns (the guest's
-   * statistics file, mapped; `map` is given its bytes now), or null for no such VM.
-   */
+  /** The VM's statistics written from now on at each sample into the memory `map` returns (given its bytes now); null for no such VM. */
   statsCopy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): StatsCopy | null;
   /** Whether `n` more fds fit the daemon's budget (absent: always). */
   canOpen?(n: number, what: string): boolean;
@@ -78,7 +64,7 @@ interface ZoneState {
 
 interface Published {
   vmId: number;
-  dir: GuestTree;
+  dir: SafeDir;
   zones: Map<string, ZoneState>;
   stats: GuestStatsFile | null;
   /** Written with the VM ended: nothing more changes. */
@@ -86,7 +72,6 @@ interface Published {
   /** Every zone shown, under its name, since the directory's last audit (false: check each one). */
   settled: boolean;
   samples: number;
-  /** Its changes told by the inotify queue (else an fstat per sample). */
   watched: boolean;
   /** A write failed (a full file system): every zone is written again at the next sample. */
   failed: boolean;
@@ -130,7 +115,6 @@ export class GuestDirs {
       if (!this.listRoot()) return;
       this.watchOpened()?.drain();
       const claims = this.claims();
-      // (Deleting the entry being visited is safe in a Map's iteration.)
       for (const name of this.published.keys()) if (!claims.has(name)) this.unpublish(name);
       for (const [name, vms] of claims) this.publish(name, vms);
     } catch (e) {
@@ -271,11 +255,7 @@ export class GuestDirs {
     return `the processes naming it, ${pids}, are not ${by}: not written for them; give the directory to the VM's group (chgrp) or its user`;
   }
 
-  /**
-   * Whether `vm` may have the directory: one owned by a user other than root and the helper is its
-   * owner's VMs' alone; one of root's or the helper's is root's, the helper's and its group's VMs'.
-   * Asked of /proc once per VM and directory.
-   */
+  /** Whether `vm` may have the directory (docs/guest.md "Which VM a directory is bound to"), asked of /proc once per VM. */
   private bound(p: Published, vm: GuestDirVm): boolean {
     let b = p.bound.get(vm.vmId);
     if (b !== undefined) return b;
@@ -338,7 +318,7 @@ export class GuestDirs {
     return p;
   }
 
-  /** Checks the directory; refuses it (and returns false) when it holds something hostile. */
+  /** Checks the directory; refuses it (false) when it holds something hostile. */
   private audit(name: string, p: Published, vms: GuestDirVm[]): boolean {
     p.settled = false;
     const why = p.dir.audit();
@@ -373,26 +353,19 @@ export class GuestDirs {
     p.settled = false;
   }
 
-  /**
-   * The VM's tree now. Its zones' values are those its statistics file in the directory was written
-   * with this sample (the VM's totals: GuestStatsFile), so no output is built again; nothing when the
-   * VM has no such file (it is gone).
-   */
+  /** The VM's tree now, its zones' values from its statistics file's this sample (nothing when the VM is gone). */
   private write(p: Published): void {
     if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
     const fresh = p.stats === null;
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
     if (file === null) return;
-    // No value written since the last sample (an idle VM): no zone's words to compare, and nothing to
-    // do at all when every zone was shown since the directory's last audit (which may let one go).
     // After a failed write every zone is written again (its words may have moved with no file written).
     const again = fresh || p.failed;
     p.failed = false;
     const quiet = !file.valuesMoved() && !again;
     if (quiet && p.settled) return;
     for (const z of file.zones) {
-      // Its energy as last shown and its file there: nothing to work out (an idle VM's zones cost no BigInt).
       if (!again && (quiet || file.unchanged(z)) && this.shows(p, z)) continue;
       this.show(p, z.id, z.name, file.energyOf(z));
     }
@@ -421,7 +394,7 @@ export class GuestDirs {
   }
 
   /** A zone's directory, attributes and class link; its count goes on from what its energy_uj held (0 when new). */
-  private makeZone(dir: GuestTree, id: string, name: string, energyUj: bigint): ZoneState {
+  private makeZone(dir: SafeDir, id: string, name: string, energyUj: bigint): ZoneState {
     for (const a of zoneAttributes({ name })) dir.write(id, a.file, a.text);
     dir.link(POWERCAP_CLASS_DIR, id, classLinkTarget(id));
     const held = dir.readCount(id, ENERGY_UJ);

@@ -1,31 +1,20 @@
 /**
- * A VM's statistics file (docs/stats-fd.md) in its guest directory: a regular file of the same bytes
- * as the fd STATS_FD hands out, mapped by the helper and written at each sample by the daemon's own
- * writer of the VM's statistics (its StatsCopy) under the same seqlock (generation odd, values,
- * generation even), so a reader there reads it exactly as it reads that fd. No system call and no
- * copy per sample. The tree's zones (tree.ts) take their values where the file's writer takes them,
- * the VM's totals of the sample (StatsCopy.totals): neither read back out of the mapping nor built
- * again from the VM's output.
+ * A VM's statistics file (docs/stats-fd.md) in its guest directory: the same bytes as the fd STATS_FD
+ * hands out, mapped and written at each sample by the daemon's own writer of the VM's statistics under
+ * the same seqlock, so a reader reads it as it reads that fd. The tree's zones (tree.ts) take their
+ * values from the same VM totals (StatsCopy.totals).
  */
 import type { SharedMapping } from '../os/libc/memfd-mmap.js';
 import type { VmStatsShape } from '../protocol/stats/vm-file.js';
 import type { VmTotals } from '../ratio/outputs.js';
-import type { GuestTree } from './safe-dir.js';
-import { guestZoneShapes } from './tree.js';
+import type { SafeDir } from './safe-dir.js';
+import { guestZoneShapes, type ZoneShape } from './tree.js';
 
-/** A zone of the tree: the VM's counts it sums (its domain's, over some virtual packages). */
-interface FileZone {
-  id: string;
-  name: string;
-  domain: string;
-  vpkgs: number[];
-  /** Its counts when last read (energyOf): compared without making a BigInt. */
-  seen: number[];
-}
+/** A zone of the tree with its counts when last read (energyOf): compared without making a BigInt. */
+type FileZone = ZoneShape & { seen: number[] };
 
 /** The daemon's writer of a VM's statistics into memory the guest directory mapped (StatsFiles.copy). */
 export interface StatsCopy {
-  /** The file's virtual packages and other domains. */
   readonly shape: Pick<VmStatsShape, 'nvpkg' | 'domains'>;
   /** The VM's totals the file is written from, refilled in place at each sample. */
   readonly totals: VmTotals;
@@ -33,7 +22,6 @@ export interface StatsCopy {
   readonly current: boolean;
   /** Samples written with the VM's values (the others moved its times and power alone): while it stays, no value moved. */
   readonly valuesWritten: number;
-  /** Never written again. */
   close(): void;
 }
 
@@ -44,7 +32,6 @@ type OpenStatsCopy = (map: (bytes: Buffer) => ArrayBuffer) => StatsCopy | null;
 const held = (v: number) => BigInt(v > 0 ? Math.floor(v) : 0);
 
 export class GuestStatsFile {
-  /** copy.valuesWritten when valuesMoved() last looked. */
   private valuesSeen = -1;
   /** The VM's zones (tree.ts), of the file's shape. */
   readonly zones: readonly FileZone[];
@@ -88,7 +75,6 @@ export class GuestStatsFile {
     return moved;
   }
 
-  /** Whether the VM ended (the file says so). */
   get ended(): boolean {
     return this.copy.totals.ended;
   }
@@ -99,7 +85,7 @@ export class GuestStatsFile {
   }
 
   /** The file `file` in `dir`, made now of the VM's statistics (renamed over an older one) and written by the daemon from then on; null when `open` cannot. */
-  static create(dir: GuestTree, file: string, open: OpenStatsCopy): GuestStatsFile | null {
+  static create(dir: SafeDir, file: string, open: OpenStatsCopy): GuestStatsFile | null {
     let made: { mapping: SharedMapping; ino: bigint } | null = null;
     const copy = open((bytes) => {
       made = dir.mapped(file, bytes);

@@ -1,14 +1,11 @@
 /**
  * One guest directory, written by a process that may run as root into a directory another user may
  * own (docs/guest.md "What the helper refuses"). Nothing in it is ever followed: the directory is
- * opened with O_NOFOLLOW | O_DIRECTORY from the fd of --guest-dir, every file is made with
- * O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper made and holds, and put in place with
- * renameat (or renameat2 RENAME_EXCHANGE) within that fd, so a symlink, hard link, FIFO or device
- * planted there is never opened or written through. The checks are made on what was opened (fstat
- * of the fd), not on a path. A file update() rewrites is written only through the fd the helper got
- * when it made it, never reopened by name, so it needs no check per sample; a directory of the
- * helper's moved away (by the owner of the guest directory) is let go with its files at the audit
- * that sees it gone or replaced, and until then is still the helper's own directory.
+ * opened O_NOFOLLOW | O_DIRECTORY from the fd of --guest-dir, every file is made O_CREAT | O_EXCL |
+ * O_NOFOLLOW in a directory fd the helper made and holds and renamed within that fd, so a planted
+ * symlink, hard link, FIFO or device is never opened or written through. Checks are made on the fd
+ * (fstat), not a path. A file update() rewrites is written only through its fd, never reopened by name;
+ * a directory of the helper's moved away is let go at the audit that sees it gone or replaced.
  */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
@@ -64,10 +61,7 @@ const EEXIST = 17;
 const OTHERS_WRITE = 0o022n;
 /** Where a planted entry with one of the helper's names is moved, in its directory: no zone's name, no `.vmsr-` name. */
 const PLANTED_PREFIX = '.planted-';
-/**
- * errnos a write meets on a sound directory that may pass (a full or over-quota file system, no
- * memory, no fd): the write is tried again at the next sample (WriteFailure), the directory is not refused.
- */
+/** errnos a write meets on a sound directory that may pass: tried again at the next sample (WriteFailure), not refused. */
 const PASSING = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'ENOMEM', 'EMFILE', 'ENFILE', 'EINTR']);
 
 /** A write into a sound directory that failed for a reason that may pass (PASSING, a short write): try again. */
@@ -147,10 +141,7 @@ const nowNs = () => BigInt(Date.now()) * 1_000_000n;
 const needChmod = (process.umask() & FILE_MODE) !== 0;
 const textBuf = Buffer.alloc(64);
 
-/**
- * A file that update() rewrites at every sample: `shown` is the file at its name, `spare` the one at
- * its temporary name (the value before, swapped out at the last update), each held open with its length.
- */
+/** A file update() rewrites: `shown` at its name, `spare` (the last value) at its temporary name, each held open with its length. */
 interface FilePair {
   dirFd: number;
   shown: { fd: number; len: number };
@@ -160,42 +151,8 @@ interface FilePair {
 /** Whether update() swaps files (VMSR_GUEST_DIR_SWAP=0 turns it off, for the bench's comparison). */
 const swapDefault = process.env.VMSR_GUEST_DIR_SWAP !== '0';
 
-/** What the publisher (guest-dirs.ts) does with one guest directory: the writer's whole interface. */
-export interface GuestTree {
-  readonly path: string;
-  /** Owner of the directory (a directory a VM's user owns belongs to that user's VMs only). */
-  readonly owner: number;
-  /** Its group (a directory of root's or the helper's belongs to the VMs in it: guest-dirs.ts). */
-  readonly group: number;
-  /** Made readable by its owner and `readers` alone (the helper's directory: an ACL); why it cannot be, or null. */
-  restrict(readers: GuestReaders): string | null;
-  /** Whether it may have changed since the last audit(): cheap, each sample. */
-  changed(): boolean;
-  /** Its changes told by `watch` (one inotify queue for every directory) instead of an fstat each sample, where it can: whether they are. */
-  watchWith(watch: DirWatch): boolean;
-  /** Why it is refused now, or null. */
-  audit(): string | null;
-  /** Entries planted with the helper's names that audit() moved aside while the directory was open to others. */
-  readonly movedAside: string[];
-  /** `text` as `file` in the helper's directory `rel` ('' the top), whole: a new file renamed over the old. */
-  write(rel: string, file: string, text: string): void;
-  /** The same for a file rewritten at every sample (energy_uj): readers see the same, at a third of the cost. */
-  update(rel: string, file: string, text: string): void;
-  /** A new top file of `bytes`, mapped shared and writable, renamed into place. */
-  mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint };
-  /** The µJ count a file of the helper's holds, or null. */
-  readCount(rel: string, file: string): bigint | null;
-  /** A symlink holding `target` in the helper's directory `rel`. */
-  link(rel: string, name: string, target: string): void;
-  /** The inode of a top entry, or null. */
-  inodeOf(name: string): bigint | null;
-  /** Whether the helper holds its directory `rel` now (one moved away is let go at the audit that sees it). */
-  holds(rel: string): boolean;
-  close(): void;
-}
-
 /** One VM's guest directory, opened and checked; the fds of the directories the helper made in it. */
-export class SafeDir implements GuestTree {
+export class SafeDir {
   /** The stat bytes of the last audit that saw the directory settled, or null: audit again. */
   private sig: Buffer | null = null;
   private readonly euid = process.geteuid?.() ?? 0;
@@ -205,18 +162,19 @@ export class SafeDir implements GuestTree {
   private readonly pairs = new Map<string, FilePair>();
   /** False once leases or RENAME_EXCHANGE failed here (a file system without them): update() is write(). */
   private swapping = swapDefault;
-  /** The inotify watch telling its changes, when it has one. */
   private watched: { watch: DirWatch; wd: number } | null = null;
 
   /** Planted entries with the helper's names are moved aside at the next audit (the directory was open to others). */
   private clearPlanted = false;
-  /** Entries the last audit moved aside, as `name -> new name` (the publisher says so). */
+  /** Planted entries with the helper's names the audits moved aside, as `name -> new name` (the publisher says so). */
   readonly movedAside: string[] = [];
 
   private constructor(
     private readonly fd: number,
     readonly path: string,
+    /** A directory a VM's user owns belongs to that user's VMs only. */
     readonly owner: number,
+    /** A directory of root's or the helper's belongs to the VMs of its group (guest-dirs.ts). */
     readonly group: number,
   ) {}
 
@@ -226,10 +184,7 @@ export class SafeDir implements GuestTree {
     return `${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`;
   }
 
-  /**
-   * `name` under the directory `rootFd` (its path `root`, for messages), when it is a directory owned
-   * by one of `owners`; else why not (absent: null reason, nothing to say).
-   */
+  /** `name` under `rootFd` (its path `root`) when it is a directory owned by one of `owners`; else why not (null: absent). */
   static open(rootFd: number, root: string, name: string, owners: readonly number[]): Result<SafeDir, string | null> {
     const where = `${root}/${name}`;
     const fd = openAt(rootFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
@@ -258,6 +213,7 @@ export class SafeDir implements GuestTree {
     }
   }
 
+  /** Made readable by its owner and `readers` alone (the helper's directory: an ACL); why it cannot be, or null. */
   restrict(readers: GuestReaders): string | null {
     if (this.owner !== this.euid) return null;
     const st = fs.fstatSync(this.fd, { bigint: true });
@@ -269,6 +225,7 @@ export class SafeDir implements GuestTree {
     return null;
   }
 
+  /** Its changes told by `watch` (one inotify queue for every directory) instead of an fstat each sample, where it can. */
   watchWith(watch: DirWatch): boolean {
     if (this.watched !== null) return true;
     const wd = watch.add(this.fd);
@@ -340,7 +297,7 @@ export class SafeDir implements GuestTree {
   }
 
   /** The fd of the helper's directory `rel` ('a' or 'a/b', each made when missing, owned by the helper). */
-  dir(rel: string): number {
+  private dir(rel: string): number {
     const have = this.dirs.get(rel);
     if (have) return have.fd;
     const slash = rel.lastIndexOf('/');
@@ -382,14 +339,12 @@ export class SafeDir implements GuestTree {
   }
 
   /**
-   * `text` as `file` of the helper's directory `rel`, for a file rewritten at every sample, with
-   * write()'s guarantee (a reader opens the old value or the new one, whole, and a file it holds open
-   * keeps its value) at a third of its cost. Two files take turns: the spare (last sample's file, at
-   * the temporary name) is rewritten in place under a write lease, which the kernel grants only while
-   * no one else has that file open (a reader that opened it before it was swapped out, any process,
-   * a 9p server's fid, a mapping): then nobody can see the rewrite, and no open can start during it (it
-   * waits for the lease). Then the two names are exchanged (renameat2 RENAME_EXCHANGE: at once). A spare
-   * someone holds is let go (unlinked; its reader keeps it) and a new file made, as write() does.
+   * write() for a file rewritten at every sample, with its guarantee (a reader opens the old value or
+   * the new one, whole; a file it holds open keeps its value) at a third of its cost. Two files take
+   * turns: the spare (at the temporary name) is rewritten in place under a write lease, which the kernel
+   * grants only while no one else has it open (any process, a 9p server's fid, a mapping), and no open
+   * can start during it; then the names are exchanged (RENAME_EXCHANGE: at once). A spare someone holds
+   * is let go (its reader keeps it) and a new file made, as write() does.
    */
   update(rel: string, file: string, text: string): void {
     if (!this.swapping) return this.write(rel, file, text);
@@ -459,9 +414,8 @@ export class SafeDir implements GuestTree {
   }
 
   /**
-   * A new file `file` at the top holding `bytes`, mapped shared and writable, then renamed into place:
-   * stores into the mapping are its contents (docs/stats-fd.md's seqlock keeps readers whole). Its
-   * pages are written once here, so a store never needs a page of a full file system.
+   * A new top file holding `bytes`, mapped shared and writable, renamed into place. Its pages are
+   * written once here, so a store never needs a page of a full file system.
    */
   mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint } {
     const fd = this.create(this.fd, file, O_RDWR);
@@ -501,6 +455,7 @@ export class SafeDir implements GuestTree {
     if (r < 0) throw writeError(`make the link ${this.path}/${rel}/${name}`, r, this.fix());
   }
 
+  /** Whether the helper holds its directory `rel` now (one moved away is let go at the audit that sees it). */
   holds(rel: string): boolean {
     return this.dirs.has(rel);
   }

@@ -1,51 +1,33 @@
 /**
- * What one VM's guest directory holds (docs/guest.md): a tree shaped like the kernel's powercap class
- * (Documentation/power/powercap/powercap.rst, drivers/powercap/intel_rapl_common.c), so that tools
- * reading /sys/class/powercap read it unchanged. For a VM of n virtual packages:
- *
- *   intel-rapl:<g>/        name "package-<g>", energy_uj, max_energy_range_uj    (g = 0 .. n-1)
- *   intel-rapl:<g>:<i>/    name "core" | "uncore" | "dram": the other package domains the host reads,
- *                          numbered in that order among those present (as the kernel numbers them)
- *   intel-rapl:<n>/        name "psys": the VM's platform energy (every virtual package's), when read
- *   class/powercap/<id>    a symlink "../../<id>" per zone: node_exporter's --path.sysfs=MOUNT reads
- *                          MOUNT/class/powercap; Scaphandre's VM mode reads the zones at the top
- *   stats                  the VM's statistics file (docs/stats-fd.md), written in place by its seqlock
- *
- * Values are µJ, counting 0 .. max_energy_range_uj and then from 0 again, as sysfs's do. Pure.
+ * What one VM's guest directory holds, laid out in docs/guest.md: a tree shaped like the kernel's
+ * powercap class (Documentation/power/powercap/powercap.rst, drivers/powercap/intel_rapl_common.c), so
+ * that tools reading /sys/class/powercap read it unchanged. Values are µJ, wrapping as sysfs's do. Pure.
  */
 import { formatUuid } from '../common/uuid.js';
 import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
 
-/**
- * Every zone's max_energy_range_uj: what the kernel shows for a RAPL counter of 32 bits in units of
- * 2^-14 J (Intel's usual energy status unit): 2^32 x 61.035... µJ. A guest's tool wraps as on such a host.
- */
+/** Every zone's max_energy_range_uj: the kernel's for a 32-bit RAPL counter in 2^-14 J (docs/guest.md). */
 export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
-/** The counter's range: energy_uj takes max_energy_range_uj itself before it wraps to 0. */
+/** energy_uj takes max_energy_range_uj itself before it wraps to 0. */
 export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
 
 const ZONE_NAME_FILE = 'name';
-/** The statistics file, beside the zones. */
 export const GUEST_STATS_FILE = 'stats';
 /** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
 const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
 
-/** The package sub-zone domains, in the kernel's order. */
+/** The package sub-zone domains, numbered in the kernel's order among those present. */
 const SUB_ZONES = ['core', 'uncore', 'dram'] as const;
 
 /** A zone of the tree as laid out: its directory, its `name`, and the VM's energy it sums (a domain's, over some virtual packages). */
-interface ZoneShape {
+export interface ZoneShape {
   id: string;
   name: string;
   domain: string;
   vpkgs: number[];
 }
 
-/**
- * The zones of a VM of `nvpkg` virtual packages whose host reads `domains` (besides the package): a
- * package zone per virtual package, its sub-zones for the other package domains, and psys (the VM's
- * platform energy summed over its virtual packages) after the packages.
- */
+/** The zones of a VM of `nvpkg` virtual packages whose host reads `domains` besides the package (psys summed over them all). */
 export function guestZoneShapes(nvpkg: number, domains: readonly string[]): ZoneShape[] {
   const zones: ZoneShape[] = [];
   const subs = SUB_ZONES.filter((d) => domains.includes(d));
@@ -86,11 +68,7 @@ export const TEMP_PREFIX = '.vmsr-';
 /** The longest file name a directory takes (NAME_MAX). */
 const NAME_MAX_BYTES = 255;
 
-/**
- * A VM's directory name under --guest-dir: its UUID (QEMU's -uuid, lowercase 8-4-4-4-12), else its
- * name when that is one plain path component (no '/', not '.' or '..', not hidden, no control
- * character, at most 255 bytes); null when it has neither (nothing is published for it).
- */
+/** A VM's directory name under --guest-dir: its UUID, else its name when that is one plain, visible path component; or null. */
 export function guestDirName(uuid: Uint8Array | null, name: string | null): string | null {
   if (uuid !== null && uuid.length === 16) return formatUuid(uuid);
   if (name === null || name === '' || name.startsWith('.') || name.includes('/')) return null;

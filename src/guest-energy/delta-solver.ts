@@ -1,11 +1,8 @@
 /**
  * The e_delta to give QEMU for one host package so that its unmodified arithmetic (qemu-vmsr-loop.ts)
- * credits the VM's virtual packages at most `target` units in total, and as close to it as QEMU's
- * rounding allows. What QEMU credits from package p depends only on p's e_delta (every thread's
- * share is taken at the price of the package it sat on), and grows with it: a binary search over
- * e_delta on a copy of QEMU's state finds the largest that does not pass the target. The search is
- * bounded whatever the threads (a client's): e_delta is QEMU's u64, and at most MAX_SOLVER_STEPS
- * credits are worked out; past it there is no answer (null), and the caller gives 0 and carries.
+ * credits the VM at most `target` units, as close as QEMU's rounding allows. The credit from package p
+ * depends only on p's e_delta and grows with it: a search finds the largest that does not pass the
+ * target, bounded (MAX_SOLVER_STEPS) whatever the threads; past it, null (the caller gives 0 and carries).
  */
 import { creditedVcpu, deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 
@@ -26,12 +23,7 @@ export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
 
 const U64 = (1n << 64n) - 1n;
 
-/**
- * creditedFrom for one problem as a function of e, with what does not depend on e worked out once:
- * runIteration's arithmetic for package p's threads alone (the credit from p depends on nothing
- * else), on no copy of the state. The search calls it a dozen times per package and window, in the
- * reply to QEMU's end request.
- */
+/** creditedFrom as a function of e, what does not depend on e worked out once (runIteration's arithmetic for p's threads, on no copy of the state). */
 function creditOf(pr: PackageProblem): (e: bigint) => bigint {
   const others: bigint[] = [];
   const vcpus: bigint[] = [];

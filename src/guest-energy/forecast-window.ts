@@ -1,21 +1,9 @@
 /**
- * A window's end answered from a forecast, before its threads are read (docs/guest-energy.md, "Cost"):
- * QEMU reads its threads' ticks only after the end reply, so the helper's reads can only approximate
- * QEMU's anyway. The answer's e_delta is worked out from what costs almost nothing, in plain
- * floating point, with no search:
- *
- * - each vCPU's ticks at the end: its run time (schedstat field 1, read just before the reply) in
- *   clock ticks. utime + stime are the kernel's split of that run time, each truncated to ticks,
- *   so they never pass it: the forecast is an upper bound, and the credit errs low;
- * - the non-vCPU threads' ticks (QEMU's never-reset share, which grows with e_delta too): an upper
- *   bound of them all, the process's CPU time over the window less its vCPUs' (with its main
- *   thread's, which QEMU leaves out), given to every package (QEMU takes a thread's share on its
- *   own package alone);
- * - QEMU's carried share and vCPU count: the model's state.
- *
- * Once the reply has left, the threads are read and settleWindow (guest-counter.ts) runs QEMU's
- * loop on them with the e_delta answered: what QEMU credited comes off what is owed, and the
- * forecast's error, either way, is carried into the next window's target. Pure.
+ * A window's end answered from a forecast, before its threads are read (docs/guest-energy.md,
+ * "Settling after the reply"): QEMU reads its threads' ticks only after the end reply, so the helper's
+ * reads only approximate QEMU's anyway. The e_delta comes from upper bounds of the ticks (each vCPU's
+ * schedstat run time, the process's CPU time less its vCPUs'), in floating point with no search, so
+ * the credit errs low; settleWindow (guest-counter.ts) carries the error into the next window. Pure.
  */
 import { advanceCounters, takeAttributed, type GuestCounterState } from './guest-counter.js';
 
@@ -61,11 +49,7 @@ function perPackage(vcpus: readonly VcpuForecast[]): Map<number, PackageForecast
   return out;
 }
 
-/**
- * Closes the window at its first end read from a forecast: takes the attributed energy into the
- * target, advances every package's counter by its forecast e_delta (kept in `s.answered` for
- * settleWindow) and returns the value to answer for `o.pkg`.
- */
+/** closeWindow from a forecast: the e_delta answered is kept in `s.answered` for settleWindow. */
 export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
   takeAttributed(s, o.exactJ, o.unitJ);
   const fc = perPackage(o.vcpus);

@@ -1,14 +1,8 @@
 /**
- * QEMU's garbage, kept apart (docs/guest-energy.md, "Limits"). A window answered from a forecast
- * (forecast-window.ts) can, in one case, give QEMU a non-zero e_delta on a package where a thread
- * it listed exited: an exit and a new thread in the same window keep the thread count the forecast
- * checks. QEMU's u64 tick delta of that thread then underflows and its share, up to 2^63 units, goes
- * into its never-reset e_ratio, which it credits to every vCPU, divided by its vCPU count, window
- * after window until it has decayed. The helper cannot take that back from the guest. It runs a
- * shadow of QEMU's loop from that window on, the same but for the underflowed delta (counted 0),
- * and counts, per window, what the shadow credits (at most what the guest's counters show) against
- * what it owes: the garbage is neither carried nor lets the guest go uncredited while it decays.
- * Pure.
+ * QEMU's garbage, kept apart (docs/guest-energy.md, "Limits"): a forecast answer may give a non-zero
+ * e_delta on a package where a listed thread exited (an exit and a new thread in one window), and its
+ * underflowed share goes into QEMU's never-reset e_ratio. A shadow of QEMU's loop without it (the
+ * delta counted 0) says what the guest is owed credit for while the garbage decays. Pure.
  */
 import { copyLoopState, deltaTicks, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 

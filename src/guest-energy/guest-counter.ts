@@ -1,17 +1,9 @@
 /**
- * One VM's guest energy counters in exact mode (docs/guest-energy.md): a 64-bit counter per host
- * package that the helper answers QEMU's MSR_PKG_ENERGY_STATUS requests with, and the model of
- * QEMU's vmsr loop that says what QEMU will credit. At each window's end (QEMU's e_end) the energy
- * the helper attributed to the VM since the last window, plus what was carried, becomes a target;
- * each package's counter advances by the e_delta that makes QEMU credit at most that target
- * (delta-solver.ts), and what QEMU could not be given is carried to the next window:
- *
- * - a thread that exited, or whose tid now names another thread, would make QEMU's tick delta
- *   underflow: its package answers a zero delta and carries the energy;
- * - a window in which no vCPU ran (QEMU credits nothing) carries it too;
- * - QEMU's never-reset non-vCPU share and its nominal 1 s are part of the model, so compensated.
- *
- * Pure: the caller reads the threads and the time, and gives the attributed energy.
+ * One VM's guest energy counters in exact mode (docs/guest-energy.md "How exact works"): a 64-bit
+ * counter per host package answered to QEMU's MSR_PKG_ENERGY_STATUS requests, and the model of QEMU's
+ * vmsr loop. At each window's end the energy attributed since the last, plus what was carried, is a
+ * target; each package's counter advances by the e_delta that makes QEMU credit at most that target
+ * (delta-solver.ts), and the rest (a thread underflowed, no vCPU ran) is carried. Pure.
  */
 import { creditedFrom, solveDelta } from './delta-solver.js';
 import { freshPhases, nextPhase, type PhaseState } from './window-phases.js';
@@ -29,7 +21,6 @@ export interface GuestVm {
 
 /** Plain data: the whole state of one VM's guest counters (restart state). */
 export interface GuestCounterState {
-  /** The helper's id of the VM (host VM id). */
   vmId: number;
   pid: number;
   starttime: number;
@@ -48,15 +39,9 @@ export interface GuestCounterState {
   /** Windows closed, and those that carried their energy because a thread underflowed or no vCPU ran. */
   windows: number;
   carriedWindows: number;
-  /**
-   * Between a forecast answer and its settling (the same turn of the event loop; not saved): the
-   * e_delta QEMU was answered per package.
-   */
+  /** Between a forecast answer and its settling (the same turn of the event loop; not saved): the e_delta answered per package. */
   answered?: Map<number, bigint>;
-  /**
-   * Units QEMU credited from its garbage (garbage-shadow.ts; not saved): not taken back, so the
-   * exact energy is creditedUnits + owedUnits - excessUnits.
-   */
+  /** Units QEMU credited from its garbage (garbage-shadow.ts; not saved): exact = creditedUnits + owedUnits - excessUnits. */
   excessUnits?: number;
   /** While QEMU's carried share holds garbage: its loop without it (garbage-shadow.ts; not saved). */
   shadow?: LoopState;
@@ -125,10 +110,8 @@ export function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number
 }
 
 /**
- * Closes the window at its first end read, the threads read before the reply: `end` is the threads
- * read now, `exactJ` the VM's attributed energy now, `unitJ` the guest's energy unit. Advances the
- * counters by the e_delta solved on those reads, settles the window on them and returns the value
- * to answer for `pkg`.
+ * Closes the window at its first end read, its threads (`end`) read before the reply: advances the
+ * counters by the e_delta solved on them, settles the window and returns the value to answer for `pkg`.
  */
 export function closeWindow(
   s: GuestCounterState,
@@ -146,10 +129,8 @@ export function closeWindow(
 }
 
 /**
- * Settles a window whose end was answered from a forecast (forecast-window.ts) before its threads
- * were read: `end` is the threads read right after that reply, as QEMU reads them. What QEMU
- * credits on them with the e_delta it was answered is taken off what is owed; the rest, above or
- * below, is carried into the next window's target.
+ * Settles a window whose end was answered from a forecast (forecast-window.ts), on the threads read
+ * right after that reply (`end`): what QEMU credits with the e_delta answered comes off what is owed.
  */
 export function settleWindow(s: GuestCounterState, vm: GuestVm, o: { end: ThreadSnapshot; maxTicks: ReadonlyMap<number, number> }): void {
   const eDelta = s.answered ?? new Map<number, bigint>();

@@ -1,9 +1,8 @@
 /**
  * A QEMU process asking for MSR_PKG_ENERGY_STATUS, as exact mode sees it (docs/guest-energy.md):
- * listening (its windows counted, so that the model's vCPU count starts right; answered raw) until
- * its VM is known and its QEMU modelled, then exact (answered from its counters, `W`: what the
- * caller keeps beside them). Either may be resynchronising after a restart (`resyncNs`: answered
- * 0 until a request comes soon after the last, which can only be a window's start). Pure.
+ * listening (answered raw, its windows counted so the model's vCPU count starts right) until its VM is
+ * known and modelled, then exact (`W`: what the caller keeps beside the counters). After a restart
+ * either answers 0 until a request comes soon after the last (`resyncNs`: a window's start). Pure.
  */
 import type { GuestCounterState } from './guest-counter.js';
 import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from './window-phases.js';

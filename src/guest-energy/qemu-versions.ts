@@ -1,8 +1,7 @@
 /**
- * The QEMU versions whose vmsr loop qemu-vmsr-loop.ts models. `kvm_msr_energy_thread` arrived in
- * 9.1 and its arithmetic is the same from 9.1 to 11.0 (the source of these releases; the 10.0.2 the
- * project tests with is checked against the real thing by test/e2e/guest-energy.e2e.test.ts). Any
- * other version may have changed it: exact mode then answers that VM raw, and says so once.
+ * The QEMU versions whose vmsr loop qemu-vmsr-loop.ts models: `kvm_msr_energy_thread` arrived in 9.1
+ * and its arithmetic is the same to 11.0 (docs/guest-energy.md "Versions"). Any other version may have
+ * changed it: exact mode answers that VM raw, and says so once.
  */
 
 const MODELLED_QEMU: readonly string[] = ['9.1', '9.2', '10.0', '10.1', '10.2', '11.0'];

@@ -61,19 +61,12 @@ export function copyLoopState(s: LoopState): LoopState {
   return { eRatio: new Map(s.eRatio), nbVcpu: new Map(s.nbVcpu), vpkgCounter: [...s.vpkgCounter] };
 }
 
-/**
- * Whether QEMU credits this thread as a vCPU of a virtual package: QEMU's counters cover every
- * virtual package of the VM (its -smp sockets) from its start, so every vCPU (its vpkg within the
- * vCPU rule's bound, model/vcpus.ts, checked where the VM came in).
- */
+/** Whether QEMU credits this thread as a vCPU: its counters cover every virtual package of the VM from its start. */
 export function creditedVcpu(t: LoopThread): t is LoopThread & { vpkg: number } {
   return t.vpkg !== undefined;
 }
 
-/**
- * The model's counters cover the virtual package of every vCPU in `threads`: one met for the first
- * time (a socket whose vCPU started after the model began) was at 0 in QEMU all along.
- */
+/** The model's counters cover every vCPU's virtual package: one met for the first time was at 0 in QEMU all along. */
 function coverVpkgs(s: LoopState, threads: readonly LoopThread[]): void {
   for (const t of threads) if (creditedVcpu(t)) while (s.vpkgCounter.length <= t.vpkg) s.vpkgCounter.push(0);
 }
@@ -96,10 +89,7 @@ export function lroundU64(x: number): bigint {
   return BigInt(x - f >= 0.5 ? f + 1 : f);
 }
 
-/**
- * Runs one iteration on `s` (changed in place) and returns what each virtual package was credited
- * (the sum added, before the u32 wrap of the guest's counter).
- */
+/** Runs one iteration on `s` (in place): what each virtual package was credited, before the u32 wrap. */
 export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
   coverVpkgs(s, w.threads);
   const credits = s.vpkgCounter.map(() => 0n);

@@ -1,7 +1,4 @@
-/**
- * A VM's threads as read at one of QEMU's window edges: what QEMU reads of each (its ticks and CPU)
- * and what tells a thread from a later one with the same tid (its starttime).
- */
+/** A VM's threads as read at one of QEMU's window edges. */
 
 export interface ThreadRead {
   tid: number;

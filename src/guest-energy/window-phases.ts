@@ -1,14 +1,9 @@
 /**
- * Which of QEMU's vmsr iterations a MSR_PKG_ENERGY_STATUS request belongs to, and whether it is the
- * iteration's first read (e_start) or its second (e_end). QEMU asks, per iteration, one request per
- * host package a thread of it sat on, in ascending package order; sleeps 1 s; asks the same packages
- * again in the same order; then computes and starts the next iteration at once. So:
- *
- * - an end phase asks exactly the packages of the start phase before it, at least 1 s after it
- *   began (the sleep is never shorter): anything else begins a start phase;
- * - a start phase goes on while packages ascend and the 1 s has not passed.
- *
- * Pure: the caller gives the time (CLOCK_MONOTONIC, ns).
+ * Which of QEMU's vmsr iterations a MSR_PKG_ENERGY_STATUS request belongs to, and whether it is its
+ * first read (e_start) or its second (e_end). QEMU asks one request per host package its threads sat
+ * on, ascending; sleeps 1 s; asks the same packages again; then starts the next iteration at once. So
+ * an end phase asks exactly the packages of the start phase before it, at least 1 s after it began;
+ * anything else begins a start phase. Pure: the caller gives the time (CLOCK_MONOTONIC, ns).
  */
 
 /** A start phase's end read cannot come sooner than this after its first read (QEMU sleeps 1 s). */

@@ -16,15 +16,10 @@ export class Sampler {
   ) {}
 
   /**
-   * The timestamp is taken once, right before the energy read: the counters are the time-critical part
-   * (they move continuously), while tick counts only change at tick boundaries. A pid whose process is
-   * gone is absent from `tasks`. The sample keeps each package's counter as read (what the engine and
-   * traces work on), and every domain's energy when the source reads more than the package. A domain
-   * other than the package that fails leaves the sample without it (onDomainFailure is told): the
-   * package goes on. Throws when the package energy cannot be read (EnergyReadError): the sample is
-   * skipped. One process's /proc failure (TaskReadError, e.g. EMFILE) never stops the others: the
-   * reader gives a process read before its lines as last read; one never read is left out of this
-   * sample (onTaskFailure is told), which the engine takes as its end.
+   * The timestamp is taken once, right before the energy read: the counters move continuously, tick
+   * counts only at tick boundaries. A pid whose process is gone is absent from `tasks`. Throws when the
+   * package energy cannot be read (EnergyReadError): the sample is skipped. A process never read
+   * (TaskReadError, e.g. EMFILE) is left out of this sample, which the engine takes as its end.
    */
   sample(pids: Iterable<number>): Sample {
     const wanted = new Set(pids);
@@ -36,12 +31,9 @@ export class Sampler {
   }
 
   /**
-   * The same sample one VM per step, to be run in slices (time-slices.ts) with clients served
-   * between them: the energy first, then each pid of `pids()` (asked again before each read: a VM
-   * unregistered meanwhile is not read, one registered meanwhile is read at the end, without a
-   * step, so the engine never takes a VM for ended because its pid came late). The stat lines are
-   * then read up to the slices' duration after the energy, as they are after a long synchronous
-   * read: the engine takes each sample's lines as of its energy reading.
+   * The same sample one VM per step, run in slices (time-slices.ts): the energy first, then each pid
+   * of `pids()`, asked again before each read (a VM registered meanwhile is read at the end, without a
+   * step, so the engine never takes a VM for ended because its pid came late).
    */
   *sampleSteps(pids: () => ReadonlySet<number>): Generator<null, Sample, undefined> {
     const tNs = this.clock();
@@ -60,7 +52,6 @@ export class Sampler {
       try {
         lines = this.tasks.read(pid);
       } catch (e) {
-        // One VM's threads unreadable (EMFILE, ...): that VM is told, the others are read.
         if (!(e instanceof TaskReadError)) throw e;
         this.onTaskFailure?.(pid, e);
         return;

@@ -1,10 +1,8 @@
 /**
- * The sampling loop behind v2: one tick every `intervalMs` while at least one registered VM is live
- * or a hold is taken (discovery on, see hold()), and the steps an interval calls in order: begin(),
- * take() (the sample), attribute() (the ratio engine), trace(), end(). The owner's interval() calls
- * them (V2Service.interval, docs/architecture.md "One interval"); nothing here calls back up. The
- * loop is sampling/tick-loop.ts: ticks at origin + k x interval on the monotonic clock, so a late
- * tick does not push the next one back (no drift) and missed ticks are skipped (no pile-up).
+ * The sampling loop behind v2: one tick every `intervalMs` (tick-loop.ts) while a registered VM is
+ * live or a hold is taken (discovery on), and the steps an interval calls in order: begin(), take()
+ * (the sample), attribute() (the ratio engine), trace(), end(). The owner's interval() calls them
+ * (V2Service.interval, docs/architecture.md "One interval"); nothing here calls back up.
  */
 import type { Logger } from 'pino';
 import type { IntervalResult, VmOutput, VmTotals } from '../ratio/outputs.js';
@@ -27,13 +25,11 @@ export interface Engine {
   nvpkg(vmId: number): number;
   activePids(): number[];
   updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
-  /** The whole state as plain data, and its restore on an engine that has not started (RatioEngine). */
   state(): EngineState;
   restore(s: EngineState): void;
   readonly guestPowerUnit: bigint;
-  /** Per-thread totals of a VM (RatioEngine.threadTotals), for the statistics fd; optional. */
   threadTotals?(vmId: number): ThreadTotals | undefined;
-  /** A VM's totals into the caller's object, in place (RatioEngine.totalsInto), for the statistics files; false for no such VM. */
+  /** A VM's totals into the caller's object, in place; false for no such VM. */
   totalsInto(vmId: number, into: VmTotals): boolean;
 }
 
@@ -49,10 +45,7 @@ const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
 interface SampleSource {
   sample(pids: Iterable<number>): Sample;
-  /**
-   * The same sample one VM per step (Sampler.sampleSteps), run in slices with clients served between
-   * them; `pids` is asked again before each read. Optional: a source without it is sampled at once.
-   */
+  /** The same sample one VM per step (Sampler.sampleSteps), run in slices; a source without it is sampled at once. */
   sampleSteps?(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
 }
 
@@ -72,9 +65,8 @@ export interface SamplingServiceOptions {
   log: Logger;
   /** CLOCK_MONOTONIC in ns; the sampler must use the same clock. */
   clock?: () => bigint;
-  /** Timers of the tick loop, for tests; default the real ones. */
   timers?: Timers;
-  /** What each tick runs: the owner's interval(), which calls this service's steps in order (V2Service.interval); absent: the sample, the engine and the trace. */
+  /** What each tick runs: the owner's interval(), which calls this service's steps in order; absent: the sample, the engine and the trace. */
   interval?: (t: TickInfo) => void;
 }
 
@@ -92,15 +84,11 @@ export interface SamplingStats {
   lastLatenessNs: bigint;
   /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
   skippedTicks: number;
-  /**
-   * Wall time of the last interval (its scan, sample, engine, consumers), ns: from begin() to end(),
-   * the clients served between its slices included.
-   */
+  /** Wall time of the last interval from begin() to end(), ns, the clients served between its slices included. */
   lastDurationNs: bigint;
 }
 
 export class SamplingService {
-  /** The engine the samples go into: what a VM was attributed is read from it (output, totalsInto, ...). */
   readonly engine: Engine;
   private readonly clock: () => bigint;
   private readonly loop: TickLoop;
@@ -116,13 +104,11 @@ export class SamplingService {
   private failure: Error | null = null;
   private traceBroken = false;
   /**
-   * While a sample is taken in slices: a time no later than its t_ns (taken just before it began).
-   * A VM registered or unregistered meanwhile is in the engine before that sample is added, so its
-   * trace record comes before the sample's, stamped with this time: the trace's times never go back.
+   * While a sample is taken in slices: a time no later than its t_ns, stamped on the trace records of
+   * VMs registered or unregistered meanwhile (they come before the sample's): trace times never go back.
    */
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
-  /** When the running interval began (monotonicNs). */
   private began = 0n;
   readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
 
@@ -148,12 +134,8 @@ export class SamplingService {
     if (on) this.holds.add(reason);
     else this.holds.delete(reason);
     if (this.closed) return;
-    if (this.shouldRun()) {
-      // A baseline right away, as for a first registration.
-      if (!this.loop.running) this.loop.start({ immediate: true });
-    } else {
-      this.loop.stop();
-    }
+    if (this.shouldRun()) this.resume();
+    else this.loop.stop();
   }
 
   private shouldRun(): boolean {
@@ -195,11 +177,7 @@ export class SamplingService {
     return { engine: this.engine.state(), realtimeNs: this.lastRealtimeNs };
   }
 
-  /**
-   * Restores the engine (a new one: see RatioEngine.restore, which throws on inconsistent values) and
-   * the live VMs. Nothing is sampled until resume(): the owner restores its other parts first (in
-   * slices, the event loop turning meanwhile), and the first sample must see them restored.
-   */
+  /** Restores a new engine and the live VMs; nothing is sampled until resume(), after the owner's own restore. */
   restore(s: SamplingState): void {
     if (this.closed) throw new Error('the sampling service is closed');
     this.engine.restore(s.engine);
@@ -209,8 +187,8 @@ export class SamplingService {
   }
 
   /**
-   * After restore() and the owner's own restore: samples at once when any VM is live, and runs on.
-   * That sample closes the interval from the last one the old process took.
+   * After restore() and the owner's own restore (or a hold taken): a baseline sample at once when the
+   * loop should run and is idle. After a restore, it closes the interval from the old process's last.
    */
   resume(): void {
     if (this.closed) return;
@@ -231,10 +209,7 @@ export class SamplingService {
     });
   }
 
-  /**
-   * An interval's first step: false when there is none (closed, or the previous interval still works
-   * in slices: this tick is skipped, and counted). An interval begun is closed by end().
-   */
+  /** An interval's first step: false when there is none (closed, or the previous interval still works in slices: skipped, counted). */
   begin(): boolean {
     if (this.closed) return false;
     if (this.inTick) {
@@ -246,10 +221,7 @@ export class SamplingService {
     return true;
   }
 
-  /**
-   * The sample of tick `t`, in slices when the sampler can (sampleSteps: a promise then, which never
-   * rejects); undefined when there is none (closed or gone idle meanwhile) or it failed (fail()).
-   */
+  /** The sample of tick `t`, in slices when the sampler can (a promise then, which never rejects); undefined when none or failed. */
   take(t: TickInfo): Sample | undefined | Promise<Sample | undefined> {
     // Closed or gone idle while the interval's scan ran: no sample (what a tick of a stopped loop does).
     if (this.closed || !this.loop.running) return undefined;
@@ -264,16 +236,11 @@ export class SamplingService {
       }
     }
     this.sliceStartNs = this.clock();
-    return runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
-      (s) => {
+    return runInSlices(steps, () => {}, { stopped: () => this.closed })
+      .catch((e: unknown) => this.fail(e))
+      .finally(() => {
         this.sliceStartNs = null;
-        return s;
-      },
-      (e: unknown) => {
-        this.sliceStartNs = null;
-        return this.fail(e);
-      },
-    );
+      });
   }
 
   /** An interval's last step: its duration, and the loop stopped when nothing keeps it running. */

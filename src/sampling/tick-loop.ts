@@ -1,8 +1,7 @@
 /**
  * THE sampling loop's clockwork, used by `record` and the daemon's sampling service: ticks at
- * origin + k x interval on an injected monotonic clock (ratio/tick.ts), so a late tick is not
- * followed by a late schedule (no drift) and missed ticks are skipped, not run in a burst (no
- * pile-up). Timers are injected too, so tests drive it without waiting.
+ * origin + k x interval on an injected monotonic clock (ratio/tick.ts), so a late tick pushes no
+ * later one back and missed ticks are skipped, not run in a burst. Timers are injected for tests.
  */
 import { nextTick } from '../ratio/tick.js';
 
@@ -73,13 +72,9 @@ export class TickLoop {
     this.endNs = o.endNs ?? null;
     this.onEnd = o.onEnd ?? null;
     this.pendingSkipped = 0;
-    if (o.immediate) {
-      this.k = 0n;
-      this.arm(this.origin);
-    } else {
-      this.k = 0n;
-      this.scheduleNext();
-    }
+    this.k = 0n;
+    if (o.immediate) this.arm(this.origin);
+    else this.scheduleNext();
   }
 
   stop(): void {

@@ -1,16 +1,13 @@
 /**
- * Work that may be long done in slices: a /proc scan during a storm of new processes (hundreds of
- * pids, each a few reads), a sample's stat lines of hundreds of VMs. Steps run until
- * SLICE_BUDGET_MS have passed, then the rest waits for the next turn of the event loop
- * (setImmediate), so that the I/O ready meanwhile, QEMU's legacy requests first among it, is served
- * between slices. A step is never cut: a slice ends after the step that crossed the budget.
+ * Long work (a /proc scan in a storm of new processes, the stat lines of hundreds of VMs) done in
+ * slices of SLICE_BUDGET_MS, the rest waiting for the next turn of the event loop (setImmediate) so
+ * that QEMU's legacy requests ready meanwhile are served between slices. A step is never cut.
  */
 
 /** Work per event-loop turn, ms: about the most a legacy request waits behind discovery or sampling (docs/daemon.md, "What other users cannot delay"). */
 export const SLICE_BUDGET_MS = 2;
 
 interface SliceOptions {
-  /** Work per slice, ms (default SLICE_BUDGET_MS). */
   budgetMs?: number;
   /** Checked before each step: true stops the work (the service closed); the promise then resolves with undefined. */
   stopped?: () => boolean;

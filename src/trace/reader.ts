@@ -1,8 +1,7 @@
 /**
- * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, streaming line by line.
- * Everything in a trace is untrusted: every problem becomes a TraceError naming the line, lines are
- * capped in length (DEFAULT_MAX_LINE_BYTES) so a hostile file cannot make the reader allocate
- * without bound, and nothing here throws anything else.
+ * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, streaming line by line. A trace is
+ * untrusted: every problem is a TraceError naming the line, and lines are capped in length
+ * (DEFAULT_MAX_LINE_BYTES) so a hostile file cannot make the reader allocate without bound.
  */
 import fs from 'node:fs';
 import type { Readable } from 'node:stream';
@@ -96,10 +95,8 @@ export class TraceParser {
     switch (type) {
       case 'header':
         throw new TraceError('a second header (a trace has exactly one, on its first line)', lineNo);
-      case 'register': {
-        const tNs = this.time(value, text, false);
-        return { type: 'register', line: lineNo, tNs, vm: this.vm(value.vm) };
-      }
+      case 'register':
+        return { type: 'register', line: lineNo, tNs: this.time(value, text, false), vm: this.vm(value.vm) };
       case 'sample': {
         const tNs = this.time(value, text, true);
         const sample: Sample = { tNs, energy: this.energy(value.energy), tasks: this.tasks(value.tasks) };
@@ -107,14 +104,15 @@ export class TraceParser {
         if (value.domains !== undefined) sample.domains = this.domainReadings(value.domains);
         return { type: 'sample', line: lineNo, sample };
       }
-      case 'unregister': {
-        const tNs = this.time(value, text, false);
-        return { type: 'unregister', line: lineNo, tNs, pid: this.id(value.pid, 'pid') };
-      }
-      case 'gap': {
-        const tNs = this.time(value, text, false);
-        return { type: 'gap', line: lineNo, tNs, lostSamples: this.uint(value.lost_samples, 'lost_samples') };
-      }
+      case 'unregister':
+        return { type: 'unregister', line: lineNo, tNs: this.time(value, text, false), pid: this.id(value.pid, 'pid') };
+      case 'gap':
+        return {
+          type: 'gap',
+          line: lineNo,
+          tNs: this.time(value, text, false),
+          lostSamples: this.uint(value.lost_samples, 'lost_samples'),
+        };
       default:
         throw new TraceError(`unknown record type ${describe(type)}`, lineNo);
     }
@@ -140,10 +138,7 @@ export class TraceParser {
     return { range, unitJ };
   }
 
-  /**
-   * host.domains: [{"package":0,"domain":"dram","range":"0x100000000","unit_j":1.53e-5}, ...], each
-   * checked by the engine's own rule (ratio/domain-counters.ts).
-   */
+  /** host.domains, each checked by the engine's own rule (ratio/domain-counters.ts). */
   private domainCounters(list: unknown, pkgIds: ReadonlySet<number>): DomainCounter[] {
     if (!Array.isArray(list))
       this.fail('header: host.domains must be an array like [{"package":0,"domain":"dram","range":"0x100000000","unit_j":0.0000153}]');
@@ -285,11 +280,7 @@ export class TraceParser {
     return out;
   }
 
-  /**
-   * A sample's other domains: {"dram":{"0":"0x1234","1":"0x5678"},"psys":{"0":"0x99"}}, raw counters by
-   * domain and package. A reading the header does not describe is kept: the engine ignores it and
-   * says so (a problem of the replay, not fatal).
-   */
+  /** A sample's other domains, {"dram":{"0":"0x1234"}}; one the header does not describe is kept (the engine says so, not fatal). */
   private domainReadings(v: unknown): DomainReading[] {
     if (!isObject(v)) this.fail('sample: domains must be an object {domain: {package id: "0x..."}}');
     const out: DomainReading[] = [];

@@ -1,14 +1,10 @@
 /**
  * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz.
- *
  * The file is a whole trace after every record, even on a full disk (docs/recording.md, "A full
- * disk"): each record is written synchronously at the file's end, and for .gz as a deflate segment
- * of its own (compressed with the 32 KiB before it as dictionary and sync-flushed, so the segments
- * form one deflate stream) followed by the gzip end (an empty final block, CRC-32 and length), which
- * the next record overwrites. A write that fails with ENOSPC or EDQUOT is undone (the file is cut
- * back to the last whole record and its gzip end written again), and the writer pauses: samples are
- * dropped, other records kept in order, and each later sample tries again; on success a `gap`
- * record says where samples are missing, so replay takes the next sample as a new baseline.
+ * disk"): for .gz each record is a sync-flushed deflate segment of its own (the 32 KiB before it as
+ * dictionary, so the segments form one stream) followed by the gzip end, which the next record
+ * overwrites. A write that fails with ENOSPC or EDQUOT is undone and the writer pauses, dropping
+ * samples until one can be written after a `gap` record.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -53,16 +49,6 @@ export function headerLine(h: TraceHeader): string {
   return h.startNs === undefined ? `${json}\n` : `${json.slice(0, -1)},"start_t_ns":${h.startNs.toString()}}\n`;
 }
 
-/**
- * Where and when a recording starts: wall clock, CLOCK_MONOTONIC at that moment (process.hrtime, the
- * sampler's clock), host name.
- */
-function recordingStart(
-  clockNs: () => bigint = () => process.hrtime.bigint(),
-): Required<Pick<TraceHeader, 'startTime' | 'startNs' | 'hostname'>> {
-  return { startNs: clockNs(), startTime: new Date().toISOString(), hostname: os.hostname() };
-}
-
 interface OpenOptions {
   /** Replace an existing file; without it, an existing file is an error (nothing is lost by accident). */
   overwrite?: boolean;
@@ -104,10 +90,6 @@ function domainsObject(readings: readonly DomainReading[]): Record<string, Recor
   return out;
 }
 
-function unregisterLine(tNs: bigint, pid: number): string {
-  return withTime('unregister', tNs, `,"pid":${pid}`);
-}
-
 /** Samples are missing from `tNs` (the first lost one) on: `lost` of them. */
 export function gapLine(tNs: bigint, lost: number): string {
   return withTime('gap', tNs, `,"lost_samples":${lost}`);
@@ -146,7 +128,7 @@ export class TraceWriter {
   private lastSampleT: bigint | null = null;
   private closed: Promise<void> | null = null;
   private error: Error | null = null;
-  /** Records written so far (header included). */
+  /** Header included. */
   records = 0;
   samples = 0;
   /** Samples dropped while the disk was full, over the whole recording. */
@@ -173,8 +155,7 @@ export class TraceWriter {
   /**
    * Creates the file and writes the header (with the start time and host name added when the caller
    * did not give them). Throws at once if the file cannot be created, or exists and `overwrite` is
-   * not set. `o.fd`: the file already opened for writing (by the daemon as root, before its
-   * privilege drop): used as is. A disk already full leaves the file empty and the writer paused.
+   * not set. A disk already full leaves the file empty and the writer paused.
    */
   static open(path: string, header: TraceHeader, o: OpenOptions = {}): TraceWriter {
     // Opening synchronously surfaces ENOENT/EACCES/EEXIST here, with the path, not later from a stream.
@@ -188,15 +169,16 @@ export class TraceWriter {
       throw new Error(cannot(`write trace ${path}`, err.message));
     }
     const w = new TraceWriter(path, fd, path.endsWith('.gz'), o.events ?? stderrEvents(path));
-    w.write(headerLine({ ...recordingStart(), ...header }));
+    // Where and when the recording starts; startNs is CLOCK_MONOTONIC, the sampler's clock.
+    const start = { startNs: process.hrtime.bigint(), startTime: new Date().toISOString(), hostname: os.hostname() };
+    w.write(headerLine({ ...start, ...header }));
     return w;
   }
 
   /**
-   * Goes on with a trace this daemon wrote before a restart (docs/daemon.md "Restarts"): no header,
-   * records appended after the last whole one. `fd` is the file as the previous process had it open
-   * for writing; a .gz trace is read back through `path` for its checksum, length and window, and
-   * goes on in the same gzip stream. Throws when the file does not end on a whole record.
+   * Goes on with a trace this daemon wrote before a restart (docs/daemon.md "Restarts") through the
+   * previous process's `fd`, a .gz trace in the same gzip stream (read back through `path` for its
+   * checksum, length and window). Throws when the file does not end on a whole record.
    */
   static resume(path: string, fd: number, o: Pick<OpenOptions, 'events'> = {}): TraceWriter {
     const gzip = path.endsWith('.gz');
@@ -255,13 +237,12 @@ export class TraceWriter {
   }
 
   unregister(tNs: bigint, pid: number): void {
-    this.write(unregisterLine(tNs, pid));
+    this.write(withTime('unregister', tNs, `,"pid":${pid}`));
   }
 
   /**
-   * Writes what is held back if it can, and closes the file. Resolves when the file is closed;
-   * rejects with the first write error that stopped the recording, or, when the disk was still
-   * full, saying how much is missing at the end (the file still ends on a whole record). Idempotent.
+   * Writes what is held back if it can, and closes the file; rejects with the error that stopped the
+   * recording, or, when the disk is still full, saying how much is missing at the end. Idempotent.
    */
   close(): Promise<void> {
     this.closed ??= (async () => {
@@ -338,10 +319,7 @@ export class TraceWriter {
     }
   }
 
-  /**
-   * Writes `lines` as whole records at the end of the file, or nothing: returns null, or the error
-   * code after undoing a write the disk could not hold. Any other error stops the recording (thrown).
-   */
+  /** Writes `lines` as whole records at the end of the file, or nothing: null, or the code of a PAUSING_ERRORS write undone. */
   private append(lines: string[]): string | null {
     const text = Buffer.from(lines.join(''));
     let data: Buffer;
@@ -355,10 +333,7 @@ export class TraceWriter {
       });
       crc = zlib.crc32(text, crc);
       size = (size + text.length) >>> 0;
-      const trailer = Buffer.alloc(10);
-      trailer[0] = 0x03; // an empty final block (fixed Huffman: BFINAL, BTYPE 01, end-of-block)
-      trailer.writeUInt32LE(crc >>> 0, 2);
-      trailer.writeUInt32LE(size, 6);
+      const trailer = gzipEnd(crc, size);
       data = Buffer.concat(start === 0 ? [GZIP_HEADER, seg, trailer] : [seg, trailer]);
     } else data = text;
     try {
@@ -380,27 +355,28 @@ export class TraceWriter {
     return null;
   }
 
-  /**
-   * Cuts the file back to its last whole record and, for .gz, writes that record's gzip end again. A
-   * file that is not a regular file (a device such as /dev/full, a pipe) has nothing to cut: a failed
-   * write left nothing in it to keep whole.
-   */
+  /** Cuts the file back to its last whole record and, for .gz, writes its gzip end again (not a device or pipe: nothing to cut). */
   private undo(): void {
     try {
       if (!fs.fstatSync(this.fd).isFile()) return;
       if (!this.gzip || this.end === 0) return void fs.ftruncateSync(this.fd, this.end);
       fs.ftruncateSync(this.fd, this.end + 10);
-      const trailer = Buffer.alloc(10);
-      trailer[0] = 0x03;
-      trailer.writeUInt32LE(this.crc >>> 0, 2);
-      trailer.writeUInt32LE(this.size, 6);
       // Bytes inside the file's size: their blocks are still allocated, this needs no space.
-      writeAllAt(this.fd, trailer, this.end);
+      writeAllAt(this.fd, gzipEnd(this.crc, this.size), this.end);
     } catch (e) {
       this.error = new Error(cannot(`cut trace ${this.path} back to its last whole record`, (e as Error).message));
       throw this.error;
     }
   }
+}
+
+/** The gzip end after a record: an empty final block (fixed Huffman: BFINAL, BTYPE 01, end-of-block), CRC-32 and length. */
+function gzipEnd(crc: number, size: number): Buffer {
+  const b = Buffer.alloc(10);
+  b[0] = 0x03;
+  b.writeUInt32LE(crc >>> 0, 2);
+  b.writeUInt32LE(size, 6);
+  return b;
 }
 
 function writeAllAt(fd: number, data: Buffer, position: number): void {

@@ -1,9 +1,8 @@
-/** --energy-source auto (energy/choose.ts): the MSRs when a device opens, else powercap, else what the host lacks and the fixes (energy/no-energy-source.ts). */
+/** --energy-source auto (energy/choose.ts): the MSRs when a device opens, else powercap, else what the host lacks and the fixes. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { chooseEnergySource, type ChooseOptions } from '../../src/energy/choose.js';
-import { noEnergySourceMessage } from '../../src/energy/no-energy-source.js';
+import { chooseEnergySource, noEnergySourceMessage, type ChooseOptions } from '../../src/energy/choose.js';
 import { TRY_WITHOUT_RAPL } from '../../src/msr/errno-hints.js';
 import { readHostCpus } from '../../src/msr/topology.js';
 import { FakeHost } from '../support/fake-host.js';
