@@ -10,13 +10,13 @@ import type { DaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
 import { lateV2Handler } from './server/late-v2-handler.js';
-import { Notifier } from './lifecycle/systemd.js';
+import { inheritFromEnvironment, Notifier } from './lifecycle/systemd.js';
 import type { Inherited } from './handover/inherited.js';
 import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import { budgetFds, drop, inherit, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
+import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
@@ -101,7 +101,7 @@ class Daemon implements Restartable {
     const { config, area, logger, notifier } = this;
     this.catchSignals();
     try {
-      const inh = inherit(config, this.opts.inherited);
+      const inh = this.opts.inherited ?? inheritFromEnvironment(config.socketPathGiven);
       const { opened, guard } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
       this.opened = opened;
       this.guard = guard;
@@ -274,18 +274,12 @@ function settleAfterStartup(
   }).unref();
 }
 
-function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  return new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms);
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e) => {
-        clearTimeout(t);
-        reject(e);
-      },
-    );
-  });
+async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  let t: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([p, late]);
+  } finally {
+    clearTimeout(t);
+  }
 }

@@ -16,18 +16,13 @@ import type { RestartClock } from '../handover/restarter.js';
 import type { DaemonConfig } from './config.js';
 import type { Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
-import { inheritFromEnvironment, type Notifier } from './systemd.js';
+import type { Notifier } from './systemd.js';
 import { CrashGuard } from '../handover/crash-guard.js';
 import type { Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
-
-/** What this start inherits: given (the re-executed image's), else what the environment passes (systemd), else nothing. */
-export function inherit(config: DaemonConfig, given?: Inherited): Inherited {
-  return given ?? inheritFromEnvironment(config.socketPathGiven);
-}
 
 /** The start-up steps, each adopted when inherited, else opened; then what the process before kept, each part checked. */
 export async function open(
@@ -61,12 +56,7 @@ export async function open(
 /** The privilege drop (re-executed: done before the exec), then each thread's credentials logged: one that differs means the re-exec could not run. */
 export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o: { area: Areas; reexec?: string }): void {
   const privLog = o.area('privileges');
-  const report = inh.dropped
-    ? { skipped: [] }
-    : dropPrivileges({
-        ...(config.uid !== undefined ? { uid: config.uid } : {}),
-        ...(config.gid !== undefined ? { gid: config.gid } : {}),
-      });
+  const report = inh.dropped ? { skipped: [] } : dropPrivileges({ uid: config.uid, gid: config.gid });
   stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, o.area('startup'));
   const reexec = o.reexec !== undefined ? { reexec: o.reexec } : {};
   const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
