@@ -1,8 +1,6 @@
 /**
- * Which live VMs were not sampled whole (the task reader kept fewer threads than the process has:
- * over its fd share, or the helper out of fds; budget/vm-fd-shares.ts): after each sample, each live
- * VM's record says so (LIST's NOT_WHOLE flag), a change makes LIST worth asking again, and a VM
- * that stops being sampled whole is logged, rate-limited.
+ * Which live VMs were not sampled whole (over their fd share, or the helper out of fds): LIST's
+ * NOT_WHOLE flag, and a warning, rate-limited, when a VM stops being sampled whole.
  */
 import type { NotWhole } from '../../os/proc-tasks.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
