@@ -74,7 +74,6 @@ export interface LegacyCounters {
   failed: number;
 }
 
-/** Counters at zero. */
 export function newLegacyCounters(): LegacyCounters {
   return { ok: 0, refused: 0, failed: 0 };
 }

@@ -54,7 +54,6 @@ export class MemorySettler {
     private readonly quietMs = 1000,
   ) {}
 
-  /** One connection closed. */
   closed(): void {
     if (++this.closed_ < this.threshold) return;
     // (a close during the second pass's wait simply pushes it back, as during the quiet wait)

@@ -102,7 +102,6 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   powerLimits?: { open: BandwidthOpener; adminGid?: number; file?: string };
 }
 
-/** The message of ERROR RESTARTING. */
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
 /** The parts the service owns (docs/daemon.md "Inside the v2 service"). */

@@ -25,7 +25,6 @@ import { emptyVmTotals, type VmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { VmStatsFile, type FinishCause, type VmStatsCopy } from './vm-stats-file.js';
 
-/** What the files read of the sampling loop. */
 type StatsSampling = Pick<SamplingService, 'engine' | 'running'>;
 
 interface StatsFilesParts {

@@ -9,7 +9,6 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 /** Lines of one kind ("VM discovered", "VM ended", ...) logged per window before they are counted instead. */
 export const VM_LOG_BURST = 20;
 
-/** What a log line says of a VM. */
 interface VmLogFields {
   name: string | null;
   uuid: string | null;

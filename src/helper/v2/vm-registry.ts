@@ -13,7 +13,6 @@ import type { FdAdmission, FdUsage } from '../../budget/fd-budget.js';
 import { cannot } from '../../common/errors.js';
 import type { V2Limits } from './v2-limits.js';
 
-/** What the rule needs from /proc. */
 interface ProcView {
   /** uid owning /proc/<pid>, or null when the process does not exist. */
   ownerUid(pid: number): number | null;

@@ -20,7 +20,6 @@ import { emptyVmTotals, type VmInterval, type VmTotals } from '../../ratio/outpu
 import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { OtherDomain } from '../../model/domains.js';
 
-/** What a VM's file reads of the daemon. */
 interface VmStatsReads {
   sampling: Pick<SamplingService, 'engine'>;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */

@@ -15,7 +15,6 @@ interface WholeVmsParts {
   changed(): void;
 }
 
-/** The fix named in the log, per cause. */
 const FIX: Record<NotWhole['why'], string> = {
   share:
     "threads it started past its share of the helper's fds are not counted, until it ends: raise --max-vm-threads (one VM) or the open-file limit (LimitNOFILE=, every share)",
