@@ -232,18 +232,6 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
   return { limiter, mayLimit };
 }
 
-function discoveredVms(
-  o: V2ServiceOptions,
-  registry: VmRegistry,
-  sampling: SamplingService,
-  vmLog: ReturnType<typeof vmLogLimiter>,
-  changed: () => void,
-): DiscoveredVms | undefined {
-  if (!o.discovery) return undefined;
-  const openPid = o.openPid ? { openPid: o.openPid } : {};
-  return new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, vmLog, ...openPid, changed });
-}
-
 /** Each part once, from the restore plan when there is one. */
 function makeParts(
   o: V2ServiceOptions,
@@ -273,7 +261,9 @@ function makeParts(
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
   const limiter = new LogLimiter(o.log);
   const changed = () => lifecycle.markChanged();
-  const discovered = discoveredVms(o, registry, sampling, vmLog, changed);
+  const discovered =
+    o.discovery &&
+    new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, vmLog, openPid: o.openPid, changed });
   const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
