@@ -176,7 +176,6 @@ export async function startV2(settings: V2DaemonSettings, start: V2Start): Promi
 export function ready(where: string, o: { logger: Logger; area: Areas; notifier: Notifier }): void {
   o.logger.info({ socket: where }, `Listening on ${where}`);
   o.notifier.ready(`listening on ${where}`);
-  // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
   const inspectorUrl = closeOpenInspector();
   if (inspectorUrl !== null)
     o.logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");
