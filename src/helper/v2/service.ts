@@ -523,9 +523,4 @@ export class V2Service {
   get vms(): number {
     return this.p.registry.size;
   }
-
-  /** Every VM known: registered and discovered, ended ones not yet dropped. */
-  get knownVms(): number {
-    return this.p.registry.total;
-  }
 }
