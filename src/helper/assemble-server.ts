@@ -1,8 +1,6 @@
 /**
- * The server link of the service chain (helper/assemble.ts has the rest): legacy service -> server,
- * and the health figures the v2 service reads of them. A module of its own, light, so the daemon
- * serves QEMU before it loads the v2 service's modules (docs/daemon.md "Where the time goes"). The
- * daemon (lifecycle/phases.ts) and the tests' fake host build through it.
+ * The server link of the service chain: legacy service -> server. Light, so the daemon serves QEMU
+ * before it loads the v2 service's modules (docs/daemon.md "Where the time goes").
  */
 import type { Logger } from '../logging/logger.js';
 import type { MsrDevice } from '../msr/device.js';

@@ -1,8 +1,7 @@
 /**
  * THE assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2
- * service -> legacy service -> server. Each link is built here and nowhere else (the last two in
- * assemble-server.ts, which the daemon loads before this module: it serves QEMU first); the daemon
- * (its start-v2 phase, lifecycle/phases.ts), the tests' fake host and the bench all call these functions.
+ * service (the legacy service and the server: assemble-server.ts). The daemon, the tests' fake host
+ * and the bench all call these functions.
  */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
@@ -14,8 +13,6 @@ import { DEFAULT_CHAIN_ENERGY_SOURCE, type EnergySourceKind } from '../energy/ki
 import type { EnergyDomain, EnergySource } from '../energy/energy-source.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { ProcTaskReader, type KeptFdLedger } from '../os/proc-tasks.js';
-import type { HeldFds } from './guest/thread-reads.js';
-import type { GuestEnergy } from './guest/guest-energy.js';
 import { DEFAULT_MAX_VM_THREADS, VmFdShares } from '../budget/vm-fd-shares.js';
 import { shareOwnerOf } from '../budget/preferred-owner.js';
 import type { HostInfo, Vendor } from '../model/host.js';
@@ -29,11 +26,25 @@ import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
 import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
-import type { BandwidthOpener } from '../power-limit/cpu-bandwidth.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
-import { createV2Service, type FdAdmitter, type HealthSource, type V2Limits, type V2Service } from './v2/service.js';
+import { createV2Service, type HealthSource, type V2Limits, type V2Service, type V2ServiceOptions } from './v2/service.js';
 
-export interface V2ChainOptions {
+/** The service's options passed on as they are. */
+type PassedOptions =
+  | 'intervalMs'
+  | 'limits'
+  | 'log'
+  | 'clock'
+  | 'deferDiscovery'
+  | 'observerGid'
+  | 'health'
+  | 'fds'
+  | 'restore'
+  | 'restoreWaitMs'
+  | 'guestDir'
+  | 'powerLimits';
+
+export interface V2ChainOptions extends Pick<V2ServiceOptions, PassedOptions> {
   paths: HostPaths;
   /** MSR fds, shared with the legacy service; the caller opens and closes them. */
   device: MsrDevice;
@@ -42,45 +53,15 @@ export interface V2ChainOptions {
   energySource?: EnergySourceKind;
   /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
   domains?: readonly EnergyDomain[];
-  intervalMs: number;
-  limits: V2Limits;
   /** Where samples are recorded, made once the host is known (a trace header needs it). */
   trace?: (host: HostInfo) => TraceSink | undefined;
-  log: Logger;
-  /** The sampling loop's clock, for tests; default the monotonic clock. */
-  clock?: () => bigint;
-  /**
-   * Scan paths.procRoot for QEMU/KVM processes (default off here; the daemon's --no-discovery turns
-   * it off there). An object turns it on with these scanner settings (tests).
-   */
+  /** Scan paths.procRoot for QEMU/KVM processes (default off); an object: with these scanner settings (tests). */
   discovery?: boolean | Partial<Omit<ScannerOptions, 'clkTck'>>;
-  /** No scan before service.startDiscovery() (the daemon: once its privileges are dropped). */
-  deferDiscovery?: boolean;
-  /** --observer-group, resolved: its members see every VM and the host. */
-  observerGid?: number;
   /** Opens a powercap energy_uj file (the daemon: the fd its start-up opened as root). */
   openPowercap?: (file: string) => number;
-  /** Legacy request counts and connections for HOST_UPDATE. */
-  health?: HealthSource;
-  /** The daemon's fd budget for discovered VMs. */
-  fds?: FdAdmitter;
   /** How many fds each sampled process may keep (the daemon's VmFdShares, the same object as `fds`). */
   ledger?: KeptFdLedger;
-  /** Live state a previous process saved (V2ServiceOptions.restore), and how long its registrations wait. */
-  restore?: StateSnapshot;
-  restoreWaitMs?: number;
-  /** --guest-dir (V2ServiceOptions.guestDir). */
-  guestDir?: string;
-  /** --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS from each VM's guest counters (V2ServiceOptions.guestEnergy). */
-  guestEnergy?: {
-    maxThreads: number;
-    log: Logger;
-    preferredGroups?: readonly number[];
-    maxPeers?: number | undefined;
-    answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
-  };
-  /** Power limits (V2ServiceOptions.powerLimits). */
-  powerLimits?: { open: BandwidthOpener; adminGid?: number };
+  guestEnergy?: Omit<NonNullable<V2ServiceOptions['guestEnergy']>, 'heldFds' | 'ledger'>;
 }
 
 export interface V2Chain {
@@ -91,29 +72,25 @@ export interface V2Chain {
   close(): Promise<void>;
 }
 
-/** What guest energy reads through: the sampler's held fds, and the VMs' fd shares for its pidfds. */
-function guestFds(tasks: ProcTaskReader, ledger: KeptFdLedger | undefined): { heldFds: HeldFds; ledger?: KeptFdLedger } {
-  return { heldFds: (pid, tid) => tasks.heldFds(pid, tid), ...(ledger ? { ledger } : {}) };
-}
-
 /** Host info -> energy source -> /proc task reader -> sampler -> v2 service (restored in slices: createV2Service). */
 export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
-  const kind = o.energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
+  const { paths, device, vendor, energySource, domains, trace, discovery: scan, openPowercap, ledger, guestEnergy, ...passed } = o;
+  const kind = energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
   let host: HostInfo;
   try {
-    host = readHostInfoFor(kind, { paths: o.paths, device: o.device, vendor: o.vendor });
+    host = readHostInfoFor(kind, { paths, device, vendor });
   } catch (e) {
     throw msrErrorWithHint(e);
   }
-  const tasks = new ProcTaskReader(o.paths.procRoot, o.ledger ? { ledger: o.ledger } : {});
+  const tasks = new ProcTaskReader(paths.procRoot, ledger ? { ledger } : {});
   let energy: EnergySource;
   try {
     energy = createEnergySource(kind, {
       host,
-      paths: o.paths,
-      device: o.device,
-      ...(o.domains ? { domains: o.domains } : {}),
-      ...(o.openPowercap ? { openPowercap: o.openPowercap } : {}),
+      paths,
+      device,
+      ...(domains ? { domains } : {}),
+      ...(openPowercap ? { openPowercap } : {}),
     });
   } catch (e) {
     throw msrErrorWithHint(e);
@@ -139,33 +116,22 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
         "a VM's threads could not be read: its VM ends; the others go on",
       ),
   );
-  const discovery = o.discovery
-    ? new ProcScanner(o.paths.procRoot, { ...(o.discovery === true ? {} : o.discovery), clkTck: host.clkTck })
-    : undefined;
+  const discovery = scan ? new ProcScanner(paths.procRoot, { ...(scan === true ? {} : scan), clkTck: host.clkTck }) : undefined;
   const service = await createV2Service({
+    ...passed,
     host,
     energySource: energy.kind,
     sampler,
-    procRoot: o.paths.procRoot,
-    intervalMs: o.intervalMs,
-    limits: o.limits,
-    trace: o.trace?.(host),
+    procRoot: paths.procRoot,
+    trace: trace?.(host),
     forgetPid: (pid) => tasks.forget(pid),
     // A registration opens its threads' stat files at once, so running out of fds refuses it.
     openPid: (pid) => void tasks.read(pid),
     notWhole: (pid) => tasks.notWhole(pid),
-    log: o.log,
-    clock: o.clock,
-    ...(discovery ? { discovery, deferDiscovery: o.deferDiscovery === true } : {}),
-    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
-    ...(o.health ? { health: o.health } : {}),
-    ...(o.fds ? { fds: o.fds } : {}),
+    discovery,
     sendWithFds: sendWithFdsOnSocket,
-    ...(o.restore ? { restore: o.restore } : {}),
-    ...(o.restoreWaitMs !== undefined ? { restoreWaitMs: o.restoreWaitMs } : {}),
-    ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-    ...(o.powerLimits ? { powerLimits: o.powerLimits } : {}),
-    ...(o.guestEnergy ? { guestEnergy: { ...o.guestEnergy, ...guestFds(tasks, o.ledger) } } : {}),
+    // Guest energy reads through the sampler's held fds, and the VMs' fd shares for its pidfds.
+    guestEnergy: guestEnergy && { ...guestEnergy, heldFds: (pid, tid) => tasks.heldFds(pid, tid), ledger },
   });
   return {
     host,
@@ -204,12 +170,9 @@ export interface V2DaemonSettings {
 
 /** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
 export interface V2Start {
-  /** Of the daemon's configuration (lifecycle/config.ts): the /proc and /sys roots, --socket-group. */
+  /** The /proc and /sys roots, --socket-group. */
   config: { hostPaths: HostPaths; socketGid?: number };
-  /**
-   * What the start-up opened as root (lifecycle/startup.ts): the vendor and energy source its checks
-   * chose, MSR fds, [energy_uj path, fd] of the powercap zones, [path, fd] of the --record file.
-   */
+  /** What the start-up opened as root: MSR fds, [energy_uj path, fd] of powercap zones, [path, fd] of --record. */
   opened: {
     vendor: Vendor;
     device: MsrDevice;
@@ -226,11 +189,7 @@ export interface V2Start {
   /** This start follows a restart: the --record file goes on where the last process stopped. */
   restarted: boolean;
   area(name: string): Logger;
-  /**
-   * Answers QEMU's MSR_PKG_ENERGY_STATUS requests through `hook` from now on (--guest-energy exact:
-   * LegacyService.setEnergyStatus); returns the peers answered 0 while the hook was not set
-   * (DaemonConfig.holdEnergyStatus), with their last request's time.
-   */
+  /** Answers QEMU's MSR_PKG_ENERGY_STATUS through `hook` from now on; returns the peers answered 0 meanwhile. */
   answerEnergyStatus(hook: EnergyStatusHook): HeldPeers;
 }
 
@@ -242,10 +201,7 @@ export interface DaemonV2 {
   close(): Promise<void>;
 }
 
-/**
- * The v2 service as the daemon runs it: host facts and package energy from the daemon's MSR fds
- * (opened before the privilege drop, as is the trace file), /proc from the configured root.
- */
+/** The v2 service as the daemon runs it, on the fds its start-up opened before the privilege drop. */
 export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
   const log = start.area('v2');
   const paths = start.config.hostPaths;
@@ -296,7 +252,6 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
             log: start.area('guest'),
             preferredGroups,
             maxPeers: o.maxDiscoveredVms,
-            // QEMU's MSR_PKG_ENERGY_STATUS from the guest counters from now on; the restore resynchronises the QEMUs answered 0 meanwhile.
             answer: (guest) => start.answerEnergyStatus(guest),
           },
         }
@@ -338,11 +293,7 @@ function logReady(log: Logger, o: V2DaemonSettings, maxVmThreads: number): void 
   );
 }
 
-/**
- * The --record trace, on the file the start-up created before the privilege drop (passed across the
- * re-exec: lifecycle/privileged-start.ts). After a restart in place with its state, the trace goes on
- * (docs/daemon.md "Restarts"); a restart without the state starts it anew.
- */
+/** The --record trace: after a restart with its state it goes on, otherwise it starts anew (docs/daemon.md "Restarts"). */
 function openDaemonTrace(path: string, host: HostInfo, intervalMs: number, start: V2Start, log: Logger): TraceWriter {
   const events = {
     paused: (why: string) =>
@@ -367,7 +318,6 @@ function openDaemonTrace(path: string, host: HostInfo, intervalMs: number, start
       log.warn({ record: path, err: (e as Error).message }, 'cannot go on with the trace: a new one starts');
     }
   }
-  // A restart without the state starts the trace anew: what the last process wrote is cut off.
   if (start.restarted && fd !== undefined) fs.ftruncateSync(fd, 0);
   return TraceWriter.open(
     path,

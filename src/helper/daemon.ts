@@ -1,13 +1,7 @@
 /**
- * The daemon, the composition root: Daemon.start() runs the start's phases in order (each a function
- * of lifecycle/phases.ts; docs/daemon.md "Start-up, in order"): inherit, open, drop privileges,
- * budget fds, serve legacy, restore, start v2, READY. It holds what they made (the start-up's fds, the
- * server, the v2 service, the crash guard), owns the restart contract over them (freeze, snapshot:
- * handover/frozen.ts, Restartable), and stops them in order. What a crash must not take along
- * (connections from their accept, a checkpoint per sample) is kept outside by
- * handover/crash-guard.ts. On SIGTERM/SIGINT: stop accepting, close clients, the v2 service, remove
- * what we created. SIGHUP does not stop it: it restarts in place (os/sighup.ts,
- * handover/restarter.ts).
+ * The daemon, the composition root: Daemon.start() runs the start's phases in order (lifecycle/phases.ts;
+ * docs/daemon.md "Start-up, in order"), holds what they made, owns the restart contract over them
+ * (Restartable), and stops them in order. SIGTERM/SIGINT stop it; SIGHUP restarts it in place.
  */
 import { createLogger, type Logger } from '../logging/logger.js';
 import type { HelperServer } from './server/server.js';
@@ -16,13 +10,13 @@ import type { DaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
 import { lateV2Handler } from './server/late-v2-handler.js';
-import { Notifier } from './lifecycle/systemd.js';
+import { inheritFromEnvironment, Notifier } from './lifecycle/systemd.js';
 import type { Inherited } from './handover/inherited.js';
 import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import { budgetFds, drop, inherit, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
+import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
@@ -43,10 +37,7 @@ interface DaemonOptions {
   logger?: Logger;
   /** Why the helper did not re-execute itself to drop privileges ('re-executed' when it did). */
   reexec?: string;
-  /**
-   * What this start inherits (the re-executed image: everything the privileged steps opened before
-   * the exec). Default: what the environment passes (systemd socket activation), else nothing.
-   */
+  /** What this start inherits (the re-executed image's); default: what systemd passes, else nothing. */
   inherited?: Inherited;
   /** Files the v2 service writes (--record), created before the privilege drop. */
   files?: readonly string[];
@@ -110,7 +101,7 @@ class Daemon implements Restartable {
     const { config, area, logger, notifier } = this;
     this.catchSignals();
     try {
-      const inh = inherit(config, this.opts.inherited);
+      const inh = this.opts.inherited ?? inheritFromEnvironment(config.socketPathGiven);
       const { opened, guard } = await open(config, inh, { files: this.opts.files ?? [], area, logger, notifier });
       this.opened = opened;
       this.guard = guard;
@@ -259,10 +250,8 @@ class Daemon implements Restartable {
 }
 
 /**
- * What start-up ran and read (most of the node binary's pages, its garbage) is not needed again:
- * settled at once, and again when the start-up work (a first scan, which leaves its own garbage and
- * free heap) is done or STARTUP_SETTLE_WAIT_MS passed. Reports RSS before the first pass and after
- * the last.
+ * What start-up ran and read is not needed again: memory settled at once, and again once the first
+ * scan is done (or STARTUP_SETTLE_WAIT_MS passed); RSS reported before and after.
  */
 function settleAfterStartup(
   work: Promise<void>[],
@@ -285,18 +274,12 @@ function settleAfterStartup(
   }).unref();
 }
 
-function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  return new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms);
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e) => {
-        clearTimeout(t);
-        reject(e);
-      },
-    );
-  });
+async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  let t: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms)));
+  try {
+    return await Promise.race([p, late]);
+  } finally {
+    clearTimeout(t);
+  }
 }

@@ -1,7 +1,4 @@
-/**
- * What GuestEnergy (guest-energy.ts) takes, a VM as the helper knows it and its options, and what it
- * shows of a VM (GuestEnergyView).
- */
+/** What GuestEnergy takes, and what it shows of a VM. */
 import type { Logger } from '../../logging/logger.js';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
 import type { GuestVm } from '../../guest-energy/guest-counter.js';

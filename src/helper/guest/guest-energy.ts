@@ -1,13 +1,8 @@
 /**
- * `--guest-energy exact` (docs/guest-energy.md): QEMU's MSR_PKG_ENERGY_STATUS requests from a VM
- * the helper knows are answered from that VM's own guest counters (src/guest-energy/), so that
- * QEMU's unmodified vmsr loop credits the guest the energy the helper attributed to it. Everything
- * else (other registers, other peers, unknown VMs, a QEMU version not modelled, mode raw) is
- * answered raw by the legacy service.
- *
- * A VM switches to exact only at the start of one of QEMU's windows (a switch mid-window would give
- * QEMU one garbage delta), once its QEMU's version is known to be modelled; the windows QEMU ran
- * before it are counted, so the model's vCPU count (nb_vcpu) starts right.
+ * `--guest-energy exact` (docs/guest-energy.md): QEMU's MSR_PKG_ENERGY_STATUS requests from a known
+ * VM whose QEMU version is modelled are answered from its guest counters (src/guest-energy/); the
+ * rest is answered raw by the legacy service. A VM switches only at a window's start (mid-window
+ * would give QEMU one garbage delta).
  */
 import { exeVersionText } from '../../os/exe-version.js';
 import { processCpuTimeNs } from '../../os/libc/processes.js';
@@ -55,11 +50,8 @@ const HOLD_LIMIT_NS = 10_000_000_000n;
 type RunTimes = Map<number, string | null> | undefined;
 
 /**
- * Where an exact VM's window is: its start answered and its vCPUs read (`early`), the other threads
- * read once the reply has left (afterReplies); open, with the run time of each thread read just
- * before its start line (for the end read) and of its threads but the vCPUs (for the end's
- * forecast); its end answered from a forecast, settled once the reply has left (settleAll); closed
- * (between windows, or restored mid-window: its end read without the start's run times).
+ * Where an exact VM's window is: starting (vCPUs read, the others read after the reply), open, settling
+ * (its end answered from a forecast, read after the reply), closed (or restored mid-window).
  */
 type Edge =
   | { at: 'starting'; vcpuTids: number[]; early: StartRead }
@@ -67,11 +59,7 @@ type Edge =
   | { at: 'settling'; runTimes: RunTimes; closing: GuestVm }
   | { at: 'closed' };
 
-/**
- * The last window's end read (or the read when exact began), for the next start: its time, and at a
- * settling's, the run time of the threads but the next window's vCPUs and then of the main thread
- * (for the next start's ExitWatch); `settledNs`: kept whole for the next start (startFromSettled).
- */
+/** The last window's end read (or the read when exact began), for the next start's ExitWatch and startFromSettled. */
 interface LastRead {
   read: StartRead;
   atNs: bigint;
@@ -85,18 +73,18 @@ interface ExactIo {
   vmId: number;
   edge: Edge;
   last?: LastRead;
-  /** The VM's vCPU threads as found at the last window's end, milliseconds before the next start: that start's. */
+  /** The vCPU threads found at the last window's end: the next start's. */
   nextVcpuTids?: number[];
-  /** The task directory, held from the window's start read to its end: the forecast's check that no thread came or went. */
+  /** The task directory, held from the start read to the end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
   /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
   closedVpkgJ?: readonly number[];
   /** The window's threads watched for an exit (thread-exits.ts), from its start read on. */
   exits?: ExitWatch;
-  /** Windows answered a zero delta because a listed thread may have exited before the reply (and why, per cause: ExitWatch.cause). */
+  /** Windows answered a zero delta for a possible thread exit, and why (ExitWatch.cause). */
   exitWindows: number;
   exitCauses?: Record<string, number>;
-  /** Windows answered a non-zero delta in which a listed thread was seen gone right after the reply (the race left). */
+  /** Windows answered a non-zero delta with a listed thread seen gone right after the reply. */
   lateExits: number;
 }
 
@@ -160,14 +148,9 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /**
-   * After the replies of a chunk left, and before anything else looks at the VMs: the windows whose
-   * end was answered from a forecast are settled on the threads read now, as QEMU reads them once it
-   * has the reply; then the start reads of the windows they began. QEMU read its threads just
-   * before asking and the start value does not depend on them, so the threads that move (the
-   * vCPUs) were read before the reply and the others (idle mostly: a later read sees the same
-   * ticks) are read right after it, in the same turn of the event loop, off the request's latency
-   * (the vCPUs read after it, even in the same turn, could be read after QEMU's vmsr thread and
-   * whatever else ran once the reply woke it).
+   * After the replies of a chunk left: the forecast windows are settled on the threads read now, as
+   * QEMU reads them once it has the reply; then the start reads of the windows begun. The vCPUs moved
+   * and were read before the reply; the others (idle mostly) are read here, off the request's latency.
    */
   afterReplies(): void {
     this.settleAll();
@@ -181,10 +164,7 @@ export class GuestEnergy implements EnergyStatusHook {
     this.pending = this.pending.filter((x) => x.edge.at === 'starting');
   }
 
-  /**
-   * A sample was taken: the exact VMs are looked up now, in one walk, so that a window's end (until
-   * the next sample) finds its VM as find() would then, without the lookup on the request's path.
-   */
+  /** A sample was taken: the exact VMs are looked up now, in one walk, off the window ends' request path. */
   sampled(): void {
     if (this.o.findAll === undefined) return;
     this.peers.sweep(this.o.clock());
@@ -217,10 +197,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return [...this.exact()].map((x) => x.counter);
   }
 
-  /**
-   * Counters a previous process saved: their QEMUs go on with the same counters and model. `held`:
-   * the peers answered 0 before this was set up (LegacyService's hold), resynchronised first.
-   */
+  /** Counters a previous process saved; `held`: the peers answered 0 before this was set up, resynchronised first. */
   restore(saved: readonly GuestCounterState[], held: ReadonlyMap<number, bigint> = new Map()): void {
     const now = this.o.clock();
     let kept = 0;
@@ -246,11 +223,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return { at: 'exact', counter, vmId, edge: { at: 'closed' }, exitWindows: 0, lateExits: 0 };
   }
 
-  /**
-   * The peer of process `pid` (`starttime`: its start time, read when undefined, null when unknown), remembered if there is room
-   * for its owner (the connection `conn`, else the process by its pid; docs/security.md), made by
-   * `made` if new (default: listening); undefined: left raw (its start time unknown, or no room).
-   */
+  /** The peer of process `pid`, remembered if there is room for its owner (docs/security.md); undefined: left raw. */
   private remember(
     pid: number,
     starttime: number | null | undefined,
@@ -364,10 +337,8 @@ export class GuestEnergy implements EnergyStatusHook {
       const zero = this.exitBefore(x);
       return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
     }
-    // No forecast (a thread came or went, no start read, no held fd): the threads are read before
-    // the reply, and the e_delta solved on them. QEMU reads, at the end, the threads it listed at
-    // the start; without a start read (a restart mid-window, a process gone), every thread, for the
-    // model's count of vCPUs.
+    // No forecast: the threads QEMU listed at the start (without a start read: every thread) are read
+    // before the reply, and the e_delta solved on them.
     const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     x.edge = { at: 'closed' };
@@ -381,10 +352,9 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /**
-   * The vCPUs' end ticks, forecast from their run times (one schedstat pread each, through the
-   * sampler's fds), or null when the window must be read before the reply: no start read, a thread
-   * came or went (the task directory's count moved; QEMU's tick delta of an exited thread
-   * underflows unless answered a zero delta), or a vCPU's run time cannot be read.
+   * The vCPUs' end ticks, forecast from their run times, or null when the window must be read before
+   * the reply: no start read, a thread came or went (an exited thread's tick delta underflows), or a
+   * vCPU's run time cannot be read.
    */
   private forecast(x: ExactVm, w: Extract<Edge, { at: 'open' }>): { vcpus: VcpuForecast[]; otherTicks: number } | null {
     const c = x.counter;
@@ -405,11 +375,9 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /**
-   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpus`: at the start, their tids, read after
-   * the clock; at the end, their run time, read before it): its process CPU clock less theirs; null
-   * when one cannot be read. It counts the main thread too, which QEMU leaves out (the sampler holds
-   * no schedstat fd for it): the forecast errs low by its share. Read so that an end's less a
-   * start's errs high.
+   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpus`: their tids, or their run time), its
+   * process CPU clock less theirs; null when unreadable. It counts the main thread, which QEMU leaves
+   * out; read in an order that makes an end's less a start's err high.
    */
   private othersNs(pid: number, vcpus: readonly number[] | number): number | null {
     const start = typeof vcpus !== 'number';
@@ -441,11 +409,7 @@ export class GuestEnergy implements EnergyStatusHook {
     this.logWindow(x, c, true);
   }
 
-  /**
-   * At a window's end, just before its reply: whether a thread QEMU listed at its start may have
-   * exited (ExitWatch; no watch: no start read, already a zero delta). Such a window is answered a
-   * zero delta: QEMU's tick delta of the exited thread would underflow.
-   */
+  /** Whether a listed thread may have exited (no watch: yes): then the window is answered a zero delta, or QEMU's would underflow. */
   private exitBefore(x: ExactVm): boolean {
     const exit = x.exits?.exited() ?? true;
     if (exit) {
@@ -519,10 +483,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (exits) delete x.exits;
   }
 
-  /**
-   * After a settling's read: the task directory stays held and the read is kept, with the other
-   * threads' run time, for the next window's start (startFromSettled); without a read, let go.
-   */
+  /** After a settling's read: the task directory and the read are kept for the next window's start (startFromSettled). */
   private keepForStart(x: ExactVm, pid: number, read: StartRead | null): void {
     const vcpus = x.nextVcpuTids;
     const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, vcpus);
@@ -533,11 +494,9 @@ export class GuestEnergy implements EnergyStatusHook {
   }
 
   /**
-   * A window's start takes the last settling's read as its own when it comes within
-   * SETTLED_START_NS of it and the process has exactly the threads that read found (one fstat of the
-   * held task directory): nothing is read for it, before the reply or after. The boundary between
-   * two windows is then one read, so whatever QEMU's reads are apart from it, a tick counted late at
-   * one window's end is counted early at the next one's start, never twice and never lost.
+   * A window's start takes the last settling's read as its own within SETTLED_START_NS of it, when the
+   * threads are the same: the boundary is then one read, so a tick counted late at one window's end is
+   * counted early at the next one's start, never twice and never lost.
    */
   private startFromSettled(x: ExactVm, c: GuestCounterState, vcpuTids: number[]): Edge | undefined {
     const s = x.last;

@@ -1,9 +1,6 @@
 /**
- * The processes exact mode remembers (docs/guest-energy.md, docs/security.md "Exact mode's peers"):
- * each by (pid, start time), so that a new process on a reused pid starts afresh; bounded as
- * discovery is, by the one share rule (budget/uid-share.ts: a uid that is not root or the socket's
- * group holds at most its share); forgotten once their process has ended (looked at after a few
- * seconds without a request, at most once every few seconds each). A bound met is logged once.
+ * The processes exact mode remembers (docs/security.md "Exact mode's peers"), by (pid, start time);
+ * bounded by the share rule as discovery is; forgotten once their process has ended.
  */
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../../discovery/discovery-limits.js';
 import { UidShares, type ShareOwner } from '../../budget/uid-share.js';
@@ -50,10 +47,7 @@ export class GuestPeers<P> {
     this.shares = new UidShares(o.capacity ?? MAX_GUEST_PEERS);
   }
 
-  /**
-   * The peer of process `key`, made by `make` if new (its owner asked of `ownerOf` then); undefined
-   * when it cannot be remembered (left raw).
-   */
+  /** The peer of process `key`, made by `make` if new; undefined when it cannot be remembered (left raw). */
   get(key: ProcessKey, ownerOf: () => ShareOwner | null, nowNs: bigint, make: () => P): P | undefined {
     const e = this.byKey.get(keyOf(key));
     if (e !== undefined) {

@@ -1,8 +1,6 @@
 /**
- * How many threads a process has, from its /proc/<pid>/task directory held open: the directory's
- * link count is 2 + its threads (procfs counts them at each stat), so one fstat of the held fd (half
- * a microsecond) tells whether the thread set may have changed, where listing it costs 8. Guest
- * energy holds one per exact VM for the length of one of QEMU's windows (docs/guest-energy.md, "Cost").
+ * How many threads a process has, from its task directory held open: its link count is 2 + its
+ * threads, so one fstat (half a microsecond; a listing costs 8) tells whether the thread set may have changed.
  */
 import fs from 'node:fs';
 import { fstatRaw, STAT_SIZE } from '../../os/libc/fds.js';

@@ -1,28 +1,8 @@
 /**
- * Whether a thread QEMU listed at a window's start may have exited, known by identity, not by count
- * (docs/guest-energy.md, "Thread exits"). QEMU's tick delta of a thread that exited underflows, so a
- * window's end may be answered a non-zero delta only when every thread listed at its start is known
- * to be alive when the reply leaves. Per VM, one ExitWatch:
- *
- * - `pidfd` (Linux 6.9+): a pidfd of each thread of the window's start read (PIDFD_THREAD: it
- *   names that thread alone, and turns readable when it exits), in one epoll set, polled with a
- *   zero timeout at the window's end. A thread already gone when its pidfd is opened counts as an
- *   exit. The pidfds are kept across windows (opened for new threads, closed for threads no longer
- *   listed) and taken from the VM's fd share (KeptFdLedger); a VM that cannot have them all is
- *   watched as below.
- * - `tasks` (older kernels, or no fds): the task directory listed at the window's end, every thread
- *   of the start read looked for in it.
- *
- * Either way QEMU's own list is not seen: it was made just before its start request, apart from the
- * helper's start read. A thread of the helper's last read that is not in the start read may be one
- * QEMU listed and read: an exit. A thread QEMU listed that started after the helper's last read and
- * exited before its start read is missed, and harmless when it ran less than a clock tick (QEMU
- * read 0 ticks of it, and 0 - 0 does not underflow), which it did when the two reads are less than
- * a tick apart, or when the process's threads but its vCPUs ran less than a tick between them (its
- * CPU clock less the vCPUs' run times): else, or with no last read, the window counts as one with
- * an exit. The same holds of a listed thread that exits: one QEMU read 0 ticks of (`idleAtList`)
- * is no exit. The property test runs this on a simulated thread table
- * (test/helper/guest/thread-exits.property.test.ts).
+ * Whether a thread QEMU listed at a window's start may have exited, known by identity, not by count:
+ * QEMU's tick delta of an exited thread underflows. Per VM, one ExitWatch, through pidfds of threads
+ * (Linux 6.9+) or the task directory (docs/guest-energy.md "Thread exits"). QEMU's own list is not
+ * seen: a thread it may have listed and the helper missed counts as an exit unless it ran under a tick.
  */
 import fs from 'node:fs';
 import { closeFd, epollAdd, epollCreate, epollReadyNow } from '../../os/libc/fds.js';
@@ -91,12 +71,8 @@ export interface WatchStart {
 }
 
 /**
- * The CPU time (ns) a thread that started after the helper's last read and exited before its next
- * one can have run between them: what the process's threads but its vCPUs ran (`others`, at the
- * last read and now: its CPU clock less the vCPUs' run times), less what its main thread ran (QEMU
- * never lists it: the QMP monitor's work is not an unseen thread's). The main thread's run time is
- * read after the clock at the last read and before it now, so that what comes off is never more
- * than it ran. Undefined when a read is missing.
+ * The CPU time (ns) a thread unseen between the helper's last read and now can have run: what the
+ * threads but the vCPUs ran, less the main thread's (QEMU never lists it). Undefined when a read is missing.
  */
 export function unseenCpuNs(
   othersNow: number | undefined,
@@ -110,11 +86,9 @@ export function unseenCpuNs(
 }
 
 /**
- * The threads of a start read that QEMU read 0 ticks of when it listed them: its delta of such a
- * thread is 0 - 0 even if it exits, so that exit needs no zero delta. Ticks only grow, and utime +
- * stime never pass the run time (cputime_adjust splits it): a read after QEMU's listing (`leadNs`
- * 0) that says 0 ticks, or one `leadNs` before it of a thread not running then whose run time plus
- * `leadNs` is under a tick.
+ * The threads of a start read QEMU read 0 ticks of at its listing (0 - 0 even if they exit). utime +
+ * stime never pass the run time (cputime_adjust): 0 ticks read after the listing (`leadNs` 0), or,
+ * read `leadNs` before it, a thread not running whose run time plus `leadNs` is under a tick.
  */
 export function idleAtList(read: StartRead, leadNs: number, tickNs: number): Set<number> {
   const idle = new Set<number>();
@@ -134,7 +108,7 @@ export class ExitWatch {
   /** An exit known (or not excludable) since the window began. */
   private exit = false;
   private idle: ReadonlySet<number> = new Set();
-  /** Why (for the debug window line): no read before, reads a tick apart, a thread of the read before gone, gone at open, a pidfd readable, not listed. */
+  /** Why, for the debug window line. */
   cause: 'no read before' | 'reads a tick apart' | 'gone since the read before' | 'gone at open' | 'pidfd' | 'not listed' | null = null;
   private kind: ExitProbeKind;
 

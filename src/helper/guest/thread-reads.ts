@@ -1,20 +1,9 @@
 /**
  * A VM's threads as QEMU's vmsr thread reads them at a window's edges (docs/guest-energy.md, "Cost"):
- * each thread's stat (utime + stime, starttime, the CPU it last ran on, as its package). The main
- * thread is left out, as QEMU leaves it out. A thread that is gone, or whose line does not parse, is
- * absent; a process with more than `maxThreads` threads gives null (exact mode then answers raw).
- *
- * - At a window's start (`readStart`): /proc/<pid>/task listed, as QEMU lists it, and every thread
- *   read; with each line, the thread's run time (schedstat field 1) read just before it. Threads
- *   read earlier (`readEarly`: the vCPUs, before the reply) keep that read. When the process has
- *   as many threads as the last end read saw and each of those is still there, the directory is
- *   not listed, and a thread whose run time has not moved since that read keeps its line.
- * - At its end (`readEnd`): only the threads listed at the start (QEMU reads no other), each
- *   through the fds the sampler keeps open (one pread, no open/close; ProcTaskReader.heldFds). A
- *   thread whose run time has not moved since its start line was printed keeps that line, with no
- *   stat read, and a line that said R is read again (the thread gate, os/schedstat-gate.ts).
- *   A held fd that fails is a thread that exited (the fd is bound to the task): the stat is then
- *   opened by its path, as QEMU opens it, which gives another thread that took the tid, or nothing.
+ * each thread's stat but the main thread's; null for more than `maxThreads` threads (answered raw).
+ * A thread whose run time has not moved since its last line keeps it (the thread gate). At the end,
+ * through the sampler's held fds; a held fd that fails is an exited thread, then read by path as QEMU
+ * does (another thread that took the tid, or nothing).
  */
 import fs from 'node:fs';
 import { pread } from '../../os/libc/fds.js';
@@ -57,10 +46,8 @@ export class ThreadReads {
   }
 
   /**
-   * Every thread of `pid` (but its main one), as QEMU reads them at a window's start, those of
-   * `early` as read then; null: no such process, or too many threads. With `last` (the last end
-   * read) and `count` (the process's threads now, TaskCount) saying it has the same threads, no
-   * listing, and each whose run time has not moved keeps its line (rereadStart).
+   * Every thread of `pid` but its main one, as QEMU reads them at a window's start (those of `early`
+   * as read then); null: gone or too many threads. With `last` and its thread count: rereadStart.
    */
   readStart(pid: number, early?: StartRead, last?: { read: StartRead; count: number }): StartRead | null {
     if (last !== undefined && last.count === last.read.threads.size + 1) {
@@ -89,10 +76,8 @@ export class ThreadReads {
   }
 
   /**
-   * The threads of `last` again, when the process has as many threads as `last` has plus its main
-   * one: if every one of them is still there (its held schedstat fd, bound to the thread, reads),
-   * those are all its threads. A thread whose run time equals the one read before its line in
-   * `last` has not run since: the line stands. Null when one is gone or has no held fds (then list).
+   * The threads of `last` again, when the count matches and each one's held fd (bound to the thread)
+   * still reads; a line whose run time has not moved stands. Null when one is gone (then list).
    */
   private rereadStart(pid: number, early: StartRead | undefined, last: StartRead): StartRead | null {
     const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
@@ -130,10 +115,7 @@ export class ThreadReads {
     out.runTimes.set(tid, read.running ? null : runTime);
   }
 
-  /**
-   * The threads of a window's start read, as QEMU reads them at its end (absent: exited), with the
-   * run time read before each line (for the next start's rereadStart).
-   */
+  /** The threads of a window's start read, as QEMU reads them at its end (absent: exited), with their run times. */
   readEnd(pid: number, start: StartRead): StartRead {
     const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
     for (const a of start.threads.values()) {
@@ -153,21 +135,14 @@ export class ThreadReads {
     return out;
   }
 
-  /**
-   * A thread's run time (schedstat field 1, ns) through the fd the sampler holds for it, with no
-   * string made: null when none is held or the read fails (the thread exited). For the end's forecast.
-   */
+  /** A thread's run time (ns) through the sampler's held fd; null when none is held or it exited. */
   runTimeNs(pid: number, tid: number): number | null {
     const fd = this.held(pid, tid)?.schedstat ?? -1;
     const len = fd >= 0 ? readRunTime(fd, this.sched) : 0;
     return len > 0 ? digits(this.sched, 0, len) : null;
   }
 
-  /**
-   * The run time (ns, schedstat field 1) of `pid`'s main thread, which QEMU never lists (read by
-   * path: no fd held); null when unreadable or running (its line says R: a running thread's run
-   * time lags until the scheduler's next update).
-   */
+  /** The run time (ns) of `pid`'s main thread (by path); null when unreadable or running (its run time lags then). */
   mainRunNs(pid: number): number | null {
     try {
       const st = parseStatLine(readProcFile(`${this.procRoot}/${pid}/task/${pid}/stat`).trimEnd());

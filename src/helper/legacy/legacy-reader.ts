@@ -1,27 +1,15 @@
 /**
- * A legacy connection read without Node's stream layer. A net.Socket reads into a buffer it is
- * given and calls back with the count (its `onread` option) instead of allocating 64 KiB, pushing
- * through the Readable machinery, emitting 'data' and scheduling a tick per read: on a one-request
- * round trip that was most of our user-space time. Node offers `onread` only to sockets it creates,
- * so the accepted connection is taken over: a new socket on a duplicate of its fd (the same open
- * connection), after which the caller destroys the accepted one (its fd closes, the connection
- * stays open through the duplicate).
+ * A legacy connection read without Node's stream layer (`onread`: most of a round trip's user-space
+ * time otherwise). Node offers `onread` only to sockets it creates: a new one on a duplicate of the fd.
  */
 import net from 'node:net';
 import { dupCloexec } from '../../os/libc/fds.js';
 import { socketFd } from '../../os/peer.js';
 
-/**
- * Where every taken-over connection reads: one buffer, since each read is handled synchronously
- * before the next (the legacy framer copies what it keeps of an incomplete request).
- */
+/** Where every taken-over connection reads: one buffer, each read handled synchronously before the next. */
 const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 
-/**
- * A socket on the same connection as `socket` that hands each read to `onChunk` (a view of the
- * shared buffer, valid during the call only); null when the fd cannot be duplicated (out of fds:
- * the caller goes on with `socket` as it is). The new socket starts reading at once.
- */
+/** A socket on the same connection handing each read to `onChunk` (valid during the call only); null when out of fds. */
 export function takeOverLegacy(socket: net.Socket, onChunk: (chunk: Buffer) => void): net.Socket | null {
   const fd = socketFd(socket);
   if (fd === undefined) return null;

@@ -1,8 +1,6 @@
 /**
- * One legacy request -> the 8-byte value to reply, as the reference helper would, but stricter:
- * the tid is checked before anything is read, an offline or nonexistent cpu gets 0 without opening
- * anything, and any read failure is 0. Everything here runs synchronously on the main thread, whose
- * capabilities are the ones that were dropped to CAP_SYS_RAWIO (see src/os/privileges/capabilities.ts).
+ * One legacy request -> the 8-byte value to reply, as the reference helper would, but stricter: the
+ * tid checked before anything is read, an offline cpu answered 0 unopened, any read failure 0.
  */
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';
@@ -58,25 +56,15 @@ interface LegacyServiceOptions {
   logger: Logger;
   /** Where to count requests by result (the daemon shares it with the v2 service). */
   counters?: LegacyCounters;
-  /**
-   * Why no MSR can be read, when none can (the daemon's energy source is powercap or synthetic): every
-   * request that passes the checks gets 0, the protocol's failure reply, and a warning saying why.
-   */
+  /** Why no MSR can be read, when none can (powercap or synthetic source): every request gets 0 and a warning why. */
   noMsrs?: string;
   /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
   limiter?: LogLimiter;
-  /**
-   * --guest-energy exact after a restart: until setEnergyStatus, MSR_PKG_ENERGY_STATUS is answered 0
-   * (QEMU computes a zero delta from a 0 on either side of its window) and the peer is remembered.
-   */
+  /** --guest-energy exact after a restart: MSR_PKG_ENERGY_STATUS answered 0 (a zero delta to QEMU) until setEnergyStatus. */
   holdEnergyStatus?: boolean;
 }
 
-/**
- * Legacy requests by result, for the health figures (HOST_UPDATE, the exporter). Plain numbers, not
- * bigints, since they count on every request: a bigint increment allocates. They stay exact up to
- * 2^53 requests, 1400 years at 200 000 a second.
- */
+/** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at 200 000/s). */
 export interface LegacyCounters {
   /** Answered with the MSR's value. */
   ok: number;
@@ -86,7 +74,6 @@ export interface LegacyCounters {
   failed: number;
 }
 
-/** Counters at zero. */
 export function newLegacyCounters(): LegacyCounters {
   return { ok: 0, refused: 0, failed: 0 };
 }
@@ -141,10 +128,7 @@ export class LegacyService {
     return new TidVerdicts(this.o.procRoot, peerPid);
   }
 
-  /**
-   * Writes the 8-byte reply to `req` at out[offset] and returns true, or returns false when the
-   * connection must close without a reply (not an allowed MSR, as in the reference helper).
-   */
+  /** Writes the 8-byte reply to `req` at out[offset]; false: close without a reply (not an allowed MSR, as the reference helper). */
   answer(peer: PeerCredentials, req: LegacyRequest, verdicts: TidVerdicts, out: Buffer, offset: number): boolean {
     const c = this.counters;
     const peerPid = peer.pid;
@@ -204,10 +188,7 @@ export class LegacyService {
     }
   }
 
-  /**
-   * A CPU brought online after the start: its device is opened only by the next start (the helper
-   * holds no privilege once started: docs/security.md "Privileges, per process and phase"). Said once per CPU.
-   */
+  /** A CPU brought online after the start: its device is opened only by the next start (no privilege left). Said once per CPU. */
   private saidUnopenable(e: MsrReadError): void {
     if ((e.code !== 'EACCES' && e.code !== 'EPERM') || this.o.device.isOpen(e.cpu) || this.unopenable.has(e.cpu)) return;
     this.unopenable.add(e.cpu);

@@ -1,11 +1,6 @@
 /**
- * One legacy connection, served (docs/protocol.md): its requests framed, each answered by the legacy
- * service (LegacyService.answer, the one place a register read is answered), the replies of one
- * chunk sent at once. And its part in a restart, in one place: freeze() stops reading and gives the
- * bytes read and not answered, thaw() reads again (the restart was called off).
- *
- * The connection is read without Node's stream layer when its fd can be duplicated (legacy-reader.ts),
- * through the stream otherwise (out of fds, or replies already queued).
+ * One legacy connection, served (docs/protocol.md): the replies of one chunk sent at once; freeze()
+ * and thaw() for a restart. Read without Node's stream layer when its fd can be duplicated.
  */
 import type net from 'node:net';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
@@ -26,10 +21,7 @@ interface LegacySessionOptions {
   first: Buffer;
   peer: PeerCredentials;
   legacy: LegacyService;
-  /**
-   * The connection's account of incomplete-frame bytes (the server's IncompleteHold): set(bytes) is
-   * false when the total over all connections is past the budget.
-   */
+  /** The connection's account of incomplete-frame bytes: set(bytes) is false past the budget. */
   hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;

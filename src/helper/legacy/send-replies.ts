@@ -11,11 +11,8 @@ import { socketFd } from '../../os/peer.js';
 const { EAGAIN } = os.constants.errno;
 
 /**
- * Sends out[0, length) on a legacy connection. With nothing queued in Node's stream, the bytes go
- * straight to the socket (send(2), MSG_DONTWAIT): no write request and no callback tick, which cost
- * more than the send itself. What the socket does not take now (its buffer full) is queued
- * through the stream, copied, after which every later reply queues behind it, so order is kept. A
- * peer that is gone (EPIPE, ECONNRESET) closes the connection, as a failed stream write would.
+ * Sends out[0, length) on a legacy connection: straight to the socket (a write request and its tick
+ * cost more than the send) when the stream is empty; the rest queued through the stream, in order.
  */
 export function sendReplies(socket: net.Socket, out: Buffer, length: number): void {
   let sent = 0;

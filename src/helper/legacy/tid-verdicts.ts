@@ -1,14 +1,7 @@
 /**
- * "Is tid T a thread of this connection's peer?", asked on every legacy request. QEMU asks with the
- * same few vCPU tids every time, so a YES is remembered per connection for at most
- * TID_VERDICT_MAX_AGE_MS and then checked against /proc again. A NO is never remembered: a thread the
- * peer starts later is accepted at once.
- *
- * The bound: a thread that exits is still accepted for at most TID_VERDICT_MAX_AGE_MS after the
- * check that saw it. A tid can only be reused after its thread exited and the kernel's pid counter
- * wrapped around pid_max, so within that window a reused tid (even one now in another process) is
- * answered as the old thread was. The reply does not depend on the tid (it is the package's
- * register), so the window changes who may ask for that long, never what is answered.
+ * "Is tid T a thread of this connection's peer?", asked on every legacy request: a YES is remembered
+ * for TID_VERDICT_MAX_AGE_MS, a NO never. A reused tid may be answered as the old thread for that long;
+ * the reply does not depend on the tid (the package's register), so never what is answered changes.
  */
 import { performance } from 'node:perf_hooks';
 import { PeerTasks } from '../../os/peer.js';

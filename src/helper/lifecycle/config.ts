@@ -1,8 +1,4 @@
-/**
- * The daemon's configuration, in a file of its own: the command line (cli/commands/start-daemon.ts) makes a
- * DaemonConfig, the start-up (startup.ts, privileged-start.ts, phases.ts) and the daemon (daemon.ts)
- * read it.
- */
+/** The daemon's configuration, as the command line makes it. */
 import type { HostPaths } from '../../msr/host-paths.js';
 import type { AmdSynthConfig } from '../../msr/legacy-registers.js';
 import type { LogLevel } from '../../logging/logger.js';
@@ -31,10 +27,7 @@ export interface DaemonConfig {
   maxConnections: number;
   /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
   frameTimeoutMs: number;
-  /**
-   * --guest-energy exact: until the startV2 phase answers MSR_PKG_ENERGY_STATUS, QEMUs of handed-over
-   * connections get 0 for it (a raw value would pair with a guest counter in QEMU's window).
-   */
+  /** --guest-energy exact: MSR_PKG_ENERGY_STATUS answered 0 until startV2 (a raw value would pair with a guest counter). */
   holdEnergyStatus?: boolean;
   /** --socket-mode: permission bits of the socket file (default 0600). */
   socketMode: number;

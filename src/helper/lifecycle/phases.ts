@@ -1,19 +1,4 @@
-/**
- * The phases of the daemon's start, each a function of its own, in the order Daemon.start (daemon.ts)
- * runs them (docs/daemon.md "Start-up, in order"):
- *
- *   inherit      what this start inherits (systemd's socket, the image before the re-exec, a restart,
- *                what a keeper held after a crash)
- *   open         the start-up steps (startup.ts: checks, MSR fds, socket, pidfile, --record), and what
- *                the process before kept, a restart's hand-over or a crash's leftovers (crash-guard.ts,
- *                kept.ts), each checked
- *   drop         the privilege drop (done before the exec when re-executed), the per-thread audit
- *   budgetFds    the open-file limit raised, and the connections it can hold
- *   serveLegacy  the legacy service and the server, serving; handed-over connections adopted
- *   restore      the handed-over state decoded, once the waiting requests are answered (CrashGuard.restore)
- *   startV2      the v2 service's modules loaded (only now: QEMU is served before), the service made
- *   ready        READY to systemd, the watchdog, the inspector closed
- */
+/** The phases of the daemon's start, in the order Daemon.start runs them (docs/daemon.md "Start-up, in order"). */
 import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
@@ -31,7 +16,7 @@ import type { RestartClock } from '../handover/restarter.js';
 import type { DaemonConfig } from './config.js';
 import type { Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
-import { inheritFromEnvironment, type Notifier } from './systemd.js';
+import type { Notifier } from './systemd.js';
 import { CrashGuard } from '../handover/crash-guard.js';
 import type { Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
@@ -39,16 +24,7 @@ import type { ConnectionKeep } from '../handover/frozen.js';
 /** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
 
-/** What this start inherits: given (the re-executed image's), else what the environment passes (systemd), else nothing. */
-export function inherit(config: DaemonConfig, given?: Inherited): Inherited {
-  return given ?? inheritFromEnvironment(config.socketPathGiven);
-}
-
-/**
- * The start-up steps (checks, MSR fds, listening socket, pidfile, --record files), each adopted when
- * inherited, else opened; then what the process before kept (crash-guard.ts, which holds what this
- * process keeps outside from now on): connections, state, counters, each part checked, the rest closed.
- */
+/** The start-up steps, each adopted when inherited, else opened; then what the process before kept, each part checked. */
 export async function open(
   config: DaemonConfig,
   inh: Inherited,
@@ -77,19 +53,10 @@ export async function open(
   return { opened, guard };
 }
 
-/**
- * The privilege drop (re-executed: done before the exec, on every thread: os/privileges/reexec.ts),
- * then what each thread holds, logged: a thread that differs from the main one means the re-exec could
- * not run, and an operator should know which ones.
- */
+/** The privilege drop (re-executed: done before the exec), then each thread's credentials logged: one that differs means the re-exec could not run. */
 export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o: { area: Areas; reexec?: string }): void {
   const privLog = o.area('privileges');
-  const report = inh.dropped
-    ? { skipped: [] }
-    : dropPrivileges({
-        ...(config.uid !== undefined ? { uid: config.uid } : {}),
-        ...(config.gid !== undefined ? { gid: config.gid } : {}),
-      });
+  const report = inh.dropped ? { skipped: [] } : dropPrivileges({ uid: config.uid, gid: config.gid });
   stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, o.area('startup'));
   const reexec = o.reexec !== undefined ? { reexec: o.reexec } : {};
   const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
@@ -115,11 +82,7 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
   else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
 }
 
-/**
- * Any process of -u's user may signal the serving process (docs/security.md "The -u user ending
- * the service"): said at the start when other processes than the helper's own
- * (this one, its keeper) run as that uid, naming one.
- */
+/** Any process of -u's user may signal the serving process (docs/security.md "The -u user ending the service"): said when one runs. */
 function warnSharedUid(uid: number, log: Logger): void {
   let count = 0;
   let example: { pid: number; comm: string } | undefined;
@@ -169,12 +132,7 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
   return { fds, maxConnections };
 }
 
-/**
- * The legacy service and the server on the listener, serving at once (a restart's legacy connections
- * need no v2 state), the handed-over connections adopted; a v2 connection meanwhile waits for `late`
- * (late-v2-handler.ts), bound once the v2 service is made. `keep` holds each connection outside this
- * process from its accept (crash-guard.ts).
- */
+/** The legacy service and the server, serving at once; a v2 connection waits for `late` until the v2 service is made. */
 export function serveLegacy(
   config: DaemonConfig,
   opened: Opened,
@@ -218,7 +176,6 @@ export async function startV2(settings: V2DaemonSettings, start: V2Start): Promi
 export function ready(where: string, o: { logger: Logger; area: Areas; notifier: Notifier }): void {
   o.logger.info({ socket: where }, `Listening on ${where}`);
   o.notifier.ready(`listening on ${where}`);
-  // Defence in depth (os/inspector-guard.ts): nothing may leave a debugger open in the daemon.
   const inspectorUrl = closeOpenInspector();
   if (inspectorUrl !== null)
     o.logger.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the daemon)");

@@ -1,9 +1,6 @@
 /**
- * The pidfile: created exclusively, refusing a second live instance. An existing file that holds one
- * pid is a pidfile: it blocks the start only while that pid is a running vmsr-helper (a pid reused
- * after a crash by another program does not), otherwise it is stale and replaced. Anything else (a
- * directory, a file that is not one pid, a symlink) is never touched: the start is refused. Released
- * only if it still holds our pid.
+ * The pidfile: created exclusively; a stale one (its pid not a running vmsr-helper) replaced; anything
+ * that is not one pid never touched (the start refused). Released only if it still holds our pid.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -32,11 +29,7 @@ function isAlive(pid: number): boolean {
   }
 }
 
-/**
- * Whether `pid` runs vmsr-helper: its program (argv[0]) or its script (the first argument that is not
- * an option, e.g. after node's own flags) is named vmsr-helper (the npm bin), vmsr-helper.js (node
- * running the script) or qemu-vmsr-helper.
- */
+/** Whether `pid` runs vmsr-helper: its program or its script (the first non-option argument) is named so. */
 export function isHelperProcess(pid: number, procRoot = '/proc'): boolean {
   let argv: string[];
   try {

@@ -1,10 +1,6 @@
 /**
- * As root, the start-up steps (startup.ts: checks, MSR devices, listening socket, pidfile, --record
- * files) run in the first image, and then the helper re-executes itself with every privilege dropped
- * (os/privileges/reexec.ts), so that no thread of the new image holds any capability. What the steps
- * opened crosses the exec as an Inherited (handover/inherited.ts); the new image adopts it and runs
- * the same start-up, which finds every step done. With a keeper, the new image is the keeper, which
- * passes the same to every serving process it starts (keeperImage).
+ * As root, the start-up steps run in the first image, then the helper re-executes itself with every
+ * privilege dropped, so no thread of the new image holds any capability; what they opened crosses the exec.
  */
 import type { DaemonConfig } from './config.js';
 import { inheritEnv, inheritedFds, renumbered, type Inherited } from '../handover/inherited.js';
@@ -16,11 +12,7 @@ import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
 import { daemonArgv, reexecDropped } from '../../os/privileges/reexec.js';
 import { cannot } from '../../common/errors.js';
 
-/**
- * Runs the steps; on failure undoes what was done (the socket file, the pidfile) and throws the
- * step's error. `inherited` is for the re-executed image, whose privileges the exec drops; `undo` is
- * for a failure after this returns (the exec itself).
- */
+/** Runs the steps (on failure undone, the step's error thrown); `undo` is for a failure of the exec after it. */
 async function openPrivileged(
   config: DaemonConfig,
   writeFiles: readonly string[] = [],
@@ -43,11 +35,7 @@ function keeperImageEnv(inherited: Inherited, level: string): Record<string, str
   return { [KEEPER_ENV.image]: JSON.stringify(image) };
 }
 
-/**
- * The first image's start: the steps run (as root: what needs root), then the re-exec with every
- * privilege dropped and the opened fds, into the daemon or, with `keeper`, into the keeper
- * (KEEPER_ENV.image, keeper/keeper-image.ts). Returns only by throwing (the steps failed, or the exec did: what they opened undone).
- */
+/** The first image's start: the steps, then the re-exec, into the daemon or the keeper. Returns only by throwing. */
 export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
   const { inherited, undo } = await openPrivileged(config, writeFiles);
   const keep = inheritedFds(inherited);

@@ -1,9 +1,6 @@
 /**
- * THE start-up steps that open what the daemon holds, once each and in this order: the checks, the
- * MSR devices, the listening socket, the pidfile, the files the v2 service writes (--record). Each takes its part of
- * the Inherited when given (adopted, not redone) and runs otherwise. As root they run in the first
- * image (privileged-start.ts), whose fds then cross the re-exec; otherwise in the daemon itself
- * (daemon.ts), which goes on with the privilege drop, the service chain, serving and READY.
+ * THE start-up steps that open what the daemon holds, once each and in order; each adopts its part of
+ * the Inherited when given. As root they run in the first image, whose fds then cross the re-exec.
  */
 import fs from 'node:fs';
 import { MsrDevice } from '../../msr/device.js';
@@ -56,11 +53,7 @@ export interface Opened {
   steps: StepDone[];
   /** What an exec passes on: every part, by fd number. */
   handover(how: InheritedFrom): Inherited;
-  /**
-   * Undoes everything, for a start that does not go on (a failed exec): files created here and MSR
-   * fds closed, pidfile and socket file removed (if still ours). A daemon that went on closes its
-   * parts itself, in its shutdown order (its v2 service owns the files by then).
-   */
+  /** Undoes everything, for a start that does not go on (a failed exec); a daemon that went on closes its parts itself. */
   close(log?: Pick<Logger, 'warn'>): Promise<void>;
 }
 

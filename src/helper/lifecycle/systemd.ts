@@ -16,11 +16,7 @@ const MAX_LISTEN_FDS = 8192;
 /** Longest fd name (LISTEN_FDNAMES, FDNAME=): systemd's fdname_is_valid(). */
 const MAX_FD_NAME_CHARS = 255;
 
-/**
- * An fd name as systemd accepts it: 1..255 printable ASCII characters (0x20..0x7e) other than ':',
- * the LISTEN_FDNAMES separator. (systemd also allows the empty name; this helper never gives or
- * expects one.) Null when valid, else why not.
- */
+/** An fd name as systemd accepts it (fdname_is_valid; not empty: this helper never uses one): null, else why not. */
 export function fdNameProblem(name: string): string | null {
   if (name.length === 0) return 'it is empty';
   if (name.length > MAX_FD_NAME_CHARS) return `it is ${name.length} characters, at most ${MAX_FD_NAME_CHARS}`;
@@ -34,10 +30,7 @@ interface Activation {
   names: string[];
 }
 
-/**
- * Parses LISTEN_PID / LISTEN_FDS / LISTEN_FDNAMES. Null when the variables are absent or meant for
- * another process (LISTEN_PID is not ours); throws when they are ours but malformed.
- */
+/** Parses LISTEN_PID / LISTEN_FDS / LISTEN_FDNAMES: null when absent or not ours; throws when malformed. */
 export function parseActivationEnv(env: NodeJS.ProcessEnv, pid: number): Activation | null {
   const listenPid = env.LISTEN_PID;
   const listenFds = env.LISTEN_FDS;
@@ -65,11 +58,7 @@ export function parseActivationEnv(env: NodeJS.ProcessEnv, pid: number): Activat
   return { fds, names };
 }
 
-/**
- * The passed fds grouped by name, each group in fd order (fds 3, 4, ...). Without LISTEN_FDNAMES
- * every fd is named "unknown", as sd_listen_fds_with_names(3) names them. A name may repeat: a
- * .socket unit's several sockets, or several fds stored under one FDNAME=.
- */
+/** The passed fds grouped by name, in fd order ("unknown" without LISTEN_FDNAMES, as sd_listen_fds_with_names(3)). */
 export function activationFdsByName(act: Activation): Map<string, number[]> {
   const groups = new Map<string, number[]>();
   for (let i = 0; i < act.fds; i++) {
@@ -92,11 +81,7 @@ export function takeActivation(env: NodeJS.ProcessEnv = process.env, pid = proce
   }
 }
 
-/**
- * Names under which the helper stores fds of its own with systemd (FDSTORE=1, FDNAME=): state and
- * connections kept across a restart. Every passed fd with such a name is carried as a named fd; every
- * other one is a listening socket of the .socket unit (named after the unit, or FileDescriptorName=).
- */
+/** The prefix of the names the helper stores its own fds under (FDSTORE=1); any other passed fd is a listening socket. */
 const STORED_FD_PREFIX = KEPT_NAMES.prefix;
 
 /** The passed fds the helper stored itself (STORED_FD_PREFIX), by name. */
@@ -104,10 +89,7 @@ export function storedFds(act: Activation): Map<string, number[]> {
   return new Map([...activationFdsByName(act)].filter(([name]) => name.startsWith(STORED_FD_PREFIX)));
 }
 
-/**
- * Checks what the helper accepts: exactly one listening socket among the passed fds (the others being
- * fds it stored itself), and no -k alongside (as qemu-vmsr-helper). Returns the listening socket's fd.
- */
+/** The one listening socket among the passed fds (the others stored by the helper); no -k alongside (as qemu-vmsr-helper). */
 export function activationFd(act: Activation, socketPathGiven: boolean): number {
   if (socketPathGiven)
     throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
@@ -154,12 +136,8 @@ export class Notifier {
   }
 
   /**
-   * Hands `fds` to systemd's fd store under `name` (FDSTORE=1, FDNAME=; sd_notify(3)): the next start
-   * of the service gets them back in LISTEN_FDS, named in LISTEN_FDNAMES. systemd keeps them only when
-   * the unit sets FileDescriptorStoreMax=. `poll: false` adds FDPOLL=0: systemd then does not drop the
-   * fds when they report POLLHUP/POLLERR. The fds stay open here too (the caller closes its copies).
-   * Sending errors go to onError; false when nothing was sent (no NOTIFY_SOCKET, or an error). A bad
-   * name or fd count throws: it is the caller's mistake, not the system's.
+   * Hands `fds` to systemd's fd store under `name` (sd_notify(3)); `poll: false` adds FDPOLL=0 (kept
+   * through POLLHUP/POLLERR). False when nothing was sent; a bad name or fd count throws (the caller's mistake).
    */
   storeFds(name: string, fds: readonly number[], opts: { poll?: boolean } = {}): boolean {
     const problem = fdNameProblem(name);
@@ -213,12 +191,7 @@ export class Notifier {
   }
 }
 
-/**
- * What this process inherits from its environment: systemd's listening socket when socket-activated
- * (the activation variables read and removed; -k with it, several listening sockets, or an fd that is
- * not a stream socket refused), with the fds the helper stored itself in systemd's fd store as named
- * fds; else nothing.
- */
+/** What this process inherits from systemd: its listening socket when socket-activated, and the fds the helper stored. */
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
   const activation = takeActivation(env);
   if (activation === null) return { how: 'fresh' };

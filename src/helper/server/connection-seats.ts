@@ -1,16 +1,8 @@
 /**
- * The connection slots (--max-connections) shared between users (the peer's uid from SO_PEERCRED):
- * each connection holds one against its uid's share (budget/uid-share.ts: a user other than root
- * holds at most a quarter, all such users half; the socket's group too, docs/security.md "The
- * socket's group locking QEMU out"); when they are all taken and a user holding fewer connections
- * than another needs one, a connection of the user holding the most that has not been read yet (its
- * protocol not known: waiting for the incomplete-frame budget, or its first bytes not in) is closed,
- * the oldest first. Connections being served (QEMU's legacy session, a v2 client past its magic) are
- * not closed for another user, but for QEMU.
- *
- * QEMU first: a connection from a QEMU process (discovery/qemu-peer.ts; one per process) is outside every
- * share, and when the slots are all taken it gets one by closing the oldest connection that is not
- * QEMU's, of the user holding the most such connections, served or not.
+ * The connection slots (--max-connections) shared between uids (budget/uid-share.ts; docs/security.md
+ * "The socket's group locking QEMU out"): when full, a user holding fewer takes the oldest undecided
+ * connection of the user holding the most. A QEMU process's first connection is outside every share
+ * and, when full, takes the oldest non-QEMU connection of the user holding the most, served or not.
  */
 
 import { ownerToEvict, UidShares, type ShareOwner, type ShareRoom } from '../../budget/uid-share.js';
@@ -58,11 +50,7 @@ export class ConnectionSeats {
     return !this.qemuPids.has(pid);
   }
 
-  /**
-   * A new connection of `owner`, counted against its share whatever room is left (the caller decided
-   * to serve it); `evict` closes it if another user, or QEMU, needs its slot. `qemuPid`: the
-   * connection is that QEMU process's first (qemuFirst): outside the shares, never closed for another.
-   */
+  /** A new connection of `owner`; `evict` closes it if another user, or QEMU, needs its slot. `qemuPid`: QEMU's first, outside the shares. */
   seat(owner: ShareOwner, evict: () => void, qemuPid?: number): Seat {
     const held: Held = { evict, qemu: qemuPid !== undefined };
     if (qemuPid !== undefined) this.qemuPids.add(qemuPid);
@@ -88,11 +76,7 @@ export class ConnectionSeats {
     };
   }
 
-  /**
-   * All slots are taken and `uid` wants one: closes the oldest undecided connection of the user
-   * holding the most connections, if that user holds more than `uid` would. True when a connection
-   * was closed (its slot frees at its close, so the new one may be served meanwhile).
-   */
+  /** All slots taken and `uid` wants one: closes the oldest undecided connection of the user holding the most, if more than `uid` would. */
   makeRoomFor(uid: number): boolean {
     const candidates = [...this.undecided].filter(([, undecided]) => undecided.size > 0).map(([other]) => other);
     const heaviest = ownerToEvict(candidates, (other) => this.heldBy(other), uid, this.heldBy(uid) + 1);
@@ -105,10 +89,7 @@ export class ConnectionSeats {
     return true;
   }
 
-  /**
-   * All slots are taken and a QEMU process wants its first: closes the oldest connection that is not
-   * QEMU's of the user holding the most of them, served or not. False when every slot is QEMU's.
-   */
+  /** All slots taken and a QEMU wants its first: closes the oldest non-QEMU connection of the user holding the most; false: all are QEMU's. */
   makeRoomForQemu(): boolean {
     const uid = ownerToEvict(this.notQemu.keys(), (u) => this.notQemu.get(u)!.size, null, 0);
     if (uid === undefined) return false;

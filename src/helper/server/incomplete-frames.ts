@@ -1,23 +1,13 @@
 /**
- * What a connection may hold of a frame (v2) or request (legacy, the 4-byte preamble) that has not
- * fully arrived: bytes are kept as they come (never a buffer sized by a length field), their total
- * over all connections is bounded (maxBytes), and an incomplete frame must complete within
- * deadlineMs of its first byte, or its connection is closed. A connection idle between requests
- * holds nothing and never times out: QEMU's connection is idle most of the time.
+ * What connections may hold of frames (v2) or requests (legacy) not fully arrived: bytes kept as they
+ * come (never a buffer sized by a length field), bounded in total (maxBytes) and in time (deadlineMs
+ * from the first byte). An idle connection holds nothing and never times out.
  *
- * A socket read brings up to READ_CHUNK bytes at once, and a chunk that is refused is garbage until
- * V8 collects it: reading thousands of hostile chunks only to drop them grows RSS as surely as
- * keeping them. So a new connection is read only while the budget has room for one more chunk;
- * otherwise it waits, unread (its bytes stay in the kernel), and is read once held frames complete,
- * time out or close. Connections already being read are never paused.
- *
- * The budget is shared fairly between users (the peer's uid, from SO_PEERCRED at accept): when it is
- * full and a connection of a user holding less needs room (to be read at all, or for the bytes it
- * sent), the connections of the user holding the most are cut, the oldest incomplete frame first,
- * until there is room or that user no longer holds more (max-min fairness: a user cannot take the
- * budget from another who holds less). Connections waiting for room are read in turn, one user after
- * another, not in the order they came. So a user flooding the socket with partial frames delays and
- * cuts only its own connections; QEMU, of another uid, is read at once.
+ * A refused chunk is garbage until V8 collects it, so reading hostile chunks only to drop them grows
+ * RSS as surely as keeping them: a new connection is read only while the budget has room for one
+ * more chunk, else it waits unread. The budget is shared max-min fairly between uids: a user flooding
+ * the socket with partial frames delays and cuts only its own connections (docs/daemon.md "What other
+ * users cannot delay").
  */
 
 import { ownerToEvict } from '../../budget/uid-share.js';
@@ -82,11 +72,7 @@ export class IncompleteFrames {
     return this.users.get(uid)?.bytes ?? 0;
   }
 
-  /**
-   * One connection's account, of the peer `uid`; `close` is called once its incomplete frame is past
-   * the deadline, or when it is evicted for another user (the reason says which), after `notify`
-   * (the server's log, which stays when the v2 service replaces `close`).
-   */
+  /** One connection's account, of the peer `uid`; `close` is called once its frame is cut, after `notify` (the server's log). */
   hold(close: (why: CutReason) => void, uid = 0, notify?: (why: CutReason) => void): IncompleteHold {
     return new IncompleteHold(this, close, uid, notify);
   }
@@ -98,11 +84,7 @@ export class IncompleteFrames {
     return n;
   }
 
-  /**
-   * Starts reading a new (paused) connection of `uid` now if the budget has room for a chunk (made,
-   * if need be, by evicting frames of a user holding more) and no connection of the same user waits
-   * before it; otherwise queues it and returns false.
-   */
+  /** Starts reading a new (paused) connection of `uid` now if there is room for a chunk and none of its user waits; else queues it: false. */
   startReading(c: Unread, uid = 0): boolean {
     const u = this.user(uid);
     if (u.waiting.size === 0 && this.makeRoom(uid, READ_CHUNK)) {
@@ -140,10 +122,7 @@ export class IncompleteFrames {
     return this.total - before + after <= this.limits.maxBytes;
   }
 
-  /**
-   * @internal A hold's deadline passed: it is cut in a slice of its own turn or a later one, with
-   * clients served between slices, unless its frame completed meanwhile (`frame` is which frame).
-   */
+  /** @internal A hold's deadline passed: it is cut in a slice, unless its frame `frame` completed meanwhile. */
   expire(h: IncompleteHold, frame: number): void {
     this.expiring.push({ h, frame });
     if (this.cutting) return;
@@ -242,10 +221,8 @@ export class IncompleteHold {
   }
 
   /**
-   * The connection now holds `bytes` of an incomplete frame (0: none). The deadline starts with the
-   * first byte and is not pushed back by more bytes (a byte-a-second sender is cut off all the same).
-   * False when the total over all connections is now past maxBytes (room could not be made from a
-   * user holding more): the caller closes the connection (and calls release()).
+   * The connection now holds `bytes` of an incomplete frame (0: none). The deadline starts with the first
+   * byte (a byte-a-second sender is cut off all the same). False when the total is past maxBytes: the caller closes.
    */
   set(bytes: number): boolean {
     const before = this.bytes;

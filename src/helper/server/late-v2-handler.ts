@@ -1,9 +1,4 @@
-/**
- * A v2 handler bound after the server serves: a restart serves its handed-over legacy connections
- * first (QEMU's replies need no v2 state) and sets up the v2 service, which restores the state, after
- * (docs/daemon.md "Restarts"). A v2 connection that comes meanwhile is paused, its bytes kept by the
- * stream, and handed to the handler once bound (the v2 connection resumes it).
- */
+/** A v2 handler bound after the server serves (QEMU first: docs/daemon.md "Restarts"); v2 connections wait, paused, until then. */
 import type { V2Handler } from './server.js';
 
 export interface LateV2Handler {

@@ -1,9 +1,4 @@
-/**
- * The listening socket, opened in one place: a path bound here (its checks, a stale file replaced, a
- * live one refused, its mode and group), or an fd bound before (systemd socket activation, the image
- * before a re-exec). Whoever starts the helper opens it (helper/lifecycle/startup.ts); the server
- * adopts it and serves. Connections accepted before serve() wait, paused, and are handed over then.
- */
+/** The listening socket, opened in one place: a path bound here, or an fd bound before; connections wait, paused, until serve(). */
 import fs from 'node:fs';
 import net from 'node:net';
 import type { Logger } from '../../logging/logger.js';
@@ -66,10 +61,7 @@ export class Listener {
     for (const s of this.held.splice(0)) onConnection(s);
   }
 
-  /**
-   * Connections accepted from now on are held again, not served, until serve() is called again (a
-   * restart hands them over unread, or serves them when it is called off).
-   */
+  /** Connections accepted from now on are held again until serve() (a restart hands them over unread). */
   hold(): void {
     this.onConnection = undefined;
     this.onError = undefined;
@@ -92,11 +84,7 @@ export class Listener {
   }
 }
 
-/**
- * THE bind: listens on the path (length and directory checked, a stale socket file replaced, a live
- * one refused; mode and group set with no moment looser than asked) or adopts the fd (it keeps the
- * mode its creator gave it). Throws the cannot-message of listenError.
- */
+/** THE bind: listens on the path (mode and group set with no moment looser than asked) or adopts the fd. */
 export async function openListener(target: ListenTarget, o: ListenOptions = {}): Promise<Listener> {
   // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
   const server = net.createServer({ pauseOnConnect: true });
@@ -154,10 +142,7 @@ function listenError(t: ListenTarget, e: Error): Error {
   return cannotError(`listen on ${t.path}`, err.message);
 }
 
-/**
- * A socket file nobody listens on (a crashed helper's) is removed; a live one, or a file that is not
- * a socket, is left alone and reported.
- */
+/** A socket file nobody listens on (a crashed helper's) is removed; a live one, or not a socket, is reported. */
 async function removeStaleSocket(socketPath: string): Promise<void> {
   let st: fs.Stats;
   try {

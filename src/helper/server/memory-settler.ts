@@ -1,13 +1,7 @@
 /**
- * After a burst of connections closes (a flood that ended), what they used is garbage V8 has not
- * collected yet and free chunks glibc keeps in its heap: RSS would stay at the flood's high-water
- * mark for as long as the daemon idles. So once `threshold` connections have closed and none for
- * `quietMs`, the helper settles its memory: one full GC and malloc_trim(0). Nothing runs while a
- * flood goes on, nor for ordinary traffic (a few connections). Start-up settles once too
- * (settleOnce), when the daemon listens, and that pass also takes the clean file-backed pages out of
- * the page tables (os/mapped-files.ts): what start-up ran and read (most of the node binary's
- * pages) is not needed again. After a flood that would only take out the pages now serving
- * requests, and the requests after it would fault them back in (about 3000 minor faults here).
+ * After a flood of connections ends, RSS would stay at its high-water mark (V8 garbage, glibc's free
+ * chunks): once `threshold` connections have closed and none for `quietMs`, one full GC and
+ * malloc_trim(0). Start-up's pass also drops the clean file pages (docs/daemon.md).
  */
 import v8 from 'node:v8';
 import vm from 'node:vm';
@@ -60,7 +54,6 @@ export class MemorySettler {
     private readonly quietMs = 1000,
   ) {}
 
-  /** One connection closed. */
   closed(): void {
     if (++this.closed_ < this.threshold) return;
     // (a close during the second pass's wait simply pushes it back, as during the quiet wait)

@@ -1,9 +1,4 @@
-/**
- * A connection whose protocol is not known yet: read until its first four bytes choose it
- * (classifyPreamble: the v2 magic, or a legacy request). Its part in a restart in one place: freeze()
- * stops reading and gives the bytes read so far (and what the stream read ahead), thaw() reads again.
- * It is also the connection as the incomplete-frame budget sees it before it is read (Unread).
- */
+/** A connection whose protocol is not known yet: read until its first four bytes choose it; freeze()/thaw() for a restart. */
 import type net from 'node:net';
 import { peerHungUp } from '../../os/libc/sockets.js';
 import { socketFd } from '../../os/peer.js';

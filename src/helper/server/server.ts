@@ -1,9 +1,7 @@
 /**
- * The connections of the listening socket (listener.ts opens it): SO_PEERCRED at accept (close without
- * it), the connection limits (connection-seats.ts), the protocol chosen by the first 4 bytes
- * (preamble.ts), then a v2 connection handed to the v2 handler and a legacy one served by its session
- * (legacy/legacy-session.ts). Each connection is independent: whatever one client sends or does, only
- * its own socket is closed. For a restart: freeze() and adopt() (handover/frozen.ts).
+ * The connections of the listening socket: SO_PEERCRED at accept (close without it), the connection
+ * limits, the protocol chosen by the first 4 bytes, then the v2 handler or a legacy session. Whatever
+ * one client sends or does, only its own socket is closed.
  */
 import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
@@ -23,9 +21,8 @@ import type { ConnectionKeep, FrozenConnection, HandedConnectionFd, Freezable, F
 import { Preamble } from './preamble.js';
 
 /**
- * Takes over a connection that started with the v2 magic. `rest` holds the bytes already received
- * after the magic; the handler attaches its own 'data' listener (ours is removed before the call).
- * `hold` is the connection's account of incomplete-frame bytes (the server releases it at close).
+ * Takes over a connection that started with the v2 magic: `rest`, the bytes received after it; `hold`,
+ * its account of incomplete-frame bytes (released by the server at close).
  */
 export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
 
@@ -37,7 +34,6 @@ export const DEFAULT_MAX_CONNECTIONS = 4096;
 
 /** An admitted connection as the server tracks it until it closes. */
 interface Open {
-  /** The socket accepted (or adopted). */
   socket: net.Socket;
   /** The socket serving it now: the accepted one, or the one that took a legacy connection over. */
   serving: net.Socket;
@@ -53,7 +49,7 @@ interface Open {
 }
 
 export interface HelperServerOptions {
-  /** The listening socket, bound or adopted by whoever started the helper (listener.ts, openListener). */
+  /** The listening socket, bound or adopted (listener.ts). */
   listener: Listener;
   legacy: LegacyService;
   v2Handler?: V2Handler;
@@ -66,20 +62,13 @@ export interface HelperServerOptions {
   incomplete?: IncompleteFrames;
   /** Rate limit of what clients can make the server log (default: one on `logger`). */
   limiter?: LogLimiter;
-  /**
-   * Whether a peer is a preferred owner (root, or the socket's group: every QEMU), bound only by
-   * --max-connections; any other uid holds at most its share of them (budget/uid-share.ts). Default:
-   * every peer is preferred.
-   */
+  /** Whether a peer is a preferred owner, bound only by --max-connections, not by a uid's share; default: every one. */
   preferredPeer?: (peer: PeerCredentials) => boolean;
-  /**
-   * Whether a peer is a QEMU process of the socket's group (discovery/qemu-peer.ts): its first connection
-   * is outside every share and gets a slot whoever holds them (connection-seats.ts). Default: none is.
-   */
+  /** Whether a peer is a QEMU process of the socket's group: its first connection is outside every share; default: none. */
   qemuPeer?: (peer: PeerCredentials) => boolean;
-  /** The start time of a process (null when gone), read for each peer at accept (PeerCredentials.starttime). */
+  /** The start time of a process (null when gone), read for each peer at accept. */
   starttimeOf?: (pid: number) => number | null;
-  /** Holds each connection outside this process from its accept to its close, or until it is v2 (handover/outside-keep.ts). */
+  /** Holds each connection outside this process from its accept to its close, or until it is v2. */
   keep?: ConnectionKeep;
 }
 
@@ -95,18 +84,13 @@ export class HelperServer {
   private readonly sockets = new Set<net.Socket>();
   /** The connections a restart hands over (legacy, or protocol not known yet), each able to stop reading. */
   private readonly freezable = new Set<Freezable>();
-  /**
-   * Past it, a connection is accepted and closed at once (the client sees it closed). Counted here,
-   * not by Node's server.maxConnections, which stops counting a legacy connection once taken over.
-   */
+  /** Past it, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over). */
   private readonly maxConnections: number;
   /** Where legacy replies are written before they are sent (one connection at a time: the loop is single-threaded). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
-  /** The connection slots per user: each uid's share, and the eviction that keeps one user from taking them all. */
   private readonly users: ConnectionSeats;
-  /** Gives memory back to the kernel after many connections closed. */
   private readonly memory = new MemorySettler((before, after, closed) =>
     this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
   );
@@ -139,10 +123,8 @@ export class HelperServer {
   }
 
   /**
-   * For a restart: connections accepted from now on are held unread, and every legacy connection and
-   * every one whose protocol is not known yet stops reading. Returns each with the bytes it read and
-   * did not answer (handover/frozen.ts); `thaw()` serves them all again, as if nothing happened (the
-   * restart was called off). v2 connections are the v2 service's (it tells them the helper restarts).
+   * For a restart: new connections are held unread, and every legacy or undecided one stops reading;
+   * returns each with its unanswered bytes. `thaw()`: the restart was called off. v2 ones are the v2 service's.
    */
   freeze(): Frozen {
     this.o.listener.hold();
@@ -165,11 +147,7 @@ export class HelperServer {
     };
   }
 
-  /**
-   * Serves connections a restart handed over (handover/frozen.ts: checked fds, with what the previous process
-   * read of them): a legacy one goes on from its pending bytes (a request cut by the restart is
-   * answered once its rest arrives), one whose protocol was not known yet is read from its first byte.
-   */
+  /** Serves connections a restart handed over, each from its pending bytes (a request cut by the restart is answered once whole). */
   adopt(handed: readonly HandedConnectionFd[]): void {
     for (const h of handed) {
       // pauseOnCreate: read only once served (the incomplete-frame budget, or the legacy take-over).
@@ -186,10 +164,7 @@ export class HelperServer {
     await closed;
   }
 
-  /**
-   * A connection accepted (or handed over): admitted within the connection limits, then read until
-   * its protocol is known (preamble.ts), or served as legacy at once when handed over as such.
-   */
+  /** A connection accepted (or handed over): admitted within the limits, then read until its protocol is known. */
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
     const admitted = this.admit(socket);
     if (admitted === null) return;
@@ -273,9 +248,8 @@ export class HelperServer {
   /** An admitted connection: its seat, its incomplete-frame account, and what its close releases. */
   private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
     this.sockets.add(socket);
-    // Outside this process from now on: a crash does not take the connection along (docs/daemon.md
-    // "Crashes"). Only root's and QEMU's (a QEMU process's own connection, qemu-peer.ts): another
-    // user's connections cost the keeper or PID 1 nothing, however many it opens.
+    // Outside this process: a crash does not take it along (docs/daemon.md "Crashes"). Only root's and
+    // QEMU's: another user's connections must cost the keeper or PID 1 nothing.
     let kept = owner.preferred || qemuPid !== undefined ? (this.o.keep?.held(socketFd(socket)) ?? null) : null;
     const seat = this.users.seat(
       owner,

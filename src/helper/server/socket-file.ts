@@ -42,11 +42,7 @@ export function checkSocketDirectory(socketPath: string): void {
   if (!st.isDirectory()) throw new Error(cannot(`create socket ${socketPath}`, `${dir} is not a directory`, `choose another path with -k`));
 }
 
-/**
- * Binds through `listen()` under umask 0177, so the file is created 0600 at most whatever the umask
- * was, then sets the asked mode and group (never looser than asked at any moment: 0600 is the
- * tightest mode a client-facing socket can have).
- */
+/** Binds under umask 0177 (created 0600 at most), then sets the asked mode and group: never looser than asked. */
 export async function listenWithMode(socketPath: string, o: SocketFileOptions, listen: () => Promise<void>): Promise<void> {
   const old = process.umask(0o177);
   try {

@@ -1,8 +1,4 @@
-/**
- * The open v2 connections and what the service knows of each beyond its framing: who it is for the
- * visibility rule (its Viewer, fixed at connect) and whether it HOST_SUBSCRIBEd, with which layout.
- * The sampling loop is held while at least one connection is a host subscriber.
- */
+/** The open v2 connections: who each is for the visibility rule, and whether it HOST_SUBSCRIBEd. */
 import type { Viewer } from './vm-registry.js';
 
 /** What the service sends to a client; V2Connection is one. */

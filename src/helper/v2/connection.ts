@@ -1,16 +1,9 @@
 /**
- * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame is answered
- * with ERROR 1 and the connection is closed (docs/protocol.md); a well-framed bad request gets its ERROR and the
- * connection goes on. Everything sent goes through sendReply(), which disconnects a client that lets
- * more than `maxBacklogBytes` pile up unread, so a client cannot grow the helper's memory. One
- * sample's frames (a batch) are not counted against a client until the next sample: a client is slow
- * when what it left unread from before a sample is over the limit, not when one sample's burst is
- * (exceedsBacklog(); docs/protocol-v2.md, "Limits").
- *
- * A reply with file descriptors leaves in one sendmsg (the host's sendWithFds) once the stream has
- * nothing queued before it: until then it waits, and so does every frame sent after it, so the client
- * reads frames in the order they were sent. Its fds are released (closed by their sender) once sent,
- * or once the connection is gone without sending them (reply.ts).
+ * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame gets ERROR 1 and
+ * a close (docs/protocol.md); a bad request gets its ERROR and the connection goes on. A client that
+ * lets more than `maxBacklogBytes` pile up unread is disconnected (exceedsBacklog; docs/protocol-v2.md
+ * "Limits"). A reply with fds leaves in one sendmsg once nothing is queued before it; the frames
+ * after it wait, so the client reads them in order.
  */
 import type net from 'node:net';
 import type { Logger } from 'pino';
@@ -47,12 +40,7 @@ const NOTHING = Buffer.alloc(0);
 
 export class V2Connection {
   private readonly decoder = new FrameDecoder(CLIENT_TYPES);
-  /**
-   * Bytes read and not decoded yet (this turn's budget was spent: request-turns.ts), from `offset`:
-   * frames are decoded one at a time as they are handled, so a read of thousands of pipelined
-   * requests is not made thousands of objects at once (one read's bytes at most, as the socket is
-   * paused until they are all handled).
-   */
+  /** Bytes read and not decoded yet, from `offset`: frames are decoded one at a time as they are handled. */
   private unparsed: Buffer = NOTHING;
   private offset = 0;
   /** The socket is paused until the bytes read are handled. */
@@ -96,9 +84,8 @@ export class V2Connection {
   }
 
   /**
-   * The client can still be written to. A socket destroyed (the peer gone, EPIPE) closes only later:
-   * each write meanwhile made a Node error with its stack (1.4 s of CPU for a client pipelining
-   * thousands of requests and hanging up, docs/security.md "The socket's group locking QEMU out").
+   * The client can still be written to: a destroyed socket closes only later, and each write meanwhile
+   * makes a Node error with its stack (docs/security.md "The socket's group locking QEMU out").
    */
   get open(): boolean {
     return !this.closing && !this.gone && !this.socket.destroyed;
@@ -109,10 +96,7 @@ export class V2Connection {
     return this.sendReply({ frame });
   }
 
-  /**
-   * Queues a reply (a frame with fds goes in one sendmsg once nothing is queued before it); false when
-   * the client is gone or was just disconnected for its backlog (its fds are released then).
-   */
+  /** Queues a reply; false when the client is gone or was just disconnected for its backlog (its fds released). */
   sendReply(reply: Reply): boolean {
     if (!this.open) return this.drop(reply);
     const backlog = this.socket.writableLength + this.waitingBytes;
@@ -139,13 +123,7 @@ export class V2Connection {
     return true;
   }
 
-  /**
-   * Runs `fn`, whose send()s leave together: the socket is corked meanwhile, so one sample's
-   * UPDATEs to a connection watching hundreds of VMs take one system call instead of one each
-   * (and wake the client once). What the batch queues is one sample's burst: the backlog limit
-   * applies to what was unsent before it, and the burst is allowed on top of the limit until the
-   * next batch (exceedsBacklog).
-   */
+  /** Runs `fn` corked, so one sample's UPDATEs take one system call; its bytes are one sample's burst (exceedsBacklog). */
   batch(fn: () => void): void {
     const outer = this.burst;
     if (outer === null) this.burst = 0;
@@ -193,13 +171,9 @@ export class V2Connection {
   }
 
   /**
-   * Handles the queued frames within the turn's budget (request-turns.ts), the socket paused until
-   * all are handled. A client that pipelines requests without reading their replies waits for
-   * itself: past maxPendingReplyBytes unsent, nothing more of it is handled (nor read)
-   * until the stream drains, as for legacy clients. Before, it was answered up to its backlog limit,
-   * then disconnected with thousands of small writes queued (one Node error each at the close), and
-   * reconnected to do it again: seconds of the loop a new QEMU waited behind (docs/security.md,
-   * "The socket's group locking QEMU out").
+   * Handles the queued frames within the turn's budget (request-turns.ts), the socket paused until all
+   * are handled. Past maxPendingReplyBytes unsent, nothing more is handled (nor read) until the stream
+   * drains (docs/security.md "The socket's group locking QEMU out").
    */
   private drain(): void {
     while (this.offset < this.unparsed.length) {
@@ -223,10 +197,7 @@ export class V2Connection {
     this.paused = false;
   }
 
-  /**
-   * The next whole frame of the bytes read, or null when they end inside one (the decoder keeps it):
-   * the decoder is given no more than the rest of the frame it is in, so it completes one at a time.
-   */
+  /** The next whole frame of the bytes read, or null when they end inside one (the decoder keeps it). */
   private nextFrame(): DecodeResult | null {
     while (this.offset < this.unparsed.length) {
       const n = Math.min(this.decoder.bytesToFrameEnd, this.unparsed.length - this.offset);
@@ -340,11 +311,8 @@ export class V2Connection {
 }
 
 /**
- * The slow-reader rule: a client is disconnected when a frame would take its unsent bytes (`after`,
- * this frame included) past `limit` plus `allowance`: the bytes of one sample's burst (the batch
- * running now, this frame included, or else the last one). So within a sample, only what the
- * client left unread from earlier counts; between samples, one sample's worth is allowed on top.
- * A connection then holds at most `limit` plus one sample's frames.
+ * The slow-reader rule: a frame that takes the unsent bytes (`after`) past `limit` plus one sample's
+ * burst (the batch running now, or else the last one) disconnects the client.
  */
 function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
   return after > limit + allowance;

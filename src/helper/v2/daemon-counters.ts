@@ -9,10 +9,7 @@ export interface HealthSource {
   connections(): number;
 }
 
-/**
- * HOST_UPDATE's stats. Without a health source (the v2 service alone) the legacy counts are 0 and
- * the connections are the v2 ones, `v2Connections`.
- */
+/** HOST_UPDATE's stats; without a health source (the v2 service alone) legacy counts 0, connections the v2 ones. */
 export function daemonCounters(
   health: HealthSource | undefined,
   sampling: SamplingStats,

@@ -1,9 +1,6 @@
 /**
- * Discovery glue: the VMs the /proc scan finds become VMs of the service. A VM is admitted when its
- * threads fit the fd budget and its owner's share of it, and its threads' files open (else deferred:
- * discovery offers it again later, and the warning is logged, rate-limited); a discovered process a
- * client registered already only gains its name and UUID (one process, one VM). Each sample refines
- * a discovered VM's vCPU list from its threads' names, unless a registrant's list stands.
+ * The VMs the /proc scan finds become VMs of the service, when their threads fit the fd budget (else
+ * deferred, offered again later); a registered process only gains its name and UUID.
  */
 import type { Logger } from 'pino';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
@@ -38,11 +35,7 @@ export class DiscoveredVms {
     this.vmLog = p.vmLog ?? vmLogLimiter(p.log);
   }
 
-  /**
-   * Before each sample: the same, in slices of at most SLICE_BUDGET_MS (sampling/time-slices.ts), each
-   * VM admitted as it is found, clients served between slices. Resolves once the scan is done (or
-   * `stopped` says so), for the sample to follow.
-   */
+  /** Before each sample: the scan in slices, clients served between them; resolves once done (or `stopped`). */
   async scanInSlices(stopped: () => boolean): Promise<void> {
     await runInSlices(this.p.discovery.scanSteps(), (d) => d !== null && this.admit(d), { stopped });
   }

@@ -1,8 +1,6 @@
 /**
- * What each sample sends, and to whom: every connection watching VMs gets their UPDATEs, then a host
- * subscriber its HOST_UPDATE, all of one sample in one write per connection. Each frame is encoded
- * once per sample, however many connections get it. Also the two other messages sent without a
- * request: the last UPDATE of a VM being dropped, and the one notice of a sampling outage.
+ * What each sample sends, and to whom, each frame encoded once however many get it; and the messages
+ * sent without a request (a dropped VM's last UPDATE, a sampling outage's notice).
  */
 import { E, T, encodeError } from '../../protocol/v2/codec.js';
 import { unwatch, type Clients, type Subscriber } from './clients.js';

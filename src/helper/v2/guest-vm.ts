@@ -1,8 +1,4 @@
-/**
- * What the guest side reads of the v2 service: a live VM as guest energy needs it (found by its
- * process, with its vCPUs and attributed energy), and what the guest directories (src/guest-dir/,
- * docs/guest.md) read: every VM known with its UUID, name and owner, and its statistics copy.
- */
+/** What the guest side reads of the v2 service: a live VM for guest energy, and every VM for the guest directories. */
 import type { GuestDirSource } from '../../guest-dir/guest-dirs.js';
 import { peerInGroup } from '../../os/peer.js';
 import type { StatsFiles } from './stats-files.js';

@@ -1,8 +1,4 @@
-/**
- * Host energy accounting for HOST_UPDATE: per host package since sampling started, its energy and the
- * part of it attributed to no VM, and the time of the last sample. Plain numbers in, plain data out:
- * state() is what a restart would carry, and a HostEnergy made with it goes on from there.
- */
+/** Host energy for HOST_UPDATE: per package since sampling started, its energy and the part no VM got. */
 import type { HostValues, DaemonCounters } from '../../protocol/v2/codec.js';
 import type { OtherDomain } from '../../model/domains.js';
 import { microjoules, type PackageInterval } from '../../ratio/outputs.js';
@@ -38,11 +34,7 @@ export class HostEnergy {
   private readonly domainOf = new Map<number, Map<OtherDomain, DomainTotals>>();
   private tNs = 0n;
 
-  /**
-   * Every package of the host, and every other domain counter it reads (HostInfo.domains), starts at
-   * zero (HOST_UPDATE lists each from the start), or where `from` left off. A domain of `from` the host
-   * no longer reads is dropped.
-   */
+  /** Every package and domain counter starts at zero, or where `from` left off (a domain no longer read is dropped). */
   constructor(packages: readonly number[], from?: HostEnergyState, domains: readonly { pkg: number; domain: OtherDomain }[] = []) {
     for (const pkg of packages) this.totals.set(pkg, { energyJ: 0, unattributedJ: 0 });
     for (const d of domains) this.domainTotalsOf(d.pkg, d.domain);
@@ -93,10 +85,7 @@ export class HostEnergy {
     }));
   }
 
-  /**
-   * HOST_UPDATE's values; per-package unattributed energy only when `perPackage`, the other domains'
-   * totals (µJ) only when `domains` (then always, empty when the host reads only the package).
-   */
+  /** HOST_UPDATE's values; per-package unattributed energy only when `perPackage`, the domains' totals only when `domains`. */
   values(vmsChanged: boolean, perPackage: boolean, stats: DaemonCounters, domains = false): HostValues {
     let unattributedJ = 0;
     for (const k of this.totals.values()) unattributedJ += k.unattributedJ;
@@ -122,10 +111,7 @@ export class HostEnergy {
   }
 }
 
-/**
- * Adds an interval's energy and the part of it no VM got. Never negative in an interval (attributed
- * can pass energy only by float rounding), so the cumulative value never goes back.
- */
+/** Adds an interval's energy and the part no VM got, never negative (attributed passes energy only by rounding). */
 function addInterval(k: { energyJ: number; unattributedJ: number }, i: { energyJ: number; attributedJ: number }): void {
   k.energyJ += i.energyJ;
   k.unattributedJ += Math.max(0, i.energyJ - i.attributedJ);

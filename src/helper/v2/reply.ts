@@ -1,9 +1,6 @@
 /**
- * What a request is answered with: one frame, and the file descriptors that go with it, if any
- * (SCM_RIGHTS, attached to the frame's first byte). A reply's fds stay the sender's: the connection
- * calls release() exactly once, when they went out (the kernel holds its own copies in the message)
- * or never will (the client is gone), and release() closes them. Whoever builds a reply with fds
- * (the handler that opened or duplicated them) closes them there, so no fd leaks on either path.
+ * What a request is answered with: one frame, and maybe fds (SCM_RIGHTS). A reply's fds stay the
+ * sender's: the connection calls release() exactly once, sent or not, so no fd leaks on either path.
  */
 import type net from 'node:net';
 
@@ -21,9 +18,7 @@ export function frameReply(frame: Buffer): Reply {
 }
 
 /**
- * Sends `frame` with `fds` in one sendmsg(2) on the socket's fd, SCM_RIGHTS attached to its first byte.
- * Called only while the socket's stream has nothing queued (so frames stay in order). Returns the bytes
- * of `frame` the kernel took (at least 1: the fds went with them); the connection writes the rest
- * through the stream. Throws (an Error whose message says why, e.g. EAGAIN, EPIPE) when nothing was sent.
+ * Sends `frame` with `fds` in one sendmsg(2), only while nothing is queued on the stream; returns the
+ * bytes the kernel took (at least 1; the rest goes through the stream); throws when nothing was sent.
  */
 export type SendWithFds = (socket: net.Socket, frame: Buffer, fds: readonly number[]) => number;

@@ -1,11 +1,7 @@
 /**
- * How many v2 requests the daemon answers, all connections together, in one turn of the event loop
- * before it lets the loop go round (docs/security.md, "The socket's group locking QEMU out"). Node
- * accepts one new connection per turn of its loop, and reads every readable connection in it: a
- * client pipelining thousands of requests in each read (STATS_FD, LIST, ...) over many connections
- * made every turn tens of ms long, so new connections, QEMU's among them, waited in the listen
- * backlog for seconds. A connection past the turn's budget is paused and goes on in the next turn
- * (V2Connection.drain); QEMU's legacy requests are not counted.
+ * How many v2 requests the daemon answers in one turn of the event loop, all connections together:
+ * Node accepts one connection per turn, so long turns keep QEMU in the listen backlog (docs/security.md,
+ * "The socket's group locking QEMU out"). Legacy requests are not counted.
  */
 
 /** v2 requests answered per turn of the event loop, all connections together. */

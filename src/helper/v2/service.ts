@@ -1,10 +1,6 @@
 /**
- * The v2 service (V2Service): the entry point the daemon wires in, and the owner of its parts, made
- * once each (makeParts). The daemon's server hands it every connection that starts with the v2 magic;
- * the sampling loop's ticks run its interval(), which calls every step of a sample down in order; a
- * restart asks it to freeze() and for its snapshot(), and the next process makes it from the snapshot
- * (restore.ts). Its parts, each with one job, are listed in docs/daemon.md "Inside the v2 service".
- * The wire rules are in docs/protocol.md; the choices where they are silent in docs/protocol-v2.md.
+ * The v2 service: the owner of its parts (docs/daemon.md "Inside the v2 service"). Wire rules:
+ * docs/protocol.md; the choices where they are silent: docs/protocol-v2.md.
  */
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../model/host.js';
@@ -60,9 +56,9 @@ export type { FdAdmitter, V2Limits, HealthSource };
 export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
-interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'interval'> {
+export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'interval'> {
   host: HostInfo;
-  /** Which energy source the sampler reads: stated in the host statistics file (absent: not stated). */
+  /** The energy source stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
   engine?: Engine;
   procRoot: string;
@@ -72,40 +68,25 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'inte
   /** --observer-group: its members see every VM and may HOST_SUBSCRIBE. */
   observerGid?: number;
   health?: HealthSource;
-  /**
-   * The daemon's fd budget: a REGISTER whose process's threads would not fit is refused (ERROR 4), a
-   * discovered VM that would not fit is not tracked (retried later).
-   */
+  /** The daemon's fd budget: a REGISTER that would not fit is refused (ERROR 4), a discovered VM is retried later. */
   fds?: FdAdmitter;
-  /**
-   * Opens what sampling `pid` needs now (ProcTaskReader.read), so the fds a VM takes are taken, and
-   * counted, at REGISTER; throws when they cannot be (the REGISTER is refused).
-   */
+  /** Opens (and counts) the fds sampling `pid` takes, at REGISTER; throws when it cannot (REGISTER refused). */
   openPid?: (pid: number) => void;
   /** Whether a pid was not sampled whole at the last sample (ProcTaskReader.notWhole): LIST's NOT_WHOLE. */
   notWhole?: (pid: number) => NotWhole | null;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
-  /** Sends a reply that carries fds in one sendmsg with SCM_RIGHTS (reply.ts; the daemon wires socket-fd-sender.ts). */
+  /** Sends a reply with fds in one sendmsg with SCM_RIGHTS (socket-fd-sender.ts). */
   sendWithFds?: SendWithFds;
-  /**
-   * Live state saved by a previous process (service.snapshot()): every part starts from it, or, when
-   * it is refused (another host, a rebooted host, inconsistent values), the service starts fresh and
-   * `restored` says why. docs/daemon.md "Restart state".
-   */
+  /** A previous process's snapshot(); when refused the service starts fresh and `restored` says why (docs/daemon.md "Restart state"). */
   restore?: StateSnapshot;
-  /**
-   * How long a restored registration waits for a connection to take it over (a REGISTER of the same
-   * process) before it is released as if its connection had closed; default RESTORED_REGISTRATION_WAIT_MS.
-   */
+  /** How long a restored registration waits for a REGISTER of its process; default RESTORED_REGISTRATION_WAIT_MS. */
   restoreWaitMs?: number;
   /** --guest-dir: each VM's powercap-shaped tree and statistics file in DIR/<uuid>/ (docs/guest.md); absent: none. */
   guestDir?: string;
   /**
-   * --guest-energy exact: QEMU's MSR_PKG_ENERGY_STATUS answered from each VM's guest counters
-   * (helper/guest/guest-energy.ts), carried by snapshot(); `maxThreads` bounds a VM's thread reads;
-   * `answer` binds QEMU's requests to them and says which QEMUs were answered 0 meanwhile (the
-   * restore then resynchronises those). Absent: raw.
+   * --guest-energy exact (guest-energy.ts; absent: raw). `answer` binds QEMU's requests to it and says
+   * which QEMUs were answered 0 meanwhile (the restore resynchronises those).
    */
   guestEnergy?: {
     maxThreads: number;
@@ -121,10 +102,9 @@ interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'inte
   powerLimits?: { open: BandwidthOpener; adminGid?: number; file?: string };
 }
 
-/** The message of ERROR RESTARTING. */
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
-/** The parts the service owns, each with one job (docs/daemon.md "Inside the v2 service"). */
+/** The parts the service owns (docs/daemon.md "Inside the v2 service"). */
 interface V2Parts {
   engine: Engine;
   registry: VmRegistry;
@@ -136,9 +116,7 @@ interface V2Parts {
   discovered?: DiscoveredVms;
   whole?: WholeVms;
   stats: StatsFiles;
-  /** --guest-dir's trees (guest-dir/), when on. */
   guests?: GuestDirs;
-  /** --guest-energy exact's guest counters, when on. */
   guestEnergy?: GuestEnergy;
   powerLimits?: PowerLimiter;
   /** --power-limits FILE, as read at this start. */
@@ -150,12 +128,7 @@ interface V2Parts {
   vmLog: ReturnType<typeof vmLogLimiter>;
 }
 
-/**
- * The service, made and, with `restore`, restored (restore.ts): the restored discovered VMs'
- * threads are read again in slices of at most SLICE_BUDGET_MS (hundreds of VMs take hundreds of ms,
- * and the daemon serves QEMU's legacy requests meanwhile: docs/daemon.md "Where the time goes").
- * Nothing else sees the service until it resolves.
- */
+/** The service, restored from `restore` in slices (restore.ts; docs/daemon.md "Where the time goes"). */
 export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const engine = o.engine ?? new RatioEngine(o.host);
   const proc = procView(o.procRoot);
@@ -187,7 +160,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   return service;
 }
 
-/** The statistics files (stats-files.ts): each VM's and the host's, written once per sample. */
+/** Each VM's and the host's statistics files, written once per sample. */
 function makeStatsFiles(
   o: V2ServiceOptions,
   registry: VmRegistry,
@@ -218,11 +191,7 @@ function makeStatsFiles(
   });
 }
 
-/**
- * --guest-energy exact's answers (helper/guest/guest-energy.ts), on the host's topology and the
- * guest's energy unit (the engine's: QEMU passes the host's unit to its guests); VMs found by their
- * process in the registry.
- */
+/** --guest-energy exact, in the engine's energy unit (QEMU passes the host's unit to its guests). */
 function exactGuestEnergy(
   o: V2ServiceOptions,
   g: NonNullable<V2ServiceOptions['guestEnergy']>,
@@ -263,19 +232,6 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
   return { limiter, mayLimit };
 }
 
-/** Discovery's VMs (discovered-vms.ts), when the daemon discovers. */
-function discoveredVms(
-  o: V2ServiceOptions,
-  registry: VmRegistry,
-  sampling: SamplingService,
-  vmLog: ReturnType<typeof vmLogLimiter>,
-  changed: () => void,
-): DiscoveredVms | undefined {
-  if (!o.discovery) return undefined;
-  const openPid = o.openPid ? { openPid: o.openPid } : {};
-  return new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, vmLog, ...openPid, changed });
-}
-
 /** Each part once, from the restore plan when there is one. */
 function makeParts(
   o: V2ServiceOptions,
@@ -305,7 +261,9 @@ function makeParts(
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
   const limiter = new LogLimiter(o.log);
   const changed = () => lifecycle.markChanged();
-  const discovered = discoveredVms(o, registry, sampling, vmLog, changed);
+  const discovered =
+    o.discovery &&
+    new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, vmLog, openPid: o.openPid, changed });
   const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
@@ -350,11 +308,7 @@ function makeParts(
   };
 }
 
-/**
- * The v2 service: its connections (the handler the server hands them to), its parts, the per-sample
- * flow (sampled), and its part in a restart: freeze() (ERROR RESTARTING, registrations kept),
- * snapshot() (the live state), and a service made from a snapshot (V2ServiceOptions.restore).
- */
+/** The v2 service: its connections, its parts, the per-sample flow, and freeze()/snapshot() for a restart. */
 export class V2Service {
   /** The server hands it every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
@@ -362,7 +316,7 @@ export class V2Service {
   /** While restarting: connections closed keep their registrations (the snapshot carries them). */
   private restarting = false;
   private readonly orphaned: number[] = [];
-  /** The interval's checkpoint step: where the live state goes (checkpointTo); null: nowhere. */
+  /** Where the live state goes after each sample (checkpointTo); null: nowhere. */
   private checkpoint: ((state: StateSnapshot | Error) => void) | null = null;
   /** startDiscovery()'s waits for the end of an interval. */
   private readonly intervalWaits: (() => void)[] = [];
@@ -373,7 +327,7 @@ export class V2Service {
     private readonly p: V2Parts,
     /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
     readonly restored: Result<RestoreReport> | null,
-    /** The release of restored registrations still waiting for their connection (restore.ts; cleared at close). */
+    /** The release of restored registrations still waiting for their connection. */
     private readonly restoredWait?: NodeJS.Timeout,
   ) {
     this.connectionHost = {
@@ -386,12 +340,7 @@ export class V2Service {
     this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
   }
 
-  /**
-   * One interval: every step called from here, in order (docs/architecture.md "Following a sample"): the
-   * /proc scan (in slices, clients served between them: discovered-vms.ts), the sample (in slices),
-   * discovery's refine of its stat lines (new threads classified before the engine takes them; a throw
-   * fails the sample), the engine's attribution, the trace, then the consumers and the checkpoint.
-   */
+  /** One interval, every step in order (docs/architecture.md "Following a sample"). */
   interval(t: TickInfo): void {
     const { sampling, discovered, fanOut } = this.p;
     if (!sampling.begin()) return;
@@ -423,10 +372,7 @@ export class V2Service {
     );
   }
 
-  /**
-   * The consumers of a sample the engine took, in order (a crash restores nothing older than what a
-   * client is told next: the checkpoint before the fan-out). A new consumer is one line here.
-   */
+  /** The consumers of a sample, in order: the checkpoint before the fan-out (a crash restores nothing older than what a client was told). */
   private consume(ev: SampleEvent): void {
     const { energy, lifecycle, whole, fanOut, stats, guests, sampling, guestEnergy } = this.p;
     try {
@@ -479,11 +425,7 @@ export class V2Service {
     conn.log.debug({ vms: vms.length }, 'v2 connection closed');
   }
 
-  /**
-   * Starts the /proc scans of a service made with deferDiscovery. Resolves once the first interval
-   * with discovery on has run (its scan and its sample, or the sample's failure); at once when
-   * discovery is off or the service is closed.
-   */
+  /** Starts the /proc scans (deferDiscovery); resolves once the first interval with discovery has run. */
   startDiscovery(): Promise<void> {
     if (!this.o.discovery || this.closed) return Promise.resolve();
     const firstInterval = new Promise<void>((resolve) => this.intervalWaits.push(resolve));
@@ -492,11 +434,9 @@ export class V2Service {
   }
 
   /**
-   * The helper restarts (docs/daemon.md "Restarts"): every connection gets ERROR RESTARTING (request
-   * type 0) and is closed, and its registrations stay, to be saved in the snapshot and taken over by
-   * the client's REGISTER after the restart. New connections are closed at once. `drained`: every
-   * connection told is closed (its ERROR sent, or the client gone); `thaw()`: the restart was called
-   * off, the registrations of the connections closed for it are released as at a close.
+   * A restart (docs/daemon.md "Restarts"): every connection gets ERROR RESTARTING and is closed, its
+   * registrations kept for the snapshot. `drained`: every connection told is closed; `thaw()`: the
+   * restart was called off, those registrations are released as at a close.
    */
   freeze(): { readonly drained: boolean; thaw(): void } {
     this.restarting = true;
@@ -513,11 +453,7 @@ export class V2Service {
     };
   }
 
-  /**
-   * The live state as one snapshot (VM ids, names, registrations, per-VM and host totals, discovery,
-   * the last sample), for the next process to restore. Taken between samples: a sample runs to its end
-   * before anything else runs. Throws when a value breaks the snapshot's rules (encodeState's check).
-   */
+  /** The live state for the next process, taken between samples; throws when a value breaks the snapshot's rules. */
   snapshot(): StateSnapshot {
     const { registry, sampling, energy, engine, guestEnergy, powerLimits } = this.p;
     const state = capture(
@@ -533,10 +469,7 @@ export class V2Service {
     return this.p.guestEnergy;
   }
 
-  /**
-   * The interval's checkpoint step (null: none): `to` (the crash keep, handover/outside-keep.ts) gets the
-   * live state, or why it cannot be taken, now and after every sample before any client is told of it.
-   */
+  /** `to` (the crash keep) gets the live state, or why not, now and after every sample before any client is told. */
   checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void {
     this.checkpoint = to;
     to?.(this.liveState());
@@ -589,10 +522,5 @@ export class V2Service {
   /** Registered VMs (the --max-vms count). */
   get vms(): number {
     return this.p.registry.size;
-  }
-
-  /** Every VM known: registered and discovered, ended ones not yet dropped. */
-  get knownVms(): number {
-    return this.p.registry.total;
   }
 }

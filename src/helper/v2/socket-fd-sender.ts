@@ -1,8 +1,4 @@
-/**
- * The SendWithFds the daemon wires into its connections (reply.ts): one sendmsg(2) on the socket's own
- * fd with the reply's fds in SCM_RIGHTS, non-blocking, so a client that does not read never blocks the
- * event loop (EAGAIN throws, and the connection drops that client as it drops any that does not read).
- */
+/** One non-blocking sendmsg(2) with the reply's fds in SCM_RIGHTS: a client that does not read never blocks the loop (EAGAIN throws). */
 import { MSG_DONTWAIT, sendFds } from '../../os/libc/sockets.js';
 import { socketFd } from '../../os/peer.js';
 import type { SendWithFds } from './reply.js';

@@ -1,13 +1,6 @@
 /**
- * The statistics files (docs/stats-fd.md): one per VM a reader asked for, and one of the host, each a
- * PublishedFile (a sealed memfd mapped by the daemon alone) written once per sample whatever the
- * number of readers, through the seqlock of SampleBlock. A file is made at the first STATS_FD of its
- * VM and kept while the VM is known; when the VM ends it is written a last time (ended = 1) and no
- * more; when the VM is dropped the daemon closes its own fd and mapping, and readers keep theirs.
- * When a VM's vCPU list changes shape (count of vCPUs or virtual packages), its file is written a
- * last time with replaced = 1 and a new one is made for the next STATS_FD.
- * A VM's file is also written straight into its guest's statistics file (copy(), docs/guest.md) with
- * the same values in the same sample: a published VM nobody asked STATS_FD of has no memfd.
+ * The statistics files (docs/stats-fd.md): one per VM a reader asked for (or a guest's copy,
+ * docs/guest.md), and the host's, each written once per sample whatever the number of readers.
  */
 import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { Logger } from 'pino';
@@ -32,7 +25,6 @@ import { emptyVmTotals, type VmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { VmStatsFile, type FinishCause, type VmStatsCopy } from './vm-stats-file.js';
 
-/** What the files read of the sampling loop. */
 type StatsSampling = Pick<SamplingService, 'engine' | 'running'>;
 
 interface StatsFilesParts {
@@ -50,12 +42,9 @@ interface StatsFilesParts {
   energySourceCode?: number;
   /** The VM caps and the fd budget now, for the host file; its null parts are left out of the file. */
   capacity?: () => HostCapacity;
-  /**
-   * The other RAPL domains' totals per package (HostEnergy.domainsUj): every domain the host reads,
-   * from the start (the host file is laid out with the ones there when it is made). Absent: none.
-   */
+  /** The other RAPL domains' totals per package (the host file is laid out with the ones there when made). */
   hostDomains?: () => NonNullable<HostStatsValues['domains']>;
-  /** --guest-energy exact: a VM's guest energy against its exact energy, and its garbage (J), undefined while it is not exact. */
+  /** --guest-energy exact's figures of a VM, undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
   /** Power limits (VmStatsReads.powerLimit): absent, the files have no power limit descriptors. */
   powerLimit?: (vmId: number) => PowerLimitView[];
@@ -105,11 +94,7 @@ export class StatsFiles {
     return ok(made.value);
   }
 
-  /**
-   * VM `vmId`'s file written straight into memory the caller maps (the guest's statistics file,
-   * docs/guest.md): `map` gets the file's bytes now and returns its writable shared mapping, written
-   * at each sample from then on, with the memfd when a reader asked for one. Null for no such VM.
-   */
+  /** VM `vmId`'s file written into the shared mapping `map` returns (the guest's file), from now on; null for no such VM. */
   copy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): VmStatsCopy | null {
     const f = this.vmFile(vmId);
     if (f === null) return null;
@@ -169,10 +154,7 @@ export class StatsFiles {
     this.release(f, 'ended');
   }
 
-  /**
-   * The daemon stops: every file is written a last time with next_sample_monotonic 0 (no sample is
-   * coming) and let go. `ended` is not set: the VMs did not end, the helper did.
-   */
+  /** The daemon stops: every file written a last time with next_sample_monotonic 0, not `ended` (the helper ended, not the VMs). */
   close(): void {
     for (const f of [...this.vms.values()]) this.release(f, 'stopped');
     if (this.host) this.host.block.write((b) => b.setNumber(b.slot('next_sample_monotonic'), 0));

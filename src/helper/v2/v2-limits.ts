@@ -1,8 +1,4 @@
-/**
- * The v2 service's limits and their defaults, in a module of their own: the command line shows and
- * applies them without loading the service, which the daemon loads once it serves QEMU (docs/daemon.md
- * "Where the time goes").
- */
+/** The v2 service's limits, in a module of their own: the command line reads them without loading the service. */
 import { MAX_VCPUS } from '../../model/vcpus.js';
 
 export interface V2Limits {

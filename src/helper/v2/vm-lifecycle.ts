@@ -1,9 +1,4 @@
-/**
- * How a VM leaves: dropped (whoever watches it gets a last UPDATE with ENDED), released by its
- * registrant (a live discovered VM goes on as discovered, any other is dropped), ended with its
- * process (frozen; a discovered one is kept ENDED_DISCOVERED_KEPT_SAMPLES samples, then dropped).
- * Also keeps the "VMs changed" flag HOST_UPDATE carries, set by every arrival and departure.
- */
+/** How a VM leaves (dropped, released, ended), and the "VMs changed" flag HOST_UPDATE carries. */
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import type { VmRegistry } from './vm-registry.js';

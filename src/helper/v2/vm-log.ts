@@ -1,11 +1,6 @@
 /**
- * How the daemon's log lines name a VM, and how often they may. A VM is `vm: { name, uuid, pid, uid }`
- * (name and UUID from its command line, as `virsh list` and `virsh domuuid` show them), never
- * top-level `pid` or `name`: those are pino's own (the daemon's pid, the logger's name), so `jq .pid`
- * is always the daemon's. Lines any local user can cause by starting processes that look like QEMU
- * ("VM discovered", "VM ended", "VM discovered but not sampled") go through a LogLimiter:
- * VM_LOG_BURST lines per kind per window (DEFAULT_LOG_WINDOW_MS), then a count when the window ends
- * or the daemon stops.
+ * How the daemon's log lines name a VM (`vm: { name, uuid, pid, uid }`, never top-level `pid` or
+ * `name`: pino's own), and how often: lines any local user can cause go through a LogLimiter.
  */
 import type { Logger } from 'pino';
 import { formatUuid } from '../../common/uuid.js';
@@ -14,7 +9,6 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 /** Lines of one kind ("VM discovered", "VM ended", ...) logged per window before they are counted instead. */
 export const VM_LOG_BURST = 20;
 
-/** What a log line says of a VM. */
 interface VmLogFields {
   name: string | null;
   uuid: string | null;

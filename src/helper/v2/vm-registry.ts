@@ -1,7 +1,4 @@
-/**
- * Who may register what, and how much: the v2 permission rule (docs/protocol.md) and the service's
- * limits. No sockets; /proc is read through a ProcView so the rule itself is plain logic.
- */
+/** Who may register what, and how much: the v2 permission rule (docs/protocol.md) and the service's limits. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { fail, ok, type Result } from '../../common/result.js';
@@ -16,7 +13,6 @@ import type { FdAdmission, FdUsage } from '../../budget/fd-budget.js';
 import { cannot } from '../../common/errors.js';
 import type { V2Limits } from './v2-limits.js';
 
-/** What the rule needs from /proc. */
 interface ProcView {
   /** uid owning /proc/<pid>, or null when the process does not exist. */
   ownerUid(pid: number): number | null;
@@ -48,15 +44,9 @@ export function procView(procRoot: string): ProcView {
         return null;
       }
     },
-    isThreadOf(pid, tid) {
-      return tidBelongsTo(procRoot, pid, tid);
-    },
-    starttime(pid) {
-      return readStarttime(procRoot, pid);
-    },
-    name(pid) {
-      return readQemuName(procRoot, pid);
-    },
+    isThreadOf: (pid, tid) => tidBelongsTo(procRoot, pid, tid),
+    starttime: (pid) => readStarttime(procRoot, pid),
+    name: (pid) => readQemuName(procRoot, pid),
     threads(pid) {
       try {
         const n = statNumThreads(readProcFile(path.join(procRoot, String(pid), 'stat')));
@@ -132,21 +122,16 @@ export interface Viewer {
   seesAll: boolean;
 }
 
+const sees = (v: Viewer, r: VmRecord): boolean => v.seesAll || r.uid === v.uid || r.owner === v.connId;
+
 export class VmRegistry {
   private readonly vms = new Map<number, VmRecord>();
   private readonly byOwner = new Map<number, Set<number>>();
-  /**
-   * pid -> vmId of its registration, live or ended: one registration per pid at a time, so a trace's
-   * "unregister <pid>" always names exactly one VM (docs/protocol-v2.md).
-   */
+  /** pid -> vmId of its registration, live or ended: one per pid, so a trace's "unregister <pid>" names one VM. */
   private readonly byPid = new Map<number, number>();
   /** pid -> vmId of the live discovered VM of that pid. */
   private readonly discoveredByPid = new Map<number, number>();
-  /**
-   * Registrations carried over a restart whose connection is not here (its owner number names a
-   * connection of the old process): a REGISTER of the same process takes one over, or the service
-   * releases it (docs/daemon.md "Restart state").
-   */
+  /** Registrations carried over a restart waiting for a REGISTER of their process (docs/daemon.md "Restart state"). */
   private readonly awaiting = new Set<number>();
 
   constructor(
@@ -198,17 +183,16 @@ export class VmRegistry {
     if (this.proc.starttime(pid) !== start) return no('process-gone', `process ${pid} exited during registration`);
     const other = this.byPid.get(pid);
     const waiting = other === undefined ? undefined : this.vms.get(other);
+    const spec: VmSpec = { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) };
     // A registration a restart carried over, of this very process: the new connection takes it over.
     if (waiting !== undefined && this.awaiting.has(waiting.vmId) && waiting.live && waiting.starttime === start) {
-      const spec: VmSpec = { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) };
       if (waiting.name !== null) spec.name = waiting.name;
       return ok({ spec, uid: owner_uid, attachTo: waiting.vmId });
     }
     if (other !== undefined) {
-      const why = this.vms.get(other)?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
+      const why = waiting?.live ? 'is already registered' : 'still has an ended registration (a reused pid)';
       return no('limit', `process ${pid} ${why} (vm_id ${other}); unregister it first`);
     }
-    const spec: VmSpec = { pid, starttime: start, vcpus: req.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg })) };
     // REGISTER carries no name; QEMU's -name (libvirt's domain name) is what the host knows.
     const name = this.proc.name(pid);
     if (name !== undefined) spec.name = name;
@@ -246,9 +230,7 @@ export class VmRegistry {
     this.awaiting.delete(vmId);
     r.owner = owner;
     r.wholeVmOnly = false;
-    let set = this.byOwner.get(owner);
-    if (!set) this.byOwner.set(owner, (set = new Set()));
-    set.add(vmId);
+    this.joinOwner(owner, vmId);
     this.byPid.set(spec.pid, vmId);
     return r;
   }
@@ -285,13 +267,13 @@ export class VmRegistry {
 
   canSee(v: Viewer, vmId: number): boolean {
     const r = this.vms.get(vmId);
-    return r !== undefined && (v.seesAll || r.uid === v.uid || r.owner === v.connId);
+    return r !== undefined && sees(v, r);
   }
 
   /** Every VM `v` may see, ascending id, from `fromId` on. */
   visible(v: Viewer, fromId: number): VmRecord[] {
     const out: VmRecord[] = [];
-    for (const r of this.vms.values()) if (r.vmId >= fromId && (v.seesAll || r.uid === v.uid || r.owner === v.connId)) out.push(r);
+    for (const r of this.vms.values()) if (r.vmId >= fromId && sees(v, r)) out.push(r);
     return out.sort((a, b) => a.vmId - b.vmId);
   }
 
@@ -329,6 +311,12 @@ export class VmRegistry {
     this.vms.delete(vmId);
   }
 
+  private joinOwner(owner: number, vmId: number): void {
+    let set = this.byOwner.get(owner);
+    if (!set) this.byOwner.set(owner, (set = new Set()));
+    set.add(vmId);
+  }
+
   private leaveOwner(owner: number, vmId: number): void {
     const set = this.byOwner.get(owner);
     set?.delete(vmId);
@@ -340,19 +328,14 @@ export class VmRegistry {
     return [...this.awaiting];
   }
 
-  /**
-   * Takes back what state() gave, on an empty registry: the records and the indexes that follow from
-   * them. Every registration waits for its connection (awaitingConnection()). Throws when not empty.
-   */
+  /** Takes back what state() gave, on an empty registry; every registration waits for its connection. */
   restore(records: readonly VmRecord[]): void {
     if (this.vms.size > 0) throw new Error('only an empty registry can be restored');
     for (const rec of records) {
       const r: VmRecord = { ...rec, uuid: rec.uuid && Buffer.from(rec.uuid) };
       this.vms.set(r.vmId, r);
       if (r.owner !== null) {
-        let set = this.byOwner.get(r.owner);
-        if (!set) this.byOwner.set(r.owner, (set = new Set()));
-        set.add(r.vmId);
+        this.joinOwner(r.owner, r.vmId);
         this.byPid.set(r.pid, r.vmId);
         this.awaiting.add(r.vmId);
       }
@@ -364,10 +347,7 @@ export class VmRegistry {
     return [...(this.byOwner.get(owner) ?? [])];
   }
 
-  /**
-   * Every VM as plain data, ascending id (copies: changing them changes nothing here). The indexes
-   * (by owner, by pid, discovered by pid) follow from the records, so this is the registry's whole state.
-   */
+  /** Every VM as plain copies, ascending id: the indexes follow from the records, so this is the whole state. */
   state(): VmRecord[] {
     return [...this.vms.values()].map((r) => ({ ...r, uuid: r.uuid && Buffer.from(r.uuid) })).sort((a, b) => a.vmId - b.vmId);
   }

@@ -1,10 +1,6 @@
 /**
- * One VM's statistics file (docs/stats-fd.md "A VM's file") as the daemon writes it: its values,
- * refilled in place at each sample (nothing allocated per VM and sample), written through the seqlock
- * of SampleBlock into every copy of the file there is: the sealed memfd STATS_FD hands out (made at
- * the VM's first STATS_FD) and the guest's file in its directory (docs/guest.md, mapped by the guest
- * directories and written here directly: one page per VM and sample, no second file copied from).
- * Every copy has the same layout and gets the same values and the same sequence of writes.
+ * One VM's statistics file (docs/stats-fd.md "A VM's file"): its values, refilled in place at each
+ * sample, written into every copy there is (the STATS_FD memfd, the guest's file) alike.
  */
 import { fitLength } from '../../common/fit-length.js';
 import type { PublishedFile } from '../../os/published-file.js';
@@ -24,14 +20,13 @@ import { emptyVmTotals, type VmInterval, type VmTotals } from '../../ratio/outpu
 import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { OtherDomain } from '../../model/domains.js';
 
-/** What a VM's file reads of the daemon. */
 interface VmStatsReads {
   sampling: Pick<SamplingService, 'engine'>;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
   realtimeOf(tNs: bigint): bigint;
   /** CLOCK_MONOTONIC at which the sample after the one at `tNs` is expected (0: none is). */
   nextOf(tNs: bigint): bigint;
-  /** --guest-energy exact: a VM's guest energy against its exact energy, and its garbage (J), undefined while it is not exact. */
+  /** --guest-energy exact's figures of a VM, undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
   /** Power limits: a VM's limits (one per domain), empty when it has none. */
   powerLimit?: (vmId: number) => PowerLimitView[];
@@ -64,7 +59,7 @@ export class VmStatsCopy {
 
   constructor(
     readonly shape: VmStatsShape,
-    /** The file's values are written from these (VmStatsFile's, refilled in place at each sample): the guest's tree takes its own from them. */
+    /** The file's values (refilled in place at each sample): the guest's tree takes its own from them. */
     readonly totals: VmTotals,
     readonly block: SampleBlock,
     private readonly onClose: (c: VmStatsCopy) => void,
@@ -165,11 +160,7 @@ export class VmStatsFile {
     return this.totals.energyUj.length === shape.nvpkg && this.totals.vcpus.length === shape.nvcpu;
   }
 
-  /**
-   * One sample's values (read() just before) into every copy: the whole sample, or, when the VM's
-   * totals did not change since every copy was written (an idle interval), its times and power alone
-   * (the rest of the file holds them already). Exact mode's guest energy moves on its own: always whole.
-   */
+  /** One sample's values into every copy: when the totals did not move (an idle interval, not exact mode), its times and power alone. */
   write(): void {
     const whole = this.totals.changes !== this.writtenAt || this.p.guest !== undefined;
     if (whole) this.refill();

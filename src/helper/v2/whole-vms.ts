@@ -1,8 +1,6 @@
 /**
- * Which live VMs were not sampled whole (the task reader kept fewer threads than the process has:
- * over its fd share, or the helper out of fds; budget/vm-fd-shares.ts): after each sample, each live
- * VM's record says so (LIST's NOT_WHOLE flag), a change makes LIST worth asking again, and a VM
- * that stops being sampled whole is logged, rate-limited.
+ * Which live VMs were not sampled whole (over their fd share, or the helper out of fds): LIST's
+ * NOT_WHOLE flag, and a warning, rate-limited, when a VM stops being sampled whole.
  */
 import type { NotWhole } from '../../os/proc-tasks.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
@@ -17,7 +15,6 @@ interface WholeVmsParts {
   changed(): void;
 }
 
-/** The fix named in the log, per cause. */
 const FIX: Record<NotWhole['why'], string> = {
   share:
     "threads it started past its share of the helper's fds are not counted, until it ends: raise --max-vm-threads (one VM) or the open-file limit (LimitNOFILE=, every share)",
