@@ -1,12 +1,7 @@
 /**
- * The exposition. The per-VM families (thousands of series) are rendered by VmExposition from
- * label text escaped once per VM; every other family is a prom-client metric in a Registry of our
- * own (never the global one) whose collect() reads the EnergyBook. Both read the book at scrape
- * time, so a scrape shows it as it is at that moment and nothing is updated between scrapes. All
- * values are in base units (joules, watts, seconds).
- *
- * One registry per exposition format: prom-client renames a counter object in place when it renders
- * OpenMetrics, so the two formats cannot share metric objects; both read the same book.
+ * The exposition, read from the EnergyBook at scrape time: the per-VM families by VmExposition, every
+ * other one a prom-client metric in a Registry of our own. One registry per format: prom-client
+ * renames a counter object in place when it renders OpenMetrics, so the formats cannot share metrics.
  */
 import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import type { EnergyBook } from './energy-book.js';
