@@ -251,13 +251,9 @@ export class V2Client {
   }
 
   /**
-   * Host-wide values after every sample: each package's energy and the part of it attributed to no
-   * VM, the energy attributed to no VM on all packages, and the helper's health. Resolves with the
-   * immediate update. Needs root or the observer group (ERROR 2). A helper that predates per-package
-   * unattributed energy refuses the flag asking for it (ERROR 1, the connection stays): the
-   * subscription is then made without it, and every package's `unattributedUj` is null. With `domains`,
-   * the other RAPL domains' energy per package too (HostUpdate.domains), dropped first the same way by
-   * a helper that predates them.
+   * Host-wide values after every sample (each package's energy and unattributed part, the helper's
+   * health); resolves with the immediate update. Needs root or the observer group (ERROR 2). Flags an
+   * older helper refuses are dropped, `domains` first, then per-package unattributed energy (then null).
    */
   async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<HostUpdate> {
     this.hostSub = { onUpdate, onError };
@@ -411,8 +407,7 @@ export class V2Client {
 
   /**
    * Requests made in the same tick leave in one write, so the helper handles them with no sample in
-   * between (e.g. final READs and their UNREGISTER under Promise.all). One Buffer, not cork(): a
-   * corked stream still splits its buffer when a write is in flight at uncork.
+   * between. One Buffer, not cork(): a corked stream still splits it when a write is in flight.
    */
   private enqueue(bytes: Buffer): void {
     this.outbox.push(bytes);
