@@ -37,9 +37,7 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
   program.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
   program.helpOption('-h, --help', 'display this help and exit');
   program.showSuggestionAfterError(true);
-  // Options after a subcommand are that subcommand's: `record --interval 0.5` is record's interval,
-  // parsed by record, not the daemon's. Values given before the subcommand still reach it via
-  // commandOptions().
+  // Options after a subcommand are that subcommand's; values given before it reach it via commandOptions().
   program.enablePositionalOptions();
   configureDaemonCommand(program);
   if (withSubcommands) for (const load of Object.values(SUBCOMMANDS)) (await load())(program);
@@ -57,10 +55,8 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
 
 /**
  * The root command is the daemon and takes no operand, so commander would read a mistyped command
- * (`vmsr-helper export`) as one stray argument ("too many arguments"). The root takes the words and
- * refuses them itself as commander refuses an unknown command: "unknown command 'export'" and, with
- * showSuggestionAfterError, "(Did you mean exporter?)". Set after the subcommands exist, so they do
- * not inherit it.
+ * (`vmsr-helper export`) as a stray argument: the root refuses it as commander refuses an unknown
+ * command, with its suggestion. Set after the subcommands exist, so they do not inherit it.
  */
 function rejectUnknownCommands(program: Command): void {
   program.allowExcessArguments(true);
@@ -82,10 +78,8 @@ const CLOSED_PIPE_STATUS = 141;
 
 /**
  * Every command ends quietly when its stdout closes (`vmsr-helper watch VM | head -1`), as `cat` does:
- * no stack trace, status 141. Node ignores SIGPIPE, so the write fails with EPIPE instead. A command
- * that runs until a signal (watch, stats, demo, record, the exporter, the daemon) is stopped as by
- * SIGTERM (its handler told SIGPIPE), so it cleans up (the demo stops its children); any other exits at once. Returns whether
- * the pipe closed, for the status at the end. Any other write error ends the command with status 1.
+ * status 141 (Node ignores SIGPIPE, so the write fails with EPIPE). A command that runs until a signal
+ * is stopped as by SIGTERM, so it cleans up; any other exits at once. Returns whether the pipe closed.
  */
 function endQuietlyOnClosedStdout(): () => boolean {
   let closed = false;

@@ -1,8 +1,6 @@
 /**
- * THE examples of the commands, and the layout of `--help`: the top-level help lists the commands
- * first, each with its example, then the daemon's options (the root command is the daemon); each
- * command's own help ends with its example. The man page and the bash completion (man-page.ts,
- * completion.ts) are made from the same commander definitions, so none of them can drift.
+ * THE examples of the commands, and the layout of `--help`: the commands first, each with its example,
+ * then the daemon's options; each command's own help ends with its example.
  */
 import { Help, type Command } from 'commander';
 
@@ -29,10 +27,7 @@ export function exampleOf(cmd: Command): string | undefined {
   return cmd.name() in COMMAND_EXAMPLES ? COMMAND_EXAMPLES[cmd.name()] : cmd.parent === null ? DAEMON_EXAMPLE : undefined;
 }
 
-/**
- * Sets the layout: call once every command exists (commander copies help settings into commands
- * made after this, which none are).
- */
+/** Sets the layout: call once every command exists (commander copies help settings only into later commands). */
 export function configureHelpLayout(program: Command): void {
   for (const cmd of program.commands) {
     const example = exampleOf(cmd);

@@ -1,8 +1,4 @@
-/**
- * THE option set of the commands: the host options (--msr-path, --proc-root, --sys-root, --vendor),
- * the sampling interval and its bounds, the v2 limits, and the argument parsers. Each refuses bad
- * text with a message naming the flag.
- */
+/** THE option set of the commands and the argument parsers; each refuses bad text naming the flag. */
 import path from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import { DEFAULT_GUEST_DIR } from '../guest-dir/defaults.js';
@@ -23,9 +19,8 @@ import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestE
 import { DEFAULT_MAX_VM_THREADS } from '../budget/vm-fd-shares.js';
 
 /**
- * The longest sampling interval we accept. A package's 32-bit energy counter wraps every
- * 2^32 x 2^-ESU J: with ESU 16 (common on AMD) that is 65 kJ, about 5 minutes at 200 W. One wrap in an
- * interval is recovered (mod 2^32); two are not, so intervals stay far below the wrap time.
+ * The longest sampling interval: a 32-bit energy counter wraps every 2^32 x 2^-ESU J (ESU 16, common
+ * on AMD: 65 kJ, about 5 minutes at 200 W); one wrap in an interval is recovered, two are not.
  */
 const MAX_INTERVAL_S = 60;
 /** The shortest sampling interval: below 10 ms a deadline rounds to nothing. */
@@ -101,10 +96,9 @@ export const listenAddressArg: (text: string) => ListenAddress = argOf(parseList
 export const metricsPathArg: (text: string) => string = argOf(checkMetricsPath);
 
 /**
- * A subcommand's options merged with its ancestors', for its action: for each option, the value of the
- * nearest command where the user gave it (command line or environment), else the nearest default. So
- * `record --interval 0.1` is record's 0.1, not the daemon's default 1 (commander's optsWithGlobals()
- * lets an ancestor's default win), and `vmsr-helper --msr-path X record` still reaches record.
+ * A subcommand's options merged with its ancestors': for each, the value of the nearest command where
+ * the user gave it, else the nearest default (commander's optsWithGlobals() lets an ancestor's
+ * default win over `record --interval 0.1`).
  */
 export function commandOptions<T extends object = Record<string, unknown>>(cmd: Command): T {
   const chain: Command[] = [];
@@ -124,19 +118,12 @@ export function commandOptions<T extends object = Record<string, unknown>>(cmd: 
   return out as T;
 }
 
-/**
- * -k on the helper's clients (watch, exporter). Read it with commandOptions(): given before the
- * subcommand, the root (daemon) command's own -k takes it, and both name the same socket.
- */
+/** -k on the helper's clients; read it with commandOptions() (before the subcommand, the root's -k takes it). */
 export function addClientSocketOption(cmd: Command): Command {
   return cmd.option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_HELPER_SOCKET}')`);
 }
 
-/**
- * -v and -q, on the daemon and on the exporter (the two commands that log); levelFromFlags reads
- * them. Given before a subcommand, the root (daemon) command's own take them: read with
- * commandOptions().
- */
+/** -v and -q, on the two commands that log (daemon, exporter); read with commandOptions(). */
 export function addLogLevelOptions(cmd: Command): Command {
   return cmd.option('-v, --verbose', 'log debug messages').option('-q, --quiet', 'log warnings and errors only');
 }
@@ -194,10 +181,7 @@ export function hostOptionsFrom(raw: RawHostOptions): { paths: HostPaths; vendor
   };
 }
 
-/**
- * The host options, on the root (daemon) command and on record. No commander defaults: a value given
- * before 'record' reaches it through commandOptions(), and hostOptionsFrom fills the defaults.
- */
+/** The host options, on the daemon and record; no commander defaults, so one given before 'record' reaches it. */
 export function addHostOptions(cmd: Command): Command {
   return cmd
     .option('--msr-path <template>', `MSR device path, %u = CPU number (default '${DEFAULT_HOST_PATHS.msrPathTemplate}')`)
@@ -206,10 +190,7 @@ export function addHostOptions(cmd: Command): Command {
     .option('--vendor <vendor>', 'CPU vendor: auto|intel|amd (default auto, from /proc/cpuinfo)');
 }
 
-/**
- * --energy-source: where energy comes from, one of ENERGY_SOURCE_CHOICES (energy/kinds.ts): a source
- * kind, or auto (energy/choose.ts), the default. On the daemon and record; energySourceFrom reads it.
- */
+/** --energy-source, on the daemon and record: a source kind, or auto (energy/choose.ts). */
 export function energySourceOption(auto = 'msr when an MSR device opens, else powercap'): Option {
   return new Option(
     '--energy-source <source>',
@@ -228,10 +209,7 @@ export function energySourceFrom(value: unknown): EnergySourceChoice {
   return value;
 }
 
-/**
- * --domains: the RAPL domains to read, from ENERGY_DOMAINS (energy/energy-source.ts), comma-separated;
- * default every domain the energy source finds. The package is always read. On the daemon and record.
- */
+/** --domains, on the daemon and record: the RAPL domains to read; the package always. */
 export function domainsOption(): Option {
   return new Option(
     '--domains <list>',
@@ -331,14 +309,12 @@ export interface V2CliOptions {
   maxVmsPerConnection?: number;
   maxVcpus?: number;
   maxBacklog?: number;
-  /** commander's --no-discovery: false when given. */
+  /** false with --no-discovery (and --no-guest-dir). */
   discovery?: boolean;
   observerGroup?: string;
-  /** --domains, parsed. */
   domains?: EnergyDomain[];
   maxDiscoveredVms?: number;
   maxVmThreads?: number;
-  /** --guest-dir; false with --no-guest-dir. */
   guestDir?: string | false;
   guestEnergy?: GuestEnergyMode;
   powerLimits?: string;

@@ -1,9 +1,7 @@
 /**
- * A VM's power limit as `stats` and `watch` show it (docs/power-limits.md "Seen from outside"), read
- * from its statistics file (`power_limit`, `<domain>_power_limit`, `power_limit_cpu_quota`,
- * `power_limited_time`): each domain's limit,
- * whether the helper's quota holds the VM now (throttled) or the VM stays under it (ok), the quota and
- * the time limited.
+ * A VM's power limit as `stats` and `watch` show it, from its statistics file (docs/power-limits.md
+ * "Seen from outside"): each domain's limit, whether the quota holds the VM now, the quota and the
+ * time limited.
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../model/domains.js';

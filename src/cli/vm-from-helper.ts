@@ -1,9 +1,7 @@
 /**
- * `record --vm NAME|UUID|PID`: the VM as the helper's discovery lists it (client/find-vm.ts picks
- * it), and its vCPU threads as discovery reads them here from /proc (thread names `CPU <n>/KVM` and
- * `-smp`), since record samples on its own. The process found here must be the one the helper
- * listed (same pid and start time), so a pid reused in between is refused. Also where the helper
- * says its energy comes from (null: not said to this user), which record then reads too.
+ * `record --vm NAME|UUID|PID`: the VM the helper lists, its vCPU threads read here from /proc (record
+ * samples on its own), refused when the process is not the one listed (a pid reused in between); and
+ * the helper's energy source (null: not said), which record then reads too.
  */
 import { V2Client } from '../client/v2-client.js';
 import { findVm } from '../client/find-vm.js';

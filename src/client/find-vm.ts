@@ -1,18 +1,8 @@
 /**
  * THE rule that turns what a user types (`watch nbvm1`, `record --vm 4242`) into one VM of the
- * helper's LIST: a PID, a UUID or a name, in that order of trust.
- *
- * - All digits: the VM whose process has that pid, when one does. A pid names one live process, and
- *   no other user can take it, so it is the sure way to pick a VM; a VM whose name is all digits is
- *   found by name only when no VM has that pid.
- * - A UUID (8-4-4-4-12 hex, any case): the VMs with that `-uuid`, when any.
- * - Otherwise (or when the above found nothing): the VMs with exactly that name (`-name`, libvirt's
- *   domain name: `virsh list`).
- *
- * A live VM wins over an ended one still listed. More than one left is an error listing each
- * candidate (pid, owner uid, uuid, how it was found), at most MAX_CANDIDATES_SHOWN, and how to pick
- * one: by PID, or by UUID when the UUIDs differ. Names and UUIDs can be copied by any local user (a
- * process named like a real VM), pids cannot.
+ * helper's LIST: a PID, a UUID or a name (`virsh list`), in that order of trust, since any local user
+ * can copy a name or UUID but no one can take a live process's pid. A live VM wins over an ended one
+ * still listed; more than one left is an error listing the candidates and how to pick one.
  */
 import { cannotError } from '../common/errors.js';
 import type { VmInfo } from './v2-replies.js';

@@ -1,17 +1,16 @@
 /** A VM as QEMU describes it over QMP: its vCPU threads, their virtual package, its name. */
-import { QmpClient, type QmpConnectOptions } from './qmp.js';
+import { QmpClient } from './qmp.js';
 import { checkThreadsOf } from '../os/vm-threads.js';
 import { readStarttime } from '../os/proc-starttime.js';
 import { type VcpuSpec, checkVcpus } from '../model/vcpus.js';
 import type { VmSpec } from '../model/vm.js';
 
 /**
- * Asks QEMU over QMP: vCPU threads (query-cpus-fast thread-id, socket-id as vpkg), name (query-name),
- * and the QEMU pid from SO_PEERCRED of the monitor socket, checked against each vCPU thread's Tgid so a
- * socket served by anything but that QEMU is refused.
+ * Asks QEMU over QMP: vCPU threads (socket-id as vpkg), name, and the pid from SO_PEERCRED, checked
+ * against each vCPU thread's Tgid so a socket served by anything but that QEMU is refused.
  */
-export async function vmSpecFromQmp(socketPath: string, procRoot: string, o: QmpConnectOptions = {}): Promise<VmSpec> {
-  const qmp = await QmpClient.connect(socketPath, o);
+export async function vmSpecFromQmp(socketPath: string, procRoot: string): Promise<VmSpec> {
+  const qmp = await QmpClient.connect(socketPath);
   try {
     const pid = qmp.peerCredentials().pid;
     const cpus = await qmp.queryCpus();

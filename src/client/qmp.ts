@@ -22,7 +22,7 @@ export class QmpError extends Error {
   }
 }
 
-export interface QmpConnectOptions {
+interface QmpConnectOptions {
   /** Timeout for connect + greeting + negotiation, and the default per command; default 5000 ms. */
   timeoutMs?: number;
   maxLine?: number;

@@ -1,16 +1,9 @@
 /**
- * A v2 client that outlives helper restarts (docs/daemon.md "Restarts"; docs/protocol-v2.md,
- * "Restarts"). The helper tells every v2 connection ERROR RESTARTING and closes it; its registrations,
- * host VM ids and totals wait for their clients in the state it hands to its next image. This client
- * then connects again (retrying while the helper comes back), REGISTERs each process it had registered
- * (the helper gives back the same vm_id and totals), and SUBSCRIBEs, OBSERVEs and HOST_SUBSCRIBEs
- * again with the same callbacks: the caller sees one stream of updates with the same ids, and no
- * counter going backwards. Any other close (the helper stopped, the connection broke) is resumed the
- * same way, for as long as `resumeForMs`.
- *
- * What it does not carry: a request in flight when the connection closes rejects (the caller may
- * retry it; `ready()` waits for the next connection); statistics fds from before the restart keep the
- * old image's last values: ask for new ones after `onResumed`.
+ * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): after ERROR RESTARTING
+ * or any other close it connects again (retrying for `resumeForMs`), REGISTERs each process again
+ * (same vm_id and totals), and SUBSCRIBEs, OBSERVEs and HOST_SUBSCRIBEs with the same callbacks. A
+ * request in flight at the close rejects; statistics fds keep the old image's last values: ask for
+ * new ones after `onResumed`.
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
@@ -43,7 +36,7 @@ const RESUME_FOR_MS = 60_000;
 const RETRY_FIRST_MS = 25;
 const RETRY_MAX_MS = 1_000;
 
-/** A VM followed by SUBSCRIBE (U = Update) or OBSERVE (U = VmUpdate): made again on each resumption. */
+/** A subscription (SUBSCRIBE, OBSERVE, HOST_SUBSCRIBE), made again on each resumption. */
 interface Follower<U> {
   onUpdate: (u: U) => void;
   onError?: (e: V2Error) => void;
@@ -57,7 +50,7 @@ export class ResumingV2Client {
   private readonly registered = new Map<number, { pid: number; vcpus: readonly VcpuSpec[] }>();
   private readonly subscribed = new Map<number, Follower<Update>>();
   private readonly observed = new Map<number, Follower<VmUpdate>>();
-  private host: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void; options: SubscribeOptions } | null = null;
+  private host: Follower<HostUpdate> | null = null;
   private current: Promise<V2Client>;
   private userClosed = false;
   /** Resolves when the client is closed by close(), or gave up resuming (with why). */

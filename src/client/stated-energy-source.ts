@@ -1,8 +1,6 @@
 /**
- * What the helper states of itself in its host statistics file (docs/stats-fd.md), read once through
- * STATS_FD: where its energy comes from (`energy_source`) and the RAPL domains it reads (the package,
- * and each `<domain>_energy` the file has). The host's file is for root and the observer group: for
- * anyone else, and for a helper that predates the values, the answers are null ("not said").
+ * What the helper states of itself in its host statistics file: its energy source and the RAPL
+ * domains it reads; null ("not said") to whoever may not read the host's file, or from an older helper.
  */
 import { energySourceOfCode, type EnergySourceKind } from '../energy/kinds.js';
 import { OTHER_DOMAINS, type EnergyDomain } from '../model/domains.js';

@@ -1,10 +1,8 @@
 /**
- * A reader of a statistics file (docs/stats-fd.md): the layout is read and checked once (pread), the
- * file is mapped read-only, and every read() is then the generation rule over the mapping: no
- * syscall. readByPread() does the same with pread(2) alone: one pread of the data block and one of
- * the generation, the generation before it being the one the previous read ended with (three preads
- * for the first read, and again after the helper wrote). Both retry while the helper is writing. No lock, no request to the helper, nothing the helper does per reader.
- * The fd comes from V2Client.statsFd; a StatsReader owns it from then on (close() closes it).
+ * A reader of a statistics file (docs/stats-fd.md "Consistent samples"): the layout is read and
+ * checked once, the file mapped read-only, and every read() is then the generation rule over the
+ * mapping, without a syscall (readByPread(): the same with pread(2)). The fd comes from
+ * V2Client.statsFd; a StatsReader owns it from then on (close() closes it).
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
@@ -84,14 +82,6 @@ export class StatsReader {
     }
   }
 
-  get id(): string {
-    return this.layout.id;
-  }
-
-  get descriptors(): readonly PlacedDescriptor[] {
-    return this.layout.descriptors;
-  }
-
   descriptor(name: string): PlacedDescriptor | undefined {
     return this.byName.get(name);
   }
@@ -102,18 +92,13 @@ export class StatsReader {
     return d ? statsScale(d.flags, d.exponent) : 1;
   }
 
-  /**
-   * One whole sample (the same even generation before and after the values), read from the reader's
-   * read-only mapping of the file: an atomic 8-byte load of the generation, a copy of the data block,
-   * the generation again; no syscall. The returned data buffer is reused by the next read: decode it
-   * before reading again.
-   */
+  /** One whole sample, from the mapping; its data buffer is reused by the next read: decode it first. */
   read(): StatsSample {
     if (this.mapped === null) return this.readByPread();
     return this.consistent(this.mapped.generation, this.mapped.copy);
   }
 
-  /** The same as read(), with pread(2) only (docs/stats-fd.md "Consistent samples"): two preads, three after a write. */
+  /** The same as read(), with pread(2) only: two preads, three after a write. */
   readByPread(): StatsSample {
     return this.consistent(this.preadGeneration, this.preadValues);
   }

@@ -1,23 +1,8 @@
 /**
  * v2 client library: what `vmsr-helper watch`, the tests and a VMM embedding the protocol use.
  * Replies come back in request order; UPDATEs (and ERROR 5 notices for subscriptions) may arrive
- * at any time in between and go to the subscription's callbacks.
- *
- * Replies that carry an fd (SCM_RIGHTS; the coming STATS_FD): Node reads a socket with read(2), which
- * keeps the bytes and lets the kernel close any fd that came with them, so a reply carrying an fd must
- * never reach Node's reading. The socket is read through net's `onread` option, which hands every
- * chunk to this client as libuv reads it: nothing waits in a Readable buffer, and pause() stops
- * libuv's reading at once (readStop). A request that expects an fd (requestWithFd) pauses the socket
- * before its frame is written, so its reply cannot have been read yet; from then on the client reads
- * with recvmsg(2) on a duplicate of the socket's fd, watched by a libuv poll handle, asking for no more
- * than the rest of the current frame (FrameDecoder.bytesToFrameEnd). Every frame then starts at the
- * start of a read, and an fd, which the kernel hands over with the first byte of the message it was
- * sent with, belongs to the frame starting in that read. The helper must send such a frame as one
- * sendmsg whose first byte is the frame's first (SCM_RIGHTS at most one fd). Once no request waits for
- * an fd, the duplicate is closed and Node reads again. Limits: frames read this way cost two recvmsg
- * each (header, payload), acceptable for the rare fd request; an fd that comes with any other frame,
- * or with bytes that do not start a frame, is closed and the connection dropped as broken; fds that
- * arrive while Node reads are closed by the kernel unseen (a helper sending one unasked loses it).
+ * at any time in between and go to the subscription's callbacks. How a reply's fd stays paired with
+ * its frame (onread, then recvmsg on a duplicate fd): docs/stats-fd.md "How the client reads the fd".
  */
 import type { EnergyDomain } from '../model/domains.js';
 import fs from 'node:fs';
@@ -237,7 +222,8 @@ export class V2Client {
   ): Promise<Update> {
     this.subs.set(vmId, sub);
     try {
-      return toUpdate(replyOf(await this.withFallback(type, vmId, o.domains === true, frame), T.UPDATE));
+      const frames = o.domains === true ? [frame(true), frame(false)] : [frame(false)];
+      return toUpdate(replyOf(await this.withFallback(type, frames, vmId), T.UPDATE));
     } catch (e) {
       this.subs.delete(vmId);
       throw e;
@@ -245,16 +231,17 @@ export class V2Client {
   }
 
   /**
-   * `type` with its domain flag when `domains`, and again without it when the helper refuses the flag
-   * (ERROR 1: a helper that predates the other domains; the connection stays).
+   * `type` with each of `frames` in turn while the helper refuses a flag of it (ERROR 1: a helper that
+   * predates the flag; the connection stays).
    */
-  private async withFallback(type: number, vmId: number, domains: boolean, frame: (domains: boolean) => Buffer): Promise<HelperMessage> {
-    if (!domains) return this.call(type, frame(false), vmId);
-    try {
-      return await this.call(type, frame(true), vmId);
-    } catch (e) {
-      if (!(e instanceof V2Error && e.code === E.MALFORMED && e.requestType === type)) throw e;
-      return this.call(type, frame(false), vmId);
+  private async withFallback(type: number, frames: readonly Buffer[], vmId?: number): Promise<HelperMessage> {
+    for (let i = 0; ; i++) {
+      try {
+        return await this.call(type, frames[i]!, vmId);
+      } catch (e) {
+        const refused = e instanceof V2Error && e.code === E.MALFORMED && e.requestType === type;
+        if (!refused || i === frames.length - 1) throw e;
+      }
     }
   }
 
@@ -264,31 +251,16 @@ export class V2Client {
   }
 
   /**
-   * Host-wide values after every sample: each package's energy and the part of it attributed to no
-   * VM, the energy attributed to no VM on all packages, and the helper's health. Resolves with the
-   * immediate update. Needs root or the observer group (ERROR 2). A helper that predates per-package
-   * unattributed energy refuses the flag asking for it (ERROR 1, the connection stays): the
-   * subscription is then made without it, and every package's `unattributedUj` is null. With `domains`,
-   * the other RAPL domains' energy per package too (HostUpdate.domains), dropped first the same way by
-   * a helper that predates them.
+   * Host-wide values after every sample (each package's energy and unattributed part, the helper's
+   * health); resolves with the immediate update. Needs root or the observer group (ERROR 2). Flags an
+   * older helper refuses are dropped, `domains` first, then per-package unattributed energy (then null).
    */
   async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<HostUpdate> {
     this.hostSub = { onUpdate, onError };
     try {
-      const tries = [{ perPackage: true, domains: true }, { perPackage: true }, { perPackage: false }].filter(
-        (t) => o.domains === true || !t.domains,
-      );
-      let m: HelperMessage | undefined;
-      for (const [i, t] of tries.entries()) {
-        try {
-          m = await this.call(T.HOST_SUBSCRIBE, encodeHostSubscribe(t));
-          break;
-        } catch (e) {
-          const refused = e instanceof V2Error && e.code === E.MALFORMED && e.requestType === T.HOST_SUBSCRIBE;
-          if (!refused || i === tries.length - 1) throw e;
-        }
-      }
-      const { type: _t, ...u } = replyOf(m!, T.HOST_UPDATE);
+      const tries = [...(o.domains === true ? [{ perPackage: true, domains: true }] : []), { perPackage: true }, { perPackage: false }];
+      const frames = tries.map((t) => encodeHostSubscribe(t));
+      const { type: _t, ...u } = replyOf(await this.withFallback(T.HOST_SUBSCRIBE, frames), T.HOST_UPDATE);
       return u;
     } catch (e) {
       this.hostSub = null;
@@ -345,9 +317,8 @@ export class V2Client {
 
   /**
    * Sends a request whose reply comes with exactly one fd (SCM_RIGHTS); resolves with the reply and
-   * the fd, which the caller then owns. An ERROR reply rejects as for any request. A reply of the
-   * right type without its fd rejects (the connection stays usable); an fd with any frame that is not
-   * the reply awaited breaks the connection. How the fd stays paired with its frame: the module comment.
+   * the fd, which the caller then owns. A reply without its fd rejects (the connection stays usable);
+   * an fd with any frame that is not the reply awaited breaks the connection.
    */
   requestWithFd(type: number, frame: Buffer): Promise<ReplyWithFd> {
     if (this.failure) return Promise.reject(this.failure);
@@ -370,7 +341,7 @@ export class V2Client {
     });
   }
 
-  /** Stops Node's reading and reads with recvmsg from a duplicate of the socket's fd (module comment). */
+  /** Stops Node's reading and reads with recvmsg from a duplicate of the socket's fd. */
   private startFdReading(): void {
     if (this.fdReader) return;
     const own = socketFd(this.socket);
@@ -436,8 +407,7 @@ export class V2Client {
 
   /**
    * Requests made in the same tick leave in one write, so the helper handles them with no sample in
-   * between (e.g. final READs and their UNREGISTER under Promise.all). One Buffer, not cork(): a
-   * corked stream still splits its buffer when a write is in flight at uncork.
+   * between. One Buffer, not cork(): a corked stream still splits it when a write is in flight.
    */
   private enqueue(bytes: Buffer): void {
     this.outbox.push(bytes);

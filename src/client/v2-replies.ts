@@ -93,14 +93,7 @@ export interface VmInfo {
 }
 
 /** An OBSERVE update: the same values as a SUBSCRIBE update, named by host-wide id. */
-export interface VmUpdate {
-  hostVmId: number;
-  tNs: bigint;
-  ended: boolean;
-  vpkgs: VpkgValue[];
-  /** As Update.domains. */
-  domains?: VmDomainValues[];
-}
+export type VmUpdate = Omit<Update, 'vmId'> & { hostVmId: number };
 
 /**
  * A HOST_UPDATE: each package's energy and, from a helper that sends it, the part attributed to no VM

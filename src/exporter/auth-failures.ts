@@ -1,10 +1,7 @@
 /**
  * How many failed password checks each source may cost the exporter (docs/security.md, "Wrong
- * passwords against the scraper"). A bcrypt check of cost 10 is about 70 ms of CPU; a source (an
- * IPv4 address, an IPv6 /64) whose checks keep failing gets FAILED_CHECKS_BURST of them, then one
- * per FAILED_CHECK_REFILL_MS; past that its requests with credentials not remembered are answered
- * 429 without a check. A check that succeeds costs nothing. The table holds at most MAX_SOURCES
- * sources (the one unseen the longest is forgotten first), so memory does not grow with sources.
+ * passwords against the scraper"): a token bucket per source, 429 without a check once empty; a check
+ * that succeeds costs nothing. At most MAX_SOURCES sources, the one unseen the longest forgotten first.
  */
 import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
 

@@ -1,14 +1,9 @@
 /**
- * HTTP basic authentication against the web configuration's bcrypt hashes. A user and password
- * that matched are remembered (a hash of user, stored hash and password; never the password) so
- * that a scraper pays bcrypt's cost once, not on every scrape, and never waits behind anyone: a
- * remembered password is answered before any queue. A password not remembered costs a bcrypt hash
- * (about 70 ms at cost 10), and wrong ones are what an attacker sends, so: each source has a budget
- * of failed checks (auth-failures.ts; past it, 429 without a check); at most
- * MAX_CONCURRENT_VERIFICATIONS hashes run at once and MAX_WAITING_VERIFICATIONS wait (more: 429),
- * so requests waiting for a hash never hold the connection slots the scraper needs. An unknown user
- * is checked against a dummy hash of the same cost, so the time taken does not tell whether a user
- * exists.
+ * HTTP basic authentication against the web configuration's bcrypt hashes (docs/security.md "Wrong
+ * passwords against the scraper"). A matched password is remembered (a hash, never the password), so
+ * a scraper pays bcrypt once and never waits in a queue; wrong ones cost a per-source budget
+ * (auth-failures.ts) and a bounded queue, so waiting hashes never hold the scraper's connection
+ * slots. An unknown user is checked against a dummy hash, so timing does not tell who exists.
  */
 import { createHash } from 'node:crypto';
 import { bcryptVerify } from '../os/bcrypt.js';

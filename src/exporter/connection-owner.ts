@@ -1,9 +1,7 @@
 /**
- * Whose a connection to the exporter is, for its share of the connection slots (connection-slots.ts):
- * the user holding the other end when it is on this host (sock_diag, src/os/tcp-peer-uid.ts), else
- * the source address as the failed-password limits count it (an IPv4 address, an IPv6 /64). A user's
- * subordinate uids (/etc/subuid, src/os/subordinate-uids.ts) are that user: one owner. Where
- * the kernel refuses sock_diag (a sandbox without netlink), every connection counts by its source.
+ * Whose a connection to the exporter is, for its share of the connection slots: the local user at the
+ * other end (sock_diag; its subordinate uids are that user), else the source address as the
+ * failed-password limits count it (docs/exporter.md "Limits").
  */
 import type { Socket } from 'node:net';
 import { SubordinateUids } from '../os/subordinate-uids.js';

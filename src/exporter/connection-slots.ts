@@ -1,42 +1,18 @@
 /**
- * The exporter's HTTP connection slots, so that connections nobody uses cannot lock out the scraper.
- *
- * Node's own limits do not hold here: `server.maxConnections` refuses new connections once the slots
- * are full, whoever holds them, and Node checks `headersTimeout` and `requestTimeout` only every
- * `connectionsCheckingInterval` (30 s), so an idle or slow-header connection lived 27 to 31 s: 32
- * of them, held by any local user, blocked every scrape. Here each connection has a timer of its
- * own, and a full table makes room:
- *
- *  - a connection with no request in progress (just opened, still sending its headers, or idle
- *    between keep-alive requests) is closed IDLE_MS after it opened or after its last response;
- *  - a request in progress (headers received, response not yet sent) is closed REQUEST_MS after its
- *    headers arrived, however slowly the client reads;
- *  - a request sent before the last one was answered (pipelining) closes the connection, that request
- *    and the ones after it unserved:
- *    one read can carry thousands of them, each a render written to a client that reads nothing,
- *    which kept every scrape waiting (Prometheus sends one request at a time);
- *  - when every slot is taken, a new connection makes room. Its owner is counted with the slots it
- *    holds, and goes: a connection refused its credentials (401, 429: markRefused) and idle; else
- *    the connection idle the longest of an owner holding more (the most first), of the new
- *    connection's own owner, or of an owner holding as many; else a refused one whose refusal is
- *    being written; else the oldest request in progress of the owner holding the most, when it
- *    holds more than the new connection's owner. Otherwise the new connection is closed at once.
- *
- * An owner (connection-owner.ts) is the local user at the other end, or the remote source address:
- * on loopback every local user has the same address, and one user reopening each connection it
- * loses would otherwise evict everyone else's, the scraper's between its connect and its request.
- * Prometheus holds one connection per target: it is evicted only when its own user holds the most.
+ * The exporter's HTTP connection slots, so that connections nobody uses cannot lock out the scraper
+ * (docs/exporter.md "Limits"). Node's `server.maxConnections` refuses new connections whoever holds
+ * the slots, and Node checks its timeouts only every `connectionsCheckingInterval`: here each
+ * connection has timers of its own, a pipelining connection is closed, and a full table makes room
+ * by evicting a connection of the owner (connection-owner.ts) holding the most.
  */
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
 import { ownerToEvict } from '../budget/uid-share.js';
 
+/** Connections at once; how long one may stay idle, and a request take from its headers. */
 interface SlotLimits {
-  /** Connections at once. */
   max: number;
-  /** A connection without a request in progress is closed after this long. */
   idleMs: number;
-  /** A request in progress is closed this long after its headers arrived. */
   requestMs: number;
 }
 
@@ -52,7 +28,7 @@ interface Slot {
   owner: string;
 }
 
-export interface SlotStats {
+interface SlotStats {
   open: number;
   /** Idle connections closed to make room for a new one. */
   evicted: number;
@@ -80,8 +56,7 @@ export class ConnectionSlots {
       const slot = this.slots.get(req.socket);
       if (!slot) return;
       if (slot.inProgress > 0) {
-        // Pipelined: one chunk read can hold thousands of requests, each a render, that the client
-        // never needs to read (Prometheus waits for each response): none of them is served.
+        // Pipelined: one read can hold thousands of requests, each a render the client need not read.
         this.counts.pipelined++;
         this.drop(req.socket);
         return;
@@ -98,11 +73,7 @@ export class ConnectionSlots {
     });
   }
 
-  /**
-   * The request on `socket` was refused its credentials (a wrong password, or too many failed checks
-   * from its source): while idle it is the first to make room, so a flood of wrong passwords over
-   * keep-alive connections evicts itself before a scraper that just connected.
-   */
+  /** The request on `socket` was refused its credentials: while idle it is the first to make room. */
   markRefused(socket: Socket): void {
     const slot = this.slots.get(socket);
     if (slot) slot.refused = true;
@@ -131,9 +102,9 @@ export class ConnectionSlots {
   }
 
   /**
-   * The connection that makes room for a new one of `owner`, or undefined (the rule in the header):
-   * a refused idle one; the oldest idle one of an owner holding more, of `owner` itself, of an owner
-   * holding as many; a refused one being answered; the oldest request of the owner holding the most.
+   * The connection that makes room for a new one of `owner`, or undefined: a refused idle one; the
+   * oldest idle one of an owner holding more, of `owner` itself, of an owner holding as many; a refused
+   * one being answered; the oldest request of the owner holding the most.
    */
   private victimFor(owner: string): Socket | undefined {
     const all = [...this.slots];

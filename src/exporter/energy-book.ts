@@ -1,14 +1,9 @@
 /**
  * The exporter's picture of the host, fed by a v2 connection and read by the metrics at scrape time.
- * Pure state (no I/O, clock injected): which VMs exist, their exporter-side energy totals per
- * virtual package, their power over the last interval, the host packages, the energy no VM got, and
- * the helper's health figures.
- *
- * Series identity is the label set (name, uuid, pid, uid): a VM keeps its series across a daemon restart
- * or a reconnection, and its totals keep growing (see RunningTotal). A different process under the
- * same labels (pid reuse: another starttime) starts its totals afresh: a counter reset. A VM that ends is exposed in one
- * more scrape (so its last value is recorded), then forgotten; when nobody scrapes, it is forgotten
- * after `endedRetentionMs` all the same, so memory stays bounded.
+ * Pure state (no I/O, clock injected). Series identity is the label set (name, uuid, pid, uid): a VM
+ * keeps its series and growing totals across a daemon restart; another process under the same labels
+ * (another starttime) starts afresh. A VM that ends is exposed in one more scrape, then forgotten
+ * (after `endedRetentionMs` when nobody scrapes, so memory stays bounded).
  */
 import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
 import { RunningTotal } from './running-total.js';
@@ -20,11 +15,7 @@ import type { EnergyDomain, OtherDomain } from '../model/domains.js';
 import { wattsOver } from '../common/watts.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 
-/**
- * A VM's energy of the RAPL domains other than the package, in one sample (the helper's statistics
- * file: `<domain>_energy`, `<domain>_power`): per virtual package, cumulative µJ and the power of the
- * helper's last interval (W).
- */
+/** A VM's other RAPL domain in one sample of its statistics file: per vpkg, cumulative µJ and the last interval's W. */
 export interface VmDomainStats {
   domain: OtherDomain;
   energyUj: readonly bigint[];
@@ -46,17 +37,13 @@ export interface VmLimitValues {
   limitedMs: bigint;
 }
 
+/** VMs observed at once (more are skipped, so the series stay bounded); how long an unscraped ended VM stays. */
 interface BookLimits {
-  /** VMs observed at once; more are skipped (counted, logged) so the series count stays bounded. */
   maxExportedVms: number;
-  /** An ended VM that no scrape has seen is forgotten after this long. */
   endedRetentionMs: number;
 }
 
-/**
- * Every VM a daemon with default limits can list (its discovery cap and its registrations), each of up
- * to 256 virtual packages: at most 2 x 256 x 5 + 1 series a VM (five RAPL domains).
- */
+/** Every VM a daemon with default limits can list; each has at most 2 x 256 vpkgs x 5 domains + 1 series. */
 export const DEFAULT_BOOK_LIMITS: BookLimits = {
   maxExportedVms: DEFAULT_MAX_DISCOVERED_VMS + DEFAULT_V2_LIMITS.maxVms,
   endedRetentionMs: 5 * 60_000,
@@ -66,10 +53,7 @@ export interface VmLabels {
   name: string;
   uuid: string;
   pid: string;
-  /**
-   * The uid owning the VM's process, as the daemon read it when it found or registered the VM: what
-   * tells a VM from another user's process wearing its name and UUID (docs/security.md).
-   */
+  /** Its process's owner: what tells a VM from another user's process wearing its name and UUID. */
   uid: string;
 }
 
@@ -126,6 +110,13 @@ function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmLabels {
   return { name: vm.name ?? '', uuid: vm.uuid ?? '', pid: String(vm.pid), uid: String(vm.uid) };
 }
 
+/** What LIST says of a VM that may change under the same id. */
+function takeFlags(r: BookedVm, vm: VmInfo): void {
+  r.source = vm.source;
+  r.wholeVmOnly = vm.wholeVmOnly;
+  r.notWhole = vm.notWhole === true;
+}
+
 /** No power known (a new connection, or the VM ended): every vpkg's watts, of every domain, null. */
 function noWatts(r: BookedVm): void {
   r.watts = r.watts.map(() => null);
@@ -151,9 +142,9 @@ function totalOf<K>(m: Map<K, RunningTotal>, key: K): RunningTotal {
 export class EnergyBook {
   private readonly vms = new Map<string, BookedVm>();
   /**
-   * Ended VMs no longer exposed, kept (at most maxExportedVms, for endedRetentionMs from their end) so that
-   * the same process listed again resumes its totals: after a daemon restart a registered VM is
-   * missing from LIST until its client registers it again, and its series must not restart at 0.
+   * Ended VMs no longer exposed, kept (at most maxExportedVms, for endedRetentionMs) so that the same
+   * process listed again resumes its totals: after a daemon restart a registered VM is missing from
+   * LIST until its client registers it again.
    */
   private readonly resting = new Map<string, BookedVm>();
   private readonly byHostId = new Map<number, BookedVm>();
@@ -185,10 +176,7 @@ export class EnergyBook {
   /** The daemon's VM caps and fd budget, as its host statistics file says; null: not said (or no file). */
   capacity: HelperCapacity | null = null;
 
-  /**
-   * @param nowMs the exporter's clock for retention
-   * @param monotonicNs CLOCK_MONOTONIC, the daemon's sample clock (process.hrtime is the same clock)
-   */
+  /** `nowMs`: the clock for retention; `monotonicNs`: the daemon's sample clock (CLOCK_MONOTONIC, as process.hrtime). */
   constructor(
     private readonly limits: BookLimits = DEFAULT_BOOK_LIMITS,
     private readonly nowMs: () => number = Date.now,
@@ -234,9 +222,7 @@ export class EnergyBook {
       if (bound) {
         named.add(bound);
         // A registration may take over a discovered VM: same id, now registered.
-        bound.source = vm.source;
-        bound.wholeVmOnly = vm.wholeVmOnly;
-        bound.notWhole = vm.notWhole === true;
+        takeFlags(bound, vm);
         if (vm.ended) this.end(bound);
         continue;
       }
@@ -267,8 +253,8 @@ export class EnergyBook {
           labels,
           starttime: vm.starttime,
           source: vm.source,
-          wholeVmOnly: vm.wholeVmOnly,
-          notWhole: vm.notWhole === true,
+          wholeVmOnly: false,
+          notWhole: false,
           hostVmId: null,
           energy: [],
           watts: [],
@@ -282,9 +268,7 @@ export class EnergyBook {
         };
         this.vms.set(r.key, r);
       }
-      r.source = vm.source;
-      r.wholeVmOnly = vm.wholeVmOnly;
-      r.notWhole = vm.notWhole === true;
+      takeFlags(r, vm);
       r.hostVmId = vm.hostVmId;
       r.endedAtMs = null;
       r.seenEnded = false;

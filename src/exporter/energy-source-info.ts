@@ -1,8 +1,6 @@
 /**
- * vmsr_energy_source_info{source="..."} 1: where the energy the exporter serves comes from, so that a
- * dashboard or alert can tell synthetic numbers (no RAPL read) from measured ones. The daemon states
- * it in its host statistics file (`energy_source`, docs/stats-fd.md); when it does not (a daemon that
- * predates it, or no statistics fds), the series is absent rather than a guess.
+ * vmsr_energy_source_info{source="..."} 1, so that a dashboard can tell synthetic numbers from
+ * measured ones; absent, never a guess, when the daemon's host statistics file does not state it.
  */
 import { Gauge, type Registry, type RegistryContentType } from 'prom-client';
 import type { EnergySourceKind } from '../energy/kinds.js';

@@ -1,10 +1,7 @@
 /**
  * The helper's capacity, as its host statistics file states it (docs/stats-fd.md, "The host's file"):
- * each VM cap (`--max-vms` for registrations, `--max-discovered-vms` for discovery) with the VMs that
- * count against it, and its fd budget (fds open, the open-file limit, what a new VM or statistics
- * file may still take). The alerts VmsrHelperVmCapFull, VmsrHelperVmCapNearFull and
- * VmsrHelperFdBudgetFull read these series. A value the file does not hold (a daemon that predates
- * it, discovery off, no statistics fds) has no series: absent, never a guess.
+ * each VM cap with the VMs counted against it, and its fd budget, for the capacity alerts. A value the
+ * file does not hold has no series: absent, never a guess.
  */
 import { Gauge, type Registry, type RegistryContentType } from 'prom-client';
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';

@@ -1,14 +1,9 @@
 /**
  * The exporter's HTTP side (node:http): GET /metrics renders the book in the format the scraper
- * asks for; / names the metrics path; anything else is 404 (405 for other methods). Connection
- * slots with timers of their own (connection-slots.ts), so idle or slow clients cannot lock out the scraper.
- *
- * With a web configuration file (web-config-file.ts): TLS, where each new connection gets the
- * certificate and client certificate policy the file gives at that moment (a renewed certificate
- * applies from the next connection; a TLS handshake has HTTP_IDLE_TIMEOUT_MS); basic authentication (a request without the right
- * password gets 401 and WWW-Authenticate, whatever its path); the file's response headers. A
- * request is authenticated when it gave a right password or a client certificate verified against
- * client_ca_file; --host-series (host-series.ts) decides what an unauthenticated one sees.
+ * asks for; / names the metrics path; anything else is 404 (405 for other methods). With a web
+ * configuration file: TLS as the file is at each new connection, basic authentication, the file's
+ * headers. A request is authenticated by a right password or a verified client certificate;
+ * --host-series (host-series.ts) decides what an unauthenticated one sees.
  */
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';
@@ -17,7 +12,7 @@ import type { EnergyBook } from './energy-book.js';
 import { buildExpositions, negotiateFormat } from './metrics.js';
 import { formatListenAddress, type ListenAddress } from './listen-address.js';
 import { cannot } from '../common/errors.js';
-import { ConnectionSlots, type SlotStats } from './connection-slots.js';
+import { ConnectionSlots } from './connection-slots.js';
 import { ConnectionOwners } from './connection-owner.js';
 import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
 import type { TlsServerConfig } from './web-config.js';
@@ -36,12 +31,6 @@ const HTTP_REQUEST_TIMEOUT_MS = 10_000;
 export interface MetricsServer {
   /** Where it listens (the real port when 0 was asked). */
   address: { host: string; port: number };
-  /** Time the last /metrics render took, in seconds (for the bench and logs). */
-  lastRenderS(): number | null;
-  /** Connection slots: open, evicted, refused, timed out. */
-  slots(): SlotStats;
-  /** TLS handshakes that failed (plain HTTP on a TLS port, a refused client certificate). */
-  tlsFailures(): number;
   close(): Promise<void>;
 }
 
@@ -75,7 +64,6 @@ function serveRequest(
   expositions: ReturnType<typeof buildExpositions>,
   hostSeries: HostSeries,
   metricsPath: string,
-  rendered: (s: number) => void,
 ): (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void {
   return (req, res, byPassword) => {
     const byCert = req.socket instanceof tls.TLSSocket && req.socket.authorized;
@@ -97,11 +85,9 @@ function serveRequest(
     }
     const view = showsHostSeries(hostSeries, byPassword || byCert) ? expositions.withHost : expositions.withoutHost;
     const exposition = view[negotiateFormat(req.headers.accept)];
-    const t0 = process.hrtime.bigint();
     book
       .scrape(() => exposition.render())
       .then((body) => {
-        rendered(Number(process.hrtime.bigint() - t0) / 1e9);
         res.writeHead(200, { 'Content-Type': exposition.contentType, 'Content-Length': Buffer.byteLength(body) });
         res.end(req.method === 'HEAD' ? undefined : body);
       })
@@ -113,9 +99,8 @@ function serveRequest(
 
 /**
  * The request listener: the file's headers, then basic authentication when it has users. A source
- * past its failed checks, or a queue of checks full, gets 429 at once (keep-alive: closing would
- * make both sides pay a TLS handshake, the exporter the dearer half of it). A refused connection
- * is the first evicted when the slots are full (ConnectionSlots.markRefused).
+ * past its failed checks gets 429 on a kept-alive connection (closing would make both sides pay a
+ * TLS handshake, the exporter the dearer half); a refused connection is the first evicted.
  */
 function requestListener(
   web: WebConfigFile | null,
@@ -158,7 +143,7 @@ function requestListener(
  * the next connection. Node's TLS server verifies client certificates and times the handshake;
  * what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
  */
-function tlsFront(web: WebConfigFile, server: http.Server, failed: () => void): net.Server {
+function tlsFront(web: WebConfigFile, server: http.Server): net.Server {
   const tlsServers = new WeakMap<LoadedWebConfig, tls.Server>();
   const tlsServerFor = (loaded: LoadedWebConfig): tls.Server | null => {
     const t = loaded.config.tls;
@@ -167,17 +152,10 @@ function tlsFront(web: WebConfigFile, server: http.Server, failed: () => void): 
     if (s === undefined) {
       s = tls.createServer({ ...loaded.tlsOptions, ALPNProtocols: ['http/1.1'], handshakeTimeout: HTTP_IDLE_TIMEOUT_MS });
       s.on('secureConnection', (socket: tls.TLSSocket) => {
-        if (!clientCertAllowed(t, socket)) {
-          failed();
-          socket.destroy();
-          return;
-        }
-        server.emit('connection', socket);
+        if (clientCertAllowed(t, socket)) server.emit('connection', socket);
+        else socket.destroy();
       });
-      s.on('tlsClientError', (_e, socket: tls.TLSSocket) => {
-        failed();
-        socket.destroy();
-      });
+      s.on('tlsClientError', (_e, socket: tls.TLSSocket) => socket.destroy());
       tlsServers.set(loaded, s);
     }
     return s;
@@ -212,14 +190,11 @@ function listenOn(front: net.Server, listen: ListenAddress): Promise<void> {
 
 export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}): Promise<MetricsServer> {
   const web = opts.web ?? null;
-  let lastRender: number | null = null;
-  let tlsFailures = 0;
   const serve = serveRequest(
     book,
     buildExpositions(book),
     opts.hostSeries ?? DEFAULT_HOST_SERIES,
     opts.metricsPath ?? DEFAULT_METRICS_PATH,
-    (s) => (lastRender = s),
   );
   // Node's own timeouts stay as a second line; ConnectionSlots enforces them per socket.
   const server = http.createServer(
@@ -239,14 +214,11 @@ export async function startMetricsServer(book: EnergyBook, listen: ListenAddress
     owners.ownerOf,
   );
   const withTls = web !== null && web.current().tlsOptions !== null;
-  const front: net.Server = withTls ? tlsFront(web, server, () => tlsFailures++) : server;
+  const front: net.Server = withTls ? tlsFront(web, server) : server;
   await listenOn(front, listen);
   const a = front.address() as AddressInfo;
   return {
     address: { host: a.address, port: a.port },
-    lastRenderS: () => lastRender,
-    slots: () => slots.stats(),
-    tlsFailures: () => tlsFailures,
     close: () =>
       new Promise<void>((resolve) => {
         if (front !== server) front.close();

@@ -7,9 +7,8 @@ import { cannot } from '../common/errors.js';
  */
 
 /**
- * 8677 spells VMSR on a phone keypad. The Prometheus project's default-port list (9100-9999) has been
- * fully allocated since 2023, so any number there already belongs to another exporter that may run on
- * the same host; 8677 lies outside it and is not in /etc/services (netbase's list of well-known ports).
+ * 8677 spells VMSR on a phone keypad; the Prometheus default-port list (9100-9999) is fully allocated,
+ * and 8677 is outside it and not in /etc/services.
  */
 const DEFAULT_EXPORTER_PORT = 8677;
 export const DEFAULT_LISTEN = `127.0.0.1:${DEFAULT_EXPORTER_PORT}`;

@@ -1,16 +1,11 @@
 /**
- * The exposition. The per-VM families (thousands of series) are rendered by VmExposition from
- * label text escaped once per VM; every other family is a prom-client metric in a Registry of our
- * own (never the global one) whose collect() reads the EnergyBook. Both read the book at scrape
- * time, so a scrape shows it as it is at that moment and nothing is updated between scrapes. All
- * values are in base units (joules, watts, seconds).
- *
- * One registry per exposition format: prom-client renames a counter object in place when it renders
- * OpenMetrics, so the two formats cannot share metric objects; both read the same book.
+ * The exposition, read from the EnergyBook at scrape time: the per-VM families by VmExposition, every
+ * other one a prom-client metric in a Registry of our own. One registry per format: prom-client
+ * renames a counter object in place when it renders OpenMetrics, so the formats cannot share metrics.
  */
 import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import type { EnergyBook } from './energy-book.js';
-import { ujToJoules } from './running-total.js';
+import { ujToJoules, type RunningTotal } from './running-total.js';
 import { VmExposition, type ExpositionFormat, type VmFamily } from './vm-exposition.js';
 import { addEnergySourceInfo } from './energy-source-info.js';
 import { addCapacityFamilies } from './helper-capacity.js';
@@ -155,33 +150,60 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat, withHost: boo
   return registry;
 }
 
-function registerHostFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
-  // Every energy series has a RAPL domain: the package's first (the values the families had before
-  // domains came), then each other domain the helper reads.
+type Registers = Registry<RegistryContentType>[];
+
+/** A label-less family of one value read at each scrape; none (not a 0) while `value()` is null. */
+function optional(kind: typeof Counter | typeof Gauge, name: string, help: string, registers: Registers, value: () => number | null): void {
+  new kind({
+    name,
+    help,
+    registers,
+    collect() {
+      clear(this);
+      const v = value();
+      if (v === null) return;
+      if (this instanceof Gauge) this.set(v);
+      else this.inc(v);
+    },
+  });
+}
+
+/** Per host package and RAPL domain: the package's own totals, then each other domain's. */
+function packageCounter(
+  name: string,
+  help: string,
+  registers: Registers,
+  pkgs: Map<number, RunningTotal>,
+  others: Map<string, Map<number, RunningTotal>>,
+): void {
   new Counter({
-    name: METRIC.packageEnergy,
-    help: 'The host package\'s RAPL energy in joules per RAPL domain (domain="package": the package\'s own counter), as the helper measured it, accumulated by the exporter',
+    name,
+    help,
     labelNames: ['package', 'domain'],
     registers,
     collect() {
       this.reset();
-      for (const [pkg, t] of book.packages) this.inc({ package: String(pkg), domain: 'package' }, ujToJoules(t.total));
-      for (const [domain, pkgs] of book.domainPackages)
-        for (const [pkg, t] of pkgs) this.inc({ package: String(pkg), domain }, ujToJoules(t.total));
+      for (const [pkg, t] of pkgs) this.inc({ package: String(pkg), domain: 'package' }, ujToJoules(t.total));
+      for (const [domain, byPkg] of others) for (const [pkg, t] of byPkg) this.inc({ package: String(pkg), domain }, ujToJoules(t.total));
     },
   });
-  new Counter({
-    name: METRIC.packageUnattributedEnergy,
-    help: "The part of the host package's energy the helper attributed to no VM (host processes, idle time), in joules per RAPL domain; per package and domain, with the energy of the VMs that ran on it, it sums to the package's energy",
-    labelNames: ['package', 'domain'],
+}
+
+function registerHostFamilies(book: EnergyBook, registers: Registers): void {
+  packageCounter(
+    METRIC.packageEnergy,
+    'The host package\'s RAPL energy in joules per RAPL domain (domain="package": the package\'s own counter), as the helper measured it, accumulated by the exporter',
     registers,
-    collect() {
-      this.reset();
-      for (const [pkg, t] of book.packageUnattributed) this.inc({ package: String(pkg), domain: 'package' }, ujToJoules(t.total));
-      for (const [domain, pkgs] of book.domainPackageUnattributed)
-        for (const [pkg, t] of pkgs) this.inc({ package: String(pkg), domain }, ujToJoules(t.total));
-    },
-  });
+    book.packages,
+    book.domainPackages,
+  );
+  packageCounter(
+    METRIC.packageUnattributedEnergy,
+    "The part of the host package's energy the helper attributed to no VM (host processes, idle time), in joules per RAPL domain; per package and domain, with the energy of the VMs that ran on it, it sums to the package's energy",
+    registers,
+    book.packageUnattributed,
+    book.domainPackageUnattributed,
+  );
   new Counter({
     name: METRIC.unattributedEnergy,
     help: "Energy of all host packages the helper attributed to no VM (host processes, idle time), in joules per RAPL domain; with every VM's energy it sums to the packages' energy",
@@ -197,9 +219,8 @@ function registerHostFamilies(book: EnergyBook, registers: Registry<RegistryCont
 }
 
 /** The helper's health and the exporter's own, in the order they are exposed. */
-function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
-  registerHelperCounters(book, registers);
-  registerHelperGauges(book, registers);
+function registerHealthFamilies(book: EnergyBook, registers: Registers): void {
+  registerHelperFamilies(book, registers);
   registerConnectionFamilies(book, registers);
   addEnergySourceInfo(registers, () => book.energySource);
   addCapacityFamilies(registers, () => book.capacity);
@@ -213,8 +234,10 @@ function registerHealthFamilies(book: EnergyBook, registers: Registry<RegistryCo
   });
 }
 
-/** What the helper counts and reports in its host updates: legacy requests, samples, failed samples. */
-function registerHelperCounters(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
+/** What the helper reports in its host updates: legacy requests, samples, VMs, connections, the last sample. */
+function registerHelperFamilies(book: EnergyBook, registers: Registers): void {
+  const h = book.health;
+  const counted = (t: RunningTotal) => (book.hasHost ? Number(t.total) : null);
   new Counter({
     name: METRIC.legacyRequests,
     help: "QEMU's legacy MSR requests the helper answered, by result (ok, refused, failed)",
@@ -223,75 +246,47 @@ function registerHelperCounters(book: EnergyBook, registers: Registry<RegistryCo
     collect() {
       this.reset();
       if (!book.hasHost) return;
-      const l = book.health.legacy;
-      this.inc({ result: 'ok' }, Number(l.ok.total));
-      this.inc({ result: 'refused' }, Number(l.refused.total));
-      this.inc({ result: 'failed' }, Number(l.failed.total));
+      for (const result of ['ok', 'refused', 'failed'] as const) this.inc({ result }, Number(h.legacy[result].total));
     },
   });
-  new Counter({
-    name: METRIC.samples,
-    help: 'Samples the helper took (energy and every vCPU thread run time), as it counts them',
+  optional(Counter, METRIC.samples, 'Samples the helper took (energy and every vCPU thread run time), as it counts them', registers, () =>
+    counted(h.samples),
+  );
+  optional(Counter, METRIC.sampleFailures, 'Samples that failed because the energy source could not be read', registers, () =>
+    counted(h.sampleFailures),
+  );
+  optional(
+    Gauge,
+    METRIC.daemonVms,
+    'VMs the helper knows (registered and discovered, ended ones not yet dropped), whether or not this exporter may see them',
     registers,
-    collect() {
-      clear(this);
-      if (book.hasHost) this.inc(Number(book.health.samples.total));
-    },
-  });
-  new Counter({
-    name: METRIC.sampleFailures,
-    help: 'Samples that failed because the energy source could not be read',
+    () => h.daemonVms,
+  );
+  optional(
+    Gauge,
+    METRIC.daemonConnections,
+    "Connections open to the helper daemon (QEMU's and v2 clients, this exporter included)",
     registers,
-    collect() {
-      clear(this);
-      if (book.hasHost) this.inc(Number(book.health.sampleFailures.total));
-    },
-  });
-}
-
-/** The helper's state as of its last report: VMs, connections, the last sample's duration and age. */
-function registerHelperGauges(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
-  new Gauge({
-    name: METRIC.daemonVms,
-    help: 'VMs the helper knows (registered and discovered, ended ones not yet dropped), whether or not this exporter may see them',
+    () => h.daemonConnections,
+  );
+  optional(
+    Gauge,
+    METRIC.sampleDuration,
+    "Time the helper's last sample took (energy and every vCPU thread's run time), in seconds",
     registers,
-    collect() {
-      clear(this);
-      if (book.health.daemonVms !== null) this.set(book.health.daemonVms);
-    },
-  });
-  new Gauge({
-    name: METRIC.daemonConnections,
-    help: "Connections open to the helper daemon (QEMU's and v2 clients, this exporter included)",
+    () => h.lastSampleDurationS,
+  );
+  optional(
+    Gauge,
+    METRIC.lastSampleAge,
+    "Age of the helper's last sample in seconds, on the host's monotonic clock (grows while the helper is away or stalled)",
     registers,
-    collect() {
-      clear(this);
-      if (book.health.daemonConnections !== null) this.set(book.health.daemonConnections);
-    },
-  });
-  new Gauge({
-    name: METRIC.sampleDuration,
-    help: "Time the helper's last sample took (energy and every vCPU thread's run time), in seconds",
-    registers,
-    collect() {
-      clear(this);
-      if (book.health.lastSampleDurationS !== null) this.set(book.health.lastSampleDurationS);
-    },
-  });
-  new Gauge({
-    name: METRIC.lastSampleAge,
-    help: "Age of the helper's last sample in seconds, on the host's monotonic clock (grows while the helper is away or stalled)",
-    registers,
-    collect() {
-      clear(this);
-      const age = book.lastSampleAgeS();
-      if (age !== null) this.set(age);
-    },
-  });
+    () => book.lastSampleAgeS(),
+  );
 }
 
 /** The exporter's own connection to the helper: whether it is up, and how often it connected. */
-function registerConnectionFamilies(book: EnergyBook, registers: Registry<RegistryContentType>[]): void {
+function registerConnectionFamilies(book: EnergyBook, registers: Registers): void {
   new Gauge({
     name: METRIC.up,
     help: 'Whether the exporter is connected to the helper daemon (1) or reconnecting (0)',

@@ -1,8 +1,4 @@
-/**
- * What the exporter needs from a v2 connection: LIST and the statistics fds of the host and of each
- * VM by host-wide VM id (docs/stats-fd.md). V2Client has this shape; the exporter receives it behind
- * this interface, so its core is the same whatever carries the frames.
- */
+/** What the exporter needs from a v2 connection (V2Client has this shape): LIST and the statistics fds. */
 import type { HostUpdate, VmInfo, VmUpdate } from '../client/v2-replies.js';
 
 export type { HostUpdate, VmInfo, VmUpdate };

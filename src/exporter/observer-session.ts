@@ -72,7 +72,7 @@ export class ObserverSession {
       }
       this.client = client;
       this.o.book.connectionStarted();
-      /** This attempt was refused (not in the observer group): the next one comes after backoff.maxMs, as logged. */
+      // Refused (not in the observer group): the next attempt comes after backoff.maxMs, as logged.
       let refused = false;
       try {
         await this.observe(client, st);

@@ -1,15 +1,7 @@
 /**
- * The exporter's own series, as Prometheus users expect them of any exporter: vmsr_build_info
- * (version, revision, Node version; 1, like node_exporter's build_info) and prom-client's default
- * process and Node.js metrics. Those keep their usual names without a prefix (process_cpu_seconds_total,
- * process_resident_memory_bytes, process_open_fds, nodejs_*), the names Go exporters use for the
- * process_* series, so a dashboard or alert written for those works unchanged; the job and instance
- * labels tell exporters apart. Left out: the three gauges prom-client names with _total
- * (MISNAMED_DEFAULTS), which promtool's lint refuses (a gauge must not end in _total); the families
- * without the suffix carry the same counts by type. One registry per exposition format, as in metrics.ts.
- *
- * Cost: about 2 ms of CPU per scrape on the 2-core test machine (reading /proc/self/stat, status,
- * limits and fd, and V8's heap statistics), nothing between scrapes but the event-loop delay monitor.
+ * The exporter's own series: vmsr_build_info and prom-client's default process and Node.js metrics
+ * under their usual names (as Go exporters' process_*), less the gauges named _total that promtool's
+ * lint refuses (MISNAMED_DEFAULTS). Cost: docs/performance.md.
  */
 import { collectDefaultMetrics, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import { findPackage } from '../os/package-info.js';

@@ -1,14 +1,7 @@
 /**
- * One exporter-side counter fed by a daemon's cumulative value (microjoules, or a request count).
- *
- * The daemon's values are cumulative within one daemon run and restart from 0 when the daemon
- * restarts. The exporter never exposes them as they are: it adds each increase to a total of its
- * own, so a daemon restart continues the series instead of making it go backwards:
- * - the first value a new total sees is added whole (what the daemon counted before we looked);
- * - a value at or above the last one adds the difference;
- * - a value below the last one means the daemon started a new run (or lost and found the VM again):
- *   all of it is new, so it is added whole.
- * Pure; the total only ever grows.
+ * One exporter-side counter fed by a daemon's cumulative value, which restarts from 0 with the daemon:
+ * the first value is added whole, a higher one adds the difference, a lower one (a new daemon run) is
+ * added whole again. So the total only ever grows.
  */
 export class RunningTotal {
   private sum = 0n;

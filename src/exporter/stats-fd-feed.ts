@@ -1,9 +1,7 @@
 /**
- * The exporter's values read from the helper's statistics fds at scrape time (docs/stats-fd.md,
- * docs/exporter.md "How it follows the daemon"): one reader of the host's file and one per VM; a
- * scrape reads each once and feeds the book as an UPDATE or HOST_UPDATE would have, so the book's
- * totals keep their guarantees (RunningTotal: nothing goes backwards across restarts). Between
- * scrapes nothing happens here: the helper sends this exporter nothing per sample.
+ * The exporter's values read from the helper's statistics fds at scrape time (docs/exporter.md "How
+ * it follows the daemon"): one reader of the host's file and one per VM; a scrape reads each once and
+ * feeds the book as an UPDATE or HOST_UPDATE would have.
  */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import type { EnergyBook, VmDomainStats, VmGuestValues, VmLimitValues } from './energy-book.js';

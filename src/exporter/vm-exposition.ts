@@ -1,15 +1,8 @@
 /**
- * The per-VM metric families (energy and power per virtual package and RAPL domain, info), rendered
- * as text at scrape time from the book: the bulk of a scrape (2 x nvpkg x domains + 1 series per VM,
- * thousands at 500 VMs). prom-client renders the other families; for these it would hash, validate
- * and store every label set into a metric object, then escape and format every label again, at every
- * scrape. Here
- * each VM's label text is escaped once and kept with its record (a WeakMap, so it goes with it),
- * and a scrape only joins that text with the current value.
- *
- * The text is byte for byte what prom-client's Counter and Gauge give for the same values, in both
- * formats (HELP/TYPE lines, OpenMetrics' counter naming, value formatting, label escaping):
- * test/exporter/vm-exposition.test.ts renders the same book both ways and compares.
+ * The per-VM metric families, the bulk of a scrape, rendered as text: each VM's label text is escaped
+ * once and kept with its record (a WeakMap), where prom-client would hash, store and escape every
+ * label set at every scrape. The text is byte for byte what prom-client gives, in both formats
+ * (test/exporter/vm-exposition.test.ts compares).
  */
 import type { EnergyBook, VmLabels, BookedVm } from './energy-book.js';
 import { ujToJoules, type RunningTotal } from './running-total.js';

@@ -1,10 +1,8 @@
 /**
- * The --web.config.file on disk: read, parsed and checked (web-config.ts), its PEM
- * files read and turned into a TLS context. current() looks at the file and the files it names on
- * every new connection (one stat each) and reads them again when one changed, so a renewed
- * certificate or a new password applies from the next connection without a restart. A change that
- * does not load (bad YAML, a key that does not match its certificate) is logged and the last good
- * configuration stays in force; so is a change between TLS and plain HTTP, which needs a restart.
+ * The --web.config.file on disk, its PEM files turned into a TLS context. current() stats the files
+ * on every new connection and loads them again when one changed, so a renewed certificate applies
+ * without a restart. A change that does not load is logged and the last good configuration stays (so
+ * does a change between TLS and plain HTTP, which needs a restart).
  */
 import fs from 'node:fs';
 import path from 'node:path';

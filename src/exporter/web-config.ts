@@ -1,11 +1,8 @@
 /**
- * The web configuration file Prometheus exporters share (--web.config.file), checked: from the
- * parsed document to a WebConfig, or an error naming the key, why, and the fix. The keys are the
- * exporter toolkit's; what Node's TLS cannot do as Go does is refused by name, never ignored.
- * The text is YAML 1.2 read by the `yaml` package (core schema, as Go's yaml.v2/v3 read the file);
- * what it reports, errors and warnings alike (duplicate keys, tabs, unknown tags, several
- * documents), refuses the file with its line number.
- * docs/exporter.md "Web configuration file" lists each key and what the exporter makes of it.
+ * The web configuration file Prometheus exporters share (--web.config.file), checked into a WebConfig
+ * or an error naming the key, why, and the fix (docs/exporter.md "Web configuration file"). What
+ * Node's TLS cannot do as Go does is refused by name, never ignored; whatever the YAML parser reports,
+ * warnings included, refuses the file with its line number.
  */
 import path from 'node:path';
 import { parseDocument } from 'yaml';

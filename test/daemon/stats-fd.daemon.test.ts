@@ -76,7 +76,7 @@ describe('statistics fds on the daemon', () => {
     }
     const reader = r;
     cleanups.push(() => reader.close());
-    expect(r.id).toBe(`vmsr-vm-${vm}/pid-${guest.pid}/statsfd-guest`);
+    expect(r.layout.id).toBe(`vmsr-vm-${vm}/pid-${guest.pid}/statsfd-guest`);
     expect(r.descriptor('vcpu_energy')!.size).toBe(2);
     const first = r.read();
     const cpu0 = r.values(first, 'vcpu_cpu_time')!.reduce((a, b) => a + b, 0n);
@@ -90,13 +90,13 @@ describe('statistics fds on the daemon', () => {
       const out = execFileSync(exe, [sock, String(vm)], { encoding: 'utf8' });
       const s = r.read();
       const lines = out.trim().split('\n');
-      expect(lines[0]).toBe(`id ${r.id}`);
+      expect(lines[0]).toBe(`id ${r.layout.id}`);
       const byName = new Map(lines.slice(1).map((l) => [l.split(' ')[0]!, l.split(' ')]));
       if (byName.get('generation')![4] !== String(s.generation)) {
         if (i < 20) continue;
         throw new Error('the C reader and StatsReader never read the same sample');
       }
-      for (const d of r.descriptors) {
+      for (const d of r.layout.descriptors) {
         const f = byName.get(d.name)!;
         expect(f.slice(4)).toEqual(r.values(s, d.name)!.map(String));
         expect(Number(f[3])).toBe(d.exponent);

@@ -85,7 +85,7 @@ function vmMemfds(socket: string): string[] {
 /** Every value of one sample of `r`, by descriptor name (generation left out: each file counts its own). */
 function sampleOf(r: StatsReader): Map<string, bigint[]> {
   const s = r.read();
-  return new Map(r.descriptors.filter((d) => d.name !== 'generation').map((d) => [d.name, r.values(s, d.name)!]));
+  return new Map(r.layout.descriptors.filter((d) => d.name !== 'generation').map((d) => [d.name, r.values(s, d.name)!]));
 }
 
 const refusals = (h: DaemonChild, d: string) =>

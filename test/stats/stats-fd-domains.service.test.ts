@@ -82,7 +82,7 @@ describe('the statistics files on a host that reads other RAPL domains', () => {
     ]);
 
     // The descriptors: each domain read, none for uncore (not counting on this host).
-    const names = (r: StatsReader) => r.descriptors.map((d) => d.name);
+    const names = (r: StatsReader) => r.layout.descriptors.map((d) => d.name);
     expect(names(vm)).toEqual(
       expect.arrayContaining(['core_energy', 'core_power', 'dram_energy', 'dram_power', 'psys_energy', 'psys_power']),
     );
@@ -145,8 +145,8 @@ describe('the statistics files on a host that reads other RAPL domains', () => {
   it('have no domain descriptors on a host that reads the package alone', async () => {
     const { vm, host } = await registeredVm('sleep', []);
     const domainNames = /^(core|uncore|dram|psys)_/;
-    expect(vm.descriptors.filter((d) => domainNames.test(d.name))).toEqual([]);
-    expect(host.descriptors.filter((d) => domainNames.test(d.name))).toEqual([]);
+    expect(vm.layout.descriptors.filter((d) => domainNames.test(d.name))).toEqual([]);
+    expect(host.layout.descriptors.filter((d) => domainNames.test(d.name))).toEqual([]);
     expect(vm.descriptor('energy')).toBeDefined();
     expect(host.descriptor('package_energy')).toBeDefined();
   });

@@ -57,8 +57,8 @@ describe('STATS_FD on the v2 service', () => {
     const r = StatsReader.open(fd);
     cleanups.push(() => r.close());
     expect(r.layout.fileSize).toBe(fileSize);
-    expect(r.id).toMatch(new RegExp(`^vmsr-vm-${vmId}/pid-`));
-    expect(r.descriptors.map((d) => d.name)).toEqual(
+    expect(r.layout.id).toMatch(new RegExp(`^vmsr-vm-${vmId}/pid-`));
+    expect(r.layout.descriptors.map((d) => d.name)).toEqual(
       expect.arrayContaining(['generation', 'energy', 'msr_energy_status', 'power', 'vcpu_energy', 'vcpu_cpu_time', 'ended']),
     );
     const seals = getSeals(fd);
@@ -172,7 +172,7 @@ describe('STATS_FD on the v2 service', () => {
     const { fd } = await c.statsFd(0);
     const host = StatsReader.open(fd);
     cleanups.push(() => host.close());
-    expect(host.id).toMatch(/^vmsr-host\//);
+    expect(host.layout.id).toMatch(/^vmsr-host\//);
     expect(host.values(host.read(), 'package_energy')!.length).toBe(1);
   });
 

@@ -93,7 +93,7 @@ describe('StatsFiles.copy', () => {
     cleanups.push(() => r.close());
     const fromFd = () => {
       const s = r.read();
-      return new Map(r.descriptors.filter((d) => d.name !== 'generation').map((d) => [d.name, r.values(s, d.name)!]));
+      return new Map(r.layout.descriptors.filter((d) => d.name !== 'generation').map((d) => [d.name, r.values(s, d.name)!]));
     };
     // The same header, id string and descriptors.
     const head = Buffer.alloc(r.layout.dataOffset);

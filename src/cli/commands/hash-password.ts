@@ -1,8 +1,7 @@
 /**
- * `vmsr-helper hash-password`: the bcrypt hash of a password for the `basic_auth_users` of a web
- * configuration file (--web.config.file), made with the C library's bcrypt (os/bcrypt.ts), so no
- * htpasswd (apache2-utils) is needed. The password comes from stdin: typed twice without echo on a
- * terminal, else the whole input less one trailing newline. docs/exporter.md.
+ * `vmsr-helper hash-password`: the bcrypt hash of a password for a web configuration's
+ * `basic_auth_users`, without htpasswd (docs/exporter.md). The password comes from stdin: typed twice
+ * without echo on a terminal, else the whole input less one trailing newline.
  */
 import type { Command } from 'commander';
 import { BCRYPT_COST, bcryptHash } from '../../os/bcrypt.js';

@@ -1,7 +1,6 @@
 /**
- * `vmsr-helper record`: takes VMs (by NAME, UUID or PID from the helper's discovery with --vm, from
- * QMP, or --pid/--vcpus) and writes a vmsr-trace of what the
- * helper sees: header, register records, the baseline sample right after, then a sample every interval
+ * `vmsr-helper record`: takes VMs (--vm from the helper's discovery, --qmp, or --pid/--vcpus) and
+ * writes a vmsr-trace: header, register records, the baseline sample, then a sample every interval
  * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
  */
 import { type Command } from 'commander';
@@ -49,30 +48,26 @@ import { ProgressLine } from '../progress.js';
 
 const SYNTHETIC_ALTERNATIVE = 'use --energy-source synthetic to record without RAPL';
 
+/** The options as parsed; `vcpus` pairs with `pid` by position. */
 interface RecordOptions {
-  /** NAME|UUID|PID of VMs the helper lists (--vm), found through its socket. */
   vm?: string[];
-  /** The helper's socket, for --vm (default DEFAULT_HELPER_SOCKET). */
   socket?: string;
   qmp: string[];
   pid: number[];
-  /** vCPUs of each --pid, in the same order. */
   vcpus: VcpuSpec[][];
   output: string;
   interval: number;
   duration?: number;
-  /** --energy-source: a kind, or auto (energy/choose.ts). */
   energySource: EnergySourceChoice;
-  /** --domains: the RAPL domains to read besides the package; default every one the source finds. */
   domains?: EnergyDomain[];
   paths: HostPaths;
   vendor?: Vendor;
   note?: string;
-  /** Progress line every this many samples when stderr is not a TTY; default 10. */
-  progressEvery?: number;
-  /** Replace an existing output file (otherwise refused). */
   force?: boolean;
 }
+
+/** A progress line every this many samples when stderr is not a TTY. */
+const PROGRESS_EVERY = 10;
 
 export function addRecordCommand(program: Command): void {
   const record = program
@@ -173,7 +168,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     for (const vm of vms) w.register(tReg, vm);
     const alive = new Set(vms.map((v) => v.pid));
     const takeSample = sampleInto(w, sampler, tasks, alive, opened.msr);
-    const progress = makeProgress(o.progressEvery ?? 10);
+    const progress = makeProgress(PROGRESS_EVERY);
     const report = () => progress(w.samples, alive.size, vms.length, w.bytesWritten);
 
     takeSample(); // the baseline
@@ -193,9 +188,8 @@ export async function runRecord(o: RecordOptions): Promise<void> {
 }
 
 /**
- * The energy source to record: its kind (--energy-source, energy/choose.ts), the host it describes,
- * and one read, so that an unreadable register fails before the trace file exists. `msr` says
- * whether it reads MSRs (their errors get the hint to record with the synthetic source).
+ * The energy source to record, the host it describes, and one read, so that an unreadable register
+ * fails before the trace file exists; `msr`: its errors get the hint to record with the synthetic source.
  */
 function openEnergy(o: RecordOptions, device: MsrDevice): { energy: EnergySource; host: HostInfo; msr: boolean } {
   const vendor = o.vendor ?? readVendor(o.paths.procRoot);

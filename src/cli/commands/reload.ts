@@ -1,8 +1,7 @@
 /**
  * `vmsr-helper reload -k SOCKET`: restarts the daemon listening there in place (docs/daemon.md
- * "Restarts"), as SIGHUP does, and waits until the new image serves. The daemon is found by the
- * socket's peer credentials (the process that listens); a socket systemd listens on (pid 1) is
- * refused: use `systemctl reload` (ExecReload= sends the daemon SIGHUP) or `systemctl restart`.
+ * "Restarts"), as SIGHUP does, and waits until the new image serves. The daemon is the socket's peer;
+ * a socket systemd listens on (pid 1) is refused: use `systemctl reload`.
  */
 import net from 'node:net';
 import os from 'node:os';
@@ -61,10 +60,7 @@ interface Progress {
   waitingFor: string;
 }
 
-/**
- * A reload stopped by SIGTERM or SIGINT says where it was (an exit with no word left the caller
- * guessing whether the helper was signalled) and exits 128 + the signal's number.
- */
+/** A reload stopped by SIGTERM or SIGINT says where it was and exits 128 + the signal's number. */
 function sayWhereWhenStopped(socketPath: string, p: Progress): () => void {
   const handlers = (['SIGTERM', 'SIGINT'] as const).map((sig) => {
     const h = () => {

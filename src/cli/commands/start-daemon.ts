@@ -178,15 +178,13 @@ function defaultRead(f: string): string {
 /**
  * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
  * root, the start-up steps that need root run first and the helper re-executes itself with dropped
- * privileges (helper/lifecycle/privileged-start.ts) so that every thread, not only the main one, is
- * dropped; the new image adopts what they opened (one start-up path,
- * helper/lifecycle/startup.ts). The daemon's modules are imported only when needed, so the first image of
- * a non-root or -d foreground run stays small.
+ * privileges (helper/lifecycle/privileged-start.ts) so that every thread is dropped, not only the
+ * main one. The daemon's modules are imported only when needed, so the first image stays small.
  */
 async function startDaemonFromCli(
   config: DaemonConfig,
   v2: ReturnType<typeof v2OptionsFrom>,
-  logger?: () => Logger,
+  logger: () => Logger,
   logFile?: string,
   keeper?: boolean,
 ): Promise<void> {
@@ -215,31 +213,19 @@ async function startDaemonFromCli(
     const blocker = reexecBlocker();
     // --record is created before the privilege drop, like the socket: -u's user need not own its directory.
     const files = v2.recordPath !== undefined ? [v2.recordPath] : [];
-    // Outside systemd this process opens what needs root and executes the keeper, whose child serves,
-    // unless --no-keeper (docs/daemon.md "Crashes"). Only the first image runs the privileged steps
-    // and re-executes itself: an image that inherits loads none of it.
+    // Outside systemd the keeper's child serves, unless --no-keeper (docs/daemon.md "Crashes"). Only the
+    // first image runs the privileged steps and re-executes itself.
     const keeps = keeper !== false && inherited === null && keeperWanted(keeper === true, logger);
     if (inherited === null && (blocker === null || keeps))
       await (
         await import('../../helper/lifecycle/privileged-start.js')
-      ).startPrivileged(config, files, keeps ? { level: (logger ?? (() => createLogger('info')))().level } : undefined);
+      ).startPrivileged(config, files, keeps ? { level: logger().level } : undefined);
     if (process.env[KEEPER_ENV.channel] !== undefined && !KeeperLink.endWithKeeper()) {
-      (logger ?? (() => createLogger('info')))().warn(
-        {},
-        'the keeper that started this process is gone: stopping (nothing is left behind)',
-      );
+      logger().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
       return;
     }
-    // The v2 service (per-virtual-package energy) shares the socket; its options are its own. Its
-    // modules load once the daemon serves QEMU (lifecycle/phases.ts, startV2).
     const { runDaemon } = await import('../../helper/daemon.js');
-    await runDaemon(config, {
-      v2,
-      files,
-      reexec: blocker ?? 're-executed',
-      ...(inherited ? { inherited } : {}),
-      ...(logger ? { logger: logger() } : {}),
-    });
+    await runDaemon(config, { v2, files, reexec: blocker ?? 're-executed', ...(inherited ? { inherited } : {}), logger: logger() });
   } catch (e) {
     if (isDaemonChild()) await reportFailure((e as Error).message);
     throw e;
@@ -250,10 +236,10 @@ async function startDaemonFromCli(
  * Whether the first image is to start a keeper: not under systemd, whose fd store does the keeper's
  * work (`asked`: --keeper was given, which is then said).
  */
-function keeperWanted(asked: boolean, logger?: () => Logger): boolean {
+function keeperWanted(asked: boolean, logger: () => Logger): boolean {
   if (process.env.NOTIFY_SOCKET === undefined && process.env.LISTEN_FDS === undefined) return true;
   if (asked)
-    (logger ?? (() => createLogger('info')))()
+    logger()
       .child({ area: 'keeper' })
       .warn(
         {},
@@ -310,9 +296,8 @@ export function configureDaemonCommand(program: Command): void {
       ).argParser(secondsArg('--frame-timeout', { min: 0.1, max: 3600 })),
     )
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
-      // One logger from the first line on: a start-up error is logged like everything after it
-      // (with its syslog priority under journald), not printed in another format. It is made on
-      // first use, so the first image (which re-executes itself) loads pino only to report an error.
+      // One logger from the first line on, so a start-up error is logged like everything after it;
+      // made on first use, so the first image (which re-executes itself) loads pino only for an error.
       let logger: Logger | undefined;
       const log = (): Logger => (logger ??= createLogger(levelFromFlags(raw)));
       try {

@@ -1,12 +1,8 @@
 /**
  * `vmsr-helper stats`: a live table of every VM the caller may see, in the spirit of kvm_stat, read
- * through the statistics fds (docs/stats-fd.md): the VMs are listed over v2 and each one's fd asked
- * once; every refresh is then one read per VM (three preads), with no request to the helper but a
- * LIST to find VMs that came or went. --once prints one table; --json, per refresh, a record naming the
- * daemon (its energy source and domains), then one object per VM (docs/guide.md "JSON output").
- * When the host reads other RAPL domains than the package and the caller may see the host's energy
- * (root, the observer group), a second table gives each package's domains: their power, energy and
- * the part no VM got (from HOST_UPDATE, docs/protocol-v2.md "Other RAPL domains").
+ * through the statistics fds: each refresh is one read per VM and a LIST (docs/guide.md "Every VM at a
+ * glance"). Where the caller may see the host's energy, a second table gives each package's other
+ * RAPL domains (from HOST_UPDATE).
  */
 import path from 'node:path';
 import type { Command } from 'commander';
@@ -35,7 +31,6 @@ interface StatsOptions {
   intervalS: number;
   once?: boolean;
   json?: boolean;
-  /** Stop after this many refreshes (tests). */
   count?: number;
 }
 
@@ -45,7 +40,7 @@ interface StatsRow {
   name: string | null;
   pid: number;
   ended: boolean;
-  /** Sum over virtual packages. */
+  /** Sums over the virtual packages. */
   powerW: number;
   energyJ: number;
   vpkgEnergyJ: number[];
@@ -53,9 +48,7 @@ interface StatsRow {
   otherCpuS: number | null;
   /** Age of the sample at the read, s (null before the first). */
   ageS: number | null;
-  /** --guest-energy exact: energy QEMU was given to credit the guest, and the exact energy of the same windows (J); null otherwise. */
   guest: GuestEnergyJ | null;
-  /** Its power limit and whether it bites now; null without one. */
   limit: PowerLimitNote | null;
 }
 

@@ -1,10 +1,7 @@
 /**
- * `vmsr-helper watch`: prints one VM's power and energy per virtual package at every UPDATE, and the
- * power of every other RAPL domain the host reads (a table under a column header, or --json lines),
- * until Ctrl-C or the VM ends. `watch NAME|UUID|PID` finds
- * the VM in the helper's LIST (its discovery) and OBSERVEs it: nothing to look up, no QMP, and open to
- * the VM's owner, root and the observer group. --qmp PATH or --pid/--vcpus REGISTER a VM instead
- * (any VMM, no discovery needed; the caller must own the process).
+ * `vmsr-helper watch`: prints one VM's power and energy per virtual package, and each other RAPL
+ * domain's power, at every UPDATE (a table, or --json lines) until Ctrl-C or the VM ends.
+ * `watch NAME|UUID|PID` OBSERVEs a VM of the helper's LIST; --qmp or --pid/--vcpus REGISTER one.
  */
 import path from 'node:path';
 import type { Command } from 'commander';
@@ -28,15 +25,12 @@ import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } fro
 
 interface WatchOptions {
   socket: string;
-  /** NAME|UUID|PID of a VM the helper lists (client/find-vm.ts): observed, not registered. */
   vm?: string;
   qmp?: string;
   pid?: number;
   vcpus?: VcpuSpec[];
-  /** Stop after this many UPDATEs after the first (tests, scripts). */
   count?: number;
   procRoot?: string;
-  /** One JSON object per line (formatJsonUpdate) instead of the table. */
   json?: boolean;
 }
 
@@ -80,10 +74,7 @@ const T_WIDTH = 8;
 const W_WIDTH = 10;
 const J_WIDTH = 13;
 
-/**
- * The column header over formatUpdate's rows: time, then power and energy of each virtual package,
- * then the power of each other RAPL domain the host reads (summed over the virtual packages), if any.
- */
+/** The column header over formatUpdate's rows: time, each vpkg's power and energy, each other domain's power. */
 export function formatHeader(nvpkg: number, domains: readonly string[] = []): string {
   const cols = Array.from({ length: nvpkg }, (_, g) => `${`vpkg${g} W`.padStart(W_WIDTH)} ${`vpkg${g} J`.padStart(J_WIDTH)}`);
   return `${'t'.padStart(T_WIDTH)}  ${[...cols, ...domainCols(domains.map((d) => `${d} W`))].join('  ')}`;
@@ -97,10 +88,8 @@ function domainCols(cells: readonly string[]): string[] {
 const fmtW = (w: number | null | undefined): string => (w === null || w === undefined ? '-' : w.toFixed(2));
 
 /**
- * One row per UPDATE: power from the energy delta over the time delta since `base`, and the running
- * energy. Time is counted from `originNs` (the first sample watched); t_ns itself is the helper's
- * monotonic clock, which means nothing to a reader. An UPDATE from before the first interval (t_ns 0)
- * shows "-". `guest`: the VM's guest energy (--guest-energy exact), `limit` its power limit, shown after the row.
+ * One row per UPDATE: power since `base`, and the running energy; time from `originNs` (the first
+ * sample watched), "-" before the first interval (t_ns 0); then the guest energy and power limit notes.
  */
 export function formatUpdate(
   base: PowerBase | null,
@@ -117,10 +106,8 @@ export function formatUpdate(
 }
 
 /**
- * `watch --json`: one object per UPDATE. t_ns is the helper's CLOCK_MONOTONIC as a bare integer (as in
- * traces); energy_uj a decimal string (exact past 2^53, like replay --json); power_w a float, null
- * when there is no interval yet. In exact mode, guest_energy_j and guest_exact_energy_j (`guest`); with a
- * power limit, power_limit_w, power_limit_state and the rest of powerLimitJson (`limit`).
+ * `watch --json`: one object per UPDATE (docs/guide.md "Per-VM energy"); energy_uj a decimal string
+ * (exact past 2^53), power_w null when there is no interval yet.
  */
 export function formatJsonUpdate(
   base: PowerBase | null,
@@ -253,9 +240,8 @@ function resumingClient(o: WatchOptions, warn: (line: string) => void, resumed?:
 }
 
 /**
- * A VM's statistics file, for its guest energy in exact mode and its power limit (read at each row);
- * reopened after a helper restart (the old image's file keeps its last values). Nothing when the file
- * has neither, or the helper does not give it (a VM that ended, STATS_FD refused): the rows are as without it.
+ * A VM's statistics file, for its guest energy and power limit at each row; reopened after a helper
+ * restart (the old image's file keeps its last values). Without it the rows are as without notes.
  */
 class VmFileNotes {
   private r: StatsReader | null = null;
@@ -327,14 +313,9 @@ function fromObserved({ hostVmId, ...u }: VmUpdate): Update {
 
 interface Follow {
   vm: VmIdentity;
-  /** Virtual packages: the table's columns. */
   nvpkg: number;
-  /** The VM's guest energy now (--guest-energy exact) and its power limit, shown with each row; absent or null: none. */
   notes?: () => { guest: GuestEnergyJ | null; limit: PowerLimitNote | null };
-  /**
-   * Starts the updates; resolves with the acknowledging update (its domains name the table's domain
-   * columns) and the values power is measured from (null: the baseline, energy 0).
-   */
+  /** Starts the updates; resolves with the acknowledging update and the values power is measured from (null: energy 0). */
   start(onUpdate: (u: Update) => void, onError: (e: V2Error) => void): Promise<{ ack: Update; from: Update | null }>;
 }
 

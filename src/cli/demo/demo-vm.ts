@@ -1,10 +1,7 @@
 /**
- * The demo's VM: a Node process that looks like a QEMU/KVM process to the daemon's discovery, with no
- * QEMU and no KVM: worker threads named `CPU <n>/KVM` (the names QEMU gives its vCPU threads), a
- * QEMU-like command line (-name, -uuid, -smp) for the VM's name, UUID and virtual packages. vCPU 0
- * is busy half of each 100 ms, the others idle, so the energy split shows a difference. Prints
- * `ready <tid of vCPU 0> <tid of vCPU 1> ...` once every vCPU thread is named, then runs until killed.
- * Run by `vmsr-helper demo` (demo.ts) as `node demo-vm.js -name NAME -uuid UUID -smp N`.
+ * The demo's VM: a Node process discovery takes for QEMU/KVM (worker threads named `CPU <n>/KVM`, a
+ * QEMU-like -name, -uuid, -smp). vCPU 0 is busy half of each 100 ms, the others idle. Prints
+ * `ready <tid> <tid> ...` once every vCPU thread is named, then runs until killed.
  */
 import { isMainThread, parentPort, Worker, workerData } from 'node:worker_threads';
 import { gettid, setThreadName } from '../../os/libc/processes.js';
