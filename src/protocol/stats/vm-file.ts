@@ -20,24 +20,11 @@ export interface VmStatsShape {
    * not a power of ten: then the tick descriptors are left out, never given in a wrong unit.
    */
   tickExponent: number | null;
-  /**
-   * The RAPL domains other than the package the host reads (ENERGY_DOMAINS order), each with its own
-   * `<domain>_energy` and `<domain>_power` per virtual package; empty when only the package is read.
-   */
+  /** The other RAPL domains the host reads (ENERGY_DOMAINS order), each with its values per virtual package. */
   domains: readonly OtherDomain[];
-  /**
-   * The daemon runs --guest-energy exact: `guest_energy` (what QEMU was given to credit the guest)
-   * and `guest_exact_energy` (what the helper attributed over the same windows), both cumulative µJ,
-   * `guest_garbage_windows` and `guest_garbage_energy` (windows QEMU's arithmetic turned into garbage,
-   * and the µJ it credited otherwise than it would have without it).
-   */
+  /** The daemon runs --guest-energy exact: the guest_* values (docs/stats-fd.md "A VM's file"). */
   guest?: boolean;
-  /**
-   * The daemon runs with power limits (docs/power-limits.md): `power_limit` (W, 0 = none; on the
-   * package; each other domain of the file's own in `<domain>_power_limit`, after the others),
-   * `power_limit_cpu_quota` (CPUs of bandwidth the helper's quota gives, 0 = none set) and
-   * `power_limited_time` (seconds the quota was in force).
-   */
+  /** The daemon runs with power limits: the power_limit* values (docs/power-limits.md). */
   powerLimit?: boolean;
 }
 
