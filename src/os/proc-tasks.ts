@@ -55,12 +55,11 @@ const BUF_SIZE = 4096;
 
 /**
  * A line answered from the gate this many times in a row is read anyway: it bounds how old the
- * fields the engine does not use (and a name another thread gave this one) can get in a trace.
- * Processes and threads first read together (VMs found by one scan, or registered at once) would
- * all reach the bound in the same interval, one full read of everything every 29 intervals (about
- * 30 ms at 500 VMs × 8 threads here, in an interval that otherwise costs 5): so each starts its
- * count at the next of 0..28 in turn, and in every interval about 1/29 of them are read.
+ * fields the engine does not use can get in a trace. Each count starts at the next of 0..28 in turn,
+ * so that what was first read together (one scan's VMs) does not reach the bound in one interval
+ * (a full read of 500 VMs × 8 threads: about 30 ms, in an interval that otherwise costs 5).
  */
+
 export const MAX_GATED_READS = 29;
 /** A thread whose gate opened this many intervals in a row runs every interval: stop probing it... */
 const BUSY_PROBES = 2;

@@ -150,10 +150,15 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
   return out;
 }
 
+/** A payload of u32s, in order. */
+function u32Payload(...values: number[]): Buffer {
+  const p = Buffer.alloc(4 * values.length);
+  values.forEach((v, i) => p.writeUInt32LE(v, 4 * i));
+  return p;
+}
+
 function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(v, 0);
-  return encodeFrame(type, flags, p);
+  return encodeFrame(type, flags, u32Payload(v));
 }
 
 const U64_MAX = (1n << 64n) - 1n;
@@ -170,6 +175,7 @@ export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint)
   p.writeUInt32LE(vmId, 0);
   p.writeUInt32LE(nvpkg, 4);
   p.writeBigUInt64LE(u64(powerUnit), 8);
+
   return encodeFrame(T.REGISTERED, 0, p);
 }
 
@@ -394,10 +400,7 @@ export function encodeHostUpdate(h: HostValues): Buffer {
 
 /** STATS_FD's reply: the id asked for (0 = the host) and the size of the file whose fd comes with it. */
 export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
-  const p = Buffer.alloc(8);
-  p.writeUInt32LE(hostVmId, 0);
-  p.writeUInt32LE(fileSize, 4);
-  return encodeFrame(T.STATS_FD_REPLY, 0, p);
+  return encodeFrame(T.STATS_FD_REPLY, 0, u32Payload(hostVmId, fileSize));
 }
 
 /** A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the helper now). */
@@ -451,10 +454,7 @@ export function encodeRegister(r: RegisterRequest): Buffer {
 }
 
 export function encodeRead(vmId: number, vpkg: number): Buffer {
-  const p = Buffer.alloc(8);
-  p.writeUInt32LE(vmId, 0);
-  p.writeUInt32LE(vpkg, 4);
-  return encodeFrame(T.READ, 0, p);
+  return encodeFrame(T.READ, 0, u32Payload(vmId, vpkg));
 }
 
 /** SUBSCRIBE; `domains` asks for the domain block in this VM's UPDATEs (a helper before it answers ERROR 1). */
@@ -487,10 +487,7 @@ export function encodeStatsFd(hostVmId: number): Buffer {
 
 /** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it; with `domain`, the first layout's package. */
 export function encodeLimit(hostVmId: number, milliwatts?: number, domain?: EnergyDomain): Buffer {
-  const p = Buffer.alloc(domain === undefined ? 8 : 12);
-  p.writeUInt32LE(hostVmId, 0);
-  p.writeUInt32LE(milliwatts ?? 0, 4);
-  if (domain !== undefined) p.writeUInt32LE(ENERGY_DOMAINS.indexOf(domain), 8);
+  const p = u32Payload(hostVmId, milliwatts ?? 0, ...(domain === undefined ? [] : [ENERGY_DOMAINS.indexOf(domain)]));
   return encodeFrame(T.LIMIT, (milliwatts === undefined ? 0 : LIMIT_SET) | (domain === undefined ? 0 : LIMIT_DOMAIN), p);
 }
 
