@@ -185,7 +185,8 @@ export class ProcTaskReader {
     this.ledger = opts.ledger;
   }
 
-  /** Whether `pid` was not sampled whole at its last read, and why; null when it was (or is not read). */
+  /** Null when `pid` was sampled whole at its last read (or is not read). */
+
   notWhole(pid: number): NotWhole | null {
     const st = this.pids.get(pid);
     if (st === undefined || !(st.frozen || st.short)) return null;

@@ -36,7 +36,6 @@ interface ParsedLine {
 export interface EngineVm {
   id: number;
   spec: VmSpec;
-  /** Registered vCPU tid -> vpkg. */
   vcpuVpkg: Map<number, number>;
   nvpkg: number;
   phase: EnginePhase;
@@ -52,6 +51,7 @@ export interface EngineVm {
   domainAcc: number[][];
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
+
   endedBy?: 'exit' | 'unregister';
   /** Per thread since the baseline: energy given to it as a vCPU (its share and its part of W), J, and its ticks. */
   threads?: Map<number, { energyJ: number; ticks: number }>;
@@ -82,7 +82,8 @@ export function newEngineVm(id: number, vm: VmSpec, domains: number): EngineVm {
   };
 }
 
-/** A VM as plain data (copies), its other domains' totals named by `domains` (the engine's order). */
+/** A VM as plain data (copies), its other domains' totals named by `domains`. */
+
 export function vmState(vm: EngineVm, domains: readonly string[]): EngineVmState {
   const out: EngineVmState = {
     id: vm.id,

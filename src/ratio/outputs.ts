@@ -1,7 +1,4 @@
-/**
- * What the ratio engine gives: each interval's energy per package and VM, and each VM's published
- * totals (docs/ratio.md "Outputs"). Pure data.
- */
+/** What the ratio engine gives: each interval's energy per package and VM, and each VM's totals (docs/ratio.md "Outputs"). */
 import type { OtherDomain } from '../model/domains.js';
 
 export interface PackageInterval {
@@ -12,14 +9,12 @@ export interface PackageInterval {
   domains?: DomainInterval[];
 }
 
-/** One RAPL domain's energy on a package over an interval, and what of it went to VMs. */
 export interface DomainInterval {
   domain: OtherDomain;
   energyJ: number;
   attributedJ: number;
 }
 
-/** A VM's energy of one RAPL domain other than the package, per virtual package. */
 export interface VmDomainEnergy {
   domain: OtherDomain;
   /** Joules per vpkg, index = vpkg, length = nvpkg. */
@@ -27,11 +22,12 @@ export interface VmDomainEnergy {
 }
 
 export interface VmInterval {
-  /** Engine-assigned id of the registration (the v2 vm_id). */
+  /** The v2 vm_id. */
   vmId: number;
   pid: number;
-  /** energyJ per vpkg, index = vpkg, length = nvpkg. */
+  /** Joules per vpkg, index = vpkg, length = nvpkg. */
   vpkgEnergyJ: number[];
+
   /** The same for every other domain the host reads, in ENERGY_DOMAINS order; an idle VM's is shared (read only). */
   domains?: VmDomainEnergy[];
 }

@@ -18,7 +18,8 @@ const STATS_HEADER_FLAGS = 0;
 const MAX_STATS_DESCRIPTORS = 256;
 const MAX_STATS_NAME_SIZE = 256;
 export const MAX_STATS_FILE_BYTES = 1 << 20;
-/** Values one array descriptor may hold: the most vCPUs a VM may have (more than MAX_VPKG + 1 and any host's packages). */
+/** Values one array descriptor may hold: the most vCPUs a VM may have (more than any other array needs). */
+
 const MAX_STATS_ARRAY = MAX_VCPUS;
 
 export interface StatsDescriptor {
