@@ -23,7 +23,6 @@ export function isPreferredOwner(procRoot: string, pid: number, uid: number, gro
 }
 
 /** The owner of /proc/<pid> for the share rule; null when the process is gone. */
-
 export function shareOwnerOf(procRoot: string, pid: number, groups: readonly number[]): ShareOwner | null {
   let uid: number;
   try {

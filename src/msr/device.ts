@@ -122,7 +122,6 @@ export class MsrDevice {
 }
 
 /** An MSR error (or an error caused by one) rewritten to name the fix, and `alternative` after it. */
-
 export function msrErrorWithHint(e: unknown, alternative?: string): Error {
   const msr = e instanceof MsrReadError ? e : e instanceof Error && e.cause instanceof MsrReadError ? e.cause : undefined;
   if (!msr) return e instanceof Error ? e : new Error(String(e));

@@ -31,7 +31,6 @@ export type LegacyPlan =
   | { kind: 'synth'; field: 'power-limit' | 'power-info'; unitMsr: number };
 
 /** Null for a number not allowed. */
-
 export function legacyPlan(vendor: Vendor, msr: number): LegacyPlan | null {
   if (vendor === 'intel') return LEGACY_ALLOWED_MSRS.has(msr) ? { kind: 'read', msr } : null;
   switch (msr) {

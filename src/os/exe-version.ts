@@ -40,7 +40,6 @@ const O_PATH = 0o10000000;
 const MIN_EXE_BYTES = 1 << 20;
 
 /** `file` opened for reading once its lookup is a regular file within bounds (a `chosen` one, an installed program). */
-
 async function openChecked(file: string | null, chosen: boolean): Promise<{ fh: fs.promises.FileHandle; st: fs.Stats } | null> {
   if (file === null) return null;
   let lookup: fs.promises.FileHandle;

@@ -31,7 +31,6 @@ export function closeOpenInspector(): string | null {
 let installed = false;
 
 /** Installs the SIGUSR1 listener (once) and closes an inspector already open. Returns the listener. */
-
 export function installSigusr1Guard(now: () => number = Date.now, warn: typeof warnLine = warnLine): () => void {
   let lastLog = -Infinity;
   let heldBack = 0;

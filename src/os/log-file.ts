@@ -3,7 +3,6 @@
  * fd 2 it crosses every exec. A symbolic link is refused (a user who may write the directory must not
  * redirect root's appends to another file), and so is anything but a regular file or /dev/null.
  */
-
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { dup2 } from './libc/fds.js';

@@ -87,7 +87,6 @@ interface DroppedPages {
 }
 
 /** Never throws: a mapping the kernel refuses is counted and left; an unreadable smaps drops nothing. */
-
 export function dropCleanFilePages(): DroppedPages {
   const r: DroppedPages = { droppedKb: 0, refused: 0 };
   let text: string;

@@ -1,5 +1,4 @@
 /** THE package.json walk: the vmsr-helper package this module belongs to (sources, dist/ or installed). */
-
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';

@@ -73,7 +73,6 @@ export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolea
  * (/proc/<pid>/status also covers systemd's SupplementaryGroups=, which /etc/group does not list).
  * The status is believed only while its real and effective uid are the peer's, so a reused pid gains nothing.
  */
-
 export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number): boolean {
   if (peer.gid === gid) return true;
   let text: string;

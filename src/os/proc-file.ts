@@ -3,7 +3,6 @@
  * fs.readFileSync reads each into a fresh 64 KiB buffer, and hundreds in a burst (500 VMs
  * registering) leave glibc's heap that many megabytes larger and fragmented.
  */
-
 import fs from 'node:fs';
 
 /** Longest file read: more is an error (a stat line is under 1 KiB, a status file under 2 KiB). */

@@ -59,7 +59,6 @@ const BUF_SIZE = 4096;
  * so that what was first read together (one scan's VMs) does not reach the bound in one interval
  * (a full read of 500 VMs × 8 threads: about 30 ms, in an interval that otherwise costs 5).
  */
-
 export const MAX_GATED_READS = 29;
 /** A thread whose gate opened this many intervals in a row runs every interval: stop probing it... */
 const BUSY_PROBES = 2;
@@ -186,7 +185,6 @@ export class ProcTaskReader {
   }
 
   /** Null when `pid` was sampled whole at its last read (or is not read). */
-
   notWhole(pid: number): NotWhole | null {
     const st = this.pids.get(pid);
     if (st === undefined || !(st.frozen || st.short)) return null;

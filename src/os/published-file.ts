@@ -63,7 +63,6 @@ export class PublishedFile {
   }
 
   /** A new O_RDONLY fd of the file, for a reader: a write or writable mapping through it fails whatever the seals. */
-
   openReadOnly(): number {
     return fs.openSync(`/proc/self/fd/${this.fd}`, fs.constants.O_RDONLY);
   }

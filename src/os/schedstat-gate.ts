@@ -18,7 +18,6 @@ const SPACE = 0x20;
  * The length of the run time's digits at buf[0]; 0 when the field cannot serve as a gate (not a u64,
  * or "0": a kernel with sched_info off prints "0 0 0" for every thread); or -errno.
  */
-
 export function readRunTime(fd: number, buf: Buffer): number {
   const n = pread(fd, buf, SCHEDSTAT_BYTES, 0);
   if (n < 0) return n;

@@ -28,7 +28,6 @@ export function holdSighupAfterExec(env: NodeJS.ProcessEnv = process.env): boole
 }
 
 /** Call once the caller's own SIGHUP listener is in place: removes the holding one, returns how many it held. */
-
 export function releaseSighupHold(): number {
   if (holding === null) return 0;
   process.removeListener('SIGHUP', holding);

@@ -14,7 +14,6 @@ interface InfoLog {
 }
 
 /** Runs `restart` on SIGHUP when given, else logs SIGHUP_MESSAGE; takes over from os/sighup-hold.ts. */
-
 export function handleSighup(
   log: InfoLog,
   proc: EmitterLike<[]> = process as unknown as EmitterLike<[]>,

@@ -4,7 +4,6 @@
  * shares. The file is read again when it or /etc/passwd changed; a range whose NAME is no user counts
  * as one owner all the same, named by its first uid.
  */
-
 import fs from 'node:fs';
 import { resolveUser } from './privileges/accounts.js';
 import { readProcFile } from './proc-file.js';

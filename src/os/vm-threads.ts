@@ -19,7 +19,6 @@ export function threadGroupOf(procRoot: string, tid: number): number | null {
 }
 
 /** Throws naming the first vCPU tid that is not a thread of pid now, and whose thread it is. */
-
 export function checkThreadsOf(procRoot: string, pid: number, vcpus: readonly VcpuSpec[]): void {
   for (const v of vcpus) {
     if (tidBelongsTo(procRoot, pid, v.tid)) continue;

@@ -505,7 +505,6 @@ export class RatioEngine {
    * Whether the VM's lines are those of the previous sample, every one understood and on a known CPU:
    * the full pass would give it nothing and report nothing, so it is skipped (idle VMs are most VMs).
    */
-
   private unchanged(vm: EngineVm, s: Sample): boolean {
     const lines = s.tasks.get(vm.spec.pid);
     if (lines === undefined || lines.size !== vm.parsed.size || lines.size !== vm.prev.size) return false;

@@ -9,7 +9,6 @@ const MAX_DOMAIN_RANGE = 2n ** 53n;
 const MAX_DOMAIN_UNIT_J = 1;
 
 /** Why `d` cannot be one of the host's domain counters, given those listed before it; undefined when it can. */
-
 export function domainCounterProblem(
   d: DomainCounter,
   packages: { has(pkg: number): boolean },

@@ -51,7 +51,6 @@ export interface EngineState {
  * The first inconsistent value of `s` for an engine whose counters have the ranges `rangeOf` gives
  * (undefined: the host does not read it), or null.
  */
-
 export function engineStateProblem(s: EngineState, rangeOf: (domain: string, pkg: number) => bigint | undefined): string | null {
   if (!Number.isSafeInteger(s.nextId) || s.nextId < 1) return `the next VM id ${s.nextId} is not a positive integer`;
   const last = s.lastSample;

@@ -51,7 +51,6 @@ export interface EngineVm {
   domainAcc: number[][];
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
-
   endedBy?: 'exit' | 'unregister';
   /** Per thread since the baseline: energy given to it as a vCPU (its share and its part of W), J, and its ticks. */
   threads?: Map<number, { energyJ: number; ticks: number }>;
@@ -83,7 +82,6 @@ export function newEngineVm(id: number, vm: VmSpec, domains: number): EngineVm {
 }
 
 /** A VM as plain data (copies), its other domains' totals named by `domains`. */
-
 export function vmState(vm: EngineVm, domains: readonly string[]): EngineVmState {
   const out: EngineVmState = {
     id: vm.id,
@@ -162,7 +160,6 @@ export function aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<n
 }
 
 /** Each vCPU's energy and ticks since the VM's baseline into `vcpus` (tids set); returns the other threads' ticks. */
-
 export function fillThreadTotals(vm: EngineVm, vcpus: { tid: number; energyJ: number; ticks: number }[]): number {
   const t = vm.threads;
   let vcpuTicks = 0;

@@ -27,7 +27,6 @@ export interface VmInterval {
   pid: number;
   /** Joules per vpkg, index = vpkg, length = nvpkg. */
   vpkgEnergyJ: number[];
-
   /** The same for every other domain the host reads, in ENERGY_DOMAINS order; an idle VM's is shared (read only). */
   domains?: VmDomainEnergy[];
 }
@@ -93,7 +92,6 @@ export function emptyVmTotals(): VmTotals {
 }
 
 /** A published µJ count: floor(J x 1e6). */
-
 export function microjoules(j: number): number {
   return Math.floor(j * 1e6);
 }

@@ -32,7 +32,6 @@ export interface PackagePay {
  * Per package (same order): the divisor of its claims and who pays. With no leftover anywhere (a
  * one-package host), every divisor is the plain clamp's max(cap_p, D_p), exactly.
  */
-
 export function payClaims(packages: readonly PackageClaims[]): PackagePay[] {
   let leftover = 0;
   let excess = 0;

@@ -84,7 +84,6 @@ export function closeCounters(p: Plane): void {
  * How the plane's energy of the interval is paid (payClaims), a platform domain as one package holding
  * every CPU and claim. `capacity` null: no thread was seen on any package (split() reads no `pay`).
  */
-
 export function payPlane(p: Plane, packageIds: readonly number[], capacity: readonly number[] | null, claimed: readonly number[]): void {
   p.attributed.fill(0);
   p.lent = 0;

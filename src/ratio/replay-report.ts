@@ -4,7 +4,6 @@ import type { ReplaySummary } from './trace-replay.js';
 import type { IntervalResult, VmOutput } from './outputs.js';
 
 /** Per domain name, the fields `f` gives; undefined when there are none, so that the key is left out. */
-
 function byDomain<T extends { domain: string }>(list: readonly T[] | undefined, f: (d: T) => Record<string, unknown>) {
   if (list === undefined || list.length === 0) return undefined;
   const out: Record<string, Record<string, unknown>> = {};

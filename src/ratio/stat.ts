@@ -75,7 +75,6 @@ function openParen(b: Buffer, len: number): number {
  * separators after it, kept in a ring (the nearest RING to the ')' survive, more than the 37 up to
  * field 39). Returns the index of the last ')' or -1. Not re-entrant, like the engine.
  */
-
 const RING = 64;
 const spaces = new Int32Array(RING);
 let spaceCount = 0;

@@ -6,7 +6,6 @@ export class TraceError extends Error {
   /** 1-based. */
   readonly line: number | undefined;
   readonly file: string | undefined;
-
   constructor(
     readonly reason: string,
     line?: number,

@@ -37,7 +37,6 @@ export class Replay {
   private readonly attributedS = new Map<number, number>();
 
   /** A trace can register VMs without end (a gzip bomb of register lines): past this many the replay stops. */
-
   static readonly DEFAULT_MAX_VMS = MAX_VMS;
   private registered = 0;
 

@@ -123,7 +123,6 @@ export function inotifyWatchFd(inotifyFd: number, dirFd: number, mask: number): 
 }
 
 /** 0 or -errno. */
-
 export function inotifyUnwatch(inotifyFd: number, wd: number): number {
   return (fn.inotify_rm_watch(inotifyFd, wd) as number) === 0 ? 0 : -koffi.errno();
 }

@@ -2,7 +2,6 @@
  * The libc calls Node does not expose, through koffi, one file per concern; this one loads libc and
  * names errno. Every pointer argument is a Buffer, so no native memory is ever owned by JS.
  */
-
 import koffi from 'koffi';
 import os from 'node:os';
 

@@ -26,7 +26,6 @@ const fn = {
  * pread(2): the count read, or -errno. No exception on this path: the sampler reads thousands of
  * /proc files per interval, and a thread that exited (ESRCH) is routine there.
  */
-
 export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
   if (length > buf.length) throw new RangeError(`pread: ${length} bytes do not fit a buffer of ${buf.length}`);
   const n = Number(fn.pread(fd, buf, length, offset));

@@ -73,7 +73,6 @@ export interface SharedMapping {
 }
 
 /** mmap(2) of the first `length` bytes of `fd`, MAP_SHARED; the mapping outlives the fd. */
-
 export function mapShared(fd: number, length: number, writable: boolean): SharedMapping {
   if (!Number.isInteger(length) || length <= 0) throw new RangeError(`mmap: length ${length} is not a size`);
   const ptr = fn.mmap(null, length, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0) as unknown;

@@ -280,7 +280,6 @@ interface ReceivedWithFds {
  * has room for maxFds fds only, so a hostile sender cannot make this process hold more fds than it
  * asked for: the kernel closes the excess. Throws an errno error (EAGAIN: nothing to read).
  */
-
 export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
   if (!Number.isInteger(maxBytes) || maxBytes < 0) throw new RangeError(`recvmsg: maxBytes ${maxBytes} is not a size`);
   if (!Number.isInteger(maxFds) || maxFds < 0 || maxFds > MAX_FDS_PER_MESSAGE)

@@ -98,7 +98,6 @@ export function savedUidRoot(): void {
  * A serving process the keeper started (real and saved uid 0, DropOptions.realUidRoot) takes its
  * effective uid as all three, first thing, so that the keeper stays the only process with real uid 0.
  */
-
 export function takeOwnUid(): void {
   const euid = process.geteuid?.();
   if (euid !== undefined && process.getuid?.() !== euid) setresuid(euid);

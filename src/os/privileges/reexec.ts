@@ -128,7 +128,6 @@ export function daemonArgv(): string[] {
  * `keepFds` (beside stdio) survive; the environment and Node flags are the allowlisted part of ours,
  * plus `env`. Returns only by throwing (the fds then still kept across exec: see undoKeepAcrossExec).
  */
-
 export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
   for (const fd of new Set([0, 1, 2, ...keepFds])) {
     try {

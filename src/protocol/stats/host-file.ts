@@ -122,7 +122,6 @@ export interface HostStatsValues extends SampleTimes {
 }
 
 /** One sample's values; `domains`: the shapes the file was laid out with. */
-
 export function writeHostStats(b: SampleBlock, v: HostStatsValues, domains: readonly HostDomainShape[] = []): void {
   writeSampleTimes(b, v);
   const id = b.slot('package_id');

@@ -19,7 +19,6 @@ const MAX_STATS_DESCRIPTORS = 256;
 const MAX_STATS_NAME_SIZE = 256;
 export const MAX_STATS_FILE_BYTES = 1 << 20;
 /** Values one array descriptor may hold: the most vCPUs a VM may have (more than any other array needs). */
-
 const MAX_STATS_ARRAY = MAX_VCPUS;
 
 export interface StatsDescriptor {
@@ -148,7 +147,6 @@ function cString(b: Buffer, at: number, size: number, what: string): Result<stri
  * A file's layout from its bytes up to data_offset (or more) and its size: every check a reader
  * needs before trusting an offset (docs/stats-fd.md "Reading it").
  */
-
 export function decodeStatsLayout(b: Buffer, fileSize: number): Result<StatsLayout> {
   const hr = decodeStatsHeader(b);
   if (!hr.ok) return hr;

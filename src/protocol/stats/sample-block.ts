@@ -82,7 +82,6 @@ interface RetryOptions {
  * The values once the same even generation was seen before and after them, or null after `tries`
  * attempts: a starved reader is told so, never handed a torn sample.
  */
-
 export function readConsistent<T>(
   readGeneration: () => bigint,
   readValues: () => T,

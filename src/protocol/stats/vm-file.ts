@@ -187,7 +187,6 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
 }
 
 /** The part of writeVmStats that moves at every sample even when the VM's totals did not (an idle interval). */
-
 export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
   writeSampleTimes(b, v, slots.times);
   const np = Math.min(slots.shape.nvpkg, v.energyUj.length);

@@ -175,7 +175,6 @@ export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint)
   p.writeUInt32LE(vmId, 0);
   p.writeUInt32LE(nvpkg, 4);
   p.writeBigUInt64LE(u64(powerUnit), 8);
-
   return encodeFrame(T.REGISTERED, 0, p);
 }
 
@@ -492,7 +491,6 @@ export function encodeLimit(hostVmId: number, milliwatts?: number, domain?: Ener
 }
 
 /** HOST_SUBSCRIBE; `perPackage` and `domains` ask for those layouts (a helper before either answers ERROR 1). */
-
 export function encodeHostSubscribe(o: { perPackage: boolean; domains?: boolean } = { perPackage: false }): Buffer {
   const flags = (o.perPackage ? HOST_SUBSCRIBE_PER_PACKAGE : 0) | (o.domains === true ? HOST_SUBSCRIBE_DOMAINS : 0);
   return encodeFrame(T.HOST_SUBSCRIBE, flags, Buffer.alloc(0));

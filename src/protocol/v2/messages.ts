@@ -294,7 +294,6 @@ function parseVmDomains(p: Buffer, off: number, n: number): Result<VmDomainValue
  * HOST_UPDATE's domain block from `off`, ending exactly at the payload's end: each (package, domain)
  * once, each package one the frame lists.
  */
-
 function parseHostDomains(p: Buffer, off: number, packages: ReadonlySet<number>): Result<HostDomainValues[]> {
   const count = p.readUInt32LE(off);
   const want = off + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * count;
