@@ -1,14 +1,7 @@
 /**
- * File descriptors, THE one budget. The helper needs one fd per connection and, per registered VM,
- * about two per thread of its process (keptFds: its /proc/<pid>/task/<tid>/stat and schedstat, kept
- * open and re-read with pread: cheap, and the leader's fd stays bound to the process it was opened
- * for). Running out would make accept() and those opens fail, so:
- *  - at start-up the soft RLIMIT_NOFILE is raised to the hard limit (raiseFdLimit);
- *  - connections are capped at --max-connections, or at what half of the fds left after the reserve
- *    allow when the limit is lower (effectiveMaxConnections);
- *  - a VM (REGISTER, or discovery) is admitted only when its threads fit beside every connection
- *    slot and the reserve (canAdmit). Threads a VM starts later may still exhaust the limit: then a
- *    sample fails (ERROR 5 to v2 clients, logged) and the VM stays live.
+ * File descriptors, THE one budget: one per connection and about two per thread of each VM's
+ * process (keptFds). The soft RLIMIT_NOFILE is raised to the hard limit, connections are capped, and
+ * a VM is admitted only when its threads fit beside every connection slot and the reserve (canAdmit).
  */
 import fs from 'node:fs';
 import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from '../os/libc/processes.js';
@@ -18,10 +11,7 @@ import { fail, ok, type Result } from '../common/result.js';
 /** fds kept free for what is opened briefly: a /proc listing, a pidfile, a log, an MSR device of a new CPU. */
 export const FD_RESERVE = 32;
 
-/**
- * How old a count of the open fds usage() may report (it is read at every sample, for the host
- * statistics file): a count costs about a microsecond per open fd, 10 ms at 10 000 fds.
- */
+/** How old a count of the open fds usage() (read at every sample) may report: a count costs ~1 µs per fd. */
 const FD_USAGE_MAX_AGE_MS = 10_000;
 
 /** Fds one VM costs: what the sampler keeps open for its threads, plus the directory fd of a /proc/<pid>/task listing. */
@@ -29,11 +19,10 @@ export function vmFds(threads: number): number {
   return keptFds(threads) + 1;
 }
 
-/** What raiseFdLimit did, for the start-up log. */
 interface FdLimitChange {
   before: Rlimit;
   after: Rlimit;
-  /** Why the soft limit could not be raised, when it could not. */
+  /** Why the soft limit could not be raised. */
   error?: string;
 }
 
@@ -71,7 +60,7 @@ export function effectiveMaxConnections(maxConnections: number, limit: number, o
   return Math.max(1, Math.min(maxConnections, half));
 }
 
-/** The budget as it stands: fds open, the limit, and what may still be opened beside every connection slot and the reserve. */
+/** Fds open, the limit, and what may still be opened beside every connection slot and the reserve. */
 export interface FdUsage {
   open: number;
   max: number;
@@ -84,11 +73,10 @@ export type FdAdmission = Result<void>;
 interface FdBudgetOptions {
   /** The soft RLIMIT_NOFILE (after raising). */
   limit: number;
-  /** Connection slots kept free for (the effective --max-connections). */
+  /** The effective --max-connections. */
   maxConnections: number;
-  /** Connections open now (their fds are in openFds()). */
   openConnections: () => number;
-  /** The exact count of fds open now, asked at every check (default: counted once per event-loop turn, see openNow). */
+  /** The exact count of fds open now, asked at every check (default: counted once per event-loop turn). */
   openFds?: () => number;
 }
 
@@ -104,11 +92,9 @@ export class FdBudget {
   }
 
   /**
-   * Fds open now, read from /proc/self/fd once per event-loop turn: the readdir costs about a
-   * microsecond per open fd, and a burst of requests handled in one turn (a reader asking 500 VMs'
-   * statistics fds, a discovery scan admitting 500 VMs) would otherwise read it once per request,
-   * quadratic in the VMs. What this budget admits in the turn is added to the count, as if already
-   * open, so the count never runs behind what it let through.
+   * Fds open now, read from /proc/self/fd once per event-loop turn: a burst of requests in one turn
+   * (a discovery scan admitting 500 VMs) would otherwise be quadratic in the VMs. What is admitted in
+   * the turn is added to the count, so it never runs behind what it let through.
    */
   private countedThisTurn(): number {
     if (this.turn === null) {
@@ -118,7 +104,7 @@ export class FdBudget {
     return this.turn.open;
   }
 
-  /** `n` fds were admitted (or granted: VmFdShares): counted as open until the next turn's count sees them (or not, if they were never opened). */
+  /** `n` fds were admitted (or granted: VmFdShares): counted as open until the next turn's count. */
   admitted(n: number): void {
     if (this.turn !== null) this.turn.open += n;
   }
@@ -127,11 +113,7 @@ export class FdBudget {
     return this.o.limit;
   }
 
-  /**
-   * Fds open, the limit, and room(): what the host statistics file states at every sample. The
-   * count is this turn's, or the last one if it is under FD_USAGE_MAX_AGE_MS old (what was admitted
-   * in its turn included), so that a sample does not count every fd again.
-   */
+  /** For the host statistics file: from this turn's count, or the last one under FD_USAGE_MAX_AGE_MS old. */
   usage(): FdUsage {
     const recent =
       this.o.openFds === undefined && this.turn === null && this.last !== null && Date.now() - this.last.atMs < FD_USAGE_MAX_AGE_MS;
@@ -144,39 +126,32 @@ export class FdBudget {
     return Math.max(0, this.space().room);
   }
 
-  /** What the VMs' fds may take in all, beside every connection and the reserve: what the per-uid shares divide. */
+  /** What the VMs' fds may take in all: what the per-uid shares divide. */
   get vmCapacity(): number {
     return Math.max(0, this.o.limit - this.o.maxConnections - FD_RESERVE);
   }
 
-  /**
-   * Whether `n` more fds for `what` (a statistics file, the copy of it handed to a reader) fit beside
-   * every connection slot and the reserve.
-   */
   canOpen(n: number, what: string): FdAdmission {
     return this.fit(n, `${what} needs ${n}`);
   }
 
   /**
-   * Whether a VM whose process has `threads` threads fits: every fd open now, plus the slots of the
-   * connections not yet made, plus the reserve, plus the VM's own fds, within the limit. Its fds are
-   * counted as open this turn, unless `count` is false: the caller then opens them at once through a
-   * ledger that counts each fd it grants (VmFdShares.grant). Counted here too, they would be counted
-   * twice, and the grant, held to the room, would get only what is left beside them.
+   * Whether a VM whose process has `threads` threads fits. Its fds are counted as open this turn,
+   * unless `count` is false: the caller then opens them through a ledger that counts each fd it
+   * grants (VmFdShares.grant), and counting them here too would halve its grant.
    */
   canAdmit(threads: number, o: { count?: boolean } = {}): FdAdmission {
     const need = vmFds(Math.max(1, threads));
     return this.fit(need, `its ${threads} threads need ${need}`, o.count ?? true);
   }
 
-  /** The limit minus the fds open now, the slots of connections not yet made and the reserve (may be negative). */
+  /** The limit minus the fds open now, the free connection slots and the reserve (may be negative). */
   private space(counted?: number): { open: number; freeSlots: number; room: number } {
     const open = counted ?? this.openNow();
     const freeSlots = Math.max(0, this.o.maxConnections - this.o.openConnections());
     return { open, freeSlots, room: this.o.limit - open - freeSlots - FD_RESERVE };
   }
 
-  /** `need` fds admitted (counted as open this turn, unless `count` is false) when they fit, else why not (`needs`: what asks, and how many). */
   private fit(need: number, needs: string, count = true): FdAdmission {
     const { open, freeSlots, room } = this.space();
     if (need <= room) {

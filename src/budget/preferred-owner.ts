@@ -1,9 +1,7 @@
 /**
- * Who the share rule (budget/uid-share.ts) prefers: root's processes, and processes in one of the
- * preferred groups (the daemon's --socket-group: the group every QEMU that may ask the daemon runs
- * in, e.g. kvm or libvirt-qemu), by their real, effective or supplementary groups in
- * /proc/<pid>/status. A process cannot join a group it is not given, so a local user cannot make its
- * own processes preferred.
+ * Who the share rule prefers: root's processes, and processes in one of the preferred groups
+ * (--socket-group, e.g. kvm), by their real, effective or supplementary groups: a process cannot join
+ * a group it is not given, so a local user cannot make its own processes preferred.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -11,7 +9,6 @@ import { readProcFile } from '../os/proc-file.js';
 import { parseProcStatus } from '../os/privileges/proc-status.js';
 import type { ShareOwner } from './uid-share.js';
 
-/** Whether the process `pid`, owned by `uid`, is a preferred owner. */
 export function isPreferredOwner(procRoot: string, pid: number, uid: number, groups: readonly number[]): boolean {
   if (uid === 0) return true;
   if (groups.length === 0) return false;
@@ -25,7 +22,7 @@ export function isPreferredOwner(procRoot: string, pid: number, uid: number, gro
   return groups.some((g) => st.gid.slice(0, 2).includes(g) || st.groups.includes(g));
 }
 
-/** The owner of `pid` (of /proc/<pid>, as discovery and REGISTER take it) for the share rule; null when the process is gone. */
+/** The owner of /proc/<pid> for the share rule; null when the process is gone. */
 export function shareOwnerOf(procRoot: string, pid: number, groups: readonly number[]): ShareOwner | null {
   let uid: number;
   try {

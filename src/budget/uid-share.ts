@@ -1,15 +1,9 @@
 /**
- * One uid may not crowd out the others: the share rule for what the daemon hands out to the
- * processes it samples (discovery slots, kept file descriptors). A preferred owner (root, or a
- * process in the socket's group: every QEMU the host runs for its users) is bound only by the
- * capacity; any other uid may hold at most UID_SHARE of it, and all such uids together at most
- * OTHERS_SHARE, so preferred owners always find at least the rest. docs/security.md, "Fakes filling
- * the discovery cap and the fd budget".
- *
- * And when a capacity shared by owners is full, who gives way (ownerToEvict): the owner holding the
- * most, its oldest item that may go, and only while it holds more than the asker would with the room
- * (max-min fairness). The daemon's connection seats and incomplete-frame budget and the exporter's
- * connection slots evict by this rule.
+ * One uid may not crowd out the others: a preferred owner (root, or a process in the socket's group)
+ * is bound only by the capacity; any other uid may hold at most UID_SHARE of it, and all such uids
+ * together OTHERS_SHARE (docs/security.md, "Fakes filling the discovery cap and the fd budget").
+ * When a capacity shared by owners is full, the owner holding the most gives way (ownerToEvict),
+ * only while it holds more than the asker would (max-min fairness).
  */
 
 /** The part of a capacity one uid that is not a preferred owner may hold. */
@@ -17,7 +11,6 @@ export const UID_SHARE = 1 / 4;
 /** The part of a capacity all uids that are not preferred owners may hold together. */
 export const OTHERS_SHARE = 1 / 2;
 
-/** Who holds: a uid, and whether it is a preferred owner. */
 export interface ShareOwner {
   uid: number;
   preferred: boolean;
@@ -26,7 +19,6 @@ export interface ShareOwner {
 /** Which bound a request met: the capacity itself, the uid's share, or the others' share. */
 export type ShareBound = 'capacity' | 'uid' | 'others';
 
-/** How much `owner` may still take of `capacity`, and the bound that decides it. */
 export interface ShareRoom {
   room: number;
   bound: ShareBound;
@@ -38,10 +30,9 @@ export function shareOf(capacity: number, part: number): number {
 }
 
 /**
- * The owner that gives way for `asker`, who would hold `wants` with the room it asks for: of the
- * `candidates` (owners holding something that may go), the one holding the most (by `held`; among
- * equals, the first), if it holds more than `wants`; else undefined (no one holds more: no eviction).
- * The caller then evicts that owner's oldest item.
+ * Of the `candidates` (owners holding something that may go), the one holding the most (the first
+ * among equals), if it holds more than `wants` (what `asker` would hold); else undefined. The caller
+ * then evicts that owner's oldest item.
  */
 export function ownerToEvict<K>(candidates: Iterable<K>, held: (owner: K) => number, asker: K | null, wants: number): K | undefined {
   let most: K | undefined;
@@ -54,7 +45,7 @@ export function ownerToEvict<K>(candidates: Iterable<K>, held: (owner: K) => num
   return mostHeld > wants ? most : undefined;
 }
 
-/** What is held, and by whom: a tally per uid. Holds only uids holding something (no growth past the holders). */
+/** A tally per uid, of the uids holding something only. */
 export class UidShares {
   private readonly byUid = new Map<number, number>();
   private totalHeld = 0;
@@ -77,7 +68,6 @@ export class UidShares {
     return this.byUid.get(uid) ?? 0;
   }
 
-  /** What `owner` may still take, and which bound decides it (the smallest). */
   room(owner: ShareOwner): ShareRoom {
     let best: ShareRoom = { room: this.capacity - this.totalHeld, bound: 'capacity' };
     if (!owner.preferred) {
@@ -89,17 +79,13 @@ export class UidShares {
     return { room: Math.max(0, best.room), bound: best.bound };
   }
 
-  /**
-   * Takes up to `n` for `owner`; returns what it got (0 when its share or the capacity is full), and
-   * never less than `atLeast` (what must be had whatever the shares: counted all the same).
-   */
+  /** Takes up to `n` for `owner`, and never less than `atLeast` (had whatever the shares); returns what it got. */
   take(owner: ShareOwner, n: number, atLeast = 0): number {
     const got = Math.max(0, Math.min(n, Math.max(atLeast, this.room(owner).room)));
     if (got > 0) this.add(owner, got);
     return got;
   }
 
-  /** Gives back `n` that `owner` held (never below 0). */
   give(owner: ShareOwner, n: number): void {
     const held = this.heldBy(owner.uid);
     const back = Math.min(n, held);

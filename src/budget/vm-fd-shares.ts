@@ -1,15 +1,8 @@
 /**
- * The VMs' file descriptors, shared out: what each sampled process may keep open (the task reader
- * asks before it opens, os/proc-tasks.ts KeptFdLedger) and whether a new VM fits (REGISTER,
- * discovery). Three bounds, each from one place:
- *  - one VM keeps the fds of at most --max-vm-threads threads (DEFAULT_MAX_VM_THREADS): one
- *    process that grows threads cannot take the fds every other VM is sampled with;
- *  - one uid that is not a preferred owner (budget/preferred-owner.ts) holds at most its share of the
- *    VMs' fds, and all such uids together theirs (budget/uid-share.ts);
- *  - all of them fit in the fd budget (budget/fd-budget.ts): the open-file limit beside every
- *    connection slot and the reserve.
- * A process over a bound is sampled from the threads it keeps (not whole); a new VM that would not
- * fit whole is not admitted, with a message that names the fix.
+ * The VMs' file descriptors, shared out: what each sampled process may keep open (KeptFdLedger) and
+ * whether a new VM fits. Three bounds: one VM keeps the fds of at most --max-vm-threads threads (a
+ * process growing threads cannot starve the others), each uid its share (uid-share.ts), and all of
+ * them the fd budget (fd-budget.ts). A process over a bound is sampled from the threads it keeps.
  */
 import { fail } from '../common/result.js';
 import { UID_SHARE, UidShares, shareOf, type ShareOwner } from './uid-share.js';
@@ -22,9 +15,8 @@ export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;
 
 interface VmFdSharesOptions {
   budget: Pick<FdBudget, 'room' | 'vmCapacity' | 'canAdmit' | 'canOpen' | 'admitted'> & Partial<Pick<FdBudget, 'usage'>>;
-  /** --max-vm-threads. */
   maxVmThreads: number;
-  /** The owner of a process for the share rule; null when it is gone. */
+  /** Null when the process is gone. */
   owner: (pid: number) => ShareOwner | null;
 }
 
@@ -57,10 +49,7 @@ export class VmFdShares implements KeptFdLedger {
     return this.shares.heldBy(uid);
   }
 
-  /**
-   * Whether a new VM, process `pid` with `threads` threads, fits whole (up to --max-vm-threads of
-   * them): in its owner's share and in the budget.
-   */
+  /** Whether a new VM's process fits whole (up to --max-vm-threads threads) in its owner's share and the budget. */
   canAdmit(threads: number, pid?: number): FdAdmission {
     const kept = Math.min(Math.max(1, threads), this.o.maxVmThreads);
     const owner = pid === undefined ? null : this.o.owner(pid);
@@ -77,7 +66,6 @@ export class VmFdShares implements KeptFdLedger {
     return this.o.budget.canOpen(n, what);
   }
 
-  /** The budget's fds open, limit and room (absent when the budget does not say). */
   usage(): FdUsage | null {
     return this.o.budget.usage?.() ?? null;
   }

@@ -1,7 +1,6 @@
 /**
  * Listener lifetimes, one way: whatever adds a listener returns a Disposable that removes it, and a
- * DisposableStore removes a group at once (in reverse order, idempotently). Pure: emitters are
- * reached through their on/off methods, so this imports nothing.
+ * DisposableStore removes a group at once (in reverse order, idempotently).
  */
 
 export interface Disposable {

@@ -1,10 +1,7 @@
 /**
- * THE rate limiter for log lines a client (or a resource shortage) can trigger at will: a refused
- * MSR, a failed MSR read, a refused connection, EMFILE, a partial frame timed out. Per cause, at
- * most `burst` lines per window; the rest are counted and one line "N more ... suppressed" follows
- * when the window ends (and at flush(), on shutdown), so the journal never floods and no count is
- * lost. Causes are a fixed set of names chosen by the code, never by a client, so the state is
- * bounded.
+ * THE rate limiter for log lines a client (or a resource shortage) can trigger at will. Per cause, at
+ * most `burst` lines per window; the rest are counted in one "N more ... suppressed" line when the
+ * window ends (or at flush()). Causes are names chosen by the code, never by a client: the state is bounded.
  */
 import type { Logger } from 'pino';
 
@@ -56,7 +53,7 @@ export class LogLimiter {
     this.write('error', cause, obj, msg);
   }
 
-  /** Lines suppressed so far in the current windows, per cause (for tests and metrics). */
+  /** Lines suppressed so far in the current window of `cause`. */
   suppressed(cause: string): number {
     return this.states.get(cause)?.suppressed ?? 0;
   }

@@ -1,11 +1,7 @@
 /**
- * pino on stderr, in the form its reader understands:
- * - under systemd-journald (JOURNAL_STREAM names our stderr): one line per record, prefixed with the
- *   syslog priority `<N>` (journald's SyslogLevelPrefix=, on by default), so `journalctl -p warning`
- *   filters; no time, pid or host (the journal adds its own);
- * - on a terminal: `HH:MM:SS.mmm LEVEL [area] message key=value ...`;
- * - anywhere else (a pipe, a file, a log shipper): one JSON object a line, level as its name and
- *   time as ISO 8601.
+ * pino on stderr, in the form its reader understands: under journald, one line per record prefixed
+ * with the syslog priority `<N>` (so `journalctl -p warning` filters); on a terminal, a readable line;
+ * anywhere else, one JSON object a line.
  */
 import fs from 'node:fs';
 import tty from 'node:tty';
@@ -45,7 +41,6 @@ function detectLogFormat(env: NodeJS.ProcessEnv = process.env, fd = 2): LogForma
   return tty.isatty(fd) ? 'pretty' : 'json';
 }
 
-/** Keys pino adds that the journal and the terminal line carry otherwise (or not at all). */
 const HIDDEN = new Set(['level', 'time', 'pid', 'hostname', 'name', 'msg', 'area']);
 
 function value(v: unknown): string {
@@ -53,7 +48,7 @@ function value(v: unknown): string {
   return JSON.stringify(v) ?? String(v);
 }
 
-/** The message and its fields as one line: `[area] message key=value ...` (never a newline inside). */
+/** `[area] message key=value ...`, never a newline inside. */
 function body(rec: Record<string, unknown>): string {
   const fields = Object.entries(rec)
     .filter(([k]) => !HIDDEN.has(k))
@@ -63,13 +58,11 @@ function body(rec: Record<string, unknown>): string {
   return `${area}${msg}${fields.length ? ` ${fields.join(' ')}` : ''}`.replace(/\r?\n/g, '\\n');
 }
 
-/** One pino JSON record (level as its name) as a journald line: `<N>[area] message key=value`. */
 export function formatJournalLine(json: string): string {
   const rec = JSON.parse(json) as Record<string, unknown>;
   return `<${SYSLOG_PRIORITY[String(rec.level)] ?? 6}>${body(rec)}\n`;
 }
 
-/** One pino JSON record as a terminal line: `HH:MM:SS.mmm LEVEL [area] message key=value`. */
 export function formatPrettyLine(json: string): string {
   const rec = JSON.parse(json) as Record<string, unknown>;
   const t = new Date(typeof rec.time === 'string' || typeof rec.time === 'number' ? rec.time : Date.now());

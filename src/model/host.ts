@@ -1,10 +1,6 @@
-/**
- * The host as the engine, sampler, traces and daemon know it: its vendor, CPUs, packages and energy
- * counters. Pure data, no I/O; field meanings follow docs/ratio.md and docs/trace-format.md.
- */
+/** The host as the engine, sampler, traces and daemon know it (docs/ratio.md, docs/trace-format.md). */
 import type { OtherDomain } from './domains.js';
 
-/** CPU vendors whose RAPL MSRs the helper knows. */
 export type Vendor = 'intel' | 'amd';
 
 export interface HostCpu {
@@ -25,10 +21,7 @@ export interface HostPackage {
    * says otherwise, and the unit of its VMs' (guest) counters.
    */
   powerUnit: bigint;
-  /**
-   * The package energy counter when it is not a RAPL MSR's (powercap: µJ, wrapping after
-   * max_energy_range_uj). Absent: bits 31:0 in units of powerUnit's ESU (ratio/counter.ts packageCounter).
-   */
+  /** When it is not a RAPL MSR's (powercap: µJ). Absent: bits 31:0 in units of powerUnit's ESU. */
   counter?: CounterSpec;
   /** Raw MSR_PKG_POWER_LIMIT (0x610), when known. */
   powerLimit?: bigint;
@@ -36,21 +29,16 @@ export interface HostPackage {
   powerInfo?: bigint;
 }
 
-/** What the engine needs to know about the host: the trace header's `host` plus CLK_TCK. */
 export interface HostInfo {
   vendor: Vendor;
   clkTck: number;
   /** Online logical CPUs and their package. */
   cpus: HostCpu[];
   packages: HostPackage[];
-  /**
-   * The counters of the RAPL domains other than the package the host's source reads (core, uncore, dram
-   * per package; psys once, under the lowest package): absent or empty when only the package is read.
-   */
+  /** The other domains' counters (psys once, under the lowest package); absent or empty: only the package. */
   domains?: DomainCounter[];
 }
 
-/** The counter of one RAPL domain other than the package, on one package (docs/energy-domains.md). */
 export interface DomainCounter extends CounterSpec {
   pkg: number;
   domain: OtherDomain;

@@ -1,9 +1,6 @@
 /**
- * THE vCPU-list rule, used by every way a VM arrives (v2 REGISTER, --vcpus, QMP, a trace's register
- * line, the engine itself): 1..MAX_VCPUS entries, each a thread id in 1..MAX_TID and a virtual
- * package in 0..MAX_VPKG, no thread twice. Entries are numbered from 1 in every message. Only the
- * engine passes `allowEmpty` (a discovered VM may have no known vCPU thread for a while); every
- * entry point refuses an empty list.
+ * THE vCPU-list rule, used by every way a VM arrives. Only the engine passes `allowEmpty` (a
+ * discovered VM may have no known vCPU thread for a while).
  */
 import { fail, ok, type Result } from '../common/result.js';
 
@@ -21,7 +18,6 @@ export interface VcpuSpec {
 }
 
 interface VcpuRuleOptions {
-  /** Accept a list of no entries (the engine only); default false. */
   allowEmpty?: boolean;
 }
 

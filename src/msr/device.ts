@@ -1,7 +1,4 @@
-/**
- * MSR device access: one fd per CPU, opened once and reused, read with pread at offset = MSR number,
- * exactly as /dev/cpu/N/msr expects. Opening happens before privileges drop (see os/privileges, helper/privileged-start).
- */
+/** MSR device access: one fd per CPU, opened once (before privileges drop), read with pread at offset = MSR number. */
 import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from './errno-hints.js';
@@ -16,7 +13,6 @@ export const FAKE_MSR_TREE_DOC = 'docs/try-it.md "A fake MSR tree"';
 /**
  * Why a pread of `msr` returned `n` bytes, not 8. The msr driver never does that (it fails with EIO),
  * so the fd is a plain file: a fake MSR tree (--msr-path) that does not reach that register's offset.
- * Names the register, the file, its length and what it must hold. The one wording of a short read.
  */
 function shortReadMessage(cpu: number, msr: number, n: number, file: string, fd: number): string {
   let size: string;
@@ -51,7 +47,6 @@ export class MsrReadError extends Error {
 
 export class MsrDevice {
   private readonly fds = new Map<number, number>();
-  /** pread's target, copied out at once. */
   private readonly buf = Buffer.alloc(8);
 
   constructor(private readonly template: string) {}
@@ -75,7 +70,6 @@ export class MsrDevice {
     this.fds.set(cpu, fd);
   }
 
-  /** [cpu, fd] of every open device. */
   openFds(): [number, number][] {
     return [...this.fds];
   }
@@ -84,22 +78,18 @@ export class MsrDevice {
     return this.fds.has(cpu);
   }
 
-  /** pread(fd, 8, offset = msr). Throws MsrReadError when the device or register cannot be read. */
+  /** Throws MsrReadError when the device or register cannot be read. */
   read(cpu: number, msr: number): bigint {
     this.pread8(cpu, msr);
     return this.buf.readBigUInt64LE(0);
   }
 
-  /**
-   * pread(fd, 8, offset = msr), copied to out[offset..offset+8): the register's little-endian bytes,
-   * which is also the legacy reply's encoding. Throws MsrReadError as read() does.
-   */
+  /** The register's little-endian bytes (the legacy reply's encoding) to out[offset..offset+8). */
   readInto(cpu: number, msr: number, out: Buffer, offset: number): void {
     this.pread8(cpu, msr);
     this.buf.copy(out, offset, 0, 8);
   }
 
-  /** pread(fd, 8, offset = msr) into this.buf. Throws MsrReadError as read() does. */
   private pread8(cpu: number, msr: number): void {
     let fd = this.fds.get(cpu);
     if (fd === undefined) {
@@ -131,11 +121,7 @@ export class MsrDevice {
   }
 }
 
-/**
- * An MSR error rewritten to name the fix (msr/errno-hints.ts), and `alternative` after it when the
- * caller has one (record: a synthetic energy source). The MSR error may be the error itself or its
- * cause (an energy source's read error wraps the MsrReadError it met).
- */
+/** An MSR error (or an error caused by one) rewritten to name the fix, and `alternative` after it. */
 export function msrErrorWithHint(e: unknown, alternative?: string): Error {
   const msr = e instanceof MsrReadError ? e : e instanceof Error && e.cause instanceof MsrReadError ? e.cause : undefined;
   if (!msr) return e instanceof Error ? e : new Error(String(e));

@@ -26,12 +26,11 @@ export interface AmdSynthConfig {
 export const DEFAULT_AMD_SYNTH: AmdSynthConfig = { powerLimitWatts: 120, tdpWatts: 120 };
 
 export type LegacyPlan =
-  /** pread this register on the requested cpu. */
   | { kind: 'read'; msr: number }
   /** read the power unit register `unitMsr`, then encode `field` from configuration in that unit. */
   | { kind: 'synth'; field: 'power-limit' | 'power-info'; unitMsr: number };
 
-/** The plan for an allowed legacy MSR, or null for any other number. */
+/** Null for a number not allowed. */
 export function legacyPlan(vendor: Vendor, msr: number): LegacyPlan | null {
   if (vendor === 'intel') return LEGACY_ALLOWED_MSRS.has(msr) ? { kind: 'read', msr } : null;
   switch (msr) {

@@ -1,8 +1,6 @@
 /**
- * bcrypt hashing and verification through the C library's crypt (libxcrypt, libcrypt.so.1, which every Debian,
- * Ubuntu and RHEL host has: login and PAM use it), called with koffi on a worker thread so that a
- * hash of cost 10 (about 70 ms) never holds up the event loop. The result is compared with the
- * stored hash in constant time.
+ * bcrypt through libxcrypt's crypt_rn (every Debian, Ubuntu and RHEL host has it: PAM uses it), on a
+ * worker thread so that a hash of cost 10 (about 70 ms) never holds up the event loop.
  */
 import koffi, { type KoffiFunc, type LibraryHandle } from 'koffi';
 import { timingSafeEqual } from 'node:crypto';
@@ -48,14 +46,19 @@ export function checkBcryptAvailable(): void {
   load();
 }
 
+/** crypt_rn of `phrase` with `setting`, on a worker thread. */
+function cryptAsync(fn: CryptRn, phrase: string, setting: string): Promise<string | null> {
+  const data = Buffer.alloc(CRYPT_DATA_SIZE);
+  return new Promise((resolve, reject) => {
+    fn.async(phrase, setting, data, data.length, (err: unknown, res) => (err ? reject(err as Error) : resolve(res)));
+  });
+}
+
 /** Whether `password` hashes to `hash` ($2a$, $2b$ or $2y$). A password holding NUL never matches (C strings end there). */
 export async function bcryptVerify(password: string, hash: string): Promise<boolean> {
   const fn = load();
   if (password.includes('\0') || hash.includes('\0')) return false;
-  const data = Buffer.alloc(CRYPT_DATA_SIZE);
-  const out = await new Promise<string | null>((resolve, reject) => {
-    fn.async(password, hash, data, data.length, (err: unknown, res) => (err ? reject(err as Error) : resolve(res)));
-  });
+  const out = await cryptAsync(fn, password, hash);
   if (out === null) return false;
   const a = Buffer.from(out);
   const b = Buffer.from(hash);
@@ -85,10 +88,7 @@ export async function bcryptHash(password: string, cost: number = BCRYPT_COST.de
   const saltBuf = Buffer.alloc(64);
   const setting = cryptGensaltRn!('$2b$', cost, null, 0, saltBuf, saltBuf.length);
   if (setting === null) throw new Error(cannot('hash the password', 'libcrypt made no bcrypt salt', 'install libcrypt1 4.1 or newer'));
-  const data = Buffer.alloc(CRYPT_DATA_SIZE);
-  const out = await new Promise<string | null>((resolve, reject) => {
-    fn.async(password, setting, data, data.length, (err: unknown, res) => (err ? reject(err as Error) : resolve(res)));
-  });
+  const out = await cryptAsync(fn, password, setting);
   if (out === null || !out.startsWith('$2b$')) throw new Error(cannot('hash the password', 'libcrypt refused the bcrypt setting'));
   return out;
 }

@@ -1,13 +1,10 @@
 /**
- * The QEMU version of a process, read from its executable: the text after "QEMU emulator version "
- * in the binary (QEMU's --version string is one literal in it). No path a process chose is opened
- * (docs/security.md, "Exact mode's peers"): every file is first only looked up (O_PATH: no
- * driver's open runs, a device or FIFO is never opened) and checked with fstat, then read through
- * the fd of that lookup. The executable is the kernel's own link, /proc/<pid>/exe, when the helper
- * may follow it (the same uid); else an absolute argv[0], read only when it is an installed
- * program: a regular file owned by root that no one else may write, executable, of at least
- * MIN_EXE_BYTES (no /proc, /sys or user's file). At most MAX_EXE_BYTES are scanned, and each
- * executable (device, inode, size, mtime) once. Asynchronous, in 1 MiB reads: nothing waits on it.
+ * The QEMU version of a process, read from its executable (its --version string is one literal in
+ * it). No path a process chose is opened (docs/security.md, "Exact mode's peers"): every file is first
+ * only looked up (O_PATH: a device or FIFO is never opened) and checked with fstat, then read through
+ * that fd. The executable is /proc/<pid>/exe when the helper may follow it; else an absolute argv[0],
+ * only when it is an installed program (a regular executable owned by root, writable by no one else,
+ * of at least MIN_EXE_BYTES). Each executable is scanned once, asynchronously.
  */
 import fs from 'node:fs';
 
@@ -42,10 +39,7 @@ const O_PATH = 0o10000000;
 /** An installed QEMU is tens of MB; a file of /proc or /sys says 0 or 4096. */
 const MIN_EXE_BYTES = 1 << 20;
 
-/**
- * `file` opened for reading only once its lookup (O_PATH) is a regular file within the size bounds
- * (and, for a path a process chose, an installed program: see the header); null otherwise.
- */
+/** `file` opened for reading once its lookup is a regular file within bounds (a `chosen` one, an installed program). */
 async function openChecked(file: string | null, chosen: boolean): Promise<{ fh: fs.promises.FileHandle; st: fs.Stats } | null> {
   if (file === null) return null;
   let lookup: fs.promises.FileHandle;

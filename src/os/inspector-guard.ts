@@ -1,21 +1,12 @@
 /**
- * Keeps Node's inspector (a debugger: whoever connects runs code in the process) shut.
- *
- * Node 20 opens the inspector on 127.0.0.1:9229 when the process gets SIGUSR1, and any process of
- * the same uid may send it: with `-u USER`, any process of USER; for the exporter, any process of
- * its uid. Then any local user can connect and run code in the daemon, with its MSR fds and
- * CAP_SYS_RAWIO. A JavaScript SIGUSR1 listener replaces Node's own handler (measured on Node 20,
- * which has no --disable-sigusr1: that came with 22.14), so installSigusr1Guard() must run before
- * anything else in the executable (src/bin/guard.ts, the entry's first import).
- *
- * Defence in depth: closeOpenInspector() closes an inspector something opened anyway (a --inspect
- * flag or NODE_OPTIONS of the first image, which root controls; never passed on, see
- * os/privileges/reexec.ts).
+ * Keeps Node's inspector shut: Node 20 opens it on 127.0.0.1:9229 when any process of the same uid
+ * sends SIGUSR1, and whoever connects runs code in the daemon (docs/security.md, "A debugger opened by
+ * SIGUSR1"). A JavaScript SIGUSR1 listener replaces Node's own handler, so installSigusr1Guard() runs
+ * before anything else (src/bin/guard.ts). closeOpenInspector() closes one opened anyway (--inspect).
  */
 import fs from 'node:fs';
 import inspector from 'node:inspector';
 
-/** The warning logged when SIGUSR1 arrives (who sent it is not known to a signal listener). */
 export const SIGUSR1_MESSAGE = "SIGUSR1 ignored: it would open Node's inspector";
 /** At most one SIGUSR1 warning per this many ms; the ones held back are counted in the next. */
 const SIGUSR1_LOG_EVERY_MS = 60_000;
@@ -39,10 +30,7 @@ export function closeOpenInspector(): string | null {
 
 let installed = false;
 
-/**
- * Installs the SIGUSR1 listener (once) and closes an inspector already open. `now` and `warn` are
- * for tests. Returns the listener.
- */
+/** Installs the SIGUSR1 listener (once) and closes an inspector already open. Returns the listener. */
 export function installSigusr1Guard(now: () => number = Date.now, warn: typeof warnLine = warnLine): () => void {
   let lastLog = -Infinity;
   let heldBack = 0;

@@ -1,11 +1,7 @@
 /**
- * --log-file: the daemon's stderr becomes a file, so every log line (and anything Node itself
- * prints) goes there, in the JSON-lines format (src/logging/logger.ts picks it for a file). The file
- * is opened once, by the first image (as root, before the privilege drop), appended to and created
- * mode 0640; being fd 2 it crosses the start-up re-exec and a restart in place unchanged, and the
- * dropped daemon never needs to open it again. A symbolic link is refused (O_NOFOLLOW: a user who
- * may write the directory must not redirect root's appends to another file), and so is anything
- * but a regular file or a character device (/dev/null).
+ * --log-file: the daemon's stderr becomes a file, opened once by the first image (as root); being
+ * fd 2 it crosses every exec. A symbolic link is refused (a user who may write the directory must not
+ * redirect root's appends to another file), and so is anything but a regular file or /dev/null.
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';

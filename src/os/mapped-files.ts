@@ -1,18 +1,9 @@
 /**
- * The clean file-backed pages of this process's mappings, and giving them back after start-up.
- *
- * Most of a Node daemon's resident memory is the node binary itself (about 40 MiB of its 95 MiB
- * file): code and read-only data that start-up ran or read once (bootstrap, module loading and
- * compiling, the CLI) and that stay mapped in the page tables, counted in RSS, long after. Those
- * pages are clean copies of the file: madvise(MADV_DONTNEED) takes them out of the page tables, the
- * page cache keeps them (shared with every other process mapping the file), and an access later
- * maps them again with a minor fault, no I/O. What the daemon keeps using comes back at once; the
- * rest stays out.
- *
- * Only mappings whose every page is a clean copy of the file qualify: file-backed (an absolute
- * path), not writable, no anonymous page (a private page written once, e.g. a debugger's breakpoint,
- * would be lost), not locked, not a device/PFN mapping. /proc/self/smaps is parsed strictly; a block
- * that does not read as expected is left alone.
+ * Giving back the clean file-backed pages start-up touched (most of them the node binary's):
+ * madvise(MADV_DONTNEED) takes them out of the page tables, the page cache keeps them, and a later
+ * access maps them again with a minor fault, no I/O (docs/performance.md). Only mappings whose every
+ * page is a clean copy of the file qualify (a private page written once, e.g. a debugger's
+ * breakpoint, would be lost); a smaps block that does not read as expected is left alone.
  */
 import fs from 'node:fs';
 import { dropMappedPages } from './libc/memfd-mmap.js';
@@ -24,13 +15,11 @@ export interface Mapping {
   perms: string;
   /** The mapped file's path (may hold spaces, may end with " (deleted)"), a [pseudo] name, or ''. */
   path: string;
-  /** Resident kB mapped by this process. */
+  /** kB; -1 when not listed. */
   rssKb: number;
-  /** Anonymous kB: pages of this mapping copied on write (private to us). -1 when not listed. */
   anonKb: number;
-  /** Locked kB (mlock). -1 when not listed. */
   lockedKb: number;
-  /** The two-letter VmFlags ("rd", "ex", "lo", "io", ...); empty when not listed. */
+  /** The two-letter VmFlags ("rd", "ex", "lo", "io", ...). */
   flags: string[];
 }
 
@@ -92,17 +81,12 @@ export function isCleanFileMapping(m: Mapping): boolean {
 }
 
 interface DroppedPages {
-  /** Resident kB taken out of the page tables. */
   droppedKb: number;
   /** Mappings the kernel refused (left as they were). */
   refused: number;
 }
 
-/**
- * Takes the clean file-backed pages of this process out of its page tables (see the top of this
- * file). Never throws: a mapping the kernel refuses is counted and left; an unreadable smaps drops
- * nothing.
- */
+/** Never throws: a mapping the kernel refuses is counted and left; an unreadable smaps drops nothing. */
 export function dropCleanFilePages(): DroppedPages {
   const r: DroppedPages = { droppedKb: 0, refused: 0 };
   let text: string;

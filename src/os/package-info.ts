@@ -1,8 +1,4 @@
-/**
- * THE package.json walk: the vmsr-helper package this module belongs to, found by walking up from
- * it (src/os when tests import the sources, dist/src/os when built, node_modules/vmsr-helper/...
- * when installed). Gives its root (to find bundled files) and its version.
- */
+/** THE package.json walk: the vmsr-helper package this module belongs to (sources, dist/ or installed). */
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';

@@ -26,12 +26,9 @@ export function peerOf(socket: net.Socket): PeerCredentials {
 }
 
 /**
- * The start time of the very process that connected on `socket` (pid `pid` from SO_PEERCRED), which
- * with the pid names it (PeerCredentials.starttime): read by pid, and kept only when the kernel's
- * pidfd of the connecting process (SO_PEERPIDFD) says it still runs, so still holds that pid.
- * Connect and accept are apart in time: by accept, that process may have exited and its pid gone to
- * another (null then). A kernel without SO_PEERPIDFD (before 6.5) gets the start time of whatever
- * holds the pid at accept.
+ * The start time of the very process that connected on `socket`: read by pid, and kept only when its
+ * pidfd (SO_PEERPIDFD) says it still runs, so still holds that pid (by accept, it may have exited and
+ * its pid gone to another: null). Before Linux 6.5, the start time of whatever holds the pid at accept.
  */
 export function connectingProcessStart(socket: net.Socket, pid: number, starttimeOf: (pid: number) => number | null): number | null {
   const fd = socketFd(socket);
@@ -48,7 +45,7 @@ export function connectingProcessStart(socket: net.Socket, pid: number, starttim
   }
 }
 
-/** The live threads of one process, as /proc/<pid>/task/<tid> shows them; the path prefix is built once. */
+/** The live threads of one process, as /proc/<pid>/task/<tid> shows them. */
 export class PeerTasks {
   private readonly prefix: string;
 
@@ -59,10 +56,7 @@ export class PeerTasks {
     this.prefix = `${path.join(procRoot, String(pid), 'task')}/`;
   }
 
-  /**
-   * True when /proc/<pid>/task/<tid> exists: the tid is a live thread of the peer. tid 0 and values
-   * beyond pid_t never are, so they are refused without touching /proc.
-   */
+  /** tid 0 and values beyond pid_t are refused without touching /proc. */
   has(tid: number): boolean {
     if (!Number.isInteger(tid) || tid <= 0 || tid > MAX_TID || !(this.pid > 0)) return false;
     return fs.existsSync(this.prefix + tid);
@@ -75,11 +69,9 @@ export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolea
 }
 
 /**
- * Whether the peer is in group `gid`: its primary gid (SO_PEERCRED), or a supplementary group of
- * the peer process (the `Groups:` line of /proc/<pid>/status, which also covers groups given by
- * systemd's SupplementaryGroups= that /etc/group does not list). The status is only believed when
- * its real and effective uid are still the peer's, so a peer that exits and whose pid is reused
- * by another user's process gains nothing.
+ * Whether the peer is in group `gid`: its primary gid, or a supplementary group of its process
+ * (/proc/<pid>/status also covers systemd's SupplementaryGroups=, which /etc/group does not list).
+ * The status is believed only while its real and effective uid are the peer's, so a reused pid gains nothing.
  */
 export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number): boolean {
   if (peer.gid === gid) return true;

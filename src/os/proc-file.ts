@@ -1,11 +1,7 @@
 /**
- * Reading a small /proc file (a process's stat or status) as text, through one reused buffer.
- *
- * /proc files report size 0, so fs.readFileSync reads them into a fresh 64 KiB buffer each time: a
- * malloc'd backing store per call that lives until the next GC. Reading hundreds of them in a burst
- * (500 VMs registering) leaves glibc's heap that many megabytes larger and fragmented. Here every
- * read goes into one module-wide buffer that grows (doubling) only for a longer file, up to
- * MAX_PROC_FILE_BYTES.
+ * Reading a small /proc file as text, through one reused buffer: /proc files report size 0, so
+ * fs.readFileSync reads each into a fresh 64 KiB buffer, and hundreds in a burst (500 VMs
+ * registering) leave glibc's heap that many megabytes larger and fragmented.
  */
 import fs from 'node:fs';
 

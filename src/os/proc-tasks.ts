@@ -1,24 +1,16 @@
 /**
- * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply:
- *  - each thread's stat file stays open and is re-read with pread at offset 0 (procfs regenerates it
- *    on every read), and /proc/<pid>/task is listed only when the thread set may have changed;
- *  - what has not run since its line was read is not asked for it again (docs/daemon.md, "Sampling
- *    cost"): a process none of whose threads ran (its CPU clock did not move, the process gate, see
- *    PidState) gets every line as last read, with no read at all; otherwise a thread
- *    whose run time (schedstat field 1) did not move gets its line as last read (the thread gate,
- *    see ThreadState). The kernel formats the 52 fields of a stat line for several microseconds; a
- *    CPU clock is a fraction of one, a schedstat (3 numbers) about half a stat line. A thread that
- *    did not run has the same utime, stime, starttime and processor.
- * A vanished thread or process (ENOENT, ESRCH) is never an error: it is simply absent. Any other
- * failure (EMFILE when the helper is out of file descriptors, ENOMEM, ...) says nothing about the
- * process. It is contained to that process: a process read before goes on from the threads it kept
- * (not sampled whole this time, see notWhole(), and tried again at the next read); only a process
- * never read gets a TaskReadError, for the caller to refuse or put off that one VM.
- * How many fds one process may keep is a KeptFdLedger's to say (the daemon's: per VM, per uid, in
- * all, budget/vm-fd-shares.ts): a process that has more threads than it may keep is sampled from the
- * threads it kept (its main thread always, then ascending tid), and from then on no thread of it is
- * added (a thread added later would bring the CPU time of its whole life into one interval): it is
- * not sampled whole until it is forgotten. docs/daemon.md, "File descriptors".
+ * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: each stat
+ * file stays open and is re-read with pread (procfs regenerates it on every read), the task directory
+ * is listed only when the thread set may have changed, and what has not run since its line was read
+ * is not read again: a process whose CPU clock did not move (the process gate, PidState), or a thread
+ * whose schedstat run time did not (the thread gate, ThreadState), gets its lines as last read. A stat
+ * line costs the kernel several microseconds; a CPU clock a fraction of one (docs/daemon.md, "Sampling cost").
+ * A vanished thread or process (ENOENT, ESRCH) is simply absent. Any other failure (EMFILE, ENOMEM)
+ * says nothing about the process and is contained to it: a process read before goes on from the threads
+ * it kept (notWhole()); only a process never read gets a TaskReadError.
+ * A process with more threads than its KeptFdLedger grant is sampled from the threads it kept (main
+ * first, then ascending tid) and gets no new thread until forgotten: a thread added later would bring
+ * the CPU time of its whole life into one interval (docs/daemon.md, "File descriptors").
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -49,7 +41,6 @@ export class TaskReadError extends Error {
 const { ENOENT, ESRCH } = os.constants.errno;
 const outOfFds = (code: string | undefined): boolean => code === 'EMFILE' || code === 'ENFILE';
 
-/** errno codes that mean "this thread or process no longer exists". */
 function isGone(e: unknown): boolean {
   const code = (e as NodeJS.ErrnoException).code;
   return code === 'ENOENT' || code === 'ESRCH';
@@ -64,11 +55,9 @@ const BUF_SIZE = 4096;
 
 /**
  * A line answered from the gate this many times in a row is read anyway: it bounds how old the
- * fields the engine does not use (and a name another thread gave this one) can get in a trace.
- * Processes and threads first read together (VMs found by one scan, or registered at once) would
- * all reach the bound in the same interval, one full read of everything every 29 intervals (about
- * 30 ms at 500 VMs × 8 threads here, in an interval that otherwise costs 5): so each starts its
- * count at the next of 0..28 in turn, and in every interval about 1/29 of them are read.
+ * fields the engine does not use can get in a trace. Each count starts at the next of 0..28 in turn,
+ * so that what was first read together (one scan's VMs) does not reach the bound in one interval
+ * (a full read of 500 VMs × 8 threads: about 30 ms, in an interval that otherwise costs 5).
  */
 export const MAX_GATED_READS = 29;
 /** A thread whose gate opened this many intervals in a row runs every interval: stop probing it... */
@@ -81,24 +70,19 @@ const RUNNING = 0x52; // 'R'
 
 /**
  * One thread of a sampled process. Its line is served again without reading it when its schedstat
- * run time equals `runtimeHi`/`runtimeLo`, the run time read just before that line was (the thread
- * gate, os/schedstat-gate.ts).
+ * run time equals the one read just before that line was (the thread gate, os/schedstat-gate.ts).
  */
 interface ThreadState {
-  /** fd of its stat file. */
   fd: number;
   /** fd of its schedstat file; -1 for the main thread (always read) or when the kernel has none. */
   sfd: number;
   /** The last line (no trailing newline) and its bytes, to compare the next read with. */
   line: string | null;
   bytes: Buffer | null;
-  /**
-   * Run time (schedstat field 1, ns) read just before `line` was, exactly: its decimal digits but the
-   * last 9 (runtimeHi) and those 9 (runtimeLo). runtimeHi -1: not known.
-   */
+  /** That run time (ns) exactly: its decimal digits but the last 9, and those 9. runtimeHi -1: not known. */
   runtimeHi: number;
   runtimeLo: number;
-  /** The last line's state was R: running now, its run time may lag (nohz_full): read every time. */
+  /** The last line's state was R: its run time may lag (nohz_full): read every time. */
   running: boolean;
   /** Reads answered from `line` in a row. */
   gated: number;
@@ -118,7 +102,7 @@ interface ThreadState {
  */
 interface PidState {
   pid: number;
-  /** tid -> its fds and last line. The main thread's stat fd doubles as the liveness probe. */
+  /** The main thread's stat fd doubles as the liveness probe. */
   threads: Map<number, ThreadState>;
   numThreads: number;
   readsSinceList: number;
@@ -126,11 +110,10 @@ interface PidState {
   cpuNs: bigint;
   /** A thread was running (state R) at the last read: the clock may lag (nohz_full), no gate. */
   running: boolean;
-  /** Reads answered by the process gate in a row. */
   gated: number;
   /** What the last read returned: handed out again while the process gate answers. */
   lastOut: Map<number, string> | null;
-  /** Over its share of fds: sampled from the threads it keeps, none added, the task directory no longer listed. */
+  /** Over its share of fds: none of its threads added, the task directory no longer listed. */
   frozen: boolean;
   /** The last listing could not open every new thread (out of fds): tried again at the next read. */
   short: boolean;
@@ -138,10 +121,7 @@ interface PidState {
   listed: number;
 }
 
-/**
- * Who says how many fds a process may keep (budget/vm-fd-shares.ts). Every fd the reader keeps is
- * granted first and released when closed.
- */
+/** Who says how many fds a process may keep (budget/vm-fd-shares.ts): each is granted before it is kept. */
 export interface KeptFdLedger {
   /** How many of `n` more fds `pid` may keep now: at least `atLeast` (its main thread), at most `n`. */
   grant(pid: number, n: number, atLeast: number): number;
@@ -160,29 +140,22 @@ export interface NotWhole {
 interface ProcTaskReaderOptions {
   /** List /proc/<pid>/task at least every this many reads, even when nothing hints at a change. */
   relistEvery?: number;
-  /** Use the schedstat gate (default true); off, every thread's stat is read every time. */
+  /** Use the schedstat gate (default true). */
   gate?: boolean;
-  /** How many fds each process may keep; absent: as many as it has threads. */
+  /** Absent: a process keeps an fd for each of its threads. */
   ledger?: KeptFdLedger;
 }
 
-/**
- * Fds the reader keeps open for a process of `threads` threads (gate on): a stat fd per thread and a
- * schedstat fd per thread but the main one.
- */
+/** Fds kept for a process of `threads` threads (gate on): a stat fd each, a schedstat fd each but the main thread. */
 export function keptFds(threads: number): number {
   return threads + Math.max(0, threads - 1);
 }
 
-/** What the reads cost so far (tests and the bench). */
+/** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate. */
 export interface TaskReadCost {
-  /** stat files read. */
   statReads: number;
-  /** schedstat files read (the gate's probes). */
   probes: number;
-  /** Lines served by the thread gate, without a stat read. */
   gatedReads: number;
-  /** Reads of a process answered by the process gate (no file read). */
   gatedProcessReads: number;
 }
 
@@ -197,7 +170,7 @@ export class ProcTaskReader {
   /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
   private readonly clockGate: boolean;
   private readonly ledger: KeptFdLedger | undefined;
-  /** Directory listings done so far (for tests and benchmarks). */
+  /** Directory listings so far (tests and the bench). */
   listings = 0;
   readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
 
@@ -211,14 +184,13 @@ export class ProcTaskReader {
     this.ledger = opts.ledger;
   }
 
-  /** Whether `pid` was not sampled whole at its last read, and why; null when it was (or is not read). */
+  /** Null when `pid` was sampled whole at its last read (or is not read). */
   notWhole(pid: number): NotWhole | null {
     const st = this.pids.get(pid);
     if (st === undefined || !(st.frozen || st.short)) return null;
     return { threads: Math.max(st.listed, st.threads.size), sampled: st.threads.size, why: st.frozen ? 'share' : 'fds' };
   }
 
-  /** Number of fds held open (all pids): stat and schedstat files. */
   get openFds(): number {
     let n = 0;
     for (const s of this.pids.values()) for (const t of s.threads.values()) n += t.sfd >= 0 ? 2 : 1;
@@ -227,16 +199,15 @@ export class ProcTaskReader {
 
   /**
    * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
-   * Threads whose read fails mid-way (exited) are left out. When nothing changed, this is the very
-   * map the previous read returned (no allocation for an idle VM): do not modify it. A read that
-   * fails for another reason (see the file comment) gives the lines as last read (not whole); only
+   * Threads that exited mid-way are left out. When nothing changed, this is the very map the previous
+   * read returned: do not modify it. Another failure gives the lines as last read (not whole); only
    * for a process never read it throws TaskReadError.
    */
   read(pid: number): Map<number, string> | null {
     try {
       return this.readOnce(pid);
     } catch (e) {
-      // A process read before: its lines as last read (no tick moves this interval), not whole; never one other's failure.
+      // A process read before: its lines as last read (no tick moves this interval), not whole.
       const st = this.pids.get(pid);
       if (!(e instanceof TaskReadError) || st === undefined || st.lastOut === null) throw e;
       st.short = true;
@@ -274,19 +245,15 @@ export class ProcTaskReader {
     }
     // The clock first: the lines read after it are at least as new.
     const cpuNs = this.clockGate ? processCpuTimeNs(pid) : -1n;
-    // cpuNs is known only after a full read, which also kept what it returned (lastOut).
     if (cpuNs >= 0n && cpuNs === st.cpuNs && st.lastOut !== null && !st.running && st.gated < MAX_GATED_READS) {
       st.gated++;
       this.cost.gatedProcessReads++;
       return st.lastOut;
     }
-    // The main thread's line says whether the process lives and how many threads it has now.
+    // The leader's fd is bound to the process it was opened for: failing means that process is gone
+    // (a reused pid is another process). Its line also says how many threads the process has now.
     let main = this.readMain(st);
-    if (main === null) {
-      // The leader's fd is bound to the process it was opened for: failing means that process is gone
-      // (a reused pid is another process, and is not ours).
-      return this.gone(pid);
-    }
+    if (main === null) return this.gone(pid);
     const n = statNumThreads(main);
     if (n > 0) st.listed = n;
     st.readsSinceList++;
@@ -326,16 +293,14 @@ export class ProcTaskReader {
   }
 
   /**
-   * The stat and schedstat fds (-1: none) it keeps open for a thread, for someone else's pread now
-   * (the guest energy's window reads, helper/guest/thread-reads.ts); undefined when it keeps none.
-   * Valid only in this turn of the event loop: a later read may close them and the numbers be reused.
+   * The stat and schedstat fds (-1: none) kept for a thread, for another's pread now
+   * (helper/guest/thread-reads.ts). Valid only in this turn of the event loop: a later read may close them.
    */
   heldFds(pid: number, tid: number): { stat: number; schedstat: number } | undefined {
     const t = this.pids.get(pid)?.threads.get(tid);
     return t === undefined ? undefined : { stat: t.fd, schedstat: t.sfd };
   }
 
-  /** Closes the fds of `pid`; the next read starts afresh. */
   forget(pid: number): void {
     const st = this.pids.get(pid);
     if (st === undefined) return;
@@ -357,7 +322,6 @@ export class ProcTaskReader {
     return t === undefined ? null : this.readLine(st, st.pid, t);
   }
 
-  /** A non-main thread's line: through the schedstat gate when it can, else read. */
   private readThread(st: PidState, tid: number, t: ThreadState): string | null {
     if (t.sfd < 0 || t.running || t.direct > 0) {
       if (t.direct > 0) t.direct--;
@@ -394,7 +358,7 @@ export class ProcTaskReader {
     return this.readLine(st, tid, t);
   }
 
-  /** pread of one thread's stat; on failure the thread is dropped (fds closed). */
+  /** On failure the thread is dropped (fds closed). */
   private readLine(st: PidState, tid: number, t: ThreadState): string | null {
     this.cost.statReads++;
     t.gated = t.line === null ? this.nextPhase() : 0;
@@ -416,13 +380,11 @@ export class ProcTaskReader {
     return line;
   }
 
-  /** The next starting count of gated reads, 0..MAX_GATED_READS-1 in turn. */
   private nextPhase(): number {
     this.phase = (this.phase + 1) % MAX_GATED_READS;
     return this.phase;
   }
 
-  /** A read failed with errno: gone (ENOENT, ESRCH) is fine, anything else is thrown. */
   private failed(st: PidState, tid: number, file: string, errno: number): void {
     if (errno === ENOENT || errno === ESRCH) return;
     throw new TaskReadError(path.join(this.procRoot, String(st.pid), 'task', String(tid), file), errnoName(errno));
@@ -440,10 +402,8 @@ export class ProcTaskReader {
   }
 
   /**
-   * Syncs the open fds with /proc/<pid>/task; false when the process is gone. A process over its
-   * share (frozen) is not listed: its threads that end fail their read and are dropped then. Out of
-   * fds (EMFILE, ENFILE) with threads kept already: what this listing opened is given back, and the
-   * process goes on from the threads it had (short); with none kept, TaskReadError.
+   * Syncs the open fds with /proc/<pid>/task; false when the process is gone. A frozen process is not
+   * listed: its threads that end fail their read and are dropped then.
    */
   private list(pid: number, st: PidState): boolean {
     if (st.frozen) return st.threads.has(pid);
@@ -481,10 +441,9 @@ export class ProcTaskReader {
   }
 
   /**
-   * Opens the stat fd (and schedstat's, when gated) of each thread new since the last listing, as far
-   * as the process's grant from the fd ledger goes (beyond it: frozen). A thread that ended meanwhile
-   * leaves `present`. Out of fds: what this listing opened is given back, and true (short) when the
-   * process had threads already; with none, TaskReadError.
+   * Opens the fds of each new thread as far as the ledger's grant goes (beyond it: frozen); a thread
+   * that ended meanwhile leaves `present`. Out of fds: what this listing opened is given back, and true
+   * (short) when the process had threads already; with none, TaskReadError.
    */
   private openThreads(st: PidState, dir: string, fresh: number[], present: Set<number>, hadThreads: boolean): boolean {
     const pid = st.pid;
@@ -568,13 +527,12 @@ function pidsAreOurs(procRoot: string): boolean {
  */
 const COMM_END_MAX = 7 + 2 + 64 + 1;
 
-/** The line's state (field 3, after the last ')') is R; a short loop, no native call per line. */
+/** The line's state (field 3, after the last ')') is R. */
 function isRunning(b: Buffer, end: number): boolean {
   for (let i = Math.min(end, COMM_END_MAX) - 1; i > 0; i--) if (b[i] === CLOSE_PAREN) return i + 2 < end && b[i + 2] === RUNNING;
   return false;
 }
 
-/** A thread just opened: its stat fd, nothing read yet. */
 function newThread(fd: number): ThreadState {
   return { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
 }
@@ -592,7 +550,6 @@ function openSchedstat(file: string): number {
   }
 }
 
-/** EMFILE or ENFILE: this helper, or the whole system, is out of file descriptors. */
 function isOutOfFds(e: unknown): boolean {
   return outOfFds((e as NodeJS.ErrnoException).code);
 }

@@ -1,11 +1,8 @@
 /**
  * A file this process publishes to readers it does not trust (docs/stats-fd.md "The file"): a memfd
- * of a size fixed at creation, mapped MAP_SHARED and writable by this process alone, then sealed:
- * F_SEAL_SHRINK | F_SEAL_GROW (its size never changes under a reader's mapping), F_SEAL_FUTURE_WRITE
- * (no write(2), no new writable mapping, by anyone, through any fd or a reopen of /proc/PID/fd/N: only
- * the mapping made before the seal writes) and F_SEAL_SEAL (no seal added or removed). Its mode is
- * 0444. A reader gets a read-only reopen (openReadOnly), which it holds as long as it likes: the
- * file lives until its last fd is closed, whatever this process does with its own.
+ * of a fixed size, mapped MAP_SHARED, then sealed so that its size never changes under a reader's
+ * mapping and only the mapping made before the seal writes (F_SEAL_FUTURE_WRITE). A reader holds a
+ * read-only reopen as long as it likes: the file lives until its last fd is closed.
  */
 import fs from 'node:fs';
 import { closeFd } from './libc/fds.js';
@@ -21,7 +18,6 @@ import {
 } from './libc/memfd-mmap.js';
 
 const PUBLISHED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
-/** Mode of a published file: readable by whoever holds an fd of it, written by nobody through one. */
 const PUBLISHED_MODE = 0o444;
 
 export class PublishedFile {
@@ -66,10 +62,7 @@ export class PublishedFile {
     return this.fdOpen;
   }
 
-  /**
-   * A new fd of the file opened O_RDONLY (through /proc/self/fd; Node opens close-on-exec), for a reader: a write,
-   * ftruncate or writable mapping through it fails whatever the seals. The caller closes it.
-   */
+  /** A new O_RDONLY fd of the file, for a reader: a write or writable mapping through it fails whatever the seals. */
   openReadOnly(): number {
     return fs.openSync(`/proc/self/fd/${this.fd}`, fs.constants.O_RDONLY);
   }

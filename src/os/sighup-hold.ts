@@ -1,17 +1,9 @@
 /**
- * SIGHUP across the daemon's own exec (a restart in place, the start-up re-exec): no SIGHUP may end
- * the process between the old image's exec and the new image's handler (docs/security.md, "A second
- * SIGHUP during a restart").
- *
- * What crosses and what does not (measured on Node 20, /proc/PID/status): a disposition of SIG_IGN
- * survives execve, so the old image sets it (os/privileges/reexec.ts, ignoreSignal) just before it
- * executes; but Node's start-up (PlatformInit) puts every signal but SIGPIPE and SIGXFSZ back to
- * SIG_DFL and empties the signal mask, before any JavaScript runs. From there until a listener is
- * installed, a SIGHUP ends the process. So the executable's first module (src/bin/guard.ts) installs
- * a listener that holds SIGHUP (holdSighupAfterExec) in every image the daemon executed (marked by
- * SIGHUP_HELD_ENV), before the rest of the program is even loaded; the daemon's own handler takes
- * over (releaseSighupHold, from os/sighup.ts) and tells how many it held. What is left is Node's own
- * start, before the first module: docs/security.md gives its length and what bounds it.
+ * SIGHUP across the daemon's own exec: no SIGHUP may end the process between the old image's exec and
+ * the new image's handler (docs/security.md, "A second SIGHUP during a restart"). SIG_IGN survives
+ * execve, but Node's start-up puts SIGHUP back to SIG_DFL before any JavaScript runs, so the first
+ * module (src/bin/guard.ts) holds SIGHUP in every image the daemon executed, until the daemon's own
+ * handler takes over (releaseSighupHold).
  *
  * Keep this module's imports to none: the guard evaluates it before everything else.
  */
@@ -35,10 +27,7 @@ export function holdSighupAfterExec(env: NodeJS.ProcessEnv = process.env): boole
   return true;
 }
 
-/**
- * Removes the holding listener (call it once the caller's own SIGHUP listener is in place, so the
- * signal is never without one) and returns how many SIGHUPs it held: 0 when nothing was held.
- */
+/** Call once the caller's own SIGHUP listener is in place: removes the holding one, returns how many it held. */
 export function releaseSighupHold(): number {
   if (holding === null) return 0;
   process.removeListener('SIGHUP', holding);

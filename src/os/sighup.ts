@@ -1,9 +1,7 @@
 /**
- * What SIGHUP does, in one place for the daemon and the exporter. Node's default for SIGHUP is to
- * end the process, and QEMU does not reconnect to a helper that went away, so SIGHUP never stops
- * anything. The daemon restarts in place on it (helper/handover/restarter.ts: the installed binary
- * executed again, every connection and the live state handed over; docs/daemon.md "Restarts"); the
- * exporter has nothing to reload and logs so (logs go to stderr or the journal: no file to reopen).
+ * What SIGHUP does, for the daemon and the exporter: never end the process (Node's default), as QEMU
+ * does not reconnect to a helper that went away. The daemon restarts in place on it (docs/daemon.md
+ * "Restarts"); the exporter has nothing to reload and logs so.
  */
 import { listen, type Disposable, type EmitterLike } from '../common/disposable.js';
 import { releaseSighupHold } from './sighup-hold.js';
@@ -15,10 +13,7 @@ interface InfoLog {
   warn(fields: object, msg: string): void;
 }
 
-/**
- * Catches SIGHUP on `proc` (the process): runs `restart` when given, else logs SIGHUP_MESSAGE at
- * info; dispose to stop. Takes over from the hold of an image the daemon executed (os/sighup-hold.ts).
- */
+/** Runs `restart` on SIGHUP when given, else logs SIGHUP_MESSAGE; takes over from os/sighup-hold.ts. */
 export function handleSighup(
   log: InfoLog,
   proc: EmitterLike<[]> = process as unknown as EmitterLike<[]>,

@@ -1,11 +1,8 @@
 /**
- * Subordinate uids (/etc/subuid, subuid(5)): a user may run processes as each uid of its ranges
- * (through a user namespace, newuidmap), 65,536 of them by default (useradd's SUB_UID_COUNT). To the
- * kernel outside the namespace they are so many uids, but they are one user's: a share per uid would
- * give that user 65,536 shares. ownerOf() says whose a uid is: the user whose range holds it, else the
- * uid itself. The file is read again when it or /etc/passwd changed (one stat each per look), at
- * most MAX_PROC_FILE_BYTES of it; a line that is not `NAME:START:COUNT` is skipped. A range whose
- * NAME is no user counts as one owner all the same, named by its first uid.
+ * Subordinate uids (subuid(5)): a user may run processes as each uid of its ranges (65,536 by
+ * default) through a user namespace. They are one user's: a share per uid would give that user 65,536
+ * shares. The file is read again when it or /etc/passwd changed; a range whose NAME is no user counts
+ * as one owner all the same, named by its first uid.
  */
 import fs from 'node:fs';
 import { resolveUser } from './privileges/accounts.js';

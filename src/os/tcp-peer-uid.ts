@@ -1,12 +1,7 @@
 /**
- * Which user holds the other end of a TCP connection, when that end is on this host: the kernel's
- * sock_diag (NETLINK_SOCK_DIAG, the interface `ss` uses) looks one socket up by its four addresses
- * and says its owner's uid. On loopback every local user has the same address, so this is what
- * tells one local user's connections from another's (the exporter's connection slots).
- *
- * One lookup is two syscalls on a netlink socket opened once: the kernel answers an exact lookup
- * within the send, so the reply is read without waiting. A peer that is not on this host, or a
- * lookup that fails, gives null.
+ * Which user holds the other end of a TCP connection on this host, by sock_diag (what `ss` uses): on
+ * loopback every local user has the same address, so this tells one local user's connections from
+ * another's. The kernel answers an exact lookup within the send, so the reply is read without waiting.
  */
 import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
 import { closeFd } from './libc/fds.js';
@@ -29,7 +24,7 @@ const REPLY = { type: 4, seq: 8, state: 17, sport: 20, dport: 22, uid: 80, bytes
 /** Replies of earlier lookups that came late are skipped, at most this many per lookup. */
 const MAX_STALE_REPLIES = 8;
 
-/** The two ends of a connection as the accepting side sees them (net.Socket's own fields). */
+/** net.Socket's own fields, on the accepting side. */
 interface TcpEnds {
   remoteAddress?: string;
   remotePort?: number;

@@ -1,7 +1,4 @@
-/**
- * A VM given on the command line (--pid, --vcpus): its pid, the starttime that identifies that
- * process, and its vCPU threads, each checked to be a thread of that pid in /proc.
- */
+/** A VM given on the command line (--pid, --vcpus), each vCPU checked to be a thread of that pid. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { tidBelongsTo } from './peer.js';
@@ -21,10 +18,7 @@ export function threadGroupOf(procRoot: string, tid: number): number | null {
   return m ? Number(m[1]) : null;
 }
 
-/**
- * Checks that every vCPU tid is a thread of pid, now, by the rule the daemon applies to its clients
- * (tidBelongsTo); throws naming the first that is not, and whose thread it is.
- */
+/** Throws naming the first vCPU tid that is not a thread of pid now, and whose thread it is. */
 export function checkThreadsOf(procRoot: string, pid: number, vcpus: readonly VcpuSpec[]): void {
   for (const v of vcpus) {
     if (tidBelongsTo(procRoot, pid, v.tid)) continue;

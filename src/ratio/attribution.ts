@@ -1,8 +1,6 @@
 /**
  * The ratio engine: splits package energy across the threads of registered VMs, exactly as
- * docs/ratio.md ("ticks" mode) says, in float64. Pure: no clock, no files; the caller
- * hands it samples (live sampler or trace replay). docs/ratio.md maps each rule to the code below
- * and records the decisions where those rules are silent.
+ * docs/ratio.md ("ticks" mode) says, in float64. Pure: the caller hands it samples (live or replayed).
  */
 import { counterOfJoules, joulesPerCounterUnit, packageCounter } from './counter.js';
 import { fitLength } from '../common/fit-length.js';
@@ -48,7 +46,6 @@ import {
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
-/** A VM's per-thread totals since its baseline (RatioEngine.threadTotals). */
 export interface ThreadTotals {
   /** In the order of the VM's vCPU list; a vCPU not yet seen has 0. */
   vcpus: { tid: number; vpkg: number; energyJ: number; ticks: number }[];
@@ -77,9 +74,8 @@ export class RatioEngine {
   private readonly vms = new Map<number, EngineVm>();
   private nextId = 1;
   private prevT: bigint | undefined;
-  /** The package domain: each package's counter, its energy of the interval and its pay. */
   private readonly pkgPlane: Plane<'package'>;
-  /** The other domains the host reads, in the order HostInfo.domains gives them (ENERGY_DOMAINS order). */
+  /** The other domains the host reads, in ENERGY_DOMAINS order. */
   private readonly planes: Plane<OtherDomain>[] = [];
   /** The package's plane, then the others. */
   private readonly allPlanes: Plane[];
@@ -87,7 +83,7 @@ export class RatioEngine {
   private readonly planeOf = new Map<string, number>();
   /** D_p of the interval per package index (reused). */
   private readonly claimed: number[];
-  /** Per count of virtual packages: every domain at 0, what an idle VM's interval gives (shared, read only). */
+  /** Per count of virtual packages: an idle VM's domains, all 0 (shared, read only). */
   private readonly idle = new Map<number, VmDomainEnergy[]>();
   /** Problems found in the last addSample, also when it returned null (the first sample). */
   lastProblems: string[] = [];
@@ -122,7 +118,6 @@ export class RatioEngine {
     this.uGuest = joulesPerCounterUnit(this.guestPowerUnit);
   }
 
-  /** Takes one DomainCounter of the host (those before it already taken), or throws naming what is wrong with it. */
   private addDomainCounter(d: DomainCounter, before: readonly DomainCounter[]): void {
     const problem = domainCounterProblem(d, this.pkgIndex, before);
     if (problem !== undefined) throw new Error(problem);
@@ -135,7 +130,7 @@ export class RatioEngine {
     plane.counters[plane.platform ? 0 : this.pkgIndex.get(d.pkg)!] = counterSlot(d.pkg, d);
   }
 
-  /** The counter of `domain` (one other than the package) read on `pkg`, or undefined when the host does not read it. */
+  /** The counter of an other domain read on `pkg`, or undefined when the host does not read it. */
   private counterOf(domain: string, pkg: number): CounterSlot | undefined {
     const i = this.planeOf.get(domain);
     if (i === undefined) return undefined;
@@ -145,7 +140,6 @@ export class RatioEngine {
     return c?.pkg === pkg ? c : undefined;
   }
 
-  /** The other domains the host reads, in the order they are attributed. */
   domains(): OtherDomain[] {
     return this.planes.map((p) => p.domain);
   }
@@ -198,7 +192,7 @@ export class RatioEngine {
     return vm && this.publish(vm);
   }
 
-  /** Whether the VM has ended or is not known: what output(vmId)?.ended ?? true says, without building the output. */
+  /** output(vmId)?.ended ?? true, without building the output. */
   ended(vmId: number): boolean {
     return (this.vms.get(vmId)?.phase ?? 'ended') === 'ended';
   }
@@ -207,7 +201,7 @@ export class RatioEngine {
     return [...this.vms.values()].map((vm) => this.publish(vm));
   }
 
-  /** A VM's per-thread totals since its baseline (the statistics fd's per-vCPU values), or undefined for no such VM. */
+  /** A VM's per-thread totals since its baseline (the statistics fd's per-vCPU values). */
   threadTotals(vmId: number): ThreadTotals | undefined {
     const vm = this.vms.get(vmId);
     if (!vm) return undefined;
@@ -216,10 +210,8 @@ export class RatioEngine {
   }
 
   /**
-   * A VM's totals (its output's and its threads') into `into`, in place: its arrays keep their items
-   * (nothing is allocated once they have the VM's lengths), and when nothing but the sample time
-   * changed since `into` was last filled for this VM (an idle interval), only `tNs` is set. False for
-   * no such VM.
+   * A VM's totals (its output's and its threads') into `into`, in place, allocating nothing once its
+   * arrays have the VM's lengths; after an idle interval only `tNs` is set. False for no such VM.
    */
   totalsInto(vmId: number, into: VmTotals): boolean {
     const vm = this.vms.get(vmId);
@@ -251,7 +243,6 @@ export class RatioEngine {
     return true;
   }
 
-  /** Adds one interval's energy (vCPUs: share + extra) and ticks to each thread's totals. */
   private addThreadTotals(vm: EngineVm, threads: readonly ThreadNow[], es: readonly number[], extra: number): void {
     const totals = (vm.threads ??= new Map());
     for (let i = 0; i < threads.length; i++) {
@@ -264,20 +255,14 @@ export class RatioEngine {
     }
   }
 
-  /**
-   * Samples are missing (a trace's gap): the next sample is a new baseline for the energy counters
-   * and for every live VM's threads, as for a first sample; nothing is attributed across the gap.
-   */
+  /** Samples are missing (a trace's gap): the next sample is a new baseline, as a first sample is. */
   gap(): void {
     this.prevT = undefined;
     for (const p of this.allPlanes) for (const c of p.counters) if (c !== undefined) c.last = NaN;
     for (const vm of this.vms.values()) if (vm.phase === 'active') vm.phase = 'pending';
   }
 
-  /**
-   * The whole state as plain data (copies): every VM's registration, phase, A(v,g) and last marks, the
-   * last sample's time and counters. restore() on a new engine of the same host takes it back.
-   */
+  /** The whole state as plain data (copies), for restore() on a new engine of the same host. */
   state(): EngineState {
     const vms = [...this.vms.values()].map((vm) => vmState(vm, this.domains()));
     let lastSample: EngineState['lastSample'] = null;
@@ -291,9 +276,8 @@ export class RatioEngine {
   }
 
   /**
-   * Takes back what state() gave, on an engine that has no VM and no sample yet: the next sample then
-   * closes the interval from `s.lastSample`, as if the engine had never stopped. Throws an Error naming
-   * the first inconsistent value, before changing anything.
+   * Takes back what state() gave, on an engine with no VM and no sample yet, as if it had never
+   * stopped. Throws naming the first inconsistent value, before changing anything.
    */
   restore(s: EngineState): void {
     if (this.vms.size > 0 || this.prevT !== undefined || this.nextId !== 1)
@@ -355,7 +339,7 @@ export class RatioEngine {
     return result;
   }
 
-  /** Each counter's value in this sample (`now`, NaN where it lacks it); values the host does not read are reported and left out. */
+  /** Each counter's `now` (NaN where the sample lacks it); values the host does not read are reported and left out. */
   private readCounters(s: Sample, problems: string[]): void {
     for (const p of this.allPlanes) for (const c of p.counters) if (c !== undefined) c.now = NaN;
     const pkgs = this.pkgPlane.counters;
@@ -447,7 +431,6 @@ export class RatioEngine {
     return { live, anyClaim };
   }
 
-  /** A VM none of whose lines changed: 0 on every virtual package and domain. */
   private idleVmInterval(vm: EngineVm): VmInterval {
     const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
     if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
@@ -485,7 +468,6 @@ export class RatioEngine {
     return out;
   }
 
-  /** Each package's energy and what was attributed of it this interval, its other domains' too. */
   private packageIntervals(): PackageInterval[] {
     const packages: PackageInterval[] = [];
     const pkgEnergy = this.pkgPlane.energy;
@@ -511,10 +493,7 @@ export class RatioEngine {
     return packages;
   }
 
-  /**
-   * An idle VM's domains for the interval, every one 0: one array per count of virtual packages,
-   * shared by every idle VM and interval (most VMs are idle most intervals), so readers must not modify it.
-   */
+  /** Shared by every idle VM and interval (most VMs are idle most intervals): readers must not modify it. */
   private idleDomains(nvpkg: number): VmDomainEnergy[] {
     let d = this.idle.get(nvpkg);
     if (d === undefined)
@@ -523,10 +502,8 @@ export class RatioEngine {
   }
 
   /**
-   * Whether the VM's lines in this sample are those of the previous one, every one understood and on
-   * a known CPU: then the interval gives it nothing and reports nothing (what the full pass would
-   * find), and the full pass is skipped. Idle VMs are most VMs, and the sampler hands an idle
-   * thread's line back unchanged.
+   * Whether the VM's lines are those of the previous sample, every one understood and on a known CPU:
+   * the full pass would give it nothing and report nothing, so it is skipped (idle VMs are most VMs).
    */
   private unchanged(vm: EngineVm, s: Sample): boolean {
     const lines = s.tasks.get(vm.spec.pid);

@@ -1,7 +1,4 @@
-/**
- * THE rule for a host's list of other-domain counters (HostInfo.domains): what the engine takes and a
- * trace header may carry (docs/ratio.md "Other RAPL domains", docs/trace-format.md). Pure.
- */
+/** THE rule for a host's list of other-domain counters: what the engine takes and a trace header may carry. */
 import { isOtherDomain, PLATFORM_DOMAINS } from '../model/domains.js';
 import type { DomainCounter } from '../model/host.js';
 
@@ -11,10 +8,7 @@ const MAX_DOMAIN_RANGE = 2n ** 53n;
 /** The largest unit a counter may count in: 1 J (PSYS on Sapphire Rapids). */
 const MAX_DOMAIN_UNIT_J = 1;
 
-/**
- * Why `d` cannot be one of the host's domain counters, given the host's packages and the counters
- * listed before it; undefined when it can. The text names the counter ("the dram counter of package 0: ...").
- */
+/** Why `d` cannot be one of the host's domain counters, given those listed before it; undefined when it can. */
 export function domainCounterProblem(
   d: DomainCounter,
   packages: { has(pkg: number): boolean },

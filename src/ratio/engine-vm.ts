@@ -1,8 +1,4 @@
-/**
- * A VM as the ratio engine keeps it (EngineVm): made at register() or from a restart's state, read
- * from each sample (its threads' lines parsed, once per line), ended, and given back as state.
- * Pure, like the engine.
- */
+/** A VM as the ratio engine keeps it (EngineVm), from register() or a restart's state to its end. Pure. */
 import { parseStatLine } from './stat.js';
 import { validVcpus, type VcpuSpec } from '../model/vcpus.js';
 import type { EnginePhase, EngineVmState } from './engine-state.js';
@@ -10,10 +6,8 @@ import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
 /**
- * tid -> vpkg of a vCPU list, by the one vCPU-list rule (model/vcpus.ts); throws its message. The
- * engine alone takes an empty list: a VM none of whose vCPU threads is known gets no energy until
- * updateVcpus names some. Every way a VM arrives from outside (v2 REGISTER, --vcpus, a trace)
- * refuses an empty list before it gets here.
+ * tid -> vpkg of a vCPU list (model/vcpus.ts); throws its message. The engine alone takes an empty
+ * list (no energy until updateVcpus names some): every way in from outside refuses it before.
  */
 export function checkedVcpus(vcpus: readonly VcpuSpec[]): Map<number, number> {
   const out = new Map<number, number>();
@@ -27,16 +21,11 @@ export interface ThreadMark {
   ticks: number;
 }
 
-/** The fields of a stat line the rules use. */
 interface ThreadStat extends ThreadMark {
   processor: number;
 }
 
-/**
- * A thread's line as last parsed, reused while the sampler hands the same line again (an idle
- * thread's line does not change): parsing is a pure function of the line, so this changes nothing
- * but the cost.
- */
+/** A thread's line as last parsed, reused while the sampler hands the same line again (an idle thread's). */
 interface ParsedLine {
   line: string;
   /** null: the line counts as absent, for `problem`. */
@@ -47,7 +36,6 @@ interface ParsedLine {
 export interface EngineVm {
   id: number;
   spec: VmSpec;
-  /** Registered vCPU tid -> vpkg. */
   vcpuVpkg: Map<number, number>;
   nvpkg: number;
   phase: EnginePhase;
@@ -57,13 +45,12 @@ export interface EngineVm {
   parsed: Map<number, ParsedLine>;
   /** A(v,g), joules. */
   acc: number[];
-  /** Counts the changes of its totals but the sample time (acc, domainAcc, threads, vCPU list, ended): totalsInto skips what did not move. */
+  /** Counts the changes of its totals but the sample time: totalsInto skips what did not move. */
   changes: number;
   /** A(v,g) of each other domain the host reads (DomainPlane order), joules. */
   domainAcc: number[][];
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
-  /** Set when phase becomes 'ended'. */
   endedBy?: 'exit' | 'unregister';
   /** Per thread since the baseline: energy given to it as a vCPU (its share and its part of W), J, and its ticks. */
   threads?: Map<number, { energyJ: number; ticks: number }>;
@@ -76,7 +63,6 @@ export function nvpkgOf(vcpuVpkg: ReadonlyMap<number, number>, atLeast = 0): num
   return n;
 }
 
-/** A VM just registered (pending), with `domains` other domains' totals at 0. */
 export function newEngineVm(id: number, vm: VmSpec, domains: number): EngineVm {
   const vcpuVpkg = checkedVcpus(vm.vcpus);
   const nvpkg = nvpkgOf(vcpuVpkg);
@@ -95,7 +81,7 @@ export function newEngineVm(id: number, vm: VmSpec, domains: number): EngineVm {
   };
 }
 
-/** A VM as plain data (copies), its other domains' totals named by `domains` (the engine's order). */
+/** A VM as plain data (copies), its other domains' totals named by `domains`. */
 export function vmState(vm: EngineVm, domains: readonly string[]): EngineVmState {
   const out: EngineVmState = {
     id: vm.id,
@@ -138,7 +124,7 @@ export function vmFromState(v: EngineVmState, domains: readonly string[]): Engin
   return vm;
 }
 
-/** The VM ends (its process exited, or it was unregistered): its totals stay, its marks go. */
+/** Its totals stay, its marks go. */
 export function endVm(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
   vm.phase = 'ended';
   vm.changes++;
@@ -173,10 +159,7 @@ export function aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<n
   return out;
 }
 
-/**
- * Each vCPU's energy and ticks since the VM's baseline into `vcpus` (their tids set, in the order of
- * the VM's vCPU list; a vCPU not yet seen has 0); returns the ticks of the threads that are not vCPUs.
- */
+/** Each vCPU's energy and ticks since the VM's baseline into `vcpus` (tids set); returns the other threads' ticks. */
 export function fillThreadTotals(vm: EngineVm, vcpus: { tid: number; energyJ: number; ticks: number }[]): number {
   const t = vm.threads;
   let vcpuTicks = 0;

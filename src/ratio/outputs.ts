@@ -1,7 +1,4 @@
-/**
- * What the ratio engine gives: each interval's energy per package and VM, and each VM's published
- * totals (docs/ratio.md "Outputs"). Pure data.
- */
+/** What the ratio engine gives: each interval's energy per package and VM, and each VM's totals (docs/ratio.md "Outputs"). */
 import type { OtherDomain } from '../model/domains.js';
 
 export interface PackageInterval {
@@ -12,14 +9,12 @@ export interface PackageInterval {
   domains?: DomainInterval[];
 }
 
-/** One RAPL domain's energy on a package over an interval, and what of it went to VMs. */
 export interface DomainInterval {
   domain: OtherDomain;
   energyJ: number;
   attributedJ: number;
 }
 
-/** A VM's energy of one RAPL domain other than the package, per virtual package. */
 export interface VmDomainEnergy {
   domain: OtherDomain;
   /** Joules per vpkg, index = vpkg, length = nvpkg. */
@@ -27,12 +22,12 @@ export interface VmDomainEnergy {
 }
 
 export interface VmInterval {
-  /** Engine-assigned id of the registration (the v2 vm_id). */
+  /** The v2 vm_id. */
   vmId: number;
   pid: number;
-  /** energyJ per vpkg, index = vpkg, length = nvpkg. */
+  /** Joules per vpkg, index = vpkg, length = nvpkg. */
   vpkgEnergyJ: number[];
-  /** The same for every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order; an idle VM's is shared (read only). */
+  /** The same for every other domain the host reads, in ENERGY_DOMAINS order; an idle VM's is shared (read only). */
   domains?: VmDomainEnergy[];
 }
 
@@ -64,22 +59,17 @@ export interface VmOutput {
   name?: string;
   /** Process ended (absent or pid reused) or unregistered: values are frozen. */
   ended: boolean;
-  /** Why it ended, when it did: its process went away, or its client unregistered it. */
   endedBy?: 'exit' | 'unregister';
   /** Monotonic time of the sample the values come from (0n before the first interval). */
   tNs: bigint;
   vpkgs: VpkgOutput[];
-  /**
-   * Accumulated energy of every other domain the host reads (HostInfo.domains), in ENERGY_DOMAINS order,
-   * per virtual package: `vpkgEnergyJ[g]` joules (float64) and `vpkgEnergyUj[g]` = floor(x 1e6). Absent
-   * when only the package is read.
-   */
+  /** Every other domain the host reads, in ENERGY_DOMAINS order; absent when only the package is read. */
   domains?: VmDomainTotals[];
 }
 
 /**
- * A VM's totals read in place (RatioEngine.totalsInto): what its statistics file shows, refilled into
- * the caller's object at each sample instead of built anew as VmOutput and ThreadTotals are.
+ * A VM's totals as its statistics file shows them, refilled in place at each sample
+ * (RatioEngine.totalsInto) instead of built anew as VmOutput and ThreadTotals are.
  */
 export interface VmTotals {
   /** The VM they are of, and the engine's count of its changes when they were filled (-1: never). */
@@ -87,23 +77,21 @@ export interface VmTotals {
   changes: number;
   tNs: bigint;
   ended: boolean;
-  /** Per vpkg: floor(A x 1e6) µJ (VpkgOutput.energyUj as a number, exact below 2^53) and the counter (VpkgOutput.counter). */
+  /** Per vpkg: VpkgOutput.energyUj as a number (exact below 2^53), and VpkgOutput.counter. */
   energyUj: number[];
   counter: number[];
-  /** Per other domain, in VmOutput.domains' order: floor(x 1e6) µJ per vpkg. */
+  /** Per other domain, in VmOutput.domains' order. */
   domains: { domain: OtherDomain; energyUj: number[] }[];
-  /** Per vCPU, in the order of the VM's vCPU list (ThreadTotals.vcpus without the vpkg). */
+  /** ThreadTotals.vcpus without the vpkg. */
   vcpus: { tid: number; energyJ: number; ticks: number }[];
-  /** ThreadTotals.otherTicks. */
   otherTicks: number;
 }
 
-/** Empty totals, for RatioEngine.totalsInto to fill. */
 export function emptyVmTotals(): VmTotals {
   return { vmId: -1, changes: -1, tNs: 0n, ended: false, energyUj: [], counter: [], domains: [], vcpus: [], otherTicks: 0 };
 }
 
-/** A published µJ count: floor(J x 1e6) (VpkgOutput.energyUj, VmOutput.domains' vpkgEnergyUj). */
+/** A published µJ count: floor(J x 1e6). */
 export function microjoules(j: number): number {
   return Math.floor(j * 1e6);
 }

@@ -1,11 +1,9 @@
 /**
- * Ticks claimed on a package beyond what it can run (docs/ratio.md, "One interval", step 7, and
- * "Threads that move between packages"): the excess ran on some other package, so it is paid out of
- * the energy the host's other packages have left after their own claims, at the price of the package
- * it was claimed on, and only what that cannot cover is taken from the package's claimants. Pure.
+ * Ticks claimed on a package beyond what it can run (docs/ratio.md, "Threads that move between
+ * packages"): the excess ran on some other package, so it is paid out of the other packages' leftover
+ * energy, and only what that cannot cover is taken from the package's claimants. Pure.
  */
 
-/** One package's interval, as the engine sees it. */
 interface PackageClaims {
   pkg: number;
   /** dE_p, joules; undefined when the interval has no energy for the package (nothing is paid there). */
@@ -16,7 +14,6 @@ interface PackageClaims {
   claimed: number;
 }
 
-/** How a package's claims are paid. */
 export interface PackagePay {
   /**
    * e_k = dE_p * dticks_k / divisor. cap_p when every claim is paid in full; D_p when nothing
@@ -32,9 +29,8 @@ export interface PackagePay {
 }
 
 /**
- * Per package (same order as `packages`): the divisor of its claims and who pays. When no package
- * has energy left over (a one-package host, or every other package full), every divisor is the
- * plain clamp's max(cap_p, D_p), exactly: a one-package host attributes as it always did.
+ * Per package (same order): the divisor of its claims and who pays. With no leftover anywhere (a
+ * one-package host), every divisor is the plain clamp's max(cap_p, D_p), exactly.
  */
 export function payClaims(packages: readonly PackageClaims[]): PackagePay[] {
   let leftover = 0;

@@ -1,42 +1,37 @@
 /**
- * An energy plane of the ratio engine (attribution.ts): one RAPL domain's counters per package, the
- * interval's energy they give, how it is paid to the claims (overclaim.ts), and each VM's share of it
- * per virtual package (docs/ratio.md, "ticks" mode and "Other RAPL domains"). Pure.
+ * An energy plane of the ratio engine: one RAPL domain's counters, the interval's energy, how it is
+ * paid to the claims (overclaim.ts), and each VM's share (docs/ratio.md, "Other RAPL domains"). Pure.
  */
 import { payClaims, type PackagePay } from './overclaim.js';
 import { PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
 import type { CounterSpec } from '../model/host.js';
 
-/** A thread of an active VM in the current sample, after parsing. */
 export interface ThreadNow {
   tid: number;
   dticks: number;
-  /** Index of the host package of `processor` among the packages (ascending ids); -1 when the CPU is not in the host map. */
+  /** Index of the host package it ran on; -1 when the CPU is not in the host map. */
   pk: number;
   /** vpkg when this tid is a registered vCPU. */
   vpkg: number | undefined;
 }
 
 /**
- * One energy counter the engine reads: a package's, or another domain's on one package (a platform
- * domain's once). Values are the counter mod its range as float64 (exact: a range is at most 2^53),
- * NaN where there is none.
+ * One energy counter the engine reads. Values are the counter mod its range as float64 (exact: a
+ * range is at most 2^53), NaN where there is none.
  */
 export interface CounterSlot {
   pkg: number;
   range: bigint;
   unitJ: number;
-  /** This sample's value; NaN when the sample lacks it. */
   now: number;
-  /** The value the next interval starts from; NaN when there is none (a first sample, a gap, a package value missing). */
+  /** The value the next interval starts from; NaN after a first sample, a gap, a package value missing. */
   last: number;
 }
 
 /**
- * A RAPL domain as the engine attributes it, the package's or another's (docs/ratio.md, "Other RAPL
- * domains"): per slot (a package, in ascending id order; a platform domain has one slot, holding every
- * CPU and every claim) its counter and how the interval's energy there is paid (ratio/overclaim.ts).
- * Made once: an interval overwrites its values, so it allocates nothing for a domain where nobody ran.
+ * A RAPL domain as the engine attributes it: per slot (a package, ascending ids; a platform domain has
+ * one slot, holding every CPU and claim) its counter and how the interval's energy there is paid.
+ * Made once: an interval overwrites its values, allocating nothing for a domain where nobody ran.
  */
 export interface Plane<D extends EnergyDomain = EnergyDomain> {
   domain: D;
@@ -44,7 +39,7 @@ export interface Plane<D extends EnergyDomain = EnergyDomain> {
   platform: boolean;
   /** A value missing from a sample keeps the last one, so the next value spans the gap (every domain but the package). */
   keepsLast: boolean;
-  /** Per slot its counter; undefined where the package does not have the domain. */
+  /** Undefined where the package does not have the domain. */
   counters: (CounterSlot | undefined)[];
   /** The interval's energy per slot, J; NaN where either sample lacks the counter. */
   energy: number[];
@@ -56,7 +51,7 @@ export interface Plane<D extends EnergyDomain = EnergyDomain> {
   lent: number;
 }
 
-/** The pay of an interval where no thread claimed anything: nothing in it, never written. */
+/** The pay of an interval where no thread claimed anything (never written). */
 const NO_PAY: readonly PackagePay[] = [];
 
 export function newPlane<D extends EnergyDomain>(domain: D, slots: number): Plane<D> {
@@ -76,7 +71,7 @@ export function counterSlot(pkg: number, c: CounterSpec): CounterSlot {
   return { pkg, range: c.range, unitJ: c.unitJ, now: NaN, last: NaN };
 }
 
-/** The plane's energy of the interval per slot: where both samples have the counter, its distance (one wrap at most) times its unit. */
+/** The plane's energy of the interval per slot: the counter's distance (one wrap at most) times its unit. */
 export function closeCounters(p: Plane): void {
   for (let k = 0; k < p.counters.length; k++) {
     const c = p.counters[k];
@@ -86,9 +81,8 @@ export function closeCounters(p: Plane): void {
 }
 
 /**
- * How the plane's energy of the interval is paid (payClaims): per package by its claims, or, for a
- * platform domain, as one package (the one its counter is read on) holding every CPU and every claim. `capacity` per package index,
- * null when no thread was seen on any package (nothing to pay: split() reads `pay` only for such a thread).
+ * How the plane's energy of the interval is paid (payClaims), a platform domain as one package holding
+ * every CPU and claim. `capacity` null: no thread was seen on any package (split() reads no `pay`).
  */
 export function payPlane(p: Plane, packageIds: readonly number[], capacity: readonly number[] | null, claimed: readonly number[]): void {
   p.attributed.fill(0);

@@ -1,15 +1,9 @@
-/**
- * Replay output: the JSON lines of docs/trace-format.md "Replay output" and a human table.
- * Formatting only; the numbers come from replay.ts.
- */
+/** Replay output: the JSON lines of docs/trace-format.md "Replay output" and a human table. */
 import { formatMsrHex } from './counter.js';
 import type { ReplaySummary } from './trace-replay.js';
 import type { IntervalResult, VmOutput } from './outputs.js';
 
-/**
- * Per domain name, the fields `f` gives (a trace with other domains only: docs/trace-format.md
- * "Replay output"). Undefined when there are none, so that the key is left out.
- */
+/** Per domain name, the fields `f` gives; undefined when there are none, so that the key is left out. */
 function byDomain<T extends { domain: string }>(list: readonly T[] | undefined, f: (d: T) => Record<string, unknown>) {
   if (list === undefined || list.length === 0) return undefined;
   const out: Record<string, Record<string, unknown>> = {};

@@ -1,13 +1,9 @@
 /**
  * /proc/<pid>/task/<tid>/stat parsing. The command name (field 2) may hold spaces and parentheses
- * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line.
- *
- * The sampler parses every thread of every VM each interval, so the line is copied to a reused byte
- * buffer (one byte per character, see toBytes) and read there in one backward pass (see scanBack):
- * no field array, no substrings except comm and state, numbers accumulated digit by digit. Byte i is
- * character i, so every text (comm, state, an error's field) is sliced from the line itself.
+ * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line. Every thread of
+ * every VM is parsed each interval, so the line is read in one backward pass over a reused byte
+ * buffer (byte i = character i), with no field array and no substrings but comm and state.
  */
-
 import { fail, ok, type Result } from '../common/result.js';
 export interface TaskStat {
   tid: number;
@@ -36,10 +32,8 @@ const NOT_UINT = -1;
 const TOO_LARGE = -2;
 
 /**
- * The line as bytes, byte i = character i: a reused buffer, written natively when the line is ASCII
- * (what the kernel prints for ASCII thread names). Otherwise by hand: latin1 characters as
- * themselves, anything above U+00FF as 0x80, a byte no rule looks for (the rules only look for
- * space, '(', ')' and digits), so no character can pass for one of those.
+ * The line as bytes, byte i = character i, in a reused buffer. Anything above U+00FF becomes 0x80, a
+ * byte no rule looks for (only space, '(', ')' and digits), so no character can pass for one of those.
  */
 let scratch = Buffer.allocUnsafe(4096);
 function toBytes(line: string): Buffer {
@@ -77,10 +71,9 @@ function openParen(b: Buffer, len: number): number {
 }
 
 /**
- * One backward pass from the end of the line: the first ')' met is the LAST one, and the spaces met
- * on the way are the field separators after it. Their positions go to a ring (the nearest RING to the
- * ')' survive, more than the 37 separators up to field 39); `spaceCount` is how many there were.
- * Returns the index of the last ')' or -1. Synchronous and not re-entrant, like the engine.
+ * One backward pass: the first ')' met is the LAST one, and the spaces met on the way are the field
+ * separators after it, kept in a ring (the nearest RING to the ')' survive, more than the 37 up to
+ * field 39). Returns the index of the last ')' or -1. Not re-entrant, like the engine.
  */
 const RING = 64;
 const spaces = new Int32Array(RING);

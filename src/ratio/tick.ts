@@ -6,11 +6,10 @@
  */
 
 interface NextTick {
-  /** Index of the next tick. */
   k: bigint;
   /** Its ideal time, ns on the monotonic clock. */
   atNs: bigint;
-  /** Ticks between the last one and this that are skipped because their time has passed. */
+  /** Ticks skipped because their time has passed. */
   skipped: number;
 }
 

@@ -3,9 +3,8 @@ import type { Sample, TraceHeader } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
 export class TraceError extends Error {
-  /** 1-based line number, when the problem belongs to a line. */
+  /** 1-based. */
   readonly line: number | undefined;
-  /** The trace file, when known: "FILE: line N: why". */
   readonly file: string | undefined;
   constructor(
     readonly reason: string,

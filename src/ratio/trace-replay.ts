@@ -1,7 +1,4 @@
-/**
- * Replay: trace records in, interval results and final totals out, through the RatioEngine.
- * Pure: records in (trace/reader.ts parses them), results out; the report module turns results into text.
- */
+/** Replay: trace records in (trace/reader.ts parses them), interval results and final totals out. Pure. */
 import { RatioEngine } from './attribution.js';
 import { TraceError, type TraceRecord } from './trace-records.js';
 import { MAX_VMS } from '../model/vm.js';
@@ -16,7 +13,6 @@ interface ReplayProblems {
   first: string[];
 }
 
-/** What the report needs per VM beyond the engine's outputs: the time it was attributed over. */
 interface ReplayVmSummary {
   output: VmOutput;
   /** Sum of dt over the intervals in which the VM was attributed, seconds. */
@@ -40,10 +36,7 @@ export class Replay {
   private readonly byPid = new Map<number, number[]>();
   private readonly attributedS = new Map<number, number>();
 
-  /**
-   * A trace can register VMs without end (a gzip bomb of register lines) and each keeps state for
-   * the total; past this many the replay stops with an error instead of growing without bound.
-   */
+  /** A trace can register VMs without end (a gzip bomb of register lines): past this many the replay stops. */
   static readonly DEFAULT_MAX_VMS = MAX_VMS;
   private registered = 0;
 

@@ -41,18 +41,14 @@ export function mkdirAt(dirFd: number, name: string, mode: number): number {
   return (fn.mkdirat(dirFd, name, mode) as number) === 0 ? 0 : -koffi.errno();
 }
 
-/** renameat(2) of `from` to `to`, both in `dirFd`: replaces `to` at once (a reader opens the old file or the new one). 0 or -errno. */
+/** renameat(2) within `dirFd`: replaces `to` at once. 0 or -errno. */
 export function renameAt(dirFd: number, from: string, to: string): number {
   return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
 }
 
 const RENAME_EXCHANGE = 2;
 
-/**
- * renameat2(2) with RENAME_EXCHANGE of `a` and `b`, both in `dirFd`: each name now holds the other's
- * file, at once (a reader opens one file or the other, never neither). 0 or -errno (EINVAL where the
- * file system cannot exchange).
- */
+/** renameat2(2) RENAME_EXCHANGE within `dirFd`: 0 or -errno (EINVAL where the file system cannot exchange). */
 export function exchangeAt(dirFd: number, a: string, b: string): number {
   return (fn.renameat2(dirFd, a, dirFd, b, RENAME_EXCHANGE) as number) === 0 ? 0 : -koffi.errno();
 }
@@ -64,31 +60,25 @@ const F_UNLCK = 2;
 /** SIGURG: ignored unless handled. */
 const LEASE_BREAK_SIGNAL = 23;
 
-/**
- * fcntl(F_SETSIG, SIGURG) on `fd`, once before takeWriteLease: a lease on it broken by an opener is
- * then signalled with SIGURG, ignored unless handled, not SIGIO, whose default ends the process. 0 or -errno.
- */
+/** Before takeWriteLease: a broken lease is signalled with SIGURG, not SIGIO, whose default ends the process. */
 export function signalLeaseBreaks(fd: number): number {
   return (fn.fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL) as number) === 0 ? 0 : -koffi.errno();
 }
 
 /**
- * fcntl(F_SETLEASE, F_WRLCK) on `fd` (signalLeaseBreaks called on it first): 0 once the process holds
- * a write lease on its file, which the kernel grants only while no other open file (any process's, a
- * mapping's) refers to it; -EAGAIN when one does; another -errno where leases cannot be had
- * (leases-enable 0, a file system without them). While it is held, an open of the file waits
- * (EWOULDBLOCK with O_NONBLOCK) until the lease goes.
+ * A write lease on the file of `fd`, granted only while no other open file refers to it: 0, -EAGAIN
+ * when one does, another -errno where leases cannot be had. While held, an open of the file waits.
  */
 export function takeWriteLease(fd: number): number {
   return (fn.fcntl(fd, F_SETLEASE, 'int', F_WRLCK) as number) === 0 ? 0 : -koffi.errno();
 }
 
-/** fcntl(F_SETLEASE, F_UNLCK): the lease of takeWriteLease let go. 0 or -errno. */
+/** 0 or -errno. */
 export function dropLease(fd: number): number {
   return (fn.fcntl(fd, F_SETLEASE, 'int', F_UNLCK) as number) === 0 ? 0 : -koffi.errno();
 }
 
-/** unlinkat(2) (flag 0x200, AT_REMOVEDIR, for an empty directory): 0 or -errno. Removes a symlink itself, never what it names. */
+/** unlinkat(2) (0x200: AT_REMOVEDIR): 0 or -errno. Removes a symlink itself, never what it names. */
 export function unlinkAt(dirFd: number, name: string, flags = 0): number {
   return (fn.unlinkat(dirFd, name, flags) as number) === 0 ? 0 : -koffi.errno();
 }
@@ -124,16 +114,15 @@ export function inotifyInit(): number {
 }
 
 /**
- * inotify_add_watch(2) of the directory open as `dirFd` (through /proc/self/fd, which names that
- * open directory itself, never a path looked up again): a watch descriptor, or -errno (ENOSPC: the
- * user's max_user_watches reached).
+ * inotify_add_watch(2) of the directory open as `dirFd` (/proc/self/fd names it, not a path looked up
+ * again): a watch descriptor, or -errno (ENOSPC: max_user_watches reached).
  */
 export function inotifyWatchFd(inotifyFd: number, dirFd: number, mask: number): number {
   const wd = fn.inotify_add_watch(inotifyFd, `/proc/self/fd/${dirFd}`, mask | IN_ONLYDIR) as number;
   return wd >= 0 ? wd : -koffi.errno();
 }
 
-/** inotify_rm_watch(2): 0 or -errno. */
+/** 0 or -errno. */
 export function inotifyUnwatch(inotifyFd: number, wd: number): number {
   return (fn.inotify_rm_watch(inotifyFd, wd) as number) === 0 ? 0 : -koffi.errno();
 }

@@ -1,8 +1,6 @@
 /**
  * The libc calls Node does not expose, through koffi, one file per concern; this one loads libc and
- * names errno.
- * Every pointer argument is a Buffer, so no native memory is ever owned by JS; functions return -1
- * (or -errno) like libc, and errnoError() turns that into an Error.
+ * names errno. Every pointer argument is a Buffer, so no native memory is ever owned by JS.
  */
 import koffi from 'koffi';
 import os from 'node:os';

@@ -23,9 +23,8 @@ const fn = {
 };
 
 /**
- * pread(2) of up to `length` bytes at `offset` into `buf`: the count read, or -errno. No exception
- * and no Node fs binding on this path: the sampler reads thousands of /proc files per interval, and
- * a thread that exited (ESRCH) is routine there, not exceptional.
+ * pread(2): the count read, or -errno. No exception on this path: the sampler reads thousands of
+ * /proc files per interval, and a thread that exited (ESRCH) is routine there.
  */
 export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
   if (length > buf.length) throw new RangeError(`pread: ${length} bytes do not fit a buffer of ${buf.length}`);
@@ -81,37 +80,36 @@ export function dup2(oldfd: number, newfd: number): void {
   if ((fn.dup2(oldfd, newfd) as number) < 0) throw errnoError(`dup2(${oldfd}, ${newfd})`);
 }
 
-/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
-export function keepAcrossExec(fd: number): void {
+function setCloexec(fd: number, on: boolean): void {
   const flags = fn.fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
-  if ((flags & FD_CLOEXEC) !== 0 && (fn.fcntl(fd, F_SETFD, 'int', flags & ~FD_CLOEXEC) as number) < 0)
-    throw errnoError(`fcntl(${fd}, F_SETFD)`);
+  const want = on ? flags | FD_CLOEXEC : flags & ~FD_CLOEXEC;
+  if (want !== flags && (fn.fcntl(fd, F_SETFD, 'int', want) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
+}
+
+/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
+export function keepAcrossExec(fd: number): void {
+  setCloexec(fd, false);
 }
 
 /** Makes `fd` close-on-exec again (undoes keepAcrossExec after an exec that failed). */
 export function closeOnExec(fd: number): void {
-  const flags = fn.fcntl(fd, F_GETFD) as number;
-  if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
-  if ((flags & FD_CLOEXEC) === 0 && (fn.fcntl(fd, F_SETFD, 'int', flags | FD_CLOEXEC) as number) < 0)
-    throw errnoError(`fcntl(${fd}, F_SETFD)`);
+  setCloexec(fd, true);
 }
 
-/** close(2) of an fd this process owns; errors (EBADF) are ignored, as after close nothing is left to do. */
+/** close(2); errors (EBADF) are ignored: after close nothing is left to do. */
 export function closeFd(fd: number): void {
   fn.close(fd);
 }
 
-/** A watch on an fd, from watchReadable. */
 export interface FdWatch {
   close(): void;
 }
 
 /**
- * Calls `onReadable` from the event loop whenever `fd` has something to read (bytes, end of stream,
- * or an error a read will report): a libuv poll handle, through koffi. Level-triggered: it fires
- * again while something is left unread. Never an fd a net.Socket watches itself (libuv keeps one
- * watcher per fd number): give it a duplicate (dupCloexec).
+ * Calls `onReadable` from the event loop whenever `fd` has something to read (or an error a read will
+ * report), level-triggered. Never an fd a net.Socket watches itself (libuv keeps one watcher per fd
+ * number): give it a duplicate (dupCloexec).
  */
 export function watchReadable(fd: number, onReadable: () => void): FdWatch {
   const handle = koffi.node.poll(fd, { readable: true, disconnect: true }, () => onReadable());
@@ -153,9 +151,8 @@ export const STAT_SIZE = 144;
 export const STAT_ATIME_AT = 72;
 
 /**
- * fstat(2) into `buf` (at least STAT_SIZE bytes) as the kernel lays it out, without making a Stats
- * object: 0 or -errno. For a check that runs for many fds each sample (guest-dir/): Node's fstatSync
- * makes an object of BigInts each call, several microseconds.
+ * fstat(2) into `buf` (at least STAT_SIZE bytes) as the kernel lays it out: 0 or -errno. For a check
+ * run for many fds each sample: Node's fstatSync makes an object of BigInts each call.
  */
 export function fstatRaw(fd: number, buf: Buffer): number {
   if (buf.length < STAT_SIZE) throw new RangeError(`fstat: a buffer of ${buf.length} bytes is under ${STAT_SIZE}`);

@@ -20,11 +20,7 @@ export function mallocTrim(): void {
 
 const MADV_DONTNEED = 4;
 
-/**
- * madvise(MADV_DONTNEED) on [start, end) of this process's address space: its pages leave the page
- * tables. Only for clean file-backed pages (mapped-files.ts decides which), which the next access
- * maps again from the page cache; on anonymous or copied-on-write pages it would lose their contents.
- */
+/** madvise(MADV_DONTNEED): only for clean file-backed pages; anonymous or copied ones would lose their contents. */
 export function dropMappedPages(start: bigint, end: bigint): void {
   if ((fn.madvise(start, end - start, MADV_DONTNEED) as number) !== 0) throw errnoError('madvise(MADV_DONTNEED)');
 }
@@ -51,12 +47,12 @@ export function memfdCreate(name: string): number {
   return fd;
 }
 
-/** fcntl(F_ADD_SEALS): adds the F_SEAL_* bits in `seals`; EPERM once F_SEAL_SEAL is set, EBUSY for F_SEAL_WRITE over a writable mapping. */
+/** fcntl(F_ADD_SEALS); EPERM once F_SEAL_SEAL is set, EBUSY for F_SEAL_WRITE over a writable mapping. */
 export function addSeals(fd: number, seals: number): void {
   if ((fn.fcntl(fd, F_ADD_SEALS, 'int', seals) as number) < 0) throw errnoError(`fcntl(${fd}, F_ADD_SEALS)`);
 }
 
-/** fcntl(F_GET_SEALS): the F_SEAL_* bits of a memfd (EINVAL for a file that is not one and cannot be sealed). */
+/** fcntl(F_GET_SEALS) (EINVAL for a file that cannot be sealed). */
 export function getSeals(fd: number): number {
   const seals = fn.fcntl(fd, F_GET_SEALS) as number;
   if (seals < 0) throw errnoError(`fcntl(${fd}, F_GET_SEALS)`);
@@ -68,20 +64,15 @@ const PROT_WRITE = 0x2;
 const MAP_SHARED = 0x1;
 const MAP_FAILED = 0xffffffffffffffffn;
 
-/** A MAP_SHARED mapping of a file: its bytes as an ArrayBuffer (valid until unmap()). */
 export interface SharedMapping {
-  /** The mapped bytes; stores go to the file. Never touched after unmap(): the pages are gone. */
+  /** Stores go to the file. Never touched after unmap(): the pages are gone. */
   readonly memory: ArrayBuffer;
   readonly length: number;
   /** munmap(2); a second call does nothing. */
   unmap(): void;
 }
 
-/**
- * mmap(2) of the first `length` bytes of `fd`, MAP_SHARED, readable (and writable when `writable`):
- * stores into `memory` are the file's contents for every other reader of it at once, without a
- * syscall. The mapping outlives the fd (close it or keep it); unmap() ends it.
- */
+/** mmap(2) of the first `length` bytes of `fd`, MAP_SHARED; the mapping outlives the fd. */
 export function mapShared(fd: number, length: number, writable: boolean): SharedMapping {
   if (!Number.isInteger(length) || length <= 0) throw new RangeError(`mmap: length ${length} is not a size`);
   const ptr = fn.mmap(null, length, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0) as unknown;

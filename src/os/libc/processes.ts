@@ -29,34 +29,33 @@ function clockNs(clock: number): bigint | null {
   return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
 }
 
+function clockNsOrThrow(clock: number, name: string): bigint {
+  const ns = clockNs(clock);
+  if (ns === null) throw errnoError(`clock_gettime(${name})`);
+  return ns;
+}
+
 /** CLOCK_REALTIME now, ns since the epoch (full resolution, unlike Date.now()). */
 export function realtimeNs(): bigint {
-  const ns = clockNs(CLOCK_REALTIME);
-  if (ns === null) throw errnoError('clock_gettime(CLOCK_REALTIME)');
-  return ns;
+  return clockNsOrThrow(CLOCK_REALTIME, 'CLOCK_REALTIME');
 }
 
 /** CPUCLOCK_SCHED of a process clock (include/linux/posix-timers.h): the scheduler's run time, in ns. */
 const CPUCLOCK_SCHED = 2;
 
 /**
- * CPU time of a whole process (every thread, live and exited), in ns: clock_gettime of its process
- * CPU clock (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), what clock_getcpuclockid gives), which the
- * kernel sums from each thread's sum_exec_runtime. Any process may read any other's. -1n when it
- * cannot be read (no such process).
+ * CPU time of a whole process (every thread, live and exited), in ns: its process CPU clock
+ * (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)). Any process may read any other's. -1n: no such process.
  */
 export function processCpuTimeNs(pid: number): bigint {
   return clockNs((~pid << 3) | CPUCLOCK_SCHED) ?? -1n;
 }
 
-/** CLOCK_THREAD_CPUTIME_ID: the calling thread's run time. */
 const CLOCK_THREAD_CPUTIME_ID = 3;
 
 /** CPU time of the calling thread, in ns (what it ran, not what it waited: for measures on a busy host). */
 export function threadCpuTimeNs(): bigint {
-  const ns = clockNs(CLOCK_THREAD_CPUTIME_ID);
-  if (ns === null) throw errnoError('clock_gettime(CLOCK_THREAD_CPUTIME_ID)');
-  return ns;
+  return clockNsOrThrow(CLOCK_THREAD_CPUTIME_ID, 'CLOCK_THREAD_CPUTIME_ID');
 }
 
 const SYS_PIDFD_SEND_SIGNAL = 424;
@@ -75,9 +74,8 @@ const SYS_PIDFD_OPEN = 434;
 const PIDFD_THREAD = 0o200;
 
 /**
- * A pidfd (close-on-exec, as every pidfd) of thread `tid` alone (PIDFD_THREAD, Linux 6.9+): it turns
- * readable when that thread exits, and never names another thread. -errno (ESRCH: no such thread;
- * EINVAL: a kernel without PIDFD_THREAD; EMFILE: out of fds).
+ * A pidfd of thread `tid` alone: readable when that thread exits, never naming another thread.
+ * -errno (ESRCH: no such thread; EINVAL: a kernel without PIDFD_THREAD; EMFILE: out of fds).
  */
 export function pidfdOpenThread(tid: number): number {
   const fd = Number(fn.syscall(SYS_PIDFD_OPEN, 'int', tid, 'unsigned int', PIDFD_THREAD));
@@ -115,18 +113,13 @@ export function execve(path: string, argv: readonly string[], env: NodeJS.Proces
   throw errnoError(`execve(${path})`);
 }
 
-/**
- * glibc's struct sigaction, large enough on x86_64 and aarch64 (handler 8, mask 128, flags 4 and
- * padding, restorer 8: 152 bytes); kept opaque: only the handler at offset 0 is ever written.
- */
+/** glibc's struct sigaction is 152 bytes on x86_64 and aarch64; opaque but for the handler at offset 0. */
 const SIGACTION_BYTES = 256;
-/** The handler value SIG_IGN. */
 const SIG_IGN = 1n;
 
 /**
- * Sets the action of signal `sig` to SIG_IGN at the C level, behind Node's back (a disposition of
- * SIG_IGN survives execve, a handler does not), and returns the previous action, opaque, for
- * restoreSignalAction. Throws with errno.
+ * Sets the action of signal `sig` to SIG_IGN behind Node's back (SIG_IGN survives execve, a handler
+ * does not), and returns the previous action, opaque, for restoreSignalAction.
  */
 export function ignoreSignal(sig: number): Buffer {
   const act = Buffer.alloc(SIGACTION_BYTES);
@@ -136,7 +129,7 @@ export function ignoreSignal(sig: number): Buffer {
   return old;
 }
 
-/** Puts back the action ignoreSignal returned (Node's own handler, or whatever it was). Throws with errno. */
+/** Puts back the action ignoreSignal returned. */
 export function restoreSignalAction(sig: number, old: Buffer): void {
   if ((fn.sigaction(sig, old, null) as number) < 0) throw errnoError(`sigaction(${sig})`);
 }

@@ -6,7 +6,7 @@ import koffi from 'koffi';
 import { errnoError, libc } from './errno.js';
 import { closeFd } from './fds.js';
 
-/** struct iovec and struct msghdr of x86_64 (anonymous koffi types: this module may be loaded twice in a process). */
+/** x86_64's iovec and msghdr (anonymous koffi types: this module may be loaded twice in a process). */
 const iovecType = koffi.struct({ iov_base: 'void *', iov_len: 'size_t' });
 const msghdrType = koffi.struct({
   msg_name: 'void *',
@@ -38,8 +38,8 @@ export const SOCK_CLOEXEC = 0o2000000;
 const MSG_NOSIGNAL = 0x4000;
 export const MSG_DONTWAIT = 0x40;
 export const SOCK_STREAM = 1;
-/** Message boundaries on a connection (the keeper's channel). */
 export const SOCK_SEQPACKET = 5;
+
 /**
  * send(2) of buf[0, length) on a stream socket, never blocking and never raising SIGPIPE: the count
  * sent, or -errno (EAGAIN: its send buffer is full; EPIPE/ECONNRESET: the peer is gone).
@@ -68,9 +68,8 @@ export interface PeerCredentials {
   uid: number;
   gid: number;
   /**
-   * The start time (/proc/<pid>/stat field 22) of the process that connected, read at accept: with the
-   * pid it names that very process, which the connection can outlive (its pid then reused by another).
-   * null: it was gone by then; absent: not read (a client's view of its peer).
+   * The start time (stat field 22) of the process that connected, read at accept: with the pid it names
+   * that very process, which the connection can outlive. null: gone by then; absent: not read.
    */
   starttime?: number | null;
 }
@@ -84,18 +83,16 @@ export function getPeerCredentials(fd: number): PeerCredentials {
   return { pid: cred.readInt32LE(0), uid: cred.readUInt32LE(4), gid: cred.readUInt32LE(8) };
 }
 
-/** getsockopt option: a pidfd of the process that called connect() (Linux 6.5+). */
 const SO_PEERPIDFD = 77;
 /**
- * A pidfd (close-on-exec) of the very process that connected on the AF_UNIX socket `fd`, taken by
- * the kernel at connect(): it never names another process, whatever happens to the pid. -errno when
- * the kernel has none to give (ENOPROTOOPT before Linux 6.5, ESRCH when that process is gone).
+ * A pidfd of the very process that connected on the AF_UNIX socket `fd`, taken at connect(): it never
+ * names another process. -errno (ENOPROTOOPT before Linux 6.5, ESRCH when that process is gone).
  */
 export function peerPidfd(fd: number): number {
   return intOption(fd, SO_PEERPIDFD) ?? -koffi.errno();
 }
 
-/** An int socket option (SOL_SOCKET level) of `fd`; null when getsockopt fails (errno says why). */
+/** An int SOL_SOCKET option of `fd`; null when getsockopt fails (errno says why). */
 function intOption(fd: number, option: number): number | null {
   const v = Buffer.alloc(4);
   const len = Buffer.alloc(4);
@@ -148,20 +145,20 @@ const MSG_CTRUNC = 0x8;
 const MSG_CMSG_CLOEXEC = 0x40000000;
 /** sizeof(struct cmsghdr) on x86_64: size_t cmsg_len, int cmsg_level, int cmsg_type. */
 const CMSGHDR_SIZE = 16;
-/** Most fds one message may carry (SCM_MAX_FD, include/net/scm.h): the kernel refuses more with EINVAL. */
+/** SCM_MAX_FD (include/net/scm.h): the kernel refuses more with EINVAL. */
 export const MAX_FDS_PER_MESSAGE = 253;
 
-/** CMSG_ALIGN: control data is aligned to sizeof(size_t), 8 on x86_64. */
+/** CMSG_ALIGN: to sizeof(size_t), 8 on x86_64. */
 function cmsgAlign(n: number): number {
   return (n + 7) & ~7;
 }
 
-/** CMSG_LEN(n * sizeof(int)): the cmsg_len of an SCM_RIGHTS message with n fds (no trailing padding). */
+/** CMSG_LEN(n * sizeof(int)). */
 export function cmsgLenForFds(n: number): number {
   return CMSGHDR_SIZE + 4 * n;
 }
 
-/** CMSG_SPACE(n * sizeof(int)): the control buffer an SCM_RIGHTS message with n fds takes, padding included. */
+/** CMSG_SPACE(n * sizeof(int)): padding included. */
 export function cmsgSpaceForFds(n: number): number {
   return CMSGHDR_SIZE + cmsgAlign(4 * n);
 }
@@ -178,8 +175,7 @@ export function encodeScmRights(fds: readonly number[]): Buffer {
 
 /**
  * The fds of every SCM_RIGHTS message in the first `length` bytes of a control buffer the kernel
- * filled (CMSG_FIRSTHDR/CMSG_NXTHDR). Any other message (SCM_CREDENTIALS) is skipped; a header that
- * does not fit ends the walk.
+ * filled. Any other message is skipped; a header that does not fit ends the walk.
  */
 export function decodeScmRights(control: Buffer, length: number): number[] {
   const fds: number[] = [];
@@ -198,7 +194,6 @@ export function decodeScmRights(control: Buffer, length: number): number[] {
 
 const SO_TYPE = 3;
 
-/** SO_TYPE of a socket: SOCK_STREAM, SOCK_DGRAM, ... */
 export function socketType(fd: number): number {
   const v = intOption(fd, SO_TYPE);
   if (v === null) throw errnoError('getsockopt(SO_TYPE)');
@@ -207,7 +202,6 @@ export function socketType(fd: number): number {
 
 const SO_ACCEPTCONN = 30;
 
-/** SO_ACCEPTCONN: whether the socket `fd` is listening (a connection is not). */
 export function isListeningSocket(fd: number): boolean {
   const v = intOption(fd, SO_ACCEPTCONN);
   if (v === null) throw errnoError('getsockopt(SO_ACCEPTCONN)');
@@ -250,11 +244,9 @@ function sendmsgTo(
 }
 
 /**
- * sendmsg(2) of `data` with `fds` attached (SCM_RIGHTS) on a connected AF_UNIX socket: the bytes sent,
- * which on a stream socket may be fewer than data.length (the fds went with the first byte; send the
- * rest without them). Throws an errno error; on EAGAIN (MSG_DONTWAIT given, or a non-blocking socket
- * whose buffer is full) its message says so. On a stream socket fds need at least one byte to ride
- * on (the kernel would drop them silently), so `data` may be empty there only without fds; a
+ * sendmsg(2) of `data` with `fds` attached on a connected AF_UNIX socket: the bytes sent, which on a
+ * stream socket may be fewer (the fds went with the first byte; send the rest without them). On a
+ * stream socket fds need at least one byte to ride on (the kernel would drop them silently); a
  * datagram may carry fds alone. Never raises SIGPIPE.
  */
 export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
@@ -263,7 +255,7 @@ export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags 
   return sendmsgTo(fd, data, fds, flags | MSG_NOSIGNAL, null, 'sendmsg');
 }
 
-/** One AF_UNIX datagram to `name` (a path or '@abstract') with `fds` attached, from a fresh socket closed right after. */
+/** sendUnixDatagram with `fds` attached. */
 export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[]): void {
   const addr = sockaddrUn(name);
   const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
@@ -275,24 +267,18 @@ export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: read
 }
 
 interface ReceivedWithFds {
-  /** The bytes read; empty at end of stream (or for an empty datagram). */
+  /** Empty at end of stream (or for an empty datagram). */
   data: Buffer;
-  /** The fds that came with them, close-on-exec, now owned by the caller. */
+  /** Close-on-exec, now owned by the caller. */
   fds: number[];
-  /**
-   * More fds came than were allowed (the kernel closed the excess: MSG_CTRUNC), or a datagram was
-   * longer than maxBytes (its tail is lost: MSG_TRUNC).
-   */
+  /** More fds came than were allowed (MSG_CTRUNC), or a datagram was longer than maxBytes (MSG_TRUNC). */
   truncated: boolean;
 }
 
 /**
- * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds (SCM_RIGHTS), the fds opened close-on-exec
- * (MSG_CMSG_CLOEXEC). The control buffer has room for maxFds fds only: the kernel closes the ones a
- * sender attached beyond that and reports MSG_CTRUNC (one more fits the alignment padding when
- * maxFds is odd: it is closed here), so a hostile sender cannot make this process hold more fds than
- * it asked for. Throws an errno error (EAGAIN: nothing to read on a non-blocking
- * socket or with MSG_DONTWAIT).
+ * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds, opened close-on-exec. The control buffer
+ * has room for maxFds fds only, so a hostile sender cannot make this process hold more fds than it
+ * asked for: the kernel closes the excess. Throws an errno error (EAGAIN: nothing to read).
  */
 export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
   if (!Number.isInteger(maxBytes) || maxBytes < 0) throw new RangeError(`recvmsg: maxBytes ${maxBytes} is not a size`);

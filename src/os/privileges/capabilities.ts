@@ -1,16 +1,8 @@
 /**
- * Dropping every capability (and to -u/-g), after the MSR fds, the socket and the pidfile are open.
- *
- * Linux's msr driver checks CAP_SYS_RAWIO in open(2) only, and powercap's energy_uj is a root-only
- * file checked at open too: reads of an fd opened before need nothing. So once the start has opened
- * them the helper holds no capability at all (docs/security.md "Privileges, per process and phase").
- *
- * Linux credentials are per thread and Node has several (libuv pool, V8 platform workers). glibc
- * broadcasts set*id calls to every thread, but capset, PR_CAPBSET_DROP, the securebits and
- * PR_SET_NO_NEW_PRIVS act on the calling thread only. So as root the helper drops on the main thread
- * and re-executes itself (reexec.ts): every thread of the new image starts with nothing. Only when it
- * cannot (not root, no CAP_SETPCAP) does dropPrivileges() drop in process, main thread first;
- * describeThreads() reports each thread's result.
+ * Dropping every capability (and to -u/-g), after the MSR fds, the socket and the pidfile are open:
+ * the msr driver checks CAP_SYS_RAWIO in open(2) only, and powercap's energy_uj is checked at open
+ * too (docs/security.md "Privileges, per process and phase"). capset and the rest act on the calling
+ * thread only, so as root the helper drops on the main thread and re-executes itself (reexec.ts).
  */
 import fs from 'node:fs';
 import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc/capability-calls.js';
@@ -40,7 +32,7 @@ export interface DropOptions {
 }
 
 interface DropReport {
-  /** Steps that could not be done (e.g. bounding set without CAP_SETPCAP when not root). */
+  /** Steps that could not be done (the bounding set without CAP_SETPCAP). */
   skipped: string[];
 }
 
@@ -53,7 +45,6 @@ function lastCap(): number {
   }
 }
 
-/** Empties the calling thread's bounding set (needs CAP_SETPCAP). */
 function dropBoundingSet(): void {
   const last = lastCap();
   for (let cap = 0; cap <= last; cap++) {
@@ -67,10 +58,8 @@ function dropBoundingSet(): void {
 
 /**
  * The calling thread's credentials down to nothing: the bounding set emptied and the securebits
- * locked (with CAP_SETPCAP; `skipped` says so without it), the ambient set cleared, -g/-u set (glibc
- * broadcasts set*id to every thread), every capability set 0, NO_NEW_PRIVS. The re-exec
- * (reexec.ts) calls it on the main thread before its exec; the in-process drop, when the helper could
- * not re-execute itself (not root, or no CAP_SETPCAP), leaves Node's other threads as they were.
+ * locked (with CAP_SETPCAP), the ambient set cleared, -g/-u set (glibc broadcasts set*id to every
+ * thread), every capability set 0, NO_NEW_PRIVS. Without a re-exec, Node's other threads keep theirs.
  */
 export function dropPrivileges(o: DropOptions): DropReport {
   const skipped: string[] = [];
@@ -106,10 +95,8 @@ export function savedUidRoot(): void {
 }
 
 /**
- * A process whose real uid is not its effective one (a serving process the keeper started: it
- * inherits the keeper's real and saved uid 0, DropOptions.realUidRoot) takes its effective uid as
- * all three, first thing, so that the keeper stays the only process with real uid 0. Every thread:
- * glibc broadcasts set*id.
+ * A serving process the keeper started (real and saved uid 0, DropOptions.realUidRoot) takes its
+ * effective uid as all three, first thing, so that the keeper stays the only process with real uid 0.
  */
 export function takeOwnUid(): void {
   const euid = process.geteuid?.();

@@ -1,10 +1,8 @@
 /**
- * Re-executing the daemon with its privileges already dropped, so every thread starts with no more.
- *
- * Linux credentials are per thread, and Node's threads (V8 workers, the libuv pool) exist before any
- * of our code runs: capset, PR_CAPBSET_DROP and NO_NEW_PRIVS on the main thread never reach them
- * (glibc broadcasts only set*id). exec replaces every thread with one that has the calling thread's
- * credentials, so everything is done on the main thread and then the same command is executed again.
+ * Re-executing the daemon with its privileges already dropped. Linux credentials are per thread, and
+ * Node's threads exist before any of our code runs: capset, PR_CAPBSET_DROP and NO_NEW_PRIVS on the
+ * main thread never reach them (glibc broadcasts only set*id). exec replaces every thread with one of
+ * the calling thread's credentials, so the drop is done on the main thread, then the command executed again.
  */
 import { capget } from '../libc/capability-calls.js';
 import { keepAcrossExec } from '../libc/fds.js';
@@ -13,21 +11,16 @@ import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
 import { CAP_SETPCAP, dropPrivileges, type DropOptions } from './capabilities.js';
 
 /**
- * Node flags the re-executed daemon starts with (measured with npm run bench, see docs/performance.md,
- * "What changed for these figures"): a young generation of at most 4 MiB per semi-space, and one V8 platform worker
- * instead of four (fewer threads and stacks). The young generation grows to that bound only under
- * load: with 16 legacy clients (about 500 bytes of garbage per request) a 1 MiB semi-space meant
- * 90 scavenges a second of 0.2 ms, each holding every request in flight, which set the p99 (450
- * against 290 µs with 4 MiB); it costs about 7 MiB of RSS once grown. A flag the user gave to node
- * already is left as given.
+ * Node flags the re-executed daemon starts with, unless node was given them already: a young
+ * generation of at most 4 MiB per semi-space (fewer scavenges under load) and one V8 platform worker
+ * instead of four (docs/performance.md).
  */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--v8-pool-size=1'];
 
 /**
- * The only Node flags the re-executed image may be given (as `--flag=value`): memory and thread
- * sizes. An allowlist, not a blocklist: a flag that starts a debugger (--inspect*, --debug*), loads
- * code (--require, --import, --loader, --experimental-loader, -r) or changes what is trusted must
- * never reach the image that holds the MSR fds and the socket, whatever the first image was given.
+ * The only Node flags the re-executed image may be given (as `--flag=value`). An allowlist: a flag
+ * that starts a debugger, loads code (--require, --import, --loader) or changes what is trusted must
+ * never reach the image that holds the MSR fds and the socket.
  */
 const ALLOWED_NODE_FLAGS: readonly string[] = ['--max-semi-space-size', '--max-old-space-size', '--v8-pool-size', '--stack-size'];
 
@@ -35,7 +28,6 @@ function flagName(arg: string): string {
   return arg.split('=')[0]!.replace(/_/g, '-');
 }
 
-/** The allowed `--flag=value` items of `execArgv` (ALLOWED_NODE_FLAGS); everything else is dropped. */
 function allowedExecArgv(execArgv: readonly string[]): string[] {
   return execArgv.filter((a) => a.includes('=') && ALLOWED_NODE_FLAGS.includes(flagName(a)));
 }
@@ -48,10 +40,8 @@ export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
 }
 
 /**
- * Variables of the first image's environment passed to the re-executed one; every other is dropped
- * (an allowlist: NODE_OPTIONS would start a debugger or load code in it, NODE_PATH and HOME change
- * where modules are found). Names ending in `*` are prefixes. What the image must inherit on purpose
- * (the Inherited description, the -d channel) is added by the caller.
+ * Variables passed to the re-executed image (an allowlist: NODE_OPTIONS would load code in it,
+ * NODE_PATH and HOME change where modules are found). Names ending in `*` are prefixes.
  */
 const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'PATH',
@@ -76,7 +66,6 @@ const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'VMSR_HELPER_TEST_CRASH_ON_VM_PID',
 ];
 
-/** The allowlisted variables of `env` (REEXEC_ENV_ALLOWLIST). */
 export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [k, v] of Object.entries(env)) {
@@ -90,8 +79,7 @@ export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, strin
 const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
 
 /**
- * Whether the helper can drop every privilege by re-executing itself (reexecDropped): null when it
- * can, else why not (the in-process drop, dropPrivileges(), then does what it can). Consumes the
+ * Null when the helper can drop every privilege by re-executing itself, else why not. Consumes the
  * marker of an image that was re-executed already ('re-executed').
  */
 export function reexecBlocker(): string | null {
@@ -105,13 +93,8 @@ export function reexecBlocker(): string | null {
 }
 
 /**
- * On the main thread, dropPrivileges (capabilities.ts: the bounding set emptied, the securebits
- * locked, -g/-u, every capability set 0, NO_NEW_PRIVS), then exec: every thread of the new image has
- * CapEff = CapPrm = CapBnd = CapAmb = CapInh = 0, NoNewPrivs 1 and the asked uid/gid. `keepFds`
- * (beside stdio) survive the exec. The new image's environment is the allowlisted part of ours
- * (allowedEnvironment) plus `env`; its Node flags the allowlisted part of ours (allowedExecArgv) plus
- * DAEMON_NODE_FLAGS: no NODE_OPTIONS, --inspect, --require, --import or --loader crosses. Returns
- * only by throwing.
+ * dropPrivileges on the main thread, then exec: every thread of the new image has every capability
+ * set 0, NoNewPrivs 1 and the asked uid/gid. As reexecInPlace otherwise. Returns only by throwing.
  */
 export function reexecDropped(o: DropOptions, keepFds: readonly number[], env: Record<string, string>): never {
   dropPrivileges(o);
@@ -121,10 +104,9 @@ export function reexecDropped(o: DropOptions, keepFds: readonly number[], env: R
 const SIGHUP = 1;
 
 /**
- * execve with SIGHUP ignored across it (SIG_IGN survives execve, until Node's own start-up resets it)
- * and the new image told to hold SIGHUP from its first module (SIGHUP_HELD_ENV, os/sighup-hold.ts):
- * a SIGHUP during the exec does not end the daemon. An exec that fails puts SIGHUP's action back
- * (Node's handler) and throws.
+ * execve with SIGHUP ignored across it (SIG_IGN survives execve, until Node's start-up resets it) and
+ * the new image told to hold SIGHUP from its first module (os/sighup-hold.ts): a SIGHUP during the
+ * exec does not end the daemon.
  */
 function execHoldingSighup(path: string, argv: readonly string[], env: Record<string, string>): never {
   const before = ignoreSignal(SIGHUP);
@@ -136,18 +118,15 @@ function execHoldingSighup(path: string, argv: readonly string[], env: Record<st
   }
 }
 
-/** The command line the daemon re-executes: node with the allowed flags, the installed script, the same arguments. */
 export function daemonArgv(): string[] {
   return [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)];
 }
 
 /**
- * A restart in place (docs/daemon.md "Restarts"): the daemon, privileges already dropped on every
- * thread, executes itself again with nothing changed about them. What it holds crosses the exec
- * unchanged: the uid, the empty bounding set, the locked securebits (no capability for uid 0 at
- * exec), NO_NEW_PRIVS. So the new image holds no capability either; the MSR fds cross as fds.
- * `keepFds` (beside stdio) survive; the environment is the allowlisted part of ours plus `env`.
- * Returns only by throwing (then the fds are still kept across exec: see undoKeepAcrossExec).
+ * A restart in place (docs/daemon.md "Restarts"): the uid, the empty bounding set, the locked
+ * securebits and NO_NEW_PRIVS cross the exec unchanged, so the new image holds no capability either.
+ * `keepFds` (beside stdio) survive; the environment and Node flags are the allowlisted part of ours,
+ * plus `env`. Returns only by throwing (the fds then still kept across exec: see undoKeepAcrossExec).
  */
 export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
   for (const fd of new Set([0, 1, 2, ...keepFds])) {

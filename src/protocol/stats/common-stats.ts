@@ -17,19 +17,16 @@ export const COMMON_STATS: readonly StatsDescriptor[] = [
   { name: 'interval', ...NS },
 ];
 
-/** The common values of one sample (0 before the first sample: the reader knows it has none yet). */
+/** The common values of one sample, ns (0 before the first sample). */
 export interface SampleTimes {
-  /** CLOCK_MONOTONIC of the sample, ns. */
   monotonicNs: bigint;
-  /** CLOCK_REALTIME of the same sample, ns. */
   realtimeNs: bigint;
-  /** CLOCK_MONOTONIC at which the next sample is expected, ns; 0 = none is expected (ended, or the loop is idle). */
+  /** CLOCK_MONOTONIC at which the next sample is expected; 0 = none is expected (ended, or the loop is idle). */
   nextMonotonicNs: bigint;
-  /** Measured length of the interval that ended with this sample, ns (0 for a baseline). */
+  /** Measured length of the interval that ended with this sample (0 for a baseline). */
   intervalNs: bigint;
 }
 
-/** The word index of each sample time in a file, resolved once (sampleTimeSlots). */
 export interface SampleTimeSlots {
   monotonic: number;
   realtime: number;

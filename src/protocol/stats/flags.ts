@@ -19,9 +19,8 @@ export const STATS_TYPE = {
 } as const;
 
 /**
- * KVM_STATS_UNIT_* (NONE, BYTES, SECONDS, CYCLES, BOOLEAN as KVM defines them), and the helper's own:
- * JOULES and WATTS, taken from the top of the 4-bit range (0x8, 0x9) so that a unit KVM adds later
- * (it added BOOLEAN = 0x4 after the first four) cannot collide with them.
+ * KVM_STATS_UNIT_*, and the helper's own JOULES and WATTS from the top of the 4-bit range, so that a
+ * unit KVM adds later (it added BOOLEAN after the first four) cannot collide with them.
  */
 export const STATS_UNIT = {
   NONE: 0x0 << STATS_UNIT_SHIFT,
@@ -29,9 +28,7 @@ export const STATS_UNIT = {
   SECONDS: 0x2 << STATS_UNIT_SHIFT,
   CYCLES: 0x3 << STATS_UNIT_SHIFT,
   BOOLEAN: 0x4 << STATS_UNIT_SHIFT,
-  /** The helper's: energy, value x 10^exponent joules. */
   JOULES: 0x8 << STATS_UNIT_SHIFT,
-  /** The helper's: power, value x 10^exponent watts. */
   WATTS: 0x9 << STATS_UNIT_SHIFT,
 } as const;
 

@@ -1,8 +1,4 @@
-/**
- * What the host's statistics file holds (docs/stats-fd.md "The host's file"): per host package its
- * id, energy and energy attributed to no VM, and the daemon's counters (the values HOST_UPDATE
- * carries). Pure.
- */
+/** What the host's statistics file holds (docs/stats-fd.md "The host's file"). Pure. */
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
@@ -31,19 +27,16 @@ function hostStatsId(daemonPid: number): string {
 }
 
 /**
- * What the daemon may admit, and how much of it is taken: its VM caps (--max-vms for registrations,
- * --max-discovered-vms for discovery) and its fd budget (budget/fd-budget.ts). Each part is null when the
- * daemon has none (discovery off; no fd budget, as in a v2 service alone): its descriptors are then
- * left out of the file.
+ * What the daemon may admit, and how much of it is taken: its VM caps and its fd budget. A part is
+ * null when the daemon has none (discovery off; no fd budget): its descriptors are left out.
  */
 export interface HostCapacity {
   registered: { used: number; max: number };
   discovered: { used: number; max: number } | null;
-  /** Fds open, the open-file limit, and what a new VM or statistics file may still take (FdBudget.room). */
   fds: { open: number; max: number; available: number } | null;
 }
 
-/** Which parts of HostCapacity the file holds (fixed when it is made). */
+/** Which parts of HostCapacity the file holds. */
 interface HostCapacityShape {
   discovered: boolean;
   fds: boolean;
@@ -51,7 +44,6 @@ interface HostCapacityShape {
 
 const NO_CAPACITY: HostCapacityShape = { discovered: false, fds: false };
 
-/** The names of one other domain's values in the host's file (docs/stats-fd.md "The host's file"). */
 export function hostDomainNames(domain: OtherDomain): { packageId: string; energy: string; unattributed: string } {
   return { packageId: `${domain}_package_id`, energy: `${domain}_energy`, unattributed: `${domain}_unattributed_energy` };
 }
@@ -72,7 +64,6 @@ export function hostDomainShapes(pairs: readonly { pkg: number; domain: OtherDom
   return out;
 }
 
-/** What a host file holds beyond the values every one has: the capacity parts, and the other domains read. */
 interface HostStatsShape {
   capacity?: HostCapacityShape;
   domains?: readonly HostDomainShape[];
@@ -89,16 +80,14 @@ export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStat
     one('unattributed_energy', C | UJ, -6),
     one('last_sample_duration', I | STATS_UNIT.SECONDS | STATS_BASE.POW10, -9),
     ...COUNTERS.map(([name, type]) => one(name, type | STATS_UNIT.NONE)),
-    // Added after the others: a reader that does not know it skips it (descriptors name their values).
+    // Added after the others, in the order they came: a reader finds values by name and skips what it does not know.
     one('energy_source', I | STATS_UNIT.NONE),
-    // The capacity, added later still: a reader looks them up by name, and one that does not know them skips them.
     one('vms_registered', I | STATS_UNIT.NONE),
     one('vms_registered_max', I | STATS_UNIT.NONE),
     ...(capacity.discovered ? [one('vms_discovered', I | STATS_UNIT.NONE), one('vms_discovered_max', I | STATS_UNIT.NONE)] : []),
     ...(capacity.fds
       ? [one('fds_open', I | STATS_UNIT.NONE), one('fds_max', I | STATS_UNIT.NONE), one('fds_available', I | STATS_UNIT.NONE)]
       : []),
-    // Every other domain the host reads, after those: per package it is read on, its id, its energy and the part no VM got.
     ...domains.flatMap((d) => {
       const n = hostDomainNames(d.domain);
       const size = d.packages.length;
@@ -121,19 +110,18 @@ export interface HostStatsValues extends SampleTimes {
   legacyOk: bigint;
   legacyRefused: bigint;
   legacyFailed: bigint;
-  /** Samples in which a VM appeared, ended or was dropped (HOST_UPDATE's VMS_CHANGED, counted): LIST again when it moves. */
+  /** Samples with HOST_UPDATE's VMS_CHANGED, counted. */
   vmChanges: bigint;
   connections: number;
   vms: number;
   /** Which energy source the daemon reads, as a code (energy/kinds.ts ENERGY_SOURCE_CODE); 0: not stated. */
   energySource: number;
-  /** The caps and the fd budget; parts the file has no descriptor for are not written. */
+  /** Parts the file has no descriptor for are not written. */
   capacity?: HostCapacity;
-  /** The other domains' totals per package; those the file has no place for are left out. */
   domains?: readonly { pkg: number; domain: OtherDomain; energyUj: bigint; unattributedUj: bigint }[];
 }
 
-/** One sample's values; `domains`: the other domains' shapes the file was laid out with (hostStatsLayout). */
+/** One sample's values; `domains`: the shapes the file was laid out with. */
 export function writeHostStats(b: SampleBlock, v: HostStatsValues, domains: readonly HostDomainShape[] = []): void {
   writeSampleTimes(b, v);
   const id = b.slot('package_id');

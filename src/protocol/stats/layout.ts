@@ -1,12 +1,7 @@
 /**
  * The statistics file's layout (docs/stats-fd.md): KVM's binary statistics layout, little-endian,
- * every block 8-byte aligned, in this order and without overlap:
- *   header       u32 flags, u32 name_size, u32 num_desc, u32 id_offset, u32 desc_offset, u32 data_offset
- *   id string    name_size bytes, NUL-terminated
- *   descriptors  num_desc x { u32 flags, s16 exponent, u16 size, u32 offset, u32 reserved, char name[name_size] }
- *   data         u64 values; a descriptor's `size` values start `offset` bytes into the block
- * Pure: the encoder makes the bytes of a new file (values 0), the decoder checks a file's first bytes
- * as hostile input and tells where each value is. Nothing here touches an fd.
+ * blocks 8-byte aligned: header, id string, descriptors, data. The encoder makes a new file (values
+ * 0); the decoder checks a file's first bytes as hostile input. Pure.
  */
 import { fail, ok, type Result } from '../../common/result.js';
 import { utf8Cut } from '../v2/codec.js';
@@ -18,16 +13,14 @@ const STATS_HEADER_SIZE = 24;
 const STATS_NAME_SIZE = 64;
 /** Fixed part of a descriptor, before its name. */
 const STATS_DESC_FIXED = 16;
-/** The header's flags: 0, as KVM's. */
 const STATS_HEADER_FLAGS = 0;
-/** Bounds a reader holds a file to (and the helper never passes): descriptors, name size, whole file. */
+/** Bounds a reader holds a file to (and the helper never passes). */
 const MAX_STATS_DESCRIPTORS = 256;
 const MAX_STATS_NAME_SIZE = 256;
 export const MAX_STATS_FILE_BYTES = 1 << 20;
-/** Values one array descriptor may hold: the most vCPUs a VM may have (more than MAX_VPKG + 1 and any host's packages). */
+/** Values one array descriptor may hold: the most vCPUs a VM may have (more than any other array needs). */
 const MAX_STATS_ARRAY = MAX_VCPUS;
 
-/** One statistic as the helper declares it. */
 export interface StatsDescriptor {
   name: string;
   /** STATS_TYPE | STATS_UNIT | STATS_BASE. */
@@ -37,9 +30,8 @@ export interface StatsDescriptor {
   size: number;
 }
 
-/** A descriptor as placed in a file. */
 export interface PlacedDescriptor extends StatsDescriptor {
-  /** Byte offset of its first value from the start of the data block. */
+  /** Byte offset of its first value in the data block. */
   offset: number;
 }
 
@@ -50,15 +42,14 @@ export interface StatsLayout {
   idOffset: number;
   descOffset: number;
   dataOffset: number;
-  /** Bytes of the data block (8 x values). */
   dataSize: number;
-  /** The whole file: dataOffset + dataSize. */
+  /** dataOffset + dataSize. */
   fileSize: number;
 }
 
 const align8 = (n: number): number => (n + 7) & ~7;
 
-/** Where everything goes for `id` and `descs` (in order, values packed in descriptor order). Throws on a bad declaration. */
+/** Where everything goes, values packed in descriptor order. Throws on a bad declaration. */
 export function planStatsLayout(id: string, descs: readonly StatsDescriptor[]): StatsLayout {
   if (descs.length === 0 || descs.length > MAX_STATS_DESCRIPTORS)
     throw new RangeError(`stats: ${descs.length} descriptors, 1..${MAX_STATS_DESCRIPTORS} allowed`);
@@ -86,7 +77,7 @@ export function planStatsLayout(id: string, descs: readonly StatsDescriptor[]): 
   return { id, nameSize, descriptors: placed, idOffset, descOffset, dataOffset, dataSize: offset, fileSize };
 }
 
-/** The whole file of `layout`, every value 0. The id string is cut (at a character boundary) to fit name_size with its NUL. */
+/** The whole file, every value 0; the id string cut to fit name_size with its NUL. */
 export function encodeStatsFile(layout: StatsLayout): Buffer {
   const b = Buffer.alloc(layout.fileSize);
   b.writeUInt32LE(STATS_HEADER_FLAGS, 0);
@@ -108,7 +99,6 @@ export function encodeStatsFile(layout: StatsLayout): Buffer {
   return b;
 }
 
-/** The header's six fields. */
 interface StatsHeader {
   flags: number;
   nameSize: number;
@@ -155,8 +145,7 @@ function cString(b: Buffer, at: number, size: number, what: string): Result<stri
 
 /**
  * A file's layout from its bytes up to data_offset (or more) and its size: every check a reader
- * needs before trusting an offset (docs/stats-fd.md "Reading it"). Values outside the data block,
- * overlapping values, a name without its NUL, a size of 0 are refused.
+ * needs before trusting an offset (docs/stats-fd.md "Reading it").
  */
 export function decodeStatsLayout(b: Buffer, fileSize: number): Result<StatsLayout> {
   const hr = decodeStatsHeader(b);

@@ -1,11 +1,7 @@
 /**
- * The data block of a statistics file as the writer sees it, and the one consistency rule shared by
- * writer and readers (docs/stats-fd.md "Consistent samples"): the value `generation` (always the
- * first descriptor, offset 0 of the data block) is made odd before a sample's values are written and
- * the next even number after. A reader reads the generation, then the values, then the generation
- * again, each read after the previous one returned; the same even number twice means the values are
- * one whole sample, anything else means read again. Pure: works on any ArrayBuffer (the daemon's is
- * its shared mapping of the file).
+ * The data block of a statistics file as the writer sees it, and the consistency rule shared by
+ * writer and readers (docs/stats-fd.md "Consistent samples"): `generation` (the first value) is odd
+ * while a sample is written; the same even number before and after the values means one whole sample.
  */
 import type { StatsLayout } from './layout.js';
 
@@ -13,7 +9,6 @@ import type { StatsLayout } from './layout.js';
 export const GENERATION = 'generation';
 const TWO_32 = 4294967296;
 
-/** A writable view of one file's data block. */
 export class SampleBlock {
   private readonly words: BigUint64Array;
   private readonly halves: Uint32Array;
@@ -71,28 +66,21 @@ export class SampleBlock {
   }
 }
 
-/** How readConsistent retries. */
 interface RetryOptions {
-  /** Attempts before giving up (default 100). */
+  /** Default 100. */
   tries?: number;
   /**
-   * A generation this reader read earlier, after everything it read before (the last read's closing
-   * one): any generation read before the values will do as the "before", so a reader polling a file
-   * reads the generation once per read while the file does not change.
+   * A generation this reader read after everything it read before: any generation read before the
+   * values will do as the "before", so a poller reads it once per read while the file does not change.
    */
   known?: bigint;
-  /**
-   * Called before retry `attempt` (1, 2, ...): the writer may be preempted in the middle of a sample
-   * (the generation stays odd for a scheduler time slice), so a reader backs off rather than spin.
-   */
+  /** Called before retry `attempt` (1, 2, ...): the writer may be preempted mid-sample, so back off rather than spin. */
   pause?: (attempt: number) => void;
 }
 
 /**
- * One consistent read: `readGeneration` and `readValues` are the reader's reads of the generation and
- * of the values, done in the order called. Returns the values once the same even generation was seen
- * before and after them, or null after `tries` attempts (the writer kept writing: a reader that is
- * starved this long is told so, never handed a torn sample).
+ * The values once the same even generation was seen before and after them, or null after `tries`
+ * attempts: a starved reader is told so, never handed a torn sample.
  */
 export function readConsistent<T>(
   readGeneration: () => bigint,

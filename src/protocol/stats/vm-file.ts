@@ -1,8 +1,4 @@
-/**
- * What a VM's statistics file holds (docs/stats-fd.md "A VM's file"): its descriptors for a VM of
- * `nvpkg` virtual packages and `nvcpu` vCPUs, and the writing of one sample's values. Arrays are one
- * descriptor each, index = virtual package or vCPU (the order of the VM's vCPU list). Pure.
- */
+/** What a VM's statistics file holds (docs/stats-fd.md "A VM's file"), and the writing of one sample. Pure. */
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, sampleTimeSlots, writeSampleTimes, type SampleTimes, type SampleTimeSlots } from './common-stats.js';
@@ -15,33 +11,16 @@ export interface VmStatsShape {
   name: string | null;
   nvpkg: number;
   nvcpu: number;
-  /**
-   * The exponent of the clock-tick values (CPU time), base 10: -2 for CLK_TCK 100. Null when CLK_TCK is
-   * not a power of ten: then the tick descriptors are left out, never given in a wrong unit.
-   */
+  /** Base-10 exponent of the clock-tick values; null (CLK_TCK not a power of ten): no tick descriptors, never a wrong unit. */
   tickExponent: number | null;
-  /**
-   * The RAPL domains other than the package the host reads (ENERGY_DOMAINS order), each with its own
-   * `<domain>_energy` and `<domain>_power` per virtual package; empty when only the package is read.
-   */
+  /** The other RAPL domains the host reads (ENERGY_DOMAINS order), each with its values per virtual package. */
   domains: readonly OtherDomain[];
-  /**
-   * The daemon runs --guest-energy exact: `guest_energy` (what QEMU was given to credit the guest)
-   * and `guest_exact_energy` (what the helper attributed over the same windows), both cumulative µJ,
-   * `guest_garbage_windows` and `guest_garbage_energy` (windows QEMU's arithmetic turned into garbage,
-   * and the µJ it credited otherwise than it would have without it).
-   */
+  /** The daemon runs --guest-energy exact: the guest_* values (docs/stats-fd.md "A VM's file"). */
   guest?: boolean;
-  /**
-   * The daemon runs with power limits (docs/power-limits.md): `power_limit` (W, 0 = none; on the
-   * package; each other domain of the file's own in `<domain>_power_limit`, after the others),
-   * `power_limit_cpu_quota` (CPUs of bandwidth the helper's quota gives, 0 = none set) and
-   * `power_limited_time` (seconds the quota was in force).
-   */
+  /** The daemon runs with power limits: the power_limit* values (docs/power-limits.md). */
   powerLimit?: boolean;
 }
 
-/** The names of one other domain's values in a VM's file (docs/stats-fd.md "A VM's file"). */
 export function vmDomainNames(domain: OtherDomain): { energy: string; power: string; limit: string } {
   return { energy: `${domain}_energy`, power: `${domain}_power`, limit: `${domain}_power_limit` };
 }
@@ -103,7 +82,6 @@ export function vmStatsLayout(s: VmStatsShape): StatsLayout {
 export interface VcpuTotals {
   tid: number;
   energyUj: number;
-  /** CPU time in clock ticks (utime + stime deltas). */
   ticks: number;
 }
 
@@ -117,7 +95,6 @@ export interface VmStatsValues extends SampleTimes {
   vcpus: readonly VcpuTotals[];
   /** Ticks of the VM's threads that are not vCPUs. */
   otherTicks: number;
-  /** Per other domain of the file: cumulative µJ and power over the last interval (µW), per virtual package. */
   domains?: readonly { domain: OtherDomain; energyUj: readonly number[]; powerUw: readonly number[] }[];
   /** Exact mode: µJ QEMU was given to credit the guest, and µJ attributed over the same windows. */
   guest?: { guestUj: number; exactUj: number; garbageWindows: number; garbageUj: number };
@@ -125,7 +102,6 @@ export interface VmStatsValues extends SampleTimes {
   powerLimit?: { limitsMw: ReadonlyMap<EnergyDomain, number>; quotaMilliCpus: number; limitedMs: number };
 }
 
-/** The word index of every value of a VM's file, resolved once. */
 export class VmStatsSlots {
   readonly times: SampleTimeSlots;
   readonly hostVmId: number;
@@ -139,13 +115,11 @@ export class VmStatsSlots {
   readonly vcpuEnergy: number;
   readonly vcpuTicks: number | null;
   readonly otherTicks: number | null;
-  /** Per other domain of the file: the word index of its energy and power. */
   readonly domains = new Map<OtherDomain, { energy: number; power: number }>();
   readonly guestEnergy: number | null;
   readonly guestExact: number | null;
   /** The word index of power_limit; power_limit_cpu_quota and power_limited_time follow it. */
   readonly powerLimit: number | null;
-  /** Per other domain of the file, the word index of its `<domain>_power_limit`. */
   readonly domainLimits = new Map<OtherDomain, number>();
   readonly guestGarbage: number | null;
   readonly guestGarbageUj: number | null;
@@ -212,10 +186,7 @@ export function writeVmStats(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValu
   }
 }
 
-/**
- * The part of writeVmStats that moves at every sample even when the VM's totals did not (an idle
- * interval): the sample's times, the interval, and the power over it (per virtual package and domain).
- */
+/** The part of writeVmStats that moves at every sample even when the VM's totals did not (an idle interval). */
 export function writeVmInterval(b: SampleBlock, slots: VmStatsSlots, v: VmStatsValues): void {
   writeSampleTimes(b, v, slots.times);
   const np = Math.min(slots.shape.nvpkg, v.energyUj.length);

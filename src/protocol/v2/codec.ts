@@ -1,8 +1,6 @@
 /**
- * v2 framing (docs/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian:
- * the types, flags, error codes and sizes, and the pure encoders of each frame (the decoder is
- * frame-decoder.ts). Pure: no sockets. Its magic "VMS2" is protocol/legacy.ts's V2_MAGIC, beside the
- * preamble check that picks the protocol for a connection.
+ * v2 framing (docs/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian,
+ * and the pure encoders of each frame (the decoder is frame-decoder.ts; the magic is legacy.ts's V2_MAGIC).
  */
 import type { VcpuSpec } from '../../model/vcpus.js';
 import { ENERGY_DOMAINS, type EnergyDomain, type OtherDomain } from '../../model/domains.js';
@@ -15,14 +13,14 @@ export const T = {
   READ: 0x02,
   SUBSCRIBE: 0x03,
   UNREGISTER: 0x04,
-  // Observers (docs/protocol-v2.md "Observers"): new types only, the ones above are unchanged.
+  // Observers: docs/protocol-v2.md "Observers".
   LIST: 0x05,
   OBSERVE: 0x06,
   UNOBSERVE: 0x07,
   HOST_SUBSCRIBE: 0x08,
-  // Statistics through a file descriptor (docs/stats-fd.md): the reply carries one fd (SCM_RIGHTS).
+  // The reply carries one fd (SCM_RIGHTS): docs/stats-fd.md.
   STATS_FD: 0x09,
-  // Power limits (docs/power-limits.md): set (flag LIMIT_SET) or read one VM's limit.
+  // docs/power-limits.md.
   LIMIT: 0x0a,
   REGISTERED: 0x81,
   VALUE: 0x82,
@@ -53,30 +51,21 @@ export const E = {
 /** Bit 0 of flags on VALUE and UPDATE: the VM has ended, values are final. */
 export const FLAG_ENDED = 0x1;
 
+// Each flag that changes a reply's layout is sent only to a connection that asked for it, so a client
+// that never asks keeps the original layout.
+
 /** Bit 0 of flags on HOST_UPDATE: a VM appeared, ended or was dropped since the previous sample (LIST again). */
 export const FLAG_VMS_CHANGED = 0x1;
-/**
- * Bit 1 of flags on HOST_UPDATE: each package entry also carries that package's unattributed energy
- * (HOST_PKG_SIZE_PER_PACKAGE bytes instead of HOST_PKG_SIZE). Sent only to a connection that asked
- * with HOST_SUBSCRIBE_PER_PACKAGE, so a client that never asks keeps the original layout.
- */
+/** Bit 1 of flags on HOST_UPDATE: package entries of HOST_PKG_SIZE_PER_PACKAGE bytes, with their unattributed energy. */
 export const FLAG_PER_PACKAGE = 0x2;
-/** Bit 0 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_PER_PACKAGE (per-package unattributed energy). */
+/** Bit 0 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_PER_PACKAGE. */
 export const HOST_SUBSCRIBE_PER_PACKAGE = 0x1;
 
-/**
- * Bit 1 of flags on UPDATE: after the vpkg values comes the domain block (the VM's energy of every
- * other RAPL domain the host reads, per vpkg). Sent only for a VM the connection SUBSCRIBEd or OBSERVEd
- * with WATCH_DOMAINS, so a client that never asks keeps the original layout.
- */
+/** Bit 1 of flags on UPDATE: the domain block (the VM's energy of each other RAPL domain, per vpkg) follows. */
 export const FLAG_DOMAINS = 0x2;
 /** Bit 0 of flags on SUBSCRIBE and OBSERVE: send this VM's UPDATEs with FLAG_DOMAINS. */
 export const WATCH_DOMAINS = 0x1;
-/**
- * Bit 2 of flags on HOST_UPDATE: after the package entries comes the domain block (per package and
- * other RAPL domain, its energy and unattributed energy). Sent only to a connection that asked with
- * HOST_SUBSCRIBE_DOMAINS.
- */
+/** Bit 2 of flags on HOST_UPDATE: the domain block (per package and other domain: energy, unattributed) follows. */
 export const FLAG_HOST_DOMAINS = 0x4;
 /** Bit 1 of flags on HOST_SUBSCRIBE: send HOST_UPDATEs with FLAG_HOST_DOMAINS. */
 export const HOST_SUBSCRIBE_DOMAINS = 0x2;
@@ -96,10 +85,7 @@ export const VM_DOMAIN_FIXED = 8;
 /** A HOST_UPDATE domain entry: u32 package, u32 domain code, u64 energy_uj, u64 unattributed_uj. */
 export const HOST_DOMAIN_SIZE = 24;
 
-/**
- * The wire code of a RAPL domain: its index in ENERGY_DOMAINS (package 0, core 1, uncore 2, dram 3,
- * psys 4). Domain blocks carry the other domains only, so 0 never appears in them.
- */
+/** The wire code of a RAPL domain: its index in ENERGY_DOMAINS (0, the package, never appears in a domain block). */
 export function domainCode(d: OtherDomain): number {
   return ENERGY_DOMAINS.indexOf(d);
 }
@@ -118,9 +104,9 @@ export const VM_FLAG = {
   /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
   WHOLE_VM_ONLY: 0x4,
   HAS_UUID: 0x8,
-  /** Not every thread of the process is sampled (over its fd share, or out of fds): its energy is a lower bound. */
+  /** Not every thread of the process is sampled: its energy is a lower bound. */
   NOT_WHOLE: 0x10,
-  /** Its guest reads its own VM's energy (--guest-energy exact, a modelled QEMU, its counters begun). */
+  /** Its guest reads its own VM's energy (--guest-energy exact). */
   GUEST_EXACT: 0x20,
 } as const;
 
@@ -130,7 +116,7 @@ export const MAX_NAME_BYTES = 255;
 export const VM_ENTRY_FIXED = 44;
 /** VM_LIST payload header: count, next_id. */
 export const VM_LIST_HEADER = 8;
-/** HOST_UPDATE payload size without its packages; each package adds HOST_PKG_SIZE (HOST_PKG_SIZE_PER_PACKAGE with FLAG_PER_PACKAGE). */
+/** HOST_UPDATE payload size without its package entries. */
 export const HOST_UPDATE_FIXED = 80;
 export const HOST_PKG_SIZE = 16;
 export const HOST_PKG_SIZE_PER_PACKAGE = 24;
@@ -145,7 +131,6 @@ const ERROR_NAMES: Readonly<Record<number, string>> = {
   [E.RESTARTING]: 'helper restarting',
 };
 
-/** Error codes in words, for logs and the CLI. */
 export function errorCodeName(code: number): string {
   return ERROR_NAMES[code] ?? `unknown error code ${code}`;
 }
@@ -165,11 +150,15 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
   return out;
 }
 
-/** A frame whose whole payload is one u32 (SUBSCRIBE, UNREGISTER, OK, LIST, OBSERVE, UNOBSERVE). */
+/** A payload of u32s, in order. */
+function u32Payload(...values: number[]): Buffer {
+  const p = Buffer.alloc(4 * values.length);
+  values.forEach((v, i) => p.writeUInt32LE(v, 4 * i));
+  return p;
+}
+
 function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
-  const p = Buffer.alloc(4);
-  p.writeUInt32LE(v, 0);
-  return encodeFrame(type, flags, p);
+  return encodeFrame(type, flags, u32Payload(v));
 }
 
 const U64_MAX = (1n << 64n) - 1n;
@@ -211,10 +200,7 @@ export interface VmDomainValues {
   vpkgEnergyUj: bigint[];
 }
 
-/**
- * UPDATE: the original layout, or with `domains` (even an empty list: the client asked, the host has
- * none) FLAG_DOMAINS and the domain block after the vpkg values.
- */
+/** UPDATE; with `domains` (even empty: the client asked, the host has none) FLAG_DOMAINS and the domain block. */
 export function encodeUpdate(
   vmId: number,
   tNs: bigint,
@@ -262,9 +248,7 @@ export interface VmEntry {
   ended: boolean;
   discovered: boolean;
   wholeVmOnly: boolean;
-  /** Not every thread of its process is sampled (VM_FLAG.NOT_WHOLE); absent = false. */
   notWhole?: boolean;
-  /** The guest reads its own VM's energy (VM_FLAG.GUEST_EXACT); absent = false. */
   guestExact?: boolean;
   name: string | null;
   uuid: Buffer | null;
@@ -275,12 +259,11 @@ export function utf8Cut(s: string, max: number): Buffer {
   const b = Buffer.from(s, 'utf8');
   if (b.length <= max) return b;
   let end = max;
-  // Back off over continuation bytes (10xxxxxx) so the cut falls on a character start.
+  // Back off over continuation bytes (10xxxxxx).
   while (end > 0 && (b[end]! & 0xc0) === 0x80) end--;
   return b.subarray(0, end);
 }
 
-/** Size of one entry in a VM_LIST payload. */
 function vmEntrySize(e: VmEntry): number {
   return VM_ENTRY_FIXED + (e.name === null ? 0 : utf8Cut(e.name, MAX_NAME_BYTES).length);
 }
@@ -338,19 +321,15 @@ export interface DaemonCounters {
   sampleFailures: bigint;
   /** Open connections, legacy and v2. */
   connections: number;
-  /** VMs the helper knows (registered + discovered, ended ones not yet dropped). */
+  /** Registered and discovered, ended ones not yet dropped. */
   vms: number;
 }
 
-/** One host package in a HOST_UPDATE. */
+/** One host package in a HOST_UPDATE: energy since the helper started sampling, µJ. */
 export interface HostPackageValues {
   pkg: number;
-  /** Energy since the helper started sampling, µJ. */
   energyUj: bigint;
-  /**
-   * The part of it attributed to no VM, µJ; null when the frame does not carry it (the client did not
-   * ask with HOST_SUBSCRIBE_PER_PACKAGE, or the helper predates it).
-   */
+  /** The part attributed to no VM, µJ; null when the frame does not carry it (no FLAG_PER_PACKAGE). */
   unattributedUj: bigint | null;
 }
 
@@ -358,21 +337,16 @@ export interface HostPackageValues {
 export interface HostDomainValues {
   pkg: number;
   domain: OtherDomain;
-  /** Energy since the helper started sampling, µJ. */
   energyUj: bigint;
-  /** The part of it attributed to no VM, µJ. */
   unattributedUj: bigint;
 }
 
 export interface HostValues {
   /** CLOCK_MONOTONIC of the sample the values come from (0 before the first interval). */
   tNs: bigint;
-  /** Per host package; either every package has its unattributedUj or none has (FLAG_PER_PACKAGE). */
+  /** Either every package has its unattributedUj or none has (FLAG_PER_PACKAGE). */
   packages: HostPackageValues[];
-  /**
-   * Per package and other RAPL domain (FLAG_HOST_DOMAINS): present when the frame carries them (the
-   * client asked with HOST_SUBSCRIBE_DOMAINS; empty when the host reads only the package), absent otherwise.
-   */
+  /** Present when the frame carries them (FLAG_HOST_DOMAINS; empty when the host reads only the package). */
   domains?: HostDomainValues[];
   /** Package energy attributed to no VM, summed over packages, µJ. */
   unattributedUj: bigint;
@@ -380,10 +354,7 @@ export interface HostValues {
   stats: DaemonCounters;
 }
 
-/**
- * HOST_UPDATE in the layout its values call for: with FLAG_PER_PACKAGE and 24-byte package entries
- * when the packages carry their unattributed energy, the original 16-byte entries when they do not.
- */
+/** HOST_UPDATE, with FLAG_PER_PACKAGE when the packages carry their unattributed energy. */
 export function encodeHostUpdate(h: HostValues): Buffer {
   const perPackage = h.packages.length > 0 && h.packages[0]!.unattributedUj !== null;
   if (h.packages.some((k) => (k.unattributedUj !== null) !== perPackage))
@@ -426,12 +397,9 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   return encodeFrame(T.HOST_UPDATE, flags, p);
 }
 
-/** STATS_FD's reply (type 0x87): the id asked for (0 = the host) and the size of the file whose fd comes with it. */
+/** STATS_FD's reply: the id asked for (0 = the host) and the size of the file whose fd comes with it. */
 export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
-  const p = Buffer.alloc(8);
-  p.writeUInt32LE(hostVmId, 0);
-  p.writeUInt32LE(fileSize, 4);
-  return encodeFrame(T.STATS_FD_REPLY, 0, p);
+  return encodeFrame(T.STATS_FD_REPLY, 0, u32Payload(hostVmId, fileSize));
 }
 
 /** A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the helper now). */
@@ -441,7 +409,7 @@ export interface LimitState {
   quotaUs: number;
   periodUs: number;
   limitedNs: bigint;
-  /** The limit's domain, when the request named one (LIMIT_DOMAIN); absent: the package, in the first layout. */
+  /** When the request named one (LIMIT_DOMAIN); absent: the package, in the first layout. */
   domain?: EnergyDomain;
 }
 
@@ -485,10 +453,7 @@ export function encodeRegister(r: RegisterRequest): Buffer {
 }
 
 export function encodeRead(vmId: number, vpkg: number): Buffer {
-  const p = Buffer.alloc(8);
-  p.writeUInt32LE(vmId, 0);
-  p.writeUInt32LE(vpkg, 4);
-  return encodeFrame(T.READ, 0, p);
+  return encodeFrame(T.READ, 0, u32Payload(vmId, vpkg));
 }
 
 /** SUBSCRIBE; `domains` asks for the domain block in this VM's UPDATEs (a helper before it answers ERROR 1). */
@@ -521,17 +486,11 @@ export function encodeStatsFd(hostVmId: number): Buffer {
 
 /** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it; with `domain`, the first layout's package. */
 export function encodeLimit(hostVmId: number, milliwatts?: number, domain?: EnergyDomain): Buffer {
-  const p = Buffer.alloc(domain === undefined ? 8 : 12);
-  p.writeUInt32LE(hostVmId, 0);
-  p.writeUInt32LE(milliwatts ?? 0, 4);
-  if (domain !== undefined) p.writeUInt32LE(ENERGY_DOMAINS.indexOf(domain), 8);
+  const p = u32Payload(hostVmId, milliwatts ?? 0, ...(domain === undefined ? [] : [ENERGY_DOMAINS.indexOf(domain)]));
   return encodeFrame(T.LIMIT, (milliwatts === undefined ? 0 : LIMIT_SET) | (domain === undefined ? 0 : LIMIT_DOMAIN), p);
 }
 
-/**
- * HOST_SUBSCRIBE; `perPackage` asks for each package's unattributed energy, `domains` for every other
- * RAPL domain's energy per package (a helper before either answers ERROR 1).
- */
+/** HOST_SUBSCRIBE; `perPackage` and `domains` ask for those layouts (a helper before either answers ERROR 1). */
 export function encodeHostSubscribe(o: { perPackage: boolean; domains?: boolean } = { perPackage: false }): Buffer {
   const flags = (o.perPackage ? HOST_SUBSCRIBE_PER_PACKAGE : 0) | (o.domains === true ? HOST_SUBSCRIBE_DOMAINS : 0);
   return encodeFrame(T.HOST_SUBSCRIBE, flags, Buffer.alloc(0));

@@ -1,7 +1,6 @@
 /**
- * The v2 frame decoder (docs/protocol.md "v2"). Pure: no sockets. It takes bytes as they arrive
- * (split anywhere, or pipelined) and never buffers more than one frame, so a hostile peer cannot make
- * it grow past MAX_PAYLOAD + header.
+ * The v2 frame decoder (docs/protocol.md "v2"). It takes bytes as they arrive and never buffers more
+ * than one frame, so a hostile peer cannot make it grow past MAX_PAYLOAD + header. Pure.
  */
 import { fail, ok, type Result } from '../../common/result.js';
 import { HEADER_SIZE, MAX_PAYLOAD, typeName } from './codec.js';
@@ -22,9 +21,8 @@ interface FrameError {
 export type DecodeResult = Result<Frame, FrameError>;
 
 /**
- * Incremental decoder. `push` returns every frame completed by the new bytes; it stops at (and
- * returns) the first header error, after which the decoder is dead: the protocol closes the connection (docs/protocol.md).
- * `allowedTypes` rejects unknown types as soon as the header is in, before waiting for its payload.
+ * `push` returns every frame completed by the new bytes; it stops at (and returns) the first header
+ * error, after which the decoder is dead. `allowedTypes` rejects a type before its payload comes.
  */
 export class FrameDecoder {
   private chunks: Buffer[] = [];
@@ -45,9 +43,8 @@ export class FrameDecoder {
   }
 
   /**
-   * Bytes still to come before the current frame is complete, never more: the rest of the header
-   * when it is not in yet (then its payload is unknown), else the rest of the payload. A reader that
-   * asks for no more than this sees every frame start at the start of a read (how the client pairs
+   * Bytes still to come before the current frame (or, before it is in, its header) is complete. A
+   * reader that asks for no more sees every frame start at the start of a read (how the client pairs
    * fds with the frame they came with).
    */
   get bytesToFrameEnd(): number {
@@ -107,12 +104,11 @@ export class FrameDecoder {
 
   private keep(buf: Buffer): void {
     if (buf.length === 0) return;
-    // Copy: the caller's buffer may be reused (net sockets hand out fresh ones, but be safe).
+    // Copy: the caller's buffer may be reused.
     this.chunks.push(Buffer.from(buf));
     this.buffered += buf.length;
   }
 
-  /** Joins what is kept with `tail` into one buffer and empties the store. */
   private take(tail: Buffer): Buffer {
     if (this.buffered === 0) return Buffer.from(tail);
     const all = Buffer.concat([...this.chunks, tail]);

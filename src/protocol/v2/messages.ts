@@ -1,9 +1,6 @@
 /**
- * Payload validation per frame type, both directions. Pure; each parser returns the one Result
- * shape (common/result.ts). Two kinds of refusal of a client's payload, because the protocol closes
- * the connection only for a broken frame:
- * - `fatal`: the payload has the wrong size for its type (ERROR 1, then close);
- * - otherwise: the frame is well formed but its content is not (ERROR 1, connection stays).
+ * Payload validation per frame type, both directions. A client's payload of the wrong size for its
+ * type is `fatal` (ERROR 1, then close); a well-formed frame whose content is not gets ERROR 1 alone.
  */
 import {
   DOMAIN_BLOCK_HEADER,
@@ -54,18 +51,17 @@ interface PayloadError {
 export type ClientRequest =
   | { type: typeof T.REGISTER; pid: number; vcpus: VcpuSpec[] }
   | { type: typeof T.READ; vmId: number; vpkg: number }
-  /** domains: flag WATCH_DOMAINS, the VM's other RAPL domains wanted in its UPDATEs. */
+  /** domains: flag WATCH_DOMAINS. */
   | { type: typeof T.SUBSCRIBE; vmId: number; domains: boolean }
   | { type: typeof T.UNREGISTER; vmId: number }
   | { type: typeof T.LIST; fromId: number }
   | { type: typeof T.OBSERVE; vmId: number; domains: boolean }
   | { type: typeof T.UNOBSERVE; vmId: number }
-  /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE, each package's unattributed energy wanted; domains: HOST_SUBSCRIBE_DOMAINS. */
+  /** perPackage: flag HOST_SUBSCRIBE_PER_PACKAGE; domains: HOST_SUBSCRIBE_DOMAINS. */
   | { type: typeof T.HOST_SUBSCRIBE; perPackage: boolean; domains: boolean }
   /** vmId 0 = the host's file. */
   | { type: typeof T.STATS_FD; vmId: number }
-  /** milliwatts: the limit to set (0 = remove), null = only read it. */
-  /** domain: present when the request names one (LIMIT_DOMAIN); the reply then names it too. */
+  /** milliwatts: the limit to set (0 = remove), null = only read it; domain: when named (LIMIT_DOMAIN). */
   | { type: typeof T.LIMIT; vmId: number; milliwatts: number | null; domain?: EnergyDomain };
 
 type ClientParse = Result<ClientRequest, PayloadError>;
@@ -78,6 +74,15 @@ function bad(message: string): ClientParse {
   return fail({ code: E.MALFORMED, fatal: false, message });
 }
 
+function zeroFlags(f: Frame): ClientParse | null {
+  return f.flags === 0 ? null : bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+}
+
+/** The refusal of a frame whose payload is not `size` bytes or whose flags are not 0; null when it is fine. */
+function plainFrame(f: Frame, size: number): ClientParse | null {
+  return f.payload.length !== size ? wrongSize(f.type, f.payload.length, String(size)) : zeroFlags(f);
+}
+
 /** A client's request from a decoded frame (whose type the decoder already checked). */
 export function parseClientFrame(f: Frame): ClientParse {
   const p = f.payload;
@@ -88,7 +93,8 @@ export function parseClientFrame(f: Frame): ClientParse {
       const nvcpu = p.readUInt32LE(4);
       // A lying count is a size error: length must be exactly 8 + 8 * nvcpu.
       if (p.length !== 8 + 8 * nvcpu) return wrongSize(f.type, p.length, `8 + 8 x nvcpu (${nvcpu}) = ${8 + 8 * nvcpu}`);
-      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+      const flagsBad = zeroFlags(f);
+      if (flagsBad !== null) return flagsBad;
       // The count is checked before the list is read: the frame's size already bounds it, this keeps it cheap.
       if (nvcpu < 1 || nvcpu > MAX_VCPUS) return bad(`nvcpu must be 1..${MAX_VCPUS}, got ${nvcpu}`);
       if (pid > MAX_TID) return bad(`pid ${pid} is out of range (0..${MAX_TID})`);
@@ -99,9 +105,7 @@ export function parseClientFrame(f: Frame): ClientParse {
       return ok({ type: T.REGISTER, pid, vcpus: vcpus.value });
     }
     case T.READ:
-      if (p.length !== 8) return wrongSize(f.type, p.length, '8');
-      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
-      return ok({ type: T.READ, vmId: p.readUInt32LE(0), vpkg: p.readUInt32LE(4) });
+      return plainFrame(f, 8) ?? ok({ type: T.READ, vmId: p.readUInt32LE(0), vpkg: p.readUInt32LE(4) });
     case T.SUBSCRIBE:
     case T.OBSERVE:
       if (p.length !== 4) return wrongSize(f.type, p.length, '4');
@@ -111,15 +115,11 @@ export function parseClientFrame(f: Frame): ClientParse {
     case T.UNREGISTER:
     case T.UNOBSERVE:
     case T.STATS_FD:
-      if (p.length !== 4) return wrongSize(f.type, p.length, '4');
-      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
-      return ok({ type: f.type, vmId: p.readUInt32LE(0) });
+      return plainFrame(f, 4) ?? ok({ type: f.type, vmId: p.readUInt32LE(0) });
     case T.LIMIT:
       return parseLimit(f);
     case T.LIST:
-      if (p.length !== 4) return wrongSize(f.type, p.length, '4');
-      if (f.flags !== 0) return bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
-      return ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
+      return plainFrame(f, 4) ?? ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
     case T.HOST_SUBSCRIBE:
       if (p.length !== 0) return wrongSize(f.type, p.length, '0');
       if ((f.flags & ~(HOST_SUBSCRIBE_PER_PACKAGE | HOST_SUBSCRIBE_DOMAINS)) !== 0)
@@ -141,7 +141,7 @@ export function parseClientFrame(f: Frame): ClientParse {
 export type HelperMessage =
   | { type: typeof T.REGISTERED; vmId: number; nvpkg: number; powerUnit: bigint }
   | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
-  /** domains: present when the frame carries the domain block (FLAG_DOMAINS). */
+  /** domains: present with FLAG_DOMAINS. */
   | { type: typeof T.UPDATE; vmId: number; tNs: bigint; vpkgs: VpkgValue[]; ended: boolean; domains?: VmDomainValues[] }
   | { type: typeof T.OK; vmId: number }
   | { type: typeof T.VM_LIST; entries: VmEntry[]; nextId: number }
@@ -190,18 +190,16 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
   }
 }
 
-/** A helper frame of the wrong length for its type. */
 function wrongLength(f: Frame, want: number): Result<never> {
   return fail(`${typeName(f.type)} payload is ${f.payload.length} bytes, expected ${want}`);
 }
 
-/** UPDATE: the vpkg values, then the domain block when the frame's FLAG_DOMAINS says it has one. */
+/** UPDATE: the vpkg values, then the domain block with FLAG_DOMAINS. */
 function parseUpdate(f: Frame): Result<HelperMessage> {
   const p = f.payload;
   if (p.length < 16) return wrongLength(f, 16);
   const n = p.readUInt32LE(4);
   const base = 16 + 16 * n;
-  // The layout is named by the frame itself (FLAG_DOMAINS): without it, exactly the vpkg values.
   const withDomains = (f.flags & FLAG_DOMAINS) !== 0;
   if (!withDomains && p.length !== base) return wrongLength(f, base);
   if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return wrongLength(f, base + DOMAIN_BLOCK_HEADER);
@@ -213,12 +211,11 @@ function parseUpdate(f: Frame): Result<HelperMessage> {
   return domains.ok ? ok({ ...m, domains: domains.value }) : domains;
 }
 
-/** HOST_UPDATE: the fixed part, the package entries (their layout per FLAG_PER_PACKAGE), the domain block per FLAG_HOST_DOMAINS. */
+/** HOST_UPDATE, its layout named by its flags. */
 function parseHostUpdate(f: Frame): Result<HelperMessage> {
   const p = f.payload;
   if (p.length < HOST_UPDATE_FIXED) return wrongLength(f, HOST_UPDATE_FIXED);
   const n = p.readUInt32LE(72);
-  // The layout of the package entries is named by the frame itself (FLAG_PER_PACKAGE).
   const perPackage = (f.flags & FLAG_PER_PACKAGE) !== 0;
   const entry = perPackage ? HOST_PKG_SIZE_PER_PACKAGE : HOST_PKG_SIZE;
   const base = HOST_UPDATE_FIXED + entry * n;
@@ -263,7 +260,6 @@ function parseHostUpdate(f: Frame): Result<HelperMessage> {
 /** Other RAPL domains a domain block may hold at most: each once. */
 const MAX_OTHER_DOMAINS = ENERGY_DOMAINS.length - 1;
 
-/** A domain block's code, or why it is refused. */
 function codeDomain(what: string, code: number): Result<NonNullable<ReturnType<typeof domainOfCode>>> {
   const d = domainOfCode(code);
   if (d === null) {
@@ -275,10 +271,7 @@ function codeDomain(what: string, code: number): Result<NonNullable<ReturnType<t
   return ok(d);
 }
 
-/**
- * UPDATE's domain block from `off` (after `n` vpkg values): a count of at most MAX_OTHER_DOMAINS, each
- * domain once, each entry `VM_DOMAIN_FIXED + 8 x n` bytes, ending exactly at the payload's end.
- */
+/** UPDATE's domain block from `off`: each domain once, ending exactly at the payload's end. */
 function parseVmDomains(p: Buffer, off: number, n: number): Result<VmDomainValues[]> {
   const count = p.readUInt32LE(off);
   if (count > MAX_OTHER_DOMAINS) return fail(`UPDATE carries ${count} domains, at most ${MAX_OTHER_DOMAINS} exist besides the package`);
@@ -298,9 +291,8 @@ function parseVmDomains(p: Buffer, off: number, n: number): Result<VmDomainValue
 }
 
 /**
- * HOST_UPDATE's domain block from `off`: `HOST_DOMAIN_SIZE`-byte entries ending exactly at the
- * payload's end (so the count is bounded by the frame), each (package, domain) once, each package one
- * the frame lists.
+ * HOST_UPDATE's domain block from `off`, ending exactly at the payload's end: each (package, domain)
+ * once, each package one the frame lists.
  */
 function parseHostDomains(p: Buffer, off: number, packages: ReadonlySet<number>): Result<HostDomainValues[]> {
   const count = p.readUInt32LE(off);
