@@ -1,7 +1,8 @@
 /**
  * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
- * every sampling interval: only pids not seen before are read, and /proc is listed only when more than
- * MAX_PIDS_PROBED pids were handed out since the last scan (/proc/loadavg). Pids known not to be VMs
+ * every sampling interval: only pids not seen before are read; /proc is listed when more than
+ * MAX_PIDS_PROBED pids were handed out since the last scan (/proc/loadavg), when that cannot be told,
+ * and on a full recheck, otherwise each new pid is looked up directly. Pids known not to be VMs
  * are looked at again only when young (a process may exec QEMU just after fork: libvirt does) or on a
  * periodic full recheck. Rules and limits: docs/discovery.md.
  */
@@ -46,7 +47,7 @@ export interface ScannerOptions {
   fullRecheckEvery?: number;
   /** Thread names read from a multithreaded process not named like QEMU, looking for vCPU threads. */
   maxThreadsProbed?: number;
-  /** VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS), one uid's at most its share (budget/uid-share.ts). */
+  /** VM processes tracked at once (default DEFAULT_MAX_DISCOVERED_VMS); a uid that is not a preferred owner at most its share (budget/uid-share.ts). */
   maxDiscoveredVms?: number;
   /** Groups whose processes are preferred owners besides root's (the daemon's --socket-group). */
   preferredGroups?: readonly number[];

@@ -256,15 +256,15 @@ class Keeper {
       return this.finish(1);
     }
     const delay = this.backoff(this.crashes);
-    this.startAgain(note, delay, { how, crashes: this.crashes, max, checkpoint: this.checkpoint !== null }, `died (${how})`);
+    this.startAgain(note, delay, { how, crashes: this.crashes, max }, `died (${how})`, '', { checkpoint: this.checkpoint !== null });
   }
 
-  /** Logs why and starts a serving process again, with everything held, after `delay` ms (null: now). */
-  private startAgain(note: KeeperNote, delay: number | null, fields: object, why: string, after = ''): void {
+  /** Logs why (`fields`, then `last` after the connection count) and starts a serving process again, with everything held, after `delay` ms (null: now). */
+  private startAgain(note: KeeperNote, delay: number | null, fields: object, why: string, after = '', last: object = {}): void {
     this.readyAt = 0;
     const when = delay === null ? ' at once' : delay > 0 ? ` in ${delay} ms` : '';
     this.o.log.warn(
-      { servingPid: note.pid, ...fields, ...(delay !== null ? { restartInMs: delay } : {}), connections: this.conns.size },
+      { servingPid: note.pid, ...fields, ...(delay !== null ? { restartInMs: delay } : {}), connections: this.conns.size, ...last },
       `keeper: the serving process ${why}: starting it again${when} with its connections${after}`,
     );
     if (delay === null) this.spawn(note);
@@ -308,9 +308,10 @@ class Keeper {
     this.startAgain(
       { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },
       null,
-      { checkpoint: this.checkpoint !== null },
+      {},
       'was ended by a SIGHUP that came before it could take one (a restart asked for while Node started)',
       '; not counted as a crash',
+      { checkpoint: this.checkpoint !== null },
     );
   }
 

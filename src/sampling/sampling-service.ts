@@ -236,11 +236,16 @@ export class SamplingService {
       }
     }
     this.sliceStartNs = this.clock();
-    return runInSlices(steps, () => {}, { stopped: () => this.closed })
-      .catch((e: unknown) => this.fail(e))
-      .finally(() => {
+    return runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
+      (s) => {
         this.sliceStartNs = null;
-      });
+        return s;
+      },
+      (e: unknown) => {
+        this.sliceStartNs = null;
+        return this.fail(e);
+      },
+    );
   }
 
   /** An interval's last step: its duration, and the loop stopped when nothing keeps it running. */
