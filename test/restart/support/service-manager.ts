@@ -226,9 +226,10 @@ export interface FileFdStoreBed {
  */
 export function fdStoreBedForFile(prefix: string, what: string, service: string[] = []): FileFdStoreBed {
   const f: FileFdStoreBed = { manager: null, why: '', sock: '', log: () => '' };
-  let bed: FdStoreBed | undefined;
+  let booting: Promise<FdStoreBed> | undefined;
   beforeAll(async () => {
-    bed = await fdStoreBed(prefix, service);
+    booting = fdStoreBed(prefix, service);
+    const bed = await booting;
     const { logFile } = bed;
     Object.assign(f, {
       manager: bed.manager,
@@ -238,8 +239,10 @@ export function fdStoreBedForFile(prefix: string, what: string, service: string[
     });
     console.log(`${what} run under: ${f.why}`);
   }, 60_000);
+  // A boot still running when the hook above timed out is waited for and ended too: no systemd outlives the file.
   afterAll(async () => {
+    const bed = await booting?.catch(() => undefined);
     await bed?.close();
-  });
+  }, 120_000);
   return f;
 }
