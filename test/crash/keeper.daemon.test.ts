@@ -114,8 +114,18 @@ describe('the keeper', () => {
     const serving: number[] = [];
     for (let i = 0; i < 2; i++) {
       await new Promise((r) => setTimeout(r, 5000));
-      const before = await v2.read(vmId, 0);
+      // The package counter first, then a sample taken after it: that sample's counter is at least
+      // pkgBefore, so the VM's energy from it on is bounded by the package energy from pkgBefore on.
       const pkgBefore = await qemu.request(0x611, 0, process.pid);
+      const seen = await v2.read(vmId, 0);
+      const before = await pollFor(
+        async () => {
+          const v = await v2.read(vmId, 0);
+          return v.tNs > seen.tNs ? v : undefined;
+        },
+        `a sample after the package counter was read (kill ${i + 1})`,
+        h.stderr,
+      );
       const { ms, value } = await killAndServe(h, qemu);
       serving.push(ms);
       expect(value, `the counter never goes back (kill ${i + 1})`).toBeGreaterThanOrEqual(last);
