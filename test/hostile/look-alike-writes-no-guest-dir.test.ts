@@ -20,17 +20,26 @@ import { guestDirLines, NOBODY, notRoot, guestRoot, onCleanup, sleep, startGuest
 /** The real VM runs as uid 1 in group 1 (daemon), the group of its directory. */
 const VM = { uid: 1, gid: 1 };
 
-/** The pid in `d`'s statistics file and its package zone, read in one sample. */
+/**
+ * The pid in `d`'s statistics file and its package zone, read in one sample. Each sample writes the
+ * statistics file before the zones, so a read between the two sees the file one sample ahead of a
+ * zone: reads are tried for up to 10 s (about 100 samples) for one where both agree; the last read
+ * whole is returned if none does (the caller's check then shows both values).
+ */
 function written(d: string): { pid: bigint; zone: bigint; energy: bigint } {
   const r = StatsReader.open(fs.openSync(path.join(d, 'stats'), 'r'));
+  const zoneNow = () => BigInt(fs.readFileSync(path.join(d, 'intel-rapl:0/energy_uj'), 'utf8').trim());
   try {
-    for (let i = 0; i < 1000; i++) {
-      const zone = BigInt(fs.readFileSync(path.join(d, 'intel-rapl:0/energy_uj'), 'utf8').trim());
+    let whole: { pid: bigint; zone: bigint; energy: bigint } | undefined;
+    for (const end = Date.now() + 10_000; Date.now() < end;) {
+      const zone = zoneNow();
       const s = r.read();
-      if (BigInt(fs.readFileSync(path.join(d, 'intel-rapl:0/energy_uj'), 'utf8').trim()) === zone)
-        return { pid: r.value(s, 'pid')!, zone, energy: r.values(s, 'energy')![0]! };
+      if (zoneNow() !== zone) continue;
+      whole = { pid: r.value(s, 'pid')!, zone, energy: r.values(s, 'energy')![0]! };
+      if (whole.zone === whole.energy) return whole;
     }
-    throw new Error(`no sample of ${d} read whole`);
+    if (whole) return whole;
+    throw new Error(`no sample of ${d} read whole in 10 s`);
   } finally {
     r.close();
   }
