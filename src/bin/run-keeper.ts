@@ -3,7 +3,7 @@
  * dropped, it loads only the keeper, the logger and -d's report, not the command line parser or the
  * daemon (docs/performance.md, "Memory": the keeper's own pages), and runs the keeper until it ends.
  */
-import { takeKeeperImage, type KeeperImage } from '../keeper/keeper-image.js';
+import { takeKeeperImage, type KeeperImage } from '../keeper/keeper-messages.js';
 import { runKeeper } from '../keeper/keeper.js';
 import { savedUidRoot } from '../os/privileges/capabilities.js';
 import { createLogger, type LogLevel } from '../logging/logger.js';

@@ -32,15 +32,11 @@ export function oomKills(vmstat = '/proc/vmstat'): number {
 /** Silent this long before a SIGALRM death (its loop beats once a second), the alarm was its own watchdog's (10 s). */
 export const WATCHDOG_SILENCE_MS = 5000;
 
-interface DeathContext {
-  /** The host's OOM kills when it was started. */
-  oomBefore: number;
-  /** Since the keeper last heard from it. */
-  silentMs: number;
-}
-
-/** Whether a death by `sig` came from another process: not a fault, a SIGKILL with no OOM kill since the start, a SIGALRM while the loop turned. */
-export function endedFromOutside(sig: string, at: DeathContext, vmstat?: string): boolean {
+/**
+ * Whether a death by `sig` came from another process: not a fault, a SIGKILL with no OOM kill since
+ * the start (`oomBefore`: the host's OOM kills then), a SIGALRM while the loop turned (`silentMs`: since last heard from).
+ */
+export function endedFromOutside(sig: string, at: { oomBefore: number; silentMs: number }, vmstat?: string): boolean {
   if (FAULTS.has(sig)) return false;
   if (sig === 'SIGALRM') return at.silentMs < WATCHDOG_SILENCE_MS;
   return sig !== 'SIGKILL' || oomKills(vmstat) === at.oomBefore;

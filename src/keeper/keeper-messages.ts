@@ -8,16 +8,13 @@
  *   R  serving (the start is over)
  *   B  the event loop turns (once a second from ready on: deaths.ts)
  */
+import { takeEnvJson } from '../common/env-json.js';
+
 export const KEEPER_MESSAGE = { hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R', beat: 'B' } as const;
 export type KeeperMessageType = (typeof KEEPER_MESSAGE)[keyof typeof KEEPER_MESSAGE];
 
 /** Longest message: a type byte and an inode in decimal, with room to spare. */
 export const MAX_KEEPER_MESSAGE_BYTES = 512;
-
-interface KeeperMessage {
-  type: KeeperMessageType;
-  text: string;
-}
 
 export function encodeKeeperMessage(type: KeeperMessageType, text = ''): Buffer {
   const b = Buffer.from(type + text, 'utf8');
@@ -28,7 +25,7 @@ export function encodeKeeperMessage(type: KeeperMessageType, text = ''): Buffer 
 const TYPES = new Set<string>(Object.values(KEEPER_MESSAGE));
 
 /** The message in `bytes`, or null when it is none of ours. */
-export function decodeKeeperMessage(bytes: Buffer): KeeperMessage | null {
+export function decodeKeeperMessage(bytes: Buffer): { type: KeeperMessageType; text: string } | null {
   if (bytes.length === 0 || bytes.length > MAX_KEEPER_MESSAGE_BYTES) return null;
   const type = String.fromCharCode(bytes[0]!);
   if (!TYPES.has(type)) return null;
@@ -37,7 +34,7 @@ export function decodeKeeperMessage(bytes: Buffer): KeeperMessage | null {
 
 /**
  * A serving process's environment from its keeper: the channel's fd, the ':'-separated names of the
- * fds from KEEPER_FIRST_FD on, the crash before (KeeperNote). `image`: the keeper's own (keeper-image.ts).
+ * fds from KEEPER_FIRST_FD on, the crash before (KeeperNote). `image`: the keeper's own (KeeperImage).
  */
 export const KEEPER_ENV = {
   channel: 'VMSR_HELPER_KEEPER',
@@ -89,3 +86,36 @@ export const KEPT_NAMES = {
   start: 'vmsr-start',
   restoring: 'vmsr-restoring',
 } as const;
+
+/**
+ * What the root start gives the keeper's image in KEEPER_ENV.image (never set by a serving process):
+ * the fds it opened, the command each serving process runs, the socket file and pidfile (the only
+ * paths the keeper removes), the log level.
+ */
+export interface KeeperImage {
+  command: string[];
+  fds: number[];
+  /** Added to each serving process's environment: INHERIT_ENV, the start's Inherited with its fds renumbered. */
+  env: Record<string, string>;
+  socketFile?: { ino: number; path: string };
+  pidfile?: string;
+  level: string;
+}
+
+/** KEEPER_ENV.image's value (read and removed), or null outside the keeper's image. */
+export function takeKeeperImage(env: NodeJS.ProcessEnv = process.env): KeeperImage | null {
+  const v = takeEnvJson<KeeperImage>(KEEPER_ENV.image, validImage, env);
+  if (v === null) throw new Error(`cannot read ${KEEPER_ENV.image}: it is malformed; it is set by the helper for itself, do not set it`);
+  return v ?? null;
+}
+
+const validImage = (v: Partial<KeeperImage>): boolean =>
+  Array.isArray(v.command) &&
+  v.command.length > 0 &&
+  v.command.every((a) => typeof a === 'string') &&
+  Array.isArray(v.fds) &&
+  v.fds.every((fd) => Number.isInteger(fd) && fd > 2) &&
+  typeof v.env === 'object' &&
+  v.env !== null &&
+  Object.values(v.env).every((x) => typeof x === 'string') &&
+  typeof v.level === 'string';

@@ -231,8 +231,16 @@ class Keeper {
     const how = sig ?? `exit code ${code}`;
     if (this.stopping) return this.finish(code ?? 0);
     // Before the first ready too: the start re-executes itself dropped to -u's user, whose processes
-    // may signal it while Node starts.
-    if (sig === 'SIGHUP') return this.restartAfterHangup(child);
+    // may signal it while Node starts (docs/security.md "A second SIGHUP during a restart").
+    if (sig === 'SIGHUP')
+      return this.startAgain(
+        { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },
+        null,
+        {},
+        'was ended by a SIGHUP that came before it could take one (a restart asked for while Node started)',
+        '; not counted as a crash',
+        { checkpoint: this.checkpoint !== null },
+      );
     if (!this.everReady) {
       this.o.log.error({ servingPid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
       return this.finish(code ?? 1);
@@ -240,11 +248,19 @@ class Keeper {
     // Served until last heard from: a loop its watchdog ended had stopped serving 10 s before.
     const stable = this.readyAt > 0 && this.lastHeard - this.readyAt >= this.limits.stableMs;
     // A clean stop (exit code 0) the keeper did not ask for: a SIGTERM or SIGINT from another process.
-    if (code === 0 && sig === null) return this.restartAfterKill(child, 'a SIGTERM or SIGINT', stable);
+    const fromOutside = code === 0 && sig === null ? 'a SIGTERM or SIGINT' : sig;
     // Silent since it was found stopped and continued: its alarm fired while it was stopped, not a hang.
     const silentMs = this.continuedAt > this.lastHeard ? 0 : Date.now() - this.lastHeard;
-    const at = { oomBefore: this.oomAtSpawn, silentMs };
-    if (sig !== null && endedFromOutside(sig, at)) return this.restartAfterKill(child, sig, stable);
+    if (fromOutside !== null && (sig === null || endedFromOutside(sig, { oomBefore: this.oomAtSpawn, silentMs }))) {
+      // Not a crash in the row that stops the keeper: the -u user, who may signal it, cannot end the service that way.
+      this.killed = stable ? 1 : this.killed + 1;
+      return this.startAgain(
+        { ...this.noteOf(child, fromOutside), fromOutside: true },
+        this.backoff(this.killed),
+        { how: fromOutside, killedInARow: this.killed },
+        `was ended by ${fromOutside} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper; to stop the helper, signal the keeper, pid ${process.pid})`,
+      );
+    }
     this.crashes = stable ? 1 : this.crashes + 1;
     const note = this.noteOf(child, how);
     const max = this.limits.maxCrashesInARow;
@@ -284,35 +300,6 @@ class Keeper {
       note.checkpointDropped = `the serving process (pid ${note.pid}) it was passed to died (${how}) before it wrote one of its own: it may be what crashed it`;
     }
     return note;
-  }
-
-  /**
-   * Ended by a signal another process sent (deaths.ts): not a crash in the row that stops the keeper
-   * (the -u user, who may signal it, cannot end the service that way); backed off as crashes are.
-   */
-  private restartAfterKill(child: ChildProcess, sig: string, stable: boolean): void {
-    this.killed = stable ? 1 : this.killed + 1;
-    this.startAgain(
-      { ...this.noteOf(child, sig), fromOutside: true },
-      this.backoff(this.killed),
-      { how: sig, killedInARow: this.killed },
-      `was ended by ${sig} from another process (not a crash: not counted toward the ${this.limits.maxCrashesInARow} in a row that stop the keeper; to stop the helper, signal the keeper, pid ${process.pid})`,
-    );
-  }
-
-  /**
-   * Ended by a SIGHUP that came while Node started (docs/security.md "A second SIGHUP during a
-   * restart"): a restart asked for, not a crash, started again at once.
-   */
-  private restartAfterHangup(child: ChildProcess): void {
-    this.startAgain(
-      { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },
-      null,
-      {},
-      'was ended by a SIGHUP that came before it could take one (a restart asked for while Node started)',
-      '; not counted as a crash',
-      { checkpoint: this.checkpoint !== null },
-    );
   }
 
   /** Closes what it holds and ends with `code`; the socket file goes only after crashes (a stopping serving process removes it). */

@@ -38,15 +38,9 @@ export class Writer {
     else this.view.setUint32(at, v, true);
     return this;
   }
-  u8(v: number): this {
-    return this.uint(1, v, 0xff);
-  }
-  u16(v: number): this {
-    return this.uint(2, v, 0xffff);
-  }
-  u32(v: number): this {
-    return this.uint(4, v, 0xffffffff);
-  }
+  u8 = (v: number): this => this.uint(1, v, 0xff);
+  u16 = (v: number): this => this.uint(2, v, 0xffff);
+  u32 = (v: number): this => this.uint(4, v, 0xffffffff);
   u64(v: bigint | number): this {
     const big = BigInt(v);
     if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
@@ -89,21 +83,11 @@ export class Reader {
     this.off += n;
     return o;
   }
-  u8(what: string): number {
-    return this.buf.readUInt8(this.at(1, what));
-  }
-  u16(what: string): number {
-    return this.buf.readUInt16LE(this.at(2, what));
-  }
-  u32(what: string): number {
-    return this.buf.readUInt32LE(this.at(4, what));
-  }
-  u64(what: string): bigint {
-    return this.buf.readBigUInt64LE(this.at(8, what));
-  }
-  f64(what: string): number {
-    return this.buf.readDoubleLE(this.at(8, what));
-  }
+  u8 = (what: string): number => this.buf.readUInt8(this.at(1, what));
+  u16 = (what: string): number => this.buf.readUInt16LE(this.at(2, what));
+  u32 = (what: string): number => this.buf.readUInt32LE(this.at(4, what));
+  u64 = (what: string): bigint => this.buf.readBigUInt64LE(this.at(8, what));
+  f64 = (what: string): number => this.buf.readDoubleLE(this.at(8, what));
   /** A u64 that must be a safe integer (a starttime). */
   safe(what: string): number {
     const v = this.u64(what);

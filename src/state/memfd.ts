@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { closeFd } from '../os/libc/fds.js';
 import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate } from '../os/libc/memfd-mmap.js';
-import { decodeState, encodeState, FIX, MAX_STATE_BYTES } from './snapshot-codec.js';
+import { encodeState, FIX, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { Handover, StateSnapshot } from './snapshot.js';
 
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
@@ -47,11 +47,4 @@ export function readStateBytes(fd: number): Buffer {
     off += n;
   }
   return bytes;
-}
-
-/** The snapshot in the memfd `fd` (left open), or thrown why not. */
-export function readStateFd(fd: number): StateSnapshot {
-  const r = decodeState(readStateBytes(fd));
-  if (!r.ok) throw new Error(r.error);
-  return r.value;
 }

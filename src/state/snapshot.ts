@@ -24,8 +24,8 @@ export const STATE_LIMITS = {
 
 /** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
 export const MAX_HOST_VM_ID = 0xffffffff;
-/** The MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
 export const MAX_U64 = (1n << 64n) - 1n;
+/** The MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
 export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
 
 interface VpkgTotals {

@@ -10,7 +10,7 @@ import { describe, expect, it } from 'vitest';
 import { ignoreSignal, restoreSignalAction } from '../../src/os/libc/processes.js';
 import { SIGHUP_HELD_ENV } from '../../src/os/sighup-hold.js';
 import { ensureBuilt, ROOT } from '../daemon/support/daemon-process.js';
-import { RestartRequests } from '../../src/helper/handover/restart-requests.js';
+import { RestartRequests } from '../../src/helper/handover/restarter.js';
 
 const SIGHUP_BIT = 1n; // bit (SIGHUP - 1) of SigIgn
 

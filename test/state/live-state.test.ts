@@ -24,7 +24,7 @@ import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/v2/live-state.
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
 import { decodeState, encodeState } from '../../src/state/snapshot-codec.js';
-import { readStateFd, writeStateMemfd } from '../../src/state/memfd.js';
+import { readStateBytes, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot, VmState } from '../../src/state/snapshot.js';
 import { assembleOnFakeHost, FakeHost, type Chain } from '../support/fake-host.js';
 import { FakeQemu } from '../support/fake-qemu.js';
@@ -201,7 +201,9 @@ describe('live state across a restart', () => {
     const fd = writeStateMemfd(decoded.value);
     let handed: StateSnapshot;
     try {
-      handed = readStateFd(fd);
+      const r = decodeState(readStateBytes(fd));
+      if (!r.ok) throw new Error(r.error);
+      handed = r.value;
     } finally {
       closeFd(fd);
     }

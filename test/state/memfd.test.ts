@@ -4,8 +4,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { closeFd } from '../../src/os/libc/fds.js';
 import { addSeals, F_SEAL_GROW, F_SEAL_SHRINK, getSeals, memfdCreate } from '../../src/os/libc/memfd-mmap.js';
 import { recvWithFds, sendFds, socketpair } from '../../src/os/libc/sockets.js';
-import { encodeState } from '../../src/state/snapshot-codec.js';
-import { readStateFd, STATE_SEALS, writeStateMemfd } from '../../src/state/memfd.js';
+import { decodeState, encodeState } from '../../src/state/snapshot-codec.js';
+import { readStateBytes, STATE_SEALS, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot } from '../../src/state/snapshot.js';
 
 const STATE: StateSnapshot = {
@@ -40,31 +40,31 @@ afterEach(() => {
 });
 
 describe('state in a sealed memfd', () => {
-  it('writeStateMemfd seals what it wrote, and readStateFd reads it back, also after passing the fd over a socket', () => {
+  it('writeStateMemfd seals what it wrote, and readStateBytes reads it back, also after passing the fd over a socket', () => {
     const fd = writeStateMemfd(STATE);
     opened.push(fd);
     expect(getSeals(fd) & STATE_SEALS).toBe(STATE_SEALS);
     expect(() => fs.writeSync(fd, 'x', 0)).toThrow(/EPERM/);
-    expect(readStateFd(fd)).toEqual(STATE);
+    expect(decodeState(readStateBytes(fd))).toEqual({ ok: true, value: STATE });
     const [a, b] = socketpair();
     opened.push(a, b);
     sendFds(a, Buffer.from('s'), [fd]);
     const got = recvWithFds(b, 1, 1);
     opened.push(...got.fds);
-    expect(readStateFd(got.fds[0]!)).toEqual(STATE);
+    expect(decodeState(readStateBytes(got.fds[0]!))).toEqual({ ok: true, value: STATE });
   });
 
   it('refuses an fd that is not a memfd, and a memfd that could still be written', () => {
     const file = fs.openSync('/proc/self/stat', 'r');
     opened.push(file);
-    expect(() => readStateFd(file)).toThrow(
+    expect(() => readStateBytes(file)).toThrow(
       /^cannot restore state: fd \d+ is not a memfd \(fcntl\(\d+, F_GET_SEALS\): EINVAL\); start without/,
     );
     const open = memfdCreate('open-state');
     opened.push(open);
     fs.writeSync(open, encodeState(STATE), 0, undefined, 0);
     addSeals(open, F_SEAL_GROW | F_SEAL_SHRINK);
-    expect(() => readStateFd(open)).toThrow(/the memfd has seals 0x6, not all of 0xf: it could still be changed/);
+    expect(() => readStateBytes(open)).toThrow(/the memfd has seals 0x6, not all of 0xf: it could still be changed/);
   });
 
   it('refuses a sealed memfd whose bytes are not a snapshot', () => {
@@ -72,6 +72,9 @@ describe('state in a sealed memfd', () => {
     opened.push(fd);
     fs.writeSync(fd, 'not a snapshot at all, just text', 0);
     addSeals(fd, STATE_SEALS);
-    expect(() => readStateFd(fd)).toThrow(/^cannot restore state: it does not start with VMSRSTAT/);
+    expect(decodeState(readStateBytes(fd))).toMatchObject({
+      ok: false,
+      error: expect.stringMatching(/^cannot restore state: it does not start with VMSRSTAT/),
+    });
   });
 });

@@ -12,7 +12,7 @@ import { peerOf } from '../../os/peer.js';
 import { isHelperProcess } from '../../helper/lifecycle/pidfile.js';
 import { addClientSocketOption, commandOptions } from '../options.js';
 import { cannot } from '../../common/errors.js';
-import { RESTART_CHECK_TIMEOUT_MS, RESTART_QUIET_MS } from '../../helper/handover/restart-requests.js';
+import { RESTART_CHECK_TIMEOUT_MS, RESTART_QUIET_MS } from '../../helper/handover/restarter.js';
 
 /**
  * Longest wait, from the signal, for the daemon to begin the restart: it first waits until no restart

@@ -10,7 +10,6 @@ import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { Restartable } from './frozen.js';
 import { socketFd } from '../../os/peer.js';
-import { RESTART_CHECK_TIMEOUT_MS, RestartRequests } from './restart-requests.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec } from '../../os/libc/fds.js';
@@ -61,6 +60,40 @@ interface Prepared {
   handover: Handover;
   connFds: number[];
   undo(): void;
+}
+
+/** How long no restart may have been asked before the exec. */
+export const RESTART_QUIET_MS = 1000;
+/** Longest the installed binary's `--version` may take: far above its second or two, as a busy host took over 10 s. */
+export const RESTART_CHECK_TIMEOUT_MS = 30_000;
+
+/**
+ * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP
+ * while one runs pushes the exec back, so a burst is over before it and none arrives while the new
+ * image starts, where SIGHUP is at its default (os/sighup-hold.ts).
+ */
+export class RestartRequests {
+  private lastAt = -Infinity;
+  private meanwhile = 0;
+
+  constructor(private readonly now: () => number = () => performance.now()) {}
+
+  first(): void {
+    this.lastAt = this.now();
+    this.meanwhile = 0;
+  }
+
+  /** Another restart was asked while one runs: it is the same restart, later. */
+  again(): void {
+    this.lastAt = this.now();
+    this.meanwhile++;
+  }
+
+  /** Resolves once no restart was asked for `quietMs`, with how many were asked after the first. */
+  async quiet(quietMs = RESTART_QUIET_MS): Promise<number> {
+    for (let left = quietMs; left > 0; left = this.lastAt + quietMs - this.now()) await new Promise((r) => setTimeout(r, left));
+    return this.meanwhile;
+  }
 }
 
 async function until(done: () => boolean, ms: number): Promise<void> {
@@ -163,18 +196,14 @@ export class Restarter {
       const meanwhile = await this.requests.quiet();
       if (meanwhile > 0) log.warn({ trigger, meanwhile }, 'restart asked again while one runs: one restart does for all, once they stop');
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
-      let prepared: Prepared;
+      let prepared: Prepared | undefined;
       let recordFd: number;
       const stoppedAt = wallMs();
       try {
         prepared = await prepare(this.p);
-        try {
-          recordFd = writeStateMemfd(prepared.state, prepared.handover);
-        } catch (e) {
-          prepared.undo();
-          throw e;
-        }
+        recordFd = writeStateMemfd(prepared.state, prepared.handover);
       } catch (e) {
+        prepared?.undo(); // prepare() itself reads again when it throws
         return calledOff((e as Error).message, 'this helper goes on serving', true);
       }
       const inherited: Inherited = {

@@ -5,8 +5,7 @@
 import type { DaemonConfig } from './config.js';
 import { inheritEnv, inheritedFds, renumbered, type Inherited } from '../handover/inherited.js';
 import { inheritFromEnvironment } from './systemd.js';
-import { KEEPER_ENV, KEEPER_FIRST_FD } from '../../keeper/keeper-messages.js';
-import type { KeeperImage } from '../../keeper/keeper-image.js';
+import { KEEPER_ENV, KEEPER_FIRST_FD, type KeeperImage } from '../../keeper/keeper-messages.js';
 import { openStart } from './startup.js';
 import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
 import { daemonArgv, reexecDropped } from '../../os/privileges/reexec.js';

@@ -1,7 +1,6 @@
 /**
- * The v2 service's live state and the snapshot, both ways (docs/daemon.md "Restart state"): capture()
- * gathers it from the parts that own it; planRestore() checks a snapshot against this host and its
- * processes and says what each part starts from.
+ * The v2 service's live state as a snapshot (capture), and a snapshot checked against this host as
+ * what each part starts from (planRestore); docs/daemon.md "Restart state".
  */
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
@@ -24,9 +23,6 @@ import type { VmRecord } from './vm-registry.js';
  */
 export const MAX_RESTORE_GAP_NS = 60_000_000_000n;
 
-/** How long a restored registration waits for a connection to take it over. */
-export const RESTORED_REGISTRATION_WAIT_MS = 30_000;
-
 export const RESTORE_FIX = 'the daemon starts without it (registered VMs register again, discovery finds the rest)';
 
 interface LiveParts {
@@ -41,23 +37,14 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
   const u = joulesPerCounterUnit(guestPowerUnit);
   const { engine, realtimeNs } = p.sampling.state();
   const byId = new Map(engine.vms.map((v) => [v.id, v]));
-  const vms: VmState[] = p.registry.state().map((r) => {
-    const e = byId.get(r.vmId);
-    if (e === undefined) throw new Error(cannot('save state', `VM ${r.vmId} is listed but not sampled`));
+  const vms: VmState[] = p.registry.state().map(({ vmId, notWhole: _, ...r }) => {
+    const e = byId.get(vmId);
+    if (e === undefined) throw new Error(cannot('save state', `VM ${vmId} is listed but not sampled`));
     return {
-      hostVmId: r.vmId,
-      pid: r.pid,
-      starttime: r.starttime,
-      uid: r.uid,
-      owner: r.owner,
-      discovered: r.discovered,
-      name: r.name,
-      uuid: r.uuid,
-      wholeVmOnly: r.wholeVmOnly,
-      live: r.live,
+      hostVmId: vmId,
+      ...r,
       baseline: r.live && e.phase === 'active',
       valuesNs: e.tNs,
-      endedSamples: r.endedSamples,
       vcpus: e.vcpus.map((v) => ({ ...v })),
       vpkgs: e.accJ.map((a) => ({ energyJ: a, energyUj: BigInt(microjoules(a)), counter: BigInt(counterOfJoules(a, u)) })),
     };
@@ -76,13 +63,9 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
   const out: StateSnapshot = {
     nextHostVmId: engine.nextId,
     vms,
-    packages: p.energy.state().packages.map((k) => ({
-      pkg: k.pkg,
-      energyJ: k.energyJ,
-      unattributedJ: k.unattributedJ,
-      energyUj: BigInt(microjoules(k.energyJ)),
-      unattributedUj: BigInt(microjoules(k.unattributedJ)),
-    })),
+    packages: p.energy
+      .state()
+      .packages.map((k) => ({ ...k, energyUj: BigInt(microjoules(k.energyJ)), unattributedUj: BigInt(microjoules(k.unattributedJ)) })),
     knownPids: p.discovery?.state() ?? [],
     lastSample:
       last === null
@@ -113,11 +96,8 @@ function captureDomains(engine: EngineState, energy: HostEnergyState): DomainsSt
   return d.vms.length + d.packages.length + d.counters.length === 0 ? null : d;
 }
 
-interface RestoreProbe {
-  /** Field 22 of /proc/<pid>/stat, null when the process does not exist. */
-  starttime(pid: number): number | null;
-  nowNs: bigint;
-}
+/** `starttime`: field 22 of /proc/<pid>/stat, null when the process does not exist. */
+type RestoreProbe = { starttime(pid: number): number | null; nowNs: bigint };
 
 /** What each part starts from, and what was left behind. */
 export interface RestorePlan {
@@ -142,20 +122,17 @@ function refusal(s: StateSnapshot, host: HostInfo, probe: RestoreProbe): string 
   const savedPkgs = s.packages.map((p) => p.pkg).sort((a, b) => a - b);
   const last = s.lastSample;
   const samplePkgs = last?.packages.map((p) => p.pkg) ?? [];
-  if (savedPkgs.join() !== hostPkgs.join() || samplePkgs.some((p) => !hostPkgs.includes(p))) {
+  if (savedPkgs.join() !== hostPkgs.join() || samplePkgs.some((p) => !hostPkgs.includes(p)))
     return `it was saved on a host with packages ${savedPkgs.join(',') || 'none'}, this host has packages ${hostPkgs.join(',')}`;
-  }
-  if (last !== null && last.monotonicNs > probe.nowNs) {
+  if (last !== null && last.monotonicNs > probe.nowNs)
     return `its last sample (${last.monotonicNs} ns) is later than now (${probe.nowNs} ns) on the monotonic clock: the host rebooted since`;
-  }
   const guest = host.packages.find((p) => p.pkg === 0) ?? host.packages.find((p) => p.pkg === hostPkgs[0]);
   const u = joulesPerCounterUnit(guest!.powerUnit);
   for (const vm of s.vms) {
     for (let g = 0; g < vm.vpkgs.length; g++) {
       const v = vm.vpkgs[g]!;
-      if (BigInt(counterOfJoules(v.energyJ, u)) !== v.counter) {
+      if (BigInt(counterOfJoules(v.energyJ, u)) !== v.counter)
         return `VM ${vm.hostVmId}, virtual package ${g}: counter ${v.counter} does not follow from ${v.energyJ} J at this host's energy unit`;
-      }
     }
   }
   return null;
@@ -175,10 +152,10 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     ended.push({ hostVmId: vm.hostVmId, pid: vm.pid, why });
     return { ...vm, live: false, baseline: false };
   });
-  let rebaseline: string | null = null;
-  if (last !== null && probe.nowNs - last.monotonicNs > MAX_RESTORE_GAP_NS) {
-    rebaseline = `the last sample is ${(probe.nowNs - last.monotonicNs) / 1_000_000n} ms old, over ${MAX_RESTORE_GAP_NS / 1_000_000n} ms (the package counters may have wrapped unseen)`;
-  }
+  const rebaseline =
+    last !== null && probe.nowNs - last.monotonicNs > MAX_RESTORE_GAP_NS
+      ? `the last sample is ${(probe.nowNs - last.monotonicNs) / 1_000_000n} ms old, over ${MAX_RESTORE_GAP_NS / 1_000_000n} ms (the package counters may have wrapped unseen)`
+      : null;
   const useLast = last !== null && rebaseline === null;
   // The last sample's threads by process, once (a filter per VM is VMs x threads: 2 M steps for 500 VMs).
   const threadsOf = new Map<number, SampledThread[]>();
@@ -187,29 +164,19 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
     if (list) list.push(t);
     else threadsOf.set(t.pid, [t]);
   }
-
-  const engineVms = vms.map((vm) => engineVmOf(vm, s, useLast ? threadsOf : null));
   // The counters as the engine keeps them (mod each one's range): the engine checks them against its ranges.
   const counterValue = (raw: bigint): number => (raw > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(raw));
   const engine: EngineState = {
     nextId: s.nextHostVmId,
     lastSample: useLast ? { tNs: last.monotonicNs, energy: last.packages.map((k) => ({ pkg: k.pkg, raw: counterValue(k.raw) })) } : null,
-    vms: engineVms,
+    vms: vms.map((vm) => engineVmOf(vm, s, useLast ? threadsOf : null)),
   };
   if (engine.lastSample !== null && s.domains && s.domains.counters.length > 0)
     engine.lastSample.domains = s.domains.counters.map((k) => ({ domain: k.domain, pkg: k.pkg, raw: counterValue(k.raw) }));
-  const registry: VmRecord[] = vms.map((vm) => ({
-    vmId: vm.hostVmId,
-    owner: vm.owner,
-    pid: vm.pid,
-    starttime: vm.starttime,
-    uid: vm.uid,
-    live: vm.live,
-    discovered: vm.discovered,
-    endedSamples: vm.endedSamples,
-    name: vm.name,
+  const registry: VmRecord[] = vms.map(({ hostVmId, baseline: _b, valuesNs: _v, vcpus: _c, vpkgs: _p, ...vm }) => ({
+    vmId: hostVmId,
+    ...vm,
     uuid: vm.uuid && Buffer.from(vm.uuid),
-    wholeVmOnly: vm.wholeVmOnly,
   }));
   let nextConnId = 1;
   for (const vm of vms) if (vm.owner !== null) nextConnId = Math.max(nextConnId, vm.owner + 1);
@@ -231,22 +198,20 @@ export function planRestore(s: StateSnapshot, host: HostInfo, probe: RestoreProb
 
 /** A VM as the engine takes it back. `last`: the last sample's threads by process, when it is used. */
 function engineVmOf(vm: VmState, s: StateSnapshot, last: ReadonlyMap<number, SampledThread[]> | null): EngineVmState {
+  const phase = !vm.live ? 'ended' : vm.baseline && last !== null ? 'active' : 'pending';
   const e: EngineVmState = {
     id: vm.hostVmId,
     pid: vm.pid,
     starttime: vm.starttime,
     vcpus: vm.vcpus.map((v) => ({ ...v })),
-    phase: !vm.live ? 'ended' : vm.baseline && last !== null ? 'active' : 'pending',
+    phase,
     accJ: vm.vpkgs.map((v) => v.energyJ),
     tNs: vm.valuesNs,
-    prev: [],
+    prev: phase === 'active' ? (last?.get(vm.pid) ?? []).map((t) => ({ tid: t.tid, starttime: t.starttime, ticks: Number(t.ticks) })) : [],
   };
   const domainAccJ = s.domains?.vms.filter((d) => d.hostVmId === vm.hostVmId).map((d) => ({ domain: d.domain, accJ: [...d.energyJ] }));
   if (domainAccJ !== undefined && domainAccJ.length > 0) e.domainAccJ = domainAccJ;
   if (vm.name !== null) e.name = vm.name;
   if (!vm.live) e.endedBy = 'exit';
-  if (e.phase === 'active') {
-    e.prev = (last?.get(vm.pid) ?? []).map((t) => ({ tid: t.tid, starttime: t.starttime, ticks: Number(t.ticks) }));
-  }
   return e;
 }

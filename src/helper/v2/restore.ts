@@ -1,9 +1,7 @@
 /**
  * The restore from what the process before kept, in one call (restoreFrom; docs/daemon.md "Restart
- * state"): the snapshot is planned against this host, the engine takes it first (it refuses
- * inconsistent values before changing anything), the parts are made from the plan, then the
- * discovered VMs are taken back in slices, the loop resumed, and the guest counters restored. A
- * refusal anywhere leaves every part fresh.
+ * state"): the engine takes the plan first (it refuses inconsistent values before changing anything).
+ * A refusal anywhere leaves every part fresh.
  */
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
@@ -16,42 +14,37 @@ import type { Discovery } from './discovery.js';
 import type { GuestEnergy } from '../guest/guest-energy.js';
 import type { VmLifecycle } from './vm-lifecycle.js';
 import type { VmRegistry } from './vm-registry.js';
-import { planRestore, RESTORE_FIX, RESTORED_REGISTRATION_WAIT_MS, type RestorePlan } from './live-state.js';
+import { planRestore, RESTORE_FIX, type RestorePlan } from './live-state.js';
+
+/** How long a restored registration waits for a connection to take it over. */
+const RESTORED_REGISTRATION_WAIT_MS = 30_000;
 
 /** What a restore kept aside: VMs restored ended, and why the last sample was not used. */
 export type RestoreReport = Pick<RestorePlan, 'ended' | 'rebaseline'>;
 
-interface Restore {
-  report: Result<RestoreReport>;
-  /** Null when refused (every part fresh). */
-  plan: RestorePlan | null;
-}
-
-/** `snapshot` planned against this host and its processes, and the sampling loop restored from it. */
-function restoreSampling(
-  snapshot: StateSnapshot,
-  o: { host: HostInfo; sampling: SamplingService; starttime(pid: number): number | null; nowNs: bigint; log: Logger },
-): Restore {
+/** `snapshot` planned against this host and its processes, and the sampling loop restored from it; plan null: refused. */
+function restoreSampling(snapshot: StateSnapshot, o: RestoreFrom<unknown>): { report: Result<RestoreReport>; plan: RestorePlan | null } {
   const planned = planRestore(snapshot, o.host, { starttime: o.starttime, nowNs: o.nowNs });
-  let r: Restore;
-  if (!planned.ok) r = { report: planned, plan: null };
-  else {
+  let report: Result<RestoreReport> = planned;
+  if (planned.ok) {
     try {
       o.sampling.restore(planned.value.sampling);
-      r = { report: ok({ ended: planned.value.ended, rebaseline: planned.value.rebaseline }), plan: planned.value };
+      report = ok({ ended: planned.value.ended, rebaseline: planned.value.rebaseline });
     } catch (e) {
-      r = { report: fail(cannot('restore state', (e as Error).message, RESTORE_FIX)), plan: null };
+      report = fail(cannot('restore state', (e as Error).message, RESTORE_FIX));
     }
   }
-  if (!r.report.ok) o.log.warn({ err: r.report.error }, 'saved state not restored: starting fresh');
-  return r;
+  if (!report.ok) o.log.warn({ err: report.error }, 'saved state not restored: starting fresh');
+  return { report, plan: planned.ok && report.ok ? planned.value : null };
 }
 
-/** The parts restoreParts takes back, made from the plan already. */
+/** The service's parts the restore takes back, made from the plan already. */
 interface RestoredParts {
   registry: VmRegistry;
   sampling: SamplingService;
   lifecycle: VmLifecycle;
+  guestEnergy?: GuestEnergy;
+  powerLimits?: { restore(saved: readonly PowerLimitState[]): void } | undefined;
 }
 
 interface RestoreFrom<P> {
@@ -69,20 +62,11 @@ interface RestoreFrom<P> {
   answerGuestEnergy?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
 }
 
-/** What restoreFrom made (report null: nothing kept). */
-interface Restored<P> {
-  parts: P;
-  report: Result<RestoreReport> | null;
-  waiting: NodeJS.Timeout | undefined;
-}
-
-/** Everything restored from `kept` (undefined: a fresh start). */
-export async function restoreFrom<
-  P extends RestoredParts & {
-    guestEnergy?: GuestEnergy;
-    powerLimits?: { restore(saved: readonly PowerLimitState[]): void } | undefined;
-  },
->(kept: StateSnapshot | undefined, o: RestoreFrom<P>): Promise<Restored<P>> {
+/** Everything restored from `kept` (undefined: a fresh start; report null); `waiting` releases registrations not taken over. */
+export async function restoreFrom<P extends RestoredParts>(
+  kept: StateSnapshot | undefined,
+  o: RestoreFrom<P>,
+): Promise<{ parts: P; report: Result<RestoreReport> | null; waiting: NodeJS.Timeout | undefined }> {
   const r = kept === undefined ? null : restoreSampling(kept, o);
   const parts = o.build(r?.plan ?? null);
   let waiting: NodeJS.Timeout | undefined;
@@ -96,11 +80,7 @@ export async function restoreFrom<
 }
 
 /** The rest of the restore, then the loop resumes; returns the timer that releases registrations whose connection did not come back. */
-async function restoreParts(
-  plan: RestorePlan,
-  p: RestoredParts,
-  o: Pick<RestoreFrom<unknown>, 'log' | 'discovery' | 'waitMs'>,
-): Promise<NodeJS.Timeout | undefined> {
+async function restoreParts(plan: RestorePlan, p: RestoredParts, o: RestoreFrom<unknown>): Promise<NodeJS.Timeout | undefined> {
   if (o.discovery) await adoptDiscovered(plan, p, o.discovery, o.log);
   for (const e of plan.ended)
     o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
