@@ -1,7 +1,4 @@
-/**
- * THE one place an energy source is chosen and built: per kind (kinds.ts), what host facts go with it
- * and how it is made. The daemon's chain (helper/assemble.ts) and `record` build theirs here.
- */
+/** THE one place an energy source is built, for the daemon and `record`: per kind (kinds.ts), its host facts and how it is made. */
 import { readCpuModel, type CpuModel } from '../msr/cpu-model.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
@@ -30,11 +27,10 @@ interface EnergySourceContext {
 
 interface EnergySourceDefinition {
   /**
-   * Whether it reads the RAPL MSRs: then host info reads each package's power unit (and Intel's limit
-   * and info) from them, and a failed read is an MSR error with a fix to offer (msrErrorWithHint).
+   * The power unit host info records for every package of a source that reads no MSR. Absent: it reads
+   * the RAPL MSRs, host info reads the units (and Intel's limit and info) there, and a failed read is an
+   * MSR error with a fix to offer (msrErrorWithHint).
    */
-  readsMsrs: boolean;
-  /** The power unit host info records for every package of a source that reads no MSR. */
   powerUnit?: bigint;
   /** Host info's description of each package's counter, when it is not a RAPL MSR's. */
   describeCounters?(host: HostInfo, paths: HostPaths): void;
@@ -43,7 +39,6 @@ interface EnergySourceDefinition {
 
 const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
   msr: {
-    readsMsrs: true,
     create: (c) =>
       new MsrEnergySource({
         device: c.device,
@@ -55,7 +50,6 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
       }),
   },
   powercap: {
-    readsMsrs: false,
     // The guest-facing unit of its VMs' counters (ESU 14, as the synthetic source's); the package counters are HostPackage.counter.
     powerUnit: SYNTHETIC_DEFAULTS.powerUnit,
     describeCounters: (host, paths) => {
@@ -80,7 +74,6 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
       }),
   },
   synthetic: {
-    readsMsrs: false,
     powerUnit: SYNTHETIC_DEFAULTS.powerUnit,
     create: (c) => new SyntheticEnergySource({ procRoot: c.paths.procRoot, cpus: c.host.cpus, powerUnit: c.host.packages[0]!.powerUnit }),
   },
@@ -88,7 +81,7 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
 
 /** Whether a source of this kind reads the RAPL MSRs (its errors then get msrErrorWithHint's fix). */
 export function readsMsrs(kind: EnergySourceKind): boolean {
-  return SOURCES[kind].readsMsrs;
+  return SOURCES[kind].powerUnit === undefined;
 }
 
 /** The host facts a source of this kind goes with: power units from the MSRs, or the unit it counts in. */

@@ -7,19 +7,15 @@ export interface CpuModel {
   model: number;
 }
 
-/** The first "cpu family" and "model" lines of a /proc/cpuinfo text; undefined when either is missing. */
-function parseCpuModel(cpuinfo: string): CpuModel | undefined {
-  const family = /^cpu family\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
-  const model = /^model\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
-  if (!family || !model) return undefined;
-  return { family: Number(family[1]), model: Number(model[1]) };
-}
-
-/** The model of /proc/cpuinfo under `procRoot`; undefined when it cannot be read or lacks the lines. */
+/** The first "cpu family" and "model" of /proc/cpuinfo under `procRoot`; undefined when it cannot be read or lacks them. */
 export function readCpuModel(procRoot: string): CpuModel | undefined {
+  let cpuinfo: string;
   try {
-    return parseCpuModel(fs.readFileSync(path.join(procRoot, 'cpuinfo'), 'utf8'));
+    cpuinfo = fs.readFileSync(path.join(procRoot, 'cpuinfo'), 'utf8');
   } catch {
     return undefined;
   }
+  const family = /^cpu family\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
+  const model = /^model\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
+  return family && model ? { family: Number(family[1]), model: Number(model[1]) } : undefined;
 }

@@ -1,24 +1,15 @@
 /** A VM as the ratio engine keeps it (EngineVm), from register() or a restart's state to its end. Pure. */
 import { parseStatLine } from './stat.js';
 import { validVcpus, type VcpuSpec } from '../model/vcpus.js';
-import type { EnginePhase, EngineVmState } from './engine-state.js';
+import type { EnginePhase, EngineVmState, ThreadMark } from './engine-state.js';
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
-/**
- * tid -> vpkg of a vCPU list (model/vcpus.ts); throws its message. The engine alone takes an empty
- * list (no energy until updateVcpus names some): every way in from outside refuses it before.
- */
+/** tid -> vpkg of a vCPU list (model/vcpus.ts), or its error. Empty is taken here alone: every way in from outside refuses it. */
 export function checkedVcpus(vcpus: readonly VcpuSpec[]): Map<number, number> {
   const out = new Map<number, number>();
   for (const v of validVcpus(vcpus, { allowEmpty: true })) out.set(v.tid, v.vpkg);
   return out;
-}
-
-/** What the previous sample said about one thread; (tid, starttime) is its identity. */
-export interface ThreadMark {
-  starttime: number;
-  ticks: number;
 }
 
 interface ThreadStat extends ThreadMark {
@@ -133,10 +124,7 @@ export function endVm(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
   vm.parsed = new Map();
 }
 
-/**
- * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
- * thread's starttime is not the registered one). Bad lines are reported and left out.
- */
+/** The VM's parsed threads in this sample (bad lines reported and left out), or null when it ended: pid gone or reused. */
 export function aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
   const pid = vm.spec.pid;
   const lines = s.tasks.get(pid);

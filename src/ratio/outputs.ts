@@ -64,13 +64,10 @@ export interface VmOutput {
   tNs: bigint;
   vpkgs: VpkgOutput[];
   /** Every other domain the host reads, in ENERGY_DOMAINS order; absent when only the package is read. */
-  domains?: VmDomainTotals[];
+  domains?: { domain: OtherDomain; vpkgEnergyJ: number[]; vpkgEnergyUj: bigint[] }[];
 }
 
-/**
- * A VM's totals as its statistics file shows them, refilled in place at each sample
- * (RatioEngine.totalsInto) instead of built anew as VmOutput and ThreadTotals are.
- */
+/** A VM's totals as its statistics file shows them, refilled in place at each sample (RatioEngine.totalsInto). */
 export interface VmTotals {
   /** The VM they are of, and the engine's count of its changes when they were filled (-1: never). */
   vmId: number;
@@ -94,10 +91,4 @@ export function emptyVmTotals(): VmTotals {
 /** A published µJ count: floor(J x 1e6). */
 export function microjoules(j: number): number {
   return Math.floor(j * 1e6);
-}
-
-interface VmDomainTotals {
-  domain: OtherDomain;
-  vpkgEnergyJ: number[];
-  vpkgEnergyUj: bigint[];
 }

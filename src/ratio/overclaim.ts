@@ -15,10 +15,7 @@ interface PackageClaims {
 }
 
 export interface PackagePay {
-  /**
-   * e_k = dE_p * dticks_k / divisor. cap_p when every claim is paid in full; D_p when nothing
-   * covers the excess (the plain clamp); in between when the excess is covered in part.
-   */
+  /** e_k = dE_p * dticks_k / divisor: cap_p when every claim is paid in full, D_p when nothing covers the excess, else between. */
   divisor: number;
   /** Share of what this package's claimants get that its own energy pays (1 unless it is over capacity). */
   ownShare: number;
@@ -28,10 +25,7 @@ export interface PackagePay {
   lendShare: number;
 }
 
-/**
- * Per package (same order): the divisor of its claims and who pays. With no leftover anywhere (a
- * one-package host), every divisor is the plain clamp's max(cap_p, D_p), exactly.
- */
+/** Per package (same order) its divisor and who pays; with no leftover anywhere, every divisor is max(cap_p, D_p), exactly. */
 export function payClaims(packages: readonly PackageClaims[]): PackagePay[] {
   let leftover = 0;
   let excess = 0;
