@@ -22,12 +22,6 @@ export interface ChooseOptions {
   procRoot?: string;
 }
 
-interface Chosen {
-  kind: EnergySourceKind;
-  /** "asked for", or what auto found. */
-  why: string;
-}
-
 /** Why `file` does not open read-only (its errno code), or undefined when it does (closed at once). */
 function openError(file: string): string | undefined {
   try {
@@ -56,7 +50,7 @@ function powercapFails(o: ChooseOptions): string | undefined {
 }
 
 /** The kind to build: `choice` itself unless auto. Throws, saying what the host lacks and the fixes, when auto finds neither. */
-export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions): Chosen {
+export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions): { kind: EnergySourceKind; why: string } {
   if (choice !== 'auto') return { kind: choice, why: 'asked for' };
   const first = Math.min(...o.cpus.map((c) => c.cpu));
   const msrFile = msrPath(o.msrPathTemplate, first);

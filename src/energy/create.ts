@@ -1,5 +1,5 @@
 /** THE one place an energy source is built, for the daemon and `record`: per kind (kinds.ts), its host facts and how it is made. */
-import { readCpuModel, type CpuModel } from '../msr/cpu-model.js';
+import { readCpuModel, type CpuModel } from '../msr/vendor.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { readHostInfo, type ReadHostInfoOptions } from '../msr/host-info.js';

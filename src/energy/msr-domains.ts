@@ -1,5 +1,5 @@
 /** THE table of RAPL domains in MSRs: per vendor, each domain's register, what it covers and its unit (docs/energy-domains.md). */
-import type { CpuModel } from '../msr/cpu-model.js';
+import type { CpuModel } from '../msr/vendor.js';
 import {
   MSR_AMD_CORE_ENERGY_STATUS,
   MSR_AMD_PKG_ENERGY_STATUS,

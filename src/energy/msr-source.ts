@@ -1,6 +1,6 @@
 /** Energy from the RAPL MSRs: each domain of MSR_DOMAINS the host has, read through each package's first CPU (per core: each core's). */
 import { cannot } from '../common/errors.js';
-import type { CpuModel } from '../msr/cpu-model.js';
+import type { CpuModel } from '../msr/vendor.js';
 import type { MsrDevice } from '../msr/device.js';
 import { powerUnitMsr } from '../msr/registers.js';
 import { firstCpuPerCore, firstCpuPerPackage } from '../msr/topology.js';

@@ -1,9 +1,6 @@
 /**
- * Which published guest directories changed since they were last checked, from one inotify instance
- * (docs/guest.md "What the helper refuses"): one read of its queue per sample instead of an fstat of
- * each directory. A directory is watched through the fd the helper opened it with, never a path. A
- * queue that overflowed, or more events than one sample reads, marks every directory changed. Where
- * inotify cannot be had (max_user_watches), SafeDir.changed() falls back to its fstat.
+ * Which guest directories changed since last checked, from one inotify queue read per sample instead of an
+ * fstat each (docs/guest.md); watched through the helper's fd, never a path. An overflow marks all changed.
  */
 import {
   IN_ATTRIB,

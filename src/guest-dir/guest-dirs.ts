@@ -58,25 +58,27 @@ interface ZoneState {
   shown: bigint;
 }
 
-interface Published {
-  vmId: number;
-  dir: SafeDir;
-  zones: Map<string, ZoneState>;
-  stats: GuestStatsFile | null;
+/** A directory published into: its VM's state in it. */
+class Published {
+  vmId = -1;
+  readonly zones = new Map<string, ZoneState>();
+  stats: GuestStatsFile | null = null;
   /** Written with the VM ended: nothing more changes. */
-  final: boolean;
+  final = false;
   /** Every zone shown, under its name, since the directory's last audit (false: check each one). */
-  settled: boolean;
-  samples: number;
-  watched: boolean;
+  settled = false;
+  samples = 0;
+  watched = false;
   /** A write failed (a full file system): every zone is written again at the next sample. */
-  failed: boolean;
+  failed = false;
   /** Whether a VM (by vmId) may have it: bound() asked once per VM. */
-  bound: Map<number, boolean>;
+  readonly bound = new Map<number, boolean>();
   /** The uid its readers were set for (restrict), -1 before. */
-  readersOf: number;
+  readersOf = -1;
   /** Why no VM naming it may have it, as last said ('' when one may). */
-  unbound: string;
+  unbound = '';
+
+  constructor(readonly dir: SafeDir) {}
 }
 
 export class GuestDirs {
@@ -281,20 +283,7 @@ export class GuestDirs {
       );
       return null;
     }
-    const p: Published = {
-      vmId: -1,
-      dir: opened.value,
-      zones: new Map(),
-      stats: null,
-      final: false,
-      settled: false,
-      samples: 0,
-      watched: false,
-      failed: false,
-      bound: new Map(),
-      readersOf: -1,
-      unbound: '',
-    };
+    const p = new Published(opened.value);
     this.published.set(name, p);
     this.refused.delete(name);
     // Watched before its first check: whatever changes after it is told.

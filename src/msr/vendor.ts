@@ -1,8 +1,13 @@
-/** CPU vendor from /proc/cpuinfo: decides which registers hold package energy. */
+/** CPU vendor (which registers hold package energy), family and model (some domains' units) from /proc/cpuinfo. */
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Vendor } from '../model/host.js';
 import { cannotError } from '../common/errors.js';
+
+export interface CpuModel {
+  family: number;
+  model: number;
+}
 
 /** The vendor of /proc/cpuinfo under `procRoot`; every failure names its fix. */
 export function readVendor(procRoot: string): Vendor {
@@ -21,4 +26,17 @@ export function readVendor(procRoot: string): Vendor {
     'RAPL MSRs are known only for Intel (GenuineIntel) and AMD (AuthenticAMD, family 17h+)',
     'run on an Intel or AMD host',
   );
+}
+
+/** The first "cpu family" and "model" of /proc/cpuinfo under `procRoot`; undefined when it cannot be read or lacks them. */
+export function readCpuModel(procRoot: string): CpuModel | undefined {
+  let cpuinfo: string;
+  try {
+    cpuinfo = fs.readFileSync(path.join(procRoot, 'cpuinfo'), 'utf8');
+  } catch {
+    return undefined;
+  }
+  const family = /^cpu family\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
+  const model = /^model\s*:\s*(\d+)\s*$/m.exec(cpuinfo);
+  return family && model ? { family: Number(family[1]), model: Number(model[1]) } : undefined;
 }

@@ -67,9 +67,7 @@ export class RatioEngine {
   private readonly pkgPlane: Plane<'package'>;
   /** The other domains the host reads, in ENERGY_DOMAINS order. */
   private readonly planes: Plane<OtherDomain>[] = [];
-  /** The package's plane, then the others. */
   private readonly allPlanes: Plane[];
-  /** A domain's index in `planes`. */
   private readonly planeOf = new Map<string, number>();
   /** D_p of the interval per package index (reused). */
   private readonly claimed: number[];
@@ -425,20 +423,16 @@ export class RatioEngine {
       moved ||= pkgSplit.vpkg[g] !== 0;
     }
     const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
-    if (this.planes.length > 0) {
-      const domains: VmDomainEnergy[] = [];
-      for (let i = 0; i < this.planes.length; i++) {
-        const plane = this.planes[i]!;
+    if (this.planes.length > 0)
+      out.domains = this.planes.map((plane, i) => {
         const { vpkg } = split(plane, vm.nvpkg, threads, es);
         const acc = vm.domainAcc[i]!;
         for (let g = 0; g < vm.nvpkg; g++) {
           acc[g] = acc[g]! + vpkg[g]!;
           moved ||= vpkg[g] !== 0;
         }
-        domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
-      }
-      out.domains = domains;
-    }
+        return { domain: plane.domain, vpkgEnergyJ: vpkg };
+      });
     if (moved) vm.changes++;
     return out;
   }

@@ -92,25 +92,19 @@ export function vmState(vm: EngineVm, domains: readonly string[]): EngineVmState
 
 /** vmState's VM back (checked by engineStateProblem first), with the engine's other `domains`. */
 export function vmFromState(v: EngineVmState, domains: readonly string[]): EngineVm {
-  const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus.map((c) => ({ ...c })) };
+  const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus };
   if (v.name !== undefined) spec.name = v.name;
-  const vm: EngineVm = {
-    id: v.id,
-    spec,
-    vcpuVpkg: checkedVcpus(v.vcpus),
-    nvpkg: v.accJ.length,
-    phase: v.phase,
-    prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
-    parsed: new Map(),
-    acc: [...v.accJ],
-    changes: 0,
-    // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
-    domainAcc: domains.map((domain) => {
-      const acc = v.domainAccJ?.find((d) => d.domain === domain)?.accJ ?? [];
-      return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
-    }),
-    tNs: v.tNs,
-  };
+  const vm = newEngineVm(v.id, spec, 0);
+  vm.nvpkg = v.accJ.length;
+  vm.phase = v.phase;
+  vm.prev = new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }]));
+  vm.acc = [...v.accJ];
+  // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
+  vm.domainAcc = domains.map((domain) => {
+    const acc = v.domainAccJ?.find((d) => d.domain === domain)?.accJ ?? [];
+    return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
+  });
+  vm.tNs = v.tNs;
   if (v.phase === 'ended') vm.endedBy = v.endedBy ?? 'exit';
   return vm;
 }

@@ -22,7 +22,6 @@ export interface VmDomainEnergy {
 }
 
 export interface VmInterval {
-  /** The v2 vm_id. */
   vmId: number;
   pid: number;
   /** Joules per vpkg, index = vpkg, length = nvpkg. */
@@ -45,7 +44,6 @@ export interface IntervalResult {
 /** Published per-virtual-package values (ratio.md "Outputs"). */
 export interface VpkgOutput {
   vpkg: number;
-  /** Accumulated joules (float64). */
   energyJ: number;
   /** floor(A * 1e6). */
   energyUj: bigint;

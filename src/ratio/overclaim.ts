@@ -1,7 +1,6 @@
 /**
- * Ticks claimed on a package beyond what it can run (docs/ratio.md, "Threads that move between
- * packages"): the excess ran on some other package, so it is paid out of the other packages' leftover
- * energy, and only what that cannot cover is taken from the package's claimants. Pure.
+ * Ticks claimed on a package beyond what it can run ran elsewhere (docs/ratio.md "Threads that move between
+ * packages"): paid from the other packages' leftover first, the rest taken from the package's claimants. Pure.
  */
 
 interface PackageClaims {

@@ -67,9 +67,8 @@ function openParen(b: Buffer, len: number): number {
 }
 
 /**
- * One backward pass: the first ')' met is the LAST one, and the spaces met on the way are the field
- * separators after it, kept in a ring (the nearest RING to the ')' survive, more than the 37 up to
- * field 39). Returns the index of the last ')' or -1. Not re-entrant, like the engine.
+ * One backward pass to the LAST ')' (its index, or -1), the field separators met on the way kept in a ring
+ * (the RING nearest the ')' survive: more than the 37 up to field 39). Not re-entrant, like the engine.
  */
 const RING = 64;
 const spaces = new Int32Array(RING);
