@@ -26,11 +26,7 @@ interface EnergySourceContext {
 }
 
 interface EnergySourceDefinition {
-  /**
-   * The power unit host info records for every package of a source that reads no MSR. Absent: it reads
-   * the RAPL MSRs, host info reads the units (and Intel's limit and info) there, and a failed read is an
-   * MSR error with a fix to offer (msrErrorWithHint).
-   */
+  /** The power unit of every package of a source that reads no MSR; absent: it reads them (and its errors get msrErrorWithHint). */
   powerUnit?: bigint;
   /** Host info's description of each package's counter, when it is not a RAPL MSR's. */
   describeCounters?(host: HostInfo, paths: HostPaths): void;

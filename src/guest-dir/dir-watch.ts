@@ -29,8 +29,8 @@ export class DirWatch {
   private readonly buf = Buffer.alloc(64 * 1024);
   /** Watch descriptors of the directories watched, with how many holders each (one inode, one wd). */
   private readonly holders = new Map<number, number>();
-  /** Watch descriptors with events since their directory was last checked. */
-  private readonly dirty = new Set<number>();
+  /** Watch descriptors with events since their directory was last checked (its checker deletes its wd as it starts). */
+  readonly dirty = new Set<number>();
 
   private constructor(private fd: number) {}
 
@@ -78,16 +78,6 @@ export class DirWatch {
       if (this.holders.has(wd)) this.dirty.add(wd);
     }
     return false;
-  }
-
-  /** Whether the directory of `wd` had events since checked() was last called for it. */
-  changed(wd: number): boolean {
-    return this.dirty.has(wd);
-  }
-
-  /** The directory of `wd` is being checked now: events after this mark it again. */
-  checked(wd: number): void {
-    this.dirty.delete(wd);
   }
 
   close(): void {

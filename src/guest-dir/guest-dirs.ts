@@ -268,9 +268,7 @@ export class GuestDirs {
       if (opened.error !== null) this.refuse(name, opened.error, vms);
       return null;
     }
-    const sig = this.refused.get(name);
-    const now = SafeDir.signatureOf(root, name);
-    if (sig !== undefined && sig === now) {
+    if (this.refused.get(name) === SafeDir.signatureOf(root, name)) {
       opened.value.close();
       return null;
     }
@@ -336,7 +334,8 @@ export class GuestDirs {
 
   /** The VM's tree now, its zones' values from its statistics file's this sample (nothing when the VM is gone). */
   private write(p: Published): void {
-    if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
+    // The daemon writes it no more: a new file, of the VM's new shape.
+    if (p.stats !== null && !p.stats.copy.current) p.stats = p.stats.close();
     const fresh = p.stats === null;
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
@@ -351,7 +350,7 @@ export class GuestDirs {
       this.show(p, z.id, z.name, file.energyOf(z));
     }
     p.settled = true;
-    if (file.ended) p.final = true;
+    if (file.copy.totals.ended) p.final = true;
   }
 
   /** Whether the zone is made, under that name, in a directory the helper holds. */

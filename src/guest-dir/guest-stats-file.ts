@@ -34,7 +34,7 @@ export class GuestStatsFile {
   readonly zones: readonly FileZone[];
 
   private constructor(
-    private readonly copy: StatsCopy,
+    readonly copy: StatsCopy,
     private readonly mapping: SharedMapping,
     readonly ino: bigint,
   ) {
@@ -70,15 +70,6 @@ export class GuestStatsFile {
     const moved = this.copy.valuesWritten !== this.valuesSeen;
     this.valuesSeen = this.copy.valuesWritten;
     return moved;
-  }
-
-  get ended(): boolean {
-    return this.copy.totals.ended;
-  }
-
-  /** Whether the daemon still writes it (false: a new file is to be made, of the VM's new shape). */
-  get current(): boolean {
-    return this.copy.current;
   }
 
   /** The file `file` in `dir`, made now (over an older one) and written by the daemon from then on; null when `open` cannot. */

@@ -217,7 +217,7 @@ export class SafeDir {
 
   /** Whether the directory may have changed since the last audit(): its watch's events, else one fstat. */
   changed(): boolean {
-    if (this.watched !== null) return this.sig === null || this.watched.watch.changed(this.watched.wd);
+    if (this.watched !== null) return this.sig === null || this.watched.watch.dirty.has(this.watched.wd);
     const now = statBytes(this.fd);
     return now === null || this.sig === null || !now.equals(this.sig);
   }
@@ -228,7 +228,7 @@ export class SafeDir {
    */
   audit(): string | null {
     // Taken before the entries are read: a change made while they are read shows as a change next time.
-    this.watched?.watch.checked(this.watched.wd);
+    this.watched?.watch.dirty.delete(this.watched.wd);
     const before = statBytes(this.fd);
     const seen = before === null ? null : Buffer.from(before);
     const st = fs.fstatSync(this.fd, { bigint: true });
@@ -302,21 +302,8 @@ export class SafeDir {
   write(rel: string, file: string, text: string): void {
     const n = textBuf.write(text, 'latin1');
     const dirFd = rel === '' ? this.fd : this.dir(rel);
-    closeFd(this.created(dirFd, rel, file, n));
+    closeFd(this.create(dirFd, rel, file, O_WRONLY, textBuf, n));
     this.rename(dirFd, file);
-  }
-
-  /** A new file `file` (at the temporary name) of `dirFd` (the directory `rel`) holding textBuf[0, n): its fd. */
-  private created(dirFd: number, rel: string, file: string, n: number): number {
-    const fd = this.create(dirFd, file, O_WRONLY);
-    try {
-      const w = writeFd(fd, textBuf, n);
-      if (w !== n) throw writeError(`write ${this.path}/${rel}/${file}`, w);
-    } catch (e) {
-      closeFd(fd);
-      throw e;
-    }
-    return fd;
   }
 
   /**
@@ -339,7 +326,7 @@ export class SafeDir {
       pair.spare = null;
     }
     const dirFd = rel === '' ? this.fd : this.dir(rel);
-    const fd = this.created(dirFd, rel, file, n);
+    const fd = this.create(dirFd, rel, file, O_WRONLY, textBuf, n);
     const made = { fd, len: n };
     if (signalLeaseBreaks(fd) < 0) {
       this.rename(dirFd, file);
@@ -395,10 +382,8 @@ export class SafeDir {
 
   /** A new top file holding `bytes`, mapped shared and writable, renamed into place; written here, so no store needs a page later. */
   mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint } {
-    const fd = this.create(this.fd, file, O_RDWR);
+    const fd = this.create(this.fd, '', file, O_RDWR, bytes, bytes.length);
     try {
-      const w = writeFd(fd, bytes, bytes.length);
-      if (w !== bytes.length) throw writeError(`write ${this.path}/${file}`, w);
       const mapping = mapShared(fd, bytes.length, true);
       const ino = fs.fstatSync(fd, { bigint: true }).ino;
       this.rename(this.fd, file);
@@ -465,8 +450,8 @@ export class SafeDir {
     }
   }
 
-  /** An fd of a new temporary file for `file` in `dirFd` (one left by a crash is removed first). */
-  private create(dirFd: number, file: string, access: number): number {
+  /** The fd of a new temporary file for `file` in `dirFd` (the directory `rel`) holding bytes[0, n); one left by a crash is removed first. */
+  private create(dirFd: number, rel: string, file: string, access: number, bytes: Buffer, n: number): number {
     const tmp = TEMP_PREFIX + file;
     let fd = openAt(dirFd, tmp, access | O_CREAT | O_EXCL | O_NOFOLLOW, FILE_MODE);
     if (fd === -EEXIST) {
@@ -475,7 +460,10 @@ export class SafeDir {
     }
     if (fd < 0) throw writeError(`write into ${this.path}`, fd, this.fix());
     if (needChmod) fchmodFd(fd, FILE_MODE);
-    return fd;
+    const w = writeFd(fd, bytes, n);
+    if (w === n) return fd;
+    closeFd(fd);
+    throw writeError(`write ${this.path}/${rel === '' ? '' : `${rel}/`}${file}`, w);
   }
 
   private rename(dirFd: number, file: string): void {

@@ -1,8 +1,6 @@
 /**
- * Which host register answers a legacy (Intel-numbered) request. QEMU gives the guest Intel's RAPL
- * layout, so on Intel the request is read as is. AMD (family 17h+) has the unit and package energy
- * registers with the same layout at other numbers, and no power-limit / power-info registers at all:
- * those two are synthesised from configuration, because QEMU refuses RAPL when either reads 0.
+ * Which host register answers a legacy (Intel-numbered) request: on Intel itself; AMD has the unit and energy
+ * registers at other numbers and no power limit or info, synthesised because QEMU refuses RAPL when either is 0.
  */
 import {
   LEGACY_ALLOWED_MSRS,

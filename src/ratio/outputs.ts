@@ -9,17 +9,9 @@ export interface PackageInterval {
   domains?: DomainInterval[];
 }
 
-export interface DomainInterval {
-  domain: OtherDomain;
-  energyJ: number;
-  attributedJ: number;
-}
+export type DomainInterval = Omit<PackageInterval, 'pkg' | 'domains'> & { domain: OtherDomain };
 
-export interface VmDomainEnergy {
-  domain: OtherDomain;
-  /** Joules per vpkg, index = vpkg, length = nvpkg. */
-  vpkgEnergyJ: number[];
-}
+export type VmDomainEnergy = Pick<VmInterval, 'vpkgEnergyJ'> & { domain: OtherDomain };
 
 export interface VmInterval {
   vmId: number;
