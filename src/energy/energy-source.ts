@@ -1,7 +1,4 @@
-/**
- * What an energy source gives: per package and RAPL domain, µJ so far and the counter behind it as the
- * hardware or kernel gives it (the engine and traces work on that counter, so they stay exact).
- */
+/** What an energy source gives: per package and domain, µJ so far and the raw counter behind it (the engine and traces work on it). */
 import type { EnergyDomain } from '../model/domains.js';
 import { cannot } from '../common/errors.js';
 import type { DomainCounter } from '../model/host.js';

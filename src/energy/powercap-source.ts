@@ -1,7 +1,4 @@
-/**
- * Energy from the powercap RAPL zones (powercap-zones.ts), for hosts without `msr`: each energy_uj opened
- * once and re-read with pread at offset 0, so the fds outlive a privilege drop (root only since CVE-2020-8694).
- */
+/** Energy from powercap zones, hosts without `msr`: each energy_uj opened once (root only, CVE-2020-8694), pread at 0 after the drop. */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { errnoName } from '../os/libc/errno.js';

@@ -1,7 +1,4 @@
-/**
- * Which guest directories changed since last checked, from one inotify queue read per sample instead of an
- * fstat each (docs/guest.md); watched through the helper's fd, never a path. An overflow marks all changed.
- */
+/** Which guest directories changed, from one inotify queue read per sample instead of an fstat each (docs/guest.md); watched by fd. */
 import {
   IN_ATTRIB,
   IN_CREATE,

@@ -20,10 +20,7 @@ import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, zoneAttrib
 const GUEST_LOG_BURST = 20;
 /** Fds a directory asks of the budget (docs/guest.md): 15 for one virtual package with package, core, DRAM and PSYS. */
 const GUEST_DIR_FDS = 16;
-/**
- * Samples between full checks of a directory, changed or not, for what a change check cannot see (a hard
- * link made from elsewhere, a change within the time granularity); inotify misses only the first.
- */
+/** Samples between full checks, for what change checks miss (a hard link made elsewhere; a change within the time granularity). */
 const GUEST_AUDIT_EVERY = 60;
 const GUEST_AUDIT_EVERY_WATCHED = 600;
 

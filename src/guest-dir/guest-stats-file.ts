@@ -1,7 +1,4 @@
-/**
- * A VM's statistics file (docs/stats-fd.md) in its guest directory: STATS_FD's bytes, mapped and written each
- * sample by the daemon's writer under the same seqlock; the tree's zones take their values from its totals.
- */
+/** A VM's statistics file in its guest directory: STATS_FD's bytes (docs/stats-fd.md), mapped and written each sample by the daemon. */
 import type { SharedMapping } from '../os/libc/memfd-mmap.js';
 import type { VmStatsShape } from '../protocol/stats/vm-file.js';
 import type { VmTotals } from '../ratio/outputs.js';

@@ -1,9 +1,7 @@
 /**
- * One guest directory, written maybe as root into a directory another user may own (docs/guest.md "What
- * the helper refuses"). Nothing in it is followed: it is opened O_NOFOLLOW | O_DIRECTORY from --guest-dir's
- * fd, every file made O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper made and holds, renamed
- * within that fd, and checked by fstat of its fd, so a planted symlink, hard link, FIFO or device is never
- * opened or written through; a file update() rewrites is never reopened by name.
+ * One guest directory, written maybe as root into one another user may own (docs/guest.md "What the helper
+ * refuses"). Nothing is followed: opened O_NOFOLLOW | O_DIRECTORY from --guest-dir's fd, each file made
+ * O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper holds, renamed within it, checked by fstat, never reopened.
  */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
@@ -77,7 +75,7 @@ export interface GuestReaders {
   gid: number | null;
 }
 
-/** system.posix_acl_access (version 2): its owner may write, `readers` list and enter, nobody else; (tag, perm, id) in the kernel's order. */
+/** system.posix_acl_access (v2): its owner may write, `readers` list and enter, nobody else; (tag, perm, id) in the kernel's order. */
 function readersAcl(owner: number, readers: GuestReaders): Buffer {
   const NONE = 0xffffffff;
   const entries: [number, number, number][] = [[0x01, 7, NONE]];
@@ -307,10 +305,9 @@ export class SafeDir {
   }
 
   /**
-   * write() for a file rewritten each sample, same guarantee (a reader opens the old value or the new, whole;
-   * one held open keeps its value) at a third of the cost. Two files take turns: the spare (at the temporary
-   * name) is rewritten under a write lease, which the kernel grants only while no one has it open (a process,
-   * a 9p fid, a mapping) and which blocks new opens; then RENAME_EXCHANGE swaps the names at once. A spare
+   * write() for a file rewritten each sample, same guarantee (old value or new, whole; one held open keeps its
+   * value) at a third of the cost: the spare is rewritten under a write lease (granted only while no one has it
+   * open, a 9p fid or mapping included; it blocks new opens), then RENAME_EXCHANGE swaps the names. A spare
    * someone holds is let go (its reader keeps it) and a new file made, as write() does.
    */
   update(rel: string, file: string, text: string): void {
@@ -450,7 +447,7 @@ export class SafeDir {
     }
   }
 
-  /** The fd of a new temporary file for `file` in `dirFd` (the directory `rel`) holding bytes[0, n); one left by a crash is removed first. */
+  /** The fd of a new temporary file for `file` in `dirFd` (directory `rel`) holding bytes[0, n); one left by a crash goes first. */
   private create(dirFd: number, rel: string, file: string, access: number, bytes: Buffer, n: number): number {
     const tmp = TEMP_PREFIX + file;
     let fd = openAt(dirFd, tmp, access | O_CREAT | O_EXCL | O_NOFOLLOW, FILE_MODE);

@@ -193,7 +193,7 @@ export class RatioEngine {
     return { vcpus, otherTicks: fillThreadTotals(vm, vcpus) };
   }
 
-  /** A VM's totals into `into`, in place (nothing allocated once its arrays fit; only `tNs` after an idle interval); false for no such VM. */
+  /** A VM's totals into `into` in place (no allocation once its arrays fit; only `tNs` after an idle interval); false: no such VM. */
   totalsInto(vmId: number, into: VmTotals): boolean {
     const vm = this.vms.get(vmId);
     if (!vm) return false;

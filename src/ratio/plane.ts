@@ -22,10 +22,7 @@ export interface CounterSlot {
   last: number;
 }
 
-/**
- * Per slot (a package, ascending ids; a platform domain's one slot holds every CPU and claim) its counter
- * and how the interval's energy there is paid. Made once: an interval overwrites it, allocating nothing.
- */
+/** Per slot (a package; a platform domain's one slot holds every CPU and claim) its counter and pay; made once, overwritten after. */
 export interface Plane<D extends EnergyDomain = EnergyDomain> {
   domain: D;
   /** Counted once for the host, shared across every package's VMs (psys). */
