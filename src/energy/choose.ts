@@ -1,9 +1,7 @@
 /**
- * THE rule of --energy-source auto: the RAPL MSRs when an MSR device opens (they also answer QEMU's
- * legacy requests), else the powercap zones when every package zone's energy_uj opens, else THE words
- * of "cannot find an energy source": what the host has and lacks, in the order a user checks it, the
- * fix that fits first, and always the way to try vmsr-helper without RAPL (docs/try-it.md). Run where
- * the opens are made for real (the daemon: as root, before its privilege drop).
+ * THE rule of --energy-source auto, run where the opens are real (the daemon: as root, before its drop):
+ * the MSRs when a device opens (they also answer QEMU), else powercap when every package zone opens, else
+ * "cannot find an energy source": what the host lacks, the fitting fix first, and how to try without RAPL.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -22,12 +20,6 @@ export interface ChooseOptions {
   vendor: Vendor;
   /** Where /proc/cpuinfo is read to tell a host without RAPL (default /proc). */
   procRoot?: string;
-}
-
-interface Chosen {
-  kind: EnergySourceKind;
-  /** "asked for", or what auto found. */
-  why: string;
 }
 
 /** Why `file` does not open read-only (its errno code), or undefined when it does (closed at once). */
@@ -58,7 +50,7 @@ function powercapFails(o: ChooseOptions): string | undefined {
 }
 
 /** The kind to build: `choice` itself unless auto. Throws, saying what the host lacks and the fixes, when auto finds neither. */
-export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions): Chosen {
+export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions): { kind: EnergySourceKind; why: string } {
   if (choice !== 'auto') return { kind: choice, why: 'asked for' };
   const first = Math.min(...o.cpus.map((c) => c.cpu));
   const msrFile = msrPath(o.msrPathTemplate, first);
@@ -78,7 +70,7 @@ export function chooseEnergySource(choice: EnergySourceChoice, o: ChooseOptions)
 }
 
 interface NoSourceFacts {
-  /** The first online CPU's MSR device, and why it did not open (an errno code, or a message). */
+  /** The first online CPU's MSR device, and why it did not open (an errno code or a message). */
   msrFile: string;
   msrWhy: string;
   msrDriverLoaded: boolean;

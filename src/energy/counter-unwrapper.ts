@@ -9,11 +9,7 @@ export function countsToUj(counts: bigint, unitJ: number): bigint {
   return BigInt(Math.floor(Number(counts) * unitJ * 1e6));
 }
 
-/**
- * Per counter (a key such as "package 0"), the counts since the counter's zero before its first reading:
- * that reading's value, then each later one's distance from the one before, modulo the range. A wrap is
- * seen as such when the counter is read at least once per range; two wraps between reads lose one.
- */
+/** Per counter (by a key: "package 0"), counts since its zero: its first value, then each distance mod the range (read once per wrap). */
 export class CounterUnwrapper {
   private readonly last = new Map<string, { counted: bigint; total: bigint }>();
 

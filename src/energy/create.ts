@@ -1,8 +1,5 @@
-/**
- * THE one place an energy source is chosen and built: per kind (kinds.ts), what host facts go with it
- * and how it is made. The daemon's chain (helper/assemble.ts) and `record` build theirs here.
- */
-import { readCpuModel, type CpuModel } from '../msr/cpu-model.js';
+/** THE one place an energy source is built, for the daemon and `record`: per kind (kinds.ts), its host facts and how it is made. */
+import { readCpuModel, type CpuModel } from '../msr/vendor.js';
 import type { MsrDevice } from '../msr/device.js';
 import type { HostPaths } from '../msr/host-paths.js';
 import { readHostInfo, type ReadHostInfoOptions } from '../msr/host-info.js';
@@ -29,12 +26,7 @@ interface EnergySourceContext {
 }
 
 interface EnergySourceDefinition {
-  /**
-   * Whether it reads the RAPL MSRs: then host info reads each package's power unit (and Intel's limit
-   * and info) from them, and a failed read is an MSR error with a fix to offer (msrErrorWithHint).
-   */
-  readsMsrs: boolean;
-  /** The power unit host info records for every package of a source that reads no MSR. */
+  /** The power unit of every package of a source that reads no MSR; absent: it reads them (and its errors get msrErrorWithHint). */
   powerUnit?: bigint;
   /** Host info's description of each package's counter, when it is not a RAPL MSR's. */
   describeCounters?(host: HostInfo, paths: HostPaths): void;
@@ -43,7 +35,6 @@ interface EnergySourceDefinition {
 
 const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
   msr: {
-    readsMsrs: true,
     create: (c) =>
       new MsrEnergySource({
         device: c.device,
@@ -55,7 +46,6 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
       }),
   },
   powercap: {
-    readsMsrs: false,
     // The guest-facing unit of its VMs' counters (ESU 14, as the synthetic source's); the package counters are HostPackage.counter.
     powerUnit: SYNTHETIC_DEFAULTS.powerUnit,
     describeCounters: (host, paths) => {
@@ -80,7 +70,6 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
       }),
   },
   synthetic: {
-    readsMsrs: false,
     powerUnit: SYNTHETIC_DEFAULTS.powerUnit,
     create: (c) => new SyntheticEnergySource({ procRoot: c.paths.procRoot, cpus: c.host.cpus, powerUnit: c.host.packages[0]!.powerUnit }),
   },
@@ -88,7 +77,7 @@ const SOURCES: { readonly [K in EnergySourceKind]: EnergySourceDefinition } = {
 
 /** Whether a source of this kind reads the RAPL MSRs (its errors then get msrErrorWithHint's fix). */
 export function readsMsrs(kind: EnergySourceKind): boolean {
-  return SOURCES[kind].readsMsrs;
+  return SOURCES[kind].powerUnit === undefined;
 }
 
 /** The host facts a source of this kind goes with: power units from the MSRs, or the unit it counts in. */

@@ -1,9 +1,4 @@
-/**
- * What an energy source gives: per package and RAPL domain, the energy counted so far in µJ and the
- * counter behind it, as the hardware or the kernel gives it. The ratio engine and traces work on that
- * counter, so they stay exact; a source without MSRs (powercap) describes its own counter rather than
- * pretending to be an MSR.
- */
+/** What an energy source gives: per package and domain, µJ so far and the raw counter behind it (the engine and traces work on it). */
 import type { EnergyDomain } from '../model/domains.js';
 import { cannot } from '../common/errors.js';
 import type { DomainCounter } from '../model/host.js';
@@ -25,10 +20,7 @@ export interface EnergyCounter {
 export interface EnergyReading {
   readonly pkg: number;
   readonly domain: EnergyDomain;
-  /**
-   * µJ counted from the counter's zero before the source's first read, wraps added (CounterUnwrapper).
-   * Never goes back, as long as the source is read at least once per wrap (the interval bounds in cli/options.ts).
-   */
+  /** µJ since the counter's zero before the first read, wraps added: never goes back if read once per wrap (cli/options.ts). */
   readonly energyUj: bigint;
   readonly counter: EnergyCounter;
 }
@@ -41,11 +33,7 @@ export interface EnergySource {
   readonly domains: readonly EnergyDomain[];
   /** The counter of every domain but the package, in read() order (HostInfo.domains); empty when only the package is read. */
   readonly domainCounters: readonly DomainCounter[];
-  /**
-   * One reading per package and domain (a platform domain once), packages ascending, domains in order.
-   * Throws an EnergyReadError when one cannot be read (readEach: with the other readings when only
-   * domains other than the package failed).
-   */
+  /** One reading per package and domain (a platform domain once), in order; throws an EnergyReadError as readEach says. */
   read(): EnergyReading[];
   /** One line for trace notes and logs: where the numbers come from. */
   describe(): string;
@@ -76,10 +64,9 @@ export class EnergyReadError extends Error {
  * One read of a source: `read` of each of `counters` in order. The package's failing fails the read;
  * other domains failing give an EnergyReadError that names them and carries the readings that were read.
  */
-export function readEach<C>(
+export function readEach<C extends { domain: EnergyDomain }>(
   kind: EnergySourceKind,
   counters: readonly C[],
-  domainOf: (c: C) => EnergyDomain,
   read: (c: C) => EnergyReading,
 ): EnergyReading[] {
   const readings: EnergyReading[] = [];
@@ -88,8 +75,8 @@ export function readEach<C>(
     try {
       readings.push(read(c));
     } catch (e) {
-      if (domainOf(c) === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), kind, { cause: e });
-      failed.push({ domain: domainOf(c), error: e });
+      if (c.domain === 'package') throw new EnergyReadError(e instanceof Error ? e.message : String(e), kind, { cause: e });
+      failed.push({ domain: c.domain, error: e });
     }
   }
   if (failed.length === 0) return readings;
@@ -101,6 +88,12 @@ export function readEach<C>(
     'the package and other domains go on',
   );
   throw new EnergyReadError(message, kind, { cause: failed[0]!.error, partial: { domains, readings } });
+}
+
+/** describe()'s line: where the counters come from, those read, and those not read with why. */
+export function describeRead(from: string, found: readonly string[], absent: readonly { domain: string; why: string }[]): string {
+  const not = absent.map((a) => `${a.domain}: ${a.why}`);
+  return `energy counters read from ${from}: ${found.join(', ')}${not.length > 0 ? `; not read: ${not.join(', ')}` : ''}`;
 }
 
 /** The counters of the domains other than the package, as a Sample and a trace carry them. */

@@ -14,10 +14,7 @@ export const DEFAULT_ENERGY_SOURCE: EnergySourceChoice = 'auto';
 /** The kind a service chain is built with when its caller names none (tests and the bench on MSR files). */
 export const DEFAULT_CHAIN_ENERGY_SOURCE: EnergySourceKind = 'msr';
 
-/**
- * Each kind's number where a file says which source the daemon reads (the host statistics file's
- * `energy_source`, docs/stats-fd.md); 0 there means "not stated". Never renumbered.
- */
+/** Each kind's number in the host statistics file's `energy_source` (docs/stats-fd.md; 0: not stated). Never renumbered. */
 export const ENERGY_SOURCE_CODE: { readonly [K in EnergySourceKind]: number } = { msr: 1, powercap: 2, synthetic: 3 };
 
 /** The kind of a code as a file gives it, or null for 0, absent, and any code this version does not know. */

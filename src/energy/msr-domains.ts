@@ -1,9 +1,5 @@
-/**
- * THE table of RAPL domains in MSRs: per vendor, the energy status register of each domain, what one
- * register covers (a package, one physical core, the platform), and the unit it counts in. The MSR
- * source (msr-source.ts) probes these; docs/energy-domains.md explains each row.
- */
-import type { CpuModel } from '../msr/cpu-model.js';
+/** THE table of RAPL domains in MSRs: per vendor, each domain's register, what it covers and its unit (docs/energy-domains.md). */
+import type { CpuModel } from '../msr/vendor.js';
 import {
   MSR_AMD_CORE_ENERGY_STATUS,
   MSR_AMD_PKG_ENERGY_STATUS,
@@ -39,10 +35,8 @@ export const MSR_DOMAINS: { readonly [V in Vendor]: Partial<Readonly<Record<Ener
 };
 
 /**
- * Intel server models (family 6) whose DRAM counter counts in a fixed 15.3 µJ, whatever the ESU of
- * MSR_RAPL_POWER_UNIT says: Linux's rapl_defaults_hsw_server (drivers/powercap/intel_rapl_common.c,
- * also perf's RAPL PMU). Sapphire and Emerald Rapids are not among them: since Linux 6.1 their DRAM
- * counts in the ESU.
+ * Intel family 6 models whose DRAM counts in a fixed 15.3 µJ whatever the ESU (Linux's rapl_defaults_hsw_server,
+ * intel_rapl_common.c); not Sapphire or Emerald Rapids: since Linux 6.1 their DRAM counts in the ESU.
  */
 const DRAM_FIXED_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
   [0x3f, 'Haswell-X'],

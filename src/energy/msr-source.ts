@@ -1,10 +1,6 @@
-/**
- * Energy from the RAPL MSRs: every domain of MSR_DOMAINS (msr-domains.ts) the host has, probed once at
- * construction, read through each package's lowest-numbered online CPU (AMD's per-core counters through
- * each physical core's).
- */
+/** Energy from the RAPL MSRs: each domain of MSR_DOMAINS the host has, read through each package's first CPU (per core: each core's). */
 import { cannot } from '../common/errors.js';
-import type { CpuModel } from '../msr/cpu-model.js';
+import type { CpuModel } from '../msr/vendor.js';
 import type { MsrDevice } from '../msr/device.js';
 import { powerUnitMsr } from '../msr/registers.js';
 import { firstCpuPerCore, firstCpuPerPackage } from '../msr/topology.js';
@@ -12,6 +8,7 @@ import { energyCounterBits, formatMsrHex, joulesPerCounterUnit, RAPL_COUNTER_RAN
 import type { DomainCounter, HostCpu, Vendor } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
+  describeRead,
   ENERGY_DOMAINS,
   EnergyReadError,
   readEach,
@@ -43,14 +40,14 @@ interface DomainPlan {
   cpus: Map<number, number[]>;
 }
 
-/** One counter read() reads: a domain on one package, in read order. */
+/** One counter read() reads: a domain on one package, in read order; `key` names it to the unwrapper. */
 interface ReadSlot {
   pkg: number;
+  domain: EnergyDomain;
   plan: DomainPlan;
   unitJ: number;
   /** The CPUs its register is read through (several: per-core registers, summed). */
   cpus: readonly number[];
-  /** Its name for the unwrapper ("dram 0"). */
   key: string;
 }
 
@@ -107,7 +104,9 @@ export class MsrEnergySource implements EnergySource {
     this.slots = this.packages.flatMap((pkg) =>
       this.plans.flatMap((plan) => {
         const unitJ = plan.unitJ.get(pkg);
-        return unitJ === undefined ? [] : [{ pkg, plan, unitJ, cpus: plan.cpus.get(pkg)!, key: `${plan.domain} ${pkg}` }];
+        return unitJ === undefined
+          ? []
+          : [{ pkg, domain: plan.domain, plan, unitJ, cpus: plan.cpus.get(pkg)!, key: `${plan.domain} ${pkg}` }];
       }),
     );
     this.domainCounters = this.plans.flatMap(({ domain, unitJ }) =>
@@ -136,18 +135,12 @@ export class MsrEnergySource implements EnergySource {
 
   /** readEach: a failing package domain's EnergyReadError has the MsrReadError as its cause (msrErrorWithHint reads it). */
   read(): EnergyReading[] {
-    return readEach(
-      this.kind,
-      this.slots,
-      (s) => s.plan.domain,
-      (s) => this.readSlot(s),
-    );
+    return readEach(this.kind, this.slots, (s) => this.readSlot(s));
   }
 
   /**
-   * One counter. Per-core registers: the sum of the cores' bits 31:0, mod 2^32, which wraps as one RAPL
-   * counter does under the package counter's read-once-per-wrap bound. A function of the registers
-   * alone, a restarted daemon or a trace goes on from it exactly.
+   * One counter; per-core registers summed (bits 31:0) mod 2^32, which wraps as one counter does under the
+   * read-once-per-wrap bound and is a function of the registers alone (a restart or a trace goes on exactly).
    */
   private readSlot(slot: ReadSlot): EnergyReading {
     const { plan, cpus } = slot;
@@ -168,8 +161,7 @@ export class MsrEnergySource implements EnergySource {
     const found = this.plans.map(
       (p) => `${p.domain} ${formatMsrHex(p.msr)}${p.scope === 'core' ? ' per core' : ''} (${fmtUnit(p.unitJ.get(first)!)})`,
     );
-    const absent = this.absent.map((a) => `${a.domain}: ${a.why}`);
-    return `energy counters read from RAPL MSRs: ${found.join(', ')}${absent.length > 0 ? `; not read: ${absent.join(', ')}` : ''}`;
+    return describeRead('RAPL MSRs', found, this.absent);
   }
 
   /** The device belongs to the caller (it is shared with the legacy server); nothing to close here. */

@@ -1,9 +1,4 @@
-/**
- * Energy from the kernel's powercap RAPL zones (powercap-zones.ts), for hosts that do not load `msr`:
- * each zone's energy_uj opened once at construction and re-read with pread at offset 0 (sysfs
- * attributes support it), so the fds outlive a privilege drop as the MSR devices' do (energy_uj is
- * readable by root only since CVE-2020-8694).
- */
+/** Energy from powercap zones, hosts without `msr`: each energy_uj opened once (root only, CVE-2020-8694), pread at 0 after the drop. */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { errnoName } from '../os/libc/errno.js';
@@ -11,6 +6,7 @@ import { pread } from '../os/libc/fds.js';
 import type { DomainCounter, HostCpu, Vendor } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
+  describeRead,
   ENERGY_DOMAINS,
   EnergyReadError,
   readEach,
@@ -38,11 +34,7 @@ export interface PowercapSourceOptions {
   open?: (file: string) => number;
 }
 
-/**
- * One domain of one package (or the platform) as read: its zone, or on a multi-die package one zone
- * per die, whose energy_uj summed mod the range they share wraps as one zone's does (under the bound
- * every counter already has: read at least once per range).
- */
+/** A domain of a package (or the platform): its zone, or one per die whose sum mod their shared range wraps as one zone's. */
 interface OpenZone {
   pkg: number;
   domain: EnergyDomain;
@@ -75,10 +67,7 @@ export class PowercapEnergySource implements EnergySource {
   private readonly buf = Buffer.alloc(READ_BYTES);
   private readonly dir: string;
 
-  /**
-   * Throws an EnergyReadError when the zones cannot be listed, a package has no zone, or a package
-   * zone's energy_uj cannot be opened; an Error when a domain asked for by `domains` is absent.
-   */
+  /** Throws an EnergyReadError when a package zone cannot be listed or opened, an Error when a domain `domains` asks for is absent. */
   constructor(o: PowercapSourceOptions) {
     this.dir = `${o.sysRoot}/${POWERCAP_CLASS_DIR}`;
     this.packages = [...new Set(o.cpus.map((c) => c.pkg))].sort((a, b) => a - b);
@@ -106,7 +95,7 @@ export class PowercapEnergySource implements EnergySource {
     const found = new Set(this.zones.map((z) => z.domain));
     this.domains = ENERGY_DOMAINS.filter((d) => found.has(d));
     this.domainCounters = this.zones.flatMap((z) =>
-      z.domain === 'package' ? [] : [{ pkg: z.pkg!, domain: z.domain, range: z.range, unitJ: POWERCAP_UNIT_J }],
+      z.domain === 'package' ? [] : [{ pkg: z.pkg, domain: z.domain, range: z.range, unitJ: POWERCAP_UNIT_J }],
     );
   }
 
@@ -142,15 +131,10 @@ export class PowercapEnergySource implements EnergySource {
   }
 
   read(): EnergyReading[] {
-    return readEach(
-      this.kind,
-      this.zones,
-      (z) => z.domain,
-      (z) => {
-        const counter = { raw: this.readZone(z), range: z.range, unitJ: POWERCAP_UNIT_J };
-        return { pkg: z.pkg!, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter };
-      },
-    );
+    return readEach(this.kind, this.zones, (z) => {
+      const counter = { raw: this.readZone(z), range: z.range, unitJ: POWERCAP_UNIT_J };
+      return { pkg: z.pkg, domain: z.domain, energyUj: this.unwrap.energyUj(z.id, counter), counter };
+    });
   }
 
   /** The zone's counter now: its energy_uj, or its dies' summed mod the range (OpenZone). */
@@ -160,11 +144,7 @@ export class PowercapEnergySource implements EnergySource {
     return z.parts.length === 1 ? sum : sum % z.range;
   }
 
-  /**
-   * energy_uj now: pread at offset 0 of the fd opened at construction; 1 to 20 decimal digits, with
-   * white space around them. Parsed from the bytes (every interval reads every zone: no string, no
-   * regular expression); a value past 2^53 is parsed again exactly as text.
-   */
+  /** energy_uj now (1 to 20 digits, white space around), parsed from the bytes read: no string per read; past 2^53 as text. */
   private readPart(z: { energyPath: string; fd: number }): bigint {
     const n = pread(z.fd, this.buf, READ_BYTES, 0);
     if (n < 0) throw new Error(cannot(`read ${z.energyPath}`, errnoName(-n)));
@@ -183,15 +163,12 @@ export class PowercapEnergySource implements EnergySource {
   }
 
   describe(): string {
-    const found = this.domains.map(
-      (d) =>
-        `${d} (${this.zones
-          .filter((z) => z.domain === d)
-          .map((z) => z.id)
-          .join(', ')})`,
+    const idsOf = (d: EnergyDomain) => this.zones.filter((z) => z.domain === d).map((z) => z.id);
+    return describeRead(
+      `powercap (${this.dir}, µJ)`,
+      this.domains.map((d) => `${d} (${idsOf(d).join(', ')})`),
+      this.absent,
     );
-    const absent = this.absent.map((a) => `${a.domain}: ${a.why}`);
-    return `energy counters read from powercap (${this.dir}, µJ): ${found.join(', ')}${absent.length > 0 ? `; not read: ${absent.join(', ')}` : ''}`;
   }
 
   /** Closes the energy_uj fds: the source owns them, also those opened for it before a privilege drop. */

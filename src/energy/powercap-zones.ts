@@ -1,8 +1,4 @@
-/**
- * The kernel's powercap RAPL zones (Documentation/power/powercap/powercap.rst; docs/energy-domains.md):
- * intel-rapl:N (package-N or psys) and its sub-zones intel-rapl:N:M (core, uncore, dram), energy_uj
- * counting µJ and wrapping after max_energy_range_uj. AMD Zen has them too (intel_rapl_msr).
- */
+/** The powercap RAPL zones (docs/energy-domains.md): intel-rapl:N (package-N, psys) and :N:M (core, uncore, dram); AMD Zen too. */
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Vendor } from '../model/host.js';
@@ -10,10 +6,7 @@ import { isEnergyDomain, type EnergyDomain } from './energy-source.js';
 
 export const POWERCAP_CLASS_DIR = 'class/powercap';
 
-/**
- * Zones of the MSR interface: intel-rapl:N and intel-rapl:N:M. intel-rapl-mmio (the MMIO interface of
- * client parts) repeats the package zone for its power limits and is not read: it would count twice.
- */
+/** Zones of the MSR interface; intel-rapl-mmio repeats the package zone (for its power limits): read, it would count twice. */
 export const ZONE_ID = /^intel-rapl:(\d+)(?::(\d+))?$/;
 
 /** energy_uj counts 0..max_energy_range_uj, then starts again at 0. */
@@ -27,10 +20,7 @@ export interface PowercapZone {
   domain: EnergyDomain;
   /** The host package (physical_package_id) the zone counts; undefined for a platform zone (psys). */
   pkg: number | undefined;
-  /**
-   * The die of a multi-die package (zone name package-N-die-M, and its sub-zones): a package has one
-   * zone per die and per domain, whose counters add up to the package's.
-   */
+  /** The die of a multi-die package (package-N-die-M and its sub-zones): the dies' counters add up to the package's. */
   die?: number;
   energyPath: string;
   maxEnergyRangeUj: bigint;
@@ -53,11 +43,7 @@ function readAttr(dir: string, attr: string): string {
   return fs.readFileSync(path.join(dir, attr), 'utf8').trim();
 }
 
-/**
- * The RAPL zones under `sysRoot`, sorted by id. On AMD a core sub-zone is skipped: the kernel reads it
- * from the core energy register of one CPU, so it counts one core, not the package's cores.
- * Throws the fs error when the class directory cannot be listed.
- */
+/** The RAPL zones under `sysRoot` by id (AMD's core sub-zone skipped: it counts one core); throws the fs error of the listing. */
 export function scanPowercap(sysRoot: string, vendor: Vendor): PowercapScan {
   const classDir = path.join(sysRoot, POWERCAP_CLASS_DIR);
   const ids = fs

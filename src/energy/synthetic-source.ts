@@ -1,7 +1,4 @@
-/**
- * On hosts without RAPL (VMs, CI), a clearly labelled synthetic package energy counter driven by
- * /proc/stat load. NOT a measurement.
- */
+/** On hosts without RAPL (VMs, CI), a clearly labelled synthetic package energy counter driven by /proc/stat load: NOT a measurement. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { cannot } from '../common/errors.js';

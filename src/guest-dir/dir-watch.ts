@@ -1,10 +1,4 @@
-/**
- * Which published guest directories changed since they were last checked, from one inotify instance
- * (docs/guest.md "What the helper refuses"): one read of its queue per sample instead of an fstat of
- * each directory. A directory is watched through the fd the helper opened it with, never a path. A
- * queue that overflowed, or more events than one sample reads, marks every directory changed. Where
- * inotify cannot be had (max_user_watches), SafeDir.changed() falls back to its fstat.
- */
+/** Which guest directories changed, from one inotify queue read per sample instead of an fstat each (docs/guest.md); watched by fd. */
 import {
   IN_ATTRIB,
   IN_CREATE,
@@ -32,8 +26,8 @@ export class DirWatch {
   private readonly buf = Buffer.alloc(64 * 1024);
   /** Watch descriptors of the directories watched, with how many holders each (one inode, one wd). */
   private readonly holders = new Map<number, number>();
-  /** Watch descriptors with events since their directory was last checked. */
-  private readonly dirty = new Set<number>();
+  /** Watch descriptors with events since their directory was last checked (its checker deletes its wd as it starts). */
+  readonly dirty = new Set<number>();
 
   private constructor(private fd: number) {}
 
@@ -81,16 +75,6 @@ export class DirWatch {
       if (this.holders.has(wd)) this.dirty.add(wd);
     }
     return false;
-  }
-
-  /** Whether the directory of `wd` had events since checked() was last called for it. */
-  changed(wd: number): boolean {
-    return this.dirty.has(wd);
-  }
-
-  /** The directory of `wd` is being checked now: events after this mark it again. */
-  checked(wd: number): void {
-    this.dirty.delete(wd);
   }
 
   close(): void {

@@ -1,10 +1,7 @@
 /**
- * --guest-dir (docs/guest.md): for every VM the helper knows whose directory DIR/<uuid>/ (or
- * DIR/<name>/) exists, its powercap-shaped tree (tree.ts) and its statistics file, written once per
- * sample. Which VM a directory belongs to, and when a directory is refused, are decided here; every
- * file is written through SafeDir (safe-dir.ts), which follows nothing. Per sample: an fstat of DIR
- * and of each published directory (each listed or checked again only when changed), and energy_uj
- * updated for each zone whose value changed.
+ * --guest-dir (docs/guest.md): each sample, for every VM whose DIR/<uuid>/ (or DIR/<name>/) exists, its
+ * powercap-shaped tree (tree.ts) and statistics file, through SafeDir (which follows nothing). Which VM a
+ * directory belongs to and when it is refused are decided here.
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -21,13 +18,9 @@ import { classLinkTarget, energyText, GUEST_STATS_FILE, guestDirName, zoneAttrib
 
 /** Refusal lines per minute before they are counted instead (the VMs' own lines allow as many). */
 const GUEST_LOG_BURST = 20;
-/** Fds a directory is asked for in the budget (docs/guest.md): 15 for one virtual package with package, core, DRAM and PSYS. */
+/** Fds a directory asks of the budget (docs/guest.md): 15 for one virtual package with package, core, DRAM and PSYS. */
 const GUEST_DIR_FDS = 16;
-/**
- * Samples between two full checks of a published directory, changed or not: for what its change check
- * cannot see (a hard link to one of its entries made from another directory, a change within the file
- * system's time granularity); an inotify watch misses only the first, so it is checked less often.
- */
+/** Samples between full checks, for what change checks miss (a hard link made elsewhere; a change within the time granularity). */
 const GUEST_AUDIT_EVERY = 60;
 const GUEST_AUDIT_EVERY_WATCHED = 600;
 
@@ -44,13 +37,13 @@ export interface GuestDirVm {
 /** What the publisher reads of the daemon, each sample. */
 export interface GuestDirSource {
   vms(): Iterable<GuestDirVm>;
-  /** The VM's statistics written from now on at each sample into the memory `map` returns (given its bytes now); null for no such VM. */
+  /** The VM's statistics written each sample into the memory `map` returns (given its bytes now); null for no such VM. */
   statsCopy(vmId: number, map: (bytes: Buffer) => ArrayBuffer): StatsCopy | null;
   /** Whether `n` more fds fit the daemon's budget (absent: always). */
   canOpen?(n: number, what: string): boolean;
   /** Whether the VM's process is in group `gid` (its gid or a supplementary group). */
   inGroup(vm: GuestDirVm, gid: number): boolean;
-  /** Who may read the tree of a VM run by `uid` besides root and the helper: who may see the VM (its statistics fd's rule). */
+  /** Who besides root and the helper may read the tree of a VM run by `uid` (the statistics fd's rule). */
   readers(uid: number): GuestReaders;
 }
 
@@ -62,25 +55,27 @@ interface ZoneState {
   shown: bigint;
 }
 
-interface Published {
-  vmId: number;
-  dir: SafeDir;
-  zones: Map<string, ZoneState>;
-  stats: GuestStatsFile | null;
+/** A directory published into: its VM's state in it. */
+class Published {
+  vmId = -1;
+  readonly zones = new Map<string, ZoneState>();
+  stats: GuestStatsFile | null = null;
   /** Written with the VM ended: nothing more changes. */
-  final: boolean;
+  final = false;
   /** Every zone shown, under its name, since the directory's last audit (false: check each one). */
-  settled: boolean;
-  samples: number;
-  watched: boolean;
+  settled = false;
+  samples = 0;
+  watched = false;
   /** A write failed (a full file system): every zone is written again at the next sample. */
-  failed: boolean;
+  failed = false;
   /** Whether a VM (by vmId) may have it: bound() asked once per VM. */
-  bound: Map<number, boolean>;
+  readonly bound = new Map<number, boolean>();
   /** The uid its readers were set for (restrict), -1 before. */
-  readersOf: number;
+  readersOf = -1;
   /** Why no VM naming it may have it, as last said ('' when one may). */
-  unbound: string;
+  unbound = '';
+
+  constructor(readonly dir: SafeDir) {}
 }
 
 export class GuestDirs {
@@ -105,7 +100,6 @@ export class GuestDirs {
     private readonly source: GuestDirSource,
     private readonly log: Logger,
   ) {
-    // One line per refused directory: as many as VM lines get (vm-log.ts) before the count line.
     this.limiter = new LogLimiter(log, { burst: GUEST_LOG_BURST });
   }
 
@@ -233,10 +227,7 @@ export class GuestDirs {
     }
   }
 
-  /**
-   * The one VM the directory belongs to (docs/guest.md "Which VM a directory is bound to"): of the VMs
-   * naming it, those bound to it, the live one, else the one ended; or why none.
-   */
+  /** The one VM the directory is bound to (docs/guest.md): of those naming it and bound, the live one, else the ended; or why none. */
   private owner(p: Published, vms: GuestDirVm[]): GuestDirVm | string {
     // The usual case, one VM naming it, decided without arrays.
     if (vms.length === 1 && this.bound(p, vms[0]!)) return vms[0]!;
@@ -274,9 +265,7 @@ export class GuestDirs {
       if (opened.error !== null) this.refuse(name, opened.error, vms);
       return null;
     }
-    const sig = this.refused.get(name);
-    const now = SafeDir.signatureOf(root, name);
-    if (sig !== undefined && sig === now) {
+    if (this.refused.get(name) === SafeDir.signatureOf(root, name)) {
       opened.value.close();
       return null;
     }
@@ -289,20 +278,7 @@ export class GuestDirs {
       );
       return null;
     }
-    const p: Published = {
-      vmId: -1,
-      dir: opened.value,
-      zones: new Map(),
-      stats: null,
-      final: false,
-      settled: false,
-      samples: 0,
-      watched: false,
-      failed: false,
-      bound: new Map(),
-      readersOf: -1,
-      unbound: '',
-    };
+    const p = new Published(opened.value);
     this.published.set(name, p);
     this.refused.delete(name);
     // Watched before its first check: whatever changes after it is told.
@@ -355,7 +331,8 @@ export class GuestDirs {
 
   /** The VM's tree now, its zones' values from its statistics file's this sample (nothing when the VM is gone). */
   private write(p: Published): void {
-    if (p.stats !== null && !p.stats.current) p.stats = p.stats.close();
+    // The daemon writes it no more: a new file, of the VM's new shape.
+    if (p.stats !== null && !p.stats.copy.current) p.stats = p.stats.close();
     const fresh = p.stats === null;
     if (fresh) p.stats = GuestStatsFile.create(p.dir, GUEST_STATS_FILE, (map) => this.source.statsCopy(p.vmId, map));
     const file = p.stats;
@@ -370,7 +347,7 @@ export class GuestDirs {
       this.show(p, z.id, z.name, file.energyOf(z));
     }
     p.settled = true;
-    if (file.ended) p.final = true;
+    if (file.copy.totals.ended) p.final = true;
   }
 
   /** Whether the zone is made, under that name, in a directory the helper holds. */

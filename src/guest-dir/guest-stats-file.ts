@@ -1,9 +1,4 @@
-/**
- * A VM's statistics file (docs/stats-fd.md) in its guest directory: the same bytes as the fd STATS_FD
- * hands out, mapped and written at each sample by the daemon's own writer of the VM's statistics under
- * the same seqlock, so a reader reads it as it reads that fd. The tree's zones (tree.ts) take their
- * values from the same VM totals (StatsCopy.totals).
- */
+/** A VM's statistics file in its guest directory: STATS_FD's bytes (docs/stats-fd.md), mapped and written each sample by the daemon. */
 import type { SharedMapping } from '../os/libc/memfd-mmap.js';
 import type { VmStatsShape } from '../protocol/stats/vm-file.js';
 import type { VmTotals } from '../ratio/outputs.js';
@@ -33,11 +28,10 @@ const held = (v: number) => BigInt(v > 0 ? Math.floor(v) : 0);
 
 export class GuestStatsFile {
   private valuesSeen = -1;
-  /** The VM's zones (tree.ts), of the file's shape. */
   readonly zones: readonly FileZone[];
 
   private constructor(
-    private readonly copy: StatsCopy,
+    readonly copy: StatsCopy,
     private readonly mapping: SharedMapping,
     readonly ino: bigint,
   ) {
@@ -75,16 +69,7 @@ export class GuestStatsFile {
     return moved;
   }
 
-  get ended(): boolean {
-    return this.copy.totals.ended;
-  }
-
-  /** Whether the daemon still writes it (false: a new file is to be made, of the VM's new shape). */
-  get current(): boolean {
-    return this.copy.current;
-  }
-
-  /** The file `file` in `dir`, made now of the VM's statistics (renamed over an older one) and written by the daemon from then on; null when `open` cannot. */
+  /** The file `file` in `dir`, made now (over an older one) and written by the daemon from then on; null when `open` cannot. */
   static create(dir: SafeDir, file: string, open: OpenStatsCopy): GuestStatsFile | null {
     let made: { mapping: SharedMapping; ino: bigint } | null = null;
     const copy = open((bytes) => {

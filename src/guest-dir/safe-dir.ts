@@ -1,11 +1,7 @@
 /**
- * One guest directory, written by a process that may run as root into a directory another user may
- * own (docs/guest.md "What the helper refuses"). Nothing in it is ever followed: the directory is
- * opened O_NOFOLLOW | O_DIRECTORY from the fd of --guest-dir, every file is made O_CREAT | O_EXCL |
- * O_NOFOLLOW in a directory fd the helper made and holds and renamed within that fd, so a planted
- * symlink, hard link, FIFO or device is never opened or written through. Checks are made on the fd
- * (fstat), not a path. A file update() rewrites is written only through its fd, never reopened by name;
- * a directory of the helper's moved away is let go at the audit that sees it gone or replaced.
+ * One guest directory, written maybe as root into one another user may own (docs/guest.md "What the helper
+ * refuses"). Nothing is followed: opened O_NOFOLLOW | O_DIRECTORY from --guest-dir's fd, each file made
+ * O_CREAT | O_EXCL | O_NOFOLLOW in a directory fd the helper holds, renamed within it, checked by fstat, never reopened.
  */
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
@@ -59,15 +55,14 @@ const EAGAIN = 11;
 const EEXIST = 17;
 /** Bits of a directory's mode that let its group or anyone else add, remove or rename entries. */
 const OTHERS_WRITE = 0o022n;
-/** Where a planted entry with one of the helper's names is moved, in its directory: no zone's name, no `.vmsr-` name. */
+/** Where a planted entry with one of the helper's names is moved: no zone's name, no `.vmsr-` name. */
 const PLANTED_PREFIX = '.planted-';
-/** errnos a write meets on a sound directory that may pass: tried again at the next sample (WriteFailure), not refused. */
+/** errnos of a write into a sound directory that may pass: a WriteFailure (tried again at the next sample), not a refusal. */
 const PASSING = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'ENOMEM', 'EMFILE', 'ENFILE', 'EINTR']);
 
-/** A write into a sound directory that failed for a reason that may pass (PASSING, a short write): try again. */
 export class WriteFailure extends Error {}
 
-/** The error of a write of `what` that returned `r` (-errno, or fewer bytes than asked): a WriteFailure when it may pass. */
+/** The error of a write of `what` that returned `r` (-errno, or fewer bytes than asked). */
 function writeError(what: string, r: number, fix?: string): Error {
   const why = r >= 0 ? 'short write' : errnoName(-r);
   const message = cannot(what, why, fix);
@@ -80,10 +75,7 @@ export interface GuestReaders {
   gid: number | null;
 }
 
-/**
- * The access ACL (system.posix_acl_access, version 2) of a directory its owner may enter and write,
- * `readers` list and enter, and nobody else: entries (tag, permission, id) in the kernel's order.
- */
+/** system.posix_acl_access (v2): its owner may write, `readers` list and enter, nobody else; (tag, perm, id) in the kernel's order. */
 function readersAcl(owner: number, readers: GuestReaders): Buffer {
   const NONE = 0xffffffff;
   const entries: [number, number, number][] = [[0x01, 7, NONE]];
@@ -128,10 +120,7 @@ function lstatAt(dirFd: number, name: string): fs.BigIntStats | null {
 const signature = (st: fs.BigIntStats) => `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
 const statNow = Buffer.alloc(STAT_SIZE);
 
-/**
- * The directory's stat as raw bytes, its access time left out (reading it changes that, not what it
- * holds): equal bytes, nothing in it changed. Null when fstat fails.
- */
+/** The directory's stat bytes without its access time (a read changes that alone): equal bytes, nothing changed. Null: fstat failed. */
 function statBytes(fd: number): Buffer | null {
   if (fstatRaw(fd, statNow) < 0) return null;
   return statNow.fill(0, STAT_ATIME_AT, STAT_ATIME_AT + 16);
@@ -164,9 +153,9 @@ export class SafeDir {
   private swapping = swapDefault;
   private watched: { watch: DirWatch; wd: number } | null = null;
 
-  /** Planted entries with the helper's names are moved aside at the next audit (the directory was open to others). */
+  /** Entries planted with the helper's names go aside at the next audit (the directory was open to others). */
   private clearPlanted = false;
-  /** Planted entries with the helper's names the audits moved aside, as `name -> new name` (the publisher says so). */
+  /** Entries the audits moved aside, as `name -> new name` (the publisher says so). */
   readonly movedAside: string[] = [];
 
   private constructor(
@@ -177,12 +166,6 @@ export class SafeDir {
     /** A directory of root's or the helper's belongs to the VMs of its group (guest-dirs.ts). */
     readonly group: number,
   ) {}
-
-  /** Refusal of a directory owned by `uid` when only `owners` may own it, or null. */
-  private static ownerRefusal(where: string, uid: number, owners: readonly number[]): string | null {
-    if (owners.includes(uid)) return null;
-    return `${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`;
-  }
 
   /** `name` under `rootFd` (its path `root`) when it is a directory owned by one of `owners`; else why not (null: absent). */
   static open(rootFd: number, root: string, name: string, owners: readonly number[]): Result<SafeDir, string | null> {
@@ -195,12 +178,9 @@ export class SafeDir {
     }
     const st = fs.fstatSync(fd, { bigint: true });
     const uid = Number(st.uid);
-    const refusal = SafeDir.ownerRefusal(where, uid, owners);
-    if (refusal !== null) {
-      closeFd(fd);
-      return fail(refusal);
-    }
-    return ok(new SafeDir(fd, where, uid, Number(st.gid)));
+    if (owners.includes(uid)) return ok(new SafeDir(fd, where, uid, Number(st.gid)));
+    closeFd(fd);
+    return fail(`${where} is owned by uid ${uid}, not by root, the helper or the VM's user (uids ${[...new Set(owners)].join(', ')})`);
   }
 
   /** What `name` in `rootFd` is now (inode, times, size, links), not followed; '' when it is not there. */
@@ -235,19 +215,18 @@ export class SafeDir {
 
   /** Whether the directory may have changed since the last audit(): its watch's events, else one fstat. */
   changed(): boolean {
-    if (this.watched !== null) return this.sig === null || this.watched.watch.changed(this.watched.wd);
+    if (this.watched !== null) return this.sig === null || this.watched.watch.dirty.has(this.watched.wd);
     const now = statBytes(this.fd);
     return now === null || this.sig === null || !now.equals(this.sig);
   }
 
   /**
-   * Every entry checked: the reason to refuse the directory, or null. A symlink, a hard link, a FIFO,
-   * a device or a socket anywhere at its top is refused, and so is an entry with a name the helper uses
-   * that the helper did not make (another owner or another kind); other files and directories are left alone.
+   * Every entry checked: why the directory is refused, or null. A symlink, hard link, FIFO, device or socket
+   * at its top is refused, and so is an entry at a helper's name the helper did not make; others are left alone.
    */
   audit(): string | null {
     // Taken before the entries are read: a change made while they are read shows as a change next time.
-    this.watched?.watch.checked(this.watched.wd);
+    this.watched?.watch.dirty.delete(this.watched.wd);
     const before = statBytes(this.fd);
     const seen = before === null ? null : Buffer.from(before);
     const st = fs.fstatSync(this.fd, { bigint: true });
@@ -321,30 +300,15 @@ export class SafeDir {
   write(rel: string, file: string, text: string): void {
     const n = textBuf.write(text, 'latin1');
     const dirFd = rel === '' ? this.fd : this.dir(rel);
-    closeFd(this.created(dirFd, rel, file, n));
+    closeFd(this.create(dirFd, rel, file, O_WRONLY, textBuf, n));
     this.rename(dirFd, file);
   }
 
-  /** A new file `file` (at the temporary name) of `dirFd` (the directory `rel`) holding textBuf[0, n): its fd. */
-  private created(dirFd: number, rel: string, file: string, n: number): number {
-    const fd = this.create(dirFd, file, O_WRONLY);
-    try {
-      const w = writeFd(fd, textBuf, n);
-      if (w !== n) throw writeError(`write ${this.path}/${rel}/${file}`, w);
-    } catch (e) {
-      closeFd(fd);
-      throw e;
-    }
-    return fd;
-  }
-
   /**
-   * write() for a file rewritten at every sample, with its guarantee (a reader opens the old value or
-   * the new one, whole; a file it holds open keeps its value) at a third of its cost. Two files take
-   * turns: the spare (at the temporary name) is rewritten in place under a write lease, which the kernel
-   * grants only while no one else has it open (any process, a 9p server's fid, a mapping), and no open
-   * can start during it; then the names are exchanged (RENAME_EXCHANGE: at once). A spare someone holds
-   * is let go (its reader keeps it) and a new file made, as write() does.
+   * write() for a file rewritten each sample, same guarantee (old value or new, whole; one held open keeps its
+   * value) at a third of the cost: the spare is rewritten under a write lease (granted only while no one has it
+   * open, a 9p fid or mapping included; it blocks new opens), then RENAME_EXCHANGE swaps the names. A spare
+   * someone holds is let go (its reader keeps it) and a new file made, as write() does.
    */
   update(rel: string, file: string, text: string): void {
     if (!this.swapping) return this.write(rel, file, text);
@@ -359,7 +323,7 @@ export class SafeDir {
       pair.spare = null;
     }
     const dirFd = rel === '' ? this.fd : this.dir(rel);
-    const fd = this.created(dirFd, rel, file, n);
+    const fd = this.create(dirFd, rel, file, O_WRONLY, textBuf, n);
     const made = { fd, len: n };
     if (signalLeaseBreaks(fd) < 0) {
       this.rename(dirFd, file);
@@ -413,15 +377,10 @@ export class SafeDir {
     for (const [k, pair] of [...this.pairs]) this.dropPair(k, pair);
   }
 
-  /**
-   * A new top file holding `bytes`, mapped shared and writable, renamed into place. Its pages are
-   * written once here, so a store never needs a page of a full file system.
-   */
+  /** A new top file holding `bytes`, mapped shared and writable, renamed into place; written here, so no store needs a page later. */
   mapped(file: string, bytes: Buffer): { mapping: SharedMapping; ino: bigint } {
-    const fd = this.create(this.fd, file, O_RDWR);
+    const fd = this.create(this.fd, '', file, O_RDWR, bytes, bytes.length);
     try {
-      const w = writeFd(fd, bytes, bytes.length);
-      if (w !== bytes.length) throw writeError(`write ${this.path}/${file}`, w);
       const mapping = mapShared(fd, bytes.length, true);
       const ino = fs.fstatSync(fd, { bigint: true }).ino;
       this.rename(this.fd, file);
@@ -488,8 +447,8 @@ export class SafeDir {
     }
   }
 
-  /** An fd of a new temporary file for `file` in `dirFd` (one left by a crash is removed first). */
-  private create(dirFd: number, file: string, access: number): number {
+  /** The fd of a new temporary file for `file` in `dirFd` (directory `rel`) holding bytes[0, n); one left by a crash goes first. */
+  private create(dirFd: number, rel: string, file: string, access: number, bytes: Buffer, n: number): number {
     const tmp = TEMP_PREFIX + file;
     let fd = openAt(dirFd, tmp, access | O_CREAT | O_EXCL | O_NOFOLLOW, FILE_MODE);
     if (fd === -EEXIST) {
@@ -498,7 +457,10 @@ export class SafeDir {
     }
     if (fd < 0) throw writeError(`write into ${this.path}`, fd, this.fix());
     if (needChmod) fchmodFd(fd, FILE_MODE);
-    return fd;
+    const w = writeFd(fd, bytes, n);
+    if (w === n) return fd;
+    closeFd(fd);
+    throw writeError(`write ${this.path}/${rel === '' ? '' : `${rel}/`}${file}`, w);
   }
 
   private rename(dirFd: number, file: string): void {

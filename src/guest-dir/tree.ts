@@ -1,8 +1,4 @@
-/**
- * What one VM's guest directory holds, laid out in docs/guest.md: a tree shaped like the kernel's
- * powercap class (Documentation/power/powercap/powercap.rst, drivers/powercap/intel_rapl_common.c), so
- * that tools reading /sys/class/powercap read it unchanged. Values are µJ, wrapping as sysfs's do. Pure.
- */
+/** A VM's guest directory (docs/guest.md), pure: a tree shaped like the kernel's powercap class, so tools reading it read it unchanged. */
 import { formatUuid } from '../common/uuid.js';
 import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powercap-zones.js';
 
@@ -10,8 +6,6 @@ import { MAX_ENERGY_RANGE_UJ, POWERCAP_CLASS_DIR, ZONE_ID } from '../energy/powe
 export const GUEST_MAX_ENERGY_RANGE_UJ = 262_143_328_850n;
 /** energy_uj takes max_energy_range_uj itself before it wraps to 0. */
 export const GUEST_ENERGY_RANGE = GUEST_MAX_ENERGY_RANGE_UJ + 1n;
-
-const ZONE_NAME_FILE = 'name';
 export const GUEST_STATS_FILE = 'stats';
 /** The top of class/powercap, where node_exporter (procfs's GetRaplZones) lists the zones. */
 const CLASS_DIR = POWERCAP_CLASS_DIR.split('/')[0]!;
@@ -47,7 +41,7 @@ export function energyText(uj: bigint): string {
 /** A zone's fixed attributes, written once when it is made: name and max_energy_range_uj. */
 export function zoneAttributes(z: { name: string }): { file: string; text: string }[] {
   return [
-    { file: ZONE_NAME_FILE, text: `${z.name}\n` },
+    { file: 'name', text: `${z.name}\n` },
     { file: MAX_ENERGY_RANGE_UJ, text: `${GUEST_MAX_ENERGY_RANGE_UJ}\n` },
   ];
 }
@@ -65,13 +59,10 @@ export function isHelperEntry(name: string): boolean {
 /** Prefix of the temporary files renamed into place. */
 export const TEMP_PREFIX = '.vmsr-';
 
-/** The longest file name a directory takes (NAME_MAX). */
-const NAME_MAX_BYTES = 255;
-
 /** A VM's directory name under --guest-dir: its UUID, else its name when that is one plain, visible path component; or null. */
 export function guestDirName(uuid: Uint8Array | null, name: string | null): string | null {
   if (uuid !== null && uuid.length === 16) return formatUuid(uuid);
   if (name === null || name === '' || name.startsWith('.') || name.includes('/')) return null;
-  if (/[\x00-\x1f\x7f]/.test(name) || Buffer.byteLength(name) > NAME_MAX_BYTES) return null;
+  if (/[\x00-\x1f\x7f]/.test(name) || Buffer.byteLength(name) > 255 /* NAME_MAX */) return null;
   return name;
 }

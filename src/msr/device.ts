@@ -10,10 +10,7 @@ import { describeMsr } from './registers.js';
 /** Where a user learns how a fake MSR tree is laid out; named by every short-read error. */
 export const FAKE_MSR_TREE_DOC = 'docs/try-it.md "A fake MSR tree"';
 
-/**
- * Why a pread of `msr` returned `n` bytes, not 8. The msr driver never does that (it fails with EIO),
- * so the fd is a plain file: a fake MSR tree (--msr-path) that does not reach that register's offset.
- */
+/** Why a pread of `msr` gave `n` bytes: the msr driver never does (it fails with EIO), so the file is a fake MSR tree's, too short. */
 function shortReadMessage(cpu: number, msr: number, n: number, file: string, fd: number): string {
   let size: string;
   try {

@@ -1,7 +1,4 @@
-/**
- * THE errno -> fix map for MSR devices (/dev/cpu/N/msr): why an open or pread failed, in words, and
- * what the user does about it. The daemon's startup checks and `record` both answer from it.
- */
+/** THE errno -> why and fix map of the MSR devices (/dev/cpu/N/msr), for the daemon's startup checks and `record`. */
 /** What to do on a host without RAPL registers, or to look around first: the one wording of it. */
 export const TRY_WITHOUT_RAPL =
   "to try vmsr-helper without RAPL: --energy-source synthetic (energy made up from CPU load, not a measurement) or 'vmsr-helper demo'";

@@ -1,7 +1,4 @@
-/**
- * What the engine and traces need to know about the host: vendor, CLK_TCK, CPUs and packages, and each
- * package's RAPL unit (plus Intel's power limit/info when readable).
- */
+/** What the engine and traces know of the host: vendor, CLK_TCK, CPUs, packages, their RAPL units (and Intel's limit and info). */
 import type { HostInfo, HostPackage, Vendor } from '../model/host.js';
 import { clockTicksPerSecond } from '../os/libc/processes.js';
 import type { MsrDevice } from './device.js';
@@ -14,10 +11,7 @@ export interface ReadHostInfoOptions {
   paths: HostPaths;
   device: MsrDevice;
   vendor?: Vendor;
-  /**
-   * Every package's power unit, when the energy does not come from the RAPL MSRs (a synthetic source:
-   * energy/create.ts): no MSR is read then. Absent: each package's MSR_RAPL_POWER_UNIT is read.
-   */
+  /** Every package's power unit when energy does not come from the MSRs (energy/create.ts): then no MSR is read. */
   powerUnit?: bigint;
 }
 

@@ -1,8 +1,6 @@
 /**
- * Which host register answers a legacy (Intel-numbered) request. QEMU gives the guest Intel's RAPL
- * layout, so on Intel the request is read as is. AMD (family 17h+) has the unit and package energy
- * registers with the same layout at other numbers, and no power-limit / power-info registers at all:
- * those two are synthesised from configuration, because QEMU refuses RAPL when either reads 0.
+ * Which host register answers a legacy (Intel-numbered) request: on Intel itself; AMD has the unit and energy
+ * registers at other numbers and no power limit or info, synthesised because QEMU refuses RAPL when either is 0.
  */
 import {
   LEGACY_ALLOWED_MSRS,
@@ -47,23 +45,12 @@ export function legacyPlan(vendor: Vendor, msr: number): LegacyPlan | null {
   }
 }
 
-/** Watts in the power unit of `powerUnitRaw` (bits 3:0: 1/2^PU W), clamped to the 15-bit field, at least 1. */
-export function wattsToPowerField(powerUnitRaw: bigint, watts: number): bigint {
-  const pu = Number(powerUnitRaw & 0xfn);
-  const units = Math.round(watts * 2 ** pu);
-  return BigInt(Math.min(0x7fff, Math.max(1, units)));
-}
-
-/** MSR_PKG_POWER_LIMIT with PL1 = watts and its enable bit (15) set; everything else 0. */
-export function synthPowerLimit(powerUnitRaw: bigint, watts: number): bigint {
-  return wattsToPowerField(powerUnitRaw, watts) | (1n << 15n);
-}
-
-/** MSR_PKG_POWER_INFO with thermal spec power (bits 14:0) = TDP; min/max/window 0 (unknown). */
-export function synthPowerInfo(powerUnitRaw: bigint, tdpWatts: number): bigint {
-  return wattsToPowerField(powerUnitRaw, tdpWatts);
-}
-
+/**
+ * MSR_PKG_POWER_LIMIT (PL1 and its enable bit 15) or MSR_PKG_POWER_INFO (thermal spec power = TDP), the rest
+ * 0: watts in the unit of `powerUnitRaw` (bits 3:0: 1/2^PU W), clamped to the 15-bit field, at least 1.
+ */
 export function synthValue(field: 'power-limit' | 'power-info', powerUnitRaw: bigint, cfg: AmdSynthConfig): bigint {
-  return field === 'power-limit' ? synthPowerLimit(powerUnitRaw, cfg.powerLimitWatts) : synthPowerInfo(powerUnitRaw, cfg.tdpWatts);
+  const watts = field === 'power-limit' ? cfg.powerLimitWatts : cfg.tdpWatts;
+  const units = BigInt(Math.min(0x7fff, Math.max(1, Math.round(watts * 2 ** Number(powerUnitRaw & 0xfn)))));
+  return field === 'power-limit' ? units | (1n << 15n) : units;
 }

@@ -42,11 +42,7 @@ export function firstCpuPerPackage(cpus: readonly HostCpu[]): Map<number, number
   return m;
 }
 
-/**
- * The lowest-numbered online CPU of each physical core, per package (core_id is unique within a
- * package; SMT siblings share it): the CPUs a per-core register (AMD's core energy) is read through.
- * Throws the fs error when a core_id cannot be read.
- */
+/** Per package, the first online CPU of each core (SMT siblings share a core_id): where per-core registers are read; throws fs errors. */
 export function firstCpuPerCore(sysRoot: string, cpus: readonly HostCpu[]): Map<number, number[]> {
   const seen = new Set<string>();
   const out = new Map<number, number[]>();

@@ -1,7 +1,4 @@
-/**
- * The ratio engine: splits package energy across the threads of registered VMs, exactly as
- * docs/ratio.md ("ticks" mode) says, in float64. Pure: the caller hands it samples (live or replayed).
- */
+/** The ratio engine, pure: splits package energy across the threads of registered VMs as docs/ratio.md ("ticks" mode) says, in float64. */
 import { counterOfJoules, joulesPerCounterUnit, packageCounter } from './counter.js';
 import { fitLength } from '../common/fit-length.js';
 import type { VcpuSpec } from '../model/vcpus.js';
@@ -15,9 +12,8 @@ import {
   vmFromState,
   vmState,
   type EngineVm,
-  type ThreadMark,
 } from './engine-vm.js';
-import { engineStateProblem, type EngineState } from './engine-state.js';
+import { engineStateProblem, type EngineState, type ThreadMark } from './engine-state.js';
 import { PLATFORM_DOMAINS, type OtherDomain } from '../model/domains.js';
 import {
   closeCounters,
@@ -53,21 +49,15 @@ export interface ThreadTotals {
   otherTicks: number;
 }
 
-/** An active VM in the current sample: its threads, or null when none of its lines changed (idle). */
-interface LiveVm {
-  vm: EngineVm;
-  threads: ThreadNow[] | null;
-}
-
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
   readonly guestPowerUnit: bigint;
   private readonly uGuest: number;
   private readonly clkTck: number;
-  /** Package ids, ascending: a package's index here is its slot in every plane. */
+  /** Package ids, ascending: a package's index here is its slot in every plane (pkgIndex). */
   private readonly packageIds: number[];
   private readonly pkgIndex = new Map<number, number>();
-  /** cpu -> index of its package. */
+  /** cpu -> its package's index. */
   private readonly cpuSlot = new Map<number, number>();
   /** n_p: online CPUs per package (by index). */
   private readonly cpusPerPackage: number[];
@@ -77,9 +67,7 @@ export class RatioEngine {
   private readonly pkgPlane: Plane<'package'>;
   /** The other domains the host reads, in ENERGY_DOMAINS order. */
   private readonly planes: Plane<OtherDomain>[] = [];
-  /** The package's plane, then the others. */
   private readonly allPlanes: Plane[];
-  /** A domain's index in `planes`. */
   private readonly planeOf = new Map<string, number>();
   /** D_p of the interval per package index (reused). */
   private readonly claimed: number[];
@@ -150,11 +138,7 @@ export class RatioEngine {
     return id;
   }
 
-  /**
-   * Replaces a VM's vCPU list from the next sample on (vCPU hotplug, a thread renamed, a client's
-   * registration taking over a discovered VM). Accumulated energy is kept; nvpkg only grows, so a
-   * published counter never goes backwards. Same checks as register.
-   */
+  /** A VM's new vCPU list from the next sample on (hotplug, a client taking over a discovered VM): totals kept, nvpkg only grows. */
   updateVcpus(vmId: number, vcpus: readonly VcpuSpec[]): void {
     const vm = this.vms.get(vmId);
     if (!vm) throw new Error(`no VM ${vmId}`);
@@ -209,10 +193,7 @@ export class RatioEngine {
     return { vcpus, otherTicks: fillThreadTotals(vm, vcpus) };
   }
 
-  /**
-   * A VM's totals (its output's and its threads') into `into`, in place, allocating nothing once its
-   * arrays have the VM's lengths; after an idle interval only `tNs` is set. False for no such VM.
-   */
+  /** A VM's totals into `into` in place (no allocation once its arrays fit; only `tNs` after an idle interval); false: no such VM. */
   totalsInto(vmId: number, into: VmTotals): boolean {
     const vm = this.vms.get(vmId);
     if (!vm) return false;
@@ -275,10 +256,7 @@ export class RatioEngine {
     return { nextId: this.nextId, lastSample, vms };
   }
 
-  /**
-   * Takes back what state() gave, on an engine with no VM and no sample yet, as if it had never
-   * stopped. Throws naming the first inconsistent value, before changing anything.
-   */
+  /** Takes back what state() gave, on a new engine, as if it had never stopped; throws naming the first bad value, changing nothing. */
   restore(s: EngineState): void {
     if (this.vms.size > 0 || this.prevT !== undefined || this.nextId !== 1)
       throw new Error('only an engine with no VM and no sample can be restored');
@@ -370,10 +348,8 @@ export class RatioEngine {
     const dt = Number(s.tNs - prevT) / 1e9;
     const { live, anyClaim } = this.claim(s, problems, ended);
 
-    // e_k = dE_p * dticks / cap_p; ticks claimed beyond cap_p are paid from the other packages' leftover
-    // first, and only what that cannot cover scales the package's claims down (ratio/overclaim.ts).
-    // Every other domain is paid the same way, with its own energy (docs/ratio.md, "Other RAPL domains").
-    // No thread of any VM seen on a package (every VM idle this interval, the usual case): no claim to pay.
+    // e_k = dE_p * dticks / cap_p, ticks beyond cap_p paid as overclaim.ts says; every other domain alike with its own
+    // energy (docs/ratio.md "Other RAPL domains"). No thread seen on any package (every VM idle, the usual case): nothing to pay.
     const capacity = anyClaim ? this.cpusPerPackage.map((n) => this.clkTck * dt * n) : null;
     for (const p of this.allPlanes) payPlane(p, this.packageIds, capacity, this.claimed);
 
@@ -386,12 +362,9 @@ export class RatioEngine {
     return { tNs: s.tNs, dtS: dt, packages: this.packageIntervals(), vms: vmsOut, ended, problems };
   }
 
-  /**
-   * Pass 1: who is still alive (a VM whose threads are all gone ends), each thread's dticks and
-   * package, and the ticks claimed on each package (`this.claimed`, D_p); `anyClaim` when any were.
-   */
-  private claim(s: Sample, problems: string[], ended: number[]): { live: LiveVm[]; anyClaim: boolean } {
-    const live: LiveVm[] = [];
+  /** Pass 1: the VMs still alive (threads null: idle), each thread's dticks and package, D_p (`this.claimed`). */
+  private claim(s: Sample, problems: string[], ended: number[]) {
+    const live: { vm: EngineVm; threads: ThreadNow[] | null }[] = [];
     const claimed = this.claimed.fill(0);
     let anyClaim = false;
     for (const vm of this.vms.values()) {
@@ -450,20 +423,16 @@ export class RatioEngine {
       moved ||= pkgSplit.vpkg[g] !== 0;
     }
     const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: pkgSplit.vpkg };
-    if (this.planes.length > 0) {
-      const domains: VmDomainEnergy[] = [];
-      for (let i = 0; i < this.planes.length; i++) {
-        const plane = this.planes[i]!;
+    if (this.planes.length > 0)
+      out.domains = this.planes.map((plane, i) => {
         const { vpkg } = split(plane, vm.nvpkg, threads, es);
         const acc = vm.domainAcc[i]!;
         for (let g = 0; g < vm.nvpkg; g++) {
           acc[g] = acc[g]! + vpkg[g]!;
           moved ||= vpkg[g] !== 0;
         }
-        domains.push({ domain: plane.domain, vpkgEnergyJ: vpkg });
-      }
-      out.domains = domains;
-    }
+        return { domain: plane.domain, vpkgEnergyJ: vpkg };
+      });
     if (moved) vm.changes++;
     return out;
   }
@@ -501,10 +470,7 @@ export class RatioEngine {
     return d;
   }
 
-  /**
-   * Whether the VM's lines are those of the previous sample, every one understood and on a known CPU:
-   * the full pass would give it nothing and report nothing, so it is skipped (idle VMs are most VMs).
-   */
+  /** Whether the VM's lines are the previous sample's, each understood and on a known CPU: the full pass would do nothing. */
   private unchanged(vm: EngineVm, s: Sample): boolean {
     const lines = s.tasks.get(vm.spec.pid);
     if (lines === undefined || lines.size !== vm.parsed.size || lines.size !== vm.prev.size) return false;

@@ -1,13 +1,9 @@
 /** RAPL energy counter arithmetic: the 32-bit counter, the energy status unit, hex text of MSR values. */
 import type { CounterSpec, HostPackage } from '../model/host.js';
 
-/** Energy status unit (bits 12:8 of MSR_RAPL_POWER_UNIT): one counter unit is 2^-ESU joules. */
-function energyStatusUnitBits(powerUnit: bigint): number {
-  return Number((powerUnit >> 8n) & 0x1fn);
-}
-
+/** One counter unit is 2^-ESU joules, the energy status unit being bits 12:8 of MSR_RAPL_POWER_UNIT. */
 export function joulesPerCounterUnit(powerUnit: bigint): number {
-  return 2 ** -energyStatusUnitBits(powerUnit);
+  return 2 ** -Number((powerUnit >> 8n) & 0x1fn);
 }
 
 /** A RAPL energy counter counts 2^32 values (bits 31:0), then wraps to 0. */

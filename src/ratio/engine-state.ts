@@ -1,17 +1,12 @@
-/**
- * The ratio engine's whole state as plain data: what a restart carries so that the first interval
- * after it is attributed as if no restart happened (docs/ratio.md, "Restart").
- */
+/** The ratio engine's state as plain data: what a restart carries to go on as if none happened (docs/ratio.md "Restart"). */
 import { MAX_TID, validVcpus, type VcpuSpec } from '../model/vcpus.js';
 
 /** pending: registered since the last sample (the next one is its baseline); active; ended: frozen. */
 export type EnginePhase = 'pending' | 'active' | 'ended';
 
-/** What the last sample said about one thread of an active VM. */
-interface ThreadMarkState {
-  tid: number;
+/** What the previous sample said about one thread (utime + stime in ticks); (tid, starttime) is its identity. */
+export interface ThreadMark {
   starttime: number;
-  /** utime + stime, ticks. */
   ticks: number;
 }
 
@@ -30,7 +25,7 @@ export interface EngineVmState {
   /** Sample time of the published values; 0n before the first interval. */
   tNs: bigint;
   /** The threads of the last sample (active VMs only). */
-  prev: ThreadMarkState[];
+  prev: (ThreadMark & { tid: number })[];
 }
 
 interface EngineSampleState {
@@ -47,10 +42,7 @@ export interface EngineState {
   vms: EngineVmState[];
 }
 
-/**
- * The first inconsistent value of `s` for an engine whose counters have the ranges `rangeOf` gives
- * (undefined: the host does not read it), or null.
- */
+/** The first inconsistent value of `s` for an engine whose counters have the ranges `rangeOf` gives (undefined: not read), or null. */
 export function engineStateProblem(s: EngineState, rangeOf: (domain: string, pkg: number) => bigint | undefined): string | null {
   if (!Number.isSafeInteger(s.nextId) || s.nextId < 1) return `the next VM id ${s.nextId} is not a positive integer`;
   const last = s.lastSample;

@@ -1,24 +1,15 @@
 /** A VM as the ratio engine keeps it (EngineVm), from register() or a restart's state to its end. Pure. */
 import { parseStatLine } from './stat.js';
 import { validVcpus, type VcpuSpec } from '../model/vcpus.js';
-import type { EnginePhase, EngineVmState } from './engine-state.js';
+import type { EnginePhase, EngineVmState, ThreadMark } from './engine-state.js';
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
-/**
- * tid -> vpkg of a vCPU list (model/vcpus.ts); throws its message. The engine alone takes an empty
- * list (no energy until updateVcpus names some): every way in from outside refuses it before.
- */
+/** tid -> vpkg of a vCPU list (model/vcpus.ts), or its error. Empty is taken here alone: every way in from outside refuses it. */
 export function checkedVcpus(vcpus: readonly VcpuSpec[]): Map<number, number> {
   const out = new Map<number, number>();
   for (const v of validVcpus(vcpus, { allowEmpty: true })) out.set(v.tid, v.vpkg);
   return out;
-}
-
-/** What the previous sample said about one thread; (tid, starttime) is its identity. */
-export interface ThreadMark {
-  starttime: number;
-  ticks: number;
 }
 
 interface ThreadStat extends ThreadMark {
@@ -101,25 +92,19 @@ export function vmState(vm: EngineVm, domains: readonly string[]): EngineVmState
 
 /** vmState's VM back (checked by engineStateProblem first), with the engine's other `domains`. */
 export function vmFromState(v: EngineVmState, domains: readonly string[]): EngineVm {
-  const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus.map((c) => ({ ...c })) };
+  const spec: VmSpec = { pid: v.pid, starttime: v.starttime, vcpus: v.vcpus };
   if (v.name !== undefined) spec.name = v.name;
-  const vm: EngineVm = {
-    id: v.id,
-    spec,
-    vcpuVpkg: checkedVcpus(v.vcpus),
-    nvpkg: v.accJ.length,
-    phase: v.phase,
-    prev: new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }])),
-    parsed: new Map(),
-    acc: [...v.accJ],
-    changes: 0,
-    // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
-    domainAcc: domains.map((domain) => {
-      const acc = v.domainAccJ?.find((d) => d.domain === domain)?.accJ ?? [];
-      return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
-    }),
-    tNs: v.tNs,
-  };
+  const vm = newEngineVm(v.id, spec, 0);
+  vm.nvpkg = v.accJ.length;
+  vm.phase = v.phase;
+  vm.prev = new Map(v.prev.map((m) => [m.tid, { starttime: m.starttime, ticks: m.ticks }]));
+  vm.acc = [...v.accJ];
+  // A domain this engine reads that the state lacks starts at 0; one it does not read is dropped.
+  vm.domainAcc = domains.map((domain) => {
+    const acc = v.domainAccJ?.find((d) => d.domain === domain)?.accJ ?? [];
+    return Array.from({ length: v.accJ.length }, (_, g) => acc[g] ?? 0);
+  });
+  vm.tNs = v.tNs;
   if (v.phase === 'ended') vm.endedBy = v.endedBy ?? 'exit';
   return vm;
 }
@@ -133,10 +118,7 @@ export function endVm(vm: EngineVm, by: 'exit' | 'unregister' = 'exit'): void {
   vm.parsed = new Map();
 }
 
-/**
- * The VM's parsed threads in this sample, or null when the VM ended (pid absent, or its main
- * thread's starttime is not the registered one). Bad lines are reported and left out.
- */
+/** The VM's parsed threads in this sample (bad lines reported and left out), or null when it ended: pid gone or reused. */
 export function aliveThreads(vm: EngineVm, s: Sample, problems: string[]): Map<number, ThreadStat> | null {
   const pid = vm.spec.pid;
   const lines = s.tasks.get(pid);

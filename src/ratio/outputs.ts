@@ -9,20 +9,11 @@ export interface PackageInterval {
   domains?: DomainInterval[];
 }
 
-export interface DomainInterval {
-  domain: OtherDomain;
-  energyJ: number;
-  attributedJ: number;
-}
+export type DomainInterval = Omit<PackageInterval, 'pkg' | 'domains'> & { domain: OtherDomain };
 
-export interface VmDomainEnergy {
-  domain: OtherDomain;
-  /** Joules per vpkg, index = vpkg, length = nvpkg. */
-  vpkgEnergyJ: number[];
-}
+export type VmDomainEnergy = Pick<VmInterval, 'vpkgEnergyJ'> & { domain: OtherDomain };
 
 export interface VmInterval {
-  /** The v2 vm_id. */
   vmId: number;
   pid: number;
   /** Joules per vpkg, index = vpkg, length = nvpkg. */
@@ -45,7 +36,6 @@ export interface IntervalResult {
 /** Published per-virtual-package values (ratio.md "Outputs"). */
 export interface VpkgOutput {
   vpkg: number;
-  /** Accumulated joules (float64). */
   energyJ: number;
   /** floor(A * 1e6). */
   energyUj: bigint;
@@ -64,13 +54,10 @@ export interface VmOutput {
   tNs: bigint;
   vpkgs: VpkgOutput[];
   /** Every other domain the host reads, in ENERGY_DOMAINS order; absent when only the package is read. */
-  domains?: VmDomainTotals[];
+  domains?: { domain: OtherDomain; vpkgEnergyJ: number[]; vpkgEnergyUj: bigint[] }[];
 }
 
-/**
- * A VM's totals as its statistics file shows them, refilled in place at each sample
- * (RatioEngine.totalsInto) instead of built anew as VmOutput and ThreadTotals are.
- */
+/** A VM's totals as its statistics file shows them, refilled in place at each sample (RatioEngine.totalsInto). */
 export interface VmTotals {
   /** The VM they are of, and the engine's count of its changes when they were filled (-1: never). */
   vmId: number;
@@ -94,10 +81,4 @@ export function emptyVmTotals(): VmTotals {
 /** A published µJ count: floor(J x 1e6). */
 export function microjoules(j: number): number {
   return Math.floor(j * 1e6);
-}
-
-interface VmDomainTotals {
-  domain: OtherDomain;
-  vpkgEnergyJ: number[];
-  vpkgEnergyUj: bigint[];
 }

@@ -1,7 +1,6 @@
 /**
- * Ticks claimed on a package beyond what it can run (docs/ratio.md, "Threads that move between
- * packages"): the excess ran on some other package, so it is paid out of the other packages' leftover
- * energy, and only what that cannot cover is taken from the package's claimants. Pure.
+ * Ticks claimed on a package beyond what it can run ran elsewhere (docs/ratio.md "Threads that move between
+ * packages"): paid from the other packages' leftover first, the rest taken from the package's claimants. Pure.
  */
 
 interface PackageClaims {
@@ -15,10 +14,7 @@ interface PackageClaims {
 }
 
 export interface PackagePay {
-  /**
-   * e_k = dE_p * dticks_k / divisor. cap_p when every claim is paid in full; D_p when nothing
-   * covers the excess (the plain clamp); in between when the excess is covered in part.
-   */
+  /** e_k = dE_p * dticks_k / divisor: cap_p when every claim is paid in full, D_p when nothing covers the excess, else between. */
   divisor: number;
   /** Share of what this package's claimants get that its own energy pays (1 unless it is over capacity). */
   ownShare: number;
@@ -28,10 +24,7 @@ export interface PackagePay {
   lendShare: number;
 }
 
-/**
- * Per package (same order): the divisor of its claims and who pays. With no leftover anywhere (a
- * one-package host), every divisor is the plain clamp's max(cap_p, D_p), exactly.
- */
+/** Per package (same order) its divisor and who pays; with no leftover anywhere, every divisor is max(cap_p, D_p), exactly. */
 export function payClaims(packages: readonly PackageClaims[]): PackagePay[] {
   let leftover = 0;
   let excess = 0;

@@ -1,7 +1,4 @@
-/**
- * An energy plane of the ratio engine: one RAPL domain's counters, the interval's energy, how it is
- * paid to the claims (overclaim.ts), and each VM's share (docs/ratio.md, "Other RAPL domains"). Pure.
- */
+/** One RAPL domain as the engine attributes it, pure: its counters, energy, pay (overclaim.ts) and each VM's share (docs/ratio.md). */
 import { payClaims, type PackagePay } from './overclaim.js';
 import { PLATFORM_DOMAINS, type EnergyDomain } from '../model/domains.js';
 import type { CounterSpec } from '../model/host.js';
@@ -15,10 +12,7 @@ export interface ThreadNow {
   vpkg: number | undefined;
 }
 
-/**
- * One energy counter the engine reads. Values are the counter mod its range as float64 (exact: a
- * range is at most 2^53), NaN where there is none.
- */
+/** One counter the engine reads: values mod its range as float64 (exact: a range is at most 2^53), NaN where there is none. */
 export interface CounterSlot {
   pkg: number;
   range: bigint;
@@ -28,11 +22,7 @@ export interface CounterSlot {
   last: number;
 }
 
-/**
- * A RAPL domain as the engine attributes it: per slot (a package, ascending ids; a platform domain has
- * one slot, holding every CPU and claim) its counter and how the interval's energy there is paid.
- * Made once: an interval overwrites its values, allocating nothing for a domain where nobody ran.
- */
+/** Per slot (a package; a platform domain's one slot holds every CPU and claim) its counter and pay; made once, overwritten after. */
 export interface Plane<D extends EnergyDomain = EnergyDomain> {
   domain: D;
   /** Counted once for the host, shared across every package's VMs (psys). */
@@ -80,10 +70,7 @@ export function closeCounters(p: Plane): void {
   }
 }
 
-/**
- * How the plane's energy of the interval is paid (payClaims), a platform domain as one package holding
- * every CPU and claim. `capacity` null: no thread was seen on any package (split() reads no `pay`).
- */
+/** How the interval's energy is paid (payClaims), a platform domain as one package; `capacity` null: no thread ran anywhere. */
 export function payPlane(p: Plane, packageIds: readonly number[], capacity: readonly number[] | null, claimed: readonly number[]): void {
   p.attributed.fill(0);
   p.lent = 0;
@@ -107,9 +94,8 @@ export function payPlane(p: Plane, packageIds: readonly number[], capacity: read
 }
 
 /**
- * One VM's energy of one domain over the interval, per virtual package: each thread's share e_k
- * (written to `es`), W (the non-vCPU threads' shares) spread evenly over the present vCPUs, and what
- * that gives each package's attributed total (the plane's `attributed` and `lent`).
+ * One VM's energy of the domain per virtual package: each thread's e_k (into `es`), W (the non-vCPU threads')
+ * spread evenly over the present vCPUs, added to each package's `attributed` and `lent`.
  */
 export function split(plane: Plane, nvpkg: number, threads: readonly ThreadNow[], es: number[]): { vpkg: number[]; extra: number } {
   let w = 0;

@@ -11,10 +11,9 @@ function byDomain<T extends { domain: string }>(list: readonly T[] | undefined, 
   return out;
 }
 
-function intervalRecord(r: IntervalResult): Record<string, unknown> {
-  return {
-    type: 'interval',
-    t_ns: r.tNs,
+/** t_ns can pass 2^53 on a long-running host: written as a bare integer token, never rounded. */
+export function intervalJsonLine(r: IntervalResult): string {
+  const rest = {
     dt_s: r.dtS,
     packages: r.packages.map((p) => ({
       package: p.pkg,
@@ -27,10 +26,11 @@ function intervalRecord(r: IntervalResult): Record<string, unknown> {
       vpkgs: v.vpkgEnergyJ.map((e, g) => ({ vpkg: g, energy_j: e, domains: byDomain(v.domains, (d) => ({ energy_j: d.vpkgEnergyJ[g] })) })),
     })),
   };
+  return `{"type":"interval","t_ns":${String(r.tNs)},${JSON.stringify(rest).slice(1)}`;
 }
 
-function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
-  return {
+export function totalJsonLine(outputs: VmOutput[]): string {
+  return JSON.stringify({
     type: 'total',
     vms: outputs.map((o) => ({
       pid: o.pid,
@@ -43,17 +43,7 @@ function totalRecord(outputs: VmOutput[]): Record<string, unknown> {
         domains: byDomain(o.domains, (d) => ({ energy_uj: d.vpkgEnergyUj[g]!.toString() })),
       })),
     })),
-  };
-}
-
-/** t_ns can pass 2^53 on a long-running host: written as a bare integer token, never rounded. */
-export function intervalJsonLine(r: IntervalResult): string {
-  const { type, t_ns, ...rest } = intervalRecord(r);
-  return `{"type":${JSON.stringify(type)},"t_ns":${String(t_ns)},${JSON.stringify(rest).slice(1)}`;
-}
-
-export function totalJsonLine(outputs: VmOutput[]): string {
-  return JSON.stringify(totalRecord(outputs));
+  });
 }
 
 function pad(cells: string[][], rightAlign: boolean[]): string {

@@ -1,8 +1,7 @@
 /**
- * /proc/<pid>/task/<tid>/stat parsing. The command name (field 2) may hold spaces and parentheses
- * ("CPU 0/KVM", "q) 1 (x y"), so fields are counted from the LAST ')' of the line. Every thread of
- * every VM is parsed each interval, so the line is read in one backward pass over a reused byte
- * buffer (byte i = character i), with no field array and no substrings but comm and state.
+ * /proc/<pid>/task/<tid>/stat parsing. The command name may hold spaces and parentheses ("q) 1 (x y"), so
+ * fields count from the LAST ')'. Every thread is parsed each interval: one backward pass over a reused
+ * byte buffer, no field array, no substrings but comm and state.
  */
 import { fail, ok, type Result } from '../common/result.js';
 export interface TaskStat {
@@ -31,10 +30,7 @@ const CLOSE = 0x29; // ')'
 const NOT_UINT = -1;
 const TOO_LARGE = -2;
 
-/**
- * The line as bytes, byte i = character i, in a reused buffer. Anything above U+00FF becomes 0x80, a
- * byte no rule looks for (only space, '(', ')' and digits), so no character can pass for one of those.
- */
+/** The line as bytes, byte i = character i; above U+00FF becomes 0x80, so no character passes for a space, '(', ')' or digit. */
 let scratch = Buffer.allocUnsafe(4096);
 function toBytes(line: string): Buffer {
   if (line.length > scratch.length) scratch = Buffer.allocUnsafe(line.length * 2);
@@ -71,9 +67,8 @@ function openParen(b: Buffer, len: number): number {
 }
 
 /**
- * One backward pass: the first ')' met is the LAST one, and the spaces met on the way are the field
- * separators after it, kept in a ring (the nearest RING to the ')' survive, more than the 37 up to
- * field 39). Returns the index of the last ')' or -1. Not re-entrant, like the engine.
+ * One backward pass to the LAST ')' (its index, or -1), the field separators met on the way kept in a ring
+ * (the RING nearest the ')' survive: more than the 37 up to field 39). Not re-entrant, like the engine.
  */
 const RING = 64;
 const spaces = new Int32Array(RING);

@@ -1,8 +1,6 @@
 /**
- * Drift-free tick arithmetic: tick k is due at origin + k x interval on the monotonic clock. After
- * tick k, the next is k + 1, unless the loop is so late that later ideal times have already passed:
- * those are skipped (never run in a burst), and the next is the first ideal time after now. A late
- * tick never pushes the later ones back.
+ * Drift-free ticks: tick k is due at origin + k x interval (monotonic). After k comes k + 1, unless later
+ * ideal times have passed: those are skipped (never run in a burst), so a late tick never pushes the rest back.
  */
 
 interface NextTick {

@@ -8,28 +8,18 @@ import type { TraceHeader } from '../model/sample.js';
 /** Problems are counted; only the first few are kept, so a bad trace cannot grow memory. */
 export const KEPT_PROBLEMS = 10;
 
-interface ReplayProblems {
-  count: number;
-  first: string[];
-}
-
-interface ReplayVmSummary {
-  output: VmOutput;
-  /** Sum of dt over the intervals in which the VM was attributed, seconds. */
-  attributedS: number;
-}
-
 export interface ReplaySummary {
   header: TraceHeader;
   intervals: number;
   samples: number;
-  vms: ReplayVmSummary[];
-  problems: ReplayProblems;
+  /** attributedS: the sum of dt over the intervals in which the VM was attributed, seconds. */
+  vms: { output: VmOutput; attributedS: number }[];
+  problems: { count: number; first: string[] };
 }
 
 export class Replay {
   readonly engine: RatioEngine;
-  readonly problems: ReplayProblems = { count: 0, first: [] };
+  readonly problems: ReplaySummary['problems'] = { count: 0, first: [] };
   private intervals = 0;
   private samples = 0;
   /** pid -> vmIds registered with it and not yet unregistered, oldest first. */

@@ -14,7 +14,7 @@ import { type HostUpdate, type Update } from '../../src/client/v2-replies.js';
 import { runStats } from '../../src/cli/commands/stats.js';
 import { runWatch } from '../../src/cli/commands/watch.js';
 import { domainUnitJ } from '../../src/energy/msr-domains.js';
-import { readCpuModel } from '../../src/msr/cpu-model.js';
+import { readCpuModel } from '../../src/msr/vendor.js';
 import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS, MSR_PP0_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { HELPER_TYPES, T } from '../../src/protocol/v2/codec.js';
 import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { hostArgs, LegacyClient, req, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
-import { synthPowerInfo, synthPowerLimit } from '../../src/msr/legacy-registers.js';
+import { synthValue } from '../../src/msr/legacy-registers.js';
 import { steady } from '../support/wait.js';
 
 /**
@@ -266,9 +266,9 @@ describe('legacy protocol on an AMD host', () => {
       const c = await LegacyClient.connect(sock);
       expect(await c.request(0x606, 0, process.pid)).toBe(amdUnit);
       const limit = await c.request(0x610, 0, process.pid);
-      expect(limit).toBe(synthPowerLimit(amdUnit, 120));
+      expect(limit).toBe(synthValue('power-limit', amdUnit, { powerLimitWatts: 120, tdpWatts: 95.5 }));
       expect(limit & 0x7fffn).toBe(960n); // 120 W in 1/8 W
-      expect(await c.request(0x614, 0, process.pid)).toBe(synthPowerInfo(amdUnit, 95.5));
+      expect(await c.request(0x614, 0, process.pid)).toBe(synthValue('power-info', amdUnit, { powerLimitWatts: 120, tdpWatts: 95.5 }));
       expect(await c.request(0x614, 0, process.pid)).toBe(764n);
       expect(await c.request(0x611, 0, process.pid)).toBe(energy0);
       expect(await c.request(0x611, 1, process.pid)).toBe(energy1);

@@ -4,7 +4,7 @@ import path from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
-import { legacyPlan, synthPowerInfo, synthPowerLimit, wattsToPowerField } from '../../src/msr/legacy-registers.js';
+import { legacyPlan, synthValue } from '../../src/msr/legacy-registers.js';
 import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/start-daemon.js';
 import {
   activationFd,
@@ -87,10 +87,11 @@ describe('legacy register mapping', () => {
     expect(legacyPlan('amd', 0xc001029b)).toBeNull();
   });
   test('synthesised values use the power unit and are never 0', () => {
-    expect(synthPowerInfo(0xa1003n, 120)).toBe(960n); // 1/8 W units
-    expect(synthPowerLimit(0xa1003n, 120)).toBe(960n | 0x8000n);
-    expect(wattsToPowerField(0n, 0.1)).toBe(1n); // at least one unit
-    expect(wattsToPowerField(0xfn, 4000)).toBe(0x7fffn); // clamped to the field
+    const watts = (w: number) => ({ powerLimitWatts: w, tdpWatts: w });
+    expect(synthValue('power-info', 0xa1003n, watts(120))).toBe(960n); // 1/8 W units
+    expect(synthValue('power-limit', 0xa1003n, watts(120))).toBe(960n | 0x8000n);
+    expect(synthValue('power-info', 0n, watts(0.1))).toBe(1n); // at least one unit
+    expect(synthValue('power-info', 0xfn, watts(4000))).toBe(0x7fffn); // clamped to the field
   });
 });
 

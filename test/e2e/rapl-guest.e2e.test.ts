@@ -13,7 +13,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { synthPowerInfo, synthPowerLimit, DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
+import { synthValue, DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { resolveUser } from '../../src/os/privileges/accounts.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
@@ -274,7 +274,7 @@ describe('a real QEMU 10 guest reads its virtual RAPL MSRs through vmsr-helper',
       await helper(['-k', sock, ...hostArgs(host, 'amd')]);
       const unit = fileMsr(host, MSR_AMD_RAPL_POWER_UNIT);
       expect(unit).toBe(0xa1003n);
-      const want = [unit, synthPowerLimit(unit, DEFAULT_AMD_SYNTH.powerLimitWatts), synthPowerInfo(unit, DEFAULT_AMD_SYNTH.tdpWatts)];
+      const want = [unit, synthValue('power-limit', unit, DEFAULT_AMD_SYNTH), synthValue('power-info', unit, DEFAULT_AMD_SYNTH)];
       expect(await helperStartupValues(sock)).toEqual(want);
 
       const { q, serial } = await qemu({ socket: sock, dir: qemuDir, name: 'rapl-amd' });

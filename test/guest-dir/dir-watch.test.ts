@@ -54,10 +54,10 @@ describe('DirWatch', () => {
     const wd = w.add(openDir(a))!;
     expect(wd).not.toBeNull();
     const after = (what: string, change: () => void, expected: boolean) => {
-      w.checked(wd);
+      w.dirty.delete(wd);
       change();
       w.drain();
-      expect(w.changed(wd), what).toBe(expected);
+      expect(w.dirty.has(wd), what).toBe(expected);
     };
     after('nothing', () => {}, false);
     after('a file written inside a subdirectory', () => fs.writeFileSync(path.join(a, 'zone', 'energy_uj'), '1\n'), false);
@@ -81,14 +81,14 @@ describe('DirWatch', () => {
     const files = ['f', 'g'].map((f) => path.join(root, 'a', f));
     for (const f of files) fs.writeFileSync(f, '');
     w.drain();
-    expect([w.changed(a), w.changed(b)]).toEqual([true, false]);
-    w.checked(a);
+    expect([w.dirty.has(a), w.dirty.has(b)]).toEqual([true, false]);
+    w.dirty.delete(a);
     // More events than the queue holds (max_queued_events, 16384 by default): the overflow event is all
     // that is left of the rest. Two files in turn: the kernel merges an event equal to the one before.
     const max = Number(fs.readFileSync('/proc/sys/fs/inotify/max_queued_events', 'latin1'));
     for (let i = 0; i <= max + 10; i++) fs.utimesSync(files[i % 2]!, i, i);
     w.drain();
-    expect([w.changed(a), w.changed(b)]).toEqual([true, true]);
+    expect([w.dirty.has(a), w.dirty.has(b)]).toEqual([true, true]);
   });
 });
 
