@@ -5,7 +5,6 @@
  */
 import { createLogger, type Logger } from '../logging/logger.js';
 import type { HelperServer } from './server/server.js';
-import type { ServerChain } from './assemble-server.js';
 import type { DaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
@@ -16,7 +15,7 @@ import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
+import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, type PhaseTimes, type ServerChain } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
@@ -111,25 +110,21 @@ class Daemon implements Restartable {
       const { fds, maxConnections } = budgetFds(config, () => this.chain?.server.connections ?? 0, logger);
       times.handover = wallMs();
       const late = this.opts.v2 ? lateV2Handler() : undefined;
-      this.chain = serveLegacy(config, opened, guard.kept, {
-        maxConnections,
-        area,
-        ...(late ? { late } : {}),
-        ...(guard.keep ? { keep: guard.keep } : {}),
-      });
+      const chain = (this.chain = serveLegacy(config, opened, guard.kept, { maxConnections, area, late, keep: guard.keep }));
       times.serving = wallMs();
       const restored = await guard.restore();
       if (this.opts.v2) {
-        const restarted = inh.how === 'restart' || restored !== undefined;
-        this.v2 = await startV2(this.opts.v2, {
+        // Loaded only now: QEMU's replies do not wait for the v2 service's modules (docs/daemon.md "Where the time goes").
+        const { assembleDaemonV2 } = await import('./assemble.js');
+        this.v2 = await assembleDaemonV2(this.opts.v2, {
           config,
           opened,
           fds,
-          health: this.chain.health,
-          restarted,
+          health: { legacy: chain.legacy.counters, connections: () => chain.server.connections },
+          restarted: inh.how === 'restart' || restored !== undefined,
           area,
-          answerEnergyStatus: (hook) => this.chain!.legacy.setEnergyStatus(hook),
-          ...(restored ? { restored } : {}),
+          answerEnergyStatus: (hook) => chain.legacy.setEnergyStatus(hook),
+          restored,
         });
         late?.bind(this.v2.service.handler);
       }

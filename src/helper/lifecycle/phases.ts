@@ -2,9 +2,9 @@
 import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
-import { newLegacyCounters } from '../legacy/legacy-service.js';
-import { assembleServer, type ServerChain } from '../assemble-server.js';
-import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
+import { LegacyService, newLegacyCounters, OnlineCpus } from '../legacy/legacy-service.js';
+import { HelperServer } from '../server/server.js';
+import { readStarttime } from '../../os/proc-starttime.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
 import type { LateV2Handler } from '../server/late-v2-handler.js';
@@ -23,6 +23,12 @@ import type { ConnectionKeep } from '../handover/frozen.js';
 
 /** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
+
+/** The legacy service and the server that serves it (and hands v2 connections on). */
+export interface ServerChain {
+  legacy: LegacyService;
+  server: HelperServer;
+}
 
 /** The start-up steps, each adopted when inherited, else opened; then what the process before kept, each part checked. */
 export async function open(
@@ -132,44 +138,45 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
   return { fds, maxConnections };
 }
 
-/** The legacy service and the server, serving at once; a v2 connection waits for `late` until the v2 service is made. */
+/** The legacy service and the server (which hands v2 connections to `late` once the v2 service is made), serving at once. */
 export function serveLegacy(
   config: DaemonConfig,
   opened: Opened,
   handed: Kept,
   o: { maxConnections: number; area: Areas; late?: LateV2Handler; keep?: ConnectionKeep },
 ): ServerChain {
-  const chain = assembleServer({
-    paths: config.hostPaths,
+  const { procRoot, sysRoot } = config.hostPaths;
+  const legacy = new LegacyService({
     device: opened.device,
     vendor: opened.vendor,
-    cpus: opened.cpus,
+    procRoot,
+    cpus: new OnlineCpus(
+      sysRoot,
+      opened.cpus.map((c) => c.cpu),
+    ),
     amd: config.amd,
-    ...(opened.energy !== 'msr' ? { noMsrs: `the daemon reads energy from ${opened.energy}, not from MSR devices` } : {}),
-    listener: opened.listener,
-    area: o.area,
+    noMsrs: opened.energy !== 'msr' ? `the daemon reads energy from ${opened.energy}, not from MSR devices` : undefined,
+    logger: o.area('legacy'),
     counters: { ...newLegacyCounters(), ...handed.legacy },
     // Only a restart (or a crash's checkpoint) has QEMUs mid-window whose counters the state holds; a fresh start answers raw.
     holdEnergyStatus: config.holdEnergyStatus === true && handed.state !== undefined,
-    server: {
-      maxConnections: o.maxConnections,
-      // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.
-      preferredPeer: (peer) => peer.uid === 0,
-      qemuPeer: (peer) => isQemuPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
-      incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
-      ...(o.keep ? { keep: o.keep } : {}),
-    },
-    ...(o.late ? { v2Handler: o.late.handler } : {}),
   });
-  chain.server.serve();
-  chain.server.adopt(handed.connections);
-  return chain;
-}
-
-/** The v2 service, its modules loaded only now: QEMU's replies do not wait for them (docs/daemon.md "Where the time goes"). */
-export async function startV2(settings: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
-  const { assembleDaemonV2 } = await import('../assemble.js');
-  return assembleDaemonV2(settings, start);
+  const server = new HelperServer({
+    listener: opened.listener,
+    legacy,
+    logger: o.area('server'),
+    starttimeOf: (pid) => readStarttime(procRoot, pid),
+    maxConnections: o.maxConnections,
+    // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.
+    preferredPeer: (peer) => peer.uid === 0,
+    qemuPeer: (peer) => isQemuPeer(procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
+    incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+    keep: o.keep,
+    v2Handler: o.late?.handler,
+  });
+  server.serve();
+  server.adopt(handed.connections);
+  return { legacy, server };
 }
 
 /** Serving: said in the log and to systemd (READY, the watchdog); nothing may leave a debugger open. */
