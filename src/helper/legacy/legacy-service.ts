@@ -58,8 +58,6 @@ interface LegacyServiceOptions {
   counters?: LegacyCounters;
   /** Why no MSR can be read, when none can (powercap or synthetic source): every request gets 0 and a warning why. */
   noMsrs?: string;
-  /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
-  limiter?: LogLimiter;
   /** --guest-energy exact after a restart: MSR_PKG_ENERGY_STATUS answered 0 (a zero delta to QEMU) until setEnergyStatus. */
   holdEnergyStatus?: boolean;
 }
@@ -105,7 +103,7 @@ export class LegacyService {
 
   constructor(private readonly o: LegacyServiceOptions) {
     this.counters = o.counters ?? newLegacyCounters();
-    this.limiter = o.limiter ?? new LogLimiter(o.logger);
+    this.limiter = new LogLimiter(o.logger);
     for (const msr of LEGACY_ALLOWED_MSRS) {
       const plan = legacyPlan(o.vendor, msr);
       if (plan !== null) this.plans.set(msr, plan);

@@ -15,12 +15,6 @@ export interface Seat {
   release(): void;
 }
 
-/** A connection as the seats know it: how to close it, and whether it is QEMU's. */
-interface Held {
-  evict: () => void;
-  qemu: boolean;
-}
-
 export class ConnectionSeats {
   /** The connections each uid holds, served ones too, against its share of the slots (QEMU's outside). */
   private readonly shares: UidShares;
@@ -52,7 +46,6 @@ export class ConnectionSeats {
 
   /** A new connection of `owner`; `evict` closes it if another user, or QEMU, needs its slot. `qemuPid`: QEMU's first, outside the shares. */
   seat(owner: ShareOwner, evict: () => void, qemuPid?: number): Seat {
-    const held: Held = { evict, qemu: qemuPid !== undefined };
     if (qemuPid !== undefined) this.qemuPids.add(qemuPid);
     else {
       this.shares.take(owner, 1, 1);
@@ -65,8 +58,8 @@ export class ConnectionSeats {
       release: () => {
         if (released) return;
         released = true;
-        if (held.qemu) {
-          this.qemuPids.delete(qemuPid!);
+        if (qemuPid !== undefined) {
+          this.qemuPids.delete(qemuPid);
           return;
         }
         this.drop(this.undecided, owner.uid, evict);

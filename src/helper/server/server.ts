@@ -8,7 +8,7 @@ import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
-import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
+import { LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from './memory-settler.js';
 import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
@@ -54,14 +54,10 @@ export interface HelperServerOptions {
   legacy: LegacyService;
   v2Handler?: V2Handler;
   logger: Logger;
-  /** Pause reading a legacy client while this many reply bytes wait to be sent to it. */
-  maxPendingReplyBytes?: number;
   /** Connections at once (default DEFAULT_MAX_CONNECTIONS). */
   maxConnections?: number;
   /** Bound and deadline of incomplete frames (default DEFAULT_INCOMPLETE_LIMITS). */
   incomplete?: IncompleteFrames;
-  /** Rate limit of what clients can make the server log (default: one on `logger`). */
-  limiter?: LogLimiter;
   /** Whether a peer is a preferred owner, bound only by --max-connections, not by a uid's share; default: every one. */
   preferredPeer?: (peer: PeerCredentials) => boolean;
   /** Whether a peer is a QEMU process of the socket's group: its first connection is outside every share; default: none. */
@@ -96,7 +92,7 @@ export class HelperServer {
   );
 
   constructor(private readonly o: HelperServerOptions) {
-    this.limiter = o.limiter ?? new LogLimiter(o.logger);
+    this.limiter = new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
     this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
     this.users = new ConnectionSeats(this.maxConnections);
@@ -328,7 +324,6 @@ export class HelperServer {
       legacy: this.o.legacy,
       hold: c.hold,
       replies: this.replies,
-      maxPendingReplyBytes: this.o.maxPendingReplyBytes ?? DEFAULT_MAX_PENDING_REPLY_BYTES,
       handOver: c.handOver,
       overBudget: (s) => this.overBudget(s, c.peer),
       ended: (s) => this.freezable.delete(s),
