@@ -29,7 +29,6 @@ import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
 import { createV2Service, type HealthSource, type V2Limits, type V2Service, type V2ServiceOptions } from './v2/service.js';
 
-/** The service's options passed on as they are. */
 type PassedOptions =
   | 'intervalMs'
   | 'limits'
@@ -148,13 +147,10 @@ export interface V2DaemonSettings {
   discovery: boolean;
   observerGid?: number;
   domains?: readonly EnergyDomain[];
-  /** --max-discovered-vms (default DEFAULT_MAX_DISCOVERED_VMS). */
   maxDiscoveredVms?: number;
-  /** --max-vm-threads (default DEFAULT_MAX_VM_THREADS). */
   maxVmThreads?: number;
   /** --guest-dir (absent: --no-guest-dir). */
   guestDir?: string;
-  /** --guest-energy (default raw). */
   guestEnergy?: GuestEnergyMode;
   /** --power-limits FILE (docs/power-limits.md "The limits file"). */
   powerLimitsFile?: string;
@@ -162,7 +158,6 @@ export interface V2DaemonSettings {
 
 /** What the daemon's start gives the v2 service. */
 interface V2Start {
-  /** The /proc and /sys roots, --socket-group. */
   config: { hostPaths: HostPaths; socketGid?: number };
   /** What the start-up opened as root: MSR fds, [energy_uj path, fd] of powercap zones, [path, fd] of --record. */
   opened: {
@@ -172,9 +167,7 @@ interface V2Start {
     powercap: ReadonlyMap<string, number>;
     files: ReadonlyMap<string, number>;
   };
-  /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
   fds: FdBudget;
-  /** Legacy requests by result and open connections (the server's). */
   health: HealthSource;
   /** The live state the previous process handed over, read and checked; absent at a fresh start. */
   restored?: StateSnapshot;
@@ -185,16 +178,8 @@ interface V2Start {
   answerEnergyStatus(hook: EnergyStatusHook): HeldPeers;
 }
 
-/** The daemon's v2 service, and what its start and stop do besides the service's own. */
-export interface DaemonV2 {
-  service: V2Service;
-  /** The first scan, with the privileges the daemon keeps: resolves once its first interval ran. */
-  ready(): Promise<void>;
-  close(): Promise<void>;
-}
-
 /** The v2 service as the daemon runs it, on the fds its start-up opened before the privilege drop. */
-export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
+export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
   const log = start.area('v2');
   const paths = start.config.hostPaths;
   let trace: TraceWriter | undefined;
@@ -267,6 +252,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
   );
   return {
     service: v2.service,
+    /** The first scan, with the privileges the daemon keeps: resolves once its first interval ran. */
     ready: () => v2.service.startDiscovery(),
     async close() {
       await v2.close();

@@ -5,7 +5,7 @@
  */
 import { createLogger, type Logger } from '../logging/logger.js';
 import type { HelperServer } from './server/server.js';
-import type { DaemonV2, V2DaemonSettings } from './assemble.js';
+import type { assembleDaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
 import { lateV2Handler } from './server/late-v2-handler.js';
@@ -44,7 +44,6 @@ interface DaemonOptions {
 
 interface RunningDaemon {
   server: HelperServer;
-  /** What each start-up step did (ran, adopted, not asked), once each, in order. */
   steps: readonly StepDone[];
   /** Stops everything (idempotent); resolves once clean. */
   stop(reason?: string): Promise<void>;
@@ -59,7 +58,6 @@ function escapeRe(s: string): string {
   return s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
 }
 
-/** Runs the daemon: `new Daemon(config, opts).start()`. */
 export function runDaemon(config: DaemonConfig, opts: DaemonOptions = {}): Promise<RunningDaemon> {
   return new Daemon(config, opts).start();
 }
@@ -70,7 +68,7 @@ class Daemon implements Restartable {
   private readonly signals = new DisposableStore();
   private opened: Opened | undefined;
   private chain: ServerChain | undefined;
-  private v2: DaemonV2 | undefined;
+  private v2: Awaited<ReturnType<typeof assembleDaemonV2>> | undefined;
   private restarter: Restarter | undefined;
   /** What is kept outside this process for a crash (handover/crash-guard.ts), once opened. */
   private guard: CrashGuard | undefined;
@@ -106,7 +104,7 @@ class Daemon implements Restartable {
       this.guard = guard;
       const times: PhaseTimes = { entered, opened: wallMs(), handover: 0, serving: 0 };
       const steps: StepDone[] = [...opened.steps];
-      drop(config, inh, steps, { area, ...(this.opts.reexec !== undefined ? { reexec: this.opts.reexec } : {}) });
+      drop(config, inh, steps, { area, reexec: this.opts.reexec });
       const { fds, maxConnections } = budgetFds(config, () => this.chain?.server.connections ?? 0, logger);
       times.handover = wallMs();
       const late = this.opts.v2 ? lateV2Handler() : undefined;
@@ -165,7 +163,6 @@ class Daemon implements Restartable {
     };
   }
 
-  /** The live state to hand over (the v2 service's); throws without a v2 service. */
   snapshot(): StateSnapshot {
     if (this.v2 === undefined) throw new Error(cannot('restart', 'no part of the daemon gives its live state', 'report it'));
     return this.v2.service.snapshot();

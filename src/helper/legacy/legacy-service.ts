@@ -64,11 +64,9 @@ interface LegacyServiceOptions {
 
 /** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at 200 000/s). */
 export interface LegacyCounters {
-  /** Answered with the MSR's value. */
   ok: number;
   /** MSR not allowed, tid not the peer's, cpu not online: refused (closed, or 0). */
   refused: number;
-  /** The MSR read failed (replied 0). */
   failed: number;
 }
 

@@ -35,7 +35,6 @@ interface LegacySessionOptions {
   ended(session: LegacySession): void;
 }
 
-/** How the session reads: its freeze/thaw for the way it reads. */
 interface Reading {
   stop(): void;
   freeze(): Buffer;

@@ -29,8 +29,6 @@ export interface DaemonConfig {
   frameTimeoutMs: number;
   /** --guest-energy exact: MSR_PKG_ENERGY_STATUS answered 0 until the v2 service starts (a raw value would pair with a guest counter). */
   holdEnergyStatus?: boolean;
-  /** --socket-mode: permission bits of the socket file (default 0600). */
   socketMode: number;
-  /** --socket-group: group of the socket file. */
   socketGid?: number;
 }

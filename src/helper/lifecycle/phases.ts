@@ -7,7 +7,7 @@ import { HelperServer } from '../server/server.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
-import type { LateV2Handler } from '../server/late-v2-handler.js';
+import type { lateV2Handler } from '../server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../budget/fd-budget.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
@@ -21,7 +21,6 @@ import { CrashGuard } from '../handover/crash-guard.js';
 import type { Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
 
-/** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
 
 /** The legacy service and the server that serves it (and hands v2 connections on). */
@@ -64,7 +63,6 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
   const privLog = o.area('privileges');
   const report = inh.dropped ? { skipped: [] } : dropPrivileges({ uid: config.uid, gid: config.gid });
   stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, o.area('startup'));
-  const reexec = o.reexec !== undefined ? { reexec: o.reexec } : {};
   const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
   privLog.info(
     {
@@ -76,7 +74,7 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
       capBnd: capHex(st.capBnd),
       noNewPrivs: st.noNewPrivs,
       skipped: report.skipped,
-      ...reexec,
+      reexec: o.reexec,
     },
     'privileges dropped (main thread, from /proc/self/status)',
   );
@@ -84,7 +82,10 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
   const threads = describeThreads();
   const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
   if (others.length)
-    privLog.warn({ threads: others, ...reexec }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
+    privLog.warn(
+      { threads: others, reexec: o.reexec },
+      'some threads hold other capabilities than the main thread (capabilities are per thread)',
+    );
   else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
 }
 
@@ -119,14 +120,8 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
   const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
   const fds = new FdBudget({ limit, maxConnections, openConnections });
   logger.info(
-    // Only a failure has an err: no `err: null` on every start.
-    {
-      before: nofile.before.soft,
-      limit,
-      hard: nofile.after.hard,
-      maxConnections,
-      ...(nofile.error !== undefined ? { err: nofile.error } : {}),
-    },
+    // Only a failure has an err (pino leaves an undefined one out).
+    { before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error },
     'open-file limit',
   );
   if (maxConnections < config.maxConnections) {
@@ -143,7 +138,7 @@ export function serveLegacy(
   config: DaemonConfig,
   opened: Opened,
   handed: Kept,
-  o: { maxConnections: number; area: Areas; late?: LateV2Handler; keep?: ConnectionKeep },
+  o: { maxConnections: number; area: Areas; late?: ReturnType<typeof lateV2Handler>; keep?: ConnectionKeep },
 ): ServerChain {
   const { procRoot, sysRoot } = config.hostPaths;
   const legacy = new LegacyService({
@@ -192,14 +187,8 @@ export function ready(where: string, o: { logger: Logger; area: Areas; notifier:
   if (wd !== null) o.area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
 }
 
-/** Wall-clock times (ms) of the start's phases, for the restart's timing. */
-export interface PhaseTimes {
-  entered: number;
-  opened: number;
-  serving: number;
-  /** Before the server was made. */
-  handover: number;
-}
+/** Wall-clock times (ms) of the start's phases, for the restart's timing (handover: before the server was made). */
+export type PhaseTimes = Record<'entered' | 'opened' | 'handover' | 'serving', number>;
 
 /** Where a restart in place spends its time, old image to serving (docs/daemon.md "Restarts"). */
 export function logRestartPhases(clock: RestartClock, t: PhaseTimes, servicesDone: number, log: Logger): void {

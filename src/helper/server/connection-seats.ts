@@ -5,19 +5,18 @@
  * and, when full, takes the oldest non-QEMU connection of the user holding the most, served or not.
  */
 
-import { ownerToEvict, UidShares, type ShareOwner, type ShareRoom } from '../../budget/uid-share.js';
+import { ownerToEvict, UidShares, type ShareOwner } from '../../budget/uid-share.js';
 
 /** One connection's slot: told when its protocol is known, released at close. */
 export interface Seat {
   /** The protocol is known: the connection is served from now on, no longer closed for another user. */
   decided(): void;
-  /** The connection closed. Idempotent. */
   release(): void;
 }
 
 export class ConnectionSeats {
   /** The connections each uid holds, served ones too, against its share of the slots (QEMU's outside). */
-  private readonly shares: UidShares;
+  readonly shares: UidShares;
   /** Per uid holding any: its connections not read yet, oldest first, each with how to close it. */
   private readonly undecided = new Map<number, Set<() => void>>();
   /** Per uid holding any: every connection of it that is not QEMU's, oldest first (what a QEMU may close). */
@@ -27,16 +26,6 @@ export class ConnectionSeats {
 
   constructor(readonly capacity: number) {
     this.shares = new UidShares(capacity);
-  }
-
-  /** Connections of `uid` open now, counted against its share (not QEMU's). */
-  heldBy(uid: number): number {
-    return this.shares.heldBy(uid);
-  }
-
-  /** How many more `owner` may open, and the bound that decides it (the slots, its uid's share, or all others'). */
-  room(owner: ShareOwner): ShareRoom {
-    return this.shares.room(owner);
   }
 
   /** Whether a connection of QEMU process `pid` would be QEMU's first in line (it holds none yet). */
@@ -72,7 +61,7 @@ export class ConnectionSeats {
   /** All slots taken and `uid` wants one: closes the oldest undecided connection of the user holding the most, if more than `uid` would. */
   makeRoomFor(uid: number): boolean {
     const candidates = [...this.undecided].filter(([, undecided]) => undecided.size > 0).map(([other]) => other);
-    const heaviest = ownerToEvict(candidates, (other) => this.heldBy(other), uid, this.heldBy(uid) + 1);
+    const heaviest = ownerToEvict(candidates, (other) => this.shares.heldBy(other), uid, this.shares.heldBy(uid) + 1);
     if (heaviest === undefined) return false;
     const undecided = this.undecided.get(heaviest)!;
     const [oldest] = undecided;

@@ -1,13 +1,9 @@
 /**
  * What connections may hold of frames (v2) or requests (legacy) not fully arrived: bytes kept as they
  * come (never a buffer sized by a length field), bounded in total (maxBytes) and in time (deadlineMs
- * from the first byte). An idle connection holds nothing and never times out.
- *
- * A refused chunk is garbage until V8 collects it, so reading hostile chunks only to drop them grows
- * RSS as surely as keeping them: a new connection is read only while the budget has room for one
- * more chunk, else it waits unread. The budget is shared max-min fairly between uids: a user flooding
- * the socket with partial frames delays and cuts only its own connections (docs/daemon.md "What other
- * users cannot delay").
+ * from the first byte). A refused chunk is garbage until V8 collects it, so a new connection is read
+ * only while the budget has room for one more chunk. Shared max-min fairly between uids (docs/daemon.md
+ * "What other users cannot delay").
  */
 
 import { ownerToEvict } from '../../budget/uid-share.js';
@@ -62,12 +58,10 @@ export class IncompleteFrames {
 
   constructor(readonly limits: IncompleteFrameLimits = DEFAULT_INCOMPLETE_LIMITS) {}
 
-  /** Bytes of incomplete frames held now, all connections. */
   get heldBytes(): number {
     return this.total;
   }
 
-  /** Bytes of incomplete frames the connections of `uid` hold now. */
   heldBy(uid: number): number {
     return this.users.get(uid)?.bytes ?? 0;
   }
@@ -77,7 +71,6 @@ export class IncompleteFrames {
     return new IncompleteHold(this, close, uid, notify);
   }
 
-  /** Connections accepted but not read yet, waiting for room. */
   get waitingConnections(): number {
     let n = 0;
     for (const u of this.users.values()) n += u.waiting.size;
@@ -95,7 +88,6 @@ export class IncompleteFrames {
     return false;
   }
 
-  /** A connection closed: it no longer waits. */
   forget(c: Unread, uid = 0): void {
     const u = this.users.get(uid);
     if (u === undefined) return;
