@@ -149,7 +149,7 @@ export interface V2DaemonSettings {
   domains?: readonly EnergyDomain[];
   maxDiscoveredVms?: number;
   maxVmThreads?: number;
-  /** --guest-dir (absent: --no-guest-dir). */
+  /** Absent: --no-guest-dir. */
   guestDir?: string;
   guestEnergy?: GuestEnergyMode;
   /** --power-limits FILE (docs/power-limits.md "The limits file"). */

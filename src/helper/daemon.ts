@@ -51,11 +51,8 @@ interface RunningDaemon {
 
 /** '*' matches any run of characters; everything else is literal. */
 export function areaMatches(patterns: readonly string[], area: string): boolean {
-  return patterns.some((p) => new RegExp(`^${p.split('*').map(escapeRe).join('.*')}$`).test(area));
-}
-
-function escapeRe(s: string): string {
-  return s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
+  const literal = (s: string) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
+  return patterns.some((p) => new RegExp(`^${p.split('*').map(literal).join('.*')}$`).test(area));
 }
 
 export function runDaemon(config: DaemonConfig, opts: DaemonOptions = {}): Promise<RunningDaemon> {

@@ -48,7 +48,8 @@ interface UserAccount {
 }
 
 export class IncompleteFrames {
-  private total = 0;
+  /** Bytes of incomplete frames held now, all connections. */
+  heldBytes = 0;
   /** Holds past their deadline, cut in slices (time-slices.ts): thousands of frames started together expire together. */
   private readonly expiring: { h: IncompleteHold; frame: number }[] = [];
   private cutting = false;
@@ -57,10 +58,6 @@ export class IncompleteFrames {
   private makingRoom = false;
 
   constructor(readonly limits: IncompleteFrameLimits = DEFAULT_INCOMPLETE_LIMITS) {}
-
-  get heldBytes(): number {
-    return this.total;
-  }
 
   heldBy(uid: number): number {
     return this.users.get(uid)?.bytes ?? 0;
@@ -99,19 +96,19 @@ export class IncompleteFrames {
   adjust(h: IncompleteHold, before: number, after: number): boolean {
     const u = this.user(h.uid);
     if (after > before) this.makeRoom(h.uid, after - before);
-    this.total += after - before;
+    this.heldBytes += after - before;
     u.bytes += after - before;
     if (after === 0) u.holds.delete(h);
     else if (before === 0) u.holds.add(h);
     if (after < before && !this.makingRoom) this.drain();
     this.dropIfEmpty(h.uid, u);
-    return this.total <= this.limits.maxBytes;
+    return this.heldBytes <= this.limits.maxBytes;
   }
 
   /** @internal Whether a hold of `uid` may go from `before` to `after` bytes (room is made as for adjust). */
   fits(uid: number, before: number, after: number): boolean {
     if (after > before) this.makeRoom(uid, after - before);
-    return this.total - before + after <= this.limits.maxBytes;
+    return this.heldBytes - before + after <= this.limits.maxBytes;
   }
 
   /** @internal A hold's deadline passed: it is cut in a slice, unless its frame `frame` completed meanwhile. */
@@ -126,7 +123,7 @@ export class IncompleteFrames {
   }
 
   private room(): number {
-    return this.limits.maxBytes - this.total;
+    return this.limits.maxBytes - this.heldBytes;
   }
 
   private user(uid: number): UserAccount {
