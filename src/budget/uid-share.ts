@@ -19,7 +19,7 @@ export interface ShareOwner {
 /** Which bound a request met: the capacity itself, the uid's share, or the others' share. */
 export type ShareBound = 'capacity' | 'uid' | 'others';
 
-export interface ShareRoom {
+interface ShareRoom {
   room: number;
   bound: ShareBound;
 }

@@ -1,7 +1,7 @@
 /**
- * THE assembly of the service chain: host info -> energy source -> task reader -> sampler -> v2
- * service (the legacy service and the server: assemble-server.ts). The daemon, the tests' fake host
- * and the bench all call these functions.
+ * THE assembly of the v2 chain: host info -> energy source -> task reader -> sampler -> v2 service
+ * (the legacy service and the server: lifecycle/phases.ts, serveLegacy). The daemon, the tests' fake
+ * host and the bench all call these functions.
  */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
@@ -29,7 +29,6 @@ import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
 import { createV2Service, type HealthSource, type V2Limits, type V2Service, type V2ServiceOptions } from './v2/service.js';
 
-/** The service's options passed on as they are. */
 type PassedOptions =
   | 'intervalMs'
   | 'limits'
@@ -82,16 +81,10 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
   } catch (e) {
     throw msrErrorWithHint(e);
   }
-  const tasks = new ProcTaskReader(paths.procRoot, ledger ? { ledger } : {});
+  const tasks = new ProcTaskReader(paths.procRoot, { ledger });
   let energy: EnergySource;
   try {
-    energy = createEnergySource(kind, {
-      host,
-      paths,
-      device,
-      ...(domains ? { domains } : {}),
-      ...(openPowercap ? { openPowercap } : {}),
-    });
+    energy = createEnergySource(kind, { host, paths, device, domains, openPowercap });
   } catch (e) {
     throw msrErrorWithHint(e);
   }
@@ -152,25 +145,19 @@ export interface V2DaemonSettings {
   recordPath?: string;
   /** Scan /proc for QEMU/KVM processes (default on; --no-discovery). */
   discovery: boolean;
-  /** --observer-group, resolved. */
   observerGid?: number;
-  /** --domains, parsed. */
   domains?: readonly EnergyDomain[];
-  /** --max-discovered-vms (default DEFAULT_MAX_DISCOVERED_VMS). */
   maxDiscoveredVms?: number;
-  /** --max-vm-threads (default DEFAULT_MAX_VM_THREADS). */
   maxVmThreads?: number;
-  /** --guest-dir (absent: --no-guest-dir). */
+  /** Absent: --no-guest-dir. */
   guestDir?: string;
-  /** --guest-energy (default raw). */
   guestEnergy?: GuestEnergyMode;
   /** --power-limits FILE (docs/power-limits.md "The limits file"). */
   powerLimitsFile?: string;
 }
 
-/** What the daemon's start gives the v2 service (lifecycle/phases.ts, startV2). */
-export interface V2Start {
-  /** The /proc and /sys roots, --socket-group. */
+/** What the daemon's start gives the v2 service. */
+interface V2Start {
   config: { hostPaths: HostPaths; socketGid?: number };
   /** What the start-up opened as root: MSR fds, [energy_uj path, fd] of powercap zones, [path, fd] of --record. */
   opened: {
@@ -180,9 +167,7 @@ export interface V2Start {
     powercap: ReadonlyMap<string, number>;
     files: ReadonlyMap<string, number>;
   };
-  /** The fd budget: whether a VM of so many threads still fits (REGISTER, discovery). */
   fds: FdBudget;
-  /** Legacy requests by result and open connections (assembleServer's). */
   health: HealthSource;
   /** The live state the previous process handed over, read and checked; absent at a fresh start. */
   restored?: StateSnapshot;
@@ -193,16 +178,8 @@ export interface V2Start {
   answerEnergyStatus(hook: EnergyStatusHook): HeldPeers;
 }
 
-/** The daemon's v2 service, and what its start and stop do besides the service's own. */
-export interface DaemonV2 {
-  service: V2Service;
-  /** The first scan, with the privileges the daemon keeps: resolves once its first interval ran. */
-  ready(): Promise<void>;
-  close(): Promise<void>;
-}
-
 /** The v2 service as the daemon runs it, on the fds its start-up opened before the privilege drop. */
-export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
+export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
   const log = start.area('v2');
   const paths = start.config.hostPaths;
   let trace: TraceWriter | undefined;
@@ -214,7 +191,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
   });
   const limiter = new LogLimiter(log);
-  const recordPath = o.recordPath;
+  const { recordPath, maxDiscoveredVms } = o;
   const v2 = await assembleV2({
     paths,
     device: start.opened.device,
@@ -225,7 +202,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       if (fd === undefined) throw cannotError(`open ${file}`, 'the start-up did not open it as root', 'restart the daemon');
       return fd;
     },
-    ...(o.domains ? { domains: o.domains } : {}),
+    domains: o.domains,
     intervalMs: o.intervalMs,
     limits: o.limits,
     fds: shares,
@@ -235,37 +212,47 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
     // systemd restart into a restart loop.
     trace: (host) => (recordPath === undefined ? undefined : (trace = openDaemonTrace(recordPath, host, o.intervalMs, start, log))),
     discovery: o.discovery && {
-      ...(o.maxDiscoveredVms !== undefined ? { maxDiscoveredVms: o.maxDiscoveredVms } : {}),
+      maxDiscoveredVms,
       preferredGroups,
       // Rate-limited per bound: other uids' refusals (their shares) never hide that the cap itself is full.
       onFull: (f) =>
         limiter.warn(`discovery full: ${f.bound}`, { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
     },
     deferDiscovery: true,
-    ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
+    observerGid: o.observerGid,
     health: start.health,
-    ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-    ...(o.guestEnergy === 'exact'
-      ? {
-          guestEnergy: {
+    guestDir: o.guestDir,
+    guestEnergy:
+      o.guestEnergy === 'exact'
+        ? {
             maxThreads: shares.maxVmThreads,
             log: start.area('guest'),
             preferredGroups,
-            maxPeers: o.maxDiscoveredVms,
+            maxPeers: maxDiscoveredVms,
             answer: (guest) => start.answerEnergyStatus(guest),
-          },
-        }
-      : {}),
-    ...(start.restored ? { restore: start.restored } : {}),
-    powerLimits: {
-      open: cgroupBandwidth(paths.procRoot),
-      ...(start.config.socketGid !== undefined ? { adminGid: start.config.socketGid } : {}),
-      ...(o.powerLimitsFile !== undefined ? { file: o.powerLimitsFile } : {}),
-    },
+          }
+        : undefined,
+    restore: start.restored,
+    powerLimits: { open: cgroupBandwidth(paths.procRoot), adminGid: start.config.socketGid, file: o.powerLimitsFile },
   });
-  logReady(log, o, shares.maxVmThreads);
+  // Pino leaves a setting not given (undefined) out of the line.
+  log.info(
+    {
+      intervalMs: o.intervalMs,
+      limits: o.limits,
+      record: recordPath,
+      discovery: o.discovery,
+      maxDiscoveredVms: maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
+      maxVmThreads: shares.maxVmThreads,
+      guestDir: o.guestDir,
+      guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
+      observerGid: o.observerGid,
+    },
+    'v2 service ready',
+  );
   return {
     service: v2.service,
+    /** The first scan, with the privileges the daemon keeps: resolves once its first interval ran. */
     ready: () => v2.service.startDiscovery(),
     async close() {
       await v2.close();
@@ -273,24 +260,6 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start): Pro
       limiter.flush();
     },
   };
-}
-
-/** The v2 chain's settings, once it is made (a setting not given is left out, not logged as null). */
-function logReady(log: Logger, o: V2DaemonSettings, maxVmThreads: number): void {
-  log.info(
-    {
-      intervalMs: o.intervalMs,
-      limits: o.limits,
-      ...(o.recordPath !== undefined ? { record: o.recordPath } : {}),
-      discovery: o.discovery,
-      maxDiscoveredVms: o.maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
-      maxVmThreads,
-      ...(o.guestDir !== undefined ? { guestDir: o.guestDir } : {}),
-      guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
-      ...(o.observerGid !== undefined ? { observerGid: o.observerGid } : {}),
-    },
-    'v2 service ready',
-  );
 }
 
 /** The --record trace: after a restart with its state it goes on, otherwise it starts anew (docs/daemon.md "Restarts"). */

@@ -5,8 +5,7 @@
  */
 import { createLogger, type Logger } from '../logging/logger.js';
 import type { HelperServer } from './server/server.js';
-import type { ServerChain } from './assemble-server.js';
-import type { DaemonV2, V2DaemonSettings } from './assemble.js';
+import type { assembleDaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
 import { lateV2Handler } from './server/late-v2-handler.js';
@@ -16,7 +15,7 @@ import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, startV2, type PhaseTimes } from './lifecycle/phases.js';
+import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, type PhaseTimes, type ServerChain } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
@@ -45,7 +44,6 @@ interface DaemonOptions {
 
 interface RunningDaemon {
   server: HelperServer;
-  /** What each start-up step did (ran, adopted, not asked), once each, in order. */
   steps: readonly StepDone[];
   /** Stops everything (idempotent); resolves once clean. */
   stop(reason?: string): Promise<void>;
@@ -53,14 +51,10 @@ interface RunningDaemon {
 
 /** '*' matches any run of characters; everything else is literal. */
 export function areaMatches(patterns: readonly string[], area: string): boolean {
-  return patterns.some((p) => new RegExp(`^${p.split('*').map(escapeRe).join('.*')}$`).test(area));
+  const literal = (s: string) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
+  return patterns.some((p) => new RegExp(`^${p.split('*').map(literal).join('.*')}$`).test(area));
 }
 
-function escapeRe(s: string): string {
-  return s.replace(/[.+?^${}()|[\]\\]/g, '\\$&');
-}
-
-/** Runs the daemon: `new Daemon(config, opts).start()`. */
 export function runDaemon(config: DaemonConfig, opts: DaemonOptions = {}): Promise<RunningDaemon> {
   return new Daemon(config, opts).start();
 }
@@ -71,7 +65,7 @@ class Daemon implements Restartable {
   private readonly signals = new DisposableStore();
   private opened: Opened | undefined;
   private chain: ServerChain | undefined;
-  private v2: DaemonV2 | undefined;
+  private v2: Awaited<ReturnType<typeof assembleDaemonV2>> | undefined;
   private restarter: Restarter | undefined;
   /** What is kept outside this process for a crash (handover/crash-guard.ts), once opened. */
   private guard: CrashGuard | undefined;
@@ -107,29 +101,25 @@ class Daemon implements Restartable {
       this.guard = guard;
       const times: PhaseTimes = { entered, opened: wallMs(), handover: 0, serving: 0 };
       const steps: StepDone[] = [...opened.steps];
-      drop(config, inh, steps, { area, ...(this.opts.reexec !== undefined ? { reexec: this.opts.reexec } : {}) });
+      drop(config, inh, steps, { area, reexec: this.opts.reexec });
       const { fds, maxConnections } = budgetFds(config, () => this.chain?.server.connections ?? 0, logger);
       times.handover = wallMs();
       const late = this.opts.v2 ? lateV2Handler() : undefined;
-      this.chain = serveLegacy(config, opened, guard.kept, {
-        maxConnections,
-        area,
-        ...(late ? { late } : {}),
-        ...(guard.keep ? { keep: guard.keep } : {}),
-      });
+      const chain = (this.chain = serveLegacy(config, opened, guard.kept, { maxConnections, area, late, keep: guard.keep }));
       times.serving = wallMs();
       const restored = await guard.restore();
       if (this.opts.v2) {
-        const restarted = inh.how === 'restart' || restored !== undefined;
-        this.v2 = await startV2(this.opts.v2, {
+        // Loaded only now: QEMU's replies do not wait for the v2 service's modules (docs/daemon.md "Where the time goes").
+        const { assembleDaemonV2 } = await import('./assemble.js');
+        this.v2 = await assembleDaemonV2(this.opts.v2, {
           config,
           opened,
           fds,
-          health: this.chain.health,
-          restarted,
+          health: { legacy: chain.legacy.counters, connections: () => chain.server.connections },
+          restarted: inh.how === 'restart' || restored !== undefined,
           area,
-          answerEnergyStatus: (hook) => this.chain!.legacy.setEnergyStatus(hook),
-          ...(restored ? { restored } : {}),
+          answerEnergyStatus: (hook) => chain.legacy.setEnergyStatus(hook),
+          restored,
         });
         late?.bind(this.v2.service.handler);
       }
@@ -170,7 +160,6 @@ class Daemon implements Restartable {
     };
   }
 
-  /** The live state to hand over (the v2 service's); throws without a v2 service. */
   snapshot(): StateSnapshot {
     if (this.v2 === undefined) throw new Error(cannot('restart', 'no part of the daemon gives its live state', 'report it'));
     return this.v2.service.snapshot();

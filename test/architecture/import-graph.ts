@@ -178,7 +178,6 @@ export const HELPER_RANK: Readonly<Record<string, number>> = {
   'helper/server': 2,
   'helper/v2': 3,
   'helper/assemble.ts': 4,
-  'helper/assemble-server.ts': 4,
   'helper/lifecycle': 5,
   'helper/daemon.ts': 6,
 };

@@ -8,7 +8,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { sendReplies } from '../../src/helper/legacy/send-replies.js';
+import { sendReplies } from '../../src/helper/legacy/legacy-session.js';
 
 interface Pair {
   server: net.Socket;

@@ -11,11 +11,11 @@ import { MSR_AMD_PKG_ENERGY_STATUS, MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_ENERGY_STAT
 import type { Vendor } from '../../src/model/host.js';
 import type { Logger } from 'pino';
 import { assembleV2, type V2Chain, type V2ChainOptions } from '../../src/helper/assemble.js';
-import { assembleServer } from '../../src/helper/assemble-server.js';
+import { readStarttime } from '../../src/os/proc-starttime.js';
 import { openListener } from '../../src/helper/server/listener.js';
 import { lateV2Handler } from '../../src/helper/server/late-v2-handler.js';
 import { checkTopology } from '../../src/helper/lifecycle/startup-checks.js';
-import type { HelperServer } from '../../src/helper/server/server.js';
+import { HelperServer } from '../../src/helper/server/server.js';
 import { LegacyService, OnlineCpus } from '../../src/helper/legacy/legacy-service.js';
 import type { MsrDevice } from '../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
@@ -271,7 +271,7 @@ export interface Chain extends V2Chain {
 
 /**
  * The daemon's service chain on a fake host, listening on `socketPath`, built as the daemon builds it
- * (lifecycle/phases.ts): the topology checked, the server (assembleServer) serving with a late v2
+ * (lifecycle/phases.ts): the topology checked, the legacy service and the server serving with a late v2
  * handler, then the v2 chain (assembleV2) on the server's health figures, its handler bound. What the
  * v2 tests and the bench run in-process, minus the daemon's lifecycle (checks, privilege drop,
  * signals). Intel layout, real /proc.
@@ -287,16 +287,25 @@ export async function assembleOnFakeHost(
   const paths = fake.hostPaths();
   const listener = await openListener({ path: o.socketPath });
   const late = lateV2Handler();
-  const { legacy, server, health } = assembleServer({
-    paths,
+  const legacy = new LegacyService({
     device,
     vendor: 'intel',
+    procRoot: paths.procRoot,
+    cpus: new OnlineCpus(
+      paths.sysRoot,
+      checkTopology(paths.sysRoot).map((c) => c.cpu),
+    ),
     amd: DEFAULT_AMD_SYNTH,
-    cpus: checkTopology(paths.sysRoot),
+    logger: o.log,
+  });
+  const server = new HelperServer({
     listener,
-    area: () => o.log,
+    legacy,
+    logger: o.log,
+    starttimeOf: (pid) => readStarttime(paths.procRoot, pid),
     v2Handler: late.handler,
   });
+  const health = { legacy: legacy.counters, connections: () => server.connections };
   server.serve();
   let v2: V2Chain;
   try {

@@ -58,19 +58,15 @@ interface LegacyServiceOptions {
   counters?: LegacyCounters;
   /** Why no MSR can be read, when none can (powercap or synthetic source): every request gets 0 and a warning why. */
   noMsrs?: string;
-  /** Rate limit for the warnings a client can trigger (default: one of its own on `logger`). */
-  limiter?: LogLimiter;
   /** --guest-energy exact after a restart: MSR_PKG_ENERGY_STATUS answered 0 (a zero delta to QEMU) until setEnergyStatus. */
   holdEnergyStatus?: boolean;
 }
 
 /** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at 200 000/s). */
 export interface LegacyCounters {
-  /** Answered with the MSR's value. */
   ok: number;
   /** MSR not allowed, tid not the peer's, cpu not online: refused (closed, or 0). */
   refused: number;
-  /** The MSR read failed (replied 0). */
   failed: number;
 }
 
@@ -105,7 +101,7 @@ export class LegacyService {
 
   constructor(private readonly o: LegacyServiceOptions) {
     this.counters = o.counters ?? newLegacyCounters();
-    this.limiter = o.limiter ?? new LogLimiter(o.logger);
+    this.limiter = new LogLimiter(o.logger);
     for (const msr of LEGACY_ALLOWED_MSRS) {
       const plan = legacyPlan(o.vendor, msr);
       if (plan !== null) this.plans.set(msr, plan);

@@ -2,15 +2,17 @@
  * One legacy connection, served (docs/protocol.md): the replies of one chunk sent at once; freeze()
  * and thaw() for a restart. Read without Node's stream layer when its fd can be duplicated.
  */
-import type net from 'node:net';
-import type { PeerCredentials } from '../../os/libc/sockets.js';
+import net from 'node:net';
+import os from 'node:os';
+import { dupCloexec } from '../../os/libc/fds.js';
+import { errnoError } from '../../os/libc/errno.js';
+import { sendNow, type PeerCredentials } from '../../os/libc/sockets.js';
+import { socketFd } from '../../os/peer.js';
 import { LEGACY_REPLY_SIZE, LegacyFramer } from '../../protocol/legacy.js';
 import { listen } from '../../common/disposable.js';
 import { drainReadable, type Freezable } from '../handover/frozen.js';
 import type { LegacyService } from './legacy-service.js';
 import type { TidVerdicts } from './tid-verdicts.js';
-import { sendReplies } from './send-replies.js';
-import { takeOverLegacy } from './legacy-reader.js';
 
 /** A client that pipelines without reading is not read while this many reply bytes wait for it (default). */
 export const DEFAULT_MAX_PENDING_REPLY_BYTES = 64 * 1024;
@@ -25,7 +27,6 @@ interface LegacySessionOptions {
   hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
-  maxPendingReplyBytes: number;
   /** The connection is served by `next` from now on (the accepted socket is closed, not the connection). */
   handOver(next: net.Socket): void;
   /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
@@ -34,7 +35,6 @@ interface LegacySessionOptions {
   ended(session: LegacySession): void;
 }
 
-/** How the session reads: its freeze/thaw for the way it reads. */
 interface Reading {
   stop(): void;
   freeze(): Buffer;
@@ -101,7 +101,7 @@ export class LegacySession implements Freezable {
     }
     if (!this.o.hold.set(this.framer.buffered)) return this.o.overBudget(socket);
     // A client that pipelines without reading waits for itself, not the helper's memory.
-    if (socket.writableLength > this.o.maxPendingReplyBytes && !socket.isPaused()) {
+    if (socket.writableLength > DEFAULT_MAX_PENDING_REPLY_BYTES && !socket.isPaused()) {
       socket.pause();
       socket.once('drain', () => this.frozen || socket.resume());
     }
@@ -118,11 +118,10 @@ export class LegacySession implements Freezable {
     setTimeout(() => socket.destroy(), 1000).unref();
   }
 
-  /** Read by the socket that took the connection over (legacy-reader.ts). */
+  /** Read by the socket that took the connection over (takeOverLegacy). */
   private readFast(fast: net.Socket): Reading {
     this.serving = fast;
     this.o.handOver(fast);
-    const max = this.o.maxPendingReplyBytes;
     return {
       stop: () => fast.pause(),
       freeze: () => {
@@ -132,7 +131,7 @@ export class LegacySession implements Freezable {
       },
       thaw: () => {
         this.frozen = false;
-        if (fast.writableLength <= max) fast.resume();
+        if (fast.writableLength <= DEFAULT_MAX_PENDING_REPLY_BYTES) fast.resume();
         else fast.once('drain', () => this.frozen || fast.resume());
       },
     };
@@ -161,4 +160,46 @@ export class LegacySession implements Freezable {
       },
     };
   }
+}
+
+/** Where every taken-over connection reads: one buffer, each read handled synchronously before the next. */
+const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
+
+/**
+ * A socket on a duplicate of the fd handing each read to `onChunk` (valid during the call only); null when out of fds.
+ * `onread` skips the stream layer (most of a round trip's user-space time), and Node offers it only to sockets it creates.
+ */
+function takeOverLegacy(socket: net.Socket, onChunk: (chunk: Buffer) => void): net.Socket | null {
+  const fd = socketFd(socket);
+  if (fd === undefined) return null;
+  const dup = dupCloexec(fd);
+  if (dup < 0) return null;
+  const onread: net.OnReadOpts = {
+    buffer: READ_BUFFER,
+    callback: (n: number, buf: Uint8Array) => {
+      onChunk(Buffer.from(buf.buffer, buf.byteOffset, n));
+      return true; // false would pause the socket
+    },
+  };
+  // `onread` is a documented option of the Socket constructor; @types/node lists it for connect() only.
+  return new net.Socket({ fd: dup, readable: true, writable: true, onread } as net.SocketConstructorOpts);
+}
+
+/**
+ * Sends out[0, length) on a legacy connection: straight to the socket (a write request and its tick
+ * cost more than the send) when the stream is empty; the rest queued through the stream, in order.
+ */
+export function sendReplies(socket: net.Socket, out: Buffer, length: number): void {
+  let sent = 0;
+  const fd = socket.writableLength === 0 ? socketFd(socket) : undefined;
+  if (fd !== undefined) {
+    const n = sendNow(fd, out, length);
+    if (n === length) return;
+    if (n < 0 && n !== -os.constants.errno.EAGAIN) {
+      socket.destroy(errnoError('send a reply', -n));
+      return;
+    }
+    sent = Math.max(n, 0);
+  }
+  socket.write(Buffer.from(out.subarray(sent, length)));
 }

@@ -40,7 +40,6 @@ export class TidVerdicts {
     return true;
   }
 
-  /** tids remembered now (for tests). */
   get size(): number {
     return this.checkedAt.size;
   }

@@ -27,10 +27,8 @@ export interface DaemonConfig {
   maxConnections: number;
   /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
   frameTimeoutMs: number;
-  /** --guest-energy exact: MSR_PKG_ENERGY_STATUS answered 0 until startV2 (a raw value would pair with a guest counter). */
+  /** --guest-energy exact: MSR_PKG_ENERGY_STATUS answered 0 until the v2 service starts (a raw value would pair with a guest counter). */
   holdEnergyStatus?: boolean;
-  /** --socket-mode: permission bits of the socket file (default 0600). */
   socketMode: number;
-  /** --socket-group: group of the socket file. */
   socketGid?: number;
 }

@@ -24,7 +24,6 @@ export function startLoopWatchdog(stallS = LOOP_STALL_S): void {
   beat.unref();
 }
 
-/** `tell` is called at every beat of this watchdog, started or started again. */
 export function tellLoopBeats(tell: () => void): void {
   onBeat = tell;
 }

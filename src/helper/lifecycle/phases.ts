@@ -2,12 +2,12 @@
 import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
-import { newLegacyCounters } from '../legacy/legacy-service.js';
-import { assembleServer, type ServerChain } from '../assemble-server.js';
-import type { DaemonV2, V2DaemonSettings, V2Start } from '../assemble.js';
+import { LegacyService, newLegacyCounters, OnlineCpus } from '../legacy/legacy-service.js';
+import { HelperServer } from '../server/server.js';
+import { readStarttime } from '../../os/proc-starttime.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
-import type { LateV2Handler } from '../server/late-v2-handler.js';
+import type { lateV2Handler } from '../server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../budget/fd-budget.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
@@ -21,8 +21,13 @@ import { CrashGuard } from '../handover/crash-guard.js';
 import type { Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
 
-/** A logger for a named area, at debug level when -T matches it. */
 type Areas = (name: string) => Logger;
+
+/** The legacy service and the server that serves it (and hands v2 connections on). */
+export interface ServerChain {
+  legacy: LegacyService;
+  server: HelperServer;
+}
 
 /** The start-up steps, each adopted when inherited, else opened; then what the process before kept, each part checked. */
 export async function open(
@@ -58,7 +63,6 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
   const privLog = o.area('privileges');
   const report = inh.dropped ? { skipped: [] } : dropPrivileges({ uid: config.uid, gid: config.gid });
   stepDone(steps, 'drop', inh.dropped ? 'adopted' : 'ran', inh.how, o.area('startup'));
-  const reexec = o.reexec !== undefined ? { reexec: o.reexec } : {};
   const st = parseProcStatus(fs.readFileSync('/proc/self/status', 'utf8'));
   privLog.info(
     {
@@ -70,7 +74,7 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
       capBnd: capHex(st.capBnd),
       noNewPrivs: st.noNewPrivs,
       skipped: report.skipped,
-      ...reexec,
+      reexec: o.reexec,
     },
     'privileges dropped (main thread, from /proc/self/status)',
   );
@@ -78,7 +82,10 @@ export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o:
   const threads = describeThreads();
   const others = threads.filter((t) => t.tid !== process.pid && t.capEff !== capHex(st.capEff));
   if (others.length)
-    privLog.warn({ threads: others, ...reexec }, 'some threads hold other capabilities than the main thread (capabilities are per thread)');
+    privLog.warn(
+      { threads: others, reexec: o.reexec },
+      'some threads hold other capabilities than the main thread (capabilities are per thread)',
+    );
   else privLog.debug({ threads: threads.length, capEff: capHex(st.capEff) }, "every thread holds the main thread's capabilities");
 }
 
@@ -113,14 +120,8 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
   const maxConnections = effectiveMaxConnections(config.maxConnections, limit, countOpenFds());
   const fds = new FdBudget({ limit, maxConnections, openConnections });
   logger.info(
-    // Only a failure has an err: no `err: null` on every start.
-    {
-      before: nofile.before.soft,
-      limit,
-      hard: nofile.after.hard,
-      maxConnections,
-      ...(nofile.error !== undefined ? { err: nofile.error } : {}),
-    },
+    // Only a failure has an err (pino leaves an undefined one out).
+    { before: nofile.before.soft, limit, hard: nofile.after.hard, maxConnections, err: nofile.error },
     'open-file limit',
   );
   if (maxConnections < config.maxConnections) {
@@ -132,44 +133,45 @@ export function budgetFds(config: DaemonConfig, openConnections: () => number, l
   return { fds, maxConnections };
 }
 
-/** The legacy service and the server, serving at once; a v2 connection waits for `late` until the v2 service is made. */
+/** The legacy service and the server (which hands v2 connections to `late` once the v2 service is made), serving at once. */
 export function serveLegacy(
   config: DaemonConfig,
   opened: Opened,
   handed: Kept,
-  o: { maxConnections: number; area: Areas; late?: LateV2Handler; keep?: ConnectionKeep },
+  o: { maxConnections: number; area: Areas; late?: ReturnType<typeof lateV2Handler>; keep?: ConnectionKeep },
 ): ServerChain {
-  const chain = assembleServer({
-    paths: config.hostPaths,
+  const { procRoot, sysRoot } = config.hostPaths;
+  const legacy = new LegacyService({
     device: opened.device,
     vendor: opened.vendor,
-    cpus: opened.cpus,
+    procRoot,
+    cpus: new OnlineCpus(
+      sysRoot,
+      opened.cpus.map((c) => c.cpu),
+    ),
     amd: config.amd,
-    ...(opened.energy !== 'msr' ? { noMsrs: `the daemon reads energy from ${opened.energy}, not from MSR devices` } : {}),
-    listener: opened.listener,
-    area: o.area,
+    noMsrs: opened.energy !== 'msr' ? `the daemon reads energy from ${opened.energy}, not from MSR devices` : undefined,
+    logger: o.area('legacy'),
     counters: { ...newLegacyCounters(), ...handed.legacy },
     // Only a restart (or a crash's checkpoint) has QEMUs mid-window whose counters the state holds; a fresh start answers raw.
     holdEnergyStatus: config.holdEnergyStatus === true && handed.state !== undefined,
-    server: {
-      maxConnections: o.maxConnections,
-      // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.
-      preferredPeer: (peer) => peer.uid === 0,
-      qemuPeer: (peer) => isQemuPeer(config.hostPaths.procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
-      incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
-      ...(o.keep ? { keep: o.keep } : {}),
-    },
-    ...(o.late ? { v2Handler: o.late.handler } : {}),
   });
-  chain.server.serve();
-  chain.server.adopt(handed.connections);
-  return chain;
-}
-
-/** The v2 service, its modules loaded only now: QEMU's replies do not wait for them (docs/daemon.md "Where the time goes"). */
-export async function startV2(settings: V2DaemonSettings, start: V2Start): Promise<DaemonV2> {
-  const { assembleDaemonV2 } = await import('../assemble.js');
-  return assembleDaemonV2(settings, start);
+  const server = new HelperServer({
+    listener: opened.listener,
+    legacy,
+    logger: o.area('server'),
+    starttimeOf: (pid) => readStarttime(procRoot, pid),
+    maxConnections: o.maxConnections,
+    // Root is bound by --max-connections only, every other user by its share; QEMU processes of the socket's group come first.
+    preferredPeer: (peer) => peer.uid === 0,
+    qemuPeer: (peer) => isQemuPeer(procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
+    incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+    keep: o.keep,
+    v2Handler: o.late?.handler,
+  });
+  server.serve();
+  server.adopt(handed.connections);
+  return { legacy, server };
 }
 
 /** Serving: said in the log and to systemd (READY, the watchdog); nothing may leave a debugger open. */
@@ -185,14 +187,8 @@ export function ready(where: string, o: { logger: Logger; area: Areas; notifier:
   if (wd !== null) o.area('systemd').debug({ everyMs: wd }, 'watchdog keep-alive started');
 }
 
-/** Wall-clock times (ms) of the start's phases, for the restart's timing. */
-export interface PhaseTimes {
-  entered: number;
-  opened: number;
-  serving: number;
-  /** Before the server was made. */
-  handover: number;
-}
+/** Wall-clock times (ms) of the start's phases, for the restart's timing (handover: before the server was made). */
+export type PhaseTimes = Record<'entered' | 'opened' | 'handover' | 'serving', number>;
 
 /** Where a restart in place spends its time, old image to serving (docs/daemon.md "Restarts"). */
 export function logRestartPhases(clock: RestartClock, t: PhaseTimes, servicesDone: number, log: Logger): void {

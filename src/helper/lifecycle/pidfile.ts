@@ -12,7 +12,6 @@ export interface Pidfile {
   release(): void;
 }
 
-/** The pid in a pidfile's text, or null when it is not one. */
 export function parsePidfile(text: string): number | null {
   const t = text.trim();
   if (!/^\d{1,10}$/.test(t)) return null;

@@ -11,16 +11,6 @@ import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
 import { daemonArgv, reexecDropped } from '../../os/privileges/reexec.js';
 import { cannot } from '../../common/errors.js';
 
-/** Runs the steps (on failure undone, the step's error thrown); `undo` is for a failure of the exec after it. */
-async function openPrivileged(
-  config: DaemonConfig,
-  writeFiles: readonly string[] = [],
-): Promise<{ inherited: Inherited; undo(): Promise<void> }> {
-  const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
-  // The exec that carries it is reexecDropped's: the new image starts with its privileges dropped.
-  return { inherited: { ...opened.handover('reexec'), dropped: true }, undo: () => opened.close() };
-}
-
 /** KEEPER_ENV.image for the keeper's image: what the start opened, and how each serving process finds it. */
 function keeperImageEnv(inherited: Inherited, level: string): Record<string, string> {
   const image: KeeperImage = {
@@ -34,9 +24,11 @@ function keeperImageEnv(inherited: Inherited, level: string): Record<string, str
   return { [KEEPER_ENV.image]: JSON.stringify(image) };
 }
 
-/** The first image's start: the steps, then the re-exec, into the daemon or the keeper. Returns only by throwing. */
+/** The first image's start: the steps (on failure undone, the step's error thrown), then the re-exec, into the daemon or the keeper. Returns only by throwing. */
 export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
-  const { inherited, undo } = await openPrivileged(config, writeFiles);
+  const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
+  // The exec that carries it is reexecDropped's: the new image starts with its privileges dropped.
+  const inherited: Inherited = { ...opened.handover('reexec'), dropped: true };
   const keep = inheritedFds(inherited);
   const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);
   // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
@@ -57,7 +49,7 @@ export async function startPrivileged(config: DaemonConfig, writeFiles: readonly
       env,
     );
   } catch (e) {
-    await undo();
+    await opened.close();
     throw new Error(cannot(`drop privileges`, (e as Error).message));
   }
 }

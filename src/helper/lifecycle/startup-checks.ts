@@ -8,16 +8,11 @@ import { DEFAULT_HOST_PATHS } from '../../msr/host-paths.js';
 import { readHostCpus } from '../../msr/topology.js';
 import type { MsrDevice } from '../../msr/device.js';
 import type { HostCpu, Vendor } from '../../model/host.js';
-import { readVendor } from '../../msr/vendor.js';
 import { RAWIO_MASK } from '../../os/privileges/capabilities.js';
 import { msrErrnoHint } from '../../msr/errno-hints.js';
 import { cannotError } from '../../common/errors.js';
 
 export type VendorChoice = 'auto' | Vendor;
-
-export function checkVendor(choice: VendorChoice, procRoot: string): Vendor {
-  return choice === 'auto' ? readVendor(procRoot) : choice;
-}
 
 export function checkTopology(sysRoot: string): HostCpu[] {
   let cpus: HostCpu[];

@@ -9,7 +9,8 @@ import type { Logger } from '../../logging/logger.js';
 import { openListener, type Listener } from '../server/listener.js';
 import { removeOwnSocketFile } from '../server/socket-file.js';
 import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
-import { checkPermission, checkTopology, checkVendor, openMsrDevices } from './startup-checks.js';
+import { checkPermission, checkTopology, openMsrDevices } from './startup-checks.js';
+import { readVendor } from '../../msr/vendor.js';
 import type { DaemonConfig } from './config.js';
 import type { Inherited, InheritedFrom } from '../handover/inherited.js';
 import { cannotError } from '../../common/errors.js';
@@ -49,7 +50,6 @@ export interface Opened {
   pidfile?: Pidfile;
   /** [path, fd] of the files created for the v2 service (--record), or adopted. */
   files: ReadonlyMap<string, number>;
-  /** Each step once, in order. */
   steps: StepDone[];
   /** What an exec passes on: every part, by fd number. */
   handover(how: InheritedFrom): Inherited;
@@ -60,7 +60,6 @@ export interface Opened {
 interface StartOptions {
   /** Files the v2 service writes (--record), created now: before the privilege drop, as the socket. */
   files?: readonly string[];
-  /** Where each step is logged (debug), when given. */
   log?: Logger;
 }
 
@@ -132,7 +131,7 @@ function runChecks(config: DaemonConfig, inh: Inherited): Checked {
     return { vendor, cpus, energy: inh.checks.energy ?? 'msr', energyWhy: inh.checks.energyWhy ?? 'adopted' };
   }
   const paths = config.hostPaths;
-  const vendor = checkVendor(config.vendor, paths.procRoot);
+  const vendor = config.vendor === 'auto' ? readVendor(paths.procRoot) : config.vendor;
   const cpus = checkTopology(paths.sysRoot);
   const chosen = chooseEnergySource(config.energySource, { msrPathTemplate: paths.msrPathTemplate, sysRoot: paths.sysRoot, cpus, vendor });
   if (chosen.kind === 'msr') checkPermission(paths.msrPathTemplate);

@@ -25,7 +25,6 @@ export function fdNameProblem(name: string): string | null {
 }
 
 interface Activation {
-  /** Number of fds passed, starting at fd 3. */
   fds: number;
   names: string[];
 }
@@ -81,19 +80,16 @@ export function takeActivation(env: NodeJS.ProcessEnv = process.env, pid = proce
   }
 }
 
-/** The prefix of the names the helper stores its own fds under (FDSTORE=1); any other passed fd is a listening socket. */
-const STORED_FD_PREFIX = KEPT_NAMES.prefix;
-
-/** The passed fds the helper stored itself (STORED_FD_PREFIX), by name. */
+/** The passed fds the helper stored itself (FDSTORE=1, named with KEPT_NAMES.prefix), by name; any other is a listening socket. */
 export function storedFds(act: Activation): Map<string, number[]> {
-  return new Map([...activationFdsByName(act)].filter(([name]) => name.startsWith(STORED_FD_PREFIX)));
+  return new Map([...activationFdsByName(act)].filter(([name]) => name.startsWith(KEPT_NAMES.prefix)));
 }
 
 /** The one listening socket among the passed fds (the others stored by the helper); no -k alongside (as qemu-vmsr-helper). */
 export function activationFd(act: Activation, socketPathGiven: boolean): number {
   if (socketPathGiven)
     throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
-  const listening = [...activationFdsByName(act)].filter(([name]) => !name.startsWith(STORED_FD_PREFIX)).flatMap(([, fds]) => fds);
+  const listening = [...activationFdsByName(act)].filter(([name]) => !name.startsWith(KEPT_NAMES.prefix)).flatMap(([, fds]) => fds);
   if (listening.length !== 1) {
     const got =
       listening.length === act.fds
@@ -157,7 +153,6 @@ export class Notifier {
     }
   }
 
-  /** Asks systemd to close every fd it stores under `name` (FDSTOREREMOVE=1, FDNAME=). */
   removeStoredFds(name: string): void {
     const problem = fdNameProblem(name);
     if (problem !== null) throw cannotError(`remove the stored fds '${name}'`, `the name ${problem}`);

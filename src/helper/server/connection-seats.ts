@@ -5,25 +5,18 @@
  * and, when full, takes the oldest non-QEMU connection of the user holding the most, served or not.
  */
 
-import { ownerToEvict, UidShares, type ShareOwner, type ShareRoom } from '../../budget/uid-share.js';
+import { ownerToEvict, UidShares, type ShareOwner } from '../../budget/uid-share.js';
 
 /** One connection's slot: told when its protocol is known, released at close. */
 export interface Seat {
   /** The protocol is known: the connection is served from now on, no longer closed for another user. */
   decided(): void;
-  /** The connection closed. Idempotent. */
   release(): void;
-}
-
-/** A connection as the seats know it: how to close it, and whether it is QEMU's. */
-interface Held {
-  evict: () => void;
-  qemu: boolean;
 }
 
 export class ConnectionSeats {
   /** The connections each uid holds, served ones too, against its share of the slots (QEMU's outside). */
-  private readonly shares: UidShares;
+  readonly shares: UidShares;
   /** Per uid holding any: its connections not read yet, oldest first, each with how to close it. */
   private readonly undecided = new Map<number, Set<() => void>>();
   /** Per uid holding any: every connection of it that is not QEMU's, oldest first (what a QEMU may close). */
@@ -35,16 +28,6 @@ export class ConnectionSeats {
     this.shares = new UidShares(capacity);
   }
 
-  /** Connections of `uid` open now, counted against its share (not QEMU's). */
-  heldBy(uid: number): number {
-    return this.shares.heldBy(uid);
-  }
-
-  /** How many more `owner` may open, and the bound that decides it (the slots, its uid's share, or all others'). */
-  room(owner: ShareOwner): ShareRoom {
-    return this.shares.room(owner);
-  }
-
   /** Whether a connection of QEMU process `pid` would be QEMU's first in line (it holds none yet). */
   qemuFirst(pid: number): boolean {
     return !this.qemuPids.has(pid);
@@ -52,7 +35,6 @@ export class ConnectionSeats {
 
   /** A new connection of `owner`; `evict` closes it if another user, or QEMU, needs its slot. `qemuPid`: QEMU's first, outside the shares. */
   seat(owner: ShareOwner, evict: () => void, qemuPid?: number): Seat {
-    const held: Held = { evict, qemu: qemuPid !== undefined };
     if (qemuPid !== undefined) this.qemuPids.add(qemuPid);
     else {
       this.shares.take(owner, 1, 1);
@@ -65,8 +47,8 @@ export class ConnectionSeats {
       release: () => {
         if (released) return;
         released = true;
-        if (held.qemu) {
-          this.qemuPids.delete(qemuPid!);
+        if (qemuPid !== undefined) {
+          this.qemuPids.delete(qemuPid);
           return;
         }
         this.drop(this.undecided, owner.uid, evict);
@@ -79,7 +61,7 @@ export class ConnectionSeats {
   /** All slots taken and `uid` wants one: closes the oldest undecided connection of the user holding the most, if more than `uid` would. */
   makeRoomFor(uid: number): boolean {
     const candidates = [...this.undecided].filter(([, undecided]) => undecided.size > 0).map(([other]) => other);
-    const heaviest = ownerToEvict(candidates, (other) => this.heldBy(other), uid, this.heldBy(uid) + 1);
+    const heaviest = ownerToEvict(candidates, (other) => this.shares.heldBy(other), uid, this.shares.heldBy(uid) + 1);
     if (heaviest === undefined) return false;
     const undecided = this.undecided.get(heaviest)!;
     const [oldest] = undecided;

@@ -1,13 +1,9 @@
 /**
  * What connections may hold of frames (v2) or requests (legacy) not fully arrived: bytes kept as they
  * come (never a buffer sized by a length field), bounded in total (maxBytes) and in time (deadlineMs
- * from the first byte). An idle connection holds nothing and never times out.
- *
- * A refused chunk is garbage until V8 collects it, so reading hostile chunks only to drop them grows
- * RSS as surely as keeping them: a new connection is read only while the budget has room for one
- * more chunk, else it waits unread. The budget is shared max-min fairly between uids: a user flooding
- * the socket with partial frames delays and cuts only its own connections (docs/daemon.md "What other
- * users cannot delay").
+ * from the first byte). A refused chunk is garbage until V8 collects it, so a new connection is read
+ * only while the budget has room for one more chunk. Shared max-min fairly between uids (docs/daemon.md
+ * "What other users cannot delay").
  */
 
 import { ownerToEvict } from '../../budget/uid-share.js';
@@ -52,7 +48,8 @@ interface UserAccount {
 }
 
 export class IncompleteFrames {
-  private total = 0;
+  /** Bytes of incomplete frames held now, all connections. */
+  heldBytes = 0;
   /** Holds past their deadline, cut in slices (time-slices.ts): thousands of frames started together expire together. */
   private readonly expiring: { h: IncompleteHold; frame: number }[] = [];
   private cutting = false;
@@ -62,12 +59,6 @@ export class IncompleteFrames {
 
   constructor(readonly limits: IncompleteFrameLimits = DEFAULT_INCOMPLETE_LIMITS) {}
 
-  /** Bytes of incomplete frames held now, all connections. */
-  get heldBytes(): number {
-    return this.total;
-  }
-
-  /** Bytes of incomplete frames the connections of `uid` hold now. */
   heldBy(uid: number): number {
     return this.users.get(uid)?.bytes ?? 0;
   }
@@ -77,7 +68,6 @@ export class IncompleteFrames {
     return new IncompleteHold(this, close, uid, notify);
   }
 
-  /** Connections accepted but not read yet, waiting for room. */
   get waitingConnections(): number {
     let n = 0;
     for (const u of this.users.values()) n += u.waiting.size;
@@ -95,7 +85,6 @@ export class IncompleteFrames {
     return false;
   }
 
-  /** A connection closed: it no longer waits. */
   forget(c: Unread, uid = 0): void {
     const u = this.users.get(uid);
     if (u === undefined) return;
@@ -107,19 +96,19 @@ export class IncompleteFrames {
   adjust(h: IncompleteHold, before: number, after: number): boolean {
     const u = this.user(h.uid);
     if (after > before) this.makeRoom(h.uid, after - before);
-    this.total += after - before;
+    this.heldBytes += after - before;
     u.bytes += after - before;
     if (after === 0) u.holds.delete(h);
     else if (before === 0) u.holds.add(h);
     if (after < before && !this.makingRoom) this.drain();
     this.dropIfEmpty(h.uid, u);
-    return this.total <= this.limits.maxBytes;
+    return this.heldBytes <= this.limits.maxBytes;
   }
 
   /** @internal Whether a hold of `uid` may go from `before` to `after` bytes (room is made as for adjust). */
   fits(uid: number, before: number, after: number): boolean {
     if (after > before) this.makeRoom(uid, after - before);
-    return this.total - before + after <= this.limits.maxBytes;
+    return this.heldBytes - before + after <= this.limits.maxBytes;
   }
 
   /** @internal A hold's deadline passed: it is cut in a slice, unless its frame `frame` completed meanwhile. */
@@ -134,7 +123,7 @@ export class IncompleteFrames {
   }
 
   private room(): number {
-    return this.limits.maxBytes - this.total;
+    return this.limits.maxBytes - this.heldBytes;
   }
 
   private user(uid: number): UserAccount {

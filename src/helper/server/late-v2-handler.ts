@@ -1,16 +1,8 @@
 /** A v2 handler bound after the server serves (QEMU first: docs/daemon.md "Restarts"); v2 connections wait, paused, until then. */
 import type { V2Handler } from './server.js';
 
-export interface LateV2Handler {
-  /** What the server calls: the bound handler, or a hold until one is bound. */
-  readonly handler: V2Handler;
-  /** Binds the real handler and hands it every connection held so far, in order. */
-  bind(real: V2Handler): void;
-  /** Connections held, not handed yet. */
-  readonly held: number;
-}
-
-export function lateV2Handler(): LateV2Handler {
+/** `handler`, what the server calls, holds each connection until `bind` hands the real handler every one held so far, in order. */
+export function lateV2Handler(): { readonly handler: V2Handler; bind(real: V2Handler): void; readonly held: number } {
   let real: V2Handler | undefined;
   let waiting: Parameters<V2Handler>[] = [];
   return {

@@ -29,7 +29,6 @@ interface ListenOptions extends Partial<SocketFileOptions> {
 /** listen() backlog: QEMU's connect() blocks while it is full. */
 const LISTEN_BACKLOG = 4096;
 
-/** A listening socket, bound or adopted; connections are held until serve(). */
 export class Listener {
   private held: net.Socket[] = [];
   private heldErrors: Error[] = [];
@@ -48,7 +47,6 @@ export class Listener {
     server.on('error', (e: Error) => (this.onError ? this.onError(e) : this.heldErrors.push(e)));
   }
 
-  /** Where it listens, for logs and STATUS=. */
   get where(): string {
     return this.file ? this.file.path : `systemd socket (fd ${this.fd})`;
   }
@@ -102,7 +100,10 @@ export async function openListener(target: ListenTarget, o: ListenOptions = {}):
     return new Listener(server, serverFd(server), o.file);
   }
   const p = target.path;
-  await prepareSocketPath(p);
+  checkSocketPathLength(p);
+  checkSocketDirectory(p);
+  // A stale socket file (a crashed helper's) is removed; a live one is refused.
+  await removeStaleSocket(p);
   let file: SocketFile | undefined;
   try {
     await listenWithMode(p, { mode: o.mode ?? DEFAULT_SOCKET_MODE, ...(o.gid !== undefined ? { gid: o.gid } : {}) }, async () => {
@@ -121,13 +122,6 @@ function serverFd(server: net.Server): number {
   const fd = socketFd(server as unknown as net.Socket);
   if (fd === undefined) throw cannotError('keep the listening socket', 'its fd is not known (an internal error)', 'report it');
   return fd;
-}
-
-/** Before binding a path: its length, its directory, and a stale socket file (removed) or a live one (refused). */
-async function prepareSocketPath(socketPath: string): Promise<void> {
-  checkSocketPathLength(socketPath);
-  checkSocketDirectory(socketPath);
-  await removeStaleSocket(socketPath);
 }
 
 function listenError(t: ListenTarget, e: Error): Error {

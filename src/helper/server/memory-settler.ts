@@ -45,8 +45,6 @@ export function settleOnce(): { rssBeforeMb: number; rssAfterMb: number } {
 export class MemorySettler {
   private closed_ = 0;
   private timer: NodeJS.Timeout | undefined;
-  /** Settles done (for tests). */
-  settles = 0;
 
   constructor(
     private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void = () => {},
@@ -73,7 +71,6 @@ export class MemorySettler {
     this.timer = undefined;
     const closed = this.closed_;
     this.closed_ = 0;
-    this.settles++;
     const before = rssMb();
     settlePass(false);
     // Once more a little later: what the first pass freed (sockets' native handles close

@@ -20,7 +20,8 @@ export class Preamble implements Freezable, Unread {
   readonly kind = 'undecided' as const;
   private head: Buffer = Buffer.alloc(0);
   private data: Disposable;
-  private done = false;
+  /** The protocol is known (or the connection closed by its first bytes): no longer undecided. */
+  decided = false;
   /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
   private frozen = false;
   private wasReading = false;
@@ -28,17 +29,7 @@ export class Preamble implements Freezable, Unread {
   private readAhead: Buffer[] = [];
 
   constructor(private readonly o: PreambleOptions) {
-    this.data = listen(o.socket, 'data', (c: Buffer) => this.onHead(c));
-  }
-
-  /** The protocol is known (or the connection closed by its first bytes): no longer undecided. */
-  get decided(): boolean {
-    return this.done;
-  }
-
-  /** Reads bytes received before (a handed-over connection's), as if they arrived now. */
-  push(bytes: Buffer): void {
-    this.onHead(bytes);
+    this.data = listen(o.socket, 'data', (c: Buffer) => this.push(c));
   }
 
   socket(): net.Socket {
@@ -58,9 +49,9 @@ export class Preamble implements Freezable, Unread {
   thaw(): void {
     const socket = this.o.socket;
     this.frozen = false;
-    this.data = listen(socket, 'data', (c: Buffer) => this.onHead(c));
-    for (const c of this.readAhead.splice(0)) if (!this.done) this.onHead(c);
-    if (this.wasReading && !this.done) socket.resume();
+    this.data = listen(socket, 'data', (c: Buffer) => this.push(c));
+    for (const c of this.readAhead.splice(0)) if (!this.decided) this.push(c);
+    if (this.wasReading && !this.decided) socket.resume();
   }
 
   // Unread: the connection as the incomplete-frame budget starts and watches it.
@@ -82,7 +73,8 @@ export class Preamble implements Freezable, Unread {
     return fd !== undefined && peerHungUp(fd);
   }
 
-  private onHead(chunk: Buffer): void {
+  /** Bytes read (or received before: a handed-over connection's). */
+  push(chunk: Buffer): void {
     this.head = this.head.length === 0 ? chunk : Buffer.concat([this.head, chunk]);
     const kind = classifyPreamble(this.head);
     if (kind === 'need-more') {
@@ -91,7 +83,7 @@ export class Preamble implements Freezable, Unread {
     }
     this.o.hold.set(0);
     this.data.dispose();
-    this.done = true;
+    this.decided = true;
     this.o.decided(kind, this.head);
   }
 }

@@ -8,7 +8,7 @@ import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
-import { DEFAULT_MAX_PENDING_REPLY_BYTES, LegacySession } from '../legacy/legacy-session.js';
+import { LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from './memory-settler.js';
 import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
@@ -32,7 +32,6 @@ const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
 /** Connections served at once by default (--max-connections); more are accepted and closed at once. */
 export const DEFAULT_MAX_CONNECTIONS = 4096;
 
-/** An admitted connection as the server tracks it until it closes. */
 interface Open {
   socket: net.Socket;
   /** The socket serving it now: the accepted one, or the one that took a legacy connection over. */
@@ -49,24 +48,16 @@ interface Open {
 }
 
 export interface HelperServerOptions {
-  /** The listening socket, bound or adopted (listener.ts). */
   listener: Listener;
   legacy: LegacyService;
   v2Handler?: V2Handler;
   logger: Logger;
-  /** Pause reading a legacy client while this many reply bytes wait to be sent to it. */
-  maxPendingReplyBytes?: number;
-  /** Connections at once (default DEFAULT_MAX_CONNECTIONS). */
   maxConnections?: number;
-  /** Bound and deadline of incomplete frames (default DEFAULT_INCOMPLETE_LIMITS). */
   incomplete?: IncompleteFrames;
-  /** Rate limit of what clients can make the server log (default: one on `logger`). */
-  limiter?: LogLimiter;
   /** Whether a peer is a preferred owner, bound only by --max-connections, not by a uid's share; default: every one. */
   preferredPeer?: (peer: PeerCredentials) => boolean;
   /** Whether a peer is a QEMU process of the socket's group: its first connection is outside every share; default: none. */
   qemuPeer?: (peer: PeerCredentials) => boolean;
-  /** The start time of a process (null when gone), read for each peer at accept. */
   starttimeOf?: (pid: number) => number | null;
   /** Holds each connection outside this process from its accept to its close, or until it is v2. */
   keep?: ConnectionKeep;
@@ -96,7 +87,7 @@ export class HelperServer {
   );
 
   constructor(private readonly o: HelperServerOptions) {
-    this.limiter = o.limiter ?? new LogLimiter(o.logger);
+    this.limiter = new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
     this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
     this.users = new ConnectionSeats(this.maxConnections);
@@ -106,7 +97,6 @@ export class HelperServer {
     return this.sockets.size;
   }
 
-  /** Serves the listener's connections, those that waited for it first. */
   serve(): void {
     this.o.listener.serve(
       (s) => this.accept(s),
@@ -156,7 +146,6 @@ export class HelperServer {
     }
   }
 
-  /** Stops accepting, closes every connection, removes the socket file we bound (if still ours). */
   async close(): Promise<void> {
     this.memory.stop();
     const closed = this.o.listener.close(this.o.logger);
@@ -199,7 +188,6 @@ export class HelperServer {
     }
   }
 
-  /** The peer's credentials and share, or null when the connection is refused (and closed). */
   private admit(socket: net.Socket): Admitted | null {
     let peer: PeerCredentials;
     try {
@@ -212,9 +200,9 @@ export class HelperServer {
     const owner: ShareOwner = { uid: peer.uid, preferred: this.o.preferredPeer?.(peer) ?? true };
     // QEMU first (one connection per QEMU process): outside the shares, and it makes room when full.
     const qemuPid = this.users.qemuFirst(peer.pid) && this.o.qemuPeer?.(peer) ? peer.pid : undefined;
-    const share = this.users.room(owner);
+    const share = this.users.shares.room(owner);
     if (qemuPid === undefined && share.room === 0 && share.bound !== 'capacity') {
-      const mine = this.users.heldBy(peer.uid);
+      const mine = this.users.shares.heldBy(peer.uid);
       this.limiter.warn(
         'refused connection',
         { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
@@ -245,7 +233,6 @@ export class HelperServer {
     return { peer, owner, qemuPid };
   }
 
-  /** An admitted connection: its seat, its incomplete-frame account, and what its close releases. */
   private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
     this.sockets.add(socket);
     // Outside this process: a crash does not take it along (docs/daemon.md "Crashes"). Only root's and
@@ -328,7 +315,6 @@ export class HelperServer {
       legacy: this.o.legacy,
       hold: c.hold,
       replies: this.replies,
-      maxPendingReplyBytes: this.o.maxPendingReplyBytes ?? DEFAULT_MAX_PENDING_REPLY_BYTES,
       handOver: c.handOver,
       overBudget: (s) => this.overBudget(s, c.peer),
       ended: (s) => this.freezable.delete(s),
@@ -338,7 +324,6 @@ export class HelperServer {
     session.socket().once('close', () => this.freezable.delete(session));
   }
 
-  /** A connection's incomplete frame was cut (its deadline, or evicted for a user holding less): logged, rate-limited. */
   private logCut(why: CutReason, peer: PeerCredentials): void {
     if (why === 'deadline')
       this.limiter.info(

@@ -11,7 +11,6 @@ import { cannot } from '../../common/errors.js';
 export const DEFAULT_SOCKET_MODE = 0o600;
 
 export interface SocketFileOptions {
-  /** Permission bits of the socket file (default 0600). */
   mode: number;
   /** Group of the socket file (e.g. the group QEMU runs as), unchanged when undefined. */
   gid?: number;

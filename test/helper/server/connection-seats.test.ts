@@ -42,7 +42,7 @@ describe('ConnectionSeats', () => {
     open(9, 'b');
     a.release();
     a.release();
-    expect(s.heldBy(9)).toBe(1);
+    expect(s.shares.heldBy(9)).toBe(1);
   });
 
   it("counts each connection against its uid's share: a user that is not preferred holds at most a quarter, served ones too", () => {
@@ -51,10 +51,10 @@ describe('ConnectionSeats', () => {
     const a = s.seat(other, () => {});
     a.decided();
     s.seat(other, () => {});
-    expect(s.room(other)).toEqual({ room: 0, bound: 'uid' });
-    expect(s.room({ uid: 0, preferred: true })).toEqual({ room: 6, bound: 'capacity' });
+    expect(s.shares.room(other)).toEqual({ room: 0, bound: 'uid' });
+    expect(s.shares.room({ uid: 0, preferred: true })).toEqual({ room: 6, bound: 'capacity' });
     a.release();
-    expect(s.room(other)).toEqual({ room: 1, bound: 'uid' });
+    expect(s.shares.room(other)).toEqual({ room: 1, bound: 'uid' });
   });
 
   it("gives a QEMU process's first connection a slot by closing the oldest connection that is not QEMU's of the user holding the most, served or not", () => {
@@ -64,7 +64,7 @@ describe('ConnectionSeats', () => {
     expect(s.qemuFirst(4242)).toBe(true);
     const qemu = s.seat({ uid: 64055, preferred: false }, () => closed.push('qemu'), 4242);
     // Outside the shares: the QEMU uid holds nothing against its quarter.
-    expect(s.heldBy(64055)).toBe(0);
+    expect(s.shares.heldBy(64055)).toBe(0);
     expect(s.qemuFirst(4242)).toBe(false);
     expect(s.makeRoomForQemu()).toBe(true);
     expect(closed).toEqual(['served 0']);
