@@ -1,10 +1,8 @@
 /**
- * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
- * every sampling interval: only pids not seen before are read; /proc is listed when more than
- * MAX_PIDS_PROBED pids were handed out since the last scan (/proc/loadavg), when that cannot be told,
- * and on a full recheck, otherwise each new pid is looked up directly. Pids known not to be VMs
- * are looked at again only when young (a process may exec QEMU just after fork: libvirt does) or on a
- * periodic full recheck. Rules and limits: docs/discovery.md.
+ * Finds QEMU/KVM processes in /proc (no QMP), cheaply enough for every interval: only new pids are read,
+ * looked up one by one unless more than MAX_PIDS_PROBED were handed out (/proc/loadavg) or on a full
+ * recheck, when /proc is listed. A known non-VM is looked at again only while young (it may still exec
+ * QEMU: libvirt does) or on a full recheck. Rules and limits: docs/discovery.md.
  */
 import fs from 'node:fs';
 import path from 'node:path';

@@ -78,12 +78,9 @@ interface ThreadState {
 }
 
 /**
- * One sampled process. The process gate: `cpuNs` is its CPU clock (every thread's run time summed,
- * exited ones included) read just before the last read that read or checked every thread's line.
- * The clock at the same value means no thread ran since, and none was born or ended (a thread runs
- * to be born or to exit), so every line is as it was, the main thread's included. The clock is read
- * by pid: a pid reused by another process would have to show the same CPU time to the nanosecond to
- * pass (a process that ended without reuse has no clock: its main thread's fd is read and fails).
+ * A process. The process gate: `cpuNs`, its CPU clock (all threads' run time, exited ones included)
+ * read before the last full read, unchanged means no thread ran, was born or ended since (each runs to
+ * do so): every line is as it was. Read by pid: a reused pid would need the same CPU time to the ns.
  */
 interface PidState {
   pid: number;
@@ -179,10 +176,8 @@ export class ProcTaskReader {
   }
 
   /**
-   * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
-   * Threads that exited mid-way are left out. When nothing changed, this is the very map the previous
-   * read returned: do not modify it. Another failure gives the lines as last read (not whole); only
-   * for a process never read it throws TaskReadError.
+   * tid -> stat line (no newline), threads that exited left out; null when the process is gone. When
+   * nothing changed, the very map the previous read returned: do not modify it.
    */
   read(pid: number): Map<number, string> | null {
     try {
@@ -419,9 +414,9 @@ export class ProcTaskReader {
   }
 
   /**
-   * Opens the fds of each new thread as far as the ledger's grant goes (beyond it: frozen); a thread
-   * that ended meanwhile leaves `present`. Out of fds: what this listing opened is given back, and true
-   * (short) when the process had threads already; with none, TaskReadError.
+   * Opens each new thread's fds as far as the ledger grants (beyond: frozen); one that ended meanwhile
+   * leaves `present`. Out of fds: what this listing opened is given back; true (short) when the process
+   * had threads, else TaskReadError.
    */
   private openThreads(st: PidState, dir: string, fresh: number[], present: Set<number>, hadThreads: boolean): boolean {
     const pid = st.pid;
@@ -483,11 +478,7 @@ export class ProcTaskReader {
   }
 }
 
-/**
- * Whether the pids under `procRoot` are those of this process's pid namespace (its `self` is our
- * pid): a /proc of another namespace (a host's /proc mounted in a container, a test's tree) names
- * other processes by those numbers, and a CPU clock read by pid would be another process's.
- */
+/** Whether `procRoot`'s pids are our namespace's (its `self` is us): else a CPU clock read by pid is another process's. */
 function pidsAreOurs(procRoot: string): boolean {
   try {
     return fs.readlinkSync(path.join(procRoot, 'self')) === String(process.pid);
@@ -513,10 +504,7 @@ function newThread(fd: number): ThreadState {
   return { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
 }
 
-/**
- * fd of a thread's schedstat, or -1 when this kernel has none (no CONFIG_SCHED_INFO): that thread's
- * stat is then read every time. Throws what open throws otherwise (the thread gone, out of fds).
- */
+/** fd of a thread's schedstat; -1 when the kernel has none (no CONFIG_SCHED_INFO: the stat is read every time). */
 function openSchedstat(file: string): number {
   try {
     return fs.openSync(file, fs.constants.O_RDONLY);
