@@ -230,10 +230,9 @@ function sendmsgTo(
 }
 
 /**
- * sendmsg(2) of `data` with `fds` attached on a connected AF_UNIX socket: the bytes sent, which on a
- * stream socket may be fewer (the fds went with the first byte; send the rest without them). On a
- * stream socket fds need at least one byte to ride on (the kernel would drop them silently); a
- * datagram may carry fds alone. Never raises SIGPIPE.
+ * sendmsg(2) of `data` with `fds` on a connected AF_UNIX socket, never raising SIGPIPE: the bytes sent
+ * (on a stream socket maybe fewer: the fds went with the first byte). On a stream socket fds need a
+ * byte to ride on (the kernel would drop them silently); a datagram may carry fds alone.
  */
 export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
   if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM)
