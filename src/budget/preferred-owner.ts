@@ -5,19 +5,15 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { readProcFile } from '../os/proc-file.js';
+import { readProcFileOr } from '../os/proc-file.js';
 import { parseProcStatus } from '../os/privileges/proc-status.js';
 import type { ShareOwner } from './uid-share.js';
 
-export function isPreferredOwner(procRoot: string, pid: number, uid: number, groups: readonly number[]): boolean {
+function isPreferredOwner(procRoot: string, pid: number, uid: number, groups: readonly number[]): boolean {
   if (uid === 0) return true;
   if (groups.length === 0) return false;
-  let text: string;
-  try {
-    text = readProcFile(path.join(procRoot, String(pid), 'status'), 'utf8');
-  } catch {
-    return false; // gone: nothing to prefer
-  }
+  const text = readProcFileOr(path.join(procRoot, String(pid), 'status'), 'utf8');
+  if (text === null) return false; // gone: nothing to prefer
   const st = parseProcStatus(text);
   return groups.some((g) => st.gid.slice(0, 2).includes(g) || st.groups.includes(g));
 }

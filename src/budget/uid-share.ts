@@ -1,9 +1,7 @@
 /**
- * One uid may not crowd out the others: a preferred owner (root, or a process in the socket's group)
- * is bound only by the capacity; any other uid may hold at most UID_SHARE of it, and all such uids
- * together OTHERS_SHARE (docs/security.md, "Fakes filling the discovery cap and the fd budget").
- * When a capacity shared by owners is full, the owner holding the most gives way (ownerToEvict),
- * only while it holds more than the asker would (max-min fairness).
+ * One uid may not crowd out the others: a preferred owner (root, the socket's group) is bound only by
+ * the capacity, any other uid by UID_SHARE of it, all of them together by OTHERS_SHARE (docs/security.md,
+ * "Fakes filling the discovery cap and the fd budget"). A full capacity's largest holder gives way (ownerToEvict).
  */
 
 /** The part of a capacity one uid that is not a preferred owner may hold. */
@@ -29,11 +27,7 @@ export function shareOf(capacity: number, part: number): number {
   return capacity <= 0 ? 0 : Math.max(1, Math.floor(capacity * part));
 }
 
-/**
- * Of the `candidates` (owners holding something that may go), the one holding the most (the first
- * among equals), if it holds more than `wants` (what `asker` would hold); else undefined. The caller
- * then evicts that owner's oldest item.
- */
+/** Of `candidates`, the first holding the most, if more than `wants` (what `asker` would hold): max-min fairness. */
 export function ownerToEvict<K>(candidates: Iterable<K>, held: (owner: K) => number, asker: K | null, wants: number): K | undefined {
   let most: K | undefined;
   let mostHeld = -Infinity;

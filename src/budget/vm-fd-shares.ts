@@ -1,8 +1,7 @@
 /**
- * The VMs' file descriptors, shared out: what each sampled process may keep open (KeptFdLedger) and
- * whether a new VM fits. Three bounds: one VM keeps the fds of at most --max-vm-threads threads (a
- * process growing threads cannot starve the others), each uid its share (uid-share.ts), and all of
- * them the fd budget (fd-budget.ts). A process over a bound is sampled from the threads it keeps.
+ * The VMs' fds shared out (KeptFdLedger), and whether a new VM fits: one VM keeps at most
+ * --max-vm-threads threads' fds, each uid its share (uid-share.ts), all of them the fd budget
+ * (fd-budget.ts). A process over a bound is sampled from the threads it keeps.
  */
 import { fail } from '../common/result.js';
 import { UID_SHARE, UidShares, shareOf, type ShareOwner } from './uid-share.js';

@@ -45,23 +45,11 @@ export function splitCmdline(raw: Buffer): string[] {
  * may be a bare value for the option's implied key. Returns [implied value | null, map].
  */
 export function parseQemuOpts(text: string, impliedKey: string): Map<string, string> {
-  const parts: string[] = [];
-  let cur = '';
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i]!;
-    if (c === ',') {
-      if (text[i + 1] === ',') {
-        cur += ',';
-        i++;
-        continue;
-      }
-      parts.push(cur);
-      cur = '';
-      continue;
-    }
-    cur += c;
-  }
-  parts.push(cur);
+  // A command line's arguments hold no NUL (it separates them): it stands for a literal comma here.
+  const parts = text
+    .replace(/,,/g, '\0')
+    .split(',')
+    .map((p) => p.replace(/\0/g, ','));
   const out = new Map<string, string>();
   parts.forEach((p, i) => {
     const eq = p.indexOf('=');

@@ -1,19 +1,16 @@
 /**
- * Finds QEMU/KVM processes in /proc without asking them anything (no QMP), cheaply enough to run
- * every sampling interval: only pids not seen before are read; /proc is listed when more than
- * MAX_PIDS_PROBED pids were handed out since the last scan (/proc/loadavg), when that cannot be told,
- * and on a full recheck, otherwise each new pid is looked up directly. Pids known not to be VMs
- * are looked at again only when young (a process may exec QEMU just after fork: libvirt does) or on a
- * periodic full recheck. Rules and limits: docs/discovery.md.
+ * Finds QEMU/KVM processes in /proc (no QMP), cheaply enough for every interval: only new pids are read,
+ * looked up one by one unless more than MAX_PIDS_PROBED were handed out (/proc/loadavg) or on a full
+ * recheck, when /proc is listed. A known non-VM is looked at again only while young (it may still exec
+ * QEMU: libvirt does) or on a full recheck. Rules and limits: docs/discovery.md.
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { readProcFile } from '../os/proc-file.js';
-import { isPreferredOwner } from '../budget/preferred-owner.js';
+import { readProcFileOr } from '../os/proc-file.js';
+import { shareOwnerOf } from '../budget/preferred-owner.js';
 import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../budget/uid-share.js';
 import { MAX_VCPUS, type VcpuSpec } from '../model/vcpus.js';
-import { baseName, isQemuName, vcpuIndexOf } from './names.js';
-import { commOf, parseProcessStat, PF_KTHREAD, type ProcessStat } from './process-stat.js';
+import { baseName, commOf, isQemuName, parseProcessStat, PF_KTHREAD, vcpuIndexOf, type ProcessStat } from './names.js';
 import { MAX_CMDLINE_BYTES, parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
 import { readCmdline } from './qemu-name.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
@@ -340,9 +337,8 @@ export class ProcScanner {
       const argvQemu = isQemuName(baseName(args[0]!));
       if (exe !== null ? !isQemuName(baseName(exe).replace(/ \(deleted\)$/, '')) : !(argvQemu || named)) return notVm();
     }
-    const uid = this.ownerUid(pid);
-    if (uid === null) return notVm();
-    const owner: ShareOwner = { uid, preferred: isPreferredOwner(this.procRoot, pid, uid, this.o.preferredGroups ?? []) };
+    const owner = shareOwnerOf(this.procRoot, pid, this.o.preferredGroups ?? []);
+    if (owner === null) return notVm();
     const slot = this.slots.room(owner);
     if (slot.room < 1) {
       this.o.onFull?.(this.full(pid, owner, slot.bound));
@@ -371,7 +367,7 @@ export class ProcScanner {
     return {
       pid,
       starttime: st.starttime,
-      uid,
+      uid: owner.uid,
       name: cmd.name,
       uuid: cmd.uuid,
       topology: cmd.topology,
@@ -402,12 +398,8 @@ export class ProcScanner {
 
   /** The pid's stat, null when there is no such pid (or it cannot be read); statReads counts the reads that worked. */
   private readStat(pid: number): ProcessStat | null {
-    let line: string;
-    try {
-      line = readProcFile(path.join(this.procRoot, String(pid), 'stat'));
-    } catch {
-      return null;
-    }
+    const line = readProcFileOr(path.join(this.procRoot, String(pid), 'stat'));
+    if (line === null) return null;
     this.cost.statReads++;
     return parseProcessStat(line);
   }
@@ -417,14 +409,6 @@ export class ProcScanner {
       return fs.readlinkSync(path.join(this.procRoot, String(pid), 'exe'));
     } catch {
       return null; // another user's process without CAP_SYS_PTRACE: unknown
-    }
-  }
-
-  private ownerUid(pid: number): number | null {
-    try {
-      return fs.statSync(path.join(this.procRoot, String(pid))).uid;
-    } catch {
-      return null;
     }
   }
 
@@ -444,12 +428,8 @@ export class ProcScanner {
     for (const tid of tids) {
       if (out.size >= max) break;
       this.cost.threadProbes++;
-      try {
-        const comm = readProcFile(path.join(this.procRoot, String(pid), 'task', String(tid), 'comm'));
-        out.set(tid, comm.endsWith('\n') ? comm.slice(0, -1) : comm);
-      } catch {
-        /* exited meanwhile */
-      }
+      const comm = readProcFileOr(path.join(this.procRoot, String(pid), 'task', String(tid), 'comm'));
+      if (comm !== null) out.set(tid, comm.endsWith('\n') ? comm.slice(0, -1) : comm); // null: exited meanwhile
     }
     return out;
   }
@@ -479,19 +459,11 @@ function otherOf(st: ProcessStat, young: boolean): Other {
 
 /** Field 5 of /proc/loadavg ("running/total lastpid"): the last pid handed out, or null. */
 function readLastPid(procRoot: string): number | null {
-  try {
-    const f = readProcFile(path.join(procRoot, 'loadavg')).trim().split(' ');
-    const v = Number(f[4]);
-    return Number.isSafeInteger(v) && v > 0 ? v : null;
-  } catch {
-    return null;
-  }
+  const v = Number(readProcFileOr(path.join(procRoot, 'loadavg'))?.trim().split(' ')[4]);
+  return Number.isSafeInteger(v) && v > 0 ? v : null;
 }
 
 function readUptime(procRoot: string): number {
-  try {
-    return Number(readProcFile(path.join(procRoot, 'uptime')).split(' ')[0]);
-  } catch {
-    return Infinity; // unknown: nothing counts as young
-  }
+  const text = readProcFileOr(path.join(procRoot, 'uptime'));
+  return text === null ? Infinity : Number(text.split(' ')[0]); // unknown: nothing counts as young
 }

@@ -1,10 +1,8 @@
 /**
- * The QEMU version of a process, read from its executable (its --version string is one literal in
- * it). No path a process chose is opened (docs/security.md, "Exact mode's peers"): every file is first
- * only looked up (O_PATH: a device or FIFO is never opened) and checked with fstat, then read through
- * that fd. The executable is /proc/<pid>/exe when the helper may follow it; else an absolute argv[0],
- * only when it is an installed program (a regular executable owned by root, writable by no one else,
- * of at least MIN_EXE_BYTES). Each executable is scanned once, asynchronously.
+ * The QEMU version of a process, read from its executable (its --version string is a literal in it),
+ * opening no path a process chose (docs/security.md, "Exact mode's peers"): a file is looked up with
+ * O_PATH (no device or FIFO opened), checked with fstat, then read through that fd. /proc/<pid>/exe,
+ * else an absolute argv[0] that is an installed program. Each executable is scanned once.
  */
 import fs from 'node:fs';
 

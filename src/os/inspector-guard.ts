@@ -1,8 +1,7 @@
 /**
- * Keeps Node's inspector shut: Node 20 opens it on 127.0.0.1:9229 when any process of the same uid
- * sends SIGUSR1, and whoever connects runs code in the daemon (docs/security.md, "A debugger opened by
- * SIGUSR1"). A JavaScript SIGUSR1 listener replaces Node's own handler, so installSigusr1Guard() runs
- * before anything else (src/bin/guard.ts). closeOpenInspector() closes one opened anyway (--inspect).
+ * Keeps Node's inspector shut: SIGUSR1 from any process of our uid opens it, and whoever connects runs
+ * code in the daemon (docs/security.md, "A debugger opened by SIGUSR1"). A JavaScript listener replaces
+ * Node's handler, so installSigusr1Guard() runs first (src/bin/guard.ts).
  */
 import fs from 'node:fs';
 import inspector from 'node:inspector';

@@ -1,9 +1,7 @@
 /**
- * Giving back the clean file-backed pages start-up touched (most of them the node binary's):
- * madvise(MADV_DONTNEED) takes them out of the page tables, the page cache keeps them, and a later
- * access maps them again with a minor fault, no I/O (docs/performance.md). Only mappings whose every
- * page is a clean copy of the file qualify (a private page written once, e.g. a debugger's
- * breakpoint, would be lost); a smaps block that does not read as expected is left alone.
+ * Giving back the clean file-backed pages start-up touched (docs/performance.md): MADV_DONTNEED unmaps
+ * them, the page cache keeps them. Only mappings whose every page is a clean copy of the file qualify
+ * (a private page written once, e.g. a breakpoint, would be lost); a smaps block not read as expected is left.
  */
 import fs from 'node:fs';
 import { dropMappedPages } from './libc/memfd-mmap.js';

@@ -8,7 +8,7 @@ import { pidfdAlive } from './libc/processes.js';
 import { getPeerCredentials, peerPidfd, type PeerCredentials } from './libc/sockets.js';
 import { MAX_TID } from '../model/vcpus.js';
 import { parseProcStatus } from './privileges/proc-status.js';
-import { readProcFile } from './proc-file.js';
+import { readProcFileOr } from './proc-file.js';
 
 /** The fd under a net.Socket (libuv handle); undefined once closed or for non-fd handles. */
 export function socketFd(socket: net.Socket): number | undefined {
@@ -75,12 +75,8 @@ export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolea
  */
 export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number): boolean {
   if (peer.gid === gid) return true;
-  let text: string;
-  try {
-    text = readProcFile(path.join(procRoot, String(peer.pid), 'status'), 'utf8');
-  } catch {
-    return false;
-  }
+  const text = readProcFileOr(path.join(procRoot, String(peer.pid), 'status'), 'utf8');
+  if (text === null) return false;
   const st = parseProcStatus(text);
   if (st.uid[0] !== peer.uid || st.uid[1] !== peer.uid) return false;
   return st.gid[1] === gid || st.groups.includes(gid);

@@ -30,3 +30,12 @@ export function readProcFile(file: string, encoding: 'latin1' | 'utf8' = 'latin1
     fs.closeSync(fd);
   }
 }
+
+/** readProcFile, or null when the file cannot be read (the process gone, no permission, too long). */
+export function readProcFileOr(file: string, encoding: 'latin1' | 'utf8' = 'latin1'): string | null {
+  try {
+    return readProcFile(file, encoding);
+  } catch {
+    return null;
+  }
+}

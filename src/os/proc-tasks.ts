@@ -1,16 +1,12 @@
 /**
- * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: each stat
- * file stays open and is re-read with pread (procfs regenerates it on every read), the task directory
- * is listed only when the thread set may have changed, and what has not run since its line was read
- * is not read again: a process whose CPU clock did not move (the process gate, PidState), or a thread
- * whose schedstat run time did not (the thread gate, ThreadState), gets its lines as last read. A stat
- * line costs the kernel several microseconds; a CPU clock a fraction of one (docs/daemon.md, "Sampling cost").
- * A vanished thread or process (ENOENT, ESRCH) is simply absent. Any other failure (EMFILE, ENOMEM)
- * says nothing about the process and is contained to it: a process read before goes on from the threads
- * it kept (notWhole()); only a process never read gets a TaskReadError.
- * A process with more threads than its KeptFdLedger grant is sampled from the threads it kept (main
- * first, then ascending tid) and gets no new thread until forgotten: a thread added later would bring
- * the CPU time of its whole life into one interval (docs/daemon.md, "File descriptors").
+ * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: stat fds stay
+ * open and are pread again (procfs regenerates the file on every read), the task directory is listed
+ * only when the thread set may have changed, and a process whose CPU clock did not move (PidState) or a
+ * thread whose schedstat run time did not (ThreadState) gets its lines as last read (docs/daemon.md,
+ * "Sampling cost"). A thread or process gone (ENOENT, ESRCH) is absent; any other failure is contained
+ * to its process: one read before goes on from the threads it kept (notWhole()), one never read gets a
+ * TaskReadError. A process over its KeptFdLedger grant gets no new thread until forgotten: one added
+ * later would bring its whole life's CPU time into one interval (docs/daemon.md, "File descriptors").
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -39,16 +35,9 @@ export class TaskReadError extends Error {
 }
 
 const { ENOENT, ESRCH } = os.constants.errno;
-const outOfFds = (code: string | undefined): boolean => code === 'EMFILE' || code === 'ENFILE';
-
-function isGone(e: unknown): boolean {
-  const code = (e as NodeJS.ErrnoException).code;
-  return code === 'ENOENT' || code === 'ESRCH';
-}
-
-function codeOf(e: unknown): string {
-  return (e as NodeJS.ErrnoException).code ?? (e as Error).message;
-}
+const outOfFds = (code: string): boolean => code === 'EMFILE' || code === 'ENFILE';
+const codeOf = (e: unknown): string => (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+const isGone = (e: unknown): boolean => codeOf(e) === 'ENOENT' || codeOf(e) === 'ESRCH';
 
 /** Upper bound of a stat line: 52 numeric fields of at most 20 digits plus a 64-byte comm. */
 const BUF_SIZE = 4096;
@@ -68,15 +57,12 @@ const DIRECT_READS = 14;
 const CLOSE_PAREN = 0x29;
 const RUNNING = 0x52; // 'R'
 
-/**
- * One thread of a sampled process. Its line is served again without reading it when its schedstat
- * run time equals the one read just before that line was (the thread gate, os/schedstat-gate.ts).
- */
+/** A thread: its line is served again while its schedstat run time is the one read just before it (os/schedstat-gate.ts). */
 interface ThreadState {
   fd: number;
-  /** fd of its schedstat file; -1 for the main thread (always read) or when the kernel has none. */
+  /** schedstat fd; -1 for the main thread (always read) or when the kernel has none. */
   sfd: number;
-  /** The last line (no trailing newline) and its bytes, to compare the next read with. */
+  /** The last line (no trailing newline) and its bytes. */
   line: string | null;
   bytes: Buffer | null;
   /** That run time (ns) exactly: its decimal digits but the last 9, and those 9. runtimeHi -1: not known. */
@@ -84,7 +70,6 @@ interface ThreadState {
   runtimeLo: number;
   /** The last line's state was R: its run time may lag (nohz_full): read every time. */
   running: boolean;
-  /** Reads answered from `line` in a row. */
   gated: number;
   /** Probes in a row that found the thread had run. */
   moved: number;
@@ -93,31 +78,25 @@ interface ThreadState {
 }
 
 /**
- * One sampled process. The process gate: `cpuNs` is its CPU clock (every thread's run time summed,
- * exited ones included) read just before the last read that read or checked every thread's line.
- * The clock at the same value means no thread ran since, and none was born or ended (a thread runs
- * to be born or to exit), so every line is as it was, the main thread's included. The clock is read
- * by pid: a pid reused by another process would have to show the same CPU time to the nanosecond to
- * pass (a process that ended without reuse has no clock: its main thread's fd is read and fails).
+ * A process. The process gate: `cpuNs`, its CPU clock (all threads' run time, exited ones included)
+ * read before the last full read, unchanged means no thread ran, was born or ended since (each runs to
+ * do so): every line is as it was. Read by pid: a reused pid would need the same CPU time to the ns.
  */
 interface PidState {
   pid: number;
-  /** The main thread's stat fd doubles as the liveness probe. */
   threads: Map<number, ThreadState>;
   numThreads: number;
   readsSinceList: number;
-  /** -1n: not known. */
   cpuNs: bigint;
   /** A thread was running (state R) at the last read: the clock may lag (nohz_full), no gate. */
   running: boolean;
   gated: number;
-  /** What the last read returned: handed out again while the process gate answers. */
   lastOut: Map<number, string> | null;
   /** Over its share of fds: none of its threads added, the task directory no longer listed. */
   frozen: boolean;
   /** The last listing could not open every new thread (out of fds): tried again at the next read. */
   short: boolean;
-  /** Threads the process had when last counted (its main thread's num_threads, or the last listing). */
+  /** Threads when last counted (the main thread's num_threads, or the last listing). */
   listed: number;
 }
 
@@ -161,7 +140,7 @@ export interface TaskReadCost {
 
 export class ProcTaskReader {
   private readonly pids = new Map<number, PidState>();
-  /** Where the next process's and thread's count of gated reads starts (see MAX_GATED_READS). */
+  /** Where the next count of gated reads starts (see MAX_GATED_READS). */
   private phase = 0;
   private readonly buf = Buffer.alloc(BUF_SIZE);
   private readonly sbuf = Buffer.alloc(SCHEDSTAT_BYTES);
@@ -170,7 +149,6 @@ export class ProcTaskReader {
   /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
   private readonly clockGate: boolean;
   private readonly ledger: KeptFdLedger | undefined;
-  /** Directory listings so far (tests and the bench). */
   listings = 0;
   readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
 
@@ -198,10 +176,8 @@ export class ProcTaskReader {
   }
 
   /**
-   * Every thread's stat line (no trailing newline), tid -> line; null when the process is gone.
-   * Threads that exited mid-way are left out. When nothing changed, this is the very map the previous
-   * read returned: do not modify it. Another failure gives the lines as last read (not whole); only
-   * for a process never read it throws TaskReadError.
+   * tid -> stat line (no newline), threads that exited left out; null when the process is gone. When
+   * nothing changed, the very map the previous read returned: do not modify it.
    */
   read(pid: number): Map<number, string> | null {
     try {
@@ -234,14 +210,12 @@ export class ProcTaskReader {
         listed: 0,
       };
       this.pids.set(pid, st);
-      let listed: boolean;
       try {
-        listed = this.list(pid, st);
+        if (!this.list(pid, st)) return this.gone(pid);
       } catch (e) {
         this.forget(pid); // never read: nothing of it is kept
         throw e;
       }
-      if (!listed) return this.gone(pid);
     }
     // The clock first: the lines read after it are at least as new.
     const cpuNs = this.clockGate ? processCpuTimeNs(pid) : -1n;
@@ -358,7 +332,6 @@ export class ProcTaskReader {
     return this.readLine(st, tid, t);
   }
 
-  /** On failure the thread is dropped (fds closed). */
   private readLine(st: PidState, tid: number, t: ThreadState): string | null {
     this.cost.statReads++;
     t.gated = t.line === null ? this.nextPhase() : 0;
@@ -416,7 +389,7 @@ export class ProcTaskReader {
       names = fs.readdirSync(dir);
     } catch (e) {
       if (isGone(e)) return false;
-      if (hadThreads && isOutOfFds(e)) {
+      if (hadThreads && outOfFds(codeOf(e))) {
         st.short = true;
         return true;
       }
@@ -441,9 +414,9 @@ export class ProcTaskReader {
   }
 
   /**
-   * Opens the fds of each new thread as far as the ledger's grant goes (beyond it: frozen); a thread
-   * that ended meanwhile leaves `present`. Out of fds: what this listing opened is given back, and true
-   * (short) when the process had threads already; with none, TaskReadError.
+   * Opens each new thread's fds as far as the ledger grants (beyond: frozen); one that ended meanwhile
+   * leaves `present`. Out of fds: what this listing opened is given back; true (short) when the process
+   * had threads, else TaskReadError.
    */
   private openThreads(st: PidState, dir: string, fresh: number[], present: Set<number>, hadThreads: boolean): boolean {
     const pid = st.pid;
@@ -467,15 +440,13 @@ export class ProcTaskReader {
         break;
       }
       granted -= need;
-      const name = String(tid);
-      let file = path.join(dir, name, 'stat');
+      let file = path.join(dir, String(tid), 'stat');
       try {
-        const fd = fs.openSync(file, fs.constants.O_RDONLY);
-        const t = newThread(fd);
+        const t = newThread(fs.openSync(file, fs.constants.O_RDONLY));
         st.threads.set(tid, t);
         opened.push(tid);
         if (need === 2) {
-          file = path.join(dir, name, 'schedstat');
+          file = path.join(dir, String(tid), 'schedstat');
           t.sfd = openSchedstat(file);
           if (t.sfd < 0) this.ledger?.release(pid, 1);
         }
@@ -494,7 +465,7 @@ export class ProcTaskReader {
           const t = st.threads.get(o);
           if (t !== undefined) this.drop(st, o, t);
         }
-        if (hadThreads && isOutOfFds(e)) {
+        if (hadThreads && outOfFds(codeOf(e))) {
           st.short = true;
           st.numThreads = st.threads.size;
           return true;
@@ -507,11 +478,7 @@ export class ProcTaskReader {
   }
 }
 
-/**
- * Whether the pids under `procRoot` are those of this process's pid namespace (its `self` is our
- * pid): a /proc of another namespace (a host's /proc mounted in a container, a test's tree) names
- * other processes by those numbers, and a CPU clock read by pid would be another process's.
- */
+/** Whether `procRoot`'s pids are our namespace's (its `self` is us): else a CPU clock read by pid is another process's. */
 function pidsAreOurs(procRoot: string): boolean {
   try {
     return fs.readlinkSync(path.join(procRoot, 'self')) === String(process.pid);
@@ -537,10 +504,7 @@ function newThread(fd: number): ThreadState {
   return { fd, sfd: -1, line: null, bytes: null, runtimeHi: -1, runtimeLo: 0, running: false, gated: 0, moved: 0, direct: 0 };
 }
 
-/**
- * fd of a thread's schedstat, or -1 when this kernel has none (no CONFIG_SCHED_INFO): that thread's
- * stat is then read every time. Throws what open throws otherwise (the thread gone, out of fds).
- */
+/** fd of a thread's schedstat; -1 when the kernel has none (no CONFIG_SCHED_INFO: the stat is read every time). */
 function openSchedstat(file: string): number {
   try {
     return fs.openSync(file, fs.constants.O_RDONLY);
@@ -548,8 +512,4 @@ function openSchedstat(file: string): number {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT' && fs.existsSync(path.dirname(file))) return -1;
     throw e;
   }
-}
-
-function isOutOfFds(e: unknown): boolean {
-  return outOfFds((e as NodeJS.ErrnoException).code);
 }

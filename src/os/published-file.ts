@@ -1,8 +1,7 @@
 /**
- * A file this process publishes to readers it does not trust (docs/stats-fd.md "The file"): a memfd
- * of a fixed size, mapped MAP_SHARED, then sealed so that its size never changes under a reader's
- * mapping and only the mapping made before the seal writes (F_SEAL_FUTURE_WRITE). A reader holds a
- * read-only reopen as long as it likes: the file lives until its last fd is closed.
+ * A file published to readers this process does not trust (docs/stats-fd.md "The file"): a memfd mapped
+ * MAP_SHARED, then sealed so its size never changes under a reader and only the mapping made before the
+ * seal writes (F_SEAL_FUTURE_WRITE). A reader keeps a read-only reopen as long as it likes.
  */
 import fs from 'node:fs';
 import { closeFd } from './libc/fds.js';

@@ -1,12 +1,10 @@
 /**
- * Subordinate uids (subuid(5)): a user may run processes as each uid of its ranges (65,536 by
- * default) through a user namespace. They are one user's: a share per uid would give that user 65,536
- * shares. The file is read again when it or /etc/passwd changed; a range whose NAME is no user counts
- * as one owner all the same, named by its first uid.
+ * Subordinate uids (subuid(5)) are their user's: a share per uid would give one user 65,536 shares.
+ * Read again when the file or /etc/passwd changed; a range whose NAME is no user is one owner, its first uid.
  */
 import fs from 'node:fs';
 import { resolveUser } from './privileges/accounts.js';
-import { readProcFile } from './proc-file.js';
+import { readProcFileOr } from './proc-file.js';
 
 interface Range {
   start: number;
@@ -69,7 +67,7 @@ export class SubordinateUids {
     const now = `${signature(this.subuidFile)} ${signature(this.passwdFile)}`;
     if (now === this.seen) return;
     this.seen = now;
-    this.ranges = parseSubordinateUids(readOr(this.subuidFile), readOr(this.passwdFile));
+    this.ranges = parseSubordinateUids(readProcFileOr(this.subuidFile, 'utf8') ?? '', readProcFileOr(this.passwdFile, 'utf8') ?? '');
   }
 }
 
@@ -79,13 +77,5 @@ function signature(file: string): string {
     return `${st.ino}:${st.size}:${st.mtimeNs}`;
   } catch {
     return 'missing';
-  }
-}
-
-function readOr(file: string): string {
-  try {
-    return readProcFile(file, 'utf8');
-  } catch {
-    return '';
   }
 }

@@ -1,20 +1,15 @@
 /** A VM given on the command line (--pid, --vcpus), each vCPU checked to be a thread of that pid. */
-import fs from 'node:fs';
 import path from 'node:path';
 import { tidBelongsTo } from './peer.js';
 import { readStarttime } from './proc-starttime.js';
+import { readProcFileOr } from './proc-file.js';
 import type { VcpuSpec } from '../model/vcpus.js';
 import type { VmSpec } from '../model/vm.js';
 
 /** Tgid (process id) of a thread, from /proc/<tid>/status; null when it does not exist. */
 export function threadGroupOf(procRoot: string, tid: number): number | null {
-  let text: string;
-  try {
-    text = fs.readFileSync(path.join(procRoot, String(tid), 'status'), 'utf8');
-  } catch {
-    return null;
-  }
-  const m = /^Tgid:\s*(\d+)$/m.exec(text);
+  const text = readProcFileOr(path.join(procRoot, String(tid), 'status'), 'utf8');
+  const m = text === null ? null : /^Tgid:\s*(\d+)$/m.exec(text);
   return m ? Number(m[1]) : null;
 }
 

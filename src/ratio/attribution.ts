@@ -42,7 +42,7 @@ import {
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
-export interface ThreadTotals {
+interface ThreadTotals {
   /** In the order of the VM's vCPU list; a vCPU not yet seen has 0. */
   vcpus: { tid: number; vpkg: number; energyJ: number; ticks: number }[];
   /** Ticks of every thread that is not a vCPU (emulator, I/O threads), summed. */

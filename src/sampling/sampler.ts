@@ -16,10 +16,9 @@ export class Sampler {
   ) {}
 
   /**
-   * The timestamp is taken once, right before the energy read: the counters move continuously, tick
-   * counts only at tick boundaries. A pid whose process is gone is absent from `tasks`. Throws when the
-   * package energy cannot be read (EnergyReadError): the sample is skipped. A process never read
-   * (TaskReadError, e.g. EMFILE) is left out of this sample, which the engine takes as its end.
+   * The time is taken right before the energy read (the counters move continuously, ticks only at tick
+   * boundaries). Throws EnergyReadError when the package cannot be read. A process gone, or never read
+   * (TaskReadError, e.g. EMFILE), is absent from `tasks`: the engine takes that as its end.
    */
   sample(pids: Iterable<number>): Sample {
     const wanted = new Set(pids);
@@ -31,9 +30,8 @@ export class Sampler {
   }
 
   /**
-   * The same sample one VM per step, run in slices (time-slices.ts): the energy first, then each pid
-   * of `pids()`, asked again before each read (a VM registered meanwhile is read at the end, without a
-   * step, so the engine never takes a VM for ended because its pid came late).
+   * The same sample one VM per step (time-slices.ts); `pids()` is asked again before each read, and a VM
+   * registered meanwhile is read at the end, so the engine never takes a late pid for an ended VM.
    */
   *sampleSteps(pids: () => ReadonlySet<number>): Generator<null, Sample, undefined> {
     const tNs = this.clock();

@@ -1,37 +1,19 @@
 /**
- * The sampling loop behind v2: one tick every `intervalMs` (tick-loop.ts) while a registered VM is
- * live or a hold is taken (discovery on), and the steps an interval calls in order: begin(), take()
- * (the sample), attribute() (the ratio engine), trace(), end(). The owner's interval() calls them
- * (V2Service.interval, docs/architecture.md "One interval"); nothing here calls back up.
+ * The sampling loop behind v2: a tick every `intervalMs` while a VM is live or a hold is taken, and an
+ * interval's steps: begin(), take(), attribute(), trace(), end(), which the owner's interval() calls
+ * (docs/architecture.md "One interval"); nothing here calls back up.
  */
 import type { Logger } from 'pino';
-import type { IntervalResult, VmOutput, VmTotals } from '../ratio/outputs.js';
+import type { IntervalResult } from '../ratio/outputs.js';
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
-import type { ThreadTotals } from '../ratio/attribution.js';
+import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
 
-/** The engine surface the loop uses (RatioEngine implements it). */
-export interface Engine {
-  register(vm: VmSpec): number;
-  unregister(vmId: number): void;
-  forget(vmId: number): void;
-  addSample(s: Sample): IntervalResult | null;
-  output(vmId: number): VmOutput | undefined;
-  /** Whether the VM has ended or is not known (cheaper than output(): nothing is built). */
-  ended(vmId: number): boolean;
-  nvpkg(vmId: number): number;
-  activePids(): number[];
-  updateVcpus(vmId: number, vcpus: VmSpec['vcpus']): void;
-  state(): EngineState;
-  restore(s: EngineState): void;
-  readonly guestPowerUnit: bigint;
-  threadTotals?(vmId: number): ThreadTotals | undefined;
-  /** A VM's totals into the caller's object, in place; false for no such VM. */
-  totalsInto(vmId: number, into: VmTotals): boolean;
-}
+/** The engine the loop drives. */
+export type Engine = RatioEngine;
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {

@@ -8,8 +8,7 @@ import {
   splitCmdline,
   socketOf,
 } from '../../src/discovery/qemu-cmdline.js';
-import { isQemuName, vcpuIndexOf } from '../../src/discovery/names.js';
-import { commOf, parseProcessStat, PF_KTHREAD } from '../../src/discovery/process-stat.js';
+import { commOf, isQemuName, parseProcessStat, PF_KTHREAD, vcpuIndexOf } from '../../src/discovery/names.js';
 
 const topo = (text: string, preferSockets = false) => {
   const t = parseSmp(text, preferSockets);

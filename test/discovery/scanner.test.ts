@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { parseProcessStat } from '../../src/discovery/process-stat.js';
+import { parseProcessStat } from '../../src/discovery/names.js';
 import { MAX_PIDS_PROBED, ProcScanner } from '../../src/discovery/scanner.js';
 import { ThreadedProcess } from '../support/threads.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';

@@ -1,12 +1,11 @@
 /**
  * Paths relative to a directory fd (guest-dir/: nothing followed): open, mkdir, rename and exchange,
- * unlink, symlinks, leases, inotify.
+ * unlink, symlinks, leases, inotify. Each call gives what the kernel returned (0, an fd) or -errno.
  */
 import koffi from 'koffi';
-import { libc } from './errno.js';
+import { fcntl, libc, orErrno } from './errno.js';
 
 const fn = {
-  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
   openat: libc.func('int openat(int dirfd, const char *path, int flags, uint32_t mode)'),
   mkdirat: libc.func('int mkdirat(int dirfd, const char *path, uint32_t mode)'),
   renameat: libc.func('int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)'),
@@ -32,25 +31,24 @@ export const O_PATH = 0o10000000;
 
 /** openat(2): an fd of `name` in the directory `dirFd` (O_CLOEXEC added), or -errno (ELOOP: a symlink under O_NOFOLLOW). */
 export function openAt(dirFd: number, name: string, flags: number, mode = 0): number {
-  const fd = fn.openat(dirFd, name, flags | O_CLOEXEC, mode) as number;
-  return fd >= 0 ? fd : -koffi.errno();
+  return orErrno(fn.openat(dirFd, name, flags | O_CLOEXEC, mode));
 }
 
 /** mkdirat(2): 0, or -errno (EEXIST when the name is taken, by anything). */
 export function mkdirAt(dirFd: number, name: string, mode: number): number {
-  return (fn.mkdirat(dirFd, name, mode) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.mkdirat(dirFd, name, mode));
 }
 
 /** renameat(2) within `dirFd`: replaces `to` at once. 0 or -errno. */
 export function renameAt(dirFd: number, from: string, to: string): number {
-  return (fn.renameat(dirFd, from, dirFd, to) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.renameat(dirFd, from, dirFd, to));
 }
 
 const RENAME_EXCHANGE = 2;
 
 /** renameat2(2) RENAME_EXCHANGE within `dirFd`: 0 or -errno (EINVAL where the file system cannot exchange). */
 export function exchangeAt(dirFd: number, a: string, b: string): number {
-  return (fn.renameat2(dirFd, a, dirFd, b, RENAME_EXCHANGE) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.renameat2(dirFd, a, dirFd, b, RENAME_EXCHANGE));
 }
 
 const F_SETSIG = 10;
@@ -62,7 +60,7 @@ const LEASE_BREAK_SIGNAL = 23;
 
 /** Before takeWriteLease: a broken lease is signalled with SIGURG, not SIGIO, whose default ends the process. */
 export function signalLeaseBreaks(fd: number): number {
-  return (fn.fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL));
 }
 
 /**
@@ -70,22 +68,21 @@ export function signalLeaseBreaks(fd: number): number {
  * when one does, another -errno where leases cannot be had. While held, an open of the file waits.
  */
 export function takeWriteLease(fd: number): number {
-  return (fn.fcntl(fd, F_SETLEASE, 'int', F_WRLCK) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fcntl(fd, F_SETLEASE, 'int', F_WRLCK));
 }
 
-/** 0 or -errno. */
 export function dropLease(fd: number): number {
-  return (fn.fcntl(fd, F_SETLEASE, 'int', F_UNLCK) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fcntl(fd, F_SETLEASE, 'int', F_UNLCK));
 }
 
 /** unlinkat(2) (0x200: AT_REMOVEDIR): 0 or -errno. Removes a symlink itself, never what it names. */
 export function unlinkAt(dirFd: number, name: string, flags = 0): number {
-  return (fn.unlinkat(dirFd, name, flags) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.unlinkat(dirFd, name, flags));
 }
 
 /** symlinkat(2): a symlink `name` in `dirFd` holding `target` (never resolved here). 0 or -errno. */
 export function symlinkAt(target: string, dirFd: number, name: string): number {
-  return (fn.symlinkat(target, dirFd, name) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.symlinkat(target, dirFd, name));
 }
 
 const linkBuf = Buffer.alloc(4096);
@@ -109,8 +106,7 @@ const IN_ONLYDIR = 0x01000000;
 
 /** inotify_init1(2), non-blocking and close-on-exec: an fd, or -errno. */
 export function inotifyInit(): number {
-  const fd = fn.inotify_init1(O_NONBLOCK | O_CLOEXEC) as number;
-  return fd >= 0 ? fd : -koffi.errno();
+  return orErrno(fn.inotify_init1(O_NONBLOCK | O_CLOEXEC));
 }
 
 /**
@@ -118,11 +114,9 @@ export function inotifyInit(): number {
  * again): a watch descriptor, or -errno (ENOSPC: max_user_watches reached).
  */
 export function inotifyWatchFd(inotifyFd: number, dirFd: number, mask: number): number {
-  const wd = fn.inotify_add_watch(inotifyFd, `/proc/self/fd/${dirFd}`, mask | IN_ONLYDIR) as number;
-  return wd >= 0 ? wd : -koffi.errno();
+  return orErrno(fn.inotify_add_watch(inotifyFd, `/proc/self/fd/${dirFd}`, mask | IN_ONLYDIR));
 }
 
-/** 0 or -errno. */
 export function inotifyUnwatch(inotifyFd: number, wd: number): number {
-  return (fn.inotify_rm_watch(inotifyFd, wd) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.inotify_rm_watch(inotifyFd, wd));
 }

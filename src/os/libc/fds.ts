@@ -3,11 +3,10 @@
  * watches and epoll, truncate, chmod, xattr, fstat.
  */
 import koffi from 'koffi';
-import { errnoError, libc } from './errno.js';
+import { checkLength, errnoError, fcntl, libc, orErrno } from './errno.js';
 
 const fn = {
   close: libc.func('int close(int fd)'),
-  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
   dup2: libc.func('int dup2(int oldfd, int newfd)'),
   pread: libc.func('long pread(int fd, void *buf, size_t count, long offset)'),
   epoll_create1: libc.func('int epoll_create1(int flags)'),
@@ -27,9 +26,8 @@ const fn = {
  * /proc files per interval, and a thread that exited (ESRCH) is routine there.
  */
 export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
-  if (length > buf.length) throw new RangeError(`pread: ${length} bytes do not fit a buffer of ${buf.length}`);
-  const n = Number(fn.pread(fd, buf, length, offset));
-  return n >= 0 ? n : -koffi.errno();
+  checkLength('pread', buf, length);
+  return orErrno(fn.pread(fd, buf, length, offset));
 }
 
 const EPOLL_CLOEXEC = 0o2000000;
@@ -41,15 +39,14 @@ const epollEvent = Buffer.alloc(EPOLL_EVENT_SIZE);
 
 /** A new epoll set (close-on-exec): its fd, or -errno. */
 export function epollCreate(): number {
-  const fd = fn.epoll_create1(EPOLL_CLOEXEC) as number;
-  return fd >= 0 ? fd : -koffi.errno();
+  return orErrno(fn.epoll_create1(EPOLL_CLOEXEC));
 }
 
 /** Watches `fd` for reading in the set `epfd`, with `data` (a u32) handed back when it is ready: 0, or -errno. */
 export function epollAdd(epfd: number, fd: number, data: number): number {
   epollEvent.writeUInt32LE(EPOLLIN, 0);
   epollEvent.writeBigUInt64LE(BigInt(data >>> 0), 4);
-  return (fn.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, epollEvent) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, epollEvent));
 }
 
 /**
@@ -71,8 +68,7 @@ const F_DUPFD_CLOEXEC = 1030;
 
 /** A second fd for the file description of `fd` (close-on-exec), or -errno (EMFILE when out of fds). */
 export function dupCloexec(fd: number): number {
-  const n = fn.fcntl(fd, F_DUPFD_CLOEXEC, 'int', 0) as number;
-  return n >= 0 ? n : -koffi.errno();
+  return orErrno(fcntl(fd, F_DUPFD_CLOEXEC, 'int', 0));
 }
 
 /** Makes `newfd` a copy of `oldfd` (closing what `newfd` was); the copy survives execve. Throws with errno. */
@@ -81,10 +77,10 @@ export function dup2(oldfd: number, newfd: number): void {
 }
 
 function setCloexec(fd: number, on: boolean): void {
-  const flags = fn.fcntl(fd, F_GETFD) as number;
+  const flags = fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
   const want = on ? flags | FD_CLOEXEC : flags & ~FD_CLOEXEC;
-  if (want !== flags && (fn.fcntl(fd, F_SETFD, 'int', want) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
+  if (want !== flags && (fcntl(fd, F_SETFD, 'int', want) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
 }
 
 /** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
@@ -116,33 +112,27 @@ export function watchReadable(fd: number, onReadable: () => void): FdWatch {
   return { close: () => handle.close() };
 }
 
-/** pwrite(2) of buf[0, length) at `offset`: the count written, or -errno. */
+// pwrite, ftruncate, write, fchmod, fsetxattr, fstat, read: the count (or 0), or -errno.
 export function pwriteFd(fd: number, buf: Buffer, length: number, offset: number): number {
-  if (length > buf.length) throw new RangeError(`pwrite: ${length} bytes exceed a buffer of ${buf.length}`);
-  const n = Number(fn.pwrite(fd, buf, length, offset));
-  return n >= 0 ? n : -koffi.errno();
+  checkLength('pwrite', buf, length);
+  return orErrno(fn.pwrite(fd, buf, length, offset));
 }
 
-/** ftruncate(2): 0 or -errno. */
 export function truncateFd(fd: number, length: number): number {
-  return (fn.ftruncate(fd, length) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.ftruncate(fd, length));
 }
 
-/** write(2) of buf[0, length): the count written, or -errno. */
 export function writeFd(fd: number, buf: Buffer, length: number): number {
-  if (length > buf.length) throw new RangeError(`write: ${length} bytes exceed a buffer of ${buf.length}`);
-  const n = Number(fn.write(fd, buf, length));
-  return n >= 0 ? n : -koffi.errno();
+  checkLength('write', buf, length);
+  return orErrno(fn.write(fd, buf, length));
 }
 
-/** fchmod(2): 0 or -errno. */
 export function fchmodFd(fd: number, mode: number): number {
-  return (fn.fchmod(fd, mode) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.fchmod(fd, mode));
 }
 
-/** fsetxattr(2) of `name` to `value`: 0 or -errno. */
 export function fsetxattrFd(fd: number, name: string, value: Buffer): number {
-  return (fn.fsetxattr(fd, name, value, value.length, 0) as number) === 0 ? 0 : -koffi.errno();
+  return orErrno(fn.fsetxattr(fd, name, value, value.length, 0));
 }
 
 /** Bytes of x86_64's struct stat (asm/stat.h): the buffer fstatRaw fills. */
@@ -150,18 +140,13 @@ export const STAT_SIZE = 144;
 /** Where st_atim lies in it (16 bytes: seconds, then nanoseconds). */
 export const STAT_ATIME_AT = 72;
 
-/**
- * fstat(2) into `buf` (at least STAT_SIZE bytes) as the kernel lays it out: 0 or -errno. For a check
- * run for many fds each sample: Node's fstatSync makes an object of BigInts each call.
- */
+/** fstat(2) into `buf` as the kernel lays it out: for many fds each sample (Node's fstatSync makes an object of BigInts). */
 export function fstatRaw(fd: number, buf: Buffer): number {
-  if (buf.length < STAT_SIZE) throw new RangeError(`fstat: a buffer of ${buf.length} bytes is under ${STAT_SIZE}`);
-  return (fn.fstat(fd, buf) as number) === 0 ? 0 : -koffi.errno();
+  checkLength('fstat', buf, STAT_SIZE);
+  return orErrno(fn.fstat(fd, buf));
 }
 
-/** read(2) into buf[0, length): the count read, or -errno (EAGAIN: nothing to read on a non-blocking fd). */
 export function readFd(fd: number, buf: Buffer, length: number): number {
-  if (length > buf.length) throw new RangeError(`read: ${length} bytes exceed a buffer of ${buf.length}`);
-  const n = Number(fn.read(fd, buf, length));
-  return n >= 0 ? n : -koffi.errno();
+  checkLength('read', buf, length);
+  return orErrno(fn.read(fd, buf, length));
 }

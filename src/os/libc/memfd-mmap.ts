@@ -2,10 +2,9 @@
  * Memory: memfd with seals, shared mappings of a file, and memory given back (malloc_trim, madvise).
  */
 import koffi from 'koffi';
-import { errnoError, libc } from './errno.js';
+import { errnoError, fcntl, libc } from './errno.js';
 
 const fn = {
-  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
   malloc_trim: libc.func('int malloc_trim(size_t pad)'),
   madvise: libc.func('int madvise(uintptr_t addr, size_t length, int advice)'),
   memfd_create: libc.func('int memfd_create(const char *name, unsigned int flags)'),
@@ -49,12 +48,12 @@ export function memfdCreate(name: string): number {
 
 /** fcntl(F_ADD_SEALS); EPERM once F_SEAL_SEAL is set, EBUSY for F_SEAL_WRITE over a writable mapping. */
 export function addSeals(fd: number, seals: number): void {
-  if ((fn.fcntl(fd, F_ADD_SEALS, 'int', seals) as number) < 0) throw errnoError(`fcntl(${fd}, F_ADD_SEALS)`);
+  if ((fcntl(fd, F_ADD_SEALS, 'int', seals) as number) < 0) throw errnoError(`fcntl(${fd}, F_ADD_SEALS)`);
 }
 
 /** fcntl(F_GET_SEALS) (EINVAL for a file that cannot be sealed). */
 export function getSeals(fd: number): number {
-  const seals = fn.fcntl(fd, F_GET_SEALS) as number;
+  const seals = fcntl(fd, F_GET_SEALS) as number;
   if (seals < 0) throw errnoError(`fcntl(${fd}, F_GET_SEALS)`);
   return seals;
 }

@@ -4,7 +4,7 @@
  */
 import os from 'node:os';
 import koffi from 'koffi';
-import { errnoError, libc } from './errno.js';
+import { errnoError, libc, orErrno } from './errno.js';
 
 const fn = {
   prctlName: libc.func('prctl', 'int', ['int', 'str', 'ulong', 'ulong', 'ulong']),
@@ -78,8 +78,7 @@ const PIDFD_THREAD = 0o200;
  * -errno (ESRCH: no such thread; EINVAL: a kernel without PIDFD_THREAD; EMFILE: out of fds).
  */
 export function pidfdOpenThread(tid: number): number {
-  const fd = Number(fn.syscall(SYS_PIDFD_OPEN, 'int', tid, 'unsigned int', PIDFD_THREAD));
-  return fd >= 0 ? fd : -koffi.errno();
+  return orErrno(fn.syscall(SYS_PIDFD_OPEN, 'int', tid, 'unsigned int', PIDFD_THREAD));
 }
 
 /** prctl(PR_SET_NAME): the calling thread's name (comm), cut to 15 bytes by the kernel. */
@@ -87,14 +86,10 @@ export function setThreadName(name: string): void {
   if ((fn.prctlName(15, name, 0, 0, 0) as number) < 0) throw errnoError('prctl(PR_SET_NAME)');
 }
 
-function sysconf(name: number): number {
-  const v = Number(fn.sysconf(name));
-  if (v < 0) throw errnoError(`sysconf(${name})`);
-  return v;
-}
-
 export function clockTicksPerSecond(): number {
-  return sysconf(SC_CLK_TCK);
+  const v = Number(fn.sysconf(SC_CLK_TCK));
+  if (v < 0) throw errnoError(`sysconf(${SC_CLK_TCK})`);
+  return v;
 }
 
 export function gettid(): number {

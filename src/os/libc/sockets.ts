@@ -3,7 +3,7 @@
  * datagrams, fds passed over AF_UNIX sockets (SCM_RIGHTS), socket types, socketpair.
  */
 import koffi from 'koffi';
-import { errnoError, libc } from './errno.js';
+import { checkLength, errnoError, libc, orErrno } from './errno.js';
 import { closeFd } from './fds.js';
 
 /** x86_64's iovec and msghdr (anonymous koffi types: this module may be loaded twice in a process). */
@@ -23,7 +23,6 @@ const fn = {
   socket: libc.func('int socket(int domain, int type, int protocol)'),
   send: libc.func('long send(int fd, const void *buf, size_t len, int flags)'),
   recv: libc.func('long recv(int fd, void *buf, size_t len, int flags)'),
-  sendto: libc.func('long sendto(int fd, const void *buf, size_t len, int flags, const void *addr, uint32_t addrlen)'),
   poll: libc.func('int poll(void *fds, unsigned long nfds, int timeout)'),
   sendmsg: libc.func('sendmsg', 'long', ['int', koffi.pointer(msghdrType), 'int']),
   recvmsg: libc.func('recvmsg', 'long', ['int', koffi.inout(koffi.pointer(msghdrType)), 'int']),
@@ -45,15 +44,13 @@ export const SOCK_SEQPACKET = 5;
  * sent, or -errno (EAGAIN: its send buffer is full; EPIPE/ECONNRESET: the peer is gone).
  */
 export function sendNow(fd: number, buf: Buffer, length: number): number {
-  if (length > buf.length) throw new RangeError(`send: ${length} bytes exceed a buffer of ${buf.length}`);
-  const n = Number(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
-  return n >= 0 ? n : -koffi.errno();
+  checkLength('send', buf, length);
+  return orErrno(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
 }
 
 /** recv(2) into buf, never blocking: the count received, or -errno (EAGAIN: nothing queued). */
 export function recvNow(fd: number, buf: Buffer): number {
-  const n = Number(fn.recv(fd, buf, buf.length, MSG_DONTWAIT));
-  return n >= 0 ? n : -koffi.errno();
+  return orErrno(fn.recv(fd, buf, buf.length, MSG_DONTWAIT));
 }
 
 /** socket(2) with SOCK_CLOEXEC: the fd; throws (errno named, the call as `call` says it) when it cannot be made. */
@@ -117,14 +114,7 @@ export function sockaddrUn(name: string): { addr: Buffer; len: number } {
 
 /** One AF_UNIX datagram to `name` (a path or '@abstract'), from a fresh socket closed right after. */
 export function sendUnixDatagram(name: string, payload: Buffer): void {
-  const { addr, len } = sockaddrUn(name);
-  const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
-  try {
-    const n = Number(fn.sendto(fd, payload, payload.length, MSG_NOSIGNAL, addr, len));
-    if (n < 0) throw errnoError(`sendto(${name})`);
-  } finally {
-    closeFd(fd);
-  }
+  sendUnixDatagramWithFds(name, payload, [], `sendto(${name})`);
 }
 
 const POLLHUP = 0x10;
@@ -193,20 +183,16 @@ export function decodeScmRights(control: Buffer, length: number): number[] {
 }
 
 const SO_TYPE = 3;
+const SO_ACCEPTCONN = 30;
 
-export function socketType(fd: number): number {
-  const v = intOption(fd, SO_TYPE);
-  if (v === null) throw errnoError('getsockopt(SO_TYPE)');
+function intOptionOrThrow(fd: number, option: number, name: string): number {
+  const v = intOption(fd, option);
+  if (v === null) throw errnoError(`getsockopt(${name})`);
   return v;
 }
 
-const SO_ACCEPTCONN = 30;
-
-export function isListeningSocket(fd: number): boolean {
-  const v = intOption(fd, SO_ACCEPTCONN);
-  if (v === null) throw errnoError('getsockopt(SO_ACCEPTCONN)');
-  return v !== 0;
-}
+export const socketType = (fd: number): number => intOptionOrThrow(fd, SO_TYPE, 'SO_TYPE');
+export const isListeningSocket = (fd: number): boolean => intOptionOrThrow(fd, SO_ACCEPTCONN, 'SO_ACCEPTCONN') !== 0;
 
 function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {
   const err = errnoError(call, errno);
@@ -244,10 +230,9 @@ function sendmsgTo(
 }
 
 /**
- * sendmsg(2) of `data` with `fds` attached on a connected AF_UNIX socket: the bytes sent, which on a
- * stream socket may be fewer (the fds went with the first byte; send the rest without them). On a
- * stream socket fds need at least one byte to ride on (the kernel would drop them silently); a
- * datagram may carry fds alone. Never raises SIGPIPE.
+ * sendmsg(2) of `data` with `fds` on a connected AF_UNIX socket, never raising SIGPIPE: the bytes sent
+ * (on a stream socket maybe fewer: the fds went with the first byte). On a stream socket fds need a
+ * byte to ride on (the kernel would drop them silently); a datagram may carry fds alone.
  */
 export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
   if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM)
@@ -256,11 +241,11 @@ export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags 
 }
 
 /** sendUnixDatagram with `fds` attached. */
-export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[]): void {
+export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[], call = `sendmsg(${name})`): void {
   const addr = sockaddrUn(name);
   const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
   try {
-    sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, `sendmsg(${name})`);
+    sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, call);
   } finally {
     closeFd(fd);
   }

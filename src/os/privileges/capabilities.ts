@@ -13,11 +13,7 @@ export const RAWIO_MASK = 1n << BigInt(CAP_SYS_RAWIO);
 const PR_CAP_AMBIENT = 47;
 const PR_CAP_AMBIENT_CLEAR_ALL = 4;
 const PR_SET_SECUREBITS = 28;
-/**
- * SECBIT_NOROOT and SECBIT_NO_CAP_AMBIENT_RAISE, each with its lock: an exec by uid 0 gets no
- * capability from the (already empty) bounding set, no ambient capability can be raised, and neither
- * can be undone. KEEP_CAPS is locked off too.
- */
+/** SECBIT_NOROOT and NO_CAP_AMBIENT_RAISE on, KEEP_CAPS off, each locked: an exec by uid 0 gains nothing, nothing goes ambient. */
 const LOCKED_SECUREBITS = 0x01 | 0x02 | 0x20 | 0x40 | 0x80;
 
 export interface DropOptions {

@@ -10,11 +10,7 @@ import { execve, ignoreSignal, restoreSignalAction } from '../libc/processes.js'
 import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
 import { CAP_SETPCAP, dropPrivileges, type DropOptions } from './capabilities.js';
 
-/**
- * Node flags the re-executed daemon starts with, unless node was given them already: a young
- * generation of at most 4 MiB per semi-space (fewer scavenges under load) and one V8 platform worker
- * instead of four (docs/performance.md).
- */
+/** Node flags the re-executed daemon starts with unless given them already (docs/performance.md). */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--v8-pool-size=1'];
 
 /**
@@ -28,13 +24,9 @@ function flagName(arg: string): string {
   return arg.split('=')[0]!.replace(/_/g, '-');
 }
 
-function allowedExecArgv(execArgv: readonly string[]): string[] {
-  return execArgv.filter((a) => a.includes('=') && ALLOWED_NODE_FLAGS.includes(flagName(a)));
-}
-
 /** The allowed items of `execArgv` plus each of DAEMON_NODE_FLAGS whose flag is not among them yet. */
 export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
-  const kept = allowedExecArgv(execArgv);
+  const kept = execArgv.filter((a) => a.includes('=') && ALLOWED_NODE_FLAGS.includes(flagName(a)));
   const given = new Set(kept.map(flagName));
   return [...DAEMON_NODE_FLAGS.filter((f) => !given.has(flagName(f))), ...kept];
 }
@@ -103,30 +95,14 @@ export function reexecDropped(o: DropOptions, keepFds: readonly number[], env: R
 
 const SIGHUP = 1;
 
-/**
- * execve with SIGHUP ignored across it (SIG_IGN survives execve, until Node's start-up resets it) and
- * the new image told to hold SIGHUP from its first module (os/sighup-hold.ts): a SIGHUP during the
- * exec does not end the daemon.
- */
-function execHoldingSighup(path: string, argv: readonly string[], env: Record<string, string>): never {
-  const before = ignoreSignal(SIGHUP);
-  try {
-    return execve(path, argv, { ...env, [SIGHUP_HELD_ENV]: '1' });
-  } catch (e) {
-    restoreSignalAction(SIGHUP, before);
-    throw e;
-  }
-}
-
 export function daemonArgv(): string[] {
   return [process.execPath, ...withDaemonNodeFlags(process.execArgv), ...process.argv.slice(1)];
 }
 
 /**
- * A restart in place (docs/daemon.md "Restarts"): the uid, the empty bounding set, the locked
- * securebits and NO_NEW_PRIVS cross the exec unchanged, so the new image holds no capability either.
- * `keepFds` (beside stdio) survive; the environment and Node flags are the allowlisted part of ours,
- * plus `env`. Returns only by throwing (the fds then still kept across exec: see undoKeepAcrossExec).
+ * A restart in place (docs/daemon.md "Restarts"): uid, empty bounding set, locked securebits and
+ * NO_NEW_PRIVS cross the exec, so the new image holds no capability either. `keepFds` (beside stdio)
+ * survive; environment and Node flags are the allowlisted part of ours, plus `env`. Returns only by throwing.
  */
 export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
   for (const fd of new Set([0, 1, 2, ...keepFds])) {
@@ -136,6 +112,14 @@ export function reexecInPlace(keepFds: readonly number[], env: Record<string, st
       /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
   }
-  // Built from allowlists, never `...process.env`: see REEXEC_ENV_ALLOWLIST.
-  return execHoldingSighup(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1' });
+  // SIGHUP ignored across the exec (SIG_IGN survives it, until Node's start-up resets it) and the new
+  // image told to hold it from its first module (os/sighup-hold.ts): a SIGHUP meanwhile does not end
+  // the daemon. The environment is built from allowlists, never `...process.env`.
+  const before = ignoreSignal(SIGHUP);
+  try {
+    return execve(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1', [SIGHUP_HELD_ENV]: '1' });
+  } catch (e) {
+    restoreSignalAction(SIGHUP, before);
+    throw e;
+  }
 }
