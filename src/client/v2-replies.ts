@@ -46,12 +46,8 @@ export class V2ConnectionError extends Error {
   }
 }
 
-export interface Registered {
-  vmId: number;
-  nvpkg: number;
-  /** The MSR_RAPL_POWER_UNIT a guest should see. */
-  powerUnit: bigint;
-}
+/** REGISTERED: the VM's id, its virtual packages, and the MSR_RAPL_POWER_UNIT a guest should see (powerUnit). */
+export type Registered = Omit<Extract<HelperMessage, { type: typeof T.REGISTERED }>, 'type'>;
 
 /** One virtual package's values (VALUE), as the protocol decodes them. */
 export type Value = Omit<Extract<HelperMessage, { type: typeof T.VALUE }>, 'type'>;
@@ -117,10 +113,4 @@ export function toVmInfo(e: VmEntry): VmInfo {
     notWhole: e.notWhole === true,
     guestExact: e.guestExact === true,
   };
-}
-
-export function toUpdate(m: Extract<HelperMessage, { type: typeof T.UPDATE }>): Update {
-  const u: Update = { vmId: m.vmId, tNs: m.tNs, vpkgs: m.vpkgs, ended: m.ended };
-  if (m.domains !== undefined) u.domains = m.domains;
-  return u;
 }

@@ -108,13 +108,17 @@ describe('the keeper', () => {
     const v2 = await ResumingV2Client.connect(sock);
     cleanups.push(() => v2.close());
     const { vmId } = await v2.register({ pid: vm.pid!, vcpus: [{ tid: vm.pid!, vpkg: 0 }] });
-    await pollFor(async () => ((await v2.read(vmId, 0)).energyUj > 0n ? true : undefined), 'the VM to be paid energy', h.stderr);
+    await pollFor(
+      async () => ((await (await v2.ready()).read(vmId, 0)).energyUj > 0n ? true : undefined),
+      'the VM to be paid energy',
+      h.stderr,
+    );
 
     let last = await qemu.request(0x611, 0, process.pid);
     const serving: number[] = [];
     for (let i = 0; i < 2; i++) {
       await new Promise((r) => setTimeout(r, 5000));
-      const before = await v2.read(vmId, 0);
+      const before = await (await v2.ready()).read(vmId, 0);
       const pkgBefore = await qemu.request(0x611, 0, process.pid);
       const { ms, value } = await killAndServe(h, qemu);
       serving.push(ms);
@@ -124,7 +128,7 @@ describe('the keeper', () => {
       const after = await pollFor(
         async () => {
           try {
-            const v = await v2.read(vmId, 0);
+            const v = await (await v2.ready()).read(vmId, 0);
             return v.tNs > before.tNs ? v : undefined;
           } catch {
             return undefined;
@@ -160,7 +164,7 @@ describe('the keeper', () => {
     cleanups.push(() => v2.close());
     const { vmId } = await v2.register({ pid: vm.pid!, vcpus: [{ tid: vm.pid!, vpkg: 0 }] });
     await pollFor(
-      async () => ((await v2.read(vmId, 0)).energyUj > 0n ? true : undefined),
+      async () => ((await (await v2.ready()).read(vmId, 0)).energyUj > 0n ? true : undefined),
       'the VM to be paid energy (and checkpointed)',
       h.stderr,
     );

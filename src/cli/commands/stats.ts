@@ -15,11 +15,9 @@ import { addClientSocketOption, collect, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
+import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
-import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
-import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } from '../power-limit-note.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -48,8 +46,7 @@ interface StatsRow {
   otherCpuS: number | null;
   /** Age of the sample at the read, s (null before the first). */
   ageS: number | null;
-  guest: GuestEnergyJ | null;
-  limit: PowerLimitNote | null;
+  notes: VmNotes;
 }
 
 const num = (v: bigint | undefined) => Number(v ?? 0n);
@@ -78,8 +75,7 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     })),
     otherCpuS: other === undefined ? null : Number(other) * r.scale('other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
-    guest: guestEnergyOf(r, s),
-    limit: powerLimitOf(r, s),
+    notes: vmNotesOf(r, s),
   };
 }
 
@@ -87,7 +83,7 @@ function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
   const lines = rows.map((r) => {
     const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
-    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + guestEnergyNote(r.guest) + powerLimitNote(r.limit);
+    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + vmNotesText(r.notes);
     return `${String(r.hostVmId).padStart(6)}  ${(r.name ?? '-').slice(0, 20).padEnd(20)} ${String(r.pid).padStart(8)} ${r.powerW.toFixed(2).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${String(r.vcpus.length).padStart(5)} ${cpu.padStart(11)}  ${state}`;
   });
   return [head, ...lines];
@@ -108,8 +104,7 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
     other_threads_cpu_s: r.otherCpuS,
     age_s: r.ageS,
     energy_source: energySource,
-    ...guestEnergyJson(r.guest),
-    ...powerLimitJson(r.limit),
+    ...vmNotesJson(r.notes),
   });
 }
 

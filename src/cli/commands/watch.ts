@@ -17,11 +17,9 @@ import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedHost, type StatedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
+import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
-import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
-import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } from '../power-limit-note.js';
 
 interface WatchOptions {
   socket: string;
@@ -95,14 +93,14 @@ export function formatUpdate(
   base: PowerBase | null,
   u: Update,
   originNs: bigint = u.tNs,
-  guest: GuestEnergyJ | null = null,
-  limit: PowerLimitNote | null = null,
+  guest: VmNotes['guest'] = null,
+  limit: VmNotes['limit'] = null,
 ): string {
   const p = powers(base, u);
   const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
   parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
-  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${guestEnergyNote(guest, '  ')}${powerLimitNote(limit, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${vmNotesText({ guest, limit }, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
 /**
@@ -114,8 +112,8 @@ export function formatJsonUpdate(
   u: Update,
   originNs: bigint = u.tNs,
   vm?: VmIdentity,
-  guest: GuestEnergyJ | null = null,
-  limit: PowerLimitNote | null = null,
+  guest: VmNotes['guest'] = null,
+  limit: VmNotes['limit'] = null,
 ): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
@@ -131,7 +129,7 @@ export function formatJsonUpdate(
         .join(',')}]}`,
   );
   const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
-  const g = JSON.stringify({ ...guestEnergyJson(guest), ...powerLimitJson(limit) }).slice(1, -1);
+  const g = JSON.stringify(vmNotesJson({ guest, limit })).slice(1, -1);
   return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}${g ? `,${g}` : ''}}`;
 }
 
@@ -262,10 +260,8 @@ class VmFileNotes {
     }
   }
 
-  read(): { guest: GuestEnergyJ | null; limit: PowerLimitNote | null } {
-    if (this.r === null) return { guest: null, limit: null };
-    const s = this.r.read();
-    return { guest: guestEnergyOf(this.r, s), limit: powerLimitOf(this.r, s) };
+  read(): VmNotes {
+    return this.r === null ? { guest: null, limit: null } : vmNotesOf(this.r, this.r.read());
   }
 
   close(): void {
@@ -314,7 +310,7 @@ function fromObserved({ hostVmId, ...u }: VmUpdate): Update {
 interface Follow {
   vm: VmIdentity;
   nvpkg: number;
-  notes?: () => { guest: GuestEnergyJ | null; limit: PowerLimitNote | null };
+  notes?: () => VmNotes;
   /** Starts the updates; resolves with the acknowledging update and the values power is measured from (null: energy 0). */
   start(onUpdate: (u: Update) => void, onError: (e: V2Error) => void): Promise<{ ack: Update; from: Update | null }>;
 }
