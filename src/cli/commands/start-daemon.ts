@@ -21,6 +21,7 @@ import {
   addV2Options,
   collect,
   energySourceFrom,
+  flagged,
   energySourceOption,
   hostOptionsFrom,
   parseSocketMode,
@@ -116,12 +117,11 @@ function parseWatts(v: string | undefined, flag: string, dflt: number): number {
 export function parseDaemonOptions(
   raw: RawDaemonOptions,
   ids: IdLookups = systemIds,
-  readFile: (f: string) => string = defaultRead,
+  readFile: (f: string) => string = (f) => fs.readFileSync(f, 'utf8'),
 ): DaemonConfig {
-  if (raw.socket !== undefined && !raw.socket.startsWith('/')) {
-    throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
-  }
   if (raw.socket !== undefined) {
+    if (!raw.socket.startsWith('/'))
+      throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
     checkSocketPathLength(raw.socket);
     checkSocketDirectory(raw.socket);
   }
@@ -130,25 +130,24 @@ export function parseDaemonOptions(
   const uid = raw.user === undefined ? undefined : ids.user(raw.user);
   let gid = raw.group === undefined ? undefined : ids.group(raw.group);
   if (gid === undefined && uid !== undefined) gid = ids.primaryGroup(uid);
-  const traceAreas = (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile));
   return {
     socketPath: raw.socket ?? DEFAULT_HELPER_SOCKET,
     socketPathGiven: raw.socket !== undefined,
     pidfile: path.resolve(raw.pidfile ?? DEFAULT_PIDFILE),
     pidfileGiven: raw.pidfile !== undefined,
     daemonize: raw.daemon === true,
-    ...(uid !== undefined ? { uid } : {}),
-    ...(gid !== undefined ? { gid } : {}),
+    uid,
+    gid,
     logLevel: levelFromFlags(raw),
-    traceAreas,
+    traceAreas: (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile)),
     hostPaths,
     vendor,
     energySource: energySourceFrom(raw.energySource),
     maxConnections: raw.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
     socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
-    ...(raw.socketGroup !== undefined ? { socketGid: flagged('--socket-group', () => ids.group(raw.socketGroup!)) } : {}),
+    socketGid: raw.socketGroup === undefined ? undefined : flagged('--socket-group', () => ids.group(raw.socketGroup!)),
     frameTimeoutMs: Math.round((raw.frameTimeout ?? DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000) * 1000),
-    ...(raw.guestEnergy === 'exact' ? { holdEnergyStatus: true } : {}),
+    holdEnergyStatus: raw.guestEnergy === 'exact',
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
       tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),
@@ -161,18 +160,6 @@ export function logFileFrom(raw: Pick<RawDaemonOptions, 'logFile' | 'daemon'>): 
   if (raw.logFile === '') throw new Error(`--log-file: empty path; e.g. --log-file ${DEFAULT_DAEMON_LOG_FILE}`);
   if (raw.logFile !== undefined) return path.resolve(raw.logFile);
   return raw.daemon === true ? DEFAULT_DAEMON_LOG_FILE : undefined;
-}
-
-function flagged<T>(flag: string, f: () => T): T {
-  try {
-    return f();
-  } catch (e) {
-    throw new Error(`${flag}: ${(e as Error).message}`);
-  }
-}
-
-function defaultRead(f: string): string {
-  return fs.readFileSync(f, 'utf8');
 }
 
 /**
