@@ -1,7 +1,6 @@
 /**
- * A small QMP client: connect to QEMU's monitor socket, negotiate capabilities, run commands by id.
- * The socket is hostile input like any other: lines are bounded, non-JSON or unexpected replies end
- * the session with a clear error, and every wait has a timeout.
+ * A small QMP client. The socket is hostile input like any other: lines are bounded, non-JSON or
+ * unexpected replies end the session with a clear error, and every wait has a timeout.
  */
 import fs from 'node:fs';
 import net from 'node:net';

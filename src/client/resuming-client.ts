@@ -1,9 +1,8 @@
 /**
- * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): after ERROR RESTARTING
- * or any other close it connects again (retrying for `resumeForMs`), REGISTERs each process again
- * (same vm_id and totals), and SUBSCRIBEs, OBSERVEs and HOST_SUBSCRIBEs with the same callbacks. A
- * request in flight at the close rejects; statistics fds keep the old image's last values: ask for
- * new ones after `onResumed`.
+ * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): after any close it connects
+ * again for `resumeForMs`, REGISTERs each process again (same vm_id and totals) and makes each subscription
+ * again. A request in flight at the close rejects; statistics fds keep the old image's last values: ask
+ * for new ones after `onResumed`.
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
@@ -199,10 +198,9 @@ export class ResumingV2Client {
   }
 
   /**
-   * REGISTER, SUBSCRIBE, OBSERVE and HOST_SUBSCRIBE again, on `c`. What the helper refuses now (a VM
-   * that ended meanwhile, a process that exited) is dropped and told to its onError; a registration
-   * that comes back under another vm_id (the helper restarted without its state, its totals from 0)
-   * too. A connection error, or a refused HOST_SUBSCRIBE, rejects.
+   * Every registration and subscription again, on `c`. What the helper refuses now (a VM that ended, a
+   * process that exited), or registers under another vm_id (restarted without its state), is dropped and
+   * told to its onError. A connection error, or a refused HOST_SUBSCRIBE, rejects.
    */
   private async restore(c: V2Client): Promise<void> {
     for (const [vmId, r] of [...this.registered]) {

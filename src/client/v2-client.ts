@@ -31,6 +31,7 @@ import { cannot } from '../common/errors.js';
 import { closeFd, dupCloexec, watchReadable, type FdWatch } from '../os/libc/fds.js';
 import { MSG_DONTWAIT, recvWithFds } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
+import { groupNameOf } from '../os/privileges/accounts.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import {
   toVmInfo,
@@ -111,9 +112,8 @@ export class V2Client {
     reader.onBytes = (d) => this.onData(d);
     socket.on('error', (e: NodeJS.ErrnoException) => this.shutdown(new V2ConnectionError(`helper connection: ${e.message}`, e.code)));
     socket.on('close', () => {
-      // Closed without a byte while a request waited: a legacy-only helper (QEMU's own
-      // qemu-vmsr-helper, also at /run/qemu-vmsr-helper.sock) reads "VMS2" as an MSR number it
-      // refuses, and closes silently.
+      // Closed without a byte while a request waited: a legacy-only helper (QEMU's own, also at
+      // /run/qemu-vmsr-helper.sock) reads "VMS2" as an MSR number it refuses, and closes silently.
       if (this.silent && this.pending.length > 0 && !this.failure) {
         this.failure = new V2ConnectionError(
           `${this.socketPath} closed the connection without answering: it does not speak the v2 protocol (QEMU's own qemu-vmsr-helper only speaks the legacy one); run vmsr-helper there (systemctl status qemu-vmsr-helper shows which ExecStart runs)`,
@@ -167,9 +167,8 @@ export class V2Client {
   }
 
   /**
-   * Subscribes; resolves with the helper's immediate UPDATE (the current values). `onUpdate` gets that
-   * one and one after every sample until the VM ends (`ended` true, last one), is unregistered, or the
-   * connection closes. `onError` gets ERROR 5 notices while the helper's energy source fails.
+   * Subscribes; resolves with the immediate UPDATE (the current values). `onUpdate` gets it and one per sample until
+   * the VM ends (`ended`), is unregistered, or the connection closes; `onError`, ERROR 5 while the energy source fails.
    */
   async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<Update> {
     return this.follow(T.SUBSCRIBE, vmId, { onUpdate, onError }, o, (domains) => encodeSubscribe(vmId, { domains }));
@@ -190,9 +189,8 @@ export class V2Client {
   }
 
   /**
-   * Observes any VM this peer may see (discovered, or registered by anyone); resolves with the
-   * immediate update. Updates follow every sample until the VM ends (last one has `ended`),
-   * unobserve(), or close. A VM it may not see is refused like a nonexistent one (ERROR 3).
+   * Observes any VM this peer may see (discovered, or registered by anyone), as subscribe() does until unobserve();
+   * a VM it may not see is refused like a nonexistent one (ERROR 3).
    */
   async observe(
     hostVmId: number,
@@ -261,9 +259,8 @@ export class V2Client {
   }
 
   /**
-   * A read-only fd of VM `hostVmId`'s statistics file, or of the host's (0): docs/stats-fd.md. The fd is
-   * the caller's (close it); it stays valid after this connection closes and after the VM ends. Read it
-   * with StatsReader (stats-reader.ts).
+   * A read-only fd of VM `hostVmId`'s statistics file, or of the host's (0): docs/stats-fd.md. The caller closes it;
+   * it stays valid after this connection closes and after the VM ends. Read it with StatsReader.
    */
   async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
     const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeStatsFd(hostVmId));
@@ -307,9 +304,8 @@ export class V2Client {
   }
 
   /**
-   * Sends a request whose reply comes with exactly one fd (SCM_RIGHTS); resolves with the reply and
-   * the fd, which the caller then owns. A reply without its fd rejects (the connection stays usable);
-   * an fd with any frame that is not the reply awaited breaks the connection.
+   * A request whose reply comes with exactly one fd (SCM_RIGHTS), which the caller then owns. A reply without
+   * its fd rejects (the connection stays); an fd with any frame but the reply awaited breaks the connection.
    */
   requestWithFd(type: number, frame: Buffer): Promise<{ reply: HelperMessage; fd: number }> {
     return new Promise((resolve, reject) => {
@@ -516,21 +512,15 @@ export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): 
     return "run as root, or as a member of the socket's group";
   }
   const mode = (st.mode & 0o777).toString(8).padStart(4, '0');
-  const group = groupName(st.gid, groupFile) ?? String(st.gid);
+  let db = '';
+  try {
+    db = fs.readFileSync(groupFile, 'utf8');
+  } catch {
+    /* no group database: show the number */
+  }
+  const group = groupNameOf(st.gid, db) ?? String(st.gid);
   if ((st.mode & 0o060) === 0o060) {
     return `the socket is mode ${mode}, group ${group}: add this user to group ${group} (usermod -aG ${group} USER, then log in again), or run as root`;
   }
   return `the socket is mode ${mode}, group ${group}, so only its owner connects: give the group access (the shipped qemu-vmsr-helper.socket sets SocketGroup=kvm, SocketMode=0660), or run as root`;
-}
-
-function groupName(gid: number, groupFile: string): string | undefined {
-  try {
-    for (const line of fs.readFileSync(groupFile, 'utf8').split('\n')) {
-      const f = line.split(':');
-      if (f.length >= 3 && f[2] === String(gid) && f[0]) return f[0];
-    }
-  } catch {
-    /* no group database: show the number */
-  }
-  return undefined;
 }

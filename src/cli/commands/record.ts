@@ -1,8 +1,4 @@
-/**
- * `vmsr-helper record`: takes VMs (--vm from the helper's discovery, --qmp, or --pid/--vcpus) and
- * writes a vmsr-trace: header, register records, the baseline sample, then a sample every interval
- * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
- */
+/** `vmsr-helper record` (docs/recording.md): a trace of the given VMs until SIGINT/SIGTERM/--duration; a VM that ends is absent. */
 import { type Command } from 'commander';
 import { MsrDevice, msrErrorWithHint } from '../../msr/device.js';
 import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';

@@ -1,7 +1,4 @@
-/**
- * The root command: qemu-vmsr-helper's options (-k -f -d -u -g -v -q -T) plus ours. Parsing is pure
- * (parseDaemonOptions) so every bad argument gets a clear error naming the fix.
- */
+/** The root command: qemu-vmsr-helper's options (-k -f -d -u -g -v -q -T) plus ours; parseDaemonOptions is pure. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
@@ -71,11 +68,7 @@ export interface IdLookups {
 
 const systemIds: IdLookups = { user: (s) => resolveUser(s), group: (s) => resolveGroup(s), primaryGroup: (u) => primaryGroupOf(u) };
 
-/**
- * -T as QEMU spells it: [[enable=]PATTERN][,events=FILE][,file=FILE]. Patterns name log areas
- * (legacy, server, privileges, systemd, v2, ...) logged at debug level; events=FILE reads patterns,
- * one a line. file= is refused: logs always go to stderr (journald under systemd).
- */
+/** -T as QEMU spells it: [[enable=]PATTERN][,events=FILE] (patterns one a line); file= is refused: logs go to stderr. */
 export function parseTraceOption(value: string, readFile: (f: string) => string): string[] {
   const out: string[] = [];
   for (const part of value.split(',')) {
@@ -163,10 +156,9 @@ export function logFileFrom(raw: Pick<RawDaemonOptions, 'logFile' | 'daemon'>): 
 }
 
 /**
- * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
- * root, the start-up steps that need root run first and the helper re-executes itself with dropped
- * privileges (helper/lifecycle/privileged-start.ts) so that every thread is dropped, not only the
- * main one. The daemon's modules are imported only when needed, so the first image stays small.
+ * -d in the foreground process: re-spawn detached and wait; otherwise run. As root, the steps that need
+ * root run first, then the helper re-executes itself with every thread's privileges dropped
+ * (helper/lifecycle/privileged-start.ts). Modules are imported when needed: the first image stays small.
  */
 async function startDaemonFromCli(
   config: DaemonConfig,
@@ -219,10 +211,7 @@ async function startDaemonFromCli(
   }
 }
 
-/**
- * Whether the first image is to start a keeper: not under systemd, whose fd store does the keeper's
- * work (`asked`: --keeper was given, which is then said).
- */
+/** Whether the first image starts a keeper: not under systemd, whose fd store does its work (`asked`: --keeper, then said). */
 function keeperWanted(asked: boolean, logger: () => Logger): boolean {
   if (process.env.NOTIFY_SOCKET === undefined && process.env.LISTEN_FDS === undefined) return true;
   if (asked)

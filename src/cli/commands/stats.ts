@@ -1,9 +1,4 @@
-/**
- * `vmsr-helper stats`: a live table of every VM the caller may see, in the spirit of kvm_stat, read
- * through the statistics fds: each refresh is one read per VM and a LIST (docs/guide.md "Every VM at a
- * glance"). Where the caller may see the host's energy, a second table gives each package's other
- * RAPL domains (from HOST_UPDATE).
- */
+/** `vmsr-helper stats` (docs/guide.md "Every VM at a glance"): each refresh is one read per VM's statistics fd and a LIST. */
 import path from 'node:path';
 import type { Command } from 'commander';
 import { ResumingV2Client } from '../../client/resuming-client.js';

@@ -1,7 +1,7 @@
 /**
- * `vmsr-helper watch`: prints one VM's power and energy per virtual package, and each other RAPL
- * domain's power, at every UPDATE (a table, or --json lines) until Ctrl-C or the VM ends.
- * `watch NAME|UUID|PID` OBSERVEs a VM of the helper's LIST; --qmp or --pid/--vcpus REGISTER one.
+ * `vmsr-helper watch`: one VM's power and energy per virtual package, and each other RAPL domain's power,
+ * at every UPDATE until Ctrl-C or the VM ends. `watch NAME|UUID|PID` OBSERVEs a VM of the helper's LIST;
+ * --qmp or --pid/--vcpus REGISTER one.
  */
 import path from 'node:path';
 import type { Command } from 'commander';
@@ -32,6 +32,13 @@ interface WatchOptions {
   json?: boolean;
 }
 
+/** Where a live command's lines and warnings go, and what stops it. */
+interface Io {
+  out: (line: string) => void;
+  signal: AbortSignal | undefined;
+  warn: (line: string) => void;
+}
+
 /** The point an UPDATE's power is measured from: the previous UPDATE, or the VM's baseline (energy 0). */
 interface PowerBase {
   tNs: bigint;
@@ -40,21 +47,13 @@ interface PowerBase {
   domains?: { domain: string; vpkgEnergyUj: bigint[] }[];
 }
 
-/** One other RAPL domain of an UPDATE: its power over all vpkgs and per vpkg (null where there is no interval), and its energy. */
-interface DomainPower {
-  domain: string;
-  powerW: number | null;
-  energyUj: bigint;
-  vpkgs: { powerW: number | null; energyUj: bigint }[];
-}
-
 /** Watts from µJ over ns, or null when there is no interval to measure. */
 function watts(base: PowerBase | null, u: Update, deltaUj: bigint): number | null {
   return base && u.tNs !== 0n ? wattsOver(deltaUj, Number(u.tNs - base.tNs)) : null;
 }
 
-/** The other RAPL domains of `u` (none when the helper sent none, or the host reads only the package), with their power since `base`. */
-export function domainPowers(base: PowerBase | null, u: Update): DomainPower[] {
+/** The other RAPL domains of `u` (none when the helper sent none), their energy and power since `base` (null: no interval), in all and per vpkg. */
+export function domainPowers(base: PowerBase | null, u: Update) {
   return (u.domains ?? []).map((d) => {
     const from = base?.domains?.find((b) => b.domain === d.domain)?.vpkgEnergyUj ?? [];
     const vpkgs = d.vpkgEnergyUj.map((e, g) => ({ powerW: watts(base, u, e - (from[g] ?? 0n)), energyUj: e }));
@@ -162,11 +161,6 @@ function formatVmLine(vm: VmInfo): string {
   return `VM ${describeVm(vm)}, ${vm.nvpkg} virtual package(s)${whole}`;
 }
 
-function describeError(e: unknown): string {
-  if (e instanceof V2Error) return `the helper refused ${e.message}`;
-  return e instanceof Error ? e.message : String(e);
-}
-
 const NO_QMP_HINT = "vmsr-helper watch NAME (its name as 'virsh list' shows it, its UUID or its PID)";
 
 /** Runs until Ctrl-C, the VM ending, `count` updates, or the helper going away (rejects). */
@@ -176,7 +170,7 @@ export async function runWatch(
   signal?: AbortSignal,
   warn: (line: string) => void = out,
 ): Promise<void> {
-  if (o.vm !== undefined) return observeVm(o, o.vm, out, signal, warn);
+  if (o.vm !== undefined) return observeVm(o, o.vm, { out, signal, warn });
   let pid = o.pid;
   let vcpus = o.vcpus;
   let name: string | undefined;
@@ -209,7 +203,7 @@ export async function runWatch(
       `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
       `registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`,
     );
-    await follow(o, out, signal, warn, client, {
+    await follow(o, { out, signal, warn }, client, {
       vm: { name: name ?? null, uuid: null, pid },
       nvpkg: reg.nvpkg,
       // A fresh registration counts from its baseline: energy 0.
@@ -271,23 +265,17 @@ class VmFileNotes {
 }
 
 /** `watch NAME|UUID|PID`: the VM from the helper's LIST, OBSERVEd (nothing registered, nothing to undo). */
-async function observeVm(
-  o: WatchOptions,
-  target: string,
-  out: (line: string) => void,
-  signal: AbortSignal | undefined,
-  warn: (line: string) => void,
-): Promise<void> {
+async function observeVm(o: WatchOptions, target: string, io: Io): Promise<void> {
   let guest: VmFileNotes | undefined;
-  const client = await resumingClient(o, warn, () => void guest?.reopen());
+  const client = await resumingClient(o, io.warn, () => void guest?.reopen());
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
     guest = new VmFileNotes(client, vm.hostVmId);
     await guest.reopen();
     const stated = await statedHost(client);
-    heading(o, out, stated, formatJsonVm(vm, stated.energySource), formatVmLine(vm));
+    heading(o, io.out, stated, formatJsonVm(vm, stated.energySource), formatVmLine(vm));
     const file = guest;
-    await follow(o, out, signal, warn, client, {
+    await follow(o, io, client, {
       vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
       nvpkg: vm.nvpkg,
       notes: () => file.read(),
@@ -316,14 +304,7 @@ interface Follow {
 }
 
 /** Prints each update until Ctrl-C, the VM ending, `count` updates, or the connection closing (rejects). */
-async function follow(
-  o: WatchOptions,
-  out: (line: string) => void,
-  signal: AbortSignal | undefined,
-  warn: (line: string) => void,
-  client: ResumingV2Client,
-  f: Follow,
-): Promise<void> {
+async function follow(o: WatchOptions, { out, signal, warn }: Io, client: ResumingV2Client, f: Follow): Promise<void> {
   // The helper's t_ns is CLOCK_MONOTONIC, the same clock as hrtime here (same host, Unix socket).
   const zeroBase = (): PowerBase => ({ tNs: process.hrtime.bigint(), vpkgs: [] });
   let base: PowerBase = zeroBase();
@@ -404,7 +385,7 @@ export function addWatchCommand(program: Command): void {
         await runUntilStopped((out, signal, warn) => runWatch(opts, out, signal, warn));
       } catch (e) {
         if (e instanceof UsageError) throw e;
-        throw new Error(describeError(e));
+        throw new Error(e instanceof V2Error ? `the helper refused ${e.message}` : e instanceof Error ? e.message : String(e));
       }
     });
 }
