@@ -70,10 +70,8 @@ export function addLimitCommand(program: Command): void {
     try {
       const vms = await client.list();
       if (target === undefined) {
-        const limited = await listLimits(
-          client,
-          vms.filter((v) => !v.ended),
-        );
+        const live = vms.filter((v) => !v.ended);
+        const limited = await listLimits(client, live);
         process.stdout.write(limited.length === 0 ? 'no VM has a power limit\n' : limited.join(''));
         return;
       }

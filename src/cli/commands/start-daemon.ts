@@ -38,7 +38,7 @@ export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 
 interface RawDaemonOptions extends RawHostOptions {
   energySource?: string;
-  /** --guest-energy (defined with the v2 options; the start-up holds QEMU's answers for it too). */
+  /** --guest-energy (a v2 option; the start-up holds QEMU's answers for it too). */
   guestEnergy?: string;
   socket?: string;
   pidfile?: string;
@@ -50,7 +50,6 @@ interface RawDaemonOptions extends RawHostOptions {
   trace?: string[];
   amdPowerLimit?: string;
   amdTdp?: string;
-  /** Parsed by commander (positiveIntArg / secondsArg). */
   maxConnections?: number;
   frameTimeout?: number;
   socketMode?: string;

@@ -10,7 +10,7 @@ import { addClientSocketOption, collect, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
+import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText } from '../vm-notes.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
 
@@ -27,26 +27,10 @@ interface StatsOptions {
   count?: number;
 }
 
-/** One VM's row, from one consistent sample of its file. */
-interface StatsRow {
-  hostVmId: number;
-  name: string | null;
-  pid: number;
-  ended: boolean;
-  /** Sums over the virtual packages. */
-  powerW: number;
-  energyJ: number;
-  vpkgEnergyJ: number[];
-  vcpus: { tid: number; energyJ: number; cpuS: number | null }[];
-  otherCpuS: number | null;
-  /** Age of the sample at the read, s (null before the first). */
-  ageS: number | null;
-  notes: VmNotes;
-}
-
 const num = (v: bigint | undefined) => Number(v ?? 0n);
 
-function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
+/** One VM's row from one consistent sample of its file: power and energy summed over its vpkgs; ageS null before the first. */
+function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint) {
   const ej = r.scale('energy');
   const energy = (r.values(s, 'energy') ?? []).map((v) => Number(v) * ej);
   const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * r.scale('power'));
@@ -73,6 +57,8 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     notes: vmNotesOf(r, s),
   };
 }
+
+type StatsRow = ReturnType<typeof statsRow>;
 
 function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
@@ -103,21 +89,11 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
   });
 }
 
-/** One other RAPL domain of one host package, at a refresh. */
-interface HostDomainRow {
-  pkg: number;
-  domain: string;
-  /** Since the previous refresh's HOST_UPDATE (null: none before, or no new sample). */
-  powerW: number | null;
-  energyJ: number;
-  unattributedJ: number;
-}
-
 /**
  * The host's other domains in `now`, by package then domain (ENERGY_DOMAINS order), their power measured
- * from `prev` (the HOST_UPDATE of the previous refresh).
+ * from `prev`, the previous refresh's HOST_UPDATE (null: none before, or no new sample).
  */
-export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate): HostDomainRow[] {
+export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate) {
   const order = (d: { pkg: number; domain: EnergyDomain }) => d.pkg * ENERGY_DOMAINS.length + ENERGY_DOMAINS.indexOf(d.domain);
   return [...(now.domains ?? [])]
     .sort((a, b) => order(a) - order(b))
@@ -129,6 +105,8 @@ export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate): HostDo
 }
 
 /** The host's domain table under the VMs' (nothing when the host reads only the package). */
+type HostDomainRow = ReturnType<typeof hostDomainRows>[number];
+
 export function formatHostDomainTable(rows: readonly HostDomainRow[]): string[] {
   if (rows.length === 0) return [];
   const head = `${'PKG'.padStart(6)}  ${'DOMAIN'.padEnd(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'UNATTRIBUTED J'.padStart(15)}`;
@@ -190,18 +168,14 @@ export async function runStats(
     const host = await hostDomains(client);
     let hostBefore: HostUpdate | null = null;
     for (let n = 0; ; n++) {
-      if (resumed) {
-        resumed = false;
-        for (const e of readers.values()) e.r.close();
-        readers.clear();
-      }
       const vms = (await client.list()).filter((v) => chosen(v, o.vm));
       const listed = new Set(vms.map((v) => v.hostVmId));
       for (const [id, e] of readers) {
-        if (listed.has(id)) continue;
+        if (listed.has(id) && !resumed) continue;
         e.r.close();
         readers.delete(id);
       }
+      resumed = false;
       for (const vm of vms) {
         if (readers.has(vm.hostVmId)) continue;
         try {
@@ -251,7 +225,7 @@ export function addStatsCommand(program: Command): void {
       const opts: StatsOptions = {
         socket: path.resolve(all.socket ?? DEFAULT_HELPER_SOCKET),
         intervalS: all.interval ?? STATS_REFRESH_S.default,
-        ...(all.vm ? { vm: all.vm } : {}),
+        vm: all.vm,
         once: all.once === true,
         json: all.json === true,
       };

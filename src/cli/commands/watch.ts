@@ -52,7 +52,7 @@ function watts(base: PowerBase | null, u: Update, deltaUj: bigint): number | nul
   return base && u.tNs !== 0n ? wattsOver(deltaUj, Number(u.tNs - base.tNs)) : null;
 }
 
-/** The other RAPL domains of `u` (none when the helper sent none), their energy and power since `base` (null: no interval), in all and per vpkg. */
+/** `u`'s other RAPL domains (none when the helper sent none): energy, and power since `base` (null: no interval), in all and per vpkg. */
 export function domainPowers(base: PowerBase | null, u: Update) {
   return (u.domains ?? []).map((d) => {
     const from = base?.domains?.find((b) => b.domain === d.domain)?.vpkgEnergyUj ?? [];
@@ -133,11 +133,7 @@ export function formatJsonUpdate(
 }
 
 /** What every --json line says of the VM, so a line read alone names it. */
-interface VmIdentity {
-  name: string | null;
-  uuid: string | null;
-  pid: number;
-}
+type VmIdentity = Pick<VmInfo, 'name' | 'uuid' | 'pid'>;
 
 /** `watch NAME --json`'s first line: the VM found, as LIST shows it. */
 function formatJsonVm(vm: VmInfo, energySource: string | null = null): string {
