@@ -9,8 +9,3 @@ export class UsageError extends Error {
 export class ReportedError extends Error {
   override name = 'ReportedError';
 }
-
-/** The hint after a usage error: `vmsr-helper record --help`, or the root's for the daemon. */
-export function helpHint(commandPath: string): string {
-  return `(run '${commandPath} --help' for the options)`;
-}

@@ -1,6 +1,6 @@
 /** The command line: the root command is the daemon, with qemu-vmsr-helper's options (a drop-in); the other jobs are subcommands. */
 import { Command, CommanderError } from 'commander';
-import { helpHint, ReportedError, UsageError } from './cli-errors.js';
+import { ReportedError, UsageError } from './cli-errors.js';
 import { configureDaemonCommand } from './commands/start-daemon.js';
 import { VERSION } from './version.js';
 import { configureHelpLayout } from './help.js';
@@ -52,6 +52,11 @@ function rejectUnknownCommands(program: Command): void {
     // commander's own refusal (suggestion included); public in commander's code, untyped in its .d.ts.
     if (action === root && root.args.length > 0) (root as unknown as { unknownCommand(): never }).unknownCommand();
   });
+}
+
+/** The hint after a usage error: `vmsr-helper record --help`, or the root's for the daemon. */
+function helpHint(commandPath: string): string {
+  return `(run '${commandPath} --help' for the options)`;
 }
 
 /** "vmsr-helper record" for record, "vmsr-helper" for the root. */
