@@ -1,8 +1,4 @@
-/**
- * Build step (npm run build): writes the man page and the bash completion, made from the CLI's own
- * definitions (cli/man-page.ts, cli/completion.ts), under DIR (default dist/share):
- * DIR/man/man1/vmsr-helper.1 and DIR/bash-completion/completions/vmsr-helper.
- */
+/** Build step (npm run build): the man page and the bash completion under DIR (default dist/share). */
 import fs from 'node:fs';
 import path from 'node:path';
 import { buildCli } from '../cli/cli.js';

@@ -1,8 +1,4 @@
-/**
- * The keeper's image (docs/daemon.md "Crashes"): executed by the root start with every privilege
- * dropped, it loads only the keeper, the logger and -d's report, not the command line parser or the
- * daemon (docs/performance.md, "Memory": the keeper's own pages), and runs the keeper until it ends.
- */
+/** The keeper's image (docs/daemon.md "Crashes"): loads only the keeper, the logger and -d's report (docs/performance.md "Memory"). */
 import { takeKeeperImage, type KeeperImage } from '../keeper/keeper-messages.js';
 import { runKeeper } from '../keeper/keeper.js';
 import { savedUidRoot } from '../os/privileges/capabilities.js';

@@ -1,8 +1,6 @@
 #!/usr/bin/env node
-// First, before any other module is loaded: SIGUSR1 must never open Node's inspector, and a SIGHUP
-// must not end an image the daemon executed again (guard.ts). The program is imported only after the
-// guard ran: a static import would be loaded and linked (some 55 modules, 0.1 to 0.4 s on a busy
-// host) before the guard is evaluated, and a SIGHUP meanwhile ends the process.
+// The guard first (guard.ts); the program is imported only after it ran: a static import would be
+// loaded and linked (some 55 modules, 0.1 to 0.4 s on a busy host) before, and a SIGHUP then ends the process.
 import './guard.js';
 import { KEEPER_ENV } from '../keeper/keeper-messages.js';
 

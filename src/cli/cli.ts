@@ -1,17 +1,11 @@
-/**
- * The command line. The root command is the daemon itself, with qemu-vmsr-helper's options, so the
- * helper drops in for QEMU's; the other jobs are subcommands, one module each.
- */
+/** The command line: the root command is the daemon, with qemu-vmsr-helper's options (a drop-in); the other jobs are subcommands. */
 import { Command, CommanderError } from 'commander';
-import { helpHint, ReportedError, UsageError } from './cli-errors.js';
+import { ReportedError, UsageError } from './cli-errors.js';
 import { configureDaemonCommand } from './commands/start-daemon.js';
 import { VERSION } from './version.js';
 import { configureHelpLayout } from './help.js';
 
-/**
- * The subcommands, each loaded only when the command line may need it: the daemon (what QEMU's
- * hosts start, and what re-executes itself at start-up) does not pay for their modules.
- */
+/** The subcommands, loaded only when the command line may need them: the daemon does not pay for their modules. */
 const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   record: async () => (await import('./commands/record.js')).addRecordCommand,
   replay: async () => (await import('./commands/replay.js')).addReplayCommand,
@@ -24,10 +18,7 @@ const SUBCOMMANDS: Record<string, () => Promise<(program: Command) => void>> = {
   'hash-password': async () => (await import('./commands/hash-password.js')).addHashPasswordCommand,
 };
 
-/**
- * True unless `args` surely runs the daemon: no word of it is a subcommand's name or asks for help.
- * A false alarm (a user named "watch") only loads more; a usage error is re-parsed with everything.
- */
+/** True unless `args` surely runs the daemon; a false alarm (a user named "watch") only loads more. */
 export function mayNeedSubcommands(args: readonly string[]): boolean {
   return args.some((a) => a in SUBCOMMANDS || a === 'help' || a === '-h' || a === '--help');
 }
@@ -42,10 +33,8 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
   configureDaemonCommand(program);
   if (withSubcommands) for (const load of Object.values(SUBCOMMANDS)) (await load())(program);
   rejectUnknownCommands(program);
-  // `vmsr-helper help [command]`: the root command has an action (it is the daemon), so commander
-  // adds no help command by itself and would read "help" as a stray argument.
+  // The root has an action (the daemon), so commander adds no help command by itself.
   program.helpCommand('help [command]', 'display help for a command');
-  // Every command answers --version, as the root does.
   for (const cmd of program.commands) cmd.version(`vmsr-helper ${VERSION}`, '-V, --version', 'output version information and exit');
   configureHelpLayout(program);
   // A usage error names the help of the command it belongs to: the root's for the daemon's options.
@@ -54,9 +43,8 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
 }
 
 /**
- * The root command is the daemon and takes no operand, so commander would read a mistyped command
- * (`vmsr-helper export`) as a stray argument: the root refuses it as commander refuses an unknown
- * command, with its suggestion. Set after the subcommands exist, so they do not inherit it.
+ * The root takes no operand, so commander would read a mistyped command (`vmsr-helper export`) as a stray
+ * argument: refused as an unknown command, with its suggestion. Set after the subcommands, so they do not inherit it.
  */
 function rejectUnknownCommands(program: Command): void {
   program.allowExcessArguments(true);
@@ -66,6 +54,11 @@ function rejectUnknownCommands(program: Command): void {
   });
 }
 
+/** The hint after a usage error: `vmsr-helper record --help`, or the root's for the daemon. */
+function helpHint(commandPath: string): string {
+  return `(run '${commandPath} --help' for the options)`;
+}
+
 /** "vmsr-helper record" for record, "vmsr-helper" for the root. */
 function commandPath(cmd: Command): string {
   const names: string[] = [];
@@ -73,13 +66,13 @@ function commandPath(cmd: Command): string {
   return names.join(' ');
 }
 
-/** The exit status of a command whose output pipe closed: 128 + SIGPIPE, what a shell shows for `cat`. */
+/** The exit status of a command whose output pipe closed: 128 + SIGPIPE, as a shell shows for `cat`. */
 const CLOSED_PIPE_STATUS = 141;
 
 /**
- * Every command ends quietly when its stdout closes (`vmsr-helper watch VM | head -1`), as `cat` does:
- * status 141 (Node ignores SIGPIPE, so the write fails with EPIPE). A command that runs until a signal
- * is stopped as by SIGTERM, so it cleans up; any other exits at once. Returns whether the pipe closed.
+ * Every command ends quietly when its stdout closes (`watch VM | head -1`; Node ignores SIGPIPE, so the write
+ * fails with EPIPE): one that runs until a signal is stopped as by SIGTERM, so it cleans up; any other exits
+ * at once. Returns whether the pipe closed.
  */
 function endQuietlyOnClosedStdout(): () => boolean {
   let closed = false;
@@ -117,8 +110,7 @@ async function parseAndRun(argv: string[], everyCommand = false): Promise<void> 
   program.hook('preAction', (_root, action) => {
     running = action;
   });
-  // Without the subcommands a mistyped one reads as a stray argument: such errors are held back and
-  // the line parsed again with every command, so the message (and its suggestion) is the usual one.
+  // Without the subcommands a mistyped one reads as a stray argument: held back, the line parsed again with all.
   let held = '';
   if (slim) program.configureOutput({ writeErr: (t) => void (held += t) });
   try {

@@ -1,8 +1,4 @@
-/**
- * The bash completion of vmsr-helper, made from the commander definitions buildCli() makes: the
- * commands, each command's options, the choices of options that have them. Written at build time by
- * bin/make-docs.ts into dist/share/bash-completion/completions/; shipped in the npm tarball and the .deb.
- */
+/** The bash completion, made at build time (bin/make-docs.ts) from buildCli()'s definitions: commands, options, choices. */
 import type { Command, Option } from 'commander';
 
 /** Every spelling of an option: its short and long flags (commander keeps a second long flag as `short`). */

@@ -1,7 +1,4 @@
-/**
- * THE examples of the commands, and the layout of `--help`: the commands first, each with its example,
- * then the daemon's options; each command's own help ends with its example.
- */
+/** THE examples of the commands, and the layout of `--help` (the commands first, then the daemon's options). */
 import { Help, type Command } from 'commander';
 
 /** One example per command, as a user types it on an installed host. */

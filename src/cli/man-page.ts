@@ -1,8 +1,4 @@
-/**
- * The man page vmsr-helper(1), made from the commander definitions buildCli() makes (every command,
- * its arguments, options and example), so it cannot drift from `--help`. Written at build time by
- * bin/make-docs.ts into dist/share/man/man1/; shipped in the npm tarball and the .deb.
- */
+/** The man page vmsr-helper(1), made at build time (bin/make-docs.ts) from buildCli()'s definitions, so it cannot drift from `--help`. */
 import type { Command, Option } from 'commander';
 import { exampleOf } from './help.js';
 

@@ -5,7 +5,7 @@ import { DEFAULT_GUEST_DIR } from '../guest-dir/defaults.js';
 import { DEFAULT_HOST_PATHS, validateMsrPathTemplate, type HostPaths } from '../msr/host-paths.js';
 import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';
-import { DEFAULT_V2_LIMITS, type V2Limits } from '../helper/v2/v2-limits.js';
+import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';
 import type { V2DaemonSettings } from '../helper/assemble.js';
 import { resolveGroup } from '../os/privileges/accounts.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec, parseVcpuList } from '../model/vcpus.js';
@@ -35,25 +35,23 @@ export function checkInterval(seconds: number): void {
 
 /** A sampling interval in seconds, in [MIN_INTERVAL_S, MAX_INTERVAL_S]. */
 export function intervalArg(flag: string) {
-  const parse = secondsArg(flag, { min: MIN_INTERVAL_S, max: MAX_INTERVAL_S });
-  return (text: string): number => {
-    try {
-      return parse(text);
-    } catch (e) {
-      throw new InvalidArgumentError(`${(e as Error).message} (longer intervals could let the 32-bit energy counter wrap twice unseen)`);
-    }
-  };
+  return secondsArg(flag, {
+    min: MIN_INTERVAL_S,
+    max: MAX_INTERVAL_S,
+    why: 'longer intervals could let the 32-bit energy counter wrap twice unseen',
+  });
 }
 
-/** Seconds as a decimal number in [min, max] (min exclusive when 0). */
-export function secondsArg(flag: string, o: { min?: number; max: number }) {
+/** Seconds as a decimal number in [min, max] (min exclusive when 0); `why`, the bound's reason, ends the error. */
+export function secondsArg(flag: string, o: { min?: number; max: number; why?: string }) {
   const min = o.min ?? 0;
   return (text: string): number => {
     const n = Number(text);
     const tooLow = min === 0 ? !(n > 0) : !(n >= min);
     if (!/^\d+(\.\d+)?$/.test(text.trim()) || tooLow || n > o.max) {
+      const why = o.why === undefined ? '' : ` (${o.why})`;
       throw new InvalidArgumentError(
-        `${flag} must be a number of seconds in ${min === 0 ? '(0' : `[${min}`}, ${o.max}], got ${JSON.stringify(text)}`,
+        `${flag} must be a number of seconds in ${min === 0 ? '(0' : `[${min}`}, ${o.max}], got ${JSON.stringify(text)}${why}`,
       );
     }
     return n;
@@ -321,37 +319,38 @@ export interface V2CliOptions {
 }
 
 export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
-  const limits: V2Limits = {
-    maxVms: opts.maxVms ?? DEFAULT_V2_LIMITS.maxVms,
-    maxVmsPerConnection: opts.maxVmsPerConnection ?? DEFAULT_V2_LIMITS.maxVmsPerConnection,
-    maxVcpus: opts.maxVcpus ?? DEFAULT_V2_LIMITS.maxVcpus,
-    maxBacklogBytes: opts.maxBacklog ?? DEFAULT_V2_LIMITS.maxBacklogBytes,
+  const guestDir = opts.guestDir === false ? undefined : (opts.guestDir ?? DEFAULT_GUEST_DIR);
+  if (guestDir !== undefined && !guestDir.startsWith('/'))
+    throw new UsageError(`--guest-dir: the directory must be absolute (got '${guestDir}'); e.g. --guest-dir ${DEFAULT_GUEST_DIR}`);
+  if (opts.powerLimits !== undefined && !opts.powerLimits.startsWith('/'))
+    throw new UsageError(
+      `--power-limits: the file must be absolute (got '${opts.powerLimits}'); e.g. --power-limits /etc/vmsr-helper/limits`,
+    );
+  return {
+    intervalMs: Math.round((opts.interval ?? 1) * 1000),
+    limits: {
+      maxVms: opts.maxVms ?? DEFAULT_V2_LIMITS.maxVms,
+      maxVmsPerConnection: opts.maxVmsPerConnection ?? DEFAULT_V2_LIMITS.maxVmsPerConnection,
+      maxVcpus: opts.maxVcpus ?? DEFAULT_V2_LIMITS.maxVcpus,
+      maxBacklogBytes: opts.maxBacklog ?? DEFAULT_V2_LIMITS.maxBacklogBytes,
+    },
+    discovery: opts.discovery !== false,
+    recordPath: opts.record,
+    domains: opts.domains,
+    maxDiscoveredVms: opts.maxDiscoveredVms,
+    maxVmThreads: opts.maxVmThreads,
+    guestDir,
+    guestEnergy: opts.guestEnergy,
+    powerLimitsFile: opts.powerLimits,
+    observerGid: opts.observerGroup === undefined ? undefined : flagged('--observer-group', () => group(opts.observerGroup!)),
   };
-  const out: V2DaemonSettings = { intervalMs: Math.round((opts.interval ?? 1) * 1000), limits, discovery: opts.discovery !== false };
-  if (opts.record !== undefined) out.recordPath = opts.record;
-  if (opts.domains !== undefined) out.domains = opts.domains;
-  if (opts.maxDiscoveredVms !== undefined) out.maxDiscoveredVms = opts.maxDiscoveredVms;
-  if (opts.maxVmThreads !== undefined) out.maxVmThreads = opts.maxVmThreads;
-  if (opts.guestDir !== false) {
-    const dir = opts.guestDir ?? DEFAULT_GUEST_DIR;
-    if (!dir.startsWith('/'))
-      throw new UsageError(`--guest-dir: the directory must be absolute (got '${dir}'); e.g. --guest-dir ${DEFAULT_GUEST_DIR}`);
-    out.guestDir = dir;
+}
+
+/** `f()`, its error a usage error named by `flag`. */
+export function flagged<T>(flag: string, f: () => T): T {
+  try {
+    return f();
+  } catch (e) {
+    throw new UsageError(`${flag}: ${(e as Error).message}`);
   }
-  if (opts.guestEnergy !== undefined) out.guestEnergy = opts.guestEnergy;
-  if (opts.powerLimits !== undefined) {
-    if (!opts.powerLimits.startsWith('/'))
-      throw new UsageError(
-        `--power-limits: the file must be absolute (got '${opts.powerLimits}'); e.g. --power-limits /etc/vmsr-helper/limits`,
-      );
-    out.powerLimitsFile = opts.powerLimits;
-  }
-  if (opts.observerGroup !== undefined) {
-    try {
-      out.observerGid = group(opts.observerGroup);
-    } catch (e) {
-      throw new UsageError(`--observer-group: ${(e as Error).message}`);
-    }
-  }
-  return out;
 }

@@ -1,7 +1,4 @@
-/**
- * A progress line on stderr for long work: rewritten in place on a terminal (at most every 200 ms),
- * and elsewhere (journald, CI logs) a plain line only at the milestones the caller chooses.
- */
+/** A progress line on stderr: rewritten in place on a terminal (at most every 200 ms), elsewhere a line at the caller's milestones. */
 export class ProgressLine {
   readonly tty: boolean;
   private lastDraw = 0;

@@ -1,7 +1,6 @@
 /**
- * `record --vm NAME|UUID|PID`: the VM the helper lists, its vCPU threads read here from /proc (record
- * samples on its own), refused when the process is not the one listed (a pid reused in between); and
- * the helper's energy source (null: not said), which record then reads too.
+ * `record --vm`: the VM the helper lists, its vCPU threads read here from /proc (refused when the process
+ * is not the one listed: a reused pid), and the helper's energy source (null: not said).
  */
 import { V2Client } from '../client/v2-client.js';
 import { findVm } from '../client/find-vm.js';

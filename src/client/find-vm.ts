@@ -1,8 +1,7 @@
 /**
- * THE rule that turns what a user types (`watch nbvm1`, `record --vm 4242`) into one VM of the
- * helper's LIST: a PID, a UUID or a name (`virsh list`), in that order of trust, since any local user
- * can copy a name or UUID but no one can take a live process's pid. A live VM wins over an ended one
- * still listed; more than one left is an error listing the candidates and how to pick one.
+ * THE rule that turns what a user types (`watch nbvm1`) into one VM of the helper's LIST: a PID, a UUID
+ * or a name, in that order of trust (any local user can copy a name or UUID, no one a live process's
+ * pid). A live VM wins over an ended one; more than one left is an error listing the candidates.
  */
 import { cannotError } from '../common/errors.js';
 import type { VmInfo } from './v2-replies.js';
@@ -31,9 +30,8 @@ export function matchVms(vms: readonly VmInfo[], target: string): VmInfo[] {
 }
 
 /**
- * The one VM `target` names among `vms` (the helper's LIST, what this user may see); throws naming
- * the candidates, or the VMs there are, and how to pick. `command` is the command line to suggest,
- * with the target last (`vmsr-helper watch`).
+ * The one VM `target` names among `vms`; throws naming the candidates, or the VMs there are, and how to
+ * pick. `command` is the command line to suggest, the target last (`vmsr-helper watch`).
  */
 export function findVm(vms: readonly VmInfo[], target: string, command: string): VmInfo {
   const what = `find the VM ${JSON.stringify(target)}`;

@@ -1,7 +1,6 @@
 /**
- * A small QMP client: connect to QEMU's monitor socket, negotiate capabilities, run commands by id.
- * The socket is hostile input like any other: lines are bounded, non-JSON or unexpected replies end
- * the session with a clear error, and every wait has a timeout.
+ * A small QMP client. The socket is hostile input like any other: lines are bounded, non-JSON or
+ * unexpected replies end the session with a clear error, and every wait has a timeout.
  */
 import fs from 'node:fs';
 import net from 'node:net';
@@ -34,6 +33,9 @@ interface Pending {
   timer: NodeJS.Timeout;
 }
 
+/** The key of the greeting's wait among the pending replies (command ids are "vmsr-N"). */
+const GREETING = '';
+
 interface QmpCpu {
   cpuIndex: number;
   threadId: number;
@@ -41,12 +43,9 @@ interface QmpCpu {
 }
 
 export class QmpClient {
-  /** The QEMU version from the greeting, e.g. "7.2.22". */
-  version = '';
   private buf = '';
   private nextId = 1;
   private readonly pending = new Map<string, Pending>();
-  private greeting: ((g: unknown) => void) | null = null;
   private failure: Error | null = null;
 
   private constructor(
@@ -102,10 +101,8 @@ export class QmpClient {
     });
     const c = new QmpClient(sock, socketPath, timeoutMs, o.maxLine ?? QMP_MAX_LINE);
     try {
-      const greeting = await c.waitGreeting();
-      const qmp = (greeting as { QMP?: { version?: { qemu?: { major?: unknown; minor?: unknown; micro?: unknown } } } }).QMP;
-      const v = qmp?.version?.qemu;
-      if (v && typeof v.major === 'number') c.version = `${v.major}.${String(v.minor)}.${String(v.micro)}`;
+      const noGreeting = `${socketPath} sent no QMP greeting within ${timeoutMs} ms: is it QEMU's -qmp socket (not a -monitor or another program's)?`;
+      await c.reply(GREETING, timeoutMs, noGreeting);
       await c.execute('qmp_capabilities');
     } catch (e) {
       c.close();
@@ -123,18 +120,11 @@ export class QmpClient {
 
   /** Runs a command; resolves with its "return" value, rejects with QmpError on an error reply or timeout. */
   execute(command: string, args?: Record<string, unknown>, timeoutMs = this.timeoutMs): Promise<unknown> {
-    if (this.failure) return Promise.reject(this.failure);
     const id = `vmsr-${this.nextId++}`;
-    const msg: Record<string, unknown> = { execute: command, id };
-    if (args !== undefined) msg.arguments = args;
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new QmpError(`QMP ${command}: no reply within ${timeoutMs} ms from ${this.path}`, 'Timeout'));
-      }, timeoutMs);
-      this.pending.set(id, { resolve, reject, timer });
-      this.sock.write(`${JSON.stringify(msg)}\n`);
-    });
+    const reply = this.reply(id, timeoutMs, `QMP ${command}: no reply within ${timeoutMs} ms from ${this.path}`);
+    const msg = args === undefined ? { execute: command, id } : { execute: command, id, arguments: args };
+    if (!this.failure) this.sock.write(`${JSON.stringify(msg)}\n`);
+    return reply;
   }
 
   /** query-cpus-fast: each vCPU's host thread and its virtual socket (package). */
@@ -168,24 +158,24 @@ export class QmpClient {
     this.sock.destroy();
   }
 
-  private waitGreeting(): Promise<unknown> {
+  /** Waits for the reply `id` (GREETING: the greeting); rejects with `timeout` after `ms`. */
+  private reply(id: string, ms: number, timeout: string): Promise<unknown> {
     return new Promise((resolve, reject) => {
       if (this.failure) return reject(this.failure);
       const timer = setTimeout(() => {
-        this.greeting = null;
-        reject(
-          new QmpError(
-            `${this.path} sent no QMP greeting within ${this.timeoutMs} ms: is it QEMU's -qmp socket (not a -monitor or another program's)?`,
-            'Timeout',
-          ),
-        );
-      }, this.timeoutMs);
-      this.greeting = (g) => {
-        clearTimeout(timer);
-        if (g instanceof Error) reject(g);
-        else resolve(g);
-      };
+        this.pending.delete(id);
+        reject(new QmpError(timeout, 'Timeout'));
+      }, ms);
+      this.pending.set(id, { resolve, reject, timer });
     });
+  }
+
+  /** The wait for reply `id`, removed and its timer stopped. */
+  private take(id: string): Pending | undefined {
+    const p = this.pending.get(id);
+    this.pending.delete(id);
+    if (p) clearTimeout(p.timer);
+    return p;
   }
 
   private onData(d: string): void {
@@ -216,30 +206,19 @@ export class QmpClient {
       return;
     }
     const o = msg as Record<string, unknown>;
-    if (this.greeting) {
-      const g = this.greeting;
-      this.greeting = null;
-      if (typeof o.QMP !== 'object' || o.QMP === null) {
-        g(
-          new QmpError(
-            `${this.path} is not a QMP socket: first message is not a QMP greeting: ${JSON.stringify(line.slice(0, 80))}`,
-            'Protocol',
-          ),
-        );
-        this.failure = new QmpError(`${this.path}: bad greeting`, 'Protocol');
-        this.sock.destroy();
-      } else g(o);
+    const greeting = this.take(GREETING);
+    if (greeting) {
+      if (typeof o.QMP === 'object' && o.QMP !== null) return greeting.resolve(o);
+      const what = `first message is not a QMP greeting: ${JSON.stringify(line.slice(0, 80))}`;
+      greeting.reject(new QmpError(`${this.path} is not a QMP socket: ${what}`, 'Protocol'));
+      this.failure = new QmpError(`${this.path}: bad greeting`, 'Protocol');
+      this.sock.destroy();
       return;
     }
     if ('event' in o) return; // asynchronous events are not ours to handle
-    const id = typeof o.id === 'string' ? o.id : undefined;
-    const p = id === undefined ? undefined : this.pending.get(id);
-    if (!p || id === undefined) {
-      // A reply to nothing we asked (e.g. a late one after a timeout): ignore it, the command already failed.
-      return;
-    }
-    this.pending.delete(id);
-    clearTimeout(p.timer);
+    // A reply to nothing we asked (e.g. a late one after a timeout) is ignored: the command already failed.
+    const p = typeof o.id === 'string' ? this.take(o.id) : undefined;
+    if (!p) return;
     if ('return' in o) p.resolve(o.return);
     else if (typeof o.error === 'object' && o.error !== null) {
       const e = o.error as { class?: unknown; desc?: unknown };
@@ -260,15 +239,6 @@ export class QmpClient {
   private fail(e: Error): void {
     if (this.failure) return;
     this.failure = e;
-    if (this.greeting) {
-      const g = this.greeting;
-      this.greeting = null;
-      g(e);
-    }
-    for (const [id, p] of this.pending) {
-      clearTimeout(p.timer);
-      p.reject(e);
-      this.pending.delete(id);
-    }
+    for (const id of [...this.pending.keys()]) this.take(id)!.reject(e);
   }
 }

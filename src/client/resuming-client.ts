@@ -1,9 +1,8 @@
 /**
- * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): after ERROR RESTARTING
- * or any other close it connects again (retrying for `resumeForMs`), REGISTERs each process again
- * (same vm_id and totals), and SUBSCRIBEs, OBSERVEs and HOST_SUBSCRIBEs with the same callbacks. A
- * request in flight at the close rejects; statistics fds keep the old image's last values: ask for
- * new ones after `onResumed`.
+ * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): after any close it connects
+ * again for `resumeForMs`, REGISTERs each process again (same vm_id and totals) and makes each subscription
+ * again. A request in flight at the close rejects; statistics fds keep the old image's last values: ask
+ * for new ones after `onResumed`.
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
@@ -16,7 +15,6 @@ import {
   type Registered,
   type SubscribeOptions,
   type Update,
-  type Value,
   type VmInfo,
   type VmUpdate,
 } from './v2-replies.js';
@@ -36,11 +34,10 @@ const RESUME_FOR_MS = 60_000;
 const RETRY_FIRST_MS = 25;
 const RETRY_MAX_MS = 1_000;
 
-/** A subscription (SUBSCRIBE, OBSERVE, HOST_SUBSCRIBE), made again on each resumption. */
-interface Follower<U> {
-  onUpdate: (u: U) => void;
-  onError?: (e: V2Error) => void;
-  options: SubscribeOptions;
+/** A subscription (SUBSCRIBE, OBSERVE or HOST_SUBSCRIBE): `start` makes it on a connection, again on each resumption. */
+interface Follower {
+  start: (c: V2Client) => Promise<unknown>;
+  onError?: ((e: V2Error) => void) | undefined;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -48,9 +45,8 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 export class ResumingV2Client {
   /** Registrations made through this client, by vm_id: REGISTERed again after a restart. */
   private readonly registered = new Map<number, { pid: number; vcpus: readonly VcpuSpec[] }>();
-  private readonly subscribed = new Map<number, Follower<Update>>();
-  private readonly observed = new Map<number, Follower<VmUpdate>>();
-  private host: Follower<HostUpdate> | null = null;
+  /** By request and id: "subscribe 3", "observe 7", "host". */
+  private readonly followers = new Map<string, Follower>();
   private current: Promise<V2Client>;
   private userClosed = false;
   /** Resolves when the client is closed by close(), or gave up resuming (with why). */
@@ -64,7 +60,7 @@ export class ResumingV2Client {
   ) {
     this.closed = new Promise((r) => (this.resolveClosed = r));
     this.current = Promise.resolve(first);
-    this.follow(first);
+    this.resumeAfter(first);
   }
 
   /** Connects (once: a helper that is not there now is an error, as for V2Client.connect). */
@@ -87,12 +83,8 @@ export class ResumingV2Client {
 
   async unregister(vmId: number): Promise<void> {
     this.registered.delete(vmId);
-    this.subscribed.delete(vmId);
+    this.followers.delete(`subscribe ${vmId}`);
     await (await this.current).unregister(vmId);
-  }
-
-  async read(vmId: number, vpkg: number): Promise<Value> {
-    return (await this.current).read(vmId, vpkg);
   }
 
   async list(): Promise<VmInfo[]> {
@@ -103,71 +95,39 @@ export class ResumingV2Client {
     return (await this.current).statsFd(hostVmId);
   }
 
-  async subscribe(
-    vmId: number,
-    onUpdate: (u: Update) => void,
-    onError?: (e: V2Error) => void,
-    options: SubscribeOptions = {},
-  ): Promise<Update> {
-    return this.followVm(this.subscribed, vmId, onUpdate, onError, options, (c, s) => c.subscribe(vmId, s.onUpdate, onError, options));
+  subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<Update> {
+    return this.follow(`subscribe ${vmId}`, onUpdate, onError, (c, u) => c.subscribe(vmId, u, onError, o));
   }
 
-  async observe(
-    hostVmId: number,
-    onUpdate: (u: VmUpdate) => void,
-    onError?: (e: V2Error) => void,
-    options: SubscribeOptions = {},
-  ): Promise<VmUpdate> {
-    return this.followVm(this.observed, hostVmId, onUpdate, onError, options, (c, s) => c.observe(hostVmId, s.onUpdate, onError, options));
+  observe(hostVmId: number, onUpdate: (u: VmUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<VmUpdate> {
+    return this.follow(`observe ${hostVmId}`, onUpdate, onError, (c, u) => c.observe(hostVmId, u, onError, o));
+  }
+
+  subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<HostUpdate> {
+    return this.follow('host', onUpdate, onError, (c, u) => c.subscribeHost(u, onError, o));
   }
 
   /**
-   * Follows VM `id` in `subs` (made again on each resumption, dropped when its VM ends), starting with
-   * `start` on the current connection; a start that fails leaves nothing behind.
+   * Makes the subscription `key` with `start` on the current connection, and again on each resumption
+   * until a VM's last update; a start that fails leaves nothing behind.
    */
-  private async followVm<U extends { ended: boolean }>(
-    subs: Map<number, Follower<U>>,
-    id: number,
+  private async follow<U extends object>(
+    key: string,
     onUpdate: (u: U) => void,
     onError: ((e: V2Error) => void) | undefined,
-    options: SubscribeOptions,
-    start: (c: V2Client, s: Follower<U>) => Promise<U>,
+    start: (c: V2Client, onUpdate: (u: U) => void) => Promise<U>,
   ): Promise<U> {
-    const s: Follower<U> = {
-      onUpdate: (u) => {
-        if (subs.get(id) !== s) return;
-        if (u.ended) subs.delete(id);
-        onUpdate(u);
-      },
-      options,
+    const f: Follower = { start: (c) => start(c, relay), onError };
+    const relay = (u: U) => {
+      if (this.followers.get(key) !== f) return;
+      if ('ended' in u && u.ended === true) this.followers.delete(key);
+      onUpdate(u);
     };
-    if (onError) s.onError = onError;
-    subs.set(id, s);
+    this.followers.set(key, f);
     try {
-      return await start(await this.current, s);
+      return await start(await this.current, relay);
     } catch (e) {
-      if (subs.get(id) === s) subs.delete(id);
-      throw e;
-    }
-  }
-
-  async unobserve(hostVmId: number): Promise<void> {
-    this.observed.delete(hostVmId);
-    await (await this.current).unobserve(hostVmId);
-  }
-
-  async subscribeHost(
-    onUpdate: (u: HostUpdate) => void,
-    onError?: (e: V2Error) => void,
-    options: SubscribeOptions = {},
-  ): Promise<HostUpdate> {
-    const h = onError ? { onUpdate, onError, options } : { onUpdate, options };
-    this.host = h;
-    try {
-      return await (await this.current).subscribeHost(onUpdate, onError, options);
-    } catch (e) {
-      // Refused (not root nor in the observer group): nothing to subscribe again after a restart.
-      if (this.host === h) this.host = null;
+      if (this.followers.get(key) === f) this.followers.delete(key);
       throw e;
     }
   }
@@ -180,7 +140,7 @@ export class ResumingV2Client {
   }
 
   /** Resumes when `c` closes, unless the caller closed this client. */
-  private follow(c: V2Client): void {
+  private resumeAfter(c: V2Client): void {
     void c.closed.then((reason) => {
       if (this.userClosed) return;
       const away = Date.now();
@@ -196,7 +156,7 @@ export class ResumingV2Client {
             return rejectNext(new V2ConnectionError('the client was closed'));
           }
           resolveNext(next);
-          this.follow(next);
+          this.resumeAfter(next);
           this.o.onResumed?.({ reason, awayMs: Date.now() - away });
         },
         (e: Error) => {
@@ -238,10 +198,9 @@ export class ResumingV2Client {
   }
 
   /**
-   * REGISTER, SUBSCRIBE, OBSERVE and HOST_SUBSCRIBE again, on `c`. What the helper refuses now (a VM
-   * that ended meanwhile, a process that exited) is dropped and told to its onError; a registration
-   * that comes back under another vm_id (the helper restarted without its state, its totals from 0)
-   * too. A connection error rejects: the caller tries again.
+   * Every registration and subscription again, on `c`. What the helper refuses now (a VM that ended, a
+   * process that exited), or registers under another vm_id (restarted without its state), is dropped and
+   * told to its onError. A connection error, or a refused HOST_SUBSCRIBE, rejects.
    */
   private async restore(c: V2Client): Promise<void> {
     for (const [vmId, r] of [...this.registered]) {
@@ -258,24 +217,22 @@ export class ResumingV2Client {
       }
       if (why === null) continue;
       this.registered.delete(vmId);
-      this.drop(this.subscribed, vmId, new V2Error(E.NO_SUCH, 0, cannot(`resume VM ${vmId}`, why, 'register it again')));
+      this.drop(`subscribe ${vmId}`, new V2Error(E.NO_SUCH, 0, cannot(`resume VM ${vmId}`, why, 'register it again')));
     }
-    const again = <S extends { onError?: (e: V2Error) => void }>(subs: Map<number, S>, id: number, p: Promise<unknown>) =>
-      p.catch((e: Error) => {
-        if (!(e instanceof V2Error)) throw e;
-        this.drop(subs, id, e);
-      });
-    await Promise.all([
-      ...[...this.subscribed].map(([vmId, s]) => again(this.subscribed, vmId, c.subscribe(vmId, s.onUpdate, s.onError, s.options))),
-      ...[...this.observed].map(([id, s]) => again(this.observed, id, c.observe(id, s.onUpdate, s.onError, s.options))),
-      ...(this.host ? [c.subscribeHost(this.host.onUpdate, this.host.onError, this.host.options)] : []),
-    ]);
+    await Promise.all(
+      [...this.followers].map(([key, f]) =>
+        f.start(c).catch((e: Error) => {
+          if (!(e instanceof V2Error) || key === 'host') throw e;
+          this.drop(key, e);
+        }),
+      ),
+    );
   }
 
   /** Forgets a subscription the helper no longer serves, and tells its owner why. */
-  private drop<S extends { onError?: (e: V2Error) => void }>(subs: Map<number, S>, id: number, why: V2Error): void {
-    const s = subs.get(id);
-    subs.delete(id);
-    s?.onError?.(why);
+  private drop(key: string, why: V2Error): void {
+    const f = this.followers.get(key);
+    this.followers.delete(key);
+    f?.onError?.(why);
   }
 }

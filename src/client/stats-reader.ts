@@ -1,8 +1,7 @@
 /**
- * A reader of a statistics file (docs/stats-fd.md "Consistent samples"): the layout is read and
- * checked once, the file mapped read-only, and every read() is then the generation rule over the
- * mapping, without a syscall (readByPread(): the same with pread(2)). The fd comes from
- * V2Client.statsFd; a StatsReader owns it from then on (close() closes it).
+ * A reader of a statistics file (docs/stats-fd.md "Consistent samples"): the layout checked once, the
+ * file mapped read-only, each read() the generation rule over the mapping (readByPread(): with pread(2)).
+ * It owns the fd from V2Client.statsFd (close() closes it).
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
@@ -14,9 +13,8 @@ import { descriptorValues } from '../protocol/stats/values.js';
 import { statsScale } from '../protocol/stats/flags.js';
 
 /**
- * How a read retries while the helper writes: STATS_SPIN_TRIES at once, then one every
- * STATS_BACKOFF_MS (a helper preempted mid-sample leaves the generation odd for a time slice), giving
- * up after STATS_READ_TRIES in all (about a second).
+ * A read retries while the helper writes: STATS_SPIN_TRIES at once, then one every STATS_BACKOFF_MS (a helper
+ * preempted mid-sample leaves the generation odd for a time slice), STATS_READ_TRIES in all (about a second).
  */
 const STATS_READ_TRIES = 1000;
 const STATS_SPIN_TRIES = 10;
@@ -39,7 +37,7 @@ export class StatsReader {
   private readonly byName = new Map<string, PlacedDescriptor>();
   private readonly genAt: number;
   private fdOpen: number | null;
-  /** The file mapped read-only (PROT_READ, MAP_SHARED): null when it could not be (then read() preads). */
+  /** The file mapped read-only, shared: null when it could not be (then read() preads). */
   private mapped: { mapping: SharedMapping; generation: () => bigint; copy: () => Buffer } | null = null;
   /** The generation the last read ended with: the "before" of the next read. */
   private lastGeneration: bigint | undefined;

@@ -1,8 +1,7 @@
 /**
- * v2 client library: what `vmsr-helper watch`, the tests and a VMM embedding the protocol use.
- * Replies come back in request order; UPDATEs (and ERROR 5 notices for subscriptions) may arrive
- * at any time in between and go to the subscription's callbacks. How a reply's fd stays paired with
- * its frame (onread, then recvmsg on a duplicate fd): docs/stats-fd.md "How the client reads the fd".
+ * The v2 client library. Replies come back in request order; UPDATEs (and ERROR 5 notices) may arrive
+ * in between and go to the subscription's callbacks. How a reply's fd stays paired with its frame:
+ * docs/stats-fd.md "How the client reads the fd".
  */
 import type { EnergyDomain } from '../model/domains.js';
 import fs from 'node:fs';
@@ -32,9 +31,9 @@ import { cannot } from '../common/errors.js';
 import { closeFd, dupCloexec, watchReadable, type FdWatch } from '../os/libc/fds.js';
 import { MSG_DONTWAIT, recvWithFds } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
+import { groupNameOf } from '../os/privileges/accounts.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import {
-  toUpdate,
   toVmInfo,
   V2ConnectionError,
   V2Error,
@@ -56,17 +55,11 @@ interface Pending {
   reject: (e: Error) => void;
 }
 
-/** A reply frame and the fd that came with it (owned by the caller, close-on-exec). */
-interface ReplyWithFd {
-  reply: HelperMessage;
-  fd: number;
-}
-
 /** Bytes one onread chunk may hold: a whole frame of the largest payload, and its header. */
 const READ_CHUNK = 64 * 1024 + 8;
 
-interface Subscription {
-  onUpdate: (u: Update) => void;
+interface Subscription<U = Update> {
+  onUpdate: (u: U) => void;
   onError?: (e: V2Error) => void;
 }
 
@@ -86,6 +79,11 @@ function replyOf<K extends HelperMessage['type']>(m: HelperMessage, type: K): Ex
   return m as Extract<HelperMessage, { type: K }>;
 }
 
+/** A message's fields without its type. */
+function fieldsOf<M extends { type: number }>({ type: _t, ...fields }: M): Omit<M, 'type'> {
+  return fields;
+}
+
 /** Pages one list() may read: 2^32 ids at one VM a page cannot loop forever on a lying helper. */
 const MAX_LIST_PAGES = 100_000;
 
@@ -93,11 +91,10 @@ export class V2Client {
   private readonly decoder = new FrameDecoder(HELPER_TYPES);
   private readonly pending: Pending[] = [];
   private readonly subs = new Map<number, Subscription>();
-  private hostSub: { onUpdate: (u: HostUpdate) => void; onError?: (e: V2Error) => void } | null = null;
+  private hostSub: Subscription<HostUpdate> | null = null;
   private failure: Error | null = null;
   /** No byte from the helper yet: the first ones tell whether it speaks v2 at all. */
   private silent = true;
-  /** Frames of requests made in the current tick, written together on the next one. */
   private outbox: Buffer[] = [];
   /** Resolves when the connection is closed, with the reason when it broke. */
   readonly closed: Promise<Error | null>;
@@ -115,9 +112,8 @@ export class V2Client {
     reader.onBytes = (d) => this.onData(d);
     socket.on('error', (e: NodeJS.ErrnoException) => this.shutdown(new V2ConnectionError(`helper connection: ${e.message}`, e.code)));
     socket.on('close', () => {
-      // Closed without a byte while a request waited: a legacy-only helper (QEMU's own
-      // qemu-vmsr-helper, also at /run/qemu-vmsr-helper.sock) reads "VMS2" as an MSR number it
-      // refuses, and closes silently.
+      // Closed without a byte while a request waited: a legacy-only helper (QEMU's own, also at
+      // /run/qemu-vmsr-helper.sock) reads "VMS2" as an MSR number it refuses, and closes silently.
       if (this.silent && this.pending.length > 0 && !this.failure) {
         this.failure = new V2ConnectionError(
           `${this.socketPath} closed the connection without answering: it does not speak the v2 protocol (QEMU's own qemu-vmsr-helper only speaks the legacy one); run vmsr-helper there (systemctl status qemu-vmsr-helper shows which ExecStart runs)`,
@@ -130,7 +126,7 @@ export class V2Client {
   /** Connects to the helper's socket and selects v2. */
   static connect(socketPath: string, opts: { timeoutMs?: number } = {}): Promise<V2Client> {
     return new Promise((resolve, reject) => {
-      // Chunks go straight to the client (see the module comment): the buffer is reused, the decoder copies what it keeps.
+      // The buffer is reused: the decoder copies what it keeps.
       const reader = { onBytes: (_b: Buffer) => {} };
       const socket = net.createConnection({
         path: socketPath,
@@ -163,20 +159,16 @@ export class V2Client {
   }
 
   async register(o: { pid?: number; vcpus: readonly VcpuSpec[] }): Promise<Registered> {
-    const m = replyOf(await this.call(T.REGISTER, encodeRegister({ pid: o.pid ?? 0, vcpus: o.vcpus })), T.REGISTERED);
-    return { vmId: m.vmId, nvpkg: m.nvpkg, powerUnit: m.powerUnit };
+    return fieldsOf(replyOf(await this.call(T.REGISTER, encodeRegister({ pid: o.pid ?? 0, vcpus: o.vcpus })), T.REGISTERED));
   }
 
   async read(vmId: number, vpkg: number): Promise<Value> {
-    const m = replyOf(await this.call(T.READ, encodeRead(vmId, vpkg), vmId), T.VALUE);
-    const { type: _t, ...v } = m;
-    return v;
+    return fieldsOf(replyOf(await this.call(T.READ, encodeRead(vmId, vpkg), vmId), T.VALUE));
   }
 
   /**
-   * Subscribes; resolves with the helper's immediate UPDATE (the current values). `onUpdate` gets that
-   * one and one after every sample until the VM ends (`ended` true, last one), is unregistered, or the
-   * connection closes. `onError` gets ERROR 5 notices while the helper's energy source fails.
+   * Subscribes; resolves with the immediate UPDATE (the current values). `onUpdate` gets it and one per sample until
+   * the VM ends (`ended`), is unregistered, or the connection closes; `onError`, ERROR 5 while the energy source fails.
    */
   async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<Update> {
     return this.follow(T.SUBSCRIBE, vmId, { onUpdate, onError }, o, (domains) => encodeSubscribe(vmId, { domains }));
@@ -197,9 +189,8 @@ export class V2Client {
   }
 
   /**
-   * Observes any VM this peer may see (discovered, or registered by anyone); resolves with the
-   * immediate update. Updates follow every sample until the VM ends (last one has `ended`),
-   * unobserve(), or close. A VM it may not see is refused like a nonexistent one (ERROR 3).
+   * Observes any VM this peer may see (discovered, or registered by anyone), as subscribe() does until unobserve();
+   * a VM it may not see is refused like a nonexistent one (ERROR 3).
    */
   async observe(
     hostVmId: number,
@@ -223,7 +214,7 @@ export class V2Client {
     this.subs.set(vmId, sub);
     try {
       const frames = o.domains === true ? [frame(true), frame(false)] : [frame(false)];
-      return toUpdate(replyOf(await this.withFallback(type, frames, vmId), T.UPDATE));
+      return fieldsOf(replyOf(await this.withFallback(type, frames, vmId), T.UPDATE));
     } catch (e) {
       this.subs.delete(vmId);
       throw e;
@@ -260,8 +251,7 @@ export class V2Client {
     try {
       const tries = [...(o.domains === true ? [{ perPackage: true, domains: true }] : []), { perPackage: true }, { perPackage: false }];
       const frames = tries.map((t) => encodeHostSubscribe(t));
-      const { type: _t, ...u } = replyOf(await this.withFallback(T.HOST_SUBSCRIBE, frames), T.HOST_UPDATE);
-      return u;
+      return fieldsOf(replyOf(await this.withFallback(T.HOST_SUBSCRIBE, frames), T.HOST_UPDATE));
     } catch (e) {
       this.hostSub = null;
       throw e;
@@ -269,9 +259,8 @@ export class V2Client {
   }
 
   /**
-   * A read-only fd of VM `hostVmId`'s statistics file, or of the host's (0): docs/stats-fd.md. The fd is
-   * the caller's (close it); it stays valid after this connection closes and after the VM ends. Read it
-   * with StatsReader (stats-reader.ts).
+   * A read-only fd of VM `hostVmId`'s statistics file, or of the host's (0): docs/stats-fd.md. The caller closes it;
+   * it stays valid after this connection closes and after the VM ends. Read it with StatsReader.
    */
   async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
     const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeStatsFd(hostVmId));
@@ -289,8 +278,7 @@ export class V2Client {
    */
   async limit(hostVmId: number, watts?: number | null, domain?: EnergyDomain): Promise<LimitState> {
     const mw = watts === undefined ? undefined : watts === null ? 0 : Math.max(1, Math.round(watts * 1000));
-    const { type: _t, ...state } = replyOf(await this.call(T.LIMIT, encodeLimit(hostVmId, mw, domain), hostVmId), T.LIMIT_STATE);
-    return state;
+    return fieldsOf(replyOf(await this.call(T.LIMIT, encodeLimit(hostVmId, mw, domain), hostVmId), T.LIMIT_STATE));
   }
 
   async unregister(vmId: number): Promise<void> {
@@ -316,19 +304,13 @@ export class V2Client {
   }
 
   /**
-   * Sends a request whose reply comes with exactly one fd (SCM_RIGHTS); resolves with the reply and
-   * the fd, which the caller then owns. A reply without its fd rejects (the connection stays usable);
-   * an fd with any frame that is not the reply awaited breaks the connection.
+   * A request whose reply comes with exactly one fd (SCM_RIGHTS), which the caller then owns. A reply without
+   * its fd rejects (the connection stays); an fd with any frame but the reply awaited breaks the connection.
    */
-  requestWithFd(type: number, frame: Buffer): Promise<ReplyWithFd> {
-    if (this.failure) return Promise.reject(this.failure);
-    if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
-    try {
-      this.startFdReading();
-    } catch (e) {
-      return Promise.reject(e as Error);
-    }
+  requestWithFd(type: number, frame: Buffer): Promise<{ reply: HelperMessage; fd: number }> {
     return new Promise((resolve, reject) => {
+      this.checkOpen();
+      this.startFdReading();
       const resolveWithFd = (reply: HelperMessage, fd?: number) => {
         if (fd !== undefined) resolve({ reply, fd });
         else
@@ -397,12 +379,17 @@ export class V2Client {
   }
 
   private call(type: number, frame: Buffer, vmId?: number): Promise<HelperMessage> {
-    if (this.failure) return Promise.reject(this.failure);
-    if (this.socket.destroyed) return Promise.reject(new V2ConnectionError('the helper connection is closed'));
     return new Promise((resolve, reject) => {
+      this.checkOpen();
       this.pending.push({ type, vmId, resolve, reject });
       this.enqueue(frame);
     });
+  }
+
+  /** Throws (in a Promise executor: rejects) why no request can be sent. */
+  private checkOpen(): void {
+    if (this.failure) throw this.failure;
+    if (this.socket.destroyed) throw new V2ConnectionError('the helper connection is closed');
   }
 
   /**
@@ -461,14 +448,13 @@ export class V2Client {
       return this.fdRequestDone();
     }
     if (m.type === T.UPDATE) {
-      this.subs.get(m.vmId)?.onUpdate(toUpdate(m));
+      this.subs.get(m.vmId)?.onUpdate(fieldsOf(m));
       if (m.ended) this.subs.delete(m.vmId);
       if ((head?.type === T.SUBSCRIBE || head?.type === T.OBSERVE) && head.vmId === m.vmId) this.pending.shift()!.resolve(m);
       return;
     }
     if (m.type === T.HOST_UPDATE) {
-      const { type: _t, ...u } = m;
-      this.hostSub?.onUpdate(u);
+      this.hostSub?.onUpdate(fieldsOf(m));
       if (head?.type === T.HOST_SUBSCRIBE) this.pending.shift()!.resolve(m);
       return;
     }
@@ -526,21 +512,15 @@ export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): 
     return "run as root, or as a member of the socket's group";
   }
   const mode = (st.mode & 0o777).toString(8).padStart(4, '0');
-  const group = groupName(st.gid, groupFile) ?? String(st.gid);
+  let db = '';
+  try {
+    db = fs.readFileSync(groupFile, 'utf8');
+  } catch {
+    /* no group database: show the number */
+  }
+  const group = groupNameOf(st.gid, db) ?? String(st.gid);
   if ((st.mode & 0o060) === 0o060) {
     return `the socket is mode ${mode}, group ${group}: add this user to group ${group} (usermod -aG ${group} USER, then log in again), or run as root`;
   }
   return `the socket is mode ${mode}, group ${group}, so only its owner connects: give the group access (the shipped qemu-vmsr-helper.socket sets SocketGroup=kvm, SocketMode=0660), or run as root`;
-}
-
-function groupName(gid: number, groupFile: string): string | undefined {
-  try {
-    for (const line of fs.readFileSync(groupFile, 'utf8').split('\n')) {
-      const f = line.split(':');
-      if (f.length >= 3 && f[2] === String(gid) && f[0]) return f[0];
-    }
-  } catch {
-    /* no group database: show the number */
-  }
-  return undefined;
 }

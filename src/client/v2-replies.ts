@@ -1,7 +1,4 @@
-/**
- * What a V2Client gives its caller: the errors it throws, and the replies and updates as the client
- * library shapes them from the decoded frames (protocol/v2/messages.ts).
- */
+/** What a V2Client gives its caller: the errors it throws, its replies and updates. */
 import {
   type T,
   errorCodeName,
@@ -14,12 +11,8 @@ import {
 import type { HelperMessage } from '../protocol/v2/messages.js';
 import { formatUuid } from '../common/uuid.js';
 
-/** Options of subscribe() and observe(). */
 export interface SubscribeOptions {
-  /**
-   * Ask for the VM's energy of every other RAPL domain the host reads (Update.domains). A helper that
-   * predates them refuses the flag (ERROR 1): the subscription is then made without, and `domains` is absent.
-   */
+  /** Ask for each other RAPL domain's energy (Update.domains); a helper that refuses the flag (ERROR 1) is asked without. */
   domains?: boolean;
 }
 
@@ -46,12 +39,8 @@ export class V2ConnectionError extends Error {
   }
 }
 
-export interface Registered {
-  vmId: number;
-  nvpkg: number;
-  /** The MSR_RAPL_POWER_UNIT a guest should see. */
-  powerUnit: bigint;
-}
+/** REGISTERED: the VM's id, its virtual packages, and the MSR_RAPL_POWER_UNIT a guest should see (powerUnit). */
+export type Registered = Omit<Extract<HelperMessage, { type: typeof T.REGISTERED }>, 'type'>;
 
 /** One virtual package's values (VALUE), as the protocol decodes them. */
 export type Value = Omit<Extract<HelperMessage, { type: typeof T.VALUE }>, 'type'>;
@@ -117,10 +106,4 @@ export function toVmInfo(e: VmEntry): VmInfo {
     notWhole: e.notWhole === true,
     guestExact: e.guestExact === true,
   };
-}
-
-export function toUpdate(m: Extract<HelperMessage, { type: typeof T.UPDATE }>): Update {
-  const u: Update = { vmId: m.vmId, tNs: m.tNs, vpkgs: m.vpkgs, ended: m.ended };
-  if (m.domains !== undefined) u.domains = m.domains;
-  return u;
 }

@@ -108,7 +108,7 @@ describe('ResumingV2Client', () => {
     expect(hosts.every((u) => Array.isArray(u.domains) && u.domains.length === 0)).toBe(true);
     expect(updates.every((u) => u.domains === undefined)).toBe(true);
     // Requests go to the new connection.
-    expect((await c.read(reg.vmId, 0)).vmId).toBe(reg.vmId);
+    expect((await (await c.ready()).read(reg.vmId, 0)).vmId).toBe(reg.vmId);
   }, 240_000); // two restarts, each waited for up to 60 s on a busy host
 
   test('gives up, naming the fix, when the helper does not come back within resumeForMs', async () => {

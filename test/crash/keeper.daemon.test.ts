@@ -108,7 +108,11 @@ describe('the keeper', () => {
     const v2 = await ResumingV2Client.connect(sock);
     cleanups.push(() => v2.close());
     const { vmId } = await v2.register({ pid: vm.pid!, vcpus: [{ tid: vm.pid!, vpkg: 0 }] });
-    await pollFor(async () => ((await v2.read(vmId, 0)).energyUj > 0n ? true : undefined), 'the VM to be paid energy', h.stderr);
+    await pollFor(
+      async () => ((await (await v2.ready()).read(vmId, 0)).energyUj > 0n ? true : undefined),
+      'the VM to be paid energy',
+      h.stderr,
+    );
 
     let last = await qemu.request(0x611, 0, process.pid);
     const serving: number[] = [];
@@ -117,10 +121,10 @@ describe('the keeper', () => {
       // The package counter first, then a sample taken after it: that sample's counter is at least
       // pkgBefore, so the VM's energy from it on is bounded by the package energy from pkgBefore on.
       const pkgBefore = await qemu.request(0x611, 0, process.pid);
-      const seen = await v2.read(vmId, 0);
+      const seen = await (await v2.ready()).read(vmId, 0);
       const before = await pollFor(
         async () => {
-          const v = await v2.read(vmId, 0);
+          const v = await (await v2.ready()).read(vmId, 0);
           return v.tNs > seen.tNs ? v : undefined;
         },
         `a sample after the package counter was read (kill ${i + 1})`,
@@ -134,7 +138,7 @@ describe('the keeper', () => {
       const after = await pollFor(
         async () => {
           try {
-            const v = await v2.read(vmId, 0);
+            const v = await (await v2.ready()).read(vmId, 0);
             return v.tNs > before.tNs ? v : undefined;
           } catch {
             return undefined;
@@ -170,7 +174,7 @@ describe('the keeper', () => {
     cleanups.push(() => v2.close());
     const { vmId } = await v2.register({ pid: vm.pid!, vcpus: [{ tid: vm.pid!, vpkg: 0 }] });
     await pollFor(
-      async () => ((await v2.read(vmId, 0)).energyUj > 0n ? true : undefined),
+      async () => ((await (await v2.ready()).read(vmId, 0)).energyUj > 0n ? true : undefined),
       'the VM to be paid energy (and checkpointed)',
       h.stderr,
     );

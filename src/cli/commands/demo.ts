@@ -1,9 +1,6 @@
 /**
- * `vmsr-helper demo`: the whole chain on any Linux box, no RAPL needed: the daemon on the synthetic
- * energy source, the exporter, and a demo VM (cli/demo/demo-vm.ts) that discovery takes for a QEMU,
- * each a child process, in a temporary directory removed at the end. Every output says the energy
- * is synthetic: the banner, the daemon's warning, the exporter's vmsr_energy_source_info series.
- * docs/try-it.md.
+ * `vmsr-helper demo` (docs/try-it.md): the daemon on synthetic energy, the exporter and a demo VM, each a child process, in a
+ * temporary directory removed at the end. Every output says the energy is synthetic.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';

@@ -1,7 +1,4 @@
-/**
- * `vmsr-helper exporter`: observes every VM the helper knows over v2 and serves Prometheus /
- * OpenMetrics on HTTP (loopback by default). Runs until SIGINT/SIGTERM; SIGHUP is logged (os/sighup.ts).
- */
+/** `vmsr-helper exporter`: runs until SIGINT/SIGTERM; SIGHUP is logged (os/sighup.ts). */
 import { Option, type Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
 import { startExporter } from '../../exporter/exporter-process.js';

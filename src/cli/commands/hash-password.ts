@@ -1,8 +1,4 @@
-/**
- * `vmsr-helper hash-password`: the bcrypt hash of a password for a web configuration's
- * `basic_auth_users`, without htpasswd (docs/exporter.md). The password comes from stdin: typed twice
- * without echo on a terminal, else the whole input less one trailing newline.
- */
+/** `vmsr-helper hash-password` (docs/exporter.md): typed twice without echo on a terminal, else stdin less one trailing newline. */
 import type { Command } from 'commander';
 import { BCRYPT_COST, bcryptHash } from '../../os/bcrypt.js';
 import { positiveIntArg } from '../options.js';

@@ -1,7 +1,4 @@
-/**
- * `vmsr-helper limit [VM [WATTS|off] [--domain D]]`: a VM's power limit set, removed, or every limit
- * listed (docs/power-limits.md); setting is for root and the helper's --socket-group.
- */
+/** `vmsr-helper limit [VM [WATTS|off] [--domain D]]`: docs/power-limits.md; setting is for root and the helper's --socket-group. */
 import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
 import { V2Error, type VmInfo } from '../../client/v2-replies.js';
@@ -73,10 +70,8 @@ export function addLimitCommand(program: Command): void {
     try {
       const vms = await client.list();
       if (target === undefined) {
-        const limited = await listLimits(
-          client,
-          vms.filter((v) => !v.ended),
-        );
+        const live = vms.filter((v) => !v.ended);
+        const limited = await listLimits(client, live);
         process.stdout.write(limited.length === 0 ? 'no VM has a power limit\n' : limited.join(''));
         return;
       }

@@ -1,8 +1,4 @@
-/**
- * `vmsr-helper record`: takes VMs (--vm from the helper's discovery, --qmp, or --pid/--vcpus) and
- * writes a vmsr-trace: header, register records, the baseline sample, then a sample every interval
- * until SIGINT/SIGTERM/--duration. A VM whose process ends stays registered: the trace shows it absent.
- */
+/** `vmsr-helper record` (docs/recording.md): a trace of the given VMs until SIGINT/SIGTERM/--duration; a VM that ends is absent. */
 import { type Command } from 'commander';
 import { MsrDevice, msrErrorWithHint } from '../../msr/device.js';
 import type { EnergyDomain, EnergySource } from '../../energy/energy-source.js';
@@ -94,25 +90,10 @@ export function addRecordCommand(program: Command): void {
     .addOption(domainsOption());
   addHostOptions(addClientSocketOption(record))
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
-    .action(async (_local: Record<string, unknown>, cmd: Command) => {
-      const o = commandOptions(cmd);
-      const { paths, vendor } = hostOptionsFrom(o as RawHostOptions);
-      await runRecord({
-        vm: o.vm as string[],
-        socket: (o.socket as string | undefined) ?? DEFAULT_HELPER_SOCKET,
-        qmp: o.qmp as string[],
-        pid: o.pid as number[],
-        vcpus: o.vcpus as VcpuSpec[][],
-        output: o.output as string,
-        interval: o.interval as number,
-        duration: o.duration as number | undefined,
-        energySource: energySourceFrom(o.energySource),
-        ...(o.domains !== undefined ? { domains: o.domains as EnergyDomain[] } : {}),
-        paths,
-        vendor: vendor === 'auto' ? undefined : vendor,
-        note: o.note as string | undefined,
-        force: o.force === true,
-      });
+    .action(async (_local: unknown, cmd: Command) => {
+      const o = commandOptions<Omit<RecordOptions, 'energySource' | 'paths' | 'vendor'> & RawHostOptions & { energySource?: string }>(cmd);
+      const { paths, vendor } = hostOptionsFrom(o);
+      await runRecord({ ...o, energySource: energySourceFrom(o.energySource), paths, vendor: vendor === 'auto' ? undefined : vendor });
     });
 }
 
@@ -194,13 +175,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
 function openEnergy(o: RecordOptions, device: MsrDevice): { energy: EnergySource; host: HostInfo; msr: boolean } {
   const vendor = o.vendor ?? readVendor(o.paths.procRoot);
   const cpus = readHostCpus(o.paths.sysRoot);
-  const kind = chooseEnergySource(o.energySource, {
-    msrPathTemplate: o.paths.msrPathTemplate,
-    sysRoot: o.paths.sysRoot,
-    cpus,
-    vendor,
-    procRoot: o.paths.procRoot,
-  }).kind;
+  const kind = chooseEnergySource(o.energySource, { ...o.paths, cpus, vendor }).kind;
   const msr = readsMsrs(kind);
   let host: HostInfo;
   try {
@@ -210,7 +185,7 @@ function openEnergy(o: RecordOptions, device: MsrDevice): { energy: EnergySource
   }
   let energy: EnergySource | undefined;
   try {
-    energy = createEnergySource(kind, { host, paths: o.paths, device, ...(o.domains ? { domains: o.domains } : {}) });
+    energy = createEnergySource(kind, { host, paths: o.paths, device, domains: o.domains });
     host = withDomainCounters(host, energy);
     if (msr) energy.read(); // fail before creating the trace when the energy register is unreadable
   } catch (e) {

@@ -1,7 +1,6 @@
 /**
- * `vmsr-helper reload -k SOCKET`: restarts the daemon listening there in place (docs/daemon.md
- * "Restarts"), as SIGHUP does, and waits until the new image serves. The daemon is the socket's peer;
- * a socket systemd listens on (pid 1) is refused: use `systemctl reload`.
+ * `vmsr-helper reload` (docs/daemon.md "Restarts"): SIGHUP to the socket's peer, then waits until the new image
+ * serves; a socket systemd listens on (pid 1) is refused: use `systemctl reload`.
  */
 import net from 'node:net';
 import os from 'node:os';

@@ -1,7 +1,4 @@
-/**
- * `vmsr-helper replay [TRACE] [--json]`: runs a recorded trace through the ratio engine. Without
- * TRACE it replays the trace bundled with the package (traces/qemu-spin-vs-idle.jsonl.gz).
- */
+/** `vmsr-helper replay [TRACE] [--json]`: without TRACE, the trace bundled with the package. */
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';

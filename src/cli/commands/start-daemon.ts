@@ -1,7 +1,4 @@
-/**
- * The root command: qemu-vmsr-helper's options (-k -f -d -u -g -v -q -T) plus ours. Parsing is pure
- * (parseDaemonOptions) so every bad argument gets a clear error naming the fix.
- */
+/** The root command: qemu-vmsr-helper's options (-k -f -d -u -g -v -q -T) plus ours; parseDaemonOptions is pure. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
@@ -21,6 +18,7 @@ import {
   addV2Options,
   collect,
   energySourceFrom,
+  flagged,
   energySourceOption,
   hostOptionsFrom,
   parseSocketMode,
@@ -40,7 +38,7 @@ export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 
 interface RawDaemonOptions extends RawHostOptions {
   energySource?: string;
-  /** --guest-energy (defined with the v2 options; the start-up holds QEMU's answers for it too). */
+  /** --guest-energy (a v2 option; the start-up holds QEMU's answers for it too). */
   guestEnergy?: string;
   socket?: string;
   pidfile?: string;
@@ -52,7 +50,6 @@ interface RawDaemonOptions extends RawHostOptions {
   trace?: string[];
   amdPowerLimit?: string;
   amdTdp?: string;
-  /** Parsed by commander (positiveIntArg / secondsArg). */
   maxConnections?: number;
   frameTimeout?: number;
   socketMode?: string;
@@ -70,11 +67,7 @@ export interface IdLookups {
 
 const systemIds: IdLookups = { user: (s) => resolveUser(s), group: (s) => resolveGroup(s), primaryGroup: (u) => primaryGroupOf(u) };
 
-/**
- * -T as QEMU spells it: [[enable=]PATTERN][,events=FILE][,file=FILE]. Patterns name log areas
- * (legacy, server, privileges, systemd, v2, ...) logged at debug level; events=FILE reads patterns,
- * one a line. file= is refused: logs always go to stderr (journald under systemd).
- */
+/** -T as QEMU spells it: [[enable=]PATTERN][,events=FILE] (patterns one a line); file= is refused: logs go to stderr. */
 export function parseTraceOption(value: string, readFile: (f: string) => string): string[] {
   const out: string[] = [];
   for (const part of value.split(',')) {
@@ -116,12 +109,11 @@ function parseWatts(v: string | undefined, flag: string, dflt: number): number {
 export function parseDaemonOptions(
   raw: RawDaemonOptions,
   ids: IdLookups = systemIds,
-  readFile: (f: string) => string = defaultRead,
+  readFile: (f: string) => string = (f) => fs.readFileSync(f, 'utf8'),
 ): DaemonConfig {
-  if (raw.socket !== undefined && !raw.socket.startsWith('/')) {
-    throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
-  }
   if (raw.socket !== undefined) {
+    if (!raw.socket.startsWith('/'))
+      throw new Error(`-k/--socket: socket path must be absolute (got '${raw.socket}'); e.g. -k /run/qemu-vmsr-helper.sock`);
     checkSocketPathLength(raw.socket);
     checkSocketDirectory(raw.socket);
   }
@@ -130,25 +122,24 @@ export function parseDaemonOptions(
   const uid = raw.user === undefined ? undefined : ids.user(raw.user);
   let gid = raw.group === undefined ? undefined : ids.group(raw.group);
   if (gid === undefined && uid !== undefined) gid = ids.primaryGroup(uid);
-  const traceAreas = (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile));
   return {
     socketPath: raw.socket ?? DEFAULT_HELPER_SOCKET,
     socketPathGiven: raw.socket !== undefined,
     pidfile: path.resolve(raw.pidfile ?? DEFAULT_PIDFILE),
     pidfileGiven: raw.pidfile !== undefined,
     daemonize: raw.daemon === true,
-    ...(uid !== undefined ? { uid } : {}),
-    ...(gid !== undefined ? { gid } : {}),
+    uid,
+    gid,
     logLevel: levelFromFlags(raw),
-    traceAreas,
+    traceAreas: (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile)),
     hostPaths,
     vendor,
     energySource: energySourceFrom(raw.energySource),
     maxConnections: raw.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
     socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
-    ...(raw.socketGroup !== undefined ? { socketGid: flagged('--socket-group', () => ids.group(raw.socketGroup!)) } : {}),
+    socketGid: raw.socketGroup === undefined ? undefined : flagged('--socket-group', () => ids.group(raw.socketGroup!)),
     frameTimeoutMs: Math.round((raw.frameTimeout ?? DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000) * 1000),
-    ...(raw.guestEnergy === 'exact' ? { holdEnergyStatus: true } : {}),
+    holdEnergyStatus: raw.guestEnergy === 'exact',
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
       tdpWatts: parseWatts(raw.amdTdp, '--amd-tdp', DEFAULT_AMD_SYNTH.tdpWatts),
@@ -163,23 +154,10 @@ export function logFileFrom(raw: Pick<RawDaemonOptions, 'logFile' | 'daemon'>): 
   return raw.daemon === true ? DEFAULT_DAEMON_LOG_FILE : undefined;
 }
 
-function flagged<T>(flag: string, f: () => T): T {
-  try {
-    return f();
-  } catch (e) {
-    throw new Error(`${flag}: ${(e as Error).message}`);
-  }
-}
-
-function defaultRead(f: string): string {
-  return fs.readFileSync(f, 'utf8');
-}
-
 /**
- * -d in the foreground process: re-spawn detached and wait; otherwise (or in that child) run. As
- * root, the start-up steps that need root run first and the helper re-executes itself with dropped
- * privileges (helper/lifecycle/privileged-start.ts) so that every thread is dropped, not only the
- * main one. The daemon's modules are imported only when needed, so the first image stays small.
+ * -d in the foreground process: re-spawn detached and wait; otherwise run. As root, the steps that need
+ * root run first, then the helper re-executes itself with every thread's privileges dropped
+ * (helper/lifecycle/privileged-start.ts). Modules are imported when needed: the first image stays small.
  */
 async function startDaemonFromCli(
   config: DaemonConfig,
@@ -232,10 +210,7 @@ async function startDaemonFromCli(
   }
 }
 
-/**
- * Whether the first image is to start a keeper: not under systemd, whose fd store does the keeper's
- * work (`asked`: --keeper was given, which is then said).
- */
+/** Whether the first image starts a keeper: not under systemd, whose fd store does its work (`asked`: --keeper, then said). */
 function keeperWanted(asked: boolean, logger: () => Logger): boolean {
   if (process.env.NOTIFY_SOCKET === undefined && process.env.LISTEN_FDS === undefined) return true;
   if (asked)

@@ -1,9 +1,4 @@
-/**
- * `vmsr-helper stats`: a live table of every VM the caller may see, in the spirit of kvm_stat, read
- * through the statistics fds: each refresh is one read per VM and a LIST (docs/guide.md "Every VM at a
- * glance"). Where the caller may see the host's energy, a second table gives each package's other
- * RAPL domains (from HOST_UPDATE).
- */
+/** `vmsr-helper stats` (docs/guide.md "Every VM at a glance"): each refresh is one read per VM's statistics fd and a LIST. */
 import path from 'node:path';
 import type { Command } from 'commander';
 import { ResumingV2Client } from '../../client/resuming-client.js';
@@ -15,11 +10,9 @@ import { addClientSocketOption, collect, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
+import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText } from '../vm-notes.js';
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
-import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
-import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } from '../power-limit-note.js';
 
 /** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
@@ -34,27 +27,10 @@ interface StatsOptions {
   count?: number;
 }
 
-/** One VM's row, from one consistent sample of its file. */
-interface StatsRow {
-  hostVmId: number;
-  name: string | null;
-  pid: number;
-  ended: boolean;
-  /** Sums over the virtual packages. */
-  powerW: number;
-  energyJ: number;
-  vpkgEnergyJ: number[];
-  vcpus: { tid: number; energyJ: number; cpuS: number | null }[];
-  otherCpuS: number | null;
-  /** Age of the sample at the read, s (null before the first). */
-  ageS: number | null;
-  guest: GuestEnergyJ | null;
-  limit: PowerLimitNote | null;
-}
-
 const num = (v: bigint | undefined) => Number(v ?? 0n);
 
-function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint): StatsRow {
+/** One VM's row from one consistent sample of its file: power and energy summed over its vpkgs; ageS null before the first. */
+function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader, s: StatsSample, nowNs: bigint) {
   const ej = r.scale('energy');
   const energy = (r.values(s, 'energy') ?? []).map((v) => Number(v) * ej);
   const power = (r.values(s, 'power') ?? []).map((v) => Number(v) * r.scale('power'));
@@ -78,16 +54,17 @@ function statsRow(vm: Pick<VmInfo, 'hostVmId' | 'name' | 'pid'>, r: StatsReader,
     })),
     otherCpuS: other === undefined ? null : Number(other) * r.scale('other_threads_cpu_time'),
     ageS: t === 0n ? null : Number(nowNs - t) / 1e9,
-    guest: guestEnergyOf(r, s),
-    limit: powerLimitOf(r, s),
+    notes: vmNotesOf(r, s),
   };
 }
+
+type StatsRow = ReturnType<typeof statsRow>;
 
 function formatStatsTable(rows: readonly StatsRow[]): string[] {
   const head = `${'ID'.padStart(6)}  ${'NAME'.padEnd(20)} ${'PID'.padStart(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'VCPUS'.padStart(5)} ${'VCPU CPU s'.padStart(11)}  STATE`;
   const lines = rows.map((r) => {
     const cpu = r.vcpus.every((v) => v.cpuS !== null) ? r.vcpus.reduce((a, v) => a + (v.cpuS ?? 0), 0).toFixed(2) : '-';
-    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + guestEnergyNote(r.guest) + powerLimitNote(r.limit);
+    const state = (r.ended ? 'ended' : r.ageS === null ? 'no sample yet' : 'live') + vmNotesText(r.notes);
     return `${String(r.hostVmId).padStart(6)}  ${(r.name ?? '-').slice(0, 20).padEnd(20)} ${String(r.pid).padStart(8)} ${r.powerW.toFixed(2).padStart(9)} ${r.energyJ.toFixed(3).padStart(12)} ${String(r.vcpus.length).padStart(5)} ${cpu.padStart(11)}  ${state}`;
   });
   return [head, ...lines];
@@ -108,26 +85,15 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
     other_threads_cpu_s: r.otherCpuS,
     age_s: r.ageS,
     energy_source: energySource,
-    ...guestEnergyJson(r.guest),
-    ...powerLimitJson(r.limit),
+    ...vmNotesJson(r.notes),
   });
-}
-
-/** One other RAPL domain of one host package, at a refresh. */
-interface HostDomainRow {
-  pkg: number;
-  domain: string;
-  /** Since the previous refresh's HOST_UPDATE (null: none before, or no new sample). */
-  powerW: number | null;
-  energyJ: number;
-  unattributedJ: number;
 }
 
 /**
  * The host's other domains in `now`, by package then domain (ENERGY_DOMAINS order), their power measured
- * from `prev` (the HOST_UPDATE of the previous refresh).
+ * from `prev`, the previous refresh's HOST_UPDATE (null: none before, or no new sample).
  */
-export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate): HostDomainRow[] {
+export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate) {
   const order = (d: { pkg: number; domain: EnergyDomain }) => d.pkg * ENERGY_DOMAINS.length + ENERGY_DOMAINS.indexOf(d.domain);
   return [...(now.domains ?? [])]
     .sort((a, b) => order(a) - order(b))
@@ -139,6 +105,8 @@ export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate): HostDo
 }
 
 /** The host's domain table under the VMs' (nothing when the host reads only the package). */
+type HostDomainRow = ReturnType<typeof hostDomainRows>[number];
+
 export function formatHostDomainTable(rows: readonly HostDomainRow[]): string[] {
   if (rows.length === 0) return [];
   const head = `${'PKG'.padStart(6)}  ${'DOMAIN'.padEnd(8)} ${'POWER W'.padStart(9)} ${'ENERGY J'.padStart(12)} ${'UNATTRIBUTED J'.padStart(15)}`;
@@ -200,18 +168,14 @@ export async function runStats(
     const host = await hostDomains(client);
     let hostBefore: HostUpdate | null = null;
     for (let n = 0; ; n++) {
-      if (resumed) {
-        resumed = false;
-        for (const e of readers.values()) e.r.close();
-        readers.clear();
-      }
       const vms = (await client.list()).filter((v) => chosen(v, o.vm));
       const listed = new Set(vms.map((v) => v.hostVmId));
       for (const [id, e] of readers) {
-        if (listed.has(id)) continue;
+        if (listed.has(id) && !resumed) continue;
         e.r.close();
         readers.delete(id);
       }
+      resumed = false;
       for (const vm of vms) {
         if (readers.has(vm.hostVmId)) continue;
         try {
@@ -261,7 +225,7 @@ export function addStatsCommand(program: Command): void {
       const opts: StatsOptions = {
         socket: path.resolve(all.socket ?? DEFAULT_HELPER_SOCKET),
         intervalS: all.interval ?? STATS_REFRESH_S.default,
-        ...(all.vm ? { vm: all.vm } : {}),
+        vm: all.vm,
         once: all.once === true,
         json: all.json === true,
       };

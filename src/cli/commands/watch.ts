@@ -1,7 +1,7 @@
 /**
- * `vmsr-helper watch`: prints one VM's power and energy per virtual package, and each other RAPL
- * domain's power, at every UPDATE (a table, or --json lines) until Ctrl-C or the VM ends.
- * `watch NAME|UUID|PID` OBSERVEs a VM of the helper's LIST; --qmp or --pid/--vcpus REGISTER one.
+ * `vmsr-helper watch`: one VM's power and energy per virtual package, and each other RAPL domain's power,
+ * at every UPDATE until Ctrl-C or the VM ends. `watch NAME|UUID|PID` OBSERVEs a VM of the helper's LIST;
+ * --qmp or --pid/--vcpus REGISTER one.
  */
 import path from 'node:path';
 import type { Command } from 'commander';
@@ -17,11 +17,9 @@ import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedHost, type StatedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice } from '../energy-notice.js';
+import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
-import { guestEnergyJson, guestEnergyNote, guestEnergyOf, type GuestEnergyJ } from '../guest-energy-note.js';
-import { powerLimitJson, powerLimitNote, powerLimitOf, type PowerLimitNote } from '../power-limit-note.js';
 
 interface WatchOptions {
   socket: string;
@@ -34,6 +32,13 @@ interface WatchOptions {
   json?: boolean;
 }
 
+/** Where a live command's lines and warnings go, and what stops it. */
+interface Io {
+  out: (line: string) => void;
+  signal: AbortSignal | undefined;
+  warn: (line: string) => void;
+}
+
 /** The point an UPDATE's power is measured from: the previous UPDATE, or the VM's baseline (energy 0). */
 interface PowerBase {
   tNs: bigint;
@@ -42,21 +47,13 @@ interface PowerBase {
   domains?: { domain: string; vpkgEnergyUj: bigint[] }[];
 }
 
-/** One other RAPL domain of an UPDATE: its power over all vpkgs and per vpkg (null where there is no interval), and its energy. */
-interface DomainPower {
-  domain: string;
-  powerW: number | null;
-  energyUj: bigint;
-  vpkgs: { powerW: number | null; energyUj: bigint }[];
-}
-
 /** Watts from µJ over ns, or null when there is no interval to measure. */
 function watts(base: PowerBase | null, u: Update, deltaUj: bigint): number | null {
   return base && u.tNs !== 0n ? wattsOver(deltaUj, Number(u.tNs - base.tNs)) : null;
 }
 
-/** The other RAPL domains of `u` (none when the helper sent none, or the host reads only the package), with their power since `base`. */
-export function domainPowers(base: PowerBase | null, u: Update): DomainPower[] {
+/** `u`'s other RAPL domains (none when the helper sent none): energy, and power since `base` (null: no interval), in all and per vpkg. */
+export function domainPowers(base: PowerBase | null, u: Update) {
   return (u.domains ?? []).map((d) => {
     const from = base?.domains?.find((b) => b.domain === d.domain)?.vpkgEnergyUj ?? [];
     const vpkgs = d.vpkgEnergyUj.map((e, g) => ({ powerW: watts(base, u, e - (from[g] ?? 0n)), energyUj: e }));
@@ -95,14 +92,14 @@ export function formatUpdate(
   base: PowerBase | null,
   u: Update,
   originNs: bigint = u.tNs,
-  guest: GuestEnergyJ | null = null,
-  limit: PowerLimitNote | null = null,
+  guest: VmNotes['guest'] = null,
+  limit: VmNotes['limit'] = null,
 ): string {
   const p = powers(base, u);
   const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
   parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
-  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${guestEnergyNote(guest, '  ')}${powerLimitNote(limit, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${vmNotesText({ guest, limit }, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
 /**
@@ -114,8 +111,8 @@ export function formatJsonUpdate(
   u: Update,
   originNs: bigint = u.tNs,
   vm?: VmIdentity,
-  guest: GuestEnergyJ | null = null,
-  limit: PowerLimitNote | null = null,
+  guest: VmNotes['guest'] = null,
+  limit: VmNotes['limit'] = null,
 ): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
@@ -131,16 +128,12 @@ export function formatJsonUpdate(
         .join(',')}]}`,
   );
   const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
-  const g = JSON.stringify({ ...guestEnergyJson(guest), ...powerLimitJson(limit) }).slice(1, -1);
+  const g = JSON.stringify(vmNotesJson({ guest, limit })).slice(1, -1);
   return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}${g ? `,${g}` : ''}}`;
 }
 
 /** What every --json line says of the VM, so a line read alone names it. */
-interface VmIdentity {
-  name: string | null;
-  uuid: string | null;
-  pid: number;
-}
+type VmIdentity = Pick<VmInfo, 'name' | 'uuid' | 'pid'>;
 
 /** `watch NAME --json`'s first line: the VM found, as LIST shows it. */
 function formatJsonVm(vm: VmInfo, energySource: string | null = null): string {
@@ -164,11 +157,6 @@ function formatVmLine(vm: VmInfo): string {
   return `VM ${describeVm(vm)}, ${vm.nvpkg} virtual package(s)${whole}`;
 }
 
-function describeError(e: unknown): string {
-  if (e instanceof V2Error) return `the helper refused ${e.message}`;
-  return e instanceof Error ? e.message : String(e);
-}
-
 const NO_QMP_HINT = "vmsr-helper watch NAME (its name as 'virsh list' shows it, its UUID or its PID)";
 
 /** Runs until Ctrl-C, the VM ending, `count` updates, or the helper going away (rejects). */
@@ -178,7 +166,7 @@ export async function runWatch(
   signal?: AbortSignal,
   warn: (line: string) => void = out,
 ): Promise<void> {
-  if (o.vm !== undefined) return observeVm(o, o.vm, out, signal, warn);
+  if (o.vm !== undefined) return observeVm(o, o.vm, { out, signal, warn });
   let pid = o.pid;
   let vcpus = o.vcpus;
   let name: string | undefined;
@@ -211,7 +199,7 @@ export async function runWatch(
       `{"type":"registered","vm_id":${reg.vmId},"pid":${pid},"name":${JSON.stringify(name ?? null)},"nvpkg":${reg.nvpkg},"power_unit":"0x${reg.powerUnit.toString(16)}","energy_source":${JSON.stringify(source)}}`,
       `registered as vm ${reg.vmId} with ${reg.nvpkg} virtual package(s); guest power unit 0x${reg.powerUnit.toString(16)}`,
     );
-    await follow(o, out, signal, warn, client, {
+    await follow(o, { out, signal, warn }, client, {
       vm: { name: name ?? null, uuid: null, pid },
       nvpkg: reg.nvpkg,
       // A fresh registration counts from its baseline: energy 0.
@@ -262,10 +250,8 @@ class VmFileNotes {
     }
   }
 
-  read(): { guest: GuestEnergyJ | null; limit: PowerLimitNote | null } {
-    if (this.r === null) return { guest: null, limit: null };
-    const s = this.r.read();
-    return { guest: guestEnergyOf(this.r, s), limit: powerLimitOf(this.r, s) };
+  read(): VmNotes {
+    return this.r === null ? { guest: null, limit: null } : vmNotesOf(this.r, this.r.read());
   }
 
   close(): void {
@@ -275,23 +261,17 @@ class VmFileNotes {
 }
 
 /** `watch NAME|UUID|PID`: the VM from the helper's LIST, OBSERVEd (nothing registered, nothing to undo). */
-async function observeVm(
-  o: WatchOptions,
-  target: string,
-  out: (line: string) => void,
-  signal: AbortSignal | undefined,
-  warn: (line: string) => void,
-): Promise<void> {
+async function observeVm(o: WatchOptions, target: string, io: Io): Promise<void> {
   let guest: VmFileNotes | undefined;
-  const client = await resumingClient(o, warn, () => void guest?.reopen());
+  const client = await resumingClient(o, io.warn, () => void guest?.reopen());
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
     guest = new VmFileNotes(client, vm.hostVmId);
     await guest.reopen();
     const stated = await statedHost(client);
-    heading(o, out, stated, formatJsonVm(vm, stated.energySource), formatVmLine(vm));
+    heading(o, io.out, stated, formatJsonVm(vm, stated.energySource), formatVmLine(vm));
     const file = guest;
-    await follow(o, out, signal, warn, client, {
+    await follow(o, io, client, {
       vm: { name: vm.name, uuid: vm.uuid, pid: vm.pid },
       nvpkg: vm.nvpkg,
       notes: () => file.read(),
@@ -314,20 +294,13 @@ function fromObserved({ hostVmId, ...u }: VmUpdate): Update {
 interface Follow {
   vm: VmIdentity;
   nvpkg: number;
-  notes?: () => { guest: GuestEnergyJ | null; limit: PowerLimitNote | null };
+  notes?: () => VmNotes;
   /** Starts the updates; resolves with the acknowledging update and the values power is measured from (null: energy 0). */
   start(onUpdate: (u: Update) => void, onError: (e: V2Error) => void): Promise<{ ack: Update; from: Update | null }>;
 }
 
 /** Prints each update until Ctrl-C, the VM ending, `count` updates, or the connection closing (rejects). */
-async function follow(
-  o: WatchOptions,
-  out: (line: string) => void,
-  signal: AbortSignal | undefined,
-  warn: (line: string) => void,
-  client: ResumingV2Client,
-  f: Follow,
-): Promise<void> {
+async function follow(o: WatchOptions, { out, signal, warn }: Io, client: ResumingV2Client, f: Follow): Promise<void> {
   // The helper's t_ns is CLOCK_MONOTONIC, the same clock as hrtime here (same host, Unix socket).
   const zeroBase = (): PowerBase => ({ tNs: process.hrtime.bigint(), vpkgs: [] });
   let base: PowerBase = zeroBase();
@@ -408,7 +381,7 @@ export function addWatchCommand(program: Command): void {
         await runUntilStopped((out, signal, warn) => runWatch(opts, out, signal, warn));
       } catch (e) {
         if (e instanceof UsageError) throw e;
-        throw new Error(describeError(e));
+        throw new Error(e instanceof V2Error ? `the helper refused ${e.message}` : e instanceof Error ? e.message : String(e));
       }
     });
 }
