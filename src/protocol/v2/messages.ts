@@ -24,6 +24,8 @@ import {
   T,
   VM_DOMAIN_FIXED,
   VM_ENTRY_FIXED,
+  VM_ENTRY_FIELDS,
+  VM_ENTRY_FLAGS,
   VM_FLAG,
   VM_LIST_HEADER,
   WATCH_DOMAINS,
@@ -35,6 +37,11 @@ import {
   type VmEntry,
   type VpkgValue,
   typeName,
+  readFields,
+  REGISTERED_FIELDS,
+  VALUE_FIELDS,
+  DAEMON_COUNTER_FIELDS,
+  LIMIT_STATE_FIELDS,
 } from './codec.js';
 import { type Frame } from './frame-decoder.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
@@ -156,18 +163,10 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
   switch (f.type) {
     case T.REGISTERED:
       if (p.length !== 16) return wrongLength(f, 16);
-      return ok({ type: T.REGISTERED, vmId: p.readUInt32LE(0), nvpkg: p.readUInt32LE(4), powerUnit: p.readBigUInt64LE(8) });
+      return ok({ type: T.REGISTERED, ...readFields(p, 0, REGISTERED_FIELDS) });
     case T.VALUE:
       if (p.length !== 32) return wrongLength(f, 32);
-      return ok({
-        type: T.VALUE,
-        vmId: p.readUInt32LE(0),
-        vpkg: p.readUInt32LE(4),
-        counter: p.readBigUInt64LE(8),
-        energyUj: p.readBigUInt64LE(16),
-        tNs: p.readBigUInt64LE(24),
-        ended: (f.flags & FLAG_ENDED) !== 0,
-      });
+      return ok({ type: T.VALUE, ...readFields(p, 0, VALUE_FIELDS), ended: (f.flags & FLAG_ENDED) !== 0 });
     case T.UPDATE:
       return parseUpdate(f);
     case T.OK:
@@ -244,16 +243,7 @@ function parseHostUpdate(f: Frame): Result<HelperMessage> {
     unattributedUj: p.readBigUInt64LE(8),
     packages,
     vmsChanged: (f.flags & FLAG_VMS_CHANGED) !== 0,
-    stats: {
-      legacyOk: p.readBigUInt64LE(16),
-      legacyRefused: p.readBigUInt64LE(24),
-      legacyFailed: p.readBigUInt64LE(32),
-      lastSampleDurationNs: p.readBigUInt64LE(40),
-      samples: p.readBigUInt64LE(48),
-      sampleFailures: p.readBigUInt64LE(56),
-      connections: p.readUInt32LE(64),
-      vms: p.readUInt32LE(68),
-    },
+    stats: readFields(p, 16, DAEMON_COUNTER_FIELDS),
   });
 }
 
@@ -326,17 +316,10 @@ function parseVmList(p: Buffer): Result<HelperMessage> {
     const flags = p.readUInt16LE(off + 24);
     const nameLen = p.readUInt8(off + 26);
     if (off + VM_ENTRY_FIXED + nameLen > p.length) return fail(`VM_LIST entry ${i}: its name is cut off at byte ${p.length}`);
+    const bits = Object.entries(VM_ENTRY_FLAGS).map(([k, bit]) => [k, (flags & bit) !== 0]);
     entries.push({
-      hostVmId: p.readUInt32LE(off),
-      pid: p.readUInt32LE(off + 4),
-      uid: p.readUInt32LE(off + 8),
-      nvpkg: p.readUInt32LE(off + 12),
-      starttime: p.readBigUInt64LE(off + 16),
-      ended: (flags & VM_FLAG.ENDED) !== 0,
-      discovered: (flags & VM_FLAG.DISCOVERED) !== 0,
-      wholeVmOnly: (flags & VM_FLAG.WHOLE_VM_ONLY) !== 0,
-      notWhole: (flags & VM_FLAG.NOT_WHOLE) !== 0,
-      guestExact: (flags & VM_FLAG.GUEST_EXACT) !== 0,
+      ...readFields(p, off, VM_ENTRY_FIELDS),
+      ...(Object.fromEntries(bits) as Record<keyof typeof VM_ENTRY_FLAGS, boolean>),
       uuid: (flags & VM_FLAG.HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
       name: nameLen > 0 ? p.subarray(off + VM_ENTRY_FIXED, off + VM_ENTRY_FIXED + nameLen).toString('utf8') : null,
     });
@@ -370,13 +353,5 @@ function parseLimitState(f: Frame): Result<HelperMessage> {
   if (p.length !== size) return wrongLength(f, size);
   const domain = withDomain ? ENERGY_DOMAINS[p.readUInt32LE(LIMIT_STATE_SIZE)] : undefined;
   if (withDomain && domain === undefined) return fail(`LIMIT_STATE names domain code ${p.readUInt32LE(LIMIT_STATE_SIZE)}, no RAPL domain`);
-  return ok({
-    type: T.LIMIT_STATE,
-    vmId: p.readUInt32LE(0),
-    limitMw: p.readUInt32LE(4),
-    quotaUs: p.readUInt32LE(8),
-    periodUs: p.readUInt32LE(12),
-    limitedNs: p.readBigUInt64LE(16),
-    ...(domain !== undefined ? { domain } : {}),
-  });
+  return ok({ type: T.LIMIT_STATE, ...readFields(p, 0, LIMIT_STATE_FIELDS), ...(domain !== undefined ? { domain } : {}) });
 }
