@@ -170,10 +170,10 @@ function u64(v: bigint): bigint {
 
 /** A fixed run of little-endian fields, in wire order: each encoder and decoder of it walks this one table. */
 type Fields = Readonly<Record<string, 'u32' | 'u64'>>;
-export type FieldValues<F extends Fields> = { -readonly [K in keyof F]: F[K] extends 'u32' ? number : bigint };
+type FieldValues<F extends Fields> = { -readonly [K in keyof F]: F[K] extends 'u32' ? number : bigint };
 
 /** Writes `v` at `off` (u64s clamped as u64() does); returns the offset after the run. */
-export function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
+function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
   for (const [k, kind] of Object.entries(fields)) {
     if (kind === 'u32') p.writeUInt32LE(v[k] as number, off);
     else p.writeBigUInt64LE(u64(v[k] as bigint), off);
