@@ -5,7 +5,7 @@
  * (another starttime) starts afresh. A VM that ends is exposed in one more scrape, then forgotten
  * (after `endedRetentionMs` when nobody scrapes, so memory stays bounded).
  */
-import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
+import type { HostUpdate, VmInfo, VmUpdate } from '../client/v2-replies.js';
 import { RunningTotal } from './running-total.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';

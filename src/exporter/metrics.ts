@@ -7,7 +7,6 @@ import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client'
 import type { EnergyBook } from './energy-book.js';
 import { ujToJoules, type RunningTotal } from './running-total.js';
 import { VM_FAMILIES, VmExposition, type ExpositionFormat } from './vm-exposition.js';
-import { addEnergySourceInfo } from './energy-source-info.js';
 import { addCapacityFamilies } from './helper-capacity.js';
 import { processRegistry } from './process-metrics.js';
 
@@ -38,6 +37,7 @@ export const METRIC = {
   up: 'vmsr_exporter_helper_connected',
   connects: 'vmsr_exporter_helper_connects_total',
   vmsSkipped: 'vmsr_exporter_vms_skipped',
+  energySource: 'vmsr_energy_source_info',
 } as const;
 
 /**
@@ -175,7 +175,17 @@ function registerHostFamilies(book: EnergyBook, registers: Registers): void {
 function registerHealthFamilies(book: EnergyBook, registers: Registers): void {
   registerHelperFamilies(book, registers);
   registerConnectionFamilies(book, registers);
-  addEnergySourceInfo(registers, () => book.energySource);
+  // Absent, never a guess, when the daemon's host statistics file does not state it.
+  new Gauge({
+    name: METRIC.energySource,
+    help: "Where the helper daemon's energy comes from: msr, powercap, or synthetic (not a measurement)",
+    labelNames: ['source'],
+    registers,
+    collect() {
+      this.reset();
+      if (book.energySource !== null) this.set({ source: book.energySource }, 1);
+    },
+  });
   addCapacityFamilies(registers, () => book.capacity);
   new Gauge({
     name: METRIC.vmsSkipped,

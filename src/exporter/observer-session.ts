@@ -5,13 +5,22 @@
  * reconnect with exponential backoff, logging the outage once and the recovery.
  */
 import type { Logger } from 'pino';
-import { V2Error } from '../client/v2-replies.js';
+import { V2Error, type VmInfo } from '../client/v2-replies.js';
 import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
-import type { ObserverClient, VmInfo } from './observer-api.js';
 import { cannot } from '../common/errors.js';
 import { StatsReader } from '../client/stats-reader.js';
 import { StatsFdFeed } from './stats-fd-feed.js';
+
+/** What the exporter needs from a v2 connection (V2Client has this shape): LIST and the statistics fds. */
+export interface ObserverClient {
+  list(): Promise<VmInfo[]>;
+  /** A statistics fd (docs/stats-fd.md) of VM `hostVmId`, or of the host (0). */
+  statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }>;
+  /** Resolves when the connection ends (with the reason when it broke). */
+  readonly closed: Promise<Error | null>;
+  close(): Promise<void>;
+}
 
 export interface Backoff {
   firstMs: number;

@@ -7,7 +7,7 @@ import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import type { EnergyBook, VmDomainStats, VmGuestValues, VmLimitValues } from './energy-book.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 import { energySourceOfCode } from '../energy/kinds.js';
-import type { HostUpdate, VmUpdate } from './observer-api.js';
+import type { HostUpdate, VmUpdate } from '../client/v2-replies.js';
 import { capacityFromFile } from './helper-capacity.js';
 import { ENERGY_DOMAINS, isOtherDomain, type EnergyDomain, type OtherDomain } from '../model/domains.js';
 import { vmDomainNames } from '../protocol/stats/vm-file.js';
@@ -113,10 +113,6 @@ export class StatsFdFeed {
     this.vms.set(hostVmId, r);
   }
 
-  has(hostVmId: number): boolean {
-    return this.vms.has(hostVmId);
-  }
-
   /** Reads the host's file into the book; true when VMs changed since the last read (LIST again). */
   readHost(): boolean {
     const s = this.host.read();
@@ -140,10 +136,6 @@ export class StatsFdFeed {
         this.vms.delete(id);
       }
     }
-  }
-
-  get size(): number {
-    return this.vms.size;
   }
 
   close(): void {

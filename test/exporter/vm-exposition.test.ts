@@ -9,7 +9,7 @@ import { describe, expect, test } from 'vitest';
 import { EnergyBook } from '../../src/exporter/energy-book.js';
 import { ujToJoules } from '../../src/exporter/running-total.js';
 import { VM_FAMILIES, VmExposition, type ExpositionFormat } from '../../src/exporter/vm-exposition.js';
-import type { VmInfo } from '../../src/exporter/observer-api.js';
+import type { VmInfo } from '../../src/client/v2-replies.js';
 
 /** The three families through prom-client's own Counter and Gauge, as the exporter once built them. */
 async function reference(book: EnergyBook, format: ExpositionFormat): Promise<string> {
