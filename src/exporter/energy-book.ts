@@ -37,17 +37,15 @@ export interface VmLimitValues {
   limitedMs: bigint;
 }
 
-/** VMs observed at once (more are skipped, so the series stay bounded); how long an unscraped ended VM stays. */
-interface BookLimits {
-  maxExportedVms: number;
-  endedRetentionMs: number;
-}
-
-/** Every VM a daemon with default limits can list; each has at most 2 x 256 vpkgs x 5 domains + 1 series. */
-export const DEFAULT_BOOK_LIMITS: BookLimits = {
+/**
+ * VMs observed at once (more are skipped, so the series stay bounded): every VM a daemon with default
+ * limits can list; each has at most 2 x 256 vpkgs x 5 domains + 1 series. How long an unscraped ended VM stays.
+ */
+export const DEFAULT_BOOK_LIMITS = {
   maxExportedVms: DEFAULT_MAX_DISCOVERED_VMS + DEFAULT_V2_LIMITS.maxVms,
   endedRetentionMs: 5 * 60_000,
 };
+type BookLimits = typeof DEFAULT_BOOK_LIMITS;
 
 export interface VmLabels {
   name: string;
@@ -84,22 +82,6 @@ export interface BookedVm {
   endedAtMs: number | null;
   /** Set when a scrape has exposed the ended VM: it goes at the end of that scrape. */
   seenEnded: boolean;
-}
-
-interface HelperHealth {
-  connected: boolean;
-  connects: number;
-  legacy: { ok: RunningTotal; refused: RunningTotal; failed: RunningTotal };
-  samples: RunningTotal;
-  sampleFailures: RunningTotal;
-  /** From the daemon's last host update (null before one): its connections and known VMs. */
-  daemonConnections: number | null;
-  daemonVms: number | null;
-  lastSampleDurationS: number | null;
-  /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
-  lastSampleTNs: bigint | null;
-  /** VMs not observed because of maxExportedVms or a label set already in use. */
-  vmsSkipped: number;
 }
 
 function vmKey(l: VmLabels): string {
@@ -157,16 +139,19 @@ export class EnergyBook {
   readonly domainPackageUnattributed = new Map<OtherDomain, Map<number, RunningTotal>>();
   /** Per other domain, the energy of all packages no VM got. */
   readonly domainUnattributed = new Map<OtherDomain, RunningTotal>();
-  readonly health: HelperHealth = {
+  readonly health = {
     connected: false,
     connects: 0,
     legacy: { ok: new RunningTotal(), refused: new RunningTotal(), failed: new RunningTotal() },
     samples: new RunningTotal(),
     sampleFailures: new RunningTotal(),
-    daemonConnections: null,
-    daemonVms: null,
-    lastSampleDurationS: null,
-    lastSampleTNs: null,
+    /** From the daemon's last host update (null before one): its connections and known VMs. */
+    daemonConnections: null as number | null,
+    daemonVms: null as number | null,
+    lastSampleDurationS: null as number | null,
+    /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
+    lastSampleTNs: null as bigint | null,
+    /** VMs not observed because of maxExportedVms or a label set already in use. */
     vmsSkipped: 0,
   };
   /** A host update arrived (host metrics exist from then on). */

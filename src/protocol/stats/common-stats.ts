@@ -27,14 +27,9 @@ export interface SampleTimes {
   intervalNs: bigint;
 }
 
-export interface SampleTimeSlots {
-  monotonic: number;
-  realtime: number;
-  next: number;
-  interval: number;
-}
+export type SampleTimeSlots = ReturnType<typeof sampleTimeSlots>;
 
-export function sampleTimeSlots(b: SampleBlock): SampleTimeSlots {
+export function sampleTimeSlots(b: SampleBlock) {
   return {
     monotonic: b.slot('sample_monotonic'),
     realtime: b.slot('sample_realtime'),
