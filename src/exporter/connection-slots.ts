@@ -1,9 +1,6 @@
 /**
- * The exporter's HTTP connection slots, so that connections nobody uses cannot lock out the scraper
- * (docs/exporter.md "Limits"). Node's `server.maxConnections` refuses new connections whoever holds
- * the slots, and Node checks its timeouts only every `connectionsCheckingInterval`: here each
- * connection has timers of its own, a pipelining connection is closed, and a full table makes room
- * by evicting a connection of the owner (connection-owner.ts) holding the most.
+ * The exporter's HTTP connection slots (docs/exporter.md "HTTP"). Not Node's `server.maxConnections`, which
+ * refuses new connections whoever holds the slots, nor its timeouts, checked only every `connectionsCheckingInterval`.
  */
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';

@@ -1,8 +1,4 @@
-/**
- * The helper's capacity, as its host statistics file states it (docs/stats-fd.md, "The host's file"):
- * each VM cap with the VMs counted against it, and its fd budget, for the capacity alerts. A value the
- * file does not hold has no series: absent, never a guess.
- */
+/** The helper's VM caps and fd budget, as its host statistics file states them (docs/stats-fd.md "The host's file"); absent, never a guess. */
 import { Gauge, type Registry, type RegistryContentType } from 'prom-client';
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 

@@ -1,9 +1,4 @@
-/**
- * Keeps the exporter connected to the helper daemon and the book fed: connect, take the host's
- * statistics fd (STATS_FD 0), LIST, take every VM's; at each scrape read them, and LIST again when
- * the host's file says VMs changed; when the connection ends (the daemon restarted or stopped),
- * reconnect with exponential backoff, logging the outage once and the recovery.
- */
+/** Keeps the exporter connected to the helper daemon and the book fed (docs/exporter.md "How it follows the daemon"). */
 import type { Logger } from 'pino';
 import { V2Error, type VmInfo } from '../client/v2-replies.js';
 import { E } from '../protocol/v2/codec.js';

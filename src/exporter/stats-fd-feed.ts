@@ -1,8 +1,4 @@
-/**
- * The exporter's values read from the helper's statistics fds at scrape time (docs/exporter.md "How
- * it follows the daemon"): one reader of the host's file and one per VM; a scrape reads each once and
- * feeds the book as an UPDATE or HOST_UPDATE would have.
- */
+/** The book fed from the helper's statistics fds at scrape time (docs/exporter.md "How it follows the daemon"). */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 import type { EnergyBook, VmDomainStats, VmGuestValues, VmLimitValues } from './energy-book.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';

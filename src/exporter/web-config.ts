@@ -1,8 +1,6 @@
 /**
- * The web configuration file Prometheus exporters share (--web.config.file), checked into a WebConfig
- * or an error naming the key, why, and the fix (docs/exporter.md "Web configuration file"). What
- * Node's TLS cannot do as Go does is refused by name, never ignored; whatever the YAML parser reports,
- * warnings included, refuses the file with its line number.
+ * The web configuration file Prometheus exporters share (docs/exporter.md "Web configuration file"). What
+ * Node's TLS cannot do as Go does is refused by name, never ignored.
  */
 import path from 'node:path';
 import { parseDocument } from 'yaml';
