@@ -40,11 +40,6 @@ export class BasicAuth {
   private running = 0;
   private readonly waiting: (() => void)[] = [];
 
-  /** Whether `header` names a user of `users` with its password (checked as from one source). */
-  async check(users: ReadonlyMap<string, string>, header: string | undefined, source = 'local'): Promise<boolean> {
-    return (await this.verdict(users, header, source)) === 'ok';
-  }
-
   /** The verdict on `header` from `source` (sourceOf of the client's address). */
   async verdict(users: ReadonlyMap<string, string>, header: string | undefined, source: string): Promise<AuthVerdict> {
     const creds = parseBasicAuthorization(header);

@@ -27,12 +27,10 @@ export function capacityFromFile(r: StatsReader, s: StatsSample): HelperCapacity
     const v = r.value(s, name);
     return v === undefined ? null : Number(v);
   };
-  const caps: HelperCapacity['caps'] = [];
-  for (const c of CAPS) {
-    const used = num(c.used);
-    const max = num(c.max);
-    if (used !== null && max !== null) caps.push({ cap: c.cap, used, max });
-  }
+  const caps = CAPS.flatMap(({ cap, ...names }) => {
+    const [used, max] = [num(names.used), num(names.max)];
+    return used !== null && max !== null ? [{ cap, used, max }] : [];
+  });
   const open = num('fds_open');
   const max = num('fds_max');
   const available = num('fds_available');

@@ -96,19 +96,8 @@ export function domainOfCode(code: number): OtherDomain | null {
   return d === undefined || d === 'package' ? null : d;
 }
 
-/** Bits of a VM_LIST entry's flags. */
-export const VM_FLAG = {
-  ENDED: 0x1,
-  /** Found by the helper's /proc scan, not registered by a client. */
-  DISCOVERED: 0x2,
-  /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
-  WHOLE_VM_ONLY: 0x4,
-  HAS_UUID: 0x8,
-  /** Not every thread of the process is sampled: its energy is a lower bound. */
-  NOT_WHOLE: 0x10,
-  /** Its guest reads its own VM's energy (--guest-energy exact). */
-  GUEST_EXACT: 0x20,
-} as const;
+/** Bit 3 of a VM_LIST entry's flags: the 16 bytes of its uuid are set. */
+export const VM_HAS_UUID = 0x8;
 
 /** Bytes a VM name may take in a VM_LIST entry (UTF-8, cut at a character boundary). */
 export const MAX_NAME_BYTES = 255;
@@ -259,13 +248,17 @@ export function encodeOk(vmId: number): Buffer {
 // ---- observers (helper -> client) ----
 
 export const VM_ENTRY_FIELDS = { hostVmId: 'u32', pid: 'u32', uid: 'u32', nvpkg: 'u32', starttime: 'u64' } as const;
-/** A VM_LIST entry's boolean fields and their flag bits (HAS_UUID is the uuid's presence). */
+/** A VM_LIST entry's other flag bits, by the field each sets. */
 export const VM_ENTRY_FLAGS = {
-  ended: VM_FLAG.ENDED,
-  discovered: VM_FLAG.DISCOVERED,
-  wholeVmOnly: VM_FLAG.WHOLE_VM_ONLY,
-  notWhole: VM_FLAG.NOT_WHOLE,
-  guestExact: VM_FLAG.GUEST_EXACT,
+  ended: 0x1,
+  /** Found by the helper's /proc scan, not registered by a client. */
+  discovered: 0x2,
+  /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
+  wholeVmOnly: 0x4,
+  /** Not every thread of the process is sampled: its energy is a lower bound. */
+  notWhole: 0x10,
+  /** Its guest reads its own VM's energy (--guest-energy exact). */
+  guestExact: 0x20,
 } as const;
 
 /** One VM as LIST shows it. `uuid` is the 16 raw bytes of the VM's -uuid, `name` its -name (or registrant's). */
@@ -296,7 +289,7 @@ function vmEntrySize(e: VmEntry): number {
 function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   const name = e.name === null ? Buffer.alloc(0) : utf8Cut(e.name, MAX_NAME_BYTES);
   writeFields(p, off, VM_ENTRY_FIELDS, e);
-  let flags = e.uuid !== null ? VM_FLAG.HAS_UUID : 0;
+  let flags = e.uuid !== null ? VM_HAS_UUID : 0;
   for (const [k, bit] of Object.entries(VM_ENTRY_FLAGS)) if (e[k as keyof typeof VM_ENTRY_FLAGS] === true) flags |= bit;
   p.writeUInt16LE(flags, off + 24);
   p.writeUInt8(name.length, off + 26);

@@ -26,7 +26,7 @@ import {
   VM_ENTRY_FIXED,
   VM_ENTRY_FIELDS,
   VM_ENTRY_FLAGS,
-  VM_FLAG,
+  VM_HAS_UUID,
   VM_LIST_HEADER,
   WATCH_DOMAINS,
   domainOfCode,
@@ -325,7 +325,7 @@ function parseVmList(p: Buffer): Result<HelperMessage> {
     entries.push({
       ...readFields(p, off, VM_ENTRY_FIELDS),
       ...(Object.fromEntries(bits) as Record<keyof typeof VM_ENTRY_FLAGS, boolean>),
-      uuid: (flags & VM_FLAG.HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
+      uuid: (flags & VM_HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
       name: nameLen > 0 ? p.subarray(off + VM_ENTRY_FIXED, off + VM_ENTRY_FIXED + nameLen).toString('utf8') : null,
     });
     off += VM_ENTRY_FIXED + nameLen;
