@@ -109,17 +109,13 @@ function noWatts(r: BookedVm): void {
     );
 }
 
-function mapOf<K, V>(m: Map<K, Map<number, V>>, key: K): Map<number, V> {
+function getOr<K, V>(m: Map<K, V>, key: K, make: () => V): V {
   let v = m.get(key);
-  if (!v) m.set(key, (v = new Map()));
+  if (v === undefined) m.set(key, (v = make()));
   return v;
 }
 
-function totalOf<K>(m: Map<K, RunningTotal>, key: K): RunningTotal {
-  let t = m.get(key);
-  if (!t) m.set(key, (t = new RunningTotal()));
-  return t;
-}
+const totalOf = <K>(m: Map<K, RunningTotal>, key: K): RunningTotal => getOr(m, key, () => new RunningTotal());
 
 export class EnergyBook {
   private readonly vms = new Map<string, BookedVm>();
@@ -308,8 +304,7 @@ export class EnergyBook {
       r.watts[g] = powerW !== undefined && u.tNs !== 0n ? (powerW[g] ?? null) : wattsOver(added, dtNs);
     });
     for (const d of domains) {
-      let totals = r.domainEnergy.get(d.domain);
-      if (!totals) r.domainEnergy.set(d.domain, (totals = []));
+      const totals = getOr(r.domainEnergy, d.domain, () => []);
       const n = Math.min(d.energyUj.length, u.vpkgs.length);
       totals.length = Math.min(totals.length, n);
       const watts: (number | null)[] = [];
@@ -350,8 +345,14 @@ export class EnergyBook {
     this.unattributed.feed(h.unattributedUj);
     const unattributedSums = new Map<OtherDomain, bigint>();
     for (const d of domains) {
-      totalOf(mapOf(this.domainPackages, d.domain), d.pkg).feed(d.energyUj);
-      totalOf(mapOf(this.domainPackageUnattributed, d.domain), d.pkg).feed(d.unattributedUj);
+      totalOf(
+        getOr(this.domainPackages, d.domain, () => new Map()),
+        d.pkg,
+      ).feed(d.energyUj);
+      totalOf(
+        getOr(this.domainPackageUnattributed, d.domain, () => new Map()),
+        d.pkg,
+      ).feed(d.unattributedUj);
       unattributedSums.set(d.domain, (unattributedSums.get(d.domain) ?? 0n) + d.unattributedUj);
     }
     // Over the packages, as the package's host-wide unattributed energy is (a sum of cumulative values is cumulative).
