@@ -16,14 +16,14 @@ import { wattsOver } from '../common/watts.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 
 /** A VM's other RAPL domain in one sample of its statistics file: per vpkg, cumulative µJ and the last interval's W. */
-export interface VmDomainStats {
+interface VmDomainStats {
   domain: OtherDomain;
   energyUj: readonly bigint[];
   powerW: readonly number[];
 }
 
 /** A VM's guest energy in one sample of its statistics file (`guest_energy`, `guest_exact_energy`, µJ). */
-export interface VmGuestValues {
+interface VmGuestValues {
   guestUj: bigint;
   exactUj: bigint;
   /** `guest_garbage_windows` and `guest_garbage_energy` (µJ), absent from files of older daemons. */
@@ -32,7 +32,7 @@ export interface VmGuestValues {
 }
 
 /** A VM's power limits in one sample of its statistics file (`power_limit`, `<domain>_power_limit` mW; `power_limited_time` ms). */
-export interface VmLimitValues {
+interface VmLimitValues {
   limitsMw: ReadonlyMap<EnergyDomain, bigint>;
   limitedMs: bigint;
 }

@@ -1,9 +1,9 @@
 /** The book fed from the helper's statistics fds at scrape time (docs/exporter.md "How it follows the daemon"). */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
-import type { EnergyBook, VmDomainStats, VmGuestValues, VmLimitValues } from './energy-book.js';
+import type { EnergyBook } from './energy-book.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 import { energySourceOfCode } from '../energy/kinds.js';
-import type { HostUpdate, VmUpdate } from '../client/v2-replies.js';
+import type { HostUpdate } from '../client/v2-replies.js';
 import { capacityFromFile } from './helper-capacity.js';
 import { ENERGY_DOMAINS, isOtherDomain, type EnergyDomain, type OtherDomain } from '../model/domains.js';
 import { vmDomainNames } from '../protocol/stats/vm-file.js';
@@ -53,11 +53,7 @@ function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[]
 }
 
 /** A VM's UPDATE from one sample of its file, its power per virtual package (W), and its other domains' values. */
-function vmUpdateFromFile(
-  hostVmId: number,
-  r: StatsReader,
-  s: StatsSample,
-): { update: VmUpdate; powerW: number[]; domains: VmDomainStats[]; guest?: VmGuestValues; limit?: VmLimitValues } {
+function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];
