@@ -1,8 +1,4 @@
-/**
- * How many failed password checks each source may cost the exporter (docs/security.md, "Wrong
- * passwords against the scraper"): a token bucket per source, 429 without a check once empty; a check
- * that succeeds costs nothing. At most MAX_SOURCES sources, the one unseen the longest forgotten first.
- */
+/** How many failed password checks each source may cost the exporter (docs/security.md "Wrong passwords against the scraper"). */
 import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
 
 /** Failed checks a source may have in a row before it waits. */

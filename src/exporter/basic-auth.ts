@@ -1,9 +1,6 @@
 /**
  * HTTP basic authentication against the web configuration's bcrypt hashes (docs/security.md "Wrong
- * passwords against the scraper"). A matched password is remembered (a hash, never the password), so
- * a scraper pays bcrypt once and never waits in a queue; wrong ones cost a per-source budget
- * (auth-failures.ts) and a bounded queue, so waiting hashes never hold the scraper's connection
- * slots. An unknown user is checked against a dummy hash, so timing does not tell who exists.
+ * passwords against the scraper"). An unknown user is checked against a dummy hash, so timing does not tell who exists.
  */
 import { createHash } from 'node:crypto';
 import { bcryptVerify } from '../os/bcrypt.js';
@@ -42,11 +39,6 @@ export class BasicAuth {
   private readonly failures = new FailedCheckBudget();
   private running = 0;
   private readonly waiting: (() => void)[] = [];
-
-  /** Whether `header` names a user of `users` with its password (checked as from one source). */
-  async check(users: ReadonlyMap<string, string>, header: string | undefined, source = 'local'): Promise<boolean> {
-    return (await this.verdict(users, header, source)) === 'ok';
-  }
 
   /** The verdict on `header` from `source` (sourceOf of the client's address). */
   async verdict(users: ReadonlyMap<string, string>, header: string | undefined, source: string): Promise<AuthVerdict> {

@@ -1,9 +1,6 @@
 /**
- * The exporter's HTTP connection slots, so that connections nobody uses cannot lock out the scraper
- * (docs/exporter.md "Limits"). Node's `server.maxConnections` refuses new connections whoever holds
- * the slots, and Node checks its timeouts only every `connectionsCheckingInterval`: here each
- * connection has timers of its own, a pipelining connection is closed, and a full table makes room
- * by evicting a connection of the owner (connection-owner.ts) holding the most.
+ * The exporter's HTTP connection slots (docs/exporter.md "HTTP"). Not Node's `server.maxConnections`, which
+ * refuses new connections whoever holds the slots, nor its timeouts, checked only every `connectionsCheckingInterval`.
  */
 import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
@@ -28,21 +25,13 @@ interface Slot {
   owner: string;
 }
 
-interface SlotStats {
-  open: number;
-  /** Idle connections closed to make room for a new one. */
-  evicted: number;
-  /** New connections closed because every slot had a request in progress. */
-  refused: number;
-  /** Connections closed by the idle or request timer. */
-  timedOut: number;
-  /** Connections closed for sending a request before the last one was answered. */
-  pipelined: number;
-}
-
 export class ConnectionSlots {
   /** Insertion order is the order in which connections last became idle: the first idle one is the oldest. */
   private readonly slots = new Map<Socket, Slot>();
+  /**
+   * Connections closed: idle ones to make room for a new one (evicted), new ones because every slot had
+   * a request in progress (refused), by a timer, for sending a request before the last one was answered.
+   */
   private readonly counts = { evicted: 0, refused: 0, timedOut: 0, pipelined: 0 };
 
   constructor(
@@ -79,7 +68,7 @@ export class ConnectionSlots {
     if (slot) slot.refused = true;
   }
 
-  stats(): SlotStats {
+  stats(): typeof this.counts & { open: number } {
     return { open: this.slots.size, ...this.counts };
   }
 

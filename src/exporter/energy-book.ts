@@ -5,7 +5,7 @@
  * (another starttime) starts afresh. A VM that ends is exposed in one more scrape, then forgotten
  * (after `endedRetentionMs` when nobody scrapes, so memory stays bounded).
  */
-import type { HostUpdate, VmInfo, VmUpdate } from './observer-api.js';
+import type { HostUpdate, VmInfo, VmUpdate } from '../client/v2-replies.js';
 import { RunningTotal } from './running-total.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';
@@ -16,14 +16,14 @@ import { wattsOver } from '../common/watts.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 
 /** A VM's other RAPL domain in one sample of its statistics file: per vpkg, cumulative µJ and the last interval's W. */
-export interface VmDomainStats {
+interface VmDomainStats {
   domain: OtherDomain;
   energyUj: readonly bigint[];
   powerW: readonly number[];
 }
 
 /** A VM's guest energy in one sample of its statistics file (`guest_energy`, `guest_exact_energy`, µJ). */
-export interface VmGuestValues {
+interface VmGuestValues {
   guestUj: bigint;
   exactUj: bigint;
   /** `guest_garbage_windows` and `guest_garbage_energy` (µJ), absent from files of older daemons. */
@@ -32,22 +32,20 @@ export interface VmGuestValues {
 }
 
 /** A VM's power limits in one sample of its statistics file (`power_limit`, `<domain>_power_limit` mW; `power_limited_time` ms). */
-export interface VmLimitValues {
+interface VmLimitValues {
   limitsMw: ReadonlyMap<EnergyDomain, bigint>;
   limitedMs: bigint;
 }
 
-/** VMs observed at once (more are skipped, so the series stay bounded); how long an unscraped ended VM stays. */
-interface BookLimits {
-  maxExportedVms: number;
-  endedRetentionMs: number;
-}
-
-/** Every VM a daemon with default limits can list; each has at most 2 x 256 vpkgs x 5 domains + 1 series. */
-export const DEFAULT_BOOK_LIMITS: BookLimits = {
+/**
+ * VMs observed at once (more are skipped, so the series stay bounded): every VM a daemon with default
+ * limits can list; each has at most 2 x 256 vpkgs x 5 domains + 1 series. How long an unscraped ended VM stays.
+ */
+export const DEFAULT_BOOK_LIMITS = {
   maxExportedVms: DEFAULT_MAX_DISCOVERED_VMS + DEFAULT_V2_LIMITS.maxVms,
   endedRetentionMs: 5 * 60_000,
 };
+type BookLimits = typeof DEFAULT_BOOK_LIMITS;
 
 export interface VmLabels {
   name: string;
@@ -86,22 +84,6 @@ export interface BookedVm {
   seenEnded: boolean;
 }
 
-interface HelperHealth {
-  connected: boolean;
-  connects: number;
-  legacy: { ok: RunningTotal; refused: RunningTotal; failed: RunningTotal };
-  samples: RunningTotal;
-  sampleFailures: RunningTotal;
-  /** From the daemon's last host update (null before one): its connections and known VMs. */
-  daemonConnections: number | null;
-  daemonVms: number | null;
-  lastSampleDurationS: number | null;
-  /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
-  lastSampleTNs: bigint | null;
-  /** VMs not observed because of maxExportedVms or a label set already in use. */
-  vmsSkipped: number;
-}
-
 function vmKey(l: VmLabels): string {
   return `${l.pid}\u0000${l.uid}\u0000${l.uuid}\u0000${l.name}`;
 }
@@ -127,17 +109,13 @@ function noWatts(r: BookedVm): void {
     );
 }
 
-function mapOf<K, V>(m: Map<K, Map<number, V>>, key: K): Map<number, V> {
+function getOr<K, V>(m: Map<K, V>, key: K, make: () => V): V {
   let v = m.get(key);
-  if (!v) m.set(key, (v = new Map()));
+  if (v === undefined) m.set(key, (v = make()));
   return v;
 }
 
-function totalOf<K>(m: Map<K, RunningTotal>, key: K): RunningTotal {
-  let t = m.get(key);
-  if (!t) m.set(key, (t = new RunningTotal()));
-  return t;
-}
+const totalOf = <K>(m: Map<K, RunningTotal>, key: K): RunningTotal => getOr(m, key, () => new RunningTotal());
 
 export class EnergyBook {
   private readonly vms = new Map<string, BookedVm>();
@@ -157,16 +135,19 @@ export class EnergyBook {
   readonly domainPackageUnattributed = new Map<OtherDomain, Map<number, RunningTotal>>();
   /** Per other domain, the energy of all packages no VM got. */
   readonly domainUnattributed = new Map<OtherDomain, RunningTotal>();
-  readonly health: HelperHealth = {
+  readonly health = {
     connected: false,
     connects: 0,
     legacy: { ok: new RunningTotal(), refused: new RunningTotal(), failed: new RunningTotal() },
     samples: new RunningTotal(),
     sampleFailures: new RunningTotal(),
-    daemonConnections: null,
-    daemonVms: null,
-    lastSampleDurationS: null,
-    lastSampleTNs: null,
+    /** From the daemon's last host update (null before one): its connections and known VMs. */
+    daemonConnections: null as number | null,
+    daemonVms: null as number | null,
+    lastSampleDurationS: null as number | null,
+    /** CLOCK_MONOTONIC (ns) of the daemon's last sample; null before one. */
+    lastSampleTNs: null as bigint | null,
+    /** VMs not observed because of maxExportedVms or a label set already in use. */
     vmsSkipped: 0,
   };
   /** A host update arrived (host metrics exist from then on). */
@@ -323,8 +304,7 @@ export class EnergyBook {
       r.watts[g] = powerW !== undefined && u.tNs !== 0n ? (powerW[g] ?? null) : wattsOver(added, dtNs);
     });
     for (const d of domains) {
-      let totals = r.domainEnergy.get(d.domain);
-      if (!totals) r.domainEnergy.set(d.domain, (totals = []));
+      const totals = getOr(r.domainEnergy, d.domain, () => []);
       const n = Math.min(d.energyUj.length, u.vpkgs.length);
       totals.length = Math.min(totals.length, n);
       const watts: (number | null)[] = [];
@@ -365,8 +345,14 @@ export class EnergyBook {
     this.unattributed.feed(h.unattributedUj);
     const unattributedSums = new Map<OtherDomain, bigint>();
     for (const d of domains) {
-      totalOf(mapOf(this.domainPackages, d.domain), d.pkg).feed(d.energyUj);
-      totalOf(mapOf(this.domainPackageUnattributed, d.domain), d.pkg).feed(d.unattributedUj);
+      totalOf(
+        getOr(this.domainPackages, d.domain, () => new Map()),
+        d.pkg,
+      ).feed(d.energyUj);
+      totalOf(
+        getOr(this.domainPackageUnattributed, d.domain, () => new Map()),
+        d.pkg,
+      ).feed(d.unattributedUj);
       unattributedSums.set(d.domain, (unattributedSums.get(d.domain) ?? 0n) + d.unattributedUj);
     }
     // Over the packages, as the package's host-wide unattributed energy is (a sum of cumulative values is cumulative).

@@ -1,8 +1,4 @@
-/**
- * The helper's capacity, as its host statistics file states it (docs/stats-fd.md, "The host's file"):
- * each VM cap with the VMs counted against it, and its fd budget, for the capacity alerts. A value the
- * file does not hold has no series: absent, never a guess.
- */
+/** The helper's VM caps and fd budget, as its host statistics file states them (docs/stats-fd.md "The host's file"); absent, never a guess. */
 import { Gauge, type Registry, type RegistryContentType } from 'prom-client';
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
 
@@ -31,12 +27,10 @@ export function capacityFromFile(r: StatsReader, s: StatsSample): HelperCapacity
     const v = r.value(s, name);
     return v === undefined ? null : Number(v);
   };
-  const caps: HelperCapacity['caps'] = [];
-  for (const c of CAPS) {
-    const used = num(c.used);
-    const max = num(c.max);
-    if (used !== null && max !== null) caps.push({ cap: c.cap, used, max });
-  }
+  const caps = CAPS.flatMap(({ cap, ...names }) => {
+    const [used, max] = [num(names.used), num(names.max)];
+    return used !== null && max !== null ? [{ cap, used, max }] : [];
+  });
   const open = num('fds_open');
   const max = num('fds_max');
   const available = num('fds_available');

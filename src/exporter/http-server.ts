@@ -1,9 +1,6 @@
 /**
- * The exporter's HTTP side (node:http): GET /metrics renders the book in the format the scraper
- * asks for; / names the metrics path; anything else is 404 (405 for other methods). With a web
- * configuration file: TLS as the file is at each new connection, basic authentication, the file's
- * headers. A request is authenticated by a right password or a verified client certificate;
- * --host-series (host-series.ts) decides what an unauthenticated one sees.
+ * The exporter's HTTP side (docs/exporter.md "HTTP"). A request is authenticated by a right password
+ * or a verified client certificate; --host-series (host-series.ts) decides what an unauthenticated one sees.
  */
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';

@@ -6,8 +6,7 @@
 import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import type { EnergyBook } from './energy-book.js';
 import { ujToJoules, type RunningTotal } from './running-total.js';
-import { VmExposition, type ExpositionFormat, type VmFamily } from './vm-exposition.js';
-import { addEnergySourceInfo } from './energy-source-info.js';
+import { VM_FAMILIES, VmExposition, type ExpositionFormat } from './vm-exposition.js';
 import { addCapacityFamilies } from './helper-capacity.js';
 import { processRegistry } from './process-metrics.js';
 
@@ -18,13 +17,13 @@ const CONTENT_TYPES: Record<ExpositionFormat, RegistryContentType> = {
 
 /** The metric names, once (docs and tests use them too). */
 export const METRIC = {
-  vmEnergy: 'vmsr_vm_energy_joules_total',
-  vmPower: 'vmsr_vm_power_watts',
-  vmInfo: 'vmsr_vm_info',
-  vmGuestEnergy: 'vmsr_vm_guest_energy_joules_total',
-  vmPowerLimit: 'vmsr_vm_power_limit_watts',
-  vmPowerLimited: 'vmsr_vm_power_limited_seconds_total',
-  vmGuestGarbage: 'vmsr_vm_guest_garbage_windows_total',
+  vmEnergy: VM_FAMILIES.energy.name,
+  vmPower: VM_FAMILIES.power.name,
+  vmInfo: VM_FAMILIES.info.name,
+  vmGuestEnergy: VM_FAMILIES.guest.name,
+  vmPowerLimit: VM_FAMILIES.limit.name,
+  vmPowerLimited: VM_FAMILIES.limited.name,
+  vmGuestGarbage: VM_FAMILIES.garbage.name,
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
@@ -38,54 +37,8 @@ export const METRIC = {
   up: 'vmsr_exporter_helper_connected',
   connects: 'vmsr_exporter_helper_connects_total',
   vmsSkipped: 'vmsr_exporter_vms_skipped',
+  energySource: 'vmsr_energy_source_info',
 } as const;
-
-/** The per-VM families: labels name, uuid, pid, uid, then vpkg and domain (energy, power) or source, whole_vm_only and sampled_whole (info). */
-export const VM_FAMILIES: {
-  energy: VmFamily;
-  power: VmFamily;
-  info: VmFamily;
-  guest: VmFamily;
-  limit: VmFamily;
-  limited: VmFamily;
-  garbage: VmFamily;
-} = {
-  limit: {
-    name: METRIC.vmPowerLimit,
-    help: "The VM's power limit on the attributed power of a RAPL domain (label domain: package, core, uncore, dram, psys), in watts (docs/power-limits.md); 0 once removed; only VMs and domains that had one",
-    type: 'gauge',
-  },
-  limited: {
-    name: METRIC.vmPowerLimited,
-    help: "Time the helper's CPU quota held the VM to its power limit, in seconds, accumulated by the exporter; only VMs that had a limit",
-    type: 'counter',
-  },
-  guest: {
-    name: METRIC.vmGuestEnergy,
-    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by), the energy the helper attributed to the VM over the same windows (of="exact"), and the energy QEMU\'s arithmetic credited otherwise than it would have without garbage (of="garbage"), in joules; only VMs in exact mode',
-    type: 'counter',
-  },
-  garbage: {
-    name: METRIC.vmGuestGarbage,
-    help: "With the helper's --guest-energy exact: windows in which QEMU's arithmetic turned the VM's delta into garbage (a thread it listed exited after the reply): the guest's counter is off; only VMs in exact mode",
-    type: 'counter',
-  },
-  energy: {
-    name: METRIC.vmEnergy,
-    help: 'Energy attributed to the VM\'s virtual package per RAPL domain (domain="package": the package\'s), in joules, accumulated by the exporter (never decreases within a series)',
-    type: 'counter',
-  },
-  power: {
-    name: METRIC.vmPower,
-    help: "Power of the VM's virtual package per RAPL domain over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
-    type: 'gauge',
-  },
-  info: {
-    name: METRIC.vmInfo,
-    help: 'One per VM the exporter observes: its name, UUID, pid, owner uid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM), and whether every thread of it is sampled (sampled_whole="0": over its share of the helper\'s fds, its energy is a lower bound)',
-    type: 'gauge',
-  },
-};
 
 /**
  * Empties a metric for this scrape. prom-client's reset() leaves a label-less metric at 0, which for
@@ -113,7 +66,7 @@ interface Expositions {
  * process metrics and vmsr_build_info (process-metrics.ts) are shared by the views of a format.
  */
 export function buildExpositions(book: EnergyBook): Expositions {
-  const vms = new VmExposition(book, VM_FAMILIES);
+  const vms = new VmExposition(book);
   const processRegistries = {
     prometheus: processRegistry(CONTENT_TYPES.prometheus),
     openmetrics: processRegistry(CONTENT_TYPES.openmetrics),
@@ -222,7 +175,17 @@ function registerHostFamilies(book: EnergyBook, registers: Registers): void {
 function registerHealthFamilies(book: EnergyBook, registers: Registers): void {
   registerHelperFamilies(book, registers);
   registerConnectionFamilies(book, registers);
-  addEnergySourceInfo(registers, () => book.energySource);
+  // Absent, never a guess, when the daemon's host statistics file does not state it.
+  new Gauge({
+    name: METRIC.energySource,
+    help: "Where the helper daemon's energy comes from: msr, powercap, or synthetic (not a measurement)",
+    labelNames: ['source'],
+    registers,
+    collect() {
+      this.reset();
+      if (book.energySource !== null) this.set({ source: book.energySource }, 1);
+    },
+  });
   addCapacityFamilies(registers, () => book.capacity);
   new Gauge({
     name: METRIC.vmsSkipped,

@@ -1,17 +1,21 @@
-/**
- * Keeps the exporter connected to the helper daemon and the book fed: connect, take the host's
- * statistics fd (STATS_FD 0), LIST, take every VM's; at each scrape read them, and LIST again when
- * the host's file says VMs changed; when the connection ends (the daemon restarted or stopped),
- * reconnect with exponential backoff, logging the outage once and the recovery.
- */
+/** Keeps the exporter connected to the helper daemon and the book fed (docs/exporter.md "How it follows the daemon"). */
 import type { Logger } from 'pino';
-import { V2Error } from '../client/v2-replies.js';
+import { V2Error, type VmInfo } from '../client/v2-replies.js';
 import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
-import type { ObserverClient, VmInfo } from './observer-api.js';
 import { cannot } from '../common/errors.js';
 import { StatsReader } from '../client/stats-reader.js';
 import { StatsFdFeed } from './stats-fd-feed.js';
+
+/** What the exporter needs from a v2 connection (V2Client has this shape): LIST and the statistics fds. */
+export interface ObserverClient {
+  list(): Promise<VmInfo[]>;
+  /** A statistics fd (docs/stats-fd.md) of VM `hostVmId`, or of the host (0). */
+  statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }>;
+  /** Resolves when the connection ends (with the reason when it broke). */
+  readonly closed: Promise<Error | null>;
+  close(): Promise<void>;
+}
 
 export interface Backoff {
   firstMs: number;

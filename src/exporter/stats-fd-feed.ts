@@ -1,13 +1,9 @@
-/**
- * The exporter's values read from the helper's statistics fds at scrape time (docs/exporter.md "How
- * it follows the daemon"): one reader of the host's file and one per VM; a scrape reads each once and
- * feeds the book as an UPDATE or HOST_UPDATE would have.
- */
+/** The book fed from the helper's statistics fds at scrape time (docs/exporter.md "How it follows the daemon"). */
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';
-import type { EnergyBook, VmDomainStats, VmGuestValues, VmLimitValues } from './energy-book.js';
+import type { EnergyBook } from './energy-book.js';
 import type { HostDomainValues } from '../protocol/v2/codec.js';
 import { energySourceOfCode } from '../energy/kinds.js';
-import type { HostUpdate, VmUpdate } from './observer-api.js';
+import type { HostUpdate } from '../client/v2-replies.js';
 import { capacityFromFile } from './helper-capacity.js';
 import { ENERGY_DOMAINS, isOtherDomain, type EnergyDomain, type OtherDomain } from '../model/domains.js';
 import { vmDomainNames } from '../protocol/stats/vm-file.js';
@@ -57,11 +53,7 @@ function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[]
 }
 
 /** A VM's UPDATE from one sample of its file, its power per virtual package (W), and its other domains' values. */
-function vmUpdateFromFile(
-  hostVmId: number,
-  r: StatsReader,
-  s: StatsSample,
-): { update: VmUpdate; powerW: number[]; domains: VmDomainStats[]; guest?: VmGuestValues; limit?: VmLimitValues } {
+function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
   const power = r.values(s, 'power') ?? [];
@@ -113,10 +105,6 @@ export class StatsFdFeed {
     this.vms.set(hostVmId, r);
   }
 
-  has(hostVmId: number): boolean {
-    return this.vms.has(hostVmId);
-  }
-
   /** Reads the host's file into the book; true when VMs changed since the last read (LIST again). */
   readHost(): boolean {
     const s = this.host.read();
@@ -140,10 +128,6 @@ export class StatsFdFeed {
         this.vms.delete(id);
       }
     }
-  }
-
-  get size(): number {
-    return this.vms.size;
   }
 
   close(): void {

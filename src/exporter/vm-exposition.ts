@@ -10,11 +10,50 @@ import type { EnergyDomain } from '../model/domains.js';
 
 export type ExpositionFormat = 'prometheus' | 'openmetrics';
 
-export interface VmFamily {
+interface VmFamily {
   name: string;
   help: string;
   type: 'counter' | 'gauge';
 }
+
+/** The per-VM families: labels name, uuid, pid, uid, then vpkg and domain (energy, power) or source, whole_vm_only and sampled_whole (info). */
+export const VM_FAMILIES = {
+  limit: {
+    name: 'vmsr_vm_power_limit_watts',
+    help: "The VM's power limit on the attributed power of a RAPL domain (label domain: package, core, uncore, dram, psys), in watts (docs/power-limits.md); 0 once removed; only VMs and domains that had one",
+    type: 'gauge',
+  },
+  limited: {
+    name: 'vmsr_vm_power_limited_seconds_total',
+    help: "Time the helper's CPU quota held the VM to its power limit, in seconds, accumulated by the exporter; only VMs that had a limit",
+    type: 'counter',
+  },
+  guest: {
+    name: 'vmsr_vm_guest_energy_joules_total',
+    help: 'With the helper\'s --guest-energy exact: energy QEMU was given to credit the VM\'s guest (of="guest", what its MSR_PKG_ENERGY_STATUS grew by), the energy the helper attributed to the VM over the same windows (of="exact"), and the energy QEMU\'s arithmetic credited otherwise than it would have without garbage (of="garbage"), in joules; only VMs in exact mode',
+    type: 'counter',
+  },
+  garbage: {
+    name: 'vmsr_vm_guest_garbage_windows_total',
+    help: "With the helper's --guest-energy exact: windows in which QEMU's arithmetic turned the VM's delta into garbage (a thread it listed exited after the reply): the guest's counter is off; only VMs in exact mode",
+    type: 'counter',
+  },
+  energy: {
+    name: 'vmsr_vm_energy_joules_total',
+    help: 'Energy attributed to the VM\'s virtual package per RAPL domain (domain="package": the package\'s), in joules, accumulated by the exporter (never decreases within a series)',
+    type: 'counter',
+  },
+  power: {
+    name: 'vmsr_vm_power_watts',
+    help: "Power of the VM's virtual package per RAPL domain over the helper's last sampling interval, in watts (absent until two samples, and once the VM ended)",
+    type: 'gauge',
+  },
+  info: {
+    name: 'vmsr_vm_info',
+    help: 'One per VM the exporter observes: its name, UUID, pid, owner uid, whether discovered or registered, and whether its vCPUs could be told apart (whole_vm_only="1": one virtual package for the whole VM), and whether every thread of it is sampled (sampled_whole="0": over its share of the helper\'s fds, its energy is a lower bound)',
+    type: 'gauge',
+  },
+} satisfies Record<string, VmFamily>;
 
 /** Escaping of the exposition formats: HELP text (backslash, newline) and label values (also the double quote). */
 function escapeHelp(s: string): string {
@@ -49,18 +88,7 @@ function baseText(l: VmLabels): string {
 export class VmExposition {
   private readonly text = new WeakMap<BookedVm, VmText>();
 
-  constructor(
-    private readonly book: EnergyBook,
-    private readonly families: {
-      energy: VmFamily;
-      power: VmFamily;
-      info: VmFamily;
-      guest?: VmFamily;
-      limit?: VmFamily;
-      limited?: VmFamily;
-      garbage?: VmFamily;
-    },
-  ) {}
+  constructor(private readonly book: EnergyBook) {}
 
   /**
    * The three families as prom-client would write them in `format`, without the separator that
@@ -68,7 +96,7 @@ export class VmExposition {
    */
   render(format: ExpositionFormat): string {
     const vms = this.book.exposed();
-    const { energy, power, info } = this.families;
+    const { energy, power, info, guest, garbage } = VM_FAMILIES;
     const out: string[] = [];
     const head = (f: VmFamily) => {
       // OpenMetrics names a counter's family without _total and its samples with it.
@@ -105,8 +133,8 @@ export class VmExposition {
     out.push(sep);
     // Only with VMs in exact mode (a helper without --guest-energy exact gives none: no empty family).
     const exact = vms.filter((r) => r.guest !== null);
-    if (this.families.guest !== undefined && exact.length > 0) {
-      const guestName = head(this.families.guest);
+    if (exact.length > 0) {
+      const guestName = head(guest);
       for (const r of exact) {
         const t = this.textOf(r);
         out.push(`\n${guestName}{${t.base},of="guest"} ${formatValue(ujToJoules(r.guest!.guest.total))}`);
@@ -114,11 +142,9 @@ export class VmExposition {
         out.push(`\n${guestName}{${t.base},of="garbage"} ${formatValue(ujToJoules(r.guest!.garbage.total))}`);
       }
       out.push(sep);
-      if (this.families.garbage !== undefined) {
-        const garbageName = head(this.families.garbage);
-        for (const r of exact) out.push(`\n${garbageName}{${this.textOf(r).base}} ${formatValue(Number(r.guest!.garbageWindows.total))}`);
-        out.push(sep);
-      }
+      const garbageName = head(garbage);
+      for (const r of exact) out.push(`\n${garbageName}{${this.textOf(r).base}} ${formatValue(Number(r.guest!.garbageWindows.total))}`);
+      out.push(sep);
     }
     this.renderLimits(vms, head, sep, out);
     const infoName = head(info);
@@ -129,8 +155,8 @@ export class VmExposition {
   /** Only VMs that had a power limit (a helper that never limited gives none: no empty family). */
   private renderLimits(vms: readonly BookedVm[], head: (f: VmFamily) => string, sep: string, out: string[]): void {
     const limited = vms.filter((r) => r.limit !== null);
-    const { limit, limited: time } = this.families;
-    if (limit === undefined || time === undefined || limited.length === 0) return;
+    const { limit, limited: time } = VM_FAMILIES;
+    if (limited.length === 0) return;
     const limitName = head(limit);
     for (const r of limited)
       for (const [d, w] of r.limit!.watts) out.push(`\n${limitName}{${this.textOf(r).base},domain="${d}"} ${formatValue(w)}`);

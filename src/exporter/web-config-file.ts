@@ -1,8 +1,6 @@
 /**
- * The --web.config.file on disk, its PEM files turned into a TLS context. current() stats the files
- * on every new connection and loads them again when one changed, so a renewed certificate applies
- * without a restart. A change that does not load is logged and the last good configuration stays (so
- * does a change between TLS and plain HTTP, which needs a restart).
+ * The --web.config.file on disk, loaded again on a new connection when it or a file it names changed;
+ * a change that does not load is logged and the last good configuration stays.
  */
 import fs from 'node:fs';
 import path from 'node:path';

@@ -1,8 +1,6 @@
 /**
- * The web configuration file Prometheus exporters share (--web.config.file), checked into a WebConfig
- * or an error naming the key, why, and the fix (docs/exporter.md "Web configuration file"). What
- * Node's TLS cannot do as Go does is refused by name, never ignored; whatever the YAML parser reports,
- * warnings included, refuses the file with its line number.
+ * The web configuration file Prometheus exporters share (docs/exporter.md "Web configuration file"). What
+ * Node's TLS cannot do as Go does is refused by name, never ignored.
  */
 import path from 'node:path';
 import { parseDocument } from 'yaml';
@@ -19,7 +17,6 @@ const CLIENT_AUTH_TYPES = [
   'VerifyClientCertIfGiven',
   'RequireAndVerifyClientCert',
 ] as const;
-type ClientAuthType = (typeof CLIENT_AUTH_TYPES)[number];
 
 /** Go's TLS version names and Node's. */
 const TLS_VERSIONS = { TLS10: 'TLSv1', TLS11: 'TLSv1.1', TLS12: 'TLSv1.2', TLS13: 'TLSv1.3' } as const;
@@ -64,29 +61,8 @@ const BCRYPT_HASH = /^\$2[aby]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$/;
 /** PEM text, from the file itself (inline) or from a file it names (resolved against the file's folder). */
 export type PemSource = { inline: string } | { file: string };
 
-export interface TlsServerConfig {
-  cert: PemSource;
-  key: PemSource;
-  clientCa: PemSource | null;
-  clientAuthType: ClientAuthType;
-  /** Subject alternative names a client certificate must carry one of (empty: any). */
-  clientAllowedSans: string[];
-  minVersion: NodeTlsVersion;
-  maxVersion: NodeTlsVersion;
-  /** OpenSSL's cipher list, or null for Node's default. */
-  ciphers: string | null;
-  honorCipherOrder: boolean;
-  /** OpenSSL's curve list, or null for Node's default. */
-  ecdhCurve: string | null;
-}
-
-export interface WebConfig {
-  tls: TlsServerConfig | null;
-  /** User name to bcrypt hash; empty: no basic authentication. */
-  basicAuthUsers: Map<string, string>;
-  /** Response headers to add. */
-  headers: Record<string, string>;
-}
+export type TlsServerConfig = NonNullable<ReturnType<typeof checkTls>>;
+export type WebConfig = ReturnType<typeof parseWebConfig>;
 
 type Doc = { [key: string]: YamlValue };
 
@@ -147,7 +123,7 @@ class Checker {
   }
 }
 
-function checkTls(c: Checker, v: YamlValue | undefined): TlsServerConfig | null {
+function checkTls(c: Checker, v: YamlValue | undefined) {
   if (v === undefined || v === null) return null;
   const tls = c.mapping(v, 'tls_server_config', [
     'cert',
@@ -204,9 +180,11 @@ function checkTls(c: Checker, v: YamlValue | undefined): TlsServerConfig | null 
     key,
     clientCa,
     clientAuthType,
+    /** Subject alternative names a client certificate must carry one of (empty: any). */
     clientAllowedSans,
     minVersion,
     maxVersion,
+    /** OpenSSL's cipher and curve lists, or null for Node's defaults. */
     ciphers: names('cipher_suites', CIPHER_SUITES),
     honorCipherOrder: c.bool(tls.prefer_server_cipher_suites, 'tls_server_config.prefer_server_cipher_suites', true),
     ecdhCurve: names('curve_preferences', CURVES),
@@ -260,7 +238,7 @@ function parseYaml(text: string, source: string): YamlValue {
 }
 
 /** Parses and checks a web configuration file's text; `source` names it in errors, `dir` resolves its relative paths. */
-export function parseWebConfig(text: string, source: string, dir: string): WebConfig {
+export function parseWebConfig(text: string, source: string, dir: string) {
   const c = new Checker(source, dir);
   const doc = parseYaml(text, source);
   const top = c.mapping(doc, '', ['tls_server_config', 'http_server_config', 'basic_auth_users', 'rate_limit']);
@@ -272,7 +250,9 @@ export function parseWebConfig(text: string, source: string, dir: string): WebCo
     );
   return {
     tls: checkTls(c, top.tls_server_config),
+    /** User name to bcrypt hash; empty: no basic authentication. */
     basicAuthUsers: checkUsers(c, top.basic_auth_users),
+    /** Response headers to add. */
     headers: checkHttp(c, top.http_server_config),
   };
 }

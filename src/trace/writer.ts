@@ -1,10 +1,6 @@
 /**
- * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz.
- * The file is a whole trace after every record, even on a full disk (docs/recording.md, "A full
- * disk"): for .gz each record is a sync-flushed deflate segment of its own (the 32 KiB before it as
- * dictionary, so the segments form one stream) followed by the gzip end, which the next record
- * overwrites. A write that fails with ENOSPC or EDQUOT is undone and the writer pauses, dropping
- * samples until one can be written after a `gap` record.
+ * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz;
+ * a whole trace after every record, even on a full disk (docs/recording.md "A full disk").
  */
 import fs from 'node:fs';
 import os from 'node:os';

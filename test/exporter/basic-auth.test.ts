@@ -11,6 +11,10 @@ const header = (creds: string) => `Basic ${Buffer.from(creds).toString('base64')
 const users = new Map([[USER, PASSWORD_HASH]]);
 const SLOW_HASH = PASSWORD_HASH_COST10;
 
+/** Whether the verdict on `h`, as from one source, is 'ok'. */
+const passes = async (auth: BasicAuth, users: ReadonlyMap<string, string>, h: string | undefined) =>
+  (await auth.verdict(users, h, 'local')) === 'ok';
+
 describe('basic authentication', () => {
   test('an Authorization header gives its user and password; anything else gives nothing', () => {
     expect(parseBasicAuthorization(header('alice:pa:ss'))).toEqual({ user: 'alice', password: 'pa:ss' });
@@ -21,12 +25,12 @@ describe('basic authentication', () => {
 
   test('the right password passes; a wrong one, an unknown user or no header does not', async () => {
     const auth = new BasicAuth();
-    expect(await auth.check(users, header(`${USER}:${PASSWORD}`))).toBe(true);
-    expect(await auth.check(users, header(`${USER}:${PASSWORD}x`))).toBe(false);
-    expect(await auth.check(users, header(`someone:${PASSWORD}`))).toBe(false);
-    expect(await auth.check(users, undefined)).toBe(false);
+    expect(await passes(auth, users, header(`${USER}:${PASSWORD}`))).toBe(true);
+    expect(await passes(auth, users, header(`${USER}:${PASSWORD}x`))).toBe(false);
+    expect(await passes(auth, users, header(`someone:${PASSWORD}`))).toBe(false);
+    expect(await passes(auth, users, undefined)).toBe(false);
     // A remembered success is for that user and hash only: another hash for the user is checked again.
-    expect(await auth.check(new Map([[USER, SLOW_HASH.replace(/.$/, 'x')]]), header(`${USER}:${PASSWORD}`))).toBe(false);
+    expect(await passes(auth, new Map([[USER, SLOW_HASH.replace(/.$/, 'x')]]), header(`${USER}:${PASSWORD}`))).toBe(false);
   });
 
   test('a right password is hashed once, then remembered; a wrong one is hashed every time', async () => {
@@ -34,7 +38,7 @@ describe('basic authentication', () => {
     const slow = new Map([[USER, SLOW_HASH]]);
     const time = async (h: string) => {
       const t0 = performance.now();
-      const ok = await auth.check(slow, h);
+      const ok = await passes(auth, slow, h);
       return { ok, ms: performance.now() - t0 };
     };
     const first = await time(header(`${USER}:${PASSWORD}`));
@@ -65,7 +69,7 @@ describe('basic authentication', () => {
           running--;
         }
       });
-    const results = await Promise.all(Array.from({ length: 6 }, (_, i) => auth.check(slow, header(`${USER}:wrong${i}`))));
+    const results = await Promise.all(Array.from({ length: 6 }, (_, i) => passes(auth, slow, header(`${USER}:wrong${i}`))));
     expect(results).toEqual(Array(6).fill(false));
     expect(most).toBe(MAX_CONCURRENT_VERIFICATIONS);
   });

@@ -2,7 +2,7 @@
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import { EnergyBook } from '../../src/exporter/energy-book.js';
-import type { HostUpdate, VmInfo } from '../../src/exporter/observer-api.js';
+import type { HostUpdate, VmInfo } from '../../src/client/v2-replies.js';
 import { RunningTotal, ujToJoules } from '../../src/exporter/running-total.js';
 
 function vm(hostVmId: number, pid: number, o: Partial<VmInfo> = {}): VmInfo {

@@ -5,9 +5,9 @@
  */
 import { afterEach, describe, expect, test } from 'vitest';
 import { EnergyBook } from '../../src/exporter/energy-book.js';
-import { ENERGY_SOURCE_INFO } from '../../src/exporter/energy-source-info.js';
 import { startMetricsServer, type MetricsServer } from '../../src/exporter/http-server.js';
 import { ENERGY_SOURCE_CODE, ENERGY_SOURCE_KINDS, energySourceOfCode } from '../../src/energy/kinds.js';
+import { METRIC } from '../../src/exporter/metrics.js';
 
 describe('vmsr_energy_source_info', () => {
   let server: MetricsServer | undefined;
@@ -31,7 +31,7 @@ describe('vmsr_energy_source_info', () => {
 
   test('the series is absent when the daemon did not say', async () => {
     const text = await scrape(new EnergyBook());
-    expect(text).not.toMatch(new RegExp(`^${ENERGY_SOURCE_INFO}\\{`, 'm'));
+    expect(text).not.toMatch(new RegExp(`^${METRIC.energySource}\\{`, 'm'));
   });
 });
 

@@ -7,10 +7,9 @@
 import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import { describe, expect, test } from 'vitest';
 import { EnergyBook } from '../../src/exporter/energy-book.js';
-import { VM_FAMILIES } from '../../src/exporter/metrics.js';
 import { ujToJoules } from '../../src/exporter/running-total.js';
-import { VmExposition, type ExpositionFormat } from '../../src/exporter/vm-exposition.js';
-import type { VmInfo } from '../../src/exporter/observer-api.js';
+import { VM_FAMILIES, VmExposition, type ExpositionFormat } from '../../src/exporter/vm-exposition.js';
+import type { VmInfo } from '../../src/client/v2-replies.js';
 
 /** The three families through prom-client's own Counter and Gauge, as the exporter once built them. */
 async function reference(book: EnergyBook, format: ExpositionFormat): Promise<string> {
@@ -125,7 +124,7 @@ function hostileBook(): EnergyBook {
 describe('per-VM families rendered from cached label text', () => {
   test('are byte for byte what prom-client renders, in both formats, hostile names included', async () => {
     const book = hostileBook();
-    const x = new VmExposition(book, VM_FAMILIES);
+    const x = new VmExposition(book);
     for (const format of ['prometheus', 'openmetrics'] as const) {
       const want = await reference(book, format);
       expect(ours(x, format)).toBe(want);
@@ -141,13 +140,13 @@ describe('per-VM families rendered from cached label text', () => {
 
   test("an empty book still has each family's HELP and TYPE lines, as prom-client writes them", async () => {
     const book = new EnergyBook();
-    const x = new VmExposition(book, VM_FAMILIES);
+    const x = new VmExposition(book);
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
   });
 
   test('follows a VM that a registration takes over (source, fewer virtual packages) and one that ends', async () => {
     const book = hostileBook();
-    const x = new VmExposition(book, VM_FAMILIES);
+    const x = new VmExposition(book);
     x.render('prometheus'); // fills the cache
     book.listed([
       vm(1, { name: 'web "1" \\ back\nslash', uuid: '6f1c1a7e-0000-4000-8000-000000000001', source: 'registered', nvpkg: 1 }),
@@ -166,7 +165,7 @@ describe('per-VM families rendered from cached label text', () => {
     const book = hostileBook();
     const garbage = { garbageWindows: 3n, garbageUj: 1_250_000n };
     book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], { guestUj: 4_990_000n, exactUj: 5_000_000n, ...garbage });
-    const x = new VmExposition(book, VM_FAMILIES);
+    const x = new VmExposition(book);
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="guest"\} 4.99\n/);
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_guest_energy_joules_total\{[^}]*pid="4001",uid="0",of="exact"\} 5\n/);
@@ -181,7 +180,7 @@ describe('per-VM families rendered from cached label text', () => {
     book.vmUpdate(upd(1, 4, [5_000_000n, 250_000n]), undefined, [], undefined, { limitsMw: limits(35_500n, 4_000n), limitedMs: 12_250n });
     book.vmUpdate(upd(2, 4, [1_000_000n]), undefined, [], undefined, { limitsMw: limits(0n, 0n), limitedMs: 0n });
     book.vmUpdate(upd(3, 4, [1_000_000n]), undefined, [], undefined, { limitsMw: limits(0n, 2_500n), limitedMs: 0n });
-    const x = new VmExposition(book, VM_FAMILIES);
+    const x = new VmExposition(book);
     for (const format of ['prometheus', 'openmetrics'] as const) expect(ours(x, format)).toBe(await reference(book, format));
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4001",uid="0",domain="package"\} 35.5\n/);
     expect(ours(x, 'prometheus')).toMatch(/vmsr_vm_power_limit_watts\{[^}]*pid="4001",uid="0",domain="dram"\} 4\n/);

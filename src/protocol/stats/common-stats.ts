@@ -1,8 +1,4 @@
-/**
- * The descriptors every statistics file of the helper starts with (docs/stats-fd.md "Both files"):
- * the generation, the host's timestamps of the sample, when the next one is expected, and the
- * interval's measured length. Host-set: nothing a VM or a reader does changes them.
- */
+/** The descriptors every statistics file of the helper starts with (docs/stats-fd.md "Both files start with"). */
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import type { StatsDescriptor } from './layout.js';
 import { GENERATION, type SampleBlock } from './sample-block.js';
@@ -27,14 +23,9 @@ export interface SampleTimes {
   intervalNs: bigint;
 }
 
-export interface SampleTimeSlots {
-  monotonic: number;
-  realtime: number;
-  next: number;
-  interval: number;
-}
+export type SampleTimeSlots = ReturnType<typeof sampleTimeSlots>;
 
-export function sampleTimeSlots(b: SampleBlock): SampleTimeSlots {
+export function sampleTimeSlots(b: SampleBlock) {
   return {
     monotonic: b.slot('sample_monotonic'),
     realtime: b.slot('sample_realtime'),

@@ -99,16 +99,7 @@ export function encodeStatsFile(layout: StatsLayout): Buffer {
   return b;
 }
 
-interface StatsHeader {
-  flags: number;
-  nameSize: number;
-  numDesc: number;
-  idOffset: number;
-  descOffset: number;
-  dataOffset: number;
-}
-
-function decodeStatsHeader(b: Buffer): Result<StatsHeader> {
+function decodeStatsHeader(b: Buffer) {
   if (b.length < STATS_HEADER_SIZE) return fail(`the header is ${STATS_HEADER_SIZE} bytes, only ${b.length} were read`);
   const h = {
     flags: b.readUInt32LE(0),
@@ -182,14 +173,6 @@ export function decodeStatsLayout(b: Buffer, fileSize: number): Result<StatsLayo
   used.sort((x, y) => x[0] - y[0]);
   for (let i = 1; i < used.length; i++)
     if (used[i]![0] < used[i - 1]![1]) return fail(`two descriptors' values overlap at byte ${used[i]![0]} of the data block`);
-  return ok({
-    id: id.value,
-    nameSize: h.nameSize,
-    descriptors,
-    idOffset: h.idOffset,
-    descOffset: h.descOffset,
-    dataOffset: h.dataOffset,
-    dataSize,
-    fileSize,
-  });
+  const { nameSize, idOffset, descOffset, dataOffset } = h;
+  return ok({ id: id.value, nameSize, descriptors, idOffset, descOffset, dataOffset, dataSize, fileSize });
 }

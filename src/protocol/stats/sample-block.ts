@@ -1,7 +1,6 @@
 /**
  * The data block of a statistics file as the writer sees it, and the consistency rule shared by
- * writer and readers (docs/stats-fd.md "Consistent samples"): `generation` (the first value) is odd
- * while a sample is written; the same even number before and after the values means one whole sample.
+ * writer and readers (docs/stats-fd.md "Consistent samples").
  */
 import type { StatsLayout } from './layout.js';
 

@@ -96,19 +96,8 @@ export function domainOfCode(code: number): OtherDomain | null {
   return d === undefined || d === 'package' ? null : d;
 }
 
-/** Bits of a VM_LIST entry's flags. */
-export const VM_FLAG = {
-  ENDED: 0x1,
-  /** Found by the helper's /proc scan, not registered by a client. */
-  DISCOVERED: 0x2,
-  /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
-  WHOLE_VM_ONLY: 0x4,
-  HAS_UUID: 0x8,
-  /** Not every thread of the process is sampled: its energy is a lower bound. */
-  NOT_WHOLE: 0x10,
-  /** Its guest reads its own VM's energy (--guest-energy exact). */
-  GUEST_EXACT: 0x20,
-} as const;
+/** Bit 3 of a VM_LIST entry's flags: the 16 bytes of its uuid are set. */
+export const VM_HAS_UUID = 0x8;
 
 /** Bytes a VM name may take in a VM_LIST entry (UTF-8, cut at a character boundary). */
 export const MAX_NAME_BYTES = 255;
@@ -168,13 +157,37 @@ function u64(v: bigint): bigint {
   return v < 0n ? 0n : v > U64_MAX ? U64_MAX : v;
 }
 
+/** A fixed run of little-endian fields, in wire order: each encoder and decoder of it walks this one table. */
+type Fields = Readonly<Record<string, 'u32' | 'u64'>>;
+type FieldValues<F extends Fields> = { -readonly [K in keyof F]: F[K] extends 'u32' ? number : bigint };
+
+/** Writes `v` at `off` (u64s clamped as u64() does); returns the offset after the run. */
+function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
+  for (const [k, kind] of Object.entries(fields)) {
+    if (kind === 'u32') p.writeUInt32LE(v[k] as number, off);
+    else p.writeBigUInt64LE(u64(v[k] as bigint), off);
+    off += kind === 'u32' ? 4 : 8;
+  }
+  return off;
+}
+
+export function readFields<F extends Fields>(p: Buffer, off: number, fields: F): FieldValues<F> {
+  const out: Record<string, number | bigint> = {};
+  for (const [k, kind] of Object.entries(fields)) {
+    out[k] = kind === 'u32' ? p.readUInt32LE(off) : p.readBigUInt64LE(off);
+    off += kind === 'u32' ? 4 : 8;
+  }
+  return out as FieldValues<F>;
+}
+
+export const REGISTERED_FIELDS = { vmId: 'u32', nvpkg: 'u32', powerUnit: 'u64' } as const;
+export const VALUE_FIELDS = { vmId: 'u32', vpkg: 'u32', counter: 'u64', energyUj: 'u64', tNs: 'u64' } as const;
+
 // ---- helper -> client ----
 
 export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint): Buffer {
   const p = Buffer.alloc(16);
-  p.writeUInt32LE(vmId, 0);
-  p.writeUInt32LE(nvpkg, 4);
-  p.writeBigUInt64LE(u64(powerUnit), 8);
+  writeFields(p, 0, REGISTERED_FIELDS, { vmId, nvpkg, powerUnit });
   return encodeFrame(T.REGISTERED, 0, p);
 }
 
@@ -185,11 +198,7 @@ export interface VpkgValue {
 
 export function encodeValue(vmId: number, vpkg: number, v: VpkgValue, tNs: bigint, ended: boolean): Buffer {
   const p = Buffer.alloc(32);
-  p.writeUInt32LE(vmId, 0);
-  p.writeUInt32LE(vpkg, 4);
-  p.writeBigUInt64LE(u64(v.counter), 8);
-  p.writeBigUInt64LE(u64(v.energyUj), 16);
-  p.writeBigUInt64LE(u64(tNs), 24);
+  writeFields(p, 0, VALUE_FIELDS, { vmId, vpkg, counter: v.counter, energyUj: v.energyUj, tNs });
   return encodeFrame(T.VALUE, ended ? FLAG_ENDED : 0, p);
 }
 
@@ -238,13 +247,22 @@ export function encodeOk(vmId: number): Buffer {
 
 // ---- observers (helper -> client) ----
 
+export const VM_ENTRY_FIELDS = { hostVmId: 'u32', pid: 'u32', uid: 'u32', nvpkg: 'u32', starttime: 'u64' } as const;
+/** A VM_LIST entry's other flag bits, by the field each sets. */
+export const VM_ENTRY_FLAGS = {
+  ended: 0x1,
+  /** Found by the helper's /proc scan, not registered by a client. */
+  discovered: 0x2,
+  /** The vCPU threads cannot be told apart: one virtual package holds the whole VM's energy. */
+  wholeVmOnly: 0x4,
+  /** Not every thread of the process is sampled: its energy is a lower bound. */
+  notWhole: 0x10,
+  /** Its guest reads its own VM's energy (--guest-energy exact). */
+  guestExact: 0x20,
+} as const;
+
 /** One VM as LIST shows it. `uuid` is the 16 raw bytes of the VM's -uuid, `name` its -name (or registrant's). */
-export interface VmEntry {
-  hostVmId: number;
-  pid: number;
-  uid: number;
-  nvpkg: number;
-  starttime: bigint;
+export type VmEntry = FieldValues<typeof VM_ENTRY_FIELDS> & {
   ended: boolean;
   discovered: boolean;
   wholeVmOnly: boolean;
@@ -252,7 +270,7 @@ export interface VmEntry {
   guestExact?: boolean;
   name: string | null;
   uuid: Buffer | null;
-}
+};
 
 /** UTF-8 bytes of `s`, cut to at most `max` bytes without splitting a character. */
 export function utf8Cut(s: string, max: number): Buffer {
@@ -270,18 +288,9 @@ function vmEntrySize(e: VmEntry): number {
 
 function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   const name = e.name === null ? Buffer.alloc(0) : utf8Cut(e.name, MAX_NAME_BYTES);
-  p.writeUInt32LE(e.hostVmId, off);
-  p.writeUInt32LE(e.pid, off + 4);
-  p.writeUInt32LE(e.uid, off + 8);
-  p.writeUInt32LE(e.nvpkg, off + 12);
-  p.writeBigUInt64LE(u64(e.starttime), off + 16);
-  let flags = 0;
-  if (e.ended) flags |= VM_FLAG.ENDED;
-  if (e.discovered) flags |= VM_FLAG.DISCOVERED;
-  if (e.wholeVmOnly) flags |= VM_FLAG.WHOLE_VM_ONLY;
-  if (e.uuid !== null) flags |= VM_FLAG.HAS_UUID;
-  if (e.notWhole === true) flags |= VM_FLAG.NOT_WHOLE;
-  if (e.guestExact === true) flags |= VM_FLAG.GUEST_EXACT;
+  writeFields(p, off, VM_ENTRY_FIELDS, e);
+  let flags = e.uuid !== null ? VM_HAS_UUID : 0;
+  for (const [k, bit] of Object.entries(VM_ENTRY_FLAGS)) if (e[k as keyof typeof VM_ENTRY_FLAGS] === true) flags |= bit;
   p.writeUInt16LE(flags, off + 24);
   p.writeUInt8(name.length, off + 26);
   p.writeUInt8(0, off + 27);
@@ -311,19 +320,22 @@ export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   return encodeFrame(T.VM_LIST, 0, p);
 }
 
-export interface DaemonCounters {
-  legacyOk: bigint;
-  legacyRefused: bigint;
-  legacyFailed: bigint;
-  /** Wall time the last sample took (MSR + /proc reads + discovery scan + engine), ns. */
-  lastSampleDurationNs: bigint;
-  samples: bigint;
-  sampleFailures: bigint;
-  /** Open connections, legacy and v2. */
-  connections: number;
-  /** Registered and discovered, ended ones not yet dropped. */
-  vms: number;
-}
+/**
+ * HOST_UPDATE's counters at byte 16. lastSampleDurationNs: wall time of the last sample (MSR, /proc,
+ * discovery scan, engine); connections: open ones, legacy and v2; vms: registered and discovered,
+ * ended ones not yet dropped.
+ */
+export const DAEMON_COUNTER_FIELDS = {
+  legacyOk: 'u64',
+  legacyRefused: 'u64',
+  legacyFailed: 'u64',
+  lastSampleDurationNs: 'u64',
+  samples: 'u64',
+  sampleFailures: 'u64',
+  connections: 'u32',
+  vms: 'u32',
+} as const;
+export type DaemonCounters = FieldValues<typeof DAEMON_COUNTER_FIELDS>;
 
 /** One host package in a HOST_UPDATE: energy since the helper started sampling, µJ. */
 export interface HostPackageValues {
@@ -365,14 +377,7 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   const p = Buffer.alloc(domains === undefined ? base : base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * domains.length);
   p.writeBigUInt64LE(u64(h.tNs), 0);
   p.writeBigUInt64LE(u64(h.unattributedUj), 8);
-  p.writeBigUInt64LE(u64(h.stats.legacyOk), 16);
-  p.writeBigUInt64LE(u64(h.stats.legacyRefused), 24);
-  p.writeBigUInt64LE(u64(h.stats.legacyFailed), 32);
-  p.writeBigUInt64LE(u64(h.stats.lastSampleDurationNs), 40);
-  p.writeBigUInt64LE(u64(h.stats.samples), 48);
-  p.writeBigUInt64LE(u64(h.stats.sampleFailures), 56);
-  p.writeUInt32LE(h.stats.connections >>> 0, 64);
-  p.writeUInt32LE(h.stats.vms >>> 0, 68);
+  writeFields(p, 16, DAEMON_COUNTER_FIELDS, { ...h.stats, connections: h.stats.connections >>> 0, vms: h.stats.vms >>> 0 });
   p.writeUInt32LE(h.packages.length, 72);
   p.writeUInt32LE(0, 76);
   h.packages.forEach((k, i) => {
@@ -402,24 +407,18 @@ export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
   return encodeFrame(T.STATS_FD_REPLY, 0, u32Payload(hostVmId, fileSize));
 }
 
-/** A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the helper now). */
-export interface LimitState {
-  vmId: number;
-  limitMw: number;
-  quotaUs: number;
-  periodUs: number;
-  limitedNs: bigint;
-  /** When the request named one (LIMIT_DOMAIN); absent: the package, in the first layout. */
-  domain?: EnergyDomain;
-}
+/** LIMIT_STATE's first LIMIT_STATE_SIZE bytes. */
+export const LIMIT_STATE_FIELDS = { vmId: 'u32', limitMw: 'u32', quotaUs: 'u32', periodUs: 'u32', limitedNs: 'u64' } as const;
+
+/**
+ * A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the
+ * helper now); `domain` when the request named one (LIMIT_DOMAIN), absent: the package, in the first layout.
+ */
+export type LimitState = FieldValues<typeof LIMIT_STATE_FIELDS> & { domain?: EnergyDomain };
 
 export function encodeLimitState(s: LimitState): Buffer {
   const p = Buffer.alloc(LIMIT_STATE_SIZE + (s.domain === undefined ? 0 : 8));
-  p.writeUInt32LE(s.vmId, 0);
-  p.writeUInt32LE(s.limitMw, 4);
-  p.writeUInt32LE(s.quotaUs, 8);
-  p.writeUInt32LE(s.periodUs, 12);
-  p.writeBigUInt64LE(s.limitedNs, 16);
+  writeFields(p, 0, LIMIT_STATE_FIELDS, s);
   if (s.domain !== undefined) p.writeUInt32LE(ENERGY_DOMAINS.indexOf(s.domain), LIMIT_STATE_SIZE);
   return encodeFrame(T.LIMIT_STATE, s.domain === undefined ? 0 : LIMIT_STATE_DOMAIN, p);
 }

@@ -60,39 +60,32 @@ export class FrameDecoder {
     const out: DecodeResult[] = [];
     let buf = data;
     while (buf.length > 0 || this.ready()) {
-      if (this.header === null) {
-        const need = HEADER_SIZE - this.buffered;
-        if (buf.length < need) {
-          this.keep(buf);
-          return out;
-        }
-        const head = this.take(buf.subarray(0, need));
-        buf = buf.subarray(need);
-        const type = head.readUInt16LE(0);
-        const flags = head.readUInt16LE(2);
-        const length = head.readUInt32LE(4);
-        if (!this.allowedTypes.has(type)) {
-          this.dead = true;
-          out.push(fail({ message: `unknown frame type ${typeName(type)}`, type }));
-          return out;
-        }
-        if (length > MAX_PAYLOAD) {
-          this.dead = true;
-          out.push(fail({ message: `frame length ${length} is over the maximum of ${MAX_PAYLOAD}`, type }));
-          return out;
-        }
-        this.header = { type, flags, length };
-      }
-      const h = this.header;
-      const need = h.length - this.buffered;
+      const need = this.bytesToFrameEnd;
       if (buf.length < need) {
         this.keep(buf);
         return out;
       }
-      const payload = this.take(buf.subarray(0, need));
+      const bytes = this.take(buf.subarray(0, need));
       buf = buf.subarray(need);
-      this.header = null;
-      out.push(ok({ type: h.type, flags: h.flags, payload }));
+      const h = this.header;
+      if (h !== null) {
+        this.header = null;
+        out.push(ok({ type: h.type, flags: h.flags, payload: bytes }));
+        continue;
+      }
+      const type = bytes.readUInt16LE(0);
+      const length = bytes.readUInt32LE(4);
+      const problem = !this.allowedTypes.has(type)
+        ? `unknown frame type ${typeName(type)}`
+        : length > MAX_PAYLOAD
+          ? `frame length ${length} is over the maximum of ${MAX_PAYLOAD}`
+          : null;
+      if (problem !== null) {
+        this.dead = true;
+        out.push(fail({ message: problem, type }));
+        return out;
+      }
+      this.header = { type, flags: bytes.readUInt16LE(2), length };
     }
     return out;
   }

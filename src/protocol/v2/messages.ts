@@ -24,7 +24,9 @@ import {
   T,
   VM_DOMAIN_FIXED,
   VM_ENTRY_FIXED,
-  VM_FLAG,
+  VM_ENTRY_FIELDS,
+  VM_ENTRY_FLAGS,
+  VM_HAS_UUID,
   VM_LIST_HEADER,
   WATCH_DOMAINS,
   domainOfCode,
@@ -35,6 +37,11 @@ import {
   type VmEntry,
   type VpkgValue,
   typeName,
+  readFields,
+  REGISTERED_FIELDS,
+  VALUE_FIELDS,
+  DAEMON_COUNTER_FIELDS,
+  LIMIT_STATE_FIELDS,
 } from './codec.js';
 import { type Frame } from './frame-decoder.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
@@ -74,13 +81,17 @@ function bad(message: string): ClientParse {
   return fail({ code: E.MALFORMED, fatal: false, message });
 }
 
-function zeroFlags(f: Frame): ClientParse | null {
-  return f.flags === 0 ? null : bad(`flags must be 0, got 0x${f.flags.toString(16)}`);
+/** The refusal of flags other than the `named` bits (each with what it asks for); null when they are fine. */
+function onlyFlags(f: Frame, named: readonly (readonly [number, string])[] = []): ClientParse | null {
+  if ((f.flags & ~named.reduce((m, [bit]) => m | bit, 0)) === 0) return null;
+  const each = named.map(([bit, what]) => `0x${bit.toString(16)} (${what})`);
+  const may = each.length === 0 ? '0' : each.length === 1 ? `0 or ${each[0]}` : `0 or a mix of ${each.join(' and ')}`;
+  return bad(`flags must be ${may}, got 0x${f.flags.toString(16)}`);
 }
 
-/** The refusal of a frame whose payload is not `size` bytes or whose flags are not 0; null when it is fine. */
-function plainFrame(f: Frame, size: number): ClientParse | null {
-  return f.payload.length !== size ? wrongSize(f.type, f.payload.length, String(size)) : zeroFlags(f);
+/** The refusal of a frame whose payload is not `size` bytes or whose flags are not the `named` bits; null when it is fine. */
+function plainFrame(f: Frame, size: number, named?: readonly (readonly [number, string])[]): ClientParse | null {
+  return f.payload.length !== size ? wrongSize(f.type, f.payload.length, String(size)) : onlyFlags(f, named);
 }
 
 /** A client's request from a decoded frame (whose type the decoder already checked). */
@@ -93,7 +104,7 @@ export function parseClientFrame(f: Frame): ClientParse {
       const nvcpu = p.readUInt32LE(4);
       // A lying count is a size error: length must be exactly 8 + 8 * nvcpu.
       if (p.length !== 8 + 8 * nvcpu) return wrongSize(f.type, p.length, `8 + 8 x nvcpu (${nvcpu}) = ${8 + 8 * nvcpu}`);
-      const flagsBad = zeroFlags(f);
+      const flagsBad = onlyFlags(f);
       if (flagsBad !== null) return flagsBad;
       // The count is checked before the list is read: the frame's size already bounds it, this keeps it cheap.
       if (nvcpu < 1 || nvcpu > MAX_VCPUS) return bad(`nvcpu must be 1..${MAX_VCPUS}, got ${nvcpu}`);
@@ -108,10 +119,10 @@ export function parseClientFrame(f: Frame): ClientParse {
       return plainFrame(f, 8) ?? ok({ type: T.READ, vmId: p.readUInt32LE(0), vpkg: p.readUInt32LE(4) });
     case T.SUBSCRIBE:
     case T.OBSERVE:
-      if (p.length !== 4) return wrongSize(f.type, p.length, '4');
-      if ((f.flags & ~WATCH_DOMAINS) !== 0)
-        return bad(`flags must be 0 or 0x${WATCH_DOMAINS.toString(16)} (other RAPL domains), got 0x${f.flags.toString(16)}`);
-      return ok({ type: f.type, vmId: p.readUInt32LE(0), domains: (f.flags & WATCH_DOMAINS) !== 0 });
+      return (
+        plainFrame(f, 4, [[WATCH_DOMAINS, 'other RAPL domains']]) ??
+        ok({ type: f.type, vmId: p.readUInt32LE(0), domains: (f.flags & WATCH_DOMAINS) !== 0 })
+      );
     case T.UNREGISTER:
     case T.UNOBSERVE:
     case T.STATS_FD:
@@ -121,16 +132,17 @@ export function parseClientFrame(f: Frame): ClientParse {
     case T.LIST:
       return plainFrame(f, 4) ?? ok({ type: T.LIST, fromId: p.readUInt32LE(0) });
     case T.HOST_SUBSCRIBE:
-      if (p.length !== 0) return wrongSize(f.type, p.length, '0');
-      if ((f.flags & ~(HOST_SUBSCRIBE_PER_PACKAGE | HOST_SUBSCRIBE_DOMAINS)) !== 0)
-        return bad(
-          `flags must be 0 or a mix of 0x${HOST_SUBSCRIBE_PER_PACKAGE.toString(16)} (per-package unattributed energy) and 0x${HOST_SUBSCRIBE_DOMAINS.toString(16)} (other RAPL domains), got 0x${f.flags.toString(16)}`,
-        );
-      return ok({
-        type: T.HOST_SUBSCRIBE,
-        perPackage: (f.flags & HOST_SUBSCRIBE_PER_PACKAGE) !== 0,
-        domains: (f.flags & HOST_SUBSCRIBE_DOMAINS) !== 0,
-      });
+      return (
+        plainFrame(f, 0, [
+          [HOST_SUBSCRIBE_PER_PACKAGE, 'per-package unattributed energy'],
+          [HOST_SUBSCRIBE_DOMAINS, 'other RAPL domains'],
+        ]) ??
+        ok({
+          type: T.HOST_SUBSCRIBE,
+          perPackage: (f.flags & HOST_SUBSCRIBE_PER_PACKAGE) !== 0,
+          domains: (f.flags & HOST_SUBSCRIBE_DOMAINS) !== 0,
+        })
+      );
     default:
       return fail({ code: E.MALFORMED, fatal: true, message: `unknown frame type ${typeName(f.type)}` });
   }
@@ -156,18 +168,10 @@ export function parseHelperFrame(f: Frame): Result<HelperMessage> {
   switch (f.type) {
     case T.REGISTERED:
       if (p.length !== 16) return wrongLength(f, 16);
-      return ok({ type: T.REGISTERED, vmId: p.readUInt32LE(0), nvpkg: p.readUInt32LE(4), powerUnit: p.readBigUInt64LE(8) });
+      return ok({ type: T.REGISTERED, ...readFields(p, 0, REGISTERED_FIELDS) });
     case T.VALUE:
       if (p.length !== 32) return wrongLength(f, 32);
-      return ok({
-        type: T.VALUE,
-        vmId: p.readUInt32LE(0),
-        vpkg: p.readUInt32LE(4),
-        counter: p.readBigUInt64LE(8),
-        energyUj: p.readBigUInt64LE(16),
-        tNs: p.readBigUInt64LE(24),
-        ended: (f.flags & FLAG_ENDED) !== 0,
-      });
+      return ok({ type: T.VALUE, ...readFields(p, 0, VALUE_FIELDS), ended: (f.flags & FLAG_ENDED) !== 0 });
     case T.UPDATE:
       return parseUpdate(f);
     case T.OK:
@@ -244,16 +248,7 @@ function parseHostUpdate(f: Frame): Result<HelperMessage> {
     unattributedUj: p.readBigUInt64LE(8),
     packages,
     vmsChanged: (f.flags & FLAG_VMS_CHANGED) !== 0,
-    stats: {
-      legacyOk: p.readBigUInt64LE(16),
-      legacyRefused: p.readBigUInt64LE(24),
-      legacyFailed: p.readBigUInt64LE(32),
-      lastSampleDurationNs: p.readBigUInt64LE(40),
-      samples: p.readBigUInt64LE(48),
-      sampleFailures: p.readBigUInt64LE(56),
-      connections: p.readUInt32LE(64),
-      vms: p.readUInt32LE(68),
-    },
+    stats: readFields(p, 16, DAEMON_COUNTER_FIELDS),
   });
 }
 
@@ -326,18 +321,11 @@ function parseVmList(p: Buffer): Result<HelperMessage> {
     const flags = p.readUInt16LE(off + 24);
     const nameLen = p.readUInt8(off + 26);
     if (off + VM_ENTRY_FIXED + nameLen > p.length) return fail(`VM_LIST entry ${i}: its name is cut off at byte ${p.length}`);
+    const bits = Object.entries(VM_ENTRY_FLAGS).map(([k, bit]) => [k, (flags & bit) !== 0]);
     entries.push({
-      hostVmId: p.readUInt32LE(off),
-      pid: p.readUInt32LE(off + 4),
-      uid: p.readUInt32LE(off + 8),
-      nvpkg: p.readUInt32LE(off + 12),
-      starttime: p.readBigUInt64LE(off + 16),
-      ended: (flags & VM_FLAG.ENDED) !== 0,
-      discovered: (flags & VM_FLAG.DISCOVERED) !== 0,
-      wholeVmOnly: (flags & VM_FLAG.WHOLE_VM_ONLY) !== 0,
-      notWhole: (flags & VM_FLAG.NOT_WHOLE) !== 0,
-      guestExact: (flags & VM_FLAG.GUEST_EXACT) !== 0,
-      uuid: (flags & VM_FLAG.HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
+      ...readFields(p, off, VM_ENTRY_FIELDS),
+      ...(Object.fromEntries(bits) as Record<keyof typeof VM_ENTRY_FLAGS, boolean>),
+      uuid: (flags & VM_HAS_UUID) !== 0 ? Buffer.from(p.subarray(off + 28, off + 44)) : null,
       name: nameLen > 0 ? p.subarray(off + VM_ENTRY_FIXED, off + VM_ENTRY_FIXED + nameLen).toString('utf8') : null,
     });
     off += VM_ENTRY_FIXED + nameLen;
@@ -350,11 +338,11 @@ function parseVmList(p: Buffer): Result<HelperMessage> {
 function parseLimit(f: Frame): ClientParse {
   const p = f.payload;
   const withDomain = (f.flags & LIMIT_DOMAIN) !== 0;
-  if (p.length !== (withDomain ? 12 : 8)) return wrongSize(f.type, p.length, withDomain ? '12' : '8');
-  if ((f.flags & ~(LIMIT_SET | LIMIT_DOMAIN)) !== 0)
-    return bad(
-      `flags must be 0 or a mix of 0x${LIMIT_SET.toString(16)} (set) and 0x${LIMIT_DOMAIN.toString(16)} (domain), got 0x${f.flags.toString(16)}`,
-    );
+  const flagsBad = plainFrame(f, withDomain ? 12 : 8, [
+    [LIMIT_SET, 'set'],
+    [LIMIT_DOMAIN, 'domain'],
+  ]);
+  if (flagsBad !== null) return flagsBad;
   const domain = withDomain ? ENERGY_DOMAINS[p.readUInt32LE(8)] : undefined;
   if (withDomain && domain === undefined)
     return bad(`domain code ${p.readUInt32LE(8)} names no RAPL domain (0 to ${ENERGY_DOMAINS.length - 1}: ${ENERGY_DOMAINS.join(', ')})`);
@@ -370,13 +358,5 @@ function parseLimitState(f: Frame): Result<HelperMessage> {
   if (p.length !== size) return wrongLength(f, size);
   const domain = withDomain ? ENERGY_DOMAINS[p.readUInt32LE(LIMIT_STATE_SIZE)] : undefined;
   if (withDomain && domain === undefined) return fail(`LIMIT_STATE names domain code ${p.readUInt32LE(LIMIT_STATE_SIZE)}, no RAPL domain`);
-  return ok({
-    type: T.LIMIT_STATE,
-    vmId: p.readUInt32LE(0),
-    limitMw: p.readUInt32LE(4),
-    quotaUs: p.readUInt32LE(8),
-    periodUs: p.readUInt32LE(12),
-    limitedNs: p.readBigUInt64LE(16),
-    ...(domain !== undefined ? { domain } : {}),
-  });
+  return ok({ type: T.LIMIT_STATE, ...readFields(p, 0, LIMIT_STATE_FIELDS), ...(domain !== undefined ? { domain } : {}) });
 }
