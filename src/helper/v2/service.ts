@@ -105,28 +105,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
 /** The parts the service owns (docs/daemon.md "Inside the v2 service"). */
-interface V2Parts {
-  engine: Engine;
-  registry: VmRegistry;
-  sampling: SamplingService;
-  clients: Clients<V2Connection>;
-  fanOut: FanOut<V2Connection>;
-  energy: HostEnergy;
-  lifecycle: VmLifecycle;
-  discovered?: DiscoveredVms;
-  whole?: WholeVms;
-  stats: StatsFiles;
-  guests?: GuestDirs;
-  guestEnergy?: GuestEnergy;
-  powerLimits?: PowerLimiter;
-  /** --power-limits FILE, as read at this start. */
-  limitsFile?: LimitsFile;
-  requests: RequestParts;
-  /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
-  hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
-  limiter: LogLimiter;
-  vmLog: ReturnType<typeof vmLogLimiter>;
-}
+type V2Parts = ReturnType<typeof makeParts>;
 
 /** The service, restored from `restore` in slices (restore.ts; docs/daemon.md "Where the time goes"). */
 export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
@@ -166,7 +145,7 @@ function makeStatsFiles(
   registry: VmRegistry,
   sampling: SamplingService,
   energy: HostEnergy,
-  hostValues: V2Parts['hostValues'],
+  hostValues: (changed: boolean, perPackage: boolean) => HostValues,
   guestEnergy: GuestEnergy | undefined,
   limits: PowerLimiter | undefined,
 ): StatsFiles {
@@ -233,13 +212,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
 }
 
 /** Each part once, from the restore plan when there is one. */
-function makeParts(
-  o: V2ServiceOptions,
-  engine: Engine,
-  sampling: SamplingService,
-  registry: VmRegistry,
-  from: RestorePlan | null,
-): V2Parts {
+function makeParts(o: V2ServiceOptions, engine: Engine, sampling: SamplingService, registry: VmRegistry, from: RestorePlan | null) {
   if (from !== null) registry.restore(from.registry);
   const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
   const fanOut = new FanOut(clients);
@@ -249,7 +222,7 @@ function makeParts(
     o.host.domains,
   );
   const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
-  const limitsFile =
+  const limitsFile: LimitsFile | undefined =
     o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file, (d) => limits!.limiter.domainProblem(d));
   for (const p of limitsFile?.problems ?? []) o.log.warn({ powerLimits: o.powerLimits?.file }, p);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
@@ -283,8 +256,8 @@ function makeParts(
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
     stats,
-    ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
-    ...(limits ? { limits } : {}),
+    guest: guestEnergy && ((vmId: number) => guestEnergy.view(vmId)),
+    limits,
   };
   return {
     engine,
@@ -299,8 +272,9 @@ function makeParts(
     stats,
     guests,
     guestEnergy,
-    ...(limits ? { powerLimits: limits.limiter } : {}),
-    ...(limitsFile ? { limitsFile } : {}),
+    powerLimits: limits?.limiter,
+    /** --power-limits FILE, as read at this start. */
+    limitsFile,
     requests,
     hostValues,
     limiter,
