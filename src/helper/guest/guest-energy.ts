@@ -6,7 +6,12 @@
  */
 import { exeVersionText } from '../../os/exe-version.js';
 import { processCpuTimeNs } from '../../os/libc/processes.js';
-import { type PeerCredentials } from '../../os/libc/sockets.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
+import type { Logger } from '../../logging/logger.js';
+import type { HostInfo } from '../../model/host.js';
+import type { KeptFdLedger } from '../../os/proc-tasks.js';
+import type { ShareOwner } from '../../budget/uid-share.js';
+import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import {
   closeWindow,
   counterStep,
@@ -20,7 +25,7 @@ import { requestStep, type Exact, type PeerPhase } from '../../guest-energy/peer
 import { freshPhases } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
-import { ThreadReads, type StartRead } from './thread-reads.js';
+import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import {
   ExitWatch,
@@ -36,7 +41,58 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
-import type { GuestEnergyOptions, GuestEnergyView, GuestVmView } from './guest-energy-options.js';
+
+/** What the helper knows of a VM, for its guest counters. */
+export interface GuestVmView extends GuestVm {
+  vmId: number;
+  starttime: number;
+  /** Its attributed energy now, all virtual packages (J). */
+  exactJ: number;
+  /** The same per virtual package (J), for the debug window line. */
+  vpkgJ?: readonly number[];
+}
+
+export interface GuestEnergyOptions {
+  procRoot: string;
+  host: HostInfo;
+  /** Joules per unit of the guest's MSR_PKG_ENERGY_STATUS (the unit QEMU passes to the guest). */
+  unitJ: number;
+  /** The live VM whose process is `pid`, if the helper knows one. */
+  find(pid: number): GuestVmView | undefined;
+  /** find() for each of `pids` at once (after each sample: sampled()); default: none kept, find() at each window's end. */
+  findAll?(pids: ReadonlySet<number>): ReadonlyMap<number, GuestVmView>;
+  log: Logger;
+  clock: () => bigint;
+  maxThreads: number;
+  /** The stat fds the sampler keeps open (ProcTaskReader.heldFds); default: none, every stat opened by path. */
+  heldFds?: HeldFds;
+  /** QEMU's version of a process ("10.0.2"), or null; default: read from its executable. */
+  versionOf?: (pid: number) => Promise<string | null>;
+  /** The VMs' fd shares, for the pidfds that tell thread exits (thread-exits.ts); default: not counted. */
+  ledger?: KeptFdLedger;
+  /** How thread exits are told; default: pidfds where the kernel has them (exitProbeKind). */
+  exitProbe?: ExitProbeKind;
+  /** Who holds a peer's place, for the share rule (the connection's credentials when it asks; by pid at a restore); default: its uid, preferred. */
+  owner?: (pid: number, peer?: PeerCredentials) => ShareOwner | null;
+  /** Processes remembered at once (GuestPeers); default: as many as discovery tracks. */
+  maxPeers?: number;
+}
+
+/** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
+interface GuestEnergyView {
+  mode: GuestEnergyMode;
+  /** Energy QEMU was given to credit the guest since exact began (J). */
+  guestJ: number;
+  /** Energy the helper attributed to the VM over the same windows (J). */
+  exactJ: number;
+  windows: number;
+  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and the energy it credited otherwise than owed (J). */
+  garbageWindows: number;
+  garbageJ: number;
+  /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
+  exitWindows: number;
+  lateExits: number;
+}
 
 /**
  * A window's start this soon after the last window was settled, with the same threads, takes the
@@ -127,7 +183,7 @@ export class GuestEnergy implements EnergyStatusHook {
       alive: (k) => readStarttime(o.procRoot, k.pid) === k.starttime,
       droppable: (p) => p.phase.at === 'listening',
       forgotten: (p) => p.phase.at === 'exact' && this.release(p.phase, true),
-      ...(o.maxPeers !== undefined ? { capacity: o.maxPeers } : {}),
+      capacity: o.maxPeers,
     });
   }
 

@@ -10,7 +10,6 @@ import type { Logger } from 'pino';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { CLIENT_TYPES, E, encodeError } from '../../protocol/v2/codec.js';
 import { FrameDecoder, type DecodeResult } from '../../protocol/v2/frame-decoder.js';
-import { takeRequestTurn } from './request-turns.js';
 import { DEFAULT_MAX_PENDING_REPLY_BYTES } from '../legacy/legacy-session.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 import { CUT_REASON, type IncompleteHold } from '../server/incomplete-frames.js';
@@ -30,6 +29,30 @@ export interface ConnectionHost {
   closed(conn: V2Connection): void;
   /** Rate limit of what clients can make the service log. */
   readonly limiter?: LogLimiter;
+}
+
+/**
+ * How many v2 requests the daemon answers in one turn of the event loop, all connections together:
+ * Node accepts one connection per turn, so long turns keep QEMU in the listen backlog (docs/security.md,
+ * "The socket's group locking QEMU out"). Legacy requests are not counted.
+ */
+const V2_REQUESTS_PER_TURN = 256;
+let spent = 0;
+let resetQueued = false;
+
+/** Takes one request from this turn's budget: false when it is spent (go on in the next turn). */
+function takeRequestTurn(): boolean {
+  if (!resetQueued) {
+    resetQueued = true;
+    // Queued before the connections that run out, so they find a fresh budget when their turn comes.
+    setImmediate(() => {
+      spent = 0;
+      resetQueued = false;
+    });
+  }
+  if (spent >= V2_REQUESTS_PER_TURN) return false;
+  spent++;
+  return true;
 }
 
 /** How long a connection being closed may take to flush its last ERROR before it is destroyed. */
@@ -171,7 +194,7 @@ export class V2Connection {
   }
 
   /**
-   * Handles the queued frames within the turn's budget (request-turns.ts), the socket paused until all
+   * Handles the queued frames within the turn's budget (takeRequestTurn), the socket paused until all
    * are handled. Past maxPendingReplyBytes unsent, nothing more is handled (nor read) until the stream
    * drains (docs/security.md "The socket's group locking QEMU out").
    */

@@ -20,7 +20,6 @@ import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import type { Logger } from '../../logging/logger.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import type { Discovery } from './discovery.js';
@@ -33,7 +32,7 @@ import { StatsFiles } from './stats-files.js';
 import { monotonicNs, type TickInfo } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
-import type { KeptFdLedger, NotWhole } from '../../os/proc-tasks.js';
+import type { NotWhole } from '../../os/proc-tasks.js';
 import { currentUpdate, type VmUpdateFrame } from './vm-update-frame.js';
 import { dispatch, HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
@@ -45,8 +44,7 @@ import { restoreFrom, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource, guestVmOf, guestVmsOf } from './guest-vm.js';
-import { GuestEnergy } from '../guest/guest-energy.js';
-import type { HeldFds } from '../guest/thread-reads.js';
+import { GuestEnergy, type GuestEnergyOptions } from '../guest/guest-energy.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
 import { PowerLimiter } from '../../power-limit/limiter.js';
 import { applyLimitsFile, readLimitsFile, type LimitsFile } from '../../power-limit/limits-file.js';
@@ -88,14 +86,8 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
    * --guest-energy exact (guest-energy.ts; absent: raw). `answer` binds QEMU's requests to it and says
    * which QEMUs were answered 0 meanwhile (the restore resynchronises those).
    */
-  guestEnergy?: {
-    maxThreads: number;
-    log: Logger;
-    heldFds?: HeldFds;
-    ledger?: KeptFdLedger;
+  guestEnergy?: Pick<GuestEnergyOptions, 'maxThreads' | 'log' | 'heldFds' | 'ledger' | 'maxPeers'> & {
     preferredGroups?: readonly number[];
-    /** QEMU processes exact mode counts at once: --max-discovered-vms (GuestPeers). */
-    maxPeers?: number | undefined;
     answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
   };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, who besides root may set them (--socket-group), --power-limits FILE. */
@@ -184,12 +176,12 @@ function exactGuestEnergy(
     unitJ: joulesPerCounterUnit(engine.guestPowerUnit),
     find: (pid) => guestVmOf(registry, sampling, pid),
     findAll: (pids) => guestVmsOf(registry, sampling, pids),
-    log: g.log,
     clock: monotonicNs,
+    log: g.log,
     maxThreads: g.maxThreads,
-    ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
-    ...(g.ledger !== undefined ? { ledger: g.ledger } : {}),
-    ...(g.maxPeers !== undefined ? { maxPeers: g.maxPeers } : {}),
+    heldFds: g.heldFds,
+    ledger: g.ledger,
+    maxPeers: g.maxPeers,
     // The share rule of discovery: root and the socket's group are preferred (budget/uid-share.ts).
     owner: (pid, peer) =>
       peer === undefined
