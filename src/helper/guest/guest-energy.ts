@@ -94,10 +94,7 @@ interface GuestEnergyView {
   lateExits: number;
 }
 
-/**
- * A window's start this soon after the last window was settled, with the same threads, takes the
- * settling's read as its own (QEMU's own end and start reads are a fraction of a millisecond apart).
- */
+/** A window's start this soon after the last settling, same threads, takes its read (QEMU's end and start reads are < 1 ms apart). */
 const SETTLED_START_NS = 20_000_000n;
 
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
@@ -105,10 +102,7 @@ const HOLD_LIMIT_NS = 10_000_000_000n;
 
 type RunTimes = Map<number, string | null> | undefined;
 
-/**
- * Where an exact VM's window is: starting (vCPUs read, the others read after the reply), open, settling
- * (its end answered from a forecast, read after the reply), closed (or restored mid-window).
- */
+/** Where an exact VM's window is: starting (vCPUs read, the others after the reply), open, settling (end forecast, read after the reply), closed. */
 type Edge =
   | { at: 'starting'; vcpuTids: number[]; early: StartRead }
   | { at: 'open'; vcpuTids: number[]; runTimes: RunTimes; othersNs: number | undefined }
@@ -203,11 +197,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return x === undefined ? undefined : BigInt(this.afterStart(x, 0));
   }
 
-  /**
-   * After the replies of a chunk left: the forecast windows are settled on the threads read now, as
-   * QEMU reads them once it has the reply; then the start reads of the windows begun. The vCPUs moved
-   * and were read before the reply; the others (idle mostly) are read here, off the request's latency.
-   */
+  /** After a chunk's replies left: the forecast windows settled on the threads read now (as QEMU reads them), then the others of the windows begun (idle mostly, off the request's latency). */
   afterReplies(): void {
     this.settleAll();
     const now = this.pending.length > 0 ? this.o.clock() : 0n;
@@ -407,11 +397,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return value;
   }
 
-  /**
-   * The vCPUs' end ticks, forecast from their run times, or null when the window must be read before
-   * the reply: no start read, a thread came or went (an exited thread's tick delta underflows), or a
-   * vCPU's run time cannot be read.
-   */
+  /** The vCPUs' end ticks forecast from their run times; null (read before the reply): no start read, a thread came or went, a run time unreadable. */
   private forecast(x: ExactVm, w: Extract<Edge, { at: 'open' }>): { vcpus: VcpuForecast[]; otherTicks: number } | null {
     const c = x.counter;
     const othersNs = w.othersNs;
@@ -430,11 +416,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return { vcpus, otherTicks: Math.max(0, Math.ceil((others - othersNs) / this.nsPerTick)) };
   }
 
-  /**
-   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpus`: their tids, or their run time), its
-   * process CPU clock less theirs; null when unreadable. It counts the main thread, which QEMU leaves
-   * out; read in an order that makes an end's less a start's err high.
-   */
+  /** The run time (ns) of `pid`'s threads but its vCPUs (their tids, or their run time), main thread included; read so an end's less a start's errs high. */
   private othersNs(pid: number, vcpus: readonly number[] | number): number | null {
     const start = typeof vcpus !== 'number';
     const first = start ? processCpuTimeNs(pid) : 0n;
@@ -549,11 +531,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (x.taskCount !== undefined) x.last.settledNs = this.o.clock();
   }
 
-  /**
-   * A window's start takes the last settling's read as its own within SETTLED_START_NS of it, when the
-   * threads are the same: the boundary is then one read, so a tick counted late at one window's end is
-   * counted early at the next one's start, never twice and never lost.
-   */
+  /** The last settling's read as the start's own (SETTLED_START_NS): one read at the boundary, so no tick is counted twice or lost. */
   private startFromSettled(x: ExactVm, c: GuestCounterState, vcpuTids: number[]): Edge | undefined {
     const s = x.last;
     const atNs = s?.settledNs;

@@ -31,11 +31,7 @@ export interface ConnectionHost {
   readonly limiter?: LogLimiter;
 }
 
-/**
- * How many v2 requests the daemon answers in one turn of the event loop, all connections together:
- * Node accepts one connection per turn, so long turns keep QEMU in the listen backlog (docs/security.md,
- * "The socket's group locking QEMU out"). Legacy requests are not counted.
- */
+/** v2 requests answered per turn of the event loop, all connections together (legacy ones not counted): Node accepts one connection per turn (docs/security.md "The socket's group locking QEMU out"). */
 const V2_REQUESTS_PER_TURN = 256;
 let spent = 0;
 let resetQueued = false;
@@ -106,10 +102,7 @@ export class V2Connection {
     this.socket.resume();
   }
 
-  /**
-   * The client can still be written to: a destroyed socket closes only later, and each write meanwhile
-   * makes a Node error with its stack (docs/security.md "The socket's group locking QEMU out").
-   */
+  /** The client can still be written to (a destroyed socket closes later; each write meanwhile makes a Node error with its stack). */
   get open(): boolean {
     return !this.closing && !this.gone && !this.socket.destroyed;
   }
@@ -193,11 +186,7 @@ export class V2Connection {
     this.drain();
   }
 
-  /**
-   * Handles the queued frames within the turn's budget (takeRequestTurn), the socket paused until all
-   * are handled. Past maxPendingReplyBytes unsent, nothing more is handled (nor read) until the stream
-   * drains (docs/security.md "The socket's group locking QEMU out").
-   */
+  /** Handles the queued frames within the turn's budget, the socket paused until all are; past maxPendingReplyBytes unsent, until the stream drains. */
   private drain(): void {
     while (this.offset < this.unparsed.length) {
       if (!this.open) return;
@@ -333,10 +322,7 @@ export class V2Connection {
   }
 }
 
-/**
- * The slow-reader rule: a frame that takes the unsent bytes (`after`) past `limit` plus one sample's
- * burst (the batch running now, or else the last one) disconnects the client.
- */
+/** The slow-reader rule: a frame that takes the unsent bytes past `limit` plus one sample's burst (the batch running now, or else the last one). */
 function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
   return after > limit + allowance;
 }
