@@ -6,7 +6,12 @@
  */
 import { exeVersionText } from '../../os/exe-version.js';
 import { processCpuTimeNs } from '../../os/libc/processes.js';
-import { type PeerCredentials } from '../../os/libc/sockets.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
+import type { Logger } from '../../logging/logger.js';
+import type { HostInfo } from '../../model/host.js';
+import type { KeptFdLedger } from '../../os/proc-tasks.js';
+import type { ShareOwner } from '../../budget/uid-share.js';
+import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import {
   closeWindow,
   counterStep,
@@ -20,7 +25,7 @@ import { requestStep, type Exact, type PeerPhase } from '../../guest-energy/peer
 import { freshPhases } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
-import { ThreadReads, type StartRead } from './thread-reads.js';
+import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import {
   ExitWatch,
@@ -36,12 +41,60 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import { GuestPeers, type ProcessKey } from './guest-peers.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
-import type { GuestEnergyOptions, GuestEnergyView, GuestVmView } from './guest-energy-options.js';
 
-/**
- * A window's start this soon after the last window was settled, with the same threads, takes the
- * settling's read as its own (QEMU's own end and start reads are a fraction of a millisecond apart).
- */
+/** What the helper knows of a VM, for its guest counters. */
+export interface GuestVmView extends GuestVm {
+  vmId: number;
+  starttime: number;
+  /** Its attributed energy now, all virtual packages (J). */
+  exactJ: number;
+  /** The same per virtual package (J), for the debug window line. */
+  vpkgJ?: readonly number[];
+}
+
+export interface GuestEnergyOptions {
+  procRoot: string;
+  host: HostInfo;
+  /** Joules per unit of the guest's MSR_PKG_ENERGY_STATUS (the unit QEMU passes to the guest). */
+  unitJ: number;
+  /** The live VM whose process is `pid`, if the helper knows one. */
+  find(pid: number): GuestVmView | undefined;
+  /** find() for each of `pids` at once (after each sample: sampled()); default: none kept, find() at each window's end. */
+  findAll?(pids: ReadonlySet<number>): ReadonlyMap<number, GuestVmView>;
+  log: Logger;
+  clock: () => bigint;
+  maxThreads: number;
+  /** The stat fds the sampler keeps open (ProcTaskReader.heldFds); default: none, every stat opened by path. */
+  heldFds?: HeldFds;
+  /** QEMU's version of a process ("10.0.2"), or null; default: read from its executable. */
+  versionOf?: (pid: number) => Promise<string | null>;
+  /** The VMs' fd shares, for the pidfds that tell thread exits (thread-exits.ts); default: not counted. */
+  ledger?: KeptFdLedger;
+  /** How thread exits are told; default: pidfds where the kernel has them (exitProbeKind). */
+  exitProbe?: ExitProbeKind;
+  /** Who holds a peer's place, for the share rule (the connection's credentials when it asks; by pid at a restore); default: its uid, preferred. */
+  owner?: (pid: number, peer?: PeerCredentials) => ShareOwner | null;
+  /** Processes remembered at once (GuestPeers); default: as many as discovery tracks. */
+  maxPeers?: number;
+}
+
+/** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
+interface GuestEnergyView {
+  mode: GuestEnergyMode;
+  /** Energy QEMU was given to credit the guest since exact began (J). */
+  guestJ: number;
+  /** Energy the helper attributed to the VM over the same windows (J). */
+  exactJ: number;
+  windows: number;
+  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and the energy it credited otherwise than owed (J). */
+  garbageWindows: number;
+  garbageJ: number;
+  /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
+  exitWindows: number;
+  lateExits: number;
+}
+
+/** A window's start this soon after the last settling, same threads, takes its read (QEMU's end and start reads are < 1 ms apart). */
 const SETTLED_START_NS = 20_000_000n;
 
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
@@ -49,10 +102,7 @@ const HOLD_LIMIT_NS = 10_000_000_000n;
 
 type RunTimes = Map<number, string | null> | undefined;
 
-/**
- * Where an exact VM's window is: starting (vCPUs read, the others read after the reply), open, settling
- * (its end answered from a forecast, read after the reply), closed (or restored mid-window).
- */
+/** Where an exact VM's window is: starting (vCPUs read, the others after the reply), open, settling (end forecast, read after the reply), closed. */
 type Edge =
   | { at: 'starting'; vcpuTids: number[]; early: StartRead }
   | { at: 'open'; vcpuTids: number[]; runTimes: RunTimes; othersNs: number | undefined }
@@ -127,7 +177,7 @@ export class GuestEnergy implements EnergyStatusHook {
       alive: (k) => readStarttime(o.procRoot, k.pid) === k.starttime,
       droppable: (p) => p.phase.at === 'listening',
       forgotten: (p) => p.phase.at === 'exact' && this.release(p.phase, true),
-      ...(o.maxPeers !== undefined ? { capacity: o.maxPeers } : {}),
+      capacity: o.maxPeers,
     });
   }
 
@@ -147,11 +197,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return x === undefined ? undefined : BigInt(this.afterStart(x, 0));
   }
 
-  /**
-   * After the replies of a chunk left: the forecast windows are settled on the threads read now, as
-   * QEMU reads them once it has the reply; then the start reads of the windows begun. The vCPUs moved
-   * and were read before the reply; the others (idle mostly) are read here, off the request's latency.
-   */
+  /** After a chunk's replies left: the forecast windows settled on the threads read now (as QEMU reads them), then the others of the windows begun (idle mostly, off the request's latency). */
   afterReplies(): void {
     this.settleAll();
     const now = this.pending.length > 0 ? this.o.clock() : 0n;
@@ -351,11 +397,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return value;
   }
 
-  /**
-   * The vCPUs' end ticks, forecast from their run times, or null when the window must be read before
-   * the reply: no start read, a thread came or went (an exited thread's tick delta underflows), or a
-   * vCPU's run time cannot be read.
-   */
+  /** The vCPUs' end ticks forecast from their run times; null (read before the reply): no start read, a thread came or went, a run time unreadable. */
   private forecast(x: ExactVm, w: Extract<Edge, { at: 'open' }>): { vcpus: VcpuForecast[]; otherTicks: number } | null {
     const c = x.counter;
     const othersNs = w.othersNs;
@@ -374,11 +416,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return { vcpus, otherTicks: Math.max(0, Math.ceil((others - othersNs) / this.nsPerTick)) };
   }
 
-  /**
-   * The run time (ns) of `pid`'s threads but its vCPUs (`vcpus`: their tids, or their run time), its
-   * process CPU clock less theirs; null when unreadable. It counts the main thread, which QEMU leaves
-   * out; read in an order that makes an end's less a start's err high.
-   */
+  /** The run time (ns) of `pid`'s threads but its vCPUs (their tids, or their run time), main thread included; read so an end's less a start's errs high. */
   private othersNs(pid: number, vcpus: readonly number[] | number): number | null {
     const start = typeof vcpus !== 'number';
     const first = start ? processCpuTimeNs(pid) : 0n;
@@ -493,11 +531,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (x.taskCount !== undefined) x.last.settledNs = this.o.clock();
   }
 
-  /**
-   * A window's start takes the last settling's read as its own within SETTLED_START_NS of it, when the
-   * threads are the same: the boundary is then one read, so a tick counted late at one window's end is
-   * counted early at the next one's start, never twice and never lost.
-   */
+  /** The last settling's read as the start's own (SETTLED_START_NS): one read at the boundary, so no tick is counted twice or lost. */
   private startFromSettled(x: ExactVm, c: GuestCounterState, vcpuTids: number[]): Edge | undefined {
     const s = x.last;
     const atNs = s?.settledNs;

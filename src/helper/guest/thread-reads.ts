@@ -24,6 +24,16 @@ export interface StartRead {
   runTimes: Map<number, string | null>;
 }
 
+/** A read being made. */
+type Reading = StartRead & { threads: Map<number, ThreadRead> };
+
+const emptyRead = (): Reading => ({ threads: new Map(), runTimes: new Map() });
+
+function put(out: Reading, t: ThreadRead, runTime: string | null): void {
+  out.threads.set(t.tid, t);
+  out.runTimes.set(t.tid, runTime);
+}
+
 /** Upper bound of a stat line (as the sampler's). */
 const STAT_BYTES = 4096;
 
@@ -40,7 +50,7 @@ export class ThreadReads {
 
   /** The threads `tids` of `pid` now (those gone or unreadable left out), for readStart to keep. */
   readEarly(pid: number, tids: Iterable<number>): StartRead {
-    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    const out = emptyRead();
     for (const tid of tids) if (tid !== pid) this.readInto(out, pid, tid);
     return out;
   }
@@ -61,16 +71,13 @@ export class ThreadReads {
       return null;
     }
     if (tids.length > this.maxThreads) return null;
-    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    const out = emptyRead();
     for (const name of tids) {
       const tid = Number(name);
       if (!Number.isSafeInteger(tid) || tid === pid) continue;
       const before = early?.threads.get(tid);
       if (before === undefined) this.readInto(out, pid, tid);
-      else {
-        out.threads.set(tid, before);
-        out.runTimes.set(tid, early!.runTimes.get(tid) ?? null);
-      }
+      else put(out, before, early!.runTimes.get(tid) ?? null);
     }
     return out;
   }
@@ -80,57 +87,49 @@ export class ThreadReads {
    * still reads; a line whose run time has not moved stands. Null when one is gone (then list).
    */
   private rereadStart(pid: number, early: StartRead | undefined, last: StartRead): StartRead | null {
-    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    const out = emptyRead();
     if (early !== undefined) for (const tid of early.threads.keys()) if (!last.threads.has(tid)) return null;
     for (const [tid, a] of last.threads) {
       const e = early?.threads.get(tid);
       if (e !== undefined) {
-        out.threads.set(tid, e);
-        out.runTimes.set(tid, early!.runTimes.get(tid) ?? null);
+        put(out, e, early!.runTimes.get(tid) ?? null);
         continue;
       }
       const fds = this.held(pid, tid);
       const now = fds !== undefined ? this.runTime(fds.schedstat) : null;
       if (now === null) return null;
       if (now === last.runTimes.get(tid)) {
-        out.threads.set(tid, a);
-        out.runTimes.set(tid, now);
+        put(out, a, now);
         continue;
       }
       const read = this.readThread(pid, tid, fds!.stat);
       if (read === null) return null;
-      out.threads.set(tid, read.thread);
-      out.runTimes.set(tid, read.running ? null : now);
+      put(out, read.thread, read.running ? null : now);
     }
     return out;
   }
 
   /** One thread's line and the run time read just before it, into `out` (nothing when it is gone). */
-  private readInto(out: { threads: Map<number, ThreadRead>; runTimes: Map<number, string | null> }, pid: number, tid: number): void {
+  private readInto(out: Reading, pid: number, tid: number): void {
     const fds = this.held(pid, tid);
     const runTime = fds !== undefined ? this.runTime(fds.schedstat) : null;
     const read = this.readThread(pid, tid, fds?.stat ?? -1);
-    if (read === null) return;
-    out.threads.set(tid, read.thread);
-    out.runTimes.set(tid, read.running ? null : runTime);
+    if (read !== null) put(out, read.thread, read.running ? null : runTime);
   }
 
   /** The threads of a window's start read, as QEMU reads them at its end (absent: exited), with their run times. */
   readEnd(pid: number, start: StartRead): StartRead {
-    const out = { threads: new Map<number, ThreadRead>(), runTimes: new Map<number, string | null>() };
+    const out = emptyRead();
     for (const a of start.threads.values()) {
       const fds = this.held(pid, a.tid);
       const before = start.runTimes.get(a.tid) ?? null;
       const now = fds !== undefined ? this.runTime(fds.schedstat) : null;
       if (now !== null && now === before) {
-        out.threads.set(a.tid, a);
-        out.runTimes.set(a.tid, now);
+        put(out, a, now);
         continue;
       }
       const read = this.readThread(pid, a.tid, fds?.stat ?? -1);
-      if (read === null) continue;
-      out.threads.set(a.tid, read.thread);
-      out.runTimes.set(a.tid, read.running ? null : now);
+      if (read !== null) put(out, read.thread, read.running ? null : now);
     }
     return out;
   }

@@ -10,7 +10,6 @@ import type { Logger } from 'pino';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { CLIENT_TYPES, E, encodeError } from '../../protocol/v2/codec.js';
 import { FrameDecoder, type DecodeResult } from '../../protocol/v2/frame-decoder.js';
-import { takeRequestTurn } from './request-turns.js';
 import { DEFAULT_MAX_PENDING_REPLY_BYTES } from '../legacy/legacy-session.js';
 import { parseClientFrame, type ClientRequest } from '../../protocol/v2/messages.js';
 import { CUT_REASON, type IncompleteHold } from '../server/incomplete-frames.js';
@@ -30,6 +29,26 @@ export interface ConnectionHost {
   closed(conn: V2Connection): void;
   /** Rate limit of what clients can make the service log. */
   readonly limiter?: LogLimiter;
+}
+
+/** v2 requests answered per turn of the event loop, all connections together (legacy ones not counted): Node accepts one connection per turn (docs/security.md "The socket's group locking QEMU out"). */
+const V2_REQUESTS_PER_TURN = 256;
+let spent = 0;
+let resetQueued = false;
+
+/** Takes one request from this turn's budget: false when it is spent (go on in the next turn). */
+function takeRequestTurn(): boolean {
+  if (!resetQueued) {
+    resetQueued = true;
+    // Queued before the connections that run out, so they find a fresh budget when their turn comes.
+    setImmediate(() => {
+      spent = 0;
+      resetQueued = false;
+    });
+  }
+  if (spent >= V2_REQUESTS_PER_TURN) return false;
+  spent++;
+  return true;
 }
 
 /** How long a connection being closed may take to flush its last ERROR before it is destroyed. */
@@ -83,10 +102,7 @@ export class V2Connection {
     this.socket.resume();
   }
 
-  /**
-   * The client can still be written to: a destroyed socket closes only later, and each write meanwhile
-   * makes a Node error with its stack (docs/security.md "The socket's group locking QEMU out").
-   */
+  /** The client can still be written to (a destroyed socket closes later; each write meanwhile makes a Node error with its stack). */
   get open(): boolean {
     return !this.closing && !this.gone && !this.socket.destroyed;
   }
@@ -170,11 +186,7 @@ export class V2Connection {
     this.drain();
   }
 
-  /**
-   * Handles the queued frames within the turn's budget (request-turns.ts), the socket paused until all
-   * are handled. Past maxPendingReplyBytes unsent, nothing more is handled (nor read) until the stream
-   * drains (docs/security.md "The socket's group locking QEMU out").
-   */
+  /** Handles the queued frames within the turn's budget, the socket paused until all are; past maxPendingReplyBytes unsent, until the stream drains. */
   private drain(): void {
     while (this.offset < this.unparsed.length) {
       if (!this.open) return;
@@ -310,10 +322,7 @@ export class V2Connection {
   }
 }
 
-/**
- * The slow-reader rule: a frame that takes the unsent bytes (`after`) past `limit` plus one sample's
- * burst (the batch running now, or else the last one) disconnects the client.
- */
+/** The slow-reader rule: a frame that takes the unsent bytes past `limit` plus one sample's burst (the batch running now, or else the last one). */
 function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
   return after > limit + allowance;
 }

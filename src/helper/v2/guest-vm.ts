@@ -4,7 +4,7 @@ import { peerInGroup } from '../../os/peer.js';
 import type { StatsFiles } from './stats-files.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
-import type { GuestVmView } from '../guest/guest-energy-options.js';
+import type { GuestVmView } from '../guest/guest-energy.js';
 
 /** The view of a registered VM, or undefined when it is not live, not sampled yet, or ended. */
 function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined {

@@ -3,6 +3,7 @@
  * sender's: the connection calls release() exactly once, sent or not, so no fd leaks on either path.
  */
 import type net from 'node:net';
+import { encodeError } from '../../protocol/v2/codec.js';
 
 export interface Reply {
   readonly frame: Buffer;
@@ -15,6 +16,11 @@ export interface Reply {
 /** A reply of one frame and no fds. */
 export function frameReply(frame: Buffer): Reply {
   return { frame };
+}
+
+/** An ERROR reply to a request of type `type`. */
+export function refusal(code: number, type: number, message: string): Reply {
+  return frameReply(encodeError(code, type, message));
 }
 
 /**

@@ -20,7 +20,6 @@ import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import type { Logger } from '../../logging/logger.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import type { Discovery } from './discovery.js';
@@ -33,7 +32,7 @@ import { StatsFiles } from './stats-files.js';
 import { monotonicNs, type TickInfo } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
 import { WholeVms } from './whole-vms.js';
-import type { KeptFdLedger, NotWhole } from '../../os/proc-tasks.js';
+import type { NotWhole } from '../../os/proc-tasks.js';
 import { currentUpdate, type VmUpdateFrame } from './vm-update-frame.js';
 import { dispatch, HANDLERS } from './requests/table.js';
 import type { RequestParts } from './requests/handler.js';
@@ -45,8 +44,7 @@ import { restoreFrom, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
 import { guestSource, guestVmOf, guestVmsOf } from './guest-vm.js';
-import { GuestEnergy } from '../guest/guest-energy.js';
-import type { HeldFds } from '../guest/thread-reads.js';
+import { GuestEnergy, type GuestEnergyOptions } from '../guest/guest-energy.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
 import { PowerLimiter } from '../../power-limit/limiter.js';
 import { applyLimitsFile, readLimitsFile, type LimitsFile } from '../../power-limit/limits-file.js';
@@ -88,14 +86,8 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
    * --guest-energy exact (guest-energy.ts; absent: raw). `answer` binds QEMU's requests to it and says
    * which QEMUs were answered 0 meanwhile (the restore resynchronises those).
    */
-  guestEnergy?: {
-    maxThreads: number;
-    log: Logger;
-    heldFds?: HeldFds;
-    ledger?: KeptFdLedger;
+  guestEnergy?: Pick<GuestEnergyOptions, 'maxThreads' | 'log' | 'heldFds' | 'ledger' | 'maxPeers'> & {
     preferredGroups?: readonly number[];
-    /** QEMU processes exact mode counts at once: --max-discovered-vms (GuestPeers). */
-    maxPeers?: number | undefined;
     answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
   };
   /** Power limits (docs/power-limits.md): each VM's CPU bandwidth, who besides root may set them (--socket-group), --power-limits FILE. */
@@ -105,28 +97,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
 
 /** The parts the service owns (docs/daemon.md "Inside the v2 service"). */
-interface V2Parts {
-  engine: Engine;
-  registry: VmRegistry;
-  sampling: SamplingService;
-  clients: Clients<V2Connection>;
-  fanOut: FanOut<V2Connection>;
-  energy: HostEnergy;
-  lifecycle: VmLifecycle;
-  discovered?: DiscoveredVms;
-  whole?: WholeVms;
-  stats: StatsFiles;
-  guests?: GuestDirs;
-  guestEnergy?: GuestEnergy;
-  powerLimits?: PowerLimiter;
-  /** --power-limits FILE, as read at this start. */
-  limitsFile?: LimitsFile;
-  requests: RequestParts;
-  /** HOST_UPDATE's values: `changed` says whether VMs came, went or changed since the last. */
-  hostValues(changed: boolean, perPackage: boolean, domains?: boolean): HostValues;
-  limiter: LogLimiter;
-  vmLog: ReturnType<typeof vmLogLimiter>;
-}
+type V2Parts = ReturnType<typeof makeParts>;
 
 /** The service, restored from `restore` in slices (restore.ts; docs/daemon.md "Where the time goes"). */
 export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
@@ -166,7 +137,7 @@ function makeStatsFiles(
   registry: VmRegistry,
   sampling: SamplingService,
   energy: HostEnergy,
-  hostValues: V2Parts['hostValues'],
+  hostValues: (changed: boolean, perPackage: boolean) => HostValues,
   guestEnergy: GuestEnergy | undefined,
   limits: PowerLimiter | undefined,
 ): StatsFiles {
@@ -205,12 +176,12 @@ function exactGuestEnergy(
     unitJ: joulesPerCounterUnit(engine.guestPowerUnit),
     find: (pid) => guestVmOf(registry, sampling, pid),
     findAll: (pids) => guestVmsOf(registry, sampling, pids),
-    log: g.log,
     clock: monotonicNs,
+    log: g.log,
     maxThreads: g.maxThreads,
-    ...(g.heldFds !== undefined ? { heldFds: g.heldFds } : {}),
-    ...(g.ledger !== undefined ? { ledger: g.ledger } : {}),
-    ...(g.maxPeers !== undefined ? { maxPeers: g.maxPeers } : {}),
+    heldFds: g.heldFds,
+    ledger: g.ledger,
+    maxPeers: g.maxPeers,
     // The share rule of discovery: root and the socket's group are preferred (budget/uid-share.ts).
     owner: (pid, peer) =>
       peer === undefined
@@ -233,13 +204,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
 }
 
 /** Each part once, from the restore plan when there is one. */
-function makeParts(
-  o: V2ServiceOptions,
-  engine: Engine,
-  sampling: SamplingService,
-  registry: VmRegistry,
-  from: RestorePlan | null,
-): V2Parts {
+function makeParts(o: V2ServiceOptions, engine: Engine, sampling: SamplingService, registry: VmRegistry, from: RestorePlan | null) {
   if (from !== null) registry.restore(from.registry);
   const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
   const fanOut = new FanOut(clients);
@@ -249,7 +214,7 @@ function makeParts(
     o.host.domains,
   );
   const limits = o.powerLimits && powerLimiter(o, o.powerLimits, sampling);
-  const limitsFile =
+  const limitsFile: LimitsFile | undefined =
     o.powerLimits?.file === undefined ? undefined : readLimitsFile(o.powerLimits.file, (d) => limits!.limiter.domainProblem(d));
   for (const p of limitsFile?.problems ?? []) o.log.warn({ powerLimits: o.powerLimits?.file }, p);
   const lastUpdate = (vmId: number, last: VmUpdateFrame) => {
@@ -283,8 +248,8 @@ function makeParts(
     forgetPid: o.forgetPid,
     observerGid: o.observerGid,
     stats,
-    ...(guestEnergy ? { guest: (vmId: number) => guestEnergy.view(vmId) } : {}),
-    ...(limits ? { limits } : {}),
+    guest: guestEnergy && ((vmId: number) => guestEnergy.view(vmId)),
+    limits,
   };
   return {
     engine,
@@ -299,8 +264,9 @@ function makeParts(
     stats,
     guests,
     guestEnergy,
-    ...(limits ? { powerLimits: limits.limiter } : {}),
-    ...(limitsFile ? { limitsFile } : {}),
+    powerLimits: limits?.limiter,
+    /** --power-limits FILE, as read at this start. */
+    limitsFile,
     requests,
     hostValues,
     limiter,

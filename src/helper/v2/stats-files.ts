@@ -2,7 +2,6 @@
  * The statistics files (docs/stats-fd.md): one per VM a reader asked for (or a guest's copy,
  * docs/guest.md), and the host's, each written once per sample whatever the number of readers.
  */
-import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { Logger } from 'pino';
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
@@ -23,11 +22,11 @@ import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
 import { emptyVmTotals, type VmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
-import { VmStatsFile, type FinishCause, type VmStatsCopy } from './vm-stats-file.js';
+import { VmStatsFile, type FinishCause, type VmStatsCopy, type VmStatsReads } from './vm-stats-file.js';
 
 type StatsSampling = Pick<SamplingService, 'engine' | 'running'>;
 
-interface StatsFilesParts {
+interface StatsFilesParts extends Pick<VmStatsReads, 'guest' | 'powerLimit'> {
   registry: Pick<VmRegistry, 'get'>;
   sampling: StatsSampling;
   intervalNs: bigint;
@@ -44,10 +43,6 @@ interface StatsFilesParts {
   capacity?: () => HostCapacity;
   /** The other RAPL domains' totals per package (the host file is laid out with the ones there when made). */
   hostDomains?: () => NonNullable<HostStatsValues['domains']>;
-  /** --guest-energy exact's figures of a VM, undefined while it is not exact. */
-  guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
-  /** Power limits (VmStatsReads.powerLimit): absent, the files have no power limit descriptors. */
-  powerLimit?: (vmId: number) => PowerLimitView[];
 }
 
 /** A refusal, with the v2 error code it is answered with. */
@@ -173,8 +168,8 @@ export class StatsFiles {
       sampling: this.p.sampling,
       realtimeOf: (tNs) => this.realtimeOf(tNs),
       nextOf: (tNs) => this.nextOf(tNs),
-      ...(this.p.guest ? { guest: this.p.guest } : {}),
-      ...(this.p.powerLimit ? { powerLimit: this.p.powerLimit } : {}),
+      guest: this.p.guest,
+      powerLimit: this.p.powerLimit,
     });
     const last = this.lastResult?.vms.find((v) => v.vmId === vmId);
     if (last && this.lastResult) f.setInterval(last, this.lastResult.dtS, this.lastTimes.intervalNs);

@@ -9,14 +9,7 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 /** Lines of one kind ("VM discovered", "VM ended", ...) logged per window before they are counted instead. */
 export const VM_LOG_BURST = 20;
 
-interface VmLogFields {
-  name: string | null;
-  uuid: string | null;
-  pid: number;
-  uid: number;
-}
-
-export function vmLogFields(vm: { name: string | null; uuid: Uint8Array | null; pid: number; uid: number }): VmLogFields {
+export function vmLogFields(vm: { name: string | null; uuid: Uint8Array | null; pid: number; uid: number }) {
   return { name: vm.name, uuid: vm.uuid === null ? null : formatUuid(vm.uuid), pid: vm.pid, uid: vm.uid };
 }
 

@@ -8,22 +8,11 @@ import { readStarttime } from '../../os/proc-starttime.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { readQemuName } from '../../discovery/qemu-name.js';
 import { tidBelongsTo } from '../../os/peer.js';
+import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { statNumThreads } from '../../ratio/stat.js';
 import type { FdAdmission, FdUsage } from '../../budget/fd-budget.js';
 import { cannot } from '../../common/errors.js';
 import type { V2Limits } from './v2-limits.js';
-
-interface ProcView {
-  /** uid owning /proc/<pid>, or null when the process does not exist. */
-  ownerUid(pid: number): number | null;
-  isThreadOf(pid: number, tid: number): boolean;
-  /** Field 22 of /proc/<pid>/stat, or null when the process does not exist or the line is unreadable. */
-  starttime(pid: number): number | null;
-  /** The guest name on the process's command line (QEMU's -name), for traces and logs. */
-  name(pid: number): string | undefined;
-  /** Threads of the process now (field 20 of /proc/<pid>/stat), or null when unknown. */
-  threads(pid: number): number | null;
-}
 
 /** Whether a VM of so many threads still fits in the helper's file descriptors (VmFdShares, FdBudget). */
 export interface FdAdmitter {
@@ -35,19 +24,23 @@ export interface FdAdmitter {
   usage?(): FdUsage | null;
 }
 
-export function procView(procRoot: string): ProcView {
+/** What the registry reads of a process in /proc: null (undefined for the name) when it does not exist or cannot be read. */
+export function procView(procRoot: string) {
   return {
-    ownerUid(pid) {
+    /** The uid owning /proc/<pid>. */
+    ownerUid(pid: number): number | null {
       try {
         return fs.statSync(path.join(procRoot, String(pid))).uid;
       } catch {
         return null;
       }
     },
-    isThreadOf: (pid, tid) => tidBelongsTo(procRoot, pid, tid),
-    starttime: (pid) => readStarttime(procRoot, pid),
-    name: (pid) => readQemuName(procRoot, pid),
-    threads(pid) {
+    isThreadOf: (pid: number, tid: number) => tidBelongsTo(procRoot, pid, tid),
+    starttime: (pid: number) => readStarttime(procRoot, pid),
+    /** The guest name on the process's command line (QEMU's -name), for traces and logs. */
+    name: (pid: number) => readQemuName(procRoot, pid),
+    /** Threads of the process now (field 20 of /proc/<pid>/stat). */
+    threads(pid: number): number | null {
       try {
         const n = statNumThreads(readProcFile(path.join(procRoot, String(pid), 'stat')));
         return n > 0 ? n : null;
@@ -58,18 +51,7 @@ export function procView(procRoot: string): ProcView {
   };
 }
 
-interface Peer {
-  pid: number;
-  uid: number;
-  /** The connecting process's start time, read at accept (null: gone by then; absent: not known, trusted). */
-  starttime?: number | null;
-}
-
-interface RegisterInput {
-  /** 0 = the peer itself. */
-  pid: number;
-  vcpus: readonly VcpuSpec[];
-}
+type ProcView = ReturnType<typeof procView>;
 
 /** Why a registration is refused, in the registry's own terms; the v2 service picks the wire code. */
 export type RefusalReason = 'limit' | 'not-permitted' | 'process-gone';
@@ -151,7 +133,11 @@ export class VmRegistry {
   }
 
   /** Checks a REGISTER from connection `owner`; on success returns the VmSpec to register. Adds nothing. */
-  admit(owner: number, peer: Peer, req: RegisterInput): Admission {
+  admit(
+    owner: number,
+    peer: Pick<PeerCredentials, 'pid' | 'uid' | 'starttime'>,
+    req: { pid: number; vcpus: readonly VcpuSpec[] },
+  ): Admission {
     const no = (reason: RefusalReason, message: string): Admission => fail({ reason, message });
     if (req.vcpus.length > this.limits.maxVcpus)
       return no('limit', `${req.vcpus.length} vCPUs is over the limit of ${this.limits.maxVcpus}`);

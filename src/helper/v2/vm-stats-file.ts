@@ -20,7 +20,7 @@ import { emptyVmTotals, type VmInterval, type VmTotals } from '../../ratio/outpu
 import type { PowerLimitView } from '../../power-limit/limiter.js';
 import type { OtherDomain } from '../../model/domains.js';
 
-interface VmStatsReads {
+export interface VmStatsReads {
   sampling: Pick<SamplingService, 'engine'>;
   /** CLOCK_REALTIME of a sample taken at CLOCK_MONOTONIC `tNs` (0 for 0). */
   realtimeOf(tNs: bigint): bigint;
@@ -28,7 +28,7 @@ interface VmStatsReads {
   nextOf(tNs: bigint): bigint;
   /** --guest-energy exact's figures of a VM, undefined while it is not exact. */
   guest?: (vmId: number) => { guestJ: number; exactJ: number; garbageWindows: number; garbageJ: number } | undefined;
-  /** Power limits: a VM's limits (one per domain), empty when it has none. */
+  /** Power limits: a VM's limits (one per domain), empty when it has none; absent, the files have no power limit descriptors. */
   powerLimit?: (vmId: number) => PowerLimitView[];
 }
 

@@ -3,13 +3,13 @@
  * and the socket's group only; observers are refused, ERROR 2), on the package or a domain the request
  * names (one the helper does not attribute: ERROR 3). docs/power-limits.md.
  */
-import { E, T, encodeError, encodeLimitState } from '../../../protocol/v2/codec.js';
-import { frameReply } from '../reply.js';
+import { E, T, encodeLimitState } from '../../../protocol/v2/codec.js';
+import { frameReply, refusal } from '../reply.js';
 import { cannot } from '../../../common/errors.js';
 import type { Handler } from './handler.js';
 
 export const limit: Handler<typeof T.LIMIT> = (req, conn, p) => {
-  const refuse = (code: number, message: string) => frameReply(encodeError(code, T.LIMIT, message));
+  const refuse = (code: number, message: string) => refusal(code, T.LIMIT, message);
   const limits = p.limits;
   if (limits === undefined) return refuse(E.NOT_PERMITTED, 'this helper runs without power limits');
   if (!p.registry.canSee(p.clients.viewerOf(conn), req.vmId)) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);

@@ -5,13 +5,27 @@
  */
 import { cannot } from '../../../common/errors.js';
 import { closeFd } from '../../../os/libc/fds.js';
-import { E, T, encodeError, encodeStatsFdReply } from '../../../protocol/v2/codec.js';
-import { frameReply, type Reply } from '../reply.js';
+import { groupNameOf } from '../../../os/privileges/accounts.js';
+import { E, T, encodeStatsFdReply } from '../../../protocol/v2/codec.js';
+import { refusal } from '../reply.js';
 import type { Handler } from './handler.js';
-import { observerGroupAdvice } from './observer-advice.js';
+
+let cached: { gid: number; name: string | undefined } | null = null;
+
+/**
+ * THE advice of a refusal for want of the observer group (HOST_SUBSCRIBE, the host's STATS_FD): which
+ * group to join, by name (what `usermod -aG` and a unit's SupplementaryGroups= take) and gid, or how
+ * to make one. The name is looked up once per gid and kept (a client may be refused at every retry).
+ */
+export function observerGroupAdvice(gid: number | undefined): string {
+  if (gid === undefined) return 'start the helper with --observer-group GROUP and add this user to it';
+  if (cached === null || cached.gid !== gid) cached = { gid, name: groupNameOf(gid) };
+  const group = cached.name === undefined ? `gid ${gid}` : `'${cached.name}' (gid ${gid})`;
+  return `add this user to the helper's --observer-group, group ${group}`;
+}
 
 export const statsFd: Handler<typeof T.STATS_FD> = (req, conn, p) => {
-  const refuse = (code: number, message: string) => frameReply(encodeError(code, T.STATS_FD, message));
+  const refuse = (code: number, message: string) => refusal(code, T.STATS_FD, message);
   const viewer = p.clients.viewerOf(conn);
   if (req.vmId === 0 && !viewer.seesAll) {
     const how = observerGroupAdvice(p.observerGid);
@@ -32,6 +46,5 @@ export const statsFd: Handler<typeof T.STATS_FD> = (req, conn, p) => {
       cannot(`hand out ${what}`, (e as Error).message, "raise the helper's open-file limit (LimitNOFILE=, ulimit -n)"),
     );
   }
-  const reply: Reply = { frame: encodeStatsFdReply(req.vmId, file.value.size), fds: [fd], release: () => closeFd(fd) };
-  return reply;
+  return { frame: encodeStatsFdReply(req.vmId, file.value.size), fds: [fd], release: () => closeFd(fd) };
 };
