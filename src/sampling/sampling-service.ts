@@ -12,9 +12,6 @@ import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.j
 import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
 
-/** The engine the loop drives. */
-export type Engine = RatioEngine;
-
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {
   engine: EngineState;
@@ -38,7 +35,7 @@ export interface TraceSink {
 }
 
 export interface SamplingServiceOptions {
-  engine: Engine;
+  engine: RatioEngine;
   sampler: SampleSource;
   intervalMs: number;
   trace?: TraceSink;
@@ -71,7 +68,7 @@ export interface SamplingStats {
 }
 
 export class SamplingService {
-  readonly engine: Engine;
+  readonly engine: RatioEngine;
   private readonly clock: () => bigint;
   private readonly loop: TickLoop;
   /** Registered VMs whose process has not ended: the loop runs while this is not empty (or a hold is taken). */

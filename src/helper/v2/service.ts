@@ -4,13 +4,7 @@
  */
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../model/host.js';
-import {
-  SamplingService,
-  type Engine,
-  type SampleEvent,
-  type SamplingServiceOptions,
-  type SamplingStats,
-} from '../../sampling/sampling-service.js';
+import { SamplingService, type SampleEvent, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
 import { settled } from '../../sampling/time-slices.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
@@ -58,7 +52,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   host: HostInfo;
   /** The energy source stated in the host statistics file (absent: not stated). */
   energySource?: EnergySourceKind;
-  engine?: Engine;
+  engine?: RatioEngine;
   procRoot: string;
   limits: V2Limits;
   /** Finds VMs by itself; absent = --no-discovery. */
@@ -166,7 +160,7 @@ function makeStatsFiles(
 function exactGuestEnergy(
   o: V2ServiceOptions,
   g: NonNullable<V2ServiceOptions['guestEnergy']>,
-  engine: Engine,
+  engine: RatioEngine,
   registry: VmRegistry,
   sampling: SamplingService,
 ): GuestEnergy {
@@ -204,7 +198,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
 }
 
 /** Each part once, from the restore plan when there is one. */
-function makeParts(o: V2ServiceOptions, engine: Engine, sampling: SamplingService, registry: VmRegistry, from: RestorePlan | null) {
+function makeParts(o: V2ServiceOptions, engine: RatioEngine, sampling: SamplingService, registry: VmRegistry, from: RestorePlan | null) {
   if (from !== null) registry.restore(from.registry);
   const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
   const fanOut = new FanOut(clients);
