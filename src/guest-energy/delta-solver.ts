@@ -1,18 +1,14 @@
 /**
- * The e_delta to give QEMU for one host package so that its unmodified arithmetic (qemu-vmsr-loop.ts)
- * credits the VM at most `target` units, as close as QEMU's rounding allows. The credit from package p
- * depends only on p's e_delta and grows with it: a search finds the largest that does not pass the
- * target, bounded (MAX_SOLVER_STEPS) whatever the threads; past it, null (the caller gives 0 and carries).
+ * The largest e_delta for one host package whose credit under QEMU's arithmetic (qemu-vmsr-loop.ts) does
+ * not pass `target`: the credit from p depends only on p's e_delta and grows with it, so a bounded search.
  */
 import { creditedVcpu, deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 
-/** A window's threads on package p, and QEMU's state before it. */
 interface PackageProblem {
   state: LoopState;
   pkg: number;
   threads: readonly LoopThread[];
   maxTicks: number;
-  /** Units the VM should be credited from this package in this window (>= 0). */
   target: bigint;
 }
 
@@ -23,7 +19,7 @@ export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
 
 const U64 = (1n << 64n) - 1n;
 
-/** creditedFrom as a function of e, what does not depend on e worked out once (runIteration's arithmetic for p's threads, on no copy of the state). */
+/** creditedFrom with what does not depend on e worked out once (runIteration's arithmetic, on no copy of the state). */
 function creditOf(pr: PackageProblem): (e: bigint) => bigint {
   const others: bigint[] = [];
   const vcpus: bigint[] = [];
@@ -46,11 +42,7 @@ function creditOf(pr: PackageProblem): (e: bigint) => bigint {
   };
 }
 
-/**
- * Whether QEMU can be given any energy on this package at all: a thread whose end read fails or
- * whose ticks went back (an exit, a reused tid) makes QEMU's u64 tick delta underflow, and only an
- * e_delta of 0 keeps that out of its counters.
- */
+/** A thread that exited or whose tid was reused underflows QEMU's u64 tick delta: only e_delta 0 keeps it out of the counters. */
 function underflows(threads: readonly LoopThread[]): boolean {
   return threads.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0));
 }
@@ -58,11 +50,7 @@ function underflows(threads: readonly LoopThread[]): boolean {
 /** Credits worked out at most per search: the gallops and the bisection over u64 need about 200. */
 export const MAX_SOLVER_STEPS = 400;
 
-/**
- * The largest e_delta whose credit is at most the target (0 when nothing can be credited safely);
- * null when the search met its bound (no e_delta in u64 passes the target: the credit does not
- * grow with it).
- */
+/** 0 when nothing can be credited safely; null when the search met its bound (the caller answers 0 and carries). */
 export function solveDelta(pr: PackageProblem): bigint | null {
   if (pr.target <= 0n || underflows(pr.threads)) return 0n;
   let vcpuTicks = 0n;
@@ -71,12 +59,11 @@ export function solveDelta(pr: PackageProblem): bigint | null {
   let steps = 0;
   const credit = creditOf(pr);
   const creditedFrom = (e: bigint) => (++steps > MAX_SOLVER_STEPS ? null : credit(e));
-  // QEMU's credit is e x (vCPU ticks) / maxticks plus what does not grow with e, each vCPU rounding
-  // by at most 1/2: the answer is within a few units' worth of the linear estimate. Bracket it there.
+  // The credit is e x (vCPU ticks) / maxticks plus what does not grow with e, each vCPU rounding by at most 1/2: bracket the linear estimate.
   const base = credit(0n);
   if (base > pr.target) return 0n;
   const guess = min(U64, ((pr.target - base) * BigInt(pr.maxTicks)) / vcpuTicks);
-  // (QEMU's share of the non-vCPU threads also grows with e, so the estimate may be high: gallop.)
+  // The non-vCPU threads' share also grows with e, so the estimate may be high: gallop.
   let step = (BigInt(pr.threads.length + 1) * BigInt(pr.maxTicks)) / vcpuTicks + 1n;
   let lo = guess > step ? guess - step : 0n;
   for (let s = step; lo > 0n; s *= 2n) {

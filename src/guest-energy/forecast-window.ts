@@ -1,13 +1,10 @@
 /**
- * A window's end answered from a forecast, before its threads are read (docs/guest-energy.md,
- * "Settling after the reply"): QEMU reads its threads' ticks only after the end reply, so the helper's
- * reads only approximate QEMU's anyway. The e_delta comes from upper bounds of the ticks (each vCPU's
- * schedstat run time, the process's CPU time less its vCPUs'), in floating point with no search, so
- * the credit errs low; settleWindow (guest-counter.ts) carries the error into the next window. Pure.
+ * A window's end answered from a forecast, before its threads are read (docs/guest-energy.md, "Settling
+ * after the reply"): from upper bounds of the ticks, so the credit errs low; settleWindow carries the error.
  */
 import { advanceCounters, takeAttributed, type GuestCounterState } from './guest-counter.js';
 
-/** One vCPU thread as the forecast sees it: its package and ticks at the start, its forecast ticks at the end. */
+/** ticks1: the forecast ticks at the window's end. */
 export interface VcpuForecast {
   pkg: number;
   ticks0: number;
@@ -15,7 +12,6 @@ export interface VcpuForecast {
 }
 
 interface ForecastInput {
-  /** The package of the request being answered. */
   pkg: number;
   vcpus: readonly VcpuForecast[];
   /** At least the ticks of the non-vCPU threads QEMU listed, over the window. */
@@ -23,11 +19,10 @@ interface ForecastInput {
   exactJ: number;
   unitJ: number;
   maxTicks: ReadonlyMap<number, number>;
-  /** A thread listed at the start may have exited (thread-exits.ts): every package a zero delta. */
+  /** A thread listed at the start may have exited (thread-exits.ts). */
   zero?: boolean;
 }
 
-/** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
 interface PackageForecast {
   ticks: number;
   ran: number;
@@ -49,7 +44,7 @@ function perPackage(vcpus: readonly VcpuForecast[]): Map<number, PackageForecast
   return out;
 }
 
-/** closeWindow from a forecast: the e_delta answered is kept in `s.answered` for settleWindow. */
+/** closeWindow from a forecast; the e_delta answered is kept in `s.answered` for settleWindow. */
 export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
   takeAttributed(s, o.exactJ, o.unitJ);
   const fc = perPackage(o.vcpus);
@@ -66,7 +61,7 @@ export function answerForecast(s: GuestCounterState, o: ForecastInput): number {
     slope.set(p, (f.ticks + (f.ran * o.otherTicks) / nb) / (o.maxTicks.get(p) ?? 1));
     ticks += f.ticks;
   }
-  // The target less the carried share, split between the packages by their vCPU ticks (solveWindow's rule).
+  // Split between the packages by their vCPU ticks, as solveWindow does.
   const target = Math.max(0, Math.floor(s.owedUnits) - base);
   const eDelta = new Map<number, bigint>();
   for (const p of s.phases.pkgs) {

@@ -1,22 +1,17 @@
 /**
- * QEMU's garbage, kept apart (docs/guest-energy.md, "Limits"): a forecast answer may give a non-zero
- * e_delta on a package where a listed thread exited (an exit and a new thread in one window), and its
- * underflowed share goes into QEMU's never-reset e_ratio. A shadow of QEMU's loop without it (the
- * delta counted 0) says what the guest is owed credit for while the garbage decays. Pure.
+ * QEMU's garbage (docs/guest-energy.md, "Limits"): a forecast may give a non-zero e_delta where a thread
+ * exited, whose underflowed share enters QEMU's never-reset e_ratio. A shadow loop without it says what
+ * the guest is owed while the garbage decays.
  */
 import { copyLoopState, deltaTicks, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 
 const U64_HALF = 1n << 63n;
 
-/** A thread whose tick delta, as QEMU computes it, underflows (it exited, or its tid is another thread's). */
 function underflowed(t: LoopThread): boolean {
   return deltaTicks(t) >= U64_HALF;
 }
 
-/**
- * The shadow to run beside QEMU's loop for this window: the one already running, or a copy of the
- * loop now when a thread underflows on a package given a non-zero e_delta; undefined otherwise.
- */
+/** The shadow already running, or a copy of the loop when a thread underflows on a package given a non-zero e_delta. */
 export function shadowFor(
   loop: LoopState,
   running: LoopState | undefined,
@@ -27,7 +22,7 @@ export function shadowFor(
   return threads.some((t) => underflowed(t) && (eDelta.get(t.pkg) ?? 0n) > 0n) ? copyLoopState(loop) : undefined;
 }
 
-/** The shadow's credit for the window (changed in place): QEMU's iteration with every underflowed delta counted 0. */
+/** QEMU's iteration on the shadow (in place) with every underflowed delta counted 0. */
 export function shadowCredit(
   shadow: LoopState,
   w: { threads: readonly LoopThread[]; eDelta: ReadonlyMap<number, bigint>; maxTicks: ReadonlyMap<number, number> },

@@ -1,17 +1,10 @@
-/**
- * One VM's guest energy counters in exact mode (docs/guest-energy.md "How exact works"): a 64-bit
- * counter per host package answered to QEMU's MSR_PKG_ENERGY_STATUS requests, and the model of QEMU's
- * vmsr loop. At each window's end the energy attributed since the last, plus what was carried, is a
- * target; each package's counter advances by the e_delta that makes QEMU credit at most that target
- * (delta-solver.ts), and the rest (a thread underflowed, no vCPU ran) is carried. Pure.
- */
+/** One VM's guest energy counters in exact mode (docs/guest-energy.md "How exact works"). */
 import { creditedFrom, solveDelta } from './delta-solver.js';
 import { freshPhases, nextPhase, type PhaseState } from './window-phases.js';
 import { freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 import type { ThreadSnapshot } from './thread-snapshot.js';
 import { garbageGone, shadowCredit, shadowFor } from './garbage-shadow.js';
 
-/** What a VM is, for its counters. */
 export interface GuestVm {
   pid: number;
   /** vCPU tid -> virtual package. */
@@ -19,40 +12,36 @@ export interface GuestVm {
   nvpkg: number;
 }
 
-/** Plain data: the whole state of one VM's guest counters (restart state). */
+/** Plain data (restart state); the optional fields are not saved. */
 export interface GuestCounterState {
   vmId: number;
   pid: number;
   starttime: number;
-  /** Per host package: the counter answered (units of the guest's energy unit). */
+  /** Per host package, in the guest's energy units. */
   counters: Map<number, number>;
   loop: LoopState;
   phases: PhaseState;
-  /** The threads read at the current window's start, when one is open. */
   start: ThreadSnapshot | null;
   /** Attributed, not yet credited (units; may be slightly below 0 when QEMU's carried share credited more). */
   owedUnits: number;
   /** What QEMU was given to credit since the counters began (units). */
   creditedUnits: number;
-  /** The VM's attributed energy (J) at the last window's end. */
   lastExactJ: number;
-  /** Windows closed, and those that carried their energy because a thread underflowed or no vCPU ran. */
+  /** Windows closed, and those that carried their energy (a thread underflowed or no vCPU ran). */
   windows: number;
   carriedWindows: number;
-  /** Between a forecast answer and its settling (the same turn of the event loop; not saved): the e_delta answered per package. */
+  /** Between a forecast answer and its settling (the same turn of the event loop). */
   answered?: Map<number, bigint>;
-  /** Units QEMU credited from its garbage (garbage-shadow.ts; not saved): exact = creditedUnits + owedUnits - excessUnits. */
+  /** Units QEMU credited from its garbage (garbage-shadow.ts): exact = creditedUnits + owedUnits - excessUnits. */
   excessUnits?: number;
-  /** While QEMU's carried share holds garbage: its loop without it (garbage-shadow.ts; not saved). */
   shadow?: LoopState;
-  /** Windows in which QEMU credited other than its loop without the garbage would have, and those units (not saved). */
+  /** Windows in which QEMU's credit differed from the shadow's, and by how many units. */
   garbageWindows?: number;
   garbageUnits?: number;
-  /** Packages answered 0 because the delta search met its bound (delta-solver.ts; not saved): the caller logs it once. */
+  /** Packages answered 0 because the delta search met its bound: the caller logs it once. */
   bounded?: number;
 }
 
-/** What one request needs answered, and what the caller must read before the next. */
 type CounterStep =
   | { kind: 'start'; first: boolean; value: number }
   | { kind: 'end'; first: true; needs: 'window' }
@@ -75,7 +64,7 @@ export function freshGuestCounter(vmId: number, pid: number, starttime: number, 
   };
 }
 
-/** Classifies a request for package `pkg`: a start read or a later end read is answered at once. */
+/** A start read or a later end read is answered at once; a window's first end read needs closeWindow. */
 export function counterStep(s: GuestCounterState, pkg: number, nowNs: bigint): CounterStep {
   const p = nextPhase(s.phases, pkg, nowNs);
   if (p.kind === 'end' && p.first) return { kind: 'end', first: true, needs: 'window' };
@@ -83,7 +72,6 @@ export function counterStep(s: GuestCounterState, pkg: number, nowNs: bigint): C
   return { kind: p.kind, first: p.first, value: s.counters.get(pkg) ?? 0 } as CounterStep;
 }
 
-/** The threads as QEMU saw them over the window: start reads, and the end read of the same thread. */
 function windowThreads(vm: GuestVm, start: ThreadSnapshot, end: ThreadSnapshot): { threads: LoopThread[]; replaced: Set<number> } {
   const threads: LoopThread[] = [];
   const replaced = new Set<number>();
@@ -97,22 +85,17 @@ function windowThreads(vm: GuestVm, start: ThreadSnapshot, end: ThreadSnapshot):
   return { threads, replaced };
 }
 
-/** The energy attributed to the VM since the last window's end joins what is owed: the window's target. */
 export function takeAttributed(s: GuestCounterState, exactJ: number, unitJ: number): void {
   s.owedUnits += Math.max(0, exactJ - s.lastExactJ) / unitJ;
   s.lastExactJ = Math.max(s.lastExactJ, exactJ);
   s.windows++;
 }
 
-/** Each package's counter advances by its e_delta (never back: e_delta >= 0). */
 export function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number, bigint>): void {
   for (const [p, e] of eDelta) s.counters.set(p, (s.counters.get(p) ?? 0) + Number(e));
 }
 
-/**
- * Closes the window at its first end read, its threads (`end`) read before the reply: advances the
- * counters by the e_delta solved on them, settles the window and returns the value to answer for `pkg`.
- */
+/** Closes the window at its first end read, on threads read before the reply; returns the value for `pkg`. */
 export function closeWindow(
   s: GuestCounterState,
   vm: GuestVm,
@@ -121,24 +104,19 @@ export function closeWindow(
   takeAttributed(s, o.exactJ, o.unitJ);
   // Without a start read (the counters began mid-window) the end read stands in for it: no ticks, nothing credited.
   const { threads, replaced } = windowThreads(vm, s.start ?? o.end, o.end);
-  // `zero`: a thread listed at the start may have exited (thread-exits.ts): every package a zero delta.
   const eDelta = o.zero === true ? new Map(s.phases.pkgs.map((p) => [p, 0n])) : solveWindow(s, threads, replaced, o.maxTicks);
   advanceCounters(s, eDelta);
   credit(s, threads, eDelta, o.maxTicks);
   return s.counters.get(o.pkg) ?? 0;
 }
 
-/**
- * Settles a window whose end was answered from a forecast (forecast-window.ts), on the threads read
- * right after that reply (`end`): what QEMU credits with the e_delta answered comes off what is owed.
- */
+/** Settles a window answered from a forecast (forecast-window.ts) on the threads read right after that reply. */
 export function settleWindow(s: GuestCounterState, vm: GuestVm, o: { end: ThreadSnapshot; maxTicks: ReadonlyMap<number, number> }): void {
   const eDelta = s.answered ?? new Map<number, bigint>();
   const { threads } = windowThreads(vm, s.start ?? o.end, o.end);
   credit(s, threads, eDelta, o.maxTicks);
 }
 
-/** Per package, the largest e_delta whose credit does not pass the package's part of the target. */
 function solveWindow(
   s: GuestCounterState,
   threads: readonly LoopThread[],
@@ -148,7 +126,7 @@ function solveWindow(
   const pkgs = s.phases.pkgs;
   const ofPkg = (p: number) => threads.filter((t) => t.pkg === p);
   const maxTicks = (p: number) => allTicks.get(p) ?? 1;
-  // What QEMU credits from its carried non-vCPU share whatever it is given comes off the target first.
+  // What QEMU credits from its carried share whatever it is given comes off the target first.
   const base = new Map(
     pkgs.map((p) => [p, creditedFrom({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: 0n }, 0n)]),
   );
@@ -165,7 +143,6 @@ function solveWindow(
   return eDelta;
 }
 
-/** QEMU's iteration run on the window's threads with the e_delta it was answered: what it credits leaves what is owed. */
 function credit(
   s: GuestCounterState,
   threads: readonly LoopThread[],
@@ -196,10 +173,7 @@ function credit(
   delete s.answered;
 }
 
-/**
- * The window's target split over the host packages QEMU asked, in proportion to the vCPU ticks
- * QEMU will see on each (the only way it credits a package); the last package gets the remainder.
- */
+/** In proportion to the vCPU ticks QEMU will see on each package (the only way it credits one); the last gets the remainder. */
 function splitTarget(target: number, pkgs: readonly number[], threads: readonly LoopThread[]): Map<number, number> {
   const ticks = new Map<number, number>();
   let all = 0;

@@ -1,8 +1,7 @@
 /**
- * A QEMU process asking for MSR_PKG_ENERGY_STATUS, as exact mode sees it (docs/guest-energy.md):
- * listening (answered raw, its windows counted so the model's vCPU count starts right) until its VM is
- * known and modelled, then exact (`W`: what the caller keeps beside the counters). After a restart
- * either answers 0 until a request comes soon after the last (`resyncNs`: a window's start). Pure.
+ * A QEMU process in exact mode: listening (answered raw, its windows counted so the model's vCPU count
+ * starts right) until its VM is known and modelled, then exact. After a restart either answers 0 until
+ * a request comes soon after the last (`resyncNs`: a window's start).
  */
 import type { GuestCounterState } from './guest-counter.js';
 import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from './window-phases.js';
@@ -14,10 +13,7 @@ export interface PeerPhase<W> {
   resyncNs?: bigint;
 }
 
-/**
- * What to do with a request for host package `pkg` at `nowNs` (updating `p`): answer 0, answer
- * raw, try exact from this window on (the first request of a window), or the counters' step.
- */
+/** 'begin': try exact from this window on; 'exact': the counters' step. */
 export function requestStep<W>(p: PeerPhase<W>, pkg: number, nowNs: bigint): 'zero' | 'raw' | 'begin' | 'exact' {
   const s = p.phase;
   if (p.resyncNs !== undefined) {

@@ -17,34 +17,27 @@
  * MSR_PKG_ENERGY_STATUS. Everything here is integer-exact against the C (BigInt where C has u64).
  */
 
-/** One thread as QEMU saw it in one iteration. */
 export interface LoopThread {
   tid: number;
-  /** Host package of the CPU QEMU read at the start (its pkg_id; the package it asked the counter of). */
+  /** Host package of the CPU QEMU read at the start (the package it asked the counter of). */
   pkg: number;
-  /** utime + stime QEMU read at the start (0 when that read failed). */
   ticks0: number;
-  /** utime + stime at the end; null when the stat could not be read (the thread exited): QEMU then reads 0. */
+  /** null when the stat could not be read (the thread exited): QEMU then reads 0. */
   ticks1: number | null;
-  /** The virtual package of its vCPU, for a vCPU thread; undefined for every other thread. */
+  /** For a vCPU thread only. */
   vpkg?: number;
 }
 
-/** What QEMU carries from one iteration to the next (never reset while it runs). */
+/** What QEMU carries from one iteration to the next: e_ratio (u64), nb_vcpu and vpkgs_energy_stat (unsigned int). */
 export interface LoopState {
-  /** e_ratio per host package (u64). */
   eRatio: Map<number, bigint>;
-  /** nb_vcpu per host package (unsigned int). */
   nbVcpu: Map<number, number>;
-  /** vpkgs_energy_stat per virtual package (unsigned int): what the guest reads. */
   vpkgCounter: number[];
 }
 
-/** One iteration: the threads and, per host package asked, e_delta as QEMU computed it. */
 interface LoopWindow {
   threads: readonly LoopThread[];
   eDelta: ReadonlyMap<number, bigint>;
-  /** maxticks per host package: CLK_TCK x its CPUs. */
   maxTicks: ReadonlyMap<number, number>;
 }
 
@@ -52,7 +45,6 @@ const U32 = 2 ** 32;
 /** What lround returns on x86-64 for a value past LONG_MAX (cvttsd2si's "integer indefinite"), as u64. */
 const LROUND_OVERFLOW = 1n << 63n;
 
-/** A fresh QEMU: every counter at 0. */
 export function freshLoopState(nvpkg: number): LoopState {
   return { eRatio: new Map(), nbVcpu: new Map(), vpkgCounter: new Array<number>(nvpkg).fill(0) };
 }
@@ -66,17 +58,16 @@ export function creditedVcpu(t: LoopThread): t is LoopThread & { vpkg: number } 
   return t.vpkg !== undefined;
 }
 
-/** The model's counters cover every vCPU's virtual package: one met for the first time was at 0 in QEMU all along. */
+/** A virtual package met for the first time was at 0 in QEMU all along. */
 function coverVpkgs(s: LoopState, threads: readonly LoopThread[]): void {
   for (const t of threads) if (creditedVcpu(t)) while (s.vpkgCounter.length <= t.vpkg) s.vpkgCounter.push(0);
 }
 
-/** QEMU's delta_ticks: u64 arithmetic, an unreadable end read counting as 0. */
 export function deltaTicks(t: LoopThread): bigint {
   return BigInt.asUintN(64, BigInt(t.ticks1 ?? 0) - BigInt(t.ticks0));
 }
 
-/** (uint64_t)lround(vmsr_get_ratio(e_delta, delta_ticks, maxticks)), exactly as the C computes it. */
+/** (uint64_t)lround(vmsr_get_ratio(e_delta, delta_ticks, maxticks)). */
 export function ratioUnits(eDelta: bigint, delta: bigint, maxTicks: number): bigint {
   const x = (Number(eDelta) / 100.0) * ((100.0 / maxTicks) * Number(delta));
   return lroundU64(x);
@@ -89,7 +80,7 @@ export function lroundU64(x: number): bigint {
   return BigInt(x - f >= 0.5 ? f + 1 : f);
 }
 
-/** Runs one iteration on `s` (in place): what each virtual package was credited, before the u32 wrap. */
+/** Runs one iteration on `s` in place; returns each virtual package's credit before the u32 wrap. */
 export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
   coverVpkgs(s, w.threads);
   const credits = s.vpkgCounter.map(() => 0n);
@@ -112,7 +103,6 @@ export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
   return credits;
 }
 
-/** QEMU's e_delta from the two values it was answered: a later value not above the earlier gives 0. */
 export function qemuEnergyDelta(eStart: bigint, eEnd: bigint): bigint {
   const a = BigInt.asUintN(64, eStart);
   const b = BigInt.asUintN(64, eEnd);

@@ -1,26 +1,22 @@
 /**
- * Which of QEMU's vmsr iterations a MSR_PKG_ENERGY_STATUS request belongs to, and whether it is its
- * first read (e_start) or its second (e_end). QEMU asks one request per host package its threads sat
- * on, ascending; sleeps 1 s; asks the same packages again; then starts the next iteration at once. So
- * an end phase asks exactly the packages of the start phase before it, at least 1 s after it began;
- * anything else begins a start phase. Pure: the caller gives the time (CLOCK_MONOTONIC, ns).
+ * Whether a request is an iteration's e_start or e_end read. QEMU asks each host package its threads sat
+ * on, ascending; sleeps 1 s; asks the same packages again: anything else begins a start phase.
  */
 
-/** A start phase's end read cannot come sooner than this after its first read (QEMU sleeps 1 s). */
+/** QEMU sleeps 1 s between the phases. */
 export const MIN_SLEEP_NS = 900_000_000n;
 
 type PhaseKind = 'start' | 'end';
 
 interface PhaseStep {
   kind: PhaseKind;
-  /** The first request of its phase (an end phase's first request closes the window). */
   first: boolean;
 }
 
 /** Plain data, for the restart state. */
 export interface PhaseState {
   kind: PhaseKind | null;
-  /** When the current start phase (or the start phase an end phase answers) began. */
+  /** When the last start phase began (CLOCK_MONOTONIC). */
   startNs: bigint;
   /** Packages of the last start phase, in order. */
   pkgs: number[];
@@ -32,7 +28,6 @@ export function freshPhases(): PhaseState {
   return { kind: null, startNs: 0n, pkgs: [], asked: 0 };
 }
 
-/** Classifies one request for host package `pkg` at `nowNs`, updating `s`. */
 export function nextPhase(s: PhaseState, pkg: number, nowNs: bigint): PhaseStep {
   if (s.kind === 'start') {
     if (nowNs - s.startNs >= MIN_SLEEP_NS && s.pkgs[0] === pkg) {
