@@ -1,8 +1,6 @@
 /**
- * `--guest-energy exact` (docs/guest-energy.md): QEMU's MSR_PKG_ENERGY_STATUS requests from a known
- * VM whose QEMU version is modelled are answered from its guest counters (src/guest-energy/); the
- * rest is answered raw by the legacy service. A VM switches only at a window's start (mid-window
- * would give QEMU one garbage delta).
+ * `--guest-energy exact` (docs/guest-energy.md). A VM switches only at a window's start: mid-window
+ * would give QEMU one garbage delta.
  */
 import { exeVersionText } from '../../os/exe-version.js';
 import { processCpuTimeNs } from '../../os/libc/processes.js';
@@ -42,22 +40,19 @@ import { GuestPeers, type ProcessKey } from './guest-peers.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import type { EnergyStatusHook } from '../legacy/legacy-service.js';
 
-/** What the helper knows of a VM, for its guest counters. */
 export interface GuestVmView extends GuestVm {
   vmId: number;
   starttime: number;
-  /** Its attributed energy now, all virtual packages (J). */
+  /** Attributed energy now (J), in all and per virtual package (for the debug window line). */
   exactJ: number;
-  /** The same per virtual package (J), for the debug window line. */
   vpkgJ?: readonly number[];
 }
 
 export interface GuestEnergyOptions {
   procRoot: string;
   host: HostInfo;
-  /** Joules per unit of the guest's MSR_PKG_ENERGY_STATUS (the unit QEMU passes to the guest). */
+  /** Joules per unit of the guest's MSR_PKG_ENERGY_STATUS. */
   unitJ: number;
-  /** The live VM whose process is `pid`, if the helper knows one. */
   find(pid: number): GuestVmView | undefined;
   /** find() for each of `pids` at once (after each sample: sampled()); default: none kept, find() at each window's end. */
   findAll?(pids: ReadonlySet<number>): ReadonlyMap<number, GuestVmView>;
@@ -81,12 +76,11 @@ export interface GuestEnergyOptions {
 /** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
 interface GuestEnergyView {
   mode: GuestEnergyMode;
-  /** Energy QEMU was given to credit the guest since exact began (J). */
+  /** Energy QEMU was given to credit the guest since exact began, and what was attributed meanwhile (J). */
   guestJ: number;
-  /** Energy the helper attributed to the VM over the same windows (J). */
   exactJ: number;
   windows: number;
-  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and the energy it credited otherwise than owed (J). */
+  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and by how much (J). */
   garbageWindows: number;
   garbageJ: number;
   /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
@@ -118,23 +112,17 @@ interface LastRead {
   settledNs?: bigint;
 }
 
-/** What the helper keeps of an exact VM beside its counters. */
 interface ExactIo {
   vmId: number;
   edge: Edge;
   last?: LastRead;
-  /** The vCPU threads found at the last window's end: the next start's. */
   nextVcpuTids?: number[];
   /** The task directory, held from the start read to the end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
-  /** The attributed energy per virtual package taken at the last window's end (J), for its debug line. */
   closedVpkgJ?: readonly number[];
-  /** The window's threads watched for an exit (thread-exits.ts), from its start read on. */
   exits?: ExitWatch;
-  /** Windows answered a zero delta for a possible thread exit, and why (ExitWatch.cause). */
   exitWindows: number;
   exitCauses?: Record<string, number>;
-  /** Windows answered a non-zero delta with a listed thread seen gone right after the reply. */
   lateExits: number;
 }
 
@@ -153,14 +141,12 @@ export class GuestEnergy implements EnergyStatusHook {
   private readonly reads: ThreadReads;
   /** The VMs whose window is starting or settling: read once the replies have left (drain). */
   private pending: ExactVm[] = [];
-  /** Nanoseconds of run time a clock tick (utime and stime are counted in CLK_TCK). */
   private readonly nsPerTick: number;
   /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
   private views: ReadonlyMap<number, GuestVmView> = new Map();
   private readonly exitKind: ExitProbeKind;
   private readonly exitOs: ExitOs;
   private readonly limiter: LogLimiter;
-  /** A delta search met its bound once already (logBounded). */
   private boundLogged = false;
 
   constructor(private readonly o: GuestEnergyOptions) {
@@ -204,7 +190,7 @@ export class GuestEnergy implements EnergyStatusHook {
     for (const x of this.pending.splice(0)) if (x.edge.at === 'starting') this.readStart(x, x.edge, now);
   }
 
-  /** The windows whose end was answered from a forecast, settled: first thing, wherever the counters are looked at. */
+  /** First thing wherever the counters are looked at. */
   private settleAll(): void {
     for (const x of this.pending) if (x.edge.at === 'settling') this.settle(x, x.edge);
     this.pending = this.pending.filter((x) => x.edge.at === 'starting');
@@ -237,7 +223,6 @@ export class GuestEnergy implements EnergyStatusHook {
     };
   }
 
-  /** Every exact-mode VM's counters, for the restart state. */
   state(): GuestCounterState[] {
     this.settleAll();
     return [...this.exact()].map((x) => x.counter);
@@ -248,7 +233,6 @@ export class GuestEnergy implements EnergyStatusHook {
     const now = this.o.clock();
     let kept = 0;
     for (const c of saved) {
-      // A process that ended meanwhile is forgotten; one on its pid since is another process.
       if (readStarttime(this.o.procRoot, c.pid) !== c.starttime) continue;
       const made = (key: ProcessKey): Peer => ({ key, version: 'modelled', phase: this.exactVm(c, c.vmId) });
       if (this.remember(c.pid, c.starttime, now, undefined, made) !== undefined) kept++;
@@ -269,7 +253,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return { at: 'exact', counter, vmId, edge: { at: 'closed' }, exitWindows: 0, lateExits: 0 };
   }
 
-  /** The peer of process `pid`, remembered if there is room for its owner (docs/security.md); undefined: left raw. */
+  /** Remembered if there is room for its owner (docs/security.md); undefined: left raw. */
   private remember(
     pid: number,
     starttime: number | null | undefined,
@@ -284,7 +268,6 @@ export class GuestEnergy implements EnergyStatusHook {
     return this.peers.get(key, owner, now, () => made(key));
   }
 
-  /** At a window's start: turns the peer's counters on when its VM is known and its QEMU modelled. */
   private begin(pid: number, peer: Peer): ExactVm | undefined {
     const vm = this.o.find(pid);
     if (vm === undefined || vm.starttime !== peer.key.starttime || peer.phase.at !== 'listening') return undefined;
@@ -383,8 +366,7 @@ export class GuestEnergy implements EnergyStatusHook {
       const zero = this.exitBefore(x);
       return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
     }
-    // No forecast: the threads QEMU listed at the start (without a start read: every thread) are read
-    // before the reply, and the e_delta solved on them.
+    // No forecast: the threads are read before the reply.
     const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     x.edge = { at: 'closed' };
@@ -416,7 +398,7 @@ export class GuestEnergy implements EnergyStatusHook {
     return { vcpus, otherTicks: Math.max(0, Math.ceil((others - othersNs) / this.nsPerTick)) };
   }
 
-  /** The run time (ns) of `pid`'s threads but its vCPUs (their tids, or their run time), main thread included; read so an end's less a start's errs high. */
+  /** The run time (ns) of `pid`'s threads but its vCPUs (their tids, or their run time); read so an end's less a start's errs high. */
   private othersNs(pid: number, vcpus: readonly number[] | number): number | null {
     const start = typeof vcpus !== 'number';
     const first = start ? processCpuTimeNs(pid) : 0n;
@@ -430,7 +412,6 @@ export class GuestEnergy implements EnergyStatusHook {
     return total < 0n ? null : Number(total) - vcpuNs;
   }
 
-  /** After a forecast's reply: the threads QEMU listed read as QEMU reads them now, and the window settled on them. */
   private settle(x: ExactVm, w: Extract<Edge, { at: 'settling' }>): void {
     const c = x.counter;
     x.edge = { at: 'closed' };
@@ -458,12 +439,10 @@ export class GuestEnergy implements EnergyStatusHook {
     return exit;
   }
 
-  /** A window's start read: its threads watched for an exit from now on (`before`: the helper's read before it, `gapNs` apart). */
   private watch(x: ExactVm, w: WatchStart): void {
     (x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, { os: this.exitOs, tickNs: this.nsPerTick, ledger: this.o.ledger })).begin(w);
   }
 
-  /** QEMU was given garbage (garbage-shadow.ts): a warning, at most a few a minute. */
   private warnGarbage(x: ExactVm, c: GuestCounterState): void {
     this.limiter.warn(
       'guest garbage',
@@ -478,7 +457,6 @@ export class GuestEnergy implements EnergyStatusHook {
     );
   }
 
-  /** A window's delta search met its bound (delta-solver.ts): answered 0, its energy carried; said once per process. */
   private logBounded(x: ExactVm, c: GuestCounterState): void {
     delete c.bounded;
     if (this.boundLogged) return;
@@ -489,7 +467,6 @@ export class GuestEnergy implements EnergyStatusHook {
     );
   }
 
-  /** The debug line of a window closed (`forecast`: answered from a forecast, else from the reads before the reply). */
   private logWindow(x: ExactVm, c: GuestCounterState, forecast: boolean): void {
     if (!this.o.log.isLevelEnabled('debug')) return;
     this.o.log.debug(
@@ -501,9 +478,7 @@ export class GuestEnergy implements EnergyStatusHook {
         exact: Math.round(c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)),
         guest: c.loop.vpkgCounter,
         forecast,
-        // What the helper attributed to each virtual package when it took `exact` (µJ).
         exact_vpkg_uj: x.closedVpkgJ?.map((j) => Math.round(j * 1e6)),
-        // Windows answered a zero delta for a possible thread exit, those with an exit seen right after a non-zero one, and garbage.
         exit_windows: x.exitWindows,
         exit_causes: x.exitCauses,
         late_exits: x.lateExits,
@@ -513,7 +488,6 @@ export class GuestEnergy implements EnergyStatusHook {
     );
   }
 
-  /** Lets go of the VM's task directory (and with `exits`, of its thread watch). */
   private release(x: ExactVm, exits = false): void {
     x.taskCount?.close();
     delete x.taskCount;
@@ -521,7 +495,7 @@ export class GuestEnergy implements EnergyStatusHook {
     if (exits) delete x.exits;
   }
 
-  /** After a settling's read: the task directory and the read are kept for the next window's start (startFromSettled). */
+  /** The task directory and the settling's read kept for the next window's start (startFromSettled). */
   private keepForStart(x: ExactVm, pid: number, read: StartRead | null): void {
     const vcpus = x.nextVcpuTids;
     const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, vcpus);

@@ -6,13 +6,10 @@ import { DEFAULT_MAX_DISCOVERED_VMS } from '../../discovery/discovery-limits.js'
 import { UidShares, type ShareOwner } from '../../budget/uid-share.js';
 import type { Logger } from '../../logging/logger.js';
 
-/** Processes remembered at once by default: as many as discovery tracks (the daemon passes --max-discovered-vms). */
-const MAX_GUEST_PEERS = DEFAULT_MAX_DISCOVERED_VMS;
-
 /** A process not heard from for this long is looked at: forgotten when it ended. */
 const IDLE_NS = 3_000_000_000n;
 
-/** One process: its pid and start time (/proc/<pid>/stat field 22). */
+/** starttime: /proc/<pid>/stat field 22. */
 export interface ProcessKey {
   pid: number;
   starttime: number;
@@ -28,11 +25,9 @@ interface Entry<P> {
 
 interface GuestPeersOptions<P> {
   log: Logger;
-  /** Whether the process is still the one remembered (its start time at that pid). */
   alive(key: ProcessKey): boolean;
   /** Whether a peer may be dropped to make room (it holds no exact counters). */
   droppable(peer: P): boolean;
-  /** Called for a peer forgotten (its held resources let go). */
   forgotten(peer: P): void;
   capacity?: number;
 }
@@ -44,7 +39,7 @@ export class GuestPeers<P> {
   private sweptNs = -IDLE_NS;
 
   constructor(private readonly o: GuestPeersOptions<P>) {
-    this.shares = new UidShares(o.capacity ?? MAX_GUEST_PEERS);
+    this.shares = new UidShares(o.capacity ?? DEFAULT_MAX_DISCOVERED_VMS);
   }
 
   /** The peer of process `key`, made by `make` if new; undefined when it cannot be remembered (left raw). */
@@ -66,7 +61,7 @@ export class GuestPeers<P> {
     for (const e of this.byKey.values()) yield e.peer;
   }
 
-  /** Forgets the peers whose process ended (not heard from for IDLE_NS, and gone or another process now). */
+  /** Forgets the peers not heard from for IDLE_NS whose process ended. */
   sweep(nowNs: bigint): void {
     this.sweptNs = nowNs;
     for (const [k, e] of this.byKey) {

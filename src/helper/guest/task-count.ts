@@ -11,7 +11,6 @@ const NLINK_AT = 16;
 export class TaskCount {
   private static readonly buf = Buffer.alloc(STAT_SIZE);
 
-  /** The count when it was opened. */
   first = -1;
 
   private constructor(private fd: number) {}
@@ -31,13 +30,13 @@ export class TaskCount {
     return null;
   }
 
-  /** The count now (the directory's links less 2), or -1 when it cannot be read. */
+  /** -1 when it cannot be read. */
   now(): number {
     if (this.fd < 0 || fstatRaw(this.fd, TaskCount.buf) < 0) return -1;
     return Number(TaskCount.buf.readBigUInt64LE(NLINK_AT)) - 2;
   }
 
-  /** Whether the process has as many threads as when this was opened (none gone, none new, but for one of each). */
+  /** Blind to one thread gone and one new. */
   same(): boolean {
     return this.now() === this.first;
   }

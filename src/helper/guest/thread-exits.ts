@@ -1,8 +1,7 @@
 /**
- * Whether a thread QEMU listed at a window's start may have exited, known by identity, not by count:
- * QEMU's tick delta of an exited thread underflows. Per VM, one ExitWatch, through pidfds of threads
- * (Linux 6.9+) or the task directory (docs/guest-energy.md "Thread exits"). QEMU's own list is not
- * seen: a thread it may have listed and the helper missed counts as an exit unless it ran under a tick.
+ * Whether a thread QEMU listed at a window's start may have exited (its tick delta underflows), by
+ * identity, not by count (docs/guest-energy.md "Thread exits"). QEMU's own list is not seen: a thread
+ * it may have listed and the helper missed counts as an exit unless it ran under a tick.
  */
 import fs from 'node:fs';
 import { closeFd, epollAdd, epollCreate, epollReadyNow } from '../../os/libc/fds.js';
@@ -10,19 +9,15 @@ import { gettid, pidfdOpenThread } from '../../os/libc/processes.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import type { StartRead } from './thread-reads.js';
 
-/** How exits are told: the kernel's pidfds, or the task directory's entries. */
 export type ExitProbeKind = 'pidfd' | 'tasks';
 
-/** The calls an ExitWatch makes (the real ones: realExitOs). */
 export interface ExitOs {
   /** A pidfd of thread `tid` (PIDFD_THREAD), or -errno (ESRCH: gone). */
   pidfdOpenThread(tid: number): number;
   epollCreate(): number;
   epollAdd(epfd: number, fd: number, data: number): number;
-  /** The data of the ready fds of `epfd` (a zero timeout). */
   epollReadyNow(epfd: number): number[];
   close(fd: number): void;
-  /** The tids in /proc/<pid>/task now, or null. */
   listTasks(pid: number): ReadonlySet<number> | null;
 }
 
@@ -56,15 +51,12 @@ export function exitProbeKind(os: Pick<ExitOs, 'pidfdOpenThread' | 'close'> = { 
   return 'pidfd';
 }
 
-/** What a window's start read says against the helper's last read of the VM's threads. */
+/** A window's start read against the helper's read before it (the last window's end read), `gapNs` apart. */
 export interface WatchStart {
-  /** The threads of the start read (QEMU's list as near as the helper sees it). */
   tids: Iterable<number>;
-  /** The threads of the helper's read before it (the last window's end read), if any. */
   before?: ReadonlySet<number> | undefined;
-  /** How far apart the two reads are (ns). */
   gapNs: number;
-  /** The CPU time of the process's threads but its vCPUs between the two reads (ns), when known. */
+  /** The CPU time of the threads but the vCPUs between the two reads (ns), when known. */
   cpuNs?: number | undefined;
   /** Threads QEMU read 0 ticks of at its listing (idleAtList): their exit cannot underflow its tick delta. */
   idle?: ReadonlySet<number> | undefined;
@@ -103,29 +95,19 @@ export function idleAtList(read: StartRead, leadNs: number, tickNs: number): Set
 export class ExitWatch {
   private readonly fds = new Map<number, number>();
   private epfd = -1;
-  /** The window's threads, when watched through the task directory. */
   private listed: number[] = [];
   /** An exit known (or not excludable) since the window began. */
   private exit = false;
   private idle: ReadonlySet<number> = new Set();
-  /** Why, for the debug window line. */
   cause: 'no read before' | 'reads a tick apart' | 'gone since the read before' | 'gone at open' | 'pidfd' | 'not listed' | null = null;
-  private kind: ExitProbeKind;
 
+  /** `probe`: `tasks` once the VM's fds could not be had. */
   constructor(
     private readonly pid: number,
-    kind: ExitProbeKind,
+    public probe: ExitProbeKind,
     private readonly o: { os: ExitOs; tickNs: number; ledger?: KeptFdLedger | undefined },
-  ) {
-    this.kind = kind;
-  }
+  ) {}
 
-  /** How exits are told now for this VM (`tasks` when its fds could not be had). */
-  get probe(): ExitProbeKind {
-    return this.kind;
-  }
-
-  /** A window began with `w.tids` read: watched from now on. */
   begin(w: WatchStart): void {
     const tids = new Set(w.tids);
     this.idle = w.idle ?? new Set();
@@ -135,7 +117,7 @@ export class ExitWatch {
     this.cause = w.before === undefined ? 'no read before' : apart ? 'reads a tick apart' : null;
     if (w.before !== undefined) for (const t of w.before) if (!tids.has(t)) this.cause ??= 'gone since the read before';
     this.exit = this.cause !== null;
-    if (this.kind === 'pidfd' && this.watchAll(tids)) return;
+    if (this.probe === 'pidfd' && this.watchAll(tids)) return;
     this.listed = [...tids];
   }
 
@@ -153,7 +135,6 @@ export class ExitWatch {
     return this.exit;
   }
 
-  /** Every fd let go (the VM ended, or its QEMU stopped asking). */
   close(): void {
     for (const fd of this.fds.values()) this.o.os.close(fd);
     const n = this.fds.size + (this.epfd >= 0 ? 1 : 0);
@@ -199,11 +180,11 @@ export class ExitWatch {
     return true;
   }
 
-  /** Watched through the task directory from now on: every fd let go (`granted`: fds granted, not opened). */
+  /** `granted`: fds granted, not opened. */
   private fallBack(granted = 0): false {
     if (granted > 0) this.o.ledger?.release(this.pid, granted);
     this.close();
-    this.kind = 'tasks';
+    this.probe = 'tasks';
     return false;
   }
 }

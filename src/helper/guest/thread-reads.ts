@@ -1,9 +1,6 @@
 /**
- * A VM's threads as QEMU's vmsr thread reads them at a window's edges (docs/guest-energy.md, "Cost"):
- * each thread's stat but the main thread's; null for more than `maxThreads` threads (answered raw).
- * A thread whose run time has not moved since its last line keeps it (the thread gate). At the end,
- * through the sampler's held fds; a held fd that fails is an exited thread, then read by path as QEMU
- * does (another thread that took the tid, or nothing).
+ * A VM's threads as QEMU's vmsr thread reads them at a window's edges (docs/guest-energy.md, "Cost").
+ * A held fd that fails is an exited thread: then read by path as QEMU does (another thread on the tid, or nothing).
  */
 import fs from 'node:fs';
 import { pread } from '../../os/libc/fds.js';
@@ -24,7 +21,6 @@ export interface StartRead {
   runTimes: Map<number, string | null>;
 }
 
-/** A read being made. */
 type Reading = StartRead & { threads: Map<number, ThreadRead> };
 
 const emptyRead = (): Reading => ({ threads: new Map(), runTimes: new Map() });
@@ -48,7 +44,7 @@ export class ThreadReads {
     private readonly held: HeldFds = () => undefined,
   ) {}
 
-  /** The threads `tids` of `pid` now (those gone or unreadable left out), for readStart to keep. */
+  /** For readStart to keep; those gone or unreadable left out. */
   readEarly(pid: number, tids: Iterable<number>): StartRead {
     const out = emptyRead();
     for (const tid of tids) if (tid !== pid) this.readInto(out, pid, tid);
@@ -109,7 +105,6 @@ export class ThreadReads {
     return out;
   }
 
-  /** One thread's line and the run time read just before it, into `out` (nothing when it is gone). */
   private readInto(out: Reading, pid: number, tid: number): void {
     const fds = this.held(pid, tid);
     const runTime = fds !== undefined ? this.runTime(fds.schedstat) : null;
@@ -117,7 +112,7 @@ export class ThreadReads {
     if (read !== null) put(out, read.thread, read.running ? null : runTime);
   }
 
-  /** The threads of a window's start read, as QEMU reads them at its end (absent: exited), with their run times. */
+  /** The threads of a window's start read as QEMU reads them at its end (absent: exited). */
   readEnd(pid: number, start: StartRead): StartRead {
     const out = emptyRead();
     for (const a of start.threads.values()) {
@@ -153,7 +148,6 @@ export class ThreadReads {
     }
   }
 
-  /** Schedstat field 1 (run time, ns) as text, or null when it cannot be read or cannot gate. */
   private runTime(fd: number): string | null {
     const len = fd >= 0 ? readRunTime(fd, this.sched) : 0;
     return len > 0 ? this.sched.toString('latin1', 0, len) : null;
