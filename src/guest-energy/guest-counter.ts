@@ -1,9 +1,8 @@
 /** One VM's guest energy counters in exact mode (docs/guest-energy.md "How exact works"). */
 import { creditedFrom, solveDelta } from './delta-solver.js';
-import { freshPhases, nextPhase, type PhaseState } from './window-phases.js';
-import { freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from './window-phases.js';
+import { copyLoopState, deltaTicks, freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 import type { ThreadSnapshot } from './thread-snapshot.js';
-import { garbageGone, shadowCredit, shadowFor } from './garbage-shadow.js';
 
 export interface GuestVm {
   pid: number;
@@ -32,7 +31,7 @@ export interface GuestCounterState {
   carriedWindows: number;
   /** Between a forecast answer and its settling (the same turn of the event loop). */
   answered?: Map<number, bigint>;
-  /** Units QEMU credited from its garbage (garbage-shadow.ts): exact = creditedUnits + owedUnits - excessUnits. */
+  /** Units QEMU credited from its garbage (the shadow below): exact = creditedUnits + owedUnits - excessUnits. */
   excessUnits?: number;
   shadow?: LoopState;
   /** Windows in which QEMU's credit differed from the shadow's, and by how many units. */
@@ -192,4 +191,74 @@ function splitTarget(target: number, pkgs: readonly number[], threads: readonly 
     left -= share;
   });
   return out;
+}
+
+/*
+ * A QEMU process in exact mode: listening (answered raw, its windows counted so the model's vCPU count
+ * starts right) until its VM is known and modelled, then exact. After a restart either answers 0 until
+ * a request comes soon after the last (`resyncNs`: a window's start).
+ */
+export type Exact<W> = { at: 'exact'; counter: GuestCounterState } & W;
+
+export interface PeerPhase<W> {
+  phase: { at: 'listening'; phases: PhaseState; windowsSeen: number } | Exact<W>;
+  resyncNs?: bigint;
+}
+
+/** 'begin': try exact from this window on; 'exact': the counters' step. */
+export function requestStep<W>(p: PeerPhase<W>, pkg: number, nowNs: bigint): 'zero' | 'raw' | 'begin' | 'exact' {
+  const s = p.phase;
+  if (p.resyncNs !== undefined) {
+    const last = p.resyncNs;
+    p.resyncNs = nowNs;
+    if (nowNs - last >= MIN_SLEEP_NS) return 'zero';
+    delete p.resyncNs;
+    if (s.at === 'exact') s.counter.phases = freshPhases();
+    else s.phases = freshPhases();
+  }
+  if (s.at === 'exact') return 'exact';
+  const step = nextPhase(s.phases, pkg, nowNs);
+  if (step.kind !== 'start' || !step.first) return 'raw';
+  s.windowsSeen++;
+  return 'begin';
+}
+
+/*
+ * QEMU's garbage (docs/guest-energy.md, "Limits"): a forecast may give a non-zero e_delta where a thread
+ * exited, whose underflowed share enters QEMU's never-reset e_ratio. A shadow loop without it says what
+ * the guest is owed while the garbage decays.
+ */
+
+const U64_HALF = 1n << 63n;
+
+function underflowed(t: LoopThread): boolean {
+  return deltaTicks(t) >= U64_HALF;
+}
+
+/** The shadow already running, or a copy of the loop when a thread underflows on a package given a non-zero e_delta. */
+function shadowFor(
+  loop: LoopState,
+  running: LoopState | undefined,
+  threads: readonly LoopThread[],
+  eDelta: ReadonlyMap<number, bigint>,
+): LoopState | undefined {
+  if (running !== undefined) return running;
+  return threads.some((t) => underflowed(t) && (eDelta.get(t.pkg) ?? 0n) > 0n) ? copyLoopState(loop) : undefined;
+}
+
+/** QEMU's iteration on the shadow (in place) with every underflowed delta counted 0. */
+function shadowCredit(
+  shadow: LoopState,
+  w: { threads: readonly LoopThread[]; eDelta: ReadonlyMap<number, bigint>; maxTicks: ReadonlyMap<number, number> },
+): number {
+  const threads = w.threads.map((t) => (underflowed(t) ? { ...t, ticks1: t.ticks0 } : t));
+  let sum = 0;
+  for (const c of runIteration(shadow, { ...w, threads })) sum += Number(c);
+  return sum;
+}
+
+/** Whether QEMU's loop has shed the garbage: its carried shares are the shadow's again. */
+function garbageGone(loop: LoopState, shadow: LoopState): boolean {
+  for (const [p, r] of loop.eRatio) if ((shadow.eRatio.get(p) ?? 0n) !== r) return false;
+  return true;
 }

@@ -12,14 +12,17 @@ import type { ShareOwner } from '../../budget/uid-share.js';
 import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import {
   closeWindow,
+  requestStep,
   counterStep,
   freshGuestCounter,
   settleWindow,
+  type Exact,
   type GuestCounterState,
   type GuestVm,
+  type PeerPhase,
 } from '../../guest-energy/guest-counter.js';
 import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
-import { requestStep, type Exact, type PeerPhase } from '../../guest-energy/peer-phase.js';
+
 import { freshPhases } from '../../guest-energy/window-phases.js';
 import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
 import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
@@ -80,7 +83,7 @@ interface GuestEnergyView {
   guestJ: number;
   exactJ: number;
   windows: number;
-  /** Windows QEMU's arithmetic turned into garbage (garbage-shadow.ts), and by how much (J). */
+  /** Windows QEMU's arithmetic turned into garbage (guest-counter.ts), and by how much (J). */
   garbageWindows: number;
   garbageJ: number;
   /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
@@ -103,19 +106,11 @@ type Edge =
   | { at: 'settling'; runTimes: RunTimes; closing: GuestVm }
   | { at: 'closed' };
 
-/** The last window's end read (or the read when exact began), for the next start's ExitWatch and startFromSettled. */
-interface LastRead {
-  read: StartRead;
-  atNs: bigint;
-  othersNs?: number;
-  mainNs?: number | null;
-  settledNs?: bigint;
-}
-
 interface ExactIo {
   vmId: number;
   edge: Edge;
-  last?: LastRead;
+  /** The last window's end read (or the read when exact began), for the next start's ExitWatch and startFromSettled. */
+  last?: { read: StartRead; atNs: bigint; othersNs?: number; mainNs?: number | null; settledNs?: bigint };
   nextVcpuTids?: number[];
   /** The task directory, held from the start read to the end: the forecast's check that no thread came or went. */
   taskCount?: TaskCount;
@@ -128,7 +123,7 @@ interface ExactIo {
 
 type ExactVm = Exact<ExactIo>;
 
-/** One peer asking for the counter (peer-phase.ts), and its QEMU's version. */
+/** One peer asking for the counter (guest-counter.ts), and its QEMU's version. */
 interface Peer extends PeerPhase<ExactIo> {
   key: ProcessKey;
   version: 'unknown' | 'reading' | 'modelled' | 'not modelled';

@@ -105,9 +105,11 @@ export class ThreadReads {
     return out;
   }
 
-  private readInto(out: Reading, pid: number, tid: number): void {
+  /** `before` (with its run time) stands when its run time has not moved (the thread gate). */
+  private readInto(out: Reading, pid: number, tid: number, before?: ThreadRead, beforeRunTime?: string | null): void {
     const fds = this.held(pid, tid);
     const runTime = fds !== undefined ? this.runTime(fds.schedstat) : null;
+    if (before !== undefined && runTime !== null && runTime === beforeRunTime) return put(out, before, runTime);
     const read = this.readThread(pid, tid, fds?.stat ?? -1);
     if (read !== null) put(out, read.thread, read.running ? null : runTime);
   }
@@ -115,17 +117,7 @@ export class ThreadReads {
   /** The threads of a window's start read as QEMU reads them at its end (absent: exited). */
   readEnd(pid: number, start: StartRead): StartRead {
     const out = emptyRead();
-    for (const a of start.threads.values()) {
-      const fds = this.held(pid, a.tid);
-      const before = start.runTimes.get(a.tid) ?? null;
-      const now = fds !== undefined ? this.runTime(fds.schedstat) : null;
-      if (now !== null && now === before) {
-        put(out, a, now);
-        continue;
-      }
-      const read = this.readThread(pid, a.tid, fds?.stat ?? -1);
-      if (read !== null) put(out, read.thread, read.running ? null : now);
-    }
+    for (const a of start.threads.values()) this.readInto(out, pid, a.tid, a, start.runTimes.get(a.tid));
     return out;
   }
 

@@ -18,16 +18,15 @@ import type { V2Limits } from './v2-limits.js';
 export interface FdAdmitter {
   /** `pid`: the VM's process, whose owner's share is checked too (budget/vm-fd-shares.ts). */
   canAdmit(threads: number, pid?: number): FdAdmission;
-  /** Whether `n` more fds for `what` fit (statistics files); absent = always. */
+  /** For statistics files; absent = always. */
   canOpen?(n: number, what: string): FdAdmission;
-  /** The budget as it stands (the host statistics file states it); absent or null: not known. */
+  /** For the host statistics file; absent or null: not known. */
   usage?(): FdUsage | null;
 }
 
 /** What the registry reads of a process in /proc: null (undefined for the name) when it does not exist or cannot be read. */
 export function procView(procRoot: string) {
   return {
-    /** The uid owning /proc/<pid>. */
     ownerUid(pid: number): number | null {
       try {
         return fs.statSync(path.join(procRoot, String(pid))).uid;
@@ -37,9 +36,8 @@ export function procView(procRoot: string) {
     },
     isThreadOf: (pid: number, tid: number) => tidBelongsTo(procRoot, pid, tid),
     starttime: (pid: number) => readStarttime(procRoot, pid),
-    /** The guest name on the process's command line (QEMU's -name), for traces and logs. */
+    /** QEMU's -name, for traces and logs. */
     name: (pid: number) => readQemuName(procRoot, pid),
-    /** Threads of the process now (field 20 of /proc/<pid>/stat). */
     threads(pid: number): number | null {
       try {
         const n = statNumThreads(readProcFile(path.join(procRoot, String(pid), 'stat')));
@@ -53,7 +51,7 @@ export function procView(procRoot: string) {
 
 type ProcView = ReturnType<typeof procView>;
 
-/** Why a registration is refused, in the registry's own terms; the v2 service picks the wire code. */
+/** The v2 service picks the wire code. */
 export type RefusalReason = 'limit' | 'not-permitted' | 'process-gone';
 
 export interface Refusal {
@@ -61,7 +59,6 @@ export interface Refusal {
   message: string;
 }
 
-/** A registration the registry accepts: the VM to register and who owns its process. */
 export interface Admitted {
   spec: VmSpec;
   /** Owner of /proc/<pid>. */
@@ -85,22 +82,21 @@ export interface VmRecord extends VmMeta {
   owner: number | null;
   pid: number;
   starttime: number;
-  /** Owner of /proc/<pid>. */
   uid: number;
   live: boolean;
-  /** The /proc scan found this process (alone, or besides a registration). */
+  /** Found by the /proc scan (alone, or besides a registration). */
   discovered: boolean;
   /** Samples since it ended (a discovered VM is dropped after a few, docs/protocol-v2.md). */
   endedSamples: number;
-  /** Not every thread of its process was sampled at the last sample (whole-vms.ts); not carried over a restart. */
+  /** Not every thread was sampled at the last sample (whole-vms.ts); not carried over a restart. */
   notWhole?: boolean;
 }
 
-/** Who is asking, for the visibility rule (docs/protocol-v2.md "Who may see what"). */
+/** For the visibility rule (docs/protocol-v2.md "Who may see what"). */
 export interface Viewer {
   connId: number;
   uid: number;
-  /** Root or in the observer group: sees every VM and the host. */
+  /** Root or in the observer group. */
   seesAll: boolean;
 }
 
@@ -111,7 +107,6 @@ export class VmRegistry {
   private readonly byOwner = new Map<number, Set<number>>();
   /** pid -> vmId of its registration, live or ended: one per pid, so a trace's "unregister <pid>" names one VM. */
   private readonly byPid = new Map<number, number>();
-  /** pid -> vmId of the live discovered VM of that pid. */
   private readonly discoveredByPid = new Map<number, number>();
   /** Registrations carried over a restart waiting for a REGISTER of their process (docs/daemon.md "Restart state"). */
   private readonly awaiting = new Set<number>();
@@ -127,12 +122,11 @@ export class VmRegistry {
     return this.byPid.size;
   }
 
-  /** Every VM known, registered or discovered. */
   get total(): number {
     return this.vms.size;
   }
 
-  /** Checks a REGISTER from connection `owner`; on success returns the VmSpec to register. Adds nothing. */
+  /** Checks a REGISTER from connection `owner`; adds nothing. */
   admit(
     owner: number,
     peer: Pick<PeerCredentials, 'pid' | 'uid' | 'starttime'>,
@@ -193,7 +187,7 @@ export class VmRegistry {
     return ok({ spec, uid: owner_uid });
   }
 
-  /** A registration (new VM, or attached to the discovered VM `vmId`). */
+  /** A new VM, or attached to the discovered VM `vmId`. */
   add(owner: number, vmId: number, spec: VmSpec, uid: number): VmRecord {
     let r = this.vms.get(vmId);
     if (r === undefined) {
@@ -221,7 +215,7 @@ export class VmRegistry {
     return r;
   }
 
-  /** A VM found by the /proc scan; when `vmId` is a live registration of that process it is marked found too. */
+  /** When `vmId` is a live registration of that process it is marked found too. */
   addDiscovered(vmId: number, pid: number, starttime: number, uid: number, meta: VmMeta): VmRecord {
     let r = this.vms.get(vmId);
     if (r === undefined) {
@@ -236,7 +230,6 @@ export class VmRegistry {
     return r;
   }
 
-  /** The live registration of exactly this process, if any. */
   registrationOf(pid: number, starttime: number): VmRecord | undefined {
     const id = this.byPid.get(pid);
     const r = id === undefined ? undefined : this.vms.get(id);
@@ -256,7 +249,6 @@ export class VmRegistry {
     return r !== undefined && sees(v, r);
   }
 
-  /** Every VM `v` may see, ascending id, from `fromId` on. */
   visible(v: Viewer, fromId: number): VmRecord[] {
     const out: VmRecord[] = [];
     for (const r of this.vms.values()) if (r.vmId >= fromId && sees(v, r)) out.push(r);
@@ -275,10 +267,7 @@ export class VmRegistry {
     if (this.discoveredByPid.get(e.pid) === vmId) this.discoveredByPid.delete(e.pid);
   }
 
-  /**
-   * The registrant lets go of a VM (UNREGISTER or close). Returns true when the VM stays (it is a
-   * live discovered VM: it goes on as discovered), false when it must be dropped.
-   */
+  /** UNREGISTER or close; true when the VM stays (it goes on as discovered), false when it must be dropped. */
   release(vmId: number): boolean {
     const e = this.vms.get(vmId);
     if (!e || e.owner === null) return false;
@@ -309,12 +298,11 @@ export class VmRegistry {
     if (set && set.size === 0) this.byOwner.delete(owner);
   }
 
-  /** Registrations carried over a restart still waiting for a connection to take them over. */
   awaitingConnection(): number[] {
     return [...this.awaiting];
   }
 
-  /** Takes back what state() gave, on an empty registry; every registration waits for its connection. */
+  /** Every registration restored waits for its connection. */
   restore(records: readonly VmRecord[]): void {
     if (this.vms.size > 0) throw new Error('only an empty registry can be restored');
     for (const rec of records) {
@@ -333,7 +321,7 @@ export class VmRegistry {
     return [...(this.byOwner.get(owner) ?? [])];
   }
 
-  /** Every VM as plain copies, ascending id: the indexes follow from the records, so this is the whole state. */
+  /** Plain copies: the indexes follow from the records, so this is the whole state. */
   state(): VmRecord[] {
     return [...this.vms.values()].map((r) => ({ ...r, uuid: r.uuid && Buffer.from(r.uuid) })).sort((a, b) => a.vmId - b.vmId);
   }
