@@ -12,7 +12,6 @@ interface PackageProblem {
   target: bigint;
 }
 
-/** What QEMU would credit in total (every virtual package) from package p given e_delta = e. */
 export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
   return creditOf(pr)(e);
 }

@@ -23,14 +23,9 @@ interface ForecastInput {
   zero?: boolean;
 }
 
-interface PackageForecast {
-  ticks: number;
-  ran: number;
-  vcpus: number;
-}
-
-function perPackage(vcpus: readonly VcpuForecast[]): Map<number, PackageForecast> {
-  const out = new Map<number, PackageForecast>();
+/** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
+function perPackage(vcpus: readonly VcpuForecast[]): Map<number, { ticks: number; ran: number; vcpus: number }> {
+  const out = new Map<number, { ticks: number; ran: number; vcpus: number }>();
   for (const v of vcpus) {
     let f = out.get(v.pkg);
     if (f === undefined) out.set(v.pkg, (f = { ticks: 0, ran: 0, vcpus: 0 }));

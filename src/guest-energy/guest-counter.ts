@@ -23,7 +23,6 @@ export interface GuestCounterState {
   start: ThreadSnapshot | null;
   /** Attributed, not yet credited (units; may be slightly below 0 when QEMU's carried share credited more). */
   owedUnits: number;
-  /** What QEMU was given to credit since the counters began (units). */
   creditedUnits: number;
   lastExactJ: number;
   /** Windows closed, and those that carried their energy (a thread underflowed or no vCPU ran). */
@@ -78,8 +77,7 @@ function windowThreads(vm: GuestVm, start: ThreadSnapshot, end: ThreadSnapshot):
     if (a.tid === vm.pid) continue;
     const b = end.get(a.tid);
     if (b !== undefined && b.starttime !== a.starttime) replaced.add(a.pkg);
-    const vpkg = vm.vcpus.get(a.tid);
-    threads.push({ tid: a.tid, pkg: a.pkg, ticks0: a.ticks, ticks1: b?.ticks ?? null, ...(vpkg !== undefined ? { vpkg } : {}) });
+    threads.push({ tid: a.tid, pkg: a.pkg, ticks0: a.ticks, ticks1: b?.ticks ?? null, vpkg: vm.vcpus.get(a.tid) });
   }
   return { threads, replaced };
 }
@@ -162,7 +160,8 @@ function credit(
       s.garbageUnits = (s.garbageUnits ?? 0) + Math.abs(credited - clean);
     }
     s.excessUnits = (s.excessUnits ?? 0) + credited - paid;
-    if (garbageGone(s.loop, shadow)) delete s.shadow;
+    // Garbage gone: QEMU's carried shares are the shadow's again.
+    if ([...s.loop.eRatio].every(([p, r]) => (shadow.eRatio.get(p) ?? 0n) === r)) delete s.shadow;
     else s.shadow = shadow;
   }
   if (credited === 0 && s.owedUnits >= 1) s.carriedWindows++;
@@ -193,11 +192,8 @@ function splitTarget(target: number, pkgs: readonly number[], threads: readonly 
   return out;
 }
 
-/*
- * A QEMU process in exact mode: listening (answered raw, its windows counted so the model's vCPU count
- * starts right) until its VM is known and modelled, then exact. After a restart either answers 0 until
- * a request comes soon after the last (`resyncNs`: a window's start).
- */
+// A peer listens (answered raw, its windows counted so the model's vCPU count starts right) until its VM is
+// known and modelled. After a restart either answers 0 until a request comes soon after the last (`resyncNs`).
 export type Exact<W> = { at: 'exact'; counter: GuestCounterState } & W;
 
 export interface PeerPhase<W> {
@@ -223,11 +219,8 @@ export function requestStep<W>(p: PeerPhase<W>, pkg: number, nowNs: bigint): 'ze
   return 'begin';
 }
 
-/*
- * QEMU's garbage (docs/guest-energy.md, "Limits"): a forecast may give a non-zero e_delta where a thread
- * exited, whose underflowed share enters QEMU's never-reset e_ratio. A shadow loop without it says what
- * the guest is owed while the garbage decays.
- */
+// QEMU's garbage (docs/guest-energy.md, "Limits"): an exit's underflowed share in QEMU's never-reset e_ratio.
+// A shadow loop without it says what the guest is owed while the garbage decays.
 
 const U64_HALF = 1n << 63n;
 
@@ -255,10 +248,4 @@ function shadowCredit(
   let sum = 0;
   for (const c of runIteration(shadow, { ...w, threads })) sum += Number(c);
   return sum;
-}
-
-/** Whether QEMU's loop has shed the garbage: its carried shares are the shadow's again. */
-function garbageGone(loop: LoopState, shadow: LoopState): boolean {
-  for (const [p, r] of loop.eRatio) if ((shadow.eRatio.get(p) ?? 0n) !== r) return false;
-  return true;
 }

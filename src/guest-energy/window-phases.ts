@@ -8,17 +8,10 @@ export const MIN_SLEEP_NS = 900_000_000n;
 
 type PhaseKind = 'start' | 'end';
 
-interface PhaseStep {
-  kind: PhaseKind;
-  first: boolean;
-}
-
-/** Plain data, for the restart state. */
 export interface PhaseState {
   kind: PhaseKind | null;
   /** When the last start phase began (CLOCK_MONOTONIC). */
   startNs: bigint;
-  /** Packages of the last start phase, in order. */
   pkgs: number[];
   /** In an end phase: how many of `pkgs` it has asked. */
   asked: number;
@@ -28,7 +21,7 @@ export function freshPhases(): PhaseState {
   return { kind: null, startNs: 0n, pkgs: [], asked: 0 };
 }
 
-export function nextPhase(s: PhaseState, pkg: number, nowNs: bigint): PhaseStep {
+export function nextPhase(s: PhaseState, pkg: number, nowNs: bigint): { kind: PhaseKind; first: boolean } {
   if (s.kind === 'start') {
     if (nowNs - s.startNs >= MIN_SLEEP_NS && s.pkgs[0] === pkg) {
       s.kind = 'end';

@@ -68,11 +68,9 @@ export interface GuestEnergyOptions {
   versionOf?: (pid: number) => Promise<string | null>;
   /** The VMs' fd shares, for the pidfds that tell thread exits (thread-exits.ts); default: not counted. */
   ledger?: KeptFdLedger;
-  /** How thread exits are told; default: pidfds where the kernel has them (exitProbeKind). */
   exitProbe?: ExitProbeKind;
   /** Who holds a peer's place, for the share rule (the connection's credentials when it asks; by pid at a restore); default: its uid, preferred. */
   owner?: (pid: number, peer?: PeerCredentials) => ShareOwner | null;
-  /** Processes remembered at once (GuestPeers); default: as many as discovery tracks. */
   maxPeers?: number;
 }
 
@@ -107,7 +105,6 @@ type Edge =
   | { at: 'closed' };
 
 interface ExactIo {
-  vmId: number;
   edge: Edge;
   /** The last window's end read (or the read when exact began), for the next start's ExitWatch and startFromSettled. */
   last?: { read: StartRead; atNs: bigint; othersNs?: number; mainNs?: number | null; settledNs?: bigint };
@@ -123,7 +120,6 @@ interface ExactIo {
 
 type ExactVm = Exact<ExactIo>;
 
-/** One peer asking for the counter (guest-counter.ts), and its QEMU's version. */
 interface Peer extends PeerPhase<ExactIo> {
   key: ProcessKey;
   version: 'unknown' | 'reading' | 'modelled' | 'not modelled';
@@ -137,7 +133,6 @@ export class GuestEnergy implements EnergyStatusHook {
   /** The VMs whose window is starting or settling: read once the replies have left (drain). */
   private pending: ExactVm[] = [];
   private readonly nsPerTick: number;
-  /** The exact VMs as the last sample left them (sampled()), for their windows' ends. */
   private views: ReadonlyMap<number, GuestVmView> = new Map();
   private readonly exitKind: ExitProbeKind;
   private readonly exitOs: ExitOs;
@@ -185,7 +180,6 @@ export class GuestEnergy implements EnergyStatusHook {
     for (const x of this.pending.splice(0)) if (x.edge.at === 'starting') this.readStart(x, x.edge, now);
   }
 
-  /** First thing wherever the counters are looked at. */
   private settleAll(): void {
     for (const x of this.pending) if (x.edge.at === 'settling') this.settle(x, x.edge);
     this.pending = this.pending.filter((x) => x.edge.at === 'starting');
@@ -200,10 +194,10 @@ export class GuestEnergy implements EnergyStatusHook {
     this.views = pids.size > 0 ? this.o.findAll(pids) : new Map();
   }
 
-  /** Per VM, what QEMU was given against what was attributed; undefined for a VM not in exact mode. */
+  /** Undefined for a VM not in exact mode. */
   view(vmId: number): GuestEnergyView | undefined {
     this.settleAll();
-    const x = [...this.exact()].find((e) => e.vmId === vmId);
+    const x = [...this.exact()].find((e) => e.counter.vmId === vmId);
     if (x === undefined) return undefined;
     const c = x.counter;
     return {
@@ -229,7 +223,7 @@ export class GuestEnergy implements EnergyStatusHook {
     let kept = 0;
     for (const c of saved) {
       if (readStarttime(this.o.procRoot, c.pid) !== c.starttime) continue;
-      const made = (key: ProcessKey): Peer => ({ key, version: 'modelled', phase: this.exactVm(c, c.vmId) });
+      const made = (key: ProcessKey): Peer => ({ key, version: 'modelled', phase: this.exactVm(c) });
       if (this.remember(c.pid, c.starttime, now, undefined, made) !== undefined) kept++;
     }
     for (const [pid, at] of held) {
@@ -244,8 +238,8 @@ export class GuestEnergy implements EnergyStatusHook {
     for (const p of this.peers.values()) if (p.phase.at === 'exact') yield p.phase;
   }
 
-  private exactVm(counter: GuestCounterState, vmId: number): ExactVm {
-    return { at: 'exact', counter, vmId, edge: { at: 'closed' }, exitWindows: 0, lateExits: 0 };
+  private exactVm(counter: GuestCounterState): ExactVm {
+    return { at: 'exact', counter, edge: { at: 'closed' }, exitWindows: 0, lateExits: 0 };
   }
 
   /** Remembered if there is room for its owner (docs/security.md); undefined: left raw. */
@@ -274,7 +268,7 @@ export class GuestEnergy implements EnergyStatusHook {
     // The windows QEMU ran before: each counted its vCPUs into nb_vcpu (on the package they sit on now).
     const before = seen.windowsSeen - 1;
     const read = this.reads.readStart(pid);
-    const x = (peer.phase = this.exactVm(c, vm.vmId));
+    const x = (peer.phase = this.exactVm(c));
     // The threads as QEMU listed them, near enough: the first start read's ExitWatch is checked against them.
     if (read !== null) x.last = { read, atNs: this.o.clock() };
     for (const tid of vm.vcpus.keys()) {
@@ -303,7 +297,6 @@ export class GuestEnergy implements EnergyStatusHook {
     );
   }
 
-  /** A window began: its vCPU threads are read now, the others once the reply has left (afterReplies). */
   private afterStart(x: ExactVm, value: number): number {
     const c = x.counter;
     c.start = null;
@@ -314,7 +307,6 @@ export class GuestEnergy implements EnergyStatusHook {
     return value;
   }
 
-  /** A window's start read, once its reply has left: the threads but its vCPUs (read before the reply). */
   private readStart(x: ExactVm, w: Extract<Edge, { at: 'starting' }>, now: bigint): void {
     const c = x.counter;
     if (c.start !== null) return;
@@ -361,7 +353,6 @@ export class GuestEnergy implements EnergyStatusHook {
       const zero = this.exitBefore(x);
       return answerForecast(c, { pkg, ...fc, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
     }
-    // No forecast: the threads are read before the reply.
     const read = c.start !== null ? this.reads.readEnd(c.pid, { threads: c.start, runTimes: runTimes ?? new Map() }) : null;
     const end: ThreadSnapshot = read?.threads ?? this.reads.readStart(c.pid)?.threads ?? new Map();
     x.edge = { at: 'closed' };
@@ -369,7 +360,13 @@ export class GuestEnergy implements EnergyStatusHook {
     this.release(x);
     const zero = this.exitBefore(x);
     const value = closeWindow(c, shape, { pkg, end, exactJ, unitJ: this.o.unitJ, maxTicks: this.maxTicks, zero });
-    if (c.bounded !== undefined) this.logBounded(x, c);
+    if (c.bounded !== undefined && !this.boundLogged)
+      this.o.log.warn(
+        { vm: c.vmId, pid: c.pid },
+        "guest energy: a window's e_delta search met its bound (its threads give no credit QEMU's u64 can reach); answered 0 and carried, said once",
+      );
+    this.boundLogged ||= c.bounded !== undefined;
+    delete c.bounded;
     this.logWindow(x, c, false);
     return value;
   }
@@ -419,7 +416,12 @@ export class GuestEnergy implements EnergyStatusHook {
     this.keepForStart(x, c.pid, read);
     const garbage = c.garbageWindows ?? 0;
     settleWindow(c, w.closing, { end, maxTicks: this.maxTicks });
-    if ((c.garbageWindows ?? 0) > garbage) this.warnGarbage(x, c);
+    if ((c.garbageWindows ?? 0) > garbage)
+      this.limiter.warn(
+        'guest garbage',
+        { vm: c.vmId, pid: c.pid, garbageWindows: c.garbageWindows, garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ, probe: x.exits?.probe },
+        "guest energy: QEMU's arithmetic turned a window's delta into garbage (a thread exited after the reply): the guest's counter is off by garbageJ; docs/guest-energy.md \"Thread exits\"",
+      );
     this.logWindow(x, c, true);
   }
 
@@ -438,35 +440,11 @@ export class GuestEnergy implements EnergyStatusHook {
     (x.exits ??= new ExitWatch(x.counter.pid, this.exitKind, { os: this.exitOs, tickNs: this.nsPerTick, ledger: this.o.ledger })).begin(w);
   }
 
-  private warnGarbage(x: ExactVm, c: GuestCounterState): void {
-    this.limiter.warn(
-      'guest garbage',
-      {
-        vm: x.vmId,
-        pid: c.pid,
-        garbageWindows: c.garbageWindows,
-        garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
-        probe: x.exits?.probe,
-      },
-      "guest energy: QEMU's arithmetic turned a window's delta into garbage (a thread exited after the reply): the guest's counter is off by garbageJ; docs/guest-energy.md \"Thread exits\"",
-    );
-  }
-
-  private logBounded(x: ExactVm, c: GuestCounterState): void {
-    delete c.bounded;
-    if (this.boundLogged) return;
-    this.boundLogged = true;
-    this.o.log.warn(
-      { vm: x.vmId, pid: c.pid },
-      "guest energy: a window's e_delta search met its bound (its threads give no credit QEMU's u64 can reach); answered 0 and carried, said once",
-    );
-  }
-
   private logWindow(x: ExactVm, c: GuestCounterState, forecast: boolean): void {
     if (!this.o.log.isLevelEnabled('debug')) return;
     this.o.log.debug(
       {
-        vm: x.vmId,
+        vm: c.vmId,
         pid: c.pid,
         window: c.windows,
         credited: c.creditedUnits,
@@ -490,7 +468,6 @@ export class GuestEnergy implements EnergyStatusHook {
     if (exits) delete x.exits;
   }
 
-  /** The task directory and the settling's read kept for the next window's start (startFromSettled). */
   private keepForStart(x: ExactVm, pid: number, read: StartRead | null): void {
     const vcpus = x.nextVcpuTids;
     const othersNs = read === null || vcpus === undefined ? null : this.othersNs(pid, vcpus);

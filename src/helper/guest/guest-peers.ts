@@ -9,7 +9,6 @@ import type { Logger } from '../../logging/logger.js';
 /** A process not heard from for this long is looked at: forgotten when it ended. */
 const IDLE_NS = 3_000_000_000n;
 
-/** starttime: /proc/<pid>/stat field 22. */
 export interface ProcessKey {
   pid: number;
   starttime: number;

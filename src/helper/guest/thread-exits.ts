@@ -62,10 +62,7 @@ export interface WatchStart {
   idle?: ReadonlySet<number> | undefined;
 }
 
-/**
- * The CPU time (ns) a thread unseen between the helper's last read and now can have run: what the
- * threads but the vCPUs ran, less the main thread's (QEMU never lists it). Undefined when a read is missing.
- */
+/** What a thread unseen since the last read can have run (ns): the non-vCPU threads' time less the main thread's (never listed). */
 export function unseenCpuNs(
   othersNow: number | undefined,
   othersThen: number | undefined,
@@ -78,9 +75,8 @@ export function unseenCpuNs(
 }
 
 /**
- * The threads of a start read QEMU read 0 ticks of at its listing (0 - 0 even if they exit). utime +
- * stime never pass the run time (cputime_adjust): 0 ticks read after the listing (`leadNs` 0), or,
- * read `leadNs` before it, a thread not running whose run time plus `leadNs` is under a tick.
+ * The threads QEMU read 0 ticks of at its listing (0 - 0 even if they exit): utime + stime never pass the run
+ * time (cputime_adjust), so 0 ticks read after it (`leadNs` 0), or `leadNs` before it with run time + leadNs under a tick.
  */
 export function idleAtList(read: StartRead, leadNs: number, tickNs: number): Set<number> {
   const idle = new Set<number>();
@@ -180,7 +176,6 @@ export class ExitWatch {
     return true;
   }
 
-  /** `granted`: fds granted, not opened. */
   private fallBack(granted = 0): false {
     if (granted > 0) this.o.ledger?.release(this.pid, granted);
     this.close();

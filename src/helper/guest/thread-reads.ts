@@ -9,10 +9,7 @@ import { digits, readRunTime, SCHEDSTAT_BYTES } from '../../os/schedstat-gate.js
 import { parseStatLine } from '../../ratio/stat.js';
 import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 
-/**
- * The stat and schedstat fds (-1: none) the sampler keeps open for a thread (ProcTaskReader.heldFds),
- * or undefined. Valid only in the turn of the event loop that asked: a later sample may close them.
- */
+/** The sampler's open fds of a thread (-1: none; ProcTaskReader.heldFds), valid only in the turn of the event loop that asked. */
 export type HeldFds = (pid: number, tid: number) => { stat: number; schedstat: number } | undefined;
 
 /** A window's edge read: the threads, and per thread the run time read just before its line (null: not known, or R). */
@@ -51,10 +48,7 @@ export class ThreadReads {
     return out;
   }
 
-  /**
-   * Every thread of `pid` but its main one, as QEMU reads them at a window's start (those of `early`
-   * as read then); null: gone or too many threads. With `last` and its thread count: rereadStart.
-   */
+  /** Every thread but the main one (those of `early` as read then); null: gone or too many threads (answered raw). */
   readStart(pid: number, early?: StartRead, last?: { read: StartRead; count: number }): StartRead | null {
     if (last !== undefined && last.count === last.read.threads.size + 1) {
       const again = this.rereadStart(pid, early, last.read);
@@ -78,10 +72,7 @@ export class ThreadReads {
     return out;
   }
 
-  /**
-   * The threads of `last` again, when the count matches and each one's held fd (bound to the thread)
-   * still reads; a line whose run time has not moved stands. Null when one is gone (then list).
-   */
+  /** The threads of `last` again through their held fds (bound to the thread); null when one is gone (then list). */
   private rereadStart(pid: number, early: StartRead | undefined, last: StartRead): StartRead | null {
     const out = emptyRead();
     if (early !== undefined) for (const tid of early.threads.keys()) if (!last.threads.has(tid)) return null;

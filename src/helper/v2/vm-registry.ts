@@ -51,7 +51,6 @@ export function procView(procRoot: string) {
 
 type ProcView = ReturnType<typeof procView>;
 
-/** The v2 service picks the wire code. */
 export type RefusalReason = 'limit' | 'not-permitted' | 'process-gone';
 
 export interface Refusal {
@@ -61,7 +60,6 @@ export interface Refusal {
 
 export interface Admitted {
   spec: VmSpec;
-  /** Owner of /proc/<pid>. */
   uid: number;
   /** A discovered VM with the same process: the registration takes it over. */
   attachTo?: number;
@@ -96,7 +94,6 @@ export interface VmRecord extends VmMeta {
 export interface Viewer {
   connId: number;
   uid: number;
-  /** Root or in the observer group. */
   seesAll: boolean;
 }
 
@@ -187,7 +184,6 @@ export class VmRegistry {
     return ok({ spec, uid: owner_uid });
   }
 
-  /** A new VM, or attached to the discovered VM `vmId`. */
   add(owner: number, vmId: number, spec: VmSpec, uid: number): VmRecord {
     let r = this.vms.get(vmId);
     if (r === undefined) {
@@ -302,7 +298,6 @@ export class VmRegistry {
     return [...this.awaiting];
   }
 
-  /** Every registration restored waits for its connection. */
   restore(records: readonly VmRecord[]): void {
     if (this.vms.size > 0) throw new Error('only an empty registry can be restored');
     for (const rec of records) {
