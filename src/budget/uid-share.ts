@@ -49,10 +49,6 @@ export class UidShares {
     if (!Number.isSafeInteger(capacity) || capacity < 0) throw new RangeError(`capacity must be a whole number >= 0, got ${capacity}`);
   }
 
-  get total(): number {
-    return this.totalHeld;
-  }
-
   /** Held by uids that are not preferred owners. */
   get others(): number {
     return this.othersHeld;

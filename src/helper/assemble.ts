@@ -22,12 +22,21 @@ import { ProcScanner, type ScannerOptions } from '../discovery/scanner.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import type { FdBudget } from '../budget/fd-budget.js';
 import type { TraceSink } from '../sampling/sampling-service.js';
-import { sendWithFdsOnSocket } from './v2/socket-fd-sender.js';
+import { MSG_DONTWAIT, sendFds } from '../os/libc/sockets.js';
+import { socketFd } from '../os/peer.js';
+import type { SendWithFds } from './v2/reply.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
 import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
 import { createV2Service, type HealthSource, type V2Limits, type V2Service, type V2ServiceOptions } from './v2/service.js';
+
+/** One non-blocking sendmsg(2) with the reply's fds in SCM_RIGHTS: a client that does not read never blocks the loop (EAGAIN throws). */
+export const sendWithFdsOnSocket: SendWithFds = (socket, frame, fds) => {
+  const fd = socketFd(socket);
+  if (fd === undefined) throw new Error('the connection has no file descriptor (it closed)');
+  return sendFds(fd, frame, fds, MSG_DONTWAIT);
+};
 
 type PassedOptions =
   | 'intervalMs'

@@ -8,6 +8,8 @@ import type { Readable } from 'node:stream';
 import zlib from 'node:zlib';
 import { parseMsrHex } from '../ratio/counter.js';
 import { TraceError, type TraceRecord } from '../ratio/trace-records.js';
+import { replayRecords, type ReplaySummary } from '../ratio/trace-replay.js';
+import type { IntervalResult } from '../ratio/outputs.js';
 import { checkVcpus, MAX_TID, type VcpuSpec } from '../model/vcpus.js';
 import { domainCounterProblem } from '../ratio/domain-counters.js';
 import { isOtherDomain, OTHER_DOMAINS } from '../model/domains.js';
@@ -336,7 +338,7 @@ export class TraceParser {
   }
 }
 
-export interface ReadOptions {
+interface ReadOptions {
   maxLineBytes?: number;
   /** Called about every 64 KiB read, for progress on long scans (lines so far, file bytes read). */
   onProgress?: (p: ScanProgress) => void;
@@ -502,5 +504,14 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
   } finally {
     source.destroy();
     file.destroy();
+  }
+}
+
+/** Replays a trace file through the replay engine. Every TraceError, the engine's included, names the file: "FILE: line N: why". */
+export async function replayFile(path: string, onInterval?: (r: IntervalResult) => void, opts?: ReadOptions): Promise<ReplaySummary> {
+  try {
+    return await replayRecords(readTrace(path, opts), onInterval);
+  } catch (e) {
+    throw e instanceof TraceError ? e.inFile(path) : e;
   }
 }

@@ -10,8 +10,7 @@ import { afterAll, describe, expect, test } from 'vitest';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import { packageCounter } from '../../src/ratio/counter.js';
 import type { HostInfo } from '../../src/model/host.js';
-import { readTrace } from '../../src/trace/reader.js';
-import { replayFile } from '../../src/trace/replay-file.js';
+import { readTrace, replayFile } from '../../src/trace/reader.js';
 import { headerLine, headerRecord, registerLine, sampleLine } from '../../src/trace/writer.js';
 import { host, sample } from './helpers.js';
 

@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it, type TestContext } from 'vitest';
 import { generateTraceLines } from '../../bench/replay.js';
-import { replayFile } from '../../src/trace/replay-file.js';
+import { replayFile } from '../../src/trace/reader.js';
 import { intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
 import { statLine } from './helpers.js';
 

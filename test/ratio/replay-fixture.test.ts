@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import { afterAll, describe, expect, it } from 'vitest';
-import { replayFile } from '../../src/trace/replay-file.js';
+import { replayFile } from '../../src/trace/reader.js';
 import { intervalJsonLine, totalJsonLine } from '../../src/ratio/replay-report.js';
 
 const FIXTURES = path.resolve(import.meta.dirname, '../fixtures/traces');

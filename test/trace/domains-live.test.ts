@@ -23,7 +23,7 @@ import type { HostInfo } from '../../src/model/host.js';
 import type { VmSpec } from '../../src/model/vm.js';
 import { Sampler } from '../../src/sampling/sampler.js';
 import { SamplingService } from '../../src/sampling/sampling-service.js';
-import { replayFile } from '../../src/trace/replay-file.js';
+import { replayFile } from '../../src/trace/reader.js';
 import { TraceWriter } from '../../src/trace/writer.js';
 import { BIN } from '../daemon/support/daemon-process.js';
 import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';

@@ -7,7 +7,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { type HostUpdate, type Update } from '../../src/client/v2-replies.js';
 import { TraceWriter } from '../../src/trace/writer.js';
-import { replayFile } from '../../src/trace/replay-file.js';
+import { replayFile } from '../../src/trace/reader.js';
 import { stateOf } from '../../src/ratio/replay-report.js';
 import { domainPowers, formatHeader, formatJsonUpdate, formatUpdate, powers, runWatch } from '../../src/cli/commands/watch.js';
 import { formatHostDomainTable, hostDomainRows } from '../../src/cli/commands/stats.js';

@@ -2,10 +2,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
-import { replayFile } from '../../trace/replay-file.js';
 import { formatProblems, formatTable, intervalJsonLine, totalJsonLine } from '../../ratio/replay-report.js';
 import type { IntervalResult } from '../../ratio/outputs.js';
-import type { ScanProgress } from '../../trace/reader.js';
+import { replayFile, type ScanProgress } from '../../trace/reader.js';
 import { ProgressLine } from '../progress.js';
 import { findPackage } from '../../os/package-info.js';
 import { cannot } from '../../common/errors.js';

@@ -8,7 +8,8 @@ import { inheritFromEnvironment } from './systemd.js';
 import { KEEPER_ENV, KEEPER_FIRST_FD, type KeeperImage } from '../../keeper/keeper-messages.js';
 import { openStart } from './startup.js';
 import { DAEMON_CHILD_ENV, isDaemonChild } from './daemonize.js';
-import { daemonArgv, reexecDropped } from '../../os/privileges/reexec.js';
+import { daemonArgv, reexecInPlace } from '../../os/privileges/reexec.js';
+import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { cannot } from '../../common/errors.js';
 
 /** KEEPER_ENV.image for the keeper's image: what the start opened, and how each serving process finds it. */
@@ -27,7 +28,7 @@ function keeperImageEnv(inherited: Inherited, level: string): Record<string, str
 /** The first image's start: the steps (on failure undone, the step's error thrown), then the re-exec, into the daemon or the keeper. Returns only by throwing. */
 export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
   const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
-  // The exec that carries it is reexecDropped's: the new image starts with its privileges dropped.
+  // dropped: the exec below starts the new image with its privileges dropped.
   const inherited: Inherited = { ...opened.handover('reexec'), dropped: true };
   const keep = inheritedFds(inherited);
   const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);
@@ -40,14 +41,13 @@ export async function startPrivileged(config: DaemonConfig, writeFiles: readonly
   // The re-exec passes only allowlisted variables (os/privileges/reexec.ts): -d's marker is named here.
   if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
   try {
-    reexecDropped(
-      {
-        ...(config.uid !== undefined ? { uid: config.uid, realUidRoot: keeper !== undefined } : {}),
-        ...(config.gid !== undefined ? { gid: config.gid } : {}),
-      },
-      keep,
-      env,
-    );
+    // Dropped on the main thread, then exec: every thread of the new image has every capability set 0,
+    // NoNewPrivs 1 and the asked uid/gid.
+    dropPrivileges({
+      ...(config.uid !== undefined ? { uid: config.uid, realUidRoot: keeper !== undefined } : {}),
+      ...(config.gid !== undefined ? { gid: config.gid } : {}),
+    });
+    reexecInPlace(keep, env);
   } catch (e) {
     await opened.close();
     throw new Error(cannot(`drop privileges`, (e as Error).message));

@@ -1,5 +1,7 @@
-/** Host energy for HOST_UPDATE: per package since sampling started, its energy and the part no VM got. */
+/** Host energy for HOST_UPDATE: per package since sampling started, its energy and the part no VM got; the daemon-wide counters it carries. */
 import type { HostValues, DaemonCounters } from '../../protocol/v2/codec.js';
+import type { LegacyCounters } from '../legacy/legacy-service.js';
+import type { SamplingStats } from '../../sampling/sampling-service.js';
 import type { OtherDomain } from '../../model/domains.js';
 import { microjoules, type PackageInterval } from '../../ratio/outputs.js';
 
@@ -115,4 +117,29 @@ export class HostEnergy {
 function addInterval(k: { energyJ: number; unattributedJ: number }, i: { energyJ: number; attributedJ: number }): void {
   k.energyJ += i.energyJ;
   k.unattributedJ += Math.max(0, i.energyJ - i.attributedJ);
+}
+
+/** Daemon-wide health counters HOST_UPDATE carries (legacy requests, connections). */
+export interface HealthSource {
+  legacy: LegacyCounters;
+  connections(): number;
+}
+
+/** HOST_UPDATE's stats; without a health source (the v2 service alone) legacy counts 0, connections the v2 ones. */
+export function daemonCounters(
+  health: HealthSource | undefined,
+  sampling: SamplingStats,
+  v2Connections: number,
+  vms: number,
+): DaemonCounters {
+  return {
+    legacyOk: BigInt(health?.legacy.ok ?? 0),
+    legacyRefused: BigInt(health?.legacy.refused ?? 0),
+    legacyFailed: BigInt(health?.legacy.failed ?? 0),
+    lastSampleDurationNs: sampling.lastDurationNs,
+    samples: BigInt(sampling.samples),
+    sampleFailures: BigInt(sampling.failures),
+    connections: health ? health.connections() : v2Connections,
+    vms,
+  };
 }

@@ -17,9 +17,8 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import type { Discovery } from './discovery.js';
-import { daemonCounters, type HealthSource } from './daemon-counters.js';
 import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
-import { HostEnergy } from './host-energy.js';
+import { daemonCounters, HostEnergy, type HealthSource } from './host-energy.js';
 import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
@@ -68,7 +67,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   notWhole?: (pid: number) => NotWhole | null;
   /** Do not scan until startDiscovery() (the daemon starts it once privileges are dropped). */
   deferDiscovery?: boolean;
-  /** Sends a reply with fds in one sendmsg with SCM_RIGHTS (socket-fd-sender.ts). */
+  /** Sends a reply with fds in one sendmsg with SCM_RIGHTS (assemble.ts). */
   sendWithFds?: SendWithFds;
   /** A previous process's snapshot(); when refused the service starts fresh and `restored` says why (docs/daemon.md "Restart state"). */
   restore?: StateSnapshot;

@@ -16,7 +16,7 @@ const PR_SET_SECUREBITS = 28;
 /** SECBIT_NOROOT and NO_CAP_AMBIENT_RAISE on, KEEP_CAPS off, each locked: an exec by uid 0 gains nothing, nothing goes ambient. */
 const LOCKED_SECUREBITS = 0x01 | 0x02 | 0x20 | 0x40 | 0x80;
 
-export interface DropOptions {
+interface DropOptions {
   uid?: number;
   gid?: number;
   /**

@@ -8,7 +8,7 @@ import { capget } from '../libc/capability-calls.js';
 import { keepAcrossExec } from '../libc/fds.js';
 import { execve, ignoreSignal, restoreSignalAction } from '../libc/processes.js';
 import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
-import { CAP_SETPCAP, dropPrivileges, type DropOptions } from './capabilities.js';
+import { CAP_SETPCAP } from './capabilities.js';
 
 /** Node flags the re-executed daemon starts with unless given them already (docs/performance.md). */
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--v8-pool-size=1'];
@@ -67,7 +67,7 @@ export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, strin
   return out;
 }
 
-/** Set in the environment of the image re-executed by reexecDropped, so it never loops. */
+/** Set in the environment of the image re-executed by reexecInPlace, so it never loops. */
 const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
 
 /**
@@ -82,15 +82,6 @@ export function reexecBlocker(): string | null {
   if (process.getuid?.() !== 0) return 'not root';
   if ((capget().effective & (1n << BigInt(CAP_SETPCAP))) === 0n) return 'no CAP_SETPCAP to empty the bounding set';
   return null;
-}
-
-/**
- * dropPrivileges on the main thread, then exec: every thread of the new image has every capability
- * set 0, NoNewPrivs 1 and the asked uid/gid. As reexecInPlace otherwise. Returns only by throwing.
- */
-export function reexecDropped(o: DropOptions, keepFds: readonly number[], env: Record<string, string>): never {
-  dropPrivileges(o);
-  return reexecInPlace(keepFds, env);
 }
 
 const SIGHUP = 1;

@@ -1,8 +1,7 @@
 /** HostEnergy: per-package totals for HOST_UPDATE, plain numbers in and out, no sockets. */
 import { describe, expect, it } from 'vitest';
-import { HostEnergy } from '../../../src/helper/v2/host-energy.js';
+import { daemonCounters, HostEnergy } from '../../../src/helper/v2/host-energy.js';
 import type { DaemonCounters } from '../../../src/protocol/v2/codec.js';
-import { daemonCounters } from '../../../src/helper/v2/daemon-counters.js';
 
 const stats: DaemonCounters = daemonCounters(
   undefined,

@@ -1,5 +1,5 @@
 /**
- * The daemon's sender of replies with fds (socket-fd-sender.ts) on a real Unix socket: a V2Connection
+ * The daemon's sender of replies with fds (assemble.ts) on a real Unix socket: a V2Connection
  * answers a request with a frame and an fd, and a python3 client receives both with recvmsg(2) and
  * writes through the fd it got; the daemon's copy is released once sent.
  */
@@ -12,7 +12,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
 import { V2Connection } from '../../../src/helper/v2/connection.js';
-import { sendWithFdsOnSocket } from '../../../src/helper/v2/socket-fd-sender.js';
+import { sendWithFdsOnSocket } from '../../../src/helper/assemble.js';
 import { peerOf } from '../../../src/os/peer.js';
 import { missing } from '../../support/env.js';
 
