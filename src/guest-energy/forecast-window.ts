@@ -24,7 +24,7 @@ interface ForecastInput {
 }
 
 /** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
-function perPackage(vcpus: readonly VcpuForecast[]): Map<number, { ticks: number; ran: number; vcpus: number }> {
+function perPackage(vcpus: readonly VcpuForecast[]) {
   const out = new Map<number, { ticks: number; ran: number; vcpus: number }>();
   for (const v of vcpus) {
     let f = out.get(v.pkg);
