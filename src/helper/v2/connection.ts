@@ -1,9 +1,7 @@
 /**
- * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame gets ERROR 1 and
- * a close (docs/protocol.md); a bad request gets its ERROR and the connection goes on. A client that
- * lets more than `maxBacklogBytes` pile up unread is disconnected (exceedsBacklog; docs/protocol-v2.md
- * "Limits"). A reply with fds leaves in one sendmsg once nothing is queued before it; the frames
- * after it wait, so the client reads them in order.
+ * One v2 client: bytes in -> frames -> requests -> replies, in order. A broken frame gets ERROR 1 and a
+ * close; a bad request its ERROR (docs/protocol.md). Past `maxBacklogBytes` unread it is disconnected
+ * (docs/protocol-v2.md "Limits"). A reply with fds leaves in one sendmsg once nothing is queued before it.
  */
 import type net from 'node:net';
 import type { Logger } from 'pino';
@@ -21,14 +19,13 @@ export interface ConnectionHost {
   readonly maxBacklogBytes: number;
   /** Replies unsent past which the client's requests wait, unread (default DEFAULT_MAX_PENDING_REPLY_BYTES, as legacy's). */
   readonly maxPendingReplyBytes?: number;
-  /** The reply to a valid request (one frame, and maybe fds). */
   request(conn: V2Connection, req: ClientRequest): Reply;
   /** Sends a reply that carries fds; without it such a reply closes the connection. */
   readonly sendWithFds?: SendWithFds;
   /** The connection is gone: drop its VMs. Called once. */
   closed(conn: V2Connection): void;
   /** Rate limit of what clients can make the service log. */
-  readonly limiter?: LogLimiter;
+  readonly limiter: LogLimiter;
 }
 
 /** v2 requests answered per turn of the event loop, all connections together (legacy ones not counted): Node accepts one connection per turn (docs/security.md "The socket's group locking QEMU out"). */
@@ -117,11 +114,10 @@ export class V2Connection {
     if (!this.open) return this.drop(reply);
     const backlog = this.socket.writableLength + this.waitingBytes;
     const allowance = this.burst === null ? this.lastBurst : this.burst + reply.frame.length;
-    if (exceedsBacklog(backlog + reply.frame.length, allowance, this.host.maxBacklogBytes)) {
+    // The slow-reader rule: unsent bytes past the limit plus one sample's burst (the batch running now, or else the last one).
+    if (backlog + reply.frame.length > this.host.maxBacklogBytes + allowance) {
       const o = { conn: this.id, peerPid: this.peer.pid, backlog, sampleBytes: allowance, limit: this.host.maxBacklogBytes };
-      const msg = 'v2 client does not read its socket; disconnecting it';
-      if (this.host.limiter) this.host.limiter.warn('v2 backlog', o, msg);
-      else this.log.warn(o, msg);
+      this.host.limiter.warn('v2 backlog', o, 'v2 client does not read its socket; disconnecting it');
       this.destroy();
       return this.drop(reply);
     }
@@ -139,7 +135,7 @@ export class V2Connection {
     return true;
   }
 
-  /** Runs `fn` corked, so one sample's UPDATEs take one system call; its bytes are one sample's burst (exceedsBacklog). */
+  /** Runs `fn` corked, so one sample's UPDATEs take one system call; its bytes are one sample's burst (sendReply). */
   batch(fn: () => void): void {
     const outer = this.burst;
     if (outer === null) this.burst = 0;
@@ -158,13 +154,8 @@ export class V2Connection {
   /** Sends a last ERROR, then closes. */
   fail(code: number, requestType: number, message: string): void {
     if (!this.open) return;
-    if (this.host.limiter)
-      this.host.limiter.info(
-        'v2 protocol error',
-        { conn: this.id, peerPid: this.peer.pid, code, requestType, message },
-        'v2 protocol error; closing',
-      );
-    else this.log.info({ code, requestType, message }, 'v2 protocol error; closing');
+    const o = { conn: this.id, peerPid: this.peer.pid, code, requestType, message };
+    this.host.limiter.info('v2 protocol error', o, 'v2 protocol error; closing');
     this.send(encodeError(code, requestType, message));
     this.closing = true;
     if (this.waiting !== null) this.endWhenSent = true;
@@ -320,11 +311,6 @@ export class V2Connection {
       this.log.error({ err: (e as Error).stack }, 'v2 reply fds release failed');
     }
   }
-}
-
-/** The slow-reader rule: a frame that takes the unsent bytes past `limit` plus one sample's burst (the batch running now, or else the last one). */
-function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
-  return after > limit + allowance;
 }
 
 function hasFds(r: Reply): r is Reply & { fds: readonly number[] } {

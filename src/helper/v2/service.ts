@@ -75,10 +75,7 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
   restoreWaitMs?: number;
   /** --guest-dir: each VM's powercap-shaped tree and statistics file in DIR/<uuid>/ (docs/guest.md); absent: none. */
   guestDir?: string;
-  /**
-   * --guest-energy exact (guest-energy.ts; absent: raw). `answer` binds QEMU's requests to it and says
-   * which QEMUs were answered 0 meanwhile (the restore resynchronises those).
-   */
+  /** --guest-energy exact (absent: raw); `answer` binds QEMU's requests to it, saying which were answered 0 meanwhile (resynchronised). */
   guestEnergy?: Pick<GuestEnergyOptions, 'maxThreads' | 'log' | 'heldFds' | 'ledger' | 'maxPeers'> & {
     preferredGroups?: readonly number[];
     answer?: (guest: GuestEnergy) => ReadonlyMap<number, bigint>;
@@ -88,9 +85,6 @@ export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' 
 }
 
 const RESTARTING_MESSAGE = 'the helper restarts: reconnect, and REGISTER the same process again to keep its vm_id and totals';
-
-/** The parts the service owns (docs/daemon.md "Inside the v2 service"). */
-type V2Parts = ReturnType<typeof makeParts>;
 
 /** The service, restored from `restore` in slices (restore.ts; docs/daemon.md "Where the time goes"). */
 export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
@@ -115,7 +109,7 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
     log: o.log,
     ...(o.discovery ? { discovery: o.discovery } : {}),
     ...(o.restoreWaitMs !== undefined ? { waitMs: o.restoreWaitMs } : {}),
-    build: (plan) => makeParts(o, engine, sampling, new VmRegistry(o.limits, proc, o.fds), plan),
+    build: (plan) => makeParts(o, sampling, new VmRegistry(o.limits, proc, o.fds), plan),
     ...(o.guestEnergy?.answer ? { answerGuestEnergy: o.guestEnergy.answer } : {}),
   });
   const service = new V2Service(o, parts, report, waiting);
@@ -159,14 +153,13 @@ function makeStatsFiles(
 function exactGuestEnergy(
   o: V2ServiceOptions,
   g: NonNullable<V2ServiceOptions['guestEnergy']>,
-  engine: RatioEngine,
   registry: VmRegistry,
   sampling: SamplingService,
 ): GuestEnergy {
   return new GuestEnergy({
     procRoot: o.procRoot,
     host: o.host,
-    unitJ: joulesPerCounterUnit(engine.guestPowerUnit),
+    unitJ: joulesPerCounterUnit(sampling.engine.guestPowerUnit),
     find: (pid) => guestVmOf(registry, sampling, pid),
     findAll: (pids) => guestVmsOf(registry, sampling, pids),
     clock: monotonicNs,
@@ -197,7 +190,7 @@ function powerLimiter(o: V2ServiceOptions, pl: NonNullable<V2ServiceOptions['pow
 }
 
 /** Each part once, from the restore plan when there is one. */
-function makeParts(o: V2ServiceOptions, engine: RatioEngine, sampling: SamplingService, registry: VmRegistry, from: RestorePlan | null) {
+function makeParts(o: V2ServiceOptions, sampling: SamplingService, registry: VmRegistry, from: RestorePlan | null) {
   if (from !== null) registry.restore(from.registry);
   const clients = new Clients<V2Connection>((on) => sampling.hold('host subscriber', on), from?.nextConnId ?? 1);
   const fanOut = new FanOut(clients);
@@ -225,7 +218,7 @@ function makeParts(o: V2ServiceOptions, engine: RatioEngine, sampling: SamplingS
   const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
-  const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, engine, registry, sampling);
+  const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, registry, sampling);
   const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy, limits?.limiter);
   const guests =
     o.guestDir === undefined
@@ -245,7 +238,6 @@ function makeParts(o: V2ServiceOptions, engine: RatioEngine, sampling: SamplingS
     limits,
   };
   return {
-    engine,
     registry,
     sampling,
     clients,
@@ -258,7 +250,6 @@ function makeParts(o: V2ServiceOptions, engine: RatioEngine, sampling: SamplingS
     guests,
     guestEnergy,
     powerLimits: limits?.limiter,
-    /** --power-limits FILE, as read at this start. */
     limitsFile,
     requests,
     hostValues,
@@ -269,10 +260,10 @@ function makeParts(o: V2ServiceOptions, engine: RatioEngine, sampling: SamplingS
 
 /** The v2 service: its connections, its parts, the per-sample flow, and freeze()/snapshot() for a restart. */
 export class V2Service {
-  /** The server hands it every connection that starts with the v2 magic. */
+  /** Takes every connection that starts with the v2 magic. */
   readonly handler: V2Handler;
   private closed = false;
-  /** While restarting: connections closed keep their registrations (the snapshot carries them). */
+  /** Connections closed while restarting keep their registrations (the snapshot carries them). */
   private restarting = false;
   private readonly orphaned: number[] = [];
   /** Where the live state goes after each sample (checkpointTo); null: nowhere. */
@@ -283,7 +274,7 @@ export class V2Service {
 
   constructor(
     private readonly o: V2ServiceOptions,
-    private readonly p: V2Parts,
+    private readonly p: ReturnType<typeof makeParts>,
     /** null: made without `restore`; otherwise what the restore kept aside, or why it was refused. */
     readonly restored: Result<RestoreReport> | null,
     /** The release of restored registrations still waiting for their connection. */
@@ -414,10 +405,10 @@ export class V2Service {
 
   /** The live state for the next process, taken between samples; throws when a value breaks the snapshot's rules. */
   snapshot(): StateSnapshot {
-    const { registry, sampling, energy, engine, guestEnergy, powerLimits } = this.p;
+    const { registry, sampling, energy, guestEnergy, powerLimits } = this.p;
     const state = capture(
       { registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) },
-      engine.guestPowerUnit,
+      sampling.engine.guestPowerUnit,
     );
     const limits = powerLimits?.state() ?? [];
     return { ...state, ...(guestEnergy ? { guest: guestEnergy.state() } : {}), ...(limits.length > 0 ? { limits } : {}) };

@@ -20,7 +20,7 @@ import {
 import { tickExponent, type VmStatsShape } from '../../protocol/stats/vm-file.js';
 import { E, type HostValues } from '../../protocol/v2/codec.js';
 import type { SampleEvent, SamplingService } from '../../sampling/sampling-service.js';
-import { emptyVmTotals, type VmTotals } from '../../ratio/outputs.js';
+import { emptyVmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { VmStatsFile, type FinishCause, type VmStatsCopy, type VmStatsReads } from './vm-stats-file.js';
 
@@ -67,13 +67,6 @@ export class StatsFiles {
   private vmChanges = 0n;
 
   constructor(private readonly p: StatsFilesParts) {}
-
-  /** Files the daemon holds open now (one fd each: the guests' copies hold none). */
-  get open(): number {
-    let n = this.host ? 1 : 0;
-    for (const f of this.vms.values()) if (f.file !== null) n++;
-    return n;
-  }
 
   /** VM `vmId`'s memfd (STATS_FD), made now if it has none; the caller checked the peer may see it. */
   vm(vmId: number): Result<PublishedFile, StatsRefusal> {
@@ -138,7 +131,8 @@ export class StatsFiles {
     if (ev.result && this.vms.size > 0) {
       for (const v of ev.result.vms) this.vms.get(v.vmId)?.setInterval(v, ev.result.dtS, dtNs);
     }
-    for (const f of this.vms.values()) if (!f.final) this.writeVm(f);
+    // A vCPU list that changed shape ends the file; the next STATS_FD (or guest copy) makes one that fits.
+    for (const f of this.vms.values()) if (!f.final && !f.write()) this.release(f, 'replaced');
     if (this.host) this.writeHost();
   }
 
@@ -164,7 +158,18 @@ export class StatsFiles {
     const r = this.p.registry.get(vmId);
     const now = emptyVmTotals();
     if (!r || !this.p.sampling.engine.totalsInto(vmId, now)) return null;
-    const f = new VmStatsFile(vmId, this.shapeOf(vmId, r.pid, r.name, now), {
+    const shape: VmStatsShape = {
+      hostVmId: vmId,
+      pid: r.pid,
+      name: r.name,
+      nvpkg: Math.max(1, now.energyUj.length),
+      nvcpu: Math.max(1, now.vcpus.length),
+      tickExponent: tickExponent(this.p.clkTck),
+      domains: now.domains.map((d) => d.domain),
+      guest: this.p.guest !== undefined,
+      powerLimit: this.p.powerLimit !== undefined,
+    };
+    const f = new VmStatsFile(vmId, shape, {
       sampling: this.p.sampling,
       realtimeOf: (tNs) => this.realtimeOf(tNs),
       nextOf: (tNs) => this.nextOf(tNs),
@@ -196,21 +201,6 @@ export class StatsFiles {
     if (this.vms.get(f.vmId) === f) this.vms.delete(f.vmId);
   }
 
-  /** The file's shape for a VM whose totals are `now`. */
-  private shapeOf(vmId: number, pid: number, name: string | null, now: VmTotals): VmStatsShape {
-    return {
-      hostVmId: vmId,
-      pid,
-      name,
-      nvpkg: Math.max(1, now.energyUj.length),
-      nvcpu: Math.max(1, now.vcpus.length),
-      tickExponent: tickExponent(this.p.clkTck),
-      domains: now.domains.map((d) => d.domain),
-      guest: this.p.guest !== undefined,
-      powerLimit: this.p.powerLimit !== undefined,
-    };
-  }
-
   private make(name: string, bytes: () => Buffer, what: string): Result<PublishedFile, StatsRefusal> {
     // Its own fd, and the reader's copy until the reply went out.
     const fit = this.p.fds?.canOpen?.(2, what);
@@ -224,13 +214,6 @@ export class StatsFiles {
         message: cannot(`make ${what}`, (e as Error).message, "raise the helper's open-file limit (LimitNOFILE=)"),
       });
     }
-  }
-
-  private writeVm(f: VmStatsFile): void {
-    if (!f.read()) return;
-    // The vCPU list changed shape: this file stops here; the next STATS_FD (or guest copy) makes one that fits.
-    if (!f.fits) return this.release(f, 'replaced');
-    f.write();
   }
 
   private writeHost(): void {

@@ -53,19 +53,8 @@ type ProcView = ReturnType<typeof procView>;
 
 export type RefusalReason = 'limit' | 'not-permitted' | 'process-gone';
 
-export interface Refusal {
-  reason: RefusalReason;
-  message: string;
-}
-
-export interface Admitted {
-  spec: VmSpec;
-  uid: number;
-  /** A discovered VM with the same process: the registration takes it over. */
-  attachTo?: number;
-}
-
-export type Admission = Result<Admitted, Refusal>;
+/** A REGISTER admitted (`attachTo`: a VM of the same process, discovered or restored, it takes over), or refused. */
+type Admission = Result<{ spec: VmSpec; uid: number; attachTo?: number }, { reason: RefusalReason; message: string }>;
 
 /** What LIST shows of a VM besides its energy. */
 interface VmMeta {
@@ -234,10 +223,6 @@ export class VmRegistry {
 
   get(vmId: number): VmRecord | undefined {
     return this.vms.get(vmId);
-  }
-
-  owns(owner: number, vmId: number): boolean {
-    return this.vms.get(vmId)?.owner === owner;
   }
 
   canSee(v: Viewer, vmId: number): boolean {

@@ -149,27 +149,23 @@ export class VmStatsFile {
     return c;
   }
 
-  /** The VM's totals now, read from the engine in place; false when the engine has no such VM. */
-  read(): boolean {
-    return this.p.sampling.engine.totalsInto(this.vmId, this.totals);
-  }
-
-  /** Whether the totals read() last read have the file's shape (count of vCPUs and virtual packages). */
-  get fits(): boolean {
-    const shape = this.slots.shape;
-    return this.totals.energyUj.length === shape.nvpkg && this.totals.vcpus.length === shape.nvcpu;
-  }
-
-  /** One sample's values into every copy: when the totals did not move (an idle interval, not exact mode), its times and power alone. */
-  write(): void {
-    const whole = this.totals.changes !== this.writtenAt || this.p.guest !== undefined;
+  /**
+   * One sample's values into every copy: when the totals did not move (an idle interval, not exact mode),
+   * its times and power alone. False, writing nothing, when the vCPUs or virtual packages no longer fit the file.
+   */
+  write(): boolean {
+    const t = this.totals;
+    if (!this.p.sampling.engine.totalsInto(this.vmId, t)) return true;
+    if (t.energyUj.length !== this.slots.shape.nvpkg || t.vcpus.length !== this.slots.shape.nvcpu) return false;
+    const whole = t.changes !== this.writtenAt || this.p.guest !== undefined;
     if (whole) this.refill();
     else this.refillTimes();
     const fill = whole ? this.fill : this.fillInterval;
     for (let i = 0; i < this.blocks.length; i++) this.blocks[i]!.write(fill);
     if (whole) for (const c of this.copies) c.valuesWritten++;
-    this.writtenAt = this.totals.changes;
-    if (this.totals.ended) this.final = true;
+    this.writtenAt = t.changes;
+    if (t.ended) this.final = true;
+    return true;
   }
 
   /** A VM's power over the interval (energy / measured length), per domain too, and the interval's length. */

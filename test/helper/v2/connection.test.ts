@@ -17,6 +17,7 @@ import type { Reply, SendWithFds } from '../../../src/helper/v2/reply.js';
 import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
 import { peerOf, socketFd } from '../../../src/os/peer.js';
 import { waitFor } from '../../support/wait.js';
+import { LogLimiter } from '../../../src/logging/log-limiter.js';
 
 const log = pino({ level: 'silent' });
 const cleanups: (() => void)[] = [];
@@ -33,7 +34,7 @@ interface Setup {
 }
 
 /** A V2Connection serving the accepted end of a real Unix socket; the client end starts paused when asked. */
-async function connect(host: Omit<ConnectionHost, 'closed'>, o: { paused?: boolean } = {}): Promise<Setup> {
+async function connect(host: Omit<ConnectionHost, 'closed' | 'limiter'>, o: { paused?: boolean } = {}): Promise<Setup> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-conn-'));
   const file = path.join(dir, 's');
   const srv = net.createServer({ pauseOnConnect: true });
@@ -46,7 +47,7 @@ async function connect(host: Omit<ConnectionHost, 'closed'>, o: { paused?: boole
   if (o.paused) client.pause();
   const socket = await accepted;
   const s: Setup = { conn: undefined as unknown as V2Connection, client, received: () => got, closedCalls: 0 };
-  s.conn = new V2Connection(1, socket, peerOf(socket), { ...host, closed: () => s.closedCalls++ }, log);
+  s.conn = new V2Connection(1, socket, peerOf(socket), { ...host, limiter: new LogLimiter(log), closed: () => s.closedCalls++ }, log);
   s.conn.start(Buffer.alloc(0));
   cleanups.push(() => {
     client.destroy();

@@ -14,6 +14,7 @@ import { encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
 import { V2Connection } from '../../../src/helper/v2/connection.js';
 import { sendWithFdsOnSocket } from '../../../src/helper/assemble.js';
 import { peerOf } from '../../../src/os/peer.js';
+import { LogLimiter } from '../../../src/logging/log-limiter.js';
 import { missing } from '../../support/env.js';
 
 const log = pino({ level: 'silent' });
@@ -50,6 +51,7 @@ describe('sendWithFdsOnSocket', () => {
         peerOf(socket),
         {
           maxBacklogBytes: 1 << 20,
+          limiter: new LogLimiter(log),
           sendWithFds: sendWithFdsOnSocket,
           request: () => ({ frame: encodeOk(7), fds: [fd], release: () => (released++, fs.closeSync(fd)) }),
           closed: () => {},

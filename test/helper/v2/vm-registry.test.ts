@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
-import { VmRegistry, procView, type Admission, type Admitted, type Refusal } from '../../../src/helper/v2/vm-registry.js';
+import { VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
 import { DEFAULT_V2_LIMITS, type V2Limits } from '../../../src/helper/v2/v2-limits.js';
 import { fail } from '../../../src/common/result.js';
 import { startChild, threadsOf, type TestChild } from '../../v2/harness.js';
@@ -39,12 +39,14 @@ const myVcpus = () =>
     .slice(0, 1)
     .map((tid) => ({ tid, vpkg: 0 }));
 
-function admitted(a: Admission): Admitted {
+type Admission = ReturnType<VmRegistry['admit']>;
+
+function admitted(a: Admission) {
   if (!a.ok) throw new Error(`refused: ${a.error.message}`);
   return a.value;
 }
 
-function refused(a: Admission): Refusal {
+function refused(a: Admission) {
   if (a.ok) throw new Error('admitted');
   return a.error;
 }

@@ -49,7 +49,7 @@ export const HANDLERS: HandlerTable = {
   [T.REGISTER]: register,
   // READ: one virtual package of a VM this connection registered.
   [T.READ]: (req, conn, p) => {
-    if (!p.registry.owns(conn.id, req.vmId)) return refusal(E.NO_SUCH, T.READ, `no VM ${req.vmId} on this connection`);
+    if (p.registry.get(req.vmId)?.owner !== conn.id) return refusal(E.NO_SUCH, T.READ, `no VM ${req.vmId} on this connection`);
     const out = p.sampling.engine.output(req.vmId);
     const v = out?.vpkgs[req.vpkg];
     if (!out || !v)
@@ -60,7 +60,7 @@ export const HANDLERS: HandlerTable = {
   },
   // SUBSCRIBE: an UPDATE now (the acknowledgment; an ended VM gets only this one), then one per sample, of a VM this connection registered.
   [T.SUBSCRIBE]: (req, conn, p) => {
-    if (!p.registry.owns(conn.id, req.vmId)) return refusal(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId} on this connection`);
+    if (p.registry.get(req.vmId)?.owner !== conn.id) return refusal(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId} on this connection`);
     const u = currentUpdate(p.sampling.engine, req.vmId);
     if (!u) return refusal(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId}`);
     if (!u.ended) watch(conn, req.vmId, req.domains);
@@ -68,7 +68,7 @@ export const HANDLERS: HandlerTable = {
   },
   // UNREGISTER: the connection lets go of a VM it registered (VmLifecycle.release).
   [T.UNREGISTER]: (req, conn, p) => {
-    if (!p.registry.owns(conn.id, req.vmId)) return refusal(E.NO_SUCH, T.UNREGISTER, `no VM ${req.vmId} on this connection`);
+    if (p.registry.get(req.vmId)?.owner !== conn.id) return refusal(E.NO_SUCH, T.UNREGISTER, `no VM ${req.vmId} on this connection`);
     unwatch(conn, req.vmId);
     p.lifecycle.release(req.vmId);
     conn.log.info({ vmId: req.vmId }, 'v2 VM unregistered');
