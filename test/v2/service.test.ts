@@ -4,7 +4,7 @@ import { spawn } from 'node:child_process';
 import { afterEach, describe, expect, it } from 'vitest';
 import { helperMessages } from '../support/helper-messages.js';
 import { V2Client } from '../../src/client/v2-client.js';
-import { V2Error, type Update } from '../../src/client/v2-replies.js';
+import { V2Error, type HostUpdate, type Update } from '../../src/client/v2-replies.js';
 import { E, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe } from '../../src/protocol/v2/codec.js';
 import { isRoot } from '../support/env.js';
 import { POWER_UNIT, RawClient, startChild, startHarness, threadsOf, until, type Harness } from './harness.js';
@@ -119,6 +119,26 @@ describe('v2 service on a real socket', () => {
     expect(writes).toEqual([16 + 16 + 12]);
     expect([v0.vpkg, v1.vpkg]).toEqual([0, 1]);
     expect(h.service.vms).toBe(0);
+  });
+
+  it('HOST_UPDATE says VMs changed in the one sample after a VM came or went', async () => {
+    const h = await harness({ intervalMs: 30 });
+    const c = await client(h);
+    const host: HostUpdate[] = [];
+    expect((await c.subscribeHost((u) => host.push(u))).vmsChanged).toBe(false);
+    await until(() => host.length >= 2, 3000, 'host updates');
+    expect(host.some((u) => u.vmsChanged)).toBe(false);
+    // The flag once, in the first sample after the change, then not in the two after it.
+    const once = async <T>(change: () => Promise<T>): Promise<T> => {
+      const n = host.length;
+      const out = await change();
+      const flagged = () => host.slice(n).findIndex((u) => u.vmsChanged);
+      await until(() => flagged() >= 0 && host.length - n - flagged() >= 3, 3000, 'two updates after the change');
+      expect(host.slice(n).filter((u) => u.vmsChanged)).toHaveLength(1);
+      return out;
+    };
+    const r = await once(() => c.register({ vcpus: self() }));
+    await once(() => c.unregister(r.vmId));
   });
 
   it("another connection's VM is not visible (ERROR 3)", async () => {

@@ -2,15 +2,14 @@
  * The VMs the /proc scan finds become VMs of the service, when their threads fit the fd budget (else
  * deferred, offered again later); a registered process only gains its name and UUID.
  */
-import type { Logger } from 'pino';
 import type { DiscoveredVm } from '../../discovery/scanner.js';
 import type { Sample } from '../../model/sample.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';
 import type { Discovery } from './discovery.js';
 import { runInSlices } from '../../sampling/time-slices.js';
-import type { FdAdmitter, VmRecord, VmRegistry } from './vm-registry.js';
+import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
-import { vmLogFields, vmLogLimiter } from './vm-log.js';
+import { vmLogFields } from './vm-log.js';
 
 interface DiscoveredVmsParts {
   discovery: Pick<Discovery, 'scanSteps' | 'refine' | 'defer'>;
@@ -19,21 +18,17 @@ interface DiscoveredVmsParts {
   fds?: FdAdmitter;
   /** Opens what sampling the pid needs (ProcTaskReader.read); throws when it cannot (the VM is deferred). */
   openPid?: (pid: number) => void;
-  log: Logger;
-  /** The limiter of the VM lines (vm-log.ts); one of its own on `log` when not given. */
-  vmLog?: LogLimiter;
-  /** A VM arrived or changed what LIST shows of it (VmLifecycle.markChanged). */
+  /** The limiter of the VM lines (vm-log.ts). */
+  vmLog: LogLimiter;
+  /** A VM arrived or changed what LIST shows of it (VmLifecycle.changed). */
   changed(): void;
 }
 
 export class DiscoveredVms {
   /** pids of VMs not admitted, so the warning is logged once per VM. */
   private readonly deferred = new Set<number>();
-  private readonly vmLog: LogLimiter;
 
-  constructor(private readonly p: DiscoveredVmsParts) {
-    this.vmLog = p.vmLog ?? vmLogLimiter(p.log);
-  }
+  constructor(private readonly p: DiscoveredVmsParts) {}
 
   /** Before each sample: the scan in slices, clients served between them; resolves once done (or `stopped`). */
   async scanInSlices(stopped: () => boolean): Promise<void> {
@@ -61,7 +56,7 @@ export class DiscoveredVms {
     if (err !== null) {
       this.p.discovery.defer(d.pid);
       if (!this.deferred.has(d.pid))
-        this.vmLog.warn('VM discovered but not sampled', { vm: vmLogFields(d), err }, 'VM discovered but not sampled');
+        this.p.vmLog.warn('VM discovered but not sampled', { vm: vmLogFields(d), err }, 'VM discovered but not sampled');
       this.deferred.add(d.pid);
       return;
     }
@@ -71,12 +66,13 @@ export class DiscoveredVms {
     registry.addDiscovered(vmId, d.pid, d.starttime, d.uid, meta);
     this.p.changed();
     const seen = { vmId, vm: vmLogFields(d), vcpus: d.vcpus.length, nvpkg: sampling.engine.nvpkg(vmId), wholeVmOnly: d.wholeVmOnly };
-    this.vmLog.info('VM discovered', d.problems.length > 0 ? { ...seen, problems: d.problems } : seen, 'VM discovered');
+    this.p.vmLog.info('VM discovered', d.problems.length > 0 ? { ...seen, problems: d.problems } : seen, 'VM discovered');
   }
 
   /** Each sample, before the engine: new vCPU threads of discovered VMs, from their stat lines. */
   refine(s: Sample): void {
-    for (const r of this.liveDiscovered()) {
+    for (const r of this.p.registry.all()) {
+      if (!r.discovered || !r.live) continue;
       const lines = s.tasks.get(r.pid);
       if (lines === undefined) continue;
       const c = this.p.discovery.refine(r.pid, lines);
@@ -86,11 +82,5 @@ export class DiscoveredVms {
       if (r.wholeVmOnly !== c.wholeVmOnly) this.p.changed();
       r.wholeVmOnly = c.wholeVmOnly;
     }
-  }
-
-  private liveDiscovered(): VmRecord[] {
-    const out: VmRecord[] = [];
-    for (const r of this.p.registry.all()) if (r.discovered && r.live) out.push(r);
-    return out;
   }
 }

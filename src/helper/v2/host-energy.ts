@@ -12,12 +12,9 @@ interface PackageTotals {
   unattributedJ: number;
 }
 
-/** One other RAPL domain's totals on one package since sampling started (J); psys under the package it is read on. */
-interface DomainTotals {
-  pkg: number;
+/** The same of one other RAPL domain on one package; psys under the package it is read on. */
+interface DomainTotals extends PackageTotals {
   domain: OtherDomain;
-  energyJ: number;
-  unattributedJ: number;
 }
 
 export interface HostEnergyState {
@@ -72,12 +69,7 @@ export class HostEnergy {
     return t;
   }
 
-  /** The other domains' totals since sampling started, per package and domain (copies). */
-  domains(): DomainTotals[] {
-    return this.domainTotals.map((d) => ({ ...d }));
-  }
-
-  /** The same in floored µJ, as the package's are given (the host statistics file's `<domain>_energy`, HOST_UPDATE's domain block). */
+  /** The other domains' totals in floored µJ, as the package's are given (the host statistics file's `<domain>_energy`, HOST_UPDATE's domain block). */
   domainsUj(): { pkg: number; domain: OtherDomain; energyUj: bigint; unattributedUj: bigint }[] {
     return this.domainTotals.map((d) => ({
       pkg: d.pkg,
@@ -108,7 +100,7 @@ export class HostEnergy {
 
   state(): HostEnergyState {
     const out: HostEnergyState = { tNs: this.tNs, packages: [...this.totals].map(([pkg, k]) => ({ pkg, ...k })) };
-    if (this.domainTotals.length > 0) out.domains = this.domains();
+    if (this.domainTotals.length > 0) out.domains = this.domainTotals.map((d) => ({ ...d }));
     return out;
   }
 }

@@ -13,14 +13,9 @@ export interface Reply {
   readonly release?: () => void;
 }
 
-/** A reply of one frame and no fds. */
-export function frameReply(frame: Buffer): Reply {
-  return { frame };
-}
-
 /** An ERROR reply to a request of type `type`. */
 export function refusal(code: number, type: number, message: string): Reply {
-  return frameReply(encodeError(code, type, message));
+  return { frame: encodeError(code, type, message) };
 }
 
 /**

@@ -85,7 +85,7 @@ async function restoreParts(plan: RestorePlan, p: RestoredParts, o: RestoreFrom<
   for (const e of plan.ended)
     o.log.warn({ vmId: e.hostVmId, pid: e.pid, why: e.why }, 'restored VM ended: its process did not survive the restart');
   if (plan.rebaseline !== null) o.log.warn({ why: plan.rebaseline }, 'restored totals kept, the restart gap is not attributed');
-  if (plan.ended.length > 0) p.lifecycle.markChanged();
+  if (plan.ended.length > 0) p.lifecycle.changed = true;
   let waitTimer: NodeJS.Timeout | undefined;
   if (p.registry.awaitingConnection().length > 0) {
     waitTimer = setTimeout(() => {
@@ -116,7 +116,7 @@ async function adoptDiscovered(plan: RestorePlan, p: RestoredParts, discovery: D
     if (r === undefined || r.owner !== null || c === null) return;
     if (JSON.stringify(c.vcpus) !== savedVcpus.get(d.hostVmId)) {
       p.sampling.engine.updateVcpus(d.hostVmId, c.vcpus);
-      p.lifecycle.markChanged();
+      p.lifecycle.changed = true;
     }
     r.wholeVmOnly = c.wholeVmOnly;
   });

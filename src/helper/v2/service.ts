@@ -24,7 +24,7 @@ import { FanOut } from './fan-out.js';
 import { StatsFiles } from './stats-files.js';
 import { monotonicNs, type TickInfo } from '../../sampling/tick-loop.js';
 import { DiscoveredVms } from './discovered-vms.js';
-import { WholeVms } from './whole-vms.js';
+import { checkWhole } from './whole-vms.js';
 import type { NotWhole } from '../../os/proc-tasks.js';
 import { currentUpdate, type VmUpdateFrame } from './vm-update-frame.js';
 import { dispatch, HANDLERS } from './requests/table.js';
@@ -211,11 +211,11 @@ function makeParts(o: V2ServiceOptions, sampling: SamplingService, registry: VmR
   const vmLog = vmLogLimiter(o.log);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
   const limiter = new LogLimiter(o.log);
-  const changed = () => lifecycle.markChanged();
+  const changed = () => (lifecycle.changed = true);
   const discovered =
-    o.discovery &&
-    new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, log: o.log, vmLog, openPid: o.openPid, changed });
-  const whole = o.notWhole ? new WholeVms({ registry, notWhole: o.notWhole, limiter, changed }) : undefined;
+    o.discovery && new DiscoveredVms({ discovery: o.discovery, registry, sampling, fds: o.fds, vmLog, openPid: o.openPid, changed });
+  const notWhole = o.notWhole;
+  const whole = notWhole && (() => checkWhole({ registry, notWhole, limiter, changed }));
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
   const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, registry, sampling);
@@ -329,7 +329,7 @@ export class V2Service {
       energy.add(ev.tNs, ev.result?.packages ?? []);
       lifecycle.ended(ev.ended);
       lifecycle.age();
-      whole?.check();
+      whole?.();
       if (lifecycle.changed) this.applyLimitsFile();
       this.p.powerLimits?.sample(ev.result, ev.ended);
       this.checkpoint?.(this.liveState());
@@ -340,7 +340,7 @@ export class V2Service {
       stats.sample(ev, lifecycle.changed);
       guests?.sample();
       guestEnergy?.sampled();
-      lifecycle.clearChanged();
+      lifecycle.changed = false;
     } catch (e) {
       this.o.log.error({ err: (e as Error).message }, 'sample listener failed');
     }

@@ -23,24 +23,10 @@ interface VmLifecycleParts {
 }
 
 export class VmLifecycle {
-  /** A VM appeared, ended or was dropped since the last HOST_UPDATE. */
-  private vmsChanged = false;
+  /** A VM appeared, ended, was dropped or changed what LIST shows of it since the last HOST_UPDATE. */
+  changed = false;
 
   constructor(private readonly p: VmLifecycleParts) {}
-
-  get changed(): boolean {
-    return this.vmsChanged;
-  }
-
-  /** A VM arrived or changed what LIST shows of it. */
-  markChanged(): void {
-    this.vmsChanged = true;
-  }
-
-  /** HOST_UPDATE went out with the flag. */
-  clearChanged(): void {
-    this.vmsChanged = false;
-  }
 
   /** Drops a VM; whoever still watches it gets a last UPDATE with ENDED. */
   drop(vmId: number): void {
@@ -51,7 +37,7 @@ export class VmLifecycle {
     sampling.unregister(vmId);
     registry.remove(vmId);
     if (r?.discovered && r.live) this.p.discovery?.forget(r.pid);
-    this.vmsChanged = true;
+    this.changed = true;
   }
 
   /** A registrant lets go: a live discovered VM goes on (its vCPUs from thread names again), any other is dropped. */
@@ -63,7 +49,7 @@ export class VmLifecycle {
         this.p.sampling.engine.updateVcpus(vmId, c.vcpus);
         r.wholeVmOnly = c.wholeVmOnly;
       }
-      this.vmsChanged = true;
+      this.changed = true;
       return;
     }
     this.drop(vmId);
@@ -79,7 +65,7 @@ export class VmLifecycle {
       }
       this.p.registry.markEnded(vmId);
       if (r?.discovered) this.p.discovery?.forget(r.pid);
-      this.vmsChanged = true;
+      this.changed = true;
     }
   }
 

@@ -11,7 +11,7 @@ interface WholeVmsParts {
   /** The task reader's word on a pid (ProcTaskReader.notWhole). */
   notWhole: (pid: number) => NotWhole | null;
   limiter: Pick<LogLimiter, 'warn'>;
-  /** What LIST shows changed (VmLifecycle.markChanged). */
+  /** What LIST shows changed (VmLifecycle.changed). */
   changed(): void;
 }
 
@@ -21,24 +21,20 @@ const FIX: Record<NotWhole['why'], string> = {
   fds: 'the helper is out of file descriptors: raise its open-file limit (LimitNOFILE=, ulimit -n); sampled whole again once fds are free',
 };
 
-export class WholeVms {
-  constructor(private readonly p: WholeVmsParts) {}
-
-  /** After each sample, before its updates go out. */
-  check(): void {
-    for (const r of this.p.registry.all()) {
-      if (!r.live) continue;
-      const nw = this.p.notWhole(r.pid);
-      const now = nw !== null;
-      if (now === (r.notWhole === true)) continue;
-      r.notWhole = now;
-      this.p.changed();
-      if (nw !== null)
-        this.p.limiter.warn(
-          'VM not sampled whole',
-          { vmId: r.vmId, vm: { name: r.name, pid: r.pid, uid: r.uid }, threads: nw.threads, sampled: nw.sampled, why: nw.why },
-          `VM not sampled whole: ${nw.sampled} of its ${nw.threads} threads are sampled, the others go to the host's unattributed energy; ${FIX[nw.why]}`,
-        );
-    }
+/** After each sample, before its updates go out. */
+export function checkWhole(p: WholeVmsParts): void {
+  for (const r of p.registry.all()) {
+    if (!r.live) continue;
+    const nw = p.notWhole(r.pid);
+    const now = nw !== null;
+    if (now === (r.notWhole === true)) continue;
+    r.notWhole = now;
+    p.changed();
+    if (nw !== null)
+      p.limiter.warn(
+        'VM not sampled whole',
+        { vmId: r.vmId, vm: { name: r.name, pid: r.pid, uid: r.uid }, threads: nw.threads, sampled: nw.sampled, why: nw.why },
+        `VM not sampled whole: ${nw.sampled} of its ${nw.threads} threads are sampled, the others go to the host's unattributed energy; ${FIX[nw.why]}`,
+      );
   }
 }

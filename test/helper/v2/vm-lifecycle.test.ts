@@ -91,13 +91,4 @@ describe('VmLifecycle', () => {
     expect(s.registry.get(found)).toBeUndefined();
     expect(s.registry.get(registered)).toBeDefined();
   });
-
-  it('says VMs changed until told HOST_UPDATE carried it', () => {
-    const s = setup();
-    expect(s.lifecycle.changed).toBe(false);
-    s.lifecycle.markChanged();
-    expect(s.lifecycle.changed).toBe(true);
-    s.lifecycle.clearChanged();
-    expect(s.lifecycle.changed).toBe(false);
-  });
 });

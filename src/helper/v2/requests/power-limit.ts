@@ -4,7 +4,7 @@
  * names (one the helper does not attribute: ERROR 3). docs/power-limits.md.
  */
 import { E, T, encodeLimitState } from '../../../protocol/v2/codec.js';
-import { frameReply, refusal } from '../reply.js';
+import { refusal } from '../reply.js';
 import { cannot } from '../../../common/errors.js';
 import type { Handler } from './handler.js';
 
@@ -27,8 +27,8 @@ export const limit: Handler<typeof T.LIMIT> = (req, conn, p) => {
     if (why !== null) return refuse(E.LIMIT, why);
   }
   const v = limits.limiter.view(req.vmId, domain);
-  return frameReply(
-    encodeLimitState({
+  return {
+    frame: encodeLimitState({
       vmId: req.vmId,
       limitMw: v === undefined ? 0 : Math.round(v.limitW * 1000),
       quotaUs: v?.quotaUs ?? 0,
@@ -36,5 +36,5 @@ export const limit: Handler<typeof T.LIMIT> = (req, conn, p) => {
       limitedNs: BigInt(Math.round((v?.limitedS ?? 0) * 1e9)),
       ...(req.domain !== undefined ? { domain } : {}),
     }),
-  );
+  };
 };

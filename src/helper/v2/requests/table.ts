@@ -6,7 +6,7 @@ import { E, T, encodeHostUpdate, encodeOk, encodeRegistered, encodeValue, encode
 import type { ClientRequest } from '../../../protocol/v2/messages.js';
 import { cannot } from '../../../common/errors.js';
 import { unwatch, watch } from '../clients.js';
-import { frameReply, refusal, type Reply } from '../reply.js';
+import { refusal, type Reply } from '../reply.js';
 import { currentUpdate } from '../vm-update-frame.js';
 import type { RefusalReason } from '../vm-registry.js';
 import type { Handler, HandlerTable, RequestType } from './handler.js';
@@ -40,9 +40,9 @@ const register: Handler<typeof T.REGISTER> = (req, conn, p) => {
     vmId = p.sampling.register(spec);
   }
   p.registry.add(conn.id, vmId, spec, uid);
-  p.lifecycle.markChanged();
+  p.lifecycle.changed = true;
   conn.log.info({ vmId, pid: spec.pid, vcpus: spec.vcpus.length, wasDiscovered: attachTo !== undefined }, 'v2 VM registered');
-  return frameReply(encodeRegistered(vmId, p.sampling.engine.nvpkg(vmId), p.sampling.engine.guestPowerUnit));
+  return { frame: encodeRegistered(vmId, p.sampling.engine.nvpkg(vmId), p.sampling.engine.guestPowerUnit) };
 };
 
 export const HANDLERS: HandlerTable = {
@@ -56,7 +56,7 @@ export const HANDLERS: HandlerTable = {
       return refusal(E.NO_SUCH, T.READ, `VM ${req.vmId} has no virtual package ${req.vpkg} (it has ${out?.vpkgs.length ?? 0})`);
     const failed = p.sampling.failed;
     if (failed && !out.ended) return refusal(E.ENERGY_SOURCE, T.READ, `sampling failed: ${failed.message}`);
-    return frameReply(encodeValue(req.vmId, req.vpkg, { counter: BigInt(v.counter), energyUj: v.energyUj }, out.tNs, out.ended));
+    return { frame: encodeValue(req.vmId, req.vpkg, { counter: BigInt(v.counter), energyUj: v.energyUj }, out.tNs, out.ended) };
   },
   // SUBSCRIBE: an UPDATE now (the acknowledgment; an ended VM gets only this one), then one per sample, of a VM this connection registered.
   [T.SUBSCRIBE]: (req, conn, p) => {
@@ -64,7 +64,7 @@ export const HANDLERS: HandlerTable = {
     const u = currentUpdate(p.sampling.engine, req.vmId);
     if (!u) return refusal(E.NO_SUCH, T.SUBSCRIBE, `no VM ${req.vmId}`);
     if (!u.ended) watch(conn, req.vmId, req.domains);
-    return frameReply(u.frame(req.domains));
+    return { frame: u.frame(req.domains) };
   },
   // UNREGISTER: the connection lets go of a VM it registered (VmLifecycle.release).
   [T.UNREGISTER]: (req, conn, p) => {
@@ -72,7 +72,7 @@ export const HANDLERS: HandlerTable = {
     unwatch(conn, req.vmId);
     p.lifecycle.release(req.vmId);
     conn.log.info({ vmId: req.vmId }, 'v2 VM unregistered');
-    return frameReply(encodeOk(req.vmId));
+    return { frame: encodeOk(req.vmId) };
   },
   // LIST: the VMs this connection may see, from an id on.
   [T.LIST]: (req, conn, p) => {
@@ -91,7 +91,7 @@ export const HANDLERS: HandlerTable = {
       name: r.name,
       uuid: r.uuid,
     }));
-    return frameReply(encodeVmList(entries));
+    return { frame: encodeVmList(entries) };
   },
   // OBSERVE: SUBSCRIBE to any VM the connection may see, registered by anyone or discovered.
   [T.OBSERVE]: (req, conn, p) => {
@@ -99,12 +99,12 @@ export const HANDLERS: HandlerTable = {
     const u = p.registry.canSee(p.clients.viewerOf(conn), req.vmId) ? currentUpdate(p.sampling.engine, req.vmId) : null;
     if (!u) return refusal(E.NO_SUCH, T.OBSERVE, `no VM ${req.vmId}`);
     if (!u.ended) watch(conn, req.vmId, req.domains);
-    return frameReply(u.frame(req.domains));
+    return { frame: u.frame(req.domains) };
   },
   // UNOBSERVE: no more UPDATEs of the VM (answered OK whether watched or not).
   [T.UNOBSERVE]: (req, conn) => {
     unwatch(conn, req.vmId);
-    return frameReply(encodeOk(req.vmId));
+    return { frame: encodeOk(req.vmId) };
   },
   // HOST_SUBSCRIBE: the host's energy each sample, for root and the observer group; a second one replaces the first's layout.
   [T.HOST_SUBSCRIBE]: (req, conn, p) => {
@@ -113,7 +113,7 @@ export const HANDLERS: HandlerTable = {
       return refusal(E.NOT_PERMITTED, T.HOST_SUBSCRIBE, `host energy is for root and the observer group; ${how}`);
     }
     p.clients.subscribeHost(conn, req.perPackage, req.domains);
-    return frameReply(encodeHostUpdate(p.hostValues(req.perPackage, req.domains)));
+    return { frame: encodeHostUpdate(p.hostValues(req.perPackage, req.domains)) };
   },
   [T.STATS_FD]: statsFd,
   [T.LIMIT]: limit,
