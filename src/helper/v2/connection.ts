@@ -61,7 +61,6 @@ export class V2Connection {
   private offset = 0;
   /** The socket is paused until the bytes read are handled. */
   private paused = false;
-  /** VMs this client subscribed to and that have not ended. */
   readonly subscriptions = new Set<number>();
   readonly domainSubscriptions = new Set<number>();
   private closing = false;

@@ -1,7 +1,4 @@
-/**
- * The VMs the /proc scan finds become VMs of the service, when their threads fit the fd budget (else
- * deferred, offered again later); a registered process only gains its name and UUID.
- */
+/** VMs the /proc scan finds join the service when their threads fit the fd budget (else deferred); a registration gains name and UUID. */
 import type { DiscoveredVm } from '../../discovery/scanner.js';
 import type { Sample } from '../../model/sample.js';
 import type { SamplingService } from '../../sampling/sampling-service.js';

@@ -1,7 +1,4 @@
-/**
- * What each sample sends, and to whom, each frame encoded once however many get it; and the messages
- * sent without a request (a dropped VM's last UPDATE, a sampling outage's notice).
- */
+/** Each sample's frames to whoever watches, each encoded once; and the unrequested ones (a dropped VM's last UPDATE, an outage notice). */
 import { E, T, encodeError } from '../../protocol/v2/codec.js';
 import { unwatch, type Clients, type Subscriber } from './clients.js';
 import type { VmUpdateFrame } from './vm-update-frame.js';

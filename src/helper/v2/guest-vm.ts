@@ -25,12 +25,7 @@ function viewOf(r: VmRecord, sampling: SamplingService): GuestVmView | undefined
   };
 }
 
-/** The live, sampled VM whose process is `pid` (the first registered if several), or undefined. */
-export function guestVmOf(registry: VmRegistry, sampling: SamplingService, pid: number): GuestVmView | undefined {
-  return guestVmsOf(registry, sampling, new Set([pid])).get(pid);
-}
-
-/** guestVmOf for each of `pids`, in one walk of the registry. */
+/** The live, sampled VM of each of `pids` (the first registered if several), in one walk of the registry. */
 export function guestVmsOf(registry: VmRegistry, sampling: SamplingService, pids: ReadonlySet<number>): Map<number, GuestVmView> {
   const out = new Map<number, GuestVmView>();
   for (const r of registry.all()) {

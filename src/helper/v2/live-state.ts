@@ -1,7 +1,4 @@
-/**
- * The v2 service's live state as a snapshot (capture), and a snapshot checked against this host as
- * what each part starts from (planRestore); docs/daemon.md "Restart state".
- */
+/** The live state as a snapshot (capture); a snapshot checked as each part's start (planRestore): docs/daemon.md "Restart state". */
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
 import { counterOfJoules, joulesPerCounterUnit } from '../../ratio/counter.js';
@@ -16,11 +13,7 @@ import type { DomainsState, SampledThread, StateSnapshot, VmState } from '../../
 import type { HostEnergyState } from './host-energy.js';
 import type { VmRecord } from './vm-registry.js';
 
-/**
- * The longest restart gap whose energy is attributed: past it the 32-bit package counter may have
- * wrapped unseen (the reason --interval is at most 60 s), so the last sample is not used and every
- * live VM takes the first sample after the restart as a new baseline.
- */
+/** The longest restart gap attributed: past it the 32-bit package counter may have wrapped unseen (why --interval is at most 60 s). */
 export const MAX_RESTORE_GAP_NS = 60_000_000_000n;
 
 export const RESTORE_FIX = 'the daemon starts without it (registered VMs register again, discovery finds the rest)';

@@ -1,7 +1,4 @@
-/**
- * What a request is answered with: one frame, and maybe fds (SCM_RIGHTS). A reply's fds stay the
- * sender's: the connection calls release() exactly once, sent or not, so no fd leaks on either path.
- */
+/** A request's answer: one frame, maybe fds (SCM_RIGHTS), which stay the sender's: release() is called once, sent or not (no leak). */
 import type net from 'node:net';
 import { encodeError } from '../../protocol/v2/codec.js';
 
@@ -18,8 +15,5 @@ export function refusal(code: number, type: number, message: string): Reply {
   return { frame: encodeError(code, type, message) };
 }
 
-/**
- * Sends `frame` with `fds` in one sendmsg(2), only while nothing is queued on the stream; returns the
- * bytes the kernel took (at least 1; the rest goes through the stream); throws when nothing was sent.
- */
+/** `frame` and `fds` in one sendmsg(2), nothing queued before it; returns the bytes taken (at least 1, the rest by the stream), or throws. */
 export type SendWithFds = (socket: net.Socket, frame: Buffer, fds: readonly number[]) => number;

@@ -1,7 +1,6 @@
 /**
- * The restore from what the process before kept, in one call (restoreFrom; docs/daemon.md "Restart
- * state"): the engine takes the plan first (it refuses inconsistent values before changing anything).
- * A refusal anywhere leaves every part fresh.
+ * The restore from what the process before kept (docs/daemon.md "Restart state"): the engine takes the plan
+ * first (it refuses inconsistent values before changing anything); a refusal anywhere leaves every part fresh.
  */
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';

@@ -1,7 +1,4 @@
-/**
- * The v2 service: the owner of its parts (docs/daemon.md "Inside the v2 service"). Wire rules:
- * docs/protocol.md; the choices where they are silent: docs/protocol-v2.md.
- */
+/** The v2 service, owner of its parts (docs/daemon.md "Inside the v2 service"); wire rules: docs/protocol.md, docs/protocol-v2.md. */
 import { RatioEngine } from '../../ratio/attribution.js';
 import type { HostInfo } from '../../model/host.js';
 import { SamplingService, type SampleEvent, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
@@ -36,7 +33,7 @@ import { capture, type RestorePlan } from './live-state.js';
 import { restoreFrom, type RestoreReport } from './restore.js';
 import { ENERGY_SOURCE_CODE, type EnergySourceKind } from '../../energy/kinds.js';
 import { GuestDirs } from '../../guest-dir/guest-dirs.js';
-import { guestSource, guestVmOf, guestVmsOf } from './guest-vm.js';
+import { guestSource, guestVmsOf } from './guest-vm.js';
 import { GuestEnergy, type GuestEnergyOptions } from '../guest/guest-energy.js';
 import { joulesPerCounterUnit } from '../../ratio/counter.js';
 import { PowerLimiter } from '../../power-limit/limiter.js';
@@ -160,7 +157,7 @@ function exactGuestEnergy(
     procRoot: o.procRoot,
     host: o.host,
     unitJ: joulesPerCounterUnit(sampling.engine.guestPowerUnit),
-    find: (pid) => guestVmOf(registry, sampling, pid),
+    find: (pid) => guestVmsOf(registry, sampling, new Set([pid])).get(pid),
     findAll: (pids) => guestVmsOf(registry, sampling, pids),
     clock: monotonicNs,
     log: g.log,

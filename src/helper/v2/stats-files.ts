@@ -1,7 +1,4 @@
-/**
- * The statistics files (docs/stats-fd.md): one per VM a reader asked for (or a guest's copy,
- * docs/guest.md), and the host's, each written once per sample whatever the number of readers.
- */
+/** The statistics files (docs/stats-fd.md): each VM's a reader or a guest asked for, and the host's, each written once per sample. */
 import type { Logger } from 'pino';
 import { cannot } from '../../common/errors.js';
 import { fail, ok, type Result } from '../../common/result.js';
@@ -24,11 +21,9 @@ import { emptyVmTotals } from '../../ratio/outputs.js';
 import type { FdAdmitter, VmRegistry } from './vm-registry.js';
 import { VmStatsFile, type FinishCause, type VmStatsCopy, type VmStatsReads } from './vm-stats-file.js';
 
-type StatsSampling = Pick<SamplingService, 'engine' | 'running'>;
-
 interface StatsFilesParts extends Pick<VmStatsReads, 'guest' | 'powerLimit'> {
   registry: Pick<VmRegistry, 'get'>;
-  sampling: StatsSampling;
+  sampling: Pick<SamplingService, 'engine' | 'running'>;
   intervalNs: bigint;
   clkTck: number;
   /** HOST_UPDATE's values now (per-package unattributed energy included). */
@@ -46,20 +41,11 @@ interface StatsFilesParts extends Pick<VmStatsReads, 'guest' | 'powerLimit'> {
 }
 
 /** A refusal, with the v2 error code it is answered with. */
-interface StatsRefusal {
-  code: number;
-  message: string;
-}
-
-interface HostFile {
-  file: PublishedFile;
-  block: SampleBlock;
-  domains: HostDomainShape[];
-}
+type StatsRefusal = { code: number; message: string };
 
 export class StatsFiles {
   private readonly vms = new Map<number, VmStatsFile>();
-  private host: HostFile | null = null;
+  private host: { file: PublishedFile; block: SampleBlock; domains: HostDomainShape[] } | null = null;
   /** The last sample's times (worked out once for every file written with it). */
   private lastTimes = { monotonicNs: 0n, realtimeNs: 0n, intervalNs: 0n, nextNs: 0n };
   /** The last sample's interval, so that a file made between samples has its power and interval at once. */

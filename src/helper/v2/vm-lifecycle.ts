@@ -9,12 +9,9 @@ import { vmLogFields } from './vm-log.js';
 /** Samples an ended discovered VM stays listed (ENDED) before it is dropped. */
 export const ENDED_DISCOVERED_KEPT_SAMPLES = 5;
 
-/** What the lifecycle needs of the sampling loop. */
-type LifecycleSampling = Pick<SamplingService, 'engine' | 'unregister'>;
-
 interface VmLifecycleParts {
   registry: VmRegistry;
-  sampling: LifecycleSampling;
+  sampling: Pick<SamplingService, 'engine' | 'unregister'>;
   discovery?: Pick<Discovery, 'forget' | 'current'>;
   /** Sends a dropped VM's last UPDATE to whoever watches it (FanOut.dropped). */
   lastUpdate(vmId: number, last: VmUpdateFrame): void;

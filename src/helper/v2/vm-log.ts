@@ -1,7 +1,4 @@
-/**
- * How the daemon's log lines name a VM (`vm: { name, uuid, pid, uid }`, never top-level `pid` or
- * `name`: pino's own), and how often: lines any local user can cause go through a LogLimiter.
- */
+/** How log lines name a VM (`vm: {...}`: top-level `pid` and `name` are pino's), and how often: what any user causes is rate-limited. */
 import type { Logger } from 'pino';
 import { formatUuid } from '../../common/uuid.js';
 import { LogLimiter } from '../../logging/log-limiter.js';

@@ -1,7 +1,4 @@
-/**
- * One VM's statistics file (docs/stats-fd.md "A VM's file"): its values, refilled in place at each
- * sample, written into every copy there is (the STATS_FD memfd, the guest's file) alike.
- */
+/** One VM's statistics file (docs/stats-fd.md "A VM's file"): values refilled in place each sample, written into every copy alike. */
 import { fitLength } from '../../common/fit-length.js';
 import type { PublishedFile } from '../../os/published-file.js';
 import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.js';

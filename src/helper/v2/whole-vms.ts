@@ -1,7 +1,4 @@
-/**
- * Which live VMs were not sampled whole (over their fd share, or the helper out of fds): LIST's
- * NOT_WHOLE flag, and a warning, rate-limited, when a VM stops being sampled whole.
- */
+/** Live VMs not sampled whole (over their fd share, or no fds left): LIST's NOT_WHOLE, and a rate-limited warning when one stops being. */
 import type { NotWhole } from '../../os/proc-tasks.js';
 import type { LogLimiter } from '../../logging/log-limiter.js';
 import type { VmRegistry } from './vm-registry.js';

@@ -1,8 +1,4 @@
-/**
- * A v2 request handler: one function per request type, given the request, the connection it came on
- * and the service's parts, returning the reply. The table of them, and the dispatch that picks one, is table.ts.
- * A new request = a handler file, its table entry, and its codec entries.
- */
+/** A v2 request handler: (request, connection, the service's parts) -> reply. A new request = a handler, its table.ts entry, its codec. */
 import type { ClientRequest } from '../../../protocol/v2/messages.js';
 import type { HostValues } from '../../../protocol/v2/codec.js';
 import type { SamplingService } from '../../../sampling/sampling-service.js';
@@ -17,10 +13,8 @@ import type { PeerCredentials } from '../../../os/libc/sockets.js';
 
 export type RequestType = ClientRequest['type'];
 
-/** The request of type K. */
 type RequestOf<K extends RequestType> = Extract<ClientRequest, { type: K }>;
 
-/** The parts of the service the handlers use. */
 export interface RequestParts {
   registry: VmRegistry;
   sampling: Pick<SamplingService, 'register' | 'engine' | 'failed'>;
@@ -32,7 +26,6 @@ export interface RequestParts {
   openPid?: (pid: number) => void;
   /** Drops what was opened for the pid (V2ServiceOptions.forgetPid). */
   forgetPid?: (pid: number) => void;
-  /** The statistics files STATS_FD hands out. */
   stats: StatsFiles;
   /** --observer-group, for the advice of a refused HOST_SUBSCRIBE. */
   observerGid?: number;

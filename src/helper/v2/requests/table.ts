@@ -1,7 +1,4 @@
-/**
- * The v2 requests and their handlers (docs/protocol.md, docs/protocol-v2.md), and the dispatch of a
- * request to its handler. The small handlers are here; STATS_FD and LIMIT have files of their own.
- */
+/** The v2 requests' handlers (docs/protocol.md, docs/protocol-v2.md; STATS_FD and LIMIT in files of their own), and the dispatch. */
 import { E, T, encodeHostUpdate, encodeOk, encodeRegistered, encodeValue, encodeVmList } from '../../../protocol/v2/codec.js';
 import type { ClientRequest } from '../../../protocol/v2/messages.js';
 import { cannot } from '../../../common/errors.js';
