@@ -6,10 +6,10 @@ import { microjoules } from '../../ratio/outputs.js';
 import { isOtherDomain } from '../../model/domains.js';
 import type { EngineState, EngineVmState } from '../../ratio/engine-state.js';
 import type { HostInfo } from '../../model/host.js';
-import type { SamplingState } from '../../sampling/sampling-service.js';
+import type { SamplingService, SamplingState } from '../../sampling/sampling-service.js';
 import type { KnownProcessState } from '../../discovery/scanner.js';
 import { stateProblem } from '../../state/snapshot-codec.js';
-import type { DomainsState, SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
+import type { DomainsState, PowerLimitState, SampledThread, StateSnapshot, VmState } from '../../state/snapshot.js';
 import type { HostEnergyState } from './host-energy.js';
 import type { VmRecord } from './vm-registry.js';
 
@@ -20,14 +20,16 @@ export const RESTORE_FIX = 'the daemon starts without it (registered VMs registe
 
 interface LiveParts {
   registry: { state(): VmRecord[] };
-  sampling: { state(): SamplingState };
+  sampling: Pick<SamplingService, 'state' | 'engine'>;
   energy: { state(): HostEnergyState };
-  discovery?: { state(): KnownProcessState[] };
+  discovery?: { state(): KnownProcessState[] } | undefined;
+  guestEnergy?: { state(): NonNullable<StateSnapshot['guest']> } | undefined;
+  powerLimits?: { state(): PowerLimitState[] } | undefined;
 }
 
-/** The service's state as one snapshot, the counters at the guest energy unit `guestPowerUnit`; throws when the parts disagree. */
-export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
-  const u = joulesPerCounterUnit(guestPowerUnit);
+/** The service's state as one snapshot, the counters at the guest energy unit; throws when the parts disagree. */
+export function capture(p: LiveParts): StateSnapshot {
+  const u = joulesPerCounterUnit(p.sampling.engine.guestPowerUnit);
   const { engine, realtimeNs } = p.sampling.state();
   const byId = new Map(engine.vms.map((v) => [v.id, v]));
   const vms: VmState[] = p.registry.state().map(({ vmId, notWhole: _, ...r }) => {
@@ -72,6 +74,9 @@ export function capture(p: LiveParts, guestPowerUnit: bigint): StateSnapshot {
   };
   const domains = captureDomains(engine, p.energy.state());
   if (domains !== null) out.domains = domains;
+  if (p.guestEnergy) out.guest = p.guestEnergy.state();
+  const limits = p.powerLimits?.state() ?? [];
+  if (limits.length > 0) out.limits = limits;
   return out;
 }
 

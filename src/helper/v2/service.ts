@@ -402,13 +402,7 @@ export class V2Service {
 
   /** The live state for the next process, taken between samples; throws when a value breaks the snapshot's rules. */
   snapshot(): StateSnapshot {
-    const { registry, sampling, energy, guestEnergy, powerLimits } = this.p;
-    const state = capture(
-      { registry, sampling, energy, ...(this.o.discovery ? { discovery: this.o.discovery } : {}) },
-      sampling.engine.guestPowerUnit,
-    );
-    const limits = powerLimits?.state() ?? [];
-    return { ...state, ...(guestEnergy ? { guest: guestEnergy.state() } : {}), ...(limits.length > 0 ? { limits } : {}) };
+    return capture({ ...this.p, discovery: this.o.discovery });
   }
 
   /** --guest-energy exact's guest counters (the legacy service's MSR_PKG_ENERGY_STATUS answers); undefined in raw mode. */

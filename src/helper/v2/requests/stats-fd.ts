@@ -13,9 +13,8 @@ import type { Handler } from './handler.js';
 let cached: { gid: number; name: string | undefined } | null = null;
 
 /**
- * THE advice of a refusal for want of the observer group (HOST_SUBSCRIBE, the host's STATS_FD): which
- * group to join, by name (what `usermod -aG` and a unit's SupplementaryGroups= take) and gid, or how
- * to make one. The name is looked up once per gid and kept (a client may be refused at every retry).
+ * THE advice of a refusal for want of the observer group: the group by name (what `usermod -aG` takes) and
+ * gid, or how to make one. The name is looked up once per gid (a client may be refused at every retry).
  */
 export function observerGroupAdvice(gid: number | undefined): string {
   if (gid === undefined) return 'start the helper with --observer-group GROUP and add this user to it';

@@ -75,18 +75,15 @@ export const HANDLERS: HandlerTable = {
   [T.LIST]: (req, conn, p) => {
     const vms = p.registry.visible(p.clients.viewerOf(conn), Math.max(1, req.fromId));
     const entries = vms.map((r) => ({
+      ...r,
       hostVmId: r.vmId,
-      pid: r.pid,
-      uid: r.uid,
       nvpkg: p.sampling.engine.nvpkg(r.vmId),
       starttime: BigInt(r.starttime),
       ended: !r.live,
+      // Discovered only: nobody registered it (a registered VM discovery found too is not).
       discovered: r.owner === null,
-      wholeVmOnly: r.wholeVmOnly,
       notWhole: r.notWhole === true,
       guestExact: p.guest?.(r.vmId) !== undefined,
-      name: r.name,
-      uuid: r.uuid,
     }));
     return { frame: encodeVmList(entries) };
   },
