@@ -9,7 +9,7 @@ import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { pino } from 'pino';
 import { V2Client } from '../src/client/v2-client.js';
-import { DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS } from '../src/helper/v2/v2-limits.js';
 import { assembleOnFakeHost, FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';
 import type { VcpuSpec } from '../src/model/vcpus.js';

@@ -19,7 +19,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { pino } from 'pino';
 import { V2Client } from '../src/client/v2-client.js';
 import { StatsReader } from '../src/client/stats-reader.js';
-import { DEFAULT_V2_LIMITS } from '../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS } from '../src/helper/v2/v2-limits.js';
 import { startExporter } from '../src/exporter/exporter-process.js';
 import { assembleOnFakeHost, FakeHost } from '../test/support/fake-host.js';
 import { MsrDevice } from '../src/msr/device.js';

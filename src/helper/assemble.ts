@@ -29,7 +29,9 @@ import type { StateSnapshot } from '../state/snapshot.js';
 import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
 import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
-import { createV2Service, type HealthSource, type V2Limits, type V2Service, type V2ServiceOptions } from './v2/service.js';
+import { createV2Service, type V2Service, type V2ServiceOptions } from './v2/service.js';
+import type { HealthSource } from './v2/host-energy.js';
+import type { V2Limits } from './v2/v2-limits.js';
 
 /** One non-blocking sendmsg(2) with the reply's fds in SCM_RIGHTS: a client that does not read never blocks the loop (EAGAIN throws). */
 export const sendWithFdsOnSocket: SendWithFds = (socket, frame, fds) => {

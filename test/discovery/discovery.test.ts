@@ -8,7 +8,7 @@ import { V2Client } from '../../src/client/v2-client.js';
 import { type VmInfo, type VmUpdate } from '../../src/client/v2-replies.js';
 import { startHarness, until, type Harness } from '../v2/harness.js';
 import { FakeQemu } from '../support/fake-qemu.js';
-import { ENDED_DISCOVERED_KEPT_SAMPLES } from '../../src/helper/v2/service.js';
+import { ENDED_DISCOVERED_KEPT_SAMPLES } from '../../src/helper/v2/vm-lifecycle.js';
 import { fail, ok } from '../../src/common/result.js';
 
 const INTERVAL = 100;

@@ -22,7 +22,7 @@ import type { Sample } from '../../src/model/sample.js';
 import type { VmSpec } from '../../src/model/vm.js';
 import { MAX_RESTORE_GAP_NS, planRestore } from '../../src/helper/v2/live-state.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
-import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/v2-limits.js';
 import { decodeState, encodeState } from '../../src/state/snapshot-codec.js';
 import { readStateBytes, writeStateMemfd } from '../../src/state/memfd.js';
 import type { StateSnapshot, VmState } from '../../src/state/snapshot.js';

@@ -15,7 +15,7 @@ import { StatsReader } from '../../src/client/stats-reader.js';
 import { E } from '../../src/protocol/v2/codec.js';
 import { closeFd } from '../../src/os/libc/fds.js';
 import { F_SEAL_FUTURE_WRITE, F_SEAL_GROW, F_SEAL_SHRINK, getSeals } from '../../src/os/libc/memfd-mmap.js';
-import type { FdAdmitter } from '../../src/helper/v2/service.js';
+import type { FdAdmitter } from '../../src/helper/v2/vm-registry.js';
 import { FdBudget } from '../../src/budget/fd-budget.js';
 import { startChild, startHarness, threadsOf, until, type Harness, type TestChild } from '../v2/harness.js';
 

@@ -20,7 +20,7 @@ import { LegacyService, OnlineCpus } from '../../src/helper/legacy/legacy-servic
 import type { MsrDevice } from '../../src/msr/device.js';
 import { DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
-import type { V2Limits } from '../../src/helper/v2/service.js';
+import type { V2Limits } from '../../src/helper/v2/v2-limits.js';
 
 /**
  * The powercap zones of a two-package Intel host as the kernel lays them out: package-0 with core,

@@ -13,7 +13,7 @@ import { pino } from 'pino';
 import { afterEach, describe, expect, test } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { createEnergySource, readHostInfoFor, withDomainCounters } from '../../src/energy/create.js';
-import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/service.js';
+import { DEFAULT_V2_LIMITS } from '../../src/helper/v2/v2-limits.js';
 import { MsrDevice } from '../../src/msr/device.js';
 import { MSR_DRAM_ENERGY_STATUS, MSR_PLATFORM_ENERGY_STATUS, MSR_PP0_ENERGY_STATUS } from '../../src/msr/registers.js';
 import { readStarttime } from '../../src/os/proc-starttime.js';

@@ -4,7 +4,7 @@ import type { HostInfo } from '../../model/host.js';
 import { SamplingService, type SampleEvent, type SamplingServiceOptions, type SamplingStats } from '../../sampling/sampling-service.js';
 import { settled } from '../../sampling/time-slices.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
-import { DEFAULT_V2_LIMITS, type V2Limits } from './v2-limits.js';
+import type { V2Limits } from './v2-limits.js';
 import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
@@ -14,7 +14,7 @@ import { LogLimiter } from '../../logging/log-limiter.js';
 import { vmLogLimiter } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import type { Discovery } from './discovery.js';
-import { ENDED_DISCOVERED_KEPT_SAMPLES, VmLifecycle } from './vm-lifecycle.js';
+import { VmLifecycle } from './vm-lifecycle.js';
 import { daemonCounters, HostEnergy, type HealthSource } from './host-energy.js';
 import { Clients } from './clients.js';
 import { FanOut } from './fan-out.js';
@@ -39,9 +39,6 @@ import { joulesPerCounterUnit } from '../../ratio/counter.js';
 import { PowerLimiter } from '../../power-limit/limiter.js';
 import { applyLimitsFile, readLimitsFile, type LimitsFile } from '../../power-limit/limits-file.js';
 import type { BandwidthOpener } from '../../power-limit/cpu-bandwidth.js';
-
-export type { FdAdmitter, V2Limits, HealthSource };
-export { DEFAULT_V2_LIMITS, ENDED_DISCOVERED_KEPT_SAMPLES };
 
 /** The sampling loop's options (engine optional: one is made from `host`), plus v2's own. */
 export interface V2ServiceOptions extends Omit<SamplingServiceOptions, 'engine' | 'interval'> {
@@ -257,8 +254,6 @@ function makeParts(o: V2ServiceOptions, sampling: SamplingService, registry: VmR
 
 /** The v2 service: its connections, its parts, the per-sample flow, and freeze()/snapshot() for a restart. */
 export class V2Service {
-  /** Takes every connection that starts with the v2 magic. */
-  readonly handler: V2Handler;
   private closed = false;
   /** Connections closed while restarting keep their registrations (the snapshot carries them). */
   private restarting = false;
@@ -284,8 +279,20 @@ export class V2Service {
       request: (conn, req) => dispatch(HANDLERS, req, conn, p.requests),
       closed: (conn) => this.connectionClosed(conn),
     };
-    this.handler = (socket, peer, rest, hold) => this.connect(socket, peer, rest, hold);
   }
+
+  /** Takes every connection that starts with the v2 magic. */
+  readonly handler: V2Handler = (socket, peer, rest, hold) => {
+    if (this.closed || this.restarting) {
+      socket.destroy();
+      return;
+    }
+    const o = this.o;
+    const conn = new V2Connection(this.p.clients.newId(), socket, peer, this.connectionHost, o.log, hold);
+    const seesAll = peer.uid === 0 || (o.observerGid !== undefined && peerInGroup(o.procRoot, peer, o.observerGid));
+    this.p.clients.add(conn, { connId: conn.id, uid: peer.uid, seesAll });
+    conn.start(rest);
+  };
 
   /** One interval, every step in order (docs/architecture.md "Following a sample"). */
   interval(t: TickInfo): void {
@@ -348,18 +355,6 @@ export class V2Service {
     if (this.p.limitsFile && this.p.powerLimits) applyLimitsFile(this.p.limitsFile, this.p.registry.all(), this.p.powerLimits);
   }
 
-  private connect(...[socket, peer, rest, hold]: Parameters<V2Handler>): void {
-    if (this.closed || this.restarting) {
-      socket.destroy();
-      return;
-    }
-    const o = this.o;
-    const conn = new V2Connection(this.p.clients.newId(), socket, peer, this.connectionHost, o.log, hold);
-    const seesAll = peer.uid === 0 || (o.observerGid !== undefined && peerInGroup(o.procRoot, peer, o.observerGid));
-    this.p.clients.add(conn, { connId: conn.id, uid: peer.uid, seesAll });
-    conn.start(rest);
-  }
-
   private connectionClosed(conn: V2Connection): void {
     this.p.clients.remove(conn);
     if (this.restarting) {
@@ -403,11 +398,6 @@ export class V2Service {
   /** The live state for the next process, taken between samples; throws when a value breaks the snapshot's rules. */
   snapshot(): StateSnapshot {
     return capture({ ...this.p, discovery: this.o.discovery });
-  }
-
-  /** --guest-energy exact's guest counters (the legacy service's MSR_PKG_ENERGY_STATUS answers); undefined in raw mode. */
-  get guestEnergy(): GuestEnergy | undefined {
-    return this.p.guestEnergy;
   }
 
   /** `to` (the crash keep) gets the live state, or why not, now and after every sample before any client is told. */
