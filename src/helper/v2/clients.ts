@@ -39,15 +39,12 @@ export function unwatch(conn: Subscriber, vmId: number): boolean {
 export class Clients<C extends Subscriber> {
   private readonly byConn = new Map<C, Client<C>>();
   private hostSubscribers = 0;
-  private nextConnId: number;
 
   /** `holdHost(true)` when the first host subscriber comes, `holdHost(false)` when the last goes. */
   constructor(
     private readonly holdHost: (on: boolean) => void,
-    firstConnId = 1,
-  ) {
-    this.nextConnId = firstConnId;
-  }
+    private nextConnId = 1,
+  ) {}
 
   /** The id of the next connection (connection ids are never reused). */
   newId(): number {

@@ -57,9 +57,7 @@ export class FanOut<C extends Subscriber> {
 function once<K, V>(make: (k: K) => V): (k: K) => V {
   const made = new Map<K, V>();
   return (k) => {
-    if (made.has(k)) return made.get(k)!;
-    const v = make(k);
-    made.set(k, v);
-    return v;
+    if (!made.has(k)) made.set(k, make(k));
+    return made.get(k)!;
   };
 }
