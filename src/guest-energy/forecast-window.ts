@@ -2,7 +2,7 @@
  * A window's end answered from a forecast, before its threads are read (docs/guest-energy.md, "Settling
  * after the reply"): from upper bounds of the ticks, so the credit errs low; settleWindow carries the error.
  */
-import { advanceCounters, takeAttributed, type GuestCounterState } from './guest-counter.js';
+import { advanceCounters, takeAttributed, type GuestCounterState, type WindowEnd } from './guest-counter.js';
 
 /** ticks1: the forecast ticks at the window's end. */
 export interface VcpuForecast {
@@ -11,17 +11,8 @@ export interface VcpuForecast {
   ticks1: number;
 }
 
-interface ForecastInput {
-  pkg: number;
-  vcpus: readonly VcpuForecast[];
-  /** At least the ticks of the non-vCPU threads QEMU listed, over the window. */
-  otherTicks: number;
-  exactJ: number;
-  unitJ: number;
-  maxTicks: ReadonlyMap<number, number>;
-  /** A thread listed at the start may have exited (thread-exits.ts). */
-  zero?: boolean;
-}
+/** otherTicks: at least the ticks of the non-vCPU threads QEMU listed, over the window. */
+type ForecastInput = WindowEnd & { vcpus: readonly VcpuForecast[]; otherTicks: number };
 
 /** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
 function perPackage(vcpus: readonly VcpuForecast[]) {

@@ -1,8 +1,27 @@
 /** One VM's guest energy counters in exact mode (docs/guest-energy.md "How exact works"). */
-import { creditedFrom, solveDelta } from './delta-solver.js';
+import { creditOf, solveDelta } from './delta-solver.js';
 import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from './window-phases.js';
-import { copyLoopState, deltaTicks, freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
-import type { ThreadSnapshot } from './thread-snapshot.js';
+import {
+  copyLoopState,
+  deltaTicks,
+  freshLoopState,
+  runIteration,
+  type LoopState,
+  type LoopThread,
+  type LoopWindow,
+} from './qemu-vmsr-loop.js';
+
+export interface ThreadRead {
+  tid: number;
+  ticks: number;
+  /** Field 22: a different value under the same tid is another thread. */
+  starttime: number;
+  /** -1 when the CPU is not in the host map. */
+  pkg: number;
+}
+
+/** By tid; the main thread (tid = pid) is never listed (QEMU skips it). */
+export type ThreadSnapshot = ReadonlyMap<number, ThreadRead>;
 
 export interface GuestVm {
   pid: number;
@@ -92,26 +111,24 @@ export function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number
   for (const [p, e] of eDelta) s.counters.set(p, (s.counters.get(p) ?? 0) + Number(e));
 }
 
+/** A window's first end read: the package asked, the VM's energy attributed now, and `zero`: a listed thread may have exited. */
+export type WindowEnd = { pkg: number; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number>; zero?: boolean };
+
 /** Closes the window at its first end read, on threads read before the reply; returns the value for `pkg`. */
-export function closeWindow(
-  s: GuestCounterState,
-  vm: GuestVm,
-  o: { pkg: number; end: ThreadSnapshot; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number>; zero?: boolean },
-): number {
+export function closeWindow(s: GuestCounterState, vm: GuestVm, o: WindowEnd & { end: ThreadSnapshot }): number {
   takeAttributed(s, o.exactJ, o.unitJ);
   // Without a start read (the counters began mid-window) the end read stands in for it: no ticks, nothing credited.
   const { threads, replaced } = windowThreads(vm, s.start ?? o.end, o.end);
   const eDelta = o.zero === true ? new Map(s.phases.pkgs.map((p) => [p, 0n])) : solveWindow(s, threads, replaced, o.maxTicks);
   advanceCounters(s, eDelta);
-  credit(s, threads, eDelta, o.maxTicks);
+  credit(s, { threads, eDelta, maxTicks: o.maxTicks });
   return s.counters.get(o.pkg) ?? 0;
 }
 
 /** Settles a window answered from a forecast (forecast-window.ts) on the threads read right after that reply. */
 export function settleWindow(s: GuestCounterState, vm: GuestVm, o: { end: ThreadSnapshot; maxTicks: ReadonlyMap<number, number> }): void {
   const eDelta = s.answered ?? new Map<number, bigint>();
-  const { threads } = windowThreads(vm, s.start ?? o.end, o.end);
-  credit(s, threads, eDelta, o.maxTicks);
+  credit(s, { threads: windowThreads(vm, s.start ?? o.end, o.end).threads, eDelta, maxTicks: o.maxTicks });
 }
 
 function solveWindow(
@@ -124,9 +141,7 @@ function solveWindow(
   const ofPkg = (p: number) => threads.filter((t) => t.pkg === p);
   const maxTicks = (p: number) => allTicks.get(p) ?? 1;
   // What QEMU credits from its carried share whatever it is given comes off the target first.
-  const base = new Map(
-    pkgs.map((p) => [p, creditedFrom({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p), target: 0n }, 0n)]),
-  );
+  const base = new Map(pkgs.map((p) => [p, creditOf({ state: s.loop, pkg: p, threads: ofPkg(p), maxTicks: maxTicks(p) })(0n)]));
   let baseSum = 0;
   for (const b of base.values()) baseSum += Number(b);
   const shares = splitTarget(Math.max(0, Math.floor(s.owedUnits) - baseSum), pkgs, threads);
@@ -140,20 +155,17 @@ function solveWindow(
   return eDelta;
 }
 
-function credit(
-  s: GuestCounterState,
-  threads: readonly LoopThread[],
-  eDelta: ReadonlyMap<number, bigint>,
-  maxTicks: ReadonlyMap<number, number>,
-): void {
-  const shadow = shadowFor(s.loop, s.shadow, threads, eDelta);
-  const credits = runIteration(s.loop, { threads, eDelta, maxTicks });
+function credit(s: GuestCounterState, w: LoopWindow): void {
+  // The shadow running, or a copy of the loop when a thread underflows on a package given a non-zero e_delta.
+  const shadow =
+    s.shadow ?? (w.threads.some((t) => underflowed(t) && (w.eDelta.get(t.pkg) ?? 0n) > 0n) ? copyLoopState(s.loop) : undefined);
+  const credits = runIteration(s.loop, w);
   // What the guest's 32-bit counters show (all of it but with garbage).
   let credited = 0;
   for (const c of credits) credited += Number(BigInt.asUintN(32, c));
   let paid = credited;
   if (shadow !== undefined) {
-    const clean = shadowCredit(shadow, { threads, eDelta, maxTicks });
+    const clean = shadowCredit(shadow, w);
     paid = Math.min(credited, clean);
     if (clean !== credited) {
       s.garbageWindows = (s.garbageWindows ?? 0) + 1;
@@ -228,22 +240,8 @@ function underflowed(t: LoopThread): boolean {
   return deltaTicks(t) >= U64_HALF;
 }
 
-/** The shadow already running, or a copy of the loop when a thread underflows on a package given a non-zero e_delta. */
-function shadowFor(
-  loop: LoopState,
-  running: LoopState | undefined,
-  threads: readonly LoopThread[],
-  eDelta: ReadonlyMap<number, bigint>,
-): LoopState | undefined {
-  if (running !== undefined) return running;
-  return threads.some((t) => underflowed(t) && (eDelta.get(t.pkg) ?? 0n) > 0n) ? copyLoopState(loop) : undefined;
-}
-
 /** QEMU's iteration on the shadow (in place) with every underflowed delta counted 0. */
-function shadowCredit(
-  shadow: LoopState,
-  w: { threads: readonly LoopThread[]; eDelta: ReadonlyMap<number, bigint>; maxTicks: ReadonlyMap<number, number> },
-): number {
+function shadowCredit(shadow: LoopState, w: LoopWindow): number {
   const threads = w.threads.map((t) => (underflowed(t) ? { ...t, ticks1: t.ticks0 } : t));
   let sum = 0;
   for (const c of runIteration(shadow, { ...w, threads })) sum += Number(c);

@@ -7,7 +7,7 @@ import { pread } from '../../os/libc/fds.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { digits, readRunTime, SCHEDSTAT_BYTES } from '../../os/schedstat-gate.js';
 import { parseStatLine } from '../../ratio/stat.js';
-import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
+import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/guest-counter.js';
 
 /** The sampler's open fds of a thread (-1: none; ProcTaskReader.heldFds), valid only in the turn of the event loop that asked. */
 export type HeldFds = (pid: number, tid: number) => { stat: number; schedstat: number } | undefined;

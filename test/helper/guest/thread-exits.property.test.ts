@@ -13,9 +13,8 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ExitWatch, idleAtList, unseenCpuNs, type ExitOs, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
 import { answerForecast } from '../../../src/guest-energy/forecast-window.js';
-import { closeWindow, freshGuestCounter } from '../../../src/guest-energy/guest-counter.js';
+import { closeWindow, freshGuestCounter, type ThreadRead } from '../../../src/guest-energy/guest-counter.js';
 import type { KeptFdLedger } from '../../../src/os/proc-tasks.js';
-import type { ThreadRead } from '../../../src/guest-energy/thread-snapshot.js';
 
 const PID = 100;
 /** One clock tick (CLK_TCK 100), in the simulation's µs. */
