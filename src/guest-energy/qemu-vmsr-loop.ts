@@ -1,9 +1,9 @@
 /**
- * A pure model of one iteration of QEMU's vmsr thread (`kvm_msr_energy_thread` in
- * target/i386/kvm/kvm.c, helpers in vmsr_energy.c), the same in every version qemu-versions.ts
- * names. Per iteration QEMU lists its threads (all but the main one), reads each one's utime+stime
- * and CPU, asks the helper for the package counter of each host package a thread sat on (e_start),
- * sleeps a nominal 1 s, asks again (e_end), reads the ticks again, and then, with C's types:
+ * A pure model of one iteration of QEMU's vmsr thread (`kvm_msr_energy_thread` in target/i386/kvm/kvm.c, helpers
+ * in vmsr_energy.c), the same in every version MODELLED_QEMU (helper/guest/guest-energy.ts) names. Per iteration
+ * QEMU lists its threads (all but the main one), reads each one's utime+stime and CPU, asks the helper for the
+ * package counter of each host package a thread sat on (e_start), sleeps a nominal 1 s, asks again (e_end), reads
+ * the ticks again, and then, with C's types:
  *
  *   e_delta[p]  = e_end > e_start ? e_end - e_start : 0                    (u64; a wrap gives 0)
  *   delta_ticks = (utime1 + stime1) - (utime0 + stime0)                    (u64; an exited thread reads 0: underflow)
