@@ -179,8 +179,7 @@ export class GuestEnergy implements EnergyStatusHook {
   sampled(): void {
     if (this.o.findAll === undefined) return;
     this.peers.sweep(this.o.clock());
-    const pids = new Set<number>();
-    for (const x of this.exact()) pids.add(x.counter.pid);
+    const pids = new Set([...this.exact()].map((x) => x.counter.pid));
     this.views = pids.size > 0 ? this.o.findAll(pids) : new Map();
   }
 
@@ -192,14 +191,12 @@ export class GuestEnergy implements EnergyStatusHook {
     const c = x.counter;
     return {
       mode: 'exact' as const,
-      // Energy QEMU was given to credit the guest since exact began, and what was attributed meanwhile.
+      // What QEMU was given to credit the guest since exact began, and what was attributed meanwhile.
       guestJ: c.creditedUnits * this.o.unitJ,
       exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
       windows: c.windows,
-      // Windows QEMU's arithmetic turned into garbage (guest-counter.ts), and by how much.
       garbageWindows: c.garbageWindows ?? 0,
       garbageJ: (c.garbageUnits ?? 0) * this.o.unitJ,
-      // Windows answered a zero delta for a possible thread exit; those answered non-zero with an exit seen right after.
       exitWindows: x.exitWindows,
       lateExits: x.lateExits,
     };
