@@ -1,15 +1,49 @@
 /** One VM's guest energy counters in exact mode (docs/guest-energy.md "How exact works"). */
 import { creditOf, solveDelta } from './delta-solver.js';
-import { freshPhases, MIN_SLEEP_NS, nextPhase, type PhaseState } from './window-phases.js';
-import {
-  copyLoopState,
-  deltaTicks,
-  freshLoopState,
-  runIteration,
-  type LoopState,
-  type LoopThread,
-  type LoopWindow,
-} from './qemu-vmsr-loop.js';
+import { copyLoopState, deltaTicks, freshLoopState, runIteration, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+
+// Whether a request is an iteration's e_start or e_end read. QEMU asks each host package its threads sat
+// on, ascending; sleeps 1 s; asks the same packages again: anything else begins a start phase.
+
+/** QEMU sleeps 1 s between the phases. */
+const MIN_SLEEP_NS = 900_000_000n;
+
+type PhaseKind = 'start' | 'end';
+
+interface PhaseState {
+  kind: PhaseKind | null;
+  /** When the last start phase began (CLOCK_MONOTONIC). */
+  startNs: bigint;
+  pkgs: number[];
+  /** In an end phase: how many of `pkgs` it has asked. */
+  asked: number;
+}
+
+export function freshPhases(): PhaseState {
+  return { kind: null, startNs: 0n, pkgs: [], asked: 0 };
+}
+
+function nextPhase(s: PhaseState, pkg: number, nowNs: bigint): { kind: PhaseKind; first: boolean } {
+  if (s.kind === 'start') {
+    if (nowNs - s.startNs >= MIN_SLEEP_NS && s.pkgs[0] === pkg) {
+      s.kind = 'end';
+      s.asked = 1;
+      return { kind: 'end', first: true };
+    }
+    if (nowNs - s.startNs < MIN_SLEEP_NS && pkg > s.pkgs.at(-1)!) {
+      s.pkgs.push(pkg);
+      return { kind: 'start', first: false };
+    }
+  } else if (s.kind === 'end' && s.asked < s.pkgs.length && s.pkgs[s.asked] === pkg) {
+    s.asked++;
+    return { kind: 'end', first: false };
+  }
+  s.kind = 'start';
+  s.startNs = nowNs;
+  s.pkgs = [pkg];
+  s.asked = 0;
+  return { kind: 'start', first: true };
+}
 
 export interface ThreadRead {
   tid: number;
@@ -155,7 +189,7 @@ function solveWindow(
   return eDelta;
 }
 
-function credit(s: GuestCounterState, w: LoopWindow): void {
+function credit(s: GuestCounterState, w: Parameters<typeof runIteration>[1]): void {
   // The shadow running, or a copy of the loop when a thread underflows on a package given a non-zero e_delta.
   const shadow =
     s.shadow ?? (w.threads.some((t) => underflowed(t) && (w.eDelta.get(t.pkg) ?? 0n) > 0n) ? copyLoopState(s.loop) : undefined);
@@ -241,7 +275,7 @@ function underflowed(t: LoopThread): boolean {
 }
 
 /** QEMU's iteration on the shadow (in place) with every underflowed delta counted 0. */
-function shadowCredit(shadow: LoopState, w: LoopWindow): number {
+function shadowCredit(shadow: LoopState, w: Parameters<typeof runIteration>[1]): number {
   const threads = w.threads.map((t) => (underflowed(t) ? { ...t, ticks1: t.ticks0 } : t));
   let sum = 0;
   for (const c of runIteration(shadow, { ...w, threads })) sum += Number(c);

@@ -35,7 +35,7 @@ export interface LoopState {
   vpkgCounter: number[];
 }
 
-export interface LoopWindow {
+interface LoopWindow {
   threads: readonly LoopThread[];
   eDelta: ReadonlyMap<number, bigint>;
   maxTicks: ReadonlyMap<number, number>;

@@ -14,6 +14,7 @@ import {
   requestStep,
   counterStep,
   freshGuestCounter,
+  freshPhases,
   settleWindow,
   type Exact,
   type GuestCounterState,
@@ -22,7 +23,6 @@ import {
   type ThreadSnapshot,
 } from '../../guest-energy/guest-counter.js';
 import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
-import { freshPhases } from '../../guest-energy/window-phases.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import {
