@@ -26,7 +26,6 @@ const GUEST_AUDIT_EVERY_WATCHED = 600;
 
 const rootOrHelper = (uid: number) => uid === 0 || uid === EUID;
 
-/** A VM as the guest directories see it. */
 export interface GuestDirVm {
   vmId: number;
   uuid: Uint8Array | null;
@@ -57,7 +56,6 @@ interface ZoneState {
   shown: bigint;
 }
 
-/** A directory published into: its VM's state in it. */
 class Published {
   vmId = -1;
   readonly zones = new Map<string, ZoneState>();
@@ -341,7 +339,6 @@ export class GuestDirs {
     if (file.copy.totals.ended) p.final = true;
   }
 
-  /** Whether the zone is made, under that name, in a directory the helper holds. */
   private shows(p: Published, z: { id: string; name: string }): boolean {
     const s = p.zones.get(z.id);
     return s !== undefined && s.name === z.name && p.dir.holds(z.id);

@@ -117,7 +117,6 @@ function lstatAt(dirFd: number, name: string): fs.BigIntStats | null {
   }
 }
 
-/** What a directory entry is now: inode, times, size, links. */
 export const signature = (st: fs.BigIntStats) => `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
 /** Whether its last change is older than the file system's time granularity (a newer one may hide another). */
 export const settled = (st: fs.BigIntStats) => st.mtimeNs < BigInt(Date.now()) * 1_000_000n - SETTLE_NS;

@@ -135,18 +135,18 @@ function windowThreads(vm: GuestVm, start: ThreadSnapshot, end: ThreadSnapshot):
   return { threads, replaced };
 }
 
-export function takeAttributed(s: GuestCounterState, exactJ: number, unitJ: number): void {
+function takeAttributed(s: GuestCounterState, exactJ: number, unitJ: number): void {
   s.owedUnits += Math.max(0, exactJ - s.lastExactJ) / unitJ;
   s.lastExactJ = Math.max(s.lastExactJ, exactJ);
   s.windows++;
 }
 
-export function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number, bigint>): void {
+function advanceCounters(s: GuestCounterState, eDelta: ReadonlyMap<number, bigint>): void {
   for (const [p, e] of eDelta) s.counters.set(p, (s.counters.get(p) ?? 0) + Number(e));
 }
 
 /** A window's first end read: the package asked, the VM's energy attributed now, and `zero`: a listed thread may have exited. */
-export type WindowEnd = { pkg: number; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number>; zero?: boolean };
+type WindowEnd = { pkg: number; exactJ: number; unitJ: number; maxTicks: ReadonlyMap<number, number>; zero?: boolean };
 
 /** Closes the window at its first end read, on threads read before the reply; returns the value for `pkg`. */
 export function closeWindow(s: GuestCounterState, vm: GuestVm, o: WindowEnd & { end: ThreadSnapshot }): number {
@@ -159,10 +159,66 @@ export function closeWindow(s: GuestCounterState, vm: GuestVm, o: WindowEnd & { 
   return s.counters.get(o.pkg) ?? 0;
 }
 
-/** Settles a window answered from a forecast (forecast-window.ts) on the threads read right after that reply. */
+/** Settles a window answered from a forecast (answerForecast) on the threads read right after that reply. */
 export function settleWindow(s: GuestCounterState, vm: GuestVm, o: { end: ThreadSnapshot; maxTicks: ReadonlyMap<number, number> }): void {
   const eDelta = s.answered ?? new Map<number, bigint>();
   credit(s, { threads: windowThreads(vm, s.start ?? o.end, o.end).threads, eDelta, maxTicks: o.maxTicks });
+}
+
+// A window's end answered from a forecast, before its threads are read (docs/guest-energy.md, "Settling after the
+// reply"): from upper bounds of the ticks, so the credit errs low; settleWindow carries the error.
+
+/** ticks1: the forecast ticks at the window's end. */
+export interface VcpuForecast {
+  pkg: number;
+  ticks0: number;
+  ticks1: number;
+}
+
+/** Per package: the forecast vCPU ticks, the vCPUs that ran, and every vCPU that sat on it. */
+function perPackage(vcpus: readonly VcpuForecast[]) {
+  const out = new Map<number, { ticks: number; ran: number; vcpus: number }>();
+  for (const v of vcpus) {
+    let f = out.get(v.pkg);
+    if (f === undefined) out.set(v.pkg, (f = { ticks: 0, ran: 0, vcpus: 0 }));
+    f.vcpus++;
+    const d = v.ticks1 - v.ticks0;
+    if (d > 0) {
+      f.ticks += d;
+      f.ran++;
+    }
+  }
+  return out;
+}
+
+/** closeWindow from a forecast, `otherTicks` at least the non-vCPU threads' ticks QEMU listed; the e_delta answered kept in `s.answered` for settleWindow. */
+export function answerForecast(s: GuestCounterState, o: WindowEnd & { vcpus: readonly VcpuForecast[]; otherTicks: number }): number {
+  takeAttributed(s, o.exactJ, o.unitJ);
+  const fc = perPackage(o.vcpus);
+  // QEMU's credit from package p, linear in e: e x (V + ran x O / nb) / maxticks + ran x C / nb, with
+  // V the vCPU ticks, O the non-vCPU ticks, C the carried share and nb the vCPU count after this window.
+  const slope = new Map<number, number>();
+  let base = 0;
+  let ticks = 0;
+  for (const p of s.phases.pkgs) {
+    const f = fc.get(p);
+    if (f === undefined || f.ran === 0) continue;
+    const nb = (s.loop.nbVcpu.get(p) ?? 0) + f.vcpus;
+    base += f.ran * Math.floor(Number(s.loop.eRatio.get(p) ?? 0n) / nb);
+    slope.set(p, (f.ticks + (f.ran * o.otherTicks) / nb) / (o.maxTicks.get(p) ?? 1));
+    ticks += f.ticks;
+  }
+  // Split between the packages by their vCPU ticks, as solveWindow does.
+  const target = Math.max(0, Math.floor(s.owedUnits) - base);
+  const eDelta = new Map<number, bigint>();
+  for (const p of s.phases.pkgs) {
+    const k = slope.get(p);
+    const e = k === undefined || s.start === null || o.zero === true ? 0 : Math.floor((target * fc.get(p)!.ticks) / ticks / k);
+    eDelta.set(p, BigInt(Math.max(0, e)));
+  }
+  advanceCounters(s, eDelta);
+  s.answered = eDelta;
+  return s.counters.get(o.pkg) ?? 0;
 }
 
 function solveWindow(

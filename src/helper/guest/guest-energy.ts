@@ -10,6 +10,7 @@ import type { HostInfo } from '../../model/host.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import type { ShareOwner } from '../../budget/uid-share.js';
 import {
+  answerForecast,
   closeWindow,
   requestStep,
   counterStep,
@@ -21,8 +22,8 @@ import {
   type GuestVm,
   type PeerPhase,
   type ThreadSnapshot,
+  type VcpuForecast,
 } from '../../guest-energy/guest-counter.js';
-import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import {
@@ -313,8 +314,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const cpuNs = unseenCpuNs(othersNs, last?.othersNs, mainNs, last?.mainNs);
     // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
     const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
-    const gapNs = () => Number(this.o.clock() - (last?.atNs ?? 0n));
-    if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: gapNs(), cpuNs, idle });
+    if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: Number(this.o.clock() - (last?.atNs ?? 0n)), cpuNs, idle });
     if (count === null) return;
     // Its task directory held; those held past HOLD_LIMIT_NS let go (their QEMU stopped mid-window).
     for (const p of this.exact()) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p, true);
