@@ -10,7 +10,7 @@ import { O_DIRECTORY, O_RDONLY, openAt } from '../os/libc/dir-fd.js';
 import { errnoName } from '../os/libc/errno.js';
 import { closeFd } from '../os/libc/fds.js';
 import { LogLimiter } from '../logging/log-limiter.js';
-import { SafeDir, WriteFailure, type GuestReaders } from './safe-dir.js';
+import { EUID, SafeDir, settled, signature, WriteFailure, type GuestReaders } from './safe-dir.js';
 import { ENERGY_UJ, POWERCAP_CLASS_DIR } from '../energy/powercap-zones.js';
 import { GuestStatsFile, type StatsCopy } from './guest-stats-file.js';
 import { DirWatch } from './dir-watch.js';
@@ -24,7 +24,8 @@ const GUEST_DIR_FDS = 16;
 const GUEST_AUDIT_EVERY = 60;
 const GUEST_AUDIT_EVERY_WATCHED = 600;
 
-/** A VM as the guest directories see it. */
+const rootOrHelper = (uid: number) => uid === 0 || uid === EUID;
+
 export interface GuestDirVm {
   vmId: number;
   uuid: Uint8Array | null;
@@ -55,7 +56,6 @@ interface ZoneState {
   shown: bigint;
 }
 
-/** A directory published into: its VM's state in it. */
 class Published {
   vmId = -1;
   readonly zones = new Map<string, ZoneState>();
@@ -87,8 +87,6 @@ export class GuestDirs {
   /** Directories refused, by name: the signature they had, so they are checked again only once changed. */
   private readonly refused = new Map<string, string>();
   private readonly limiter: LogLimiter;
-  /** The helper's own uid: a directory it owns is as good as root's. */
-  private readonly euid = process.geteuid?.() ?? 0;
   private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null; round: number }>();
   /** Counts claims() passes: a VM whose name entry was not seen in the last one is gone. */
   private round = 0;
@@ -155,11 +153,10 @@ export class GuestDirs {
       this.rootFd = null;
       return false;
     }
-    const sig = `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
+    const sig = signature(st);
     if (sig === this.rootSig) return this.present.size > 0;
     this.present = new Set(fs.readdirSync(`/proc/self/fd/${this.rootFd}`));
-    // A change within the file system's time granularity may hide another: settled only once older.
-    this.rootSig = st.mtimeNs < BigInt(Date.now() - 50) * 1_000_000n ? sig : '';
+    this.rootSig = settled(st) ? sig : '';
     // A directory removed or replaced: let go of it (a new one is opened afresh).
     for (const name of this.published.keys()) if (!this.present.has(name)) this.unpublish(name);
     for (const name of this.refused.keys()) if (!this.present.has(name)) this.refused.delete(name);
@@ -195,12 +192,8 @@ export class GuestDirs {
 
   /** The directory `name`'s VM this sample, written; or refused, or left alone. */
   private publish(name: string, vms: GuestDirVm[]): void {
-    let p = this.published.get(name);
-    if (p === undefined) {
-      const opened = this.adopt(name, vms);
-      if (opened === null) return;
-      p = opened;
-    }
+    const p = this.published.get(name) ?? this.adopt(name, vms);
+    if (p === null) return;
     const vm = this.owner(p, vms);
     if (typeof vm === 'string') {
       // Said once while the same processes claim it.
@@ -238,10 +231,7 @@ export class GuestDirs {
       return `${live.length} live VMs bound to it name it (pids ${live.map((v) => v.pid).join(', ')}); not written until one of them ends`;
     const vm = live[0] ?? mine.at(-1);
     if (vm !== undefined) return vm;
-    const by =
-      p.dir.owner === 0 || p.dir.owner === this.euid
-        ? `in its group (gid ${p.dir.group}) or run by root`
-        : `run by its owner (uid ${p.dir.owner})`;
+    const by = rootOrHelper(p.dir.owner) ? `in its group (gid ${p.dir.group}) or run by root` : `run by its owner (uid ${p.dir.owner})`;
     const pids = vms.map((v) => `${v.pid} (uid ${v.uid})`).join(', ');
     return `the processes naming it, ${pids}, are not ${by}: not written for them; give the directory to the VM's group (chgrp) or its user`;
   }
@@ -250,8 +240,7 @@ export class GuestDirs {
   private bound(p: Published, vm: GuestDirVm): boolean {
     let b = p.bound.get(vm.vmId);
     if (b !== undefined) return b;
-    const ours = p.dir.owner === 0 || p.dir.owner === this.euid;
-    b = ours ? vm.uid === 0 || vm.uid === this.euid || this.source.inGroup(vm, p.dir.group) : vm.uid === p.dir.owner;
+    b = rootOrHelper(p.dir.owner) ? rootOrHelper(vm.uid) || this.source.inGroup(vm, p.dir.group) : vm.uid === p.dir.owner;
     // Bounded by the VMs that name it; forgotten whole past that (asked again).
     if (p.bound.size >= 64) p.bound.clear();
     p.bound.set(vm.vmId, b);
@@ -260,7 +249,7 @@ export class GuestDirs {
 
   private adopt(name: string, vms: GuestDirVm[]): Published | null {
     const root = this.rootFd!;
-    const opened = SafeDir.open(root, this.root, name, [0, this.euid, ...new Set(vms.map((v) => v.uid))]);
+    const opened = SafeDir.open(root, this.root, name, [0, EUID, ...new Set(vms.map((v) => v.uid))]);
     if (!opened.ok) {
       if (opened.error !== null) this.refuse(name, opened.error, vms);
       return null;
@@ -350,7 +339,6 @@ export class GuestDirs {
     if (file.copy.totals.ended) p.final = true;
   }
 
-  /** Whether the zone is made, under that name, in a directory the helper holds. */
   private shows(p: Published, z: { id: string; name: string }): boolean {
     const s = p.zones.get(z.id);
     return s !== undefined && s.name === z.name && p.dir.holds(z.id);

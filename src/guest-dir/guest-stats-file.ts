@@ -71,13 +71,10 @@ export class GuestStatsFile {
 
   /** The file `file` in `dir`, made now (over an older one) and written by the daemon from then on; null when `open` cannot. */
   static create(dir: SafeDir, file: string, open: OpenStatsCopy): GuestStatsFile | null {
-    let made: { mapping: SharedMapping; ino: bigint } | null = null;
-    const copy = open((bytes) => {
-      made = dir.mapped(file, bytes);
-      return made.mapping.memory;
-    });
+    let made: ReturnType<SafeDir['mapped']> | null = null;
+    const copy = open((bytes) => (made = dir.mapped(file, bytes)).mapping.memory);
     if (copy === null || made === null) return null;
-    const m: { mapping: SharedMapping; ino: bigint } = made;
+    const m: ReturnType<SafeDir['mapped']> = made;
     try {
       return new GuestStatsFile(copy, m.mapping, m.ino);
     } catch (e) {

@@ -46,7 +46,7 @@ import type { DirWatch } from './dir-watch.js';
 
 /** Entries a guest directory may hold before it is refused: checking each costs three calls. */
 const MAX_GUEST_DIR_ENTRIES = 1000;
-/** A directory changed this recently may change again within the file system's time granularity: checked again. */
+/** The file system's time granularity, at most: a change within it may hide another. */
 const SETTLE_NS = 50_000_000n;
 const FILE_MODE = 0o444;
 const DIR_MODE = 0o755;
@@ -117,7 +117,9 @@ function lstatAt(dirFd: number, name: string): fs.BigIntStats | null {
   }
 }
 
-const signature = (st: fs.BigIntStats) => `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
+export const signature = (st: fs.BigIntStats) => `${st.ino}:${st.mtimeNs}:${st.ctimeNs}:${st.size}:${st.nlink}`;
+/** Whether its last change is older than the file system's time granularity (a newer one may hide another). */
+export const settled = (st: fs.BigIntStats) => st.mtimeNs < BigInt(Date.now()) * 1_000_000n - SETTLE_NS;
 const statNow = Buffer.alloc(STAT_SIZE);
 
 /** The directory's stat bytes without its access time (a read changes that alone): equal bytes, nothing changed. Null: fstat failed. */
@@ -125,7 +127,8 @@ function statBytes(fd: number): Buffer | null {
   if (fstatRaw(fd, statNow) < 0) return null;
   return statNow.fill(0, STAT_ATIME_AT, STAT_ATIME_AT + 16);
 }
-const nowNs = () => BigInt(Date.now()) * 1_000_000n;
+/** The helper's own uid: a directory it owns is as good as root's. */
+export const EUID = process.geteuid?.() ?? 0;
 /** Whether files must be chmod'ed after creation: the process's umask takes bits of 0444. */
 const needChmod = (process.umask() & FILE_MODE) !== 0;
 const textBuf = Buffer.alloc(64);
@@ -144,7 +147,6 @@ const swapDefault = process.env.VMSR_GUEST_DIR_SWAP !== '0';
 export class SafeDir {
   /** The stat bytes of the last audit that saw the directory settled, or null: audit again. */
   private sig: Buffer | null = null;
-  private readonly euid = process.geteuid?.() ?? 0;
   /** Directories made by the helper in it (zones, class, class/powercap), by relative name. */
   private readonly dirs = new Map<string, { fd: number; ino: bigint }>();
   /** Files of update(), by "rel/file": the one readers see and its spare, both held open. */
@@ -195,7 +197,7 @@ export class SafeDir {
 
   /** Made readable by its owner and `readers` alone (the helper's directory: an ACL); why it cannot be, or null. */
   restrict(readers: GuestReaders): string | null {
-    if (this.owner !== this.euid) return null;
+    if (this.owner !== EUID) return null;
     const st = fs.fstatSync(this.fd, { bigint: true });
     // Open to others until now: whatever they planted with the helper's names goes aside at the audit.
     if ((st.mode & OTHERS_WRITE) !== 0n) this.clearPlanted = true;
@@ -220,10 +222,7 @@ export class SafeDir {
     return now === null || this.sig === null || !now.equals(this.sig);
   }
 
-  /**
-   * Every entry checked: why the directory is refused, or null. A symlink, hard link, FIFO, device or socket
-   * at its top is refused, and so is an entry at a helper's name the helper did not make; others are left alone.
-   */
+  /** Why the directory is refused (a symlink, hard link, FIFO, device or socket at its top; an entry at a helper's name the helper did not make), or null. */
   audit(): string | null {
     // Taken before the entries are read: a change made while they are read shows as a change next time.
     this.watched?.watch.dirty.delete(this.watched.wd);
@@ -245,10 +244,10 @@ export class SafeDir {
       if (kind !== 'a file' && kind !== 'a directory' && !(aside && isHelperEntry(name) && this.moveAside(name)))
         return `${this.path} holds ${kind}, ${JSON.stringify(name)}`;
       if (kind !== 'a file' && kind !== 'a directory') continue;
-      if (isHelperEntry(name) && Number(e.uid) !== this.euid) {
+      if (isHelperEntry(name) && Number(e.uid) !== EUID) {
         // Planted by another user while others could write here: no longer at a name the guest reads as the helper's.
         if (aside && this.moveAside(name)) continue;
-        return `${this.path}/${name} was not made by the helper (owned by uid ${e.uid}, the helper is uid ${this.euid})`;
+        return `${this.path}/${name} was not made by the helper (owned by uid ${e.uid}, the helper is uid ${EUID})`;
       }
       const made = this.dirs.get(name);
       // One of the helper's directories moved away and something else put there: made again.
@@ -259,8 +258,7 @@ export class SafeDir {
     // Moved away with nothing in its place: let go too (made again when next written).
     const listed = new Set(names);
     for (const rel of [...this.dirs.keys()]) if (!rel.includes('/') && !listed.has(rel)) this.dropDir(rel);
-    // Seen settled only when its last change is older than the file system's time granularity.
-    this.sig = st.mtimeNs < nowNs() - SETTLE_NS ? seen : null;
+    this.sig = settled(st) ? seen : null;
     return null;
   }
 
@@ -287,7 +285,7 @@ export class SafeDir {
     const fd = openAt(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (fd < 0) throw new Error(`${this.path}/${rel} is not a directory the helper can open (${errnoName(-fd)})`);
     const st = fs.fstatSync(fd, { bigint: true });
-    if (Number(st.uid) !== this.euid) {
+    if (Number(st.uid) !== EUID) {
       closeFd(fd);
       throw new Error(`${this.path}/${rel} was not made by the helper (owned by uid ${st.uid})`);
     }
@@ -305,10 +303,9 @@ export class SafeDir {
   }
 
   /**
-   * write() for a file rewritten each sample, same guarantee (old value or new, whole; one held open keeps its
-   * value) at a third of the cost: the spare is rewritten under a write lease (granted only while no one has it
-   * open, a 9p fid or mapping included; it blocks new opens), then RENAME_EXCHANGE swaps the names. A spare
-   * someone holds is let go (its reader keeps it) and a new file made, as write() does.
+   * write() at a third of the cost, same guarantee (old value or new, whole; one held open keeps it): the spare is rewritten
+   * under a write lease (granted only while no one has it open, a 9p fid or mapping included; it blocks new opens), then
+   * RENAME_EXCHANGE swaps the names. A spare someone holds is let go (its reader keeps it) and a new file made.
    */
   update(rel: string, file: string, text: string): void {
     if (!this.swapping) return this.write(rel, file, text);
@@ -396,7 +393,7 @@ export class SafeDir {
     if (fd < 0) return null;
     try {
       const st = fs.fstatSync(fd, { bigint: true });
-      if (!st.isFile() || st.nlink !== 1n || Number(st.uid) !== this.euid || st.size > 32n) return null;
+      if (!st.isFile() || st.nlink !== 1n || Number(st.uid) !== EUID || st.size > 32n) return null;
       const n = pread(fd, textBuf, 32, 0);
       const m = n > 0 ? /^(\d{1,20})\n?$/.exec(textBuf.toString('latin1', 0, n)) : null;
       return m ? BigInt(m[1]!) : null;
@@ -469,6 +466,6 @@ export class SafeDir {
   }
 
   private fix(): string {
-    return `the helper (uid ${this.euid}) must be able to write ${this.path}: its owner is uid ${this.owner}`;
+    return `the helper (uid ${EUID}) must be able to write ${this.path}: its owner is uid ${this.owner}`;
   }
 }

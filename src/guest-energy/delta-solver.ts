@@ -2,7 +2,7 @@
  * The largest e_delta for one host package whose credit under QEMU's arithmetic (qemu-vmsr-loop.ts) does
  * not pass `target`: the credit from p depends only on p's e_delta and grows with it, so a bounded search.
  */
-import { creditedVcpu, deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
+import { deltaTicks, ratioUnits, type LoopState, type LoopThread } from './qemu-vmsr-loop.js';
 
 interface PackageProblem {
   state: LoopState;
@@ -12,14 +12,10 @@ interface PackageProblem {
   target: bigint;
 }
 
-export function creditedFrom(pr: PackageProblem, e: bigint): bigint {
-  return creditOf(pr)(e);
-}
-
 const U64 = (1n << 64n) - 1n;
 
-/** creditedFrom with what does not depend on e worked out once (runIteration's arithmetic, on no copy of the state). */
-function creditOf(pr: PackageProblem): (e: bigint) => bigint {
+/** The credit from e_delta e, what does not depend on e worked out once (runIteration's arithmetic, on no copy of the state). */
+export function creditOf(pr: Omit<PackageProblem, 'target'>): (e: bigint) => bigint {
   const others: bigint[] = [];
   const vcpus: bigint[] = [];
   let nb = pr.state.nbVcpu.get(pr.pkg) ?? 0;
@@ -28,7 +24,7 @@ function creditOf(pr: PackageProblem): (e: bigint) => bigint {
     const d = deltaTicks(t);
     if (d === 0n) continue;
     if (t.vpkg === undefined) others.push(d);
-    else if (creditedVcpu(t)) vcpus.push(d);
+    else vcpus.push(d);
   }
   const carried = pr.state.eRatio.get(pr.pkg) ?? 0n;
   return (e) => {
@@ -41,19 +37,15 @@ function creditOf(pr: PackageProblem): (e: bigint) => bigint {
   };
 }
 
-/** A thread that exited or whose tid was reused underflows QEMU's u64 tick delta: only e_delta 0 keeps it out of the counters. */
-function underflows(threads: readonly LoopThread[]): boolean {
-  return threads.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0));
-}
-
 /** Credits worked out at most per search: the gallops and the bisection over u64 need about 200. */
 export const MAX_SOLVER_STEPS = 400;
 
 /** 0 when nothing can be credited safely; null when the search met its bound (the caller answers 0 and carries). */
 export function solveDelta(pr: PackageProblem): bigint | null {
-  if (pr.target <= 0n || underflows(pr.threads)) return 0n;
+  // A thread that exited or whose tid was reused underflows QEMU's u64 tick delta: only e_delta 0 keeps it out of the counters.
+  if (pr.target <= 0n || pr.threads.some((t) => (t.ticks1 === null ? t.ticks0 > 0 : t.ticks1 < t.ticks0))) return 0n;
   let vcpuTicks = 0n;
-  for (const t of pr.threads) if (creditedVcpu(t)) vcpuTicks += deltaTicks(t);
+  for (const t of pr.threads) if (t.vpkg !== undefined) vcpuTicks += deltaTicks(t);
   if (vcpuTicks === 0n) return 0n;
   let steps = 0;
   const credit = creditOf(pr);

@@ -1,9 +1,9 @@
 /**
- * A pure model of one iteration of QEMU's vmsr thread (`kvm_msr_energy_thread` in
- * target/i386/kvm/kvm.c, helpers in vmsr_energy.c), the same in every version qemu-versions.ts
- * names. Per iteration QEMU lists its threads (all but the main one), reads each one's utime+stime
- * and CPU, asks the helper for the package counter of each host package a thread sat on (e_start),
- * sleeps a nominal 1 s, asks again (e_end), reads the ticks again, and then, with C's types:
+ * A pure model of one iteration of QEMU's vmsr thread (`kvm_msr_energy_thread` in target/i386/kvm/kvm.c, helpers
+ * in vmsr_energy.c), the same in every version MODELLED_QEMU (helper/guest/guest-energy.ts) names. Per iteration
+ * QEMU lists its threads (all but the main one), reads each one's utime+stime and CPU, asks the helper for the
+ * package counter of each host package a thread sat on (e_start), sleeps a nominal 1 s, asks again (e_end), reads
+ * the ticks again, and then, with C's types:
  *
  *   e_delta[p]  = e_end > e_start ? e_end - e_start : 0                    (u64; a wrap gives 0)
  *   delta_ticks = (utime1 + stime1) - (utime0 + stime0)                    (u64; an exited thread reads 0: underflow)
@@ -53,24 +53,13 @@ export function copyLoopState(s: LoopState): LoopState {
   return { eRatio: new Map(s.eRatio), nbVcpu: new Map(s.nbVcpu), vpkgCounter: [...s.vpkgCounter] };
 }
 
-/** Whether QEMU credits this thread as a vCPU: its counters cover every virtual package of the VM from its start. */
-export function creditedVcpu(t: LoopThread): t is LoopThread & { vpkg: number } {
-  return t.vpkg !== undefined;
-}
-
-/** A virtual package met for the first time was at 0 in QEMU all along. */
-function coverVpkgs(s: LoopState, threads: readonly LoopThread[]): void {
-  for (const t of threads) if (creditedVcpu(t)) while (s.vpkgCounter.length <= t.vpkg) s.vpkgCounter.push(0);
-}
-
 export function deltaTicks(t: LoopThread): bigint {
   return BigInt.asUintN(64, BigInt(t.ticks1 ?? 0) - BigInt(t.ticks0));
 }
 
 /** (uint64_t)lround(vmsr_get_ratio(e_delta, delta_ticks, maxticks)). */
 export function ratioUnits(eDelta: bigint, delta: bigint, maxTicks: number): bigint {
-  const x = (Number(eDelta) / 100.0) * ((100.0 / maxTicks) * Number(delta));
-  return lroundU64(x);
+  return lroundU64((Number(eDelta) / 100.0) * ((100.0 / maxTicks) * Number(delta)));
 }
 
 /** lround (half away from zero) cast to u64, for the non-negative values the loop produces. */
@@ -82,7 +71,8 @@ export function lroundU64(x: number): bigint {
 
 /** Runs one iteration on `s` in place; returns each virtual package's credit before the u32 wrap. */
 export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
-  coverVpkgs(s, w.threads);
+  // A virtual package met for the first time was at 0 in QEMU all along.
+  for (const t of w.threads) if (t.vpkg !== undefined) while (s.vpkgCounter.length <= t.vpkg) s.vpkgCounter.push(0);
   const credits = s.vpkgCounter.map(() => 0n);
   const deltas = w.threads.map(deltaTicks);
   const eDelta = (p: number) => w.eDelta.get(p) ?? 0n;
@@ -95,7 +85,7 @@ export function runIteration(s: LoopState, w: LoopWindow): bigint[] {
   });
   for (const [p, nb] of s.nbVcpu) if (nb > 0) s.eRatio.set(p, (s.eRatio.get(p) ?? 0n) / BigInt(nb));
   w.threads.forEach((t, i) => {
-    if (!creditedVcpu(t) || deltas[i] === 0n) return;
+    if (t.vpkg === undefined || deltas[i] === 0n) return;
     const add = ratioUnits(eDelta(t.pkg), deltas[i]!, maxTicks(t.pkg)) + (s.eRatio.get(t.pkg) ?? 0n);
     credits[t.vpkg] = credits[t.vpkg]! + add;
     s.vpkgCounter[t.vpkg] = Number(BigInt.asUintN(32, BigInt(s.vpkgCounter[t.vpkg]!) + add)) % U32;

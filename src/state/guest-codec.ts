@@ -10,8 +10,7 @@
  *     | u16 count, each u32 vpkg counter
  *     | [u32 count, each u32 tid | u64 ticks | u64 starttime | u32 pkg + 1]   (the start read, when there is one)
  */
-import type { GuestCounterState } from '../guest-energy/guest-counter.js';
-import type { ThreadRead } from '../guest-energy/thread-snapshot.js';
+import type { GuestCounterState, ThreadRead } from '../guest-energy/guest-counter.js';
 import { Refused, type Reader, type Writer } from './byte-io.js';
 import { STATE_LIMITS } from './snapshot.js';
 

@@ -1,10 +1,10 @@
 /**
- * The delta solver's credit (creditedFrom, worked out without a copy of QEMU's state) against the
+ * The delta solver's credit (creditOf, worked out without a copy of QEMU's state) against the
  * model's whole iteration (runIteration on a copy), for random states, threads and e_delta values.
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { creditedFrom, MAX_SOLVER_STEPS, solveDelta } from '../../src/guest-energy/delta-solver.js';
+import { creditOf, MAX_SOLVER_STEPS, solveDelta } from '../../src/guest-energy/delta-solver.js';
 import { copyLoopState, runIteration, type LoopState, type LoopThread } from '../../src/guest-energy/qemu-vmsr-loop.js';
 
 const PKG = 1;
@@ -61,9 +61,9 @@ describe('the delta solver', () => {
         });
         const whole = credits.reduce((a, b) => a + b, 0n);
         const pr = { state, pkg: PKG, threads, maxTicks: p.maxTicks, target: 0n };
-        expect(creditedFrom(pr, p.e)).toBe(whole);
+        expect(creditOf(pr)(p.e)).toBe(whole);
         // And the solver's answer never credits more than a target QEMU's carried share leaves room for.
-        if (creditedFrom(pr, 0n) <= whole) expect(creditedFrom(pr, solveDelta({ ...pr, target: whole }) ?? 0n)).toBeLessThanOrEqual(whole);
+        if (creditOf(pr)(0n) <= whole) expect(creditOf(pr)(solveDelta({ ...pr, target: whole }) ?? 0n)).toBeLessThanOrEqual(whole);
       }),
       { numRuns: 2000 },
     );
@@ -88,8 +88,8 @@ describe('the delta solver', () => {
           expect(Date.now() - started).toBeLessThan(5_000);
           if (e === null) return;
           expect(e).toBeLessThan(1n << 64n);
-          if (e > 0n) expect(creditedFrom(pr, e)).toBeLessThanOrEqual(target);
-          if (e > 0n && e < (1n << 64n) - 1n) expect(creditedFrom(pr, e + 1n)).toBeGreaterThan(target);
+          if (e > 0n) expect(creditOf(pr)(e)).toBeLessThanOrEqual(target);
+          if (e > 0n && e < (1n << 64n) - 1n) expect(creditOf(pr)(e + 1n)).toBeGreaterThan(target);
         },
       ),
       { numRuns: 3000 },

@@ -1,5 +1,5 @@
 /**
- * Window ends answered from a forecast (forecast-window.ts) and settled on the threads read after
+ * Window ends answered from a forecast (answerForecast in guest-counter.ts) and settled on the threads read after
  * the reply, against a simulated QEMU run on the answers and the real ticks: over random windows,
  * forecasts that miss either way, and windows that lose a thread (answered from the reads, as
  * GuestEnergy answers them when the task count moved), QEMU credits what the model says, nothing
@@ -9,10 +9,16 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { closeWindow, counterStep, freshGuestCounter, settleWindow, type GuestVm } from '../../src/guest-energy/guest-counter.js';
-import { answerForecast } from '../../src/guest-energy/forecast-window.js';
+import {
+  answerForecast,
+  closeWindow,
+  counterStep,
+  freshGuestCounter,
+  settleWindow,
+  type GuestVm,
+  type ThreadRead,
+} from '../../src/guest-energy/guest-counter.js';
 import { copyLoopState, freshLoopState, qemuEnergyDelta, runIteration, type LoopThread } from '../../src/guest-energy/qemu-vmsr-loop.js';
-import type { ThreadRead } from '../../src/guest-energy/thread-snapshot.js';
 
 const UNIT_J = 2 ** -14;
 const PID = 100;

@@ -5,9 +5,8 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { closeWindow, counterStep, freshGuestCounter, type GuestVm } from '../../src/guest-energy/guest-counter.js';
+import { closeWindow, counterStep, freshGuestCounter, type GuestVm, type ThreadRead } from '../../src/guest-energy/guest-counter.js';
 import { copyLoopState, freshLoopState, qemuEnergyDelta, runIteration, type LoopThread } from '../../src/guest-energy/qemu-vmsr-loop.js';
-import type { ThreadRead } from '../../src/guest-energy/thread-snapshot.js';
 
 const UNIT_J = 2 ** -14;
 const PID = 100;

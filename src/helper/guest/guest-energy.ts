@@ -9,23 +9,21 @@ import type { Logger } from '../../logging/logger.js';
 import type { HostInfo } from '../../model/host.js';
 import type { KeptFdLedger } from '../../os/proc-tasks.js';
 import type { ShareOwner } from '../../budget/uid-share.js';
-import type { GuestEnergyMode } from '../../guest-energy/modes.js';
 import {
+  answerForecast,
   closeWindow,
   requestStep,
   counterStep,
   freshGuestCounter,
+  freshPhases,
   settleWindow,
   type Exact,
   type GuestCounterState,
   type GuestVm,
   type PeerPhase,
+  type ThreadSnapshot,
+  type VcpuForecast,
 } from '../../guest-energy/guest-counter.js';
-import { answerForecast, type VcpuForecast } from '../../guest-energy/forecast-window.js';
-
-import { freshPhases } from '../../guest-energy/window-phases.js';
-import { isModelled, parseQemuVersion, QEMU_VERSION_MARK } from '../../guest-energy/qemu-versions.js';
-import type { ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
 import { ThreadReads, type HeldFds, type StartRead } from './thread-reads.js';
 import { TaskCount } from './task-count.js';
 import {
@@ -74,19 +72,14 @@ export interface GuestEnergyOptions {
   maxPeers?: number;
 }
 
-/** What an operator sees of a VM's guest energy (stats, LIST, the exporter). */
-interface GuestEnergyView {
-  mode: GuestEnergyMode;
-  /** Energy QEMU was given to credit the guest since exact began, and what was attributed meanwhile (J). */
-  guestJ: number;
-  exactJ: number;
-  windows: number;
-  /** Windows QEMU's arithmetic turned into garbage (guest-counter.ts), and by how much (J). */
-  garbageWindows: number;
-  garbageJ: number;
-  /** Windows answered a zero delta for a possible thread exit, and those answered non-zero with an exit seen right after. */
-  exitWindows: number;
-  lateExits: number;
+/** `kvm_msr_energy_thread` arrived in 9.1 and its arithmetic is the same to 11.0 (docs/guest-energy.md "Versions"). */
+const MODELLED_QEMU: readonly string[] = ['9.1', '9.2', '10.0', '10.1', '10.2', '11.0'];
+
+/** QEMU's version ("10.0.2") from its executable's `--version` text ("QEMU emulator version 10.0.2 (Debian ...)"), or null. */
+async function qemuVersion(procRoot: string, pid: number): Promise<string | null> {
+  const text = await exeVersionText(procRoot, pid, 'QEMU emulator version ');
+  const m = text === null ? null : /^(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?/.exec(text);
+  return m ? `${Number(m[1])}.${Number(m[2])}.${Number(m[3] ?? 0)}` : null;
 }
 
 /** A window's start this soon after the last settling, same threads, takes its read (QEMU's end and start reads are < 1 ms apart). */
@@ -95,13 +88,11 @@ const SETTLED_START_NS = 20_000_000n;
 /** A task directory held this long after its window began is let go (its QEMU stopped asking mid-window). */
 const HOLD_LIMIT_NS = 10_000_000_000n;
 
-type RunTimes = Map<number, string | null> | undefined;
-
 /** Where an exact VM's window is: starting (vCPUs read, the others after the reply), open, settling (end forecast, read after the reply), closed. */
 type Edge =
   | { at: 'starting'; vcpuTids: number[]; early: StartRead }
-  | { at: 'open'; vcpuTids: number[]; runTimes: RunTimes; othersNs: number | undefined }
-  | { at: 'settling'; runTimes: RunTimes; closing: GuestVm }
+  | { at: 'open'; vcpuTids: number[]; runTimes?: StartRead['runTimes']; othersNs: number | undefined }
+  | { at: 'settling'; runTimes?: StartRead['runTimes']; closing: GuestVm }
   | { at: 'closed' };
 
 interface ExactIo {
@@ -189,19 +180,19 @@ export class GuestEnergy implements EnergyStatusHook {
   sampled(): void {
     if (this.o.findAll === undefined) return;
     this.peers.sweep(this.o.clock());
-    const pids = new Set<number>();
-    for (const x of this.exact()) pids.add(x.counter.pid);
+    const pids = new Set([...this.exact()].map((x) => x.counter.pid));
     this.views = pids.size > 0 ? this.o.findAll(pids) : new Map();
   }
 
-  /** Undefined for a VM not in exact mode. */
-  view(vmId: number): GuestEnergyView | undefined {
+  /** What an operator sees of a VM's guest energy (stats, LIST, the exporter); undefined for a VM not in exact mode. */
+  view(vmId: number) {
     this.settleAll();
     const x = [...this.exact()].find((e) => e.counter.vmId === vmId);
     if (x === undefined) return undefined;
     const c = x.counter;
     return {
-      mode: 'exact',
+      mode: 'exact' as const,
+      // What QEMU was given to credit the guest since exact began, and what was attributed meanwhile.
       guestJ: c.creditedUnits * this.o.unitJ,
       exactJ: (c.creditedUnits + c.owedUnits - (c.excessUnits ?? 0)) * this.o.unitJ,
       windows: c.windows,
@@ -281,12 +272,10 @@ export class GuestEnergy implements EnergyStatusHook {
 
   private readVersion(pid: number, peer: Peer, vm: GuestVmView): void {
     peer.version = 'reading';
-    const read =
-      this.o.versionOf ??
-      ((p: number) => exeVersionText(this.o.procRoot, p, QEMU_VERSION_MARK).then((t) => (t === null ? null : parseQemuVersion(t))));
+    const read = this.o.versionOf ?? ((p: number) => qemuVersion(this.o.procRoot, p));
     void read(pid).then(
       (v) => {
-        peer.version = v !== null && isModelled(v) ? 'modelled' : 'not modelled';
+        peer.version = v !== null && MODELLED_QEMU.includes(v.split('.').slice(0, 2).join('.')) ? 'modelled' : 'not modelled';
         if (peer.version === 'not modelled')
           this.o.log.warn(
             { vm: vm.vmId, pid, qemu: v ?? 'unknown' },
@@ -325,8 +314,7 @@ export class GuestEnergy implements EnergyStatusHook {
     const cpuNs = unseenCpuNs(othersNs, last?.othersNs, mainNs, last?.mainNs);
     // Read after QEMU listed its threads: a thread at 0 ticks now was at 0 then.
     const idle = read !== null ? idleAtList(read, 0, this.nsPerTick) : undefined;
-    const gapNs = () => Number(this.o.clock() - (last?.atNs ?? 0n));
-    if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: gapNs(), cpuNs, idle });
+    if (c.start !== null) this.watch(x, { tids: c.start.keys(), before, gapNs: Number(this.o.clock() - (last?.atNs ?? 0n)), cpuNs, idle });
     if (count === null) return;
     // Its task directory held; those held past HOLD_LIMIT_NS let go (their QEMU stopped mid-window).
     for (const p of this.exact()) if (now - p.counter.phases.startNs > HOLD_LIMIT_NS) this.release(p, true);

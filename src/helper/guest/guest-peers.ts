@@ -43,7 +43,8 @@ export class GuestPeers<P> {
 
   /** The peer of process `key`, made by `make` if new; undefined when it cannot be remembered (left raw). */
   get(key: ProcessKey, ownerOf: () => ShareOwner | null, nowNs: bigint, make: () => P): P | undefined {
-    const e = this.byKey.get(keyOf(key));
+    const k = `${key.pid}:${key.starttime}`;
+    const e = this.byKey.get(k);
     if (e !== undefined) {
       e.seenNs = nowNs;
       return e.peer;
@@ -52,7 +53,7 @@ export class GuestPeers<P> {
     if (owner === null || !this.room(owner, nowNs)) return undefined;
     const peer = make();
     this.shares.take(owner, 1);
-    this.byKey.set(keyOf(key), { key, owner, seenNs: nowNs, peer });
+    this.byKey.set(k, { key, owner, seenNs: nowNs, peer });
     return peer;
   }
 
@@ -95,8 +96,4 @@ export class GuestPeers<P> {
     this.fullSaid = true;
     return false;
   }
-}
-
-function keyOf(k: ProcessKey): string {
-  return `${k.pid}:${k.starttime}`;
 }

@@ -44,10 +44,10 @@ export function realExitOs(procRoot: string): ExitOs {
 }
 
 /** `pidfd` when this kernel gives pidfds of threads (Linux 6.9+), else `tasks`: asked once, of this thread. */
-export function exitProbeKind(os: Pick<ExitOs, 'pidfdOpenThread' | 'close'> = { pidfdOpenThread, close: closeFd }): ExitProbeKind {
-  const fd = os.pidfdOpenThread(gettid());
+export function exitProbeKind(): ExitProbeKind {
+  const fd = pidfdOpenThread(gettid());
   if (fd < 0) return 'tasks';
-  os.close(fd);
+  closeFd(fd);
   return 'pidfd';
 }
 

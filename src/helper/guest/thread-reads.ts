@@ -7,7 +7,7 @@ import { pread } from '../../os/libc/fds.js';
 import { readProcFile } from '../../os/proc-file.js';
 import { digits, readRunTime, SCHEDSTAT_BYTES } from '../../os/schedstat-gate.js';
 import { parseStatLine } from '../../ratio/stat.js';
-import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/thread-snapshot.js';
+import type { ThreadRead, ThreadSnapshot } from '../../guest-energy/guest-counter.js';
 
 /** The sampler's open fds of a thread (-1: none; ProcTaskReader.heldFds), valid only in the turn of the event loop that asked. */
 export type HeldFds = (pid: number, tid: number) => { stat: number; schedstat: number } | undefined;
@@ -78,20 +78,10 @@ export class ThreadReads {
     if (early !== undefined) for (const tid of early.threads.keys()) if (!last.threads.has(tid)) return null;
     for (const [tid, a] of last.threads) {
       const e = early?.threads.get(tid);
-      if (e !== undefined) {
-        put(out, e, early!.runTimes.get(tid) ?? null);
-        continue;
-      }
-      const fds = this.held(pid, tid);
-      const now = fds !== undefined ? this.runTime(fds.schedstat) : null;
-      if (now === null) return null;
-      if (now === last.runTimes.get(tid)) {
-        put(out, a, now);
-        continue;
-      }
-      const read = this.readThread(pid, tid, fds!.stat);
-      if (read === null) return null;
-      put(out, read.thread, read.running ? null : now);
+      if (e !== undefined) put(out, e, early!.runTimes.get(tid) ?? null);
+      else if (this.held(pid, tid) === undefined) return null;
+      else this.readInto(out, pid, tid, a, last.runTimes.get(tid));
+      if (!out.threads.has(tid)) return null;
     }
     return out;
   }

@@ -1,6 +1,6 @@
 /**
  * Thread exits known by identity (helper/guest/thread-exits.ts) with the model's answers
- * (forecast-window.ts, guest-counter.ts), on a simulated thread table: for any interleaving of
+ * (guest-counter.ts), on a simulated thread table: for any interleaving of
  * thread starts and exits around a window's reads (the helper's last read, QEMU's start listing,
  * the helper's start read, by the settling's read or after the start reply, and the end's reply),
  * either probe (pidfds or the task directory) and any room in the VM's fd share, the helper never
@@ -12,10 +12,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ExitWatch, idleAtList, unseenCpuNs, type ExitOs, type ExitProbeKind } from '../../../src/helper/guest/thread-exits.js';
-import { answerForecast } from '../../../src/guest-energy/forecast-window.js';
-import { closeWindow, freshGuestCounter } from '../../../src/guest-energy/guest-counter.js';
+import { answerForecast, closeWindow, freshGuestCounter, type ThreadRead } from '../../../src/guest-energy/guest-counter.js';
 import type { KeptFdLedger } from '../../../src/os/proc-tasks.js';
-import type { ThreadRead } from '../../../src/guest-energy/thread-snapshot.js';
 
 const PID = 100;
 /** One clock tick (CLK_TCK 100), in the simulation's µs. */
