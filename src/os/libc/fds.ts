@@ -76,21 +76,12 @@ export function dup2(oldfd: number, newfd: number): void {
   if ((fn.dup2(oldfd, newfd) as number) < 0) throw errnoError(`dup2(${oldfd}, ${newfd})`);
 }
 
-function setCloexec(fd: number, on: boolean): void {
+/** Sets `fd` close-on-exec, or (off) lets it survive execve: Node opens everything close-on-exec, its own stdio included. */
+export function setCloexec(fd: number, on: boolean): void {
   const flags = fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
   const want = on ? flags | FD_CLOEXEC : flags & ~FD_CLOEXEC;
   if (want !== flags && (fcntl(fd, F_SETFD, 'int', want) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
-}
-
-/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
-export function keepAcrossExec(fd: number): void {
-  setCloexec(fd, false);
-}
-
-/** Makes `fd` close-on-exec again (undoes keepAcrossExec after an exec that failed). */
-export function closeOnExec(fd: number): void {
-  setCloexec(fd, true);
 }
 
 /** close(2); errors (EBADF) are ignored: after close nothing is left to do. */

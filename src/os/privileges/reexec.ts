@@ -5,7 +5,7 @@
  * the calling thread's credentials, so the drop is done on the main thread, then the command executed again.
  */
 import { capget } from '../libc/capability-calls.js';
-import { keepAcrossExec } from '../libc/fds.js';
+import { setCloexec } from '../libc/fds.js';
 import { execve, ignoreSignal, restoreSignalAction } from '../libc/processes.js';
 import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
 import { CAP_SETPCAP } from './capabilities.js';
@@ -98,7 +98,7 @@ export function daemonArgv(): string[] {
 export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
   for (const fd of new Set([0, 1, 2, ...keepFds])) {
     try {
-      keepAcrossExec(fd);
+      setCloexec(fd, false);
     } catch {
       /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
