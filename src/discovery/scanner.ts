@@ -11,7 +11,7 @@ import { shareOwnerOf } from '../budget/preferred-owner.js';
 import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../budget/uid-share.js';
 import { MAX_VCPUS, type VcpuSpec } from '../model/vcpus.js';
 import { baseName, commOf, isQemuName, parseProcessStat, PF_KTHREAD, vcpuIndexOf, type ProcessStat } from './names.js';
-import { MAX_CMDLINE_BYTES, parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
 import { readCmdline } from './qemu-name.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from './discovery-limits.js';
@@ -105,7 +105,6 @@ export class ProcScanner {
   private readonly maxProbe: number;
   readonly maxVms: number;
   private readonly uptime: () => number;
-  private readonly cmdBuf = Buffer.alloc(MAX_CMDLINE_BYTES + 1);
   /** Counters for tests and the bench: what the last scans cost. */
   readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, quietScans: 0, probeScans: 0, listings: 0 };
   private lastPid: number | null = null;
@@ -329,7 +328,7 @@ export class ProcScanner {
     const hasVcpu = [...threads.values()].some((c) => vcpuIndexOf(c) !== null);
     if (!named && !hasVcpu) return notVm();
     this.cost.cmdlineReads++;
-    const args = readCmdline(this.procRoot, pid, this.cmdBuf);
+    const args = readCmdline(this.procRoot, pid);
     if (args === null || args.length === 0) return notVm();
     if (!hasVcpu) {
       // Named like QEMU but no vCPU thread names: trust the executable when it can be read.

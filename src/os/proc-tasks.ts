@@ -43,15 +43,12 @@ const isGone = (e: unknown): boolean => codeOf(e) === 'ENOENT' || codeOf(e) === 
 const BUF_SIZE = 4096;
 
 /**
- * A line answered from the gate this many times in a row is read anyway: it bounds how old the
- * fields the engine does not use can get in a trace. Each count starts at the next of 0..28 in turn,
- * so that what was first read together (one scan's VMs) does not reach the bound in one interval
- * (a full read of 500 VMs × 8 threads: about 30 ms, in an interval that otherwise costs 5).
+ * A line served by a gate this many times in a row is read anyway (bounds how old unused fields get in a trace). Counts
+ * start at 0..28 in turn, so one scan's VMs do not all read in one interval (500 VMs × 8 threads: 30 ms, not 5).
  */
 export const MAX_GATED_READS = 29;
-/** A thread whose gate opened this many intervals in a row runs every interval: stop probing it... */
+/** A thread whose gate opened this many intervals in a row runs every interval: its line is read unprobed DIRECT_READS times. */
 const BUSY_PROBES = 2;
-/** ...for this many reads (its line is read directly), then probe again. */
 const DIRECT_READS = 14;
 
 const CLOSE_PAREN = 0x29;
@@ -62,7 +59,7 @@ interface ThreadState {
   fd: number;
   /** schedstat fd; -1 for the main thread (always read) or when the kernel has none. */
   sfd: number;
-  /** The last line (no trailing newline) and its bytes. */
+  /** The last line (no newline) and its bytes. */
   line: string | null;
   bytes: Buffer | null;
   /** That run time (ns) exactly: its decimal digits but the last 9, and those 9. runtimeHi -1: not known. */
@@ -71,16 +68,14 @@ interface ThreadState {
   /** The last line's state was R: its run time may lag (nohz_full): read every time. */
   running: boolean;
   gated: number;
-  /** Probes in a row that found the thread had run. */
+  /** Probes in a row that found it had run; reads left that skip the probe. */
   moved: number;
-  /** Reads left that skip the probe. */
   direct: number;
 }
 
 /**
- * A process. The process gate: `cpuNs`, its CPU clock (all threads' run time, exited ones included)
- * read before the last full read, unchanged means no thread ran, was born or ended since (each runs to
- * do so): every line is as it was. Read by pid: a reused pid would need the same CPU time to the ns.
+ * The process gate: `cpuNs`, its CPU clock read before the last full read, unchanged means no thread ran, was born or
+ * ended since (each runs to do so): every line is as it was. A reused pid would need the same CPU time to the ns.
  */
 interface PidState {
   pid: number;
@@ -92,11 +87,11 @@ interface PidState {
   running: boolean;
   gated: number;
   lastOut: Map<number, string> | null;
-  /** Over its share of fds: none of its threads added, the task directory no longer listed. */
+  /** Over its share of fds: no thread added, the task directory no longer listed. */
   frozen: boolean;
   /** The last listing could not open every new thread (out of fds): tried again at the next read. */
   short: boolean;
-  /** Threads when last counted (the main thread's num_threads, or the last listing). */
+  /** Threads when last counted (num_threads, or the last listing). */
   listed: number;
 }
 
@@ -108,11 +103,10 @@ export interface KeptFdLedger {
   release(pid: number, n: number): void;
 }
 
-/** A process not sampled whole: its threads, the ones sampled, and why. */
+/** A process not sampled whole: 'share': over what it may keep (for good); 'fds': the helper ran out of fds at its last listing. */
 export interface NotWhole {
   threads: number;
   sampled: number;
-  /** 'share': over what it may keep (for good); 'fds': the helper ran out of fds at its last listing. */
   why: 'share' | 'fds';
 }
 
@@ -175,10 +169,7 @@ export class ProcTaskReader {
     return n;
   }
 
-  /**
-   * tid -> stat line (no newline), threads that exited left out; null when the process is gone. When
-   * nothing changed, the very map the previous read returned: do not modify it.
-   */
+  /** tid -> stat line (no newline), exited threads left out; null when the process is gone. Unchanged: the previous map (do not modify). */
   read(pid: number): Map<number, string> | null {
     try {
       return this.readOnce(pid);
@@ -266,10 +257,7 @@ export class ProcTaskReader {
     return null; // not reached
   }
 
-  /**
-   * The stat and schedstat fds (-1: none) kept for a thread, for another's pread now
-   * (helper/guest/thread-reads.ts). Valid only in this turn of the event loop: a later read may close them.
-   */
+  /** A thread's stat and schedstat fds (-1: none), for helper/guest/thread-reads.ts: valid only this event-loop turn. */
   heldFds(pid: number, tid: number): { stat: number; schedstat: number } | undefined {
     const t = this.pids.get(pid)?.threads.get(tid);
     return t === undefined ? undefined : { stat: t.fd, schedstat: t.sfd };
@@ -374,10 +362,7 @@ export class ProcTaskReader {
     this.ledger?.release(pid, t.sfd >= 0 ? 2 : 1);
   }
 
-  /**
-   * Syncs the open fds with /proc/<pid>/task; false when the process is gone. A frozen process is not
-   * listed: its threads that end fail their read and are dropped then.
-   */
+  /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. Frozen: not listed (an ended thread's read drops it). */
   private list(pid: number, st: PidState): boolean {
     if (st.frozen) return st.threads.has(pid);
     this.listings++;
@@ -487,11 +472,7 @@ function pidsAreOurs(procRoot: string): boolean {
   }
 }
 
-/**
- * Where the last ')' of a stat line can be: after the pid (at most 7 digits, pid_max 2^22) and a
- * comm of at most 64 bytes (a workqueue worker's; 16 for others) in parentheses. Nothing after
- * comm is a ')'.
- */
+/** Where a stat line's last ')' can be (none follows comm): after the pid (7 digits, pid_max 2^22) and a comm of 64 bytes (a workqueue worker's). */
 const COMM_END_MAX = 7 + 2 + 64 + 1;
 
 /** The line's state (field 3, after the last ')') is R. */
