@@ -1,7 +1,4 @@
-/**
- * bcrypt through libxcrypt's crypt_rn (every Debian, Ubuntu and RHEL host has it: PAM uses it), on a
- * worker thread so that a hash of cost 10 (about 70 ms) never holds up the event loop.
- */
+/** bcrypt by libxcrypt's crypt_rn (PAM's: on every Debian, Ubuntu, RHEL), on a worker thread: a 70 ms hash never holds the loop. */
 import koffi, { type KoffiFunc, type LibraryHandle } from 'koffi';
 import { timingSafeEqual } from 'node:crypto';
 import { cannot } from '../common/errors.js';

@@ -1,7 +1,6 @@
 /**
- * Reading a small /proc file through one reused buffer: /proc files report size 0, so
- * fs.readFileSync reads each into a fresh 64 KiB buffer, and hundreds in a burst (500 VMs
- * registering) leave glibc's heap that many megabytes larger and fragmented.
+ * Small /proc files read through one reused buffer: they report size 0, so readFileSync reads each into a fresh 64 KiB
+ * buffer, and hundreds in a burst (500 VMs registering) leave glibc's heap that many megabytes larger and fragmented.
  */
 import fs from 'node:fs';
 

@@ -1,12 +1,10 @@
 /**
- * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: stat fds stay
- * open and are pread again (procfs regenerates the file on every read), the task directory is listed
- * only when the thread set may have changed, and a process whose CPU clock did not move (PidState) or a
- * thread whose schedstat run time did not (ThreadState) gets its lines as last read (docs/daemon.md,
- * "Sampling cost"). A thread or process gone (ENOENT, ESRCH) is absent; any other failure is contained
- * to its process: one read before goes on from the threads it kept (notWhole()), one never read gets a
- * TaskReadError. A process over its KeptFdLedger grant gets no new thread until forgotten: one added
- * later would bring its whole life's CPU time into one interval (docs/daemon.md, "File descriptors").
+ * The stat lines of registered VMs' threads every interval, cheaply (docs/daemon.md, "Sampling cost"): stat fds stay open
+ * and are pread again (procfs regenerates the file each read), the task directory is listed only when the thread set may
+ * have changed, and a process whose CPU clock (PidState) or a thread whose schedstat run time (ThreadState) did not move
+ * gets its lines as last read. Gone (ENOENT, ESRCH): absent; any other failure stays in its process: one read before goes
+ * on from the threads it kept (notWhole()), one never read gets a TaskReadError. A process over its KeptFdLedger grant
+ * gets no new thread until forgotten: a late one would bring its life's CPU time into one interval ("File descriptors").
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -215,8 +213,7 @@ export class ProcTaskReader {
       this.cost.gatedProcessReads++;
       return st.lastOut;
     }
-    // The leader's fd is bound to the process it was opened for: failing means that process is gone
-    // (a reused pid is another process). Its line also says how many threads the process has now.
+    // The leader's fd is bound to its process: failing means it is gone (a reused pid is another). Its line says how many threads.
     let main = this.readMain(st);
     if (main === null) return this.gone(pid);
     const n = statNumThreads(main);
@@ -399,9 +396,8 @@ export class ProcTaskReader {
   }
 
   /**
-   * Opens each new thread's fds as far as the ledger grants (beyond: frozen); one that ended meanwhile
-   * leaves `present`. Out of fds: what this listing opened is given back; true (short) when the process
-   * had threads, else TaskReadError.
+   * Opens each new thread's fds as far as the ledger grants (beyond: frozen); one ended meanwhile leaves `present`. Out of
+   * fds: what this listing opened is given back; true (short) when the process had threads, else TaskReadError.
    */
   private openThreads(st: PidState, dir: string, fresh: number[], present: Set<number>, hadThreads: boolean): boolean {
     const pid = st.pid;
@@ -472,7 +468,7 @@ function pidsAreOurs(procRoot: string): boolean {
   }
 }
 
-/** Where a stat line's last ')' can be (none follows comm): after the pid (7 digits, pid_max 2^22) and a comm of 64 bytes (a workqueue worker's). */
+/** Where a stat line's last ')' can be (none follows comm): after the pid (7 digits, pid_max 2^22) and a comm of 64 bytes (workqueue worker). */
 const COMM_END_MAX = 7 + 2 + 64 + 1;
 
 /** The line's state (field 3, after the last ')') is R. */

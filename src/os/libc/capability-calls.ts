@@ -1,6 +1,4 @@
-/**
- * Capabilities and ids: capget/capset, prctl, setresuid/setresgid/setgroups.
- */
+/** Capabilities and ids: capget/capset, prctl, setresuid/setresgid/setgroups. */
 import { errnoError, libc } from './errno.js';
 
 const fn = {

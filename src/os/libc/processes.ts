@@ -1,7 +1,4 @@
-/**
- * Process and thread calls: clocks (real time, a process's and this thread's CPU time), pidfds, the tid,
- * exec, signal actions, alarm, resource limits, the thread name.
- */
+/** Process and thread calls: clocks, pidfds, the tid, exec, signal actions, alarm, resource limits, the thread name. */
 import os from 'node:os';
 import koffi from 'koffi';
 import { errnoError, libc, orErrno } from './errno.js';
@@ -52,10 +49,7 @@ export function threadCpuTimeNs(): bigint {
 
 const SYS_PIDFD_SEND_SIGNAL = 424;
 
-/**
- * Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing).
- * EPERM says it runs as a user this process may not signal (a QEMU of another uid): alive all the same.
- */
+/** Whether the process of `pidfd` still runs (pidfd_send_signal of signal 0); EPERM: one we may not signal, alive all the same. */
 export function pidfdAlive(pidfd: number): boolean {
   if (Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0) return true;
   return koffi.errno() === os.constants.errno.EPERM;
@@ -85,10 +79,7 @@ export function gettid(): number {
   return fn.gettid() as number;
 }
 
-/**
- * Replaces the whole process (every thread) with `path`; the pid, the environment given and the fds
- * without FD_CLOEXEC carry over (setCloexec). Returns only by throwing.
- */
+/** Replaces the whole process with `path`: the pid, `env` and fds without FD_CLOEXEC carry over. Returns only by throwing. */
 export function execve(path: string, argv: readonly string[], env: NodeJS.ProcessEnv): never {
   const envp = Object.entries(env)
     .filter((e): e is [string, string] => e[1] !== undefined)

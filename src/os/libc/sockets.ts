@@ -1,7 +1,4 @@
-/**
- * Socket calls Node does not expose: non-blocking send and recv, peer credentials and pidfd, Unix
- * datagrams, fds passed over AF_UNIX sockets (SCM_RIGHTS), socket types, socketpair.
- */
+/** Socket calls Node does not expose: non-blocking send/recv, peer credentials and pidfd, Unix datagrams, SCM_RIGHTS, socketpair. */
 import koffi from 'koffi';
 import { checkLength, errnoError, libc, orErrno } from './errno.js';
 import { closeFd } from './fds.js';
@@ -39,10 +36,7 @@ export const MSG_DONTWAIT = 0x40;
 export const SOCK_STREAM = 1;
 export const SOCK_SEQPACKET = 5;
 
-/**
- * send(2) of buf[0, length) on a stream socket, never blocking and never raising SIGPIPE: the count
- * sent, or -errno (EAGAIN: its send buffer is full; EPIPE/ECONNRESET: the peer is gone).
- */
+/** send(2) of buf[0, length), never blocking nor raising SIGPIPE: the count, or -errno (EAGAIN: buffer full; EPIPE/ECONNRESET). */
 export function sendNow(fd: number, buf: Buffer, length: number): number {
   checkLength('send', buf, length);
   return orErrno(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
@@ -206,9 +200,8 @@ function sendmsgTo(
 }
 
 /**
- * sendmsg(2) of `data` with `fds` on a connected AF_UNIX socket, never raising SIGPIPE: the bytes sent
- * (on a stream socket maybe fewer: the fds went with the first byte). On a stream socket fds need a
- * byte to ride on (the kernel would drop them silently); a datagram may carry fds alone.
+ * sendmsg(2) of `data` with `fds` on a connected AF_UNIX socket, no SIGPIPE: the bytes sent (a stream's maybe fewer, the fds
+ * with the first). On a stream socket fds need a byte to ride on (else dropped silently); a datagram may carry fds alone.
  */
 export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
   if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM)
