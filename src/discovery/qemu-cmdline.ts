@@ -1,8 +1,6 @@
 /**
- * What a QEMU command line says about a VM: its name (-name), UUID (-uuid), machine type version
- * (-machine/-M) and vCPU topology (-smp). Pure. The command line is another process's hostile
- * input: arguments are bounded, every number is checked, and anything not understood is ignored
- * (the VM is still attributed, with the defaults docs/discovery.md states).
+ * A QEMU command line's -name, -uuid, machine type version (-machine/-M) and -smp. Hostile input: arguments are bounded,
+ * every number checked, anything not understood ignored (the VM is attributed with docs/discovery.md's defaults).
  */
 import { MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 
@@ -40,10 +38,7 @@ export function splitCmdline(raw: Buffer): string[] {
   return args.slice(0, MAX_ARGS);
 }
 
-/**
- * QEMU's option syntax: `key=value,key=value`, a doubled comma is a literal comma; the first part
- * may be a bare value for the option's implied key. Returns [implied value | null, map].
- */
+/** QEMU's `key=value,key=value` (a doubled comma is a literal one); a bare first part is the value of `impliedKey`. */
 export function parseQemuOpts(text: string, impliedKey: string): Map<string, string> {
   // A command line's arguments hold no NUL (it separates them): it stands for a literal comma here.
   const parts = text
@@ -66,9 +61,8 @@ export function parseQemuOpts(text: string, impliedKey: string): Map<string, str
 const MAX_VM_NAME = 256;
 
 /**
- * The guest name of a QEMU command line: `-name NAME,...` or `-name guest=NAME,...` (the last -name
- * wins, as in QEMU). null when there is none, or it is empty, longer than MAX_VM_NAME or holds
- * control characters: it goes into logs, traces and Prometheus labels.
+ * `-name NAME,...` or `-name guest=NAME,...` (the last wins, as in QEMU); null when none, empty, longer than MAX_VM_NAME or
+ * holding control characters: it goes into logs, traces and Prometheus labels.
  */
 export function guestNameOf(args: readonly string[]): string | null {
   const opt = lastOption(args, '-name');
@@ -92,9 +86,8 @@ type SmpKey = (typeof SMP_KEYS)[number];
 const SINGLE: SmpTopology = { cpus: 1, maxcpus: 1, sockets: 1, perSocket: 1 };
 
 /**
- * -smp as QEMU 10's machine_parse_smp_config computes it: omitted members are 1, or, given cpus or
- * maxcpus, filled from maxcpus by the machine's preference (cores since machine types 6.2, sockets
- * before; threads last). A topology QEMU would refuse gives an error and the caller's fallback.
+ * -smp as QEMU 10's machine_parse_smp_config: omitted members are 1, or, given cpus or maxcpus, filled from maxcpus by the
+ * machine's preference (cores since 6.2, sockets before; threads last). What QEMU would refuse is an error.
  */
 export function parseSmp(text: string, preferSockets: boolean): SmpTopology | { error: string } {
   const o = parseQemuOpts(text, 'cpus');

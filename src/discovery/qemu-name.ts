@@ -1,7 +1,4 @@
-/**
- * The guest name QEMU was started with (`-name`), for a VM a v2 client registers (REGISTER carries no
- * name), by discovery's rule (guestNameOf), so a registered and a discovered VM get the same name.
- */
+/** The `-name` of a VM a v2 client registers (REGISTER carries none), by discovery's rule: both kinds of VM get the same name. */
 import path from 'node:path';
 import { readProcBytes } from '../os/proc-file.js';
 import { guestNameOf, MAX_CMDLINE_BYTES, splitCmdline } from './qemu-cmdline.js';

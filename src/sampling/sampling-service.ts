@@ -1,7 +1,6 @@
 /**
- * The sampling loop behind v2: a tick every `intervalMs` while a VM is live or a hold is taken, and an
- * interval's steps: begin(), take(), attribute(), trace(), end(), which the owner's interval() calls
- * (docs/architecture.md "One interval"); nothing here calls back up.
+ * The sampling loop behind v2: a tick every `intervalMs` while a VM is live or a hold is taken, and an interval's steps
+ * (begin, take, attribute, trace, end) the owner's interval() calls (docs/architecture.md "One interval").
  */
 import type { Logger } from 'pino';
 import type { IntervalResult } from '../ratio/outputs.js';
@@ -82,10 +81,7 @@ export class SamplingService {
   private pidSet: ReadonlySet<number> | null = null;
   private failure: Error | null = null;
   private traceBroken = false;
-  /**
-   * While a sample is taken in slices: a time no later than its t_ns, stamped on the trace records of
-   * VMs registered or unregistered meanwhile (they come before the sample's): trace times never go back.
-   */
+  /** While a sample is taken in slices: a time before its t_ns, for the trace records of (un)registrations meanwhile (times never go back). */
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
   private began = 0n;
@@ -165,10 +161,7 @@ export class SamplingService {
     for (const vm of s.engine.vms) if (vm.phase !== 'ended') this.live.set(vm.id, vm.pid);
   }
 
-  /**
-   * After restore() and the owner's own restore (or a hold taken): a baseline sample at once when the
-   * loop should run and is idle. After a restore, it closes the interval from the old process's last.
-   */
+  /** After the restores (or a hold): a baseline sample at once when the loop should run and is idle (after a restore, closing the gap). */
   resume(): void {
     if (this.closed) return;
     if (this.shouldRun() && !this.loop.running) this.loop.start({ immediate: true });
