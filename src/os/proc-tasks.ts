@@ -122,14 +122,6 @@ export function keptFds(threads: number): number {
   return threads + Math.max(0, threads - 1);
 }
 
-/** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate. */
-export interface TaskReadCost {
-  statReads: number;
-  probes: number;
-  gatedReads: number;
-  gatedProcessReads: number;
-}
-
 export class ProcTaskReader {
   private readonly pids = new Map<number, PidState>();
   /** Where the next count of gated reads starts (see MAX_GATED_READS). */
@@ -142,7 +134,8 @@ export class ProcTaskReader {
   private readonly clockGate: boolean;
   private readonly ledger: KeptFdLedger | undefined;
   listings = 0;
-  readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
+  /** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate. */
+  readonly cost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
 
   constructor(
     private readonly procRoot: string,

@@ -10,6 +10,7 @@ import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
+import { realtimeNs } from '../os/libc/processes.js';
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {
@@ -17,9 +18,6 @@ export interface SamplingState {
   /** CLOCK_REALTIME when the last sample was taken, ns; null before the first. */
   realtimeNs: bigint | null;
 }
-
-/** CLOCK_REALTIME in ns (ms resolution is enough to tell a restart's gap). */
-const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
 interface SampleSource {
   sample(pids: Iterable<number>): Sample;

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { keptFds, MAX_GATED_READS, ProcTaskReader, type TaskReadCost } from '../../src/os/proc-tasks.js';
+import { keptFds, MAX_GATED_READS, ProcTaskReader } from '../../src/os/proc-tasks.js';
 import { parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
 import { ThreadedProcess, openFdCount, procFdsOf } from '../support/threads.js';
 
@@ -200,7 +200,7 @@ describe('ProcTaskReader gates on real processes', () => {
     r: ProcTaskReader,
     p: ThreadedProcess,
     what: string,
-    done: (d: TaskReadCost) => boolean,
+    done: (d: ProcTaskReader['cost']) => boolean,
   ): Promise<Map<number, string>> {
     const deadline = Date.now() + 3000;
     for (;;) {
@@ -218,7 +218,7 @@ describe('ProcTaskReader gates on real processes', () => {
     }
   }
   /** The process gate answered: no line read, no probe. */
-  const processGated = (d: TaskReadCost) => d.gatedProcessReads === 1 && d.statReads === 0 && d.probes === 0;
+  const processGated = (d: ProcTaskReader['cost']) => d.gatedProcessReads === 1 && d.statReads === 0 && d.probes === 0;
 
   test('a process none of whose threads ran since the last read: no line is read, and every line is what /proc says now', async () => {
     const p = await proc();
