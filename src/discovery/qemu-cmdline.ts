@@ -60,10 +60,7 @@ export function parseQemuOpts(text: string, impliedKey: string): Map<string, str
 /** The longest VM name taken from a command line (libvirt/OpenStack names are far shorter). */
 const MAX_VM_NAME = 256;
 
-/**
- * `-name NAME,...` or `-name guest=NAME,...` (the last wins, as in QEMU); null when none, empty, longer than MAX_VM_NAME or
- * holding control characters: it goes into logs, traces and Prometheus labels.
- */
+/** The last `-name [guest=]NAME,...`; null when none, empty, over MAX_VM_NAME or with control characters (logs, labels). */
 export function guestNameOf(args: readonly string[]): string | null {
   const opt = lastOption(args, '-name');
   if (opt === null) return null;

@@ -59,10 +59,7 @@ export class TickLoop {
     return this.active;
   }
 
-  /**
-   * Starts at origin = now: tick 0 at once (asynchronously) when `immediate`, else tick 1 one interval on. With `endNs`, no
-   * tick is due after it: the loop stops then and calls onEnd.
-   */
+  /** Starts at origin = now: tick 0 at once (async) when `immediate`, else tick 1; with `endNs`, stops then and calls onEnd. */
   start(o: { immediate?: boolean; endNs?: bigint; onEnd?: () => void } = {}): void {
     this.stop();
     this.active = true;

@@ -29,10 +29,7 @@ export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
   return [...DAEMON_NODE_FLAGS.filter((f) => !given.has(flagName(f))), ...kept];
 }
 
-/**
- * Variables passed to the re-executed image (an allowlist: NODE_OPTIONS would load code in it,
- * NODE_PATH and HOME change where modules are found). Names ending in `*` are prefixes.
- */
+/** The re-executed image's variables (`*`: a prefix); not NODE_OPTIONS (loads code), NODE_PATH or HOME (move modules). */
 const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'PATH',
   'LANG',
