@@ -5,6 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { cannot } from '../common/errors.js';
 import { readProcFileOr } from '../os/proc-file.js';
 import { shareOwnerOf } from '../budget/preferred-owner.js';
 import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../budget/uid-share.js';
@@ -364,17 +365,15 @@ export class ProcScanner {
   }
 
   private full(pid: number, owner: ShareOwner, bound: ShareBound): DiscoveryFull {
-    const byUid = this.slots.heldBy(owner.uid);
-    const grow = 'raise --max-discovered-vms to grow every share';
-    const message =
+    const why =
       bound === 'capacity'
-        ? `cannot track VM process ${pid}: discovery tracks ${this.vms.size} VMs, its cap; raise --max-discovered-vms`
+        ? `discovery tracks ${this.vms.size} VMs, its cap`
         : bound === 'uid'
-          ? `cannot track VM process ${pid}: uid ${owner.uid} has ${byUid} VMs tracked, the ${shareOf(this.maxVms, UID_SHARE)} one uid may have ` +
-            `(processes of root and --socket-group are not bound by it); ${grow}`
-          : `cannot track VM process ${pid}: uids other than root and --socket-group have ${this.slots.others} VMs tracked, ` +
-            `the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together; ${grow}`;
-    return { pid, uid: owner.uid, bound, tracked: this.vms.size, message };
+          ? `uid ${owner.uid} has ${this.slots.heldBy(owner.uid)} VMs tracked, the ${shareOf(this.maxVms, UID_SHARE)} one uid may have ` +
+            '(processes of root and --socket-group are not bound by it)'
+          : `uids other than root and --socket-group have ${this.slots.others} VMs tracked, the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together`;
+    const fix = `raise --max-discovered-vms${bound === 'capacity' ? '' : ' to grow every share'}`;
+    return { pid, uid: owner.uid, bound, tracked: this.vms.size, message: cannot(`track VM process ${pid}`, why, fix) };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {

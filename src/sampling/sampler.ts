@@ -54,16 +54,12 @@ export class Sampler {
     };
     const done = new Set<number>();
     for (const pid of [...pids()]) {
-      if (done.has(pid) || !pids().has(pid)) continue;
+      if (!pids().has(pid)) continue;
       done.add(pid);
       read(pid);
       yield null;
     }
-    for (const pid of pids()) {
-      if (done.has(pid)) continue;
-      done.add(pid);
-      read(pid);
-    }
+    for (const pid of pids()) if (!done.has(pid)) read(pid);
     const s: Sample = { tNs, energy, tasks };
     if (this.energy.domainCounters.length > 0) s.domains = domainReadings(readings);
     return s;
