@@ -17,7 +17,6 @@ export function isQemuName(name: string): boolean {
   return name.startsWith('qemu-system-') || name === 'qemu-kvm' || name === 'kvm';
 }
 
-/** Base name of a path-like argv[0] or exe link. */
 export function baseName(p: string): string {
   const i = p.lastIndexOf('/');
   return i < 0 ? p : p.slice(i + 1);

@@ -6,7 +6,6 @@ import { MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 
 /** Bytes of /proc/<pid>/cmdline looked at; a longer command line is cut (its last argument dropped). */
 export const MAX_CMDLINE_BYTES = 128 * 1024;
-/** Arguments looked at. */
 const MAX_ARGS = 4096;
 
 export interface SmpTopology {

@@ -57,7 +57,6 @@ interface DiscoveryFull {
   pid: number;
   uid: number;
   bound: ShareBound;
-  /** VMs tracked now. */
   tracked: number;
   message: string;
 }

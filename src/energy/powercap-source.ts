@@ -17,7 +17,6 @@ import {
 } from './energy-source.js';
 import { POWERCAP_CLASS_DIR, scanPowercap, type PowercapZone } from './powercap-zones.js';
 
-/** powercap counts in µJ. */
 export const POWERCAP_UNIT_J = 1e-6;
 
 /** What to do when the powercap RAPL driver is missing (auto's and the errors' fix). */

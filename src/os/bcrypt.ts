@@ -41,7 +41,6 @@ export function checkBcryptAvailable(): void {
   load();
 }
 
-/** crypt_rn of `phrase` with `setting`, on a worker thread. */
 function cryptAsync(fn: CryptRn, phrase: string, setting: string): Promise<string | null> {
   const data = Buffer.alloc(CRYPT_DATA_SIZE);
   return new Promise((resolve, reject) => {

@@ -59,7 +59,6 @@ async function openChecked(file: string | null, chosen: boolean): Promise<{ fh: 
   }
 }
 
-/** argv[0] of the process when it is an absolute path, else null. */
 async function absoluteArgv0(procRoot: string, pid: number): Promise<string | null> {
   try {
     const argv0 = (await fs.promises.readFile(`${procRoot}/${pid}/cmdline`, 'latin1')).split('\0')[0] ?? '';

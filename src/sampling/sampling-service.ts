@@ -265,7 +265,6 @@ export class SamplingService {
     return { tNs: s.tNs, result, ended };
   }
 
-  /** The sample the engine took into the trace, when recording. */
   trace(s: Sample): void {
     this.traced(() => this.o.trace?.sample(s));
   }

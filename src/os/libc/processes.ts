@@ -101,7 +101,6 @@ export function ignoreSignal(sig: number): Buffer {
   return old;
 }
 
-/** Puts back the action ignoreSignal returned. */
 export function restoreSignalAction(sig: number, old: Buffer): void {
   if ((fn.sigaction(sig, old, null) as number) < 0) throw errnoError(`sigaction(${sig})`);
 }

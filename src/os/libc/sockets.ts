@@ -138,7 +138,6 @@ export function cmsgSpaceForFds(n: number): number {
   return CMSGHDR_SIZE + cmsgAlign(4 * n);
 }
 
-/** The control buffer of one SCM_RIGHTS message carrying `fds`. */
 export function encodeScmRights(fds: readonly number[]): Buffer {
   const c = Buffer.alloc(cmsgSpaceForFds(fds.length));
   c.writeBigUInt64LE(BigInt(cmsgLenForFds(fds.length)), 0);
