@@ -422,10 +422,7 @@ export class ProcScanner {
  * vCPU list from classified threads (none: the main thread stands for the VM in vpkg 0), at most MAX_VCPUS (the lowest tids:
  * thread names are the process's choice). A vCPU's vpkg numbers its guest socket among those holding vCPU threads.
  */
-function vcpusFrom(
-  pid: number,
-  k: { threads: ReadonlyMap<number, { socket: number | null }>; numbering: VpkgNumbering },
-): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
+function vcpusFrom(pid: number, k: Pick<Known, 'threads' | 'numbering'>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
   const found: { tid: number; socket: number }[] = [];
   for (const [tid, t] of k.threads) if (t.socket !== null) found.push({ tid, socket: t.socket });
   if (found.length === 0) return { vcpus: [{ tid: pid, vpkg: 0 }], wholeVmOnly: true };
