@@ -133,9 +133,8 @@ export class ProcTaskReader {
   /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
   private readonly clockGate: boolean;
   private readonly ledger: KeptFdLedger | undefined;
-  listings = 0;
-  /** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate. */
-  readonly cost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
+  /** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate, listings. */
+  readonly cost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0, listings: 0 };
 
   constructor(
     private readonly procRoot: string,
@@ -355,7 +354,7 @@ export class ProcTaskReader {
   /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. Frozen: not listed (an ended thread's read drops it). */
   private list(pid: number, st: PidState): boolean {
     if (st.frozen) return st.threads.has(pid);
-    this.listings++;
+    this.cost.listings++;
     st.readsSinceList = 0;
     const dir = path.join(this.procRoot, String(pid), 'task');
     const hadThreads = st.threads.has(pid);

@@ -54,12 +54,12 @@ describe('ProcTaskReader on real processes', () => {
     const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
     try {
       r.read(p.pid);
-      const listings = r.listings;
+      const listings = r.cost.listings;
       for (let i = 0; i < 5; i++) expect(r.read(p.pid)!.size).toBe(p.tids().length);
-      expect(r.listings).toBe(listings);
+      expect(r.cost.listings).toBe(listings);
       await p.cmd('start 2');
       expect([...r.read(p.pid)!.keys()].sort((a, b) => a - b)).toEqual(p.tids());
-      expect(r.listings).toBeGreaterThan(listings);
+      expect(r.cost.listings).toBeGreaterThan(listings);
     } finally {
       r.close();
     }
@@ -211,6 +211,7 @@ describe('ProcTaskReader gates on real processes', () => {
         probes: r.cost.probes - before.probes,
         gatedReads: r.cost.gatedReads - before.gatedReads,
         gatedProcessReads: r.cost.gatedProcessReads - before.gatedProcessReads,
+        listings: r.cost.listings - before.listings,
       };
       if (done(d)) return lines;
       if (Date.now() > deadline) throw new Error(`${what}: not seen in 3 s (last read: ${JSON.stringify(d)})`);
