@@ -70,11 +70,6 @@ export function guestNameOf(args: readonly string[]): string | null {
 
 const UUID_RE = /^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$/;
 
-function parseUuid(text: string): Buffer | null {
-  if (!UUID_RE.test(text)) return null;
-  return Buffer.from(text.replace(/-/g, ''), 'hex');
-}
-
 const SMP_KEYS = ['cpus', 'maxcpus', 'drawers', 'books', 'sockets', 'dies', 'clusters', 'modules', 'cores', 'threads'] as const;
 type SmpKey = (typeof SMP_KEYS)[number];
 
@@ -144,12 +139,8 @@ export function parseSmp(text: string, preferSockets: boolean): SmpTopology | { 
 
 /** Machine types before 6.2 (e.g. pc-i440fx-6.1, pc-q35-5.2) prefer sockets when filling -smp. */
 export function machinePrefersSockets(machine: string | null): boolean {
-  if (machine === null) return false;
-  const m = /-(\d+)\.(\d+)$/.exec(machine);
-  if (!m) return false;
-  const major = Number(m[1]);
-  const minor = Number(m[2]);
-  return major < 6 || (major === 6 && minor < 2);
+  const m = machine === null ? null : /-(\d+)\.(\d+)$/.exec(machine);
+  return m !== null && (Number(m[1]) < 6 || (Number(m[1]) === 6 && Number(m[2]) < 2));
 }
 
 /** The last occurrence of `-opt`/`--opt` wins, as in QEMU. */
@@ -169,7 +160,7 @@ export function parseQemuCommandLine(args: readonly string[]): QemuCommandLine {
   let uuid: Buffer | null = null;
   const uuidOpt = lastOption(args, '-uuid');
   if (uuidOpt !== null) {
-    uuid = parseUuid(uuidOpt);
+    uuid = UUID_RE.test(uuidOpt) ? Buffer.from(uuidOpt.replace(/-/g, ''), 'hex') : null;
     if (uuid === null) problems.push(`-uuid ${uuidOpt.slice(0, 64)} is not a UUID`);
   }
   const machineOpt = lastOption(args, '-machine', '-M');
