@@ -1,7 +1,6 @@
 /**
- * Names that mark a QEMU/KVM process and its vCPU threads, and the few /proc/<pid>/stat fields
- * discovery needs. Pure. A thread's name is its comm (15 bytes at most, set by the process itself:
- * anything may be in it, including spaces and ')'), so stat fields are counted after the LAST ')'.
+ * Names that mark a QEMU/KVM process and its vCPU threads, and the stat fields discovery needs. A comm is the process's own
+ * (15 bytes, anything in it, spaces and ')' too), so stat fields are counted after the LAST ')'.
  */
 
 /** `CPU <n>/KVM` (or `CPU <n>/TCG` without KVM): QEMU's vCPU thread name with debug-threads=on (libvirt always turns it on). */
@@ -13,16 +12,11 @@ export function vcpuIndexOf(comm: string): number | null {
   return m ? Number(m[1]) : null;
 }
 
-/**
- * A process name or executable base name that QEMU/KVM runs under: qemu-system-<arch> (comm cuts it
- * to 15 bytes: "qemu-system-x86"), qemu-kvm (RHEL's /usr/libexec/qemu-kvm), kvm (Proxmox, Debian's
- * old wrapper).
- */
+/** A name QEMU/KVM runs under: qemu-system-<arch> (comm: "qemu-system-x86"), qemu-kvm (RHEL), kvm (Proxmox, Debian's old wrapper). */
 export function isQemuName(name: string): boolean {
   return name.startsWith('qemu-system-') || name === 'qemu-kvm' || name === 'kvm';
 }
 
-/** Base name of a path-like argv[0] or exe link. */
 export function baseName(p: string): string {
   const i = p.lastIndexOf('/');
   return i < 0 ? p : p.slice(i + 1);
@@ -34,10 +28,7 @@ export interface ProcessStat {
   numThreads: number;
   /** Field 22, clock ticks after boot. */
   starttime: number;
-  /**
-   * Field 38: -1 for a thread that is not its process's main thread (created with CLONE_THREAD).
-   * /proc/<tid> of such a thread resolves though /proc does not list it: it is not a process.
-   */
+  /** Field 38: -1 for a thread not its process's main one (CLONE_THREAD): /proc/<tid> resolves, unlisted, and is no process. */
   exitSignal: number;
 }
 

@@ -1,14 +1,11 @@
 /**
- * What a QEMU command line says about a VM: its name (-name), UUID (-uuid), machine type version
- * (-machine/-M) and vCPU topology (-smp). Pure. The command line is another process's hostile
- * input: arguments are bounded, every number is checked, and anything not understood is ignored
- * (the VM is still attributed, with the defaults docs/discovery.md states).
+ * A QEMU command line's -name, -uuid, machine type version (-machine/-M) and -smp. Hostile input: arguments are bounded,
+ * every number checked, anything not understood ignored (the VM is attributed with docs/discovery.md's defaults).
  */
 import { MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 
 /** Bytes of /proc/<pid>/cmdline looked at; a longer command line is cut (its last argument dropped). */
 export const MAX_CMDLINE_BYTES = 128 * 1024;
-/** Arguments looked at. */
 const MAX_ARGS = 4096;
 
 export interface SmpTopology {
@@ -40,10 +37,7 @@ export function splitCmdline(raw: Buffer): string[] {
   return args.slice(0, MAX_ARGS);
 }
 
-/**
- * QEMU's option syntax: `key=value,key=value`, a doubled comma is a literal comma; the first part
- * may be a bare value for the option's implied key. Returns [implied value | null, map].
- */
+/** QEMU's `key=value,key=value` (a doubled comma is a literal one); a bare first part is the value of `impliedKey`. */
 export function parseQemuOpts(text: string, impliedKey: string): Map<string, string> {
   // A command line's arguments hold no NUL (it separates them): it stands for a literal comma here.
   const parts = text
@@ -65,11 +59,7 @@ export function parseQemuOpts(text: string, impliedKey: string): Map<string, str
 /** The longest VM name taken from a command line (libvirt/OpenStack names are far shorter). */
 const MAX_VM_NAME = 256;
 
-/**
- * The guest name of a QEMU command line: `-name NAME,...` or `-name guest=NAME,...` (the last -name
- * wins, as in QEMU). null when there is none, or it is empty, longer than MAX_VM_NAME or holds
- * control characters: it goes into logs, traces and Prometheus labels.
- */
+/** The last `-name [guest=]NAME,...`; null when none, empty, over MAX_VM_NAME or with control characters (logs, labels). */
 export function guestNameOf(args: readonly string[]): string | null {
   const opt = lastOption(args, '-name');
   if (opt === null) return null;
@@ -80,11 +70,6 @@ export function guestNameOf(args: readonly string[]): string | null {
 
 const UUID_RE = /^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$/;
 
-function parseUuid(text: string): Buffer | null {
-  if (!UUID_RE.test(text)) return null;
-  return Buffer.from(text.replace(/-/g, ''), 'hex');
-}
-
 const SMP_KEYS = ['cpus', 'maxcpus', 'drawers', 'books', 'sockets', 'dies', 'clusters', 'modules', 'cores', 'threads'] as const;
 type SmpKey = (typeof SMP_KEYS)[number];
 
@@ -92,9 +77,8 @@ type SmpKey = (typeof SMP_KEYS)[number];
 const SINGLE: SmpTopology = { cpus: 1, maxcpus: 1, sockets: 1, perSocket: 1 };
 
 /**
- * -smp as QEMU 10's machine_parse_smp_config computes it: omitted members are 1, or, given cpus or
- * maxcpus, filled from maxcpus by the machine's preference (cores since machine types 6.2, sockets
- * before; threads last). A topology QEMU would refuse gives an error and the caller's fallback.
+ * -smp as QEMU 10's machine_parse_smp_config: omitted members are 1, or, given cpus or maxcpus, filled from maxcpus by the
+ * machine's preference (cores since 6.2, sockets before; threads last). What QEMU would refuse is an error.
  */
 export function parseSmp(text: string, preferSockets: boolean): SmpTopology | { error: string } {
   const o = parseQemuOpts(text, 'cpus');
@@ -155,12 +139,8 @@ export function parseSmp(text: string, preferSockets: boolean): SmpTopology | { 
 
 /** Machine types before 6.2 (e.g. pc-i440fx-6.1, pc-q35-5.2) prefer sockets when filling -smp. */
 export function machinePrefersSockets(machine: string | null): boolean {
-  if (machine === null) return false;
-  const m = /-(\d+)\.(\d+)$/.exec(machine);
-  if (!m) return false;
-  const major = Number(m[1]);
-  const minor = Number(m[2]);
-  return major < 6 || (major === 6 && minor < 2);
+  const m = machine === null ? null : /-(\d+)\.(\d+)$/.exec(machine);
+  return m !== null && (Number(m[1]) < 6 || (Number(m[1]) === 6 && Number(m[2]) < 2));
 }
 
 /** The last occurrence of `-opt`/`--opt` wins, as in QEMU. */
@@ -180,7 +160,7 @@ export function parseQemuCommandLine(args: readonly string[]): QemuCommandLine {
   let uuid: Buffer | null = null;
   const uuidOpt = lastOption(args, '-uuid');
   if (uuidOpt !== null) {
-    uuid = parseUuid(uuidOpt);
+    uuid = UUID_RE.test(uuidOpt) ? Buffer.from(uuidOpt.replace(/-/g, ''), 'hex') : null;
     if (uuid === null) problems.push(`-uuid ${uuidOpt.slice(0, 64)} is not a UUID`);
   }
   const machineOpt = lastOption(args, '-machine', '-M');

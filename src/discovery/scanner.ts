@@ -1,25 +1,22 @@
 /**
- * Finds QEMU/KVM processes in /proc (no QMP), cheaply enough for every interval: only new pids are read,
- * looked up one by one unless more than MAX_PIDS_PROBED were handed out (/proc/loadavg) or on a full
- * recheck, when /proc is listed. A known non-VM is looked at again only while young (it may still exec
- * QEMU: libvirt does) or on a full recheck. Rules and limits: docs/discovery.md.
+ * Finds QEMU/KVM processes in /proc (no QMP), cheaply enough for every interval: only new pids are read, one by one unless
+ * more than MAX_PIDS_PROBED were handed out (/proc/loadavg) or on a full recheck, when /proc is listed. A known non-VM is
+ * looked at again only while young (it may still exec QEMU: libvirt does) or on a full recheck. docs/discovery.md.
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { cannot } from '../common/errors.js';
 import { readProcFileOr } from '../os/proc-file.js';
 import { shareOwnerOf } from '../budget/preferred-owner.js';
 import { OTHERS_SHARE, UID_SHARE, UidShares, shareOf, type ShareBound, type ShareOwner } from '../budget/uid-share.js';
 import { MAX_VCPUS, type VcpuSpec } from '../model/vcpus.js';
 import { baseName, commOf, isQemuName, parseProcessStat, PF_KTHREAD, vcpuIndexOf, type ProcessStat } from './names.js';
-import { MAX_CMDLINE_BYTES, parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
+import { parseQemuCommandLine, socketOf, type SmpTopology } from './qemu-cmdline.js';
 import { readCmdline } from './qemu-name.js';
 import { VpkgNumbering } from './vpkg-numbering.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from './discovery-limits.js';
 
-/**
- * At most this many pids handed out since the last scan are looked up one by one (about 3 us for a
- * pid gone, 10 for one present); more, and /proc is listed (about 4 ms with 1,000 processes).
- */
+/** Pids handed out since the last scan looked up one by one (3 us gone, 10 present); more: /proc is listed (4 ms per 1,000 processes). */
 export const MAX_PIDS_PROBED = 128;
 
 export interface DiscoveredVm {
@@ -60,7 +57,6 @@ interface DiscoveryFull {
   pid: number;
   uid: number;
   bound: ShareBound;
-  /** VMs tracked now. */
   tracked: number;
   message: string;
 }
@@ -105,8 +101,7 @@ export class ProcScanner {
   private readonly maxProbe: number;
   readonly maxVms: number;
   private readonly uptime: () => number;
-  private readonly cmdBuf = Buffer.alloc(MAX_CMDLINE_BYTES + 1);
-  /** Counters for tests and the bench: what the last scans cost. */
+  /** What the scans cost (tests and the bench). */
   readonly cost = { statReads: 0, cmdlineReads: 0, threadProbes: 0, quietScans: 0, probeScans: 0, listings: 0 };
   private lastPid: number | null = null;
 
@@ -133,10 +128,7 @@ export class ProcScanner {
     return found;
   }
 
-  /**
-   * The same scan one process at a time: each step looks at one pid (or lists /proc) and yields the VM
-   * it found, or null; the caller may stop between steps and go on later (sampling/time-slices.ts).
-   */
+  /** The same scan one pid (or the /proc listing) per step, yielding the VM found or null: in slices (sampling/time-slices.ts). */
   *scanSteps(): Generator<DiscoveredVm | null, void, undefined> {
     this.scans++;
     const full = this.scans % this.fullEvery === 0;
@@ -146,8 +138,7 @@ export class ProcScanner {
     const prevPid = this.lastPid;
     const quiet = !full && lastPid !== null && lastPid === prevPid;
     this.lastPid = lastPid;
-    // Pids are handed out in increasing order (wrapping at pid_max): every pid created since the last
-    // scan lies in (prevPid, lastPid]. A known pid in that range may belong to a new process.
+    // Pids are handed out in increasing order (wrapping at pid_max): a known pid in (prevPid, lastPid] may be a new process.
     const fresh = (pid: number): boolean => {
       if (prevPid === null || lastPid === null) return true;
       return prevPid <= lastPid ? pid > prevPid && pid <= lastPid : pid > prevPid || pid <= lastPid;
@@ -254,10 +245,7 @@ export class ProcScanner {
     return k === undefined ? null : vcpusFrom(pid, k);
   }
 
-  /**
-   * vCPU threads of a discovered VM from this sample's stat lines (comm is in each line: no extra read):
-   * the new vCPU list when threads were born, renamed or gone (hotplug, tid reuse), null when nothing changed.
-   */
+  /** A VM's vCPU list anew from this sample's stat lines (comm in each) when threads were born, renamed or gone; else null. */
   refine(pid: number, lines: ReadonlyMap<number, string>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } | null {
     const k = this.vms.get(pid);
     if (k === undefined) return null;
@@ -289,10 +277,7 @@ export class ProcScanner {
     return r;
   }
 
-  /**
-   * On a full recheck (`full`) a QEMU-named process with threads is read in depth again: its threads
-   * may have been named `CPU <n>/KVM` since it was seen, a rename no stat field shows.
-   */
+  /** On a full recheck a QEMU-named process with threads is read in depth again: a `CPU <n>/KVM` rename shows in no stat field. */
   private examine(pid: number, before: Other | undefined, now: number, full = false): DiscoveredVm | null {
     const st = this.readStat(pid);
     if (st === null || st.exitSignal === -1) {
@@ -329,7 +314,7 @@ export class ProcScanner {
     const hasVcpu = [...threads.values()].some((c) => vcpuIndexOf(c) !== null);
     if (!named && !hasVcpu) return notVm();
     this.cost.cmdlineReads++;
-    const args = readCmdline(this.procRoot, pid, this.cmdBuf);
+    const args = readCmdline(this.procRoot, pid);
     if (args === null || args.length === 0) return notVm();
     if (!hasVcpu) {
       // Named like QEMU but no vCPU thread names: trust the executable when it can be read.
@@ -379,17 +364,15 @@ export class ProcScanner {
   }
 
   private full(pid: number, owner: ShareOwner, bound: ShareBound): DiscoveryFull {
-    const byUid = this.slots.heldBy(owner.uid);
-    const grow = 'raise --max-discovered-vms to grow every share';
-    const message =
+    const why =
       bound === 'capacity'
-        ? `cannot track VM process ${pid}: discovery tracks ${this.vms.size} VMs, its cap; raise --max-discovered-vms`
+        ? `discovery tracks ${this.vms.size} VMs, its cap`
         : bound === 'uid'
-          ? `cannot track VM process ${pid}: uid ${owner.uid} has ${byUid} VMs tracked, the ${shareOf(this.maxVms, UID_SHARE)} one uid may have ` +
-            `(processes of root and --socket-group are not bound by it); ${grow}`
-          : `cannot track VM process ${pid}: uids other than root and --socket-group have ${this.slots.others} VMs tracked, ` +
-            `the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together; ${grow}`;
-    return { pid, uid: owner.uid, bound, tracked: this.vms.size, message };
+          ? `uid ${owner.uid} has ${this.slots.heldBy(owner.uid)} VMs tracked, the ${shareOf(this.maxVms, UID_SHARE)} one uid may have ` +
+            '(processes of root and --socket-group are not bound by it)'
+          : `uids other than root and --socket-group have ${this.slots.others} VMs tracked, the ${shareOf(this.maxVms, OTHERS_SHARE)} they may have together`;
+    const fix = `raise --max-discovered-vms${bound === 'capacity' ? '' : ' to grow every share'}`;
+    return { pid, uid: owner.uid, bound, tracked: this.vms.size, message: cannot(`track VM process ${pid}`, why, fix) };
   }
 
   private isYoung(st: ProcessStat, now: number): boolean {
@@ -436,14 +419,10 @@ export class ProcScanner {
 }
 
 /**
- * vCPU list from classified threads; with none, the main thread stands for the whole VM in vpkg 0. At
- * most MAX_VCPUS (the lowest tids): thread names are the process's own choice, and model/vcpus.ts's rule
- * allows no more. A vCPU's virtual package numbers its guest socket among those holding vCPU threads.
+ * vCPU list from classified threads (none: the main thread stands for the VM in vpkg 0), at most MAX_VCPUS (the lowest tids:
+ * thread names are the process's choice). A vCPU's vpkg numbers its guest socket among those holding vCPU threads.
  */
-function vcpusFrom(
-  pid: number,
-  k: { threads: ReadonlyMap<number, { socket: number | null }>; numbering: VpkgNumbering },
-): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
+function vcpusFrom(pid: number, k: Pick<Known, 'threads' | 'numbering'>): { vcpus: VcpuSpec[]; wholeVmOnly: boolean } {
   const found: { tid: number; socket: number }[] = [];
   for (const [tid, t] of k.threads) if (t.socket !== null) found.push({ tid, socket: t.socket });
   if (found.length === 0) return { vcpus: [{ tid: pid, vpkg: 0 }], wholeVmOnly: true };

@@ -1,8 +1,7 @@
 /**
- * A discovered VM's virtual packages come from its vCPU threads, not its command line's claim (a
- * process may say `-smp sockets=256`, and each virtual package costs series and UPDATE bytes): only a
- * guest socket holding a vCPU thread gets one, never more than the most sockets in use at once. Pure.
- * The numbering rule: docs/discovery.md, "Virtual packages are what the threads show".
+ * A discovered VM's virtual packages come from its vCPU threads, not its command line (`-smp sockets=256` would cost series
+ * and UPDATE bytes): a guest socket holding a vCPU thread gets one, never more than the most sockets in use at once.
+ * docs/discovery.md, "Virtual packages are what the threads show".
  */
 export class VpkgNumbering {
   /** Guest socket -> virtual package; the values are 0..size-1, each once. */
@@ -25,8 +24,7 @@ export class VpkgNumbering {
         this.bySocket.set(s, this.bySocket.size);
         continue;
       }
-      // Every number is given out: take the lowest one whose socket holds no vCPU now (one exists:
-      // the sockets in use, this one among them, are at most `peak` = the numbers given out).
+      // All given out: take the lowest whose socket holds no vCPU now (one exists: the sockets in use are at most `peak`).
       let vacant: [number, number] | null = null;
       for (const [socket, vpkg] of this.bySocket) if (!used.has(socket) && (vacant === null || vpkg < vacant[1])) vacant = [socket, vpkg];
       this.bySocket.delete(vacant![0]);

@@ -1,7 +1,6 @@
 /**
- * THE rule of --energy-source auto, run where the opens are real (the daemon: as root, before its drop):
- * the MSRs when a device opens (they also answer QEMU), else powercap when every package zone opens, else
- * "cannot find an energy source": what the host lacks, the fitting fix first, and how to try without RAPL.
+ * THE rule of --energy-source auto, where the opens are real (the daemon before its drop): the MSRs when a device opens (they
+ * also answer QEMU), else powercap when every package zone opens, else what the host lacks, the fitting fix first.
  */
 import fs from 'node:fs';
 import path from 'node:path';

@@ -60,10 +60,7 @@ export class EnergyReadError extends Error {
   }
 }
 
-/**
- * One read of a source: `read` of each of `counters` in order. The package's failing fails the read;
- * other domains failing give an EnergyReadError that names them and carries the readings that were read.
- */
+/** `read` of each of `counters` in order: the package's failure fails it, others' give an EnergyReadError carrying the rest read. */
 export function readEach<C extends { domain: EnergyDomain }>(
   kind: EnergySourceKind,
   counters: readonly C[],

@@ -34,10 +34,7 @@ export const MSR_DOMAINS: { readonly [V in Vendor]: Partial<Readonly<Record<Ener
   },
 };
 
-/**
- * Intel family 6 models whose DRAM counts in a fixed 15.3 µJ whatever the ESU (Linux's rapl_defaults_hsw_server,
- * intel_rapl_common.c); not Sapphire or Emerald Rapids: since Linux 6.1 their DRAM counts in the ESU.
- */
+/** Intel family 6 models whose DRAM counts in 15.3 µJ, not the ESU (Linux's rapl_defaults_hsw_server; SPR/EMR not since 6.1). */
 const DRAM_FIXED_UNIT_MODELS: ReadonlyMap<number, string> = new Map([
   [0x3f, 'Haswell-X'],
   [0x4f, 'Broadwell-X'],

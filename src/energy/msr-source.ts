@@ -64,9 +64,8 @@ export class MsrEnergySource implements EnergySource {
   private readonly unwrap = new CounterUnwrapper();
 
   /**
-   * Probes every domain of the vendor: present when its register reads on every package (each core) and
-   * counts (one still at 0 is absent, as Linux's intel_rapl decides). Throws an EnergyReadError when a
-   * package's power unit cannot be read, an Error when a domain `domains` asks for is absent.
+   * Probes the vendor's domains: present when its register reads on every package (each core) and counts (at 0: absent, as
+   * Linux's intel_rapl). Throws EnergyReadError when a power unit cannot be read, an Error when a `domains` one is absent.
    */
   constructor(private readonly o: MsrSourceOptions) {
     const cpuOf = firstCpuPerPackage(o.cpus);
@@ -138,10 +137,7 @@ export class MsrEnergySource implements EnergySource {
     return readEach(this.kind, this.slots, (s) => this.readSlot(s));
   }
 
-  /**
-   * One counter; per-core registers summed (bits 31:0) mod 2^32, which wraps as one counter does under the
-   * read-once-per-wrap bound and is a function of the registers alone (a restart or a trace goes on exactly).
-   */
+  /** Per-core registers summed (bits 31:0) mod 2^32: wraps as one counter, and depends on the registers alone (restarts, traces). */
   private readSlot(slot: ReadSlot): EnergyReading {
     const { plan, cpus } = slot;
     let raw: bigint;

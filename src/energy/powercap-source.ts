@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import { cannot } from '../common/errors.js';
 import { errnoName } from '../os/libc/errno.js';
-import { pread } from '../os/libc/fds.js';
+import { closeFd, pread } from '../os/libc/fds.js';
 import type { DomainCounter, HostCpu, Vendor } from '../model/host.js';
 import { CounterUnwrapper } from './counter-unwrapper.js';
 import {
@@ -17,7 +17,6 @@ import {
 } from './energy-source.js';
 import { POWERCAP_CLASS_DIR, scanPowercap, type PowercapZone } from './powercap-zones.js';
 
-/** powercap counts in µJ. */
 export const POWERCAP_UNIT_J = 1e-6;
 
 /** What to do when the powercap RAPL driver is missing (auto's and the errors' fix). */
@@ -123,7 +122,7 @@ export class PowercapEnergySource implements EnergySource {
       this.zones.push({ pkg, domain, id: zones.map((z) => z.id).join('+'), parts, range: zones[0]!.maxEnergyRangeUj + 1n });
       return;
     }
-    for (const p of parts) fs.closeSync(p.fd);
+    for (const p of parts) closeFd(p.fd);
     const fix = domain === 'package' ? `${POWERCAP_FIX}; energy_uj is readable by root only` : `leave ${domain} out of --domains`;
     if (domain === 'package') throw new EnergyReadError(cannot(`read ${where}'s energy from powercap`, why, fix), this.kind);
     if (o.domains?.includes(domain)) throw new Error(cannot(`read the ${domain} domain of ${where}`, why, fix));
@@ -173,14 +172,6 @@ export class PowercapEnergySource implements EnergySource {
 
   /** Closes the energy_uj fds: the source owns them, also those opened for it before a privilege drop. */
   close(): void {
-    for (const z of this.zones.splice(0)) {
-      for (const p of z.parts) {
-        try {
-          fs.closeSync(p.fd);
-        } catch {
-          /* already closed */
-        }
-      }
-    }
+    for (const z of this.zones.splice(0)) for (const p of z.parts) closeFd(p.fd);
   }
 }

@@ -71,11 +71,7 @@ export class SyntheticEnergySource implements EnergySource {
     if (!(this.idleW >= 0) || !(this.busyW >= 0)) throw new Error('synthetic energy: watts must be >= 0');
     this.powerUnit = o.powerUnit ?? SYNTHETIC_DEFAULTS.powerUnit;
     this.unitJ = joulesPerCounterUnit(this.powerUnit);
-    for (const c of o.cpus) {
-      const list = this.cpusOf.get(c.pkg) ?? [];
-      list.push(c.cpu);
-      this.cpusOf.set(c.pkg, list);
-    }
+    for (const c of o.cpus) this.cpusOf.set(c.pkg, [...(this.cpusOf.get(c.pkg) ?? []), c.cpu]);
     this.packages = [...this.cpusOf.keys()].sort((a, b) => a - b);
     this.statPath = path.join(o.procRoot, 'stat');
     this.clock = o.clock ?? (() => process.hrtime.bigint());

@@ -12,7 +12,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
-import { closeFd, closeOnExec, watchReadable, type FdWatch } from '../os/libc/fds.js';
+import { closeFd, setCloexec, watchReadable, type FdWatch } from '../os/libc/fds.js';
 import { getSeals, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE } from '../os/libc/memfd-mmap.js';
 import { recvWithFds, socketpair, MSG_DONTWAIT, SOCK_SEQPACKET } from '../os/libc/sockets.js';
 import { connectionIno } from './link.js';
@@ -61,7 +61,7 @@ interface KeeperOptions {
 export function runKeeper(o: KeeperOptions): Promise<number> {
   const limits = { ...KEEPER_LIMITS, ...o.limits };
   // Placed by each spawn at KEEPER_FIRST_FD on: never also at their own numbers.
-  for (const fd of o.startFds ?? []) closeOnExec(fd);
+  for (const fd of o.startFds ?? []) setCloexec(fd, true);
   return new Promise<number>((resolve) => new Keeper(o, limits, resolve).start());
 }
 

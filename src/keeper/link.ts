@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
 import { takeEnvJson } from '../common/env-json.js';
 import { prctl } from '../os/libc/capability-calls.js';
-import { keepAcrossExec } from '../os/libc/fds.js';
+import { setCloexec } from '../os/libc/fds.js';
 import { getPeerCredentials, isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
 import {
   encodeKeeperMessage,
@@ -27,7 +27,7 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   // Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every
   // restart in place (a channel that is no socket is left alone: fromEnvironment refuses it).
   const channel = channelFd(env);
-  if (channel !== null) keepAcrossExec(channel);
+  if (channel !== null) setCloexec(channel, false);
   const text = env[KEEPER_ENV.fdNames];
   delete env[KEEPER_ENV.fdNames];
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
@@ -79,7 +79,7 @@ export class KeeperLink {
       delete env[KEEPER_ENV.channel];
       return null;
     }
-    keepAcrossExec(fd);
+    setCloexec(fd, false);
     return new KeeperLink(fd, log);
   }
 

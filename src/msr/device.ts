@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import { msrPath } from './host-paths.js';
 import { msrErrnoHint } from './errno-hints.js';
 import { errnoName } from '../os/libc/errno.js';
-import { pread } from '../os/libc/fds.js';
+import { closeFd, pread } from '../os/libc/fds.js';
 import { cannot } from '../common/errors.js';
 import { describeMsr } from './registers.js';
 
@@ -88,14 +88,12 @@ export class MsrDevice {
   }
 
   private pread8(cpu: number, msr: number): void {
-    let fd = this.fds.get(cpu);
-    if (fd === undefined) {
-      try {
-        fd = this.open(cpu);
-      } catch (e) {
-        const err = e as NodeJS.ErrnoException;
-        throw new MsrReadError(cannot(`open ${this.path(cpu)}`, err.code ?? err.message), cpu, msr, err.code);
-      }
+    let fd: number;
+    try {
+      fd = this.open(cpu);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      throw new MsrReadError(cannot(`open ${this.path(cpu)}`, err.code ?? err.message), cpu, msr, err.code);
     }
     // libc's pread through koffi: Node's fs.readSync costs more than the read itself on this path.
     const n = pread(fd, this.buf, 8, msr);
@@ -107,13 +105,7 @@ export class MsrDevice {
   }
 
   close(): void {
-    for (const fd of this.fds.values()) {
-      try {
-        fs.closeSync(fd);
-      } catch {
-        /* already closed */
-      }
-    }
+    for (const fd of this.fds.values()) closeFd(fd);
     this.fds.clear();
   }
 }

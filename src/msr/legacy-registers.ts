@@ -1,7 +1,4 @@
-/**
- * Which host register answers a legacy (Intel-numbered) request: on Intel itself; AMD has the unit and energy
- * registers at other numbers and no power limit or info, synthesised because QEMU refuses RAPL when either is 0.
- */
+/** The host register for a legacy (Intel-numbered) request; AMD's power limit and info are made up (QEMU refuses RAPL at 0). */
 import {
   LEGACY_ALLOWED_MSRS,
   MSR_AMD_PKG_ENERGY_STATUS,
@@ -45,10 +42,7 @@ export function legacyPlan(vendor: Vendor, msr: number): LegacyPlan | null {
   }
 }
 
-/**
- * MSR_PKG_POWER_LIMIT (PL1 and its enable bit 15) or MSR_PKG_POWER_INFO (thermal spec power = TDP), the rest
- * 0: watts in the unit of `powerUnitRaw` (bits 3:0: 1/2^PU W), clamped to the 15-bit field, at least 1.
- */
+/** PL1 and its enable bit 15, or the TDP, the rest 0: watts in `powerUnitRaw`'s unit (1/2^PU W), within 1..0x7fff. */
 export function synthValue(field: 'power-limit' | 'power-info', powerUnitRaw: bigint, cfg: AmdSynthConfig): bigint {
   const watts = field === 'power-limit' ? cfg.powerLimitWatts : cfg.tdpWatts;
   const units = BigInt(Math.min(0x7fff, Math.max(1, Math.round(watts * 2 ** Number(powerUnitRaw & 0xfn)))));

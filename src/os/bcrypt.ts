@@ -1,10 +1,7 @@
-/**
- * bcrypt through libxcrypt's crypt_rn (every Debian, Ubuntu and RHEL host has it: PAM uses it), on a
- * worker thread so that a hash of cost 10 (about 70 ms) never holds up the event loop.
- */
+/** bcrypt by libxcrypt's crypt_rn (PAM's: on every Debian, Ubuntu, RHEL), on a worker thread: a 70 ms hash never holds the loop. */
 import koffi, { type KoffiFunc, type LibraryHandle } from 'koffi';
 import { timingSafeEqual } from 'node:crypto';
-import { cannot } from '../common/errors.js';
+import { cannotError } from '../common/errors.js';
 
 /** sizeof(struct crypt_data) in libxcrypt; crypt_rn refuses a smaller buffer. */
 const CRYPT_DATA_SIZE = 32768;
@@ -25,12 +22,10 @@ function load(): CryptRn {
   try {
     lib = koffi.load('libcrypt.so.1');
   } catch (e) {
-    throw new Error(
-      cannot(
-        'check passwords',
-        `libcrypt.so.1 does not load (${(e as Error).message})`,
-        'install libcrypt1 (Debian, Ubuntu) or libxcrypt (RHEL)',
-      ),
+    throw cannotError(
+      'check passwords',
+      `libcrypt.so.1 does not load (${(e as Error).message})`,
+      'install libcrypt1 (Debian, Ubuntu) or libxcrypt (RHEL)',
     );
   }
   cryptRn = lib.func('const char *crypt_rn(const char *phrase, const char *setting, void *data, int size)') as CryptRn;
@@ -46,7 +41,6 @@ export function checkBcryptAvailable(): void {
   load();
 }
 
-/** crypt_rn of `phrase` with `setting`, on a worker thread. */
 function cryptAsync(fn: CryptRn, phrase: string, setting: string): Promise<string | null> {
   const data = Buffer.alloc(CRYPT_DATA_SIZE);
   return new Promise((resolve, reject) => {
@@ -69,26 +63,22 @@ export async function bcryptVerify(password: string, hash: string): Promise<bool
 export async function bcryptHash(password: string, cost: number = BCRYPT_COST.default): Promise<string> {
   const fn = load();
   if (!Number.isInteger(cost) || cost < BCRYPT_COST.min || cost > BCRYPT_COST.max)
-    throw new Error(
-      cannot(
-        'hash the password',
-        `cost ${cost} is not an integer in ${BCRYPT_COST.min}..${BCRYPT_COST.max}`,
-        `give --cost ${BCRYPT_COST.default}`,
-      ),
+    throw cannotError(
+      'hash the password',
+      `cost ${cost} is not an integer in ${BCRYPT_COST.min}..${BCRYPT_COST.max}`,
+      `give --cost ${BCRYPT_COST.default}`,
     );
-  if (password.includes('\0')) throw new Error(cannot('hash the password', 'it holds a NUL byte', 'choose a password without one'));
+  if (password.includes('\0')) throw cannotError('hash the password', 'it holds a NUL byte', 'choose a password without one');
   if (Buffer.byteLength(password) > BCRYPT_MAX_PASSWORD_BYTES)
-    throw new Error(
-      cannot(
-        'hash the password',
-        `it is longer than ${BCRYPT_MAX_PASSWORD_BYTES} bytes, and bcrypt reads only that many`,
-        'choose a shorter one',
-      ),
+    throw cannotError(
+      'hash the password',
+      `it is longer than ${BCRYPT_MAX_PASSWORD_BYTES} bytes, and bcrypt reads only that many`,
+      'choose a shorter one',
     );
   const saltBuf = Buffer.alloc(64);
   const setting = cryptGensaltRn!('$2b$', cost, null, 0, saltBuf, saltBuf.length);
-  if (setting === null) throw new Error(cannot('hash the password', 'libcrypt made no bcrypt salt', 'install libcrypt1 4.1 or newer'));
+  if (setting === null) throw cannotError('hash the password', 'libcrypt made no bcrypt salt', 'install libcrypt1 4.1 or newer');
   const out = await cryptAsync(fn, password, setting);
-  if (out === null || !out.startsWith('$2b$')) throw new Error(cannot('hash the password', 'libcrypt refused the bcrypt setting'));
+  if (out === null || !out.startsWith('$2b$')) throw cannotError('hash the password', 'libcrypt refused the bcrypt setting');
   return out;
 }

@@ -1,8 +1,7 @@
 /**
- * The QEMU version of a process, read from its executable (its --version string is a literal in it),
- * opening no path a process chose (docs/security.md, "Exact mode's peers"): a file is looked up with
- * O_PATH (no device or FIFO opened), checked with fstat, then read through that fd. /proc/<pid>/exe,
- * else an absolute argv[0] that is an installed program. Each executable is scanned once.
+ * The QEMU version of a process, from its executable (the --version string is a literal in it), opening no path a process
+ * chose (docs/security.md, "Exact mode's peers"): looked up with O_PATH (no device or FIFO opened), checked by fstat, read
+ * through that fd. /proc/<pid>/exe, else an absolute argv[0] that is an installed program; each scanned once.
  */
 import fs from 'node:fs';
 
@@ -60,7 +59,6 @@ async function openChecked(file: string | null, chosen: boolean): Promise<{ fh: 
   }
 }
 
-/** argv[0] of the process when it is an absolute path, else null. */
 async function absoluteArgv0(procRoot: string, pid: number): Promise<string | null> {
   try {
     const argv0 = (await fs.promises.readFile(`${procRoot}/${pid}/cmdline`, 'latin1')).split('\0')[0] ?? '';

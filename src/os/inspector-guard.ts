@@ -1,7 +1,6 @@
 /**
- * Keeps Node's inspector shut: SIGUSR1 from any process of our uid opens it, and whoever connects runs
- * code in the daemon (docs/security.md, "A debugger opened by SIGUSR1"). A JavaScript listener replaces
- * Node's handler, so installSigusr1Guard() runs first (src/bin/guard.ts).
+ * Keeps Node's inspector shut: SIGUSR1 from any process of our uid opens it, and whoever connects runs code in the daemon
+ * (docs/security.md, "A debugger opened by SIGUSR1"). A JS listener replaces Node's handler: installed first (src/bin/guard.ts).
  */
 import fs from 'node:fs';
 import inspector from 'node:inspector';

@@ -1,7 +1,6 @@
 /**
- * --log-file: the daemon's stderr becomes a file, opened once by the first image (as root); being
- * fd 2 it crosses every exec. A symbolic link is refused (a user who may write the directory must not
- * redirect root's appends to another file), and so is anything but a regular file or /dev/null.
+ * --log-file: stderr becomes a file the first image opens (as root), fd 2 across every exec. A symlink is refused (whoever
+ * may write the directory must not redirect root's appends), and so is anything but a regular file or /dev/null.
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';

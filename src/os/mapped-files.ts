@@ -1,7 +1,7 @@
 /**
- * Giving back the clean file-backed pages start-up touched (docs/performance.md): MADV_DONTNEED unmaps
- * them, the page cache keeps them. Only mappings whose every page is a clean copy of the file qualify
- * (a private page written once, e.g. a breakpoint, would be lost); a smaps block not read as expected is left.
+ * Giving back the clean file-backed pages start-up touched (docs/performance.md): MADV_DONTNEED unmaps them, the page cache
+ * keeps them. Only mappings whose every page is a clean copy of the file qualify (a written private page, e.g. a breakpoint,
+ * would be lost); a smaps block not read as expected is left.
  */
 import fs from 'node:fs';
 import { dropMappedPages } from './libc/memfd-mmap.js';

@@ -26,9 +26,8 @@ export function peerOf(socket: net.Socket): PeerCredentials {
 }
 
 /**
- * The start time of the very process that connected on `socket`: read by pid, and kept only when its
- * pidfd (SO_PEERPIDFD) says it still runs, so still holds that pid (by accept, it may have exited and
- * its pid gone to another: null). Before Linux 6.5, the start time of whatever holds the pid at accept.
+ * The start time of the very process that connected on `socket`: read by pid, kept only when its pidfd (SO_PEERPIDFD) says it
+ * still runs (by accept it may have exited, its pid reused: null). Before Linux 6.5, that of whatever holds the pid.
  */
 export function connectingProcessStart(socket: net.Socket, pid: number, starttimeOf: (pid: number) => number | null): number | null {
   const fd = socketFd(socket);
@@ -63,15 +62,13 @@ export class PeerTasks {
   }
 }
 
-/** PeerTasks.has for a single question. */
 export function tidBelongsTo(procRoot: string, pid: number, tid: number): boolean {
   return new PeerTasks(procRoot, pid).has(tid);
 }
 
 /**
- * Whether the peer is in group `gid`: its primary gid, or a supplementary group of its process
- * (/proc/<pid>/status also covers systemd's SupplementaryGroups=, which /etc/group does not list).
- * The status is believed only while its real and effective uid are the peer's, so a reused pid gains nothing.
+ * Whether the peer is in group `gid`: primary, or supplementary per /proc/<pid>/status (which covers systemd's
+ * SupplementaryGroups=, /etc/group does not), believed only while its real and effective uid are the peer's (pid reuse).
  */
 export function peerInGroup(procRoot: string, peer: PeerCredentials, gid: number): boolean {
   if (peer.gid === gid) return true;

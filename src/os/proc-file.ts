@@ -1,7 +1,6 @@
 /**
- * Reading a small /proc file as text, through one reused buffer: /proc files report size 0, so
- * fs.readFileSync reads each into a fresh 64 KiB buffer, and hundreds in a burst (500 VMs
- * registering) leave glibc's heap that many megabytes larger and fragmented.
+ * Small /proc files read through one reused buffer: they report size 0, so readFileSync reads each into a fresh 64 KiB
+ * buffer, and hundreds in a burst (500 VMs registering) leave glibc's heap that many megabytes larger and fragmented.
  */
 import fs from 'node:fs';
 
@@ -10,25 +9,32 @@ export const MAX_PROC_FILE_BYTES = 1 << 20;
 
 let buf = Buffer.allocUnsafe(4096);
 
-/** The whole file as text; throws what open/read throw, or when it is longer than MAX_PROC_FILE_BYTES. */
-export function readProcFile(file: string, encoding: 'latin1' | 'utf8' = 'latin1'): string {
+/** The first `max` bytes of the file (all when shorter), valid until the next read; throws what open/read throw. */
+export function readProcBytes(file: string, max: number): Buffer {
   const fd = fs.openSync(file, 'r');
   try {
     let n = 0;
     for (;;) {
+      if (n === max) return buf.subarray(0, n);
       if (n === buf.length) {
-        if (buf.length >= MAX_PROC_FILE_BYTES) throw new Error(`${file} is longer than ${MAX_PROC_FILE_BYTES} bytes`);
-        const bigger = Buffer.allocUnsafe(buf.length * 2);
+        const bigger = Buffer.allocUnsafe(Math.min(buf.length * 2, max));
         buf.copy(bigger, 0, 0, n);
         buf = bigger;
       }
-      const got = fs.readSync(fd, buf, n, buf.length - n, null);
-      if (got === 0) return buf.toString(encoding, 0, n);
+      const got = fs.readSync(fd, buf, n, Math.min(buf.length, max) - n, null);
+      if (got === 0) return buf.subarray(0, n);
       n += got;
     }
   } finally {
     fs.closeSync(fd);
   }
+}
+
+/** The whole file as text; throws what open/read throw, or when it is longer than MAX_PROC_FILE_BYTES. */
+export function readProcFile(file: string, encoding: 'latin1' | 'utf8' = 'latin1'): string {
+  const b = readProcBytes(file, MAX_PROC_FILE_BYTES + 1);
+  if (b.length > MAX_PROC_FILE_BYTES) throw new Error(`${file} is longer than ${MAX_PROC_FILE_BYTES} bytes`);
+  return b.toString(encoding);
 }
 
 /** readProcFile, or null when the file cannot be read (the process gone, no permission, too long). */

@@ -1,12 +1,10 @@
 /**
- * Reads the /proc/<pid>/task/<tid>/stat lines of registered VMs every interval, cheaply: stat fds stay
- * open and are pread again (procfs regenerates the file on every read), the task directory is listed
- * only when the thread set may have changed, and a process whose CPU clock did not move (PidState) or a
- * thread whose schedstat run time did not (ThreadState) gets its lines as last read (docs/daemon.md,
- * "Sampling cost"). A thread or process gone (ENOENT, ESRCH) is absent; any other failure is contained
- * to its process: one read before goes on from the threads it kept (notWhole()), one never read gets a
- * TaskReadError. A process over its KeptFdLedger grant gets no new thread until forgotten: one added
- * later would bring its whole life's CPU time into one interval (docs/daemon.md, "File descriptors").
+ * The stat lines of registered VMs' threads every interval, cheaply (docs/daemon.md, "Sampling cost"): stat fds stay open
+ * and are pread again (procfs regenerates the file each read), the task directory is listed only when the thread set may
+ * have changed, and a process whose CPU clock (PidState) or a thread whose schedstat run time (ThreadState) did not move
+ * gets its lines as last read. Gone (ENOENT, ESRCH): absent; any other failure stays in its process: one read before goes
+ * on from the threads it kept (notWhole()), one never read gets a TaskReadError. A process over its KeptFdLedger grant
+ * gets no new thread until forgotten: a late one would bring its life's CPU time into one interval ("File descriptors").
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -43,15 +41,12 @@ const isGone = (e: unknown): boolean => codeOf(e) === 'ENOENT' || codeOf(e) === 
 const BUF_SIZE = 4096;
 
 /**
- * A line answered from the gate this many times in a row is read anyway: it bounds how old the
- * fields the engine does not use can get in a trace. Each count starts at the next of 0..28 in turn,
- * so that what was first read together (one scan's VMs) does not reach the bound in one interval
- * (a full read of 500 VMs × 8 threads: about 30 ms, in an interval that otherwise costs 5).
+ * A line served by a gate this many times in a row is read anyway (bounds how old unused fields get in a trace). Counts
+ * start at 0..28 in turn, so one scan's VMs do not all read in one interval (500 VMs × 8 threads: 30 ms, not 5).
  */
 export const MAX_GATED_READS = 29;
-/** A thread whose gate opened this many intervals in a row runs every interval: stop probing it... */
+/** A thread whose gate opened this many intervals in a row runs every interval: its line is read unprobed DIRECT_READS times. */
 const BUSY_PROBES = 2;
-/** ...for this many reads (its line is read directly), then probe again. */
 const DIRECT_READS = 14;
 
 const CLOSE_PAREN = 0x29;
@@ -62,7 +57,7 @@ interface ThreadState {
   fd: number;
   /** schedstat fd; -1 for the main thread (always read) or when the kernel has none. */
   sfd: number;
-  /** The last line (no trailing newline) and its bytes. */
+  /** The last line (no newline) and its bytes. */
   line: string | null;
   bytes: Buffer | null;
   /** That run time (ns) exactly: its decimal digits but the last 9, and those 9. runtimeHi -1: not known. */
@@ -71,16 +66,14 @@ interface ThreadState {
   /** The last line's state was R: its run time may lag (nohz_full): read every time. */
   running: boolean;
   gated: number;
-  /** Probes in a row that found the thread had run. */
+  /** Probes in a row that found it had run; reads left that skip the probe. */
   moved: number;
-  /** Reads left that skip the probe. */
   direct: number;
 }
 
 /**
- * A process. The process gate: `cpuNs`, its CPU clock (all threads' run time, exited ones included)
- * read before the last full read, unchanged means no thread ran, was born or ended since (each runs to
- * do so): every line is as it was. Read by pid: a reused pid would need the same CPU time to the ns.
+ * The process gate: `cpuNs`, its CPU clock read before the last full read, unchanged means no thread ran, was born or
+ * ended since (each runs to do so): every line is as it was. A reused pid would need the same CPU time to the ns.
  */
 interface PidState {
   pid: number;
@@ -92,11 +85,11 @@ interface PidState {
   running: boolean;
   gated: number;
   lastOut: Map<number, string> | null;
-  /** Over its share of fds: none of its threads added, the task directory no longer listed. */
+  /** Over its share of fds: no thread added, the task directory no longer listed. */
   frozen: boolean;
   /** The last listing could not open every new thread (out of fds): tried again at the next read. */
   short: boolean;
-  /** Threads when last counted (the main thread's num_threads, or the last listing). */
+  /** Threads when last counted (num_threads, or the last listing). */
   listed: number;
 }
 
@@ -108,11 +101,10 @@ export interface KeptFdLedger {
   release(pid: number, n: number): void;
 }
 
-/** A process not sampled whole: its threads, the ones sampled, and why. */
+/** A process not sampled whole: 'share': over what it may keep (for good); 'fds': the helper ran out of fds at its last listing. */
 export interface NotWhole {
   threads: number;
   sampled: number;
-  /** 'share': over what it may keep (for good); 'fds': the helper ran out of fds at its last listing. */
   why: 'share' | 'fds';
 }
 
@@ -130,14 +122,6 @@ export function keptFds(threads: number): number {
   return threads + Math.max(0, threads - 1);
 }
 
-/** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate. */
-export interface TaskReadCost {
-  statReads: number;
-  probes: number;
-  gatedReads: number;
-  gatedProcessReads: number;
-}
-
 export class ProcTaskReader {
   private readonly pids = new Map<number, PidState>();
   /** Where the next count of gated reads starts (see MAX_GATED_READS). */
@@ -149,8 +133,8 @@ export class ProcTaskReader {
   /** The process gate: on only when procRoot's pids are ours (the clock is read by pid, in our namespace). */
   private readonly clockGate: boolean;
   private readonly ledger: KeptFdLedger | undefined;
-  listings = 0;
-  readonly cost: TaskReadCost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0 };
+  /** What the reads cost so far (tests and the bench): stat files read, schedstat probes, lines served by each gate, listings. */
+  readonly cost = { statReads: 0, probes: 0, gatedReads: 0, gatedProcessReads: 0, listings: 0 };
 
   constructor(
     private readonly procRoot: string,
@@ -175,10 +159,7 @@ export class ProcTaskReader {
     return n;
   }
 
-  /**
-   * tid -> stat line (no newline), threads that exited left out; null when the process is gone. When
-   * nothing changed, the very map the previous read returned: do not modify it.
-   */
+  /** tid -> stat line (no newline), exited threads left out; null when the process is gone. Unchanged: the previous map (do not modify). */
   read(pid: number): Map<number, string> | null {
     try {
       return this.readOnce(pid);
@@ -224,8 +205,7 @@ export class ProcTaskReader {
       this.cost.gatedProcessReads++;
       return st.lastOut;
     }
-    // The leader's fd is bound to the process it was opened for: failing means that process is gone
-    // (a reused pid is another process). Its line also says how many threads the process has now.
+    // The leader's fd is bound to its process: failing means it is gone (a reused pid is another). Its line says how many threads.
     let main = this.readMain(st);
     if (main === null) return this.gone(pid);
     const n = statNumThreads(main);
@@ -266,10 +246,7 @@ export class ProcTaskReader {
     return null; // not reached
   }
 
-  /**
-   * The stat and schedstat fds (-1: none) kept for a thread, for another's pread now
-   * (helper/guest/thread-reads.ts). Valid only in this turn of the event loop: a later read may close them.
-   */
+  /** A thread's stat and schedstat fds (-1: none), for helper/guest/thread-reads.ts: valid only this event-loop turn. */
   heldFds(pid: number, tid: number): { stat: number; schedstat: number } | undefined {
     const t = this.pids.get(pid)?.threads.get(tid);
     return t === undefined ? undefined : { stat: t.fd, schedstat: t.sfd };
@@ -374,13 +351,10 @@ export class ProcTaskReader {
     this.ledger?.release(pid, t.sfd >= 0 ? 2 : 1);
   }
 
-  /**
-   * Syncs the open fds with /proc/<pid>/task; false when the process is gone. A frozen process is not
-   * listed: its threads that end fail their read and are dropped then.
-   */
+  /** Syncs the open fds with /proc/<pid>/task; false when the process is gone. Frozen: not listed (an ended thread's read drops it). */
   private list(pid: number, st: PidState): boolean {
     if (st.frozen) return st.threads.has(pid);
-    this.listings++;
+    this.cost.listings++;
     st.readsSinceList = 0;
     const dir = path.join(this.procRoot, String(pid), 'task');
     const hadThreads = st.threads.has(pid);
@@ -414,9 +388,8 @@ export class ProcTaskReader {
   }
 
   /**
-   * Opens each new thread's fds as far as the ledger grants (beyond: frozen); one that ended meanwhile
-   * leaves `present`. Out of fds: what this listing opened is given back; true (short) when the process
-   * had threads, else TaskReadError.
+   * Opens each new thread's fds as far as the ledger grants (beyond: frozen); one ended meanwhile leaves `present`. Out of
+   * fds: what this listing opened is given back; true (short) when the process had threads, else TaskReadError.
    */
   private openThreads(st: PidState, dir: string, fresh: number[], present: Set<number>, hadThreads: boolean): boolean {
     const pid = st.pid;
@@ -487,11 +460,7 @@ function pidsAreOurs(procRoot: string): boolean {
   }
 }
 
-/**
- * Where the last ')' of a stat line can be: after the pid (at most 7 digits, pid_max 2^22) and a
- * comm of at most 64 bytes (a workqueue worker's; 16 for others) in parentheses. Nothing after
- * comm is a ')'.
- */
+/** Where a stat line's last ')' can be (none follows comm): after the pid (7 digits, pid_max 2^22) and a comm of 64 bytes (workqueue worker). */
 const COMM_END_MAX = 7 + 2 + 64 + 1;
 
 /** The line's state (field 3, after the last ')') is R. */

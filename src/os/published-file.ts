@@ -1,7 +1,6 @@
 /**
- * A file published to readers this process does not trust (docs/stats-fd.md "The file"): a memfd mapped
- * MAP_SHARED, then sealed so its size never changes under a reader and only the mapping made before the
- * seal writes (F_SEAL_FUTURE_WRITE). A reader keeps a read-only reopen as long as it likes.
+ * A file published to untrusted readers (docs/stats-fd.md "The file"): a memfd mapped MAP_SHARED, then sealed so its size
+ * never changes under a reader and only the mapping made before the seal writes (F_SEAL_FUTURE_WRITE).
  */
 import fs from 'node:fs';
 import { closeFd } from './libc/fds.js';

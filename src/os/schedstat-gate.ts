@@ -1,10 +1,8 @@
 /**
- * The schedstat thread gate, for every reader of thread stat lines: a thread's line is served again,
- * without a stat read, when its run time (schedstat field 1, ns) equals the run time read just BEFORE
- * that line was, so the thread has not run since the line was printed. The fields keep: utime and
- * stime are cputime_adjust() of the same sum_exec_runtime, which returns the previous split while
- * that sum has not grown (kernel/sched/cputime.c); an fd is bound to its task; a thread that did not
- * run has dticks = 0 whatever its processor. A line that said R is read again: its run time may lag (nohz_full).
+ * The schedstat thread gate: a thread's stat line is served again, unread, when its run time (schedstat field 1, ns) is
+ * the one read just BEFORE that line was: it has not run since. The fields keep: utime and stime are cputime_adjust() of
+ * the same sum_exec_runtime, which keeps the previous split while that sum has not grown (kernel/sched/cputime.c); an fd
+ * is bound to its task; a thread that did not run has dticks = 0. A line that said R is read again (nohz_full lag).
  */
 import { pread } from './libc/fds.js';
 
@@ -14,10 +12,7 @@ export const SCHEDSTAT_BYTES = 128;
 const RUNTIME_DIGITS = 20;
 const SPACE = 0x20;
 
-/**
- * The length of the run time's digits at buf[0]; 0 when the field cannot serve as a gate (not a u64,
- * or "0": a kernel with sched_info off prints "0 0 0" for every thread); or -errno.
- */
+/** The length of the run time's digits at buf[0]; 0 when no gate (not a u64, or "0": sched_info off prints "0 0 0"); or -errno. */
 export function readRunTime(fd: number, buf: Buffer): number {
   const n = pread(fd, buf, SCHEDSTAT_BYTES, 0);
   if (n < 0) return n;

@@ -1,7 +1,6 @@
 /**
- * No SIGHUP may end the daemon between its exec and the new image's handler (docs/security.md, "A
- * second SIGHUP during a restart"): Node's start-up resets SIG_IGN to SIG_DFL, so the first module
- * (src/bin/guard.ts) holds SIGHUP until releaseSighupHold(). No imports: the guard evaluates this first.
+ * No SIGHUP may end the daemon between its exec and the new image's handler (docs/security.md, "A second SIGHUP during a
+ * restart"): Node's start-up resets SIG_IGN, so src/bin/guard.ts holds SIGHUP until releaseSighupHold(). No imports here.
  */
 
 /** Set by the image that executes the daemon again; the new image holds SIGHUP until its handler is in place. */

@@ -1,7 +1,6 @@
 /**
- * What SIGHUP does, for the daemon and the exporter: never end the process (Node's default), as QEMU
- * does not reconnect to a helper that went away. The daemon restarts in place on it (docs/daemon.md
- * "Restarts"); the exporter has nothing to reload and logs so.
+ * SIGHUP never ends the daemon or the exporter (Node's default would): QEMU does not reconnect to a helper that went away.
+ * The daemon restarts in place (docs/daemon.md "Restarts"); the exporter has nothing to reload and logs so.
  */
 import { listen, type Disposable, type EmitterLike } from '../common/disposable.js';
 import { releaseSighupHold } from './sighup-hold.js';

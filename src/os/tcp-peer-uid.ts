@@ -1,7 +1,6 @@
 /**
- * Which user holds the other end of a TCP connection on this host, by sock_diag (what `ss` uses): on
- * loopback every local user has the same address, so this tells one local user's connections from
- * another's. The kernel answers an exact lookup within the send, so the reply is read without waiting.
+ * Which local user holds the other end of a TCP connection, by sock_diag (as `ss`): on loopback every user has the same
+ * address. The kernel answers an exact lookup within the send, so the reply is read without waiting.
  */
 import { ipv4Octets, ipv6Groups } from '../common/ip-address.js';
 import { closeFd } from './libc/fds.js';
@@ -70,9 +69,8 @@ function encodeRequest(ends: Required<TcpEnds>, seq: number): Buffer | null {
 }
 
 /**
- * The uid in a reply, or null. The kernel's lookup falls back to a listening socket on the peer's
- * port when no connection matches (a remote peer whose port a local service listens on): only a
- * connected socket whose ports are the connection's counts.
+ * The uid in a reply, or null. With no connection matching, the kernel falls back to a listening socket on the peer's port
+ * (a remote peer whose port a local service listens on): only a connected socket with the connection's ports counts.
  */
 function decodeReply(r: Buffer, n: number, ends: Required<TcpEnds>): number | null {
   if (n < REPLY.bytes || r.readUInt16LE(REPLY.type) === NLMSG_ERROR) return null;

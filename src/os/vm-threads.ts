@@ -30,7 +30,5 @@ export function vmSpecFromArgs(procRoot: string, pid: number, vcpus: VcpuSpec[],
   const starttime = readStarttime(procRoot, pid);
   if (starttime === null) throw new Error(`process ${pid} does not exist (${path.join(procRoot, String(pid), 'stat')})`);
   checkThreadsOf(procRoot, pid, vcpus);
-  const spec: VmSpec = { pid, starttime, vcpus };
-  if (name !== undefined) spec.name = name;
-  return spec;
+  return { pid, starttime, vcpus, ...(name !== undefined ? { name } : {}) };
 }

@@ -16,9 +16,8 @@ export class Sampler {
   ) {}
 
   /**
-   * The time is taken right before the energy read (the counters move continuously, ticks only at tick
-   * boundaries). Throws EnergyReadError when the package cannot be read. A process gone, or never read
-   * (TaskReadError, e.g. EMFILE), is absent from `tasks`: the engine takes that as its end.
+   * The time is taken right before the energy read (counters move continuously, ticks at tick boundaries). Throws
+   * EnergyReadError when the package cannot be read. A process gone or never read (TaskReadError) is absent: its end.
    */
   sample(pids: Iterable<number>): Sample {
     const wanted = new Set(pids);
@@ -29,10 +28,7 @@ export class Sampler {
     }
   }
 
-  /**
-   * The same sample one VM per step (time-slices.ts); `pids()` is asked again before each read, and a VM
-   * registered meanwhile is read at the end, so the engine never takes a late pid for an ended VM.
-   */
+  /** One VM per step (time-slices.ts), `pids()` asked before each: one registered meanwhile is read at the end, never taken as ended. */
   *sampleSteps(pids: () => ReadonlySet<number>): Generator<null, Sample, undefined> {
     const tNs = this.clock();
     let readings: readonly EnergyReading[];
@@ -58,16 +54,12 @@ export class Sampler {
     };
     const done = new Set<number>();
     for (const pid of [...pids()]) {
-      if (done.has(pid) || !pids().has(pid)) continue;
+      if (!pids().has(pid)) continue;
       done.add(pid);
       read(pid);
       yield null;
     }
-    for (const pid of pids()) {
-      if (done.has(pid)) continue;
-      done.add(pid);
-      read(pid);
-    }
+    for (const pid of pids()) if (!done.has(pid)) read(pid);
     const s: Sample = { tNs, energy, tasks };
     if (this.energy.domainCounters.length > 0) s.domains = domainReadings(readings);
     return s;

@@ -1,7 +1,6 @@
 /**
- * The sampling loop behind v2: a tick every `intervalMs` while a VM is live or a hold is taken, and an
- * interval's steps: begin(), take(), attribute(), trace(), end(), which the owner's interval() calls
- * (docs/architecture.md "One interval"); nothing here calls back up.
+ * The sampling loop behind v2: a tick every `intervalMs` while a VM is live or a hold is taken, and an interval's steps
+ * (begin, take, attribute, trace, end) the owner's interval() calls (docs/architecture.md "One interval").
  */
 import type { Logger } from 'pino';
 import type { IntervalResult } from '../ratio/outputs.js';
@@ -11,6 +10,7 @@ import type { EngineState } from '../ratio/engine-state.js';
 import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.js';
 import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
+import { realtimeNs } from '../os/libc/processes.js';
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {
@@ -18,9 +18,6 @@ export interface SamplingState {
   /** CLOCK_REALTIME when the last sample was taken, ns; null before the first. */
   realtimeNs: bigint | null;
 }
-
-/** CLOCK_REALTIME in ns (ms resolution is enough to tell a restart's gap). */
-const realtimeNs = (): bigint => BigInt(Date.now()) * 1_000_000n;
 
 interface SampleSource {
   sample(pids: Iterable<number>): Sample;
@@ -82,10 +79,7 @@ export class SamplingService {
   private pidSet: ReadonlySet<number> | null = null;
   private failure: Error | null = null;
   private traceBroken = false;
-  /**
-   * While a sample is taken in slices: a time no later than its t_ns, stamped on the trace records of
-   * VMs registered or unregistered meanwhile (they come before the sample's): trace times never go back.
-   */
+  /** While a sample is taken in slices: a time before its t_ns, for the trace records of (un)registrations meanwhile (times never go back). */
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
   private began = 0n;
@@ -165,10 +159,7 @@ export class SamplingService {
     for (const vm of s.engine.vms) if (vm.phase !== 'ended') this.live.set(vm.id, vm.pid);
   }
 
-  /**
-   * After restore() and the owner's own restore (or a hold taken): a baseline sample at once when the
-   * loop should run and is idle. After a restore, it closes the interval from the old process's last.
-   */
+  /** After the restores (or a hold): a baseline sample at once when the loop should run and is idle (after a restore, closing the gap). */
   resume(): void {
     if (this.closed) return;
     if (this.shouldRun() && !this.loop.running) this.loop.start({ immediate: true });
@@ -274,7 +265,6 @@ export class SamplingService {
     return { tNs: s.tNs, result, ended };
   }
 
-  /** The sample the engine took into the trace, when recording. */
   trace(s: Sample): void {
     this.traced(() => this.o.trace?.sample(s));
   }

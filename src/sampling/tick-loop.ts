@@ -1,7 +1,6 @@
 /**
- * THE sampling loop's clockwork, used by `record` and the daemon's sampling service: ticks at
- * origin + k x interval on an injected monotonic clock (ratio/tick.ts), so a late tick pushes no
- * later one back and missed ticks are skipped, not run in a burst. Timers are injected for tests.
+ * THE sampling loop's clockwork (`record`, the daemon): ticks at origin + k x interval on a monotonic clock (ratio/tick.ts),
+ * so a late tick pushes no later one back and missed ticks are skipped, not run in a burst. Timers injected for tests.
  */
 import { nextTick } from '../ratio/tick.js';
 
@@ -60,11 +59,7 @@ export class TickLoop {
     return this.active;
   }
 
-  /**
-   * Starts at origin = now. With `immediate`, tick 0 fires at once (asynchronously); otherwise the
-   * first is tick 1, one interval from now. With `endNs`, no tick is due after it: the loop stops
-   * at endNs and calls onEnd.
-   */
+  /** Starts at origin = now: tick 0 at once (async) when `immediate`, else tick 1; with `endNs`, stops then and calls onEnd. */
   start(o: { immediate?: boolean; endNs?: bigint; onEnd?: () => void } = {}): void {
     this.stop();
     this.active = true;

@@ -1,7 +1,6 @@
 /**
- * Long work (a /proc scan in a storm of new processes, the stat lines of hundreds of VMs) done in
- * slices of SLICE_BUDGET_MS, the rest waiting for the next turn of the event loop (setImmediate) so
- * that QEMU's legacy requests ready meanwhile are served between slices. A step is never cut.
+ * Long work (a /proc scan in a storm of new processes, hundreds of VMs' stat lines) in slices of SLICE_BUDGET_MS, the rest
+ * after setImmediate, so QEMU's legacy requests are served between slices. A step is never cut.
  */
 
 /** Work per event-loop turn, ms: about the most a legacy request waits behind discovery or sampling (docs/daemon.md, "What other users cannot delay"). */
@@ -14,9 +13,8 @@ interface SliceOptions {
 }
 
 /**
- * Runs `steps` to their end, calling `each` with every value, in slices; resolves with what the
- * iterator returns (undefined when stopped). Rejects with the first error a step or `each` throws
- * (the steps left are not run). The first slice runs at once, synchronously.
+ * Runs `steps` to their end in slices (the first at once, synchronously), `each` with every value; resolves with what the
+ * iterator returns (undefined when stopped), rejects with the first error a step or `each` throws (no step runs after).
  */
 export function runInSlices<T, R>(steps: Iterator<T, R>, each: (v: T) => void, o: SliceOptions = {}): Promise<R | undefined> {
   const budget = o.budgetMs ?? SLICE_BUDGET_MS;

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { keptFds, MAX_GATED_READS, ProcTaskReader, type TaskReadCost } from '../../src/os/proc-tasks.js';
+import { keptFds, MAX_GATED_READS, ProcTaskReader } from '../../src/os/proc-tasks.js';
 import { parseStatLine, statNumThreads } from '../../src/ratio/stat.js';
 import { ThreadedProcess, openFdCount, procFdsOf } from '../support/threads.js';
 
@@ -54,12 +54,12 @@ describe('ProcTaskReader on real processes', () => {
     const r = new ProcTaskReader('/proc', { relistEvery: 1000 });
     try {
       r.read(p.pid);
-      const listings = r.listings;
+      const listings = r.cost.listings;
       for (let i = 0; i < 5; i++) expect(r.read(p.pid)!.size).toBe(p.tids().length);
-      expect(r.listings).toBe(listings);
+      expect(r.cost.listings).toBe(listings);
       await p.cmd('start 2');
       expect([...r.read(p.pid)!.keys()].sort((a, b) => a - b)).toEqual(p.tids());
-      expect(r.listings).toBeGreaterThan(listings);
+      expect(r.cost.listings).toBeGreaterThan(listings);
     } finally {
       r.close();
     }
@@ -200,7 +200,7 @@ describe('ProcTaskReader gates on real processes', () => {
     r: ProcTaskReader,
     p: ThreadedProcess,
     what: string,
-    done: (d: TaskReadCost) => boolean,
+    done: (d: ProcTaskReader['cost']) => boolean,
   ): Promise<Map<number, string>> {
     const deadline = Date.now() + 3000;
     for (;;) {
@@ -211,6 +211,7 @@ describe('ProcTaskReader gates on real processes', () => {
         probes: r.cost.probes - before.probes,
         gatedReads: r.cost.gatedReads - before.gatedReads,
         gatedProcessReads: r.cost.gatedProcessReads - before.gatedProcessReads,
+        listings: r.cost.listings - before.listings,
       };
       if (done(d)) return lines;
       if (Date.now() > deadline) throw new Error(`${what}: not seen in 3 s (last read: ${JSON.stringify(d)})`);
@@ -218,7 +219,7 @@ describe('ProcTaskReader gates on real processes', () => {
     }
   }
   /** The process gate answered: no line read, no probe. */
-  const processGated = (d: TaskReadCost) => d.gatedProcessReads === 1 && d.statReads === 0 && d.probes === 0;
+  const processGated = (d: ProcTaskReader['cost']) => d.gatedProcessReads === 1 && d.statReads === 0 && d.probes === 0;
 
   test('a process none of whose threads ran since the last read: no line is read, and every line is what /proc says now', async () => {
     const p = await proc();

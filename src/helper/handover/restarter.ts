@@ -12,7 +12,7 @@ import type { Restartable } from './frozen.js';
 import { socketFd } from '../../os/peer.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
-import { closeFd, closeOnExec } from '../../os/libc/fds.js';
+import { closeFd, setCloexec } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
@@ -226,7 +226,7 @@ export class Restarter {
       } catch (e) {
         for (const fd of keep) {
           try {
-            closeOnExec(fd);
+            setCloexec(fd, true);
           } catch {
             /* closed meanwhile */
           }

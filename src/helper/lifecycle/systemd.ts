@@ -2,7 +2,7 @@
  * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
  * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
  */
-import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
+import { sendUnixDatagram, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { cannot, cannotError } from '../../common/errors.js';
 import type { Inherited } from '../handover/inherited.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
@@ -145,7 +145,7 @@ export class Notifier {
     if (!this.socket) return false;
     const state = `FDSTORE=1\nFDNAME=${name}${opts.poll === false ? '\nFDPOLL=0' : ''}`;
     try {
-      sendUnixDatagramWithFds(this.socket, Buffer.from(state, 'utf8'), fds);
+      sendUnixDatagram(this.socket, Buffer.from(state, 'utf8'), fds);
       return true;
     } catch (e) {
       this.onError(new Error(cannot(`store fds as '${name}' with systemd`, (e as Error).message), { cause: e }));

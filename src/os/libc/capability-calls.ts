@@ -1,6 +1,4 @@
-/**
- * Capabilities and ids: capget/capset, prctl, setresuid/setresgid/setgroups.
- */
+/** Capabilities and ids: capget/capset, prctl, setresuid/setresgid/setgroups. */
 import { errnoError, libc } from './errno.js';
 
 const fn = {
@@ -40,14 +38,10 @@ export function capget(): CapabilitySets {
 /** capset for the calling thread only: Linux capabilities are per thread. */
 export function capset(sets: CapabilitySets): void {
   const data = Buffer.alloc(24);
-  const lo = (v: bigint) => Number(v & 0xffffffffn);
-  const hi = (v: bigint) => Number((v >> 32n) & 0xffffffffn);
-  data.writeUInt32LE(lo(sets.effective), 0);
-  data.writeUInt32LE(lo(sets.permitted), 4);
-  data.writeUInt32LE(lo(sets.inheritable), 8);
-  data.writeUInt32LE(hi(sets.effective), 12);
-  data.writeUInt32LE(hi(sets.permitted), 16);
-  data.writeUInt32LE(hi(sets.inheritable), 20);
+  [sets.effective, sets.permitted, sets.inheritable].forEach((v, i) => {
+    data.writeUInt32LE(Number(v & 0xffffffffn), 4 * i);
+    data.writeUInt32LE(Number((v >> 32n) & 0xffffffffn), 12 + 4 * i);
+  });
   if (fn.capset(capHeader(), data) !== 0) throw errnoError('capset');
 }
 

@@ -1,7 +1,4 @@
-/**
- * Paths relative to a directory fd (guest-dir/: nothing followed): open, mkdir, rename and exchange,
- * unlink, symlinks, leases, inotify. Each call gives what the kernel returned (0, an fd) or -errno.
- */
+/** Paths relative to a directory fd (guest-dir/: nothing followed), leases, inotify; each call gives what the kernel returned or -errno. */
 import koffi from 'koffi';
 import { fcntl, libc, orErrno } from './errno.js';
 
@@ -63,10 +60,7 @@ export function signalLeaseBreaks(fd: number): number {
   return orErrno(fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL));
 }
 
-/**
- * A write lease on the file of `fd`, granted only while no other open file refers to it: 0, -EAGAIN
- * when one does, another -errno where leases cannot be had. While held, an open of the file waits.
- */
+/** A write lease on `fd`'s file (an open of it waits while held): 0, -EAGAIN when another open file refers to it, or -errno. */
 export function takeWriteLease(fd: number): number {
   return orErrno(fcntl(fd, F_SETLEASE, 'int', F_WRLCK));
 }
@@ -109,10 +103,7 @@ export function inotifyInit(): number {
   return orErrno(fn.inotify_init1(O_NONBLOCK | O_CLOEXEC));
 }
 
-/**
- * inotify_add_watch(2) of the directory open as `dirFd` (/proc/self/fd names it, not a path looked up
- * again): a watch descriptor, or -errno (ENOSPC: max_user_watches reached).
- */
+/** inotify_add_watch(2) of the directory open as `dirFd` (by /proc/self/fd, no path looked up again); -errno (ENOSPC: too many). */
 export function inotifyWatchFd(inotifyFd: number, dirFd: number, mask: number): number {
   return orErrno(fn.inotify_add_watch(inotifyFd, `/proc/self/fd/${dirFd}`, mask | IN_ONLYDIR));
 }

@@ -1,7 +1,4 @@
-/**
- * The libc calls Node does not expose, through koffi, one file per concern; this one loads libc and
- * names errno. Every pointer argument is a Buffer, so no native memory is ever owned by JS.
- */
+/** libc through koffi (calls Node does not expose, a file per concern), and errno. Pointers are Buffers: JS owns no native memory. */
 import koffi from 'koffi';
 import os from 'node:os';
 

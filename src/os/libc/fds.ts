@@ -1,7 +1,4 @@
-/**
- * Calls on an fd: pread/pwrite/read/write without Node's fs, dup and close-on-exec, close, readable
- * watches and epoll, truncate, chmod, xattr, fstat.
- */
+/** Calls on an fd: pread/pwrite/read/write without Node's fs, dup and close-on-exec, close, readable watches and epoll, and more. */
 import koffi from 'koffi';
 import { checkLength, errnoError, fcntl, libc, orErrno } from './errno.js';
 
@@ -21,10 +18,7 @@ const fn = {
   read: libc.func('long read(int fd, void *buf, size_t count)'),
 };
 
-/**
- * pread(2): the count read, or -errno. No exception on this path: the sampler reads thousands of
- * /proc files per interval, and a thread that exited (ESRCH) is routine there.
- */
+/** pread(2): the count read, or -errno: no exception on the sampler's thousands of reads per interval, where ESRCH is routine. */
 export function pread(fd: number, buf: Buffer, length: number, offset: number): number {
   checkLength('pread', buf, length);
   return orErrno(fn.pread(fd, buf, length, offset));
@@ -49,10 +43,7 @@ export function epollAdd(epfd: number, fd: number, data: number): number {
   return orErrno(fn.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, epollEvent));
 }
 
-/**
- * The data of the fds of `epfd` ready now, at most `buf.length / 12` (epoll_wait with a zero
- * timeout: never blocks); -errno as the only element when it fails.
- */
+/** The data of the fds of `epfd` ready now (epoll_wait, zero timeout), at most `buf.length / 12`; [-errno] when it fails. */
 export function epollReadyNow(epfd: number, buf: Buffer): number[] {
   const n = fn.epoll_wait(epfd, buf, Math.floor(buf.length / EPOLL_EVENT_SIZE), 0) as number;
   if (n < 0) return [-koffi.errno()];
@@ -76,21 +67,12 @@ export function dup2(oldfd: number, newfd: number): void {
   if ((fn.dup2(oldfd, newfd) as number) < 0) throw errnoError(`dup2(${oldfd}, ${newfd})`);
 }
 
-function setCloexec(fd: number, on: boolean): void {
+/** Sets `fd` close-on-exec, or (off) lets it survive execve: Node opens everything close-on-exec, its own stdio included. */
+export function setCloexec(fd: number, on: boolean): void {
   const flags = fcntl(fd, F_GETFD) as number;
   if (flags < 0) throw errnoError(`fcntl(${fd}, F_GETFD)`);
   const want = on ? flags | FD_CLOEXEC : flags & ~FD_CLOEXEC;
   if (want !== flags && (fcntl(fd, F_SETFD, 'int', want) as number) < 0) throw errnoError(`fcntl(${fd}, F_SETFD)`);
-}
-
-/** Lets `fd` survive execve. Node opens everything close-on-exec, its own stdio included. */
-export function keepAcrossExec(fd: number): void {
-  setCloexec(fd, false);
-}
-
-/** Makes `fd` close-on-exec again (undoes keepAcrossExec after an exec that failed). */
-export function closeOnExec(fd: number): void {
-  setCloexec(fd, true);
 }
 
 /** close(2); errors (EBADF) are ignored: after close nothing is left to do. */
@@ -103,9 +85,8 @@ export interface FdWatch {
 }
 
 /**
- * Calls `onReadable` from the event loop whenever `fd` has something to read (or an error a read will
- * report), level-triggered. Never an fd a net.Socket watches itself (libuv keeps one watcher per fd
- * number): give it a duplicate (dupCloexec).
+ * Calls `onReadable` whenever `fd` has something to read (or an error to report), level-triggered. Never an fd a net.Socket
+ * watches itself (libuv keeps one watcher per fd number): give it a duplicate (dupCloexec).
  */
 export function watchReadable(fd: number, onReadable: () => void): FdWatch {
   const handle = koffi.node.poll(fd, { readable: true, disconnect: true }, () => onReadable());

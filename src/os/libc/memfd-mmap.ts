@@ -1,6 +1,4 @@
-/**
- * Memory: memfd with seals, shared mappings of a file, and memory given back (malloc_trim, madvise).
- */
+/** Memory: memfd with seals, shared mappings of a file, and memory given back (malloc_trim, madvise). */
 import koffi from 'koffi';
 import { errnoError, fcntl, libc } from './errno.js';
 

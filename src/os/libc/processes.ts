@@ -1,7 +1,4 @@
-/**
- * Process and thread calls: clocks (real time, a process's and this thread's CPU time), pidfds, the tid,
- * exec, signal actions, alarm, resource limits, the thread name.
- */
+/** Process and thread calls: clocks, pidfds, the tid, exec, signal actions, alarm, resource limits, the thread name. */
 import os from 'node:os';
 import koffi from 'koffi';
 import { errnoError, libc, orErrno } from './errno.js';
@@ -23,30 +20,22 @@ const SC_CLK_TCK = 2;
 const timespec = Buffer.alloc(16);
 const CLOCK_REALTIME = 0;
 
-/** clock_gettime of `clock`, in ns; null when it fails (errno says why). */
-function clockNs(clock: number): bigint | null {
-  if (fn.clock_gettime(clock, timespec) !== 0) return null;
-  return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
-}
-
-function clockNsOrThrow(clock: number, name: string): bigint {
-  const ns = clockNs(clock);
-  if (ns === null) throw errnoError(`clock_gettime(${name})`);
-  return ns;
+/** clock_gettime of `clock`, in ns; null when it fails (errno says why), or with `name` it throws. */
+function clockNs(clock: number, name?: string): bigint | null {
+  if (fn.clock_gettime(clock, timespec) === 0) return timespec.readBigInt64LE(0) * 1_000_000_000n + timespec.readBigInt64LE(8);
+  if (name !== undefined) throw errnoError(`clock_gettime(${name})`);
+  return null;
 }
 
 /** CLOCK_REALTIME now, ns since the epoch (full resolution, unlike Date.now()). */
 export function realtimeNs(): bigint {
-  return clockNsOrThrow(CLOCK_REALTIME, 'CLOCK_REALTIME');
+  return clockNs(CLOCK_REALTIME, 'CLOCK_REALTIME')!;
 }
 
-/** CPUCLOCK_SCHED of a process clock (include/linux/posix-timers.h): the scheduler's run time, in ns. */
+/** The scheduler's run time, ns (include/linux/posix-timers.h). */
 const CPUCLOCK_SCHED = 2;
 
-/**
- * CPU time of a whole process (every thread, live and exited), in ns: its process CPU clock
- * (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)). Any process may read any other's. -1n: no such process.
- */
+/** CPU time of a whole process (all threads, exited ones too), ns (MAKE_PROCESS_CPUCLOCK: anyone may read it); -1n: no such process. */
 export function processCpuTimeNs(pid: number): bigint {
   return clockNs((~pid << 3) | CPUCLOCK_SCHED) ?? -1n;
 }
@@ -55,15 +44,12 @@ const CLOCK_THREAD_CPUTIME_ID = 3;
 
 /** CPU time of the calling thread, in ns (what it ran, not what it waited: for measures on a busy host). */
 export function threadCpuTimeNs(): bigint {
-  return clockNsOrThrow(CLOCK_THREAD_CPUTIME_ID, 'CLOCK_THREAD_CPUTIME_ID');
+  return clockNs(CLOCK_THREAD_CPUTIME_ID, 'CLOCK_THREAD_CPUTIME_ID')!;
 }
 
 const SYS_PIDFD_SEND_SIGNAL = 424;
 
-/**
- * Whether the process of `pidfd` still runs (pidfd_send_signal with signal 0: checks, sends nothing).
- * EPERM says it runs as a user this process may not signal (a QEMU of another uid): alive all the same.
- */
+/** Whether the process of `pidfd` still runs (pidfd_send_signal of signal 0); EPERM: one we may not signal, alive all the same. */
 export function pidfdAlive(pidfd: number): boolean {
   if (Number(fn.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', 0, 'void *', null, 'unsigned int', 0)) === 0) return true;
   return koffi.errno() === os.constants.errno.EPERM;
@@ -73,10 +59,7 @@ const SYS_PIDFD_OPEN = 434;
 /** pidfd_open's flag for a pidfd of one thread (Linux 6.9+; the value of O_EXCL). */
 const PIDFD_THREAD = 0o200;
 
-/**
- * A pidfd of thread `tid` alone: readable when that thread exits, never naming another thread.
- * -errno (ESRCH: no such thread; EINVAL: a kernel without PIDFD_THREAD; EMFILE: out of fds).
- */
+/** A pidfd of thread `tid` alone, readable when it exits; -errno (ESRCH: no such thread, EINVAL: no PIDFD_THREAD, EMFILE). */
 export function pidfdOpenThread(tid: number): number {
   return orErrno(fn.syscall(SYS_PIDFD_OPEN, 'int', tid, 'unsigned int', PIDFD_THREAD));
 }
@@ -96,10 +79,7 @@ export function gettid(): number {
   return fn.gettid() as number;
 }
 
-/**
- * Replaces the whole process (every thread) with `path`; the pid, the environment given and the fds
- * without FD_CLOEXEC carry over (see keepAcrossExec). Returns only by throwing.
- */
+/** Replaces the whole process with `path`: the pid, `env` and fds without FD_CLOEXEC carry over. Returns only by throwing. */
 export function execve(path: string, argv: readonly string[], env: NodeJS.ProcessEnv): never {
   const envp = Object.entries(env)
     .filter((e): e is [string, string] => e[1] !== undefined)
@@ -112,10 +92,7 @@ export function execve(path: string, argv: readonly string[], env: NodeJS.Proces
 const SIGACTION_BYTES = 256;
 const SIG_IGN = 1n;
 
-/**
- * Sets the action of signal `sig` to SIG_IGN behind Node's back (SIG_IGN survives execve, a handler
- * does not), and returns the previous action, opaque, for restoreSignalAction.
- */
+/** SIG_IGN for `sig` behind Node's back (it survives execve, a handler does not); returns the old action for restoreSignalAction. */
 export function ignoreSignal(sig: number): Buffer {
   const act = Buffer.alloc(SIGACTION_BYTES);
   act.writeBigUInt64LE(SIG_IGN, 0);
@@ -124,7 +101,6 @@ export function ignoreSignal(sig: number): Buffer {
   return old;
 }
 
-/** Puts back the action ignoreSignal returned. */
 export function restoreSignalAction(sig: number, old: Buffer): void {
   if ((fn.sigaction(sig, old, null) as number) < 0) throw errnoError(`sigaction(${sig})`);
 }

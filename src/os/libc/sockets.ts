@@ -1,7 +1,4 @@
-/**
- * Socket calls Node does not expose: non-blocking send and recv, peer credentials and pidfd, Unix
- * datagrams, fds passed over AF_UNIX sockets (SCM_RIGHTS), socket types, socketpair.
- */
+/** Socket calls Node does not expose: non-blocking send/recv, peer credentials and pidfd, Unix datagrams, SCM_RIGHTS, socketpair. */
 import koffi from 'koffi';
 import { checkLength, errnoError, libc, orErrno } from './errno.js';
 import { closeFd } from './fds.js';
@@ -39,10 +36,7 @@ export const MSG_DONTWAIT = 0x40;
 export const SOCK_STREAM = 1;
 export const SOCK_SEQPACKET = 5;
 
-/**
- * send(2) of buf[0, length) on a stream socket, never blocking and never raising SIGPIPE: the count
- * sent, or -errno (EAGAIN: its send buffer is full; EPIPE/ECONNRESET: the peer is gone).
- */
+/** send(2) of buf[0, length), never blocking nor raising SIGPIPE: the count, or -errno (EAGAIN: buffer full; EPIPE/ECONNRESET). */
 export function sendNow(fd: number, buf: Buffer, length: number): number {
   checkLength('send', buf, length);
   return orErrno(fn.send(fd, buf, length, MSG_NOSIGNAL | MSG_DONTWAIT));
@@ -64,10 +58,7 @@ export interface PeerCredentials {
   pid: number;
   uid: number;
   gid: number;
-  /**
-   * The start time (stat field 22) of the process that connected, read at accept: with the pid it names
-   * that very process, which the connection can outlive. null: gone by then; absent: not read.
-   */
+  /** Stat field 22 of the process that connected, read at accept (with the pid, it names that process); null: gone by then. */
   starttime?: number | null;
 }
 
@@ -81,20 +72,19 @@ export function getPeerCredentials(fd: number): PeerCredentials {
 }
 
 const SO_PEERPIDFD = 77;
-/**
- * A pidfd of the very process that connected on the AF_UNIX socket `fd`, taken at connect(): it never
- * names another process. -errno (ENOPROTOOPT before Linux 6.5, ESRCH when that process is gone).
- */
+/** A pidfd of the very process that connected on `fd`, taken at connect(); -errno (ENOPROTOOPT before Linux 6.5, ESRCH: gone). */
 export function peerPidfd(fd: number): number {
   return intOption(fd, SO_PEERPIDFD) ?? -koffi.errno();
 }
 
-/** An int SOL_SOCKET option of `fd`; null when getsockopt fails (errno says why). */
-function intOption(fd: number, option: number): number | null {
+/** An int SOL_SOCKET option of `fd`; null when getsockopt fails (errno says why), or with `name` it throws. */
+function intOption(fd: number, option: number, name?: string): number | null {
   const v = Buffer.alloc(4);
   const len = Buffer.alloc(4);
   len.writeUInt32LE(4, 0);
-  return fn.getsockopt(fd, SOL_SOCKET, option, v, len) === 0 ? v.readInt32LE(0) : null;
+  if (fn.getsockopt(fd, SOL_SOCKET, option, v, len) === 0) return v.readInt32LE(0);
+  if (name !== undefined) throw errnoError(`getsockopt(${name})`);
+  return null;
 }
 
 /** sun_path is 108 bytes: a path needs one for its terminating NUL, an abstract name one for its leading NUL. */
@@ -110,11 +100,6 @@ export function sockaddrUn(name: string): { addr: Buffer; len: number } {
   addr.writeUInt16LE(AF_UNIX, 0);
   bytes.copy(addr, abstract ? 3 : 2);
   return { addr, len: abstract ? 3 + bytes.length : 2 + bytes.length + 1 };
-}
-
-/** One AF_UNIX datagram to `name` (a path or '@abstract'), from a fresh socket closed right after. */
-export function sendUnixDatagram(name: string, payload: Buffer): void {
-  sendUnixDatagramWithFds(name, payload, [], `sendto(${name})`);
 }
 
 const POLLHUP = 0x10;
@@ -153,7 +138,6 @@ export function cmsgSpaceForFds(n: number): number {
   return CMSGHDR_SIZE + cmsgAlign(4 * n);
 }
 
-/** The control buffer of one SCM_RIGHTS message carrying `fds`. */
 export function encodeScmRights(fds: readonly number[]): Buffer {
   const c = Buffer.alloc(cmsgSpaceForFds(fds.length));
   c.writeBigUInt64LE(BigInt(cmsgLenForFds(fds.length)), 0);
@@ -163,10 +147,7 @@ export function encodeScmRights(fds: readonly number[]): Buffer {
   return c;
 }
 
-/**
- * The fds of every SCM_RIGHTS message in the first `length` bytes of a control buffer the kernel
- * filled. Any other message is skipped; a header that does not fit ends the walk.
- */
+/** The fds of every SCM_RIGHTS message in control[0, length); other messages skipped, a header that does not fit ends the walk. */
 export function decodeScmRights(control: Buffer, length: number): number[] {
   const fds: number[] = [];
   const end = Math.min(length, control.length);
@@ -185,19 +166,20 @@ export function decodeScmRights(control: Buffer, length: number): number[] {
 const SO_TYPE = 3;
 const SO_ACCEPTCONN = 30;
 
-function intOptionOrThrow(fd: number, option: number, name: string): number {
-  const v = intOption(fd, option);
-  if (v === null) throw errnoError(`getsockopt(${name})`);
-  return v;
-}
+export const socketType = (fd: number): number => intOption(fd, SO_TYPE, 'SO_TYPE')!;
+export const isListeningSocket = (fd: number): boolean => intOption(fd, SO_ACCEPTCONN, 'SO_ACCEPTCONN') !== 0;
 
-export const socketType = (fd: number): number => intOptionOrThrow(fd, SO_TYPE, 'SO_TYPE');
-export const isListeningSocket = (fd: number): boolean => intOptionOrThrow(fd, SO_ACCEPTCONN, 'SO_ACCEPTCONN') !== 0;
-
-function sendmsgError(call: string, errno: number): NodeJS.ErrnoException {
-  const err = errnoError(call, errno);
-  if (err.code === 'EAGAIN') err.message = `${call}: EAGAIN (the socket's send buffer is full; send again once it is writable)`;
-  return err;
+/** A msghdr of one iovec over all of `data`, with `control` (when not null) and `addr` (when given). */
+function msghdr(data: Buffer, control: Buffer | null, addr?: { addr: Buffer; len: number }) {
+  return {
+    msg_name: addr?.addr ?? null,
+    msg_namelen: addr?.len ?? 0,
+    msg_iov: [{ iov_base: data, iov_len: data.length }],
+    msg_iovlen: 1,
+    msg_control: control,
+    msg_controllen: control?.length ?? 0,
+    msg_flags: 0,
+  };
 }
 
 function sendmsgTo(
@@ -205,47 +187,33 @@ function sendmsgTo(
   data: Buffer,
   fds: readonly number[],
   flags: number,
-  addr: { addr: Buffer; len: number } | null,
   call: string,
+  addr?: { addr: Buffer; len: number },
 ): number {
   if (fds.length > MAX_FDS_PER_MESSAGE) throw new RangeError(`${call}: ${fds.length} fds, at most ${MAX_FDS_PER_MESSAGE} fit one message`);
-  const control = fds.length > 0 ? encodeScmRights(fds) : null;
-  const n = Number(
-    fn.sendmsg(
-      fd,
-      {
-        msg_name: addr?.addr ?? null,
-        msg_namelen: addr?.len ?? 0,
-        msg_iov: [{ iov_base: data, iov_len: data.length }],
-        msg_iovlen: 1,
-        msg_control: control,
-        msg_controllen: control?.length ?? 0,
-        msg_flags: 0,
-      },
-      flags,
-    ),
-  );
-  if (n < 0) throw sendmsgError(call, koffi.errno());
-  return n;
+  const n = Number(fn.sendmsg(fd, msghdr(data, fds.length > 0 ? encodeScmRights(fds) : null, addr), flags));
+  if (n >= 0) return n;
+  const err = errnoError(call);
+  if (err.code === 'EAGAIN') err.message = `${call}: EAGAIN (the socket's send buffer is full; send again once it is writable)`;
+  throw err;
 }
 
 /**
- * sendmsg(2) of `data` with `fds` on a connected AF_UNIX socket, never raising SIGPIPE: the bytes sent
- * (on a stream socket maybe fewer: the fds went with the first byte). On a stream socket fds need a
- * byte to ride on (the kernel would drop them silently); a datagram may carry fds alone.
+ * sendmsg(2) of `data` with `fds` on a connected AF_UNIX socket, no SIGPIPE: the bytes sent (a stream's maybe fewer, the fds
+ * with the first). On a stream socket fds need a byte to ride on (else dropped silently); a datagram may carry fds alone.
  */
 export function sendFds(fd: number, data: Buffer, fds: readonly number[], flags = 0): number {
   if (data.length === 0 && fds.length > 0 && socketType(fd) === SOCK_STREAM)
     throw new RangeError('sendmsg: on a stream socket fds need at least one byte of data to go with');
-  return sendmsgTo(fd, data, fds, flags | MSG_NOSIGNAL, null, 'sendmsg');
+  return sendmsgTo(fd, data, fds, flags | MSG_NOSIGNAL, 'sendmsg');
 }
 
-/** sendUnixDatagram with `fds` attached. */
-export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: readonly number[], call = `sendmsg(${name})`): void {
+/** One AF_UNIX datagram to `name` (a path or '@abstract'), with `fds` attached, from a fresh socket closed right after. */
+export function sendUnixDatagram(name: string, payload: Buffer, fds: readonly number[] = []): void {
   const addr = sockaddrUn(name);
   const fd = openSocket(AF_UNIX, SOCK_DGRAM, 0, 'socket(AF_UNIX, SOCK_DGRAM)');
   try {
-    sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, addr, call);
+    sendmsgTo(fd, payload, fds, MSG_NOSIGNAL, `${fds.length > 0 ? 'sendmsg' : 'sendto'}(${name})`, addr);
   } finally {
     closeFd(fd);
   }
@@ -254,16 +222,15 @@ export function sendUnixDatagramWithFds(name: string, payload: Buffer, fds: read
 interface ReceivedWithFds {
   /** Empty at end of stream (or for an empty datagram). */
   data: Buffer;
-  /** Close-on-exec, now owned by the caller. */
+  /** Close-on-exec, owned by the caller. */
   fds: number[];
   /** More fds came than were allowed (MSG_CTRUNC), or a datagram was longer than maxBytes (MSG_TRUNC). */
   truncated: boolean;
 }
 
 /**
- * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds, opened close-on-exec. The control buffer
- * has room for maxFds fds only, so a hostile sender cannot make this process hold more fds than it
- * asked for: the kernel closes the excess. Throws an errno error (EAGAIN: nothing to read).
+ * recvmsg(2) of up to `maxBytes` with at most `maxFds` fds (close-on-exec): the control buffer holds no
+ * more, so a hostile sender's excess is closed by the kernel. Throws an errno error (EAGAIN: nothing to read).
  */
 export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags = 0): ReceivedWithFds {
   if (!Number.isInteger(maxBytes) || maxBytes < 0) throw new RangeError(`recvmsg: maxBytes ${maxBytes} is not a size`);
@@ -271,20 +238,11 @@ export function recvWithFds(fd: number, maxBytes: number, maxFds: number, flags 
     throw new RangeError(`recvmsg: maxFds ${maxFds} is not 0..${MAX_FDS_PER_MESSAGE}`);
   const data = Buffer.alloc(maxBytes);
   const control = Buffer.alloc(maxFds > 0 ? cmsgSpaceForFds(maxFds) : 0);
-  const msg = {
-    msg_name: null,
-    msg_namelen: 0,
-    msg_iov: [{ iov_base: data, iov_len: maxBytes }],
-    msg_iovlen: 1,
-    msg_control: maxFds > 0 ? control : null,
-    msg_controllen: control.length,
-    msg_flags: 0,
-  };
+  const msg = msghdr(data, maxFds > 0 ? control : null);
   const n = Number(fn.recvmsg(fd, msg, flags | MSG_CMSG_CLOEXEC));
-  if (n < 0) throw errnoError('recvmsg', koffi.errno());
+  if (n < 0) throw errnoError('recvmsg');
   const fds = decodeScmRights(control, Number(msg.msg_controllen));
-  // CMSG_SPACE pads to 8 bytes, so room for an odd number of fds holds one more: the kernel installs
-  // it, and it is closed here. This process never holds more than maxFds from one call.
+  // CMSG_SPACE pads to 8 bytes: room for an odd number of fds holds one more, installed, and closed here.
   const extra = fds.splice(maxFds);
   for (const fd of extra) closeFd(fd);
   const cut = (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) !== 0 || extra.length > 0;

@@ -1,8 +1,7 @@
 /**
- * Dropping every capability (and to -u/-g), after the MSR fds, the socket and the pidfile are open:
- * the msr driver checks CAP_SYS_RAWIO in open(2) only, and powercap's energy_uj is checked at open
- * too (docs/security.md "Privileges, per process and phase"). capset and the rest act on the calling
- * thread only, so as root the helper drops on the main thread and re-executes itself (reexec.ts).
+ * Dropping every capability (and to -u/-g) once the MSR fds, socket and pidfile are open: the msr driver and powercap's
+ * energy_uj check at open(2) only (docs/security.md "Privileges, per process and phase"). capset and the rest act on the
+ * calling thread only, so as root the helper drops on the main thread and re-executes itself (reexec.ts).
  */
 import fs from 'node:fs';
 import { capget, capset, prctl, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, setgroups, setresgid, setresuid } from '../libc/capability-calls.js';
@@ -20,9 +19,8 @@ interface DropOptions {
   uid?: number;
   gid?: number;
   /**
-   * With `uid`: it becomes the effective uid only, the real and saved uids stay 0 (the keeper's, so
-   * that no process of `uid` may signal it: kill(2) needs the sender's real or effective uid to be
-   * the target's real or saved one). No capability comes with uid 0: see takeOwnUid.
+   * With `uid`: only the effective uid, real and saved stay 0 (the keeper's: no process of `uid` may signal it, as kill(2)
+   * needs the sender's real or effective uid to be the target's real or saved one). No capability comes with it: takeOwnUid.
    */
   realUidRoot?: boolean;
 }
@@ -53,9 +51,8 @@ function dropBoundingSet(): void {
 }
 
 /**
- * The calling thread's credentials down to nothing: the bounding set emptied and the securebits
- * locked (with CAP_SETPCAP), the ambient set cleared, -g/-u set (glibc broadcasts set*id to every
- * thread), every capability set 0, NO_NEW_PRIVS. Without a re-exec, Node's other threads keep theirs.
+ * The calling thread's credentials down to nothing: bounding set emptied and securebits locked (with CAP_SETPCAP), ambient
+ * set cleared, -g/-u (glibc broadcasts set*id), every capability 0, NO_NEW_PRIVS. Without a re-exec, other threads keep theirs.
  */
 export function dropPrivileges(o: DropOptions): DropReport {
   const skipped: string[] = [];
@@ -81,19 +78,15 @@ export function dropPrivileges(o: DropOptions): DropReport {
 }
 
 /**
- * The keeper's image, first thing: execve made its saved uid its effective one (-u's), which any
- * process of that uid may then signal; its real uid is still 0 (DropOptions.realUidRoot), and an
- * unprivileged setresuid may set the saved uid to it. No capability comes with it.
+ * The keeper's image, first thing: execve made its saved uid its effective one (-u's), which that uid's processes may signal;
+ * its real uid is still 0 (DropOptions.realUidRoot), and an unprivileged setresuid may set the saved uid to it.
  */
 export function savedUidRoot(): void {
   const euid = process.geteuid?.();
   if (euid !== undefined && euid !== 0 && process.getuid?.() === 0) setresuid(euid, 0);
 }
 
-/**
- * A serving process the keeper started (real and saved uid 0, DropOptions.realUidRoot) takes its
- * effective uid as all three, first thing, so that the keeper stays the only process with real uid 0.
- */
+/** A serving process the keeper started (DropOptions.realUidRoot) takes its effective uid as all three: the keeper alone keeps real uid 0. */
 export function takeOwnUid(): void {
   const euid = process.geteuid?.();
   if (euid !== undefined && process.getuid?.() !== euid) setresuid(euid);

@@ -1,11 +1,10 @@
 /**
- * Re-executing the daemon with its privileges already dropped. Linux credentials are per thread, and
- * Node's threads exist before any of our code runs: capset, PR_CAPBSET_DROP and NO_NEW_PRIVS on the
- * main thread never reach them (glibc broadcasts only set*id). exec replaces every thread with one of
- * the calling thread's credentials, so the drop is done on the main thread, then the command executed again.
+ * Re-executing the daemon with its privileges dropped: credentials are per thread, Node's threads exist before our code, and
+ * capset, PR_CAPBSET_DROP and NO_NEW_PRIVS never reach them (glibc broadcasts only set*id). exec leaves one thread with the
+ * caller's credentials, so the main thread drops, then the command is executed again.
  */
 import { capget } from '../libc/capability-calls.js';
-import { keepAcrossExec } from '../libc/fds.js';
+import { setCloexec } from '../libc/fds.js';
 import { execve, ignoreSignal, restoreSignalAction } from '../libc/processes.js';
 import { SIGHUP_HELD_ENV } from '../sighup-hold.js';
 import { CAP_SETPCAP } from './capabilities.js';
@@ -14,9 +13,8 @@ import { CAP_SETPCAP } from './capabilities.js';
 export const DAEMON_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--v8-pool-size=1'];
 
 /**
- * The only Node flags the re-executed image may be given (as `--flag=value`). An allowlist: a flag
- * that starts a debugger, loads code (--require, --import, --loader) or changes what is trusted must
- * never reach the image that holds the MSR fds and the socket.
+ * The only Node flags (`--flag=value`) the re-executed image may get: a flag that starts a debugger, loads code (--require,
+ * --import, --loader) or changes what is trusted must never reach the image holding the MSR fds and the socket.
  */
 const ALLOWED_NODE_FLAGS: readonly string[] = ['--max-semi-space-size', '--max-old-space-size', '--v8-pool-size', '--stack-size'];
 
@@ -31,10 +29,7 @@ export function withDaemonNodeFlags(execArgv: readonly string[]): string[] {
   return [...DAEMON_NODE_FLAGS.filter((f) => !given.has(flagName(f))), ...kept];
 }
 
-/**
- * Variables passed to the re-executed image (an allowlist: NODE_OPTIONS would load code in it,
- * NODE_PATH and HOME change where modules are found). Names ending in `*` are prefixes.
- */
+/** The re-executed image's variables (`*`: a prefix); not NODE_OPTIONS (loads code), NODE_PATH or HOME (move modules). */
 const REEXEC_ENV_ALLOWLIST: readonly string[] = [
   'PATH',
   'LANG',
@@ -70,10 +65,7 @@ export function allowedEnvironment(env: NodeJS.ProcessEnv): Record<string, strin
 /** Set in the environment of the image re-executed by reexecInPlace, so it never loops. */
 const REEXEC_ENV = 'VMSR_HELPER_REEXEC';
 
-/**
- * Null when the helper can drop every privilege by re-executing itself, else why not. Consumes the
- * marker of an image that was re-executed already ('re-executed').
- */
+/** Null when the helper can drop every privilege by re-executing itself, else why not ('re-executed': the marker, consumed). */
 export function reexecBlocker(): string | null {
   if (process.env[REEXEC_ENV] !== undefined) {
     delete process.env[REEXEC_ENV];
@@ -91,21 +83,19 @@ export function daemonArgv(): string[] {
 }
 
 /**
- * A restart in place (docs/daemon.md "Restarts"): uid, empty bounding set, locked securebits and
- * NO_NEW_PRIVS cross the exec, so the new image holds no capability either. `keepFds` (beside stdio)
- * survive; environment and Node flags are the allowlisted part of ours, plus `env`. Returns only by throwing.
+ * A restart in place (docs/daemon.md "Restarts"): uid, empty bounding set, locked securebits and NO_NEW_PRIVS cross the exec
+ * (no capability in the new image). `keepFds` and stdio survive; env and Node flags: our allowlisted ones, plus `env`.
  */
 export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
   for (const fd of new Set([0, 1, 2, ...keepFds])) {
     try {
-      keepAcrossExec(fd);
+      setCloexec(fd, false);
     } catch {
       /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
     }
   }
-  // SIGHUP ignored across the exec (SIG_IGN survives it, until Node's start-up resets it) and the new
-  // image told to hold it from its first module (os/sighup-hold.ts): a SIGHUP meanwhile does not end
-  // the daemon. The environment is built from allowlists, never `...process.env`.
+  // SIGHUP ignored across the exec (until Node's start-up resets it), then held by the new image's first module
+  // (os/sighup-hold.ts): a SIGHUP meanwhile does not end the daemon. The environment: allowlists, never `...process.env`.
   const before = ignoreSignal(SIGHUP);
   try {
     return execve(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1', [SIGHUP_HELD_ENV]: '1' });
