@@ -141,7 +141,6 @@ export class QmpClient {
     });
   }
 
-  /** query-name: the -name of the VM, or undefined when it has none. */
   async queryName(): Promise<string | undefined> {
     const r = (await this.execute('query-name')) as { name?: unknown } | null;
     return typeof r?.name === 'string' ? r.name : undefined;
@@ -164,7 +163,6 @@ export class QmpClient {
     });
   }
 
-  /** The wait for reply `id`, removed and its timer stopped. */
   private take(id: string): Pending | undefined {
     const p = this.pending.get(id);
     this.pending.delete(id);

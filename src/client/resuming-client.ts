@@ -133,7 +133,6 @@ export class ResumingV2Client {
     this.resolveClosed(null);
   }
 
-  /** Resumes when `c` closes, unless the caller closed this client. */
   private resumeAfter(c: V2Client): void {
     void c.closed.then((reason) => {
       if (this.userClosed) return;
@@ -222,7 +221,6 @@ export class ResumingV2Client {
     );
   }
 
-  /** Forgets a subscription the helper no longer serves, and tells its owner why. */
   private drop(key: string, why: V2Error): void {
     const f = this.followers.get(key);
     this.followers.delete(key);

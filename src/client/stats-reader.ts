@@ -134,7 +134,6 @@ export class StatsReader {
     return d ? descriptorValues(d, s.data) : undefined;
   }
 
-  /** `name`'s first value in `s`. */
   value(s: StatsSample, name: string): bigint | undefined {
     const d = this.byName.get(name);
     return d ? s.data.readBigUInt64LE(d.offset) : undefined;

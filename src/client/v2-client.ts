@@ -31,6 +31,7 @@ import { closeFd, dupCloexec, watchReadable, type FdWatch } from '../os/libc/fds
 import { MSG_DONTWAIT, recvWithFds } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
 import { groupNameOf } from '../os/privileges/accounts.js';
+import { readProcFileOr } from '../os/proc-file.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import {
   toVmInfo,
@@ -78,7 +79,6 @@ function replyOf<K extends HelperMessage['type']>(m: HelperMessage, type: K): Ex
   return m as Extract<HelperMessage, { type: K }>;
 }
 
-/** A message's fields without its type. */
 function fieldsOf<M extends { type: number }>({ type: _t, ...fields }: M): Omit<M, 'type'> {
   return fields;
 }
@@ -488,13 +488,7 @@ export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): 
     return "run as root, or as a member of the socket's group";
   }
   const mode = (st.mode & 0o777).toString(8).padStart(4, '0');
-  let db = '';
-  try {
-    db = fs.readFileSync(groupFile, 'utf8');
-  } catch {
-    /* no group database: show the number */
-  }
-  const group = groupNameOf(st.gid, db) ?? String(st.gid);
+  const group = groupNameOf(st.gid, readProcFileOr(groupFile, 'utf8') ?? '') ?? String(st.gid);
   if ((st.mode & 0o060) === 0o060) {
     return `the socket is mode ${mode}, group ${group}: add this user to group ${group} (usermod -aG ${group} USER, then log in again), or run as root`;
   }

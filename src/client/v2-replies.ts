@@ -8,7 +8,6 @@ export interface SubscribeOptions {
   domains?: boolean;
 }
 
-/** An ERROR frame from the helper. */
 export class V2Error extends Error {
   constructor(
     readonly code: number,
@@ -34,7 +33,6 @@ export class V2ConnectionError extends Error {
 /** REGISTERED: the VM's id, its virtual packages, and the MSR_RAPL_POWER_UNIT a guest should see (powerUnit). */
 export type Registered = Omit<Extract<HelperMessage, { type: typeof T.REGISTERED }>, 'type'>;
 
-/** One virtual package's values (VALUE), as the protocol decodes them. */
 export type Value = Omit<Extract<HelperMessage, { type: typeof T.VALUE }>, 'type'>;
 
 /**
