@@ -26,7 +26,6 @@ const MAX_INTERVAL_S = 60;
 /** The shortest sampling interval: below 10 ms a deadline rounds to nothing. */
 const MIN_INTERVAL_S = 0.01;
 
-/** A sampling interval in seconds, in [MIN_INTERVAL_S, MAX_INTERVAL_S]. */
 export function intervalArg(flag: string) {
   return secondsArg(flag, {
     min: MIN_INTERVAL_S,
@@ -51,7 +50,6 @@ export function secondsArg(flag: string, o: { min?: number; max: number; why?: s
   };
 }
 
-/** A whole number in 1..max. */
 export function positiveIntArg(flag: string, max = Number.MAX_SAFE_INTEGER) {
   return (text: string): number => {
     if (!/^\d+$/.test(text)) throw new InvalidArgumentError(`${flag} must be a whole number, got ${JSON.stringify(text)}`);
@@ -164,7 +162,6 @@ export interface RawHostOptions {
   vendor?: string;
 }
 
-/** The host paths and vendor from the host options, defaults filled in. */
 export function hostOptionsFrom(raw: RawHostOptions): { paths: HostPaths; vendor: VendorChoice } {
   return {
     paths: {
@@ -220,12 +217,10 @@ export function collect<T>(parse: (text: string) => T) {
   return (text: string, prev: T[] = []): T[] => [...prev, parse(text)];
 }
 
-/** An option taking a whole number in 1..max, with its default. */
 function countOption(flags: string, description: string, dflt: number, max?: number): Option {
   return new Option(flags, description).argParser(positiveIntArg(flags.split(' ')[0]!, max)).default(dflt);
 }
 
-/** v2 options on the daemon command. */
 export function addV2Options(cmd: Command): void {
   cmd
     .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))

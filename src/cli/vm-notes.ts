@@ -22,6 +22,8 @@ export interface VmNotes {
   limit: PowerLimitNote | null;
 }
 
+export const NO_NOTES: VmNotes = { guest: null, limit: null };
+
 export function vmNotesOf(r: StatsReader, s: StatsSample): VmNotes {
   return { guest: guestEnergyOf(r, s), limit: powerLimitOf(r, s) };
 }

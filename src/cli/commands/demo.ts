@@ -16,7 +16,6 @@ export const DEMO_VM = { name: 'demo-vm', uuid: '00000000-0000-4000-8000-0000000
 /** How long each child may take to come up, and to stop after SIGTERM before SIGKILL. */
 const START_TIMEOUT_MS = 30_000;
 const STOP_TIMEOUT_MS = 10_000;
-/** The longest --duration. */
 const MAX_DURATION_S = 7 * 24 * 3600;
 
 interface DemoOptions {

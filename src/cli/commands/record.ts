@@ -20,7 +20,11 @@ import { TraceWriter } from '../../trace/writer.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import { clockTicksPerSecond } from '../../os/libc/processes.js';
-import { vmSpecsFromHelper } from '../vm-from-helper.js';
+import { V2Client } from '../../client/v2-client.js';
+import { findVm } from '../../client/find-vm.js';
+import { ProcScanner } from '../../discovery/scanner.js';
+import { cannotError } from '../../common/errors.js';
+import { statedHost } from '../../client/stated-energy-source.js';
 import {
   addClientSocketOption,
   addHostOptions,
@@ -95,6 +99,44 @@ export function addRecordCommand(program: Command): void {
     });
 }
 
+/**
+ * `record --vm`: the listed VMs, their vCPU threads read here from /proc (refused when the process is not the
+ * one listed: a reused pid), and the helper's energy source (null: not said).
+ */
+async function vmSpecsFromHelper(
+  socketPath: string,
+  targets: readonly string[],
+  procRoot: string,
+  clkTck: number,
+): Promise<{ vms: VmSpec[]; energySource: EnergySourceKind | null }> {
+  if (targets.length === 0) return { vms: [], energySource: null };
+  const client = await V2Client.connect(socketPath);
+  let listed;
+  let energySource;
+  try {
+    listed = await client.list();
+    energySource = (await statedHost(client)).energySource;
+  } finally {
+    await client.close();
+  }
+  const picked = targets.map((t) => ({ target: t, vm: findVm(listed, t, 'vmsr-helper record --vm') }));
+  const found = new ProcScanner(procRoot, { clkTck }).scan();
+  const vms = picked.map(({ target, vm }) => {
+    const d = found.find((f) => f.pid === vm.pid && BigInt(f.starttime) === vm.starttime);
+    if (d === undefined) {
+      throw cannotError(
+        `record the VM ${JSON.stringify(target)} (pid ${vm.pid})`,
+        vm.ended
+          ? 'it has ended'
+          : 'its process is not a VM to this scan of /proc (it ended, or the helper was given its threads by a client)',
+        `give its threads with --pid ${vm.pid} --vcpus TID:VPKG,...`,
+      );
+    }
+    return { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
+  });
+  return { vms, energySource };
+}
+
 /** The VMs to record, and the energy source the helper states when --vm asked it (null: not asked or not said). */
 async function collectVms(o: RecordOptions): Promise<{ vms: VmSpec[]; stated: EnergySourceKind | null }> {
   if (o.pid.length !== o.vcpus.length)
@@ -112,11 +154,8 @@ async function collectVms(o: RecordOptions): Promise<{ vms: VmSpec[]; stated: En
       throw new Error(`--pid ${pid}: ${(e as Error).message}`);
     }
   });
-  const seen = new Set<number>();
-  for (const vm of vms) {
-    if (seen.has(vm.pid)) throw new Error(`process ${vm.pid} is given twice (same VM through two options?)`);
-    seen.add(vm.pid);
-  }
+  const twice = vms.find((vm, i) => vms.findIndex((v) => v.pid === vm.pid) !== i);
+  if (twice) throw new Error(`process ${twice.pid} is given twice (same VM through two options?)`);
   return { vms, stated: fromHelper.energySource };
 }
 

@@ -13,7 +13,6 @@ import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText } f
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
 
-/** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
 
 interface StatsOptions {
@@ -125,18 +124,6 @@ function formatHostDomainJson(r: HostDomainRow, energySource: EnergySourceKind |
   });
 }
 
-/** The host's latest HOST_UPDATE with its domains; null when this caller may not see it (ERROR 2) or the helper refuses it. */
-async function hostDomains(client: ResumingV2Client): Promise<{ latest: () => HostUpdate } | null> {
-  let latest: HostUpdate;
-  try {
-    latest = await client.subscribeHost((u) => (latest = u), undefined, { domains: true });
-  } catch (e) {
-    if (e instanceof V2Error) return null;
-    throw e;
-  }
-  return { latest: () => latest };
-}
-
 /** Whether `vm` is one --vm names (an id or a name). */
 function chosen(vm: VmInfo, wanted: readonly string[] | undefined): boolean {
   if (!wanted || wanted.length === 0) return true;
@@ -158,7 +145,14 @@ export async function runStats(
     const source = stated.energySource;
     const notice = o.json ? null : energyNotice(source);
     if (notice !== null) out(notice);
-    const host = await hostDomains(client);
+    // The host's latest HOST_UPDATE; none when this caller may not see it (ERROR 2) or the helper refuses it.
+    let host: HostUpdate | null = null;
+    host = await client
+      .subscribeHost((u) => (host = u), undefined, { domains: true })
+      .catch((e: unknown) => {
+        if (e instanceof V2Error) return null;
+        throw e;
+      });
     let hostBefore: HostUpdate | null = null;
     for (let n = 0; ; n++) {
       const vms = (await client.list()).filter((v) => chosen(v, o.vm));
@@ -183,9 +177,8 @@ export async function runStats(
         throw new UsageError(`no VM ${o.vm.join(', ')} among the VMs this user may see`);
       const now = process.hrtime.bigint();
       const rows = [...readers.values()].sort((a, b) => a.vm.hostVmId - b.vm.hostVmId).map((e) => statsRow(e.vm, e.r, e.r.read(), now));
-      const hostNow = host?.latest() ?? null;
-      const domainRows = hostNow ? hostDomainRows(hostBefore, hostNow) : [];
-      hostBefore = hostNow;
+      const domainRows = host ? hostDomainRows(hostBefore, host) : [];
+      hostBefore = host;
       if (o.json) {
         out(daemonJsonRecord(o.socket, stated));
         for (const r of rows) out(formatStatsJson(r, source));

@@ -14,7 +14,7 @@ import type { VcpuSpec } from '../../model/vcpus.js';
 import { addClientSocketOption, clientSocket, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedHost, type StatedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
+import { daemonJsonRecord, energyNotice, NO_NOTES, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
 
@@ -82,18 +82,12 @@ function domainCols(cells: readonly string[]): string[] {
 const fmtW = (w: number | null | undefined): string => (w === null || w === undefined ? '-' : w.toFixed(2));
 
 /** One row per UPDATE: power since `base`, energy, time from `originNs` ("-" before the first interval), then the notes. */
-export function formatUpdate(
-  base: PowerBase | null,
-  u: Update,
-  originNs: bigint = u.tNs,
-  guest: VmNotes['guest'] = null,
-  limit: VmNotes['limit'] = null,
-): string {
+export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs, notes: VmNotes = NO_NOTES): string {
   const p = powers(base, u);
   const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
   parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
-  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${vmNotesText({ guest, limit }, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${vmNotesText(notes, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
 /** `watch --json`'s object per UPDATE (docs/guide.md "Per-VM energy"); energy_uj a string: exact past 2^53. */
@@ -102,8 +96,7 @@ export function formatJsonUpdate(
   u: Update,
   originNs: bigint = u.tNs,
   vm?: VmIdentity,
-  guest: VmNotes['guest'] = null,
-  limit: VmNotes['limit'] = null,
+  notes: VmNotes = NO_NOTES,
 ): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
@@ -119,7 +112,7 @@ export function formatJsonUpdate(
         .join(',')}]}`,
   );
   const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
-  const g = JSON.stringify(vmNotesJson({ guest, limit })).slice(1, -1);
+  const g = JSON.stringify(vmNotesJson(notes)).slice(1, -1);
   return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}${g ? `,${g}` : ''}}`;
 }
 
@@ -223,7 +216,7 @@ function vmFileNotes(client: ResumingV2Client, hostVmId: number) {
   };
   return {
     close,
-    read: (): VmNotes => (r === null ? { guest: null, limit: null } : vmNotesOf(r, r.read())),
+    read: (): VmNotes => (r === null ? NO_NOTES : vmNotesOf(r, r.read())),
     async reopen(): Promise<void> {
       close();
       r = await client
@@ -301,8 +294,8 @@ async function follow(o: WatchOptions, { out, signal, warn }: Io, client: Resumi
         return;
       }
       origin ??= u.tNs;
-      const { guest, limit } = f.notes?.() ?? { guest: null, limit: null };
-      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, guest, limit) : formatUpdate(base, u, origin, guest, limit));
+      const notes = f.notes?.();
+      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, notes) : formatUpdate(base, u, origin, notes));
       if (u.tNs !== 0n) base = u;
       if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
     };
