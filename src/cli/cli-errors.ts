@@ -1,11 +1,9 @@
-/**
- * UsageError: the command line is wrong (the message is followed by where its options are described).
- * ReportedError: already logged (the daemon's start-up failure), so the CLI only sets the exit status.
- */
+/** The command line is wrong: the message is followed by where its options are described. */
 export class UsageError extends Error {
   override name = 'UsageError';
 }
 
+/** Already logged (the daemon's start-up failure): the CLI only sets the exit status. */
 export class ReportedError extends Error {
   override name = 'ReportedError';
 }

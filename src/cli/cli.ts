@@ -42,10 +42,7 @@ export async function buildCli(withSubcommands = true): Promise<Command> {
   return program;
 }
 
-/**
- * The root takes no operand, so commander would read a mistyped command (`vmsr-helper export`) as a stray
- * argument: refused as an unknown command, with its suggestion. Set after the subcommands, so they do not inherit it.
- */
+/** A mistyped command (a stray operand of the root) refused as unknown, with a suggestion; set after the subcommands: not inherited. */
 function rejectUnknownCommands(program: Command): void {
   program.allowExcessArguments(true);
   program.hook('preAction', (root, action) => {
@@ -70,9 +67,8 @@ function commandPath(cmd: Command): string {
 const CLOSED_PIPE_STATUS = 141;
 
 /**
- * Every command ends quietly when its stdout closes (`watch VM | head -1`; Node ignores SIGPIPE, so the write
- * fails with EPIPE): one that runs until a signal is stopped as by SIGTERM, so it cleans up; any other exits
- * at once. Returns whether the pipe closed.
+ * A command ends quietly when its stdout closes (Node ignores SIGPIPE: the write fails with EPIPE): one that runs
+ * until a signal is stopped as by SIGTERM, to clean up, any other exits at once. Returns whether the pipe closed.
  */
 function endQuietlyOnClosedStdout(): () => boolean {
   let closed = false;

@@ -20,16 +20,12 @@ function optionItem(o: Option): string {
   return `.TP\n.B ${roff(o.flags)}\n${roff(parts.join(' '))}`;
 }
 
-function visibleOptions(cmd: Command): Option[] {
-  return cmd.createHelp().visibleOptions(cmd);
-}
-
 function commandSection(cmd: Command): string {
   const help = cmd.createHelp();
   const lines = [`.SS "${roff(help.commandUsage(cmd))}"`];
   lines.push(roff(cmd.description()));
   for (const a of help.visibleArguments(cmd)) lines.push(`.TP\n.I ${roff(help.argumentTerm(a))}\n${roff(a.description)}`);
-  for (const o of visibleOptions(cmd)) lines.push(optionItem(o));
+  for (const o of help.visibleOptions(cmd)) lines.push(optionItem(o));
   const example = exampleOf(cmd);
   if (example !== undefined) lines.push('.PP\nExample:\n.PP\n.RS\n.nf', roff(example), '.fi\n.RE');
   return lines.join('\n');
@@ -56,7 +52,7 @@ export function renderManPage(program: Command, version: string): string {
     ...commands.map(commandSection),
     '.SH OPTIONS',
     "The daemon's options (vmsr\\-helper without a command).",
-    ...visibleOptions(program).map(optionItem),
+    ...program.createHelp().visibleOptions(program).map(optionItem),
     '.PP\nExample:\n.PP\n.RS\n.nf',
     roff(exampleOf(program) ?? ''),
     '.fi\n.RE',

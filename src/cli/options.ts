@@ -12,7 +12,7 @@ import { MAX_TID, MAX_VCPUS, type VcpuSpec, parseVcpuList } from '../model/vcpus
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 import { checkMetricsPath } from '../exporter/metrics-path.js';
-import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, isEnergySourceChoice, type EnergySourceChoice } from '../energy/kinds.js';
+import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES } from '../energy/kinds.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
@@ -26,14 +26,6 @@ const MAX_INTERVAL_S = 60;
 /** The shortest sampling interval: below 10 ms a deadline rounds to nothing. */
 const MIN_INTERVAL_S = 0.01;
 
-/** The interval rule for callers that are not commander (runRecord): throws naming the bound. */
-export function checkInterval(seconds: number): void {
-  if (!(seconds >= MIN_INTERVAL_S)) throw new Error(`interval must be at least ${MIN_INTERVAL_S} s, got ${seconds}`);
-  if (!(seconds <= MAX_INTERVAL_S))
-    throw new Error(`interval must be at most ${MAX_INTERVAL_S} s (a 32-bit energy counter could wrap twice unseen), got ${seconds}`);
-}
-
-/** A sampling interval in seconds, in [MIN_INTERVAL_S, MAX_INTERVAL_S]. */
 export function intervalArg(flag: string) {
   return secondsArg(flag, {
     min: MIN_INTERVAL_S,
@@ -58,7 +50,6 @@ export function secondsArg(flag: string, o: { min?: number; max: number; why?: s
   };
 }
 
-/** A whole number in 1..max. */
 export function positiveIntArg(flag: string, max = Number.MAX_SAFE_INTEGER) {
   return (text: string): number => {
     if (!/^\d+$/.test(text)) throw new InvalidArgumentError(`${flag} must be a whole number, got ${JSON.stringify(text)}`);
@@ -94,9 +85,8 @@ export const listenAddressArg: (text: string) => ListenAddress = argOf(parseList
 export const metricsPathArg: (text: string) => string = argOf(checkMetricsPath);
 
 /**
- * A subcommand's options merged with its ancestors': for each, the value of the nearest command where
- * the user gave it, else the nearest default (commander's optsWithGlobals() lets an ancestor's
- * default win over `record --interval 0.1`).
+ * A subcommand's options merged with its ancestors': the nearest value the user gave, else the nearest default
+ * (commander's optsWithGlobals() lets an ancestor's default win over `record --interval 0.1`).
  */
 export function commandOptions<T extends object = Record<string, unknown>>(cmd: Command): T {
   const chain: Command[] = [];
@@ -119,6 +109,11 @@ export function commandOptions<T extends object = Record<string, unknown>>(cmd: 
 /** -k on the helper's clients; read it with commandOptions() (before the subcommand, the root's -k takes it). */
 export function addClientSocketOption(cmd: Command): Command {
   return cmd.option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_HELPER_SOCKET}')`);
+}
+
+/** The socket a client command connects to: -k made absolute, or the default. */
+export function clientSocket(o: { socket?: string }): string {
+  return path.resolve(o.socket ?? DEFAULT_HELPER_SOCKET);
 }
 
 /** -v and -q, on the two commands that log (daemon, exporter); read with commandOptions(). */
@@ -167,7 +162,6 @@ export interface RawHostOptions {
   vendor?: string;
 }
 
-/** The host paths and vendor from the host options, defaults filled in. */
 export function hostOptionsFrom(raw: RawHostOptions): { paths: HostPaths; vendor: VendorChoice } {
   return {
     paths: {
@@ -199,14 +193,6 @@ export function energySourceOption(auto = 'msr when an MSR device opens, else po
     .default(DEFAULT_ENERGY_SOURCE);
 }
 
-/** The value of --energy-source (commander checked the choices; anything else is a usage error). */
-export function energySourceFrom(value: unknown): EnergySourceChoice {
-  if (value === undefined) return DEFAULT_ENERGY_SOURCE;
-  if (!isEnergySourceChoice(value))
-    throw new UsageError(`--energy-source: expected one of ${ENERGY_SOURCE_CHOICES.join(', ')} (got ${JSON.stringify(value)})`);
-  return value;
-}
-
 /** --domains, on the daemon and record: the RAPL domains to read; the package always. */
 export function domainsOption(): Option {
   return new Option(
@@ -231,12 +217,10 @@ export function collect<T>(parse: (text: string) => T) {
   return (text: string, prev: T[] = []): T[] => [...prev, parse(text)];
 }
 
-/** An option taking a whole number in 1..max, with its default. */
 function countOption(flags: string, description: string, dflt: number, max?: number): Option {
   return new Option(flags, description).argParser(positiveIntArg(flags.split(' ')[0]!, max)).default(dflt);
 }
 
-/** v2 options on the daemon command. */
 export function addV2Options(cmd: Command): void {
   cmd
     .addOption(new Option('--interval <seconds>', 'v2 sampling interval in seconds').argParser(intervalArg('--interval')).default(1))

@@ -3,10 +3,10 @@ import { DisposableStore, listen, type Disposable } from '../common/disposable.j
 
 type Line = (line: string) => void;
 
-/** Runs `stop` on SIGINT or SIGTERM; disposing removes both listeners. */
-export function onStopSignals(stop: () => void): Disposable {
+/** Runs `stop` on SIGINT or SIGTERM, given the signal as emitted (cli.ts emits SIGTERM as 'SIGPIPE' when stdout closed). */
+export function onStopSignals(stop: (signal: string) => void): Disposable {
   const store = new DisposableStore();
-  for (const sig of ['SIGINT', 'SIGTERM']) store.add(listen(process, sig, () => stop()));
+  for (const sig of ['SIGINT', 'SIGTERM']) store.add(listen(process, sig, (emitted: string) => stop(emitted)));
   return store;
 }
 

@@ -1,8 +1,6 @@
 /**
- * What `watch` and `stats` add to their lines: the notice above their tables when the helper's energy
- * is synthetic (not a measurement) and the first record of their --json output (docs/guide.md "JSON
- * output"); and, from a VM's statistics file, its guest energy (--guest-energy exact, docs/guest-energy.md)
- * and its power limit (docs/power-limits.md "Seen from outside").
+ * What `watch` and `stats` add: the synthetic-energy notice, the first --json record (docs/guide.md "JSON output"),
+ * and from a VM's statistics file its guest energy (docs/guest-energy.md) and power limit (docs/power-limits.md).
  */
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { StatedHost } from '../client/stated-energy-source.js';
@@ -23,6 +21,8 @@ export interface VmNotes {
   guest: GuestEnergyJ | null;
   limit: PowerLimitNote | null;
 }
+
+export const NO_NOTES: VmNotes = { guest: null, limit: null };
 
 export function vmNotesOf(r: StatsReader, s: StatsSample): VmNotes {
   return { guest: guestEnergyOf(r, s), limit: powerLimitOf(r, s) };
@@ -74,11 +74,7 @@ function powerLimitOf(r: StatsReader, s: StatsSample): PowerLimitNote | null {
   };
 }
 
-/**
- * The notes after a row, each led by `lead`: ", guest 12.3 J of exact 12.4 J (0.9920)" in exact mode once
- * QEMU was given anything; ", package limit 21.5 W throttled (quota 0.48 CPU, 33 s limited)" or
- * ", package limit 30 W, dram limit 3 W ok" with a limit; '' without either.
- */
+/** The notes after a row, each led by `lead`: ", guest 12.3 J of exact 12.4 J (0.9920)", ", package limit 30 W ok"; or ''. */
 export function vmNotesText({ guest: g, limit: n }: VmNotes, lead = ', '): string {
   let text = '';
   if (g !== null && g.exactJ > 0) {
@@ -93,11 +89,7 @@ export function vmNotesText({ guest: g, limit: n }: VmNotes, lead = ', '): strin
   return text;
 }
 
-/**
- * The notes' --json fields, none outside exact mode or without a limit: guest_energy_j, guest_exact_energy_j,
- * guest_garbage_windows, guest_garbage_j; power_limits ({domain: watts}), power_limit_w (the package's, when
- * limited: JSON drops it otherwise), power_limit_state ("throttled" or "ok"), power_limit_cpu_quota, power_limited_s.
- */
+/** The notes' --json fields: none outside exact mode or without a limit; power_limit_w only when the package is limited. */
 export function vmNotesJson({ guest: g, limit: n }: VmNotes): Record<string, unknown> {
   const guest = g
     ? { guest_energy_j: g.guestJ, guest_exact_energy_j: g.exactJ, guest_garbage_windows: g.garbageWindows, guest_garbage_j: g.garbageJ }

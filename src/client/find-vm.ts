@@ -29,10 +29,7 @@ export function matchVms(vms: readonly VmInfo[], target: string): VmInfo[] {
   return live.length > 0 ? live : found;
 }
 
-/**
- * The one VM `target` names among `vms`; throws naming the candidates, or the VMs there are, and how to
- * pick. `command` is the command line to suggest, the target last (`vmsr-helper watch`).
- */
+/** The one VM `target` names; else throws naming the candidates or the VMs there are, and how to pick with `command`. */
 export function findVm(vms: readonly VmInfo[], target: string, command: string): VmInfo {
   const what = `find the VM ${JSON.stringify(target)}`;
   const found = matchVms(vms, target);

@@ -5,10 +5,7 @@ import { readStarttime } from '../os/proc-starttime.js';
 import { type VcpuSpec, checkVcpus } from '../model/vcpus.js';
 import type { VmSpec } from '../model/vm.js';
 
-/**
- * Asks QEMU over QMP: vCPU threads (socket-id as vpkg), name, and the pid from SO_PEERCRED, checked
- * against each vCPU thread's Tgid so a socket served by anything but that QEMU is refused.
- */
+/** vCPU threads (socket-id as vpkg) and name from QMP; the pid from SO_PEERCRED, refused unless it is the vCPUs' Tgid. */
 export async function vmSpecFromQmp(socketPath: string, procRoot: string): Promise<VmSpec> {
   const qmp = await QmpClient.connect(socketPath);
   try {
@@ -26,9 +23,7 @@ export async function vmSpecFromQmp(socketPath: string, procRoot: string): Promi
     }
     const starttime = readStarttime(procRoot, pid);
     if (starttime === null) throw new Error(`QMP ${socketPath}: QEMU process ${pid} vanished`);
-    const spec: VmSpec = { pid, starttime, vcpus };
-    if (name !== undefined) spec.name = name;
-    return spec;
+    return { pid, starttime, vcpus, ...(name !== undefined ? { name } : {}) };
   } finally {
     qmp.close();
   }

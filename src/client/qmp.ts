@@ -1,7 +1,4 @@
-/**
- * A small QMP client. The socket is hostile input like any other: lines are bounded, non-JSON or
- * unexpected replies end the session with a clear error, and every wait has a timeout.
- */
+/** A small QMP client; the socket is hostile input: lines bounded, non-JSON or unexpected replies end it, every wait timed. */
 import fs from 'node:fs';
 import net from 'node:net';
 import { getPeerCredentials } from '../os/libc/sockets.js';
@@ -37,7 +34,6 @@ interface Pending {
 const GREETING = '';
 
 interface QmpCpu {
-  cpuIndex: number;
   threadId: number;
   socketId: number | undefined;
 }
@@ -132,22 +128,19 @@ export class QmpClient {
     const r = await this.execute('query-cpus-fast');
     if (!Array.isArray(r)) throw new QmpError('query-cpus-fast: reply is not a list', 'Protocol');
     return r.map((c: unknown, i) => {
-      const o = c as { 'cpu-index'?: unknown; 'thread-id'?: unknown; props?: { 'socket-id'?: unknown } };
+      const o = c as { 'thread-id'?: unknown; props?: { 'socket-id'?: unknown } };
       const tid = o?.['thread-id'];
       if (typeof tid !== 'number' || !Number.isSafeInteger(tid) || tid <= 0) {
         throw new QmpError(`query-cpus-fast: entry ${i} has no valid thread-id: ${JSON.stringify(c)?.slice(0, 200)}`, 'Protocol');
       }
-      const idx = o['cpu-index'];
       const sock = o.props?.['socket-id'];
       return {
-        cpuIndex: typeof idx === 'number' ? idx : i,
         threadId: tid,
         socketId: typeof sock === 'number' && Number.isSafeInteger(sock) && sock >= 0 ? sock : undefined,
       };
     });
   }
 
-  /** query-name: the -name of the VM, or undefined when it has none. */
   async queryName(): Promise<string | undefined> {
     const r = (await this.execute('query-name')) as { name?: unknown } | null;
     return typeof r?.name === 'string' ? r.name : undefined;
@@ -170,7 +163,6 @@ export class QmpClient {
     });
   }
 
-  /** The wait for reply `id`, removed and its timer stopped. */
   private take(id: string): Pending | undefined {
     const p = this.pending.get(id);
     this.pending.delete(id);

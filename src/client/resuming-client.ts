@@ -1,8 +1,7 @@
 /**
- * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): after any close it connects
- * again for `resumeForMs`, REGISTERs each process again (same vm_id and totals) and makes each subscription
- * again. A request in flight at the close rejects; statistics fds keep the old image's last values: ask
- * for new ones after `onResumed`.
+ * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): it connects again, REGISTERs
+ * again (same vm_id and totals) and subscribes again. A request in flight rejects; statistics fds keep the
+ * old image's last values: ask for new ones after `onResumed`.
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
@@ -20,11 +19,9 @@ import {
 } from './v2-replies.js';
 
 interface ResumingOptions {
-  /** How long to keep trying to connect again after the connection closed (default RESUME_FOR_MS). */
+  /** How long to try connecting again after a close (default RESUME_FOR_MS). */
   resumeForMs?: number;
-  /** Called after each resumption, with what closed the connection and how long the client was away. */
   onResumed?: (o: { reason: Error | null; awayMs: number }) => void;
-  /** How one connection is made (default V2Client.connect). */
   connect?: (socketPath: string) => Promise<V2Client>;
 }
 
@@ -107,10 +104,7 @@ export class ResumingV2Client {
     return this.follow('host', onUpdate, onError, (c, u) => c.subscribeHost(u, onError, o));
   }
 
-  /**
-   * Makes the subscription `key` with `start` on the current connection, and again on each resumption
-   * until a VM's last update; a start that fails leaves nothing behind.
-   */
+  /** Subscription `key` made with `start` now and on each resumption until a VM's last update; a failed start leaves nothing. */
   private async follow<U extends object>(
     key: string,
     onUpdate: (u: U) => void,
@@ -139,7 +133,6 @@ export class ResumingV2Client {
     this.resolveClosed(null);
   }
 
-  /** Resumes when `c` closes, unless the caller closed this client. */
   private resumeAfter(c: V2Client): void {
     void c.closed.then((reason) => {
       if (this.userClosed) return;
@@ -198,9 +191,8 @@ export class ResumingV2Client {
   }
 
   /**
-   * Every registration and subscription again, on `c`. What the helper refuses now (a VM that ended, a
-   * process that exited), or registers under another vm_id (restarted without its state), is dropped and
-   * told to its onError. A connection error, or a refused HOST_SUBSCRIBE, rejects.
+   * Every registration and subscription again, on `c`; what the helper refuses now (the VM ended) or registers under
+   * another vm_id (it lost its state) is dropped and told to onError. A connection error or refused HOST_SUBSCRIBE rejects.
    */
   private async restore(c: V2Client): Promise<void> {
     for (const [vmId, r] of [...this.registered]) {
@@ -229,7 +221,6 @@ export class ResumingV2Client {
     );
   }
 
-  /** Forgets a subscription the helper no longer serves, and tells its owner why. */
   private drop(key: string, why: V2Error): void {
     const f = this.followers.get(key);
     this.followers.delete(key);

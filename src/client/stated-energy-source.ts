@@ -1,7 +1,4 @@
-/**
- * What the helper states of itself in its host statistics file: its energy source and the RAPL
- * domains it reads; null ("not said") to whoever may not read the host's file, or from an older helper.
- */
+/** The helper's energy source and RAPL domains from its host statistics file; null: not said (not readable, or older). */
 import { energySourceOfCode, type EnergySourceKind } from '../energy/kinds.js';
 import { OTHER_DOMAINS, type EnergyDomain } from '../model/domains.js';
 import { StatsReader } from './stats-reader.js';

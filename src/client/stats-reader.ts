@@ -1,7 +1,6 @@
 /**
- * A reader of a statistics file (docs/stats-fd.md "Consistent samples"): the layout checked once, the
- * file mapped read-only, each read() the generation rule over the mapping (readByPread(): with pread(2)).
- * It owns the fd from V2Client.statsFd (close() closes it).
+ * A reader of a statistics file (docs/stats-fd.md "Consistent samples"), owning its fd: the layout checked once,
+ * the file mapped read-only, each read() the generation rule over the mapping (readByPread(): with pread(2)).
  */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
@@ -12,10 +11,7 @@ import { GENERATION, readConsistent } from '../protocol/stats/sample-block.js';
 import { descriptorValues } from '../protocol/stats/values.js';
 import { statsScale } from '../protocol/stats/flags.js';
 
-/**
- * A read retries while the helper writes: STATS_SPIN_TRIES at once, then one every STATS_BACKOFF_MS (a helper
- * preempted mid-sample leaves the generation odd for a time slice), STATS_READ_TRIES in all (about a second).
- */
+/** A read retries while the helper writes: SPIN tries at once, then one a BACKOFF (a helper preempted mid-sample), about 1 s in all. */
 const STATS_READ_TRIES = 1000;
 const STATS_SPIN_TRIES = 10;
 const STATS_BACKOFF_MS = 1;
@@ -138,7 +134,6 @@ export class StatsReader {
     return d ? descriptorValues(d, s.data) : undefined;
   }
 
-  /** `name`'s first value in `s`. */
   value(s: StatsSample, name: string): bigint | undefined {
     const d = this.byName.get(name);
     return d ? s.data.readBigUInt64LE(d.offset) : undefined;

@@ -1,7 +1,6 @@
 /**
- * The v2 client library. Replies come back in request order; UPDATEs (and ERROR 5 notices) may arrive
- * in between and go to the subscription's callbacks. How a reply's fd stays paired with its frame:
- * docs/stats-fd.md "How the client reads the fd".
+ * The v2 client: replies in request order, UPDATEs (and ERROR 5 notices) between them to the subscriptions;
+ * a reply's fd paired with its frame as docs/stats-fd.md "How the client reads the fd" says.
  */
 import type { EnergyDomain } from '../model/domains.js';
 import fs from 'node:fs';
@@ -32,6 +31,7 @@ import { closeFd, dupCloexec, watchReadable, type FdWatch } from '../os/libc/fds
 import { MSG_DONTWAIT, recvWithFds } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
 import { groupNameOf } from '../os/privileges/accounts.js';
+import { readProcFileOr } from '../os/proc-file.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import {
   toVmInfo,
@@ -79,7 +79,6 @@ function replyOf<K extends HelperMessage['type']>(m: HelperMessage, type: K): Ex
   return m as Extract<HelperMessage, { type: K }>;
 }
 
-/** A message's fields without its type. */
 function fieldsOf<M extends { type: number }>({ type: _t, ...fields }: M): Omit<M, 'type'> {
   return fields;
 }
@@ -112,8 +111,7 @@ export class V2Client {
     reader.onBytes = (d) => this.onData(d);
     socket.on('error', (e: NodeJS.ErrnoException) => this.shutdown(new V2ConnectionError(`helper connection: ${e.message}`, e.code)));
     socket.on('close', () => {
-      // Closed without a byte while a request waited: a legacy-only helper (QEMU's own, also at
-      // /run/qemu-vmsr-helper.sock) reads "VMS2" as an MSR number it refuses, and closes silently.
+      // Closed without a byte while a request waited: QEMU's own helper refuses "VMS2" as an MSR number, silently.
       if (this.silent && this.pending.length > 0 && !this.failure) {
         this.failure = new V2ConnectionError(
           `${this.socketPath} closed the connection without answering: it does not speak the v2 protocol (QEMU's own qemu-vmsr-helper only speaks the legacy one); run vmsr-helper there (systemctl status qemu-vmsr-helper shows which ExecStart runs)`,
@@ -166,10 +164,7 @@ export class V2Client {
     return fieldsOf(replyOf(await this.call(T.READ, encodeRead(vmId, vpkg), vmId), T.VALUE));
   }
 
-  /**
-   * Subscribes; resolves with the immediate UPDATE (the current values). `onUpdate` gets it and one per sample until
-   * the VM ends (`ended`), is unregistered, or the connection closes; `onError`, ERROR 5 while the energy source fails.
-   */
+  /** Resolves with the immediate UPDATE; `onUpdate` gets it and one per sample until the end; `onError`, ERROR 5 notices. */
   async subscribe(vmId: number, onUpdate: (u: Update) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<Update> {
     return this.follow(T.SUBSCRIBE, vmId, { onUpdate, onError }, o, (domains) => encodeSubscribe(vmId, { domains }));
   }
@@ -188,10 +183,7 @@ export class V2Client {
     throw new V2ConnectionError(`helper sent more than ${MAX_LIST_PAGES} VM_LIST pages`);
   }
 
-  /**
-   * Observes any VM this peer may see (discovered, or registered by anyone), as subscribe() does until unobserve();
-   * a VM it may not see is refused like a nonexistent one (ERROR 3).
-   */
+  /** subscribe() for any VM this peer may see, until unobserve(); one it may not see is refused as nonexistent (ERROR 3). */
   async observe(
     hostVmId: number,
     onUpdate: (u: VmUpdate) => void,
@@ -221,10 +213,7 @@ export class V2Client {
     }
   }
 
-  /**
-   * `type` with each of `frames` in turn while the helper refuses a flag of it (ERROR 1: a helper that
-   * predates the flag; the connection stays).
-   */
+  /** `type` with each of `frames` in turn while the helper refuses a flag of it (ERROR 1: it predates the flag). */
   private async withFallback(type: number, frames: readonly Buffer[], vmId?: number): Promise<HelperMessage> {
     for (let i = 0; ; i++) {
       try {
@@ -242,8 +231,7 @@ export class V2Client {
   }
 
   /**
-   * Host-wide values after every sample (each package's energy and unattributed part, the helper's
-   * health); resolves with the immediate update. Needs root or the observer group (ERROR 2). Flags an
+   * Host-wide values after every sample, from the immediate one; root or the observer group only (ERROR 2). Flags an
    * older helper refuses are dropped, `domains` first, then per-package unattributed energy (then null).
    */
   async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<HostUpdate> {
@@ -258,10 +246,7 @@ export class V2Client {
     }
   }
 
-  /**
-   * A read-only fd of VM `hostVmId`'s statistics file, or of the host's (0): docs/stats-fd.md. The caller closes it;
-   * it stays valid after this connection closes and after the VM ends. Read it with StatsReader.
-   */
+  /** A read-only fd of VM `hostVmId`'s statistics file, or the host's (0), for StatsReader: valid after the close and the VM's end. */
   async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
     const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeStatsFd(hostVmId));
     if (reply.type !== T.STATS_FD_REPLY || reply.vmId !== hostVmId) {
@@ -272,13 +257,13 @@ export class V2Client {
   }
 
   /**
-   * VM `hostVmId`'s power limit (docs/power-limits.md): with `watts` sets it (null removes it; root and
-   * the helper's --socket-group only), without reads it; on `domain`'s power (the package when absent:
-   * the first layout, which a helper from before domains understands).
+   * VM `hostVmId`'s limit (docs/power-limits.md): `watts` sets it (null removes; root and --socket-group only), else
+   * reads it; on `domain`, the package's in the first layout (which a helper from before domains understands).
    */
   async limit(hostVmId: number, watts?: number | null, domain?: EnergyDomain): Promise<LimitState> {
     const mw = watts === undefined ? undefined : watts === null ? 0 : Math.max(1, Math.round(watts * 1000));
-    return fieldsOf(replyOf(await this.call(T.LIMIT, encodeLimit(hostVmId, mw, domain), hostVmId), T.LIMIT_STATE));
+    const frame = encodeLimit(hostVmId, mw, domain === 'package' ? undefined : domain);
+    return fieldsOf(replyOf(await this.call(T.LIMIT, frame, hostVmId), T.LIMIT_STATE));
   }
 
   async unregister(vmId: number): Promise<void> {
@@ -303,10 +288,7 @@ export class V2Client {
     this.enqueue(bytes);
   }
 
-  /**
-   * A request whose reply comes with exactly one fd (SCM_RIGHTS), which the caller then owns. A reply without
-   * its fd rejects (the connection stays); an fd with any frame but the reply awaited breaks the connection.
-   */
+  /** A request whose reply carries one fd, the caller's then; without it rejects, an fd on another frame breaks the connection. */
   requestWithFd(type: number, frame: Buffer): Promise<{ reply: HelperMessage; fd: number }> {
     return new Promise((resolve, reject) => {
       this.checkOpen();
@@ -392,10 +374,7 @@ export class V2Client {
     if (this.socket.destroyed) throw new V2ConnectionError('the helper connection is closed');
   }
 
-  /**
-   * Requests made in the same tick leave in one write, so the helper handles them with no sample in
-   * between. One Buffer, not cork(): a corked stream still splits it when a write is in flight.
-   */
+  /** One write for a tick's requests, so no sample falls between them; not cork(), which splits it while a write is in flight. */
   private enqueue(bytes: Buffer): void {
     this.outbox.push(bytes);
     if (this.outbox.length > 1) return;
@@ -500,10 +479,7 @@ export class V2Client {
   }
 }
 
-/**
- * What to do about EACCES on the helper's socket, from its owner, group and mode: the shipped .socket
- * unit makes it root:kvm 0660, so membership of that group is the usual fix.
- */
+/** The fix for EACCES on the helper's socket, from its group and mode (the shipped .socket unit: root:kvm 0660). */
 export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): string {
   let st: fs.Stats;
   try {
@@ -512,13 +488,7 @@ export function socketAccessHint(socketPath: string, groupFile = '/etc/group'): 
     return "run as root, or as a member of the socket's group";
   }
   const mode = (st.mode & 0o777).toString(8).padStart(4, '0');
-  let db = '';
-  try {
-    db = fs.readFileSync(groupFile, 'utf8');
-  } catch {
-    /* no group database: show the number */
-  }
-  const group = groupNameOf(st.gid, db) ?? String(st.gid);
+  const group = groupNameOf(st.gid, readProcFileOr(groupFile, 'utf8') ?? '') ?? String(st.gid);
   if ((st.mode & 0o060) === 0o060) {
     return `the socket is mode ${mode}, group ${group}: add this user to group ${group} (usermod -aG ${group} USER, then log in again), or run as root`;
   }

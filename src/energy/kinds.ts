@@ -27,7 +27,3 @@ export function energySourceOfCode(code: bigint | number | undefined): EnergySou
 export function isEnergySourceKind(text: unknown): text is EnergySourceKind {
   return (ENERGY_SOURCE_KINDS as readonly unknown[]).includes(text);
 }
-
-export function isEnergySourceChoice(text: unknown): text is EnergySourceChoice {
-  return (ENERGY_SOURCE_CHOICES as readonly unknown[]).includes(text);
-}

@@ -1,8 +1,7 @@
 /** --energy-source: one option, its choices auto and the one list of source kinds. */
 import { Command } from 'commander';
 import { describe, expect, test } from 'vitest';
-import { energySourceFrom, energySourceOption } from '../../src/cli/options.js';
-import { UsageError } from '../../src/cli/cli-errors.js';
+import { energySourceOption } from '../../src/cli/options.js';
 import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES, ENERGY_SOURCE_KINDS } from '../../src/energy/kinds.js';
 
 const parse = (args: string[]) => {
@@ -11,7 +10,7 @@ const parse = (args: string[]) => {
     .configureOutput({ writeErr: () => {} })
     .addOption(energySourceOption());
   cmd.parse(args, { from: 'user' });
-  return energySourceFrom(cmd.opts().energySource);
+  return cmd.opts().energySource as unknown;
 };
 
 describe('--energy-source', () => {
@@ -25,7 +24,5 @@ describe('--energy-source', () => {
 
   test('refuses a name that is not a source kind', () => {
     expect(() => parse(['--energy-source', 'powercap-typo'])).toThrow(/Allowed choices are auto, msr, powercap, synthetic/);
-    expect(() => energySourceFrom('nope')).toThrow(UsageError);
-    expect(() => energySourceFrom('nope')).toThrow('--energy-source: expected one of auto, msr, powercap, synthetic (got "nope")');
   });
 });

@@ -9,8 +9,6 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, test } from 'vitest';
-import { runRecord } from '../../src/cli/commands/record.js';
-import { DEFAULT_HOST_PATHS } from '../../src/msr/host-paths.js';
 import { parseMsrHex } from '../../src/ratio/counter.js';
 import { RatioEngine } from '../../src/ratio/attribution.js';
 import type { HostInfo } from '../../src/model/host.js';
@@ -295,31 +293,21 @@ describe('vmsr-helper record', () => {
   });
 
   test('an interval that rounds to 0 ns is refused, not looped on forever', async () => {
-    const o = {
-      qmp: [],
-      pid: [process.pid],
-      vcpus: [[{ tid: process.pid, vpkg: 0 }]],
-      output: path.join(tmpDir(), 'x.jsonl'),
-      energySource: 'synthetic' as const,
-      paths: DEFAULT_HOST_PATHS,
-    };
-    await expect(runRecord({ ...o, interval: 1e-10, duration: 1 })).rejects.toThrow(/interval must be at least 0.01 s/);
-    expect(fs.existsSync(o.output)).toBe(false);
+    const output = path.join(tmpDir(), 'x.jsonl');
+    const vm = ['--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '--energy-source', 'synthetic', '--duration', '1'];
+    const r = await runCli(['record', '--interval', '0.0000000001', ...vm, '-o', output]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/--interval must be a number of seconds in \[0\.01, 60\], got "0\.0000000001"/);
+    expect(fs.existsSync(output)).toBe(false);
   });
 
   test('an interval long enough for the energy counter to wrap twice unseen is refused', async () => {
-    const o = {
-      qmp: [],
-      pid: [process.pid],
-      vcpus: [[{ tid: process.pid, vpkg: 0 }]],
-      output: path.join(tmpDir(), 'x.jsonl'),
-      energySource: 'synthetic' as const,
-      paths: DEFAULT_HOST_PATHS,
-    };
-    await expect(runRecord({ ...o, interval: 61, duration: 1 })).rejects.toThrow(/interval must be at most 60 s.*wrap/);
-    expect(fs.existsSync(o.output)).toBe(false);
-    const r = await runCli(['record', '--interval', '120', '--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '-o', o.output]);
-    expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/--interval must be a number of seconds in \[0\.01, 60\].*wrap/);
+    const output = path.join(tmpDir(), 'x.jsonl');
+    for (const interval of ['61', '120']) {
+      const r = await runCli(['record', '--interval', interval, '--pid', String(process.pid), '--vcpus', `${process.pid}:0`, '-o', output]);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toMatch(/--interval must be a number of seconds in \[0\.01, 60\].*wrap/);
+    }
+    expect(fs.existsSync(output)).toBe(false);
   });
 });

@@ -137,18 +137,22 @@ describe('watch', () => {
     const a: Update = { vmId: 1, tNs: 1_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 1_000_000n }], ended: false };
     const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: false };
     const guest = { guestJ: 19.5, exactJ: 20, garbageWindows: 0, garbageJ: 0 };
-    expect(formatUpdate(a, b, a.tNs, guest)).toBe(`${formatUpdate(a, b, a.tNs)}  guest 19.500 J of exact 20.000 J (0.9750)`);
-    expect(formatUpdate(a, b, a.tNs, null)).toBe(formatUpdate(a, b, a.tNs));
+    expect(formatUpdate(a, b, a.tNs, { guest, limit: null })).toBe(
+      `${formatUpdate(a, b, a.tNs)}  guest 19.500 J of exact 20.000 J (0.9750)`,
+    );
+    expect(formatUpdate(a, b, a.tNs, { guest: null, limit: null })).toBe(formatUpdate(a, b, a.tNs));
     // Before QEMU was given anything there is no ratio to show.
-    expect(formatUpdate(a, b, a.tNs, { ...guest, guestJ: 0, exactJ: 0 })).toBe(formatUpdate(a, b, a.tNs));
+    expect(formatUpdate(a, b, a.tNs, { guest: { ...guest, guestJ: 0, exactJ: 0 }, limit: null })).toBe(formatUpdate(a, b, a.tNs));
     // A guest QEMU gave garbage is named on the row.
     const poisoned = { ...guest, garbageWindows: 3, garbageJ: 1.5 };
-    expect(formatUpdate(a, b, a.tNs, poisoned)).toBe(`${formatUpdate(a, b, a.tNs, guest)}, GARBAGE in 3 windows (1.500 J)`);
-    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, poisoned))).toMatchObject({
+    expect(formatUpdate(a, b, a.tNs, { guest: poisoned, limit: null })).toBe(
+      `${formatUpdate(a, b, a.tNs, { guest, limit: null })}, GARBAGE in 3 windows (1.500 J)`,
+    );
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, { guest: poisoned, limit: null }))).toMatchObject({
       guest_garbage_windows: 3,
       guest_garbage_j: 1.5,
     });
-    const json = JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, guest)) as Record<string, unknown>;
+    const json = JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, { guest, limit: null })) as Record<string, unknown>;
     expect(json).toMatchObject({ type: 'update', guest_energy_j: 19.5, guest_exact_energy_j: 20 });
     expect(formatJsonUpdate(a, b, a.tNs)).not.toContain('guest');
   });
@@ -157,23 +161,29 @@ describe('watch', () => {
     const a: Update = { vmId: 1, tNs: 1_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 1_000_000n }], ended: false };
     const b: Update = { vmId: 1, tNs: 3_000_000_000n, vpkgs: [{ counter: 0n, energyUj: 21_000_000n }], ended: false };
     const biting = { limits: [{ domain: 'package' as const, limitW: 21.5 }], quotaCpus: 0.482, limitedS: 33.4 };
-    expect(formatUpdate(a, b, a.tNs, null, biting)).toBe(
+    expect(formatUpdate(a, b, a.tNs, { guest: null, limit: biting })).toBe(
       `${formatUpdate(a, b, a.tNs)}  package limit 21.5 W throttled (quota 0.48 CPU, 33 s limited)`,
     );
-    expect(formatUpdate(a, b, a.tNs, null, { ...biting, quotaCpus: 0 })).toBe(`${formatUpdate(a, b, a.tNs)}  package limit 21.5 W ok`);
+    expect(formatUpdate(a, b, a.tNs, { guest: null, limit: { ...biting, quotaCpus: 0 } })).toBe(
+      `${formatUpdate(a, b, a.tNs)}  package limit 21.5 W ok`,
+    );
     const both = { ...biting, limits: [...biting.limits, { domain: 'dram' as const, limitW: 3 }] };
-    expect(formatUpdate(a, b, a.tNs, null, both)).toMatch(/ {2}package limit 21.5 W, dram limit 3 W throttled \(quota 0.48 CPU/);
-    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, both))).toMatchObject({ power_limits: { package: 21.5, dram: 3 } });
+    expect(formatUpdate(a, b, a.tNs, { guest: null, limit: both })).toMatch(
+      / {2}package limit 21.5 W, dram limit 3 W throttled \(quota 0.48 CPU/,
+    );
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, { guest: null, limit: both }))).toMatchObject({
+      power_limits: { package: 21.5, dram: 3 },
+    });
     const dramOnly = { ...biting, limits: [{ domain: 'dram' as const, limitW: 3 }] };
-    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, dramOnly))).not.toHaveProperty('power_limit_w');
-    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, null, biting))).toMatchObject({
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, { guest: null, limit: dramOnly }))).not.toHaveProperty('power_limit_w');
+    expect(JSON.parse(formatJsonUpdate(a, b, a.tNs, undefined, { guest: null, limit: biting }))).toMatchObject({
       power_limits: { package: 21.5 },
       power_limit_w: 21.5,
       power_limit_state: 'throttled',
       power_limit_cpu_quota: 0.482,
       power_limited_s: 33.4,
     });
-    expect(formatJsonUpdate(a, b, a.tNs, undefined, null, null)).not.toContain('power_limit');
+    expect(formatJsonUpdate(a, b, a.tNs, undefined, { guest: null, limit: null })).not.toContain('power_limit');
   });
 
   it('adds a power column per other RAPL domain, summed over vpkgs and lined up under its label, and none when the update has no domains', () => {

@@ -1,7 +1,4 @@
-/**
- * `vmsr-helper demo` (docs/try-it.md): the daemon on synthetic energy, the exporter and a demo VM, each a child process, in a
- * temporary directory removed at the end. Every output says the energy is synthetic.
- */
+/** `vmsr-helper demo` (docs/try-it.md): daemon (synthetic energy: every output says so), exporter and VM, in a temporary directory. */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -10,15 +7,15 @@ import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
 import { DEFAULT_LISTEN, formatListenAddress, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
 import { formatPrettyLine } from '../../logging/logger.js';
-import { cannot } from '../../common/errors.js';
+import { cannotError } from '../../common/errors.js';
 import { listenAddressArg, secondsArg } from '../options.js';
+import { onStopSignals } from '../stop-signals.js';
 
 /** The demo VM's identity, as its QEMU-like command line gives it to discovery. */
 export const DEMO_VM = { name: 'demo-vm', uuid: '00000000-0000-4000-8000-00000000de70', vcpus: 2 } as const;
 /** How long each child may take to come up, and to stop after SIGTERM before SIGKILL. */
 const START_TIMEOUT_MS = 30_000;
 const STOP_TIMEOUT_MS = 10_000;
-/** The longest --duration. */
 const MAX_DURATION_S = 7 * 24 * 3600;
 
 interface DemoOptions {
@@ -77,7 +74,7 @@ class Child {
   waitFor(match: RegExp, what: string, ms = START_TIMEOUT_MS): Promise<RegExpMatchArray> {
     return new Promise((resolve, reject) => {
       const t = setTimeout(
-        () => reject(new Error(cannot(`start the demo's ${this.label}`, `no ${what} within ${ms / 1000} s`, 'see its lines above'))),
+        () => reject(cannotError(`start the demo's ${this.label}`, `no ${what} within ${ms / 1000} s`, 'see its lines above')),
         ms,
       );
       this.waiters.push({
@@ -89,7 +86,7 @@ class Child {
       });
       void this.exited.then((how) => {
         clearTimeout(t);
-        reject(new Error(cannot(`start the demo's ${this.label}`, `it ended (${how}) before ${what}`, 'see its lines above')));
+        reject(cannotError(`start the demo's ${this.label}`, `it ended (${how}) before ${what}`, 'see its lines above'));
       });
     });
   }
@@ -223,9 +220,7 @@ async function runDemo(o: DemoOptions): Promise<number> {
   const children: Child[] = [];
   let stopping: ((why: string) => void) | null = null;
   const stopped = new Promise<string>((resolve) => (stopping = resolve));
-  const onSignal = (sig: string) => stopping!(`${sig} received`);
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
+  const signals = onStopSignals((sig) => stopping!(`${sig} received`));
   let code = 0;
   try {
     process.stderr.write(
@@ -255,8 +250,7 @@ async function runDemo(o: DemoOptions): Promise<number> {
     // its group, as timeout(1) does) would otherwise end the demo mid-way and leave it behind.
     for (const c of [...children].reverse()) await c.stop();
     fs.rmSync(dir, { recursive: true, force: true });
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    signals.dispose();
   }
   return code;
 }

@@ -76,7 +76,7 @@ export function addExporterCommand(program: Command): void {
     const inspectorUrl = closeOpenInspector();
     if (inspectorUrl !== null)
       log.warn({ inspector: inspectorUrl }, "Node's inspector was open: closed (a debugger must not reach the exporter)");
-    await new Promise<void>((resolve) => signals.add(onStopSignals(resolve)));
+    await new Promise<void>((resolve) => signals.add(onStopSignals(() => resolve())));
     signals.dispose();
     log.info('stopping');
     await exporter.stop();

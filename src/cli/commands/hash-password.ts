@@ -7,10 +7,7 @@ import { UsageError } from '../cli-errors.js';
 /** The most a piped password may hold: more is no password (bcrypt reads 72 bytes) but a wrong file. */
 const MAX_INPUT_BYTES = 4096;
 
-/**
- * Lines typed on the terminal, not echoed, one per prompt. One reader for all of them: a chunk may hold
- * more than one line (typed ahead), and what follows the first belongs to the next prompt.
- */
+/** Lines typed without echo, one per prompt; one reader for all, as a chunk may hold lines typed ahead. */
 function readHiddenLines(prompts: readonly string[]): Promise<string[]> {
   return new Promise((resolve, reject) => {
     const stdin = process.stdin;

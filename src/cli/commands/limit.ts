@@ -3,16 +3,15 @@ import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
 import { V2Error, type VmInfo } from '../../client/v2-replies.js';
 import { findVm } from '../../client/find-vm.js';
-import { cannot } from '../../common/errors.js';
+import { cannotError } from '../../common/errors.js';
 import type { LimitState } from '../../protocol/v2/codec.js';
-import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { addClientSocketOption, commandOptions } from '../options.js';
+import { addClientSocketOption, clientSocket, commandOptions } from '../options.js';
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../../model/domains.js';
 
 /** --domain as typed: a RAPL domain as ENERGY_DOMAINS names it. */
 function domainArg(text: string): EnergyDomain {
   if (isEnergyDomain(text)) return text;
-  throw new Error(cannot(`limit the ${JSON.stringify(text)} power`, 'it is not a RAPL domain', `name one of ${ENERGY_DOMAINS.join(', ')}`));
+  throw cannotError(`limit the ${JSON.stringify(text)} power`, 'it is not a RAPL domain', `name one of ${ENERGY_DOMAINS.join(', ')}`);
 }
 
 /** WATTS as typed: a positive number of watts, or `off`; null for off. */
@@ -20,8 +19,10 @@ function parseWatts(text: string): number | null {
   if (text === 'off') return null;
   const w = /^\d{1,7}(\.\d{1,3})?$/.test(text) ? Number(text) : NaN;
   if (!(w > 0))
-    throw new Error(
-      cannot(`set the limit ${JSON.stringify(text)}`, 'it is not a number of watts above 0', "give watts (e.g. 35 or 12.5) or 'off'"),
+    throw cannotError(
+      `set the limit ${JSON.stringify(text)}`,
+      'it is not a number of watts above 0',
+      "give watts (e.g. 35 or 12.5) or 'off'",
     );
   return w;
 }
@@ -36,16 +37,13 @@ function line(vm: VmInfo, s: LimitState): string {
   return `${name}: ${limit}\n`;
 }
 
-/**
- * Every limit of the live VMs, one line each: the package's, then each other domain's; a domain the
- * helper refuses (it does not attribute it, or predates domains: an ERROR) is not asked again.
- */
+/** Every limit of the live VMs, a line each, package first; a domain the helper refuses (an ERROR) is not asked again. */
 async function listLimits(client: V2Client, live: readonly VmInfo[]): Promise<string[]> {
   const out: string[] = [];
   const domains = new Set<EnergyDomain>(ENERGY_DOMAINS);
   for (const v of live)
     for (const d of domains) {
-      const s = await client.limit(v.hostVmId, undefined, d === 'package' ? undefined : d).catch((e: unknown) => {
+      const s = await client.limit(v.hostVmId, undefined, d).catch((e: unknown) => {
         if (!(e instanceof V2Error) || d === 'package') throw e;
         domains.delete(d);
         return null;
@@ -64,9 +62,7 @@ export function addLimitCommand(program: Command): void {
     .description("set, remove or list per-VM power limits (the VM's CPU quota follows its attributed power)");
   addClientSocketOption(cmd).action(async (target?: string, watts?: string) => {
     const o = commandOptions<{ socket?: string; domain: EnergyDomain }>(cmd);
-    // The package in the first layout (a helper from before domains understands it), another domain named.
-    const named = (d: EnergyDomain) => (d === 'package' ? undefined : d);
-    const client = await V2Client.connect(o.socket ?? DEFAULT_HELPER_SOCKET);
+    const client = await V2Client.connect(clientSocket(o));
     try {
       const vms = await client.list();
       if (target === undefined) {
@@ -76,7 +72,7 @@ export function addLimitCommand(program: Command): void {
         return;
       }
       const vm = findVm(vms, target, 'vmsr-helper limit');
-      const state = await client.limit(vm.hostVmId, watts === undefined ? undefined : parseWatts(watts), named(o.domain));
+      const state = await client.limit(vm.hostVmId, watts === undefined ? undefined : parseWatts(watts), o.domain);
       process.stdout.write(line(vm, state));
     } finally {
       await client.close();

@@ -20,15 +20,17 @@ import { TraceWriter } from '../../trace/writer.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import { clockTicksPerSecond } from '../../os/libc/processes.js';
-import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { vmSpecsFromHelper } from '../vm-from-helper.js';
+import { V2Client } from '../../client/v2-client.js';
+import { findVm } from '../../client/find-vm.js';
+import { ProcScanner } from '../../discovery/scanner.js';
+import { cannotError } from '../../common/errors.js';
+import { statedHost } from '../../client/stated-energy-source.js';
 import {
   addClientSocketOption,
   addHostOptions,
-  checkInterval,
+  clientSocket,
   collect,
   commandOptions,
-  energySourceFrom,
   domainsOption,
   energySourceOption,
   hostOptionsFrom,
@@ -91,10 +93,48 @@ export function addRecordCommand(program: Command): void {
   addHostOptions(addClientSocketOption(record))
     .option('--note <text>', 'free text for the trace header (where and how it was captured)')
     .action(async (_local: unknown, cmd: Command) => {
-      const o = commandOptions<Omit<RecordOptions, 'energySource' | 'paths' | 'vendor'> & RawHostOptions & { energySource?: string }>(cmd);
+      const o = commandOptions<Omit<RecordOptions, 'paths' | 'vendor'> & RawHostOptions>(cmd);
       const { paths, vendor } = hostOptionsFrom(o);
-      await runRecord({ ...o, energySource: energySourceFrom(o.energySource), paths, vendor: vendor === 'auto' ? undefined : vendor });
+      await runRecord({ ...o, paths, vendor: vendor === 'auto' ? undefined : vendor });
     });
+}
+
+/**
+ * `record --vm`: the listed VMs, their vCPU threads read here from /proc (refused when the process is not the
+ * one listed: a reused pid), and the helper's energy source (null: not said).
+ */
+async function vmSpecsFromHelper(
+  socketPath: string,
+  targets: readonly string[],
+  procRoot: string,
+  clkTck: number,
+): Promise<{ vms: VmSpec[]; energySource: EnergySourceKind | null }> {
+  if (targets.length === 0) return { vms: [], energySource: null };
+  const client = await V2Client.connect(socketPath);
+  let listed;
+  let energySource;
+  try {
+    listed = await client.list();
+    energySource = (await statedHost(client)).energySource;
+  } finally {
+    await client.close();
+  }
+  const picked = targets.map((t) => ({ target: t, vm: findVm(listed, t, 'vmsr-helper record --vm') }));
+  const found = new ProcScanner(procRoot, { clkTck }).scan();
+  const vms = picked.map(({ target, vm }) => {
+    const d = found.find((f) => f.pid === vm.pid && BigInt(f.starttime) === vm.starttime);
+    if (d === undefined) {
+      throw cannotError(
+        `record the VM ${JSON.stringify(target)} (pid ${vm.pid})`,
+        vm.ended
+          ? 'it has ended'
+          : 'its process is not a VM to this scan of /proc (it ended, or the helper was given its threads by a client)',
+        `give its threads with --pid ${vm.pid} --vcpus TID:VPKG,...`,
+      );
+    }
+    return { pid: d.pid, starttime: d.starttime, vcpus: d.vcpus, ...(d.name !== null ? { name: d.name } : {}) };
+  });
+  return { vms, energySource };
 }
 
 /** The VMs to record, and the energy source the helper states when --vm asked it (null: not asked or not said). */
@@ -104,7 +144,7 @@ async function collectVms(o: RecordOptions): Promise<{ vms: VmSpec[]; stated: En
   const targets = o.vm ?? [];
   if (targets.length === 0 && o.qmp.length === 0 && o.pid.length === 0)
     throw new UsageError('nothing to record: give --vm NAME|UUID|PID, --qmp PATH or --pid PID --vcpus TID:VPKG,...');
-  const fromHelper = await vmSpecsFromHelper(o.socket ?? DEFAULT_HELPER_SOCKET, targets, o.paths.procRoot, clockTicksPerSecond());
+  const fromHelper = await vmSpecsFromHelper(clientSocket(o), targets, o.paths.procRoot, clockTicksPerSecond());
   const vms = fromHelper.vms;
   for (const p of o.qmp) vms.push(await vmSpecFromQmp(p, o.paths.procRoot));
   o.pid.forEach((pid, i) => {
@@ -114,11 +154,8 @@ async function collectVms(o: RecordOptions): Promise<{ vms: VmSpec[]; stated: En
       throw new Error(`--pid ${pid}: ${(e as Error).message}`);
     }
   });
-  const seen = new Set<number>();
-  for (const vm of vms) {
-    if (seen.has(vm.pid)) throw new Error(`process ${vm.pid} is given twice (same VM through two options?)`);
-    seen.add(vm.pid);
-  }
+  const twice = vms.find((vm, i) => vms.findIndex((v) => v.pid === vm.pid) !== i);
+  if (twice) throw new Error(`process ${twice.pid} is given twice (same VM through two options?)`);
   return { vms, stated: fromHelper.energySource };
 }
 
@@ -128,8 +165,7 @@ function defaultNote(o: RecordOptions, energy: EnergySource, vms: VmSpec[]): str
 }
 
 /** Records until the duration elapses or SIGINT/SIGTERM; resolves once the trace is complete on disk. */
-export async function runRecord(o: RecordOptions): Promise<void> {
-  checkInterval(o.interval);
+async function runRecord(o: RecordOptions): Promise<void> {
   const { vms, stated } = await collectVms(o);
   // auto beside a helper that states its source (--vm): the same energy as the helper reads, synthetic included.
   if (o.energySource === 'auto' && stated !== null) o = { ...o, energySource: stated };
@@ -149,8 +185,9 @@ export async function runRecord(o: RecordOptions): Promise<void> {
     for (const vm of vms) w.register(tReg, vm);
     const alive = new Set(vms.map((v) => v.pid));
     const takeSample = sampleInto(w, sampler, tasks, alive, opened.msr);
-    const progress = makeProgress(PROGRESS_EVERY);
-    const report = () => progress(w.samples, alive.size, vms.length, w.bytesWritten);
+    const progress = new ProgressLine();
+    const text = () => `record: ${w.samples} samples, ${alive.size}/${vms.length} VMs alive, ${w.bytesWritten} bytes written`;
+    const report = () => progress.show(text(), w.samples === 1 || w.samples % PROGRESS_EVERY === 0);
 
     takeSample(); // the baseline
     report();
@@ -158,7 +195,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
       takeSample();
       report();
     });
-    progress.done(w.samples, alive.size, vms.length, w.bytesWritten);
+    progress.done(`${text()}; done`);
   } finally {
     signals.dispose();
     if (writer) await writer.close();
@@ -168,10 +205,7 @@ export async function runRecord(o: RecordOptions): Promise<void> {
   }
 }
 
-/**
- * The energy source to record, the host it describes, and one read, so that an unreadable register
- * fails before the trace file exists; `msr`: its errors get the hint to record with the synthetic source.
- */
+/** The energy source and its host, read once so an unreadable register fails before the trace exists (`msr`: hint synthetic). */
 function openEnergy(o: RecordOptions, device: MsrDevice): { energy: EnergySource; host: HostInfo; msr: boolean } {
   const vendor = o.vendor ?? readVendor(o.paths.procRoot);
   const cpus = readHostCpus(o.paths.sysRoot);
@@ -232,12 +266,4 @@ function sampleUntilStopped(o: RecordOptions, signals: DisposableStore, tick: ()
     const endNs = o.duration === undefined ? undefined : start + BigInt(Math.round(o.duration * 1e9));
     loop.start({ ...(endNs !== undefined ? { endNs } : {}), onEnd: () => finish() });
   });
-}
-
-function makeProgress(every: number) {
-  const line = new ProgressLine();
-  const text = (s: number, a: number, t: number, b: number) => `record: ${s} samples, ${a}/${t} VMs alive, ${b} bytes written`;
-  const f = (s: number, a: number, t: number, b: number) => line.show(text(s, a, t, b), s === 1 || s % every === 0);
-  f.done = (s: number, a: number, t: number, b: number) => line.done(`${text(s, a, t, b)}; done`);
-  return f;
 }

@@ -1,22 +1,17 @@
-/**
- * `vmsr-helper reload` (docs/daemon.md "Restarts"): SIGHUP to the socket's peer, then waits until the new image
- * serves; a socket systemd listens on (pid 1) is refused: use `systemctl reload`.
- */
+/** `vmsr-helper reload` (docs/daemon.md "Restarts"): SIGHUP to the socket's peer (not systemd's), then waits for the new image. */
 import net from 'node:net';
 import os from 'node:os';
 import type { Command } from 'commander';
 import { V2Client } from '../../client/v2-client.js';
-import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
 import { peerOf } from '../../os/peer.js';
 import { isHelperProcess } from '../../helper/lifecycle/pidfile.js';
-import { addClientSocketOption, commandOptions } from '../options.js';
-import { cannot } from '../../common/errors.js';
+import { addClientSocketOption, clientSocket, commandOptions } from '../options.js';
+import { cannot, cannotError } from '../../common/errors.js';
 import { RESTART_CHECK_TIMEOUT_MS, RESTART_QUIET_MS } from '../../helper/handover/restarter.js';
 
 /**
- * Longest wait, from the signal, for the daemon to begin the restart: it first waits until no restart
- * was asked for RESTART_QUIET_MS, then checks the installed binary for up to RESTART_CHECK_TIMEOUT_MS;
- * 30 s more for its own turns on a host busy with other work (a starved daemon took 9 s to check).
+ * Longest wait from the signal for the restart to begin: the daemon's quiet time, then its check of the installed
+ * binary, and 30 s more for its turns on a busy host (a starved daemon took 9 s to check).
  */
 const BEGIN_TIMEOUT_MS = RESTART_QUIET_MS + RESTART_CHECK_TIMEOUT_MS + 30_000;
 /** Longest wait, once the old image let go, for the new one to serve (its start took 10 s on a starved host). */
@@ -26,7 +21,7 @@ function listenerPid(socketPath: string): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = net.connect({ path: socketPath });
     s.once('error', (e) =>
-      reject(new Error(cannot(`connect to ${socketPath}`, e.message, 'is the helper running there? give its socket with -k'))),
+      reject(cannotError(`connect to ${socketPath}`, e.message, 'is the helper running there? give its socket with -k')),
     );
     s.once('connect', () => {
       try {
@@ -83,10 +78,9 @@ function sayWhereWhenStopped(socketPath: string, p: Progress): () => void {
 /** Sends the daemon at `socketPath` SIGHUP and resolves with the ms until a new connection is served by the new image. */
 async function reloadDaemon(socketPath: string, p: Progress): Promise<number> {
   const pid = await listenerPid(socketPath);
-  if (pid === 1)
-    throw new Error(cannot('reload', `${socketPath} is systemd's socket`, 'run systemctl reload qemu-vmsr-helper (or restart)'));
+  if (pid === 1) throw cannotError('reload', `${socketPath} is systemd's socket`, 'run systemctl reload qemu-vmsr-helper (or restart)');
   if (!isHelperProcess(pid))
-    throw new Error(cannot('reload', `pid ${pid} listening on ${socketPath} is not a vmsr-helper`, "give the helper's socket with -k"));
+    throw cannotError('reload', `pid ${pid} listening on ${socketPath} is not a vmsr-helper`, "give the helper's socket with -k");
   // A v2 connection is told when the restart begins (ERROR RESTARTING, then closed).
   const watch = await V2Client.connect(socketPath);
   await watch.list();
@@ -106,7 +100,7 @@ async function reloadDaemon(socketPath: string, p: Progress): Promise<number> {
   if (!began) {
     await watch.close();
     const why = `the helper (pid ${pid}) did not begin the restart within ${BEGIN_TIMEOUT_MS / 1000} s of its SIGHUP`;
-    throw new Error(cannot('reload', why, 'its log says why (journalctl or its stderr)'));
+    throw cannotError('reload', why, 'its log says why (journalctl or its stderr)');
   }
   p.waitingFor = 'serve again (its new image starting)';
   for (const end = Date.now() + SERVE_TIMEOUT_MS; Date.now() < end;) {
@@ -120,7 +114,7 @@ async function reloadDaemon(socketPath: string, p: Progress): Promise<number> {
     }
   }
   const why = `the helper (pid ${pid}) began the restart but did not serve again within ${SERVE_TIMEOUT_MS / 1000} s`;
-  throw new Error(cannot('reload', why, 'its log says why (journalctl or its stderr)'));
+  throw cannotError('reload', why, 'its log says why (journalctl or its stderr)');
 }
 
 export function addReloadCommand(program: Command): void {
@@ -129,7 +123,7 @@ export function addReloadCommand(program: Command): void {
     .description('restart the daemon in place (as SIGHUP): every QEMU connection and all counters carried over');
   addClientSocketOption(cmd).action(async () => {
     const o = commandOptions<{ socket?: string }>(cmd);
-    const socketPath = o.socket ?? DEFAULT_HELPER_SOCKET;
+    const socketPath = clientSocket(o);
     const progress: Progress = { pid: null, signalledAt: null, waitingFor: '' };
     const unhook = sayWhereWhenStopped(socketPath, progress);
     const ms = await reloadDaemon(socketPath, progress).finally(unhook);

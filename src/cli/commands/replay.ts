@@ -7,19 +7,17 @@ import type { IntervalResult } from '../../ratio/outputs.js';
 import { replayFile, type ScanProgress } from '../../trace/reader.js';
 import { ProgressLine } from '../progress.js';
 import { findPackage } from '../../os/package-info.js';
-import { cannot } from '../../common/errors.js';
+import { cannotError } from '../../common/errors.js';
 
 const BUNDLED_TRACE = 'traces/qemu-spin-vs-idle.jsonl.gz';
 
 function bundledTracePath(): string {
   const root = findPackage()?.root;
   if (root === undefined)
-    throw new Error(
-      cannot(
-        'find the vmsr-helper package root to locate its bundled trace',
-        'no package.json of vmsr-helper above this module',
-        'give a TRACE path',
-      ),
+    throw cannotError(
+      'find the vmsr-helper package root to locate its bundled trace',
+      'no package.json of vmsr-helper above this module',
+      'give a TRACE path',
     );
   const p = path.join(root, BUNDLED_TRACE);
   if (!fs.existsSync(p)) throw new Error(`the bundled trace ${p} is missing (not recorded yet, or not shipped); give a TRACE path`);
@@ -27,33 +25,22 @@ function bundledTracePath(): string {
 }
 
 /** Writes to stdout honouring backpressure, so a large replay piped to `head` does not buffer everything. */
-function writer(): { write(line: string): void; flush(): Promise<void> } {
-  let buf: string[] = [];
-  let size = 0;
+function writer() {
+  let buf = '';
   let chain: Promise<void> = Promise.resolve();
-  const drainTo = (text: string): Promise<void> =>
-    new Promise((resolve) => {
-      if (process.stdout.write(text)) resolve();
-      else process.stdout.once('drain', resolve);
-    });
+  const flush = (): Promise<void> => {
+    const text = buf;
+    buf = '';
+    if (text !== '')
+      chain = chain.then(() => new Promise<void>((r) => (process.stdout.write(text) ? r() : process.stdout.once('drain', r))));
+    return chain;
+  };
   return {
-    write(line) {
-      buf.push(line);
-      size += line.length;
-      if (size > 1 << 16) {
-        const text = buf.join('');
-        buf = [];
-        size = 0;
-        chain = chain.then(() => drainTo(text));
-      }
+    write(line: string): void {
+      buf += line;
+      if (buf.length > 1 << 16) void flush();
     },
-    async flush() {
-      const text = buf.join('');
-      buf = [];
-      size = 0;
-      await chain;
-      if (text) await drainTo(text);
-    },
+    flush,
   };
 }
 
@@ -83,10 +70,7 @@ async function runReplay(trace: string | undefined, opts: { json?: boolean }): P
   if (problems) process.stderr.write(problems);
 }
 
-/**
- * Progress for long replays only: nothing for the first 2 s (most traces are done by then), then on a
- * terminal a line rewritten in place, elsewhere a line every 10 s.
- */
+/** Progress for long replays only: none for 2 s (most traces are done by then), then a line in place, or one every 10 s. */
 function replayProgress(file: string, now: () => number = () => Date.now()) {
   const line = new ProgressLine(process.stderr, now);
   const start = now();

@@ -17,7 +17,6 @@ import {
   addLogLevelOptions,
   addV2Options,
   collect,
-  energySourceFrom,
   flagged,
   energySourceOption,
   hostOptionsFrom,
@@ -31,13 +30,14 @@ import {
 import { cannot } from '../../common/errors.js';
 import { KEEPER_ENV, NO_KEEPER_ENV } from '../../keeper/keeper-messages.js';
 import { KeeperLink } from '../../keeper/link.js';
+import { DEFAULT_ENERGY_SOURCE, type EnergySourceChoice } from '../../energy/kinds.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
 /** Where -d logs without --log-file: a detached daemon has no terminal, and without systemd no journal. */
 export const DEFAULT_DAEMON_LOG_FILE = '/var/log/qemu-vmsr-helper.log';
 
 interface RawDaemonOptions extends RawHostOptions {
-  energySource?: string;
+  energySource?: EnergySourceChoice;
   /** --guest-energy (a v2 option; the start-up holds QEMU's answers for it too). */
   guestEnergy?: string;
   socket?: string;
@@ -134,7 +134,7 @@ export function parseDaemonOptions(
     traceAreas: (raw.trace ?? []).flatMap((t) => parseTraceOption(t, readFile)),
     hostPaths,
     vendor,
-    energySource: energySourceFrom(raw.energySource),
+    energySource: raw.energySource ?? DEFAULT_ENERGY_SOURCE,
     maxConnections: raw.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
     socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
     socketGid: raw.socketGroup === undefined ? undefined : flagged('--socket-group', () => ids.group(raw.socketGroup!)),
@@ -155,9 +155,8 @@ export function logFileFrom(raw: Pick<RawDaemonOptions, 'logFile' | 'daemon'>): 
 }
 
 /**
- * -d in the foreground process: re-spawn detached and wait; otherwise run. As root, the steps that need
- * root run first, then the helper re-executes itself with every thread's privileges dropped
- * (helper/lifecycle/privileged-start.ts). Modules are imported when needed: the first image stays small.
+ * -d: re-spawn detached; else run, as root the privileged steps first, then re-executed without privileges
+ * (helper/lifecycle/privileged-start.ts). Modules imported when needed: the first image stays small.
  */
 async function startDaemonFromCli(
   config: DaemonConfig,

@@ -1,12 +1,11 @@
 /** `vmsr-helper stats` (docs/guide.md "Every VM at a glance"): each refresh is one read per VM's statistics fd and a LIST. */
-import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Command } from 'commander';
 import { ResumingV2Client } from '../../client/resuming-client.js';
 import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-replies.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
-import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { addClientSocketOption, collect, secondsArg } from '../options.js';
+import { addClientSocketOption, clientSocket, collect, secondsArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
@@ -14,7 +13,6 @@ import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText } f
 import type { EnergySourceKind } from '../../energy/kinds.js';
 import { wattsOver } from '../../common/watts.js';
 
-/** Refresh interval of the table, s: its default and bounds. */
 const STATS_REFRESH_S = { default: 1, min: 0.1, max: 3600 } as const;
 
 interface StatsOptions {
@@ -89,10 +87,7 @@ function formatStatsJson(r: StatsRow, energySource: EnergySourceKind | null): st
   });
 }
 
-/**
- * The host's other domains in `now`, by package then domain (ENERGY_DOMAINS order), their power measured
- * from `prev`, the previous refresh's HOST_UPDATE (null: none before, or no new sample).
- */
+/** The host's other domains in `now`, by package then domain, their power since `prev`, the previous refresh's (null: none). */
 export function hostDomainRows(prev: HostUpdate | null, now: HostUpdate) {
   const order = (d: { pkg: number; domain: EnergyDomain }) => d.pkg * ENERGY_DOMAINS.length + ENERGY_DOMAINS.indexOf(d.domain);
   return [...(now.domains ?? [])]
@@ -129,21 +124,6 @@ function formatHostDomainJson(r: HostDomainRow, energySource: EnergySourceKind |
   });
 }
 
-/**
- * The host's latest HOST_UPDATE with its other domains, kept by a host subscription; null when the
- * caller may not see the host's energy (ERROR 2) or the helper refuses it (the VM table goes on alone).
- */
-async function hostDomains(client: ResumingV2Client): Promise<{ latest: () => HostUpdate } | null> {
-  let latest: HostUpdate;
-  try {
-    latest = await client.subscribeHost((u) => (latest = u), undefined, { domains: true });
-  } catch (e) {
-    if (e instanceof V2Error) return null;
-    throw e;
-  }
-  return { latest: () => latest };
-}
-
 /** Whether `vm` is one --vm names (an id or a name). */
 function chosen(vm: VmInfo, wanted: readonly string[] | undefined): boolean {
   if (!wanted || wanted.length === 0) return true;
@@ -165,7 +145,14 @@ export async function runStats(
     const source = stated.energySource;
     const notice = o.json ? null : energyNotice(source);
     if (notice !== null) out(notice);
-    const host = await hostDomains(client);
+    // The host's latest HOST_UPDATE; none when this caller may not see it (ERROR 2) or the helper refuses it.
+    let host: HostUpdate | null = null;
+    host = await client
+      .subscribeHost((u) => (host = u), undefined, { domains: true })
+      .catch((e: unknown) => {
+        if (e instanceof V2Error) return null;
+        throw e;
+      });
     let hostBefore: HostUpdate | null = null;
     for (let n = 0; ; n++) {
       const vms = (await client.list()).filter((v) => chosen(v, o.vm));
@@ -190,19 +177,15 @@ export async function runStats(
         throw new UsageError(`no VM ${o.vm.join(', ')} among the VMs this user may see`);
       const now = process.hrtime.bigint();
       const rows = [...readers.values()].sort((a, b) => a.vm.hostVmId - b.vm.hostVmId).map((e) => statsRow(e.vm, e.r, e.r.read(), now));
-      const hostNow = host?.latest() ?? null;
-      const domainRows = hostNow ? hostDomainRows(hostBefore, hostNow) : [];
-      hostBefore = hostNow;
+      const domainRows = host ? hostDomainRows(hostBefore, host) : [];
+      hostBefore = host;
       if (o.json) {
         out(daemonJsonRecord(o.socket, stated));
         for (const r of rows) out(formatStatsJson(r, source));
         for (const r of domainRows) out(formatHostDomainJson(r, source));
       } else for (const l of [...formatStatsTable(rows), ...formatHostDomainTable(domainRows)]) out(l);
       if (o.once || (o.count !== undefined && n + 1 >= o.count) || signal?.aborted) return;
-      await new Promise<void>((res) => {
-        const t = setTimeout(res, o.intervalS * 1000);
-        signal?.addEventListener('abort', () => (clearTimeout(t), res()), { once: true });
-      });
+      await sleep(o.intervalS * 1000, undefined, { signal }).catch(() => {});
       if (signal?.aborted) return;
       if (!o.json) out('');
     }
@@ -221,14 +204,8 @@ export function addStatsCommand(program: Command): void {
     .option('--once', 'print one table and exit')
     .option('--json', 'per refresh, a JSON record of the daemon (energy source, domains), then one per VM')
     .action(async (_o: unknown, cmd: Command) => {
-      const all = cmd.optsWithGlobals<{ socket?: string; vm?: string[]; interval?: number; once?: boolean; json?: boolean }>();
-      const opts: StatsOptions = {
-        socket: path.resolve(all.socket ?? DEFAULT_HELPER_SOCKET),
-        intervalS: all.interval ?? STATS_REFRESH_S.default,
-        vm: all.vm,
-        once: all.once === true,
-        json: all.json === true,
-      };
+      const all = cmd.optsWithGlobals<Omit<StatsOptions, 'intervalS'> & { interval?: number }>();
+      const opts = { ...all, socket: clientSocket(all), intervalS: all.interval ?? STATS_REFRESH_S.default };
       await runUntilStopped((out, signal, warn) => runStats(opts, out, signal, warn));
     });
 }

@@ -1,9 +1,7 @@
 /**
- * `vmsr-helper watch`: one VM's power and energy per virtual package, and each other RAPL domain's power,
- * at every UPDATE until Ctrl-C or the VM ends. `watch NAME|UUID|PID` OBSERVEs a VM of the helper's LIST;
- * --qmp or --pid/--vcpus REGISTER one.
+ * `vmsr-helper watch`: a VM's power and energy per virtual package, and its other domains' power, at each UPDATE
+ * until Ctrl-C or the VM ends; `watch NAME|UUID|PID` OBSERVEs a listed VM, --qmp or --pid/--vcpus REGISTER one.
  */
-import path from 'node:path';
 import type { Command } from 'commander';
 import { runUntilStopped } from '../stop-signals.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';
@@ -13,11 +11,10 @@ import { errorCodeName } from '../../protocol/v2/codec.js';
 import { vmSpecFromQmp } from '../../client/qmp-vm.js';
 import { QmpError } from '../../client/qmp.js';
 import type { VcpuSpec } from '../../model/vcpus.js';
-import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { addClientSocketOption, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
+import { addClientSocketOption, clientSocket, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedHost, type StatedHost } from '../../client/stated-energy-source.js';
-import { daemonJsonRecord, energyNotice, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
+import { daemonJsonRecord, energyNotice, NO_NOTES, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
 import { wattsOver } from '../../common/watts.js';
 import { StatsReader } from '../../client/stats-reader.js';
 
@@ -84,35 +81,22 @@ function domainCols(cells: readonly string[]): string[] {
 
 const fmtW = (w: number | null | undefined): string => (w === null || w === undefined ? '-' : w.toFixed(2));
 
-/**
- * One row per UPDATE: power since `base`, and the running energy; time from `originNs` (the first
- * sample watched), "-" before the first interval (t_ns 0); then the guest energy and power limit notes.
- */
-export function formatUpdate(
-  base: PowerBase | null,
-  u: Update,
-  originNs: bigint = u.tNs,
-  guest: VmNotes['guest'] = null,
-  limit: VmNotes['limit'] = null,
-): string {
+/** One row per UPDATE: power since `base`, energy, time from `originNs` ("-" before the first interval), then the notes. */
+export function formatUpdate(base: PowerBase | null, u: Update, originNs: bigint = u.tNs, notes: VmNotes = NO_NOTES): string {
   const p = powers(base, u);
   const parts = u.vpkgs.map((v, g) => `${fmtW(p[g]).padStart(W_WIDTH)} ${(Number(v.energyUj) / 1e6).toFixed(3).padStart(J_WIDTH)}`);
   parts.push(...domainCols(domainPowers(base, u).map((d) => fmtW(d.powerW))));
   const t = u.tNs === 0n ? '-' : `${(Number(u.tNs - originNs) / 1e9).toFixed(1)}s`;
-  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${vmNotesText({ guest, limit }, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
+  return `${t.padStart(T_WIDTH)}  ${parts.join('  ')}${vmNotesText(notes, '  ')}${u.ended ? '  (VM ended: values are final)' : ''}`;
 }
 
-/**
- * `watch --json`: one object per UPDATE (docs/guide.md "Per-VM energy"); energy_uj a decimal string
- * (exact past 2^53), power_w null when there is no interval yet.
- */
+/** `watch --json`'s object per UPDATE (docs/guide.md "Per-VM energy"); energy_uj a string: exact past 2^53. */
 export function formatJsonUpdate(
   base: PowerBase | null,
   u: Update,
   originNs: bigint = u.tNs,
   vm?: VmIdentity,
-  guest: VmNotes['guest'] = null,
-  limit: VmNotes['limit'] = null,
+  notes: VmNotes = NO_NOTES,
 ): string {
   const p = powers(base, u);
   const vpkgs = u.vpkgs.map(
@@ -128,7 +112,7 @@ export function formatJsonUpdate(
         .join(',')}]}`,
   );
   const domains = ds.length > 0 ? `,"domains":[${ds.join(',')}]` : '';
-  const g = JSON.stringify(vmNotesJson({ guest, limit })).slice(1, -1);
+  const g = JSON.stringify(vmNotesJson(notes)).slice(1, -1);
   return `{"type":"update","vm_id":${u.vmId}${who},"t_ns":${u.tNs},"t_s":${t},"ended":${u.ended},"vpkgs":[${vpkgs.join(',')}]${domains}${g ? `,${g}` : ''}}`;
 }
 
@@ -171,14 +155,10 @@ export async function runWatch(
   let vcpus = o.vcpus;
   let name: string | undefined;
   if (o.qmp !== undefined) {
-    let spec;
-    try {
-      spec = await vmSpecFromQmp(o.qmp, o.procRoot ?? '/proc');
-    } catch (e) {
+    const spec = await vmSpecFromQmp(o.qmp, o.procRoot ?? '/proc').catch((e: unknown) => {
       // libvirt keeps its VMs' QMP sockets to itself: a second client waits for a greeting in vain.
-      if (e instanceof QmpError) throw new Error(`${e.message}; a VM the helper discovered needs no QMP: ${NO_QMP_HINT}`);
-      throw e;
-    }
+      throw e instanceof QmpError ? new Error(`${e.message}; a VM the helper discovered needs no QMP: ${NO_QMP_HINT}`) : e;
+    });
     pid = spec.pid;
     vcpus = spec.vcpus;
     name = spec.name;
@@ -227,46 +207,33 @@ function resumingClient(o: WatchOptions, warn: (line: string) => void, resumed?:
   });
 }
 
-/**
- * A VM's statistics file, for its guest energy and power limit at each row; reopened after a helper
- * restart (the old image's file keeps its last values). Without it the rows are as without notes.
- */
-class VmFileNotes {
-  private r: StatsReader | null = null;
-
-  constructor(
-    private readonly client: ResumingV2Client,
-    private readonly hostVmId: number,
-  ) {}
-
-  async reopen(): Promise<void> {
-    this.close();
-    try {
-      const r = StatsReader.open((await this.client.statsFd(this.hostVmId)).fd);
-      if (r.descriptor('guest_energy') === undefined && r.descriptor('power_limit') === undefined) r.close();
-      else this.r = r;
-    } catch {
-      // No guest column: the energy rows do not depend on it.
-    }
-  }
-
-  read(): VmNotes {
-    return this.r === null ? { guest: null, limit: null } : vmNotesOf(this.r, this.r.read());
-  }
-
-  close(): void {
-    this.r?.close();
-    this.r = null;
-  }
+/** A VM's statistics file for the notes of each row, reopened after a helper restart (the old file keeps its last values). */
+function vmFileNotes(client: ResumingV2Client, hostVmId: number) {
+  let r: StatsReader | null = null;
+  const close = () => {
+    r?.close();
+    r = null;
+  };
+  return {
+    close,
+    read: (): VmNotes => (r === null ? NO_NOTES : vmNotesOf(r, r.read())),
+    async reopen(): Promise<void> {
+      close();
+      r = await client
+        .statsFd(hostVmId)
+        .then(({ fd }) => StatsReader.open(fd))
+        .catch(() => null);
+    },
+  };
 }
 
 /** `watch NAME|UUID|PID`: the VM from the helper's LIST, OBSERVEd (nothing registered, nothing to undo). */
 async function observeVm(o: WatchOptions, target: string, io: Io): Promise<void> {
-  let guest: VmFileNotes | undefined;
+  let guest: ReturnType<typeof vmFileNotes> | undefined;
   const client = await resumingClient(o, io.warn, () => void guest?.reopen());
   try {
     const vm = findVm(await client.list(), target, 'vmsr-helper watch');
-    guest = new VmFileNotes(client, vm.hostVmId);
+    guest = vmFileNotes(client, vm.hostVmId);
     await guest.reopen();
     const stated = await statedHost(client);
     heading(o, io.out, stated, formatJsonVm(vm, stated.energySource), formatVmLine(vm));
@@ -327,20 +294,15 @@ async function follow(o: WatchOptions, { out, signal, warn }: Io, client: Resumi
         return;
       }
       origin ??= u.tNs;
-      const { guest, limit } = f.notes?.() ?? { guest: null, limit: null };
-      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, guest, limit) : formatUpdate(base, u, origin, guest, limit));
+      const notes = f.notes?.();
+      out(o.json ? formatJsonUpdate(base, u, origin, f.vm, notes) : formatUpdate(base, u, origin, notes));
       if (u.tNs !== 0n) base = u;
       if (u.ended || (o.count !== undefined && ++seen >= o.count)) resolve();
     };
     const onError = (e: V2Error) => warn(`warning: ${errorCodeName(e.code)}: ${e.helperMessage}`);
     f.start(onUpdate, onError).then(({ ack, from }) => {
-      if (!o.json)
-        out(
-          formatHeader(
-            f.nvpkg,
-            (ack.domains ?? []).map((d) => d.domain),
-          ),
-        );
+      const domains = ack.domains?.map((d) => d.domain);
+      if (!o.json) out(formatHeader(f.nvpkg, domains));
       if (from !== null) base = from;
       const queued = early ?? [];
       early = null;
@@ -369,19 +331,16 @@ export function addWatchCommand(program: Command): void {
     .option('--json', 'one JSON object per line (a "daemon" record, a "vm" or "registered" one, then one "update" per sample) for scripts')
     .action(async (vm: string | undefined, _o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.
-      const all = commandOptions<{ socket?: string; qmp?: string; pid?: number; vcpus?: VcpuSpec[]; count?: number; json?: boolean }>(cmd);
-      const opts = { ...all, socket: path.resolve(all.socket ?? DEFAULT_HELPER_SOCKET), ...(vm !== undefined ? { vm } : {}) };
+      const all = commandOptions<Partial<WatchOptions>>(cmd);
+      const opts = { ...all, socket: clientSocket(all), ...(vm !== undefined ? { vm } : {}) };
       const ways = [vm !== undefined, opts.qmp !== undefined, opts.pid !== undefined].filter(Boolean).length;
       if (ways !== 1) throw new UsageError('give one of: a VM (NAME, UUID or PID), --qmp PATH, or --pid PID --vcpus TID:VPKG,...');
       if (opts.pid !== undefined && opts.vcpus === undefined) throw new UsageError('--pid needs --vcpus TID:VPKG,...');
       // QMP names the vCPU threads itself; a --vcpus beside it would be silently ignored.
       if (opts.qmp !== undefined && opts.vcpus !== undefined)
         throw new UsageError('--vcpus goes with --pid, not --qmp (QEMU lists its vCPU threads)');
-      try {
-        await runUntilStopped((out, signal, warn) => runWatch(opts, out, signal, warn));
-      } catch (e) {
-        if (e instanceof UsageError) throw e;
-        throw new Error(e instanceof V2Error ? `the helper refused ${e.message}` : e instanceof Error ? e.message : String(e));
-      }
+      await runUntilStopped((out, signal, warn) => runWatch(opts, out, signal, warn)).catch((e: unknown) => {
+        throw e instanceof V2Error ? new Error(`the helper refused ${e.message}`) : e;
+      });
     });
 }

@@ -1,7 +1,6 @@
 /**
- * The demo's VM: a Node process discovery takes for QEMU/KVM (worker threads named `CPU <n>/KVM`, a
- * QEMU-like -name, -uuid, -smp). vCPU 0 is busy half of each 100 ms, the others idle. Prints
- * `ready <tid> <tid> ...` once every vCPU thread is named, then runs until killed.
+ * The demo's VM, a process discovery takes for QEMU/KVM (threads `CPU <n>/KVM`, -name, -uuid, -smp): vCPU 0 busy half
+ * the time, the others idle; prints `ready <tid> ...` once every vCPU thread is named.
  */
 import { isMainThread, parentPort, Worker, workerData } from 'node:worker_threads';
 import { gettid, setThreadName } from '../../os/libc/processes.js';
