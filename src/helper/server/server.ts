@@ -1,7 +1,6 @@
 /**
- * The connections of the listening socket: SO_PEERCRED at accept (close without it), the connection
- * limits, the protocol chosen by the first 4 bytes, then the v2 handler or a legacy session. Whatever
- * one client sends or does, only its own socket is closed.
+ * The listening socket's connections: SO_PEERCRED at accept (none: closed), the limits, the protocol by
+ * the first 4 bytes, the v2 handler or a legacy session. Whatever one client does, only its socket closes.
  */
 import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
@@ -14,16 +13,13 @@ import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import { IncompleteFrames, type CutReason, type IncompleteHold, type Unread } from './incomplete-frames.js';
+import { IncompleteFrames, IncompleteHold, type CutReason, type Unread } from './incomplete-frames.js';
 import { ConnectionSeats, type Seat } from './connection-seats.js';
 import type { ShareOwner } from '../../budget/uid-share.js';
 import type { ConnectionKeep, FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
 import { Preamble } from './preamble.js';
 
-/**
- * Takes over a connection that started with the v2 magic: `rest`, the bytes received after it; `hold`,
- * its account of incomplete-frame bytes (released by the server at close).
- */
+/** Takes over a connection that started with the v2 magic: `rest`, the bytes after it; `hold`, released by the server at close. */
 export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
 
 /** The replies of up to this many bytes are built in one buffer the server keeps (a 64 KiB read holds 5461 requests). */
@@ -43,7 +39,7 @@ interface Open {
   unread: Unread | undefined;
   /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
   handOver(next: net.Socket): void;
-  /** The connection is no longer held outside this process (closed, or v2: ConnectionKeep). */
+  /** No longer held outside this process (closed, or v2: ConnectionKeep). */
   unkeep(): void;
 }
 
@@ -77,7 +73,7 @@ export class HelperServer {
   private readonly freezable = new Set<Freezable>();
   /** Past it, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over). */
   private readonly maxConnections: number;
-  /** Where legacy replies are written before they are sent (one connection at a time: the loop is single-threaded). */
+  /** Where legacy replies are written before they are sent (one connection at a time: one thread). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
@@ -112,10 +108,7 @@ export class HelperServer {
     );
   }
 
-  /**
-   * For a restart: new connections are held unread, and every legacy or undecided one stops reading;
-   * returns each with its unanswered bytes. `thaw()`: the restart was called off. v2 ones are the v2 service's.
-   */
+  /** For a restart: new connections held unread, legacy and undecided ones stop reading (v2: the v2 service's); thaw(): called off. */
   freeze(): Frozen {
     this.o.listener.hold();
     const frozen = [...this.freezable].map((f) => ({ f, pending: f.freeze() }));
@@ -259,7 +252,8 @@ export class HelperServer {
       peer,
       seat,
       unread: undefined,
-      hold: this.incomplete.hold(
+      hold: new IncompleteHold(
+        this.incomplete,
         () => c.serving.destroy(),
         peer.uid,
         (why) => this.logCut(why, peer),
@@ -283,7 +277,7 @@ export class HelperServer {
       seat.release();
       if (c.unread) this.incomplete.forget(c.unread, peer.uid);
       this.memory.closed();
-      c.hold.release();
+      c.hold.set(0);
       this.sockets.delete(c.serving);
       log.debug({ peer: peer.pid }, 'client disconnected');
     };
