@@ -1,7 +1,6 @@
 /**
- * The daemon, the composition root: Daemon.start() runs the start's phases in order (lifecycle/phases.ts;
- * docs/daemon.md "Start-up, in order"), holds what they made, owns the restart contract over them
- * (Restartable), and stops them in order. SIGTERM/SIGINT stop it; SIGHUP restarts it in place.
+ * The composition root: Daemon.start() runs the phases in order (lifecycle/phases.ts; docs/daemon.md "Start-up, in order"),
+ * holds what they made, owns the restart contract (Restartable), stops them in order. SIGTERM/SIGINT stop; SIGHUP restarts.
  */
 import { createLogger, type Logger } from '../logging/logger.js';
 import type { HelperServer } from './server/server.js';
@@ -15,7 +14,7 @@ import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, type PhaseTimes, type ServerChain } from './lifecycle/phases.js';
+import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, type PhaseTimes } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
@@ -64,7 +63,7 @@ class Daemon implements Restartable {
   private readonly notifier: Notifier;
   private readonly signals = new DisposableStore();
   private opened: Opened | undefined;
-  private chain: ServerChain | undefined;
+  private chain: ReturnType<typeof serveLegacy> | undefined;
   private v2: Awaited<ReturnType<typeof assembleDaemonV2>> | undefined;
   private restarter: Restarter | undefined;
   /** What is kept outside this process for a crash (handover/crash-guard.ts), once opened. */
@@ -88,7 +87,7 @@ class Daemon implements Restartable {
       ? this.logger.child({ area: name }, { level: 'debug' })
       : this.logger.child({ area: name });
 
-  /** The start, phase by phase; on a failure everything made so far is closed and the error thrown. */
+  /** The start, phase by phase; a failure closes everything made so far and throws. */
   async start(): Promise<RunningDaemon> {
     const entered = wallMs();
     const clock = takeRestartClock();
@@ -169,10 +168,10 @@ class Daemon implements Restartable {
   private serving(steps: readonly StepDone[]): RunningDaemon {
     const running: RunningDaemon = { server: this.chain!.server, steps, stop: (reason) => this.stop(reason) };
     this.running = running;
-    const startupWork = this.v2 ? [this.v2.ready()] : [];
+    const firstScan = this.v2?.ready();
     if (isDaemonChild()) reportReady();
     settleAfterStartup(
-      startupWork,
+      firstScan,
       () => this.stopping !== undefined,
       (r) => this.area('memory').info(r, 'memory given back after start-up'),
     );
@@ -194,7 +193,7 @@ class Daemon implements Restartable {
     return this.stopping;
   }
 
-  /** Signals are caught from the start: one arriving during start-up stops the daemon right after it. */
+  /** Caught from the start: a signal during start-up stops the daemon right after it. */
   private catchSignals(): void {
     if (this.opts.handleSignals === false) return;
     for (const sig of ['SIGTERM', 'SIGINT'] as const) this.signals.add(listen(process, sig, () => this.onSignal(sig)));
@@ -216,10 +215,9 @@ class Daemon implements Restartable {
     void this.running.stop(sig).then(() => process.exit(0));
   }
 
-  /** Closes what the start made, in order: the server (or the listener alone), the v2 service, the start-up's fds. */
+  /** Closes what the start made, in order: the server (before serving: the listener alone), the v2 service, the start-up's fds. */
   private async cleanup(): Promise<void> {
     const { chain, opened, logger } = this;
-    // The server closes the listener it serves; before serving, the listener is closed alone.
     if (chain) await chain.server.close().catch(() => {});
     else await opened?.listener.close(logger);
     chain?.server.limiter.flush();
@@ -238,22 +236,19 @@ class Daemon implements Restartable {
   }
 }
 
-/**
- * What start-up ran and read is not needed again: memory settled at once, and again once the first
- * scan is done (or STARTUP_SETTLE_WAIT_MS passed); RSS reported before and after.
- */
+/** What start-up ran and read is not needed again: memory settled at once, and again after the first scan (or the wait); RSS reported. */
 function settleAfterStartup(
-  work: Promise<void>[],
+  work: Promise<void> | undefined,
   stopped: () => boolean,
   report: (r: { rssBeforeMb: number; rssAfterMb: number }) => void,
 ): void {
   setImmediate(() => {
     if (stopped()) return;
     const first = settleOnce();
-    if (work.length === 0) return report(first);
+    if (work === undefined) return report(first);
     let waited: NodeJS.Timeout | undefined;
     void Promise.race([
-      Promise.allSettled(work),
+      Promise.allSettled([work]),
       new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref())),
     ]).then(() => {
       clearTimeout(waited);

@@ -1,7 +1,4 @@
-/**
- * One legacy request -> the 8-byte value to reply, as the reference helper would, but stricter: the
- * tid checked before anything is read, an offline cpu answered 0 unopened, any read failure 0.
- */
+/** A legacy request -> its 8-byte reply, as the reference helper but stricter: tid checked first, offline cpu 0 unopened, failed read 0. */
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';
 import { LEGACY_ALLOWED_MSRS, MSR_PKG_ENERGY_STATUS } from '../../msr/registers.js';
@@ -89,14 +86,13 @@ export type HeldPeers = ReadonlyMap<number, bigint>;
 const MAX_HELD_PEERS = 65_536;
 
 export class LegacyService {
-  /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
+  /** legacyPlan() of every allowed MSR, worked out once. */
   private readonly plans = new Map<number, LegacyPlan>();
   private energyStatus: EnergyStatusHook | undefined;
   private readonly held = new Map<number, bigint>();
   /** Online CPUs whose device could not be opened for want of privilege, each said once (at most the host's CPUs: offline ones never get here). */
   private readonly unopenable = new Set<number>();
   readonly counters: LegacyCounters;
-
   readonly limiter: LogLimiter;
 
   constructor(private readonly o: LegacyServiceOptions) {
@@ -159,19 +155,10 @@ export class LegacyService {
       return zero(out, offset);
     }
     const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.answer(peer, req.cpu) : undefined;
-    if (own !== undefined) {
-      out.writeBigUInt64LE(own, offset);
-      c.ok++;
-      return true;
-    }
     try {
-      if (plan.kind === 'read') {
-        this.o.device.readInto(req.cpu, plan.msr, out, offset);
-        c.ok++;
-        return true;
-      }
-      const unit = this.o.device.read(req.cpu, plan.unitMsr);
-      out.writeBigUInt64LE(BigInt.asUintN(64, synthValue(plan.field, unit, this.o.amd)), offset);
+      if (own !== undefined) out.writeBigUInt64LE(own, offset);
+      else if (plan.kind === 'read') this.o.device.readInto(req.cpu, plan.msr, out, offset);
+      else out.writeBigUInt64LE(BigInt.asUintN(64, synthValue(plan.field, this.o.device.read(req.cpu, plan.unitMsr), this.o.amd)), offset);
       c.ok++;
       return true;
     } catch (e) {

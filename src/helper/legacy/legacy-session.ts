@@ -1,7 +1,4 @@
-/**
- * One legacy connection, served (docs/protocol.md): the replies of one chunk sent at once; freeze()
- * and thaw() for a restart. Read without Node's stream layer when its fd can be duplicated.
- */
+/** One legacy connection (docs/protocol.md): a chunk's replies sent at once, read without Node's streams when its fd can be duplicated. */
 import net from 'node:net';
 import os from 'node:os';
 import { dupCloexec } from '../../os/libc/fds.js';
@@ -185,10 +182,7 @@ function takeOverLegacy(socket: net.Socket, onChunk: (chunk: Buffer) => void): n
   return new net.Socket({ fd: dup, readable: true, writable: true, onread } as net.SocketConstructorOpts);
 }
 
-/**
- * Sends out[0, length) on a legacy connection: straight to the socket (a write request and its tick
- * cost more than the send) when the stream is empty; the rest queued through the stream, in order.
- */
+/** Sends out[0, length): straight to the socket when the stream is empty (a write request and its tick cost more), the rest queued. */
 export function sendReplies(socket: net.Socket, out: Buffer, length: number): void {
   let sent = 0;
   const fd = socket.writableLength === 0 ? socketFd(socket) : undefined;

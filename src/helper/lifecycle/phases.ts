@@ -23,12 +23,6 @@ import type { ConnectionKeep } from '../handover/frozen.js';
 
 type Areas = (name: string) => Logger;
 
-/** The legacy service and the server that serves it (and hands v2 connections on). */
-export interface ServerChain {
-  legacy: LegacyService;
-  server: HelperServer;
-}
-
 /** The start-up steps, each adopted when inherited, else opened; then what the process before kept, each part checked. */
 export async function open(
   config: DaemonConfig,
@@ -58,7 +52,7 @@ export async function open(
   return { opened, guard };
 }
 
-/** The privilege drop (re-executed: done before the exec), then each thread's credentials logged: one that differs means the re-exec could not run. */
+/** The privilege drop (re-executed: before the exec), each thread's credentials logged (one that differs: the re-exec could not run). */
 export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o: { area: Areas; reexec?: string }): void {
   const privLog = o.area('privileges');
   const report = inh.dropped ? { skipped: [] } : dropPrivileges({ uid: config.uid, gid: config.gid });
@@ -139,7 +133,7 @@ export function serveLegacy(
   opened: Opened,
   handed: Kept,
   o: { maxConnections: number; area: Areas; late?: ReturnType<typeof lateV2Handler>; keep?: ConnectionKeep },
-): ServerChain {
+) {
   const { procRoot, sysRoot } = config.hostPaths;
   const legacy = new LegacyService({
     device: opened.device,

@@ -1,7 +1,4 @@
-/**
- * THE start-up steps that open what the daemon holds, once each and in order; each adopts its part of
- * the Inherited when given. As root they run in the first image, whose fds then cross the re-exec.
- */
+/** THE start-up steps that open what the daemon holds, in order, each adopting its part of the Inherited (as root: before the re-exec). */
 import fs from 'node:fs';
 import { MsrDevice } from '../../msr/device.js';
 import type { HostCpu, Vendor } from '../../model/host.js';
@@ -29,7 +26,7 @@ export interface StepDone {
   done: 'ran' | 'adopted' | 'not asked';
 }
 
-/** Records what became of `step`, logged at debug level (area startup) when there is a log. */
+/** Records what became of `step`, logged at debug level when there is a log. */
 export function stepDone(steps: StepDone[], step: StartStep, done: StepDone['done'], how: InheritedFrom, log?: Logger): void {
   steps.push({ step, done });
   log?.debug({ step, done, how }, `start-up step ${step}: ${done}`);
@@ -57,14 +54,12 @@ export interface Opened {
   close(log?: Pick<Logger, 'warn'>): Promise<void>;
 }
 
-interface StartOptions {
-  /** Files the v2 service writes (--record), created now: before the privilege drop, as the socket. */
-  files?: readonly string[];
-  log?: Logger;
-}
-
-/** Runs the steps of `config` not given by `inh`; on failure undoes what it did and throws the step's error. */
-export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOptions = {}): Promise<Opened> {
+/** Runs the steps not given by `inh` (`files`: --record's, created as root); a failure undoes them and throws the step's error. */
+export async function openStart(
+  config: DaemonConfig,
+  inh: Inherited,
+  o: { files?: readonly string[]; log?: Logger } = {},
+): Promise<Opened> {
   const steps: StepDone[] = [];
   const did = (step: StartStep, done: StepDone['done']) => stepDone(steps, step, done, inh.how, o.log);
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
@@ -82,17 +77,13 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
     device.close();
   };
   try {
-    // 1. The checks: CPU vendor, topology, the energy source (auto resolved), the right to read MSRs.
     const checked = runChecks(config, inh);
     did('checks', inh.checks ? 'adopted' : 'ran');
     const { vendor, cpus, energy, energyWhy } = checked;
-    // 2. The energy source's files: every online cpu's MSR device, or every powercap zone's
-    // energy_uj (root-only since CVE-2020-8694), kept and reused.
+    // Every online cpu's MSR device, or every powercap zone's energy_uj (root-only since CVE-2020-8694).
     did('msr', openEnergyFiles(config, inh, checked, device, powercap));
-    // 3. The listening socket: bound here, or the one inherited adopted.
     listener = await listenStep(config, inh, o.log);
     did('listen', inh.listener ? 'adopted' : 'ran');
-    // 4. The pidfile (-f or -d).
     if (inh.pidfile !== undefined) {
       pidfile = pidfileOf(inh.pidfile);
       did('pidfile', 'adopted');
@@ -102,7 +93,7 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
     } else {
       did('pidfile', 'not asked');
     }
-    // 5. The files the v2 service writes (--record), created while the helper may still create them anywhere.
+    // Created while the helper may still create them anywhere.
     did('files', createFiles(o.files ?? [], inh, files, created));
     const bound = listener;
     const handover = (how: InheritedFrom): Inherited => ({
@@ -161,7 +152,7 @@ function openEnergyFiles(
   return 'not asked';
 }
 
-/** The listening socket, bound or adopted; the socket file bound before the exec is removed when its fd cannot be adopted. */
+/** The listening socket, bound or adopted. */
 async function listenStep(config: DaemonConfig, inh: Inherited, log: Logger | undefined): Promise<Listener> {
   const l = inh.listener;
   try {

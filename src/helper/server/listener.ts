@@ -4,14 +4,7 @@ import net from 'node:net';
 import type { Logger } from '../../logging/logger.js';
 import { socketFd } from '../../os/peer.js';
 import { cannotError } from '../../common/errors.js';
-import {
-  checkSocketDirectory,
-  checkSocketPathLength,
-  DEFAULT_SOCKET_MODE,
-  listenWithMode,
-  removeOwnSocketFile,
-  type SocketFileOptions,
-} from './socket-file.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE, removeOwnSocketFile } from './socket-file.js';
 
 type ListenTarget = { path: string } | { fd: number };
 
@@ -21,7 +14,10 @@ interface SocketFile {
   ino: number;
 }
 
-interface ListenOptions extends Partial<SocketFileOptions> {
+interface ListenOptions {
+  mode?: number;
+  /** The socket file's group (e.g. QEMU's), unchanged when undefined. */
+  gid?: number;
   /** With an fd target: the socket file bound for it (before an exec), ours to remove at close. */
   file?: SocketFile;
 }
@@ -86,7 +82,7 @@ export class Listener {
 export async function openListener(target: ListenTarget, o: ListenOptions = {}): Promise<Listener> {
   // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
   const server = net.createServer({ pauseOnConnect: true });
-  const listen = (opts: { path: string } | { fd: number }) =>
+  const listen = (opts: ListenTarget) =>
     new Promise<void>((resolve, reject) => {
       const failed = (e: Error) => reject(listenError(target, e));
       server.once('error', failed);
@@ -106,11 +102,17 @@ export async function openListener(target: ListenTarget, o: ListenOptions = {}):
   await removeStaleSocket(p);
   let file: SocketFile | undefined;
   try {
-    await listenWithMode(p, { mode: o.mode ?? DEFAULT_SOCKET_MODE, ...(o.gid !== undefined ? { gid: o.gid } : {}) }, async () => {
+    // Bound under umask 0177 (0600 at most), then given the asked mode and group: never looser than asked, whatever the umask.
+    const umask = process.umask(0o177);
+    try {
       await listen({ path: p });
-      // Ours to remove from now on, even if setting its mode fails.
-      file = { path: p, ino: fs.statSync(p).ino };
-    });
+    } finally {
+      process.umask(umask);
+    }
+    // Ours to remove from now on, even if setting its mode fails.
+    file = { path: p, ino: fs.statSync(p).ino };
+    if (o.gid !== undefined) fs.chownSync(p, -1, o.gid);
+    fs.chmodSync(p, o.mode ?? DEFAULT_SOCKET_MODE);
   } catch (e) {
     if (file) await new Listener(server, -1, file).close();
     throw e;
