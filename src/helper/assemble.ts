@@ -160,7 +160,6 @@ export interface V2DaemonSettings {
   powerLimitsFile?: string;
 }
 
-/** What the daemon's start gives the v2 service. */
 interface V2Start {
   config: { hostPaths: HostPaths; socketGid?: number };
   /** What the start-up opened as root: MSR fds, [energy_uj path, fd] of powercap zones, [path, fd] of --record. */
@@ -207,8 +206,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
     fds: shares,
     ledger: shares,
     log,
-    // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
-    // systemd restart into a restart loop.
+    // Replaced at each start (docs/recording.md): refusing would turn a systemd restart into a restart loop.
     trace: (host) => (recordPath === undefined ? undefined : (trace = openDaemonTrace(recordPath, host, o.intervalMs, start, log))),
     discovery: o.discovery && {
       maxDiscoveredVms,

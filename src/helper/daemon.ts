@@ -193,7 +193,6 @@ class Daemon implements Restartable {
     return this.stopping;
   }
 
-  /** Caught from the start: a signal during start-up stops the daemon right after it. */
   private catchSignals(): void {
     if (this.opts.handleSignals === false) return;
     for (const sig of ['SIGTERM', 'SIGINT'] as const) this.signals.add(listen(process, sig, () => this.onSignal(sig)));

@@ -110,12 +110,10 @@ export class LegacyService {
     return this.held;
   }
 
-  /** The replies of a chunk were sent (LegacySession): the hook's work that could wait for them. */
   afterReplies(): void {
     this.energyStatus?.afterReplies();
   }
 
-  /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
   verdictsFor(peerPid: number): TidVerdicts {
     return new TidVerdicts(this.o.procRoot, peerPid);
   }

@@ -80,7 +80,6 @@ export class LegacySession implements Freezable {
     this.reading?.thaw();
   }
 
-  /** Each chunk's requests answered, their replies sent at once from the shared scratch buffer. */
   private onData(chunk: Buffer): void {
     if (this.closing) return;
     const socket = this.serving;
@@ -115,7 +114,6 @@ export class LegacySession implements Freezable {
     setTimeout(() => socket.destroy(), 1000).unref();
   }
 
-  /** Read by the socket that took the connection over (takeOverLegacy). */
   private readFast(fast: net.Socket): Reading {
     this.serving = fast;
     this.o.handOver(fast);

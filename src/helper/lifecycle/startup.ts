@@ -26,7 +26,6 @@ export interface StepDone {
   done: 'ran' | 'adopted' | 'not asked';
 }
 
-/** Records what became of `step`, logged at debug level when there is a log. */
 export function stepDone(steps: StepDone[], step: StartStep, done: StepDone['done'], how: InheritedFrom, log?: Logger): void {
   steps.push({ step, done });
   log?.debug({ step, done, how }, `start-up step ${step}: ${done}`);
@@ -152,7 +151,6 @@ function openEnergyFiles(
   return 'not asked';
 }
 
-/** The listening socket, bound or adopted. */
 async function listenStep(config: DaemonConfig, inh: Inherited, log: Logger | undefined): Promise<Listener> {
   const l = inh.listener;
   try {

@@ -1,7 +1,4 @@
-/**
- * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
- * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
- */
+/** systemd without libsystemd: socket activation, sd_notify and the watchdog by their environment protocol (as QEMU's util/systemd.c). */
 import { sendUnixDatagram, sendUnixDatagramWithFds, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { cannot, cannotError } from '../../common/errors.js';
 import type { Inherited } from '../handover/inherited.js';

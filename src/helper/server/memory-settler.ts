@@ -28,7 +28,6 @@ function fullGc(): void {
   gcFn?.();
 }
 
-/** Full GC, malloc_trim(0), and with `filePages` the clean file pages dropped. */
 function settlePass(filePages: boolean): void {
   fullGc();
   mallocTrim();

@@ -146,7 +146,6 @@ export class HelperServer {
     await closed;
   }
 
-  /** A connection accepted (or handed over): admitted within the limits, then read until its protocol is known. */
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
     const admitted = this.admit(socket);
     if (admitted === null) return;

@@ -17,7 +17,6 @@ export function checkSocketPathLength(socketPath: string): void {
   }
 }
 
-/** The directory must exist (and be one) before anything is created in it. */
 export function checkSocketDirectory(socketPath: string): void {
   const dir = path.dirname(socketPath);
   const what = `create socket ${socketPath}`;
