@@ -73,10 +73,12 @@ export class LegacySession implements Freezable {
   }
 
   freeze(): Buffer {
+    this.frozen = true;
     return this.reading?.freeze() ?? Buffer.from(this.framer.incomplete);
   }
 
   thaw(): void {
+    this.frozen = false;
     this.reading?.thaw();
   }
 
@@ -120,12 +122,10 @@ export class LegacySession implements Freezable {
     return {
       stop: () => fast.pause(),
       freeze: () => {
-        this.frozen = true;
         fast.pause();
         return Buffer.from(this.framer.incomplete);
       },
       thaw: () => {
-        this.frozen = false;
         if (fast.writableLength <= DEFAULT_MAX_PENDING_REPLY_BYTES) fast.resume();
         else fast.once('drain', () => this.frozen || fast.resume());
       },
@@ -134,27 +134,34 @@ export class LegacySession implements Freezable {
 
   /** Out of fds for a duplicate, or replies queued: served through the stream, as it is. */
   private readStream(accepted: net.Socket): Reading {
-    const onData = (c: Buffer) => this.onData(c);
-    let data = listen(accepted, 'data', onData);
+    const reading = streamReading(accepted, (c) => this.onData(c));
     accepted.resume();
-    let readAhead: Buffer[] = [];
     return {
-      stop: () => data.dispose(),
-      freeze: () => {
-        this.frozen = true;
-        data.dispose();
-        accepted.pause();
-        readAhead = drainReadable(accepted);
-        return Buffer.concat([this.framer.incomplete, ...readAhead]);
-      },
-      thaw: () => {
-        this.frozen = false;
-        data = listen(accepted, 'data', onData);
-        for (const c of readAhead.splice(0)) if (!this.closing) this.onData(c);
-        if (!this.closing) accepted.resume();
-      },
+      stop: reading.stop,
+      freeze: () => Buffer.concat([this.framer.incomplete, ...reading.freeze()]),
+      thaw: () => reading.thaw(() => this.closing, true),
     };
   }
+}
+
+/** Reads `socket` through its stream; freeze() stops it and returns what the stream read ahead, which thaw() hands on first. */
+export function streamReading(socket: net.Socket, onData: (c: Buffer) => void) {
+  let data = listen(socket, 'data', onData);
+  let readAhead: Buffer[] = [];
+  return {
+    stop: () => data.dispose(),
+    freeze: (): Buffer[] => {
+      data.dispose();
+      socket.pause();
+      return (readAhead = drainReadable(socket));
+    },
+    /** Reads again, the read-ahead first, each chunk unless `ended`; `resume`: the socket resumed too. */
+    thaw: (ended: () => boolean, resume: boolean) => {
+      data = listen(socket, 'data', onData);
+      for (const c of readAhead.splice(0)) if (!ended()) onData(c);
+      if (resume && !ended()) socket.resume();
+    },
+  };
 }
 
 /** Where every taken-over connection reads: one buffer, each read handled synchronously before the next. */

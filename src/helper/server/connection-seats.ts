@@ -1,7 +1,6 @@
 /**
- * The --max-connections slots shared between uids (docs/security.md "The socket's group locking QEMU out"): when full,
- * a user holding fewer takes the oldest undecided connection of the user holding the most. A QEMU process's first
- * connection is outside every share and, when full, takes that user's oldest non-QEMU connection, served or not.
+ * The --max-connections slots shared between uids (docs/security.md "The socket's group locking QEMU out"): when full, a user
+ * holding fewer takes the heaviest user's oldest undecided connection; a QEMU's first, outside the shares, its oldest non-QEMU one.
  */
 import { ownerToEvict, UidShares, type ShareOwner } from '../../budget/uid-share.js';
 

@@ -1,7 +1,7 @@
 /**
- * Frames (v2) or requests (legacy) not fully arrived: kept as they come (never sized by a length field),
- * bounded in total and in time. A refused chunk is garbage until V8 collects it, so a new connection is
- * read only while there is room for one more chunk. Shared between uids: docs/daemon.md "What other users cannot delay".
+ * Frames (v2) or requests (legacy) not fully arrived: kept as they come (never sized by a length field), bounded in total and time,
+ * shared between uids (docs/daemon.md "What other users cannot delay"). A refused chunk is garbage until V8 collects it: a new
+ * connection is read only while there is room for one more chunk.
  */
 
 import { ownerToEvict } from '../../budget/uid-share.js';

@@ -4,7 +4,7 @@ import type { V2Handler } from './server.js';
 /** `handler`, what the server calls, holds each connection until `bind` hands the real handler every one held so far, in order. */
 export function lateV2Handler(): { readonly handler: V2Handler; bind(real: V2Handler): void; readonly held: number } {
   let real: V2Handler | undefined;
-  let waiting: Parameters<V2Handler>[] = [];
+  const waiting: Parameters<V2Handler>[] = [];
   return {
     handler: (socket, peer, rest, hold) => {
       if (real) return real(socket, peer, rest, hold);
@@ -13,9 +13,7 @@ export function lateV2Handler(): { readonly handler: V2Handler; bind(real: V2Han
     },
     bind(h) {
       real = h;
-      const held = waiting;
-      waiting = [];
-      for (const args of held) {
+      for (const args of waiting.splice(0)) {
         if (args[0].destroyed) continue;
         try {
           h(...args);

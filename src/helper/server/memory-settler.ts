@@ -1,7 +1,4 @@
-/**
- * After a flood of connections RSS would stay at its high-water mark (V8 garbage, glibc's free chunks): once
- * SETTLE_AFTER have closed, none for QUIET_MS, a full GC and malloc_trim(0); start-up's also drops clean file pages.
- */
+/** After a flood of closes RSS would stay at its high-water mark (V8 garbage, glibc's free chunks): a full GC and malloc_trim(0). */
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { mallocTrim } from '../../os/libc/memfd-mmap.js';
@@ -70,8 +67,7 @@ export class MemorySettler {
     this.closed_ = 0;
     const before = rssMb();
     settlePass(false);
-    // Once more a little later: what the first pass freed (sockets' native handles close
-    // asynchronously, weak callbacks run after a GC) is only collectable then.
+    // Again later: what the first pass freed (native handles close asynchronously, weak callbacks run after a GC) is collectable then.
     this.timer = setTimeout(() => {
       this.timer = undefined;
       settlePass(false);

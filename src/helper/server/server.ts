@@ -1,7 +1,4 @@
-/**
- * The listening socket's connections: SO_PEERCRED at accept (none: closed), the limits, the protocol by
- * the first 4 bytes, the v2 handler or a legacy session. Whatever one client does, only its socket closes.
- */
+/** Connections: SO_PEERCRED at accept, the limits, the protocol by the first 4 bytes, then v2 or legacy; a client closes only its own. */
 import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
@@ -227,8 +224,7 @@ export class HelperServer {
 
   private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
     this.sockets.add(socket);
-    // Outside this process: a crash does not take it along (docs/daemon.md "Crashes"). Only root's and
-    // QEMU's: another user's connections must cost the keeper or PID 1 nothing.
+    // Held outside, a crash does not take it (docs/daemon.md "Crashes"); only root's and QEMU's: others' cost the keeper or PID 1 nothing.
     let kept = owner.preferred || qemuPid !== undefined ? (this.o.keep?.held(socketFd(socket)) ?? null) : null;
     const seat = this.users.seat(
       owner,

@@ -37,8 +37,7 @@ export function removeOwnSocketFile(bound: { path: string; ino: number }, log?: 
     if (fs.statSync(bound.path).ino === bound.ino) fs.unlinkSync(bound.path);
   } catch (e) {
     const err = e as NodeJS.ErrnoException;
-    // libuv may have unlinked it already; EACCES after dropping to -u in a root-owned directory
-    // is harmless: the next start replaces a socket nobody listens on.
+    // libuv may have unlinked it; EACCES (-u in a root-owned directory) is harmless: the next start replaces a dead socket.
     if (err.code !== 'ENOENT') log?.warn({ path: bound.path, err: err.code }, 'could not remove socket file');
   }
 }
