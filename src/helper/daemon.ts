@@ -3,11 +3,10 @@
  * holds what they made, owns the restart contract (Restartable), stops them in order. SIGTERM/SIGINT stop; SIGHUP restarts.
  */
 import { createLogger, type Logger } from '../logging/logger.js';
-import type { HelperServer } from './server/server.js';
 import type { assembleDaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
-import { lateV2Handler } from './server/late-v2-handler.js';
+import { lateV2Handler, type HelperServer } from './server/server.js';
 import { inheritFromEnvironment, Notifier } from './lifecycle/systemd.js';
 import type { Inherited } from './handover/inherited.js';
 import type { Opened, StepDone } from './lifecycle/startup.js';

@@ -59,17 +59,14 @@ interface LegacyServiceOptions {
   holdEnergyStatus?: boolean;
 }
 
-/** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at 200 000/s). */
-export interface LegacyCounters {
-  ok: number;
-  /** MSR not allowed, tid not the peer's, cpu not online: refused (closed, or 0). */
-  refused: number;
-  failed: number;
-}
-
-export function newLegacyCounters(): LegacyCounters {
+/**
+ * Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at
+ * 200 000/s). Refused: MSR not allowed, tid not the peer's, cpu not online (closed, or 0).
+ */
+export function newLegacyCounters() {
   return { ok: 0, refused: 0, failed: 0 };
 }
+export type LegacyCounters = ReturnType<typeof newLegacyCounters>;
 
 /** MSR_PKG_ENERGY_STATUS answered by someone else (--guest-energy exact: GuestEnergy). */
 export interface EnergyStatusHook {
@@ -79,9 +76,6 @@ export interface EnergyStatusHook {
   afterReplies(): void;
 }
 
-/** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
-export type HeldPeers = ReadonlyMap<number, bigint>;
-
 /** Peers held at most (a restart hands over at most --max-connections connections). */
 const MAX_HELD_PEERS = 65_536;
 
@@ -89,6 +83,7 @@ export class LegacyService {
   /** legacyPlan() of every allowed MSR, worked out once. */
   private readonly plans = new Map<number, LegacyPlan>();
   private energyStatus: EnergyStatusHook | undefined;
+  /** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
   private readonly held = new Map<number, bigint>();
   /** Online CPUs whose device could not be opened for want of privilege, each said once (at most the host's CPUs: offline ones never get here). */
   private readonly unopenable = new Set<number>();
@@ -105,7 +100,7 @@ export class LegacyService {
   }
 
   /** Installs the guest-energy hook (once the v2 service is up); returns the peers held meanwhile. */
-  setEnergyStatus(hook: EnergyStatusHook): HeldPeers {
+  setEnergyStatus(hook: EnergyStatusHook): ReadonlyMap<number, bigint> {
     this.energyStatus = hook;
     return this.held;
   }

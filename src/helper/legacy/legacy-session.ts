@@ -20,11 +20,9 @@ interface LegacySessionOptions {
   first: Buffer;
   peer: PeerCredentials;
   legacy: LegacyService;
-  /** The connection's account of incomplete-frame bytes: set(bytes) is false past the budget. */
   hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
-  /** The connection is served by `next` from now on (the accepted socket is closed, not the connection). */
   handOver(next: net.Socket): void;
   /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
   overBudget(socket: net.Socket): void;

@@ -3,11 +3,10 @@ import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import { LegacyService, newLegacyCounters, OnlineCpus } from '../legacy/legacy-service.js';
-import { HelperServer } from '../server/server.js';
+import { HelperServer, type lateV2Handler } from '../server/server.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
-import type { lateV2Handler } from '../server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../budget/fd-budget.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
@@ -39,15 +38,14 @@ export async function open(
     );
   }
   const { vendor, cpus, energy, energyWhy } = opened;
-  const openedWhat =
-    energy === 'msr'
-      ? 'MSR devices open'
-      : energy === 'powercap'
-        ? 'powercap zones open (no MSR device: legacy requests get 0)'
-        : 'no MSR device (synthetic energy: legacy requests get 0)';
+  const openedWhat = {
+    msr: 'MSR devices open',
+    powercap: 'powercap zones open (no MSR device: legacy requests get 0)',
+    synthetic: 'no MSR device (synthetic energy: legacy requests get 0)',
+  };
   o.logger.info(
     { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.pkg)).size },
-    openedWhat,
+    openedWhat[energy],
   );
   return { opened, guard };
 }

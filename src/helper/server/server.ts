@@ -19,6 +19,36 @@ import { Preamble } from './preamble.js';
 /** Takes over a connection that started with the v2 magic: `rest`, the bytes after it; `hold`, released by the server at close. */
 export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
 
+/**
+ * A v2 handler bound after the server serves (QEMU first: docs/daemon.md "Restarts"): `handler`, what the server calls, holds each
+ * connection, paused, until `bind` hands the real handler every one held so far, in order.
+ */
+export function lateV2Handler(): { readonly handler: V2Handler; bind(real: V2Handler): void; readonly held: number } {
+  let real: V2Handler | undefined;
+  const waiting: Parameters<V2Handler>[] = [];
+  return {
+    handler: (socket, peer, rest, hold) => {
+      if (real) return real(socket, peer, rest, hold);
+      socket.pause();
+      waiting.push([socket, peer, rest, hold]);
+    },
+    bind(h) {
+      real = h;
+      for (const args of waiting.splice(0)) {
+        if (args[0].destroyed) continue;
+        try {
+          h(...args);
+        } catch {
+          args[0].destroy();
+        }
+      }
+    },
+    get held() {
+      return waiting.length;
+    },
+  };
+}
+
 /** The replies of up to this many bytes are built in one buffer the server keeps (a 64 KiB read holds 5461 requests). */
 const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
 
@@ -54,13 +84,6 @@ export interface HelperServerOptions {
   starttimeOf?: (pid: number) => number | null;
   /** Holds each connection outside this process from its accept to its close, or until it is v2. */
   keep?: ConnectionKeep;
-}
-
-/** A connection let in: who it is, the share it counts in, and its pid when it is a QEMU's first connection (outside the shares). */
-interface Admitted {
-  peer: PeerCredentials;
-  owner: ShareOwner;
-  qemuPid: number | undefined;
 }
 
 export class HelperServer {
@@ -177,7 +200,8 @@ export class HelperServer {
     }
   }
 
-  private admit(socket: net.Socket): Admitted | null {
+  /** A connection let in: who it is, the share it counts in, and its pid when it is a QEMU's first (outside the shares); null: closed. */
+  private admit(socket: net.Socket) {
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
@@ -222,7 +246,7 @@ export class HelperServer {
     return { peer, owner, qemuPid };
   }
 
-  private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
+  private open(socket: net.Socket, { peer, owner, qemuPid }: NonNullable<ReturnType<HelperServer['admit']>>, handedOver: boolean): Open {
     this.sockets.add(socket);
     // Held outside, a crash does not take it (docs/daemon.md "Crashes"); only root's and QEMU's: others' cost the keeper or PID 1 nothing.
     let kept = owner.preferred || qemuPid !== undefined ? (this.o.keep?.held(socketFd(socket)) ?? null) : null;
