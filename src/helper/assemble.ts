@@ -1,7 +1,4 @@
-/**
- * THE assembly of the v2 chain: host info -> energy source -> task reader -> sampler -> v2 service (the legacy
- * service and the server: lifecycle/phases.ts). The daemon, the tests' fake host and the bench call these.
- */
+/** THE v2 chain: host info -> energy source -> task reader -> sampler -> v2 service, for the daemon, the tests' fake host and the bench. */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
 import { cannotError } from '../common/errors.js';

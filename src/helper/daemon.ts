@@ -1,7 +1,4 @@
-/**
- * The composition root: Daemon.start() runs the phases in order (lifecycle/phases.ts; docs/daemon.md "Start-up, in order"),
- * holds what they made, owns the restart contract (Restartable), stops them in order. SIGTERM/SIGINT stop; SIGHUP restarts.
- */
+/** The composition root: Daemon.start() runs lifecycle/phases.ts in order, holds what they made and the restart contract, stops them. */
 import { createLogger, type Logger } from '../logging/logger.js';
 import type { assembleDaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
@@ -23,7 +20,6 @@ import type { CrashGuard } from './handover/crash-guard.js';
 
 /** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
 const STARTUP_SETTLE_WAIT_MS = 2000;
-/** Longest wait for the v2 service to close at a stop. */
 const V2_CLOSE_TIMEOUT_MS = 5000;
 
 interface DaemonOptions {
@@ -165,17 +161,30 @@ class Daemon implements Restartable {
 
   /** Serving: the handle the caller stops it with; the v2 service's first scan, then memory given back. */
   private serving(steps: readonly StepDone[]): RunningDaemon {
-    const running: RunningDaemon = { server: this.chain!.server, steps, stop: (reason) => this.stop(reason) };
-    this.running = running;
+    this.running = { server: this.chain!.server, steps, stop: (reason) => this.stop(reason) };
     const firstScan = this.v2?.ready();
     if (isDaemonChild()) reportReady();
-    settleAfterStartup(
-      firstScan,
-      () => this.stopping !== undefined,
-      (r) => this.area('memory').info(r, 'memory given back after start-up'),
-    );
+    this.settleAfterStartup(firstScan);
     if (this.pendingSignal) this.onSignal(this.pendingSignal);
-    return running;
+    return this.running;
+  }
+
+  /** What start-up ran and read is not needed again: memory settled at once, and again after the first scan (or the wait); RSS reported. */
+  private settleAfterStartup(firstScan: Promise<void> | undefined): void {
+    const report = (r: { rssBeforeMb: number; rssAfterMb: number }) => this.area('memory').info(r, 'memory given back after start-up');
+    setImmediate(() => {
+      if (this.stopping !== undefined) return;
+      const first = settleOnce();
+      if (firstScan === undefined) return report(first);
+      let waited: NodeJS.Timeout | undefined;
+      void Promise.race([
+        Promise.allSettled([firstScan]),
+        new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref())),
+      ]).then(() => {
+        clearTimeout(waited);
+        if (this.stopping === undefined) report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
+      });
+    }).unref();
   }
 
   private stop(reason = 'stop requested'): Promise<void> {
@@ -232,28 +241,6 @@ class Daemon implements Restartable {
     // Last, so a second signal during shutdown still finds our handler (stop is idempotent).
     this.signals.dispose();
   }
-}
-
-/** What start-up ran and read is not needed again: memory settled at once, and again after the first scan (or the wait); RSS reported. */
-function settleAfterStartup(
-  work: Promise<void> | undefined,
-  stopped: () => boolean,
-  report: (r: { rssBeforeMb: number; rssAfterMb: number }) => void,
-): void {
-  setImmediate(() => {
-    if (stopped()) return;
-    const first = settleOnce();
-    if (work === undefined) return report(first);
-    let waited: NodeJS.Timeout | undefined;
-    void Promise.race([
-      Promise.allSettled([work]),
-      new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref())),
-    ]).then(() => {
-      clearTimeout(waited);
-      if (stopped()) return;
-      report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
-    });
-  }).unref();
 }
 
 async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {

@@ -59,10 +59,7 @@ interface LegacyServiceOptions {
   holdEnergyStatus?: boolean;
 }
 
-/**
- * Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at
- * 200 000/s). Refused: MSR not allowed, tid not the peer's, cpu not online (closed, or 0).
- */
+/** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint allocates (exact 1400 years at 200 000/s). */
 export function newLegacyCounters() {
   return { ok: 0, refused: 0, failed: 0 };
 }
@@ -80,7 +77,6 @@ export interface EnergyStatusHook {
 const MAX_HELD_PEERS = 65_536;
 
 export class LegacyService {
-  /** legacyPlan() of every allowed MSR, worked out once. */
   private readonly plans = new Map<number, LegacyPlan>();
   private energyStatus: EnergyStatusHook | undefined;
   /** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
@@ -118,6 +114,7 @@ export class LegacyService {
     const c = this.counters;
     const peerPid = peer.pid;
     const plan = this.plans.get(req.msr);
+    // Refused: MSR not allowed (closed), tid not the peer's, cpu not online (0).
     if (plan === undefined) {
       c.refused++;
       this.limiter.warn('disallowed MSR', { peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');

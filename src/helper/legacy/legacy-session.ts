@@ -30,11 +30,7 @@ interface LegacySessionOptions {
   ended(session: LegacySession): void;
 }
 
-interface Reading {
-  stop(): void;
-  freeze(): Buffer;
-  thaw(): void;
-}
+type Reading = Pick<Freezable, 'freeze' | 'thaw'> & { stop(): void };
 
 export class LegacySession implements Freezable {
   readonly kind = 'legacy' as const;

@@ -113,7 +113,6 @@ export async function openStart(
 
 type Checked = Pick<Opened, 'vendor' | 'cpus' | 'energy' | 'energyWhy'>;
 
-/** The checks, or what the Inherited says they found. */
 function runChecks(config: DaemonConfig, inh: Inherited): Checked {
   if (inh.checks) {
     const { vendor, cpus } = inh.checks;
@@ -127,7 +126,6 @@ function runChecks(config: DaemonConfig, inh: Inherited): Checked {
   return { vendor, cpus, energy: chosen.kind, energyWhy: chosen.why };
 }
 
-/** The energy source's files: adopted, or opened (MSR devices, powercap zones), or none (synthetic). */
 function openEnergyFiles(
   config: DaemonConfig,
   inh: Inherited,
@@ -181,7 +179,6 @@ function createFiles(asked: readonly string[], inh: Inherited, files: Map<string
   return asked.length === 0 ? 'not asked' : asked.every((f) => inherited.has(f)) ? 'adopted' : 'ran';
 }
 
-/** Opens every powercap RAPL zone's energy_uj read-only into `into` (path -> fd), each failure naming its fix. */
 function openPowercapZones(into: Map<string, number>, sysRoot: string, vendor: Vendor): void {
   for (const z of scanPowercap(sysRoot, vendor).zones) {
     try {

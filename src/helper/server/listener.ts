@@ -12,11 +12,10 @@ export const DEFAULT_SOCKET_MODE = 0o600;
 /** The socket path's length: a Unix socket address holds at most 107 bytes plus its NUL. */
 export function checkSocketPathLength(socketPath: string): void {
   const n = Buffer.byteLength(socketPath);
-  if (n > MAX_UNIX_PATH_BYTES) {
+  if (n > MAX_UNIX_PATH_BYTES)
     throw new Error(
       `-k/--socket: socket path is ${n} bytes, a Unix socket path holds at most ${MAX_UNIX_PATH_BYTES} (sun_path is 108 bytes with its NUL); choose a shorter path`,
     );
-  }
 }
 
 export function checkSocketDirectory(socketPath: string): void {

@@ -87,12 +87,9 @@ export interface HelperServerOptions {
 }
 
 export class HelperServer {
-  /** The socket serving each open connection (a legacy one's is the socket that took it over). */
   private readonly sockets = new Set<net.Socket>();
   /** The connections a restart hands over (legacy, or protocol not known yet), each able to stop reading. */
   private readonly freezable = new Set<Freezable>();
-  /** Past it, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over). */
-  private readonly maxConnections: number;
   /** Where legacy replies are written before they are sent (one connection at a time: one thread). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
@@ -105,8 +102,8 @@ export class HelperServer {
   constructor(private readonly o: HelperServerOptions) {
     this.limiter = new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
-    this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-    this.users = new ConnectionSeats(this.maxConnections);
+    // Past capacity, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over).
+    this.users = new ConnectionSeats(o.maxConnections ?? DEFAULT_MAX_CONNECTIONS);
   }
 
   get connections(): number {
@@ -218,20 +215,20 @@ export class HelperServer {
       const mine = this.users.shares.heldBy(peer.uid);
       this.limiter.warn(
         'refused connection',
-        { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
+        { uid: peer.uid, held: mine, limit: this.users.capacity, bound: share.bound },
         share.bound === 'uid'
-          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for any user but root; a QEMU process's own connection is not counted)`
-          : `connection refused: users other than root hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
+          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.users.capacity} (a quarter for any user but root; a QEMU process's own connection is not counted)`
+          : `connection refused: users other than root hold half of --max-connections ${this.users.capacity} (uid ${peer.uid} holds ${mine})`,
       );
       socket.destroy();
       return null;
     }
-    const full = this.sockets.size >= this.maxConnections;
+    const full = this.sockets.size >= this.users.capacity;
     if (full && !(qemuPid !== undefined ? this.users.makeRoomForQemu() : this.users.makeRoomFor(peer.uid))) {
       this.limiter.warn(
         'refused connection',
-        { limit: this.maxConnections, uid: peer.uid },
-        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
+        { limit: this.users.capacity, uid: peer.uid },
+        `connection refused: ${this.users.capacity} connections already open (--max-connections)`,
       );
       socket.destroy();
       return null;
@@ -255,7 +252,7 @@ export class HelperServer {
       () => {
         this.limiter.warn(
           'connection evicted',
-          { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
+          { peer: peer.pid, uid: peer.uid, limit: this.users.capacity },
           'closing a connection of the user holding the most connections: QEMU, or another user, needed a slot (--max-connections)',
         );
         socket.destroy();
