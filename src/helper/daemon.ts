@@ -230,25 +230,21 @@ class Daemon implements Restartable {
     chain?.server.limiter.flush();
     chain?.legacy.limiter.flush();
     if (this.v2) {
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`timed out after ${V2_CLOSE_TIMEOUT_MS} ms`)), V2_CLOSE_TIMEOUT_MS);
+      });
       try {
-        await withTimeout(this.v2.close(), V2_CLOSE_TIMEOUT_MS);
+        await Promise.race([this.v2.close(), late]);
       } catch (e) {
         logger.error({ err: (e as Error).message }, 'shutdown hook failed');
+      } finally {
+        clearTimeout(timer);
       }
     }
     opened?.pidfile?.release();
     opened?.device.close();
     // Last, so a second signal during shutdown still finds our handler (stop is idempotent).
     this.signals.dispose();
-  }
-}
-
-async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  let t: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms)));
-  try {
-    return await Promise.race([p, late]);
-  } finally {
-    clearTimeout(t);
   }
 }

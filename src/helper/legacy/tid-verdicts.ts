@@ -1,7 +1,4 @@
-/**
- * "Is tid T a thread of this connection's peer?", on every legacy request: a YES kept TID_VERDICT_MAX_AGE_MS, a NO never.
- * A reused tid may pass as the old thread that long; the reply (the package's register) does not depend on the tid.
- */
+/** "Is tid T the peer's?" on every legacy request: a YES kept TID_VERDICT_MAX_AGE_MS (the reply does not depend on the tid), a NO never. */
 import { performance } from 'node:perf_hooks';
 import { PeerTasks } from '../../os/peer.js';
 

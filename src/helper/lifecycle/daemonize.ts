@@ -20,10 +20,8 @@ export function spawnDetached(argv: readonly string[], timeoutMs = 30_000): Prom
       stdio: ['ignore', 'ignore', 'ignore', 'ipc'],
       env: { ...process.env, [DAEMON_CHILD_ENV]: '1' },
     });
-    let settled = false;
+    // Called once: it removes every listener and the timer that could call it again.
     const finish = (err: Error | null, pid?: number) => {
-      if (settled) return;
-      settled = true;
       clearTimeout(timer);
       child.removeAllListeners();
       if (child.connected) child.disconnect();

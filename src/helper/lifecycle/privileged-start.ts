@@ -25,7 +25,6 @@ function keeperImageEnv(inherited: Inherited, level: string): Record<string, str
 /** The first image's start: the steps (a failure undoes them and throws), then the re-exec into the daemon or the keeper; never returns. */
 export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
   const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
-  // dropped: the exec below starts the new image with its privileges dropped.
   const inherited: Inherited = { ...opened.handover('reexec'), dropped: true };
   const keep = inheritedFds(inherited);
   const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);

@@ -1,7 +1,6 @@
 /**
- * Frames (v2) or requests (legacy) not fully arrived: kept as they come (never sized by a length field), bounded in total and time,
- * shared between uids (docs/daemon.md "What other users cannot delay"). A refused chunk is garbage until V8 collects it: a new
- * connection is read only while there is room for one more chunk.
+ * Frames (v2) or requests (legacy) not fully arrived, kept as they come (never sized by a length field), bounded in total and time,
+ * shared by uids (docs/daemon.md "What other users cannot delay"). A refused chunk is garbage until collected: read only if one fits.
  */
 
 import { ownerToEvict } from '../../budget/uid-share.js';
@@ -91,12 +90,6 @@ export class IncompleteFrames {
     return this.heldBytes <= this.limits.maxBytes;
   }
 
-  /** @internal Whether a hold of `uid` may go from `before` to `after` bytes (room is made as for adjust). */
-  fits(uid: number, before: number, after: number): boolean {
-    if (after > before) this.makeRoom(uid, after - before);
-    return this.heldBytes - before + after <= this.limits.maxBytes;
-  }
-
   /** @internal A hold's deadline passed: it is cut in a slice, unless its frame `frame` completed meanwhile. */
   expire(h: IncompleteHold, frame: number): void {
     // Cutting while the queue is not empty: emptied once the cuts are done.
@@ -118,8 +111,8 @@ export class IncompleteFrames {
     if (u.bytes === 0 && u.holds.size === 0 && u.waiting.size === 0) this.users.delete(uid);
   }
 
-  /** Room for `need` more bytes of `uid`: the oldest frames of the user holding the most cut while it holds more than `uid` would. */
-  private makeRoom(uid: number, need: number): boolean {
+  /** @internal Room for `need` more bytes of `uid`: the oldest frames of the heaviest user cut while it holds more than `uid` would. */
+  makeRoom(uid: number, need: number): boolean {
     if (this.room() >= need) return true;
     const was = this.makingRoom;
     this.makingRoom = true;
@@ -184,11 +177,6 @@ export class IncompleteHold {
     this.close = cb;
   }
 
-  private onCut(why: CutReason): void {
-    this.notify?.(why);
-    this.close(why);
-  }
-
   /** Now `bytes` held (0: none), timed from the first byte (a byte-a-second sender is cut off all the same); false: past maxBytes. */
   set(bytes: number): boolean {
     const before = this.bytes;
@@ -210,14 +198,16 @@ export class IncompleteHold {
 
   /** Whether holding `bytes` (instead of what is held now) would stay within the total (room is made from a user holding more). */
   fits(bytes: number): boolean {
-    return this.owner.fits(this.uid, this.bytes, bytes);
+    if (bytes > this.bytes) this.owner.makeRoom(this.uid, bytes - this.bytes);
+    return this.owner.heldBytes - this.bytes + bytes <= this.owner.limits.maxBytes;
   }
 
   /** @internal The deadline of `frame` passed: cut, unless that frame completed (or the connection closed) meanwhile. */
   expireNow(frame: number): void {
     if (this.bytes === 0 || frame !== this.frame) return;
     try {
-      this.onCut('deadline');
+      this.notify?.('deadline');
+      this.close('deadline');
     } catch {
       /* a close that throws must not stop the other cuts; the connection's own error path logs it */
     }
@@ -226,6 +216,7 @@ export class IncompleteHold {
   /** @internal Evicted for a user holding less: its bytes leave the total now, then the connection is cut. */
   cut(why: CutReason): void {
     this.set(0);
-    this.onCut(why);
+    this.notify?.(why);
+    this.close(why);
   }
 }
