@@ -99,7 +99,6 @@ export class LegacySession implements Freezable {
     }
   }
 
-  /** A request refused: the replies before it go out, then the connection closes. */
   private refused(socket: net.Socket, out: Buffer, answered: number): void {
     this.closing = true;
     this.o.ended(this);

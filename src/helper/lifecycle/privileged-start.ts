@@ -9,25 +9,21 @@ import { daemonArgv, reexecInPlace } from '../../os/privileges/reexec.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { cannot } from '../../common/errors.js';
 
-/** KEEPER_ENV.image for the keeper's image: what the start opened, and how each serving process finds it. */
-function keeperImageEnv(inherited: Inherited, level: string): Record<string, string> {
-  const image: KeeperImage = {
-    command: daemonArgv(),
-    fds: inheritedFds(inherited),
-    env: inheritEnv(renumbered(inherited, KEEPER_FIRST_FD)),
-    level,
-    ...(inherited.listener?.file ? { socketFile: inherited.listener.file } : {}),
-    ...(inherited.pidfile !== undefined ? { pidfile: inherited.pidfile } : {}),
-  };
-  return { [KEEPER_ENV.image]: JSON.stringify(image) };
-}
-
 /** The first image's start: the steps (a failure undoes them and throws), then the re-exec into the daemon or the keeper; never returns. */
 export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
   const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
   const inherited: Inherited = { ...opened.handover('reexec'), dropped: true };
   const keep = inheritedFds(inherited);
-  const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);
+  // The keeper's image: what the start opened, and how each serving process finds it.
+  const image: KeeperImage | undefined = keeper && {
+    command: daemonArgv(),
+    fds: inheritedFds(inherited),
+    env: inheritEnv(renumbered(inherited, KEEPER_FIRST_FD)),
+    level: keeper.level,
+    ...(inherited.listener?.file ? { socketFile: inherited.listener.file } : {}),
+    ...(inherited.pidfile !== undefined ? { pidfile: inherited.pidfile } : {}),
+  };
+  const env = image ? { [KEEPER_ENV.image]: JSON.stringify(image) } : inheritEnv(inherited);
   // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
   const channel = (process as { channel?: { fd?: number } }).channel?.fd;
   if (channel !== undefined && channel >= 0) {
