@@ -1,8 +1,4 @@
-/**
- * THE assembly of the v2 chain: host info -> energy source -> task reader -> sampler -> v2 service
- * (the legacy service and the server: lifecycle/phases.ts, serveLegacy). The daemon, the tests' fake
- * host and the bench all call these functions.
- */
+/** THE v2 chain: host info -> energy source -> task reader -> sampler -> v2 service, for the daemon, the tests' fake host and the bench. */
 import fs from 'node:fs';
 import type { Logger } from '../logging/logger.js';
 import { cannotError } from '../common/errors.js';
@@ -27,7 +23,7 @@ import { socketFd } from '../os/peer.js';
 import type { SendWithFds } from './v2/reply.js';
 import type { StateSnapshot } from '../state/snapshot.js';
 import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
-import type { EnergyStatusHook, HeldPeers } from './legacy/legacy-service.js';
+import type { LegacyService } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
 import { createV2Service, type V2Service, type V2ServiceOptions } from './v2/service.js';
 import type { HealthSource } from './v2/host-energy.js';
@@ -87,18 +83,14 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
   const { paths, device, vendor, energySource, domains, trace, discovery: scan, openPowercap, ledger, guestEnergy, ...passed } = o;
   const kind = energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
   let host: HostInfo;
-  try {
-    host = readHostInfoFor(kind, { paths, device, vendor });
-  } catch (e) {
-    throw msrErrorWithHint(e);
-  }
-  const tasks = new ProcTaskReader(paths.procRoot, { ledger });
   let energy: EnergySource;
   try {
+    host = readHostInfoFor(kind, { paths, device, vendor });
     energy = createEnergySource(kind, { host, paths, device, domains, openPowercap });
   } catch (e) {
     throw msrErrorWithHint(e);
   }
+  const tasks = new ProcTaskReader(paths.procRoot, { ledger });
   host = withDomainCounters(host, energy);
   // A synthetic source is no measurement: said at warning level, so a terse log (-q, journalctl -p warning) shows it too.
   o.log[energy.kind === 'synthetic' ? 'warn' : 'info']({ source: energy.kind, domains: energy.domains }, energy.describe());
@@ -167,17 +159,11 @@ export interface V2DaemonSettings {
   powerLimitsFile?: string;
 }
 
-/** What the daemon's start gives the v2 service. */
 interface V2Start {
   config: { hostPaths: HostPaths; socketGid?: number };
   /** What the start-up opened as root: MSR fds, [energy_uj path, fd] of powercap zones, [path, fd] of --record. */
-  opened: {
-    vendor: Vendor;
-    device: MsrDevice;
-    energy: EnergySourceKind;
-    powercap: ReadonlyMap<string, number>;
-    files: ReadonlyMap<string, number>;
-  };
+  opened: Pick<V2ChainOptions, 'vendor' | 'device'> &
+    Record<'powercap' | 'files', ReadonlyMap<string, number>> & { energy: EnergySourceKind };
   fds: FdBudget;
   health: HealthSource;
   /** The live state the previous process handed over, read and checked; absent at a fresh start. */
@@ -186,7 +172,7 @@ interface V2Start {
   restarted: boolean;
   area(name: string): Logger;
   /** Answers QEMU's MSR_PKG_ENERGY_STATUS through `hook` from now on; returns the peers answered 0 meanwhile. */
-  answerEnergyStatus(hook: EnergyStatusHook): HeldPeers;
+  answerEnergyStatus: LegacyService['setEnergyStatus'];
 }
 
 /** The v2 service as the daemon runs it, on the fds its start-up opened before the privilege drop. */
@@ -219,8 +205,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
     fds: shares,
     ledger: shares,
     log,
-    // The daemon replaces its trace at each start (docs/recording.md): refusing would turn a
-    // systemd restart into a restart loop.
+    // Replaced at each start (docs/recording.md): refusing would turn a systemd restart into a restart loop.
     trace: (host) => (recordPath === undefined ? undefined : (trace = openDaemonTrace(recordPath, host, o.intervalMs, start, log))),
     discovery: o.discovery && {
       maxDiscoveredVms,

@@ -1,21 +1,16 @@
-/**
- * The daemon, the composition root: Daemon.start() runs the start's phases in order (lifecycle/phases.ts;
- * docs/daemon.md "Start-up, in order"), holds what they made, owns the restart contract over them
- * (Restartable), and stops them in order. SIGTERM/SIGINT stop it; SIGHUP restarts it in place.
- */
+/** The composition root: Daemon.start() runs lifecycle/phases.ts in order, holds what they made and the restart contract, stops them. */
 import { createLogger, type Logger } from '../logging/logger.js';
-import type { HelperServer } from './server/server.js';
 import type { assembleDaemonV2, V2DaemonSettings } from './assemble.js';
 import { DisposableStore, listen } from '../common/disposable.js';
 import { cannot } from '../common/errors.js';
-import { lateV2Handler } from './server/late-v2-handler.js';
+import { lateV2Handler, type HelperServer } from './server/server.js';
 import { inheritFromEnvironment, Notifier } from './lifecycle/systemd.js';
 import type { Inherited } from './handover/inherited.js';
 import type { Opened, StepDone } from './lifecycle/startup.js';
 import type { DaemonConfig } from './lifecycle/config.js';
 import type { Restartable } from './handover/frozen.js';
 import { Restarter, takeRestartClock, wallMs } from './handover/restarter.js';
-import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, type PhaseTimes, type ServerChain } from './lifecycle/phases.js';
+import { budgetFds, drop, logRestartPhases, open, ready, serveLegacy, type PhaseTimes } from './lifecycle/phases.js';
 import { isDaemonChild, reportReady } from './lifecycle/daemonize.js';
 import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
@@ -25,7 +20,6 @@ import type { CrashGuard } from './handover/crash-guard.js';
 
 /** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
 const STARTUP_SETTLE_WAIT_MS = 2000;
-/** Longest wait for the v2 service to close at a stop. */
 const V2_CLOSE_TIMEOUT_MS = 5000;
 
 interface DaemonOptions {
@@ -64,7 +58,7 @@ class Daemon implements Restartable {
   private readonly notifier: Notifier;
   private readonly signals = new DisposableStore();
   private opened: Opened | undefined;
-  private chain: ServerChain | undefined;
+  private chain: ReturnType<typeof serveLegacy> | undefined;
   private v2: Awaited<ReturnType<typeof assembleDaemonV2>> | undefined;
   private restarter: Restarter | undefined;
   /** What is kept outside this process for a crash (handover/crash-guard.ts), once opened. */
@@ -88,7 +82,7 @@ class Daemon implements Restartable {
       ? this.logger.child({ area: name }, { level: 'debug' })
       : this.logger.child({ area: name });
 
-  /** The start, phase by phase; on a failure everything made so far is closed and the error thrown. */
+  /** The start, phase by phase; a failure closes everything made so far and throws. */
   async start(): Promise<RunningDaemon> {
     const entered = wallMs();
     const clock = takeRestartClock();
@@ -167,17 +161,30 @@ class Daemon implements Restartable {
 
   /** Serving: the handle the caller stops it with; the v2 service's first scan, then memory given back. */
   private serving(steps: readonly StepDone[]): RunningDaemon {
-    const running: RunningDaemon = { server: this.chain!.server, steps, stop: (reason) => this.stop(reason) };
-    this.running = running;
-    const startupWork = this.v2 ? [this.v2.ready()] : [];
+    this.running = { server: this.chain!.server, steps, stop: (reason) => this.stop(reason) };
+    const firstScan = this.v2?.ready();
     if (isDaemonChild()) reportReady();
-    settleAfterStartup(
-      startupWork,
-      () => this.stopping !== undefined,
-      (r) => this.area('memory').info(r, 'memory given back after start-up'),
-    );
+    this.settleAfterStartup(firstScan);
     if (this.pendingSignal) this.onSignal(this.pendingSignal);
-    return running;
+    return this.running;
+  }
+
+  /** What start-up ran and read is not needed again: memory settled at once, and again after the first scan (or the wait); RSS reported. */
+  private settleAfterStartup(firstScan: Promise<void> | undefined): void {
+    const report = (r: { rssBeforeMb: number; rssAfterMb: number }) => this.area('memory').info(r, 'memory given back after start-up');
+    setImmediate(() => {
+      if (this.stopping !== undefined) return;
+      const first = settleOnce();
+      if (firstScan === undefined) return report(first);
+      let waited: NodeJS.Timeout | undefined;
+      void Promise.race([
+        Promise.allSettled([firstScan]),
+        new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref())),
+      ]).then(() => {
+        clearTimeout(waited);
+        if (this.stopping === undefined) report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
+      });
+    }).unref();
   }
 
   private stop(reason = 'stop requested'): Promise<void> {
@@ -194,7 +201,6 @@ class Daemon implements Restartable {
     return this.stopping;
   }
 
-  /** Signals are caught from the start: one arriving during start-up stops the daemon right after it. */
   private catchSignals(): void {
     if (this.opts.handleSignals === false) return;
     for (const sig of ['SIGTERM', 'SIGINT'] as const) this.signals.add(listen(process, sig, () => this.onSignal(sig)));
@@ -216,59 +222,29 @@ class Daemon implements Restartable {
     void this.running.stop(sig).then(() => process.exit(0));
   }
 
-  /** Closes what the start made, in order: the server (or the listener alone), the v2 service, the start-up's fds. */
+  /** Closes what the start made, in order: the server (before serving: the listener alone), the v2 service, the start-up's fds. */
   private async cleanup(): Promise<void> {
     const { chain, opened, logger } = this;
-    // The server closes the listener it serves; before serving, the listener is closed alone.
     if (chain) await chain.server.close().catch(() => {});
     else await opened?.listener.close(logger);
     chain?.server.limiter.flush();
     chain?.legacy.limiter.flush();
     if (this.v2) {
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`timed out after ${V2_CLOSE_TIMEOUT_MS} ms`)), V2_CLOSE_TIMEOUT_MS);
+      });
       try {
-        await withTimeout(this.v2.close(), V2_CLOSE_TIMEOUT_MS);
+        await Promise.race([this.v2.close(), late]);
       } catch (e) {
         logger.error({ err: (e as Error).message }, 'shutdown hook failed');
+      } finally {
+        clearTimeout(timer);
       }
     }
     opened?.pidfile?.release();
     opened?.device.close();
     // Last, so a second signal during shutdown still finds our handler (stop is idempotent).
     this.signals.dispose();
-  }
-}
-
-/**
- * What start-up ran and read is not needed again: memory settled at once, and again once the first
- * scan is done (or STARTUP_SETTLE_WAIT_MS passed); RSS reported before and after.
- */
-function settleAfterStartup(
-  work: Promise<void>[],
-  stopped: () => boolean,
-  report: (r: { rssBeforeMb: number; rssAfterMb: number }) => void,
-): void {
-  setImmediate(() => {
-    if (stopped()) return;
-    const first = settleOnce();
-    if (work.length === 0) return report(first);
-    let waited: NodeJS.Timeout | undefined;
-    void Promise.race([
-      Promise.allSettled(work),
-      new Promise<void>((resolve) => (waited = setTimeout(resolve, STARTUP_SETTLE_WAIT_MS).unref())),
-    ]).then(() => {
-      clearTimeout(waited);
-      if (stopped()) return;
-      report({ rssBeforeMb: first.rssBeforeMb, rssAfterMb: settleOnce().rssAfterMb });
-    });
-  }).unref();
-}
-
-async function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  let t: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (t = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms)));
-  try {
-    return await Promise.race([p, late]);
-  } finally {
-    clearTimeout(t);
   }
 }

@@ -6,15 +6,7 @@ import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
 import { legacyPlan, synthValue } from '../../src/msr/legacy-registers.js';
 import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/start-daemon.js';
-import {
-  activationFd,
-  activationFdsByName,
-  fdNameProblem,
-  parseActivationEnv,
-  parseWatchdogEnv,
-  storedFds,
-  takeActivation,
-} from '../../src/helper/lifecycle/systemd.js';
+import { activationFd, activationFds, fdNameProblem, Notifier, takeActivation } from '../../src/helper/lifecycle/systemd.js';
 import { parsePidfile } from '../../src/helper/lifecycle/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
@@ -151,24 +143,25 @@ describe('daemon options', () => {
 
 describe('socket activation environment', () => {
   test('ours only when LISTEN_PID is our pid', () => {
-    expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '1' }, 42)).toEqual({ fds: 1, names: [] });
-    expect(parseActivationEnv({ LISTEN_PID: '43', LISTEN_FDS: '1' }, 42)).toBeNull();
-    expect(parseActivationEnv({ LISTEN_FDS: '1' }, 42)).toBeNull();
-    expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '0' }, 42)).toBeNull();
-    expect(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '2', LISTEN_FDNAMES: 'a:b' }, 42)).toEqual({ fds: 2, names: ['a', 'b'] });
-    expect(() => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: 'x' }, 42)).toThrow(/LISTEN_FDS is not a number/);
+    expect(takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '1' }, 42)).toEqual({ fds: 1, names: [] });
+    expect(takeActivation({ LISTEN_PID: '43', LISTEN_FDS: '1' }, 42)).toBeNull();
+    expect(takeActivation({ LISTEN_FDS: '1' }, 42)).toBeNull();
+    expect(takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '0' }, 42)).toBeNull();
+    expect(takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '2', LISTEN_FDNAMES: 'a:b' }, 42)).toEqual({ fds: 2, names: ['a', 'b'] });
+    expect(() => takeActivation({ LISTEN_PID: '42', LISTEN_FDS: 'x' }, 42)).toThrow(/LISTEN_FDS is not a number/);
   });
-  test('several fds come grouped by name, in fd order; without names they are all "unknown"', () => {
-    const act = parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '4', LISTEN_FDNAMES: 'qemu-vmsr-helper.socket:conn:state:conn' }, 42)!;
-    expect([...activationFdsByName(act)]).toEqual([
-      ['qemu-vmsr-helper.socket', [3]],
-      ['conn', [4, 6]],
-      ['state', [5]],
+  test('several fds come grouped by name, in fd order; without names they are all listening sockets', () => {
+    const act = takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '4', LISTEN_FDNAMES: 'qemu-vmsr-helper.socket:vmsr-c:vmsr-s:vmsr-c' }, 42)!;
+    const { stored, listening } = activationFds(act);
+    expect([...stored]).toEqual([
+      ['vmsr-c', [4, 6]],
+      ['vmsr-s', [5]],
     ]);
-    expect([...activationFdsByName(parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '2' }, 42)!)]).toEqual([['unknown', [3, 4]]]);
+    expect(listening).toEqual([3]);
+    expect(activationFds(takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '2' }, 42)!)).toEqual({ stored: new Map(), listening: [3, 4] });
   });
   test('LISTEN_FDNAMES is refused when its count differs from LISTEN_FDS or a name is not a valid fd name', () => {
-    const parse = (n: string, names: string) => () => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: n, LISTEN_FDNAMES: names }, 42);
+    const parse = (n: string, names: string) => () => takeActivation({ LISTEN_PID: '42', LISTEN_FDS: n, LISTEN_FDNAMES: names }, 42);
     expect(parse('2', 'a')).toThrow(/cannot take the fds systemd passed: LISTEN_FDNAMES has 1 names for LISTEN_FDS=2; check/);
     expect(parse('1', 'a:b')).toThrow(/has 2 names for LISTEN_FDS=1/);
     expect(parse('2', 'a:')).toThrow(/the name of fd 4 in LISTEN_FDNAMES it is empty/);
@@ -176,7 +169,7 @@ describe('socket activation environment', () => {
     expect(parse('1', 'tab\there')).toThrow(/outside printable ASCII/);
     expect(parse('1', 'caf\u00e9')).toThrow(/outside printable ASCII/);
     expect(parse('1', 'x'.repeat(255))).not.toThrow();
-    expect(() => parseActivationEnv({ LISTEN_PID: '42', LISTEN_FDS: '8193' }, 42)).toThrow(/LISTEN_FDS is 8193, more than 8192/);
+    expect(() => takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '8193' }, 42)).toThrow(/LISTEN_FDS is 8193, more than 8192/);
     expect(fdNameProblem('stats ~!@#$%^&*()')).toBeNull();
     expect(fdNameProblem('a:b')).toMatch(/colon/);
   });
@@ -202,7 +195,7 @@ describe('socket activation environment', () => {
   test('activationFd takes the one listening socket beside the fds the helper stored itself, and refuses two sockets', () => {
     const act = { fds: 3, names: ['vmsr-state', 'qemu-vmsr-helper.socket', 'vmsr-conn'] };
     expect(activationFd(act, false)).toBe(4);
-    expect([...storedFds(act)]).toEqual([
+    expect([...activationFds(act).stored]).toEqual([
       ['vmsr-state', [3]],
       ['vmsr-conn', [5]],
     ]);
@@ -210,14 +203,21 @@ describe('socket activation environment', () => {
       /got 2 besides 1 stored by the helper/,
     );
     expect(() => activationFd({ fds: 1, names: ['vmsr-state'] }, false)).toThrow(/got 0 besides 1/);
-    expect([...storedFds({ fds: 1, names: [] })]).toEqual([]);
+    expect([...activationFds({ fds: 1, names: [] }).stored]).toEqual([]);
   });
-  test('watchdog: WATCHDOG_USEC, honouring WATCHDOG_PID', () => {
-    expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000' }, 5)).toBe(30_000_000);
-    expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000', WATCHDOG_PID: '5' }, 5)).toBe(30_000_000);
-    expect(parseWatchdogEnv({ WATCHDOG_USEC: '30000000', WATCHDOG_PID: '6' }, 5)).toBeNull();
-    expect(parseWatchdogEnv({ WATCHDOG_USEC: '0' }, 5)).toBeNull();
-    expect(parseWatchdogEnv({}, 5)).toBeNull();
+  test('watchdog: every WATCHDOG_USEC/2, honouring WATCHDOG_PID', () => {
+    const n = new Notifier({ NOTIFY_SOCKET: `/nonexistent-${process.pid}/notify` }, () => {});
+    const every = (env: NodeJS.ProcessEnv) => {
+      const ms = n.startWatchdog(env, 5);
+      n.stopWatchdog();
+      return ms;
+    };
+    expect(every({ WATCHDOG_USEC: '30000000' })).toBe(15_000);
+    expect(every({ WATCHDOG_USEC: '30000000', WATCHDOG_PID: '5' })).toBe(15_000);
+    expect(every({ WATCHDOG_USEC: '30000000', WATCHDOG_PID: '6' })).toBeNull();
+    expect(every({ WATCHDOG_USEC: '0' })).toBeNull();
+    expect(every({})).toBeNull();
+    expect(new Notifier({}).startWatchdog({ WATCHDOG_USEC: '30000000' }, 5)).toBeNull();
   });
 });
 

@@ -9,7 +9,7 @@ import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { createLogger, levelFromFlags, type Logger } from '../../logging/logger.js';
 import { ReportedError } from '../cli-errors.js';
 import { reexecBlocker } from '../../os/privileges/reexec.js';
-import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/socket-file.js';
+import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/listener.js';
 import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
 import type { DaemonConfig } from '../../helper/lifecycle/config.js';
 import {

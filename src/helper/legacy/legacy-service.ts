@@ -1,7 +1,4 @@
-/**
- * One legacy request -> the 8-byte value to reply, as the reference helper would, but stricter: the
- * tid checked before anything is read, an offline cpu answered 0 unopened, any read failure 0.
- */
+/** A legacy request -> its 8-byte reply, as the reference helper but stricter: tid checked first, offline cpu 0 unopened, failed read 0. */
 import { readOnlineCpus } from '../../msr/topology.js';
 import { type MsrDevice, MsrReadError } from '../../msr/device.js';
 import { LEGACY_ALLOWED_MSRS, MSR_PKG_ENERGY_STATUS } from '../../msr/registers.js';
@@ -62,17 +59,11 @@ interface LegacyServiceOptions {
   holdEnergyStatus?: boolean;
 }
 
-/** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint increment allocates (exact for 1400 years at 200 000/s). */
-export interface LegacyCounters {
-  ok: number;
-  /** MSR not allowed, tid not the peer's, cpu not online: refused (closed, or 0). */
-  refused: number;
-  failed: number;
-}
-
-export function newLegacyCounters(): LegacyCounters {
+/** Legacy requests by result (HOST_UPDATE, the exporter): numbers, as a bigint allocates (exact 1400 years at 200 000/s). */
+export function newLegacyCounters() {
   return { ok: 0, refused: 0, failed: 0 };
 }
+export type LegacyCounters = ReturnType<typeof newLegacyCounters>;
 
 /** MSR_PKG_ENERGY_STATUS answered by someone else (--guest-energy exact: GuestEnergy). */
 export interface EnergyStatusHook {
@@ -82,21 +73,17 @@ export interface EnergyStatusHook {
   afterReplies(): void;
 }
 
-/** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
-export type HeldPeers = ReadonlyMap<number, bigint>;
-
 /** Peers held at most (a restart hands over at most --max-connections connections). */
 const MAX_HELD_PEERS = 65_536;
 
 export class LegacyService {
-  /** legacyPlan() of every allowed MSR, worked out once: requests only look it up. */
   private readonly plans = new Map<number, LegacyPlan>();
   private energyStatus: EnergyStatusHook | undefined;
+  /** Peers answered 0 for MSR_PKG_ENERGY_STATUS before the hook was set, and the time (CLOCK_MONOTONIC ns) of their last such request. */
   private readonly held = new Map<number, bigint>();
   /** Online CPUs whose device could not be opened for want of privilege, each said once (at most the host's CPUs: offline ones never get here). */
   private readonly unopenable = new Set<number>();
   readonly counters: LegacyCounters;
-
   readonly limiter: LogLimiter;
 
   constructor(private readonly o: LegacyServiceOptions) {
@@ -109,17 +96,15 @@ export class LegacyService {
   }
 
   /** Installs the guest-energy hook (once the v2 service is up); returns the peers held meanwhile. */
-  setEnergyStatus(hook: EnergyStatusHook): HeldPeers {
+  setEnergyStatus(hook: EnergyStatusHook): ReadonlyMap<number, bigint> {
     this.energyStatus = hook;
     return this.held;
   }
 
-  /** The replies of a chunk were sent (LegacySession): the hook's work that could wait for them. */
   afterReplies(): void {
     this.energyStatus?.afterReplies();
   }
 
-  /** The per-connection memory of which tids are the peer's (see tid-verdicts.ts for its bound). */
   verdictsFor(peerPid: number): TidVerdicts {
     return new TidVerdicts(this.o.procRoot, peerPid);
   }
@@ -129,6 +114,7 @@ export class LegacyService {
     const c = this.counters;
     const peerPid = peer.pid;
     const plan = this.plans.get(req.msr);
+    // Refused: MSR not allowed (closed), tid not the peer's, cpu not online (0).
     if (plan === undefined) {
       c.refused++;
       this.limiter.warn('disallowed MSR', { peer: peerPid, msr: req.msr }, 'requested MSR is not allowed; closing the connection');
@@ -159,19 +145,10 @@ export class LegacyService {
       return zero(out, offset);
     }
     const own = req.msr === MSR_PKG_ENERGY_STATUS ? this.energyStatus?.answer(peer, req.cpu) : undefined;
-    if (own !== undefined) {
-      out.writeBigUInt64LE(own, offset);
-      c.ok++;
-      return true;
-    }
     try {
-      if (plan.kind === 'read') {
-        this.o.device.readInto(req.cpu, plan.msr, out, offset);
-        c.ok++;
-        return true;
-      }
-      const unit = this.o.device.read(req.cpu, plan.unitMsr);
-      out.writeBigUInt64LE(BigInt.asUintN(64, synthValue(plan.field, unit, this.o.amd)), offset);
+      if (own !== undefined) out.writeBigUInt64LE(own, offset);
+      else if (plan.kind === 'read') this.o.device.readInto(req.cpu, plan.msr, out, offset);
+      else out.writeBigUInt64LE(BigInt.asUintN(64, synthValue(plan.field, this.o.device.read(req.cpu, plan.unitMsr), this.o.amd)), offset);
       c.ok++;
       return true;
     } catch (e) {

@@ -1,7 +1,4 @@
-/**
- * One legacy connection, served (docs/protocol.md): the replies of one chunk sent at once; freeze()
- * and thaw() for a restart. Read without Node's stream layer when its fd can be duplicated.
- */
+/** One legacy connection (docs/protocol.md): a chunk's replies sent at once, read without Node's streams when its fd can be duplicated. */
 import net from 'node:net';
 import os from 'node:os';
 import { dupCloexec } from '../../os/libc/fds.js';
@@ -23,11 +20,9 @@ interface LegacySessionOptions {
   first: Buffer;
   peer: PeerCredentials;
   legacy: LegacyService;
-  /** The connection's account of incomplete-frame bytes: set(bytes) is false past the budget. */
   hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
-  /** The connection is served by `next` from now on (the accepted socket is closed, not the connection). */
   handOver(next: net.Socket): void;
   /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
   overBudget(socket: net.Socket): void;
@@ -35,11 +30,7 @@ interface LegacySessionOptions {
   ended(session: LegacySession): void;
 }
 
-interface Reading {
-  stop(): void;
-  freeze(): Buffer;
-  thaw(): void;
-}
+type Reading = Pick<Freezable, 'freeze' | 'thaw'> & { stop(): void };
 
 export class LegacySession implements Freezable {
   readonly kind = 'legacy' as const;
@@ -76,14 +67,15 @@ export class LegacySession implements Freezable {
   }
 
   freeze(): Buffer {
+    this.frozen = true;
     return this.reading?.freeze() ?? Buffer.from(this.framer.incomplete);
   }
 
   thaw(): void {
+    this.frozen = false;
     this.reading?.thaw();
   }
 
-  /** Each chunk's requests answered, their replies sent at once from the shared scratch buffer. */
   private onData(chunk: Buffer): void {
     if (this.closing) return;
     const socket = this.serving;
@@ -107,7 +99,6 @@ export class LegacySession implements Freezable {
     }
   }
 
-  /** A request refused: the replies before it go out, then the connection closes. */
   private refused(socket: net.Socket, out: Buffer, answered: number): void {
     this.closing = true;
     this.o.ended(this);
@@ -118,19 +109,16 @@ export class LegacySession implements Freezable {
     setTimeout(() => socket.destroy(), 1000).unref();
   }
 
-  /** Read by the socket that took the connection over (takeOverLegacy). */
   private readFast(fast: net.Socket): Reading {
     this.serving = fast;
     this.o.handOver(fast);
     return {
       stop: () => fast.pause(),
       freeze: () => {
-        this.frozen = true;
         fast.pause();
         return Buffer.from(this.framer.incomplete);
       },
       thaw: () => {
-        this.frozen = false;
         if (fast.writableLength <= DEFAULT_MAX_PENDING_REPLY_BYTES) fast.resume();
         else fast.once('drain', () => this.frozen || fast.resume());
       },
@@ -139,27 +127,34 @@ export class LegacySession implements Freezable {
 
   /** Out of fds for a duplicate, or replies queued: served through the stream, as it is. */
   private readStream(accepted: net.Socket): Reading {
-    const onData = (c: Buffer) => this.onData(c);
-    let data = listen(accepted, 'data', onData);
+    const reading = streamReading(accepted, (c) => this.onData(c));
     accepted.resume();
-    let readAhead: Buffer[] = [];
     return {
-      stop: () => data.dispose(),
-      freeze: () => {
-        this.frozen = true;
-        data.dispose();
-        accepted.pause();
-        readAhead = drainReadable(accepted);
-        return Buffer.concat([this.framer.incomplete, ...readAhead]);
-      },
-      thaw: () => {
-        this.frozen = false;
-        data = listen(accepted, 'data', onData);
-        for (const c of readAhead.splice(0)) if (!this.closing) this.onData(c);
-        if (!this.closing) accepted.resume();
-      },
+      stop: reading.stop,
+      freeze: () => Buffer.concat([this.framer.incomplete, ...reading.freeze()]),
+      thaw: () => reading.thaw(() => this.closing, true),
     };
   }
+}
+
+/** Reads `socket` through its stream; freeze() stops it and returns what the stream read ahead, which thaw() hands on first. */
+export function streamReading(socket: net.Socket, onData: (c: Buffer) => void) {
+  let data = listen(socket, 'data', onData);
+  let readAhead: Buffer[] = [];
+  return {
+    stop: () => data.dispose(),
+    freeze: (): Buffer[] => {
+      data.dispose();
+      socket.pause();
+      return (readAhead = drainReadable(socket));
+    },
+    /** Reads again, the read-ahead first, each chunk unless `ended`; `resume`: the socket resumed too. */
+    thaw: (ended: () => boolean, resume: boolean) => {
+      data = listen(socket, 'data', onData);
+      for (const c of readAhead.splice(0)) if (!ended()) onData(c);
+      if (resume && !ended()) socket.resume();
+    },
+  };
 }
 
 /** Where every taken-over connection reads: one buffer, each read handled synchronously before the next. */
@@ -185,10 +180,7 @@ function takeOverLegacy(socket: net.Socket, onChunk: (chunk: Buffer) => void): n
   return new net.Socket({ fd: dup, readable: true, writable: true, onread } as net.SocketConstructorOpts);
 }
 
-/**
- * Sends out[0, length) on a legacy connection: straight to the socket (a write request and its tick
- * cost more than the send) when the stream is empty; the rest queued through the stream, in order.
- */
+/** Sends out[0, length): straight to the socket when the stream is empty (a write request and its tick cost more), the rest queued. */
 export function sendReplies(socket: net.Socket, out: Buffer, length: number): void {
   let sent = 0;
   const fd = socket.writableLength === 0 ? socketFd(socket) : undefined;

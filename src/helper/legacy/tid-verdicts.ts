@@ -1,8 +1,4 @@
-/**
- * "Is tid T a thread of this connection's peer?", asked on every legacy request: a YES is remembered
- * for TID_VERDICT_MAX_AGE_MS, a NO never. A reused tid may be answered as the old thread for that long;
- * the reply does not depend on the tid (the package's register), so never what is answered changes.
- */
+/** "Is tid T the peer's?" on every legacy request: a YES kept TID_VERDICT_MAX_AGE_MS (the reply does not depend on the tid), a NO never. */
 import { performance } from 'node:perf_hooks';
 import { PeerTasks } from '../../os/peer.js';
 
@@ -12,7 +8,7 @@ export const TID_VERDICT_MAX_AGE_MS = 100;
 export const TID_VERDICTS_PER_CONNECTION = 256;
 
 export class TidVerdicts {
-  /** tid -> when it was last seen to be the peer's (monotonic ms). */
+  /** tid -> when last seen to be the peer's (monotonic ms). */
   private readonly checkedAt = new Map<number, number>();
   private readonly tasks: PeerTasks;
 

@@ -1,4 +1,3 @@
-/** The daemon's configuration, as the command line makes it. */
 import type { HostPaths } from '../../msr/host-paths.js';
 import type { AmdSynthConfig } from '../../msr/legacy-registers.js';
 import type { LogLevel } from '../../logging/logger.js';

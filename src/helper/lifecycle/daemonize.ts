@@ -1,8 +1,4 @@
-/**
- * -d without fork(): the foreground process re-spawns itself detached (new session, stdio on
- * /dev/null, an IPC channel as its only link) and exits 0 once the child says it is ready, or
- * non-zero with the child's error. The child knows it is one by DAEMON_CHILD_ENV.
- */
+/** -d without fork(): the process re-spawns itself detached (setsid, stdio /dev/null, IPC) and exits once the child is ready or failed. */
 import { spawn } from 'node:child_process';
 import { cannot } from '../../common/errors.js';
 
@@ -24,10 +20,8 @@ export function spawnDetached(argv: readonly string[], timeoutMs = 30_000): Prom
       stdio: ['ignore', 'ignore', 'ignore', 'ipc'],
       env: { ...process.env, [DAEMON_CHILD_ENV]: '1' },
     });
-    let settled = false;
+    // Called once: it removes every listener and the timer that could call it again.
     const finish = (err: Error | null, pid?: number) => {
-      if (settled) return;
-      settled = true;
       clearTimeout(timer);
       child.removeAllListeners();
       if (child.connected) child.disconnect();

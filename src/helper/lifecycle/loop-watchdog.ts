@@ -1,12 +1,7 @@
-/**
- * The serving process's own watchdog (docs/daemon.md "Crashes"): alarm(2) armed LOOP_STALL_S ahead,
- * re-armed every second from the event loop; a stalled loop does not re-arm it and the unhandled
- * SIGALRM ends it. An alarm survives execve: a restart in place disarms it first.
- */
+/** Our own watchdog (docs/daemon.md "Crashes"): alarm(2) re-armed each second from the event loop; a stalled loop's SIGALRM ends it. */
 import os from 'node:os';
 import { alarm, ignoreSignal } from '../../os/libc/processes.js';
 
-/** Seconds the event loop may stall before the process is ended. */
 const LOOP_STALL_S = 10;
 
 let beat: NodeJS.Timeout | undefined;
@@ -28,17 +23,14 @@ export function tellLoopBeats(tell: () => void): void {
   onBeat = tell;
 }
 
-/** No SIGALRM from here on (before an exec, which would carry it). */
+/** No SIGALRM from here on (before an exec: an alarm survives execve). */
 export function disarmLoopWatchdog(): void {
   if (beat !== undefined) clearInterval(beat);
   beat = undefined;
   alarm(0);
 }
 
-/**
- * The signals of a fault (docs/security.md "The -u user ending the service"): a real fault (or abort())
- * forces the default action back and still ends the process; the same signal sent by another process is ignored.
- */
+/** Faults (docs/security.md "The -u user ending the service"): a real one (or abort()) still ends the process, one sent is ignored. */
 const FORCED_FAULTS = ['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGTRAP', 'SIGSYS', 'SIGABRT'] as const;
 
 /** Ignores FORCED_FAULTS sent from outside, from now on (Node's start put them back to their default). */

@@ -3,11 +3,10 @@ import { ignoreSentFaults, startLoopWatchdog } from './loop-watchdog.js';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import { LegacyService, newLegacyCounters, OnlineCpus } from '../legacy/legacy-service.js';
-import { HelperServer } from '../server/server.js';
+import { HelperServer, type lateV2Handler } from '../server/server.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
 import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
-import type { lateV2Handler } from '../server/late-v2-handler.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../budget/fd-budget.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';
@@ -22,12 +21,6 @@ import type { Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
 
 type Areas = (name: string) => Logger;
-
-/** The legacy service and the server that serves it (and hands v2 connections on). */
-export interface ServerChain {
-  legacy: LegacyService;
-  server: HelperServer;
-}
 
 /** The start-up steps, each adopted when inherited, else opened; then what the process before kept, each part checked. */
 export async function open(
@@ -45,20 +38,19 @@ export async function open(
     );
   }
   const { vendor, cpus, energy, energyWhy } = opened;
-  const openedWhat =
-    energy === 'msr'
-      ? 'MSR devices open'
-      : energy === 'powercap'
-        ? 'powercap zones open (no MSR device: legacy requests get 0)'
-        : 'no MSR device (synthetic energy: legacy requests get 0)';
+  const openedWhat = {
+    msr: 'MSR devices open',
+    powercap: 'powercap zones open (no MSR device: legacy requests get 0)',
+    synthetic: 'no MSR device (synthetic energy: legacy requests get 0)',
+  };
   o.logger.info(
     { vendor, energySource: energy, why: energyWhy, cpus: cpus.length, packages: new Set(cpus.map((c) => c.pkg)).size },
-    openedWhat,
+    openedWhat[energy],
   );
   return { opened, guard };
 }
 
-/** The privilege drop (re-executed: done before the exec), then each thread's credentials logged: one that differs means the re-exec could not run. */
+/** The privilege drop (re-executed: before the exec), each thread's credentials logged (one that differs: the re-exec could not run). */
 export function drop(config: DaemonConfig, inh: Inherited, steps: StepDone[], o: { area: Areas; reexec?: string }): void {
   const privLog = o.area('privileges');
   const report = inh.dropped ? { skipped: [] } : dropPrivileges({ uid: config.uid, gid: config.gid });
@@ -139,7 +131,7 @@ export function serveLegacy(
   opened: Opened,
   handed: Kept,
   o: { maxConnections: number; area: Areas; late?: ReturnType<typeof lateV2Handler>; keep?: ConnectionKeep },
-): ServerChain {
+) {
   const { procRoot, sysRoot } = config.hostPaths;
   const legacy = new LegacyService({
     device: opened.device,

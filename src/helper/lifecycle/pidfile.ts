@@ -1,7 +1,4 @@
-/**
- * The pidfile: created exclusively; a stale one (its pid not a running vmsr-helper) replaced; anything
- * that is not one pid never touched (the start refused). Released only if it still holds our pid.
- */
+/** The pidfile: created exclusively; a stale one (not a running vmsr-helper's) replaced, anything not one pid refused; released if ours. */
 import fs from 'node:fs';
 import path from 'node:path';
 import { MAX_TID } from '../../model/vcpus.js';
@@ -40,11 +37,11 @@ export function isHelperProcess(pid: number, procRoot = '/proc'): boolean {
   return [argv[0], script].some((a) => a !== undefined && /^(qemu-)?vmsr-helper(\.js)?$/.test(path.basename(a)));
 }
 
-function refuseNonPidfile(file: string, what: string): never {
-  throw cannotError(`use pidfile ${file}`, what, 'remove it or choose another path with -f');
+function refuse(file: string, why: string, fix = 'remove it or choose another path with -f'): never {
+  throw cannotError(`use pidfile ${file}`, why, fix);
 }
 
-export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: number) => boolean = isHelperProcess): Pidfile {
+export function acquirePidfile(file: string): Pidfile {
   for (let attempt = 0; attempt < 3; attempt++) {
     let fd: number;
     try {
@@ -52,28 +49,26 @@ export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: 
     } catch (e) {
       const err = e as NodeJS.ErrnoException;
       if (err.code === 'EEXIST') {
-        let st: fs.Stats;
         let text: string;
         try {
-          st = fs.lstatSync(file);
-          if (st.isDirectory()) throw cannotError(`use pidfile ${file}`, 'it is a directory', 'give a file path with -f');
-          if (!st.isFile()) refuseNonPidfile(file, 'it exists and is not a regular file');
+          const st = fs.lstatSync(file);
+          if (st.isDirectory()) refuse(file, 'it is a directory', 'give a file path with -f');
+          if (!st.isFile()) refuse(file, 'it exists and is not a regular file');
           // A pidfile is a few bytes; a large file is not ours to read, let alone delete.
-          if (st.size > 64) refuseNonPidfile(file, `it exists and is not a pidfile (${st.size} bytes)`);
+          if (st.size > 64) refuse(file, `it exists and is not a pidfile (${st.size} bytes)`);
           text = fs.readFileSync(file, 'latin1');
         } catch (e) {
           if ((e as NodeJS.ErrnoException).code === 'ENOENT') continue; // vanished meanwhile: retry
           throw e;
         }
         const other = parsePidfile(text);
-        if (other === null) refuseNonPidfile(file, 'it exists and does not hold a pid');
-        if (other !== pid && isAlive(other) && isHelper(other)) {
+        if (other === null) refuse(file, 'it exists and does not hold a pid');
+        if (other !== process.pid && isAlive(other) && isHelperProcess(other))
           throw cannotError(
             `create pidfile ${file}`,
             `another instance is running (pid ${other})`,
             'stop it or choose another pidfile with -f',
           );
-        }
         try {
           fs.unlinkSync(file); // stale: its process is gone, or the pid now belongs to another program
         } catch {
@@ -81,8 +76,8 @@ export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: 
         }
         continue;
       }
-      if (err.code === 'EISDIR') throw cannotError(`use pidfile ${file}`, 'it is a directory', 'give a file path with -f');
-      if (err.code === 'ELOOP') refuseNonPidfile(file, 'it is a symbolic link');
+      if (err.code === 'EISDIR') refuse(file, 'it is a directory', 'give a file path with -f');
+      if (err.code === 'ELOOP') refuse(file, 'it is a symbolic link');
       if (err.code === 'ENOENT')
         throw cannotError(`create pidfile ${file}`, 'its directory does not exist', 'create it or choose another path with -f');
       if (err.code === 'EACCES')
@@ -90,16 +85,16 @@ export function acquirePidfile(file: string, pid = process.pid, isHelper: (pid: 
       throw cannotError(`create pidfile ${file}`, err.message);
     }
     try {
-      fs.writeSync(fd, `${pid}\n`);
+      fs.writeSync(fd, `${process.pid}\n`);
     } finally {
       fs.closeSync(fd);
     }
-    return pidfileOf(file, pid);
+    return pidfileOf(file);
   }
   throw cannotError(`create pidfile ${file}`, 'it keeps reappearing', 'check whether another instance is starting');
 }
 
-/** The pidfile `file` written for `pid` (by acquirePidfile, possibly before an exec): release() removes it if still ours. */
+/** The pidfile `file` written for us (by acquirePidfile, possibly before an exec): release() removes it if still ours. */
 export function pidfileOf(file: string, pid = process.pid): Pidfile {
   return {
     path: file,

@@ -1,7 +1,4 @@
-/**
- * As root, the start-up steps run in the first image, then the helper re-executes itself with every
- * privilege dropped, so no thread of the new image holds any capability; what they opened crosses the exec.
- */
+/** As root: the start-up steps, then a re-exec with every privilege dropped (no thread holds any capability); their fds cross it. */
 import type { DaemonConfig } from './config.js';
 import { inheritEnv, inheritedFds, renumbered, type Inherited } from '../handover/inherited.js';
 import { inheritFromEnvironment } from './systemd.js';
@@ -12,26 +9,21 @@ import { daemonArgv, reexecInPlace } from '../../os/privileges/reexec.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { cannot } from '../../common/errors.js';
 
-/** KEEPER_ENV.image for the keeper's image: what the start opened, and how each serving process finds it. */
-function keeperImageEnv(inherited: Inherited, level: string): Record<string, string> {
-  const image: KeeperImage = {
+/** The first image's start: the steps (a failure undoes them and throws), then the re-exec into the daemon or the keeper; never returns. */
+export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
+  const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
+  const inherited: Inherited = { ...opened.handover('reexec'), dropped: true };
+  const keep = inheritedFds(inherited);
+  // The keeper's image: what the start opened, and how each serving process finds it.
+  const image: KeeperImage | undefined = keeper && {
     command: daemonArgv(),
     fds: inheritedFds(inherited),
     env: inheritEnv(renumbered(inherited, KEEPER_FIRST_FD)),
-    level,
+    level: keeper.level,
     ...(inherited.listener?.file ? { socketFile: inherited.listener.file } : {}),
     ...(inherited.pidfile !== undefined ? { pidfile: inherited.pidfile } : {}),
   };
-  return { [KEEPER_ENV.image]: JSON.stringify(image) };
-}
-
-/** The first image's start: the steps (on failure undone, the step's error thrown), then the re-exec, into the daemon or the keeper. Returns only by throwing. */
-export async function startPrivileged(config: DaemonConfig, writeFiles: readonly string[], keeper?: { level: string }): Promise<never> {
-  const opened = await openStart(config, inheritFromEnvironment(config.socketPathGiven), { files: writeFiles });
-  // dropped: the exec below starts the new image with its privileges dropped.
-  const inherited: Inherited = { ...opened.handover('reexec'), dropped: true };
-  const keep = inheritedFds(inherited);
-  const env = keeper ? keeperImageEnv(inherited, keeper.level) : inheritEnv(inherited);
+  const env = image ? { [KEEPER_ENV.image]: JSON.stringify(image) } : inheritEnv(inherited);
   // -d: the IPC link to the foreground process (Node removed NODE_CHANNEL_FD from env at start).
   const channel = (process as { channel?: { fd?: number } }).channel?.fd;
   if (channel !== undefined && channel >= 0) {
@@ -41,8 +33,7 @@ export async function startPrivileged(config: DaemonConfig, writeFiles: readonly
   // The re-exec passes only allowlisted variables (os/privileges/reexec.ts): -d's marker is named here.
   if (isDaemonChild()) env[DAEMON_CHILD_ENV] = '1';
   try {
-    // Dropped on the main thread, then exec: every thread of the new image has every capability set 0,
-    // NoNewPrivs 1 and the asked uid/gid.
+    // Dropped on the main thread, then exec: every thread of the new image has no capability, NoNewPrivs 1, the asked uid/gid.
     dropPrivileges({
       ...(config.uid !== undefined ? { uid: config.uid, realUidRoot: keeper !== undefined } : {}),
       ...(config.gid !== undefined ? { gid: config.gid } : {}),

@@ -1,7 +1,4 @@
-/**
- * What must hold before the helper can serve, each failure naming its fix: an Intel or AMD CPU,
- * MSR devices present, and the right to read them.
- */
+/** What must hold before the helper serves, each failure naming its fix: an Intel or AMD CPU, MSR devices, the right to read them. */
 import path from 'node:path';
 import { capget } from '../../os/libc/capability-calls.js';
 import { DEFAULT_HOST_PATHS } from '../../msr/host-paths.js';
@@ -25,10 +22,7 @@ export function checkTopology(sysRoot: string): HostCpu[] {
   return cpus;
 }
 
-/**
- * The kernel's msr driver wants CAP_SYS_RAWIO at open; without it the opens below fail with EPERM,
- * which is reported the same way. Only checked for the real devices (tests point --msr-path at files).
- */
+/** The msr driver wants CAP_SYS_RAWIO at open (else EPERM); checked for the real devices only (tests point --msr-path at files). */
 export function checkPermission(template: string): void {
   if (template !== DEFAULT_HOST_PATHS.msrPathTemplate) return;
   if (process.getuid?.() === 0) return;

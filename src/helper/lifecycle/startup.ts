@@ -1,13 +1,9 @@
-/**
- * THE start-up steps that open what the daemon holds, once each and in order; each adopts its part of
- * the Inherited when given. As root they run in the first image, whose fds then cross the re-exec.
- */
+/** THE start-up steps that open what the daemon holds, in order, each adopting its part of the Inherited (as root: before the re-exec). */
 import fs from 'node:fs';
 import { MsrDevice } from '../../msr/device.js';
 import type { HostCpu, Vendor } from '../../model/host.js';
 import type { Logger } from '../../logging/logger.js';
-import { openListener, type Listener } from '../server/listener.js';
-import { removeOwnSocketFile } from '../server/socket-file.js';
+import { openListener, removeOwnSocketFile, type Listener } from '../server/listener.js';
 import { acquirePidfile, pidfileOf, type Pidfile } from './pidfile.js';
 import { checkPermission, checkTopology, openMsrDevices } from './startup-checks.js';
 import { readVendor } from '../../msr/vendor.js';
@@ -29,7 +25,6 @@ export interface StepDone {
   done: 'ran' | 'adopted' | 'not asked';
 }
 
-/** Records what became of `step`, logged at debug level (area startup) when there is a log. */
 export function stepDone(steps: StepDone[], step: StartStep, done: StepDone['done'], how: InheritedFrom, log?: Logger): void {
   steps.push({ step, done });
   log?.debug({ step, done, how }, `start-up step ${step}: ${done}`);
@@ -57,14 +52,12 @@ export interface Opened {
   close(log?: Pick<Logger, 'warn'>): Promise<void>;
 }
 
-interface StartOptions {
-  /** Files the v2 service writes (--record), created now: before the privilege drop, as the socket. */
-  files?: readonly string[];
-  log?: Logger;
-}
-
-/** Runs the steps of `config` not given by `inh`; on failure undoes what it did and throws the step's error. */
-export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOptions = {}): Promise<Opened> {
+/** Runs the steps not given by `inh` (`files`: --record's, created as root); a failure undoes them and throws the step's error. */
+export async function openStart(
+  config: DaemonConfig,
+  inh: Inherited,
+  o: { files?: readonly string[]; log?: Logger } = {},
+): Promise<Opened> {
   const steps: StepDone[] = [];
   const did = (step: StartStep, done: StepDone['done']) => stepDone(steps, step, done, inh.how, o.log);
   const device = new MsrDevice(config.hostPaths.msrPathTemplate);
@@ -82,17 +75,13 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
     device.close();
   };
   try {
-    // 1. The checks: CPU vendor, topology, the energy source (auto resolved), the right to read MSRs.
     const checked = runChecks(config, inh);
     did('checks', inh.checks ? 'adopted' : 'ran');
     const { vendor, cpus, energy, energyWhy } = checked;
-    // 2. The energy source's files: every online cpu's MSR device, or every powercap zone's
-    // energy_uj (root-only since CVE-2020-8694), kept and reused.
+    // Every online cpu's MSR device, or every powercap zone's energy_uj (root-only since CVE-2020-8694).
     did('msr', openEnergyFiles(config, inh, checked, device, powercap));
-    // 3. The listening socket: bound here, or the one inherited adopted.
     listener = await listenStep(config, inh, o.log);
     did('listen', inh.listener ? 'adopted' : 'ran');
-    // 4. The pidfile (-f or -d).
     if (inh.pidfile !== undefined) {
       pidfile = pidfileOf(inh.pidfile);
       did('pidfile', 'adopted');
@@ -102,7 +91,7 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
     } else {
       did('pidfile', 'not asked');
     }
-    // 5. The files the v2 service writes (--record), created while the helper may still create them anywhere.
+    // Created while the helper may still create them anywhere.
     did('files', createFiles(o.files ?? [], inh, files, created));
     const bound = listener;
     const handover = (how: InheritedFrom): Inherited => ({
@@ -124,7 +113,6 @@ export async function openStart(config: DaemonConfig, inh: Inherited, o: StartOp
 
 type Checked = Pick<Opened, 'vendor' | 'cpus' | 'energy' | 'energyWhy'>;
 
-/** The checks, or what the Inherited says they found. */
 function runChecks(config: DaemonConfig, inh: Inherited): Checked {
   if (inh.checks) {
     const { vendor, cpus } = inh.checks;
@@ -138,7 +126,6 @@ function runChecks(config: DaemonConfig, inh: Inherited): Checked {
   return { vendor, cpus, energy: chosen.kind, energyWhy: chosen.why };
 }
 
-/** The energy source's files: adopted, or opened (MSR devices, powercap zones), or none (synthetic). */
 function openEnergyFiles(
   config: DaemonConfig,
   inh: Inherited,
@@ -161,7 +148,6 @@ function openEnergyFiles(
   return 'not asked';
 }
 
-/** The listening socket, bound or adopted; the socket file bound before the exec is removed when its fd cannot be adopted. */
 async function listenStep(config: DaemonConfig, inh: Inherited, log: Logger | undefined): Promise<Listener> {
   const l = inh.listener;
   try {
@@ -193,7 +179,6 @@ function createFiles(asked: readonly string[], inh: Inherited, files: Map<string
   return asked.length === 0 ? 'not asked' : asked.every((f) => inherited.has(f)) ? 'adopted' : 'ran';
 }
 
-/** Opens every powercap RAPL zone's energy_uj read-only into `into` (path -> fd), each failure naming its fix. */
 function openPowercapZones(into: Map<string, number>, sysRoot: string, vendor: Vendor): void {
   for (const z of scanPowercap(sysRoot, vendor).zones) {
     try {

@@ -1,17 +1,11 @@
-/**
- * systemd integration without libsystemd: socket activation (sd_listen_fds), sd_notify and the
- * watchdog, following the documented environment protocol (as QEMU's util/systemd.c does).
- */
+/** systemd without libsystemd: socket activation, sd_notify and the watchdog by their environment protocol (as QEMU's util/systemd.c). */
 import { sendUnixDatagram, MAX_FDS_PER_MESSAGE, socketType, SOCK_STREAM } from '../../os/libc/sockets.js';
 import { cannot, cannotError } from '../../common/errors.js';
 import type { Inherited } from '../handover/inherited.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 
 const FIRST_SOCKET_ACTIVATION_FD = 3;
-/**
- * Most fds accepted from LISTEN_FDS: systemd's own ceiling for a service's fd store
- * (FileDescriptorStoreMax=) is 4096, and sockets of a .socket unit come on top of it.
- */
+/** Most fds taken from LISTEN_FDS: systemd's fd store holds at most 4096 (FileDescriptorStoreMax=), a .socket unit's come on top. */
 const MAX_LISTEN_FDS = 8192;
 /** Longest fd name (LISTEN_FDNAMES, FDNAME=): systemd's fdname_is_valid(). */
 const MAX_FD_NAME_CHARS = 255;
@@ -29,67 +23,48 @@ interface Activation {
   names: string[];
 }
 
-/** Parses LISTEN_PID / LISTEN_FDS / LISTEN_FDNAMES: null when absent or not ours; throws when malformed. */
-export function parseActivationEnv(env: NodeJS.ProcessEnv, pid: number): Activation | null {
-  const listenPid = env.LISTEN_PID;
-  const listenFds = env.LISTEN_FDS;
+/** Takes LISTEN_PID / LISTEN_FDS / LISTEN_FDNAMES out of `env` (children never see them: sd_listen_fds(1)): null when absent or not ours. */
+export function takeActivation(env: NodeJS.ProcessEnv, pid = process.pid): Activation | null {
+  const { LISTEN_PID: listenPid, LISTEN_FDS: listenFds, LISTEN_FDNAMES: fdNames } = env;
+  delete env.LISTEN_PID;
+  delete env.LISTEN_FDS;
+  delete env.LISTEN_FDNAMES;
   if (listenPid === undefined || listenFds === undefined) return null;
   if (!/^\d+$/.test(listenPid) || Number(listenPid) !== pid) return null;
   if (!/^\d+$/.test(listenFds)) throw new Error(`socket activation: LISTEN_FDS is not a number: ${JSON.stringify(listenFds)}`);
   const fds = Number(listenFds);
   if (fds === 0) return null;
-  const fix = "check the unit's FileDescriptorName= and what was stored with FDSTORE=1";
-  if (fds > MAX_LISTEN_FDS) throw cannotError('take the fds systemd passed', `LISTEN_FDS is ${fds}, more than ${MAX_LISTEN_FDS}`, fix);
-  if (env.LISTEN_FDNAMES === undefined) return { fds, names: [] };
-  const names = env.LISTEN_FDNAMES.split(':');
-  if (names.length !== fds) {
-    throw cannotError('take the fds systemd passed', `LISTEN_FDNAMES has ${names.length} names for LISTEN_FDS=${fds}`, fix);
-  }
+  const [what, fix] = ['take the fds systemd passed', "check the unit's FileDescriptorName= and what was stored with FDSTORE=1"];
+  if (fds > MAX_LISTEN_FDS) throw cannotError(what, `LISTEN_FDS is ${fds}, more than ${MAX_LISTEN_FDS}`, fix);
+  if (fdNames === undefined) return { fds, names: [] };
+  const names = fdNames.split(':');
+  if (names.length !== fds) throw cannotError(what, `LISTEN_FDNAMES has ${names.length} names for LISTEN_FDS=${fds}`, fix);
   names.forEach((name, i) => {
     const problem = fdNameProblem(name);
-    if (problem !== null)
-      throw cannotError(
-        'take the fds systemd passed',
-        `the name of fd ${FIRST_SOCKET_ACTIVATION_FD + i} in LISTEN_FDNAMES ${problem}`,
-        fix,
-      );
+    if (problem !== null) throw cannotError(what, `the name of fd ${FIRST_SOCKET_ACTIVATION_FD + i} in LISTEN_FDNAMES ${problem}`, fix);
   });
   return { fds, names };
 }
 
-/** The passed fds grouped by name, in fd order ("unknown" without LISTEN_FDNAMES, as sd_listen_fds_with_names(3)). */
-export function activationFdsByName(act: Activation): Map<string, number[]> {
-  const groups = new Map<string, number[]>();
+/** The passed fds the helper stored itself (FDSTORE=1, named KEPT_NAMES.prefix...) by name, in fd order; the others are listening sockets. */
+export function activationFds(act: Activation): { stored: Map<string, number[]>; listening: number[] } {
+  const stored = new Map<string, number[]>();
+  const listening: number[] = [];
   for (let i = 0; i < act.fds; i++) {
-    const name = act.names[i] ?? 'unknown';
-    const fds = groups.get(name) ?? [];
-    fds.push(FIRST_SOCKET_ACTIVATION_FD + i);
-    groups.set(name, fds);
+    const name = act.names[i] ?? '';
+    const fd = FIRST_SOCKET_ACTIVATION_FD + i;
+    if (!name.startsWith(KEPT_NAMES.prefix)) listening.push(fd);
+    else if (stored.has(name)) stored.get(name)!.push(fd);
+    else stored.set(name, [fd]);
   }
-  return groups;
+  return { stored, listening };
 }
 
-/** Reads and removes the activation variables, so children never see them (sd_listen_fds(1)). */
-export function takeActivation(env: NodeJS.ProcessEnv = process.env, pid = process.pid): Activation | null {
-  try {
-    return parseActivationEnv(env, pid);
-  } finally {
-    delete env.LISTEN_PID;
-    delete env.LISTEN_FDS;
-    delete env.LISTEN_FDNAMES;
-  }
-}
-
-/** The passed fds the helper stored itself (FDSTORE=1, named with KEPT_NAMES.prefix), by name; any other is a listening socket. */
-export function storedFds(act: Activation): Map<string, number[]> {
-  return new Map([...activationFdsByName(act)].filter(([name]) => name.startsWith(KEPT_NAMES.prefix)));
-}
-
-/** The one listening socket among the passed fds (the others stored by the helper); no -k alongside (as qemu-vmsr-helper). */
+/** The one listening socket among the passed fds; no -k alongside (as qemu-vmsr-helper). */
 export function activationFd(act: Activation, socketPathGiven: boolean): number {
   if (socketPathGiven)
     throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
-  const listening = [...activationFdsByName(act)].filter(([name]) => !name.startsWith(KEPT_NAMES.prefix)).flatMap(([, fds]) => fds);
+  const { listening } = activationFds(act);
   if (listening.length !== 1) {
     const got =
       listening.length === act.fds
@@ -98,15 +73,6 @@ export function activationFd(act: Activation, socketPathGiven: boolean): number 
     throw new Error(`socket activation with LISTEN_FDS > 1 is not supported (${got}); give the .socket unit a single ListenStream=`);
   }
   return listening[0]!;
-}
-
-/** WATCHDOG_USEC when it applies to us (WATCHDOG_PID absent or ours), in microseconds; else null. */
-export function parseWatchdogEnv(env: NodeJS.ProcessEnv, pid: number): number | null {
-  const usec = env.WATCHDOG_USEC;
-  if (usec === undefined || !/^\d+$/.test(usec) || Number(usec) <= 0) return null;
-  const wpid = env.WATCHDOG_PID;
-  if (wpid !== undefined && (!/^\d+$/.test(wpid) || Number(wpid) !== pid)) return null;
-  return Number(usec);
 }
 
 /** sd_notify: a no-op without NOTIFY_SOCKET; errors are reported, never thrown at the caller. */
@@ -131,17 +97,13 @@ export class Notifier {
     }
   }
 
-  /**
-   * Hands `fds` to systemd's fd store under `name` (sd_notify(3)); `poll: false` adds FDPOLL=0 (kept
-   * through POLLHUP/POLLERR). False when nothing was sent; a bad name or fd count throws (the caller's mistake).
-   */
+  /** Hands `fds` to systemd's fd store as `name`; poll false: FDPOLL=0 (kept through POLLHUP/POLLERR). False: not sent; bad args throw. */
   storeFds(name: string, fds: readonly number[], opts: { poll?: boolean } = {}): boolean {
     const problem = fdNameProblem(name);
     if (problem !== null)
       throw cannotError(`store fds as '${name}'`, `the name ${problem}`, 'name them with 1..255 printable ASCII characters, no colon');
-    if (fds.length === 0 || fds.length > MAX_FDS_PER_MESSAGE) {
+    if (fds.length === 0 || fds.length > MAX_FDS_PER_MESSAGE)
       throw cannotError(`store fds as '${name}'`, `${fds.length} fds, one message carries 1..${MAX_FDS_PER_MESSAGE}`);
-    }
     if (!this.socket) return false;
     const state = `FDSTORE=1\nFDNAME=${name}${opts.poll === false ? '\nFDPOLL=0' : ''}`;
     try {
@@ -168,11 +130,12 @@ export class Notifier {
     this.notify('STOPPING=1\nSTATUS=stopping');
   }
 
-  /** WATCHDOG=1 every WATCHDOG_USEC/2, when systemd asked for it. Returns the interval in ms or null. */
+  /** WATCHDOG=1 every WATCHDOG_USEC/2 when systemd asks for it (WATCHDOG_PID absent or ours); returns the interval in ms or null. */
   startWatchdog(env: NodeJS.ProcessEnv = process.env, pid = process.pid): number | null {
-    const usec = parseWatchdogEnv(env, pid);
-    if (usec === null || !this.socket) return null;
-    const ms = Math.max(1, Math.floor(usec / 2000));
+    const { WATCHDOG_USEC: usec, WATCHDOG_PID: wpid } = env;
+    if (usec === undefined || !/^\d+$/.test(usec) || Number(usec) <= 0 || !this.socket) return null;
+    if (wpid !== undefined && (!/^\d+$/.test(wpid) || Number(wpid) !== pid)) return null;
+    const ms = Math.max(1, Math.floor(Number(usec) / 2000));
     this.stopWatchdog();
     this.notify('WATCHDOG=1');
     this.timer = setInterval(() => this.notify('WATCHDOG=1'), ms);
@@ -190,19 +153,17 @@ export class Notifier {
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
   const activation = takeActivation(env);
   if (activation === null) return { how: 'fresh' };
-  const named = storedFds(activation);
+  const { stored: named, listening } = activationFds(activation);
   // Only fds the helper stored (a service without a .socket unit): it binds its socket itself.
-  if ([...named.values()].flat().length === activation.fds) return { how: 'systemd', named };
+  if (listening.length === 0) return { how: 'systemd', named };
   const fd = activationFd(activation, socketPathGiven);
   let type: number;
   try {
     type = socketType(fd);
   } catch (e) {
-    throw new Error(cannot(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)'));
+    throw cannotError(`use the socket systemd passed as fd ${fd}`, (e as Error).message, 'check the .socket unit (ListenStream=)');
   }
   if (type !== SOCK_STREAM)
-    throw new Error(
-      cannot(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit'),
-    );
+    throw cannotError(`use the socket systemd passed as fd ${fd}`, 'it is not a stream socket', 'use ListenStream= in the .socket unit');
   return { how: 'systemd', listener: { fd }, ...(named.size > 0 ? { named } : {}) };
 }

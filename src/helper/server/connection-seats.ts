@@ -1,13 +1,9 @@
 /**
- * The connection slots (--max-connections) shared between uids (budget/uid-share.ts; docs/security.md
- * "The socket's group locking QEMU out"): when full, a user holding fewer takes the oldest undecided
- * connection of the user holding the most. A QEMU process's first connection is outside every share
- * and, when full, takes the oldest non-QEMU connection of the user holding the most, served or not.
+ * The --max-connections slots shared between uids (docs/security.md "The socket's group locking QEMU out"): when full, a user
+ * holding fewer takes the heaviest user's oldest undecided connection; a QEMU's first, outside the shares, its oldest non-QEMU one.
  */
-
 import { ownerToEvict, UidShares, type ShareOwner } from '../../budget/uid-share.js';
 
-/** One connection's slot: told when its protocol is known, released at close. */
 export interface Seat {
   /** The protocol is known: the connection is served from now on, no longer closed for another user. */
   decided(): void;

@@ -1,23 +1,15 @@
 /**
- * What connections may hold of frames (v2) or requests (legacy) not fully arrived: bytes kept as they
- * come (never a buffer sized by a length field), bounded in total (maxBytes) and in time (deadlineMs
- * from the first byte). A refused chunk is garbage until V8 collects it, so a new connection is read
- * only while the budget has room for one more chunk. Shared max-min fairly between uids (docs/daemon.md
- * "What other users cannot delay").
+ * Frames (v2) or requests (legacy) not fully arrived, kept as they come (never sized by a length field), bounded in total and time,
+ * shared by uids (docs/daemon.md "What other users cannot delay"). A refused chunk is garbage until collected: read only if one fits.
  */
 
 import { ownerToEvict } from '../../budget/uid-share.js';
 import { runInSlices } from '../../sampling/time-slices.js';
 
-interface IncompleteFrameLimits {
-  /** Bytes of incomplete frames held over all connections; a connection that would go past it is closed. */
-  maxBytes: number;
-  /** How long one frame or request may stay incomplete, from its first byte. */
-  deadlineMs: number;
-}
-
-export const DEFAULT_INCOMPLETE_LIMITS: IncompleteFrameLimits = {
+export const DEFAULT_INCOMPLETE_LIMITS = {
+  /** Bytes held over all connections; a connection that would go past it is closed. */
   maxBytes: 16 * 1024 * 1024,
+  /** How long one frame or request may stay incomplete, from its first byte. */
   deadlineMs: 10_000,
 };
 
@@ -48,24 +40,17 @@ interface UserAccount {
 }
 
 export class IncompleteFrames {
-  /** Bytes of incomplete frames held now, all connections. */
   heldBytes = 0;
   /** Holds past their deadline, cut in slices (time-slices.ts): thousands of frames started together expire together. */
   private readonly expiring: { h: IncompleteHold; frame: number }[] = [];
-  private cutting = false;
   private readonly users = new Map<number, UserAccount>();
   /** Making room: no waiting connection is resumed meanwhile (the room is for the one asking). */
   private makingRoom = false;
 
-  constructor(readonly limits: IncompleteFrameLimits = DEFAULT_INCOMPLETE_LIMITS) {}
+  constructor(readonly limits: typeof DEFAULT_INCOMPLETE_LIMITS = DEFAULT_INCOMPLETE_LIMITS) {}
 
   heldBy(uid: number): number {
     return this.users.get(uid)?.bytes ?? 0;
-  }
-
-  /** One connection's account, of the peer `uid`; `close` is called once its frame is cut, after `notify` (the server's log). */
-  hold(close: (why: CutReason) => void, uid = 0, notify?: (why: CutReason) => void): IncompleteHold {
-    return new IncompleteHold(this, close, uid, notify);
   }
 
   get waitingConnections(): number {
@@ -105,21 +90,11 @@ export class IncompleteFrames {
     return this.heldBytes <= this.limits.maxBytes;
   }
 
-  /** @internal Whether a hold of `uid` may go from `before` to `after` bytes (room is made as for adjust). */
-  fits(uid: number, before: number, after: number): boolean {
-    if (after > before) this.makeRoom(uid, after - before);
-    return this.heldBytes - before + after <= this.limits.maxBytes;
-  }
-
   /** @internal A hold's deadline passed: it is cut in a slice, unless its frame `frame` completed meanwhile. */
   expire(h: IncompleteHold, frame: number): void {
-    this.expiring.push({ h, frame });
-    if (this.cutting) return;
-    this.cutting = true;
-    const steps = function* (q: { h: IncompleteHold; frame: number }[]) {
-      for (let next = q.shift(); next !== undefined; next = q.shift()) yield next;
-    };
-    void runInSlices(steps(this.expiring), ({ h, frame }) => h.expireNow(frame)).finally(() => (this.cutting = false));
+    // Cutting while the queue is not empty: emptied once the cuts are done.
+    if (this.expiring.push({ h, frame }) > 1) return;
+    void runInSlices(this.expiring.values(), ({ h, frame }) => h.expireNow(frame)).finally(() => (this.expiring.length = 0));
   }
 
   private room(): number {
@@ -136,11 +111,8 @@ export class IncompleteFrames {
     if (u.bytes === 0 && u.holds.size === 0 && u.waiting.size === 0) this.users.delete(uid);
   }
 
-  /**
-   * Room for `need` more bytes of `uid`, made by evicting the oldest frames of the user holding the
-   * most while that user holds more than `uid` would with them. True when the room is there.
-   */
-  private makeRoom(uid: number, need: number): boolean {
+  /** @internal Room for `need` more bytes of `uid`: the oldest frames of the heaviest user cut while it holds more than `uid` would. */
+  makeRoom(uid: number, need: number): boolean {
     if (this.room() >= need) return true;
     const was = this.makingRoom;
     this.makingRoom = true;
@@ -185,6 +157,7 @@ export class IncompleteFrames {
   }
 }
 
+/** One connection's account; `close` is called once its frame is cut, after `notify` (the server's log). */
 export class IncompleteHold {
   private bytes = 0;
   private timer: NodeJS.Timeout | undefined;
@@ -194,8 +167,8 @@ export class IncompleteHold {
   constructor(
     private readonly owner: IncompleteFrames,
     private close: (why: CutReason) => void,
-    /** The peer's uid: whose share of the budget this connection uses. */
-    readonly uid: number,
+    /** The peer's: whose share of the budget it uses. */
+    readonly uid = 0,
     private readonly notify?: (why: CutReason) => void,
   ) {}
 
@@ -204,21 +177,15 @@ export class IncompleteHold {
     this.close = cb;
   }
 
-  private onCut(why: CutReason): void {
-    this.notify?.(why);
-    this.close(why);
-  }
-
-  /**
-   * The connection now holds `bytes` of an incomplete frame (0: none). The deadline starts with the first
-   * byte (a byte-a-second sender is cut off all the same). False when the total is past maxBytes: the caller closes.
-   */
+  /** Now `bytes` held (0: none), timed from the first byte (a byte-a-second sender is cut off all the same); false: past maxBytes. */
   set(bytes: number): boolean {
     const before = this.bytes;
     this.bytes = bytes;
     const ok = this.owner.adjust(this, before, bytes);
-    if (bytes === 0) this.stopTimer();
-    else if (this.timer === undefined) {
+    if (bytes === 0) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    } else if (this.timer === undefined) {
       const frame = ++this.frame;
       this.timer = setTimeout(() => {
         this.timer = undefined;
@@ -231,19 +198,16 @@ export class IncompleteHold {
 
   /** Whether holding `bytes` (instead of what is held now) would stay within the total (room is made from a user holding more). */
   fits(bytes: number): boolean {
-    return this.owner.fits(this.uid, this.bytes, bytes);
-  }
-
-  /** The connection is gone: its bytes leave the total. Idempotent. */
-  release(): void {
-    this.set(0);
+    if (bytes > this.bytes) this.owner.makeRoom(this.uid, bytes - this.bytes);
+    return this.owner.heldBytes - this.bytes + bytes <= this.owner.limits.maxBytes;
   }
 
   /** @internal The deadline of `frame` passed: cut, unless that frame completed (or the connection closed) meanwhile. */
   expireNow(frame: number): void {
     if (this.bytes === 0 || frame !== this.frame) return;
     try {
-      this.onCut('deadline');
+      this.notify?.('deadline');
+      this.close('deadline');
     } catch {
       /* a close that throws must not stop the other cuts; the connection's own error path logs it */
     }
@@ -252,11 +216,7 @@ export class IncompleteHold {
   /** @internal Evicted for a user holding less: its bytes leave the total now, then the connection is cut. */
   cut(why: CutReason): void {
     this.set(0);
-    this.onCut(why);
-  }
-
-  private stopTimer(): void {
-    if (this.timer !== undefined) clearTimeout(this.timer);
-    this.timer = undefined;
+    this.notify?.(why);
+    this.close(why);
   }
 }

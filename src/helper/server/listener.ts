@@ -1,27 +1,59 @@
 /** The listening socket, opened in one place: a path bound here, or an fd bound before; connections wait, paused, until serve(). */
 import fs from 'node:fs';
 import net from 'node:net';
+import path from 'node:path';
 import type { Logger } from '../../logging/logger.js';
 import { socketFd } from '../../os/peer.js';
+import { MAX_UNIX_PATH_BYTES } from '../../os/libc/sockets.js';
 import { cannotError } from '../../common/errors.js';
-import {
-  checkSocketDirectory,
-  checkSocketPathLength,
-  DEFAULT_SOCKET_MODE,
-  listenWithMode,
-  removeOwnSocketFile,
-  type SocketFileOptions,
-} from './socket-file.js';
 
-type ListenTarget = { path: string } | { fd: number };
+export const DEFAULT_SOCKET_MODE = 0o600;
 
-/** A socket file we bound, by path and inode: removed at close only while it is still that inode. */
+/** The socket path's length: a Unix socket address holds at most 107 bytes plus its NUL. */
+export function checkSocketPathLength(socketPath: string): void {
+  const n = Buffer.byteLength(socketPath);
+  if (n > MAX_UNIX_PATH_BYTES)
+    throw new Error(
+      `-k/--socket: socket path is ${n} bytes, a Unix socket path holds at most ${MAX_UNIX_PATH_BYTES} (sun_path is 108 bytes with its NUL); choose a shorter path`,
+    );
+}
+
+export function checkSocketDirectory(socketPath: string): void {
+  const dir = path.dirname(socketPath);
+  const what = `create socket ${socketPath}`;
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(dir);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') throw cannotError(what, `directory ${dir} does not exist`, 'create it or choose another path with -k');
+    throw cannotError(what, `cannot reach directory ${dir} (${code})`, 'choose another path with -k');
+  }
+  if (!st.isDirectory()) throw cannotError(what, `${dir} is not a directory`, 'choose another path with -k');
+}
+
+/** A socket file we bound, by path and inode: removed only while it is still that inode (never someone else's file). */
 interface SocketFile {
   path: string;
   ino: number;
 }
 
-interface ListenOptions extends Partial<SocketFileOptions> {
+export function removeOwnSocketFile(bound: SocketFile, log?: Pick<Logger, 'warn'>): void {
+  try {
+    if (fs.statSync(bound.path).ino === bound.ino) fs.unlinkSync(bound.path);
+  } catch (e) {
+    const err = e as NodeJS.ErrnoException;
+    // libuv may have unlinked it; EACCES (-u in a root-owned directory) is harmless: the next start replaces a dead socket.
+    if (err.code !== 'ENOENT') log?.warn({ path: bound.path, err: err.code }, 'could not remove socket file');
+  }
+}
+
+type ListenTarget = { path: string } | { fd: number };
+
+interface ListenOptions {
+  mode?: number;
+  /** The socket file's group (e.g. QEMU's), unchanged when undefined. */
+  gid?: number;
   /** With an fd target: the socket file bound for it (before an exec), ours to remove at close. */
   file?: SocketFile;
 }
@@ -86,7 +118,7 @@ export class Listener {
 export async function openListener(target: ListenTarget, o: ListenOptions = {}): Promise<Listener> {
   // Paused: a connection is read once the incomplete-frame budget has room (IncompleteFrames).
   const server = net.createServer({ pauseOnConnect: true });
-  const listen = (opts: { path: string } | { fd: number }) =>
+  const listen = (opts: ListenTarget) =>
     new Promise<void>((resolve, reject) => {
       const failed = (e: Error) => reject(listenError(target, e));
       server.once('error', failed);
@@ -106,11 +138,17 @@ export async function openListener(target: ListenTarget, o: ListenOptions = {}):
   await removeStaleSocket(p);
   let file: SocketFile | undefined;
   try {
-    await listenWithMode(p, { mode: o.mode ?? DEFAULT_SOCKET_MODE, ...(o.gid !== undefined ? { gid: o.gid } : {}) }, async () => {
+    // Bound under umask 0177 (0600 at most), then given the asked mode and group: never looser than asked, whatever the umask.
+    const umask = process.umask(0o177);
+    try {
       await listen({ path: p });
-      // Ours to remove from now on, even if setting its mode fails.
-      file = { path: p, ino: fs.statSync(p).ino };
-    });
+    } finally {
+      process.umask(umask);
+    }
+    // Ours to remove from now on, even if setting its mode fails.
+    file = { path: p, ino: fs.statSync(p).ino };
+    if (o.gid !== undefined) fs.chownSync(p, -1, o.gid);
+    fs.chmodSync(p, o.mode ?? DEFAULT_SOCKET_MODE);
   } catch (e) {
     if (file) await new Listener(server, -1, file).close();
     throw e;

@@ -1,12 +1,11 @@
-/**
- * After a flood of connections ends, RSS would stay at its high-water mark (V8 garbage, glibc's free
- * chunks): once `threshold` connections have closed and none for `quietMs`, one full GC and
- * malloc_trim(0). Start-up's pass also drops the clean file pages (docs/daemon.md).
- */
+/** After a flood of closes RSS would stay at its high-water mark (V8 garbage, glibc's free chunks): a full GC and malloc_trim(0). */
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { mallocTrim } from '../../os/libc/memfd-mmap.js';
 import { dropCleanFilePages } from '../../os/mapped-files.js';
+
+const SETTLE_AFTER = 256;
+const QUIET_MS = 1000;
 
 let gcFn: (() => void) | null | undefined;
 
@@ -26,7 +25,6 @@ function fullGc(): void {
   gcFn?.();
 }
 
-/** One settling pass: full GC, malloc_trim(0), and with `filePages` the clean file pages dropped. */
 function settlePass(filePages: boolean): void {
   fullGc();
   mallocTrim();
@@ -46,18 +44,14 @@ export class MemorySettler {
   private closed_ = 0;
   private timer: NodeJS.Timeout | undefined;
 
-  constructor(
-    private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void = () => {},
-    private readonly threshold = 256,
-    private readonly quietMs = 1000,
-  ) {}
+  constructor(private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void) {}
 
   closed(): void {
-    if (++this.closed_ < this.threshold) return;
+    if (++this.closed_ < SETTLE_AFTER) return;
     // (a close during the second pass's wait simply pushes it back, as during the quiet wait)
     if (this.timer) this.timer.refresh();
     else {
-      this.timer = setTimeout(() => this.settle(), this.quietMs);
+      this.timer = setTimeout(() => this.settle(), QUIET_MS);
       this.timer.unref();
     }
   }
@@ -73,13 +67,12 @@ export class MemorySettler {
     this.closed_ = 0;
     const before = rssMb();
     settlePass(false);
-    // Once more a little later: what the first pass freed (sockets' native handles close
-    // asynchronously, weak callbacks run after a GC) is only collectable then.
+    // Again later: what the first pass freed (native handles close asynchronously, weak callbacks run after a GC) is collectable then.
     this.timer = setTimeout(() => {
       this.timer = undefined;
       settlePass(false);
       this.onSettle(before, rssMb(), closed);
-    }, this.quietMs);
+    }, QUIET_MS);
     this.timer.unref();
   }
 }

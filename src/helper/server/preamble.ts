@@ -3,8 +3,8 @@ import type net from 'node:net';
 import { peerHungUp } from '../../os/libc/sockets.js';
 import { socketFd } from '../../os/peer.js';
 import { classifyPreamble } from '../../protocol/legacy.js';
-import { listen, type Disposable } from '../../common/disposable.js';
-import { drainReadable, type Freezable } from '../handover/frozen.js';
+import type { Freezable } from '../handover/frozen.js';
+import { streamReading } from '../legacy/legacy-session.js';
 import type { IncompleteHold, Unread } from './incomplete-frames.js';
 
 interface PreambleOptions {
@@ -19,17 +19,15 @@ interface PreambleOptions {
 export class Preamble implements Freezable, Unread {
   readonly kind = 'undecided' as const;
   private head: Buffer = Buffer.alloc(0);
-  private data: Disposable;
+  private readonly reading: ReturnType<typeof streamReading>;
   /** The protocol is known (or the connection closed by its first bytes): no longer undecided. */
   decided = false;
   /** Reading stopped for a restart: the incomplete-frame budget must not start it (thaw does). */
   private frozen = false;
   private wasReading = false;
-  /** Read ahead by the stream after reading stopped for a restart (given back by thaw). */
-  private readAhead: Buffer[] = [];
 
   constructor(private readonly o: PreambleOptions) {
-    this.data = listen(o.socket, 'data', (c: Buffer) => this.push(c));
+    this.reading = streamReading(o.socket, (c) => this.push(c));
   }
 
   socket(): net.Socket {
@@ -37,21 +35,14 @@ export class Preamble implements Freezable, Unread {
   }
 
   freeze(): Buffer {
-    const socket = this.o.socket;
     this.frozen = true;
-    this.data.dispose();
-    this.wasReading = socket.readableFlowing === true;
-    socket.pause();
-    this.readAhead = drainReadable(socket);
-    return Buffer.concat([this.head, ...this.readAhead]);
+    this.wasReading = this.o.socket.readableFlowing === true;
+    return Buffer.concat([this.head, ...this.reading.freeze()]);
   }
 
   thaw(): void {
-    const socket = this.o.socket;
     this.frozen = false;
-    this.data = listen(socket, 'data', (c: Buffer) => this.push(c));
-    for (const c of this.readAhead.splice(0)) if (!this.decided) this.push(c);
-    if (this.wasReading && !this.decided) socket.resume();
+    this.reading.thaw(() => this.decided, this.wasReading);
   }
 
   // Unread: the connection as the incomplete-frame budget starts and watches it.
@@ -82,7 +73,7 @@ export class Preamble implements Freezable, Unread {
       return;
     }
     this.o.hold.set(0);
-    this.data.dispose();
+    this.reading.stop();
     this.decided = true;
     this.o.decided(kind, this.head);
   }

@@ -1,8 +1,4 @@
-/**
- * The connections of the listening socket: SO_PEERCRED at accept (close without it), the connection
- * limits, the protocol chosen by the first 4 bytes, then the v2 handler or a legacy session. Whatever
- * one client sends or does, only its own socket is closed.
- */
+/** Connections: SO_PEERCRED at accept, the limits, the protocol by the first 4 bytes, then v2 or legacy; a client closes only its own. */
 import net from 'node:net';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
@@ -14,17 +10,44 @@ import type { Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import { IncompleteFrames, type CutReason, type IncompleteHold, type Unread } from './incomplete-frames.js';
+import { IncompleteFrames, IncompleteHold, type CutReason, type Unread } from './incomplete-frames.js';
 import { ConnectionSeats, type Seat } from './connection-seats.js';
 import type { ShareOwner } from '../../budget/uid-share.js';
 import type { ConnectionKeep, FrozenConnection, HandedConnectionFd, Freezable, Frozen } from '../handover/frozen.js';
 import { Preamble } from './preamble.js';
 
-/**
- * Takes over a connection that started with the v2 magic: `rest`, the bytes received after it; `hold`,
- * its account of incomplete-frame bytes (released by the server at close).
- */
+/** Takes over a connection that started with the v2 magic: `rest`, the bytes after it; `hold`, released by the server at close. */
 export type V2Handler = (socket: net.Socket, peer: PeerCredentials, rest: Buffer, hold: IncompleteHold) => void;
+
+/**
+ * A v2 handler bound after the server serves (QEMU first: docs/daemon.md "Restarts"): `handler`, what the server calls, holds each
+ * connection, paused, until `bind` hands the real handler every one held so far, in order.
+ */
+export function lateV2Handler(): { readonly handler: V2Handler; bind(real: V2Handler): void; readonly held: number } {
+  let real: V2Handler | undefined;
+  const waiting: Parameters<V2Handler>[] = [];
+  return {
+    handler: (socket, peer, rest, hold) => {
+      if (real) return real(socket, peer, rest, hold);
+      socket.pause();
+      waiting.push([socket, peer, rest, hold]);
+    },
+    bind(h) {
+      real = h;
+      for (const args of waiting.splice(0)) {
+        if (args[0].destroyed) continue;
+        try {
+          h(...args);
+        } catch {
+          args[0].destroy();
+        }
+      }
+    },
+    get held() {
+      return waiting.length;
+    },
+  };
+}
 
 /** The replies of up to this many bytes are built in one buffer the server keeps (a 64 KiB read holds 5461 requests). */
 const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
@@ -43,7 +66,7 @@ interface Open {
   unread: Unread | undefined;
   /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
   handOver(next: net.Socket): void;
-  /** The connection is no longer held outside this process (closed, or v2: ConnectionKeep). */
+  /** No longer held outside this process (closed, or v2: ConnectionKeep). */
   unkeep(): void;
 }
 
@@ -63,21 +86,11 @@ export interface HelperServerOptions {
   keep?: ConnectionKeep;
 }
 
-/** A connection let in: who it is, the share it counts in, and its pid when it is a QEMU's first connection (outside the shares). */
-interface Admitted {
-  peer: PeerCredentials;
-  owner: ShareOwner;
-  qemuPid: number | undefined;
-}
-
 export class HelperServer {
-  /** The socket serving each open connection (a legacy one's is the socket that took it over). */
   private readonly sockets = new Set<net.Socket>();
   /** The connections a restart hands over (legacy, or protocol not known yet), each able to stop reading. */
   private readonly freezable = new Set<Freezable>();
-  /** Past it, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over). */
-  private readonly maxConnections: number;
-  /** Where legacy replies are written before they are sent (one connection at a time: the loop is single-threaded). */
+  /** Where legacy replies are written before they are sent (one connection at a time: one thread). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
@@ -89,8 +102,8 @@ export class HelperServer {
   constructor(private readonly o: HelperServerOptions) {
     this.limiter = new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
-    this.maxConnections = o.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
-    this.users = new ConnectionSeats(this.maxConnections);
+    // Past capacity, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over).
+    this.users = new ConnectionSeats(o.maxConnections ?? DEFAULT_MAX_CONNECTIONS);
   }
 
   get connections(): number {
@@ -112,10 +125,7 @@ export class HelperServer {
     );
   }
 
-  /**
-   * For a restart: new connections are held unread, and every legacy or undecided one stops reading;
-   * returns each with its unanswered bytes. `thaw()`: the restart was called off. v2 ones are the v2 service's.
-   */
+  /** For a restart: new connections held unread, legacy and undecided ones stop reading (v2: the v2 service's); thaw(): called off. */
   freeze(): Frozen {
     this.o.listener.hold();
     const frozen = [...this.freezable].map((f) => ({ f, pending: f.freeze() }));
@@ -153,7 +163,6 @@ export class HelperServer {
     await closed;
   }
 
-  /** A connection accepted (or handed over): admitted within the limits, then read until its protocol is known. */
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
     const admitted = this.admit(socket);
     if (admitted === null) return;
@@ -188,7 +197,8 @@ export class HelperServer {
     }
   }
 
-  private admit(socket: net.Socket): Admitted | null {
+  /** A connection let in: who it is, the share it counts in, and its pid when it is a QEMU's first (outside the shares); null: closed. */
+  private admit(socket: net.Socket) {
     let peer: PeerCredentials;
     try {
       peer = peerOf(socket);
@@ -205,20 +215,20 @@ export class HelperServer {
       const mine = this.users.shares.heldBy(peer.uid);
       this.limiter.warn(
         'refused connection',
-        { uid: peer.uid, held: mine, limit: this.maxConnections, bound: share.bound },
+        { uid: peer.uid, held: mine, limit: this.users.capacity, bound: share.bound },
         share.bound === 'uid'
-          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.maxConnections} (a quarter for any user but root; a QEMU process's own connection is not counted)`
-          : `connection refused: users other than root hold half of --max-connections ${this.maxConnections} (uid ${peer.uid} holds ${mine})`,
+          ? `connection refused: uid ${peer.uid} holds ${mine} connections, its share of --max-connections ${this.users.capacity} (a quarter for any user but root; a QEMU process's own connection is not counted)`
+          : `connection refused: users other than root hold half of --max-connections ${this.users.capacity} (uid ${peer.uid} holds ${mine})`,
       );
       socket.destroy();
       return null;
     }
-    const full = this.sockets.size >= this.maxConnections;
+    const full = this.sockets.size >= this.users.capacity;
     if (full && !(qemuPid !== undefined ? this.users.makeRoomForQemu() : this.users.makeRoomFor(peer.uid))) {
       this.limiter.warn(
         'refused connection',
-        { limit: this.maxConnections, uid: peer.uid },
-        `connection refused: ${this.maxConnections} connections already open (--max-connections)`,
+        { limit: this.users.capacity, uid: peer.uid },
+        `connection refused: ${this.users.capacity} connections already open (--max-connections)`,
       );
       socket.destroy();
       return null;
@@ -233,17 +243,16 @@ export class HelperServer {
     return { peer, owner, qemuPid };
   }
 
-  private open(socket: net.Socket, { peer, owner, qemuPid }: Admitted, handedOver: boolean): Open {
+  private open(socket: net.Socket, { peer, owner, qemuPid }: NonNullable<ReturnType<HelperServer['admit']>>, handedOver: boolean): Open {
     this.sockets.add(socket);
-    // Outside this process: a crash does not take it along (docs/daemon.md "Crashes"). Only root's and
-    // QEMU's: another user's connections must cost the keeper or PID 1 nothing.
+    // Held outside, a crash does not take it (docs/daemon.md "Crashes"); only root's and QEMU's: others' cost the keeper or PID 1 nothing.
     let kept = owner.preferred || qemuPid !== undefined ? (this.o.keep?.held(socketFd(socket)) ?? null) : null;
     const seat = this.users.seat(
       owner,
       () => {
         this.limiter.warn(
           'connection evicted',
-          { peer: peer.pid, uid: peer.uid, limit: this.maxConnections },
+          { peer: peer.pid, uid: peer.uid, limit: this.users.capacity },
           'closing a connection of the user holding the most connections: QEMU, or another user, needed a slot (--max-connections)',
         );
         socket.destroy();
@@ -259,7 +268,8 @@ export class HelperServer {
       peer,
       seat,
       unread: undefined,
-      hold: this.incomplete.hold(
+      hold: new IncompleteHold(
+        this.incomplete,
         () => c.serving.destroy(),
         peer.uid,
         (why) => this.logCut(why, peer),
@@ -283,7 +293,7 @@ export class HelperServer {
       seat.release();
       if (c.unread) this.incomplete.forget(c.unread, peer.uid);
       this.memory.closed();
-      c.hold.release();
+      c.hold.set(0);
       this.sockets.delete(c.serving);
       log.debug({ peer: peer.pid }, 'client disconnected');
     };

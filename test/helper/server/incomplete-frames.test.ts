@@ -3,7 +3,7 @@
  * connections waiting to be read are Unread records (the interface the server builds on a paused socket).
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { IncompleteFrames, READ_CHUNK, type CutReason, type Unread } from '../../../src/helper/server/incomplete-frames.js';
+import { IncompleteFrames, IncompleteHold, READ_CHUNK, type CutReason, type Unread } from '../../../src/helper/server/incomplete-frames.js';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -31,8 +31,8 @@ afterEach(() => {
 });
 
 function holdOf(frames: IncompleteFrames, expired: (why: CutReason) => void = () => {}, uid = 0) {
-  const h = frames.hold(expired, uid);
-  releases.push(() => h.release());
+  const h = new IncompleteHold(frames, expired, uid);
+  releases.push(() => h.set(0));
   return h;
 }
 
@@ -57,8 +57,8 @@ describe('IncompleteFrames budget', () => {
     a.set(10);
     a.set(30);
     expect(frames.heldBytes).toBe(30);
-    a.release();
-    a.release();
+    a.set(0);
+    a.set(0);
     expect(frames.heldBytes).toBe(0);
   });
 
@@ -220,7 +220,7 @@ describe('IncompleteFrames deadline', () => {
     await sleep(50);
     expect(calls).toEqual(['second']);
     h.set(1);
-    h.release();
+    h.set(0);
     h.set(0);
     await sleep(50);
     expect(calls).toEqual(['second']);

@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
-import { HelperServer, type HelperServerOptions } from '../../../src/helper/server/server.js';
+import { HelperServer, lateV2Handler, type HelperServerOptions } from '../../../src/helper/server/server.js';
 import { openListener } from '../../../src/helper/server/listener.js';
 import { MsrDevice } from '../../../src/msr/device.js';
 import { MSR_RAPL_POWER_UNIT } from '../../../src/msr/registers.js';
@@ -17,7 +17,6 @@ import { encodeLegacyRequest, LEGACY_REPLY_SIZE, V2_MAGIC } from '../../../src/p
 import type { PeerCredentials } from '../../../src/os/libc/sockets.js';
 import { FakeHost, legacyOnFakeHost } from '../../support/fake-host.js';
 import { waitFor } from '../../support/wait.js';
-import { lateV2Handler } from '../../../src/helper/server/late-v2-handler.js';
 
 const POWER_UNIT = 0xa0e03n;
 const log = pino({ level: 'silent' });
@@ -136,7 +135,7 @@ describe('HelperServer connection cap', () => {
   });
 });
 
-describe('a v2 handler bound late (late-v2-handler.ts: a restart serves legacy clients before the v2 service is set up)', () => {
+describe('a v2 handler bound late (lateV2Handler: a restart serves legacy clients before the v2 service is set up)', () => {
   it('serves legacy requests while unbound, holds a v2 connection with every byte it sent, and hands it over once bound', async () => {
     const late = lateV2Handler();
     const { socketPath } = await serve({ v2Handler: late.handler });
