@@ -1,7 +1,6 @@
 /**
- * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, streaming line by line. A trace is
- * untrusted: every problem is a TraceError naming the line, and lines are capped in length
- * (DEFAULT_MAX_LINE_BYTES) so a hostile file cannot make the reader allocate without bound.
+ * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, line by line. Untrusted:
+ * each problem is a TraceError naming the line; lines are capped so a hostile file cannot make it allocate without bound.
  */
 import fs from 'node:fs';
 import type { Readable } from 'node:stream';
@@ -30,10 +29,7 @@ const MAX_JSON_DEPTH = 32;
 /** Blank lines are skipped, but this many in a row is not a trace (a recorder never writes one). */
 const MAX_BLANK_RUN = 1_000_000;
 
-/**
- * Whether `text` nests arrays/objects deeper than `max` (strings skipped). Checked before JSON.parse,
- * whose result would otherwise be walked recursively (and overflow the stack) for a hostile line.
- */
+/** Whether `text` nests deeper than `max`: checked before JSON.parse, whose result a hostile line would make overflow the stack. */
 function nestsDeeperThan(text: string, max: number): boolean {
   let depth = 0;
   let inString = false;
@@ -62,10 +58,7 @@ function describe(v: unknown): string {
   return text.length > 60 ? `${text.slice(0, 57)}...` : text;
 }
 
-/**
- * Validates records one line at a time and keeps the ordering state (header first and once, t_ns
- * non-decreasing, samples strictly increasing). Pure: feed it lines, it gives records or throws.
- */
+/** Validates records line by line and their order (one header first, t_ns non-decreasing, samples increasing). Pure. */
 export class TraceParser {
   private headerSeen = false;
   private lastT: bigint | undefined;
@@ -340,21 +333,18 @@ export class TraceParser {
 
 interface ReadOptions {
   maxLineBytes?: number;
-  /** Called about every 64 KiB read, for progress on long scans (lines so far, file bytes read). */
+  /** Called about every 64 KiB read, for progress on long scans. */
   onProgress?: (p: ScanProgress) => void;
 }
 
 export interface ScanProgress {
-  /** Lines scanned so far (blank ones included). */
+  /** Lines scanned so far, blank ones included. */
   lines: number;
-  /** Bytes of the file read so far (compressed, for a gzip file); undefined for a plain stream. */
+  /** File bytes read so far (compressed, for gzip); undefined for a plain stream. */
   fileBytes?: number;
 }
 
-/**
- * Splits a byte stream into lines (numbered from 1), UTF-8 checked. A line longer than the cap, a
- * final line without newline that is not complete JSON and a broken gzip stream are TraceErrors.
- */
+/** Splits a byte stream into UTF-8-checked lines numbered from 1; an over-long line or broken gzip is a TraceError. */
 async function* splitLines(
   stream: AsyncIterable<Buffer | string>,
   opts: ReadOptions = {},
