@@ -1,7 +1,4 @@
-/**
- * THE vCPU-list rule, used by every way a VM arrives. Only the engine passes `allowEmpty` (a
- * discovered VM may have no known vCPU thread for a while).
- */
+/** THE vCPU-list rule for every way a VM arrives; `allowEmpty` is the engine's (a discovered VM may lack vCPU threads a while). */
 import { fail, ok, type Result } from '../common/result.js';
 
 /** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */

@@ -1,7 +1,4 @@
-/**
- * Drift-free ticks: tick k is due at origin + k x interval (monotonic). After k comes k + 1, unless later
- * ideal times have passed: those are skipped (never run in a burst), so a late tick never pushes the rest back.
- */
+/** Drift-free ticks, k due at origin + k x interval; ideal times already past are skipped, never run in a burst. */
 
 interface NextTick {
   k: bigint;

@@ -26,10 +26,7 @@ function hostStatsId(daemonPid: number): string {
   return `vmsr-host/pid-${daemonPid}`;
 }
 
-/**
- * What the daemon may admit, and how much of it is taken: its VM caps and its fd budget. A part is
- * null when the daemon has none (discovery off; no fd budget): its descriptors are left out.
- */
+/** The daemon's VM caps and fd budget, and how much is taken; null where it has none (its descriptors left out). */
 export interface HostCapacity {
   registered: { used: number; max: number };
   discovered: { used: number; max: number } | null;

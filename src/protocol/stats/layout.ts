@@ -1,8 +1,4 @@
-/**
- * The statistics file's layout (docs/stats-fd.md): KVM's binary statistics layout, little-endian,
- * blocks 8-byte aligned: header, id string, descriptors, data. The encoder makes a new file (values
- * 0); the decoder checks a file's first bytes as hostile input. Pure.
- */
+/** The statistics file's layout (docs/stats-fd.md), KVM's: encoded new (values 0), decoded as hostile input. Pure. */
 import { fail, ok, type Result } from '../../common/result.js';
 import { utf8Cut } from '../v2/codec.js';
 import { MAX_VCPUS } from '../../model/vcpus.js';
@@ -134,10 +130,7 @@ function cString(b: Buffer, at: number, size: number, what: string): Result<stri
   return ok(b.toString('utf8', at, end));
 }
 
-/**
- * A file's layout from its bytes up to data_offset (or more) and its size: every check a reader
- * needs before trusting an offset (docs/stats-fd.md "Reading it").
- */
+/** A file's layout from its bytes up to data_offset and its size, every offset checked (docs/stats-fd.md "Reading it"). */
 export function decodeStatsLayout(b: Buffer, fileSize: number): Result<StatsLayout> {
   const hr = decodeStatsHeader(b);
   if (!hr.ok) return hr;

@@ -1,7 +1,4 @@
-/**
- * v2 framing (docs/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian,
- * and the pure encoders of each frame (the decoder is frame-decoder.ts; the magic is legacy.ts's V2_MAGIC).
- */
+/** v2 framing (docs/protocol.md "v2"), `u16 type, u16 flags, u32 length, payload` little-endian, and each frame's encoder. Pure. */
 import type { VcpuSpec } from '../../model/vcpus.js';
 import { ENERGY_DOMAINS, type EnergyDomain, type OtherDomain } from '../../model/domains.js';
 
@@ -299,10 +296,7 @@ function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   return off + VM_ENTRY_FIXED + name.length;
 }
 
-/**
- * One VM_LIST page: the entries (ascending hostVmId) that fit in MAX_PAYLOAD, and the id to ask for
- * next (0 when these are the last). `entries` must already be sorted and filtered for the peer.
- */
+/** One VM_LIST page: the `entries` (sorted, filtered for the peer) that fit, and the id to ask for next (0: the last). */
 export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   let size = VM_LIST_HEADER;
   let n = 0;
@@ -320,11 +314,7 @@ export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   return encodeFrame(T.VM_LIST, 0, p);
 }
 
-/**
- * HOST_UPDATE's counters at byte 16. lastSampleDurationNs: wall time of the last sample (MSR, /proc,
- * discovery scan, engine); connections: open ones, legacy and v2; vms: registered and discovered,
- * ended ones not yet dropped.
- */
+/** HOST_UPDATE's counters at byte 16; lastSampleDurationNs: the last sample's wall time; vms: with ended ones not yet dropped. */
 export const DAEMON_COUNTER_FIELDS = {
   legacyOk: 'u64',
   legacyRefused: 'u64',
@@ -410,10 +400,7 @@ export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
 /** LIMIT_STATE's first LIMIT_STATE_SIZE bytes. */
 export const LIMIT_STATE_FIELDS = { vmId: 'u32', limitMw: 'u32', quotaUs: 'u32', periodUs: 'u32', limitedNs: 'u64' } as const;
 
-/**
- * A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the
- * helper now); `domain` when the request named one (LIMIT_DOMAIN), absent: the package, in the first layout.
- */
+/** LIMIT_STATE's limit (0 mW: none; quotaUs 0: no quota now); `domain` when the LIMIT named one, absent: the package. */
 export type LimitState = FieldValues<typeof LIMIT_STATE_FIELDS> & { domain?: EnergyDomain };
 
 export function encodeLimitState(s: LimitState): Buffer {

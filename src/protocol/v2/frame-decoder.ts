@@ -1,7 +1,4 @@
-/**
- * The v2 frame decoder (docs/protocol.md "v2"). It takes bytes as they arrive and never buffers more
- * than one frame, so a hostile peer cannot make it grow past MAX_PAYLOAD + header. Pure.
- */
+/** The v2 frame decoder (docs/protocol.md "v2"): never more than one frame buffered, so a hostile peer cannot grow it. Pure. */
 import { fail, ok, type Result } from '../../common/result.js';
 import { HEADER_SIZE, MAX_PAYLOAD, typeName } from './codec.js';
 
@@ -20,10 +17,7 @@ interface FrameError {
 
 export type DecodeResult = Result<Frame, FrameError>;
 
-/**
- * `push` returns every frame completed by the new bytes; it stops at (and returns) the first header
- * error, after which the decoder is dead. `allowedTypes` rejects a type before its payload comes.
- */
+/** `push` gives the frames the bytes complete, up to the first header error (then dead); a type not in `allowedTypes` is one. */
 export class FrameDecoder {
   private chunks: Buffer[] = [];
   private buffered = 0;
@@ -42,11 +36,7 @@ export class FrameDecoder {
     return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
   }
 
-  /**
-   * Bytes still to come before the current frame (or, before it is in, its header) is complete. A
-   * reader that asks for no more sees every frame start at the start of a read (how the client pairs
-   * fds with the frame they came with).
-   */
+  /** Bytes to the end of the current frame (or header): reading no more, every frame starts a read (how the client pairs fds). */
   get bytesToFrameEnd(): number {
     return this.header === null ? HEADER_SIZE - this.buffered : this.header.length - this.buffered;
   }
