@@ -42,13 +42,6 @@ import {
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
-interface ThreadTotals {
-  /** In the order of the VM's vCPU list; a vCPU not yet seen has 0. */
-  vcpus: { tid: number; vpkg: number; energyJ: number; ticks: number }[];
-  /** Ticks of every thread that is not a vCPU (emulator, I/O threads), summed. */
-  otherTicks: number;
-}
-
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
   readonly guestPowerUnit: bigint;
@@ -185,8 +178,8 @@ export class RatioEngine {
     return [...this.vms.values()].map((vm) => this.publish(vm));
   }
 
-  /** A VM's per-thread totals since its baseline (the statistics fd's per-vCPU values). */
-  threadTotals(vmId: number): ThreadTotals | undefined {
+  /** A VM's totals since its baseline per vCPU (list order; one not yet seen: 0), and the other threads' ticks summed. */
+  threadTotals(vmId: number) {
     const vm = this.vms.get(vmId);
     if (!vm) return undefined;
     const vcpus = vm.spec.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg, energyJ: 0, ticks: 0 }));

@@ -10,21 +10,17 @@ const I = STATS_TYPE.INSTANT;
 const UJ = STATS_UNIT.JOULES | STATS_BASE.POW10;
 const one = (name: string, flags: number, exponent = 0): StatsDescriptor => ({ name, flags, exponent, size: 1 });
 
-/** Counters of the host file, in file order: name and type. */
+/** Counters of the host file, in file order: name, type and value. */
 const COUNTERS = [
-  ['samples', C],
-  ['sample_failures', C],
-  ['legacy_ok', C],
-  ['legacy_refused', C],
-  ['legacy_failed', C],
-  ['vm_changes', C],
-  ['connections', I],
-  ['vms', I],
+  ['samples', C, 'samples'],
+  ['sample_failures', C, 'sampleFailures'],
+  ['legacy_ok', C, 'legacyOk'],
+  ['legacy_refused', C, 'legacyRefused'],
+  ['legacy_failed', C, 'legacyFailed'],
+  ['vm_changes', C, 'vmChanges'],
+  ['connections', I, 'connections'],
+  ['vms', I, 'vms'],
 ] as const;
-
-function hostStatsId(daemonPid: number): string {
-  return `vmsr-host/pid-${daemonPid}`;
-}
 
 /** The daemon's VM caps and fd budget, and how much is taken; null where it has none (its descriptors left out). */
 export interface HostCapacity {
@@ -95,7 +91,7 @@ export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStat
       ];
     }),
   ];
-  return planStatsLayout(hostStatsId(daemonPid), descs);
+  return planStatsLayout(`vmsr-host/pid-${daemonPid}`, descs);
 }
 
 export interface HostStatsValues extends SampleTimes {
@@ -131,14 +127,11 @@ export function writeHostStats(b: SampleBlock, v: HostStatsValues, domains: read
   });
   b.setBig(b.slot('unattributed_energy'), v.unattributedUj);
   b.setBig(b.slot('last_sample_duration'), v.lastSampleDurationNs);
-  b.setBig(b.slot('samples'), v.samples);
-  b.setBig(b.slot('sample_failures'), v.sampleFailures);
-  b.setBig(b.slot('legacy_ok'), v.legacyOk);
-  b.setBig(b.slot('legacy_refused'), v.legacyRefused);
-  b.setBig(b.slot('legacy_failed'), v.legacyFailed);
-  b.setBig(b.slot('vm_changes'), v.vmChanges);
-  b.setNumber(b.slot('connections'), v.connections);
-  b.setNumber(b.slot('vms'), v.vms);
+  for (const [name, , key] of COUNTERS) {
+    const x = v[key];
+    if (typeof x === 'bigint') b.setBig(b.slot(name), x);
+    else b.setNumber(b.slot(name), x);
+  }
   b.setNumber(b.slot('energy_source'), v.energySource);
   for (const shape of domains) {
     const n = hostDomainNames(shape.domain);

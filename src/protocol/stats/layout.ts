@@ -107,13 +107,8 @@ function decodeStatsHeader(b: Buffer) {
   };
   if (h.nameSize < 2 || h.nameSize > MAX_STATS_NAME_SIZE) return fail(`name_size ${h.nameSize} is not 2..${MAX_STATS_NAME_SIZE}`);
   if (h.numDesc > MAX_STATS_DESCRIPTORS) return fail(`num_desc ${h.numDesc} is over ${MAX_STATS_DESCRIPTORS}`);
-  for (const [k, v] of [
-    ['id_offset', h.idOffset],
-    ['desc_offset', h.descOffset],
-    ['data_offset', h.dataOffset],
-  ] as const) {
-    if (v % 8 !== 0) return fail(`${k} ${v} is not a multiple of 8`);
-  }
+  for (const k of ['idOffset', 'descOffset', 'dataOffset'] as const)
+    if (h[k] % 8 !== 0) return fail(`${k.replace('Offset', '_offset')} ${h[k]} is not a multiple of 8`);
   // The blocks come in order, without overlap (api.rst): header, id, descriptors, data.
   if (h.idOffset < STATS_HEADER_SIZE) return fail(`id_offset ${h.idOffset} overlaps the header`);
   if (h.descOffset < h.idOffset + h.nameSize) return fail(`desc_offset ${h.descOffset} overlaps the id string`);

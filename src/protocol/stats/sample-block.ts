@@ -60,7 +60,6 @@ export class SampleBlock {
 }
 
 interface RetryOptions {
-  /** Default 100. */
   tries?: number;
   /** A generation read after all this reader read before: it will do as the "before", so a poller reads it once per read. */
   known?: bigint;

@@ -25,11 +25,6 @@ export function vmDomainNames(domain: OtherDomain): { energy: string; power: str
   return { energy: `${domain}_energy`, power: `${domain}_power`, limit: `${domain}_power_limit` };
 }
 
-/** The id string of a VM's file: "vmsr-vm-<host VM id>/pid-<pid>[/<name>]" (cut to the name size). */
-function vmStatsId(s: Pick<VmStatsShape, 'hostVmId' | 'pid' | 'name'>): string {
-  return `vmsr-vm-${s.hostVmId}/pid-${s.pid}${s.name !== null ? `/${s.name}` : ''}`;
-}
-
 const one = (name: string, flags: number, exponent = 0): StatsDescriptor => ({ name, flags, exponent, size: 1 });
 const C = STATS_TYPE.CUMULATIVE;
 const I = STATS_TYPE.INSTANT;
@@ -74,8 +69,9 @@ function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
   return out;
 }
 
+/** The id string (cut to the name size by the encoder): "vmsr-vm-<host VM id>/pid-<pid>[/<name>]". */
 export function vmStatsLayout(s: VmStatsShape): StatsLayout {
-  return planStatsLayout(vmStatsId(s), vmStatsDescriptors(s));
+  return planStatsLayout(`vmsr-vm-${s.hostVmId}/pid-${s.pid}${s.name !== null ? `/${s.name}` : ''}`, vmStatsDescriptors(s));
 }
 
 /** One vCPU's totals since the VM's baseline. */

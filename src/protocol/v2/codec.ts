@@ -48,8 +48,7 @@ export const E = {
 /** Bit 0 of flags on VALUE and UPDATE: the VM has ended, values are final. */
 export const FLAG_ENDED = 0x1;
 
-// Each flag that changes a reply's layout is sent only to a connection that asked for it, so a client
-// that never asks keeps the original layout.
+// A flag that changes a reply's layout is sent only to a connection that asked: a client that never asks keeps the first layout.
 
 /** Bit 0 of flags on HOST_UPDATE: a VM appeared, ended or was dropped since the previous sample (LIST again). */
 export const FLAG_VMS_CHANGED = 0x1;
@@ -136,7 +135,6 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
   return out;
 }
 
-/** A payload of u32s, in order. */
 function u32Payload(...values: number[]): Buffer {
   const p = Buffer.alloc(4 * values.length);
   values.forEach((v, i) => p.writeUInt32LE(v, 4 * i));
@@ -179,8 +177,6 @@ export function readFields<F extends Fields>(p: Buffer, off: number, fields: F):
 
 export const REGISTERED_FIELDS = { vmId: 'u32', nvpkg: 'u32', powerUnit: 'u64' } as const;
 export const VALUE_FIELDS = { vmId: 'u32', vpkg: 'u32', counter: 'u64', energyUj: 'u64', tNs: 'u64' } as const;
-
-// ---- helper -> client ----
 
 export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint): Buffer {
   const p = Buffer.alloc(16);
@@ -241,8 +237,6 @@ export function encodeUpdate(
 export function encodeOk(vmId: number): Buffer {
   return encodeU32Frame(T.OK, vmId);
 }
-
-// ---- observers (helper -> client) ----
 
 export const VM_ENTRY_FIELDS = { hostVmId: 'u32', pid: 'u32', uid: 'u32', nvpkg: 'u32', starttime: 'u64' } as const;
 /** A VM_LIST entry's other flag bits, by the field each sets. */
@@ -419,8 +413,6 @@ export function encodeError(code: number, requestType: number, message: string):
   text.copy(p, 8);
   return encodeFrame(T.ERROR, 0, p);
 }
-
-// ---- client -> helper ----
 
 interface RegisterRequest {
   pid: number;

@@ -26,11 +26,6 @@ export class FrameDecoder {
 
   constructor(private readonly allowedTypes: ReadonlySet<number>) {}
 
-  /** Payload bytes held, waiting for the rest of a frame (at most MAX_PAYLOAD). */
-  get pending(): number {
-    return this.buffered;
-  }
-
   /** Bytes of the incomplete frame received so far, header included; 0 exactly between frames. */
   get incompleteBytes(): number {
     return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
@@ -39,10 +34,6 @@ export class FrameDecoder {
   /** Bytes to the end of the current frame (or header): reading no more, every frame starts a read (how the client pairs fds). */
   get bytesToFrameEnd(): number {
     return this.header === null ? HEADER_SIZE - this.buffered : this.header.length - this.buffered;
-  }
-
-  get failed(): boolean {
-    return this.dead;
   }
 
   push(data: Buffer): DecodeResult[] {

@@ -145,8 +145,6 @@ export function parseClientFrame(f: Frame): ClientParse {
   }
 }
 
-// ---- helper -> client, for the client library ----
-
 export type HelperMessage =
   | { type: typeof T.REGISTERED; vmId: number; nvpkg: number; powerUnit: bigint }
   | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
