@@ -14,12 +14,8 @@ export interface VcpuSpec {
   vpkg: number;
 }
 
-interface VcpuRuleOptions {
-  allowEmpty?: boolean;
-}
-
 /** Checks a vCPU list; on success the value is a copy holding only tid and vpkg. */
-export function checkVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {}): Result<VcpuSpec[]> {
+export function checkVcpus(vcpus: readonly VcpuSpec[], opts: { allowEmpty?: boolean } = {}): Result<VcpuSpec[]> {
   if (vcpus.length === 0 && opts.allowEmpty !== true) return fail('the vCPU list is empty: a VM has at least one vCPU');
   if (vcpus.length > MAX_VCPUS) return fail(`the vCPU list has ${vcpus.length} entries, at most ${MAX_VCPUS}`);
   const seen = new Set<number>();
@@ -37,7 +33,7 @@ export function checkVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {
 }
 
 /** checkVcpus for callers that throw: the message is the rule's own. */
-export function validVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {}): VcpuSpec[] {
+export function validVcpus(vcpus: readonly VcpuSpec[], opts?: Parameters<typeof checkVcpus>[1]): VcpuSpec[] {
   const r = checkVcpus(vcpus, opts);
   if (!r.ok) throw new Error(r.error);
   return r.value;

@@ -285,8 +285,7 @@ export class RatioEngine {
       for (const p of this.allPlanes) closeCounters(p);
       result = this.interval(s, prevT, problems, ended);
     }
-    // The next interval starts from these values; a domain value missing now keeps the last one (the
-    // next value spans the gap), a package value missing makes the next one a new baseline.
+    // The next interval starts here; a missing domain value keeps the last (the next spans the gap), a missing package value: a baseline.
     for (const p of this.allPlanes)
       for (const c of p.counters) if (c !== undefined && (!p.keepsLast || !Number.isNaN(c.now))) c.last = c.now;
     // VMs registered since the previous sample take this one as their baseline.

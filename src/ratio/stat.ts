@@ -112,8 +112,7 @@ export function parseStatLine(line: string): Result<TaskStat> {
   const tid = uintAt(b, line, 0, open);
   if (tid === NOT_UINT) return fail(`pid field is not a number: ${JSON.stringify(line.slice(0, open).slice(0, 20))}`);
   if (close + 1 >= len || b[close + 1] !== SPACE) return fail('nothing after the command name');
-  // The separator right after ')' is the first space counted, so there are spaceCount fields from
-  // field 3 on. Only fields up to 39 are read: the tail is unused.
+  // The separator after ')' is the first space counted: spaceCount fields from field 3 on; only those up to 39 are read.
   const last = FIELDS[FIELDS.length - 1]![0];
   if (spaceCount < last - AFTER_COMM + 1) return fail(`only ${spaceCount + AFTER_COMM - 1} fields, need at least 39`);
   const values = [0, 0, 0, 0];

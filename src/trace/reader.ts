@@ -470,11 +470,7 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
   const gz = headBytes === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
   if (!gz && /\.gz$/i.test(path)) {
     file.destroy();
-    const magic =
-      head
-        .subarray(0, headBytes)
-        .toString('hex')
-        .replace(/(..)(?=.)/g, '$1 ') || 'nothing';
+    const magic = [...head.subarray(0, headBytes)].map((x) => x.toString(16).padStart(2, '0')).join(' ') || 'nothing';
     throw new TraceError(
       `not gzip: the name ends in .gz but the file starts with ${magic}, not the gzip magic 1f 8b; is it truncated or mis-named?`,
       undefined,
