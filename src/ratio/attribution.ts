@@ -396,9 +396,14 @@ export class RatioEngine {
     return { live, anyClaim };
   }
 
-  private idleVmInterval(vm: EngineVm): VmInterval {
-    const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
-    if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
+  /** Its domains shared by every idle VM and interval (most VMs are idle most intervals): readers must not modify them. */
+  private idleVmInterval({ id, spec, nvpkg }: EngineVm): VmInterval {
+    const out: VmInterval = { vmId: id, pid: spec.pid, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) };
+    if (this.planes.length === 0) return out;
+    let d = this.idle.get(nvpkg);
+    if (d === undefined)
+      this.idle.set(nvpkg, (d = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) }))));
+    out.domains = d;
     return out;
   }
 
@@ -438,28 +443,18 @@ export class RatioEngine {
       if (Number.isNaN(e)) continue;
       const pkg = this.packageIds[k]!;
       const out: PackageInterval = { pkg, energyJ: e, attributedJ: this.pkgPlane.attributed[k]! };
-      if (this.planes.length > 0) {
-        const domains: DomainInterval[] = [];
-        for (const d of this.planes) {
-          // A platform domain is reported under the package its one counter is read on.
-          const slot = d.platform ? 0 : k;
-          const de = d.energy[slot]!;
-          if (d.counters[slot]?.pkg === pkg && !Number.isNaN(de))
-            domains.push({ domain: d.domain, energyJ: de, attributedJ: d.attributed[slot]! });
-        }
-        if (domains.length > 0) out.domains = domains;
+      const domains: DomainInterval[] = [];
+      for (const d of this.planes) {
+        // A platform domain is reported under the package its one counter is read on.
+        const slot = d.platform ? 0 : k;
+        const de = d.energy[slot]!;
+        if (d.counters[slot]?.pkg === pkg && !Number.isNaN(de))
+          domains.push({ domain: d.domain, energyJ: de, attributedJ: d.attributed[slot]! });
       }
+      if (domains.length > 0) out.domains = domains;
       packages.push(out);
     }
     return packages;
-  }
-
-  /** Shared by every idle VM and interval (most VMs are idle most intervals): readers must not modify it. */
-  private idleDomains(nvpkg: number): VmDomainEnergy[] {
-    let d = this.idle.get(nvpkg);
-    if (d === undefined)
-      this.idle.set(nvpkg, (d = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) }))));
-    return d;
   }
 
   /** Whether the VM's lines are the previous sample's, each understood and on a known CPU: the full pass would do nothing. */

@@ -159,9 +159,8 @@ export class TraceParser {
     if (v.format !== 'vmsr-trace') this.fail(`header: format must be "vmsr-trace", got ${describe(v.format)}`);
     if (v.version !== 1) this.fail(`header: unsupported version ${describe(v.version)} (this reader knows version 1)`);
     const clkTck = v.clk_tck;
-    if (typeof clkTck !== 'number' || !Number.isInteger(clkTck) || clkTck < 1 || clkTck > 1_000_000) {
+    if (typeof clkTck !== 'number' || !Number.isInteger(clkTck) || clkTck < 1 || clkTck > 1_000_000)
       this.fail(`header: clk_tck must be a positive integer, got ${describe(clkTck)}`);
-    }
     const host = v.host;
     if (!isObject(host)) this.fail('header: host must be an object');
     if (host.vendor !== 'intel' && host.vendor !== 'amd')
@@ -202,28 +201,18 @@ export class TraceParser {
     }
     if (typeof v.note === 'string') header.note = v.note;
     // Added later to the format: traces without them (older recorders) stay valid.
-    if (v.start_time !== undefined) {
-      if (
-        typeof v.start_time !== 'string' ||
-        v.start_time.length > 64 ||
-        !/^\d{4}-\d\d-\d\dT/.test(v.start_time) ||
-        Number.isNaN(Date.parse(v.start_time))
-      ) {
-        this.fail(`header: start_time must be an ISO 8601 time like "2026-01-31T12:00:00.000Z", got ${describe(v.start_time)}`);
-      }
-      header.startTime = v.start_time;
+    const t = v.start_time;
+    if (t !== undefined) {
+      if (typeof t !== 'string' || t.length > 64 || !/^\d{4}-\d\d-\d\dT/.test(t) || Number.isNaN(Date.parse(t)))
+        this.fail(`header: start_time must be an ISO 8601 time like "2026-01-31T12:00:00.000Z", got ${describe(t)}`);
+      header.startTime = t;
     }
     if (v.start_t_ns !== undefined) header.startNs = this.nanoseconds(v.start_t_ns, this.rawLine, 'start_t_ns');
-    if (v.hostname !== undefined) {
-      if (
-        typeof v.hostname !== 'string' ||
-        v.hostname.length === 0 ||
-        v.hostname.length > MAX_HOSTNAME ||
-        /[\u0000-\u001f\u007f-\u009f]/.test(v.hostname)
-      ) {
-        this.fail(`header: hostname must be a host name of 1..${MAX_HOSTNAME} printable characters, got ${describe(v.hostname)}`);
-      }
-      header.hostname = v.hostname;
+    const h = v.hostname;
+    if (h !== undefined) {
+      if (typeof h !== 'string' || h.length === 0 || h.length > MAX_HOSTNAME || /[\u0000-\u001f\u007f-\u009f]/.test(h))
+        this.fail(`header: hostname must be a host name of 1..${MAX_HOSTNAME} printable characters, got ${describe(h)}`);
+      header.hostname = h;
     }
     return header;
   }
