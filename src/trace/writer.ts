@@ -57,21 +57,13 @@ function withTime(type: string, tNs: bigint, rest: string): string {
 }
 
 export function registerLine(tNs: bigint, vm: VmSpec): string {
-  const v: Record<string, unknown> = { pid: vm.pid, starttime: vm.starttime };
-  if (vm.name !== undefined) v.name = vm.name;
-  v.vcpus = vm.vcpus.map((c) => ({ tid: c.tid, vpkg: c.vpkg }));
+  const v = { pid: vm.pid, starttime: vm.starttime, name: vm.name, vcpus: vm.vcpus.map((c) => ({ tid: c.tid, vpkg: c.vpkg })) };
   return withTime('register', tNs, `,"vm":${JSON.stringify(v)}`);
 }
 
 export function sampleLine(s: Sample): string {
-  const energy: Record<string, string> = {};
-  for (const [pkg, raw] of s.energy) energy[String(pkg)] = formatMsrHex(raw);
-  const tasks: Record<string, Record<string, string>> = {};
-  for (const [pid, lines] of s.tasks) {
-    const t: Record<string, string> = {};
-    for (const [tid, line] of lines) t[String(tid)] = line;
-    tasks[String(pid)] = t;
-  }
+  const energy = Object.fromEntries([...s.energy].map(([pkg, raw]) => [pkg, formatMsrHex(raw)]));
+  const tasks = Object.fromEntries([...s.tasks].map(([pid, lines]) => [pid, Object.fromEntries(lines)]));
   const domains = s.domains === undefined || s.domains.length === 0 ? '' : `,"domains":${JSON.stringify(domainsObject(s.domains))}`;
   return withTime('sample', s.tNs, `,"energy":${JSON.stringify(energy)}${domains},"tasks":${JSON.stringify(tasks)}`);
 }

@@ -29,14 +29,6 @@ export interface HostCapacity {
   fds: { open: number; max: number; available: number } | null;
 }
 
-/** Which parts of HostCapacity the file holds. */
-interface HostCapacityShape {
-  discovered: boolean;
-  fds: boolean;
-}
-
-const NO_CAPACITY: HostCapacityShape = { discovered: false, fds: false };
-
 export function hostDomainNames(domain: OtherDomain): { packageId: string; energy: string; unattributed: string } {
   return { packageId: `${domain}_package_id`, energy: `${domain}_energy`, unattributed: `${domain}_unattributed_energy` };
 }
@@ -57,14 +49,13 @@ export function hostDomainShapes(pairs: readonly { pkg: number; domain: OtherDom
   return out;
 }
 
-interface HostStatsShape {
-  capacity?: HostCapacityShape;
-  domains?: readonly HostDomainShape[];
-}
-
-export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStatsShape = {}): StatsLayout {
-  const capacity = shape.capacity ?? NO_CAPACITY;
-  const domains = shape.domains ?? [];
+/** `capacity`: which parts of HostCapacity the file holds. */
+export function hostStatsLayout(
+  daemonPid: number,
+  npkg: number,
+  shape: { capacity?: { discovered: boolean; fds: boolean }; domains?: readonly HostDomainShape[] } = {},
+): StatsLayout {
+  const plain = (name: string) => one(name, I | STATS_UNIT.NONE);
   const descs: StatsDescriptor[] = [
     ...COMMON_STATS,
     { name: 'package_id', flags: I | STATS_UNIT.NONE, exponent: 0, size: npkg },
@@ -74,14 +65,10 @@ export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStat
     one('last_sample_duration', I | STATS_UNIT.SECONDS | STATS_BASE.POW10, -9),
     ...COUNTERS.map(([name, type]) => one(name, type | STATS_UNIT.NONE)),
     // Added after the others, in the order they came: a reader finds values by name and skips what it does not know.
-    one('energy_source', I | STATS_UNIT.NONE),
-    one('vms_registered', I | STATS_UNIT.NONE),
-    one('vms_registered_max', I | STATS_UNIT.NONE),
-    ...(capacity.discovered ? [one('vms_discovered', I | STATS_UNIT.NONE), one('vms_discovered_max', I | STATS_UNIT.NONE)] : []),
-    ...(capacity.fds
-      ? [one('fds_open', I | STATS_UNIT.NONE), one('fds_max', I | STATS_UNIT.NONE), one('fds_available', I | STATS_UNIT.NONE)]
-      : []),
-    ...domains.flatMap((d) => {
+    ...['energy_source', 'vms_registered', 'vms_registered_max'].map(plain),
+    ...(shape.capacity?.discovered ? ['vms_discovered', 'vms_discovered_max'].map(plain) : []),
+    ...(shape.capacity?.fds ? ['fds_open', 'fds_max', 'fds_available'].map(plain) : []),
+    ...(shape.domains ?? []).flatMap((d) => {
       const n = hostDomainNames(d.domain);
       const size = d.packages.length;
       return [
