@@ -45,9 +45,7 @@ export class Replay {
           if (++this.registered > this.maxVms)
             throw new TraceError(`the trace registers more than ${this.maxVms} VMs; replay holds at most that many`, rec.line);
           const id = this.engine.register(rec.vm);
-          const ids = this.byPid.get(rec.vm.pid) ?? [];
-          ids.push(id);
-          this.byPid.set(rec.vm.pid, ids);
+          this.byPid.set(rec.vm.pid, [...(this.byPid.get(rec.vm.pid) ?? []), id]);
           this.attributedS.set(id, 0);
           return null;
         }

@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
-import type { DomainReading, Sample, TraceHeader } from '../model/sample.js';
+import type { Sample, TraceHeader } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 import { cannot } from '../common/errors.js';
 
@@ -64,15 +64,11 @@ export function registerLine(tNs: bigint, vm: VmSpec): string {
 export function sampleLine(s: Sample): string {
   const energy = Object.fromEntries([...s.energy].map(([pkg, raw]) => [pkg, formatMsrHex(raw)]));
   const tasks = Object.fromEntries([...s.tasks].map(([pid, lines]) => [pid, Object.fromEntries(lines)]));
-  const domains = s.domains === undefined || s.domains.length === 0 ? '' : `,"domains":${JSON.stringify(domainsObject(s.domains))}`;
+  // Other domains, raw counter hex by domain, then package id; none: no key, as before they came.
+  const byDomain: Record<string, Record<string, string>> = {};
+  for (const r of s.domains ?? []) (byDomain[r.domain] ??= {})[r.pkg] = formatMsrHex(r.raw);
+  const domains = s.domains?.length ? `,"domains":${JSON.stringify(byDomain)}` : '';
   return withTime('sample', s.tNs, `,"energy":${JSON.stringify(energy)}${domains},"tasks":${JSON.stringify(tasks)}`);
-}
-
-/** A sample's other domains as the trace holds them: raw counter hex by domain, then package id. */
-function domainsObject(readings: readonly DomainReading[]): Record<string, Record<string, string>> {
-  const out: Record<string, Record<string, string>> = {};
-  for (const r of readings) (out[r.domain] ??= {})[String(r.pkg)] = formatMsrHex(r.raw);
-  return out;
 }
 
 /** Samples are missing from `tNs` (the first lost one) on: `lost` of them. */
@@ -229,17 +225,16 @@ export class TraceWriter {
   private write(line: string, sampleT?: bigint): void {
     if (this.closed) throw new Error(`trace ${this.path} is closed`);
     if (this.error) throw this.error;
+    // Paused: a record is held, a sample tries again (once an interval) with everything held back before it.
     if (this.pending === null) {
       const failed = this.append([line]);
       if (failed === null) return;
-      this.pause(failed);
-      if (sampleT === undefined) this.hold({ line });
-      else this.lose(sampleT);
-      return;
-    }
-    // Paused: a sample tries again (once an interval), with everything held back before it.
-    if (sampleT === undefined) return this.hold({ line });
-    if (!this.flushPending([line])) this.lose(sampleT);
+      this.pending = [];
+      this.pausedAt = Date.now();
+      this.events.paused(failed);
+    } else if (sampleT !== undefined && this.flushPending([line])) return;
+    if (sampleT === undefined) this.hold({ line });
+    else this.lose(sampleT);
   }
 
   /** Writes the held-back records and `then`; on success the writer runs again. */
@@ -252,12 +247,6 @@ export class TraceWriter {
     this.pendingBytes = 0;
     this.lostNow = 0;
     return true;
-  }
-
-  private pause(why: string): void {
-    this.pending = [];
-    this.pausedAt = Date.now();
-    this.events.paused(why);
   }
 
   private lose(tNs: bigint): void {

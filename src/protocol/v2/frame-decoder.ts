@@ -40,10 +40,13 @@ export class FrameDecoder {
     if (this.dead) return [];
     const out: DecodeResult[] = [];
     let buf = data;
-    while (buf.length > 0 || this.ready()) {
+    // A zero-length frame completes as soon as its header is in.
+    while (buf.length > 0 || this.header?.length === 0) {
       const need = this.bytesToFrameEnd;
       if (buf.length < need) {
-        this.keep(buf);
+        // Copy: the caller's buffer may be reused.
+        if (buf.length > 0) this.chunks.push(Buffer.from(buf));
+        this.buffered += buf.length;
         return out;
       }
       const bytes = this.take(buf.subarray(0, need));
@@ -69,18 +72,6 @@ export class FrameDecoder {
       this.header = { type, flags: bytes.readUInt16LE(2), length };
     }
     return out;
-  }
-
-  // A zero-length frame completes as soon as its header is in.
-  private ready(): boolean {
-    return this.header !== null && this.header.length === 0;
-  }
-
-  private keep(buf: Buffer): void {
-    if (buf.length === 0) return;
-    // Copy: the caller's buffer may be reused.
-    this.chunks.push(Buffer.from(buf));
-    this.buffered += buf.length;
   }
 
   private take(tail: Buffer): Buffer {
