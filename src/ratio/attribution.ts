@@ -217,18 +217,6 @@ export class RatioEngine {
     return true;
   }
 
-  private addThreadTotals(vm: EngineVm, threads: readonly ThreadNow[], es: readonly number[], extra: number): void {
-    const totals = (vm.threads ??= new Map());
-    for (let i = 0; i < threads.length; i++) {
-      const th = threads[i]!;
-      if (th.dticks === 0 && th.vpkg === undefined) continue;
-      let k = totals.get(th.tid);
-      if (k === undefined) totals.set(th.tid, (k = { energyJ: 0, ticks: 0 }));
-      k.ticks += th.dticks;
-      if (th.vpkg !== undefined) k.energyJ += es[i]! + extra;
-    }
-  }
-
   /** Samples are missing (a trace's gap): the next sample is a new baseline, as a first sample is. */
   gap(): void {
     this.prevT = undefined;
@@ -413,7 +401,15 @@ export class RatioEngine {
     const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
     // A line may change with no tick and no energy (a thread moved to another CPU): its totals did not.
     let moved = pkgSplit.extra !== 0 || threads.some((th, i) => th.dticks !== 0 || es[i] !== 0);
-    this.addThreadTotals(vm, threads, es, pkgSplit.extra);
+    const totals = (vm.threads ??= new Map());
+    for (let i = 0; i < threads.length; i++) {
+      const th = threads[i]!;
+      if (th.dticks === 0 && th.vpkg === undefined) continue;
+      let k = totals.get(th.tid);
+      if (k === undefined) totals.set(th.tid, (k = { energyJ: 0, ticks: 0 }));
+      k.ticks += th.dticks;
+      if (th.vpkg !== undefined) k.energyJ += es[i]! + pkgSplit.extra;
+    }
     // With no vCPU present, W is dropped and nothing is attributed on any package.
     for (let g = 0; g < vm.nvpkg; g++) {
       vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;

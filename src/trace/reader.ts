@@ -259,9 +259,7 @@ export class TraceParser {
 
   private energy(v: unknown): Map<number, bigint> {
     if (!isObject(v)) this.fail('sample: energy must be an object {package id: "0x..."}');
-    const out = new Map<number, bigint>();
-    for (const [k, raw] of Object.entries(v)) out.set(this.key(k, 'energy'), this.hex(raw, `energy["${k}"]`));
-    return out;
+    return new Map(Object.entries(v).map(([k, raw]) => [this.key(k, 'energy'), this.hex(raw, `energy["${k}"]`)]));
   }
 
   /** A sample's other domains, {"dram":{"0":"0x1234"}}; one the header does not describe is kept (the engine says so, not fatal). */

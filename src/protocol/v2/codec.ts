@@ -157,7 +157,7 @@ type Fields = Readonly<Record<string, 'u32' | 'u64'>>;
 type FieldValues<F extends Fields> = { -readonly [K in keyof F]: F[K] extends 'u32' ? number : bigint };
 
 /** Writes `v` at `off` (u64s clamped as u64() does); returns the offset after the run. */
-function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
+export function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
   for (const [k, kind] of Object.entries(fields)) {
     if (kind === 'u32') p.writeUInt32LE(v[k] as number, off);
     else p.writeBigUInt64LE(u64(v[k] as bigint), off);
