@@ -1,6 +1,5 @@
 #!/usr/bin/env node
-// The guard first (guard.ts); the program is imported only after it ran: a static import would be
-// loaded and linked (some 55 modules, 0.1 to 0.4 s on a busy host) before, and a SIGHUP then ends the process.
+// The guard first; a static import of the program would load 55 modules (0.1-0.4 s) before it, and a SIGHUP then ends the process.
 import './guard.js';
 import { KEEPER_ENV } from '../keeper/keeper-messages.js';
 

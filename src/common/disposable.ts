@@ -1,7 +1,4 @@
-/**
- * Listener lifetimes, one way: whatever adds a listener returns a Disposable that removes it, and a
- * DisposableStore removes a group at once (in reverse order, idempotently).
- */
+/** Listener lifetimes, one way: adding returns a Disposable that removes it; a DisposableStore removes a group, last first. */
 
 export interface Disposable {
   dispose(): void;

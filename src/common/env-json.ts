@@ -1,7 +1,4 @@
-/**
- * A JSON value a process hands across an exec or to a child in its environment (the restart clock,
- * the keeper's note and image, INHERIT_ENV): read once and removed, so nothing started later sees it.
- */
+/** A JSON value handed across an exec or to a child in the environment: read once and removed, so nothing later sees it. */
 
 /** `env[name]` parsed (and removed): undefined when unset, null when it is not JSON or `valid` refuses it. */
 export function takeEnvJson<T>(name: string, valid: (v: Partial<T>) => boolean, env: NodeJS.ProcessEnv): T | null | undefined {

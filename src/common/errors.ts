@@ -1,7 +1,4 @@
-/**
- * The one grammar of the messages a user reads: "cannot <do what>: <why>; <fix>". The fix is left out
- * only when there is nothing the user can do.
- */
+/** The one grammar of messages a user reads: "cannot <do what>: <why>; <fix>", the fix left out only when there is none. */
 export function cannot(what: string, why: string, fix?: string): string {
   return fix === undefined || fix === '' ? `cannot ${what}: ${why}` : `cannot ${what}: ${why}; ${fix}`;
 }

@@ -1,10 +1,4 @@
-/**
- * Arrays refilled in place at each sample (the statistics files, the engine's totals read in place):
- * cut to their new length when shorter, left alone otherwise, since setting an array's length is a
- * slow call in V8 even when it does not change.
- */
-
-/** `a` cut to `n` items when longer. */
+/** `a` (refilled in place each sample) cut to `n` items when longer: setting a length is slow in V8 even when it does not change. */
 export function fitLength(a: unknown[], n: number): void {
   if (a.length > n) a.length = n;
 }

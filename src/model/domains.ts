@@ -1,15 +1,9 @@
-/**
- * THE RAPL domains, in the order a source reads them and the engine attributes them
- * (docs/energy-domains.md). The package is always read. Powercap's zone names are the same words.
- */
+/** THE RAPL domains, in reading and attribution order (docs/energy-domains.md); the package always read; powercap's zone names. */
 export const ENERGY_DOMAINS = ['package', 'core', 'uncore', 'dram', 'psys'] as const;
 
 export type EnergyDomain = (typeof ENERGY_DOMAINS)[number];
 
-/**
- * Domains that count the whole platform rather than one package: a source gives one reading of
- * them, under its lowest package id, and the engine shares them across every package's VMs.
- */
+/** Domains of the whole platform: read once, under the lowest package id, shared across every package's VMs. */
 export const PLATFORM_DOMAINS: ReadonlySet<EnergyDomain> = new Set(['psys']);
 
 export function isEnergyDomain(text: unknown): text is EnergyDomain {

@@ -16,10 +16,7 @@ export interface CounterSpec {
 
 export interface HostPackage {
   pkg: number;
-  /**
-   * Raw MSR_RAPL_POWER_UNIT (0x606) of this package: the unit of its energy counter unless `counter`
-   * says otherwise, and the unit of its VMs' (guest) counters.
-   */
+  /** Raw MSR_RAPL_POWER_UNIT (0x606): its counter's unit unless `counter` says otherwise, and its VMs' counters' unit. */
   powerUnit: bigint;
   /** When it is not a RAPL MSR's (powercap: µJ). Absent: bits 31:0 in units of powerUnit's ESU. */
   counter?: CounterSpec;

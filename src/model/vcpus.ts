@@ -1,7 +1,4 @@
-/**
- * THE vCPU-list rule, used by every way a VM arrives. Only the engine passes `allowEmpty` (a
- * discovered VM may have no known vCPU thread for a while).
- */
+/** THE vCPU-list rule for every way a VM arrives; `allowEmpty` is the engine's (a discovered VM may lack vCPU threads a while). */
 import { fail, ok, type Result } from '../common/result.js';
 
 /** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */
@@ -17,12 +14,8 @@ export interface VcpuSpec {
   vpkg: number;
 }
 
-interface VcpuRuleOptions {
-  allowEmpty?: boolean;
-}
-
 /** Checks a vCPU list; on success the value is a copy holding only tid and vpkg. */
-export function checkVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {}): Result<VcpuSpec[]> {
+export function checkVcpus(vcpus: readonly VcpuSpec[], opts: { allowEmpty?: boolean } = {}): Result<VcpuSpec[]> {
   if (vcpus.length === 0 && opts.allowEmpty !== true) return fail('the vCPU list is empty: a VM has at least one vCPU');
   if (vcpus.length > MAX_VCPUS) return fail(`the vCPU list has ${vcpus.length} entries, at most ${MAX_VCPUS}`);
   const seen = new Set<number>();
@@ -40,7 +33,7 @@ export function checkVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {
 }
 
 /** checkVcpus for callers that throw: the message is the rule's own. */
-export function validVcpus(vcpus: readonly VcpuSpec[], opts: VcpuRuleOptions = {}): VcpuSpec[] {
+export function validVcpus(vcpus: readonly VcpuSpec[], opts?: Parameters<typeof checkVcpus>[1]): VcpuSpec[] {
   const r = checkVcpus(vcpus, opts);
   if (!r.ok) throw new Error(r.error);
   return r.value;

@@ -1,11 +1,7 @@
 /** A VM as the engine is given it (pid, starttime, vCPUs), and the most VMs anything holds. Pure data. */
 import type { VcpuSpec } from './vcpus.js';
 
-/**
- * The most VMs anything holds at once, whatever it is given: a replay (a trace may register VMs without
- * end), the exporter's --max-vms, a restart snapshot. The daemon's own caps are far below it:
- * DEFAULT_MAX_DISCOVERED_VMS (discovery) and DEFAULT_V2_LIMITS.maxVms (registrations).
- */
+/** The most VMs anything holds (a replay's trace may register without end; --max-vms; a snapshot); the daemon's caps are far below. */
 export const MAX_VMS = 100_000;
 
 export interface VmSpec {

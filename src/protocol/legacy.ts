@@ -1,7 +1,4 @@
-/**
- * QEMU's rapl-helper-socket wire format, pure: bytes in, 12-byte requests out, however the stream
- * was cut. Requests and replies are little-endian (x86 host order, which QEMU writes raw).
- */
+/** QEMU's rapl-helper-socket format, pure: 12-byte requests however the stream was cut; little-endian (QEMU writes x86 order raw). */
 const LEGACY_REQUEST_SIZE = 12;
 export const LEGACY_REPLY_SIZE = 8;
 

@@ -42,13 +42,6 @@ import {
 import type { Sample } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
-interface ThreadTotals {
-  /** In the order of the VM's vCPU list; a vCPU not yet seen has 0. */
-  vcpus: { tid: number; vpkg: number; energyJ: number; ticks: number }[];
-  /** Ticks of every thread that is not a vCPU (emulator, I/O threads), summed. */
-  otherTicks: number;
-}
-
 export class RatioEngine {
   /** MSR_RAPL_POWER_UNIT of host package 0 (or of the lowest-numbered package when there is no 0). */
   readonly guestPowerUnit: bigint;
@@ -185,8 +178,8 @@ export class RatioEngine {
     return [...this.vms.values()].map((vm) => this.publish(vm));
   }
 
-  /** A VM's per-thread totals since its baseline (the statistics fd's per-vCPU values). */
-  threadTotals(vmId: number): ThreadTotals | undefined {
+  /** A VM's totals since its baseline per vCPU (list order; one not yet seen: 0), and the other threads' ticks summed. */
+  threadTotals(vmId: number) {
     const vm = this.vms.get(vmId);
     if (!vm) return undefined;
     const vcpus = vm.spec.vcpus.map((v) => ({ tid: v.tid, vpkg: v.vpkg, energyJ: 0, ticks: 0 }));
@@ -222,18 +215,6 @@ export class RatioEngine {
     for (let i = 0; i < spec.length; i++) (into.vcpus[i] ??= { tid: 0, energyJ: 0, ticks: 0 }).tid = spec[i]!.tid;
     into.otherTicks = fillThreadTotals(vm, into.vcpus);
     return true;
-  }
-
-  private addThreadTotals(vm: EngineVm, threads: readonly ThreadNow[], es: readonly number[], extra: number): void {
-    const totals = (vm.threads ??= new Map());
-    for (let i = 0; i < threads.length; i++) {
-      const th = threads[i]!;
-      if (th.dticks === 0 && th.vpkg === undefined) continue;
-      let k = totals.get(th.tid);
-      if (k === undefined) totals.set(th.tid, (k = { energyJ: 0, ticks: 0 }));
-      k.ticks += th.dticks;
-      if (th.vpkg !== undefined) k.energyJ += es[i]! + extra;
-    }
   }
 
   /** Samples are missing (a trace's gap): the next sample is a new baseline, as a first sample is. */
@@ -292,8 +273,7 @@ export class RatioEngine {
       for (const p of this.allPlanes) closeCounters(p);
       result = this.interval(s, prevT, problems, ended);
     }
-    // The next interval starts from these values; a domain value missing now keeps the last one (the
-    // next value spans the gap), a package value missing makes the next one a new baseline.
+    // The next interval starts here; a missing domain value keeps the last (the next spans the gap), a missing package value: a baseline.
     for (const p of this.allPlanes)
       for (const c of p.counters) if (c !== undefined && (!p.keepsLast || !Number.isNaN(c.now))) c.last = c.now;
     // VMs registered since the previous sample take this one as their baseline.
@@ -404,9 +384,14 @@ export class RatioEngine {
     return { live, anyClaim };
   }
 
-  private idleVmInterval(vm: EngineVm): VmInterval {
-    const out: VmInterval = { vmId: vm.id, pid: vm.spec.pid, vpkgEnergyJ: new Array<number>(vm.nvpkg).fill(0) };
-    if (this.planes.length > 0) out.domains = this.idleDomains(vm.nvpkg);
+  /** Its domains shared by every idle VM and interval (most VMs are idle most intervals): readers must not modify them. */
+  private idleVmInterval({ id, spec, nvpkg }: EngineVm): VmInterval {
+    const out: VmInterval = { vmId: id, pid: spec.pid, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) };
+    if (this.planes.length === 0) return out;
+    let d = this.idle.get(nvpkg);
+    if (d === undefined)
+      this.idle.set(nvpkg, (d = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) }))));
+    out.domains = d;
     return out;
   }
 
@@ -416,7 +401,15 @@ export class RatioEngine {
     const pkgSplit = split(this.pkgPlane, vm.nvpkg, threads, es);
     // A line may change with no tick and no energy (a thread moved to another CPU): its totals did not.
     let moved = pkgSplit.extra !== 0 || threads.some((th, i) => th.dticks !== 0 || es[i] !== 0);
-    this.addThreadTotals(vm, threads, es, pkgSplit.extra);
+    const totals = (vm.threads ??= new Map());
+    for (let i = 0; i < threads.length; i++) {
+      const th = threads[i]!;
+      if (th.dticks === 0 && th.vpkg === undefined) continue;
+      let k = totals.get(th.tid);
+      if (k === undefined) totals.set(th.tid, (k = { energyJ: 0, ticks: 0 }));
+      k.ticks += th.dticks;
+      if (th.vpkg !== undefined) k.energyJ += es[i]! + pkgSplit.extra;
+    }
     // With no vCPU present, W is dropped and nothing is attributed on any package.
     for (let g = 0; g < vm.nvpkg; g++) {
       vm.acc[g] = vm.acc[g]! + pkgSplit.vpkg[g]!;
@@ -446,28 +439,18 @@ export class RatioEngine {
       if (Number.isNaN(e)) continue;
       const pkg = this.packageIds[k]!;
       const out: PackageInterval = { pkg, energyJ: e, attributedJ: this.pkgPlane.attributed[k]! };
-      if (this.planes.length > 0) {
-        const domains: DomainInterval[] = [];
-        for (const d of this.planes) {
-          // A platform domain is reported under the package its one counter is read on.
-          const slot = d.platform ? 0 : k;
-          const de = d.energy[slot]!;
-          if (d.counters[slot]?.pkg === pkg && !Number.isNaN(de))
-            domains.push({ domain: d.domain, energyJ: de, attributedJ: d.attributed[slot]! });
-        }
-        if (domains.length > 0) out.domains = domains;
+      const domains: DomainInterval[] = [];
+      for (const d of this.planes) {
+        // A platform domain is reported under the package its one counter is read on.
+        const slot = d.platform ? 0 : k;
+        const de = d.energy[slot]!;
+        if (d.counters[slot]?.pkg === pkg && !Number.isNaN(de))
+          domains.push({ domain: d.domain, energyJ: de, attributedJ: d.attributed[slot]! });
       }
+      if (domains.length > 0) out.domains = domains;
       packages.push(out);
     }
     return packages;
-  }
-
-  /** Shared by every idle VM and interval (most VMs are idle most intervals): readers must not modify it. */
-  private idleDomains(nvpkg: number): VmDomainEnergy[] {
-    let d = this.idle.get(nvpkg);
-    if (d === undefined)
-      this.idle.set(nvpkg, (d = this.planes.map((p) => ({ domain: p.domain, vpkgEnergyJ: new Array<number>(nvpkg).fill(0) }))));
-    return d;
   }
 
   /** Whether the VM's lines are the previous sample's, each understood and on a known CPU: the full pass would do nothing. */

@@ -28,17 +28,11 @@ export interface EngineVmState {
   prev: (ThreadMark & { tid: number })[];
 }
 
-interface EngineSampleState {
-  tNs: bigint;
-  /** Each counter (mod its range) as last read; a package missing there has no entry. */
-  energy: { pkg: number; raw: number }[];
-  domains?: { domain: string; pkg: number; raw: number }[];
-}
-
 export interface EngineState {
   /** The id the next register() gives: above every VM's id. */
   nextId: number;
-  lastSample: EngineSampleState | null;
+  /** Each counter (mod its range) as last read; a package missing there has no entry. */
+  lastSample: { tNs: bigint; energy: { pkg: number; raw: number }[]; domains?: { domain: string; pkg: number; raw: number }[] } | null;
   vms: EngineVmState[];
 }
 

@@ -69,7 +69,7 @@ export interface VmTotals {
   counter: number[];
   /** Per other domain, in VmOutput.domains' order. */
   domains: { domain: OtherDomain; energyUj: number[] }[];
-  /** ThreadTotals.vcpus without the vpkg. */
+  /** RatioEngine.threadTotals' vcpus without the vpkg. */
   vcpus: { tid: number; energyJ: number; ticks: number }[];
   otherTicks: number;
 }

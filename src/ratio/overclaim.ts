@@ -1,7 +1,4 @@
-/**
- * Ticks claimed on a package beyond what it can run ran elsewhere (docs/ratio.md "Threads that move between
- * packages"): paid from the other packages' leftover first, the rest taken from the package's claimants. Pure.
- */
+/** Ticks claimed beyond a package's capacity ran elsewhere: paid from others' leftover, then its claimants' (docs/ratio.md). Pure. */
 
 interface PackageClaims {
   pkg: number;

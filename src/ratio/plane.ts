@@ -93,10 +93,7 @@ export function payPlane(p: Plane, packageIds: readonly number[], capacity: read
   );
 }
 
-/**
- * One VM's energy of the domain per virtual package: each thread's e_k (into `es`), W (the non-vCPU threads')
- * spread evenly over the present vCPUs, added to each package's `attributed` and `lent`.
- */
+/** A VM's energy of the domain per vpkg: each thread's e_k (into `es`) and W (non-vCPU threads') spread over its vCPUs. */
 export function split(plane: Plane, nvpkg: number, threads: readonly ThreadNow[], es: number[]): { vpkg: number[]; extra: number } {
   let w = 0;
   let nv = 0;

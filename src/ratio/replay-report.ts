@@ -68,13 +68,9 @@ export function formatTable(s: ReplaySummary): string {
   const lines: string[] = [];
   const note = s.header.note ? `  (${printable(s.header.note)})` : '';
   lines.push(`${s.samples} samples, ${s.intervals} intervals${note}`);
-  const where = [
-    s.header.hostname ? `on ${printable(s.header.hostname)}` : '',
-    s.header.startTime ? `from ${printable(s.header.startTime)}` : '',
-  ]
-    .filter(Boolean)
-    .join(' ');
-  if (where) lines.push(`recorded ${where}`);
+  const on = s.header.hostname ? ` on ${printable(s.header.hostname)}` : '';
+  const from = s.header.startTime ? ` from ${printable(s.header.startTime)}` : '';
+  if (on || from) lines.push(`recorded${on}${from}`);
   if (s.vms.length === 0) {
     lines.push('no VM was registered in this trace');
     return lines.join('\n') + '\n';

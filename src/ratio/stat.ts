@@ -1,7 +1,6 @@
 /**
- * /proc/<pid>/task/<tid>/stat parsing. The command name may hold spaces and parentheses ("q) 1 (x y"), so
- * fields count from the LAST ')'. Every thread is parsed each interval: one backward pass over a reused
- * byte buffer, no field array, no substrings but comm and state.
+ * /proc/<pid>/task/<tid>/stat parsing: fields count from the LAST ')' (comm may be "q) 1 (x y"). Every thread, every
+ * interval: one backward pass over a reused buffer, no field array, no substring but comm and state.
  */
 import { fail, ok, type Result } from '../common/result.js';
 export interface TaskStat {
@@ -66,10 +65,7 @@ function openParen(b: Buffer, len: number): number {
   return -1;
 }
 
-/**
- * One backward pass to the LAST ')' (its index, or -1), the field separators met on the way kept in a ring
- * (the RING nearest the ')' survive: more than the 37 up to field 39). Not re-entrant, like the engine.
- */
+/** Backward to the LAST ')' (index or -1), the separators met kept in a ring (RING > the 37 up to field 39). Not re-entrant. */
 const RING = 64;
 const spaces = new Int32Array(RING);
 let spaceCount = 0;
@@ -116,8 +112,7 @@ export function parseStatLine(line: string): Result<TaskStat> {
   const tid = uintAt(b, line, 0, open);
   if (tid === NOT_UINT) return fail(`pid field is not a number: ${JSON.stringify(line.slice(0, open).slice(0, 20))}`);
   if (close + 1 >= len || b[close + 1] !== SPACE) return fail('nothing after the command name');
-  // The separator right after ')' is the first space counted, so there are spaceCount fields from
-  // field 3 on. Only fields up to 39 are read: the tail is unused.
+  // The separator after ')' is the first space counted: spaceCount fields from field 3 on; only those up to 39 are read.
   const last = FIELDS[FIELDS.length - 1]![0];
   if (spaceCount < last - AFTER_COMM + 1) return fail(`only ${spaceCount + AFTER_COMM - 1} fields, need at least 39`);
   const values = [0, 0, 0, 0];

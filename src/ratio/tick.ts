@@ -1,17 +1,7 @@
-/**
- * Drift-free ticks: tick k is due at origin + k x interval (monotonic). After k comes k + 1, unless later
- * ideal times have passed: those are skipped (never run in a burst), so a late tick never pushes the rest back.
- */
+/** Drift-free ticks, k due at origin + k x interval; ideal times already past are skipped, never run in a burst. */
 
-interface NextTick {
-  k: bigint;
-  /** Its ideal time, ns on the monotonic clock. */
-  atNs: bigint;
-  /** Ticks skipped because their time has passed. */
-  skipped: number;
-}
-
-export function nextTick(originNs: bigint, intervalNs: bigint, lastK: bigint, nowNs: bigint): NextTick {
+/** The next tick: k, its ideal time (ns, monotonic clock), and how many were skipped because their time has passed. */
+export function nextTick(originNs: bigint, intervalNs: bigint, lastK: bigint, nowNs: bigint): { k: bigint; atNs: bigint; skipped: number } {
   if (intervalNs <= 0n) throw new RangeError(`tick interval must be positive, got ${intervalNs} ns`);
   let k = lastK + 1n;
   // The first ideal time strictly after now (floor division: now is never before origin here).

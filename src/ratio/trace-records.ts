@@ -3,21 +3,17 @@ import type { Sample, TraceHeader } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 
 export class TraceError extends Error {
-  /** 1-based. */
-  readonly line: number | undefined;
-  readonly file: string | undefined;
   constructor(
     readonly reason: string,
-    line?: number,
-    file?: string,
+    /** 1-based. */
+    readonly line?: number,
+    readonly file?: string,
   ) {
     const where = line === undefined ? '' : `line ${line}: `;
     // Errors about opening the file already name it.
     const named = file === undefined || reason.includes(file) ? '' : `${file}: `;
     super(`${named}${where}${reason}`);
     this.name = 'TraceError';
-    this.line = line;
-    this.file = file;
   }
 
   /** The same error, naming the file it came from. */

@@ -40,56 +40,49 @@ export class Replay {
   /** Applies one record after the header; returns the interval a sample closes, if any. */
   apply(rec: Exclude<TraceRecord, { type: 'header' }>): IntervalResult | null {
     try {
-      return this.applyUnchecked(rec);
+      switch (rec.type) {
+        case 'register': {
+          if (++this.registered > this.maxVms)
+            throw new TraceError(`the trace registers more than ${this.maxVms} VMs; replay holds at most that many`, rec.line);
+          const id = this.engine.register(rec.vm);
+          this.byPid.set(rec.vm.pid, [...(this.byPid.get(rec.vm.pid) ?? []), id]);
+          this.attributedS.set(id, 0);
+          return null;
+        }
+        case 'unregister': {
+          const ids = this.byPid.get(rec.pid);
+          const id = ids?.shift();
+          if (id === undefined) {
+            this.problem(`line ${rec.line}: unregister of pid ${rec.pid}, which is not registered: ignored`);
+            return null;
+          }
+          if (ids!.length === 0) this.byPid.delete(rec.pid);
+          this.engine.unregister(id);
+          return null;
+        }
+        case 'gap': {
+          // The counters may have wrapped any number of times: nothing attributed across the gap, the next sample a baseline.
+          this.engine.gap();
+          this.problem(
+            `line ${rec.line}: ${rec.lostSamples} samples missing from here (the recorder's disk was full): no energy attributed across the gap`,
+          );
+          return null;
+        }
+        case 'sample': {
+          this.samples++;
+          const r = this.engine.addSample(rec.sample);
+          const problems = r ? r.problems : this.engine.lastProblems;
+          for (const p of problems) this.problem(`line ${rec.line}: ${p}`);
+          if (!r) return null;
+          this.intervals++;
+          for (const vm of r.vms) this.attributedS.set(vm.vmId, (this.attributedS.get(vm.vmId) ?? 0) + r.dtS);
+          return r;
+        }
+      }
     } catch (e) {
       // The reader validates first; this only turns an engine refusal into an error naming the line.
       if (e instanceof TraceError) throw e;
       throw new TraceError((e as Error).message, rec.line);
-    }
-  }
-
-  private applyUnchecked(rec: Exclude<TraceRecord, { type: 'header' }>): IntervalResult | null {
-    switch (rec.type) {
-      case 'register': {
-        if (++this.registered > this.maxVms)
-          throw new TraceError(`the trace registers more than ${this.maxVms} VMs; replay holds at most that many`, rec.line);
-        const id = this.engine.register(rec.vm);
-        const ids = this.byPid.get(rec.vm.pid) ?? [];
-        ids.push(id);
-        this.byPid.set(rec.vm.pid, ids);
-        this.attributedS.set(id, 0);
-        return null;
-      }
-      case 'unregister': {
-        const ids = this.byPid.get(rec.pid);
-        const id = ids?.shift();
-        if (id === undefined) {
-          this.problem(`line ${rec.line}: unregister of pid ${rec.pid}, which is not registered: ignored`);
-          return null;
-        }
-        if (ids!.length === 0) this.byPid.delete(rec.pid);
-        this.engine.unregister(id);
-        return null;
-      }
-      case 'gap': {
-        // The energy counters may have wrapped any number of times meanwhile: nothing is attributed
-        // across the gap, the next sample is a new baseline.
-        this.engine.gap();
-        this.problem(
-          `line ${rec.line}: ${rec.lostSamples} samples missing from here (the recorder's disk was full): no energy attributed across the gap`,
-        );
-        return null;
-      }
-      case 'sample': {
-        this.samples++;
-        const r = this.engine.addSample(rec.sample);
-        const problems = r ? r.problems : this.engine.lastProblems;
-        for (const p of problems) this.problem(`line ${rec.line}: ${p}`);
-        if (!r) return null;
-        this.intervals++;
-        for (const vm of r.vms) this.attributedS.set(vm.vmId, (this.attributedS.get(vm.vmId) ?? 0) + r.dtS);
-        return r;
-      }
     }
   }
 

@@ -1,7 +1,6 @@
 /**
- * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, streaming line by line. A trace is
- * untrusted: every problem is a TraceError naming the line, and lines are capped in length
- * (DEFAULT_MAX_LINE_BYTES) so a hostile file cannot make the reader allocate without bound.
+ * Reads vmsr-trace v1 (docs/trace-format.md), plain or gzip, line by line. Untrusted:
+ * each problem is a TraceError naming the line; lines are capped so a hostile file cannot make it allocate without bound.
  */
 import fs from 'node:fs';
 import type { Readable } from 'node:stream';
@@ -30,10 +29,7 @@ const MAX_JSON_DEPTH = 32;
 /** Blank lines are skipped, but this many in a row is not a trace (a recorder never writes one). */
 const MAX_BLANK_RUN = 1_000_000;
 
-/**
- * Whether `text` nests arrays/objects deeper than `max` (strings skipped). Checked before JSON.parse,
- * whose result would otherwise be walked recursively (and overflow the stack) for a hostile line.
- */
+/** Whether `text` nests deeper than `max`: checked before JSON.parse, whose result a hostile line would make overflow the stack. */
 function nestsDeeperThan(text: string, max: number): boolean {
   let depth = 0;
   let inString = false;
@@ -62,10 +58,7 @@ function describe(v: unknown): string {
   return text.length > 60 ? `${text.slice(0, 57)}...` : text;
 }
 
-/**
- * Validates records one line at a time and keeps the ordering state (header first and once, t_ns
- * non-decreasing, samples strictly increasing). Pure: feed it lines, it gives records or throws.
- */
+/** Validates records line by line and their order (one header first, t_ns non-decreasing, samples increasing). Pure. */
 export class TraceParser {
   private headerSeen = false;
   private lastT: bigint | undefined;
@@ -166,9 +159,8 @@ export class TraceParser {
     if (v.format !== 'vmsr-trace') this.fail(`header: format must be "vmsr-trace", got ${describe(v.format)}`);
     if (v.version !== 1) this.fail(`header: unsupported version ${describe(v.version)} (this reader knows version 1)`);
     const clkTck = v.clk_tck;
-    if (typeof clkTck !== 'number' || !Number.isInteger(clkTck) || clkTck < 1 || clkTck > 1_000_000) {
+    if (typeof clkTck !== 'number' || !Number.isInteger(clkTck) || clkTck < 1 || clkTck > 1_000_000)
       this.fail(`header: clk_tck must be a positive integer, got ${describe(clkTck)}`);
-    }
     const host = v.host;
     if (!isObject(host)) this.fail('header: host must be an object');
     if (host.vendor !== 'intel' && host.vendor !== 'amd')
@@ -209,28 +201,18 @@ export class TraceParser {
     }
     if (typeof v.note === 'string') header.note = v.note;
     // Added later to the format: traces without them (older recorders) stay valid.
-    if (v.start_time !== undefined) {
-      if (
-        typeof v.start_time !== 'string' ||
-        v.start_time.length > 64 ||
-        !/^\d{4}-\d\d-\d\dT/.test(v.start_time) ||
-        Number.isNaN(Date.parse(v.start_time))
-      ) {
-        this.fail(`header: start_time must be an ISO 8601 time like "2026-01-31T12:00:00.000Z", got ${describe(v.start_time)}`);
-      }
-      header.startTime = v.start_time;
+    const t = v.start_time;
+    if (t !== undefined) {
+      if (typeof t !== 'string' || t.length > 64 || !/^\d{4}-\d\d-\d\dT/.test(t) || Number.isNaN(Date.parse(t)))
+        this.fail(`header: start_time must be an ISO 8601 time like "2026-01-31T12:00:00.000Z", got ${describe(t)}`);
+      header.startTime = t;
     }
     if (v.start_t_ns !== undefined) header.startNs = this.nanoseconds(v.start_t_ns, this.rawLine, 'start_t_ns');
-    if (v.hostname !== undefined) {
-      if (
-        typeof v.hostname !== 'string' ||
-        v.hostname.length === 0 ||
-        v.hostname.length > MAX_HOSTNAME ||
-        /[\u0000-\u001f\u007f-\u009f]/.test(v.hostname)
-      ) {
-        this.fail(`header: hostname must be a host name of 1..${MAX_HOSTNAME} printable characters, got ${describe(v.hostname)}`);
-      }
-      header.hostname = v.hostname;
+    const h = v.hostname;
+    if (h !== undefined) {
+      if (typeof h !== 'string' || h.length === 0 || h.length > MAX_HOSTNAME || /[\u0000-\u001f\u007f-\u009f]/.test(h))
+        this.fail(`header: hostname must be a host name of 1..${MAX_HOSTNAME} printable characters, got ${describe(h)}`);
+      header.hostname = h;
     }
     return header;
   }
@@ -277,9 +259,7 @@ export class TraceParser {
 
   private energy(v: unknown): Map<number, bigint> {
     if (!isObject(v)) this.fail('sample: energy must be an object {package id: "0x..."}');
-    const out = new Map<number, bigint>();
-    for (const [k, raw] of Object.entries(v)) out.set(this.key(k, 'energy'), this.hex(raw, `energy["${k}"]`));
-    return out;
+    return new Map(Object.entries(v).map(([k, raw]) => [this.key(k, 'energy'), this.hex(raw, `energy["${k}"]`)]));
   }
 
   /** A sample's other domains, {"dram":{"0":"0x1234"}}; one the header does not describe is kept (the engine says so, not fatal). */
@@ -340,21 +320,18 @@ export class TraceParser {
 
 interface ReadOptions {
   maxLineBytes?: number;
-  /** Called about every 64 KiB read, for progress on long scans (lines so far, file bytes read). */
+  /** Called about every 64 KiB read, for progress on long scans. */
   onProgress?: (p: ScanProgress) => void;
 }
 
 export interface ScanProgress {
-  /** Lines scanned so far (blank ones included). */
+  /** Lines scanned so far, blank ones included. */
   lines: number;
-  /** Bytes of the file read so far (compressed, for a gzip file); undefined for a plain stream. */
+  /** File bytes read so far (compressed, for gzip); undefined for a plain stream. */
   fileBytes?: number;
 }
 
-/**
- * Splits a byte stream into lines (numbered from 1), UTF-8 checked. A line longer than the cap, a
- * final line without newline that is not complete JSON and a broken gzip stream are TraceErrors.
- */
+/** Splits a byte stream into UTF-8-checked lines numbered from 1; an over-long line or broken gzip is a TraceError. */
 async function* splitLines(
   stream: AsyncIterable<Buffer | string>,
   opts: ReadOptions = {},
@@ -480,11 +457,7 @@ export async function* readTrace(path: string, opts: ReadOptions = {}): AsyncGen
   const gz = headBytes === 2 && head[0] === GZIP_MAGIC[0] && head[1] === GZIP_MAGIC[1];
   if (!gz && /\.gz$/i.test(path)) {
     file.destroy();
-    const magic =
-      head
-        .subarray(0, headBytes)
-        .toString('hex')
-        .replace(/(..)(?=.)/g, '$1 ') || 'nothing';
+    const magic = [...head.subarray(0, headBytes)].map((x) => x.toString(16).padStart(2, '0')).join(' ') || 'nothing';
     throw new TraceError(
       `not gzip: the name ends in .gz but the file starts with ${magic}, not the gzip magic 1f 8b; is it truncated or mis-named?`,
       undefined,

@@ -1,12 +1,9 @@
-/**
- * Writes a `vmsr-trace` v1 file (docs/trace-format.md): JSON Lines, gzip when the name ends in .gz;
- * a whole trace after every record, even on a full disk (docs/recording.md "A full disk").
- */
+/** Writes vmsr-trace v1 (docs/trace-format.md), gzip for a .gz name; a whole trace after every record (docs/recording.md "A full disk"). */
 import fs from 'node:fs';
 import os from 'node:os';
 import zlib from 'node:zlib';
 import { formatMsrHex } from '../ratio/counter.js';
-import type { DomainReading, Sample, TraceHeader } from '../model/sample.js';
+import type { Sample, TraceHeader } from '../model/sample.js';
 import type { VmSpec } from '../model/vm.js';
 import { cannot } from '../common/errors.js';
 
@@ -60,30 +57,18 @@ function withTime(type: string, tNs: bigint, rest: string): string {
 }
 
 export function registerLine(tNs: bigint, vm: VmSpec): string {
-  const v: Record<string, unknown> = { pid: vm.pid, starttime: vm.starttime };
-  if (vm.name !== undefined) v.name = vm.name;
-  v.vcpus = vm.vcpus.map((c) => ({ tid: c.tid, vpkg: c.vpkg }));
+  const v = { pid: vm.pid, starttime: vm.starttime, name: vm.name, vcpus: vm.vcpus.map((c) => ({ tid: c.tid, vpkg: c.vpkg })) };
   return withTime('register', tNs, `,"vm":${JSON.stringify(v)}`);
 }
 
 export function sampleLine(s: Sample): string {
-  const energy: Record<string, string> = {};
-  for (const [pkg, raw] of s.energy) energy[String(pkg)] = formatMsrHex(raw);
-  const tasks: Record<string, Record<string, string>> = {};
-  for (const [pid, lines] of s.tasks) {
-    const t: Record<string, string> = {};
-    for (const [tid, line] of lines) t[String(tid)] = line;
-    tasks[String(pid)] = t;
-  }
-  const domains = s.domains === undefined || s.domains.length === 0 ? '' : `,"domains":${JSON.stringify(domainsObject(s.domains))}`;
+  const energy = Object.fromEntries([...s.energy].map(([pkg, raw]) => [pkg, formatMsrHex(raw)]));
+  const tasks = Object.fromEntries([...s.tasks].map(([pid, lines]) => [pid, Object.fromEntries(lines)]));
+  // Other domains, raw counter hex by domain, then package id; none: no key, as before they came.
+  const byDomain: Record<string, Record<string, string>> = {};
+  for (const r of s.domains ?? []) (byDomain[r.domain] ??= {})[r.pkg] = formatMsrHex(r.raw);
+  const domains = s.domains?.length ? `,"domains":${JSON.stringify(byDomain)}` : '';
   return withTime('sample', s.tNs, `,"energy":${JSON.stringify(energy)}${domains},"tasks":${JSON.stringify(tasks)}`);
-}
-
-/** A sample's other domains as the trace holds them: raw counter hex by domain, then package id. */
-function domainsObject(readings: readonly DomainReading[]): Record<string, Record<string, string>> {
-  const out: Record<string, Record<string, string>> = {};
-  for (const r of readings) (out[r.domain] ??= {})[String(r.pkg)] = formatMsrHex(r.raw);
-  return out;
 }
 
 /** Samples are missing from `tNs` (the first lost one) on: `lost` of them. */
@@ -91,10 +76,7 @@ export function gapLine(tNs: bigint, lost: number): string {
   return withTime('gap', tNs, `,"lost_samples":${lost}`);
 }
 
-/**
- * Records kept in memory while the disk is full (the header, registrations, the gap); past this the
- * recording stops for good with an error. Samples are not kept: they are the bulk, and lost.
- */
+/** Bytes of records held while the disk is full (past it the recording stops); samples, the bulk, are not held but lost. */
 const MAX_PENDING_BYTES = 1 << 20;
 /** Deflate's window: each record is compressed with this much of what precedes it as dictionary. */
 const WINDOW = 32 * 1024;
@@ -124,8 +106,6 @@ export class TraceWriter {
   private lastSampleT: bigint | null = null;
   private closed: Promise<void> | null = null;
   private error: Error | null = null;
-  /** Header included. */
-  records = 0;
   samples = 0;
   /** Samples dropped while the disk was full, over the whole recording. */
   lostSamples = 0;
@@ -148,11 +128,7 @@ export class TraceWriter {
     private readonly events: TraceWriterEvents,
   ) {}
 
-  /**
-   * Creates the file and writes the header (with the start time and host name added when the caller
-   * did not give them). Throws at once if the file cannot be created, or exists and `overwrite` is
-   * not set. A disk already full leaves the file empty and the writer paused.
-   */
+  /** Creates the file (an existing one only with `overwrite`) and writes the header; a disk already full leaves it empty, paused. */
   static open(path: string, header: TraceHeader, o: OpenOptions = {}): TraceWriter {
     // Opening synchronously surfaces ENOENT/EACCES/EEXIST here, with the path, not later from a stream.
     let fd: number;
@@ -171,11 +147,7 @@ export class TraceWriter {
     return w;
   }
 
-  /**
-   * Goes on with a trace this daemon wrote before a restart (docs/daemon.md "Restarts") through the
-   * previous process's `fd`, a .gz trace in the same gzip stream (read back through `path` for its
-   * checksum, length and window). Throws when the file does not end on a whole record.
-   */
+  /** Goes on with the previous process's trace through its `fd` (docs/daemon.md "Restarts"), a .gz in the same gzip stream. */
   static resume(path: string, fd: number, o: Pick<OpenOptions, 'events'> = {}): TraceWriter {
     const gzip = path.endsWith('.gz');
     const w = new TraceWriter(path, fd, gzip, o.events ?? stderrEvents(path));
@@ -214,11 +186,6 @@ export class TraceWriter {
     return this.end === 0 ? 0 : this.end + (this.gzip ? 10 : 0);
   }
 
-  /** True while the disk is full and records are held back. */
-  get paused(): boolean {
-    return this.pending !== null;
-  }
-
   register(tNs: bigint, vm: VmSpec): void {
     this.write(registerLine(tNs, vm));
   }
@@ -236,10 +203,7 @@ export class TraceWriter {
     this.write(withTime('unregister', tNs, `,"pid":${pid}`));
   }
 
-  /**
-   * Writes what is held back if it can, and closes the file; rejects with the error that stopped the
-   * recording, or, when the disk is still full, saying how much is missing at the end. Idempotent.
-   */
+  /** Writes what is held back if it can and closes; rejects with what stopped the recording or what a full disk lost. Idempotent. */
   close(): Promise<void> {
     this.closed ??= (async () => {
       if (this.pending !== null && this.error === null) this.flushPending([]);
@@ -261,18 +225,16 @@ export class TraceWriter {
   private write(line: string, sampleT?: bigint): void {
     if (this.closed) throw new Error(`trace ${this.path} is closed`);
     if (this.error) throw this.error;
-    this.records++;
+    // Paused: a record is held, a sample tries again (once an interval) with everything held back before it.
     if (this.pending === null) {
       const failed = this.append([line]);
       if (failed === null) return;
-      this.pause(failed);
-      if (sampleT === undefined) this.hold({ line });
-      else this.lose(sampleT);
-      return;
-    }
-    // Paused: a sample tries again (once an interval), with everything held back before it.
-    if (sampleT === undefined) return this.hold({ line });
-    if (!this.flushPending([line])) this.lose(sampleT);
+      this.pending = [];
+      this.pausedAt = Date.now();
+      this.events.paused(failed);
+    } else if (sampleT !== undefined && this.flushPending([line])) return;
+    if (sampleT === undefined) this.hold({ line });
+    else this.lose(sampleT);
   }
 
   /** Writes the held-back records and `then`; on success the writer runs again. */
@@ -285,12 +247,6 @@ export class TraceWriter {
     this.pendingBytes = 0;
     this.lostNow = 0;
     return true;
-  }
-
-  private pause(why: string): void {
-    this.pending = [];
-    this.pausedAt = Date.now();
-    this.events.paused(why);
   }
 
   private lose(tNs: bigint): void {

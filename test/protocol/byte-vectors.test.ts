@@ -42,7 +42,7 @@ function oneFrame(bytes: Buffer, types: ReadonlySet<number>) {
   expect(out).toHaveLength(1);
   const f = out[0]!;
   if (!f.ok) throw new Error(f.error.message);
-  expect(d.pending).toBe(0);
+  expect(d.incompleteBytes).toBe(0);
   return f.value;
 }
 

@@ -15,7 +15,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from '../../src/protocol/stats/fla
 import { decodeStatsLayout, encodeStatsFile, planStatsLayout } from '../../src/protocol/stats/layout.js';
 import { SampleBlock, readConsistent } from '../../src/protocol/stats/sample-block.js';
 import { decodeStatsValues, describeDescriptor } from '../support/stats-values.js';
-import { vmStatsLayout, tickExponent, VmStatsSlots, writeVmStats } from '../../src/protocol/stats/vm-file.js';
+import { vmStatsLayout, tickExponent, vmStatsSlots, writeVmStats } from '../../src/protocol/stats/vm-file.js';
 import { hostDomainShapes, hostStatsLayout, writeHostStats } from '../../src/protocol/stats/host-file.js';
 
 const hex = (text: string): Buffer => Buffer.from(text.replace(/\s+/g, ''), 'hex');
@@ -143,7 +143,7 @@ describe('the other RAPL domains in the files', () => {
     ]);
     const mem = new ArrayBuffer(l.fileSize);
     const b = new SampleBlock(mem, l);
-    const slots = new VmStatsSlots(b, { ...shape, domains: [...shape.domains] });
+    const slots = vmStatsSlots(b, { ...shape, domains: [...shape.domains] });
     b.write((w) =>
       writeVmStats(w, slots, {
         monotonicNs: 1n,

@@ -5,7 +5,8 @@ import { encodeStatsFile, type StatsLayout } from '../../protocol/stats/layout.j
 import { SampleBlock } from '../../protocol/stats/sample-block.js';
 import {
   vmStatsLayout,
-  VmStatsSlots,
+  vmStatsSlots,
+  type VmStatsSlots,
   writeVmInterval,
   writeVmStats,
   type VcpuTotals,
@@ -111,7 +112,7 @@ export class VmStatsFile {
     private readonly p: VmStatsReads,
   ) {
     this.layout = vmStatsLayout(shape);
-    this.slots = new VmStatsSlots(new SampleBlock(new ArrayBuffer(this.layout.fileSize), this.layout), shape);
+    this.slots = vmStatsSlots(new SampleBlock(new ArrayBuffer(this.layout.fileSize), this.layout), shape);
   }
 
   /** Neither a memfd nor a guest's copy: nothing to write. */

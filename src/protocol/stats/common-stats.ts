@@ -23,7 +23,7 @@ export interface SampleTimes {
   intervalNs: bigint;
 }
 
-export type SampleTimeSlots = ReturnType<typeof sampleTimeSlots>;
+type SampleTimeSlots = ReturnType<typeof sampleTimeSlots>;
 
 export function sampleTimeSlots(b: SampleBlock) {
   return {

@@ -1,8 +1,4 @@
-/**
- * The flags of a statistics descriptor (docs/stats-fd.md "Flags"): KVM's binary statistics codes
- * (Documentation/virt/kvm/api.rst, KVM_GET_STATS_FD) where KVM has one, and the helper's own unit codes
- * where it has none (energy, power). Bits 0-3 type, 4-7 unit, 8-11 base, like KVM's. Pure.
- */
+/** Descriptor flags (docs/stats-fd.md "Flags"): KVM's codes (api.rst, KVM_GET_STATS_FD), the helper's own for energy and power. */
 
 const STATS_TYPE_SHIFT = 0;
 export const STATS_TYPE_MASK = 0xf << STATS_TYPE_SHIFT;
@@ -18,10 +14,7 @@ export const STATS_TYPE = {
   PEAK: 0x2 << STATS_TYPE_SHIFT,
 } as const;
 
-/**
- * KVM_STATS_UNIT_*, and the helper's own JOULES and WATTS from the top of the 4-bit range, so that a
- * unit KVM adds later (it added BOOLEAN after the first four) cannot collide with them.
- */
+/** KVM_STATS_UNIT_*; JOULES and WATTS from the top of the range, so a unit KVM adds later (as BOOLEAN was) cannot collide. */
 export const STATS_UNIT = {
   NONE: 0x0 << STATS_UNIT_SHIFT,
   BYTES: 0x1 << STATS_UNIT_SHIFT,

@@ -10,39 +10,24 @@ const I = STATS_TYPE.INSTANT;
 const UJ = STATS_UNIT.JOULES | STATS_BASE.POW10;
 const one = (name: string, flags: number, exponent = 0): StatsDescriptor => ({ name, flags, exponent, size: 1 });
 
-/** Counters of the host file, in file order: name and type. */
+/** Counters of the host file, in file order: name, type and value. */
 const COUNTERS = [
-  ['samples', C],
-  ['sample_failures', C],
-  ['legacy_ok', C],
-  ['legacy_refused', C],
-  ['legacy_failed', C],
-  ['vm_changes', C],
-  ['connections', I],
-  ['vms', I],
+  ['samples', C, 'samples'],
+  ['sample_failures', C, 'sampleFailures'],
+  ['legacy_ok', C, 'legacyOk'],
+  ['legacy_refused', C, 'legacyRefused'],
+  ['legacy_failed', C, 'legacyFailed'],
+  ['vm_changes', C, 'vmChanges'],
+  ['connections', I, 'connections'],
+  ['vms', I, 'vms'],
 ] as const;
 
-function hostStatsId(daemonPid: number): string {
-  return `vmsr-host/pid-${daemonPid}`;
-}
-
-/**
- * What the daemon may admit, and how much of it is taken: its VM caps and its fd budget. A part is
- * null when the daemon has none (discovery off; no fd budget): its descriptors are left out.
- */
+/** The daemon's VM caps and fd budget, and how much is taken; null where it has none (its descriptors left out). */
 export interface HostCapacity {
   registered: { used: number; max: number };
   discovered: { used: number; max: number } | null;
   fds: { open: number; max: number; available: number } | null;
 }
-
-/** Which parts of HostCapacity the file holds. */
-interface HostCapacityShape {
-  discovered: boolean;
-  fds: boolean;
-}
-
-const NO_CAPACITY: HostCapacityShape = { discovered: false, fds: false };
 
 export function hostDomainNames(domain: OtherDomain): { packageId: string; energy: string; unattributed: string } {
   return { packageId: `${domain}_package_id`, energy: `${domain}_energy`, unattributed: `${domain}_unattributed_energy` };
@@ -64,14 +49,13 @@ export function hostDomainShapes(pairs: readonly { pkg: number; domain: OtherDom
   return out;
 }
 
-interface HostStatsShape {
-  capacity?: HostCapacityShape;
-  domains?: readonly HostDomainShape[];
-}
-
-export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStatsShape = {}): StatsLayout {
-  const capacity = shape.capacity ?? NO_CAPACITY;
-  const domains = shape.domains ?? [];
+/** `capacity`: which parts of HostCapacity the file holds. */
+export function hostStatsLayout(
+  daemonPid: number,
+  npkg: number,
+  shape: { capacity?: { discovered: boolean; fds: boolean }; domains?: readonly HostDomainShape[] } = {},
+): StatsLayout {
+  const plain = (name: string) => one(name, I | STATS_UNIT.NONE);
   const descs: StatsDescriptor[] = [
     ...COMMON_STATS,
     { name: 'package_id', flags: I | STATS_UNIT.NONE, exponent: 0, size: npkg },
@@ -81,14 +65,10 @@ export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStat
     one('last_sample_duration', I | STATS_UNIT.SECONDS | STATS_BASE.POW10, -9),
     ...COUNTERS.map(([name, type]) => one(name, type | STATS_UNIT.NONE)),
     // Added after the others, in the order they came: a reader finds values by name and skips what it does not know.
-    one('energy_source', I | STATS_UNIT.NONE),
-    one('vms_registered', I | STATS_UNIT.NONE),
-    one('vms_registered_max', I | STATS_UNIT.NONE),
-    ...(capacity.discovered ? [one('vms_discovered', I | STATS_UNIT.NONE), one('vms_discovered_max', I | STATS_UNIT.NONE)] : []),
-    ...(capacity.fds
-      ? [one('fds_open', I | STATS_UNIT.NONE), one('fds_max', I | STATS_UNIT.NONE), one('fds_available', I | STATS_UNIT.NONE)]
-      : []),
-    ...domains.flatMap((d) => {
+    ...['energy_source', 'vms_registered', 'vms_registered_max'].map(plain),
+    ...(shape.capacity?.discovered ? ['vms_discovered', 'vms_discovered_max'].map(plain) : []),
+    ...(shape.capacity?.fds ? ['fds_open', 'fds_max', 'fds_available'].map(plain) : []),
+    ...(shape.domains ?? []).flatMap((d) => {
       const n = hostDomainNames(d.domain);
       const size = d.packages.length;
       return [
@@ -98,7 +78,7 @@ export function hostStatsLayout(daemonPid: number, npkg: number, shape: HostStat
       ];
     }),
   ];
-  return planStatsLayout(hostStatsId(daemonPid), descs);
+  return planStatsLayout(`vmsr-host/pid-${daemonPid}`, descs);
 }
 
 export interface HostStatsValues extends SampleTimes {
@@ -134,14 +114,11 @@ export function writeHostStats(b: SampleBlock, v: HostStatsValues, domains: read
   });
   b.setBig(b.slot('unattributed_energy'), v.unattributedUj);
   b.setBig(b.slot('last_sample_duration'), v.lastSampleDurationNs);
-  b.setBig(b.slot('samples'), v.samples);
-  b.setBig(b.slot('sample_failures'), v.sampleFailures);
-  b.setBig(b.slot('legacy_ok'), v.legacyOk);
-  b.setBig(b.slot('legacy_refused'), v.legacyRefused);
-  b.setBig(b.slot('legacy_failed'), v.legacyFailed);
-  b.setBig(b.slot('vm_changes'), v.vmChanges);
-  b.setNumber(b.slot('connections'), v.connections);
-  b.setNumber(b.slot('vms'), v.vms);
+  for (const [name, , key] of COUNTERS) {
+    const x = v[key];
+    if (typeof x === 'bigint') b.setBig(b.slot(name), x);
+    else b.setNumber(b.slot(name), x);
+  }
   b.setNumber(b.slot('energy_source'), v.energySource);
   for (const shape of domains) {
     const n = hostDomainNames(shape.domain);

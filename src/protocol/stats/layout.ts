@@ -1,13 +1,11 @@
-/**
- * The statistics file's layout (docs/stats-fd.md): KVM's binary statistics layout, little-endian,
- * blocks 8-byte aligned: header, id string, descriptors, data. The encoder makes a new file (values
- * 0); the decoder checks a file's first bytes as hostile input. Pure.
- */
+/** The statistics file's layout (docs/stats-fd.md), KVM's: encoded new (values 0), decoded as hostile input. Pure. */
 import { fail, ok, type Result } from '../../common/result.js';
-import { utf8Cut } from '../v2/codec.js';
+import { readFields, utf8Cut, writeFields } from '../v2/codec.js';
 import { MAX_VCPUS } from '../../model/vcpus.js';
 import { STATS_BASE_MASK, STATS_TYPE_MASK, STATS_UNIT_MASK } from './flags.js';
 
+/** The header's fields, in file order (STATS_HEADER_SIZE bytes). */
+const STATS_HEADER = { flags: 'u32', nameSize: 'u32', numDesc: 'u32', idOffset: 'u32', descOffset: 'u32', dataOffset: 'u32' } as const;
 const STATS_HEADER_SIZE = 24;
 /** Bytes of every name and of the id string, trailing NUL included (the header's name_size). */
 const STATS_NAME_SIZE = 64;
@@ -80,12 +78,7 @@ export function planStatsLayout(id: string, descs: readonly StatsDescriptor[]): 
 /** The whole file, every value 0; the id string cut to fit name_size with its NUL. */
 export function encodeStatsFile(layout: StatsLayout): Buffer {
   const b = Buffer.alloc(layout.fileSize);
-  b.writeUInt32LE(STATS_HEADER_FLAGS, 0);
-  b.writeUInt32LE(layout.nameSize, 4);
-  b.writeUInt32LE(layout.descriptors.length, 8);
-  b.writeUInt32LE(layout.idOffset, 12);
-  b.writeUInt32LE(layout.descOffset, 16);
-  b.writeUInt32LE(layout.dataOffset, 20);
+  writeFields(b, 0, STATS_HEADER, { ...layout, flags: STATS_HEADER_FLAGS, numDesc: layout.descriptors.length });
   utf8Cut(layout.id, layout.nameSize - 1).copy(b, layout.idOffset);
   layout.descriptors.forEach((d, i) => {
     const o = layout.descOffset + i * (STATS_DESC_FIXED + layout.nameSize);
@@ -101,23 +94,11 @@ export function encodeStatsFile(layout: StatsLayout): Buffer {
 
 function decodeStatsHeader(b: Buffer) {
   if (b.length < STATS_HEADER_SIZE) return fail(`the header is ${STATS_HEADER_SIZE} bytes, only ${b.length} were read`);
-  const h = {
-    flags: b.readUInt32LE(0),
-    nameSize: b.readUInt32LE(4),
-    numDesc: b.readUInt32LE(8),
-    idOffset: b.readUInt32LE(12),
-    descOffset: b.readUInt32LE(16),
-    dataOffset: b.readUInt32LE(20),
-  };
+  const h = readFields(b, 0, STATS_HEADER);
   if (h.nameSize < 2 || h.nameSize > MAX_STATS_NAME_SIZE) return fail(`name_size ${h.nameSize} is not 2..${MAX_STATS_NAME_SIZE}`);
   if (h.numDesc > MAX_STATS_DESCRIPTORS) return fail(`num_desc ${h.numDesc} is over ${MAX_STATS_DESCRIPTORS}`);
-  for (const [k, v] of [
-    ['id_offset', h.idOffset],
-    ['desc_offset', h.descOffset],
-    ['data_offset', h.dataOffset],
-  ] as const) {
-    if (v % 8 !== 0) return fail(`${k} ${v} is not a multiple of 8`);
-  }
+  for (const k of ['idOffset', 'descOffset', 'dataOffset'] as const)
+    if (h[k] % 8 !== 0) return fail(`${k.replace('Offset', '_offset')} ${h[k]} is not a multiple of 8`);
   // The blocks come in order, without overlap (api.rst): header, id, descriptors, data.
   if (h.idOffset < STATS_HEADER_SIZE) return fail(`id_offset ${h.idOffset} overlaps the header`);
   if (h.descOffset < h.idOffset + h.nameSize) return fail(`desc_offset ${h.descOffset} overlaps the id string`);
@@ -134,10 +115,7 @@ function cString(b: Buffer, at: number, size: number, what: string): Result<stri
   return ok(b.toString('utf8', at, end));
 }
 
-/**
- * A file's layout from its bytes up to data_offset (or more) and its size: every check a reader
- * needs before trusting an offset (docs/stats-fd.md "Reading it").
- */
+/** A file's layout from its bytes up to data_offset and its size, every offset checked (docs/stats-fd.md "Reading it"). */
 export function decodeStatsLayout(b: Buffer, fileSize: number): Result<StatsLayout> {
   const hr = decodeStatsHeader(b);
   if (!hr.ok) return hr;

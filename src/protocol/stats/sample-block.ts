@@ -1,7 +1,4 @@
-/**
- * The data block of a statistics file as the writer sees it, and the consistency rule shared by
- * writer and readers (docs/stats-fd.md "Consistent samples").
- */
+/** A statistics file's data block as the writer sees it, and the rule writer and readers share (docs/stats-fd.md "Consistent samples"). */
 import type { StatsLayout } from './layout.js';
 
 /** Name of the generation counter; the first descriptor of every file the helper makes. */
@@ -36,10 +33,7 @@ export class SampleBlock {
     return this.index.has(name);
   }
 
-  /**
-   * One sample: generation odd, `fill` writes the values, generation even. The generation's stores are
-   * atomic 8-byte stores (Atomics: sequentially consistent, so no value store moves across them).
-   */
+  /** One sample: generation odd, `fill`, generation even; Atomics stores (sequentially consistent: no value store crosses them). */
   write(fill: (b: SampleBlock) => void): void {
     Atomics.store(this.words, 0, ++this.generation);
     try {
@@ -66,21 +60,14 @@ export class SampleBlock {
 }
 
 interface RetryOptions {
-  /** Default 100. */
   tries?: number;
-  /**
-   * A generation this reader read after everything it read before: any generation read before the
-   * values will do as the "before", so a poller reads it once per read while the file does not change.
-   */
+  /** A generation read after all this reader read before: it will do as the "before", so a poller reads it once per read. */
   known?: bigint;
   /** Called before retry `attempt` (1, 2, ...): the writer may be preempted mid-sample, so back off rather than spin. */
   pause?: (attempt: number) => void;
 }
 
-/**
- * The values once the same even generation was seen before and after them, or null after `tries`
- * attempts: a starved reader is told so, never handed a torn sample.
- */
+/** The values once the same even generation was seen before and after them; null after `tries` (never a torn sample). */
 export function readConsistent<T>(
   readGeneration: () => bigint,
   readValues: () => T,

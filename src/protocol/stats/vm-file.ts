@@ -1,7 +1,7 @@
 /** What a VM's statistics file holds (docs/stats-fd.md "A VM's file"), and the writing of one sample. Pure. */
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
-import { COMMON_STATS, sampleTimeSlots, writeSampleTimes, type SampleTimes, type SampleTimeSlots } from './common-stats.js';
+import { COMMON_STATS, sampleTimeSlots, writeSampleTimes, type SampleTimes } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
 import type { EnergyDomain, OtherDomain } from '../../model/domains.js';
 
@@ -23,11 +23,6 @@ export interface VmStatsShape {
 
 export function vmDomainNames(domain: OtherDomain): { energy: string; power: string; limit: string } {
   return { energy: `${domain}_energy`, power: `${domain}_power`, limit: `${domain}_power_limit` };
-}
-
-/** The id string of a VM's file: "vmsr-vm-<host VM id>/pid-<pid>[/<name>]" (cut to the name size). */
-function vmStatsId(s: Pick<VmStatsShape, 'hostVmId' | 'pid' | 'name'>): string {
-  return `vmsr-vm-${s.hostVmId}/pid-${s.pid}${s.name !== null ? `/${s.name}` : ''}`;
 }
 
 const one = (name: string, flags: number, exponent = 0): StatsDescriptor => ({ name, flags, exponent, size: 1 });
@@ -74,8 +69,9 @@ function vmStatsDescriptors(s: VmStatsShape): StatsDescriptor[] {
   return out;
 }
 
+/** The id string (cut to the name size by the encoder): "vmsr-vm-<host VM id>/pid-<pid>[/<name>]". */
 export function vmStatsLayout(s: VmStatsShape): StatsLayout {
-  return planStatsLayout(vmStatsId(s), vmStatsDescriptors(s));
+  return planStatsLayout(`vmsr-vm-${s.hostVmId}/pid-${s.pid}${s.name !== null ? `/${s.name}` : ''}`, vmStatsDescriptors(s));
 }
 
 /** One vCPU's totals since the VM's baseline. */
@@ -102,55 +98,35 @@ export interface VmStatsValues extends SampleTimes {
   powerLimit?: { limitsMw: ReadonlyMap<EnergyDomain, number>; quotaMilliCpus: number; limitedMs: number };
 }
 
-export class VmStatsSlots {
-  readonly times: SampleTimeSlots;
-  readonly hostVmId: number;
-  readonly pid: number;
-  readonly ended: number;
-  readonly replaced: number;
-  readonly energy: number;
-  readonly counter: number;
-  readonly power: number;
-  readonly vcpuTid: number;
-  readonly vcpuEnergy: number;
-  readonly vcpuTicks: number | null;
-  readonly otherTicks: number | null;
-  readonly domains = new Map<OtherDomain, { energy: number; power: number }>();
-  readonly guestEnergy: number | null;
-  readonly guestExact: number | null;
-  /** The word index of power_limit; power_limit_cpu_quota and power_limited_time follow it. */
-  readonly powerLimit: number | null;
-  readonly domainLimits = new Map<OtherDomain, number>();
-  readonly guestGarbage: number | null;
-  readonly guestGarbageUj: number | null;
+export type VmStatsSlots = ReturnType<typeof vmStatsSlots>;
 
-  constructor(
-    b: SampleBlock,
-    readonly shape: VmStatsShape,
-  ) {
-    this.times = sampleTimeSlots(b);
-    this.hostVmId = b.slot('host_vm_id');
-    this.pid = b.slot('pid');
-    this.ended = b.slot('ended');
-    this.replaced = b.slot('replaced');
-    this.energy = b.slot('energy');
-    this.counter = b.slot('msr_energy_status');
-    this.power = b.slot('power');
-    this.vcpuTid = b.slot('vcpu_tid');
-    this.vcpuEnergy = b.slot('vcpu_energy');
-    this.vcpuTicks = b.has('vcpu_cpu_time') ? b.slot('vcpu_cpu_time') : null;
-    this.otherTicks = b.has('other_threads_cpu_time') ? b.slot('other_threads_cpu_time') : null;
-    for (const d of shape.domains) {
-      const n = vmDomainNames(d);
-      this.domains.set(d, { energy: b.slot(n.energy), power: b.slot(n.power) });
-    }
-    this.guestEnergy = b.has('guest_energy') ? b.slot('guest_energy') : null;
-    this.guestExact = b.has('guest_exact_energy') ? b.slot('guest_exact_energy') : null;
-    this.powerLimit = b.has('power_limit') ? b.slot('power_limit') : null;
-    for (const d of this.powerLimit === null ? [] : shape.domains) this.domainLimits.set(d, b.slot(vmDomainNames(d).limit));
-    this.guestGarbage = b.has('guest_garbage_windows') ? b.slot('guest_garbage_windows') : null;
-    this.guestGarbageUj = b.has('guest_garbage_energy') ? b.slot('guest_garbage_energy') : null;
-  }
+/** Word indexes of a VM file's values; null where the file has no such descriptor. */
+export function vmStatsSlots(b: SampleBlock, shape: VmStatsShape) {
+  const opt = (name: string): number | null => (b.has(name) ? b.slot(name) : null);
+  const powerLimit = opt('power_limit');
+  return {
+    shape,
+    times: sampleTimeSlots(b),
+    hostVmId: b.slot('host_vm_id'),
+    pid: b.slot('pid'),
+    ended: b.slot('ended'),
+    replaced: b.slot('replaced'),
+    energy: b.slot('energy'),
+    counter: b.slot('msr_energy_status'),
+    power: b.slot('power'),
+    vcpuTid: b.slot('vcpu_tid'),
+    vcpuEnergy: b.slot('vcpu_energy'),
+    vcpuTicks: opt('vcpu_cpu_time'),
+    otherTicks: opt('other_threads_cpu_time'),
+    domains: new Map(shape.domains.map((d) => [d, { energy: b.slot(vmDomainNames(d).energy), power: b.slot(vmDomainNames(d).power) }])),
+    guestEnergy: opt('guest_energy'),
+    guestExact: opt('guest_exact_energy'),
+    /** The word index of power_limit; power_limit_cpu_quota and power_limited_time follow it. */
+    powerLimit,
+    domainLimits: new Map(powerLimit === null ? [] : shape.domains.map((d) => [d, b.slot(vmDomainNames(d).limit)])),
+    guestGarbage: opt('guest_garbage_windows'),
+    guestGarbageUj: opt('guest_garbage_energy'),
+  };
 }
 
 /** One sample's values into the block (inside SampleBlock.write). Arrays longer than the file's are cut, shorter ones leave 0. */

@@ -1,7 +1,4 @@
-/**
- * v2 framing (docs/protocol.md "v2"): `u16 type, u16 flags, u32 length, payload`, little-endian,
- * and the pure encoders of each frame (the decoder is frame-decoder.ts; the magic is legacy.ts's V2_MAGIC).
- */
+/** v2 framing (docs/protocol.md "v2"), `u16 type, u16 flags, u32 length, payload` little-endian, and each frame's encoder. Pure. */
 import type { VcpuSpec } from '../../model/vcpus.js';
 import { ENERGY_DOMAINS, type EnergyDomain, type OtherDomain } from '../../model/domains.js';
 
@@ -51,8 +48,7 @@ export const E = {
 /** Bit 0 of flags on VALUE and UPDATE: the VM has ended, values are final. */
 export const FLAG_ENDED = 0x1;
 
-// Each flag that changes a reply's layout is sent only to a connection that asked for it, so a client
-// that never asks keeps the original layout.
+// A flag that changes a reply's layout is sent only to a connection that asked: a client that never asks keeps the first layout.
 
 /** Bit 0 of flags on HOST_UPDATE: a VM appeared, ended or was dropped since the previous sample (LIST again). */
 export const FLAG_VMS_CHANGED = 0x1;
@@ -139,7 +135,6 @@ export function encodeFrame(type: number, flags: number, payload: Buffer): Buffe
   return out;
 }
 
-/** A payload of u32s, in order. */
 function u32Payload(...values: number[]): Buffer {
   const p = Buffer.alloc(4 * values.length);
   values.forEach((v, i) => p.writeUInt32LE(v, 4 * i));
@@ -162,7 +157,7 @@ type Fields = Readonly<Record<string, 'u32' | 'u64'>>;
 type FieldValues<F extends Fields> = { -readonly [K in keyof F]: F[K] extends 'u32' ? number : bigint };
 
 /** Writes `v` at `off` (u64s clamped as u64() does); returns the offset after the run. */
-function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
+export function writeFields<F extends Fields>(p: Buffer, off: number, fields: F, v: FieldValues<F>): number {
   for (const [k, kind] of Object.entries(fields)) {
     if (kind === 'u32') p.writeUInt32LE(v[k] as number, off);
     else p.writeBigUInt64LE(u64(v[k] as bigint), off);
@@ -182,8 +177,6 @@ export function readFields<F extends Fields>(p: Buffer, off: number, fields: F):
 
 export const REGISTERED_FIELDS = { vmId: 'u32', nvpkg: 'u32', powerUnit: 'u64' } as const;
 export const VALUE_FIELDS = { vmId: 'u32', vpkg: 'u32', counter: 'u64', energyUj: 'u64', tNs: 'u64' } as const;
-
-// ---- helper -> client ----
 
 export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint): Buffer {
   const p = Buffer.alloc(16);
@@ -245,8 +238,6 @@ export function encodeOk(vmId: number): Buffer {
   return encodeU32Frame(T.OK, vmId);
 }
 
-// ---- observers (helper -> client) ----
-
 export const VM_ENTRY_FIELDS = { hostVmId: 'u32', pid: 'u32', uid: 'u32', nvpkg: 'u32', starttime: 'u64' } as const;
 /** A VM_LIST entry's other flag bits, by the field each sets. */
 export const VM_ENTRY_FLAGS = {
@@ -299,10 +290,7 @@ function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   return off + VM_ENTRY_FIXED + name.length;
 }
 
-/**
- * One VM_LIST page: the entries (ascending hostVmId) that fit in MAX_PAYLOAD, and the id to ask for
- * next (0 when these are the last). `entries` must already be sorted and filtered for the peer.
- */
+/** One VM_LIST page: the `entries` (sorted, filtered for the peer) that fit, and the id to ask for next (0: the last). */
 export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   let size = VM_LIST_HEADER;
   let n = 0;
@@ -320,11 +308,7 @@ export function encodeVmList(entries: readonly VmEntry[]): Buffer {
   return encodeFrame(T.VM_LIST, 0, p);
 }
 
-/**
- * HOST_UPDATE's counters at byte 16. lastSampleDurationNs: wall time of the last sample (MSR, /proc,
- * discovery scan, engine); connections: open ones, legacy and v2; vms: registered and discovered,
- * ended ones not yet dropped.
- */
+/** HOST_UPDATE's counters at byte 16; lastSampleDurationNs: the last sample's wall time; vms: with ended ones not yet dropped. */
 export const DAEMON_COUNTER_FIELDS = {
   legacyOk: 'u64',
   legacyRefused: 'u64',
@@ -410,10 +394,7 @@ export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
 /** LIMIT_STATE's first LIMIT_STATE_SIZE bytes. */
 export const LIMIT_STATE_FIELDS = { vmId: 'u32', limitMw: 'u32', quotaUs: 'u32', periodUs: 'u32', limitedNs: 'u64' } as const;
 
-/**
- * A VM's power limit as LIMIT_STATE carries it (0 milliwatts: none; quotaUs 0: no quota set by the
- * helper now); `domain` when the request named one (LIMIT_DOMAIN), absent: the package, in the first layout.
- */
+/** LIMIT_STATE's limit (0 mW: none; quotaUs 0: no quota now); `domain` when the LIMIT named one, absent: the package. */
 export type LimitState = FieldValues<typeof LIMIT_STATE_FIELDS> & { domain?: EnergyDomain };
 
 export function encodeLimitState(s: LimitState): Buffer {
@@ -432,8 +413,6 @@ export function encodeError(code: number, requestType: number, message: string):
   text.copy(p, 8);
   return encodeFrame(T.ERROR, 0, p);
 }
-
-// ---- client -> helper ----
 
 interface RegisterRequest {
   pid: number;

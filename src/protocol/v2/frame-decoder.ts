@@ -1,7 +1,4 @@
-/**
- * The v2 frame decoder (docs/protocol.md "v2"). It takes bytes as they arrive and never buffers more
- * than one frame, so a hostile peer cannot make it grow past MAX_PAYLOAD + header. Pure.
- */
+/** The v2 frame decoder (docs/protocol.md "v2"): never more than one frame buffered, so a hostile peer cannot grow it. Pure. */
 import { fail, ok, type Result } from '../../common/result.js';
 import { HEADER_SIZE, MAX_PAYLOAD, typeName } from './codec.js';
 
@@ -20,10 +17,7 @@ interface FrameError {
 
 export type DecodeResult = Result<Frame, FrameError>;
 
-/**
- * `push` returns every frame completed by the new bytes; it stops at (and returns) the first header
- * error, after which the decoder is dead. `allowedTypes` rejects a type before its payload comes.
- */
+/** `push` gives the frames the bytes complete, up to the first header error (then dead); a type not in `allowedTypes` is one. */
 export class FrameDecoder {
   private chunks: Buffer[] = [];
   private buffered = 0;
@@ -32,37 +26,27 @@ export class FrameDecoder {
 
   constructor(private readonly allowedTypes: ReadonlySet<number>) {}
 
-  /** Payload bytes held, waiting for the rest of a frame (at most MAX_PAYLOAD). */
-  get pending(): number {
-    return this.buffered;
-  }
-
   /** Bytes of the incomplete frame received so far, header included; 0 exactly between frames. */
   get incompleteBytes(): number {
     return this.buffered + (this.header !== null ? HEADER_SIZE : 0);
   }
 
-  /**
-   * Bytes still to come before the current frame (or, before it is in, its header) is complete. A
-   * reader that asks for no more sees every frame start at the start of a read (how the client pairs
-   * fds with the frame they came with).
-   */
+  /** Bytes to the end of the current frame (or header): reading no more, every frame starts a read (how the client pairs fds). */
   get bytesToFrameEnd(): number {
     return this.header === null ? HEADER_SIZE - this.buffered : this.header.length - this.buffered;
-  }
-
-  get failed(): boolean {
-    return this.dead;
   }
 
   push(data: Buffer): DecodeResult[] {
     if (this.dead) return [];
     const out: DecodeResult[] = [];
     let buf = data;
-    while (buf.length > 0 || this.ready()) {
+    // A zero-length frame completes as soon as its header is in.
+    while (buf.length > 0 || this.header?.length === 0) {
       const need = this.bytesToFrameEnd;
       if (buf.length < need) {
-        this.keep(buf);
+        // Copy: the caller's buffer may be reused.
+        if (buf.length > 0) this.chunks.push(Buffer.from(buf));
+        this.buffered += buf.length;
         return out;
       }
       const bytes = this.take(buf.subarray(0, need));
@@ -88,18 +72,6 @@ export class FrameDecoder {
       this.header = { type, flags: bytes.readUInt16LE(2), length };
     }
     return out;
-  }
-
-  // A zero-length frame completes as soon as its header is in.
-  private ready(): boolean {
-    return this.header !== null && this.header.length === 0;
-  }
-
-  private keep(buf: Buffer): void {
-    if (buf.length === 0) return;
-    // Copy: the caller's buffer may be reused.
-    this.chunks.push(Buffer.from(buf));
-    this.buffered += buf.length;
   }
 
   private take(tail: Buffer): Buffer {

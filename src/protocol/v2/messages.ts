@@ -1,7 +1,4 @@
-/**
- * Payload validation per frame type, both directions. A client's payload of the wrong size for its
- * type is `fatal` (ERROR 1, then close); a well-formed frame whose content is not gets ERROR 1 alone.
- */
+/** Payload validation per frame type, both ways; a client's payload of the wrong size is `fatal` (ERROR 1, then close). */
 import {
   DOMAIN_BLOCK_HEADER,
   E,
@@ -148,8 +145,6 @@ export function parseClientFrame(f: Frame): ClientParse {
   }
 }
 
-// ---- helper -> client, for the client library ----
-
 export type HelperMessage =
   | { type: typeof T.REGISTERED; vmId: number; nvpkg: number; powerUnit: bigint }
   | { type: typeof T.VALUE; vmId: number; vpkg: number; counter: bigint; energyUj: bigint; tNs: bigint; ended: boolean }
@@ -285,10 +280,7 @@ function parseVmDomains(p: Buffer, off: number, n: number): Result<VmDomainValue
   return ok(out);
 }
 
-/**
- * HOST_UPDATE's domain block from `off`, ending exactly at the payload's end: each (package, domain)
- * once, each package one the frame lists.
- */
+/** HOST_UPDATE's domain block from `off` to the payload's end: each (package, domain) once, each package one the frame lists. */
 function parseHostDomains(p: Buffer, off: number, packages: ReadonlySet<number>): Result<HostDomainValues[]> {
   const count = p.readUInt32LE(off);
   const want = off + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * count;
