@@ -2,10 +2,17 @@
  * Little-endian bytes for the state codec: a growing writer whose setters refuse a value out of
  * range, and a reader that refuses (Refused) anything cut off or past its bound.
  */
-import { MAX_U64 } from './snapshot.js';
-
 /** The header before the payload (magic, version, length, CRC, 0): offsets in errors count it. */
 export const STATE_HEADER_SIZE = 24;
+export const MAX_U64 = (1n << 64n) - 1n;
+export const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
+export const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
+
+/** A test that holds for each key the first time only: what finds an id twice. */
+export function firstTime(): (key: unknown) => boolean {
+  const seen = new Set<unknown>();
+  return (key) => seen.size < seen.add(key).size;
+}
 
 /**
  * Writes through a DataView, whose setters are fast from the first call where Buffer's run
@@ -43,7 +50,7 @@ export class Writer {
   u32 = (v: number): this => this.uint(4, v, 0xffffffff);
   u64(v: bigint | number): this {
     const big = BigInt(v);
-    if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
+    if (!isU64(big)) throw new RangeError(`${big} is out of range (0..2^64-1)`);
     const at = this.room(8);
     this.view.setBigUint64(at, big, true);
     return this;
@@ -98,7 +105,7 @@ export class Reader {
     const o = this.at(n, what);
     return Buffer.from(this.buf.subarray(o, o + n));
   }
-  /** A count of entries: within its bound, and small enough for its entries to fit the bytes left. */
+  /** A count of entries: within its bound, and small enough for its entries (`entrySize` bytes at least) to fit the bytes left. */
   count(width: 2 | 4, max: number, entrySize: number, what: string): number {
     const n = width === 2 ? this.u16(`the count of ${what}`) : this.u32(`the count of ${what}`);
     if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);

@@ -5,8 +5,8 @@
  *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
  *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
  */
-import { Refused, type Reader, type Writer } from './byte-io.js';
-import { MAX_U64, type Handover } from './snapshot.js';
+import { firstTime, isU64, Refused, type Reader, type Writer } from './byte-io.js';
+import type { Handover } from './snapshot.js';
 
 /** Connections one record may list (the daemon's --max-connections bound). */
 const MAX_HANDED_CONNECTIONS = 1 << 20;
@@ -19,13 +19,12 @@ const ENTRY_MIN = 13;
 export function handoverProblem(h: Handover): string | null {
   for (const [k, v] of Object.entries(h.legacy))
     if (!Number.isSafeInteger(v) || v < 0) return `the legacy ${k} counter ${v} is out of range`;
-  if (typeof h.writtenNs !== 'bigint' || h.writtenNs < 0n || h.writtenNs > MAX_U64) return `its time ${h.writtenNs} is out of range`;
+  if (!isU64(h.writtenNs)) return `its time ${h.writtenNs} is out of range`;
   if (h.connections.length > MAX_HANDED_CONNECTIONS) return `${h.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;
-  const seen = new Set<bigint>();
+  const once = firstTime();
   for (const c of h.connections) {
-    if (c.ino <= 0n || c.ino > MAX_U64) return `socket inode ${c.ino} is out of range`;
-    if (seen.has(c.ino)) return `socket inode ${c.ino} is listed twice`;
-    seen.add(c.ino);
+    if (c.ino === 0n || !isU64(c.ino)) return `socket inode ${c.ino} is out of range`;
+    if (!once(c.ino)) return `socket inode ${c.ino} is listed twice`;
     if (KINDS.indexOf(c.kind) < 1) return `connection ${c.ino} has an unknown kind`;
     if (c.pending.length > MAX_PENDING_BYTES)
       return `connection ${c.ino} holds ${c.pending.length} pending bytes, at most ${MAX_PENDING_BYTES}`;

@@ -7,7 +7,7 @@
  *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
  */
 import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
-import { Refused, type Reader, type Writer } from './byte-io.js';
+import { firstTime, Refused, type Reader, type Writer } from './byte-io.js';
 import { ENERGY_DOMAINS } from '../model/domains.js';
 
 /** A quota file's bytes (a cgroup's is a few), and a group's path. */
@@ -60,11 +60,10 @@ const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.tes
 /** Why the power limits break a rule, or null. */
 export function powerLimitsProblem(list: readonly PowerLimitState[]): string | null {
   if (list.length > STATE_LIMITS.maxPowerLimits) return `${list.length} power limits, at most ${STATE_LIMITS.maxPowerLimits}`;
-  const seen = new Set<string>();
+  const once = firstTime();
   for (const l of list) {
     const at = `the ${l.domain} power limit of VM ${l.vmId}`;
-    if (seen.has(`${l.vmId} ${l.domain}`)) return `${at} appears twice`;
-    seen.add(`${l.vmId} ${l.domain}`);
+    if (!once(`${l.vmId} ${l.domain}`)) return `${at} appears twice`;
     if (!(l.limitW > 0 && Number.isFinite(l.limitW)) || !(l.limitedS >= 0 && Number.isFinite(l.limitedS)))
       return `${at}: its limit or time limited is not a finite number above 0`;
     if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus)))

@@ -22,12 +22,6 @@ export const STATE_LIMITS = {
   maxPowerLimits: 4096,
 } as const;
 
-/** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
-export const MAX_HOST_VM_ID = 0xffffffff;
-export const MAX_U64 = (1n << 64n) - 1n;
-/** The MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
-export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
-
 interface VpkgTotals {
   /** The ratio engine's accumulator A(v,g), joules (float64): what the next intervals add to. */
   energyJ: number;
@@ -74,11 +68,6 @@ interface HostPackageState {
   unattributedUj: bigint;
 }
 
-interface KnownProcess {
-  pid: number;
-  starttime: number;
-}
-
 export interface SampledThread {
   pid: number;
   tid: number;
@@ -110,7 +99,7 @@ export interface StateSnapshot {
   vms: VmState[];
   packages: HostPackageState[];
   /** Processes discovery has looked at (alive at the last scan). */
-  knownPids: KnownProcess[];
+  knownPids: { pid: number; starttime: number }[];
   lastSample: SampleState | null;
   /** Each absent when empty (and before the version that added it). */
   domains?: DomainsState;
