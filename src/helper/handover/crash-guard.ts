@@ -5,7 +5,8 @@
 import type { StateSnapshot } from '../../state/snapshot.js';
 import type { KeeperNote } from '../../keeper/keeper-messages.js';
 import { takeKeeperNote } from '../../keeper/link.js';
-import { decodeKeptState, reportCrash, takeKept, type CrashLog, type Kept } from './kept.js';
+import { decodeState } from '../../state/snapshot-codec.js';
+import { reportCrash, takeKept, type CrashLog, type Kept } from './kept.js';
 import { outsideKeep, type OutsideKeep, type StoreNotifier } from './outside-keep.js';
 
 /** The v2 service: given the live state after every sample, before any client is told of it. */
@@ -35,13 +36,15 @@ export class CrashGuard {
   }
 
   /**
-   * The kept state, decoded once the requests that waited through a restart are answered (an
-   * immediate set in the poll phase runs before the next poll, so the second one runs after it);
-   * after a crash, the one line that says what was kept and lost.
+   * The kept state (undefined, logged, when it does not decode), once the requests that waited through
+   * a restart are answered (an immediate set in the poll phase runs before the next poll, so the second
+   * one runs after it); after a crash, the one line that says what was kept and lost.
    */
   async restore(): Promise<StateSnapshot | undefined> {
     await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
-    const state = this.kept.state && decodeKeptState(this.kept.state, this.log);
+    const r = this.kept.state && decodeState(this.kept.state);
+    if (r && !r.ok) this.log.warn({ err: r.error }, 'saved state not restored: starting fresh');
+    const state = r?.ok ? r.value : undefined;
     reportCrash(this.kept, this.note, state, this.log);
     return state;
   }

@@ -1,13 +1,12 @@
 /**
- * What a start finds kept from the process before it (docs/daemon.md "Restarts" and "Crashes"), under
- * KEPT_NAMES, each part checked. A record with a hand-over says what each connection is (one it does
- * not list is closed); without one it is a checkpoint (a crash): each connection is served from its
- * next byte, and the checkpoint is the state unless the last process died restoring it.
+ * What a start finds kept from the process before it, under KEPT_NAMES, each part checked (docs/daemon.md
+ * "Restarts", "Crashes"). A record with a hand-over says what each connection is (one it does not list
+ * is closed); a checkpoint (a crash) has each served from its next byte.
  */
 import { closeFd } from '../../os/libc/fds.js';
 import { connectionIno } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
-import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
+import { decodeHandover } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from './frozen.js';
@@ -18,7 +17,7 @@ import type { LogSink } from '../../logging/logger.js';
 export const CRASH_ON_VM_PID_ENV = 'VMSR_HELPER_TEST_CRASH_ON_VM_PID';
 
 export interface Kept {
-  /** The record's bytes, decoded once the daemon serves (decodeKeptState). */
+  /** The record's bytes, decoded once the daemon serves. */
   state?: Buffer;
   legacy?: Handover['legacy'];
   connections: HandedConnectionFd[];
@@ -32,18 +31,10 @@ export interface Kept {
 
 type KeptLog = LogSink<'info' | 'warn'>;
 
-/** The kept state's snapshot; undefined, and logged, when it does not decode. */
-export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | undefined {
-  const r = decodeState(bytes);
-  if (r.ok) return r.value;
-  log.warn({ err: r.error }, 'saved state not restored: starting fresh');
-  return undefined;
-}
-
 /**
- * The names an image from before the one record handed over with: its state is read as the oldest
- * checkpoint, its connections served from their next byte (its hand-over is closed as an unexpected
- * name). QEMU never reconnects: closing them would end every guest's energy until its VM restarts.
+ * The names of an image from before the one record: its state is read as the oldest checkpoint, its
+ * connections served from their next byte (its hand-over is closed as an unexpected name). QEMU never
+ * reconnects: closing them would end every guest's energy until its VM restarts.
  */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
