@@ -1,10 +1,7 @@
-/**
- * Little-endian bytes for the state codec: a growing writer whose setters refuse a value out of
- * range, and a reader that refuses (Refused) anything cut off or past its bound.
- */
+/** Little-endian bytes for the state codec: a writer that refuses a value out of range, a reader anything cut off or past its bound. */
 /** The header before the payload (magic, version, length, CRC, 0): offsets in errors count it. */
 export const STATE_HEADER_SIZE = 24;
-export const MAX_U64 = (1n << 64n) - 1n;
+const MAX_U64 = (1n << 64n) - 1n;
 export const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
 export const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
 
@@ -14,10 +11,7 @@ export function firstTime(): (key: unknown) => boolean {
   return (key) => seen.size < seen.add(key).size;
 }
 
-/**
- * Writes through a DataView, whose setters are fast from the first call where Buffer's run
- * interpreted until warm, and a restart encodes once per process (docs/daemon.md "Where the time goes").
- */
+/** Through a DataView: fast from the first call, where Buffer's setters run interpreted until warm (docs/daemon.md "Where the time goes"). */
 export class Writer {
   private buf = Buffer.alloc(4096);
   private view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);

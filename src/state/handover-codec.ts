@@ -1,6 +1,5 @@
 /**
- * The hand-over section (format version 4 on), at the end of the payload, its length in the
- * header's last field (0: a checkpoint):
+ * The hand-over section (format version 4 on), at the end of the payload, its length in the header's last field (0: a checkpoint):
  *
  *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
  *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes

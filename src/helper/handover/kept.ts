@@ -1,17 +1,19 @@
 /**
- * What a start finds kept from the process before it, under KEPT_NAMES, each part checked (docs/daemon.md
- * "Restarts", "Crashes"). A record with a hand-over says what each connection is (one it does not list
- * is closed); a checkpoint (a crash) has each served from its next byte.
+ * What a start finds kept from the process before it, under KEPT_NAMES, each part checked, and the
+ * daemon's hooks for crashes (docs/daemon.md "Restarts", "Crashes"). A record with a hand-over says
+ * what each connection is (one it does not list is closed); a checkpoint (a crash) has each served
+ * from its next byte.
  */
 import { closeFd } from '../../os/libc/fds.js';
-import { connectionIno } from '../../keeper/link.js';
+import { connectionIno, takeKeeperNote } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
-import { decodeHandover } from '../../state/snapshot-codec.js';
+import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
 import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { LogSink } from '../../logging/logger.js';
+import { outsideKeep, type OutsideKeep, type StoreNotifier } from './outside-keep.js';
 
 /** Test hook: a restore of a checkpoint holding a VM of this pid crashes (SIGABRT), as a bug in the restore would. */
 export const CRASH_ON_VM_PID_ENV = 'VMSR_HELPER_TEST_CRASH_ON_VM_PID';
@@ -117,7 +119,7 @@ export function takeKept(
   return out;
 }
 
-export type CrashLog = LogSink<'info' | 'warn' | 'error'>;
+type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
 /** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {
@@ -130,7 +132,7 @@ function diedHow(note: KeeperNote): string {
 }
 
 /** The one line a start after a crash logs: what was kept, the checkpoint restored (and its age) or why none. */
-export function reportCrash(kept: Kept, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
+function reportCrash(kept: Kept, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
   const crash = kept.crash;
   if (crash === null) return;
   const crashedAtNs = BigInt(Math.round(note?.atMs ?? Date.now())) * 1_000_000n;
@@ -153,5 +155,72 @@ export function reportCrash(kept: Kept, note: KeeperNote | null, restored: State
   if (poison > 0 && restored?.vms.some((v) => v.pid === poison)) {
     log.error({ pid: poison }, `${CRASH_ON_VM_PID_ENV}: crashing inside the restore, as asked`);
     process.abort();
+  }
+}
+
+/** The v2 service: given the live state after every sample, before any client is told of it. */
+interface Checkpointed {
+  checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void;
+}
+
+export class CrashGuard {
+  private checkpointed: Checkpointed | undefined;
+
+  private constructor(
+    readonly kept: Kept,
+    private readonly note: KeeperNote | null,
+    /** Undefined: nobody holds anything outside this process. */
+    readonly keep: OutsideKeep | undefined,
+    private readonly log: CrashLog,
+  ) {}
+
+  /** Takes what the process before kept out of the inherited named fds. */
+  static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
+    const note = takeKeeperNote();
+    const kept = takeKept(named, note, log);
+    const outside = outsideKeep(notifier, kept, log) ?? undefined;
+    // A process that dies before its own first checkpoint crashed restoring this one.
+    if (kept.crash !== null && kept.state !== undefined) outside?.restoring();
+    return new CrashGuard(kept, note, outside, log);
+  }
+
+  /**
+   * The kept state (undefined, logged, when it does not decode), once the requests that waited through
+   * a restart are answered (an immediate set in the poll phase runs before the next poll, so the second
+   * one runs after it); after a crash, the one line that says what was kept and lost.
+   */
+  async restore(): Promise<StateSnapshot | undefined> {
+    await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+    const r = this.kept.state && decodeState(this.kept.state);
+    if (r && !r.ok) this.log.warn({ err: r.error }, 'saved state not restored: starting fresh');
+    const state = r?.ok ? r.value : undefined;
+    reportCrash(this.kept, this.note, state, this.log);
+    return state;
+  }
+
+  /** Checkpoints of `live` after every sample (a failure logged once per run of them; the last good one stays). */
+  serving(live: Checkpointed | undefined): void {
+    const keep = this.keep;
+    if (keep === undefined) return;
+    let failing = false;
+    live?.checkpointTo((state) => {
+      try {
+        if (state instanceof Error) throw state;
+        keep.checkpoint(state);
+        failing = false;
+      } catch (e) {
+        if (!failing)
+          this.log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
+        failing = true;
+      }
+    });
+    this.checkpointed = live;
+    keep.ready();
+  }
+
+  /** No more checkpoints; connections closed from now on stay held. */
+  stopping(): void {
+    this.checkpointed?.checkpointTo(null);
+    this.keep?.detach();
   }
 }
