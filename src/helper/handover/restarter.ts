@@ -21,10 +21,7 @@ import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 import { takeEnvJson } from '../../common/env-json.js';
 
-/**
- * Longest wait, once reading stopped, for queued replies and v2 clients' last frames. A legacy
- * connection whose replies still wait is closed, not handed over: the unsent part cannot be known.
- */
+/** Longest wait for queued replies and v2 clients' last frames: a legacy connection with replies still queued is closed (what was sent is unknown). */
 const RESTART_DRAIN_MS = 200;
 /** The old image's times (wall-clock ms) across the exec, for the new image's `restart phases` log line. */
 export const RESTART_CLOCK_ENV = 'VMSR_HELPER_RESTART_CLOCK';
@@ -102,10 +99,7 @@ async function until(done: () => boolean, ms: number): Promise<void> {
   while (!done() && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
 }
 
-/**
- * Stops reading, waits (at most RESTART_DRAIN_MS) for queued replies, then, with no turn of the event
- * loop until the caller execs or stores, the state and the hand-over. Throws (read again) when the state cannot be taken.
- */
+/** Stops reading, waits for queued replies, then takes the state and hand-over with no turn of the event loop until the caller execs or stores; throws (read again) when it cannot. */
 async function prepare(p: RestartParts): Promise<Prepared> {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
