@@ -310,9 +310,8 @@ function readPayload(r: Reader, version: number): StateSnapshot {
   if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
   let lastSample: StateSnapshot['lastSample'] = null;
   if (has === 1) {
-    const monotonicNs = r.u64('the last sample');
-    const realtimeNs = r.u64('the last sample');
     const at = 'the last sample';
+    const [monotonicNs, realtimeNs] = [r.u64(at), r.u64(at)];
     const raws = r.list(4, L.maxPackages, 12, 'sampled packages', () => ({ pkg: r.u32(at), raw: r.u64(at) }));
     const threads = r.list(4, L.maxThreads, 24, 'sampled threads', () => ({
       pid: r.u32(at),

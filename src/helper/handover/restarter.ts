@@ -14,7 +14,7 @@ import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, closeOnExec } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
-import type { Handover, StateSnapshot } from '../../state/snapshot.js';
+import type { Handover } from '../../state/snapshot.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import type { OutsideKeep } from './outside-keep.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
@@ -49,14 +49,6 @@ interface RestartParts {
   watchdog: { disarm(): void; start(): void };
   keep?: OutsideKeep;
   log: Logger;
-}
-
-/** What is handed over; `undo` reads again. */
-interface Prepared {
-  state: StateSnapshot;
-  handover: Handover;
-  connFds: number[];
-  undo(): void;
 }
 
 /** How long no restart may have been asked before the exec. */
@@ -99,8 +91,10 @@ async function until(done: () => boolean, ms: number): Promise<void> {
   while (!done() && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
 }
 
-/** Stops reading, waits for queued replies, then takes the state and hand-over with no turn of the event loop until the caller execs or stores; throws (read again) when it cannot. */
-async function prepare(p: RestartParts): Promise<Prepared> {
+type Prepared = Awaited<ReturnType<typeof prepare>>;
+
+/** Stops reading, waits for queued replies, then takes the state and hand-over with no turn of the event loop until the caller execs or stores (`undo` reads again); throws (read again) when it cannot. */
+async function prepare(p: RestartParts) {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
   await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
