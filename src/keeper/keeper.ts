@@ -75,7 +75,7 @@ class Keeper {
   /** When the serving process last sent a message (its loop beats once a second). */
   private lastHeard = 0;
   private crashes = 0;
-  /** Ends from outside in a row: backed off, never a reason to stop. */
+  /** Ends from outside in a row: backed off, never a stop. */
   private killed = 0;
   private oomAtSpawn = 0;
   /** When the serving process was last found stopped and continued (0: never). */
@@ -223,8 +223,7 @@ class Keeper {
     this.child = null;
     const how = sig ?? `exit code ${code}`;
     if (this.stopping) return this.finish(code ?? 0);
-    // Before the first ready too: the start re-executes itself dropped to -u's user, whose processes
-    // may signal it while Node starts (docs/security.md "A second SIGHUP during a restart").
+    // Before the first ready too: -u's user may signal the re-executed start (docs/security.md "A second SIGHUP during a restart").
     if (sig === 'SIGHUP')
       return this.startAgain(
         { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },

@@ -22,7 +22,7 @@ export interface Inherited {
   how: InheritedFrom;
   /** The checks' results, from a run with root (energy absent: msr). */
   checks?: { vendor: Vendor; cpus: HostCpu[]; energy?: EnergySourceKind; energyWhy?: string };
-  /** [cpu, fd] of each MSR device, opened as root. Needs `checks` (the cpus they belong to). */
+  /** [cpu, fd] of each MSR device, opened as root; needs `checks`. */
   msr?: [number, number][];
   /** [path, fd] of each powercap energy_uj file, opened as root (energy source powercap). */
   powercap?: [string, number][];

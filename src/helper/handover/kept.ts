@@ -1,8 +1,7 @@
 /**
- * What a start finds kept from the process before it, under KEPT_NAMES, each part checked, and the
- * daemon's hooks for crashes (docs/daemon.md "Restarts", "Crashes"). A record with a hand-over says
- * what each connection is (one it does not list is closed); a checkpoint (a crash) has each served
- * from its next byte.
+ * What a start finds kept from the process before it, each part checked, and the daemon's hooks for crashes
+ * (docs/daemon.md "Restarts", "Crashes"). A record with a hand-over says what each connection is (one it
+ * does not list is closed); after a checkpoint (a crash) each is served from its next byte.
  */
 import { closeFd } from '../../os/libc/fds.js';
 import { connectionIno, takeKeeperNote } from '../../keeper/link.js';
@@ -185,9 +184,8 @@ export class CrashGuard {
   }
 
   /**
-   * The kept state (undefined, logged, when it does not decode), once the requests that waited through
-   * a restart are answered (an immediate set in the poll phase runs before the next poll, so the second
-   * one runs after it); after a crash, the one line that says what was kept and lost.
+   * The kept state (undefined, logged, when it does not decode) once the requests that waited through a
+   * restart are answered (the second immediate runs after the next poll); after a crash, what was kept and lost.
    */
   async restore(): Promise<StateSnapshot | undefined> {
     await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
