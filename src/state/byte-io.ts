@@ -99,17 +99,13 @@ export class Reader {
     const o = this.at(n, what);
     return Buffer.from(this.buf.subarray(o, o + n));
   }
-  /** A count of entries: within its bound, and small enough for its entries (`entrySize` bytes at least) to fit the bytes left. */
-  count(width: 2 | 4, max: number, entrySize: number, what: string): number {
+  /** A count (u16 or u32; at most `max`, its entries of `entrySize` bytes at least fit the bytes left), then each entry. */
+  list<T>(width: 2 | 4, max: number, entrySize: number, what: string, entry: () => T): T[] {
     const n = width === 2 ? this.u16(`the count of ${what}`) : this.u32(`the count of ${what}`);
     if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);
-    if (n * entrySize > this.buf.length - this.off) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
-    return n;
-  }
-  /** A count (count()) and that many entries, each read by `entry`. */
-  list<T>(width: 2 | 4, max: number, entrySize: number, what: string, entry: () => T): T[] {
+    if (n * entrySize > this.left) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
     const out: T[] = [];
-    for (let n = this.count(width, max, entrySize, what); n > 0; n--) out.push(entry());
+    for (let i = 0; i < n; i++) out.push(entry());
     return out;
   }
   get left(): number {

@@ -17,7 +17,6 @@ import { STATE_LIMITS } from './snapshot.js';
 
 const PHASES = [null, 'start', 'end'] as const;
 const MAX_VPKGS = 256;
-const MIN_ENTRY = 4 + 4 + 8 + 4 + 4 + 24 + 4 + 8 + 2 * 4;
 
 export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]): void {
   w.list(4, list, (g) => {
@@ -42,7 +41,7 @@ export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]
 }
 
 export function readGuestCounters(r: Reader): GuestCounterState[] {
-  return r.list(4, STATE_LIMITS.maxGuestCounters, MIN_ENTRY, 'guest counters', () => readOne(r));
+  return r.list(4, STATE_LIMITS.maxGuestCounters, 68, 'guest counters', () => readOne(r));
 }
 
 function readOne(r: Reader): GuestCounterState {

@@ -12,7 +12,6 @@ const MAX_HANDED_CONNECTIONS = 1 << 20;
 /** Bytes read and not answered, per connection: the start of a request and what Node's stream read ahead (up to 64 KiB). */
 const MAX_PENDING_BYTES = 256 * 1024;
 const KINDS = [null, 'legacy', 'undecided'] as const;
-const ENTRY_MIN = 13;
 
 /** Why a hand-over cannot be written or used, or null. */
 export function handoverProblem(h: Handover): string | null {
@@ -45,7 +44,7 @@ export function readHandover(r: Reader): Handover {
     failed: r.safe('the legacy failed counter'),
   };
   let i = 0;
-  const connections = r.list(4, MAX_HANDED_CONNECTIONS, ENTRY_MIN, 'handed-over connections', () => {
+  const connections = r.list(4, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', () => {
     const ino = r.u64(at);
     const kind = KINDS[r.u8(at)];
     if (kind === undefined || kind === null) throw new Refused(`handed-over connection ${i} has an unknown kind`);

@@ -15,8 +15,6 @@ const MAX_QUOTA_BYTES = 64;
 const MAX_DIR_BYTES = 4096;
 const MAX_GROUPS = 1024;
 const NONE = 255;
-const MIN_ENTRY = 4 + 4 + 24 + 4;
-const MIN_GROUP = 6;
 
 export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): void {
   w.list(4, list, (l) => {
@@ -43,11 +41,11 @@ export function readPowerLimits(r: Reader): PowerLimitState[] {
     const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
     return { dir, saved, written, made: made === 1 };
   };
-  const out = r.list(4, STATE_LIMITS.maxPowerLimits, MIN_ENTRY, at, (): PowerLimitState => {
+  const out = r.list(4, STATE_LIMITS.maxPowerLimits, 36, at, (): PowerLimitState => {
     const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
     const domain = ENERGY_DOMAINS[r.u8(at)];
     if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
-    const groups = r.list(2, MAX_GROUPS, MIN_GROUP, at, group);
+    const groups = r.list(2, MAX_GROUPS, 6, at, group);
     return { vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups };
   });
   const problem = powerLimitsProblem(out);
