@@ -16,7 +16,7 @@ import { settleOnce } from './server/memory-settler.js';
 import { disarmLoopWatchdog, startLoopWatchdog, tellLoopBeats } from './lifecycle/loop-watchdog.js';
 import { handleSighup } from '../os/sighup.js';
 import type { StateSnapshot } from '../state/snapshot.js';
-import type { CrashGuard } from './handover/crash-guard.js';
+import type { CrashGuard } from './handover/kept.js';
 
 /** Longest wait for the v2 service's start-up work before the start-up memory settle runs anyway. */
 const STARTUP_SETTLE_WAIT_MS = 2000;
@@ -61,7 +61,7 @@ class Daemon implements Restartable {
   private chain: ReturnType<typeof serveLegacy> | undefined;
   private v2: Awaited<ReturnType<typeof assembleDaemonV2>> | undefined;
   private restarter: Restarter | undefined;
-  /** What is kept outside this process for a crash (handover/crash-guard.ts), once opened. */
+  /** What is kept outside this process for a crash (handover/kept.ts), once opened. */
   private guard: CrashGuard | undefined;
   private running: RunningDaemon | undefined;
   /** A signal that came during start-up: it stops the daemon right after it. */

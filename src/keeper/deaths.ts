@@ -1,8 +1,7 @@
 /**
- * How a serving process died, as the keeper counts it (docs/security.md "The -u user ending the
- * service"). A fault is the helper's own: a signal the kernel sends for what it did, SIGABRT (Node's
- * fatal errors), an exit code, a SIGKILL while the host's OOM kill counter moved, or a SIGALRM of its
- * own loop watchdog (the serving process ignores fault signals another process sends:
+ * How a serving process died, as the keeper counts it (docs/security.md "The -u user ending the service").
+ * A fault is its own: a signal the kernel sends for what it did, SIGABRT, an exit code, a SIGKILL while
+ * the host's OOM kills moved, its own watchdog's SIGALRM (it ignores fault signals from other processes:
  * lifecycle/loop-watchdog.ts). Any other signal came from another process: restarted, not counted.
  */
 import fs from 'node:fs';
@@ -32,10 +31,7 @@ export function oomKills(vmstat = '/proc/vmstat'): number {
 /** Silent this long before a SIGALRM death (its loop beats once a second), the alarm was its own watchdog's (10 s). */
 export const WATCHDOG_SILENCE_MS = 5000;
 
-/**
- * Whether a death by `sig` came from another process: not a fault, a SIGKILL with no OOM kill since
- * the start (`oomBefore`: the host's OOM kills then), a SIGALRM while the loop turned (`silentMs`: since last heard from).
- */
+/** Whether a death by `sig` came from another process: no fault, a SIGKILL with no OOM kill since `oomBefore`, a SIGALRM while the loop turned. */
 export function endedFromOutside(sig: string, at: { oomBefore: number; silentMs: number }, vmstat?: string): boolean {
   if (FAULTS.has(sig)) return false;
   if (sig === 'SIGALRM') return at.silentMs < WATCHDOG_SILENCE_MS;

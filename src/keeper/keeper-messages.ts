@@ -9,6 +9,7 @@
  *   B  the event loop turns (once a second from ready on: deaths.ts)
  */
 import { takeEnvJson } from '../common/env-json.js';
+import { cannotError } from '../common/errors.js';
 
 export const KEEPER_MESSAGE = { hold: 'H', drop: 'D', checkpoint: 'C', ready: 'R', beat: 'B' } as const;
 export type KeeperMessageType = (typeof KEEPER_MESSAGE)[keyof typeof KEEPER_MESSAGE];
@@ -32,10 +33,7 @@ export function decodeKeeperMessage(bytes: Buffer): { type: KeeperMessageType; t
   return { type: type as KeeperMessageType, text: bytes.subarray(1).toString('utf8') };
 }
 
-/**
- * A serving process's environment from its keeper: the channel's fd, the ':'-separated names of the
- * fds from KEEPER_FIRST_FD on, the crash before (KeeperNote). `image`: the keeper's own (KeeperImage).
- */
+/** A serving process's environment from its keeper: the channel's fd, the names of the fds from KEEPER_FIRST_FD on, KeeperNote; `image`: the keeper's. */
 export const KEEPER_ENV = {
   channel: 'VMSR_HELPER_KEEPER',
   fdNames: 'VMSR_HELPER_KEEPER_FDNAMES',
@@ -45,13 +43,11 @@ export const KEEPER_ENV = {
 /** Set (to anything) in the environment of a start, as --no-keeper. */
 export const NO_KEEPER_ENV = 'VMSR_HELPER_NO_KEEPER';
 
-/** The channel is fd 3 of a serving process; the fds the keeper holds follow it. */
 export const KEEPER_CHANNEL_FD = 3;
 export const KEEPER_FIRST_FD = 4;
 
-/** What the keeper tells a serving process it starts after a crash. */
+/** What the keeper tells a serving process it starts after a crash: the one that died, how (a signal or an exit code), when (wall-clock ms). */
 export interface KeeperNote {
-  /** The process that died, how (a signal name or an exit code), and when (wall-clock ms). */
   pid: number;
   how: string;
   atMs: number;
@@ -73,11 +69,10 @@ export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
   (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
 
 /**
- * The names of the fds the next process takes, whoever holds them (`prefix` tells them from the
- * .socket unit's): a connection by its socket's inode (a restart in place passes them all under the
- * bare prefix), a record by a sequence number (the highest is the latest), what the start opened
- * (keeper only; INHERIT_ENV describes them), and the mark that a checkpoint is being restored (fd
- * store only: a process that dies with it set crashed in the restore).
+ * The names of the fds the next process takes (`prefix` tells them from the .socket unit's): a connection
+ * by its socket's inode (a restart in place passes them all under the bare prefix), a record by a sequence
+ * number (the highest is the latest), what the start opened (keeper only), and the mark that a checkpoint
+ * is being restored (fd store only: a process that dies with it set crashed in the restore).
  */
 export const KEPT_NAMES = {
   prefix: 'vmsr-',
@@ -87,11 +82,7 @@ export const KEPT_NAMES = {
   restoring: 'vmsr-restoring',
 } as const;
 
-/**
- * What the root start gives the keeper's image in KEEPER_ENV.image (never set by a serving process):
- * the fds it opened, the command each serving process runs, the socket file and pidfile (the only
- * paths the keeper removes), the log level.
- */
+/** What the root start gives the keeper's image in KEEPER_ENV.image; the socket file and pidfile are the only paths the keeper removes. */
 export interface KeeperImage {
   command: string[];
   fds: number[];
@@ -105,7 +96,7 @@ export interface KeeperImage {
 /** KEEPER_ENV.image's value (read and removed), or null outside the keeper's image. */
 export function takeKeeperImage(env: NodeJS.ProcessEnv = process.env): KeeperImage | null {
   const v = takeEnvJson<KeeperImage>(KEEPER_ENV.image, validImage, env);
-  if (v === null) throw new Error(`cannot read ${KEEPER_ENV.image}: it is malformed; it is set by the helper for itself, do not set it`);
+  if (v === null) throw cannotError(`read ${KEEPER_ENV.image}`, 'it is malformed', 'it is set by the helper for itself, do not set it');
   return v ?? null;
 }
 

@@ -1,13 +1,10 @@
 /**
  * The keeper (docs/daemon.md "Crashes"): without systemd, it starts the serving process, holds what
- * must outlive it (what the start opened, every QEMU connection from its accept, the latest
- * checkpoint) and starts it again with all of it when it dies. It reads nothing from clients: it
- * only holds fds the serving process sends it (keeper-messages.ts), each checked for what it must be.
- *
- * Privileges: none. It runs with every capability dropped, -u's user as its effective uid and 0 as
- * its real and saved ones, so no process of -u's user may signal it (kill(2)), and 0 brings no
- * capability (empty bounding set, SECBIT_NOROOT locked, NO_NEW_PRIVS). It never opens, unlinks or
- * executes a path a serving process names: the command, the socket file and the pidfile are the start's.
+ * must outlive it (the start's fds, every QEMU connection, the latest checkpoint: fds the serving
+ * process sends, each checked) and starts it again with them when it dies. Effective uid -u's user,
+ * real and saved 0: no process of that user may signal it (kill(2)); 0 brings no capability (empty
+ * bounding set, SECBIT_NOROOT locked, NO_NEW_PRIVS). It never opens, unlinks or executes a path a
+ * serving process names.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
@@ -27,12 +24,14 @@ import {
 } from './keeper-messages.js';
 import { endedFromOutside, oomKills, STOPPED_CHECK_AFTER_MS, stoppedBySignal } from './deaths.js';
 
+const SEALED = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+
 export const KEEPER_LIMITS = {
   /** The keeper stops after this many crashes in a row (the last one is not restarted). */
   maxCrashesInARow: 5,
-  /** A serving process heard from this long after it was ready ends the row: its crash is the first of a new one. */
+  /** A serving process heard from this long after it was ready ends the row. */
   stableMs: 10_000,
-  /** Wait before restarting after the 1st, 2nd, ... crash (or end from outside: deaths.ts) in a row; the last for any later one. */
+  /** Wait before restarting after the 1st, 2nd, ... crash (or end from outside) in a row; the last for any later one. */
   backoffMs: [0, 200, 1000, 3000] as readonly number[],
   /** Most connections held (--max-connections is at most this; more are closed). */
   maxConnections: 65_536,
@@ -46,17 +45,16 @@ interface KeeperOptions {
   limits?: Partial<typeof KEEPER_LIMITS>;
   /** Called once, when the first serving process is ready. */
   onReady?: () => void;
-  /** What the start opened as root: held for the keeper's life, passed to every serving process from KEEPER_FIRST_FD on (`env` says what they are). */
+  /** What the start opened as root, passed to every serving process from KEEPER_FIRST_FD on (`env` says what they are). */
   startFds?: readonly number[];
-  /** The start's socket file (removed after crashes while still that inode) and pidfile (removed while it holds this pid). */
+  /** Removed at the end: the socket file after crashes while still that inode, the pidfile while it holds this pid. */
   socketFile?: { ino: number; path: string };
   pidfile?: string;
 }
 
 /**
- * Runs the keeper until it is stopped (the serving process's exit code), the first start fails (its
- * exit code), or crashes come too often in a row (1). SIGTERM and SIGINT are passed on and stop the
- * keeper once the serving process stopped; SIGHUP is passed on (a restart in place).
+ * Runs the keeper until it is stopped (SIGTERM, SIGINT: passed on; the serving process's exit code),
+ * the first start fails (its exit code) or crashes come too often in a row (1). SIGHUP is passed on.
  */
 export function runKeeper(o: KeeperOptions): Promise<number> {
   const limits = { ...KEEPER_LIMITS, ...o.limits };
@@ -77,7 +75,7 @@ class Keeper {
   /** When the serving process last sent a message (its loop beats once a second). */
   private lastHeard = 0;
   private crashes = 0;
-  /** Ends from outside in a row (deaths.ts): backed off, never a reason to stop. */
+  /** Ends from outside in a row: backed off, never a stop. */
   private killed = 0;
   private oomAtSpawn = 0;
   /** When the serving process was last found stopped and continued (0: never). */
@@ -106,8 +104,7 @@ class Keeper {
   private onSignal(sig: NodeJS.Signals): void {
     const running = this.child !== null && this.child.exitCode === null && this.child.signalCode === null;
     if (sig === 'SIGHUP') {
-      // Passed on only to a serving process that said it is ready: before, a SIGHUP would end it
-      // (Node's start puts SIGHUP back to its default). One waiting is enough: restarts coalesce.
+      // Only once ready: before, Node's start has SIGHUP at its default (it would end it). Restarts coalesce.
       if (running && this.readyAt > 0) this.child!.kill(sig);
       else this.hupWaiting = true;
       return;
@@ -141,7 +138,7 @@ class Keeper {
     });
   }
 
-  /** A silent serving process stopped by a signal is continued: past its watchdog's 10 s it would die, counted as a hang (docs/security.md "The -u user ending the service"). */
+  /** Continues a silent serving process stopped by a signal: its watchdog would count it a hang (docs/security.md "The -u user ending the service"). */
   private continueIfStopped(child: ChildProcess): void {
     if (child.pid === undefined || Date.now() - this.lastHeard < STOPPED_CHECK_AFTER_MS || !stoppedBySignal(child.pid)) return;
     child.kill('SIGCONT');
@@ -171,13 +168,17 @@ class Keeper {
     }
   }
 
-  /** Acts on one message; true when it kept `fd`. A connection must be a connected stream socket, a checkpoint a sealed memfd. */
+  /** Acts on one message; true when it kept `fd` (a connected stream socket, a sealed memfd). */
   private take(bytes: Buffer, fd: number | undefined): boolean {
     const m = decodeKeeperMessage(bytes);
     if (m === null) return false;
     switch (m.type) {
-      case KEEPER_MESSAGE.hold:
-        return fd !== undefined && this.hold(fd);
+      case KEEPER_MESSAGE.hold: {
+        const c = fd === undefined ? { why: '' } : connectionIno(fd);
+        if (!('ino' in c) || this.conns.has(c.ino) || this.conns.size >= this.limits.maxConnections) return false;
+        this.conns.set(c.ino, fd!);
+        return true;
+      }
       case KEEPER_MESSAGE.drop: {
         const ino = /^\d{1,20}$/.test(m.text) ? BigInt(m.text) : -1n;
         const held = this.conns.get(ino);
@@ -209,14 +210,6 @@ class Keeper {
     }
   }
 
-  private hold(fd: number): boolean {
-    const c = connectionIno(fd);
-    const ino = 'ino' in c ? c.ino : null;
-    if (ino === null || this.conns.has(ino) || this.conns.size >= this.limits.maxConnections) return false;
-    this.conns.set(ino, fd);
-    return true;
-  }
-
   private closeChannel(): void {
     if (this.channel === null) return;
     this.channel.watch.close();
@@ -230,8 +223,7 @@ class Keeper {
     this.child = null;
     const how = sig ?? `exit code ${code}`;
     if (this.stopping) return this.finish(code ?? 0);
-    // Before the first ready too: the start re-executes itself dropped to -u's user, whose processes
-    // may signal it while Node starts (docs/security.md "A second SIGHUP during a restart").
+    // Before the first ready too: -u's user may signal the re-executed start (docs/security.md "A second SIGHUP during a restart").
     if (sig === 'SIGHUP')
       return this.startAgain(
         { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },
@@ -275,7 +267,7 @@ class Keeper {
     this.startAgain(note, delay, { how, crashes: this.crashes, max }, `died (${how})`, '', { checkpoint: this.checkpoint !== null });
   }
 
-  /** Logs why (`fields`, then `last` after the connection count) and starts a serving process again, with everything held, after `delay` ms (null: now). */
+  /** Logs why and starts a serving process again after `delay` ms (null: now); `last` is logged after the connection count. */
   private startAgain(note: KeeperNote, delay: number | null, fields: object, why: string, after = '', last: object = {}): void {
     this.readyAt = 0;
     const when = delay === null ? ' at once' : delay > 0 ? ` in ${delay} ms` : '';
@@ -291,7 +283,7 @@ class Keeper {
     return this.limits.backoffMs[Math.min(inARow - 1, this.limits.backoffMs.length - 1)] ?? 0;
   }
 
-  /** The account for the next serving process; a checkpoint the dead one had not replaced is dropped (it may be what killed it). */
+  /** The note for the next serving process; a checkpoint the dead one had not replaced is dropped (it may be what killed it). */
   private noteOf(child: ChildProcess, how: string): KeeperNote {
     const note: KeeperNote = { pid: child.pid ?? 0, how, atMs: Date.now(), crashes: this.crashes };
     if (this.checkpointGiven && this.checkpoint !== null) {
@@ -302,7 +294,7 @@ class Keeper {
     return note;
   }
 
-  /** Closes what it holds and ends with `code`; the socket file goes only after crashes (a stopping serving process removes it). */
+  /** Closes what it holds and ends with `code`; the socket file goes only after crashes (else the serving process removed it). */
   private finish(code: number): void {
     clearTimeout(this.timer);
     for (const [sig, h] of this.signals) process.off(sig, h);
@@ -328,9 +320,8 @@ function removeIf(path: string, ours: () => boolean): void {
 
 /** A checkpoint as outside-keep.ts writes it: a memfd sealed against writes, growth and shrinking. */
 function isSealedMemfd(fd: number): boolean {
-  const needed = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
   try {
-    return (getSeals(fd) & needed) === needed;
+    return (getSeals(fd) & SEALED) === SEALED;
   } catch {
     return false;
   }

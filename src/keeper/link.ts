@@ -1,10 +1,8 @@
-/**
- * The serving process's side of the keeper: what the keeper passed at its start, by name, and the
- * link it sends the keeper what to hold over. A send that fails is logged once; serving goes on.
- */
+/** The serving process's side of the keeper: the fds it passed, by name, and the link to send it what to hold. */
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
 import { takeEnvJson } from '../common/env-json.js';
+import { cannotError } from '../common/errors.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { setCloexec } from '../os/libc/fds.js';
 import { getPeerCredentials, isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
@@ -33,13 +31,11 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
   const names = text.split(':');
   const fix = 'it is set by the keeper for the process it starts, do not set it';
-  if (names.length > MAX_KEPT_FDS)
-    throw new Error(`cannot read ${KEEPER_ENV.fdNames}: ${names.length} names, at most ${MAX_KEPT_FDS}; ${fix}`);
+  if (names.length > MAX_KEPT_FDS) throw cannotError(`read ${KEEPER_ENV.fdNames}`, `${names.length} names, at most ${MAX_KEPT_FDS}`, fix);
   const named = new Map<string, number[]>();
   names.forEach((name, i) => {
     const fd = KEEPER_FIRST_FD + i;
-    if (!name.startsWith(KEPT_NAMES.prefix))
-      throw new Error(`cannot read ${KEEPER_ENV.fdNames}: '${name}' is not a kept fd's name; ${fix}`);
+    if (!name.startsWith(KEPT_NAMES.prefix)) throw cannotError(`read ${KEEPER_ENV.fdNames}`, `'${name}' is not a kept fd's name`, fix);
     if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
   });
   return named;
@@ -91,7 +87,7 @@ export class KeeperLink {
     return !peerHungUp(fd);
   }
 
-  /** Sends one message (keeper-messages.ts), with `fd` attached (the caller closes it). */
+  /** Sends one message with `fd` attached (the caller closes it); a send that fails is logged once, serving goes on. */
   send(type: KeeperMessageType, text = '', fd?: number): void {
     if (this.gone) return;
     try {

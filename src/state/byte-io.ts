@@ -1,16 +1,17 @@
-/**
- * Little-endian bytes for the state codec: a growing writer whose setters refuse a value out of
- * range, and a reader that refuses (Refused) anything cut off or past its bound.
- */
-import { MAX_U64 } from './snapshot.js';
-
+/** Little-endian bytes for the state codec: a writer that refuses a value out of range, a reader anything cut off or past its bound. */
 /** The header before the payload (magic, version, length, CRC, 0): offsets in errors count it. */
 export const STATE_HEADER_SIZE = 24;
+const MAX_U64 = (1n << 64n) - 1n;
+export const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
+export const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
 
-/**
- * Writes through a DataView, whose setters are fast from the first call where Buffer's run
- * interpreted until warm, and a restart encodes once per process (docs/daemon.md "Where the time goes").
- */
+/** A test that holds for each key the first time only: what finds an id twice. */
+export function firstTime(): (key: unknown) => boolean {
+  const seen = new Set<unknown>();
+  return (key) => seen.size < seen.add(key).size;
+}
+
+/** Through a DataView: fast from the first call, where Buffer's setters run interpreted until warm (docs/daemon.md "Where the time goes"). */
 export class Writer {
   private buf = Buffer.alloc(4096);
   private view = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
@@ -43,7 +44,7 @@ export class Writer {
   u32 = (v: number): this => this.uint(4, v, 0xffffffff);
   u64(v: bigint | number): this {
     const big = BigInt(v);
-    if (big < 0n || big > MAX_U64) throw new RangeError(`${big} is out of range (0..2^64-1)`);
+    if (!isU64(big)) throw new RangeError(`${big} is out of range (0..2^64-1)`);
     const at = this.room(8);
     this.view.setBigUint64(at, big, true);
     return this;
@@ -98,17 +99,13 @@ export class Reader {
     const o = this.at(n, what);
     return Buffer.from(this.buf.subarray(o, o + n));
   }
-  /** A count of entries: within its bound, and small enough for its entries to fit the bytes left. */
-  count(width: 2 | 4, max: number, entrySize: number, what: string): number {
+  /** A count (u16 or u32; at most `max`, its entries of `entrySize` bytes at least fit the bytes left), then each entry. */
+  list<T>(width: 2 | 4, max: number, entrySize: number, what: string, entry: () => T): T[] {
     const n = width === 2 ? this.u16(`the count of ${what}`) : this.u32(`the count of ${what}`);
     if (n > max) throw new Refused(`it has ${n} ${what}, at most ${max}`);
-    if (n * entrySize > this.buf.length - this.off) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
-    return n;
-  }
-  /** A count (count()) and that many entries, each read by `entry`. */
-  list<T>(width: 2 | 4, max: number, entrySize: number, what: string, entry: () => T): T[] {
+    if (n * entrySize > this.left) throw new Refused(`it is cut off in the ${n} ${what} it announces`);
     const out: T[] = [];
-    for (let n = this.count(width, max, entrySize, what); n > 0; n--) out.push(entry());
+    for (let i = 0; i < n; i++) out.push(entry());
     return out;
   }
   get left(): number {

@@ -16,7 +16,6 @@ import { STATE_LIMITS } from './snapshot.js';
 
 const PHASES = [null, 'start', 'end'] as const;
 const MAX_VPKGS = 256;
-const MIN_ENTRY = 4 + 4 + 8 + 4 + 4 + 24 + 4 + 8 + 2 * 4;
 
 export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]): void {
   w.list(4, list, (g) => {
@@ -41,24 +40,16 @@ export function writeGuestCounters(w: Writer, list: readonly GuestCounterState[]
 }
 
 export function readGuestCounters(r: Reader): GuestCounterState[] {
-  return r.list(4, STATE_LIMITS.maxGuestCounters, MIN_ENTRY, 'guest counters', () => readOne(r));
+  return r.list(4, STATE_LIMITS.maxGuestCounters, 68, 'guest counters', () => readOne(r));
 }
 
 function readOne(r: Reader): GuestCounterState {
   const at = 'guest counters';
-  const vmId = r.u32(at);
-  const pid = r.u32(at);
-  const starttime = r.safe(at);
-  const windows = r.u32(at);
-  const carriedWindows = r.u32(at);
-  const owedUnits = finite(r.f64(at));
-  const creditedUnits = finite(r.f64(at));
-  const lastExactJ = finite(r.f64(at));
+  const [vmId, pid, starttime, windows, carriedWindows] = [r.u32(at), r.u32(at), r.safe(at), r.u32(at), r.u32(at)];
+  const [owedUnits, creditedUnits, lastExactJ] = [finite(r.f64(at)), finite(r.f64(at)), finite(r.f64(at))];
   const kind = PHASES[r.u8(at)];
   if (kind === undefined) throw new Refused('a guest counter has an unknown phase');
-  const hasStart = r.u8(at);
-  const asked = r.u16(at);
-  const startNs = r.u64(at);
+  const [hasStart, asked, startNs] = [r.u8(at), r.u16(at), r.u64(at)];
   const pkgs = r.list(2, STATE_LIMITS.maxPackages, 4, at, () => r.u32(at));
   const counters = new Map(r.list(2, STATE_LIMITS.maxPackages, 12, at, () => [r.u32(at), finite(r.f64(at))] as const));
   const loops = r.list(2, STATE_LIMITS.maxPackages, 16, at, () => [r.u32(at), r.u64(at), r.u32(at)] as const);

@@ -1,31 +1,28 @@
 /**
- * The hand-over section (format version 4 on), at the end of the payload, its length in the
- * header's last field (0: a checkpoint):
+ * The hand-over section (format version 4 on), at the end of the payload, its length in the header's last field (0: a checkpoint):
  *
  *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
  *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
  */
-import { Refused, type Reader, type Writer } from './byte-io.js';
-import { MAX_U64, type Handover } from './snapshot.js';
+import { firstTime, isU64, Refused, type Reader, type Writer } from './byte-io.js';
+import type { Handover } from './snapshot.js';
 
 /** Connections one record may list (the daemon's --max-connections bound). */
 const MAX_HANDED_CONNECTIONS = 1 << 20;
 /** Bytes read and not answered, per connection: the start of a request and what Node's stream read ahead (up to 64 KiB). */
 const MAX_PENDING_BYTES = 256 * 1024;
 const KINDS = [null, 'legacy', 'undecided'] as const;
-const ENTRY_MIN = 13;
 
 /** Why a hand-over cannot be written or used, or null. */
 export function handoverProblem(h: Handover): string | null {
   for (const [k, v] of Object.entries(h.legacy))
     if (!Number.isSafeInteger(v) || v < 0) return `the legacy ${k} counter ${v} is out of range`;
-  if (typeof h.writtenNs !== 'bigint' || h.writtenNs < 0n || h.writtenNs > MAX_U64) return `its time ${h.writtenNs} is out of range`;
+  if (!isU64(h.writtenNs)) return `its time ${h.writtenNs} is out of range`;
   if (h.connections.length > MAX_HANDED_CONNECTIONS) return `${h.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;
-  const seen = new Set<bigint>();
+  const once = firstTime();
   for (const c of h.connections) {
-    if (c.ino <= 0n || c.ino > MAX_U64) return `socket inode ${c.ino} is out of range`;
-    if (seen.has(c.ino)) return `socket inode ${c.ino} is listed twice`;
-    seen.add(c.ino);
+    if (c.ino === 0n || !isU64(c.ino)) return `socket inode ${c.ino} is out of range`;
+    if (!once(c.ino)) return `socket inode ${c.ino} is listed twice`;
     if (KINDS.indexOf(c.kind) < 1) return `connection ${c.ino} has an unknown kind`;
     if (c.pending.length > MAX_PENDING_BYTES)
       return `connection ${c.ino} holds ${c.pending.length} pending bytes, at most ${MAX_PENDING_BYTES}`;
@@ -47,7 +44,7 @@ export function readHandover(r: Reader): Handover {
     failed: r.safe('the legacy failed counter'),
   };
   let i = 0;
-  const connections = r.list(4, MAX_HANDED_CONNECTIONS, ENTRY_MIN, 'handed-over connections', () => {
+  const connections = r.list(4, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', () => {
     const ino = r.u64(at);
     const kind = KINDS[r.u8(at)];
     if (kind === undefined || kind === null) throw new Refused(`handed-over connection ${i} has an unknown kind`);

@@ -7,7 +7,7 @@
  *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
  */
 import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
-import { Refused, type Reader, type Writer } from './byte-io.js';
+import { firstTime, Refused, type Reader, type Writer } from './byte-io.js';
 import { ENERGY_DOMAINS } from '../model/domains.js';
 
 /** A quota file's bytes (a cgroup's is a few), and a group's path. */
@@ -15,8 +15,6 @@ const MAX_QUOTA_BYTES = 64;
 const MAX_DIR_BYTES = 4096;
 const MAX_GROUPS = 1024;
 const NONE = 255;
-const MIN_ENTRY = 4 + 4 + 24 + 4;
-const MIN_GROUP = 6;
 
 export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): void {
   w.list(4, list, (l) => {
@@ -43,11 +41,11 @@ export function readPowerLimits(r: Reader): PowerLimitState[] {
     const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
     return { dir, saved, written, made: made === 1 };
   };
-  const out = r.list(4, STATE_LIMITS.maxPowerLimits, MIN_ENTRY, at, (): PowerLimitState => {
+  const out = r.list(4, STATE_LIMITS.maxPowerLimits, 36, at, (): PowerLimitState => {
     const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
     const domain = ENERGY_DOMAINS[r.u8(at)];
     if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
-    const groups = r.list(2, MAX_GROUPS, MIN_GROUP, at, group);
+    const groups = r.list(2, MAX_GROUPS, 6, at, group);
     return { vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups };
   });
   const problem = powerLimitsProblem(out);
@@ -60,11 +58,10 @@ const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.tes
 /** Why the power limits break a rule, or null. */
 export function powerLimitsProblem(list: readonly PowerLimitState[]): string | null {
   if (list.length > STATE_LIMITS.maxPowerLimits) return `${list.length} power limits, at most ${STATE_LIMITS.maxPowerLimits}`;
-  const seen = new Set<string>();
+  const once = firstTime();
   for (const l of list) {
     const at = `the ${l.domain} power limit of VM ${l.vmId}`;
-    if (seen.has(`${l.vmId} ${l.domain}`)) return `${at} appears twice`;
-    seen.add(`${l.vmId} ${l.domain}`);
+    if (!once(`${l.vmId} ${l.domain}`)) return `${at} appears twice`;
     if (!(l.limitW > 0 && Number.isFinite(l.limitW)) || !(l.limitedS >= 0 && Number.isFinite(l.limitedS)))
       return `${at}: its limit or time limited is not a finite number above 0`;
     if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus)))

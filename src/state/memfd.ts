@@ -22,7 +22,7 @@ export function writeSealedMemfd(name: string, bytes: Buffer): number {
   }
 }
 
-/** The record of `s` and `handover` in a new sealed memfd (writeSealedMemfd). */
+/** The record of `s` and `handover` in a new sealed memfd. */
 export function writeStateMemfd(s: StateSnapshot, handover?: Handover): number {
   return writeSealedMemfd(STATE_MEMFD_NAME, encodeState(s, handover));
 }

@@ -31,21 +31,11 @@ import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus, MAX_TID, MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
-import { Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
-export { STATE_HEADER_SIZE };
+import { firstTime, isU32, isU64, Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
 import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
 import { powerLimitsProblem, readPowerLimits, writePowerLimits } from './limit-codec.js';
 import { handoverProblem, readHandover, writeHandover } from './handover-codec.js';
-import {
-  MAX_HOST_VM_ID,
-  MAX_MSR_COUNTER,
-  MAX_U64,
-  STATE_LIMITS,
-  type DomainsState,
-  type Handover,
-  type StateSnapshot,
-  type VmState,
-} from './snapshot.js';
+import { STATE_LIMITS, type DomainsState, type Handover, type StateSnapshot, type VmState } from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
 export const STATE_FORMAT_VERSION = 4;
@@ -54,48 +44,24 @@ const READABLE_VERSIONS: readonly number[] = [1, 2, 3, 4];
 /** The largest snapshot, header included: what a reader may allocate for one. */
 export const MAX_STATE_BYTES = STATE_HEADER_SIZE + STATE_LIMITS.maxPayloadBytes;
 
+/** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
+const MAX_HOST_VM_ID = 0xffffffff;
 const NO_OWNER = 0xffffffff;
 const FLAG = { DISCOVERED: 1, LIVE: 2, WHOLE_VM_ONLY: 4, HAS_UUID: 8, HAS_NAME: 16, BASELINE: 32 } as const;
 const KNOWN_FLAGS = 63;
 const UUID_BYTES = 16;
-/** Smallest encoded size of each kind of entry: a count is refused when its entries cannot fit the bytes left. */
-const MIN_SIZE = {
-  vm: 32 + 2 + 2 + 20 + 8,
-  vcpu: 6,
-  vpkg: 20,
-  pkg: 36,
-  known: 12,
-  raw: 12,
-  thread: 24,
-  domainVm: 8,
-  domainPkg: 24,
-  domainRaw: 16,
-} as const;
-
 export const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
-const VERSION_FIX = `run the vmsr-helper that wrote it, or ${FIX}`;
 
-const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
-const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
 const isPid = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TID;
 const isStarttime = (n: number) => Number.isSafeInteger(n) && n >= 0;
+const isJoules = (j: number) => typeof j === 'number' && Number.isFinite(j) && j >= 0;
 /** A total in joules and the µJ published from it agree: µJ = floor(J * 1e6) (ratio.md "Outputs"). */
 const joulesMatch = (j: number, uj: bigint) => {
-  if (typeof j !== 'number' || !Number.isFinite(j) || j < 0) return false;
+  if (!isJoules(j)) return false;
   // Finite joules past 1.8e302 are infinite µJ, which BigInt() refuses by throwing: no µJ gives them.
   const micro = Math.floor(j * 1e6);
   return Number.isFinite(micro) && BigInt(micro) === uj;
 };
-
-function duplicate<T>(items: readonly T[], key: (t: T) => number): number | null {
-  const seen = new Set<number>();
-  for (const it of items) {
-    const k = key(it);
-    if (seen.has(k)) return k;
-    seen.add(k);
-  }
-  return null;
-}
 
 function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | null {
   const id = vm.hostVmId;
@@ -125,7 +91,7 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   for (let p = 0; p < vm.vpkgs.length; p++) {
     const v = vm.vpkgs[p]!;
     if (!isU64(v.energyUj)) return `${at}, virtual package ${p}: energy ${v.energyUj} µJ is out of range (0..2^64-1)`;
-    if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > MAX_MSR_COUNTER)
+    if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > 0xffffffffn)
       return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
     if (!joulesMatch(v.energyJ, v.energyUj)) return `${at}, virtual package ${p}: ${v.energyJ} J does not give ${v.energyUj} µJ`;
   }
@@ -135,44 +101,42 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
 /** Why a snapshot cannot be saved or restored, or null when it keeps every rule and bound. */
 export function stateProblem(s: StateSnapshot): string | null {
   const L = STATE_LIMITS;
+  const once = firstTime();
   if (!Number.isInteger(s.nextHostVmId) || s.nextHostVmId < 1 || s.nextHostVmId > MAX_HOST_VM_ID)
     return `the next VM id ${s.nextHostVmId} is out of range (1..${MAX_HOST_VM_ID})`;
   if (s.vms.length > L.maxVms) return `${s.vms.length} VMs, at most ${L.maxVms}`;
   for (const vm of s.vms) {
     const p = vmProblem(vm, s.nextHostVmId, s.lastSample?.monotonicNs ?? null);
     if (p !== null) return p;
+    if (!once(`vm ${vm.hostVmId}`)) return `VM id ${vm.hostVmId} appears twice`;
   }
-  const dupVm = duplicate(s.vms, (v) => v.hostVmId);
-  if (dupVm !== null) return `VM id ${dupVm} appears twice`;
   if (s.packages.length > L.maxPackages) return `${s.packages.length} packages, at most ${L.maxPackages}`;
   for (const k of s.packages) {
     if (!isU32(k.pkg)) return `package ${k.pkg} is out of range`;
     if (!isU64(k.energyUj) || !isU64(k.unattributedUj)) return `package ${k.pkg}: an energy total is out of range (0..2^64-1)`;
     if (!joulesMatch(k.energyJ, k.energyUj) || !joulesMatch(k.unattributedJ, k.unattributedUj))
       return `package ${k.pkg}: its totals in J and µJ disagree`;
+    if (!once(`pkg ${k.pkg}`)) return `package ${k.pkg} appears twice in the totals`;
   }
-  const dupPkg = duplicate(s.packages, (k) => k.pkg);
-  if (dupPkg !== null) return `package ${dupPkg} appears twice in the totals`;
   if (s.knownPids.length > L.maxKnownPids) return `${s.knownPids.length} known processes, at most ${L.maxKnownPids}`;
   for (const k of s.knownPids) {
     if (!isPid(k.pid) || !isStarttime(k.starttime)) return `known process ${k.pid} (starttime ${k.starttime}) is out of range`;
+    if (!once(`pid ${k.pid}`)) return `known process ${k.pid} appears twice`;
   }
-  const dupPid = duplicate(s.knownPids, (k) => k.pid);
-  if (dupPid !== null) return `known process ${dupPid} appears twice`;
   const t = s.lastSample;
   if (t !== null) {
     if (!isU64(t.monotonicNs) || !isU64(t.realtimeNs)) return "the last sample's time is out of range (0..2^64-1 ns)";
     if (t.packages.length > L.maxPackages) return `the last sample has ${t.packages.length} packages, at most ${L.maxPackages}`;
-    for (const k of t.packages) if (!isU32(k.pkg) || !isU64(k.raw)) return `the last sample's package ${k.pkg} is out of range`;
-    const dupRaw = duplicate(t.packages, (k) => k.pkg);
-    if (dupRaw !== null) return `package ${dupRaw} appears twice in the last sample`;
+    for (const k of t.packages) {
+      if (!isU32(k.pkg) || !isU64(k.raw)) return `the last sample's package ${k.pkg} is out of range`;
+      if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
+    }
     if (t.threads.length > L.maxThreads) return `the last sample has ${t.threads.length} threads, at most ${L.maxThreads}`;
     for (const th of t.threads) {
       if (!isPid(th.pid) || !isPid(th.tid) || !isStarttime(th.starttime) || !isU64(th.ticks))
         return `the last sample's thread ${th.tid} is out of range`;
+      if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
     }
-    const dupTid = duplicate(t.threads, (th) => th.tid);
-    if (dupTid !== null) return `thread ${dupTid} appears twice in the last sample`;
   }
   const guest = guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []);
   if (guest !== null) return guest;
@@ -185,32 +149,25 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
   for (const list of [d.vms, d.packages, d.counters])
     if (list.length > L.maxDomainEntries) return `${list.length} other-domain entries, at most ${L.maxDomainEntries}`;
   const vpkgsOf = new Map(s.vms.map((v) => [v.hostVmId, v.vpkgs.length]));
-  const seen = new Set<string>();
-  const twice = (kind: string, id: number, domain: string): boolean => {
-    const k = `${kind} ${id} ${domain}`;
-    if (seen.has(k)) return true;
-    seen.add(k);
-    return false;
-  };
-  const finite = (j: number) => typeof j === 'number' && Number.isFinite(j) && j >= 0;
+  const once = firstTime();
   for (const v of d.vms) {
     if (!isOtherDomain(v.domain)) return `VM ${v.hostVmId} has totals of ${String(v.domain)}, not a RAPL domain besides the package`;
     const n = vpkgsOf.get(v.hostVmId);
     if (n === undefined) return `${v.domain} totals for VM ${v.hostVmId}, which the snapshot does not have`;
     if (v.energyJ.length > n) return `VM ${v.hostVmId}: ${v.energyJ.length} ${v.domain} totals for ${n} virtual packages`;
-    if (!v.energyJ.every(finite)) return `VM ${v.hostVmId}: a ${v.domain} total is not a finite number of joules >= 0`;
-    if (twice('vm', v.hostVmId, v.domain)) return `VM ${v.hostVmId} has ${v.domain} totals twice`;
+    if (!v.energyJ.every(isJoules)) return `VM ${v.hostVmId}: a ${v.domain} total is not a finite number of joules >= 0`;
+    if (!once(`vm ${v.hostVmId} ${v.domain}`)) return `VM ${v.hostVmId} has ${v.domain} totals twice`;
   }
   for (const k of d.packages) {
     if (!isOtherDomain(k.domain) || !isU32(k.pkg)) return `package ${k.pkg}'s ${String(k.domain)} totals are out of range`;
-    if (!finite(k.energyJ) || !finite(k.unattributedJ))
+    if (!isJoules(k.energyJ) || !isJoules(k.unattributedJ))
       return `package ${k.pkg}: a ${k.domain} total is not a finite number of joules >= 0`;
-    if (twice('pkg', k.pkg, k.domain)) return `package ${k.pkg} has ${k.domain} totals twice`;
+    if (!once(`pkg ${k.pkg} ${k.domain}`)) return `package ${k.pkg} has ${k.domain} totals twice`;
   }
   if (d.counters.length > 0 && s.lastSample === null) return 'other-domain counters without a last sample';
   for (const k of d.counters) {
     if (!isOtherDomain(k.domain) || !isU32(k.pkg) || !isU64(k.raw)) return `package ${k.pkg}'s ${String(k.domain)} counter is out of range`;
-    if (twice('raw', k.pkg, k.domain)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
+    if (!once(`raw ${k.pkg} ${k.domain}`)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
   }
   return null;
 }
@@ -304,11 +261,11 @@ function readVm(r: Reader): VmState {
     name = raw.toString('utf8');
     if (!Buffer.from(name, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
   }
-  const vcpus = r.list(2, MAX_VCPUS, MIN_SIZE.vcpu, `vCPUs of ${at}`, () => ({
+  const vcpus = r.list(2, MAX_VCPUS, 6, `vCPUs of ${at}`, () => ({
     tid: r.u32(`${at}'s vCPUs`),
     vpkg: r.u16(`${at}'s vCPUs`),
   }));
-  const vpkgs = r.list(2, MAX_VPKG + 1, MIN_SIZE.vpkg, `virtual packages of ${at}`, () => ({
+  const vpkgs = r.list(2, MAX_VPKG + 1, 20, `virtual packages of ${at}`, () => ({
     energyUj: r.u64(`${at}'s totals`),
     counter: BigInt(r.u32(`${at}'s totals`)),
     energyJ: r.f64(`${at}'s totals`),
@@ -336,16 +293,16 @@ function readVm(r: Reader): VmState {
 function readPayload(r: Reader, version: number): StateSnapshot {
   const L = STATE_LIMITS;
   const nextHostVmId = r.u32('the next VM id');
-  const vms = r.list(4, L.maxVms, MIN_SIZE.vm, 'VMs', () => readVm(r));
+  const vms = r.list(4, L.maxVms, 64, 'VMs', () => readVm(r));
   const at = 'package totals';
-  const packages = r.list(4, L.maxPackages, MIN_SIZE.pkg, 'packages', () => ({
+  const packages = r.list(4, L.maxPackages, 36, 'packages', () => ({
     pkg: r.u32(at),
     energyUj: r.u64(at),
     unattributedUj: r.u64(at),
     energyJ: r.f64(at),
     unattributedJ: r.f64(at),
   }));
-  const knownPids = r.list(4, L.maxKnownPids, MIN_SIZE.known, 'known processes', () => ({
+  const knownPids = r.list(4, L.maxKnownPids, 12, 'known processes', () => ({
     pid: r.u32('known processes'),
     starttime: r.safe("a known process's starttime"),
   }));
@@ -353,11 +310,10 @@ function readPayload(r: Reader, version: number): StateSnapshot {
   if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
   let lastSample: StateSnapshot['lastSample'] = null;
   if (has === 1) {
-    const monotonicNs = r.u64('the last sample');
-    const realtimeNs = r.u64('the last sample');
     const at = 'the last sample';
-    const raws = r.list(4, L.maxPackages, MIN_SIZE.raw, 'sampled packages', () => ({ pkg: r.u32(at), raw: r.u64(at) }));
-    const threads = r.list(4, L.maxThreads, MIN_SIZE.thread, 'sampled threads', () => ({
+    const [monotonicNs, realtimeNs] = [r.u64(at), r.u64(at)];
+    const raws = r.list(4, L.maxPackages, 12, 'sampled packages', () => ({ pkg: r.u32(at), raw: r.u64(at) }));
+    const threads = r.list(4, L.maxThreads, 24, 'sampled threads', () => ({
       pid: r.u32(at),
       tid: r.u32(at),
       starttime: r.safe("a sampled thread's starttime"),
@@ -395,17 +351,17 @@ function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDo
 
 function readDomains(r: Reader): DomainsState {
   const max = STATE_LIMITS.maxDomainEntries;
-  const vms = r.list(4, max, MIN_SIZE.domainVm, "VMs' other-domain totals", () => {
+  const vms = r.list(4, max, 8, "VMs' other-domain totals", () => {
     const hostVmId = r.u32("a VM's other-domain totals");
     const domain = readDomain(r, `VM ${hostVmId}'s other-domain totals`);
     const what = `VM ${hostVmId}'s ${domain} totals`;
     return { hostVmId, domain, energyJ: r.list(2, MAX_VPKG + 1, 8, `virtual packages of ${what}`, () => r.f64(what)) };
   });
-  const packages = r.list(4, max, MIN_SIZE.domainPkg, "packages' other-domain totals", () => {
+  const packages = r.list(4, max, 24, "packages' other-domain totals", () => {
     const { pkg, domain, at } = readPackageKey(r, 'totals');
     return { pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) };
   });
-  const counters = r.list(4, max, MIN_SIZE.domainRaw, 'other-domain counters', () => {
+  const counters = r.list(4, max, 16, 'other-domain counters', () => {
     const { pkg, domain, at } = readPackageKey(r, 'counter');
     return { pkg, domain, raw: r.u64(at) };
   });
@@ -421,7 +377,7 @@ function openRecord(bytes: Buffer): { version: number; payload: Buffer; handover
   if (!READABLE_VERSIONS.includes(version))
     return {
       why: `it is format version ${version}, this vmsr-helper reads versions ${READABLE_VERSIONS.slice(0, -1).join(', ')} and ${READABLE_VERSIONS.at(-1)}`,
-      fix: VERSION_FIX,
+      fix: `run the vmsr-helper that wrote it, or ${FIX}`,
     };
   const length = bytes.readUInt32LE(12);
   if (length > STATE_LIMITS.maxPayloadBytes)

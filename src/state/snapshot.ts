@@ -1,7 +1,4 @@
-/**
- * What the daemon carries across a restart or a crash, as plain data with the bounds a snapshot must
- * keep, and what a planned restart hands over besides (Handover). No I/O.
- */
+/** What the daemon carries across a restart or a crash, and the bounds it keeps; a planned restart's Handover besides. */
 import type { GuestCounterState } from '../guest-energy/guest-counter.js';
 import type { EnergyDomain, OtherDomain } from '../model/domains.js';
 import { MAX_VMS } from '../model/vm.js';
@@ -16,17 +13,11 @@ export const STATE_LIMITS = {
   maxPackages: 4096,
   maxKnownPids: 1_000_000,
   maxThreads: 4_000_000,
-  /** Entries of the other-domains section: a VM's, a package's or a counter's per domain (4 other domains). */
+  /** Other-domain entries of each kind: per VM, package or counter and each of the 4 other domains. */
   maxDomainEntries: 4 * MAX_VMS,
   maxGuestCounters: MAX_VMS,
   maxPowerLimits: 4096,
 } as const;
-
-/** Host VM ids are u32 and never 0 (0 means "none" in VM_LIST's next_id). */
-export const MAX_HOST_VM_ID = 0xffffffff;
-export const MAX_U64 = (1n << 64n) - 1n;
-/** The MSR-format counter is the 32-bit MSR_PKG_ENERGY_STATUS a guest reads. */
-export const MAX_MSR_COUNTER = (1n << 32n) - 1n;
 
 interface VpkgTotals {
   /** The ratio engine's accumulator A(v,g), joules (float64): what the next intervals add to. */
@@ -38,14 +29,14 @@ interface VpkgTotals {
 }
 
 export interface VmState {
-  /** Host-wide id (OBSERVE, LIST; for a registered VM also its vm_id), 1..2^32-1, unique. */
+  /** Host-wide id (OBSERVE, LIST; a registered VM's vm_id). */
   hostVmId: number;
   pid: number;
   /** Field 22 of /proc/<pid>/stat: (pid, starttime) names the process. */
   starttime: number;
   /** Owner of /proc/<pid>. */
   uid: number;
-  /** The connection that registered it, as the daemon numbers its connections; null when only discovered. */
+  /** The connection that registered it; null when only discovered. */
   owner: number | null;
   discovered: boolean;
   name: string | null;
@@ -59,9 +50,8 @@ export interface VmState {
   /** Sample time (monotonic ns) of its totals; 0 before its first interval. */
   valuesNs: bigint;
   endedSamples: number;
-  /** May be empty for a discovered VM. */
   vcpus: VcpuSpec[];
-  /** Index = virtual package; 1..MAX_VPKG+1 entries. */
+  /** Index = virtual package. */
   vpkgs: VpkgTotals[];
 }
 
@@ -74,11 +64,6 @@ interface HostPackageState {
   unattributedUj: bigint;
 }
 
-interface KnownProcess {
-  pid: number;
-  starttime: number;
-}
-
 export interface SampledThread {
   pid: number;
   tid: number;
@@ -88,14 +73,14 @@ export interface SampledThread {
 
 interface SampleState {
   monotonicNs: bigint;
-  /** CLOCK_REALTIME at the same moment, ns: after a reboot-free restart the monotonic clock goes on, this tells the gap otherwise. */
+  /** CLOCK_REALTIME then, ns: tells the gap where the monotonic clock does not go on. */
   realtimeNs: bigint;
   packages: { pkg: number; raw: bigint }[];
   /** Each thread of each VM that had its baseline, with its cumulative utime+stime ticks. */
   threads: SampledThread[];
 }
 
-/** The RAPL domains other than the package (format version 2 on), as the engine and the host totals hold them. */
+/** The RAPL domains other than the package (format version 2 on). */
 export interface DomainsState {
   /** Per VM (by host VM id) and domain: A(v,g) of that domain, joules, index = virtual package. */
   vms: { hostVmId: number; domain: OtherDomain; energyJ: number[] }[];
@@ -110,11 +95,10 @@ export interface StateSnapshot {
   vms: VmState[];
   packages: HostPackageState[];
   /** Processes discovery has looked at (alive at the last scan). */
-  knownPids: KnownProcess[];
+  knownPids: { pid: number; starttime: number }[];
   lastSample: SampleState | null;
-  /** Each absent when empty (and before the version that added it). */
+  /** Each absent when empty (and before the version that added it); guest: --guest-energy exact. */
   domains?: DomainsState;
-  /** --guest-energy exact. */
   guest?: GuestCounterState[];
   limits?: PowerLimitState[];
 }
@@ -143,13 +127,12 @@ export interface HeldGroupState {
   made: boolean;
 }
 
-/** A connection a planned restart hands over. */
 export interface HandedConnection {
   /** st_ino of its socket: pairs the record with the fd handed over. */
   ino: bigint;
   /** 'undecided': fewer than 4 bytes read when reading stopped. */
   kind: 'legacy' | 'undecided';
-  /** Read and not answered. */
+  /** Bytes read and not answered. */
   pending: Buffer;
 }
 

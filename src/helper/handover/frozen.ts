@@ -24,10 +24,7 @@ export interface Frozen {
 
 /** What a restart (restarter.ts) asks of the running daemon. */
 export interface Restartable {
-  /**
-   * Stops reading every connection that can be handed over (the server's), tells the others the
-   * helper restarts (the v2 service's: ERROR RESTARTING); `drained` once those are closed.
-   */
+  /** Stops reading every connection that can be handed over, tells the v2 ones ERROR RESTARTING; `drained` once those are closed. */
   freeze(): Frozen & { readonly drained: boolean };
   /** The live state to hand over, taken now, between samples; throws when it cannot be. */
   snapshot(): StateSnapshot;
@@ -38,7 +35,7 @@ export type HandedConnectionFd = Omit<HandedConnection, 'ino'> & { fd: number };
 
 /** How the server holds each connection outside its process (outside-keep.ts), from its accept until its close or it turns out v2. */
 export interface ConnectionKeep {
-  /** The connection of socket fd `fd` is accepted (or adopted): held from now on. Returns what names it for released(). */
+  /** The connection of socket fd `fd` is accepted (or adopted): held from now on; returns what names it for released(). */
   held(fd: number | undefined): bigint | null;
   /** The connection closed or is v2: no longer held. */
   released(ino: bigint | null): void;

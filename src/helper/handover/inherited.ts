@@ -1,7 +1,6 @@
 /**
- * What a start inherits instead of opening it itself, as one value (from systemd, the keeper, the
- * image before an exec); the start-up adopts each part given and runs the step for each one missing.
- * Across an exec it travels in INHERIT_ENV as JSON; its fds survive by number.
+ * What a start inherits instead of opening it (from systemd, the keeper, the image before an exec): the
+ * start-up runs the step of each part missing. Across an exec it travels in INHERIT_ENV; its fds by number.
  */
 import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
@@ -11,7 +10,6 @@ import { takeFromKeeper } from '../../keeper/link.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
-/** Where the inherited parts come from (for logs). */
 export type InheritedFrom = 'fresh' | 'systemd' | 'keeper' | 'reexec' | 'restart';
 
 interface InheritedListener {
@@ -24,7 +22,7 @@ export interface Inherited {
   how: InheritedFrom;
   /** The checks' results, from a run with root (energy absent: msr). */
   checks?: { vendor: Vendor; cpus: HostCpu[]; energy?: EnergySourceKind; energyWhy?: string };
-  /** [cpu, fd] of each MSR device, opened as root. Needs `checks` (the cpus they belong to). */
+  /** [cpu, fd] of each MSR device, opened as root; needs `checks`. */
   msr?: [number, number][];
   /** [path, fd] of each powercap energy_uj file, opened as root (energy source powercap). */
   powercap?: [string, number][];
@@ -51,7 +49,6 @@ function mapFds(i: Inherited, to: (fd: number) => number): Inherited {
   };
 }
 
-/** Every fd an Inherited holds. */
 export function inheritedFds(i: Inherited): number[] {
   const fds: number[] = [];
   mapFds(i, (fd) => (fds.push(fd), fd));

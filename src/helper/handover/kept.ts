@@ -1,11 +1,10 @@
 /**
- * What a start finds kept from the process before it (docs/daemon.md "Restarts" and "Crashes"), under
- * KEPT_NAMES, each part checked. A record with a hand-over says what each connection is (one it does
- * not list is closed); without one it is a checkpoint (a crash): each connection is served from its
- * next byte, and the checkpoint is the state unless the last process died restoring it.
+ * What a start finds kept from the process before it, each part checked, and the daemon's hooks for crashes
+ * (docs/daemon.md "Restarts", "Crashes"). A record with a hand-over says what each connection is (one it
+ * does not list is closed); after a checkpoint (a crash) each is served from its next byte.
  */
 import { closeFd } from '../../os/libc/fds.js';
-import { connectionIno } from '../../keeper/link.js';
+import { connectionIno, takeKeeperNote } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
@@ -13,12 +12,13 @@ import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { LogSink } from '../../logging/logger.js';
+import { outsideKeep, type OutsideKeep, type StoreNotifier } from './outside-keep.js';
 
 /** Test hook: a restore of a checkpoint holding a VM of this pid crashes (SIGABRT), as a bug in the restore would. */
 export const CRASH_ON_VM_PID_ENV = 'VMSR_HELPER_TEST_CRASH_ON_VM_PID';
 
 export interface Kept {
-  /** The record's bytes, decoded once the daemon serves (decodeKeptState). */
+  /** The record's bytes, decoded once the daemon serves. */
   state?: Buffer;
   legacy?: Handover['legacy'];
   connections: HandedConnectionFd[];
@@ -32,18 +32,10 @@ export interface Kept {
 
 type KeptLog = LogSink<'info' | 'warn'>;
 
-/** The kept state's snapshot; undefined, and logged, when it does not decode. */
-export function decodeKeptState(bytes: Buffer, log: KeptLog): StateSnapshot | undefined {
-  const r = decodeState(bytes);
-  if (r.ok) return r.value;
-  log.warn({ err: r.error }, 'saved state not restored: starting fresh');
-  return undefined;
-}
-
 /**
- * The names an image from before the one record handed over with: its state is read as the oldest
- * checkpoint, its connections served from their next byte (its hand-over is closed as an unexpected
- * name). QEMU never reconnects: closing them would end every guest's energy until its VM restarts.
+ * The names of an image from before the one record: its state is read as the oldest checkpoint, its
+ * connections served from their next byte (its hand-over is closed as an unexpected name). QEMU never
+ * reconnects: closing them would end every guest's energy until its VM restarts.
  */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
@@ -126,7 +118,7 @@ export function takeKept(
   return out;
 }
 
-export type CrashLog = LogSink<'info' | 'warn' | 'error'>;
+type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
 /** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {
@@ -139,7 +131,7 @@ function diedHow(note: KeeperNote): string {
 }
 
 /** The one line a start after a crash logs: what was kept, the checkpoint restored (and its age) or why none. */
-export function reportCrash(kept: Kept, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
+function reportCrash(kept: Kept, note: KeeperNote | null, restored: StateSnapshot | undefined, log: CrashLog): void {
   const crash = kept.crash;
   if (crash === null) return;
   const crashedAtNs = BigInt(Math.round(note?.atMs ?? Date.now())) * 1_000_000n;
@@ -162,5 +154,71 @@ export function reportCrash(kept: Kept, note: KeeperNote | null, restored: State
   if (poison > 0 && restored?.vms.some((v) => v.pid === poison)) {
     log.error({ pid: poison }, `${CRASH_ON_VM_PID_ENV}: crashing inside the restore, as asked`);
     process.abort();
+  }
+}
+
+/** The v2 service: given the live state after every sample, before any client is told of it. */
+interface Checkpointed {
+  checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void;
+}
+
+export class CrashGuard {
+  private checkpointed: Checkpointed | undefined;
+
+  private constructor(
+    readonly kept: Kept,
+    private readonly note: KeeperNote | null,
+    /** Undefined: nobody holds anything outside this process. */
+    readonly keep: OutsideKeep | undefined,
+    private readonly log: CrashLog,
+  ) {}
+
+  /** Takes what the process before kept out of the inherited named fds. */
+  static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
+    const note = takeKeeperNote();
+    const kept = takeKept(named, note, log);
+    const outside = outsideKeep(notifier, kept, log) ?? undefined;
+    // A process that dies before its own first checkpoint crashed restoring this one.
+    if (kept.crash !== null && kept.state !== undefined) outside?.restoring();
+    return new CrashGuard(kept, note, outside, log);
+  }
+
+  /**
+   * The kept state (undefined, logged, when it does not decode) once the requests that waited through a
+   * restart are answered (the second immediate runs after the next poll); after a crash, what was kept and lost.
+   */
+  async restore(): Promise<StateSnapshot | undefined> {
+    await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+    const r = this.kept.state && decodeState(this.kept.state);
+    if (r && !r.ok) this.log.warn({ err: r.error }, 'saved state not restored: starting fresh');
+    const state = r?.ok ? r.value : undefined;
+    reportCrash(this.kept, this.note, state, this.log);
+    return state;
+  }
+
+  /** Checkpoints of `live` after every sample (a failure logged once per run of them; the last good one stays). */
+  serving(live: Checkpointed | undefined): void {
+    const keep = this.keep;
+    if (keep === undefined) return;
+    let failing = false;
+    live?.checkpointTo((state) => {
+      try {
+        if (state instanceof Error) throw state;
+        keep.checkpoint(state);
+        failing = false;
+      } catch (e) {
+        if (!failing)
+          this.log.warn({ err: (e as Error).message }, `cannot checkpoint the live state: the ${keep.holder} keeps the last one`);
+        failing = true;
+      }
+    });
+    this.checkpointed = live;
+    keep.ready();
+  }
+
+  /** No more checkpoints; connections closed from now on stay held. */
+  stopping(): void {
+    this.checkpointed?.checkpointTo(null);
+    this.keep?.detach();
   }
 }

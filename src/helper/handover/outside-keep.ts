@@ -1,7 +1,6 @@
 /**
  * What the serving process keeps outside itself so that a crash does not take it along (docs/daemon.md
- * "Crashes"): every connection from its accept to its close (or until it turns out to be v2), and a
- * checkpoint at every interval. Two holders, one interface: the keeper, or systemd's fd store.
+ * "Crashes"): each connection from its accept to its close (or v2), a checkpoint at every interval.
  */
 import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
@@ -23,9 +22,8 @@ export interface OutsideKeep extends ConnectionKeep {
   readonly holder: 'keeper' | 'fd store';
   /** Hands the holder the latest record (the one before is let go); false when it did not take it. */
   checkpoint(s: StateSnapshot, handover?: Handover): boolean;
-  /** A checkpoint is about to be restored: a process that dies before its own first checkpoint crashed in the restore. */
+  /** A checkpoint is about to be restored (a death before the next one is a crash in the restore). */
   restoring(): void;
-  /** The start is over: serving. */
   ready(): void;
   /** The event loop turns (lifecycle/loop-watchdog.ts). */
   beat(): void;
@@ -71,7 +69,7 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
   };
 }
 
-/** The fd store: FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close. `found`: the checkpoints it held at this start; `marked`: the restoring mark too. */
+/** The fd store: FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close; `found`, `marked`: the checkpoints and restoring mark it held at this start. */
 function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: boolean): OutsideKeep {
   let attached = true;
   /** Oldest first: the latest stays, the others are removed once it is stored. */

@@ -1,9 +1,9 @@
 /**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"): both freeze the daemon and write the
- * last checkpoint with a hand-over (every legacy or undecided connection with the bytes read and not
- * answered, the legacy counters); v2 clients are told ERROR RESTARTING and reconnect. In place
- * (SIGHUP, `vmsr-helper reload`), the installed binary is checked and executed in this process (a
- * failed check or exec leaves it serving); at a stop under systemd, the record goes to the fd store.
+ * Restarts that QEMU does not see (docs/daemon.md "Restarts"): freeze the daemon, write the record
+ * with a hand-over (each legacy or undecided connection, its bytes read and not answered, the legacy
+ * counters; v2 clients are told ERROR RESTARTING). In place (SIGHUP, `vmsr-helper reload`) the
+ * installed binary is checked and executed in this process (a failure leaves it serving); at a stop
+ * under systemd the record goes to the fd store.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -14,19 +14,16 @@ import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd, setCloexec } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
-import type { Handover, StateSnapshot } from '../../state/snapshot.js';
+import type { Handover } from '../../state/snapshot.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import type { OutsideKeep } from './outside-keep.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import { cannot } from '../../common/errors.js';
 import { takeEnvJson } from '../../common/env-json.js';
 
-/**
- * Longest wait, once reading stopped, for queued replies and v2 clients' last frames. A legacy
- * connection whose replies still wait is closed, not handed over: the unsent part cannot be known.
- */
+/** Longest wait for queued replies and v2 clients' last frames: a legacy connection with replies still queued is closed (what was sent is unknown). */
 const RESTART_DRAIN_MS = 200;
-/** The old image's times (wall-clock ms) across the exec, as JSON, for the new image's `restart phases` log line. */
+/** The old image's times (wall-clock ms) across the exec, for the new image's `restart phases` log line. */
 export const RESTART_CLOCK_ENV = 'VMSR_HELPER_RESTART_CLOCK';
 export interface RestartClock {
   signalAt: number;
@@ -41,7 +38,7 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   return takeEnvJson(RESTART_CLOCK_ENV, valid, env) ?? null;
 }
 
-/** What a restart needs of the daemon, each through the smallest interface. */
+/** What a restart needs of the daemon. */
 interface RestartParts {
   daemon: Restartable;
   /** What the start opened, as the exec hands it on. */
@@ -52,14 +49,6 @@ interface RestartParts {
   watchdog: { disarm(): void; start(): void };
   keep?: OutsideKeep;
   log: Logger;
-}
-
-/** What is handed over; `undo` reads again. */
-interface Prepared {
-  state: StateSnapshot;
-  handover: Handover;
-  connFds: number[];
-  undo(): void;
 }
 
 /** How long no restart may have been asked before the exec. */
@@ -75,23 +64,24 @@ export const RESTART_CHECK_TIMEOUT_MS = 30_000;
 export class RestartRequests {
   private lastAt = -Infinity;
   private meanwhile = 0;
+  private running = false;
 
-  constructor(private readonly now: () => number = () => performance.now()) {}
-
-  first(): void {
-    this.lastAt = this.now();
-    this.meanwhile = 0;
+  /** A restart is asked: true when it is the first (done() ends it), false when it is the running one, later. */
+  ask(): boolean {
+    this.lastAt = performance.now();
+    this.meanwhile = this.running ? this.meanwhile + 1 : 0;
+    const first = !this.running;
+    this.running = true;
+    return first;
   }
 
-  /** Another restart was asked while one runs: it is the same restart, later. */
-  again(): void {
-    this.lastAt = this.now();
-    this.meanwhile++;
+  done(): void {
+    this.running = false;
   }
 
   /** Resolves once no restart was asked for `quietMs`, with how many were asked after the first. */
   async quiet(quietMs = RESTART_QUIET_MS): Promise<number> {
-    for (let left = quietMs; left > 0; left = this.lastAt + quietMs - this.now()) await new Promise((r) => setTimeout(r, left));
+    for (let left = quietMs; left > 0; left = this.lastAt + quietMs - performance.now()) await new Promise((r) => setTimeout(r, left));
     return this.meanwhile;
   }
 }
@@ -101,11 +91,10 @@ async function until(done: () => boolean, ms: number): Promise<void> {
   while (!done() && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
 }
 
-/**
- * Stops reading, waits (at most RESTART_DRAIN_MS) for queued replies, then, with no turn of the event
- * loop until the caller execs or stores, the state and the hand-over. Throws (read again) when the state cannot be taken.
- */
-async function prepare(p: RestartParts): Promise<Prepared> {
+type Prepared = Awaited<ReturnType<typeof prepare>>;
+
+/** Stops reading, waits for queued replies, then takes the state and hand-over with no turn of the event loop until the caller execs or stores (`undo` reads again); throws (read again) when it cannot. */
+async function prepare(p: RestartParts) {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
   await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
@@ -165,7 +154,6 @@ function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<str
 }
 
 export class Restarter {
-  private running = false;
   private readonly requests = new RestartRequests();
 
   constructor(private readonly p: RestartParts) {}
@@ -180,12 +168,7 @@ export class Restarter {
       if (told) notifier.ready('serving (the restart was called off)');
       return text;
     };
-    if (this.running) {
-      this.requests.again();
-      return 'a restart runs already';
-    }
-    this.running = true;
-    this.requests.first();
+    if (!this.requests.ask()) return 'a restart runs already';
     try {
       await this.requests.quiet();
       const signalAt = wallMs();
@@ -237,7 +220,7 @@ export class Restarter {
         return calledOff(`exec failed: ${(e as Error).message}`, 'this helper goes on serving', true);
       }
     } finally {
-      this.running = false;
+      this.requests.done();
     }
   }
 

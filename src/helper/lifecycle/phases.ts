@@ -16,8 +16,7 @@ import type { DaemonConfig } from './config.js';
 import type { Inherited } from '../handover/inherited.js';
 import { openStart, stepDone, type Opened, type StepDone } from './startup.js';
 import type { Notifier } from './systemd.js';
-import { CrashGuard } from '../handover/crash-guard.js';
-import type { Kept } from '../handover/kept.js';
+import { CrashGuard, type Kept } from '../handover/kept.js';
 import type { ConnectionKeep } from '../handover/frozen.js';
 
 type Areas = (name: string) => Logger;
