@@ -160,6 +160,30 @@ describe('statistics fds on the daemon', () => {
     expect(table).toContain(String(vmProc.pid));
   });
 
+  it("`vmsr-helper stats --interval S` refreshes every S seconds, not every second (the daemon option's default), for S below and above 1", async () => {
+    const { sock } = await daemon(['--no-discovery']);
+    for (const s of [0.1, 2.5]) {
+      const stats = spawn(process.execPath, [BIN, 'stats', '-k', sock, '--json', '--interval', String(s)], {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      cleanups.push(() => stats.kill('SIGKILL'));
+      const at: number[] = [];
+      let partial = '';
+      stats.stdout.on('data', (d: Buffer) => {
+        const lines = (partial + d.toString()).split('\n');
+        partial = lines.pop()!;
+        for (const l of lines) if (l.startsWith('{"type":"daemon"')) at.push(Date.now());
+      });
+      const n = s < 1 ? 11 : 3;
+      await waitFor(() => at.length >= n, `${n} refreshes of stats --interval ${s}`, undefined, 60_000);
+      stats.kill('SIGKILL');
+      const gapS = (at[n - 1]! - at[0]!) / (n - 1) / 1000;
+      // A timer never fires early, so S is a floor; with the daemon's default winning, every gap was 1 s.
+      if (s < 1) expect(gapS, `mean refresh gap at --interval ${s}`).toBeLessThan(0.5);
+      else expect(gapS, `mean refresh gap at --interval ${s}`).toBeGreaterThanOrEqual(s - 0.05);
+    }
+  });
+
   it('`vmsr-helper stats` follows a restart in place: the same VM, its energy read from the new image growing on', async () => {
     const { sock, helper } = await daemon(['--no-discovery']);
     const vmProc = startChild('spin');

@@ -5,7 +5,8 @@ import { ResumingV2Client } from '../../client/resuming-client.js';
 import { V2Error, type HostUpdate, type VmInfo } from '../../client/v2-replies.js';
 import { StatsReader, type StatsSample } from '../../client/stats-reader.js';
 import { ENERGY_DOMAINS, type EnergyDomain } from '../../model/domains.js';
-import { addClientSocketOption, clientSocket, collect, secondsArg } from '../options.js';
+import { addClientSocketOption, clientSocket, collect, commandOptions, secondsArg } from '../options.js';
+import { E } from '../../protocol/v2/codec.js';
 import { UsageError } from '../cli-errors.js';
 import { runUntilStopped } from '../stop-signals.js';
 import { statedHost } from '../../client/stated-energy-source.js';
@@ -168,9 +169,11 @@ export async function runStats(
         try {
           readers.set(vm.hostVmId, { vm, r: StatsReader.open((await client.statsFd(vm.hostVmId)).fd) });
         } catch (e) {
-          // A VM that ended between LIST and STATS_FD, or a helper out of fds (ERROR 4 says the fix).
-          if (e instanceof V2Error) warn(`VM ${vm.hostVmId}: ${e.message}`);
-          else throw e;
+          // A VM that ended between LIST and STATS_FD is gone from the next LIST: not worth a warning.
+          // Any other refusal is (a helper out of fds: ERROR 4 says the fix).
+          if (e instanceof V2Error) {
+            if (e.code !== E.NO_SUCH) warn(`VM ${vm.hostVmId}: ${e.message}`);
+          } else throw e;
         }
       }
       if (n === 0 && o.vm && o.vm.length > 0 && readers.size === 0)
@@ -204,8 +207,9 @@ export function addStatsCommand(program: Command): void {
     .option('--once', 'print one table and exit')
     .option('--json', 'per refresh, a JSON record of the daemon (energy source, domains), then one per VM')
     .action(async (_o: unknown, cmd: Command) => {
-      const all = cmd.optsWithGlobals<Omit<StatsOptions, 'intervalS'> & { interval?: number }>();
-      const opts = { ...all, socket: clientSocket(all), intervalS: all.interval ?? STATS_REFRESH_S.default };
+      // Its own --interval only: the daemon's --interval (default 1) above it is another option.
+      const own = cmd.opts<Omit<StatsOptions, 'intervalS'> & { interval?: number }>();
+      const opts = { ...own, socket: clientSocket(commandOptions(cmd)), intervalS: own.interval ?? STATS_REFRESH_S.default };
       await runUntilStopped((out, signal, warn) => runStats(opts, out, signal, warn));
     });
 }
