@@ -109,10 +109,6 @@ export class FdBudget {
     if (this.turn !== null) this.turn.open += n;
   }
 
-  get limit(): number {
-    return this.o.limit;
-  }
-
   /** For the host statistics file: from this turn's count, or the last one under FD_USAGE_MAX_AGE_MS old. */
   usage(): FdUsage {
     const recent =
