@@ -28,11 +28,6 @@ interface Slot {
 export class ConnectionSlots {
   /** Insertion order is the order in which connections last became idle: the first idle one is the oldest. */
   private readonly slots = new Map<Socket, Slot>();
-  /**
-   * Connections closed: idle ones to make room for a new one (evicted), new ones because every slot had
-   * a request in progress (refused), by a timer, for sending a request before the last one was answered.
-   */
-  private readonly counts = { evicted: 0, refused: 0, timedOut: 0, pipelined: 0 };
 
   constructor(
     server: Server,
@@ -46,7 +41,6 @@ export class ConnectionSlots {
       if (!slot) return;
       if (slot.inProgress > 0) {
         // Pipelined: one read can hold thousands of requests, each a render the client need not read.
-        this.counts.pipelined++;
         this.drop(req.socket);
         return;
       }
@@ -68,20 +62,14 @@ export class ConnectionSlots {
     if (slot) slot.refused = true;
   }
 
-  stats(): typeof this.counts & { open: number } {
-    return { open: this.slots.size, ...this.counts };
-  }
-
   private admit(socket: Socket): void {
     const owner = this.ownerOf(socket);
     if (this.slots.size >= this.limits.max) {
       const victim = this.victimFor(owner);
       if (victim === undefined) {
-        this.counts.refused++;
         socket.destroy();
         return;
       }
-      this.counts.evicted++;
       this.drop(victim);
     }
     const slot: Slot = { inProgress: 0, timer: setTimeout(() => {}, 0), refused: false, owner };
@@ -120,10 +108,7 @@ export class ConnectionSlots {
 
   private arm(socket: Socket, slot: Slot, ms: number): void {
     clearTimeout(slot.timer);
-    slot.timer = setTimeout(() => {
-      this.counts.timedOut++;
-      this.drop(socket);
-    }, ms);
+    slot.timer = setTimeout(() => this.drop(socket), ms);
     slot.timer.unref();
   }
 
