@@ -93,20 +93,14 @@ function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmLabels {
 }
 
 /** What LIST says of a VM that may change under the same id. */
-function takeFlags(r: BookedVm, vm: VmInfo): void {
-  r.source = vm.source;
-  r.wholeVmOnly = vm.wholeVmOnly;
-  r.notWhole = vm.notWhole === true;
+function flagsOf(vm: VmInfo): Pick<BookedVm, 'source' | 'wholeVmOnly' | 'notWhole'> {
+  return { source: vm.source, wholeVmOnly: vm.wholeVmOnly, notWhole: vm.notWhole === true };
 }
 
 /** No power known (a new connection, or the VM ended): every vpkg's watts, of every domain, null. */
 function noWatts(r: BookedVm): void {
-  r.watts = r.watts.map(() => null);
-  for (const [d, w] of r.domainWatts)
-    r.domainWatts.set(
-      d,
-      w.map(() => null),
-    );
+  r.watts.fill(null);
+  for (const w of r.domainWatts.values()) w.fill(null);
 }
 
 function getOr<K, V>(m: Map<K, V>, key: K, make: () => V): V {
@@ -203,7 +197,7 @@ export class EnergyBook {
       if (bound) {
         named.add(bound);
         // A registration may take over a discovered VM: same id, now registered.
-        takeFlags(bound, vm);
+        Object.assign(bound, flagsOf(vm));
         if (vm.ended) this.end(bound);
         continue;
       }
@@ -219,12 +213,8 @@ export class EnergyBook {
         this.vms.delete(r.key);
         r = undefined;
       }
-      if (r && r.hostVmId !== null) {
-        // Two VMs with one label set would be one series: the second is not exposed.
-        skipped.push(vm);
-        continue;
-      }
-      if (live >= this.limits.maxExportedVms) {
+      // Two VMs with one label set would be one series: the second is not exposed (nor one over the cap).
+      if ((r && r.hostVmId !== null) || live >= this.limits.maxExportedVms) {
         skipped.push(vm);
         continue;
       }
@@ -233,9 +223,7 @@ export class EnergyBook {
           key: vmKey(labels),
           labels,
           starttime: vm.starttime,
-          source: vm.source,
-          wholeVmOnly: false,
-          notWhole: false,
+          ...flagsOf(vm),
           hostVmId: null,
           energy: [],
           watts: [],
@@ -249,7 +237,7 @@ export class EnergyBook {
         };
         this.vms.set(r.key, r);
       }
-      takeFlags(r, vm);
+      Object.assign(r, flagsOf(vm));
       r.hostVmId = vm.hostVmId;
       r.endedAtMs = null;
       r.seenEnded = false;
@@ -345,14 +333,9 @@ export class EnergyBook {
     this.unattributed.feed(h.unattributedUj);
     const unattributedSums = new Map<OtherDomain, bigint>();
     for (const d of domains) {
-      totalOf(
-        getOr(this.domainPackages, d.domain, () => new Map()),
-        d.pkg,
-      ).feed(d.energyUj);
-      totalOf(
-        getOr(this.domainPackageUnattributed, d.domain, () => new Map()),
-        d.pkg,
-      ).feed(d.unattributedUj);
+      const byPkg = (m: Map<OtherDomain, Map<number, RunningTotal>>) => getOr(m, d.domain, () => new Map());
+      totalOf(byPkg(this.domainPackages), d.pkg).feed(d.energyUj);
+      totalOf(byPkg(this.domainPackageUnattributed), d.pkg).feed(d.unattributedUj);
       unattributedSums.set(d.domain, (unattributedSums.get(d.domain) ?? 0n) + d.unattributedUj);
     }
     // Over the packages, as the package's host-wide unattributed energy is (a sum of cumulative values is cumulative).
