@@ -8,7 +8,7 @@ import tls from 'node:tls';
 import type { EnergyBook } from './energy-book.js';
 import { buildExpositions, negotiateFormat } from './metrics.js';
 import { formatListenAddress, type ListenAddress } from './listen-address.js';
-import { cannot } from '../common/errors.js';
+import { cannot, cannotError } from '../common/errors.js';
 import { ConnectionSlots } from './connection-slots.js';
 import { ConnectionOwners } from './connection-owner.js';
 import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
@@ -177,7 +177,7 @@ function listenOn(front: net.Server, listen: ListenAddress): Promise<void> {
             : e.code === 'EADDRNOTAVAIL'
               ? 'no interface has that address; use 127.0.0.1 or an address of this host'
               : 'check --listen';
-      reject(new Error(cannot(`listen on ${where}`, e.code ?? e.message, fix)));
+      reject(cannotError(`listen on ${where}`, e.code ?? e.message, fix));
     });
     // No host (":PORT"): every address, IPv6 and IPv4.
     if (listen.host === null) front.listen(listen.port, () => resolve());

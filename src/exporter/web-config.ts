@@ -4,7 +4,7 @@
  */
 import path from 'node:path';
 import { parseDocument } from 'yaml';
-import { cannot } from '../common/errors.js';
+import { cannotError } from '../common/errors.js';
 
 /** What the core schema gives: aliases resolve to copies, tags beyond it stay unresolved (refused). */
 type YamlValue = string | number | boolean | null | YamlValue[] | { [key: string]: YamlValue };
@@ -73,7 +73,7 @@ class Checker {
   ) {}
 
   fail(key: string, why: string, fix: string): never {
-    throw new Error(cannot(`use ${this.source}`, `${key}: ${why}`, fix));
+    throw cannotError(`use ${this.source}`, `${key}: ${why}`, fix);
   }
 
   mapping(v: YamlValue | undefined, key: string, known: readonly string[]): Doc {
@@ -232,7 +232,7 @@ function parseYaml(text: string, source: string): YamlValue {
   if (problem !== undefined) {
     const why = problem.message.replace(/ at line \d+, column \d+:?\n[\s\S]*$/, '');
     const line = problem.linePos?.[0].line ?? 1;
-    throw new Error(cannot(`read ${source}`, `line ${line}: ${why}`, 'write it as YAML (see docs/exporter.md "Web configuration file")'));
+    throw cannotError(`read ${source}`, `line ${line}: ${why}`, 'write it as YAML (see docs/exporter.md "Web configuration file")');
   }
   return doc.toJS({ maxAliasCount: 100 }) as YamlValue;
 }
