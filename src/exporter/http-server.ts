@@ -25,11 +25,7 @@ export const HTTP_IDLE_TIMEOUT_MS = 5_000;
 /** A request must be answered and sent within this time of its headers. */
 const HTTP_REQUEST_TIMEOUT_MS = 10_000;
 
-export interface MetricsServer {
-  /** Where it listens (the real port when 0 was asked). */
-  address: { host: string; port: number };
-  close(): Promise<void>;
-}
+export type MetricsServer = Awaited<ReturnType<typeof startMetricsServer>>;
 
 interface MetricsServerOptions {
   /** The --web.config.file, or null for plain HTTP without authentication. */
@@ -164,28 +160,25 @@ function tlsFront(web: WebConfigFile, server: http.Server): net.Server {
   });
 }
 
+const LISTEN_FIXES: Partial<Record<string, string>> = {
+  EADDRINUSE: 'another process uses that port; pick another with --listen [HOST]:PORT',
+  EACCES: 'ports below 1024 need privileges the exporter should not have; pick a port >= 1024',
+  EADDRNOTAVAIL: 'no interface has that address; use 127.0.0.1 or an address of this host',
+};
+
 /** Listens on `listen`; a failure names the fix. */
 function listenOn(front: net.Server, listen: ListenAddress): Promise<void> {
   const where = formatListenAddress(listen);
   return new Promise<void>((resolve, reject) => {
     front.once('error', (e: NodeJS.ErrnoException) => {
-      const fix =
-        e.code === 'EADDRINUSE'
-          ? 'another process uses that port; pick another with --listen [HOST]:PORT'
-          : e.code === 'EACCES'
-            ? 'ports below 1024 need privileges the exporter should not have; pick a port >= 1024'
-            : e.code === 'EADDRNOTAVAIL'
-              ? 'no interface has that address; use 127.0.0.1 or an address of this host'
-              : 'check --listen';
-      reject(cannotError(`listen on ${where}`, e.code ?? e.message, fix));
+      reject(cannotError(`listen on ${where}`, e.code ?? e.message, LISTEN_FIXES[e.code ?? ''] ?? 'check --listen'));
     });
     // No host (":PORT"): every address, IPv6 and IPv4.
-    if (listen.host === null) front.listen(listen.port, () => resolve());
-    else front.listen(listen.port, listen.host, () => resolve());
+    front.listen(listen.port, listen.host ?? undefined, () => resolve());
   });
 }
 
-export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}): Promise<MetricsServer> {
+export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}) {
   const web = opts.web ?? null;
   const serve = serveRequest(
     book,

@@ -17,13 +17,9 @@ export interface ObserverClient {
   close(): Promise<void>;
 }
 
-export interface Backoff {
-  firstMs: number;
-  maxMs: number;
-}
-
 /** 250 ms after a loss (a restarting daemon is back within that), doubling to 10 s. */
-export const DEFAULT_BACKOFF: Backoff = { firstMs: 250, maxMs: 10_000 };
+export const DEFAULT_BACKOFF = { firstMs: 250, maxMs: 10_000 };
+export type Backoff = typeof DEFAULT_BACKOFF;
 
 /** Delay before reconnect attempt `attempt` (0-based). */
 export function backoffDelay(b: Backoff, attempt: number): number {
@@ -221,15 +217,13 @@ export class ObserverSession {
 
   private sleep(ms: number): Promise<void> {
     return new Promise((resolve) => {
-      const t = setTimeout(() => {
-        this.wake = null;
-        resolve();
-      }, ms);
-      this.wake = () => {
-        clearTimeout(t);
+      const wake = () => {
+        clearTimeout(timer);
         this.wake = null;
         resolve();
       };
+      const timer = setTimeout(wake, ms);
+      this.wake = wake;
     });
   }
 }

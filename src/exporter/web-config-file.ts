@@ -89,10 +89,11 @@ function signature(file: string): string {
   }
 }
 
-function filesOf(file: string, c: WebConfig): string[] {
-  const out = [file];
-  for (const src of [c.tls?.cert, c.tls?.key, c.tls?.clientCa]) if (src && 'file' in src) out.push(src.file);
-  return out;
+/** The signatures of `file` and of the PEM files its configuration `c` names. */
+function signaturesOf(file: string, c: WebConfig): string {
+  const files = [file];
+  for (const src of [c.tls?.cert, c.tls?.key, c.tls?.clientCa]) if (src && 'file' in src) files.push(src.file);
+  return files.map(signature).join('|');
 }
 
 /** The file as it is now; checked on each connection, loaded again when it or a file it names changed. */
@@ -107,11 +108,11 @@ export class WebConfigFile {
     private readonly log: LogSink<'info' | 'error'>,
   ) {
     this.loaded = loadWebConfigFile(file);
-    this.signatures = this.currentSignatures(filesOf(file, this.loaded.config));
+    this.signatures = signaturesOf(file, this.loaded.config);
   }
 
   current(): LoadedWebConfig {
-    const now = this.currentSignatures(filesOf(this.file, this.loaded.config));
+    const now = signaturesOf(this.file, this.loaded.config);
     if (now === this.signatures || now === this.failedSignatures) return this.loaded;
     try {
       const next = loadWebConfigFile(this.file);
@@ -122,7 +123,7 @@ export class WebConfigFile {
           'restart the exporter',
         );
       this.loaded = next;
-      this.signatures = this.currentSignatures(filesOf(this.file, next.config));
+      this.signatures = signaturesOf(this.file, next.config);
       this.failedSignatures = null;
       this.log.info({ file: this.file }, 'web configuration reloaded');
     } catch (e) {
@@ -133,9 +134,5 @@ export class WebConfigFile {
       );
     }
     return this.loaded;
-  }
-
-  private currentSignatures(files: string[]): string {
-    return files.map(signature).join('|');
   }
 }

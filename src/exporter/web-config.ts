@@ -145,12 +145,8 @@ function checkTls(c: Checker, v: YamlValue | undefined) {
   const clientCa = c.pem(tls, 'client_ca', 'client_ca_file', false);
   const authText = c.string(tls.client_auth_type, 'tls_server_config.client_auth_type');
   // As the toolkit: a client CA without a policy means verify every client against it.
-  const clientAuthType =
-    authText === null
-      ? clientCa !== null
-        ? 'RequireAndVerifyClientCert'
-        : 'NoClientCert'
-      : c.oneOf(authText, 'tls_server_config.client_auth_type', CLIENT_AUTH_TYPES);
+  const byDefault = clientCa !== null ? 'RequireAndVerifyClientCert' : 'NoClientCert';
+  const clientAuthType = authText === null ? byDefault : c.oneOf(authText, 'tls_server_config.client_auth_type', CLIENT_AUTH_TYPES);
   const verifies = clientAuthType === 'VerifyClientCertIfGiven' || clientAuthType === 'RequireAndVerifyClientCert';
   if (verifies && clientCa === null)
     c.fail('tls_server_config.client_auth_type', `${clientAuthType} needs a CA to verify against`, 'set client_ca_file');
