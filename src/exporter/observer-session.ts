@@ -5,17 +5,11 @@ import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import { cannot } from '../common/errors.js';
 import { StatsReader } from '../client/stats-reader.js';
+import type { V2Client } from '../client/v2-client.js';
 import { StatsFdFeed } from './stats-fd-feed.js';
 
-/** What the exporter needs from a v2 connection (V2Client has this shape): LIST and the statistics fds. */
-export interface ObserverClient {
-  list(): Promise<VmInfo[]>;
-  /** A statistics fd (docs/stats-fd.md) of VM `hostVmId`, or of the host (0). */
-  statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }>;
-  /** Resolves when the connection ends (with the reason when it broke). */
-  readonly closed: Promise<Error | null>;
-  close(): Promise<void>;
-}
+/** What the exporter needs from a v2 connection: LIST and the statistics fds (of a VM, or of the host: 0). */
+export type ObserverClient = Pick<V2Client, 'list' | 'statsFd' | 'closed' | 'close'>;
 
 /** 250 ms after a loss (a restarting daemon is back within that), doubling to 10 s. */
 export const DEFAULT_BACKOFF = { firstMs: 250, maxMs: 10_000 };
