@@ -4,7 +4,7 @@
  * a VM is admitted only when its threads fit beside every connection slot and the reserve (canAdmit).
  */
 import fs from 'node:fs';
-import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from '../os/libc/processes.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../os/libc/processes.js';
 import { keptFds } from '../os/proc-tasks.js';
 import { fail, ok, type Result } from '../common/result.js';
 
@@ -19,15 +19,8 @@ export function vmFds(threads: number): number {
   return keptFds(threads) + 1;
 }
 
-interface FdLimitChange {
-  before: Rlimit;
-  after: Rlimit;
-  /** Why the soft limit could not be raised. */
-  error?: string;
-}
-
 /** Raises the soft RLIMIT_NOFILE to the hard limit (capped by fs.nr_open when the hard one is infinite). */
-export function raiseFdLimit(): FdLimitChange {
+export function raiseFdLimit() {
   const before = getrlimit(RLIMIT_NOFILE);
   let target = before.hard;
   if (target === Infinity) target = nrOpen();

@@ -93,16 +93,13 @@ export class ConnectionSlots {
     const more = others.filter((o) => held.get(o)! > mine);
     const asMany = others.filter((o) => held.get(o)! === mine);
     const oldest = (o: string, idle: boolean) => all.find(([, s]) => s.owner === o && (!idle || s.inProgress === 0));
-    const oldestOf = (o: string | undefined, idle: boolean) => (o === undefined ? undefined : oldest(o, idle));
+    const hog = ownerToEvict(others, (o) => held.get(o)!, owner, mine);
     const victim =
       all.find(([, s]) => s.refused && s.inProgress === 0) ??
       [...more, owner, ...asMany].map((o) => oldest(o, true)).find((e) => e !== undefined) ??
       // A refused connection's request in progress is only its refusal being written: it may go too.
       all.find(([, s]) => s.refused) ??
-      oldestOf(
-        ownerToEvict(others, (o) => held.get(o)!, owner, mine),
-        false,
-      );
+      (hog === undefined ? undefined : oldest(hog, false));
     return victim?.[0];
   }
 

@@ -66,10 +66,9 @@ export function formatJournalLine(json: string): string {
 export function formatPrettyLine(json: string): string {
   const rec = JSON.parse(json) as Record<string, unknown>;
   const t = new Date(typeof rec.time === 'string' || typeof rec.time === 'number' ? rec.time : Date.now());
-  const hms = `${String(t.getHours()).padStart(2, '0')}:${String(t.getMinutes()).padStart(2, '0')}:${String(t.getSeconds()).padStart(2, '0')}.${String(t.getMilliseconds()).padStart(3, '0')}`;
-  return `${hms} ${String(rec.level ?? 'info')
-    .toUpperCase()
-    .padEnd(5)} ${body(rec)}\n`;
+  const hms = `${t.toTimeString().slice(0, 8)}.${String(t.getMilliseconds()).padStart(3, '0')}`;
+  const level = String(rec.level ?? 'info').toUpperCase();
+  return `${hms} ${level.padEnd(5)} ${body(rec)}\n`;
 }
 
 /** A synchronous stderr writer that reformats each pino line (logs must not be lost on exit). */
