@@ -85,9 +85,8 @@ export class FdBudget {
   }
 
   /**
-   * Fds open now, read from /proc/self/fd once per event-loop turn: a burst of requests in one turn
-   * (a discovery scan admitting 500 VMs) would otherwise be quadratic in the VMs. What is admitted in
-   * the turn is added to the count, so it never runs behind what it let through.
+   * Fds open now, read from /proc/self/fd once per event-loop turn: a burst in one turn (a scan admitting 500 VMs)
+   * would otherwise be quadratic. What the turn admits is added to the count, which so never runs behind.
    */
   private countedThisTurn(): number {
     if (this.turn === null) {
@@ -125,9 +124,8 @@ export class FdBudget {
   }
 
   /**
-   * Whether a VM whose process has `threads` threads fits. Its fds are counted as open this turn,
-   * unless `count` is false: the caller then opens them through a ledger that counts each fd it
-   * grants (VmFdShares.grant), and counting them here too would halve its grant.
+   * Whether a VM of `threads` threads fits; its fds counted as open this turn unless `count` is false: the caller
+   * then opens them through a ledger counting each fd it grants (VmFdShares.grant), and counting here would halve it.
    */
   canAdmit(threads: number, o: { count?: boolean } = {}): FdAdmission {
     const need = vmFds(Math.max(1, threads));

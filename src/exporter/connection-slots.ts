@@ -79,9 +79,8 @@ export class ConnectionSlots {
   }
 
   /**
-   * The connection that makes room for a new one of `owner`, or undefined: a refused idle one; the
-   * oldest idle one of an owner holding more, of `owner` itself, of an owner holding as many; a refused
-   * one being answered; the oldest request of the owner holding the most.
+   * What makes room for a new connection of `owner`, or undefined: a refused idle one; the oldest idle one of an owner
+   * holding more, of `owner`, of one holding as many; a refused one being answered; the hog's oldest request.
    */
   private victimFor(owner: string): Socket | undefined {
     const all = [...this.slots];

@@ -91,9 +91,9 @@ function serveRequest(
 }
 
 /**
- * The request listener: the file's headers, then basic authentication when it has users. A source
- * past its failed checks gets 429 on a kept-alive connection (closing would make both sides pay a
- * TLS handshake, the exporter the dearer half); a refused connection is the first evicted.
+ * The request listener: the file's headers, then basic authentication when it has users. A source past its failed
+ * checks gets 429 on a kept-alive connection (closing costs both a TLS handshake, the exporter the dearer half);
+ * a refused connection is the first evicted.
  */
 function requestListener(
   web: WebConfigFile | null,
@@ -131,10 +131,9 @@ function requestListener(
 }
 
 /**
- * With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made
- * from the file as it is at that moment: a renewed certificate or a new client policy applies from
- * the next connection. Node's TLS server verifies client certificates and times the handshake;
- * what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
+ * With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made from the file as it is
+ * then: a renewed certificate or client policy applies from the next connection. Node's TLS server verifies client
+ * certificates and times the handshake; the rest of Go's policies is checked after it; then HTTP takes the socket.
  */
 function tlsFront(web: WebConfigFile, server: http.Server): net.Server {
   const tlsServers = new WeakMap<LoadedWebConfig, tls.Server>();

@@ -6,10 +6,7 @@ import { cannotError } from '../common/errors.js';
  * host is the operator's explicit choice.
  */
 
-/**
- * 8677 spells VMSR on a phone keypad; the Prometheus default-port list (9100-9999) is fully allocated,
- * and 8677 is outside it and not in /etc/services.
- */
+/** 8677 spells VMSR on a phone keypad; it is outside the fully allocated Prometheus default ports (9100-9999) and /etc/services. */
 const DEFAULT_EXPORTER_PORT = 8677;
 export const DEFAULT_LISTEN = `127.0.0.1:${DEFAULT_EXPORTER_PORT}`;
 

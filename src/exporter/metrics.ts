@@ -81,10 +81,7 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat, withHost: boo
 
 type Registers = Registry<RegistryContentType>[];
 
-/**
- * A label-less family of one value read at each scrape; none while `value()` is null: reset() leaves
- * it at 0, a lie before the first host update, so remove() drops that 0 too.
- */
+/** A label-less family read at each scrape; none while `value()` is null (remove() drops the 0 reset() leaves, a lie before data). */
 function optional(kind: typeof Counter | typeof Gauge, name: string, help: string, registers: Registers, value: () => number | null): void {
   new kind({
     name,
@@ -236,10 +233,7 @@ function registerHelperFamilies(book: EnergyBook, registers: Registers): void {
   );
 }
 
-/**
- * Picks the format from an Accept header: OpenMetrics when the scraper lists it with a non-zero q
- * (Prometheus does), else the Prometheus text format every scraper reads.
- */
+/** The format an Accept header asks for: OpenMetrics when listed with a non-zero q (Prometheus does), else the Prometheus text format. */
 export function negotiateFormat(accept: string | undefined): ExpositionFormat {
   if (!accept) return 'prometheus';
   for (const part of accept.split(',')) {

@@ -86,9 +86,8 @@ function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
 export class StatsFdFeed {
   private readonly vms = new Map<number, StatsReader>();
   /**
-   * vm_changes as last read. Taken when the feed is made, before the connection's first LIST: a VM
-   * that appears between that LIST and the first scrape then still counts as a change (a baseline
-   * taken at the first scrape would already include it, and the VM would never be listed).
+   * vm_changes as last read, first when the feed is made (before the first LIST): a VM appearing between that LIST and
+   * the first scrape then counts as a change (a baseline taken at that scrape would include it: the VM never listed).
    */
   private lastVmChanges: bigint;
 

@@ -90,10 +90,7 @@ export class VmExposition {
 
   constructor(private readonly book: EnergyBook) {}
 
-  /**
-   * The per-VM families as prom-client would write them in `format`, without the separator that
-   * follows (Prometheus: a blank line between families; OpenMetrics: none).
-   */
+  /** The per-VM families as prom-client writes them in `format`, without the separator after them (Prometheus: a blank line). */
   render(format: ExpositionFormat): string {
     const vms = this.book.exposed();
     const { energy, power, info, guest, garbage, limit, limited: time } = VM_FAMILIES;
@@ -156,10 +153,7 @@ export class VmExposition {
     return (texts[g] ??= `{${t.base},vpkg="${g}",domain="${domain}"} `);
   }
 
-  /**
-   * source, whole_vm_only and sampled_whole may change (a registration takes over a discovered VM, a
-   * process grows past its share): remade when they do.
-   */
+  /** Remade when source, whole_vm_only or sampled_whole change (a registration takes over a discovered VM, a process outgrows its share). */
   private infoText(r: BookedVm): string {
     const t = this.textOf(r);
     const whole = r.notWhole ? '0' : '1';

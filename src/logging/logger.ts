@@ -21,10 +21,7 @@ type LogFormat = 'journal' | 'pretty' | 'json';
 /** pino level name -> syslog priority (RFC 5424 severity), as journald maps them. */
 export const SYSLOG_PRIORITY: Readonly<Record<string, number>> = { fatal: 2, error: 3, warn: 4, info: 6, debug: 7, trace: 7 };
 
-/**
- * JOURNAL_STREAM is "DEV:INODE" of the stream systemd connected to stdout/stderr. It is inherited by
- * children whose stderr goes elsewhere, so it counts only when it names our stderr.
- */
+/** JOURNAL_STREAM ("DEV:INODE" of systemd's stream) is inherited by children whose stderr goes elsewhere: it counts if it names ours. */
 export function isJournalStream(env: NodeJS.ProcessEnv, stat: { dev: number; ino: number } | null): boolean {
   const m = /^(\d+):(\d+)$/.exec(env.JOURNAL_STREAM ?? '');
   return m !== null && stat !== null && Number(m[1]) === stat.dev && Number(m[2]) === stat.ino;
@@ -90,10 +87,7 @@ function lineStream(format: (json: string) => string, fd: number): DestinationSt
   };
 }
 
-/**
- * pino is loaded by the first logger, not at import: the command line imports this module for
- * levelFromFlags before the daemon re-executes itself, and that first image never logs.
- */
+/** pino loads with the first logger: the CLI imports this module (levelFromFlags) before it re-executes, and that image never logs. */
 export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper', format: LogFormat = detectLogFormat(), fd = 2): Logger {
   const { pino } = createRequire(import.meta.url)('pino') as typeof Pino;
   const common = {
