@@ -52,13 +52,11 @@ function clientCertAllowed(t: TlsServerConfig, socket: tls.TLSSocket): boolean {
 const TEXT = 'text/plain; charset=utf-8';
 
 /** Answers one request: / and the metrics path (what the view shows), 404 and 405 otherwise. */
-function serveRequest(
-  book: EnergyBook,
-  expositions: ReturnType<typeof buildExpositions>,
-  hostSeries: HostSeries,
-  metricsPath: string,
-): (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void {
-  return (req, res, byPassword) => {
+function serveRequest(book: EnergyBook, opts: MetricsServerOptions) {
+  const expositions = buildExpositions(book);
+  const hostSeries = opts.hostSeries ?? DEFAULT_HOST_SERIES;
+  const metricsPath = opts.metricsPath ?? DEFAULT_METRICS_PATH;
+  return (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean): void => {
     const byCert = req.socket instanceof tls.TLSSocket && req.socket.authorized;
     const url = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') {
@@ -98,7 +96,7 @@ function serveRequest(
 function requestListener(
   web: WebConfigFile | null,
   auth: BasicAuth,
-  serve: (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void,
+  serve: ReturnType<typeof serveRequest>,
   refused: (socket: net.Socket) => void,
 ): http.RequestListener {
   return (req, res) => {
@@ -179,12 +177,7 @@ function listenOn(front: net.Server, listen: ListenAddress): Promise<void> {
 
 export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}) {
   const web = opts.web ?? null;
-  const serve = serveRequest(
-    book,
-    buildExpositions(book),
-    opts.hostSeries ?? DEFAULT_HOST_SERIES,
-    opts.metricsPath ?? DEFAULT_METRICS_PATH,
-  );
+  const serve = serveRequest(book, opts);
   // Node's own timeouts stay as a second line; ConnectionSlots enforces them per socket.
   const server = http.createServer(
     {

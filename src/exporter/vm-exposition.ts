@@ -153,7 +153,7 @@ export class VmExposition {
     return (texts[g] ??= `{${t.base},vpkg="${g}",domain="${domain}"} `);
   }
 
-  /** Remade when source, whole_vm_only or sampled_whole change (a registration takes over a discovered VM, a process outgrows its share). */
+  /** Remade when source, whole_vm_only or sampled_whole change (a registrant takes over a discovered VM, a process outgrows its share). */
   private infoText(r: BookedVm): string {
     const t = this.textOf(r);
     const whole = r.notWhole ? '0' : '1';

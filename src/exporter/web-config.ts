@@ -215,8 +215,7 @@ function checkHttp(c: Checker, v: YamlValue | undefined): Record<string, string>
     if (text === null) continue;
     if (/[\x00-\x1f\x7f]/.test(text)) c.fail(key, 'holds a control character', 'write the value on one line');
     const allowed = HEADERS[name];
-    if (allowed) out[name] = c.oneOf(text.toLowerCase(), key, allowed);
-    else out[name] = text;
+    out[name] = allowed ? c.oneOf(text.toLowerCase(), key, allowed) : text;
   }
   return out;
 }
