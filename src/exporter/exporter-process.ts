@@ -26,13 +26,7 @@ interface ExporterConfig {
   metricsPath?: string;
 }
 
-interface RunningExporter {
-  url: string;
-  book: EnergyBook;
-  stop(): Promise<void>;
-}
-
-export async function startExporter(c: ExporterConfig, connect: () => Promise<ObserverClient>, log: Logger): Promise<RunningExporter> {
+export async function startExporter(c: ExporterConfig, connect: () => Promise<ObserverClient>, log: Logger) {
   if (process.getuid?.() === 0)
     log.warn(
       "the exporter runs as root; it needs no privileges: run it as a user in the helper socket's group (see contrib/systemd/vmsr-helper-exporter.service)",

@@ -56,8 +56,6 @@ function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[]
 function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
-  const power = r.values(s, 'power') ?? [];
-  const scale = r.scale('power');
   const watts = (name: string) => (r.values(s, name) ?? []).map((p) => Number(p) * r.scale(name));
   const domains = domainsIn(r, (d) => vmDomainNames(d).energy).map((domain) => {
     const n = vmDomainNames(domain);
@@ -79,7 +77,7 @@ function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
       vpkgs: energy.map((e, g) => ({ energyUj: e, counter: counter[g] ?? 0n })),
       ended: u64(r, s, 'ended') === 1n || u64(r, s, 'replaced') === 1n,
     },
-    powerW: power.map((p) => Number(p) * scale),
+    powerW: watts('power'),
   };
 }
 
