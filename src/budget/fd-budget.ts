@@ -4,7 +4,7 @@
  * a VM is admitted only when its threads fit beside every connection slot and the reserve (canAdmit).
  */
 import fs from 'node:fs';
-import { getrlimit, RLIMIT_NOFILE, setrlimit, type Rlimit } from '../os/libc/processes.js';
+import { getrlimit, RLIMIT_NOFILE, setrlimit } from '../os/libc/processes.js';
 import { keptFds } from '../os/proc-tasks.js';
 import { fail, ok, type Result } from '../common/result.js';
 
@@ -19,15 +19,8 @@ export function vmFds(threads: number): number {
   return keptFds(threads) + 1;
 }
 
-interface FdLimitChange {
-  before: Rlimit;
-  after: Rlimit;
-  /** Why the soft limit could not be raised. */
-  error?: string;
-}
-
 /** Raises the soft RLIMIT_NOFILE to the hard limit (capped by fs.nr_open when the hard one is infinite). */
-export function raiseFdLimit(): FdLimitChange {
+export function raiseFdLimit() {
   const before = getrlimit(RLIMIT_NOFILE);
   let target = before.hard;
   if (target === Infinity) target = nrOpen();
@@ -92,9 +85,8 @@ export class FdBudget {
   }
 
   /**
-   * Fds open now, read from /proc/self/fd once per event-loop turn: a burst of requests in one turn
-   * (a discovery scan admitting 500 VMs) would otherwise be quadratic in the VMs. What is admitted in
-   * the turn is added to the count, so it never runs behind what it let through.
+   * Fds open now, read from /proc/self/fd once per event-loop turn: a burst in one turn (a scan admitting 500 VMs)
+   * would otherwise be quadratic. What the turn admits is added to the count, which so never runs behind.
    */
   private countedThisTurn(): number {
     if (this.turn === null) {
@@ -107,10 +99,6 @@ export class FdBudget {
   /** `n` fds were admitted (or granted: VmFdShares): counted as open until the next turn's count. */
   admitted(n: number): void {
     if (this.turn !== null) this.turn.open += n;
-  }
-
-  get limit(): number {
-    return this.o.limit;
   }
 
   /** For the host statistics file: from this turn's count, or the last one under FD_USAGE_MAX_AGE_MS old. */
@@ -136,9 +124,8 @@ export class FdBudget {
   }
 
   /**
-   * Whether a VM whose process has `threads` threads fits. Its fds are counted as open this turn,
-   * unless `count` is false: the caller then opens them through a ledger that counts each fd it
-   * grants (VmFdShares.grant), and counting them here too would halve its grant.
+   * Whether a VM of `threads` threads fits; its fds counted as open this turn unless `count` is false: the caller
+   * then opens them through a ledger counting each fd it grants (VmFdShares.grant), and counting here would halve it.
    */
   canAdmit(threads: number, o: { count?: boolean } = {}): FdAdmission {
     const need = vmFds(Math.max(1, threads));

@@ -29,10 +29,7 @@ export function shareOwnerOf(procRoot: string, pid: number, groups: readonly num
   return { uid, preferred: isPreferredOwner(procRoot, pid, uid, groups) };
 }
 
-/**
- * Whether the process on the other end of a connection is a preferred owner: root, a primary gid
- * (SO_PEERCRED, as of connect) in `groups`, or a process in one of them now.
- */
+/** Whether a connection's peer is a preferred owner: root, a primary gid (SO_PEERCRED, as of connect) in `groups`, or in one now. */
 export function isPreferredPeer(procRoot: string, peer: { pid: number; uid: number; gid: number }, groups: readonly number[]): boolean {
   return peer.uid === 0 || groups.includes(peer.gid) || isPreferredOwner(procRoot, peer.pid, peer.uid, groups);
 }

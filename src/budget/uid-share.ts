@@ -77,10 +77,8 @@ export class UidShares {
   }
 
   give(owner: ShareOwner, n: number): void {
-    const held = this.heldBy(owner.uid);
-    const back = Math.min(n, held);
-    if (back <= 0) return;
-    this.add(owner, -back);
+    const back = Math.min(n, this.heldBy(owner.uid));
+    if (back > 0) this.add(owner, -back);
   }
 
   private add(owner: ShareOwner, n: number): void {

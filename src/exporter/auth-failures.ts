@@ -48,8 +48,4 @@ export class FailedCheckBudget {
     const b = this.sources.get(source);
     if (b !== undefined) b.tokens = Math.min(FAILED_CHECKS_BURST, b.tokens + 1);
   }
-
-  get size(): number {
-    return this.sources.size;
-  }
 }

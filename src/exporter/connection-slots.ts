@@ -28,11 +28,6 @@ interface Slot {
 export class ConnectionSlots {
   /** Insertion order is the order in which connections last became idle: the first idle one is the oldest. */
   private readonly slots = new Map<Socket, Slot>();
-  /**
-   * Connections closed: idle ones to make room for a new one (evicted), new ones because every slot had
-   * a request in progress (refused), by a timer, for sending a request before the last one was answered.
-   */
-  private readonly counts = { evicted: 0, refused: 0, timedOut: 0, pipelined: 0 };
 
   constructor(
     server: Server,
@@ -46,7 +41,6 @@ export class ConnectionSlots {
       if (!slot) return;
       if (slot.inProgress > 0) {
         // Pipelined: one read can hold thousands of requests, each a render the client need not read.
-        this.counts.pipelined++;
         this.drop(req.socket);
         return;
       }
@@ -68,20 +62,14 @@ export class ConnectionSlots {
     if (slot) slot.refused = true;
   }
 
-  stats(): typeof this.counts & { open: number } {
-    return { open: this.slots.size, ...this.counts };
-  }
-
   private admit(socket: Socket): void {
     const owner = this.ownerOf(socket);
     if (this.slots.size >= this.limits.max) {
       const victim = this.victimFor(owner);
       if (victim === undefined) {
-        this.counts.refused++;
         socket.destroy();
         return;
       }
-      this.counts.evicted++;
       this.drop(victim);
     }
     const slot: Slot = { inProgress: 0, timer: setTimeout(() => {}, 0), refused: false, owner };
@@ -91,9 +79,8 @@ export class ConnectionSlots {
   }
 
   /**
-   * The connection that makes room for a new one of `owner`, or undefined: a refused idle one; the
-   * oldest idle one of an owner holding more, of `owner` itself, of an owner holding as many; a refused
-   * one being answered; the oldest request of the owner holding the most.
+   * What makes room for a new connection of `owner`, or undefined: a refused idle one; the oldest idle one of an owner
+   * holding more, of `owner`, of one holding as many; a refused one being answered; the hog's oldest request.
    */
   private victimFor(owner: string): Socket | undefined {
     const all = [...this.slots];
@@ -105,25 +92,19 @@ export class ConnectionSlots {
     const more = others.filter((o) => held.get(o)! > mine);
     const asMany = others.filter((o) => held.get(o)! === mine);
     const oldest = (o: string, idle: boolean) => all.find(([, s]) => s.owner === o && (!idle || s.inProgress === 0));
-    const oldestOf = (o: string | undefined, idle: boolean) => (o === undefined ? undefined : oldest(o, idle));
+    const hog = ownerToEvict(others, (o) => held.get(o)!, owner, mine);
     const victim =
       all.find(([, s]) => s.refused && s.inProgress === 0) ??
       [...more, owner, ...asMany].map((o) => oldest(o, true)).find((e) => e !== undefined) ??
       // A refused connection's request in progress is only its refusal being written: it may go too.
       all.find(([, s]) => s.refused) ??
-      oldestOf(
-        ownerToEvict(others, (o) => held.get(o)!, owner, mine),
-        false,
-      );
+      (hog === undefined ? undefined : oldest(hog, false));
     return victim?.[0];
   }
 
   private arm(socket: Socket, slot: Slot, ms: number): void {
     clearTimeout(slot.timer);
-    slot.timer = setTimeout(() => {
-      this.counts.timedOut++;
-      this.drop(socket);
-    }, ms);
+    slot.timer = setTimeout(() => this.drop(socket), ms);
     slot.timer.unref();
   }
 

@@ -93,20 +93,14 @@ function labelsOf(vm: Pick<VmInfo, 'name' | 'uuid' | 'pid' | 'uid'>): VmLabels {
 }
 
 /** What LIST says of a VM that may change under the same id. */
-function takeFlags(r: BookedVm, vm: VmInfo): void {
-  r.source = vm.source;
-  r.wholeVmOnly = vm.wholeVmOnly;
-  r.notWhole = vm.notWhole === true;
+function flagsOf(vm: VmInfo): Pick<BookedVm, 'source' | 'wholeVmOnly' | 'notWhole'> {
+  return { source: vm.source, wholeVmOnly: vm.wholeVmOnly, notWhole: vm.notWhole === true };
 }
 
 /** No power known (a new connection, or the VM ended): every vpkg's watts, of every domain, null. */
 function noWatts(r: BookedVm): void {
-  r.watts = r.watts.map(() => null);
-  for (const [d, w] of r.domainWatts)
-    r.domainWatts.set(
-      d,
-      w.map(() => null),
-    );
+  r.watts.fill(null);
+  for (const w of r.domainWatts.values()) w.fill(null);
 }
 
 function getOr<K, V>(m: Map<K, V>, key: K, make: () => V): V {
@@ -120,9 +114,8 @@ const totalOf = <K>(m: Map<K, RunningTotal>, key: K): RunningTotal => getOr(m, k
 export class EnergyBook {
   private readonly vms = new Map<string, BookedVm>();
   /**
-   * Ended VMs no longer exposed, kept (at most maxExportedVms, for endedRetentionMs) so that the same
-   * process listed again resumes its totals: after a daemon restart a registered VM is missing from
-   * LIST until its client registers it again.
+   * Ended VMs no longer exposed, kept (at most maxExportedVms, for endedRetentionMs) so that the same process
+   * listed again resumes its totals: after a daemon restart a registered VM is missing from LIST until re-registered.
    */
   private readonly resting = new Map<string, BookedVm>();
   private readonly byHostId = new Map<number, BookedVm>();
@@ -181,16 +174,12 @@ export class EnergyBook {
     }
   }
 
-  /**
-   * A LIST reply: binds VMs to this connection's ids and returns the ones to OBSERVE (new, running,
-   * within the cap). VMs the book knows that the LIST no longer names have ended.
-   */
+  /** A LIST reply: binds VMs to this connection's ids, returns those to OBSERVE (new, running, within the cap); unnamed ones ended. */
   listed(list: readonly VmInfo[]): { observe: VmInfo[]; skipped: VmInfo[] } {
     const observe: VmInfo[] = [];
     const skipped: VmInfo[] = [];
     const named = new Set<BookedVm>();
-    // An id this connection observed that the LIST no longer has: free its record, which a new id
-    // for the same process (same labels and starttime) may take below; otherwise it ends.
+    // An id the LIST no longer has frees its record, for a new id of the same process (labels, starttime) below; else it ends.
     const listedIds = new Set(list.map((vm) => vm.hostVmId));
     for (const [id, r] of this.byHostId) {
       if (listedIds.has(id)) continue;
@@ -203,7 +192,7 @@ export class EnergyBook {
       if (bound) {
         named.add(bound);
         // A registration may take over a discovered VM: same id, now registered.
-        takeFlags(bound, vm);
+        Object.assign(bound, flagsOf(vm));
         if (vm.ended) this.end(bound);
         continue;
       }
@@ -219,12 +208,8 @@ export class EnergyBook {
         this.vms.delete(r.key);
         r = undefined;
       }
-      if (r && r.hostVmId !== null) {
-        // Two VMs with one label set would be one series: the second is not exposed.
-        skipped.push(vm);
-        continue;
-      }
-      if (live >= this.limits.maxExportedVms) {
+      // Two VMs with one label set would be one series: the second is not exposed (nor one over the cap).
+      if ((r && r.hostVmId !== null) || live >= this.limits.maxExportedVms) {
         skipped.push(vm);
         continue;
       }
@@ -233,9 +218,7 @@ export class EnergyBook {
           key: vmKey(labels),
           labels,
           starttime: vm.starttime,
-          source: vm.source,
-          wholeVmOnly: false,
-          notWhole: false,
+          ...flagsOf(vm),
           hostVmId: null,
           energy: [],
           watts: [],
@@ -249,7 +232,7 @@ export class EnergyBook {
         };
         this.vms.set(r.key, r);
       }
-      takeFlags(r, vm);
+      Object.assign(r, flagsOf(vm));
       r.hostVmId = vm.hostVmId;
       r.endedAtMs = null;
       r.seenEnded = false;
@@ -269,16 +252,10 @@ export class EnergyBook {
     if (r) this.end(r);
   }
 
-  /**
-   * Runs before each scrape renders (the statistics-fd feed reads the helper's files here); its failure
-   * is logged by whoever set it, the scrape goes on with the values the book has.
-   */
+  /** Runs before each scrape renders (the stats-fd feed reads the files); whoever sets it logs its failure, the scrape goes on. */
   beforeScrape: (() => Promise<void>) | null = null;
 
-  /**
-   * `powerW`: the helper's own power per virtual package for this sample (from its statistics file); else
-   * derived. `domains`: the other RAPL domains' values of the same sample (statistics files only).
-   */
+  /** `powerW`: the helper's own W per vpkg (statistics file), else derived; `domains`: the other RAPL domains' values of the sample. */
   vmUpdate(
     u: VmUpdate,
     powerW?: readonly number[],
@@ -291,8 +268,7 @@ export class EnergyBook {
     // The same sample twice (OBSERVE's reply and its first callback): nothing new.
     if (u.tNs !== 0n && u.tNs === r.lastTNs && !u.ended) return;
     const dtNs = r.lastTNs !== null && u.tNs > r.lastTNs ? Number(u.tNs - r.lastTNs) : 0;
-    // Fewer virtual packages than before (a registrant's vCPU list replaced the discovered one):
-    // the series of the ones gone end here.
+    // Fewer vpkgs than before (a registrant's vCPU list replaced the discovered one): the series of the ones gone end.
     if (u.vpkgs.length < r.energy.length) {
       r.energy.length = u.vpkgs.length;
       r.watts.length = u.vpkgs.length;
@@ -345,14 +321,9 @@ export class EnergyBook {
     this.unattributed.feed(h.unattributedUj);
     const unattributedSums = new Map<OtherDomain, bigint>();
     for (const d of domains) {
-      totalOf(
-        getOr(this.domainPackages, d.domain, () => new Map()),
-        d.pkg,
-      ).feed(d.energyUj);
-      totalOf(
-        getOr(this.domainPackageUnattributed, d.domain, () => new Map()),
-        d.pkg,
-      ).feed(d.unattributedUj);
+      const byPkg = (m: Map<OtherDomain, Map<number, RunningTotal>>) => getOr(m, d.domain, () => new Map());
+      totalOf(byPkg(this.domainPackages), d.pkg).feed(d.energyUj);
+      totalOf(byPkg(this.domainPackageUnattributed), d.pkg).feed(d.unattributedUj);
       unattributedSums.set(d.domain, (unattributedSums.get(d.domain) ?? 0n) + d.unattributedUj);
     }
     // Over the packages, as the package's host-wide unattributed energy is (a sum of cumulative values is cumulative).
@@ -385,10 +356,7 @@ export class EnergyBook {
     return t === null ? null : Math.max(0, Number(this.monotonicNs() - t) / 1e9);
   }
 
-  /**
-   * Runs one scrape: ended VMs visible at its start are exposed by it, then forgotten.
-   * Concurrent scrapes each expose them; the last one to finish forgets them.
-   */
+  /** Runs one scrape: ended VMs visible at its start are exposed by it, then forgotten (by the last of concurrent scrapes to end). */
   async scrape<T>(render: () => Promise<T>): Promise<T> {
     await this.beforeScrape?.().catch(() => {});
     const ended = [...this.vms.values()].filter((r) => r.endedAtMs !== null);

@@ -7,7 +7,7 @@ import type { Logger } from 'pino';
 import { DEFAULT_BOOK_LIMITS, EnergyBook } from './energy-book.js';
 import { startMetricsServer } from './http-server.js';
 import { DEFAULT_METRICS_PATH } from './metrics-path.js';
-import type { ListenAddress } from './listen-address.js';
+import { formatListenAddress, type ListenAddress } from './listen-address.js';
 import { ObserverSession, type Backoff, type ObserverClient } from './observer-session.js';
 import { WebConfigFile } from './web-config-file.js';
 import { requiresAuthentication } from './web-config.js';
@@ -26,13 +26,7 @@ interface ExporterConfig {
   metricsPath?: string;
 }
 
-interface RunningExporter {
-  url: string;
-  book: EnergyBook;
-  stop(): Promise<void>;
-}
-
-export async function startExporter(c: ExporterConfig, connect: () => Promise<ObserverClient>, log: Logger): Promise<RunningExporter> {
+export async function startExporter(c: ExporterConfig, connect: () => Promise<ObserverClient>, log: Logger) {
   if (process.getuid?.() === 0)
     log.warn(
       "the exporter runs as root; it needs no privileges: run it as a user in the helper socket's group (see contrib/systemd/vmsr-helper-exporter.service)",
@@ -49,9 +43,7 @@ export async function startExporter(c: ExporterConfig, connect: () => Promise<Ob
   const book = new EnergyBook({ ...DEFAULT_BOOK_LIMITS, maxExportedVms: c.maxExportedVms });
   const metricsPath = c.metricsPath ?? DEFAULT_METRICS_PATH;
   const server = await startMetricsServer(book, c.listen, { web, hostSeries, metricsPath });
-  const host = server.address.host.includes(':') ? `[${server.address.host}]` : server.address.host;
-  const scheme = config?.tls ? 'https' : 'http';
-  const url = `${scheme}://${host}:${server.address.port}${metricsPath}`;
+  const url = `${config?.tls ? 'https' : 'http'}://${formatListenAddress(server.address)}${metricsPath}`;
   log.info(
     { url, socket: c.socketPath, tls: config?.tls != null, basicAuth: (config?.basicAuthUsers.size ?? 0) > 0, hostSeries },
     `Serving metrics on ${url}`,

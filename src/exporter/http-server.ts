@@ -8,7 +8,7 @@ import tls from 'node:tls';
 import type { EnergyBook } from './energy-book.js';
 import { buildExpositions, negotiateFormat } from './metrics.js';
 import { formatListenAddress, type ListenAddress } from './listen-address.js';
-import { cannot } from '../common/errors.js';
+import { cannot, cannotError } from '../common/errors.js';
 import { ConnectionSlots } from './connection-slots.js';
 import { ConnectionOwners } from './connection-owner.js';
 import type { LoadedWebConfig, WebConfigFile } from './web-config-file.js';
@@ -25,11 +25,7 @@ export const HTTP_IDLE_TIMEOUT_MS = 5_000;
 /** A request must be answered and sent within this time of its headers. */
 const HTTP_REQUEST_TIMEOUT_MS = 10_000;
 
-export interface MetricsServer {
-  /** Where it listens (the real port when 0 was asked). */
-  address: { host: string; port: number };
-  close(): Promise<void>;
-}
+export type MetricsServer = Awaited<ReturnType<typeof startMetricsServer>>;
 
 interface MetricsServerOptions {
   /** The --web.config.file, or null for plain HTTP without authentication. */
@@ -56,13 +52,11 @@ function clientCertAllowed(t: TlsServerConfig, socket: tls.TLSSocket): boolean {
 const TEXT = 'text/plain; charset=utf-8';
 
 /** Answers one request: / and the metrics path (what the view shows), 404 and 405 otherwise. */
-function serveRequest(
-  book: EnergyBook,
-  expositions: ReturnType<typeof buildExpositions>,
-  hostSeries: HostSeries,
-  metricsPath: string,
-): (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void {
-  return (req, res, byPassword) => {
+function serveRequest(book: EnergyBook, opts: MetricsServerOptions) {
+  const expositions = buildExpositions(book);
+  const hostSeries = opts.hostSeries ?? DEFAULT_HOST_SERIES;
+  const metricsPath = opts.metricsPath ?? DEFAULT_METRICS_PATH;
+  return (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean): void => {
     const byCert = req.socket instanceof tls.TLSSocket && req.socket.authorized;
     const url = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') {
@@ -95,14 +89,14 @@ function serveRequest(
 }
 
 /**
- * The request listener: the file's headers, then basic authentication when it has users. A source
- * past its failed checks gets 429 on a kept-alive connection (closing would make both sides pay a
- * TLS handshake, the exporter the dearer half); a refused connection is the first evicted.
+ * The request listener: the file's headers, then basic authentication when it has users. A source past its failed
+ * checks gets 429 on a kept-alive connection (closing costs both a TLS handshake, the exporter the dearer half);
+ * a refused connection is the first evicted.
  */
 function requestListener(
   web: WebConfigFile | null,
   auth: BasicAuth,
-  serve: (req: http.IncomingMessage, res: http.ServerResponse, byPassword: boolean) => void,
+  serve: ReturnType<typeof serveRequest>,
   refused: (socket: net.Socket) => void,
 ): http.RequestListener {
   return (req, res) => {
@@ -135,10 +129,9 @@ function requestListener(
 }
 
 /**
- * With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made
- * from the file as it is at that moment: a renewed certificate or a new client policy applies from
- * the next connection. Node's TLS server verifies client certificates and times the handshake;
- * what is left of Go's policies is checked once it is done; then the HTTP server takes the socket.
+ * With TLS, a TCP server of our own hands each connection to a TLS server (never listening) made from the file as it is
+ * then: a renewed certificate or client policy applies from the next connection. Node's TLS server verifies client
+ * certificates and times the handshake; the rest of Go's policies is checked after it; then HTTP takes the socket.
  */
 function tlsFront(web: WebConfigFile, server: http.Server): net.Server {
   const tlsServers = new WeakMap<LoadedWebConfig, tls.Server>();
@@ -164,35 +157,27 @@ function tlsFront(web: WebConfigFile, server: http.Server): net.Server {
   });
 }
 
+const LISTEN_FIXES: Partial<Record<string, string>> = {
+  EADDRINUSE: 'another process uses that port; pick another with --listen [HOST]:PORT',
+  EACCES: 'ports below 1024 need privileges the exporter should not have; pick a port >= 1024',
+  EADDRNOTAVAIL: 'no interface has that address; use 127.0.0.1 or an address of this host',
+};
+
 /** Listens on `listen`; a failure names the fix. */
 function listenOn(front: net.Server, listen: ListenAddress): Promise<void> {
   const where = formatListenAddress(listen);
   return new Promise<void>((resolve, reject) => {
     front.once('error', (e: NodeJS.ErrnoException) => {
-      const fix =
-        e.code === 'EADDRINUSE'
-          ? 'another process uses that port; pick another with --listen [HOST]:PORT'
-          : e.code === 'EACCES'
-            ? 'ports below 1024 need privileges the exporter should not have; pick a port >= 1024'
-            : e.code === 'EADDRNOTAVAIL'
-              ? 'no interface has that address; use 127.0.0.1 or an address of this host'
-              : 'check --listen';
-      reject(new Error(cannot(`listen on ${where}`, e.code ?? e.message, fix)));
+      reject(cannotError(`listen on ${where}`, e.code ?? e.message, LISTEN_FIXES[e.code ?? ''] ?? 'check --listen'));
     });
     // No host (":PORT"): every address, IPv6 and IPv4.
-    if (listen.host === null) front.listen(listen.port, () => resolve());
-    else front.listen(listen.port, listen.host, () => resolve());
+    front.listen(listen.port, listen.host ?? undefined, () => resolve());
   });
 }
 
-export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}): Promise<MetricsServer> {
+export async function startMetricsServer(book: EnergyBook, listen: ListenAddress, opts: MetricsServerOptions = {}) {
   const web = opts.web ?? null;
-  const serve = serveRequest(
-    book,
-    buildExpositions(book),
-    opts.hostSeries ?? DEFAULT_HOST_SERIES,
-    opts.metricsPath ?? DEFAULT_METRICS_PATH,
-  );
+  const serve = serveRequest(book, opts);
   // Node's own timeouts stay as a second line; ConnectionSlots enforces them per socket.
   const server = http.createServer(
     {

@@ -1,4 +1,4 @@
-import { cannot } from '../common/errors.js';
+import { cannotError } from '../common/errors.js';
 /**
  * --listen [HOST]:PORT, read as Go exporters read --web.listen-address: "127.0.0.1:8677",
  * "[::1]:8677", "host.example:8677", or ":8677" for every address of the host (IPv6 and IPv4).
@@ -6,10 +6,7 @@ import { cannot } from '../common/errors.js';
  * host is the operator's explicit choice.
  */
 
-/**
- * 8677 spells VMSR on a phone keypad; the Prometheus default-port list (9100-9999) is fully allocated,
- * and 8677 is outside it and not in /etc/services.
- */
+/** 8677 spells VMSR on a phone keypad; it is outside the fully allocated Prometheus default ports (9100-9999) and /etc/services. */
 const DEFAULT_EXPORTER_PORT = 8677;
 export const DEFAULT_LISTEN = `127.0.0.1:${DEFAULT_EXPORTER_PORT}`;
 
@@ -27,7 +24,7 @@ const IPV6 = /^[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,15})?$/;
 /** "127.0.0.1:8677", "[::1]:8677", "localhost:8677", ":8677"; port 0 picks a free one (tests). */
 export function parseListenAddress(text: string): ListenAddress {
   const fix = `use [HOST]:PORT, e.g. --listen ${DEFAULT_LISTEN}, --listen [::1]:${DEFAULT_EXPORTER_PORT} or --listen :${DEFAULT_EXPORTER_PORT} (every address)`;
-  const bad = (why: string): Error => new Error(cannot(`use --listen ${JSON.stringify(text)}`, why, fix));
+  const bad = (why: string): Error => cannotError(`use --listen ${JSON.stringify(text)}`, why, fix);
   const colon = text.lastIndexOf(':');
   if (colon < 0) throw bad('no :PORT');
   const hostPart = text.slice(0, colon);

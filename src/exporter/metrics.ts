@@ -20,10 +20,6 @@ export const METRIC = {
   vmEnergy: VM_FAMILIES.energy.name,
   vmPower: VM_FAMILIES.power.name,
   vmInfo: VM_FAMILIES.info.name,
-  vmGuestEnergy: VM_FAMILIES.guest.name,
-  vmPowerLimit: VM_FAMILIES.limit.name,
-  vmPowerLimited: VM_FAMILIES.limited.name,
-  vmGuestGarbage: VM_FAMILIES.garbage.name,
   packageEnergy: 'vmsr_host_package_energy_joules_total',
   unattributedEnergy: 'vmsr_unattributed_energy_joules_total',
   packageUnattributedEnergy: 'vmsr_host_package_unattributed_energy_joules_total',
@@ -41,37 +37,17 @@ export const METRIC = {
 } as const;
 
 /**
- * Empties a metric for this scrape. prom-client's reset() leaves a label-less metric at 0, which for
- * "no value yet" (before the first host update) would be a lie: remove() drops that 0 too.
+ * Per format and host view (with the host families or without), the content type and the render of a
+ * whole scrape's body; the VMs' escaped label text, the process metrics and vmsr_build_info
+ * (process-metrics.ts) are shared by the views of a format.
  */
-function clear(m: { reset(): void; remove(...a: never[]): void }): void {
-  m.reset();
-  m.remove();
-}
-
-interface Exposition {
-  contentType: string;
-  /** The whole body of one scrape. */
-  render(): Promise<string>;
-}
-
-/** The expositions of one book: per format, with the host families and without them. */
-interface Expositions {
-  withHost: Record<ExpositionFormat, Exposition>;
-  withoutHost: Record<ExpositionFormat, Exposition>;
-}
-
-/**
- * One Exposition per format and host view, reading `book`; the VMs' escaped label text, the
- * process metrics and vmsr_build_info (process-metrics.ts) are shared by the views of a format.
- */
-export function buildExpositions(book: EnergyBook): Expositions {
+export function buildExpositions(book: EnergyBook) {
   const vms = new VmExposition(book);
   const processRegistries = {
     prometheus: processRegistry(CONTENT_TYPES.prometheus),
     openmetrics: processRegistry(CONTENT_TYPES.openmetrics),
   };
-  const one = (format: ExpositionFormat, withHost: boolean): Exposition => {
+  const one = (format: ExpositionFormat, withHost: boolean) => {
     const registry = buildRegistry(book, format, withHost);
     const own = processRegistries[format];
     // prom-client joins families with a blank line (Prometheus) or a newline (OpenMetrics, whose
@@ -105,14 +81,15 @@ function buildRegistry(book: EnergyBook, format: ExpositionFormat, withHost: boo
 
 type Registers = Registry<RegistryContentType>[];
 
-/** A label-less family of one value read at each scrape; none (not a 0) while `value()` is null. */
+/** A label-less family read at each scrape; none while `value()` is null (remove() drops the 0 reset() leaves, a lie before data). */
 function optional(kind: typeof Counter | typeof Gauge, name: string, help: string, registers: Registers, value: () => number | null): void {
   new kind({
     name,
     help,
     registers,
     collect() {
-      clear(this);
+      this.reset();
+      this.remove();
       const v = value();
       if (v === null) return;
       if (this instanceof Gauge) this.set(v);
@@ -174,7 +151,16 @@ function registerHostFamilies(book: EnergyBook, registers: Registers): void {
 /** The helper's health and the exporter's own, in the order they are exposed. */
 function registerHealthFamilies(book: EnergyBook, registers: Registers): void {
   registerHelperFamilies(book, registers);
-  registerConnectionFamilies(book, registers);
+  optional(Gauge, METRIC.up, 'Whether the exporter is connected to the helper daemon (1) or reconnecting (0)', registers, () =>
+    book.health.connected ? 1 : 0,
+  );
+  optional(
+    Counter,
+    METRIC.connects,
+    'Connections the exporter made to the helper daemon (more than 1: the daemon restarted or the connection broke)',
+    registers,
+    () => book.health.connects,
+  );
   // Absent, never a guess, when the daemon's host statistics file does not state it.
   new Gauge({
     name: METRIC.energySource,
@@ -187,14 +173,13 @@ function registerHealthFamilies(book: EnergyBook, registers: Registers): void {
     },
   });
   addCapacityFamilies(registers, () => book.capacity);
-  new Gauge({
-    name: METRIC.vmsSkipped,
-    help: 'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',
+  optional(
+    Gauge,
+    METRIC.vmsSkipped,
+    'VMs the last LIST named that the exporter does not expose (over --max-vms, or a label set already in use)',
     registers,
-    collect() {
-      this.set(book.health.vmsSkipped);
-    },
-  });
+    () => book.health.vmsSkipped,
+  );
 }
 
 /** What the helper reports in its host updates: legacy requests, samples, VMs, connections, the last sample. */
@@ -248,31 +233,7 @@ function registerHelperFamilies(book: EnergyBook, registers: Registers): void {
   );
 }
 
-/** The exporter's own connection to the helper: whether it is up, and how often it connected. */
-function registerConnectionFamilies(book: EnergyBook, registers: Registers): void {
-  new Gauge({
-    name: METRIC.up,
-    help: 'Whether the exporter is connected to the helper daemon (1) or reconnecting (0)',
-    registers,
-    collect() {
-      this.set(book.health.connected ? 1 : 0);
-    },
-  });
-  new Counter({
-    name: METRIC.connects,
-    help: 'Connections the exporter made to the helper daemon (more than 1: the daemon restarted or the connection broke)',
-    registers,
-    collect() {
-      this.reset();
-      this.inc(book.health.connects);
-    },
-  });
-}
-
-/**
- * Picks the format from an Accept header: OpenMetrics when the scraper lists it with a non-zero q
- * (Prometheus does), else the Prometheus text format every scraper reads.
- */
+/** The format an Accept header asks for: OpenMetrics when listed with a non-zero q (Prometheus does), else the Prometheus text format. */
 export function negotiateFormat(accept: string | undefined): ExpositionFormat {
   if (!accept) return 'prometheus';
   for (const part of accept.split(',')) {

@@ -5,25 +5,15 @@ import { E } from '../protocol/v2/codec.js';
 import type { EnergyBook } from './energy-book.js';
 import { cannot } from '../common/errors.js';
 import { StatsReader } from '../client/stats-reader.js';
+import type { V2Client } from '../client/v2-client.js';
 import { StatsFdFeed } from './stats-fd-feed.js';
 
-/** What the exporter needs from a v2 connection (V2Client has this shape): LIST and the statistics fds. */
-export interface ObserverClient {
-  list(): Promise<VmInfo[]>;
-  /** A statistics fd (docs/stats-fd.md) of VM `hostVmId`, or of the host (0). */
-  statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }>;
-  /** Resolves when the connection ends (with the reason when it broke). */
-  readonly closed: Promise<Error | null>;
-  close(): Promise<void>;
-}
-
-export interface Backoff {
-  firstMs: number;
-  maxMs: number;
-}
+/** What the exporter needs from a v2 connection: LIST and the statistics fds (of a VM, or of the host: 0). */
+export type ObserverClient = Pick<V2Client, 'list' | 'statsFd' | 'closed' | 'close'>;
 
 /** 250 ms after a loss (a restarting daemon is back within that), doubling to 10 s. */
-export const DEFAULT_BACKOFF: Backoff = { firstMs: 250, maxMs: 10_000 };
+export const DEFAULT_BACKOFF = { firstMs: 250, maxMs: 10_000 };
+export type Backoff = typeof DEFAULT_BACKOFF;
 
 /** Delay before reconnect attempt `attempt` (0-based). */
 export function backoffDelay(b: Backoff, attempt: number): number {
@@ -51,6 +41,12 @@ export class ObserverSession {
   private skippedLogged = 0;
   /** The values read from the helper's statistics fds at scrape time, while connected. */
   private feed: StatsFdFeed | null = null;
+  /** Attempts failed in a row (the backoff's exponent). */
+  private failures = 0;
+  /** When the helper was lost, until observed again (for the reconnection's log line). */
+  private downSince: number | null = null;
+  /** The refusal was logged at error level; later ones go to debug. */
+  private refusedLogged = false;
 
   constructor(private readonly o: SessionOptions) {
     this.done = this.run();
@@ -66,9 +62,8 @@ export class ObserverSession {
 
   private async run(): Promise<void> {
     const backoff = this.o.backoff ?? DEFAULT_BACKOFF;
-    const st: Attempts = { failures: 0, downSince: null, refusedLogged: false };
     while (!this.stopped) {
-      const client = await this.connect(st, backoff);
+      const client = await this.connect(backoff);
       if (client === null) continue;
       if (this.stopped) {
         await client.close().catch(() => {});
@@ -79,72 +74,72 @@ export class ObserverSession {
       // Refused (not in the observer group): the next attempt comes after backoff.maxMs, as logged.
       let refused = false;
       try {
-        await this.observe(client, st);
+        await this.observe(client);
       } catch (e) {
-        refused = this.failed(e as Error, st, backoff);
+        refused = this.failed(e as Error, backoff);
         await client.close().catch(() => {});
       }
       this.stopFeed();
       this.client = null;
       this.o.book.connectionLost();
       if (this.stopped) break;
-      st.downSince ??= Date.now();
-      await this.sleep(refused ? backoff.maxMs : backoffDelay(backoff, st.failures++));
+      this.downSince ??= Date.now();
+      await this.sleep(refused ? backoff.maxMs : backoffDelay(backoff, this.failures++));
     }
   }
 
   /** One connection attempt; null when the helper cannot be reached (logged once, then after the backoff's delay). */
-  private async connect(st: Attempts, backoff: Backoff): Promise<ObserverClient | null> {
+  private async connect(backoff: Backoff): Promise<ObserverClient | null> {
     try {
       return await this.o.connect();
     } catch (e) {
       const { log } = this.o;
-      const delay = backoffDelay(backoff, st.failures++);
-      if (st.failures === 1)
+      const delay = backoffDelay(backoff, this.failures++);
+      if (this.failures === 1)
         log.warn(
           { err: (e as Error).message },
           cannot(`reach the helper at ${this.o.socketPath}`, (e as Error).message, `retrying every ${backoff.maxMs / 1000} s at most`),
         );
       else log.debug({ err: (e as Error).message, delayMs: delay }, 'helper still unreachable');
-      st.downSince ??= Date.now();
+      this.downSince ??= Date.now();
       await this.sleep(delay);
       return null;
     }
   }
 
   /** Observes the helper through its statistics fds until the connection ends (logged: a reconnection with the outage's length). */
-  private async observe(client: ObserverClient, st: Attempts): Promise<void> {
+  private async observe(client: ObserverClient): Promise<void> {
     const { book, log } = this.o;
     this.startFeed(client, await client.statsFd(0));
     await this.requestList(client);
-    st.failures = 0;
+    this.failures = 0;
     log.info(
       {
         socket: this.o.socketPath,
         vms: book.size,
-        downMs: st.downSince === null ? undefined : Date.now() - st.downSince,
+        downMs: this.downSince === null ? undefined : Date.now() - this.downSince,
       },
-      st.downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
+      this.downSince === null ? `observing the helper at ${this.o.socketPath}` : `reconnected to the helper at ${this.o.socketPath}`,
     );
-    st.downSince = null;
-    st.refusedLogged = false;
+    this.downSince = null;
+    this.refusedLogged = false;
     const reason = await client.closed;
     if (!this.stopped) log.warn({ err: reason?.message }, `lost the helper connection${reason ? `: ${reason.message}` : ''}; reconnecting`);
   }
 
   /** Logs why a connection ended; true when the helper refused this exporter (the next attempt waits backoff.maxMs). */
-  private failed(err: Error, st: Attempts, backoff: Backoff): boolean {
+  private failed(err: Error, backoff: Backoff): boolean {
     const { log } = this.o;
     if (err instanceof V2Error && err.code === E.NOT_PERMITTED) {
       // A configuration problem: said once, loudly; retried quietly in case the group is fixed.
       // The helper's message says which group (by name); the unit's setting is added here.
-      if (!st.refusedLogged)
+      if (!this.refusedLogged)
         log.error(
           { uid: process.getuid?.() },
           `the helper refuses this exporter: ${err.helperMessage} (SupplementaryGroups= in the exporter's unit); retrying every ${backoff.maxMs / 1000} s`,
         );
       else log.debug({ err: err.message }, 'still refused by the helper');
-      st.refusedLogged = true;
+      this.refusedLogged = true;
       return true;
     }
     if (!this.stopped) log.warn({ err: err.message }, `helper connection failed: ${err.message}; reconnecting`);
@@ -221,27 +216,15 @@ export class ObserverSession {
 
   private sleep(ms: number): Promise<void> {
     return new Promise((resolve) => {
-      const t = setTimeout(() => {
-        this.wake = null;
-        resolve();
-      }, ms);
-      this.wake = () => {
-        clearTimeout(t);
+      const wake = () => {
+        clearTimeout(timer);
         this.wake = null;
         resolve();
       };
+      const timer = setTimeout(wake, ms);
+      this.wake = wake;
     });
   }
-}
-
-/** The reconnect loop's memory across attempts. */
-interface Attempts {
-  /** Attempts failed in a row (the backoff's exponent). */
-  failures: number;
-  /** When the helper was lost, until observed again (for the reconnection's log line). */
-  downSince: number | null;
-  /** The refusal was logged at error level; later ones go to debug. */
-  refusedLogged: boolean;
 }
 
 function describe(vm: VmInfo): string {

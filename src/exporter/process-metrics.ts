@@ -11,29 +11,18 @@ export const BUILD_INFO = 'vmsr_build_info';
 /** prom-client's gauges whose names end in _total, which a gauge's must not. */
 export const MISNAMED_DEFAULTS = ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'];
 
-interface BuildInfo {
-  version: string;
-  /** The source revision when the package records it (package.json's gitHead, which npm writes), else "unknown". */
-  revision: string;
-  nodeversion: string;
-}
-
-function buildInfo(): BuildInfo {
-  const pkg = findPackage();
-  return { version: pkg?.version ?? 'unknown', revision: pkg?.revision ?? 'unknown', nodeversion: process.version };
-}
-
 /** A registry with vmsr_build_info and the default process metrics, rendering in `contentType`. */
 export function processRegistry(contentType: RegistryContentType): Registry<RegistryContentType> {
   const registry = new Registry<RegistryContentType>();
   registry.setContentType(contentType);
-  const info = buildInfo();
+  // The revision is package.json's gitHead, which npm writes.
+  const pkg = findPackage();
   new Gauge({
     name: BUILD_INFO,
     help: 'A metric with a constant 1 labeled by the version and source revision of vmsr-helper and the Node.js version that runs it',
     labelNames: ['version', 'revision', 'nodeversion'],
     registers: [registry],
-  }).set({ ...info }, 1);
+  }).set({ version: pkg?.version ?? 'unknown', revision: pkg?.revision ?? 'unknown', nodeversion: process.version }, 1);
   collectDefaultMetrics({ register: registry });
   for (const name of MISNAMED_DEFAULTS) registry.removeSingleMetric(name);
   return registry;

@@ -56,8 +56,6 @@ function hostDomainsFromFile(r: StatsReader, s: StatsSample): HostDomainValues[]
 function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
   const energy = r.values(s, 'energy') ?? [];
   const counter = r.values(s, 'msr_energy_status') ?? [];
-  const power = r.values(s, 'power') ?? [];
-  const scale = r.scale('power');
   const watts = (name: string) => (r.values(s, name) ?? []).map((p) => Number(p) * r.scale(name));
   const domains = domainsIn(r, (d) => vmDomainNames(d).energy).map((domain) => {
     const n = vmDomainNames(domain);
@@ -79,16 +77,15 @@ function vmUpdateFromFile(hostVmId: number, r: StatsReader, s: StatsSample) {
       vpkgs: energy.map((e, g) => ({ energyUj: e, counter: counter[g] ?? 0n })),
       ended: u64(r, s, 'ended') === 1n || u64(r, s, 'replaced') === 1n,
     },
-    powerW: power.map((p) => Number(p) * scale),
+    powerW: watts('power'),
   };
 }
 
 export class StatsFdFeed {
   private readonly vms = new Map<number, StatsReader>();
   /**
-   * vm_changes as last read. Taken when the feed is made, before the connection's first LIST: a VM
-   * that appears between that LIST and the first scrape then still counts as a change (a baseline
-   * taken at the first scrape would already include it, and the VM would never be listed).
+   * vm_changes as last read, first when the feed is made (before the first LIST): a VM appearing between that LIST and
+   * the first scrape then counts as a change (a baseline taken at that scrape would include it: the VM never listed).
    */
   private lastVmChanges: bigint;
 

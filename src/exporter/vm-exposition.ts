@@ -5,7 +5,7 @@
  * (test/exporter/vm-exposition.test.ts compares).
  */
 import type { EnergyBook, VmLabels, BookedVm } from './energy-book.js';
-import { ujToJoules, type RunningTotal } from './running-total.js';
+import { RunningTotal, ujToJoules } from './running-total.js';
 import type { EnergyDomain } from '../model/domains.js';
 
 export type ExpositionFormat = 'prometheus' | 'openmetrics';
@@ -90,13 +90,10 @@ export class VmExposition {
 
   constructor(private readonly book: EnergyBook) {}
 
-  /**
-   * The three families as prom-client would write them in `format`, without the separator that
-   * follows (Prometheus: a blank line between families; OpenMetrics: none).
-   */
+  /** The per-VM families as prom-client writes them in `format`, without the separator after them (Prometheus: a blank line). */
   render(format: ExpositionFormat): string {
     const vms = this.book.exposed();
-    const { energy, power, info, guest, garbage } = VM_FAMILIES;
+    const { energy, power, info, guest, garbage, limit, limited: time } = VM_FAMILIES;
     const out: string[] = [];
     const head = (f: VmFamily) => {
       // OpenMetrics names a counter's family without _total and its samples with it.
@@ -105,65 +102,43 @@ export class VmExposition {
       return format === 'openmetrics' && f.type === 'counter' ? `${family}_total` : f.name;
     };
     const sep = format === 'openmetrics' ? '\n' : '\n\n';
-
-    const energyName = head(energy);
-    const energyOf = (t: VmText, domain: EnergyDomain, totals: readonly RunningTotal[]) => {
-      for (let g = 0; g < totals.length; g++)
-        out.push(`\n${energyName}${this.vpkgText(t, domain, g)}${formatValue(ujToJoules(totals[g]!.total))}`);
-    };
     // Per VM, the package's series, then each other domain's (the order the helper's files give them).
-    for (const r of vms) {
-      const t = this.textOf(r);
-      energyOf(t, 'package', r.energy);
-      for (const [domain, totals] of r.domainEnergy) energyOf(t, domain, totals);
-    }
-    out.push(sep);
-    const powerName = head(power);
-    const powerOf = (t: VmText, domain: EnergyDomain, watts: readonly (number | null)[]) => {
-      for (let g = 0; g < watts.length; g++) {
-        const w = watts[g];
-        if (w !== null && w !== undefined) out.push(`\n${powerName}${this.vpkgText(t, domain, g)}${formatValue(w)}`);
-      }
-    };
-    for (const r of vms) {
-      const t = this.textOf(r);
-      powerOf(t, 'package', r.watts);
-      for (const [domain, watts] of r.domainWatts) powerOf(t, domain, watts);
-    }
-    out.push(sep);
-    // Only with VMs in exact mode (a helper without --guest-energy exact gives none: no empty family).
-    const exact = vms.filter((r) => r.guest !== null);
-    if (exact.length > 0) {
-      const guestName = head(guest);
-      for (const r of exact) {
+    type Values = readonly (RunningTotal | number | null)[];
+    const vpkgFamily = (f: VmFamily, of: (r: BookedVm) => [Values, Map<EnergyDomain, Values>]) => {
+      const name = head(f);
+      const series = (t: VmText, domain: EnergyDomain, xs: Values) => {
+        for (let g = 0; g < xs.length; g++) {
+          const x = xs[g];
+          const v = x instanceof RunningTotal ? ujToJoules(x.total) : x;
+          if (v !== null && v !== undefined) out.push(`\n${name}${this.vpkgText(t, domain, g)}${formatValue(v)}`);
+        }
+      };
+      for (const r of vms) {
         const t = this.textOf(r);
-        out.push(`\n${guestName}{${t.base},of="guest"} ${formatValue(ujToJoules(r.guest!.guest.total))}`);
-        out.push(`\n${guestName}{${t.base},of="exact"} ${formatValue(ujToJoules(r.guest!.exact.total))}`);
-        out.push(`\n${guestName}{${t.base},of="garbage"} ${formatValue(ujToJoules(r.guest!.garbage.total))}`);
+        const [own, others] = of(r);
+        series(t, 'package', own);
+        for (const [domain, xs] of others) series(t, domain, xs);
       }
       out.push(sep);
-      const garbageName = head(garbage);
-      for (const r of exact) out.push(`\n${garbageName}{${this.textOf(r).base}} ${formatValue(Number(r.guest!.garbageWindows.total))}`);
+    };
+    vpkgFamily(energy, (r) => [r.energy, r.domainEnergy]);
+    vpkgFamily(power, (r) => [r.watts, r.domainWatts]);
+    // Only VMs in exact mode, or that had a power limit: a helper that gives none gives no empty family.
+    const family = (f: VmFamily, rows: readonly BookedVm[], series: (r: BookedVm) => [labels: string, value: number][]) => {
+      if (rows.length === 0) return;
+      const name = head(f);
+      for (const r of rows) for (const [labels, v] of series(r)) out.push(`\n${name}{${this.textOf(r).base}${labels}} ${formatValue(v)}`);
       out.push(sep);
-    }
-    this.renderLimits(vms, head, sep, out);
+    };
+    const exact = vms.filter((r) => r.guest !== null);
+    family(guest, exact, (r) => (['guest', 'exact', 'garbage'] as const).map((of) => [`,of="${of}"`, ujToJoules(r.guest![of].total)]));
+    family(garbage, exact, (r) => [['', Number(r.guest!.garbageWindows.total)]]);
+    const limited = vms.filter((r) => r.limit !== null);
+    family(limit, limited, (r) => [...r.limit!.watts].map(([d, w]) => [`,domain="${d}"`, w]));
+    family(time, limited, (r) => [['', Number(r.limit!.limitedMs.total) / 1000]]);
     const infoName = head(info);
     for (const r of vms) out.push(`\n${infoName}${this.infoText(r)}1`);
     return out.join('');
-  }
-
-  /** Only VMs that had a power limit (a helper that never limited gives none: no empty family). */
-  private renderLimits(vms: readonly BookedVm[], head: (f: VmFamily) => string, sep: string, out: string[]): void {
-    const limited = vms.filter((r) => r.limit !== null);
-    const { limit, limited: time } = VM_FAMILIES;
-    if (limited.length === 0) return;
-    const limitName = head(limit);
-    for (const r of limited)
-      for (const [d, w] of r.limit!.watts) out.push(`\n${limitName}{${this.textOf(r).base},domain="${d}"} ${formatValue(w)}`);
-    out.push(sep);
-    const timeName = head(time);
-    for (const r of limited) out.push(`\n${timeName}{${this.textOf(r).base}} ${formatValue(Number(r.limit!.limitedMs.total) / 1000)}`);
-    out.push(sep);
   }
 
   private textOf(r: BookedVm): VmText {
@@ -178,10 +153,7 @@ export class VmExposition {
     return (texts[g] ??= `{${t.base},vpkg="${g}",domain="${domain}"} `);
   }
 
-  /**
-   * source, whole_vm_only and sampled_whole may change (a registration takes over a discovered VM, a
-   * process grows past its share): remade when they do.
-   */
+  /** Remade when source, whole_vm_only or sampled_whole change (a registrant takes over a discovered VM, a process outgrows its share). */
   private infoText(r: BookedVm): string {
     const t = this.textOf(r);
     const whole = r.notWhole ? '0' : '1';

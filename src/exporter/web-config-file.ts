@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
-import { cannot } from '../common/errors.js';
+import { cannotError } from '../common/errors.js';
 import { parseWebConfig, type PemSource, type TlsServerConfig, type WebConfig } from './web-config.js';
 import type { LogSink } from '../logging/logger.js';
 
@@ -23,15 +23,17 @@ function readBounded(file: string, what: string): string {
   try {
     fd = fs.openSync(file, 'r');
   } catch (e) {
-    throw new Error(
-      cannot(`read ${what} ${file}`, (e as NodeJS.ErrnoException).code ?? (e as Error).message, 'check the path and its permissions'),
+    throw cannotError(
+      `read ${what} ${file}`,
+      (e as NodeJS.ErrnoException).code ?? (e as Error).message,
+      'check the path and its permissions',
     );
   }
   try {
     const st = fs.fstatSync(fd);
-    if (!st.isFile()) throw new Error(cannot(`read ${what} ${file}`, 'not a regular file', 'name a file'));
+    if (!st.isFile()) throw cannotError(`read ${what} ${file}`, 'not a regular file', 'name a file');
     if (st.size > MAX_WEB_CONFIG_FILE_BYTES)
-      throw new Error(cannot(`read ${what} ${file}`, `${st.size} bytes, over ${MAX_WEB_CONFIG_FILE_BYTES}`, 'name the right file'));
+      throw cannotError(`read ${what} ${file}`, `${st.size} bytes, over ${MAX_WEB_CONFIG_FILE_BYTES}`, 'name the right file');
     const buf = Buffer.alloc(st.size);
     const n = fs.readSync(fd, buf, 0, st.size, 0);
     return buf.subarray(0, n).toString('utf8');
@@ -63,12 +65,10 @@ function tlsOptionsOf(t: TlsServerConfig, source: string): tls.TlsOptions {
     tls.createSecureContext(options);
     return options;
   } catch (e) {
-    throw new Error(
-      cannot(
-        `use ${source}`,
-        `tls_server_config: ${(e as Error).message}`,
-        "check that cert_file and key_file are PEM, that the key is the certificate's, and that client_ca_file is a PEM CA certificate",
-      ),
+    throw cannotError(
+      `use ${source}`,
+      `tls_server_config: ${(e as Error).message}`,
+      "check that cert_file and key_file are PEM, that the key is the certificate's, and that client_ca_file is a PEM CA certificate",
     );
   }
 }
@@ -89,10 +89,11 @@ function signature(file: string): string {
   }
 }
 
-function filesOf(file: string, c: WebConfig): string[] {
-  const out = [file];
-  for (const src of [c.tls?.cert, c.tls?.key, c.tls?.clientCa]) if (src && 'file' in src) out.push(src.file);
-  return out;
+/** The signatures of `file` and of the PEM files its configuration `c` names. */
+function signaturesOf(file: string, c: WebConfig): string {
+  const files = [file];
+  for (const src of [c.tls?.cert, c.tls?.key, c.tls?.clientCa]) if (src && 'file' in src) files.push(src.file);
+  return files.map(signature).join('|');
 }
 
 /** The file as it is now; checked on each connection, loaded again when it or a file it names changed. */
@@ -107,24 +108,22 @@ export class WebConfigFile {
     private readonly log: LogSink<'info' | 'error'>,
   ) {
     this.loaded = loadWebConfigFile(file);
-    this.signatures = this.currentSignatures(filesOf(file, this.loaded.config));
+    this.signatures = signaturesOf(file, this.loaded.config);
   }
 
   current(): LoadedWebConfig {
-    const now = this.currentSignatures(filesOf(this.file, this.loaded.config));
+    const now = signaturesOf(this.file, this.loaded.config);
     if (now === this.signatures || now === this.failedSignatures) return this.loaded;
     try {
       const next = loadWebConfigFile(this.file);
       if ((next.config.tls === null) !== (this.loaded.config.tls === null))
-        throw new Error(
-          cannot(
-            `apply ${this.file}`,
-            `it turns TLS ${next.config.tls === null ? 'off' : 'on'} and the listening socket cannot change its kind`,
-            'restart the exporter',
-          ),
+        throw cannotError(
+          `apply ${this.file}`,
+          `it turns TLS ${next.config.tls === null ? 'off' : 'on'} and the listening socket cannot change its kind`,
+          'restart the exporter',
         );
       this.loaded = next;
-      this.signatures = this.currentSignatures(filesOf(this.file, next.config));
+      this.signatures = signaturesOf(this.file, next.config);
       this.failedSignatures = null;
       this.log.info({ file: this.file }, 'web configuration reloaded');
     } catch (e) {
@@ -135,9 +134,5 @@ export class WebConfigFile {
       );
     }
     return this.loaded;
-  }
-
-  private currentSignatures(files: string[]): string {
-    return files.map(signature).join('|');
   }
 }

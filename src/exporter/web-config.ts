@@ -4,7 +4,7 @@
  */
 import path from 'node:path';
 import { parseDocument } from 'yaml';
-import { cannot } from '../common/errors.js';
+import { cannotError } from '../common/errors.js';
 
 /** What the core schema gives: aliases resolve to copies, tags beyond it stay unresolved (refused). */
 type YamlValue = string | number | boolean | null | YamlValue[] | { [key: string]: YamlValue };
@@ -73,7 +73,7 @@ class Checker {
   ) {}
 
   fail(key: string, why: string, fix: string): never {
-    throw new Error(cannot(`use ${this.source}`, `${key}: ${why}`, fix));
+    throw cannotError(`use ${this.source}`, `${key}: ${why}`, fix);
   }
 
   mapping(v: YamlValue | undefined, key: string, known: readonly string[]): Doc {
@@ -145,12 +145,8 @@ function checkTls(c: Checker, v: YamlValue | undefined) {
   const clientCa = c.pem(tls, 'client_ca', 'client_ca_file', false);
   const authText = c.string(tls.client_auth_type, 'tls_server_config.client_auth_type');
   // As the toolkit: a client CA without a policy means verify every client against it.
-  const clientAuthType =
-    authText === null
-      ? clientCa !== null
-        ? 'RequireAndVerifyClientCert'
-        : 'NoClientCert'
-      : c.oneOf(authText, 'tls_server_config.client_auth_type', CLIENT_AUTH_TYPES);
+  const byDefault = clientCa !== null ? 'RequireAndVerifyClientCert' : 'NoClientCert';
+  const clientAuthType = authText === null ? byDefault : c.oneOf(authText, 'tls_server_config.client_auth_type', CLIENT_AUTH_TYPES);
   const verifies = clientAuthType === 'VerifyClientCertIfGiven' || clientAuthType === 'RequireAndVerifyClientCert';
   if (verifies && clientCa === null)
     c.fail('tls_server_config.client_auth_type', `${clientAuthType} needs a CA to verify against`, 'set client_ca_file');
@@ -219,8 +215,7 @@ function checkHttp(c: Checker, v: YamlValue | undefined): Record<string, string>
     if (text === null) continue;
     if (/[\x00-\x1f\x7f]/.test(text)) c.fail(key, 'holds a control character', 'write the value on one line');
     const allowed = HEADERS[name];
-    if (allowed) out[name] = c.oneOf(text.toLowerCase(), key, allowed);
-    else out[name] = text;
+    out[name] = allowed ? c.oneOf(text.toLowerCase(), key, allowed) : text;
   }
   return out;
 }
@@ -232,7 +227,7 @@ function parseYaml(text: string, source: string): YamlValue {
   if (problem !== undefined) {
     const why = problem.message.replace(/ at line \d+, column \d+:?\n[\s\S]*$/, '');
     const line = problem.linePos?.[0].line ?? 1;
-    throw new Error(cannot(`read ${source}`, `line ${line}: ${why}`, 'write it as YAML (see docs/exporter.md "Web configuration file")'));
+    throw cannotError(`read ${source}`, `line ${line}: ${why}`, 'write it as YAML (see docs/exporter.md "Web configuration file")');
   }
   return doc.toJS({ maxAliasCount: 100 }) as YamlValue;
 }

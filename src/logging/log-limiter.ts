@@ -5,14 +5,6 @@
  */
 import type { Logger } from 'pino';
 
-interface LogLimiterOptions {
-  /** Lines logged per cause per window before suppression (default 5). */
-  burst?: number;
-  /** Window length in ms (default 60 s). */
-  windowMs?: number;
-  now?: () => number;
-}
-
 type Level = 'warn' | 'info' | 'error';
 
 interface CauseState {
@@ -28,35 +20,19 @@ export const DEFAULT_LOG_WINDOW_MS = 60_000;
 
 export class LogLimiter {
   private readonly states = new Map<string, CauseState>();
+  /** Lines logged per cause per window before suppression. */
   private readonly burst: number;
-  private readonly windowMs: number;
-  private readonly now: () => number;
 
   constructor(
     private readonly log: Logger,
-    o: LogLimiterOptions = {},
+    o: { burst?: number } = {},
   ) {
     this.burst = o.burst ?? DEFAULT_LOG_BURST;
-    this.windowMs = o.windowMs ?? DEFAULT_LOG_WINDOW_MS;
-    this.now = o.now ?? Date.now;
   }
 
-  warn(cause: string, obj: object, msg: string): void {
-    this.write('warn', cause, obj, msg);
-  }
-
-  info(cause: string, obj: object, msg: string): void {
-    this.write('info', cause, obj, msg);
-  }
-
-  error(cause: string, obj: object, msg: string): void {
-    this.write('error', cause, obj, msg);
-  }
-
-  /** Lines suppressed so far in the current window of `cause`. */
-  suppressed(cause: string): number {
-    return this.states.get(cause)?.suppressed ?? 0;
-  }
+  readonly warn = (cause: string, obj: object, msg: string): void => this.write('warn', cause, obj, msg);
+  readonly info = (cause: string, obj: object, msg: string): void => this.write('info', cause, obj, msg);
+  readonly error = (cause: string, obj: object, msg: string): void => this.write('error', cause, obj, msg);
 
   /** Writes every pending "N more suppressed" line now (shutdown); windows start afresh. */
   flush(): void {
@@ -64,9 +40,9 @@ export class LogLimiter {
   }
 
   private write(level: Level, cause: string, obj: object, msg: string): void {
-    const t = this.now();
+    const t = Date.now();
     let s = this.states.get(cause);
-    if (s !== undefined && t - s.windowStart >= this.windowMs) {
+    if (s !== undefined && t - s.windowStart >= DEFAULT_LOG_WINDOW_MS) {
       this.close(cause);
       s = undefined;
     }
@@ -78,13 +54,13 @@ export class LogLimiter {
       s.emitted++;
       this.log[level](
         { ...obj, cause },
-        s.emitted === this.burst ? `${msg} (further '${cause}' messages are counted for ${this.windowMs / 1000} s)` : msg,
+        s.emitted === this.burst ? `${msg} (further '${cause}' messages are counted for ${DEFAULT_LOG_WINDOW_MS / 1000} s)` : msg,
       );
       return;
     }
     s.suppressed++;
     if (s.timer === undefined) {
-      s.timer = setTimeout(() => this.close(cause), Math.max(0, s.windowStart + this.windowMs - t));
+      s.timer = setTimeout(() => this.close(cause), Math.max(0, s.windowStart + DEFAULT_LOG_WINDOW_MS - t));
       s.timer.unref();
     }
   }
@@ -95,7 +71,7 @@ export class LogLimiter {
     if (s.timer !== undefined) clearTimeout(s.timer);
     this.states.delete(cause);
     if (s.suppressed > 0) {
-      const seconds = Math.max(1, Math.round((this.now() - s.windowStart) / 1000));
+      const seconds = Math.max(1, Math.round((Date.now() - s.windowStart) / 1000));
       this.log[s.level](
         { cause, suppressed: s.suppressed },
         `${s.suppressed} more '${cause}' messages suppressed in the last ${seconds} s`,

@@ -21,10 +21,7 @@ type LogFormat = 'journal' | 'pretty' | 'json';
 /** pino level name -> syslog priority (RFC 5424 severity), as journald maps them. */
 export const SYSLOG_PRIORITY: Readonly<Record<string, number>> = { fatal: 2, error: 3, warn: 4, info: 6, debug: 7, trace: 7 };
 
-/**
- * JOURNAL_STREAM is "DEV:INODE" of the stream systemd connected to stdout/stderr. It is inherited by
- * children whose stderr goes elsewhere, so it counts only when it names our stderr.
- */
+/** JOURNAL_STREAM ("DEV:INODE" of systemd's stream) is inherited by children whose stderr goes elsewhere: it counts if it names ours. */
 export function isJournalStream(env: NodeJS.ProcessEnv, stat: { dev: number; ino: number } | null): boolean {
   const m = /^(\d+):(\d+)$/.exec(env.JOURNAL_STREAM ?? '');
   return m !== null && stat !== null && Number(m[1]) === stat.dev && Number(m[2]) === stat.ino;
@@ -66,10 +63,9 @@ export function formatJournalLine(json: string): string {
 export function formatPrettyLine(json: string): string {
   const rec = JSON.parse(json) as Record<string, unknown>;
   const t = new Date(typeof rec.time === 'string' || typeof rec.time === 'number' ? rec.time : Date.now());
-  const hms = `${String(t.getHours()).padStart(2, '0')}:${String(t.getMinutes()).padStart(2, '0')}:${String(t.getSeconds()).padStart(2, '0')}.${String(t.getMilliseconds()).padStart(3, '0')}`;
-  return `${hms} ${String(rec.level ?? 'info')
-    .toUpperCase()
-    .padEnd(5)} ${body(rec)}\n`;
+  const hms = `${t.toTimeString().slice(0, 8)}.${String(t.getMilliseconds()).padStart(3, '0')}`;
+  const level = String(rec.level ?? 'info').toUpperCase();
+  return `${hms} ${level.padEnd(5)} ${body(rec)}\n`;
 }
 
 /** A synchronous stderr writer that reformats each pino line (logs must not be lost on exit). */
@@ -91,10 +87,7 @@ function lineStream(format: (json: string) => string, fd: number): DestinationSt
   };
 }
 
-/**
- * pino is loaded by the first logger, not at import: the command line imports this module for
- * levelFromFlags before the daemon re-executes itself, and that first image never logs.
- */
+/** pino loads with the first logger: the CLI imports this module (levelFromFlags) before it re-executes, and that image never logs. */
 export function createLogger(level: LogLevel = 'info', name = 'vmsr-helper', format: LogFormat = detectLogFormat(), fd = 2): Logger {
   const { pino } = createRequire(import.meta.url)('pino') as typeof Pino;
   const common = {

@@ -32,10 +32,13 @@ describe('failed password checks', () => {
     expect(b.take('a')).toBe(false);
   });
 
-  test('the table holds at most MAX_SOURCES sources', () => {
+  test('the table holds at most MAX_SOURCES sources: past them the one unseen the longest is forgotten', () => {
     const b = new FailedCheckBudget(() => 0);
-    for (let i = 0; i < MAX_SOURCES + 100; i++) b.take(`s${i}`);
-    expect(b.size).toBe(MAX_SOURCES);
+    for (const s of ['first', 'second']) for (let i = 0; i < FAILED_CHECKS_BURST; i++) b.take(s);
+    for (let i = 0; i < MAX_SOURCES - 1; i++) b.take(`s${i}`);
+    // MAX_SOURCES + 1 sources were seen: 'second' is still limited, 'first' starts afresh.
+    expect(b.take('second')).toBe(false);
+    expect(b.take('first')).toBe(true);
   });
 
   test('past its budget a source is limited without a hash, and a remembered password is still answered at once', async () => {

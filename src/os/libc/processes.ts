@@ -112,7 +112,7 @@ export function alarm(seconds: number): void {
 
 export const RLIMIT_NOFILE = 7;
 
-export interface Rlimit {
+interface Rlimit {
   soft: number;
   hard: number;
 }
