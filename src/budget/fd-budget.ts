@@ -123,13 +123,10 @@ export class FdBudget {
     return this.fit(n, `${what} needs ${n}`);
   }
 
-  /**
-   * Whether a VM of `threads` threads fits; its fds counted as open this turn unless `count` is false: the caller
-   * then opens them through a ledger counting each fd it grants (VmFdShares.grant), and counting here would halve it.
-   */
-  canAdmit(threads: number, o: { count?: boolean } = {}): FdAdmission {
+  /** Whether a VM of `threads` threads fits; not counted as open: VmFdShares.grant counts each fd it grants. */
+  canAdmit(threads: number): FdAdmission {
     const need = vmFds(Math.max(1, threads));
-    return this.fit(need, `its ${threads} threads need ${need}`, o.count ?? true);
+    return this.fit(need, `its ${threads} threads need ${need}`, false);
   }
 
   /** The limit minus the fds open now, the free connection slots and the reserve (may be negative). */

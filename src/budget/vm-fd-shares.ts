@@ -39,10 +39,6 @@ export class VmFdShares implements KeptFdLedger {
     this.perVm = keptFds(o.maxVmThreads);
   }
 
-  get maxVmThreads(): number {
-    return this.o.maxVmThreads;
-  }
-
   /** Fds held by the processes of `uid` (tests, logs). */
   heldBy(uid: number): number {
     return this.shares.heldBy(uid);
@@ -57,8 +53,7 @@ export class VmFdShares implements KeptFdLedger {
       const { room, bound } = this.shares.room(owner);
       if (need > room && bound !== 'capacity') return fail(this.shareMessage(owner, need, room, bound));
     }
-    // Not counted here: the VM's fds are opened at once, through grant(), which counts what it grants.
-    return this.o.budget.canAdmit(kept, { count: false });
+    return this.o.budget.canAdmit(kept);
   }
 
   canOpen(n: number, what: string): FdAdmission {

@@ -27,7 +27,6 @@ import type { LegacyService } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
 import { createV2Service, type V2Service, type V2ServiceOptions } from './v2/service.js';
 import type { HealthSource } from './v2/host-energy.js';
-import type { V2Limits } from './v2/v2-limits.js';
 
 /** One non-blocking sendmsg(2) with the reply's fds in SCM_RIGHTS: a client that does not read never blocks the loop (EAGAIN throws). */
 export const sendWithFdsOnSocket: SendWithFds = (socket, frame, fds) => {
@@ -141,19 +140,13 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
   };
 }
 
-/** What the daemon's command line decides for the v2 service. */
-export interface V2DaemonSettings {
-  intervalMs: number;
-  limits: V2Limits;
+/** What the daemon's command line decides for the v2 service; guestDir absent: --no-guest-dir. */
+export interface V2DaemonSettings extends Pick<V2ChainOptions, 'intervalMs' | 'limits' | 'observerGid' | 'domains' | 'guestDir'> {
   recordPath?: string;
   /** Scan /proc for QEMU/KVM processes (default on; --no-discovery). */
   discovery: boolean;
-  observerGid?: number;
-  domains?: readonly EnergyDomain[];
   maxDiscoveredVms?: number;
   maxVmThreads?: number;
-  /** Absent: --no-guest-dir. */
-  guestDir?: string;
   guestEnergy?: GuestEnergyMode;
   /** --power-limits FILE (docs/power-limits.md "The limits file"). */
   powerLimitsFile?: string;
@@ -182,9 +175,10 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
   let trace: TraceWriter | undefined;
   // Processes of root and of the socket's group are preferred by the per-uid shares (budget/uid-share.ts).
   const preferredGroups = start.config.socketGid !== undefined ? [start.config.socketGid] : [];
+  const maxVmThreads = o.maxVmThreads ?? DEFAULT_MAX_VM_THREADS;
   const shares = new VmFdShares({
     budget: start.fds,
-    maxVmThreads: o.maxVmThreads ?? DEFAULT_MAX_VM_THREADS,
+    maxVmThreads,
     owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
   });
   const limiter = new LogLimiter(log);
@@ -221,7 +215,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
     guestEnergy:
       o.guestEnergy === 'exact'
         ? {
-            maxThreads: shares.maxVmThreads,
+            maxThreads: maxVmThreads,
             log: start.area('guest'),
             preferredGroups,
             maxPeers: maxDiscoveredVms,
@@ -239,7 +233,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
       record: recordPath,
       discovery: o.discovery,
       maxDiscoveredVms: maxDiscoveredVms ?? DEFAULT_MAX_DISCOVERED_VMS,
-      maxVmThreads: shares.maxVmThreads,
+      maxVmThreads,
       guestDir: o.guestDir,
       guestEnergy: o.guestEnergy ?? DEFAULT_GUEST_ENERGY,
       observerGid: o.observerGid,

@@ -58,21 +58,18 @@ export class ConnectionSeats {
   makeRoomFor(uid: number): boolean {
     const candidates = [...this.undecided].filter(([, undecided]) => undecided.size > 0).map(([other]) => other);
     const heaviest = ownerToEvict(candidates, (other) => this.shares.heldBy(other), uid, this.shares.heldBy(uid) + 1);
-    if (heaviest === undefined) return false;
-    const undecided = this.undecided.get(heaviest)!;
-    const [oldest] = undecided;
-    undecided.delete(oldest!);
-    for (const list of this.notQemu.values()) list.delete(oldest!);
-    oldest!();
-    return true;
+    return heaviest !== undefined && this.evictOldest(this.undecided, heaviest);
   }
 
   /** All slots taken and a QEMU wants its first: closes the oldest non-QEMU connection of the user holding the most; false: all are QEMU's. */
   makeRoomForQemu(): boolean {
     const uid = ownerToEvict(this.notQemu.keys(), (u) => this.notQemu.get(u)!.size, null, 0);
-    if (uid === undefined) return false;
-    const [oldest] = this.notQemu.get(uid)!;
-    // Out of both lists now (its close releases it later): no second eviction picks it again.
+    return uid !== undefined && this.evictOldest(this.notQemu, uid);
+  }
+
+  /** Out of both lists now (its close releases it later): no second eviction picks it again. */
+  private evictOldest(from: Map<number, Set<() => void>>, uid: number): true {
+    const [oldest] = from.get(uid)!;
     this.drop(this.notQemu, uid, oldest!);
     this.drop(this.undecided, uid, oldest!);
     oldest!();
