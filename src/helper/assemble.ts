@@ -175,14 +175,13 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
   let trace: TraceWriter | undefined;
   // Processes of root and of the socket's group are preferred by the per-uid shares (budget/uid-share.ts).
   const preferredGroups = start.config.socketGid !== undefined ? [start.config.socketGid] : [];
-  const maxVmThreads = o.maxVmThreads ?? DEFAULT_MAX_VM_THREADS;
+  const { recordPath, maxDiscoveredVms, maxVmThreads = DEFAULT_MAX_VM_THREADS, discovery, guestEnergy, powerLimitsFile, ...chosen } = o;
   const shares = new VmFdShares({
     budget: start.fds,
     maxVmThreads,
     owner: (pid) => shareOwnerOf(paths.procRoot, pid, preferredGroups),
   });
   const limiter = new LogLimiter(log);
-  const { recordPath, maxDiscoveredVms } = o;
   const v2 = await assembleV2({
     paths,
     device: start.opened.device,
@@ -193,15 +192,13 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
       if (fd === undefined) throw cannotError(`open ${file}`, 'the start-up did not open it as root', 'restart the daemon');
       return fd;
     },
-    domains: o.domains,
-    intervalMs: o.intervalMs,
-    limits: o.limits,
+    ...chosen,
     fds: shares,
     ledger: shares,
     log,
     // Replaced at each start (docs/recording.md): refusing would turn a systemd restart into a restart loop.
     trace: (host) => (recordPath === undefined ? undefined : (trace = openDaemonTrace(recordPath, host, o.intervalMs, start, log))),
-    discovery: o.discovery && {
+    discovery: discovery && {
       maxDiscoveredVms,
       preferredGroups,
       // Rate-limited per bound: other uids' refusals (their shares) never hide that the cap itself is full.
@@ -209,11 +206,9 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
         limiter.warn(`discovery full: ${f.bound}`, { vm: { pid: f.pid, uid: f.uid }, bound: f.bound, tracked: f.tracked }, f.message),
     },
     deferDiscovery: true,
-    observerGid: o.observerGid,
     health: start.health,
-    guestDir: o.guestDir,
     guestEnergy:
-      o.guestEnergy === 'exact'
+      guestEnergy === 'exact'
         ? {
             maxThreads: maxVmThreads,
             log: start.area('guest'),
@@ -223,7 +218,7 @@ export async function assembleDaemonV2(o: V2DaemonSettings, start: V2Start) {
           }
         : undefined,
     restore: start.restored,
-    powerLimits: { open: cgroupBandwidth(paths.procRoot), adminGid: start.config.socketGid, file: o.powerLimitsFile },
+    powerLimits: { open: cgroupBandwidth(paths.procRoot), adminGid: start.config.socketGid, file: powerLimitsFile },
   });
   // Pino leaves a setting not given (undefined) out of the line.
   log.info(

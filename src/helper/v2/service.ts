@@ -85,13 +85,8 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   const engine = o.engine ?? new RatioEngine(o.host);
   const proc = procView(o.procRoot);
   const sampling: SamplingService = new SamplingService({
+    ...o,
     engine,
-    sampler: o.sampler,
-    intervalMs: o.intervalMs,
-    trace: o.trace,
-    forgetPid: o.forgetPid,
-    log: o.log,
-    clock: o.clock,
     // Called only once the service is made (a tick comes after it).
     interval: (t) => service.interval(t),
   });
@@ -151,17 +146,13 @@ function exactGuestEnergy(
   sampling: SamplingService,
 ): GuestEnergy {
   return new GuestEnergy({
+    ...g,
     procRoot: o.procRoot,
     host: o.host,
     unitJ: joulesPerCounterUnit(sampling.engine.guestPowerUnit),
     find: (pid) => guestVmsOf(registry, sampling, new Set([pid])).get(pid),
     findAll: (pids) => guestVmsOf(registry, sampling, pids),
     clock: monotonicNs,
-    log: g.log,
-    maxThreads: g.maxThreads,
-    heldFds: g.heldFds,
-    ledger: g.ledger,
-    maxPeers: g.maxPeers,
     // The share rule of discovery: root and the socket's group are preferred (budget/uid-share.ts).
     owner: (pid, peer) =>
       peer === undefined
