@@ -10,7 +10,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
 import { closeFd, setCloexec, watchReadable, type FdWatch } from '../os/libc/fds.js';
-import { getSeals, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE } from '../os/libc/memfd-mmap.js';
+import { F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE, unsealedWhy } from '../os/libc/memfd-mmap.js';
 import { recvWithFds, socketpair, MSG_DONTWAIT, SOCK_SEQPACKET } from '../os/libc/sockets.js';
 import { connectionIno } from './link.js';
 import {
@@ -24,6 +24,7 @@ import {
 } from './keeper-messages.js';
 import { endedFromOutside, oomKills, STOPPED_CHECK_AFTER_MS, stoppedBySignal } from './deaths.js';
 
+/** A checkpoint as outside-keep.ts writes it: a memfd sealed against writes, growth and shrinking. */
 const SEALED = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
 
 export const KEEPER_LIMITS = {
@@ -189,7 +190,7 @@ class Keeper {
         return false;
       }
       case KEEPER_MESSAGE.checkpoint:
-        if (fd === undefined || !isSealedMemfd(fd)) return false;
+        if (fd === undefined || unsealedWhy(fd, SEALED) !== null) return false;
         if (this.checkpoint !== null) closeFd(this.checkpoint);
         this.checkpoint = fd;
         this.checkpointGiven = false;
@@ -228,10 +229,9 @@ class Keeper {
       return this.startAgain(
         { pid: child.pid ?? 0, how: 'SIGHUP', atMs: Date.now(), crashes: this.crashes },
         null,
-        {},
+        { checkpoint: this.checkpoint !== null },
         'was ended by a SIGHUP that came before it could take one (a restart asked for while Node started)',
         '; not counted as a crash',
-        { checkpoint: this.checkpoint !== null },
       );
     if (!this.everReady) {
       this.o.log.error({ servingPid: child.pid, how }, 'keeper: the helper did not start; the keeper stops');
@@ -264,15 +264,15 @@ class Keeper {
       return this.finish(1);
     }
     const delay = this.backoff(this.crashes);
-    this.startAgain(note, delay, { how, crashes: this.crashes, max }, `died (${how})`, '', { checkpoint: this.checkpoint !== null });
+    this.startAgain(note, delay, { how, crashes: this.crashes, max, checkpoint: this.checkpoint !== null }, `died (${how})`);
   }
 
-  /** Logs why and starts a serving process again after `delay` ms (null: now); `last` is logged after the connection count. */
-  private startAgain(note: KeeperNote, delay: number | null, fields: object, why: string, after = '', last: object = {}): void {
+  /** Logs why and starts a serving process again after `delay` ms (null: now). */
+  private startAgain(note: KeeperNote, delay: number | null, fields: object, why: string, after = ''): void {
     this.readyAt = 0;
     const when = delay === null ? ' at once' : delay > 0 ? ` in ${delay} ms` : '';
     this.o.log.warn(
-      { servingPid: note.pid, ...fields, ...(delay !== null ? { restartInMs: delay } : {}), connections: this.conns.size, ...last },
+      { servingPid: note.pid, ...fields, ...(delay !== null ? { restartInMs: delay } : {}), connections: this.conns.size },
       `keeper: the serving process ${why}: starting it again${when} with its connections${after}`,
     );
     if (delay === null) this.spawn(note);
@@ -315,14 +315,5 @@ function removeIf(path: string, ours: () => boolean): void {
     if (ours()) fs.unlinkSync(path);
   } catch {
     /* gone already, or not ours to remove (-u's user in a root directory: the next start replaces it) */
-  }
-}
-
-/** A checkpoint as outside-keep.ts writes it: a memfd sealed against writes, growth and shrinking. */
-function isSealedMemfd(fd: number): boolean {
-  try {
-    return (getSeals(fd) & SEALED) === SEALED;
-  } catch {
-    return false;
   }
 }

@@ -102,15 +102,6 @@ export class KeeperLink {
   }
 }
 
-/** The inode of a socket's fd (how a connection is named), or null when it is closed. */
-export function socketIno(fd: number): bigint | null {
-  try {
-    return fs.fstatSync(fd, { bigint: true }).ino;
-  } catch {
-    return null;
-  }
-}
-
 /** The inode of `fd` when it is a connection (a stream socket, not listening; `peer`: with a peer process), else why not. */
 export function connectionIno(fd: number, peer = false): { ino: bigint } | { why: string } {
   let st: fs.BigIntStats;

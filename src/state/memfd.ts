@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { closeFd } from '../os/libc/fds.js';
-import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, getSeals, memfdCreate } from '../os/libc/memfd-mmap.js';
+import { addSeals, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_WRITE, memfdCreate, unsealedWhy } from '../os/libc/memfd-mmap.js';
 import { encodeState, FIX, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { Handover, StateSnapshot } from './snapshot.js';
 
@@ -30,14 +30,8 @@ export function writeStateMemfd(s: StateSnapshot, handover?: Handover): number {
 /** The bytes of the state memfd `fd` (left open); refused when it is not sealed with STATE_SEALS or is larger than any record. */
 export function readStateBytes(fd: number): Buffer {
   const refuse = (why: string) => cannotError('restore state', why, FIX);
-  let seals: number;
-  try {
-    seals = getSeals(fd);
-  } catch (e) {
-    throw refuse(`fd ${fd} is not a memfd (${(e as Error).message})`);
-  }
-  if ((seals & STATE_SEALS) !== STATE_SEALS)
-    throw refuse(`the memfd has seals 0x${seals.toString(16)}, not all of 0x${STATE_SEALS.toString(16)}: it could still be changed`);
+  const unsealed = unsealedWhy(fd, STATE_SEALS);
+  if (unsealed !== null) throw refuse(unsealed);
   const size = fs.fstatSync(fd).size;
   if (size > MAX_STATE_BYTES) throw refuse(`the memfd holds ${size} bytes, at most ${MAX_STATE_BYTES} expected`);
   const bytes = Buffer.alloc(size);

@@ -192,27 +192,6 @@ function writeVm(w: Writer, vm: VmState): void {
   w.u64(vm.valuesNs);
 }
 
-function writeHostParts(w: Writer, s: StateSnapshot): void {
-  w.list(4, s.packages, (k) => w.u32(k.pkg).u64(k.energyUj).u64(k.unattributedUj).f64(k.energyJ).f64(k.unattributedJ));
-  w.list(4, s.knownPids, (k) => w.u32(k.pid).u64(k.starttime));
-  const t = s.lastSample;
-  w.u8(t === null ? 0 : 1);
-  if (t === null) return;
-  w.u64(t.monotonicNs).u64(t.realtimeNs);
-  w.list(4, t.packages, (k) => w.u32(k.pkg).u64(k.raw));
-  w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
-}
-
-function writeDomains(w: Writer, d: DomainsState): void {
-  w.list(4, d.vms, (v) => {
-    w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain));
-    w.u8(0).list(2, v.energyJ, (j) => w.f64(j));
-  });
-  const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
-  w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
-  w.list(4, d.counters, (k) => key(k).u64(k.raw));
-}
-
 /** The record's bytes: the snapshot, and what a planned restart hands over. Throws a RangeError naming the rule a value breaks. */
 export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   const problem = stateProblem(s) ?? (handover ? handoverProblem(handover) : null);
@@ -221,8 +200,26 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
   w.u32(s.nextHostVmId);
   w.list(4, s.vms, (vm) => writeVm(w, vm));
-  writeHostParts(w, s);
-  writeDomains(w, s.domains ?? { vms: [], packages: [], counters: [] });
+  w.list(4, s.packages, (k) => w.u32(k.pkg).u64(k.energyUj).u64(k.unattributedUj).f64(k.energyJ).f64(k.unattributedJ));
+  w.list(4, s.knownPids, (k) => w.u32(k.pid).u64(k.starttime));
+  const t = s.lastSample;
+  w.u8(t === null ? 0 : 1);
+  if (t !== null) {
+    w.u64(t.monotonicNs).u64(t.realtimeNs);
+    w.list(4, t.packages, (k) => w.u32(k.pkg).u64(k.raw));
+    w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
+  }
+  const d = s.domains ?? { vms: [], packages: [], counters: [] };
+  w.list(4, d.vms, (v) =>
+    w
+      .u32(v.hostVmId)
+      .u8(ENERGY_DOMAINS.indexOf(v.domain))
+      .u8(0)
+      .list(2, v.energyJ, (j) => w.f64(j)),
+  );
+  const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
+  w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
+  w.list(4, d.counters, (k) => key(k).u64(k.raw));
   writeGuestCounters(w, s.guest ?? []);
   writePowerLimits(w, s.limits ?? []);
   const stateEnd = w.length;

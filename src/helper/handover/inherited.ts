@@ -10,7 +10,8 @@ import { takeFromKeeper } from '../../keeper/link.js';
 
 export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 
-export type InheritedFrom = 'fresh' | 'systemd' | 'keeper' | 'reexec' | 'restart';
+const INHERITED_FROM = ['fresh', 'systemd', 'keeper', 'reexec', 'restart'] as const;
+export type InheritedFrom = (typeof INHERITED_FROM)[number];
 
 interface InheritedListener {
   fd: number;
@@ -88,7 +89,7 @@ type Encoded = Omit<Inherited, 'named' | 'checks'> & {
 function valid(v: Partial<Encoded>): v is Encoded {
   const c = v.checks;
   return (
-    (v.how === 'fresh' || v.how === 'systemd' || v.how === 'keeper' || v.how === 'reexec' || v.how === 'restart') &&
+    (INHERITED_FROM as readonly unknown[]).includes(v.how) &&
     (c === undefined ||
       ((c.vendor === 'intel' || c.vendor === 'amd') &&
         Array.isArray(c.cpus) &&

@@ -5,7 +5,7 @@
 import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
-import { KeeperLink, socketIno } from '../../keeper/link.js';
+import { connectionIno, KeeperLink } from '../../keeper/link.js';
 import { KEEPER_MESSAGE, KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { ConnectionKeep } from './frozen.js';
@@ -50,7 +50,7 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
     held(fd) {
       if (fd === undefined || !attached) return null;
       link.send(KEEPER_MESSAGE.hold, '', fd);
-      return socketIno(fd);
+      return inoOf(fd);
     },
     released(ino) {
       if (ino !== null && attached) link.send(KEEPER_MESSAGE.drop, String(ino));
@@ -77,7 +77,7 @@ function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: 
   return {
     holder: 'fd store',
     held(fd) {
-      const ino = fd === undefined || !attached ? null : socketIno(fd);
+      const ino = fd === undefined || !attached ? null : inoOf(fd);
       if (ino !== null) notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd!]);
       return ino;
     },
@@ -107,4 +107,10 @@ function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: 
     beat: () => {},
     detach: () => void (attached = false),
   };
+}
+
+/** How a connection is named (the keeper names it so), or null when it is closed. */
+function inoOf(fd: number): bigint | null {
+  const c = connectionIno(fd);
+  return 'ino' in c ? c.ino : null;
 }

@@ -12,7 +12,7 @@ import type { Restartable } from './frozen.js';
 import { socketFd } from '../../os/peer.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
-import { closeFd, setCloexec } from '../../os/libc/fds.js';
+import { closeFd } from '../../os/libc/fds.js';
 import { writeStateMemfd } from '../../state/memfd.js';
 import type { Handover } from '../../state/snapshot.js';
 import { KEPT_NAMES } from '../../keeper/keeper-messages.js';
@@ -207,13 +207,6 @@ export class Restarter {
         this.p.watchdog.disarm();
         reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
       } catch (e) {
-        for (const fd of keep) {
-          try {
-            setCloexec(fd, true);
-          } catch {
-            /* closed meanwhile */
-          }
-        }
         closeFd(recordFd);
         prepared.undo();
         this.p.watchdog.start();

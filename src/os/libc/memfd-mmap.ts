@@ -56,6 +56,18 @@ export function getSeals(fd: number): number {
   return seals;
 }
 
+/** Why `fd` is not a memfd sealed with all of `seals` (it could still be changed), or null when it is. */
+export function unsealedWhy(fd: number, seals: number): string | null {
+  let got: number;
+  try {
+    got = getSeals(fd);
+  } catch (e) {
+    return `fd ${fd} is not a memfd (${(e as Error).message})`;
+  }
+  if ((got & seals) === seals) return null;
+  return `the memfd has seals 0x${got.toString(16)}, not all of 0x${seals.toString(16)}: it could still be changed`;
+}
+
 const PROT_READ = 0x1;
 const PROT_WRITE = 0x2;
 const MAP_SHARED = 0x1;

@@ -84,16 +84,20 @@ export function daemonArgv(): string[] {
 
 /**
  * A restart in place (docs/daemon.md "Restarts"): uid, empty bounding set, locked securebits and NO_NEW_PRIVS cross the exec
- * (no capability in the new image). `keepFds` and stdio survive; env and Node flags: our allowlisted ones, plus `env`.
+ * (no capability in the new image). `keepFds` and stdio survive (a failed exec closes-on-exec `keepFds` again); env and Node flags: our allowlisted ones, plus `env`.
  */
 export function reexecInPlace(keepFds: readonly number[], env: Record<string, string>, argv: readonly string[] = daemonArgv()): never {
-  for (const fd of new Set([0, 1, 2, ...keepFds])) {
-    try {
-      setCloexec(fd, false);
-    } catch {
-      /* closed fd: the new image opens /dev/null in its place, as Node does for missing stdio */
+  // A closed fd: the new image opens /dev/null in its place, as Node does for missing stdio.
+  const cloexec = (fds: Iterable<number>, on: boolean) => {
+    for (const fd of fds) {
+      try {
+        setCloexec(fd, on);
+      } catch {
+        /* closed */
+      }
     }
-  }
+  };
+  cloexec(new Set([0, 1, 2, ...keepFds]), false);
   // SIGHUP ignored across the exec (until Node's start-up resets it), then held by the new image's first module
   // (os/sighup-hold.ts): a SIGHUP meanwhile does not end the daemon. The environment: allowlists, never `...process.env`.
   const before = ignoreSignal(SIGHUP);
@@ -101,6 +105,10 @@ export function reexecInPlace(keepFds: readonly number[], env: Record<string, st
     return execve(argv[0]!, argv, { ...allowedEnvironment(process.env), ...env, [REEXEC_ENV]: '1', [SIGHUP_HELD_ENV]: '1' });
   } catch (e) {
     restoreSignalAction(SIGHUP, before);
+    cloexec(
+      keepFds.filter((fd) => fd > 2),
+      true,
+    );
     throw e;
   }
 }
