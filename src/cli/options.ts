@@ -7,7 +7,7 @@ import type { VendorChoice } from '../helper/lifecycle/startup-checks.js';
 import { UsageError } from './cli-errors.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';
 import type { V2DaemonSettings } from '../helper/assemble.js';
-import { resolveGroup } from '../os/privileges/accounts.js';
+import { resolveId } from '../os/privileges/accounts.js';
 import { MAX_TID, MAX_VCPUS, type VcpuSpec, parseVcpuList } from '../model/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
@@ -302,7 +302,7 @@ export interface V2CliOptions {
   powerLimits?: string;
 }
 
-export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveGroup(g)): V2DaemonSettings {
+export function v2OptionsFrom(opts: V2CliOptions, group: (spec: string) => number = (g) => resolveId(g, 'group')): V2DaemonSettings {
   const guestDir = opts.guestDir === false ? undefined : (opts.guestDir ?? DEFAULT_GUEST_DIR);
   if (guestDir !== undefined && !guestDir.startsWith('/'))
     throw new UsageError(`--guest-dir: the directory must be absolute (got '${guestDir}'); e.g. --guest-dir ${DEFAULT_GUEST_DIR}`);

@@ -107,23 +107,17 @@ export function parseSmp(text: string, preferSockets: boolean): SmpTopology | { 
     threads ||= 1;
   } else {
     maxcpus ||= cpus;
-    if (preferSockets) {
-      if (sockets === 0) {
-        cores ||= 1;
-        threads ||= 1;
-        sockets = Math.floor(maxcpus / (fixed * cores * threads));
-      } else if (cores === 0) {
-        threads ||= 1;
-        cores = Math.floor(maxcpus / (fixed * sockets * threads));
-      }
-    } else if (cores === 0) {
-      sockets ||= 1;
+    // The machine's preferred one of sockets and cores is filled first; the other is then 1 when omitted.
+    let [first, second] = preferSockets ? [sockets, cores] : [cores, sockets];
+    if (first === 0) {
+      second ||= 1;
       threads ||= 1;
-      cores = Math.floor(maxcpus / (fixed * sockets * threads));
-    } else if (sockets === 0) {
+      first = Math.floor(maxcpus / (fixed * second * threads));
+    } else if (second === 0) {
       threads ||= 1;
-      sockets = Math.floor(maxcpus / (fixed * cores * threads));
+      second = Math.floor(maxcpus / (fixed * first * threads));
     }
+    [sockets, cores] = preferSockets ? [first, second] : [second, first];
     if (threads === 0) threads = Math.floor(maxcpus / (fixed * sockets * cores));
   }
   const total = fixed * sockets * cores * threads;

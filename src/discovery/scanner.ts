@@ -219,11 +219,6 @@ export class ProcScanner {
     this.others.delete(pid);
   }
 
-  /** VMs tracked now of `uid` (tests, the bench). */
-  trackedBy(uid: number): number {
-    return this.slots.heldBy(uid);
-  }
-
   private untrack(pid: number): Known | undefined {
     const k = this.vms.get(pid);
     if (k === undefined) return undefined;

@@ -1,7 +1,6 @@
 /**
- * Whose a connection to the exporter is, for its share of the connection slots: the local user at the
- * other end (sock_diag; its subordinate uids are that user), else the source address as the
- * failed-password limits count it (docs/exporter.md "Limits").
+ * Whose a connection is, for its share of the slots: the local user at the other end (sock_diag; its subordinate uids are
+ * that user), else the source address as the failed-password limits count it (docs/exporter.md "Limits").
  */
 import type { Socket } from 'node:net';
 import { SubordinateUids } from '../os/subordinate-uids.js';

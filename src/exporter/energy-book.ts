@@ -1,9 +1,7 @@
 /**
- * The exporter's picture of the host, fed by a v2 connection and read by the metrics at scrape time.
- * Pure state (no I/O, clock injected). Series identity is the label set (name, uuid, pid, uid): a VM
- * keeps its series and growing totals across a daemon restart; another process under the same labels
- * (another starttime) starts afresh. A VM that ends is exposed in one more scrape, then forgotten
- * (after `endedRetentionMs` when nobody scrapes, so memory stays bounded).
+ * The exporter's picture of the host, fed by a v2 connection, read by the metrics at scrape time; pure state (clock injected).
+ * A series is its labels (name, uuid, pid, uid): a VM keeps its totals across a daemon restart, another process under the
+ * same labels (another starttime) starts afresh. An ended VM is in one more scrape, then forgotten (or after `endedRetentionMs`).
  */
 import type { HostUpdate, VmInfo, VmUpdate } from '../client/v2-replies.js';
 import { RunningTotal } from './running-total.js';

@@ -1,7 +1,6 @@
 /**
- * The exporter process: one EnergyBook fed by an ObserverSession (v2 client of the helper daemon),
- * rendered by the metrics HTTP server. Unprivileged by design: it only needs to connect to the
- * helper's socket (its group) and to bind its port.
+ * The exporter process: one EnergyBook fed by an ObserverSession (a v2 client of the daemon), rendered by the metrics HTTP
+ * server. Unprivileged: it only connects to the helper's socket (its group) and binds its port.
  */
 import type { Logger } from 'pino';
 import { DEFAULT_BOOK_LIMITS, EnergyBook } from './energy-book.js';

@@ -1,8 +1,6 @@
 /**
- * --host-series: who may read the host packages' energy: all, authenticated (a right password or a
- * verified client certificate), none. The kernel made the powercap energy files root-only
- * (CVE-2020-8694): sampled often, a package's energy tells what other users compute. docs/security.md
- * weighs the choice and its default.
+ * --host-series: who may read the host packages' energy: all, authenticated (a password or a verified client certificate),
+ * none. Sampled often, it tells what other users compute (CVE-2020-8694: powercap is root-only); docs/security.md weighs it.
  */
 export const HOST_SERIES_CHOICES = ['all', 'authenticated', 'none'] as const;
 export type HostSeries = (typeof HOST_SERIES_CHOICES)[number];

@@ -1,9 +1,7 @@
 import { cannotError } from '../common/errors.js';
 /**
- * --listen [HOST]:PORT, read as Go exporters read --web.listen-address: "127.0.0.1:8677",
- * "[::1]:8677", "host.example:8677", or ":8677" for every address of the host (IPv6 and IPv4).
- * Loopback by default: the metrics tell who runs which VM and how hard, so exposing them beyond the
- * host is the operator's explicit choice.
+ * --listen [HOST]:PORT as Go exporters' --web.listen-address: "127.0.0.1:8677", "[::1]:8677", "host.example:8677", or ":8677"
+ * (every address). Loopback by default: the metrics tell who runs which VM how hard; beyond the host is the operator's choice.
  */
 
 /** 8677 spells VMSR on a phone keypad; it is outside the fully allocated Prometheus default ports (9100-9999) and /etc/services. */

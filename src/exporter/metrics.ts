@@ -1,7 +1,6 @@
 /**
- * The exposition, read from the EnergyBook at scrape time: the per-VM families by VmExposition, every
- * other one a prom-client metric in a Registry of our own. One registry per format: prom-client
- * renames a counter object in place when it renders OpenMetrics, so the formats cannot share metrics.
+ * The exposition, read from the EnergyBook at scrape time: the per-VM families by VmExposition, the rest prom-client metrics in
+ * a Registry per format (prom-client renames a counter in place when it renders OpenMetrics: the formats cannot share one).
  */
 import { Counter, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import type { EnergyBook } from './energy-book.js';
@@ -37,9 +36,8 @@ export const METRIC = {
 } as const;
 
 /**
- * Per format and host view (with the host families or without), the content type and the render of a
- * whole scrape's body; the VMs' escaped label text, the process metrics and vmsr_build_info
- * (process-metrics.ts) are shared by the views of a format.
+ * Per format and host view (with the host families or without), the content type and a scrape's body; the VMs' label text,
+ * the process metrics and vmsr_build_info (process-metrics.ts) are shared by a format's views.
  */
 export function buildExpositions(book: EnergyBook) {
   const vms = new VmExposition(book);
@@ -50,9 +48,8 @@ export function buildExpositions(book: EnergyBook) {
   const one = (format: ExpositionFormat, withHost: boolean) => {
     const registry = buildRegistry(book, format, withHost);
     const own = processRegistries[format];
-    // prom-client joins families with a blank line (Prometheus) or a newline (OpenMetrics, whose
-    // body ends with # EOF): the VM families go first, joined the same way, and the process
-    // registry's body follows the book's without its # EOF.
+    // Joined as prom-client joins families (a blank line; OpenMetrics: a newline), the VM families first, then the book's
+    // body (OpenMetrics: less its # EOF), then the process registry's.
     const open = format === 'openmetrics';
     const sep = open ? '\n' : '\n\n';
     return {

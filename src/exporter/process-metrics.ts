@@ -1,7 +1,6 @@
 /**
- * The exporter's own series: vmsr_build_info and prom-client's default process and Node.js metrics
- * under their usual names (as Go exporters' process_*), less the gauges named _total that promtool's
- * lint refuses (MISNAMED_DEFAULTS). Cost: docs/performance.md.
+ * The exporter's own series: vmsr_build_info and prom-client's default process and Node.js metrics (as Go exporters'
+ * process_*), less the gauges named _total that promtool's lint refuses (MISNAMED_DEFAULTS). Cost: docs/performance.md.
  */
 import { collectDefaultMetrics, Gauge, Registry, type RegistryContentType } from 'prom-client';
 import { findPackage } from '../os/package-info.js';

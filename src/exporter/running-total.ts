@@ -1,7 +1,6 @@
 /**
- * One exporter-side counter fed by a daemon's cumulative value, which restarts from 0 with the daemon:
- * the first value is added whole, a higher one adds the difference, a lower one (a new daemon run) is
- * added whole again. So the total only ever grows.
+ * An exporter counter fed by a daemon's cumulative value (from 0 at each daemon start): the first value and a lower one (a
+ * new daemon run) are added whole, a higher one adds the difference; the total only grows.
  */
 export class RunningTotal {
   private sum = 0n;

@@ -1,8 +1,6 @@
 /**
- * The per-VM metric families, the bulk of a scrape, rendered as text: each VM's label text is escaped
- * once and kept with its record (a WeakMap), where prom-client would hash, store and escape every
- * label set at every scrape. The text is byte for byte what prom-client gives, in both formats
- * (test/exporter/vm-exposition.test.ts compares).
+ * The per-VM metric families, the bulk of a scrape: each VM's label text escaped once and kept with its record (a WeakMap),
+ * where prom-client escapes every label set at every scrape. Byte for byte prom-client's text in both formats (tests compare).
  */
 import type { EnergyBook, VmLabels, BookedVm } from './energy-book.js';
 import { RunningTotal, ujToJoules } from './running-total.js';

@@ -1,7 +1,6 @@
 /**
- * --guest-dir (docs/guest.md): each sample, for every VM whose DIR/<uuid>/ (or DIR/<name>/) exists, its
- * powercap-shaped tree (tree.ts) and statistics file, through SafeDir (which follows nothing). Which VM a
- * directory belongs to and when it is refused are decided here.
+ * --guest-dir (docs/guest.md): each sample, for every VM whose DIR/<uuid>/ (or DIR/<name>/) exists, its powercap-shaped tree
+ * (tree.ts) and statistics file, through SafeDir (which follows nothing); here: which VM a directory is, and when it is refused.
  */
 import fs from 'node:fs';
 import type { Logger } from 'pino';
@@ -98,7 +97,7 @@ export class GuestDirs {
     private readonly source: GuestDirSource,
     private readonly log: Logger,
   ) {
-    this.limiter = new LogLimiter(log, { burst: GUEST_LOG_BURST });
+    this.limiter = new LogLimiter(log, GUEST_LOG_BURST);
   }
 
   /** One sample: every VM with a directory, written. Never throws: the sample's other work goes on. */

@@ -20,15 +20,12 @@ export const DEFAULT_LOG_WINDOW_MS = 60_000;
 
 export class LogLimiter {
   private readonly states = new Map<string, CauseState>();
-  /** Lines logged per cause per window before suppression. */
-  private readonly burst: number;
 
   constructor(
     private readonly log: Logger,
-    o: { burst?: number } = {},
-  ) {
-    this.burst = o.burst ?? DEFAULT_LOG_BURST;
-  }
+    /** Lines logged per cause per window before suppression. */
+    private readonly burst = DEFAULT_LOG_BURST,
+  ) {}
 
   readonly warn = (cause: string, obj: object, msg: string): void => this.write('warn', cause, obj, msg);
   readonly info = (cause: string, obj: object, msg: string): void => this.write('info', cause, obj, msg);

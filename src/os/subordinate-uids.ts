@@ -3,7 +3,7 @@
  * Read again when the file or /etc/passwd changed; a range whose NAME is no user is one owner, its first uid.
  */
 import fs from 'node:fs';
-import { resolveUser } from './privileges/accounts.js';
+import { resolveId } from './privileges/accounts.js';
 import { readProcFileOr } from './proc-file.js';
 
 interface Range {
@@ -25,7 +25,7 @@ function parseSubordinateUids(subuid: string, passwd: string): Range[] {
     if (end <= start || end > MAX_UID + 1) continue;
     let owner = start;
     try {
-      owner = resolveUser(m[1]!, passwd);
+      owner = resolveId(m[1]!, 'user', passwd);
     } catch {
       /* no such user: the range is one owner of its own */
     }

@@ -19,10 +19,9 @@ export interface SamplingState {
   realtimeNs: bigint | null;
 }
 
+/** A sample one VM per step (Sampler.sampleSteps), run in slices. */
 interface SampleSource {
-  sample(pids: Iterable<number>): Sample;
-  /** The same sample one VM per step (Sampler.sampleSteps), run in slices; a source without it is sampled at once. */
-  sampleSteps?(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
+  sampleSteps(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
 }
 
 export interface TraceSink {
@@ -53,16 +52,7 @@ export interface SampleEvent {
   ended: number[];
 }
 
-export interface SamplingStats {
-  samples: number;
-  failures: number;
-  /** How late the last tick fired after its ideal time, ns. */
-  lastLatenessNs: bigint;
-  /** Ticks skipped because the loop was more than one interval late, or the previous tick still worked in slices. */
-  skippedTicks: number;
-  /** Wall time of the last interval from begin() to end(), ns, the clients served between its slices included. */
-  lastDurationNs: bigint;
-}
+export type SamplingStats = SamplingService['stats'];
 
 export class SamplingService {
   readonly engine: RatioEngine;
@@ -83,7 +73,11 @@ export class SamplingService {
   private sliceStartNs: bigint | null = null;
   private lastRealtimeNs: bigint | null = null;
   private began = 0n;
-  readonly stats: SamplingStats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
+  /**
+   * lastLatenessNs: how late the last tick fired; skippedTicks: ticks more than one interval late or due while the previous
+   * one worked in slices; lastDurationNs: the last interval's wall time, begin() to end(), clients served between slices included.
+   */
+  readonly stats = { samples: 0, failures: 0, lastLatenessNs: 0n, skippedTicks: 0, lastDurationNs: 0n };
 
   constructor(private readonly o: SamplingServiceOptions) {
     if (!(o.intervalMs > 0) || !Number.isFinite(o.intervalMs))
@@ -197,16 +191,12 @@ export class SamplingService {
     if (this.closed || !this.loop.running) return undefined;
     this.stats.lastLatenessNs = t.latenessNs;
     this.stats.skippedTicks += t.skipped;
-    const steps = this.o.sampler.sampleSteps?.(() => this.activePidSet());
-    if (steps === undefined) {
-      try {
-        return this.o.sampler.sample(this.engine.activePids());
-      } catch (e) {
-        return this.fail(e);
-      }
-    }
     this.sliceStartNs = this.clock();
-    return runInSlices(steps, () => {}, { stopped: () => this.closed }).then(
+    return runInSlices(
+      this.o.sampler.sampleSteps(() => this.activePidSet()),
+      () => {},
+      { stopped: () => this.closed },
+    ).then(
       (s) => {
         this.sliceStartNs = null;
         return s;

@@ -89,8 +89,8 @@ describe('legacy register mapping', () => {
 
 describe('daemon options', () => {
   const ids: IdLookups = {
-    user: (s) => resolveId(s, 'root:x:0:0::/:/bin/sh\nqemu:x:107:110::/:/bin/false\n', 'user'),
-    group: (s) => resolveId(s, 'root:x:0:\nkvm:x:110:\n', 'group'),
+    user: (s) => resolveId(s, 'user', 'root:x:0:0::/:/bin/sh\nqemu:x:107:110::/:/bin/false\n'),
+    group: (s) => resolveId(s, 'group', 'root:x:0:\nkvm:x:110:\n'),
     primaryGroup: (u) => (u === 107 ? 110 : undefined),
   };
   test('defaults are qemu-vmsr-helper’s', () => {

@@ -15,7 +15,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { synthValue, DEFAULT_AMD_SYNTH } from '../../src/msr/legacy-registers.js';
 import { MSR_AMD_RAPL_POWER_UNIT, MSR_PKG_POWER_INFO, MSR_PKG_POWER_LIMIT, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
-import { resolveUser } from '../../src/os/privileges/accounts.js';
+import { resolveId } from '../../src/os/privileges/accounts.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { hostArgs, LegacyClient, startHelper, tempDir, waitFor, type DaemonChild } from '../daemon/support/daemon-process.js';
 import { EnergyPump } from '../support/energy-pump.js';
@@ -167,7 +167,7 @@ function qemuAccount(): { uid: number; gid: number; name: string } {
   const gid = fs.statSync('/dev/kvm').gid;
   for (const name of ['libvirt-qemu', 'nobody']) {
     try {
-      const uid = resolveUser(name);
+      const uid = resolveId(name, 'user');
       if (uid !== 0) return { uid, gid, name };
     } catch {
       /* not on this machine */

@@ -22,7 +22,7 @@ describe('LogLimiter', () => {
   it('logs a burst per cause, counts the rest, and says how many were suppressed when the window ends', async () => {
     vi.useFakeTimers();
     const { log, lines } = logger();
-    const l = new LogLimiter(log, { burst: 3 });
+    const l = new LogLimiter(log, 3);
     for (let i = 0; i < 100; i++) l.warn('a', { i }, 'cause a');
     for (let i = 0; i < 2; i++) l.warn('b', {}, 'cause b');
     expect(lines.filter((x) => x.cause === 'a')).toHaveLength(3);
@@ -37,7 +37,7 @@ describe('LogLimiter', () => {
 
   it('flush() writes pending counts at once (shutdown), and nothing when none was suppressed', () => {
     const { log, lines } = logger();
-    const l = new LogLimiter(log, { burst: 1 });
+    const l = new LogLimiter(log, 1);
     l.warn('x', {}, 'x');
     l.warn('x', {}, 'x');
     l.warn('y', {}, 'y');

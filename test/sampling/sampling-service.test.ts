@@ -22,9 +22,10 @@ function serviceOn(time: ManualTime, prepare?: (s: SamplingService) => void) {
   const svc: SamplingService = new SamplingService({
     engine: new RatioEngine(host()),
     sampler: {
-      sample(pids) {
+      *sampleSteps(pids) {
+        yield null;
         order.push('sample');
-        sampled.push([...pids]);
+        sampled.push([...pids()]);
         n++;
         return {
           ...sample(
@@ -59,13 +60,16 @@ function serviceOn(time: ManualTime, prepare?: (s: SamplingService) => void) {
 }
 
 describe('SamplingService', () => {
-  test('a hold keeps it sampling with no VM, prepare runs before each sample, and letting go leaves nothing pending', () => {
+  test('a hold keeps it sampling with no VM, prepare runs before each sample, and letting go leaves nothing pending', async () => {
     const time = new ManualTime();
     const { svc, sampled, order } = serviceOn(time);
     expect(svc.running).toBe(false);
     svc.hold('discovery', true);
     expect([svc.running, time.pending]).toEqual([true, 1]);
-    for (let i = 0; i < 3; i++) time.fire();
+    for (let i = 0; i < 3; i++) {
+      time.fire();
+      await turn();
+    }
     expect(sampled).toEqual([[], [], []]);
     expect(order).toEqual(['prepare', 'sample', 'prepare', 'sample', 'prepare', 'sample']);
     expect(svc.stats.samples).toBe(3);
@@ -73,11 +77,12 @@ describe('SamplingService', () => {
     expect([svc.running, time.pending]).toEqual([false, 0]);
   });
 
-  test('unregistering the last VM stops the loop only when no hold is taken', () => {
+  test('unregistering the last VM stops the loop only when no hold is taken', async () => {
     const time = new ManualTime();
     const { svc } = serviceOn(time);
     svc.hold('discovery', true);
     time.fire();
+    await turn();
     const id = svc.register(VM);
     svc.unregister(id);
     expect([svc.running, time.pending]).toEqual([true, 1]);
@@ -90,7 +95,7 @@ describe('SamplingService', () => {
     expect([svc.running, time.pending]).toEqual([false, 0]);
   });
 
-  test('a VM registered by a scan inside a tick is sampled from the next tick on, on the same loop', () => {
+  test('a VM registered by a scan inside a tick is sampled from the next tick on, on the same loop', async () => {
     const time = new ManualTime();
     let vmId: number | undefined;
     const { svc, sampled } = serviceOn(time, (s) => {
@@ -99,9 +104,12 @@ describe('SamplingService', () => {
     const origin = time.now;
     svc.hold('discovery', true);
     time.fire(); // tick 0: the scan registers the VM, the sample already includes it (its baseline)
+    await turn();
     expect(time.pending).toBe(1);
     time.fire();
+    await turn();
     time.fire();
+    await turn();
     expect(sampled).toEqual([[100], [100], [100]]);
     // Ticks 0, 1, 2 of one loop: a restart inside tick 0 would have fired tick 1 at the origin.
     expect(time.now - origin).toBe(2_000_000_000n);
@@ -121,9 +129,6 @@ function slicedOn(time: ManualTime, between: (svc: SamplingService, step: number
   const svc: SamplingService = new SamplingService({
     engine: new RatioEngine(host()),
     sampler: {
-      sample: () => {
-        throw new Error('the service must take the sliced path');
-      },
       *sampleSteps(pids) {
         n++;
         const tasks: Record<number, { tid: number; ticks: number }[]> = {};
@@ -151,6 +156,9 @@ function slicedOn(time: ManualTime, between: (svc: SamplingService, step: number
   });
   return { svc, read };
 }
+
+/** After a tick's sample in one slice: the interval ended. */
+const turn = () => new Promise((r) => setImmediate(r));
 
 /** Until the tick in slices has finished (its sample counted). */
 async function sampled(svc: SamplingService, count: number): Promise<void> {
@@ -193,7 +201,12 @@ describe('SamplingService, a sample in slices', () => {
     let release: (() => void) | undefined;
     const svc2: SamplingService = new SamplingService({
       engine: new RatioEngine(host()),
-      sampler: { sample: () => sample(1, { 0: units(1) }) },
+      sampler: {
+        *sampleSteps() {
+          yield null;
+          return sample(1, { 0: units(1) });
+        },
+      },
       intervalMs: 1000,
       log: pino({ level: 'silent' }),
       clock: time.clock,
@@ -225,9 +238,6 @@ describe('SamplingService, a sample in slices', () => {
     const svc: SamplingService = new SamplingService({
       engine: new RatioEngine(host()),
       sampler: {
-        sample: () => {
-          throw new Error('the service must take the sliced path');
-        },
         *sampleSteps(pids) {
           const tNs = time.now; // the sample's time: when it began, as Sampler.sampleSteps takes it
           const tasks: Record<number, { tid: number; ticks: number }[]> = {};

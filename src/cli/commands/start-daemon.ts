@@ -10,7 +10,7 @@ import { createLogger, levelFromFlags, type Logger } from '../../logging/logger.
 import { ReportedError } from '../cli-errors.js';
 import { reexecBlocker } from '../../os/privileges/reexec.js';
 import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/listener.js';
-import { primaryGroupOf, resolveGroup, resolveUser } from '../../os/privileges/accounts.js';
+import { primaryGroupOf, resolveId } from '../../os/privileges/accounts.js';
 import type { DaemonConfig } from '../../helper/lifecycle/config.js';
 import {
   addHostOptions,
@@ -65,7 +65,7 @@ export interface IdLookups {
   primaryGroup(uid: number): number | undefined;
 }
 
-const systemIds: IdLookups = { user: (s) => resolveUser(s), group: (s) => resolveGroup(s), primaryGroup: (u) => primaryGroupOf(u) };
+const systemIds: IdLookups = { user: (s) => resolveId(s, 'user'), group: (s) => resolveId(s, 'group'), primaryGroup: primaryGroupOf };
 
 /** -T as QEMU spells it: [[enable=]PATTERN][,events=FILE] (patterns one a line); file= is refused: logs go to stderr. */
 export function parseTraceOption(value: string, readFile: (f: string) => string): string[] {

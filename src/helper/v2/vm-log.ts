@@ -12,5 +12,5 @@ export function vmLogFields(vm: { name: string | null; uuid: Uint8Array | null; 
 
 /** The limiter of the VM lifecycle lines (flush() it at shutdown, so no count is lost). */
 export function vmLogLimiter(log: Logger): LogLimiter {
-  return new LogLimiter(log, { burst: VM_LOG_BURST });
+  return new LogLimiter(log, VM_LOG_BURST);
 }

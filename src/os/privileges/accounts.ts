@@ -1,20 +1,16 @@
 /** Users and groups given as names (looked up in passwd/group) or numbers, like qemu-vmsr-helper's -u/-g. */
 import fs from 'node:fs';
 
-/** A user given as a name (looked up in passwd) or a number, like qemu-vmsr-helper's -u. */
-export function resolveId(spec: string, dbText: string, what: 'user' | 'group'): number {
+/** A user or group given as a name (looked up in `db`, passwd or group) or a number, like qemu-vmsr-helper's -u and -g. */
+export function resolveId(spec: string, what: 'user' | 'group', db = readOr(what === 'user' ? '/etc/passwd' : '/etc/group')): number {
   const fix = what === 'user' ? 'give an existing user name or a numeric uid' : 'give an existing group name or a numeric gid';
   if (spec === '') throw new Error(`invalid ${what} '': ${fix}`);
-  for (const line of dbText.split('\n')) {
+  for (const line of db.split('\n')) {
     const f = line.split(':');
     if (f[0] === spec && f[2] !== undefined && /^\d+$/.test(f[2])) return Number(f[2]);
   }
   if (/^\d+$/.test(spec) && Number(spec) <= 0xfffffffe) return Number(spec);
   throw new Error(`invalid ${what} '${spec}': ${fix}`);
-}
-
-export function resolveUser(spec: string, passwd = readOr('/etc/passwd')): number {
-  return resolveId(spec, passwd, 'user');
 }
 
 /** The primary group of a uid in passwd, used when -u is given without -g; undefined if unknown. */
@@ -24,10 +20,6 @@ export function primaryGroupOf(uid: number, passwd = readOr('/etc/passwd')): num
     if (f[2] === String(uid) && f[3] !== undefined && /^\d+$/.test(f[3])) return Number(f[3]);
   }
   return undefined;
-}
-
-export function resolveGroup(spec: string, group = readOr('/etc/group')): number {
-  return resolveId(spec, group, 'group');
 }
 
 /** The name of a gid in the group database (its first entry), undefined when it has none. */
