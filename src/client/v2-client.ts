@@ -11,16 +11,13 @@ import {
   HELPER_TYPES,
   T,
   encodeHostSubscribe,
-  encodeList,
+  encodeU32Frame,
   encodeObserve,
   encodeRead,
   encodeRegister,
-  encodeStatsFd,
   encodeLimit,
   type LimitState,
   encodeSubscribe,
-  encodeUnobserve,
-  encodeUnregister,
   typeName,
 } from '../protocol/v2/codec.js';
 import { FrameDecoder } from '../protocol/v2/frame-decoder.js';
@@ -174,7 +171,7 @@ export class V2Client {
     const out: VmInfo[] = [];
     let from = 0;
     for (let page = 0; page < MAX_LIST_PAGES; page++) {
-      const m = replyOf(await this.call(T.LIST, encodeList(from)), T.VM_LIST);
+      const m = replyOf(await this.call(T.LIST, encodeU32Frame(T.LIST, from)), T.VM_LIST);
       for (const e of m.entries) out.push(toVmInfo(e));
       if (m.nextId === 0) return out;
       if (m.nextId <= from) throw new V2ConnectionError(`helper sent VM_LIST next_id ${m.nextId}, not after ${from}`);
@@ -226,7 +223,7 @@ export class V2Client {
   }
 
   async unobserve(hostVmId: number): Promise<void> {
-    replyOf(await this.call(T.UNOBSERVE, encodeUnobserve(hostVmId), hostVmId), T.OK);
+    replyOf(await this.call(T.UNOBSERVE, encodeU32Frame(T.UNOBSERVE, hostVmId), hostVmId), T.OK);
     this.subs.delete(hostVmId);
   }
 
@@ -248,7 +245,7 @@ export class V2Client {
 
   /** A read-only fd of VM `hostVmId`'s statistics file, or the host's (0), for StatsReader: valid after the close and the VM's end. */
   async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
-    const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeStatsFd(hostVmId));
+    const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeU32Frame(T.STATS_FD, hostVmId));
     if (reply.type !== T.STATS_FD_REPLY || reply.vmId !== hostVmId) {
       closeFd(fd);
       throw new V2ConnectionError(`the helper answered STATS_FD ${hostVmId} with ${typeName(reply.type)}`);
@@ -267,7 +264,7 @@ export class V2Client {
   }
 
   async unregister(vmId: number): Promise<void> {
-    replyOf(await this.call(T.UNREGISTER, encodeUnregister(vmId), vmId), T.OK);
+    replyOf(await this.call(T.UNREGISTER, encodeU32Frame(T.UNREGISTER, vmId), vmId), T.OK);
     this.subs.delete(vmId);
   }
 

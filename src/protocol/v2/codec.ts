@@ -141,7 +141,8 @@ function u32Payload(...values: number[]): Buffer {
   return p;
 }
 
-function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
+/** A frame whose payload is one u32: OK, UNREGISTER, LIST (the id to list from; 0 or 1 the start), UNOBSERVE, STATS_FD (0: the host). */
+export function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
   return encodeFrame(type, flags, u32Payload(v));
 }
 
@@ -232,10 +233,6 @@ export function encodeUpdate(
     off += VM_DOMAIN_FIXED + 8 * n;
   }
   return encodeFrame(T.UPDATE, (ended ? FLAG_ENDED : 0) | FLAG_DOMAINS, p);
-}
-
-export function encodeOk(vmId: number): Buffer {
-  return encodeU32Frame(T.OK, vmId);
 }
 
 export const VM_ENTRY_FIELDS = { hostVmId: 'u32', pid: 'u32', uid: 'u32', nvpkg: 'u32', starttime: 'u64' } as const;
@@ -439,27 +436,9 @@ export function encodeSubscribe(vmId: number, o: { domains?: boolean } = {}): Bu
   return encodeU32Frame(T.SUBSCRIBE, vmId, o.domains === true ? WATCH_DOMAINS : 0);
 }
 
-export function encodeUnregister(vmId: number): Buffer {
-  return encodeU32Frame(T.UNREGISTER, vmId);
-}
-
-/** LIST from `fromId` on (0 or 1 = from the start; a VM_LIST's next_id for the next page). */
-export function encodeList(fromId: number): Buffer {
-  return encodeU32Frame(T.LIST, fromId);
-}
-
 /** OBSERVE; `domains` as for SUBSCRIBE. */
 export function encodeObserve(hostVmId: number, o: { domains?: boolean } = {}): Buffer {
   return encodeU32Frame(T.OBSERVE, hostVmId, o.domains === true ? WATCH_DOMAINS : 0);
-}
-
-export function encodeUnobserve(hostVmId: number): Buffer {
-  return encodeU32Frame(T.UNOBSERVE, hostVmId);
-}
-
-/** STATS_FD of VM `hostVmId`, or of the host (0). */
-export function encodeStatsFd(hostVmId: number): Buffer {
-  return encodeU32Frame(T.STATS_FD, hostVmId);
 }
 
 /** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it; with `domain`, the first layout's package. */
