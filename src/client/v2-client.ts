@@ -288,8 +288,6 @@ export class V2Client {
   /** A request whose reply carries one fd, the caller's then; without it rejects, an fd on another frame breaks the connection. */
   requestWithFd(type: number, frame: Buffer): Promise<{ reply: HelperMessage; fd: number }> {
     return new Promise((resolve, reject) => {
-      this.checkOpen();
-      this.startFdReading();
       const resolveWithFd = (reply: HelperMessage, fd?: number) => {
         if (fd !== undefined) resolve({ reply, fd });
         else
@@ -297,8 +295,7 @@ export class V2Client {
             new V2ConnectionError(`the helper answered ${typeName(type)} with ${typeName(reply.type)} but without the fd it should carry`),
           );
       };
-      this.pending.push({ type, expectsFd: true, resolve: resolveWithFd, reject });
-      this.enqueue(frame);
+      this.send({ type, expectsFd: true, resolve: resolveWithFd, reject }, frame);
     });
   }
 
@@ -358,17 +355,16 @@ export class V2Client {
   }
 
   private call(type: number, frame: Buffer, vmId?: number): Promise<HelperMessage> {
-    return new Promise((resolve, reject) => {
-      this.checkOpen();
-      this.pending.push({ type, vmId, resolve, reject });
-      this.enqueue(frame);
-    });
+    return new Promise((resolve, reject) => this.send({ type, vmId, resolve, reject }, frame));
   }
 
-  /** Throws (in a Promise executor: rejects) why no request can be sent. */
-  private checkOpen(): void {
+  /** Called in a Promise executor: a connection that can send no request throws, so rejects. */
+  private send(p: Pending, frame: Buffer): void {
     if (this.failure) throw this.failure;
     if (this.socket.destroyed) throw new V2ConnectionError('the helper connection is closed');
+    if (p.expectsFd) this.startFdReading();
+    this.pending.push(p);
+    this.enqueue(frame);
   }
 
   /** One write for a tick's requests, so no sample falls between them; not cork(), which splits it while a write is in flight. */
