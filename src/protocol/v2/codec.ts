@@ -78,7 +78,7 @@ export const LIMIT_STATE_DOMAIN = 0x1;
 export const DOMAIN_BLOCK_HEADER = 8;
 /** An UPDATE domain entry without its values: u32 domain code, u32 reserved; then nvpkg x u64 energy_uj. */
 export const VM_DOMAIN_FIXED = 8;
-/** A HOST_UPDATE domain entry: u32 package, u32 domain code, u64 energy_uj, u64 unattributed_uj. */
+/** A HOST_UPDATE domain entry's size (HOST_DOMAIN_FIELDS). */
 export const HOST_DOMAIN_SIZE = 24;
 
 /** The wire code of a RAPL domain: its index in ENERGY_DOMAINS (0, the package, never appears in a domain block). */
@@ -176,6 +176,9 @@ export function readFields<F extends Fields>(p: Buffer, off: number, fields: F):
   return out as FieldValues<F>;
 }
 
+/** A HOST_UPDATE package entry; unattributed_uj (u64) follows with FLAG_PER_PACKAGE. */
+export const HOST_PKG_FIELDS = { pkg: 'u32', reserved: 'u32', energyUj: 'u64' } as const;
+export const HOST_DOMAIN_FIELDS = { pkg: 'u32', code: 'u32', energyUj: 'u64', unattributedUj: 'u64' } as const;
 export const REGISTERED_FIELDS = { vmId: 'u32', nvpkg: 'u32', powerUnit: 'u64' } as const;
 export const VALUE_FIELDS = { vmId: 'u32', vpkg: 'u32', counter: 'u64', energyUj: 'u64', tNs: 'u64' } as const;
 
@@ -363,19 +366,13 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   p.writeUInt32LE(0, 76);
   h.packages.forEach((k, i) => {
     const off = HOST_UPDATE_FIXED + entry * i;
-    p.writeUInt32LE(k.pkg, off);
-    p.writeUInt32LE(0, off + 4);
-    p.writeBigUInt64LE(u64(k.energyUj), off + 8);
+    writeFields(p, off, HOST_PKG_FIELDS, { pkg: k.pkg, reserved: 0, energyUj: k.energyUj });
     if (k.unattributedUj !== null) p.writeBigUInt64LE(u64(k.unattributedUj), off + 16);
   });
   if (domains !== undefined) {
     p.writeUInt32LE(domains.length, base);
     domains.forEach((d, i) => {
-      const off = base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * i;
-      p.writeUInt32LE(d.pkg, off);
-      p.writeUInt32LE(domainCode(d.domain), off + 4);
-      p.writeBigUInt64LE(u64(d.energyUj), off + 8);
-      p.writeBigUInt64LE(u64(d.unattributedUj), off + 16);
+      writeFields(p, base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * i, HOST_DOMAIN_FIELDS, { ...d, code: domainCode(d.domain) });
     });
   }
   const flags =

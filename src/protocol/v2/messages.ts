@@ -18,6 +18,8 @@ import {
   LIMIT_STATE_SIZE,
   type LimitState,
   HOST_UPDATE_FIXED,
+  HOST_PKG_FIELDS,
+  HOST_DOMAIN_FIELDS,
   T,
   VM_DOMAIN_FIXED,
   VM_ENTRY_FIXED,
@@ -224,11 +226,8 @@ function parseHostUpdate(f: Frame): Result<HelperMessage> {
   const packages: HostPackageValues[] = [];
   for (let i = 0; i < n; i++) {
     const off = HOST_UPDATE_FIXED + entry * i;
-    packages.push({
-      pkg: p.readUInt32LE(off),
-      energyUj: p.readBigUInt64LE(off + 8),
-      unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null,
-    });
+    const { pkg, energyUj } = readFields(p, off, HOST_PKG_FIELDS);
+    packages.push({ pkg, energyUj, unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null });
   }
   let domains: HostDomainValues[] | undefined;
   if (withDomains) {
@@ -289,14 +288,14 @@ function parseHostDomains(p: Buffer, off: number, packages: ReadonlySet<number>)
   const out: HostDomainValues[] = [];
   const seen = new Set<string>();
   for (let i = 0, at = off + DOMAIN_BLOCK_HEADER; i < count; i++, at += HOST_DOMAIN_SIZE) {
-    const pkg = p.readUInt32LE(at);
-    const d = codeDomain(`HOST_UPDATE domain entry ${i}`, p.readUInt32LE(at + 4));
+    const { pkg, code, energyUj, unattributedUj } = readFields(p, at, HOST_DOMAIN_FIELDS);
+    const d = codeDomain(`HOST_UPDATE domain entry ${i}`, code);
     if (!d.ok) return d;
     if (!packages.has(pkg)) return fail(`HOST_UPDATE domain entry ${i} names package ${pkg}, which the frame does not list`);
     const key = `${pkg} ${d.value}`;
     if (seen.has(key)) return fail(`HOST_UPDATE carries the ${d.value} domain of package ${pkg} twice`);
     seen.add(key);
-    out.push({ pkg, domain: d.value, energyUj: p.readBigUInt64LE(at + 8), unattributedUj: p.readBigUInt64LE(at + 16) });
+    out.push({ pkg, domain: d.value, energyUj, unattributedUj });
   }
   return ok(out);
 }
