@@ -188,10 +188,9 @@ export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint)
   return encodeFrame(T.REGISTERED, 0, p);
 }
 
-export interface VpkgValue {
-  counter: bigint;
-  energyUj: bigint;
-}
+/** UPDATE's per-vpkg entry, at 16 + 16 x vpkg. */
+export const VPKG_FIELDS = { counter: 'u64', energyUj: 'u64' } as const;
+export type VpkgValue = FieldValues<typeof VPKG_FIELDS>;
 
 export function encodeValue(vmId: number, vpkg: number, v: VpkgValue, tNs: bigint, ended: boolean): Buffer {
   const p = Buffer.alloc(32);
@@ -221,10 +220,7 @@ export function encodeUpdate(
   p.writeUInt32LE(vmId, 0);
   p.writeUInt32LE(n, 4);
   p.writeBigUInt64LE(u64(tNs), 8);
-  values.forEach((v, i) => {
-    p.writeBigUInt64LE(u64(v.counter), 16 + 16 * i);
-    p.writeBigUInt64LE(u64(v.energyUj), 24 + 16 * i);
-  });
+  values.forEach((v, i) => writeFields(p, 16 + 16 * i, VPKG_FIELDS, v));
   if (domains === undefined) return encodeFrame(T.UPDATE, ended ? FLAG_ENDED : 0, p);
   p.writeUInt32LE(domains.length, base);
   let off = base + DOMAIN_BLOCK_HEADER;

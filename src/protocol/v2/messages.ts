@@ -18,6 +18,7 @@ import {
   LIMIT_STATE_SIZE,
   type LimitState,
   HOST_UPDATE_FIXED,
+  VPKG_FIELDS,
   HOST_PKG_FIELDS,
   HOST_DOMAIN_FIELDS,
   T,
@@ -205,7 +206,7 @@ function parseUpdate(f: Frame): Result<HelperMessage> {
   if (!withDomains && p.length !== base) return wrongLength(f, base);
   if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return wrongLength(f, base + DOMAIN_BLOCK_HEADER);
   const vpkgs: VpkgValue[] = [];
-  for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
+  for (let i = 0; i < n; i++) vpkgs.push(readFields(p, 16 + 16 * i, VPKG_FIELDS));
   const m = { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 } as const;
   if (!withDomains) return ok(m);
   const domains = parseVmDomains(p, base, n);
