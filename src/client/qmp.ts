@@ -3,6 +3,10 @@ import fs from 'node:fs';
 import net from 'node:net';
 import { getPeerCredentials } from '../os/libc/sockets.js';
 import { socketFd } from '../os/peer.js';
+import { checkThreadsOf } from '../os/vm-threads.js';
+import { readStarttime } from '../os/proc-starttime.js';
+import { type VcpuSpec, checkVcpus } from '../model/vcpus.js';
+import type { VmSpec } from '../model/vm.js';
 
 /** Longest line accepted from the monitor; query-cpus-fast of 4096 vCPUs stays far below it. */
 const QMP_MAX_LINE = 4 * 1024 * 1024;
@@ -232,5 +236,29 @@ export class QmpClient {
     if (this.failure) return;
     this.failure = e;
     for (const id of [...this.pending.keys()]) this.take(id)!.reject(e);
+  }
+}
+
+/** vCPU threads (socket-id as vpkg) and name from QMP; the pid from SO_PEERCRED, refused unless it is the vCPUs' Tgid. */
+export async function vmSpecFromQmp(socketPath: string, procRoot: string): Promise<VmSpec> {
+  const qmp = await QmpClient.connect(socketPath);
+  try {
+    const pid = qmp.peerCredentials().pid;
+    const cpus = await qmp.queryCpus();
+    const name = await qmp.queryName();
+    // Without socket-id (boards that give no props) every vCPU is in virtual package 0.
+    const listed = checkVcpus(cpus.map((c): VcpuSpec => ({ tid: c.threadId, vpkg: c.socketId ?? 0 })));
+    if (!listed.ok) throw new Error(`QMP ${socketPath}: query-cpus-fast: ${listed.error}`);
+    const vcpus = listed.value;
+    try {
+      checkThreadsOf(procRoot, pid, vcpus);
+    } catch (e) {
+      throw new Error(`QMP ${socketPath}: the socket's owner (pid ${pid}) is not the QEMU running these vCPUs: ${(e as Error).message}`);
+    }
+    const starttime = readStarttime(procRoot, pid);
+    if (starttime === null) throw new Error(`QMP ${socketPath}: QEMU process ${pid} vanished`);
+    return { pid, starttime, vcpus, ...(name !== undefined ? { name } : {}) };
+  } finally {
+    qmp.close();
   }
 }

@@ -11,16 +11,13 @@ import {
   HELPER_TYPES,
   T,
   encodeHostSubscribe,
-  encodeList,
+  encodeU32Frame,
   encodeObserve,
   encodeRead,
   encodeRegister,
-  encodeStatsFd,
   encodeLimit,
   type LimitState,
   encodeSubscribe,
-  encodeUnobserve,
-  encodeUnregister,
   typeName,
 } from '../protocol/v2/codec.js';
 import { FrameDecoder } from '../protocol/v2/frame-decoder.js';
@@ -174,7 +171,7 @@ export class V2Client {
     const out: VmInfo[] = [];
     let from = 0;
     for (let page = 0; page < MAX_LIST_PAGES; page++) {
-      const m = replyOf(await this.call(T.LIST, encodeList(from)), T.VM_LIST);
+      const m = replyOf(await this.call(T.LIST, encodeU32Frame(T.LIST, from)), T.VM_LIST);
       for (const e of m.entries) out.push(toVmInfo(e));
       if (m.nextId === 0) return out;
       if (m.nextId <= from) throw new V2ConnectionError(`helper sent VM_LIST next_id ${m.nextId}, not after ${from}`);
@@ -226,7 +223,7 @@ export class V2Client {
   }
 
   async unobserve(hostVmId: number): Promise<void> {
-    replyOf(await this.call(T.UNOBSERVE, encodeUnobserve(hostVmId), hostVmId), T.OK);
+    replyOf(await this.call(T.UNOBSERVE, encodeU32Frame(T.UNOBSERVE, hostVmId), hostVmId), T.OK);
     this.subs.delete(hostVmId);
   }
 
@@ -248,7 +245,7 @@ export class V2Client {
 
   /** A read-only fd of VM `hostVmId`'s statistics file, or the host's (0), for StatsReader: valid after the close and the VM's end. */
   async statsFd(hostVmId: number): Promise<{ fd: number; fileSize: number }> {
-    const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeStatsFd(hostVmId));
+    const { reply, fd } = await this.requestWithFd(T.STATS_FD, encodeU32Frame(T.STATS_FD, hostVmId));
     if (reply.type !== T.STATS_FD_REPLY || reply.vmId !== hostVmId) {
       closeFd(fd);
       throw new V2ConnectionError(`the helper answered STATS_FD ${hostVmId} with ${typeName(reply.type)}`);
@@ -267,7 +264,7 @@ export class V2Client {
   }
 
   async unregister(vmId: number): Promise<void> {
-    replyOf(await this.call(T.UNREGISTER, encodeUnregister(vmId), vmId), T.OK);
+    replyOf(await this.call(T.UNREGISTER, encodeU32Frame(T.UNREGISTER, vmId), vmId), T.OK);
     this.subs.delete(vmId);
   }
 
@@ -291,8 +288,6 @@ export class V2Client {
   /** A request whose reply carries one fd, the caller's then; without it rejects, an fd on another frame breaks the connection. */
   requestWithFd(type: number, frame: Buffer): Promise<{ reply: HelperMessage; fd: number }> {
     return new Promise((resolve, reject) => {
-      this.checkOpen();
-      this.startFdReading();
       const resolveWithFd = (reply: HelperMessage, fd?: number) => {
         if (fd !== undefined) resolve({ reply, fd });
         else
@@ -300,8 +295,7 @@ export class V2Client {
             new V2ConnectionError(`the helper answered ${typeName(type)} with ${typeName(reply.type)} but without the fd it should carry`),
           );
       };
-      this.pending.push({ type, expectsFd: true, resolve: resolveWithFd, reject });
-      this.enqueue(frame);
+      this.send({ type, expectsFd: true, resolve: resolveWithFd, reject }, frame);
     });
   }
 
@@ -361,17 +355,16 @@ export class V2Client {
   }
 
   private call(type: number, frame: Buffer, vmId?: number): Promise<HelperMessage> {
-    return new Promise((resolve, reject) => {
-      this.checkOpen();
-      this.pending.push({ type, vmId, resolve, reject });
-      this.enqueue(frame);
-    });
+    return new Promise((resolve, reject) => this.send({ type, vmId, resolve, reject }, frame));
   }
 
-  /** Throws (in a Promise executor: rejects) why no request can be sent. */
-  private checkOpen(): void {
+  /** Called in a Promise executor: a connection that can send no request throws, so rejects. */
+  private send(p: Pending, frame: Buffer): void {
     if (this.failure) throw this.failure;
     if (this.socket.destroyed) throw new V2ConnectionError('the helper connection is closed');
+    if (p.expectsFd) this.startFdReading();
+    this.pending.push(p);
+    this.enqueue(frame);
   }
 
   /** One write for a tick's requests, so no sample falls between them; not cork(), which splits it while a write is in flight. */

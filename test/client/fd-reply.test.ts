@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { V2Client } from '../../src/client/v2-client.js';
 import { V2ConnectionError } from '../../src/client/v2-replies.js';
-import { CLIENT_TYPES, encodeList, encodeUpdate, encodeVmList, T } from '../../src/protocol/v2/codec.js';
+import { CLIENT_TYPES, encodeU32Frame, encodeUpdate, encodeVmList, T } from '../../src/protocol/v2/codec.js';
 import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';
 import { closeFd } from '../../src/os/libc/fds.js';
 import { memfdCreate } from '../../src/os/libc/memfd-mmap.js';
@@ -89,7 +89,7 @@ describe('v2 client: a reply with an fd', () => {
       } else send(encodeVmList([VM]));
     });
     const c = await connect(sock);
-    const { reply, fd } = await c.requestWithFd(T.LIST, encodeList(0));
+    const { reply, fd } = await c.requestWithFd(T.LIST, encodeU32Frame(T.LIST, 0));
     cleanups.push(() => closeFd(fd));
     expect(reply).toMatchObject({ type: T.VM_LIST, nextId: 0, entries: [expect.objectContaining({ hostVmId: 7, name: 'vm' })] });
     expect(fd).not.toBe(stats);
@@ -101,7 +101,9 @@ describe('v2 client: a reply with an fd', () => {
   it('a reply of the right type without its fd rejects, and the connection goes on', async () => {
     const sock = await server((f, send) => f.type === T.LIST && send(encodeVmList([VM])));
     const c = await connect(sock);
-    await expect(c.requestWithFd(T.LIST, encodeList(0))).rejects.toThrow(/answered LIST with VM_LIST but without the fd it should carry/);
+    await expect(c.requestWithFd(T.LIST, encodeU32Frame(T.LIST, 0))).rejects.toThrow(
+      /answered LIST with VM_LIST but without the fd it should carry/,
+    );
     expect((await c.list()).map((v) => v.hostVmId)).toEqual([7]);
   });
 
@@ -112,7 +114,7 @@ describe('v2 client: a reply with an fd', () => {
     );
     const c = await connect(sock);
     const before = openFds();
-    const err = await c.requestWithFd(T.LIST, encodeList(0)).catch((e: unknown) => e);
+    const err = await c.requestWithFd(T.LIST, encodeU32Frame(T.LIST, 0)).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(V2ConnectionError);
     expect((err as Error).message).toMatch(/helper sent an fd with UPDATE, which carries none/);
     await c.closed;
@@ -126,7 +128,7 @@ describe('v2 client: a reply with an fd', () => {
     const sock = await server((f, send) => f.type === T.LIST && send(encodeVmList([VM]), [a, b]));
     const c = await connect(sock);
     const before = openFds();
-    await expect(c.requestWithFd(T.LIST, encodeList(0))).rejects.toThrow(/helper sent more than one fd with a frame/);
+    await expect(c.requestWithFd(T.LIST, encodeU32Frame(T.LIST, 0))).rejects.toThrow(/helper sent more than one fd with a frame/);
     await c.closed;
     expect(openFds()).toBeLessThan(before);
   });

@@ -15,7 +15,7 @@ import { type Update } from '../../src/client/v2-replies.js';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import { MSR_DRAM_ENERGY_STATUS, MSR_PKG_ENERGY_STATUS } from '../../src/msr/registers.js';
 import type { EnergyDomain } from '../../src/model/domains.js';
-import { vmSpecFromQmp } from '../../src/client/qmp-vm.js';
+import { vmSpecFromQmp } from '../../src/client/qmp.js';
 import { StatsReader } from '../../src/client/stats-reader.js';
 import { cpuMounts } from '../../src/power-limit/cgroups.js';
 import { missing, which } from '../support/env.js';

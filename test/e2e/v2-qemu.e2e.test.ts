@@ -10,7 +10,7 @@ import { V2Client } from '../../src/client/v2-client.js';
 import { type Update } from '../../src/client/v2-replies.js';
 import { MSR_PKG_ENERGY_STATUS, MSR_RAPL_POWER_UNIT } from '../../src/msr/registers.js';
 import { replayFile } from '../../src/trace/reader.js';
-import { vmSpecFromQmp } from '../../src/client/qmp-vm.js';
+import { vmSpecFromQmp } from '../../src/client/qmp.js';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
 import { qemuMissing, startQemu, waitSettled } from '../support/qemu.js';

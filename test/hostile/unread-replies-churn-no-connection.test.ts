@@ -13,7 +13,7 @@
 import net from 'node:net';
 import { describe, expect, test } from 'vitest';
 import { V2_MAGIC } from '../../src/protocol/legacy.js';
-import { encodeList, encodeStatsFd, T } from '../../src/protocol/v2/codec.js';
+import { encodeU32Frame, T } from '../../src/protocol/v2/codec.js';
 import { helperMessages } from '../support/helper-messages.js';
 import { notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
@@ -26,8 +26,8 @@ const READ_DEADLINE_MS = 60_000;
 
 /** Request kinds a client can pipeline: a VM that is not there (refused, ERROR 3), the VM list (answered). */
 const KINDS: readonly (readonly [string, Buffer, number])[] = [
-  ['STATS_FD of a VM that is not there', encodeStatsFd(999_999), T.ERROR],
-  ['LIST', encodeList(0), T.VM_LIST],
+  ['STATS_FD of a VM that is not there', encodeU32Frame(T.STATS_FD, 999_999), T.ERROR],
+  ['LIST', encodeU32Frame(T.LIST, 0), T.VM_LIST],
 ];
 
 describe('replies left unread', () => {

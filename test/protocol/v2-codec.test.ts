@@ -8,12 +8,11 @@ import {
   T,
   encodeError,
   encodeFrame,
-  encodeOk,
+  encodeU32Frame,
   encodeRead,
   encodeRegister,
   encodeRegistered,
   encodeSubscribe,
-  encodeUnregister,
   encodeUpdate,
   encodeValue,
 } from '../../src/protocol/v2/codec.js';
@@ -37,7 +36,7 @@ const clientStream = Buffer.concat([
   }),
   encodeRead(7, 1),
   encodeSubscribe(7),
-  encodeUnregister(7),
+  encodeU32Frame(T.UNREGISTER, 7),
 ]);
 
 describe('FrameDecoder', () => {
@@ -148,7 +147,7 @@ describe('client payloads (helper side)', () => {
     });
     expect(parse(encodeRead(3, 2))).toEqual({ ok: true, value: { type: T.READ, vmId: 3, vpkg: 2 } });
     expect(parse(encodeSubscribe(9))).toEqual({ ok: true, value: { type: T.SUBSCRIBE, vmId: 9, domains: false } });
-    expect(parse(encodeUnregister(9))).toEqual({ ok: true, value: { type: T.UNREGISTER, vmId: 9 } });
+    expect(parse(encodeU32Frame(T.UNREGISTER, 9))).toEqual({ ok: true, value: { type: T.UNREGISTER, vmId: 9 } });
   });
 
   it('wrong sizes are fatal', () => {
@@ -244,7 +243,7 @@ describe('helper payloads (client side)', () => {
       ],
       ended: false,
     });
-    expect(parse(encodeOk(4))).toEqual({ type: T.OK, vmId: 4 });
+    expect(parse(encodeU32Frame(T.OK, 4))).toEqual({ type: T.OK, vmId: 4 });
     expect(parse(encodeError(E.NOT_PERMITTED, T.REGISTER, 'nope é'))).toEqual({
       type: T.ERROR,
       code: 2,

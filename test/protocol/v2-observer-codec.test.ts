@@ -8,9 +8,8 @@ import {
   encodeFrame,
   encodeHostSubscribe,
   encodeHostUpdate,
-  encodeList,
+  encodeU32Frame,
   encodeObserve,
-  encodeUnobserve,
   encodeVmList,
   utf8Cut,
   VM_ENTRY_FIXED,
@@ -55,7 +54,7 @@ const vm = (id: number, name: string | null, extra: Partial<VmEntry> = {}): VmEn
 
 describe('observer requests', () => {
   it('LIST, OBSERVE, UNOBSERVE and HOST_SUBSCRIBE round-trip through the client-side decoder', () => {
-    const stream = Buffer.concat([encodeList(7), encodeObserve(9), encodeUnobserve(9), encodeHostSubscribe()]);
+    const stream = Buffer.concat([encodeU32Frame(T.LIST, 7), encodeObserve(9), encodeU32Frame(T.UNOBSERVE, 9), encodeHostSubscribe()]);
     const reqs = new FrameDecoder(CLIENT_TYPES).push(stream).map((f) => {
       if (!f.ok) throw new Error(f.error.message);
       return parseClientFrame(f.value);

@@ -3,9 +3,8 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
-import { QmpClient, type QmpError } from '../../src/client/qmp.js';
+import { QmpClient, type QmpError, vmSpecFromQmp } from '../../src/client/qmp.js';
 import { threadGroupOf } from '../../src/os/vm-threads.js';
-import { vmSpecFromQmp } from '../../src/client/qmp-vm.js';
 import { readQemuName } from '../../src/discovery/qemu-name.js';
 import { qemuMissing, startQemu, vcpuThreads, type QemuGuest } from '../support/qemu.js';
 

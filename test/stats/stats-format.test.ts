@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { StatsReader } from '../../src/client/stats-reader.js';
-import { CLIENT_TYPES, HELPER_TYPES, encodeStatsFd, encodeStatsFdReply } from '../../src/protocol/v2/codec.js';
+import { CLIENT_TYPES, HELPER_TYPES, encodeU32Frame, encodeStatsFdReply, T } from '../../src/protocol/v2/codec.js';
 import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
 import { STATS_BASE, STATS_TYPE, STATS_UNIT } from '../../src/protocol/stats/flags.js';
@@ -32,7 +32,7 @@ const name64 = (text: string) => Buffer.concat([Buffer.from(text), Buffer.alloc(
 describe('STATS_FD frames', () => {
   it('STATS_FD of VM 7 is type 0x09 with a u32; its reply 0x87 carries the id and the file size', () => {
     const req = hex('0900 0000 04000000 07000000');
-    expect(encodeStatsFd(7).equals(req)).toBe(true);
+    expect(encodeU32Frame(T.STATS_FD, 7).equals(req)).toBe(true);
     expect(parseClientFrame(oneFrame(req, CLIENT_TYPES))).toEqual({ ok: true, value: { type: 0x09, vmId: 7 } });
     const rep = hex('8700 0000 08000000 07000000 40020000');
     expect(encodeStatsFdReply(7, 576).equals(rep)).toBe(true);

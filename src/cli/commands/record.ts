@@ -18,7 +18,7 @@ import { DisposableStore } from '../../common/disposable.js';
 import { onStopSignals } from '../stop-signals.js';
 import { TraceWriter } from '../../trace/writer.js';
 import { vmSpecFromArgs } from '../../os/vm-threads.js';
-import { vmSpecFromQmp } from '../../client/qmp-vm.js';
+import { vmSpecFromQmp } from '../../client/qmp.js';
 import { clockTicksPerSecond } from '../../os/libc/processes.js';
 import { V2Client } from '../../client/v2-client.js';
 import { findVm } from '../../client/find-vm.js';

@@ -78,7 +78,7 @@ export const LIMIT_STATE_DOMAIN = 0x1;
 export const DOMAIN_BLOCK_HEADER = 8;
 /** An UPDATE domain entry without its values: u32 domain code, u32 reserved; then nvpkg x u64 energy_uj. */
 export const VM_DOMAIN_FIXED = 8;
-/** A HOST_UPDATE domain entry: u32 package, u32 domain code, u64 energy_uj, u64 unattributed_uj. */
+/** A HOST_UPDATE domain entry's size (HOST_DOMAIN_FIELDS). */
 export const HOST_DOMAIN_SIZE = 24;
 
 /** The wire code of a RAPL domain: its index in ENERGY_DOMAINS (0, the package, never appears in a domain block). */
@@ -141,7 +141,8 @@ function u32Payload(...values: number[]): Buffer {
   return p;
 }
 
-function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
+/** A frame whose payload is one u32: OK, UNREGISTER, LIST (the id to list from; 0 or 1 the start), UNOBSERVE, STATS_FD (0: the host). */
+export function encodeU32Frame(type: number, v: number, flags = 0): Buffer {
   return encodeFrame(type, flags, u32Payload(v));
 }
 
@@ -175,6 +176,9 @@ export function readFields<F extends Fields>(p: Buffer, off: number, fields: F):
   return out as FieldValues<F>;
 }
 
+/** A HOST_UPDATE package entry; unattributed_uj (u64) follows with FLAG_PER_PACKAGE. */
+export const HOST_PKG_FIELDS = { pkg: 'u32', reserved: 'u32', energyUj: 'u64' } as const;
+export const HOST_DOMAIN_FIELDS = { pkg: 'u32', code: 'u32', energyUj: 'u64', unattributedUj: 'u64' } as const;
 export const REGISTERED_FIELDS = { vmId: 'u32', nvpkg: 'u32', powerUnit: 'u64' } as const;
 export const VALUE_FIELDS = { vmId: 'u32', vpkg: 'u32', counter: 'u64', energyUj: 'u64', tNs: 'u64' } as const;
 
@@ -184,10 +188,9 @@ export function encodeRegistered(vmId: number, nvpkg: number, powerUnit: bigint)
   return encodeFrame(T.REGISTERED, 0, p);
 }
 
-export interface VpkgValue {
-  counter: bigint;
-  energyUj: bigint;
-}
+/** UPDATE's per-vpkg entry, at 16 + 16 x vpkg. */
+export const VPKG_FIELDS = { counter: 'u64', energyUj: 'u64' } as const;
+export type VpkgValue = FieldValues<typeof VPKG_FIELDS>;
 
 export function encodeValue(vmId: number, vpkg: number, v: VpkgValue, tNs: bigint, ended: boolean): Buffer {
   const p = Buffer.alloc(32);
@@ -217,10 +220,7 @@ export function encodeUpdate(
   p.writeUInt32LE(vmId, 0);
   p.writeUInt32LE(n, 4);
   p.writeBigUInt64LE(u64(tNs), 8);
-  values.forEach((v, i) => {
-    p.writeBigUInt64LE(u64(v.counter), 16 + 16 * i);
-    p.writeBigUInt64LE(u64(v.energyUj), 24 + 16 * i);
-  });
+  values.forEach((v, i) => writeFields(p, 16 + 16 * i, VPKG_FIELDS, v));
   if (domains === undefined) return encodeFrame(T.UPDATE, ended ? FLAG_ENDED : 0, p);
   p.writeUInt32LE(domains.length, base);
   let off = base + DOMAIN_BLOCK_HEADER;
@@ -232,10 +232,6 @@ export function encodeUpdate(
     off += VM_DOMAIN_FIXED + 8 * n;
   }
   return encodeFrame(T.UPDATE, (ended ? FLAG_ENDED : 0) | FLAG_DOMAINS, p);
-}
-
-export function encodeOk(vmId: number): Buffer {
-  return encodeU32Frame(T.OK, vmId);
 }
 
 export const VM_ENTRY_FIELDS = { hostVmId: 'u32', pid: 'u32', uid: 'u32', nvpkg: 'u32', starttime: 'u64' } as const;
@@ -366,19 +362,13 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   p.writeUInt32LE(0, 76);
   h.packages.forEach((k, i) => {
     const off = HOST_UPDATE_FIXED + entry * i;
-    p.writeUInt32LE(k.pkg, off);
-    p.writeUInt32LE(0, off + 4);
-    p.writeBigUInt64LE(u64(k.energyUj), off + 8);
+    writeFields(p, off, HOST_PKG_FIELDS, { pkg: k.pkg, reserved: 0, energyUj: k.energyUj });
     if (k.unattributedUj !== null) p.writeBigUInt64LE(u64(k.unattributedUj), off + 16);
   });
   if (domains !== undefined) {
     p.writeUInt32LE(domains.length, base);
     domains.forEach((d, i) => {
-      const off = base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * i;
-      p.writeUInt32LE(d.pkg, off);
-      p.writeUInt32LE(domainCode(d.domain), off + 4);
-      p.writeBigUInt64LE(u64(d.energyUj), off + 8);
-      p.writeBigUInt64LE(u64(d.unattributedUj), off + 16);
+      writeFields(p, base + DOMAIN_BLOCK_HEADER + HOST_DOMAIN_SIZE * i, HOST_DOMAIN_FIELDS, { ...d, code: domainCode(d.domain) });
     });
   }
   const flags =
@@ -439,27 +429,9 @@ export function encodeSubscribe(vmId: number, o: { domains?: boolean } = {}): Bu
   return encodeU32Frame(T.SUBSCRIBE, vmId, o.domains === true ? WATCH_DOMAINS : 0);
 }
 
-export function encodeUnregister(vmId: number): Buffer {
-  return encodeU32Frame(T.UNREGISTER, vmId);
-}
-
-/** LIST from `fromId` on (0 or 1 = from the start; a VM_LIST's next_id for the next page). */
-export function encodeList(fromId: number): Buffer {
-  return encodeU32Frame(T.LIST, fromId);
-}
-
 /** OBSERVE; `domains` as for SUBSCRIBE. */
 export function encodeObserve(hostVmId: number, o: { domains?: boolean } = {}): Buffer {
   return encodeU32Frame(T.OBSERVE, hostVmId, o.domains === true ? WATCH_DOMAINS : 0);
-}
-
-export function encodeUnobserve(hostVmId: number): Buffer {
-  return encodeU32Frame(T.UNOBSERVE, hostVmId);
-}
-
-/** STATS_FD of VM `hostVmId`, or of the host (0). */
-export function encodeStatsFd(hostVmId: number): Buffer {
-  return encodeU32Frame(T.STATS_FD, hostVmId);
 }
 
 /** LIMIT: with `milliwatts` (0 = off) sets VM `hostVmId`'s power limit; without, reads it; with `domain`, the first layout's package. */

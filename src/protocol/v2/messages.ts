@@ -18,6 +18,9 @@ import {
   LIMIT_STATE_SIZE,
   type LimitState,
   HOST_UPDATE_FIXED,
+  VPKG_FIELDS,
+  HOST_PKG_FIELDS,
+  HOST_DOMAIN_FIELDS,
   T,
   VM_DOMAIN_FIXED,
   VM_ENTRY_FIXED,
@@ -203,7 +206,7 @@ function parseUpdate(f: Frame): Result<HelperMessage> {
   if (!withDomains && p.length !== base) return wrongLength(f, base);
   if (withDomains && p.length < base + DOMAIN_BLOCK_HEADER) return wrongLength(f, base + DOMAIN_BLOCK_HEADER);
   const vpkgs: VpkgValue[] = [];
-  for (let i = 0; i < n; i++) vpkgs.push({ counter: p.readBigUInt64LE(16 + 16 * i), energyUj: p.readBigUInt64LE(24 + 16 * i) });
+  for (let i = 0; i < n; i++) vpkgs.push(readFields(p, 16 + 16 * i, VPKG_FIELDS));
   const m = { type: T.UPDATE, vmId: p.readUInt32LE(0), tNs: p.readBigUInt64LE(8), vpkgs, ended: (f.flags & FLAG_ENDED) !== 0 } as const;
   if (!withDomains) return ok(m);
   const domains = parseVmDomains(p, base, n);
@@ -224,11 +227,8 @@ function parseHostUpdate(f: Frame): Result<HelperMessage> {
   const packages: HostPackageValues[] = [];
   for (let i = 0; i < n; i++) {
     const off = HOST_UPDATE_FIXED + entry * i;
-    packages.push({
-      pkg: p.readUInt32LE(off),
-      energyUj: p.readBigUInt64LE(off + 8),
-      unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null,
-    });
+    const { pkg, energyUj } = readFields(p, off, HOST_PKG_FIELDS);
+    packages.push({ pkg, energyUj, unattributedUj: perPackage ? p.readBigUInt64LE(off + 16) : null });
   }
   let domains: HostDomainValues[] | undefined;
   if (withDomains) {
@@ -289,14 +289,14 @@ function parseHostDomains(p: Buffer, off: number, packages: ReadonlySet<number>)
   const out: HostDomainValues[] = [];
   const seen = new Set<string>();
   for (let i = 0, at = off + DOMAIN_BLOCK_HEADER; i < count; i++, at += HOST_DOMAIN_SIZE) {
-    const pkg = p.readUInt32LE(at);
-    const d = codeDomain(`HOST_UPDATE domain entry ${i}`, p.readUInt32LE(at + 4));
+    const { pkg, code, energyUj, unattributedUj } = readFields(p, at, HOST_DOMAIN_FIELDS);
+    const d = codeDomain(`HOST_UPDATE domain entry ${i}`, code);
     if (!d.ok) return d;
     if (!packages.has(pkg)) return fail(`HOST_UPDATE domain entry ${i} names package ${pkg}, which the frame does not list`);
     const key = `${pkg} ${d.value}`;
     if (seen.has(key)) return fail(`HOST_UPDATE carries the ${d.value} domain of package ${pkg} twice`);
     seen.add(key);
-    out.push({ pkg, domain: d.value, energyUj: p.readBigUInt64LE(at + 8), unattributedUj: p.readBigUInt64LE(at + 16) });
+    out.push({ pkg, domain: d.value, energyUj, unattributedUj });
   }
   return ok(out);
 }

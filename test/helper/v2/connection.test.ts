@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { helperMessages } from '../../support/helper-messages.js';
 import { pino } from 'pino';
-import { E, T, encodeError, encodeFrame, encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
+import { E, T, encodeError, encodeFrame, encodeU32Frame, encodeRead } from '../../../src/protocol/v2/codec.js';
 import { V2Connection, type ConnectionHost } from '../../../src/helper/v2/connection.js';
 import type { Reply, SendWithFds } from '../../../src/helper/v2/reply.js';
 import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
@@ -102,7 +102,7 @@ describe('V2Connection', () => {
       maxBacklogBytes: 1 << 20,
       request: (_c, req) => {
         seen.push(req);
-        return { frame: encodeOk(req.type === T.READ ? req.vmId : 0) };
+        return { frame: encodeU32Frame(T.OK, req.type === T.READ ? req.vmId : 0) };
       },
     });
     const bytes = Buffer.concat([encodeRead(7, 0), encodeRead(8, 1)]);
@@ -181,19 +181,19 @@ describe('V2Connection', () => {
   };
 
   it("keeps a client that reads each sample whole when one sample's burst is over maxBacklogBytes", async () => {
-    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: encodeOk(0) }) });
+    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: encodeU32Frame(T.OK, 0) }) });
     for (let k = 0; k < 3; k++) {
       expect(sample(s, k * BURST).every(Boolean)).toBe(true);
       await waitFor(() => s.received().length === (k + 1) * BURST * big(0).length, `sample ${k} read whole`, undefined, 20_000);
     }
     expect(s.conn.open).toBe(true);
     // A reply between samples fits: the last sample's burst is allowed on top of the limit.
-    expect(s.conn.send(encodeOk(9))).toBe(true);
+    expect(s.conn.send(encodeU32Frame(T.OK, 9))).toBe(true);
     expect(s.closedCalls).toBe(0);
   });
 
   it('disconnects a client that left more than maxBacklogBytes of the last sample unread when the next sample comes', async () => {
-    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: encodeOk(0) }) }, { paused: true });
+    const s = await connect({ maxBacklogBytes: LIMIT, request: () => ({ frame: encodeU32Frame(T.OK, 0) }) }, { paused: true });
     expect(sample(s, 0).every(Boolean)).toBe(true); // one burst: allowed, though unread
     expect(s.conn.open).toBe(true);
     expect(sample(s, BURST)[0]).toBe(false); // the next sample finds the first one unread
@@ -216,12 +216,12 @@ describe('V2Connection', () => {
     const calls: SenderCall[] = [];
     const f = openFd();
     const released: number[] = [];
-    const reply: Reply = { frame: encodeOk(42), fds: [f.fd], release: () => (released.push(f.fd), fs.closeSync(f.fd)) };
+    const reply: Reply = { frame: encodeU32Frame(T.OK, 42), fds: [f.fd], release: () => (released.push(f.fd), fs.closeSync(f.fd)) };
     const s = await connect({ maxBacklogBytes: 1 << 20, sendWithFds: fdWriter(calls), request: () => reply });
     s.client.write(encodeRead(42, 0));
     await waitFor(() => messages(s.received()).length === 1, 'the reply');
     expect(messages(s.received())).toEqual([{ type: T.OK, vmId: 42 }]);
-    expect(calls).toEqual([{ frame: encodeOk(42), fds: [f.fd], queued: 0 }]);
+    expect(calls).toEqual([{ frame: encodeU32Frame(T.OK, 42), fds: [f.fd], queued: 0 }]);
     expect(released).toEqual([f.fd]);
     expect(f.isOpen()).toBe(false);
   });
@@ -237,8 +237,8 @@ describe('V2Connection', () => {
         sendWithFds: fdWriter(calls),
         request: (_c, req) => {
           if (req.type !== T.READ) throw new Error('READ only');
-          if (req.vmId === 99) return { frame: encodeOk(99), fds: [f.fd], release: () => fs.closeSync(f.fd) };
-          if (req.vmId === 100) return { frame: encodeOk(100) };
+          if (req.vmId === 99) return { frame: encodeU32Frame(T.OK, 99), fds: [f.fd], release: () => fs.closeSync(f.fd) };
+          if (req.vmId === 100) return { frame: encodeU32Frame(T.OK, 100) };
           return { frame: big(n++) };
         },
       },
@@ -249,7 +249,7 @@ describe('V2Connection', () => {
     await waitFor(() => n === 40, 'the big replies made');
     await new Promise((r) => setTimeout(r, 50));
     expect(calls).toHaveLength(0);
-    s.conn.send(encodeOk(101)); // sent by the service meanwhile: after the fd reply too
+    s.conn.send(encodeU32Frame(T.OK, 101)); // sent by the service meanwhile: after the fd reply too
     s.client.resume();
     await waitFor(() => messages(s.received()).length === 43, 'every frame');
     const ms = messages(s.received());
@@ -273,7 +273,7 @@ describe('V2Connection', () => {
       request: () => {
         const f = openFd();
         fds.push(f);
-        return { frame: encodeOk(5), fds: [f.fd], release: () => fs.closeSync(f.fd) };
+        return { frame: encodeU32Frame(T.OK, 5), fds: [f.fd], release: () => fs.closeSync(f.fd) };
       },
     });
     s.client.write(Buffer.concat([encodeRead(5, 0), encodeRead(5, 0)]));
@@ -297,7 +297,7 @@ describe('V2Connection', () => {
       const s = await connect({
         maxBacklogBytes: 1 << 20,
         ...(sendWithFds ? { sendWithFds } : {}),
-        request: () => ({ frame: encodeOk(1), fds: [f.fd], release: () => fs.closeSync(f.fd) }),
+        request: () => ({ frame: encodeU32Frame(T.OK, 1), fds: [f.fd], release: () => fs.closeSync(f.fd) }),
       });
       const clientClosed = new Promise<void>((r) => s.client.once('close', () => r()));
       s.client.write(encodeRead(1, 0));
@@ -319,7 +319,7 @@ describe('V2Connection', () => {
         sendWithFds: fdWriter(calls),
         request: (_c, req) =>
           req.type === T.READ && req.vmId === 99
-            ? { frame: encodeOk(99), fds: [f.fd], release: () => fs.closeSync(f.fd) }
+            ? { frame: encodeU32Frame(T.OK, 99), fds: [f.fd], release: () => fs.closeSync(f.fd) }
             : { frame: big(n++) },
       },
       { paused: true },
@@ -335,7 +335,7 @@ describe('V2Connection', () => {
   });
 
   it('answers a frame of an unknown type with ERROR 1 and closes', async () => {
-    const s = await connect({ maxBacklogBytes: 1 << 20, request: () => ({ frame: encodeOk(0) }) });
+    const s = await connect({ maxBacklogBytes: 1 << 20, request: () => ({ frame: encodeU32Frame(T.OK, 0) }) });
     const clientClosed = new Promise<void>((r) => s.client.once('close', () => r()));
     s.client.write(encodeFrame(0x7e, 0, Buffer.alloc(4)));
     await clientClosed;

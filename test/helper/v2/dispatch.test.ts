@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { dispatch, HANDLERS } from '../../../src/helper/v2/requests/table.js';
 import type { HandlerTable, RequestType } from '../../../src/helper/v2/requests/handler.js';
-import { CLIENT_TYPES, T, encodeOk } from '../../../src/protocol/v2/codec.js';
+import { CLIENT_TYPES, T, encodeU32Frame } from '../../../src/protocol/v2/codec.js';
 import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
 
 describe('dispatch', () => {
@@ -10,14 +10,14 @@ describe('dispatch', () => {
     const calls: [RequestType, unknown, string, string][] = [];
     const handler = (type: RequestType) => (req: ClientRequest, conn: string, parts: string) => (
       calls.push([type, req, conn, parts]),
-      { frame: encodeOk(type) }
+      { frame: encodeU32Frame(T.OK, type) }
     );
     const table = Object.fromEntries([...CLIENT_TYPES].map((t) => [t, handler(t as RequestType)])) as unknown as HandlerTable<
       string,
       string
     >;
     const reply = dispatch(table, { type: T.OBSERVE, vmId: 4, domains: false }, 'conn', 'parts');
-    expect(reply.frame).toEqual(encodeOk(T.OBSERVE));
+    expect(reply.frame).toEqual(encodeU32Frame(T.OK, T.OBSERVE));
     expect(calls).toEqual([[T.OBSERVE, { type: T.OBSERVE, vmId: 4, domains: false }, 'conn', 'parts']]);
     dispatch(table, { type: T.LIST, fromId: 1 }, 'c2', 'p2');
     expect(calls[1]![0]).toBe(T.LIST);

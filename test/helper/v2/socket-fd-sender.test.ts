@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
-import { encodeOk, encodeRead } from '../../../src/protocol/v2/codec.js';
+import { encodeU32Frame, encodeRead, T } from '../../../src/protocol/v2/codec.js';
 import { V2Connection } from '../../../src/helper/v2/connection.js';
 import { sendWithFdsOnSocket } from '../../../src/helper/assemble.js';
 import { peerOf } from '../../../src/os/peer.js';
@@ -53,7 +53,7 @@ describe('sendWithFdsOnSocket', () => {
           maxBacklogBytes: 1 << 20,
           limiter: new LogLimiter(log),
           sendWithFds: sendWithFdsOnSocket,
-          request: () => ({ frame: encodeOk(7), fds: [fd], release: () => (released++, fs.closeSync(fd)) }),
+          request: () => ({ frame: encodeU32Frame(T.OK, 7), fds: [fd], release: () => (released++, fs.closeSync(fd)) }),
           closed: () => {},
         },
         log,
@@ -67,7 +67,7 @@ describe('sendWithFdsOnSocket', () => {
         e ? reject(e) : resolve(stdout),
       ),
     );
-    expect(out.trim()).toBe(`${encodeOk(7).toString('hex')} 1`);
+    expect(out.trim()).toBe(`${encodeU32Frame(T.OK, 7).toString('hex')} 1`);
     expect(fs.readFileSync(target, 'utf8')).toBe('written through the fd');
     expect(released).toBe(1);
   });

@@ -1,5 +1,5 @@
 /** The v2 requests' handlers (docs/protocol.md, docs/protocol-v2.md; STATS_FD and LIMIT in files of their own), and the dispatch. */
-import { E, T, encodeHostUpdate, encodeOk, encodeRegistered, encodeValue, encodeVmList } from '../../../protocol/v2/codec.js';
+import { E, T, encodeHostUpdate, encodeU32Frame, encodeRegistered, encodeValue, encodeVmList } from '../../../protocol/v2/codec.js';
 import type { ClientRequest } from '../../../protocol/v2/messages.js';
 import { cannot } from '../../../common/errors.js';
 import { unwatch, watch } from '../clients.js';
@@ -69,7 +69,7 @@ export const HANDLERS: HandlerTable = {
     unwatch(conn, req.vmId);
     p.lifecycle.release(req.vmId);
     conn.log.info({ vmId: req.vmId }, 'v2 VM unregistered');
-    return { frame: encodeOk(req.vmId) };
+    return { frame: encodeU32Frame(T.OK, req.vmId) };
   },
   // LIST: the VMs this connection may see, from an id on.
   [T.LIST]: (req, conn, p) => {
@@ -98,7 +98,7 @@ export const HANDLERS: HandlerTable = {
   // UNOBSERVE: no more UPDATEs of the VM (answered OK whether watched or not).
   [T.UNOBSERVE]: (req, conn) => {
     unwatch(conn, req.vmId);
-    return { frame: encodeOk(req.vmId) };
+    return { frame: encodeU32Frame(T.OK, req.vmId) };
   },
   // HOST_SUBSCRIBE: the host's energy each sample, for root and the observer group; a second one replaces the first's layout.
   [T.HOST_SUBSCRIBE]: (req, conn, p) => {
