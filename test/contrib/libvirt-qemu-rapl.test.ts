@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
-import { missing } from '../support/env.js';
+import { hasKvm, missing } from '../support/env.js';
 
 const WRAPPER = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../contrib/libvirt/qemu-rapl');
 const RAPL = 'kvm,rapl=true,rapl-helper-socket=/run/qemu-vmsr-helper.sock';
@@ -61,6 +61,7 @@ describe('the libvirt emulator wrapper for rapl=true', () => {
     if (why) return ctx.skip(why);
     const intel = /^vendor_id\s*:\s*GenuineIntel$/m.test(fs.readFileSync('/proc/cpuinfo', 'utf8'));
     if (intel) return ctx.skip('an Intel host: QEMU would take rapl=true (and need a helper), not refuse it');
+    if (!hasKvm()) return ctx.skip('/dev/kvm missing: QEMU stops at opening KVM, before the Intel check this test reads');
     const wrapper = wrapperRunning('qemu-system-x86_64');
     const r = spawnSync(wrapper, ['-accel', 'kvm', '-display', 'none', '-nodefaults', '-S'], { encoding: 'utf8', timeout: 30_000 });
     expect(r.status).not.toBe(0);
