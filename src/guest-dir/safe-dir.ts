@@ -22,7 +22,6 @@ import {
   openAt,
   readlinkAt,
   renameAt,
-  signalLeaseBreaks,
   symlinkAt,
   takeWriteLease,
   unlinkAt,
@@ -322,11 +321,6 @@ export class SafeDir {
     const dirFd = rel === '' ? this.fd : this.dir(rel);
     const fd = this.create(dirFd, rel, file, O_WRONLY, textBuf, n);
     const made = { fd, len: n };
-    if (signalLeaseBreaks(fd) < 0) {
-      this.rename(dirFd, file);
-      closeFd(fd);
-      return this.stopSwapping();
-    }
     if (pair === undefined) {
       this.rename(dirFd, file);
       this.pairs.set(key, { dirFd, shown: made, spare: null });

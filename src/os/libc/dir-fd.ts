@@ -55,14 +55,14 @@ const F_UNLCK = 2;
 /** SIGURG: ignored unless handled. */
 const LEASE_BREAK_SIGNAL = 23;
 
-/** Before takeWriteLease: a broken lease is signalled with SIGURG, not SIGIO, whose default ends the process. */
-export function signalLeaseBreaks(fd: number): number {
-  return orErrno(fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL));
-}
-
-/** A write lease on `fd`'s file (an open of it waits while held): 0, -EAGAIN when another open file refers to it, or -errno. */
+/**
+ * A write lease on `fd`'s file (an open of it waits while held), its break signalled with SIGURG, not SIGIO, whose
+ * default ends the process; set each time, as letting a lease go resets F_SETSIG. 0, -EAGAIN when another open file
+ * refers to it, or -errno.
+ */
 export function takeWriteLease(fd: number): number {
-  return orErrno(fcntl(fd, F_SETLEASE, 'int', F_WRLCK));
+  const set = orErrno(fcntl(fd, F_SETSIG, 'int', LEASE_BREAK_SIGNAL));
+  return set < 0 ? set : orErrno(fcntl(fd, F_SETLEASE, 'int', F_WRLCK));
 }
 
 export function dropLease(fd: number): number {
