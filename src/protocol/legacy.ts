@@ -51,12 +51,6 @@ export function encodeLegacyRequest(req: LegacyRequest): Buffer {
   return b;
 }
 
-export function encodeLegacyReply(value: bigint): Buffer {
-  const b = Buffer.alloc(LEGACY_REPLY_SIZE);
-  b.writeBigUInt64LE(BigInt.asUintN(64, value));
-  return b;
-}
-
 type Preamble = 'need-more' | 'v2' | 'legacy';
 
 /** The first 4 bytes of a connection decide its protocol; fewer than 4 cannot decide yet. */

@@ -27,7 +27,10 @@ import {
 } from '../../src/protocol/v2/codec.js';
 import { FrameDecoder } from '../../src/protocol/v2/frame-decoder.js';
 import { parseClientFrame, parseHelperFrame } from '../../src/protocol/v2/messages.js';
-import { classifyPreamble, encodeLegacyReply, encodeLegacyRequest, LegacyFramer, V2_MAGIC } from '../../src/protocol/legacy.js';
+import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC } from '../../src/protocol/legacy.js';
+import { pino } from 'pino';
+import { MsrDevice } from '../../src/msr/device.js';
+import { FakeHost, legacyOnFakeHost } from '../support/fake-host.js';
 
 /** "0100 0000 ..." -> bytes; spaces are only for the reader. */
 const hex = (text: string): Buffer => Buffer.from(text.replace(/\s+/g, ''), 'hex');
@@ -401,8 +404,21 @@ describe('legacy (QEMU rapl-helper-socket) matches hand-written bytes', () => {
     expect(new LegacyFramer().push(amd)).toEqual([{ msr: 0xc001029b, cpu: 0, tid: 1 }]);
   });
 
-  it('a reply of 0x12345678deadbeef, and 0 (the refusal QEMU sees)', () => {
-    expect(encodeLegacyReply(0x12345678deadbeefn).equals(REPLY)).toBe(true);
-    expect(encodeLegacyReply(0n).equals(hex('00000000 00000000'))).toBe(true);
+  it('a reply of 0x12345678deadbeef, and 0 (the refusal QEMU sees), as the legacy service writes them', () => {
+    const fake = new FakeHost();
+    const device = new MsrDevice(fake.msrPathTemplate);
+    try {
+      fake.writeMsr(1, 0x611, 0x12345678deadbeefn);
+      const legacy = legacyOnFakeHost(fake, device, pino({ level: 'silent' }));
+      const peer = { pid: process.pid, uid: 0, gid: 0 };
+      const out = Buffer.alloc(16, 0xff);
+      expect(legacy.answer(peer, { msr: 0x611, cpu: 1, tid: process.pid }, legacy.verdictsFor(process.pid), out, 0)).toBe(true);
+      // cpu 7 is not online: refused with 0
+      expect(legacy.answer(peer, { msr: 0x611, cpu: 7, tid: process.pid }, legacy.verdictsFor(process.pid), out, 8)).toBe(true);
+      expect(out.equals(Buffer.concat([REPLY, hex('00000000 00000000')]))).toBe(true);
+    } finally {
+      device.close();
+      fake.cleanup();
+    }
   });
 });
