@@ -17,7 +17,7 @@ import { closeFd } from '../../src/os/libc/fds.js';
 import { F_SEAL_FUTURE_WRITE, F_SEAL_GROW, F_SEAL_SHRINK, getSeals } from '../../src/os/libc/memfd-mmap.js';
 import type { FdAdmitter } from '../../src/helper/v2/vm-registry.js';
 import { FdBudget } from '../../src/budget/fd-budget.js';
-import { startChild, startHarness, threadsOf, until, type Harness, type TestChild } from '../v2/harness.js';
+import { seenByNewClient, startChild, startHarness, threadsOf, until, type Harness, type TestChild } from '../v2/harness.js';
 
 const cleanups: (() => unknown)[] = [];
 /** A spinning child gets a tick only now and then on a loaded 2-core host: waits for its energy allow this long. */
@@ -162,7 +162,7 @@ describe('STATS_FD on the v2 service', () => {
     const e = r.value(final, 'energy')!;
     await new Promise((res) => setTimeout(res, 200));
     expect(r.value(r.read(), 'energy')).toBe(e);
-    expect(h.service.vms).toBe(0);
+    expect((await seenByNewClient(h.socketPath)).vms).toBe(0);
   });
 
   it('answers ERROR 3 for an id that does not exist and keeps the connection', async () => {

@@ -19,7 +19,9 @@ import type { FdAdmitter } from '../../src/helper/v2/vm-registry.js';
 import type { TraceSink } from '../../src/sampling/sampling-service.js';
 import type { ScannerOptions } from '../../src/discovery/scanner.js';
 import { assembleOnFakeHost, FakeHost } from '../support/fake-host.js';
-import { waitFor } from '../support/wait.js';
+import { pollFor, waitFor } from '../support/wait.js';
+import { V2Client } from '../../src/client/v2-client.js';
+import { StatsReader } from '../../src/client/stats-reader.js';
 import { which } from '../support/env.js';
 
 export const POWER_UNIT = 0xa0e03n; // ESU 14: 61 uJ per unit
@@ -186,4 +188,47 @@ export class RawClient {
 /** waitFor with the argument order these tests read best in. */
 export function until(cond: () => boolean, timeoutMs = 5000, what = 'condition'): Promise<void> {
   return waitFor(cond, what, undefined, timeoutMs);
+}
+
+/** Waits until `cond` resolves true (polled), or throws naming `what`. */
+export async function untilAsync(cond: () => Promise<boolean>, timeoutMs = 5000, what = 'condition'): Promise<void> {
+  await pollFor(
+    async () => ((await cond()) ? true : undefined),
+    what,
+    () => '',
+    timeoutMs,
+  );
+}
+
+/**
+ * What a new client is told by HOST_SUBSCRIBE (root: every VM): the VMs, and the connections besides
+ * its own. HOST_SUBSCRIBE runs the loop while it lasts: not for a test that counts samples.
+ */
+export async function seenByNewClient(socketPath: string): Promise<{ vms: number; connections: number }> {
+  const c = await V2Client.connect(socketPath);
+  try {
+    const { stats } = await c.subscribeHost(() => {});
+    return { vms: stats.vms, connections: stats.connections - 1 };
+  } finally {
+    await c.close();
+  }
+}
+
+/** Until a new client is told of no VM and no other connection: every client's close was handled. */
+export function untilNoClients(socketPath: string, what: string): Promise<void> {
+  return untilAsync(async () => JSON.stringify(await seenByNewClient(socketPath)) === '{"vms":0,"connections":0}', 3000, what);
+}
+
+/** The loop's samples so far, read at once from the host statistics file (STATS_FD 0 of root client `c`). */
+export async function hostSamples(c: Pick<V2Client, 'statsFd'>): Promise<{ now(): number; close(): void }> {
+  const r = StatsReader.open((await c.statsFd(0)).fd);
+  return { now: () => Number(r.value(r.read(), 'samples')), close: () => r.close() };
+}
+
+/** The loop is idle: no sample for 150 ms (an interval in flight had 50 ms to end). */
+export async function expectIdle(samples: { now(): number }): Promise<void> {
+  await new Promise((r) => setTimeout(r, 50));
+  const n = samples.now();
+  await new Promise((r) => setTimeout(r, 150));
+  if (samples.now() !== n) throw new Error(`the loop sampled while idle: ${n} -> ${samples.now()} samples`);
 }

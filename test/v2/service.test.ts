@@ -7,7 +7,19 @@ import { V2Client } from '../../src/client/v2-client.js';
 import { V2Error, type HostUpdate, type Update } from '../../src/client/v2-replies.js';
 import { E, MAX_PAYLOAD, T, encodeFrame, encodeRead, encodeRegister, encodeSubscribe } from '../../src/protocol/v2/codec.js';
 import { isRoot } from '../support/env.js';
-import { POWER_UNIT, RawClient, startChild, startHarness, threadsOf, until, type Harness } from './harness.js';
+import {
+  POWER_UNIT,
+  RawClient,
+  expectIdle,
+  hostSamples,
+  seenByNewClient,
+  startChild,
+  startHarness,
+  threadsOf,
+  until,
+  untilAsync,
+  type Harness,
+} from './harness.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -58,7 +70,7 @@ describe('v2 service on a real socket', () => {
     expect(r.powerUnit).toBe(POWER_UNIT);
     const v = await c.read(r.vmId, 1);
     expect(v).toEqual({ vmId: r.vmId, vpkg: 1, counter: 0n, energyUj: 0n, tNs: 0n, ended: false });
-    expect(h.service.vms).toBe(1);
+    expect(await c.list()).toHaveLength(1);
   });
 
   it('SUBSCRIBE: immediate UPDATE, then one per sample; a spinning VM gains energy, values monotonic', async () => {
@@ -98,7 +110,7 @@ describe('v2 service on a real socket', () => {
       E.NO_SUCH,
     );
     await c.unregister(r.vmId);
-    expect(h.service.vms).toBe(0);
+    expect(await c.list()).toEqual([]);
     await expectV2Error(c.read(r.vmId, 0), E.NO_SUCH);
     await expectV2Error(c.unregister(r.vmId), E.NO_SUCH);
   });
@@ -118,7 +130,7 @@ describe('v2 service on a real socket', () => {
     const [v0, v1] = await Promise.all([c.read(r.vmId, 0), c.read(r.vmId, 1), c.unregister(r.vmId)]);
     expect(writes).toEqual([16 + 16 + 12]);
     expect([v0.vpkg, v1.vpkg]).toEqual([0, 1]);
-    expect(h.service.vms).toBe(0);
+    expect(await c.list()).toEqual([]);
   });
 
   it('HOST_UPDATE says VMs changed in the one sample after a VM came or went', async () => {
@@ -153,27 +165,29 @@ describe('v2 service on a real socket', () => {
 
   it('closing a connection unregisters its VMs and the loop goes idle', async () => {
     const h = await harness({ intervalMs: 20 });
+    const observer = await client(h);
+    const samples = await hostSamples(observer);
+    cleanups.push(() => samples.close());
     const c = await V2Client.connect(h.socketPath);
     await c.register({ vcpus: self() });
-    await until(() => h.service.stats.samples >= 2, 3000, 'samples');
+    await until(() => samples.now() >= 2, 3000, 'samples');
     await c.close();
-    await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'unregistered');
-    const n = h.service.stats.samples;
-    expect(h.service.running).toBe(false);
-    await new Promise((r) => setTimeout(r, 150));
-    expect(h.service.stats.samples).toBe(n);
+    // Its VMs are released where its connection is dropped (V2Service.connectionClosed).
+    await untilAsync(async () => (await observer.list()).length === 0, 3000, 'unregistered');
+    await expectIdle(samples);
   });
 
   it('the loop does not sample without VMs', async () => {
     const h = await harness({ intervalMs: 10 });
     const c = await client(h);
+    const samples = await hostSamples(c);
+    cleanups.push(() => samples.close());
     await new Promise((r) => setTimeout(r, 100));
-    expect(h.service.stats.samples).toBe(0);
-    expect(h.service.running).toBe(false);
+    expect(samples.now()).toBe(0);
     const r = await c.register({ vcpus: self() });
-    await until(() => h.service.stats.samples >= 3, 3000, 'samples');
+    await until(() => samples.now() >= 3, 3000, 'samples');
     await c.unregister(r.vmId);
-    expect(h.service.running).toBe(false);
+    await expectIdle(samples);
   });
 
   it('a VM whose process ends freezes: one UPDATE with flag bit 0, then none; READ keeps its final values', async () => {
@@ -197,8 +211,10 @@ describe('v2 service on a real socket', () => {
     expect(v.tNs).toBe(final.tNs);
     // The pid may be registered again once its VM ended... it no longer exists, so: process gone.
     await expectV2Error(c.register({ pid: sleeper.pid, vcpus: [{ tid: sleeper.pid, vpkg: 0 }] }), E.PROCESS_GONE);
+    const samples = await hostSamples(c);
+    cleanups.push(() => samples.close());
     await c.unregister(r.vmId);
-    expect(h.service.running).toBe(false);
+    await expectIdle(samples);
   });
 
   it('refuses tids that are not threads of pid (ERROR 2) and a pid that does not exist (ERROR 6)', async () => {
@@ -208,7 +224,7 @@ describe('v2 service on a real socket', () => {
     const e = await expectV2Error(c.register({ vcpus: [{ tid: other.pid, vpkg: 0 }] }), E.NOT_PERMITTED);
     expect(e.message).toMatch(/not a thread/);
     await expectV2Error(c.register({ pid: 0x3ffffff0, vcpus: [{ tid: 0x3ffffff0, vpkg: 0 }] }), E.PROCESS_GONE);
-    expect(h.service.vms).toBe(0);
+    expect(await c.list()).toEqual([]);
   });
 
   it('a second live registration of the same pid is refused with ERROR 4', async () => {
@@ -230,7 +246,7 @@ describe('v2 service on a real socket', () => {
     await expectV2Error(a.register({ pid: kids[2]!.pid, vcpus: [{ tid: kids[2]!.pid, vpkg: 0 }] }), E.LIMIT);
     await b.register({ pid: kids[2]!.pid, vcpus: [{ tid: kids[2]!.pid, vpkg: 0 }] });
     await expectV2Error(b.register({ pid: kids[3]!.pid, vcpus: [{ tid: kids[3]!.pid, vpkg: 0 }] }), E.LIMIT);
-    expect(h.service.vms).toBe(3);
+    expect(await a.list()).toHaveLength(3);
 
     // 2000 pipelined REGISTERs in one write: every one answered in order, none accepted.
     const raw = await RawClient.connect(h.socketPath);
@@ -242,7 +258,7 @@ describe('v2 service on a real socket', () => {
     const ms = messages(raw.received);
     expect(ms).toHaveLength(2000);
     expect(ms.every((m) => m.type === T.ERROR && m.code === E.LIMIT)).toBe(true);
-    expect(h.service.vms).toBe(3);
+    expect(await a.list()).toHaveLength(3);
     expect((await a.read(1, 0)).vmId).toBe(1);
   });
 
@@ -327,7 +343,7 @@ describe('v2 service on a real socket', () => {
       const raw = await RawClient.connect(h.socketPath, false);
       raw.write(encodeRead(1, 0));
       await raw.closed;
-      expect(h.service.connections).toBe(0);
+      expect(await seenByNewClient(h.socketPath)).toEqual({ vms: 0, connections: 0 });
     });
   });
 
@@ -348,7 +364,8 @@ describe('v2 service on a real socket', () => {
     const flood = Buffer.concat(Array.from({ length: 40000 }, () => encodeRead(2, 0)));
     slow.write(flood);
     await slow.closed;
-    await until(() => h.service.connections === 1 && h.service.vms === 1, 3000, 'slow client dropped');
+    // Its VM is released where its connection is dropped (V2Service.connectionClosed).
+    await untilAsync(async () => (await good.list()).length === 1, 3000, 'slow client dropped');
     const n = goodUpdates.length;
     await until(() => goodUpdates.length >= n + 3, 3000, 'good client still updated');
     expect((await good.read(reg.vmId, 0)).vmId).toBe(reg.vmId);

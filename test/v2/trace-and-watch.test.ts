@@ -11,7 +11,7 @@ import { replayFile } from '../../src/trace/reader.js';
 import { stateOf } from '../../src/ratio/replay-report.js';
 import { domainPowers, formatHeader, formatJsonUpdate, formatUpdate, powers, runWatch } from '../../src/cli/commands/watch.js';
 import { formatHostDomainTable, hostDomainRows } from '../../src/cli/commands/stats.js';
-import { startChild, startHarness, until } from './harness.js';
+import { startChild, startHarness, until, untilNoClients } from './harness.js';
 import { hostStats } from '../support/helper-messages.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -306,7 +306,7 @@ describe('watch', () => {
     const rows = lines.slice(2);
     expect(rows).toHaveLength(5);
     for (const r of rows) expect(r).toMatch(/^ +\d+\.\ds +\d+\.\d\d +\d+\.\d{3}$/);
-    await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
+    await untilNoClients(h.socketPath, 'watch cleaned up');
   });
 
   it('runWatch --json prints the daemon record, a registered record, then update records, every one with a power', async () => {
@@ -319,7 +319,7 @@ describe('watch', () => {
       expect(typeof r.vpkgs[0]!.power_w).toBe('number');
       expect(r.vpkgs[0]!.energy_uj).toMatch(/^\d+$/);
     }
-    await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
+    await untilNoClients(h.socketPath, 'watch cleaned up');
   });
 
   it('runWatch given an already aborted signal (Ctrl-C during start-up) still returns and unregisters', async () => {
@@ -330,7 +330,7 @@ describe('watch', () => {
     const lines: string[] = [];
     await runWatch({ socket: h.socketPath, pid: process.pid, vcpus: [{ tid: process.pid, vpkg: 0 }] }, (l) => lines.push(l), ac.signal);
     expect(lines[0]).toMatch(/registered as vm \d+/);
-    await until(() => h.service.vms === 0 && h.service.connections === 0, 3000, 'watch cleaned up');
+    await untilNoClients(h.socketPath, 'watch cleaned up');
   });
 
   function watchCli(args: string[]): Promise<{ code: number | null; stderr: string }> {

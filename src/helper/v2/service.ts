@@ -428,21 +428,8 @@ export class V2Service {
     await Promise.all(waits);
   }
 
+  /** The loop's counters (the benches read its lateness). */
   get stats(): SamplingStats {
     return this.p.sampling.stats;
-  }
-
-  /** The sampling loop has a tick pending (false while no registered VM is live). */
-  get running(): boolean {
-    return this.p.sampling.running;
-  }
-
-  get connections(): number {
-    return this.p.clients.size;
-  }
-
-  /** Registered VMs (the --max-vms count). */
-  get vms(): number {
-    return this.p.registry.size;
   }
 }
