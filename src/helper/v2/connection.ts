@@ -113,7 +113,8 @@ export class V2Connection {
     if (!this.open) return this.drop(reply);
     const backlog = this.socket.writableLength + this.waitingBytes;
     const allowance = this.burst === null ? this.lastBurst : this.burst + reply.frame.length;
-    if (exceedsBacklog(backlog + reply.frame.length, allowance, this.host.maxBacklogBytes)) {
+    // The slow-reader rule: past the limit plus one sample's burst (the batch running now, or else the last one).
+    if (backlog + reply.frame.length > this.host.maxBacklogBytes + allowance) {
       const o = { conn: this.id, peerPid: this.peer.pid, backlog, sampleBytes: allowance, limit: this.host.maxBacklogBytes };
       this.host.limiter.warn('v2 backlog', o, 'v2 client does not read its socket; disconnecting it');
       this.destroy();
@@ -133,7 +134,7 @@ export class V2Connection {
     return true;
   }
 
-  /** Runs `fn` corked, so one sample's UPDATEs take one system call; its bytes are one sample's burst (exceedsBacklog). */
+  /** Runs `fn` corked, so one sample's UPDATEs take one system call; its bytes are one sample's burst (sendReply). */
   batch(fn: () => void): void {
     const outer = this.burst;
     if (outer === null) this.burst = 0;
@@ -313,9 +314,4 @@ export class V2Connection {
 
 function hasFds(r: Reply): r is Reply & { fds: readonly number[] } {
   return r.fds !== undefined && r.fds.length > 0;
-}
-
-/** The slow-reader rule: a frame that takes the unsent bytes past `limit` plus one sample's burst (the batch running now, or else the last one). */
-function exceedsBacklog(after: number, allowance: number, limit: number): boolean {
-  return after > limit + allowance;
 }

@@ -11,7 +11,7 @@ import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
 import { V2Connection, type ConnectionHost } from './connection.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
-import { vmLogLimiter } from './vm-log.js';
+import { VM_LOG_BURST } from './vm-log.js';
 import type { V2Handler } from '../server/server.js';
 import type { Discovery } from './discovery.js';
 import { VmLifecycle } from './vm-lifecycle.js';
@@ -193,7 +193,7 @@ function makeParts(o: V2ServiceOptions, sampling: SamplingService, registry: VmR
     stats.dropped(vmId);
     limits?.limiter.forget(vmId);
   };
-  const vmLog = vmLogLimiter(o.log);
+  const vmLog = new LogLimiter(o.log, VM_LOG_BURST);
   const lifecycle = new VmLifecycle({ registry, sampling, discovery: o.discovery, lastUpdate, vmLog });
   const limiter = new LogLimiter(o.log);
   const changed = () => (lifecycle.changed = true);

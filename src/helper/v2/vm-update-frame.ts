@@ -3,10 +3,7 @@ import { encodeUpdate } from '../../protocol/v2/codec.js';
 import type { VmOutput } from '../../ratio/outputs.js';
 
 export interface VmUpdateFrame {
-  /**
-   * The UPDATE frame: with the domain block (FLAG_DOMAINS) for a client that asked for it, the original
-   * layout otherwise. Each layout is encoded at most once.
-   */
+  /** The UPDATE, with the domain block (FLAG_DOMAINS) only for a client that asked; each layout encoded once. */
   frame(domains: boolean): Buffer;
   /** The VM ended: this is its last UPDATE. */
   ended: boolean;

@@ -11,7 +11,8 @@ import type { VcpuSpec } from '../../../src/model/vcpus.js';
 import { VmRegistry, procView } from '../../../src/helper/v2/vm-registry.js';
 import { DEFAULT_V2_LIMITS } from '../../../src/helper/v2/v2-limits.js';
 import { DiscoveredVms } from '../../../src/helper/v2/discovered-vms.js';
-import { vmLogLimiter } from '../../../src/helper/v2/vm-log.js';
+import { VM_LOG_BURST } from '../../../src/helper/v2/vm-log.js';
+import { LogLimiter } from '../../../src/logging/log-limiter.js';
 import type { Discovery } from '../../../src/helper/v2/discovery.js';
 import type { DiscoveredVm } from '../../../src/discovery/scanner.js';
 import { fail, ok } from '../../../src/common/result.js';
@@ -62,7 +63,7 @@ function setup(room = true) {
     registry,
     sampling: { engine, register: (spec) => engine.register(spec) },
     fds: { canAdmit: () => (room ? ok(undefined) : fail('no fds left')) },
-    vmLog: vmLogLimiter(log),
+    vmLog: new LogLimiter(log, VM_LOG_BURST),
     changed: () => changes++,
   });
   return {
