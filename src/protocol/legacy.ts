@@ -32,12 +32,7 @@ export class LegacyFramer {
     return out;
   }
 
-  /** Bytes of an incomplete request waiting for the rest. */
-  get buffered(): number {
-    return this.pending.length;
-  }
-
-  /** Those bytes themselves (a restart hands them to the next process; not copied). */
+  /** The bytes of an incomplete request waiting for the rest (a restart hands them to the next process; not copied). */
   get incomplete(): Buffer {
     return this.pending;
   }

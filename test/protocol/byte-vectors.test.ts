@@ -395,7 +395,7 @@ describe('legacy (QEMU rapl-helper-socket) matches hand-written bytes', () => {
     const f = new LegacyFramer();
     const got = [...REQUEST].flatMap((b) => f.push(Buffer.from([b])));
     expect(got).toEqual([{ msr: 0x611, cpu: 3, tid: 4250 }]);
-    expect(f.buffered).toBe(0);
+    expect(f.incomplete).toHaveLength(0);
   });
 
   it('the AMD energy register number survives as an unsigned u32', () => {

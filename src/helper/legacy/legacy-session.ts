@@ -91,7 +91,7 @@ export class LegacySession implements Freezable {
       sendReplies(socket, out, size);
       this.o.legacy.afterReplies();
     }
-    if (!this.o.hold.set(this.framer.buffered)) return this.o.overBudget(socket);
+    if (!this.o.hold.set(this.framer.incomplete.length)) return this.o.overBudget(socket);
     // A client that pipelines without reading waits for itself, not the helper's memory.
     if (socket.writableLength > DEFAULT_MAX_PENDING_REPLY_BYTES && !socket.isPaused()) {
       socket.pause();

@@ -280,7 +280,6 @@ function writeVmEntry(p: Buffer, off: number, e: VmEntry): number {
   for (const [k, bit] of Object.entries(VM_ENTRY_FLAGS)) if (e[k as keyof typeof VM_ENTRY_FLAGS] === true) flags |= bit;
   p.writeUInt16LE(flags, off + 24);
   p.writeUInt8(name.length, off + 26);
-  p.writeUInt8(0, off + 27);
   if (e.uuid !== null) e.uuid.copy(p, off + 28, 0, 16);
   name.copy(p, off + VM_ENTRY_FIXED);
   return off + VM_ENTRY_FIXED + name.length;
@@ -359,7 +358,6 @@ export function encodeHostUpdate(h: HostValues): Buffer {
   p.writeBigUInt64LE(u64(h.unattributedUj), 8);
   writeFields(p, 16, DAEMON_COUNTER_FIELDS, { ...h.stats, connections: h.stats.connections >>> 0, vms: h.stats.vms >>> 0 });
   p.writeUInt32LE(h.packages.length, 72);
-  p.writeUInt32LE(0, 76);
   h.packages.forEach((k, i) => {
     const off = HOST_UPDATE_FIXED + entry * i;
     writeFields(p, off, HOST_PKG_FIELDS, { pkg: k.pkg, reserved: 0, energyUj: k.energyUj });
