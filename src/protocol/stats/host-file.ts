@@ -3,6 +3,7 @@ import { STATS_BASE, STATS_TYPE, STATS_UNIT } from './flags.js';
 import { planStatsLayout, type StatsDescriptor, type StatsLayout } from './layout.js';
 import { COMMON_STATS, writeSampleTimes, type SampleTimes } from './common-stats.js';
 import type { SampleBlock } from './sample-block.js';
+import type { DaemonCounters } from '../v2/codec.js';
 import { ENERGY_DOMAINS, type OtherDomain } from '../../model/domains.js';
 
 const C = STATS_TYPE.CUMULATIVE;
@@ -81,19 +82,11 @@ export function hostStatsLayout(
   return planStatsLayout(`vmsr-host/pid-${daemonPid}`, descs);
 }
 
-export interface HostStatsValues extends SampleTimes {
+export interface HostStatsValues extends SampleTimes, DaemonCounters {
   packages: readonly { pkg: number; energyUj: bigint; unattributedUj: bigint }[];
   unattributedUj: bigint;
-  lastSampleDurationNs: bigint;
-  samples: bigint;
-  sampleFailures: bigint;
-  legacyOk: bigint;
-  legacyRefused: bigint;
-  legacyFailed: bigint;
   /** Samples with HOST_UPDATE's VMS_CHANGED, counted. */
   vmChanges: bigint;
-  connections: number;
-  vms: number;
   /** Which energy source the daemon reads, as a code (energy/kinds.ts ENERGY_SOURCE_CODE); 0: not stated. */
   energySource: number;
   /** Parts the file has no descriptor for are not written. */

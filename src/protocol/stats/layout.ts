@@ -86,7 +86,6 @@ export function encodeStatsFile(layout: StatsLayout): Buffer {
     b.writeInt16LE(d.exponent, o + 4);
     b.writeUInt16LE(d.size, o + 6);
     b.writeUInt32LE(d.offset, o + 8);
-    b.writeUInt32LE(0, o + 12);
     b.write(d.name, o + STATS_DESC_FIXED, 'utf8');
   });
   return b;
