@@ -114,9 +114,7 @@ export class StatsFiles {
     const realtime = ev.tNs + (realtimeNs() - this.p.clock());
     this.lastTimes = { monotonicNs: ev.tNs, realtimeNs: realtime, intervalNs: dtNs, nextNs: ev.tNs + this.p.intervalNs };
     this.lastResult = ev.result;
-    if (ev.result && this.vms.size > 0) {
-      for (const v of ev.result.vms) this.vms.get(v.vmId)?.setInterval(v, ev.result.dtS, dtNs);
-    }
+    if (ev.result && this.vms.size > 0) for (const v of ev.result.vms) this.vms.get(v.vmId)?.setInterval(v, ev.result.dtS, dtNs);
     // A vCPU list that changed shape ends the file; the next STATS_FD (or guest copy) makes one that fits.
     for (const f of this.vms.values()) if (!f.final && !f.write()) this.release(f, 'replaced');
     if (this.host) this.writeHost();
@@ -125,8 +123,7 @@ export class StatsFiles {
   /** The VM is gone from the daemon: its file was written for the last time; the daemon lets go of it. */
   dropped(vmId: number): void {
     const f = this.vms.get(vmId);
-    if (!f) return;
-    this.release(f, 'ended');
+    if (f) this.release(f, 'ended');
   }
 
   /** The daemon stops: every file written a last time with next_sample_monotonic 0, not `ended` (the helper ended, not the VMs). */

@@ -12,9 +12,8 @@ export const limit: Handler<typeof T.LIMIT> = (req, conn, p) => {
   const refuse = (code: number, message: string) => refusal(code, T.LIMIT, message);
   const limits = p.limits;
   if (limits === undefined) return refuse(E.NOT_PERMITTED, 'this helper runs without power limits');
-  if (!p.registry.canSee(p.clients.viewerOf(conn), req.vmId)) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);
   const vm = p.registry.get(req.vmId);
-  if (vm === undefined) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);
+  if (vm === undefined || !p.registry.canSee(p.clients.viewerOf(conn), req.vmId)) return refuse(E.NO_SUCH, `no VM ${req.vmId}`);
   const domain = req.domain ?? 'package';
   const domainProblem = limits.limiter.domainProblem(domain);
   if (domainProblem !== null) return refuse(E.NO_SUCH, cannot(`limit the ${domain} power of VM ${req.vmId}`, domainProblem));
