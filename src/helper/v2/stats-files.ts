@@ -40,7 +40,6 @@ interface StatsFilesParts extends Pick<VmStatsReads, 'guest' | 'powerLimit'> {
   hostDomains?: () => NonNullable<HostStatsValues['domains']>;
 }
 
-/** A refusal, with the v2 error code it is answered with. */
 type StatsRefusal = { code: number; message: string };
 
 export class StatsFiles {

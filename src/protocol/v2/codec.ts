@@ -78,7 +78,6 @@ export const LIMIT_STATE_DOMAIN = 0x1;
 export const DOMAIN_BLOCK_HEADER = 8;
 /** An UPDATE domain entry without its values: u32 domain code, u32 reserved; then nvpkg x u64 energy_uj. */
 export const VM_DOMAIN_FIXED = 8;
-/** A HOST_UPDATE domain entry's size (HOST_DOMAIN_FIELDS). */
 export const HOST_DOMAIN_SIZE = 24;
 
 /** The wire code of a RAPL domain: its index in ENERGY_DOMAINS (0, the package, never appears in a domain block). */
@@ -379,7 +378,6 @@ export function encodeStatsFdReply(hostVmId: number, fileSize: number): Buffer {
   return encodeFrame(T.STATS_FD_REPLY, 0, u32Payload(hostVmId, fileSize));
 }
 
-/** LIMIT_STATE's first LIMIT_STATE_SIZE bytes. */
 export const LIMIT_STATE_FIELDS = { vmId: 'u32', limitMw: 'u32', quotaUs: 'u32', periodUs: 'u32', limitedNs: 'u64' } as const;
 
 /** LIMIT_STATE's limit (0 mW: none; quotaUs 0: no quota now); `domain` when the LIMIT named one, absent: the package. */
