@@ -11,17 +11,13 @@ import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.j
 import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
 import { realtimeNs } from '../os/libc/processes.js';
+import type { Sampler } from './sampler.js';
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {
   engine: EngineState;
   /** CLOCK_REALTIME when the last sample was taken, ns; null before the first. */
   realtimeNs: bigint | null;
-}
-
-/** A sample one VM per step (Sampler.sampleSteps), run in slices. */
-interface SampleSource {
-  sampleSteps(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
 }
 
 export interface TraceSink {
@@ -32,7 +28,7 @@ export interface TraceSink {
 
 export interface SamplingServiceOptions {
   engine: RatioEngine;
-  sampler: SampleSource;
+  sampler: Pick<Sampler, 'sampleSteps'>;
   intervalMs: number;
   trace?: TraceSink;
   /** Per-pid state to drop once a pid is no longer sampled (ProcTaskReader.forget). */
