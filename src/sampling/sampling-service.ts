@@ -192,16 +192,9 @@ export class SamplingService {
       this.o.sampler.sampleSteps(() => this.activePidSet()),
       () => {},
       { stopped: () => this.closed },
-    ).then(
-      (s) => {
-        this.sliceStartNs = null;
-        return s;
-      },
-      (e: unknown) => {
-        this.sliceStartNs = null;
-        return this.fail(e);
-      },
-    );
+    )
+      .catch((e: unknown) => this.fail(e))
+      .finally(() => (this.sliceStartNs = null));
   }
 
   /** An interval's last step: its duration, and the loop stopped when nothing keeps it running. */
