@@ -12,6 +12,7 @@ import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
 import { realtimeNs } from '../os/libc/processes.js';
 import type { Sampler } from './sampler.js';
+import type { TraceWriter } from '../trace/writer.js';
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {
@@ -20,11 +21,7 @@ export interface SamplingState {
   realtimeNs: bigint | null;
 }
 
-export interface TraceSink {
-  register(tNs: bigint, vm: VmSpec): void;
-  sample(s: Sample): void;
-  unregister(tNs: bigint, pid: number): void;
-}
+export type TraceSink = Pick<TraceWriter, 'register' | 'sample' | 'unregister'>;
 
 export interface SamplingServiceOptions {
   engine: RatioEngine;
