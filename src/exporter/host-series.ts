@@ -6,7 +6,6 @@ export const HOST_SERIES_CHOICES = ['all', 'authenticated', 'none'] as const;
 export type HostSeries = (typeof HOST_SERIES_CHOICES)[number];
 export const DEFAULT_HOST_SERIES: HostSeries = 'all';
 
-/** Whether a request sees the host families. */
 export function showsHostSeries(policy: HostSeries, authenticated: boolean): boolean {
   return policy === 'all' || (policy === 'authenticated' && authenticated);
 }

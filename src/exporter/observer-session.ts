@@ -25,7 +25,6 @@ interface SessionOptions {
   book: EnergyBook;
   log: Logger;
   backoff?: Backoff;
-  /** Socket path, for messages. */
   socketPath: string;
 }
 
@@ -52,7 +51,6 @@ export class ObserverSession {
     this.done = this.run();
   }
 
-  /** Stops reconnecting and closes the connection. */
   async stop(): Promise<void> {
     this.stopped = true;
     this.wake?.();

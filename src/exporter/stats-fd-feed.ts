@@ -11,7 +11,6 @@ import { hostDomainNames } from '../protocol/stats/host-file.js';
 
 const u64 = (r: StatsReader, s: StatsSample, name: string): bigint => r.value(s, name) ?? 0n;
 
-/** A HOST_UPDATE's values from one sample of the host's file. */
 function hostUpdateFromFile(r: StatsReader, s: StatsSample): HostUpdate {
   const ids = r.values(s, 'package_id') ?? [];
   const energy = r.values(s, 'package_energy') ?? [];

@@ -247,7 +247,6 @@ export function parseWebConfig(text: string, source: string, dir: string) {
     tls: checkTls(c, top.tls_server_config),
     /** User name to bcrypt hash; empty: no basic authentication. */
     basicAuthUsers: checkUsers(c, top.basic_auth_users),
-    /** Response headers to add. */
     headers: checkHttp(c, top.http_server_config),
   };
 }

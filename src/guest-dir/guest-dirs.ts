@@ -86,9 +86,8 @@ export class GuestDirs {
   /** Directories refused, by name: the signature they had, so they are checked again only once changed. */
   private readonly refused = new Map<string, string>();
   private readonly limiter: LogLimiter;
-  private readonly names = new Map<number, { uuid: Uint8Array | null; name: string | null; dir: string | null; round: number }>();
-  /** Counts claims() passes: a VM whose name entry was not seen in the last one is gone. */
-  private round = 0;
+  /** Each VM's directory name, by its record (gone with it): 500 VMs cost 1.5 ms a sample uncached, 0.04 ms cached. */
+  private readonly names = new WeakMap<GuestDirVm, { uuid: Uint8Array | null; name: string | null; dir: string | null }>();
   /** One inotify queue telling which published directories changed (null: each is fstat'ed per sample). */
   private watch: DirWatch | null | undefined;
 
@@ -165,27 +164,22 @@ export class GuestDirs {
   /** Directory name -> the VMs that name it, for the names present in DIR. */
   private claims(): Map<string, GuestDirVm[]> {
     const out = new Map<string, GuestDirVm[]>();
-    const round = ++this.round;
     for (const vm of this.source.vms()) {
-      const name = this.dirNameOf(vm, round);
+      const name = this.dirNameOf(vm);
       if (name === null || !this.present.has(name)) continue;
       const list = out.get(name);
       if (list) list.push(vm);
       else out.set(name, [vm]);
     }
-    for (const [id, n] of this.names) if (n.round !== round) this.names.delete(id);
     return out;
   }
 
-  /** A VM's directory name, worked out once per UUID and name it has; its entry marked seen in `round`. */
-  private dirNameOf(vm: GuestDirVm, round: number): string | null {
-    const had = this.names.get(vm.vmId);
-    if (had && had.uuid === vm.uuid && had.name === vm.name) {
-      had.round = round;
-      return had.dir;
-    }
+  /** A VM's directory name, worked out once per UUID and name it has. */
+  private dirNameOf(vm: GuestDirVm): string | null {
+    const had = this.names.get(vm);
+    if (had && had.uuid === vm.uuid && had.name === vm.name) return had.dir;
     const dir = guestDirName(vm.uuid, vm.name);
-    this.names.set(vm.vmId, { uuid: vm.uuid, name: vm.name, dir, round });
+    this.names.set(vm, { uuid: vm.uuid, name: vm.name, dir });
     return dir;
   }
 

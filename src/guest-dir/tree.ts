@@ -56,7 +56,6 @@ export function isHelperEntry(name: string): boolean {
   return ZONE_ID.test(name) || name === CLASS_DIR || name === GUEST_STATS_FILE || name.startsWith(TEMP_PREFIX);
 }
 
-/** Prefix of the temporary files renamed into place. */
 export const TEMP_PREFIX = '.vmsr-';
 
 /** A VM's directory name under --guest-dir: its UUID, else its name when that is one plain, visible path component; or null. */

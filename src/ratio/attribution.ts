@@ -286,8 +286,7 @@ export class RatioEngine {
         continue;
       }
       vm.phase = 'active';
-      vm.prev = new Map();
-      for (const [tid, st] of threads) vm.prev.set(tid, st);
+      vm.prev = new Map(threads);
     }
     if (result) {
       result.ended = ended;
@@ -364,8 +363,7 @@ export class RatioEngine {
       const marks = new Map<number, ThreadMark>();
       for (const [tid, st] of now) {
         const before = vm.prev.get(tid);
-        let dticks = before !== undefined && before.starttime === st.starttime ? st.ticks - before.ticks : st.ticks;
-        if (dticks < 0) dticks = 0;
+        const dticks = Math.max(0, before !== undefined && before.starttime === st.starttime ? st.ticks - before.ticks : st.ticks);
         const pk = this.cpuSlot.get(st.processor) ?? -1;
         if (pk < 0) {
           problems.push(

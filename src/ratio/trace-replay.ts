@@ -26,13 +26,12 @@ export class Replay {
   private readonly byPid = new Map<number, number[]>();
   private readonly attributedS = new Map<number, number>();
 
-  /** A trace can register VMs without end (a gzip bomb of register lines): past this many the replay stops. */
-  static readonly DEFAULT_MAX_VMS = MAX_VMS;
+  /** A trace can register VMs without end (a gzip bomb of register lines): past maxVms the replay stops. */
   private registered = 0;
 
   constructor(
     readonly header: TraceHeader,
-    private readonly maxVms = Replay.DEFAULT_MAX_VMS,
+    private readonly maxVms = MAX_VMS,
   ) {
     this.engine = new RatioEngine(header.host);
   }

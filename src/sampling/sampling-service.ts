@@ -11,6 +11,8 @@ import { monotonicNs, TickLoop, type TickInfo, type Timers } from './tick-loop.j
 import type { RatioEngine } from '../ratio/attribution.js';
 import { runInSlices, settled } from './time-slices.js';
 import { realtimeNs } from '../os/libc/processes.js';
+import type { Sampler } from './sampler.js';
+import type { TraceWriter } from '../trace/writer.js';
 
 /** What a restart carries of the loop: the engine's state and the wall-clock time of its last sample. */
 export interface SamplingState {
@@ -19,20 +21,11 @@ export interface SamplingState {
   realtimeNs: bigint | null;
 }
 
-/** A sample one VM per step (Sampler.sampleSteps), run in slices. */
-interface SampleSource {
-  sampleSteps(pids: () => ReadonlySet<number>): Iterator<null, Sample>;
-}
-
-export interface TraceSink {
-  register(tNs: bigint, vm: VmSpec): void;
-  sample(s: Sample): void;
-  unregister(tNs: bigint, pid: number): void;
-}
+export type TraceSink = Pick<TraceWriter, 'register' | 'sample' | 'unregister'>;
 
 export interface SamplingServiceOptions {
   engine: RatioEngine;
-  sampler: SampleSource;
+  sampler: Pick<Sampler, 'sampleSteps'>;
   intervalMs: number;
   trace?: TraceSink;
   /** Per-pid state to drop once a pid is no longer sampled (ProcTaskReader.forget). */
@@ -196,16 +189,9 @@ export class SamplingService {
       this.o.sampler.sampleSteps(() => this.activePidSet()),
       () => {},
       { stopped: () => this.closed },
-    ).then(
-      (s) => {
-        this.sliceStartNs = null;
-        return s;
-      },
-      (e: unknown) => {
-        this.sliceStartNs = null;
-        return this.fail(e);
-      },
-    );
+    )
+      .catch((e: unknown) => this.fail(e))
+      .finally(() => (this.sliceStartNs = null));
   }
 
   /** An interval's last step: its duration, and the loop stopped when nothing keeps it running. */

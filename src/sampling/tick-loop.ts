@@ -1,8 +1,7 @@
 /**
- * THE sampling loop's clockwork (`record`, the daemon): ticks at origin + k x interval on a monotonic clock (ratio/tick.ts),
+ * THE sampling loop's clockwork (`record`, the daemon): ticks at origin + k x interval on a monotonic clock,
  * so a late tick pushes no later one back and missed ticks are skipped, not run in a burst. Timers injected for tests.
  */
-import { nextTick } from '../ratio/tick.js';
 
 export interface Timers {
   setTimeout(fn: () => void, ms: number): unknown;
@@ -79,16 +78,18 @@ export class TickLoop {
   }
 
   private scheduleNext(): void {
-    const n = nextTick(this.origin, this.o.intervalNs, this.k, this.clock());
-    this.k = n.k;
-    this.pendingSkipped = n.skipped;
-    if (this.endNs !== null && n.atNs > this.endNs) {
-      const end = this.endNs;
-      const now = this.clock();
-      this.handle = this.timers.setTimeout(() => this.finish(), Math.max(0, Number(end - now) / 1e6));
+    // The next tick is the first ideal time strictly after now (one exactly now has passed).
+    const now = this.clock();
+    const firstAfterNow = (now - this.origin) / this.o.intervalNs + 1n;
+    const k = firstAfterNow > this.k + 1n ? firstAfterNow : this.k + 1n;
+    this.pendingSkipped = Number(k - this.k - 1n);
+    this.k = k;
+    const atNs = this.origin + k * this.o.intervalNs;
+    if (this.endNs !== null && atNs > this.endNs) {
+      this.handle = this.timers.setTimeout(() => this.finish(), Math.max(0, Number(this.endNs - now) / 1e6));
       return;
     }
-    this.arm(n.atNs);
+    this.arm(atNs);
   }
 
   private arm(atNs: bigint): void {

@@ -1,20 +1,19 @@
 /**
- * The one tick loop (sampling/tick-loop.ts, arithmetic in ratio/tick.ts), driven by an injected
+ * The one tick loop (sampling/tick-loop.ts), driven by an injected
  * clock and injected timers: each timer fires exactly when the test says, as late as the test says,
  * so lateness, skipping and drift are checked without waiting and without a flaky machine.
  */
 import { describe, expect, test } from 'vitest';
-import { nextTick } from '../../src/ratio/tick.js';
 import { TickLoop, type TickInfo } from '../../src/sampling/tick-loop.js';
 import { ManualTime } from '../support/manual-time.js';
 
 const MS = 1_000_000n;
 const INTERVAL = 1000n * MS;
 
-function loopWith(time: ManualTime, tick: (t: TickInfo) => void = () => {}, onError?: (e: unknown) => void) {
+function loopWith(time: ManualTime, tick: (t: TickInfo) => void = () => {}, onError?: (e: unknown) => void, intervalNs = INTERVAL) {
   const ticks: TickInfo[] = [];
   const loop = new TickLoop({
-    intervalNs: INTERVAL,
+    intervalNs,
     clock: time.clock,
     timers: time,
     tick: (t) => {
@@ -25,25 +24,6 @@ function loopWith(time: ManualTime, tick: (t: TickInfo) => void = () => {}, onEr
   });
   return { loop, ticks };
 }
-
-describe('nextTick (the arithmetic)', () => {
-  test('is k + 1 at origin + (k + 1) x interval when on time', () => {
-    expect(nextTick(100n, 10n, 3n, 135n)).toEqual({ k: 4n, atNs: 140n, skipped: 0 });
-  });
-
-  test('skips ideal times that have passed and names how many', () => {
-    // After tick 3 (due at 130), now is 175: 140, 150, 160 and 170 have passed; next is 180.
-    expect(nextTick(100n, 10n, 3n, 175n)).toEqual({ k: 8n, atNs: 180n, skipped: 4 });
-  });
-
-  test('a time exactly on an ideal tick counts as passed (no tick scheduled for now)', () => {
-    expect(nextTick(100n, 10n, 3n, 140n)).toEqual({ k: 5n, atNs: 150n, skipped: 1 });
-  });
-
-  test('refuses a zero interval instead of looping', () => {
-    expect(() => nextTick(0n, 0n, 0n, 1n)).toThrow(/must be positive/);
-  });
-});
 
 describe('TickLoop with an injected clock and timers', () => {
   test('does not drift: 10 000 ticks each fired 30 % of an interval late stay on origin + k x interval', () => {
@@ -94,6 +74,25 @@ describe('TickLoop with an injected clock and timers', () => {
       [6n, 3],
     ]);
     loop.stop();
+  });
+
+  test('a tick fired exactly one interval late skips the tick due at that moment (no tick scheduled for now)', () => {
+    const time = new ManualTime();
+    const { loop, ticks } = loopWith(time);
+    const origin = time.now;
+    loop.start();
+    time.fire(INTERVAL); // tick 1 fires when tick 2 is due
+    expect(time.nextAt).toBe(origin + 3n * INTERVAL);
+    time.fire();
+    expect(ticks.map((t) => [t.k, t.skipped])).toEqual([
+      [1n, 0],
+      [3n, 1],
+    ]);
+    loop.stop();
+  });
+
+  test('refuses a zero interval instead of looping', () => {
+    expect(() => loopWith(new ManualTime(), undefined, undefined, 0n)).toThrow(/must be positive/);
   });
 
   test('immediate start fires tick 0 at the origin, then one per interval', () => {
