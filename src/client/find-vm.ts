@@ -1,7 +1,6 @@
 /**
- * THE rule that turns what a user types (`watch nbvm1`) into one VM of the helper's LIST: a PID, a UUID
- * or a name, in that order of trust (any local user can copy a name or UUID, no one a live process's
- * pid). A live VM wins over an ended one; more than one left is an error listing the candidates.
+ * THE rule from what a user types (`watch nbvm1`) to one listed VM: a PID, a UUID or a name, in that order of trust (anyone
+ * can copy a name or UUID, no one a live pid); a live VM wins over an ended one; several left: an error listing them.
  */
 import { cannotError } from '../common/errors.js';
 import type { VmInfo } from './v2-replies.js';

@@ -1,7 +1,6 @@
 /**
- * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): it connects again, REGISTERs
- * again (same vm_id and totals) and subscribes again. A request in flight rejects; statistics fds keep the
- * old image's last values: ask for new ones after `onResumed`.
+ * A v2 client that outlives helper restarts: connects, REGISTERs (same vm_id and totals) and subscribes again; a request in
+ * flight rejects; statistics fds keep the old image's last values: ask again after `onResumed`.
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';

@@ -1,7 +1,4 @@
-/**
- * The v2 client: replies in request order, UPDATEs (and ERROR 5 notices) between them to the subscriptions;
- * a reply's fd paired with its frame as docs/stats-fd.md "How the client reads the fd" says.
- */
+/** The v2 client: replies in request order, UPDATEs and ERROR 5 notices to the subscriptions, fds paired with their frame (docs/stats-fd.md). */
 import type { EnergyDomain } from '../model/domains.js';
 import fs from 'node:fs';
 import net from 'node:net';
