@@ -66,10 +66,7 @@ function commandPath(cmd: Command): string {
 /** The exit status of a command whose output pipe closed: 128 + SIGPIPE, as a shell shows for `cat`. */
 const CLOSED_PIPE_STATUS = 141;
 
-/**
- * A command ends quietly when its stdout closes (Node ignores SIGPIPE: the write fails with EPIPE): one that runs
- * until a signal is stopped as by SIGTERM, to clean up, any other exits at once. Returns whether the pipe closed.
- */
+/** Stdout closed (EPIPE: Node ignores SIGPIPE) ends a command quietly: one that runs until a signal as by SIGTERM, to clean up, others at once; returns whether it closed. */
 function endQuietlyOnClosedStdout(): () => boolean {
   let closed = false;
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {

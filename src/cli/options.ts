@@ -18,10 +18,7 @@ import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
 import { DEFAULT_MAX_VM_THREADS } from '../budget/vm-fd-shares.js';
 
-/**
- * The longest sampling interval: a 32-bit energy counter wraps every 2^32 x 2^-ESU J (ESU 16, common
- * on AMD: 65 kJ, about 5 minutes at 200 W); one wrap in an interval is recovered, two are not.
- */
+/** Longest interval: a 32-bit counter wraps every 2^32 x 2^-ESU J (AMD's ESU 16: 65 kJ, 5 min at 200 W); one wrap an interval is recovered, two are not. */
 const MAX_INTERVAL_S = 60;
 /** The shortest sampling interval: below 10 ms a deadline rounds to nothing. */
 const MIN_INTERVAL_S = 0.01;
@@ -84,10 +81,7 @@ export const listenAddressArg: (text: string) => ListenAddress = argOf(parseList
 /** --web.telemetry-path (the exporter's metrics path). */
 export const metricsPathArg: (text: string) => string = argOf(checkMetricsPath);
 
-/**
- * A subcommand's options merged with its ancestors': the nearest value the user gave, else the nearest default
- * (commander's optsWithGlobals() lets an ancestor's default win over `record --interval 0.1`).
- */
+/** A subcommand's options over its ancestors': the nearest value given, else the nearest default (optsWithGlobals() lets an ancestor's default win). */
 export function commandOptions<T extends object = Record<string, unknown>>(cmd: Command): T {
   const chain: Command[] = [];
   for (let c: Command | null = cmd; c; c = c.parent) chain.push(c);
@@ -111,7 +105,6 @@ export function addClientSocketOption(cmd: Command): Command {
   return cmd.option('-k, --socket <path>', `the helper's socket (default '${DEFAULT_HELPER_SOCKET}')`);
 }
 
-/** The socket a client command connects to: -k made absolute, or the default. */
 export function clientSocket(o: { socket?: string }): string {
   return path.resolve(o.socket ?? DEFAULT_HELPER_SOCKET);
 }
@@ -212,7 +205,6 @@ function domainsArg(text: string): EnergyDomain[] {
   return ENERGY_DOMAINS.filter((d) => parts.includes(d));
 }
 
-/** For repeatable options: each occurrence parsed and appended. */
 export function collect<T>(parse: (text: string) => T) {
   return (text: string, prev: T[] = []): T[] => [...prev, parse(text)];
 }

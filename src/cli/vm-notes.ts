@@ -1,7 +1,4 @@
-/**
- * What `watch` and `stats` add: the synthetic-energy notice, the first --json record (docs/guide.md "JSON output"),
- * and from a VM's statistics file its guest energy (docs/guest-energy.md) and power limit (docs/power-limits.md).
- */
+/** What `watch` and `stats` add: the synthetic-energy notice, the first --json record, a VM's guest energy and power limit from its statistics file (docs/guide.md). */
 import type { EnergySourceKind } from '../energy/kinds.js';
 import type { StatedHost } from '../client/stated-energy-source.js';
 import type { StatsReader, StatsSample } from '../client/stats-reader.js';

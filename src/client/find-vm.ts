@@ -1,7 +1,6 @@
 /**
- * THE rule that turns what a user types (`watch nbvm1`) into one VM of the helper's LIST: a PID, a UUID
- * or a name, in that order of trust (any local user can copy a name or UUID, no one a live process's
- * pid). A live VM wins over an ended one; more than one left is an error listing the candidates.
+ * THE rule from what a user types (`watch nbvm1`) to one listed VM: a PID, a UUID or a name, in that order of trust (anyone
+ * can copy a name or UUID, no one a live pid); a live VM wins over an ended one; several left: an error listing them.
  */
 import { cannotError } from '../common/errors.js';
 import type { VmInfo } from './v2-replies.js';
@@ -19,20 +18,15 @@ export function describeVm(vm: VmInfo): string {
   return `${name} pid ${vm.pid} uid ${vm.uid} uuid ${vm.uuid ?? '(none)'} ${vm.source}${vm.ended ? ', ended' : ''}`;
 }
 
-/** The VMs `target` names (see the module's rule), live ones first: empty, one, or several. */
-export function matchVms(vms: readonly VmInfo[], target: string): VmInfo[] {
-  let found: VmInfo[] = [];
-  if (/^\d{1,10}$/.test(target)) found = vms.filter((v) => v.pid === Number(target));
-  if (found.length === 0 && UUID_RE.test(target)) found = vms.filter((v) => v.uuid === target.toLowerCase());
-  if (found.length === 0) found = vms.filter((v) => v.name === target);
-  const live = found.filter((v) => !v.ended);
-  return live.length > 0 ? live : found;
-}
-
-/** The one VM `target` names; else throws naming the candidates or the VMs there are, and how to pick with `command`. */
+/** The one VM `target` names (see the module's rule); else throws naming the candidates or the VMs there are, and how to pick with `command`. */
 export function findVm(vms: readonly VmInfo[], target: string, command: string): VmInfo {
   const what = `find the VM ${JSON.stringify(target)}`;
-  const found = matchVms(vms, target);
+  let matched: VmInfo[] = [];
+  if (/^\d{1,10}$/.test(target)) matched = vms.filter((v) => v.pid === Number(target));
+  if (matched.length === 0 && UUID_RE.test(target)) matched = vms.filter((v) => v.uuid === target.toLowerCase());
+  if (matched.length === 0) matched = vms.filter((v) => v.name === target);
+  const live = matched.filter((v) => !v.ended);
+  const found = live.length > 0 ? live : matched;
   if (found.length === 1) return found[0]!;
   if (found.length === 0) {
     const named = vms.filter((v) => !v.ended).map((v) => (v.name === null ? `pid ${v.pid}` : JSON.stringify(v.name)));

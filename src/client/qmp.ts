@@ -194,13 +194,10 @@ export class QmpClient {
     try {
       msg = JSON.parse(line);
     } catch {
-      this.protocolError(`not JSON: ${JSON.stringify(line.slice(0, 80))}`);
-      return;
+      return this.protocolError(`not JSON: ${JSON.stringify(line.slice(0, 80))}`);
     }
-    if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) {
-      this.protocolError(`not a JSON object: ${JSON.stringify(line.slice(0, 80))}`);
-      return;
-    }
+    if (typeof msg !== 'object' || msg === null || Array.isArray(msg))
+      return this.protocolError(`not a JSON object: ${JSON.stringify(line.slice(0, 80))}`);
     const o = msg as Record<string, unknown>;
     const greeting = this.take(GREETING);
     if (greeting) {

@@ -1,7 +1,6 @@
 /**
- * A v2 client that outlives helper restarts (docs/protocol-v2.md "Restarts"): it connects again, REGISTERs
- * again (same vm_id and totals) and subscribes again. A request in flight rejects; statistics fds keep the
- * old image's last values: ask for new ones after `onResumed`.
+ * A v2 client that outlives helper restarts: connects, REGISTERs (same vm_id and totals) and subscribes again; a request in
+ * flight rejects; statistics fds keep the old image's last values: ask again after `onResumed`.
  */
 import { cannot } from '../common/errors.js';
 import { E } from '../protocol/v2/codec.js';
@@ -72,8 +71,7 @@ export class ResumingV2Client {
   }
 
   async register(o: { pid?: number; vcpus: readonly VcpuSpec[] }): Promise<Registered> {
-    const c = await this.current;
-    const r = await c.register(o);
+    const r = await (await this.current).register(o);
     this.registered.set(r.vmId, { pid: o.pid ?? 0, vcpus: o.vcpus });
     return r;
   }
@@ -190,10 +188,7 @@ export class ResumingV2Client {
     );
   }
 
-  /**
-   * Every registration and subscription again, on `c`; what the helper refuses now (the VM ended) or registers under
-   * another vm_id (it lost its state) is dropped and told to onError. A connection error or refused HOST_SUBSCRIBE rejects.
-   */
+  /** Everything again on `c`; a VM refused (ended) or given another vm_id (state lost) is dropped and told to onError; HOST_SUBSCRIBE refused rejects. */
   private async restore(c: V2Client): Promise<void> {
     for (const [vmId, r] of [...this.registered]) {
       let why: string | null = null;

@@ -1,7 +1,4 @@
-/**
- * A reader of a statistics file (docs/stats-fd.md "Consistent samples"), owning its fd: the layout checked once,
- * the file mapped read-only, each read() the generation rule over the mapping (readByPread(): with pread(2)).
- */
+/** A statistics file's reader, owning its fd: layout checked once, file mapped read-only, read() the generation rule (docs/stats-fd.md). */
 import fs from 'node:fs';
 import { cannotError } from '../common/errors.js';
 import { closeFd, pread } from '../os/libc/fds.js';

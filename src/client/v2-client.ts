@@ -1,7 +1,4 @@
-/**
- * The v2 client: replies in request order, UPDATEs (and ERROR 5 notices) between them to the subscriptions;
- * a reply's fd paired with its frame as docs/stats-fd.md "How the client reads the fd" says.
- */
+/** The v2 client: replies in request order, UPDATEs and ERROR 5 notices to the subscriptions, fds paired with their frame (docs/stats-fd.md). */
 import type { EnergyDomain } from '../model/domains.js';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -227,10 +224,7 @@ export class V2Client {
     this.subs.delete(hostVmId);
   }
 
-  /**
-   * Host-wide values after every sample, from the immediate one; root or the observer group only (ERROR 2). Flags an
-   * older helper refuses are dropped, `domains` first, then per-package unattributed energy (then null).
-   */
+  /** Host values at every sample, root or observer group only (ERROR 2); flags an older helper refuses dropped: `domains`, then per-package unattributed (null). */
   async subscribeHost(onUpdate: (u: HostUpdate) => void, onError?: (e: V2Error) => void, o: SubscribeOptions = {}): Promise<HostUpdate> {
     this.hostSub = { onUpdate, onError };
     try {
@@ -253,10 +247,7 @@ export class V2Client {
     return { fd, fileSize: reply.fileSize };
   }
 
-  /**
-   * VM `hostVmId`'s limit (docs/power-limits.md): `watts` sets it (null removes; root and --socket-group only), else
-   * reads it; on `domain`, the package's in the first layout (which a helper from before domains understands).
-   */
+  /** VM `hostVmId`'s limit on `domain`: `watts` sets it (null removes; root and --socket-group), else reads; package's in the pre-domain layout. */
   async limit(hostVmId: number, watts?: number | null, domain?: EnergyDomain): Promise<LimitState> {
     const mw = watts === undefined ? undefined : watts === null ? 0 : Math.max(1, Math.round(watts * 1000));
     const frame = encodeLimit(hostVmId, mw, domain === 'package' ? undefined : domain);

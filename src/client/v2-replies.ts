@@ -35,16 +35,10 @@ export type Registered = Omit<Extract<HelperMessage, { type: typeof T.REGISTERED
 
 export type Value = Omit<Extract<HelperMessage, { type: typeof T.VALUE }>, 'type'>;
 
-/**
- * An UPDATE; `domains`, asked for with SubscribeOptions.domains: per other RAPL domain the host reads
- * (ENERGY_DOMAINS order), µJ per vpkg (empty when it reads only the package; absent from an older helper).
- */
+/** An UPDATE; `domains` (SubscribeOptions.domains): µJ per vpkg of each other domain the host reads, ENERGY_DOMAINS order (empty: package only; absent: older helper). */
 export type Update = Omit<Extract<HelperMessage, { type: typeof T.UPDATE }>, 'type'>;
 
-/**
- * One VM as LIST shows it (docs/protocol-v2.md "VM_LIST"): hostVmId, OBSERVE's id, is also its registrant's
- * vm_id; (pid, starttime) names the process across pid reuse; the flags as VM_ENTRY_FLAGS says.
- */
+/** One VM as LIST shows it: hostVmId (OBSERVE's id) is its registrant's vm_id; (pid, starttime) names it across pid reuse; flags as VM_ENTRY_FLAGS. */
 export type VmInfo = Omit<VmEntry, 'uuid' | 'discovered'> & {
   /** Lowercase 8-4-4-4-12 form. */
   uuid: string | null;
@@ -54,11 +48,7 @@ export type VmInfo = Omit<VmEntry, 'uuid' | 'discovered'> & {
 /** An OBSERVE update: the same values as a SUBSCRIBE update, named by host-wide id. */
 export type VmUpdate = Omit<Update, 'vmId'> & { hostVmId: number };
 
-/**
- * A HOST_UPDATE: each package's energy and, from a helper that sends it, the part attributed to no VM
- * (else null); tNs is the sample's CLOCK_MONOTONIC (age = now - tNs on this host); vmsChanged: a VM
- * appeared, ended or was dropped since the previous sample, LIST again.
- */
+/** A HOST_UPDATE: per package the energy and the part no VM has (null: older helper); tNs: CLOCK_MONOTONIC (age = now - tNs here); vmsChanged: a VM came or went, LIST again. */
 export type HostUpdate = HostValues;
 
 export function toVmInfo({ uuid, discovered, ...e }: VmEntry): VmInfo {

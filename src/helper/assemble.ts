@@ -25,7 +25,7 @@ import type { StateSnapshot } from '../state/snapshot.js';
 import { DEFAULT_GUEST_ENERGY, type GuestEnergyMode } from '../guest-energy/modes.js';
 import type { LegacyService } from './legacy/legacy-service.js';
 import { cgroupBandwidth } from '../power-limit/cgroups.js';
-import { createV2Service, type V2Service, type V2ServiceOptions } from './v2/service.js';
+import { createV2Service, type V2ServiceOptions } from './v2/service.js';
 import type { HealthSource } from './v2/host-energy.js';
 
 /** One non-blocking sendmsg(2) with the reply's fds in SCM_RIGHTS: a client that does not read never blocks the loop (EAGAIN throws). */
@@ -69,16 +69,8 @@ export interface V2ChainOptions extends Pick<V2ServiceOptions, PassedOptions> {
   guestEnergy?: Omit<NonNullable<V2ServiceOptions['guestEnergy']>, 'heldFds' | 'ledger'>;
 }
 
-export interface V2Chain {
-  host: HostInfo;
-  service: V2Service;
-  tasks: ProcTaskReader;
-  /** Stops the service and closes the task reader (not the device, not the trace). */
-  close(): Promise<void>;
-}
-
 /** Host info -> energy source -> /proc task reader -> sampler -> v2 service (restored in slices: createV2Service). */
-export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
+export async function assembleV2(o: V2ChainOptions) {
   const { paths, device, vendor, energySource, domains, trace, discovery: scan, openPowercap, ledger, guestEnergy, ...passed } = o;
   const kind = energySource ?? DEFAULT_CHAIN_ENERGY_SOURCE;
   let host: HostInfo;
@@ -132,6 +124,7 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     host,
     service,
     tasks,
+    /** Stops the service and closes the task reader (not the device, not the trace). */
     async close() {
       await service.close();
       tasks.close();
@@ -139,6 +132,8 @@ export async function assembleV2(o: V2ChainOptions): Promise<V2Chain> {
     },
   };
 }
+
+export type V2Chain = Awaited<ReturnType<typeof assembleV2>>;
 
 /** What the daemon's command line decides for the v2 service; guestDir absent: --no-guest-dir. */
 export interface V2DaemonSettings extends Pick<V2ChainOptions, 'intervalMs' | 'limits' | 'observerGid' | 'domains' | 'guestDir'> {

@@ -1,6 +1,6 @@
 /** The rule that turns `watch NAME|UUID|PID` into one listed VM (src/client/find-vm.ts), on LIST entries. */
 import { describe, expect, it } from 'vitest';
-import { findVm, matchVms, MAX_CANDIDATES_SHOWN, MAX_NAMES_SHOWN } from '../../src/client/find-vm.js';
+import { findVm, MAX_CANDIDATES_SHOWN, MAX_NAMES_SHOWN } from '../../src/client/find-vm.js';
 import type { VmInfo } from '../../src/client/v2-replies.js';
 
 const UUID_A = '5e1f0a3c-1d2e-4f60-8a9b-0c1d2e3f4a5b';
@@ -11,17 +11,17 @@ function vm(o: Partial<VmInfo> & { hostVmId: number; pid: number }): VmInfo {
 }
 
 describe('findVm', () => {
-  it('matchVms takes a number as a pid first, a UUID in any case, then a name', () => {
+  it('findVm takes a number as a pid first, a UUID in any case, then a name', () => {
     const vms = [
       vm({ hostVmId: 1, pid: 4242, name: 'web', uuid: UUID_A }),
       vm({ hostVmId: 2, pid: 5000, name: '4242' }), // a name that looks like the other's pid
       vm({ hostVmId: 3, pid: 6000, name: '7777' }),
     ];
-    expect(matchVms(vms, '4242').map((v) => v.hostVmId)).toEqual([1]);
-    expect(matchVms(vms, '7777').map((v) => v.hostVmId)).toEqual([3]); // no such pid: the name
-    expect(matchVms(vms, UUID_A.toUpperCase()).map((v) => v.hostVmId)).toEqual([1]);
-    expect(matchVms(vms, 'web').map((v) => v.hostVmId)).toEqual([1]);
-    expect(matchVms(vms, 'Web')).toEqual([]); // names are exact
+    expect(findVm(vms, '4242', 'w').hostVmId).toBe(1);
+    expect(findVm(vms, '7777', 'w').hostVmId).toBe(3); // no such pid: the name
+    expect(findVm(vms, UUID_A.toUpperCase(), 'w').hostVmId).toBe(1);
+    expect(findVm(vms, 'web', 'w').hostVmId).toBe(1);
+    expect(() => findVm(vms, 'Web', 'w')).toThrow(/no VM has that pid, UUID or name/); // names are exact
   });
 
   it('findVm prefers a live VM to an ended one of the same name, and takes an ended one when it is all there is', () => {

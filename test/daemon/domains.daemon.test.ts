@@ -220,8 +220,15 @@ describe('other RAPL domains on the daemon', () => {
       expect(Math.max(...recs.map((r) => r.domains[i]!.power_w)), d).toBeGreaterThan(0);
 
     // stats: the host's domains per package under the VM table.
+    // Stopped at the second refresh's head: its lines still come out (the abort is seen after them).
     const table: string[] = [];
-    await runStats({ socket: sock, intervalS: 0.3, count: 2 }, (l) => table.push(l));
+    const stop = new AbortController();
+    let heads = 0;
+    const onLine = (l: string) => {
+      table.push(l);
+      if (/^ +ID +NAME /.test(l) && ++heads === 2) stop.abort();
+    };
+    await runStats({ socket: sock, intervalS: 0.3 }, onLine, stop.signal);
     const second = table.slice(table.findLastIndex((l) => /^ +ID +NAME /.test(l)));
     const head = second.findIndex((l) => /^ +PKG +DOMAIN +POWER W +ENERGY J +UNATTRIBUTED J$/.test(l));
     expect(head).toBeGreaterThan(0);
@@ -230,7 +237,7 @@ describe('other RAPL domains on the daemon', () => {
     // The second refresh has a power for each (the pattern below: a number, not "-").
     for (const l of domainLines) expect(l).toMatch(/^ +\d +\w+ +\d+\.\d\d +\d+\.\d{3} +\d+\.\d{3}$/);
     const js: string[] = [];
-    await runStats({ socket: sock, intervalS: 0.3, count: 1, json: true }, (l) => js.push(l));
+    await runStats({ socket: sock, intervalS: 0.3, once: true, json: true }, (l) => js.push(l));
     const hostRecs = js.map(
       (l) => JSON.parse(l) as { type: string; package?: number; domain?: string; energy_j?: number; unattributed_j?: number },
     );

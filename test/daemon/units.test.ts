@@ -1,13 +1,14 @@
 /** The pure parts: legacy framing, protocol choice, AMD mapping, options, activation env, pidfile text. */
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import { classifyPreamble, encodeLegacyRequest, LegacyFramer, V2_MAGIC, type LegacyRequest } from '../../src/protocol/legacy.js';
 import { legacyPlan, synthValue } from '../../src/msr/legacy-registers.js';
 import { parseDaemonOptions, parseTraceOption, type IdLookups } from '../../src/cli/commands/start-daemon.js';
-import { activationFd, activationFds, fdNameProblem, Notifier, takeActivation } from '../../src/helper/lifecycle/systemd.js';
-import { parsePidfile } from '../../src/helper/lifecycle/pidfile.js';
+import { inheritFromEnvironment, Notifier, takeActivation } from '../../src/helper/lifecycle/systemd.js';
+import { acquirePidfile, pidfileOf } from '../../src/helper/lifecycle/pidfile.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { resolveId } from '../../src/os/privileges/accounts.js';
 import { allowedEnvironment, DAEMON_NODE_FLAGS, withDaemonNodeFlags } from '../../src/os/privileges/reexec.js';
@@ -150,15 +151,17 @@ describe('socket activation environment', () => {
     expect(takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '2', LISTEN_FDNAMES: 'a:b' }, 42)).toEqual({ fds: 2, names: ['a', 'b'] });
     expect(() => takeActivation({ LISTEN_PID: '42', LISTEN_FDS: 'x' }, 42)).toThrow(/LISTEN_FDS is not a number/);
   });
-  test('several fds come grouped by name, in fd order; without names they are all listening sockets', () => {
-    const act = takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '4', LISTEN_FDNAMES: 'qemu-vmsr-helper.socket:vmsr-c:vmsr-s:vmsr-c' }, 42)!;
-    const { stored, listening } = activationFds(act);
-    expect([...stored]).toEqual([
-      ['vmsr-c', [4, 6]],
-      ['vmsr-s', [5]],
-    ]);
-    expect(listening).toEqual([3]);
-    expect(activationFds(takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '2' }, 42)!)).toEqual({ stored: new Map(), listening: [3, 4] });
+  test('the fds the helper stored come grouped by name, in fd order; without names every fd is a listening socket', () => {
+    const inherit = (fds: string, names?: string) =>
+      inheritFromEnvironment(false, { LISTEN_PID: String(process.pid), LISTEN_FDS: fds, ...(names ? { LISTEN_FDNAMES: names } : {}) });
+    expect(inherit('3', 'vmsr-c:vmsr-s:vmsr-c')).toEqual({
+      how: 'systemd',
+      named: new Map([
+        ['vmsr-c', [3, 5]],
+        ['vmsr-s', [4]],
+      ]),
+    });
+    expect(() => inherit('2')).toThrow(/LISTEN_FDS > 1 is not supported \(got 2\)/);
   });
   test('LISTEN_FDNAMES is refused when its count differs from LISTEN_FDS or a name is not a valid fd name', () => {
     const parse = (n: string, names: string) => () => takeActivation({ LISTEN_PID: '42', LISTEN_FDS: n, LISTEN_FDNAMES: names }, 42);
@@ -170,8 +173,8 @@ describe('socket activation environment', () => {
     expect(parse('1', 'caf\u00e9')).toThrow(/outside printable ASCII/);
     expect(parse('1', 'x'.repeat(255))).not.toThrow();
     expect(() => takeActivation({ LISTEN_PID: '42', LISTEN_FDS: '8193' }, 42)).toThrow(/LISTEN_FDS is 8193, more than 8192/);
-    expect(fdNameProblem('stats ~!@#$%^&*()')).toBeNull();
-    expect(fdNameProblem('a:b')).toMatch(/colon/);
+    expect(new Notifier({}).storeFds('stats ~!@#$%^&*()', [0])).toBe(false);
+    expect(() => new Notifier({}).storeFds('a:b', [0])).toThrow(/colon/);
   });
   test('the variables are removed, even when malformed or not ours', () => {
     for (const env of [
@@ -187,23 +190,16 @@ describe('socket activation environment', () => {
       expect(e).toEqual({ KEEP: 'me' });
     }
   });
-  test('one fd, and no -k with it', () => {
-    expect(activationFd({ fds: 1, names: [] }, false)).toBe(3);
-    expect(() => activationFd({ fds: 1, names: [] }, true)).toThrow(/-k\) cannot be set/);
-    expect(() => activationFd({ fds: 2, names: [] }, false)).toThrow(/LISTEN_FDS > 1/);
-  });
-  test('activationFd takes the one listening socket beside the fds the helper stored itself, and refuses two sockets', () => {
-    const act = { fds: 3, names: ['vmsr-state', 'qemu-vmsr-helper.socket', 'vmsr-conn'] };
-    expect(activationFd(act, false)).toBe(4);
-    expect([...activationFds(act).stored]).toEqual([
-      ['vmsr-state', [3]],
-      ['vmsr-conn', [5]],
-    ]);
-    expect(() => activationFd({ fds: 3, names: ['a.socket', 'vmsr-state', 'b.socket'] }, false)).toThrow(
-      /got 2 besides 1 stored by the helper/,
-    );
-    expect(() => activationFd({ fds: 1, names: ['vmsr-state'] }, false)).toThrow(/got 0 besides 1/);
-    expect([...activationFds({ fds: 1, names: [] }).stored]).toEqual([]);
+  test('one listening socket, and no -k with it (the fds the helper stored beside it do not count)', () => {
+    const inherit = (names: string, socketPathGiven = false) =>
+      inheritFromEnvironment(socketPathGiven, {
+        LISTEN_PID: String(process.pid),
+        LISTEN_FDS: String(names.split(':').length),
+        LISTEN_FDNAMES: names,
+      });
+    expect(() => inherit('a.socket', true)).toThrow(/-k\) cannot be set/);
+    expect(() => inherit('a.socket:vmsr-state:b.socket')).toThrow(/got 2 besides 1 stored by the helper/);
+    expect(inherit('vmsr-state', true)).toEqual({ how: 'systemd', named: new Map([['vmsr-state', [3]]]) });
   });
   test('watchdog: every WATCHDOG_USEC/2, honouring WATCHDOG_PID', () => {
     const n = new Notifier({ NOTIFY_SOCKET: `/nonexistent-${process.pid}/notify` }, () => {});
@@ -225,9 +221,21 @@ describe('small parsers', () => {
   test("VERSION is package.json's, also when the sources are imported (not only from dist/)", () => {
     expect(VERSION).toBe(pkg.version);
   });
-  test('pidfile text', () => {
-    expect(parsePidfile('123\n')).toBe(123);
-    for (const bad of ['', 'abc', '-1', '0', '99999999999', '1 2']) expect(parsePidfile(bad)).toBeNull();
+  test('pidfile text: one pid is released by its owner only; anything else is refused', () => {
+    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-pidfile-')), 'h.pid');
+    try {
+      fs.writeFileSync(file, '123\n');
+      pidfileOf(file, 124).release();
+      expect(fs.existsSync(file)).toBe(true);
+      pidfileOf(file, 123).release();
+      expect(fs.existsSync(file)).toBe(false);
+      for (const bad of ['', 'abc', '-1', '0', '99999999999', '1 2']) {
+        fs.writeFileSync(file, bad);
+        expect(() => acquirePidfile(file)).toThrow(/it exists and does not hold a pid/);
+      }
+    } finally {
+      fs.rmSync(path.dirname(file), { recursive: true, force: true });
+    }
   });
   test('/proc/<pid>/status credentials', () => {
     const s = parseProcStatus(

@@ -12,7 +12,7 @@ import { missing } from '../support/env.js';
 import { ensureBuilt, ROOT, tempDir } from '../daemon/support/daemon-process.js';
 import { parseDaemonOptions } from '../../src/cli/commands/start-daemon.js';
 import type { DaemonConfig } from '../../src/helper/lifecycle/config.js';
-import { openStart, START_STEPS, type Opened } from '../../src/helper/lifecycle/startup.js';
+import { openStart, type Opened } from '../../src/helper/lifecycle/startup.js';
 import { INHERIT_ENV, inheritEnv, inheritedFds, takeInherited, type Inherited } from '../../src/helper/handover/inherited.js';
 
 const cleanups: (() => unknown)[] = [];
@@ -52,7 +52,7 @@ describe('openStart', () => {
     const pid = path.join(dir, 'h.pid');
     const opened = await openStart(config({ pidfile: pid }), { how: 'fresh' });
     expect(stepsOf(opened)).toEqual(['checks: ran', 'msr: ran', 'listen: ran', 'pidfile: ran', 'files: not asked']);
-    expect(opened.steps.map((s) => s.step)).toEqual(START_STEPS.filter((s) => s !== 'drop'));
+    expect(opened.steps.map((s) => s.step)).toEqual(['checks', 'msr', 'listen', 'pidfile', 'files']);
     expect([opened.vendor, opened.cpus]).toEqual([
       'intel',
       [

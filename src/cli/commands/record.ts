@@ -99,10 +99,7 @@ export function addRecordCommand(program: Command): void {
     });
 }
 
-/**
- * `record --vm`: the listed VMs, their vCPU threads read here from /proc (refused when the process is not the
- * one listed: a reused pid), and the helper's energy source (null: not said).
- */
+/** `record --vm`: the listed VMs' threads from /proc here (refused for a process not the one listed: a reused pid), and the helper's energy source. */
 async function vmSpecsFromHelper(
   socketPath: string,
   targets: readonly string[],

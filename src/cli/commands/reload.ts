@@ -9,10 +9,7 @@ import { addClientSocketOption, clientSocket, commandOptions } from '../options.
 import { cannot, cannotError } from '../../common/errors.js';
 import { RESTART_CHECK_TIMEOUT_MS, RESTART_QUIET_MS } from '../../helper/handover/restarter.js';
 
-/**
- * Longest wait from the signal for the restart to begin: the daemon's quiet time, then its check of the installed
- * binary, and 30 s more for its turns on a busy host (a starved daemon took 9 s to check).
- */
+/** Longest wait for the restart to begin: the daemon's quiet time and binary check, and 30 s for a busy host (a starved one took 9 s to check). */
 const BEGIN_TIMEOUT_MS = RESTART_QUIET_MS + RESTART_CHECK_TIMEOUT_MS + 30_000;
 /** Longest wait, once the old image let go, for the new one to serve (its start took 10 s on a starved host). */
 const SERVE_TIMEOUT_MS = 60_000;

@@ -154,10 +154,7 @@ export function logFileFrom(raw: Pick<RawDaemonOptions, 'logFile' | 'daemon'>): 
   return raw.daemon === true ? DEFAULT_DAEMON_LOG_FILE : undefined;
 }
 
-/**
- * -d: re-spawn detached; else run, as root the privileged steps first, then re-executed without privileges
- * (helper/lifecycle/privileged-start.ts). Modules imported when needed: the first image stays small.
- */
+/** -d: re-spawn detached; else run (as root: privileged steps, then a re-exec without privileges); lazy imports keep the first image small. */
 async function startDaemonFromCli(
   config: DaemonConfig,
   v2: ReturnType<typeof v2OptionsFrom>,

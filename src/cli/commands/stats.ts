@@ -23,7 +23,6 @@ interface StatsOptions {
   intervalS: number;
   once?: boolean;
   json?: boolean;
-  count?: number;
 }
 
 const num = (v: bigint | undefined) => Number(v ?? 0n);
@@ -187,7 +186,7 @@ export async function runStats(
         for (const r of rows) out(formatStatsJson(r, source));
         for (const r of domainRows) out(formatHostDomainJson(r, source));
       } else for (const l of [...formatStatsTable(rows), ...formatHostDomainTable(domainRows)]) out(l);
-      if (o.once || (o.count !== undefined && n + 1 >= o.count) || signal?.aborted) return;
+      if (o.once || signal?.aborted) return;
       await sleep(o.intervalS * 1000, undefined, { signal }).catch(() => {});
       if (signal?.aborted) return;
       if (!o.json) out('');

@@ -1,7 +1,4 @@
-/**
- * `vmsr-helper watch`: a VM's power and energy per virtual package, and its other domains' power, at each UPDATE
- * until Ctrl-C or the VM ends; `watch NAME|UUID|PID` OBSERVEs a listed VM, --qmp or --pid/--vcpus REGISTER one.
- */
+/** `vmsr-helper watch`: a VM's power and energy per vpkg and domain at each UPDATE; NAME|UUID|PID OBSERVEs, --qmp or --pid/--vcpus REGISTER. */
 import type { Command } from 'commander';
 import { runUntilStopped } from '../stop-signals.js';
 import { ResumingV2Client } from '../../client/resuming-client.js';

@@ -1,7 +1,4 @@
-/**
- * The demo's VM, a process discovery takes for QEMU/KVM (threads `CPU <n>/KVM`, -name, -uuid, -smp): vCPU 0 busy half
- * the time, the others idle; prints `ready <tid> ...` once every vCPU thread is named.
- */
+/** The demo's VM, to discovery a QEMU/KVM (`CPU <n>/KVM` threads, -name, -uuid, -smp): vCPU 0 half busy, others idle; prints `ready <tid> ...` once they are named. */
 import { isMainThread, parentPort, Worker, workerData } from 'node:worker_threads';
 import { gettid, setThreadName } from '../../os/libc/processes.js';
 

@@ -9,7 +9,7 @@ export interface Pidfile {
   release(): void;
 }
 
-export function parsePidfile(text: string): number | null {
+function parsePidfile(text: string): number | null {
   const t = text.trim();
   if (!/^\d{1,10}$/.test(t)) return null;
   const n = Number(t);

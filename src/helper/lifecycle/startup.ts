@@ -16,8 +16,7 @@ import { POWERCAP_FIX } from '../../energy/powercap-source.js';
 import { scanPowercap } from '../../energy/powercap-zones.js';
 
 /** The start-up's steps, in their order (drop, serve and ready are the daemon's, after these). */
-export const START_STEPS = ['checks', 'msr', 'listen', 'pidfile', 'files', 'drop'] as const;
-type StartStep = (typeof START_STEPS)[number];
+type StartStep = 'checks' | 'msr' | 'listen' | 'pidfile' | 'files' | 'drop';
 
 /** What became of a step: run here, adopted from the Inherited, or not asked for (no pidfile without -f/-d). */
 export interface StepDone {

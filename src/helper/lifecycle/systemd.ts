@@ -11,7 +11,7 @@ const MAX_LISTEN_FDS = 8192;
 const MAX_FD_NAME_CHARS = 255;
 
 /** An fd name as systemd accepts it (fdname_is_valid; not empty: this helper never uses one): null, else why not. */
-export function fdNameProblem(name: string): string | null {
+function fdNameProblem(name: string): string | null {
   if (name.length === 0) return 'it is empty';
   if (name.length > MAX_FD_NAME_CHARS) return `it is ${name.length} characters, at most ${MAX_FD_NAME_CHARS}`;
   if (!/^[\x20-\x39\x3b-\x7e]+$/.test(name)) return 'it has a character outside printable ASCII, or a colon';
@@ -44,35 +44,6 @@ export function takeActivation(env: NodeJS.ProcessEnv, pid = process.pid): Activ
     if (problem !== null) throw cannotError(what, `the name of fd ${FIRST_SOCKET_ACTIVATION_FD + i} in LISTEN_FDNAMES ${problem}`, fix);
   });
   return { fds, names };
-}
-
-/** The passed fds the helper stored itself (FDSTORE=1, named KEPT_NAMES.prefix...) by name, in fd order; the others are listening sockets. */
-export function activationFds(act: Activation): { stored: Map<string, number[]>; listening: number[] } {
-  const stored = new Map<string, number[]>();
-  const listening: number[] = [];
-  for (let i = 0; i < act.fds; i++) {
-    const name = act.names[i] ?? '';
-    const fd = FIRST_SOCKET_ACTIVATION_FD + i;
-    if (!name.startsWith(KEPT_NAMES.prefix)) listening.push(fd);
-    else if (stored.has(name)) stored.get(name)!.push(fd);
-    else stored.set(name, [fd]);
-  }
-  return { stored, listening };
-}
-
-/** The one listening socket among the passed fds; no -k alongside (as qemu-vmsr-helper). */
-export function activationFd(act: Activation, socketPathGiven: boolean): number {
-  if (socketPathGiven)
-    throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
-  const { listening } = activationFds(act);
-  if (listening.length !== 1) {
-    const got =
-      listening.length === act.fds
-        ? `got ${act.fds}`
-        : `got ${listening.length} besides ${act.fds - listening.length} stored by the helper`;
-    throw new Error(`socket activation with LISTEN_FDS > 1 is not supported (${got}); give the .socket unit a single ListenStream=`);
-  }
-  return listening[0]!;
 }
 
 /** sd_notify: a no-op without NOTIFY_SOCKET; errors are reported, never thrown at the caller. */
@@ -149,14 +120,30 @@ export class Notifier {
   }
 }
 
-/** What this process inherits from systemd: its listening socket when socket-activated, and the fds the helper stored. */
+/** What this process inherits from systemd: the fds the helper stored (FDSTORE=1, named KEPT_NAMES.prefix...) by name, in fd order, and the one listening socket, no -k alongside (as qemu-vmsr-helper). */
 export function inheritFromEnvironment(socketPathGiven: boolean, env: NodeJS.ProcessEnv = process.env): Inherited {
-  const activation = takeActivation(env);
-  if (activation === null) return { how: 'fresh' };
-  const { stored: named, listening } = activationFds(activation);
+  const act = takeActivation(env);
+  if (act === null) return { how: 'fresh' };
+  const named = new Map<string, number[]>();
+  const listening: number[] = [];
+  for (let i = 0; i < act.fds; i++) {
+    const name = act.names[i] ?? '';
+    const fd = FIRST_SOCKET_ACTIVATION_FD + i;
+    if (name.startsWith(KEPT_NAMES.prefix)) named.set(name, [...(named.get(name) ?? []), fd]);
+    else listening.push(fd);
+  }
   // Only fds the helper stored (a service without a .socket unit): it binds its socket itself.
   if (listening.length === 0) return { how: 'systemd', named };
-  const fd = activationFd(activation, socketPathGiven);
+  if (socketPathGiven)
+    throw new Error('the socket path (-k) cannot be set when using socket activation; drop -k or start without systemd socket activation');
+  if (listening.length > 1) {
+    const got =
+      listening.length === act.fds
+        ? `got ${act.fds}`
+        : `got ${listening.length} besides ${act.fds - listening.length} stored by the helper`;
+    throw new Error(`socket activation with LISTEN_FDS > 1 is not supported (${got}); give the .socket unit a single ListenStream=`);
+  }
+  const fd = listening[0]!;
   let type: number;
   try {
     type = socketType(fd);

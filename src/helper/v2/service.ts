@@ -5,7 +5,7 @@ import { SamplingService, type SampleEvent, type SamplingServiceOptions, type Sa
 import { settled } from '../../sampling/time-slices.js';
 import { VmRegistry, procView, type FdAdmitter } from './vm-registry.js';
 import type { V2Limits } from './v2-limits.js';
-import { E, encodeHostUpdate, type HostValues } from '../../protocol/v2/codec.js';
+import { E, encodeHostUpdate } from '../../protocol/v2/codec.js';
 import { peerInGroup } from '../../os/peer.js';
 import type { PeerCredentials } from '../../os/libc/sockets.js';
 import { isPreferredPeer, shareOwnerOf } from '../../budget/preferred-owner.js';
@@ -107,16 +107,14 @@ export async function createV2Service(o: V2ServiceOptions): Promise<V2Service> {
   return service;
 }
 
+type Parts = ReturnType<typeof makeParts>;
+
 /** Each VM's and the host's statistics files, written once per sample. */
 function makeStatsFiles(
   o: V2ServiceOptions,
-  registry: VmRegistry,
-  sampling: SamplingService,
-  energy: HostEnergy,
-  hostValues: (changed: boolean, perPackage: boolean) => HostValues,
-  guestEnergy: GuestEnergy | undefined,
-  limits: PowerLimiter | undefined,
+  p: Pick<Parts, 'registry' | 'sampling' | 'energy' | 'hostValues' | 'guestEnergy' | 'powerLimits'>,
 ): StatsFiles {
+  const { registry, sampling, energy, hostValues, guestEnergy, powerLimits: limits } = p;
   return new StatsFiles({
     registry,
     sampling,
@@ -204,7 +202,7 @@ function makeParts(o: V2ServiceOptions, sampling: SamplingService, registry: VmR
   const hostValues = (changed: boolean, perPackage: boolean, domains = false) =>
     energy.values(changed, perPackage, daemonCounters(o.health, sampling.stats, clients.size, registry.total), domains);
   const guestEnergy = o.guestEnergy && exactGuestEnergy(o, o.guestEnergy, registry, sampling);
-  const stats = makeStatsFiles(o, registry, sampling, energy, hostValues, guestEnergy, limits?.limiter);
+  const stats = makeStatsFiles(o, { registry, sampling, energy, hostValues, guestEnergy, powerLimits: limits?.limiter });
   const guests =
     o.guestDir === undefined
       ? undefined
