@@ -122,12 +122,11 @@ type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
 /** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {
+  const who = `the serving process (pid ${note.pid})`;
   // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).
-  if (note.how === 'SIGHUP')
-    return `the serving process (pid ${note.pid}) was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
-  if (note.fromOutside)
-    return `the serving process (pid ${note.pid}) was ended by ${note.how} from another process (not counted as a crash)`;
-  return `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`;
+  if (note.how === 'SIGHUP') return `${who} was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
+  if (note.fromOutside) return `${who} was ended by ${note.how} from another process (not counted as a crash)`;
+  return `${who} died (${note.how}, crash ${note.crashes} in a row)`;
 }
 
 /** The one line a start after a crash logs: what was kept, the checkpoint restored (and its age) or why none. */

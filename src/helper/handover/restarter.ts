@@ -111,7 +111,7 @@ async function prepare(p: RestartParts) {
     const connFds = connections.map((c) => socketFd(c.socket)!);
     const handover: Handover = {
       writtenNs: monotonicNs(),
-      legacy: { ok: p.legacy.ok, refused: p.legacy.refused, failed: p.legacy.failed },
+      legacy: { ...p.legacy },
       connections: connections.map((c, i) => ({ ino: fs.fstatSync(connFds[i]!, { bigint: true }).ino, kind: c.kind, pending: c.pending })),
     };
     return { state: p.daemon.snapshot(), handover, connFds, undo: () => frozen.thaw() };
