@@ -1,20 +1,11 @@
 /** The serving process's side of the keeper: the fds it passed, by name, and the link to send it what to hold. */
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
-import { takeEnvJson } from '../common/env-json.js';
 import { cannotError } from '../common/errors.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { setCloexec } from '../os/libc/fds.js';
 import { getPeerCredentials, isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
-import {
-  encodeKeeperMessage,
-  KEEPER_ENV,
-  KEEPER_FIRST_FD,
-  KEPT_NAMES,
-  isKeeperNote,
-  type KeeperMessageType,
-  type KeeperNote,
-} from './keeper-messages.js';
+import { encodeKeeperMessage, KEEPER_ENV, KEEPER_FIRST_FD, KEPT_NAMES, type KeeperMessageType } from './keeper-messages.js';
 
 const MAX_KEPT_FDS = 70_000;
 const PR_SET_PDEATHSIG = 1;
@@ -50,11 +41,6 @@ function channelFd(env: NodeJS.ProcessEnv): number | null {
   } catch {
     return null;
   }
-}
-
-/** The keeper's account of the crash before this start (KEEPER_ENV.note, read and removed), or null. */
-export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote | null {
-  return takeEnvJson(KEEPER_ENV.note, isKeeperNote, env) ?? null;
 }
 
 export class KeeperLink {

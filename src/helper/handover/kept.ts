@@ -4,11 +4,11 @@
  * does not list is closed); after a checkpoint (a crash) each is served from its next byte.
  */
 import { closeFd } from '../../os/libc/fds.js';
-import { connectionIno, takeKeeperNote } from '../../keeper/link.js';
+import { connectionIno } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
-import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
+import { KEPT_NAMES, takeKeeperNote, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { LogSink } from '../../logging/logger.js';
