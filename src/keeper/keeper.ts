@@ -38,6 +38,8 @@ export const KEEPER_LIMITS = {
   maxConnections: 65_536,
 };
 
+const SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
+
 interface KeeperOptions {
   /** The serving process: [node, ...flags, script, ...arguments]. */
   command: readonly string[];
@@ -85,7 +87,6 @@ class Keeper {
   /** A SIGHUP came while no serving process was ready: passed on once one is. */
   private hupWaiting = false;
   private timer: NodeJS.Timeout | undefined;
-  private readonly signals: [NodeJS.Signals, () => void][] = [];
 
   constructor(
     private readonly o: KeeperOptions,
@@ -94,15 +95,12 @@ class Keeper {
   ) {}
 
   start(): void {
-    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
-      const h = () => this.onSignal(sig);
-      process.on(sig, h);
-      this.signals.push([sig, h]);
-    }
+    for (const sig of SIGNALS) process.on(sig, this.onSignal);
     this.spawn(null);
   }
 
-  private onSignal(sig: NodeJS.Signals): void {
+  /** Node passes a signal's name to its listeners. */
+  private readonly onSignal = (sig: NodeJS.Signals): void => {
     const running = this.child !== null && this.child.exitCode === null && this.child.signalCode === null;
     if (sig === 'SIGHUP') {
       // Only once ready: before, Node's start has SIGHUP at its default (it would end it). Restarts coalesce.
@@ -113,7 +111,7 @@ class Keeper {
     this.stopping = true;
     if (running) this.child!.kill(sig);
     else this.finish(0);
-  }
+  };
 
   private spawn(note: KeeperNote | null): void {
     const [mine, theirs] = socketpair(SOCK_SEQPACKET);
@@ -297,7 +295,7 @@ class Keeper {
   /** Closes what it holds and ends with `code`; the socket file goes only after crashes (else the serving process removed it). */
   private finish(code: number): void {
     clearTimeout(this.timer);
-    for (const [sig, h] of this.signals) process.off(sig, h);
+    for (const sig of SIGNALS) process.off(sig, this.onSignal);
     for (const fd of this.conns.values()) closeFd(fd);
     this.conns.clear();
     if (this.checkpoint !== null) closeFd(this.checkpoint);
