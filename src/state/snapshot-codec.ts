@@ -138,9 +138,7 @@ export function stateProblem(s: StateSnapshot): string | null {
       if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
     }
   }
-  const guest = guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []);
-  if (guest !== null) return guest;
-  return s.domains === undefined ? null : domainsProblem(s.domains, s);
+  return guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []) ?? (s.domains ? domainsProblem(s.domains, s) : null);
 }
 
 /** Why the other-domains section breaks a rule, or null. */
@@ -210,13 +208,10 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
     w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
   }
   const d = s.domains ?? { vms: [], packages: [], counters: [] };
-  w.list(4, d.vms, (v) =>
-    w
-      .u32(v.hostVmId)
-      .u8(ENERGY_DOMAINS.indexOf(v.domain))
-      .u8(0)
-      .list(2, v.energyJ, (j) => w.f64(j)),
-  );
+  w.list(4, d.vms, (v) => {
+    w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain)).u8(0);
+    w.list(2, v.energyJ, (j) => w.f64(j));
+  });
   const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
   w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
   w.list(4, d.counters, (k) => key(k).u64(k.raw));
