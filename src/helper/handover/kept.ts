@@ -64,7 +64,6 @@ function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: Ke
 function latestRecord(checkpoints: [string, number][], dropped: string | undefined, nowNs: bigint, log: KeptLog) {
   let bytes: Buffer | undefined;
   let why = dropped;
-  let handover: Handover | null = null;
   for (const [i, [, fd]] of checkpoints.entries()) {
     try {
       if (i === 0 && dropped === undefined) bytes = readStateBytes(fd);
@@ -73,12 +72,10 @@ function latestRecord(checkpoints: [string, number][], dropped: string | undefin
     }
     closeFd(fd);
   }
-  if (bytes !== undefined) {
-    const h = decodeHandover(bytes, nowNs);
-    if (h.ok) handover = h.value;
-    else log.warn({ err: h.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
-  }
-  return { bytes, handover, why };
+  const h = bytes === undefined ? null : decodeHandover(bytes, nowNs);
+  if (h?.ok === false)
+    log.warn({ err: h.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
+  return { bytes, handover: h?.ok ? h.value : null, why };
 }
 
 /** Takes the kept parts out of `named`, checking each; every fd not used is closed. Never throws. */
@@ -92,11 +89,9 @@ export function takeKept(
   const dropped = note?.checkpointDropped ?? (restoringMark ? 'the process before died while restoring it' : undefined);
   const record = latestRecord(checkpoints, dropped, nowNs, log);
   const h = record.handover;
-  const out: Kept = { connections: [], crash: null, checkpointNames, restoringMark };
+  const out: Kept = { state: record.bytes, legacy: h?.legacy, connections: [], crash: null, checkpointNames, restoringMark };
   if (h === null && (conns.length > 0 || checkpoints.length > 0 || note !== null))
     out.crash = record.why !== undefined ? { checkpointDropped: record.why } : {};
-  if (record.bytes !== undefined) out.state = record.bytes;
-  if (h !== null) out.legacy = h.legacy;
   const listed = new Map(h?.connections.map((c) => [c.ino, c]));
   for (const fd of conns) {
     const c = connectionIno(fd, true);
