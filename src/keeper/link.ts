@@ -90,19 +90,14 @@ export class KeeperLink {
 
 /** The inode of `fd` when it is a connection (a stream socket, not listening; `peer`: with a peer process), else why not. */
 export function connectionIno(fd: number, peer = false): { ino: bigint } | { why: string } {
-  let st: fs.BigIntStats;
   try {
-    st = fs.fstatSync(fd, { bigint: true });
-  } catch (e) {
-    return { why: `fstat failed (${(e as Error).message})` };
-  }
-  if (!st.isSocket()) return { why: 'it is not a socket' };
-  try {
+    const st = fs.fstatSync(fd, { bigint: true }); // its error names fstat
+    if (!st.isSocket()) return { why: 'it is not a socket' };
     if (socketType(fd) !== SOCK_STREAM) return { why: 'it is not a stream socket' };
     if (isListeningSocket(fd)) return { why: 'it is a listening socket, not a connection' };
     if (peer && getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
+    return { ino: st.ino };
   } catch (e) {
     return { why: (e as Error).message };
   }
-  return { ino: st.ino };
 }
