@@ -25,11 +25,7 @@ import { takeEnvJson } from '../../common/env-json.js';
 const RESTART_DRAIN_MS = 200;
 /** The old image's times (wall-clock ms) across the exec, for the new image's `restart phases` log line. */
 export const RESTART_CLOCK_ENV = 'VMSR_HELPER_RESTART_CLOCK';
-export interface RestartClock {
-  signalAt: number;
-  stoppedAt: number;
-  execAt: number;
-}
+export type RestartClock = Record<'signalAt' | 'stoppedAt' | 'execAt', number>;
 export const wallMs = (): number => performance.timeOrigin + performance.now();
 
 /** The old image's times the exec carried (removed from the environment), or null. */
@@ -221,16 +217,14 @@ export class Restarter {
   async toFdStore(): Promise<boolean> {
     const { log, keep } = this.p;
     if (keep?.holder !== 'fd store') return false;
-    let prepared: Prepared;
-    let stored: boolean;
     try {
-      prepared = await prepare(this.p);
-      stored = keep.checkpoint(prepared.state, prepared.handover);
+      const prepared = await prepare(this.p);
+      const stored = keep.checkpoint(prepared.state, prepared.handover);
+      log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
+      return stored;
     } catch (e) {
       log.error({ err: (e as Error).message }, 'cannot hand over to the fd store: the next start begins fresh');
       return false;
     }
-    log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
-    return stored;
   }
 }
