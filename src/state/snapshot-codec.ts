@@ -241,9 +241,7 @@ function readVm(r: Reader): VmState {
   const flags = r.u8(`${at}'s flags`);
   if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
   if (r.u8(`${at}'s padding`) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
-  const nameBytes = r.u16(`${at}'s name length`);
-  if (nameBytes > STATE_LIMITS.maxNameBytes)
-    throw new Refused(`${at}: its name is ${nameBytes} bytes, at most ${STATE_LIMITS.maxNameBytes}`);
+  const nameBytes = r.u16(`${at}'s name length`); // over maxNameBytes: refused by vmProblem
   if ((flags & FLAG.HAS_NAME) === 0 && nameBytes !== 0) throw new Refused(`${at} has a name length but no name`);
   const endedSamples = r.u32(`${at}'s ended samples`);
   const uuid = (flags & FLAG.HAS_UUID) !== 0 ? r.bytes(UUID_BYTES, `${at}'s uuid`) : null;
