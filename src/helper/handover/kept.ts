@@ -1,7 +1,6 @@
 /**
- * What a start finds kept from the process before it, each part checked, and the daemon's hooks for crashes
- * (docs/daemon.md "Restarts", "Crashes"). A record with a hand-over says what each connection is (one it
- * does not list is closed); after a checkpoint (a crash) each is served from its next byte.
+ * What a start finds kept from the process before it, each part checked (docs/daemon.md "Restarts", "Crashes": a connection
+ * a hand-over does not list is closed; after a checkpoint, each is served from its next byte), and the daemon's crash hooks.
  */
 import { closeFd } from '../../os/libc/fds.js';
 import { connectionIno } from '../../keeper/link.js';
@@ -33,9 +32,8 @@ export interface Kept {
 type KeptLog = LogSink<'info' | 'warn'>;
 
 /**
- * The names of an image from before the one record: its state is read as the oldest checkpoint, its
- * connections served from their next byte (its hand-over is closed as an unexpected name). QEMU never
- * reconnects: closing them would end every guest's energy until its VM restarts.
+ * The names of an image from before the one record (docs/daemon.md "Restarts"): its state read as the oldest checkpoint, its
+ * connections served from their next byte (QEMU never reconnects), its hand-over closed as an unexpected name.
  */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 

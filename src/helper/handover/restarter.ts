@@ -1,9 +1,6 @@
 /**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"): freeze the daemon, write the record
- * with a hand-over (each legacy or undecided connection, its bytes read and not answered, the legacy
- * counters; v2 clients are told ERROR RESTARTING). In place (SIGHUP, `vmsr-helper reload`) the
- * installed binary is checked and executed in this process (a failure leaves it serving); at a stop
- * under systemd the record goes to the fd store.
+ * Restarts that QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`), the installed binary
+ * checked, then executed in this process with the record and its hand-over; at a stop under systemd, into the fd store.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -53,9 +50,8 @@ export const RESTART_QUIET_MS = 1000;
 export const RESTART_CHECK_TIMEOUT_MS = 30_000;
 
 /**
- * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP
- * while one runs pushes the exec back, so a burst is over before it and none arrives while the new
- * image starts, where SIGHUP is at its default (os/sighup-hold.ts).
+ * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP while one runs pushes
+ * the exec back, so none arrives while the new image starts, where SIGHUP is at its default (os/sighup-hold.ts).
  */
 export class RestartRequests {
   private lastAt = -Infinity;
