@@ -415,10 +415,7 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
 
 const HANDOVER_FIX = 'the connections it lists are closed; the restart was made by another vmsr-helper or the record was damaged';
 
-/**
- * What the record `bytes` hands over (null: a checkpoint), or "cannot use the handover record: why;
- * fix"; reads the header and the hand-over only. `nowNs` refuses a record from another boot.
- */
+/** What the record hands over (null: a checkpoint), or "cannot use the handover record: ..."; `nowNs` refuses another boot's. */
 export function decodeHandover(bytes: Buffer, nowNs: bigint): Result<Handover | null> {
   const rec = openRecord(bytes);
   if ('why' in rec) return fail(cannot('use the handover record', rec.why, HANDOVER_FIX));

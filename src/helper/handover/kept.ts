@@ -175,12 +175,9 @@ export class CrashGuard {
     return new CrashGuard(kept, note, outside, log);
   }
 
-  /**
-   * The kept state (undefined, logged, when it does not decode) once the requests that waited through a
-   * restart are answered (the second immediate runs after the next poll); after a crash, what was kept and lost.
-   */
+  /** The kept state (undefined, logged, when it does not decode) once the requests that waited through a restart are answered. */
   async restore(): Promise<StateSnapshot | undefined> {
-    await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+    await new Promise((resolve) => setImmediate(() => setImmediate(resolve))); // the second runs after the next poll
     const r = this.kept.state && decodeState(this.kept.state);
     if (r && !r.ok) this.log.warn({ err: r.error }, 'saved state not restored: starting fresh');
     const state = r?.ok ? r.value : undefined;
