@@ -20,6 +20,7 @@ import {
   KEEPER_MESSAGE,
   KEPT_NAMES,
   MAX_KEEPER_MESSAGE_BYTES,
+  type KeeperImage,
   type KeeperNote,
 } from './keeper-messages.js';
 import { endedFromOutside, oomKills, STOPPED_CHECK_AFTER_MS, stoppedBySignal } from './deaths.js';
@@ -40,7 +41,8 @@ export const KEEPER_LIMITS = {
 
 const SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
 
-interface KeeperOptions {
+/** socketFile, pidfile: removed at the end, the socket file after crashes while still that inode, the pidfile while it holds this pid. */
+interface KeeperOptions extends Pick<KeeperImage, 'socketFile' | 'pidfile'> {
   /** The serving process: [node, ...flags, script, ...arguments]. */
   command: readonly string[];
   env: NodeJS.ProcessEnv;
@@ -50,9 +52,6 @@ interface KeeperOptions {
   onReady?: () => void;
   /** What the start opened as root, passed to every serving process from KEEPER_FIRST_FD on (`env` says what they are). */
   startFds?: readonly number[];
-  /** Removed at the end: the socket file after crashes while still that inode, the pidfile while it holds this pid. */
-  socketFile?: { ino: number; path: string };
-  pidfile?: string;
 }
 
 /**
