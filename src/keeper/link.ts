@@ -25,9 +25,8 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   if (names.length > MAX_KEPT_FDS) throw cannotError(`read ${KEEPER_ENV.fdNames}`, `${names.length} names, at most ${MAX_KEPT_FDS}`, fix);
   const named = new Map<string, number[]>();
   names.forEach((name, i) => {
-    const fd = KEEPER_FIRST_FD + i;
     if (!name.startsWith(KEPT_NAMES.prefix)) throw cannotError(`read ${KEEPER_ENV.fdNames}`, `'${name}' is not a kept fd's name`, fix);
-    if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
+    if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), KEEPER_FIRST_FD + i]);
   });
   return named;
 }
