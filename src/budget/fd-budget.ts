@@ -22,8 +22,7 @@ export function vmFds(threads: number): number {
 /** Raises the soft RLIMIT_NOFILE to the hard limit (capped by fs.nr_open when the hard one is infinite). */
 export function raiseFdLimit() {
   const before = getrlimit(RLIMIT_NOFILE);
-  let target = before.hard;
-  if (target === Infinity) target = nrOpen();
+  const target = before.hard === Infinity ? nrOpen() : before.hard;
   if (before.soft >= target) return { before, after: before };
   try {
     setrlimit(RLIMIT_NOFILE, { soft: target, hard: before.hard });

@@ -56,13 +56,8 @@ export class VmFdShares implements KeptFdLedger {
     return this.o.budget.canAdmit(kept);
   }
 
-  canOpen(n: number, what: string): FdAdmission {
-    return this.o.budget.canOpen(n, what);
-  }
-
-  usage(): FdUsage | null {
-    return this.o.budget.usage?.() ?? null;
-  }
+  readonly canOpen = (n: number, what: string): FdAdmission => this.o.budget.canOpen(n, what);
+  readonly usage = (): FdUsage | null => this.o.budget.usage?.() ?? null;
 
   grant(pid: number, n: number, atLeast: number): number {
     let h = this.holders.get(pid);

@@ -59,14 +59,17 @@ export interface KeeperNote {
   fromOutside?: boolean;
 }
 
-/** Whether a parsed KEEPER_ENV.note is a KeeperNote. */
-export const isKeeperNote = (v: Partial<KeeperNote>): boolean =>
-  Number.isInteger(v.pid) &&
-  typeof v.how === 'string' &&
-  Number.isFinite(v.atMs) &&
-  Number.isInteger(v.crashes) &&
-  (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string') &&
-  (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
+/** The keeper's account of the crash before this start (KEEPER_ENV.note, read and removed), or null. */
+export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote | null {
+  const valid = (v: Partial<KeeperNote>): boolean =>
+    Number.isInteger(v.pid) &&
+    typeof v.how === 'string' &&
+    Number.isFinite(v.atMs) &&
+    Number.isInteger(v.crashes) &&
+    (v.checkpointDropped === undefined || typeof v.checkpointDropped === 'string') &&
+    (v.fromOutside === undefined || typeof v.fromOutside === 'boolean');
+  return takeEnvJson(KEEPER_ENV.note, valid, env) ?? null;
+}
 
 /**
  * The names of the fds the next process takes (`prefix` tells them from the .socket unit's): a connection

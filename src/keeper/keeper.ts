@@ -20,6 +20,7 @@ import {
   KEEPER_MESSAGE,
   KEPT_NAMES,
   MAX_KEEPER_MESSAGE_BYTES,
+  type KeeperImage,
   type KeeperNote,
 } from './keeper-messages.js';
 import { endedFromOutside, oomKills, STOPPED_CHECK_AFTER_MS, stoppedBySignal } from './deaths.js';
@@ -38,7 +39,10 @@ export const KEEPER_LIMITS = {
   maxConnections: 65_536,
 };
 
-interface KeeperOptions {
+const SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
+
+/** socketFile, pidfile: removed at the end, the socket file after crashes while still that inode, the pidfile while it holds this pid. */
+interface KeeperOptions extends Pick<KeeperImage, 'socketFile' | 'pidfile'> {
   /** The serving process: [node, ...flags, script, ...arguments]. */
   command: readonly string[];
   env: NodeJS.ProcessEnv;
@@ -48,9 +52,6 @@ interface KeeperOptions {
   onReady?: () => void;
   /** What the start opened as root, passed to every serving process from KEEPER_FIRST_FD on (`env` says what they are). */
   startFds?: readonly number[];
-  /** Removed at the end: the socket file after crashes while still that inode, the pidfile while it holds this pid. */
-  socketFile?: { ino: number; path: string };
-  pidfile?: string;
 }
 
 /**
@@ -85,7 +86,6 @@ class Keeper {
   /** A SIGHUP came while no serving process was ready: passed on once one is. */
   private hupWaiting = false;
   private timer: NodeJS.Timeout | undefined;
-  private readonly signals: [NodeJS.Signals, () => void][] = [];
 
   constructor(
     private readonly o: KeeperOptions,
@@ -94,15 +94,12 @@ class Keeper {
   ) {}
 
   start(): void {
-    for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
-      const h = () => this.onSignal(sig);
-      process.on(sig, h);
-      this.signals.push([sig, h]);
-    }
+    for (const sig of SIGNALS) process.on(sig, this.onSignal);
     this.spawn(null);
   }
 
-  private onSignal(sig: NodeJS.Signals): void {
+  /** Node passes a signal's name to its listeners. */
+  private readonly onSignal = (sig: NodeJS.Signals): void => {
     const running = this.child !== null && this.child.exitCode === null && this.child.signalCode === null;
     if (sig === 'SIGHUP') {
       // Only once ready: before, Node's start has SIGHUP at its default (it would end it). Restarts coalesce.
@@ -113,7 +110,7 @@ class Keeper {
     this.stopping = true;
     if (running) this.child!.kill(sig);
     else this.finish(0);
-  }
+  };
 
   private spawn(note: KeeperNote | null): void {
     const [mine, theirs] = socketpair(SOCK_SEQPACKET);
@@ -297,7 +294,7 @@ class Keeper {
   /** Closes what it holds and ends with `code`; the socket file goes only after crashes (else the serving process removed it). */
   private finish(code: number): void {
     clearTimeout(this.timer);
-    for (const [sig, h] of this.signals) process.off(sig, h);
+    for (const sig of SIGNALS) process.off(sig, this.onSignal);
     for (const fd of this.conns.values()) closeFd(fd);
     this.conns.clear();
     if (this.checkpoint !== null) closeFd(this.checkpoint);

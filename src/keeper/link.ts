@@ -1,20 +1,11 @@
 /** The serving process's side of the keeper: the fds it passed, by name, and the link to send it what to hold. */
 import fs from 'node:fs';
 import type { LogSink } from '../logging/logger.js';
-import { takeEnvJson } from '../common/env-json.js';
 import { cannotError } from '../common/errors.js';
 import { prctl } from '../os/libc/capability-calls.js';
 import { setCloexec } from '../os/libc/fds.js';
 import { getPeerCredentials, isListeningSocket, peerHungUp, sendFds, socketType, SOCK_SEQPACKET, SOCK_STREAM } from '../os/libc/sockets.js';
-import {
-  encodeKeeperMessage,
-  KEEPER_ENV,
-  KEEPER_FIRST_FD,
-  KEPT_NAMES,
-  isKeeperNote,
-  type KeeperMessageType,
-  type KeeperNote,
-} from './keeper-messages.js';
+import { encodeKeeperMessage, KEEPER_ENV, KEEPER_FIRST_FD, KEPT_NAMES, type KeeperMessageType } from './keeper-messages.js';
 
 const MAX_KEPT_FDS = 70_000;
 const PR_SET_PDEATHSIG = 1;
@@ -34,9 +25,8 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   if (names.length > MAX_KEPT_FDS) throw cannotError(`read ${KEEPER_ENV.fdNames}`, `${names.length} names, at most ${MAX_KEPT_FDS}`, fix);
   const named = new Map<string, number[]>();
   names.forEach((name, i) => {
-    const fd = KEEPER_FIRST_FD + i;
     if (!name.startsWith(KEPT_NAMES.prefix)) throw cannotError(`read ${KEEPER_ENV.fdNames}`, `'${name}' is not a kept fd's name`, fix);
-    if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), fd]);
+    if (name !== KEPT_NAMES.start) named.set(name, [...(named.get(name) ?? []), KEEPER_FIRST_FD + i]);
   });
   return named;
 }
@@ -50,11 +40,6 @@ function channelFd(env: NodeJS.ProcessEnv): number | null {
   } catch {
     return null;
   }
-}
-
-/** The keeper's account of the crash before this start (KEEPER_ENV.note, read and removed), or null. */
-export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote | null {
-  return takeEnvJson(KEEPER_ENV.note, isKeeperNote, env) ?? null;
 }
 
 export class KeeperLink {
@@ -104,19 +89,14 @@ export class KeeperLink {
 
 /** The inode of `fd` when it is a connection (a stream socket, not listening; `peer`: with a peer process), else why not. */
 export function connectionIno(fd: number, peer = false): { ino: bigint } | { why: string } {
-  let st: fs.BigIntStats;
   try {
-    st = fs.fstatSync(fd, { bigint: true });
-  } catch (e) {
-    return { why: `fstat failed (${(e as Error).message})` };
-  }
-  if (!st.isSocket()) return { why: 'it is not a socket' };
-  try {
+    const st = fs.fstatSync(fd, { bigint: true }); // its error names fstat
+    if (!st.isSocket()) return { why: 'it is not a socket' };
     if (socketType(fd) !== SOCK_STREAM) return { why: 'it is not a stream socket' };
     if (isListeningSocket(fd)) return { why: 'it is a listening socket, not a connection' };
     if (peer && getPeerCredentials(fd).pid <= 0) return { why: 'it has no peer process' };
+    return { ino: st.ino };
   } catch (e) {
     return { why: (e as Error).message };
   }
-  return { ino: st.ino };
 }

@@ -4,8 +4,8 @@
  *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
  *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
  */
-import { firstTime, isU64, Refused, type Reader, type Writer } from './byte-io.js';
-import type { Handover } from './snapshot.js';
+import { firstTime, isU64, type Reader, type Writer } from './byte-io.js';
+import type { HandedConnection, Handover } from './snapshot.js';
 
 /** Connections one record may list (the daemon's --max-connections bound). */
 const MAX_HANDED_CONNECTIONS = 1 << 20;
@@ -43,15 +43,11 @@ export function readHandover(r: Reader): Handover {
     refused: r.safe('the legacy refused counter'),
     failed: r.safe('the legacy failed counter'),
   };
-  let i = 0;
-  const connections = r.list(4, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', () => {
-    const ino = r.u64(at);
-    const kind = KINDS[r.u8(at)];
-    if (kind === undefined || kind === null) throw new Refused(`handed-over connection ${i} has an unknown kind`);
-    i++;
-    const bytes = r.u32(at);
-    if (bytes > MAX_PENDING_BYTES) throw new Refused(`connection ${ino} holds ${bytes} pending bytes, at most ${MAX_PENDING_BYTES}`);
-    return { ino, kind, pending: r.bytes(bytes, at) };
-  });
+  // An unknown kind, too many pending bytes: refused by handoverProblem (r.bytes allocates no more than the record holds).
+  const connections = r.list(4, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', () => ({
+    ino: r.u64(at),
+    kind: KINDS[r.u8(at)] as HandedConnection['kind'],
+    pending: r.bytes(r.u32(at), at),
+  }));
   return { writtenNs, legacy, connections };
 }

@@ -41,16 +41,14 @@ export function readPowerLimits(r: Reader): PowerLimitState[] {
     const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
     return { dir, saved, written, made: made === 1 };
   };
-  const out = r.list(4, STATE_LIMITS.maxPowerLimits, 36, at, (): PowerLimitState => {
+  // Checked with the whole snapshot (stateProblem).
+  return r.list(4, STATE_LIMITS.maxPowerLimits, 36, at, (): PowerLimitState => {
     const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
     const domain = ENERGY_DOMAINS[r.u8(at)];
     if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
     const groups = r.list(2, MAX_GROUPS, 6, at, group);
     return { vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups };
   });
-  const problem = powerLimitsProblem(out);
-  if (problem !== null) throw new Refused(problem);
-  return out;
 }
 
 const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.test(s);

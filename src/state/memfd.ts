@@ -35,10 +35,6 @@ export function readStateBytes(fd: number): Buffer {
   const size = fs.fstatSync(fd).size;
   if (size > MAX_STATE_BYTES) throw refuse(`the memfd holds ${size} bytes, at most ${MAX_STATE_BYTES} expected`);
   const bytes = Buffer.alloc(size);
-  for (let off = 0; off < size;) {
-    const n = fs.readSync(fd, bytes, off, size - off, off);
-    if (n === 0) break;
-    off += n;
-  }
+  for (let off = 0, n = -1; off < size && n !== 0; off += n) n = fs.readSync(fd, bytes, off, size - off, off);
   return bytes;
 }

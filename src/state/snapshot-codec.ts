@@ -138,9 +138,7 @@ export function stateProblem(s: StateSnapshot): string | null {
       if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
     }
   }
-  const guest = guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []);
-  if (guest !== null) return guest;
-  return s.domains === undefined ? null : domainsProblem(s.domains, s);
+  return guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []) ?? (s.domains ? domainsProblem(s.domains, s) : null);
 }
 
 /** Why the other-domains section breaks a rule, or null. */
@@ -210,13 +208,10 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
     w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
   }
   const d = s.domains ?? { vms: [], packages: [], counters: [] };
-  w.list(4, d.vms, (v) =>
-    w
-      .u32(v.hostVmId)
-      .u8(ENERGY_DOMAINS.indexOf(v.domain))
-      .u8(0)
-      .list(2, v.energyJ, (j) => w.f64(j)),
-  );
+  w.list(4, d.vms, (v) => {
+    w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain)).u8(0);
+    w.list(2, v.energyJ, (j) => w.f64(j));
+  });
   const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
   w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
   w.list(4, d.counters, (k) => key(k).u64(k.raw));
@@ -246,9 +241,7 @@ function readVm(r: Reader): VmState {
   const flags = r.u8(`${at}'s flags`);
   if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
   if (r.u8(`${at}'s padding`) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
-  const nameBytes = r.u16(`${at}'s name length`);
-  if (nameBytes > STATE_LIMITS.maxNameBytes)
-    throw new Refused(`${at}: its name is ${nameBytes} bytes, at most ${STATE_LIMITS.maxNameBytes}`);
+  const nameBytes = r.u16(`${at}'s name length`); // over maxNameBytes: refused by vmProblem
   if ((flags & FLAG.HAS_NAME) === 0 && nameBytes !== 0) throw new Refused(`${at} has a name length but no name`);
   const endedSamples = r.u32(`${at}'s ended samples`);
   const uuid = (flags & FLAG.HAS_UUID) !== 0 ? r.bytes(UUID_BYTES, `${at}'s uuid`) : null;
@@ -422,10 +415,7 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
 
 const HANDOVER_FIX = 'the connections it lists are closed; the restart was made by another vmsr-helper or the record was damaged';
 
-/**
- * What the record `bytes` hands over (null: a checkpoint), or "cannot use the handover record: why;
- * fix"; reads the header and the hand-over only. `nowNs` refuses a record from another boot.
- */
+/** What the record hands over (null: a checkpoint), or "cannot use the handover record: ..."; `nowNs` refuses another boot's. */
 export function decodeHandover(bytes: Buffer, nowNs: bigint): Result<Handover | null> {
   const rec = openRecord(bytes);
   if ('why' in rec) return fail(cannot('use the handover record', rec.why, HANDOVER_FIX));

@@ -8,8 +8,15 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { decodeKeeperMessage, encodeKeeperMessage, KEEPER_ENV, KEEPER_FIRST_FD, KEPT_NAMES } from '../../src/keeper/keeper-messages.js';
-import { takeFromKeeper, takeKeeperNote } from '../../src/keeper/link.js';
+import {
+  decodeKeeperMessage,
+  encodeKeeperMessage,
+  KEEPER_ENV,
+  KEEPER_FIRST_FD,
+  KEPT_NAMES,
+  takeKeeperNote,
+} from '../../src/keeper/keeper-messages.js';
+import { takeFromKeeper } from '../../src/keeper/link.js';
 import { endedFromOutside, oomKills, WATCHDOG_SILENCE_MS } from '../../src/keeper/deaths.js';
 import { takeKept } from '../../src/helper/handover/kept.js';
 import { outsideKeep } from '../../src/helper/handover/outside-keep.js';

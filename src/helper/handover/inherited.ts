@@ -13,12 +13,6 @@ export const INHERIT_ENV = 'VMSR_HELPER_INHERIT';
 const INHERITED_FROM = ['fresh', 'systemd', 'keeper', 'reexec', 'restart'] as const;
 export type InheritedFrom = (typeof INHERITED_FROM)[number];
 
-interface InheritedListener {
-  fd: number;
-  /** The socket file bound for it (ours to remove at close: server/listener.ts's SocketFile); absent for systemd's socket. */
-  file?: { path: string; ino: number };
-}
-
 export interface Inherited {
   how: InheritedFrom;
   /** The checks' results, from a run with root (energy absent: msr). */
@@ -27,7 +21,11 @@ export interface Inherited {
   msr?: [number, number][];
   /** [path, fd] of each powercap energy_uj file, opened as root (energy source powercap). */
   powercap?: [string, number][];
-  listener?: InheritedListener;
+  listener?: {
+    fd: number;
+    /** The socket file bound for it (ours to remove at close: server/listener.ts's SocketFile); absent for systemd's socket. */
+    file?: { path: string; ino: number };
+  };
   /** The pidfile written for this pid (which an exec keeps). */
   pidfile?: string;
   /** [path, fd] of files the v2 service writes (--record), created before the privilege drop. */

@@ -1,14 +1,13 @@
 /**
- * What a start finds kept from the process before it, each part checked, and the daemon's hooks for crashes
- * (docs/daemon.md "Restarts", "Crashes"). A record with a hand-over says what each connection is (one it
- * does not list is closed); after a checkpoint (a crash) each is served from its next byte.
+ * What a start finds kept from the process before it, each part checked (docs/daemon.md "Restarts", "Crashes": a connection
+ * a hand-over does not list is closed; after a checkpoint, each is served from its next byte), and the daemon's crash hooks.
  */
 import { closeFd } from '../../os/libc/fds.js';
-import { connectionIno, takeKeeperNote } from '../../keeper/link.js';
+import { connectionIno } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
 import { decodeHandover, decodeState } from '../../state/snapshot-codec.js';
 import type { Handover, StateSnapshot } from '../../state/snapshot.js';
-import { KEPT_NAMES, type KeeperNote } from '../../keeper/keeper-messages.js';
+import { KEPT_NAMES, takeKeeperNote, type KeeperNote } from '../../keeper/keeper-messages.js';
 import type { HandedConnectionFd } from './frozen.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
 import type { LogSink } from '../../logging/logger.js';
@@ -33,9 +32,8 @@ export interface Kept {
 type KeptLog = LogSink<'info' | 'warn'>;
 
 /**
- * The names of an image from before the one record: its state is read as the oldest checkpoint, its
- * connections served from their next byte (its hand-over is closed as an unexpected name). QEMU never
- * reconnects: closing them would end every guest's energy until its VM restarts.
+ * The names of an image from before the one record (docs/daemon.md "Restarts"): its state read as the oldest checkpoint, its
+ * connections served from their next byte (QEMU never reconnects), its hand-over closed as an unexpected name.
  */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
@@ -64,7 +62,6 @@ function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: Ke
 function latestRecord(checkpoints: [string, number][], dropped: string | undefined, nowNs: bigint, log: KeptLog) {
   let bytes: Buffer | undefined;
   let why = dropped;
-  let handover: Handover | null = null;
   for (const [i, [, fd]] of checkpoints.entries()) {
     try {
       if (i === 0 && dropped === undefined) bytes = readStateBytes(fd);
@@ -73,12 +70,10 @@ function latestRecord(checkpoints: [string, number][], dropped: string | undefin
     }
     closeFd(fd);
   }
-  if (bytes !== undefined) {
-    const h = decodeHandover(bytes, nowNs);
-    if (h.ok) handover = h.value;
-    else log.warn({ err: h.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
-  }
-  return { bytes, handover, why };
+  const h = bytes === undefined ? null : decodeHandover(bytes, nowNs);
+  if (h?.ok === false)
+    log.warn({ err: h.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
+  return { bytes, handover: h?.ok ? h.value : null, why };
 }
 
 /** Takes the kept parts out of `named`, checking each; every fd not used is closed. Never throws. */
@@ -92,11 +87,9 @@ export function takeKept(
   const dropped = note?.checkpointDropped ?? (restoringMark ? 'the process before died while restoring it' : undefined);
   const record = latestRecord(checkpoints, dropped, nowNs, log);
   const h = record.handover;
-  const out: Kept = { connections: [], crash: null, checkpointNames, restoringMark };
+  const out: Kept = { state: record.bytes, legacy: h?.legacy, connections: [], crash: null, checkpointNames, restoringMark };
   if (h === null && (conns.length > 0 || checkpoints.length > 0 || note !== null))
     out.crash = record.why !== undefined ? { checkpointDropped: record.why } : {};
-  if (record.bytes !== undefined) out.state = record.bytes;
-  if (h !== null) out.legacy = h.legacy;
   const listed = new Map(h?.connections.map((c) => [c.ino, c]));
   for (const fd of conns) {
     const c = connectionIno(fd, true);
@@ -122,12 +115,11 @@ type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
 /** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {
+  const who = `the serving process (pid ${note.pid})`;
   // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).
-  if (note.how === 'SIGHUP')
-    return `the serving process (pid ${note.pid}) was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
-  if (note.fromOutside)
-    return `the serving process (pid ${note.pid}) was ended by ${note.how} from another process (not counted as a crash)`;
-  return `the serving process (pid ${note.pid}) died (${note.how}, crash ${note.crashes} in a row)`;
+  if (note.how === 'SIGHUP') return `${who} was ended by a SIGHUP that came while it started (a restart asked for, not counted as a crash)`;
+  if (note.fromOutside) return `${who} was ended by ${note.how} from another process (not counted as a crash)`;
+  return `${who} died (${note.how}, crash ${note.crashes} in a row)`;
 }
 
 /** The one line a start after a crash logs: what was kept, the checkpoint restored (and its age) or why none. */
@@ -183,12 +175,9 @@ export class CrashGuard {
     return new CrashGuard(kept, note, outside, log);
   }
 
-  /**
-   * The kept state (undefined, logged, when it does not decode) once the requests that waited through a
-   * restart are answered (the second immediate runs after the next poll); after a crash, what was kept and lost.
-   */
+  /** The kept state (undefined, logged, when it does not decode) once the requests that waited through a restart are answered. */
   async restore(): Promise<StateSnapshot | undefined> {
-    await new Promise((resolve) => setImmediate(() => setImmediate(resolve)));
+    await new Promise((resolve) => setImmediate(() => setImmediate(resolve))); // the second runs after the next poll
     const r = this.kept.state && decodeState(this.kept.state);
     if (r && !r.ok) this.log.warn({ err: r.error }, 'saved state not restored: starting fresh');
     const state = r?.ok ? r.value : undefined;

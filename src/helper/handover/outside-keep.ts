@@ -44,17 +44,12 @@ export function outsideKeep(
 }
 
 function keeperKeep(link: KeeperLink): OutsideKeep {
-  let attached = true;
   return {
     holder: 'keeper',
-    held(fd) {
-      if (fd === undefined || !attached) return null;
-      link.send(KEEPER_MESSAGE.hold, '', fd);
-      return inoOf(fd);
-    },
-    released(ino) {
-      if (ino !== null && attached) link.send(KEEPER_MESSAGE.drop, String(ino));
-    },
+    ...connectionKeep(
+      (fd) => link.send(KEEPER_MESSAGE.hold, '', fd),
+      (ino) => link.send(KEEPER_MESSAGE.drop, String(ino)),
+    ),
     checkpoint(s, handover) {
       const fd = writeStateMemfd(s, handover);
       link.send(KEEPER_MESSAGE.checkpoint, '', fd);
@@ -65,25 +60,19 @@ function keeperKeep(link: KeeperLink): OutsideKeep {
     restoring: () => {},
     ready: () => link.send(KEEPER_MESSAGE.ready),
     beat: () => link.send(KEEPER_MESSAGE.beat),
-    detach: () => void (attached = false),
   };
 }
 
 /** The fd store: FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close; `found`, `marked`: the checkpoints and restoring mark it held at this start. */
 function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: boolean): OutsideKeep {
-  let attached = true;
   /** Oldest first: the latest stays, the others are removed once it is stored. */
   const checkpoints = [...found];
   return {
     holder: 'fd store',
-    held(fd) {
-      const ino = fd === undefined || !attached ? null : inoOf(fd);
-      if (ino !== null) notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd!]);
-      return ino;
-    },
-    released(ino) {
-      if (ino !== null && attached) notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`);
-    },
+    ...connectionKeep(
+      (fd, ino) => notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd]),
+      (ino) => notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`),
+    ),
     checkpoint(s, handover) {
       const fd = writeStateMemfd(s, handover);
       // A name per checkpoint, ordered: FDSTOREREMOVE=1 removes every fd of a name, so the new one is
@@ -105,12 +94,22 @@ function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: 
     },
     ready: () => {},
     beat: () => {},
-    detach: () => void (attached = false),
   };
 }
 
-/** How a connection is named (the keeper names it so), or null when it is closed. */
-function inoOf(fd: number): bigint | null {
-  const c = connectionIno(fd);
-  return 'ino' in c ? c.ino : null;
+/** held/released/detach: `hold` and `drop` see each connection (named by its inode, as the keeper names it) until detach(). */
+function connectionKeep(hold: (fd: number, ino: bigint) => void, drop: (ino: bigint) => void) {
+  let attached = true;
+  return {
+    held(fd: number | undefined): bigint | null {
+      const c = fd === undefined || !attached ? null : connectionIno(fd);
+      if (c === null || !('ino' in c)) return null;
+      hold(fd!, c.ino);
+      return c.ino;
+    },
+    released(ino: bigint | null): void {
+      if (ino !== null && attached) drop(ino);
+    },
+    detach: () => void (attached = false),
+  };
 }

@@ -1,9 +1,6 @@
 /**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"): freeze the daemon, write the record
- * with a hand-over (each legacy or undecided connection, its bytes read and not answered, the legacy
- * counters; v2 clients are told ERROR RESTARTING). In place (SIGHUP, `vmsr-helper reload`) the
- * installed binary is checked and executed in this process (a failure leaves it serving); at a stop
- * under systemd the record goes to the fd store.
+ * Restarts that QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`), the installed binary
+ * checked, then executed in this process with the record and its hand-over; at a stop under systemd, into the fd store.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -25,11 +22,7 @@ import { takeEnvJson } from '../../common/env-json.js';
 const RESTART_DRAIN_MS = 200;
 /** The old image's times (wall-clock ms) across the exec, for the new image's `restart phases` log line. */
 export const RESTART_CLOCK_ENV = 'VMSR_HELPER_RESTART_CLOCK';
-export interface RestartClock {
-  signalAt: number;
-  stoppedAt: number;
-  execAt: number;
-}
+export type RestartClock = Record<'signalAt' | 'stoppedAt' | 'execAt', number>;
 export const wallMs = (): number => performance.timeOrigin + performance.now();
 
 /** The old image's times the exec carried (removed from the environment), or null. */
@@ -57,9 +50,8 @@ export const RESTART_QUIET_MS = 1000;
 export const RESTART_CHECK_TIMEOUT_MS = 30_000;
 
 /**
- * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP
- * while one runs pushes the exec back, so a burst is over before it and none arrives while the new
- * image starts, where SIGHUP is at its default (os/sighup-hold.ts).
+ * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP while one runs pushes
+ * the exec back, so none arrives while the new image starts, where SIGHUP is at its default (os/sighup-hold.ts).
  */
 export class RestartRequests {
   private lastAt = -Infinity;
@@ -111,7 +103,7 @@ async function prepare(p: RestartParts) {
     const connFds = connections.map((c) => socketFd(c.socket)!);
     const handover: Handover = {
       writtenNs: monotonicNs(),
-      legacy: { ok: p.legacy.ok, refused: p.legacy.refused, failed: p.legacy.failed },
+      legacy: { ...p.legacy },
       connections: connections.map((c, i) => ({ ino: fs.fstatSync(connFds[i]!, { bigint: true }).ino, kind: c.kind, pending: c.pending })),
     };
     return { state: p.daemon.snapshot(), handover, connFds, undo: () => frozen.thaw() };
@@ -221,16 +213,14 @@ export class Restarter {
   async toFdStore(): Promise<boolean> {
     const { log, keep } = this.p;
     if (keep?.holder !== 'fd store') return false;
-    let prepared: Prepared;
-    let stored: boolean;
     try {
-      prepared = await prepare(this.p);
-      stored = keep.checkpoint(prepared.state, prepared.handover);
+      const prepared = await prepare(this.p);
+      const stored = keep.checkpoint(prepared.state, prepared.handover);
+      log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
+      return stored;
     } catch (e) {
       log.error({ err: (e as Error).message }, 'cannot hand over to the fd store: the next start begins fresh');
       return false;
     }
-    log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
-    return stored;
   }
 }
