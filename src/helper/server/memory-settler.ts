@@ -6,6 +6,8 @@ import { dropCleanFilePages } from '../../os/mapped-files.js';
 
 const SETTLE_AFTER = 256;
 const QUIET_MS = 1000;
+const QUIET_REQUESTS = 1000;
+const MAX_WAITS = 10;
 
 let gcFn: (() => void) | null | undefined;
 
@@ -40,20 +42,32 @@ export function settleOnce(): { rssBeforeMb: number; rssAfterMb: number } {
   return { rssBeforeMb, rssAfterMb: rssMb() };
 }
 
+/**
+ * After SETTLE_AFTER closes, two passes a quiet second apart: a second without an accept or a close and with fewer than
+ * QUIET_REQUESTS legacy requests (QEMU connects once and asks about once a second per package). A pass in the middle of
+ * a load stalls it (a full GC is 9-13 ms); under a load that never quiets, the passes go ahead after MAX_WAITS seconds.
+ */
 export class MemorySettler {
-  private closed_ = 0;
+  private churn = 0;
+  private closedSince = 0;
   private timer: NodeJS.Timeout | undefined;
+  private last = { churn: 0, requests: 0 };
+  private waits = 0;
+  /** Taken at the first pass; null before it. */
+  private first: { closed: number; rssBeforeMb: number } | null = null;
 
-  constructor(private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void) {}
+  constructor(
+    private readonly requests: () => number,
+    private readonly onSettle: (rssBeforeMb: number, rssAfterMb: number, closed: number) => void,
+  ) {}
+
+  accepted(): void {
+    this.churn++;
+  }
 
   closed(): void {
-    if (++this.closed_ < SETTLE_AFTER) return;
-    // (a close during the second pass's wait simply pushes it back, as during the quiet wait)
-    if (this.timer) this.timer.refresh();
-    else {
-      this.timer = setTimeout(() => this.settle(), QUIET_MS);
-      this.timer.unref();
-    }
+    this.churn++;
+    if (++this.closedSince >= SETTLE_AFTER && !this.timer) this.wait();
   }
 
   stop(): void {
@@ -61,18 +75,23 @@ export class MemorySettler {
     this.timer = undefined;
   }
 
-  private settle(): void {
-    this.timer = undefined;
-    const closed = this.closed_;
-    this.closed_ = 0;
-    const before = rssMb();
-    settlePass(false);
-    // Again later: what the first pass freed (native handles close asynchronously, weak callbacks run after a GC) is collectable then.
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
-      settlePass(false);
-      this.onSettle(before, rssMb(), closed);
-    }, QUIET_MS);
+  private wait(): void {
+    this.last = { churn: this.churn, requests: this.requests() };
+    this.timer = setTimeout(() => this.look(), QUIET_MS);
     this.timer.unref();
+  }
+
+  private look(): void {
+    const quiet = this.churn === this.last.churn && this.requests() - this.last.requests < QUIET_REQUESTS;
+    if (!quiet && ++this.waits < MAX_WAITS) return this.wait();
+    const first = this.first ?? { closed: this.closedSince, rssBeforeMb: rssMb() };
+    settlePass(false);
+    // Twice: what the first pass freed (native handles close asynchronously, weak callbacks run after a GC) is collectable then.
+    if (this.first === null) {
+      [this.first, this.closedSince] = [first, 0];
+      return this.wait();
+    }
+    [this.first, this.timer, this.waits] = [null, undefined, 0];
+    this.onSettle(first.rssBeforeMb, rssMb(), first.closed);
   }
 }

@@ -95,8 +95,10 @@ export class HelperServer {
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
   private readonly users: ConnectionSeats;
-  private readonly memory = new MemorySettler((before, after, closed) =>
-    this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
+  private readonly memory = new MemorySettler(
+    () => this.o.legacy.counters.ok + this.o.legacy.counters.refused + this.o.legacy.counters.failed,
+    (before, after, closed) =>
+      this.o.logger.info({ closed, rssBeforeMb: before, rssAfterMb: after }, 'memory given back after a burst of closed connections'),
   );
 
   constructor(private readonly o: HelperServerOptions) {
@@ -164,6 +166,7 @@ export class HelperServer {
   }
 
   private accept(socket: net.Socket, handed?: Pick<HandedConnectionFd, 'kind' | 'pending'>): void {
+    this.memory.accepted();
     const admitted = this.admit(socket);
     if (admitted === null) return;
     const c = this.open(socket, admitted, handed !== undefined);

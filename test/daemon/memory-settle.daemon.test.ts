@@ -1,0 +1,114 @@
+/**
+ * The memory settle after a burst of closed connections (docs/daemon.md "Memory settling") waits for a quiet second:
+ * a full GC in the middle of a load stalls every client of it. A real daemon on a fake host, loaded by pipelined
+ * legacy requests or by new connections.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, test } from 'vitest';
+import { FakeHost } from '../support/fake-host.js';
+import { hostArgs, LegacyClient, req, startHelper, tempDir, waitFor, type DaemonChild } from './support/daemon-process.js';
+
+const SETTLED = 'memory given back after a burst of closed connections';
+const cleanups: (() => void | Promise<unknown>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function helper(): Promise<{ child: DaemonChild; sock: string }> {
+  const host = new FakeHost();
+  host.writePackageMsr(0, 0x606, 0xa1003n);
+  const dir = tempDir('vmsr-settle-');
+  const sock = path.join(dir, 'h.sock');
+  const child = await startHelper(['-k', sock, ...hostArgs(host)]);
+  cleanups.push(
+    () => {
+      host.cleanup();
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+    () => child.stop('SIGKILL'),
+  );
+  return { child, sock };
+}
+
+/** 300 connections, each answered once, then all closed: past the 256 closes that start a settle. */
+async function burst(sock: string): Promise<void> {
+  const clients: LegacyClient[] = [];
+  for (let i = 0; i < 300; i++) clients.push(await LegacyClient.connect(sock));
+  await Promise.all(clients.map((c) => c.request(0x606, 0, process.pid)));
+  for (const c of clients) c.close();
+}
+
+/** Requests until `until`: 200 pipelined at a time on 2 connections, or one per new connection every 50 ms. Returns their count. */
+async function load(sock: string, kind: 'pipelined' | 'connections', until: number): Promise<number> {
+  let answered = 0;
+  if (kind === 'connections') {
+    while (Date.now() < until) {
+      const c = await LegacyClient.connect(sock);
+      await c.request(0x606, 0, process.pid);
+      c.close();
+      answered++;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    return answered;
+  }
+  const batch = Buffer.concat(Array.from({ length: 200 }, () => req(0x606, 0, process.pid)));
+  const one = async () => {
+    const c = await LegacyClient.connect(sock);
+    while (Date.now() < until) {
+      c.send(batch);
+      await c.readBytes(8 * 200);
+      answered += 200;
+    }
+    c.close();
+  };
+  await Promise.all([one(), one()]);
+  return answered;
+}
+
+/** The log time (ms) of the settle's line, or null while there is none. */
+function settledAt(child: DaemonChild): number | null {
+  const line = child
+    .stderr()
+    .split('\n')
+    .find((l) => l.includes(SETTLED));
+  return line === undefined ? null : Date.parse((JSON.parse(line) as { time: string }).time);
+}
+
+describe('memory settle', () => {
+  test.each([
+    { kind: 'pipelined' as const, seconds: 2.5 },
+    { kind: 'pipelined' as const, seconds: 4 },
+    { kind: 'connections' as const, seconds: 3 },
+  ])(
+    'the settle after a burst waits until a $kind load of $seconds s ends',
+    async ({ kind, seconds }) => {
+      const { child, sock } = await helper();
+      await burst(sock);
+      const answered = await load(sock, kind, Date.now() + seconds * 1000);
+      const ended = Date.now();
+      console.log(`${kind}: ${answered} requests answered in ${seconds} s`);
+      if (kind === 'pipelined') expect(answered / seconds).toBeGreaterThan(2000); // the load is one, not a quiet second
+      await waitFor(() => settledAt(child) !== null, 'the settle after the load', child, 30_000);
+      expect(settledAt(child)).toBeGreaterThan(ended);
+    },
+    90_000,
+  );
+
+  test('the settle goes ahead under a load that never quiets, after at most 10 s', async () => {
+    const { child, sock } = await helper();
+    await burst(sock);
+    const start = Date.now();
+    const until = start + 16_000;
+    let seenDuring: number | null = null;
+    const watch = (async () => {
+      while (Date.now() < until && seenDuring === null) {
+        seenDuring = settledAt(child);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    })();
+    await Promise.all([load(sock, 'pipelined', until), watch]);
+    expect(seenDuring, 'the settle during 16 s of load').not.toBeNull();
+    expect(seenDuring! - start).toBeGreaterThan(9_000);
+  }, 90_000);
+});
