@@ -6,17 +6,7 @@
  */
 import fs from 'node:fs';
 
-const FAULTS: ReadonlySet<string> = new Set([
-  'SIGSEGV',
-  'SIGBUS',
-  'SIGILL',
-  'SIGFPE',
-  'SIGSYS',
-  'SIGTRAP',
-  'SIGXCPU',
-  'SIGXFSZ',
-  'SIGABRT',
-]);
+const FAULTS = new Set<string>(['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGSYS', 'SIGTRAP', 'SIGXCPU', 'SIGXFSZ', 'SIGABRT']);
 
 /** The host's OOM kills so far (`oom_kill` of /proc/vmstat, every memory cgroup's included), 0 when unknown. */
 export function oomKills(vmstat = '/proc/vmstat'): number {

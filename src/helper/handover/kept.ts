@@ -31,10 +31,7 @@ export interface Kept {
 
 type KeptLog = LogSink<'info' | 'warn'>;
 
-/**
- * The names of an image from before the one record (docs/daemon.md "Restarts"): its state read as the oldest checkpoint, its
- * connections served from their next byte (QEMU never reconnects), its hand-over closed as an unexpected name.
- */
+/** An image's from before the one record (docs/daemon.md "Restarts"): its state is the oldest checkpoint; its hand-over is closed. */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
 const seqOf = (name: string) => BigInt(name.slice(KEPT_NAMES.checkpointPrefix.length).replace(/\D/g, '') || '0');
@@ -169,10 +166,7 @@ export class CrashGuard {
   static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
     const note = takeKeeperNote();
     const kept = takeKept(named, note, log);
-    const outside = outsideKeep(notifier, kept, log) ?? undefined;
-    // A process that dies before its own first checkpoint crashed restoring this one.
-    if (kept.crash !== null && kept.state !== undefined) outside?.restoring();
-    return new CrashGuard(kept, note, outside, log);
+    return new CrashGuard(kept, note, outsideKeep(notifier, kept, log) ?? undefined, log);
   }
 
   /** The kept state (undefined, logged, when it does not decode) once the requests that waited through a restart are answered. */

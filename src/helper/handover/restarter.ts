@@ -78,18 +78,15 @@ export class RestartRequests {
   }
 }
 
-async function until(done: () => boolean, ms: number): Promise<void> {
-  const end = Date.now() + ms;
-  while (!done() && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
-}
-
-type Prepared = Awaited<ReturnType<typeof prepare>>;
-
-/** Stops reading, waits for queued replies, then takes the state and hand-over with no turn of the event loop until the caller execs or stores (`undo` reads again); throws (read again) when it cannot. */
+/**
+ * Stops reading, waits for queued replies, then writes the record (state and hand-over) with no turn of the event loop until the
+ * caller execs or stores it (`undo` reads again); throws (read again) when it cannot.
+ */
 async function prepare(p: RestartParts) {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
-  await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
+  const end = Date.now() + RESTART_DRAIN_MS;
+  while ((!frozen.drained || legacyQueued()) && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
   try {
     const connections = frozen.connections().filter((c) => {
       if (c.kind !== 'legacy' || c.socket.writableLength === 0) return socketFd(c.socket) !== undefined;
@@ -106,7 +103,7 @@ async function prepare(p: RestartParts) {
       legacy: { ...p.legacy },
       connections: connections.map((c, i) => ({ ino: fs.fstatSync(connFds[i]!, { bigint: true }).ino, kind: c.kind, pending: c.pending })),
     };
-    return { state: p.daemon.snapshot(), handover, connFds, undo: () => frozen.thaw() };
+    return { record: writeStateMemfd(p.daemon.snapshot(), handover), writtenNs: handover.writtenNs, connFds, undo: () => frozen.thaw() };
   } catch (e) {
     frozen.thaw();
     throw e;
@@ -171,21 +168,14 @@ export class Restarter {
       const meanwhile = await this.requests.quiet();
       if (meanwhile > 0) log.warn({ trigger, meanwhile }, 'restart asked again while one runs: one restart does for all, once they stop');
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
-      let prepared: Prepared | undefined;
-      let recordFd: number;
       const stoppedAt = wallMs();
-      try {
-        prepared = await prepare(this.p);
-        recordFd = writeStateMemfd(prepared.state, prepared.handover);
-      } catch (e) {
-        prepared?.undo(); // prepare() itself reads again when it throws
-        return calledOff((e as Error).message, 'this helper goes on serving', true);
-      }
+      const prepared = await prepare(this.p).catch((e: Error) => e);
+      if (prepared instanceof Error) return calledOff(prepared.message, 'this helper goes on serving', true);
       const inherited: Inherited = {
         ...this.p.opened.handover('restart'),
         dropped: true,
         named: new Map([
-          [`${KEPT_NAMES.checkpointPrefix}${prepared.handover.writtenNs}`, [recordFd]],
+          [`${KEPT_NAMES.checkpointPrefix}${prepared.writtenNs}`, [prepared.record]],
           [KEPT_NAMES.connectionPrefix, prepared.connFds],
         ]),
       };
@@ -199,7 +189,7 @@ export class Restarter {
         this.p.watchdog.disarm();
         reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
       } catch (e) {
-        closeFd(recordFd);
+        closeFd(prepared.record);
         prepared.undo();
         this.p.watchdog.start();
         return calledOff(`exec failed: ${(e as Error).message}`, 'this helper goes on serving', true);
@@ -215,7 +205,8 @@ export class Restarter {
     if (keep?.holder !== 'fd store') return false;
     try {
       const prepared = await prepare(this.p);
-      const stored = keep.checkpoint(prepared.state, prepared.handover);
+      const stored = keep.store(prepared.record);
+      closeFd(prepared.record);
       log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
       return stored;
     } catch (e) {
