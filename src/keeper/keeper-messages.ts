@@ -23,14 +23,11 @@ export function encodeKeeperMessage(type: KeeperMessageType, text = ''): Buffer 
   return b;
 }
 
-const TYPES = new Set<string>(Object.values(KEEPER_MESSAGE));
-
 /** The message in `bytes`, or null when it is none of ours. */
 export function decodeKeeperMessage(bytes: Buffer): { type: KeeperMessageType; text: string } | null {
-  if (bytes.length === 0 || bytes.length > MAX_KEEPER_MESSAGE_BYTES) return null;
-  const type = String.fromCharCode(bytes[0]!);
-  if (!TYPES.has(type)) return null;
-  return { type: type as KeeperMessageType, text: bytes.subarray(1).toString('utf8') };
+  const type = String.fromCharCode(bytes[0] ?? 0) as KeeperMessageType;
+  if (bytes.length > MAX_KEEPER_MESSAGE_BYTES || !Object.values(KEEPER_MESSAGE).includes(type)) return null;
+  return { type, text: bytes.subarray(1).toString('utf8') };
 }
 
 /** A serving process's environment from its keeper: the channel's fd, the names of the fds from KEEPER_FIRST_FD on, KeeperNote; `image`: the keeper's. */
@@ -72,10 +69,9 @@ export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote
 }
 
 /**
- * The names of the fds the next process takes (`prefix` tells them from the .socket unit's): a connection
- * by its socket's inode (a restart in place passes them all under the bare prefix), a record by a sequence
- * number (the highest is the latest), what the start opened (keeper only), and the mark that a checkpoint
- * is being restored (fd store only: a process that dies with it set crashed in the restore).
+ * The names of the fds the next process takes (`prefix` tells them from the .socket unit's): a connection by its inode (a restart
+ * in place: all under the bare prefix), a record by a sequence number (the highest is the latest), what the start opened (keeper
+ * only), the mark that a checkpoint is being restored (fd store only: a process that dies with it set crashed in the restore).
  */
 export const KEPT_NAMES = {
   prefix: 'vmsr-',

@@ -2,7 +2,7 @@
  * Restarts that QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`), the installed binary
  * checked, then executed in this process with the record and its hand-over; at a stop under systemd, into the fd store.
  */
-import { spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { Restartable } from './frozen.js';
@@ -120,26 +120,19 @@ function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<str
   } catch (e) {
     return Promise.resolve((e as Error).message);
   }
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [...withDaemonNodeFlags(process.execArgv), script, '--version'], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-      env: allowedEnvironment(process.env),
-    });
-    let err = '';
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()).length > 4096 && (err = err.slice(-4096)));
-    let late = false;
-    const t = setTimeout(() => ((late = true), child.kill('SIGKILL')), timeoutMs);
-    child.on('error', (e) => (clearTimeout(t), resolve(e.message)));
-    child.on('exit', (code, sig) => {
-      clearTimeout(t);
-      const how = late
+  const args = [...withDaemonNodeFlags(process.execArgv), script, '--version'];
+  const opts = { env: allowedEnvironment(process.env), timeout: timeoutMs, killSignal: 'SIGKILL' as const };
+  return new Promise((resolve) =>
+    execFile(process.execPath, args, opts, (e, _out, err) => {
+      if (e === null || typeof e.code === 'string') return resolve(e?.message ?? null); // a string code: it did not start
+      const how = e.killed
         ? `did not finish within ${timeoutMs / 1000} s (a hung binary, or a host too busy)`
-        : sig
-          ? `was killed (${sig})`
-          : `exited ${code}`;
-      resolve(code === 0 ? null : `${script} --version ${how}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`);
-    });
-  });
+        : e.signal
+          ? `was killed (${e.signal})`
+          : `exited ${e.code}`;
+      resolve(`${script} --version ${how}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`);
+    }),
+  );
 }
 
 export class Restarter {
