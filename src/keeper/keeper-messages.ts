@@ -1,12 +1,7 @@
 /**
- * What the serving process tells its keeper, one SOCK_SEQPACKET message each: a type byte, then its
- * text. The keeper trusts nothing in a message but its type and the fd attached; no text is a path.
- *
- *   H  hold this connection (its fd attached); text: empty (the keeper takes the inode from the fd)
- *   D  drop the connection of this inode; text: the inode in decimal
- *   C  the latest checkpoint (a sealed memfd attached); text: empty
- *   R  serving (the start is over)
- *   B  the event loop turns (once a second from ready on: deaths.ts)
+ * What the serving process tells its keeper, one SOCK_SEQPACKET message each: a type byte, then its text. The keeper trusts nothing
+ * but the type and the fd attached (no text is a path): H hold this connection (fd attached; the keeper takes the inode from it),
+ * D drop the connection of this inode (text: decimal), C the latest checkpoint (a sealed memfd attached), R serving, B the loop turns.
  */
 import { takeEnvJson } from '../common/env-json.js';
 import { cannotError } from '../common/errors.js';

@@ -161,10 +161,8 @@ class Keeper {
       case KEEPER_MESSAGE.drop: {
         const ino = /^\d{1,20}$/.test(m.text) ? BigInt(m.text) : -1n;
         const held = this.conns.get(ino);
-        if (held !== undefined) {
-          closeFd(held);
-          this.conns.delete(ino);
-        }
+        if (held !== undefined) closeFd(held);
+        this.conns.delete(ino);
         return false;
       }
       case KEEPER_MESSAGE.checkpoint:
@@ -175,14 +173,10 @@ class Keeper {
         return true;
       case KEEPER_MESSAGE.ready:
         this.readyAt = Date.now();
-        if (!this.everReady) {
-          this.everReady = true;
-          this.o.onReady?.();
-        }
-        if (this.hupWaiting) {
-          this.hupWaiting = false;
-          this.child?.kill('SIGHUP');
-        }
+        if (!this.everReady) this.o.onReady?.();
+        this.everReady = true;
+        if (this.hupWaiting) this.child?.kill('SIGHUP');
+        this.hupWaiting = false;
         return false;
       case KEEPER_MESSAGE.beat: // heard (drain): a SIGALRM now came from outside
         return false;

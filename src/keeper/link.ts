@@ -27,7 +27,6 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   return named;
 }
 
-/** The channel's fd when KEEPER_ENV.channel names a SOCK_SEQPACKET socket, else null. */
 function channelFd(env: NodeJS.ProcessEnv): number | null {
   const text = env[KEEPER_ENV.channel];
   const fd = text !== undefined && /^\d{1,7}$/.test(text) ? Number(text) : -1;
@@ -40,16 +39,13 @@ function channelFd(env: NodeJS.ProcessEnv): number | null {
 
 export type KeeperSend = (type: KeeperMessageType, text?: string, fd?: number) => boolean;
 
-/**
- * Sends one message to this process's keeper (KEEPER_ENV.channel), `fd` attached (the caller closes it); false when not sent
- * (a failure is logged once, serving goes on). Null without a keeper; a channel that is not one is refused, logged.
- */
+/** The send of a message to this process's keeper (false: not sent; the first failure logged), or null without one (a bad channel logged). */
 export function keeperLink(log: LogSink<'warn'>, env: NodeJS.ProcessEnv = process.env): KeeperSend | null {
-  const text = env[KEEPER_ENV.channel];
-  if (text === undefined) return null;
+  const given = env[KEEPER_ENV.channel];
+  if (given === undefined) return null;
   const channel = channelFd(env);
   if (channel === null) {
-    log.warn({ fd: text }, `${KEEPER_ENV.channel} names no keeper's channel: serving without a keeper`);
+    log.warn({ fd: given }, `${KEEPER_ENV.channel} names no keeper's channel: serving without a keeper`);
     delete env[KEEPER_ENV.channel];
     return null;
   }

@@ -1,7 +1,4 @@
-/**
- * What a start inherits instead of opening it (from systemd, the keeper, the image before an exec): the
- * start-up runs the step of each part missing. Across an exec it travels in INHERIT_ENV; its fds by number.
- */
+/** What a start inherits instead of opening it (from systemd, the keeper, the image before an exec); across an exec, in INHERIT_ENV. */
 import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
 import { cannotError } from '../../common/errors.js';

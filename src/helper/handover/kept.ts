@@ -101,7 +101,6 @@ export function takeKept(
 
 type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
-/** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {
   const who = `the serving process (pid ${note.pid})`;
   // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).

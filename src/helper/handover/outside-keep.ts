@@ -1,7 +1,4 @@
-/**
- * What the serving process keeps outside itself so that a crash does not take it along (docs/daemon.md
- * "Crashes"): each connection from its accept to its close (or v2), a checkpoint at every interval.
- */
+/** What the serving process keeps outside itself against a crash (docs/daemon.md "Crashes"): each connection, the latest checkpoint. */
 import fs from 'node:fs';
 import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
@@ -9,7 +6,6 @@ import type { StateSnapshot } from '../../state/snapshot.js';
 import { keeperLink } from '../../keeper/link.js';
 import { KEEPER_MESSAGE, KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
-import type { ConnectionKeep } from './frozen.js';
 import type { LogSink } from '../../logging/logger.js';
 
 /** What the fd store is reached through (lifecycle/systemd.ts's Notifier). */
@@ -30,17 +26,9 @@ interface Holder {
   beat(): void;
 }
 
-export interface OutsideKeep extends ConnectionKeep, Holder {
-  /** Hands the holder the latest checkpoint (the one before is let go). */
-  checkpoint(s: StateSnapshot): void;
-  /** From now on, closing connections (a stop, a hand-over) leaves them held. */
-  detach(): void;
-}
+export type OutsideKeep = ReturnType<typeof outside>;
 
-/**
- * The holder this process has (its keeper, else systemd's fd store), or null: then a crash loses the connections. `found`:
- * what this start took (the fd store's checkpoints and restoring mark, a checkpoint to restore after a crash).
- */
+/** The holder this process has (its keeper, else systemd's fd store), or null: a crash loses the connections. `found`: what the start took. */
 export function outsideKeep(
   notifier: StoreNotifier,
   found: { checkpointNames: readonly string[]; restoringMark: boolean; crash: object | null; state?: Buffer },
@@ -86,23 +74,25 @@ export function outsideKeep(
   });
 }
 
-/** `h` seeing each connection (named by its socket's inode, as the keeper names it) until detach(), and each record. */
-function outside(h: Holder): OutsideKeep {
+/** `h` seeing each connection (named by its socket's inode, as the keeper names it) until detach(), and each checkpoint. */
+function outside(h: Holder) {
   let attached = true;
   return {
     ...h,
     // Only fds the server has just accepted or adopted (checked then): the inode is all there is to learn.
-    held(fd) {
+    held(fd: number | undefined): bigint | null {
       if (fd === undefined || !attached) return null;
       const ino = fs.fstatSync(fd, { bigint: true }).ino;
       h.hold(fd, ino);
       return ino;
     },
-    released(ino) {
+    released(ino: bigint | null): void {
       if (ino !== null && attached) h.drop(ino);
     },
+    /** From now on, closing connections (a stop, a hand-over) leaves them held. */
     detach: () => void (attached = false),
-    checkpoint(s) {
+    /** Hands the holder the latest checkpoint (the one before is let go). */
+    checkpoint(s: StateSnapshot): void {
       const fd = writeStateMemfd(s);
       h.store(fd);
       closeFd(fd);

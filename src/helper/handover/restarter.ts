@@ -1,7 +1,4 @@
-/**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`), the installed binary
- * checked, then executed in this process with the record and its hand-over; at a stop under systemd, into the fd store.
- */
+/** Restarts QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`) by exec, or into the fd store at a stop. */
 import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
@@ -31,7 +28,6 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   return takeEnvJson(RESTART_CLOCK_ENV, valid, env) ?? null;
 }
 
-/** What a restart needs of the daemon. */
 interface RestartParts {
   daemon: Restartable;
   /** What the start opened, as the exec hands it on. */
@@ -49,10 +45,7 @@ export const RESTART_QUIET_MS = 1000;
 /** Longest the installed binary's `--version` may take: far above its second or two, as a busy host took over 10 s. */
 export const RESTART_CHECK_TIMEOUT_MS = 30_000;
 
-/**
- * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP while one runs pushes
- * the exec back, so none arrives while the new image starts, where SIGHUP is at its default (os/sighup-hold.ts).
- */
+/** When a restart in place may exec: a SIGHUP while one runs pushes it back, so none reaches the new image before it holds SIGHUP (docs/security.md). */
 export class RestartRequests {
   private lastAt = -Infinity;
   private meanwhile = 0;
@@ -78,10 +71,7 @@ export class RestartRequests {
   }
 }
 
-/**
- * Stops reading, waits for queued replies, then writes the record (state and hand-over) with no turn of the event loop until the
- * caller execs or stores it (`undo` reads again); throws (read again) when it cannot.
- */
+/** Stops reading, waits for queued replies, writes the record; no turn of the event loop until it is handed on (`undo` or a throw: read again). */
 async function prepare(p: RestartParts) {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
@@ -172,7 +162,6 @@ export class Restarter {
           [KEPT_NAMES.connectionPrefix, prepared.connFds],
         ]),
       };
-      const keep = inheritedFds(inherited);
       log.info(
         { connections: prepared.connFds.length, preparedMs: Math.round(wallMs() - signalAt) },
         'restart in place: executing the installed binary',
@@ -180,7 +169,7 @@ export class Restarter {
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
         this.p.watchdog.disarm();
-        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
+        reexecInPlace(inheritedFds(inherited), { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
       } catch (e) {
         closeFd(prepared.record);
         prepared.undo();
