@@ -274,9 +274,8 @@ class Keeper {
     this.conns.clear();
     if (this.checkpoint !== null) closeFd(this.checkpoint);
     for (const fd of this.o.fds ?? []) closeFd(fd);
-    const file = this.o.socketFile;
+    const { socketFile: file, pidfile } = this.o;
     if (code !== 0 && file !== undefined) removeIf(file.path, () => fs.lstatSync(file.path).ino === file.ino);
-    const pidfile = this.o.pidfile;
     if (pidfile !== undefined) removeIf(pidfile, () => fs.readFileSync(pidfile, 'utf8').trim() === String(process.pid));
     this.done(code);
   }

@@ -37,16 +37,14 @@ function channelFd(env: NodeJS.ProcessEnv): number | null {
   }
 }
 
-export type KeeperSend = (type: KeeperMessageType, text?: string, fd?: number) => boolean;
-
 /** The send of a message to this process's keeper (false: not sent; the first failure logged), or null without one (a bad channel logged). */
-export function keeperLink(log: LogSink<'warn'>, env: NodeJS.ProcessEnv = process.env): KeeperSend | null {
-  const given = env[KEEPER_ENV.channel];
+export function keeperLink(log: LogSink<'warn'>): ((type: KeeperMessageType, text?: string, fd?: number) => boolean) | null {
+  const given = process.env[KEEPER_ENV.channel];
   if (given === undefined) return null;
-  const channel = channelFd(env);
+  const channel = channelFd(process.env);
   if (channel === null) {
     log.warn({ fd: given }, `${KEEPER_ENV.channel} names no keeper's channel: serving without a keeper`);
-    delete env[KEEPER_ENV.channel];
+    delete process.env[KEEPER_ENV.channel];
     return null;
   }
   // Node opens inherited fds close-on-exec: the channel must cross every restart in place.

@@ -26,15 +26,13 @@ export interface Kept {
   restoringMark: boolean;
 }
 
-type KeptLog = LogSink<'info' | 'warn'>;
-
-/** An image's from before the one record (docs/daemon.md "Restarts"): its state is the oldest checkpoint; its hand-over is closed. */
+/** The names of an image from before the one record (docs/daemon.md "Restarts"): its state is the oldest checkpoint; its hand-over is closed. */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
 const seqOf = (name: string) => BigInt(name.slice(KEPT_NAMES.checkpointPrefix.length).replace(/\D/g, '') || '0');
 
 /** The kept fds by what they are; a name not of ours is closed and logged. */
-function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: KeptLog) {
+function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: LogSink<'warn'>) {
   const conns: number[] = [];
   const checkpoints: [string, number][] = [];
   let restoringMark = false;
@@ -56,7 +54,7 @@ function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: Ke
 export function takeKept(
   named: ReadonlyMap<string, readonly number[]> | undefined,
   note: KeeperNote | null,
-  log: KeptLog,
+  log: LogSink<'info' | 'warn'>,
   nowNs: bigint = monotonicNs(),
 ): Kept {
   const { conns, checkpoints, restoringMark, checkpointNames } = sort(named, log);

@@ -79,7 +79,7 @@ function outside(h: Holder) {
   let attached = true;
   return {
     ...h,
-    // Only fds the server has just accepted or adopted (checked then): the inode is all there is to learn.
+    /** Holds the connection of socket fd `fd`, just accepted or adopted (checked then: its inode is all to learn); names it for released(). */
     held(fd: number | undefined): bigint | null {
       if (fd === undefined || !attached) return null;
       const ino = fs.fstatSync(fd, { bigint: true }).ino;
