@@ -63,17 +63,13 @@ export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote
   return takeEnvJson(KEEPER_ENV.note, valid, env) ?? null;
 }
 
-/**
- * The names of the fds the next process takes (`prefix` tells them from the .socket unit's): a connection by its inode (a restart
- * in place: all under the bare prefix), a record by a sequence number (the highest is the latest), what the start opened (keeper
- * only), the mark that a checkpoint is being restored (fd store only: a process that dies with it set crashed in the restore).
- */
+/** The names of the fds the next process takes. */
 export const KEPT_NAMES = {
-  prefix: 'vmsr-',
-  connectionPrefix: 'vmsr-kept-',
-  checkpointPrefix: 'vmsr-ckpt-',
-  start: 'vmsr-start',
-  restoring: 'vmsr-restoring',
+  prefix: 'vmsr-', // tells them from the .socket unit's
+  connectionPrefix: 'vmsr-kept-', // and its inode (a restart in place: all under the bare prefix)
+  checkpointPrefix: 'vmsr-ckpt-', // and a sequence number: the highest is the latest
+  start: 'vmsr-start', // what the start opened (keeper only)
+  restoring: 'vmsr-restoring', // a checkpoint is being restored (fd store only: a death with it set was a crash in the restore)
 } as const;
 
 /** What the root start gives the keeper's image in KEEPER_ENV.image; the socket file and pidfile are the only paths the keeper removes. */
