@@ -13,14 +13,6 @@ export async function runKeeperImage(): Promise<never> {
   const env: NodeJS.ProcessEnv = { ...process.env, ...image.env };
   delete env[DAEMON_CHILD_ENV];
   log.info({}, 'keeper: holding the socket and the connections; starting the serving process');
-  const code = await runKeeper({
-    command: image.command,
-    env,
-    log,
-    startFds: image.fds,
-    ...(image.socketFile ? { socketFile: image.socketFile } : {}),
-    ...(image.pidfile !== undefined ? { pidfile: image.pidfile } : {}),
-    ...(isDaemonChild() ? { onReady: reportReady } : {}),
-  });
+  const code = await runKeeper({ ...image, env, log, ...(isDaemonChild() ? { onReady: reportReady } : {}) });
   process.exit(code);
 }

@@ -1,22 +1,11 @@
 /**
- * How a serving process died, as the keeper counts it (docs/security.md "The -u user ending the service").
- * A fault is its own: a signal the kernel sends for what it did, SIGABRT, an exit code, a SIGKILL while
- * the host's OOM kills moved, its own watchdog's SIGALRM (it ignores fault signals from other processes:
- * lifecycle/loop-watchdog.ts). Any other signal came from another process: restarted, not counted.
+ * How a serving process died, as the keeper counts it (docs/security.md "The -u user ending the service"): a fault, SIGABRT, an
+ * exit code, a SIGKILL while OOM kills moved, its watchdog's SIGALRM are its own (it ignores fault signals other processes send:
+ * lifecycle/loop-watchdog.ts); any other signal came from another process: restarted, not counted.
  */
 import fs from 'node:fs';
 
-const FAULTS: ReadonlySet<string> = new Set([
-  'SIGSEGV',
-  'SIGBUS',
-  'SIGILL',
-  'SIGFPE',
-  'SIGSYS',
-  'SIGTRAP',
-  'SIGXCPU',
-  'SIGXFSZ',
-  'SIGABRT',
-]);
+const FAULTS = new Set<string>(['SIGSEGV', 'SIGBUS', 'SIGILL', 'SIGFPE', 'SIGSYS', 'SIGTRAP', 'SIGXCPU', 'SIGXFSZ', 'SIGABRT']);
 
 /** The host's OOM kills so far (`oom_kill` of /proc/vmstat, every memory cgroup's included), 0 when unknown. */
 export function oomKills(vmstat = '/proc/vmstat'): number {

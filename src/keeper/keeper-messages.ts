@@ -1,12 +1,7 @@
 /**
- * What the serving process tells its keeper, one SOCK_SEQPACKET message each: a type byte, then its
- * text. The keeper trusts nothing in a message but its type and the fd attached; no text is a path.
- *
- *   H  hold this connection (its fd attached); text: empty (the keeper takes the inode from the fd)
- *   D  drop the connection of this inode; text: the inode in decimal
- *   C  the latest checkpoint (a sealed memfd attached); text: empty
- *   R  serving (the start is over)
- *   B  the event loop turns (once a second from ready on: deaths.ts)
+ * What the serving process tells its keeper, one SOCK_SEQPACKET message each: a type byte, then its text. The keeper trusts nothing
+ * but the type and the fd attached (no text is a path): H hold this connection (fd attached; the keeper takes the inode from it),
+ * D drop the connection of this inode (text: decimal), C the latest checkpoint (a sealed memfd attached), R serving, B the loop turns.
  */
 import { takeEnvJson } from '../common/env-json.js';
 import { cannotError } from '../common/errors.js';
@@ -23,14 +18,11 @@ export function encodeKeeperMessage(type: KeeperMessageType, text = ''): Buffer 
   return b;
 }
 
-const TYPES = new Set<string>(Object.values(KEEPER_MESSAGE));
-
 /** The message in `bytes`, or null when it is none of ours. */
 export function decodeKeeperMessage(bytes: Buffer): { type: KeeperMessageType; text: string } | null {
-  if (bytes.length === 0 || bytes.length > MAX_KEEPER_MESSAGE_BYTES) return null;
-  const type = String.fromCharCode(bytes[0]!);
-  if (!TYPES.has(type)) return null;
-  return { type: type as KeeperMessageType, text: bytes.subarray(1).toString('utf8') };
+  const type = String.fromCharCode(bytes[0] ?? 0) as KeeperMessageType;
+  if (bytes.length > MAX_KEEPER_MESSAGE_BYTES || !Object.values(KEEPER_MESSAGE).includes(type)) return null;
+  return { type, text: bytes.subarray(1).toString('utf8') };
 }
 
 /** A serving process's environment from its keeper: the channel's fd, the names of the fds from KEEPER_FIRST_FD on, KeeperNote; `image`: the keeper's. */
@@ -71,18 +63,13 @@ export function takeKeeperNote(env: NodeJS.ProcessEnv = process.env): KeeperNote
   return takeEnvJson(KEEPER_ENV.note, valid, env) ?? null;
 }
 
-/**
- * The names of the fds the next process takes (`prefix` tells them from the .socket unit's): a connection
- * by its socket's inode (a restart in place passes them all under the bare prefix), a record by a sequence
- * number (the highest is the latest), what the start opened (keeper only), and the mark that a checkpoint
- * is being restored (fd store only: a process that dies with it set crashed in the restore).
- */
+/** The names of the fds the next process takes. */
 export const KEPT_NAMES = {
-  prefix: 'vmsr-',
-  connectionPrefix: 'vmsr-kept-',
-  checkpointPrefix: 'vmsr-ckpt-',
-  start: 'vmsr-start',
-  restoring: 'vmsr-restoring',
+  prefix: 'vmsr-', // tells them from the .socket unit's
+  connectionPrefix: 'vmsr-kept-', // and its inode (a restart in place: all under the bare prefix)
+  checkpointPrefix: 'vmsr-ckpt-', // and a sequence number: the highest is the latest
+  start: 'vmsr-start', // what the start opened (keeper only)
+  restoring: 'vmsr-restoring', // a checkpoint is being restored (fd store only: a death with it set was a crash in the restore)
 } as const;
 
 /** What the root start gives the keeper's image in KEEPER_ENV.image; the socket file and pidfile are the only paths the keeper removes. */

@@ -1,10 +1,7 @@
 /**
- * The keeper (docs/daemon.md "Crashes"): without systemd, it starts the serving process, holds what
- * must outlive it (the start's fds, every QEMU connection, the latest checkpoint: fds the serving
- * process sends, each checked) and starts it again with them when it dies. Effective uid -u's user,
- * real and saved 0: no process of that user may signal it (kill(2)); 0 brings no capability (empty
- * bounding set, SECBIT_NOROOT locked, NO_NEW_PRIVS). It never opens, unlinks or executes a path a
- * serving process names.
+ * The keeper (docs/daemon.md "Crashes"): starts the serving process, holds what must outlive it (the start's fds, each QEMU
+ * connection, the latest checkpoint: each fd checked) and starts it again with them. Real and saved uid 0 with no capability, so
+ * -u's user cannot signal it (kill(2)); it never opens, unlinks or executes a path a serving process names.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
@@ -41,64 +38,48 @@ export const KEEPER_LIMITS = {
 
 const SIGNALS = ['SIGTERM', 'SIGINT', 'SIGHUP'] as const;
 
-/** socketFile, pidfile: removed at the end, the socket file after crashes while still that inode, the pidfile while it holds this pid. */
-interface KeeperOptions extends Pick<KeeperImage, 'socketFile' | 'pidfile'> {
-  /** The serving process: [node, ...flags, script, ...arguments]. */
-  command: readonly string[];
+/** As KeeperImage (`fds` passed to every serving process from KEEPER_FIRST_FD on); `onReady`: once the first serving process is. */
+interface KeeperOptions extends Pick<KeeperImage, 'command' | 'socketFile' | 'pidfile'>, Partial<Pick<KeeperImage, 'fds'>> {
   env: NodeJS.ProcessEnv;
   log: LogSink<'info' | 'warn' | 'error'>;
   limits?: Partial<typeof KEEPER_LIMITS>;
-  /** Called once, when the first serving process is ready. */
   onReady?: () => void;
-  /** What the start opened as root, passed to every serving process from KEEPER_FIRST_FD on (`env` says what they are). */
-  startFds?: readonly number[];
 }
 
-/**
- * Runs the keeper until it is stopped (SIGTERM, SIGINT: passed on; the serving process's exit code),
- * the first start fails (its exit code) or crashes come too often in a row (1). SIGHUP is passed on.
- */
+/** Runs the keeper until stopped (SIGTERM, SIGINT: passed on; the serving process's exit code), the first start fails (its exit code) or crashes come too often in a row (1). */
 export function runKeeper(o: KeeperOptions): Promise<number> {
   const limits = { ...KEEPER_LIMITS, ...o.limits };
   // Placed by each spawn at KEEPER_FIRST_FD on: never also at their own numbers.
-  for (const fd of o.startFds ?? []) setCloexec(fd, true);
-  return new Promise<number>((resolve) => new Keeper(o, limits, resolve).start());
+  for (const fd of o.fds ?? []) setCloexec(fd, true);
+  return new Promise<number>((resolve) => new Keeper(o, limits, resolve));
 }
 
 class Keeper {
   private readonly conns = new Map<bigint, number>();
   private checkpoint: number | null = null;
-  /** Passed to the current serving process, which has not sent one of its own yet. */
-  private checkpointGiven = false;
+  private checkpointGiven = false; // passed to the current serving process, which has not sent one of its own yet
   private child: ChildProcess | null = null;
   private channel: { fd: number; watch: FdWatch } | null = null;
   private everReady = false;
   private readyAt = 0;
-  /** When the serving process last sent a message (its loop beats once a second). */
-  private lastHeard = 0;
+  private lastHeard = 0; // its loop beats once a second
   private crashes = 0;
-  /** Ends from outside in a row: backed off, never a stop. */
-  private killed = 0;
+  private killed = 0; // ends from outside in a row: backed off, never a stop
   private oomAtSpawn = 0;
-  /** When the serving process was last found stopped and continued (0: never). */
-  private continuedAt = 0;
+  private continuedAt = 0; // when last found stopped and continued
   private stopping = false;
-  /** A SIGHUP came while no serving process was ready: passed on once one is. */
-  private hupWaiting = false;
+  private hupWaiting = false; // a SIGHUP came while no serving process was ready: passed on once one is
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly o: KeeperOptions,
     private readonly limits: typeof KEEPER_LIMITS,
     private readonly done: (code: number) => void,
-  ) {}
-
-  start(): void {
+  ) {
     for (const sig of SIGNALS) process.on(sig, this.onSignal);
     this.spawn(null);
   }
 
-  /** Node passes a signal's name to its listeners. */
   private readonly onSignal = (sig: NodeJS.Signals): void => {
     const running = this.child !== null && this.child.exitCode === null && this.child.signalCode === null;
     if (sig === 'SIGHUP') {
@@ -114,7 +95,7 @@ class Keeper {
 
   private spawn(note: KeeperNote | null): void {
     const [mine, theirs] = socketpair(SOCK_SEQPACKET);
-    const passed = (this.o.startFds ?? []).map((fd): [string, number] => [KEPT_NAMES.start, fd]);
+    const passed = (this.o.fds ?? []).map((fd): [string, number] => [KEPT_NAMES.start, fd]);
     if (this.checkpoint !== null) passed.push([`${KEPT_NAMES.checkpointPrefix}0`, this.checkpoint]);
     this.checkpointGiven = this.checkpoint !== null;
     for (const [ino, fd] of this.conns) passed.push([`${KEPT_NAMES.connectionPrefix}${ino}`, fd]);
@@ -180,10 +161,8 @@ class Keeper {
       case KEEPER_MESSAGE.drop: {
         const ino = /^\d{1,20}$/.test(m.text) ? BigInt(m.text) : -1n;
         const held = this.conns.get(ino);
-        if (held !== undefined) {
-          closeFd(held);
-          this.conns.delete(ino);
-        }
+        if (held !== undefined) closeFd(held);
+        this.conns.delete(ino);
         return false;
       }
       case KEEPER_MESSAGE.checkpoint:
@@ -194,14 +173,10 @@ class Keeper {
         return true;
       case KEEPER_MESSAGE.ready:
         this.readyAt = Date.now();
-        if (!this.everReady) {
-          this.everReady = true;
-          this.o.onReady?.();
-        }
-        if (this.hupWaiting) {
-          this.hupWaiting = false;
-          this.child?.kill('SIGHUP');
-        }
+        if (!this.everReady) this.o.onReady?.();
+        this.everReady = true;
+        if (this.hupWaiting) this.child?.kill('SIGHUP');
+        this.hupWaiting = false;
         return false;
       case KEEPER_MESSAGE.beat: // heard (drain): a SIGALRM now came from outside
         return false;
@@ -298,10 +273,9 @@ class Keeper {
     for (const fd of this.conns.values()) closeFd(fd);
     this.conns.clear();
     if (this.checkpoint !== null) closeFd(this.checkpoint);
-    for (const fd of this.o.startFds ?? []) closeFd(fd);
-    const file = this.o.socketFile;
+    for (const fd of this.o.fds ?? []) closeFd(fd);
+    const { socketFile: file, pidfile } = this.o;
     if (code !== 0 && file !== undefined) removeIf(file.path, () => fs.lstatSync(file.path).ino === file.ino);
-    const pidfile = this.o.pidfile;
     if (pidfile !== undefined) removeIf(pidfile, () => fs.readFileSync(pidfile, 'utf8').trim() === String(process.pid));
     this.done(code);
   }

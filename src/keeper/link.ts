@@ -13,10 +13,6 @@ const SIGTERM = 15;
 
 /** The fds a keeper passed, by name (KEEPER_ENV.fdNames, read and removed), or null; the start's are left to INHERIT_ENV. */
 export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string, number[]> | null {
-  // Node opens inherited fds close-on-exec: the channel must cross the start-up re-exec and every
-  // restart in place (a channel that is no socket is left alone: fromEnvironment refuses it).
-  const channel = channelFd(env);
-  if (channel !== null) setCloexec(channel, false);
   const text = env[KEEPER_ENV.fdNames];
   delete env[KEEPER_ENV.fdNames];
   if (text === undefined || env[KEEPER_ENV.channel] === undefined) return null;
@@ -31,7 +27,6 @@ export function takeFromKeeper(env: NodeJS.ProcessEnv = process.env): Map<string
   return named;
 }
 
-/** The channel's fd when KEEPER_ENV.channel names a SOCK_SEQPACKET socket, else null. */
 function channelFd(env: NodeJS.ProcessEnv): number | null {
   const text = env[KEEPER_ENV.channel];
   const fd = text !== undefined && /^\d{1,7}$/.test(text) ? Number(text) : -1;
@@ -42,49 +37,39 @@ function channelFd(env: NodeJS.ProcessEnv): number | null {
   }
 }
 
-export class KeeperLink {
-  private gone = false;
-
-  private constructor(
-    private readonly fd: number,
-    private readonly log: LogSink<'warn'>,
-  ) {}
-
-  /** The link to this process's keeper (KEEPER_ENV.channel), or null without one; a channel that is not one is refused, logged. */
-  static fromEnvironment(log: LogSink<'warn'>, env: NodeJS.ProcessEnv = process.env): KeeperLink | null {
-    const text = env[KEEPER_ENV.channel];
-    if (text === undefined) return null;
-    const fd = channelFd(env);
-    if (fd === null) {
-      log.warn({ fd: text }, `${KEEPER_ENV.channel} names no keeper's channel: serving without a keeper`);
-      delete env[KEEPER_ENV.channel];
-      return null;
-    }
-    setCloexec(fd, false);
-    return new KeeperLink(fd, log);
+/** The send of a message to this process's keeper (false: not sent; the first failure logged), or null without one (a bad channel logged). */
+export function keeperLink(log: LogSink<'warn'>): ((type: KeeperMessageType, text?: string, fd?: number) => boolean) | null {
+  const given = process.env[KEEPER_ENV.channel];
+  if (given === undefined) return null;
+  const channel = channelFd(process.env);
+  if (channel === null) {
+    log.warn({ fd: given }, `${KEEPER_ENV.channel} names no keeper's channel: serving without a keeper`);
+    delete process.env[KEEPER_ENV.channel];
+    return null;
   }
-
-  /** SIGTERM (a clean stop) when the keeper dies (PR_SET_PDEATHSIG); false when it is gone already (the channel hung up). */
-  static endWithKeeper(env: NodeJS.ProcessEnv = process.env): boolean {
-    const fd = channelFd(env);
-    if (fd === null) return true;
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    return !peerHungUp(fd);
-  }
-
-  /** Sends one message with `fd` attached (the caller closes it); a send that fails is logged once, serving goes on. */
-  send(type: KeeperMessageType, text = '', fd?: number): void {
-    if (this.gone) return;
+  // Node opens inherited fds close-on-exec: the channel must cross every restart in place.
+  setCloexec(channel, false);
+  let gone = false;
+  return (type, text = '', fd) => {
     try {
-      sendFds(this.fd, encodeKeeperMessage(type, text), fd === undefined ? [] : [fd]);
+      if (!gone) sendFds(channel, encodeKeeperMessage(type, text), fd === undefined ? [] : [fd]);
     } catch (e) {
-      this.gone = true;
-      this.log.warn(
+      gone = true;
+      log.warn(
         { err: (e as Error).message },
         'the keeper is gone: connections and checkpoints are no longer kept outside this process (a crash now loses them)',
       );
     }
-  }
+    return !gone;
+  };
+}
+
+/** SIGTERM (a clean stop) when the keeper dies (PR_SET_PDEATHSIG); false when it is gone already (the channel hung up). */
+export function endWithKeeper(env: NodeJS.ProcessEnv = process.env): boolean {
+  const fd = channelFd(env);
+  if (fd === null) return true;
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  return !peerHungUp(fd);
 }
 
 /** The inode of `fd` when it is a connection (a stream socket, not listening; `peer`: with a peer process), else why not. */

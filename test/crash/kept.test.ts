@@ -145,7 +145,7 @@ describe("the fd store's bookkeeping", () => {
     });
     const keep = outsideKeep(
       new Notifier({ NOTIFY_SOCKET: socket }),
-      { checkpointNames: ['vmsr-ckpt-1'], restoringMark: true },
+      { checkpointNames: ['vmsr-ckpt-1'], restoringMark: true, crash: null },
       quietLog(),
     )!;
     expect(keep.holder).toBe('fd store');

@@ -29,7 +29,7 @@ import {
 } from '../options.js';
 import { cannot } from '../../common/errors.js';
 import { KEEPER_ENV, NO_KEEPER_ENV } from '../../keeper/keeper-messages.js';
-import { KeeperLink } from '../../keeper/link.js';
+import { endWithKeeper } from '../../keeper/link.js';
 import { DEFAULT_ENERGY_SOURCE, type EnergySourceChoice } from '../../energy/kinds.js';
 
 const DEFAULT_PIDFILE = '/run/qemu-vmsr-helper.pid';
@@ -194,7 +194,7 @@ async function startDaemonFromCli(
       await (
         await import('../../helper/lifecycle/privileged-start.js')
       ).startPrivileged(config, files, keeps ? { level: logger().level } : undefined);
-    if (process.env[KEEPER_ENV.channel] !== undefined && !KeeperLink.endWithKeeper()) {
+    if (process.env[KEEPER_ENV.channel] !== undefined && !endWithKeeper()) {
       logger().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
       return;
     }

@@ -1,6 +1,7 @@
 /** Connections as a restart sees them (docs/daemon.md "Restarts"): frozen, handed over with the bytes read and not answered. */
 import type net from 'node:net';
 import type { HandedConnection, StateSnapshot } from '../../state/snapshot.js';
+import type { OutsideKeep } from './outside-keep.js';
 
 /** One connection the server can stop reading and hand over. */
 export interface Freezable {
@@ -33,13 +34,8 @@ export interface Restartable {
 /** A connection handed over to this process: its fd (a connected stream socket) and its bytes. */
 export type HandedConnectionFd = Omit<HandedConnection, 'ino'> & { fd: number };
 
-/** How the server holds each connection outside its process (outside-keep.ts), from its accept until its close or it turns out v2. */
-export interface ConnectionKeep {
-  /** The connection of socket fd `fd` is accepted (or adopted): held from now on; returns what names it for released(). */
-  held(fd: number | undefined): bigint | null;
-  /** The connection closed or is v2: no longer held. */
-  released(ino: bigint | null): void;
-}
+/** How the server holds each connection outside its process, from its accept (held) until its close or it turns out v2 (released). */
+export type ConnectionKeep = Pick<OutsideKeep, 'held' | 'released'>;
 
 /** What a paused stream had read ahead into its buffer, taken out of it (no 'data' listener may be attached). */
 export function drainReadable(socket: net.Socket): Buffer[] {

@@ -1,10 +1,7 @@
-/**
- * What a start inherits instead of opening it (from systemd, the keeper, the image before an exec): the
- * start-up runs the step of each part missing. Across an exec it travels in INHERIT_ENV; its fds by number.
- */
+/** What a start inherits instead of opening it (from systemd, the keeper, the image before an exec); across an exec, in INHERIT_ENV. */
 import type { HostCpu, Vendor } from '../../model/host.js';
 import { isEnergySourceKind, type EnergySourceKind } from '../../energy/kinds.js';
-import { cannot } from '../../common/errors.js';
+import { cannotError } from '../../common/errors.js';
 import { takeEnvJson } from '../../common/env-json.js';
 import { takeFromKeeper } from '../../keeper/link.js';
 
@@ -73,10 +70,11 @@ export function inheritEnv(i: Inherited): Record<string, string> {
 
 const isFd = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 20;
 const isCpu = (v: unknown): v is number => Number.isInteger(v) && (v as number) >= 0 && (v as number) < 1 << 16;
-const isPair = <A, B>(e: unknown, a: (v: unknown) => v is A, b: (v: unknown) => v is B): boolean =>
-  Array.isArray(e) && e.length === 2 && a(e[0]) && b(e[1]);
 const isString = (v: unknown): v is string => typeof v === 'string';
 const isFdList = (v: unknown): v is number[] => Array.isArray(v) && v.every(isFd);
+const pairs = (a: (v: unknown) => boolean, b: (v: unknown) => boolean) => (v: unknown) =>
+  Array.isArray(v) && v.every((e) => Array.isArray(e) && e.length === 2 && a(e[0]) && b(e[1]));
+const maybe = <T>(v: T | undefined, ok: (v: T) => boolean): boolean => v === undefined || ok(v);
 
 /** Inherited as the environment carries it; a cpu's package id keeps the key `package` an older image reads. */
 type Encoded = Omit<Inherited, 'named' | 'checks'> & {
@@ -92,17 +90,15 @@ function valid(v: Partial<Encoded>): v is Encoded {
       ((c.vendor === 'intel' || c.vendor === 'amd') &&
         Array.isArray(c.cpus) &&
         c.cpus.every((x) => isCpu(x?.cpu) && isCpu(x?.package)) &&
-        (c.energy === undefined || isEnergySourceKind(c.energy)) &&
-        (c.energyWhy === undefined || isString(c.energyWhy)))) &&
-    (v.msr === undefined || (c !== undefined && Array.isArray(v.msr) && v.msr.every((e) => isPair(e, isCpu, isFd)))) &&
-    (v.powercap === undefined || (c !== undefined && Array.isArray(v.powercap) && v.powercap.every((e) => isPair(e, isString, isFd)))) &&
-    (v.listener === undefined ||
-      (isFd(v.listener.fd) &&
-        (v.listener.file === undefined || (isString(v.listener.file.path) && Number.isInteger(v.listener.file.ino))))) &&
-    (v.pidfile === undefined || isString(v.pidfile)) &&
-    (v.files === undefined || (Array.isArray(v.files) && v.files.every((e) => isPair(e, isString, isFd)))) &&
-    (v.dropped === undefined || typeof v.dropped === 'boolean') &&
-    (v.named === undefined || (Array.isArray(v.named) && v.named.every((e) => isPair(e, isString, isFdList))))
+        maybe(c.energy, isEnergySourceKind) &&
+        maybe(c.energyWhy, isString))) &&
+    maybe(v.msr, (m) => c !== undefined && pairs(isCpu, isFd)(m)) &&
+    maybe(v.powercap, (p) => c !== undefined && pairs(isString, isFd)(p)) &&
+    maybe(v.listener, (l) => isFd(l.fd) && maybe(l.file, (f) => isString(f.path) && Number.isInteger(f.ino))) &&
+    maybe(v.pidfile, isString) &&
+    maybe(v.files, pairs(isString, isFd)) &&
+    maybe(v.dropped, (d) => typeof d === 'boolean') &&
+    maybe(v.named, pairs(isString, isFdList))
   );
 }
 
@@ -110,8 +106,8 @@ function valid(v: Partial<Encoded>): v is Encoded {
 export function takeInherited(env: NodeJS.ProcessEnv = process.env): Inherited | null {
   const v = takeEnvJson<Encoded>(INHERIT_ENV, valid, env);
   if (v === undefined) return null;
-  const fix = 'it is set by the helper for itself, do not set it';
-  if (v === null) throw new Error(cannot(`read ${INHERIT_ENV}`, 'it is not JSON or is malformed', fix));
+  if (v === null)
+    throw cannotError(`read ${INHERIT_ENV}`, 'it is not JSON or is malformed', 'it is set by the helper for itself, do not set it');
   const { named, checks, ...rest } = v;
   const kept = takeFromKeeper(env);
   const all = new Map([...(named ?? []), ...(kept ?? [])]);

@@ -1,7 +1,4 @@
-/**
- * What a start finds kept from the process before it, each part checked (docs/daemon.md "Restarts", "Crashes": a connection
- * a hand-over does not list is closed; after a checkpoint, each is served from its next byte), and the daemon's crash hooks.
- */
+/** What a start finds kept from the process before it, each part checked (docs/daemon.md "Restarts", "Crashes"), and the crash hooks. */
 import { closeFd } from '../../os/libc/fds.js';
 import { connectionIno } from '../../keeper/link.js';
 import { readStateBytes } from '../../state/memfd.js';
@@ -29,18 +26,13 @@ export interface Kept {
   restoringMark: boolean;
 }
 
-type KeptLog = LogSink<'info' | 'warn'>;
-
-/**
- * The names of an image from before the one record (docs/daemon.md "Restarts"): its state read as the oldest checkpoint, its
- * connections served from their next byte (QEMU never reconnects), its hand-over closed as an unexpected name.
- */
+/** The names of an image from before the one record (docs/daemon.md "Restarts"): its state is the oldest checkpoint; its hand-over is closed. */
 const PRE_RECORD_NAMES = { state: 'vmsr-state', connections: 'vmsr-conn' } as const;
 
 const seqOf = (name: string) => BigInt(name.slice(KEPT_NAMES.checkpointPrefix.length).replace(/\D/g, '') || '0');
 
 /** The kept fds by what they are; a name not of ours is closed and logged. */
-function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: KeptLog) {
+function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: LogSink<'warn'>) {
   const conns: number[] = [];
   const checkpoints: [string, number][] = [];
   let restoringMark = false;
@@ -58,38 +50,32 @@ function sort(named: ReadonlyMap<string, readonly number[]> | undefined, log: Ke
   return { conns, checkpoints, restoringMark, checkpointNames: [...new Set(checkpoints.map(([n]) => n))] };
 }
 
-/** The latest record's bytes and its hand-over (null: a checkpoint, or none); every record fd is closed. */
-function latestRecord(checkpoints: [string, number][], dropped: string | undefined, nowNs: bigint, log: KeptLog) {
-  let bytes: Buffer | undefined;
-  let why = dropped;
+/** Takes the kept parts out of `named`, checking each; every fd not used is closed. Never throws. */
+export function takeKept(
+  named: ReadonlyMap<string, readonly number[]> | undefined,
+  note: KeeperNote | null,
+  log: LogSink<'info' | 'warn'>,
+  nowNs: bigint = monotonicNs(),
+): Kept {
+  const { conns, checkpoints, restoringMark, checkpointNames } = sort(named, log);
+  let why = note?.checkpointDropped ?? (restoringMark ? 'the process before died while restoring it' : undefined);
+  let state: Buffer | undefined;
+  // The latest record only (its hand-over, when it has one); every record fd is closed.
   for (const [i, [, fd]] of checkpoints.entries()) {
     try {
-      if (i === 0 && dropped === undefined) bytes = readStateBytes(fd);
+      if (i === 0 && why === undefined) state = readStateBytes(fd);
     } catch (e) {
       why = (e as Error).message;
     }
     closeFd(fd);
   }
-  const h = bytes === undefined ? null : decodeHandover(bytes, nowNs);
-  if (h?.ok === false)
-    log.warn({ err: h.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
-  return { bytes, handover: h?.ok ? h.value : null, why };
-}
-
-/** Takes the kept parts out of `named`, checking each; every fd not used is closed. Never throws. */
-export function takeKept(
-  named: ReadonlyMap<string, readonly number[]> | undefined,
-  note: KeeperNote | null,
-  log: KeptLog,
-  nowNs: bigint = monotonicNs(),
-): Kept {
-  const { conns, checkpoints, restoringMark, checkpointNames } = sort(named, log);
-  const dropped = note?.checkpointDropped ?? (restoringMark ? 'the process before died while restoring it' : undefined);
-  const record = latestRecord(checkpoints, dropped, nowNs, log);
-  const h = record.handover;
-  const out: Kept = { state: record.bytes, legacy: h?.legacy, connections: [], crash: null, checkpointNames, restoringMark };
+  const r = state === undefined ? null : decodeHandover(state, nowNs);
+  if (r?.ok === false)
+    log.warn({ err: r.error }, 'handover record refused: the connections are served from their next byte, as after a crash');
+  const h = r?.ok ? r.value : null;
+  const out: Kept = { state, legacy: h?.legacy, connections: [], crash: null, checkpointNames, restoringMark };
   if (h === null && (conns.length > 0 || checkpoints.length > 0 || note !== null))
-    out.crash = record.why !== undefined ? { checkpointDropped: record.why } : {};
+    out.crash = why !== undefined ? { checkpointDropped: why } : {};
   const listed = new Map(h?.connections.map((c) => [c.ino, c]));
   for (const fd of conns) {
     const c = connectionIno(fd, true);
@@ -113,7 +99,6 @@ export function takeKept(
 
 type CrashLog = LogSink<'info' | 'warn' | 'error'>;
 
-/** How the process before ended, as the keeper told it. */
 function diedHow(note: KeeperNote): string {
   const who = `the serving process (pid ${note.pid})`;
   // A SIGHUP that came while Node started is a restart asked for (the keeper does not count it).
@@ -154,25 +139,20 @@ interface Checkpointed {
   checkpointTo(to: ((state: StateSnapshot | Error) => void) | null): void;
 }
 
+/** Takes what the process before kept out of the inherited named fds, and keeps this one's outside (`keep`: undefined when nobody can). */
 export class CrashGuard {
   private checkpointed: Checkpointed | undefined;
+  private readonly note = takeKeeperNote();
+  readonly kept: Kept;
+  readonly keep: OutsideKeep | undefined;
 
-  private constructor(
-    readonly kept: Kept,
-    private readonly note: KeeperNote | null,
-    /** Undefined: nobody holds anything outside this process. */
-    readonly keep: OutsideKeep | undefined,
+  constructor(
+    named: ReadonlyMap<string, readonly number[]> | undefined,
+    notifier: StoreNotifier,
     private readonly log: CrashLog,
-  ) {}
-
-  /** Takes what the process before kept out of the inherited named fds. */
-  static start(named: ReadonlyMap<string, readonly number[]> | undefined, notifier: StoreNotifier, log: CrashLog): CrashGuard {
-    const note = takeKeeperNote();
-    const kept = takeKept(named, note, log);
-    const outside = outsideKeep(notifier, kept, log) ?? undefined;
-    // A process that dies before its own first checkpoint crashed restoring this one.
-    if (kept.crash !== null && kept.state !== undefined) outside?.restoring();
-    return new CrashGuard(kept, note, outside, log);
+  ) {
+    this.kept = takeKept(named, this.note, log);
+    this.keep = outsideKeep(notifier, this.kept, log) ?? undefined;
   }
 
   /** The kept state (undefined, logged, when it does not decode) once the requests that waited through a restart are answered. */

@@ -1,14 +1,11 @@
-/**
- * What the serving process keeps outside itself so that a crash does not take it along (docs/daemon.md
- * "Crashes"): each connection from its accept to its close (or v2), a checkpoint at every interval.
- */
+/** What the serving process keeps outside itself against a crash (docs/daemon.md "Crashes"): each connection, the latest checkpoint. */
+import fs from 'node:fs';
 import { closeFd } from '../../os/libc/fds.js';
 import { writeSealedMemfd, writeStateMemfd } from '../../state/memfd.js';
-import type { Handover, StateSnapshot } from '../../state/snapshot.js';
-import { connectionIno, KeeperLink } from '../../keeper/link.js';
+import type { StateSnapshot } from '../../state/snapshot.js';
+import { keeperLink } from '../../keeper/link.js';
 import { KEEPER_MESSAGE, KEPT_NAMES } from '../../keeper/keeper-messages.js';
 import { monotonicNs } from '../../sampling/tick-loop.js';
-import type { ConnectionKeep } from './frozen.js';
 import type { LogSink } from '../../logging/logger.js';
 
 /** What the fd store is reached through (lifecycle/systemd.ts's Notifier). */
@@ -18,98 +15,87 @@ export interface StoreNotifier {
   removeStoredFds(name: string): void;
 }
 
-export interface OutsideKeep extends ConnectionKeep {
+/** Who holds connections and records outside this process: `store` takes a record (a sealed memfd), false when it did not. */
+interface Holder {
   readonly holder: 'keeper' | 'fd store';
-  /** Hands the holder the latest record (the one before is let go); false when it did not take it. */
-  checkpoint(s: StateSnapshot, handover?: Handover): boolean;
-  /** A checkpoint is about to be restored (a death before the next one is a crash in the restore). */
-  restoring(): void;
+  hold(fd: number, ino: bigint): void;
+  drop(ino: bigint): void;
+  store(record: number): boolean;
   ready(): void;
   /** The event loop turns (lifecycle/loop-watchdog.ts). */
   beat(): void;
-  /** From now on, closing connections (a stop, a hand-over) leaves them held. */
-  detach(): void;
 }
 
-/** The holder this process has (its keeper, else systemd's fd store), or null: then a crash loses the connections. */
+export type OutsideKeep = ReturnType<typeof outside>;
+
+/** The holder this process has (its keeper, else systemd's fd store), or null: a crash loses the connections. `found`: what the start took. */
 export function outsideKeep(
   notifier: StoreNotifier,
-  found: { checkpointNames: readonly string[]; restoringMark: boolean },
+  found: { checkpointNames: readonly string[]; restoringMark: boolean; crash: object | null; state?: Buffer },
   log: LogSink<'warn'>,
 ): OutsideKeep | null {
-  const link = KeeperLink.fromEnvironment(log);
-  if (link !== null) return keeperKeep(link);
+  const send = keeperLink(log);
+  // The keeper drops a checkpoint it passed to a process that dies before sending its own: no restoring mark.
+  if (send !== null)
+    return outside({
+      holder: 'keeper',
+      hold: (fd) => send(KEEPER_MESSAGE.hold, '', fd),
+      drop: (ino) => send(KEEPER_MESSAGE.drop, String(ino)),
+      store: (fd) => send(KEEPER_MESSAGE.checkpoint, '', fd),
+      ready: () => send(KEEPER_MESSAGE.ready),
+      beat: () => send(KEEPER_MESSAGE.beat),
+    });
   if (notifier.socket === undefined || process.env.FDSTORE === '0') return null;
-  return fdStoreKeep(notifier, found.checkpointNames, found.restoringMark);
-}
-
-function keeperKeep(link: KeeperLink): OutsideKeep {
-  return {
-    holder: 'keeper',
-    ...connectionKeep(
-      (fd) => link.send(KEEPER_MESSAGE.hold, '', fd),
-      (ino) => link.send(KEEPER_MESSAGE.drop, String(ino)),
-    ),
-    checkpoint(s, handover) {
-      const fd = writeStateMemfd(s, handover);
-      link.send(KEEPER_MESSAGE.checkpoint, '', fd);
-      closeFd(fd);
-      return true;
-    },
-    // The keeper drops a checkpoint it passed to a process that dies before sending its own.
-    restoring: () => {},
-    ready: () => link.send(KEEPER_MESSAGE.ready),
-    beat: () => link.send(KEEPER_MESSAGE.beat),
-  };
-}
-
-/** The fd store: FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close; `found`, `marked`: the checkpoints and restoring mark it held at this start. */
-function fdStoreKeep(notifier: StoreNotifier, found: readonly string[], marked: boolean): OutsideKeep {
-  /** Oldest first: the latest stays, the others are removed once it is stored. */
-  const checkpoints = [...found];
-  return {
+  // The fd store: FDSTORE=1 under KEPT_NAMES, FDSTOREREMOVE=1 at close; its checkpoints oldest first (the latest stays).
+  const checkpoints = [...found.checkpointNames];
+  let marked = found.restoringMark;
+  if (found.crash !== null && found.state !== undefined) {
+    // A process that dies before its own first checkpoint crashed restoring this one.
+    const fd = writeSealedMemfd(KEPT_NAMES.restoring, Buffer.alloc(1));
+    marked = notifier.storeFds(KEPT_NAMES.restoring, [fd], { poll: false });
+    closeFd(fd);
+  }
+  return outside({
     holder: 'fd store',
-    ...connectionKeep(
-      (fd, ino) => notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd]),
-      (ino) => notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`),
-    ),
-    checkpoint(s, handover) {
-      const fd = writeStateMemfd(s, handover);
+    hold: (fd, ino) => notifier.storeFds(`${KEPT_NAMES.connectionPrefix}${ino}`, [fd]),
+    drop: (ino) => notifier.removeStoredFds(`${KEPT_NAMES.connectionPrefix}${ino}`),
+    store(fd) {
       // A name per checkpoint, ordered: FDSTOREREMOVE=1 removes every fd of a name, so the new one is
       // stored before the old one goes, and a crash between the two leaves both (the next start takes the latest).
       const name = `${KEPT_NAMES.checkpointPrefix}${monotonicNs()}`;
-      const stored = notifier.storeFds(name, [fd], { poll: false });
-      closeFd(fd);
-      if (!stored) return false;
-      for (const old of checkpoints.splice(0)) notifier.removeStoredFds(old);
-      checkpoints.push(name);
+      if (!notifier.storeFds(name, [fd], { poll: false })) return false;
+      for (const old of checkpoints.splice(0, checkpoints.length, name)) notifier.removeStoredFds(old);
       if (marked) notifier.removeStoredFds(KEPT_NAMES.restoring);
       marked = false;
       return true;
     },
-    restoring() {
-      const fd = writeSealedMemfd(KEPT_NAMES.restoring, Buffer.alloc(1));
-      marked = notifier.storeFds(KEPT_NAMES.restoring, [fd], { poll: false });
-      closeFd(fd);
-    },
     ready: () => {},
     beat: () => {},
-  };
+  });
 }
 
-/** held/released/detach: `hold` and `drop` see each connection (named by its inode, as the keeper names it) until detach(). */
-function connectionKeep(hold: (fd: number, ino: bigint) => void, drop: (ino: bigint) => void) {
+/** `h` seeing each connection (named by its socket's inode, as the keeper names it) until detach(), and each checkpoint. */
+function outside(h: Holder) {
   let attached = true;
   return {
+    ...h,
+    /** Holds the connection of socket fd `fd`, just accepted or adopted (checked then: its inode is all to learn); names it for released(). */
     held(fd: number | undefined): bigint | null {
-      const c = fd === undefined || !attached ? null : connectionIno(fd);
-      if (c === null || !('ino' in c)) return null;
-      hold(fd!, c.ino);
-      return c.ino;
+      if (fd === undefined || !attached) return null;
+      const ino = fs.fstatSync(fd, { bigint: true }).ino;
+      h.hold(fd, ino);
+      return ino;
     },
     released(ino: bigint | null): void {
-      if (ino !== null && attached) drop(ino);
+      if (ino !== null && attached) h.drop(ino);
     },
+    /** From now on, closing connections (a stop, a hand-over) leaves them held. */
     detach: () => void (attached = false),
+    /** Hands the holder the latest checkpoint (the one before is let go). */
+    checkpoint(s: StateSnapshot): void {
+      const fd = writeStateMemfd(s);
+      h.store(fd);
+      closeFd(fd);
+    },
   };
 }

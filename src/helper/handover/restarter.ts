@@ -1,8 +1,5 @@
-/**
- * Restarts that QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`), the installed binary
- * checked, then executed in this process with the record and its hand-over; at a stop under systemd, into the fd store.
- */
-import { spawn } from 'node:child_process';
+/** Restarts QEMU does not see (docs/daemon.md "Restarts"): in place (SIGHUP, `vmsr-helper reload`) by exec, or into the fd store at a stop. */
+import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { Restartable } from './frozen.js';
@@ -31,7 +28,6 @@ export function takeRestartClock(env: NodeJS.ProcessEnv = process.env): RestartC
   return takeEnvJson(RESTART_CLOCK_ENV, valid, env) ?? null;
 }
 
-/** What a restart needs of the daemon. */
 interface RestartParts {
   daemon: Restartable;
   /** What the start opened, as the exec hands it on. */
@@ -49,10 +45,7 @@ export const RESTART_QUIET_MS = 1000;
 /** Longest the installed binary's `--version` may take: far above its second or two, as a busy host took over 10 s. */
 export const RESTART_CHECK_TIMEOUT_MS = 30_000;
 
-/**
- * When a restart in place may execute (docs/security.md, "A second SIGHUP during a restart"): a SIGHUP while one runs pushes
- * the exec back, so none arrives while the new image starts, where SIGHUP is at its default (os/sighup-hold.ts).
- */
+/** When a restart in place may exec: a SIGHUP while one runs pushes it back, so none reaches the new image before it holds SIGHUP (docs/security.md). */
 export class RestartRequests {
   private lastAt = -Infinity;
   private meanwhile = 0;
@@ -78,18 +71,12 @@ export class RestartRequests {
   }
 }
 
-async function until(done: () => boolean, ms: number): Promise<void> {
-  const end = Date.now() + ms;
-  while (!done() && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
-}
-
-type Prepared = Awaited<ReturnType<typeof prepare>>;
-
-/** Stops reading, waits for queued replies, then takes the state and hand-over with no turn of the event loop until the caller execs or stores (`undo` reads again); throws (read again) when it cannot. */
+/** Stops reading, waits for queued replies, writes the record; no turn of the event loop until it is handed on (`undo` or a throw: read again). */
 async function prepare(p: RestartParts) {
   const frozen = p.daemon.freeze();
   const legacyQueued = () => frozen.connections().some((c) => c.kind === 'legacy' && c.socket.writableLength > 0);
-  await until(() => frozen.drained && !legacyQueued(), RESTART_DRAIN_MS);
+  const end = Date.now() + RESTART_DRAIN_MS;
+  while ((!frozen.drained || legacyQueued()) && Date.now() < end) await new Promise((r) => setTimeout(r, 2));
   try {
     const connections = frozen.connections().filter((c) => {
       if (c.kind !== 'legacy' || c.socket.writableLength === 0) return socketFd(c.socket) !== undefined;
@@ -106,7 +93,7 @@ async function prepare(p: RestartParts) {
       legacy: { ...p.legacy },
       connections: connections.map((c, i) => ({ ino: fs.fstatSync(connFds[i]!, { bigint: true }).ino, kind: c.kind, pending: c.pending })),
     };
-    return { state: p.daemon.snapshot(), handover, connFds, undo: () => frozen.thaw() };
+    return { record: writeStateMemfd(p.daemon.snapshot(), handover), writtenNs: handover.writtenNs, connFds, undo: () => frozen.thaw() };
   } catch (e) {
     frozen.thaw();
     throw e;
@@ -123,26 +110,19 @@ function checkInstalledBinary(timeoutMs = RESTART_CHECK_TIMEOUT_MS): Promise<str
   } catch (e) {
     return Promise.resolve((e as Error).message);
   }
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [...withDaemonNodeFlags(process.execArgv), script, '--version'], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-      env: allowedEnvironment(process.env),
-    });
-    let err = '';
-    child.stderr.on('data', (d: Buffer) => (err += d.toString()).length > 4096 && (err = err.slice(-4096)));
-    let late = false;
-    const t = setTimeout(() => ((late = true), child.kill('SIGKILL')), timeoutMs);
-    child.on('error', (e) => (clearTimeout(t), resolve(e.message)));
-    child.on('exit', (code, sig) => {
-      clearTimeout(t);
-      const how = late
+  const args = [...withDaemonNodeFlags(process.execArgv), script, '--version'];
+  const opts = { env: allowedEnvironment(process.env), timeout: timeoutMs, killSignal: 'SIGKILL' as const };
+  return new Promise((resolve) =>
+    execFile(process.execPath, args, opts, (e, _out, err) => {
+      if (e === null || typeof e.code === 'string') return resolve(e?.message ?? null); // a string code: it did not start
+      const how = e.killed
         ? `did not finish within ${timeoutMs / 1000} s (a hung binary, or a host too busy)`
-        : sig
-          ? `was killed (${sig})`
-          : `exited ${code}`;
-      resolve(code === 0 ? null : `${script} --version ${how}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`);
-    });
-  });
+        : e.signal
+          ? `was killed (${e.signal})`
+          : `exited ${e.code}`;
+      resolve(`${script} --version ${how}${err.trim() ? `: ${err.trim().split('\n').pop()}` : ''}`);
+    }),
+  );
 }
 
 export class Restarter {
@@ -171,25 +151,17 @@ export class Restarter {
       const meanwhile = await this.requests.quiet();
       if (meanwhile > 0) log.warn({ trigger, meanwhile }, 'restart asked again while one runs: one restart does for all, once they stop');
       notifier.notify(`RELOADING=1\nSTATUS=restarting in place\nMONOTONIC_USEC=${monotonicNs() / 1000n}`);
-      let prepared: Prepared | undefined;
-      let recordFd: number;
       const stoppedAt = wallMs();
-      try {
-        prepared = await prepare(this.p);
-        recordFd = writeStateMemfd(prepared.state, prepared.handover);
-      } catch (e) {
-        prepared?.undo(); // prepare() itself reads again when it throws
-        return calledOff((e as Error).message, 'this helper goes on serving', true);
-      }
+      const prepared = await prepare(this.p).catch((e: Error) => e);
+      if (prepared instanceof Error) return calledOff(prepared.message, 'this helper goes on serving', true);
       const inherited: Inherited = {
         ...this.p.opened.handover('restart'),
         dropped: true,
         named: new Map([
-          [`${KEPT_NAMES.checkpointPrefix}${prepared.handover.writtenNs}`, [recordFd]],
+          [`${KEPT_NAMES.checkpointPrefix}${prepared.writtenNs}`, [prepared.record]],
           [KEPT_NAMES.connectionPrefix, prepared.connFds],
         ]),
       };
-      const keep = inheritedFds(inherited);
       log.info(
         { connections: prepared.connFds.length, preparedMs: Math.round(wallMs() - signalAt) },
         'restart in place: executing the installed binary',
@@ -197,9 +169,9 @@ export class Restarter {
       try {
         const clock: RestartClock = { signalAt, stoppedAt, execAt: wallMs() };
         this.p.watchdog.disarm();
-        reexecInPlace(keep, { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
+        reexecInPlace(inheritedFds(inherited), { ...inheritEnv(inherited), [RESTART_CLOCK_ENV]: JSON.stringify(clock) });
       } catch (e) {
-        closeFd(recordFd);
+        closeFd(prepared.record);
         prepared.undo();
         this.p.watchdog.start();
         return calledOff(`exec failed: ${(e as Error).message}`, 'this helper goes on serving', true);
@@ -215,7 +187,8 @@ export class Restarter {
     if (keep?.holder !== 'fd store') return false;
     try {
       const prepared = await prepare(this.p);
-      const stored = keep.checkpoint(prepared.state, prepared.handover);
+      const stored = keep.store(prepared.record);
+      closeFd(prepared.record);
       log.info({ connections: prepared.connFds.length, stored }, 'handed over to the fd store (FDSTORE=1) for the next start');
       return stored;
     } catch (e) {

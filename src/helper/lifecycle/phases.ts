@@ -28,7 +28,7 @@ export async function open(
   o: { files: readonly string[]; area: Areas; logger: Logger; notifier: Notifier },
 ): Promise<{ opened: Opened; guard: CrashGuard }> {
   const opened = await openStart(config, inh, { files: o.files, log: o.area('startup') });
-  const guard = CrashGuard.start(inh.named, o.notifier, o.area('restart'));
+  const guard = new CrashGuard(inh.named, o.notifier, o.area('restart'));
   const handed = guard.kept;
   if (guard.keep?.holder === 'fd store' && inh.how !== 'restart' && !handed.state && !handed.connections.length) {
     o.area('restart').info(
