@@ -193,7 +193,7 @@ async function startDaemonFromCli(
     if (inherited === null && (blocker === null || keeps))
       await (
         await import('../../helper/lifecycle/privileged-start.js')
-      ).startPrivileged(config, files, keeps ? { level: logger().level } : undefined);
+      ).startPrivileged(config, files, keeps ? { level: config.logLevel } : undefined);
     if (process.env[KEEPER_ENV.channel] !== undefined && !KeeperLink.endWithKeeper()) {
       logger().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
       return;
