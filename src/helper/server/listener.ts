@@ -6,7 +6,7 @@ import type { Logger } from '../../logging/logger.js';
 import { MAX_UNIX_PATH_BYTES, socketFd } from '../../os/libc/sockets.js';
 import { cannotError } from '../../common/errors.js';
 
-// The server's defaults the CLI shows live here, in the module the root start loads anyway (docs/performance.md "Start-up").
+// The server's defaults the CLI shows: here, in a module the root start loads anyway (docs/performance.md, "Start-up").
 export const DEFAULT_SOCKET_MODE = 0o600;
 /** Connections served at once by default (--max-connections); more are accepted and closed at once (server.ts). */
 export const DEFAULT_MAX_CONNECTIONS = 4096;
