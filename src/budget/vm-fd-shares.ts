@@ -5,12 +5,8 @@
  */
 import { fail } from '../common/result.js';
 import { UID_SHARE, UidShares, shareOf, type ShareOwner } from './uid-share.js';
-import { MAX_VCPUS } from '../model/vcpus.js';
 import type { FdAdmission, FdBudget, FdUsage } from './fd-budget.js';
 import { keptFds, type KeptFdLedger } from '../os/proc-tasks.js';
-
-/** Threads of one VM whose fds are kept, by default: the most vCPUs a VM may have, and room for QEMU's other threads. */
-export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;
 
 interface VmFdSharesOptions {
   budget: Pick<FdBudget, 'room' | 'vmCapacity' | 'canAdmit' | 'canOpen' | 'admitted'> & Partial<Pick<FdBudget, 'usage'>>;

@@ -8,7 +8,7 @@ import { UsageError } from './cli-errors.js';
 import { DEFAULT_V2_LIMITS } from '../helper/v2/v2-limits.js';
 import type { V2DaemonSettings } from '../helper/assemble.js';
 import { resolveId } from '../os/privileges/accounts.js';
-import { MAX_TID, MAX_VCPUS, type VcpuSpec, parseVcpuList } from '../model/vcpus.js';
+import { DEFAULT_MAX_VM_THREADS, MAX_TID, MAX_VCPUS, type VcpuSpec, parseVcpuList } from '../model/vcpus.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';
 import { parseListenAddress, type ListenAddress } from '../exporter/listen-address.js';
 import { checkMetricsPath } from '../exporter/metrics-path.js';
@@ -16,7 +16,6 @@ import { DEFAULT_ENERGY_SOURCE, ENERGY_SOURCE_CHOICES } from '../energy/kinds.js
 import { ENERGY_DOMAINS, isEnergyDomain, type EnergyDomain } from '../energy/energy-source.js';
 import { DEFAULT_MAX_DISCOVERED_VMS } from '../discovery/discovery-limits.js';
 import { DEFAULT_GUEST_ENERGY, GUEST_ENERGY_ENV, GUEST_ENERGY_MODES, type GuestEnergyMode } from '../guest-energy/modes.js';
-import { DEFAULT_MAX_VM_THREADS } from '../budget/vm-fd-shares.js';
 
 /** Longest interval: a 32-bit counter wraps every 2^32 x 2^-ESU J (AMD's ESU 16: 65 kJ, 5 min at 200 W); one wrap an interval is recovered, two are not. */
 const MAX_INTERVAL_S = 60;

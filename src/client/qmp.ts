@@ -1,8 +1,7 @@
 /** A small QMP client; the socket is hostile input: lines bounded, non-JSON or unexpected replies end it, every wait timed. */
 import fs from 'node:fs';
 import net from 'node:net';
-import { getPeerCredentials } from '../os/libc/sockets.js';
-import { socketFd } from '../os/peer.js';
+import { getPeerCredentials, socketFd } from '../os/libc/sockets.js';
 import { checkThreadsOf } from '../os/vm-threads.js';
 import { readStarttime } from '../os/proc-starttime.js';
 import { type VcpuSpec, checkVcpus } from '../model/vcpus.js';

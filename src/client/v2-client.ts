@@ -22,8 +22,7 @@ import { parseHelperFrame, type HelperMessage } from '../protocol/v2/messages.js
 import type { VcpuSpec } from '../model/vcpus.js';
 import { cannot } from '../common/errors.js';
 import { closeFd, dupCloexec, watchReadable, type FdWatch } from '../os/libc/fds.js';
-import { MSG_DONTWAIT, recvWithFds } from '../os/libc/sockets.js';
-import { socketFd } from '../os/peer.js';
+import { MSG_DONTWAIT, recvWithFds, socketFd } from '../os/libc/sockets.js';
 import { groupNameOf } from '../os/privileges/accounts.js';
 import { readProcFileOr } from '../os/proc-file.js';
 import { DEFAULT_HELPER_SOCKET } from '../protocol/socket-path.js';

@@ -3,6 +3,8 @@ import { fail, ok, type Result } from '../common/result.js';
 
 /** vCPUs one VM may have, and the highest virtual package: the v2 protocol's bounds, used everywhere. */
 export const MAX_VCPUS = 4096;
+/** Threads of one VM whose fds are kept, by default (--max-vm-threads): the most vCPUs, and room for QEMU's other threads. */
+export const DEFAULT_MAX_VM_THREADS = MAX_VCPUS + 512;
 export const MAX_VPKG = 255;
 
 /** Highest process or thread id accepted anywhere (pid_t is a signed 32-bit int; Linux's own limit is 2^22). */

@@ -5,16 +5,10 @@ import type net from 'node:net';
 import os from 'node:os';
 import { closeFd } from './libc/fds.js';
 import { pidfdAlive } from './libc/processes.js';
-import { getPeerCredentials, peerPidfd, type PeerCredentials } from './libc/sockets.js';
+import { getPeerCredentials, peerPidfd, socketFd, type PeerCredentials } from './libc/sockets.js';
 import { MAX_TID } from '../model/vcpus.js';
 import { parseProcStatus } from './privileges/proc-status.js';
 import { readProcFileOr } from './proc-file.js';
-
-/** The fd under a net.Socket (libuv handle); undefined once closed or for non-fd handles. */
-export function socketFd(socket: net.Socket): number | undefined {
-  const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
-  return typeof fd === 'number' && fd >= 0 ? fd : undefined;
-}
 
 /** SO_PEERCRED of an accepted connection; throws when it cannot be had (the caller closes). */
 export function peerOf(socket: net.Socket): PeerCredentials {

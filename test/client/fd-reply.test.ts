@@ -15,8 +15,7 @@ import { CLIENT_TYPES, encodeU32Frame, encodeUpdate, encodeVmList, T } from '../
 import { FrameDecoder, type Frame } from '../../src/protocol/v2/frame-decoder.js';
 import { closeFd } from '../../src/os/libc/fds.js';
 import { memfdCreate } from '../../src/os/libc/memfd-mmap.js';
-import { sendFds } from '../../src/os/libc/sockets.js';
-import { socketFd } from '../../src/os/peer.js';
+import { sendFds, socketFd } from '../../src/os/libc/sockets.js';
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {

@@ -4,10 +4,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { execFileSync, spawn } from 'node:child_process';
-import { socketFd } from '../../src/os/peer.js';
 import { capget } from '../../src/os/libc/capability-calls.js';
 import { clockTicksPerSecond } from '../../src/os/libc/processes.js';
-import { getPeerCredentials, sendUnixDatagram, sockaddrUn } from '../../src/os/libc/sockets.js';
+import { getPeerCredentials, sendUnixDatagram, sockaddrUn, socketFd } from '../../src/os/libc/sockets.js';
 
 function tmpdir(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'vmsr-libc-'));

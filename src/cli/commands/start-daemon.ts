@@ -3,13 +3,17 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
 import { DEFAULT_HELPER_SOCKET } from '../../protocol/socket-path.js';
-import { DEFAULT_MAX_CONNECTIONS } from '../../helper/server/server.js';
-import { DEFAULT_INCOMPLETE_LIMITS } from '../../helper/server/incomplete-frames.js';
 import { DEFAULT_AMD_SYNTH } from '../../msr/legacy-registers.js';
 import { createLogger, levelFromFlags, type Logger } from '../../logging/logger.js';
 import { ReportedError } from '../cli-errors.js';
 import { reexecBlocker } from '../../os/privileges/reexec.js';
-import { checkSocketDirectory, checkSocketPathLength, DEFAULT_SOCKET_MODE } from '../../helper/server/listener.js';
+import {
+  checkSocketDirectory,
+  checkSocketPathLength,
+  DEFAULT_INCOMPLETE_LIMITS,
+  DEFAULT_MAX_CONNECTIONS,
+  DEFAULT_SOCKET_MODE,
+} from '../../helper/server/listener.js';
 import { primaryGroupOf, resolveId } from '../../os/privileges/accounts.js';
 import type { DaemonConfig } from '../../helper/lifecycle/config.js';
 import {
@@ -162,9 +166,11 @@ async function startDaemonFromCli(
   logFile?: string,
   keeper?: boolean,
 ): Promise<void> {
-  const [{ isDaemonChild, reportFailure, spawnDetached }, { takeInherited }] = await Promise.all([
+  // One round of loading: privileged-start's modules are the daemon's too (a non-root start loads them after).
+  const [{ isDaemonChild, reportFailure, spawnDetached }, { takeInherited }, { startPrivileged }] = await Promise.all([
     import('../../helper/lifecycle/daemonize.js'),
     import('../../helper/handover/inherited.js'),
+    import('../../helper/lifecycle/privileged-start.js'),
   ]);
   let inherited;
   try {
@@ -191,9 +197,7 @@ async function startDaemonFromCli(
     // first image runs the privileged steps and re-executes itself.
     const keeps = keeper !== false && inherited === null && keeperWanted(keeper === true, logger);
     if (inherited === null && (blocker === null || keeps))
-      await (
-        await import('../../helper/lifecycle/privileged-start.js')
-      ).startPrivileged(config, files, keeps ? { level: logger().level } : undefined);
+      await startPrivileged(config, files, keeps ? { level: config.logLevel } : undefined);
     if (process.env[KEEPER_ENV.channel] !== undefined && !endWithKeeper()) {
       logger().warn({}, 'the keeper that started this process is gone: stopping (nothing is left behind)');
       return;

@@ -3,7 +3,7 @@ import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import type { Logger } from '../../logging/logger.js';
 import type { Restartable } from './frozen.js';
-import { socketFd } from '../../os/peer.js';
+import { socketFd } from '../../os/libc/sockets.js';
 import { inheritEnv, inheritedFds, type Inherited } from './inherited.js';
 import { allowedEnvironment, reexecInPlace, withDaemonNodeFlags } from '../../os/privileges/reexec.js';
 import { closeFd } from '../../os/libc/fds.js';

@@ -6,7 +6,8 @@ import { LegacyService, newLegacyCounters, OnlineCpus } from '../legacy/legacy-s
 import { HelperServer, type lateV2Handler } from '../server/server.js';
 import { readStarttime } from '../../os/proc-starttime.js';
 import { isQemuPeer } from '../../discovery/qemu-peer.js';
-import { DEFAULT_INCOMPLETE_LIMITS, IncompleteFrames } from '../server/incomplete-frames.js';
+import { IncompleteFrames } from '../server/incomplete-frames.js';
+import { DEFAULT_INCOMPLETE_LIMITS } from '../server/listener.js';
 import { countOpenFds, effectiveMaxConnections, FdBudget, raiseFdLimit } from '../../budget/fd-budget.js';
 import { dropPrivileges } from '../../os/privileges/capabilities.js';
 import { capHex, describeThreads, parseProcStatus } from '../../os/privileges/proc-status.js';

@@ -5,13 +5,7 @@
 
 import { ownerToEvict } from '../../budget/uid-share.js';
 import { runInSlices } from '../../sampling/time-slices.js';
-
-export const DEFAULT_INCOMPLETE_LIMITS = {
-  /** Bytes held over all connections; a connection that would go past it is closed. */
-  maxBytes: 16 * 1024 * 1024,
-  /** How long one frame or request may stay incomplete, from its first byte. */
-  deadlineMs: 10_000,
-};
+import { DEFAULT_INCOMPLETE_LIMITS } from './listener.js';
 
 /** The most one socket read delivers (libuv reads 64 KiB at a time). */
 export const READ_CHUNK = 64 * 1024;

@@ -3,11 +3,20 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import type { Logger } from '../../logging/logger.js';
-import { socketFd } from '../../os/peer.js';
-import { MAX_UNIX_PATH_BYTES } from '../../os/libc/sockets.js';
+import { MAX_UNIX_PATH_BYTES, socketFd } from '../../os/libc/sockets.js';
 import { cannotError } from '../../common/errors.js';
 
+// The server's defaults the CLI shows: here, in a module the root start loads anyway (docs/performance.md, "Start-up").
 export const DEFAULT_SOCKET_MODE = 0o600;
+/** Connections served at once by default (--max-connections); more are accepted and closed at once (server.ts). */
+export const DEFAULT_MAX_CONNECTIONS = 4096;
+/** incomplete-frames.ts's bounds (--frame-timeout sets deadlineMs). */
+export const DEFAULT_INCOMPLETE_LIMITS = {
+  /** Bytes held over all connections; a connection that would go past it is closed. */
+  maxBytes: 16 * 1024 * 1024,
+  /** How long one frame or request may stay incomplete, from its first byte. */
+  deadlineMs: 10_000,
+};
 
 /** The socket path's length: a Unix socket address holds at most 107 bytes plus its NUL. */
 export function checkSocketPathLength(socketPath: string): void {

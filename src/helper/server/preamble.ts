@@ -1,7 +1,6 @@
 /** A connection whose protocol is not known yet: read until its first four bytes choose it; freeze()/thaw() for a restart. */
 import type net from 'node:net';
-import { peerHungUp } from '../../os/libc/sockets.js';
-import { socketFd } from '../../os/peer.js';
+import { peerHungUp, socketFd } from '../../os/libc/sockets.js';
 import { classifyPreamble } from '../../protocol/legacy.js';
 import type { Freezable } from '../handover/frozen.js';
 import { streamReading } from '../legacy/legacy-session.js';

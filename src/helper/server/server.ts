@@ -1,12 +1,12 @@
 /** Connections: SO_PEERCRED at accept, the limits, the protocol by the first 4 bytes, then v2 or legacy; a client closes only its own. */
 import net from 'node:net';
-import type { PeerCredentials } from '../../os/libc/sockets.js';
+import { socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
-import { connectingProcessStart, peerOf, socketFd } from '../../os/peer.js';
+import { connectingProcessStart, peerOf } from '../../os/peer.js';
 import { LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from './memory-settler.js';
-import type { Listener } from './listener.js';
+import { DEFAULT_MAX_CONNECTIONS, type Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
@@ -51,9 +51,6 @@ export function lateV2Handler(): { readonly handler: V2Handler; bind(real: V2Han
 
 /** The replies of up to this many bytes are built in one buffer the server keeps (a 64 KiB read holds 5461 requests). */
 const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
-
-/** Connections served at once by default (--max-connections); more are accepted and closed at once. */
-export const DEFAULT_MAX_CONNECTIONS = 4096;
 
 interface Open {
   socket: net.Socket;

@@ -1,4 +1,5 @@
 /** Socket calls Node does not expose: non-blocking send/recv, peer credentials and pidfd, Unix datagrams, SCM_RIGHTS, socketpair. */
+import type net from 'node:net';
 import koffi from 'koffi';
 import { checkLength, errnoError, libc, orErrno } from './errno.js';
 import { closeFd } from './fds.js';
@@ -14,6 +15,12 @@ const msghdrType = koffi.struct({
   msg_controllen: 'size_t',
   msg_flags: 'int',
 });
+
+/** The fd under a net.Socket (libuv handle); undefined once closed or for non-fd handles. */
+export function socketFd(socket: net.Socket): number | undefined {
+  const fd = (socket as unknown as { _handle?: { fd?: unknown } })._handle?.fd;
+  return typeof fd === 'number' && fd >= 0 ? fd : undefined;
+}
 
 const fn = {
   getsockopt: libc.func('int getsockopt(int fd, int level, int optname, void *optval, void *optlen)'),

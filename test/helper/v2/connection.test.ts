@@ -15,7 +15,8 @@ import { E, T, encodeError, encodeFrame, encodeU32Frame, encodeRead } from '../.
 import { V2Connection, type ConnectionHost } from '../../../src/helper/v2/connection.js';
 import type { Reply, SendWithFds } from '../../../src/helper/v2/reply.js';
 import type { ClientRequest } from '../../../src/protocol/v2/messages.js';
-import { peerOf, socketFd } from '../../../src/os/peer.js';
+import { peerOf } from '../../../src/os/peer.js';
+import { socketFd } from '../../../src/os/libc/sockets.js';
 import { waitFor } from '../../support/wait.js';
 import { LogLimiter } from '../../../src/logging/log-limiter.js';
 
