@@ -4,7 +4,7 @@
  *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
  *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
  */
-import { firstTime, isU64, type Reader, type Writer } from './byte-io.js';
+import { firstTime, isU64, type Io } from './byte-io.js';
 import type { HandedConnection, Handover } from './snapshot.js';
 
 /** Connections one record may list (the daemon's --max-connections bound). */
@@ -30,24 +30,19 @@ export function handoverProblem(h: Handover): string | null {
   return null;
 }
 
-export function writeHandover(w: Writer, h: Handover): void {
-  w.u64(h.writtenNs).u64(h.legacy.ok).u64(h.legacy.refused).u64(h.legacy.failed);
-  w.list(4, h.connections, (c) => w.u64(c.ino).u8(KINDS.indexOf(c.kind)).u32(c.pending.length).bytes(c.pending));
-}
-
-export function readHandover(r: Reader): Handover {
+export function handoverIo(io: Io, h?: Handover): Handover {
   const at = 'the hand-over';
-  const writtenNs = r.u64(at);
+  const writtenNs = io.u64(h?.writtenNs, at);
   const legacy = {
-    ok: r.safe('the legacy ok counter'),
-    refused: r.safe('the legacy refused counter'),
-    failed: r.safe('the legacy failed counter'),
+    ok: io.safe(h?.legacy.ok, 'the legacy ok counter'),
+    refused: io.safe(h?.legacy.refused, 'the legacy refused counter'),
+    failed: io.safe(h?.legacy.failed, 'the legacy failed counter'),
   };
-  // An unknown kind, too many pending bytes: refused by handoverProblem (r.bytes allocates no more than the record holds).
-  const connections = r.list(4, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', () => ({
-    ino: r.u64(at),
-    kind: KINDS[r.u8(at)] as HandedConnection['kind'],
-    pending: r.bytes(r.u32(at), at),
+  // An unknown kind, too many pending bytes: refused by handoverProblem (bytes() allocates no more than the record holds).
+  const connections = io.list(4, h?.connections, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', (c) => ({
+    ino: io.u64(c?.ino, at),
+    kind: KINDS[io.u8(c && KINDS.indexOf(c.kind), at)] as HandedConnection['kind'],
+    pending: io.bytes(c?.pending, io.u32(c?.pending.length, at), at),
   }));
-  return { writtenNs, legacy, connections };
+  return h ?? { writtenNs, legacy, connections };
 }

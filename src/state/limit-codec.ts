@@ -7,7 +7,7 @@
  *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
  */
 import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
-import { firstTime, Refused, type Reader, type Writer } from './byte-io.js';
+import { firstTime, Refused, type Io } from './byte-io.js';
 import { ENERGY_DOMAINS } from '../model/domains.js';
 
 /** A quota file's bytes (a cgroup's is a few), and a group's path. */
@@ -16,38 +16,34 @@ const MAX_DIR_BYTES = 4096;
 const MAX_GROUPS = 1024;
 const NONE = 255;
 
-export function writePowerLimits(w: Writer, list: readonly PowerLimitState[]): void {
-  w.list(4, list, (l) => {
-    w.u32(l.vmId).u32(l.pid).f64(l.limitW).f64(l.limitedS);
-    w.f64(l.quotaCpus ?? 0).u8(l.fromFile ? 1 : 0);
-    w.u8(ENERGY_DOMAINS.indexOf(l.domain));
-    w.list(2, l.groups, (g) => {
-      const [dir, saved, written] = [Buffer.from(g.dir, 'utf8'), Buffer.from(g.saved, 'latin1'), g.written ?? ''];
-      w.u8(g.made ? 1 : 0).u8(saved.length);
-      w.u8(g.written === null ? NONE : written.length).u8(0);
-      w.u16(dir.length).bytes(dir).bytes(saved);
-      w.bytes(Buffer.from(written, 'latin1'));
-    });
-  });
-}
-
-export function readPowerLimits(r: Reader): PowerLimitState[] {
+/** Checked with the whole snapshot (stateProblem). */
+export function powerLimitsIo(io: Io, list?: readonly PowerLimitState[]): PowerLimitState[] {
   const at = 'power limits';
-  const group = (): HeldGroupState => {
-    const [made, savedLen, writtenLen] = [r.u8(at), r.u8(at), r.u8(at)];
-    r.u8(at);
-    const dir = r.bytes(r.u16(at), at).toString('utf8');
-    const saved = r.bytes(savedLen, at).toString('latin1');
-    const written = writtenLen === NONE ? null : r.bytes(writtenLen, at).toString('latin1');
-    return { dir, saved, written, made: made === 1 };
+  const group = (g?: HeldGroupState): HeldGroupState => {
+    const [dir, saved] = [g && Buffer.from(g.dir, 'utf8'), g && Buffer.from(g.saved, 'latin1')];
+    const written = g?.written == null ? undefined : Buffer.from(g.written, 'latin1');
+    const [made, savedLength] = [io.u8(g && (g.made ? 1 : 0), at), io.u8(saved?.length, at)];
+    const writtenLength = io.u8(g && (written?.length ?? NONE), at);
+    io.u8(g && 0, at); // not checked when read
+    const dirBytes = io.bytes(dir, io.u16(dir?.length, at), at);
+    const savedBytes = io.bytes(saved, savedLength, at);
+    const writtenBytes = writtenLength === NONE ? null : io.bytes(written, writtenLength, at);
+    return (
+      g ?? {
+        dir: dirBytes.toString('utf8'),
+        saved: savedBytes.toString('latin1'),
+        written: writtenBytes?.toString('latin1') ?? null,
+        made: made === 1,
+      }
+    );
   };
-  // Checked with the whole snapshot (stateProblem).
-  return r.list(4, STATE_LIMITS.maxPowerLimits, 36, at, (): PowerLimitState => {
-    const [vmId, pid, limitW, limitedS, quota, flags] = [r.u32(at), r.u32(at), r.f64(at), r.f64(at), r.f64(at), r.u8(at)];
-    const domain = ENERGY_DOMAINS[r.u8(at)];
+  return io.list(4, list, STATE_LIMITS.maxPowerLimits, 36, at, (l) => {
+    const [vmId, pid, limitW, limitedS] = [io.u32(l?.vmId, at), io.u32(l?.pid, at), io.f64(l?.limitW, at), io.f64(l?.limitedS, at)];
+    const [quota, flags] = [io.f64(l && (l.quotaCpus ?? 0), at), io.u8(l && (l.fromFile ? 1 : 0), at)];
+    const domain = ENERGY_DOMAINS[io.u8(l && ENERGY_DOMAINS.indexOf(l.domain), at)];
     if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
-    const groups = r.list(2, MAX_GROUPS, 6, at, group);
-    return { vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups };
+    const groups = io.list(2, l?.groups, MAX_GROUPS, 6, at, group);
+    return l ?? { vmId, pid, domain, limitW, limitedS, quotaCpus: quota === 0 ? null : quota, fromFile: flags === 1, groups };
   });
 }
 

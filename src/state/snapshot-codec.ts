@@ -31,11 +31,11 @@ import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus, MAX_TID, MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
-import { firstTime, isU32, isU64, Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
-import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
-import { powerLimitsProblem, readPowerLimits, writePowerLimits } from './limit-codec.js';
-import { handoverProblem, readHandover, writeHandover } from './handover-codec.js';
-import { STATE_LIMITS, type DomainsState, type Handover, type StateSnapshot, type VmState } from './snapshot.js';
+import { firstTime, isU32, isU64, Reader, Refused, STATE_HEADER_SIZE, Writer, type Io } from './byte-io.js';
+import { guestCountersIo, guestCountersProblem } from './guest-codec.js';
+import { powerLimitsIo, powerLimitsProblem } from './limit-codec.js';
+import { handoverIo, handoverProblem } from './handover-codec.js';
+import { STATE_LIMITS, type DomainsState, type Handover, type SampleState, type StateSnapshot, type VmState } from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
 export const STATE_FORMAT_VERSION = 4;
@@ -170,55 +170,156 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
   return null;
 }
 
-function writeVm(w: Writer, vm: VmState): void {
-  const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
-  const flags =
-    (vm.discovered ? FLAG.DISCOVERED : 0) |
-    (vm.live ? FLAG.LIVE : 0) |
-    (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
-    (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
-    (name !== null ? FLAG.HAS_NAME : 0) |
-    (vm.baseline ? FLAG.BASELINE : 0);
-  w.u32(vm.hostVmId).u32(vm.pid).u64(vm.starttime).u32(vm.uid);
-  w.u32(vm.owner ?? NO_OWNER).u8(flags);
-  w.u8(0).u16(name?.length ?? 0);
-  w.u32(vm.endedSamples);
-  if (vm.uuid !== null) w.bytes(vm.uuid);
-  if (name !== null) w.bytes(name);
-  w.list(2, vm.vcpus, (v) => w.u32(v.tid).u16(v.vpkg));
-  w.list(2, vm.vpkgs, (v) => w.u64(v.energyUj).u32(Number(v.counter)).f64(v.energyJ));
-  w.u64(vm.valuesNs);
+const bits = (vm: VmState) =>
+  (vm.discovered ? FLAG.DISCOVERED : 0) |
+  (vm.live ? FLAG.LIVE : 0) |
+  (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
+  (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
+  (vm.name !== null ? FLAG.HAS_NAME : 0) |
+  (vm.baseline ? FLAG.BASELINE : 0);
+
+function utf8(raw: Buffer, at: string): string {
+  const name = raw.toString('utf8');
+  if (!Buffer.from(name, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
+  return name;
+}
+
+/** Each section's layout is one function both ways (Io): given the value, it writes it; given none, it reads one. */
+function vmIo(io: Io, vm?: VmState): VmState {
+  const hostVmId = io.u32(vm?.hostVmId, 'a VM id');
+  const at = `VM ${hostVmId}`;
+  const [pid, starttime, uid] = [io.u32(vm?.pid, at), io.safe(vm?.starttime, `${at}'s starttime`), io.u32(vm?.uid, at)];
+  const owner = io.u32(vm && (vm.owner ?? NO_OWNER), at);
+  const flags = io.u8(vm && bits(vm), at);
+  if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
+  io.zero(1, at);
+  const nameBytes = vm?.name == null ? undefined : Buffer.from(vm.name, 'utf8');
+  const nameLength = io.u16(vm && (nameBytes?.length ?? 0), at); // over maxNameBytes: refused by vmProblem
+  if ((flags & FLAG.HAS_NAME) === 0 && nameLength !== 0) throw new Refused(`${at} has a name length but no name`);
+  const endedSamples = io.u32(vm?.endedSamples, at);
+  const uuid = (flags & FLAG.HAS_UUID) !== 0 ? io.bytes(vm?.uuid ?? undefined, UUID_BYTES, at) : null;
+  const raw = (flags & FLAG.HAS_NAME) !== 0 ? io.bytes(nameBytes, nameLength, at) : null;
+  const name = vm ? vm.name : raw && utf8(raw, at);
+  const vcpus = io.list(2, vm?.vcpus, MAX_VCPUS, 6, `vCPUs of ${at}`, (v) => ({ tid: io.u32(v?.tid, at), vpkg: io.u16(v?.vpkg, at) }));
+  const vpkgs = io.list(2, vm?.vpkgs, MAX_VPKG + 1, 20, `virtual packages of ${at}`, (v) => ({
+    energyUj: io.u64(v?.energyUj, at),
+    counter: BigInt(io.u32(v && Number(v.counter), at)),
+    energyJ: io.f64(v?.energyJ, at),
+  }));
+  const valuesNs = io.u64(vm?.valuesNs, at);
+  const has = (flag: number) => (flags & flag) !== 0;
+  return (
+    vm ?? {
+      hostVmId,
+      pid,
+      starttime,
+      uid,
+      owner: owner === NO_OWNER ? null : owner,
+      discovered: has(FLAG.DISCOVERED),
+      name,
+      uuid,
+      wholeVmOnly: has(FLAG.WHOLE_VM_ONLY),
+      live: has(FLAG.LIVE),
+      baseline: has(FLAG.BASELINE),
+      valuesNs,
+      endedSamples,
+      vcpus,
+      vpkgs,
+    }
+  );
+}
+
+/** The payload of a `version` record; a section a version before it did not write is read as empty, and an empty one is left out. */
+function payloadIo(io: Io, version: number, s?: StateSnapshot): StateSnapshot {
+  const L = STATE_LIMITS;
+  const nextHostVmId = io.u32(s?.nextHostVmId, 'the next VM id');
+  const vms = io.list(4, s?.vms, L.maxVms, 64, 'VMs', (vm) => vmIo(io, vm));
+  const at = 'package totals';
+  const packages = io.list(4, s?.packages, L.maxPackages, 36, 'packages', (k) => ({
+    pkg: io.u32(k?.pkg, at),
+    energyUj: io.u64(k?.energyUj, at),
+    unattributedUj: io.u64(k?.unattributedUj, at),
+    energyJ: io.f64(k?.energyJ, at),
+    unattributedJ: io.f64(k?.unattributedJ, at),
+  }));
+  const knownPids = io.list(4, s?.knownPids, L.maxKnownPids, 12, 'known processes', (k) => ({
+    pid: io.u32(k?.pid, 'known processes'),
+    starttime: io.safe(k?.starttime, "a known process's starttime"),
+  }));
+  const t = s?.lastSample;
+  const has = io.u8(s && (t === null ? 0 : 1), 'the last sample flag');
+  if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
+  const lastSample = has === 0 ? null : sampleIo(io, t ?? undefined);
+  const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
+  const d = version >= 2 ? domainsIo(io, s && (s.domains ?? { vms: [], packages: [], counters: [] })) : null;
+  if (d !== null && d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
+  const guest = version >= 3 ? guestCountersIo(io, s && (s.guest ?? [])) : [];
+  if (guest.length > 0) out.guest = guest;
+  const limits = version >= 4 ? powerLimitsIo(io, s && (s.limits ?? [])) : [];
+  if (limits.length > 0) out.limits = limits;
+  return s ?? out;
+}
+
+function sampleIo(io: Io, t?: SampleState): SampleState {
+  const L = STATE_LIMITS;
+  const at = 'the last sample';
+  return {
+    monotonicNs: io.u64(t?.monotonicNs, at),
+    realtimeNs: io.u64(t?.realtimeNs, at),
+    packages: io.list(4, t?.packages, L.maxPackages, 12, 'sampled packages', (k) => ({ pkg: io.u32(k?.pkg, at), raw: io.u64(k?.raw, at) })),
+    threads: io.list(4, t?.threads, L.maxThreads, 24, 'sampled threads', (th) => ({
+      pid: io.u32(th?.pid, at),
+      tid: io.u32(th?.tid, at),
+      starttime: io.safe(th?.starttime, "a sampled thread's starttime"),
+      ticks: io.u64(th?.ticks, at),
+    })),
+  };
+}
+
+function domainIo(io: Io, d: OtherDomain | undefined, what: string): OtherDomain {
+  const code = io.u8(d && ENERGY_DOMAINS.indexOf(d), what);
+  const domain = ENERGY_DOMAINS[code];
+  if (!isOtherDomain(domain)) throw new Refused(`${what} has domain code ${code}, not a RAPL domain besides the package`);
+  io.zero(1, what);
+  return domain;
+}
+
+/** A package entry's key (u32 pkg | u8 d | u8 0 | u16 0), and what to call the rest of the entry in a refusal. */
+function packageKeyIo(io: Io, k: { pkg: number; domain: OtherDomain } | undefined, what: string) {
+  const pkg = io.u32(k?.pkg, `a package's other-domain ${what}`);
+  const at = `package ${pkg}'s other-domain ${what}`;
+  const domain = domainIo(io, k?.domain, at);
+  io.zero(2, at);
+  return { pkg, domain, at };
+}
+
+function domainsIo(io: Io, d?: DomainsState): DomainsState {
+  const max = STATE_LIMITS.maxDomainEntries;
+  const vms = io.list(4, d?.vms, max, 8, "VMs' other-domain totals", (v) => {
+    const hostVmId = io.u32(v?.hostVmId, "a VM's other-domain totals");
+    const at = `VM ${hostVmId}'s other-domain totals`;
+    const domain = domainIo(io, v?.domain, at);
+    return { hostVmId, domain, energyJ: io.list(2, v?.energyJ, MAX_VPKG + 1, 8, `virtual packages of ${at}`, (j) => io.f64(j, at)) };
+  });
+  const packages = io.list(4, d?.packages, max, 24, "packages' other-domain totals", (k) => {
+    const { pkg, domain, at } = packageKeyIo(io, k, 'totals');
+    return { pkg, domain, energyJ: io.f64(k?.energyJ, at), unattributedJ: io.f64(k?.unattributedJ, at) };
+  });
+  const counters = io.list(4, d?.counters, max, 16, 'other-domain counters', (k) => {
+    const { pkg, domain, at } = packageKeyIo(io, k, 'counter');
+    return { pkg, domain, raw: io.u64(k?.raw, at) };
+  });
+  return { vms, packages, counters };
 }
 
 /** The record's bytes: the snapshot, and what a planned restart hands over. Throws a RangeError naming the rule a value breaks. */
 export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   const problem = stateProblem(s) ?? (handover ? handoverProblem(handover) : null);
   if (problem !== null) throw new RangeError(cannot('save state', problem));
-  const w = new Writer();
-  w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
-  w.u32(s.nextHostVmId);
-  w.list(4, s.vms, (vm) => writeVm(w, vm));
-  w.list(4, s.packages, (k) => w.u32(k.pkg).u64(k.energyUj).u64(k.unattributedUj).f64(k.energyJ).f64(k.unattributedJ));
-  w.list(4, s.knownPids, (k) => w.u32(k.pid).u64(k.starttime));
-  const t = s.lastSample;
-  w.u8(t === null ? 0 : 1);
-  if (t !== null) {
-    w.u64(t.monotonicNs).u64(t.realtimeNs);
-    w.list(4, t.packages, (k) => w.u32(k.pkg).u64(k.raw));
-    w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
-  }
-  const d = s.domains ?? { vms: [], packages: [], counters: [] };
-  w.list(4, d.vms, (v) => {
-    w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain)).u8(0);
-    w.list(2, v.energyJ, (j) => w.f64(j));
-  });
-  const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
-  w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
-  w.list(4, d.counters, (k) => key(k).u64(k.raw));
-  writeGuestCounters(w, s.guest ?? []);
-  writePowerLimits(w, s.limits ?? []);
+  const w = new Writer(STATE_HEADER_SIZE);
+  payloadIo(w, STATE_FORMAT_VERSION, s);
   const stateEnd = w.length;
-  if (handover) writeHandover(w, handover);
+  if (handover) handoverIo(w, handover);
   const out = w.done();
   const payloadLength = out.length - STATE_HEADER_SIZE;
   if (payloadLength > STATE_LIMITS.maxPayloadBytes)
@@ -229,133 +330,6 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   out.writeUInt32LE(zlib.crc32(out.subarray(STATE_HEADER_SIZE)), 16);
   out.writeUInt32LE(out.length - stateEnd, 20);
   return out;
-}
-
-function readVm(r: Reader): VmState {
-  const hostVmId = r.u32('a VM id');
-  const at = `VM ${hostVmId}`;
-  const pid = r.u32(`${at}'s pid`);
-  const starttime = r.safe(`${at}'s starttime`);
-  const uid = r.u32(`${at}'s uid`);
-  const owner = r.u32(`${at}'s owner`);
-  const flags = r.u8(`${at}'s flags`);
-  if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
-  if (r.u8(`${at}'s padding`) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
-  const nameBytes = r.u16(`${at}'s name length`); // over maxNameBytes: refused by vmProblem
-  if ((flags & FLAG.HAS_NAME) === 0 && nameBytes !== 0) throw new Refused(`${at} has a name length but no name`);
-  const endedSamples = r.u32(`${at}'s ended samples`);
-  const uuid = (flags & FLAG.HAS_UUID) !== 0 ? r.bytes(UUID_BYTES, `${at}'s uuid`) : null;
-  let name: string | null = null;
-  if ((flags & FLAG.HAS_NAME) !== 0) {
-    const raw = r.bytes(nameBytes, `${at}'s name`);
-    name = raw.toString('utf8');
-    if (!Buffer.from(name, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
-  }
-  const vcpus = r.list(2, MAX_VCPUS, 6, `vCPUs of ${at}`, () => ({
-    tid: r.u32(`${at}'s vCPUs`),
-    vpkg: r.u16(`${at}'s vCPUs`),
-  }));
-  const vpkgs = r.list(2, MAX_VPKG + 1, 20, `virtual packages of ${at}`, () => ({
-    energyUj: r.u64(`${at}'s totals`),
-    counter: BigInt(r.u32(`${at}'s totals`)),
-    energyJ: r.f64(`${at}'s totals`),
-  }));
-  const valuesNs = r.u64(`${at}'s values' time`);
-  return {
-    hostVmId,
-    pid,
-    starttime,
-    uid,
-    owner: owner === NO_OWNER ? null : owner,
-    discovered: (flags & FLAG.DISCOVERED) !== 0,
-    name,
-    uuid,
-    wholeVmOnly: (flags & FLAG.WHOLE_VM_ONLY) !== 0,
-    live: (flags & FLAG.LIVE) !== 0,
-    baseline: (flags & FLAG.BASELINE) !== 0,
-    valuesNs,
-    endedSamples,
-    vcpus,
-    vpkgs,
-  };
-}
-
-function readPayload(r: Reader, version: number): StateSnapshot {
-  const L = STATE_LIMITS;
-  const nextHostVmId = r.u32('the next VM id');
-  const vms = r.list(4, L.maxVms, 64, 'VMs', () => readVm(r));
-  const at = 'package totals';
-  const packages = r.list(4, L.maxPackages, 36, 'packages', () => ({
-    pkg: r.u32(at),
-    energyUj: r.u64(at),
-    unattributedUj: r.u64(at),
-    energyJ: r.f64(at),
-    unattributedJ: r.f64(at),
-  }));
-  const knownPids = r.list(4, L.maxKnownPids, 12, 'known processes', () => ({
-    pid: r.u32('known processes'),
-    starttime: r.safe("a known process's starttime"),
-  }));
-  const has = r.u8('the last sample flag');
-  if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
-  let lastSample: StateSnapshot['lastSample'] = null;
-  if (has === 1) {
-    const at = 'the last sample';
-    const [monotonicNs, realtimeNs] = [r.u64(at), r.u64(at)];
-    const raws = r.list(4, L.maxPackages, 12, 'sampled packages', () => ({ pkg: r.u32(at), raw: r.u64(at) }));
-    const threads = r.list(4, L.maxThreads, 24, 'sampled threads', () => ({
-      pid: r.u32(at),
-      tid: r.u32(at),
-      starttime: r.safe("a sampled thread's starttime"),
-      ticks: r.u64(at),
-    }));
-    lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
-  }
-  const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
-  // Each section a version before it did not write is read as empty, and an empty one is left out.
-  const d = version >= 2 ? readDomains(r) : null;
-  if (d !== null && d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
-  const guest = version >= 3 ? readGuestCounters(r) : [];
-  if (guest.length > 0) out.guest = guest;
-  const limits = version >= 4 ? readPowerLimits(r) : [];
-  if (limits.length > 0) out.limits = limits;
-  return out;
-}
-
-function readDomain(r: Reader, what: string): OtherDomain {
-  const code = r.u8(what);
-  const d = ENERGY_DOMAINS[code];
-  if (!isOtherDomain(d)) throw new Refused(`${what} has domain code ${code}, not a RAPL domain besides the package`);
-  if (r.u8(what) !== 0) throw new Refused(`${what}'s reserved byte is not 0`);
-  return d;
-}
-
-/** A package entry's key, and what to call the rest of the entry in a refusal. */
-function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDomain; at: string } {
-  const pkg = r.u32(`a package's other-domain ${what}`);
-  const domain = readDomain(r, `package ${pkg}'s other-domain ${what}`);
-  const at = `package ${pkg}'s ${domain} ${what}`;
-  if (r.u16(at) !== 0) throw new Refused(`${at}: its reserved field is not 0`);
-  return { pkg, domain, at };
-}
-
-function readDomains(r: Reader): DomainsState {
-  const max = STATE_LIMITS.maxDomainEntries;
-  const vms = r.list(4, max, 8, "VMs' other-domain totals", () => {
-    const hostVmId = r.u32("a VM's other-domain totals");
-    const domain = readDomain(r, `VM ${hostVmId}'s other-domain totals`);
-    const what = `VM ${hostVmId}'s ${domain} totals`;
-    return { hostVmId, domain, energyJ: r.list(2, MAX_VPKG + 1, 8, `virtual packages of ${what}`, () => r.f64(what)) };
-  });
-  const packages = r.list(4, max, 24, "packages' other-domain totals", () => {
-    const { pkg, domain, at } = readPackageKey(r, 'totals');
-    return { pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) };
-  });
-  const counters = r.list(4, max, 16, 'other-domain counters', () => {
-    const { pkg, domain, at } = readPackageKey(r, 'counter');
-    return { pkg, domain, raw: r.u64(at) };
-  });
-  return { vms, packages, counters };
 }
 
 /** The record's payload and version once its header and checksum hold, and the length of its hand-over; else why not. */
@@ -408,7 +382,7 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   if ('why' in rec) return fail(cannot('restore state', rec.why, rec.fix ?? FIX));
   const state = rec.payload.subarray(0, rec.payload.length - rec.handover);
   return readChecked(state, 'restore state', FIX, (r) => {
-    const s = readPayload(r, rec.version);
+    const s = payloadIo(r, rec.version);
     return stateProblem(s) ?? s;
   });
 }
@@ -421,7 +395,7 @@ export function decodeHandover(bytes: Buffer, nowNs: bigint): Result<Handover | 
   if ('why' in rec) return fail(cannot('use the handover record', rec.why, HANDOVER_FIX));
   if (rec.handover === 0) return ok(null);
   return readChecked(rec.payload.subarray(rec.payload.length - rec.handover), 'use the handover record', HANDOVER_FIX, (r) => {
-    const h = readHandover(r);
+    const h = handoverIo(r);
     if (h.writtenNs > nowNs) return 'it was written after now on the monotonic clock (another boot)';
     return handoverProblem(h) ?? h;
   });

@@ -71,7 +71,7 @@ export interface SampledThread {
   ticks: bigint;
 }
 
-interface SampleState {
+export interface SampleState {
   monotonicNs: bigint;
   /** CLOCK_REALTIME then, ns: tells the gap where the monotonic clock does not go on. */
   realtimeNs: bigint;
