@@ -2,7 +2,7 @@
 /** The header before the payload (magic, version, length, CRC, 0): offsets in errors count it. */
 export const STATE_HEADER_SIZE = 24;
 const MAX_U64 = (1n << 64n) - 1n;
-export const isU32 = (n: number) => Number.isInteger(n) && n >= 0 && n <= 0xffffffff;
+
 export const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
 
 /** A test that holds for each key the first time only: what finds an id twice. */
@@ -15,21 +15,7 @@ export function firstTime(): (key: unknown) => boolean {
  * A section's layout, written once for both ways: a Writer writes the value each call is given and
  * returns it, a Reader is given undefined and returns what it read. `what` names the field in a refusal.
  */
-export interface Io {
-  u8(v: number | undefined, what: string): number;
-  u16(v: number | undefined, what: string): number;
-  u32(v: number | undefined, what: string): number;
-  u64(v: bigint | undefined, what: string): bigint;
-  f64(v: number | undefined, what: string): number;
-  /** A u64 that must be a safe integer (a starttime). */
-  safe(v: number | undefined, what: string): number;
-  /** A reserved field, 0. */
-  zero(n: 1 | 2, what: string): void;
-  /** `n` bytes: the reader's length, read before. */
-  bytes(b: Buffer | undefined, n: number, what: string): Buffer;
-  /** A count (u16 or u32; at most `max`, its entries of `entrySize` bytes at least fit the bytes left), then each entry. */
-  list<T>(width: 2 | 4, items: readonly T[] | undefined, max: number, entrySize: number, what: string, entry: (t?: T) => T): T[];
-}
+export type Io = Pick<Writer, 'u8' | 'u16' | 'u32' | 'u64' | 'f64' | 'safe' | 'zero' | 'bytes' | 'list'>;
 
 /** Through a DataView: fast from the first call, where Buffer's setters run interpreted until warm (docs/daemon.md "Where the time goes"). */
 export class Writer implements Io {
@@ -61,31 +47,35 @@ export class Writer implements Io {
     else this.view.setUint32(at, v!, true);
     return v!;
   }
-  u8 = (v: number | undefined, what: string) => this.uint(1, v, 0xff, what);
-  u16 = (v: number | undefined, what: string) => this.uint(2, v, 0xffff, what);
-  u32 = (v: number | undefined, what: string) => this.uint(4, v, 0xffffffff, what);
-  zero = (n: 1 | 2, what: string) => void this.uint(n, 0, 0, what);
+  u8 = (v: number | undefined, what: string): number => this.uint(1, v, 0xff, what);
+  u16 = (v: number | undefined, what: string): number => this.uint(2, v, 0xffff, what);
+  u32 = (v: number | undefined, what: string): number => this.uint(4, v, 0xffffffff, what);
+  /** A reserved field, 0. */
+  zero = (n: 1 | 2, what: string): void => void this.uint(n, 0, 0, what);
   u64(v: bigint | undefined, what: string): bigint {
     if (!isU64(v!)) throw new RangeError(`${what}: ${v} is out of range (0..2^64-1)`);
     const at = this.room(8);
     this.view.setBigUint64(at, v!, true);
     return v!;
   }
+  /** A u64 that must be a safe integer (a starttime). */
   safe(v: number | undefined, what: string): number {
-    this.u64(Number.isInteger(v) ? BigInt(v!) : undefined, what);
+    this.u64(Number.isSafeInteger(v) ? BigInt(v!) : undefined, what);
     return v!;
   }
-  f64(v: number | undefined): number {
+  f64(v: number | undefined, _what: string): number {
     const at = this.room(8);
     this.view.setFloat64(at, v!, true);
     return v!;
   }
-  bytes(b: Buffer | undefined): Buffer {
+  /** `n` bytes: the reader's length, read before. */
+  bytes(b: Buffer | undefined, _n: number, _what: string): Buffer {
     const at = this.room(b!.length);
     b!.copy(this.buf, at);
     return b!;
   }
-  list<T>(width: 2 | 4, items: readonly T[] | undefined, _max: number, _size: number, what: string, entry: (t?: T) => T): T[] {
+  /** A count (u16 or u32; at most `max`, its entries of `entrySize` bytes at least fit the bytes left), then each entry. */
+  list<T>(width: 2 | 4, items: readonly T[] | undefined, max: number, entrySize: number, what: string, entry: (t?: T) => T): T[] {
     this.uint(width, items!.length, width === 2 ? 0xffff : 0xffffffff, `the count of ${what}`);
     for (const it of items!) entry(it);
     return items as T[];

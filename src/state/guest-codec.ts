@@ -1,15 +1,4 @@
-/**
- * The guest counters' section of the state snapshot (version 3 on; docs/guest-energy.md "Restarts"):
- *
- *   u32 count, each: u32 vmId | u32 pid | u64 starttime | u32 windows | u32 carriedWindows
- *     | f64 owedUnits | f64 creditedUnits | f64 lastExactJ
- *     | u8 phase (0 none, 1 start, 2 end) | u8 has start read | u16 asked | u64 phase startNs
- *     | u16 count, each u32 pkg (the start phase's packages)
- *     | u16 count, each u32 pkg | f64 counter
- *     | u16 count, each u32 pkg | u64 e_ratio | u32 nb_vcpu
- *     | u16 count, each u32 vpkg counter
- *     | [u32 count, each u32 tid | u64 ticks | u64 starttime | u32 pkg + 1]   (the start read, when there is one)
- */
+/** The guest counters' section of the state snapshot (version 3 on; docs/guest-energy.md "Restarts"). */
 import type { GuestCounterState, ThreadRead } from '../guest-energy/guest-counter.js';
 import { Refused, type Io } from './byte-io.js';
 import { STATE_LIMITS } from './snapshot.js';
@@ -28,15 +17,10 @@ export function guestCountersIo(io: Io, list?: readonly GuestCounterState[]): Gu
     if (kind === undefined) throw new Refused('a guest counter has an unknown phase');
     const [hasStart, asked, startNs] = [io.u8(g && (g.start ? 1 : 0), at), io.u16(g?.phases.asked, at), io.u64(g?.phases.startNs, at)];
     const pkgs = io.list(2, g?.phases.pkgs, L.maxPackages, 4, at, (p) => io.u32(p, at));
-    const counters = io.list(2, g && [...g.counters], L.maxPackages, 12, at, (e): [number, number] => [
-      io.u32(e?.[0], at),
-      io.f64(e?.[1], at),
-    ]);
-    const loops = io.list(2, g && loopsOf(g), L.maxPackages, 16, at, (e): Loop => [
-      io.u32(e?.[0], at),
-      io.u64(e?.[1], at),
-      io.u32(e?.[2], at),
-    ]);
+    const counter = (e?: Counter): Counter => [io.u32(e?.[0], at), io.f64(e?.[1], at)];
+    const counters = io.list(2, g && [...g.counters], L.maxPackages, 12, at, counter);
+    const loop = (e?: Loop): Loop => [io.u32(e?.[0], at), io.u64(e?.[1], at), io.u32(e?.[2], at)];
+    const loops = io.list(2, g && loopsOf(g), L.maxPackages, 16, at, loop);
     const vpkgCounter = io.list(2, g?.loop.vpkgCounter, MAX_VPKGS, 4, at, (v) => io.u32(v, at));
     const reads = (t?: ThreadRead): ThreadRead => {
       const [tid, ticks, starttime] = [io.u32(t?.tid, at), io.safe(t?.ticks, at), io.safe(t?.starttime, at)];
@@ -62,6 +46,7 @@ export function guestCountersIo(io: Io, list?: readonly GuestCounterState[]): Gu
   });
 }
 
+type Counter = [pkg: number, counter: number];
 type Loop = [pkg: number, eRatio: bigint, nbVcpu: number];
 /** The loop's state per package: a package in either map, 0 for the other. */
 const loopsOf = (g: GuestCounterState): Loop[] =>

@@ -1,11 +1,4 @@
-/**
- * The power limits' section of the state snapshot (version 4 on; docs/power-limits.md "Restarts and crashes"):
- *
- *   u32 count, each: u32 vmId | u32 pid | f64 limitW | f64 limitedS | f64 quotaCpus (0: none)
- *     | u8 flags (1 fromFile) | u8 domain (ENERGY_DOMAINS index; 0, the package, in the layout before
- *     domains, where the byte was 0) | u16 group count, each:
- *       u8 made | u8 saved bytes | u8 written bytes (255: none) | u8 0 | u16 dir bytes | dir | saved | written
- */
+/** The power limits' section of the state snapshot (version 4 on; docs/power-limits.md "Restarts and crashes"). */
 import { STATE_LIMITS, type HeldGroupState, type PowerLimitState } from './snapshot.js';
 import { firstTime, Refused, type Io } from './byte-io.js';
 import { ENERGY_DOMAINS } from '../model/domains.js';
@@ -40,6 +33,7 @@ export function powerLimitsIo(io: Io, list?: readonly PowerLimitState[]): PowerL
   return io.list(4, list, STATE_LIMITS.maxPowerLimits, 36, at, (l) => {
     const [vmId, pid, limitW, limitedS] = [io.u32(l?.vmId, at), io.u32(l?.pid, at), io.f64(l?.limitW, at), io.f64(l?.limitedS, at)];
     const [quota, flags] = [io.f64(l && (l.quotaCpus ?? 0), at), io.u8(l && (l.fromFile ? 1 : 0), at)];
+    // 0, the package, in the layout before domains, where the byte was 0.
     const domain = ENERGY_DOMAINS[io.u8(l && ENERGY_DOMAINS.indexOf(l.domain), at)];
     if (domain === undefined) throw new Refused(`${at}: a limit's domain code is not one of ${ENERGY_DOMAINS.length}`);
     const groups = io.list(2, l?.groups, MAX_GROUPS, 6, at, group);

@@ -1,26 +1,9 @@
 /**
  * The continuity record on the wire, pure: a restart's, a stop into systemd's fd store's and every
- * checkpoint's (docs/daemon.md "Restart state"). All little-endian:
- *
- *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload
- *           | u32 hand-over length (version 4 on; 0 before, and in a checkpoint)
- *   payload u32 nextHostVmId
- *           u32 VM count, each: u32 hostVmId | u32 pid | u64 starttime | u32 uid | u32 owner (0xffffffff: none)
- *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name, 32 baseline) | u8 0
- *             | u16 name bytes | u32 endedSamples | [16 uuid] | [name] | u16 vCPU count, each u32 tid | u16 vpkg
- *             | u16 vpkg count, each u64 energyUj | u32 counter | f64 energyJ
- *             | u64 valuesNs
- *           u32 package count, each: u32 pkg | u64 energyUj | u64 unattributedUj | f64 energyJ | f64 unattributedJ
- *           u32 known pid count, each: u32 pid | u64 starttime
- *           u8 has last sample; if 1: u64 monotonicNs | u64 realtimeNs | u32 count, each u32 pkg | u64 raw
- *             | u32 thread count, each u32 pid | u32 tid | u64 starttime | u64 ticks
- *           (version 2 on) the other RAPL domains, `d` a domain's index in ENERGY_DOMAINS (1..4):
- *           u32 count, each: u32 hostVmId | u8 d | u8 0 | u16 vpkg count, each f64 energyJ
- *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
- *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
- *           (version 3 on) the guest counters (--guest-energy exact): guest-codec.ts
- *           (version 4 on) the power limits: limit-codec.ts
- *           (version 4 on) the hand-over, the header's last field long: handover-codec.ts
+ * checkpoint's (docs/daemon.md "Restart state"). All little-endian: a header, magic "VMSRSTAT" (8) |
+ * u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload | u32 hand-over length
+ * (version 4 on; 0 before, and in a checkpoint); then the payload, field by field as payloadIo and the
+ * sections it calls list it, and the hand-over (handoverIo).
  *
  * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
  * against the bytes left before anything is allocated for it, and the decoded value passes the
@@ -31,7 +14,7 @@ import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus, MAX_TID, MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
-import { firstTime, isU32, isU64, Reader, Refused, STATE_HEADER_SIZE, Writer, type Io } from './byte-io.js';
+import { firstTime, Reader, Refused, STATE_HEADER_SIZE, Writer, type Io } from './byte-io.js';
 import { guestCountersIo, guestCountersProblem } from './guest-codec.js';
 import { powerLimitsIo, powerLimitsProblem } from './limit-codec.js';
 import { handoverIo, handoverProblem } from './handover-codec.js';
@@ -53,7 +36,6 @@ const UUID_BYTES = 16;
 export const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 
 const isPid = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TID;
-const isStarttime = (n: number) => Number.isSafeInteger(n) && n >= 0;
 const isJoules = (j: number) => typeof j === 'number' && Number.isFinite(j) && j >= 0;
 /** A total in joules and the µJ published from it agree: µJ = floor(J * 1e6) (ratio.md "Outputs"). */
 const joulesMatch = (j: number, uj: bigint) => {
@@ -68,20 +50,16 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   const at = `VM ${id}`;
   if (!Number.isInteger(id) || id < 1 || id >= next) return `VM id ${id} is out of range (1..${next - 1}, below the next id ${next})`;
   if (!isPid(vm.pid)) return `${at}: pid ${vm.pid} is out of range (1..${MAX_TID})`;
-  if (!isStarttime(vm.starttime)) return `${at}: starttime ${vm.starttime} is not a whole number of ticks`;
-  if (!isU32(vm.uid)) return `${at}: uid ${vm.uid} is out of range (0..4294967295)`;
-  if (vm.owner !== null && (!isU32(vm.owner) || vm.owner === NO_OWNER)) return `${at}: owner connection ${vm.owner} is out of range`;
+  if (vm.owner === NO_OWNER) return `${at}: owner connection ${vm.owner} is out of range`;
   if (vm.owner === null && !vm.discovered) return `${at} is neither registered (no owner) nor discovered`;
   if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes)
     return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
   // A lone surrogate would be written as U+FFFD and come back as another name.
   if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
   if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
-  if (!isU32(vm.endedSamples)) return `${at}: endedSamples ${vm.endedSamples} is out of range`;
   if (vm.baseline && !vm.live) return `${at} has ended but is marked as having its baseline`;
   if (vm.baseline && lastNs === null) return `${at} is marked as having its baseline, but there is no last sample`;
-  if (!isU64(vm.valuesNs) || (lastNs !== null && vm.valuesNs > lastNs))
-    return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
+  if (lastNs !== null && vm.valuesNs > lastNs) return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
   if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1)
     return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;
   const vcpus = checkVcpus(vm.vcpus, { allowEmpty: true });
@@ -90,7 +68,6 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   if (outside) return `${at}: thread ${outside.tid} is in virtual package ${outside.vpkg}, the VM has ${vm.vpkgs.length}`;
   for (let p = 0; p < vm.vpkgs.length; p++) {
     const v = vm.vpkgs[p]!;
-    if (!isU64(v.energyUj)) return `${at}, virtual package ${p}: energy ${v.energyUj} µJ is out of range (0..2^64-1)`;
     if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > 0xffffffffn)
       return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
     if (!joulesMatch(v.energyJ, v.energyUj)) return `${at}, virtual package ${p}: ${v.energyJ} J does not give ${v.energyUj} µJ`;
@@ -112,29 +89,22 @@ export function stateProblem(s: StateSnapshot): string | null {
   }
   if (s.packages.length > L.maxPackages) return `${s.packages.length} packages, at most ${L.maxPackages}`;
   for (const k of s.packages) {
-    if (!isU32(k.pkg)) return `package ${k.pkg} is out of range`;
-    if (!isU64(k.energyUj) || !isU64(k.unattributedUj)) return `package ${k.pkg}: an energy total is out of range (0..2^64-1)`;
     if (!joulesMatch(k.energyJ, k.energyUj) || !joulesMatch(k.unattributedJ, k.unattributedUj))
       return `package ${k.pkg}: its totals in J and µJ disagree`;
     if (!once(`pkg ${k.pkg}`)) return `package ${k.pkg} appears twice in the totals`;
   }
   if (s.knownPids.length > L.maxKnownPids) return `${s.knownPids.length} known processes, at most ${L.maxKnownPids}`;
   for (const k of s.knownPids) {
-    if (!isPid(k.pid) || !isStarttime(k.starttime)) return `known process ${k.pid} (starttime ${k.starttime}) is out of range`;
+    if (!isPid(k.pid)) return `known process ${k.pid} is out of range`;
     if (!once(`pid ${k.pid}`)) return `known process ${k.pid} appears twice`;
   }
   const t = s.lastSample;
   if (t !== null) {
-    if (!isU64(t.monotonicNs) || !isU64(t.realtimeNs)) return "the last sample's time is out of range (0..2^64-1 ns)";
     if (t.packages.length > L.maxPackages) return `the last sample has ${t.packages.length} packages, at most ${L.maxPackages}`;
-    for (const k of t.packages) {
-      if (!isU32(k.pkg) || !isU64(k.raw)) return `the last sample's package ${k.pkg} is out of range`;
-      if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
-    }
+    for (const k of t.packages) if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
     if (t.threads.length > L.maxThreads) return `the last sample has ${t.threads.length} threads, at most ${L.maxThreads}`;
     for (const th of t.threads) {
-      if (!isPid(th.pid) || !isPid(th.tid) || !isStarttime(th.starttime) || !isU64(th.ticks))
-        return `the last sample's thread ${th.tid} is out of range`;
+      if (!isPid(th.pid) || !isPid(th.tid)) return `the last sample's thread ${th.tid} is out of range`;
       if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
     }
   }
@@ -157,14 +127,14 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
     if (!once(`vm ${v.hostVmId} ${v.domain}`)) return `VM ${v.hostVmId} has ${v.domain} totals twice`;
   }
   for (const k of d.packages) {
-    if (!isOtherDomain(k.domain) || !isU32(k.pkg)) return `package ${k.pkg}'s ${String(k.domain)} totals are out of range`;
+    if (!isOtherDomain(k.domain)) return `package ${k.pkg}'s ${String(k.domain)} totals are out of range`;
     if (!isJoules(k.energyJ) || !isJoules(k.unattributedJ))
       return `package ${k.pkg}: a ${k.domain} total is not a finite number of joules >= 0`;
     if (!once(`pkg ${k.pkg} ${k.domain}`)) return `package ${k.pkg} has ${k.domain} totals twice`;
   }
   if (d.counters.length > 0 && s.lastSample === null) return 'other-domain counters without a last sample';
   for (const k of d.counters) {
-    if (!isOtherDomain(k.domain) || !isU32(k.pkg) || !isU64(k.raw)) return `package ${k.pkg}'s ${String(k.domain)} counter is out of range`;
+    if (!isOtherDomain(k.domain)) return `package ${k.pkg}'s ${String(k.domain)} counter is out of range`;
     if (!once(`raw ${k.pkg} ${k.domain}`)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
   }
   return null;
@@ -315,18 +285,23 @@ function domainsIo(io: Io, d?: DomainsState): DomainsState {
 /** The record's bytes: the snapshot, and what a planned restart hands over. Throws a RangeError naming the rule a value breaks. */
 export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   const problem = stateProblem(s) ?? (handover ? handoverProblem(handover) : null);
-  if (problem !== null) throw new RangeError(cannot('save state', problem));
   const w = new Writer(STATE_HEADER_SIZE);
-  payloadIo(w, STATE_FORMAT_VERSION, s);
-  const stateEnd = w.length;
-  if (handover) handoverIo(w, handover);
+  let stateEnd = 0;
+  try {
+    if (problem !== null) throw new RangeError(problem);
+    payloadIo(w, STATE_FORMAT_VERSION, s);
+    stateEnd = w.length;
+    if (handover) handoverIo(w, handover);
+    const max = STATE_LIMITS.maxPayloadBytes;
+    if (w.length - STATE_HEADER_SIZE > max) throw new RangeError(`it takes ${w.length - STATE_HEADER_SIZE} bytes, at most ${max}`);
+  } catch (e) {
+    // The Writer refuses a value out of its field's range, by the field's name.
+    throw e instanceof RangeError ? new RangeError(cannot('save state', e.message)) : e;
+  }
   const out = w.done();
-  const payloadLength = out.length - STATE_HEADER_SIZE;
-  if (payloadLength > STATE_LIMITS.maxPayloadBytes)
-    throw new RangeError(cannot('save state', `it takes ${payloadLength} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`));
   STATE_MAGIC.copy(out, 0);
   out.writeUInt32LE(STATE_FORMAT_VERSION, 8);
-  out.writeUInt32LE(payloadLength, 12);
+  out.writeUInt32LE(out.length - STATE_HEADER_SIZE, 12);
   out.writeUInt32LE(zlib.crc32(out.subarray(STATE_HEADER_SIZE)), 16);
   out.writeUInt32LE(out.length - stateEnd, 20);
   return out;
