@@ -1,4 +1,4 @@
-/** Little-endian bytes for the state codec: a writer that refuses a value out of range, a reader anything cut off or past its bound. */
+/** Little-endian bytes for the state codec: a writer that refuses a value out of range or a list past its bound, a reader these and anything cut off. */
 /** The header before the payload (magic, version, length, CRC, 0): offsets in errors count it. */
 export const STATE_HEADER_SIZE = 24;
 const MAX_U64 = (1n << 64n) - 1n;
@@ -76,6 +76,7 @@ export class Writer implements Io {
   }
   /** A count (u16 or u32; at most `max`, its entries of `entrySize` bytes at least fit the bytes left), then each entry. */
   list<T>(width: 2 | 4, items: readonly T[] | undefined, max: number, entrySize: number, what: string, entry: (t?: T) => T): T[] {
+    if (items!.length > max) throw new RangeError(`it has ${items!.length} ${what}, at most ${max}`);
     this.uint(width, items!.length, width === 2 ? 0xffff : 0xffffffff, `the count of ${what}`);
     for (const it of items!) entry(it);
     return items as T[];

@@ -10,7 +10,6 @@ const KINDS = [null, 'legacy', 'undecided'] as const;
 
 /** Why a hand-over cannot be written or used, or null; the writer refuses a value out of its field's range. */
 export function handoverProblem(h: Handover): string | null {
-  if (h.connections.length > MAX_HANDED_CONNECTIONS) return `${h.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;
   const once = firstTime();
   for (const c of h.connections) {
     if (c.ino === 0n) return `socket inode ${c.ino} is out of range`;

@@ -45,7 +45,6 @@ const quotaText = (s: string) => s.length <= MAX_QUOTA_BYTES && /^[ -~\n]*$/.tes
 
 /** Why the power limits break a rule, or null. */
 export function powerLimitsProblem(list: readonly PowerLimitState[]): string | null {
-  if (list.length > STATE_LIMITS.maxPowerLimits) return `${list.length} power limits, at most ${STATE_LIMITS.maxPowerLimits}`;
   const once = firstTime();
   for (const l of list) {
     const at = `the ${l.domain} power limit of VM ${l.vmId}`;
@@ -54,7 +53,6 @@ export function powerLimitsProblem(list: readonly PowerLimitState[]): string | n
       return `${at}: its limit or time limited is not a finite number above 0`;
     if (l.quotaCpus !== null && !(l.quotaCpus > 0 && Number.isFinite(l.quotaCpus)))
       return `${at}: its quota is not a finite number above 0`;
-    if (l.groups.length > MAX_GROUPS) return `${at}: ${l.groups.length} groups, at most ${MAX_GROUPS}`;
     for (const g of l.groups) {
       if (Buffer.byteLength(g.dir) > MAX_DIR_BYTES || !g.dir.startsWith('/'))
         return `${at}: a group's path is not absolute or over ${MAX_DIR_BYTES} bytes`;
