@@ -3,8 +3,6 @@
 export const STATE_HEADER_SIZE = 24;
 const MAX_U64 = (1n << 64n) - 1n;
 
-export const isU64 = (n: bigint) => typeof n === 'bigint' && n >= 0n && n <= MAX_U64;
-
 /** A test that holds for each key the first time only: what finds an id twice. */
 export function firstTime(): (key: unknown) => boolean {
   const seen = new Set<unknown>();
@@ -15,7 +13,7 @@ export function firstTime(): (key: unknown) => boolean {
  * A section's layout, written once for both ways: a Writer writes the value each call is given and
  * returns it, a Reader is given undefined and returns what it read. `what` names the field in a refusal.
  */
-export type Io = Pick<Writer, 'u8' | 'u16' | 'u32' | 'u64' | 'f64' | 'safe' | 'zero' | 'bytes' | 'list'>;
+export type Io = Pick<Writer, 'u8' | 'u16' | 'u32' | 'u64' | 'f64' | 'safe' | 'bytes' | 'list'>;
 
 /** Through a DataView: fast from the first call, where Buffer's setters run interpreted until warm (docs/daemon.md "Where the time goes"). */
 export class Writer implements Io {
@@ -50,13 +48,11 @@ export class Writer implements Io {
   u8 = (v: number | undefined, what: string): number => this.uint(1, v, 0xff, what);
   u16 = (v: number | undefined, what: string): number => this.uint(2, v, 0xffff, what);
   u32 = (v: number | undefined, what: string): number => this.uint(4, v, 0xffffffff, what);
-  /** A reserved field, 0. */
-  zero = (n: 1 | 2, what: string): void => void this.uint(n, 0, 0, what);
   u64(v: bigint | undefined, what: string): bigint {
-    if (!isU64(v!)) throw new RangeError(`${what}: ${v} is out of range (0..2^64-1)`);
+    if (typeof v !== 'bigint' || v < 0n || v > MAX_U64) throw new RangeError(`${what}: ${v} is out of range (0..2^64-1)`);
     const at = this.room(8);
-    this.view.setBigUint64(at, v!, true);
-    return v!;
+    this.view.setBigUint64(at, v, true);
+    return v;
   }
   /** A u64 that must be a safe integer (a starttime). */
   safe(v: number | undefined, what: string): number {
@@ -109,9 +105,6 @@ export class Reader implements Io {
     const v = this.u64(_, what);
     if (v > BigInt(Number.MAX_SAFE_INTEGER)) throw new Refused(`${what} ${v} is out of range`);
     return Number(v);
-  }
-  zero(n: 1 | 2, what: string): void {
-    if ((n === 1 ? this.u8(0, what) : this.u16(0, what)) !== 0) throw new Refused(`${what}: its reserved field is not 0`);
   }
   bytes(_: unknown, n: number, what: string): Buffer {
     const o = this.at(n, what);

@@ -13,22 +13,15 @@ const NONE = 255;
 export function powerLimitsIo(io: Io, list?: readonly PowerLimitState[]): PowerLimitState[] {
   const at = 'power limits';
   const group = (g?: HeldGroupState): HeldGroupState => {
-    const [dir, saved] = [g && Buffer.from(g.dir, 'utf8'), g && Buffer.from(g.saved, 'latin1')];
-    const written = g?.written == null ? undefined : Buffer.from(g.written, 'latin1');
-    const [made, savedLength] = [io.u8(g && (g.made ? 1 : 0), at), io.u8(saved?.length, at)];
-    const writtenLength = io.u8(g && (written?.length ?? NONE), at);
+    const [dirIn, savedIn] = [g && Buffer.from(g.dir, 'utf8'), g && Buffer.from(g.saved, 'latin1')];
+    const writtenIn = g?.written == null ? undefined : Buffer.from(g.written, 'latin1');
+    const [made, savedLength] = [io.u8(g && (g.made ? 1 : 0), at), io.u8(savedIn?.length, at)];
+    const writtenLength = io.u8(g && (writtenIn?.length ?? NONE), at);
     io.u8(g && 0, at); // not checked when read
-    const dirBytes = io.bytes(dir, io.u16(dir?.length, at), at);
-    const savedBytes = io.bytes(saved, savedLength, at);
-    const writtenBytes = writtenLength === NONE ? null : io.bytes(written, writtenLength, at);
-    return (
-      g ?? {
-        dir: dirBytes.toString('utf8'),
-        saved: savedBytes.toString('latin1'),
-        written: writtenBytes?.toString('latin1') ?? null,
-        made: made === 1,
-      }
-    );
+    const dir = io.bytes(dirIn, io.u16(dirIn?.length, at), at).toString('utf8');
+    const saved = io.bytes(savedIn, savedLength, at).toString('latin1');
+    const written = writtenLength === NONE ? null : io.bytes(writtenIn, writtenLength, at).toString('latin1');
+    return g ?? { dir, saved, written, made: made === 1 };
   };
   return io.list(4, list, STATE_LIMITS.maxPowerLimits, 36, at, (l) => {
     const [vmId, pid, limitW, limitedS] = [io.u32(l?.vmId, at), io.u32(l?.pid, at), io.f64(l?.limitW, at), io.f64(l?.limitedS, at)];

@@ -18,7 +18,7 @@ import { firstTime, Reader, Refused, STATE_HEADER_SIZE, Writer, type Io } from '
 import { guestCountersIo, guestCountersProblem } from './guest-codec.js';
 import { powerLimitsIo, powerLimitsProblem } from './limit-codec.js';
 import { handoverIo, handoverProblem } from './handover-codec.js';
-import { STATE_LIMITS, type DomainsState, type Handover, type SampleState, type StateSnapshot, type VmState } from './snapshot.js';
+import { STATE_LIMITS, type DomainsState, type Handover, type StateSnapshot, type VmState } from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
 export const STATE_FORMAT_VERSION = 4;
@@ -52,8 +52,6 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   if (!isPid(vm.pid)) return `${at}: pid ${vm.pid} is out of range (1..${MAX_TID})`;
   if (vm.owner === NO_OWNER) return `${at}: owner connection ${vm.owner} is out of range`;
   if (vm.owner === null && !vm.discovered) return `${at} is neither registered (no owner) nor discovered`;
-  if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes)
-    return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
   // A lone surrogate would be written as U+FFFD and come back as another name.
   if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
   if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
@@ -104,12 +102,11 @@ export function stateProblem(s: StateSnapshot): string | null {
   return guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []) ?? (s.domains ? domainsProblem(s.domains, s) : null);
 }
 
-/** Why the other-domains section breaks a rule, or null. */
+/** Why the other-domains section breaks a rule, or null (a domain code that is not one: domainIo). */
 function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
   const vpkgsOf = new Map(s.vms.map((v) => [v.hostVmId, v.vpkgs.length]));
   const once = firstTime();
   for (const v of d.vms) {
-    if (!isOtherDomain(v.domain)) return `VM ${v.hostVmId} has totals of ${String(v.domain)}, not a RAPL domain besides the package`;
     const n = vpkgsOf.get(v.hostVmId);
     if (n === undefined) return `${v.domain} totals for VM ${v.hostVmId}, which the snapshot does not have`;
     if (v.energyJ.length > n) return `VM ${v.hostVmId}: ${v.energyJ.length} ${v.domain} totals for ${n} virtual packages`;
@@ -117,16 +114,12 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
     if (!once(`vm ${v.hostVmId} ${v.domain}`)) return `VM ${v.hostVmId} has ${v.domain} totals twice`;
   }
   for (const k of d.packages) {
-    if (!isOtherDomain(k.domain)) return `package ${k.pkg}'s ${String(k.domain)} totals are out of range`;
     if (!isJoules(k.energyJ) || !isJoules(k.unattributedJ))
       return `package ${k.pkg}: a ${k.domain} total is not a finite number of joules >= 0`;
     if (!once(`pkg ${k.pkg} ${k.domain}`)) return `package ${k.pkg} has ${k.domain} totals twice`;
   }
   if (d.counters.length > 0 && s.lastSample === null) return 'other-domain counters without a last sample';
-  for (const k of d.counters) {
-    if (!isOtherDomain(k.domain)) return `package ${k.pkg}'s ${String(k.domain)} counter is out of range`;
-    if (!once(`raw ${k.pkg} ${k.domain}`)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
-  }
+  for (const k of d.counters) if (!once(`raw ${k.pkg} ${k.domain}`)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
   return null;
 }
 
@@ -146,9 +139,10 @@ function vmIo(io: Io, vm?: VmState): VmState {
   const owner = io.u32(vm && (vm.owner ?? NO_OWNER), at);
   const flags = io.u8(vm && bits(vm), at);
   if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
-  io.zero(1, at);
+  if (io.u8(vm && 0, at) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
   const nameBytes = vm?.name == null ? undefined : Buffer.from(vm.name, 'utf8');
-  const nameLength = io.u16(vm && (nameBytes?.length ?? 0), at); // over maxNameBytes: refused by vmProblem
+  const nameLength = io.u16(vm && (nameBytes?.length ?? 0), at);
+  if (nameLength > STATE_LIMITS.maxNameBytes) throw new Refused(`${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`);
   if ((flags & FLAG.HAS_NAME) === 0 && nameLength !== 0) throw new Refused(`${at} has a name length but no name`);
   const endedSamples = io.u32(vm?.endedSamples, at);
   const uuid = (flags & FLAG.HAS_UUID) !== 0 ? io.bytes(vm?.uuid ?? undefined, UUID_BYTES, at) : null;
@@ -215,7 +209,9 @@ function payloadIo(io: Io, version: number, s?: StateSnapshot): StateSnapshot {
   return s ?? out;
 }
 
-function sampleIo(io: Io, t?: SampleState): SampleState {
+type Sample = NonNullable<StateSnapshot['lastSample']>;
+
+function sampleIo(io: Io, t?: Sample): Sample {
   const L = STATE_LIMITS;
   const at = 'the last sample';
   return {
@@ -235,7 +231,7 @@ function domainIo(io: Io, d: OtherDomain | undefined, what: string): OtherDomain
   const code = io.u8(d && ENERGY_DOMAINS.indexOf(d), what);
   const domain = ENERGY_DOMAINS[code];
   if (!isOtherDomain(domain)) throw new Refused(`${what} has domain code ${code}, not a RAPL domain besides the package`);
-  io.zero(1, what);
+  if (io.u8(d && 0, what) !== 0) throw new Refused(`${what}'s reserved byte is not 0`);
   return domain;
 }
 
@@ -244,7 +240,7 @@ function packageKeyIo(io: Io, k: { pkg: number; domain: OtherDomain } | undefine
   const pkg = io.u32(k?.pkg, `a package's other-domain ${what}`);
   const at = `package ${pkg}'s other-domain ${what}`;
   const domain = domainIo(io, k?.domain, at);
-  io.zero(2, at);
+  if (io.u16(k && 0, at) !== 0) throw new Refused(`${at}: its reserved field is not 0`);
   return { pkg, domain, at };
 }
 
@@ -280,8 +276,8 @@ export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
     const max = STATE_LIMITS.maxPayloadBytes;
     if (w.length - STATE_HEADER_SIZE > max) throw new RangeError(`it takes ${w.length - STATE_HEADER_SIZE} bytes, at most ${max}`);
   } catch (e) {
-    // The Writer refuses a value out of its field's range, by the field's name.
-    throw e instanceof RangeError ? new RangeError(cannot('save state', e.message)) : e;
+    // The layout refuses a value out of its field's range or an unknown code, by the field's name.
+    throw e instanceof RangeError || e instanceof Refused ? new RangeError(cannot('save state', e.message)) : e;
   }
   const out = w.done();
   STATE_MAGIC.copy(out, 0);
@@ -313,11 +309,9 @@ function openRecord(bytes: Buffer): { version: number; payload: Buffer; handover
   if (version < 4 && handover !== 0) return { why: 'its reserved header field is not 0' };
   if (handover > length) return { why: `its hand-over of ${handover} bytes is longer than its ${length}-byte payload` };
   const payload = bytes.subarray(STATE_HEADER_SIZE);
-  const sum = zlib.crc32(payload);
-  if (sum !== bytes.readUInt32LE(16))
-    return {
-      why: `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,
-    };
+  const [sum, said] = [zlib.crc32(payload), bytes.readUInt32LE(16)];
+  if (sum !== said)
+    return { why: `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${said.toString(16)}): it was damaged` };
   return { version, payload, handover };
 }
 

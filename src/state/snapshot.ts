@@ -71,7 +71,7 @@ export interface SampledThread {
   ticks: bigint;
 }
 
-export interface SampleState {
+interface SampleState {
   monotonicNs: bigint;
   /** CLOCK_REALTIME then, ns: tells the gap where the monotonic clock does not go on. */
   realtimeNs: bigint;
