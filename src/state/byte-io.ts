@@ -9,10 +9,7 @@ export function firstTime(): (key: unknown) => boolean {
   return (key) => seen.size < seen.add(key).size;
 }
 
-/**
- * A section's layout, written once for both ways: a Writer writes the value each call is given and
- * returns it, a Reader is given undefined and returns what it read. `what` names the field in a refusal.
- */
+/** A layout said once for both ways: a Writer writes each value given and returns it, a Reader, given undefined, returns what it read. */
 export type Io = Pick<Writer, 'u8' | 'u16' | 'u32' | 'u64' | 'f64' | 'safe' | 'bytes' | 'list'>;
 
 /** Through a DataView: fast from the first call, where Buffer's setters run interpreted until warm (docs/daemon.md "Where the time goes"). */

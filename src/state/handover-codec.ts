@@ -24,11 +24,8 @@ export function handoverProblem(h: Handover): string | null {
 export function handoverIo(io: Io, h?: Handover): Handover {
   const at = 'the hand-over';
   const writtenNs = io.u64(h?.writtenNs, at);
-  const legacy = {
-    ok: io.safe(h?.legacy.ok, 'the legacy ok counter'),
-    refused: io.safe(h?.legacy.refused, 'the legacy refused counter'),
-    failed: io.safe(h?.legacy.failed, 'the legacy failed counter'),
-  };
+  const counter = (k: keyof Handover['legacy']) => io.safe(h?.legacy[k], `the legacy ${k} counter`);
+  const legacy = { ok: counter('ok'), refused: counter('refused'), failed: counter('failed') };
   // An unknown kind, too many pending bytes: refused by handoverProblem (bytes() allocates no more than the record holds).
   const connections = io.list(4, h?.connections, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', (c) => ({
     ino: io.u64(c?.ino, at),

@@ -1,13 +1,10 @@
 /**
- * The continuity record on the wire, pure: a restart's, a stop into systemd's fd store's and every
- * checkpoint's (docs/daemon.md "Restart state"). All little-endian: a header, magic "VMSRSTAT" (8) |
- * u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload | u32 hand-over length
- * (version 4 on; 0 before, and in a checkpoint); then the payload, field by field as payloadIo and the
- * sections it calls list it, and the hand-over (handoverIo).
- *
- * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
- * against the bytes left before anything is allocated for it, and the decoded value passes the
- * encoder's check (stateProblem).
+ * The continuity record on the wire, pure: a restart's, a stop into systemd's fd store's and every checkpoint's
+ * (docs/daemon.md "Restart state"). Little-endian: magic "VMSRSTAT" | u32 format version | u32 payload length |
+ * u32 CRC-32 (zlib's) of the payload | u32 hand-over length (version 4 on; 0 before and in a checkpoint); the
+ * payload, field by field as payloadIo and the sections it calls say; at its end the hand-over (handoverIo).
+ * Read as hostile input: every count is bounded (STATE_LIMITS) and checked against the bytes left before
+ * anything is allocated for it, and the decoded value passes the encoder's check (stateProblem).
  */
 import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
@@ -91,13 +88,10 @@ export function stateProblem(s: StateSnapshot): string | null {
     if (!isPid(k.pid)) return `known process ${k.pid} is out of range`;
     if (!once(`pid ${k.pid}`)) return `known process ${k.pid} appears twice`;
   }
-  const t = s.lastSample;
-  if (t !== null) {
-    for (const k of t.packages) if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
-    for (const th of t.threads) {
-      if (!isPid(th.pid) || !isPid(th.tid)) return `the last sample's thread ${th.tid} is out of range`;
-      if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
-    }
+  for (const k of s.lastSample?.packages ?? []) if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
+  for (const th of s.lastSample?.threads ?? []) {
+    if (!isPid(th.pid) || !isPid(th.tid)) return `the last sample's thread ${th.tid} is out of range`;
+    if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
   }
   return guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []) ?? (s.domains ? domainsProblem(s.domains, s) : null);
 }
