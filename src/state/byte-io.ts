@@ -53,7 +53,8 @@ export class Writer implements Io {
   }
   /** A u64 that must be a safe integer (a starttime). */
   safe(v: number | undefined, what: string): number {
-    this.u64(Number.isSafeInteger(v) ? BigInt(v!) : undefined, what);
+    if (!Number.isSafeInteger(v) || v! < 0) throw new RangeError(`${what}: ${v} is out of range (0..2^53-1)`);
+    this.u64(BigInt(v!), what);
     return v!;
   }
   f64(v: number | undefined, _what: string): number {

@@ -133,14 +133,15 @@ function vmIo(io: Io, vm?: VmState): VmState {
   const owner = io.u32(vm && (vm.owner ?? NO_OWNER), at);
   const flags = io.u8(vm && bits(vm), at);
   if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
+  const has = (flag: number) => (flags & flag) !== 0;
   if (io.u8(vm && 0, at) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
   const nameBytes = vm?.name == null ? undefined : Buffer.from(vm.name, 'utf8');
   const nameLength = io.u16(vm && (nameBytes?.length ?? 0), at);
   if (nameLength > STATE_LIMITS.maxNameBytes) throw new Refused(`${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`);
-  if ((flags & FLAG.HAS_NAME) === 0 && nameLength !== 0) throw new Refused(`${at} has a name length but no name`);
+  if (!has(FLAG.HAS_NAME) && nameLength !== 0) throw new Refused(`${at} has a name length but no name`);
   const endedSamples = io.u32(vm?.endedSamples, at);
-  const uuid = (flags & FLAG.HAS_UUID) !== 0 ? io.bytes(vm?.uuid ?? undefined, UUID_BYTES, at) : null;
-  const raw = (flags & FLAG.HAS_NAME) !== 0 ? io.bytes(nameBytes, nameLength, at) : null;
+  const uuid = has(FLAG.HAS_UUID) ? io.bytes(vm?.uuid ?? undefined, UUID_BYTES, at) : null;
+  const raw = has(FLAG.HAS_NAME) ? io.bytes(nameBytes, nameLength, at) : null;
   const name = vm ? vm.name : (raw?.toString('utf8') ?? null);
   if (!vm && raw && !Buffer.from(name!, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
   const vcpus = io.list(2, vm?.vcpus, MAX_VCPUS, 6, `vCPUs of ${at}`, (v) => ({ tid: io.u32(v?.tid, at), vpkg: io.u16(v?.vpkg, at) }));
@@ -150,7 +151,6 @@ function vmIo(io: Io, vm?: VmState): VmState {
     energyJ: io.f64(v?.energyJ, at),
   }));
   const valuesNs = io.u64(vm?.valuesNs, at);
-  const has = (flag: number) => (flags & flag) !== 0;
   return (
     vm ?? {
       hostVmId,
