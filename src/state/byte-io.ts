@@ -80,7 +80,7 @@ export class Writer implements Io {
   }
 }
 
-/** Thrown inside the decoder only, turned into its failure. */
+/** Thrown by a layout's check while reading or writing, turned into the decoder's failure or the encoder's RangeError. */
 export class Refused extends Error {}
 
 export class Reader implements Io {
