@@ -1,10 +1,5 @@
-/**
- * The hand-over section (format version 4 on), at the end of the payload, its length in the header's last field (0: a checkpoint):
- *
- *   u64 written at (CLOCK_MONOTONIC ns) | u64 legacy ok | u64 refused | u64 failed
- *   u32 connection count, each: u64 socket inode | u8 kind (1 legacy, 2 undecided) | u32 byte count | bytes
- */
-import { firstTime, isU64, type Reader, type Writer } from './byte-io.js';
+/** The hand-over section (format version 4 on), at the payload's end, its length in the header's last field (0: a checkpoint). */
+import { firstTime, type Io } from './byte-io.js';
 import type { HandedConnection, Handover } from './snapshot.js';
 
 /** Connections one record may list (the daemon's --max-connections bound). */
@@ -13,15 +8,11 @@ const MAX_HANDED_CONNECTIONS = 1 << 20;
 const MAX_PENDING_BYTES = 256 * 1024;
 const KINDS = [null, 'legacy', 'undecided'] as const;
 
-/** Why a hand-over cannot be written or used, or null. */
+/** Why a hand-over cannot be written or used, or null; the writer refuses a value out of its field's range. */
 export function handoverProblem(h: Handover): string | null {
-  for (const [k, v] of Object.entries(h.legacy))
-    if (!Number.isSafeInteger(v) || v < 0) return `the legacy ${k} counter ${v} is out of range`;
-  if (!isU64(h.writtenNs)) return `its time ${h.writtenNs} is out of range`;
-  if (h.connections.length > MAX_HANDED_CONNECTIONS) return `${h.connections.length} connections, at most ${MAX_HANDED_CONNECTIONS}`;
   const once = firstTime();
   for (const c of h.connections) {
-    if (c.ino === 0n || !isU64(c.ino)) return `socket inode ${c.ino} is out of range`;
+    if (c.ino === 0n) return `socket inode ${c.ino} is out of range`;
     if (!once(c.ino)) return `socket inode ${c.ino} is listed twice`;
     if (KINDS.indexOf(c.kind) < 1) return `connection ${c.ino} has an unknown kind`;
     if (c.pending.length > MAX_PENDING_BYTES)
@@ -30,24 +21,16 @@ export function handoverProblem(h: Handover): string | null {
   return null;
 }
 
-export function writeHandover(w: Writer, h: Handover): void {
-  w.u64(h.writtenNs).u64(h.legacy.ok).u64(h.legacy.refused).u64(h.legacy.failed);
-  w.list(4, h.connections, (c) => w.u64(c.ino).u8(KINDS.indexOf(c.kind)).u32(c.pending.length).bytes(c.pending));
-}
-
-export function readHandover(r: Reader): Handover {
+export function handoverIo(io: Io, h?: Handover): Handover {
   const at = 'the hand-over';
-  const writtenNs = r.u64(at);
-  const legacy = {
-    ok: r.safe('the legacy ok counter'),
-    refused: r.safe('the legacy refused counter'),
-    failed: r.safe('the legacy failed counter'),
-  };
-  // An unknown kind, too many pending bytes: refused by handoverProblem (r.bytes allocates no more than the record holds).
-  const connections = r.list(4, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', () => ({
-    ino: r.u64(at),
-    kind: KINDS[r.u8(at)] as HandedConnection['kind'],
-    pending: r.bytes(r.u32(at), at),
+  const writtenNs = io.u64(h?.writtenNs, at);
+  const counter = (k: keyof Handover['legacy']) => io.safe(h?.legacy[k], `the legacy ${k} counter`);
+  const legacy = { ok: counter('ok'), refused: counter('refused'), failed: counter('failed') };
+  // An unknown kind, too many pending bytes: refused by handoverProblem (bytes() allocates no more than the record holds).
+  const connections = io.list(4, h?.connections, MAX_HANDED_CONNECTIONS, 13, 'handed-over connections', (c) => ({
+    ino: io.u64(c?.ino, at),
+    kind: KINDS[io.u8(c && KINDS.indexOf(c.kind), at)] as HandedConnection['kind'], // 1 legacy, 2 undecided
+    pending: io.bytes(c?.pending, io.u32(c?.pending.length, at), at),
   }));
-  return { writtenNs, legacy, connections };
+  return h ?? { writtenNs, legacy, connections };
 }

@@ -7,7 +7,6 @@ import { encodeState, FIX, MAX_STATE_BYTES } from './snapshot-codec.js';
 import type { Handover, StateSnapshot } from './snapshot.js';
 
 export const STATE_SEALS = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
-const STATE_MEMFD_NAME = 'vmsr-helper-state';
 
 /** A new memfd named `name` holding `bytes`, sealed (STATE_SEALS); close-on-exec. */
 export function writeSealedMemfd(name: string, bytes: Buffer): number {
@@ -24,7 +23,7 @@ export function writeSealedMemfd(name: string, bytes: Buffer): number {
 
 /** The record of `s` and `handover` in a new sealed memfd. */
 export function writeStateMemfd(s: StateSnapshot, handover?: Handover): number {
-  return writeSealedMemfd(STATE_MEMFD_NAME, encodeState(s, handover));
+  return writeSealedMemfd('vmsr-helper-state', encodeState(s, handover));
 }
 
 /** The bytes of the state memfd `fd` (left open); refused when it is not sealed with STATE_SEALS or is larger than any record. */

@@ -1,40 +1,20 @@
 /**
- * The continuity record on the wire, pure: a restart's, a stop into systemd's fd store's and every
- * checkpoint's (docs/daemon.md "Restart state"). All little-endian:
- *
- *   header  magic "VMSRSTAT" (8) | u32 format version | u32 payload length | u32 CRC-32 (zlib's) of the payload
- *           | u32 hand-over length (version 4 on; 0 before, and in a checkpoint)
- *   payload u32 nextHostVmId
- *           u32 VM count, each: u32 hostVmId | u32 pid | u64 starttime | u32 uid | u32 owner (0xffffffff: none)
- *             | u8 flags (1 discovered, 2 live, 4 wholeVmOnly, 8 has uuid, 16 has name, 32 baseline) | u8 0
- *             | u16 name bytes | u32 endedSamples | [16 uuid] | [name] | u16 vCPU count, each u32 tid | u16 vpkg
- *             | u16 vpkg count, each u64 energyUj | u32 counter | f64 energyJ
- *             | u64 valuesNs
- *           u32 package count, each: u32 pkg | u64 energyUj | u64 unattributedUj | f64 energyJ | f64 unattributedJ
- *           u32 known pid count, each: u32 pid | u64 starttime
- *           u8 has last sample; if 1: u64 monotonicNs | u64 realtimeNs | u32 count, each u32 pkg | u64 raw
- *             | u32 thread count, each u32 pid | u32 tid | u64 starttime | u64 ticks
- *           (version 2 on) the other RAPL domains, `d` a domain's index in ENERGY_DOMAINS (1..4):
- *           u32 count, each: u32 hostVmId | u8 d | u8 0 | u16 vpkg count, each f64 energyJ
- *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | f64 energyJ | f64 unattributedJ
- *           u32 count, each: u32 pkg | u8 d | u8 0 | u16 0 | u64 raw
- *           (version 3 on) the guest counters (--guest-energy exact): guest-codec.ts
- *           (version 4 on) the power limits: limit-codec.ts
- *           (version 4 on) the hand-over, the header's last field long: handover-codec.ts
- *
- * The decoder reads a snapshot as hostile input: every count is bounded (STATE_LIMITS) and checked
- * against the bytes left before anything is allocated for it, and the decoded value passes the
- * encoder's check (stateProblem).
+ * The continuity record on the wire, pure: a restart's, a stop into systemd's fd store's and every checkpoint's
+ * (docs/daemon.md "Restart state"). Little-endian: magic "VMSRSTAT" | u32 format version | u32 payload length |
+ * u32 CRC-32 (zlib's) of the payload | u32 hand-over length (version 4 on; 0 before and in a checkpoint); the
+ * payload, field by field as payloadIo and the sections it calls say; at its end the hand-over (handoverIo).
+ * Read as hostile input: every count is bounded (STATE_LIMITS) and checked against the bytes left before
+ * anything is allocated for it, and the decoded value passes the encoder's check (stateProblem).
  */
 import zlib from 'node:zlib';
 import { cannot } from '../common/errors.js';
 import { fail, ok, type Result } from '../common/result.js';
 import { checkVcpus, MAX_TID, MAX_VCPUS, MAX_VPKG } from '../model/vcpus.js';
 import { ENERGY_DOMAINS, isOtherDomain, type OtherDomain } from '../model/domains.js';
-import { firstTime, isU32, isU64, Reader, Refused, STATE_HEADER_SIZE, Writer } from './byte-io.js';
-import { guestCountersProblem, readGuestCounters, writeGuestCounters } from './guest-codec.js';
-import { powerLimitsProblem, readPowerLimits, writePowerLimits } from './limit-codec.js';
-import { handoverProblem, readHandover, writeHandover } from './handover-codec.js';
+import { firstTime, Reader, Refused, STATE_HEADER_SIZE, Writer, type Io } from './byte-io.js';
+import { guestCountersIo, guestCountersProblem } from './guest-codec.js';
+import { powerLimitsIo, powerLimitsProblem } from './limit-codec.js';
+import { handoverIo, handoverProblem } from './handover-codec.js';
 import { STATE_LIMITS, type DomainsState, type Handover, type StateSnapshot, type VmState } from './snapshot.js';
 
 const STATE_MAGIC: Buffer = Buffer.from('VMSRSTAT', 'latin1');
@@ -53,7 +33,6 @@ const UUID_BYTES = 16;
 export const FIX = 'start without the saved state (registered VMs register again, discovery finds the rest)';
 
 const isPid = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_TID;
-const isStarttime = (n: number) => Number.isSafeInteger(n) && n >= 0;
 const isJoules = (j: number) => typeof j === 'number' && Number.isFinite(j) && j >= 0;
 /** A total in joules and the µJ published from it agree: µJ = floor(J * 1e6) (ratio.md "Outputs"). */
 const joulesMatch = (j: number, uj: bigint) => {
@@ -68,29 +47,21 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   const at = `VM ${id}`;
   if (!Number.isInteger(id) || id < 1 || id >= next) return `VM id ${id} is out of range (1..${next - 1}, below the next id ${next})`;
   if (!isPid(vm.pid)) return `${at}: pid ${vm.pid} is out of range (1..${MAX_TID})`;
-  if (!isStarttime(vm.starttime)) return `${at}: starttime ${vm.starttime} is not a whole number of ticks`;
-  if (!isU32(vm.uid)) return `${at}: uid ${vm.uid} is out of range (0..4294967295)`;
-  if (vm.owner !== null && (!isU32(vm.owner) || vm.owner === NO_OWNER)) return `${at}: owner connection ${vm.owner} is out of range`;
+  if (vm.owner === NO_OWNER) return `${at}: owner connection ${vm.owner} is out of range`;
   if (vm.owner === null && !vm.discovered) return `${at} is neither registered (no owner) nor discovered`;
-  if (vm.name !== null && Buffer.byteLength(vm.name) > STATE_LIMITS.maxNameBytes)
-    return `${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`;
   // A lone surrogate would be written as U+FFFD and come back as another name.
   if (vm.name !== null && Buffer.from(vm.name, 'utf8').toString('utf8') !== vm.name) return `${at}: its name is not valid Unicode`;
   if (vm.uuid !== null && vm.uuid.length !== UUID_BYTES) return `${at}: its uuid is ${vm.uuid.length} bytes, not ${UUID_BYTES}`;
-  if (!isU32(vm.endedSamples)) return `${at}: endedSamples ${vm.endedSamples} is out of range`;
   if (vm.baseline && !vm.live) return `${at} has ended but is marked as having its baseline`;
   if (vm.baseline && lastNs === null) return `${at} is marked as having its baseline, but there is no last sample`;
-  if (!isU64(vm.valuesNs) || (lastNs !== null && vm.valuesNs > lastNs))
-    return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
-  if (vm.vpkgs.length < 1 || vm.vpkgs.length > MAX_VPKG + 1)
-    return `${at}: ${vm.vpkgs.length} virtual packages, expected 1..${MAX_VPKG + 1}`;
+  if (lastNs !== null && vm.valuesNs > lastNs) return `${at}: its values' time ${vm.valuesNs} ns is after the last sample`;
+  if (vm.vpkgs.length < 1) return `${at} has no virtual package`;
   const vcpus = checkVcpus(vm.vcpus, { allowEmpty: true });
   if (!vcpus.ok) return `${at}: ${vcpus.error}`;
   const outside = vm.vcpus.find((v) => v.vpkg >= vm.vpkgs.length);
   if (outside) return `${at}: thread ${outside.tid} is in virtual package ${outside.vpkg}, the VM has ${vm.vpkgs.length}`;
   for (let p = 0; p < vm.vpkgs.length; p++) {
     const v = vm.vpkgs[p]!;
-    if (!isU64(v.energyUj)) return `${at}, virtual package ${p}: energy ${v.energyUj} µJ is out of range (0..2^64-1)`;
     if (typeof v.counter !== 'bigint' || v.counter < 0n || v.counter > 0xffffffffn)
       return `${at}, virtual package ${p}: counter ${v.counter} is out of range (0..2^32-1)`;
     if (!joulesMatch(v.energyJ, v.energyUj)) return `${at}, virtual package ${p}: ${v.energyJ} J does not give ${v.energyUj} µJ`;
@@ -98,58 +69,38 @@ function vmProblem(vm: VmState, next: number, lastNs: bigint | null): string | n
   return null;
 }
 
-/** Why a snapshot cannot be saved or restored, or null when it keeps every rule and bound. */
+/** Why a snapshot cannot be saved or restored, or null when it keeps every rule (each field's range and each list's bound: Io). */
 export function stateProblem(s: StateSnapshot): string | null {
-  const L = STATE_LIMITS;
   const once = firstTime();
   if (!Number.isInteger(s.nextHostVmId) || s.nextHostVmId < 1 || s.nextHostVmId > MAX_HOST_VM_ID)
     return `the next VM id ${s.nextHostVmId} is out of range (1..${MAX_HOST_VM_ID})`;
-  if (s.vms.length > L.maxVms) return `${s.vms.length} VMs, at most ${L.maxVms}`;
   for (const vm of s.vms) {
     const p = vmProblem(vm, s.nextHostVmId, s.lastSample?.monotonicNs ?? null);
     if (p !== null) return p;
     if (!once(`vm ${vm.hostVmId}`)) return `VM id ${vm.hostVmId} appears twice`;
   }
-  if (s.packages.length > L.maxPackages) return `${s.packages.length} packages, at most ${L.maxPackages}`;
   for (const k of s.packages) {
-    if (!isU32(k.pkg)) return `package ${k.pkg} is out of range`;
-    if (!isU64(k.energyUj) || !isU64(k.unattributedUj)) return `package ${k.pkg}: an energy total is out of range (0..2^64-1)`;
     if (!joulesMatch(k.energyJ, k.energyUj) || !joulesMatch(k.unattributedJ, k.unattributedUj))
       return `package ${k.pkg}: its totals in J and µJ disagree`;
     if (!once(`pkg ${k.pkg}`)) return `package ${k.pkg} appears twice in the totals`;
   }
-  if (s.knownPids.length > L.maxKnownPids) return `${s.knownPids.length} known processes, at most ${L.maxKnownPids}`;
   for (const k of s.knownPids) {
-    if (!isPid(k.pid) || !isStarttime(k.starttime)) return `known process ${k.pid} (starttime ${k.starttime}) is out of range`;
+    if (!isPid(k.pid)) return `known process ${k.pid} is out of range`;
     if (!once(`pid ${k.pid}`)) return `known process ${k.pid} appears twice`;
   }
-  const t = s.lastSample;
-  if (t !== null) {
-    if (!isU64(t.monotonicNs) || !isU64(t.realtimeNs)) return "the last sample's time is out of range (0..2^64-1 ns)";
-    if (t.packages.length > L.maxPackages) return `the last sample has ${t.packages.length} packages, at most ${L.maxPackages}`;
-    for (const k of t.packages) {
-      if (!isU32(k.pkg) || !isU64(k.raw)) return `the last sample's package ${k.pkg} is out of range`;
-      if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
-    }
-    if (t.threads.length > L.maxThreads) return `the last sample has ${t.threads.length} threads, at most ${L.maxThreads}`;
-    for (const th of t.threads) {
-      if (!isPid(th.pid) || !isPid(th.tid) || !isStarttime(th.starttime) || !isU64(th.ticks))
-        return `the last sample's thread ${th.tid} is out of range`;
-      if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
-    }
+  for (const k of s.lastSample?.packages ?? []) if (!once(`raw ${k.pkg}`)) return `package ${k.pkg} appears twice in the last sample`;
+  for (const th of s.lastSample?.threads ?? []) {
+    if (!isPid(th.pid) || !isPid(th.tid)) return `the last sample's thread ${th.tid} is out of range`;
+    if (!once(`tid ${th.tid}`)) return `thread ${th.tid} appears twice in the last sample`;
   }
   return guestCountersProblem(s.guest ?? []) ?? powerLimitsProblem(s.limits ?? []) ?? (s.domains ? domainsProblem(s.domains, s) : null);
 }
 
-/** Why the other-domains section breaks a rule, or null. */
+/** Why the other-domains section breaks a rule, or null (a domain code that is not one: domainIo). */
 function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
-  const L = STATE_LIMITS;
-  for (const list of [d.vms, d.packages, d.counters])
-    if (list.length > L.maxDomainEntries) return `${list.length} other-domain entries, at most ${L.maxDomainEntries}`;
   const vpkgsOf = new Map(s.vms.map((v) => [v.hostVmId, v.vpkgs.length]));
   const once = firstTime();
   for (const v of d.vms) {
-    if (!isOtherDomain(v.domain)) return `VM ${v.hostVmId} has totals of ${String(v.domain)}, not a RAPL domain besides the package`;
     const n = vpkgsOf.get(v.hostVmId);
     if (n === undefined) return `${v.domain} totals for VM ${v.hostVmId}, which the snapshot does not have`;
     if (v.energyJ.length > n) return `VM ${v.hostVmId}: ${v.energyJ.length} ${v.domain} totals for ${n} virtual packages`;
@@ -157,205 +108,178 @@ function domainsProblem(d: DomainsState, s: StateSnapshot): string | null {
     if (!once(`vm ${v.hostVmId} ${v.domain}`)) return `VM ${v.hostVmId} has ${v.domain} totals twice`;
   }
   for (const k of d.packages) {
-    if (!isOtherDomain(k.domain) || !isU32(k.pkg)) return `package ${k.pkg}'s ${String(k.domain)} totals are out of range`;
     if (!isJoules(k.energyJ) || !isJoules(k.unattributedJ))
       return `package ${k.pkg}: a ${k.domain} total is not a finite number of joules >= 0`;
     if (!once(`pkg ${k.pkg} ${k.domain}`)) return `package ${k.pkg} has ${k.domain} totals twice`;
   }
   if (d.counters.length > 0 && s.lastSample === null) return 'other-domain counters without a last sample';
-  for (const k of d.counters) {
-    if (!isOtherDomain(k.domain) || !isU32(k.pkg) || !isU64(k.raw)) return `package ${k.pkg}'s ${String(k.domain)} counter is out of range`;
-    if (!once(`raw ${k.pkg} ${k.domain}`)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
-  }
+  for (const k of d.counters) if (!once(`raw ${k.pkg} ${k.domain}`)) return `package ${k.pkg}'s ${k.domain} counter appears twice`;
   return null;
 }
 
-function writeVm(w: Writer, vm: VmState): void {
-  const name = vm.name === null ? null : Buffer.from(vm.name, 'utf8');
-  const flags =
-    (vm.discovered ? FLAG.DISCOVERED : 0) |
-    (vm.live ? FLAG.LIVE : 0) |
-    (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
-    (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
-    (name !== null ? FLAG.HAS_NAME : 0) |
-    (vm.baseline ? FLAG.BASELINE : 0);
-  w.u32(vm.hostVmId).u32(vm.pid).u64(vm.starttime).u32(vm.uid);
-  w.u32(vm.owner ?? NO_OWNER).u8(flags);
-  w.u8(0).u16(name?.length ?? 0);
-  w.u32(vm.endedSamples);
-  if (vm.uuid !== null) w.bytes(vm.uuid);
-  if (name !== null) w.bytes(name);
-  w.list(2, vm.vcpus, (v) => w.u32(v.tid).u16(v.vpkg));
-  w.list(2, vm.vpkgs, (v) => w.u64(v.energyUj).u32(Number(v.counter)).f64(v.energyJ));
-  w.u64(vm.valuesNs);
+const bits = (vm: VmState) =>
+  (vm.discovered ? FLAG.DISCOVERED : 0) |
+  (vm.live ? FLAG.LIVE : 0) |
+  (vm.wholeVmOnly ? FLAG.WHOLE_VM_ONLY : 0) |
+  (vm.uuid !== null ? FLAG.HAS_UUID : 0) |
+  (vm.name !== null ? FLAG.HAS_NAME : 0) |
+  (vm.baseline ? FLAG.BASELINE : 0);
+
+/** Each section's layout is one function both ways (Io): given the value, it writes it; given none, it reads one. */
+function vmIo(io: Io, vm?: VmState): VmState {
+  const hostVmId = io.u32(vm?.hostVmId, 'a VM id');
+  const at = `VM ${hostVmId}`;
+  const [pid, starttime, uid] = [io.u32(vm?.pid, at), io.safe(vm?.starttime, `${at}'s starttime`), io.u32(vm?.uid, at)];
+  const owner = io.u32(vm && (vm.owner ?? NO_OWNER), at);
+  const flags = io.u8(vm && bits(vm), at);
+  if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
+  const has = (flag: number) => (flags & flag) !== 0;
+  if (io.u8(vm && 0, at) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
+  const nameBytes = vm?.name == null ? undefined : Buffer.from(vm.name, 'utf8');
+  const nameLength = io.u16(vm && (nameBytes?.length ?? 0), at);
+  if (nameLength > STATE_LIMITS.maxNameBytes) throw new Refused(`${at}: its name is over ${STATE_LIMITS.maxNameBytes} bytes`);
+  if (!has(FLAG.HAS_NAME) && nameLength !== 0) throw new Refused(`${at} has a name length but no name`);
+  const endedSamples = io.u32(vm?.endedSamples, at);
+  const uuid = has(FLAG.HAS_UUID) ? io.bytes(vm?.uuid ?? undefined, UUID_BYTES, at) : null;
+  const raw = has(FLAG.HAS_NAME) ? io.bytes(nameBytes, nameLength, at) : null;
+  const name = vm ? vm.name : (raw?.toString('utf8') ?? null);
+  if (!vm && raw && !Buffer.from(name!, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
+  const vcpus = io.list(2, vm?.vcpus, MAX_VCPUS, 6, `vCPUs of ${at}`, (v) => ({ tid: io.u32(v?.tid, at), vpkg: io.u16(v?.vpkg, at) }));
+  const vpkgs = io.list(2, vm?.vpkgs, MAX_VPKG + 1, 20, `virtual packages of ${at}`, (v) => ({
+    energyUj: io.u64(v?.energyUj, at),
+    counter: BigInt(io.u32(v && Number(v.counter), at)),
+    energyJ: io.f64(v?.energyJ, at),
+  }));
+  const valuesNs = io.u64(vm?.valuesNs, at);
+  return (
+    vm ?? {
+      hostVmId,
+      pid,
+      starttime,
+      uid,
+      owner: owner === NO_OWNER ? null : owner,
+      discovered: has(FLAG.DISCOVERED),
+      name,
+      uuid,
+      wholeVmOnly: has(FLAG.WHOLE_VM_ONLY),
+      live: has(FLAG.LIVE),
+      baseline: has(FLAG.BASELINE),
+      valuesNs,
+      endedSamples,
+      vcpus,
+      vpkgs,
+    }
+  );
+}
+
+/** The payload of a `version` record; a section a version before it did not write is read as empty, and an empty one is left out. */
+function payloadIo(io: Io, version: number, s?: StateSnapshot): StateSnapshot {
+  const L = STATE_LIMITS;
+  const nextHostVmId = io.u32(s?.nextHostVmId, 'the next VM id');
+  const vms = io.list(4, s?.vms, L.maxVms, 64, 'VMs', (vm) => vmIo(io, vm));
+  const at = 'package totals';
+  const packages = io.list(4, s?.packages, L.maxPackages, 36, 'packages', (k) => ({
+    pkg: io.u32(k?.pkg, at),
+    energyUj: io.u64(k?.energyUj, at),
+    unattributedUj: io.u64(k?.unattributedUj, at),
+    energyJ: io.f64(k?.energyJ, at),
+    unattributedJ: io.f64(k?.unattributedJ, at),
+  }));
+  const knownPids = io.list(4, s?.knownPids, L.maxKnownPids, 12, 'known processes', (k) => ({
+    pid: io.u32(k?.pid, 'known processes'),
+    starttime: io.safe(k?.starttime, "a known process's starttime"),
+  }));
+  const t = s?.lastSample;
+  const has = io.u8(s && (t === null ? 0 : 1), 'the last sample flag');
+  if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
+  const lastSample = has === 0 ? null : sampleIo(io, t ?? undefined);
+  const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
+  const d = version >= 2 ? domainsIo(io, s && (s.domains ?? { vms: [], packages: [], counters: [] })) : null;
+  if (d !== null && d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
+  const guest = version >= 3 ? guestCountersIo(io, s && (s.guest ?? [])) : [];
+  if (guest.length > 0) out.guest = guest;
+  const limits = version >= 4 ? powerLimitsIo(io, s && (s.limits ?? [])) : [];
+  if (limits.length > 0) out.limits = limits;
+  return s ?? out;
+}
+
+type Sample = NonNullable<StateSnapshot['lastSample']>;
+
+function sampleIo(io: Io, t?: Sample): Sample {
+  const L = STATE_LIMITS;
+  const at = 'the last sample';
+  return {
+    monotonicNs: io.u64(t?.monotonicNs, at),
+    realtimeNs: io.u64(t?.realtimeNs, at),
+    packages: io.list(4, t?.packages, L.maxPackages, 12, 'sampled packages', (k) => ({ pkg: io.u32(k?.pkg, at), raw: io.u64(k?.raw, at) })),
+    threads: io.list(4, t?.threads, L.maxThreads, 24, 'sampled threads', (th) => ({
+      pid: io.u32(th?.pid, at),
+      tid: io.u32(th?.tid, at),
+      starttime: io.safe(th?.starttime, "a sampled thread's starttime"),
+      ticks: io.u64(th?.ticks, at),
+    })),
+  };
+}
+
+function domainIo(io: Io, d: OtherDomain | undefined, what: string): OtherDomain {
+  const code = io.u8(d && ENERGY_DOMAINS.indexOf(d), what);
+  const domain = ENERGY_DOMAINS[code];
+  if (!isOtherDomain(domain)) throw new Refused(`${what} has domain code ${code}, not a RAPL domain besides the package`);
+  if (io.u8(d && 0, what) !== 0) throw new Refused(`${what}'s reserved byte is not 0`);
+  return domain;
+}
+
+/** A package entry's key (u32 pkg | u8 d | u8 0 | u16 0), and what to call the rest of the entry in a refusal. */
+function packageKeyIo(io: Io, k: { pkg: number; domain: OtherDomain } | undefined, what: string) {
+  const pkg = io.u32(k?.pkg, `a package's other-domain ${what}`);
+  const at = `package ${pkg}'s other-domain ${what}`;
+  const domain = domainIo(io, k?.domain, at);
+  if (io.u16(k && 0, at) !== 0) throw new Refused(`${at}: its reserved field is not 0`);
+  return { pkg, domain, at };
+}
+
+function domainsIo(io: Io, d?: DomainsState): DomainsState {
+  const max = STATE_LIMITS.maxDomainEntries;
+  const vms = io.list(4, d?.vms, max, 8, "VMs' other-domain totals", (v) => {
+    const hostVmId = io.u32(v?.hostVmId, "a VM's other-domain totals");
+    const at = `VM ${hostVmId}'s other-domain totals`;
+    const domain = domainIo(io, v?.domain, at);
+    return { hostVmId, domain, energyJ: io.list(2, v?.energyJ, MAX_VPKG + 1, 8, `virtual packages of ${at}`, (j) => io.f64(j, at)) };
+  });
+  const packages = io.list(4, d?.packages, max, 24, "packages' other-domain totals", (k) => {
+    const { pkg, domain, at } = packageKeyIo(io, k, 'totals');
+    return { pkg, domain, energyJ: io.f64(k?.energyJ, at), unattributedJ: io.f64(k?.unattributedJ, at) };
+  });
+  const counters = io.list(4, d?.counters, max, 16, 'other-domain counters', (k) => {
+    const { pkg, domain, at } = packageKeyIo(io, k, 'counter');
+    return { pkg, domain, raw: io.u64(k?.raw, at) };
+  });
+  return { vms, packages, counters };
 }
 
 /** The record's bytes: the snapshot, and what a planned restart hands over. Throws a RangeError naming the rule a value breaks. */
 export function encodeState(s: StateSnapshot, handover?: Handover): Buffer {
   const problem = stateProblem(s) ?? (handover ? handoverProblem(handover) : null);
-  if (problem !== null) throw new RangeError(cannot('save state', problem));
-  const w = new Writer();
-  w.bytes(Buffer.alloc(STATE_HEADER_SIZE));
-  w.u32(s.nextHostVmId);
-  w.list(4, s.vms, (vm) => writeVm(w, vm));
-  w.list(4, s.packages, (k) => w.u32(k.pkg).u64(k.energyUj).u64(k.unattributedUj).f64(k.energyJ).f64(k.unattributedJ));
-  w.list(4, s.knownPids, (k) => w.u32(k.pid).u64(k.starttime));
-  const t = s.lastSample;
-  w.u8(t === null ? 0 : 1);
-  if (t !== null) {
-    w.u64(t.monotonicNs).u64(t.realtimeNs);
-    w.list(4, t.packages, (k) => w.u32(k.pkg).u64(k.raw));
-    w.list(4, t.threads, (th) => w.u32(th.pid).u32(th.tid).u64(th.starttime).u64(th.ticks));
+  const w = new Writer(STATE_HEADER_SIZE);
+  let stateEnd = 0;
+  try {
+    if (problem !== null) throw new RangeError(problem);
+    payloadIo(w, STATE_FORMAT_VERSION, s);
+    stateEnd = w.length;
+    if (handover) handoverIo(w, handover);
+    const max = STATE_LIMITS.maxPayloadBytes;
+    if (w.length - STATE_HEADER_SIZE > max) throw new RangeError(`it takes ${w.length - STATE_HEADER_SIZE} bytes, at most ${max}`);
+  } catch (e) {
+    // The layout refuses a value out of its field's range or an unknown code, by the field's name.
+    throw e instanceof RangeError || e instanceof Refused ? new RangeError(cannot('save state', e.message)) : e;
   }
-  const d = s.domains ?? { vms: [], packages: [], counters: [] };
-  w.list(4, d.vms, (v) => {
-    w.u32(v.hostVmId).u8(ENERGY_DOMAINS.indexOf(v.domain)).u8(0);
-    w.list(2, v.energyJ, (j) => w.f64(j));
-  });
-  const key = (k: { pkg: number; domain: OtherDomain }) => w.u32(k.pkg).u8(ENERGY_DOMAINS.indexOf(k.domain)).u8(0).u16(0);
-  w.list(4, d.packages, (k) => key(k).f64(k.energyJ).f64(k.unattributedJ));
-  w.list(4, d.counters, (k) => key(k).u64(k.raw));
-  writeGuestCounters(w, s.guest ?? []);
-  writePowerLimits(w, s.limits ?? []);
-  const stateEnd = w.length;
-  if (handover) writeHandover(w, handover);
   const out = w.done();
-  const payloadLength = out.length - STATE_HEADER_SIZE;
-  if (payloadLength > STATE_LIMITS.maxPayloadBytes)
-    throw new RangeError(cannot('save state', `it takes ${payloadLength} bytes, at most ${STATE_LIMITS.maxPayloadBytes}`));
   STATE_MAGIC.copy(out, 0);
   out.writeUInt32LE(STATE_FORMAT_VERSION, 8);
-  out.writeUInt32LE(payloadLength, 12);
+  out.writeUInt32LE(out.length - STATE_HEADER_SIZE, 12);
   out.writeUInt32LE(zlib.crc32(out.subarray(STATE_HEADER_SIZE)), 16);
   out.writeUInt32LE(out.length - stateEnd, 20);
   return out;
-}
-
-function readVm(r: Reader): VmState {
-  const hostVmId = r.u32('a VM id');
-  const at = `VM ${hostVmId}`;
-  const pid = r.u32(`${at}'s pid`);
-  const starttime = r.safe(`${at}'s starttime`);
-  const uid = r.u32(`${at}'s uid`);
-  const owner = r.u32(`${at}'s owner`);
-  const flags = r.u8(`${at}'s flags`);
-  if ((flags & ~KNOWN_FLAGS) !== 0) throw new Refused(`${at} has unknown flags 0x${flags.toString(16)}`);
-  if (r.u8(`${at}'s padding`) !== 0) throw new Refused(`${at}'s reserved byte is not 0`);
-  const nameBytes = r.u16(`${at}'s name length`); // over maxNameBytes: refused by vmProblem
-  if ((flags & FLAG.HAS_NAME) === 0 && nameBytes !== 0) throw new Refused(`${at} has a name length but no name`);
-  const endedSamples = r.u32(`${at}'s ended samples`);
-  const uuid = (flags & FLAG.HAS_UUID) !== 0 ? r.bytes(UUID_BYTES, `${at}'s uuid`) : null;
-  let name: string | null = null;
-  if ((flags & FLAG.HAS_NAME) !== 0) {
-    const raw = r.bytes(nameBytes, `${at}'s name`);
-    name = raw.toString('utf8');
-    if (!Buffer.from(name, 'utf8').equals(raw)) throw new Refused(`${at}: its name is not valid UTF-8`);
-  }
-  const vcpus = r.list(2, MAX_VCPUS, 6, `vCPUs of ${at}`, () => ({
-    tid: r.u32(`${at}'s vCPUs`),
-    vpkg: r.u16(`${at}'s vCPUs`),
-  }));
-  const vpkgs = r.list(2, MAX_VPKG + 1, 20, `virtual packages of ${at}`, () => ({
-    energyUj: r.u64(`${at}'s totals`),
-    counter: BigInt(r.u32(`${at}'s totals`)),
-    energyJ: r.f64(`${at}'s totals`),
-  }));
-  const valuesNs = r.u64(`${at}'s values' time`);
-  return {
-    hostVmId,
-    pid,
-    starttime,
-    uid,
-    owner: owner === NO_OWNER ? null : owner,
-    discovered: (flags & FLAG.DISCOVERED) !== 0,
-    name,
-    uuid,
-    wholeVmOnly: (flags & FLAG.WHOLE_VM_ONLY) !== 0,
-    live: (flags & FLAG.LIVE) !== 0,
-    baseline: (flags & FLAG.BASELINE) !== 0,
-    valuesNs,
-    endedSamples,
-    vcpus,
-    vpkgs,
-  };
-}
-
-function readPayload(r: Reader, version: number): StateSnapshot {
-  const L = STATE_LIMITS;
-  const nextHostVmId = r.u32('the next VM id');
-  const vms = r.list(4, L.maxVms, 64, 'VMs', () => readVm(r));
-  const at = 'package totals';
-  const packages = r.list(4, L.maxPackages, 36, 'packages', () => ({
-    pkg: r.u32(at),
-    energyUj: r.u64(at),
-    unattributedUj: r.u64(at),
-    energyJ: r.f64(at),
-    unattributedJ: r.f64(at),
-  }));
-  const knownPids = r.list(4, L.maxKnownPids, 12, 'known processes', () => ({
-    pid: r.u32('known processes'),
-    starttime: r.safe("a known process's starttime"),
-  }));
-  const has = r.u8('the last sample flag');
-  if (has > 1) throw new Refused(`the last sample flag is ${has}, not 0 or 1`);
-  let lastSample: StateSnapshot['lastSample'] = null;
-  if (has === 1) {
-    const at = 'the last sample';
-    const [monotonicNs, realtimeNs] = [r.u64(at), r.u64(at)];
-    const raws = r.list(4, L.maxPackages, 12, 'sampled packages', () => ({ pkg: r.u32(at), raw: r.u64(at) }));
-    const threads = r.list(4, L.maxThreads, 24, 'sampled threads', () => ({
-      pid: r.u32(at),
-      tid: r.u32(at),
-      starttime: r.safe("a sampled thread's starttime"),
-      ticks: r.u64(at),
-    }));
-    lastSample = { monotonicNs, realtimeNs, packages: raws, threads };
-  }
-  const out: StateSnapshot = { nextHostVmId, vms, packages, knownPids, lastSample };
-  // Each section a version before it did not write is read as empty, and an empty one is left out.
-  const d = version >= 2 ? readDomains(r) : null;
-  if (d !== null && d.vms.length + d.packages.length + d.counters.length > 0) out.domains = d;
-  const guest = version >= 3 ? readGuestCounters(r) : [];
-  if (guest.length > 0) out.guest = guest;
-  const limits = version >= 4 ? readPowerLimits(r) : [];
-  if (limits.length > 0) out.limits = limits;
-  return out;
-}
-
-function readDomain(r: Reader, what: string): OtherDomain {
-  const code = r.u8(what);
-  const d = ENERGY_DOMAINS[code];
-  if (!isOtherDomain(d)) throw new Refused(`${what} has domain code ${code}, not a RAPL domain besides the package`);
-  if (r.u8(what) !== 0) throw new Refused(`${what}'s reserved byte is not 0`);
-  return d;
-}
-
-/** A package entry's key, and what to call the rest of the entry in a refusal. */
-function readPackageKey(r: Reader, what: string): { pkg: number; domain: OtherDomain; at: string } {
-  const pkg = r.u32(`a package's other-domain ${what}`);
-  const domain = readDomain(r, `package ${pkg}'s other-domain ${what}`);
-  const at = `package ${pkg}'s ${domain} ${what}`;
-  if (r.u16(at) !== 0) throw new Refused(`${at}: its reserved field is not 0`);
-  return { pkg, domain, at };
-}
-
-function readDomains(r: Reader): DomainsState {
-  const max = STATE_LIMITS.maxDomainEntries;
-  const vms = r.list(4, max, 8, "VMs' other-domain totals", () => {
-    const hostVmId = r.u32("a VM's other-domain totals");
-    const domain = readDomain(r, `VM ${hostVmId}'s other-domain totals`);
-    const what = `VM ${hostVmId}'s ${domain} totals`;
-    return { hostVmId, domain, energyJ: r.list(2, MAX_VPKG + 1, 8, `virtual packages of ${what}`, () => r.f64(what)) };
-  });
-  const packages = r.list(4, max, 24, "packages' other-domain totals", () => {
-    const { pkg, domain, at } = readPackageKey(r, 'totals');
-    return { pkg, domain, energyJ: r.f64(at), unattributedJ: r.f64(at) };
-  });
-  const counters = r.list(4, max, 16, 'other-domain counters', () => {
-    const { pkg, domain, at } = readPackageKey(r, 'counter');
-    return { pkg, domain, raw: r.u64(at) };
-  });
-  return { vms, packages, counters };
 }
 
 /** The record's payload and version once its header and checksum hold, and the length of its hand-over; else why not. */
@@ -379,11 +303,9 @@ function openRecord(bytes: Buffer): { version: number; payload: Buffer; handover
   if (version < 4 && handover !== 0) return { why: 'its reserved header field is not 0' };
   if (handover > length) return { why: `its hand-over of ${handover} bytes is longer than its ${length}-byte payload` };
   const payload = bytes.subarray(STATE_HEADER_SIZE);
-  const sum = zlib.crc32(payload);
-  if (sum !== bytes.readUInt32LE(16))
-    return {
-      why: `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${bytes.readUInt32LE(16).toString(16)}): it was damaged`,
-    };
+  const [sum, said] = [zlib.crc32(payload), bytes.readUInt32LE(16)];
+  if (sum !== said)
+    return { why: `its checksum does not match (CRC-32 ${sum.toString(16)}, header says ${said.toString(16)}): it was damaged` };
   return { version, payload, handover };
 }
 
@@ -408,7 +330,7 @@ export function decodeState(bytes: Buffer): Result<StateSnapshot> {
   if ('why' in rec) return fail(cannot('restore state', rec.why, rec.fix ?? FIX));
   const state = rec.payload.subarray(0, rec.payload.length - rec.handover);
   return readChecked(state, 'restore state', FIX, (r) => {
-    const s = readPayload(r, rec.version);
+    const s = payloadIo(r, rec.version);
     return stateProblem(s) ?? s;
   });
 }
@@ -421,7 +343,7 @@ export function decodeHandover(bytes: Buffer, nowNs: bigint): Result<Handover | 
   if ('why' in rec) return fail(cannot('use the handover record', rec.why, HANDOVER_FIX));
   if (rec.handover === 0) return ok(null);
   return readChecked(rec.payload.subarray(rec.payload.length - rec.handover), 'use the handover record', HANDOVER_FIX, (r) => {
-    const h = readHandover(r);
+    const h = handoverIo(r);
     if (h.writtenNs > nowNs) return 'it was written after now on the monotonic clock (another boot)';
     return handoverProblem(h) ?? h;
   });

@@ -301,6 +301,34 @@ describe('state snapshot codec', () => {
     }
   });
 
+  it('refuses, when writing, a value out of its field range, a list past its bound or an unknown code, by the field', () => {
+    const cases: [(s: StateSnapshot) => void, RegExp][] = [
+      [(s) => (s.vms[0]!.uid = 2 ** 32), /^cannot save state: VM 1: 4294967296 is out of range \(0..4294967295\)/],
+      [(s) => (s.vms[1]!.starttime = 2 ** 53), /^cannot save state: VM 2's starttime: 9007199254740992 is out of range/],
+      [(s) => (s.vms[0]!.name = 'x'.repeat(1025)), /^cannot save state: VM 1: its name is over 1024 bytes/],
+      [
+        (s) =>
+          (s.packages = Array.from({ length: 4097 }, (_, pkg) => ({
+            pkg,
+            energyJ: 0,
+            unattributedJ: 0,
+            energyUj: 0n,
+            unattributedUj: 0n,
+          }))),
+        /^cannot save state: it has 4097 packages, at most 4096/,
+      ],
+      [
+        (s) => (s.domains = { vms: [{ hostVmId: 1, domain: 'package' as 'dram', energyJ: [] }], packages: [], counters: [] }),
+        /^cannot save state: VM 1's other-domain totals has domain code 0, not a RAPL domain besides the package/,
+      ],
+    ];
+    for (const [edit, want] of cases) {
+      const s = sample();
+      edit(s);
+      expect(() => encodeState(s)).toThrow(want);
+    }
+  });
+
   it('decodes values the encoder would never write and refuses them by the same rule', () => {
     // A valid snapshot, then a pid of 0 written into the bytes: the decoder's check is the encoder's.
     const bytes = encodeState(sample());
