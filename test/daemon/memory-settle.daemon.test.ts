@@ -66,14 +66,16 @@ async function load(sock: string, kind: 'pipelined' | 'connections', until: numb
   return answered;
 }
 
-/** The log time (ms) of the settle's line, or null while there is none. */
-function settledAt(child: DaemonChild): number | null {
-  const line = child
+/** The log times (ms) of the settle's lines. */
+function settles(child: DaemonChild): number[] {
+  return child
     .stderr()
     .split('\n')
-    .find((l) => l.includes(SETTLED));
-  return line === undefined ? null : Date.parse((JSON.parse(line) as { time: string }).time);
+    .filter((l) => l.includes(SETTLED))
+    .map((l) => Date.parse((JSON.parse(l) as { time: string }).time));
 }
+
+const settledAt = (child: DaemonChild): number | null => settles(child)[0] ?? null;
 
 describe('memory settle', () => {
   test.each([
@@ -91,6 +93,32 @@ describe('memory settle', () => {
       if (kind === 'pipelined') expect(answered / seconds).toBeGreaterThan(2000); // the load is one, not a quiet second
       await waitFor(() => settledAt(child) !== null, 'the settle after the load', child, 30_000);
       expect(settledAt(child)).toBeGreaterThan(ended);
+    },
+    90_000,
+  );
+
+  test.each([{ pause: 1.5 }, { pause: 1.3 }])(
+    'the settles of bursts every 1.5 s land in the $pause s pauses between them, as the bench alternates its helpers',
+    async ({ pause }) => {
+      const { child, sock } = await helper();
+      const loads: [number, number][] = [];
+      for (let i = 0; i < 6; i++) {
+        const start = Date.now();
+        await burst(sock);
+        await load(sock, 'pipelined', Date.now() + 1500);
+        loads.push([start, Date.now()]);
+        await new Promise((r) => setTimeout(r, pause * 1000));
+      }
+      const times = settles(child);
+      console.log(
+        `settles at ${times.map((t) => t - loads[0]![0]).join(', ')} ms; loads ${loads.map(([a, b]) => `${a - loads[0]![0]}-${b - loads[0]![0]}`).join(', ')}`,
+      );
+      expect(times.length, 'settles in 6 rounds of bursts').toBeGreaterThan(0);
+      for (const t of times)
+        expect(
+          loads.filter(([a, b]) => t > a && t < b),
+          `the load around the settle at ${t}`,
+        ).toEqual([]);
     },
     90_000,
   );

@@ -5,9 +5,11 @@ import { mallocTrim } from '../../os/libc/memfd-mmap.js';
 import { dropCleanFilePages } from '../../os/mapped-files.js';
 
 const SETTLE_AFTER = 256;
-const QUIET_MS = 1000;
+/** A quiet second is looked for in steps of a quarter: one second out of step with a load would miss its pauses. */
+const LOOK_MS = 250;
+const QUIET_LOOKS = 4;
 const QUIET_REQUESTS = 1000;
-const MAX_WAITS = 10;
+const MAX_LOOKS = 40;
 
 let gcFn: (() => void) | null | undefined;
 
@@ -42,17 +44,20 @@ export function settleOnce(): { rssBeforeMb: number; rssAfterMb: number } {
   return { rssBeforeMb, rssAfterMb: rssMb() };
 }
 
+type Mark = { churn: number; requests: number };
+
 /**
  * After SETTLE_AFTER closes, two passes a quiet second apart: a second without an accept or a close and with fewer than
  * QUIET_REQUESTS legacy requests (QEMU connects once and asks about once a second per package). A pass in the middle of
- * a load stalls it (a full GC is 9-13 ms); under a load that never quiets, the passes go ahead after MAX_WAITS seconds.
+ * a load stalls it (a full GC is 9-13 ms); under a load that never quiets, the passes go ahead after MAX_LOOKS steps (10 s).
  */
 export class MemorySettler {
   private churn = 0;
   private closedSince = 0;
   private timer: NodeJS.Timeout | undefined;
-  private last = { churn: 0, requests: 0 };
-  private waits = 0;
+  /** The activity at each of the last QUIET_LOOKS steps: the first a quiet second ago. */
+  private marks: Mark[] = [];
+  private looks = 0;
   /** Taken at the first pass; null before it. */
   private first: { closed: number; rssBeforeMb: number } | null = null;
 
@@ -67,7 +72,7 @@ export class MemorySettler {
 
   closed(): void {
     this.churn++;
-    if (++this.closedSince >= SETTLE_AFTER && !this.timer) this.wait();
+    if (++this.closedSince >= SETTLE_AFTER && !this.timer) this.wait([]);
   }
 
   stop(): void {
@@ -75,23 +80,24 @@ export class MemorySettler {
     this.timer = undefined;
   }
 
-  private wait(): void {
-    this.last = { churn: this.churn, requests: this.requests() };
-    this.timer = setTimeout(() => this.look(), QUIET_MS);
+  private wait(marks: Mark[]): void {
+    this.marks = [...marks, { churn: this.churn, requests: this.requests() }].slice(-QUIET_LOOKS);
+    this.timer = setTimeout(() => this.look(), LOOK_MS);
     this.timer.unref();
   }
 
   private look(): void {
-    const quiet = this.churn === this.last.churn && this.requests() - this.last.requests < QUIET_REQUESTS;
-    if (!quiet && ++this.waits < MAX_WAITS) return this.wait();
+    const [from, now] = [this.marks[0]!, { churn: this.churn, requests: this.requests() }];
+    const quiet = this.marks.length === QUIET_LOOKS && now.churn === from.churn && now.requests - from.requests < QUIET_REQUESTS;
+    if (!quiet && ++this.looks < MAX_LOOKS) return this.wait(this.marks);
     const first = this.first ?? { closed: this.closedSince, rssBeforeMb: rssMb() };
     settlePass(false);
     // Twice: what the first pass freed (native handles close asynchronously, weak callbacks run after a GC) is collectable then.
     if (this.first === null) {
       [this.first, this.closedSince] = [first, 0];
-      return this.wait();
+      return this.wait([]);
     }
-    [this.first, this.timer, this.waits] = [null, undefined, 0];
+    [this.first, this.timer, this.looks] = [null, undefined, 0];
     this.onSettle(first.rssBeforeMb, rssMb(), first.closed);
   }
 }
