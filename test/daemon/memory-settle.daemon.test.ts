@@ -98,7 +98,7 @@ describe('memory settle', () => {
   );
 
   test.each([{ pause: 1.5 }, { pause: 1.3 }])(
-    'the settles of bursts every 1.5 s land in the $pause s pauses between them, as the bench alternates its helpers',
+    'the settles of bursts of 1.5 s land in the $pause s pauses between them',
     async ({ pause }) => {
       const { child, sock } = await helper();
       const loads: [number, number][] = [];
