@@ -174,6 +174,7 @@ export class IncompleteHold {
   /** Now `bytes` held (0: none), timed from the first byte (a byte-a-second sender is cut off all the same); false: past maxBytes. */
   set(bytes: number): boolean {
     const before = this.bytes;
+    if (bytes === 0 && before === 0) return true; // nothing held before or now (most calls): nothing to account
     this.bytes = bytes;
     const ok = this.owner.adjust(this, before, bytes);
     if (bytes === 0) {
