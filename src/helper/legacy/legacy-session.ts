@@ -1,7 +1,6 @@
 /** One legacy connection (docs/protocol.md): a chunk's replies sent at once, read without Node's streams when its fd can be duplicated. */
 import net from 'node:net';
 import os from 'node:os';
-import { dupCloexec } from '../../os/libc/fds.js';
 import { errnoError } from '../../os/libc/errno.js';
 import { sendNow, socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, LegacyFramer } from '../../protocol/legacy.js';
@@ -15,14 +14,13 @@ export const DEFAULT_MAX_PENDING_REPLY_BYTES = 64 * 1024;
 
 interface LegacySessionOptions {
   /** The connection as accepted (or adopted), and the bytes read of it so far (its first request's start). */
-  accepted: net.Socket;
+  socket: net.Socket;
   first: Buffer;
   peer: PeerCredentials;
   legacy: LegacyService;
   hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
-  handOver(next: net.Socket): void;
   /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
   overBudget(socket: net.Socket): void;
   /** The session ended by a refused request: it is no longer one to hand over. */
@@ -35,34 +33,30 @@ export class LegacySession implements Freezable {
   readonly kind = 'legacy' as const;
   private readonly framer = new LegacyFramer();
   private readonly verdicts: TidVerdicts;
-  private serving: net.Socket;
   private closing = false;
   /** Reading stopped for a restart: a drained backlog must not start it again (thaw does). */
   private frozen = false;
   private reading: Reading | undefined;
 
   constructor(private readonly o: LegacySessionOptions) {
-    this.serving = o.accepted;
     this.verdicts = o.legacy.verdictsFor(o.peer.pid);
   }
 
   /** Serves the connection from its first bytes on; false when it ended at once (a refused request). */
   start(): boolean {
-    const accepted = this.o.accepted;
+    const socket = this.o.socket;
     this.onData(this.o.first);
     if (this.closing) return false;
-    // Bytes the accepted socket read past `first` and holds (none, usually) come before the rest.
-    accepted.pause();
-    for (let rest: Buffer | null; !this.closing && (rest = accepted.read() as Buffer | null) !== null;) this.onData(rest);
+    // Bytes the stream read past `first` and holds (none, usually) come before the rest.
+    socket.pause();
+    for (let rest: Buffer | null; !this.closing && (rest = socket.read() as Buffer | null) !== null;) this.onData(rest);
     if (this.closing) return false;
-    // Taken over only with nothing queued to write: destroying the accepted socket drops its queue.
-    const fast = accepted.writableLength === 0 ? takeOverLegacy(accepted, (c) => this.onData(c)) : null;
-    this.reading = fast !== null ? this.readFast(fast) : this.readStream(accepted);
+    this.reading = readIntoBuffer(socket, (c) => this.onData(c)) ? this.readFast(socket) : this.readStream(socket);
     return true;
   }
 
   socket(): net.Socket {
-    return this.serving;
+    return this.o.socket;
   }
 
   freeze(): Buffer {
@@ -77,7 +71,7 @@ export class LegacySession implements Freezable {
 
   private onData(chunk: Buffer): void {
     if (this.closing) return;
-    const socket = this.serving;
+    const socket = this.o.socket;
     const reqs = this.framer.push(chunk);
     if (reqs.length > 0) {
       const size = reqs.length * LEGACY_REPLY_SIZE;
@@ -109,8 +103,7 @@ export class LegacySession implements Freezable {
   }
 
   private readFast(fast: net.Socket): Reading {
-    this.serving = fast;
-    this.o.handOver(fast);
+    fast.resume();
     return {
       stop: () => fast.pause(),
       freeze: () => {
@@ -124,10 +117,10 @@ export class LegacySession implements Freezable {
     };
   }
 
-  /** Out of fds for a duplicate, or replies queued: served through the stream, as it is. */
-  private readStream(accepted: net.Socket): Reading {
-    const reading = streamReading(accepted, (c) => this.onData(c));
-    accepted.resume();
+  /** A Node without `onread` keys: served through the stream. */
+  private readStream(socket: net.Socket): Reading {
+    const reading = streamReading(socket, (c) => this.onData(c));
+    socket.resume();
     return {
       stop: reading.stop,
       freeze: () => Buffer.concat([this.framer.incomplete, ...reading.freeze()]),
@@ -156,27 +149,37 @@ export function streamReading(socket: net.Socket, onData: (c: Buffer) => void) {
   };
 }
 
-/** Where every taken-over connection reads: one buffer, each read handled synchronously before the next. */
+/** Where every legacy connection reads: one buffer, each read handled synchronously before the next. */
 const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 
+/** Node's keys (symbols) of a socket's `onread` mode: found by value on a socket made with the option; null if this Node has none. */
+const ONREAD_KEYS = ((): { buffer: symbol; callback: symbol } | null => {
+  const callback = () => true;
+  const probe = new net.Socket({ onread: { buffer: READ_BUFFER, callback } } as net.SocketConstructorOpts) as unknown as Record<
+    symbol,
+    unknown
+  >;
+  const key = (value: unknown) => Object.getOwnPropertySymbols(probe).find((k) => probe[k] === value);
+  const [buffer, cb] = [key(READ_BUFFER), key(callback)];
+  return buffer !== undefined && cb !== undefined ? { buffer, callback: cb } : null;
+})();
+
 /**
- * A socket on a duplicate of the fd handing each read to `onChunk` (valid during the call only); null when out of fds.
- * `onread` skips the stream layer (most of a round trip's user-space time), and Node offers it only to sockets it creates.
+ * From now on `socket` hands each read to `onChunk` (valid during the call only), as a socket created with `onread` does: that
+ * skips the stream layer (most of a round trip's user-space time), and Node offers it only from the constructor, so the keys
+ * it sets are set here, and the handle reads into READ_BUFFER. False (nothing changed) when this Node lacks either.
  */
-function takeOverLegacy(socket: net.Socket, onChunk: (chunk: Buffer) => void): net.Socket | null {
-  const fd = socketFd(socket);
-  if (fd === undefined) return null;
-  const dup = dupCloexec(fd);
-  if (dup < 0) return null;
-  const onread: net.OnReadOpts = {
-    buffer: READ_BUFFER,
-    callback: (n: number, buf: Uint8Array) => {
-      onChunk(Buffer.from(buf.buffer, buf.byteOffset, n));
-      return true; // false would pause the socket
-    },
+function readIntoBuffer(socket: net.Socket, onChunk: (chunk: Buffer) => void): boolean {
+  const handle = (socket as unknown as { _handle?: { useUserBuffer?: (b: Uint8Array) => void } })._handle;
+  if (ONREAD_KEYS === null || typeof handle?.useUserBuffer !== 'function') return false;
+  const s = socket as unknown as Record<symbol, unknown>;
+  s[ONREAD_KEYS.buffer] = READ_BUFFER;
+  s[ONREAD_KEYS.callback] = (n: number, buf: Uint8Array) => {
+    onChunk(Buffer.from(buf.buffer, buf.byteOffset, n));
+    return true; // false would pause the socket
   };
-  // `onread` is a documented option of the Socket constructor; @types/node lists it for connect() only.
-  return new net.Socket({ fd: dup, readable: true, writable: true, onread } as net.SocketConstructorOpts);
+  handle.useUserBuffer(READ_BUFFER);
+  return true;
 }
 
 /** Sends out[0, length): straight to the socket when the stream is empty (a write request and its tick cost more), the rest queued. */

@@ -54,15 +54,11 @@ const REPLY_SCRATCH_BYTES = 5462 * LEGACY_REPLY_SIZE;
 
 interface Open {
   socket: net.Socket;
-  /** The socket serving it now: the accepted one, or the one that took a legacy connection over. */
-  serving: net.Socket;
   peer: PeerCredentials;
   seat: Seat;
   hold: IncompleteHold;
   /** The connection as the incomplete-frame budget reads it, while its protocol is not known. */
   unread: Unread | undefined;
-  /** The connection is served by `next` from now on; the accepted socket is closed (not the connection). */
-  handOver(next: net.Socket): void;
   /** No longer held outside this process (closed, or v2: ConnectionKeep). */
   unkeep(): void;
 }
@@ -101,7 +97,7 @@ export class HelperServer {
   constructor(private readonly o: HelperServerOptions) {
     this.limiter = new LogLimiter(o.logger);
     this.incomplete = o.incomplete ?? new IncompleteFrames();
-    // Past capacity, a connection is accepted and closed at once (not Node's maxConnections: it stops counting a legacy one taken over).
+    // Past capacity, a connection is accepted and closed at once, or makes room (the shares): not Node's maxConnections.
     this.users = new ConnectionSeats(o.maxConnections ?? DEFAULT_MAX_CONNECTIONS);
   }
 
@@ -264,25 +260,15 @@ export class HelperServer {
     log.debug({ peer: peer.pid, uid: peer.uid }, handedOver ? 'client connection handed over' : 'client connected');
     const c: Open = {
       socket,
-      serving: socket,
       peer,
       seat,
       unread: undefined,
       hold: new IncompleteHold(
         this.incomplete,
-        () => c.serving.destroy(),
+        () => socket.destroy(),
         peer.uid,
         (why) => this.logCut(why, peer),
       ),
-      handOver: (next) => {
-        socket.off('close', onClose);
-        this.sockets.delete(socket);
-        this.sockets.add(next);
-        c.serving = next;
-        next.on('close', onClose);
-        next.on('error', onError);
-        socket.destroy();
-      },
       unkeep: () => {
         this.o.keep?.released(kept);
         kept = null;
@@ -294,13 +280,12 @@ export class HelperServer {
       if (c.unread) this.incomplete.forget(c.unread, peer.uid);
       this.memory.closed();
       c.hold.set(0);
-      this.sockets.delete(c.serving);
+      this.sockets.delete(socket);
       log.debug({ peer: peer.pid }, 'client disconnected');
     };
     // A vanished client (EPIPE/ECONNRESET) is ordinary; it must never reach the process.
-    const onError = (e: Error) => log.debug({ peer: peer.pid, err: e.message }, 'client socket error');
     socket.on('close', onClose);
-    socket.on('error', onError);
+    socket.on('error', (e: Error) => log.debug({ peer: peer.pid, err: e.message }, 'client socket error'));
     return c;
   }
 
@@ -319,13 +304,12 @@ export class HelperServer {
   /** A legacy connection, from its first bytes on (legacy/legacy-session.ts); handed over while it is served. */
   private serveLegacy(c: Open, first: Buffer): void {
     const session = new LegacySession({
-      accepted: c.socket,
+      socket: c.socket,
       first,
       peer: c.peer,
       legacy: this.o.legacy,
       hold: c.hold,
       replies: this.replies,
-      handOver: c.handOver,
       overBudget: (s) => this.overBudget(s, c.peer),
       ended: (s) => this.freezable.delete(s),
     });
