@@ -1,14 +1,14 @@
 /**
- * sendReplies on real Unix socket pairs: replies bypass Node's stream only while it has nothing
- * queued, so order holds when the socket's buffer fills and empties again, and a peer that is gone
- * closes the connection.
+ * A legacy connection's I/O on real Unix socket pairs. sendReplies: replies bypass Node's stream only
+ * while it has nothing queued, so order holds when the socket's buffer fills and empties again, and a
+ * peer that is gone closes the connection. readIntoBuffer: the accepted socket reads past the stream.
  */
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { sendReplies } from '../../src/helper/legacy/legacy-session.js';
+import { readIntoBuffer, sendReplies } from '../../src/helper/legacy/legacy-session.js';
 
 interface Pair {
   server: net.Socket;
@@ -96,5 +96,50 @@ describe('sendReplies', () => {
     const err = (await closed) as NodeJS.ErrnoException;
     expect(err.code).toMatch(/^(EPIPE|ECONNRESET)$/);
     expect(server.destroyed).toBe(true);
+  });
+});
+
+describe('readIntoBuffer', () => {
+  /** Waits (up to 10 s, far above the few ms expected) until `check` holds; says what it waited for. */
+  async function until(what: string, check: () => boolean): Promise<void> {
+    const end = Date.now() + 10_000;
+    while (!check()) {
+      if (Date.now() > end) throw new Error(`waited 10 s for ${what}`);
+      await new Promise((r) => setTimeout(r, 5));
+    }
+  }
+
+  test('an accepted socket hands every read to the callback, none to the stream, when switched on this Node', async () => {
+    const { server, client } = await pair();
+    const got: Buffer[] = [];
+    let streamed = 0;
+    server.on('data', () => streamed++);
+    // Valid during the call only (the server's one buffer): copied here, as the framer copies what it keeps.
+    expect(readIntoBuffer(server, (c) => got.push(Buffer.from(c)))).toBe(true);
+    server.resume();
+    const sent = Buffer.from(Array.from({ length: 3000 }, (_, i) => i % 251));
+    for (let o = 0; o < sent.length; o += 700) client.write(sent.subarray(o, o + 700));
+    await until('3000 bytes through the callback', () => Buffer.concat(got).length >= sent.length);
+    expect(Buffer.concat(got).equals(sent)).toBe(true);
+    expect(streamed).toBe(0);
+  });
+
+  test('a switched socket reads nothing while paused and everything once resumed, and ends when the peer closes', async () => {
+    const { server, client } = await pair();
+    const got: Buffer[] = [];
+    readIntoBuffer(server, (c) => got.push(Buffer.from(c)));
+    server.resume();
+    client.write('abc');
+    await until('the first bytes', () => got.length > 0);
+    server.pause();
+    client.write('defgh');
+    await new Promise((r) => setTimeout(r, 200));
+    expect(Buffer.concat(got).toString()).toBe('abc');
+    const closed = new Promise((r) => server.once('close', r));
+    server.resume();
+    await until('the bytes written while paused', () => Buffer.concat(got).length === 8);
+    expect(Buffer.concat(got).toString()).toBe('abcdefgh');
+    client.end();
+    await closed;
   });
 });

@@ -169,7 +169,7 @@ const ONREAD_KEYS = ((): { buffer: symbol; callback: symbol } | null => {
  * skips the stream layer (most of a round trip's user-space time), and Node offers it only from the constructor, so the keys
  * it sets are set here, and the handle reads into READ_BUFFER. False (nothing changed) when this Node lacks either.
  */
-function readIntoBuffer(socket: net.Socket, onChunk: (chunk: Buffer) => void): boolean {
+export function readIntoBuffer(socket: net.Socket, onChunk: (chunk: Buffer) => void): boolean {
   const handle = (socket as unknown as { _handle?: { useUserBuffer?: (b: Uint8Array) => void } })._handle;
   if (ONREAD_KEYS === null || typeof handle?.useUserBuffer !== 'function') return false;
   const s = socket as unknown as Record<symbol, unknown>;
