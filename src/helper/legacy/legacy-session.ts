@@ -1,4 +1,4 @@
-/** One legacy connection (docs/protocol.md): a chunk's replies sent at once, read without Node's streams when its fd can be duplicated. */
+/** One legacy connection (docs/protocol.md): a chunk's replies sent at once, read past Node's stream layer where this Node allows it. */
 import net from 'node:net';
 import os from 'node:os';
 import { errnoError } from '../../os/libc/errno.js';

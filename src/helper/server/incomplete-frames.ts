@@ -24,6 +24,8 @@ export interface Unread {
   readonly destroyed: boolean;
   /** The client has closed already: what it left is not worth reading. */
   hungUp(): boolean;
+  /** Its account, and its user's (the hold's uid). */
+  readonly hold: IncompleteHold;
 }
 
 /** What one user (uid) holds: bytes, the holds with bytes (oldest incomplete frame first), connections waiting. */
@@ -35,6 +37,11 @@ interface UserAccount {
 
 export class IncompleteFrames {
   heldBytes = 0;
+  /**
+   * A chunk for each connection started reading whose first bytes have not come (IncompleteHold.promise): a turn may start
+   * many (the listener accepts up to 32), and each must still find its chunk's room when its bytes come.
+   */
+  promisedBytes = 0;
   /** Holds past their deadline, cut in slices (time-slices.ts): thousands of frames started together expire together. */
   private readonly expiring: { h: IncompleteHold; frame: number }[] = [];
   private readonly users = new Map<number, UserAccount>();
@@ -53,33 +60,35 @@ export class IncompleteFrames {
     return n;
   }
 
-  /** Starts reading a new (paused) connection of `uid` now if there is room for a chunk and none of its user waits; else queues it: false. */
-  startReading(c: Unread, uid = 0): boolean {
+  /** Starts reading a new (paused) connection now if there is room for a chunk and none of its user's waits; else queues it: false. */
+  startReading(c: Unread): boolean {
+    const uid = c.hold.uid;
     const u = this.user(uid);
     if (u.waiting.size === 0 && this.makeRoom(uid, READ_CHUNK)) {
-      c.resume();
+      start(c);
       return true;
     }
     u.waiting.add(c);
     return false;
   }
 
-  forget(c: Unread, uid = 0): void {
+  forget(c: Unread): void {
+    const uid = c.hold.uid;
     const u = this.users.get(uid);
     if (u === undefined) return;
     u.waiting.delete(c);
     this.dropIfEmpty(uid, u);
   }
 
-  /** @internal A hold's bytes go from `before` to `after`; false when the total is now past maxBytes. */
-  adjust(h: IncompleteHold, before: number, after: number): boolean {
+  /** @internal A hold's bytes go from `before` to `after` (`kept`: its promised chunk is given back); false when the total is now past maxBytes. */
+  adjust(h: IncompleteHold, before: number, after: number, kept = false): boolean {
     const u = this.user(h.uid);
     if (after > before) this.makeRoom(h.uid, after - before);
     this.heldBytes += after - before;
     u.bytes += after - before;
     if (after === 0) u.holds.delete(h);
     else if (before === 0) u.holds.add(h);
-    if (after < before && !this.makingRoom) this.drain();
+    if ((after < before || kept) && !this.makingRoom) this.drain();
     this.dropIfEmpty(h.uid, u);
     return this.heldBytes <= this.limits.maxBytes;
   }
@@ -92,7 +101,7 @@ export class IncompleteFrames {
   }
 
   private room(): number {
-    return this.limits.maxBytes - this.heldBytes;
+    return this.limits.maxBytes - this.heldBytes - this.promisedBytes;
   }
 
   private user(uid: number): UserAccount {
@@ -141,7 +150,7 @@ export class IncompleteFrames {
           }
           chunks--;
           resumed = true;
-          c.resume();
+          start(c);
           break;
         }
         this.dropIfEmpty(uid, u);
@@ -151,12 +160,20 @@ export class IncompleteFrames {
   }
 }
 
+/** Reads `c` from now on, a chunk of the budget promised to it until its first bytes. */
+function start(c: Unread): void {
+  c.hold.promise();
+  c.resume();
+}
+
 /** One connection's account; `close` is called once its frame is cut, after `notify` (the server's log). */
 export class IncompleteHold {
   private bytes = 0;
   private timer: NodeJS.Timeout | undefined;
   /** Counts the frames this connection started holding: a deadline is for the frame it was set for. */
   private frame = 0;
+  /** Started reading, its first bytes not come: a chunk counted in the owner's promisedBytes. */
+  private promised = false;
 
   constructor(
     private readonly owner: IncompleteFrames,
@@ -173,10 +190,15 @@ export class IncompleteHold {
 
   /** Now `bytes` held (0: none), timed from the first byte (a byte-a-second sender is cut off all the same); false: past maxBytes. */
   set(bytes: number): boolean {
+    const kept = this.promised;
+    if (kept) {
+      this.promised = false;
+      this.owner.promisedBytes -= READ_CHUNK;
+    }
     const before = this.bytes;
-    if (bytes === 0 && before === 0) return true; // nothing held before or now (most calls): nothing to account
+    if (bytes === 0 && before === 0 && !kept) return true; // nothing held before or now (most calls): nothing to account
     this.bytes = bytes;
-    const ok = this.owner.adjust(this, before, bytes);
+    const ok = this.owner.adjust(this, before, bytes, kept);
     if (bytes === 0) {
       clearTimeout(this.timer);
       this.timer = undefined;
@@ -189,6 +211,13 @@ export class IncompleteHold {
       this.timer.unref();
     }
     return ok || bytes === 0;
+  }
+
+  /** @internal Started reading: a chunk is promised to it until its first bytes, or its close, set() what it holds. */
+  promise(): void {
+    if (this.promised) return;
+    this.promised = true;
+    this.owner.promisedBytes += READ_CHUNK;
   }
 
   /** Whether holding `bytes` (instead of what is held now) would stay within the total (room is made from a user holding more). */

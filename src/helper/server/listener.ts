@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import type { Logger } from '../../logging/logger.js';
-import { MAX_UNIX_PATH_BYTES, socketFd } from '../../os/libc/sockets.js';
+import { acceptNow, MAX_UNIX_PATH_BYTES, socketFd } from '../../os/libc/sockets.js';
 import { cannotError } from '../../common/errors.js';
 
 // The server's defaults the CLI shows: here, in a module the root start loads anyway (docs/performance.md, "Start-up").
@@ -70,6 +70,13 @@ interface ListenOptions {
 /** listen() backlog: QEMU's connect() blocks while it is full. */
 const LISTEN_BACKLOG = 4096;
 
+/**
+ * Connections accepted past the one libuv accepts per event-loop turn (since libuv 1.45), at most, each turn. Under load, one a
+ * turn made the last of 256 new connections wait 0.5 to 1 s, a turn serving every connection already open; more than this would
+ * make each turn of a connection flood longer for the connections being served (docs/daemon.md, "What other users cannot delay").
+ */
+export const EXTRA_ACCEPTS_PER_TURN = 31;
+
 export class Listener {
   private held: net.Socket[] = [];
   private heldErrors: Error[] = [];
@@ -84,8 +91,25 @@ export class Listener {
     /** The socket file we bound, or were handed with the fd; absent for systemd's socket. */
     readonly file: SocketFile | undefined,
   ) {
-    server.on('connection', (s: net.Socket) => (this.onConnection ? this.onConnection(s) : this.held.push(s)));
+    server.on('connection', (s: net.Socket) => {
+      this.deliver(s);
+      this.acceptWaiting();
+    });
     server.on('error', (e: Error) => (this.onError ? this.onError(e) : this.heldErrors.push(e)));
+  }
+
+  private deliver(s: net.Socket): void {
+    if (this.onConnection) this.onConnection(s);
+    else this.held.push(s);
+  }
+
+  /** Connections waiting in the backlog, up to EXTRA_ACCEPTS_PER_TURN; an error (EMFILE) is left to libuv's next accept, which reports it. */
+  private acceptWaiting(): void {
+    for (let i = 0; i < EXTRA_ACCEPTS_PER_TURN && !this.closing; i++) {
+      const fd = acceptNow(this.fd);
+      if (fd < 0) return;
+      this.deliver(new net.Socket({ fd, readable: true, writable: true, pauseOnCreate: true } as net.SocketConstructorOpts));
+    }
   }
 
   get where(): string {

@@ -45,6 +45,10 @@ export class Preamble implements Freezable, Unread {
   }
 
   // Unread: the connection as the incomplete-frame budget starts and watches it.
+  get hold(): IncompleteHold {
+    return this.o.hold;
+  }
+
   resume(): void {
     if (this.frozen) this.wasReading = true;
     else this.o.socket.resume();

@@ -184,7 +184,7 @@ export class HelperServer {
     socket.once('close', () => this.freezable.delete(preamble));
     if (handed !== undefined && handed.pending.length > 0) preamble.push(Buffer.from(handed.pending));
     if (preamble.decided || !this.freezable.has(preamble)) return;
-    if (!this.incomplete.startReading(preamble, c.peer.uid)) {
+    if (!this.incomplete.startReading(preamble)) {
       this.limiter.warn(
         'reading deferred',
         { peer: c.peer.pid, waiting: this.incomplete.waitingConnections, heldBytes: this.incomplete.heldBytes },
@@ -277,7 +277,7 @@ export class HelperServer {
     const onClose = () => {
       c.unkeep();
       seat.release();
-      if (c.unread) this.incomplete.forget(c.unread, peer.uid);
+      if (c.unread) this.incomplete.forget(c.unread);
       this.memory.closed();
       c.hold.set(0);
       this.sockets.delete(socket);

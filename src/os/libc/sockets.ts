@@ -31,6 +31,7 @@ const fn = {
   sendmsg: libc.func('sendmsg', 'long', ['int', koffi.pointer(msghdrType), 'int']),
   recvmsg: libc.func('recvmsg', 'long', ['int', koffi.inout(koffi.pointer(msghdrType)), 'int']),
   socketpair: libc.func('int socketpair(int domain, int type, int protocol, _Out_ int *sv)'),
+  accept4: libc.func('int accept4(int fd, void *addr, void *addrlen, int flags)'),
 };
 
 const SOL_SOCKET = 1;
@@ -52,6 +53,12 @@ export function sendNow(fd: number, buf: Buffer, length: number): number {
 /** recv(2) into buf, never blocking: the count received, or -errno (EAGAIN: nothing queued). */
 export function recvNow(fd: number, buf: Buffer): number {
   return orErrno(fn.recv(fd, buf, buf.length, MSG_DONTWAIT));
+}
+
+const SOCK_NONBLOCK = 0o4000;
+/** accept4(2) on a listening socket, never blocking: the connection's fd (close-on-exec, non-blocking), or -errno (EAGAIN: none waits). */
+export function acceptNow(fd: number): number {
+  return orErrno(fn.accept4(fd, null, null, SOCK_CLOEXEC | SOCK_NONBLOCK));
 }
 
 /** socket(2) with SOCK_CLOEXEC: the fd; throws (errno named, the call as `call` says it) when it cannot be made. */

@@ -7,9 +7,10 @@ import { IncompleteFrames, IncompleteHold, READ_CHUNK, type CutReason, type Unre
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** An Unread that records what was done to it. */
-function unread(o: { hungUp?: boolean } = {}): Unread & { resumed: number; destroyedBy: boolean } {
+/** An Unread of `hold`'s connection (its uid) that records what was done to it. */
+function unread(hold: IncompleteHold, o: { hungUp?: boolean } = {}): Unread & { resumed: number; destroyedBy: boolean } {
   return {
+    hold,
     resumed: 0,
     destroyedBy: false,
     resume() {
@@ -64,12 +65,12 @@ describe('IncompleteFrames budget', () => {
 
   it('starts reading a new connection when a chunk fits, and queues it when one does not', () => {
     const frames = new IncompleteFrames({ maxBytes: 2 * READ_CHUNK, deadlineMs: 60_000 });
-    const first = unread();
+    const first = unread(holdOf(frames));
     expect(frames.startReading(first)).toBe(true);
     expect(first.resumed).toBe(1);
     const h = holdOf(frames);
     h.set(READ_CHUNK + 1);
-    const second = unread();
+    const second = unread(holdOf(frames));
     expect(frames.startReading(second)).toBe(false);
     expect(second.resumed).toBe(0);
     expect(frames.waitingConnections).toBe(1);
@@ -79,22 +80,22 @@ describe('IncompleteFrames budget', () => {
     const frames = new IncompleteFrames({ maxBytes: 3 * READ_CHUNK, deadlineMs: 60_000 });
     const h = holdOf(frames);
     h.set(3 * READ_CHUNK);
-    const [a, b, c] = [unread(), unread(), unread()];
+    const [a, b, c] = [unread(holdOf(frames)), unread(holdOf(frames)), unread(holdOf(frames))];
     for (const u of [a, b, c]) expect(frames.startReading(u)).toBe(false);
     h.set(READ_CHUNK); // room for two chunks
     expect([a.resumed, b.resumed, c.resumed]).toEqual([1, 1, 0]);
     expect(frames.waitingConnections).toBe(1);
     // A queued connection behind others waits even with room: nobody jumps the queue.
-    expect(frames.startReading(unread())).toBe(false);
+    expect(frames.startReading(unread(holdOf(frames)))).toBe(false);
   });
 
   it('skips a waiting connection already closed and closes one whose client hung up, without spending room on them', () => {
     const frames = new IncompleteFrames({ maxBytes: 2 * READ_CHUNK, deadlineMs: 60_000 });
     const h = holdOf(frames);
     h.set(2 * READ_CHUNK);
-    const gone = unread();
-    const hungUp = unread({ hungUp: true });
-    const live = unread();
+    const gone = unread(holdOf(frames));
+    const hungUp = unread(holdOf(frames), { hungUp: true });
+    const live = unread(holdOf(frames));
     for (const u of [gone, hungUp, live]) frames.startReading(u);
     gone.destroy();
     h.set(READ_CHUNK); // room for one chunk
@@ -105,11 +106,32 @@ describe('IncompleteFrames budget', () => {
     expect(frames.waitingConnections).toBe(0);
   });
 
+  it('promises a chunk to each connection started reading until its first bytes come or it closes, however many start at once', () => {
+    const frames = new IncompleteFrames({ maxBytes: 3 * READ_CHUNK, deadlineMs: 60_000 });
+    const conns = [0, 1, 2, 3, 4].map(() => unread(holdOf(frames)));
+    // Started together, before any of them is read (the listener accepts many in one turn): three chunks of room, three started.
+    expect(conns.map((u) => frames.startReading(u))).toEqual([true, true, true, false, false]);
+    expect(frames.promisedBytes).toBe(3 * READ_CHUNK);
+    // A full chunk read by each of them stays within the budget.
+    for (const u of conns.slice(0, 3)) expect(u.hold.set(READ_CHUNK)).toBe(true);
+    expect(frames.promisedBytes).toBe(0);
+    expect(frames.heldBytes).toBe(3 * READ_CHUNK);
+    // One completes its frame: its room starts the first waiting connection, promised a chunk in turn.
+    conns[0]!.hold.set(0);
+    expect(conns[3]!.resumed).toBe(1);
+    expect(frames.promisedBytes).toBe(READ_CHUNK);
+    // That one closes before any byte (the server sets 0 at close): its promise goes, and the last one starts.
+    conns[3]!.hold.set(0);
+    expect(conns[4]!.resumed).toBe(1);
+    expect(frames.promisedBytes).toBe(READ_CHUNK);
+    expect(frames.waitingConnections).toBe(0);
+  });
+
   it('no longer waits for a connection it was told to forget', () => {
     const frames = new IncompleteFrames({ maxBytes: READ_CHUNK, deadlineMs: 60_000 });
     const h = holdOf(frames);
     h.set(1);
-    const u = unread();
+    const u = unread(holdOf(frames));
     frames.startReading(u);
     frames.forget(u);
     h.set(0);
@@ -128,15 +150,15 @@ describe('IncompleteFrames shared between users', () => {
     const held = [0, 1, 2, 3].map((i) => holdOf(frames, (why) => cut.push(`${i} ${why}`), ATTACKER));
     for (const h of held) h.set(READ_CHUNK);
     // The attacker's next connection waits: it holds the most already.
-    const more = unread();
-    expect(frames.startReading(more, ATTACKER)).toBe(false);
-    const qemu = unread();
-    expect(frames.startReading(qemu, QEMU)).toBe(true);
+    const more = unread(holdOf(frames, () => {}, ATTACKER));
+    expect(frames.startReading(more)).toBe(false);
+    const q = holdOf(frames, () => cut.push('qemu'), QEMU);
+    const qemu = unread(q);
+    expect(frames.startReading(qemu)).toBe(true);
     expect(qemu.resumed).toBe(1);
     expect(cut).toEqual(['0 evicted']); // one chunk of room was needed: the oldest frame went
     expect(frames.heldBy(ATTACKER)).toBe(3 * READ_CHUNK);
     // QEMU's bytes fit as they come, taken from the attacker again when the budget is full.
-    const q = holdOf(frames, () => cut.push('qemu'), QEMU);
     expect(q.set(READ_CHUNK + 5)).toBe(true);
     expect(cut).toEqual(['0 evicted', '1 evicted']);
     expect(frames.heldBytes).toBeLessThanOrEqual(4 * READ_CHUNK);
@@ -149,7 +171,7 @@ describe('IncompleteFrames shared between users', () => {
     const b = holdOf(frames, () => cut.push('b'), 2);
     b.set(READ_CHUNK);
     // User 2 holds as much as user 1: a connection of user 2 may not take from user 1.
-    expect(frames.startReading(unread(), 2)).toBe(false);
+    expect(frames.startReading(unread(holdOf(frames, () => {}, 2)))).toBe(false);
     expect(b.set(READ_CHUNK + 1)).toBe(false); // nor may its bytes: over the budget, closed by the caller
     expect(cut).toEqual([]);
   });
@@ -160,10 +182,10 @@ describe('IncompleteFrames shared between users', () => {
     holdOf(frames, () => {}, 8).set(READ_CHUNK);
     const h9 = holdOf(frames, () => {}, 9);
     h9.set(READ_CHUNK);
-    const flood = [unread(), unread(), unread()];
-    for (const u of flood) expect(frames.startReading(u, 9)).toBe(false);
-    const late = unread();
-    expect(frames.startReading(late, 8)).toBe(false);
+    const flood = [0, 1, 2].map(() => unread(holdOf(frames, () => {}, 9)));
+    for (const u of flood) expect(frames.startReading(u)).toBe(false);
+    const late = unread(holdOf(frames, () => {}, 8));
+    expect(frames.startReading(late)).toBe(false);
     h9.set(0); // room for one chunk: user 8's connection, not the first of user 9's that came before it
     expect(late.resumed).toBe(1);
     expect(flood.map((u) => u.resumed)).toEqual([0, 0, 0]);
@@ -173,11 +195,11 @@ describe('IncompleteFrames shared between users', () => {
     const frames = new IncompleteFrames({ maxBytes: 3 * READ_CHUNK, deadlineMs: 60_000 });
     const h = holdOf(frames, () => {}, 9);
     h.set(3 * READ_CHUNK);
-    const flood = [unread(), unread(), unread()];
-    for (const u of flood) expect(frames.startReading(u, 9)).toBe(false);
-    const other = unread();
+    const flood = [0, 1, 2].map(() => unread(holdOf(frames, () => {}, 9)));
+    for (const u of flood) expect(frames.startReading(u)).toBe(false);
+    const other = unread(holdOf(frames, () => {}, 5));
     // User 9's only frame is as large as the budget: it is cut for user 5, which holds nothing.
-    expect(frames.startReading(other, 5)).toBe(true);
+    expect(frames.startReading(other)).toBe(true);
     expect(frames.heldBy(9)).toBe(0);
     expect(flood.map((u) => u.resumed)).toEqual([1, 1, 0]);
   });
