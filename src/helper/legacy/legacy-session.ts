@@ -152,8 +152,12 @@ export function streamReading(socket: net.Socket, onData: (c: Buffer) => void) {
 /** Where every legacy connection reads: one buffer, each read handled synchronously before the next. */
 const READ_BUFFER = Buffer.allocUnsafe(64 * 1024);
 
-/** Node's keys (symbols) of a socket's `onread` mode: found by value on a socket made with the option; null if this Node has none. */
-const ONREAD_KEYS = ((): { buffer: symbol; callback: symbol } | null => {
+/**
+ * Node's keys (symbols) of a socket's `onread` mode: found by value on a socket made with the option; null if this Node has none.
+ * Found at the first legacy connection, not at load: the probe socket is the process's first, and would cost the start-up its code.
+ */
+let onreadKeys: { buffer: symbol; callback: symbol } | null | undefined;
+function findOnreadKeys(): { buffer: symbol; callback: symbol } | null {
   const callback = () => true;
   const probe = new net.Socket({ onread: { buffer: READ_BUFFER, callback } } as net.SocketConstructorOpts) as unknown as Record<
     symbol,
@@ -162,7 +166,7 @@ const ONREAD_KEYS = ((): { buffer: symbol; callback: symbol } | null => {
   const key = (value: unknown) => Object.getOwnPropertySymbols(probe).find((k) => probe[k] === value);
   const [buffer, cb] = [key(READ_BUFFER), key(callback)];
   return buffer !== undefined && cb !== undefined ? { buffer, callback: cb } : null;
-})();
+}
 
 /**
  * From now on `socket` hands each read to `onChunk` (valid during the call only), as a socket created with `onread` does: that
@@ -171,10 +175,11 @@ const ONREAD_KEYS = ((): { buffer: symbol; callback: symbol } | null => {
  */
 export function readIntoBuffer(socket: net.Socket, onChunk: (chunk: Buffer) => void): boolean {
   const handle = (socket as unknown as { _handle?: { useUserBuffer?: (b: Uint8Array) => void } })._handle;
-  if (ONREAD_KEYS === null || typeof handle?.useUserBuffer !== 'function') return false;
+  const keys = (onreadKeys ??= findOnreadKeys());
+  if (keys === null || typeof handle?.useUserBuffer !== 'function') return false;
   const s = socket as unknown as Record<symbol, unknown>;
-  s[ONREAD_KEYS.buffer] = READ_BUFFER;
-  s[ONREAD_KEYS.callback] = (n: number, buf: Uint8Array) => {
+  s[keys.buffer] = READ_BUFFER;
+  s[keys.callback] = (n: number, buf: Uint8Array) => {
     onChunk(Buffer.from(buf.buffer, buf.byteOffset, n));
     return true; // false would pause the socket
   };
