@@ -11,6 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { EXTRA_ACCEPTS_PER_TURN, openListener, type Listener } from '../../../src/helper/server/listener.js';
+import { countTurns } from '../../support/turns.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -53,27 +54,21 @@ async function listening(): Promise<{ listener: Listener; socketPath: string; di
 /** The turn (a setImmediate count) in which each connection came, once `n` came; 20 s at most. */
 async function turnsOfConnections(listener: Listener, n: number): Promise<number[]> {
   const turns: number[] = [];
-  let turn = 0;
-  let ticking = true;
-  const tick = () => {
-    turn++;
-    if (ticking) setImmediate(tick);
-  };
-  setImmediate(tick);
+  const turn = countTurns();
   const sockets: net.Socket[] = [];
   cleanups.push(() => sockets.forEach((s) => s.destroy()));
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`waited 20 s for ${n} connections, got ${turns.length}`)), 20_000);
     listener.serve((s) => {
       sockets.push(s);
-      turns.push(turn);
+      turns.push(turn.now());
       if (turns.length === n) {
         clearTimeout(timer);
         resolve();
       }
     }, reject);
   });
-  ticking = false;
+  turn.stop();
   return turns;
 }
 

@@ -18,6 +18,7 @@ import { SLICE_BUDGET_MS } from '../../../src/sampling/time-slices.js';
 import { FakeHost } from '../../support/fake-host.js';
 import { FakeQemuFarm } from '../../support/fake-qemu.js';
 import { waitFor } from '../../support/wait.js';
+import { countTurns } from '../../support/turns.js';
 
 const VMS = 40;
 /** Each adopt is made to take at least this long, so the VMs take several slices (SLICE_BUDGET_MS each) whatever the machine. */
@@ -59,21 +60,15 @@ describe('restoring the v2 service', () => {
     await before.close();
 
     // The next service: its scanner's adopt() notes the turn of the event loop each call runs in.
-    let turn = 0;
-    let ticking = true;
-    const tick = () => {
-      turn++;
-      if (ticking) setImmediate(tick);
-    };
-    setImmediate(tick);
-    cleanups.push(() => (ticking = false));
+    const turns = countTurns();
+    cleanups.push(() => turns.stop());
     const scanner = new ProcScanner(paths.procRoot, { clkTck: before.host.clkTck });
     const adoptedIn: number[] = [];
     const adopt = scanner.adopt.bind(scanner);
     scanner.adopt = (pid, starttime) => {
       const end = performance.now() + ADOPT_AT_LEAST_MS;
       while (performance.now() < end);
-      if (pids.has(pid)) adoptedIn.push(turn);
+      if (pids.has(pid)) adoptedIn.push(turns.now());
       return adopt(pid, starttime);
     };
     const tasks = new ProcTaskReader(paths.procRoot);
@@ -104,7 +99,7 @@ describe('restoring the v2 service', () => {
     });
     restoring = false;
     cleanups.push(() => after.close());
-    ticking = false;
+    turns.stop();
 
     expect(after.restored).toMatchObject({ ok: true });
     expect(adoptedIn).toHaveLength(VMS);
