@@ -77,6 +77,11 @@ const LISTEN_BACKLOG = 4096;
  */
 export const EXTRA_ACCEPTS_PER_TURN = 31;
 
+/** A connection's fd as a socket that reads nothing until served (the incomplete-frame budget starts it), as accepted ones are. */
+export function pausedSocket(fd: number): net.Socket {
+  return new net.Socket({ fd, readable: true, writable: true, pauseOnCreate: true } as net.SocketConstructorOpts);
+}
+
 export class Listener {
   private held: net.Socket[] = [];
   private heldErrors: Error[] = [];
@@ -108,7 +113,7 @@ export class Listener {
     for (let i = 0; i < EXTRA_ACCEPTS_PER_TURN && !this.closing; i++) {
       const fd = acceptNow(this.fd);
       if (fd < 0) return;
-      this.deliver(new net.Socket({ fd, readable: true, writable: true, pauseOnCreate: true } as net.SocketConstructorOpts));
+      this.deliver(pausedSocket(fd));
     }
   }
 

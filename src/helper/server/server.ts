@@ -1,12 +1,12 @@
 /** Connections: SO_PEERCRED at accept, the limits, the protocol by the first 4 bytes, then v2 or legacy; a client closes only its own. */
-import net from 'node:net';
+import type net from 'node:net';
 import { socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf } from '../../os/peer.js';
 import { LegacySession } from '../legacy/legacy-session.js';
 import { MemorySettler } from './memory-settler.js';
-import { DEFAULT_MAX_CONNECTIONS, type Listener } from './listener.js';
+import { DEFAULT_MAX_CONNECTIONS, pausedSocket, type Listener } from './listener.js';
 import type { Logger } from '../../logging/logger.js';
 import { cannot } from '../../common/errors.js';
 import { LogLimiter } from '../../logging/log-limiter.js';
@@ -145,8 +145,7 @@ export class HelperServer {
   /** Serves connections a restart handed over, each from its pending bytes (a request cut by the restart is answered once whole). */
   adopt(handed: readonly HandedConnectionFd[]): void {
     for (const h of handed) {
-      // pauseOnCreate: read only once served (the incomplete-frame budget, or the legacy take-over).
-      const socket = new net.Socket({ fd: h.fd, readable: true, writable: true, pauseOnCreate: true } as net.SocketConstructorOpts);
+      const socket = pausedSocket(h.fd);
       this.accept(socket, h);
     }
   }
