@@ -33,7 +33,7 @@ import {
   waitFor,
   type DaemonChild,
 } from '../daemon/support/daemon-process.js';
-import { pollFor } from '../support/wait.js';
+import { pollFor, processEnded } from '../support/wait.js';
 import { ResumingV2Client } from '../../src/client/resuming-client.js';
 import { CRASH_ON_VM_PID_ENV } from '../../src/helper/handover/kept.js';
 import { KEEPER_LIMITS } from '../../src/keeper/keeper.js';
@@ -83,12 +83,7 @@ async function killAndServe(h: DaemonChild, client: LegacyClient): Promise<{ ms:
   const t0 = performance.now();
   process.kill(pid, 'SIGKILL');
   // QEMU's request waits (it sets no timeout) until the next serving process answers it.
-  await waitFor(
-    () => !fs.existsSync(`/proc/${pid}`) || fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]![0] === 'Z',
-    'the kill',
-    h,
-    5000,
-  );
+  await waitFor(() => processEnded(pid), 'the kill', h, 5000);
   const value = await client.request(0x611, 0, process.pid).catch((e) => {
     throw new Error(`${(e as Error).message}\n${h.stderr()}`);
   });

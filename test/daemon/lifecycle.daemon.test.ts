@@ -9,6 +9,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { missing } from '../support/env.js';
+import { processEnded } from '../support/wait.js';
 import { parseProcStatus } from '../../src/os/privileges/proc-status.js';
 import { DAEMON_NODE_FLAGS } from '../../src/os/privileges/reexec.js';
 import {
@@ -222,10 +223,7 @@ describe('-d', () => {
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     c.close();
     process.kill(daemonPid, 'SIGTERM');
-    await waitFor(
-      () => !fs.existsSync(`/proc/${daemonPid}`) || fs.readFileSync(`/proc/${daemonPid}/stat`, 'utf8').includes(') Z'),
-      'the daemon to exit',
-    );
+    await waitFor(() => processEnded(daemonPid), 'the daemon to exit');
     await waitFor(() => !fs.existsSync(sock) && !fs.existsSync(pid), 'socket and pidfile removal');
   });
 

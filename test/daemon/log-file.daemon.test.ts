@@ -9,6 +9,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
 import { FakeHost } from '../support/fake-host.js';
 import { BIN, ensureBuilt, hostArgs, LegacyClient, tempDir, waitFor } from './support/daemon-process.js';
+import { processEnded } from '../support/wait.js';
 import { DEFAULT_DAEMON_LOG_FILE, logFileFrom } from '../../src/cli/commands/start-daemon.js';
 import { isRoot } from '../support/env.js';
 
@@ -95,10 +96,7 @@ describe('--log-file', () => {
     );
     expect(await c.request(0x606, 0, process.pid)).toBe(0xa1003n);
     process.kill(daemonPid, 'SIGTERM');
-    await waitFor(
-      () => !fs.existsSync(`/proc/${daemonPid}`) || fs.readFileSync(`/proc/${daemonPid}/stat`, 'utf8').includes(') Z'),
-      'the daemon to stop',
-    );
+    await waitFor(() => processEnded(daemonPid), 'the daemon to stop');
     expect(recs().at(-1)).toMatchObject({ pid: daemonPid });
     expect(fs.statSync(log).mode & 0o777).toBe(0o600); // an existing file keeps its mode
   });

@@ -15,6 +15,7 @@ import fs from 'node:fs';
 import { describe, expect, test } from 'vitest';
 import { KEEPER_LIMITS } from '../../src/keeper/keeper.js';
 import { LegacyClient, listenings, servingPid, waitFor } from '../daemon/support/daemon-process.js';
+import { processEnded } from '../support/wait.js';
 import { killAs, NOBODY, notRoot, onCleanup, sleep, startDaemonOpenToAll } from './support.js';
 
 const why = notRoot();
@@ -100,12 +101,7 @@ describe.skipIf(why !== null)('the -u user ending the service', () => {
       // Held by a debugger (ptrace, state t: not a SIGSTOP, which the keeper undoes) for longer than
       // the watchdog's 10 s: its loop turns no more, its alarm stays armed; let go when the tracer ends.
       execFileSync('python3', ['-c', PTRACE_HOLD, String(serving), '11.5']);
-      await waitFor(
-        () => !fs.existsSync(`/proc/${serving}`) || status(serving, 'State') === 'Z',
-        `serving process ${serving} to die by its SIGALRM`,
-        undefined,
-        30_000,
-      );
+      await waitFor(() => processEnded(serving), `serving process ${serving} to die by its SIGALRM`, undefined, 30_000);
     }
     expect(await daemon.exited).toBe(1);
     expect(daemon.stderr()).toMatch(

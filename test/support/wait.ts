@@ -1,5 +1,6 @@
 /** Polling until a condition holds, for tests that watch real processes and sockets. */
 import type { ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
 
 /** A child whose early exit ends the wait, with its log in the error. */
 export interface WatchedChild {
@@ -50,4 +51,19 @@ export async function steady(read: () => number, what: string, holdMs = 500, ms 
     else if (Date.now() - since >= holdMs) return value;
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}: still moving, last ${value}`);
   }
+}
+
+/**
+ * Whether process `pid` has ended: gone from /proc, or a zombie not yet reaped. Its stat may vanish
+ * between any two reads (its parent reaps it), so a missing file is an answer, never an error.
+ */
+export function processEnded(pid: number): boolean {
+  let stat: string;
+  try {
+    stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT' || (err as NodeJS.ErrnoException).code === 'ESRCH') return true;
+    throw err;
+  }
+  return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z');
 }
