@@ -46,11 +46,11 @@ export function secondsArg(flag: string, o: { min?: number; max: number; why?: s
   };
 }
 
-export function positiveIntArg(flag: string, max = Number.MAX_SAFE_INTEGER) {
+export function wholeNumberArg(flag: string, max = Number.MAX_SAFE_INTEGER, min = 1) {
   return (text: string): number => {
     if (!/^\d+$/.test(text)) throw new InvalidArgumentError(`${flag} must be a whole number, got ${JSON.stringify(text)}`);
     const n = Number(text);
-    if (n < 1 || n > max) throw new InvalidArgumentError(`${flag} must be 1..${max}, got ${text}`);
+    if (n < min || n > max) throw new InvalidArgumentError(`${flag} must be ${min}..${max}, got ${text}`);
     return n;
   };
 }
@@ -209,7 +209,7 @@ export function collect<T>(parse: (text: string) => T) {
 }
 
 function countOption(flags: string, description: string, dflt: number, max?: number): Option {
-  return new Option(flags, description).argParser(positiveIntArg(flags.split(' ')[0]!, max)).default(dflt);
+  return new Option(flags, description).argParser(wholeNumberArg(flags.split(' ')[0]!, max)).default(dflt);
 }
 
 export function addV2Options(cmd: Command): void {

@@ -5,7 +5,7 @@ import { startExporter } from '../../exporter/exporter-process.js';
 import { DEFAULT_BOOK_LIMITS } from '../../exporter/energy-book.js';
 import { DEFAULT_LISTEN, parseListenAddress, type ListenAddress } from '../../exporter/listen-address.js';
 import { DEFAULT_HOST_SERIES, HOST_SERIES_CHOICES, type HostSeries } from '../../exporter/host-series.js';
-import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, metricsPathArg, positiveIntArg } from '../options.js';
+import { addClientSocketOption, addLogLevelOptions, commandOptions, listenAddressArg, metricsPathArg, wholeNumberArg } from '../options.js';
 import { DEFAULT_METRICS_PATH } from '../../exporter/metrics-path.js';
 import { createLogger, levelFromFlags } from '../../logging/logger.js';
 import { DisposableStore } from '../../common/disposable.js';
@@ -42,7 +42,7 @@ export function addExporterCommand(program: Command): void {
     .option(
       '--max-vms <n>',
       `export at most N VMs; more are skipped and logged (default ${DEFAULT_BOOK_LIMITS.maxExportedVms})`,
-      positiveIntArg('--max-vms', MAX_VMS),
+      wholeNumberArg('--max-vms', MAX_VMS),
     );
   addLogLevelOptions(exporter).action(async (_o: unknown, cmd: Command) => {
     // -k, -v and -q mean the same before the subcommand (the daemon's parser may take them);

@@ -1,7 +1,7 @@
 /** `vmsr-helper hash-password` (docs/exporter.md): typed twice without echo on a terminal, else stdin less one trailing newline. */
 import type { Command } from 'commander';
 import { BCRYPT_COST, bcryptHash } from '../../os/bcrypt.js';
-import { positiveIntArg } from '../options.js';
+import { wholeNumberArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 
 /** The most a piped password may hold: more is no password (bcrypt reads 72 bytes) but a wrong file. */
@@ -75,7 +75,7 @@ export function addHashPasswordCommand(program: Command): void {
     .option(
       '--cost <n>',
       `bcrypt cost, ${BCRYPT_COST.min}..${BCRYPT_COST.max}: each step doubles the work of every check (default ${BCRYPT_COST.default})`,
-      positiveIntArg('--cost', BCRYPT_COST.max),
+      wholeNumberArg('--cost', BCRYPT_COST.max),
     )
     .action(async (o: { cost?: number }) => {
       const password = await readPassword();

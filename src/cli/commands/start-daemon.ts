@@ -14,6 +14,7 @@ import {
   DEFAULT_MAX_CONNECTIONS,
   DEFAULT_SOCKET_MODE,
 } from '../../helper/server/listener.js';
+import { DEFAULT_BUSY_POLL_MAX_US, MAX_BUSY_POLL_US } from '../../helper/server/busy-poll.js';
 import { primaryGroupOf, resolveId } from '../../os/privileges/accounts.js';
 import type { DaemonConfig } from '../../helper/lifecycle/config.js';
 import {
@@ -25,7 +26,7 @@ import {
   energySourceOption,
   hostOptionsFrom,
   parseSocketMode,
-  positiveIntArg,
+  wholeNumberArg,
   secondsArg,
   v2OptionsFrom,
   type RawHostOptions,
@@ -56,6 +57,7 @@ interface RawDaemonOptions extends RawHostOptions {
   amdTdp?: string;
   maxConnections?: number;
   frameTimeout?: number;
+  busyPollMaxUs?: number;
   socketMode?: string;
   socketGroup?: string;
   logFile?: string;
@@ -143,6 +145,7 @@ export function parseDaemonOptions(
     socketMode: raw.socketMode === undefined ? DEFAULT_SOCKET_MODE : parseSocketMode(raw.socketMode),
     socketGid: raw.socketGroup === undefined ? undefined : flagged('--socket-group', () => ids.group(raw.socketGroup!)),
     frameTimeoutMs: Math.round((raw.frameTimeout ?? DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000) * 1000),
+    busyPollMaxUs: raw.busyPollMaxUs ?? DEFAULT_BUSY_POLL_MAX_US,
     holdEnergyStatus: raw.guestEnergy === 'exact',
     amd: {
       powerLimitWatts: parseWatts(raw.amdPowerLimit, '--amd-power-limit', DEFAULT_AMD_SYNTH.powerLimitWatts),
@@ -262,13 +265,19 @@ export function configureDaemonCommand(program: Command): void {
       new Option(
         '--max-connections <n>',
         `connections served at once; more are closed at once (default ${DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file limit)`,
-      ).argParser(positiveIntArg('--max-connections', 1 << 20)),
+      ).argParser(wholeNumberArg('--max-connections', 1 << 20)),
     )
     .addOption(
       new Option(
         '--frame-timeout <seconds>',
         `a request or frame must arrive whole within this time of its first byte, or the connection is closed (default ${DEFAULT_INCOMPLETE_LIMITS.deadlineMs / 1000})`,
       ).argParser(secondsArg('--frame-timeout', { min: 0.1, max: 3600 })),
+    )
+    .addOption(
+      new Option(
+        '--busy-poll-max-us <us>',
+        `after replies, wait for a client asking again within this many microseconds by polling, not sleeping, as QEMU's poll-max-ns (0: never; default ${DEFAULT_BUSY_POLL_MAX_US})`,
+      ).argParser(wholeNumberArg('--busy-poll-max-us', MAX_BUSY_POLL_US, 0)),
     )
     .action(async (raw: RawDaemonOptions & V2CliOptions) => {
       // One logger from the first line on, so a start-up error is logged like everything after it;

@@ -7,7 +7,7 @@ import { describeVm, findVm } from '../../client/find-vm.js';
 import { errorCodeName } from '../../protocol/v2/codec.js';
 import { QmpError, vmSpecFromQmp } from '../../client/qmp.js';
 import type { VcpuSpec } from '../../model/vcpus.js';
-import { addClientSocketOption, clientSocket, commandOptions, pidArg, positiveIntArg, vcpuListArg } from '../options.js';
+import { addClientSocketOption, clientSocket, commandOptions, pidArg, wholeNumberArg, vcpuListArg } from '../options.js';
 import { UsageError } from '../cli-errors.js';
 import { statedHost, type StatedHost } from '../../client/stated-energy-source.js';
 import { daemonJsonRecord, energyNotice, NO_NOTES, vmNotesJson, vmNotesOf, vmNotesText, type VmNotes } from '../vm-notes.js';
@@ -323,7 +323,7 @@ export function addWatchCommand(program: Command): void {
     .option('--qmp <path>', "the VM's QMP socket (vCPU threads and sockets are asked from QEMU)")
     .option('--pid <pid>', 'the VM process (with --vcpus)', pidArg)
     .option('--vcpus <list>', 'TID:VPKG,... vCPU threads and their virtual package (with --pid)', vcpuListArg)
-    .option('--count <n>', 'stop after N updates', positiveIntArg('--count'))
+    .option('--count <n>', 'stop after N updates', wholeNumberArg('--count'))
     .option('--json', 'one JSON object per line (a "daemon" record, a "vm" or "registered" one, then one "update" per sample) for scripts')
     .action(async (vm: string | undefined, _o: unknown, cmd: Command) => {
       // -k may be taken by the root command's parser (the daemon's -k); both mean the same socket.

@@ -21,6 +21,8 @@ interface LegacySessionOptions {
   hold: { set(bytes: number): boolean };
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
+  /** Told of each read and each chunk's replies: it may poll for the next request at the turn's end (server/busy-poll.ts). */
+  busyPoll: { arrived(): void; replied(): void };
   /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
   overBudget(socket: net.Socket): void;
   /** The session ended by a refused request: it is no longer one to hand over. */
@@ -72,6 +74,7 @@ export class LegacySession implements Freezable {
   private onData(chunk: Buffer): void {
     if (this.closing) return;
     const socket = this.o.socket;
+    this.o.busyPoll.arrived();
     const reqs = this.framer.push(chunk);
     if (reqs.length > 0) {
       const size = reqs.length * LEGACY_REPLY_SIZE;
@@ -83,6 +86,7 @@ export class LegacySession implements Freezable {
       }
       sendReplies(socket, out, size);
       this.o.legacy.afterReplies();
+      this.o.busyPoll.replied();
     }
     if (!this.o.hold.set(this.framer.incomplete.length)) return this.o.overBudget(socket);
     // A client that pipelines without reading waits for itself, not the helper's memory.

@@ -26,6 +26,8 @@ export interface DaemonConfig {
   maxConnections: number;
   /** --frame-timeout: how long a frame or request may stay incomplete, ms. */
   frameTimeoutMs: number;
+  /** --busy-poll-max-us: the busy poll's longest window after replies, µs (0: never polls). */
+  busyPollMaxUs: number;
   /** --guest-energy exact: MSR_PKG_ENERGY_STATUS answered 0 until the v2 service starts (a raw value would pair with a guest counter). */
   holdEnergyStatus?: boolean;
   socketMode: number;

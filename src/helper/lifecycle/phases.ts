@@ -158,6 +158,7 @@ export function serveLegacy(
     preferredPeer: (peer) => peer.uid === 0,
     qemuPeer: (peer) => isQemuPeer(procRoot, peer, config.socketGid !== undefined ? [config.socketGid] : []),
     incomplete: new IncompleteFrames({ ...DEFAULT_INCOMPLETE_LIMITS, deadlineMs: config.frameTimeoutMs }),
+    busyPollMaxUs: config.busyPollMaxUs,
     keep: o.keep,
     v2Handler: o.late?.handler,
   });

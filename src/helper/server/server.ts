@@ -1,6 +1,8 @@
 /** Connections: SO_PEERCRED at accept, the limits, the protocol by the first 4 bytes, then v2 or legacy; a client closes only its own. */
 import type net from 'node:net';
-import { socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
+import { readableNow, socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
+import { eventLoopFd } from '../../os/event-loop-fd.js';
+import { BusyPoll, type BusyPollIo } from './busy-poll.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
 import type { LegacyService } from '../legacy/legacy-service.js';
 import { connectingProcessStart, peerOf } from '../../os/peer.js';
@@ -75,8 +77,23 @@ export interface HelperServerOptions {
   /** Whether a peer is a QEMU process of the socket's group: its first connection is outside every share; default: none. */
   qemuPeer?: (peer: PeerCredentials) => boolean;
   starttimeOf?: (pid: number) => number | null;
+  /** The busy poll's longest window (µs; 0: never polls); default DEFAULT_BUSY_POLL_MAX_US. */
+  busyPollMaxUs?: number;
   /** Holds each connection outside this process from its accept to its close, or until it is v2. */
   keep?: ConnectionKeep;
+}
+
+/** Busy polling on this process's event loop (os/event-loop-fd.ts), found at the first poll through the listening socket it watches. */
+function loopPollIo(listenFd: number): BusyPollIo {
+  let loop: number | null | undefined;
+  return {
+    ready: () => {
+      if (loop === undefined) loop = eventLoopFd(listenFd);
+      return loop === null ? undefined : readableNow(loop);
+    },
+    nowUs: () => performance.now() * 1000,
+    atTurnEnd: (run) => void setImmediate(run),
+  };
 }
 
 export class HelperServer {
@@ -85,6 +102,8 @@ export class HelperServer {
   private readonly freezable = new Set<Freezable>();
   /** Where legacy replies are written before they are sent (one connection at a time: one thread). */
   private readonly replies = Buffer.allocUnsafe(REPLY_SCRATCH_BYTES);
+  /** After legacy replies, the next request awaited polling (busy-poll.ts), on the loop found through the listening socket. */
+  private readonly busyPoll: BusyPoll;
   readonly limiter: LogLimiter;
   readonly incomplete: IncompleteFrames;
   private readonly users: ConnectionSeats;
@@ -99,6 +118,7 @@ export class HelperServer {
     this.incomplete = o.incomplete ?? new IncompleteFrames();
     // Past capacity, a connection is accepted and closed at once, or makes room (the shares): not Node's maxConnections.
     this.users = new ConnectionSeats(o.maxConnections ?? DEFAULT_MAX_CONNECTIONS);
+    this.busyPoll = new BusyPoll(loopPollIo(o.listener.fd), o.busyPollMaxUs);
   }
 
   get connections(): number {
@@ -309,6 +329,7 @@ export class HelperServer {
       legacy: this.o.legacy,
       hold: c.hold,
       replies: this.replies,
+      busyPoll: this.busyPoll,
       overBudget: (s) => this.overBudget(s, c.peer),
       ended: (s) => this.freezable.delete(s),
     });
