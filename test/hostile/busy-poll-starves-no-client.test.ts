@@ -1,12 +1,14 @@
 /**
  * Busy polling (helper/server/busy-poll.ts) against the real daemon: users of the socket asking again within microseconds of
  * each reply, in tight loops, make the helper poll for their next request. A QEMU-like client asking every few ms beside
- * them is answered all the same: the poll ends at any event of the loop, and never reads one connection while another
- * waits. (A poll on the hot connection alone, tried first, let it be served turn after turn while the others waited.)
+ * them is answered all the same, and sampling goes on: the poll ends at any other event of the loop, reads a connection at
+ * once only while it alone is ready, and for 1 ms a turn at most. (A poll on the hot connection alone, tried first, let it
+ * be served turn after turn while the others waited.)
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { describe, expect, test } from 'vitest';
+import { V2Client } from '../../src/client/v2-client.js';
 import { LegacyLatencyProbe, percentile } from '../support/legacy-latency.js';
 import { NOBODY, notRoot, onCleanup, startDaemonOpenToAll } from './support.js';
 
@@ -63,17 +65,24 @@ describe('busy polling beside other clients', () => {
       const { daemon, sock } = await startDaemonOpenToAll();
       const probe = await LegacyLatencyProbe.start(sock, everyMs);
       onCleanup(() => void probe.stop());
+      const observer = await V2Client.connect(sock);
+      onCleanup(() => observer.close());
+      let samples = 0;
+      await observer.subscribeHost(() => samples++);
       const switches = contextSwitches(daemon.proc.pid!);
       const replies = await Promise.all(Array.from({ length: loops }, () => tightLoop(sock)));
+      const sampled = samples;
       const waits = [...probe.stop(), probe.pendingMs()];
       const total = replies.reduce((a, b) => a + b, 0);
       console.log(
         `${loops} tight loops: ${replies.join(', ')} replies in ${ATTACK_S} s (helper: ${((contextSwitches(daemon.proc.pid!) - switches) / total).toFixed(2)} sleeps a request); ` +
-          `the client every ${everyMs} ms: ${waits.length} replies, p50 ${percentile(waits, 50).toFixed(2)} ms, p99 ${percentile(waits, 99).toFixed(2)} ms, max ${Math.max(...waits).toFixed(2)} ms`,
+          `${sampled} host samples; the client every ${everyMs} ms: ${waits.length} replies, p50 ${percentile(waits, 50).toFixed(2)} ms, p99 ${percentile(waits, 99).toFixed(2)} ms, max ${Math.max(...waits).toFixed(2)} ms`,
       );
       // The loops ran as loops (thousands of round trips), and the client beside them was read as its requests came.
       for (const n of replies) expect(n, 'round trips of a tight loop').toBeGreaterThan(1000);
       expect(probe.error).toBeNull();
+      // Sampling went on (one a second by default): the loop's timers ran between the polls.
+      expect(sampled, `host samples in the ${ATTACK_S} s of tight loops`).toBeGreaterThanOrEqual(ATTACK_S - 2);
       expect(waits.length, `the client's replies over ${ATTACK_S} s`).toBeGreaterThan(
         (ATTACK_S * 1000) / (everyMs + REPLY_DEADLINE_MS) + 1,
       );

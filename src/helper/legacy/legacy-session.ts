@@ -2,7 +2,7 @@
 import net from 'node:net';
 import os from 'node:os';
 import { errnoError } from '../../os/libc/errno.js';
-import { sendNow, socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
+import { recvNow, sendNow, socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
 import { LEGACY_REPLY_SIZE, LegacyFramer } from '../../protocol/legacy.js';
 import { listen } from '../../common/disposable.js';
 import { drainReadable, type Freezable } from '../handover/frozen.js';
@@ -22,7 +22,7 @@ interface LegacySessionOptions {
   /** Where replies are written before they are sent (shared: one connection at a time). */
   replies: Buffer;
   /** Told of each read and each chunk's replies: it may poll for the next request at the turn's end (server/busy-poll.ts). */
-  busyPoll: { arrived(): void; replied(): void };
+  busyPoll: { arrived(): void; replied(connection: LegacySession): void };
   /** Incomplete requests of all clients hold more than the budget: closes `socket`. */
   overBudget(socket: net.Socket): void;
   /** The session ended by a refused request: it is no longer one to hand over. */
@@ -39,6 +39,8 @@ export class LegacySession implements Freezable {
   /** Reading stopped for a restart: a drained backlog must not start it again (thaw does). */
   private frozen = false;
   private reading: Reading | undefined;
+  /** Read into READ_BUFFER past the stream layer (readIntoBuffer), so readNow may read it too. */
+  private fast = false;
 
   constructor(private readonly o: LegacySessionOptions) {
     this.verdicts = o.legacy.verdictsFor(o.peer.pid);
@@ -53,12 +55,26 @@ export class LegacySession implements Freezable {
     socket.pause();
     for (let rest: Buffer | null; !this.closing && (rest = socket.read() as Buffer | null) !== null;) this.onData(rest);
     if (this.closing) return false;
-    this.reading = readIntoBuffer(socket, (c) => this.onData(c)) ? this.readFast(socket) : this.readStream(socket);
+    this.fast = readIntoBuffer(socket, (c) => this.onData(c));
+    this.reading = this.fast ? this.readFast(socket) : this.readStream(socket);
     return true;
   }
 
   socket(): net.Socket {
     return this.o.socket;
+  }
+
+  fd(): number | undefined {
+    return socketFd(this.o.socket);
+  }
+
+  /** Reads and answers what the connection has now, past the loop (the busy poll saw it ready alone); false: nothing read. */
+  readNow(): boolean {
+    const fd = this.fast && !this.closing && !this.frozen && !this.o.socket.isPaused() ? this.fd() : undefined;
+    const n = fd === undefined ? 0 : recvNow(fd, READ_BUFFER);
+    if (n <= 0) return false; // the end of the stream or an error: the loop's read sees it too, and closes
+    this.onData(READ_BUFFER.subarray(0, n));
+    return true;
   }
 
   freeze(): Buffer {
@@ -86,7 +102,7 @@ export class LegacySession implements Freezable {
       }
       sendReplies(socket, out, size);
       this.o.legacy.afterReplies();
-      this.o.busyPoll.replied();
+      this.o.busyPoll.replied(this);
     }
     if (!this.o.hold.set(this.framer.incomplete.length)) return this.o.overBudget(socket);
     // A client that pipelines without reading waits for itself, not the helper's memory.

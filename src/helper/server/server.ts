@@ -1,6 +1,7 @@
 /** Connections: SO_PEERCRED at accept, the limits, the protocol by the first 4 bytes, then v2 or legacy; a client closes only its own. */
 import type net from 'node:net';
-import { readableNow, socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
+import { socketFd, type PeerCredentials } from '../../os/libc/sockets.js';
+import { epollSoleReady } from '../../os/libc/fds.js';
 import { eventLoopFd } from '../../os/event-loop-fd.js';
 import { BusyPoll, type BusyPollIo } from './busy-poll.js';
 import { LEGACY_REPLY_SIZE, V2_MAGIC } from '../../protocol/legacy.js';
@@ -89,7 +90,7 @@ function loopPollIo(listenFd: number): BusyPollIo {
   return {
     ready: () => {
       if (loop === undefined) loop = eventLoopFd(listenFd);
-      return loop === null ? undefined : readableNow(loop);
+      return loop === null ? undefined : epollSoleReady(loop);
     },
     nowUs: () => performance.now() * 1000,
     atTurnEnd: (run) => void setImmediate(run),

@@ -52,6 +52,17 @@ export function epollReadyNow(epfd: number, buf: Buffer): number[] {
   return out;
 }
 
+const soleReady = Buffer.alloc(2 * EPOLL_EVENT_SIZE);
+
+/**
+ * What `epfd` has ready now (epoll_wait, zero timeout; a level-triggered set keeps it ready for its owner): nothing, several
+ * (or an error), or the low 32 bits of the one ready entry's data (in libuv's set: its fd).
+ */
+export function epollSoleReady(epfd: number): number | 'nothing' | 'several' {
+  const n = fn.epoll_wait(epfd, soleReady, 2, 0) as number;
+  return n === 0 ? 'nothing' : n === 1 ? soleReady.readInt32LE(4) : 'several';
+}
+
 const F_GETFD = 1;
 const F_SETFD = 2;
 const FD_CLOEXEC = 1;

@@ -128,16 +128,6 @@ export function peerHungUp(fd: number): boolean {
   return (pfd.readInt16LE(6) & (POLLRDHUP | POLLHUP)) !== 0;
 }
 
-const POLLIN = 0x1;
-const pollIn = Buffer.alloc(8);
-
-/** Whether `fd` has something to read now (poll(2), zero timeout): for an epoll fd, whether any fd it watches is ready. */
-export function readableNow(fd: number): boolean {
-  pollIn.writeInt32LE(fd, 0);
-  pollIn.writeInt16LE(POLLIN, 4);
-  return (fn.poll(pollIn, 1, 0) as number) > 0;
-}
-
 const SCM_RIGHTS = 1;
 const MSG_TRUNC = 0x20;
 const MSG_CTRUNC = 0x8;

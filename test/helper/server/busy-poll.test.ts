@@ -4,7 +4,13 @@
  * polling beside other clients: test/hostile/busy-poll-starves-no-client.test.ts.
  */
 import { describe, expect, test } from 'vitest';
-import { BusyPoll, DEFAULT_BUSY_POLL_MAX_US, nextWindow, type BusyPollIo } from '../../../src/helper/server/busy-poll.js';
+import {
+  BusyPoll,
+  DEFAULT_BUSY_POLL_MAX_US,
+  nextWindow,
+  type BusyPollIo,
+  type DirectReader,
+} from '../../../src/helper/server/busy-poll.js';
 
 const MAX = DEFAULT_BUSY_POLL_MAX_US;
 
@@ -26,98 +32,153 @@ describe('nextWindow', () => {
   });
 });
 
-/** A loop the test drives: each clock read advances `stepUs`; ready once the client's next request has come. */
-function drivenLoop(o: { stepUs: number; cannotTell?: boolean }) {
+const FD = 7;
+const OTHER_FD = 9;
+
+/**
+ * A loop the test drives, with one connection: each clock read advances `stepUs`; the connection is ready once its next
+ * request has come (`gapUs` after its last reply; read at once by the poll or, after the turn, by the loop), another fd once
+ * `otherAt` has passed.
+ */
+function drivenLoop(o: { stepUs: number; gapUs: number; cannotTell?: boolean; otherAt?: number }) {
   let t = 0;
-  let checks = 0;
   let arrival = Infinity;
   const turnEnds: (() => void)[] = [];
+  const seen = { checks: 0, direct: 0, lateUs: 0 };
   const io: BusyPollIo = {
-    ready: () => (o.cannotTell ? undefined : (checks++, t >= arrival)),
+    ready: () => {
+      if (o.cannotTell) return undefined;
+      seen.checks++;
+      const [mine, theirs] = [t >= arrival, t >= (o.otherAt ?? Infinity)];
+      return mine && theirs ? 'several' : mine ? FD : theirs ? OTHER_FD : 'nothing';
+    },
     nowUs: () => (t += o.stepUs),
     atTurnEnd: (run) => void turnEnds.push(run),
+  };
+  let poll: BusyPoll;
+  /** The connection's request read (by the poll or the loop), answered: its next comes `gapUs` later. */
+  const answer = () => {
+    seen.lateUs = Math.max(seen.lateUs, t - arrival);
+    poll.arrived();
+    arrival = t + o.gapUs;
+    poll.replied(connection);
+  };
+  const connection: DirectReader = {
+    fd: () => FD,
+    readNow: () => {
+      if (t < arrival) return false;
+      seen.direct++;
+      answer();
+      return true;
+    },
   };
   const endTurn = () => turnEnds.splice(0).map((run) => run()).length;
   return {
     io,
+    connection,
+    seen,
     endTurn,
-    /** One round trip: replies sent, the turn's end (the poll), the next request `gapUs` after the replies, read. Returns the checks. */
-    round(poll: BusyPoll, gapUs: number): { checks: number; readLateUs: number } {
-      arrival = t + gapUs;
-      checks = 0;
-      poll.replied();
-      endTurn();
-      const readLateUs = Math.max(0, t - arrival);
-      t = Math.max(t, arrival);
-      poll.arrived();
-      arrival = Infinity;
-      return { checks, readLateUs };
+    start(p: BusyPoll) {
+      poll = p;
+      arrival = t + o.gapUs;
+      poll.replied(connection);
     },
-    /** Replies sent and nobody asks again: the time the poll took. */
-    quiet(poll: BusyPoll): number {
-      const start = t;
-      poll.replied();
+    /** A loop turn: the poll at its end, then (when the poll left it) the loop waiting for and reading the next request. */
+    turn() {
       endTurn();
-      return t - start;
+      if (arrival === Infinity) return;
+      t = Math.max(t, arrival);
+      answer();
+    },
+    /** The poll of a turn whose client never asks again: the time it took. */
+    quietTurn(): number {
+      arrival = Infinity;
+      const before = t;
+      endTurn();
+      return t - before;
     },
   };
 }
 
+function warmLoop(o: Parameters<typeof drivenLoop>[0], maxUs?: number) {
+  const loop = drivenLoop(o);
+  const poll = new BusyPoll(loop.io, maxUs);
+  loop.start(poll);
+  return { loop, poll };
+}
+
 describe('BusyPoll', () => {
-  test('replies of many connections in one turn make one poll, at the turn end', () => {
-    const loop = drivenLoop({ stepUs: 1 });
-    const poll = new BusyPoll(loop.io);
-    for (let i = 0; i < 100; i++) poll.replied();
+  test('one poll a turn for one connection answered many times; none for a turn that answered several (the next turn has work)', () => {
+    const { loop, poll } = warmLoop({ stepUs: 1, gapUs: 5 });
+    for (let i = 0; i < 100; i++) poll.replied(loop.connection);
     expect(loop.endTurn()).toBe(1);
-    poll.replied();
+    poll.replied(loop.connection);
+    poll.replied({ fd: () => OTHER_FD, readNow: () => true });
     expect(loop.endTurn()).toBe(1);
+    expect(loop.seen.checks, 'a turn of two connections: the poll looked at nothing').toBe(0);
   });
 
-  test('a client that asks again within the maximum is polled for after a few round trips, and its request read as it comes', () => {
+  test('a client asking again within the maximum has its requests read by the poll as they come, after a few turns', () => {
     for (const gapUs of [1, 3, 10, 20, MAX - 1]) {
-      const loop = drivenLoop({ stepUs: 0.5 });
-      const poll = new BusyPoll(loop.io);
-      for (let round = 0; round < 5; round++) loop.round(poll, gapUs);
-      for (let round = 0; round < 20; round++) {
-        const { checks, readLateUs } = loop.round(poll, gapUs);
-        expect(checks, `gaps of ${gapUs} µs: the poll ran`).toBeGreaterThan(0);
-        expect(readLateUs, `gaps of ${gapUs} µs: the poll ended at the request`).toBeLessThanOrEqual(0.5);
-      }
+      const { loop, poll } = warmLoop({ stepUs: 0.5, gapUs });
+      for (let turn = 0; turn < 6; turn++) loop.turn();
+      const direct = loop.seen.direct;
+      loop.seen.lateUs = 0;
+      for (let turn = 0; turn < 5; turn++) loop.turn();
+      expect(loop.seen.direct - direct, `gaps of ${gapUs} µs: requests read by the poll`).toBeGreaterThan(5);
+      expect(loop.seen.lateUs, `gaps of ${gapUs} µs: each read as it came`).toBeLessThanOrEqual(0.5);
       expect(poll.window).toBeGreaterThanOrEqual(gapUs);
+    }
+  });
+
+  test('requests read by the poll stop after a millisecond, even from a client whose next request is always in', () => {
+    for (const stepUs of [0.1, 1, 5]) {
+      const { loop } = warmLoop({ stepUs, gapUs: 0 });
+      for (let turn = 0; turn < 6; turn++) loop.turn();
+      const [before, start] = [loop.seen.direct, loop.io.nowUs()];
+      loop.endTurn();
+      const took = loop.io.nowUs() - start;
+      expect(loop.seen.direct - before, `clock steps of ${stepUs} µs: the turn read some`).toBeGreaterThan(0);
+      expect(took, `clock steps of ${stepUs} µs: the turn ended`).toBeLessThanOrEqual(1000 + 10 * stepUs);
     }
   });
 
   test('a client asking at QEMU’s pace (a wait past the maximum each time) is never polled for', () => {
     for (const gapUs of [MAX + 1, 1000, 1e6]) {
-      const loop = drivenLoop({ stepUs: 1 });
-      const poll = new BusyPoll(loop.io);
-      for (let round = 0; round < 50; round++) expect(loop.round(poll, gapUs).checks, `gaps of ${gapUs} µs`).toBe(0);
+      const { loop, poll } = warmLoop({ stepUs: 1, gapUs });
+      for (let turn = 0; turn < 50; turn++) loop.turn();
+      expect(loop.seen.checks, `gaps of ${gapUs} µs`).toBe(0);
       expect(poll.window).toBe(0);
+    }
+  });
+
+  test('another fd ready ends the poll at once, the connection left to the loop, whether its next request is in or not', () => {
+    for (const gapUs of [0, 2, 10]) {
+      const { loop, poll } = warmLoop({ stepUs: 1, gapUs, otherAt: 0 });
+      for (let turn = 0; turn < 10; turn++) loop.turn();
+      expect(poll.window, `gaps of ${gapUs} µs: the poll opened`).toBeGreaterThan(0);
+      expect(loop.seen.checks, `gaps of ${gapUs} µs: the poll looked`).toBeGreaterThan(0);
+      expect(loop.seen.direct, `gaps of ${gapUs} µs: requests read by the poll`).toBe(0);
+      expect(loop.seen.checks, `gaps of ${gapUs} µs: one look a turn`).toBeLessThanOrEqual(10);
     }
   });
 
   test('a poll never lasts longer than its window, however long the loop stays quiet, and a long quiet stops the polling', () => {
     for (const stepUs of [0.1, 1, 3]) {
-      const loop = drivenLoop({ stepUs });
-      const poll = new BusyPoll(loop.io);
-      for (let round = 0; round < 8; round++) loop.round(poll, 2);
-      expect(poll.window).toBeGreaterThan(0);
-      expect(loop.quiet(poll), `clock steps of ${stepUs} µs`).toBeLessThanOrEqual(poll.window + 2 * stepUs);
-      loop.round(poll, 1e6); // polled for (the window was open), then read 1 s later: too long a wait
-      expect(poll.window).toBe(0);
-      expect(loop.round(poll, 1e6).checks).toBe(0);
+      const { loop, poll } = warmLoop({ stepUs, gapUs: 2 });
+      for (let turn = 0; turn < 8; turn++) loop.turn();
+      const window = poll.window;
+      expect(window).toBeGreaterThan(0);
+      expect(loop.quietTurn(), `clock steps of ${stepUs} µs`).toBeLessThanOrEqual(window + 2 * stepUs);
     }
   });
 
   test('a process that cannot tell its loop’s readiness never polls, and a maximum of 0 never schedules a poll', () => {
-    const blind = drivenLoop({ stepUs: 1, cannotTell: true });
-    const poll = new BusyPoll(blind.io);
-    for (let round = 0; round < 20; round++) blind.round(poll, 5);
+    const { loop, poll } = warmLoop({ stepUs: 1, gapUs: 5, cannotTell: true });
+    for (let turn = 0; turn < 20; turn++) loop.turn();
     expect(poll.window).toBe(0);
-    expect(blind.round(poll, 5).checks).toBe(0);
-    const off = drivenLoop({ stepUs: 1 });
-    const never = new BusyPoll(off.io, 0);
-    never.replied();
-    expect(off.endTurn()).toBe(0);
+    expect(loop.seen.direct).toBe(0);
+    const off = warmLoop({ stepUs: 1, gapUs: 5 }, 0);
+    expect(off.loop.endTurn()).toBe(0);
   });
 });
