@@ -10,11 +10,12 @@ import { reexecBlocker } from '../../os/privileges/reexec.js';
 import {
   checkSocketDirectory,
   checkSocketPathLength,
+  DEFAULT_BUSY_POLL_MAX_US,
   DEFAULT_INCOMPLETE_LIMITS,
   DEFAULT_MAX_CONNECTIONS,
+  MAX_BUSY_POLL_US,
   DEFAULT_SOCKET_MODE,
 } from '../../helper/server/listener.js';
-import { DEFAULT_BUSY_POLL_MAX_US, MAX_BUSY_POLL_US } from '../../helper/server/busy-poll.js';
 import { primaryGroupOf, resolveId } from '../../os/privileges/accounts.js';
 import type { DaemonConfig } from '../../helper/lifecycle/config.js';
 import {

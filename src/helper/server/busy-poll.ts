@@ -10,10 +10,8 @@
  * interval) never polls. Polling costs at most the window per loop turn.
  */
 
-/** The window's maximum by default (µs): QEMU's default poll-max-ns for its I/O threads, 32768 ns. */
-export const DEFAULT_BUSY_POLL_MAX_US = 32;
-/** The longest --busy-poll-max-us: a millisecond, past any round trip a poll could save. */
-export const MAX_BUSY_POLL_US = 1000;
+import { DEFAULT_BUSY_POLL_MAX_US } from './listener.js';
+
 /** The first window after a short wait (µs), as QEMU's. */
 const FIRST_WINDOW_US = 4;
 /** Requests read at once in one turn, at most for this long (µs): timers (the sampling) and other work wait no longer. */

@@ -17,6 +17,10 @@ export const DEFAULT_INCOMPLETE_LIMITS = {
   /** How long one frame or request may stay incomplete, from its first byte. */
   deadlineMs: 10_000,
 };
+/** busy-poll.ts's window's maximum by default (µs, --busy-poll-max-us): QEMU's default poll-max-ns for its I/O threads, 32768 ns. */
+export const DEFAULT_BUSY_POLL_MAX_US = 32;
+/** The longest --busy-poll-max-us: a millisecond, past any round trip a poll could save. */
+export const MAX_BUSY_POLL_US = 1000;
 
 /** The socket path's length: a Unix socket address holds at most 107 bytes plus its NUL. */
 export function checkSocketPathLength(socketPath: string): void {

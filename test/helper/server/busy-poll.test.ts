@@ -1,16 +1,11 @@
 /**
  * The busy poll's policy without the world: its window (QEMU's adjust_polling_time) over every kind of wait, and the poll
- * on a clock and a loop readiness the test drives. The real loop's readiness: test/os/event-loop-fd.test.ts; the daemon
+ * on a clock and a loop the test drives (what is ready, what a connection has in). The real loop: test/os/event-loop-fd.test.ts; the daemon
  * polling beside other clients: test/hostile/busy-poll-starves-no-client.test.ts.
  */
 import { describe, expect, test } from 'vitest';
-import {
-  BusyPoll,
-  DEFAULT_BUSY_POLL_MAX_US,
-  nextWindow,
-  type BusyPollIo,
-  type DirectReader,
-} from '../../../src/helper/server/busy-poll.js';
+import { BusyPoll, nextWindow, type BusyPollIo, type DirectReader } from '../../../src/helper/server/busy-poll.js';
+import { DEFAULT_BUSY_POLL_MAX_US } from '../../../src/helper/server/listener.js';
 
 const MAX = DEFAULT_BUSY_POLL_MAX_US;
 
