@@ -53,7 +53,7 @@ describe('a full file system under --record', () => {
     await vm.ready();
     await vm.cmd(`start ${VM_THREADS}`);
     const rec = track(spawnHelper(['record', '--pid', String(vm.pid), '--vcpus', `${vm.pid}:0`, '-o', trace, ...hostArgs(host)]));
-    await waitFor(() => fs.existsSync(trace) && fs.statSync(trace).size > 1000, 'the recorder to write its baseline', rec);
+    await waitFor(() => (fs.statSync(trace, { throwIfNoEntry: false })?.size ?? 0) > 1000, 'the recorder to write its baseline', rec);
     await sleep(2_500); // two more samples (one a second)
 
     // The attacker: uid nobody fills every free block.
