@@ -7,7 +7,7 @@
  * so no connection waits for another's; a turn that answered several connections does not poll (the next turn has work).
  * The window adapts as QEMU's does: it grows from 4 µs, doubling up to the maximum, while each wait for the next request
  * ended within the maximum, and drops to 0 after a longer one: a helper asked at QEMU's pace (a few requests per vCPU and
- * interval) never polls. Polling costs at most the window per loop turn.
+ * interval) never polls. The poll waits at most the window for each request it reads, and once more before it gives up.
  */
 
 import { DEFAULT_BUSY_POLL_MAX_US } from './listener.js';
