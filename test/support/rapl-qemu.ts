@@ -22,6 +22,7 @@ import { fileURLToPath } from 'node:url';
 import { parseStatLine } from '../../src/ratio/stat.js';
 import { hasKvm, isRoot, which } from './env.js';
 import { canConnect, SPIN_ELF } from './qemu.js';
+import { processEnded } from './wait.js';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const QEMU_GDB = path.join(HERE, 'rapl/qemu-intel-check.gdb');
@@ -124,14 +125,8 @@ function track(pid: number): void {
   });
 }
 
-function alive(pid: number): boolean {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
-    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
-  } catch {
-    return false;
-  }
-}
+/** Whether `pid` still runs (not gone, not a zombie). */
+const alive = (pid: number): boolean => !processEnded(pid);
 
 function cmdline(pid: number): string[] {
   try {
